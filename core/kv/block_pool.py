@@ -1,0 +1,178 @@
+"""Fixed-size KV blocks, their ref counts, the LRU free queue and the prefix-cache map."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from ..errors import PrefixCacheBusyError
+from .hashing import BlockHash
+
+
+class KVCacheBlock:
+    """One physical KV block; also a node of the intrusive free queue."""
+
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: BlockHash | None = None
+        self.prev_free: KVCacheBlock | None = None
+        self.next_free: KVCacheBlock | None = None
+
+    def __repr__(self) -> str:
+        cached = "" if self.block_hash is None else " cached"
+        return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}{cached})"
+
+
+class FreeBlockQueue:
+    """Doubly linked list of free blocks threaded through the blocks themselves.
+
+    The front is the next block handed out, so the order is also the eviction
+    order: least recently freed first. Every operation is O(1) and allocates
+    nothing.
+    """
+
+    __slots__ = ("num_free", "_head", "_tail")
+
+    def __init__(self, blocks: list[KVCacheBlock]) -> None:
+        self._head = KVCacheBlock(-1)  # sentinels
+        self._tail = KVCacheBlock(-2)
+        prev = self._head
+        for block in blocks:
+            prev.next_free = block
+            block.prev_free = prev
+            prev = block
+        prev.next_free = self._tail
+        self._tail.prev_free = prev
+        self.num_free = len(blocks)
+
+    def popleft(self) -> KVCacheBlock:
+        """Take the least recently freed block."""
+        block = self._head.next_free
+        if block is self._tail or block is None:
+            raise IndexError("no free blocks")
+        self.remove(block)
+        return block
+
+    def remove(self, block: KVCacheBlock) -> None:
+        """Unlink a block from anywhere in the queue (a prefix hit on a free block)."""
+        prev, nxt = block.prev_free, block.next_free
+        if prev is None or nxt is None:
+            raise ValueError(f"{block!r} is not in the free queue")
+        prev.next_free = nxt
+        nxt.prev_free = prev
+        block.prev_free = block.next_free = None
+        self.num_free -= 1
+
+    def append(self, block: KVCacheBlock) -> None:
+        """Put a block at the back: it will be evicted last."""
+        last = self._tail.prev_free
+        assert last is not None
+        last.next_free = block
+        block.prev_free = last
+        block.next_free = self._tail
+        self._tail.prev_free = block
+        self.num_free += 1
+
+    def __iter__(self):
+        block = self._head.next_free
+        while block is not None and block is not self._tail:
+            yield block
+            block = block.next_free
+
+    def __len__(self) -> int:
+        return self.num_free
+
+
+class BlockPool:
+    """Owns every block: hands out free ones, takes them back, and keeps the prefix-cache map."""
+
+    __slots__ = ("num_blocks", "enable_caching", "blocks", "free_queue", "cached", "num_evictions")
+
+    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        # Key value -> the block holding that content. One block per key: a second block
+        # computed with the same content stays uncached and is simply reused when freed.
+        self.cached: dict[int, KVCacheBlock] = {}
+        self.num_evictions = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks with no owner (cached ones included: they are evictable)."""
+        return self.free_queue.num_free
+
+    def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
+        """Take n free blocks, evicting their cached content lazily; each gets ref count 1."""
+        if n > self.free_queue.num_free:
+            raise ValueError(f"asked for {n} blocks, {self.free_queue.num_free} free")
+        out = []
+        popleft = self.free_queue.popleft
+        for _ in range(n):
+            block = popleft()
+            if block.block_hash is not None:
+                self._evict(block)
+            block.ref_cnt = 1
+            out.append(block)
+        return out
+
+    def _evict(self, block: KVCacheBlock) -> None:
+        key = block.block_hash
+        assert key is not None
+        if self.cached.get(key.value) is block:
+            del self.cached[key.value]
+        block.block_hash = None
+        self.num_evictions += 1
+
+    def get_cached_block(self, key: BlockHash) -> KVCacheBlock | None:
+        """The block holding exactly this content, confirmed token by token, or None."""
+        block = self.cached.get(key.value)
+        if block is None:
+            return None
+        stored = block.block_hash
+        # A hash collision must never hand back another prefix's KV.
+        if (stored is None or stored.token_ids != key.token_ids or stored.parent != key.parent
+                or stored.extra_keys != key.extra_keys):
+            return None
+        return block
+
+    def cache_block(self, block: KVCacheBlock, key: BlockHash) -> bool:
+        """Register a full block under its key; False if the key is already taken."""
+        if block.block_hash is not None or key.value in self.cached:
+            return False
+        block.block_hash = key
+        self.cached[key.value] = block
+        return True
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take a reference on prefix-hit blocks, pulling free ones out of the queue."""
+        remove = self.free_queue.remove
+        for block in blocks:
+            if block.ref_cnt == 0:
+                remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference each; blocks reaching zero join the queue in the given order."""
+        append = self.free_queue.append
+        for block in ordered_blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                append(block)
+            elif block.ref_cnt < 0:
+                raise AssertionError(f"{block!r} freed more often than allocated")
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached key; refused while any block is held by a request."""
+        in_use = self.num_blocks - self.free_queue.num_free
+        if in_use:
+            raise PrefixCacheBusyError(
+                f"cannot reset the prefix cache: {in_use} blocks are in use by running requests; "
+                "abort or finish them first"
+            )
+        for block in self.cached.values():
+            block.block_hash = None
+        self.cached.clear()

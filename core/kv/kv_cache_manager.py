@@ -1,0 +1,150 @@
+"""Per-request block tables on top of the block pool, with prefix-cache lookups."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..request import Request
+from .block_pool import BlockPool, KVCacheBlock
+from .hashing import BlockHash, HashFunction, get_hash_function, hash_block
+
+_NO_BLOCKS: list[KVCacheBlock] = []
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """Prefix-cache counters, in tokens, over admitted requests."""
+
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """Share of queried tokens served from the cache."""
+        return self.hits / self.queries if self.queries else 0.0
+
+
+class KVCacheManager:
+    """Allocates and frees each request's KV blocks; finds cached prefixes."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 hash_function: str | HashFunction = "xxhash") -> None:
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.hash_fn = get_hash_function(hash_function)
+        self.pool = BlockPool(num_blocks, enable_caching)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # How many leading blocks of each request are registered in the prefix cache.
+        self.num_cached_blocks: dict[str, int] = {}
+        self.stats = PrefixCacheStats()
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by requests (cached free blocks count as free)."""
+        return 1.0 - self.pool.free_queue.num_free / self.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks not held by any request."""
+        return self.pool.free_queue.num_free
+
+    def _update_block_hashes(self, request: Request, num_full_blocks: int) -> list[BlockHash]:
+        hashes = request.block_hashes
+        bs = self.block_size
+        tokens = request.all_token_ids
+        while len(hashes) < num_full_blocks:
+            i = len(hashes)
+            parent = hashes[-1].value if hashes else None
+            extra = (request.cache_salt,) if i == 0 and request.cache_salt is not None else None
+            hashes.append(hash_block(self.hash_fn, parent, tokens[i * bs:(i + 1) * bs], extra))
+        return hashes
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest cached prefix of the request, leaving at least one token to compute."""
+        if not self.enable_caching:
+            return _NO_BLOCKS, 0
+        # Capped so the last token is always computed: its logits are what we sample from.
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hashes = self._update_block_hashes(request, max_blocks)
+        get = self.pool.get_cached_block
+        hits: list[KVCacheBlock] = []
+        for i in range(max_blocks):
+            block = get(hashes[i])
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    def record_prefix_query(self, num_query_tokens: int, num_hit_tokens: int) -> None:
+        """Count one admission's lookup in the prefix-cache stats."""
+        self.stats.requests += 1
+        self.stats.queries += num_query_tokens
+        self.stats.hits += num_hit_tokens
+
+    def can_fit(self, num_tokens: int) -> bool:
+        """True when a request of num_tokens could ever be held by the whole pool."""
+        return -(-num_tokens // self.block_size) <= self.num_blocks
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       new_computed_blocks: Sequence[KVCacheBlock] = _NO_BLOCKS,
+                       num_new_computed_tokens: int = 0,
+                       num_reserved_blocks: int = 0) -> list[KVCacheBlock] | None:
+        """Make room for num_new_tokens more tokens; the new blocks, or None if they don't fit.
+
+        new_computed_blocks are prefix-cache hits for a request being admitted.
+        num_reserved_blocks must stay free afterwards (the admission watermark).
+        The returned list must not be mutated (it may be shared when empty).
+        """
+        req_id = request.request_id
+        blocks = self.req_to_blocks.get(req_id)
+        num_held = 0 if blocks is None else len(blocks)
+        total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        num_needed = -(-total // self.block_size) - num_held - len(new_computed_blocks)
+        if num_needed > 0 or new_computed_blocks:
+            free = self.pool.free_queue.num_free
+            if new_computed_blocks:
+                # Free cached hits leave the free queue when touched.
+                free -= sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+            if num_needed > free - num_reserved_blocks:
+                return None
+        if blocks is None:
+            blocks = self.req_to_blocks[req_id] = []
+        if new_computed_blocks:
+            self.pool.touch(new_computed_blocks)
+            blocks.extend(new_computed_blocks)
+            self.num_cached_blocks[req_id] = len(blocks)
+        new_blocks = self.pool.get_new_blocks(num_needed) if num_needed > 0 else _NO_BLOCKS
+        if num_needed > 0:
+            blocks.extend(new_blocks)
+        if self.enable_caching:
+            num_full = total // self.block_size
+            done = self.num_cached_blocks.get(req_id, 0)
+            if num_full > done:
+                self._cache_full_blocks(request, blocks, done, num_full)
+        return new_blocks
+
+    def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], start: int,
+                           end: int) -> None:
+        hashes = self._update_block_hashes(request, end)
+        cache = self.pool.cache_block
+        for i in range(start, end):
+            cache(blocks[i], hashes[i])
+        self.num_cached_blocks[request.request_id] = end
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, tail first so tails are evicted before heads."""
+        blocks = self.req_to_blocks.pop(request.request_id, None)
+        self.num_cached_blocks.pop(request.request_id, None)
+        if blocks:
+            self.pool.free_blocks(reversed(blocks))
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's block table as block ids."""
+        return [b.block_id for b in self.req_to_blocks.get(request_id, _NO_BLOCKS)]
+
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached prefix; raises PrefixCacheBusyError while blocks are in use."""
+        self.pool.reset_prefix_cache()

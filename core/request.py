@@ -1,0 +1,111 @@
+"""A request's state as the scheduler sees it, and its lifecycle."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from .sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    """Where a request is in its lifecycle; values past PREEMPTED are terminal."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+    FINISHED_ERROR = 6
+
+    @property
+    def is_finished(self) -> bool:
+        """True for the terminal states."""
+        return self >= RequestStatus.FINISHED_STOPPED
+
+
+class FinishReason(str, enum.Enum):
+    """Why a request ended, in the words of the OpenAI API."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+FINISH_STATUS: dict[FinishReason, RequestStatus] = {
+    FinishReason.STOP: RequestStatus.FINISHED_STOPPED,
+    FinishReason.LENGTH: RequestStatus.FINISHED_LENGTH,
+    FinishReason.ABORT: RequestStatus.FINISHED_ABORTED,
+    FinishReason.ERROR: RequestStatus.FINISHED_ERROR,
+}
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One generation request: tokens, progress, and the timestamps of its life."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float = 0.0
+    priority: int = 0
+    cache_salt: str | None = None
+    eos_token_id: int | None = None
+    # Anything the caller wants to carry along (the simulator keeps its workload record here).
+    payload: Any = None
+
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    all_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    max_tokens: int = 0
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    # Prefix-cache keys of this request's full blocks, filled lazily by the KV manager.
+    block_hashes: list[Any] = field(default_factory=list)
+    # Prompt tokens served from the prefix cache on first admission.
+    prefix_hit_tokens: int = -1
+    num_preemptions: int = 0
+    # Lower sorts first in queues (FCFS order within equal priority).
+    seq_no: int = 0
+
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finish_time: float | None = None
+    preempted_times: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.prompt_token_ids = list(self.prompt_token_ids)
+        self.all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Length of the prompt."""
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens so far."""
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Tokens generated so far."""
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        """True once the request has ended for any reason."""
+        return self.status >= RequestStatus.FINISHED_STOPPED
+
+    def append_output_token(self, token_id: int, now: float) -> None:
+        """Record one sampled token and its time."""
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+        self.token_times.append(now)
+        if self.first_token_time is None:
+            self.first_token_time = now

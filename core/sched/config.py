@@ -1,0 +1,50 @@
+"""Scheduler and KV-cache knobs, named as vLLM names them, validated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InvalidConfigError
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    """Everything that decides who enters a batch and how the KV pool is laid out."""
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_model_len: int = 4096
+    enable_chunked_prefill: bool = True
+    # A prefill asks for at most this many tokens a step (0 = no cap), so long prompts
+    # share the budget with others; only meaningful with chunked prefill.
+    long_prefill_token_threshold: int = 0
+    block_size: int = 16
+    num_blocks: int = 1024
+    enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "xxhash"
+    # Fraction of all blocks that must stay free after admitting a new request.
+    watermark: float = 0.0
+    policy: str = "fcfs"
+    preemption: str = "auto"
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise InvalidConfigError naming the first bad field."""
+        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size",
+                     "num_blocks"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidConfigError(name, value, "an integer >= 1")
+        t = self.long_prefill_token_threshold
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise InvalidConfigError("long_prefill_token_threshold", t, "an integer >= 0")
+        if not 0.0 <= self.watermark < 1.0:
+            raise InvalidConfigError("watermark", self.watermark, "a number in [0, 1)")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise InvalidConfigError(
+                "max_num_batched_tokens", self.max_num_batched_tokens,
+                f">= max_model_len ({self.max_model_len}) when chunked prefill is off, "
+                "or a prompt could never be scheduled",
+            )

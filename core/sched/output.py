@@ -1,0 +1,87 @@
+"""The contract between policy and execution: what to run, and what came back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..request import FinishReason
+from ..sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    """A request the executor has not seen (or must rebuild after preemption)."""
+
+    req_id: str
+    # Prompt plus any tokens generated before a preemption: the executor recomputes them all.
+    token_ids: list[int]
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    # Tokens already in the KV cache (prefix-cache hits); the step computes from here.
+    num_computed_tokens: int
+
+
+@dataclass(slots=True)
+class CachedRequestData:
+    """Requests the executor already holds state for, as parallel lists."""
+
+    req_ids: list[str] = field(default_factory=list)
+    # Blocks appended to each request's block table this step.
+    new_block_ids: list[list[int]] = field(default_factory=list)
+    # Tokens in the KV cache before this step (the context the new tokens attend to).
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One engine step: who runs, how many tokens each, and what changed since the last step."""
+
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    preempted_req_ids: list[str]
+    # Requests that ended since the previous step: the executor drops their state.
+    finished_req_ids: set[str]
+
+    @property
+    def is_empty(self) -> bool:
+        """True when nothing runs this step."""
+        return self.total_num_scheduled_tokens == 0
+
+
+@dataclass(slots=True)
+class Logprob:
+    """Log-probabilities for one sampled position: the sampled token and the top N."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    """What the executor returns: sampled token ids per request (empty for a partial prefill)."""
+
+    sampled_token_ids: dict[str, list[int]]
+    logprobs: dict[str, list[Logprob]] | None = None
+    # Wall or simulated duration of the step, when the executor measured or modelled one.
+    step_time: float | None = None
+
+
+@dataclass(slots=True)
+class EngineCoreOutput:
+    """Per-request result of one step: new tokens, and a finish reason once it ends."""
+
+    req_id: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    new_logprobs: list[Logprob] | None = None
+
+    @property
+    def finished(self) -> bool:
+        """True when this is the request's last output."""
+        return self.finish_reason is not None

@@ -1,0 +1,275 @@
+"""Iteration-level scheduler in the shape of vLLM v1: one token budget, no phases.
+
+Each request carries num_computed_tokens; a step gives tokens to running requests
+first, then admits waiting ones. Chunked prefill, mixed prefill+decode batches and
+prefix-cache skips all fall out of that one loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterable
+
+from ..errors import InvalidRequestError, PromptTooLongError
+from ..kv.kv_cache_manager import KVCacheManager
+from ..request import FINISH_STATUS, FinishReason, Request, RequestStatus
+from .config import SchedulerConfig
+from .output import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
+                     SchedulerOutput)
+from .policies import make_preemption_policy, make_queue
+
+_STOP = FinishReason.STOP
+_LENGTH = FinishReason.LENGTH
+
+
+class Scheduler:
+    """Decides each step who runs and with how many tokens, and applies what came back."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.kv = KVCacheManager(config.num_blocks, config.block_size,
+                                 config.enable_prefix_caching, config.prefix_caching_hash_algo)
+        self.waiting = make_queue(config.policy)
+        self.preemption_policy = make_preemption_policy(config.preemption, config.policy)
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.finished_req_ids: set[str] = set()
+        self.num_preemptions = 0
+        self.watermark_blocks = int(config.watermark * config.num_blocks)
+        self._seq = itertools.count()
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request: Request) -> None:
+        """Queue a request, or raise a typed error if it could never be served."""
+        cfg = self.config
+        rid = request.request_id
+        if rid in self.requests:
+            raise InvalidRequestError(f"request id {rid!r} is already in use", param="request_id")
+        n = request.num_prompt_tokens
+        if n == 0:
+            raise InvalidRequestError("the prompt is empty: give at least one token", param="prompt")
+        if n > cfg.max_model_len:
+            raise PromptTooLongError(
+                f"prompt has {n} tokens but max_model_len is {cfg.max_model_len}; "
+                "shorten the prompt or raise max_model_len", n, cfg.max_model_len)
+        sp = request.sampling_params
+        max_tokens = sp.max_tokens if sp.max_tokens is not None else cfg.max_model_len - n
+        request.max_tokens = max(1, max_tokens)
+        # The most tokens that will ever need KV: generation ends at max_model_len, and the
+        # last sampled token is never fed back.
+        peak = max(n, min(n + request.max_tokens - 1, cfg.max_model_len - 1))
+        if not self.kv.can_fit(peak):
+            limit = cfg.num_blocks * cfg.block_size
+            raise PromptTooLongError(
+                f"request needs up to {peak} tokens of KV cache but the whole pool holds {limit} "
+                f"({cfg.num_blocks} blocks of {cfg.block_size}); lower max_tokens or add blocks",
+                peak, limit)
+        request.seq_no = next(self._seq)
+        request.status = RequestStatus.WAITING
+        self.requests[rid] = request
+        self.waiting.add(request)
+
+    def abort_requests(self, request_ids: Iterable[str],
+                       reason: FinishReason = FinishReason.ABORT, now: float | None = None
+                       ) -> list[EngineCoreOutput]:
+        """End requests wherever they are (waiting, running, preempted); unknown ids are ignored."""
+        outputs = []
+        status = FINISH_STATUS[reason]
+        for rid in request_ids:
+            req = self.requests.pop(rid, None)
+            if req is None:
+                continue
+            if req.status == RequestStatus.RUNNING:
+                self.running.remove(req)
+            else:
+                self.waiting.remove(req)
+            self.kv.free(req)
+            req.status = status
+            req.finish_reason = reason
+            req.finish_time = now
+            self.finished_req_ids.add(rid)
+            outputs.append(EngineCoreOutput(rid, [], reason))
+        return outputs
+
+    @property
+    def num_running(self) -> int:
+        """Requests holding KV blocks."""
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued, preempted ones included."""
+        return len(self.waiting)
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any request is waiting or running."""
+        return bool(self.running) or len(self.waiting) > 0
+
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached prefix (refused while requests hold blocks)."""
+        self.kv.reset_prefix_cache()
+
+    # ------------------------------------------------------------------ schedule
+    def schedule(self, now: float) -> SchedulerOutput:
+        """Pick this step's batch and advance each chosen request's num_computed_tokens."""
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        threshold = cfg.long_prefill_token_threshold
+        kv = self.kv
+        allocate = kv.allocate_slots
+        running = self.running
+        num_scheduled: dict[str, int] = {}
+        cached = CachedRequestData()
+        c_ids, c_blocks, c_computed = cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
+        preempted: list[str] = []
+
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            num_new = req.num_tokens - req.num_computed_tokens
+            if 0 < threshold < num_new:
+                num_new = threshold
+            if num_new > budget:
+                num_new = budget
+            if num_new <= 0:
+                i += 1
+                continue
+            while True:
+                new_blocks = allocate(req, num_new)
+                if new_blocks is not None:
+                    break
+                victim = self.preemption_policy.pick_victim(running)
+                j = running.index(victim)
+                del running[j]
+                if j < i:  # already scheduled this step: hand its tokens back
+                    i -= 1
+                    vid = victim.request_id
+                    budget += num_scheduled.pop(vid)
+                    k = c_ids.index(vid)
+                    del c_ids[k], c_blocks[k], c_computed[k]
+                self._preempt(victim, now)
+                preempted.append(victim.request_id)
+                if victim is req:
+                    break
+            if new_blocks is None:
+                continue  # req itself was preempted; running[i] is now the next request
+            rid = req.request_id
+            c_ids.append(rid)
+            c_blocks.append([b.block_id for b in new_blocks] if new_blocks else [])
+            c_computed.append(req.num_computed_tokens)
+            num_scheduled[rid] = num_new
+            req.num_computed_tokens += num_new
+            budget -= num_new
+            i += 1
+
+        new_reqs: list[NewRequestData] = []
+        if not preempted:
+            self._admit(now, budget, num_scheduled, new_reqs)
+
+        total = sum(num_scheduled.values())
+        finished = self.finished_req_ids
+        self.finished_req_ids = set()
+        return SchedulerOutput(new_reqs, cached, num_scheduled, total, preempted, finished)
+
+    def _admit(self, now: float, budget: int, num_scheduled: dict[str, int],
+               new_reqs: list[NewRequestData]) -> None:
+        cfg = self.config
+        kv = self.kv
+        waiting = self.waiting
+        running = self.running
+        threshold = cfg.long_prefill_token_threshold
+        while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+            req = waiting.peek()
+            hits, num_hit = kv.get_computed_blocks(req)
+            num_new = req.num_tokens - num_hit
+            if cfg.enable_chunked_prefill:
+                if 0 < threshold < num_new:
+                    num_new = threshold
+                if num_new > budget:
+                    num_new = budget
+            elif num_new > budget:
+                break
+            # The watermark keeps headroom for running requests to grow; with nothing
+            # running it could only block progress.
+            reserve = self.watermark_blocks if running else 0
+            new_blocks = kv.allocate_slots(req, num_new, hits, num_hit, reserve)
+            if new_blocks is None:
+                break
+            waiting.pop()
+            kv.record_prefix_query(req.num_tokens, num_hit)
+            if req.prefix_hit_tokens < 0:
+                req.prefix_hit_tokens = num_hit
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+            req.status = RequestStatus.RUNNING
+            req.num_computed_tokens = num_hit + num_new
+            running.append(req)
+            rid = req.request_id
+            new_reqs.append(NewRequestData(rid, list(req.all_token_ids), req.num_prompt_tokens,
+                                           req.sampling_params, kv.get_block_ids(rid), num_hit))
+            num_scheduled[rid] = num_new
+            budget -= num_new
+
+    def _preempt(self, req: Request, now: float) -> None:
+        """Recompute-style preemption: free all blocks and requeue at the front."""
+        self.kv.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.preempted_times.append(now)
+        self.num_preemptions += 1
+        self.waiting.prepend(req)
+
+    # ------------------------------------------------------------------ update
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           model_runner_output: ModelRunnerOutput, now: float
+                           ) -> list[EngineCoreOutput]:
+        """Append sampled tokens, apply stop conditions, free finished requests."""
+        sampled = model_runner_output.sampled_token_ids
+        logprobs = model_runner_output.logprobs
+        requests = self.requests
+        max_model_len = self.config.max_model_len
+        outputs: list[EngineCoreOutput] = []
+        finished: list[Request] = []
+        for rid in scheduler_output.num_scheduled_tokens:
+            tokens = sampled.get(rid)
+            if not tokens:
+                continue  # a prefill chunk that did not reach the end of the prompt
+            req = requests.get(rid)
+            if req is None or req.status != RequestStatus.RUNNING:
+                continue  # aborted or preempted after it was scheduled
+            sp = req.sampling_params
+            reason = None
+            stop_reason = None
+            count = 0
+            for token in tokens:
+                req.append_output_token(token, now)
+                count += 1
+                n_out = len(req.output_token_ids)
+                if n_out >= sp.min_tokens:
+                    if token == req.eos_token_id and not sp.ignore_eos:
+                        reason = _STOP
+                        break
+                    if sp.stop_token_ids and token in sp.stop_token_ids:
+                        reason, stop_reason = _STOP, token
+                        break
+                if n_out >= req.max_tokens or len(req.all_token_ids) >= max_model_len:
+                    reason = _LENGTH
+                    break
+            new_ids = tokens if count == len(tokens) else tokens[:count]
+            out = EngineCoreOutput(rid, new_ids, reason, stop_reason,
+                                   logprobs.get(rid) if logprobs else None)
+            outputs.append(out)
+            if reason is not None:
+                req.status = FINISH_STATUS[reason]
+                req.finish_reason = reason
+                req.stop_reason = stop_reason
+                req.finish_time = now
+                finished.append(req)
+        if finished:
+            for req in finished:
+                del requests[req.request_id]
+                self.kv.free(req)
+                self.finished_req_ids.add(req.request_id)
+            self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
+        return outputs
