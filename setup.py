@@ -1,0 +1,19 @@
+"""Maps the top-level folders onto the twinserve namespace (the rest lives in pyproject.toml).
+
+core/, backends/, sim/ and kernels/ install as twinserve.core, twinserve.backends,
+twinserve.sim and twinserve.kernels, so nothing named `core` or `kernels` lands in a
+user's environment. Subpackages are discovered, so a new folder needs no edit here.
+"""
+
+from setuptools import find_packages, setup
+
+FOLDERS = ("core", "backends", "sim", "kernels")
+
+package_dir = {"twinserve": "twinserve"}
+packages = ["twinserve"]
+for folder in FOLDERS:
+    package_dir[f"twinserve.{folder}"] = folder
+    packages.append(f"twinserve.{folder}")
+    packages += [f"twinserve.{folder}.{sub}" for sub in find_packages(folder)]
+
+setup(package_dir=package_dir, packages=packages)
