@@ -51,8 +51,10 @@ def choose_num_splits(
     block_n: int,
     num_sms: int,
 ) -> int:
-    """Splits per sequence for split-KV decode: enough programs to fill ~2 waves of SMs."""
+    """Splits per sequence for split-KV decode: only when programs < SMs, aiming at ~2 per SM."""
     programs = max(1, num_seqs * num_kv_heads)
+    if programs >= num_sms:
+        return 1
     wanted = -(-2 * num_sms // programs)
     max_useful = max(1, -(-max_seq_len // (block_n * MIN_TILES_PER_SPLIT)))
     splits = min(wanted, max_useful, MAX_SPLITS)

@@ -35,7 +35,9 @@ def _store_kv_kernel(
     offset = slot % block_size
     heads = tl.arange(0, HEADS_PAD)[:, None]
     dims = tl.arange(0, DIM_PAD)[None, :]
-    mask = (heads < num_kv_heads) & (dims < head_dim) & (slot >= 0)
+    # The slot test is broadcast through a tensor: a scalar mask operand is rejected by
+    # the interpreter ("mask has unsupported dtype").
+    mask = (heads < num_kv_heads) & (dims < head_dim) & ((heads * 0 + slot) >= 0)
     k = tl.load(key_ptr + token * stride_kt + heads * stride_kh + dims, mask=mask)
     v = tl.load(value_ptr + token * stride_vt + heads * stride_vh + dims, mask=mask)
     dst = block_id * stride_cache_block + offset * stride_cache_pos + heads * stride_cache_head + dims
