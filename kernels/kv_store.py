@@ -29,7 +29,7 @@ def _store_kv_kernel(
 ):
     # One program per token moves all its KV heads at once; the grid is the padded
     # token count, so padding slots (-1) are masked off rather than trimmed on the host.
-    token = tl.program_id(0)
+    token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token)
     block_id = slot // block_size
     offset = slot % block_size

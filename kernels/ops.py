@@ -105,7 +105,7 @@ def paged_attention(
         config = choose_config(group, head_dim, max_query_len, on_gpu)
     if config.block_m < group:
         raise ValueError(f"config.block_m={config.block_m} is smaller than the GQA group {group}")
-    splits = _resolve_splits(split_kv, num_splits, max_query_len, seq_lens.shape[0], num_kv_heads, max_seq_len,
+    splits = resolve_num_splits(split_kv, num_splits, max_query_len, seq_lens.shape[0], num_kv_heads, max_seq_len,
                              config.block_n, query.device)
     strides = cache_strides(key_cache, layout)
     common = dict(
@@ -130,7 +130,7 @@ def paged_attention(
     return out
 
 
-def _resolve_splits(
+def resolve_num_splits(
     split_kv: bool | None,
     num_splits: int | None,
     max_query_len: int,
@@ -140,6 +140,7 @@ def _resolve_splits(
     block_n: int,
     device: torch.device,
 ) -> int:
+    """The split count ``paged_attention`` will launch with (1 = no split-KV)."""
     if num_splits is not None:
         if num_splits < 1:
             raise ValueError(f"num_splits must be >= 1, got {num_splits}")

@@ -147,12 +147,12 @@ def _paged_attention_kernel(
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     out_mask = row_ok[:, None] & d_ok[None, :]
-    dst = out_ptr + split * stride_os + token[:, None] * stride_ot + head[:, None] * stride_oh
+    dst = out_ptr + split.to(tl.int64) * stride_os + token[:, None] * stride_ot + head[:, None] * stride_oh
     tl.store(dst + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=out_mask)
     if NUM_SPLITS > 1:
         # Log-sum-exp in base 2 lets the reduction weight each split's normalised output.
         lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
-        tl.store(lse_ptr + split * stride_ls + token * stride_lt + head, lse, mask=row_ok)
+        tl.store(lse_ptr + split.to(tl.int64) * stride_ls + token * stride_lt + head, lse, mask=row_ok)
 
 
 def launch_paged_attention(

@@ -36,7 +36,8 @@ def _reduce_splits_kernel(
     head = tl.program_id(1)
     if token >= tl.load(query_start_loc_ptr + num_seqs):
         return
-    splits = tl.arange(0, SPLITS_PAD)
+    token = token.to(tl.int64)
+    splits = tl.arange(0, SPLITS_PAD).to(tl.int64)
     s_ok = splits < NUM_SPLITS
     lse = tl.load(lse_ptr + splits * stride_ls + token * stride_lt + head, mask=s_ok, other=float("-inf"))
     # Split 0 always covers key position 0, so the max is finite for every real row.
