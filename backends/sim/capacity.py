@@ -1,0 +1,55 @@
+"""KV-cache capacity derived the way a real engine sizes its pool."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from twinserve.core.errors import InvalidConfigError
+
+from .catalog import HardwareSpec, ModelSpec
+
+
+@dataclass(slots=True)
+class KVCapacity:
+    """How the pool size was derived, per GPU, in bytes (kept for the report)."""
+
+    num_blocks: int
+    usable_bytes: float
+    weight_bytes: float
+    activation_bytes: float
+    block_bytes: float
+
+
+def activation_reserve_bytes(model: ModelSpec, tp: int, max_num_batched_tokens: int,
+                             max_num_seqs: int) -> float:
+    """Peak activation estimate per GPU for the largest step (what a profiling run would find).
+
+    Hidden states and residual, the fused q/k/v and gate/up outputs of one layer at a
+    time for every batched token, plus fp32 logits for every sequence.
+    """
+    m = model
+    per_token = (4 * m.hidden_size + ((m.num_heads + 2 * m.num_kv_heads) * m.head_dim
+                                      + 2 * m.intermediate_size) / tp) * m.dtype_bytes
+    return max_num_batched_tokens * per_token + max_num_seqs * m.vocab_size * 4
+
+
+def kv_capacity(model: ModelSpec, hardware: HardwareSpec, tp: int, block_size: int,
+                gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 2048,
+                max_num_seqs: int = 256, activation_reserve: float | None = None,
+                num_blocks_override: int | None = None) -> KVCapacity:
+    """(memory × utilisation − weights − activation reserve) / bytes per block, per GPU."""
+    weights = model.weight_bytes / tp
+    act = (activation_reserve if activation_reserve is not None
+           else activation_reserve_bytes(model, tp, max_num_batched_tokens, max_num_seqs))
+    usable = hardware.mem_bytes * gpu_memory_utilization - weights - act
+    block_bytes = block_size * model.kv_bytes_per_token / tp
+    if num_blocks_override is not None:
+        return KVCapacity(num_blocks_override, usable, weights, act, block_bytes)
+    n = int(usable // block_bytes)
+    if n < 1:
+        raise InvalidConfigError(
+            "gpu_memory_utilization", gpu_memory_utilization,
+            f"a value leaving room for KV blocks: {model.name} weights take "
+            f"{weights / 2**30:.1f} GiB per GPU of {hardware.mem_bytes / 2**30:.1f} GiB on "
+            f"{hardware.name} at tp={tp}; raise tensor_parallel_size or use a bigger GPU")
+    return KVCapacity(n, usable, weights, act, block_bytes)

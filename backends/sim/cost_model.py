@@ -1,0 +1,182 @@
+"""Step-time cost models: what one engine step costs, from the batch's shape.
+
+A step is described by six numbers (StepFeatures), with q a request's new tokens
+this step and c the tokens already in its KV cache:
+
+- num_prefill_tokens  Σ q over prefill requests (prompt chunks, recomputation)
+- num_prefill_seqs    how many prefill requests
+- prefill_context     Σ c over prefill requests
+- prefill_attn        Σ q·(c + q/2) over prefill requests (causal attention pairs)
+- num_decode_seqs     requests generating one token (q = 1, past their prompt)
+- decode_context      Σ c over decode requests
+
+The form follows the roofline-shaped step-time model in ../shared/FACTS.md (after
+Vidur, Agrawal et al., MLSys 2024, and Sarathi-Serve, OSDI 2024): linear layers
+cost per token, attention per (query, key) pair, decode attention per context token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from .catalog import HardwareSpec, ModelSpec
+
+
+@dataclass(slots=True)
+class StepFeatures:
+    """The batch shape a cost model prices (see the module docstring)."""
+
+    num_prefill_tokens: int = 0
+    num_prefill_seqs: int = 0
+    prefill_context: int = 0
+    prefill_attn: float = 0.0
+    num_decode_seqs: int = 0
+    decode_context: int = 0
+
+    def as_args(self) -> tuple[int, int, int, float, int, int]:
+        """The features in CostModel.step_time's argument order."""
+        return (self.num_prefill_tokens, self.num_prefill_seqs, self.prefill_context,
+                self.prefill_attn, self.num_decode_seqs, self.decode_context)
+
+
+class CostModel(Protocol):
+    """Prices one engine step in seconds; the same inputs must always give the same float."""
+
+    name: str
+
+    def step_time(self, num_prefill_tokens: int, num_prefill_seqs: int, prefill_context: int,
+                  prefill_attn: float, num_decode_seqs: int, decode_context: int) -> float:
+        """Seconds for a step with this batch shape."""
+
+
+@dataclass(slots=True)
+class Efficiency:
+    """How far below peak real kernels run, plus fixed costs; defaults are rough assumptions."""
+
+    gemm: float = 0.70          # fraction of peak FLOP/s reached by dense GEMMs
+    attention: float = 0.50     # fraction of peak FLOP/s reached by attention kernels
+    memory: float = 0.80        # fraction of HBM bandwidth reached when streaming
+    comm: float = 0.75          # fraction of link bandwidth reached by all-reduce
+    allreduce_latency_s: float = 8e-6   # per all-reduce launch + sync
+    step_overhead_s: float = 1.5e-3     # scheduler, input prep, sampling, launch
+    per_seq_overhead_s: float = 10e-6   # per scheduled request (metadata, sampling)
+
+    def validate(self) -> None:
+        """Refuse non-physical factors."""
+        for name in ("gemm", "attention", "memory", "comm"):
+            v = getattr(self, name)
+            if not 0.0 < v <= 1.0:
+                raise ValueError(f"efficiency {name}={v!r} must be in (0, 1]")
+        for name in ("allreduce_latency_s", "step_overhead_s", "per_seq_overhead_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"efficiency {name} must be >= 0")
+
+
+class RooflineCostModel:
+    """Each operator group costs max(FLOPs / compute, bytes / bandwidth), per GPU under TP.
+
+    Linear layers read every weight once a step and do 2 FLOPs per weight per token;
+    logits are computed once per scheduled request. Attention does 4·heads·head_dim
+    FLOPs per (query, key) pair and reads the K/V of the context. With tensor
+    parallelism each GPU holds 1/tp of weights, heads and KV; two ring all-reduces per
+    layer move 2(tp-1)/tp of the activations over the link.
+    """
+
+    __slots__ = ("name", "model", "hardware", "tp", "eff", "_c_lin_tok", "_c_lin_seq", "_w_time",
+                 "_c_attn", "_c_kv", "_comm_fixed", "_comm_tok", "_peak_g", "_peak_a", "_bw")
+
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1,
+                 efficiency: Efficiency | None = None) -> None:
+        if tp < 1 or model.num_heads % tp or model.num_kv_heads % tp and tp % model.num_kv_heads:
+            raise ValueError(f"tensor_parallel_size={tp} does not divide {model.name}'s heads")
+        self.name = "roofline"
+        self.model = model
+        self.hardware = hardware
+        self.tp = tp
+        self.eff = eff = efficiency or Efficiency()
+        eff.validate()
+        m = model
+        self._peak_g = hardware.peak_flops * eff.gemm
+        self._peak_a = hardware.peak_flops * eff.attention
+        self._bw = hardware.mem_bandwidth * eff.memory
+        self._c_lin_tok = 2.0 * m.num_layers * m.params_per_layer / tp
+        self._c_lin_seq = 2.0 * m.vocab_size * m.hidden_size / tp
+        weights = (m.num_layers * m.params_per_layer + m.vocab_size * m.hidden_size) * m.dtype_bytes
+        self._w_time = weights / tp / self._bw
+        self._c_attn = 4.0 * m.num_layers * m.num_heads * m.head_dim / tp
+        self._c_kv = m.kv_bytes_per_token / tp
+        if tp > 1:
+            link = hardware.interconnect_bandwidth * eff.comm
+            n_ar = 2 * m.num_layers
+            self._comm_fixed = n_ar * eff.allreduce_latency_s
+            self._comm_tok = n_ar * 2.0 * (tp - 1) / tp * m.hidden_size * m.dtype_bytes / link
+        else:
+            self._comm_fixed = 0.0
+            self._comm_tok = 0.0
+
+    def step_time(self, num_prefill_tokens: int, num_prefill_seqs: int, prefill_context: int,
+                  prefill_attn: float, num_decode_seqs: int, decode_context: int) -> float:
+        """Seconds for a step: overheads + linear + attention + all-reduce."""
+        tokens = num_prefill_tokens + num_decode_seqs
+        seqs = num_prefill_seqs + num_decode_seqs
+        t_lin = (self._c_lin_tok * tokens + self._c_lin_seq * seqs) / self._peak_g
+        if t_lin < self._w_time:
+            t_lin = self._w_time
+        pairs = prefill_attn + decode_context + num_decode_seqs
+        t_attn = self._c_attn * pairs / self._peak_a
+        t_kv = self._c_kv * (prefill_context + tokens + decode_context) / self._bw
+        if t_attn < t_kv:
+            t_attn = t_kv
+        eff = self.eff
+        t = eff.step_overhead_s + eff.per_seq_overhead_s * seqs + t_lin + t_attn
+        if self._comm_fixed:
+            t += self._comm_fixed + self._comm_tok * tokens
+        return t
+
+    def max_tokens_per_second(self) -> float:
+        """An upper bound on processed tokens per second: linear-layer FLOPs at 100% of peak."""
+        return self.hardware.peak_flops / self._c_lin_tok
+
+
+@dataclass(slots=True)
+class WorkTotals:
+    """Feature sums over a run, enough to count FLOPs and bytes (both are linear in them)."""
+
+    num_steps: int = 0
+    num_prefill_tokens: int = 0
+    num_prefill_seqs: int = 0
+    prefill_context: int = 0
+    prefill_attn: float = 0.0
+    num_decode_seqs: int = 0
+    decode_context: int = 0
+    busy_time: float = 0.0
+
+    def flops(self, model: ModelSpec) -> float:
+        """Model FLOPs (all GPUs together) of the work done."""
+        m = model
+        tokens = self.num_prefill_tokens + self.num_decode_seqs
+        seqs = self.num_prefill_seqs + self.num_decode_seqs
+        lin = 2.0 * (m.num_layers * m.params_per_layer * tokens + m.vocab_size * m.hidden_size * seqs)
+        pairs = self.prefill_attn + self.decode_context + self.num_decode_seqs
+        return lin + 4.0 * m.num_layers * m.num_heads * m.head_dim * pairs
+
+    def bytes_moved(self, model: ModelSpec) -> float:
+        """HBM bytes (all GPUs together): weights once per step plus K/V read and written."""
+        m = model
+        weights = (m.num_layers * m.params_per_layer + m.vocab_size * m.hidden_size) * m.dtype_bytes
+        tokens = self.num_prefill_tokens + self.num_decode_seqs
+        kv = m.kv_bytes_per_token * (self.prefill_context + tokens + self.decode_context)
+        return weights * self.num_steps + kv
+
+    def mfu(self, model: ModelSpec, hardware: HardwareSpec, tp: int) -> float:
+        """Model FLOPs utilisation over the busy time."""
+        if self.busy_time <= 0:
+            return 0.0
+        return self.flops(model) / (self.busy_time * tp * hardware.peak_flops)
+
+    def mbu(self, model: ModelSpec, hardware: HardwareSpec, tp: int) -> float:
+        """Memory bandwidth utilisation over the busy time."""
+        if self.busy_time <= 0:
+            return 0.0
+        return self.bytes_moved(model) / (self.busy_time * tp * hardware.mem_bandwidth)

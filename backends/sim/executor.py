@@ -1,0 +1,137 @@
+"""The simulated executor: prices each SchedulerOutput with a cost model and 'samples' tokens."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
+
+from .cost_model import CostModel, WorkTotals
+
+DEFAULT_TOKEN = 1
+
+
+class SimExecutor:
+    """Keeps per-request progress from the scheduler outputs, as a model runner must.
+
+    A request samples when its computed tokens reach the end of its known sequence;
+    the sampled id is the one registered for it (the workload's choice), never EOS, so
+    the core's own max_tokens stop ends it at the workload's output length.
+    """
+
+    def __init__(self, cost_model: CostModel) -> None:
+        self.cost_model = cost_model
+        # req_id -> [known sequence length, prompt length]
+        self.state: dict[str, list[int]] = {}
+        self.tokens: dict[str, int] = {}
+        self.totals = WorkTotals()
+        self.last_features: tuple[int, int, int, float, int, int] = (0, 0, 0, 0.0, 0, 0)
+
+    def register(self, req_id: str, token_id: int) -> None:
+        """Set the token id a request samples at every step."""
+        self.tokens[req_id] = token_id
+
+    def forget(self, req_id: str) -> None:
+        """Drop what is known about a finished request."""
+        self.tokens.pop(req_id, None)
+        self.state.pop(req_id, None)
+
+    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        """Advance every scheduled request, price the step, sample for requests at their end."""
+        state = self.state
+        for rid in so.finished_req_ids:
+            state.pop(rid, None)
+        for rid in so.preempted_req_ids:
+            state.pop(rid, None)
+        num_sched = so.num_scheduled_tokens
+        tokens = self.tokens
+        sampled: dict[str, list[int]] = {}
+        pt = ps = pc = ds = dc = 0
+        pa = 0.0
+        cached = so.scheduled_cached_reqs
+        for rid, c in zip(cached.req_ids, cached.num_computed_tokens):
+            s = state[rid]
+            q = num_sched[rid]
+            if q == 1 and c >= s[1]:
+                ds += 1
+                dc += c
+            else:
+                pt += q
+                ps += 1
+                pc += c
+                pa += q * (c + q * 0.5)
+            if c + q >= s[0]:
+                s[0] += 1
+                sampled[rid] = [tokens.get(rid, DEFAULT_TOKEN)]
+        for new in so.scheduled_new_reqs:
+            rid = new.req_id
+            s = [len(new.token_ids), new.num_prompt_tokens]
+            state[rid] = s
+            c = new.num_computed_tokens
+            q = num_sched[rid]
+            if q == 1 and c >= s[1]:
+                ds += 1
+                dc += c
+            else:
+                pt += q
+                ps += 1
+                pc += c
+                pa += q * (c + q * 0.5)
+            if c + q >= s[0]:
+                s[0] += 1
+                sampled[rid] = [tokens.get(rid, DEFAULT_TOKEN)]
+        t = self.cost_model.step_time(pt, ps, pc, pa, ds, dc)
+        w = self.totals
+        w.num_steps += 1
+        w.num_prefill_tokens += pt
+        w.num_prefill_seqs += ps
+        w.prefill_context += pc
+        w.prefill_attn += pa
+        w.num_decode_seqs += ds
+        w.decode_context += dc
+        w.busy_time += t
+        self.last_features = (pt, ps, pc, pa, ds, dc)
+        return ModelRunnerOutput(sampled, step_time=t)
+
+    def decode_step_times(self, num_seqs: int, context: int, max_steps: int, start: float,
+                          deadline: float) -> tuple[list[float], list[float]]:
+        """Durations and end times of up to max_steps decode-only steps, each starting before deadline.
+
+        The same floats stepping would produce: each step priced from the same
+        features, the clock advanced by the same additions.
+        """
+        step_time = self.cost_model.step_time
+        durations: list[float] = []
+        ends: list[float] = []
+        t = start
+        for _ in range(max_steps):
+            if t >= deadline:
+                break
+            d = step_time(0, 0, 0, 0.0, num_seqs, context)
+            t = t + d
+            durations.append(d)
+            ends.append(t)
+            context += num_seqs
+        return durations, ends
+
+    def advance_decode(self, req_ids: Iterable[str], context: int, durations: list[float],
+                       dropped: Iterable[str] = ()) -> None:
+        """Account for decode steps run without execute() (fast-forward), as stepping would."""
+        state = self.state
+        for rid in dropped:
+            state.pop(rid, None)
+        k = len(durations)
+        n = 0
+        for rid in req_ids:
+            state[rid][0] += k
+            n += 1
+        w = self.totals
+        w.num_steps += k
+        w.num_decode_seqs += n * k
+        # The batch's context grows by n a step.
+        w.decode_context += context * k + n * k * (k - 1) // 2
+        busy = w.busy_time
+        for d in durations:
+            busy += d
+        w.busy_time = busy
+        self.last_features = (0, 0, 0, 0.0, n, context + n * (k - 1))

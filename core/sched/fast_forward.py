@@ -1,0 +1,127 @@
+"""Exact fast-forward over runs of identical decode steps (pure Python, additive to the core).
+
+When every running request is decoding, nothing waits, and no request can finish,
+each of the next steps schedules the same batch with one token per request. Those
+steps can be applied at once: tokens appended, num_computed_tokens advanced, and the
+KV manager called for block allocation and prefix-cache registration at exactly the
+steps and in exactly the order that schedule() would call it, so block ids, cached
+blocks, evictions and usage match step-by-step execution.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..request import Request
+from .scheduler import Scheduler
+
+
+def decode_window(scheduler: Scheduler, max_steps: int) -> int:
+    """How many of the next steps are pure decode of the same batch with no finish and no preemption."""
+    if max_steps <= 0 or len(scheduler.waiting) > 0:
+        return 0
+    running = scheduler.running
+    cfg = scheduler.config
+    if not running or len(running) > cfg.max_num_batched_tokens:
+        return 0
+    limit = max_steps
+    max_model_len = cfg.max_model_len
+    for req in running:
+        n = len(req.all_token_ids)
+        if n - req.num_computed_tokens != 1:
+            return 0
+        sp = req.sampling_params
+        if sp.stop_token_ids or (req.eos_token_id is not None and not sp.ignore_eos):
+            return 0  # a sampled token could stop it: step normally
+        # The finishing step is left to schedule()/update_from_output().
+        rem = min(req.max_tokens - len(req.output_token_ids), max_model_len - n) - 1
+        if rem < limit:
+            limit = rem
+            if limit <= 0:
+                return 0
+    kv = scheduler.kv
+    free = kv.num_free_blocks
+    if _blocks_needed(scheduler, running, limit) <= free:
+        return limit
+    lo, hi = 0, limit  # largest k with blocks_needed(k) <= free
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _blocks_needed(scheduler, running, mid) <= free:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _blocks_needed(scheduler: Scheduler, running: list[Request], num_steps: int) -> int:
+    bs = scheduler.kv.block_size
+    held = scheduler.kv.req_to_blocks
+    total = 0
+    for req in running:
+        need = -(-(req.num_computed_tokens + num_steps) // bs) - len(held[req.request_id])
+        if need > 0:
+            total += need
+    return total
+
+
+def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
+                       token_ids: Callable[[Request, int], list[int]]) -> list[float]:
+    """Apply len(end_times) decode steps (checked by decode_window); returns KV usage after each.
+
+    token_ids(request, k) gives the k tokens the request samples, in order; step i's
+    tokens are stamped end_times[i].
+    """
+    k_steps = len(end_times)
+    kv = scheduler.kv
+    bs = kv.block_size
+    caching = kv.enable_caching
+    held = kv.req_to_blocks
+    cached = kv.num_cached_blocks
+    running = scheduler.running
+    # The executor drops finished requests on the next step's output; nothing else reads it.
+    scheduler.finished_req_ids = set()
+    events: list[tuple[int, int]] = []
+    starts: list[int] = []
+    for i, req in enumerate(running):
+        c = req.num_computed_tokens
+        starts.append(c)
+        toks = token_ids(req, k_steps)
+        req.all_token_ids.extend(toks)
+        req.output_token_ids.extend(toks)
+        req.token_times.extend(end_times)
+        # Step k schedules token c + k, so afterwards c + k + 1 tokens need slots.
+        k = len(held[req.request_id]) * bs - c
+        while k < k_steps:
+            events.append((k, i))
+            k += bs
+        if caching:
+            k = (cached.get(req.request_id, 0) + 1) * bs - c - 1
+            if k < 0:
+                events.append((0, i))
+                k = ((c + 1) // bs + 1) * bs - c - 1
+            while k < k_steps:
+                events.append((k, i))
+                k += bs
+    usage: list[float] = []
+    num_blocks = kv.num_blocks
+    free_queue = kv.pool.free_queue
+    if events:
+        events.sort()
+        allocate = kv.allocate_slots
+        last = prev_i = -1
+        for k, i in events:
+            if k == last and i == prev_i:
+                continue  # a block boundary and a full block can fall on one call
+            if k != last:
+                u = 1.0 - free_queue.num_free / num_blocks
+                usage.extend([u] * (k - len(usage)))
+            req = running[i]
+            req.num_computed_tokens = starts[i] + k
+            if allocate(req, 1) is None:
+                raise AssertionError("fast-forward allocation failed: decode_window was not checked")
+            last, prev_i = k, i
+    u = 1.0 - free_queue.num_free / num_blocks
+    usage.extend([u] * (k_steps - len(usage)))
+    for i, req in enumerate(running):
+        req.num_computed_tokens = starts[i] + k_steps
+    return usage

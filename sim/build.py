@@ -1,0 +1,120 @@
+"""Turn a StudyConfig into a running Simulation: catalog look-ups, cost model, KV pool."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from twinserve.backends.sim.capacity import KVCapacity, kv_capacity
+from twinserve.backends.sim.catalog import (HardwareSpec, ModelSpec, UnknownSpecError,
+                                            get_hardware, get_model)
+from twinserve.backends.sim.cost_model import CostModel, Efficiency, RooflineCostModel
+from twinserve.backends.sim.executor import SimExecutor
+from twinserve.backends.sim.fitted import FittedCostModel
+from twinserve.core.engine_core import EngineCore
+from twinserve.core.errors import InvalidConfigError
+
+from .config import StudyConfig, find_line
+from .errors import ConfigError
+from .workload import Workload
+from .world import RunResult, Simulation
+
+DATA_DIR = Path(__file__).parent / "data"
+BUILTIN_TRACES = {"azure_conv": DATA_DIR / "azure_conv_excerpt.csv"}
+
+
+@dataclass(slots=True)
+class BuiltStudy:
+    """The pieces of one study, kept for the report."""
+
+    cfg: StudyConfig
+    model: ModelSpec
+    hardware: HardwareSpec
+    roofline: RooflineCostModel
+    cost_model: CostModel
+    capacity: KVCapacity
+    workload: Workload
+    simulation: Simulation
+
+
+def _cfg_error(cfg: StudyConfig, section: str, field: str, msg: str) -> ConfigError:
+    text = ""
+    if cfg.source:
+        try:
+            text = Path(cfg.source).read_text()
+        except OSError:
+            pass
+    return ConfigError(f"{section}.{field}", msg, cfg.source,
+                       find_line(text, section, field) if text else None)
+
+
+def resolve_trace(cfg: StudyConfig) -> str:
+    """The trace path: a builtin name, or a path (relative to the config file when given)."""
+    trace = cfg.workload.trace
+    if not trace:
+        return ""
+    if trace.startswith("builtin:"):
+        name = trace.split(":", 1)[1]
+        if name not in BUILTIN_TRACES:
+            raise _cfg_error(cfg, "workload", "trace",
+                             f"unknown builtin trace {name!r}; known: {', '.join(BUILTIN_TRACES)}")
+        return str(BUILTIN_TRACES[name])
+    p = Path(trace)
+    if not p.is_absolute() and cfg.source and not p.exists():
+        alt = Path(cfg.source).parent / p
+        if alt.exists():
+            return str(alt)
+    return str(p)
+
+
+def build_cost_models(cfg: StudyConfig) -> tuple[ModelSpec, HardwareSpec, RooflineCostModel,
+                                                 CostModel]:
+    """Model and hardware specs, the roofline (always, for MFU/MBU) and the step-time model."""
+    e = cfg.engine
+    try:
+        model = get_model(e.model)
+    except UnknownSpecError as err:
+        raise _cfg_error(cfg, "engine", "model", str(err)) from None
+    try:
+        hw = get_hardware(e.hardware)
+    except UnknownSpecError as err:
+        raise _cfg_error(cfg, "engine", "hardware", str(err)) from None
+    eff = Efficiency(e.eff_gemm, e.eff_attention, e.eff_memory, e.eff_comm,
+                     e.allreduce_latency_s, e.step_overhead_s, e.per_seq_overhead_s)
+    try:
+        roof = RooflineCostModel(model, hw, e.tensor_parallel_size, eff)
+    except ValueError as err:
+        field = "tensor_parallel_size" if "tensor_parallel" in str(err) else "eff_gemm"
+        raise _cfg_error(cfg, "engine", field, str(err)) from None
+    cost: CostModel = roof
+    if e.cost_model == "fitted":
+        cost = FittedCostModel.load(e.profile)
+    return model, hw, roof, cost
+
+
+def build(cfg: StudyConfig) -> BuiltStudy:
+    """Every object of a study, ready to run."""
+    model, hw, roof, cost = build_cost_models(cfg)
+    e, s = cfg.engine, cfg.scheduler
+    reserve = None if e.activation_reserve_gib < 0 else e.activation_reserve_gib * 2**30
+    try:
+        cap = kv_capacity(model, hw, e.tensor_parallel_size, s.block_size,
+                          e.gpu_memory_utilization, s.max_num_batched_tokens, s.max_num_seqs,
+                          reserve, e.num_gpu_blocks or None)
+    except InvalidConfigError as err:
+        raise _cfg_error(cfg, "engine", err.field, str(err)) from None
+    try:
+        sched_cfg = s.to_core(cap.num_blocks)
+    except InvalidConfigError as err:
+        raise _cfg_error(cfg, "scheduler", err.field, str(err)) from None
+    executor = SimExecutor(cost)
+    core = EngineCore(sched_cfg, executor)
+    workload = Workload(cfg.workload, cfg.run.seed, s.max_model_len, resolve_trace(cfg))
+    sim = Simulation(core, executor, workload, cfg.run.fast_forward)
+    return BuiltStudy(cfg, model, hw, roof, cost, cap, workload, sim)
+
+
+def simulate(cfg: StudyConfig) -> tuple[BuiltStudy, RunResult]:
+    """Build and run one study."""
+    built = build(cfg)
+    return built, built.simulation.run()

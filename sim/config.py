@@ -1,0 +1,280 @@
+"""Study configuration: dataclasses with defaults for every field, loaded from TOML.
+
+A study file has up to five tables; any field left out keeps its default::
+
+    [engine]     model, hardware, tensor_parallel_size, gpu_memory_utilization,
+                 num_gpu_blocks (0 = derive from memory), activation_reserve_gib (-1 = estimate),
+                 cost_model ('roofline' | 'fitted'), profile (JSON path for 'fitted'),
+                 eff_gemm, eff_attention, eff_memory, eff_comm, allreduce_latency_s,
+                 step_overhead_s, per_seq_overhead_s
+    [scheduler]  the core's SchedulerConfig fields except num_blocks: max_num_batched_tokens,
+                 max_num_seqs, max_model_len, enable_chunked_prefill,
+                 long_prefill_token_threshold, block_size, enable_prefix_caching,
+                 prefix_caching_hash_algo, watermark, policy, preemption
+    [workload]   see sim.workload.WorkloadConfig
+    [slo]        ttft_s, tpot_s (goodput counts requests meeting both)
+    [run]        seed, fast_forward, name
+
+Errors name the field, the file and the line (ConfigError).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from twinserve.core.errors import InvalidConfigError
+from twinserve.core.sched.config import SchedulerConfig
+
+from .errors import ConfigError
+from .workload import ARRIVALS, LENGTH_DISTS, WorkloadConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """Model, hardware, parallelism, memory and cost model of the simulated engine."""
+
+    model: str = "Llama-3-8B"
+    hardware: str = "H100-SXM"
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks: int = 0
+    activation_reserve_gib: float = -1.0
+    cost_model: str = "roofline"
+    profile: str = ""
+    eff_gemm: float = 0.70
+    eff_attention: float = 0.50
+    eff_memory: float = 0.80
+    eff_comm: float = 0.75
+    allreduce_latency_s: float = 8e-6
+    step_overhead_s: float = 1.5e-3
+    per_seq_overhead_s: float = 10e-6
+
+
+@dataclass(slots=True)
+class SchedulerSection:
+    """The core scheduler's knobs (num_blocks comes from the engine's memory)."""
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_model_len: int = 4096
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "xxhash"
+    watermark: float = 0.0
+    policy: str = "fcfs"
+    preemption: str = "auto"
+
+    def to_core(self, num_blocks: int) -> SchedulerConfig:
+        """The core's SchedulerConfig (validated there)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return SchedulerConfig(num_blocks=num_blocks, **values)
+
+
+@dataclass(slots=True)
+class SLOConfig:
+    """Latency targets for goodput."""
+
+    ttft_s: float = 2.0
+    tpot_s: float = 0.1
+
+
+@dataclass(slots=True)
+class RunConfig:
+    """Seed, stepping mode and a name for the outputs."""
+
+    seed: int = 0
+    fast_forward: bool = True
+    name: str = "study"
+
+
+@dataclass(slots=True)
+class StudyConfig:
+    """A whole simulation: engine, scheduler, workload, SLOs, run options."""
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    scheduler: SchedulerSection = field(default_factory=SchedulerSection)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    slo: SLOConfig = field(default_factory=SLOConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    source: str | None = None  # the file it came from, for error messages
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """The config as nested tables."""
+        return {s: dataclasses.asdict(getattr(self, s)) for s in SECTIONS}
+
+
+SECTIONS: dict[str, type] = {"engine": EngineConfig, "scheduler": SchedulerSection,
+                             "workload": WorkloadConfig, "slo": SLOConfig, "run": RunConfig}
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "workload.arrival": ARRIVALS, "workload.prompt_dist": LENGTH_DISTS,
+    "workload.output_dist": LENGTH_DISTS, "workload.on_overlong": ("clip", "drop", "fail"),
+    "engine.cost_model": ("roofline", "fitted"), "scheduler.policy": ("fcfs", "priority", "sjf"),
+    "scheduler.preemption": ("auto", "last", "priority"),
+}
+_POSITIVE = {"workload.rate", "workload.burstiness", "workload.time_scale",
+             "engine.tensor_parallel_size", "workload.vocab_size"}
+_NON_NEGATIVE = {"workload.num_system_prompts", "workload.system_prompt_len",
+                 "workload.system_prompt_zipf", "workload.think_time", "engine.num_gpu_blocks",
+                 "workload.prompt_std", "workload.output_std", "slo.ttft_s", "slo.tpot_s"}
+
+
+def find_line(text: str, section: str | None, key: str | None) -> int | None:
+    """The 1-based line where key is set inside [section] (or where the table starts)."""
+    current = None
+    table_line = None
+    for i, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if line.startswith("[") and not line.startswith("[["):
+            current = line.strip("[] ").strip()
+            if current == section:
+                table_line = i
+            continue
+        if key is not None and current == section and "=" in line:
+            name = line.split("=", 1)[0].strip().strip('"\'')
+            if name == key:
+                return i
+    return table_line
+
+
+def all_fields() -> dict[str, str]:
+    """Every settable field as 'section.name' -> python type name."""
+    out = {}
+    for sname, cls in SECTIONS.items():
+        for f in fields(cls):
+            out[f"{sname}.{f.name}"] = f.type if isinstance(f.type, str) else f.type.__name__
+    return out
+
+
+def resolve_field(name: str) -> str:
+    """'section.field', or a bare field name that exists in exactly one section."""
+    known = all_fields()
+    if name in known:
+        return name
+    if "." not in name:
+        hits = [k for k in known if k.split(".", 1)[1] == name]
+        if len(hits) == 1:
+            return hits[0]
+        if len(hits) > 1:
+            raise ConfigError(name, f"ambiguous: say one of {', '.join(hits)}")
+    raise ConfigError(name, "no such field; known fields: " + ", ".join(sorted(known)))
+
+
+def coerce(dotted: str, value: Any, file: str | None = None, line: int | None = None) -> Any:
+    """Check (and, from strings, convert) a value for a field; ConfigError if it does not fit."""
+    section, name = dotted.split(".", 1)
+    ftype = next(f.type for f in fields(SECTIONS[section]) if f.name == name)
+    tname = ftype if isinstance(ftype, str) else ftype.__name__
+
+    def bad(msg: str) -> ConfigError:
+        return ConfigError(dotted, msg, file, line)
+
+    if isinstance(value, str) and tname != "str":
+        text = value.strip()
+        try:
+            if tname == "bool":
+                if text.lower() not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                    raise ValueError
+                value = text.lower() in ("true", "1", "yes", "on")
+            elif tname == "int":
+                value = int(text)
+            elif tname == "float":
+                value = float(text)
+        except ValueError:
+            raise bad(f"{value!r} is not a {tname}") from None
+    if tname == "bool" and not isinstance(value, bool):
+        raise bad(f"{value!r} is not true/false")
+    if tname == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+        raise bad(f"{value!r} is not an integer")
+    if tname == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad(f"{value!r} is not a number")
+        value = float(value)
+    if tname == "str" and not isinstance(value, str):
+        raise bad(f"{value!r} is not a string")
+    if dotted in _CHOICES and value not in _CHOICES[dotted]:
+        raise bad(f"{value!r} is not one of {', '.join(_CHOICES[dotted])}")
+    if dotted in _POSITIVE and value <= 0:
+        raise bad(f"{value!r} must be > 0")
+    if dotted in _NON_NEGATIVE and value < 0:
+        raise bad(f"{value!r} must be >= 0")
+    if dotted == "workload.num_requests" and value < 1:
+        raise bad(f"{value!r} must be >= 1")
+    return value
+
+
+def set_field(cfg: StudyConfig, name: str, value: Any, file: str | None = None,
+              line: int | None = None) -> None:
+    """Set one field by (possibly bare) name, with type checks."""
+    dotted = resolve_field(name)
+    section, fname = dotted.split(".", 1)
+    setattr(getattr(cfg, section), fname, coerce(dotted, value, file, line))
+
+
+def from_dict(data: dict[str, Any], file: str | None = None, text: str = "") -> StudyConfig:
+    """Build a StudyConfig from nested tables; unknown tables and keys are errors."""
+    cfg = StudyConfig(source=file)
+    for section, table in data.items():
+        if section not in SECTIONS:
+            raise ConfigError(section, f"unknown table [{section}]; known: {', '.join(SECTIONS)}",
+                              file, find_line(text, section, None))
+        if not isinstance(table, dict):
+            raise ConfigError(section, "must be a table", file, find_line(text, None, section))
+        names = {f.name for f in fields(SECTIONS[section])}
+        for key, value in table.items():
+            line = find_line(text, section, key)
+            if key not in names:
+                raise ConfigError(f"{section}.{key}", "no such field; known: "
+                                  + ", ".join(sorted(names)), file, line)
+            setattr(getattr(cfg, section), key, coerce(f"{section}.{key}", value, file, line))
+    validate(cfg, text)
+    return cfg
+
+
+def validate(cfg: StudyConfig, text: str = "") -> None:
+    """Cross-field checks, reusing the core's own validation of scheduler fields."""
+    file = cfg.source
+    try:
+        cfg.scheduler.to_core(1)
+    except InvalidConfigError as e:
+        raise ConfigError(f"scheduler.{e.field}", str(e), file,
+                          find_line(text, "scheduler", e.field)) from None
+    w = cfg.workload
+    if "trace" in (w.arrival, w.prompt_dist, w.output_dist) and not w.trace:
+        raise ConfigError("workload.trace", "a trace file is needed for arrival or lengths "
+                          "'trace'", file, find_line(text, "workload", "trace"))
+    if cfg.engine.cost_model == "fitted" and not cfg.engine.profile:
+        raise ConfigError("engine.profile", "cost_model 'fitted' needs a profile JSON path",
+                          file, find_line(text, "engine", "profile"))
+
+
+def load_config(path: str | Path) -> StudyConfig:
+    """Read a study TOML file; errors name the field, the file and the line."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError("--config", "file not found", str(p)) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        msg = str(e)
+        line = getattr(e, "lineno", None)
+        if line is None and "line " in msg:
+            try:
+                line = int(msg.rsplit("line ", 1)[1].split(",")[0].rstrip(")"))
+            except ValueError:
+                line = None
+        raise ConfigError("<toml>", f"not valid TOML ({msg})", str(p), line) from None
+    return from_dict(data, str(p), text)

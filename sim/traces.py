@@ -1,0 +1,153 @@
+"""Trace loaders: Azure LLM inference CSVs and plain prefill/decode-token CSVs, read lazily.
+
+Every row error names the file and line. Requests longer than the model allows are
+handled by an explicit policy (clip, drop or fail) and counted, never silently.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from .errors import TraceError
+
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+TOKENS_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
+OVERLONG_POLICIES = ("clip", "drop", "fail")
+
+
+@dataclass(slots=True)
+class TraceRow:
+    """One request from a trace: arrival offset in seconds (None if absent) and lengths."""
+
+    arrival_time: float | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    line: int
+
+
+@dataclass(slots=True)
+class LengthStats:
+    """What the over-long policy did, for the report."""
+
+    policy: str = "clip"
+    max_model_len: int = 0
+    seen: int = 0
+    clipped: int = 0
+    dropped: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _int_cell(value: str | None, file: str, line: int, column: str, minimum: int) -> int:
+    if value is None or value.strip() == "":
+        raise TraceError(file, line, column, "missing value")
+    try:
+        v = int(value)
+    except ValueError:
+        try:
+            f = float(value)
+        except ValueError:
+            raise TraceError(file, line, column, f"{value!r} is not an integer") from None
+        if not f.is_integer():
+            raise TraceError(file, line, column, f"{value!r} is not an integer") from None
+        v = int(f)
+    if v < minimum:
+        raise TraceError(file, line, column, f"{v} is below the minimum {minimum}")
+    return v
+
+
+def _azure_seconds(value: str | None, file: str, line: int) -> tuple[int, float]:
+    try:
+        assert value is not None
+        day, clock = value.strip().split(" ")
+        ordinal = _dt.date.fromisoformat(day).toordinal()
+        h, m, s = clock.split(":")
+        return ordinal, int(h) * 3600 + int(m) * 60 + float(s)
+    except (AssertionError, ValueError):
+        raise TraceError(file, line, "TIMESTAMP",
+                         f"{value!r} is not a time like '2023-11-16 18:17:03.9799600'") from None
+
+
+def _detect(header: list[str], file: str) -> str:
+    cols = set(header)
+    if set(AZURE_COLUMNS) <= cols:
+        return "azure"
+    if set(TOKENS_COLUMNS) <= cols:
+        return "tokens"
+    raise TraceError(file, 1, None,
+                     f"unknown trace header {header}: expected columns {', '.join(AZURE_COLUMNS)} "
+                     f"(Azure) or {', '.join(TOKENS_COLUMNS)}[, arrived_at]")
+
+
+def read_trace(path: str | Path, limit: int | None = None) -> Iterator[TraceRow]:
+    """Yield rows of an Azure or tokens CSV in file order; arrival offsets start at 0."""
+    p = Path(path)
+    file = str(p)
+    try:
+        fh = p.open(newline="")
+    except FileNotFoundError:
+        raise TraceError(file, 0, None, "trace file not found") from None
+    with fh:
+        reader = csv.reader(fh)
+        try:
+            header = [h.strip() for h in next(reader)]
+        except StopIteration:
+            raise TraceError(file, 1, None, "the trace is empty") from None
+        kind = _detect(header, file)
+        idx = {name: i for i, name in enumerate(header)}
+        origin: tuple[int, float] | None = None
+        count = 0
+        for row in reader:
+            line = reader.line_num
+            if not row or all(not c.strip() for c in row):
+                continue
+            if len(row) != len(header):
+                raise TraceError(file, line, None,
+                                 f"expected {len(header)} fields, found {len(row)}")
+            if kind == "azure":
+                day, secs = _azure_seconds(row[idx["TIMESTAMP"]], file, line)
+                if origin is None:
+                    origin = (day, secs)
+                arrival: float | None = (day - origin[0]) * 86400.0 + (secs - origin[1])
+                prompt = _int_cell(row[idx["ContextTokens"]], file, line, "ContextTokens", 1)
+                output = _int_cell(row[idx["GeneratedTokens"]], file, line, "GeneratedTokens", 1)
+            else:
+                prompt = _int_cell(row[idx["num_prefill_tokens"]], file, line,
+                                   "num_prefill_tokens", 1)
+                output = _int_cell(row[idx["num_decode_tokens"]], file, line,
+                                   "num_decode_tokens", 1)
+                arrival = None
+                if "arrived_at" in idx:
+                    cell = row[idx["arrived_at"]]
+                    try:
+                        arrival = float(cell)
+                    except ValueError:
+                        raise TraceError(file, line, "arrived_at",
+                                         f"{cell!r} is not a number of seconds") from None
+                    if arrival != arrival or arrival < 0:
+                        raise TraceError(file, line, "arrived_at", f"{cell!r} must be >= 0")
+            yield TraceRow(arrival, prompt, output, line)
+            count += 1
+            if limit is not None and count >= limit:
+                return
+
+
+def fit_lengths(prompt: int, output: int, max_model_len: int, policy: str, stats: LengthStats,
+                file: str = "<workload>", line: int = 0) -> tuple[int, int] | None:
+    """Apply the over-long policy; (prompt, output), or None when the request is dropped."""
+    stats.seen += 1
+    if prompt + output <= max_model_len:
+        return prompt, output
+    if policy == "drop":
+        stats.dropped += 1
+        return None
+    if policy == "fail":
+        raise TraceError(file, line, None,
+                         f"request needs {prompt}+{output} tokens but max_model_len is "
+                         f"{max_model_len}; set workload.on_overlong to 'clip' or 'drop'")
+    stats.clipped += 1
+    prompt = min(prompt, max_model_len - 1)
+    return prompt, min(output, max_model_len - prompt)

@@ -1,0 +1,236 @@
+"""Workloads: arrival processes, length distributions, shared prefixes and multi-turn chats.
+
+Items are produced lazily in arrival order; token ids are made only when a request
+arrives (and dropped when it ends), so a long trace never sits in memory as tokens.
+Independent random streams (arrivals, lengths, prefixes, tokens) come from one seed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from .errors import ConfigError
+from .traces import LengthStats, fit_lengths, read_trace
+
+ARRIVALS = ("poisson", "gamma", "fixed", "all_at_once", "trace")
+LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal", "trace")
+
+
+@dataclass(slots=True)
+class WorkloadConfig:
+    """What requests arrive and when; every field has a default."""
+
+    num_requests: int = 400          # first-turn requests (conversations when multi-turn)
+    arrival: str = "poisson"         # poisson | gamma | fixed | all_at_once | trace
+    rate: float = 4.0                # requests per second (poisson, gamma, fixed)
+    burstiness: float = 1.0          # gamma shape; 1 = Poisson, < 1 burstier
+    time_scale: float = 1.0          # trace timestamps are multiplied by this
+    trace: str = ""                  # CSV path, or 'builtin:azure_conv' (the bundled excerpt)
+    prompt_dist: str = "lognormal"   # fixed | uniform | normal | lognormal | trace
+    prompt_mean: float = 1024.0
+    prompt_std: float = 512.0
+    prompt_min: int = 16
+    prompt_max: int = 4096
+    output_dist: str = "lognormal"
+    output_mean: float = 200.0
+    output_std: float = 150.0
+    output_min: int = 1
+    output_max: int = 1024
+    on_overlong: str = "clip"        # clip | drop | fail, for prompt + output > max_model_len
+    num_system_prompts: int = 0      # shared prefixes; 0 = none
+    system_prompt_len: int = 0       # tokens of each shared prefix (part of the prompt length)
+    system_prompt_zipf: float = 0.0  # popularity: weight of prompt i is 1/(i+1)^zipf
+    turns: int = 1                   # turns per conversation; the next turn extends the context
+    followup_tokens: int = 128       # mean new user tokens in a follow-up turn
+    think_time: float = 5.0          # mean seconds between an answer and the next turn
+    vocab_size: int = 32000
+
+
+@dataclass(slots=True)
+class WorkItem:
+    """One request of the workload, before it has token ids."""
+
+    request_id: str
+    arrival_time: float
+    num_prompt_tokens: int
+    num_output_tokens: int
+    index: int
+    system_prompt: int = -1
+    conversation: int = -1
+    turn: int = 0
+    # The previous turn's whole context (prompt + answer) for a follow-up turn.
+    history: list[int] | None = field(default=None, repr=False)
+
+
+class Workload:
+    """Produces WorkItems in arrival order and their token ids on demand."""
+
+    def __init__(self, cfg: WorkloadConfig, seed: int = 0, max_model_len: int = 4096,
+                 trace_path: str | None = None) -> None:
+        self.cfg = cfg
+        self.max_model_len = max_model_len
+        self.trace_path = trace_path or cfg.trace
+        self.seed = seed
+        ss = np.random.SeedSequence(seed)
+        a, l, p, t = ss.spawn(4)
+        self._arr = np.random.default_rng(a)
+        self._len = np.random.default_rng(l)
+        self._pop = np.random.default_rng(p)
+        self._tok = np.random.default_rng(t)
+        self.length_stats = LengthStats(cfg.on_overlong, max_model_len)
+        self._system_prompts: dict[int, list[int]] = {}
+        n = cfg.num_system_prompts
+        if n > 0:
+            w = np.array([1.0 / (i + 1) ** cfg.system_prompt_zipf for i in range(n)])
+            self._pop_cum = np.cumsum(w / w.sum())
+        self._index = 0
+
+    # -------------------------------------------------------------- sampling
+    def _draw_len(self, dist: str, mean: float, std: float, lo: int, hi: int) -> int:
+        r = self._len
+        if dist == "fixed":
+            v = mean
+        elif dist == "uniform":
+            v = r.integers(lo, hi + 1)
+        elif dist == "normal":
+            v = r.normal(mean, std)
+        elif dist == "lognormal":
+            sigma2 = math.log(1.0 + (std / mean) ** 2)
+            v = r.lognormal(math.log(mean) - sigma2 / 2, math.sqrt(sigma2))
+        else:
+            raise ConfigError("workload.prompt_dist", f"unknown distribution {dist!r}")
+        return int(min(max(round(float(v)), lo), hi))
+
+    def _gaps(self) -> Iterator[float]:
+        cfg = self.cfg
+        r = self._arr
+        if cfg.arrival == "poisson":
+            while True:
+                yield float(r.exponential(1.0 / cfg.rate))
+        elif cfg.arrival == "gamma":
+            shape = cfg.burstiness
+            while True:
+                yield float(r.gamma(shape, 1.0 / (cfg.rate * shape)))
+        elif cfg.arrival == "fixed":
+            while True:
+                yield 1.0 / cfg.rate
+        else:  # all_at_once
+            while True:
+                yield 0.0
+
+    def _rows(self) -> Iterator[tuple[float | None, int | None, int | None, str, int]]:
+        cfg = self.cfg
+        needs_trace = (cfg.arrival == "trace" or cfg.prompt_dist == "trace"
+                       or cfg.output_dist == "trace")
+        if needs_trace:
+            if not self.trace_path:
+                raise ConfigError("workload.trace", "a trace is needed for arrival/lengths "
+                                  "'trace' but none is given")
+            for row in read_trace(self.trace_path):
+                yield row.arrival_time, row.num_prompt_tokens, row.num_output_tokens, \
+                    self.trace_path, row.line
+        else:
+            while True:
+                yield None, None, None, "<workload>", 0
+
+    # -------------------------------------------------------------- items
+    def items(self) -> Iterator[WorkItem]:
+        """First-turn requests in arrival order (lazily)."""
+        cfg = self.cfg
+        gaps = None if cfg.arrival == "trace" else self._gaps()
+        t = 0.0
+        produced = 0
+        for arrival, p_trace, o_trace, file, line in self._rows():
+            if produced >= cfg.num_requests:
+                return
+            if gaps is None:
+                if arrival is None:
+                    raise ConfigError("workload.arrival", f"'trace' needs timestamps, and "
+                                      f"{file} has no TIMESTAMP or arrived_at column")
+                t = arrival * cfg.time_scale
+            elif produced:
+                t = t + next(gaps)
+            prompt = p_trace if cfg.prompt_dist == "trace" else self._draw_len(
+                cfg.prompt_dist, cfg.prompt_mean, cfg.prompt_std, cfg.prompt_min, cfg.prompt_max)
+            output = o_trace if cfg.output_dist == "trace" else self._draw_len(
+                cfg.output_dist, cfg.output_mean, cfg.output_std, cfg.output_min, cfg.output_max)
+            assert prompt is not None and output is not None
+            fitted = fit_lengths(prompt, output, self.max_model_len, cfg.on_overlong,
+                                 self.length_stats, file, line)
+            if fitted is None:
+                continue
+            produced += 1
+            yield self._make_item(t, fitted[0], fitted[1], conversation=produced - 1)
+
+    def _make_item(self, t: float, prompt: int, output: int, conversation: int, turn: int = 0,
+                   history: list[int] | None = None) -> WorkItem:
+        idx = self._index
+        self._index += 1
+        sys_id = -1
+        if self.cfg.num_system_prompts > 0 and turn == 0:
+            sys_id = int(np.searchsorted(self._pop_cum, self._pop.random(), side="right"))
+            sys_id = min(sys_id, self.cfg.num_system_prompts - 1)
+        conv = conversation if self.cfg.turns > 1 else -1
+        rid = f"c{conversation}-t{turn}" if conv >= 0 else f"r{idx}"
+        return WorkItem(rid, t, prompt, output, idx, sys_id, conv, turn, history)
+
+    def next_turn(self, item: WorkItem, context: list[int], finish_time: float) -> WorkItem | None:
+        """The follow-up of a finished turn (its prompt extends context), or None when it ends."""
+        cfg = self.cfg
+        if item.turn + 1 >= cfg.turns:
+            return None
+        r = self._len
+        new = int(r.integers(max(1, cfg.followup_tokens // 2), cfg.followup_tokens * 3 // 2 + 1))
+        output = self._draw_len(cfg.output_dist if cfg.output_dist != "trace" else "fixed",
+                                cfg.output_mean if cfg.output_dist != "trace"
+                                else item.num_output_tokens,
+                                cfg.output_std, cfg.output_min, cfg.output_max)
+        think = float(self._arr.exponential(cfg.think_time)) if cfg.think_time > 0 else 0.0
+        prompt = len(context) + new
+        if prompt + output > self.max_model_len:
+            return None  # the conversation has outgrown the model
+        return self._make_item(finish_time + think, prompt, output, item.conversation,
+                               item.turn + 1, context)
+
+    # -------------------------------------------------------------- tokens
+    def system_prompt_tokens(self, sys_id: int) -> list[int]:
+        """The shared prefix with this id (made once, from its own seeded stream)."""
+        toks = self._system_prompts.get(sys_id)
+        if toks is None:
+            rng = np.random.default_rng([self.seed, 7, sys_id])
+            toks = rng.integers(2, self.cfg.vocab_size, self.cfg.system_prompt_len).tolist()
+            self._system_prompts[sys_id] = toks
+        return toks
+
+    def prompt_tokens(self, item: WorkItem) -> list[int]:
+        """Token ids of the item's prompt: shared prefix or history, then fresh tokens."""
+        n = item.num_prompt_tokens
+        if item.history is not None:
+            head = item.history
+        elif item.system_prompt >= 0:
+            head = self.system_prompt_tokens(item.system_prompt)[:max(0, n - 1)]
+        else:
+            head = []
+        rest = n - len(head)
+        if rest <= 0:
+            return head[:n]
+        return head + self._tok.integers(2, self.cfg.vocab_size, rest).tolist()
+
+    def sample_token(self, item: WorkItem) -> int:
+        """The token id the simulated model emits for this request (never 0 or 1)."""
+        return 2 + (item.index * 7919) % (self.cfg.vocab_size - 2)
+
+    def expected_prefix_hits(self, item: WorkItem, block_size: int, seen: set[int]) -> int:
+        """Tokens of this first-turn item that a warm prefix cache must serve (shared prefix only)."""
+        if item.system_prompt < 0:
+            return 0
+        first = item.system_prompt not in seen
+        seen.add(item.system_prompt)
+        if first:
+            return 0
+        shared = min(self.cfg.system_prompt_len, item.num_prompt_tokens - 1)
+        return (shared // block_size) * block_size

@@ -1,0 +1,263 @@
+"""The SimPy world: arrivals feed one engine replica whose loop is one SimPy event per step.
+
+The engine keeps its own clock (t); token times are t + step duration, computed, not
+scheduled. Arrivals up to t join before each step. With fast_forward on, runs of
+identical decode steps (no arrival before they start, no finish, no new admission)
+are applied at once by core.sched.fast_forward with the same floats, so results are
+identical to stepping; a test runs both ways.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import simpy
+
+from twinserve.backends.sim.executor import SimExecutor
+from twinserve.core.engine_core import EngineCore
+from twinserve.core.errors import InvalidRequestError
+from twinserve.core.request import Request
+from twinserve.core.sampling_params import SamplingParams
+from twinserve.core.sched.fast_forward import apply_decode_steps, decode_window
+
+from .workload import WorkItem, Workload
+
+INF = float("inf")
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One finished (or refused) request: what the metrics are computed from."""
+
+    request_id: str
+    arrival_time: float
+    num_prompt_tokens: int
+    num_output_tokens: int
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finish_time: float | None
+    prefix_hit_tokens: int
+    num_preemptions: int
+    token_times: list[float]
+    conversation: int = -1
+    turn: int = 0
+    finish_reason: str = ""
+    error: str = ""
+
+
+@dataclass(slots=True)
+class StepLog:
+    """Per-step columns (parallel lists) of the engine's load over time."""
+
+    start: list[float] = field(default_factory=list)
+    duration: list[float] = field(default_factory=list)
+    in_system: list[int] = field(default_factory=list)
+    running: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    seqs: list[int] = field(default_factory=list)
+    kv_usage: list[float] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+@dataclass(slots=True)
+class RunResult:
+    """Everything one simulation produced."""
+
+    records: list[RequestRecord]
+    steps: StepLog
+    end_time: float
+    wall_time: float
+    num_steps: int
+    num_events: int
+    num_ff_windows: int
+    num_preemptions: int
+    prefix_queries: int
+    prefix_hits: int
+    num_blocks: int
+
+
+class ArrivalSource:
+    """Merges the workload's lazy first turns with follow-up turns made at run time."""
+
+    def __init__(self, items: Iterator[WorkItem]) -> None:
+        self._items = items
+        self._next: WorkItem | None = next(items, None)
+        self._heap: list[tuple[float, int, WorkItem]] = []
+
+    def next_time(self) -> float:
+        """Arrival time of the next request (inf when none is left)."""
+        a = self._next.arrival_time if self._next is not None else INF
+        b = self._heap[0][0] if self._heap else INF
+        return a if a <= b else b
+
+    def push(self, item: WorkItem) -> None:
+        """Add a follow-up turn."""
+        heapq.heappush(self._heap, (item.arrival_time, item.index, item))
+
+    def pop_until(self, t: float) -> list[WorkItem]:
+        """All requests arriving at or before t, in arrival order."""
+        out: list[WorkItem] = []
+        while True:
+            a = self._next
+            h = self._heap
+            if a is not None and a.arrival_time <= t and (not h or a.arrival_time <= h[0][0]):
+                out.append(a)
+                self._next = next(self._items, None)
+            elif h and h[0][0] <= t:
+                out.append(heapq.heappop(h)[2])
+            else:
+                return out
+
+
+class Simulation:
+    """One engine replica (the core's EngineCore, unchanged) driven in simulated time."""
+
+    def __init__(self, core: EngineCore, executor: SimExecutor, workload: Workload,
+                 fast_forward: bool = True) -> None:
+        self.core = core
+        self.executor = executor
+        self.workload = workload
+        self.fast_forward = fast_forward
+        self.env = simpy.Environment()
+        self.source = ArrivalSource(workload.items())
+        self.live: dict[str, Request] = {}
+        self.records: list[RequestRecord] = []
+        self.steps = StepLog()
+        self.num_events = 0
+        self.num_ff_windows = 0
+        self._params: dict[int, SamplingParams] = {}
+
+    # ------------------------------------------------------------------ arrivals
+    def _admit(self, t: float) -> None:
+        wl = self.workload
+        for item in self.source.pop_until(t):
+            n_out = item.num_output_tokens
+            sp = self._params.get(n_out)
+            if sp is None:
+                sp = self._params[n_out] = SamplingParams(max_tokens=n_out, ignore_eos=True)
+            req = Request(item.request_id, wl.prompt_tokens(item), sp,
+                          arrival_time=item.arrival_time, payload=item)
+            try:
+                self.core.add_request(req)
+            except InvalidRequestError as e:
+                self.records.append(RequestRecord(
+                    item.request_id, item.arrival_time, item.num_prompt_tokens, n_out, None, None,
+                    None, 0, 0, [], item.conversation, item.turn, "refused", str(e)))
+                continue
+            self.live[item.request_id] = req
+            self.executor.register(item.request_id, wl.sample_token(item))
+
+    def _finish(self, rid: str) -> None:
+        req = self.live.pop(rid)
+        item: WorkItem = req.payload
+        self.executor.forget(rid)
+        self.records.append(RequestRecord(
+            rid, req.arrival_time, req.num_prompt_tokens, len(req.output_token_ids),
+            req.first_scheduled_time, req.first_token_time, req.finish_time,
+            max(req.prefix_hit_tokens, 0), req.num_preemptions, req.token_times,
+            item.conversation, item.turn,
+            req.finish_reason.value if req.finish_reason is not None else ""))
+        if self.workload.cfg.turns > 1 and req.finish_time is not None:
+            nxt = self.workload.next_turn(item, req.all_token_ids, req.finish_time)
+            if nxt is not None:
+                self.source.push(nxt)
+
+    # ------------------------------------------------------------------ engine loop
+    def _engine(self):  # a SimPy process
+        env = self.env
+        core = self.core
+        sched = core.scheduler
+        source = self.source
+        log = self.steps
+        t = 0.0
+        while True:
+            self._admit(t)
+            if not sched.has_unfinished_requests():
+                nxt = source.next_time()
+                if nxt == INF:
+                    return
+                t = nxt if nxt > t else t
+                self.num_events += 1
+                yield env.timeout(max(0.0, t - env.now))
+                continue
+            if self.fast_forward and self._fast_forward(t):
+                t = self._t_after_ff
+            else:
+                in_system = len(sched.running) + len(sched.waiting)
+                outputs, stats = core.step(t)
+                assert stats is not None
+                d = stats.duration
+                log.start.append(t)
+                log.duration.append(d)
+                log.in_system.append(in_system)
+                log.running.append(stats.num_running)
+                log.waiting.append(stats.num_waiting)
+                log.tokens.append(stats.num_scheduled_tokens)
+                log.seqs.append(stats.num_scheduled_reqs)
+                log.kv_usage.append(stats.kv_usage)
+                log.preempted.append(stats.num_preempted)
+                t = t + d
+                for out in outputs:
+                    if out.finish_reason is not None:
+                        self._finish(out.req_id)
+            self.num_events += 1
+            yield env.timeout(max(0.0, t - env.now))
+
+    _t_after_ff: float = 0.0
+
+    def _fast_forward(self, t: float) -> bool:
+        sched = self.core.scheduler
+        k = decode_window(sched, 1 << 30)
+        if k <= 0:
+            return False
+        running = sched.running
+        n = len(running)
+        context = 0
+        for req in running:
+            context += req.num_computed_tokens
+        ex = self.executor
+        durations, ends = ex.decode_step_times(n, context, k, t, self.source.next_time())
+        if not ends:
+            return False
+        dropped = sched.finished_req_ids
+        tokens = ex.tokens
+        usage = apply_decode_steps(sched, ends,
+                                   lambda req, m: [tokens.get(req.request_id, 1)] * m)
+        ex.advance_decode([r.request_id for r in running], context, durations, dropped)
+        k = len(ends)
+        self.core.num_steps += k
+        log = self.steps
+        log.start.append(t)
+        log.start.extend(ends[:-1])
+        log.duration.extend(durations)
+        rep = [n] * k
+        log.in_system.extend(rep)
+        log.running.extend(rep)
+        log.waiting.extend([0] * k)
+        log.tokens.extend(rep)
+        log.seqs.extend(rep)
+        log.kv_usage.extend(usage)
+        log.preempted.extend([0] * k)
+        self.num_ff_windows += 1
+        self._t_after_ff = ends[-1]
+        return True
+
+    def run(self) -> RunResult:
+        """Run until every request has finished; returns the records and the step log."""
+        wall = time.perf_counter()
+        self.env.process(self._engine())
+        self.env.run()
+        wall = time.perf_counter() - wall
+        sched = self.core.scheduler
+        stats = sched.kv.stats
+        end = self.steps.start[-1] + self.steps.duration[-1] if len(self.steps) else 0.0
+        return RunResult(self.records, self.steps, end, wall, self.core.num_steps,
+                         self.num_events, self.num_ff_windows, sched.num_preemptions,
+                         stats.queries, stats.hits, self.core.config.num_blocks)
