@@ -45,3 +45,11 @@ class InvalidConfigError(TwinserveError, ValueError):
 
 class PrefixCacheBusyError(TwinserveError, RuntimeError):
     """The prefix cache cannot be reset while blocks are held by requests."""
+
+
+class UnsupportedModelError(TwinserveError, ValueError):
+    """A model cannot be found or its architecture is not one twinserve serves."""
+
+
+class EngineDeadError(TwinserveError, RuntimeError):
+    """The engine failed while executing a step and cannot serve further requests."""

@@ -1,0 +1,128 @@
+"""Paged attention in plain PyTorch: batched block-table gathers and SDPA, the CPU default.
+
+Decodes (one query token each) are bucketed by context length, gathered from the cache in
+one index per bucket and run as one SDPA call with the GQA group folded into the query
+axis, so K/V are never repeated. Prefill chunks run one SDPA each; a chunk with cached
+context reads its whole sequence back from the cache under an offset causal mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .backend import AttentionMetadata
+
+# Decode buckets: split when padding to the bucket's longest context would waste more.
+_MAX_DECODE_BUCKETS = 4
+
+
+@dataclass(slots=True)
+class _DecodeBucket:
+    rows: slice  # rows of the flat batch (decodes are a prefix of it)
+    slot_index: torch.Tensor  # int64 [B, S]: flat cache slot of each gathered position
+    mask: torch.Tensor | None  # bool [B, 1, 1, S], True = attend; None when no padding
+
+
+@dataclass(slots=True)
+class _Prefill:
+    rows: slice
+    context_len: int
+    seq_len: int
+    slot_index: torch.Tensor | None  # None when there is no cached context to read back
+    mask: torch.Tensor | None
+
+
+@dataclass(slots=True)
+class _TorchPlan:
+    decodes: list[_DecodeBucket]
+    prefills: list[_Prefill]
+
+
+def _slots(block_row: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
+    pos = torch.arange(length, device=block_row.device)
+    return block_row[pos // block_size].long() * block_size + pos % block_size
+
+
+class TorchPagedAttention:
+    """The reference-quality, reasonably fast attention path for CPU (and any device)."""
+
+    name = "torch"
+
+    def plan(self, meta: AttentionMetadata, block_size: int) -> None:
+        """Build gather indices and masks once per step; every layer reuses them."""
+        bt = meta.block_tables
+        device = bt.device
+        nd = meta.num_decodes
+        decodes: list[_DecodeBucket] = []
+        if nd:
+            lens = meta.seq_lens_cpu[:nd]
+            for lo, hi in _buckets(lens):
+                s_max = max(lens[lo:hi])
+                nblk = -(-s_max // block_size)
+                pos = torch.arange(s_max, device=device)
+                blocks = bt[lo:hi, :nblk].long()
+                idx = blocks[:, pos // block_size] * block_size + pos % block_size
+                seq = meta.seq_lens[lo:hi].long().unsqueeze(1)
+                valid = pos.unsqueeze(0) < seq
+                mask = None if bool(valid.all()) else valid[:, None, None, :]
+                decodes.append(_DecodeBucket(slice(lo, hi), idx.clamp_(min=0), mask))
+        prefills: list[_Prefill] = []
+        start = nd
+        for i in range(nd, len(meta.query_lens_cpu)):
+            q, s = meta.query_lens_cpu[i], meta.seq_lens_cpu[i]
+            ctx = s - q
+            idx = mask = None
+            if ctx > 0:
+                idx = _slots(bt[i], s, block_size)
+                qpos = ctx + torch.arange(q, device=device).unsqueeze(1)
+                mask = torch.arange(s, device=device).unsqueeze(0) <= qpos
+            prefills.append(_Prefill(slice(start, start + q), ctx, s, idx, mask))
+            start += q
+        meta.plan = _TorchPlan(decodes, prefills)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                key_cache: torch.Tensor, value_cache: torch.Tensor, meta: AttentionMetadata,
+                scale: float) -> torch.Tensor:
+        """Store the new K/V, then attend decodes in buckets and prefills one by one."""
+        plan: _TorchPlan = meta.plan
+        _, _, hkv, d = key_cache.shape
+        kc = key_cache.view(-1, hkv, d)
+        vc = value_cache.view(-1, hkv, d)
+        kc.index_copy_(0, meta.slot_mapping, key)
+        vc.index_copy_(0, meta.slot_mapping, value)
+        hq = query.shape[1]
+        group = hq // hkv
+        out = torch.empty_like(query)
+        for b in plan.decodes:
+            q = query[b.rows].view(-1, hkv, group, d)
+            k = kc[b.slot_index].transpose(1, 2)  # [B, Hkv, S, D]
+            v = vc[b.slot_index].transpose(1, 2)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=b.mask, scale=scale)
+            out[b.rows] = o.reshape(-1, hq, d)
+        for p in plan.prefills:
+            q = query[p.rows].transpose(0, 1).unsqueeze(0)  # [1, Hq, T, D]
+            if p.slot_index is None:
+                k, v = key[p.rows], value[p.rows]
+            else:
+                k, v = kc[p.slot_index], vc[p.slot_index]
+            k = k.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
+            v = v.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
+            if p.mask is None:
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+            else:
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=p.mask, scale=scale)
+            out[p.rows] = o[0].transpose(0, 1)
+        return out
+
+
+def _buckets(lens: list[int]) -> list[tuple[int, int]]:
+    """Split sorted-or-not decode rows into contiguous runs; the runner sorts decodes by length."""
+    n = len(lens)
+    if n <= 8:
+        return [(0, n)]
+    k = min(_MAX_DECODE_BUCKETS, n // 8)
+    step = -(-n // k)
+    return [(i, min(i + step, n)) for i in range(0, n, step)]

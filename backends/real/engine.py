@@ -1,0 +1,302 @@
+"""The synchronous engine: validation, tokenization, the engine core, detokenization, n > 1.
+
+LLM drives it in a loop; an async front end can drive step() from one thread while other
+threads add and abort requests (every public method takes the engine's lock).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ...core.engine_core import EngineCore, StepStats
+from ...core.errors import (InvalidRequestError, InvalidSamplingParamsError, PromptTooLongError,
+                            TwinserveError)
+from ...core.request import FinishReason, Request
+from ...core.sampling_params import SamplingParams
+from ...core.sched.config import SchedulerConfig
+from ...core.sched.output import EngineCoreOutput, Logprob
+from .config import EngineArgs
+from .detokenizer import IncrementalDetokenizer
+from .executor import InProcessExecutor
+from .models.llama import LlamaForCausalLM
+from .models.registry import ModelSource, resolve_model
+from .outputs import CompletionOutput, RequestMetrics, RequestOutput
+from .step_log import StepLog
+from .tokenizer import apply_chat_template, load_tokenizer
+from .worker import Worker
+
+PromptType = str | list[int] | dict[str, Any]
+
+
+@dataclass(slots=True)
+class _Child:
+    """One of a request's n sequences, as the core sees it."""
+
+    core_id: str
+    index: int
+    request: Request
+    detok: IncrementalDetokenizer
+    logprobs: list[Logprob] | None
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    delta_ids: list[int] = field(default_factory=list)
+    delta_logprobs: list[Logprob] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Parent:
+    """A user request: its prompt and its children."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    arrival_time: float
+    children: list[_Child]
+
+
+class LLMEngine:
+    """Adds requests, steps the engine core, and returns incremental per-request outputs."""
+
+    def __init__(self, args: EngineArgs, model: LlamaForCausalLM | None = None, tokenizer: Any = None) -> None:
+        self.args = args
+        source: ModelSource | None = None
+        if model is None:
+            source = resolve_model(args.model)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(source, args.tokenizer)
+        cfg = model.config if model is not None else _peek_config(source)
+        self.model_name = source.name if source else args.model
+        self.max_model_len = args.max_model_len or cfg.max_position_embeddings
+        self.vocab_size = cfg.vocab_size
+        self.eos_token_ids = list(cfg.eos_token_id) or (
+            [self.tokenizer.eos_token_id] if getattr(self.tokenizer, "eos_token_id", None) is not None else [])
+        self.worker = Worker(args, self.max_model_len, self.eos_token_ids, model=model, source=source)
+        self.executor = InProcessExecutor([self.worker], StepLog(args.step_log_path))
+        num_blocks = self.executor.initialize_kv_cache()
+        batched = args.max_num_batched_tokens or (2048 if args.enable_chunked_prefill else self.max_model_len)
+        self.scheduler_config = SchedulerConfig(
+            max_num_batched_tokens=batched, max_num_seqs=args.max_num_seqs,
+            max_model_len=self.max_model_len, enable_chunked_prefill=args.enable_chunked_prefill,
+            long_prefill_token_threshold=args.long_prefill_token_threshold,
+            block_size=args.block_size, num_blocks=num_blocks,
+            enable_prefix_caching=args.enable_prefix_caching, policy=args.policy,
+            preemption=args.preemption)
+        self.core = EngineCore(self.scheduler_config, self.executor)
+        self._rng = random.Random(args.seed)
+        torch.manual_seed(args.seed)
+        self._parents: dict[str, _Parent] = {}
+        self._child_to_parent: dict[str, _Parent] = {}
+        self._lock = threading.RLock()
+        self.last_stats: StepStats | None = None
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
+        """Build an engine, loading the model named by args.model."""
+        return cls(args)
+
+    # ------------------------------------------------------------------ requests
+    def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        """A prompt as (text or None, token ids); typed errors for anything unusable."""
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise InvalidRequestError("a prompt dict needs 'prompt' or 'prompt_token_ids'", param="prompt")
+        if isinstance(prompt, str):
+            return prompt, list(self.tokenizer(prompt)["input_ids"]) if prompt else []
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return None, list(prompt)
+        raise InvalidRequestError(f"prompt must be a string, a list of token ids or a dict, got "
+                                  f"{type(prompt).__name__}", param="prompt")
+
+    def chat_prompt(self, messages: list[dict[str, Any]], **kwargs: Any) -> dict[str, Any]:
+        """A conversation rendered with the chat template, as a token-id prompt."""
+        ids = apply_chat_template(self.tokenizer, messages, **kwargs)
+        return {"prompt_token_ids": ids, "prompt": self.tokenizer.decode(ids)}
+
+    def _validate(self, request_id: str, ids: list[int], params: Any) -> None:
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidRequestError("request_id must be a non-empty string", param="request_id")
+        if request_id in self._parents:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError(f"sampling_params must be SamplingParams, got {type(params).__name__}",
+                                      param="sampling_params")
+        params.validate()
+        if not ids:
+            raise InvalidRequestError("the prompt is empty: give at least one token", param="prompt")
+        if len(ids) > self.max_model_len:
+            raise PromptTooLongError(f"prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}; "
+                                     "shorten the prompt or raise max_model_len", len(ids), self.max_model_len)
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(f"prompt token id {bad} is outside the vocabulary [0, {self.vocab_size})",
+                                      param="prompt")
+        if params.logprobs is not None and params.logprobs > self.args.max_logprobs:
+            raise InvalidSamplingParamsError("logprobs", params.logprobs, f"an integer in [0, {self.args.max_logprobs}]")
+        for t in params.stop_token_ids:
+            if t >= self.vocab_size:
+                raise InvalidSamplingParamsError("stop_token_ids", params.stop_token_ids,
+                                                 f"token ids below the vocabulary size {self.vocab_size}")
+
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
+                    arrival_time: float | None = None, priority: int = 0) -> None:
+        """Validate, tokenize and queue a request (n > 1 fans out into n core requests)."""
+        params = params if params is not None else SamplingParams()
+        text, ids = self.tokenize_prompt(prompt)
+        with self._lock:
+            self._validate(request_id, ids, params)
+            now = time.monotonic() if arrival_time is None else arrival_time
+            children: list[_Child] = []
+            extra_eos = [] if params.ignore_eos else self.eos_token_ids[1:]
+            try:
+                for i in range(params.n):
+                    seed = params.seed + i if params.seed is not None else self._rng.getrandbits(62)
+                    child_params = params.clone(n=1, seed=seed,
+                                                stop_token_ids=params.stop_token_ids + extra_eos)
+                    core_id = request_id if params.n == 1 else f"{i}_{request_id}"
+                    req = Request(core_id, ids, child_params, arrival_time=now, priority=priority,
+                                  eos_token_id=self.eos_token_ids[0] if self.eos_token_ids else None)
+                    self.core.add_request(req)
+                    detok = IncrementalDetokenizer.for_prompt(self.tokenizer, ids, params.skip_special_tokens,
+                                                              params.stop)
+                    children.append(_Child(core_id, i, req, detok, [] if params.logprobs is not None else None))
+            except TwinserveError:
+                self.core.abort([c.core_id for c in children], now)
+                raise
+            parent = _Parent(request_id, text, ids, now, children)
+            self._parents[request_id] = parent
+            for c in children:
+                self._child_to_parent[c.core_id] = parent
+
+    def abort_request(self, request_ids: str | list[str]) -> list[RequestOutput]:
+        """End requests now (finish reason "abort"); their KV blocks are freed at once."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        with self._lock:
+            now = time.monotonic()
+            out = []
+            for rid in ids:
+                parent = self._parents.get(rid)
+                if parent is None:
+                    continue
+                live = [c for c in parent.children if c.finish_reason is None]
+                self.core.abort([c.core_id for c in live], now)
+                for c in live:
+                    c.finish_reason = FinishReason.ABORT
+                out.append(self._make_output(parent, now, set(id(c) for c in live)))
+            return out
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any request is queued or running."""
+        return bool(self._parents)
+
+    def get_num_unfinished_requests(self) -> int:
+        """User requests not yet finished."""
+        return len(self._parents)
+
+    # ------------------------------------------------------------------ step
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step; one RequestOutput per user request that changed."""
+        with self._lock:
+            if not self.core.has_unfinished_requests():
+                return []
+            outputs, stats = self.core.step(time.monotonic())
+            self.last_stats = stats
+            now = time.monotonic()
+            changed: dict[str, tuple[_Parent, set[int]]] = {}
+            stop_aborts: list[str] = []
+            for o in outputs:
+                parent = self._child_to_parent.get(o.req_id)
+                if parent is None:
+                    continue
+                child = next(c for c in parent.children if c.core_id == o.req_id)
+                if self._apply(child, o):
+                    stop_aborts.append(child.core_id)
+                changed.setdefault(parent.request_id, (parent, set()))[1].add(id(child))
+            if stop_aborts:
+                self.core.abort(stop_aborts, now, reason=FinishReason.STOP)
+            return [self._make_output(p, now, touched) for p, touched in changed.values()]
+
+    def _apply(self, child: _Child, o: EngineCoreOutput) -> bool:
+        """Fold one core output into a child; True if a stop string ended it (core must abort)."""
+        child.delta_ids.extend(o.new_token_ids)
+        if o.new_logprobs and child.logprobs is not None:
+            child.delta_logprobs.extend(o.new_logprobs)
+        stopped = child.detok.add_tokens(o.new_token_ids) if o.new_token_ids else False
+        if stopped:
+            child.finish_reason, child.stop_reason = FinishReason.STOP, child.detok.stop_hit
+            return o.finish_reason is None
+        if o.finish_reason is not None:
+            child.finish_reason, child.stop_reason = o.finish_reason, o.stop_reason
+            child.detok.flush()
+        return False
+
+    def _make_output(self, parent: _Parent, now: float, touched: set[int]) -> RequestOutput:
+        outs = []
+        for c in parent.children:
+            fin = c.finish_reason is not None
+            delta_ids, delta_lp = (c.delta_ids, c.delta_logprobs) if id(c) in touched else ([], [])
+            if c.logprobs is not None:
+                c.logprobs.extend(delta_lp)
+            outs.append(CompletionOutput(
+                c.index, c.detok.text, list(c.request.output_token_ids),
+                c.finish_reason.value if fin else None, c.stop_reason,
+                list(c.logprobs) if c.logprobs is not None else None,
+                c.detok.take_delta(fin), delta_ids, delta_lp if c.logprobs is not None else None))
+            if id(c) in touched:
+                c.delta_ids, c.delta_logprobs = [], []
+        finished = all(c.finish_reason is not None for c in parent.children)
+        metrics = self._metrics(parent, now if finished else None)
+        if finished:
+            del self._parents[parent.request_id]
+            for c in parent.children:
+                self._child_to_parent.pop(c.core_id, None)
+        return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, outs, finished, metrics)
+
+    def _metrics(self, parent: _Parent, finish: float | None) -> RequestMetrics:
+        reqs = [c.request for c in parent.children]
+        firsts = [r.first_token_time for r in reqs if r.first_token_time is not None]
+        scheds = [r.first_scheduled_time for r in reqs if r.first_scheduled_time is not None]
+        return RequestMetrics(
+            parent.arrival_time, len(parent.prompt_token_ids),
+            min(scheds) if scheds else None, min(firsts) if firsts else None, finish,
+            sum(r.num_output_tokens for r in reqs), max(0, max(r.prefix_hit_tokens for r in reqs)),
+            sum(r.num_preemptions for r in reqs))
+
+    # ------------------------------------------------------------------ misc
+    @property
+    def step_log(self) -> StepLog:
+        """Per-step shapes and times recorded so far."""
+        return self.executor.step_log
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes per token for this model and dtype."""
+        return self.worker.kv_bytes_per_token
+
+    def shutdown(self) -> None:
+        """Abort what is left and write the step log if asked."""
+        with self._lock:
+            self.abort_request(list(self._parents))
+            self.executor.shutdown()
+
+
+def _peek_config(source: ModelSource | None):
+    from .models.loader import read_hf_config
+
+    if source is None:
+        raise InvalidRequestError("no model source")
+    if source.is_gguf:
+        from gguf import GGUFReader
+
+        from .models.loader import gguf_config
+
+        return gguf_config(GGUFReader(str(source.path)))
+    return read_hf_config(source.path)

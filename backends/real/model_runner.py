@@ -1,0 +1,162 @@
+"""SchedulerOutput -> flat varlen tensors -> forward -> sampled tokens, with state kept across steps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ...core.sched.output import Logprob, ModelRunnerOutput, SchedulerOutput
+from .attention import AttentionBackend, AttentionMetadata
+from .input_batch import CachedRequestState, InputBatch
+from .models.llama import LlamaForCausalLM
+from .sampler import Sampler, SamplingRow
+
+
+@dataclass(slots=True)
+class StepShape:
+    """What one step computed, in the cost model's terms (filled by the runner)."""
+
+    num_new_tokens: int = 0
+    # (new tokens q, cached context c) per prefill chunk.
+    prefills: list[tuple[int, int]] = field(default_factory=list)
+    # Context length (tokens before this one) per decode sequence.
+    decodes: list[int] = field(default_factory=list)
+
+
+class ModelRunner:
+    """Owns the model, its KV cache tensors, the attention backend and the sampler for one device."""
+
+    def __init__(self, model: LlamaForCausalLM, backend: AttentionBackend, device: torch.device,
+                 block_size: int, max_model_len: int, max_num_seqs: int, stop_ids: list[int]) -> None:
+        self.model = model
+        self.backend = backend
+        self.device = device
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.max_blocks_per_req = -(-max_model_len // block_size)
+        self.batch = InputBatch(max_num_seqs, max_model_len, self.max_blocks_per_req)
+        self.sampler = Sampler(device)
+        self.stop_ids = stop_ids
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.last_shape = StepShape()
+
+    def init_kv_cache(self, num_blocks: int, dtype: torch.dtype) -> None:
+        """Allocate [num_blocks, block_size, num_kv_heads, head_dim] K and V per layer."""
+        cfg = self.model.config
+        shape = (num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
+                           torch.zeros(shape, dtype=dtype, device=self.device))
+                          for _ in range(cfg.num_hidden_layers)]
+
+    # ------------------------------------------------------------------ state
+    def _update_states(self, so: SchedulerOutput) -> None:
+        batch = self.batch
+        for rid in so.finished_req_ids:
+            batch.remove(rid)
+        for rid in so.preempted_req_ids:
+            batch.remove(rid)
+        for new in so.scheduled_new_reqs:
+            batch.remove(new.req_id)  # a resumed request is rebuilt from scratch
+            # The engine gives every request a seed; a bare core user gets seed 0.
+            seed = new.sampling_params.seed
+            batch.add(new.req_id, new.token_ids, new.num_prompt_tokens, new.sampling_params,
+                      new.block_ids, new.num_computed_tokens, 0 if seed is None else seed)
+        c = so.scheduled_cached_reqs
+        for rid, blocks, computed in zip(c.req_ids, c.new_block_ids, c.num_computed_tokens):
+            st = batch.requests[rid]
+            st.num_computed_tokens = computed
+            batch.append_blocks(st, blocks)
+
+    # ------------------------------------------------------------------ step
+    @torch.inference_mode()
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one scheduler output and return the sampled tokens."""
+        self._update_states(so)
+        if so.total_num_scheduled_tokens == 0:
+            self.last_shape = StepShape()
+            return ModelRunnerOutput({})
+        states, q_lens, starts = self._order(so)
+        input_ids, positions, meta, logits_idx, sampling = self._prepare(states, q_lens, starts)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta, self.backend)
+        sampled: dict[str, list[int]] = {}
+        logprobs: dict[str, list[Logprob]] = {}
+        if sampling:
+            logits = self.model.compute_logits(hidden[logits_idx])
+            rows = [SamplingRow(st.sampling_params, st.token_ids, st.num_prompt_tokens, st.base_seed,
+                                ([] if st.sampling_params.ignore_eos else self.stop_ids)
+                                + st.sampling_params.stop_token_ids)
+                    for st in sampling]
+            tokens, lps = self.sampler(logits, rows)
+            for st, tok, lp in zip(sampling, tokens, lps):
+                self.batch.append_token(st, tok)
+                sampled[st.req_id] = [tok]
+                if lp is not None:
+                    logprobs[st.req_id] = [lp]
+        for st, q in zip(states, q_lens):
+            st.num_computed_tokens += q
+        return ModelRunnerOutput(sampled, logprobs or None)
+
+    def _order(self, so: SchedulerOutput) -> tuple[list[CachedRequestState], list[int], list[int]]:
+        """Decodes first, sorted by context length (the torch backend buckets them), then prefills."""
+        reqs = self.batch.requests
+        decodes: list[tuple[int, CachedRequestState]] = []
+        prefills: list[tuple[CachedRequestState, int]] = []
+        for rid, q in so.num_scheduled_tokens.items():
+            st = reqs[rid]
+            if q == 1:
+                decodes.append((st.num_computed_tokens, st))
+            else:
+                prefills.append((st, q))
+        decodes.sort(key=lambda x: x[0])
+        states = [st for _, st in decodes] + [st for st, _ in prefills]
+        q_lens = [1] * len(decodes) + [q for _, q in prefills]
+        starts = [st.num_computed_tokens for st in states]
+        shape = StepShape(so.total_num_scheduled_tokens)
+        for st, q, c in zip(states, q_lens, starts):
+            if q > 1 or c < st.num_prompt_tokens:
+                shape.prefills.append((q, c))
+            else:
+                shape.decodes.append(c)
+        self.last_shape = shape
+        return states, q_lens, starts
+
+    def _prepare(self, states: list[CachedRequestState], q_lens: list[int], starts: list[int]):
+        """Flat token ids, positions and attention metadata, built with array ops (no per-token loop)."""
+        bs = self.block_size
+        n = len(states)
+        rows = np.fromiter((st.row for st in states), dtype=np.int64, count=n)
+        q = np.asarray(q_lens, dtype=np.int64)
+        start = np.asarray(starts, dtype=np.int64)
+        cu = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(q, out=cu[1:])
+        total = int(cu[-1])
+        rows_rep = np.repeat(rows, q)
+        positions = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1] - start, q)
+        input_ids = self.batch.token_ids[rows_rep, positions]
+        slots = self.batch.block_table[rows_rep, positions // bs].astype(np.int64) * bs + positions % bs
+        seq_lens = start + q
+        max_seq = int(seq_lens.max())
+        block_tables = self.batch.block_table[rows, :-(-max_seq // bs)]
+        num_decodes = next((i for i, x in enumerate(q_lens) if x != 1), n)
+        dev = self.device
+        meta = AttentionMetadata(
+            num_tokens=total,
+            num_decodes=num_decodes,
+            query_start_loc=torch.from_numpy(cu.astype(np.int32)).to(dev),
+            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(dev),
+            block_tables=torch.from_numpy(np.ascontiguousarray(block_tables)).to(dev),
+            slot_mapping=torch.from_numpy(slots).to(dev),
+            max_query_len=int(q.max()),
+            max_seq_len=max_seq,
+            query_lens_cpu=q_lens,
+            seq_lens_cpu=seq_lens.tolist(),
+        )
+        self.backend.plan(meta, bs)
+        sampling = [st for st, e in zip(states, seq_lens.tolist()) if e == len(st.token_ids)]
+        sample_at = [int(cu[i + 1]) - 1 for i, (st, e) in enumerate(zip(states, seq_lens.tolist()))
+                     if e == len(st.token_ids)]
+        logits_idx = torch.tensor(sample_at, dtype=torch.long, device=dev)
+        return (torch.from_numpy(input_ids).to(dev), torch.from_numpy(positions).to(dev), meta,
+                logits_idx, sampling)

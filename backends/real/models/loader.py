@@ -1,0 +1,183 @@
+"""Weights into a LlamaForCausalLM: from an HF folder (config.json + safetensors) or a GGUF file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from ....core.errors import UnsupportedModelError
+from .config import LlamaConfig
+from .llama import LlamaForCausalLM
+
+# HF name (after "model.layers.N.") -> (fused parameter, shard index) for the fused projections.
+_FUSED = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+}
+
+
+def read_hf_config(folder: Path) -> LlamaConfig:
+    """Parse folder/config.json."""
+    path = folder / "config.json"
+    if not path.exists():
+        raise UnsupportedModelError(f"{folder} has no config.json; give an HF model folder or a .gguf file")
+    return LlamaConfig.from_hf_dict(json.loads(path.read_text()))
+
+
+def _hf_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise UnsupportedModelError(f"{folder} has no *.safetensors weights (only safetensors are read)")
+    for f in files:
+        with safe_open(str(f), framework="pt") as sf:
+            for name in sf.keys():
+                yield name, sf.get_tensor(name)
+
+
+def _shard_slices(cfg: LlamaConfig, fused: str) -> list[slice]:
+    if "qkv_proj" in fused:
+        q, kv = cfg.q_size, cfg.kv_size
+        return [slice(0, q), slice(q, q + kv), slice(q + kv, q + 2 * kv)]
+    i = cfg.intermediate_size
+    return [slice(0, i), slice(i, 2 * i)]
+
+
+def load_named_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """Copy HF-named tensors into the model's (partly fused) parameters; every parameter must be set."""
+    cfg = model.config
+    params = dict(model.named_parameters())
+    filled: dict[str, int] = {}
+    with torch.no_grad():
+        for name, tensor in weights:
+            if "rotary_emb" in name:
+                continue
+            key = name[len("model."):] if name.startswith("model.") else name
+            if key == "lm_head.weight" and model.lm_head is None:
+                continue  # tied: the embedding is the head
+            target, shard = key, None
+            for hf, (ours, idx) in _FUSED.items():
+                if f".{hf}." in f".{key}":
+                    target, shard = key.replace(hf, ours), idx
+                    break
+            if target not in params:
+                raise UnsupportedModelError(f"checkpoint tensor {name!r} has no place in the Llama model")
+            p = params[target]
+            if shard is None:
+                dst = p
+            else:
+                dst = p[_shard_slices(cfg, target)[shard]]
+            if tuple(dst.shape) != tuple(tensor.shape):
+                raise UnsupportedModelError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(dst.shape)}")
+            dst.copy_(tensor.to(p.dtype))
+            filled[target] = filled.get(target, 0) + 1
+    missing = [n for n in params if n not in filled]
+    if missing:
+        raise UnsupportedModelError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+
+
+def load_hf_folder(folder: Path, max_len: int, dtype: torch.dtype) -> LlamaForCausalLM:
+    """Build and fill a model from an HF folder."""
+    cfg = read_hf_config(folder)
+    model = LlamaForCausalLM(cfg, max_len, dtype).to(dtype)
+    load_named_weights(model, _hf_tensors(folder))
+    return model.eval()
+
+
+# ---------------------------------------------------------------- GGUF
+_GGUF_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    v = f.parts[f.data[0]]
+    return v.tobytes().decode() if v.dtype == np.uint8 else v.item()
+
+
+def gguf_config(reader) -> LlamaConfig:
+    """Architecture from GGUF metadata (llama.* keys)."""
+    arch = _field(reader, "general.architecture")
+    if arch != "llama":
+        raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported; only llama")
+    names = {t.name for t in reader.tensors}
+    emb = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    heads = int(_field(reader, "llama.attention.head_count"))
+    hidden = int(_field(reader, "llama.embedding_length"))
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    scaling = None
+    kind = _field(reader, "llama.rope.scaling.type")
+    if kind and kind != "none":
+        scaling = {"rope_type": kind, "factor": float(_field(reader, "llama.rope.scaling.factor", 1.0))}
+    return LlamaConfig(
+        vocab_size=int(emb.shape[1]),
+        hidden_size=hidden,
+        intermediate_size=int(_field(reader, "llama.feed_forward_length")),
+        num_hidden_layers=int(_field(reader, "llama.block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(_field(reader, "llama.attention.head_count_kv", heads)),
+        head_dim=int(_field(reader, "llama.attention.key_length", hidden // heads)),
+        rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(_field(reader, "llama.rope.freq_base", 10000.0)),
+        rope_scaling=scaling,
+        max_position_embeddings=int(_field(reader, "llama.context_length", 2048)),
+        tie_word_embeddings="output.weight" not in names,
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_id=[] if eos is None else [int(eos)],
+    )
+
+
+def _unpermute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
+    # llama.cpp's converter reorders each head's rows from two halves to interleaved pairs
+    # (its GGML RoPE rotates adjacent pairs); this restores the half-split order HF uses.
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _gguf_tensors(reader, cfg: LlamaConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    from gguf.quants import dequantize
+
+    for t in reader.tensors:
+        arr = dequantize(t.data, t.tensor_type)
+        shape = tuple(int(s) for s in reversed(t.shape.tolist()))
+        arr = np.asarray(arr, dtype=np.float32).reshape(shape)
+        parts = t.name.split(".")
+        if t.name == "token_embd.weight":
+            name = "model.embed_tokens.weight"
+        elif t.name == "output_norm.weight":
+            name = "model.norm.weight"
+        elif t.name == "output.weight":
+            name = "lm_head.weight"
+        elif parts[0] == "blk" and parts[2] in _GGUF_NAMES:
+            if parts[2] == "attn_q":
+                arr = _unpermute_rope(arr, cfg.num_attention_heads)
+            elif parts[2] == "attn_k":
+                arr = _unpermute_rope(arr, cfg.num_key_value_heads)
+            name = f"model.layers.{parts[1]}.{_GGUF_NAMES[parts[2]]}.{parts[3]}"
+        else:
+            continue
+        yield name, torch.from_numpy(np.ascontiguousarray(arr))
+
+
+def load_gguf(path: Path, max_len: int, dtype: torch.dtype) -> LlamaForCausalLM:
+    """Build and fill a model from a GGUF file (quantized tensors are dequantized)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    cfg = gguf_config(reader)
+    model = LlamaForCausalLM(cfg, max_len, dtype).to(dtype)
+    load_named_weights(model, _gguf_tensors(reader, cfg))
+    return model.eval()

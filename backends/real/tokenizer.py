@@ -1,0 +1,40 @@
+"""Tokenizer loading (local files only) and prompt rendering through the chat template."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ...core.errors import InvalidRequestError, UnsupportedModelError
+from .models.registry import ModelSource
+
+
+def load_tokenizer(source: ModelSource, override: str | None = None) -> Any:
+    """The model's transformers tokenizer, never fetched from a hub."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    try:
+        if override is not None:
+            return AutoTokenizer.from_pretrained(override, local_files_only=True)
+        if source.is_gguf:
+            return AutoTokenizer.from_pretrained(str(source.path.parent), gguf_file=source.path.name)
+        return AutoTokenizer.from_pretrained(str(source.path), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise UnsupportedModelError(f"cannot load a tokenizer for {source.path}: {e}") from e
+
+
+def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                        **kwargs: Any) -> list[int]:
+    """Render a conversation to prompt token ids with the tokenizer's chat template."""
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+        raise InvalidRequestError("messages must be a list of {'role': ..., 'content': ...} dicts",
+                                  param="messages")
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise InvalidRequestError("this model's tokenizer has no chat template; use generate()",
+                                  param="messages")
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                        tokenize=True, **kwargs)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return list(ids)
