@@ -39,12 +39,15 @@ def triton_available(device: torch.device | str) -> bool:
     return device.type == "cpu" and interpreter_active()
 
 
-def _require_triton(device: torch.device) -> None:
+def _require_triton(device: torch.device, dtype: torch.dtype) -> None:
     if not triton_available(device):
         raise KernelUnavailableError(
             f"Triton kernels cannot run on {device} here: on CPU set TRITON_INTERPRET=1 before "
             "importing triton (tests only; it is slow), or use twinserve.kernels.reference"
         )
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        # The interpreter computes bf16 silently wrong; refusing beats a wrong answer.
+        raise KernelUnavailableError("bf16 is not supported under Triton's interpreter; use fp32/fp16 on CPU")
 
 
 def _num_sms(device: torch.device) -> int:
@@ -63,7 +66,7 @@ def store_kv(
 ) -> None:
     """Write each token's K/V into the paged cache at ``slot_mapping`` (-1 = skip), in place."""
     _, block_size, _, _ = check_store_args(key, value, key_cache, value_cache, slot_mapping, layout)
-    _require_triton(key_cache.device)
+    _require_triton(key_cache.device, key_cache.dtype)
     launch_store_kv(key, value, key_cache, value_cache, slot_mapping, cache_strides(key_cache, layout), block_size)
 
 
@@ -95,7 +98,7 @@ def paged_attention(
     _, block_size, num_kv_heads, head_dim = check_attention_args(
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out, layout
     )
-    _require_triton(query.device)
+    _require_triton(query.device, query.dtype)
     if out is None:
         out = torch.empty_like(query)
     num_tokens, num_q_heads, _ = query.shape

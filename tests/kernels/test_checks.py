@@ -65,3 +65,10 @@ def test_triton_availability_is_reported() -> None:
     assert ops.triton_available("cpu")  # the suite runs under the interpreter
     if not torch.cuda.is_available():
         assert not ops.triton_available("cuda")
+
+
+def test_bf16_is_refused_under_the_interpreter(batch) -> None:
+    args = _args(batch, query=batch.query.bfloat16(), key_cache=batch.key_cache.bfloat16(),
+                 value_cache=batch.value_cache.bfloat16())
+    with pytest.raises(ops.KernelUnavailableError, match="bf16"):
+        ops.paged_attention(*args)
