@@ -1,0 +1,81 @@
+"""Shared helpers for core tests: random workloads driven through the fake executor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from twinserve.core import EngineCore, Request, SamplingParams, SchedulerConfig
+from twinserve.core.fake_executor import FakeExecutor
+
+
+def reference_output(ex: FakeExecutor, req: Request, max_model_len: int) -> list[int]:
+    """What the toy model generates for this request running alone, stop rules applied."""
+    sp = req.sampling_params
+    max_tokens = sp.max_tokens if sp.max_tokens is not None else max_model_len - req.num_prompt_tokens
+    toks = list(req.prompt_token_ids)
+    out: list[int] = []
+    while True:
+        t = ex.next_token(toks[-1], len(toks))
+        toks.append(t)
+        out.append(t)
+        if len(out) >= sp.min_tokens:
+            if (t == req.eos_token_id and not sp.ignore_eos) or t in sp.stop_token_ids:
+                return out
+        if len(out) >= max_tokens or len(toks) >= max_model_len:
+            return out
+
+
+@dataclass(slots=True)
+class Arrival:
+    """A request and the step at which it arrives."""
+
+    step: int
+    request: Request
+
+
+@dataclass(slots=True)
+class RunLog:
+    """What a driven run saw: per-step outputs and the order of admissions."""
+
+    steps: int
+    admitted: list[str]
+    outputs: dict[str, list[int]]
+
+
+def drive(config: SchedulerConfig, arrivals: list[Arrival], aborts: dict[int, list[str]] | None = None,
+          max_steps: int = 20_000, check=None) -> tuple[EngineCore, RunLog]:
+    """Run arrivals through an EngineCore with the fake executor until everything ends."""
+    ex = FakeExecutor(block_size=config.block_size)
+    core = EngineCore(config, ex)
+    pending = sorted(arrivals, key=lambda a: a.step)
+    aborts = aborts or {}
+    admitted: list[str] = []
+    outputs: dict[str, list[int]] = {a.request.request_id: [] for a in arrivals}
+    step = 0
+    i = 0
+    while i < len(pending) or core.has_unfinished_requests():
+        while i < len(pending) and pending[i].step <= step:
+            core.add_request(pending[i].request)
+            i += 1
+        if step in aborts:
+            core.abort(aborts[step], now=float(step))
+        sched = core.scheduler
+        waiting_before = [r.request_id for r in sched.waiting]
+        so = sched.schedule(float(step))
+        if check is not None:
+            check(core, so, waiting_before)
+        admitted += [n.req_id for n in so.scheduled_new_reqs]
+        mro = ex.execute(so)
+        for out in sched.update_from_output(so, mro, float(step) + 0.5):
+            outputs[out.req_id] += out.new_token_ids
+        step += 1
+        assert step < max_steps, "run did not finish"
+    return core, RunLog(step, admitted, outputs)
+
+
+def make_request(rid: str, prompt: list[int], max_tokens: int, **kw) -> Request:
+    """A request with the given prompt and output cap."""
+    eos = kw.pop("eos_token_id", None)
+    priority = kw.pop("priority", 0)
+    return Request(rid, prompt, SamplingParams(max_tokens=max_tokens, **kw), eos_token_id=eos,
+                   priority=priority)

@@ -1,0 +1,159 @@
+"""Hypothesis state machine over block pool + KV manager + prefix cache."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (Bundle, RuleBasedStateMachine, consumes, initialize,
+                                 invariant, precondition, rule)
+
+from twinserve.core.errors import PrefixCacheBusyError
+from twinserve.core.kv import KVCacheManager
+from twinserve.core.kv.hashing import hash_block
+from twinserve.core.request import Request
+from twinserve.core.sampling_params import SamplingParams
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 24
+# A tiny vocabulary and a few shared stems make prefix hits frequent.
+STEMS = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 9, 9, 9, 9], [5, 5, 5, 5, 6, 6, 6, 6, 7, 7]]
+
+
+def weak_hash(parent, tokens, extra):
+    """A deliberately terrible hash: collisions everywhere, so confirmation is exercised."""
+    return (sum(tokens) + (parent or 0)) % 7
+
+
+class KVMachine(RuleBasedStateMachine):
+    """Random interleavings of allocate, grow, prefix hit, free, evict, reset and abort."""
+
+    live = Bundle("live")
+
+    @initialize(hash_name=st.sampled_from(["xxhash", "weak"]))
+    def setup(self, hash_name: str) -> None:
+        self.kv = KVCacheManager(NUM_BLOCKS, BLOCK_SIZE, enable_caching=True,
+                                 hash_function=weak_hash if hash_name == "weak" else "xxhash")
+        self.reqs: dict[str, Request] = {}
+        self.counter = 0
+
+    def _new_request(self, stem: int, tail: list[int], salt: str | None) -> Request:
+        self.counter += 1
+        return Request(f"r{self.counter}", STEMS[stem] + tail, SamplingParams(max_tokens=64),
+                       cache_salt=salt)
+
+    @rule(target=live, stem=st.integers(0, len(STEMS) - 1),
+          tail=st.lists(st.integers(0, 9), max_size=9),
+          salt=st.sampled_from([None, None, "tenant-a"]),
+          chunk=st.integers(1, 12))
+    def admit(self, stem, tail, salt, chunk):
+        req = self._new_request(stem, tail, salt)
+        hits, num_hit = self.kv.get_computed_blocks(req)
+        # A prefix hit returns blocks whose stored tokens equal the request's prefix.
+        assert num_hit <= req.num_tokens - 1
+        event("prefix hit" if num_hit else "prefix miss")
+        for i, block in enumerate(hits):
+            assert block.block_hash is not None
+            assert list(block.block_hash.token_ids) == req.all_token_ids[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE]
+        num_new = min(chunk, req.num_tokens - num_hit)
+        new = self.kv.allocate_slots(req, num_new, hits, num_hit)
+        if new is None:
+            assert req.request_id not in self.kv.req_to_blocks
+            return None
+        req.num_computed_tokens = num_hit + num_new
+        self.reqs[req.request_id] = req
+        return req.request_id
+
+    @rule(rid=live, n=st.integers(1, 9))
+    def grow(self, rid, n):
+        """Continue a prefill chunk or decode: compute pending tokens, or append new ones."""
+        req = self.reqs.get(rid)
+        if req is None:
+            return
+        pending = req.num_tokens - req.num_computed_tokens
+        if pending == 0:
+            for j in range(n):
+                req.append_output_token((req.num_tokens * 3 + j) % 10, 0.0)
+            pending = req.num_tokens - req.num_computed_tokens
+        num_new = min(pending, n)
+        held = len(self.kv.req_to_blocks[rid])
+        free_before = self.kv.num_free_blocks
+        new = self.kv.allocate_slots(req, num_new)
+        if new is None:
+            assert self.kv.num_free_blocks == free_before
+            assert len(self.kv.req_to_blocks[rid]) == held
+            return
+        req.num_computed_tokens += num_new
+
+    @rule(rid=consumes(live))
+    def finish(self, rid):
+        req = self.reqs.pop(rid, None)
+        if req is not None:
+            self.kv.free(req)
+
+    @rule(rid=consumes(live))
+    def abort_or_preempt(self, rid):
+        """Abort and preemption both free everything; a preempted request may come back."""
+        req = self.reqs.pop(rid, None)
+        if req is None:
+            return
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        hits, num_hit = self.kv.get_computed_blocks(req)
+        for i, block in enumerate(hits):
+            assert list(block.block_hash.token_ids) == req.all_token_ids[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE]
+
+    @rule(n=st.integers(1, NUM_BLOCKS))
+    def evict_pressure(self, n):
+        """Take and give back blocks straight from the pool, evicting cached ones lazily."""
+        n = min(n, self.kv.num_free_blocks)
+        blocks = self.kv.pool.get_new_blocks(n)
+        for b in blocks:
+            assert b.block_hash is None and b.ref_cnt == 1
+        self.kv.pool.free_blocks(blocks)
+
+    @rule()
+    def reset(self):
+        if self.kv.num_free_blocks == NUM_BLOCKS:
+            self.kv.reset_prefix_cache()
+            assert not self.kv.pool.cached
+        else:
+            try:
+                self.kv.reset_prefix_cache()
+            except PrefixCacheBusyError:
+                pass
+            else:
+                raise AssertionError("reset allowed while blocks are in use")
+
+    @invariant()
+    def accounting(self):
+        if not hasattr(self, "kv"):
+            return
+        pool = self.kv.pool
+        free = list(pool.free_queue)
+        # free + in use = total, and the free queue has no duplicates
+        assert len(free) == len(set(id(b) for b in free)) == pool.free_queue.num_free
+        holders: dict[int, int] = {}
+        for rid, blocks in self.kv.req_to_blocks.items():
+            assert rid in self.reqs
+            for b in blocks:
+                holders[b.block_id] = holders.get(b.block_id, 0) + 1
+        in_use = sum(1 for b in pool.blocks if b.ref_cnt > 0)
+        assert in_use + len(free) == NUM_BLOCKS
+        for b in pool.blocks:
+            # every ref count equals the number of live block tables holding the block
+            assert b.ref_cnt == holders.get(b.block_id, 0)
+        for b in free:
+            assert b.ref_cnt == 0
+        # every cached key maps to a block whose stored tokens give that key
+        for key, b in pool.cached.items():
+            h = b.block_hash
+            assert h is not None and h.value == key
+            assert hash_block(self.kv.hash_fn, h.parent, h.token_ids, h.extra_keys).value == key
+        # block tables cover each request's computed tokens
+        for rid, req in self.reqs.items():
+            assert len(self.kv.req_to_blocks[rid]) * BLOCK_SIZE >= req.num_computed_tokens
+
+
+KVMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,
+                                       suppress_health_check=[HealthCheck.too_slow])
+TestKVMachine = KVMachine.TestCase

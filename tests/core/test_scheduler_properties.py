@@ -1,0 +1,156 @@
+"""Scheduler properties over random workloads, with the contract-checking fake executor."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from twinserve.core import RequestStatus, SchedulerConfig
+from twinserve.core.fake_executor import FakeExecutor
+
+from .helpers import Arrival, drive, make_request, reference_output
+
+SHARED = [[7] * 20, list(range(100, 133))]
+
+
+@st.composite
+def workloads(draw):
+    """A random scheduler config and a random stream of requests (some sharing prefixes)."""
+    block_size = draw(st.sampled_from([1, 2, 4, 16]))
+    chunked = draw(st.booleans())
+    max_model_len = 128
+    budget = draw(st.integers(8, 96)) if chunked else draw(st.integers(128, 256))
+    num_blocks = draw(st.integers(-(-max_model_len // block_size), 4 * max_model_len // block_size))
+    cfg = SchedulerConfig(
+        max_num_batched_tokens=budget,
+        max_num_seqs=draw(st.integers(1, 12)),
+        max_model_len=max_model_len,
+        enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 5, 17])) if chunked else 0,
+        block_size=block_size,
+        num_blocks=num_blocks,
+        enable_prefix_caching=draw(st.booleans()),
+        policy=draw(st.sampled_from(["fcfs", "fcfs", "priority"])),
+        watermark=draw(st.sampled_from([0.0, 0.0, 0.1])),
+    )
+    n = draw(st.integers(1, 14))
+    arrivals = []
+    for i in range(n):
+        stem = draw(st.sampled_from([[], *SHARED]))
+        tail = draw(st.lists(st.integers(0, 999), min_size=0 if stem else 1, max_size=40))
+        prompt = (stem + tail)[: max_model_len - 1]
+        max_tokens = draw(st.integers(1, 40))
+        kw = {}
+        if draw(st.booleans()):
+            kw["eos_token_id"] = draw(st.integers(0, 999))
+            kw["min_tokens"] = min(max_tokens, draw(st.integers(0, 3)))
+        if draw(st.integers(0, 4)) == 0:
+            kw["stop_token_ids"] = draw(st.lists(st.integers(0, 999), max_size=30))
+        kw["priority"] = draw(st.integers(0, 2))
+        arrivals.append(Arrival(draw(st.integers(0, 30)),
+                                make_request(f"r{i}", prompt, max_tokens, **kw)))
+    return cfg, arrivals
+
+
+def _limits_check(cfg: SchedulerConfig, done: set[str]):
+    def check(core, so, waiting_before):
+        sched = core.scheduler
+        assert so.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
+        assert sum(so.num_scheduled_tokens.values()) == so.total_num_scheduled_tokens
+        assert len(so.num_scheduled_tokens) <= cfg.max_num_seqs
+        assert sched.num_running <= cfg.max_num_seqs
+        assert not done.intersection(so.num_scheduled_tokens), "scheduled after it ended"
+        if cfg.policy == "fcfs":
+            new = [n.req_id for n in so.scheduled_new_reqs]
+            # FCFS: admissions are a prefix of the queue, so no later request jumps an earlier one
+            assert new == waiting_before[: len(new)]
+        for rid in so.num_scheduled_tokens:
+            req = sched.requests[rid]
+            assert req.num_computed_tokens <= req.num_tokens
+        done.update(so.finished_req_ids)
+    return check
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads())
+def test_random_workloads_respect_limits_and_produce_exact_outputs(w):
+    cfg, arrivals = w
+    done: set[str] = set()
+    core, log = drive(cfg, arrivals, check=_limits_check(cfg, done))
+    ex = FakeExecutor(block_size=cfg.block_size)
+    for a in arrivals:
+        req = a.request
+        expected = reference_output(ex, req, cfg.max_model_len)
+        assert req.output_token_ids == expected
+        assert log.outputs[req.request_id] == expected
+        assert req.status.is_finished and req.status != RequestStatus.FINISHED_ABORTED
+        assert len(req.token_times) == len(expected)
+    # when all requests end, every block is free
+    kv = core.scheduler.kv
+    assert kv.num_free_blocks == cfg.num_blocks
+    assert not kv.req_to_blocks
+    assert all(b.ref_cnt == 0 for b in kv.pool.blocks)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.data())
+def test_tiny_pool_preempts_but_outputs_match_a_large_pool(w, data):
+    cfg, arrivals = w
+    big = SchedulerConfig(**{**_fields(cfg), "num_blocks": 10_000})
+    small_blocks = -(-cfg.max_model_len // cfg.block_size)  # just enough for the longest request
+    small = SchedulerConfig(**{**_fields(cfg), "num_blocks": small_blocks})
+    _, log_big = drive(big, _clone(arrivals))
+    core, log_small = drive(small, _clone(arrivals))
+    assert log_small.outputs == log_big.outputs
+    assert core.scheduler.kv.num_free_blocks == small_blocks
+
+
+def test_small_pool_really_preempts():
+    cfg = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=64,
+                          block_size=4, num_blocks=16)
+    arrivals = [Arrival(0, make_request(f"r{i}", list(range(i, i + 20)), 40)) for i in range(4)]
+    core, log = drive(cfg, arrivals)
+    assert core.scheduler.num_preemptions > 0
+    assert sum(a.request.num_preemptions for a in arrivals) == core.scheduler.num_preemptions
+    ex = FakeExecutor(block_size=4)
+    for a in arrivals:
+        assert log.outputs[a.request.request_id] == reference_output(ex, a.request, 64)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.data())
+def test_aborts_anywhere_free_everything_and_stop_scheduling(w, data):
+    cfg, arrivals = w
+    ids = [a.request.request_id for a in arrivals]
+    aborts: dict[int, list[str]] = {}
+    for rid in data.draw(st.lists(st.sampled_from(ids), max_size=len(ids), unique=True)):
+        aborts.setdefault(data.draw(st.integers(0, 60)), []).append(rid)
+    done: set[str] = set()
+    aborted_at = {rid: s for s, rids in aborts.items() for rid in rids}
+    core, log = drive(cfg, arrivals, aborts=aborts, check=_limits_check(cfg, done))
+    ex = FakeExecutor(block_size=cfg.block_size)
+    for a in arrivals:
+        req = a.request
+        expected = reference_output(ex, req, cfg.max_model_len)
+        got = log.outputs[req.request_id]
+        assert got == expected[: len(got)]
+        if req.status == RequestStatus.FINISHED_ABORTED:
+            assert req.request_id in aborted_at
+        else:
+            assert got == expected
+    assert core.scheduler.kv.num_free_blocks == cfg.num_blocks
+    assert not core.scheduler.has_unfinished_requests()
+
+
+def _fields(cfg: SchedulerConfig) -> dict:
+    return {name: getattr(cfg, name) for name in cfg.__dataclass_fields__}
+
+
+def _clone(arrivals: list[Arrival]) -> list[Arrival]:
+    return [Arrival(a.step, make_request(a.request.request_id, a.request.prompt_token_ids,
+                                         a.request.sampling_params.max_tokens,
+                                         eos_token_id=a.request.eos_token_id,
+                                         priority=a.request.priority,
+                                         min_tokens=a.request.sampling_params.min_tokens,
+                                         stop_token_ids=a.request.sampling_params.stop_token_ids))
+            for a in arrivals]
