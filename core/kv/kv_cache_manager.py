@@ -100,9 +100,13 @@ class KVCacheManager:
         """
         req_id = request.request_id
         blocks = self.req_to_blocks.get(req_id)
-        num_held = 0 if blocks is None else len(blocks)
         total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
-        num_needed = -(-total // self.block_size) - num_held - len(new_computed_blocks)
+        bs = self.block_size
+        if blocks is not None and not new_computed_blocks and total <= len(blocks) * bs and (
+                not self.enable_caching or total // bs <= self.num_cached_blocks[req_id]):
+            return _NO_BLOCKS  # the common decode step: room in the last block, nothing to cache
+        num_held = 0 if blocks is None else len(blocks)
+        num_needed = -(-total // bs) - num_held - len(new_computed_blocks)
         if num_needed > 0 or new_computed_blocks:
             free = self.pool.free_queue.num_free
             if new_computed_blocks:
@@ -112,6 +116,7 @@ class KVCacheManager:
                 return None
         if blocks is None:
             blocks = self.req_to_blocks[req_id] = []
+            self.num_cached_blocks[req_id] = 0
         if new_computed_blocks:
             self.pool.touch(new_computed_blocks)
             blocks.extend(new_computed_blocks)
@@ -120,7 +125,7 @@ class KVCacheManager:
         if num_needed > 0:
             blocks.extend(new_blocks)
         if self.enable_caching:
-            num_full = total // self.block_size
+            num_full = total // bs
             done = self.num_cached_blocks.get(req_id, 0)
             if num_full > done:
                 self._cache_full_blocks(request, blocks, done, num_full)

@@ -1,23 +1,28 @@
 """Exact fast-forward over runs of identical decode steps (pure Python, additive to the core).
 
-When every running request is decoding, nothing waits, and no request can finish,
-each of the next steps schedules the same batch with one token per request. Those
-steps can be applied at once: tokens appended, num_computed_tokens advanced, and the
-KV manager called for block allocation and prefix-cache registration at exactly the
-steps and in exactly the order that schedule() would call it, so block ids, cached
-blocks, evictions and usage match step-by-step execution.
+When every running request is decoding and nothing waits, each of the next steps
+schedules the same batch with one token per request, until the first request reaches
+its length limit. Those steps can be applied at once: tokens appended,
+num_computed_tokens advanced, the KV manager called for block allocation and
+prefix-cache registration at exactly the steps and in exactly the order schedule()
+would call it, and the requests that end on the last step finished in the order
+update_from_output() finishes them. Block ids, cached blocks, evictions, usage and
+finish order match step-by-step execution (tests/sim runs both ways).
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from ..request import Request
+from ..request import FINISH_STATUS, FinishReason, Request
 from .scheduler import Scheduler
 
 
 def decode_window(scheduler: Scheduler, max_steps: int) -> int:
-    """How many of the next steps are pure decode of the same batch with no finish and no preemption."""
+    """How many of the next steps are pure decode of the same batch, with no preemption.
+
+    The last of them may finish requests (by length); none finishes earlier.
+    """
     if max_steps <= 0 or len(scheduler.waiting) > 0:
         return 0
     running = scheduler.running
@@ -28,13 +33,14 @@ def decode_window(scheduler: Scheduler, max_steps: int) -> int:
     max_model_len = cfg.max_model_len
     for req in running:
         n = len(req.all_token_ids)
-        if n - req.num_computed_tokens != 1:
+        # One token left is a decode only past the prompt; otherwise it is the prompt's
+        # last chunk, which the executor prices as prefill and which samples the first token.
+        if n - req.num_computed_tokens != 1 or req.num_computed_tokens < req.num_prompt_tokens:
             return 0
         sp = req.sampling_params
         if sp.stop_token_ids or (req.eos_token_id is not None and not sp.ignore_eos):
             return 0  # a sampled token could stop it: step normally
-        # The finishing step is left to schedule()/update_from_output().
-        rem = min(req.max_tokens - len(req.output_token_ids), max_model_len - n) - 1
+        rem = min(req.max_tokens - len(req.output_token_ids), max_model_len - n)
         if rem < limit:
             limit = rem
             if limit <= 0:
@@ -65,11 +71,13 @@ def _blocks_needed(scheduler: Scheduler, running: list[Request], num_steps: int)
 
 
 def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
-                       token_ids: Callable[[Request, int], list[int]]) -> list[float]:
-    """Apply len(end_times) decode steps (checked by decode_window); returns KV usage after each.
+                       token_ids: Callable[[Request, int], list[int]]
+                       ) -> tuple[list[float], list[str]]:
+    """Apply len(end_times) decode steps (at most decode_window's count).
 
     token_ids(request, k) gives the k tokens the request samples, in order; step i's
-    tokens are stamped end_times[i].
+    tokens are stamped end_times[i]. Returns the KV usage after each step and the ids
+    of the requests that finished on the last one.
     """
     k_steps = len(end_times)
     kv = scheduler.kv
@@ -91,6 +99,18 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
         req.token_times.extend(end_times)
         # Step k schedules token c + k, so afterwards c + k + 1 tokens need slots.
         k = len(held[req.request_id]) * bs - c
+        if not caching:
+            # Without a prefix cache no result depends on which block ids a request
+            # gets, so the window's blocks are taken in one call; usage per step is
+            # still counted at the step each block would have been taken.
+            if k < k_steps:
+                req.num_computed_tokens = c
+                if kv.allocate_slots(req, k_steps) is None:
+                    raise AssertionError("fast-forward allocation failed: check decode_window")
+                while k < k_steps:
+                    events.append((k, -1))
+                    k += bs
+            continue
         while k < k_steps:
             events.append((k, i))
             k += bs
@@ -105,7 +125,13 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
     usage: list[float] = []
     num_blocks = kv.num_blocks
     free_queue = kv.pool.free_queue
-    if events:
+    if events and not caching:
+        events.sort()
+        free = free_queue.num_free + len(events)
+        for k, _ in events:
+            usage.extend([1.0 - free / num_blocks] * (k - len(usage)))
+            free -= 1
+    elif events:
         events.sort()
         allocate = kv.allocate_slots
         last = prev_i = -1
@@ -124,4 +150,33 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
     usage.extend([u] * (k_steps - len(usage)))
     for i, req in enumerate(running):
         req.num_computed_tokens = starts[i] + k_steps
-    return usage
+    finished = _finish_by_length(scheduler, end_times[-1])
+    if finished:
+        usage[-1] = 1.0 - free_queue.num_free / num_blocks
+    return usage, finished
+
+
+def _finish_by_length(scheduler: Scheduler, now: float) -> list[str]:
+    """End requests that reached max_tokens or max_model_len, as update_from_output() does."""
+    max_model_len = scheduler.config.max_model_len
+    done = [r for r in scheduler.running
+            if len(r.output_token_ids) >= r.max_tokens or len(r.all_token_ids) >= max_model_len]
+    if not done:
+        return []
+    status = FINISH_STATUS[FinishReason.LENGTH]
+    requests = scheduler.requests
+    kv = scheduler.kv
+    ids = []
+    for req in done:
+        req.status = status
+        req.finish_reason = FinishReason.LENGTH
+        req.stop_reason = None
+        req.finish_time = now
+    for req in done:
+        rid = req.request_id
+        del requests[rid]
+        kv.free(req)
+        scheduler.finished_req_ids.add(rid)
+        ids.append(rid)
+    scheduler.running = [r for r in scheduler.running if r.finish_reason is None]
+    return ids

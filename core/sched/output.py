@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from ..request import FinishReason
 from ..sampling_params import SamplingParams
@@ -27,8 +28,9 @@ class CachedRequestData:
     """Requests the executor already holds state for, as parallel lists."""
 
     req_ids: list[str] = field(default_factory=list)
-    # Blocks appended to each request's block table this step.
-    new_block_ids: list[list[int]] = field(default_factory=list)
+    # Blocks appended to each request's block table this step (a shared empty tuple when
+    # none: read-only for executors).
+    new_block_ids: list[Sequence[int]] = field(default_factory=list)
     # Tokens in the KV cache before this step (the context the new tokens attend to).
     num_computed_tokens: list[int] = field(default_factory=list)
 

@@ -19,6 +19,9 @@ from .output import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, New
 from .policies import make_preemption_policy, make_queue
 
 _STOP = FinishReason.STOP
+_RUNNING = RequestStatus.RUNNING
+# Shared by every request that gets no new block in a step; executors must not mutate it.
+_NO_IDS: tuple[int, ...] = ()
 _LENGTH = FinishReason.LENGTH
 
 
@@ -126,7 +129,7 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            num_new = req.num_tokens - req.num_computed_tokens
+            num_new = len(req.all_token_ids) - req.num_computed_tokens
             if 0 < threshold < num_new:
                 num_new = threshold
             if num_new > budget:
@@ -155,7 +158,7 @@ class Scheduler:
                 continue  # req itself was preempted; running[i] is now the next request
             rid = req.request_id
             c_ids.append(rid)
-            c_blocks.append([b.block_id for b in new_blocks] if new_blocks else [])
+            c_blocks.append([b.block_id for b in new_blocks] if new_blocks else _NO_IDS)
             c_computed.append(req.num_computed_tokens)
             num_scheduled[rid] = num_new
             req.num_computed_tokens += num_new
@@ -236,16 +239,23 @@ class Scheduler:
             if not tokens:
                 continue  # a prefill chunk that did not reach the end of the prompt
             req = requests.get(rid)
-            if req is None or req.status != RequestStatus.RUNNING:
+            if req is None or req.status is not _RUNNING:
                 continue  # aborted or preempted after it was scheduled
             sp = req.sampling_params
+            out_ids = req.output_token_ids
+            all_ids = req.all_token_ids
+            times = req.token_times
+            if req.first_token_time is None:
+                req.first_token_time = now
             reason = None
             stop_reason = None
             count = 0
             for token in tokens:
-                req.append_output_token(token, now)
+                out_ids.append(token)
+                all_ids.append(token)
+                times.append(now)
                 count += 1
-                n_out = len(req.output_token_ids)
+                n_out = len(out_ids)
                 if n_out >= sp.min_tokens:
                     if token == req.eos_token_id and not sp.ignore_eos:
                         reason = _STOP
@@ -253,7 +263,7 @@ class Scheduler:
                     if sp.stop_token_ids and token in sp.stop_token_ids:
                         reason, stop_reason = _STOP, token
                         break
-                if n_out >= req.max_tokens or len(req.all_token_ids) >= max_model_len:
+                if n_out >= req.max_tokens or len(all_ids) >= max_model_len:
                     reason = _LENGTH
                     break
             new_ids = tokens if count == len(tokens) else tokens[:count]
