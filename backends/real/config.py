@@ -11,7 +11,7 @@ from ...core.errors import InvalidConfigError
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16, "float64": torch.float64}
 
 
 @dataclass(slots=True)

@@ -43,7 +43,7 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias)
         self.rope = rope
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
+    def forward(self, cos_sin: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
         t = x.shape[0]
@@ -52,7 +52,7 @@ class LlamaAttention(nn.Module):
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.contiguous().view(t, self.num_kv_heads, self.head_dim)
-        q, k = self.rope(positions, q, k)
+        q, k = self.rope(cos_sin, q, k)
         o = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(o.reshape(t, self.q_size))
 
@@ -82,10 +82,10 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, positions: torch.Tensor, h: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
+    def forward(self, cos_sin: tuple[torch.Tensor, torch.Tensor], h: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
         """One decoder layer."""
-        h = h + self.self_attn(positions, self.input_layernorm(h), kv_cache, meta, backend)
+        h = h + self.self_attn(cos_sin, self.input_layernorm(h), kv_cache, meta, backend)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -108,8 +108,9 @@ class LlamaForCausalLM(nn.Module):
                 backend: AttentionBackend) -> torch.Tensor:
         """Token ids [T] and positions [T] -> final hidden states [T, hidden]."""
         h = self.embed_tokens(input_ids)
+        cos_sin = self.rope.lookup(positions)
         for layer, cache in zip(self.layers, kv_caches):
-            h = layer(positions, h, cache, meta, backend)
+            h = layer(cos_sin, h, cache, meta, backend)
         return self.norm(h)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -92,11 +92,14 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("sin", (emb.sin() * mult).to(dtype), persistent=False)
         self.half = head_dim // 2
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, 1, D] for positions [T]; computed once per step, used by every layer."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+    def forward(self, cos_sin: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate q [T, Hq, D] and k [T, Hkv, D] by their positions [T]."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
+        """Rotate q [T, Hq, D] and k [T, Hkv, D] by the looked-up cos/sin."""
+        cos, sin = cos_sin
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,130 @@
+"""The `twinserve` command: one subcommand per function registered with @subcommand.
+
+To add one (e.g. `serve`), write `@subcommand("serve", "help") def _serve(p): ...` that adds
+its flags to p and calls p.set_defaults(func=handler); handler(args) returns an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import fields
+from typing import Any, Callable, Sequence
+
+_SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {}
+
+
+def subcommand(name: str, help: str) -> Callable[[Callable[[argparse.ArgumentParser], None]],
+                                                  Callable[[argparse.ArgumentParser], None]]:
+    """Register a function that configures the parser of subcommand `name`."""
+    def register(fn: Callable[[argparse.ArgumentParser], None]) -> Callable[[argparse.ArgumentParser], None]:
+        _SUBCOMMANDS[name] = (help, fn)
+        return fn
+    return register
+
+
+def _bool_flag(parser: argparse.ArgumentParser, name: str, default: bool) -> None:
+    flag = "--" + name.replace("_", "-")
+    parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=default)
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """vLLM-named engine flags (--max-num-seqs, --block-size, ...), generated from EngineArgs."""
+    from twinserve.backends.real.config import EngineArgs
+
+    defaults = EngineArgs()
+    for f in fields(EngineArgs):
+        if f.name == "model":
+            continue
+        default = getattr(defaults, f.name)
+        if isinstance(default, bool):
+            _bool_flag(parser, f.name, default)
+            continue
+        kind = {int: int, float: float}.get(type(default), str)
+        if "int" in str(f.type) and default is None:
+            kind = int
+        elif "float" in str(f.type) and default is None:
+            kind = float
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=default)
+
+
+def engine_args_from(ns: argparse.Namespace, model: str) -> Any:
+    """EngineArgs from parsed flags."""
+    from twinserve.backends.real.config import EngineArgs
+
+    return EngineArgs(model=model, **{f.name: getattr(ns, f.name) for f in fields(EngineArgs)
+                                      if f.name != "model" and hasattr(ns, f.name)})
+
+
+@subcommand("generate", "generate text for one or more prompts with the real engine")
+def _generate_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("prompts", nargs="+", help="prompt text (several prompts run as one batch)")
+    p.add_argument("--model", default="smollm2", help="HF folder, .gguf file or short name")
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
+                   help="wrap each prompt as a user message through the chat template")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--sampling-seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[])
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    add_engine_args(p)
+    p.set_defaults(func=_generate)
+
+
+def _generate(ns: argparse.Namespace) -> int:
+    import torch
+
+    from twinserve.backends.real.llm import LLM
+    from twinserve.core.sampling_params import SamplingParams
+
+    if ns.threads:
+        torch.set_num_threads(ns.threads)
+    from twinserve.backends.real.engine import LLMEngine
+
+    llm = LLM.from_engine(LLMEngine(engine_args_from(ns, ns.model)))
+    sp = SamplingParams(max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p,
+                        top_k=ns.top_k, seed=ns.sampling_seed, stop=ns.stop)
+    if ns.chat:
+        outs = llm.chat([[{"role": "user", "content": p}] for p in ns.prompts], sp, use_tqdm=False)
+    else:
+        outs = llm.generate(ns.prompts, sp, use_tqdm=False)
+    for prompt, out in zip(ns.prompts, outs):
+        c = out.outputs[0]
+        if ns.json:
+            m = out.metrics
+            print(json.dumps({"prompt": prompt, "text": c.text, "token_ids": c.token_ids,
+                              "finish_reason": c.finish_reason,
+                              "ttft_s": m.ttft if m else None, "e2e_s": m.e2e_latency if m else None}))
+        else:
+            print(c.text)
+    llm.llm_engine.shutdown()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(prog="twinserve", description="twinserve: LLM serving engine")
+    subs = parser.add_subparsers(dest="command", required=True)
+    for name, (help_text, configure) in _SUBCOMMANDS.items():
+        configure(subs.add_parser(name, help=help_text))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `twinserve` console script."""
+    from twinserve.core.errors import TwinserveError
+
+    ns = build_parser().parse_args(argv)
+    try:
+        return int(ns.func(ns) or 0)
+    except TwinserveError as e:
+        print(f"twinserve {ns.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
