@@ -110,6 +110,7 @@ def build(cfg: StudyConfig) -> BuiltStudy:
     executor = SimExecutor(cost)
     core = EngineCore(sched_cfg, executor)
     workload = Workload(cfg.workload, cfg.run.seed, s.max_model_len, resolve_trace(cfg))
+    workload.distinct_tokens = s.enable_prefix_caching
     sim = Simulation(core, executor, workload, cfg.run.fast_forward)
     return BuiltStudy(cfg, model, hw, roof, cost, cap, workload, sim)
 

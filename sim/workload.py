@@ -75,6 +75,8 @@ class Workload:
         self.max_model_len = max_model_len
         self.trace_path = trace_path or cfg.trace
         self.seed = seed
+        # False (set when prefix caching is off) makes prompts cheap constant runs.
+        self.distinct_tokens = True
         ss = np.random.SeedSequence(seed)
         a, l, p, t = ss.spawn(4)
         self._arr = np.random.default_rng(a)
@@ -218,6 +220,9 @@ class Workload:
         rest = n - len(head)
         if rest <= 0:
             return head[:n]
+        if not self.distinct_tokens:
+            # Token ids only matter to a prefix cache; without one, any ids will do.
+            return head + [self.sample_token(item)] * rest
         return head + self._tok.integers(2, self.cfg.vocab_size, rest).tolist()
 
     def sample_token(self, item: WorkItem) -> int:

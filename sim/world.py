@@ -228,9 +228,10 @@ class Simulation:
             return False
         dropped = sched.finished_req_ids
         tokens = ex.tokens
-        usage = apply_decode_steps(sched, ends,
-                                   lambda req, m: [tokens.get(req.request_id, 1)] * m)
-        ex.advance_decode([r.request_id for r in running], context, durations, dropped)
+        ids = [r.request_id for r in running]
+        usage, finished = apply_decode_steps(sched, ends,
+                                             lambda req, m: [tokens.get(req.request_id, 1)] * m)
+        ex.advance_decode(ids, context, durations, dropped)
         k = len(ends)
         self.core.num_steps += k
         log = self.steps
@@ -240,6 +241,8 @@ class Simulation:
         rep = [n] * k
         log.in_system.extend(rep)
         log.running.extend(rep)
+        if finished:
+            log.running[-1] = n - len(finished)
         log.waiting.extend([0] * k)
         log.tokens.extend(rep)
         log.seqs.extend(rep)
@@ -247,6 +250,8 @@ class Simulation:
         log.preempted.extend([0] * k)
         self.num_ff_windows += 1
         self._t_after_ff = ends[-1]
+        for rid in finished:
+            self._finish(rid)
         return True
 
     def run(self) -> RunResult:

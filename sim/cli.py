@@ -1,0 +1,120 @@
+"""The `simulate` console script: a default study, single runs from TOML, and parameter sweeps.
+
+    simulate                                   # the embedded default study -> ./simulate-out/
+    simulate run --config study.toml [--set field=value ...] [--out DIR]
+    simulate sweep [--config study.toml] --grid field=a,b,c [--grid ...] [--workers N]
+
+Any field of the study config may be set or swept, by 'section.field' or by its bare
+name when unique (e.g. max_num_batched_tokens, rate, enable_prefix_caching, hardware).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from twinserve.core.errors import TwinserveError
+
+from .config import StudyConfig, load_config, set_field, validate
+from .errors import ConfigError
+from .report import write_study
+from .study import parse_grid, run_grid, run_point
+
+DEFAULT_GRID = {"scheduler.max_num_batched_tokens": ["512", "2048", "8192"],
+                "workload.rate": ["1", "2", "3", "4", "5", "6"]}
+
+
+def default_study() -> StudyConfig:
+    """Llama-2-7B on one A100-80GB, lengths from the bundled Azure conversation excerpt."""
+    cfg = StudyConfig()
+    cfg.engine.model = "Llama-2-7B"
+    cfg.engine.hardware = "A100-80GB"
+    w = cfg.workload
+    w.trace = "builtin:azure_conv"
+    w.prompt_dist = w.output_dist = "trace"
+    w.arrival = "poisson"
+    w.num_requests = 600
+    cfg.run.name = "default study: chunked-prefill budget x request rate"
+    return cfg
+
+
+def _base(args: argparse.Namespace) -> StudyConfig:
+    cfg = load_config(args.config) if getattr(args, "config", None) else (
+        default_study() if args.command is None else StudyConfig())
+    for item in getattr(args, "set", None) or []:
+        if "=" not in item:
+            raise ConfigError(item, "--set takes field=value")
+        name, value = item.split("=", 1)
+        set_field(cfg, name.strip(), value.strip(), "--set")
+    for flag, field in (("seed", "run.seed"), ("requests", "workload.num_requests")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            set_field(cfg, field, value, f"--{flag}")
+    if getattr(args, "no_fast_forward", False):
+        cfg.run.fast_forward = False
+    validate(cfg)
+    return cfg
+
+
+def _notes(cfg: StudyConfig, wall: float, n_points: int) -> list[str]:
+    e, s, w = cfg.engine, cfg.scheduler, cfg.workload
+    trace = w.trace or "synthetic lengths"
+    return [
+        f"{e.model} on {e.tensor_parallel_size}x {e.hardware} (TP {e.tensor_parallel_size}), "
+        f"{e.cost_model} cost model; policy {s.policy}, chunked prefill "
+        f"{s.enable_chunked_prefill}, prefix caching {s.enable_prefix_caching}, "
+        f"block size {s.block_size}, max_model_len {s.max_model_len}",
+        f"workload: {w.num_requests} requests, arrivals {w.arrival}, lengths "
+        f"{w.prompt_dist}/{w.output_dist} ({trace}); over-long: {w.on_overlong}; seed {cfg.run.seed}",
+        f"SLOs for goodput: TTFT <= {cfg.slo.ttft_s} s, TPOT <= {cfg.slo.tpot_s} s",
+        f"{n_points} point(s) simulated in {wall:.1f} s wall",
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `simulate` script."""
+    ap = argparse.ArgumentParser(prog="simulate", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="simulate-out", help="output folder (default study)")
+    ap.add_argument("--workers", type=int, default=None)
+    sub = ap.add_subparsers(dest="command")
+    for name in ("run", "sweep"):
+        p = sub.add_parser(name)
+        p.add_argument("--config", help="study TOML file (every field has a default)")
+        p.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                       help="override one config field (repeatable)")
+        p.add_argument("--seed", type=int)
+        p.add_argument("--requests", type=int, help="workload.num_requests")
+        p.add_argument("--no-fast-forward", action="store_true", help="step one event per step")
+        p.add_argument("--out", default=None, help="output folder")
+        p.add_argument("--workers", type=int, default=None)
+        if name == "sweep":
+            p.add_argument("--grid", action="append", default=[], metavar="FIELD=A,B,C",
+                           required=True, help="one sweep axis (repeatable)")
+    args = ap.parse_args(argv)
+    try:
+        cfg = _base(args)
+        t0 = time.perf_counter()
+        if args.command == "run":
+            res = [run_point(cfg)]
+            axes: list[str] = []
+        else:
+            grid = parse_grid(args.grid) if args.command == "sweep" else DEFAULT_GRID
+            axes = [k.split(".", 1)[1] for k in grid]
+            res = run_grid(cfg, grid, workers=args.workers)
+        wall = time.perf_counter() - t0
+        out = Path(args.out or f"simulate-{args.command}")
+        title = cfg.run.name if args.command is None else f"simulate {args.command}: {cfg.run.name}"
+        written = write_study(out, res, axes, title, _notes(cfg, wall, len(res)))
+    except (TwinserveError, OSError) as e:
+        print(f"simulate: error: {e}", file=sys.stderr)
+        return 2
+    print((out / "summary.md").read_text())
+    print(f"wrote {', '.join(str(p) for p in written.values())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

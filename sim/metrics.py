@@ -1,0 +1,114 @@
+"""Per-request and per-run metrics as pandas DataFrames (vLLM bench / Vidur vocabulary).
+
+TPOT excludes the first token: (finish - first token) / (output tokens - 1).
+ITL is every gap between consecutive tokens of a request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .config import SLOConfig
+from .world import RunResult
+
+PERCENTILES = (50, 90, 99)
+
+
+def requests_frame(result: RunResult) -> pd.DataFrame:
+    """One row per request: arrival, queueing delay, TTFT, TPOT, E2E, ITL list, hits, preemptions."""
+    rows = []
+    for r in result.records:
+        done = r.finish_time is not None and r.first_token_time is not None
+        n = r.num_output_tokens
+        tt = r.token_times
+        rows.append({
+            "request_id": r.request_id,
+            "conversation": r.conversation,
+            "turn": r.turn,
+            "arrival_s": r.arrival_time,
+            "prompt_tokens": r.num_prompt_tokens,
+            "output_tokens": n,
+            "queue_s": (r.first_scheduled_time - r.arrival_time)
+            if r.first_scheduled_time is not None else np.nan,
+            "ttft_s": (r.first_token_time - r.arrival_time) if done else np.nan,
+            "tpot_s": ((r.finish_time - r.first_token_time) / (n - 1)) if done and n > 1 else np.nan,
+            "e2e_s": (r.finish_time - r.arrival_time) if done else np.nan,
+            "finish_s": r.finish_time if done else np.nan,
+            "prefix_hit_tokens": r.prefix_hit_tokens,
+            "preemptions": r.num_preemptions,
+            "itl_s": [b - a for a, b in zip(tt, tt[1:])],
+            "finish_reason": r.finish_reason,
+            "error": r.error,
+        })
+    return pd.DataFrame(rows)
+
+
+def steps_frame(result: RunResult) -> pd.DataFrame:
+    """One row per engine step: time, duration, batch, queue and KV usage."""
+    s = result.steps
+    return pd.DataFrame({
+        "start_s": s.start, "duration_s": s.duration, "num_in_system": s.in_system,
+        "num_running": s.running, "num_waiting": s.waiting, "num_tokens": s.tokens,
+        "batch_size": s.seqs, "kv_usage": s.kv_usage, "num_preempted": s.preempted,
+    })
+
+
+def _dist(prefix: str, values: np.ndarray, out: dict[str, Any]) -> None:
+    values = values[~np.isnan(values)]
+    if len(values) == 0:
+        out[f"mean_{prefix}"] = np.nan
+        for p in PERCENTILES:
+            out[f"p{p}_{prefix}"] = np.nan
+        return
+    out[f"mean_{prefix}"] = float(values.mean())
+    for p, v in zip(PERCENTILES, np.percentile(values, PERCENTILES)):
+        out[f"p{p}_{prefix}"] = float(v)
+
+
+def time_average(steps: pd.DataFrame, column: str, horizon: float) -> float:
+    """Time-weighted mean of a per-step quantity over [0, horizon] (idle time counts as 0)."""
+    if horizon <= 0 or steps.empty:
+        return 0.0
+    return float((steps[column] * steps["duration_s"]).sum() / horizon)
+
+
+def summarize(result: RunResult, req: pd.DataFrame, steps: pd.DataFrame, slo: SLOConfig,
+              extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run-level numbers: throughput, goodput, latency percentiles, KV, preemptions, MFU/MBU."""
+    done = req[req["finish_s"].notna()] if not req.empty else req
+    out: dict[str, Any] = dict(extra or {})
+    horizon = result.end_time
+    out["num_requests"] = len(req)
+    out["completed"] = len(done)
+    out["refused"] = int((req["finish_reason"] == "refused").sum()) if not req.empty else 0
+    out["duration_s"] = horizon
+    dur = horizon if horizon > 0 else float("nan")
+    out["request_throughput"] = len(done) / dur
+    out["output_throughput"] = float(done["output_tokens"].sum()) / dur
+    out["total_token_throughput"] = float((done["output_tokens"] + done["prompt_tokens"]).sum()) / dur
+    good = done[(done["ttft_s"] <= slo.ttft_s) & (done["tpot_s"].fillna(0.0) <= slo.tpot_s)]
+    out["goodput"] = len(good) / dur
+    out["slo_attainment"] = len(good) / len(done) if len(done) else np.nan
+    for name in ("ttft", "tpot", "e2e", "queue"):
+        _dist(f"{name}_s", done[f"{name}_s"].to_numpy(dtype=float), out)
+    itl = np.fromiter((x for lst in done["itl_s"] for x in lst), dtype=float)
+    _dist("itl_s", itl, out)
+    out["preemptions"] = result.num_preemptions
+    out["prefix_hit_rate"] = (result.prefix_hits / result.prefix_queries
+                              if result.prefix_queries else 0.0)
+    out["mean_kv_usage"] = time_average(steps, "kv_usage", horizon)
+    out["max_kv_usage"] = float(steps["kv_usage"].max()) if not steps.empty else 0.0
+    out["mean_batch_size"] = time_average(steps, "batch_size", horizon)
+    out["mean_queue_len"] = time_average(steps, "num_waiting", horizon)
+    # Little's law, both sides from the run: L from the engine's own counts over time,
+    # lambda * W from request timestamps.
+    out["littles_L"] = time_average(steps, "num_in_system", horizon)
+    out["littles_lambdaW"] = (len(done) / dur) * float(done["e2e_s"].mean()) if len(done) else 0.0
+    out["num_steps"] = result.num_steps
+    out["kv_blocks"] = result.num_blocks
+    out["sim_wall_s"] = result.wall_time
+    out["sim_requests_per_wall_s"] = len(req) / result.wall_time if result.wall_time else np.nan
+    return out

@@ -1,0 +1,115 @@
+"""Run one study point or a grid of them (parallel processes, progress bar), one row per point."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import pandas as pd
+
+from .build import simulate
+from .config import StudyConfig, coerce, resolve_field, set_field
+from .errors import ConfigError
+from .metrics import requests_frame, steps_frame, summarize
+
+
+@dataclass(slots=True)
+class PointResult:
+    """A study point's summary row and its per-request and per-step tables."""
+
+    row: dict[str, Any]
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+
+
+def run_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None) -> PointResult:
+    """Simulate one configuration and compute its metrics."""
+    built, result = simulate(cfg)
+    req = requests_frame(result)
+    steps = steps_frame(result)
+    e = cfg.engine
+    totals = built.simulation.executor.totals
+    extra: dict[str, Any] = dict(overrides or {})
+    extra.update({"model": e.model, "hardware": e.hardware, "tp": e.tensor_parallel_size,
+                  "cost_model": built.cost_model.name})
+    row = summarize(result, req, steps, cfg.slo, extra)
+    row["mfu"] = totals.mfu(built.model, built.hardware, e.tensor_parallel_size)
+    row["mbu"] = totals.mbu(built.model, built.hardware, e.tensor_parallel_size)
+    row["token_throughput_bound"] = built.roofline.max_tokens_per_second()
+    ls = built.workload.length_stats
+    row["overlong_policy"] = ls.policy
+    row["overlong_clipped"] = ls.clipped
+    row["overlong_dropped"] = ls.dropped
+    return PointResult(row, req, steps)
+
+
+def parse_grid(specs: Sequence[str]) -> dict[str, list[str]]:
+    """['field=a,b,c', ...] -> {'section.field': ['a', 'b', 'c']} (fields checked)."""
+    grid: dict[str, list[str]] = {}
+    for spec in specs:
+        if "=" not in spec:
+            raise ConfigError(spec, "a grid axis is written field=value1,value2,...")
+        name, values = spec.split("=", 1)
+        dotted = resolve_field(name.strip())
+        items = [v.strip() for v in values.split(",") if v.strip()]
+        if not items:
+            raise ConfigError(dotted, "the grid axis has no values")
+        for v in items:
+            coerce(dotted, v)  # fail before anything runs
+        grid[dotted] = items
+    return grid
+
+
+def grid_points(base: StudyConfig, grid: dict[str, list[str]]
+                ) -> list[tuple[dict[str, Any], StudyConfig]]:
+    """The cartesian product of the grid applied to copies of base."""
+    names = list(grid)
+    out = []
+    for values in itertools.product(*(grid[n] for n in names)):
+        cfg = copy.deepcopy(base)
+        point: dict[str, Any] = {}
+        for n, v in zip(names, values):
+            set_field(cfg, n, v)
+            point[n.split(".", 1)[1]] = getattr(getattr(cfg, n.split(".")[0]), n.split(".", 1)[1])
+        out.append((point, cfg))
+    return out
+
+
+def _run(args: tuple[dict[str, Any], StudyConfig, bool]) -> PointResult:
+    point, cfg, keep = args
+    res = run_point(cfg, point)
+    if not keep:
+        res.requests = res.requests.iloc[0:0]
+        res.steps = res.steps.iloc[0:0]
+    return res
+
+
+def run_grid(base: StudyConfig, grid: dict[str, list[str]], workers: int | None = None,
+             progress: bool = True, keep_tables: bool = True) -> list[PointResult]:
+    """Every grid point, in parallel processes, in grid order."""
+    points = grid_points(base, grid)
+    jobs = [(p, c, keep_tables) for p, c in points]
+    workers = workers or min(len(jobs), os.cpu_count() or 1)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(jobs), desc="sweep", unit="pt")
+    results: list[PointResult] = []
+    if workers <= 1 or len(jobs) == 1:
+        for job in jobs:
+            results.append(_run(job))
+            if bar:
+                bar.update()
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for res in pool.map(_run, jobs):
+                results.append(res)
+                if bar:
+                    bar.update()
+    if bar:
+        bar.close()
+    return results
