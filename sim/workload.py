@@ -229,13 +229,17 @@ class Workload:
         """The token id the simulated model emits for this request (never 0 or 1)."""
         return 2 + (item.index * 7919) % (self.cfg.vocab_size - 2)
 
-    def expected_prefix_hits(self, item: WorkItem, block_size: int, seen: set[int]) -> int:
-        """Tokens of this first-turn item that a warm prefix cache must serve (shared prefix only)."""
+    def expected_prefix_hits(self, item: WorkItem, block_size: int, cached: dict[int, int]) -> int:
+        """Tokens of this first-turn item a prefix cache that never evicts must serve.
+
+        cached maps a shared prompt to how many of its full blocks earlier requests have
+        computed; a request can reuse those blocks that lie inside its own copy of the
+        shared prompt, and then contributes its own.
+        """
         if item.system_prompt < 0:
             return 0
-        first = item.system_prompt not in seen
-        seen.add(item.system_prompt)
-        if first:
-            return 0
         shared = min(self.cfg.system_prompt_len, item.num_prompt_tokens - 1)
-        return (shared // block_size) * block_size
+        own = shared // block_size
+        before = cached.get(item.system_prompt, 0)
+        cached[item.system_prompt] = max(before, own)
+        return min(before, own) * block_size

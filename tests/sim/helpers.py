@@ -1,0 +1,34 @@
+"""Small study builders shared by the simulator tests."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from twinserve.sim.build import simulate
+from twinserve.sim.config import StudyConfig, set_field
+from twinserve.sim.world import RunResult
+
+
+def small_config(**fields: Any) -> StudyConfig:
+    """A quick study (Llama-2-7B on A100, synthetic lengths) with fields overridden by name."""
+    cfg = StudyConfig()
+    cfg.engine.model = "Llama-2-7B"
+    cfg.engine.hardware = "A100-80GB"
+    cfg.workload.num_requests = 150
+    cfg.workload.rate = 6.0
+    for name, value in fields.items():
+        set_field(cfg, name, value)
+    return cfg
+
+
+def run(cfg: StudyConfig) -> RunResult:
+    """Simulate and return the raw result."""
+    return simulate(cfg)[1]
+
+
+def fingerprint(result: RunResult) -> tuple:
+    """Everything per request and per step, as plain tuples (for exact comparisons)."""
+    recs = tuple(dataclasses.astuple(r) for r in result.records)
+    return recs, dataclasses.astuple(result.steps), result.num_steps, result.num_preemptions, \
+        result.prefix_queries, result.prefix_hits

@@ -1,0 +1,61 @@
+"""The simulate CLI: run with a TOML and overrides, sweep over a grid, default study shape."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from twinserve.sim import cli
+
+
+def test_run_with_config_and_overrides(tmp_path, capsys) -> None:
+    f = tmp_path / "s.toml"
+    f.write_text('[engine]\nmodel = "SmolLM2-135M"\nhardware = "H200"\n'
+                 '[workload]\nnum_requests = 40\nrate = 20.0\n')
+    out = tmp_path / "out"
+    rc = cli.main(["run", "--config", str(f), "--set", "max_num_batched_tokens=1024",
+                   "--set", "workload.output_mean=50", "--out", str(out)])
+    assert rc == 0
+    summary = pd.read_csv(out / "summary.csv")
+    assert summary.loc[0, "completed"] == 40 and summary.loc[0, "model"] == "SmolLM2-135M"
+    req = pd.read_csv(out / "points" / "point00_requests.csv")
+    assert len(req) == 40 and req["ttft_s"].gt(0).all()
+    assert (out / "figures" / "ttft_tpot_cdf.png").stat().st_size > 1000
+    assert "SmolLM2-135M" in (out / "summary.md").read_text()
+
+
+def test_sweep_grid_one_row_per_point(tmp_path) -> None:
+    out = tmp_path / "sw"
+    rc = cli.main(["sweep", "--grid", "max_num_batched_tokens=256,2048",
+                   "--grid", "enable_prefix_caching=true,false", "--requests", "30",
+                   "--workers", "2", "--out", str(out)])
+    assert rc == 0
+    summary = pd.read_csv(out / "summary.csv")
+    assert len(summary) == 4
+    assert sorted(zip(summary["max_num_batched_tokens"], summary["enable_prefix_caching"])) == \
+        [(256, False), (256, True), (2048, False), (2048, True)]
+    assert (out / "figures" / "latency_throughput.png").exists()
+
+
+def test_errors_are_reported_not_raised(tmp_path, capsys) -> None:
+    assert cli.main(["sweep", "--grid", "max_num_batched_tokens=12x", "--out",
+                     str(tmp_path / "x")]) == 2
+    assert "max_num_batched_tokens" in capsys.readouterr().err
+    assert cli.main(["run", "--set", "no_such_field=1", "--out", str(tmp_path / "y")]) == 2
+    assert "no_such_field" in capsys.readouterr().err
+
+
+def test_default_study_small(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(cli, "DEFAULT_GRID", {"scheduler.max_num_batched_tokens": ["512", "8192"],
+                                              "workload.rate": ["2", "6"]})
+    base = cli.default_study
+
+    def small():
+        cfg = base()
+        cfg.workload.num_requests = 60
+        return cfg
+
+    monkeypatch.setattr(cli, "default_study", small)
+    assert cli.main(["--out", str(tmp_path / "d"), "--workers", "1"]) == 0
+    md = (tmp_path / "d" / "summary.md").read_text()
+    assert "Llama-2-7B" in md and "latency_throughput.png" in md
+    assert len(pd.read_csv(tmp_path / "d" / "summary.csv")) == 4

@@ -1,0 +1,107 @@
+"""Cost models, catalogs, KV capacity and the single-request exactness check."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from twinserve.backends.sim import (FittedCostModel, ProfileError, RooflineCostModel, fit_profile,
+                                    get_hardware, get_model, kv_capacity)
+from twinserve.backends.sim.catalog import UnknownSpecError
+from twinserve.sim.build import build
+
+from .helpers import small_config
+
+
+def test_catalog_parameter_counts_match_published_sizes() -> None:
+    assert get_model("Llama-2-7B").num_params == pytest.approx(6.74e9, rel=0.01)
+    assert get_model("llama-2-70b").num_params == pytest.approx(68.98e9, rel=0.01)
+    assert get_model("SmolLM2-135M").num_params == pytest.approx(134.5e6, rel=0.01)
+    assert get_model("SmolLM2-135M").kv_bytes_per_token == 23_040  # bf16, FACTS.md
+    with pytest.raises(UnknownSpecError, match="Llama-2-7B"):
+        get_model("gpt-5")
+
+
+def test_kv_capacity_formula_and_override() -> None:
+    m, h = get_model("Llama-2-7B"), get_hardware("A100-80GB")
+    cap = kv_capacity(m, h, 1, 16, 0.9, activation_reserve=2 * 2**30)
+    expected = (h.mem_bytes * 0.9 - m.weight_bytes - 2 * 2**30) // (16 * m.kv_bytes_per_token)
+    assert cap.num_blocks == expected
+    assert kv_capacity(m, h, 1, 16, num_blocks_override=77).num_blocks == 77
+    # Tensor parallelism splits weights and KV heads: more than twice the blocks at TP 2.
+    assert kv_capacity(m, h, 2, 16).num_blocks > 2 * kv_capacity(m, h, 1, 16).num_blocks
+
+
+def test_roofline_terms_respond_to_features() -> None:
+    roof = RooflineCostModel(get_model("Llama-2-7B"), get_hardware("A100-80GB"))
+    base = roof.step_time(0, 0, 0, 0.0, 8, 8 * 1000)
+    assert roof.step_time(0, 0, 0, 0.0, 8, 8 * 3000) > base  # decode: longer context costs more
+    assert roof.step_time(0, 0, 0, 0.0, 64, 64 * 1000) > base  # more sequences cost more
+    chunk = roof.step_time(512, 1, 0, 512 * 256.0, 0, 0)
+    assert roof.step_time(512, 1, 3000, 512 * (3000 + 256.0), 0, 0) > chunk  # cached context
+    tp4 = RooflineCostModel(get_model("Llama-2-70B"), get_hardware("A100-80GB"), tp=4)
+    tp8 = RooflineCostModel(get_model("Llama-2-70B"), get_hardware("A100-80GB"), tp=8)
+    assert tp8.step_time(2048, 2, 0, 2048 * 512.0, 0, 0) < tp4.step_time(2048, 2, 0, 2048 * 512.0, 0, 0)
+
+
+def test_single_request_reproduces_cost_model_exactly() -> None:
+    for ff in (True, False):
+        cfg = small_config(num_requests=1, prompt_dist="fixed", prompt_mean=1000,
+                           output_dist="fixed", output_mean=40, max_num_batched_tokens=512,
+                           fast_forward=ff)
+        built = build(cfg)
+        res = built.simulation.run()
+        rec = res.records[0]
+        cost = built.cost_model.step_time
+        # Two prefill chunks (512, then 488 attending to 512 cached), then 39 decodes.
+        prefill = cost(512, 1, 0, 512 * (0 + 256.0), 0, 0)
+        prefill2 = cost(488, 1, 512, 488 * (512 + 244.0), 0, 0)
+        t = rec.arrival_time + prefill
+        t = t + prefill2
+        assert rec.first_token_time - rec.arrival_time == t - rec.arrival_time
+        expected = [t]
+        for i in range(39):
+            t = t + cost(0, 0, 0, 0.0, 1, 1000 + i)
+            expected.append(t)
+        assert rec.token_times == expected
+        assert rec.finish_time == expected[-1]
+        assert rec.num_output_tokens == 40
+
+
+def test_fitted_profile_roundtrip_fit_and_errors(tmp_path) -> None:
+    true = FittedCostModel(2e-3, 1e-6, 5e-5, 2e-11, 0.0, 1.5e-5, 3e-9)
+    rows = []
+    for i in range(40):
+        f = (i * 37 % 900, i % 3, i * 101 % 4000, float(i * 1234 % 100000), i % 20, i * 997 % 30000)
+        rows.append(dict(zip(("num_prefill_tokens", "num_prefill_seqs", "prefill_context",
+                              "prefill_attn", "num_decode_seqs", "decode_context"), f),
+                         step_time_s=true.step_time(*f)))
+    fitted = fit_profile(rows, model="Llama-2-7B")
+    for row in rows:
+        args = [row[k] for k in ("num_prefill_tokens", "num_prefill_seqs", "prefill_context",
+                                 "prefill_attn", "num_decode_seqs", "decode_context")]
+        assert fitted.step_time(*args) == pytest.approx(row["step_time_s"], rel=1e-6)
+    path = tmp_path / "profile.json"
+    fitted.save(path)
+    again = FittedCostModel.load(path)
+    assert again.per_decode_seq_s == fitted.per_decode_seq_s
+    assert json.loads(path.read_text())["format"] == "twinserve-step-profile/1"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"coefficients": {"per_tokn_s": 1.0}}))
+    with pytest.raises(ProfileError, match=r"bad\.json.*per_tokn_s"):
+        FittedCostModel.load(bad)
+    bad.write_text('{"coefficients": {\n "per_token_s": }')
+    with pytest.raises(ProfileError, match=r"bad\.json:2"):
+        FittedCostModel.load(bad)
+
+
+def test_fitted_cost_model_drives_a_run(tmp_path) -> None:
+    path = tmp_path / "p.json"
+    FittedCostModel(intercept_s=0.01, per_decode_seq_s=0.001).save(path)
+    cfg = small_config(num_requests=1, prompt_dist="fixed", prompt_mean=100, output_dist="fixed",
+                       output_mean=5, cost_model="fitted", profile=str(path))
+    rec = build(cfg).simulation.run().records[0]
+    gaps = [b - a for a, b in zip(rec.token_times, rec.token_times[1:])]
+    assert gaps == pytest.approx([0.011] * 4)
+    assert rec.first_token_time - rec.arrival_time == pytest.approx(0.01)
