@@ -89,6 +89,7 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
     # The executor drops finished requests on the next step's output; nothing else reads it.
     scheduler.finished_req_ids = set()
     events: list[tuple[int, int]] = []
+    new_at = [0] * k_steps if not caching else []  # blocks taken at each step (no cache)
     starts: list[int] = []
     for i, req in enumerate(running):
         c = req.num_computed_tokens
@@ -108,7 +109,7 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
                 if kv.allocate_slots(req, k_steps) is None:
                     raise AssertionError("fast-forward allocation failed: check decode_window")
                 while k < k_steps:
-                    events.append((k, -1))
+                    new_at[k] += 1
                     k += bs
             continue
         while k < k_steps:
@@ -125,12 +126,11 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
     usage: list[float] = []
     num_blocks = kv.num_blocks
     free_queue = kv.pool.free_queue
-    if events and not caching:
-        events.sort()
-        free = free_queue.num_free + len(events)
-        for k, _ in events:
-            usage.extend([1.0 - free / num_blocks] * (k - len(usage)))
-            free -= 1
+    if not caching:
+        free = free_queue.num_free + sum(new_at)
+        for n_new in new_at:
+            free -= n_new
+            usage.append(1.0 - free / num_blocks)  # the same float as KVCacheManager.usage
     elif events:
         events.sort()
         allocate = kv.allocate_slots
