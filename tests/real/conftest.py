@@ -94,8 +94,9 @@ def hf_greedy(folder: Path, prompt_ids: list[int], max_new_tokens: int, dtype: t
         # Like ignore_eos: no EOS stop and no EOS suppression (min_new_tokens would mask it).
         model.generation_config.eos_token_id = None
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=0)
+        ids = torch.tensor([prompt_ids])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             do_sample=False, pad_token_id=0)
     return out[0, len(prompt_ids):].tolist()
 
 

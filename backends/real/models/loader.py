@@ -169,7 +169,7 @@ def _gguf_tensors(reader, cfg: LlamaConfig) -> Iterator[tuple[str, torch.Tensor]
             name = f"model.layers.{parts[1]}.{_GGUF_NAMES[parts[2]]}.{parts[3]}"
         else:
             continue
-        yield name, torch.from_numpy(np.ascontiguousarray(arr))
+        yield name, torch.from_numpy(np.array(arr, copy=True))
 
 
 def load_gguf(path: Path, max_len: int, dtype: torch.dtype) -> LlamaForCausalLM:

@@ -1,0 +1,141 @@
+"""Drive a running server over HTTP with a simulator workload; record each request as the simulator does.
+
+Requests leave at the workload's arrival times (gamma/Poisson/trace), optionally capped at
+max_concurrency in flight, each streamed from /v1/completions with the workload's prompt token
+ids and output length. Every request becomes a sim.world.RequestRecord (times in seconds from
+the start of the run), so sim.metrics builds the same per-request table and summary for a real
+run as for a simulated one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from ....sim.workload import WorkItem, Workload
+from ....sim.world import RequestRecord
+
+
+@dataclass(slots=True)
+class BenchTarget:
+    """Where and how to send requests."""
+
+    base_url: str
+    model: str
+    endpoint: str = "/v1/completions"
+    api_key: str | None = None
+    ignore_eos: bool = True
+    timeout_s: float = 600.0
+
+
+@dataclass(slots=True)
+class BenchRun:
+    """Everything one benchmark run produced."""
+
+    records: list[RequestRecord]
+    duration_s: float
+    max_concurrency: int | None
+    peak_in_flight: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+async def server_info(base_url: str, api_key: str | None = None) -> dict[str, Any]:
+    """The first model entry of GET /v1/models (id, max_model_len, vocab_size when given)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(base_url=base_url, timeout=30.0) as client:
+        r = await client.get("/v1/models", headers=headers)
+        r.raise_for_status()
+        return r.json()["data"][0]
+
+
+async def _one(client: httpx.AsyncClient, target: BenchTarget, item: WorkItem, prompt: list[int],
+               t0: float) -> RequestRecord:
+    """Send one streamed request and time every chunk that carries text."""
+    payload = {"model": target.model, "prompt": prompt, "max_tokens": item.num_output_tokens,
+               "temperature": 0.0, "ignore_eos": target.ignore_eos, "stream": True,
+               "stream_options": {"include_usage": True}, "return_metrics": True}
+    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+    sent = time.perf_counter() - t0
+    rec = RequestRecord(item.request_id, sent, len(prompt), 0, None, None, None, 0, 0, [],
+                        item.conversation, item.turn)
+    finish_reason = ""
+    try:
+        async with client.stream("POST", target.endpoint, json=payload, headers=headers,
+                                 timeout=target.timeout_s) as resp:
+            if resp.status_code != 200:
+                body = (await resp.aread()).decode(errors="replace")
+                raise RuntimeError(f"HTTP {resp.status_code}: {body[:300]}")
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                now = time.perf_counter() - t0
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    raise RuntimeError(chunk["error"].get("message", "error event"))
+                for choice in chunk.get("choices") or []:
+                    if choice.get("text"):
+                        rec.token_times.append(now)
+                        if rec.first_token_time is None:
+                            rec.first_token_time = now
+                    if choice.get("finish_reason") is not None:
+                        finish_reason = choice["finish_reason"]
+                        rec.finish_time = now
+                usage = chunk.get("usage")
+                if usage:
+                    rec.num_output_tokens = int(usage["completion_tokens"])
+                    rec.prefix_hit_tokens = int((usage.get("prompt_tokens_details") or {})
+                                                .get("cached_tokens") or 0)
+                metrics = chunk.get("metrics")
+                if metrics:
+                    rec.num_preemptions = int(metrics.get("num_preemptions") or 0)
+                    if metrics.get("queue_s") is not None:
+                        rec.first_scheduled_time = sent + float(metrics["queue_s"])
+        rec.finish_reason = finish_reason
+        if rec.finish_time is None or rec.first_token_time is None:
+            raise RuntimeError("the stream ended without a finish_reason or without any text")
+    except Exception as e:  # one failed request is a row with an error, never a crashed run
+        rec.error = f"{type(e).__name__}: {e}"
+        rec.finish_reason = "error"
+        rec.finish_time = None
+    return rec
+
+
+async def run_benchmark(target: BenchTarget, workload: Workload, max_concurrency: int | None = None
+                        ) -> BenchRun:
+    """Send the whole workload on its arrival schedule; one RequestRecord per request."""
+    items = list(workload.items())
+    limit = max_concurrency or len(items) or 1
+    sem = asyncio.Semaphore(limit)
+    in_flight = 0
+    peak = 0
+    conn = httpx.Limits(max_connections=limit + 4, max_keepalive_connections=limit + 4)
+    async with httpx.AsyncClient(base_url=target.base_url, limits=conn, timeout=target.timeout_s) as client:
+        t0 = time.perf_counter()
+
+        async def send(item: WorkItem, prompt: list[int]) -> RequestRecord:
+            nonlocal in_flight, peak
+            async with sem:
+                in_flight += 1
+                peak = max(peak, in_flight)
+                try:
+                    return await _one(client, target, item, prompt, t0)
+                finally:
+                    in_flight -= 1
+
+        tasks = []
+        for item in items:
+            delay = item.arrival_time - (time.perf_counter() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(send(item, workload.prompt_tokens(item))))
+        records = list(await asyncio.gather(*tasks))
+        duration = time.perf_counter() - t0
+    return BenchRun(records, duration, max_concurrency, peak, [r.error for r in records if r.error])

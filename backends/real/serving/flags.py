@@ -1,0 +1,64 @@
+"""Command-line flags of `twinserve serve` and `twinserve bench` (argparse only: cheap to import)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    """Flags of `twinserve serve` beyond the engine's (which the caller adds, named as vLLM names them)."""
+    p.add_argument("model", nargs="?", default="smollm2", help="HF folder, .gguf file or short name")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on /v1 routes")
+    p.add_argument("--served-model-name", action="append", default=None,
+                   help="name(s) clients use for the model (default: the model argument)")
+    p.add_argument("--max-queued-requests", type=int, default=1024,
+                   help="requests waiting beyond this are refused with 429 (0 = no bound)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="accepted for vLLM compatibility: this engine always runs eagerly")
+    p.add_argument("--shutdown-grace", type=float, default=5.0,
+                   help="seconds in-flight requests may run after SIGINT/SIGTERM before they are aborted")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--uvicorn-log-level", default="warning")
+
+
+def add_bench_args(p: argparse.ArgumentParser) -> None:
+    """Flags of `twinserve bench`, named as `vllm bench serve` names them where it has one."""
+    p.add_argument("--base-url", default=None, help="server URL (default http://HOST:PORT)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--endpoint", default="/v1/completions", choices=["/v1/completions"])
+    p.add_argument("--model", default=None, help="model name to send (default: the server's first)")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--num-prompts", type=int, default=100)
+    p.add_argument("--request-rate", type=float, default=float("inf"),
+                   help="requests per second (inf: all at once)")
+    p.add_argument("--burstiness", type=float, default=1.0,
+                   help="gamma shape of inter-arrival times: 1 = Poisson, < 1 burstier, > 1 steadier")
+    p.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dataset-name", default="random", choices=["random", "shared-prefix", "trace"])
+    p.add_argument("--random-input-len", type=int, default=128)
+    p.add_argument("--random-output-len", type=int, default=64)
+    p.add_argument("--random-range-ratio", type=float, default=0.0,
+                   help="lengths uniform in [len*(1-r), len*(1+r)]; 0 = fixed")
+    p.add_argument("--num-system-prompts", type=int, default=4, help="shared-prefix: distinct prefixes")
+    p.add_argument("--system-prompt-len", type=int, default=64, help="shared-prefix: tokens per prefix")
+    p.add_argument("--system-prompt-zipf", type=float, default=0.0)
+    p.add_argument("--trace", default="builtin:azure_conv", help="trace: CSV path or builtin:azure_conv")
+    p.add_argument("--trace-arrivals", action="store_true",
+                   help="trace: replay its timestamps instead of --request-rate")
+    p.add_argument("--trace-time-scale", type=float, default=1.0)
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="clip workload lengths to this (default: the server's)")
+    p.add_argument("--vocab-size", type=int, default=None, help="prompt token ids are drawn below this "
+                   "(default: the server's, from /v1/models)")
+    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                   help="generate exactly the workload's output length (default on)")
+    p.add_argument("--goodput", nargs="*", default=[], metavar="KEY:MS",
+                   help="SLOs for goodput, e.g. ttft:2000 tpot:100 (ms; default the simulator's)")
+    p.add_argument("--result-dir", default=None,
+                   help="write requests.csv (the simulator's per-request schema) and summary.json here")
+    p.add_argument("--label", default=None, help="a name for this run in the summary")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a request fails")

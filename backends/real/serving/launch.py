@@ -1,0 +1,65 @@
+"""`twinserve serve`: flags, engine construction, and uvicorn with a graceful shutdown."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import socket
+from typing import Any
+
+import uvicorn
+
+from .server import ServerConfig, build_app
+
+logger = logging.getLogger("twinserve.serve")
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn that, on shutdown, lets in-flight requests run `grace_s` more seconds, then aborts them.
+
+    Aborted requests end with finish_reason "abort" (streams still get their final chunk and
+    [DONE]), so every connection closes by itself and nothing hangs.
+    """
+
+    def __init__(self, config: uvicorn.Config, grace_s: float) -> None:
+        super().__init__(config)
+        self.grace_s = grace_s
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Stop accepting, drain for grace_s, abort the rest, then run the app's shutdown."""
+        serving = getattr(getattr(self.config.app, "state", None), "serving", None)
+        handle = None
+        if serving is not None:
+            n = serving.async_engine.num_unfinished
+            if n:
+                logger.info("shutting down: %d requests in flight get %.1f s to finish, then are aborted",
+                            n, self.grace_s)
+            handle = asyncio.get_running_loop().call_later(self.grace_s, serving.async_engine.abort_all)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if handle is not None:
+                handle.cancel()
+
+
+def serve(ns: argparse.Namespace, engine_args: Any) -> int:
+    """Load the model, start the server and block until it is stopped (SIGINT/SIGTERM)."""
+    import torch
+
+    from ..engine import LLMEngine
+
+    if ns.threads:
+        torch.set_num_threads(ns.threads)
+    engine = LLMEngine(engine_args)
+    names = ns.served_model_name or [ns.model]
+    config = ServerConfig(names, ns.api_key, ns.max_queued_requests or None,
+                          extra_model_names=[engine.model_name])
+    app = build_app(engine, config)
+    ucfg = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
+                          timeout_graceful_shutdown=int(ns.shutdown_grace) + 5, access_log=False)
+    print(f"twinserve serve: {names[0]} on http://{ns.host}:{ns.port} "
+          f"(torch threads {torch.get_num_threads()}, {engine.scheduler_config.num_blocks} KV blocks of "
+          f"{engine.scheduler_config.block_size}, max_model_len {engine.max_model_len})", flush=True)
+    GracefulServer(ucfg, ns.shutdown_grace).run()
+    return 0

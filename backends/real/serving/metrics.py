@@ -1,0 +1,100 @@
+"""Prometheus metrics under the `twinserve:` prefix, named as vLLM names its v1 metrics.
+
+Names follow vLLM's production-metrics list (https://docs.vllm.ai/en/stable/usage/metrics/ and
+vllm docs/design/metrics.md): gauges for scheduler state and KV usage (a 0..1 fraction despite
+"perc"), counters in tokens for the prefix cache, histograms for request latencies. Counters
+are exposed with prometheus_client's `_total` suffix, as vLLM's are.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ..outputs import RequestOutput
+from .async_engine import EngineSnapshot
+
+PREFIX = "twinserve:"
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                    7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+_ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+                2.5, 5.0, 10.0, 20.0, 80.0)
+
+
+class ServingMetrics:
+    """One registry per server (tests run several in one process); fed from the engine thread."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        r, labels = self.registry, ["model_name"]
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(PREFIX + name, doc, labels, registry=r).labels(model_name)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(PREFIX + name, doc, labels, registry=r).labels(model_name)
+
+        def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=r).labels(model_name)
+
+        self.running = gauge("num_requests_running", "Requests holding KV blocks in the running batch.")
+        self.waiting = gauge("num_requests_waiting", "Requests queued, preempted ones included.")
+        self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV blocks held by requests (0..1).")
+        self.free_blocks = gauge("kv_cache_free_blocks", "KV blocks not held by any request.")
+        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.")
+        self.preemptions = counter("num_preemptions", "Requests preempted (recomputed) since start.")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
+        self.generation_tokens = counter("generation_tokens", "Tokens generated.")
+        self._success = Counter(PREFIX + "request_success", "Finished requests by finish reason.",
+                                ["model_name", "finished_reason"], registry=r)
+        self.ttft = hist("time_to_first_token_seconds", "Arrival to first token.", _LATENCY_BUCKETS)
+        self.itl = hist("inter_token_latency_seconds", "Gap between consecutive tokens of a request.",
+                        _ITL_BUCKETS)
+        self.e2e = hist("e2e_request_latency_seconds", "Arrival to finish.", _LATENCY_BUCKETS)
+        self.queue = hist("request_queue_time_seconds", "Arrival to first scheduling.", _LATENCY_BUCKETS)
+        self.model_name = model_name
+        self._last: EngineSnapshot = EngineSnapshot()
+        self._last_token: dict[str, float] = {}
+
+    def on_iteration(self, snapshot: EngineSnapshot, outputs: list[RequestOutput], now: float) -> None:
+        """Update gauges, add counter deltas, and observe latencies of finished requests."""
+        last = self._last
+        self.running.set(snapshot.num_running)
+        self.waiting.set(snapshot.num_waiting)
+        self.kv_usage.set(snapshot.kv_usage)
+        self.free_blocks.set(snapshot.num_free_blocks)
+        if snapshot.prefix_queries > last.prefix_queries:
+            self.prefix_queries.inc(snapshot.prefix_queries - last.prefix_queries)
+        if snapshot.prefix_hits > last.prefix_hits:
+            self.prefix_hits.inc(snapshot.prefix_hits - last.prefix_hits)
+        if snapshot.num_preemptions > last.num_preemptions:
+            self.preemptions.inc(snapshot.num_preemptions - last.num_preemptions)
+        self._last = snapshot
+        last_token = self._last_token
+        for out in outputs:
+            rid = out.request_id
+            new = sum(len(c.token_ids_delta) for c in out.outputs)
+            if new:
+                self.generation_tokens.inc(new)
+                prev = last_token.get(rid)
+                if prev is not None:
+                    self.itl.observe(now - prev)
+                last_token[rid] = now
+            if out.finished:
+                last_token.pop(rid, None)
+                self._observe_finished(out)
+
+    def _observe_finished(self, out: RequestOutput) -> None:
+        reason = out.outputs[0].finish_reason or "abort"
+        self._success.labels(self.model_name, reason).inc()
+        m = out.metrics
+        if m is None:
+            return
+        self.prompt_tokens.inc(m.num_prompt_tokens)
+        for hist, value in ((self.ttft, m.ttft), (self.e2e, m.e2e_latency), (self.queue, m.queue_time)):
+            if value is not None:
+                hist.observe(value)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

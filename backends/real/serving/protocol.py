@@ -1,0 +1,155 @@
+"""OpenAI request bodies (completions and chat) and their translation into SamplingParams.
+
+Fields follow the OpenAI API reference; the extras vLLM accepts in the body (top_k, min_p,
+repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens) are accepted
+too. Unknown fields are ignored, as vLLM does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ....core.errors import InvalidSamplingParamsError
+from ....core.sampling_params import SamplingParams
+from .errors import APIError, bad_request
+
+
+class StreamOptions(BaseModel):
+    """stream_options: include_usage adds a final chunk carrying usage."""
+
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    """Sampling fields shared by both endpoints."""
+
+    model_config = ConfigDict(extra="ignore", strict=False)
+    model: str | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # vLLM's extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    # twinserve's extra: engine-side timings and counts in the final chunk (the bench client asks)
+    return_metrics: bool = False
+
+    def sampling_params(self, max_tokens: int | None) -> SamplingParams:
+        """Validated SamplingParams (typed error naming the bad field)."""
+        kw: dict[str, Any] = dict(n=self.n, max_tokens=max_tokens, min_tokens=self.min_tokens,
+                                  seed=self.seed, stop=self.stop or [],
+                                  stop_token_ids=self.stop_token_ids or [], ignore_eos=self.ignore_eos,
+                                  skip_special_tokens=self.skip_special_tokens)
+        for name, default in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 0), ("min_p", 0.0),
+                              ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
+                              ("repetition_penalty", 1.0)):
+            value = getattr(self, name)
+            kw[name] = default if value is None else value
+        return SamplingParams(**kw)
+
+    @property
+    def include_usage(self) -> bool:
+        """True when a streamed response ends with a usage chunk."""
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Common):
+    """POST /v1/completions."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = 16
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class ChatMessage(BaseModel):
+    """One message of a conversation (text content, or a list of text parts)."""
+
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatCompletionRequest(_Common):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def message_dicts(self) -> list[dict[str, Any]]:
+        """Messages as plain dicts with text content, ready for the chat template."""
+        out = []
+        for i, m in enumerate(self.messages):
+            content = m.content
+            if isinstance(content, list):
+                texts = []
+                for part in content:
+                    if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                        raise bad_request(f"messages[{i}].content: only text parts are supported",
+                                          f"messages[{i}].content", "invalid_value")
+                    texts.append(part["text"])
+                content = "".join(texts)
+            d = {k: v for k, v in (m.model_extra or {}).items()}
+            d.update(role=m.role, content=content or "")
+            out.append(d)
+        return out
+
+
+def parse_body(model: type[_Common], body: Any) -> Any:
+    """Validate a decoded JSON body; a 400 naming the first bad field otherwise."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object", None, "invalid_value")
+    try:
+        req = model.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("str", "list", "int")))
+        code = "missing_required_parameter" if err["type"] == "missing" else "invalid_type"
+        raise bad_request(f"{loc}: {err['msg']}", loc or None, code) from None
+    _check_unsupported(req)
+    return req
+
+
+def _check_unsupported(req: _Common) -> None:
+    if isinstance(req, CompletionRequest):
+        if req.logprobs is not None:
+            raise bad_request("logprobs are not supported by this server yet", "logprobs", "unsupported")
+        if req.best_of not in (None, 1, req.n):
+            raise bad_request("best_of is not supported (use n)", "best_of", "unsupported")
+        if req.suffix:
+            raise bad_request("suffix is not supported", "suffix", "unsupported")
+    if isinstance(req, ChatCompletionRequest) and (req.logprobs or req.top_logprobs):
+        raise bad_request("logprobs are not supported by this server yet", "logprobs", "unsupported")
+
+
+def to_sampling_params(req: _Common, max_tokens: int | None) -> SamplingParams:
+    """SamplingParams from a request, bad values reported as a 400 naming the field."""
+    try:
+        return req.sampling_params(max_tokens)
+    except InvalidSamplingParamsError as e:
+        raise bad_request(str(e), e.field, "invalid_value") from None
+
+
+__all__ = ["APIError", "ChatCompletionRequest", "CompletionRequest", "parse_body", "to_sampling_params"]

@@ -1,0 +1,218 @@
+"""The OpenAI-compatible HTTP server: FastAPI routes over the async engine."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ....core.errors import PromptTooLongError, TwinserveError
+from ..engine import LLMEngine
+from ..outputs import RequestOutput
+from .async_engine import AsyncLLMEngine, RequestStream
+from .errors import APIError, bad_request, engine_dead, model_not_found, to_api_error, unauthorized
+from .metrics import ServingMetrics
+from .openai_format import ResponseMeta, full_response, stream_events
+from .protocol import ChatCompletionRequest, CompletionRequest, parse_body, to_sampling_params
+
+# How often a non-streamed request checks whether its client is still there.
+_DISCONNECT_POLL_S = 0.25
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    """Front-end settings: names served, auth, and the queue bound."""
+
+    served_model_names: list[str]
+    api_key: str | None = None
+    max_queued_requests: int | None = None
+    extra_model_names: list[str] = field(default_factory=list)
+
+
+class ServingState:
+    """Everything the routes need: engine, async engine, metrics and config."""
+
+    def __init__(self, engine: LLMEngine, config: ServerConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.metrics = ServingMetrics(config.served_model_names[0])
+        self.async_engine = AsyncLLMEngine(engine, config.max_queued_requests, self.metrics)
+        self.accepted_names = set(config.served_model_names) | set(config.extra_model_names)
+
+    @property
+    def model_name(self) -> str:
+        """The name responses carry."""
+        return self.config.served_model_names[0]
+
+    def check_model(self, name: str | None) -> None:
+        """404 unless the request names a model this server serves (or none)."""
+        if name is not None and name not in self.accepted_names:
+            raise model_not_found(name, self.config.served_model_names)
+
+    def check_auth(self, request: Request) -> None:
+        """401 when an API key is set and the request does not carry it."""
+        key = self.config.api_key
+        if key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise unauthorized()
+
+
+def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
+    """A FastAPI app serving `engine`; the engine thread starts and stops with the app's lifespan."""
+    state = ServingState(engine, config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.async_engine.start()
+        try:
+            yield
+        finally:
+            await state.async_engine.shutdown()
+
+    app = FastAPI(title="twinserve", lifespan=lifespan)
+    app.state.serving = state
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        headers = {"Retry-After": "1"} if exc.status == 429 else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    @app.exception_handler(TwinserveError)
+    async def _engine_error(request: Request, exc: TwinserveError) -> JSONResponse:
+        err = to_api_error(exc)
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        err = to_api_error(exc)
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not state.async_engine.is_running:
+            reason = state.async_engine.dead_reason or "the engine is not running"
+            return JSONResponse(engine_dead(reason).body(), status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> JSONResponse:
+        state.check_auth(request)
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "twinserve",
+                 "root": state.engine.model_name, "max_model_len": state.engine.max_model_len}
+                for name in config.served_model_names]
+        return JSONResponse({"object": "list", "data": data})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        state.check_auth(request)
+        req: CompletionRequest = parse_body(CompletionRequest, await _json(request))
+        state.check_model(req.model)
+        prompt = req.prompt
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            if len(prompt) != 1:
+                raise bad_request("a batch of prompts is not supported: send one prompt per request",
+                                  "prompt", "unsupported")
+            prompt = prompt[0]
+        text, ids = state.engine.tokenize_prompt(prompt)
+        return await _serve(state, request, req, ids, text, req.max_tokens, chat=False,
+                            prefix="cmpl", echo_text=text if req.echo else None)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        state.check_auth(request)
+        req: ChatCompletionRequest = parse_body(ChatCompletionRequest, await _json(request))
+        state.check_model(req.model)
+        rendered = state.engine.chat_prompt(req.message_dicts(), add_generation_prompt=req.add_generation_prompt,
+                                            **(req.chat_template_kwargs or {}))
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        return await _serve(state, request, req, rendered["prompt_token_ids"], rendered["prompt"],
+                            max_tokens, chat=True, prefix="chatcmpl", echo_text=None)
+
+    return app
+
+
+async def _json(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise bad_request(f"malformed JSON body: {e}", None, "invalid_json") from None
+
+
+def _check_length(state: ServingState, ids: list[int], max_tokens: int | None, param: str) -> int | None:
+    limit = state.engine.max_model_len
+    if len(ids) > limit:
+        raise PromptTooLongError(f"this model's maximum context length is {limit} tokens, but the prompt has "
+                                 f"{len(ids)} tokens; shorten the {param}", len(ids), limit)
+    if max_tokens is None:
+        return max(1, limit - len(ids))
+    if isinstance(max_tokens, int) and max_tokens > 0 and len(ids) + max_tokens > limit:
+        raise bad_request(f"this model's maximum context length is {limit} tokens, but {len(ids)} prompt tokens "
+                          f"plus max_tokens={max_tokens} exceed it; lower max_tokens or shorten the {param}",
+                          "max_tokens", "context_length_exceeded")
+    return max_tokens
+
+
+async def _serve(state: ServingState, request: Request, req: CompletionRequest | ChatCompletionRequest,
+                 ids: list[int], text: str | None, max_tokens: int | None, chat: bool, prefix: str,
+                 echo_text: str | None) -> Response:
+    arrival = time.monotonic()
+    param = "messages" if chat else "prompt"
+    try:
+        max_tokens = _check_length(state, ids, max_tokens, param)
+    except PromptTooLongError as e:
+        e.param = param
+        raise
+    params = to_sampling_params(req, max_tokens)
+    meta = ResponseMeta(f"{prefix}-{uuid.uuid4().hex}", state.model_name, chat, req.include_usage,
+                        req.return_metrics)
+    stream = await state.async_engine.add_request(meta.request_id, ids, params, text, arrival)
+    if req.stream:
+        return StreamingResponse(stream_events(meta, stream, params.n), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    out = await _collect(stream, request)
+    body = full_response(meta, out)
+    if echo_text is not None:
+        for choice in body["choices"]:
+            choice["text"] = echo_text + choice["text"]
+    return JSONResponse(body)
+
+
+async def _collect(stream: RequestStream, request: Request) -> RequestOutput:
+    """The final output of a non-streamed request; aborts it if the client goes away first."""
+
+    async def last() -> RequestOutput:
+        final: RequestOutput | None = None
+        async for out in stream:
+            final = out
+        assert final is not None
+        return final
+
+    task = asyncio.ensure_future(last())
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                raise APIError(499, "client closed the request", "client_closed_request")
+    finally:
+        if not task.done():
+            task.cancel()
+        stream.close()

@@ -1,0 +1,92 @@
+"""SmolLM2-135M-Instruct in fp32: greedy tokens equal transformers' generate (slow, still default)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from twinserve.backends.real import LLM, SamplingParams
+
+pytestmark = pytest.mark.slow
+
+QUESTIONS = [
+    "What is the capital of France?", "Write a haiku about autumn leaves.",
+    "Explain photosynthesis to a child.", "List three prime numbers and explain why they are prime.",
+    "Translate 'good morning' into Spanish and German.", "What is 17 times 23? Show your work.",
+    "Give me a short story about a robot who learns to paint.", "Why is the sky blue?",
+    "Write Python code that reverses a string.", "Summarize the plot of Romeo and Juliet in two sentences.",
+]
+MAX_NEW = 64
+TIE_TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Prompts (chat template) and transformers' greedy continuations, EOS ignored, fp32, batch 1."""
+    from transformers import AutoModelForCausalLM
+
+    from twinserve.backends.real.models.registry import resolve_model
+    from twinserve.backends.real.tokenizer import apply_chat_template, load_tokenizer
+
+    torch.set_num_threads(1)
+    src = resolve_model("smollm2")
+    tok = load_tokenizer(src)
+    hf = AutoModelForCausalLM.from_pretrained(str(src.path), dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None
+    prompts = [apply_chat_template(tok, [{"role": "user", "content": q}]) for q in QUESTIONS]
+    outs = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([p])
+            # An explicit mask: otherwise generate masks every prompt token equal to pad (<|im_end|>).
+            g = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW, do_sample=False,
+                            pad_token_id=2)
+            outs.append(g[0, len(p):].tolist())
+    return hf, prompts, outs
+
+
+def _check(hf, prompt: list[int], ref: list[int], got: list[int], label: str) -> None:
+    """Equal, or the first difference sits on a near-tie of the top two logits (else a failure)."""
+    assert len(got) == MAX_NEW, label
+    k = next((i for i in range(MAX_NEW) if ref[i] != got[i]), None)
+    if k is None:
+        return
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt + ref[:k]])).logits[0, -1]
+    top2 = logits.topk(2).values
+    gap = float(top2[0] - top2[1])
+    assert gap < TIE_TOL, f"{label}: diverged at token {k} ({ref[k]} vs {got[k]}) with top-2 gap {gap:.2e}"
+
+
+@pytest.mark.parametrize("engine_kw", [
+    {},
+    {"enable_prefix_caching": False, "max_num_batched_tokens": 16},
+    {"num_gpu_blocks_override": 24, "max_num_batched_tokens": 64},
+], ids=["default", "no-prefix-chunked-16", "preempting-pool"])
+def test_greedy_matches_transformers(reference, engine_kw: dict) -> None:
+    hf, prompts, refs = reference
+    llm = LLM("smollm2", max_model_len=1024, seed=0, **engine_kw)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True), use_tqdm=False)
+    for p, r, o in zip(prompts, refs, outs):
+        _check(hf, p, r, o.outputs[0].token_ids, str(engine_kw))
+    if "num_gpu_blocks_override" in engine_kw:
+        assert sum(o.metrics.num_preemptions for o in outs) > 0
+    if not engine_kw:
+        assert sum(o.metrics.num_cached_tokens for o in outs) > 0  # the shared system prompt hits
+
+
+def test_chat_answer_and_gguf_weights(reference) -> None:
+    hf = reference[0]
+    llm = LLM("SmolLM2-135M-Instruct", max_model_len=512)
+    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                   SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)[0]
+    assert "Paris" in out.outputs[0].text and out.outputs[0].finish_reason == "stop"
+    from twinserve.backends.real.models.loader import load_gguf
+    from twinserve.backends.real.models.registry import smollm2_gguf_path
+
+    direct = load_gguf(smollm2_gguf_path(), 512, torch.float32)
+    engine_model = llm.llm_engine.worker.model
+    for (name, a), (_, b) in zip(direct.named_parameters(), engine_model.named_parameters()):
+        assert torch.equal(a, b), name
+    assert torch.equal(direct.embed_tokens.weight, hf.model.embed_tokens.weight)
