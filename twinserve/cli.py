@@ -105,6 +105,35 @@ def _generate(ns: argparse.Namespace) -> int:
     return 0
 
 
+@subcommand("serve", "serve a model over an OpenAI-compatible HTTP API")
+def _serve_parser(p: argparse.ArgumentParser) -> None:
+    from twinserve.backends.real.serving.flags import add_serve_args
+
+    add_serve_args(p)
+    add_engine_args(p)
+    p.set_defaults(func=_serve)
+
+
+def _serve(ns: argparse.Namespace) -> int:
+    from twinserve.backends.real.serving.launch import serve
+
+    return serve(ns, engine_args_from(ns, ns.model))
+
+
+@subcommand("bench", "benchmark a running server over HTTP (like `vllm bench serve`)")
+def _bench_parser(p: argparse.ArgumentParser) -> None:
+    from twinserve.backends.real.serving.flags import add_bench_args
+
+    add_bench_args(p)
+    p.set_defaults(func=_bench)
+
+
+def _bench(ns: argparse.Namespace) -> int:
+    from twinserve.backends.real.serving.bench_cli import run_bench
+
+    return run_bench(ns)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every registered subcommand."""
     parser = argparse.ArgumentParser(prog="twinserve", description="twinserve: LLM serving engine")

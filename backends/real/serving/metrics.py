@@ -8,10 +8,14 @@ are exposed with prometheus_client's `_total` suffix, as vLLM's are.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics,
+                               generate_latest)
 
 from ..outputs import RequestOutput
 from .async_engine import EngineSnapshot
+
+# The *_created series double the output and no dashboard reads them (vLLM turns them off too).
+disable_created_metrics()
 
 PREFIX = "twinserve:"
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,

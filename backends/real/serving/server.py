@@ -113,7 +113,8 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
     async def models(request: Request) -> JSONResponse:
         state.check_auth(request)
         data = [{"id": name, "object": "model", "created": 0, "owned_by": "twinserve",
-                 "root": state.engine.model_name, "max_model_len": state.engine.max_model_len}
+                 "root": state.engine.model_name, "max_model_len": state.engine.max_model_len,
+                 "vocab_size": state.engine.vocab_size}
                 for name in config.served_model_names]
         return JSONResponse({"object": "list", "data": data})
 

@@ -1,0 +1,118 @@
+"""Fixtures: the real server on a free loopback port, in-process (uvicorn on a thread), over the tiny model."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import httpx
+import pytest
+import torch
+
+from tests.real.conftest import make_tiny_model_dir
+
+torch.set_num_threads(1)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    """A server started by a test: its URL, its app state, and how to stop it."""
+
+    url: str
+    state: Any
+    server: Any
+    thread: threading.Thread
+
+    @property
+    def engine(self) -> Any:
+        """The LLMEngine behind the server."""
+        return self.state.engine
+
+    def client(self, api_key: str = "none", **kw: Any) -> Any:
+        """An official openai client pointed at this server."""
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=60, **kw)
+
+    def stop(self, timeout: float = 30.0) -> float:
+        """Ask uvicorn to exit and wait for it; seconds it took."""
+        t = time.monotonic()
+        self.server.should_exit = True
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "server did not stop"
+        return time.monotonic() - t
+
+
+def start_server(model_dir: Path, api_key: str | None = None, max_queued: int | None = None,
+                 grace_s: float = 2.0, **engine_kw: Any) -> RunningServer:
+    """Build the engine and app and run uvicorn on a thread until /health answers."""
+    import uvicorn
+
+    from twinserve.backends.real.config import EngineArgs
+    from twinserve.backends.real.engine import LLMEngine
+    from twinserve.backends.real.serving.launch import GracefulServer
+    from twinserve.backends.real.serving.server import ServerConfig, build_app
+
+    args = dict(dtype="float64", max_model_len=256, num_gpu_blocks_override=256, block_size=4,
+                max_num_batched_tokens=256, max_num_seqs=64)
+    args.update(engine_kw)
+    engine = LLMEngine(EngineArgs(model=str(model_dir), **args))
+    app = build_app(engine, ServerConfig(["tiny"], api_key, max_queued))
+    port = free_port()
+    cfg = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                         timeout_graceful_shutdown=int(grace_s) + 5, access_log=False)
+    server = GracefulServer(cfg, grace_s)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return RunningServer(url, app.state.serving, server, thread)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    server.should_exit = True
+    raise RuntimeError("server did not come up within 30 s")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tests/real tiny random-weight Llama with its byte-level BPE tokenizer."""
+    return make_tiny_model_dir(tmp_path_factory.mktemp("serving_tiny"))
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path) -> Iterator[RunningServer]:
+    """One shared server per test module (no API key)."""
+    s = start_server(tiny_model_dir)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def make_server(tiny_model_dir: Path) -> Iterator[Callable[..., RunningServer]]:
+    """Factory for servers with special settings; all are stopped at the end of the test."""
+    started: list[RunningServer] = []
+
+    def build(**kw: Any) -> RunningServer:
+        s = start_server(tiny_model_dir, **kw)
+        started.append(s)
+        return s
+
+    yield build
+    for s in started:
+        if s.thread.is_alive():
+            s.stop()
