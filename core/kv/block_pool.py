@@ -132,12 +132,9 @@ class BlockPool:
         block = self.cached.get(key.value)
         if block is None:
             return None
-        stored = block.block_hash
-        # A hash collision must never hand back another prefix's KV.
-        if (stored is None or stored.token_ids != key.token_ids or stored.parent != key.parent
-                or stored.extra_keys != key.extra_keys):
-            return None
-        return block
+        # A hash collision must never hand back another prefix's KV: the stored key's
+        # parent, tokens and extra keys must all match (one tuple comparison).
+        return block if block.block_hash == key else None
 
     def cache_block(self, block: KVCacheBlock, key: BlockHash) -> bool:
         """Register a full block under its key; False if the key is already taken."""

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-import struct
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from array import array
+from typing import Callable, NamedTuple, Sequence
 
 import xxhash
 
@@ -13,9 +12,12 @@ import xxhash
 HashFunction = Callable[[int | None, Sequence[int], tuple | None], int]
 
 
-@dataclass(slots=True, frozen=True)
-class BlockHash:
-    """A full block's cache key plus what it was computed from, to confirm hits."""
+class BlockHash(NamedTuple):
+    """A full block's cache key plus what it was computed from, to confirm hits.
+
+    A NamedTuple rather than a frozen dataclass: one is built per full block on the
+    prefix-cache hot path, and tuple construction and equality run in C.
+    """
 
     value: int
     parent: int | None
@@ -23,22 +25,25 @@ class BlockHash:
     extra_keys: tuple | None = None
 
 
-def _to_bytes(parent: int | None, token_ids: Sequence[int], extra: tuple | None) -> bytes:
-    head = struct.pack("<q", -1 if parent is None else parent & 0x7FFF_FFFF_FFFF_FFFF)
-    body = struct.pack(f"<{len(token_ids)}I", *token_ids)
-    if extra:
-        return head + body + repr(extra).encode()
-    return head + body
+def _to_bytes(token_ids: Sequence[int], extra: tuple | None) -> bytes:
+    body = array("I", token_ids).tobytes()
+    return body + repr(extra).encode() if extra else body
+
+
+def _seed(parent: int | None) -> int:
+    # Chaining through the seed hashes (parent, tokens) without concatenating bytes.
+    return 0 if parent is None else parent & 0xFFFF_FFFF_FFFF_FFFF
 
 
 def xxhash64(parent: int | None, token_ids: Sequence[int], extra: tuple | None) -> int:
     """xxh3-64 of the packed inputs: fast, the default."""
-    return xxhash.xxh3_64_intdigest(_to_bytes(parent, token_ids, extra))
+    return xxhash.xxh3_64_intdigest(_to_bytes(token_ids, extra), _seed(parent))
 
 
 def sha256_64(parent: int | None, token_ids: Sequence[int], extra: tuple | None) -> int:
     """The first 8 bytes of SHA-256 of the packed inputs: slower, cryptographic spread."""
-    return int.from_bytes(hashlib.sha256(_to_bytes(parent, token_ids, extra)).digest()[:8], "little")
+    data = _seed(parent).to_bytes(8, "little") + _to_bytes(token_ids, extra)
+    return int.from_bytes(hashlib.sha256(data).digest()[:8], "little")
 
 
 def builtin_hash(parent: int | None, token_ids: Sequence[int], extra: tuple | None) -> int:

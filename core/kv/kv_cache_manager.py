@@ -7,7 +7,7 @@ from typing import Sequence
 
 from ..request import Request
 from .block_pool import BlockPool, KVCacheBlock
-from .hashing import BlockHash, HashFunction, get_hash_function, hash_block
+from .hashing import BlockHash, HashFunction, get_hash_function
 
 _NO_BLOCKS: list[KVCacheBlock] = []
 
@@ -53,13 +53,19 @@ class KVCacheManager:
 
     def _update_block_hashes(self, request: Request, num_full_blocks: int) -> list[BlockHash]:
         hashes = request.block_hashes
+        start = len(hashes)
+        if start >= num_full_blocks:
+            return hashes
         bs = self.block_size
         tokens = request.all_token_ids
-        while len(hashes) < num_full_blocks:
-            i = len(hashes)
-            parent = hashes[-1].value if hashes else None
+        fn = self.hash_fn
+        parent = hashes[-1].value if hashes else None
+        for i in range(start, num_full_blocks):
             extra = (request.cache_salt,) if i == 0 and request.cache_salt is not None else None
-            hashes.append(hash_block(self.hash_fn, parent, tokens[i * bs:(i + 1) * bs], extra))
+            block_tokens = tuple(tokens[i * bs:(i + 1) * bs])
+            value = fn(parent, block_tokens, extra)
+            hashes.append(BlockHash(value, parent, block_tokens, extra))
+            parent = value
         return hashes
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
