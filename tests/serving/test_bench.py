@@ -1,0 +1,90 @@
+"""`twinserve bench` against the tiny server: the simulator's workloads and per-request schema."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from twinserve.backends.real.serving.bench_cli import summarize_run, workload_config
+from twinserve.backends.real.serving.bench_client import BenchTarget, run_benchmark
+from twinserve.backends.real.serving.flags import add_bench_args
+from twinserve.sim.config import SLOConfig
+from twinserve.sim.metrics import requests_frame
+from twinserve.sim.workload import Workload, WorkloadConfig
+from twinserve.sim.world import RequestRecord, RunResult, StepLog
+
+from .conftest import RunningServer
+
+
+def _ns(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_bench_args(p)
+    return p.parse_args(list(argv))
+
+
+def test_flags_map_onto_the_simulator_workload() -> None:
+    cfg = workload_config(_ns("--request-rate", "4", "--burstiness", "0.5", "--random-input-len", "100",
+                              "--random-range-ratio", "0.5"), 1000)
+    assert (cfg.arrival, cfg.rate, cfg.burstiness) == ("gamma", 4.0, 0.5)
+    assert (cfg.prompt_dist, cfg.prompt_min, cfg.prompt_max) == ("uniform", 50, 150)
+    assert workload_config(_ns(), 1000).arrival == "all_at_once"
+    assert workload_config(_ns("--request-rate", "2"), 1000).arrival == "poisson"
+    shared = workload_config(_ns("--dataset-name", "shared-prefix", "--num-system-prompts", "3"), 1000)
+    assert shared.num_system_prompts == 3 and shared.system_prompt_len == 64
+    trace = workload_config(_ns("--dataset-name", "trace", "--trace-arrivals"), 1000)
+    assert trace.arrival == "trace" and Path(trace.trace).exists()
+
+
+def test_bench_run_lengths_and_schema_match_the_simulator(server: RunningServer) -> None:
+    cfg = WorkloadConfig(num_requests=12, arrival="poisson", rate=40.0, prompt_dist="uniform", prompt_min=4,
+                         prompt_max=40, output_dist="uniform", output_min=2, output_max=16,
+                         num_system_prompts=2, system_prompt_len=16, vocab_size=250)
+    expected = {it.request_id: it.num_output_tokens for it in Workload(cfg, seed=3, max_model_len=256).items()}
+    target = BenchTarget(server.url, "tiny")
+    run = asyncio.run(run_benchmark(target, Workload(cfg, seed=3, max_model_len=256), max_concurrency=4))
+    assert run.errors == [] and run.peak_in_flight <= 4
+    req, summary = summarize_run(run, SLOConfig(ttft_s=60, tpot_s=60))
+    # Column for column the simulator's per-request table.
+    sim = requests_frame(RunResult([RequestRecord("x", 0, 1, 1, 0, 0, 1, 0, 0, [0.0])], StepLog(),
+                                   1, 1, 0, 0, 0, 0, 0, 0, 0))
+    assert list(req.columns) == list(sim.columns)
+    assert dict(zip(req["request_id"], req["output_tokens"])) == expected
+    assert (req["finish_reason"] == "length").all()
+    assert (req["ttft_s"] > 0).all() and (req["e2e_s"] >= req["ttft_s"]).all()
+    assert req["queue_s"].notna().all()
+    # A shared system prompt seen twice is served from the prefix cache.
+    assert req["prefix_hit_tokens"].sum() > 0
+    assert summary["completed"] == 12 and summary["failed"] == 0
+    assert summary["goodput"] == pytest.approx(summary["request_throughput"])
+    assert summary["output_throughput"] == pytest.approx(sum(expected.values()) / summary["duration_s"])
+    for key in ("mean_ttft_s", "p50_tpot_s", "p99_itl_s", "p99_e2e_s"):
+        assert math.isfinite(summary[key]), key
+
+
+@pytest.mark.slow
+def test_bench_cli_prints_the_report_and_writes_the_csv(server: RunningServer, tmp_path: Path) -> None:
+    port = server.url.rsplit(":", 1)[1]
+    out = subprocess.run([sys.executable, "-m", "twinserve.cli", "bench", "--port", port, "--num-prompts", "6",
+                          "--random-input-len", "12", "--random-output-len", "5", "--max-concurrency", "3",
+                          "--goodput", "ttft:60000", "tpot:60000", "--result-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    for line in ("Successful requests:", "Failed requests:", "Request goodput", "Median TTFT (ms):",
+                 "P99 TPOT (ms):", "Mean ITL (ms):", "P99 E2E (ms):", "Output token throughput (tok/s):"):
+        assert line in out.stdout, line
+    assert re.search(r"Successful requests:\s+6\n", out.stdout)
+    df = pd.read_csv(tmp_path / "requests.csv")
+    assert len(df) == 6 and (df["output_tokens"] == 5).all()
+    itl = df["itl_s"].astype(str).str.split(";")
+    assert all(len(x) >= 1 and np.isfinite([float(v) for v in x]).all() for x in itl)
+    assert (tmp_path / "summary.json").exists()
