@@ -153,7 +153,7 @@ class ModelRunner:
             query_lens_cpu=q_lens,
             seq_lens_cpu=seq_lens.tolist(),
         )
-        self.backend.plan(meta, bs)
+        self.backend.plan(meta, bs, self.model.config.num_key_value_heads)
         sampling = [st for st, e in zip(states, seq_lens.tolist()) if e == len(st.token_ids)]
         sample_at = [int(cu[i + 1]) - 1 for i, (st, e) in enumerate(zip(states, seq_lens.tolist()))
                      if e == len(st.token_ids)]

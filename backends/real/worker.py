@@ -44,6 +44,7 @@ class Worker:
         self.runner = ModelRunner(self.model, self.backend, self.device, args.block_size,
                                   max_model_len, args.max_num_seqs, stop_ids)
         self.num_blocks = 0
+        self.model_source_path = source.path if source is not None else None
 
     @property
     def kv_bytes_per_token(self) -> int:

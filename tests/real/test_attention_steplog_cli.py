@@ -47,7 +47,7 @@ def _mixed_batch(seed: int, block_size: int = 4, hq: int = 6, hkv: int = 2, d: i
 def test_torch_paged_attention_matches_reference(seed: int) -> None:
     q, k, v, kc, vc, meta, bs = _mixed_batch(seed)
     backend = TorchPagedAttention()
-    backend.plan(meta, bs)
+    backend.plan(meta, bs, kc.shape[2])
     kc2, vc2 = kc.clone(), vc.clone()
     out = backend.forward(q, k, v, kc, vc, meta, 0.3)
     # The reference expects the new K/V already stored; store them the plain way.

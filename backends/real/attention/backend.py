@@ -36,7 +36,7 @@ class AttentionBackend(Protocol):
 
     name: str
 
-    def plan(self, meta: AttentionMetadata, block_size: int) -> None:
+    def plan(self, meta: AttentionMetadata, block_size: int, num_kv_heads: int) -> None:
         """Precompute per-step work shared by all layers (sets meta.plan)."""
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

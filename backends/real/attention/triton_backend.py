@@ -17,7 +17,7 @@ class TritonPagedAttention:
 
         self._ops = ops
 
-    def plan(self, meta: AttentionMetadata, block_size: int) -> None:
+    def plan(self, meta: AttentionMetadata, block_size: int, num_kv_heads: int) -> None:
         """Nothing to precompute: the kernels read the metadata tensors directly."""
         meta.plan = None
 

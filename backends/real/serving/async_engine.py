@@ -253,7 +253,7 @@ class AsyncLLMEngine:
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         streams = self._streams
         for out in outputs:
-            q = streams.get(out.request_id)
+            q = streams.get(out.request_id) if not out.finished else streams.pop(out.request_id, None)
             if q is not None:
                 q.put_nowait(out)
 

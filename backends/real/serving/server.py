@@ -184,14 +184,28 @@ async def _serve(state: ServingState, request: Request, req: CompletionRequest |
                         req.return_metrics)
     stream = await state.async_engine.add_request(meta.request_id, ids, params, text, arrival)
     if req.stream:
-        return StreamingResponse(stream_events(meta, stream, params.n), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return _EngineStreamingResponse(stream, stream_events(meta, stream, params.n),
+                                        media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     out = await _collect(stream, request)
     body = full_response(meta, out)
     if echo_text is not None:
         for choice in body["choices"]:
             choice["text"] = echo_text + choice["text"]
     return JSONResponse(body)
+
+
+class _EngineStreamingResponse(StreamingResponse):
+    """A streamed response that aborts its request however it ends, even before the body starts."""
+
+    def __init__(self, stream: RequestStream, content: AsyncIterator[str], **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self._stream = stream
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._stream.close()
 
 
 async def _collect(stream: RequestStream, request: Request) -> RequestOutput:

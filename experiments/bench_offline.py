@@ -1,0 +1,149 @@
+"""Offline throughput: twinserve vs transformers' generate on SmolLM2-135M-Instruct, same prompts.
+
+64 chat prompts (prompt lengths 16-512, output lengths 16-256, fixed seed), greedy, EOS ignored.
+transformers runs in left-padded batches of 8, each generating its batch's longest output; its
+throughput counts only the tokens that were asked for. Also decode tok/s at batch 1 for both.
+Run: python experiments/bench_offline.py [--num-prompts 64] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import resource
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from twinserve.backends.real import LLM, SamplingParams  # noqa: E402
+
+TEXT = ("The history of computing is a story of abstraction layered upon abstraction. Early machines were "
+        "programmed by rewiring panels; later, stored programs let the same hardware run many tasks. Operating "
+        "systems shared one processor among many users, and virtual memory let each program pretend it owned "
+        "the whole address space. Paging, in particular, split memory into fixed-size blocks so that a "
+        "program's pages could live anywhere in physical memory. Decades later the same idea returned in "
+        "language model serving, where the key and value cache of each request is split into blocks. ")
+
+
+def make_workload(tok, n: int, seed: int) -> tuple[list[list[int]], list[int]]:
+    """n chat prompts of exact token lengths in [16, 512] and output lengths in [16, 256]."""
+    rng = random.Random(seed)
+    filler = tok(TEXT * 8)["input_ids"]
+    system = [{"role": "system", "content": "Be brief."}]
+    empty = tok.apply_chat_template(system + [{"role": "user", "content": ""}], add_generation_prompt=True)
+    empty = list(empty["input_ids"] if hasattr(empty, "keys") else empty)
+    marker = tok.apply_chat_template(system + [{"role": "user", "content": "X"}], add_generation_prompt=True)
+    marker = list(marker["input_ids"] if hasattr(marker, "keys") else marker)
+    cut = next(i for i in range(len(empty)) if empty[i] != marker[i])
+    head, tail = empty[:cut], empty[cut:]
+    prompts, outs = [], []
+    for _ in range(n):
+        length = max(rng.randint(16, 512), len(empty) + 1)
+        start = rng.randrange(0, len(filler) - 512)
+        prompts.append(head + filler[start:start + length - len(empty)] + tail)
+        outs.append(rng.randint(16, 256))
+    return prompts, outs
+
+
+def bench_twinserve(llm: LLM, prompts: list[list[int]], outs: list[int]) -> tuple[float, int]:
+    """Wall seconds and output tokens for the whole workload in one generate call."""
+    params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for o in outs]
+    t = time.perf_counter()
+    res = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    dt = time.perf_counter() - t
+    return dt, sum(len(r.outputs[0].token_ids) for r in res)
+
+
+def bench_hf(hf, prompts: list[list[int]], outs: list[int], batch: int = 8) -> tuple[float, int, int]:
+    """Wall seconds, requested tokens, generated tokens (padding included) in padded batches."""
+    t = time.perf_counter()
+    generated = 0
+    for i in range(0, len(prompts), batch):
+        ps, os_ = prompts[i:i + batch], outs[i:i + batch]
+        width = max(len(p) for p in ps)
+        ids = torch.full((len(ps), width), 2, dtype=torch.long)
+        mask = torch.zeros((len(ps), width), dtype=torch.long)
+        for j, p in enumerate(ps):
+            ids[j, width - len(p):] = torch.tensor(p)
+            mask[j, width - len(p):] = 1
+        with torch.inference_mode():
+            g = hf.generate(ids, attention_mask=mask, max_new_tokens=max(os_), do_sample=False, pad_token_id=2)
+        generated += (g.shape[1] - width) * len(ps)
+    return time.perf_counter() - t, sum(outs), generated
+
+
+def decode_rate_twinserve(llm: LLM, prompt: list[int], n: int) -> float:
+    """Batch-1 decode tok/s: (time for n+1 tokens - time for 1 token) / n."""
+    def run(k: int) -> float:
+        t = time.perf_counter()
+        llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=k, ignore_eos=True),
+                     use_tqdm=False)
+        return time.perf_counter() - t
+    run(4)
+    return n / (run(n + 1) - run(1))
+
+
+def decode_rate_hf(hf, prompt: list[int], n: int) -> float:
+    """Same measurement for transformers' generate."""
+    ids = torch.tensor([prompt])
+
+    def run(k: int) -> float:
+        t = time.perf_counter()
+        with torch.inference_mode():
+            hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=k, min_new_tokens=k,
+                        do_sample=False, pad_token_id=2)
+        return time.perf_counter() - t
+    run(4)
+    return n / (run(n + 1) - run(1))
+
+
+def main() -> None:
+    """Run both engines and print the figures."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--num-prompts", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--kv-cache-memory-gb", type=float, default=3.0)
+    ap.add_argument("--skip-hf", action="store_true")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    threads = torch.get_num_threads()
+    llm = LLM("smollm2", max_model_len=1024, kv_cache_memory_gb=a.kv_cache_memory_gb, seed=a.seed)
+    engine = llm.llm_engine
+    prompts, outs = make_workload(llm.get_tokenizer(), a.num_prompts, a.seed)
+    print(f"workload: {len(prompts)} prompts, prompt tokens {sum(map(len, prompts))} "
+          f"(min {min(map(len, prompts))}, max {max(map(len, prompts))}), output tokens {sum(outs)} "
+          f"(min {min(outs)}, max {max(outs)}); threads={threads}")
+    print(f"KV cache: {engine.kv_bytes_per_token} bytes/token ({engine.worker.dtype}), "
+          f"{engine.scheduler_config.num_blocks} blocks x {engine.scheduler_config.block_size} tokens")
+    llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    ts_dt, ts_tok = bench_twinserve(llm, prompts, outs)
+    ts_rate = ts_tok / ts_dt
+    print(f"twinserve     mixed batch: {ts_tok} tokens in {ts_dt:.1f} s = {ts_rate:.1f} output tok/s "
+          f"(threads={threads}, steps={len(engine.step_log.records)})")
+    ts_dec = decode_rate_twinserve(llm, prompts[0][:32], a.decode_tokens)
+    print(f"twinserve     batch-1 decode: {ts_dec:.1f} tok/s (threads={threads})")
+    peak_ts = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS after twinserve: {peak_ts:.0f} MiB")
+    if a.skip_hf:
+        return
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(engine.worker.model_source_path), dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None
+    hf_dt, hf_tok, hf_gen = bench_hf(hf, prompts, outs)
+    hf_rate = hf_tok / hf_dt
+    print(f"transformers  mixed batch (padded batches of 8): {hf_tok} requested tokens ({hf_gen} generated) "
+          f"in {hf_dt:.1f} s = {hf_rate:.1f} output tok/s (threads={threads})")
+    hf_dec = decode_rate_hf(hf, prompts[0][:32], a.decode_tokens)
+    print(f"transformers  batch-1 decode: {hf_dec:.1f} tok/s (threads={threads})")
+    print(f"ratio twinserve/transformers: mixed batch {ts_rate / hf_rate:.2f}x, batch-1 decode {ts_dec / hf_dec:.2f}x")
+    print(f"peak RSS (both engines in this process): {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
