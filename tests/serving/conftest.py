@@ -54,6 +54,32 @@ class RunningServer:
         return time.monotonic() - t
 
 
+class SlowStep:
+    """Wraps engine.step with a sleep so requests stay in flight long enough to observe."""
+
+    def __init__(self, server: RunningServer, delay: float) -> None:
+        self.engine, self.delay, self.inner = server.engine, delay, server.engine.step
+        self.engine.step = self  # the engine thread looks the method up on every iteration
+
+    def __call__(self) -> list:
+        time.sleep(self.delay)
+        return self.inner()
+
+    def stop(self) -> None:
+        """Restore the real step."""
+        self.engine.step = self.inner
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> float:
+    """Poll cond until true (AssertionError after timeout); seconds waited."""
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"condition not reached in {timeout} s")
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+
 def start_server(model_dir: Path, api_key: str | None = None, max_queued: int | None = None,
                  grace_s: float = 2.0, **engine_kw: Any) -> RunningServer:
     """Build the engine and app and run uvicorn on a thread until /health answers."""

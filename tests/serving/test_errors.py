@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from .conftest import RunningServer
+from .conftest import RunningServer, SlowStep, wait_for
 
 GOOD = {"model": "tiny", "prompt": "the quick brown fox", "max_tokens": 3, "ignore_eos": True}
 
@@ -97,7 +97,7 @@ def test_api_key_missing_or_wrong_is_401(make_server) -> None:
 
 def test_queue_bound_answers_429_instead_of_growing(make_server) -> None:
     server = make_server(max_queued=2, max_num_seqs=1)
-    slow_step = _slow_engine(server, 0.02)
+    slow_step = SlowStep(server, 0.02)
     body = {**GOOD, "max_tokens": 200, "stream": True}
 
     async def scenario() -> tuple[int, str | None]:
@@ -116,7 +116,7 @@ def test_queue_bound_answers_429_instead_of_growing(make_server) -> None:
     status, retry = asyncio.run(scenario())
     assert status == 429 and retry is not None
     slow_step.stop()
-    _wait_for(lambda: server.state.async_engine.num_unfinished == 0)
+    wait_for(lambda: server.state.async_engine.num_unfinished == 0)
     _still_serves(server)
 
 
@@ -139,7 +139,7 @@ def test_engine_failure_is_503_everywhere(make_server) -> None:
 
 def test_graceful_shutdown_aborts_in_flight_with_a_reason_and_never_hangs(make_server) -> None:
     server = make_server(grace_s=0.5)
-    _slow_engine(server, 0.02)  # 200 tokens would take ~4 s: longer than the grace period
+    SlowStep(server, 0.02)  # 200 tokens would take ~4 s: longer than the grace period
     events: list[str] = []
 
     def consume() -> None:
@@ -149,32 +149,13 @@ def test_graceful_shutdown_aborts_in_flight_with_a_reason_and_never_hangs(make_s
 
     t = threading.Thread(target=consume)
     t.start()
-    _wait_for(lambda: server.state.async_engine.snapshot.num_running == 1)
+    wait_for(lambda: server.state.async_engine.snapshot.num_running == 1)
     took = server.stop(timeout=15)
     t.join(5)
     assert not t.is_alive()
     assert took < 0.5 + 5
     assert events[-1] == "data: [DONE]"
     assert '"finish_reason": "abort"' in events[-2]
-
-
-class _SlowStep:
-    """Wraps engine.step with a sleep so a request stays in flight long enough to observe."""
-
-    def __init__(self, server: RunningServer, delay: float) -> None:
-        self.engine, self.delay, self.inner = server.engine, delay, server.engine.step
-        self.engine.step = self
-
-    def __call__(self) -> list:
-        time.sleep(self.delay)
-        return self.inner()
-
-    def stop(self) -> None:
-        self.engine.step = self.inner
-
-
-def _slow_engine(server: RunningServer, delay: float) -> _SlowStep:
-    return _SlowStep(server, delay)
 
 
 async def _hold_stream(c: httpx.AsyncClient, body: dict) -> None:
@@ -189,11 +170,3 @@ async def _await(cond: Any, timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.02)
-
-
-def _wait_for(cond: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.02)

@@ -7,9 +7,10 @@ import time
 
 import httpx
 import openai
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import RunningServer
+from .conftest import RunningServer, SlowStep, wait_for
 
 NUM_CLIENTS = 32
 NUM_DISCONNECT = NUM_CLIENTS // 4
@@ -115,3 +116,33 @@ def test_32_streams_quarter_disconnect_nothing_lost_all_blocks_free(make_server)
     ok_tokens = (len(completed) + n_alone) * MAX_TOKENS
     assert ok_tokens + NUM_DISCONNECT * HANG_UP_AFTER <= gen < ok_tokens + NUM_DISCONNECT * LONG
     print(f"32 streams (8 hung up) in {elapsed:.2f} s, torch threads 1")
+
+
+def test_a_client_hanging_up_mid_stream_frees_its_blocks_at_once(make_server) -> None:
+    server = make_server()
+    SlowStep(server, 0.02)  # 200 tokens would take ~4 s
+    kv = server.engine.core.scheduler.kv
+    engine = server.state.async_engine
+    body = {"model": "tiny", "prompt": _prompt(1), "max_tokens": 200, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(6)]
+        assert kv.num_free_blocks < kv.num_blocks  # the request holds blocks while it streams
+    assert all(g.startswith("data: ") or g == "" for g in got)
+    freed_in = wait_for(lambda: kv.num_free_blocks == kv.num_blocks and engine.snapshot.num_running == 0,
+                        timeout=2.0)
+    assert freed_in < 1.0
+    assert not server.engine.has_unfinished_requests()
+    print(f"blocks freed {freed_in * 1e3:.0f} ms after the hang-up (step 20 ms + compute), torch threads 1")
+
+
+def test_a_non_streamed_client_that_gives_up_is_aborted(make_server) -> None:
+    server = make_server()
+    SlowStep(server, 0.02)
+    kv = server.engine.core.scheduler.kv
+    body = {"model": "tiny", "prompt": _prompt(2), "max_tokens": 200, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json=body, timeout=0.5)
+    wait_for(lambda: kv.num_free_blocks == kv.num_blocks and not server.engine.has_unfinished_requests(),
+             timeout=2.0)
+    assert scrape(server.url)["twinserve:request_success_total{finished_reason=abort}"] == 1
