@@ -38,6 +38,8 @@ class EngineArgs:
     policy: str = "fcfs"
     preemption: str = "auto"
     max_logprobs: int = 20
+    # CPU only: a transposed copy of the weights that makes batch-1 decode faster (more memory).
+    small_batch_weights: bool = True
     # CSV or JSONL (by suffix) of per-step shapes and times, for the cost-model fit.
     step_log_path: str | None = None
 

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from ...core.engine_core import EngineCore, StepStats
-from ...core.errors import (InvalidRequestError, InvalidSamplingParamsError, PromptTooLongError,
-                            TwinserveError)
+from ...core.errors import (EngineDeadError, InvalidRequestError, InvalidSamplingParamsError,
+                            PromptTooLongError, TwinserveError)
 from ...core.request import FinishReason, Request
 from ...core.sampling_params import SamplingParams
 from ...core.sched.config import SchedulerConfig
@@ -93,6 +93,7 @@ class LLMEngine:
         self._child_to_parent: dict[str, _Parent] = {}
         self._lock = threading.RLock()
         self.last_stats: StepStats | None = None
+        self.dead: BaseException | None = None
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
@@ -152,6 +153,7 @@ class LLMEngine:
         params = params if params is not None else SamplingParams()
         text, ids = self.tokenize_prompt(prompt)
         with self._lock:
+            self._check_alive()
             self._validate(request_id, ids, params)
             now = time.monotonic() if arrival_time is None else arrival_time
             children: list[_Child] = []
@@ -193,6 +195,10 @@ class LLMEngine:
                 out.append(self._make_output(parent, now, set(id(c) for c in live)))
             return out
 
+    def _check_alive(self) -> None:
+        if self.dead is not None:
+            raise EngineDeadError(f"the engine failed earlier ({self.dead!r}); restart it")
+
     def has_unfinished_requests(self) -> bool:
         """True while any request is queued or running."""
         return bool(self._parents)
@@ -205,9 +211,15 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one engine step; one RequestOutput per user request that changed."""
         with self._lock:
+            self._check_alive()
             if not self.core.has_unfinished_requests():
                 return []
-            outputs, stats = self.core.step(time.monotonic())
+            try:
+                outputs, stats = self.core.step(time.monotonic())
+            except Exception as e:
+                # Executor state and scheduler state may disagree now: refuse further work.
+                self.dead = e
+                raise EngineDeadError(f"engine step failed: {e!r}; restart the engine") from e
             self.last_stats = stats
             now = time.monotonic()
             changed: dict[str, tuple[_Parent, set[int]]] = {}

@@ -40,6 +40,8 @@ class Worker:
             loader = load_gguf if source.is_gguf else load_hf_folder
             model = loader(source.path, max_model_len, self.dtype)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
+        if self.device.type == "cpu" and args.small_batch_weights:
+            self.model.add_small_batch_weights()
         self.backend = get_attention_backend(args.attention_backend, self.device)
         self.runner = ModelRunner(self.model, self.backend, self.device, args.block_size,
                                   max_model_len, args.max_num_seqs, stop_ids)

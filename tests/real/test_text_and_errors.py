@@ -117,3 +117,19 @@ def test_abort_frees_blocks(make_llm) -> None:
     outs = engine.abort_request("a")
     assert outs[0].finished and outs[0].outputs[0].finish_reason == "abort"
     assert engine.core.scheduler.kv.num_free_blocks == free and not engine.has_unfinished_requests()
+
+
+def test_executor_failure_marks_the_engine_dead(make_llm, monkeypatch) -> None:
+    from twinserve.core.errors import EngineDeadError
+
+    engine = make_llm().llm_engine
+    engine.add_request("x", {"prompt_token_ids": [4, 5]}, SamplingParams(max_tokens=3))
+
+    def boom(so):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(engine.executor, "execute", boom)
+    with pytest.raises(EngineDeadError, match="device lost"):
+        engine.step()
+    with pytest.raises(EngineDeadError):
+        engine.add_request("y", {"prompt_token_ids": [4]}, SamplingParams())

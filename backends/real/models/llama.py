@@ -13,6 +13,19 @@ from .config import LlamaConfig
 from .rope import RotaryEmbedding
 
 
+# At most this many rows use the transposed weight copies (see LlamaForCausalLM.add_small_batch_weights).
+SMALL_BATCH_ROWS = 4
+
+
+def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """layer(x), through the [in, out] weight copy for tiny batches when one exists."""
+    wt = getattr(layer, "weight_t", None)
+    if wt is not None and x.shape[0] <= SMALL_BATCH_ROWS:
+        out = x @ wt
+        return out if layer.bias is None else out + layer.bias
+    return layer(x)
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square layer norm, computed in fp32 as the reference implementation does."""
 
@@ -47,14 +60,14 @@ class LlamaAttention(nn.Module):
                 meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
         t = x.shape[0]
-        qkv = self.qkv_proj(x)
+        qkv = linear(x, self.qkv_proj)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.contiguous().view(t, self.num_kv_heads, self.head_dim)
         q, k = self.rope(cos_sin, q, k)
         o = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
-        return self.o_proj(o.reshape(t, self.q_size))
+        return linear(o.reshape(t, self.q_size), self.o_proj)
 
 
 class LlamaMLP(nn.Module):
@@ -68,8 +81,8 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
-        return self.down_proj(nn.functional.silu(gate) * up)
+        gate, up = linear(x, self.gate_up_proj).split(self.inter, dim=-1)
+        return linear(nn.functional.silu(gate) * up, self.down_proj)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -115,5 +128,23 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states [N, hidden] -> fp32 logits [N, vocab]."""
+        head_t = getattr(self, "head_t", None)
+        if head_t is not None and hidden.shape[0] <= SMALL_BATCH_ROWS:
+            return (hidden @ head_t).float()
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return nn.functional.linear(hidden, weight).float()
+
+    def add_small_batch_weights(self) -> None:
+        """Keep an [in, out] copy of every projection for batches of <= SMALL_BATCH_ROWS rows.
+
+        On CPU (MKL, one thread) x @ W_t with W_t contiguous ran a 1-row product 1.6x faster
+        than F.linear (measured: 30 layers' gate_up, 12.5 vs 20 ms) but slower at 8-32 rows,
+        so batch-1 decode uses the copies and bigger batches the originals. Costs one more
+        copy of the weights.
+        """
+        for layer in self.layers:
+            for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                        layer.mlp.down_proj):
+                lin.register_buffer("weight_t", lin.weight.detach().t().contiguous(), persistent=False)
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        self.register_buffer("head_t", weight.detach().t().contiguous(), persistent=False)
