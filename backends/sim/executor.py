@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Iterable
 
 from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
@@ -48,26 +49,14 @@ class SimExecutor:
         sampled: dict[str, list[int]] = {}
         pt = ps = pc = ds = dc = 0
         pa = 0.0
-        cached = so.scheduled_cached_reqs
-        for rid, c in zip(cached.req_ids, cached.num_computed_tokens):
-            s = state[rid]
-            q = num_sched[rid]
-            if q == 1 and c >= s[1]:
-                ds += 1
-                dc += c
-            else:
-                pt += q
-                ps += 1
-                pc += c
-                pa += q * (c + q * 0.5)
-            if c + q >= s[0]:
-                s[0] += 1
-                sampled[rid] = [tokens.get(rid, DEFAULT_TOKEN)]
         for new in so.scheduled_new_reqs:
-            rid = new.req_id
-            s = [len(new.token_ids), new.num_prompt_tokens]
-            state[rid] = s
-            c = new.num_computed_tokens
+            state[new.req_id] = [len(new.token_ids), new.num_prompt_tokens]
+        cached = so.scheduled_cached_reqs
+        # Running requests first, then new ones: (id, tokens already in the KV cache).
+        pairs = chain(zip(cached.req_ids, cached.num_computed_tokens),
+                      ((new.req_id, new.num_computed_tokens) for new in so.scheduled_new_reqs))
+        for rid, c in pairs:
+            s = state[rid]
             q = num_sched[rid]
             if q == 1 and c >= s[1]:
                 ds += 1
