@@ -56,9 +56,13 @@ def start_server(a: argparse.Namespace, port: int) -> subprocess.Popen:
 
 
 def bench_args(a: argparse.Namespace, c: int) -> list[str]:
-    """The workload flags shared by the HTTP and offline runs."""
+    """The workload flags shared by the HTTP and offline runs.
+
+    Each level gets its own seed: the server's prefix cache outlives a level, and reusing the
+    prompts of the level before would turn prefills into cache hits.
+    """
     return ["--num-prompts", str(max(a.min_prompts, a.prompts_per_slot * c)), "--random-input-len",
-            str(a.input_len), "--random-output-len", str(a.output_len), "--seed", str(a.seed)]
+            str(a.input_len), "--random-output-len", str(a.output_len), "--seed", str(a.seed + c)]
 
 
 def run_bench(a: argparse.Namespace, port: int, c: int, out: Path) -> dict[str, Any]:
@@ -84,7 +88,7 @@ def run_offline(a: argparse.Namespace, c: int) -> float:
     cfg = WorkloadConfig(num_requests=n, arrival="all_at_once", prompt_dist="fixed", prompt_mean=a.input_len,
                          output_dist="fixed", output_mean=a.output_len, vocab_size=llm.llm_engine.vocab_size,
                          prompt_min=1, output_min=1)
-    wl = Workload(cfg, seed=a.seed, max_model_len=a.max_model_len)
+    wl = Workload(cfg, seed=a.seed + c, max_model_len=a.max_model_len)
     items = list(wl.items())
     prompts = [{"prompt_token_ids": wl.prompt_tokens(it)} for it in items]
     sp = SamplingParams(temperature=0.0, max_tokens=a.output_len, ignore_eos=True)
