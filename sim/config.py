@@ -59,26 +59,23 @@ class EngineConfig:
     per_seq_overhead_s: float = 10e-6
 
 
-@dataclass(slots=True)
-class SchedulerSection:
-    """The core scheduler's knobs (num_blocks comes from the engine's memory)."""
+def _scheduler_to_core(self: Any, num_blocks: int) -> SchedulerConfig:
+    """The core's SchedulerConfig (validated there)."""
+    values = {f.name: getattr(self, f.name) for f in fields(self)}
+    return SchedulerConfig(num_blocks=num_blocks, **values)
 
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 256
-    max_model_len: int = 4096
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    prefix_caching_hash_algo: str = "xxhash"
-    watermark: float = 0.0
-    policy: str = "fcfs"
-    preemption: str = "auto"
 
-    def to_core(self, num_blocks: int) -> SchedulerConfig:
-        """The core's SchedulerConfig (validated there)."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return SchedulerConfig(num_blocks=num_blocks, **values)
+# The core scheduler's knobs, derived from SchedulerConfig so a new knob needs no edit
+# here; num_blocks is left out because it comes from the engine's memory.
+SchedulerSection = dataclasses.make_dataclass(
+    "SchedulerSection",
+    [(f.name, f.type, field(default=f.default)) for f in fields(SchedulerConfig)
+     if f.name != "num_blocks"],
+    namespace={"to_core": _scheduler_to_core,
+               "__doc__": "The core scheduler's knobs (num_blocks comes from the engine's memory)."},
+    slots=True,
+)
+SchedulerSection.__module__ = __name__  # so sweeps can pickle it into worker processes
 
 
 @dataclass(slots=True)
