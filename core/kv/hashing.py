@@ -69,10 +69,3 @@ def get_hash_function(name_or_fn: str | HashFunction) -> HashFunction:
 
         raise InvalidConfigError("prefix_caching_hash_algo", name_or_fn,
                                  " or ".join(sorted(HASH_FUNCTIONS))) from None
-
-
-def hash_block(fn: HashFunction, parent: int | None, token_ids: Sequence[int],
-               extra_keys: tuple | None) -> BlockHash:
-    """Key one full block given its parent's key."""
-    tokens = tuple(token_ids)
-    return BlockHash(fn(parent, tokens, extra_keys), parent, tokens, extra_keys)

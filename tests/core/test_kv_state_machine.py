@@ -9,7 +9,6 @@ from hypothesis.stateful import (Bundle, RuleBasedStateMachine, consumes, initia
 
 from twinserve.core.errors import PrefixCacheBusyError
 from twinserve.core.kv import KVCacheManager
-from twinserve.core.kv.hashing import hash_block
 from twinserve.core.request import Request
 from twinserve.core.sampling_params import SamplingParams
 
@@ -148,7 +147,7 @@ class KVMachine(RuleBasedStateMachine):
         for key, b in pool.cached.items():
             h = b.block_hash
             assert h is not None and h.value == key
-            assert hash_block(self.kv.hash_fn, h.parent, h.token_ids, h.extra_keys).value == key
+            assert self.kv.hash_fn(h.parent, h.token_ids, h.extra_keys) == key
         # block tables cover each request's computed tokens
         for rid, req in self.reqs.items():
             assert len(self.kv.req_to_blocks[rid]) * BLOCK_SIZE >= req.num_computed_tokens
