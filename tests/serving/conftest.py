@@ -81,7 +81,8 @@ def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> float:
 
 
 def start_server(model_dir: Path, api_key: str | None = None, max_queued: int | None = None,
-                 grace_s: float = 2.0, **engine_kw: Any) -> RunningServer:
+                 grace_s: float = 2.0, config_kw: dict[str, Any] | None = None,
+                 **engine_kw: Any) -> RunningServer:
     """Build the engine and app and run uvicorn on a thread until /health answers."""
     import uvicorn
 
@@ -94,7 +95,7 @@ def start_server(model_dir: Path, api_key: str | None = None, max_queued: int | 
                 max_num_batched_tokens=256, max_num_seqs=64)
     args.update(engine_kw)
     engine = LLMEngine(EngineArgs(model=str(model_dir), **args))
-    app = build_app(engine, ServerConfig(["tiny"], api_key, max_queued))
+    app = build_app(engine, ServerConfig(["tiny"], api_key, max_queued, **(config_kw or {})))
     port = free_port()
     cfg = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                          timeout_graceful_shutdown=int(grace_s) + 5, access_log=False)

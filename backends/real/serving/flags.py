@@ -21,6 +21,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="seconds in-flight requests may run after SIGINT/SIGTERM before they are aborted")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--uvicorn-log-level", default="warning")
+    p.add_argument("--disable-access-log", "--disable-uvicorn-access-log", dest="disable_access_log",
+                   action="store_true", help="no per-request access-log line (on by default)")
+    p.add_argument("--metrics-prefix", default="twinserve", choices=["twinserve", "vllm"],
+                   help="Prometheus name prefix on /metrics: 'vllm' makes vLLM's Grafana dashboards match")
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:

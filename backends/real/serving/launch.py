@@ -10,6 +10,7 @@ from typing import Any
 
 import uvicorn
 
+from .access_log import configure_access_logger
 from .server import ServerConfig, build_app
 
 logger = logging.getLogger("twinserve.serve")
@@ -53,8 +54,11 @@ def serve(ns: argparse.Namespace, engine_args: Any) -> int:
         torch.set_num_threads(ns.threads)
     engine = LLMEngine(engine_args)
     names = ns.served_model_name or [ns.model]
+    access_log = not getattr(ns, "disable_access_log", False)
     config = ServerConfig(names, ns.api_key, ns.max_queued_requests or None,
-                          extra_model_names=[engine.model_name])
+                          extra_model_names=[engine.model_name], access_log=access_log,
+                          metrics_prefix=getattr(ns, "metrics_prefix", "twinserve"))
+    configure_access_logger(access_log)
     app = build_app(engine, config)
     ucfg = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
                           timeout_graceful_shutdown=int(ns.shutdown_grace) + 5, access_log=False)

@@ -1,9 +1,11 @@
-"""Prometheus metrics under the `twinserve:` prefix, named as vLLM names its v1 metrics.
+"""Prometheus metrics under the `twinserve:` prefix (or `vllm:`), named as vLLM names its v1 metrics.
 
 Names follow vLLM's production-metrics list (https://docs.vllm.ai/en/stable/usage/metrics/ and
 vllm docs/design/metrics.md): gauges for scheduler state and KV usage (a 0..1 fraction despite
 "perc"), counters in tokens for the prefix cache, histograms for request latencies. Counters
-are exposed with prometheus_client's `_total` suffix, as vLLM's are.
+are exposed with prometheus_client's `_total` suffix, as vLLM's are. With `--metrics-prefix vllm`
+the same series carry vLLM's own prefix, so its published Grafana dashboard
+(vllm examples/observability/prometheus_grafana/grafana.json) finds every name it queries.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from .async_engine import EngineSnapshot
 # The *_created series double the output and no dashboard reads them (vLLM turns them off too).
 disable_created_metrics()
 
-PREFIX = "twinserve:"
+PREFIXES = ("twinserve", "vllm")
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                     7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+# Request lengths in tokens: 1-2-5 steps, as vLLM builds its token histograms.
+_TOKEN_BUCKETS = tuple(float(m * 10 ** e) for e in range(6) for m in (1, 2, 5))
 _ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
                 2.5, 5.0, 10.0, 20.0, 80.0)
 
@@ -27,18 +31,21 @@ _ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4
 class ServingMetrics:
     """One registry per server (tests run several in one process); fed from the engine thread."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, prefix: str = "twinserve") -> None:
+        if prefix not in PREFIXES:
+            raise ValueError(f"metrics prefix must be one of {PREFIXES}, got {prefix!r}")
+        self.prefix = prefix + ":"
         self.registry = CollectorRegistry()
-        r, labels = self.registry, ["model_name"]
+        r, labels, pre = self.registry, ["model_name"], self.prefix
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(PREFIX + name, doc, labels, registry=r).labels(model_name)
+            return Gauge(pre + name, doc, labels, registry=r).labels(model_name)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(PREFIX + name, doc, labels, registry=r).labels(model_name)
+            return Counter(pre + name, doc, labels, registry=r).labels(model_name)
 
         def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=r).labels(model_name)
+            return Histogram(pre + name, doc, labels, buckets=buckets, registry=r).labels(model_name)
 
         self.running = gauge("num_requests_running", "Requests holding KV blocks in the running batch.")
         self.waiting = gauge("num_requests_waiting", "Requests queued, preempted ones included.")
@@ -49,13 +56,26 @@ class ServingMetrics:
         self.preemptions = counter("num_preemptions", "Requests preempted (recomputed) since start.")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = counter("generation_tokens", "Tokens generated.")
-        self._success = Counter(PREFIX + "request_success", "Finished requests by finish reason.",
+        self._success = Counter(pre + "request_success", "Finished requests by finish reason.",
                                 ["model_name", "finished_reason"], registry=r)
         self.ttft = hist("time_to_first_token_seconds", "Arrival to first token.", _LATENCY_BUCKETS)
         self.itl = hist("inter_token_latency_seconds", "Gap between consecutive tokens of a request.",
                         _ITL_BUCKETS)
         self.e2e = hist("e2e_request_latency_seconds", "Arrival to finish.", _LATENCY_BUCKETS)
         self.queue = hist("request_queue_time_seconds", "Arrival to first scheduling.", _LATENCY_BUCKETS)
+        self.prefill_time = hist("request_prefill_time_seconds", "First scheduling to first token.",
+                                 _LATENCY_BUCKETS)
+        self.decode_time = hist("request_decode_time_seconds", "First token to finish.", _LATENCY_BUCKETS)
+        self.inference_time = hist("request_inference_time_seconds", "First scheduling to finish.",
+                                   _LATENCY_BUCKETS)
+        self.req_prompt_tokens = hist("request_prompt_tokens", "Prompt length of finished requests.",
+                                      _TOKEN_BUCKETS)
+        self.req_generation_tokens = hist("request_generation_tokens",
+                                          "Tokens generated per finished request (all n sequences).",
+                                          _TOKEN_BUCKETS)
+        self.req_max_generation_tokens = hist("request_max_num_generation_tokens",
+                                              "Longest of a finished request's n sequences, in tokens.",
+                                              _TOKEN_BUCKETS)
         self.model_name = model_name
         self._last: EngineSnapshot = EngineSnapshot()
         self._last_token: dict[str, float] = {}
@@ -95,7 +115,16 @@ class ServingMetrics:
         if m is None:
             return
         self.prompt_tokens.inc(m.num_prompt_tokens)
-        for hist, value in ((self.ttft, m.ttft), (self.e2e, m.e2e_latency), (self.queue, m.queue_time)):
+        self.req_prompt_tokens.observe(m.num_prompt_tokens)
+        self.req_generation_tokens.observe(sum(len(c.token_ids) for c in out.outputs))
+        self.req_max_generation_tokens.observe(max((len(c.token_ids) for c in out.outputs), default=0))
+        sched, first, fin = m.first_scheduled_time, m.first_token_time, m.finish_time
+        prefill = first - sched if first is not None and sched is not None else None
+        decode = fin - first if fin is not None and first is not None else None
+        inference = fin - sched if fin is not None and sched is not None else None
+        for hist, value in ((self.ttft, m.ttft), (self.e2e, m.e2e_latency), (self.queue, m.queue_time),
+                            (self.prefill_time, prefill), (self.decode_time, decode),
+                            (self.inference_time, inference)):
             if value is not None:
                 hist.observe(value)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -42,11 +43,12 @@ def sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def usage(out: RequestOutput) -> dict[str, Any]:
-    """Token counts: prompt, completion (all n sequences), total, and prefix-cache hits."""
-    prompt = len(out.prompt_token_ids)
-    completion = sum(len(c.token_ids) for c in out.outputs)
-    cached = out.metrics.num_cached_tokens if out.metrics else 0
+def usage(outs: RequestOutput | list[RequestOutput]) -> dict[str, Any]:
+    """Token counts summed over a request's prompts: prompt, completion (all n sequences), total, cached."""
+    outs = [outs] if isinstance(outs, RequestOutput) else outs
+    prompt = sum(len(o.prompt_token_ids) for o in outs)
+    completion = sum(len(c.token_ids) for o in outs for c in o.outputs)
+    cached = sum(o.metrics.num_cached_tokens for o in outs if o.metrics)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": cached}}
 
@@ -59,21 +61,32 @@ def engine_metrics(m: RequestMetrics | None) -> dict[str, Any] | None:
             "num_cached_tokens": m.num_cached_tokens, "num_preemptions": m.num_preemptions}
 
 
-def full_response(meta: ResponseMeta, out: RequestOutput) -> dict[str, Any]:
-    """The non-streamed body for a finished request."""
+def _metrics_field(outs: list[RequestOutput]) -> Any:
+    """One prompt: its engine metrics; a batch: a list of them, in prompt order."""
+    if len(outs) == 1:
+        return engine_metrics(outs[0].metrics)
+    return [engine_metrics(o.metrics) for o in outs]
+
+
+def full_response(meta: ResponseMeta, outs: RequestOutput | list[RequestOutput],
+                  echo: list[str] | None = None) -> dict[str, Any]:
+    """The non-streamed body for finished requests: prompt k's choice i has index k * n + i."""
+    outs = [outs] if isinstance(outs, RequestOutput) else outs
     choices = []
-    for c in out.outputs:
-        choice: dict[str, Any] = {"index": c.index, "logprobs": None, "finish_reason": c.finish_reason,
-                                  "stop_reason": c.stop_reason}
-        if meta.chat:
-            choice["message"] = {"role": "assistant", "content": c.text}
-        else:
-            choice["text"] = c.text
-        choices.append(choice)
+    for k, out in enumerate(outs):
+        n = len(out.outputs)
+        for c in out.outputs:
+            choice: dict[str, Any] = {"index": k * n + c.index, "logprobs": None,
+                                      "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+            if meta.chat:
+                choice["message"] = {"role": "assistant", "content": c.text}
+            else:
+                choice["text"] = (echo[k] if echo else "") + c.text
+            choices.append(choice)
     body: dict[str, Any] = {"id": meta.request_id, "object": meta.object, "created": meta.created,
-                            "model": meta.model, "choices": choices, "usage": usage(out)}
+                            "model": meta.model, "choices": choices, "usage": usage(outs)}
     if meta.return_metrics:
-        body["metrics"] = engine_metrics(out.metrics)
+        body["metrics"] = _metrics_field(outs)
     return body
 
 
@@ -97,36 +110,84 @@ def _delta_choice(meta: ResponseMeta, index: int, text: str, finish: str | None,
     return choice
 
 
-async def stream_events(meta: ResponseMeta, stream: RequestStream, n: int) -> AsyncIterator[str]:
-    """SSE events for one request: role chunks (chat), deltas, finish, usage, then [DONE]."""
-    last: RequestOutput | None = None
+_END = object()
+
+
+async def merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(prompt index, output) from several request streams as they come; leaving early aborts them all."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    q: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+    async def pump(k: int, stream: RequestStream) -> None:
+        try:
+            async for out in stream:
+                q.put_nowait((k, out))
+        except Exception as e:
+            q.put_nowait((k, e))
+        finally:
+            q.put_nowait((k, _END))
+
+    tasks = [asyncio.ensure_future(pump(k, s)) for k, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            k, item = await q.get()
+            if item is _END:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield k, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        for s in streams:
+            s.close()
+
+
+async def stream_events(meta: ResponseMeta, streams: RequestStream | list[RequestStream], n: int,
+                        echo: list[str] | None = None) -> AsyncIterator[str]:
+    """SSE events: role chunks (chat) or echoed prompts, deltas indexed k * n + i, finish, usage, [DONE]."""
+    streams = [streams] if not isinstance(streams, list) else streams
+    last: dict[int, RequestOutput] = {}
     try:
         if meta.chat:
             for i in range(n):
                 yield sse(_chunk(meta, [{"index": i, "delta": {"role": "assistant", "content": ""},
                                          "logprobs": None, "finish_reason": None}]))
+        elif echo:
+            for k, text in enumerate(echo):
+                for i in range(n):
+                    yield sse(_chunk(meta, [_delta_choice(meta, k * n + i, text, None, None)]))
         finished: set[int] = set()
-        async for out in stream:
-            last = out
+        total = n * len(streams)
+        async for k, out in merged(streams):
+            last[k] = out
             for c in out.outputs:
-                if c.index in finished or (not c.text_delta and c.finish_reason is None):
+                index = k * n + c.index
+                if index in finished or (not c.text_delta and c.finish_reason is None):
                     continue
                 if c.finish_reason is not None:
-                    finished.add(c.index)
-                chunk = _chunk(meta, [_delta_choice(meta, c.index, c.text_delta, c.finish_reason,
+                    finished.add(index)
+                chunk = _chunk(meta, [_delta_choice(meta, index, c.text_delta, c.finish_reason,
                                                     c.stop_reason)])
-                if out.finished and meta.return_metrics and not meta.include_usage \
-                        and len(finished) == len(out.outputs):
-                    chunk["metrics"] = engine_metrics(out.metrics)
+                if meta.return_metrics and not meta.include_usage and len(finished) == total \
+                        and len(last) == len(streams) and all(o.finished for o in last.values()):
+                    chunk["metrics"] = _metrics_field([last[j] for j in sorted(last)])
                 yield sse(chunk)
-        if meta.include_usage and last is not None:
+        if meta.include_usage and last:
+            outs = [last[j] for j in sorted(last)]
             final = _chunk(meta, [])
-            final["usage"] = usage(last)
+            final["usage"] = usage(outs)
             if meta.return_metrics:
-                final["metrics"] = engine_metrics(last.metrics)
+                final["metrics"] = _metrics_field(outs)
             yield sse(final)
     except EngineDeadError as e:  # headers are sent: report in-band, as OpenAI streams do
         yield sse(to_api_error(e).body())
     finally:
-        stream.close()
+        for s in streams:
+            s.close()
     yield DONE

@@ -100,25 +100,37 @@ class ChatCompletionRequest(_Common):
 
     def message_dicts(self) -> list[dict[str, Any]]:
         """Messages as plain dicts with text content, ready for the chat template."""
-        out = []
-        for i, m in enumerate(self.messages):
-            content = m.content
-            if isinstance(content, list):
-                texts = []
-                for part in content:
-                    if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                        raise bad_request(f"messages[{i}].content: only text parts are supported",
-                                          f"messages[{i}].content", "invalid_value")
-                    texts.append(part["text"])
-                content = "".join(texts)
-            d = {k: v for k, v in (m.model_extra or {}).items()}
-            d.update(role=m.role, content=content or "")
-            out.append(d)
-        return out
+        return messages_as_dicts(self.messages)
+
+
+def messages_as_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Chat messages as plain dicts with text content (text parts joined), ready for the chat template."""
+    out = []
+    for i, m in enumerate(messages):
+        content = m.content
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise bad_request(f"messages[{i}].content: only text parts are supported",
+                                      f"messages[{i}].content", "invalid_value")
+                texts.append(part["text"])
+            content = "".join(texts)
+        d = {k: v for k, v in (m.model_extra or {}).items()}
+        d.update(role=m.role, content=content or "")
+        out.append(d)
+    return out
 
 
 def parse_body(model: type[_Common], body: Any) -> Any:
     """Validate a decoded JSON body; a 400 naming the first bad field otherwise."""
+    req = parse_model(model, body)
+    _check_unsupported(req)
+    return req
+
+
+def parse_model(model: type[BaseModel], body: Any) -> Any:
+    """Validate a decoded JSON body against any request model; a 400 naming the first bad field."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object", None, "invalid_value")
     try:
@@ -128,7 +140,6 @@ def parse_body(model: type[_Common], body: Any) -> Any:
         loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("str", "list", "int")))
         code = "missing_required_parameter" if err["type"] == "missing" else "invalid_type"
         raise bad_request(f"{loc}: {err['msg']}", loc or None, code) from None
-    _check_unsupported(req)
     return req
 
 

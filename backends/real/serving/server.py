@@ -17,8 +17,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ....core.errors import PromptTooLongError, TwinserveError
 from ..engine import LLMEngine
 from ..outputs import RequestOutput
+from .access_log import AccessLogMiddleware
 from .async_engine import AsyncLLMEngine, RequestStream
 from .errors import APIError, bad_request, engine_dead, model_not_found, to_api_error, unauthorized
+from .info_routes import add_info_routes
 from .metrics import ServingMetrics
 from .openai_format import ResponseMeta, full_response, stream_events
 from .protocol import ChatCompletionRequest, CompletionRequest, parse_body, to_sampling_params
@@ -35,6 +37,10 @@ class ServerConfig:
     api_key: str | None = None
     max_queued_requests: int | None = None
     extra_model_names: list[str] = field(default_factory=list)
+    # One access-log line per request (logger "twinserve.access"); vLLM's --disable-uvicorn-access-log.
+    access_log: bool = True
+    # "twinserve" or "vllm": the Prometheus prefix, so vLLM's dashboards find our series.
+    metrics_prefix: str = "twinserve"
 
 
 class ServingState:
@@ -43,7 +49,7 @@ class ServingState:
     def __init__(self, engine: LLMEngine, config: ServerConfig) -> None:
         self.engine = engine
         self.config = config
-        self.metrics = ServingMetrics(config.served_model_names[0])
+        self.metrics = ServingMetrics(config.served_model_names[0], config.metrics_prefix)
         self.async_engine = AsyncLLMEngine(engine, config.max_queued_requests, self.metrics)
         self.accepted_names = set(config.served_model_names) | set(config.extra_model_names)
 
@@ -82,6 +88,7 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
 
     app = FastAPI(title="twinserve", lifespan=lifespan)
     app.state.serving = state
+    app.add_middleware(AccessLogMiddleware, enabled=config.access_log)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -123,15 +130,14 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
         state.check_auth(request)
         req: CompletionRequest = parse_body(CompletionRequest, await _json(request))
         state.check_model(req.model)
-        prompt = req.prompt
-        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-            if len(prompt) != 1:
-                raise bad_request("a batch of prompts is not supported: send one prompt per request",
-                                  "prompt", "unsupported")
-            prompt = prompt[0]
-        text, ids = state.engine.tokenize_prompt(prompt)
-        return await _serve(state, request, req, ids, text, req.max_tokens, chat=False,
-                            prefix="cmpl", echo_text=text if req.echo else None)
+        prompts = []
+        for p in _split_prompts(req.prompt):
+            text, ids = state.engine.tokenize_prompt(p)
+            prompts.append((ids, text))
+        echo = None
+        if req.echo:
+            echo = [text if text is not None else state.engine.tokenizer.decode(ids) for ids, text in prompts]
+        return await _serve(state, request, req, prompts, req.max_tokens, chat=False, prefix="cmpl", echo=echo)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -141,10 +147,16 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
         rendered = state.engine.chat_prompt(req.message_dicts(), add_generation_prompt=req.add_generation_prompt,
                                             **(req.chat_template_kwargs or {}))
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        return await _serve(state, request, req, rendered["prompt_token_ids"], rendered["prompt"],
-                            max_tokens, chat=True, prefix="chatcmpl", echo_text=None)
+        return await _serve(state, request, req, [(rendered["prompt_token_ids"], rendered["prompt"])],
+                            max_tokens, chat=True, prefix="chatcmpl")
 
+    add_info_routes(app, state, _json)
     return app
+
+
+def _request_id(request: Request) -> str:
+    """The id the access log gave this request (a fresh one if the middleware is not in front)."""
+    return getattr(request.state, "request_id", None) or uuid.uuid4().hex
 
 
 async def _json(request: Request) -> Any:
@@ -169,65 +181,87 @@ def _check_length(state: ServingState, ids: list[int], max_tokens: int | None, p
     return max_tokens
 
 
+def _split_prompts(prompt: Any) -> list[str | list[int]]:
+    """The prompts of a completions body: a string, token ids, or a batch of either (as OpenAI takes)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise bad_request("prompt is empty: give a string, a list of token ids, or a list of either",
+                          "prompt", "invalid_value")
+    if isinstance(prompt[0], int):
+        return [prompt]
+    return list(prompt)
+
+
 async def _serve(state: ServingState, request: Request, req: CompletionRequest | ChatCompletionRequest,
-                 ids: list[int], text: str | None, max_tokens: int | None, chat: bool, prefix: str,
-                 echo_text: str | None) -> Response:
+                 prompts: list[tuple[list[int], str | None]], max_tokens: int | None, chat: bool, prefix: str,
+                 echo: list[str] | None = None) -> Response:
+    """Queue one engine request per prompt; answer with all their choices (prompt k's i-th at k * n + i)."""
     arrival = time.monotonic()
     param = "messages" if chat else "prompt"
-    try:
-        max_tokens = _check_length(state, ids, max_tokens, param)
-    except PromptTooLongError as e:
-        e.param = param
-        raise
-    params = to_sampling_params(req, max_tokens)
-    meta = ResponseMeta(f"{prefix}-{uuid.uuid4().hex}", state.model_name, chat, req.include_usage,
+    params = []
+    for k, (ids, _) in enumerate(prompts):
+        where = param if len(prompts) == 1 else f"{param}[{k}]"
+        try:
+            params.append(to_sampling_params(req, _check_length(state, ids, max_tokens, where)))
+        except PromptTooLongError as e:
+            e.param = param
+            raise
+    meta = ResponseMeta(f"{prefix}-{_request_id(request)}", state.model_name, chat, req.include_usage,
                         req.return_metrics)
-    stream = await state.async_engine.add_request(meta.request_id, ids, params, text, arrival)
+    streams: list[RequestStream] = []
+    try:
+        for k, ((ids, text), sp) in enumerate(zip(prompts, params)):
+            engine_id = meta.request_id if len(prompts) == 1 else f"{meta.request_id}-{k}"
+            streams.append(await state.async_engine.add_request(engine_id, ids, sp, text, arrival))
+    except BaseException:
+        for st in streams:
+            st.close()
+        raise
+    n = params[0].n
     if req.stream:
-        return _EngineStreamingResponse(stream, stream_events(meta, stream, params.n),
+        return _EngineStreamingResponse(streams, stream_events(meta, streams, n, echo),
                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    out = await _collect(stream, request)
-    body = full_response(meta, out)
-    if echo_text is not None:
-        for choice in body["choices"]:
-            choice["text"] = echo_text + choice["text"]
-    return JSONResponse(body)
+    outs = await _collect(streams, request)
+    return JSONResponse(full_response(meta, outs, echo))
 
 
 class _EngineStreamingResponse(StreamingResponse):
     """A streamed response that aborts its request however it ends, even before the body starts."""
 
-    def __init__(self, stream: RequestStream, content: AsyncIterator[str], **kw: Any) -> None:
+    def __init__(self, streams: list[RequestStream], content: AsyncIterator[str], **kw: Any) -> None:
         super().__init__(content, **kw)
-        self._stream = stream
+        self._streams = streams
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self._stream.close()
+            for stream in self._streams:
+                stream.close()
 
 
-async def _collect(stream: RequestStream, request: Request) -> RequestOutput:
-    """The final output of a non-streamed request; aborts it if the client goes away first."""
+async def _collect(streams: list[RequestStream], request: Request) -> list[RequestOutput]:
+    """The final outputs of non-streamed requests; aborts them all if the client goes away first."""
 
-    async def last() -> RequestOutput:
+    async def last(stream: RequestStream) -> RequestOutput:
         final: RequestOutput | None = None
         async for out in stream:
             final = out
         assert final is not None
         return final
 
-    task = asyncio.ensure_future(last())
+    task = asyncio.ensure_future(asyncio.gather(*(last(st) for st in streams)))
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
             if done:
-                return task.result()
+                return list(task.result())
             if await request.is_disconnected():
                 task.cancel()
                 raise APIError(499, "client closed the request", "client_closed_request")
     finally:
         if not task.done():
             task.cancel()
-        stream.close()
+        for st in streams:
+            st.close()

@@ -1,0 +1,105 @@
+"""Tokenizer and info endpoints in vLLM's shapes: /tokenize, /detokenize, /version, /ping.
+
+/tokenize takes either a completion-style body ({"prompt", "add_special_tokens"}) or a chat-style
+one ({"messages", "add_generation_prompt", ...}) and answers {"count", "max_model_len", "tokens",
+"token_strs"}; /detokenize takes {"tokens"} and answers {"prompt"}, as vLLM's server does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict
+
+from .errors import bad_request
+from .protocol import ChatMessage, messages_as_dicts, parse_model
+
+
+class TokenizeCompletionRequest(BaseModel):
+    """POST /tokenize with a prompt."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(BaseModel):
+    """POST /tokenize with chat messages (rendered through the chat template first)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    messages: list[ChatMessage]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    return_token_strs: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    tokens: list[int]
+
+
+def add_info_routes(app: FastAPI, state: Any, read_json: Any) -> None:
+    """Register /tokenize, /detokenize, /version and /ping on `app`."""
+    from .... import __version__
+
+    engine = state.engine
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> JSONResponse:
+        state.check_auth(request)
+        body = await read_json(request)
+        if isinstance(body, dict) and "messages" in body:
+            req: Any = parse_model(TokenizeChatRequest, body)
+            if req.add_generation_prompt and req.continue_final_message:
+                raise bad_request("add_generation_prompt and continue_final_message cannot both be true",
+                                  "continue_final_message", "invalid_value")
+            state.check_model(req.model)
+            kwargs = dict(req.chat_template_kwargs or {})
+            if req.continue_final_message:
+                kwargs["continue_final_message"] = True
+            ids = engine.chat_prompt(messages_as_dicts(req.messages),
+                                     add_generation_prompt=req.add_generation_prompt,
+                                     **kwargs)["prompt_token_ids"]
+        else:
+            req = parse_model(TokenizeCompletionRequest, body)
+            state.check_model(req.model)
+            ids = list(engine.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens)["input_ids"])
+        strs = engine.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
+        return JSONResponse({"count": len(ids), "max_model_len": engine.max_model_len, "tokens": ids,
+                             "token_strs": strs})
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> JSONResponse:
+        state.check_auth(request)
+        req = parse_model(DetokenizeRequest, await read_json(request))
+        state.check_model(req.model)
+        bad = next((t for t in req.tokens if not 0 <= t < engine.vocab_size), None)
+        if bad is not None:
+            raise bad_request(f"token id {bad} is outside the vocabulary [0, {engine.vocab_size})",
+                              "tokens", "invalid_value")
+        return JSONResponse({"prompt": engine.tokenizer.decode(req.tokens)})
+
+    @app.get("/version")
+    async def version() -> JSONResponse:
+        return JSONResponse({"version": __version__})
+
+    async def ping() -> Response:
+        # Same answer as /health (SageMaker-style liveness probes call /ping with GET or POST).
+        if not state.async_engine.is_running:
+            from .errors import engine_dead
+
+            reason = state.async_engine.dead_reason or "the engine is not running"
+            return JSONResponse(engine_dead(reason).body(), status_code=503)
+        return Response(status_code=200)
+
+    app.add_api_route("/ping", ping, methods=["GET", "POST"])
