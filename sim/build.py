@@ -92,8 +92,21 @@ def build_cost_models(cfg: StudyConfig) -> tuple[ModelSpec, HardwareSpec, Roofli
     return model, hw, roof, cost
 
 
-def build(cfg: StudyConfig) -> BuiltStudy:
-    """Every object of a study, ready to run."""
+@dataclass(slots=True)
+class BuiltEngine:
+    """One simulated engine replica: specs, cost models, KV capacity, core and executor."""
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    roofline: RooflineCostModel
+    cost_model: CostModel
+    capacity: KVCapacity
+    core: EngineCore
+    executor: SimExecutor
+
+
+def build_engine(cfg: StudyConfig) -> BuiltEngine:
+    """An EngineCore with its cost model and KV pool, from the [engine] and [scheduler] tables."""
     model, hw, roof, cost = build_cost_models(cfg)
     e, s = cfg.engine, cfg.scheduler
     reserve = None if e.activation_reserve_gib < 0 else e.activation_reserve_gib * 2**30
@@ -109,10 +122,24 @@ def build(cfg: StudyConfig) -> BuiltStudy:
         raise _cfg_error(cfg, "scheduler", err.field, str(err)) from None
     executor = SimExecutor(cost)
     core = EngineCore(sched_cfg, executor)
+    return BuiltEngine(model, hw, roof, cost, cap, core, executor)
+
+
+def build_workload(cfg: StudyConfig) -> Workload:
+    """The study's workload (lazy; token ids made on arrival)."""
+    s = cfg.scheduler
     workload = Workload(cfg.workload, cfg.run.seed, s.max_model_len, resolve_trace(cfg))
     workload.distinct_tokens = s.enable_prefix_caching
-    sim = Simulation(core, executor, workload, cfg.run.fast_forward)
-    return BuiltStudy(cfg, model, hw, roof, cost, cap, workload, sim)
+    return workload
+
+
+def build(cfg: StudyConfig) -> BuiltStudy:
+    """Every object of a one-replica study, ready to run."""
+    eng = build_engine(cfg)
+    workload = build_workload(cfg)
+    sim = Simulation(eng.core, eng.executor, workload, cfg.run.fast_forward)
+    return BuiltStudy(cfg, eng.model, eng.hardware, eng.roofline, eng.cost_model, eng.capacity,
+                      workload, sim)
 
 
 def simulate(cfg: StudyConfig) -> tuple[BuiltStudy, RunResult]:

@@ -60,9 +60,14 @@ def _base(args: argparse.Namespace) -> StudyConfig:
 
 
 def _notes(cfg: StudyConfig, wall: float, n_points: int) -> list[str]:
-    e, s, w = cfg.engine, cfg.scheduler, cfg.workload
+    e, s, w, c = cfg.engine, cfg.scheduler, cfg.workload, cfg.cluster
     trace = w.trace or "synthetic lengths"
-    return [
+    cluster = []
+    if c.num_replicas > 1:
+        cluster = [f"cluster: {c.num_replicas} replicas behind router {c.router}"
+                   + (f" ({len(c.replicas)} with their own [engine]/[scheduler] overrides)"
+                      if c.replicas else "")]
+    return cluster + [
         f"{e.model} on {e.tensor_parallel_size}x {e.hardware} (TP {e.tensor_parallel_size}), "
         f"{e.cost_model} cost model; policy {s.policy}, chunked prefill "
         f"{s.enable_chunked_prefill}, prefix caching {s.enable_prefix_caching}, "
@@ -107,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wall = time.perf_counter() - t0
         out = Path(args.out or f"simulate-{args.command}")
         title = cfg.run.name if args.command is None else f"simulate {args.command}: {cfg.run.name}"
-        written = write_study(out, res, axes, title, _notes(cfg, wall, len(res)))
+        written = write_study(out, res, axes, title, _notes(cfg, wall, len(res)), slo=cfg.slo)
     except (TwinserveError, OSError) as e:
         print(f"simulate: error: {e}", file=sys.stderr)
         return 2

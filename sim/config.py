@@ -14,6 +14,9 @@ A study file has up to five tables; any field left out keeps its default::
     [workload]   see sim.workload.WorkloadConfig
     [slo]        ttft_s, tpot_s (goodput counts requests meeting both)
     [run]        seed, fast_forward, name
+    [cluster]    num_replicas, router, prefix_blocks, load_factor, replicas (a list of
+                 per-replica [engine]/[scheduler] overrides), num_prefill_replicas and
+                 kv_link_* (disaggregated prefill/decode); see ClusterConfig
 
 Errors name the field, the file and the line (ConfigError).
 """
@@ -95,6 +98,28 @@ class RunConfig:
     name: str = "study"
 
 
+ROUTERS = ("round_robin", "least_outstanding", "least_kv", "power_of_two", "prefix_affinity",
+           "session_affinity")
+
+
+@dataclass(slots=True)
+class ClusterConfig:
+    """Replicas behind a router; one replica (the default) is the single-engine simulator."""
+
+    num_replicas: int = 1
+    router: str = "round_robin"      # one of ROUTERS (twinserve.core.routing)
+    prefix_blocks: int = 4           # prefix_affinity: leading KV blocks that name a prefix
+    load_factor: float = 1.25        # prefix_affinity: no replica above this x the mean load
+    # Per-replica overrides of [engine]/[scheduler] fields, e.g. [{hardware = "H100-SXM"}];
+    # replica i takes entry i, replicas past the list's end take the base tables.
+    replicas: list = field(default_factory=list)
+    # Disaggregation: the first num_prefill_replicas replicas only prefill; the rest decode,
+    # after the KV moves over a link (0 = colocated prefill and decode).
+    num_prefill_replicas: int = 0
+    kv_link_bandwidth: float = 0.0   # bytes/s; 0 = the hardware catalog's interconnect
+    kv_link_latency_s: float = 20e-6
+
+
 @dataclass(slots=True)
 class StudyConfig:
     """A whole simulation: engine, scheduler, workload, SLOs, run options."""
@@ -104,6 +129,7 @@ class StudyConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     slo: SLOConfig = field(default_factory=SLOConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     source: str | None = None  # the file it came from, for error messages
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -112,19 +138,24 @@ class StudyConfig:
 
 
 SECTIONS: dict[str, type] = {"engine": EngineConfig, "scheduler": SchedulerSection,
-                             "workload": WorkloadConfig, "slo": SLOConfig, "run": RunConfig}
+                             "workload": WorkloadConfig, "slo": SLOConfig, "run": RunConfig,
+                             "cluster": ClusterConfig}
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "workload.arrival": ARRIVALS, "workload.prompt_dist": LENGTH_DISTS,
     "workload.output_dist": LENGTH_DISTS, "workload.on_overlong": ("clip", "drop", "fail"),
     "engine.cost_model": ("roofline", "fitted"), "scheduler.policy": ("fcfs", "priority", "sjf"),
     "scheduler.preemption": ("auto", "last", "priority"),
+    "cluster.router": ROUTERS,
 }
 _POSITIVE = {"workload.rate", "workload.burstiness", "workload.time_scale",
-             "engine.tensor_parallel_size", "workload.vocab_size"}
+             "engine.tensor_parallel_size", "workload.vocab_size", "cluster.num_replicas",
+             "cluster.prefix_blocks"}
 _NON_NEGATIVE = {"workload.num_system_prompts", "workload.system_prompt_len",
                  "workload.system_prompt_zipf", "workload.think_time", "engine.num_gpu_blocks",
-                 "workload.prompt_std", "workload.output_std", "slo.ttft_s", "slo.tpot_s"}
+                 "workload.prompt_std", "workload.output_std", "slo.ttft_s", "slo.tpot_s",
+                 "cluster.num_prefill_replicas", "cluster.kv_link_bandwidth",
+                 "cluster.kv_link_latency_s"}
 
 
 def find_line(text: str, section: str | None, key: str | None) -> int | None:
@@ -177,6 +208,9 @@ def coerce(dotted: str, value: Any, file: str | None = None, line: int | None = 
     def bad(msg: str) -> ConfigError:
         return ConfigError(dotted, msg, file, line)
 
+    if dotted == "cluster.replicas":
+        return _coerce_replicas(value, bad, file, line)
+
     if isinstance(value, str) and tname != "str":
         text = value.strip()
         try:
@@ -208,7 +242,45 @@ def coerce(dotted: str, value: Any, file: str | None = None, line: int | None = 
         raise bad(f"{value!r} must be >= 0")
     if dotted == "workload.num_requests" and value < 1:
         raise bad(f"{value!r} must be >= 1")
+    if dotted == "cluster.load_factor" and value < 1.0:
+        raise bad(f"{value!r} must be >= 1 (1 = perfectly even loads)")
     return value
+
+
+def _coerce_replicas(value: Any, bad: Any, file: str | None, line: int | None) -> list:
+    """A list of per-replica override tables, each key an [engine] or [scheduler] field."""
+    if isinstance(value, str):
+        raise bad("per-replica overrides are set in the TOML file: "
+                  "replicas = [{hardware = \"H100-SXM\"}, ...]")
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise bad("must be a list of tables, e.g. [{hardware = \"H100-SXM\"}, {}]")
+    out = []
+    for i, table in enumerate(value):
+        entry = {}
+        for key, v in table.items():
+            try:
+                dotted = resolve_field(key)
+            except ConfigError:
+                raise bad(f"replica {i}: {key!r} is not an [engine] or [scheduler] field") from None
+            if dotted.split(".", 1)[0] not in ("engine", "scheduler"):
+                raise bad(f"replica {i}: only [engine] and [scheduler] fields may differ "
+                          f"per replica, not {dotted}")
+            entry[dotted] = coerce(dotted, v, file, line)
+        out.append(entry)
+    return out
+
+
+def replica_config(cfg: StudyConfig, index: int) -> StudyConfig:
+    """The study as replica `index` sees it: the base tables with its overrides applied."""
+    overrides = cfg.cluster.replicas[index] if index < len(cfg.cluster.replicas) else {}
+    if not overrides:
+        return cfg
+    rc = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine),
+                             scheduler=dataclasses.replace(cfg.scheduler))
+    for dotted, value in overrides.items():
+        section, name = dotted.split(".", 1)
+        setattr(getattr(rc, section), name, value)
+    return rc
 
 
 def set_field(cfg: StudyConfig, name: str, value: Any, file: str | None = None,
@@ -251,6 +323,21 @@ def validate(cfg: StudyConfig, text: str = "") -> None:
     if "trace" in (w.arrival, w.prompt_dist, w.output_dist) and not w.trace:
         raise ConfigError("workload.trace", "a trace file is needed for arrival or lengths "
                           "'trace'", file, find_line(text, "workload", "trace"))
+    c = cfg.cluster
+    if len(c.replicas) > c.num_replicas:
+        raise ConfigError("cluster.replicas", f"{len(c.replicas)} per-replica entries for "
+                          f"num_replicas = {c.num_replicas}", file,
+                          find_line(text, "cluster", "replicas"))
+    if c.num_prefill_replicas and c.num_prefill_replicas >= c.num_replicas:
+        raise ConfigError("cluster.num_prefill_replicas", f"{c.num_prefill_replicas} prefill "
+                          f"replicas leave no decode replica out of {c.num_replicas}", file,
+                          find_line(text, "cluster", "num_prefill_replicas"))
+    for i in range(len(c.replicas)):
+        try:
+            replica_config(cfg, i).scheduler.to_core(1)
+        except InvalidConfigError as e:
+            raise ConfigError(f"cluster.replicas[{i}].{e.field}", str(e), file,
+                              find_line(text, "cluster", "replicas")) from None
     if cfg.engine.cost_model == "fitted" and not cfg.engine.profile:
         raise ConfigError("engine.profile", "cost_model 'fitted' needs a profile JSON path",
                           file, find_line(text, "engine", "profile"))

@@ -42,6 +42,7 @@ def requests_frame(result: RunResult) -> pd.DataFrame:
             "itl_s": [b - a for a, b in zip(tt, tt[1:])],
             "finish_reason": r.finish_reason,
             "error": r.error,
+            "replica": r.replica,
         })
     return pd.DataFrame(rows)
 

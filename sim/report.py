@@ -7,13 +7,12 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from .study import PointResult  # noqa: E402
+from .config import SLOConfig
+from .plots import (config_colors, group_label, plot_cdfs, plot_latency_throughput,
+                    plot_replica_load, plot_timeline)
+from .study import PointResult
 
 HAVE_PARQUET = importlib.util.find_spec("pyarrow") is not None
 
@@ -35,71 +34,6 @@ def write_table(df: pd.DataFrame, path_stem: Path, fmt: str = "auto") -> Path:
 
 def _label(row: dict[str, Any], axes: Sequence[str]) -> str:
     return ", ".join(f"{a}={row[a]}" for a in axes) if axes else "run"
-
-
-def plot_latency_throughput(summary: pd.DataFrame, axes: Sequence[str], path: Path) -> None:
-    """TTFT and TPOT against achieved throughput, one line per setting of the non-rate axes."""
-    group_axes = [a for a in axes if a != "rate"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    groups = summary.groupby(group_axes, sort=False) if group_axes else [((), summary)]
-    for key, g in groups:
-        key = key if isinstance(key, tuple) else (key,)
-        label = ", ".join(f"{a}={v}" for a, v in zip(group_axes, key)) or "run"
-        g = g.sort_values("request_throughput")
-        ax1.plot(g["request_throughput"], g["p50_ttft_s"], "o-", label=f"{label} p50")
-        ax1.plot(g["request_throughput"], g["p99_ttft_s"], "x--", alpha=0.6, label=f"{label} p99")
-        ax2.plot(g["request_throughput"], g["mean_tpot_s"] * 1e3, "o-", label=label)
-    ax1.set_xlabel("achieved throughput (req/s)")
-    ax1.set_ylabel("TTFT (s)")
-    ax1.set_yscale("log")
-    ax1.set_title("time to first token")
-    ax2.set_xlabel("achieved throughput (req/s)")
-    ax2.set_ylabel("mean TPOT (ms)")
-    ax2.set_title("time per output token")
-    ax1.legend(fontsize=7)
-    ax2.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_cdfs(points: Sequence[tuple[str, pd.DataFrame]], path: Path) -> None:
-    """Empirical CDFs of TTFT and TPOT, one line per point."""
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for label, req in points:
-        for ax, col in ((ax1, "ttft_s"), (ax2, "tpot_s")):
-            v = req[col].dropna().sort_values().to_numpy()
-            if len(v):
-                ax.plot(v, [(i + 1) / len(v) for i in range(len(v))], label=label)
-    ax1.set_xscale("log")
-    ax1.set_xlabel("TTFT (s)")
-    ax2.set_xlabel("TPOT (s)")
-    for ax in (ax1, ax2):
-        ax.set_ylabel("fraction of requests")
-        ax.grid(alpha=0.3)
-    ax2.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_timeline(steps: pd.DataFrame, label: str, path: Path) -> None:
-    """KV usage, batch size and queue length over simulated time for one point."""
-    fig, ax1 = plt.subplots(figsize=(11, 3.8))
-    if not steps.empty:
-        ax1.plot(steps["start_s"], steps["kv_usage"] * 100, lw=0.8, color="C0", label="KV usage %")
-        ax2 = ax1.twinx()
-        ax2.plot(steps["start_s"], steps["batch_size"], lw=0.6, color="C1", label="batch size")
-        ax2.plot(steps["start_s"], steps["num_waiting"], lw=0.6, color="C3", label="waiting")
-        ax2.set_ylabel("requests")
-        ax2.legend(loc="upper right", fontsize=8)
-    ax1.set_xlabel("simulated time (s)")
-    ax1.set_ylabel("KV usage (%)")
-    ax1.set_title(f"engine load over time ({label})")
-    ax1.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _fmt(v: Any) -> str:
@@ -124,8 +58,38 @@ SUMMARY_COLUMNS = ("completed", "request_throughput", "output_throughput", "good
                    "p50_e2e_s", "preemptions", "prefix_hit_rate", "mean_kv_usage", "mfu", "mbu")
 
 
+REPLICA_COLUMNS = ("replica", "hardware", "routed", "completed", "busy_fraction",
+                   "mean_kv_usage", "prefix_hit_rate", "preemptions", "p50_ttft_s",
+                   "p99_ttft_s", "mean_tpot_s", "p50_e2e_s")
+
+
+def representative_points(results: Sequence[PointResult], axes: Sequence[str]
+                          ) -> tuple[list[PointResult], str]:
+    """One point per configuration (at the middle swept rate when rate is an axis) and a caption."""
+    with_tables = [r for r in results if not r.requests.empty]
+    if "rate" not in axes:
+        return with_tables, ""
+    rates = sorted({r.row["rate"] for r in with_tables})
+    if not rates:
+        return [], ""
+    rate = rates[(len(rates) - 1) // 2]
+    return [r for r in with_tables if r.row["rate"] == rate], f"at rate = {rate} req/s"
+
+
+def request_accounting(summary: pd.DataFrame) -> str:
+    """One line: requests simulated, clipped, dropped or refused, over all points."""
+    def total(col: str) -> int:
+        return int(summary[col].sum()) if col in summary else 0
+
+    return (f"requests: {total('num_requests')} simulated over {len(summary)} point(s); "
+            f"{total('completed')} completed, {total('overlong_clipped')} clipped to "
+            f"max_model_len, {total('overlong_dropped')} dropped as over-long, "
+            f"{total('refused')} refused by the engine")
+
+
 def write_study(out_dir: Path, results: Sequence[PointResult], axes: Sequence[str],
-                title: str, notes: Sequence[str] = (), fmt: str = "auto") -> dict[str, Path]:
+                title: str, notes: Sequence[str] = (), fmt: str = "auto",
+                slo: SLOConfig | None = None) -> dict[str, Path]:
     """Write summary table, per-point tables, figures and summary.md; returns what was written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
@@ -133,37 +97,64 @@ def write_study(out_dir: Path, results: Sequence[PointResult], axes: Sequence[st
     written["summary"] = write_table(summary, out_dir / "summary", fmt)
     tables = out_dir / "points"
     tables.mkdir(exist_ok=True)
-    labelled = []
     for i, r in enumerate(results):
-        label = _label(r.row, axes)
         if not r.requests.empty:
             write_table(r.requests, tables / f"point{i:02d}_requests", fmt)
             write_table(r.steps, tables / f"point{i:02d}_steps", fmt)
-        labelled.append((label, r))
+        if r.replicas is not None:
+            write_table(r.replicas, tables / f"point{i:02d}_replicas", fmt)
     figs = out_dir / "figures"
     figs.mkdir(exist_ok=True)
+    colors = config_colors([group_label(r.row, axes) for r in results])
+    ttft_slo = slo.ttft_s if slo else None
+    tpot_slo = slo.tpot_s if slo else None
     if len(results) > 1 and "request_throughput" in summary:
         written["latency_throughput"] = figs / "latency_throughput.png"
-        plot_latency_throughput(summary, axes, written["latency_throughput"])
-    with_tables = [(lab, r) for lab, r in labelled if not r.requests.empty]
-    if with_tables:
-        step = max(1, len(with_tables) // 8)
+        plot_latency_throughput(summary, axes, written["latency_throughput"], ttft_slo, tpot_slo)
+    chosen, caption = representative_points(results, axes)
+    label_of = (lambda r: group_label(r.row, axes)) if "rate" in axes else \
+        (lambda r: _label(r.row, axes))
+    if chosen:
         written["cdf"] = figs / "ttft_tpot_cdf.png"
-        plot_cdfs([(lab, r.requests) for lab, r in with_tables[::step]], written["cdf"])
+        plot_cdfs([(label_of(r), r.requests, colors[group_label(r.row, axes)]) for r in chosen],
+                  written["cdf"], caption, ttft_slo, tpot_slo)
         # The busiest point shows queueing and KV pressure best.
-        lab, busiest = max(with_tables, key=lambda x: x[1].row.get("mean_kv_usage", 0.0))
+        busiest = max(chosen, key=lambda r: r.row.get("mean_kv_usage", 0.0))
+        steps = busiest.steps
+        label = _label(busiest.row, axes)
+        if "replica" in steps and steps["replica"].nunique() > 1 and busiest.replicas is not None:
+            top = int(busiest.replicas.sort_values("busy_fraction").iloc[-1]["replica"])
+            steps = steps[steps["replica"] == top]
+            label += f", replica {top}"
         written["timeline"] = figs / "kv_batch_timeline.png"
-        plot_timeline(busiest.steps, lab, written["timeline"])
+        plot_timeline(steps, label, written["timeline"])
+    clusters = [r for r in chosen if r.replicas is not None]
+    if clusters:
+        busiest = max(clusters, key=lambda r: r.row.get("mean_kv_usage", 0.0))
+        written["replica_load"] = figs / "replica_load.png"
+        plot_replica_load([(label_of(r), r.replicas, colors[group_label(r.row, axes)])
+                           for r in clusters], busiest.steps, _label(busiest.row, axes),
+                          written["replica_load"], caption)
     md = [f"# {title}", ""]
     md += [f"- {n}" for n in notes]
-    md += ["", markdown_table(summary, [*axes, *SUMMARY_COLUMNS]), ""]
-    for name in ("latency_throughput", "cdf", "timeline"):
+    md.append(f"- {request_accounting(summary)}")
+    cluster_cols = tuple(c for c in ("num_replicas", "router", "load_imbalance")
+                         if c not in axes) if any(r.replicas is not None for r in results) else ()
+    md += ["", markdown_table(summary, [*axes, *cluster_cols, *SUMMARY_COLUMNS]), ""]
+    for i, r in enumerate(results):
+        if r.replicas is not None and len(results) <= 4:
+            md += [f"Replicas of point {i} ({_label(r.row, axes)}):", "",
+                   markdown_table(r.replicas, REPLICA_COLUMNS), ""]
+    for name in ("latency_throughput", "cdf", "timeline", "replica_load"):
         if name in written:
             md.append(f"![{name}]({written[name].relative_to(out_dir)})")
     md.append("")
     md.append("Tables: `summary.csv` (one row per point), `points/pointNN_requests.csv` "
               "(per request: arrival, queue, TTFT, TPOT, E2E, ITL list, prefix hits, "
-              "preemptions), `points/pointNN_steps.csv` (per engine step: batch, queue, KV usage).")
+              "preemptions, replica), `points/pointNN_steps.csv` (per engine step: batch, queue, "
+              "KV usage)" + (", `points/pointNN_replicas.csv` (per replica)" if cluster_cols
+                             else "")
+              + ".")
     written["markdown"] = out_dir / "summary.md"
     written["markdown"].write_text("\n".join(md) + "\n")
     return written

@@ -19,15 +19,37 @@ from .metrics import requests_frame, steps_frame, summarize
 
 @dataclass(slots=True)
 class PointResult:
-    """A study point's summary row and its per-request and per-step tables."""
+    """A study point's summary row and its per-request, per-step (and per-replica) tables."""
 
     row: dict[str, Any]
     requests: pd.DataFrame
     steps: pd.DataFrame
+    replicas: pd.DataFrame | None = None
+
+
+def is_cluster(cfg: StudyConfig) -> bool:
+    """True when the study has more than one replica (or disaggregated pools)."""
+    return cfg.cluster.num_replicas > 1 or cfg.cluster.num_prefill_replicas > 0
+
+
+def run_cluster_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None) -> PointResult:
+    """Simulate a cluster configuration and compute cluster and per-replica metrics."""
+    from .cluster_study import cluster_frames, cluster_row, replicas_frame, simulate_cluster
+
+    built, res = simulate_cluster(cfg)
+    req, steps = cluster_frames(res)
+    per = replicas_frame(built, res, req)
+    e = cfg.engine
+    extra: dict[str, Any] = dict(overrides or {})
+    extra.update({"model": e.model, "hardware": e.hardware, "tp": e.tensor_parallel_size,
+                  "cost_model": built.engines[0].cost_model.name})
+    return PointResult(cluster_row(built, res, req, steps, per, extra), req, steps, per)
 
 
 def run_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None) -> PointResult:
     """Simulate one configuration and compute its metrics."""
+    if is_cluster(cfg):
+        return run_cluster_point(cfg, overrides)
     built, result = simulate(cfg)
     req = requests_frame(result)
     steps = steps_frame(result)
@@ -85,6 +107,7 @@ def _run(args: tuple[dict[str, Any], StudyConfig, bool]) -> PointResult:
     if not keep:
         res.requests = res.requests.iloc[0:0]
         res.steps = res.steps.iloc[0:0]
+        res.replicas = None
     return res
 
 

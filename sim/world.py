@@ -46,6 +46,7 @@ class RequestRecord:
     turn: int = 0
     finish_reason: str = ""
     error: str = ""
+    replica: int = 0
 
 
 @dataclass(slots=True)

@@ -1,0 +1,81 @@
+"""The router seam: what a router sees of each replica, what it is asked, and its errors.
+
+A router is a plain policy object, like the scheduler's: the simulated cluster and the
+real proxy (`twinserve route`) hand it the same views and call the same method.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from ..errors import TwinserveError
+
+
+class NoReplicaAvailableError(TwinserveError, RuntimeError):
+    """Every replica is out of rotation (down or failing its health check)."""
+
+    def __init__(self, num_replicas: int) -> None:
+        super().__init__(f"no replica is available: all {num_replicas} are out of rotation; "
+                         "check that the replicas are up and answer /health")
+
+
+class UnknownRouterError(TwinserveError, ValueError):
+    """A router name that is not one of ROUTER_NAMES."""
+
+    def __init__(self, name: str, known: Sequence[str]) -> None:
+        self.name = name
+        super().__init__(f"unknown router {name!r}: choose one of {', '.join(known)}")
+
+
+@dataclass(slots=True)
+class ReplicaLoad:
+    """One replica as a router sees it when it decides."""
+
+    index: int
+    outstanding: int = 0        # routed to it and not yet finished
+    kv_usage: float = 0.0       # fraction of its KV blocks in use, 0..1
+    healthy: bool = True
+    routed: int = 0             # requests ever routed to it
+
+
+@dataclass(slots=True)
+class RouteRequest:
+    """What a router may read about one request."""
+
+    request_id: str
+    # Chained keys of the prompt's first full KV blocks (or text chunks in the proxy):
+    # key i identifies the whole prefix up to block i.
+    prefix_keys: tuple[int, ...] = ()
+    session: str | None = None  # a conversation id: its turns belong together
+    num_prompt_tokens: int = 0
+
+
+class Router(Protocol):
+    """Picks the replica for a request; returns its ReplicaLoad.index."""
+
+    name: str
+    # True when the caller must fill RouteRequest.prefix_keys (costs a few hashes).
+    needs_prefix_keys: bool
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaLoad]) -> int:
+        """The index of the replica that takes the request (NoReplicaAvailableError if none)."""
+
+
+def healthy(replicas: Sequence[ReplicaLoad]) -> list[ReplicaLoad]:
+    """The replicas in rotation; NoReplicaAvailableError when there are none."""
+    up = [r for r in replicas if r.healthy]
+    if not up:
+        raise NoReplicaAvailableError(len(replicas))
+    return up
+
+
+def least_loaded(replicas: Sequence[ReplicaLoad]) -> ReplicaLoad:
+    """The healthy replica with the fewest outstanding requests (lowest index on ties)."""
+    best = None
+    for r in replicas:
+        if r.healthy and (best is None or r.outstanding < best.outstanding):
+            best = r
+    if best is None:
+        raise NoReplicaAvailableError(len(replicas))
+    return best

@@ -1,0 +1,137 @@
+"""Build and run a cluster study: replicas from [engine]/[scheduler] plus per-replica overrides.
+
+Cluster-level numbers reuse sim.metrics.summarize on every replica's records; on top of
+them come the load imbalance (most-loaded replica over the mean), the prefix hit rate of
+the whole cluster, and a per-replica table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from twinserve.core.routing import make_router
+
+from .build import BuiltEngine, build_engine, build_workload
+from .cluster import ClusterResult, ClusterSimulation, Replica
+from .config import StudyConfig, replica_config
+from .metrics import requests_frame, steps_frame, summarize
+from .workload import Workload
+
+
+@dataclass(slots=True)
+class BuiltCluster:
+    """The pieces of one cluster study."""
+
+    cfg: StudyConfig
+    engines: list[BuiltEngine]
+    workload: Workload
+    simulation: ClusterSimulation
+
+
+def build_cluster(cfg: StudyConfig, keep_steps: bool = True, keep_records: bool = True,
+                  on_record: Any = None) -> BuiltCluster:
+    """Every replica (its own cost model and KV pool), the router and the workload."""
+    c = cfg.cluster
+    engines = [build_engine(replica_config(cfg, i)) for i in range(c.num_replicas)]
+    replicas = [Replica(i, eng.core, eng.executor,
+                        f"{eng.hardware.name} TP{replica_config(cfg, i).engine.tensor_parallel_size}",
+                        keep_steps)
+                for i, eng in enumerate(engines)]
+    workload = build_workload(cfg)
+    router = make_router(c.router, cfg.run.seed, c.prefix_blocks, c.load_factor)
+    sim = ClusterSimulation(replicas, workload, router, cfg.run.fast_forward, c.prefix_blocks,
+                            on_record, keep_records)
+    return BuiltCluster(cfg, engines, workload, sim)
+
+
+def simulate_cluster(cfg: StudyConfig) -> tuple[BuiltCluster, ClusterResult]:
+    """Build and run one cluster study."""
+    built = build_cluster(cfg)
+    return built, built.simulation.run()
+
+
+def imbalance(values: list[float]) -> float:
+    """Most-loaded over mean (1.0 = perfectly even; 0 when nothing happened)."""
+    mean = float(np.mean(values)) if values else 0.0
+    return float(max(values)) / mean if mean > 0 else 0.0
+
+
+def replicas_frame(built: BuiltCluster, res: ClusterResult, req: pd.DataFrame) -> pd.DataFrame:
+    """One row per replica: routed, completed, busy share, KV, prefix hits, latencies."""
+    rows = []
+    horizon = res.total.end_time
+    for i, r in enumerate(res.replicas):
+        mine = req[req["replica"] == i] if not req.empty else req
+        done = mine[mine["finish_s"].notna()] if not mine.empty else mine
+        rep = built.simulation.replicas[i]
+        eng = built.engines[i]
+        rows.append({
+            "replica": i,
+            "hardware": res.labels[i],
+            "routed": res.routed[i],
+            "completed": len(done),
+            "busy_fraction": rep.busy_time / horizon if horizon > 0 else 0.0,
+            "mean_kv_usage": rep.area_kv / horizon if horizon > 0 else 0.0,
+            "mean_batch_size": rep.area_batch / horizon if horizon > 0 else 0.0,
+            "prefix_hit_rate": r.prefix_hits / r.prefix_queries if r.prefix_queries else 0.0,
+            "preemptions": r.num_preemptions,
+            "p50_ttft_s": float(done["ttft_s"].median()) if len(done) else np.nan,
+            "p99_ttft_s": float(done["ttft_s"].quantile(0.99)) if len(done) else np.nan,
+            "mean_tpot_s": float(done["tpot_s"].mean()) if len(done) else np.nan,
+            "p50_e2e_s": float(done["e2e_s"].median()) if len(done) else np.nan,
+            "mfu": eng.executor.totals.mfu(eng.model, eng.hardware,
+                                           replica_config(built.cfg, i).engine
+                                           .tensor_parallel_size),
+            "kv_blocks": r.num_blocks,
+        })
+    return pd.DataFrame(rows)
+
+
+def cluster_row(built: BuiltCluster, res: ClusterResult, req: pd.DataFrame, steps: pd.DataFrame,
+                per: pd.DataFrame, extra: dict[str, Any]) -> dict[str, Any]:
+    """The summary row of a cluster point (same columns as a single engine's, plus cluster ones)."""
+    cfg = built.cfg
+    n = len(res.replicas)
+    row = summarize(res.total, req, steps, cfg.slo, extra)
+    # summarize's time averages add up the replicas' step logs: per replica, divide by n.
+    horizon = res.total.end_time
+    sims = built.simulation.replicas
+    if horizon > 0:
+        row["mean_kv_usage"] = sum(r.area_kv for r in sims) / horizon / n
+        row["mean_batch_size"] = sum(r.area_batch for r in sims) / horizon / n
+        row["mean_queue_len"] = sum(r.area_waiting for r in sims) / horizon
+        row["littles_L"] = sum(r.area_in_system for r in sims) / horizon
+    row["num_replicas"] = n
+    row["router"] = res.router
+    row["load_imbalance"] = imbalance([float(x) for x in res.routed])
+    row["busy_imbalance"] = imbalance(res.busy_time)
+    row["router_spills"] = res.num_spills
+    row["mfu"] = float(per["mfu"].mean()) if not per.empty else 0.0
+    row["mbu"] = float(np.mean([e.executor.totals.mbu(e.model, e.hardware,
+                                                      replica_config(cfg, i).engine
+                                                      .tensor_parallel_size)
+                                for i, e in enumerate(built.engines)]))
+    row["token_throughput_bound"] = sum(e.roofline.max_tokens_per_second() for e in built.engines)
+    ls = built.workload.length_stats
+    row["overlong_policy"] = ls.policy
+    row["overlong_clipped"] = ls.clipped
+    row["overlong_dropped"] = ls.dropped
+    return row
+
+
+def cluster_frames(res: ClusterResult) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per-request and per-step tables of the whole cluster, each with a replica column."""
+    req = requests_frame(res.total)
+    if req.empty:
+        req["replica"] = pd.Series(dtype=int)
+    parts = []
+    for i, r in enumerate(res.replicas):
+        s = steps_frame(r)
+        s.insert(0, "replica", i)
+        parts.append(s)
+    steps = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    return req, steps

@@ -1,0 +1,121 @@
+"""The simulated cluster: one replica == the single-engine simulator, routing, per-replica metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import pytest
+
+from twinserve.sim import cli
+from twinserve.sim.cluster_study import simulate_cluster
+from twinserve.sim.config import from_dict
+from twinserve.sim.errors import ConfigError
+from twinserve.sim.study import run_point
+
+from .helpers import fingerprint, run, small_config
+from .test_world import FF_CASES
+
+IDENTITY_CASES = ("plain", "preemption", "shared_prefix", "multi_turn", "max_model_len_stop")
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+@pytest.mark.parametrize("case", IDENTITY_CASES)
+def test_one_replica_cluster_is_the_single_engine_simulator(case: str, fast_forward: bool) -> None:
+    fields = dict(FF_CASES[case], fast_forward=fast_forward)
+    single = run(small_config(**fields))
+    for router in ("round_robin", "prefix_affinity"):
+        cfg = small_config(router=router, **fields)
+        _, res = simulate_cluster(cfg)
+        assert fingerprint(res.replicas[0]) == fingerprint(single)
+        assert [dataclasses.astuple(r) for r in res.total.records] == \
+            [dataclasses.astuple(r) for r in single.records]
+        assert res.total.end_time == single.end_time
+
+
+# A shared-system-prompt, multi-turn chat workload: 32 system prompts of 2,000 tokens,
+# three turns per conversation, on four replicas whose KV pools cannot all hold every
+# system prompt and conversation.
+CHAT = dict(num_replicas=4, num_system_prompts=32, system_prompt_len=2000, turns=3,
+            think_time=3.0, followup_tokens=200, num_requests=240, prompt_dist="uniform",
+            prompt_min=2050, prompt_max=2400, output_dist="uniform", output_min=50,
+            output_max=250, max_model_len=8192, rate=2.0, num_gpu_blocks=1500)
+
+
+def test_prefix_affinity_beats_round_robin_on_shared_prompt_chat() -> None:
+    rows = {r: run_point(small_config(router=r, **CHAT)).row
+            for r in ("round_robin", "prefix_affinity")}
+    rr, pa = rows["round_robin"], rows["prefix_affinity"]
+    assert rr["completed"] == pa["completed"] == rr["num_requests"] == 720
+    assert pa["prefix_hit_rate"] > rr["prefix_hit_rate"] + 0.15
+    assert pa["mean_ttft_s"] < 0.9 * rr["mean_ttft_s"]
+    assert pa["p50_ttft_s"] < 0.5 * rr["p50_ttft_s"]
+    # The bounded-load rule keeps the busiest replica near the mean.
+    assert pa["load_imbalance"] <= 1.3 and pa["router_spills"] > 0
+
+
+def test_cluster_fast_forward_equals_stepping_with_follow_up_turns() -> None:
+    fields = dict(CHAT, num_replicas=3, num_requests=60, rate=3.0, think_time=0.5,
+                  router="session_affinity")
+    _, stepped = simulate_cluster(small_config(fast_forward=False, **fields))
+    _, skipped = simulate_cluster(small_config(fast_forward=True, **fields))
+    assert skipped.total.num_ff_windows > 0
+    for a, b in zip(stepped.replicas, skipped.replicas):
+        assert fingerprint(a) == fingerprint(b)
+
+
+@pytest.mark.parametrize("router", ["round_robin", "least_outstanding", "least_kv",
+                                    "power_of_two", "session_affinity"])
+def test_every_request_is_routed_once_and_served(router: str) -> None:
+    cfg = small_config(num_replicas=3, router=router, turns=2, think_time=1.0, rate=9.0,
+                       num_requests=90)
+    point = run_point(cfg)
+    req, per = point.requests, point.replicas
+    assert per is not None and len(per) == 3
+    assert req["request_id"].is_unique and point.row["completed"] == len(req)
+    assert per["routed"].sum() == len(req)
+    assert list(per["completed"]) == list(req.groupby("replica").size().reindex(range(3),
+                                                                                 fill_value=0))
+    assert (per["routed"] > 0).all()
+    if router == "session_affinity":
+        assert (req.groupby("conversation")["replica"].nunique() == 1).all()
+
+
+def test_heterogeneous_replicas_from_toml(tmp_path) -> None:
+    text = ('[engine]\nmodel = "Llama-2-7B"\nhardware = "A100-80GB"\n'
+            '[workload]\nnum_requests = 200\nrate = 14.0\n'
+            '[cluster]\nnum_replicas = 2\nrouter = "least_outstanding"\n'
+            'replicas = [{hardware = "H100-SXM"}, {}]\n')
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    out = tmp_path / "out"
+    assert cli.main(["run", "--config", str(f), "--out", str(out)]) == 0
+    per = pd.read_csv(out / "points" / "point00_replicas.csv")
+    assert list(per["hardware"]) == ["H100-SXM TP1", "A100-80GB TP1"]
+    # The faster replica drains its queue sooner, so join-the-shortest-queue feeds it more.
+    assert per.loc[0, "routed"] > per.loc[1, "routed"]
+    assert (out / "figures" / "replica_load.png").stat().st_size > 1000
+
+
+def test_cluster_fields_settable_and_sweepable(tmp_path) -> None:
+    out = tmp_path / "sw"
+    rc = cli.main(["sweep", "--set", "num_replicas=2", "--grid",
+                   "router=round_robin,prefix_affinity", "--requests", "30", "--workers", "1",
+                   "--out", str(out)])
+    assert rc == 0
+    summary = pd.read_csv(out / "summary.csv")
+    assert list(summary["router"]) == ["round_robin", "prefix_affinity"]
+    assert (summary["num_replicas"] == 2).all()
+
+
+def test_bad_cluster_config_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match="cluster.router"):
+        from_dict({"cluster": {"router": "random"}})
+    with pytest.raises(ConfigError, match="replica 0: 'gpu' is not"):
+        from_dict({"cluster": {"num_replicas": 2, "replicas": [{"gpu": "H100"}]}})
+    with pytest.raises(ConfigError, match="only \\[engine\\] and \\[scheduler\\]"):
+        from_dict({"cluster": {"num_replicas": 2, "replicas": [{"rate": 3.0}]}})
+    with pytest.raises(ConfigError, match="3 per-replica entries"):
+        from_dict({"cluster": {"num_replicas": 2, "replicas": [{}, {}, {}]}})
+    with pytest.raises(ConfigError, match="block_size"):
+        from_dict({"cluster": {"num_replicas": 2, "replicas": [{"block_size": 0}]}})
