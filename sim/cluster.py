@@ -11,14 +11,17 @@ The router sees each replica's state as of the end of its current step (the sche
 has already applied it): at most one step ahead, as in the real engine, whose loop
 also reports state between steps.
 
-Fast-forward windows of identical decode steps stop before the next arrival anywhere
-in the cluster; with multi-turn workloads they also stop before any other replica's
-current step ends, because a finish there may create a follow-up turn that the router
-could send here. Results are then identical to stepping.
+Fast-forward is lazy: a replica in a run of identical decode steps plans the run (step
+end times only), sleeps until its end and applies it then. A request routed to it in the
+meantime interrupts the sleep; the replica applies just the steps that started before
+the arrival, as stepping would have run them, and admits the request at the next step
+boundary. Results are identical to stepping (tests run both), and a replica that gets
+no arrival keeps skipping however busy the rest of the cluster is.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -52,6 +55,8 @@ class Replica:
         self.steps: StepLog | None = StepLog() if keep_steps else None
         self.clock = INF          # end of the step in flight; INF while idle
         self.wake: simpy.Event | None = None
+        self.process: simpy.Process | None = None
+        self.in_window = False    # sleeping through a planned fast-forward window
         self.end_time = 0.0
         self.num_events = 0
         self.num_ff_windows = 0
@@ -98,6 +103,8 @@ class ClusterSimulation:
         self._params: dict[int, SamplingParams] = {}
         self._multi_turn = workload.cfg.turns > 1
         self._block_size = self.replicas[0].core.config.block_size
+        # Steps planned per fast-forward window: an arrival mid-window wastes the rest.
+        self.max_window = 256
         self.records: list[RequestRecord] = []  # every replica's, in the order they ended
 
     # ------------------------------------------------------------------ routing
@@ -122,6 +129,9 @@ class ClusterSimulation:
         wake = rep.wake
         if wake is not None and not wake.triggered:
             wake.succeed()
+        elif rep.in_window:
+            rep.in_window = False
+            rep.process.interrupt()
 
     def _dispatcher(self):  # a SimPy process: wakes at each arrival of the lazy stream
         env = self.env
@@ -187,14 +197,6 @@ class ClusterSimulation:
                 timer.callbacks.append(self._on_followup_timer)
 
     # ------------------------------------------------------------------ engine loops
-    def _deadline(self, rep: Replica) -> float:
-        d = self.source.next_time()
-        if self._multi_turn:
-            for other in self.replicas:
-                if other is not rep and other.clock < d:
-                    d = other.clock
-        return d
-
     def _engine(self, rep: Replica):  # a SimPy process per replica
         env = self.env
         core = rep.core
@@ -212,8 +214,22 @@ class ClusterSimulation:
                 rep.wake = None
                 t = env.now if env.now > t else t
                 continue
-            if self.fast_forward and self._fast_forward(rep, t):
-                t = rep.end_time
+            plan = self._plan_window(rep, t) if self.fast_forward else None
+            if plan is not None:
+                ends = plan[3]
+                rep.in_window = True
+                try:
+                    yield env.timeout(ends[-1] - env.now)
+                    m = len(ends)
+                except simpy.Interrupt:
+                    # A request arrived at env.now: the steps that started before it ran.
+                    x = env.now
+                    m = 0 if x <= t else 1 + min(bisect.bisect_left(ends, x), len(ends) - 1)
+                rep.in_window = False
+                if m == 0:
+                    continue
+                finished = self._apply_window(rep, t, plan, m)
+                t = ends[m - 1]
             else:
                 in_system = len(sched.running) + len(sched.waiting)
                 outputs, stats = core.step(t)
@@ -238,36 +254,44 @@ class ClusterSimulation:
                     log.preempted.append(stats.num_preempted)
                 t = t + d
                 rep.end_time = t
-                rep.clock = t
-                for out in outputs:
-                    if out.finish_reason is not None:
-                        self._finish(rep, out.req_id)
+                finished = [out.req_id for out in outputs if out.finish_reason is not None]
             rep.clock = t
             rep.num_events += 1
-            yield env.timeout(max(0.0, t - env.now))
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            # Finishes reach the router (and start follow-up turns) when the step ends.
+            for rid in finished:
+                self._finish(rep, rid)
 
-    def _fast_forward(self, rep: Replica, t: float) -> bool:
+    def _plan_window(self, rep: Replica, t: float
+                     ) -> tuple[list[str], int, list[float], list[float]] | None:
+        """The next run of identical decode steps (ids, context, durations, ends), not applied."""
         sched = rep.core.scheduler
-        k = decode_window(sched, 1 << 30)
+        k = decode_window(sched, self.max_window)
         if k <= 0:
-            return False
-        running = sched.running
-        n = len(running)
+            return None
         context = 0
-        for req in running:
+        ids = []
+        for req in sched.running:
             context += req.num_computed_tokens
+            ids.append(req.request_id)
+        durations, ends = rep.executor.decode_step_times(len(ids), context, k, t, INF)
+        return ids, context, durations, ends
+
+    def _apply_window(self, rep: Replica, t: float,
+                      plan: tuple[list[str], int, list[float], list[float]], m: int) -> list[str]:
+        """Apply the first m steps of a planned window; returns the requests that finished."""
+        ids, context, durations, ends = plan
+        durations, ends = durations[:m], ends[:m]
+        sched = rep.core.scheduler
         ex = rep.executor
-        durations, ends = ex.decode_step_times(n, context, k, t, self._deadline(rep))
-        if not ends:
-            return False
         dropped = sched.finished_req_ids
         tokens = ex.tokens
-        ids = [r.request_id for r in running]
+        n = len(ids)
         usage, finished = apply_decode_steps(sched, ends,
-                                             lambda req, m: [tokens.get(req.request_id, 1)] * m)
+                                             lambda req, k: [tokens.get(req.request_id, 1)] * k)
         ex.advance_decode(ids, context, durations, dropped)
-        k = len(ends)
-        rep.core.num_steps += k
+        rep.core.num_steps += m
         busy = 0.0
         kv_area = 0.0
         for d, u in zip(durations, usage):
@@ -283,22 +307,19 @@ class ClusterSimulation:
             log.start.append(t)
             log.start.extend(ends[:-1])
             log.duration.extend(durations)
-            reps = [n] * k
+            reps = [n] * m
             log.in_system.extend(reps)
             log.running.extend(reps)
             if finished:
                 log.running[-1] = n - len(finished)
-            log.waiting.extend([0] * k)
+            log.waiting.extend([0] * m)
             log.tokens.extend(reps)
             log.seqs.extend(reps)
             log.kv_usage.extend(usage)
-            log.preempted.extend([0] * k)
+            log.preempted.extend([0] * m)
         rep.num_ff_windows += 1
         rep.end_time = ends[-1]
-        rep.clock = ends[-1]
-        for rid in finished:
-            self._finish(rep, rid)
-        return True
+        return finished
 
     # ------------------------------------------------------------------ run
     def _replica_result(self, rep: Replica, wall: float) -> RunResult:
@@ -315,7 +336,7 @@ class ClusterSimulation:
         env = self.env
         env.process(self._dispatcher())
         for rep in self.replicas:
-            env.process(self._engine(rep))
+            rep.process = env.process(self._engine(rep))
         env.run()
         wall = time.perf_counter() - wall
         per = [self._replica_result(rep, wall) for rep in self.replicas]

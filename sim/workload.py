@@ -30,6 +30,7 @@ class WorkloadConfig:
     burstiness: float = 1.0          # gamma shape; 1 = Poisson, < 1 burstier
     time_scale: float = 1.0          # trace timestamps are multiplied by this
     trace: str = ""                  # CSV path, or 'builtin:azure_conv' (the bundled excerpt)
+    trace_cycle: bool = False        # start the trace again when it runs out (timestamps shifted)
     prompt_dist: str = "lognormal"   # fixed | uniform | normal | lognormal | trace
     prompt_mean: float = 1024.0
     prompt_std: float = 512.0
@@ -132,9 +133,22 @@ class Workload:
             if not self.trace_path:
                 raise ConfigError("workload.trace", "a trace is needed for arrival/lengths "
                                   "'trace' but none is given")
-            for row in read_trace(self.trace_path):
-                yield row.arrival_time, row.num_prompt_tokens, row.num_output_tokens, \
-                    self.trace_path, row.line
+            offset = 0.0
+            while True:
+                last = None
+                lines = 1
+                for row in read_trace(self.trace_path):
+                    lines = row.line
+                    arrival = row.arrival_time
+                    if arrival is not None:
+                        last = arrival
+                        arrival += offset
+                    yield arrival, row.num_prompt_tokens, row.num_output_tokens, \
+                        self.trace_path, row.line
+                if not cfg.trace_cycle:
+                    return
+                # The next pass starts about one mean gap after this one ended.
+                offset += (last or 0.0) * (1.0 + 1.0 / lines)
         else:
             while True:
                 yield None, None, None, "<workload>", 0

@@ -134,6 +134,35 @@ def _bench(ns: argparse.Namespace) -> int:
     return run_bench(ns)
 
 
+@subcommand("route", "an OpenAI-compatible proxy routing over several `twinserve serve` replicas")
+def _route_parser(p: argparse.ArgumentParser) -> None:
+    from twinserve.core.routing import ROUTER_NAMES
+
+    p.add_argument("--replica", action="append", required=True, metavar="URL",
+                   help="base URL of a replica, e.g. http://127.0.0.1:8001 (repeatable)")
+    p.add_argument("--policy", default="round_robin", choices=ROUTER_NAMES,
+                   help="routing policy (the simulator's routers, twinserve.core.routing)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--prefix-blocks", type=int, default=4,
+                   help="prefix_affinity: leading chunks of the prompt that name its prefix")
+    p.add_argument("--prefix-chunk-chars", type=int, default=64,
+                   help="prefix_affinity: bytes per chunk (about 16 tokens)")
+    p.add_argument("--load-factor", type=float, default=1.25,
+                   help="prefix_affinity: no replica above this x the mean load")
+    p.add_argument("--health-interval", type=float, default=1.0, help="seconds between checks")
+    p.add_argument("--uvicorn-log-level", default="info")
+    p.set_defaults(func=_route)
+
+
+def _route(ns: argparse.Namespace) -> int:
+    from twinserve.backends.real.serving.route_proxy import ProxyConfig, run_proxy
+
+    cfg = ProxyConfig(ns.replica, ns.policy, ns.prefix_chunk_chars, ns.prefix_blocks,
+                      ns.load_factor, ns.health_interval)
+    return run_proxy(cfg, ns.host, ns.port, ns.uvicorn_log_level)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every registered subcommand."""
     parser = argparse.ArgumentParser(prog="twinserve", description="twinserve: LLM serving engine")

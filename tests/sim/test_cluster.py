@@ -24,13 +24,12 @@ IDENTITY_CASES = ("plain", "preemption", "shared_prefix", "multi_turn", "max_mod
 def test_one_replica_cluster_is_the_single_engine_simulator(case: str, fast_forward: bool) -> None:
     fields = dict(FF_CASES[case], fast_forward=fast_forward)
     single = run(small_config(**fields))
-    for router in ("round_robin", "prefix_affinity"):
-        cfg = small_config(router=router, **fields)
-        _, res = simulate_cluster(cfg)
-        assert fingerprint(res.replicas[0]) == fingerprint(single)
-        assert [dataclasses.astuple(r) for r in res.total.records] == \
-            [dataclasses.astuple(r) for r in single.records]
-        assert res.total.end_time == single.end_time
+    router = "prefix_affinity" if fast_forward else "round_robin"
+    _, res = simulate_cluster(small_config(router=router, **fields))
+    assert fingerprint(res.replicas[0]) == fingerprint(single)
+    assert [dataclasses.astuple(r) for r in res.total.records] == \
+        [dataclasses.astuple(r) for r in single.records]
+    assert res.total.end_time == single.end_time
 
 
 # A shared-system-prompt, multi-turn chat workload: 32 system prompts of 2,000 tokens,
@@ -119,3 +118,43 @@ def test_bad_cluster_config_is_a_clear_error() -> None:
         from_dict({"cluster": {"num_replicas": 2, "replicas": [{}, {}, {}]}})
     with pytest.raises(ConfigError, match="block_size"):
         from_dict({"cluster": {"num_replicas": 2, "replicas": [{"block_size": 0}]}})
+
+
+def test_trace_cycle_repeats_lengths_and_keeps_time_moving() -> None:
+    from twinserve.sim.build import build_workload
+
+    cfg = small_config(trace="builtin:azure_conv", arrival="trace", prompt_dist="trace",
+                       output_dist="trace", num_requests=10**6, max_model_len=8192)
+    once = list(build_workload(cfg).items())
+    cfg.workload.trace_cycle = True
+    cfg.workload.num_requests = 2 * len(once) + 5
+    twice = list(build_workload(cfg).items())
+    assert len(twice) == cfg.workload.num_requests
+    n = len(once)
+    assert [i.num_prompt_tokens for i in twice[n:2 * n]] == [i.num_prompt_tokens for i in once]
+    times = [i.arrival_time for i in twice]
+    assert times == sorted(times) and times[n] > times[n - 1]
+
+
+def test_streamed_records_match_the_in_memory_tables(tmp_path) -> None:
+    from twinserve.sim.cluster_study import build_cluster, cluster_frames
+    from twinserve.sim.stream import RecordStream
+
+    cfg = small_config(num_replicas=3, router="power_of_two", rate=12.0, num_requests=120)
+    _, kept = simulate_cluster(cfg)
+    req, _ = cluster_frames(kept)
+    sink = RecordStream(tmp_path / "r.csv")
+    built = build_cluster(cfg, keep_steps=False, keep_records=False, on_record=sink)
+    streamed = built.simulation.run()
+    sink.close()
+    assert streamed.total.records == [] and len(streamed.replicas[0].steps) == 0
+    assert streamed.routed == kept.routed and streamed.busy_time == kept.busy_time
+    s = sink.summary()
+    assert s["completed"] == len(req) == 120
+    for col in ("ttft_s", "tpot_s", "e2e_s"):
+        for q in (50, 99):
+            assert s[f"p{q}_{col}"] == pytest.approx(req[col].quantile(q / 100), rel=1e-12)
+    on_disk = pd.read_csv(tmp_path / "r.csv")
+    assert sorted(on_disk["request_id"]) == sorted(req["request_id"])
+    assert on_disk.set_index("request_id")["replica"].to_dict() == \
+        req.set_index("request_id")["replica"].to_dict()

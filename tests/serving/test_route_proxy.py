@@ -1,0 +1,151 @@
+"""`twinserve route`: two real CPU replicas behind the proxy, with the simulator's routers."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+import uvicorn
+
+from twinserve.backends.real.serving.route_proxy import ProxyConfig, build_proxy_app
+
+from .conftest import SlowStep, free_port, start_server, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+class Proxy:
+    """The proxy app on a free port, on a thread."""
+
+    def __init__(self, urls: list[str], policy: str, **kw) -> None:
+        self.app = build_proxy_app(ProxyConfig(urls, policy, health_interval_s=0.2, **kw))
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port,
+                                                    log_level="warning", access_log=False))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        wait_for(lambda: self.server.started, 20)
+
+    def routed(self) -> dict[str, float]:
+        """requests_routed_total per replica URL, from the proxy's /metrics."""
+        out = {}
+        for line in httpx.get(self.url + "/metrics").text.splitlines():
+            if line.startswith("twinserve_router:requests_routed_total{"):
+                url = line.split('replica="', 1)[1].split('"', 1)[0]
+                out[url] = float(line.rsplit(" ", 1)[1])
+        return out
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(20)
+
+
+@pytest.fixture(scope="module")
+def replicas(tiny_model_dir):
+    servers = [start_server(tiny_model_dir), start_server(tiny_model_dir)]
+    yield servers
+    for s in servers:
+        if s.thread.is_alive():
+            s.stop()
+
+
+def complete(url: str, prompt: str, **kw) -> httpx.Response:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0.0}
+    body.update(kw)
+    return httpx.post(url + "/v1/completions", json=body, timeout=60)
+
+
+def test_round_robin_spreads_and_answers_like_a_replica(replicas) -> None:
+    proxy = Proxy([s.url for s in replicas], "round_robin")
+    try:
+        direct = complete(replicas[0].url, "hello world").json()["choices"][0]["text"]
+        answers = [complete(proxy.url, "hello world") for _ in range(4)]
+        assert all(a.status_code == 200 for a in answers)
+        assert {a.json()["choices"][0]["text"] for a in answers} == {direct}
+        assert sorted(a.headers["x-twinserve-replica"] for a in answers) == ["0", "0", "1", "1"]
+        assert proxy.routed() == {replicas[0].url: 2.0, replicas[1].url: 2.0}
+        models = httpx.get(proxy.url + "/v1/models").json()
+        assert models["data"][0]["id"] == "tiny"
+        # A replica's own 400 passes through unchanged.
+        bad = complete(proxy.url, "hi", max_tokens=-3)
+        assert bad.status_code == 400 and "max_tokens" in bad.json()["error"]["message"]
+    finally:
+        proxy.stop()
+
+
+def test_stream_passes_through_and_disconnect_aborts_upstream(replicas) -> None:
+    proxy = Proxy([s.url for s in replicas], "least_outstanding")
+    try:
+        direct = complete(replicas[0].url, "stream me", max_tokens=12).json()["choices"][0]["text"]
+        with httpx.stream("POST", proxy.url + "/v1/completions", timeout=60,
+                          json={"model": "tiny", "prompt": "stream me", "max_tokens": 12,
+                                "temperature": 0.0, "stream": True}) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            events = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]"
+        text = "".join(json.loads(e[6:])["choices"][0]["text"] for e in events[:-1])
+        assert text == direct
+        # Slow both replicas, start a long stream, read one event and hang up.
+        slow = [SlowStep(s, 0.05) for s in replicas]
+        try:
+            with httpx.stream("POST", proxy.url + "/v1/completions", timeout=60,
+                              json={"model": "tiny", "prompt": "long one", "max_tokens": 200,
+                                    "ignore_eos": True, "stream": True}) as r:
+                target = replicas[int(r.headers["x-twinserve-replica"])]
+                next(line for line in r.iter_lines() if line.startswith("data: "))
+                assert target.engine.has_unfinished_requests()
+            # 200 tokens at 50 ms a step would take 10 s; the abort frees it at once.
+            waited = wait_for(lambda: not target.engine.has_unfinished_requests(), 5.0)
+            assert waited < 5.0
+        finally:
+            for s in slow:
+                s.stop()
+        # The proxy's own books close too: nothing in flight on either replica.
+        loads = proxy.app.state.proxy.loads
+        wait_for(lambda: all(x.outstanding == 0 for x in loads), 5.0)
+        gauges = [line for line in httpx.get(proxy.url + "/metrics").text.splitlines()
+                  if line.startswith("twinserve_router:requests_in_flight{")]
+        assert gauges and all(line.endswith(" 0.0") for line in gauges)
+    finally:
+        proxy.stop()
+
+
+def test_prefix_affinity_keeps_a_shared_prefix_on_one_replica(replicas) -> None:
+    proxy = Proxy([s.url for s in replicas], "prefix_affinity", prefix_chunk_chars=16,
+                  prefix_blocks=2)
+    try:
+        system = "You are a terse assistant. " * 3
+        homes = {complete(proxy.url, system + f"question {i}").headers["x-twinserve-replica"]
+                 for i in range(4)}
+        assert len(homes) == 1
+    finally:
+        proxy.stop()
+
+
+def test_a_replica_that_goes_down_leaves_rotation_and_errors_are_clear(tiny_model_dir) -> None:
+    a, b = start_server(tiny_model_dir), start_server(tiny_model_dir)
+    proxy = Proxy([a.url, b.url], "round_robin")
+    try:
+        assert complete(proxy.url, "x").status_code == 200
+        b.stop()
+        # Requests keep succeeding: the one sent to b is retried on a, and b leaves rotation.
+        for _ in range(4):
+            r = complete(proxy.url, "after b died")
+            assert r.status_code == 200 and r.headers["x-twinserve-replica"] == "0"
+        metrics = httpx.get(proxy.url + "/metrics").text
+        assert f'twinserve_router:replica_healthy{{replica="{b.url}"}} 0.0' in metrics
+        assert httpx.get(proxy.url + "/health").json() == {"replicas": 2, "healthy": 1}
+        a.stop()
+        r = complete(proxy.url, "nobody home")
+        assert r.status_code == 503
+        err = r.json()["error"]
+        assert err["code"] == "no_replica_available" and "out of rotation" in err["message"]
+        assert httpx.get(proxy.url + "/health").status_code == 503
+    finally:
+        proxy.stop()
+        for s in (a, b):
+            if s.thread.is_alive():
+                s.stop()
