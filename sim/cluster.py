@@ -122,7 +122,10 @@ class ClusterSimulation:
         session = str(item.conversation) if item.conversation >= 0 else None
         idx = self.router.choose(RouteRequest(item.request_id, keys, session,
                                               item.num_prompt_tokens), self.loads)
-        rep = self.replicas[idx]
+        self._deliver(self.replicas[idx], item, tokens)
+
+    def _deliver(self, rep: Replica, item: WorkItem, tokens: list[int]) -> None:
+        """Hand a routed request to a replica, waking it or cutting its window short."""
         rep.load.outstanding += 1
         rep.load.routed += 1
         rep.inbox.append((item, tokens))
@@ -152,7 +155,7 @@ class ClusterSimulation:
         core = rep.core
         wl = self.workload
         for item, tokens in rep.inbox:
-            n_out = item.num_output_tokens
+            n_out = self._max_tokens(rep, item)
             sp = self._params.get(n_out)
             if sp is None:
                 sp = self._params[n_out] = SamplingParams(max_tokens=n_out, ignore_eos=True)
@@ -170,6 +173,10 @@ class ClusterSimulation:
             rep.live[item.request_id] = req
             rep.executor.register(item.request_id, wl.sample_token(item))
         rep.inbox.clear()
+
+    def _max_tokens(self, rep: Replica, item: WorkItem) -> int:
+        """Tokens the request generates on this replica (all of them when colocated)."""
+        return item.num_output_tokens
 
     def _record(self, rep: Replica, rec: RequestRecord) -> None:
         if self.keep_records:

@@ -43,8 +43,24 @@ def build_cluster(cfg: StudyConfig, keep_steps: bool = True, keep_records: bool 
                 for i, eng in enumerate(engines)]
     workload = build_workload(cfg)
     router = make_router(c.router, cfg.run.seed, c.prefix_blocks, c.load_factor)
-    sim = ClusterSimulation(replicas, workload, router, cfg.run.fast_forward, c.prefix_blocks,
-                            on_record, keep_records)
+    if c.num_prefill_replicas > 0:
+        from .disagg import DecodeExecutor, DisaggregatedSimulation
+
+        for eng, rep in zip(engines[c.num_prefill_replicas:], replicas[c.num_prefill_replicas:]):
+            eng.executor = rep.executor = eng.core.executor = DecodeExecutor(eng.cost_model)
+        for rep in replicas:
+            rep.label += " prefill" if rep.index < c.num_prefill_replicas else " decode"
+        first = engines[0]
+        tp = cfg.engine.tensor_parallel_size
+        # Each tensor-parallel rank sends its own shard of the KV over its own link.
+        bandwidth = (c.kv_link_bandwidth or first.hardware.interconnect_bandwidth) * tp
+        sim: ClusterSimulation = DisaggregatedSimulation(
+            replicas, workload, router, c.num_prefill_replicas, bandwidth, c.kv_link_latency_s,
+            first.model.kv_bytes_per_token, fast_forward=cfg.run.fast_forward,
+            prefix_blocks=c.prefix_blocks, on_record=on_record, keep_records=keep_records)
+    else:
+        sim = ClusterSimulation(replicas, workload, router, cfg.run.fast_forward,
+                                c.prefix_blocks, on_record, keep_records)
     return BuiltCluster(cfg, engines, workload, sim)
 
 
@@ -110,6 +126,8 @@ def cluster_row(built: BuiltCluster, res: ClusterResult, req: pd.DataFrame, step
     row["load_imbalance"] = imbalance([float(x) for x in res.routed])
     row["busy_imbalance"] = imbalance(res.busy_time)
     row["router_spills"] = res.num_spills
+    row["num_prefill_replicas"] = cfg.cluster.num_prefill_replicas
+    row["kv_transfer_s_total"] = getattr(built.simulation, "transfer_time", 0.0)
     row["mfu"] = float(per["mfu"].mean()) if not per.empty else 0.0
     row["mbu"] = float(np.mean([e.executor.totals.mbu(e.model, e.hardware,
                                                       replica_config(cfg, i).engine

@@ -158,3 +158,44 @@ def test_streamed_records_match_the_in_memory_tables(tmp_path) -> None:
     assert sorted(on_disk["request_id"]) == sorted(req["request_id"])
     assert on_disk.set_index("request_id")["replica"].to_dict() == \
         req.set_index("request_id")["replica"].to_dict()
+
+
+DISAGG = dict(num_replicas=3, num_prefill_replicas=1, router="least_outstanding",
+              trace="builtin:azure_conv", prompt_dist="trace", output_dist="trace",
+              num_requests=120, rate=5.0)
+
+
+def test_disaggregation_moves_kv_at_link_cost_and_keeps_every_token() -> None:
+    fast_built, fast = simulate_cluster(small_config(kv_link_latency_s=1e-5, **DISAGG))
+    slow_built, slow = simulate_cluster(small_config(kv_link_latency_s=1.0, **DISAGG))
+    sim = slow_built.simulation
+    by_id = {r.request_id: r for r in fast.total.records}
+    assert len(slow.total.records) == len(by_id) == 120
+    multi = 0
+    for r in slow.total.records:
+        f = by_id[r.request_id]
+        # The prefill pool does not see the link: first tokens come at the same times.
+        assert r.first_token_time == f.first_token_time
+        assert r.num_output_tokens == f.num_output_tokens == len(r.token_times)
+        assert r.replica >= 1 or r.num_output_tokens == 1  # ended on a decode replica
+        if r.num_output_tokens > 1:
+            multi += 1
+            gap = r.token_times[1] - r.token_times[0]
+            assert gap >= sim.transfer_seconds(r.num_prompt_tokens) >= 1.0
+            assert f.token_times[1] - f.token_times[0] < 0.5
+    assert multi > 100
+    # Decode replicas price only the first token's own KV, never the transferred prompt.
+    for i in (1, 2):
+        totals = slow_built.engines[i].executor.totals
+        assert totals.num_prefill_tokens == slow.routed[i] > 0
+    assert slow.routed[0] == 120
+
+
+def test_disaggregation_summary_and_per_replica_pools(tmp_path) -> None:
+    out = tmp_path / "d"
+    assert cli.main(["run", "--set", "num_replicas=3", "--set", "num_prefill_replicas=1",
+                     "--requests", "40", "--out", str(out)]) == 0
+    per = pd.read_csv(out / "points" / "point00_replicas.csv")
+    assert list(per["hardware"].str.split().str[-1]) == ["prefill", "decode", "decode"]
+    summary = pd.read_csv(out / "summary.csv")
+    assert summary.loc[0, "completed"] == 40 and summary.loc[0, "kv_transfer_s_total"] > 0

@@ -1,0 +1,174 @@
+"""Disaggregated prefill and decode: a prefill pool and a decode pool, KV moved over a link.
+
+An arrival is routed (by the study's router) to a prefill replica, which computes the
+prompt and samples the first token (max_tokens = 1). The request's KV then crosses the
+link in latency + prompt tokens x KV bytes per token / bandwidth seconds (bandwidth from
+[cluster] kv_link_bandwidth, or the hardware catalog's interconnect), and the request is
+routed to the least loaded decode replica with its prompt and first token.
+
+On the decode replica the transferred KV is a prefill that costs no time: the scheduler
+still gives it KV blocks and token budget (as a real engine must hold the blocks), but
+the executor prices only the first token's own KV (one token over the prompt's context).
+The request's record joins both halves: TTFT from the prefill replica, every later token
+from the decode replica, E2E over both and the transfer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from twinserve.backends.sim.cost_model import CostModel
+from twinserve.backends.sim.executor import SimExecutor
+from twinserve.core.routing import LeastOutstanding, RouteRequest
+from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
+
+from .cluster import ClusterSimulation, Replica
+from .world import RequestRecord
+from .workload import WorkItem
+
+
+class _Discounted:
+    """A cost model that leaves out the prefill features of transferred KV for one step."""
+
+    def __init__(self, inner: CostModel) -> None:
+        self.inner = inner
+        self.name = getattr(inner, "name", "cost")
+        self.minus = (0, 0, 0, 0.0)
+
+    def step_time(self, pt: int, ps: int, pc: int, pa: float, ds: int, dc: int) -> float:
+        """The inner step time without the transferred tokens' prefill work."""
+        a, b, c, d = self.minus
+        return self.inner.step_time(pt - a, ps - b, pc - c, pa - d, ds, dc)
+
+
+class DecodeExecutor(SimExecutor):
+    """A SimExecutor whose requests may arrive with their prompt's KV already computed."""
+
+    def __init__(self, cost_model: CostModel) -> None:
+        super().__init__(_Discounted(cost_model))
+        self.transferred: dict[str, int] = {}  # request -> prompt tokens whose KV came over
+
+    def forget(self, req_id: str) -> None:
+        """Drop what is known about a finished request."""
+        super().forget(req_id)
+        self.transferred.pop(req_id, None)
+
+    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        """Price the step as SimExecutor does, minus the transferred tokens' prefill."""
+        tr = self.transferred
+        a = b = c = 0
+        d = 0.0
+        if tr:
+            num = so.num_scheduled_tokens
+            pairs = [(n.req_id, n.num_computed_tokens) for n in so.scheduled_new_reqs]
+            cached = so.scheduled_cached_reqs
+            pairs += list(zip(cached.req_ids, cached.num_computed_tokens))
+            for rid, done in pairs:
+                t = tr.get(rid, 0)
+                q = num.get(rid, 0)
+                if done >= t or q == 0:
+                    continue
+                qt = min(done + q, t) - done  # scheduled tokens whose KV already exists
+                a += qt
+                c += done
+                d += qt * (done + qt * 0.5)
+                if qt == q:
+                    b += 1
+        self.cost_model.minus = (a, b, c, d)
+        w = self.totals
+        out = super().execute(so)
+        self.cost_model.minus = (0, 0, 0, 0.0)
+        # Keep MFU/MBU honest: the transferred prefill was not computed here.
+        w.num_prefill_tokens -= a
+        w.num_prefill_seqs -= b
+        w.prefill_context -= c
+        w.prefill_attn -= d
+        return out
+
+
+@dataclass(slots=True)
+class _PrefillHalf:
+    """What the prefill replica measured, kept until the decode half ends."""
+
+    replica: int
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    prefix_hit_tokens: int
+    num_preemptions: int
+
+
+class DisaggregatedSimulation(ClusterSimulation):
+    """Prefill replicas [0, num_prefill) and decode replicas [num_prefill, n)."""
+
+    def __init__(self, replicas, workload, router, num_prefill: int, link_bandwidth: float,
+                 link_latency_s: float, kv_bytes_per_token: int, **kw) -> None:
+        super().__init__(replicas, workload, router, **kw)
+        self.num_prefill = num_prefill
+        self.loads = [r.load for r in self.replicas[:num_prefill]]
+        self.decode_loads = [r.load for r in self.replicas[num_prefill:]]
+        self.decode_router = LeastOutstanding()
+        self.link_bandwidth = link_bandwidth
+        self.link_latency_s = link_latency_s
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self._halves: dict[str, _PrefillHalf] = {}
+        self.transfer_time = 0.0
+        self.num_transfers = 0
+
+    def transfer_seconds(self, num_tokens: int) -> float:
+        """Time to move num_tokens tokens' KV from a prefill to a decode replica."""
+        return self.link_latency_s + num_tokens * self.kv_bytes_per_token / self.link_bandwidth
+
+    def _max_tokens(self, rep: Replica, item: WorkItem) -> int:
+        if rep.index < self.num_prefill:
+            return 1
+        return item.num_output_tokens - 1
+
+    def _finish(self, rep: Replica, rid: str) -> None:
+        if rep.index >= self.num_prefill:
+            self._finish_decode(rep, rid)
+            return
+        req = rep.live[rid]
+        item: WorkItem = req.payload
+        if item.num_output_tokens <= 1 or req.finish_time is None:
+            super()._finish(rep, rid)  # nothing to decode: the request ends here
+            return
+        rep.live.pop(rid)
+        rep.executor.forget(rid)
+        rep.load.outstanding -= 1
+        self._halves[rid] = _PrefillHalf(rep.index, req.first_scheduled_time,
+                                         req.first_token_time, max(req.prefix_hit_tokens, 0),
+                                         req.num_preemptions)
+        delay = self.transfer_seconds(req.num_prompt_tokens)
+        self.transfer_time += delay
+        self.num_transfers += 1
+        tokens = list(req.all_token_ids)
+        arrive = req.finish_time + delay
+        timer = self.env.timeout(max(0.0, arrive - self.env.now))
+        timer.callbacks.append(lambda _ev: self._to_decode(item, tokens))
+
+    def _to_decode(self, item: WorkItem, tokens: list[int]) -> None:
+        idx = self.decode_router.choose(RouteRequest(item.request_id), self.decode_loads)
+        rep = self.replicas[idx]
+        rep.executor.transferred[item.request_id] = len(tokens) - 1
+        self._deliver(rep, item, tokens)
+
+    def _finish_decode(self, rep: Replica, rid: str) -> None:
+        req = rep.live.pop(rid)
+        item: WorkItem = req.payload
+        rep.executor.forget(rid)
+        rep.load.outstanding -= 1
+        half = self._halves.pop(rid)
+        first = half.first_token_time
+        self._record(rep, RequestRecord(
+            rid, item.arrival_time, item.num_prompt_tokens, 1 + len(req.output_token_ids),
+            half.first_scheduled_time, first, req.finish_time, half.prefix_hit_tokens,
+            half.num_preemptions + req.num_preemptions,
+            ([first] if first is not None else []) + req.token_times, item.conversation,
+            item.turn, req.finish_reason.value if req.finish_reason is not None else "", "",
+            rep.index))
+        if self._multi_turn and req.finish_time is not None:
+            nxt = self.workload.next_turn(item, req.all_token_ids, req.finish_time)
+            if nxt is not None:
+                self.source.push(nxt)
+                timer = self.env.timeout(max(0.0, nxt.arrival_time - self.env.now))
+                timer.callbacks.append(self._on_followup_timer)
