@@ -86,17 +86,25 @@ def plot_cdfs(points: Sequence[tuple[str, pd.DataFrame, tuple]], path, title: st
               ttft_slo: float | None = None, tpot_slo: float | None = None) -> None:
     """Empirical CDFs of TTFT and TPOT, one colour per configuration, legend below."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.6 + 0.25 * ((len(points) + 2) // 3)))
-    for label, req, color in points:
+    # Past five lines, styles cycle too, so curves that coincide stay visible.
+    styles = ("-", "--", ":") if len(points) > 5 else ("-",)
+    for j, (label, req, color) in enumerate(points):
         for ax, col in ((ax1, "ttft_s"), (ax2, "tpot_s")):
             v = np.sort(req[col].dropna().to_numpy(dtype=float))
             if len(v):
                 ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post", color=color, lw=1.4,
-                        label=label if ax is ax1 else None)
-    for ax, slo, unit in ((ax1, ttft_slo, "s"), (ax2, tpot_slo, "s")):
-        if slo:
+                        ls=styles[j % len(styles)], label=label if ax is ax1 else None)
+    for ax, slo in ((ax1, ttft_slo), (ax2, tpot_slo)):
+        if not slo:
+            continue
+        lo, hi = ax.get_xlim()
+        if slo <= hi * 3:
             ax.axvline(slo, **SLO)
-            ax.annotate(f"SLO {slo:g} {unit}", (slo, 0.02), xycoords=("data", "axes fraction"),
+            ax.annotate(f"SLO {slo:g} s", (slo, 0.02), xycoords=("data", "axes fraction"),
                         fontsize=7, color="0.35", rotation=90, ha="right")
+        else:  # far right of every request: say so instead of squeezing the curves
+            ax.annotate(f"SLO {slo:g} s →", (0.99, 0.02), xycoords="axes fraction",
+                        fontsize=7, color="0.35", ha="right")
     ax1.set_xscale("log")
     ax1.set_xlabel("TTFT (s, log)")
     ax2.set_xscale("log")
