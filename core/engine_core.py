@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 from .request import FinishReason, Request
 from .sched.config import SchedulerConfig
@@ -35,16 +35,28 @@ class StepStats:
     prefix_hits: int
     num_preempted: int
     num_finished: int
+    # Wall time of each phase, measured only when the core is given a clock (else 0).
+    schedule_time: float = 0.0
+    execute_time: float = 0.0
+    update_time: float = 0.0
 
 
 class EngineCore:
-    """Owns the scheduler and an executor; the busy loop calls step(now)."""
+    """Owns the scheduler and an executor; the busy loop calls step(now).
 
-    def __init__(self, config: SchedulerConfig, executor: Executor) -> None:
+    clock, when given (the real engine passes a wall clock when it logs steps), times
+    schedule / execute / update into StepStats; the core never reads a clock itself.
+    """
+
+    def __init__(self, config: SchedulerConfig, executor: Executor,
+                 clock: Callable[[], float] | None = None) -> None:
         self.config = config
         self.scheduler = Scheduler(config)
         self.executor = executor
+        self.clock = clock
         self.num_steps = 0
+        # The last step's SchedulerOutput (a reference, for step logs and replay checks).
+        self.last_scheduler_output: SchedulerOutput | None = None
 
     def add_request(self, request: Request) -> None:
         """Queue a request (typed error if it can never be served)."""
@@ -64,16 +76,30 @@ class EngineCore:
         sched = self.scheduler
         if not sched.has_unfinished_requests():
             return [], None
-        so = sched.schedule(now)
-        mro = self.executor.execute(so)
-        duration = mro.step_time or 0.0
-        outputs = sched.update_from_output(so, mro, now + duration)
+        clock = self.clock
+        if clock is None:
+            so = sched.schedule(now)
+            mro = self.executor.execute(so)
+            duration = mro.step_time or 0.0
+            outputs = sched.update_from_output(so, mro, now + duration)
+            t_sched = t_exec = t_update = 0.0
+        else:
+            c0 = clock()
+            so = sched.schedule(now)
+            c1 = clock()
+            mro = self.executor.execute(so)
+            c2 = clock()
+            duration = mro.step_time or 0.0
+            outputs = sched.update_from_output(so, mro, now + duration)
+            c3 = clock()
+            t_sched, t_exec, t_update = c1 - c0, c2 - c1, c3 - c2
+        self.last_scheduler_output = so
         kv = sched.kv
         stats = StepStats(
             self.num_steps, now, duration, sched.num_running, sched.num_waiting,
             len(so.scheduled_new_reqs), len(so.num_scheduled_tokens),
             so.total_num_scheduled_tokens, kv.usage, kv.stats.queries, kv.stats.hits,
-            len(so.preempted_req_ids), len(sched.finished_req_ids),
+            len(so.preempted_req_ids), len(sched.finished_req_ids), t_sched, t_exec, t_update,
         )
         self.num_steps += 1
         return outputs, stats

@@ -124,7 +124,7 @@ def main() -> None:
     ts_dt, ts_tok = bench_twinserve(llm, prompts, outs)
     ts_rate = ts_tok / ts_dt
     print(f"twinserve     mixed batch: {ts_tok} tokens in {ts_dt:.1f} s = {ts_rate:.1f} output tok/s "
-          f"(threads={threads}, steps={len(engine.step_log.records)})")
+          f"(threads={threads}, steps={engine.core.num_steps})")
     ts_dec = decode_rate_twinserve(llm, prompts[0][:32], a.decode_tokens)
     print(f"twinserve     batch-1 decode: {ts_dec:.1f} tok/s (threads={threads})")
     peak_ts = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

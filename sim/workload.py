@@ -93,8 +93,9 @@ class Workload:
         self._index = 0
 
     # -------------------------------------------------------------- sampling
-    def _draw_len(self, dist: str, mean: float, std: float, lo: int, hi: int) -> int:
-        r = self._len
+    def _draw_len(self, dist: str, mean: float, std: float, lo: int, hi: int,
+                  rng: np.random.Generator | None = None) -> int:
+        r = self._len if rng is None else rng
         if dist == "fixed":
             v = mean
         elif dist == "uniform":
@@ -199,13 +200,15 @@ class Workload:
         cfg = self.cfg
         if item.turn + 1 >= cfg.turns:
             return None
-        r = self._len
+        # Drawn from the conversation's own stream, so a turn is the same whatever order the
+        # turns before it finished in (a real run and its simulation can finish them differently).
+        r = np.random.default_rng([self.seed, 11, item.conversation, item.turn])
         new = int(r.integers(max(1, cfg.followup_tokens // 2), cfg.followup_tokens * 3 // 2 + 1))
         output = self._draw_len(cfg.output_dist if cfg.output_dist != "trace" else "fixed",
                                 cfg.output_mean if cfg.output_dist != "trace"
                                 else item.num_output_tokens,
-                                cfg.output_std, cfg.output_min, cfg.output_max)
-        think = float(self._arr.exponential(cfg.think_time)) if cfg.think_time > 0 else 0.0
+                                cfg.output_std, cfg.output_min, cfg.output_max, rng=r)
+        think = float(r.exponential(cfg.think_time)) if cfg.think_time > 0 else 0.0
         prompt = len(context) + new
         if prompt + output > self.max_model_len:
             return None  # the conversation has outgrown the model

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import simpy
 
@@ -121,7 +121,7 @@ class Simulation:
     """One engine replica (the core's EngineCore, unchanged) driven in simulated time."""
 
     def __init__(self, core: EngineCore, executor: SimExecutor, workload: Workload,
-                 fast_forward: bool = True) -> None:
+                 fast_forward: bool = True, step_starts: Sequence[float] | None = None) -> None:
         self.core = core
         self.executor = executor
         self.workload = workload
@@ -134,6 +134,12 @@ class Simulation:
         self.num_events = 0
         self.num_ff_windows = 0
         self._params: dict[int, SamplingParams] = {}
+        # Replay: step k starts at step_starts[k] (a real run's measured start times), so
+        # arrivals are admitted exactly where the real engine admitted them.
+        self.step_starts = step_starts
+        if step_starts is not None:
+            self.fast_forward = False
+        self.replay_exhausted = False
 
     # ------------------------------------------------------------------ arrivals
     def _admit(self, t: float) -> None:
@@ -178,7 +184,15 @@ class Simulation:
         source = self.source
         log = self.steps
         t = 0.0
+        starts = self.step_starts
         while True:
+            if starts is not None:
+                k = core.num_steps
+                if k >= len(starts):
+                    # The simulator needs more steps than the real run took: not the same schedule.
+                    self.replay_exhausted = sched.has_unfinished_requests() or source.next_time() < INF
+                    return
+                t = starts[k] if starts[k] > t else t
             self._admit(t)
             if not sched.has_unfinished_requests():
                 nxt = source.next_time()

@@ -184,5 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+# Subcommands defined elsewhere register themselves on import.
+from twinserve.backends.twin import cli as _twin_cli  # noqa: E402,F401  (calibrate, fidelity)
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -27,7 +27,7 @@ from .executor import InProcessExecutor
 from .models.llama import LlamaForCausalLM
 from .models.registry import ModelSource, resolve_model
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
-from .step_log import StepLog
+from .step_log import StepLog, StepRecord
 from .tokenizer import apply_chat_template, load_tokenizer
 from .worker import Worker
 
@@ -63,7 +63,8 @@ class _Parent:
 class LLMEngine:
     """Adds requests, steps the engine core, and returns incremental per-request outputs."""
 
-    def __init__(self, args: EngineArgs, model: LlamaForCausalLM | None = None, tokenizer: Any = None) -> None:
+    def __init__(self, args: EngineArgs, model: LlamaForCausalLM | None = None, tokenizer: Any = None,
+                 step_log: StepLog | None = None) -> None:
         self.args = args
         source: ModelSource | None = None
         if model is None:
@@ -76,7 +77,10 @@ class LLMEngine:
         self.eos_token_ids = list(cfg.eos_token_id) or (
             [self.tokenizer.eos_token_id] if getattr(self.tokenizer, "eos_token_id", None) is not None else [])
         self.worker = Worker(args, self.max_model_len, self.eos_token_ids, model=model, source=source)
-        self.executor = InProcessExecutor([self.worker], StepLog(args.step_log_path))
+        self.executor = InProcessExecutor([self.worker])
+        # Per-step shapes and phase times: streamed to args.step_log_path, or a log given by the
+        # caller (calibrate, fidelity); disabled otherwise, so nothing grows and nothing is timed.
+        self.step_log = step_log if step_log is not None else StepLog(args.step_log_path)
         num_blocks = self.executor.initialize_kv_cache()
         batched = args.max_num_batched_tokens or (2048 if args.enable_chunked_prefill else self.max_model_len)
         self.scheduler_config = SchedulerConfig(
@@ -87,13 +91,23 @@ class LLMEngine:
             enable_prefix_caching=args.enable_prefix_caching, policy=args.policy,
             preemption=args.preemption)
         self.core = EngineCore(self.scheduler_config, self.executor)
+        self.set_step_log(self.step_log)
         self._rng = random.Random(args.seed)
         torch.manual_seed(args.seed)
         self._parents: dict[str, _Parent] = {}
         self._child_to_parent: dict[str, _Parent] = {}
         self._lock = threading.RLock()
         self.last_stats: StepStats | None = None
+        self._last_step_end = 0.0
+        self._busy_after_last_step = False
         self.dead: BaseException | None = None
+
+    def set_step_log(self, step_log: StepLog) -> None:
+        """Log steps to step_log from now on (a disabled log turns the phase timing off)."""
+        self.step_log = step_log
+        on = step_log.enabled
+        self.core.clock = time.perf_counter if on else None
+        self.executor.set_timing(on)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
@@ -214,13 +228,17 @@ class LLMEngine:
             self._check_alive()
             if not self.core.has_unfinished_requests():
                 return []
+            logging = self.step_log.enabled
+            t0 = time.perf_counter() if logging else 0.0
+            start = time.monotonic()
             try:
-                outputs, stats = self.core.step(time.monotonic())
+                outputs, stats = self.core.step(start)
             except Exception as e:
                 # Executor state and scheduler state may disagree now: refuse further work.
                 self.dead = e
                 raise EngineDeadError(f"engine step failed: {e!r}; restart the engine") from e
             self.last_stats = stats
+            t_core = time.perf_counter() if logging else 0.0
             now = time.monotonic()
             changed: dict[str, tuple[_Parent, set[int]]] = {}
             stop_aborts: list[str] = []
@@ -234,7 +252,26 @@ class LLMEngine:
                 changed.setdefault(parent.request_id, (parent, set()))[1].add(id(child))
             if stop_aborts:
                 self.core.abort(stop_aborts, now, reason=FinishReason.STOP)
-            return [self._make_output(p, now, touched) for p, touched in changed.values()]
+            result = [self._make_output(p, now, touched) for p, touched in changed.values()]
+            if logging and stats is not None:
+                self._log_step(stats, start, t0, t_core, time.perf_counter())
+            return result
+
+    def _log_step(self, stats: StepStats, start: float, t0: float, t_core: float, t_end: float) -> None:
+        """One step record: the shape the worker ran and the wall time of every phase."""
+        log = self.step_log
+        # Time requests waited between the last step's end and this one's start, if any were left.
+        gap = t0 - self._last_step_end if self._busy_after_last_step else 0.0
+        self._last_step_end = t_end
+        self._busy_after_last_step = self.core.has_unfinished_requests()
+        shape = self.executor.last_step_shape
+        prepare, forward, sample = self.executor.last_step_timing if shape.num_new_tokens else (0.0, 0.0, 0.0)
+        so = self.core.last_scheduler_output
+        log.append(StepRecord(
+            stats.step, start, list(shape.prefills), list(shape.decodes), stats.num_running,
+            stats.num_waiting, stats.num_preempted, stats.schedule_time, prepare, forward, sample,
+            stats.update_time, t_end - t_core, t_end - t0, gap,
+            dict(so.num_scheduled_tokens) if log.record_schedule and so is not None else None))
 
     def _apply(self, child: _Child, o: EngineCoreOutput) -> bool:
         """Fold one core output into a child; True if a stop string ended it (core must abort)."""
@@ -284,20 +321,16 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ misc
     @property
-    def step_log(self) -> StepLog:
-        """Per-step shapes and times recorded so far."""
-        return self.executor.step_log
-
-    @property
     def kv_bytes_per_token(self) -> int:
         """KV cache bytes per token for this model and dtype."""
         return self.worker.kv_bytes_per_token
 
     def shutdown(self) -> None:
-        """Abort what is left and write the step log if asked."""
+        """Abort what is left and close the step log."""
         with self._lock:
             self.abort_request(list(self._parents))
             self.executor.shutdown()
+            self.step_log.close()
 
 
 def _peek_config(source: ModelSource | None):

@@ -6,7 +6,6 @@ from typing import Protocol
 
 from ...core.sched.output import ModelRunnerOutput, SchedulerOutput
 from .model_runner import StepShape
-from .step_log import StepLog, StepRecord
 
 
 class WorkerHandle(Protocol):
@@ -27,17 +26,24 @@ class WorkerHandle(Protocol):
     def last_step_shape(self) -> StepShape:
         """Shape of the step just run."""
 
+    @property
+    def last_step_timing(self) -> tuple[float, float, float]:
+        """(prepare_s, forward_s, sample_s) of the step just run, when timing is on."""
+
+    def set_timing(self, on: bool) -> None:
+        """Time the phases of each step (for the step log)."""
+
 
 class InProcessExecutor:
-    """Runs one worker in this process and logs every step; satisfies core.Executor.
+    """Runs one worker in this process; satisfies core.Executor.
 
     With tensor parallelism each worker would get the same SchedulerOutput and the first
     one's ModelRunnerOutput would be returned; num_blocks is the minimum over workers.
+    The engine builds the step log from last_step_shape / last_step_timing.
     """
 
-    def __init__(self, workers: list[WorkerHandle], step_log: StepLog | None = None) -> None:
+    def __init__(self, workers: list[WorkerHandle]) -> None:
         self.workers = workers
-        self.step_log = step_log if step_log is not None else StepLog()
         self.num_steps = 0
 
     def initialize_kv_cache(self) -> int:
@@ -48,17 +54,25 @@ class InProcessExecutor:
         return num_blocks
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Run the step on the workers and record its shape and measured time."""
+        """Run the step on the workers; the first one's output is the step's."""
         outputs = [w.execute_model(scheduler_output) for w in self.workers]
-        out = outputs[0]
-        shape = self.workers[0].last_step_shape
-        if shape.num_new_tokens:
-            self.step_log.append(StepRecord(self.num_steps, shape.num_new_tokens, len(shape.prefills),
-                                            len(shape.decodes), shape.prefills, shape.decodes,
-                                            out.step_time or 0.0))
         self.num_steps += 1
-        return out
+        return outputs[0]
+
+    @property
+    def last_step_shape(self) -> StepShape:
+        """Shape of the step just run (rank 0's)."""
+        return self.workers[0].last_step_shape
+
+    @property
+    def last_step_timing(self) -> tuple[float, float, float]:
+        """(prepare_s, forward_s, sample_s) of the step just run (rank 0's)."""
+        return self.workers[0].last_step_timing
+
+    def set_timing(self, on: bool) -> None:
+        """Time each step's phases on every worker."""
+        for w in self.workers:
+            w.set_timing(on)
 
     def shutdown(self) -> None:
-        """Write the step log if a path was given."""
-        self.step_log.write()
+        """Nothing to release in process."""

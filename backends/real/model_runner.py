@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,6 +42,11 @@ class ModelRunner:
         self.stop_ids = stop_ids
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.last_shape = StepShape()
+        # Time the phases of each step (set by the engine when it keeps a step log); on CUDA
+        # this synchronizes at each phase end, so it is off unless asked for.
+        self.timing = False
+        # (prepare_s, forward_s, sample_s) of the last step, when timing.
+        self.last_timing: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def init_kv_cache(self, num_blocks: int, dtype: torch.dtype) -> None:
         """Allocate [num_blocks, block_size, num_kv_heads, head_dim] K and V per layer."""
@@ -73,17 +79,22 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         """Run one scheduler output and return the sampled tokens."""
+        timing = self.timing
+        t0 = time.perf_counter() if timing else 0.0
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
             self.last_shape = StepShape()
+            self.last_timing = (0.0, 0.0, 0.0)
             return ModelRunnerOutput({})
         states, q_lens, starts = self._order(so)
         input_ids, positions, meta, logits_idx, sampling = self._prepare(states, q_lens, starts)
+        t1 = self._mark() if timing else 0.0
         hidden = self.model(input_ids, positions, self.kv_caches, meta, self.backend)
+        logits = self.model.compute_logits(hidden[logits_idx]) if sampling else None
+        t2 = self._mark() if timing else 0.0
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, list[Logprob]] = {}
         if sampling:
-            logits = self.model.compute_logits(hidden[logits_idx])
             rows = [SamplingRow(st.sampling_params, st.token_ids, st.num_prompt_tokens, st.base_seed,
                                 ([] if st.sampling_params.ignore_eos else self.stop_ids)
                                 + st.sampling_params.stop_token_ids)
@@ -96,7 +107,16 @@ class ModelRunner:
                     logprobs[st.req_id] = [lp]
         for st, q in zip(states, q_lens):
             st.num_computed_tokens += q
+        if timing:
+            t3 = self._mark()
+            self.last_timing = (t1 - t0, t2 - t1, t3 - t2)
         return ModelRunnerOutput(sampled, logprobs or None)
+
+    def _mark(self) -> float:
+        """Now, after the device has finished what was queued (timing only)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
     def _order(self, so: SchedulerOutput) -> tuple[list[CachedRequestState], list[int], list[int]]:
         """Decodes first, sorted by context length (the torch backend buckets them), then prefills."""

@@ -101,3 +101,12 @@ class Worker:
     def last_step_shape(self) -> StepShape:
         """The shape of the step just run."""
         return self.runner.last_shape
+
+    @property
+    def last_step_timing(self) -> tuple[float, float, float]:
+        """(prepare_s, forward_s, sample_s) of the step just run, when timing is on."""
+        return self.runner.last_timing
+
+    def set_timing(self, on: bool) -> None:
+        """Time the phases of each step."""
+        self.runner.timing = on

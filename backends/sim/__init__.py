@@ -5,10 +5,11 @@ from .catalog import (HARDWARES, MODELS, HardwareSpec, ModelSpec, UnknownSpecErr
                       get_model)
 from .cost_model import CostModel, Efficiency, RooflineCostModel, StepFeatures, WorkTotals
 from .executor import SimExecutor
-from .fitted import FittedCostModel, ProfileError, fit_profile
+from .fit import fit_profile, fit_step_profile
+from .fitted import FittedCostModel, ProfileError, check_profile_model
 
 __all__ = [
     "CostModel", "Efficiency", "FittedCostModel", "HARDWARES", "HardwareSpec", "KVCapacity",
     "MODELS", "ModelSpec", "ProfileError", "RooflineCostModel", "SimExecutor", "StepFeatures",
-    "UnknownSpecError", "WorkTotals", "fit_profile", "get_hardware", "get_model", "kv_capacity",
+    "UnknownSpecError", "WorkTotals", "check_profile_model", "fit_profile", "fit_step_profile", "get_hardware", "get_model", "kv_capacity",
 ]

@@ -1,13 +1,13 @@
 """A cost model whose coefficients come from a measured step profile (JSON).
 
-Profile format (``twinserve-step-profile/1``), one JSON object::
+Profile format (``twinserve-step-profile/2``; ``/1`` files still load), one JSON object::
 
     {
-      "format": "twinserve-step-profile/1",
-      "model": "SmolLM2-135M",          # informative
-      "hardware": "H200",               # informative
+      "format": "twinserve-step-profile/2",
+      "model": "SmolLM2-135M",          # checked against the simulated model
+      "hardware": "cpu: ...",           # informative
       "tensor_parallel_size": 1,        # informative
-      "coefficients": {                 # seconds per unit; a missing key means 0
+      "coefficients": {                 # device path (inputs, forward, sampling), s per unit
         "intercept_s": 0.0021,                 # fixed cost of any step
         "per_token_s": 1.1e-6,                 # per new token (prefill + decode)
         "per_prefill_seq_s": 0.0,              # per prefill request in the step
@@ -16,13 +16,22 @@ Profile format (``twinserve-step-profile/1``), one JSON object::
         "per_decode_seq_s": 1.5e-5,            # per decode request
         "per_decode_context_token_s": 3.0e-9   # per context token of decodes
       },
-      "fit": {"num_steps": 1234, "r2": 0.99, "mape": 0.03}   # optional, informative
+      "overhead_coefficients": {...},   # the engine's CPU work between forwards (schedule,
+                                        # update, detokenize, outputs); same keys; optional
+      "regimes": [                      # optional: steps of at most max_num_tokens tokens
+        {"max_num_tokens": 4,           # use these instead (e.g. a small-batch kernel path,
+         "coefficients": {...},         # CUDA-graph buckets); first match wins
+         "overhead_coefficients": {...}}
+      ],
+      "fit": {...}, "provenance": {...} # diagnostics and where the profile was made
     }
 
-The step time is the intercept plus each coefficient times its feature (see
-cost_model.StepFeatures); a negative prediction is clamped to 0. ``fit_profile``
-produces such a file from a step log by least squares (FACTS.md: a roofline-shaped
-linear model fitted this way tracks profile-based predictions within a few percent).
+A step costs coefficients·features + overhead_scale × overhead_coefficients·features,
+clamped at zero; overhead_scale (1 by default) answers "what if the engine's CPU work
+were twice as fast" (0.5). The features are cost_model.StepFeatures. ``fit_step_profile``
+fits both parts from a step log by non-negative least squares on relative error (a 5 ms
+step counts as much as a 500 ms one); FACTS.md: a roofline-shaped linear model fitted
+this way tracks profile-based predictions within a few percent.
 """
 
 from __future__ import annotations
@@ -30,20 +39,45 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from twinserve.core.errors import TwinserveError
 
-PROFILE_FORMAT = "twinserve-step-profile/1"
+PROFILE_FORMAT = "twinserve-step-profile/2"
+FORMATS = ("twinserve-step-profile/1", PROFILE_FORMAT)
 COEFFICIENTS = ("intercept_s", "per_token_s", "per_prefill_seq_s", "per_prefill_attn_s",
                 "per_prefill_context_token_s", "per_decode_seq_s", "per_decode_context_token_s")
-# Step-log columns fit_profile reads (the feature names of StepFeatures, and the measured time).
+# Step-log columns the fit reads (the feature names of StepFeatures), and the measured times.
 FEATURE_COLUMNS = ("num_prefill_tokens", "num_prefill_seqs", "prefill_context", "prefill_attn",
                    "num_decode_seqs", "decode_context")
+PROFILES_DIR = Path(__file__).parent / "profiles"
+
+Coefs = tuple[float, float, float, float, float, float, float]
+ZERO: Coefs = (0.0,) * 7  # type: ignore[assignment]
 
 
 class ProfileError(TwinserveError, ValueError):
-    """A step profile file is malformed; the message names the file and the field."""
+    """A step profile file is malformed or does not fit; the message names the file and the field."""
+
+
+def design_row(num_prefill_tokens: float, num_prefill_seqs: float, prefill_context: float,
+               prefill_attn: float, num_decode_seqs: float, decode_context: float) -> list[float]:
+    """The regressors of one step, in COEFFICIENTS order."""
+    return [1.0, num_prefill_tokens + num_decode_seqs, num_prefill_seqs, prefill_attn,
+            prefill_context, num_decode_seqs, decode_context]
+
+
+def _dot(c: Coefs, pt: float, ps: float, pc: float, pa: float, ds: float, dc: float) -> float:
+    return (c[0] + c[1] * (pt + ds) + c[2] * ps + c[3] * pa + c[4] * pc + c[5] * ds + c[6] * dc)
+
+
+@dataclass(slots=True)
+class Regime:
+    """Coefficients for steps of at most max_num_tokens new tokens."""
+
+    max_num_tokens: int
+    coefficients: Coefs
+    overhead: Coefs = ZERO
 
 
 @dataclass(slots=True)
@@ -59,23 +93,63 @@ class FittedCostModel:
     per_decode_context_token_s: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict)
     name: str = "fitted"
+    overhead: Coefs = ZERO
+    regimes: list[Regime] = field(default_factory=list)
+    # Scales the engine's CPU overhead part: 0.5 asks "what if it were twice as fast".
+    overhead_scale: float = 1.0
+
+    @property
+    def coefficients(self) -> Coefs:
+        """The device-path coefficients in COEFFICIENTS order."""
+        return tuple(getattr(self, k) for k in COEFFICIENTS)  # type: ignore[return-value]
+
+    @property
+    def model(self) -> str | None:
+        """The model the profile was made for, if it says."""
+        m = self.meta.get("model")
+        return str(m) if m else None
 
     def step_time(self, num_prefill_tokens: int, num_prefill_seqs: int, prefill_context: int,
                   prefill_attn: float, num_decode_seqs: int, decode_context: int) -> float:
-        """Seconds for a step: the linear form, clamped at zero."""
+        """Seconds for a step: device part plus scaled CPU overhead, clamped at zero."""
+        args = (num_prefill_tokens, num_prefill_seqs, prefill_context, prefill_attn,
+                num_decode_seqs, decode_context)
+        if self.regimes:
+            tokens = num_prefill_tokens + num_decode_seqs
+            for r in self.regimes:
+                if tokens <= r.max_num_tokens:
+                    t = _dot(r.coefficients, *args) + self.overhead_scale * _dot(r.overhead, *args)
+                    return t if t > 0.0 else 0.0
         t = (self.intercept_s + self.per_token_s * (num_prefill_tokens + num_decode_seqs)
              + self.per_prefill_seq_s * num_prefill_seqs
              + self.per_prefill_attn_s * prefill_attn
              + self.per_prefill_context_token_s * prefill_context
              + self.per_decode_seq_s * num_decode_seqs
              + self.per_decode_context_token_s * decode_context)
+        if self.overhead_scale and self.overhead is not ZERO:
+            t += self.overhead_scale * _dot(self.overhead, *args)
         return t if t > 0.0 else 0.0
+
+    def split(self, *features: float) -> tuple[float, float]:
+        """(device part, CPU overhead part) of a step's predicted time, overhead unscaled."""
+        tokens = features[0] + features[4]
+        for r in self.regimes:
+            if tokens <= r.max_num_tokens:
+                return _dot(r.coefficients, *features), _dot(r.overhead, *features)
+        return _dot(self.coefficients, *features), _dot(self.overhead, *features)
 
     def to_dict(self) -> dict[str, Any]:
         """The profile as a JSON-ready mapping."""
         out: dict[str, Any] = {"format": PROFILE_FORMAT}
-        out.update({k: v for k, v in self.meta.items() if k not in ("format", "coefficients")})
-        out["coefficients"] = {k: getattr(self, k) for k in COEFFICIENTS}
+        out.update({k: v for k, v in self.meta.items()
+                    if k not in ("format", "coefficients", "overhead_coefficients", "regimes")})
+        out["coefficients"] = dict(zip(COEFFICIENTS, self.coefficients))
+        out["overhead_coefficients"] = dict(zip(COEFFICIENTS, self.overhead))
+        if self.regimes:
+            out["regimes"] = [{"max_num_tokens": r.max_num_tokens,
+                               "coefficients": dict(zip(COEFFICIENTS, r.coefficients)),
+                               "overhead_coefficients": dict(zip(COEFFICIENTS, r.overhead))}
+                              for r in self.regimes]
         return out
 
     def save(self, path: str | Path) -> None:
@@ -88,26 +162,34 @@ class FittedCostModel:
         if not isinstance(data, Mapping):
             raise ProfileError(f"{source}: a profile is a JSON object")
         fmt = data.get("format", PROFILE_FORMAT)
-        if fmt != PROFILE_FORMAT:
-            raise ProfileError(f"{source}: field 'format' is {fmt!r}, expected {PROFILE_FORMAT!r}")
-        coeffs = data.get("coefficients")
-        if not isinstance(coeffs, Mapping):
-            raise ProfileError(f"{source}: field 'coefficients' is missing or not an object")
-        values: dict[str, float] = {}
-        for key, value in coeffs.items():
-            if key not in COEFFICIENTS:
-                raise ProfileError(f"{source}: unknown coefficient 'coefficients.{key}'; "
-                                   f"known: {', '.join(COEFFICIENTS)}")
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ProfileError(f"{source}: field 'coefficients.{key}' must be a number")
-            values[key] = float(value)
-        meta = {k: v for k, v in data.items() if k != "coefficients"}
-        return cls(**values, meta=meta)
+        if fmt not in FORMATS:
+            raise ProfileError(f"{source}: field 'format' is {fmt!r}, expected one of {FORMATS}")
+        coefs = _coefs(data.get("coefficients"), "coefficients", source, required=True)
+        overhead = _coefs(data.get("overhead_coefficients"), "overhead_coefficients", source)
+        regimes = []
+        raw_regimes = data.get("regimes", [])
+        if not isinstance(raw_regimes, list):
+            raise ProfileError(f"{source}: field 'regimes' must be a list")
+        for i, r in enumerate(raw_regimes):
+            where = f"regimes[{i}]"
+            if not isinstance(r, Mapping):
+                raise ProfileError(f"{source}: field '{where}' must be an object")
+            m = r.get("max_num_tokens")
+            if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+                raise ProfileError(f"{source}: field '{where}.max_num_tokens' must be an integer >= 1")
+            regimes.append(Regime(m, _coefs(r.get("coefficients"), f"{where}.coefficients", source,
+                                            required=True),
+                                  _coefs(r.get("overhead_coefficients"),
+                                         f"{where}.overhead_coefficients", source)))
+        regimes.sort(key=lambda r: r.max_num_tokens)
+        meta = {k: v for k, v in data.items()
+                if k not in ("coefficients", "overhead_coefficients", "regimes")}
+        return cls(*coefs, meta=meta, overhead=overhead, regimes=regimes)
 
     @classmethod
     def load(cls, path: str | Path) -> "FittedCostModel":
-        """Read a profile file."""
-        p = Path(path)
+        """Read a profile file, or a shipped one by 'builtin:NAME'."""
+        p = resolve_profile(path)
         try:
             data = json.loads(p.read_text())
         except FileNotFoundError:
@@ -117,27 +199,51 @@ class FittedCostModel:
         return cls.from_dict(data, str(p))
 
 
-def fit_profile(rows: Iterable[Mapping[str, float]], time_key: str = "step_time_s",
-                **meta: Any) -> FittedCostModel:
-    """Least-squares fit of the coefficients to logged steps (each row: features + time)."""
-    import numpy as np
+def builtin_profiles() -> list[str]:
+    """Names of the profiles shipped with the package (use as 'builtin:NAME')."""
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
 
-    xs, ys = [], []
-    for row in rows:
-        f = [float(row[c]) for c in FEATURE_COLUMNS]
-        tokens = f[0] + f[4]
-        # Columns in COEFFICIENTS order.
-        xs.append([1.0, tokens, f[1], f[3], f[2], f[4], f[5]])
-        ys.append(float(row[time_key]))
-    if len(xs) < len(COEFFICIENTS):
-        raise ProfileError(f"need at least {len(COEFFICIENTS)} steps to fit, got {len(xs)}")
-    x = np.asarray(xs)
-    y = np.asarray(ys)
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    pred = x @ coef
-    ss_res = float(((y - pred) ** 2).sum())
-    ss_tot = float(((y - y.mean()) ** 2).sum()) or 1.0
-    mape = float(np.mean(np.abs(pred - y) / np.maximum(y, 1e-12)))
-    meta = dict(meta)
-    meta["fit"] = {"num_steps": len(ys), "r2": 1.0 - ss_res / ss_tot, "mape": mape}
-    return FittedCostModel(*(float(c) for c in coef), meta=meta)
+
+def resolve_profile(path: str | Path) -> Path:
+    """A profile path, with 'builtin:NAME' naming a shipped profile."""
+    text = str(path)
+    if text.startswith("builtin:"):
+        name = text.split(":", 1)[1]
+        p = PROFILES_DIR / f"{name}.json"
+        if not p.exists():
+            raise ProfileError(f"unknown builtin profile {name!r}; shipped: "
+                               f"{', '.join(builtin_profiles()) or 'none'}")
+        return p
+    return Path(path)
+
+
+def _coefs(raw: Any, where: str, source: str, required: bool = False) -> Coefs:
+    if raw is None and not required:
+        return ZERO
+    if not isinstance(raw, Mapping):
+        raise ProfileError(f"{source}: field '{where}' is missing or not an object")
+    values = dict.fromkeys(COEFFICIENTS, 0.0)
+    for key, value in raw.items():
+        if key not in COEFFICIENTS:
+            raise ProfileError(f"{source}: unknown coefficient '{where}.{key}'; "
+                               f"known: {', '.join(COEFFICIENTS)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ProfileError(f"{source}: field '{where}.{key}' must be a number")
+        values[key] = float(value)
+    return tuple(values[k] for k in COEFFICIENTS)  # type: ignore[return-value]
+
+
+def check_profile_model(profile: FittedCostModel, model: str, allow_mismatch: bool = False,
+                        source: str = "profile") -> None:
+    """Refuse a profile made for another model than the one simulated (names both)."""
+    made_for = profile.model
+    if allow_mismatch or not made_for:
+        return
+    if _norm(made_for) != _norm(model):
+        raise ProfileError(f"{source} was calibrated for model {made_for!r} but the simulated "
+                           f"model is {model!r}; calibrate one for {model!r} "
+                           "(`twinserve calibrate`) or allow the mismatch explicitly")
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("-instruct", "").replace("_", "-")

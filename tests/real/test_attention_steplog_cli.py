@@ -81,22 +81,41 @@ def test_unknown_model_is_a_clear_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
 def test_step_log_records_shapes_and_times(make_llm, tmp_path: Path, suffix: str) -> None:
+    from twinserve.backends.real.step_log import read_step_log
+
     path = tmp_path / f"steps{suffix}"
     llm = make_llm(max_num_batched_tokens=10, step_log_path=str(path))
     prompts = [{"prompt_token_ids": [5] * 23}, {"prompt_token_ids": [6] * 14}]
     llm.generate(prompts, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
-    records = llm.llm_engine.step_log.records
-    assert sum(r.num_new_tokens for r in records) == 23 + 14 + 2 * 4  # the last sampled token is never fed
-    assert all(r.num_new_tokens <= 10 and r.step_time > 0 for r in records)
-    chunks = [qc for r in records for qc in r.prefill_chunks]
-    assert sum(q for q, c in chunks if q > 1) >= 23 + 14 - 2
+    engine = llm.llm_engine
+    assert engine.step_log.records == []  # streamed to the file, not kept in memory
+    engine.shutdown()
+    rows = read_step_log(path)
+    assert len(rows) == engine.core.num_steps
+    tokens = [r["num_prefill_tokens"] + r["num_decode_seqs"] for r in rows]
+    assert sum(tokens) == 23 + 14 + 2 * 4  # the last sampled token is never fed
+    assert all(0 < t <= 10 for t in tokens)
+    chunks = [tuple(qc) for r in rows for qc in r["prefill_chunks"]]
+    assert sum(q for q, _ in chunks) == sum(r["num_prefill_tokens"] for r in rows) >= 23 + 14
     assert any(c > 0 for _, c in chunks)  # a chunk with cached context
-    assert any(r.num_decodes and r.num_prefills for r in records)  # a mixed step
-    llm.llm_engine.shutdown()
-    text = path.read_text().splitlines()
-    assert len(text) == len(records) + (1 if suffix == ".csv" else 0)
-    if suffix == ".jsonl":
-        assert json.loads(text[0])["num_new_tokens"] == records[0].num_new_tokens
+    assert any(r["num_decode_seqs"] and r["num_prefill_seqs"] for r in rows)  # a mixed step
+    for r in rows:
+        # Features are what the simulator prices: check them against the chunk lists.
+        assert r["prefill_attn"] == pytest.approx(sum(q * (c + q / 2) for q, c in r["prefill_chunks"]))
+        assert r["decode_context"] == sum(r["decode_context_lens"])
+        phases = [r[k] for k in ("schedule_s", "prepare_s", "forward_s", "sample_s", "update_s", "output_s")]
+        assert all(p >= 0 for p in phases) and r["forward_s"] > 0 and r["schedule_s"] > 0
+        assert r["step_time_s"] >= sum(phases) * 0.999  # the whole step, not just the forward
+        assert r["execute_s"] == pytest.approx(r["prepare_s"] + r["forward_s"] + r["sample_s"])
+
+
+def test_step_log_off_keeps_and_times_nothing(make_llm) -> None:
+    llm = make_llm()
+    engine = llm.llm_engine
+    assert not engine.step_log.enabled and engine.core.clock is None and not engine.worker.runner.timing
+    llm.generate([{"prompt_token_ids": [5] * 9}], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    assert engine.step_log.records == [] and engine.step_log.num_records == 0
+    assert engine.last_stats is not None and engine.last_stats.schedule_time == 0.0
 
 
 def test_cli_generate(tiny_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

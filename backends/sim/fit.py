@@ -1,0 +1,158 @@
+"""Fitting a step profile: non-negative least squares on relative error, with diagnostics.
+
+Both parts of a step are fitted over the same regressors (fitted.design_row): the device
+path (execute_s: inputs, forward, sampling) and the engine's CPU overhead (step_time_s -
+execute_s: schedule, update, detokenize, outputs). Residuals are divided by the step's
+total time, so a 5 ms decode weighs as much as a 500 ms prefill, and coefficients are
+kept >= 0 (scipy's NNLS, Lawson & Hanson 1974), so no term can go negative to buy fit
+on one kind of step at the expense of another. One pass drops steps whose residual is
+far outside the rest (a page fault, another process) and refits.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .fitted import (COEFFICIENTS, FEATURE_COLUMNS, ZERO, FittedCostModel, ProfileError, Regime,
+                     design_row)
+
+# Rows whose relative residual lies this many robust standard deviations off are refitted without.
+OUTLIER_SIGMAS = 5.0
+
+
+def _nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """min ||w·(x β - y)|| with β >= 0; columns scaled for conditioning, all-zero columns give 0."""
+    from scipy.optimize import nnls
+
+    xw = x * w[:, None]
+    scale = np.abs(xw).max(axis=0)
+    scale[scale == 0] = 1.0
+    beta, _ = nnls(xw / scale, y * w, maxiter=50 * x.shape[1])
+    return beta / scale
+
+
+def _kind(pt: float, ds: float) -> str:
+    if pt and ds:
+        return "mixed"
+    return "prefill" if pt else "decode"
+
+
+def _fit_bucket(x: np.ndarray, total: np.ndarray, execute: np.ndarray | None,
+                name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(device coefs, overhead coefs, kept-row mask) for one set of steps."""
+    used = int((np.abs(x).max(axis=0) > 0).sum())
+    if len(total) < max(used, 2):
+        raise ProfileError(f"{name}: {len(total)} steps cannot fit {used} coefficients; "
+                           "log more steps (fewer steps than coefficients)")
+    keep = np.ones(len(total), dtype=bool)
+    for _ in range(2):
+        w = 1.0 / total[keep]
+        if execute is None:
+            dev, ovh = _nnls(x[keep], total[keep], w), np.zeros(x.shape[1])
+        else:
+            dev = _nnls(x[keep], execute[keep], w)
+            ovh = _nnls(x[keep], np.maximum(total[keep] - execute[keep], 0.0), w)
+        rel = (x @ (dev + ovh) - total) / total
+        med = float(np.median(rel[keep]))
+        mad = float(np.median(np.abs(rel[keep] - med))) * 1.4826
+        outliers = np.abs(rel - med) > OUTLIER_SIGMAS * max(mad, 1e-3)
+        # Refit once without far outliers, and only when they are few.
+        if not outliers.any() or outliers.sum() > 0.05 * len(total) or not keep.all():
+            break
+        keep = ~outliers
+    return dev, ovh, keep
+
+
+def fit_step_profile(rows: Iterable[Mapping[str, Any]], *, split: bool = True,
+                     regime_max_tokens: Sequence[int] = (), time_key: str = "step_time_s",
+                     execute_key: str = "execute_s", **meta: Any) -> FittedCostModel:
+    """Fit a profile to step-log rows (features, step_time_s and, to split, execute_s)."""
+    data = []
+    for i, row in enumerate(rows):
+        for col in FEATURE_COLUMNS + (time_key,):
+            if col not in row:
+                raise ProfileError(f"step {i}: the step log has no column {col!r}")
+        f = [float(row[c]) for c in FEATURE_COLUMNS]
+        if f[0] + f[4] <= 0:
+            continue  # a step that computed nothing says nothing about cost
+        t = float(row[time_key])
+        if not t > 0:
+            raise ProfileError(f"step {i}: {time_key} must be > 0, got {row[time_key]!r}")
+        # Requests also wait through the driver's gap between steps: part of the overhead.
+        t += float(row.get("gap_s") or 0.0)
+        e = float(row[execute_key]) if split and execute_key in row else None
+        data.append((f, t, e))
+    if len(data) < len(COEFFICIENTS):
+        raise ProfileError(f"need at least {len(COEFFICIENTS)} steps that computed tokens to fit "
+                           f"{len(COEFFICIENTS)} coefficients, got {len(data)}")
+    split = split and all(e is not None for _, _, e in data)
+    feats = np.array([f for f, _, _ in data])
+    x = np.array([design_row(*f) for f, _, _ in data])
+    total = np.array([t for _, t, _ in data])
+    execute = np.array([e for _, _, e in data]) if split else None
+    tokens = feats[:, 0] + feats[:, 4]
+
+    bounds = sorted(set(int(b) for b in regime_max_tokens))
+    bucket = np.full(len(data), len(bounds))
+    for j in reversed(range(len(bounds))):
+        bucket[tokens <= bounds[j]] = j
+    coefs: list[tuple[np.ndarray, np.ndarray]] = []
+    keep = np.ones(len(data), dtype=bool)
+    for j in range(len(bounds) + 1):
+        m = bucket == j
+        name = f"steps of <= {bounds[j]} tokens" if j < len(bounds) else "steps"
+        if j < len(bounds) and not m.any():
+            coefs.append((np.zeros(7), np.zeros(7)))
+            continue
+        dev, ovh, kept = _fit_bucket(x[m], total[m], execute[m] if execute is not None else None,
+                                     name)
+        keep[np.flatnonzero(m)[~kept]] = False
+        coefs.append((dev, ovh))
+
+    dev_default, ovh_default = coefs[-1]
+    regimes = [Regime(bounds[j], tuple(map(float, coefs[j][0])), tuple(map(float, coefs[j][1])))
+               for j in range(len(bounds)) if (bucket == j).any()]
+    model = FittedCostModel(*(float(c) for c in dev_default), meta=dict(meta),
+                            overhead=tuple(map(float, ovh_default)) if split else ZERO,
+                            regimes=regimes)
+    model.meta["fit"] = diagnostics(model, feats, total, execute, keep)
+    return model
+
+
+def diagnostics(model: FittedCostModel, feats: np.ndarray, total: np.ndarray,
+                execute: np.ndarray | None, kept: np.ndarray | None = None) -> dict[str, Any]:
+    """R², MAPE, p95 and worst relative error, overall and per step kind (and per part)."""
+    pred = np.array([model.step_time(*f) for f in feats])
+    rel = (pred - total) / total
+    ss_res = float(((total - pred) ** 2).sum())
+    ss_tot = float(((total - total.mean()) ** 2).sum()) or 1.0
+    out: dict[str, Any] = {
+        "num_steps": int(len(total)),
+        "num_outliers_dropped": int((~kept).sum()) if kept is not None else 0,
+        "r2": 1.0 - ss_res / ss_tot,
+        "mape": float(np.mean(np.abs(rel))),
+        "p95_abs_rel_err": float(np.percentile(np.abs(rel), 95)),
+        "by_kind": {},
+    }
+    kinds = np.array([_kind(f[0], f[4]) for f in feats])
+    for k in ("prefill", "decode", "mixed"):
+        m = kinds == k
+        if m.any():
+            r = rel[m]
+            worst = int(np.argmax(np.abs(r)))
+            out["by_kind"][k] = {"num_steps": int(m.sum()), "mape": float(np.mean(np.abs(r))),
+                                 "worst_rel_err": float(r[worst]),
+                                 "mean_step_s": float(total[m].mean())}
+    if execute is not None:
+        dev = np.array([model.split(*f)[0] for f in feats])
+        out["execute_mape"] = float(np.mean(np.abs(dev - execute) / execute))
+        out["overhead_share"] = float(np.mean((total - execute) / total))
+    return out
+
+
+def fit_profile(rows: Iterable[Mapping[str, float]], time_key: str = "step_time_s",
+                **meta: Any) -> FittedCostModel:
+    """One-part fit of step times (no overhead split), kept for logs without execute_s."""
+    return fit_step_profile(rows, split=False, time_key=time_key, **meta)

@@ -1,0 +1,260 @@
+"""`twinserve calibrate`: run a designed set of steps on the real engine and fit a step profile.
+
+The design is made from step shapes, never drawn from a trace:
+
+- single prefill chunks: new tokens q x cached context c (the context comes from a
+  prefix-cache hit on a base prompt computed once), each step sampling one token;
+- several prefills in one step (k prompts of q tokens);
+- decode batches: b sequences at context c (distinct prompts, so no KV block is shared
+  and attention reads as much memory as it does in service), a few steps each;
+- mixed steps: a decode batch plus one new prefill chunk.
+
+Every step runs through the whole engine (schedule, forward, sample, update, detokenize,
+outputs), so the profile prices what a request waits for between two tokens, split into
+the device path and the engine's CPU overhead (backends/sim/fit.py). A warm-up runs
+first and is not fitted; the design is repeated `repeats` times.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import random
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from twinserve.backends.sim.catalog import MODELS
+from twinserve.backends.sim.fit import fit_step_profile
+from twinserve.backends.sim.fitted import FittedCostModel
+from twinserve.core.errors import InvalidConfigError
+from twinserve.core.sampling_params import SamplingParams
+
+from ..real.step_log import StepLog
+
+
+@dataclass(slots=True)
+class CalibrationDesign:
+    """The step shapes to measure; `for_limits` scales it to an engine's limits."""
+
+    prefill_sizes: list[int] = field(default_factory=lambda: [8, 32, 96, 192, 384])
+    prefill_contexts: list[int] = field(default_factory=lambda: [0, 192, 448])
+    multi_prefill: list[tuple[int, int]] = field(
+        default_factory=lambda: [(2, 32), (4, 32), (8, 32), (2, 128), (4, 128)])
+    decode_batches: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 8, 16, 32])
+    decode_contexts: list[int] = field(default_factory=lambda: [40, 288])
+    decode_steps: int = 4
+    mixed: list[tuple[int, int]] = field(default_factory=lambda: [(4, 64), (8, 192), (16, 64),
+                                                                  (16, 256)])
+    repeats: int = 2
+
+    @classmethod
+    def quick(cls) -> "CalibrationDesign":
+        """A small design for tests and tiny models."""
+        return cls([4, 12, 24], [0, 16], [(2, 8), (3, 4)], [1, 2, 4, 6], [8, 24], 3,
+                   [(2, 8), (4, 12)], 1)
+
+    def for_limits(self, max_num_seqs: int, max_num_batched_tokens: int,
+                   max_model_len: int) -> "CalibrationDesign":
+        """Drop shapes the engine could not run in one step."""
+        fits = lambda q, c: q <= max_num_batched_tokens and q + c + 1 < max_model_len  # noqa: E731
+        return CalibrationDesign(
+            [q for q in self.prefill_sizes if fits(q, 0)],
+            [c for c in self.prefill_contexts if c + 2 < max_model_len],
+            [(k, q) for k, q in self.multi_prefill
+             if k * q <= max_num_batched_tokens and k <= max_num_seqs],
+            [b for b in self.decode_batches if b <= max_num_seqs],
+            [c for c in self.decode_contexts if c + self.decode_steps + 2 < max_model_len],
+            self.decode_steps,
+            [(b, q) for b, q in self.mixed if b + 1 <= max_num_seqs
+             and b + q <= max_num_batched_tokens],
+            self.repeats)
+
+    def num_points(self) -> int:
+        """Design points per repeat (what the progress bar counts)."""
+        return (len(self.prefill_sizes) * len(self.prefill_contexts) + len(self.multi_prefill)
+                + len(self.decode_batches) * len(self.decode_contexts) + len(self.mixed))
+
+
+class Calibrator:
+    """Drives an LLMEngine through a design, logging every step in memory."""
+
+    def __init__(self, engine: Any, seed: int = 0) -> None:
+        self.engine = engine
+        self.rng = random.Random(seed)
+        self.vocab = engine.vocab_size
+        self._n = 0
+        self.log = StepLog(keep=True)
+
+    def _tokens(self, n: int) -> list[int]:
+        hi = self.vocab - 1
+        return [self.rng.randint(2, hi) for _ in range(n)]
+
+    def _add(self, ids: list[int], max_tokens: int) -> str:
+        self._n += 1
+        rid = f"cal-{self._n}"
+        self.engine.add_request(rid, {"prompt_token_ids": ids},
+                                SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0))
+        return rid
+
+    def _drain(self, max_steps: int | None = None) -> None:
+        steps = 0
+        while self.engine.has_unfinished_requests() and (max_steps is None or steps < max_steps):
+            self.engine.step()
+            steps += 1
+
+    def warm_up(self) -> None:
+        """A few unlogged steps: first-touch allocations, thread pools, kernel caches."""
+        off = StepLog()
+        self.engine.set_step_log(off)
+        self._add(self._tokens(64), 4)
+        self._add(self._tokens(16), 4)
+        self._drain()
+        self.engine.set_step_log(self.log)
+
+    def prefill_single(self, q: int, context: int, base: list[int]) -> None:
+        """One chunk of q new tokens after `context` cached ones (a prefix-cache hit on base)."""
+        self._add(base[:context] + self._tokens(q), 1)
+        self._drain()
+
+    def multi_prefill(self, k: int, q: int) -> None:
+        """k prompts of q tokens admitted together."""
+        for _ in range(k):
+            self._add(self._tokens(q), 1)
+        self._drain()
+
+    def decode(self, batch: int, context: int, steps: int) -> None:
+        """batch distinct prompts of `context` tokens, then `steps` decode steps."""
+        for _ in range(batch):
+            self._add(self._tokens(context), steps + 1)
+        self._drain()
+
+    def mixed(self, batch: int, q: int, context: int = 32) -> None:
+        """A decode batch running when a q-token prompt arrives: one mixed step, then decodes."""
+        for _ in range(batch):
+            self._add(self._tokens(context), 4)
+        self._drain(max_steps=2)  # prefill, then a first decode step
+        self._add(self._tokens(q), 2)
+        self._drain()
+
+    def run(self, design: CalibrationDesign, progress: bool = True) -> StepLog:
+        """Warm up, then every design point `repeats` times; returns the step log."""
+        points: list[tuple[str, Callable[[], None]]] = []
+        bases = {c: self._tokens(c) for c in design.prefill_contexts if c > 0}
+        for c, base in bases.items():
+            points.append((f"base {c}", lambda base=base: (self._add(base + self._tokens(1), 1),
+                                                            self._drain())))
+        for q in design.prefill_sizes:
+            for c in design.prefill_contexts:
+                points.append((f"prefill q={q} c={c}",
+                               lambda q=q, c=c: self.prefill_single(q, c, bases.get(c, []))))
+        for k, q in design.multi_prefill:
+            points.append((f"{k} prefills q={q}", lambda k=k, q=q: self.multi_prefill(k, q)))
+        for b in design.decode_batches:
+            for c in design.decode_contexts:
+                points.append((f"decode b={b} c={c}",
+                               lambda b=b, c=c: self.decode(b, c, design.decode_steps)))
+        for b, q in design.mixed:
+            points.append((f"mixed b={b} q={q}", lambda b=b, q=q: self.mixed(b, q)))
+        self.warm_up()
+        todo = points[:len(bases)] + points[len(bases):] * max(design.repeats, 1)
+        bar = None
+        if progress:
+            from tqdm import tqdm
+            bar = tqdm(total=len(todo), desc="calibrate", unit="pt")
+        for name, fn in todo:
+            if bar is not None:
+                bar.set_postfix_str(name)
+            fn()
+            if bar is not None:
+                bar.update()
+        if bar is not None:
+            bar.close()
+        return self.log
+
+
+def catalog_name(cfg: Any, fallback: str) -> str:
+    """The simulator catalog's name for a model with this config's shape, else fallback."""
+    for spec in MODELS.values() if isinstance(MODELS, dict) else MODELS:
+        if (spec.num_layers, spec.hidden_size, spec.intermediate_size, spec.num_heads,
+                spec.num_kv_heads, spec.vocab_size) == (
+                cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size,
+                cfg.num_attention_heads, cfg.num_key_value_heads, cfg.vocab_size):
+            return spec.name
+    return fallback
+
+
+def device_name(device: Any) -> str:
+    """A human name for the device the engine runs on."""
+    import torch
+
+    if getattr(device, "type", "cpu") == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return "cpu: " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu: " + (platform.processor() or platform.machine())
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def regime_bounds(engine: Any) -> list[int]:
+    """Token counts where the engine switches code path (the CPU small-batch weights)."""
+    from ..real.models.llama import SMALL_BATCH_ROWS
+
+    worker = engine.worker
+    if worker.device.type == "cpu" and engine.args.small_batch_weights:
+        return [SMALL_BATCH_ROWS]
+    return []
+
+
+def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int | None = None,
+              progress: bool = True, seed: int = 0) -> tuple[FittedCostModel, StepLog]:
+    """Run the design on engine and fit its profile (with diagnostics and provenance)."""
+    import torch
+
+    a = engine.args
+    sc = engine.scheduler_config
+    if not sc.enable_prefix_caching:
+        raise InvalidConfigError("enable_prefix_caching", False,
+                                 "True for calibration (cached-context chunks come from prefix hits)")
+    design = (design or CalibrationDesign()).for_limits(sc.max_num_seqs, sc.max_num_batched_tokens,
+                                                        sc.max_model_len)
+    wall = time.perf_counter()
+    log = Calibrator(engine, seed).run(design, progress)
+    wall = time.perf_counter() - wall
+    cfg = engine.worker.model.config
+    name = catalog_name(cfg, engine.model_name)
+    profile = fit_step_profile(
+        log.rows(), regime_max_tokens=regime_bounds(engine), model=name,
+        hardware=device_name(engine.worker.device), tensor_parallel_size=1,
+        provenance={
+            "made_by": "twinserve calibrate",
+            "engine_model": engine.model_name,
+            "device": str(engine.worker.device),
+            "dtype": str(engine.worker.dtype).replace("torch.", ""),
+            "threads": threads if threads is not None else torch.get_num_threads(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "git_commit": _git_commit(),
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "wall_s": round(wall, 1),
+            "engine": {"block_size": a.block_size, "max_num_seqs": sc.max_num_seqs,
+                       "max_num_batched_tokens": sc.max_num_batched_tokens,
+                       "small_batch_weights": a.small_batch_weights,
+                       "attention_backend": a.attention_backend},
+            "design": asdict(design),
+        })
+    return profile, log

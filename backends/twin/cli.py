@@ -1,0 +1,132 @@
+"""`twinserve calibrate` and `twinserve fidelity`: the subcommands of the twin's loop."""
+
+from __future__ import annotations
+
+import argparse
+
+import sys
+
+from twinserve.cli import add_engine_args, engine_args_from, subcommand
+
+
+def _engine(ns: argparse.Namespace):
+    import torch
+
+    from twinserve.backends.real.engine import LLMEngine
+
+    torch.set_num_threads(ns.threads)
+    return LLMEngine(engine_args_from(ns, ns.model))
+
+
+@subcommand("calibrate", "measure the real engine on designed steps and fit a simulator profile")
+def _calibrate_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2", help="HF folder, .gguf file or short name")
+    p.add_argument("--out", required=True, help="profile JSON to write")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (recorded in the profile)")
+    p.add_argument("--repeats", type=int, default=2, help="times the design is run")
+    p.add_argument("--quick", action="store_true", help="a small design (tests, tiny models)")
+    p.add_argument("--from-log", default=None,
+                   help="fit a step log written by the engine (--step-log-path) instead of running")
+    p.add_argument("--save-steps", default=None,
+                   help="also write the calibration step log here (default: OUT with .steps.csv)")
+    p.add_argument("--no-progress", action="store_true")
+    add_engine_args(p)
+    p.set_defaults(func=_calibrate, max_num_batched_tokens=2048)
+
+
+def _calibrate(ns: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from twinserve.backends.real.step_log import read_step_log
+    from twinserve.backends.sim.fit import fit_step_profile
+
+    out = Path(ns.out)
+    if ns.from_log:
+        profile = fit_step_profile(read_step_log(ns.from_log), model=_model_name(ns.model),
+                                   provenance={"made_by": "twinserve calibrate --from-log",
+                                               "step_log": str(ns.from_log)})
+    else:
+        from twinserve.backends.twin.calibrate import CalibrationDesign, calibrate
+
+        engine = _engine(ns)
+        design = CalibrationDesign.quick() if ns.quick else CalibrationDesign()
+        design.repeats = ns.repeats
+        profile, log = calibrate(engine, design, threads=ns.threads, progress=not ns.no_progress)
+        log.write(ns.save_steps or out.with_suffix(".steps.csv"))
+        engine.shutdown()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    profile.save(out)
+    fit = profile.meta["fit"]
+    print(f"wrote {out}: {fit['num_steps']} steps, R2 {fit['r2']:.4f}, MAPE {fit['mape']:.1%}, "
+          f"p95 abs error {fit['p95_abs_rel_err']:.1%}")
+    for kind, d in fit["by_kind"].items():
+        print(f"  {kind:8s} {d['num_steps']:4d} steps, MAPE {d['mape']:.1%}, worst "
+              f"{d['worst_rel_err']:+.1%}, mean step {d['mean_step_s'] * 1e3:.1f} ms")
+    if "overhead_share" in fit:
+        print(f"  engine CPU overhead: {fit['overhead_share']:.1%} of step time on average")
+    return 0
+
+
+def _model_name(model: str) -> str:
+    """The catalog name of a model given by path or short name (its config only is read)."""
+    from twinserve.backends.real.engine import _peek_config
+    from twinserve.backends.real.models.registry import resolve_model
+    from twinserve.backends.twin.calibrate import catalog_name
+
+    source = resolve_model(model)
+    return catalog_name(_peek_config(source), source.name)
+
+
+@subcommand("fidelity", "replay one workload on the real engine and in the simulator; report the error")
+def _fidelity_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2", help="HF folder, .gguf file or short name")
+    p.add_argument("--profile", required=True, help="profile JSON from `twinserve calibrate`, "
+                   "or builtin:NAME")
+    p.add_argument("--trace", default=None, help="trace CSV (Azure or num_prefill_tokens format)")
+    p.add_argument("--config", default=None, help="a study TOML whose [workload] table is replayed")
+    p.add_argument("--num-requests", type=int, default=40)
+    p.add_argument("--rate", type=float, default=None,
+                   help="Poisson arrivals at this rate (req/s); default: the trace's timestamps")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="trace timestamps are multiplied by this")
+    p.add_argument("--max-prompt-tokens", type=int, default=None, help="clip trace prompts")
+    p.add_argument("--max-output-tokens", type=int, default=None, help="clip trace outputs")
+    p.add_argument("--workload-seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="folder for fidelity.json, .md, .png, CSVs")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--allow-profile-mismatch", action="store_true",
+                   help="use a profile calibrated for another model")
+    add_engine_args(p)
+    p.set_defaults(func=_fidelity)
+
+
+def _fidelity(ns: argparse.Namespace) -> int:
+    from twinserve.backends.sim.fitted import FittedCostModel, check_profile_model
+    from twinserve.backends.twin.calibrate import catalog_name
+    from twinserve.backends.twin.fidelity import (FidelityOptions, check_workload, exit_code,
+                                                  run_fidelity, workload_factory)
+
+    opts = FidelityOptions(ns.profile, ns.trace, ns.config, ns.num_requests, ns.rate, ns.time_scale,
+                           ns.max_prompt_tokens, ns.max_output_tokens, ns.workload_seed,
+                           ns.allow_profile_mismatch)
+    profile = FittedCostModel.load(ns.profile)
+    made = profile.meta.get("provenance", {}).get("threads")
+    if made is not None and made != ns.threads:
+        print(f"twinserve fidelity: warning: the profile was calibrated with {made} threads, "
+              f"this run uses {ns.threads}", file=sys.stderr)
+    engine = _engine(ns)
+    try:
+        # Refuse a wrong profile or an unservable trace before the real run starts.
+        check_profile_model(profile, catalog_name(engine.worker.model.config, engine.model_name),
+                            ns.allow_profile_mismatch, source=f"profile {ns.profile}")
+        check_workload(workload_factory(opts, engine.max_model_len, engine.vocab_size),
+                       engine.max_model_len)
+        report = run_fidelity(engine, opts, ns.out)
+    finally:
+        engine.shutdown()
+    if report.get("interrupted"):
+        print("twinserve fidelity: interrupted; wrote what was measured", file=sys.stderr)
+    return exit_code(report)
+
+
+

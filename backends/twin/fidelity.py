@@ -1,0 +1,226 @@
+"""`twinserve fidelity`: one workload on the real engine and in the simulator, and how far apart they are.
+
+Both sides get the same arrivals (Poisson at a rate, or the trace's own timestamps), the
+same lengths (outputs forced, EOS ignored), the same token ids and the same scheduler
+config, KV pool size included. The simulator runs twice: with the fitted profile (the
+prediction being judged) and in replay mode on the real run's measured step times (the
+schedule must then match exactly, replay.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from twinserve.backends.sim.executor import SimExecutor
+from twinserve.backends.sim.fitted import FittedCostModel, check_profile_model
+from twinserve.core.engine_core import EngineCore
+from twinserve.core.errors import TwinserveError
+from twinserve.sim.config import load_config
+from twinserve.sim.errors import TraceError
+from twinserve.sim.world import Simulation
+from twinserve.sim.workload import Workload, WorkloadConfig
+
+from ..real.step_log import StepLog, read_step_log
+from .calibrate import catalog_name
+from .compare import compare, figure, table
+from .realrun import RealRun, run_real
+from .replay import replay
+
+
+class FidelityError(TwinserveError, ValueError):
+    """A fidelity run cannot start as asked; the message says what to change."""
+
+
+@dataclass(slots=True)
+class FidelityOptions:
+    """What to replay and how."""
+
+    profile: str
+    trace: str | None = None
+    config: str | None = None          # a study TOML whose [workload] table is replayed
+    num_requests: int = 40
+    rate: float | None = None          # Poisson arrivals; None = the trace's own timestamps
+    time_scale: float = 1.0            # trace timestamps are multiplied by this
+    max_prompt_tokens: int | None = None
+    max_output_tokens: int | None = None
+    seed: int = 0
+    allow_profile_mismatch: bool = False
+
+
+class CappedWorkload(Workload):
+    """A workload whose trace lengths are clipped to what the engine can serve in minutes."""
+
+    def __init__(self, cfg: WorkloadConfig, seed: int, max_model_len: int, trace_path: str | None,
+                 max_prompt: int | None, max_output: int | None) -> None:
+        super().__init__(cfg, seed, max_model_len, trace_path)
+        self.max_prompt = max_prompt
+        self.max_output = max_output
+
+    def _rows(self) -> Iterator[tuple[float | None, int | None, int | None, str, int]]:
+        mp, mo = self.max_prompt, self.max_output
+        for arrival, p, o, file, line in super()._rows():
+            if p is not None and mp:
+                p = min(p, mp)
+            if o is not None and mo:
+                o = min(o, mo)
+            yield arrival, p, o, file, line
+
+
+def workload_factory(opts: FidelityOptions, max_model_len: int,
+                     vocab_size: int) -> Callable[[], Workload]:
+    """A function making fresh, identical copies of the workload (one per side)."""
+    if opts.config:
+        cfg = dataclasses.replace(load_config(opts.config).workload)
+        if opts.trace:
+            cfg.trace = opts.trace
+        if opts.rate is not None:
+            cfg.rate = opts.rate
+        cfg.num_requests = opts.num_requests
+    elif opts.trace:
+        cfg = WorkloadConfig(num_requests=opts.num_requests,
+                             arrival="trace" if opts.rate is None else "poisson",
+                             rate=opts.rate or 1.0, time_scale=opts.time_scale, trace=opts.trace,
+                             prompt_dist="trace", output_dist="trace")
+    else:
+        raise FidelityError("give a workload: --trace FILE (and --rate R for Poisson arrivals) "
+                            "or --config STUDY.toml")
+    cfg.on_overlong = "fail"
+    cfg.vocab_size = min(cfg.vocab_size, vocab_size) if opts.config else vocab_size
+    trace = cfg.trace or None
+
+    def make() -> Workload:
+        return CappedWorkload(cfg, opts.seed, max_model_len, trace, opts.max_prompt_tokens,
+                              opts.max_output_tokens)
+    return make
+
+
+def check_workload(make: Callable[[], Workload], max_model_len: int) -> int:
+    """Walk the first turns once (lengths only) so a bad trace fails before anything runs."""
+    n = 0
+    try:
+        for item in make().items():
+            n += 1
+    except TraceError as e:
+        if "max_model_len" in str(e):
+            raise FidelityError(f"{e.file}:{e.line}: a request is longer than the engine's "
+                                f"max_model_len ({max_model_len}); clip the trace with "
+                                "--max-prompt-tokens and --max-output-tokens (for example 512 "
+                                "and 96)") from None
+        raise
+    if n == 0:
+        raise FidelityError("the workload has no requests")
+    return n
+
+
+def simulate(profile: FittedCostModel, make: Callable[[], Workload], sched_cfg: Any) -> Any:
+    """The prediction: the same scheduler config and workload, priced by the profile."""
+    executor = SimExecutor(profile)
+    core = EngineCore(dataclasses.replace(sched_cfg), executor)
+    return Simulation(core, executor, make(), fast_forward=True).run()
+
+
+def step_errors(profile: FittedCostModel, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Predicted vs measured time of every real step that computed tokens."""
+    import numpy as np
+
+    rel = []
+    for r in rows:
+        if r["num_prefill_tokens"] + r["num_decode_seqs"] <= 0:
+            continue
+        f = [r[c] for c in ("num_prefill_tokens", "num_prefill_seqs", "prefill_context",
+                            "prefill_attn", "num_decode_seqs", "decode_context")]
+        measured = r["step_time_s"] + (r.get("gap_s") or 0.0)
+        rel.append((profile.step_time(*f) - measured) / measured)
+    if not rel:
+        return {"num_steps": 0}
+    a = np.asarray(rel)
+    return {"num_steps": len(a), "median_err": float(np.median(a)),
+            "mape": float(np.mean(np.abs(a))), "p90_abs_err": float(np.percentile(np.abs(a), 90))}
+
+
+def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
+                 echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Replay the workload on engine and in the simulator; write fidelity.json/.md/.png."""
+    out = Path(out_dir)
+    profile = FittedCostModel.load(opts.profile)
+    model = catalog_name(engine.worker.model.config, engine.model_name)
+    check_profile_model(profile, model, opts.allow_profile_mismatch, source=f"profile {opts.profile}")
+    make = workload_factory(opts, engine.max_model_len, engine.vocab_size)
+    n_first = check_workload(make, engine.max_model_len)
+    out.mkdir(parents=True, exist_ok=True)
+    steps_path = out / "steps_real.csv"
+    engine.set_step_log(StepLog(steps_path))
+    echo(f"fidelity: {n_first} requests on the real engine in real time ...")
+    real: RealRun = run_real(engine, make())
+    engine.step_log.close()
+    sched_cfg = engine.scheduler_config
+    echo("fidelity: simulating with the profile, and replaying the measured step times ...")
+    sim = simulate(profile, make, sched_cfg)
+    check = replay(real, make, sched_cfg)
+    report: dict[str, Any] = compare(real.records, sim.records)
+    report["num_requests"] = len(real.records)
+    report["profile"] = str(opts.profile)
+    report["interrupted"] = real.interrupted
+    report["replay"] = check.to_dict()
+    report["steps"] = step_errors(profile, read_step_log(steps_path)) if real.step_starts else {}
+    report["real"] = {"num_steps": len(real.step_starts), "wall_s": real.wall_time,
+                      "preemptions": real.num_preemptions,
+                      "prefix_hit_tokens": sum(r.prefix_hit_tokens for r in real.records)}
+    report["sim"] = {"num_steps": sim.num_steps, "preemptions": sim.num_preemptions,
+                     "prefix_hit_tokens": sum(r.prefix_hit_tokens for r in sim.records)}
+    report["workload"] = {k: v for k, v in dataclasses.asdict(opts).items() if k != "profile"}
+    report["engine"] = {"model": model, "max_num_seqs": sched_cfg.max_num_seqs,
+                        "max_num_batched_tokens": sched_cfg.max_num_batched_tokens,
+                        "enable_prefix_caching": sched_cfg.enable_prefix_caching,
+                        "num_blocks": sched_cfg.num_blocks, "block_size": sched_cfg.block_size,
+                        "policy": sched_cfg.policy}
+    (out / "fidelity.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
+    md = table(report)
+    rp = check.to_dict()
+    md += (f"\n\nreplay mode: {'exact' if rp['exact'] else 'NOT exact'} "
+           f"({rp['num_steps_real']} real steps, {rp['num_steps_sim']} replayed; "
+           f"max token-time difference {rp['max_token_time_diff_s']:.2e} s)")
+    if rp["first_mismatch"]:
+        md += f"\nfirst mismatch: {rp['first_mismatch']}"
+    st = report["steps"]
+    if st.get("num_steps"):
+        md += (f"\nstep times: {st['num_steps']} steps, predicted vs measured median "
+               f"{st['median_err']:+.1%}, mean abs {st['mape']:.1%}")
+    (out / "fidelity.md").write_text(md + "\n")
+    _write_requests(real.records, out / "requests_real.csv")
+    _write_requests(sim.records, out / "requests_sim.csv")
+    figure(real.records, sim.records, out / "fidelity.png",
+           title=f"twinserve fidelity: {model}, profile {Path(str(opts.profile)).name}")
+    echo(md)
+    return report
+
+
+def _write_requests(records: list[Any], path: Path) -> None:
+    import pandas as pd
+
+    rows = [{"request_id": r.request_id, "arrival_s": r.arrival_time, "prompt_tokens": r.num_prompt_tokens,
+             "output_tokens": r.num_output_tokens, "first_token_s": r.first_token_time,
+             "finish_s": r.finish_time, "prefix_hit_tokens": r.prefix_hit_tokens,
+             "preemptions": r.num_preemptions, "finish_reason": r.finish_reason} for r in records]
+    pd.DataFrame(rows).to_csv(path, index=False)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, Path):
+        return str(o)
+    if hasattr(o, "item"):
+        return o.item()
+    raise TypeError(f"cannot serialise {type(o).__name__}")
+
+
+def exit_code(report: dict[str, Any]) -> int:
+    """Non-zero when the run was interrupted."""
+    return 130 if report.get("interrupted") else 0
+
+
+__all__ = ["CappedWorkload", "FidelityError", "FidelityOptions", "run_fidelity", "exit_code",
+           "workload_factory"]

@@ -1,0 +1,129 @@
+"""Replays a simulator Workload on the real engine, in real time, recording what the simulator records.
+
+The loop is the simulator's (sim/world.py) with a wall clock: before each step every request
+whose arrival time has passed is added; the engine steps while it has work, else the loop
+sleeps until the next arrival. Follow-up turns of multi-turn workloads are made from the
+real answers when a turn finishes. Token times are when a step's outputs are ready (after
+detokenization), which is what a client of the engine sees; the simulator's token times
+are step start + predicted step time, the same instant in its model.
+
+Per step it keeps the admission time (step start), the end time and what was scheduled,
+so the simulator can replay the run (replay.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from twinserve.core.errors import TwinserveError
+from twinserve.core.sampling_params import SamplingParams
+from twinserve.sim.world import INF, ArrivalSource, RequestRecord
+from twinserve.sim.workload import WorkItem, Workload
+
+
+@dataclass(slots=True)
+class RealRun:
+    """What one real-time replay produced; times in seconds from the run's start."""
+
+    records: list[RequestRecord]
+    step_starts: list[float] = field(default_factory=list)
+    step_ends: list[float] = field(default_factory=list)
+    schedules: list[dict[str, int]] = field(default_factory=list)
+    preempted: list[list[str]] = field(default_factory=list)
+    interrupted: bool = False
+    wall_time: float = 0.0
+    num_preemptions: int = 0
+
+
+@dataclass(slots=True)
+class _Live:
+    item: WorkItem
+    prompt: list[int]
+    token_times: list[float] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+
+
+def run_real(engine: Any, workload: Workload, poll_s: float = 0.0005) -> RealRun:
+    """Serve every request of workload on engine in real time (Ctrl-C: aborts, returns partial)."""
+    source = ArrivalSource(workload.items())
+    live: dict[str, _Live] = {}
+    run = RealRun([])
+    params: dict[int, SamplingParams] = {}
+    core = engine.core
+    t0 = time.monotonic()
+    try:
+        while True:
+            now = time.monotonic() - t0
+            for item in source.pop_until(now):
+                _add(engine, workload, item, t0, live, run, params)
+            if core.has_unfinished_requests():
+                run.step_starts.append(now)
+                outputs = engine.step()
+                end = time.monotonic() - t0
+                run.step_ends.append(end)
+                so = core.last_scheduler_output
+                run.schedules.append(dict(so.num_scheduled_tokens) if so is not None else {})
+                run.preempted.append(sorted(so.preempted_req_ids) if so is not None else [])
+                for out in outputs:
+                    st = live.get(out.request_id)
+                    if st is None:
+                        continue
+                    delta = out.outputs[0].token_ids_delta
+                    st.output_ids.extend(delta)
+                    st.token_times.extend([end] * len(delta))
+                    if out.finished:
+                        _finish(workload, source, live.pop(out.request_id), out, t0, end, run)
+                continue
+            nxt = source.next_time()
+            if nxt == INF:
+                if not live:
+                    break
+                # Requests known to the loop but not to the engine cannot happen; guard anyway.
+                raise TwinserveError(f"{len(live)} requests were lost by the engine")
+            wait = nxt - (time.monotonic() - t0)
+            if wait > 0:
+                time.sleep(wait if wait > poll_s else poll_s)
+    except KeyboardInterrupt:
+        run.interrupted = True
+        engine.abort_request(list(live))
+    run.wall_time = time.monotonic() - t0
+    return run
+
+
+def _add(engine: Any, workload: Workload, item: WorkItem, t0: float, live: dict[str, _Live],
+         run: RealRun, params: dict[int, SamplingParams]) -> None:
+    n_out = item.num_output_tokens
+    sp = params.get(n_out)
+    if sp is None:
+        # Forced lengths: both sides do the same work whatever the model says.
+        sp = params[n_out] = SamplingParams(max_tokens=n_out, ignore_eos=True, temperature=0.0)
+    ids = workload.prompt_tokens(item)
+    try:
+        engine.add_request(item.request_id, {"prompt_token_ids": ids}, sp,
+                           arrival_time=t0 + item.arrival_time)
+    except TwinserveError as e:
+        run.records.append(RequestRecord(
+            item.request_id, item.arrival_time, item.num_prompt_tokens, n_out, None, None, None, 0,
+            0, [], item.conversation, item.turn, "refused", str(e)))
+        return
+    live[item.request_id] = _Live(item, ids)
+
+
+def _finish(workload: Workload, source: ArrivalSource, st: _Live, out: Any, t0: float, end: float,
+            run: RealRun) -> None:
+    m = out.metrics
+    c = out.outputs[0]
+    item = st.item
+    first_sched = (m.first_scheduled_time - t0) if m and m.first_scheduled_time is not None else None
+    run.num_preemptions += m.num_preemptions if m else 0
+    run.records.append(RequestRecord(
+        item.request_id, item.arrival_time, len(st.prompt), len(st.output_ids), first_sched,
+        st.token_times[0] if st.token_times else None, end, m.num_cached_tokens if m else 0,
+        m.num_preemptions if m else 0, st.token_times, item.conversation, item.turn,
+        c.finish_reason or ""))
+    if workload.cfg.turns > 1:
+        nxt = workload.next_turn(item, st.prompt + st.output_ids, end)
+        if nxt is not None:
+            source.push(nxt)
