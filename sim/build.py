@@ -10,7 +10,7 @@ from twinserve.backends.sim.catalog import (HardwareSpec, ModelSpec, UnknownSpec
                                             get_hardware, get_model)
 from twinserve.backends.sim.cost_model import CostModel, Efficiency, RooflineCostModel
 from twinserve.backends.sim.executor import SimExecutor
-from twinserve.backends.sim.fitted import FittedCostModel
+from twinserve.backends.sim.fitted import FittedCostModel, ProfileError, check_profile_model
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import InvalidConfigError
 
@@ -88,7 +88,21 @@ def build_cost_models(cfg: StudyConfig) -> tuple[ModelSpec, HardwareSpec, Roofli
         raise _cfg_error(cfg, "engine", field, str(err)) from None
     cost: CostModel = roof
     if e.cost_model == "fitted":
-        cost = FittedCostModel.load(e.profile)
+        if not e.profile:
+            raise _cfg_error(cfg, "engine", "profile", "cost_model 'fitted' needs a profile: a JSON "
+                             "file from `twinserve calibrate` or builtin:NAME")
+        profile = e.profile
+        if (not profile.startswith("builtin:") and not Path(profile).is_absolute() and cfg.source
+                and not Path(profile).exists()):
+            profile = str(Path(cfg.source).parent / profile)
+        try:
+            fitted = FittedCostModel.load(profile)
+            check_profile_model(fitted, model.name, e.allow_profile_mismatch,
+                                source=f"profile {e.profile}")
+        except ProfileError as err:
+            raise _cfg_error(cfg, "engine", "profile", str(err)) from None
+        fitted.overhead_scale = e.cpu_overhead_scale
+        cost = fitted
     return model, hw, roof, cost
 
 

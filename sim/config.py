@@ -4,7 +4,9 @@ A study file has up to five tables; any field left out keeps its default::
 
     [engine]     model, hardware, tensor_parallel_size, gpu_memory_utilization,
                  num_gpu_blocks (0 = derive from memory), activation_reserve_gib (-1 = estimate),
-                 cost_model ('roofline' | 'fitted'), profile (JSON path for 'fitted'),
+                 cost_model ('roofline' | 'fitted'), profile (JSON path or builtin:NAME for
+                 'fitted'), cpu_overhead_scale (fitted: x engine CPU overhead, 0.5 = twice as
+                 fast), allow_profile_mismatch (fitted: a profile made for another model),
                  eff_gemm, eff_attention, eff_memory, eff_comm, allreduce_latency_s,
                  step_overhead_s, per_seq_overhead_s
     [scheduler]  the core's SchedulerConfig fields except num_blocks: max_num_batched_tokens,
@@ -53,6 +55,8 @@ class EngineConfig:
     activation_reserve_gib: float = -1.0
     cost_model: str = "roofline"
     profile: str = ""
+    cpu_overhead_scale: float = 1.0
+    allow_profile_mismatch: bool = False
     eff_gemm: float = 0.70
     eff_attention: float = 0.50
     eff_memory: float = 0.80
@@ -151,7 +155,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 _POSITIVE = {"workload.rate", "workload.burstiness", "workload.time_scale",
              "engine.tensor_parallel_size", "workload.vocab_size", "cluster.num_replicas",
              "cluster.prefix_blocks"}
-_NON_NEGATIVE = {"workload.num_system_prompts", "workload.system_prompt_len",
+_NON_NEGATIVE = {"engine.cpu_overhead_scale", "workload.num_system_prompts", "workload.system_prompt_len",
                  "workload.system_prompt_zipf", "workload.think_time", "engine.num_gpu_blocks",
                  "workload.prompt_std", "workload.output_std", "slo.ttft_s", "slo.tpot_s",
                  "cluster.num_prefill_replicas", "cluster.kv_link_bandwidth",

@@ -1,0 +1,140 @@
+"""The profile fit: non-negative, relative, split into device and CPU-overhead parts, with regimes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from twinserve.backends.real.step_log import StepLogError, read_step_log
+from twinserve.backends.sim.fit import fit_step_profile
+from twinserve.backends.sim.fitted import (FEATURE_COLUMNS, FittedCostModel, ProfileError,
+                                           check_profile_model)
+
+DEVICE = FittedCostModel(2e-3, 1e-3, 4e-4, 3e-8, 1e-6, 5e-4, 2e-7)
+OVERHEAD = (3e-4, 0.0, 0.0, 0.0, 0.0, 6e-5, 0.0)
+
+
+def _rows(seed: int = 0, n: int = 120, noise: float = 0.0) -> list[dict[str, float]]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        kind = i % 3
+        ps = int(rng.integers(1, 4)) if kind != 1 else 0
+        pt = int(rng.integers(8, 600)) * ps
+        pc = int(rng.integers(0, 800)) * ps
+        pa = pt * (pc / max(ps, 1) + pt / max(ps, 1) / 2)
+        ds = int(rng.integers(1, 40)) if kind != 0 else 0
+        dc = ds * int(rng.integers(16, 900))
+        f = (pt, ps, pc, pa, ds, dc)
+        dev = DEVICE.step_time(*f) * (1 + noise * rng.standard_normal())
+        ovh = (OVERHEAD[0] + OVERHEAD[5] * (ds + ps)) * (1 + noise * rng.standard_normal())
+        rows.append(dict(zip(FEATURE_COLUMNS, f), execute_s=dev, step_time_s=dev + ovh))
+    return rows
+
+
+def test_fit_recovers_device_and_overhead_parts_and_the_overhead_knob() -> None:
+    rows = _rows()
+    prof = fit_step_profile(rows, model="m")
+    for row in rows:
+        f = [row[c] for c in FEATURE_COLUMNS]
+        dev, ovh = prof.split(*f)
+        assert dev == pytest.approx(row["execute_s"], rel=1e-6)
+        assert dev + ovh == pytest.approx(row["step_time_s"], rel=1e-6)
+        prof.overhead_scale = 0.5  # "what if the engine's CPU work were twice as fast"
+        assert prof.step_time(*f) == pytest.approx(dev + 0.5 * ovh, rel=1e-9)
+        prof.overhead_scale = 1.0
+    fit = prof.meta["fit"]
+    assert fit["mape"] < 1e-6 and fit["r2"] > 0.999999 and set(fit["by_kind"]) == {"prefill", "decode", "mixed"}
+
+
+def test_fit_is_non_negative_and_weighs_small_steps_like_large_ones() -> None:
+    rows = _rows(seed=1, noise=0.03)
+    prof = fit_step_profile(rows)
+    assert min(prof.coefficients) >= 0 and min(prof.overhead) >= 0
+    x = np.array([[1.0, r["num_prefill_tokens"] + r["num_decode_seqs"], r["num_prefill_seqs"],
+                   r["prefill_attn"], r["prefill_context"], r["num_decode_seqs"], r["decode_context"]]
+                  for r in rows])
+    y = np.array([r["step_time_s"] for r in rows])
+    ols, *_ = np.linalg.lstsq(x, y, rcond=None)  # absolute error: the big prefills dominate
+    small = y < np.percentile(y, 25)
+    rel_ours = np.abs([prof.step_time(*[r[c] for c in FEATURE_COLUMNS]) / r["step_time_s"] - 1
+                       for r in rows])
+    rel_ols = np.abs(x @ ols / y - 1)
+    assert rel_ours[small].mean() < rel_ols[small].mean()
+    assert rel_ours[small].mean() < 0.06
+
+
+def test_regimes_price_small_steps_with_their_own_coefficients() -> None:
+    rows = _rows(seed=2)
+    for r in rows:  # a different code path for tiny decode batches: twice the per-sequence cost
+        if r["num_prefill_tokens"] + r["num_decode_seqs"] <= 4:
+            r["execute_s"] += 0.01 + 2e-3 * r["num_decode_seqs"]
+            r["step_time_s"] += 0.01 + 2e-3 * r["num_decode_seqs"]
+    extra = [dict(zip(FEATURE_COLUMNS, (0, 0, 0, 0.0, b, b * c)),
+                  execute_s=DEVICE.step_time(0, 0, 0, 0.0, b, b * c) + 0.01 + 2e-3 * b,
+                  step_time_s=DEVICE.step_time(0, 0, 0, 0.0, b, b * c) + 0.01 + 2e-3 * b + 3e-4 + 6e-5 * b)
+             for b in (1, 2, 3, 4) for c in (20, 300, 700)]
+    rows += extra
+    with_regime = fit_step_profile(rows, regime_max_tokens=[4])
+    without = fit_step_profile(rows)
+    assert [r.max_num_tokens for r in with_regime.regimes] == [4]
+    assert with_regime.meta["fit"]["mape"] < 1e-4 < without.meta["fit"]["mape"]
+    again = FittedCostModel.from_dict(json.loads(json.dumps(with_regime.to_dict())))
+    f = (0, 0, 0, 0.0, 2, 600)
+    assert again.step_time(*f) == pytest.approx(with_regime.step_time(*f)) != without.step_time(*f)
+
+
+def test_too_few_steps_and_bad_rows_are_clear_errors() -> None:
+    rows = _rows(n=5)
+    with pytest.raises(ProfileError, match="at least 7 steps"):
+        fit_step_profile(rows)
+    bad = _rows(n=20)
+    del bad[3]["decode_context"]
+    with pytest.raises(ProfileError, match="decode_context"):
+        fit_step_profile(bad)
+
+
+def test_step_log_missing_column_names_it(tmp_path: Path) -> None:
+    csv = tmp_path / "steps.csv"
+    csv.write_text("step,num_prefill_tokens,num_prefill_seqs,prefill_context,prefill_attn,"
+                   "num_decode_seqs,decode_context,step_time_s\n0,1,1,0,0.5,0,0,0.1\n")
+    with pytest.raises(StepLogError, match="'execute_s'"):
+        read_step_log(csv)
+    jl = tmp_path / "steps.jsonl"
+    jl.write_text(json.dumps({c: 1 for c in FEATURE_COLUMNS if c != "prefill_attn"}) + "\n")
+    with pytest.raises(StepLogError, match=r"steps\.jsonl:1.*'prefill_attn'"):
+        read_step_log(jl)
+
+
+def test_profile_for_another_model_is_refused_naming_both() -> None:
+    prof = FittedCostModel(meta={"model": "SmolLM2-135M"})
+    check_profile_model(prof, "smollm2-135m-instruct")  # same model, other spelling
+    with pytest.raises(ProfileError, match="'SmolLM2-135M'.*'Llama-2-7B'"):
+        check_profile_model(prof, "Llama-2-7B")
+    check_profile_model(prof, "Llama-2-7B", allow_mismatch=True)
+
+
+def test_study_with_a_fitted_profile_checks_the_model_and_scales_overhead(tmp_path: Path) -> None:
+    from twinserve.sim.build import build
+    from twinserve.sim.errors import ConfigError
+
+    from ..sim.helpers import small_config
+
+    path = tmp_path / "p.json"
+    FittedCostModel(intercept_s=0.01, per_decode_seq_s=0.001, overhead=(0.004,) + (0.0,) * 6,
+                    meta={"model": "SmolLM2-135M"}).save(path)
+    kw = dict(num_requests=1, prompt_dist="fixed", prompt_mean=100, output_dist="fixed", output_mean=5,
+              cost_model="fitted", profile=str(path))
+    with pytest.raises(ConfigError, match="'SmolLM2-135M'.*'Llama-2-7B'"):
+        build(small_config(model="Llama-2-7B", **kw))
+    gaps = {}
+    for scale in (1.0, 0.5):
+        cfg = small_config(model="Llama-2-7B", **kw)
+        cfg.engine.allow_profile_mismatch = True
+        cfg.engine.cpu_overhead_scale = scale
+        rec = build(cfg).simulation.run().records[0]
+        gaps[scale] = [b - a for a, b in zip(rec.token_times, rec.token_times[1:])]
+    assert gaps[1.0] == pytest.approx([0.015] * 4) and gaps[0.5] == pytest.approx([0.013] * 4)
