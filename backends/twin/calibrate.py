@@ -5,8 +5,10 @@ The design is made from step shapes, never drawn from a trace:
 - single prefill chunks: new tokens q x cached context c (the context comes from a
   prefix-cache hit on a base prompt computed once), each step sampling one token;
 - several prefills in one step (k prompts of q tokens);
-- decode batches: b sequences at context c (distinct prompts, so no KV block is shared
-  and attention reads as much memory as it does in service), a few steps each;
+- decode batches: b sequences with contexts spread evenly over [c/2, 3c/2] (distinct
+  prompts, so no KV block is shared and attention reads as much memory as it does in
+  service; spread lengths, as in service, where attention works in length buckets), a
+  few steps each;
 - mixed steps: a decode batch plus one new prefill chunk.
 
 Every step runs through the whole engine (schedule, forward, sample, update, detokenize,
@@ -44,7 +46,7 @@ class CalibrationDesign:
     multi_prefill: list[tuple[int, int]] = field(
         default_factory=lambda: [(2, 32), (4, 32), (8, 32), (2, 128), (4, 128)])
     decode_batches: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 8, 16, 32])
-    decode_contexts: list[int] = field(default_factory=lambda: [40, 288])
+    decode_contexts: list[int] = field(default_factory=lambda: [48, 256])
     decode_steps: int = 4
     mixed: list[tuple[int, int]] = field(default_factory=lambda: [(4, 64), (8, 192), (16, 64),
                                                                   (16, 256)])
@@ -66,7 +68,7 @@ class CalibrationDesign:
             [(k, q) for k, q in self.multi_prefill
              if k * q <= max_num_batched_tokens and k <= max_num_seqs],
             [b for b in self.decode_batches if b <= max_num_seqs],
-            [c for c in self.decode_contexts if c + self.decode_steps + 2 < max_model_len],
+            [c for c in self.decode_contexts if 1.5 * c + self.decode_steps + 2 < max_model_len],
             self.decode_steps,
             [(b, q) for b, q in self.mixed if b + 1 <= max_num_seqs
              and b + q <= max_num_batched_tokens],
@@ -126,9 +128,10 @@ class Calibrator:
         self._drain()
 
     def decode(self, batch: int, context: int, steps: int) -> None:
-        """batch distinct prompts of `context` tokens, then `steps` decode steps."""
-        for _ in range(batch):
-            self._add(self._tokens(context), steps + 1)
+        """batch distinct prompts, lengths spread over [context/2, 3 context/2], then `steps` decodes."""
+        for i in range(batch):
+            frac = 0.5 + (i / (batch - 1) if batch > 1 else 0.5)
+            self._add(self._tokens(max(1, round(context * frac))), steps + 1)
         self._drain()
 
     def mixed(self, batch: int, q: int, context: int = 32) -> None:

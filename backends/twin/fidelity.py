@@ -142,6 +142,19 @@ def step_errors(profile: FittedCostModel, rows: list[dict[str, Any]]) -> dict[st
             "mape": float(np.mean(np.abs(a))), "p90_abs_err": float(np.percentile(np.abs(a), 90))}
 
 
+def warm_up(engine: Any) -> None:
+    """A few unlogged steps (first-touch allocations), then a cold prefix cache like the simulator's."""
+    from twinserve.core.sampling_params import SamplingParams
+
+    engine.set_step_log(StepLog())
+    sp = SamplingParams(max_tokens=3, ignore_eos=True, temperature=0.0)
+    for i, n in enumerate((24, 8)):
+        engine.add_request(f"fidelity-warm-up-{i}", {"prompt_token_ids": [2 + i] * n}, sp)
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.core.scheduler.reset_prefix_cache()
+
+
 def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
                  echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Replay the workload on engine and in the simulator; write fidelity.json/.md/.png."""
@@ -152,6 +165,7 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     make = workload_factory(opts, engine.max_model_len, engine.vocab_size)
     n_first = check_workload(make, engine.max_model_len)
     out.mkdir(parents=True, exist_ok=True)
+    warm_up(engine)
     steps_path = out / "steps_real.csv"
     engine.set_step_log(StepLog(steps_path))
     echo(f"fidelity: {n_first} requests on the real engine in real time ...")

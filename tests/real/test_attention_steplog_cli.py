@@ -129,3 +129,28 @@ def test_cli_generate(tiny_dir: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert [x["prompt"] for x in lines] == ["the quick", "brown fox"]
     assert all(len(x["token_ids"]) <= 5 and x["finish_reason"] in ("stop", "length") for x in lines)
     assert main(["generate", "x", "--model", "no-such-model"]) == 2
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_decode_buckets_bound_padding(seed: int) -> None:
+    """Padding to a bucket's longest context stays small, so attention cost follows the sum of
+    context lengths (what the simulator prices), with a bounded number of buckets."""
+    from twinserve.backends.real.attention import torch_paged as tp
+
+    g = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 64, (1,), generator=g))
+    lens = sorted(torch.randint(1, 2000, (n,), generator=g).tolist())
+    buckets = tp._buckets(lens)
+    assert buckets[0][0] == 0 and buckets[-1][1] == n
+    assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(buckets, buckets[1:]))
+    assert len(buckets) <= tp._MAX_DECODE_BUCKETS
+    tol = tp._PAD_TOLERANCE
+    while len(tp._runs(lens, tol)) > tp._MAX_DECODE_BUCKETS:
+        tol *= 2
+    assert buckets == tp._runs(lens, tol)  # the tightest tolerance within the bucket cap
+    for t in (tp._PAD_TOLERANCE, tol, 1.0):
+        for lo, hi in tp._runs(lens, t):
+            assert lens[hi - 1] - lens[lo] <= max(t * lens[lo], tp._PAD_SLACK)
+    if tol == tp._PAD_TOLERANCE:  # not relaxed: at most 12.5% (or 32 positions) of padding
+        padded = sum((hi - lo) * max(lens[lo:hi]) for lo, hi in buckets)
+        assert padded <= sum(lens) * (1 + tp._PAD_TOLERANCE) + tp._PAD_SLACK * n

@@ -16,8 +16,14 @@ import torch.nn.functional as F
 
 from .backend import AttentionMetadata
 
-# Decode buckets: split when padding to the bucket's longest context would waste more.
-_MAX_DECODE_BUCKETS = 4
+# Decode buckets: a bucket is padded to its longest context, so a new bucket starts where
+# padding would waste more than this share (or this many positions) of the bucket's shortest
+# context; the cost then follows the sum of context lengths, which is what the simulator
+# prices (decode_context). More buckets mean more gathers and SDPA calls per layer: past
+# the cap the tolerance doubles.
+_MAX_DECODE_BUCKETS = 8
+_PAD_TOLERANCE = 0.125
+_PAD_SLACK = 32
 
 
 @dataclass(slots=True)
@@ -127,10 +133,30 @@ class TorchPagedAttention:
 
 
 def _buckets(lens: list[int]) -> list[tuple[int, int]]:
-    """Split sorted-or-not decode rows into contiguous runs; the runner sorts decodes by length."""
-    n = len(lens)
-    if n <= 8:
-        return [(0, n)]
-    k = min(_MAX_DECODE_BUCKETS, n // 8)
-    step = -(-n // k)
-    return [(i, min(i + step, n)) for i in range(0, n, step)]
+    """Contiguous runs of decode rows whose padding to the run's longest context stays small.
+
+    The runner sorts decodes by context length, so runs are tight; unsorted input is still
+    correct (each run is padded to its own maximum).
+    """
+    tol = _PAD_TOLERANCE
+    while True:
+        out = _runs(lens, tol)
+        if len(out) <= _MAX_DECODE_BUCKETS:
+            return out
+        tol *= 2
+
+
+def _runs(lens: list[int], tol: float) -> list[tuple[int, int]]:
+    """Greedy runs whose longest and shortest context differ by at most max(tol x shortest, slack)."""
+    out: list[tuple[int, int]] = []
+    lo, lo_len, hi_len = 0, lens[0], lens[0]
+    for i in range(1, len(lens)):
+        x = lens[i]
+        top = max(hi_len, x)
+        if top - min(lo_len, x) > max(tol * min(lo_len, x), _PAD_SLACK):
+            out.append((lo, i))
+            lo, lo_len, hi_len = i, x, x
+        else:
+            lo_len, hi_len = min(lo_len, x), top
+    out.append((lo, len(lens)))
+    return out

@@ -1,0 +1,95 @@
+"""The twin's error, measured: `twinserve fidelity` on both Azure traces at three loads.
+
+For each trace the simulator (with the profile) first finds the engine's saturation
+throughput on that trace's lengths; the real engine and the simulator then replay the
+trace's lengths at Poisson rates of `--loads` x saturation (light, ~80%, past it). One
+engine serves every run (warm, prefix cache reset between runs). Prints one table.
+
+    python experiments/fidelity_study.py --profile builtin:smollm2-135m-cpu-1t --out fidelity-study
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from twinserve.backends.real.config import EngineArgs
+from twinserve.backends.real.engine import LLMEngine
+from twinserve.backends.sim.fitted import FittedCostModel
+from twinserve.backends.twin.fidelity import FidelityOptions, run_fidelity, simulate, workload_factory
+
+TRACES = {"conv": "AzureLLMInferenceTrace_conv.csv", "code": "AzureLLMInferenceTrace_code.csv"}
+
+
+def saturation(profile: FittedCostModel, opts: FidelityOptions, engine: LLMEngine) -> float:
+    """Requests per second the simulated engine completes when every request is queued at once."""
+    flood = dataclasses.replace(opts, rate=1000.0)
+    make = workload_factory(flood, engine.max_model_len, engine.vocab_size)
+    res = simulate(profile, make, engine.scheduler_config)
+    done = [r for r in res.records if r.finish_time is not None]
+    return len(done) / max(r.finish_time for r in done)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--profile", required=True)
+    p.add_argument("--out", default="fidelity-study")
+    p.add_argument("--traces-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "traces"))
+    p.add_argument("--traces", nargs="+", default=list(TRACES), choices=list(TRACES))
+    p.add_argument("--loads", nargs="+", type=float, default=[0.3, 0.8, 1.3])
+    p.add_argument("--num-requests", type=int, default=40)
+    p.add_argument("--max-prompt-tokens", type=int, default=256)
+    p.add_argument("--max-output-tokens", type=int, default=64)
+    p.add_argument("--max-num-seqs", type=int, default=32)
+    p.add_argument("--max-num-batched-tokens", type=int, default=512)
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    engine = LLMEngine(EngineArgs(max_num_seqs=a.max_num_seqs,
+                                  max_num_batched_tokens=a.max_num_batched_tokens))
+    profile = FittedCostModel.load(a.profile)
+    out = Path(a.out)
+    rows = []
+    print(f"threads={torch.get_num_threads()} profile={a.profile} engine: max_num_seqs={a.max_num_seqs} "
+          f"max_num_batched_tokens={a.max_num_batched_tokens} prefix caching on, "
+          f"{engine.scheduler_config.num_blocks} KV blocks", flush=True)
+    for name in a.traces:
+        trace = str(Path(a.traces_dir) / TRACES[name])
+        base = FidelityOptions(a.profile, trace=trace, num_requests=a.num_requests, rate=1.0,
+                               max_prompt_tokens=a.max_prompt_tokens, max_output_tokens=a.max_output_tokens)
+        mu = saturation(profile, base, engine)
+        print(f"{name}: simulated saturation {mu:.3f} req/s", flush=True)
+        for i, load in enumerate(a.loads):
+            opts = dataclasses.replace(base, rate=round(load * mu, 4), seed=i)
+            t = time.time()
+            rep = run_fidelity(engine, opts, out / f"{name}-{load:g}", echo=lambda s: None)
+            m = rep["metrics"]
+            row = {"trace": name, "load": load, "rate": opts.rate, "wall_s": round(time.time() - t),
+                   **{f"{k}_{q}": m[k][q]["err"] for k in ("ttft", "tpot", "e2e") for q in ("p50", "p99")},
+                   "throughput": rep["throughput"]["output_tok_s"]["err"],
+                   "step_median": rep["steps"].get("median_err"), "replay_exact": rep["replay"]["exact"]}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    engine.shutdown()
+    out.mkdir(parents=True, exist_ok=True)
+    cols = ["ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99", "throughput"]
+    lines = ["| trace | load | rate (req/s) | " + " | ".join(c.replace("_", " ") for c in cols)
+             + " | step median | replay exact |", "|" + "---|" * (len(cols) + 5)]
+    for r in rows:
+        lines.append(f"| {r['trace']} | {r['load']:g} | {r['rate']:.3f} | "
+                     + " | ".join(f"{r[c]:+.1%}" for c in cols)
+                     + f" | {r['step_median']:+.1%} | {'yes' if r['replay_exact'] else 'NO'} |")
+    table = "\n".join(lines)
+    (out / "summary.md").write_text(table + "\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
