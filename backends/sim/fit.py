@@ -121,6 +121,41 @@ def fit_step_profile(rows: Iterable[Mapping[str, Any]], *, split: bool = True,
     return model
 
 
+def select_regimes(rows: list[Mapping[str, Any]], base: Sequence[int] = (),
+                   candidates: Sequence[int] = (), min_steps: int = 24, gain: float = 0.1,
+                   **fit_kwargs: Any) -> list[int]:
+    """Token-count breakpoints that make the fit clearly better, chosen greedily.
+
+    A CPU GEMM's time per row changes with the number of rows (kernel and blocking choices),
+    so one straight line in tokens can miss whole batch-size ranges. Starting from `base`
+    (known code-path switches), each candidate breakpoint is tried; the one that lowers the
+    mean relative error the most, by at least `gain` of it, is kept, while every regime keeps
+    `min_steps` steps to fit. The design, not a trace, supplies the candidates.
+    """
+    rows = list(rows)
+    tokens = np.array([float(r["num_prefill_tokens"]) + float(r["num_decode_seqs"]) for r in rows])
+    chosen = sorted(set(int(b) for b in base))
+
+    def score(bounds: list[int]) -> float:
+        edges = [0] + bounds + [float("inf")]
+        if any(((tokens > lo) & (tokens <= hi)).sum() < min_steps for lo, hi in zip(edges, edges[1:])):
+            return float("inf")
+        try:
+            return fit_step_profile(rows, regime_max_tokens=bounds, **fit_kwargs).meta["fit"]["mape"]
+        except ProfileError:
+            return float("inf")
+
+    best = score(chosen)
+    while True:
+        trials = [(score(sorted(chosen + [c])), c) for c in candidates if c not in chosen]
+        if not trials:
+            return chosen
+        err, c = min(trials)
+        if err > best * (1 - gain):
+            return chosen
+        chosen, best = sorted(chosen + [c]), err
+
+
 def diagnostics(model: FittedCostModel, feats: np.ndarray, total: np.ndarray,
                 execute: np.ndarray | None, kept: np.ndarray | None = None) -> dict[str, Any]:
     """R², MAPE, p95 and worst relative error, overall and per step kind (and per part)."""

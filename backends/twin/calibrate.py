@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from twinserve.backends.sim.catalog import MODELS
-from twinserve.backends.sim.fit import fit_step_profile
+from twinserve.backends.sim.fit import fit_step_profile, select_regimes
 from twinserve.backends.sim.fitted import FittedCostModel
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.sampling_params import SamplingParams
@@ -45,7 +45,7 @@ class CalibrationDesign:
     prefill_contexts: list[int] = field(default_factory=lambda: [0, 192, 448])
     multi_prefill: list[tuple[int, int]] = field(
         default_factory=lambda: [(2, 32), (4, 32), (8, 32), (2, 128), (4, 128)])
-    decode_batches: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 8, 16, 32])
+    decode_batches: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 6, 8, 12, 16, 24, 32])
     decode_contexts: list[int] = field(default_factory=lambda: [48, 256])
     decode_steps: int = 4
     mixed: list[tuple[int, int]] = field(default_factory=lambda: [(4, 64), (8, 192), (16, 64),
@@ -240,8 +240,13 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     wall = time.perf_counter() - wall
     cfg = engine.worker.model.config
     name = catalog_name(cfg, engine.model_name)
+    rows = log.rows()
+    # Breakpoints: the engine's own code-path switch, plus batch sizes where the measured
+    # cost per row changes slope (candidates from the design's decode batches).
+    bounds = select_regimes(rows, regime_bounds(engine),
+                            [b for b in design.decode_batches if 4 < b < max(design.decode_batches)])
     profile = fit_step_profile(
-        log.rows(), regime_max_tokens=regime_bounds(engine), model=name,
+        rows, regime_max_tokens=bounds, model=name,
         hardware=device_name(engine.worker.device), tensor_parallel_size=1,
         provenance={
             "made_by": "twinserve calibrate",
