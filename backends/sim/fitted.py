@@ -97,6 +97,9 @@ class FittedCostModel:
     regimes: list[Regime] = field(default_factory=list)
     # Scales the engine's CPU overhead part: 0.5 asks "what if it were twice as fast".
     overhead_scale: float = 1.0
+    # Scales whole steps: a machine measured (speed probe) to run this much slower than
+    # when the profile was made.
+    time_scale: float = 1.0
 
     @property
     def coefficients(self) -> Coefs:
@@ -119,6 +122,7 @@ class FittedCostModel:
             for r in self.regimes:
                 if tokens <= r.max_num_tokens:
                     t = _dot(r.coefficients, *args) + self.overhead_scale * _dot(r.overhead, *args)
+                    t *= self.time_scale
                     return t if t > 0.0 else 0.0
         t = (self.intercept_s + self.per_token_s * (num_prefill_tokens + num_decode_seqs)
              + self.per_prefill_seq_s * num_prefill_seqs
@@ -128,6 +132,8 @@ class FittedCostModel:
              + self.per_decode_context_token_s * decode_context)
         if self.overhead_scale and self.overhead is not ZERO:
             t += self.overhead_scale * _dot(self.overhead, *args)
+        if self.time_scale != 1.0:
+            t *= self.time_scale
         return t if t > 0.0 else 0.0
 
     def split(self, *features: float) -> tuple[float, float]:

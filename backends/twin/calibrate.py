@@ -178,6 +178,33 @@ class Calibrator:
         return self.log
 
 
+def speed_probe(engine: Any, seed: int = 1234) -> float | None:
+    """Seconds of a fixed set of steps (a 4-sequence decode and a 128-token prefill), now.
+
+    A shared machine's speed drifts by tens of percent over minutes (other tenants, memory
+    traffic); calibrate records this probe and fidelity repeats it around the real run, so a
+    drift is measured and reported instead of being mistaken for model error. None when the
+    engine's limits cannot run the probe's shapes in single steps.
+    """
+    sc = engine.scheduler_config
+    if sc.max_num_batched_tokens < 128 or sc.max_num_seqs < 4 or sc.max_model_len < 256:
+        return None
+    cal = Calibrator(engine, seed)
+    probe_log = StepLog(keep=True)
+    previous = engine.step_log
+    engine.set_step_log(probe_log)
+    try:
+        for _ in range(3):
+            cal.decode(4, 128, 6)
+            cal.prefill_single(128, 0, [])
+    finally:
+        engine.set_step_log(previous)
+    decodes = sorted(r.step_time_s for r in probe_log.records if r.num_prefill_seqs == 0)
+    prefills = sorted(r.step_time_s for r in probe_log.records
+                      if r.num_prefill_tokens == 128 and r.num_decode_seqs == 0)
+    return decodes[len(decodes) // 2] * 10 + prefills[len(prefills) // 2]
+
+
 def catalog_name(cfg: Any, fallback: str) -> str:
     """The simulator catalog's name for a model with this config's shape, else fallback."""
     for spec in MODELS.values() if isinstance(MODELS, dict) else MODELS:
@@ -236,7 +263,9 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     design = (design or CalibrationDesign()).for_limits(sc.max_num_seqs, sc.max_num_batched_tokens,
                                                         sc.max_model_len)
     wall = time.perf_counter()
+    probe_before = speed_probe(engine)
     log = Calibrator(engine, seed).run(design, progress)
+    probe_after = speed_probe(engine)
     wall = time.perf_counter() - wall
     cfg = engine.worker.model.config
     name = catalog_name(cfg, engine.model_name)
@@ -259,6 +288,9 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             "git_commit": _git_commit(),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "wall_s": round(wall, 1),
+            # The machine's speed while calibrating (calibrate.speed_probe), and its drift.
+            "speed_probe_s": (probe_before + probe_after) / 2 if probe_before else None,
+            "speed_probe_drift": probe_after / probe_before - 1 if probe_before else None,
             "engine": {"block_size": a.block_size, "max_num_seqs": sc.max_num_seqs,
                        "max_num_batched_tokens": sc.max_num_batched_tokens,
                        "small_batch_weights": a.small_batch_weights,

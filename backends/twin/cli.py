@@ -96,6 +96,9 @@ def _fidelity_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--allow-profile-mismatch", action="store_true",
                    help="use a profile calibrated for another model")
+    p.add_argument("--normalize-speed", action=argparse.BooleanOptionalAction, default=True,
+                   help="scale simulated step times by the machine's speed measured around the "
+                   "run against calibration (a short fixed probe); raw errors are reported too")
     add_engine_args(p)
     p.set_defaults(func=_fidelity)
 
@@ -108,7 +111,7 @@ def _fidelity(ns: argparse.Namespace) -> int:
 
     opts = FidelityOptions(ns.profile, ns.trace, ns.config, ns.num_requests, ns.rate, ns.time_scale,
                            ns.max_prompt_tokens, ns.max_output_tokens, ns.workload_seed,
-                           ns.allow_profile_mismatch)
+                           ns.allow_profile_mismatch, ns.normalize_speed)
     profile = FittedCostModel.load(ns.profile)
     made = profile.meta.get("provenance", {}).get("threads")
     if made is not None and made != ns.threads:

@@ -25,7 +25,7 @@ from twinserve.sim.world import Simulation
 from twinserve.sim.workload import Workload, WorkloadConfig
 
 from ..real.step_log import StepLog, read_step_log
-from .calibrate import catalog_name
+from .calibrate import catalog_name, speed_probe
 from .compare import compare, figure, table
 from .realrun import RealRun, run_real
 from .replay import replay
@@ -49,6 +49,9 @@ class FidelityOptions:
     max_output_tokens: int | None = None
     seed: int = 0
     allow_profile_mismatch: bool = False
+    # Scale the simulated step times by the machine's measured speed (a probe run before and
+    # after the real run, against the probe recorded at calibration); raw errors are kept too.
+    normalize_speed: bool = True
 
 
 class CappedWorkload(Workload):
@@ -165,22 +168,40 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     make = workload_factory(opts, engine.max_model_len, engine.vocab_size)
     n_first = check_workload(make, engine.max_model_len)
     out.mkdir(parents=True, exist_ok=True)
+    probe_cal = profile.meta.get("provenance", {}).get("speed_probe_s")
+    probe = opts.normalize_speed and bool(probe_cal)
+    probe_before = speed_probe(engine) if probe else None
     warm_up(engine)
     steps_path = out / "steps_real.csv"
     engine.set_step_log(StepLog(steps_path))
     echo(f"fidelity: {n_first} requests on the real engine in real time ...")
     real: RealRun = run_real(engine, make())
     engine.step_log.close()
+    probe_after = speed_probe(engine) if probe_before and not real.interrupted else None
     sched_cfg = engine.scheduler_config
     echo("fidelity: simulating with the profile, and replaying the measured step times ...")
-    sim = simulate(profile, make, sched_cfg)
+    raw_profile = dataclasses.replace(profile, time_scale=1.0)
+    sim_raw = simulate(raw_profile, make, sched_cfg)
+    speed: dict[str, Any] = {"normalized": False, "probe_profile_s": probe_cal,
+                             "probe_before_s": probe_before, "probe_after_s": probe_after}
+    sim = sim_raw
+    if probe_before is not None:
+        during = (probe_before + probe_after) / 2 if probe_after is not None else probe_before
+        speed.update(normalized=True, machine_speed_ratio=during / probe_cal)
+        profile = dataclasses.replace(profile, time_scale=during / probe_cal)
+        sim = simulate(profile, make, sched_cfg)
     check = replay(real, make, sched_cfg)
     report: dict[str, Any] = compare(real.records, sim.records)
+    raw = compare(real.records, sim_raw.records)
+    report["metrics_raw"], report["throughput_raw"] = raw["metrics"], raw["throughput"]
+    report["speed"] = speed
     report["num_requests"] = len(real.records)
     report["profile"] = str(opts.profile)
     report["interrupted"] = real.interrupted
     report["replay"] = check.to_dict()
-    report["steps"] = step_errors(profile, read_step_log(steps_path)) if real.step_starts else {}
+    rows = read_step_log(steps_path) if real.step_starts else []
+    report["steps"] = step_errors(profile, rows) if rows else {}
+    report["steps_raw"] = step_errors(raw_profile, rows) if rows else {}
     report["real"] = {"num_steps": len(real.step_starts), "wall_s": real.wall_time,
                       "preemptions": real.num_preemptions,
                       "prefix_hit_tokens": sum(r.prefix_hit_tokens for r in real.records)}
@@ -194,6 +215,12 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
                         "policy": sched_cfg.policy}
     (out / "fidelity.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
     md = table(report)
+    if speed["normalized"]:
+        md = (f"machine speed during the run: {speed['machine_speed_ratio']:.3f} x the calibration's "
+              f"(speed probe {speed['probe_profile_s']:.3f} s at calibration, {probe_before:.3f} s "
+              f"before and {probe_after or float('nan'):.3f} s after this run); simulated step "
+              "times scaled by it\n\n" + md + "\n\nwithout the speed scaling:\n\n"
+              + table({"metrics": report["metrics_raw"], "throughput": report["throughput_raw"]}))
     rp = check.to_dict()
     md += (f"\n\nreplay mode: {'exact' if rp['exact'] else 'NOT exact'} "
            f"({rp['num_steps_real']} real steps, {rp['num_steps_sim']} replayed; "

@@ -72,7 +72,7 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path) -> 
     assert prof.with_suffix(".steps.csv").exists()
     out = tmp_path / "fid"
     rc = main(["fidelity", "--profile", str(prof), "--trace", str(_trace(tmp_path / "t.csv")),
-               "--out", str(out), "--max-num-batched-tokens", "32", *common])
+               "--out", str(out), "--max-num-batched-tokens", "128", *common])
     assert rc == 0
     rep = json.loads((out / "fidelity.json").read_text())
     for m in ("ttft", "tpot", "itl", "e2e"):
@@ -84,6 +84,13 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path) -> 
     assert rep["num_requests"] == len(TRACE_ROWS) and rep["profile"] == str(prof)
     assert set(rep["throughput"]) == {"output_tok_s", "request_s"}
     assert rep["replay"]["exact"] and rep["steps"]["num_steps"] > 0
+    # The machine's speed was probed around the run and the prediction scaled by it; the raw
+    # comparison is kept beside it.
+    sp = rep["speed"]
+    assert sp["normalized"] and sp["probe_before_s"] > 0 and sp["probe_after_s"] > 0
+    assert sp["machine_speed_ratio"] == pytest.approx(
+        (sp["probe_before_s"] + sp["probe_after_s"]) / 2 / data["provenance"]["speed_probe_s"])
+    assert set(rep["metrics_raw"]) == {"ttft", "tpot", "itl", "e2e"}
     assert (out / "fidelity.png").stat().st_size > 10_000 and (out / "fidelity.md").exists()
     # Arrivals are the trace's own timestamps; outputs are forced to the trace's lengths.
     import pandas as pd
