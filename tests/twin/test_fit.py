@@ -138,3 +138,25 @@ def test_study_with_a_fitted_profile_checks_the_model_and_scales_overhead(tmp_pa
         rec = build(cfg).simulation.run().records[0]
         gaps[scale] = [b - a for a, b in zip(rec.token_times, rec.token_times[1:])]
     assert gaps[1.0] == pytest.approx([0.015] * 4) and gaps[0.5] == pytest.approx([0.013] * 4)
+
+
+def test_shipped_cpu_profile_drives_the_cpu_twin_study() -> None:
+    """The profile calibrated on this project's CPU ships in the package and a study can name it."""
+    from twinserve.backends.sim.fitted import builtin_profiles
+    from twinserve.sim.build import build
+    from twinserve.sim.config import load_config
+
+    assert "smollm2-135m-cpu-1t" in builtin_profiles()
+    prof = FittedCostModel.load("builtin:smollm2-135m-cpu-1t")
+    prov = prof.meta["provenance"]
+    assert prof.model == "SmolLM2-135M" and prov["threads"] == 1 and prov["dtype"] == "float32"
+    assert prof.meta["fit"]["r2"] > 0.9 and min(prof.coefficients) >= 0
+    # A decode step costs more with more sequences and more context; prefill more with more tokens.
+    assert prof.step_time(0, 0, 0, 0.0, 16, 16 * 300) > prof.step_time(0, 0, 0, 0.0, 8, 8 * 300)
+    assert prof.step_time(256, 1, 0, 256 * 128.0, 0, 0) > prof.step_time(64, 1, 0, 64 * 32.0, 0, 0)
+    cfg = load_config(Path(__file__).resolve().parents[2] / "experiments" / "cpu_twin_study.toml")
+    cfg.workload.num_requests = 20
+    res = build(cfg).simulation.run()
+    assert len(res.records) == 20 and all(r.finish_time is not None for r in res.records)
+    with pytest.raises(ProfileError, match="unknown builtin profile 'nope'"):
+        FittedCostModel.load("builtin:nope")
