@@ -189,6 +189,8 @@ def speed_probe(engine: Any, seed: int = 1234) -> float | None:
     sc = engine.scheduler_config
     if sc.max_num_batched_tokens < 128 or sc.max_num_seqs < 4 or sc.max_model_len < 256:
         return None
+    # A cold prefix cache, so the probe computes every token whatever ran before it.
+    engine.core.scheduler.reset_prefix_cache()
     cal = Calibrator(engine, seed)
     probe_log = StepLog(keep=True)
     previous = engine.step_log

@@ -147,3 +147,15 @@ def test_interrupt_aborts_the_engine_and_writes_what_was_measured(make_engine, t
     saved = json.loads((tmp_path / "out" / "fidelity.json").read_text())
     assert saved["interrupted"] and saved["num_requests"] < len(TRACE_ROWS) + 1
     engine.shutdown()
+
+
+def test_speed_probe_repeats_on_one_engine(make_engine) -> None:
+    """The probe computes every token each time: its prompts never become prefix hits later."""
+    from twinserve.backends.twin.calibrate import speed_probe
+
+    engine = make_engine(max_num_batched_tokens=256)
+    first, second = speed_probe(engine), speed_probe(engine)
+    assert first > 0 and second > 0
+    assert engine.core.scheduler.kv.stats.hits == 0
+    assert speed_probe(make_engine(max_num_batched_tokens=64)) is None  # shapes do not fit one step
+    engine.shutdown()
