@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InvalidSamplingParamsError
+from .structured_output import StructuredOutputSpec
 
 
 @dataclass(slots=True)
@@ -29,6 +30,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    # Output must match this (JSON schema, regex, choice...); the runner masks logits with its grammar.
+    structured_output: StructuredOutputSpec | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -78,6 +81,15 @@ class SamplingParams:
             raise InvalidSamplingParamsError("ignore_eos", self.ignore_eos, "true or false")
         if self.logprobs is not None:
             _int_at_least("logprobs", self.logprobs, 0, upper=20)
+        if self.structured_output is not None:
+            if not isinstance(self.structured_output, StructuredOutputSpec):
+                raise InvalidSamplingParamsError("structured_output", self.structured_output,
+                                                 "a StructuredOutputSpec or None")
+            self.structured_output.validate()
+            if self.ignore_eos:
+                # The grammar ends by allowing only EOS; ignoring it would run past the constraint.
+                raise InvalidSamplingParamsError("ignore_eos", True,
+                                                 "false when the output is constrained (structured output)")
 
     def clone(self, **changes: Any) -> "SamplingParams":
         """A validated copy with some fields changed."""

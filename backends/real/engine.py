@@ -101,6 +101,18 @@ class LLMEngine:
         self._last_step_end = 0.0
         self._busy_after_last_step = False
         self.dead: BaseException | None = None
+        self._grammars: Any = None
+        self._grammars_lock = threading.Lock()
+
+    @property
+    def grammar_compiler(self) -> Any:
+        """The structured-output compiler for this tokenizer (xgrammar is imported on first use)."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                from .structured.compiler import GrammarCompilerCache
+
+                self._grammars = GrammarCompilerCache(self.tokenizer, self.vocab_size, self.eos_token_ids)
+            return self._grammars
 
     def set_step_log(self, step_log: StepLog) -> None:
         """Log steps to step_log from now on (a disabled log turns the phase timing off)."""
@@ -166,6 +178,9 @@ class LLMEngine:
         """Validate, tokenize and queue a request (n > 1 fans out into n core requests)."""
         params = params if params is not None else SamplingParams()
         text, ids = self.tokenize_prompt(prompt)
+        spec = getattr(params, "structured_output", None)
+        if spec is not None and spec.compiled is None:  # the server compiles before this, off the engine loop
+            self.grammar_compiler.compile(spec)
         with self._lock:
             self._check_alive()
             self._validate(request_id, ids, params)
@@ -271,7 +286,8 @@ class LLMEngine:
             stats.step, start, list(shape.prefills), list(shape.decodes), stats.num_running,
             stats.num_waiting, stats.num_preempted, stats.schedule_time, prepare, forward, sample,
             stats.update_time, t_end - t_core, t_end - t0, gap,
-            dict(so.num_scheduled_tokens) if log.record_schedule and so is not None else None))
+            dict(so.num_scheduled_tokens) if log.record_schedule and so is not None else None,
+            _extra_costs(shape)))
 
     def _apply(self, child: _Child, o: EngineCoreOutput) -> bool:
         """Fold one core output into a child; True if a stop string ended it (core must abort)."""
@@ -331,6 +347,15 @@ class LLMEngine:
             self.abort_request(list(self._parents))
             self.executor.shutdown()
             self.step_log.close()
+
+
+def _extra_costs(shape: Any) -> dict[str, float]:
+    """Step costs beyond the cost model's features, by name (the twin can fit a term per name)."""
+    if not getattr(shape, "num_constrained", 0):
+        return {}
+    # Structured output: grammar bitmask fill + apply + matcher advance (inside sample_s), and how
+    # many sequences were constrained; the twin can charge grammar_mask_s per constrained sequence.
+    return {"grammar_mask_s": shape.grammar_mask_time, "num_constrained": float(shape.num_constrained)}
 
 
 def _peek_config(source: ModelSource | None):

@@ -13,6 +13,7 @@ from .attention import AttentionBackend, AttentionMetadata
 from .input_batch import CachedRequestState, InputBatch
 from .models.llama import LlamaForCausalLM
 from .sampler import Sampler, SamplingRow
+from .structured.mask import GrammarMasker
 
 
 @dataclass(slots=True)
@@ -24,6 +25,9 @@ class StepShape:
     prefills: list[tuple[int, int]] = field(default_factory=list)
     # Context length (tokens before this one) per decode sequence.
     decodes: list[int] = field(default_factory=list)
+    # Structured output: seconds spent filling/applying grammar bitmasks and advancing matchers.
+    grammar_mask_time: float = 0.0
+    num_constrained: int = 0
 
 
 class ModelRunner:
@@ -39,6 +43,7 @@ class ModelRunner:
         self.max_blocks_per_req = -(-max_model_len // block_size)
         self.batch = InputBatch(max_num_seqs, max_model_len, self.max_blocks_per_req)
         self.sampler = Sampler(device)
+        self.grammar = GrammarMasker()
         self.stop_ids = stop_ids
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.last_shape = StepShape()
@@ -61,10 +66,16 @@ class ModelRunner:
         batch = self.batch
         for rid in so.finished_req_ids:
             batch.remove(rid)
+            self.grammar.remove(rid)
         for rid in so.preempted_req_ids:
             batch.remove(rid)
+            self.grammar.remove(rid)
         for new in so.scheduled_new_reqs:
             batch.remove(new.req_id)  # a resumed request is rebuilt from scratch
+            spec = new.sampling_params.structured_output
+            if spec is not None:
+                # The engine compiled it before the request was queued; a resumed one replays its output.
+                self.grammar.add(new.req_id, spec.compiled, new.token_ids[new.num_prompt_tokens:])
             # The engine gives every request a seed; a bare core user gets seed 0.
             seed = new.sampling_params.seed
             batch.add(new.req_id, new.token_ids, new.num_prompt_tokens, new.sampling_params,
@@ -99,7 +110,15 @@ class ModelRunner:
                                 ([] if st.sampling_params.ignore_eos else self.stop_ids)
                                 + st.sampling_params.stop_token_ids)
                     for st in sampling]
+            constrained = len(self.grammar) > 0
+            if constrained:
+                ids = [st.req_id for st in sampling]
+                self.grammar.apply(logits, ids)
             tokens, lps = self.sampler(logits, rows)
+            if constrained:
+                self.grammar.accept(ids, tokens)
+                self.last_shape.grammar_mask_time = self.grammar.last_mask_time
+                self.last_shape.num_constrained = self.grammar.last_num_masked
             for st, tok, lp in zip(sampling, tokens, lps):
                 self.batch.append_token(st, tok)
                 sampled[st.req_id] = [tok]

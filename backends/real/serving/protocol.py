@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ....core.errors import InvalidSamplingParamsError
 from ....core.sampling_params import SamplingParams
 from .errors import APIError, bad_request
+from .structured_fields import structured_spec
 
 
 class StreamOptions(BaseModel):
@@ -48,13 +49,22 @@ class _Common(BaseModel):
     skip_special_tokens: bool = True
     # twinserve's extra: engine-side timings and counts in the final chunk (the bench client asks)
     return_metrics: bool = False
+    # Output constraints (see structured_fields.py): OpenAI's response_format, vLLM's guided_* and
+    # structured_outputs. One per request; the grammar masks the logits before sampling.
+    response_format: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
 
     def sampling_params(self, max_tokens: int | None) -> SamplingParams:
         """Validated SamplingParams (typed error naming the bad field)."""
         kw: dict[str, Any] = dict(n=self.n, max_tokens=max_tokens, min_tokens=self.min_tokens,
                                   seed=self.seed, stop=self.stop or [],
                                   stop_token_ids=self.stop_token_ids or [], ignore_eos=self.ignore_eos,
-                                  skip_special_tokens=self.skip_special_tokens)
+                                  skip_special_tokens=self.skip_special_tokens,
+                                  structured_output=structured_spec(self))
         for name, default in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 0), ("min_p", 0.0),
                               ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
                               ("repetition_penalty", 1.0)):
@@ -97,6 +107,9 @@ class ChatCompletionRequest(_Common):
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
     def message_dicts(self) -> list[dict[str, Any]]:
         """Messages as plain dicts with text content, ready for the chat template."""

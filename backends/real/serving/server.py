@@ -24,6 +24,7 @@ from .info_routes import add_info_routes
 from .metrics import ServingMetrics
 from .openai_format import ResponseMeta, full_response, stream_events
 from .protocol import ChatCompletionRequest, CompletionRequest, parse_body, to_sampling_params
+from .structured_fields import as_tool_calls, tool_spec
 
 # How often a non-streamed request checks whether its client is still there.
 _DISCONNECT_POLL_S = 0.25
@@ -207,6 +208,9 @@ async def _serve(state: ServingState, request: Request, req: CompletionRequest |
         except PromptTooLongError as e:
             e.param = param
             raise
+    specs = [sp.structured_output for sp in params if sp.structured_output is not None]
+    if specs:  # compiling a grammar can take seconds: never on the event loop, never on the engine thread
+        await asyncio.to_thread(_compile_all, state.engine, specs)
     meta = ResponseMeta(f"{prefix}-{_request_id(request)}", state.model_name, chat, req.include_usage,
                         req.return_metrics)
     streams: list[RequestStream] = []
@@ -223,7 +227,17 @@ async def _serve(state: ServingState, request: Request, req: CompletionRequest |
         return _EngineStreamingResponse(streams, stream_events(meta, streams, n, echo),
                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     outs = await _collect(streams, request)
-    return JSONResponse(full_response(meta, outs, echo))
+    body = full_response(meta, outs, echo)
+    tool = tool_spec(req) if chat else None
+    if tool is not None:
+        body = as_tool_calls(body, tool[1])
+    return JSONResponse(body)
+
+
+def _compile_all(engine: LLMEngine, specs: list[Any]) -> None:
+    compiler = engine.grammar_compiler
+    for spec in specs:
+        compiler.compile(spec)
 
 
 class _EngineStreamingResponse(StreamingResponse):

@@ -1,0 +1,45 @@
+"""What a request's output must match (JSON schema, any JSON, regex, one of some strings, a grammar).
+
+Pure data: the grammar engine lives in the real backend, which compiles a spec once (cached, off
+the engine loop) and hangs the compiled grammar on `compiled`; the model runner keeps one
+matcher per sequence and masks the logits with it before sampling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import InvalidSamplingParamsError
+
+KINDS = ("json", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass(slots=True)
+class StructuredOutputSpec:
+    """A constraint on the generated text; `value` is a JSON-schema string, a regex, a grammar, or choices."""
+
+    kind: str
+    value: str | list[str] = ""
+    # The request field it came from, for error messages (e.g. "response_format", "guided_json").
+    param: str = "structured_output"
+    # Filled by the backend's grammar compiler; opaque to the core.
+    compiled: Any = field(default=None, compare=False, repr=False)
+
+    def validate(self) -> None:
+        """Raise InvalidSamplingParamsError unless kind and value fit together."""
+        if self.kind not in KINDS:
+            raise InvalidSamplingParamsError(self.param, self.kind, f"one of {', '.join(KINDS)}")
+        if self.kind == "choice":
+            ok = isinstance(self.value, list) and bool(self.value) and all(
+                isinstance(v, str) and v for v in self.value)
+            if not ok:
+                raise InvalidSamplingParamsError(self.param, self.value, "a non-empty list of non-empty strings")
+        elif self.kind != "json_object" and (not isinstance(self.value, str) or not self.value):
+            raise InvalidSamplingParamsError(self.param, self.value, f"a non-empty {self.kind} string")
+
+    @property
+    def cache_key(self) -> tuple[str, str]:
+        """What identifies the compiled grammar."""
+        value = "\x00".join(self.value) if isinstance(self.value, list) else self.value
+        return self.kind, value
