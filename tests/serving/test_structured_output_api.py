@@ -134,3 +134,25 @@ def test_openai_client_parse_helper_returns_a_validated_object(server: RunningSe
     except openai.LengthFinishReasonError:
         pytest.fail("the constrained answer did not finish within max_tokens")
     assert isinstance(r.choices[0].message.parsed, City)
+
+
+def test_grammars_compile_off_the_event_loop_and_off_the_engine_thread(server: RunningServer) -> None:
+    import threading
+
+    compiler = server.engine.grammar_compiler
+    seen: list[str] = []
+    inner = compiler.compile
+
+    def spy(spec):
+        seen.append(threading.current_thread().name)
+        return inner(spec)
+
+    compiler.compile = spy
+    try:
+        r = server.client().completions.create(model="tiny", prompt="x", max_tokens=10, temperature=0,
+                                               extra_body={"guided_regex": "[ab]{4}"})
+    finally:
+        del compiler.compile
+    assert re.fullmatch("[ab]{4}", r.choices[0].text)
+    assert seen and all(name not in ("twinserve-engine", "MainThread") for name in seen), seen
+    assert all(name != server.thread.name for name in seen), seen
