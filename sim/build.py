@@ -19,6 +19,11 @@ from .errors import ConfigError
 from .workload import Workload
 from .world import RunResult, Simulation
 
+# Efficiency attribute -> [engine] field; a negative field keeps the catalog's value.
+EFFICIENCY_FIELDS = {"gemm": "eff_gemm", "attention": "eff_attention", "memory": "eff_memory",
+                     "comm": "eff_comm", "allreduce_latency_s": "allreduce_latency_s",
+                     "allreduce_hop_s": "allreduce_hop_s", "layer_floor_s": "layer_floor_s"}
+
 DATA_DIR = Path(__file__).parent / "data"
 BUILTIN_TRACES = {"azure_conv": DATA_DIR / "azure_conv_excerpt.csv"}
 
@@ -79,12 +84,18 @@ def build_cost_models(cfg: StudyConfig) -> tuple[ModelSpec, HardwareSpec, Roofli
         hw = get_hardware(e.hardware)
     except UnknownSpecError as err:
         raise _cfg_error(cfg, "engine", "hardware", str(err)) from None
-    eff = Efficiency(e.eff_gemm, e.eff_attention, e.eff_memory, e.eff_comm,
-                     e.allreduce_latency_s, e.step_overhead_s, e.per_seq_overhead_s)
+    overrides = {name: getattr(e, field) for name, field in EFFICIENCY_FIELDS.items()
+                 if getattr(e, field) >= 0}
+    eff = Efficiency.for_hardware(hw, step_overhead_s=e.step_overhead_s,
+                                  per_seq_overhead_s=e.per_seq_overhead_s, **overrides)
     try:
         roof = RooflineCostModel(model, hw, e.tensor_parallel_size, eff)
     except ValueError as err:
-        field = "tensor_parallel_size" if "tensor_parallel" in str(err) else "eff_gemm"
+        msg = str(err)
+        names = dict(EFFICIENCY_FIELDS, step_overhead_s="step_overhead_s",
+                     per_seq_overhead_s="per_seq_overhead_s")
+        field = next((f for n, f in names.items() if f"efficiency {n}" in msg),
+                     "tensor_parallel_size")
         raise _cfg_error(cfg, "engine", field, str(err)) from None
     cost: CostModel = roof
     if e.cost_model == "fitted":

@@ -8,6 +8,7 @@ A study file has up to five tables; any field left out keeps its default::
                  'fitted'), cpu_overhead_scale (fitted: x engine CPU overhead, 0.5 = twice as
                  fast), allow_profile_mismatch (fitted: a profile made for another model),
                  eff_gemm, eff_attention, eff_memory, eff_comm, allreduce_latency_s,
+                 allreduce_hop_s, layer_floor_s (-1 = the GPU's value in the catalog),
                  step_overhead_s, per_seq_overhead_s
     [scheduler]  the core's SchedulerConfig fields except num_blocks: max_num_batched_tokens,
                  max_num_seqs, max_model_len, enable_chunked_prefill,
@@ -57,11 +58,14 @@ class EngineConfig:
     profile: str = ""
     cpu_overhead_scale: float = 1.0
     allow_profile_mismatch: bool = False
-    eff_gemm: float = 0.70
-    eff_attention: float = 0.50
-    eff_memory: float = 0.80
-    eff_comm: float = 0.75
-    allreduce_latency_s: float = 8e-6
+    # -1 takes the GPU's own value from the catalog (backends/sim/catalog.py).
+    eff_gemm: float = -1.0
+    eff_attention: float = -1.0
+    eff_memory: float = -1.0
+    eff_comm: float = -1.0
+    allreduce_latency_s: float = -1.0
+    allreduce_hop_s: float = -1.0
+    layer_floor_s: float = -1.0
     step_overhead_s: float = 1.5e-3
     per_seq_overhead_s: float = 10e-6
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from twinserve.core.errors import InvalidConfigError
 
-from .catalog import HardwareSpec, ModelSpec
+from .catalog import GiB, HardwareSpec, ModelSpec
 
 
 @dataclass(slots=True)
@@ -18,6 +18,7 @@ class KVCapacity:
     weight_bytes: float
     activation_bytes: float
     block_bytes: float
+    reserved_bytes: float = 0.0  # CUDA context, NCCL buffers, CUDA graphs
 
 
 def activation_reserve_bytes(model: ModelSpec, tp: int, max_num_batched_tokens: int,
@@ -33,18 +34,33 @@ def activation_reserve_bytes(model: ModelSpec, tp: int, max_num_batched_tokens: 
     return max_num_batched_tokens * per_token + max_num_seqs * m.vocab_size * 4
 
 
+def runtime_reserve_bytes(hardware: HardwareSpec, tp: int, cuda_graphs: bool = True) -> float:
+    """Memory outside the allocator per GPU: CUDA context, NCCL buffers (TP > 1), CUDA graphs."""
+    p = hardware.profile
+    gib = p.cuda_context_gib + (p.nccl_buffer_gib if tp > 1 else 0.0)
+    if cuda_graphs:
+        gib += p.cuda_graph_gib
+    return gib * GiB
+
+
 def kv_capacity(model: ModelSpec, hardware: HardwareSpec, tp: int, block_size: int,
                 gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 2048,
                 max_num_seqs: int = 256, activation_reserve: float | None = None,
-                num_blocks_override: int | None = None) -> KVCapacity:
-    """(memory × utilisation − weights − activation reserve) / bytes per block, per GPU."""
+                num_blocks_override: int | None = None,
+                runtime_reserve: float | None = None) -> KVCapacity:
+    """(memory × utilisation − weights − activations − runtime reserve) / bytes per block, per GPU.
+
+    A block holds block_size tokens of the KV heads this GPU keeps: 1/tp of them, or one
+    replicated head once tp exceeds the model's KV heads (as vLLM does).
+    """
     weights = model.weight_bytes / tp
     act = (activation_reserve if activation_reserve is not None
            else activation_reserve_bytes(model, tp, max_num_batched_tokens, max_num_seqs))
-    usable = hardware.mem_bytes * gpu_memory_utilization - weights - act
-    block_bytes = block_size * model.kv_bytes_per_token / tp
+    reserved = runtime_reserve if runtime_reserve is not None else runtime_reserve_bytes(hardware, tp)
+    usable = hardware.mem_bytes * gpu_memory_utilization - weights - act - reserved
+    block_bytes = block_size * model.kv_bytes_per_token_per_gpu(tp)
     if num_blocks_override is not None:
-        return KVCapacity(num_blocks_override, usable, weights, act, block_bytes)
+        return KVCapacity(num_blocks_override, usable, weights, act, block_bytes, reserved)
     n = int(usable // block_bytes)
     if n < 1:
         raise InvalidConfigError(
@@ -52,4 +68,4 @@ def kv_capacity(model: ModelSpec, hardware: HardwareSpec, tp: int, block_size: i
             f"a value leaving room for KV blocks: {model.name} weights take "
             f"{weights / 2**30:.1f} GiB per GPU of {hardware.mem_bytes / 2**30:.1f} GiB on "
             f"{hardware.name} at tp={tp}; raise tensor_parallel_size or use a bigger GPU")
-    return KVCapacity(n, usable, weights, act, block_bytes)
+    return KVCapacity(n, usable, weights, act, block_bytes, reserved)

@@ -52,15 +52,27 @@ class CostModel(Protocol):
 
 @dataclass(slots=True)
 class Efficiency:
-    """How far below peak real kernels run, plus fixed costs; defaults are rough assumptions."""
+    """How far below peak real kernels run, plus fixed costs (defaults: catalog.GPUProfile's)."""
 
-    gemm: float = 0.70          # fraction of peak FLOP/s reached by dense GEMMs
-    attention: float = 0.50     # fraction of peak FLOP/s reached by attention kernels
+    gemm: float = 0.70          # fraction of peak FLOP/s reached by large dense GEMMs
+    attention: float = 0.50     # fraction of peak FLOP/s reached by prefill attention
     memory: float = 0.80        # fraction of HBM bandwidth reached when streaming
-    comm: float = 0.75          # fraction of link bandwidth reached by all-reduce
-    allreduce_latency_s: float = 8e-6   # per all-reduce launch + sync
+    comm: float = 0.75          # fraction of link bandwidth reached by large all-reduces
+    allreduce_latency_s: float = 35e-6  # fixed cost of one small all-reduce at TP 2 ...
     step_overhead_s: float = 1.5e-3     # scheduler, input prep, sampling, launch
     per_seq_overhead_s: float = 10e-6   # per scheduled request (metadata, sampling)
+    allreduce_hop_s: float = 4e-6       # ... plus this per extra GPU in the ring
+    layer_floor_s: float = 17e-6        # least time of a layer's attention, and of its GEMMs
+
+    @classmethod
+    def for_hardware(cls, hardware: HardwareSpec, **overrides: float) -> "Efficiency":
+        """The GPU's catalog efficiencies; overrides (e.g. from a study file) win."""
+        p = hardware.profile
+        eff = cls(p.gemm, p.attention, p.memory, p.comm, p.allreduce_latency_s,
+                  allreduce_hop_s=p.allreduce_hop_s, layer_floor_s=p.layer_floor_s)
+        for name, value in overrides.items():
+            setattr(eff, name, value)
+        return eff
 
     def validate(self) -> None:
         """Refuse non-physical factors."""
@@ -68,23 +80,37 @@ class Efficiency:
             v = getattr(self, name)
             if not 0.0 < v <= 1.0:
                 raise ValueError(f"efficiency {name}={v!r} must be in (0, 1]")
-        for name in ("allreduce_latency_s", "step_overhead_s", "per_seq_overhead_s"):
+        for name in ("allreduce_latency_s", "allreduce_hop_s", "layer_floor_s",
+                     "step_overhead_s", "per_seq_overhead_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"efficiency {name} must be >= 0")
 
+    def allreduce_time(self, nbytes: float, tp: int, link_bandwidth: float) -> float:
+        """One ring all-reduce of nbytes over tp GPUs: latency by ring size + 2(tp-1)/tp of the bytes."""
+        if tp <= 1:
+            return 0.0
+        latency = self.allreduce_latency_s + self.allreduce_hop_s * (tp - 2)
+        return latency + 2.0 * (tp - 1) / tp * nbytes / (link_bandwidth * self.comm)
+
 
 class RooflineCostModel:
-    """Each operator group costs max(FLOPs / compute, bytes / bandwidth), per GPU under TP.
+    """Per-GPU step time from FLOPs, bytes and messages, with measured-shaped efficiencies.
 
-    Linear layers read every weight once a step and do 2 FLOPs per weight per token;
-    logits are computed once per scheduled request. Attention does 4·heads·head_dim
-    FLOPs per (query, key) pair and reads the K/V of the context. With tensor
-    parallelism each GPU holds 1/tp of weights, heads and KV; two ring all-reduces per
-    layer move 2(tp-1)/tp of the activations over the link.
+    Linear layers: 2 FLOPs per weight per token at the GEMM efficiency, plus one read of
+    the weights. Adding the two (rather than taking the larger) is a GEMM efficiency
+    curve e(M) = gemm * M / (M + M_ridge) in the token count M, with M_ridge the tokens
+    at which a GEMM's arithmetic intensity meets the GPU's ridge point: no hard knee,
+    half efficiency at the ridge, and the weight read alone when M is small.
+    Attention: prefill does 4·heads·head_dim FLOPs per (query, key) pair (or reads its
+    K/V, whichever is slower); decode reads the K/V of its context. Each layer's
+    attention and its GEMMs take at least layer_floor_s (launches, tails). Logits are
+    computed once per scheduled request. Under TP each GPU holds 1/tp of weights and
+    query heads and max(1, kv_heads // tp) KV heads; two all-reduces of the step's
+    activations per layer cost latency (by ring size) plus bandwidth.
     """
 
-    __slots__ = ("name", "model", "hardware", "tp", "eff", "_c_lin_tok", "_c_lin_seq", "_w_time",
-                 "_c_attn", "_c_kv", "_comm_fixed", "_comm_tok", "_peak_g", "_peak_a", "_bw")
+    __slots__ = ("name", "model", "hardware", "tp", "eff", "_k_tok", "_k_seq", "_w_time",
+                 "_k_attn", "_k_kv", "_comm_fixed", "_comm_tok", "_floor", "_c_lin_tok")
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1,
                  efficiency: Efficiency | None = None) -> None:
@@ -94,23 +120,27 @@ class RooflineCostModel:
         self.model = model
         self.hardware = hardware
         self.tp = tp
-        self.eff = eff = efficiency or Efficiency()
+        self.eff = eff = efficiency or Efficiency.for_hardware(hardware)
         eff.validate()
         m = model
-        self._peak_g = hardware.peak_flops * eff.gemm
-        self._peak_a = hardware.peak_flops * eff.attention
-        self._bw = hardware.mem_bandwidth * eff.memory
+        peak_g = hardware.peak_flops * eff.gemm
+        peak_a = hardware.peak_flops * eff.attention
+        bw = hardware.mem_bandwidth * eff.memory
         self._c_lin_tok = 2.0 * m.num_layers * m.params_per_layer / tp
-        self._c_lin_seq = 2.0 * m.vocab_size * m.hidden_size / tp
+        self._k_tok = self._c_lin_tok / peak_g
+        self._k_seq = 2.0 * m.vocab_size * m.hidden_size / tp / peak_g
         weights = (m.num_layers * m.params_per_layer + m.vocab_size * m.hidden_size) * m.dtype_bytes
-        self._w_time = weights / tp / self._bw
-        self._c_attn = 4.0 * m.num_layers * m.num_heads * m.head_dim / tp
-        self._c_kv = m.kv_bytes_per_token / tp
+        self._w_time = weights / tp / bw
+        self._k_attn = 4.0 * m.num_layers * m.num_heads * m.head_dim / tp / peak_a
+        self._k_kv = m.kv_bytes_per_token_per_gpu(tp) / bw
+        self._floor = m.num_layers * eff.layer_floor_s
+        n_ar = 2 * m.num_layers
         if tp > 1:
-            link = hardware.interconnect_bandwidth * eff.comm
-            n_ar = 2 * m.num_layers
-            self._comm_fixed = n_ar * eff.allreduce_latency_s
-            self._comm_tok = n_ar * 2.0 * (tp - 1) / tp * m.hidden_size * m.dtype_bytes / link
+            link = hardware.interconnect_bandwidth
+            latency = eff.allreduce_time(0.0, tp, link)
+            self._comm_fixed = n_ar * latency
+            per_token = eff.allreduce_time(m.hidden_size * m.dtype_bytes, tp, link) - latency
+            self._comm_tok = n_ar * per_token
         else:
             self._comm_fixed = 0.0
             self._comm_tok = 0.0
@@ -120,14 +150,18 @@ class RooflineCostModel:
         """Seconds for a step: overheads + linear + attention + all-reduce."""
         tokens = num_prefill_tokens + num_decode_seqs
         seqs = num_prefill_seqs + num_decode_seqs
-        t_lin = (self._c_lin_tok * tokens + self._c_lin_seq * seqs) / self._peak_g
-        if t_lin < self._w_time:
-            t_lin = self._w_time
-        pairs = prefill_attn + decode_context + num_decode_seqs
-        t_attn = self._c_attn * pairs / self._peak_a
-        t_kv = self._c_kv * (prefill_context + tokens + decode_context) / self._bw
-        if t_attn < t_kv:
-            t_attn = t_kv
+        floor = self._floor
+        t_lin = self._k_tok * tokens + self._k_seq * seqs + self._w_time
+        if t_lin < floor:
+            t_lin = floor
+        k_kv = self._k_kv
+        t_attn = self._k_attn * prefill_attn
+        t_pkv = k_kv * (prefill_context + num_prefill_tokens)
+        if t_attn < t_pkv:
+            t_attn = t_pkv
+        t_attn += k_kv * (decode_context + num_decode_seqs)
+        if t_attn < floor:
+            t_attn = floor
         eff = self.eff
         t = eff.step_overhead_s + eff.per_seq_overhead_s * seqs + t_lin + t_attn
         if self._comm_fixed:

@@ -26,7 +26,9 @@ def test_catalog_parameter_counts_match_published_sizes() -> None:
 def test_kv_capacity_formula_and_override() -> None:
     m, h = get_model("Llama-2-7B"), get_hardware("A100-80GB")
     cap = kv_capacity(m, h, 1, 16, 0.9, activation_reserve=2 * 2**30)
-    expected = (h.mem_bytes * 0.9 - m.weight_bytes - 2 * 2**30) // (16 * m.kv_bytes_per_token)
+    reserve = 0.5 * 2**30 + 0.5 * 2**30  # CUDA context + CUDA graphs (no NCCL at TP 1)
+    expected = ((h.mem_bytes * 0.9 - m.weight_bytes - 2 * 2**30 - reserve)
+                // (16 * m.kv_bytes_per_token))
     assert cap.num_blocks == expected
     assert kv_capacity(m, h, 1, 16, num_blocks_override=77).num_blocks == 77
     # Tensor parallelism splits weights and KV heads: more than twice the blocks at TP 2.
