@@ -3,6 +3,9 @@
     simulate                                   # the embedded default study -> ./simulate-out/
     simulate run --config study.toml [--set field=value ...] [--out DIR]
     simulate sweep [--config study.toml] --grid field=a,b,c [--grid ...] [--workers N]
+    simulate search [--config study.toml] --slo ttft_p99=2 --slo tpot_p99=0.1 [--grid ...]
+             [--target-rate R] [--tolerance 0.02]
+    sweep and search take --ray [ADDRESS]: run points as Ray tasks on a cluster (or a local one)
 
 Any field of the study config may be set or swept, by 'section.field' or by its bare
 name when unique (e.g. max_num_batched_tokens, rate, enable_prefix_caching, hardware).
@@ -21,6 +24,7 @@ from twinserve.core.errors import TwinserveError
 from .config import StudyConfig, load_config, set_field, validate
 from .errors import ConfigError
 from .report import write_study
+from .runner import LOCAL_RAY, PointError, PointFailure
 from .study import parse_grid, run_grid, run_point
 
 DEFAULT_GRID = {"scheduler.max_num_batched_tokens": ["512", "2048", "8192"],
@@ -85,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", default="simulate-out", help="output folder (default study)")
     ap.add_argument("--workers", type=int, default=None)
     sub = ap.add_subparsers(dest="command")
-    for name in ("run", "sweep"):
+    for name in ("run", "sweep", "search"):
         p = sub.add_parser(name)
         p.add_argument("--config", help="study TOML file (every field has a default)")
         p.add_argument("--set", action="append", metavar="FIELD=VALUE",
@@ -95,10 +99,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--no-fast-forward", action="store_true", help="step one event per step")
         p.add_argument("--out", default=None, help="output folder")
         p.add_argument("--workers", type=int, default=None)
-        if name == "sweep":
+        if name in ("sweep", "search"):
             p.add_argument("--grid", action="append", default=[], metavar="FIELD=A,B,C",
-                           required=True, help="one sweep axis (repeatable)")
+                           required=name == "sweep", help="one sweep axis (repeatable)")
+            p.add_argument("--ray", nargs="?", const=LOCAL_RAY, default=None, metavar="ADDRESS",
+                           help="run points as Ray tasks: on the cluster at ADDRESS, or on a "
+                                "local Ray when no address is given")
+        if name == "search":
+            p.add_argument("--slo", action="append", default=[], metavar="METRIC_STAT=SECONDS",
+                           help="e.g. ttft_p99=2, tpot_p99=0.1 (repeatable; default: [slo] "
+                                "ttft_s and tpot_s as p99)")
+            p.add_argument("--target-rate", type=float, default=None,
+                           help="req/s to provision for (cheapest configuration)")
+            p.add_argument("--tolerance", type=float, default=None,
+                           help="stop when the rate bracket is within this fraction (0.02)")
     args = ap.parse_args(argv)
+    if args.command == "search":
+        from .search_cli import run_search
+        return run_search(args, _base)
+    failures: list[PointFailure] = []
     try:
         cfg = _base(args)
         t0 = time.perf_counter()
@@ -108,7 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             grid = parse_grid(args.grid) if args.command == "sweep" else DEFAULT_GRID
             axes = [k.split(".", 1)[1] for k in grid]
-            res = run_grid(cfg, grid, workers=args.workers)
+            res = run_grid(cfg, grid, workers=args.workers, ray_address=getattr(args, "ray", None),
+                           failures=failures)
+            if not res:
+                raise PointError(failures)
         wall = time.perf_counter() - t0
         out = Path(args.out or f"simulate-{args.command}")
         title = cfg.run.name if args.command is None else f"simulate {args.command}: {cfg.run.name}"
@@ -118,7 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print((out / "summary.md").read_text())
     print(f"wrote {', '.join(str(p) for p in written.values())}")
-    return 0
+    for f in failures:
+        print(f"simulate: error: {f.describe()}", file=sys.stderr)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

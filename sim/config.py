@@ -1,6 +1,6 @@
 """Study configuration: dataclasses with defaults for every field, loaded from TOML.
 
-A study file has up to five tables; any field left out keeps its default::
+A study file has up to seven tables; any field left out keeps its default::
 
     [engine]     model, hardware, tensor_parallel_size, gpu_memory_utilization,
                  num_gpu_blocks (0 = derive from memory), activation_reserve_gib (-1 = estimate),
@@ -20,6 +20,8 @@ A study file has up to five tables; any field left out keeps its default::
     [cluster]    num_replicas, router, prefix_blocks, load_factor, replicas (a list of
                  per-replica [engine]/[scheduler] overrides), num_prefill_replicas and
                  kv_link_* (disaggregated prefill/decode); see ClusterConfig
+    [search]     start_rate, min_rate, max_rate, tolerance, target_rate, and
+                 [search.prices] "GPU name" = USD per GPU-hour (see sim.search)
 
 Errors name the field, the file and the line (ConfigError).
 """
@@ -98,6 +100,19 @@ class SLOConfig:
 
 
 @dataclass(slots=True)
+class SearchConfig:
+    """`simulate search`: rate bracketing and the prices that rank configurations."""
+
+    start_rate: float = 1.0      # first rate tried (req/s); the bracket grows or shrinks from it
+    min_rate: float = 0.01       # below this, a configuration is reported as meeting no rate
+    max_rate: float = 1000.0     # above this, the search stops and reports the cap
+    tolerance: float = 0.02      # stop when (hi - lo) / hi is within this
+    target_rate: float = 0.0     # req/s to provision for (0 = just rank by cost per token)
+    # USD per GPU-hour by hardware name; a GPU not listed takes the catalog's price.
+    prices: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
 class RunConfig:
     """Seed, stepping mode and a name for the outputs."""
 
@@ -138,6 +153,7 @@ class StudyConfig:
     slo: SLOConfig = field(default_factory=SLOConfig)
     run: RunConfig = field(default_factory=RunConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
     source: str | None = None  # the file it came from, for error messages
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -147,7 +163,7 @@ class StudyConfig:
 
 SECTIONS: dict[str, type] = {"engine": EngineConfig, "scheduler": SchedulerSection,
                              "workload": WorkloadConfig, "slo": SLOConfig, "run": RunConfig,
-                             "cluster": ClusterConfig}
+                             "cluster": ClusterConfig, "search": SearchConfig}
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "workload.arrival": ARRIVALS, "workload.prompt_dist": LENGTH_DISTS,
@@ -158,12 +174,13 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 _POSITIVE = {"workload.rate", "workload.burstiness", "workload.time_scale",
              "engine.tensor_parallel_size", "workload.vocab_size", "cluster.num_replicas",
-             "cluster.prefix_blocks"}
+             "cluster.prefix_blocks", "search.start_rate", "search.min_rate", "search.max_rate",
+             "search.tolerance"}
 _NON_NEGATIVE = {"engine.cpu_overhead_scale", "workload.num_system_prompts", "workload.system_prompt_len",
                  "workload.system_prompt_zipf", "workload.think_time", "engine.num_gpu_blocks",
                  "workload.prompt_std", "workload.output_std", "slo.ttft_s", "slo.tpot_s",
                  "cluster.num_prefill_replicas", "cluster.kv_link_bandwidth",
-                 "cluster.kv_link_latency_s"}
+                 "cluster.kv_link_latency_s", "search.target_rate"}
 
 
 def find_line(text: str, section: str | None, key: str | None) -> int | None:
@@ -242,6 +259,13 @@ def coerce(dotted: str, value: Any, file: str | None = None, line: int | None = 
         value = float(value)
     if tname == "str" and not isinstance(value, str):
         raise bad(f"{value!r} is not a string")
+    if tname.startswith("dict"):
+        if not isinstance(value, dict):
+            raise bad(f"{value!r} is not a table (e.g. {{ \"A100-80GB\" = 1.8 }})")
+        for k, v in value.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise bad(f"{k} = {v!r}: a price must be a number >= 0")
+        value = {str(k): float(v) for k, v in value.items()}
     if dotted in _CHOICES and value not in _CHOICES[dotted]:
         raise bad(f"{value!r} is not one of {', '.join(_CHOICES[dotted])}")
     if dotted in _POSITIVE and value <= 0:

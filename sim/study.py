@@ -1,11 +1,9 @@
-"""Run one study point or a grid of them (parallel processes, progress bar), one row per point."""
+"""Run one study point or a grid of them (processes or Ray, progress bar), one row per point."""
 
 from __future__ import annotations
 
 import copy
 import itertools
-import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -15,6 +13,7 @@ from .build import simulate
 from .config import StudyConfig, coerce, resolve_field, set_field
 from .errors import ConfigError
 from .metrics import requests_frame, steps_frame, summarize
+from .runner import PointError, PointFailure, run_jobs
 
 
 @dataclass(slots=True)
@@ -112,27 +111,19 @@ def _run(args: tuple[dict[str, Any], StudyConfig, bool]) -> PointResult:
 
 
 def run_grid(base: StudyConfig, grid: dict[str, list[str]], workers: int | None = None,
-             progress: bool = True, keep_tables: bool = True) -> list[PointResult]:
-    """Every grid point, in parallel processes, in grid order."""
+             progress: bool = True, keep_tables: bool = True, ray_address: str | None = None,
+             failures: list[PointFailure] | None = None) -> list[PointResult]:
+    """Every grid point, in parallel (processes, or Ray tasks with ray_address), in grid order.
+
+    A point that raises is appended to failures (with its config) and left out of the
+    results; without a failures list the run raises PointError after every point ran.
+    """
     points = grid_points(base, grid)
     jobs = [(p, c, keep_tables) for p, c in points]
-    workers = workers or min(len(jobs), os.cpu_count() or 1)
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=len(jobs), desc="sweep", unit="pt")
-    results: list[PointResult] = []
-    if workers <= 1 or len(jobs) == 1:
-        for job in jobs:
-            results.append(_run(job))
-            if bar:
-                bar.update()
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            for res in pool.map(_run, jobs):
-                results.append(res)
-                if bar:
-                    bar.update()
-    if bar:
-        bar.close()
-    return results
+    out = run_jobs(_run, jobs, [p for p, _ in points], workers, ray_address, "sweep", progress)
+    failed = [r for r in out if isinstance(r, PointFailure)]
+    if failed and failures is None:
+        raise PointError(failed)
+    if failures is not None:
+        failures.extend(failed)
+    return [r for r in out if not isinstance(r, PointFailure)]

@@ -1,0 +1,206 @@
+"""`simulate search`: the highest request rate meeting latency SLOs, per configuration, and its cost.
+
+For each configuration (a grid point; rate is what is searched) the search brackets
+the rate: from start_rate it doubles while the SLOs hold and halves while they fail,
+then bisects the bracket [highest passing, lowest failing] until (hi - lo) / hi is
+within the tolerance (2% by default). Every run is kept and reused: a rate is never
+simulated twice for a configuration, and the rows at the bracket ends are reported.
+Configurations advance together, one rate each per round, so a round's runs go to the
+process pool or to Ray side by side.
+
+Cost: a configuration uses tensor_parallel_size GPUs at the GPU's hourly price
+([search.prices] in the study file, else the catalog). At its max rate it processes
+total_token_throughput tokens per second: cost per million tokens = price per hour /
+(tokens per hour) * 1e6. For a target rate it needs ceil(target / max rate) replicas.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from twinserve.backends.sim.catalog import UnknownSpecError, get_hardware
+
+from .config import StudyConfig, set_field
+from .errors import ConfigError
+from .runner import PointFailure, run_jobs
+from .study import _run, grid_points
+
+SLO_METRICS = ("ttft", "tpot", "itl", "e2e", "queue")
+SLO_STATS = ("p50", "p90", "p99", "mean")
+
+
+def parse_slos(specs: Sequence[str]) -> dict[str, float]:
+    """['ttft_p99=2', 'tpot_p99=0.1'] -> {'p99_ttft_s': 2.0, 'p99_tpot_s': 0.1}."""
+    out: dict[str, float] = {}
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        metric, _, stat = name.strip().partition("_")
+        if not sep or metric not in SLO_METRICS or stat not in SLO_STATS:
+            raise ConfigError("--slo", f"{spec!r}: write METRIC_STAT=SECONDS with METRIC one of "
+                              f"{', '.join(SLO_METRICS)} and STAT one of {', '.join(SLO_STATS)} "
+                              "(e.g. ttft_p99=2)")
+        try:
+            limit = float(value)
+        except ValueError:
+            raise ConfigError("--slo", f"{spec!r}: {value!r} is not a number of seconds") from None
+        if not limit > 0:
+            raise ConfigError("--slo", f"{spec!r}: the limit must be > 0 seconds")
+        out[f"{stat}_{metric}_s"] = limit
+    return out
+
+
+def meets(row: dict[str, Any], slos: dict[str, float]) -> bool:
+    """Every request served and every SLO statistic within its limit (NaN fails)."""
+    if row.get("completed", 0) < row.get("num_requests", 0) or row.get("refused", 0):
+        return False
+    return all(row.get(col) is not None and row[col] <= limit for col, limit in slos.items())
+
+
+@dataclass(slots=True)
+class RateSearch:
+    """The bracket of one configuration and every run made for it."""
+
+    point: dict[str, Any]
+    cfg: StudyConfig
+    lo: float = 0.0            # highest rate that met the SLOs (0: none yet)
+    hi: float = math.inf       # lowest rate that missed them
+    runs: dict[float, dict[str, Any]] = field(default_factory=dict)
+    error: str = ""
+
+    def next_rate(self) -> float | None:
+        """The next rate to simulate, or None when the bracket is settled."""
+        s = self.cfg.search
+        if self.error:
+            return None
+        if self.lo == 0.0 and self.hi == math.inf:
+            rate = s.start_rate
+        elif self.hi == math.inf:
+            if self.lo >= s.max_rate:
+                return None
+            rate = min(self.lo * 2.0, s.max_rate)
+        elif self.lo == 0.0:
+            if self.hi <= s.min_rate:
+                return None
+            rate = max(self.hi / 2.0, s.min_rate)
+        elif (self.hi - self.lo) / self.hi <= s.tolerance:
+            return None
+        else:
+            rate = (self.lo + self.hi) / 2.0
+        rate = float(f"{rate:.6g}")
+        return None if rate in self.runs else rate
+
+    def record(self, rate: float, row: dict[str, Any], ok: bool) -> None:
+        """Keep the run and narrow the bracket."""
+        row = dict(row, meets_slo=ok)
+        self.runs[rate] = row
+        if ok:
+            self.lo = max(self.lo, rate)
+        else:
+            self.hi = min(self.hi, rate)
+
+    @property
+    def status(self) -> str:
+        """ok, below min_rate, at max_rate (the cap), or the error."""
+        if self.error:
+            return "error"
+        if self.lo == 0.0:
+            return "no rate meets the SLOs"
+        if self.hi == math.inf:
+            return "max_rate cap"
+        return "ok"
+
+
+def _with_rate(cfg: StudyConfig, rate: float) -> StudyConfig:
+    c = copy.deepcopy(cfg)
+    set_field(c, "workload.rate", rate)
+    return c
+
+
+def search_rates(base: StudyConfig, grid: dict[str, list[str]], slos: dict[str, float],
+                 workers: int | None = None, ray_address: str | None = None,
+                 progress: bool = True) -> list[RateSearch]:
+    """Bracket the max rate under the SLOs for every grid point, rounds in parallel."""
+    if "workload.rate" in grid:
+        raise ConfigError("workload.rate", "rate is what search finds; leave it out of --grid")
+    searches = [RateSearch(p, c) for p, c in grid_points(base, grid)]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(desc="search", unit="run")
+    n = workers or min(len(searches), os.cpu_count() or 1)
+    pool = ProcessPoolExecutor(n) if ray_address is None and n > 1 else None
+    try:
+        while True:
+            todo = [(s, r) for s in searches if (r := s.next_rate()) is not None]
+            if not todo:
+                break
+            jobs = [(dict(s.point, rate=r), _with_rate(s.cfg, r), False) for s, r in todo]
+            out = run_jobs(_run, jobs, [j[0] for j in jobs], workers, ray_address,
+                           progress=False, pool=pool)
+            for (s, r), res in zip(todo, out):
+                if isinstance(res, PointFailure):
+                    s.error = res.describe()
+                else:
+                    s.record(r, res.row, meets(res.row, slos))
+            if bar is not None:
+                bar.update(len(todo))
+    finally:
+        if pool is not None:
+            pool.shutdown()
+        if bar is not None:
+            bar.close()
+    return searches
+
+
+def gpu_price(cfg: StudyConfig) -> float:
+    """USD per GPU-hour of the config's hardware: [search.prices], else the catalog."""
+    name = cfg.engine.hardware
+    prices = cfg.search.prices
+    if name in prices:
+        return prices[name]
+    folded = {k.lower(): v for k, v in prices.items()}
+    if name.lower() in folded:
+        return folded[name.lower()]
+    try:
+        return get_hardware(name).profile.price_per_hour
+    except UnknownSpecError as e:
+        raise ConfigError("engine.hardware", str(e)) from None
+
+
+def summary_rows(searches: Sequence[RateSearch], target_rate: float = 0.0
+                 ) -> list[dict[str, Any]]:
+    """One row per configuration: max rate under the SLOs, bracket, runs, GPUs and costs."""
+    rows = []
+    for s in searches:
+        tp = s.cfg.engine.tensor_parallel_size
+        row: dict[str, Any] = dict(s.point)
+        row.update(model=s.cfg.engine.model, hardware=s.cfg.engine.hardware, tp=tp,
+                   max_rate=s.lo, bracket_hi=s.hi, runs=len(s.runs), status=s.status,
+                   error=s.error)
+        usd_h = gpu_price(s.cfg) * tp
+        row["gpus"] = tp
+        row["usd_per_hour"] = usd_h
+        best = s.runs.get(s.lo) if s.lo else None
+        tok_s = best["total_token_throughput"] if best else 0.0
+        out_s = best["output_throughput"] if best else 0.0
+        row["tokens_per_s"] = tok_s
+        row["usd_per_mtok"] = usd_h / (tok_s * 3600) * 1e6 if tok_s else math.inf
+        row["usd_per_mtok_output"] = usd_h / (out_s * 3600) * 1e6 if out_s else math.inf
+        if target_rate > 0:
+            n = math.ceil(target_rate / s.lo) if s.lo else math.inf
+            row["replicas_for_target"] = n
+            row["usd_per_hour_for_target"] = n * usd_h if s.lo else math.inf
+        rows.append(row)
+    return rows
+
+
+def cheapest(rows: Sequence[dict[str, Any]], target_rate: float = 0.0) -> dict[str, Any] | None:
+    """The configuration with the lowest hourly cost for the target (else per token)."""
+    key = "usd_per_hour_for_target" if target_rate > 0 else "usd_per_mtok"
+    ok = [r for r in rows if r["max_rate"] > 0 and math.isfinite(r[key])]
+    return min(ok, key=lambda r: r[key]) if ok else None

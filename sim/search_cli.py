@@ -1,0 +1,57 @@
+"""The `simulate search` subcommand: parse, search, write outputs, print the summary."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from twinserve.core.errors import TwinserveError
+
+from .config import StudyConfig, set_field
+from .search import cheapest, parse_slos, search_rates, summary_rows
+from .search_report import write_search
+from .study import parse_grid
+
+
+def run_search(args: argparse.Namespace, base: Callable[[argparse.Namespace], StudyConfig]) -> int:
+    """Entry of `simulate search`; returns the exit status."""
+    try:
+        cfg = base(args)
+        if args.tolerance is not None:
+            set_field(cfg, "search.tolerance", args.tolerance, "--tolerance")
+        if args.target_rate is not None:
+            set_field(cfg, "search.target_rate", args.target_rate, "--target-rate")
+        slos = parse_slos(args.slo) if args.slo else {"p99_ttft_s": cfg.slo.ttft_s,
+                                                       "p99_tpot_s": cfg.slo.tpot_s}
+        grid = parse_grid(args.grid)
+        t0 = time.perf_counter()
+        searches = search_rates(cfg, grid, slos, workers=args.workers, ray_address=args.ray)
+        wall = time.perf_counter() - t0
+        target = cfg.search.target_rate
+        rows = summary_rows(searches, target)
+        best = cheapest(rows, target)
+        axes = [k.split(".", 1)[1] for k in grid]
+        slo_text = ", ".join(f"{k.replace('_s', '')} <= {v:g} s" for k, v in slos.items())
+        notes = [f"SLOs: {slo_text}; every request must complete",
+                 f"{len(searches)} configuration(s), {sum(len(s.runs) for s in searches)} runs "
+                 f"of {cfg.workload.num_requests} requests in {wall:.1f} s wall; bracket "
+                 f"tolerance {cfg.search.tolerance:.0%}",
+                 "prices (USD per GPU-hour): " + ", ".join(
+                     sorted({f"{r['hardware']} {r['usd_per_hour'] / r['gpus']:g}" for r in rows}))]
+        if target:
+            notes.append(f"target rate: {target:g} req/s")
+        out = Path(args.out or "simulate-search")
+        written = write_search(out, searches, rows, axes, best,
+                               f"simulate search: {cfg.run.name}", notes)
+    except (TwinserveError, OSError) as e:
+        print(f"simulate: error: {e}", file=sys.stderr)
+        return 2
+    print((out / "summary.md").read_text())
+    print(f"wrote {', '.join(str(p) for p in written.values())}")
+    failed = [s for s in searches if s.error]
+    for s in failed:
+        print(f"simulate: error: {s.error}", file=sys.stderr)
+    return 1 if failed else 0

@@ -1,0 +1,80 @@
+"""`simulate search` outputs: a per-configuration table, every run, a figure and summary.md."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from .report import markdown_table, write_table  # noqa: E402
+from .search import RateSearch  # noqa: E402
+
+SEARCH_COLUMNS = ("model", "hardware", "tp", "max_rate", "bracket_hi", "runs", "status",
+                  "tokens_per_s", "usd_per_hour", "usd_per_mtok", "usd_per_mtok_output",
+                  "replicas_for_target", "usd_per_hour_for_target")
+
+
+def _label(row: dict[str, Any], axes: Sequence[str]) -> str:
+    return "\n".join(f"{a}={row[a]}" for a in axes) if axes else row["hardware"]
+
+
+def plot_search(rows: Sequence[dict[str, Any]], axes: Sequence[str], path: Path) -> None:
+    """Max rate under the SLOs and cost per million tokens, one bar per configuration."""
+    labels = [_label(r, axes) for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    x = range(len(rows))
+    ax1.bar(x, [r["max_rate"] for r in rows], color="C0")
+    ax1.set_ylabel("max request rate under SLOs (req/s)")
+    ax1.set_title("capacity per configuration")
+    costs = [r["usd_per_mtok"] if math.isfinite(r["usd_per_mtok"]) else 0.0 for r in rows]
+    ax2.bar(x, costs, color="C2")
+    ax2.set_ylabel("USD per million tokens (prompt + output)")
+    ax2.set_title("cost at that rate")
+    for ax in (ax1, ax2):
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_search(out_dir: Path, searches: Sequence[RateSearch], rows: Sequence[dict[str, Any]],
+                 axes: Sequence[str], best: dict[str, Any] | None, title: str,
+                 notes: Sequence[str] = ()) -> dict[str, Path]:
+    """Write search.csv, search_runs.csv, figures/search.png and summary.md."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    table = pd.DataFrame(list(rows))
+    written["search"] = write_table(table, out_dir / "search", "csv")
+    runs = [{**row, **s.point, "rate": rate}
+            for s in searches for rate, row in sorted(s.runs.items())]
+    written["runs"] = write_table(pd.DataFrame(runs), out_dir / "search_runs", "csv")
+    figs = out_dir / "figures"
+    figs.mkdir(exist_ok=True)
+    written["figure"] = figs / "search.png"
+    plot_search(rows, axes, written["figure"])
+    md = [f"# {title}", ""] + [f"- {n}" for n in notes]
+    if best is not None:
+        what = ", ".join(f"{a}={best[a]}" for a in axes) or best["hardware"]
+        md.append(f"- cheapest: {what} ({best['gpus']} GPU(s), max {best['max_rate']:.3g} req/s, "
+                  f"{best['usd_per_mtok']:.3g} USD per million tokens"
+                  + (f", {best['replicas_for_target']} replica(s) = "
+                     f"{best['usd_per_hour_for_target']:.3g} USD/hour for the target rate)"
+                     if "replicas_for_target" in best else ")"))
+    failed = [r for r in rows if r["error"]]
+    for r in failed:
+        md.append(f"- FAILED: {r['error']}")
+    md += ["", markdown_table(table, list(dict.fromkeys([*axes, *SEARCH_COLUMNS]))), "",
+           f"![search]({written['figure'].relative_to(out_dir)})", "",
+           "Tables: `search.csv` (one row per configuration), `search_runs.csv` (every "
+           "simulated rate with its metrics and whether it met the SLOs)."]
+    written["markdown"] = out_dir / "summary.md"
+    written["markdown"].write_text("\n".join(md) + "\n")
+    return written
