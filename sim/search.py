@@ -8,8 +8,8 @@ simulated twice for a configuration, and the rows at the bracket ends are report
 Configurations advance together, one rate each per round, so a round's runs go to the
 process pool or to Ray side by side.
 
-Cost: a configuration uses tensor_parallel_size GPUs at the GPU's hourly price
-([search.prices] in the study file, else the catalog). At its max rate it processes
+Cost: a configuration uses tensor_parallel_size GPUs per replica ([cluster]) at each
+GPU's hourly price ([search.prices] in the study file, else the catalog). At its max rate it processes
 total_token_throughput tokens per second: cost per million tokens = price per hour /
 (tokens per hour) * 1e6. For a target rate it needs ceil(target / max rate) replicas.
 """
@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 from twinserve.backends.sim.catalog import UnknownSpecError, get_hardware
 
-from .config import StudyConfig, set_field
+from .config import StudyConfig, replica_config, set_field
 from .errors import ConfigError
 from .runner import PointFailure, run_jobs
 from .study import _run, grid_points
@@ -172,6 +172,17 @@ def gpu_price(cfg: StudyConfig) -> float:
         raise ConfigError("engine.hardware", str(e)) from None
 
 
+def fleet(cfg: StudyConfig) -> tuple[int, float]:
+    """(GPUs, USD per hour) of one configuration: every replica's TP GPUs at its GPU's price."""
+    gpus, usd = 0, 0.0
+    for i in range(max(1, cfg.cluster.num_replicas)):
+        rc = replica_config(cfg, i)
+        tp = rc.engine.tensor_parallel_size
+        gpus += tp
+        usd += tp * gpu_price(rc)
+    return gpus, usd
+
+
 def summary_rows(searches: Sequence[RateSearch], target_rate: float = 0.0
                  ) -> list[dict[str, Any]]:
     """One row per configuration: max rate under the SLOs, bracket, runs, GPUs and costs."""
@@ -182,8 +193,8 @@ def summary_rows(searches: Sequence[RateSearch], target_rate: float = 0.0
         row.update(model=s.cfg.engine.model, hardware=s.cfg.engine.hardware, tp=tp,
                    max_rate=s.lo, bracket_hi=s.hi, runs=len(s.runs), status=s.status,
                    error=s.error)
-        usd_h = gpu_price(s.cfg) * tp
-        row["gpus"] = tp
+        gpus, usd_h = fleet(s.cfg)
+        row["gpus"] = gpus
         row["usd_per_hour"] = usd_h
         best = s.runs.get(s.lo) if s.lo else None
         tok_s = best["total_token_throughput"] if best else 0.0

@@ -100,3 +100,13 @@ def test_cli_search_writes_table_figure_and_reports_a_failing_config(tmp_path, c
     assert "cheapest" in (out / "summary.md").read_text()
     assert cli.main(["search", "--slo", "ttft=2", "--out", str(tmp_path / "x")]) == 2
     assert "--slo" in capsys.readouterr().err
+
+
+def test_cluster_configuration_pays_for_every_replica() -> None:
+    cfg = search_config(tensor_parallel_size=2, num_replicas=3)
+    cfg.cluster.replicas = [{"engine.hardware": "H100-SXM"}]
+    cfg.search.prices = {"A100-80GB": 2.0, "H100-SXM": 5.0}
+    s = RateSearch({}, cfg, lo=1.0, hi=1.01)
+    s.runs[1.0] = {"total_token_throughput": 1000.0, "output_throughput": 500.0}
+    (row,) = summary_rows([s])
+    assert row["gpus"] == 6 and row["usd_per_hour"] == 2 * 5.0 + 2 * 2 * 2.0
