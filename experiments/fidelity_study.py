@@ -49,9 +49,13 @@ def main() -> int:
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--model", default="smollm2", help="HF folder, .gguf file or short name")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    engine = LLMEngine(EngineArgs(max_num_seqs=a.max_num_seqs,
+    engine = LLMEngine(EngineArgs(model=a.model, device=a.device, dtype=a.dtype,
+                                  max_num_seqs=a.max_num_seqs,
                                   max_num_batched_tokens=a.max_num_batched_tokens))
     profile = FittedCostModel.load(a.profile)
     out = Path(a.out)
