@@ -160,3 +160,11 @@ def test_shipped_cpu_profile_drives_the_cpu_twin_study() -> None:
     assert len(res.records) == 20 and all(r.finish_time is not None for r in res.records)
     with pytest.raises(ProfileError, match="unknown builtin profile 'nope'"):
         FittedCostModel.load("builtin:nope")
+
+
+def test_shipped_h200_profile_is_for_smollm2_bf16() -> None:
+    prof = FittedCostModel.load("builtin:smollm2-135m-h200-bf16")
+    prov = prof.meta["provenance"]
+    assert prof.model == "SmolLM2-135M" and "H200" in prof.meta["hardware"]
+    assert prov["dtype"] == "bfloat16" and prov["device"].startswith("cuda")
+    assert min(prof.coefficients) >= 0 and prof.step_time(0, 0, 0, 0.0, 32, 32 * 500) > 0
