@@ -1,8 +1,10 @@
-"""A deterministic executor for tests: a toy 'model' whose next token is a function of the past."""
+"""Deterministic executors for tests: a toy 'model' whose next token is a function of the past,
+and a variant that models every KV slot to catch a request reading KV that is not its own."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from .sched.output import ModelRunnerOutput, SchedulerOutput
 
@@ -12,10 +14,62 @@ class _ReqState:
     token_ids: list[int]
     num_computed: int
     block_ids: list[int] = field(default_factory=list)
+    # Identity of the prefix ending at each position (see KVSlotModel.prefix_ids).
+    prefix_ids: list[int] = field(default_factory=list)
 
 
 class ContractViolation(AssertionError):
-    """The scheduler broke the executor contract (tokens, blocks or ordering)."""
+    """The scheduler broke the executor contract (tokens, blocks, ordering or KV contents)."""
+
+
+class KVSlotModel:
+    """What every KV slot (block id, offset) holds, as the identity of the prefix it was computed from.
+
+    The KV at position p of a real model is a function of tokens 0..p, so a slot's content
+    is named by that whole prefix. Prefixes are interned in a trie (exact, no hashing), so
+    two slots hold the same KV exactly when their ids are equal.
+    """
+
+    __slots__ = ("block_size", "slots", "_trie")
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.slots: dict[int, list[int | None]] = {}
+        self._trie: dict[tuple[int, int], int] = {}
+
+    def prefix_ids(self, token_ids: Sequence[int], known: list[int]) -> list[int]:
+        """Extend known (ids of token_ids' leading prefixes) to cover every position."""
+        trie = self._trie
+        prev = known[-1] if known else 0
+        for tok in token_ids[len(known):]:
+            node = (prev, tok)
+            prev = trie.get(node, 0)
+            if not prev:
+                prev = trie[node] = len(trie) + 1
+            known.append(prev)
+        return known
+
+    def write(self, block_ids: Sequence[int], prefix_ids: Sequence[int], start: int, end: int) -> None:
+        """Store the KV of positions start..end-1 into their slots."""
+        bs = self.block_size
+        for p in range(start, end):
+            block = self.slots.get(block_ids[p // bs])
+            if block is None:
+                block = self.slots[block_ids[p // bs]] = [None] * bs
+            block[p % bs] = prefix_ids[p]
+
+    def check(self, req_id: str, block_ids: Sequence[int], prefix_ids: Sequence[int], end: int) -> None:
+        """Raise ContractViolation unless positions 0..end-1 all hold this request's own prefix."""
+        bs = self.block_size
+        slots = self.slots
+        for p in range(end):
+            block = slots.get(block_ids[p // bs])
+            held = None if block is None else block[p % bs]
+            if held != prefix_ids[p]:
+                what = "nothing" if held is None else "another prefix's KV"
+                raise ContractViolation(
+                    f"{req_id} attends to position {p} in block {block_ids[p // bs]} "
+                    f"(offset {p % bs}), which holds {what}")
 
 
 class FakeExecutor:
@@ -24,16 +78,22 @@ class FakeExecutor:
     It keeps per-request state from the scheduler outputs exactly as a model runner
     must, and checks the contract as it goes: every scheduled token is known, block
     tables cover the computed tokens, and nothing runs that the executor has dropped.
+    With model_kv=True it also models every KV slot: each step writes the scheduled
+    positions, then checks that every position a scheduled request attends to holds
+    exactly that request's own prefix (a stale or foreign block is a ContractViolation).
     """
 
     def __init__(self, vocab_size: int = 1000, block_size: int = 16, eos_token_id: int | None = None,
-                 step_time: float | None = None) -> None:
+                 step_time: float | None = None, model_kv: bool = False) -> None:
         self.vocab_size = vocab_size
         self.block_size = block_size
         self.eos_token_id = eos_token_id
         self.step_time = step_time
         self.state: dict[str, _ReqState] = {}
         self.num_steps = 0
+        self.kv = KVSlotModel(block_size) if model_kv else None
+        # Positions checked by the KV model over the run (so a test can show it looked).
+        self.num_kv_reads = 0
 
     def next_token(self, prev_token: int, position: int) -> int:
         """The toy model: a fixed function of the previous token and its position."""
@@ -63,6 +123,8 @@ class FakeExecutor:
             st.block_ids.extend(blocks)
         sampled: dict[str, list[int]] = {}
         bs = self.block_size
+        kv = self.kv
+        spans: list[tuple[str, _ReqState, int]] = []
         for rid, n in so.num_scheduled_tokens.items():
             st = self.state[rid]
             end = st.num_computed + n
@@ -70,9 +132,18 @@ class FakeExecutor:
                 raise ContractViolation(f"{rid}: {n} tokens scheduled past the known sequence")
             if len(st.block_ids) * bs < end:
                 raise ContractViolation(f"{rid}: {len(st.block_ids)} blocks cannot hold {end} tokens")
+            if kv is not None:
+                # Every layer stores the step's K/V before attention reads it, so all writes
+                # of the step land before any read.
+                kv.write(st.block_ids, kv.prefix_ids(st.token_ids, st.prefix_ids), st.num_computed, end)
+                spans.append((rid, st, end))
             st.num_computed = end
             if end == len(st.token_ids):
                 tok = self.next_token(st.token_ids[-1], end)
                 st.token_ids.append(tok)
                 sampled[rid] = [tok]
+        if kv is not None:
+            for rid, st, end in spans:
+                kv.check(rid, st.block_ids, st.prefix_ids, end)
+                self.num_kv_reads += end
         return ModelRunnerOutput(sampled, step_time=self.step_time)

@@ -95,8 +95,8 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
-        # Key value -> the block holding that content. One block per key: a second block
-        # computed with the same content stays uncached and is simply reused when freed.
+        # Key value -> the block holding that content; a block has a key exactly when it
+        # is in this map. One block per key: the most recently computed copy.
         self.cached: dict[int, KVCacheBlock] = {}
         self.num_evictions = 0
 
@@ -122,27 +122,42 @@ class BlockPool:
     def _evict(self, block: KVCacheBlock) -> None:
         key = block.block_hash
         assert key is not None
-        if self.cached.get(key.value) is block:
-            del self.cached[key.value]
+        del self.cached[key.value]
         block.block_hash = None
         self.num_evictions += 1
 
     def get_cached_block(self, key: BlockHash) -> KVCacheBlock | None:
-        """The block holding exactly this content, confirmed token by token, or None."""
+        """The block cached under key's value if it holds key's whole prefix, else None."""
         block = self.cached.get(key.value)
         if block is None:
             return None
-        # A hash collision must never hand back another prefix's KV: the stored key's
-        # parent, tokens and extra keys must all match (one tuple comparison).
-        return block if block.block_hash == key else None
+        stored = block.block_hash
+        if stored is key or stored == key:  # == walks both chains: a prefix, not one block
+            return block
+        return None
 
-    def cache_block(self, block: KVCacheBlock, key: BlockHash) -> bool:
-        """Register a full block under its key; False if the key is already taken."""
-        if block.block_hash is not None or key.value in self.cached:
-            return False
+    def cache_block(self, block: KVCacheBlock, key: BlockHash) -> BlockHash:
+        """Register a computed full block under key; returns the key object the block now holds.
+
+        The latest computed copy of a content takes the key, and the block that held it
+        before becomes uncached (it stays valid for the requests using it). When the
+        previous holder's key names the same prefix (same tokens, extra keys and parent
+        object), that key object is kept, so blocks cached as its children stay reachable.
+        """
+        if block.block_hash is not None:
+            return block.block_hash  # already cached (a prefix hit shared by this request)
+        cached = self.cached
+        old = cached.get(key.value)
+        if old is not None:
+            stored = old.block_hash
+            assert stored is not None
+            if stored is key or (stored.parent is key.parent and stored.token_ids == key.token_ids
+                                 and stored.extra_keys == key.extra_keys):
+                key = stored
+            old.block_hash = None
         block.block_hash = key
-        self.cached[key.value] = block
-        return True
+        cached[key.value] = block
+        return key
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference on prefix-hit blocks, pulling free ones out of the queue."""

@@ -13,16 +13,44 @@ HashFunction = Callable[[int | None, Sequence[int], tuple | None], int]
 
 
 class BlockHash(NamedTuple):
-    """A full block's cache key plus what it was computed from, to confirm hits.
+    """A full block's cache key: its hash value, its parent block's key, and its contents.
 
-    A NamedTuple rather than a frozen dataclass: one is built per full block on the
-    prefix-cache hot path, and tuple construction and equality run in C.
+    The parent is the previous block's key object itself, not its hash value, so a key
+    names its whole prefix: a cached block is confirmed by comparing its stored parent
+    by identity with the block before it, which was itself confirmed (see
+    KVCacheManager.get_computed_blocks). Two prefixes whose hash values collide at any
+    depth can therefore never share a hit. A NamedTuple: one is built per full block on
+    the prefix-cache hot path, and construction and field access run in C.
     """
 
     value: int
-    parent: int | None
+    parent: BlockHash | None
     token_ids: tuple[int, ...]
     extra_keys: tuple | None = None
+
+    # Keys chain through their parents: equality, hashing and repr must not recurse
+    # through the whole prefix (a tuple's would, and could exceed the recursion limit).
+    def __eq__(self, other: object) -> bool:
+        """True when both keys name the same prefix (walks the two chains, iteratively)."""
+        a, b = self, other
+        while a is not b:
+            if not isinstance(a, BlockHash) or not isinstance(b, BlockHash):
+                return False
+            if a[0] != b[0] or a[2] != b[2] or a[3] != b[3]:
+                return False
+            a, b = a[1], b[1]
+        return True
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(self[0])
+
+    def __repr__(self) -> str:
+        parent = None if self[1] is None else self[1][0]
+        return (f"BlockHash(value={self[0]}, parent_value={parent}, token_ids={self[2]}, "
+                f"extra_keys={self[3]})")
 
 
 def _to_bytes(token_ids: Sequence[int], extra: tuple | None) -> bytes:

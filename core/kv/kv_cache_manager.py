@@ -51,37 +51,53 @@ class KVCacheManager:
         """Blocks not held by any request."""
         return self.pool.free_queue.num_free
 
-    def _update_block_hashes(self, request: Request, num_full_blocks: int) -> list[BlockHash]:
-        hashes = request.block_hashes
-        start = len(hashes)
-        if start >= num_full_blocks:
-            return hashes
+    def _key(self, request: Request, hashes: list[BlockHash], i: int,
+             parent: BlockHash | None) -> BlockHash:
+        """Block i's key, chained to parent (the key object of block i-1, or None)."""
+        if i < len(hashes):
+            key = hashes[i]
+            if key.parent is not parent:
+                # Block i-1 took over an equal key object (a hit or an adoption): relink.
+                key = hashes[i] = BlockHash(key.value, parent, key.token_ids, key.extra_keys)
+            return key
         bs = self.block_size
-        tokens = request.all_token_ids
-        fn = self.hash_fn
-        parent = hashes[-1].value if hashes else None
-        for i in range(start, num_full_blocks):
-            extra = (request.cache_salt,) if i == 0 and request.cache_salt is not None else None
-            block_tokens = tuple(tokens[i * bs:(i + 1) * bs])
-            value = fn(parent, block_tokens, extra)
-            hashes.append(BlockHash(value, parent, block_tokens, extra))
-            parent = value
-        return hashes
+        extra = (request.cache_salt,) if i == 0 and request.cache_salt is not None else None
+        block_tokens = tuple(request.all_token_ids[i * bs:(i + 1) * bs])
+        value = self.hash_fn(None if parent is None else parent.value, block_tokens, extra)
+        key = BlockHash(value, parent, block_tokens, extra)
+        hashes.append(key)
+        return key
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
-        """The longest cached prefix of the request, leaving at least one token to compute."""
+        """The longest cached prefix of the request, leaving at least one token to compute.
+
+        Every hit is confirmed against the whole chain: the cached block's tokens and
+        extra keys must equal the request's, and its stored parent must be the very key
+        object of the block hit just before it (None for the first block).
+        """
         if not self.enable_caching:
             return _NO_BLOCKS, 0
         # Capped so the last token is always computed: its logits are what we sample from.
         max_blocks = (request.num_tokens - 1) // self.block_size
-        hashes = self._update_block_hashes(request, max_blocks)
-        get = self.pool.get_cached_block
+        hashes = request.block_hashes
+        cached = self.pool.cached
+        key_of = self._key
         hits: list[KVCacheBlock] = []
+        parent = None
         for i in range(max_blocks):
-            block = get(hashes[i])
+            key = key_of(request, hashes, i, parent)
+            block = cached.get(key.value)
             if block is None:
                 break
+            stored = block.block_hash
+            if stored is not key:
+                assert stored is not None
+                if (stored.parent is not parent or stored.token_ids != key.token_ids
+                        or stored.extra_keys != key.extra_keys):
+                    break  # a hash collision, or a chain through another prefix
+                hashes[i] = stored  # share the cached key object, so children chain to it
             hits.append(block)
+            parent = stored
         return hits, len(hits) * self.block_size
 
     def record_prefix_query(self, num_query_tokens: int, num_hit_tokens: int) -> None:
@@ -108,9 +124,8 @@ class KVCacheManager:
         blocks = self.req_to_blocks.get(req_id)
         total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         bs = self.block_size
-        if blocks is not None and not new_computed_blocks and total <= len(blocks) * bs and (
-                not self.enable_caching or total // bs <= self.num_cached_blocks[req_id]):
-            return _NO_BLOCKS  # the common decode step: room in the last block, nothing to cache
+        if blocks is not None and not new_computed_blocks and total <= len(blocks) * bs:
+            return _NO_BLOCKS  # the common decode step: room in the last block
         num_held = 0 if blocks is None else len(blocks)
         num_needed = -(-total // bs) - num_held - len(new_computed_blocks)
         if num_needed > 0 or new_computed_blocks:
@@ -127,23 +142,36 @@ class KVCacheManager:
             self.pool.touch(new_computed_blocks)
             blocks.extend(new_computed_blocks)
             self.num_cached_blocks[req_id] = len(blocks)
-        new_blocks = self.pool.get_new_blocks(num_needed) if num_needed > 0 else _NO_BLOCKS
-        if num_needed > 0:
-            blocks.extend(new_blocks)
-        if self.enable_caching:
-            num_full = total // bs
-            done = self.num_cached_blocks.get(req_id, 0)
-            if num_full > done:
-                self._cache_full_blocks(request, blocks, done, num_full)
+        if num_needed <= 0:
+            return _NO_BLOCKS
+        new_blocks = self.pool.get_new_blocks(num_needed)
+        blocks.extend(new_blocks)
         return new_blocks
 
-    def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], start: int,
-                           end: int) -> None:
-        hashes = self._update_block_hashes(request, end)
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Register the request's full blocks whose KV has been computed in the prefix cache.
+
+        Called after a step has run (never at allocation): a block allocated for tokens
+        that are then not computed, because its request was preempted or aborted in the
+        same step, must not be found by a later lookup. vLLM v1 likewise caches only full
+        blocks of computed tokens.
+        """
+        if not self.enable_caching:
+            return
+        req_id = request.request_id
+        done = self.num_cached_blocks.get(req_id)
+        num_full = num_computed_tokens // self.block_size
+        if done is None or num_full <= done:
+            return
+        blocks = self.req_to_blocks[req_id]
+        hashes = request.block_hashes
+        key_of = self._key
         cache = self.pool.cache_block
-        for i in range(start, end):
-            cache(blocks[i], hashes[i])
-        self.num_cached_blocks[request.request_id] = end
+        parent = hashes[done - 1] if done else None
+        for i in range(done, num_full):
+            key = key_of(request, hashes, i, parent)
+            parent = hashes[i] = cache(blocks[i], key)
+        self.num_cached_blocks[req_id] = num_full
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first so tails are evicted before heads."""

@@ -234,13 +234,18 @@ class Scheduler:
         max_model_len = self.config.max_model_len
         outputs: list[EngineCoreOutput] = []
         finished: list[Request] = []
+        # Blocks enter the prefix cache only now that their KV is computed: one allocated
+        # for a request preempted or aborted before the step ran must never be hit.
+        cache = self.kv.cache_blocks if self.kv.enable_caching else None
         for rid in scheduler_output.num_scheduled_tokens:
-            tokens = sampled.get(rid)
-            if not tokens:
-                continue  # a prefill chunk that did not reach the end of the prompt
             req = requests.get(rid)
             if req is None or req.status is not _RUNNING:
                 continue  # aborted or preempted after it was scheduled
+            if cache is not None:
+                cache(req, req.num_computed_tokens)
+            tokens = sampled.get(rid)
+            if not tokens:
+                continue  # a prefill chunk that did not reach the end of the prompt
             sp = req.sampling_params
             out_ids = req.output_token_ids
             all_ids = req.all_token_ids

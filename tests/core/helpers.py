@@ -44,8 +44,12 @@ class RunLog:
 
 def drive(config: SchedulerConfig, arrivals: list[Arrival], aborts: dict[int, list[str]] | None = None,
           max_steps: int = 20_000, check=None) -> tuple[EngineCore, RunLog]:
-    """Run arrivals through an EngineCore with the fake executor until everything ends."""
-    ex = FakeExecutor(block_size=config.block_size)
+    """Run arrivals through an EngineCore until everything ends.
+
+    The executor models every KV slot, so a request attending to KV that is not its own
+    prefix's (stale, foreign or never written) fails the run.
+    """
+    ex = FakeExecutor(block_size=config.block_size, model_kv=True)
     core = EngineCore(config, ex)
     pending = sorted(arrivals, key=lambda a: a.step)
     aborts = aborts or {}
@@ -69,7 +73,7 @@ def drive(config: SchedulerConfig, arrivals: list[Arrival], aborts: dict[int, li
         for out in sched.update_from_output(so, mro, float(step) + 0.5):
             outputs[out.req_id] += out.new_token_ids
         step += 1
-        assert step < max_steps, "run did not finish"
+        assert step < max_steps, f"run did not finish in {max_steps} steps"
     return core, RunLog(step, admitted, outputs)
 
 

@@ -150,6 +150,7 @@ def test_hash_collision_never_returns_wrong_blocks():
     kv = KVCacheManager(16, 4, hash_function=lambda parent, toks, extra: 42)
     a = Request("a", [1, 2, 3, 4, 5], SamplingParams())
     kv.allocate_slots(a, 5)
+    kv.cache_blocks(a, 5)
     kv.free(a)
     b = Request("b", [9, 9, 9, 9, 5], SamplingParams())
     hits, n = kv.get_computed_blocks(b)
@@ -163,6 +164,7 @@ def test_cache_salt_isolates_tenants():
     kv = KVCacheManager(16, 4)
     a = Request("a", list(range(9)), SamplingParams(), cache_salt="x")
     kv.allocate_slots(a, 9)
+    kv.cache_blocks(a, 9)
     assert kv.get_computed_blocks(Request("b", list(range(9)), SamplingParams()))[1] == 0
     assert kv.get_computed_blocks(Request("c", list(range(9)), SamplingParams(), cache_salt="x"))[1] == 8
 
@@ -171,6 +173,7 @@ def test_freed_tail_blocks_are_evicted_before_heads():
     kv = KVCacheManager(6, 2)
     a = Request("a", list(range(9)), SamplingParams())  # 5 blocks, 4 full and cached
     kv.allocate_slots(a, 9)
+    kv.cache_blocks(a, 9)
     order = [b.block_id for b in kv.req_to_blocks["a"]]
     kv.free(a)
     # the one never-used block comes first, then a's blocks from its tail to its head

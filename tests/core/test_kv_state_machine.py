@@ -1,4 +1,10 @@
-"""Hypothesis state machine over block pool + KV manager + prefix cache."""
+"""Hypothesis state machine over block pool + KV manager + prefix cache, with every KV slot modelled.
+
+Each rule that computes tokens writes their KV (the identity of the prefix they end)
+into a model of every slot, then checks that every position the request attends to
+holds its own prefix. An invariant checks that every cached block holds exactly the
+prefix its key names, walking the key's parent chain.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ from hypothesis.stateful import (Bundle, RuleBasedStateMachine, consumes, initia
                                  invariant, precondition, rule)
 
 from twinserve.core.errors import PrefixCacheBusyError
+from twinserve.core.fake_executor import KVSlotModel
 from twinserve.core.kv import KVCacheManager
 from twinserve.core.request import Request
 from twinserve.core.sampling_params import SamplingParams
@@ -34,6 +41,17 @@ class KVMachine(RuleBasedStateMachine):
                                  hash_function=weak_hash if hash_name == "weak" else "xxhash")
         self.reqs: dict[str, Request] = {}
         self.counter = 0
+        self.slots = KVSlotModel(BLOCK_SIZE)
+        self.prefix: dict[str, list[int]] = {}
+
+    def _compute(self, req: Request, start: int, end: int) -> None:
+        """Run positions start..end-1 as a step would: write their KV, read the context, cache."""
+        blocks = [b.block_id for b in self.kv.req_to_blocks[req.request_id]]
+        pids = self.slots.prefix_ids(req.all_token_ids, self.prefix.setdefault(req.request_id, []))
+        self.slots.write(blocks, pids, start, end)
+        self.slots.check(req.request_id, blocks, pids, end)
+        req.num_computed_tokens = end
+        self.kv.cache_blocks(req, end)
 
     def _new_request(self, stem: int, tail: list[int], salt: str | None) -> Request:
         self.counter += 1
@@ -58,9 +76,19 @@ class KVMachine(RuleBasedStateMachine):
         if new is None:
             assert req.request_id not in self.kv.req_to_blocks
             return None
-        req.num_computed_tokens = num_hit + num_new
         self.reqs[req.request_id] = req
+        self._compute(req, num_hit, num_hit + num_new)
         return req.request_id
+
+    @rule(stem=st.integers(0, len(STEMS) - 1), tail=st.lists(st.integers(0, 9), max_size=9),
+          chunk=st.integers(1, 12))
+    def admit_then_preempt_before_compute(self, stem, tail, chunk):
+        """Blocks allocated for a step that never runs (preempted or aborted in the same step)."""
+        req = self._new_request(stem, tail, None)
+        hits, num_hit = self.kv.get_computed_blocks(req)
+        num_new = min(chunk, req.num_tokens - num_hit)
+        if self.kv.allocate_slots(req, num_new, hits, num_hit) is not None:
+            self.kv.free(req)
 
     @rule(rid=live, n=st.integers(1, 9))
     def grow(self, rid, n):
@@ -81,13 +109,14 @@ class KVMachine(RuleBasedStateMachine):
             assert self.kv.num_free_blocks == free_before
             assert len(self.kv.req_to_blocks[rid]) == held
             return
-        req.num_computed_tokens += num_new
+        self._compute(req, req.num_computed_tokens, req.num_computed_tokens + num_new)
 
     @rule(rid=consumes(live))
     def finish(self, rid):
         req = self.reqs.pop(rid, None)
         if req is not None:
             self.kv.free(req)
+            self.prefix.pop(rid, None)
 
     @rule(rid=consumes(live))
     def abort_or_preempt(self, rid):
@@ -96,6 +125,7 @@ class KVMachine(RuleBasedStateMachine):
         if req is None:
             return
         self.kv.free(req)
+        self.prefix.pop(rid, None)
         req.num_computed_tokens = 0
         hits, num_hit = self.kv.get_computed_blocks(req)
         for i, block in enumerate(hits):
@@ -143,11 +173,25 @@ class KVMachine(RuleBasedStateMachine):
             assert b.ref_cnt == holders.get(b.block_id, 0)
         for b in free:
             assert b.ref_cnt == 0
-        # every cached key maps to a block whose stored tokens give that key
+        # every cached key maps to a block whose stored tokens give that key, and the block
+        # holds exactly the KV of the whole prefix the key's chain names
+        cached_blocks = set()
         for key, b in pool.cached.items():
             h = b.block_hash
             assert h is not None and h.value == key
-            assert self.kv.hash_fn(h.parent, h.token_ids, h.extra_keys) == key
+            parent = None if h.parent is None else h.parent.value
+            assert self.kv.hash_fn(parent, h.token_ids, h.extra_keys) == key
+            chain = []
+            while h is not None:
+                chain.append(h.token_ids)
+                h = h.parent
+            tokens = [t for block in reversed(chain) for t in block]
+            pids = self.slots.prefix_ids(tokens, [])
+            assert self.slots.slots.get(b.block_id) == pids[-BLOCK_SIZE:], "cached block holds other KV"
+            cached_blocks.add(b.block_id)
+        # a block has a key exactly when it is in the map
+        for b in pool.blocks:
+            assert (b.block_hash is not None) == (b.block_id in cached_blocks)
         # block tables cover each request's computed tokens
         for rid, req in self.reqs.items():
             assert len(self.kv.req_to_blocks[rid]) * BLOCK_SIZE >= req.num_computed_tokens

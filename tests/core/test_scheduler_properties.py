@@ -1,4 +1,9 @@
-"""Scheduler properties over random workloads, with the contract-checking fake executor."""
+"""Scheduler properties over random workloads.
+
+Every run goes through the KV-modelling executor (tests/core/helpers.drive): each step
+it writes what every scheduled position holds and checks that every attended position
+holds the request's own prefix, so a stale, foreign or never-written KV block fails.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,12 @@ from twinserve.core.fake_executor import FakeExecutor
 
 from .helpers import Arrival, drive, make_request, reference_output
 
-SHARED = [[7] * 20, list(range(100, 133))]
+SHARED = [[7] * 20, list(range(100, 133)), list(range(100, 108)) + [7] * 12]
+
+
+def weak_hash(parent, tokens, extra):
+    """Collides all the time (only the token sum and parent value count): hits must be confirmed."""
+    return (sum(tokens) + (parent or 0)) % 5
 
 
 @st.composite
@@ -20,7 +30,9 @@ def workloads(draw):
     chunked = draw(st.booleans())
     max_model_len = 128
     budget = draw(st.integers(8, 96)) if chunked else draw(st.integers(128, 256))
-    num_blocks = draw(st.integers(-(-max_model_len // block_size), 4 * max_model_len // block_size))
+    min_blocks = -(-max_model_len // block_size)
+    num_blocks = draw(st.one_of(st.integers(min_blocks, min_blocks + 4),
+                                st.integers(min_blocks, 4 * max_model_len // block_size)))
     cfg = SchedulerConfig(
         max_num_batched_tokens=budget,
         max_num_seqs=draw(st.integers(1, 12)),
@@ -30,14 +42,18 @@ def workloads(draw):
         block_size=block_size,
         num_blocks=num_blocks,
         enable_prefix_caching=draw(st.booleans()),
-        policy=draw(st.sampled_from(["fcfs", "fcfs", "priority"])),
+        prefix_caching_hash_algo=draw(st.sampled_from(["xxhash", "xxhash", weak_hash])),
+        policy=draw(st.sampled_from(["fcfs", "fcfs", "priority", "priority", "sjf"])),
+        preemption=draw(st.sampled_from(["auto", "auto", "last", "priority"])),
         watermark=draw(st.sampled_from([0.0, 0.0, 0.1])),
     )
     n = draw(st.integers(1, 14))
+    # A tiny alphabet makes equal blocks behind different prefixes common.
+    vocab = draw(st.sampled_from([3, 999]))
     arrivals = []
     for i in range(n):
         stem = draw(st.sampled_from([[], *SHARED]))
-        tail = draw(st.lists(st.integers(0, 999), min_size=0 if stem else 1, max_size=40))
+        tail = draw(st.lists(st.integers(0, vocab), min_size=0 if stem else 1, max_size=40))
         prompt = (stem + tail)[: max_model_len - 1]
         max_tokens = draw(st.integers(1, 40))
         kw = {}
