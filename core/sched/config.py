@@ -24,8 +24,17 @@ class SchedulerConfig:
     prefix_caching_hash_algo: str = "xxhash"
     # Fraction of all blocks that must stay free after admitting a new request.
     watermark: float = 0.0
+    # Waiting-queue order: "fcfs", "priority" (lower value first, arrival breaks ties) or
+    # "sjf" (shortest prompt first).
     policy: str = "fcfs"
+    # Victim when memory runs out: "last" admitted, lowest "priority", or "auto" (priority
+    # under the priority policy, else last).
     preemption: str = "auto"
+    # Aging against starvation under "priority" and "sjf": every aging_interval_s seconds a
+    # request has waited counts as one priority level, and under sjf, once it has waited
+    # this long it outranks any newly arrived prompt. 0 turns aging off (strict order: a
+    # steady stream of short or important requests can then hold others back forever).
+    aging_interval_s: float = 30.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -40,6 +49,9 @@ class SchedulerConfig:
         t = self.long_prefill_token_threshold
         if isinstance(t, bool) or not isinstance(t, int) or t < 0:
             raise InvalidConfigError("long_prefill_token_threshold", t, "an integer >= 0")
+        a = self.aging_interval_s
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 <= a < float("inf"):
+            raise InvalidConfigError("aging_interval_s", a, "a finite number of seconds >= 0 (0 = no aging)")
         if not 0.0 <= self.watermark < 1.0:
             raise InvalidConfigError("watermark", self.watermark, "a number in [0, 1)")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:

@@ -72,41 +72,57 @@ class FCFSQueue:
 
 
 class KeyedQueue:
-    """A heap ordered by a key of the request; ties broken by arrival order."""
+    """A heap ordered by a rank of the request; ties broken by arrival order.
 
-    __slots__ = ("_heap", "_key")
+    With front_on_prepend, preempted requests go back ahead of everything else (in the
+    order they are prepended, the last one first), as vLLM requeues them; otherwise a
+    preempted request is ranked like any other, as vLLM's priority queue does.
+    """
 
-    def __init__(self, key: Callable[[Request], tuple]) -> None:
+    __slots__ = ("_heap", "_key", "_front", "_front_on_prepend")
+
+    def __init__(self, key: Callable[[Request], tuple], front_on_prepend: bool = False) -> None:
         self._heap: list[tuple[tuple, int, Request]] = []
         self._key = key
+        self._front: deque[Request] = deque()
+        self._front_on_prepend = front_on_prepend
 
     def add(self, request: Request) -> None:
-        """Insert by key."""
+        """Insert by rank."""
         heapq.heappush(self._heap, (self._key(request), request.seq_no, request))
 
-    prepend = add  # a preempted request keeps its rank: its key already says where it belongs
+    def prepend(self, request: Request) -> None:
+        """Requeue a preempted request: at the front, or by rank."""
+        if self._front_on_prepend:
+            self._front.appendleft(request)
+        else:
+            self.add(request)
 
     def peek(self) -> Request:
-        """The lowest-keyed request."""
-        return self._heap[0][2]
+        """The next request: a requeued one, else the lowest-ranked."""
+        return self._front[0] if self._front else self._heap[0][2]
 
     def pop(self) -> Request:
-        """Remove the lowest-keyed request."""
-        return heapq.heappop(self._heap)[2]
+        """Remove the next request."""
+        return self._front.popleft() if self._front else heapq.heappop(self._heap)[2]
 
     def remove(self, request: Request) -> None:
-        """Remove a request anywhere in the heap."""
+        """Remove a request anywhere in the queue."""
+        if request in self._front:
+            self._front.remove(request)
+            return
         self._heap = [e for e in self._heap if e[2] is not request]
         heapq.heapify(self._heap)
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self._front) + len(self._heap)
 
     def __bool__(self) -> bool:
-        return bool(self._heap)
+        return bool(self._front) or bool(self._heap)
 
     def __iter__(self) -> Iterator[Request]:
-        return (e[2] for e in sorted(self._heap, key=lambda e: e[:2]))
+        yield from self._front
+        yield from (e[2] for e in sorted(self._heap, key=lambda e: e[:2]))
 
 
 class PreemptionPolicy(Protocol):
@@ -125,39 +141,62 @@ class PreemptLastAdmitted:
 
 
 class PreemptLowestPriority:
-    """The request with the largest priority value, latest arrival on ties."""
+    """The running request ranked last by the priority queue's rank (aging included)."""
+
+    def __init__(self, rank: Callable[[Request], tuple]) -> None:
+        self._rank = rank
 
     def pick_victim(self, running: list[Request]) -> Request:
-        """The least important running request."""
-        return max(running, key=lambda r: (r.priority, r.arrival_time, r.seq_no))
+        """The least important running request, latest arrival on ties."""
+        rank = self._rank
+        return max(running, key=lambda r: (rank(r), r.seq_no))
 
 
-QUEUE_POLICIES: dict[str, Callable[[], RequestQueue]] = {
-    "fcfs": FCFSQueue,
-    "priority": lambda: KeyedQueue(lambda r: (r.priority, r.arrival_time)),
-    "sjf": lambda: KeyedQueue(lambda r: (r.num_prompt_tokens,)),
-}
+def priority_rank(aging_interval_s: float) -> Callable[[Request], tuple]:
+    """Rank by priority; each aging_interval_s seconds of waiting is worth one level.
 
-PREEMPTION_POLICIES: dict[str, Callable[[], PreemptionPolicy]] = {
-    "last": PreemptLastAdmitted,
-    "priority": PreemptLowestPriority,
-}
-
-
-def make_queue(name: str) -> RequestQueue:
-    """The waiting queue for a policy name: fcfs, priority or sjf."""
-    try:
-        return QUEUE_POLICIES[name]()
-    except KeyError:
-        raise InvalidConfigError("policy", name, " or ".join(QUEUE_POLICIES)) from None
+    A waiting request's effective priority is priority - (now - arrival) / interval. The
+    now term is the same for every request, so ordering by priority + arrival / interval
+    ranks identically at any moment, and the heap never needs re-sorting.
+    """
+    if aging_interval_s > 0:
+        return lambda r: (r.priority + r.arrival_time / aging_interval_s, r.arrival_time)
+    return lambda r: (r.priority, r.arrival_time)
 
 
-def make_preemption_policy(name: str, queue_policy: str) -> PreemptionPolicy:
+def sjf_rank(aging_interval_s: float, max_model_len: int) -> Callable[[Request], tuple]:
+    """Rank by prompt length; after aging_interval_s seconds of waiting a request outranks any newcomer.
+
+    The length term is the prompt's share of max_model_len (in [0, 1]); waiting lowers
+    the rank by one per aging_interval_s, as for priority (see priority_rank).
+    """
+    if aging_interval_s > 0:
+        return lambda r: (r.num_prompt_tokens / max_model_len + r.arrival_time / aging_interval_s,)
+    return lambda r: (r.num_prompt_tokens,)
+
+
+QUEUE_POLICIES = ("fcfs", "priority", "sjf")
+PREEMPTION_POLICIES = ("last", "priority")
+
+
+def make_queue(name: str, aging_interval_s: float = 0.0, max_model_len: int = 1) -> RequestQueue:
+    """The waiting queue for a policy name: fcfs, priority or sjf (the latter two with aging)."""
+    if name == "fcfs":
+        return FCFSQueue()
+    if name == "priority":
+        return KeyedQueue(priority_rank(aging_interval_s))
+    if name == "sjf":
+        return KeyedQueue(sjf_rank(aging_interval_s, max_model_len), front_on_prepend=True)
+    raise InvalidConfigError("policy", name, " or ".join(QUEUE_POLICIES))
+
+
+def make_preemption_policy(name: str, queue_policy: str,
+                           aging_interval_s: float = 0.0) -> PreemptionPolicy:
     """The victim policy for a name; 'auto' follows the queue policy."""
     if name == "auto":
         name = "priority" if queue_policy == "priority" else "last"
-    try:
-        return PREEMPTION_POLICIES[name]()
-    except KeyError:
-        raise InvalidConfigError("preemption", name,
-                                 " or ".join(["auto", *PREEMPTION_POLICIES])) from None
+    if name == "last":
+        return PreemptLastAdmitted()
+    if name == "priority":
+        return PreemptLowestPriority(priority_rank(aging_interval_s))
+    raise InvalidConfigError("preemption", name, " or ".join(["auto", *PREEMPTION_POLICIES]))

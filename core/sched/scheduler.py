@@ -32,8 +32,9 @@ class Scheduler:
         self.config = config
         self.kv = KVCacheManager(config.num_blocks, config.block_size,
                                  config.enable_prefix_caching, config.prefix_caching_hash_algo)
-        self.waiting = make_queue(config.policy)
-        self.preemption_policy = make_preemption_policy(config.preemption, config.policy)
+        self.waiting = make_queue(config.policy, config.aging_interval_s, config.max_model_len)
+        self.preemption_policy = make_preemption_policy(config.preemption, config.policy,
+                                                        config.aging_interval_s)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.finished_req_ids: set[str] = set()
@@ -261,7 +262,9 @@ class Scheduler:
                 times.append(now)
                 count += 1
                 n_out = len(out_ids)
-                if n_out >= sp.min_tokens:
+                # min_tokens tokens come before any stop: a stop token is only honoured
+                # past them (the sampler masks stop ids while fewer were generated).
+                if n_out > sp.min_tokens:
                     if token == req.eos_token_id and not sp.ignore_eos:
                         reason = _STOP
                         break

@@ -18,7 +18,7 @@ def reference_output(ex: FakeExecutor, req: Request, max_model_len: int) -> list
         t = ex.next_token(toks[-1], len(toks))
         toks.append(t)
         out.append(t)
-        if len(out) >= sp.min_tokens:
+        if len(out) > sp.min_tokens:  # min_tokens tokens come before any stop
             if (t == req.eos_token_id and not sp.ignore_eos) or t in sp.stop_token_ids:
                 return out
         if len(out) >= max_tokens or len(toks) >= max_model_len:
@@ -81,5 +81,6 @@ def make_request(rid: str, prompt: list[int], max_tokens: int, **kw) -> Request:
     """A request with the given prompt and output cap."""
     eos = kw.pop("eos_token_id", None)
     priority = kw.pop("priority", 0)
+    arrival_time = kw.pop("arrival_time", 0.0)
     return Request(rid, prompt, SamplingParams(max_tokens=max_tokens, **kw), eos_token_id=eos,
-                   priority=priority)
+                   priority=priority, arrival_time=arrival_time)

@@ -19,11 +19,14 @@ def _core(**kw) -> EngineCore:
     return EngineCore(cfg, FakeExecutor(block_size=cfg.block_size, step_time=0.25))
 
 
-def _run(core: EngineCore, t: float = 0.0) -> float:
-    while core.has_unfinished_requests():
-        _, stats = core.step(t)
+def _run(core: EngineCore, t: float = 0.0, max_steps: int = 10_000) -> float:
+    """Step until every request ends; a scheduler that stops making progress fails, not hangs."""
+    for _ in range(max_steps):
+        if not core.has_unfinished_requests():
+            return t
+        core.step(t)
         t += 1.0
-    return t
+    raise AssertionError(f"requests still unfinished after {max_steps} steps")
 
 
 def test_full_prefix_hit_still_computes_one_token():

@@ -1,0 +1,137 @@
+"""Exact decode fast-forward (core/sched/fast_forward.py) against step-by-step scheduling."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from twinserve.core import ModelRunnerOutput, Request, SamplingParams, Scheduler, SchedulerConfig
+from twinserve.core.sched.fast_forward import apply_decode_steps, decode_window
+
+
+def _token(req: Request, position: int) -> int:
+    # Requests with equal prompts sample equal tokens, so their blocks collide in the cache.
+    return (sum(req.prompt_token_ids) * 7 + position * 13) % 50 + 1
+
+
+def _build(cfg: SchedulerConfig, prompts: list[list[int]], max_tokens: list[int], **sp) -> Scheduler:
+    """A scheduler whose requests have all finished their prompts (stepped until then)."""
+    s = Scheduler(cfg)
+    for i, (p, m) in enumerate(zip(prompts, max_tokens)):
+        s.add_request(Request(f"r{i}", p, SamplingParams(max_tokens=m, **sp)))
+    t = 0.0
+    while s.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in s.running):
+        _step(s, t)
+        t += 1.0
+    return s
+
+
+def _step(s: Scheduler, t: float) -> list[str]:
+    so = s.schedule(t)
+    sampled = {}
+    for rid in so.num_scheduled_tokens:
+        req = s.requests[rid]
+        if req.num_computed_tokens == req.num_tokens:
+            sampled[rid] = [_token(req, req.num_tokens)]
+    outs = s.update_from_output(so, ModelRunnerOutput(sampled), t + 0.5)
+    return [o.req_id for o in outs if o.finished]
+
+
+def _snapshot(s: Scheduler, reqs: list[Request]) -> dict:
+    kv = s.kv
+    if not kv.enable_caching:
+        # Without a prefix cache fast-forward takes a window's blocks in one call per
+        # request (no result depends on which ids a request gets): compare counts.
+        return {"requests": [(r.request_id, list(r.all_token_ids), r.num_computed_tokens, r.status,
+                              r.finish_reason, list(r.token_times), r.finish_time) for r in reqs],
+                "tables": {rid: len(bl) for rid, bl in kv.req_to_blocks.items()},
+                "free": kv.num_free_blocks, "running": [r.request_id for r in s.running]}
+    return {
+        "requests": [(r.request_id, list(r.all_token_ids), r.num_computed_tokens, r.status,
+                      r.finish_reason, list(r.token_times), r.finish_time,
+                      [h.value for h in r.block_hashes]) for r in reqs],
+        "tables": {rid: [b.block_id for b in bl] for rid, bl in kv.req_to_blocks.items()},
+        "num_cached": dict(kv.num_cached_blocks),
+        "cached": {v: b.block_id for v, b in kv.pool.cached.items()},
+        "keys": [None if b.block_hash is None else b.block_hash.value for b in kv.pool.blocks],
+        "free": [b.block_id for b in kv.pool.free_queue],
+        "running": [r.request_id for r in s.running],
+        "evictions": kv.pool.num_evictions,
+    }
+
+
+def _compare(cfg: SchedulerConfig, prompts, max_tokens, steps_cap: int = 10_000) -> int:
+    """Step one copy and fast-forward another over the same window; returns the window."""
+    a = _build(cfg, prompts, max_tokens)
+    b = _build(cfg, prompts, max_tokens)
+    t0 = 1000.0
+    k = decode_window(b, steps_cap)
+    if k == 0:
+        return 0
+    usage_a, finished_a = [], []
+    for i in range(k):
+        assert a.schedule  # stepping the same window never preempts
+        finished_a = _step(a, t0 + i)
+        usage_a.append(a.kv.usage)
+    assert a.num_preemptions == b.num_preemptions
+    ends = [t0 + i + 0.5 for i in range(k)]
+    usage_b, finished_b = apply_decode_steps(
+        b, ends, lambda req, m: [_token(req, req.num_tokens + j) for j in range(m)])
+    assert finished_b == finished_a
+    assert usage_b == usage_a
+    reqs_a = sorted(a.requests.values(), key=lambda r: r.request_id)
+    reqs_b = sorted(b.requests.values(), key=lambda r: r.request_id)
+    assert _snapshot(a, reqs_a) == _snapshot(b, reqs_b)
+    return k
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(block_size=st.sampled_from([1, 2, 4, 16]), caching=st.booleans(),
+       shared=st.booleans(), n=st.integers(1, 6), data=st.data())
+def test_fast_forward_matches_stepping(block_size, caching, shared, n, data):
+    # shared: several requests with one prompt decode in lockstep, so each step computes
+    # the same block twice and the latest copy must take the key in the same order.
+    prompts = [[3] * data.draw(st.integers(1, 20)) if shared and i % 2 else
+               list(range(10 * i + 1, 10 * i + 1 + data.draw(st.integers(1, 20)))) for i in range(n)]
+    max_tokens = [data.draw(st.integers(2, 40)) for _ in range(n)]
+    needs = [-(-(len(p) + m) // block_size) for p, m in zip(prompts, max_tokens)]
+    num_blocks = data.draw(st.integers(max(max(needs), sum(needs) // 2), sum(needs) + 8))
+    cfg = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=64,
+                          block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=caching)
+    _compare(cfg, prompts, max_tokens)
+
+
+def test_window_is_limited_by_free_blocks_and_one_more_step_would_preempt():
+    # Two requests with 7 computed tokens each hold 2 blocks of 4 in a pool of 6: the 2 free
+    # blocks carry both through positions 7-11 (5 steps); position 12 needs 2 more blocks.
+    cfg = SchedulerConfig(max_num_batched_tokens=64, max_model_len=64, block_size=4, num_blocks=6)
+    prompts = [list(range(1, 8)), list(range(20, 27))]
+    k = _compare(cfg, prompts, [12, 12])
+    assert k == 5  # below the length limit (11 more tokens)
+    probe = _build(cfg, prompts, [12, 12])
+    for i in range(k):
+        _step(probe, float(i))
+    assert probe.num_preemptions == 0
+    _step(probe, float(k))
+    assert probe.num_preemptions == 1
+    s = _build(cfg, prompts, [12, 12])
+    assert decode_window(s, 3) == 3  # the caller's cap
+
+
+def test_window_ends_on_the_first_length_finish():
+    cfg = SchedulerConfig(max_num_batched_tokens=64, max_model_len=64, block_size=4, num_blocks=64)
+    assert _compare(cfg, [[1, 2, 3], [4, 5, 6, 7, 8]], [5, 9]) == 4  # r0 ends on its 5th token
+
+
+def test_no_window_when_a_sampled_token_could_stop_the_request():
+    cfg = SchedulerConfig(max_num_batched_tokens=64, max_model_len=64, block_size=4, num_blocks=64)
+    prompts = [[1, 2, 3], [4, 5, 6]]
+    assert decode_window(_build(cfg, prompts, [20, 20]), 100) == 19
+    assert decode_window(_build(cfg, prompts, [20, 20], stop_token_ids=[9]), 100) == 0
+    s = _build(cfg, prompts, [20, 20])
+    s.running[1].eos_token_id = 0
+    assert decode_window(s, 100) == 0  # EOS could end it: step normally
+    s.running[1].sampling_params = SamplingParams(max_tokens=20, ignore_eos=True)
+    assert decode_window(s, 100) == 19
+    s.add_request(Request("late", [1], SamplingParams(max_tokens=2)))
+    assert decode_window(s, 100) == 0  # someone waits: the next step admits it
