@@ -47,10 +47,27 @@ class BlockHash(NamedTuple):
     def __hash__(self) -> int:
         return hash(self[0])
 
+    def __reduce__(self):
+        chain = []
+        key: BlockHash | None = self
+        while key is not None:
+            chain.append((key[0], key[2], key[3]))
+            key = key[1]
+        chain.reverse()
+        return _rebuild_chain, (chain,)
+
     def __repr__(self) -> str:
         parent = None if self[1] is None else self[1][0]
         return (f"BlockHash(value={self[0]}, parent_value={parent}, token_ids={self[2]}, "
                 f"extra_keys={self[3]})")
+
+
+def _rebuild_chain(chain: list[tuple[int, tuple[int, ...], tuple | None]]) -> BlockHash | None:
+    """Unpickle a key: its chain was flattened root first, so no step recurses."""
+    key = None
+    for value, token_ids, extra in chain:
+        key = BlockHash(value, key, token_ids, extra)
+    return key
 
 
 def _to_bytes(token_ids: Sequence[int], extra: tuple | None) -> bytes:

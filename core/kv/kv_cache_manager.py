@@ -153,8 +153,7 @@ class KVCacheManager:
 
         Called after a step has run (never at allocation): a block allocated for tokens
         that are then not computed, because its request was preempted or aborted in the
-        same step, must not be found by a later lookup. vLLM v1 likewise caches only full
-        blocks of computed tokens.
+        same step, must not be found by a later lookup.
         """
         if not self.enable_caching:
             return

@@ -80,3 +80,23 @@ def test_recomputed_copy_takes_the_key_so_it_serves_hits_after_the_first_copy_is
     assert filler.prefix_hit_tokens == 0
     assert c.prefix_hit_tokens == 12  # B's copy, still running when C arrives
     assert b.status == RequestStatus.FINISHED_LENGTH
+
+
+def test_chained_keys_compare_copy_and_pickle_without_recursion():
+    # A key names its whole prefix through parent objects; a 20,000-block chain (block size 1
+    # at a long context) must not hit the recursion limit in ==, hash, repr, copy or pickle.
+    import copy
+    import pickle
+
+    from twinserve.core.kv import BlockHash
+
+    key = None
+    for i in range(20_000):
+        key = BlockHash(i, key, (i % 7,), None)
+    other = None
+    for i in range(20_000):
+        other = BlockHash(i, other, (i % 7,) if i else (1,), None)  # differs only at the root
+    assert key != other and not key == other
+    for clone in (pickle.loads(pickle.dumps(key)), copy.deepcopy(key)):
+        assert clone is not key and clone == key and hash(clone) == hash(key)
+    assert "parent_value=19998" in repr(key)
