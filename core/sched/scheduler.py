@@ -238,12 +238,15 @@ class Scheduler:
         # Blocks enter the prefix cache only now that their KV is computed: one allocated
         # for a request preempted or aborted before the step ran must never be hit.
         cache = self.kv.cache_blocks if self.kv.enable_caching else None
-        for rid in scheduler_output.num_scheduled_tokens:
+        bs = self.config.block_size
+        for rid, n in scheduler_output.num_scheduled_tokens.items():
             req = requests.get(rid)
             if req is None or req.status is not _RUNNING:
                 continue  # aborted or preempted after it was scheduled
-            if cache is not None:
-                cache(req, req.num_computed_tokens)
+            # Every earlier full block was cached when the step that filled it came back,
+            # so only a step that fills a block has anything to cache.
+            if cache is not None and (c := req.num_computed_tokens) // bs != (c - n) // bs:
+                cache(req, c)
             tokens = sampled.get(rid)
             if not tokens:
                 continue  # a prefill chunk that did not reach the end of the prompt
