@@ -70,7 +70,7 @@ def _check_outputs(cfg, arrivals, log):
         assert a.request.status == RequestStatus.FINISHED_LENGTH
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(priority_pressure())
 def test_preemption_in_the_same_step_never_leaves_stale_kv(w):
     cfg, arrivals = w
@@ -79,7 +79,7 @@ def test_preemption_in_the_same_step_never_leaves_stale_kv(w):
     assert core.scheduler.kv.num_free_blocks == cfg.num_blocks
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(colliding_prefixes())
 def test_hash_collisions_never_hand_out_another_prefixs_kv(w):
     cfg, arrivals = w
