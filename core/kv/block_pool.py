@@ -159,6 +159,14 @@ class BlockPool:
         cached[key.value] = block
         return key
 
+    def uncache_block(self, block: KVCacheBlock) -> None:
+        """Drop a block's key (its KV is not what the key names); other holders keep using it."""
+        key = block.block_hash
+        if key is not None:
+            if self.cached.get(key.value) is block:
+                del self.cached[key.value]
+            block.block_hash = None
+
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference on prefix-hit blocks, pulling free ones out of the queue."""
         remove = self.free_queue.remove

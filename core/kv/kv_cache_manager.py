@@ -124,8 +124,9 @@ class KVCacheManager:
         blocks = self.req_to_blocks.get(req_id)
         total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         bs = self.block_size
-        if blocks is not None and not new_computed_blocks and total <= len(blocks) * bs:
-            return _NO_BLOCKS  # the common decode step: room in the last block
+        if blocks is not None and not new_computed_blocks and total <= len(blocks) * bs and (
+                not self.enable_caching or total // bs <= self.num_cached_blocks[req_id]):
+            return _NO_BLOCKS  # the common decode step: room in the last block, nothing to cache
         num_held = 0 if blocks is None else len(blocks)
         num_needed = -(-total // bs) - num_held - len(new_computed_blocks)
         if num_needed > 0 or new_computed_blocks:
@@ -142,19 +143,21 @@ class KVCacheManager:
             self.pool.touch(new_computed_blocks)
             blocks.extend(new_computed_blocks)
             self.num_cached_blocks[req_id] = len(blocks)
-        if num_needed <= 0:
-            return _NO_BLOCKS
-        new_blocks = self.pool.get_new_blocks(num_needed)
-        blocks.extend(new_blocks)
+        if num_needed > 0:
+            new_blocks = self.pool.get_new_blocks(num_needed)
+            blocks.extend(new_blocks)
+        else:
+            new_blocks = _NO_BLOCKS
+        if self.enable_caching and total // bs > self.num_cached_blocks[req_id]:
+            # Registered now, before the step computes them, so a request admitted later in
+            # the same step can share them (the step writes every block's KV before any
+            # attention reads it). If the step does not run them, the caller must say so
+            # to free() (a preemption or abort with the step in flight).
+            self.cache_blocks(request, total)
         return new_blocks
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        """Register the request's full blocks whose KV has been computed in the prefix cache.
-
-        Called after a step has run (never at allocation): a block allocated for tokens
-        that are then not computed, because its request was preempted or aborted in the
-        same step, must not be found by a later lookup.
-        """
+        """Register the request's full blocks up to num_computed_tokens in the prefix cache."""
         if not self.enable_caching:
             return
         req_id = request.request_id
@@ -172,12 +175,22 @@ class KVCacheManager:
             parent = hashes[i] = cache(blocks[i], key)
         self.num_cached_blocks[req_id] = num_full
 
-    def free(self, request: Request) -> None:
-        """Release the request's blocks, tail first so tails are evicted before heads."""
+    def free(self, request: Request, num_computed_tokens: int | None = None) -> None:
+        """Release the request's blocks, tail first so tails are evicted before heads.
+
+        num_computed_tokens, when given, is how many tokens' KV was really written: blocks
+        registered past it (allocated for a step that will not run them: a preemption or
+        abort in the same step) leave the prefix cache, so no later lookup reads them.
+        """
         blocks = self.req_to_blocks.pop(request.request_id, None)
-        self.num_cached_blocks.pop(request.request_id, None)
-        if blocks:
-            self.pool.free_blocks(reversed(blocks))
+        num_cached = self.num_cached_blocks.pop(request.request_id, 0)
+        if not blocks:
+            return
+        if num_computed_tokens is not None:
+            uncache = self.pool.uncache_block
+            for i in range(num_computed_tokens // self.block_size, num_cached):
+                uncache(blocks[i])
+        self.pool.free_blocks(reversed(blocks))
 
     def get_block_ids(self, request_id: str) -> list[int]:
         """The request's block table as block ids."""

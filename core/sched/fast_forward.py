@@ -4,8 +4,8 @@ When every running request is decoding and nothing waits, each of the next steps
 schedules the same batch with one token per request, until the first request reaches
 its length limit. Those steps can be applied at once: tokens appended,
 num_computed_tokens advanced, the KV manager called for block allocation and
-prefix-cache registration at exactly the steps and in exactly the order schedule() and
-update_from_output() would call it, and the requests that end on the last step finished in the order
+prefix-cache registration at exactly the steps and in exactly the order schedule()
+would call it, and the requests that end on the last step finished in the order
 update_from_output() finishes them. Block ids, cached blocks, evictions, usage and
 finish order match step-by-step execution (tests/sim runs both ways).
 """
@@ -88,7 +88,7 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
     running = scheduler.running
     # The executor drops finished requests on the next step's output; nothing else reads it.
     scheduler.finished_req_ids = set()
-    events: list[tuple[int, int, int]] = []
+    events: list[tuple[int, int]] = []
     new_at = [0] * k_steps if not caching else []  # blocks taken at each step (no cache)
     starts: list[int] = []
     for i, req in enumerate(running):
@@ -112,19 +112,17 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
                     new_at[k] += 1
                     k += bs
             continue
-        # Schedule phase of step k: a new block when position c + k starts one.
         while k < k_steps:
-            events.append((k, 0, i))
+            events.append((k, i))
             k += bs
-        # Update phase of step k: a block enters the prefix cache once c + k + 1 tokens
-        # are computed and fill it (and any full block not yet cached, at once).
-        k = (cached.get(req.request_id, 0) + 1) * bs - c - 1
-        if k < 0:
-            events.append((0, 1, i))
-            k = ((c + 1) // bs + 1) * bs - c - 1
-        while k < k_steps:
-            events.append((k, 1, i))
-            k += bs
+        if caching:
+            k = (cached.get(req.request_id, 0) + 1) * bs - c - 1
+            if k < 0:
+                events.append((0, i))
+                k = ((c + 1) // bs + 1) * bs - c - 1
+            while k < k_steps:
+                events.append((k, i))
+                k += bs
     usage: list[float] = []
     num_blocks = kv.num_blocks
     free_queue = kv.pool.free_queue
@@ -134,24 +132,20 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
             free -= n_new
             usage.append(1.0 - free / num_blocks)  # the same float as KVCacheManager.usage
     elif events:
-        # Within a step schedule() allocates for every request before update_from_output()
-        # caches for any: sorting by (step, phase, position in running) replays that order.
         events.sort()
         allocate = kv.allocate_slots
-        cache_blocks = kv.cache_blocks
-        last = -1
-        for k, phase, i in events:
+        last = prev_i = -1
+        for k, i in events:
+            if k == last and i == prev_i:
+                continue  # a block boundary and a full block can fall on one call
             if k != last:
                 u = 1.0 - free_queue.num_free / num_blocks
                 usage.extend([u] * (k - len(usage)))
-                last = k
             req = running[i]
-            if phase:
-                cache_blocks(req, starts[i] + k + 1)
-            else:
-                req.num_computed_tokens = starts[i] + k
-                if allocate(req, 1) is None:
-                    raise AssertionError("fast-forward allocation failed: decode_window was not checked")
+            req.num_computed_tokens = starts[i] + k
+            if allocate(req, 1) is None:
+                raise AssertionError("fast-forward allocation failed: decode_window was not checked")
+            last, prev_i = k, i
     u = 1.0 - free_queue.num_free / num_blocks
     usage.extend([u] * (k_steps - len(usage)))
     for i, req in enumerate(running):

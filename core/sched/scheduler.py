@@ -40,6 +40,8 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
         self.watermark_blocks = int(config.watermark * config.num_blocks)
+        # Tokens per request of the step scheduled but not yet applied by update_from_output.
+        self._in_flight: dict[str, int] | None = None
         self._seq = itertools.count()
 
     # ------------------------------------------------------------------ requests
@@ -83,11 +85,17 @@ class Scheduler:
             req = self.requests.pop(rid, None)
             if req is None:
                 continue
+            computed = None
             if req.status == RequestStatus.RUNNING:
                 self.running.remove(req)
+                in_flight = self._in_flight
+                if in_flight is not None and rid in in_flight:
+                    # Scheduled in a step whose output has not come back: that step may
+                    # never compute its blocks (an executor failure), so they leave the cache.
+                    computed = req.num_computed_tokens - in_flight[rid]
             else:
                 self.waiting.remove(req)
-            self.kv.free(req)
+            self.kv.free(req, computed)
             req.status = status
             req.finish_reason = reason
             req.finish_time = now
@@ -145,13 +153,17 @@ class Scheduler:
                 victim = self.preemption_policy.pick_victim(running)
                 j = running.index(victim)
                 del running[j]
+                computed = None
                 if j < i:  # already scheduled this step: hand its tokens back
                     i -= 1
                     vid = victim.request_id
-                    budget += num_scheduled.pop(vid)
+                    n = num_scheduled.pop(vid)
+                    budget += n
+                    # Its blocks for this step were registered but will never be computed.
+                    computed = victim.num_computed_tokens - n
                     k = c_ids.index(vid)
                     del c_ids[k], c_blocks[k], c_computed[k]
-                self._preempt(victim, now)
+                self._preempt(victim, now, computed)
                 preempted.append(victim.request_id)
                 if victim is req:
                     break
@@ -171,6 +183,7 @@ class Scheduler:
             self._admit(now, budget, num_scheduled, new_reqs)
 
         total = sum(num_scheduled.values())
+        self._in_flight = num_scheduled
         finished = self.finished_req_ids
         self.finished_req_ids = set()
         return SchedulerOutput(new_reqs, cached, num_scheduled, total, preempted, finished)
@@ -214,9 +227,9 @@ class Scheduler:
             num_scheduled[rid] = num_new
             budget -= num_new
 
-    def _preempt(self, req: Request, now: float) -> None:
+    def _preempt(self, req: Request, now: float, computed: int | None = None) -> None:
         """Recompute-style preemption: free all blocks and requeue at the front."""
-        self.kv.free(req)
+        self.kv.free(req, computed)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.num_preemptions += 1
@@ -235,21 +248,14 @@ class Scheduler:
         max_model_len = self.config.max_model_len
         outputs: list[EngineCoreOutput] = []
         finished: list[Request] = []
-        # Blocks enter the prefix cache only now that their KV is computed: one allocated
-        # for a request preempted or aborted before the step ran must never be hit.
-        cache = self.kv.cache_blocks if self.kv.enable_caching else None
-        bs = self.config.block_size
-        for rid, n in scheduler_output.num_scheduled_tokens.items():
-            req = requests.get(rid)
-            if req is None or req.status is not _RUNNING:
-                continue  # aborted or preempted after it was scheduled
-            # Every earlier full block was cached when the step that filled it came back,
-            # so only a step that fills a block has anything to cache.
-            if cache is not None and (c := req.num_computed_tokens) // bs != (c - n) // bs:
-                cache(req, c)
+        self._in_flight = None
+        for rid in scheduler_output.num_scheduled_tokens:
             tokens = sampled.get(rid)
             if not tokens:
                 continue  # a prefill chunk that did not reach the end of the prompt
+            req = requests.get(rid)
+            if req is None or req.status is not _RUNNING:
+                continue  # aborted or preempted after it was scheduled
             sp = req.sampling_params
             out_ids = req.output_token_ids
             all_ids = req.all_token_ids

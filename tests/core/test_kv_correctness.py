@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from twinserve.core import RequestStatus, SchedulerConfig
+from twinserve.core import EngineCore, SchedulerConfig
 from twinserve.core.fake_executor import FakeExecutor, KVSlotModel
 from twinserve.core.kv import KVCacheManager
 from twinserve.core.request import Request
@@ -67,19 +67,48 @@ def test_colliding_first_blocks_never_give_a_child_hit_across_prefixes():
 
 
 def test_recomputed_copy_takes_the_key_so_it_serves_hits_after_the_first_copy_is_evicted():
-    # A and B compute the same prompt in the same step (neither can hit the other). A ends and
-    # its blocks are evicted; B still holds a valid copy, which must serve C's lookup.
-    cfg = SchedulerConfig(block_size=4, num_blocks=16, max_num_batched_tokens=64, max_model_len=64)
+    # B looked the prompt up before A had allocated it, so both compute their own copy. The
+    # latest copy (B's, still held) takes the key; A's copy is freed first and evicted, and
+    # C must still hit B's copy rather than lose the prefix with A's.
+    kv = KVCacheManager(8, 4)
+    slots = KVSlotModel(4)
     prompt = list(range(1, 14))
-    a = make_request("A", prompt, 1)
-    b = make_request("B", prompt, 30)
-    c = make_request("C", prompt, 1)
-    filler = make_request("X", list(range(200, 240)), 1)  # takes every free block: evicts A's
-    core, log = drive(cfg, [Arrival(0, a), Arrival(0, b), Arrival(2, filler), Arrival(4, c)])
-    assert a.prefix_hit_tokens == 0 and b.prefix_hit_tokens == 0
-    assert filler.prefix_hit_tokens == 0
-    assert c.prefix_hit_tokens == 12  # B's copy, still running when C arrives
-    assert b.status == RequestStatus.FINISHED_LENGTH
+    a, b = Request("A", prompt, SamplingParams()), Request("B", prompt, SamplingParams())
+    assert kv.get_computed_blocks(b)[1] == 0
+    _compute(kv, slots, a)
+    assert kv.allocate_slots(b, 13) is not None
+    pids = slots.prefix_ids(b.all_token_ids, [])
+    b_blocks = [blk.block_id for blk in kv.req_to_blocks["B"]]
+    slots.write(b_blocks, pids, 0, 13)
+    b.num_computed_tokens = 13
+    kv.free(a)
+    pressure = kv.pool.get_new_blocks(kv.num_free_blocks)  # evicts everything free, A's copy too
+    kv.pool.free_blocks(pressure)
+    c = Request("C", prompt, SamplingParams())
+    hits, n = kv.get_computed_blocks(c)
+    assert n == 12 and [blk.block_id for blk in hits] == b_blocks[:3]
+    slots.check("C", [blk.block_id for blk in hits], slots.prefix_ids(c.all_token_ids, []), n)
+
+
+def test_abort_with_the_step_in_flight_drops_its_uncomputed_blocks():
+    # The engine scheduled A's prefill, then the step failed (the executor never ran it) and A
+    # was aborted: A's blocks were registered at allocation but hold nothing. B, with the same
+    # prompt, must compute them again instead of reading them.
+    cfg = SchedulerConfig(block_size=4, num_blocks=16, max_num_batched_tokens=64, max_model_len=64)
+    core = EngineCore(cfg, FakeExecutor(block_size=4, model_kv=True))
+    prompt = list(range(1, 14))
+    core.add_request(make_request("A", prompt, 2))
+    so = core.scheduler.schedule(0.0)
+    assert so.num_scheduled_tokens == {"A": 13}
+    core.abort(["A"], now=0.0)  # no update_from_output: the step never came back
+    b = make_request("B", prompt, 2)
+    core.add_request(b)
+    t = 1.0
+    while core.has_unfinished_requests():
+        core.step(t)  # the KV-modelling executor raises on a read of an unwritten slot
+        t += 1.0
+    assert b.prefix_hit_tokens == 0
+    assert b.output_token_ids == reference_output(FakeExecutor(block_size=4), b, 64)
 
 
 def test_chained_keys_compare_copy_and_pickle_without_recursion():

@@ -88,7 +88,8 @@ class KVMachine(RuleBasedStateMachine):
         hits, num_hit = self.kv.get_computed_blocks(req)
         num_new = min(chunk, req.num_tokens - num_hit)
         if self.kv.allocate_slots(req, num_new, hits, num_hit) is not None:
-            self.kv.free(req)
+            # Blocks are registered at allocation: the caller says what was really computed.
+            self.kv.free(req, num_hit)
 
     @rule(rid=live, n=st.integers(1, 9))
     def grow(self, rid, n):
