@@ -209,7 +209,7 @@ def speed_probe(engine: Any, seed: int = 1234) -> float | None:
 
 def catalog_name(cfg: Any, fallback: str) -> str:
     """The simulator catalog's name for a model with this config's shape, else fallback."""
-    for spec in MODELS.values() if isinstance(MODELS, dict) else MODELS:
+    for spec in MODELS.values():
         if (spec.num_layers, spec.hidden_size, spec.intermediate_size, spec.num_heads,
                 spec.num_kv_heads, spec.vocab_size) == (
                 cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size,

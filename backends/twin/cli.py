@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-
 import sys
 
 from twinserve.cli import add_engine_args, engine_args_from, subcommand
 
 
 def _engine(ns: argparse.Namespace):
+    """The real engine from the engine flags, with the asked-for torch thread count."""
     import torch
 
     from twinserve.backends.real.engine import LLMEngine
@@ -130,6 +130,3 @@ def _fidelity(ns: argparse.Namespace) -> int:
     if report.get("interrupted"):
         print("twinserve fidelity: interrupted; wrote what was measured", file=sys.stderr)
     return exit_code(report)
-
-
-
