@@ -24,7 +24,8 @@ from twinserve.sim.cluster_study import build_cluster, imbalance
 from twinserve.sim.config import StudyConfig, validate
 from twinserve.sim.stream import RecordStream
 
-TRACE = Path("/work/shared/traces/AzureLLMInferenceTrace_conv.csv")
+# The full trace in ../shared beside the repository, when present.
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 
 
 def scale_config(requests: int, replicas: int, rate: float, router: str,

@@ -20,7 +20,8 @@ from pathlib import Path
 from twinserve.sim.config import StudyConfig
 from twinserve.sim.build import build
 
-TRACE = Path("/work/shared/traces/AzureLLMInferenceTrace_conv.csv")
+# The full trace in ../shared beside the repository, when present.
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 BUNDLED = "builtin:azure_conv"
 
 

@@ -104,10 +104,8 @@ def _fidelity_parser(p: argparse.ArgumentParser) -> None:
 
 
 def _fidelity(ns: argparse.Namespace) -> int:
-    from twinserve.backends.sim.fitted import FittedCostModel, check_profile_model
-    from twinserve.backends.twin.calibrate import catalog_name
-    from twinserve.backends.twin.fidelity import (FidelityOptions, check_workload, exit_code,
-                                                  run_fidelity, workload_factory)
+    from twinserve.backends.sim.fitted import FittedCostModel
+    from twinserve.backends.twin.fidelity import FidelityOptions, exit_code, run_fidelity
 
     opts = FidelityOptions(ns.profile, ns.trace, ns.config, ns.num_requests, ns.rate, ns.time_scale,
                            ns.max_prompt_tokens, ns.max_output_tokens, ns.workload_seed,
@@ -119,11 +117,7 @@ def _fidelity(ns: argparse.Namespace) -> int:
               f"this run uses {ns.threads}", file=sys.stderr)
     engine = _engine(ns)
     try:
-        # Refuse a wrong profile or an unservable trace before the real run starts.
-        check_profile_model(profile, catalog_name(engine.worker.model.config, engine.model_name),
-                            ns.allow_profile_mismatch, source=f"profile {ns.profile}")
-        check_workload(workload_factory(opts, engine.max_model_len, engine.vocab_size),
-                       engine.max_model_len)
+        # run_fidelity refuses a wrong profile or an unservable trace before the real run starts.
         report = run_fidelity(engine, opts, ns.out)
     finally:
         engine.shutdown()
