@@ -68,6 +68,8 @@ class EngineCore:
         mro = self.executor.execute(so)
         duration = mro.step_time or 0.0
         outputs = sched.update_from_output(so, mro, now + duration)
+        if mro.prompt_logprobs or mro.failed:
+            outputs = self._attach_extras(outputs, mro, now + duration)
         kv = sched.kv
         stats = StepStats(
             self.num_steps, now, duration, sched.num_running, sched.num_waiting,
@@ -77,3 +79,25 @@ class EngineCore:
         )
         self.num_steps += 1
         return outputs, stats
+
+    def _attach_extras(self, outputs: list[EngineCoreOutput], mro: ModelRunnerOutput,
+                       now: float) -> list[EngineCoreOutput]:
+        """Prompt logprobs onto (or as) outputs, and failed requests ended with an error."""
+        by_id = {o.req_id: o for o in outputs}
+        for rid, plp in (mro.prompt_logprobs or {}).items():
+            out = by_id.get(rid)
+            if out is None:  # a prefill chunk that sampled nothing still reports its prompt logprobs
+                if rid not in self.scheduler.requests:
+                    continue
+                out = by_id[rid] = EngineCoreOutput(rid, [])
+                outputs.append(out)
+            out.prompt_logprobs = plp
+        if mro.failed:
+            for out in self.scheduler.abort_requests(list(mro.failed), FinishReason.ERROR, now):
+                out.error = mro.failed[out.req_id]
+                prev = by_id.get(out.req_id)
+                if prev is not None:
+                    outputs.remove(prev)
+                    out.prompt_logprobs = prev.prompt_logprobs
+                outputs.append(out)
+        return outputs

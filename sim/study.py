@@ -11,8 +11,8 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from .build import simulate
-from .config import StudyConfig, coerce, resolve_field, set_field
+from .build import build, simulate
+from .config import StudyConfig, coerce, resolve_field, set_field, validate
 from .errors import ConfigError
 from .metrics import requests_frame, steps_frame, summarize
 
@@ -101,6 +101,17 @@ def grid_points(base: StudyConfig, grid: dict[str, list[str]]
     return out
 
 
+def check_points(points: list[tuple[dict[str, Any], StudyConfig]]) -> None:
+    """Validate and build every grid point before any runs: a bad one fails the sweep up front."""
+    for point, cfg in points:
+        try:
+            validate(cfg)
+            build(cfg)
+        except ConfigError as e:
+            where = ", ".join(f"{k}={v}" for k, v in point.items())
+            raise ConfigError(e.field, f"{e.args[1]} (grid point {where})", e.file, e.line) from None
+
+
 def _run(args: tuple[dict[str, Any], StudyConfig, bool]) -> PointResult:
     point, cfg, keep = args
     res = run_point(cfg, point)
@@ -115,6 +126,7 @@ def run_grid(base: StudyConfig, grid: dict[str, list[str]], workers: int | None 
              progress: bool = True, keep_tables: bool = True) -> list[PointResult]:
     """Every grid point, in parallel processes, in grid order."""
     points = grid_points(base, grid)
+    check_points(points)
     jobs = [(p, c, keep_tables) for p, c in points]
     workers = workers or min(len(jobs), os.cpu_count() or 1)
     bar = None
