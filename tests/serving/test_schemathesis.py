@@ -30,10 +30,19 @@ def fuzz_server(tiny_model_dir) -> Iterator[RunningServer]:
     s.stop()
 
 
-# Negative data (wrong types, missing fields) only where there is a body to break.
-OPERATIONS = [("/v1/completions", "POST", "positive"), ("/v1/completions", "POST", "negative"),
-              ("/v1/chat/completions", "POST", "positive"), ("/v1/chat/completions", "POST", "negative"),
-              ("/v1/models", "GET", "positive"), ("/health", "GET", "positive"), ("/metrics", "GET", "positive")]
+# Every operation the server serves; negative data (wrong types, missing fields) where there is a body.
+POSTS = ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]
+GETS = ["/v1/models", "/health", "/metrics", "/version", "/ping"]
+OPERATIONS = [(p, "POST", mode) for p in POSTS for mode in ("positive", "negative")] + \
+    [(p, "GET", "positive") for p in GETS]
+
+
+def test_the_document_covers_every_route(fuzz_server: RunningServer) -> None:
+    doc = httpx.get(fuzz_server.url + "/openapi.json", timeout=10).json()
+    listed = {(path, m.upper()) for path, ops in doc["paths"].items() for m in ops}
+    assert {(p, "POST") for p in POSTS} | {(p, "GET") for p in GETS} <= listed
+    for path in POSTS:
+        assert "requestBody" in doc["paths"][path]["post"], path
 STATUSES: Counter[int] = Counter()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from fastapi import FastAPI
+from fastapi.responses import Response
 from pydantic import BaseModel
 
 _REF = "#/components/schemas/{model}"
@@ -48,13 +49,31 @@ class OpenAPIBodies:
     def __init__(self) -> None:
         self.defs: dict[str, Any] = {}
 
-    def body(self, model: type[BaseModel]) -> dict[str, Any]:
-        """openapi_extra declaring `model` as the JSON request body."""
-        schema = model.model_json_schema(ref_template=_REF)
-        self.defs.update(schema.pop("$defs", {}))
-        self.defs[model.__name__] = schema
-        return {"requestBody": {"required": True, "content": {
-            "application/json": {"schema": {"$ref": _REF.format(model=model.__name__)}}}}}
+    def body(self, *models: type[BaseModel]) -> dict[str, Any]:
+        """openapi_extra declaring the JSON request body: `models`, or any one of them."""
+        refs = []
+        for model in models:
+            schema = model.model_json_schema(ref_template=_REF)
+            self.defs.update(schema.pop("$defs", {}))
+            self.defs[model.__name__] = schema
+            refs.append({"$ref": _REF.format(model=model.__name__)})
+        schema = refs[0] if len(refs) == 1 else {"anyOf": refs}
+        return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+    def document_route(self, app: FastAPI, path: str, models: tuple[type[BaseModel], ...],
+                       responses: dict[int | str, dict[str, Any]]) -> None:
+        """Declare the body and responses of a route registered elsewhere (it reads its body itself)."""
+        for route in app.routes:
+            if getattr(route, "path", None) == path and "POST" in getattr(route, "methods", ()):
+                route.openapi_extra = self.body(*models)  # type: ignore[attr-defined]
+                route.responses = {**route.responses, **responses}  # type: ignore[attr-defined]
+
+    def document_empty_ok(self, app: FastAPI, path: str, responses: dict[int | str, dict[str, Any]]) -> None:
+        """Declare that a route registered elsewhere answers 200 with an empty body (no content type)."""
+        for route in app.routes:
+            if getattr(route, "path", None) == path:
+                route.response_class = Response  # type: ignore[attr-defined]
+                route.responses = {200: {"description": "OK (empty body)"}, **responses}  # type: ignore[attr-defined]
 
     def install(self, app: FastAPI) -> None:
         """Make app.openapi() include the collected definitions."""

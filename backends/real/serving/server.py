@@ -20,7 +20,7 @@ from ..outputs import RequestOutput
 from .access_log import AccessLogMiddleware
 from .async_engine import AsyncLLMEngine, RequestStream
 from .errors import APIError, bad_request, engine_dead, model_not_found, to_api_error, unauthorized
-from .info_routes import add_info_routes
+from .info_routes import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest, add_info_routes
 from .logprobs_format import TokenTexts
 from .metrics import ServingMetrics
 from .openai_format import ResponseMeta, full_response, stream_events
@@ -193,6 +193,10 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
                             max_tokens, chat=True, prefix="chatcmpl")
 
     add_info_routes(app, state, state.read_json)
+    info_errors = error_responses(400, 401, 404, 413, 500)
+    bodies.document_route(app, "/tokenize", (TokenizeCompletionRequest, TokenizeChatRequest), info_errors)
+    bodies.document_route(app, "/detokenize", (DetokenizeRequest,), info_errors)
+    bodies.document_empty_ok(app, "/ping", error_responses(503))
     bodies.install(app)
     return app
 
