@@ -159,7 +159,7 @@ _NON_NEGATIVE = {"workload.num_system_prompts", "workload.system_prompt_len",
                  "workload.prompt_std", "workload.output_std", "engine.allreduce_latency_s",
                  "engine.step_overhead_s", "engine.per_seq_overhead_s",
                  "cluster.num_prefill_replicas", "cluster.kv_link_bandwidth",
-                 "cluster.kv_link_latency_s"}
+                 "cluster.kv_link_latency_s", "run.seed"}
 _MAX_BLOCKS = 2 ** 21
 # Fractions in (0, 1].
 _FRACTION = {"engine.gpu_memory_utilization", "engine.eff_gemm", "engine.eff_attention",
@@ -343,10 +343,15 @@ def validate(cfg: StudyConfig, text: str = "") -> None:
     file = cfg.source
     w = cfg.workload
     for section, table in (("engine", cfg.engine), ("scheduler", cfg.scheduler), ("workload", w),
-                           ("slo", cfg.slo), ("run", cfg.run)):
+                           ("slo", cfg.slo), ("run", cfg.run), ("cluster", cfg.cluster)):
         for f in fields(table):  # fields set in code bypass coerce(): check (and convert) them all again
+            tname = f.type if isinstance(f.type, str) else f.type.__name__
+            if tname not in ("int", "float", "bool", "str"):
+                continue
             setattr(table, f.name, coerce(f"{section}.{f.name}", getattr(table, f.name), file,
                                           find_line(text, section, f.name)))
+    if not isinstance(cfg.cluster.replicas, list):
+        raise ConfigError("cluster.replicas", "must be a list of tables", file, find_line(text, "cluster", "replicas"))
     try:
         cfg.scheduler.to_core(1)
     except InvalidConfigError as e:
