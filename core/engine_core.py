@@ -77,20 +77,18 @@ class EngineCore:
         if not sched.has_unfinished_requests():
             return [], None
         clock = self.clock
+        c0 = clock() if clock is not None else 0.0
+        so = sched.schedule(now)
+        c1 = clock() if clock is not None else 0.0
+        mro = self.executor.execute(so)
+        c2 = clock() if clock is not None else 0.0
+        duration = mro.step_time or 0.0
+        outputs = sched.update_from_output(so, mro, now + duration)
+        if mro.prompt_logprobs or mro.failed:
+            outputs = self._attach_extras(outputs, mro, now + duration)
         if clock is None:
-            so = sched.schedule(now)
-            mro = self.executor.execute(so)
-            duration = mro.step_time or 0.0
-            outputs = sched.update_from_output(so, mro, now + duration)
             t_sched = t_exec = t_update = 0.0
         else:
-            c0 = clock()
-            so = sched.schedule(now)
-            c1 = clock()
-            mro = self.executor.execute(so)
-            c2 = clock()
-            duration = mro.step_time or 0.0
-            outputs = sched.update_from_output(so, mro, now + duration)
             c3 = clock()
             t_sched, t_exec, t_update = c1 - c0, c2 - c1, c3 - c2
         self.last_scheduler_output = so
@@ -103,3 +101,25 @@ class EngineCore:
         )
         self.num_steps += 1
         return outputs, stats
+
+    def _attach_extras(self, outputs: list[EngineCoreOutput], mro: ModelRunnerOutput,
+                       now: float) -> list[EngineCoreOutput]:
+        """Prompt logprobs onto (or as) outputs, and failed requests ended with an error."""
+        by_id = {o.req_id: o for o in outputs}
+        for rid, plp in (mro.prompt_logprobs or {}).items():
+            out = by_id.get(rid)
+            if out is None:  # a prefill chunk that sampled nothing still reports its prompt logprobs
+                if rid not in self.scheduler.requests:
+                    continue
+                out = by_id[rid] = EngineCoreOutput(rid, [])
+                outputs.append(out)
+            out.prompt_logprobs = plp
+        if mro.failed:
+            for out in self.scheduler.abort_requests(list(mro.failed), FinishReason.ERROR, now):
+                out.error = mro.failed[out.req_id]
+                prev = by_id.get(out.req_id)
+                if prev is not None:
+                    outputs.remove(prev)
+                    out.prompt_logprobs = prev.prompt_logprobs
+                outputs.append(out)
+        return outputs

@@ -3,8 +3,30 @@
 from __future__ import annotations
 
 
+def short_repr(value: object, limit: int = 200) -> str:
+    """repr() for messages: cut to `limit` characters, and safe for ints too long to print."""
+    try:
+        text = repr(value)
+    except ValueError:  # int beyond sys.get_int_max_str_digits()
+        text = f"<{type(value).__name__} too large to print>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 class TwinserveError(Exception):
-    """Base class of every error twinserve raises on purpose."""
+    """Base class of every error twinserve raises on purpose.
+
+    Subclasses with their own constructor call _keep_args so that `type(e)(*e.args)` rebuilds
+    the same error: SimPy re-raises a process's failure that way, and pickle (process pools,
+    worker processes) does too, so a typed error survives both instead of turning into a TypeError.
+    """
+
+    def _keep_args(self, message: str, *ctor_args: object) -> None:
+        Exception.__init__(self, *ctor_args)
+        self._message = message
+
+    def __str__(self) -> str:
+        message = getattr(self, "_message", None)
+        return message if message is not None else super().__str__()
 
 
 class InvalidSamplingParamsError(TwinserveError, ValueError):
@@ -14,7 +36,8 @@ class InvalidSamplingParamsError(TwinserveError, ValueError):
         self.field = field
         self.value = value
         self.allowed = allowed
-        super().__init__(f"sampling parameter {field}={value!r} is invalid: allowed {allowed}")
+        self._keep_args(f"sampling parameter {field}={short_repr(value)} is invalid: allowed {allowed}",
+                        field, value, allowed)
 
 
 class InvalidRequestError(TwinserveError, ValueError):
@@ -22,7 +45,7 @@ class InvalidRequestError(TwinserveError, ValueError):
 
     def __init__(self, message: str, param: str | None = None) -> None:
         self.param = param
-        super().__init__(message)
+        self._keep_args(message, message, param)
 
 
 class PromptTooLongError(InvalidRequestError):
@@ -32,6 +55,7 @@ class PromptTooLongError(InvalidRequestError):
         self.num_tokens = num_tokens
         self.limit = limit
         super().__init__(message, param="prompt")
+        self.args = (message, num_tokens, limit)
 
 
 class InvalidConfigError(TwinserveError, ValueError):
@@ -40,7 +64,7 @@ class InvalidConfigError(TwinserveError, ValueError):
     def __init__(self, field: str, value: object, allowed: str) -> None:
         self.field = field
         self.value = value
-        super().__init__(f"config {field}={value!r} is invalid: allowed {allowed}")
+        self._keep_args(f"config {field}={short_repr(value)} is invalid: allowed {allowed}", field, value, allowed)
 
 
 class PrefixCacheBusyError(TwinserveError, RuntimeError):

@@ -14,7 +14,7 @@ from twinserve.backends.sim.fitted import FittedCostModel, ProfileError, check_p
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import InvalidConfigError
 
-from .config import StudyConfig, find_line
+from .config import StudyConfig, find_line, validate
 from .errors import ConfigError
 from .workload import Workload
 from .world import RunResult, Simulation
@@ -134,6 +134,10 @@ def build_engine(cfg: StudyConfig) -> BuiltEngine:
     """An EngineCore with its cost model and KV pool, from the [engine] and [scheduler] tables."""
     model, hw, roof, cost = build_cost_models(cfg)
     e, s = cfg.engine, cfg.scheduler
+    if s.max_model_len > model.max_position_embeddings:
+        raise _cfg_error(cfg, "scheduler", "max_model_len",
+                         f"{s.max_model_len} is above {model.name}'s context of {model.max_position_embeddings} "
+                         "tokens")
     reserve = None if e.activation_reserve_gib < 0 else e.activation_reserve_gib * 2**30
     try:
         cap = kv_capacity(model, hw, e.tensor_parallel_size, s.block_size,
@@ -159,7 +163,8 @@ def build_workload(cfg: StudyConfig) -> Workload:
 
 
 def build(cfg: StudyConfig) -> BuiltStudy:
-    """Every object of a one-replica study, ready to run."""
+    """Every object of a one-replica study, ready to run (validated first: fields may be set in code)."""
+    validate(cfg)
     eng = build_engine(cfg)
     workload = build_workload(cfg)
     sim = Simulation(eng.core, eng.executor, workload, cfg.run.fast_forward)

@@ -29,6 +29,7 @@ Errors name the field, the file and the line (ConfigError).
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -173,14 +174,24 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "cluster.router": ROUTERS,
 }
 _POSITIVE = {"workload.rate", "workload.burstiness", "workload.time_scale",
-             "engine.tensor_parallel_size", "workload.vocab_size", "cluster.num_replicas",
+             "engine.tensor_parallel_size", "workload.vocab_size", "workload.prompt_mean",
+             "workload.output_mean", "workload.prompt_min", "workload.output_min", "workload.turns",
+             "workload.followup_tokens", "slo.ttft_s", "slo.tpot_s", "cluster.num_replicas",
              "cluster.prefix_blocks", "search.start_rate", "search.min_rate", "search.max_rate",
              "search.tolerance"}
 _NON_NEGATIVE = {"engine.cpu_overhead_scale", "workload.num_system_prompts", "workload.system_prompt_len",
                  "workload.system_prompt_zipf", "workload.think_time", "engine.num_gpu_blocks",
-                 "workload.prompt_std", "workload.output_std", "slo.ttft_s", "slo.tpot_s",
+                 "workload.prompt_std", "workload.output_std", "engine.allreduce_latency_s", "engine.allreduce_hop_s",
+                 "engine.layer_floor_s", "engine.step_overhead_s", "engine.per_seq_overhead_s",
                  "cluster.num_prefill_replicas", "cluster.kv_link_bandwidth",
-                 "cluster.kv_link_latency_s", "search.target_rate"}
+                 "cluster.kv_link_latency_s", "search.target_rate", "run.seed"}
+_MAX_BLOCKS = 2 ** 21
+# Cost-model knobs where -1 (the default) takes the GPU catalog's value.
+_CATALOG_DEFAULT = {"engine.eff_gemm", "engine.eff_attention", "engine.eff_memory", "engine.eff_comm",
+                    "engine.allreduce_latency_s", "engine.allreduce_hop_s", "engine.layer_floor_s"}
+# Fractions in (0, 1].
+_FRACTION = {"engine.gpu_memory_utilization", "engine.eff_gemm", "engine.eff_attention",
+             "engine.eff_memory", "engine.eff_comm"}
 
 
 def find_line(text: str, section: str | None, key: str | None) -> int | None:
@@ -256,7 +267,12 @@ def coerce(dotted: str, value: Any, file: str | None = None, line: int | None = 
     if tname == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad(f"{value!r} is not a number")
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:
+            raise bad("the number is too large") from None
+        if not math.isfinite(value):
+            raise bad(f"{value!r} is not a finite number")
     if tname == "str" and not isinstance(value, str):
         raise bad(f"{value!r} is not a string")
     if tname.startswith("dict"):
@@ -270,12 +286,30 @@ def coerce(dotted: str, value: Any, file: str | None = None, line: int | None = 
         raise bad(f"{value!r} is not one of {', '.join(_CHOICES[dotted])}")
     if dotted in _POSITIVE and value <= 0:
         raise bad(f"{value!r} must be > 0")
+    if dotted in _CATALOG_DEFAULT and value == -1:
+        return value  # -1: the GPU's own value from the catalog (backends/sim/catalog.py)
     if dotted in _NON_NEGATIVE and value < 0:
-        raise bad(f"{value!r} must be >= 0")
+        raise bad(f"{value!r} must be >= 0" + (", or -1 for the GPU catalog's value"
+                                               if dotted in _CATALOG_DEFAULT else ""))
+    if dotted in _FRACTION and not 0 < value <= 1:
+        raise bad(f"{value!r} must be in (0, 1]" + (", or -1 for the GPU catalog's value"
+                                                   if dotted in _CATALOG_DEFAULT else ""))
+    if dotted == "engine.activation_reserve_gib" and value < 0 and value != -1:
+        raise bad(f"{value!r} must be >= 0, or -1 to estimate it")
     if dotted == "workload.num_requests" and value < 1:
         raise bad(f"{value!r} must be >= 1")
     if dotted == "cluster.load_factor" and value < 1.0:
         raise bad(f"{value!r} must be >= 1 (1 = perfectly even loads)")
+    if dotted in ("workload.prompt_mean", "workload.output_mean") and not 1 <= value <= 1e9:
+        raise bad(f"{value!r} must be a number of tokens in [1, 1e9]")
+    if dotted in ("workload.prompt_std", "workload.output_std") and value > 1e9:
+        raise bad(f"{value!r} must be at most 1e9 tokens")
+    if dotted == "engine.num_gpu_blocks" and value > _MAX_BLOCKS:
+        raise bad(f"{value!r} must be at most {_MAX_BLOCKS} (every block is an object of the simulated pool)")
+    if dotted == "workload.vocab_size" and value < 3:
+        raise bad(f"{value!r} must be >= 3 (ids 0 and 1 are reserved)")
+    if dotted == "workload.num_system_prompts" and value > 1_000_000:
+        raise bad(f"{value!r} must be at most 1000000")
     return value
 
 
@@ -346,12 +380,30 @@ def from_dict(data: dict[str, Any], file: str | None = None, text: str = "") -> 
 def validate(cfg: StudyConfig, text: str = "") -> None:
     """Cross-field checks, reusing the core's own validation of scheduler fields."""
     file = cfg.source
+    w = cfg.workload
+    for section, table in (("engine", cfg.engine), ("scheduler", cfg.scheduler), ("workload", w),
+                           ("slo", cfg.slo), ("run", cfg.run), ("cluster", cfg.cluster)):
+        for f in fields(table):  # fields set in code bypass coerce(): check (and convert) them all again
+            tname = f.type if isinstance(f.type, str) else f.type.__name__
+            if tname not in ("int", "float", "bool", "str"):
+                continue
+            setattr(table, f.name, coerce(f"{section}.{f.name}", getattr(table, f.name), file,
+                                          find_line(text, section, f.name)))
+    if not isinstance(cfg.cluster.replicas, list):
+        raise ConfigError("cluster.replicas", "must be a list of tables", file, find_line(text, "cluster", "replicas"))
     try:
         cfg.scheduler.to_core(1)
     except InvalidConfigError as e:
         raise ConfigError(f"scheduler.{e.field}", str(e), file,
                           find_line(text, "scheduler", e.field)) from None
-    w = cfg.workload
+    for kind in ("prompt", "output"):
+        lo, hi = getattr(w, f"{kind}_min"), getattr(w, f"{kind}_max")
+        if lo > hi:
+            raise ConfigError(f"workload.{kind}_min", f"{kind}_min={lo} is above {kind}_max={hi}", file,
+                              find_line(text, "workload", f"{kind}_min"))
+    if w.system_prompt_len > cfg.scheduler.max_model_len:
+        raise ConfigError("workload.system_prompt_len", f"{w.system_prompt_len} is above scheduler.max_model_len="
+                          f"{cfg.scheduler.max_model_len}", file, find_line(text, "workload", "system_prompt_len"))
     if "trace" in (w.arrival, w.prompt_dist, w.output_dist) and not w.trace:
         raise ConfigError("workload.trace", "a trace file is needed for arrival or lengths "
                           "'trace'", file, find_line(text, "workload", "trace"))

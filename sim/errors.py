@@ -20,7 +20,7 @@ class ConfigError(SimError, ValueError):
         where = ""
         if file is not None:
             where = f"{file}:{line}: " if line is not None else f"{file}: "
-        super().__init__(f"{where}field '{field}': {message}")
+        self._keep_args(f"{where}field '{field}': {message}", field, message, file, line)
 
 
 class TraceError(SimError, ValueError):
@@ -31,4 +31,4 @@ class TraceError(SimError, ValueError):
         self.line = line
         self.field = field
         col = f" column '{field}':" if field else ""
-        super().__init__(f"{file}:{line}:{col} {message}")
+        self._keep_args(f"{file}:{line}:{col} {message}", file, line, field, message)

@@ -9,8 +9,8 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from .build import simulate
-from .config import StudyConfig, coerce, resolve_field, set_field
+from .build import build, simulate
+from .config import StudyConfig, coerce, resolve_field, set_field, validate
 from .errors import ConfigError
 from .metrics import requests_frame, steps_frame, summarize
 from .runner import PointError, PointFailure, run_jobs
@@ -100,6 +100,29 @@ def grid_points(base: StudyConfig, grid: dict[str, list[str]]
     return out
 
 
+def check_points(points: list[tuple[dict[str, Any], StudyConfig]],
+                 failures: list[PointFailure] | None = None) -> list[tuple[dict[str, Any], StudyConfig]]:
+    """Validate and build every grid point before any runs.
+
+    Without a failures list a bad point fails the sweep up front; with one, each bad point
+    is recorded there (with its config) and left out, and the good points are returned.
+    """
+    good = []
+    for point, cfg in points:
+        try:
+            validate(cfg)
+            build(cfg)
+        except ConfigError as e:
+            where = ", ".join(f"{k}={v}" for k, v in point.items())
+            err = ConfigError(e.field, f"{e.args[1]} (grid point {where})", e.file, e.line)
+            if failures is None:
+                raise err from None
+            failures.append(PointFailure(point, str(err)))
+            continue
+        good.append((point, cfg))
+    return good
+
+
 def _run(args: tuple[dict[str, Any], StudyConfig, bool]) -> PointResult:
     point, cfg, keep = args
     res = run_point(cfg, point)
@@ -118,7 +141,7 @@ def run_grid(base: StudyConfig, grid: dict[str, list[str]], workers: int | None 
     A point that raises is appended to failures (with its config) and left out of the
     results; without a failures list the run raises PointError after every point ran.
     """
-    points = grid_points(base, grid)
+    points = check_points(grid_points(base, grid), failures)
     jobs = [(p, c, keep_tables) for p, c in points]
     out = run_jobs(_run, jobs, [p for p, _ in points], workers, ray_address, "sweep", progress)
     failed = [r for r in out if isinstance(r, PointFailure)]

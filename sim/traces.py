@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -83,7 +84,7 @@ def _detect(header: list[str], file: str) -> str:
 
 
 def read_trace(path: str | Path, limit: int | None = None) -> Iterator[TraceRow]:
-    """Yield rows of an Azure or tokens CSV in file order; arrival offsets start at 0."""
+    """Yield rows of an Azure or tokens CSV in file order; arrival offsets start at 0 and never decrease."""
     p = Path(path)
     file = str(p)
     try:
@@ -99,6 +100,8 @@ def read_trace(path: str | Path, limit: int | None = None) -> Iterator[TraceRow]
         kind = _detect(header, file)
         idx = {name: i for i, name in enumerate(header)}
         origin: tuple[int, float] | None = None
+        first_stamp: float | None = None
+        previous = 0.0
         count = 0
         for row in reader:
             line = reader.line_num
@@ -123,12 +126,22 @@ def read_trace(path: str | Path, limit: int | None = None) -> Iterator[TraceRow]
                 if "arrived_at" in idx:
                     cell = row[idx["arrived_at"]]
                     try:
-                        arrival = float(cell)
+                        stamp = float(cell)
                     except ValueError:
                         raise TraceError(file, line, "arrived_at",
                                          f"{cell!r} is not a number of seconds") from None
-                    if arrival != arrival or arrival < 0:
-                        raise TraceError(file, line, "arrived_at", f"{cell!r} must be >= 0")
+                    if not math.isfinite(stamp) or stamp < 0:
+                        raise TraceError(file, line, "arrived_at", f"{cell!r} must be a finite number >= 0")
+                    if first_stamp is None:
+                        first_stamp = stamp
+                    # Offsets from the first row, as for Azure timestamps.
+                    arrival = stamp - first_stamp
+            if arrival is not None:
+                if arrival < previous:
+                    column = "TIMESTAMP" if kind == "azure" else "arrived_at"
+                    raise TraceError(file, line, column, f"arrives {previous - arrival:g} s before the row above; "
+                                     "sort the trace by arrival time")
+                previous = arrival
             yield TraceRow(arrival, prompt, output, line)
             count += 1
             if limit is not None and count >= limit:

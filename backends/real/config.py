@@ -43,6 +43,42 @@ class EngineArgs:
     # CSV or JSONL (by suffix) of per-step shapes and times, for the cost-model fit.
     step_log_path: str | None = None
 
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise InvalidConfigError naming the first field outside its range (nothing is loaded yet)."""
+        _check_str("model", self.model)
+        if self.tokenizer is not None:
+            _check_str("tokenizer", self.tokenizer)
+        if not isinstance(self.dtype, str) or (self.dtype != "auto" and self.dtype not in _DTYPES):
+            raise InvalidConfigError("dtype", self.dtype, f"'auto' or one of {sorted(_DTYPES)}")
+        _check_int("seed", self.seed, -(2 ** 63), 2 ** 64 - 1)
+        if not isinstance(self.device, str):
+            raise InvalidConfigError("device", self.device, "'auto', 'cpu', 'cuda' or 'cuda:N'")
+        if self.device != "auto":
+            try:
+                torch.device(self.device)
+            except (RuntimeError, ValueError):
+                raise InvalidConfigError("device", self.device, "'auto', 'cpu', 'cuda' or 'cuda:N'") from None
+        for name in ("max_model_len", "max_num_batched_tokens", "num_gpu_blocks_override"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_int(name, value, 1, _INT32_MAX)
+        _check_int("max_num_seqs", self.max_num_seqs, 1, _INT32_MAX)
+        _check_int("block_size", self.block_size, 1, _INT32_MAX)
+        _check_int("long_prefill_token_threshold", self.long_prefill_token_threshold, 0, _INT32_MAX)
+        _check_int("max_logprobs", self.max_logprobs, 0, _INT32_MAX)
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "small_batch_weights"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidConfigError(name, getattr(self, name), "true or false")
+        _check_float("kv_cache_memory_gb", self.kv_cache_memory_gb, 0.0, 1e6, "a number in (0, 1e6] (GiB)")
+        _check_float("gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, "a number in (0, 1]")
+        for name in ("attention_backend", "policy", "preemption"):
+            _check_str(name, getattr(self, name))
+        if self.step_log_path is not None:
+            _check_str("step_log_path", self.step_log_path)
+
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> "EngineArgs":
         """Build from keyword arguments, naming any that are unknown."""
@@ -67,3 +103,27 @@ class EngineArgs:
         if self.dtype not in _DTYPES:
             raise InvalidConfigError("dtype", self.dtype, f"'auto' or one of {sorted(_DTYPES)}")
         return _DTYPES[self.dtype]
+
+
+_INT32_MAX = 2 ** 31 - 1
+
+
+def _check_str(name: str, value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidConfigError(name, value, "a non-empty string")
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidConfigError(name, value, f"an integer in [{low}, {high}]")
+
+
+def _check_float(name: str, value: object, low: float, high: float, allowed: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidConfigError(name, value, allowed)
+    try:
+        v = float(value)
+    except OverflowError:
+        raise InvalidConfigError(name, value, allowed) from None
+    if not (low < v <= high):  # also False for NaN
+        raise InvalidConfigError(name, value, allowed)

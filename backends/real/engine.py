@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from ...core.engine_core import EngineCore, StepStats
-from ...core.errors import (EngineDeadError, InvalidRequestError, InvalidSamplingParamsError,
-                            PromptTooLongError, TwinserveError)
+from ...core.errors import (EngineDeadError, InvalidConfigError, InvalidRequestError,
+                            InvalidSamplingParamsError, PromptTooLongError)
 from ...core.request import FinishReason, Request
 from ...core.sampling_params import SamplingParams
 from ...core.sched.config import SchedulerConfig
@@ -32,6 +32,8 @@ from .tokenizer import apply_chat_template, load_tokenizer
 from .worker import Worker
 
 PromptType = str | list[int] | dict[str, Any]
+# Sequences one request may fan out into (n): beyond this, adding the request alone would stall.
+MAX_N = 4096
 
 
 @dataclass(slots=True)
@@ -47,6 +49,7 @@ class _Child:
     stop_reason: int | str | None = None
     delta_ids: list[int] = field(default_factory=list)
     delta_logprobs: list[Logprob] = field(default_factory=list)
+    error: str | None = None
 
 
 @dataclass(slots=True)
@@ -58,6 +61,8 @@ class _Parent:
     prompt_token_ids: list[int]
     arrival_time: float
     children: list[_Child]
+    # One slot per prompt token when prompt logprobs were asked for (the first is always None).
+    prompt_logprobs: list[Logprob | None] | None = None
 
 
 class LLMEngine:
@@ -72,7 +77,12 @@ class LLMEngine:
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(source, args.tokenizer)
         cfg = model.config if model is not None else _peek_config(source)
         self.model_name = source.name if source else args.model
+        args.validate()
         self.max_model_len = args.max_model_len or cfg.max_position_embeddings
+        context = _model_context(cfg)
+        if self.max_model_len > context:
+            raise InvalidConfigError("max_model_len", self.max_model_len,
+                                     f"at most {context}, the model's context length")
         self.vocab_size = cfg.vocab_size
         self.eos_token_ids = list(cfg.eos_token_id) or (
             [self.tokenizer.eos_token_id] if getattr(self.tokenizer, "eos_token_id", None) is not None else [])
@@ -148,15 +158,8 @@ class LLMEngine:
         ids = apply_chat_template(self.tokenizer, messages, **kwargs)
         return {"prompt_token_ids": ids, "prompt": self.tokenizer.decode(ids)}
 
-    def _validate(self, request_id: str, ids: list[int], params: Any) -> None:
-        if not isinstance(request_id, str) or not request_id:
-            raise InvalidRequestError("request_id must be a non-empty string", param="request_id")
-        if request_id in self._parents:
-            raise InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
-        if not isinstance(params, SamplingParams):
-            raise InvalidRequestError(f"sampling_params must be SamplingParams, got {type(params).__name__}",
-                                      param="sampling_params")
-        params.validate()
+    def validate_prompt_ids(self, ids: list[int]) -> None:
+        """Typed errors for an empty prompt, one over max_model_len, or ids outside the vocabulary."""
         if not ids:
             raise InvalidRequestError("the prompt is empty: give at least one token", param="prompt")
         if len(ids) > self.max_model_len:
@@ -166,8 +169,29 @@ class LLMEngine:
         if bad is not None:
             raise InvalidRequestError(f"prompt token id {bad} is outside the vocabulary [0, {self.vocab_size})",
                                       param="prompt")
-        if params.logprobs is not None and params.logprobs > self.args.max_logprobs:
-            raise InvalidSamplingParamsError("logprobs", params.logprobs, f"an integer in [0, {self.args.max_logprobs}]")
+
+    def _validate(self, request_id: str, ids: list[int], params: Any) -> None:
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidRequestError("request_id must be a non-empty string", param="request_id")
+        if request_id in self._parents:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError(f"sampling_params must be SamplingParams, got {type(params).__name__}",
+                                      param="sampling_params")
+        params.validate()
+        if params.n > MAX_N:
+            raise InvalidSamplingParamsError("n", params.n, f"an integer in [1, {MAX_N}] (parallel samples of one "
+                                             "request; each is a sequence of its own)")
+        self.validate_prompt_ids(ids)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > self.args.max_logprobs:
+                raise InvalidSamplingParamsError(name, value, f"an integer in [0, {self.args.max_logprobs}]")
+        if params.logit_bias:
+            bad = next((t for t in params.logit_bias if t >= self.vocab_size), None)
+            if bad is not None:
+                raise InvalidSamplingParamsError("logit_bias", bad,
+                                                 f"token ids below the vocabulary size {self.vocab_size}")
         for t in params.stop_token_ids:
             if t >= self.vocab_size:
                 raise InvalidSamplingParamsError("stop_token_ids", params.stop_token_ids,
@@ -187,22 +211,29 @@ class LLMEngine:
             now = time.monotonic() if arrival_time is None else arrival_time
             children: list[_Child] = []
             extra_eos = [] if params.ignore_eos else self.eos_token_ids[1:]
+            want_plp = params.prompt_logprobs is not None
             try:
                 for i in range(params.n):
                     seed = params.seed + i if params.seed is not None else self._rng.getrandbits(62)
-                    child_params = params.clone(n=1, seed=seed,
-                                                stop_token_ids=params.stop_token_ids + extra_eos)
+                    # Only the first child computes prompt logprobs: the prompt is the same for all.
+                    child_params = params.clone(n=1, seed=seed, stop_token_ids=params.stop_token_ids + extra_eos,
+                                                prompt_logprobs=params.prompt_logprobs if i == 0 else None)
                     core_id = request_id if params.n == 1 else f"{i}_{request_id}"
+                    # Prompt logprobs need every prompt position computed: a unique salt keeps
+                    # this request's prefix out of other requests' cache hits (as vLLM skips the cache).
+                    salt = f"prompt-logprobs:{request_id}" if want_plp and i == 0 else None
                     req = Request(core_id, ids, child_params, arrival_time=now, priority=priority,
+                                  cache_salt=salt,
                                   eos_token_id=self.eos_token_ids[0] if self.eos_token_ids else None)
                     self.core.add_request(req)
                     detok = IncrementalDetokenizer.for_prompt(self.tokenizer, ids, params.skip_special_tokens,
                                                               params.stop)
                     children.append(_Child(core_id, i, req, detok, [] if params.logprobs is not None else None))
-            except TwinserveError:
+            except Exception:
                 self.core.abort([c.core_id for c in children], now)
                 raise
-            parent = _Parent(request_id, text, ids, now, children)
+            parent = _Parent(request_id, text, ids, now, children,
+                             [None] * len(ids) if want_plp else None)
             self._parents[request_id] = parent
             for c in children:
                 self._child_to_parent[c.core_id] = parent
@@ -257,16 +288,28 @@ class LLMEngine:
             now = time.monotonic()
             changed: dict[str, tuple[_Parent, set[int]]] = {}
             stop_aborts: list[str] = []
+            error_aborts: list[str] = []
             for o in outputs:
                 parent = self._child_to_parent.get(o.req_id)
                 if parent is None:
                     continue
                 child = next(c for c in parent.children if c.core_id == o.req_id)
-                if self._apply(child, o):
-                    stop_aborts.append(child.core_id)
+                try:
+                    if o.prompt_logprobs is not None and parent.prompt_logprobs is not None:
+                        first, records = o.prompt_logprobs
+                        parent.prompt_logprobs[first:first + len(records)] = records
+                    if self._apply(child, o):
+                        stop_aborts.append(child.core_id)
+                except Exception as e:  # noqa: BLE001 - e.g. detokenizing: this request alone ends
+                    if child.finish_reason is None and o.finish_reason is None:
+                        error_aborts.append(child.core_id)
+                    child.finish_reason = FinishReason.ERROR
+                    child.error = f"output processing failed: {type(e).__name__}: {e}"
                 changed.setdefault(parent.request_id, (parent, set()))[1].add(id(child))
             if stop_aborts:
                 self.core.abort(stop_aborts, now, reason=FinishReason.STOP)
+            if error_aborts:
+                self.core.abort(error_aborts, now, reason=FinishReason.ERROR)
             result = [self._make_output(p, now, touched) for p, touched in changed.values()]
             if logging and stats is not None:
                 self._log_step(stats, start, t0, t_core, time.perf_counter())
@@ -294,6 +337,8 @@ class LLMEngine:
         child.delta_ids.extend(o.new_token_ids)
         if o.new_logprobs and child.logprobs is not None:
             child.delta_logprobs.extend(o.new_logprobs)
+        if o.error is not None:
+            child.error = o.error
         stopped = child.detok.add_tokens(o.new_token_ids) if o.new_token_ids else False
         if stopped:
             child.finish_reason, child.stop_reason = FinishReason.STOP, child.detok.stop_hit
@@ -314,7 +359,7 @@ class LLMEngine:
                 c.index, c.detok.text, list(c.request.output_token_ids),
                 c.finish_reason.value if fin else None, c.stop_reason,
                 list(c.logprobs) if c.logprobs is not None else None,
-                c.detok.take_delta(fin), delta_ids, delta_lp if c.logprobs is not None else None))
+                c.detok.take_delta(fin), delta_ids, delta_lp if c.logprobs is not None else None, c.error))
             if id(c) in touched:
                 c.delta_ids, c.delta_logprobs = [], []
         finished = all(c.finish_reason is not None for c in parent.children)
@@ -323,7 +368,8 @@ class LLMEngine:
             del self._parents[parent.request_id]
             for c in parent.children:
                 self._child_to_parent.pop(c.core_id, None)
-        return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, outs, finished, metrics)
+        return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, outs, finished, metrics,
+                             None if parent.prompt_logprobs is None else list(parent.prompt_logprobs))
 
     def _metrics(self, parent: _Parent, finish: float | None) -> RequestMetrics:
         reqs = [c.request for c in parent.children]
@@ -356,6 +402,13 @@ def _extra_costs(shape: Any) -> dict[str, float]:
     # Structured output: grammar bitmask fill + apply + matcher advance (inside sample_s), and how
     # many sequences were constrained; the twin can charge grammar_mask_s per constrained sequence.
     return {"grammar_mask_s": shape.grammar_mask_time, "num_constrained": float(shape.num_constrained)}
+
+
+def _model_context(cfg: Any) -> int:
+    """Positions the model was trained for, stretched by its RoPE scaling factor if it has one."""
+    scaling = getattr(cfg, "rope_scaling", None) or {}
+    factor = scaling.get("factor", 1.0) if isinstance(scaling, dict) else 1.0
+    return int(cfg.max_position_embeddings * max(1.0, float(factor or 1.0)))
 
 
 def _peek_config(source: ModelSource | None):

@@ -12,8 +12,11 @@ from ...core.sched.output import Logprob, ModelRunnerOutput, SchedulerOutput
 from .attention import AttentionBackend, AttentionMetadata
 from .input_batch import CachedRequestState, InputBatch
 from .models.llama import LlamaForCausalLM
-from .sampler import Sampler, SamplingRow
+from .sampler import Sampler, SamplingRow, prompt_logprob_records
 from .structured.mask import GrammarMasker
+
+# Prompt positions whose logits are materialised at once ([chunk, vocab] floats).
+_PROMPT_LP_CHUNK = 256
 
 
 @dataclass(slots=True)
@@ -52,6 +55,8 @@ class ModelRunner:
         self.timing = False
         # (prepare_s, forward_s, sample_s) of the last step, when timing.
         self.last_timing: tuple[float, float, float] = (0.0, 0.0, 0.0)
+        # Live requests that asked for prompt logprobs: the extra logits are computed only then.
+        self._prompt_lp_reqs: set[str] = set()
 
     def init_kv_cache(self, num_blocks: int, dtype: torch.dtype) -> None:
         """Allocate [num_blocks, block_size, num_kv_heads, head_dim] K and V per layer."""
@@ -70,7 +75,12 @@ class ModelRunner:
         for rid in so.preempted_req_ids:
             batch.remove(rid)
             self.grammar.remove(rid)
+        if self._prompt_lp_reqs:
+            self._prompt_lp_reqs.difference_update(so.finished_req_ids)
+            self._prompt_lp_reqs.difference_update(so.preempted_req_ids)
         for new in so.scheduled_new_reqs:
+            if new.sampling_params.prompt_logprobs is not None:
+                self._prompt_lp_reqs.add(new.req_id)
             batch.remove(new.req_id)  # a resumed request is rebuilt from scratch
             spec = new.sampling_params.structured_output
             if spec is not None:
@@ -105,6 +115,8 @@ class ModelRunner:
         t2 = self._mark() if timing else 0.0
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, list[Logprob]] = {}
+        failed: dict[str, str] = {}
+        prompt_lps = self._prompt_logprobs(hidden, states, q_lens, starts) if self._prompt_lp_reqs else None
         if sampling:
             rows = [SamplingRow(st.sampling_params, st.token_ids, st.num_prompt_tokens, st.base_seed,
                                 ([] if st.sampling_params.ignore_eos else self.stop_ids)
@@ -114,12 +126,15 @@ class ModelRunner:
             if constrained:
                 ids = [st.req_id for st in sampling]
                 self.grammar.apply(logits, ids)
-            tokens, lps = self.sampler(logits, rows)
+            tokens, lps = self._sample(logits, rows, sampling, failed)
             if constrained:
-                self.grammar.accept(ids, tokens)
+                ok = [(rid, tok) for rid, tok in zip(ids, tokens) if tok is not None]
+                self.grammar.accept([rid for rid, _ in ok], [tok for _, tok in ok])
                 self.last_shape.grammar_mask_time = self.grammar.last_mask_time
                 self.last_shape.num_constrained = self.grammar.last_num_masked
             for st, tok, lp in zip(sampling, tokens, lps):
+                if tok is None:
+                    continue
                 self.batch.append_token(st, tok)
                 sampled[st.req_id] = [tok]
                 if lp is not None:
@@ -129,7 +144,51 @@ class ModelRunner:
         if timing:
             t3 = self._mark()
             self.last_timing = (t1 - t0, t2 - t1, t3 - t2)
-        return ModelRunnerOutput(sampled, logprobs or None)
+        return ModelRunnerOutput(sampled, logprobs or None, failed=failed or None,
+                                 prompt_logprobs=prompt_lps or None)
+
+    def _sample(self, logits: torch.Tensor, rows: list[SamplingRow], sampling: list[CachedRequestState],
+                failed: dict[str, str]) -> tuple[list[int | None], list[Logprob | None]]:
+        """The batch's tokens; if sampling fails, rows are retried alone and only the failing ones fail."""
+        try:
+            tokens, lps = self.sampler(logits, rows)
+            return list(tokens), lps
+        except Exception:  # noqa: BLE001 - find the request whose inputs broke the batch
+            pass
+        tokens_out: list[int | None] = []
+        lps_out: list[Logprob | None] = []
+        for i, (row, st) in enumerate(zip(rows, sampling)):
+            try:
+                tok, lp = self.sampler(logits[i:i + 1], [row])
+            except Exception as e:  # noqa: BLE001 - this request's own inputs: it alone ends
+                failed[st.req_id] = f"sampling failed: {type(e).__name__}: {e}"
+                tokens_out.append(None)
+                lps_out.append(None)
+            else:
+                tokens_out.append(tok[0])
+                lps_out.append(lp[0])
+        return tokens_out, lps_out
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, states: list[CachedRequestState], q_lens: list[int],
+                         starts: list[int]) -> dict[str, tuple[int, list[Logprob]]]:
+        """Log-probabilities of the prompt tokens this step's chunks predict, for requests that asked."""
+        out: dict[str, tuple[int, list[Logprob]]] = {}
+        offset = 0
+        for st, q, start in zip(states, q_lens, starts):
+            top_n = st.sampling_params.prompt_logprobs
+            # Position p predicts prompt token p + 1; the last prompt position predicts the first
+            # output token, which the sampler reports.
+            end = min(start + q, st.num_prompt_tokens - 1)
+            if top_n is not None and start < end:
+                targets = st.token_ids[start + 1:end + 1]
+                records: list[Logprob] = []
+                for c0 in range(0, end - start, _PROMPT_LP_CHUNK):
+                    c1 = min(end - start, c0 + _PROMPT_LP_CHUNK)
+                    lp = torch.log_softmax(self.model.compute_logits(hidden[offset + c0:offset + c1]), dim=-1)
+                    records.extend(prompt_logprob_records(lp, targets[c0:c1], top_n))
+                out[st.req_id] = (start + 1, records)
+            offset += q
+        return out
 
     def _mark(self) -> float:
         """Now, after the device has finished what was queued (timing only)."""

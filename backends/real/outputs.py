@@ -56,6 +56,8 @@ class CompletionOutput:
     text_delta: str = ""
     token_ids_delta: list[int] = field(default_factory=list)
     logprobs_delta: list[Logprob] | None = None
+    # Why the sequence failed (finish reason "error"); other requests were not affected.
+    error: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -73,3 +75,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     metrics: RequestMetrics | None = None
+    # One entry per prompt token (None for the first) when prompt_logprobs was asked for.
+    prompt_logprobs: list[Logprob | None] | None = None

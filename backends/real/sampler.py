@@ -1,4 +1,4 @@
-"""Token sampling: penalties, min_tokens masking, temperature/top-k/top-p/min-p, seeds, logprobs.
+"""Token sampling: logit bias, penalties, min_tokens masking, temperature/min-p/top-k/top-p, seeds, logprobs.
 
 Random rows draw with the exponential race (argmax of p / E, E ~ Exp(1)), which picks token
 i with probability p_i; the noise comes from a generator seeded by (request seed, output
@@ -72,17 +72,23 @@ class Sampler:
         return token_list, lps
 
     def _apply_penalties_and_masks(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        # vLLM's order: logit_bias, then penalties (which see the biased logits), then the
+        # min_tokens mask (last, so no penalty can lift a masked stop token back).
         cloned = False
         for i, r in enumerate(rows):
             p = r.params
             needs_pen = (p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
                          or p.frequency_penalty != 0.0)
             needs_mask = r.num_output_tokens < p.min_tokens and r.stop_ids
-            if not (needs_pen or needs_mask):
+            if not (needs_pen or needs_mask or p.logit_bias):
                 continue
             if not cloned:
                 logits, cloned = logits.clone(), True
             row = logits[i]
+            if p.logit_bias:
+                ids = torch.tensor(list(p.logit_bias), dtype=torch.long, device=row.device)
+                row.index_add_(0, ids, torch.tensor(list(p.logit_bias.values()), dtype=row.dtype,
+                                                    device=row.device))
             if needs_pen:
                 _apply_penalties(row, p, r.token_ids[:r.num_prompt_tokens], r.token_ids[r.num_prompt_tokens:])
             if needs_mask:
@@ -91,15 +97,18 @@ class Sampler:
 
     def _sample_random(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         dev = logits.device
-        temps = torch.tensor([r.params.temperature for r in rows], device=dev).unsqueeze(1)
+        # Greedy rows never get here, so every temperature is >= GREEDY_TEMPERATURE (no overflow).
+        temps = torch.tensor([r.params.temperature for r in rows], dtype=logits.dtype, device=dev).unsqueeze(1)
         logits = logits / temps
+        min_ps = [r.params.min_p for r in rows]
+        if any(m > 0 for m in min_ps):
+            # As vLLM: min-p filters the tempered distribution before top-k/top-p see it.
+            probs = torch.softmax(logits, dim=-1)
+            mp = torch.tensor(min_ps, dtype=probs.dtype, device=dev).unsqueeze(1)
+            logits = logits.masked_fill(probs < mp * probs.max(dim=-1, keepdim=True).values, _MASK)
         if any(r.params.top_k > 0 or r.params.top_p < 1.0 for r in rows):
             logits = _top_k_top_p(logits, rows)
         probs = torch.softmax(logits, dim=-1)
-        min_ps = [r.params.min_p for r in rows]
-        if any(m > 0 for m in min_ps):
-            mp = torch.tensor(min_ps, device=dev).unsqueeze(1)
-            probs = probs.masked_fill(probs < mp * probs.max(dim=-1, keepdim=True).values, 0.0)
         noise = torch.empty_like(probs)
         g = self.generator
         for i, r in enumerate(rows):
@@ -125,9 +134,10 @@ def _top_k_top_p(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     dev = logits.device
     vocab = logits.shape[1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
-    ks = torch.tensor([r.params.top_k if r.params.top_k > 0 else vocab for r in rows], device=dev)
+    # Clamped in Python: a top_k beyond the vocabulary means "all" and must not overflow a tensor.
+    ks = torch.tensor([min(r.params.top_k, vocab) if r.params.top_k > 0 else vocab for r in rows], device=dev)
     ranks = torch.arange(vocab, device=dev).unsqueeze(0)
-    drop = ranks >= ks.clamp(max=vocab).unsqueeze(1)
+    drop = ranks >= ks.unsqueeze(1)
     sorted_logits = sorted_logits.masked_fill(drop, _MASK)
     top_ps = torch.tensor([r.params.top_p for r in rows], device=dev).unsqueeze(1)
     probs = torch.softmax(sorted_logits, dim=-1)
@@ -145,3 +155,17 @@ def _logprob_record(logprobs: torch.Tensor, token: int, top_n: int) -> Logprob:
         vals, ids = logprobs.topk(top_n)
         top = list(zip(ids.tolist(), vals.tolist()))
     return Logprob(token, float(lp.item()), rank, top)
+
+
+def prompt_logprob_records(logprobs: torch.Tensor, targets: list[int], top_n: int) -> list[Logprob]:
+    """One record per row of logprobs [N, V]: the target token's logprob and rank, and the top N."""
+    idx = torch.tensor(targets, dtype=torch.long, device=logprobs.device).unsqueeze(1)
+    chosen = logprobs.gather(1, idx)
+    ranks = ((logprobs > chosen).sum(dim=1) + 1).tolist()
+    values = chosen.squeeze(1).tolist()
+    if top_n > 0:
+        top_vals, top_ids = logprobs.topk(top_n, dim=-1)
+        tops = [list(zip(i, v)) for i, v in zip(top_ids.tolist(), top_vals.tolist())]
+    else:
+        tops = [[] for _ in targets]
+    return [Logprob(t, v, r, top) for t, v, r, top in zip(targets, values, ranks, tops)]

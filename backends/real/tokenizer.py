@@ -33,8 +33,14 @@ def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]], add_gene
     if getattr(tokenizer, "chat_template", None) is None:
         raise InvalidRequestError("this model's tokenizer has no chat template; use generate()",
                                   param="messages")
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                        tokenize=True, **kwargs)
+    if not messages:
+        raise InvalidRequestError("messages must hold at least one message", param="messages")
+    try:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                            tokenize=True, **kwargs)
+    except Exception as e:  # noqa: BLE001 - jinja, argument and encoding errors: the request's own
+        raise InvalidRequestError(f"the chat template cannot render these messages: {type(e).__name__}: {e}",
+                                  param="messages") from e
     if isinstance(ids, dict) or hasattr(ids, "keys"):
         ids = ids["input_ids"]
     return list(ids)

@@ -69,6 +69,12 @@ class ModelRunnerOutput:
 
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, list[Logprob]] | None = None
+    # Requests whose own inputs made the step fail for them (req id -> reason): the core ends
+    # them with finish reason "error"; every other request of the step goes on.
+    failed: dict[str, str] | None = None
+    # Prompt log-probabilities computed this step, for requests that asked: req id -> (index of
+    # the first prompt token described, one record per prompt token from there).
+    prompt_logprobs: dict[str, tuple[int, list[Logprob]]] | None = None
     # Wall or simulated duration of the step, when the executor measured or modelled one.
     step_time: float | None = None
 
@@ -82,6 +88,10 @@ class EngineCoreOutput:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     new_logprobs: list[Logprob] | None = None
+    # (index of the first prompt token described, records) when prompt logprobs were asked for.
+    prompt_logprobs: tuple[int, list[Logprob]] | None = None
+    # Why the request failed, with finish reason "error".
+    error: str | None = None
 
     @property
     def finished(self) -> bool:

@@ -38,7 +38,7 @@ def test_one_replica_cluster_is_the_single_engine_simulator(case: str, fast_forw
 CHAT = dict(num_replicas=4, num_system_prompts=32, system_prompt_len=2000, turns=3,
             think_time=3.0, followup_tokens=200, num_requests=240, prompt_dist="uniform",
             prompt_min=2050, prompt_max=2400, output_dist="uniform", output_min=50,
-            output_max=250, max_model_len=8192, rate=2.0, num_gpu_blocks=1500)
+            output_max=250, max_model_len=4096, rate=2.0, num_gpu_blocks=1500)
 
 
 def test_prefix_affinity_beats_round_robin_on_shared_prompt_chat() -> None:

@@ -13,7 +13,7 @@ class APIError(TwinserveError):
 
     def __init__(self, status: int, message: str, type: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
+        self._keep_args(message, status, message, type, param, code)
         self.status = status
         self.message = message
         self.type = type
@@ -33,6 +33,7 @@ class ServerOverloadedError(APIError):
         super().__init__(429, f"server is overloaded: {num_queued} requests are queued (limit {limit}, "
                          "set by --max-queued-requests); retry later", "server_overloaded_error",
                          None, "too_many_requests")
+        self.args = (num_queued, limit)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

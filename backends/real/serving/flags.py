@@ -23,6 +23,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--uvicorn-log-level", default="warning")
     p.add_argument("--disable-access-log", "--disable-uvicorn-access-log", dest="disable_access_log",
                    action="store_true", help="no per-request access-log line (on by default)")
+    p.add_argument("--max-request-body-bytes", type=int, default=32 * 1024 * 1024,
+                   help="request bodies above this are refused with 413 (default 32 MiB)")
+    p.add_argument("--max-n", type=int, default=128, help="largest n (parallel samples) a request may ask for")
     p.add_argument("--metrics-prefix", default="twinserve", choices=["twinserve", "vllm"],
                    help="Prometheus name prefix on /metrics: 'vllm' makes vLLM's Grafana dashboards match")
 

@@ -57,7 +57,9 @@ def serve(ns: argparse.Namespace, engine_args: Any) -> int:
     access_log = not getattr(ns, "disable_access_log", False)
     config = ServerConfig(names, ns.api_key, ns.max_queued_requests or None,
                           extra_model_names=[engine.model_name], access_log=access_log,
-                          metrics_prefix=getattr(ns, "metrics_prefix", "twinserve"))
+                          metrics_prefix=getattr(ns, "metrics_prefix", "twinserve"),
+                          max_request_body_bytes=getattr(ns, "max_request_body_bytes", 32 * 1024 * 1024),
+                          max_n=getattr(ns, "max_n", 128))
     configure_access_logger(access_log)
     app = build_app(engine, config)
     ucfg = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,

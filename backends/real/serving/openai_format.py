@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from ....core.errors import EngineDeadError
-from ..outputs import RequestMetrics, RequestOutput
+from ..outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .async_engine import RequestStream
-from .errors import to_api_error
+from .errors import APIError, to_api_error
+from .logprobs_format import CompletionLogprobs, TokenText, chat_logprobs, merge_completion_logprobs
 
 DONE = "data: [DONE]\n\n"
 
@@ -26,6 +27,16 @@ class ResponseMeta:
     include_usage: bool = False
     return_metrics: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
+    # Top-N logprobs asked for (None: no logprobs); token_text names tokens in them.
+    logprobs: int | None = None
+    token_text: TokenText | None = None
+    # max_tokens=0 with echo: one token is computed (for the prompt logprobs) but none returned.
+    drop_output: bool = False
+
+    @property
+    def wants_logprobs(self) -> bool:
+        """True when choices carry logprobs."""
+        return self.logprobs is not None and self.token_text is not None
 
     @property
     def object(self) -> str:
@@ -43,11 +54,17 @@ def sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def usage(outs: RequestOutput | list[RequestOutput]) -> dict[str, Any]:
+def request_failed(c: CompletionOutput) -> APIError:
+    """A sequence that ended with finish reason "error" (its own inputs; the engine is fine)."""
+    return APIError(500, f"the request failed: {c.error or 'unknown error'}", "internal_error", None,
+                    "request_failed")
+
+
+def usage(outs: RequestOutput | list[RequestOutput], drop_output: bool = False) -> dict[str, Any]:
     """Token counts summed over a request's prompts: prompt, completion (all n sequences), total, cached."""
     outs = [outs] if isinstance(outs, RequestOutput) else outs
     prompt = sum(len(o.prompt_token_ids) for o in outs)
-    completion = sum(len(c.token_ids) for o in outs for c in o.outputs)
+    completion = 0 if drop_output else sum(len(c.token_ids) for o in outs for c in o.outputs)
     cached = sum(o.metrics.num_cached_tokens for o in outs if o.metrics)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": cached}}
@@ -76,18 +93,44 @@ def full_response(meta: ResponseMeta, outs: RequestOutput | list[RequestOutput],
     for k, out in enumerate(outs):
         n = len(out.outputs)
         for c in out.outputs:
+            if c.finish_reason == "error":
+                raise request_failed(c)
+            drop = meta.drop_output
             choice: dict[str, Any] = {"index": k * n + c.index, "logprobs": None,
-                                      "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+                                      "finish_reason": "length" if drop else c.finish_reason,
+                                      "stop_reason": None if drop else c.stop_reason}
+            text = "" if drop else c.text
             if meta.chat:
-                choice["message"] = {"role": "assistant", "content": c.text}
+                choice["message"] = {"role": "assistant", "content": text}
+                if meta.wants_logprobs:
+                    choice["logprobs"] = chat_logprobs(c.logprobs or [], meta.logprobs or 0, meta.token_text)
             else:
-                choice["text"] = (echo[k] if echo else "") + c.text
+                choice["text"] = (echo[k] if echo else "") + text
+                if meta.wants_logprobs:
+                    builder = CompletionLogprobs(meta.logprobs or 0, meta.token_text)
+                    lp = _echo_logprobs(builder, out) if echo else None
+                    if not drop:
+                        lp = merge_completion_logprobs(lp, builder.build(c.logprobs or [], c.token_ids))
+                    choice["logprobs"] = lp
             choices.append(choice)
     body: dict[str, Any] = {"id": meta.request_id, "object": meta.object, "created": meta.created,
-                            "model": meta.model, "choices": choices, "usage": usage(outs)}
+                            "model": meta.model, "choices": choices, "usage": usage(outs, meta.drop_output)}
     if meta.return_metrics:
         body["metrics"] = _metrics_field(outs)
     return body
+
+
+def _echo_logprobs(builder: CompletionLogprobs, out: RequestOutput) -> dict[str, Any]:
+    """The echoed prompt's part of completions logprobs (the first token has none)."""
+    records = out.prompt_logprobs or [None] * len(out.prompt_token_ids)
+    return builder.build(records, out.prompt_token_ids)
+
+
+def _echo_ready(out: RequestOutput) -> bool:
+    """True once an echoed prompt can be sent: its logprobs (if asked) are all computed."""
+    plp = out.prompt_logprobs
+    return (plp is None or len(plp) <= 1 or plp[-1] is not None or out.finished
+            or any(c.token_ids for c in out.outputs))
 
 
 def _chunk(meta: ResponseMeta, choices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -99,8 +142,8 @@ def _chunk(meta: ResponseMeta, choices: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _delta_choice(meta: ResponseMeta, index: int, text: str, finish: str | None,
-                  stop_reason: int | str | None) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish}
+                  stop_reason: int | str | None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish}
     if meta.chat:
         choice["delta"] = {"content": text} if text or finish is None else {}
     else:
@@ -158,22 +201,50 @@ async def stream_events(meta: ResponseMeta, streams: RequestStream | list[Reques
             for i in range(n):
                 yield sse(_chunk(meta, [{"index": i, "delta": {"role": "assistant", "content": ""},
                                          "logprobs": None, "finish_reason": None}]))
-        elif echo:
+        want_lp = meta.wants_logprobs
+        builders: dict[int, CompletionLogprobs] = {}
+        echoed: set[int] = set()
+        if echo and not want_lp:  # nothing to wait for: the prompts go out first
             for k, text in enumerate(echo):
                 for i in range(n):
                     yield sse(_chunk(meta, [_delta_choice(meta, k * n + i, text, None, None)]))
+            echoed = set(range(len(echo)))
         finished: set[int] = set()
         total = n * len(streams)
         async for k, out in merged(streams):
             last[k] = out
+            if echo and k not in echoed and _echo_ready(out):  # with its prompt logprobs
+                echoed.add(k)
+                for i in range(n):
+                    b = builders[k * n + i] = CompletionLogprobs(meta.logprobs or 0, meta.token_text)
+                    yield sse(_chunk(meta, [_delta_choice(meta, k * n + i, echo[k], None, None,
+                                                          _echo_logprobs(b, out))]))
             for c in out.outputs:
                 index = k * n + c.index
-                if index in finished or (not c.text_delta and c.finish_reason is None):
+                if index in finished:
+                    continue
+                if c.finish_reason == "error":
+                    raise request_failed(c)
+                if meta.drop_output:
+                    if c.finish_reason is None:
+                        continue
+                    text, records = "", []
+                else:
+                    text, records = c.text_delta, (c.logprobs_delta or []) if want_lp else []
+                if not text and not records and c.finish_reason is None:
                     continue
                 if c.finish_reason is not None:
                     finished.add(index)
-                chunk = _chunk(meta, [_delta_choice(meta, index, c.text_delta, c.finish_reason,
-                                                    c.stop_reason)])
+                lp = None
+                if want_lp and not meta.drop_output:
+                    if meta.chat:
+                        lp = chat_logprobs(records, meta.logprobs or 0, meta.token_text)
+                    else:
+                        b = builders.setdefault(index, CompletionLogprobs(meta.logprobs or 0, meta.token_text))
+                        lp = b.build(records, [r.token_id for r in records])
+                finish = "length" if meta.drop_output and c.finish_reason is not None else c.finish_reason
+                chunk = _chunk(meta, [_delta_choice(meta, index, text, finish,
+                                                    None if meta.drop_output else c.stop_reason, lp)])
                 if meta.return_metrics and not meta.include_usage and len(finished) == total \
                         and len(last) == len(streams) and all(o.finished for o in last.values()):
                     chunk["metrics"] = _metrics_field([last[j] for j in sorted(last)])
@@ -181,11 +252,11 @@ async def stream_events(meta: ResponseMeta, streams: RequestStream | list[Reques
         if meta.include_usage and last:
             outs = [last[j] for j in sorted(last)]
             final = _chunk(meta, [])
-            final["usage"] = usage(outs)
+            final["usage"] = usage(outs, meta.drop_output)
             if meta.return_metrics:
                 final["metrics"] = _metrics_field(outs)
             yield sse(final)
-    except EngineDeadError as e:  # headers are sent: report in-band, as OpenAI streams do
+    except (EngineDeadError, APIError) as e:  # headers are sent: report in-band, as OpenAI streams do
         yield sse(to_api_error(e).body())
     finally:
         for s in streams:

@@ -47,6 +47,7 @@ class _Common(BaseModel):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
+    logit_bias: dict[str, float] | None = None
     # twinserve's extra: engine-side timings and counts in the final chunk (the bench client asks)
     return_metrics: bool = False
     # Output constraints (see structured_fields.py): OpenAI's response_format, vLLM's guided_* and
@@ -58,12 +59,18 @@ class _Common(BaseModel):
     guided_grammar: str | None = None
     structured_outputs: dict[str, Any] | None = None
 
+    def logprob_fields(self) -> tuple[int | None, int | None]:
+        """(logprobs, prompt_logprobs) for SamplingParams: top-N counts, None when not asked."""
+        return None, None
+
     def sampling_params(self, max_tokens: int | None) -> SamplingParams:
         """Validated SamplingParams (typed error naming the bad field)."""
+        logprobs, prompt_logprobs = self.logprob_fields()
         kw: dict[str, Any] = dict(n=self.n, max_tokens=max_tokens, min_tokens=self.min_tokens,
                                   seed=self.seed, stop=self.stop or [],
                                   stop_token_ids=self.stop_token_ids or [], ignore_eos=self.ignore_eos,
-                                  skip_special_tokens=self.skip_special_tokens,
+                                  skip_special_tokens=self.skip_special_tokens, logit_bias=self.logit_bias,
+                                  logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                                   structured_output=structured_spec(self))
         for name, default in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 0), ("min_p", 0.0),
                               ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
@@ -88,6 +95,10 @@ class CompletionRequest(_Common):
     best_of: int | None = None
     suffix: str | None = None
 
+    def logprob_fields(self) -> tuple[int | None, int | None]:
+        """logprobs=N: top N per generated token, and per prompt token when echoing."""
+        return self.logprobs, self.logprobs if self.echo else None
+
 
 class ChatMessage(BaseModel):
     """One message of a conversation (text content, or a list of text parts)."""
@@ -110,6 +121,10 @@ class ChatCompletionRequest(_Common):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+
+    def logprob_fields(self) -> tuple[int | None, int | None]:
+        """logprobs=true with top_logprobs=N (0 when absent)."""
+        return (self.top_logprobs or 0) if self.logprobs else None, None
 
     def message_dicts(self) -> list[dict[str, Any]]:
         """Messages as plain dicts with text content, ready for the chat template."""
@@ -156,16 +171,28 @@ def parse_model(model: type[BaseModel], body: Any) -> Any:
     return req
 
 
+# Arguments the server itself passes to the chat template: chat_template_kwargs may not set them.
+_RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "add_generation_prompt", "tokenize", "return_dict", "return_tensors",
+    "continue_final_message", "chat_template", "tools", "documents", "padding", "truncation", "max_length",
+    "return_assistant_tokens_mask", "tokenizer_kwargs", "sanitize_control_tokens"})
+
+
 def _check_unsupported(req: _Common) -> None:
     if isinstance(req, CompletionRequest):
-        if req.logprobs is not None:
-            raise bad_request("logprobs are not supported by this server yet", "logprobs", "unsupported")
         if req.best_of not in (None, 1, req.n):
             raise bad_request("best_of is not supported (use n)", "best_of", "unsupported")
         if req.suffix:
             raise bad_request("suffix is not supported", "suffix", "unsupported")
-    if isinstance(req, ChatCompletionRequest) and (req.logprobs or req.top_logprobs):
-        raise bad_request("logprobs are not supported by this server yet", "logprobs", "unsupported")
+    if isinstance(req, ChatCompletionRequest):
+        if not req.messages:
+            raise bad_request("messages must hold at least one message", "messages", "invalid_value")
+        if req.top_logprobs is not None and not req.logprobs:
+            raise bad_request("top_logprobs needs logprobs=true", "top_logprobs", "invalid_value")
+        clash = sorted(set(req.chat_template_kwargs or {}) & _RESERVED_TEMPLATE_KWARGS)
+        if clash:
+            raise bad_request(f"chat_template_kwargs may not set {clash}: the server sets them from the request's "
+                              "own fields", "chat_template_kwargs", "invalid_value")
 
 
 def to_sampling_params(req: _Common, max_tokens: int | None) -> SamplingParams:
@@ -173,7 +200,10 @@ def to_sampling_params(req: _Common, max_tokens: int | None) -> SamplingParams:
     try:
         return req.sampling_params(max_tokens)
     except InvalidSamplingParamsError as e:
-        raise bad_request(str(e), e.field, "invalid_value") from None
+        field = e.field
+        if field in ("logprobs", "prompt_logprobs"):
+            field = "top_logprobs" if isinstance(req, ChatCompletionRequest) else "logprobs"
+        raise bad_request(str(e), field, "invalid_value") from None
 
 
 __all__ = ["APIError", "ChatCompletionRequest", "CompletionRequest", "parse_body", "to_sampling_params"]

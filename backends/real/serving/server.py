@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -20,11 +20,16 @@ from ..outputs import RequestOutput
 from .access_log import AccessLogMiddleware
 from .async_engine import AsyncLLMEngine, RequestStream
 from .errors import APIError, bad_request, engine_dead, model_not_found, to_api_error, unauthorized
-from .info_routes import add_info_routes
+from .info_routes import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest, add_info_routes
+from .logprobs_format import TokenTexts
 from .metrics import ServingMetrics
 from .openai_format import ResponseMeta, full_response, stream_events
+from .openapi_doc import GENERATION_OK, OpenAPIBodies, error_responses
 from .protocol import ChatCompletionRequest, CompletionRequest, parse_body, to_sampling_params
+from .request_body import DEFAULT_MAX_BODY_BYTES, parse_json, read_body
 from .structured_fields import as_tool_calls, tool_spec
+
+_T = TypeVar("_T")
 
 # How often a non-streamed request checks whether its client is still there.
 _DISCONNECT_POLL_S = 0.25
@@ -42,6 +47,10 @@ class ServerConfig:
     access_log: bool = True
     # "twinserve" or "vllm": the Prometheus prefix, so vLLM's dashboards find our series.
     metrics_prefix: str = "twinserve"
+    # Bodies above this many bytes are refused with 413.
+    max_request_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # n above this is refused with 400 (each of the n sequences is a request of its own).
+    max_n: int = 128
 
 
 class ServingState:
@@ -53,6 +62,25 @@ class ServingState:
         self.metrics = ServingMetrics(config.served_model_names[0], config.metrics_prefix)
         self.async_engine = AsyncLLMEngine(engine, config.max_queued_requests, self.metrics)
         self.accepted_names = set(config.served_model_names) | set(config.extra_model_names)
+        # Tokenizing and chat templates run here, never on the event loop: one large prompt
+        # must not stall every stream. One thread: the tokenizer is not shared across threads.
+        self.tokenizer_pool = ThreadPoolExecutor(1, thread_name_prefix="twinserve-tokenize")
+        self.token_texts = TokenTexts(engine.tokenizer)
+
+    async def off_loop(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """Run a tokenizer-bound call on the tokenizer thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.tokenizer_pool, lambda: fn(*args, **kwargs))
+
+    def check_n(self, n: int) -> None:
+        """400 for n above the server's bound."""
+        if isinstance(n, int) and n > self.config.max_n:
+            raise bad_request(f"n={n} is above this server's limit of {self.config.max_n} (--max-n)", "n",
+                              "invalid_value")
+
+    async def read_json(self, request: Request) -> Any:
+        """The request's JSON body: size-limited, parsed off the loop when large, checked."""
+        return await parse_json(await read_body(request, self.config.max_request_body_bytes))
 
     @property
     def model_name(self) -> str:
@@ -86,9 +114,12 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
             yield
         finally:
             await state.async_engine.shutdown()
+            state.tokenizer_pool.shutdown(wait=False)
 
     app = FastAPI(title="twinserve", lifespan=lifespan)
     app.state.serving = state
+    bodies = OpenAPIBodies()
+    generation_responses = {**GENERATION_OK, **error_responses(400, 401, 404, 413, 429, 499, 500, 503)}
     app.add_middleware(AccessLogMiddleware, enabled=config.access_log)
 
     @app.exception_handler(APIError)
@@ -106,18 +137,20 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
         err = to_api_error(exc)
         return JSONResponse(err.body(), status_code=err.status)
 
-    @app.get("/health")
+    @app.get("/health", response_class=Response,
+             responses={200: {"description": "The engine is serving (empty body)"}, **error_responses(503)})
     async def health() -> Response:
         if not state.async_engine.is_running:
             reason = state.async_engine.dead_reason or "the engine is not running"
             return JSONResponse(engine_dead(reason).body(), status_code=503)
         return Response(status_code=200)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses={
+        200: {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}})
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=error_responses(401))
     async def models(request: Request) -> JSONResponse:
         state.check_auth(request)
         data = [{"id": name, "object": "model", "created": 0, "owned_by": "twinserve",
@@ -126,46 +159,52 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
                 for name in config.served_model_names]
         return JSONResponse({"object": "list", "data": data})
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=generation_responses, openapi_extra=bodies.body(CompletionRequest))
     async def completions(request: Request) -> Response:
         state.check_auth(request)
-        req: CompletionRequest = parse_body(CompletionRequest, await _json(request))
+        req: CompletionRequest = parse_body(CompletionRequest, await state.read_json(request))
         state.check_model(req.model)
+        state.check_n(req.n)
         prompts = []
         for p in _split_prompts(req.prompt):
-            text, ids = state.engine.tokenize_prompt(p)
+            text, ids = await state.off_loop(state.engine.tokenize_prompt, p)
             prompts.append((ids, text))
         echo = None
         if req.echo:
-            echo = [text if text is not None else state.engine.tokenizer.decode(ids) for ids, text in prompts]
+            echo = []
+            for ids, text in prompts:
+                if text is None:
+                    state.engine.validate_prompt_ids(ids)  # before decoding them
+                    text = await state.off_loop(state.engine.tokenizer.decode, ids)
+                echo.append(text)
         return await _serve(state, request, req, prompts, req.max_tokens, chat=False, prefix="cmpl", echo=echo)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=generation_responses,
+              openapi_extra=bodies.body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         state.check_auth(request)
-        req: ChatCompletionRequest = parse_body(ChatCompletionRequest, await _json(request))
+        req: ChatCompletionRequest = parse_body(ChatCompletionRequest, await state.read_json(request))
         state.check_model(req.model)
-        rendered = state.engine.chat_prompt(req.message_dicts(), add_generation_prompt=req.add_generation_prompt,
-                                            **(req.chat_template_kwargs or {}))
+        state.check_n(req.n)
+        rendered = await state.off_loop(state.engine.chat_prompt, req.message_dicts(),
+                                        add_generation_prompt=req.add_generation_prompt,
+                                        **(req.chat_template_kwargs or {}))
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         return await _serve(state, request, req, [(rendered["prompt_token_ids"], rendered["prompt"])],
                             max_tokens, chat=True, prefix="chatcmpl")
 
-    add_info_routes(app, state, _json)
+    add_info_routes(app, state, state.read_json)
+    info_errors = error_responses(400, 401, 404, 413, 500)
+    bodies.document_route(app, "/tokenize", (TokenizeCompletionRequest, TokenizeChatRequest), info_errors)
+    bodies.document_route(app, "/detokenize", (DetokenizeRequest,), info_errors)
+    bodies.document_empty_ok(app, "/ping", error_responses(503))
+    bodies.install(app)
     return app
 
 
 def _request_id(request: Request) -> str:
     """The id the access log gave this request (a fresh one if the middleware is not in front)."""
     return getattr(request.state, "request_id", None) or uuid.uuid4().hex
-
-
-async def _json(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise bad_request(f"malformed JSON body: {e}", None, "invalid_json") from None
 
 
 def _check_length(state: ServingState, ids: list[int], max_tokens: int | None, param: str) -> int | None:
@@ -200,6 +239,11 @@ async def _serve(state: ServingState, request: Request, req: CompletionRequest |
     """Queue one engine request per prompt; answer with all their choices (prompt k's i-th at k * n + i)."""
     arrival = time.monotonic()
     param = "messages" if chat else "prompt"
+    # lm-eval's loglikelihood asks echo + logprobs with max_tokens=0: one token is computed (the
+    # prompt's logprobs come with it) and none is returned.
+    drop_output = echo is not None and max_tokens == 0
+    if drop_output:
+        max_tokens = 1
     params = []
     for k, (ids, _) in enumerate(prompts):
         where = param if len(prompts) == 1 else f"{param}[{k}]"
@@ -212,7 +256,8 @@ async def _serve(state: ServingState, request: Request, req: CompletionRequest |
     if specs:  # compiling a grammar can take seconds: never on the event loop, never on the engine thread
         await asyncio.to_thread(_compile_all, state.engine, specs)
     meta = ResponseMeta(f"{prefix}-{_request_id(request)}", state.model_name, chat, req.include_usage,
-                        req.return_metrics)
+                        req.return_metrics, logprobs=params[0].logprobs, token_text=state.token_texts,
+                        drop_output=drop_output)
     streams: list[RequestStream] = []
     try:
         for k, ((ids, text), sp) in enumerate(zip(prompts, params)):
