@@ -147,3 +147,40 @@ def test_max_tokens_0_without_echo_is_400(server: RunningServer) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         server.client().completions.create(model="tiny", prompt="x", max_tokens=0)
     assert e.value.body["param"] == "max_tokens"
+
+
+def test_lm_eval_loglikelihood_batch_of_token_ids(server: RunningServer, hf: Any) -> None:
+    """lm-eval's local-completions loglikelihood request: a batch of tokenized context+continuation
+    prompts, echo, logprobs=1, max_tokens=1, greedy. It sums token_logprobs[ctxlen:-1] and calls the
+    continuation greedy when each of its tokens is the top-1 entry; both must match transformers."""
+    tok = server.engine.tokenizer
+    pairs = [("the quick brown fox", " jumps over"), ("hello there", " general"), ("a b c", " d e f")]
+    prompts, ctxlens = [], []
+    for ctx, cont in pairs:
+        c_ids, w_ids = tok(ctx)["input_ids"], tok(ctx + cont)["input_ids"]
+        prompts.append(w_ids)
+        ctxlens.append(len(c_ids))
+    # And a continuation that is the model's own greedy one, so is_greedy is true at least once.
+    ids = tok("one two three")["input_ids"]
+    ctxlens.append(len(ids))
+    for _ in range(2):
+        ids = ids + [int(_ref(hf, ids)[-1].argmax())]
+    prompts.append(ids)
+    greedy_seen = []
+    out = server.client().completions.create(model="tiny", prompt=prompts, echo=True, logprobs=1,
+                                             max_tokens=1, temperature=0, seed=1234)
+    choices = sorted(out.choices, key=lambda c: c.index)
+    assert len(choices) == len(prompts)
+    for ch, ids, ctxlen in zip(choices, prompts, ctxlens):
+        lp = ch.logprobs
+        assert len(lp.token_logprobs) == len(ids) + 1  # the echoed prompt, then the one sampled token
+        got = sum(lp.token_logprobs[ctxlen:-1])
+        ref = _ref(hf, ids)
+        want = sum(float(ref[i - 1, ids[i]]) for i in range(ctxlen, len(ids)))
+        assert math.isclose(got, want, abs_tol=TOL * len(ids))
+        greedy = all(max(lp.top_logprobs[i], key=lp.top_logprobs[i].get) == lp.tokens[i]
+                     for i in range(ctxlen, len(ids)))
+        want_greedy = all(int(ref[i - 1].argmax()) == ids[i] for i in range(ctxlen, len(ids)))
+        assert greedy == want_greedy
+        greedy_seen.append(greedy)
+    assert greedy_seen[-1] and not all(greedy_seen)
