@@ -14,7 +14,15 @@ The design is made from step shapes, never drawn from a trace:
 Every step runs through the whole engine (schedule, forward, sample, update, detokenize,
 outputs), so the profile prices what a request waits for between two tokens, split into
 the device path and the engine's CPU overhead (backends/sim/fit.py). A warm-up runs
-first and is not fitted; the design is repeated `repeats` times.
+first and is not fitted; the design is repeated `repeats` times, each repeat in a fresh
+shuffled order, so a slow minute of a shared machine does not land on one kind of step.
+
+A shared machine's speed drifts while the design runs (tens of percent over minutes on
+this project's VM). A fixed speed probe (`speed_probe`) runs every `probe_every` design
+points; each step's times are divided by the machine's relative slowness at that moment
+(interpolated between probes, `correct_drift`), so the profile prices the machine at its
+median probe speed, which the profile records. `twinserve fidelity` probes again around
+the real run and scales the simulated times by the same measure.
 """
 
 from __future__ import annotations
@@ -28,13 +36,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 from twinserve.backends.sim.catalog import MODELS
 from twinserve.backends.sim.fit import fit_step_profile, select_regimes
 from twinserve.backends.sim.fitted import FittedCostModel
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.sampling_params import SamplingParams
 
-from ..real.step_log import StepLog
+from ..real.step_log import TIME_COLUMNS, StepLog
 
 
 @dataclass(slots=True)
@@ -51,12 +61,14 @@ class CalibrationDesign:
     mixed: list[tuple[int, int]] = field(default_factory=lambda: [(4, 64), (8, 192), (16, 64),
                                                                   (16, 256)])
     repeats: int = 2
+    # Run the speed probe every this many design points (0: only before and after).
+    probe_every: int = 12
 
     @classmethod
     def quick(cls) -> "CalibrationDesign":
         """A small design for tests and tiny models."""
         return cls([4, 12, 24], [0, 16], [(2, 8), (3, 4)], [1, 2, 4, 6], [8, 24], 3,
-                   [(2, 8), (4, 12)], 1)
+                   [(2, 8), (4, 12)], 1, 0)
 
     def for_limits(self, max_num_seqs: int, max_num_batched_tokens: int,
                    max_model_len: int) -> "CalibrationDesign":
@@ -72,7 +84,7 @@ class CalibrationDesign:
             self.decode_steps,
             [(b, q) for b, q in self.mixed if b + 1 <= max_num_seqs
              and b + q <= max_num_batched_tokens],
-            self.repeats)
+            self.repeats, self.probe_every)
 
     def num_points(self) -> int:
         """Design points per repeat (what the progress bar counts)."""
@@ -89,6 +101,9 @@ class Calibrator:
         self.vocab = engine.vocab_size
         self._n = 0
         self.log = StepLog(keep=True)
+        # (monotonic time, seconds) of every speed probe run during the design.
+        self.probes: list[tuple[float, float]] = []
+        self._order_rng = random.Random(seed + 1)
 
     def _tokens(self, n: int) -> list[int]:
         hi = self.vocab - 1
@@ -115,6 +130,13 @@ class Calibrator:
         self._add(self._tokens(16), 4)
         self._drain()
         self.engine.set_step_log(self.log)
+
+    def _probe(self) -> None:
+        """The speed probe now (fresh prompts, so the design's cached bases stay cached)."""
+        t = time.monotonic()
+        sec = speed_probe(self.engine, seed=self.rng.randrange(1 << 30), reset_prefix_cache=False)
+        if sec is not None:
+            self.probes.append(((t + time.monotonic()) / 2, sec))
 
     def prefill_single(self, q: int, context: int, base: list[int]) -> None:
         """One chunk of q new tokens after `context` cached ones (a prefix-cache hit on base)."""
@@ -162,23 +184,31 @@ class Calibrator:
         for b, q in design.mixed:
             points.append((f"mixed b={b} q={q}", lambda b=b, q=q: self.mixed(b, q)))
         self.warm_up()
-        todo = points[:len(bases)] + points[len(bases):] * max(design.repeats, 1)
+        todo = list(points[:len(bases)])
+        for _ in range(max(design.repeats, 1)):
+            rest = points[len(bases):]
+            self._order_rng.shuffle(rest)
+            todo += rest
         bar = None
         if progress:
             from tqdm import tqdm
             bar = tqdm(total=len(todo), desc="calibrate", unit="pt")
-        for name, fn in todo:
+        self._probe()
+        for i, (name, fn) in enumerate(todo, 1):
             if bar is not None:
                 bar.set_postfix_str(name)
             fn()
+            if design.probe_every and i % design.probe_every == 0:
+                self._probe()
             if bar is not None:
                 bar.update()
+        self._probe()
         if bar is not None:
             bar.close()
         return self.log
 
 
-def speed_probe(engine: Any, seed: int = 1234) -> float | None:
+def speed_probe(engine: Any, seed: int = 1234, reset_prefix_cache: bool = True) -> float | None:
     """Seconds of a fixed set of steps (a 4-sequence decode and a 128-token prefill), now.
 
     A shared machine's speed drifts by tens of percent over minutes (other tenants, memory
@@ -189,8 +219,10 @@ def speed_probe(engine: Any, seed: int = 1234) -> float | None:
     sc = engine.scheduler_config
     if sc.max_num_batched_tokens < 128 or sc.max_num_seqs < 4 or sc.max_model_len < 256:
         return None
-    # A cold prefix cache, so the probe computes every token whatever ran before it.
-    engine.core.scheduler.reset_prefix_cache()
+    # The probe must compute every token: a cold prefix cache, or (reset_prefix_cache=False)
+    # a seed no earlier probe used, whose random prompts share no block with anything cached.
+    if reset_prefix_cache:
+        engine.core.scheduler.reset_prefix_cache()
     cal = Calibrator(engine, seed)
     probe_log = StepLog(keep=True)
     previous = engine.step_log
@@ -205,6 +237,32 @@ def speed_probe(engine: Any, seed: int = 1234) -> float | None:
     prefills = sorted(r.step_time_s for r in probe_log.records
                       if r.num_prefill_tokens == 128 and r.num_decode_seqs == 0)
     return decodes[len(decodes) // 2] * 10 + prefills[len(prefills) // 2]
+
+
+def correct_drift(rows: list[dict[str, Any]], probes: list[tuple[float, float]],
+                  time_columns: tuple[str, ...] = TIME_COLUMNS) -> tuple[list[dict[str, Any]], float]:
+    """Rows with their times at the machine's median probe speed, and that probe (seconds).
+
+    A step at time t is scaled by ref / probe(t), probe(t) interpolated linearly between the
+    probes around it (held flat before the first and after the last). With fewer than two
+    probes the rows come back unchanged.
+    """
+    if not probes:
+        return rows, float("nan")
+    times = [t for t, _ in probes]
+    secs = [s for _, s in probes]
+    ref = float(np.median(secs))
+    if len(probes) < 2:
+        return rows, ref
+    scale = ref / np.interp([float(r["start_s"]) for r in rows], times, secs)
+    out = []
+    for r, k in zip(rows, scale):
+        r = dict(r)
+        for c in time_columns:
+            if r.get(c) is not None:
+                r[c] = float(r[c]) * float(k)
+        out.append(r)
+    return out, ref
 
 
 def catalog_name(cfg: Any, fallback: str) -> str:
@@ -265,13 +323,13 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     design = (design or CalibrationDesign()).for_limits(sc.max_num_seqs, sc.max_num_batched_tokens,
                                                         sc.max_model_len)
     wall = time.perf_counter()
-    probe_before = speed_probe(engine)
-    log = Calibrator(engine, seed).run(design, progress)
-    probe_after = speed_probe(engine)
+    cal = Calibrator(engine, seed)
+    log = cal.run(design, progress)
     wall = time.perf_counter() - wall
     cfg = engine.worker.model.config
     name = catalog_name(cfg, engine.model_name)
-    rows = log.rows()
+    rows, probe_ref = correct_drift(log.rows(), cal.probes)
+    probe_secs = [sec for _, sec in cal.probes]
     # Breakpoints: the engine's own code-path switch, plus batch sizes where the measured
     # cost per row changes slope (candidates from the design's decode batches).
     bounds = select_regimes(rows, regime_bounds(engine),
@@ -290,9 +348,13 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             "git_commit": _git_commit(),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "wall_s": round(wall, 1),
-            # The machine's speed while calibrating (calibrate.speed_probe), and its drift.
-            "speed_probe_s": (probe_before + probe_after) / 2 if probe_before else None,
-            "speed_probe_drift": probe_after / probe_before - 1 if probe_before else None,
+            # The machine's speed while calibrating (calibrate.speed_probe): the median probe,
+            # which the step times were corrected to, every probe (seconds into the run), and
+            # the spread of the probes (slowest / fastest - 1).
+            "speed_probe_s": probe_ref if probe_secs else None,
+            "speed_probes": [[round(t - cal.probes[0][0], 1), round(sec, 4)] for t, sec in cal.probes],
+            "speed_probe_drift": max(probe_secs) / min(probe_secs) - 1 if probe_secs else None,
+            "drift_corrected": len(probe_secs) >= 2,
             "engine": {"block_size": a.block_size, "max_num_seqs": sc.max_num_seqs,
                        "max_num_batched_tokens": sc.max_num_batched_tokens,
                        "small_batch_weights": a.small_batch_weights,

@@ -168,3 +168,35 @@ def test_shipped_h200_profile_is_for_smollm2_bf16() -> None:
     assert prof.model == "SmolLM2-135M" and "H200" in prof.meta["hardware"]
     assert prov["dtype"] == "bfloat16" and prov["device"].startswith("cuda")
     assert min(prof.coefficients) >= 0 and prof.step_time(0, 0, 0, 0.0, 32, 32 * 500) > 0
+
+
+def test_drift_correction_recovers_the_profile_a_drifting_machine_hides() -> None:
+    """Steps measured while the machine slows by 40% and recovers fit the steady machine's profile
+    after correcting by the interleaved speed probes; uncorrected, the same rows do not."""
+    from twinserve.backends.twin.calibrate import correct_drift
+
+    rows = _rows(seed=3, n=150)
+    # Kinds are grouped in time, as a design runs them: the slow minute lands on some shapes.
+    rows.sort(key=lambda r: (r["num_decode_seqs"] > 0, r["num_prefill_seqs"] > 0))
+    probe_s = 1.0
+    slowness = lambda t: 1.0 + 0.4 * np.sin(np.pi * t / 150.0) ** 2  # noqa: E731
+    drifted = []
+    for i, r in enumerate(rows):
+        r = dict(r, start_s=float(i))
+        k = slowness(i)
+        drifted.append(dict(r, execute_s=r["execute_s"] * k, step_time_s=r["step_time_s"] * k))
+    probes = [(float(t), probe_s * slowness(t)) for t in range(0, 151, 10)]
+    fixed, ref = correct_drift(drifted, probes)
+    assert ref == pytest.approx(float(np.median([s for _, s in probes])))
+    ref_speed = ref / probe_s  # the profile prices the machine at its median probe
+    good = fit_step_profile(fixed)
+    bad = fit_step_profile(drifted)
+    for row in rows:
+        f = [row[c] for c in FEATURE_COLUMNS]
+        assert good.step_time(*f) == pytest.approx(row["step_time_s"] * ref_speed, rel=0.02)
+    errs = [abs(bad.step_time(*(row[c] for c in FEATURE_COLUMNS)) / (row["step_time_s"] * ref_speed) - 1)
+            for row in rows]
+    assert max(errs) > 0.08
+    # Inputs are not modified, and fewer than two probes change nothing.
+    assert drifted[40]["step_time_s"] == pytest.approx(rows[40]["step_time_s"] * slowness(40))
+    assert correct_drift(drifted, probes[:1])[0] is drifted

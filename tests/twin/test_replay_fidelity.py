@@ -70,6 +70,10 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path) -> 
     assert all(v >= 0 for v in data["coefficients"].values())
     assert all(v >= 0 for v in data["overhead_coefficients"].values())
     assert prof.with_suffix(".steps.csv").exists()
+    # The speed probe ran before and after the design; the profile is priced at their median.
+    probes = data["provenance"]["speed_probes"]
+    assert len(probes) == 2 and data["provenance"]["drift_corrected"]
+    assert data["provenance"]["speed_probe_s"] == pytest.approx((probes[0][1] + probes[1][1]) / 2, rel=1e-2)
     out = tmp_path / "fid"
     rc = main(["fidelity", "--profile", str(prof), "--trace", str(_trace(tmp_path / "t.csv")),
                "--out", str(out), "--max-num-batched-tokens", "128", *common])
