@@ -27,20 +27,19 @@ from .core_client import CoreRequests, CoreStep, core_output, core_stats
 from .core_messages import (AbortRequests, AddRequest, Bye, CoreError, CoreOutput, CoreStats, Ready,
                             Shutdown, StepOutputs, encoder, from_core_decoder, to_core_decoder)
 from .models.registry import ModelSource
-from .procs import die_with_parent, exit_description, spawn_context, stop_process
+from .procs import EngineStartupError, die_with_parent, exit_description, spawn_context, stop_process
 
 # How long the front end waits for the core to build its model and workers.
 STARTUP_TIMEOUT_S = 600.0
 
 
-class EngineStartupError(TwinserveError, RuntimeError):
-    """A child process (engine core or worker) failed while starting; carries its traceback."""
-
-
 def run_engine_core(in_addr: str, out_addr: str, args: EngineArgs, max_model_len: int,
-                    eos_ids: list[int], source: ModelSource | None, parent_pid: int) -> None:
+                    eos_ids: list[int], source: ModelSource | None, parent_pid: int, num_threads: int) -> None:
     """Entry point of the engine-core process: build, then loop until Shutdown."""
     die_with_parent(parent_pid)
+    import torch
+
+    torch.set_num_threads(num_threads)
     ctx = zmq.Context()
     inp = ctx.socket(zmq.PULL)
     inp.connect(in_addr)
@@ -146,9 +145,11 @@ class MPCoreClient:
         self._closed = False
         self._sent = self._seen = 0
         self.dead: str | None = None
+        import torch
+
         self.proc = spawn_context().Process(
             target=run_engine_core, name="twinserve-engine-core", daemon=False,
-            args=(in_addr, out_addr, args, max_model_len, eos_ids, source, os.getpid()))
+            args=(in_addr, out_addr, args, max_model_len, eos_ids, source, os.getpid(), torch.get_num_threads()))
         self.proc.start()
         # Before multiprocessing's own exit hook, which would wait forever on the idle core.
         ref = weakref.ref(self)

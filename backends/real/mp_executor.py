@@ -23,7 +23,7 @@ from ...core.errors import EngineDeadError
 from ...core.sched.output import ModelRunnerOutput, SchedulerOutput
 from .config import EngineArgs
 from .models.registry import ModelSource
-from .procs import die_with_parent, exit_description, spawn_context, stop_process
+from .procs import EngineStartupError, die_with_parent, exit_description, spawn_context, stop_process
 from .model_runner import StepShape
 
 # A worker has this long to load its model and join the process group.
@@ -100,8 +100,6 @@ class MultiprocExecutor:
     def __init__(self, args: EngineArgs, max_model_len: int, eos_ids: list[int],
                  source: ModelSource | None) -> None:
         import torch
-
-        from .core_proc import EngineStartupError
 
         self.world_size = args.tensor_parallel_size
         self.num_steps = 0
@@ -199,9 +197,12 @@ class MultiprocExecutor:
 
     # ------------------------------------------------------------------ Executor
     def initialize_kv_cache(self) -> int:
-        """Every rank sizes its KV cache; all allocate the smallest count."""
-        num_blocks = min(self._call_all("determine_num_blocks"))
-        self._call_all("init_kv_cache", num_blocks)
+        """Every rank sizes its KV cache; all allocate the smallest count (still start-up)."""
+        try:
+            num_blocks = min(self._call_all("determine_num_blocks"))
+            self._call_all("init_kv_cache", num_blocks)
+        except EngineDeadError as e:
+            raise EngineStartupError(str(e)) from None
         return num_blocks
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:

@@ -10,7 +10,13 @@ import signal
 import sys
 from multiprocessing.process import BaseProcess
 
+from ...core.errors import TwinserveError
+
 _PR_SET_PDEATHSIG = 1
+
+
+class EngineStartupError(TwinserveError, RuntimeError):
+    """A child process (engine core or worker) failed while starting; carries its traceback."""
 
 
 def spawn_context() -> multiprocessing.context.SpawnContext:
