@@ -19,6 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from twinserve.backends.real import LLM, SamplingParams  # noqa: E402
+from twinserve.backends.real.step_log import StepLog  # noqa: E402
 
 TEXT = ("The history of computing is a story of abstraction layered upon abstraction. Early machines were "
         "programmed by rewiring panels; later, stored programs let the same hardware run many tasks. Operating "
@@ -159,22 +160,24 @@ def compare_tp(a: argparse.Namespace, threads: int) -> None:
     rows = []
     for tp in a.tensor_parallel_size:
         llm = LLM("smollm2", max_model_len=1024, kv_cache_memory_gb=a.kv_cache_memory_gb, seed=a.seed,
-                  tensor_parallel_size=tp, engine_core_mode=a.engine_core_mode)
+                  tensor_parallel_size=tp, engine_core_mode="inproc")
         engine = llm.llm_engine
+        engine.set_step_log(StepLog(keep=True))
         prompts, outs = make_workload(llm.get_tokenizer(), a.num_prompts, a.seed)
         llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0, max_tokens=4),
                      use_tqdm=False)
         n0 = len(engine.step_log.records)
         dt, tok = bench_twinserve(llm, prompts, outs)
         recs = engine.step_log.records[n0:]
-        step_s = sum(r.step_time for r in recs)
-        comm_s = sum(r.comm_time_s for r in recs)
-        dec = [r for r in recs if not r.num_prefills]
-        dec_share = sum(r.comm_time_s for r in dec) / max(1e-9, sum(r.step_time for r in dec))
+        step_s = sum(r.step_time_s for r in recs)
+        comm_s = sum(r.extra.get("comm_time_s", 0.0) for r in recs)
+        dec = [r for r in recs if not r.prefill_chunks]
+        dec_share = (sum(r.extra.get("comm_time_s", 0.0) for r in dec)
+                     / max(1e-9, sum(r.step_time_s for r in dec)))
         rows.append((tp, tok / dt, len(recs), step_s, comm_s, dec_share, engine.scheduler_config.num_blocks))
         engine.shutdown()
-    print(f"workload: {a.num_prompts} prompts, {a.engine_core_mode} engine core, {threads} torch thread(s) per rank")
-    print(f"{'TP':>3} {'out tok/s':>10} {'vs TP ' + str(rows[0][0]):>9} {'steps':>6} {'forward s':>10} "
+    print(f"workload: {a.num_prompts} prompts, in-process engine core, {threads} torch thread(s) per rank")
+    print(f"{'TP':>3} {'out tok/s':>10} {'vs TP ' + str(rows[0][0]):>9} {'steps':>6} {'step s':>10} "
           f"{'comm s':>8} {'comm share':>10} {'decode-step share':>17} {'KV blocks':>9}")
     for tp, rate, n, step_s, comm_s, dshare, blocks in rows:
         print(f"{tp:>3} {rate:>10.1f} {rate / rows[0][1]:>9.2f} {n:>6} {step_s:>10.1f} {comm_s:>8.1f} "

@@ -119,6 +119,10 @@ class InprocCoreClient:
         """The SchedulerOutput of the step just run (replay checks read it)."""
         return self.core.last_scheduler_output
 
+    def __getattr__(self, name: str) -> Any:
+        # Read-through to the EngineCore (clock, config...) for code written against it.
+        return getattr(self.__dict__["core"], name)
+
     def add_request(self, request: Request) -> None:
         """Queue on the core (typed error if it can never be served)."""
         self.core.add_request(request)

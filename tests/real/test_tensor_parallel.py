@@ -58,7 +58,8 @@ def test_tiny_model_tp_gives_the_tokens_of_tp1(make_llm, tiny_dir: Path, tmp_pat
     ref_llm = make_llm(**KW)
     ref = ref_llm.generate(prompts, greedy, use_tqdm=False)
     log = tmp_path / "tp.jsonl"
-    llm = make_llm(tensor_parallel_size=tp, engine_core_mode=mode, step_log_path=str(log), **KW)
+    logged = {"step_log_path": str(log)} if mode == "inproc" else {}  # step logs need the core in process
+    llm = make_llm(tensor_parallel_size=tp, engine_core_mode=mode, **logged, **KW)
     engine = llm.llm_engine
     pids = engine.child_pids
     assert len(pids) == tp + (mode == "process")
@@ -74,10 +75,10 @@ def test_tiny_model_tp_gives_the_tokens_of_tp1(make_llm, tiny_dir: Path, tmp_pat
             == [o.outputs[0].token_ids for o in ref_llm.generate(prompts, sampled, use_tqdm=False)])
     engine.shutdown()
     assert wait_all_gone(pids) == []
-    recs = [json.loads(line) for line in log.read_text().splitlines()]
-    assert recs and all(r["comm_time_s"] > 0 for r in recs)
-    assert all(r["comm_time_s"] < r["step_time"] for r in recs)
-    assert all(r.comm_time_s == 0 for r in ref_llm.llm_engine.step_log.records)
+    if mode == "inproc":
+        recs = [json.loads(line) for line in log.read_text().splitlines()]
+        computed = [r for r in recs if r["num_prefill_tokens"] + r["num_decode_seqs"]]
+        assert computed and all(0 < r["extra"]["comm_time_s"] < r["step_time_s"] for r in computed)
 
 
 def _cli_tokens(tp: int, questions: list[str]) -> list[list[int]]:
