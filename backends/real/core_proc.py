@@ -31,6 +31,8 @@ from .procs import EngineStartupError, die_with_parent, exit_description, spawn_
 
 # How long the front end waits for the core to build its model and workers.
 STARTUP_TIMEOUT_S = 600.0
+# At most this many of the core's per-step batches are folded into one front-end step.
+_MAX_MERGED_BATCHES = 64
 
 
 def run_engine_core(in_addr: str, out_addr: str, args: EngineArgs, max_model_len: int,
@@ -218,16 +220,25 @@ class MPCoreClient:
             if not self.proc.is_alive():
                 self._die(f"the engine core process died ({exit_description(self.proc.exitcode)})")
             return None
-        msg = self._dec.decode(self._out.recv())
-        if isinstance(msg, CoreError):
-            self._die(f"the engine core failed: {msg.message}\n--- its traceback ---\n{msg.traceback}")
-        if not isinstance(msg, StepOutputs):
-            self._die(f"unexpected message from the engine core: {type(msg).__name__}")
-        self._stats = msg.stats
-        self._seen = msg.inputs_seen
+        # Catch up: take every batch already waiting (the core may have run ahead), in order.
+        outputs: list[CoreOutput] = []
+        raw_stats = None
+        for _ in range(_MAX_MERGED_BATCHES):
+            msg = self._dec.decode(self._out.recv())
+            if isinstance(msg, CoreError):
+                self._die(f"the engine core failed: {msg.message}\n--- its traceback ---\n{msg.traceback}")
+            if not isinstance(msg, StepOutputs):
+                self._die(f"unexpected message from the engine core: {type(msg).__name__}")
+            outputs.extend(msg.outputs)
+            self._stats = msg.stats
+            self._seen = msg.inputs_seen
+            if msg.step_stats is not None:
+                raw_stats = msg.step_stats
+            if not self._out.poll(0):
+                break
         self._update_view()
-        stats = msgspec.convert(msg.step_stats, StepStats) if msg.step_stats is not None else None
-        return CoreStep(msg.outputs, stats)
+        stats = msgspec.convert(raw_stats, StepStats) if raw_stats is not None else None
+        return CoreStep(outputs, stats)
 
     def _die(self, reason: str) -> None:
         self.dead = reason
