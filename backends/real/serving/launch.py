@@ -17,7 +17,7 @@ logger = logging.getLogger("twinserve.serve")
 
 # Where `serve` runs the engine core unless --engine-core-mode says otherwise (measured with
 # experiments/bench_serving.py --engine-core-modes inproc process; see README).
-SERVE_ENGINE_CORE_MODE = "process"
+SERVE_ENGINE_CORE_MODE = "inproc"  # not yet measured: keep the old layout until it is
 
 
 class GracefulServer(uvicorn.Server):
