@@ -14,6 +14,7 @@ from .model_runner import ModelRunner, StepShape
 from .models.config import LlamaConfig
 from .models.llama import LlamaForCausalLM
 from .models.loader import load_gguf, load_hf_folder
+from .models.parallel import TensorParallel, shard_llama
 from .models.registry import ModelSource
 
 _GIB = 1 << 30
@@ -29,7 +30,8 @@ class Worker:
     """Owns a device, the model on it and the KV cache tensors."""
 
     def __init__(self, args: EngineArgs, max_model_len: int, stop_ids: list[int],
-                 model: LlamaForCausalLM | None = None, source: ModelSource | None = None) -> None:
+                 model: LlamaForCausalLM | None = None, source: ModelSource | None = None,
+                 tp: TensorParallel | None = None) -> None:
         self.args = args
         self.device = args.resolve_device()
         self.dtype = args.resolve_dtype(self.device)
@@ -39,6 +41,11 @@ class Worker:
                 raise InvalidConfigError("model", None, "a ModelSource or a built model")
             loader = load_gguf if source.is_gguf else load_hf_folder
             model = loader(source.path, max_model_len, self.dtype)
+        if tp is not None and tp.world_size > 1:
+            shard_llama(model, tp)
+        self.tp = tp
+        # Seconds of the last step spent in collectives (tensor parallelism), for the step log.
+        self.last_comm_time = 0.0
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         if self.device.type == "cpu" and args.small_batch_weights:
             self.model.add_small_batch_weights()
@@ -95,6 +102,7 @@ class Worker:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         out.step_time = time.perf_counter() - t0
+        self.last_comm_time = self.tp.take_comm_time() if self.tp is not None else 0.0
         return out
 
     @property

@@ -121,20 +121,27 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model_dir(tmp_path_factory.mktemp("serving_tiny"))
 
 
+@pytest.fixture(scope="module", params=["inproc", "process"])
+def core_mode(request: pytest.FixtureRequest) -> str:
+    """Every serving test runs with the engine core in this process and in its own."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def server(tiny_model_dir: Path) -> Iterator[RunningServer]:
+def server(tiny_model_dir: Path, core_mode: str) -> Iterator[RunningServer]:
     """One shared server per test module (no API key)."""
-    s = start_server(tiny_model_dir)
+    s = start_server(tiny_model_dir, engine_core_mode=core_mode)
     yield s
     s.stop()
 
 
 @pytest.fixture
-def make_server(tiny_model_dir: Path) -> Iterator[Callable[..., RunningServer]]:
+def make_server(tiny_model_dir: Path, core_mode: str) -> Iterator[Callable[..., RunningServer]]:
     """Factory for servers with special settings; all are stopped at the end of the test."""
     started: list[RunningServer] = []
 
     def build(**kw: Any) -> RunningServer:
+        kw.setdefault("engine_core_mode", core_mode)
         s = start_server(tiny_model_dir, **kw)
         started.append(s)
         return s
