@@ -95,7 +95,12 @@ class LLMEngine:
         self.eos_token_ids = list(cfg.eos_token_id) or (
             [self.tokenizer.eos_token_id] if getattr(self.tokenizer, "eos_token_id", None) is not None else [])
         self.core_mode = args.resolve_engine_core_mode(default_core_mode)
-        args.resolve_executor_backend()  # bad TP settings fail here, before any process starts
+        backend = args.resolve_executor_backend()  # bad TP settings fail here, before any process starts
+        # Grammar masks are applied where the model runs: another process compiles its own copy of
+        # each grammar with the tokenizer it loads from args, so a tokenizer object given here
+        # cannot be matched there (add_request refuses structured output in that case).
+        self._masks_elsewhere = self.core_mode == "process" or backend == "mp"
+        self._tokenizer_given = tokenizer is not None
         self.worker = None  # the in-process worker, when there is exactly one in this process
         self.executor = None
         self.core: EngineCoreClient
@@ -227,8 +232,15 @@ class LLMEngine:
         params = params if params is not None else SamplingParams()
         text, ids = self.tokenize_prompt(prompt)
         spec = getattr(params, "structured_output", None)
-        if spec is not None and spec.compiled is None:  # the server compiles before this, off the engine loop
-            self.grammar_compiler.compile(spec)
+        if spec is not None:
+            if self._masks_elsewhere and self._tokenizer_given:
+                raise InvalidRequestError(
+                    f"{spec.param}: structured output with engine_core_mode='process' or worker processes "
+                    "needs the tokenizer named by the engine args (the model runner's process compiles the "
+                    "grammar with it), not a tokenizer object; use engine_core_mode='inproc' with "
+                    "tensor_parallel_size=1", param=spec.param)
+            if spec.compiled is None:  # the server compiles before this, off the engine loop
+                self.grammar_compiler.compile(spec)
         with self._lock:
             self._check_alive()
             self._validate(request_id, ids, params)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from typing import Any
 
 import torch
 
 from ...core.errors import InvalidConfigError
 from ...core.sched.output import ModelRunnerOutput, SchedulerOutput
+from ...core.structured_output import StructuredOutputSpec
 from .attention import get_attention_backend
 from .config import EngineArgs
 from .model_runner import ModelRunner, StepShape
@@ -51,9 +54,33 @@ class Worker:
             self.model.add_small_batch_weights()
         self.backend = get_attention_backend(args.attention_backend, self.device)
         self.runner = ModelRunner(self.model, self.backend, self.device, args.block_size,
-                                  max_model_len, args.max_num_seqs, stop_ids)
+                                  max_model_len, args.max_num_seqs, stop_ids, compile_grammar=self.compile_grammar)
         self.num_blocks = 0
         self.model_source_path = source.path if source is not None else None
+        self._source = source
+        self._stop_ids = list(stop_ids)
+        self._grammars: Any = None
+        self._grammars_lock = threading.Lock()
+
+    def compile_grammar(self, spec: StructuredOutputSpec) -> Any:
+        """spec's grammar compiled in this process, for a spec that came from another process.
+
+        Compiled grammars do not serialize, so with the engine core or this worker in a process of
+        their own the spec arrives bare (the front end compiled it too, to validate it); the
+        tokenizer named by the engine args is loaded here once and grammars are cached by spec.
+        """
+        with self._grammars_lock:
+            if self._grammars is None:
+                if self._source is None:
+                    raise InvalidConfigError("structured_output", spec.kind,
+                                             "a grammar compiled by the engine (this worker has no model "
+                                             "path to load a tokenizer from)")
+                from .structured.compiler import GrammarCompilerCache
+                from .tokenizer import load_tokenizer
+
+                tokenizer = load_tokenizer(self._source, self.args.tokenizer)
+                self._grammars = GrammarCompilerCache(tokenizer, self.model.config.vocab_size, self._stop_ids)
+        return self._grammars.compile(spec)
 
     @property
     def kv_bytes_per_token(self) -> int:
