@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import threading
 import time
@@ -68,6 +70,37 @@ class SlowStep:
     def stop(self) -> None:
         """Restore the real step."""
         self.engine.step = self.inner
+
+
+class FrozenCore:
+    """SlowStep's counterpart for an engine core in its own process, where a slow front-end step
+    slows nothing (the front end folds every batch waiting into one step): once a request runs,
+    the core process is stopped (SIGSTOP) for `seconds`, then let go (SIGCONT). Inert in process."""
+
+    def __init__(self, server: RunningServer, seconds: float = 1.0) -> None:
+        self.thread: threading.Thread | None = None
+        if server.engine.core_mode != "process":
+            return
+        (pid,) = server.engine.child_pids
+        snapshot = lambda: server.state.async_engine.snapshot  # noqa: E731
+
+        def hold() -> None:
+            deadline = time.monotonic() + 10
+            while snapshot().num_running == 0 and time.monotonic() < deadline:
+                time.sleep(0.002)
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                time.sleep(seconds)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+
+        self.thread = threading.Thread(target=hold, daemon=True)
+        self.thread.start()
+
+    def join(self) -> None:
+        """Wait until the core runs again."""
+        if self.thread is not None:
+            self.thread.join()
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> float:
