@@ -23,7 +23,9 @@ class StructuredOutputSpec:
     value: str | list[str] = ""
     # The request field it came from, for error messages (e.g. "response_format", "guided_json").
     param: str = "structured_output"
-    # Filled by the backend's grammar compiler; opaque to the core.
+    # Filled by the backend's grammar compiler; opaque to the core. Process-local: it is left
+    # out when the spec is pickled (compiled grammars do not serialize), and a process that
+    # masks logits with an uncompiled spec compiles it again (cached per process).
     compiled: Any = field(default=None, compare=False, repr=False)
 
     def validate(self) -> None:
@@ -43,3 +45,14 @@ class StructuredOutputSpec:
         """What identifies the compiled grammar."""
         value = "\x00".join(self.value) if isinstance(self.value, list) else self.value
         return self.kind, value
+
+    def portable(self) -> "StructuredOutputSpec":
+        """A copy without the compiled grammar, for another process."""
+        return StructuredOutputSpec(self.kind, self.value, self.param)
+
+    def __getstate__(self) -> tuple[str, str | list[str], str]:
+        return self.kind, self.value, self.param
+
+    def __setstate__(self, state: tuple[str, str | list[str], str]) -> None:
+        self.kind, self.value, self.param = state
+        self.compiled = None

@@ -19,6 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from twinserve.backends.real import LLM, SamplingParams  # noqa: E402
+from twinserve.backends.real.step_log import StepLog  # noqa: E402
 
 TEXT = ("The history of computing is a story of abstraction layered upon abstraction. Early machines were "
         "programmed by rewiring panels; later, stored programs let the same hardware run many tasks. Operating "
@@ -109,16 +110,23 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--kv-cache-memory-gb", type=float, default=3.0)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--tensor-parallel-size", type=int, nargs="+", default=[1],
+                    help="one or more TP sizes, run side by side (threads is per rank); more than one skips HF")
+    ap.add_argument("--engine-core-mode", default="inproc")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     threads = torch.get_num_threads()
-    llm = LLM("smollm2", max_model_len=1024, kv_cache_memory_gb=a.kv_cache_memory_gb, seed=a.seed)
+    if len(a.tensor_parallel_size) > 1:
+        compare_tp(a, threads)
+        return
+    llm = LLM("smollm2", max_model_len=1024, kv_cache_memory_gb=a.kv_cache_memory_gb, seed=a.seed,
+              tensor_parallel_size=a.tensor_parallel_size[0], engine_core_mode=a.engine_core_mode)
     engine = llm.llm_engine
     prompts, outs = make_workload(llm.get_tokenizer(), a.num_prompts, a.seed)
     print(f"workload: {len(prompts)} prompts, prompt tokens {sum(map(len, prompts))} "
           f"(min {min(map(len, prompts))}, max {max(map(len, prompts))}), output tokens {sum(outs)} "
           f"(min {min(outs)}, max {max(outs)}); threads={threads}")
-    print(f"KV cache: {engine.kv_bytes_per_token} bytes/token ({engine.worker.dtype}), "
+    print(f"KV cache: {engine.kv_bytes_per_token} bytes/token (largest rank), "
           f"{engine.scheduler_config.num_blocks} blocks x {engine.scheduler_config.block_size} tokens")
     llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
     ts_dt, ts_tok = bench_twinserve(llm, prompts, outs)
@@ -133,7 +141,9 @@ def main() -> None:
         return
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(str(engine.worker.model_source_path), dtype=torch.float32).eval()
+    from twinserve.backends.real.models.registry import resolve_model
+
+    hf = AutoModelForCausalLM.from_pretrained(str(resolve_model("smollm2").path), dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None
     hf_dt, hf_tok, hf_gen = bench_hf(hf, prompts, outs)
     hf_rate = hf_tok / hf_dt
@@ -143,6 +153,35 @@ def main() -> None:
     print(f"transformers  batch-1 decode: {hf_dec:.1f} tok/s (threads={threads})")
     print(f"ratio twinserve/transformers: mixed batch {ts_rate / hf_rate:.2f}x, batch-1 decode {ts_dec / hf_dec:.2f}x")
     print(f"peak RSS (both engines in this process): {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+
+
+def compare_tp(a: argparse.Namespace, threads: int) -> None:
+    """The same workload at each TP size in turn: throughput, ratio to the first, communication share."""
+    rows = []
+    for tp in a.tensor_parallel_size:
+        llm = LLM("smollm2", max_model_len=1024, kv_cache_memory_gb=a.kv_cache_memory_gb, seed=a.seed,
+                  tensor_parallel_size=tp, engine_core_mode="inproc")
+        engine = llm.llm_engine
+        engine.set_step_log(StepLog(keep=True))
+        prompts, outs = make_workload(llm.get_tokenizer(), a.num_prompts, a.seed)
+        llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0, max_tokens=4),
+                     use_tqdm=False)
+        n0 = len(engine.step_log.records)
+        dt, tok = bench_twinserve(llm, prompts, outs)
+        recs = engine.step_log.records[n0:]
+        step_s = sum(r.step_time_s for r in recs)
+        comm_s = sum(r.extra.get("comm_time_s", 0.0) for r in recs)
+        dec = [r for r in recs if not r.prefill_chunks]
+        dec_share = (sum(r.extra.get("comm_time_s", 0.0) for r in dec)
+                     / max(1e-9, sum(r.step_time_s for r in dec)))
+        rows.append((tp, tok / dt, len(recs), step_s, comm_s, dec_share, engine.scheduler_config.num_blocks))
+        engine.shutdown()
+    print(f"workload: {a.num_prompts} prompts, in-process engine core, {threads} torch thread(s) per rank")
+    print(f"{'TP':>3} {'out tok/s':>10} {'vs TP ' + str(rows[0][0]):>9} {'steps':>6} {'step s':>10} "
+          f"{'comm s':>8} {'comm share':>10} {'decode-step share':>17} {'KV blocks':>9}")
+    for tp, rate, n, step_s, comm_s, dshare, blocks in rows:
+        print(f"{tp:>3} {rate:>10.1f} {rate / rows[0][1]:>9.2f} {n:>6} {step_s:>10.1f} {comm_s:>8.1f} "
+              f"{comm_s / max(step_s, 1e-9):>10.1%} {dshare:>17.1%} {blocks:>9}")
 
 
 if __name__ == "__main__":

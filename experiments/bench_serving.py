@@ -33,12 +33,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(a: argparse.Namespace, port: int) -> subprocess.Popen:
+def start_server(a: argparse.Namespace, port: int, mode: str = "auto") -> subprocess.Popen:
     """`twinserve serve` in a subprocess, ready when /health answers."""
     cmd = [sys.executable, "-m", "twinserve.cli", "serve", a.model, "--port", str(port),
            "--threads", str(a.server_threads), "--max-model-len", str(a.max_model_len),
            "--max-num-seqs", str(max(a.concurrency)), "--kv-cache-memory-gb", str(a.kv_cache_gb),
-           "--max-num-batched-tokens", str(a.max_num_batched_tokens)]
+           "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--engine-core-mode", mode,
+           "--tensor-parallel-size", str(a.tensor_parallel_size)]
     env = {**os.environ, "OMP_NUM_THREADS": str(a.server_threads), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(cmd, env=env)
     deadline = time.monotonic() + 300
@@ -116,18 +117,26 @@ def main() -> int:
     ap.add_argument("--offline", action="store_true", help="also run the engine alone for the overhead ratio")
     ap.add_argument("--out", default=None, help="folder for per-level requests.csv/summary.json")
     ap.add_argument("--quiet", action="store_true", help="do not echo each bench report")
+    ap.add_argument("--engine-core-modes", nargs="+", default=["auto"],
+                    help="sweep each (inproc, process, auto) in turn, side by side")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1)
     a = ap.parse_args()
     out_root = Path(a.out or tempfile.mkdtemp(prefix="bench_serving-"))
-    port = free_port()
-    server = start_server(a, port)
-    rows = []
-    try:
-        for c in a.concurrency:
-            s = run_bench(a, port, c, out_root / f"c{c}")
-            rows.append({"c": c, **s})
-    finally:
-        server.terminate()
-        server.wait(60)
+    by_mode = {}
+    for mode in a.engine_core_modes:
+        port = free_port()
+        server = start_server(a, port, mode)
+        by_mode[mode] = []
+        try:
+            for c in a.concurrency:
+                s = run_bench(a, port, c, out_root / mode / f"c{c}")
+                by_mode[mode].append({"c": c, **s})
+        finally:
+            server.terminate()
+            server.wait(60)
+    if len(by_mode) > 1:
+        compare_modes(by_mode)
+    rows = by_mode[a.engine_core_modes[0]]
     offline = {c: run_offline(a, c) for c in a.concurrency} if a.offline else {}
     print(f"\nSmolLM2-135M fp32, server torch threads {a.server_threads} (bench client in its own process), "
           f"input {a.input_len} / output {a.output_len} tokens, request rate inf; results in {out_root}")
@@ -147,6 +156,21 @@ def main() -> int:
     sat = next(r["c"] for r in rows if r["output_throughput"] >= 0.9 * best)
     print(f"throughput reaches 90% of its peak ({best:.1f} tok/s) at concurrency {sat}")
     return 0
+
+
+def compare_modes(by_mode: dict[str, list[dict[str, Any]]]) -> None:
+    """Output throughput and mean TTFT per engine-core mode, and the ratio to the first mode."""
+    modes = list(by_mode)
+    base = by_mode[modes[0]]
+    print(f"\nengine core modes side by side (ratios against {modes[0]})")
+    print(f"{'conc':>4} " + " ".join(f"{m + ' tok/s':>15} {m + ' TTFT ms':>16}" for m in modes)
+          + " " + " ".join(f"{m + ' tok/s x':>16} {m + ' TTFT x':>15}" for m in modes[1:]))
+    for i, r0 in enumerate(base):
+        cells = " ".join(f"{by_mode[m][i]['output_throughput']:>15.1f} {by_mode[m][i]['mean_ttft_s'] * 1e3:>16.0f}"
+                         for m in modes)
+        ratios = " ".join(f"{by_mode[m][i]['output_throughput'] / r0['output_throughput']:>16.2f} "
+                          f"{by_mode[m][i]['mean_ttft_s'] / r0['mean_ttft_s']:>15.2f}" for m in modes[1:])
+        print(f"{r0['c']:>4} {cells} {ratios}")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,13 @@ class EngineArgs:
     small_batch_weights: bool = True
     # CSV or JSONL (by suffix) of per-step shapes and times, for the cost-model fit.
     step_log_path: str | None = None
+    # Tensor-parallel ranks, one worker process each (gloo on CPU, NCCL on CUDA).
+    tensor_parallel_size: int = 1
+    # 'uni': one worker in the engine core's process; 'mp': one process per rank; 'auto': mp iff TP > 1.
+    distributed_executor_backend: str = "auto"
+    # Where EngineCore's busy loop runs: 'inproc' (a thread of this process), 'process' (its own
+    # process, over ZeroMQ), or 'auto' (offline: inproc; serve: see launch.SERVE_ENGINE_CORE_MODE).
+    engine_core_mode: str = "auto"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -95,6 +102,30 @@ class EngineArgs:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
+
+    def resolve_executor_backend(self) -> str:
+        """'uni' or 'mp', checking the tensor-parallel size."""
+        tp = self.tensor_parallel_size
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise InvalidConfigError("tensor_parallel_size", tp, "an integer >= 1")
+        backend = self.distributed_executor_backend
+        if backend == "auto":
+            return "mp" if tp > 1 else "uni"
+        if backend not in ("uni", "mp"):
+            raise InvalidConfigError("distributed_executor_backend", backend, "'auto', 'uni' or 'mp'")
+        if backend == "uni" and tp > 1:
+            raise InvalidConfigError("distributed_executor_backend", backend,
+                                     "'mp' or 'auto' when tensor_parallel_size > 1")
+        return backend
+
+    def resolve_engine_core_mode(self, default: str = "inproc") -> str:
+        """'inproc' or 'process'; 'auto' takes the caller's default."""
+        mode = self.engine_core_mode
+        if mode == "auto":
+            return default
+        if mode not in ("inproc", "process"):
+            raise InvalidConfigError("engine_core_mode", mode, "'auto', 'inproc' or 'process'")
+        return mode
 
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
         """'auto' -> fp32 on CPU (exact), bf16 on CUDA."""

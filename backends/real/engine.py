@@ -1,7 +1,8 @@
 """The synchronous engine: validation, tokenization, the engine core, detokenization, n > 1.
 
 LLM drives it in a loop; an async front end can drive step() from one thread while other
-threads add and abort requests (every public method takes the engine's lock).
+threads add and abort requests (every public method takes the engine's lock). The engine core
+runs in this process or in its own (args.engine_core_mode); this front end is the same for both.
 """
 
 from __future__ import annotations
@@ -14,26 +15,28 @@ from typing import Any
 
 import torch
 
-from ...core.engine_core import EngineCore, StepStats
-from ...core.errors import (EngineDeadError, InvalidConfigError, InvalidRequestError,
-                            InvalidSamplingParamsError, PromptTooLongError)
+from ...core.engine_core import StepStats
+from ...core.errors import (EngineDeadError, InvalidConfigError, InvalidRequestError, InvalidSamplingParamsError,
+                            PromptTooLongError)
 from ...core.request import FinishReason, Request
 from ...core.sampling_params import SamplingParams
-from ...core.sched.config import SchedulerConfig
-from ...core.sched.output import EngineCoreOutput, Logprob
+from ...core.sched.output import Logprob
 from .config import EngineArgs
+from .core_client import EngineCoreClient, InprocCoreClient, scheduler_config_for
+from .core_messages import CoreOutput
 from .detokenizer import IncrementalDetokenizer
-from .executor import InProcessExecutor
 from .models.llama import LlamaForCausalLM
 from .models.registry import ModelSource, resolve_model
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .step_log import StepLog, StepRecord
 from .tokenizer import apply_chat_template, load_tokenizer
-from .worker import Worker
 
 PromptType = str | list[int] | dict[str, Any]
 # Sequences one request may fan out into (n): beyond this, adding the request alone would stall.
 MAX_N = 4096
+
+# How long one step() waits for the core's next batch when the core runs in its own process.
+_OUTPUT_POLL_S = 0.05
 
 
 @dataclass(slots=True)
@@ -42,13 +45,18 @@ class _Child:
 
     core_id: str
     index: int
-    request: Request
     detok: IncrementalDetokenizer
     logprobs: list[Logprob] | None
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     delta_ids: list[int] = field(default_factory=list)
     delta_logprobs: list[Logprob] = field(default_factory=list)
+    # Mirrored from the core's outputs (the core's Request may live in another process).
+    output_token_ids: list[int] = field(default_factory=list)
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    prefix_hit_tokens: int = -1
+    num_preemptions: int = 0
     error: str | None = None
 
 
@@ -69,7 +77,7 @@ class LLMEngine:
     """Adds requests, steps the engine core, and returns incremental per-request outputs."""
 
     def __init__(self, args: EngineArgs, model: LlamaForCausalLM | None = None, tokenizer: Any = None,
-                 step_log: StepLog | None = None) -> None:
+                 default_core_mode: str = "inproc", step_log: StepLog | None = None) -> None:
         self.args = args
         source: ModelSource | None = None
         if model is None:
@@ -86,30 +94,47 @@ class LLMEngine:
         self.vocab_size = cfg.vocab_size
         self.eos_token_ids = list(cfg.eos_token_id) or (
             [self.tokenizer.eos_token_id] if getattr(self.tokenizer, "eos_token_id", None) is not None else [])
-        self.worker = Worker(args, self.max_model_len, self.eos_token_ids, model=model, source=source)
-        self.executor = InProcessExecutor([self.worker])
+        self.core_mode = args.resolve_engine_core_mode(default_core_mode)
+        backend = args.resolve_executor_backend()  # bad TP settings fail here, before any process starts
+        # Grammar masks are applied where the model runs: another process compiles its own copy of
+        # each grammar with the tokenizer it loads from args, so a tokenizer object given here
+        # cannot be matched there (add_request refuses structured output in that case).
+        self._masks_elsewhere = self.core_mode == "process" or backend == "mp"
+        self._tokenizer_given = tokenizer is not None
+        self.worker = None  # the in-process worker, when there is exactly one in this process
+        self.executor = None
+        self.core: EngineCoreClient
+        if self.core_mode == "process":
+            if model is not None:
+                raise InvalidRequestError("engine_core_mode='process' needs a model path, not an in-memory "
+                                          "model", param="engine_core_mode")
+            from .core_proc import MPCoreClient
+
+            self.core = MPCoreClient(args, self.max_model_len, self.eos_token_ids, source)
+        else:
+            from .core_build import build_engine_core
+
+            core, self.executor, kv_bytes = build_engine_core(args, self.max_model_len, self.eos_token_ids,
+                                                              model=model, source=source)
+            self.worker = getattr(self.executor, "workers", [None])[0]
+            self.core = InprocCoreClient(core, self.executor, kv_bytes)
+        self.scheduler_config = scheduler_config_for(args, self.max_model_len, self.core.num_blocks)
         # Per-step shapes and phase times: streamed to args.step_log_path, or a log given by the
         # caller (calibrate, fidelity); disabled otherwise, so nothing grows and nothing is timed.
         self.step_log = step_log if step_log is not None else StepLog(args.step_log_path)
-        num_blocks = self.executor.initialize_kv_cache()
-        batched = args.max_num_batched_tokens or (2048 if args.enable_chunked_prefill else self.max_model_len)
-        self.scheduler_config = SchedulerConfig(
-            max_num_batched_tokens=batched, max_num_seqs=args.max_num_seqs,
-            max_model_len=self.max_model_len, enable_chunked_prefill=args.enable_chunked_prefill,
-            long_prefill_token_threshold=args.long_prefill_token_threshold,
-            block_size=args.block_size, num_blocks=num_blocks,
-            enable_prefix_caching=args.enable_prefix_caching, policy=args.policy,
-            preemption=args.preemption)
-        self.core = EngineCore(self.scheduler_config, self.executor)
-        self.set_step_log(self.step_log)
+        self._last_step_end = 0.0
+        self._busy_after_last_step = False
+        try:
+            self.set_step_log(self.step_log)
+        except BaseException:
+            self.core.shutdown()
+            raise
         self._rng = random.Random(args.seed)
         torch.manual_seed(args.seed)
         self._parents: dict[str, _Parent] = {}
         self._child_to_parent: dict[str, _Parent] = {}
         self._lock = threading.RLock()
         self.last_stats: StepStats | None = None
-        self._last_step_end = 0.0
-        self._busy_after_last_step = False
         self.dead: BaseException | None = None
         self._grammars: Any = None
         self._grammars_lock = threading.Lock()
@@ -126,10 +151,14 @@ class LLMEngine:
 
     def set_step_log(self, step_log: StepLog) -> None:
         """Log steps to step_log from now on (a disabled log turns the phase timing off)."""
-        self.step_log = step_log
         on = step_log.enabled
-        self.core.clock = time.perf_counter if on else None
-        self.executor.set_timing(on)
+        if on and self.core_mode == "process":
+            raise InvalidConfigError("engine_core_mode", "process",
+                                     "'inproc' for a step log (calibrate and fidelity time the core in process)")
+        self.step_log = step_log
+        if self.core_mode == "inproc":
+            self.core.core.clock = time.perf_counter if on else None
+            self.executor.set_timing(on)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
@@ -203,11 +232,19 @@ class LLMEngine:
         params = params if params is not None else SamplingParams()
         text, ids = self.tokenize_prompt(prompt)
         spec = getattr(params, "structured_output", None)
-        if spec is not None and spec.compiled is None:  # the server compiles before this, off the engine loop
-            self.grammar_compiler.compile(spec)
+        if spec is not None:
+            if self._masks_elsewhere and self._tokenizer_given:
+                raise InvalidRequestError(
+                    f"{spec.param}: structured output with engine_core_mode='process' or worker processes "
+                    "needs the tokenizer named by the engine args (the model runner's process compiles the "
+                    "grammar with it), not a tokenizer object; use engine_core_mode='inproc' with "
+                    "tensor_parallel_size=1", param=spec.param)
+            if spec.compiled is None:  # the server compiles before this, off the engine loop
+                self.grammar_compiler.compile(spec)
         with self._lock:
             self._check_alive()
             self._validate(request_id, ids, params)
+            self._check_fits(len(ids), params)
             now = time.monotonic() if arrival_time is None else arrival_time
             children: list[_Child] = []
             extra_eos = [] if params.ignore_eos else self.eos_token_ids[1:]
@@ -228,9 +265,9 @@ class LLMEngine:
                     self.core.add_request(req)
                     detok = IncrementalDetokenizer.for_prompt(self.tokenizer, ids, params.skip_special_tokens,
                                                               params.stop)
-                    children.append(_Child(core_id, i, req, detok, [] if params.logprobs is not None else None))
+                    children.append(_Child(core_id, i, detok, [] if params.logprobs is not None else None))
             except Exception:
-                self.core.abort([c.core_id for c in children], now)
+                self.core.abort([c.core_id for c in children])
                 raise
             parent = _Parent(request_id, text, ids, now, children,
                              [None] * len(ids) if want_plp else None)
@@ -249,19 +286,30 @@ class LLMEngine:
                 if parent is None:
                     continue
                 live = [c for c in parent.children if c.finish_reason is None]
-                self.core.abort([c.core_id for c in live], now)
+                self.core.abort([c.core_id for c in live])
                 for c in live:
                     c.finish_reason = FinishReason.ABORT
                 out.append(self._make_output(parent, now, set(id(c) for c in live)))
             return out
+
+    def _check_fits(self, n: int, params: SamplingParams) -> None:
+        """The scheduler's KV check, here too, so a request the core would refuse never leaves the front end."""
+        cfg = self.scheduler_config
+        max_tokens = max(1, params.max_tokens if params.max_tokens is not None else cfg.max_model_len - n)
+        peak = max(n, min(n + max_tokens - 1, cfg.max_model_len - 1))
+        if -(-peak // cfg.block_size) > cfg.num_blocks:
+            limit = cfg.num_blocks * cfg.block_size
+            raise PromptTooLongError(
+                f"request needs up to {peak} tokens of KV cache but the whole pool holds {limit} "
+                f"({cfg.num_blocks} blocks of {cfg.block_size}); lower max_tokens or add blocks", peak, limit)
 
     def _check_alive(self) -> None:
         if self.dead is not None:
             raise EngineDeadError(f"the engine failed earlier ({self.dead!r}); restart it")
 
     def has_unfinished_requests(self) -> bool:
-        """True while any request is queued or running."""
-        return bool(self._parents)
+        """True while any request is queued or running (or the core still owes an answer)."""
+        return bool(self._parents) or self.core.has_pending()
 
     def get_num_unfinished_requests(self) -> int:
         """User requests not yet finished."""
@@ -272,18 +320,25 @@ class LLMEngine:
         """Run one engine step; one RequestOutput per user request that changed."""
         with self._lock:
             self._check_alive()
-            if not self.core.has_unfinished_requests():
+            if not self.has_unfinished_requests():
                 return []
             logging = self.step_log.enabled
             t0 = time.perf_counter() if logging else 0.0
-            start = time.monotonic()
             try:
-                outputs, stats = self.core.step(start)
+                res = self.core.get_output(_OUTPUT_POLL_S)
+            except EngineDeadError as e:
+                self.dead = e
+                raise
             except Exception as e:
                 # Executor state and scheduler state may disagree now: refuse further work.
                 self.dead = e
                 raise EngineDeadError(f"engine step failed: {e!r}; restart the engine") from e
-            self.last_stats = stats
+            if res is None:
+                return []
+            outputs = res.outputs
+            stats = res.stats
+            if stats is not None:
+                self.last_stats = stats
             t_core = time.perf_counter() if logging else 0.0
             now = time.monotonic()
             changed: dict[str, tuple[_Parent, set[int]]] = {}
@@ -307,34 +362,46 @@ class LLMEngine:
                     child.error = f"output processing failed: {type(e).__name__}: {e}"
                 changed.setdefault(parent.request_id, (parent, set()))[1].add(id(child))
             if stop_aborts:
-                self.core.abort(stop_aborts, now, reason=FinishReason.STOP)
+                self.core.abort(stop_aborts, reason=FinishReason.STOP)
             if error_aborts:
-                self.core.abort(error_aborts, now, reason=FinishReason.ERROR)
+                self.core.abort(error_aborts, reason=FinishReason.ERROR)
             result = [self._make_output(p, now, touched) for p, touched in changed.values()]
             if logging and stats is not None:
-                self._log_step(stats, start, t0, t_core, time.perf_counter())
+                self._log_step(stats, stats.start_time, t0, t_core, time.perf_counter())
             return result
 
     def _log_step(self, stats: StepStats, start: float, t0: float, t_core: float, t_end: float) -> None:
-        """One step record: the shape the worker ran and the wall time of every phase."""
+        """One step record: the shape the worker ran and the wall time of every phase (in-process core)."""
         log = self.step_log
         # Time requests waited between the last step's end and this one's start, if any were left.
         gap = t0 - self._last_step_end if self._busy_after_last_step else 0.0
         self._last_step_end = t_end
-        self._busy_after_last_step = self.core.has_unfinished_requests()
-        shape = self.executor.last_step_shape
-        prepare, forward, sample = self.executor.last_step_timing if shape.num_new_tokens else (0.0, 0.0, 0.0)
-        so = self.core.last_scheduler_output
+        core = self.core.core
+        self._busy_after_last_step = core.has_unfinished_requests()
+        ex = self.executor
+        shape = ex.last_step_shape
+        prepare, forward, sample = ex.last_step_timing if shape.num_new_tokens else (0.0, 0.0, 0.0)
+        so = core.last_scheduler_output
+        # Tensor parallelism: rank 0's seconds in collectives, inside forward_s (see README).
+        comm = ex.last_comm_time if shape.num_new_tokens else 0.0
+        extra = _extra_costs(shape)
+        if comm:
+            extra["comm_time_s"] = comm
         log.append(StepRecord(
             stats.step, start, list(shape.prefills), list(shape.decodes), stats.num_running,
             stats.num_waiting, stats.num_preempted, stats.schedule_time, prepare, forward, sample,
             stats.update_time, t_end - t_core, t_end - t0, gap,
             dict(so.num_scheduled_tokens) if log.record_schedule and so is not None else None,
-            _extra_costs(shape)))
+            extra))
 
-    def _apply(self, child: _Child, o: EngineCoreOutput) -> bool:
+    def _apply(self, child: _Child, o: CoreOutput) -> bool:
         """Fold one core output into a child; True if a stop string ended it (core must abort)."""
         child.delta_ids.extend(o.new_token_ids)
+        child.output_token_ids.extend(o.new_token_ids)
+        child.first_scheduled_time = o.first_scheduled_time
+        child.first_token_time = o.first_token_time
+        child.prefix_hit_tokens = o.prefix_hit_tokens
+        child.num_preemptions = o.num_preemptions
         if o.new_logprobs and child.logprobs is not None:
             child.delta_logprobs.extend(o.new_logprobs)
         if o.error is not None:
@@ -356,7 +423,7 @@ class LLMEngine:
             if c.logprobs is not None:
                 c.logprobs.extend(delta_lp)
             outs.append(CompletionOutput(
-                c.index, c.detok.text, list(c.request.output_token_ids),
+                c.index, c.detok.text, list(c.output_token_ids),
                 c.finish_reason.value if fin else None, c.stop_reason,
                 list(c.logprobs) if c.logprobs is not None else None,
                 c.detok.take_delta(fin), delta_ids, delta_lp if c.logprobs is not None else None, c.error))
@@ -372,26 +439,34 @@ class LLMEngine:
                              None if parent.prompt_logprobs is None else list(parent.prompt_logprobs))
 
     def _metrics(self, parent: _Parent, finish: float | None) -> RequestMetrics:
-        reqs = [c.request for c in parent.children]
-        firsts = [r.first_token_time for r in reqs if r.first_token_time is not None]
-        scheds = [r.first_scheduled_time for r in reqs if r.first_scheduled_time is not None]
+        kids = parent.children
+        firsts = [c.first_token_time for c in kids if c.first_token_time is not None]
+        scheds = [c.first_scheduled_time for c in kids if c.first_scheduled_time is not None]
         return RequestMetrics(
             parent.arrival_time, len(parent.prompt_token_ids),
             min(scheds) if scheds else None, min(firsts) if firsts else None, finish,
-            sum(r.num_output_tokens for r in reqs), max(0, max(r.prefix_hit_tokens for r in reqs)),
-            sum(r.num_preemptions for r in reqs))
+            sum(len(c.output_token_ids) for c in kids), max(0, max(c.prefix_hit_tokens for c in kids)),
+            sum(c.num_preemptions for c in kids))
 
     # ------------------------------------------------------------------ misc
     @property
+    def child_pids(self) -> list[int]:
+        """Processes this engine started: the engine core's (if any) and the workers'."""
+        if self.core_mode == "process":
+            return list(self.core.pids)
+        return list(getattr(self.executor, "worker_pids", []))
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """KV cache bytes per token for this model and dtype."""
-        return self.worker.kv_bytes_per_token
+        return self.core.kv_bytes_per_token
 
     def shutdown(self) -> None:
-        """Abort what is left and close the step log."""
+        """Abort what is left and write the step log if asked."""
         with self._lock:
-            self.abort_request(list(self._parents))
-            self.executor.shutdown()
+            if self.dead is None:
+                self.abort_request(list(self._parents))
+            self.core.shutdown()
             self.step_log.close()
 
 

@@ -69,6 +69,11 @@ class InProcessExecutor:
         """(prepare_s, forward_s, sample_s) of the step just run (rank 0's)."""
         return self.workers[0].last_step_timing
 
+    @property
+    def last_comm_time(self) -> float:
+        """Seconds rank 0 spent in tensor-parallel collectives in the step just run."""
+        return getattr(self.workers[0], "last_comm_time", 0.0)
+
     def set_timing(self, on: bool) -> None:
         """Time each step's phases on every worker."""
         for w in self.workers:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -37,7 +38,8 @@ class ModelRunner:
     """Owns the model, its KV cache tensors, the attention backend and the sampler for one device."""
 
     def __init__(self, model: LlamaForCausalLM, backend: AttentionBackend, device: torch.device,
-                 block_size: int, max_model_len: int, max_num_seqs: int, stop_ids: list[int]) -> None:
+                 block_size: int, max_model_len: int, max_num_seqs: int, stop_ids: list[int],
+                 compile_grammar: Callable[[Any], Any] | None = None) -> None:
         self.model = model
         self.backend = backend
         self.device = device
@@ -47,6 +49,8 @@ class ModelRunner:
         self.batch = InputBatch(max_num_seqs, max_model_len, self.max_blocks_per_req)
         self.sampler = Sampler(device)
         self.grammar = GrammarMasker()
+        # Compiles a structured-output spec that arrived without its grammar (from another process).
+        self.compile_grammar = compile_grammar
         self.stop_ids = stop_ids
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.last_shape = StepShape()
@@ -84,8 +88,14 @@ class ModelRunner:
             batch.remove(new.req_id)  # a resumed request is rebuilt from scratch
             spec = new.sampling_params.structured_output
             if spec is not None:
-                # The engine compiled it before the request was queued; a resumed one replays its output.
-                self.grammar.add(new.req_id, spec.compiled, new.token_ids[new.num_prompt_tokens:])
+                # The engine compiled it before the request was queued (in this process; from another
+                # process the spec comes bare and is compiled here); a resumed one replays its output.
+                compiled = spec.compiled
+                if compiled is None:
+                    if self.compile_grammar is None:
+                        raise RuntimeError(f"request {new.req_id}: structured output without a compiled grammar")
+                    compiled = self.compile_grammar(spec)
+                self.grammar.add(new.req_id, compiled, new.token_ids[new.num_prompt_tokens:])
             # The engine gives every request a seed; a bare core user gets seed 0.
             seed = new.sampling_params.seed
             batch.add(new.req_id, new.token_ids, new.num_prompt_tokens, new.sampling_params,

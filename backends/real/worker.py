@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from typing import Any
 
 import torch
 
 from ...core.errors import InvalidConfigError
 from ...core.sched.output import ModelRunnerOutput, SchedulerOutput
+from ...core.structured_output import StructuredOutputSpec
 from .attention import get_attention_backend
 from .config import EngineArgs
 from .model_runner import ModelRunner, StepShape
 from .models.config import LlamaConfig
 from .models.llama import LlamaForCausalLM
 from .models.loader import load_gguf, load_hf_folder
+from .models.parallel import TensorParallel, shard_llama
 from .models.registry import ModelSource
 
 _GIB = 1 << 30
@@ -29,7 +33,8 @@ class Worker:
     """Owns a device, the model on it and the KV cache tensors."""
 
     def __init__(self, args: EngineArgs, max_model_len: int, stop_ids: list[int],
-                 model: LlamaForCausalLM | None = None, source: ModelSource | None = None) -> None:
+                 model: LlamaForCausalLM | None = None, source: ModelSource | None = None,
+                 tp: TensorParallel | None = None) -> None:
         self.args = args
         self.device = args.resolve_device()
         self.dtype = args.resolve_dtype(self.device)
@@ -39,14 +44,43 @@ class Worker:
                 raise InvalidConfigError("model", None, "a ModelSource or a built model")
             loader = load_gguf if source.is_gguf else load_hf_folder
             model = loader(source.path, max_model_len, self.dtype)
+        if tp is not None and tp.world_size > 1:
+            shard_llama(model, tp)
+        self.tp = tp
+        # Seconds of the last step spent in collectives (tensor parallelism), for the step log.
+        self.last_comm_time = 0.0
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         if self.device.type == "cpu" and args.small_batch_weights:
             self.model.add_small_batch_weights()
         self.backend = get_attention_backend(args.attention_backend, self.device)
         self.runner = ModelRunner(self.model, self.backend, self.device, args.block_size,
-                                  max_model_len, args.max_num_seqs, stop_ids)
+                                  max_model_len, args.max_num_seqs, stop_ids, compile_grammar=self.compile_grammar)
         self.num_blocks = 0
         self.model_source_path = source.path if source is not None else None
+        self._source = source
+        self._stop_ids = list(stop_ids)
+        self._grammars: Any = None
+        self._grammars_lock = threading.Lock()
+
+    def compile_grammar(self, spec: StructuredOutputSpec) -> Any:
+        """spec's grammar compiled in this process, for a spec that came from another process.
+
+        Compiled grammars do not serialize, so with the engine core or this worker in a process of
+        their own the spec arrives bare (the front end compiled it too, to validate it); the
+        tokenizer named by the engine args is loaded here once and grammars are cached by spec.
+        """
+        with self._grammars_lock:
+            if self._grammars is None:
+                if self._source is None:
+                    raise InvalidConfigError("structured_output", spec.kind,
+                                             "a grammar compiled by the engine (this worker has no model "
+                                             "path to load a tokenizer from)")
+                from .structured.compiler import GrammarCompilerCache
+                from .tokenizer import load_tokenizer
+
+                tokenizer = load_tokenizer(self._source, self.args.tokenizer)
+                self._grammars = GrammarCompilerCache(tokenizer, self.model.config.vocab_size, self._stop_ids)
+        return self._grammars.compile(spec)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -95,6 +129,7 @@ class Worker:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         out.step_time = time.perf_counter() - t0
+        self.last_comm_time = self.tp.take_comm_time() if self.tp is not None else 0.0
         return out
 
     @property

@@ -115,3 +115,49 @@ def test_compilation_is_cached_and_bad_specs_are_typed_errors(make_llm) -> None:
         SamplingParams(structured_output=_spec("choice", []))
     with pytest.raises(InvalidSamplingParamsError):
         SamplingParams(ignore_eos=True, structured_output=_spec("regex", "a+"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,tp", [("process", 1), ("inproc", 2)], ids=["core-process", "tp2-workers"])
+def test_constraints_hold_when_the_runner_is_in_another_process(make_llm, mode: str, tp: int) -> None:
+    # Compiled grammars do not serialize: the spec crosses bare and the masking process compiles it.
+    specs = [_spec("json", json.dumps(SCHEMA)), _spec("choice", ["red", "green", "blue sky"]),
+             _spec("regex", r"[a-c]{3}-\d{2}")]
+
+    def params() -> list[SamplingParams]:  # fresh specs: nothing compiled in this process yet
+        return [SamplingParams(max_tokens=120, temperature=1.0, seed=i,
+                               structured_output=_spec(s.kind, s.value)) for i, s in enumerate(specs)]
+
+    ref = make_llm().generate(PROMPTS, params(), use_tqdm=False)
+    llm = make_llm(engine_core_mode=mode, tensor_parallel_size=tp)
+    got = llm.generate(PROMPTS, params(), use_tqdm=False)
+    texts = [o.outputs[0].text for o in got]
+    jsonschema.validate(json.loads(texts[0]), SCHEMA)
+    assert texts[1] in ("red", "green", "blue sky")
+    assert re.fullmatch(r"[a-c]{3}-\d{2}", texts[2]), texts[2]
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in ref]
+    assert all(o.outputs[0].finish_reason == "stop" for o in got)
+    llm.llm_engine.shutdown()
+
+
+@pytest.mark.slow
+def test_a_tokenizer_object_with_the_core_in_a_process_refuses_structured_output(tiny_dir) -> None:
+    from twinserve.backends.real.config import EngineArgs
+    from twinserve.backends.real.engine import LLMEngine
+    from twinserve.backends.real.tokenizer import load_tokenizer
+    from twinserve.backends.real.models.registry import resolve_model
+
+    tok = load_tokenizer(resolve_model(str(tiny_dir)))
+    engine = LLMEngine(EngineArgs(model=str(tiny_dir), dtype="float64", max_model_len=256, num_gpu_blocks_override=64,
+                                  block_size=4, engine_core_mode="process"), tokenizer=tok)
+    try:
+        with pytest.raises(InvalidRequestError, match="tokenizer") as e:
+            engine.add_request("c", "a b c", SamplingParams(structured_output=_spec("regex", "a+", "guided_regex")))
+        assert e.value.param == "guided_regex"
+        engine.add_request("free", "a b c", SamplingParams(max_tokens=3, ignore_eos=True))
+        done = []
+        while engine.has_unfinished_requests():
+            done += [o for o in engine.step() if o.finished]
+        assert [o.request_id for o in done] == ["free"] and len(done[0].outputs[0].token_ids) == 3
+    finally:
+        engine.shutdown()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import threading
 import time
@@ -70,6 +72,37 @@ class SlowStep:
         self.engine.step = self.inner
 
 
+class FrozenCore:
+    """SlowStep's counterpart for an engine core in its own process, where a slow front-end step
+    slows nothing (the front end folds every batch waiting into one step): once a request runs,
+    the core process is stopped (SIGSTOP) for `seconds`, then let go (SIGCONT). Inert in process."""
+
+    def __init__(self, server: RunningServer, seconds: float = 1.0) -> None:
+        self.thread: threading.Thread | None = None
+        if server.engine.core_mode != "process":
+            return
+        (pid,) = server.engine.child_pids
+        snapshot = lambda: server.state.async_engine.snapshot  # noqa: E731
+
+        def hold() -> None:
+            deadline = time.monotonic() + 10
+            while snapshot().num_running == 0 and time.monotonic() < deadline:
+                time.sleep(0.002)
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                time.sleep(seconds)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+
+        self.thread = threading.Thread(target=hold, daemon=True)
+        self.thread.start()
+
+    def join(self) -> None:
+        """Wait until the core runs again."""
+        if self.thread is not None:
+            self.thread.join()
+
+
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> float:
     """Poll cond until true (AssertionError after timeout); seconds waited."""
     t0 = time.monotonic()
@@ -121,20 +154,27 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model_dir(tmp_path_factory.mktemp("serving_tiny"))
 
 
+@pytest.fixture(scope="module", params=["inproc", "process"])
+def core_mode(request: pytest.FixtureRequest) -> str:
+    """Every serving test runs with the engine core in this process and in its own."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def server(tiny_model_dir: Path) -> Iterator[RunningServer]:
+def server(tiny_model_dir: Path, core_mode: str) -> Iterator[RunningServer]:
     """One shared server per test module (no API key)."""
-    s = start_server(tiny_model_dir)
+    s = start_server(tiny_model_dir, engine_core_mode=core_mode)
     yield s
     s.stop()
 
 
 @pytest.fixture
-def make_server(tiny_model_dir: Path) -> Iterator[Callable[..., RunningServer]]:
+def make_server(tiny_model_dir: Path, core_mode: str) -> Iterator[Callable[..., RunningServer]]:
     """Factory for servers with special settings; all are stopped at the end of the test."""
     started: list[RunningServer] = []
 
     def build(**kw: Any) -> RunningServer:
+        kw.setdefault("engine_core_mode", core_mode)
         s = start_server(tiny_model_dir, **kw)
         started.append(s)
         return s

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from .conftest import RunningServer, SlowStep, wait_for
+from .conftest import FrozenCore, RunningServer, SlowStep, wait_for
 
 GOOD = {"model": "tiny", "prompt": "the quick brown fox", "max_tokens": 3, "ignore_eos": True}
 
@@ -150,8 +150,11 @@ def test_graceful_shutdown_aborts_in_flight_with_a_reason_and_never_hangs(make_s
     t = threading.Thread(target=consume)
     t.start()
     wait_for(lambda: server.state.async_engine.snapshot.num_running == 1)
+    # With the core in its own process: held through the grace period, then let go for the shutdown.
+    frozen = FrozenCore(server, 1.0)
     took = server.stop(timeout=15)
     t.join(5)
+    frozen.join()
     assert not t.is_alive()
     assert took < 0.5 + 5
     assert events[-1] == "data: [DONE]"

@@ -10,7 +10,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import RunningServer, SlowStep, wait_for
+from .conftest import FrozenCore, RunningServer, SlowStep, wait_for
 
 NUM_CLIENTS = 32
 NUM_DISCONNECT = NUM_CLIENTS // 4
@@ -139,10 +139,12 @@ def test_a_client_hanging_up_mid_stream_frees_its_blocks_at_once(make_server) ->
 def test_a_non_streamed_client_that_gives_up_is_aborted(make_server) -> None:
     server = make_server()
     SlowStep(server, 0.02)
+    frozen = FrozenCore(server, 1.0)  # with the core in a process: held past the client's timeout
     kv = server.engine.core.scheduler.kv
     body = {"model": "tiny", "prompt": _prompt(2), "max_tokens": 200, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/v1/completions", json=body, timeout=0.5)
+    frozen.join()
     wait_for(lambda: kv.num_free_blocks == kv.num_blocks and not server.engine.has_unfinished_requests(),
              timeout=2.0)
     assert scrape(server.url)["twinserve:request_success_total{finished_reason=abort}"] == 1

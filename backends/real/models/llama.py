@@ -45,6 +45,9 @@ class RMSNorm(nn.Module):
 class LlamaAttention(nn.Module):
     """Self-attention with GQA; K/V go through the attention backend into the paged cache."""
 
+    # Set by models.parallel.shard_llama on a tensor-parallel rank: o_proj is row-parallel.
+    tp = None
+
     def __init__(self, cfg: LlamaConfig, rope: RotaryEmbedding) -> None:
         super().__init__()
         self.num_heads = cfg.num_attention_heads
@@ -67,11 +70,14 @@ class LlamaAttention(nn.Module):
         v = v.contiguous().view(t, self.num_kv_heads, self.head_dim)
         q, k = self.rope(cos_sin, q, k)
         o = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
-        return linear(o.reshape(t, self.q_size), self.o_proj)
+        out = linear(o.reshape(t, self.q_size), self.o_proj)
+        return out if self.tp is None else self.tp.all_reduce(out)
 
 
 class LlamaMLP(nn.Module):
     """SwiGLU feed-forward."""
+
+    tp = None  # see LlamaAttention.tp: down_proj is row-parallel
 
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
@@ -82,7 +88,8 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
         gate, up = linear(x, self.gate_up_proj).split(self.inter, dim=-1)
-        return linear(nn.functional.silu(gate) * up, self.down_proj)
+        out = linear(nn.functional.silu(gate) * up, self.down_proj)
+        return out if self.tp is None else self.tp.all_reduce(out)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -104,6 +111,8 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """Embeddings, decoder layers, final norm and LM head (tied or not)."""
+
+    tp = None  # on a tensor-parallel rank: the head computes this rank's vocab slice, then gathers
 
     def __init__(self, cfg: LlamaConfig, max_len: int, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
@@ -130,9 +139,11 @@ class LlamaForCausalLM(nn.Module):
         """Hidden states [N, hidden] -> fp32 logits [N, vocab]."""
         head_t = getattr(self, "head_t", None)
         if head_t is not None and hidden.shape[0] <= SMALL_BATCH_ROWS:
-            return (hidden @ head_t).float()
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return nn.functional.linear(hidden, weight).float()
+            logits = (hidden @ head_t).float()
+        else:
+            weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+            logits = nn.functional.linear(hidden, weight).float()
+        return logits if self.tp is None else self.tp.gather_vocab(logits)
 
     def add_small_batch_weights(self) -> None:
         """Keep an [in, out] copy of every projection for batches of <= SMALL_BATCH_ROWS rows.

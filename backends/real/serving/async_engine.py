@@ -1,5 +1,9 @@
 """The async front end: the engine's busy loop on its own thread, asyncio streams per request.
 
+With engine_core_mode='process' the thread only feeds the engine-core process and reads back
+its per-step batches (LLMEngine hides which); scheduling and the forward pass then never
+share this process's GIL with HTTP handling, tokenization or detokenization.
+
 Only the engine thread touches the LLMEngine. The event loop sends it commands (add, abort,
 stop) through a thread-safe queue and receives each step's outputs in one batch through
 loop.call_soon_threadsafe, so an HTTP handler never waits on a forward pass and the engine
@@ -84,8 +88,8 @@ class AsyncLLMEngine:
         self._dead: BaseException | None = None
         self._stopping = False
         self._live: set[str] = set()  # request ids inside the engine (engine thread only)
-        self.snapshot = EngineSnapshot(num_blocks=engine.scheduler_config.num_blocks,
-                                       num_free_blocks=engine.core.scheduler.kv.num_free_blocks)
+        stats = engine.core.stats()
+        self.snapshot = EngineSnapshot(num_blocks=stats.num_blocks, num_free_blocks=stats.num_free_blocks)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -228,11 +232,10 @@ class AsyncLLMEngine:
 
     def _publish(self, outputs: list[RequestOutput]) -> None:
         engine = self.engine
-        sched = engine.core.scheduler
-        kv = sched.kv
-        snap = EngineSnapshot(sched.num_running, sched.num_waiting, engine.get_num_unfinished_requests(),
-                              kv.usage, kv.num_free_blocks, kv.num_blocks, kv.stats.queries, kv.stats.hits,
-                              sched.num_preemptions, engine.core.num_steps)
+        s = engine.core.stats()
+        snap = EngineSnapshot(s.num_running, s.num_waiting, engine.get_num_unfinished_requests(),
+                              s.kv_usage, s.num_free_blocks, s.num_blocks, s.prefix_queries, s.prefix_hits,
+                              s.num_preemptions, s.num_steps)
         self.snapshot = snap
         for out in outputs:
             if out.finished:

@@ -15,6 +15,10 @@ from .server import ServerConfig, build_app
 
 logger = logging.getLogger("twinserve.serve")
 
+# Where `serve` runs the engine core unless --engine-core-mode says otherwise (measured with
+# experiments/bench_serving.py --engine-core-modes inproc process; see README).
+SERVE_ENGINE_CORE_MODE = "inproc"  # not yet measured: keep the old layout until it is
+
 
 class GracefulServer(uvicorn.Server):
     """uvicorn that, on shutdown, lets in-flight requests run `grace_s` more seconds, then aborts them.
@@ -52,7 +56,7 @@ def serve(ns: argparse.Namespace, engine_args: Any) -> int:
 
     if ns.threads:
         torch.set_num_threads(ns.threads)
-    engine = LLMEngine(engine_args)
+    engine = LLMEngine(engine_args, default_core_mode=SERVE_ENGINE_CORE_MODE)
     names = ns.served_model_name or [ns.model]
     access_log = not getattr(ns, "disable_access_log", False)
     config = ServerConfig(names, ns.api_key, ns.max_queued_requests or None,

@@ -1,0 +1,40 @@
+"""Builds the engine core and its executor: the same code in this process or in the core's own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...core.engine_core import EngineCore
+from ...core.errors import InvalidConfigError
+from .config import EngineArgs
+from .core_client import scheduler_config_for
+from .executor import InProcessExecutor
+from .models.llama import LlamaForCausalLM
+from .models.registry import ModelSource
+from .worker import Worker
+
+
+def build_engine_core(args: EngineArgs, max_model_len: int, eos_ids: list[int],
+                      model: LlamaForCausalLM | None = None, source: ModelSource | None = None
+                      ) -> tuple[EngineCore, Any, int]:
+    """(EngineCore, executor, KV bytes per token): workers built, KV sized by the smallest one."""
+    backend = args.resolve_executor_backend()
+    if backend == "mp":
+        if model is not None:
+            raise InvalidConfigError("distributed_executor_backend", "mp",
+                                     "'uni' for an engine built around an in-memory model")
+        from .mp_executor import MultiprocExecutor
+
+        executor: Any = MultiprocExecutor(args, max_model_len, eos_ids, source)
+        kv_bytes = executor.kv_bytes_per_token
+    else:
+        worker = Worker(args, max_model_len, eos_ids, model=model, source=source)
+        executor = InProcessExecutor([worker])
+        kv_bytes = worker.kv_bytes_per_token
+    try:
+        num_blocks = executor.initialize_kv_cache()
+        core = EngineCore(scheduler_config_for(args, max_model_len, num_blocks), executor)
+    except BaseException:
+        executor.shutdown()
+        raise
+    return core, executor, kv_bytes

@@ -1,0 +1,160 @@
+"""The front end's handle on the engine core: the same EngineCore in this process or in its own.
+
+Both clients take core requests and aborts and hand back, per engine step, a batch of
+CoreOutputs (tokens plus the lifecycle facts the front end reports) and the core's stats,
+so the front end (LLMEngine) does not care where the busy loop runs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Protocol
+
+from ...core.engine_core import EngineCore, StepStats
+from ...core.request import FinishReason, Request
+from ...core.sched.config import SchedulerConfig
+from ...core.sched.output import EngineCoreOutput
+from .config import EngineArgs
+from .core_messages import CoreOutput, CoreStats
+
+
+@dataclass(slots=True)
+class CoreStep:
+    """What one engine-core iteration produced."""
+
+    outputs: list[CoreOutput]
+    stats: StepStats | None = None
+
+
+class EngineCoreClient(Protocol):
+    """The seam between the front end and the busy loop."""
+
+    num_blocks: int
+    kv_bytes_per_token: int
+
+    def add_request(self, request: Request) -> None:
+        """Queue a validated request."""
+
+    def abort(self, request_ids: Iterable[str], reason: FinishReason = FinishReason.ABORT) -> None:
+        """End requests early."""
+
+    def get_output(self, timeout: float) -> CoreStep | None:
+        """The next iteration's outputs; None when nothing came within timeout (or nothing runs)."""
+
+    def has_pending(self) -> bool:
+        """True while the core has not yet answered everything sent to it."""
+
+    def stats(self) -> CoreStats:
+        """Scheduler and KV state after the latest iteration the front end has seen."""
+
+    def shutdown(self) -> None:
+        """Stop the core (and its workers) and write the step log if asked."""
+
+
+def scheduler_config_for(args: EngineArgs, max_model_len: int, num_blocks: int) -> SchedulerConfig:
+    """The scheduler's config from the engine args and the KV blocks the workers can hold."""
+    batched = args.max_num_batched_tokens or (2048 if args.enable_chunked_prefill else max_model_len)
+    return SchedulerConfig(
+        max_num_batched_tokens=batched, max_num_seqs=args.max_num_seqs,
+        max_model_len=max_model_len, enable_chunked_prefill=args.enable_chunked_prefill,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        block_size=args.block_size, num_blocks=num_blocks,
+        enable_prefix_caching=args.enable_prefix_caching, policy=args.policy,
+        preemption=args.preemption)
+
+
+def core_output(o: EngineCoreOutput, req: Request | None) -> CoreOutput:
+    """An EngineCoreOutput plus the request's lifecycle facts, as the wire record."""
+    if req is None:
+        return CoreOutput(o.req_id, o.new_token_ids, o.finish_reason, o.stop_reason, o.new_logprobs,
+                          o.prompt_logprobs, o.error)
+    return CoreOutput(o.req_id, o.new_token_ids, o.finish_reason, o.stop_reason, o.new_logprobs,
+                      o.prompt_logprobs, o.error, req.first_scheduled_time, req.first_token_time,
+                      req.prefix_hit_tokens, req.num_preemptions)
+
+
+def core_stats(core: EngineCore) -> CoreStats:
+    """The core's scheduler and KV state as one record."""
+    sched = core.scheduler
+    kv = sched.kv
+    return CoreStats(sched.num_running, sched.num_waiting, sched.num_preemptions, core.num_steps,
+                     kv.usage, kv.num_free_blocks, kv.num_blocks, kv.stats.queries, kv.stats.hits)
+
+
+class CoreRequests:
+    """The core's live requests by id, so outputs can carry their lifecycle facts."""
+
+    def __init__(self) -> None:
+        self.live: dict[str, Request] = {}
+
+    def wrap(self, outputs: list[EngineCoreOutput]) -> list[CoreOutput]:
+        """Wire records for outputs; finished requests are forgotten."""
+        live = self.live
+        res = []
+        for o in outputs:
+            res.append(core_output(o, live.get(o.req_id)))
+            if o.finish_reason is not None:
+                live.pop(o.req_id, None)
+        return res
+
+
+class InprocCoreClient:
+    """Drives an EngineCore in this process: get_output runs one step."""
+
+    def __init__(self, core: EngineCore, executor: Any, kv_bytes_per_token: int) -> None:
+        self.core = core
+        self.executor = executor
+        self.scheduler = core.scheduler
+        self.num_blocks = core.config.num_blocks
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self._requests = CoreRequests()
+
+    @property
+    def num_steps(self) -> int:
+        """Engine steps run so far."""
+        return self.core.num_steps
+
+    @property
+    def last_scheduler_output(self) -> Any:
+        """The SchedulerOutput of the step just run (replay checks read it)."""
+        return self.core.last_scheduler_output
+
+    def __getattr__(self, name: str) -> Any:
+        # Read-through to the EngineCore (clock, config...) for code written against it.
+        return getattr(self.__dict__["core"], name)
+
+    def add_request(self, request: Request) -> None:
+        """Queue on the core (typed error if it can never be served)."""
+        self.core.add_request(request)
+        self._requests.live[request.request_id] = request
+
+    def abort(self, request_ids: Iterable[str], reason: FinishReason = FinishReason.ABORT) -> None:
+        """Abort on the core at once; KV blocks are freed before this returns."""
+        ids = list(request_ids)
+        self.core.abort(ids, time.monotonic(), reason)
+        for rid in ids:
+            self._requests.live.pop(rid, None)
+
+    def get_output(self, timeout: float = 0.0) -> CoreStep | None:
+        """Run one step now (timeout is unused: a step in this process always returns)."""
+        if not self.core.has_unfinished_requests():
+            return None
+        outputs, stats = self.core.step(time.monotonic())
+        return CoreStep(self._requests.wrap(outputs), stats)
+
+    def has_unfinished_requests(self) -> bool:
+        """True while the core has anything waiting or running."""
+        return self.core.has_unfinished_requests()
+
+    def has_pending(self) -> bool:
+        """Always False: requests and aborts take effect before the call returns."""
+        return False
+
+    def stats(self) -> CoreStats:
+        """The live scheduler's state."""
+        return core_stats(self.core)
+
+    def shutdown(self) -> None:
+        """Stop the executor (workers, step log)."""
+        self.executor.shutdown()

@@ -1,0 +1,125 @@
+"""Messages between the front end and the engine core, as msgspec structs (msgpack on the wire)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from ...core.request import FinishReason
+from ...core.sampling_params import SamplingParams
+from ...core.sched.output import Logprob
+
+
+class CoreStats(msgspec.Struct, array_like=True):
+    """Scheduler and KV-cache state after the core's latest iteration."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_preemptions: int = 0
+    num_steps: int = 0
+    kv_usage: float = 0.0
+    num_free_blocks: int = 0
+    num_blocks: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+
+
+class CoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
+    """One request's result of one step, with the lifecycle facts the front end reports.
+
+    The fields of core.sched.output.EngineCoreOutput first (finish reason "error" with its
+    `error`, prompt logprobs as (first prompt index, records)), then the Request's facts.
+    """
+
+    req_id: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    new_logprobs: list[Logprob] | None = None
+    prompt_logprobs: tuple[int, list[Logprob]] | None = None
+    error: str | None = None
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    prefix_hit_tokens: int = -1
+    num_preemptions: int = 0
+
+
+# ---------------------------------------------------------------- front end -> core
+class AddRequest(msgspec.Struct, tag=True, array_like=True):
+    """Queue one core request (the front end has validated it already).
+
+    sampling_params travels whole (logit_bias, prompt_logprobs, structured_output...); a
+    structured-output spec travels without its compiled grammar, which does not serialize: the
+    process that masks logits compiles its own (see Worker.compile_grammar).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float
+    priority: int = 0
+    eos_token_id: int | None = None
+    # Keeps the request's prefix out of others' cache hits (prompt logprobs need every position).
+    cache_salt: str | None = None
+
+
+class AbortRequests(msgspec.Struct, tag=True, array_like=True):
+    """End requests early with the given finish reason."""
+
+    request_ids: list[str]
+    reason: FinishReason = FinishReason.ABORT
+
+
+class Shutdown(msgspec.Struct, tag=True, array_like=True):
+    """Stop the busy loop, the executor and its workers."""
+
+
+# ---------------------------------------------------------------- core -> front end
+class Ready(msgspec.Struct, tag=True, array_like=True):
+    """The core is built: its KV-cache size and what the front end needs to validate requests."""
+
+    num_blocks: int
+    kv_bytes_per_token: int
+    pids: list[int]
+
+
+class StepOutputs(msgspec.Struct, tag=True, array_like=True):
+    """Everything one busy-loop iteration produced, in one message."""
+
+    outputs: list[CoreOutput]
+    stats: CoreStats
+    # Messages from the front end handled so far: it knows when the core has caught up.
+    inputs_seen: int
+    # The core's StepStats, generic so its owner can grow it.
+    step_stats: Any = None
+
+
+class CoreError(msgspec.Struct, tag=True, array_like=True):
+    """The core failed (at start-up or in a step); it exits after sending this."""
+
+    message: str
+    traceback: str
+
+
+class Bye(msgspec.Struct, tag=True, array_like=True):
+    """The core shut down cleanly."""
+
+
+ToCore = AddRequest | AbortRequests | Shutdown
+FromCore = Ready | StepOutputs | CoreError | Bye
+
+
+def encoder() -> msgspec.msgpack.Encoder:
+    """One encoder per socket owner (not thread-safe to share across threads)."""
+    return msgspec.msgpack.Encoder()
+
+
+def to_core_decoder() -> msgspec.msgpack.Decoder:
+    """Decodes what the front end sends."""
+    return msgspec.msgpack.Decoder(ToCore)
+
+
+def from_core_decoder() -> msgspec.msgpack.Decoder:
+    """Decodes what the core sends."""
+    return msgspec.msgpack.Decoder(FromCore)
