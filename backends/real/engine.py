@@ -84,6 +84,7 @@ class LLMEngine:
             source = resolve_model(args.model)
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(source, args.tokenizer)
         cfg = model.config if model is not None else _peek_config(source)
+        self.model_config = cfg  # the model's architecture (HF config), whichever process runs it
         self.model_name = source.name if source else args.model
         args.validate()
         self.max_model_len = args.max_model_len or cfg.max_position_embeddings

@@ -251,5 +251,16 @@ def check_profile_model(profile: FittedCostModel, model: str, allow_mismatch: bo
                            "(`twinserve calibrate`) or allow the mismatch explicitly")
 
 
+def check_profile_parallelism(profile: FittedCostModel, tensor_parallel_size: int,
+                              allow_mismatch: bool = False, source: str = "profile") -> None:
+    """Refuse a profile calibrated at another tensor-parallel size than the engine it predicts."""
+    made_at = profile.meta.get("tensor_parallel_size")
+    if allow_mismatch or made_at is None or int(made_at) == int(tensor_parallel_size):
+        return
+    raise ProfileError(f"{source} was calibrated at tensor_parallel_size={made_at} but the engine runs "
+                       f"tensor_parallel_size={tensor_parallel_size}; calibrate with "
+                       f"`twinserve calibrate --tensor-parallel-size {tensor_parallel_size}`")
+
+
 def _norm(name: str) -> str:
     return name.lower().replace("-instruct", "").replace("_", "-")

@@ -304,8 +304,7 @@ def regime_bounds(engine: Any) -> list[int]:
     """Token counts where the engine switches code path (the CPU small-batch weights)."""
     from ..real.models.llama import SMALL_BATCH_ROWS
 
-    worker = engine.worker
-    if worker.device.type == "cpu" and engine.args.small_batch_weights:
+    if engine.args.resolve_device().type == "cpu" and engine.args.small_batch_weights:
         return [SMALL_BATCH_ROWS]
     return []
 
@@ -326,7 +325,9 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     cal = Calibrator(engine, seed)
     log = cal.run(design, progress)
     wall = time.perf_counter() - wall
-    cfg = engine.worker.model.config
+    cfg = engine.model_config
+    device = engine.args.resolve_device()
+    tp = engine.args.tensor_parallel_size
     name = catalog_name(cfg, engine.model_name)
     rows, probe_ref = correct_drift(log.rows(), cal.probes)
     probe_secs = [sec for _, sec in cal.probes]
@@ -336,12 +337,13 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
                             [b for b in design.decode_batches if 4 < b < max(design.decode_batches)])
     profile = fit_step_profile(
         rows, regime_max_tokens=bounds, model=name,
-        hardware=device_name(engine.worker.device), tensor_parallel_size=1,
+        hardware=device_name(device), tensor_parallel_size=tp,
         provenance={
             "made_by": "twinserve calibrate",
             "engine_model": engine.model_name,
-            "device": str(engine.worker.device),
-            "dtype": str(engine.worker.dtype).replace("torch.", ""),
+            "device": str(device),
+            "dtype": str(engine.args.resolve_dtype(device)).replace("torch.", ""),
+            "tensor_parallel_size": tp,
             "threads": threads if threads is not None else torch.get_num_threads(),
             "torch": torch.__version__,
             "python": platform.python_version(),
@@ -361,4 +363,8 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
                        "attention_backend": a.attention_backend},
             "design": asdict(design),
         })
+    # Tensor parallelism: the share of step time spent in collectives (rank 0's host time).
+    comm = [float((r.get("extra") or {}).get("comm_time_s", 0.0)) for r in rows]
+    total = sum(float(r["step_time_s"]) for r in rows)
+    profile.meta["fit"]["comm_share"] = sum(comm) / total if total > 0 else 0.0
     return profile, log

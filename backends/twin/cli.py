@@ -64,6 +64,8 @@ def _calibrate(ns: argparse.Namespace) -> int:
               f"{d['worst_rel_err']:+.1%}, mean step {d['mean_step_s'] * 1e3:.1f} ms")
     if "overhead_share" in fit:
         print(f"  engine CPU overhead: {fit['overhead_share']:.1%} of step time on average")
+    if fit.get("comm_share"):
+        print(f"  tensor-parallel all-reduce: {fit['comm_share']:.1%} of step time")
     return 0
 
 

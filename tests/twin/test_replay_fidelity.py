@@ -163,3 +163,30 @@ def test_speed_probe_repeats_on_one_engine(make_engine) -> None:
     assert engine.core.scheduler.kv.stats.hits == 0
     assert speed_probe(make_engine(max_num_batched_tokens=64)) is None  # shapes do not fit one step
     engine.shutdown()
+
+
+def test_calibrate_at_tensor_parallel_2_logs_comm_and_fidelity_refuses_a_tp_mismatch(
+        tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """calibrate runs the design on two worker processes: the profile says TP 2 and prices the
+    all-reduce time the step log recorded; a TP 1 engine refuses it, naming both sizes."""
+    from twinserve.cli import main
+
+    prof = tmp_path / "tp2.json"
+    common = ["--model", str(tiny_model), "--dtype", "float64", "--max-model-len", "256",
+              "--block-size", "4", "--num-gpu-blocks-override", "200"]
+    assert main(["calibrate", "--out", str(prof), "--quick", "--repeats", "1", "--no-progress",
+                 "--tensor-parallel-size", "2", *common]) == 0
+    data = json.loads(prof.read_text())
+    assert data["tensor_parallel_size"] == 2 and data["provenance"]["tensor_parallel_size"] == 2
+    assert 0 < data["fit"]["comm_share"] < 1
+    import pandas as pd
+
+    steps = pd.read_csv(prof.with_suffix(".steps.csv"))
+    comm = steps["extra"].map(lambda e: json.loads(e).get("comm_time_s", 0.0))
+    assert (comm > 0).mean() > 0.9  # every step that ran the model all-reduced
+    assert "all-reduce" in capsys.readouterr().out
+    rc = main(["fidelity", "--profile", str(prof), "--trace", str(_trace(tmp_path / "t.csv")),
+               "--out", str(tmp_path / "fid"), *common])
+    err = capsys.readouterr().err
+    assert rc == 2 and "tensor_parallel_size=2" in err and "tensor_parallel_size=1" in err
+    assert not (tmp_path / "fid" / "fidelity.json").exists()
