@@ -52,9 +52,12 @@ def main() -> int:
     p.add_argument("--model", default="smollm2", help="HF folder, .gguf file or short name")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="worker processes (one --threads each); the profile must be made at the same size")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     engine = LLMEngine(EngineArgs(model=a.model, device=a.device, dtype=a.dtype,
+                                  tensor_parallel_size=a.tensor_parallel_size,
                                   max_num_seqs=a.max_num_seqs,
                                   max_num_batched_tokens=a.max_num_batched_tokens))
     profile = FittedCostModel.load(a.profile)
