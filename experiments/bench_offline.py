@@ -113,30 +113,37 @@ def main() -> None:
     ap.add_argument("--tensor-parallel-size", type=int, nargs="+", default=[1],
                     help="one or more TP sizes, run side by side (threads is per rank); more than one skips HF")
     ap.add_argument("--engine-core-mode", default="inproc")
+    ap.add_argument("--dtypes", default="float32,bfloat16",
+                    help="twinserve weight/KV dtypes to run, in this order (fp32 is the default; bf16 uses "
+                         "AMX/AVX512-BF16 where the CPU has them)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     threads = torch.get_num_threads()
     if len(a.tensor_parallel_size) > 1:
         compare_tp(a, threads)
         return
-    llm = LLM("smollm2", max_model_len=1024, kv_cache_memory_gb=a.kv_cache_memory_gb, seed=a.seed,
-              tensor_parallel_size=a.tensor_parallel_size[0], engine_core_mode=a.engine_core_mode)
-    engine = llm.llm_engine
-    prompts, outs = make_workload(llm.get_tokenizer(), a.num_prompts, a.seed)
-    print(f"workload: {len(prompts)} prompts, prompt tokens {sum(map(len, prompts))} "
-          f"(min {min(map(len, prompts))}, max {max(map(len, prompts))}), output tokens {sum(outs)} "
-          f"(min {min(outs)}, max {max(outs)}); threads={threads}")
-    print(f"KV cache: {engine.kv_bytes_per_token} bytes/token (largest rank), "
-          f"{engine.scheduler_config.num_blocks} blocks x {engine.scheduler_config.block_size} tokens")
-    llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
-    ts_dt, ts_tok = bench_twinserve(llm, prompts, outs)
-    ts_rate = ts_tok / ts_dt
-    print(f"twinserve     mixed batch: {ts_tok} tokens in {ts_dt:.1f} s = {ts_rate:.1f} output tok/s "
-          f"(threads={threads}, steps={engine.core.num_steps})")
-    ts_dec = decode_rate_twinserve(llm, prompts[0][:32], a.decode_tokens)
-    print(f"twinserve     batch-1 decode: {ts_dec:.1f} tok/s (threads={threads})")
-    peak_ts = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"peak RSS after twinserve: {peak_ts:.0f} MiB")
+    results: dict[str, tuple[float, float]] = {}
+    for dtype in a.dtypes.split(","):
+        llm = LLM("smollm2", max_model_len=1024, kv_cache_memory_gb=a.kv_cache_memory_gb, seed=a.seed, dtype=dtype,
+                  tensor_parallel_size=a.tensor_parallel_size[0], engine_core_mode=a.engine_core_mode)
+        engine = llm.llm_engine
+        prompts, outs = make_workload(llm.get_tokenizer(), a.num_prompts, a.seed)
+        print(f"workload: {len(prompts)} prompts, prompt tokens {sum(map(len, prompts))} "
+              f"(min {min(map(len, prompts))}, max {max(map(len, prompts))}), output tokens {sum(outs)} "
+              f"(min {min(outs)}, max {max(outs)}); threads={threads}")
+        print(f"KV cache: {engine.kv_bytes_per_token} bytes/token ({dtype}, largest rank), "
+              f"{engine.scheduler_config.num_blocks} blocks x {engine.scheduler_config.block_size} tokens")
+        llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+        ts_dt, ts_tok = bench_twinserve(llm, prompts, outs)
+        ts_rate = ts_tok / ts_dt
+        print(f"twinserve {dtype:9s} mixed batch: {ts_tok} tokens in {ts_dt:.1f} s = {ts_rate:.1f} output tok/s "
+              f"(threads={threads}, steps={engine.core.num_steps})")
+        ts_dec = decode_rate_twinserve(llm, prompts[0][:32], a.decode_tokens)
+        print(f"twinserve {dtype:9s} batch-1 decode: {ts_dec:.1f} tok/s (threads={threads})")
+        print(f"peak RSS so far: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB", flush=True)
+        results[dtype] = (ts_rate, ts_dec)
+        engine.shutdown()
+        del llm, engine
     if a.skip_hf:
         return
     from transformers import AutoModelForCausalLM
@@ -151,7 +158,9 @@ def main() -> None:
           f"in {hf_dt:.1f} s = {hf_rate:.1f} output tok/s (threads={threads})")
     hf_dec = decode_rate_hf(hf, prompts[0][:32], a.decode_tokens)
     print(f"transformers  batch-1 decode: {hf_dec:.1f} tok/s (threads={threads})")
-    print(f"ratio twinserve/transformers: mixed batch {ts_rate / hf_rate:.2f}x, batch-1 decode {ts_dec / hf_dec:.2f}x")
+    for dtype, (ts_rate, ts_dec) in results.items():
+        print(f"ratio twinserve {dtype}/transformers fp32: mixed batch {ts_rate / hf_rate:.2f}x, "
+              f"batch-1 decode {ts_dec / hf_dec:.2f}x (threads={threads})")
     print(f"peak RSS (both engines in this process): {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 
 

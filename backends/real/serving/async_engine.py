@@ -217,7 +217,8 @@ class AsyncLLMEngine:
         engine = self.engine
         if isinstance(cmd, _Add):
             try:
-                engine.add_request(cmd.request_id, cmd.prompt, cmd.params, arrival_time=cmd.arrival_time)
+                engine.add_request(cmd.request_id, cmd.prompt, cmd.params, arrival_time=cmd.arrival_time,
+                                   output_kind="delta")
             except Exception as exc:  # a bad request never takes the engine down
                 cmd.done.set_exception(exc)
             else:

@@ -15,8 +15,6 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="name(s) clients use for the model (default: the model argument)")
     p.add_argument("--max-queued-requests", type=int, default=1024,
                    help="requests waiting beyond this are refused with 429 (0 = no bound)")
-    p.add_argument("--enforce-eager", action="store_true",
-                   help="accepted for vLLM compatibility: this engine always runs eagerly")
     p.add_argument("--shutdown-grace", type=float, default=5.0,
                    help="seconds in-flight requests may run after SIGINT/SIGTERM before they are aborted")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")

@@ -130,7 +130,7 @@ def _echo_ready(out: RequestOutput) -> bool:
     """True once an echoed prompt can be sent: its logprobs (if asked) are all computed."""
     plp = out.prompt_logprobs
     return (plp is None or len(plp) <= 1 or plp[-1] is not None or out.finished
-            or any(c.token_ids for c in out.outputs))
+            or any(c.token_ids or c.token_ids_delta for c in out.outputs))
 
 
 def _chunk(meta: ResponseMeta, choices: list[dict[str, Any]]) -> dict[str, Any]:
