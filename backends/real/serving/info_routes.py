@@ -102,4 +102,6 @@ def add_info_routes(app: FastAPI, state: Any, read_json: Any) -> None:
             return JSONResponse(engine_dead(reason).body(), status_code=503)
         return Response(status_code=200)
 
-    app.add_api_route("/ping", ping, methods=["GET", "POST"])
+    # One route per method: a shared route would give both the same OpenAPI operation id.
+    app.add_api_route("/ping", ping, methods=["GET"], operation_id="ping_get")
+    app.add_api_route("/ping", ping, methods=["POST"], operation_id="ping_post")
