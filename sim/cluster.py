@@ -309,21 +309,8 @@ class ClusterSimulation:
         rep.area_batch += n * busy
         rep.area_kv += kv_area
         rep.load.kv_usage = usage[-1]
-        log = rep.steps
-        if log is not None:
-            log.start.append(t)
-            log.start.extend(ends[:-1])
-            log.duration.extend(durations)
-            reps = [n] * m
-            log.in_system.extend(reps)
-            log.running.extend(reps)
-            if finished:
-                log.running[-1] = n - len(finished)
-            log.waiting.extend([0] * m)
-            log.tokens.extend(reps)
-            log.seqs.extend(reps)
-            log.kv_usage.extend(usage)
-            log.preempted.extend([0] * m)
+        if rep.steps is not None:
+            rep.steps.add_decode_window(t, ends, durations, n, len(finished), usage)
         rep.num_ff_windows += 1
         rep.end_time = ends[-1]
         return finished

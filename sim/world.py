@@ -66,6 +66,25 @@ class StepLog:
     def __len__(self) -> int:
         return len(self.start)
 
+    def add_decode_window(self, t: float, ends: list[float], durations: list[float], n: int,
+                          num_finished: int, usage: list[float]) -> None:
+        """The rows of a fast-forwarded window: len(ends) decode steps of n sequences from t,
+        nothing waiting or preempted; num_finished of them end in the last step."""
+        k = len(ends)
+        self.start.append(t)
+        self.start.extend(ends[:-1])
+        self.duration.extend(durations)
+        rep = [n] * k
+        self.in_system.extend(rep)
+        self.running.extend(rep)
+        if num_finished:
+            self.running[-1] = n - num_finished
+        self.waiting.extend([0] * k)
+        self.tokens.extend(rep)
+        self.seqs.extend(rep)
+        self.kv_usage.extend(usage)
+        self.preempted.extend([0] * k)
+
 
 @dataclass(slots=True)
 class RunResult:
@@ -249,20 +268,7 @@ class Simulation:
         ex.advance_decode(ids, context, durations, dropped)
         k = len(ends)
         self.core.num_steps += k
-        log = self.steps
-        log.start.append(t)
-        log.start.extend(ends[:-1])
-        log.duration.extend(durations)
-        rep = [n] * k
-        log.in_system.extend(rep)
-        log.running.extend(rep)
-        if finished:
-            log.running[-1] = n - len(finished)
-        log.waiting.extend([0] * k)
-        log.tokens.extend(rep)
-        log.seqs.extend(rep)
-        log.kv_usage.extend(usage)
-        log.preempted.extend([0] * k)
+        self.steps.add_decode_window(t, ends, durations, n, len(finished), usage)
         self.num_ff_windows += 1
         self._t_after_ff = ends[-1]
         for rid in finished:

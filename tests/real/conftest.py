@@ -113,6 +113,23 @@ def prompts_ids(n: int, seed: int = 0, lo: int = 3, hi: int = 40, vocab: int = 2
     return out
 
 
+def add_with_bad_stop_id(engine: Any, request_id: str, prompt: list[int], params: Any, **kw: Any) -> None:
+    """Add a request whose params are corrupted past validation, at the seam to the engine core:
+    a stop id outside the vocabulary, whose mask (min_tokens not reached yet) makes sampling raise."""
+    add = engine.core.add_request
+
+    def corrupt(req: Any) -> None:
+        if req.request_id == request_id:
+            req.sampling_params.stop_token_ids = [10 ** 6]
+        add(req)
+
+    engine.core.add_request = corrupt
+    try:
+        engine.add_request(request_id, {"prompt_token_ids": prompt}, params, **kw)
+    finally:
+        engine.core.add_request = add
+
+
 def read_json(path: Path) -> Any:
     """Parse a JSON file."""
     return json.loads(path.read_text())

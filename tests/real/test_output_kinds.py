@@ -7,7 +7,7 @@ import pytest
 from twinserve.backends.real import SamplingParams
 from twinserve.core.errors import InvalidRequestError
 
-from .conftest import prompts_ids
+from .conftest import add_with_bad_stop_id, prompts_ids
 
 PARAMS = SamplingParams(temperature=0.8, max_tokens=12, ignore_eos=True, seed=7, logprobs=2, n=2)
 
@@ -61,19 +61,8 @@ def test_lean_kinds_carry_prompt_logprobs_and_a_sampling_error(make_llm, kind: s
     while engine.has_unfinished_requests():
         ref.extend(o for o in engine.step() if o.finished)
     engine.add_request("ok", {"prompt_token_ids": prompt}, sp, output_kind=kind)
-    # Past validation, as the sampling-failure test does (at the seam to the engine core): a
-    # stop id outside the vocabulary.
-    add = engine.core.add_request
-
-    def corrupt(req):
-        if req.request_id == "bad":
-            req.sampling_params.stop_token_ids = [10 ** 6]
-        add(req)
-
-    engine.core.add_request = corrupt
-    engine.add_request("bad", {"prompt_token_ids": bad_prompt},
-                       SamplingParams(temperature=0.7, seed=1, max_tokens=5, min_tokens=3), output_kind=kind)
-    engine.core.add_request = add
+    add_with_bad_stop_id(engine, "bad", bad_prompt,
+                         SamplingParams(temperature=0.7, seed=1, max_tokens=5, min_tokens=3), output_kind=kind)
     outs: dict[str, list] = {"ok": [], "bad": []}
     while engine.has_unfinished_requests():
         for o in engine.step():

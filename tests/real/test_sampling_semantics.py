@@ -12,7 +12,7 @@ from twinserve.backends.real import SamplingParams
 from twinserve.backends.real.sampler import Sampler, SamplingRow
 from twinserve.core.errors import InvalidSamplingParamsError
 
-from .conftest import hf_greedy, prompts_ids
+from .conftest import add_with_bad_stop_id, hf_greedy, prompts_ids
 
 
 def _row(p: SamplingParams, out: list[int] | None = None) -> SamplingRow:
@@ -117,19 +117,9 @@ def test_one_requests_sampling_failure_ends_only_that_request(make_llm, tiny_dir
     sp = SamplingParams(temperature=0.7, seed=1, max_tokens=8, min_tokens=4, ignore_eos=True)
     engine.add_request("good", {"prompt_token_ids": good_prompt}, SamplingParams(temperature=0, max_tokens=8,
                                                                                  ignore_eos=True))
-    # Corrupt the params the runner will read, past validation (at the seam to the engine core):
-    # masking a stop id outside the vocabulary (min_tokens is not reached yet) raises inside the
-    # batched sampler. tests/real/test_engine_core_process.py does the same with the core in a process.
-    add = engine.core.add_request
-
-    def corrupt(req):
-        if req.request_id == "bad":
-            req.sampling_params.stop_token_ids = [10 ** 6]
-        add(req)
-
-    engine.core.add_request = corrupt
-    engine.add_request("bad", {"prompt_token_ids": bad_prompt}, sp)
-    engine.core.add_request = add
+    # Corrupted past validation; tests/real/test_engine_core_process.py does the same with the core
+    # in a process.
+    add_with_bad_stop_id(engine, "bad", bad_prompt, sp)
     finished = {}
     for _ in range(50):
         for out in engine.step():
