@@ -36,8 +36,9 @@ from twinserve.core.routing import ReplicaLoad, RouteRequest, Router, token_pref
 from twinserve.core.sampling_params import SamplingParams
 from twinserve.core.sched.fast_forward import apply_decode_steps, decode_window
 
-from .world import INF, ArrivalSource, RequestRecord, RunResult, StepLog
+from .gc_policy import simulation_gc
 from .workload import WorkItem, Workload
+from .world import INF, ArrivalSource, RequestRecord, RunResult, StepLog
 
 
 class Replica:
@@ -331,7 +332,8 @@ class ClusterSimulation:
         env.process(self._dispatcher())
         for rep in self.replicas:
             rep.process = env.process(self._engine(rep))
-        env.run()
+        with simulation_gc():
+            env.run()
         wall = time.perf_counter() - wall
         per = [self._replica_result(rep, wall) for rep in self.replicas]
         total = RunResult(self.records, StepLog(), max((r.end_time for r in per), default=0.0), wall,

@@ -23,6 +23,7 @@ from twinserve.core.request import Request
 from twinserve.core.sampling_params import SamplingParams
 from twinserve.core.sched.fast_forward import apply_decode_steps, decode_window
 
+from .gc_policy import simulation_gc
 from .workload import WorkItem, Workload
 
 INF = float("inf")
@@ -279,7 +280,8 @@ class Simulation:
         """Run until every request has finished; returns the records and the step log."""
         wall = time.perf_counter()
         self.env.process(self._engine())
-        self.env.run()
+        with simulation_gc():
+            self.env.run()
         wall = time.perf_counter() - wall
         sched = self.core.scheduler
         stats = sched.kv.stats

@@ -107,24 +107,32 @@ class BlockPool:
 
     def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
         """Take n free blocks, evicting their cached content lazily; each gets ref count 1."""
-        if n > self.free_queue.num_free:
-            raise ValueError(f"asked for {n} blocks, {self.free_queue.num_free} free")
+        queue = self.free_queue
+        if n > queue.num_free:
+            raise ValueError(f"asked for {n} blocks, {queue.num_free} free")
+        # The first n blocks of the queue, unlinked in one splice: this runs for every block
+        # a prefill allocates, so the walk is inlined rather than n popleft() calls.
         out = []
-        popleft = self.free_queue.popleft
+        append = out.append
+        cached = self.cached
+        head = queue._head
+        block = head.next_free
         for _ in range(n):
-            block = popleft()
-            if block.block_hash is not None:
-                self._evict(block)
+            key = block.block_hash
+            if key is not None:
+                del cached[key.value]
+                block.block_hash = None
+                self.num_evictions += 1
             block.ref_cnt = 1
-            out.append(block)
+            block.prev_free = None
+            nxt = block.next_free
+            block.next_free = None
+            append(block)
+            block = nxt
+        head.next_free = block
+        block.prev_free = head
+        queue.num_free -= n
         return out
-
-    def _evict(self, block: KVCacheBlock) -> None:
-        key = block.block_hash
-        assert key is not None
-        del self.cached[key.value]
-        block.block_hash = None
-        self.num_evictions += 1
 
     def get_cached_block(self, key: BlockHash) -> KVCacheBlock | None:
         """The block cached under key's value if it holds key's whole prefix, else None."""
@@ -135,29 +143,6 @@ class BlockPool:
         if stored is key or stored == key:  # == walks both chains: a prefix, not one block
             return block
         return None
-
-    def cache_block(self, block: KVCacheBlock, key: BlockHash) -> BlockHash:
-        """Register a computed full block under key; returns the key object the block now holds.
-
-        The latest computed copy of a content takes the key, and the block that held it
-        before becomes uncached (it stays valid for the requests using it). When the
-        previous holder's key names the same prefix (same tokens, extra keys and parent
-        object), that key object is kept, so blocks cached as its children stay reachable.
-        """
-        if block.block_hash is not None:
-            return block.block_hash  # already cached (a prefix hit shared by this request)
-        cached = self.cached
-        old = cached.get(key.value)
-        if old is not None:
-            stored = old.block_hash
-            assert stored is not None
-            if stored is key or (stored.parent is key.parent and stored.token_ids == key.token_ids
-                                 and stored.extra_keys == key.extra_keys):
-                key = stored
-            old.block_hash = None
-        block.block_hash = key
-        cached[key.value] = block
-        return key
 
     def uncache_block(self, block: KVCacheBlock) -> None:
         """Drop a block's key (its KV is not what the key names); other holders keep using it."""
@@ -177,13 +162,25 @@ class BlockPool:
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference each; blocks reaching zero join the queue in the given order."""
-        append = self.free_queue.append
-        for block in ordered_blocks:
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                append(block)
-            elif block.ref_cnt < 0:
-                raise AssertionError(f"{block!r} freed more often than allocated")
+        queue = self.free_queue
+        tail = queue._tail
+        last = tail.prev_free
+        added = 0
+        try:
+            for block in ordered_blocks:
+                block.ref_cnt -= 1
+                if block.ref_cnt == 0:
+                    # FreeBlockQueue.append, inlined: the tail is relinked once at the end.
+                    last.next_free = block
+                    block.prev_free = last
+                    last = block
+                    added += 1
+                elif block.ref_cnt < 0:
+                    raise AssertionError(f"{block!r} freed more often than allocated")
+        finally:
+            last.next_free = tail
+            tail.prev_free = last
+            queue.num_free += added
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached key; refused while any block is held by a request."""

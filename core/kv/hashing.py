@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import struct
 from array import array
 from typing import Callable, NamedTuple, Sequence
 
@@ -70,8 +71,20 @@ def _rebuild_chain(chain: list[tuple[int, tuple[int, ...], tuple | None]]) -> Bl
     return key
 
 
+_PACKERS: dict[int, struct.Struct] = {}
+
+
 def _to_bytes(token_ids: Sequence[int], extra: tuple | None) -> bytes:
-    body = array("I", token_ids).tobytes()
+    # Native-order unsigned 32-bit ids, the bytes array("I", ids) gives, packed by a
+    # precompiled Struct per length (about twice as fast as building an array).
+    n = len(token_ids)
+    packer = _PACKERS.get(n)
+    if packer is None:
+        packer = _PACKERS[n] = struct.Struct(f"={n}I")
+    try:
+        body = packer.pack(*token_ids)
+    except struct.error:
+        body = array("I", token_ids).tobytes()  # raises the error an out-of-range id deserves
     return body + repr(extra).encode() if extra else body
 
 

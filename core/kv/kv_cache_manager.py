@@ -10,6 +10,8 @@ from .block_pool import BlockPool, KVCacheBlock
 from .hashing import BlockHash, HashFunction, get_hash_function
 
 _NO_BLOCKS: list[KVCacheBlock] = []
+# BlockHash(...) without the NamedTuple's Python-level __new__ (one per full block).
+_new_key = tuple.__new__
 
 
 @dataclass(slots=True)
@@ -58,13 +60,13 @@ class KVCacheManager:
             key = hashes[i]
             if key.parent is not parent:
                 # Block i-1 took over an equal key object (a hit or an adoption): relink.
-                key = hashes[i] = BlockHash(key.value, parent, key.token_ids, key.extra_keys)
+                key = hashes[i] = _new_key(BlockHash, (key.value, parent, key.token_ids, key.extra_keys))
             return key
         bs = self.block_size
         extra = (request.cache_salt,) if i == 0 and request.cache_salt is not None else None
         block_tokens = tuple(request.all_token_ids[i * bs:(i + 1) * bs])
         value = self.hash_fn(None if parent is None else parent.value, block_tokens, extra)
-        key = BlockHash(value, parent, block_tokens, extra)
+        key = _new_key(BlockHash, (value, parent, block_tokens, extra))
         hashes.append(key)
         return key
 
@@ -157,22 +159,61 @@ class KVCacheManager:
         return new_blocks
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        """Register the request's full blocks up to num_computed_tokens in the prefix cache."""
+        """Register the request's full blocks up to num_computed_tokens in the prefix cache.
+
+        The latest computed copy of a content takes the key, and the block that held it
+        before becomes uncached (it stays valid for the requests using it). When the
+        previous holder's key names the same prefix (same tokens, extra keys and parent
+        object), that key object is kept, so blocks cached as its children stay reachable.
+        A block that already holds a key (a prefix hit shared by this request) keeps it.
+        """
         if not self.enable_caching:
             return
         req_id = request.request_id
         done = self.num_cached_blocks.get(req_id)
-        num_full = num_computed_tokens // self.block_size
+        bs = self.block_size
+        num_full = num_computed_tokens // bs
         if done is None or num_full <= done:
             return
         blocks = self.req_to_blocks[req_id]
         hashes = request.block_hashes
-        key_of = self._key
-        cache = self.pool.cache_block
+        cached = self.pool.cached
+        hash_fn = self.hash_fn
+        token_ids = request.all_token_ids
+        salt = request.cache_salt
+        num_keys = len(hashes)
         parent = hashes[done - 1] if done else None
+        # _key and a per-block pool call, inlined: every prompt block passes through here.
         for i in range(done, num_full):
-            key = key_of(request, hashes, i, parent)
-            parent = hashes[i] = cache(blocks[i], key)
+            if i < num_keys:
+                key = hashes[i]
+                if key.parent is not parent:
+                    key = _new_key(BlockHash, (key.value, parent, key.token_ids, key.extra_keys))
+            else:
+                extra = (salt,) if i == 0 and salt is not None else None
+                block_tokens = tuple(token_ids[i * bs:(i + 1) * bs])
+                key = _new_key(BlockHash, (
+                    hash_fn(None if parent is None else parent.value, block_tokens, extra),
+                    parent, block_tokens, extra))
+                hashes.append(key)
+                num_keys += 1
+            block = blocks[i]
+            stored = block.block_hash
+            if stored is None:
+                value = key.value
+                old = cached.get(value)
+                if old is not None:
+                    stored = old.block_hash
+                    assert stored is not None
+                    if stored is key or (stored.parent is key.parent
+                                         and stored.token_ids == key.token_ids
+                                         and stored.extra_keys == key.extra_keys):
+                        key = stored
+                    old.block_hash = None
+                block.block_hash = key
+                cached[value] = block
+                stored = key
+            parent = hashes[i] = stored
         self.num_cached_blocks[req_id] = num_full
 
     def free(self, request: Request, num_computed_tokens: int | None = None) -> None:

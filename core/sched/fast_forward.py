@@ -133,7 +133,11 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
             usage.append(1.0 - free / num_blocks)  # the same float as KVCacheManager.usage
     elif events:
         events.sort()
-        allocate = kv.allocate_slots
+        # What allocate_slots(req, 1) does at each event, without its checks for the
+        # common no-op step: take a block when the next token starts one, then register
+        # the blocks this step fills.
+        get_new_blocks = kv.pool.get_new_blocks
+        cache_blocks = kv.cache_blocks
         last = prev_i = -1
         for k, i in events:
             if k == last and i == prev_i:
@@ -142,9 +146,17 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
                 u = 1.0 - free_queue.num_free / num_blocks
                 usage.extend([u] * (k - len(usage)))
             req = running[i]
-            req.num_computed_tokens = starts[i] + k
-            if allocate(req, 1) is None:
-                raise AssertionError("fast-forward allocation failed: decode_window was not checked")
+            total = starts[i] + k + 1
+            rid = req.request_id
+            blocks = held[rid]
+            need = -(-total // bs) - len(blocks)
+            if need > 0:
+                if need > free_queue.num_free:
+                    raise AssertionError(
+                        "fast-forward allocation failed: decode_window was not checked")
+                blocks.extend(get_new_blocks(need))
+            if total // bs > cached[rid]:
+                cache_blocks(req, total)
             last, prev_i = k, i
     u = 1.0 - free_queue.num_free / num_blocks
     usage.extend([u] * (k_steps - len(usage)))
