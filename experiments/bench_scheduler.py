@@ -6,37 +6,53 @@ per request, and allocate/free operations per second. The executor's own work is
 timed: only the policy core is.
 
 Blocks fill during the run: every request decodes one token a step from a 128-token
-prompt, so one step in 16 allocates a new block for every request and another registers
-every request's newly full block in the prefix cache (hashing its tokens). The mean and
-p99 cover all steps, those included; the median is a plain decode step.
+prompt, so each request takes a new block once every 16 steps and, at another step,
+registers its newly full block in the prefix cache (hashing its tokens). The mean and p99
+cover all steps, those included; the median is a plain decode step.
+
+--baseline REF also times core/ as of a git revision (extracted to a temporary folder),
+alternating runs with the working tree's, and prints the ratios of the two.
 
     python experiments/bench_scheduler.py [--steps 400] [--repeats 5] [--sizes 64,256,1024]
+                                          [--baseline REF]
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
+import importlib
+import io
+import os
 import platform
+import shutil
 import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
 import time
+from types import ModuleType
 
-from twinserve.core import ModelRunnerOutput, Request, SamplingParams, Scheduler, SchedulerConfig
+import twinserve.core as current_core
 from twinserve.core.kv import KVCacheManager
 
 
-def decode_step_times(num_reqs: int, steps: int, prompt_len: int = 128
-                      ) -> tuple[list[float], list[bool]]:
+def decode_step_times(num_reqs: int, steps: int, prompt_len: int = 128,
+                      core: ModuleType = current_core) -> tuple[list[float], list[bool]]:
     """Per-step seconds of schedule+update with num_reqs requests all decoding.
 
     Also says, per step, whether it filled blocks (allocated one or registered a full one).
+    core is the policy package to time (twinserve.core, or a baseline's copy).
     """
-    cfg = SchedulerConfig(max_num_batched_tokens=max(8192, num_reqs), max_num_seqs=num_reqs,
+    ModelRunnerOutput, Request = core.ModelRunnerOutput, core.Request
+    cfg = core.SchedulerConfig(max_num_batched_tokens=max(8192, num_reqs), max_num_seqs=num_reqs,
                           max_model_len=prompt_len + steps + 64, block_size=16,
                           num_blocks=num_reqs * ((prompt_len + steps + 64) // 16 + 2),
                           enable_prefix_caching=True)
-    sched = Scheduler(cfg)
-    sp = SamplingParams(max_tokens=steps + 32, ignore_eos=True)
+    sched = core.Scheduler(cfg)
+    sp = core.SamplingParams(max_tokens=steps + 32, ignore_eos=True)
     for i in range(num_reqs):
         # distinct prompts sharing a 64-token system prompt: real prefix hashing work
         prompt = [1] * 64 + [(i * 7 + j) % 30000 + 2 for j in range(prompt_len - 64)]
@@ -84,7 +100,8 @@ def percentile(xs: list[float], q: float) -> float:
 def alloc_free_ops_per_s(n_ops: int = 200_000) -> float:
     """allocate_slots + free pairs per second for 1-block requests (each pair is 2 ops)."""
     kv = KVCacheManager(4096, 16, enable_caching=True)
-    reqs = [Request(f"a{i}", [i % 1000 + 1] * 8, SamplingParams()) for i in range(1024)]
+    reqs = [current_core.Request(f"a{i}", [i % 1000 + 1] * 8, current_core.SamplingParams())
+            for i in range(1024)]
     t0 = time.perf_counter()
     for k in range(n_ops // 2):
         r = reqs[k & 1023]
@@ -93,37 +110,68 @@ def alloc_free_ops_per_s(n_ops: int = 200_000) -> float:
     return n_ops / (time.perf_counter() - t0)
 
 
+def load_baseline(ref: str) -> ModuleType:
+    """core/ as of git revision ref, imported as a package of its own (it imports nothing above)."""
+    root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                          check=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    archive = subprocess.run(["git", "archive", "--format=tar", ref, "core"], capture_output=True,
+                             check=True, cwd=root).stdout
+    tmp = tempfile.mkdtemp(prefix="bench-sched-baseline-")
+    atexit.register(shutil.rmtree, tmp, True)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(tmp)
+    os.rename(os.path.join(tmp, "core"), os.path.join(tmp, "baseline_core"))
+    sys.path.insert(0, tmp)
+    return importlib.import_module("baseline_core")
+
+
+def summarize(runs: list[list[float]]) -> tuple[float, float, float]:
+    """Mean, p99 and median step (seconds) of runs of the same steps."""
+    # Every run does the same work step for step: the best over runs of each step keeps
+    # its own cost (block filling included) and drops the time slices other processes
+    # take from this one (4 ms each, which a median over a few runs still lets through).
+    steps = [min(col) for col in zip(*runs)]
+    return statistics.fmean(steps), percentile(steps, 99), statistics.median(steps)
+
+
 def main() -> None:
     """Run the benchmark and print a table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--sizes", default="64,256,1024", help="running requests, comma-separated")
+    ap.add_argument("--baseline", metavar="REF", help="also time core/ at this git revision")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
+    variants = [("current", current_core)]
+    if args.baseline:
+        variants.append((args.baseline, load_baseline(args.baseline)))
     print(f"python {platform.python_version()} on {platform.machine()}, single thread; "
-          f"{args.steps} steps per run, {args.repeats} runs")
-    print(f"{'':>8} {'us/step':^26} {'us/request':^26} {'filling':>8}")
-    print(f"{'running':>8} {'mean':>8} {'p99':>8} {'median':>8} {'mean':>8} {'p99':>8} "
-          f"{'median':>8} {'steps':>8}")
+          f"{args.steps} steps per run, {args.repeats} runs, {time.strftime('%Y-%m-%d %H:%M')}")
+    print(f"{'':>8} {'':>10} {'us/step':^26} {'us/request':^26} {'filling':>8}")
+    print(f"{'running':>8} {'core':>10} {'mean':>8} {'p99':>8} {'median':>8} {'mean':>8} "
+          f"{'p99':>8} {'median':>8} {'steps':>8}")
     n_filled = 0
     for n in sizes:
-        runs = []
-        for _ in range(args.repeats):
-            times, filled = decode_step_times(n, args.steps)
-            runs.append(times)
-            n_filled = sum(filled)
-        # Every run does the same work step for step: the best over runs of each step keeps
-        # its own cost (block filling included) and drops the time slices other processes
-        # take from this one (4 ms each, which a median over a few runs still lets through).
-        steps = [min(col) for col in zip(*runs)]
-        row = [x * 1e6 for x in (statistics.fmean(steps), percentile(steps, 99),
-                                 statistics.median(steps))]
-        cells = " ".join(f"{x:>8.1f}" for x in row) + " " + " ".join(f"{x / n:>8.3f}" for x in row)
-        print(f"{n:>8} {cells} {n_filled:>8}")
+        runs: dict[str, list[list[float]]] = {name: [] for name, _ in variants}
+        for rep in range(args.repeats):
+            # Alternate the order, so neither core always runs first after the other.
+            for name, core in (variants if rep % 2 == 0 else variants[::-1]):
+                times, filled = decode_step_times(n, args.steps, core=core)
+                runs[name].append(times)
+                n_filled = sum(filled)
+        rows = {}
+        for name, _ in variants:
+            rows[name] = row = [x * 1e6 for x in summarize(runs[name])]
+            cells = " ".join(f"{x:>8.1f}" for x in row) + " " + " ".join(
+                f"{x / n:>8.3f}" for x in row)
+            print(f"{n:>8} {name[:10]:>10} {cells} {n_filled:>8}")
+        if args.baseline:
+            ratios = " ".join(f"{b / c:>8.2f}" for b, c in zip(rows[args.baseline], rows["current"]))
+            print(f"{n:>8} {'speedup':>10} {ratios}")
     print(f"mean and p99 cover all {args.steps} steps, the {n_filled} block-filling ones included "
-          "(each allocates a block or registers a full one in the prefix cache for every "
-          "request); each step's time is its best over the runs")
+          "(at each, some requests allocate a block or register a full one in the prefix cache; "
+          "every request does both once per 16 steps); each step's time is its best over the runs")
     ops = statistics.median(alloc_free_ops_per_s() for _ in range(3))
     print(f"allocate/free: {ops / 1e6:.2f} M ops/s")
 
