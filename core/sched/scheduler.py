@@ -8,9 +8,10 @@ prefix-cache skips all fall out of that one loop.
 from __future__ import annotations
 
 import itertools
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from ..errors import InvalidRequestError, PromptTooLongError
+from ..kv.block_pool import KVCacheBlock
 from ..kv.kv_cache_manager import KVCacheManager
 from ..request import FINISH_STATUS, FinishReason, Request, RequestStatus
 from .config import SchedulerConfig
@@ -23,6 +24,16 @@ _RUNNING = RequestStatus.RUNNING
 # Shared by every request that gets no new block in a step; executors must not mutate it.
 _NO_IDS: tuple[int, ...] = ()
 _LENGTH = FinishReason.LENGTH
+_new_object = object.__new__
+
+
+def _block_ids(blocks: list[KVCacheBlock]) -> Sequence[int]:
+    """The ids of a step's new blocks (a decode takes one at a time)."""
+    if not blocks:
+        return _NO_IDS
+    if len(blocks) == 1:
+        return [blocks[0].block_id]
+    return [b.block_id for b in blocks]
 
 
 class Scheduler:
@@ -130,12 +141,63 @@ class Scheduler:
         kv = self.kv
         allocate = kv.allocate_slots
         running = self.running
-        num_scheduled: dict[str, int] = {}
-        cached = CachedRequestData()
-        c_ids, c_blocks, c_computed = cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
+        c_ids: list[str] = []
+        c_computed: list[int] = []
         preempted: list[str] = []
+        add_id, add_computed = c_ids.append, c_computed.append
+        # For the decode fast path below: the KV manager's own bookkeeping, read only.
+        bs = kv.block_size
+        held = kv.req_to_blocks
+        num_cached = kv.num_cached_blocks
+        caching = kv.enable_caching
 
+        # The common case first: running requests in order, none preempted. Decodes whose
+        # token fits the last block and fills none take the fast path (allocate_slots would
+        # do nothing and return no blocks, so it is not called); the others are noted in
+        # `other` (position -> tokens, new block ids). The loop after this one takes over
+        # from the first request that does not fit without preempting.
+        other: dict[int, tuple[int, Sequence[int]]] = {}
         i = 0
+        for req in running:
+            if budget <= 0:
+                break
+            c = req.num_computed_tokens
+            num_new = len(req.all_token_ids) - c
+            rid = req.request_id
+            if num_new == 1:
+                blocks = held.get(rid)
+                if blocks is not None and c < len(blocks) * bs and (
+                        not caching or (c + 1) // bs <= num_cached[rid]):
+                    add_id(rid)
+                    add_computed(c)
+                    req.num_computed_tokens = c + 1
+                    budget -= 1
+                    i += 1
+                    continue
+            else:
+                if 0 < threshold < num_new:
+                    num_new = threshold
+                if num_new > budget:
+                    num_new = budget
+                if num_new <= 0:
+                    i += 1
+                    continue
+            new_blocks = allocate(req, num_new)
+            if new_blocks is None:
+                break  # no room without preempting: the loop below
+            other[len(c_ids)] = (num_new, _block_ids(new_blocks))
+            add_id(rid)
+            add_computed(c)
+            req.num_computed_tokens = c + num_new
+            budget -= num_new
+            i += 1
+        num_scheduled = dict.fromkeys(c_ids, 1)
+        c_blocks: list[Sequence[int]] = [_NO_IDS] * len(c_ids)
+        for k, (n, block_ids) in other.items():
+            num_scheduled[c_ids[k]] = n
+            c_blocks[k] = block_ids
+        add_blocks = c_blocks.append
+
         while i < len(running) and budget > 0:
             req = running[i]
             num_new = len(req.all_token_ids) - req.num_computed_tokens
@@ -170,9 +232,9 @@ class Scheduler:
             if new_blocks is None:
                 continue  # req itself was preempted; running[i] is now the next request
             rid = req.request_id
-            c_ids.append(rid)
-            c_blocks.append([b.block_id for b in new_blocks] if new_blocks else _NO_IDS)
-            c_computed.append(req.num_computed_tokens)
+            add_id(rid)
+            add_blocks(_block_ids(new_blocks))
+            add_computed(req.num_computed_tokens)
             num_scheduled[rid] = num_new
             req.num_computed_tokens += num_new
             budget -= num_new
@@ -186,7 +248,8 @@ class Scheduler:
         self._in_flight = num_scheduled
         finished = self.finished_req_ids
         self.finished_req_ids = set()
-        return SchedulerOutput(new_reqs, cached, num_scheduled, total, preempted, finished)
+        return SchedulerOutput(new_reqs, CachedRequestData(c_ids, c_blocks, c_computed),
+                               num_scheduled, total, preempted, finished)
 
     def _admit(self, now: float, budget: int, num_scheduled: dict[str, int],
                new_reqs: list[NewRequestData]) -> None:
@@ -243,10 +306,11 @@ class Scheduler:
                            ) -> list[EngineCoreOutput]:
         """Append sampled tokens, apply stop conditions, free finished requests."""
         sampled = model_runner_output.sampled_token_ids
-        logprobs = model_runner_output.logprobs
+        logprobs = model_runner_output.logprobs or None
         requests = self.requests
         max_model_len = self.config.max_model_len
         outputs: list[EngineCoreOutput] = []
+        add_output = outputs.append
         finished: list[Request] = []
         self._in_flight = None
         for rid in scheduler_output.num_scheduled_tokens:
@@ -259,34 +323,58 @@ class Scheduler:
             sp = req.sampling_params
             out_ids = req.output_token_ids
             all_ids = req.all_token_ids
-            times = req.token_times
             if req.first_token_time is None:
                 req.first_token_time = now
             reason = None
             stop_reason = None
-            count = 0
-            for token in tokens:
+            if len(tokens) == 1:
+                # One token (every decode step): the loop below, unrolled.
+                token = tokens[0]
                 out_ids.append(token)
                 all_ids.append(token)
-                times.append(now)
-                count += 1
+                req.token_times.append(now)
                 n_out = len(out_ids)
-                # min_tokens tokens come before any stop: a stop token is only honoured
-                # past them (the sampler masks stop ids while fewer were generated).
                 if n_out > sp.min_tokens:
                     if token == req.eos_token_id and not sp.ignore_eos:
                         reason = _STOP
-                        break
-                    if sp.stop_token_ids and token in sp.stop_token_ids:
+                    elif sp.stop_token_ids and token in sp.stop_token_ids:
                         reason, stop_reason = _STOP, token
-                        break
-                if n_out >= req.max_tokens or len(all_ids) >= max_model_len:
+                if reason is None and (n_out >= req.max_tokens or len(all_ids) >= max_model_len):
                     reason = _LENGTH
-                    break
-            new_ids = tokens if count == len(tokens) else tokens[:count]
-            out = EngineCoreOutput(rid, new_ids, reason, stop_reason,
-                                   logprobs.get(rid) if logprobs else None)
-            outputs.append(out)
+                new_ids = tokens
+            else:
+                times = req.token_times
+                count = 0
+                for token in tokens:
+                    out_ids.append(token)
+                    all_ids.append(token)
+                    times.append(now)
+                    count += 1
+                    n_out = len(out_ids)
+                    # min_tokens tokens come before any stop: a stop token is only honoured
+                    # past them (the sampler masks stop ids while fewer were generated).
+                    if n_out > sp.min_tokens:
+                        if token == req.eos_token_id and not sp.ignore_eos:
+                            reason = _STOP
+                            break
+                        if sp.stop_token_ids and token in sp.stop_token_ids:
+                            reason, stop_reason = _STOP, token
+                            break
+                    if n_out >= req.max_tokens or len(all_ids) >= max_model_len:
+                        reason = _LENGTH
+                        break
+                new_ids = tokens if count == len(tokens) else tokens[:count]
+            # EngineCoreOutput(rid, new_ids, reason, stop_reason, logprobs), built without
+            # its Python-level __init__ (one per request per step): every field is set.
+            out = _new_object(EngineCoreOutput)
+            out.req_id = rid
+            out.new_token_ids = new_ids
+            out.finish_reason = reason
+            out.stop_reason = stop_reason
+            out.new_logprobs = logprobs.get(rid) if logprobs is not None else None
+            out.prompt_logprobs = None
+            out.error = None
+            add_output(out)
             if reason is not None:
                 req.status = FINISH_STATUS[reason]
                 req.finish_reason = reason
