@@ -83,6 +83,9 @@ class ModelRunnerOutput:
 class EngineCoreOutput:
     """Per-request result of one step: new tokens, and a finish reason once it ends."""
 
+    # Scheduler.update_from_output builds these field by field (no __init__ call on the
+    # decode hot path): a field added here must be set there too.
+
     req_id: str
     new_token_ids: list[int]
     finish_reason: FinishReason | None = None
