@@ -48,9 +48,9 @@ def decode_step_times(num_reqs: int, steps: int, prompt_len: int = 128,
     """
     ModelRunnerOutput, Request = core.ModelRunnerOutput, core.Request
     cfg = core.SchedulerConfig(max_num_batched_tokens=max(8192, num_reqs), max_num_seqs=num_reqs,
-                          max_model_len=prompt_len + steps + 64, block_size=16,
-                          num_blocks=num_reqs * ((prompt_len + steps + 64) // 16 + 2),
-                          enable_prefix_caching=True)
+                               max_model_len=prompt_len + steps + 64, block_size=16,
+                               num_blocks=num_reqs * ((prompt_len + steps + 64) // 16 + 2),
+                               enable_prefix_caching=True)
     sched = core.Scheduler(cfg)
     sp = core.SamplingParams(max_tokens=steps + 32, ignore_eos=True)
     for i in range(num_reqs):
@@ -167,7 +167,8 @@ def main() -> None:
                 f"{x / n:>8.3f}" for x in row)
             print(f"{n:>8} {name[:10]:>10} {cells} {n_filled:>8}")
         if args.baseline:
-            ratios = " ".join(f"{b / c:>8.2f}" for b, c in zip(rows[args.baseline], rows["current"]))
+            base, cur = rows[args.baseline], rows["current"]
+            ratios = " ".join(f"{b / c:>8.2f}" for b, c in zip(base, cur))
             print(f"{n:>8} {'speedup':>10} {ratios}")
     print(f"mean and p99 cover all {args.steps} steps, the {n_filled} block-filling ones included "
           "(at each, some requests allocate a block or register a full one in the prefix cache; "
