@@ -255,15 +255,16 @@ class Simulation:
         running = sched.running
         n = len(running)
         context = 0
+        ids = []
         for req in running:
             context += req.num_computed_tokens
+            ids.append(req.request_id)
         ex = self.executor
         durations, ends = ex.decode_step_times(n, context, k, t, self.source.next_time())
         if not ends:
             return False
         dropped = sched.finished_req_ids
         tokens = ex.tokens
-        ids = [r.request_id for r in running]
         usage, finished = apply_decode_steps(sched, ends,
                                              lambda req, m: [tokens.get(req.request_id, 1)] * m)
         ex.advance_decode(ids, context, durations, dropped)

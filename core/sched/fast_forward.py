@@ -90,14 +90,19 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
     scheduler.finished_req_ids = set()
     events: list[tuple[int, int]] = []
     new_at = [0] * k_steps if not caching else []  # blocks taken at each step (no cache)
-    starts: list[int] = []
+    starts: list[int] = []  # num_computed_tokens before the window (caching only)
+    max_model_len = scheduler.config.max_model_len
+    done: list[Request] = []  # reach a length limit on the window's last step
     for i, req in enumerate(running):
         c = req.num_computed_tokens
-        starts.append(c)
         toks = token_ids(req, k_steps)
-        req.all_token_ids.extend(toks)
-        req.output_token_ids.extend(toks)
+        all_ids = req.all_token_ids
+        all_ids.extend(toks)
+        out_ids = req.output_token_ids
+        out_ids.extend(toks)
         req.token_times.extend(end_times)
+        if len(out_ids) >= req.max_tokens or len(all_ids) >= max_model_len:
+            done.append(req)
         # Step k schedules token c + k, so afterwards c + k + 1 tokens need slots.
         k = len(held[req.request_id]) * bs - c
         if not caching:
@@ -105,24 +110,26 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
             # gets, so the window's blocks are taken in one call; usage per step is
             # still counted at the step each block would have been taken.
             if k < k_steps:
-                req.num_computed_tokens = c
                 if kv.allocate_slots(req, k_steps) is None:
                     raise AssertionError("fast-forward allocation failed: check decode_window")
                 while k < k_steps:
                     new_at[k] += 1
                     k += bs
+            req.num_computed_tokens = c + k_steps
             continue
+        # The events below allocate and register from starts; nothing reads the count.
+        starts.append(c)
+        req.num_computed_tokens = c + k_steps
         while k < k_steps:
             events.append((k, i))
             k += bs
-        if caching:
-            k = (cached.get(req.request_id, 0) + 1) * bs - c - 1
-            if k < 0:
-                events.append((0, i))
-                k = ((c + 1) // bs + 1) * bs - c - 1
-            while k < k_steps:
-                events.append((k, i))
-                k += bs
+        k = (cached.get(req.request_id, 0) + 1) * bs - c - 1
+        if k < 0:
+            events.append((0, i))
+            k = ((c + 1) // bs + 1) * bs - c - 1
+        while k < k_steps:
+            events.append((k, i))
+            k += bs
     usage: list[float] = []
     num_blocks = kv.num_blocks
     free_queue = kv.pool.free_queue
@@ -160,19 +167,14 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
             last, prev_i = k, i
     u = 1.0 - free_queue.num_free / num_blocks
     usage.extend([u] * (k_steps - len(usage)))
-    for i, req in enumerate(running):
-        req.num_computed_tokens = starts[i] + k_steps
-    finished = _finish_by_length(scheduler, end_times[-1])
+    finished = _finish_by_length(scheduler, done, end_times[-1])
     if finished:
         usage[-1] = 1.0 - free_queue.num_free / num_blocks
     return usage, finished
 
 
-def _finish_by_length(scheduler: Scheduler, now: float) -> list[str]:
-    """End requests that reached max_tokens or max_model_len, as update_from_output() does."""
-    max_model_len = scheduler.config.max_model_len
-    done = [r for r in scheduler.running
-            if len(r.output_token_ids) >= r.max_tokens or len(r.all_token_ids) >= max_model_len]
+def _finish_by_length(scheduler: Scheduler, done: list[Request], now: float) -> list[str]:
+    """End done (running requests at max_tokens or max_model_len), as update_from_output() does."""
     if not done:
         return []
     status = FINISH_STATUS[FinishReason.LENGTH]
