@@ -20,6 +20,8 @@ ARRIVALS = ("poisson", "gamma", "fixed", "all_at_once", "trace")
 LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal", "trace")
 
 
+_GAP_CHUNK = 256  # inter-arrival gaps drawn per numpy call
+
 @dataclass(slots=True)
 class WorkloadConfig:
     """What requests arrive and when; every field has a default."""
@@ -112,13 +114,15 @@ class Workload:
     def _gaps(self) -> Iterator[float]:
         cfg = self.cfg
         r = self._arr
+        # Drawn in chunks: numpy fills an array from the same stream one draw at a time, so
+        # the gaps are the very floats single draws give, for a fraction of the calls.
         if cfg.arrival == "poisson":
             while True:
-                yield float(r.exponential(1.0 / cfg.rate))
+                yield from r.exponential(1.0 / cfg.rate, _GAP_CHUNK).tolist()
         elif cfg.arrival == "gamma":
             shape = cfg.burstiness
             while True:
-                yield float(r.gamma(shape, 1.0 / (cfg.rate * shape)))
+                yield from r.gamma(shape, 1.0 / (cfg.rate * shape), _GAP_CHUNK).tolist()
         elif cfg.arrival == "fixed":
             while True:
                 yield 1.0 / cfg.rate
