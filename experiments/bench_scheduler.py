@@ -170,7 +170,8 @@ def main() -> None:
             base, cur = rows[args.baseline], rows["current"]
             ratios = " ".join(f"{b / c:>8.2f}" for b, c in zip(base, cur))
             print(f"{n:>8} {'speedup':>10} {ratios}")
-    print(f"mean and p99 cover all {args.steps} steps, the {n_filled} block-filling ones included "
+    print(f"mean and p99 cover all {args.steps} steps, the block-filling ones (column 'filling') "
+          "included "
           "(at each, some requests allocate a block or register a full one in the prefix cache; "
           "every request does both once per 16 steps); each step's time is its best over the runs")
     ops = statistics.median(alloc_free_ops_per_s() for _ in range(3))

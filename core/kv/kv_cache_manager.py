@@ -60,7 +60,8 @@ class KVCacheManager:
             key = hashes[i]
             if key.parent is not parent:
                 # Block i-1 took over an equal key object (a hit or an adoption): relink.
-                key = hashes[i] = _new_key(BlockHash, (key.value, parent, key.token_ids, key.extra_keys))
+                key = hashes[i] = _new_key(BlockHash,
+                                           (key.value, parent, key.token_ids, key.extra_keys))
             return key
         bs = self.block_size
         extra = (request.cache_salt,) if i == 0 and request.cache_salt is not None else None
