@@ -120,3 +120,28 @@ def test_littles_law_holds_on_run_numbers() -> None:
     s = summarize(res, req, steps, cfg.slo)
     assert s["littles_L"] > 1.0
     assert s["littles_L"] == pytest.approx(s["littles_lambdaW"], rel=0.05)
+
+
+def test_a_run_leaves_the_collector_as_it_found_it_and_frees_its_cycles() -> None:
+    import gc
+    import weakref
+
+    class Node:
+        pass
+
+    old = gc.get_threshold()
+    before_frozen = gc.get_freeze_count()
+    survivor = Node()
+    survivor.self = survivor  # cyclic garbage once dropped: only a collection frees it
+    ref = weakref.ref(survivor)
+    cfg = small_config()
+    built = build(cfg)
+    del survivor
+    result = built.simulation.run()
+    assert result.records
+    # Settings restored; what the run froze is back in the collector's view ...
+    assert gc.get_threshold() == old
+    assert gc.get_freeze_count() == before_frozen
+    # ... so a cycle that was alive when the run began is collectable after it.
+    gc.collect()
+    assert ref() is None
