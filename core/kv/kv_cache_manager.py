@@ -202,8 +202,8 @@ class KVCacheManager:
             stored = block.block_hash
             if stored is None:
                 value = key.value
-                old = cached.get(value)
-                if old is not None:
+                old = cached.setdefault(value, block)  # one probe in the common, new case
+                if old is not block:
                     stored = old.block_hash
                     assert stored is not None
                     if stored is key or (stored.parent is key.parent
@@ -211,8 +211,8 @@ class KVCacheManager:
                                          and stored.extra_keys == key.extra_keys):
                         key = stored
                     old.block_hash = None
+                    cached[value] = block
                 block.block_hash = key
-                cached[value] = block
                 stored = key
             parent = hashes[i] = stored
         self.num_cached_blocks[req_id] = num_full
