@@ -200,3 +200,46 @@ def test_drift_correction_recovers_the_profile_a_drifting_machine_hides() -> Non
     # Inputs are not modified, and fewer than two probes change nothing.
     assert drifted[40]["step_time_s"] == pytest.approx(rows[40]["step_time_s"] * slowness(40))
     assert correct_drift(drifted, probes[:1])[0] is drifted
+
+
+def _tp_check_module():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "experiments" / "tp_check.py"
+    spec = importlib.util.spec_from_file_location("tp_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _tp_rows(rows: list[dict[str, float]], device_share: float, comm_step: float,
+             comm_token: float) -> list[dict]:
+    """TP rows built from TP 1 rows: device work times device_share, overhead whole, all-reduce added."""
+    out = []
+    for r in rows:
+        dev = r["execute_s"] * device_share
+        tokens = r["num_prefill_tokens"] + r["num_decode_seqs"]
+        comm = comm_step + comm_token * tokens
+        ovh = r["step_time_s"] - r["execute_s"]
+        out.append(dict(r, execute_s=dev + comm, step_time_s=dev + comm + ovh,
+                        extra={"comm_time_s": comm}))
+    return out
+
+
+def test_tp_check_predicts_a_split_step_and_sees_a_wrong_split() -> None:
+    tp_check = _tp_check_module()
+    tp1_rows = _rows()
+    tp1 = fit_step_profile(tp1_rows)
+    # The arithmetic holds (device / 2 + overhead + all-reduce): the prediction is exact.
+    tp2_rows = _tp_rows(tp1_rows, 0.5, 2e-4, 3e-6)
+    comm_step, comm_token = tp_check.fit_allreduce(tp2_rows)
+    assert comm_step == pytest.approx(2e-4, rel=1e-6) and comm_token == pytest.approx(3e-6, rel=1e-6)
+    errors = [tp_check.predict_tp(tp1, 2, comm_step, comm_token, r) / r["step_time_s"] - 1
+              for r in tp2_rows]
+    assert max(abs(e) for e in errors) < 0.01
+    # Ranks that each keep 70% of the work (a poor split): the same arithmetic is optimistic.
+    poor = _tp_rows(tp1_rows, 0.7, 2e-4, 3e-6)
+    errors = [tp_check.predict_tp(tp1, 2, comm_step, comm_token, r) / r["step_time_s"] - 1
+              for r in poor]
+    assert float(np.median(errors)) < -0.1
