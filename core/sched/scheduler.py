@@ -36,6 +36,14 @@ def _block_ids(blocks: list[KVCacheBlock]) -> Sequence[int]:
     return [b.block_id for b in blocks]
 
 
+def _chunk(num_new: int, threshold: int, budget: int) -> int:
+    """A running request's tokens this step: what it has left, capped by the long-prefill
+    threshold (when set) and by the step's remaining budget."""
+    if 0 < threshold < num_new:
+        num_new = threshold
+    return num_new if num_new < budget else budget
+
+
 class Scheduler:
     """Decides each step who runs and with how many tokens, and applies what came back."""
 
@@ -175,10 +183,7 @@ class Scheduler:
                     i += 1
                     continue
             else:
-                if 0 < threshold < num_new:
-                    num_new = threshold
-                if num_new > budget:
-                    num_new = budget
+                num_new = _chunk(num_new, threshold, budget)
                 if num_new <= 0:
                     i += 1
                     continue
@@ -200,11 +205,7 @@ class Scheduler:
 
         while i < len(running) and budget > 0:
             req = running[i]
-            num_new = len(req.all_token_ids) - req.num_computed_tokens
-            if 0 < threshold < num_new:
-                num_new = threshold
-            if num_new > budget:
-                num_new = budget
+            num_new = _chunk(len(req.all_token_ids) - req.num_computed_tokens, threshold, budget)
             if num_new <= 0:
                 i += 1
                 continue
