@@ -5,15 +5,28 @@ size 16. Prints simulated requests and engine steps per wall-second. Vidur simul
 about 500 requests per wall-second on a comparable run (../shared/FACTS.md).
 
     python experiments/bench_simulator.py [--requests N] [--no-fast-forward]
-        [--prefix-caching] [--profile]
+        [--prefix-caching] [--profile] [--baseline REV [--rounds N]]
+
+--baseline REV runs the same benchmark on the code of a git revision (core/, backends/,
+sim/ and twinserve/ extracted to a temporary folder) and on the working tree, each in a
+fresh process, alternating for --rounds rounds, and prints both figures and their ratio
+per round: the machine's drift hits both alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import cProfile
+import io
+import os
 import pstats
+import re
+import shutil
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -47,6 +60,67 @@ def bench_config(num_requests: int, fast_forward: bool, prefix_caching: bool) ->
     return cfg
 
 
+# Run in a child process: import twinserve from the folder given first (dropping the
+# editable install's finder, which would map twinserve.* back to the working tree), then
+# run this script with the remaining arguments.
+_CHILD = """
+import runpy, sys
+pkg, script = sys.argv[1], sys.argv[2]
+if pkg:
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__.lower()]
+    sys.path.insert(0, pkg)
+sys.argv = [script] + sys.argv[3:]
+runpy.run_path(script, run_name="__main__")
+"""
+PACKAGES = ("core", "backends", "sim", "kernels")
+
+
+def baseline_tree(ref: str) -> str:
+    """A folder holding the twinserve package as of git revision ref (removed at exit)."""
+    here = Path(__file__).resolve().parent
+    root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True,
+                          text=True, check=True, cwd=here).stdout.strip()
+    archive = subprocess.run(["git", "archive", "--format=tar", ref, "twinserve", *PACKAGES],
+                             capture_output=True, check=True, cwd=root).stdout
+    tmp = tempfile.mkdtemp(prefix="bench-sim-baseline-")
+    atexit.register(shutil.rmtree, tmp, True)
+    src = os.path.join(tmp, "src")
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(src)  # our own repository's files
+    # The installed layout: twinserve/ with core/, backends/, sim/, kernels/ inside it.
+    pkg = os.path.join(tmp, "pkg", "twinserve")
+    shutil.copytree(os.path.join(src, "twinserve"), pkg)
+    for name in PACKAGES:
+        shutil.move(os.path.join(src, name), os.path.join(pkg, name))
+    return os.path.join(tmp, "pkg")
+
+
+def run_child(pkg: str, args: list[str]) -> float:
+    """Simulated requests per wall-second of one child run (pkg '' = the working tree)."""
+    out = subprocess.run([sys.executable, "-c", _CHILD, pkg, str(Path(__file__).resolve()), *args],
+                         capture_output=True, text=True)
+    m = re.search(r"simulated requests per wall-second: ([0-9,]+)", out.stdout)
+    if out.returncode != 0 or m is None:
+        raise RuntimeError(f"benchmark child failed ({out.returncode}):\n{out.stderr[-2000:]}")
+    return float(m.group(1).replace(",", ""))
+
+
+def compare(ref: str, rounds: int, child_args: list[str]) -> None:
+    """Alternate the working tree and revision ref; print each round and the ratios."""
+    pkg = baseline_tree(ref)
+    print(f"working tree vs {ref}, alternating, {rounds} round(s); each figure is the best of "
+          f"the child's --repeat runs")
+    print(f"{'round':>5} {'current':>10} {ref[:12]:>12} {'ratio':>7}")
+    ratios = []
+    for i in range(rounds):
+        cur = run_child("", child_args)
+        base = run_child(pkg, child_args)
+        ratios.append(cur / base)
+        print(f"{i + 1:>5} {cur:>10,.0f} {base:>12,.0f} {cur / base:>7.2f}")
+    print(f"ratio min / median / max: {min(ratios):.2f} / {sorted(ratios)[len(ratios) // 2]:.2f} "
+          f"/ {max(ratios):.2f} (simulated requests per wall-second, current / {ref})")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmark and print its figures."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -55,7 +129,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prefix-caching", action="store_true")
     ap.add_argument("--profile", action="store_true", help="print the top cProfile entries")
     ap.add_argument("--repeat", type=int, default=3, help="best of N runs")
+    ap.add_argument("--baseline", metavar="REV",
+                    help="also run the code of this git revision, alternating (see above)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the --baseline comparison")
     args = ap.parse_args(argv)
+    if args.baseline:
+        child = ["--requests", str(args.requests), "--repeat", str(args.repeat)]
+        child += ["--no-fast-forward"] * args.no_fast_forward
+        child += ["--prefix-caching"] * args.prefix_caching
+        compare(args.baseline, args.rounds, child)
+        return
     best = None
     for _ in range(args.repeat):
         cfg = bench_config(args.requests, not args.no_fast_forward, args.prefix_caching)
