@@ -1,0 +1,38 @@
+"""bench_simulator --baseline: the revision's code really is what the baseline child runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "bench_simulator.py"
+
+
+def _bench_module():
+    spec = importlib.util.spec_from_file_location("bench_simulator", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_baseline_child_imports_the_revision_not_the_working_tree(tmp_path) -> None:
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=SCRIPT.parent,
+                      capture_output=True).returncode != 0:
+        pytest.skip("--baseline extracts a git revision: this copy is not a git checkout")
+    bench = _bench_module()
+    pkg = bench.baseline_tree("HEAD")
+    probe = tmp_path / "probe.py"
+    probe.write_text("import twinserve.core.kv.block_pool as m, twinserve.sim.world as w\n"
+                     "print(m.__file__); print(w.__file__)\n")
+    for pkg_dir, inside in ((pkg, True), ("", False)):
+        out = subprocess.run([sys.executable, "-c", bench._CHILD, pkg_dir, str(probe)],
+                             capture_output=True, text=True, check=True).stdout.split()
+        assert len(out) == 2
+        assert all(path.startswith(pkg) == inside for path in out), out
+    # A whole (small) benchmark run on the extracted revision.
+    assert bench.run_child(pkg, ["--requests", "40", "--repeat", "1"]) > 0
