@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 from typing import Iterator
 
 # Young collections after this many allocations (CPython's default is 700): fewer passes
@@ -18,17 +19,31 @@ from typing import Iterator
 GEN0_THRESHOLD = 20_000
 
 
+_lock = threading.Lock()
+_depth = 0  # simulations running now (threads may run several in one process)
+_saved: tuple[int, int, int] | None = None
+
+
 @contextlib.contextmanager
 def simulation_gc() -> Iterator[None]:
-    """Freeze what exists, collect only young generations, and restore everything after."""
-    was_enabled = gc.isenabled()
-    old = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(max(old[0], GEN0_THRESHOLD), old[1], 1 << 30)
+    """Freeze what exists, collect only young generations, and restore everything after.
+
+    Re-entrant and thread-safe: the first simulation to start changes the settings and
+    the last one to end restores them.
+    """
+    global _depth, _saved
+    with _lock:
+        if _depth == 0:
+            old = _saved = gc.get_threshold()
+            gc.freeze()
+            gc.set_threshold(max(old[0], GEN0_THRESHOLD), old[1], 1 << 30)
+        _depth += 1
     try:
         yield
     finally:
-        gc.set_threshold(*old)
-        gc.unfreeze()
-        if not was_enabled:
-            gc.disable()
+        with _lock:
+            _depth -= 1
+            if _depth == 0 and _saved is not None:
+                gc.set_threshold(*_saved)
+                _saved = None
+                gc.unfreeze()

@@ -145,3 +145,21 @@ def test_a_run_leaves_the_collector_as_it_found_it_and_frees_its_cycles() -> Non
     # ... so a cycle that was alive when the run began is collectable after it.
     gc.collect()
     assert ref() is None
+
+
+def test_nested_and_overlapping_runs_restore_the_collector_once() -> None:
+    import gc
+
+    from twinserve.sim.gc_policy import simulation_gc
+
+    old = gc.get_threshold()
+    outer = simulation_gc()
+    inner = simulation_gc()
+    outer.__enter__()
+    changed = gc.get_threshold()
+    inner.__enter__()
+    outer.__exit__(None, None, None)  # the first one ends while the second still runs
+    assert gc.get_threshold() == changed != old
+    inner.__exit__(None, None, None)
+    assert gc.get_threshold() == old
+    assert gc.get_freeze_count() == 0
