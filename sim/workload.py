@@ -22,6 +22,7 @@ LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal", "trace")
 
 _GAP_CHUNK = 256  # inter-arrival gaps drawn per numpy call
 
+
 @dataclass(slots=True)
 class WorkloadConfig:
     """What requests arrive and when; every field has a default."""
