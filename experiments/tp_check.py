@@ -22,17 +22,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from twinserve.backends.real.step_log import read_step_log
-from twinserve.backends.sim.fit import fit_step_profile
+from twinserve.backends.sim.fit import _kind, _nnls, fit_step_profile
 from twinserve.backends.sim.fitted import FEATURE_COLUMNS, FittedCostModel
 
 
 def _features(row: dict[str, Any]) -> list[float]:
     return [float(row[c]) for c in FEATURE_COLUMNS]
-
-
-def _kind(row: dict[str, Any]) -> str:
-    pt, ds = float(row["num_prefill_tokens"]), float(row["num_decode_seqs"])
-    return "mixed" if pt and ds else ("prefill" if pt else "decode")
 
 
 def _measured(row: dict[str, Any]) -> float:
@@ -53,9 +48,7 @@ def fit_allreduce(rows: Sequence[dict[str, Any]]) -> tuple[float, float]:
     tokens = np.array([float(r["num_prefill_tokens"]) + float(r["num_decode_seqs"]) for r in rows])
     comm = np.array([_comm(r) for r in rows])
     x = np.stack([np.ones_like(tokens), tokens], axis=1)
-    from scipy.optimize import nnls
-
-    coef, _ = nnls(x, comm)
+    coef = _nnls(x, comm, np.ones_like(comm))
     return float(coef[0]), float(coef[1])
 
 
@@ -102,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     ratio: dict[str, list[float]] = {}
     for r in rows2:
         m = _measured(r)
-        kind = _kind(r)
+        kind = _kind(float(r["num_prefill_tokens"]), float(r["num_decode_seqs"]))
         p = predict_tp(tp1, args.tp, comm_step, comm_token, r)
         o = own.step_time(*_features(r))
         f = _features(r)

@@ -29,8 +29,10 @@ class FreeBlockQueue:
     """Doubly linked list of free blocks threaded through the blocks themselves.
 
     The front is the next block handed out, so the order is also the eviction
-    order: least recently freed first. Every operation is O(1) and allocates
-    nothing.
+    order: least recently freed first. BlockPool takes runs of blocks from the front
+    and puts freed ones at the back by walking these links itself, one pass per run
+    with its per-block work (eviction, ref counts) in the same loop; remove() unlinks
+    a single block from anywhere in O(1).
     """
 
     __slots__ = ("num_free", "_head", "_tail")
@@ -47,14 +49,6 @@ class FreeBlockQueue:
         self._tail.prev_free = prev
         self.num_free = len(blocks)
 
-    def popleft(self) -> KVCacheBlock:
-        """Take the least recently freed block."""
-        block = self._head.next_free
-        if block is self._tail or block is None:
-            raise IndexError("no free blocks")
-        self.remove(block)
-        return block
-
     def remove(self, block: KVCacheBlock) -> None:
         """Unlink a block from anywhere in the queue (a prefix hit on a free block)."""
         prev, nxt = block.prev_free, block.next_free
@@ -64,16 +58,6 @@ class FreeBlockQueue:
         nxt.prev_free = prev
         block.prev_free = block.next_free = None
         self.num_free -= 1
-
-    def append(self, block: KVCacheBlock) -> None:
-        """Put a block at the back: it will be evicted last."""
-        last = self._tail.prev_free
-        assert last is not None
-        last.next_free = block
-        block.prev_free = last
-        block.next_free = self._tail
-        self._tail.prev_free = block
-        self.num_free += 1
 
     def __iter__(self):
         block = self._head.next_free
@@ -110,8 +94,8 @@ class BlockPool:
         queue = self.free_queue
         if n > queue.num_free:
             raise ValueError(f"asked for {n} blocks, {queue.num_free} free")
-        # The first n blocks of the queue, unlinked in one splice: this runs for every block
-        # a prefill allocates, so the walk is inlined rather than n popleft() calls.
+        # The first n blocks of the queue, unlinked in one walk that also evicts and sets
+        # ref counts: this runs for every block a prefill allocates.
         out = []
         append = out.append
         cached = self.cached
@@ -170,7 +154,7 @@ class BlockPool:
             for block in ordered_blocks:
                 block.ref_cnt -= 1
                 if block.ref_cnt == 0:
-                    # FreeBlockQueue.append, inlined: the tail is relinked once at the end.
+                    # Linked after the previous one; the tail is relinked once at the end.
                     last.next_free = block
                     block.prev_free = last
                     last = block
