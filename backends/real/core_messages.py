@@ -71,6 +71,12 @@ class AbortRequests(msgspec.Struct, tag=True, array_like=True):
     reason: FinishReason = FinishReason.ABORT
 
 
+class Consumed(msgspec.Struct, tag=True, array_like=True):
+    """The front end has taken this many StepOutputs so far (the core's credit to step on)."""
+
+    count: int
+
+
 class Shutdown(msgspec.Struct, tag=True, array_like=True):
     """Stop the busy loop, the executor and its workers."""
 
@@ -106,7 +112,7 @@ class Bye(msgspec.Struct, tag=True, array_like=True):
     """The core shut down cleanly."""
 
 
-ToCore = AddRequest | AbortRequests | Shutdown
+ToCore = AddRequest | AbortRequests | Consumed | Shutdown
 FromCore = Ready | StepOutputs | CoreError | Bye
 
 

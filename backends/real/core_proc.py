@@ -24,8 +24,8 @@ from ...core.errors import EngineDeadError, TwinserveError
 from ...core.request import FinishReason, Request
 from .config import EngineArgs
 from .core_client import CoreRequests, CoreStep, core_output, core_stats
-from .core_messages import (AbortRequests, AddRequest, Bye, CoreError, CoreOutput, CoreStats, Ready,
-                            Shutdown, StepOutputs, encoder, from_core_decoder, to_core_decoder)
+from .core_messages import (AbortRequests, AddRequest, Bye, Consumed, CoreError, CoreOutput, CoreStats,
+                            Ready, Shutdown, StepOutputs, encoder, from_core_decoder, to_core_decoder)
 from .models.registry import ModelSource
 from .procs import EngineStartupError, die_with_parent, exit_description, spawn_context, stop_process
 
@@ -33,6 +33,10 @@ from .procs import EngineStartupError, die_with_parent, exit_description, spawn_
 STARTUP_TIMEOUT_S = 600.0
 # At most this many of the core's per-step batches are folded into one front-end step.
 _MAX_MERGED_BATCHES = 64
+# The core steps only while fewer than this many of its batches wait for the front end. A front
+# end that falls behind (a loaded event loop, slow detokenizing) then holds the core back instead
+# of letting outputs pile up in its queue and hung-up requests run to their end on the core.
+MAX_UNCONSUMED_BATCHES = 2
 
 
 def run_engine_core(in_addr: str, out_addr: str, args: EngineArgs, max_model_len: int,
@@ -74,19 +78,23 @@ def run_engine_core(in_addr: str, out_addr: str, args: EngineArgs, max_model_len
 def _busy_loop(core: Any, executor: Any, inp: zmq.Socket, out: zmq.Socket, enc: Any) -> None:
     dec = to_core_decoder()
     requests = CoreRequests()
-    inputs_seen = 0
+    inputs_seen = reported_seen = 0
+    sent = consumed = 0  # StepOutputs sent, and taken by the front end
     while True:
         msgs = []
-        if not core.has_unfinished_requests():
-            msgs.append(dec.decode(inp.recv()))  # idle: block until the front end asks for work
+        if not core.has_unfinished_requests() or sent - consumed >= MAX_UNCONSUMED_BATCHES:
+            msgs.append(dec.decode(inp.recv()))  # idle or held back: block until the front end speaks
         while True:
             try:
                 msgs.append(dec.decode(inp.recv(zmq.NOBLOCK)))
             except zmq.Again:
                 break
-        inputs_seen += len(msgs)
         outputs: list[CoreOutput] = []
         for m in msgs:
+            if isinstance(m, Consumed):
+                consumed = max(consumed, m.count)
+                continue
+            inputs_seen += 1
             if isinstance(m, Shutdown):
                 return
             if isinstance(m, AddRequest):
@@ -103,10 +111,14 @@ def _busy_loop(core: Any, executor: Any, inp: zmq.Socket, out: zmq.Socket, enc: 
                 aborted = core.abort(m.request_ids, time.monotonic(), m.reason)
                 outputs.extend(core_output(o, requests.live.pop(o.req_id, None)) for o in aborted)
         stats = None
-        if core.has_unfinished_requests():
+        stepped = core.has_unfinished_requests() and sent - consumed < MAX_UNCONSUMED_BATCHES
+        if stepped:
             step_outputs, stats = core.step(time.monotonic())
             outputs.extend(requests.wrap(step_outputs))
-        out.send(enc.encode(StepOutputs(outputs, core_stats(core), inputs_seen, stats)))
+        if stepped or outputs or inputs_seen != reported_seen:
+            out.send(enc.encode(StepOutputs(outputs, core_stats(core), inputs_seen, stats)))
+            sent += 1
+            reported_seen = inputs_seen
 
 
 class _SchedulerView:
@@ -147,6 +159,7 @@ class MPCoreClient:
         self.scheduler = _SchedulerView()
         self._closed = False
         self._sent = self._seen = 0
+        self._taken = 0  # StepOutputs received (the core's credit: see MAX_UNCONSUMED_BATCHES)
         self.dead: str | None = None
         import torch
 
@@ -235,12 +248,14 @@ class MPCoreClient:
             if not isinstance(msg, StepOutputs):
                 self._die(f"unexpected message from the engine core: {type(msg).__name__}")
             outputs.extend(msg.outputs)
+            self._taken += 1
             self._stats = msg.stats
             self._seen = msg.inputs_seen
             if msg.step_stats is not None:
                 raw_stats = msg.step_stats
             if not self._out.poll(0):
                 break
+        self._in.send(self._enc.encode(Consumed(self._taken)))  # not a request: _sent stays
         self._update_view()
         stats = msgspec.convert(raw_stats, StepStats) if raw_stats is not None else None
         return CoreStep(outputs, stats)

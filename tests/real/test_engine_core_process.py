@@ -139,3 +139,27 @@ def test_new_request_fields_cross_the_process_boundary(tiny_dir: Path) -> None:
     for a, b in zip(ref["outs"]["plp"].prompt_logprobs[1:], got["outs"]["plp"].prompt_logprobs[1:]):
         assert (b.token_id, b.rank, [t for t, _ in b.top]) == (a.token_id, a.rank, [t for t, _ in a.top])
         assert b.logprob == pytest.approx(a.logprob, abs=1e-12)
+
+
+def test_the_core_waits_for_a_front_end_that_does_not_read(tiny_dir: Path) -> None:
+    from twinserve.backends.real.core_proc import MAX_UNCONSUMED_BATCHES
+
+    llm = LLM(str(tiny_dir), engine_core_mode="process", **KW)
+    engine = llm.llm_engine
+    try:
+        engine.add_request("r", {"prompt_token_ids": prompts_ids(1, seed=3)[0]},
+                           SamplingParams(max_tokens=60, ignore_eos=True))
+        time.sleep(1.0)  # ample for 60 steps of the tiny model, were the core free to run
+        first = engine.step()
+        # The core stopped once its unread batches reached the bound (a few): outputs did not pile up.
+        assert engine.core.num_steps <= MAX_UNCONSUMED_BATCHES <= 4
+        assert sum(len(o.outputs[0].token_ids) for o in first) <= MAX_UNCONSUMED_BATCHES
+        outs = list(first)
+        while engine.has_unfinished_requests():
+            outs.extend(engine.step())
+        # Held back, not lost: every token arrives, and the request ends as asked.
+        final = [o for o in outs if o.finished]
+        assert len(final) == 1 and len(final[0].outputs[0].token_ids) == 60
+        assert final[0].outputs[0].finish_reason == "length"
+    finally:
+        engine.shutdown()

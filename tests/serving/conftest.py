@@ -74,8 +74,9 @@ class SlowStep:
 
 class FrozenCore:
     """SlowStep's counterpart for an engine core in its own process, where a slow front-end step
-    slows nothing (the front end folds every batch waiting into one step): once a request runs,
-    the core process is stopped (SIGSTOP) for `seconds`, then let go (SIGCONT). Inert in process."""
+    still lets the core run MAX_UNCONSUMED_BATCHES steps ahead (the front end folds them into one):
+    once a request runs, the core process is stopped (SIGSTOP) for `seconds`, then let go (SIGCONT).
+    Inert in process."""
 
     def __init__(self, server: RunningServer, seconds: float = 1.0) -> None:
         self.thread: threading.Thread | None = None

@@ -27,6 +27,12 @@ from ..engine import LLMEngine
 from ..outputs import RequestOutput
 from .errors import ServerOverloadedError
 
+# The engine thread steps only while fewer than this many of its batches wait for the event loop
+# to hand them to the streams. A loop that falls behind (many streams, slow clients, CPU-bound
+# handlers) then holds the engine back: outputs do not pile up, and a hung-up client's abort
+# reaches the engine a step or two after the loop notices it, not after the request has run out.
+MAX_UNDISPATCHED_BATCHES = 2
+
 
 @dataclass(slots=True, frozen=True)
 class EngineSnapshot:
@@ -88,6 +94,8 @@ class AsyncLLMEngine:
         self._dead: BaseException | None = None
         self._stopping = False
         self._live: set[str] = set()  # request ids inside the engine (engine thread only)
+        self._undispatched = 0  # batches posted to the loop and not yet dispatched
+        self._dispatched = threading.Condition()
         stats = engine.core.stats()
         self.snapshot = EngineSnapshot(num_blocks=stats.num_blocks, num_free_blocks=stats.num_free_blocks)
 
@@ -192,6 +200,8 @@ class AsyncLLMEngine:
         try:
             while True:
                 idle = not engine.has_unfinished_requests()
+                if not idle:
+                    self._wait_for_loop()
                 cmds = [self._cmds.get()] if idle else []
                 while True:
                     try:
@@ -244,15 +254,34 @@ class AsyncLLMEngine:
         if self.observer is not None:
             self.observer.on_iteration(snap, outputs, time.monotonic())
         if outputs:
-            self._call_in_loop(self._dispatch, outputs)
+            with self._dispatched:
+                self._undispatched += 1
+            if not self._call_in_loop(self._dispatch, outputs):
+                self._mark_dispatched()
 
-    def _call_in_loop(self, fn: Any, arg: Any) -> None:
+    def _wait_for_loop(self) -> None:
+        """Block until the event loop has caught up to within MAX_UNDISPATCHED_BATCHES."""
+        with self._dispatched:
+            while self._undispatched >= MAX_UNDISPATCHED_BATCHES:
+                loop = self._loop
+                if self._stopping or loop is None or loop.is_closed():
+                    return
+                self._dispatched.wait(0.1)
+
+    def _mark_dispatched(self) -> None:
+        with self._dispatched:
+            self._undispatched -= 1
+            self._dispatched.notify()
+
+    def _call_in_loop(self, fn: Any, arg: Any) -> bool:
         loop = self._loop
         if loop is not None and not loop.is_closed():
             try:
                 loop.call_soon_threadsafe(fn, arg)
+                return True
             except RuntimeError:  # the loop closed between the check and the call
                 pass
+        return False
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         streams = self._streams
@@ -260,6 +289,7 @@ class AsyncLLMEngine:
             q = streams.get(out.request_id) if not out.finished else streams.pop(out.request_id, None)
             if q is not None:
                 q.put_nowait(out)
+        self._mark_dispatched()
 
     def _fail_all(self, exc: EngineDeadError) -> None:
         while True:  # adds still queued get the error too
