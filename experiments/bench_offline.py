@@ -115,7 +115,8 @@ def main() -> None:
     ap.add_argument("--engine-core-mode", default="inproc")
     ap.add_argument("--dtypes", default="float32,bfloat16",
                     help="twinserve weight/KV dtypes to run, in this order (fp32 is the default; bf16 uses "
-                         "AMX/AVX512-BF16 where the CPU has them)")
+                         "AMX/AVX512-BF16 where the CPU has them, through prepacked weights; "
+                         "'bfloat16:plain' runs bf16 without prepacking, for the comparison)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     threads = torch.get_num_threads()
@@ -123,9 +124,14 @@ def main() -> None:
         compare_tp(a, threads)
         return
     results: dict[str, tuple[float, float]] = {}
-    for dtype in a.dtypes.split(","):
+    for spec in a.dtypes.split(","):
+        dtype, _, variant = spec.partition(":")
+        if variant not in ("", "plain"):
+            ap.error(f"--dtypes: unknown variant {variant!r} in {spec!r} (only ':plain')")
         llm = LLM("smollm2", max_model_len=1024, kv_cache_memory_gb=a.kv_cache_memory_gb, seed=a.seed, dtype=dtype,
-                  tensor_parallel_size=a.tensor_parallel_size[0], engine_core_mode=a.engine_core_mode)
+                  tensor_parallel_size=a.tensor_parallel_size[0], engine_core_mode=a.engine_core_mode,
+                  prepack_weights=variant != "plain")
+        dtype = spec
         engine = llm.llm_engine
         prompts, outs = make_workload(llm.get_tokenizer(), a.num_prompts, a.seed)
         print(f"workload: {len(prompts)} prompts, prompt tokens {sum(map(len, prompts))} "
@@ -136,10 +142,10 @@ def main() -> None:
         llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
         ts_dt, ts_tok = bench_twinserve(llm, prompts, outs)
         ts_rate = ts_tok / ts_dt
-        print(f"twinserve {dtype:9s} mixed batch: {ts_tok} tokens in {ts_dt:.1f} s = {ts_rate:.1f} output tok/s "
+        print(f"twinserve {dtype:15s} mixed batch: {ts_tok} tokens in {ts_dt:.1f} s = {ts_rate:.1f} output tok/s "
               f"(threads={threads}, steps={engine.core.num_steps})")
         ts_dec = decode_rate_twinserve(llm, prompts[0][:32], a.decode_tokens)
-        print(f"twinserve {dtype:9s} batch-1 decode: {ts_dec:.1f} tok/s (threads={threads})")
+        print(f"twinserve {dtype:15s} batch-1 decode: {ts_dec:.1f} tok/s (threads={threads})")
         print(f"peak RSS so far: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB", flush=True)
         results[dtype] = (ts_rate, ts_dec)
         engine.shutdown()

@@ -17,7 +17,7 @@ from .config import EngineArgs
 from .cuda_graphs import DecodeGraphs
 from .model_runner import ModelRunner, StepShape
 from .models.config import LlamaConfig
-from .models.llama import LlamaForCausalLM
+from .models.llama import LlamaForCausalLM, packed_bf16_supported
 from .models.loader import load_gguf, load_hf_folder
 from .models.parallel import TensorParallel, shard_llama
 from .models.registry import ModelSource
@@ -56,6 +56,9 @@ class Worker:
         # F.linear was as fast or faster at every batch size measured (1-256 rows).
         if self.device.type == "cpu" and args.small_batch_weights and self.dtype == torch.float32:
             self.model.add_small_batch_weights()
+        if self.device.type == "cpu" and args.prepack_weights and self.dtype == torch.bfloat16 \
+                and packed_bf16_supported():
+            self.model.add_packed_bf16_weights()
         self.backend = get_attention_backend(args.attention_backend, self.device)
         self.runner = ModelRunner(self.model, self.backend, self.device, args.block_size,
                                   max_model_len, args.max_num_seqs, stop_ids, compile_grammar=self.compile_grammar)

@@ -301,10 +301,13 @@ def _git_commit() -> str | None:
 
 
 def regime_bounds(engine: Any) -> list[int]:
-    """Token counts where the engine switches code path (the CPU small-batch weights)."""
+    """Token counts where the engine switches code path (the CPU fp32 small-batch weights)."""
+    import torch
+
     from ..real.models.llama import SMALL_BATCH_ROWS
 
-    if engine.args.resolve_device().type == "cpu" and engine.args.small_batch_weights:
+    device = engine.args.resolve_device()
+    if device.type == "cpu" and engine.args.small_batch_weights and engine.args.resolve_dtype(device) == torch.float32:
         return [SMALL_BATCH_ROWS]
     return []
 
@@ -359,7 +362,7 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             "drift_corrected": len(probe_secs) >= 2,
             "engine": {"block_size": a.block_size, "max_num_seqs": sc.max_num_seqs,
                        "max_num_batched_tokens": sc.max_num_batched_tokens,
-                       "small_batch_weights": a.small_batch_weights,
+                       "small_batch_weights": a.small_batch_weights, "prepack_weights": a.prepack_weights,
                        "attention_backend": a.attention_backend},
             "design": asdict(design),
         })
