@@ -262,5 +262,30 @@ def check_profile_parallelism(profile: FittedCostModel, tensor_parallel_size: in
                        f"`twinserve calibrate --tensor-parallel-size {tensor_parallel_size}`")
 
 
+def check_profile_numerics(profile: FittedCostModel, device_type: str, dtype: str,
+                           allow_mismatch: bool = False, source: str = "profile") -> None:
+    """Refuse a profile calibrated on another kind of device or in another dtype than the engine's.
+
+    A CPU bf16 step runs other kernels than an fp32 one (oneDNN/AMX against MKL fp32) and costs
+    several times less, so a profile only predicts the numerics it was measured with.
+    """
+    prov = profile.meta.get("provenance") or {}
+    made_dtype, made_device = prov.get("dtype"), prov.get("device")
+    if allow_mismatch:
+        return
+    if made_dtype is not None and _dtype_name(str(made_dtype)) != _dtype_name(dtype):
+        raise ProfileError(f"{source} was calibrated in {made_dtype} but the engine runs {dtype}; calibrate "
+                           f"with `twinserve calibrate --dtype {_dtype_name(dtype)}`")
+    if made_device is not None and (str(made_device) == "cpu") != (device_type == "cpu"):
+        raise ProfileError(f"{source} was calibrated on {made_device!r} but the engine runs on {device_type}; "
+                           "calibrate on this device")
+
+
+def _dtype_name(name: str) -> str:
+    name = name.removeprefix("torch.")
+    return {"bf16": "bfloat16", "fp32": "float32", "float": "float32", "fp16": "float16",
+            "half": "float16"}.get(name, name)
+
+
 def _norm(name: str) -> str:
     return name.lower().replace("-instruct", "").replace("_", "-")

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from twinserve.backends.sim.executor import SimExecutor
-from twinserve.backends.sim.fitted import FittedCostModel, check_profile_model, check_profile_parallelism
+from twinserve.backends.sim.fitted import (FittedCostModel, check_profile_model, check_profile_numerics,
+                                           check_profile_parallelism)
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import TwinserveError
 from twinserve.sim.config import load_config
@@ -167,6 +168,9 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     check_profile_model(profile, model, opts.allow_profile_mismatch, source=f"profile {opts.profile}")
     check_profile_parallelism(profile, engine.args.tensor_parallel_size, opts.allow_profile_mismatch,
                               source=f"profile {opts.profile}")
+    device = engine.args.resolve_device()
+    check_profile_numerics(profile, device.type, str(engine.args.resolve_dtype(device)),
+                           opts.allow_profile_mismatch, source=f"profile {opts.profile}")
     make = workload_factory(opts, engine.max_model_len, engine.vocab_size)
     n_first = check_workload(make, engine.max_model_len)
     out.mkdir(parents=True, exist_ok=True)

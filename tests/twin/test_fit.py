@@ -243,3 +243,20 @@ def test_tp_check_predicts_a_split_step_and_sees_a_wrong_split() -> None:
     errors = [tp_check.predict_tp(tp1, 2, comm_step, comm_token, r) / r["step_time_s"] - 1
               for r in poor]
     assert float(np.median(errors)) < -0.1
+
+
+def test_a_profile_predicts_only_the_numerics_it_was_measured_with() -> None:
+    """fidelity refuses an fp32 CPU profile for a bf16 engine (other kernels, several times faster)."""
+    from twinserve.backends.sim.fitted import check_profile_numerics
+
+    cpu = FittedCostModel.load("builtin:smollm2-135m-cpu-1t")
+    check_profile_numerics(cpu, "cpu", "torch.float32")  # the engine it was made on
+    with pytest.raises(ProfileError, match=r"calibrated in float32 .* runs torch.bfloat16.*--dtype bfloat16"):
+        check_profile_numerics(cpu, "cpu", "torch.bfloat16", source="profile p")
+    with pytest.raises(ProfileError, match="calibrated on 'cpu' but the engine runs on cuda"):
+        check_profile_numerics(cpu, "cuda", "float32")
+    check_profile_numerics(cpu, "cpu", "bf16", allow_mismatch=True)
+    gpu = FittedCostModel.load("builtin:smollm2-135m-h200-bf16")
+    check_profile_numerics(gpu, "cuda", "bf16")
+    with pytest.raises(ProfileError, match="engine runs on cpu"):
+        check_profile_numerics(gpu, "cpu", "bfloat16")
