@@ -44,7 +44,13 @@ def _mixed_batch(seed: int, block_size: int = 4, hq: int = 6, hkv: int = 2, d: i
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_torch_paged_attention_matches_reference(seed: int) -> None:
+@pytest.mark.parametrize("gather_bytes", [None, 1, 3000])
+def test_torch_paged_attention_matches_reference(seed: int, gather_bytes: int | None,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from twinserve.backends.real.attention import torch_paged as tp
+
+    if gather_bytes is not None:  # decode buckets attended one sequence, or a few, at a time
+        monkeypatch.setattr(tp, "_GATHER_BYTES", gather_bytes)
     q, k, v, kc, vc, meta, bs = _mixed_batch(seed)
     backend = TorchPagedAttention()
     backend.plan(meta, bs, kc.shape[2])

@@ -24,6 +24,11 @@ from .backend import AttentionMetadata
 _MAX_DECODE_BUCKETS = 8
 _PAD_TOLERANCE = 0.125
 _PAD_SLACK = 32
+# A bucket's K and V are gathered and attended this many bytes at a time, so the SDPA call reads
+# what the gather just wrote from the CPU's cache instead of memory. Measured on this project's
+# CPU (1 thread), 64 decodes at 500 context: 18.9 -> 10.0 ms per layer in fp32 (49 MB of K+V),
+# 7.6 -> 5.4 ms in bf16; at 6 MB or less per bucket it made no difference. Same results.
+_GATHER_BYTES = 4 << 20
 
 
 @dataclass(slots=True)
@@ -113,11 +118,19 @@ class TorchPagedAttention:
         k_rows = key_cache.view(-1, d)
         v_rows = value_cache.view(-1, d)
         for b in plan.decodes:
-            q = query[b.rows].view(-1, hkv, group, d)
-            k = k_rows.index_select(0, b.row_index).view(*b.shape, d)  # [B, Hkv, S, D]
-            v = v_rows.index_select(0, b.row_index).view(*b.shape, d)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=b.mask, scale=scale)
-            out[b.rows] = o.reshape(-1, hq, d)
+            n, _, s_max = b.shape
+            per_row = hkv * s_max  # cache rows gathered per sequence
+            step = max(1, _GATHER_BYTES // (2 * per_row * d * key_cache.element_size()))
+            for lo in range(0, n, step):
+                hi = min(n, lo + step)
+                rows = slice(b.rows.start + lo, b.rows.start + hi)
+                index = b.row_index[lo * per_row:hi * per_row]
+                q = query[rows].view(-1, hkv, group, d)
+                k = k_rows.index_select(0, index).view(hi - lo, hkv, s_max, d)  # [B, Hkv, S, D]
+                v = v_rows.index_select(0, index).view(hi - lo, hkv, s_max, d)
+                mask = None if b.mask is None else b.mask[lo:hi]
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+                out[rows] = o.reshape(-1, hq, d)
         for p in plan.prefills:
             q = query[p.rows].transpose(0, 1).unsqueeze(0)  # [1, Hq, T, D]
             if p.slot_index is None:
