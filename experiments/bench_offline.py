@@ -3,6 +3,7 @@
 64 chat prompts (prompt lengths 16-512, output lengths 16-256, fixed seed), greedy, EOS ignored.
 transformers runs in left-padded batches of 8, each generating its batch's longest output; its
 throughput counts only the tokens that were asked for. Also decode tok/s at batch 1 for both.
+Every engine is built once; they alternate (see main) because this VM's speed drifts.
 Run: python experiments/bench_offline.py [--num-prompts 64] [--threads 1]
 """
 
@@ -12,6 +13,7 @@ import argparse
 import os
 import random
 import resource
+import statistics
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -108,6 +110,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--decode-rounds", type=int, default=3, help="batch-1 decode rounds, engines alternating")
     ap.add_argument("--kv-cache-memory-gb", type=float, default=3.0)
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--tensor-parallel-size", type=int, nargs="+", default=[1],
@@ -123,7 +126,7 @@ def main() -> None:
     if len(a.tensor_parallel_size) > 1:
         compare_tp(a, threads)
         return
-    results: dict[str, tuple[float, float]] = {}
+    engines: dict[str, LLM] = {}
     for spec in a.dtypes.split(","):
         dtype, _, variant = spec.partition(":")
         if variant not in ("", "plain"):
@@ -131,43 +134,67 @@ def main() -> None:
         llm = LLM("smollm2", max_model_len=1024, kv_cache_memory_gb=a.kv_cache_memory_gb, seed=a.seed, dtype=dtype,
                   tensor_parallel_size=a.tensor_parallel_size[0], engine_core_mode=a.engine_core_mode,
                   prepack_weights=variant != "plain")
-        dtype = spec
         engine = llm.llm_engine
-        prompts, outs = make_workload(llm.get_tokenizer(), a.num_prompts, a.seed)
-        print(f"workload: {len(prompts)} prompts, prompt tokens {sum(map(len, prompts))} "
-              f"(min {min(map(len, prompts))}, max {max(map(len, prompts))}), output tokens {sum(outs)} "
-              f"(min {min(outs)}, max {max(outs)}); threads={threads}")
-        print(f"KV cache: {engine.kv_bytes_per_token} bytes/token ({dtype}, largest rank), "
-              f"{engine.scheduler_config.num_blocks} blocks x {engine.scheduler_config.block_size} tokens")
-        llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
-        ts_dt, ts_tok = bench_twinserve(llm, prompts, outs)
-        ts_rate = ts_tok / ts_dt
-        print(f"twinserve {dtype:15s} mixed batch: {ts_tok} tokens in {ts_dt:.1f} s = {ts_rate:.1f} output tok/s "
-              f"(threads={threads}, steps={engine.core.num_steps})")
-        ts_dec = decode_rate_twinserve(llm, prompts[0][:32], a.decode_tokens)
-        print(f"twinserve {dtype:15s} batch-1 decode: {ts_dec:.1f} tok/s (threads={threads})")
-        print(f"peak RSS so far: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB", flush=True)
-        results[dtype] = (ts_rate, ts_dec)
-        engine.shutdown()
-        del llm, engine
-    if a.skip_hf:
-        return
-    from transformers import AutoModelForCausalLM
+        print(f"twinserve {spec}: KV cache {engine.kv_bytes_per_token} bytes/token (largest rank), "
+              f"{engine.scheduler_config.num_blocks} blocks x {engine.scheduler_config.block_size} tokens; "
+              f"RSS after building: {rss_mib():.0f} MiB")
+        engines[spec] = llm
+    prompts, outs = make_workload(next(iter(engines.values())).get_tokenizer(), a.num_prompts, a.seed)
+    print(f"workload: {len(prompts)} prompts, prompt tokens {sum(map(len, prompts))} "
+          f"(min {min(map(len, prompts))}, max {max(map(len, prompts))}), output tokens {sum(outs)} "
+          f"(min {min(outs)}, max {max(outs)}); threads={threads}")
+    hf = None
+    if not a.skip_hf:
+        from transformers import AutoModelForCausalLM
 
-    from twinserve.backends.real.models.registry import resolve_model
+        from twinserve.backends.real.models.registry import resolve_model
 
-    hf = AutoModelForCausalLM.from_pretrained(str(resolve_model("smollm2").path), dtype=torch.float32).eval()
-    hf.generation_config.eos_token_id = None
-    hf_dt, hf_tok, hf_gen = bench_hf(hf, prompts, outs)
-    hf_rate = hf_tok / hf_dt
-    print(f"transformers  mixed batch (padded batches of 8): {hf_tok} requested tokens ({hf_gen} generated) "
-          f"in {hf_dt:.1f} s = {hf_rate:.1f} output tok/s (threads={threads})")
-    hf_dec = decode_rate_hf(hf, prompts[0][:32], a.decode_tokens)
-    print(f"transformers  batch-1 decode: {hf_dec:.1f} tok/s (threads={threads})")
-    for dtype, (ts_rate, ts_dec) in results.items():
-        print(f"ratio twinserve {dtype}/transformers fp32: mixed batch {ts_rate / hf_rate:.2f}x, "
-              f"batch-1 decode {ts_dec / hf_dec:.2f}x (threads={threads})")
-    print(f"peak RSS (both engines in this process): {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+        hf = AutoModelForCausalLM.from_pretrained(str(resolve_model("smollm2").path), dtype=torch.float32).eval()
+        hf.generation_config.eos_token_id = None
+    # This VM's speed drifts by up to 2x from minute to minute, so the engines alternate: twinserve's
+    # mixed batch runs before and after transformers' (the mean is reported), and batch-1 decode
+    # alternates over rounds (the median of the per-round ratios is reported).
+    mixed: dict[str, list[float]] = {spec: [] for spec in engines}
+    hf_rate = None
+    for rnd in range(2 if hf is not None else 1):
+        for spec, llm in engines.items():
+            llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0, max_tokens=4),
+                         use_tqdm=False)
+            steps0 = llm.llm_engine.core.num_steps
+            ts_dt, ts_tok = bench_twinserve(llm, prompts, outs)
+            mixed[spec].append(ts_tok / ts_dt)
+            print(f"twinserve {spec:15s} mixed batch: {ts_tok} tokens in {ts_dt:.1f} s = {ts_tok / ts_dt:.1f} output "
+                  f"tok/s (threads={threads}, steps={llm.llm_engine.core.num_steps - steps0})", flush=True)
+        if hf is not None and rnd == 0:
+            hf_dt, hf_tok, hf_gen = bench_hf(hf, prompts, outs)
+            hf_rate = hf_tok / hf_dt
+            print(f"transformers  mixed batch (padded batches of 8): {hf_tok} requested tokens ({hf_gen} generated) "
+                  f"in {hf_dt:.1f} s = {hf_rate:.1f} output tok/s (threads={threads})", flush=True)
+    decode: dict[str, list[float]] = {spec: [] for spec in engines}
+    hf_dec: list[float] = []
+    for rnd in range(a.decode_rounds):
+        if hf is not None:
+            hf_dec.append(decode_rate_hf(hf, prompts[0][:32], a.decode_tokens))
+        for spec, llm in engines.items():
+            decode[spec].append(decode_rate_twinserve(llm, prompts[0][:32], a.decode_tokens))
+        parts = ([f"transformers {hf_dec[-1]:.1f}"] if hf_dec else []) + [
+            f"twinserve {spec} {decode[spec][-1]:.1f}" for spec in engines]
+        print(f"batch-1 decode round {rnd + 1}: {', '.join(parts)} tok/s", flush=True)
+    for spec in engines:
+        rate = statistics.mean(mixed[spec])
+        line = (f"twinserve {spec:15s} mixed batch {rate:.1f} tok/s (mean of {len(mixed[spec])}), "
+                f"batch-1 decode {statistics.median(decode[spec]):.1f} tok/s (median of {len(decode[spec])})")
+        if hf_rate is not None:
+            dec_ratio = statistics.median(x / y for x, y in zip(decode[spec], hf_dec))
+            line += (f"; vs transformers fp32: mixed batch {rate / hf_rate:.2f}x, batch-1 decode {dec_ratio:.2f}x "
+                     "(median of the per-round ratios)")
+        print(line + f" (threads={threads})")
+    print(f"peak RSS (every engine in this process): {rss_mib():.0f} MiB")
+
+
+def rss_mib() -> float:
+    """Peak resident memory of this process so far, MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def compare_tp(a: argparse.Namespace, threads: int) -> None:
