@@ -25,6 +25,9 @@ class CoreStep:
 
     outputs: list[CoreOutput]
     stats: StepStats | None = None
+    # Engine core in its own process, step log on: each step's stats and trace, in order (a
+    # front-end step can take several of the core's steps at once).
+    traces: list[tuple[StepStats, Any]] | None = None
 
 
 class EngineCoreClient(Protocol):
@@ -47,6 +50,12 @@ class EngineCoreClient(Protocol):
 
     def stats(self) -> CoreStats:
         """Scheduler and KV state after the latest iteration the front end has seen."""
+
+    def set_step_log(self, on: bool, record_schedule: bool = False) -> None:
+        """Time the core's phases and describe its steps (on), or time nothing (off)."""
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (PrefixCacheBusyError while requests hold blocks)."""
 
     def shutdown(self) -> None:
         """Stop the core (and its workers) and write the step log if asked."""
@@ -146,6 +155,15 @@ class InprocCoreClient:
     def has_unfinished_requests(self) -> bool:
         """True while the core has anything waiting or running."""
         return self.core.has_unfinished_requests()
+
+    def set_step_log(self, on: bool, record_schedule: bool = False) -> None:
+        """Hand the core a clock and the workers phase timing (the engine builds the records)."""
+        self.core.clock = time.perf_counter if on else None
+        self.executor.set_timing(on)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (PrefixCacheBusyError while requests hold blocks)."""
+        self.core.scheduler.reset_prefix_cache()
 
     def has_pending(self) -> bool:
         """Always False: requests and aborts take effect before the call returns."""

@@ -77,6 +77,22 @@ class Consumed(msgspec.Struct, tag=True, array_like=True):
     count: int
 
 
+class SetStepLog(msgspec.Struct, tag=True, array_like=True):
+    """Time the core's phases and send a StepTrace with every step (on), or stop (off).
+
+    The core times nothing and sends no trace unless a step log is on, so a long-running
+    server neither pays for timing nor grows. record_schedule adds each step's
+    {req_id: tokens}, its preempted ids and its admission horizon (replay checks).
+    """
+
+    on: bool
+    record_schedule: bool = False
+
+
+class ResetPrefixCache(msgspec.Struct, tag=True, array_like=True):
+    """Forget every cached prefix (the core ignores it while requests hold blocks)."""
+
+
 class Shutdown(msgspec.Struct, tag=True, array_like=True):
     """Stop the busy loop, the executor and its workers."""
 
@@ -90,8 +106,32 @@ class Ready(msgspec.Struct, tag=True, array_like=True):
     pids: list[int]
 
 
-class StepOutputs(msgspec.Struct, tag=True, array_like=True):
-    """Everything one busy-loop iteration produced, in one message."""
+class StepTrace(msgspec.Struct, array_like=True, omit_defaults=True):
+    """One core step for the front end's step log: its shape and the phases StepStats lacks.
+
+    schedule_s and update_s travel in StepStats (the core's clock times them). step_time_s is
+    the core's own step, from schedule() to its outputs wrapped for the wire; gap_s is the
+    core's time from the previous step's end to this one's start while it had work (sending
+    the previous batch, the IPC hop, draining requests, waiting for the front end's credit).
+    """
+
+    prefill_chunks: list[tuple[int, int]]
+    decode_context_lens: list[int]
+    prepare_s: float = 0.0
+    forward_s: float = 0.0
+    sample_s: float = 0.0
+    step_time_s: float = 0.0
+    gap_s: float = 0.0
+    extra: dict[str, float] | None = None
+    # Only with SetStepLog.record_schedule: the step's {req_id: tokens}, its preempted ids and
+    # the latest arrival_time among the requests the core had received before it scheduled.
+    scheduled: dict[str, int] | None = None
+    preempted: list[str] | None = None
+    admitted_until: float | None = None
+
+
+class StepOutputs(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    """Everything one busy-loop iteration produced, in one message (trailing Nones not sent)."""
 
     outputs: list[CoreOutput]
     stats: CoreStats
@@ -99,6 +139,8 @@ class StepOutputs(msgspec.Struct, tag=True, array_like=True):
     inputs_seen: int
     # The core's StepStats, generic so its owner can grow it.
     step_stats: Any = None
+    # The step's trace while a step log is on (SetStepLog), else None.
+    trace: StepTrace | None = None
 
 
 class CoreError(msgspec.Struct, tag=True, array_like=True):
@@ -112,7 +154,7 @@ class Bye(msgspec.Struct, tag=True, array_like=True):
     """The core shut down cleanly."""
 
 
-ToCore = AddRequest | AbortRequests | Consumed | Shutdown
+ToCore = AddRequest | AbortRequests | Consumed | SetStepLog | ResetPrefixCache | Shutdown
 FromCore = Ready | StepOutputs | CoreError | Bye
 
 

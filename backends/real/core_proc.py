@@ -20,14 +20,16 @@ import msgspec
 import zmq
 
 from ...core.engine_core import StepStats
-from ...core.errors import EngineDeadError, TwinserveError
+from ...core.errors import EngineDeadError, PrefixCacheBusyError, TwinserveError
 from ...core.request import FinishReason, Request
 from .config import EngineArgs
 from .core_client import CoreRequests, CoreStep, core_output, core_stats
-from .core_messages import (AbortRequests, AddRequest, Bye, Consumed, CoreError, CoreOutput, CoreStats,
-                            Ready, Shutdown, StepOutputs, encoder, from_core_decoder, to_core_decoder)
+from .core_messages import (AbortRequests, AddRequest, Bye, Consumed, CoreError, CoreOutput, CoreStats, Ready,
+                            ResetPrefixCache, SetStepLog, Shutdown, StepOutputs, StepTrace, encoder,
+                            from_core_decoder, to_core_decoder)
 from .models.registry import ModelSource
 from .procs import EngineStartupError, die_with_parent, exit_description, spawn_context, stop_process
+from .step_log import extra_costs
 
 # How long the front end waits for the core to build its model and workers.
 STARTUP_TIMEOUT_S = 600.0
@@ -75,11 +77,52 @@ def run_engine_core(in_addr: str, out_addr: str, args: EngineArgs, max_model_len
         ctx.term()
 
 
+class _StepTracer:
+    """The core process's half of the step log: times and describes steps only while it is on."""
+
+    def __init__(self, core: Any, executor: Any) -> None:
+        self.core = core
+        self.executor = executor
+        self.on = False
+        self.record_schedule = False
+        self._last_end = 0.0
+        self._busy_after_last = False
+
+    def set(self, msg: SetStepLog) -> None:
+        """Turn the core's clock and the workers' phase timing on or off."""
+        self.on = msg.on
+        self.record_schedule = msg.on and msg.record_schedule
+        self.core.clock = time.perf_counter if msg.on else None
+        self.executor.set_timing(msg.on)
+        self._busy_after_last = False  # no gap across a switch
+
+    def trace(self, start: float, end: float, admitted_until: float | None) -> StepTrace:
+        """The step just run (schedule() began at start, outputs wrapped at end; perf_counter)."""
+        gap = start - self._last_end if self._busy_after_last else 0.0
+        self._last_end = end
+        self._busy_after_last = self.core.has_unfinished_requests()
+        ex = self.executor
+        shape = ex.last_step_shape
+        computed = shape.num_new_tokens > 0
+        prepare, forward, sample = ex.last_step_timing if computed else (0.0, 0.0, 0.0)
+        extra = extra_costs(shape, ex.last_comm_time if computed else 0.0)
+        tr = StepTrace(list(shape.prefills), list(shape.decodes), prepare, forward, sample, end - start,
+                       gap, extra or None)
+        if self.record_schedule:
+            so = self.core.last_scheduler_output
+            tr.scheduled = dict(so.num_scheduled_tokens)
+            tr.preempted = sorted(so.preempted_req_ids)
+            tr.admitted_until = admitted_until
+        return tr
+
+
 def _busy_loop(core: Any, executor: Any, inp: zmq.Socket, out: zmq.Socket, enc: Any) -> None:
     dec = to_core_decoder()
     requests = CoreRequests()
+    tracer = _StepTracer(core, executor)
     inputs_seen = reported_seen = 0
     sent = consumed = 0  # StepOutputs sent, and taken by the front end
+    admitted_until: float | None = None  # the latest arrival_time among requests received
     while True:
         msgs = []
         if not core.has_unfinished_requests() or sent - consumed >= MAX_UNCONSUMED_BATCHES:
@@ -107,16 +150,31 @@ def _busy_loop(core: Any, executor: Any, inp: zmq.Socket, out: zmq.Socket, enc: 
                                               error=f"the engine core refused the request: {e}"))
                 else:
                     requests.live[m.request_id] = req
+                    if admitted_until is None or m.arrival_time > admitted_until:
+                        admitted_until = m.arrival_time
             elif isinstance(m, AbortRequests):
                 aborted = core.abort(m.request_ids, time.monotonic(), m.reason)
                 outputs.extend(core_output(o, requests.live.pop(o.req_id, None)) for o in aborted)
-        stats = None
+            elif isinstance(m, SetStepLog):
+                tracer.set(m)
+            elif isinstance(m, ResetPrefixCache):
+                try:
+                    core.scheduler.reset_prefix_cache()
+                except TwinserveError:
+                    pass  # requests came in after the front end checked: the cache stays, as in process
+        stats = trace = None
         stepped = core.has_unfinished_requests() and sent - consumed < MAX_UNCONSUMED_BATCHES
         if stepped:
-            step_outputs, stats = core.step(time.monotonic())
-            outputs.extend(requests.wrap(step_outputs))
+            if tracer.on:
+                t_start = time.perf_counter()
+                step_outputs, stats = core.step(time.monotonic())
+                outputs.extend(requests.wrap(step_outputs))
+                trace = tracer.trace(t_start, time.perf_counter(), admitted_until)
+            else:
+                step_outputs, stats = core.step(time.monotonic())
+                outputs.extend(requests.wrap(step_outputs))
         if stepped or outputs or inputs_seen != reported_seen:
-            out.send(enc.encode(StepOutputs(outputs, core_stats(core), inputs_seen, stats)))
+            out.send(enc.encode(StepOutputs(outputs, core_stats(core), inputs_seen, stats, trace)))
             sent += 1
             reported_seen = inputs_seen
 
@@ -160,6 +218,7 @@ class MPCoreClient:
         self._closed = False
         self._sent = self._seen = 0
         self._taken = 0  # StepOutputs received (the core's credit: see MAX_UNCONSUMED_BATCHES)
+        self._step_log = SetStepLog(False)  # what the core was last told (it starts with no log)
         self.dead: str | None = None
         import torch
 
@@ -216,6 +275,21 @@ class MPCoreClient:
         if ids and self.dead is None and not self._closed:  # aborting on a dead core is moot
             self._send(AbortRequests(ids, reason))
 
+    def set_step_log(self, on: bool, record_schedule: bool = False) -> None:
+        """Turn the core's step timing and traces on or off (steps it already ran stay untraced)."""
+        msg = SetStepLog(on, on and record_schedule)
+        if msg != self._step_log:
+            self._send(msg)
+            self._step_log = msg
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix; PrefixCacheBusyError while requests may hold blocks."""
+        s = self._stats
+        if s.num_running or s.num_waiting or self.has_pending():
+            raise PrefixCacheBusyError("cannot reset the prefix cache while the engine core has requests "
+                                       "(or has not yet answered); finish or abort them first")
+        self._send(ResetPrefixCache())
+
     def _send(self, msg: Any) -> None:
         if self.dead is not None or self._closed:
             raise EngineDeadError(self.dead or "the engine core is shut down")
@@ -241,6 +315,7 @@ class MPCoreClient:
         # Catch up: take every batch already waiting (the core may have run ahead), in order.
         outputs: list[CoreOutput] = []
         raw_stats = None
+        traces: list[tuple[StepStats, StepTrace]] = []
         for _ in range(_MAX_MERGED_BATCHES):
             msg = self._dec.decode(self._out.recv())
             if isinstance(msg, CoreError):
@@ -253,12 +328,14 @@ class MPCoreClient:
             self._seen = msg.inputs_seen
             if msg.step_stats is not None:
                 raw_stats = msg.step_stats
+                if msg.trace is not None:
+                    traces.append((msgspec.convert(raw_stats, StepStats), msg.trace))
             if not self._out.poll(0):
                 break
         self._in.send(self._enc.encode(Consumed(self._taken)))  # not a request: _sent stays
         self._update_view()
         stats = msgspec.convert(raw_stats, StepStats) if raw_stats is not None else None
-        return CoreStep(outputs, stats)
+        return CoreStep(outputs, stats, traces or None)
 
     def _die(self, reason: str) -> None:
         self.dead = reason

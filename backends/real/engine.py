@@ -28,7 +28,7 @@ from .detokenizer import IncrementalDetokenizer
 from .models.llama import LlamaForCausalLM
 from .models.registry import ModelSource, resolve_model
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
-from .step_log import StepLog, StepRecord
+from .step_log import StepLog, StepRecord, extra_costs
 from .tokenizer import apply_chat_template, load_tokenizer
 
 PromptType = str | list[int] | dict[str, Any]
@@ -129,6 +129,9 @@ class LLMEngine:
         self.step_log = step_log if step_log is not None else StepLog(args.step_log_path)
         self._last_step_end = 0.0
         self._busy_after_last_step = False
+        # Engine core in its own process, log on: the (record, trace) of every core step the
+        # last step() took (realrun reads them to replay the core's schedule).
+        self.last_core_steps: list[tuple[StepRecord, Any]] = []
         try:
             self.set_step_log(self.step_log)
         except BaseException:
@@ -155,15 +158,19 @@ class LLMEngine:
             return self._grammars
 
     def set_step_log(self, step_log: StepLog) -> None:
-        """Log steps to step_log from now on (a disabled log turns the phase timing off)."""
-        on = step_log.enabled
-        if on and self.core_mode == "process":
-            raise InvalidConfigError("engine_core_mode", "process",
-                                     "'inproc' for a step log (calibrate and fidelity time the core in process)")
+        """Log steps to step_log from now on (a disabled log turns the phase timing off).
+
+        With the engine core in its own process the switch is a message: steps the core ran
+        before reading it are neither timed nor logged (call this while the engine is idle to
+        log every step).
+        """
         self.step_log = step_log
-        if self.core_mode == "inproc":
-            self.core.core.clock = time.perf_counter if on else None
-            self.executor.set_timing(on)
+        self.last_core_steps = []
+        self.core.set_step_log(step_log.enabled, step_log.record_schedule)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (PrefixCacheBusyError while requests hold blocks)."""
+        self.core.reset_prefix_cache()
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
@@ -342,6 +349,8 @@ class LLMEngine:
                 # Executor state and scheduler state may disagree now: refuse further work.
                 self.dead = e
                 raise EngineDeadError(f"engine step failed: {e!r}; restart the engine") from e
+            if logging:
+                self.last_core_steps = []
             if res is None:
                 return []
             outputs = res.outputs
@@ -376,7 +385,9 @@ class LLMEngine:
                 self.core.abort(error_aborts, reason=FinishReason.ERROR)
             result = [self._make_output(p, now, touched) for p, touched in changed.values()
                       if p.output_kind != "final_only" or all(c.finish_reason is not None for c in p.children)]
-            if logging and stats is not None:
+            if logging and res.traces:
+                self._log_core_steps(res.traces, time.perf_counter() - t_core)
+            elif logging and stats is not None and self.core_mode == "inproc":
                 self._log_step(stats, stats.start_time, t0, t_core, time.perf_counter())
             return result
 
@@ -392,17 +403,30 @@ class LLMEngine:
         shape = ex.last_step_shape
         prepare, forward, sample = ex.last_step_timing if shape.num_new_tokens else (0.0, 0.0, 0.0)
         so = core.last_scheduler_output
-        # Tensor parallelism: rank 0's seconds in collectives, inside forward_s (see README).
-        comm = ex.last_comm_time if shape.num_new_tokens else 0.0
-        extra = _extra_costs(shape)
-        if comm:
-            extra["comm_time_s"] = comm
+        extra = extra_costs(shape, ex.last_comm_time if shape.num_new_tokens else 0.0)
         log.append(StepRecord(
             stats.step, start, list(shape.prefills), list(shape.decodes), stats.num_running,
             stats.num_waiting, stats.num_preempted, stats.schedule_time, prepare, forward, sample,
             stats.update_time, t_end - t_core, t_end - t0, gap,
             dict(so.num_scheduled_tokens) if log.record_schedule and so is not None else None,
             extra))
+
+    def _log_core_steps(self, traces: list[tuple[StepStats, Any]], output_s: float) -> None:
+        """Step records from the core process's traces (its clock, its gaps; see step_log.py)."""
+        log = self.step_log
+        made = []
+        last = len(traces) - 1
+        for i, (stats, tr) in enumerate(traces):
+            rec = StepRecord(
+                stats.step, stats.start_time, [(q, c) for q, c in tr.prefill_chunks], tr.decode_context_lens,
+                stats.num_running, stats.num_waiting, stats.num_preempted, stats.schedule_time, tr.prepare_s,
+                tr.forward_s, tr.sample_s, stats.update_time,
+                # This front end's output processing ran once for the steps it took together.
+                output_s if i == last else 0.0, tr.step_time_s, tr.gap_s,
+                tr.scheduled if log.record_schedule else None, tr.extra or {})
+            log.append(rec)
+            made.append((rec, tr))
+        self.last_core_steps = made
 
     def _apply(self, child: _Child, o: CoreOutput) -> bool:
         """Fold one core output into a child; True if a stop string ended it (core must abort)."""
@@ -481,15 +505,6 @@ class LLMEngine:
                 self.abort_request(list(self._parents))
             self.core.shutdown()
             self.step_log.close()
-
-
-def _extra_costs(shape: Any) -> dict[str, float]:
-    """Step costs beyond the cost model's features, by name (the twin can fit a term per name)."""
-    if not getattr(shape, "num_constrained", 0):
-        return {}
-    # Structured output: grammar bitmask fill + apply + matcher advance (inside sample_s), and how
-    # many sequences were constrained; the twin can charge grammar_mask_s per constrained sequence.
-    return {"grammar_mask_s": shape.grammar_mask_time, "num_constrained": float(shape.num_constrained)}
 
 
 def _model_context(cfg: Any) -> int:

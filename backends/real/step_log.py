@@ -214,6 +214,20 @@ class StepLog:
         return [r.row() for r in self.records]
 
 
+def extra_costs(shape: Any, comm_time_s: float = 0.0) -> dict[str, float]:
+    """Step costs beyond the cost model's features, by name (the twin can fit a term per name)."""
+    extra: dict[str, float] = {}
+    if getattr(shape, "num_constrained", 0):
+        # Structured output: grammar bitmask fill + apply + matcher advance (inside sample_s), and
+        # how many sequences were constrained; the twin can charge grammar_mask_s per sequence.
+        extra["grammar_mask_s"] = shape.grammar_mask_time
+        extra["num_constrained"] = float(shape.num_constrained)
+    if comm_time_s:
+        # Tensor parallelism: rank 0's seconds in collectives, inside forward_s (see README).
+        extra["comm_time_s"] = comm_time_s
+    return extra
+
+
 def read_step_log(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a step log file (CSV or JSON lines); names the file and the missing column."""
     p = Path(path)

@@ -41,9 +41,15 @@ def test_process_mode_gives_the_same_outputs(tiny_dir: Path, tmp_path: Path) -> 
     assert engine.core.scheduler.kv.num_free_blocks == 256 and engine.core.num_steps >= 13
     engine.shutdown()
     assert wait_all_gone(pids) == []
-    # Step logs time the core's phases in process: asking for one here is a typed error, not a silent gap.
-    with pytest.raises(InvalidConfigError, match="engine_core_mode"):
-        LLM(str(tiny_dir), engine_core_mode="process", step_log_path=str(tmp_path / "s.csv"), **KW)
+    # A step log asked for at start-up: the core process times its steps from the first one.
+    llm = LLM(str(tiny_dir), engine_core_mode="process", step_log_path=str(tmp_path / "s.csv"), **KW)
+    llm.generate(prompts, params, use_tqdm=False)
+    steps = llm.llm_engine.core.num_steps
+    llm.llm_engine.shutdown()
+    from twinserve.backends.real.step_log import read_step_log
+
+    rows = read_step_log(tmp_path / "s.csv")
+    assert [int(r["step"]) for r in rows] == list(range(steps)) and all(r["forward_s"] > 0 for r in rows)
 
 
 def test_a_core_startup_error_surfaces_with_its_traceback(tiny_dir: Path, tmp_path: Path) -> None:
