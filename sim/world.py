@@ -141,7 +141,8 @@ class Simulation:
     """One engine replica (the core's EngineCore, unchanged) driven in simulated time."""
 
     def __init__(self, core: EngineCore, executor: SimExecutor, workload: Workload,
-                 fast_forward: bool = True, step_starts: Sequence[float] | None = None) -> None:
+                 fast_forward: bool = True, step_starts: Sequence[float] | None = None,
+                 admit_until: Sequence[float] | None = None) -> None:
         self.core = core
         self.executor = executor
         self.workload = workload
@@ -159,6 +160,9 @@ class Simulation:
         self.step_starts = step_starts
         if step_starts is not None:
             self.fast_forward = False
+        # Replay of an engine core in its own process: step k admits arrivals up to
+        # admit_until[k] (what had reached that core), not up to the step's start.
+        self.admit_until = admit_until if step_starts is not None else None
         self.replay_exhausted = False
 
     # ------------------------------------------------------------------ arrivals
@@ -205,6 +209,7 @@ class Simulation:
         log = self.steps
         t = 0.0
         starts = self.step_starts
+        horizons = self.admit_until
         while True:
             if starts is not None:
                 k = core.num_steps
@@ -213,7 +218,14 @@ class Simulation:
                     self.replay_exhausted = sched.has_unfinished_requests() or source.next_time() < INF
                     return
                 t = starts[k] if starts[k] > t else t
-            self._admit(t)
+            if horizons is None:
+                self._admit(t)
+            else:
+                self._admit(horizons[k])
+                if not sched.has_unfinished_requests():
+                    # The real core had work for step k; with what reached it, the simulator has none.
+                    self.replay_exhausted = True
+                    return
             if not sched.has_unfinished_requests():
                 nxt = source.next_time()
                 if nxt == INF:

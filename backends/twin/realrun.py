@@ -9,6 +9,14 @@ are step start + predicted step time, the same instant in its model.
 
 Per step it keeps the admission time (step start), the end time and what was scheduled,
 so the simulator can replay the run (replay.py).
+
+With the engine core in its own process a front-end step may take several of the core's
+steps, or none, and the core admits a request only when its message arrives (after the
+arrival time, by the front end's loop and the IPC hop). The steps kept are then the core's,
+from its step records (the engine's step log must record schedules): start and end on the
+core's clock (time.monotonic is one clock for both processes), and, per step, the latest
+arrival time among the requests the core had received (`admit_until`), which the replay
+admits up to instead of the step start. Token times stay the front end's (what a client sees).
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ class RealRun:
     interrupted: bool = False
     wall_time: float = 0.0
     num_preemptions: int = 0
+    # Engine core in its own process: per step, arrivals up to this time had reached the core.
+    admit_until: list[float] | None = None
 
 
 @dataclass(slots=True)
@@ -52,20 +62,35 @@ def run_real(engine: Any, workload: Workload, poll_s: float = 0.0005) -> RealRun
     run = RealRun([])
     params: dict[int, SamplingParams] = {}
     core = engine.core
+    in_process = getattr(engine, "core_mode", "inproc") == "process"
+    if in_process:
+        log = engine.step_log
+        if not (log.enabled and log.record_schedule):
+            raise TwinserveError("replaying a run of an engine core in its own process needs the engine's "
+                                 "step log on with record_schedule=True (engine.set_step_log("
+                                 "StepLog(path_or_keep, record_schedule=True))) before run_real")
+        run.admit_until = []
+    # Absolute arrival time sent to the engine -> the workload's own (no float round trip).
+    arrivals: dict[float, float] = {}
     t0 = time.monotonic()
     try:
         while True:
             now = time.monotonic() - t0
             for item in source.pop_until(now):
+                arrivals[t0 + item.arrival_time] = item.arrival_time
                 _add(engine, workload, item, t0, live, run, params)
             if core.has_unfinished_requests():
-                run.step_starts.append(now)
+                if not in_process:
+                    run.step_starts.append(now)
                 outputs = engine.step()
                 end = time.monotonic() - t0
-                run.step_ends.append(end)
-                so = core.last_scheduler_output
-                run.schedules.append(dict(so.num_scheduled_tokens) if so is not None else {})
-                run.preempted.append(sorted(so.preempted_req_ids) if so is not None else [])
+                if in_process:
+                    _core_steps(engine, run, t0, arrivals)
+                else:
+                    run.step_ends.append(end)
+                    so = core.last_scheduler_output
+                    run.schedules.append(dict(so.num_scheduled_tokens) if so is not None else {})
+                    run.preempted.append(sorted(so.preempted_req_ids) if so is not None else [])
                 for out in outputs:
                     st = live.get(out.request_id)
                     if st is None:
@@ -90,6 +115,18 @@ def run_real(engine: Any, workload: Workload, poll_s: float = 0.0005) -> RealRun
         engine.abort_request(list(live))
     run.wall_time = time.monotonic() - t0
     return run
+
+
+def _core_steps(engine: Any, run: RealRun, t0: float, arrivals: dict[float, float]) -> None:
+    """Keep the steps the engine-core process ran, as its step records describe them."""
+    for rec, tr in engine.last_core_steps:
+        start = rec.start_s - t0
+        run.step_starts.append(start)
+        run.step_ends.append(start + rec.step_time_s)
+        run.schedules.append(dict(tr.scheduled or {}))
+        run.preempted.append(list(tr.preempted or []))
+        a = tr.admitted_until
+        run.admit_until.append(-INF if a is None else arrivals.get(a, a - t0))
 
 
 def _add(engine: Any, workload: Workload, item: WorkItem, t0: float, live: dict[str, _Live],

@@ -6,6 +6,12 @@ the same object in both worlds, so the schedule must come out identical: the sam
 requests with the same token counts in every step, the same preemptions, the same prefix
 hits. Any difference is a bug in the twin (a workload or executor that differs from the
 engine), not a cost-model error.
+
+A follow-up turn arrives when the real client got the previous answer (plus its think time),
+so the replay makes follow-ups from the real finish times. With the engine core in its own
+process the steps are the core's (realrun.py): step k admits the arrivals that had reached
+the core (`RealRun.admit_until`), and token times differ from the real ones by the hop back
+to the front end (reported in max_token_time_diff_s, not part of `exact`).
 """
 
 from __future__ import annotations
@@ -77,13 +83,27 @@ class ReplayCheck:
                 "max_token_time_diff_s": self.max_token_time_diff_s}
 
 
+def _follow_real_finishes(workload: Workload, finish: dict[str, float]) -> None:
+    """Make follow-up turns from the real finish times (what the real client waited for)."""
+    own = workload.next_turn
+
+    def next_turn(item: Any, context: list[int], finish_time: float) -> Any:
+        return own(item, context, finish.get(item.request_id, finish_time))
+
+    workload.next_turn = next_turn  # type: ignore[method-assign]
+
+
 def replay(real: RealRun, make_workload: Callable[[], Workload],
            sched_cfg: SchedulerConfig) -> ReplayCheck:
     """Run the simulator on the real run's step times and compare the schedules."""
     durations = [e - s for s, e in zip(real.step_starts, real.step_ends)]
     executor = RecordingExecutor(ReplayCostModel(durations))
     core = EngineCore(dataclasses.replace(sched_cfg), executor)
-    sim = Simulation(core, executor, make_workload(), step_starts=real.step_starts)
+    workload = make_workload()
+    if workload.cfg.turns > 1:
+        _follow_real_finishes(workload, {r.request_id: r.finish_time for r in real.records
+                                         if r.finish_time is not None})
+    sim = Simulation(core, executor, workload, step_starts=real.step_starts, admit_until=real.admit_until)
     result = sim.run()
     mismatch: dict[str, Any] | None = None
     for k, (a, b) in enumerate(zip(real.schedules, executor.schedules)):

@@ -12,6 +12,7 @@ import pytest
 from twinserve.backends.twin.fidelity import FidelityOptions, exit_code, run_fidelity
 from twinserve.backends.twin.realrun import run_real
 from twinserve.backends.twin.replay import replay
+from twinserve.core.errors import TwinserveError
 from twinserve.sim.workload import Workload, WorkloadConfig
 
 TRACE_ROWS = [(0.0, 30, 6), (0.01, 12, 9), (0.02, 44, 4), (0.05, 20, 7), (0.06, 9, 12),
@@ -190,3 +191,66 @@ def test_calibrate_at_tensor_parallel_2_logs_comm_and_fidelity_refuses_a_tp_mism
     err = capsys.readouterr().err
     assert rc == 2 and "tensor_parallel_size=2" in err and "tensor_parallel_size=1" in err
     assert not (tmp_path / "fid" / "fidelity.json").exists()
+
+
+def test_replay_reproduces_a_core_process_schedule_exactly(make_engine) -> None:
+    from twinserve.backends.real.step_log import StepLog
+
+    engine = make_engine(num_gpu_blocks_override=40, max_num_batched_tokens=24, max_num_seqs=6,
+                         engine_core_mode="process")
+    try:
+        cfg = _busy_workload(engine.vocab_size)
+        make = lambda: Workload(cfg, 3, engine.max_model_len)  # noqa: E731
+        # The core's own steps come from its step log, which must record schedules.
+        with pytest.raises(TwinserveError, match="record_schedule"):
+            run_real(engine, make())
+        engine.set_step_log(StepLog(keep=True, record_schedule=True))
+        real = run_real(engine, make())
+        assert not real.interrupted and len(real.records) > 14
+        assert real.num_preemptions > 0 and sum(r.prefix_hit_tokens for r in real.records) > 0
+        prompts = {r.request_id: r.num_prompt_tokens for r in real.records}
+        assert any(1 < n < prompts[rid] for s in real.schedules for rid, n in s.items())  # chunked
+        # One entry per core step, in the core's numbering.
+        assert [r.step for r in engine.step_log.records] == list(range(len(real.schedules)))
+        check = replay(real, make, engine.scheduler_config)
+        assert check.exact, check.first_mismatch
+        assert check.num_steps_sim == check.num_steps_real == len(real.step_starts)
+        # Token times: the simulator's are the core's step ends; the real ones are when the front
+        # end had them (the hop back), so they differ a little, later on the real side.
+        assert 0 < check.max_token_time_diff_s < 0.5
+        # A request reaches the core after it arrives, never before.
+        assert all(a <= s for a, s in zip(real.admit_until, real.step_starts))
+        other = dataclasses.replace(engine.scheduler_config, num_blocks=64)
+        assert not replay(real, make, other).exact
+    finally:
+        engine.shutdown()
+
+
+def test_replay_admits_what_had_reached_the_core(tmp_path: Path) -> None:
+    from twinserve.backends.twin.replay import RecordingExecutor, ReplayCostModel
+    from twinserve.core.engine_core import EngineCore
+    from twinserve.core.sched.config import SchedulerConfig
+    from twinserve.sim.world import Simulation
+
+    # b arrived before step 0 started but reached the core only for step 1.
+    trace = _trace(tmp_path / "t.csv", [(0.0, 8, 3), (0.001, 8, 2)])
+    cfg = WorkloadConfig(num_requests=2, arrival="trace", trace=str(trace), prompt_dist="trace",
+                         output_dist="trace", vocab_size=100)
+    sched = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=64, num_blocks=32,
+                            block_size=4)
+    starts = [0.002, 0.004, 0.006, 0.008]
+
+    def run(admit: list[float] | None) -> list[dict[str, int]]:
+        ex = RecordingExecutor(ReplayCostModel([0.001] * 4))
+        Simulation(EngineCore(sched, ex), ex, Workload(cfg, 0, 64), step_starts=starts, admit_until=admit).run()
+        return ex.schedules
+
+    by_start = run(None)
+    by_core = run([0.0, 0.001, 0.001, 0.001])
+    assert len(by_start[0]) == 2 and len(by_core[0]) == 1 and len(by_core[1]) == 2
+    # Nothing had reached the core, yet the real core stepped: the replay stops, not loops.
+    ex = RecordingExecutor(ReplayCostModel([0.001] * 4))
+    sim = Simulation(EngineCore(sched, ex), ex, Workload(cfg, 0, 64), step_starts=starts,
+                     admit_until=[-1.0] * 4)
+    sim.run()
+    assert sim.replay_exhausted and ex.schedules == []
