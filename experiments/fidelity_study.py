@@ -54,16 +54,20 @@ def main() -> int:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="worker processes (one --threads each); the profile must be made at the same size")
+    p.add_argument("--engine-core-mode", default="inproc", choices=["inproc", "process"],
+                   help="the engine core in this process or its own; the profile must be made in the same")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     engine = LLMEngine(EngineArgs(model=a.model, device=a.device, dtype=a.dtype,
                                   tensor_parallel_size=a.tensor_parallel_size,
+                                  engine_core_mode=a.engine_core_mode,
                                   max_num_seqs=a.max_num_seqs,
                                   max_num_batched_tokens=a.max_num_batched_tokens))
     profile = FittedCostModel.load(a.profile)
     out = Path(a.out)
     rows = []
-    print(f"threads={torch.get_num_threads()} profile={a.profile} engine: max_num_seqs={a.max_num_seqs} "
+    print(f"threads={torch.get_num_threads()} profile={a.profile} engine_core_mode={engine.core_mode} "
+          f"engine: max_num_seqs={a.max_num_seqs} "
           f"max_num_batched_tokens={a.max_num_batched_tokens} prefix caching on, "
           f"{engine.scheduler_config.num_blocks} KV blocks", flush=True)
     for name in a.traces:

@@ -19,9 +19,28 @@ execute_s (prepare + forward + sample) is what the device path costs and overhea
 models both, so a study can ask what a faster scheduler would buy. Other costs (an
 all-reduce, a grammar mask, a process hop) go into ``extra`` under their own names.
 
+With the engine core in its own process (engine_core_mode='process') the core process times
+its own steps and sends each one's shape and phase times with its outputs (core_messages.StepTrace);
+the front end writes one record per core step (several when it reads several batches at once).
+The cadence the simulator must reproduce is the core's, so there:
+
+    step_time_s  the core's step: from the start of schedule() to its outputs wrapped for the
+                 wire (no output processing: the front end does that while the core runs on)
+    gap_s        the core's time from the previous step's end to this one's start while it had
+                 work: sending the batch, the IPC hop, reading requests, and waiting for the
+                 front end's credit (core_proc.MAX_UNCONSUMED_BATCHES) when it falls behind
+    output_s     the front end's processing of the batch that carried this step (recorded on
+                 the last step of a batch read at once, 0 on the others); it overlaps the core's
+                 next step, and adds to step times only through gap_s, when the core waits for it
+    start_s      the core's step start on time.monotonic (one clock for both processes)
+
+so step_time_s + gap_s is, as in process, the time between the starts of two busy steps.
+A profile fitted on such a log prices that layout (twinserve fidelity refuses to mix them).
+
 Nothing is kept unless asked: with a path every record is streamed to the file as it is
 made (CSV or JSON lines by suffix), with keep=True records stay in memory; with neither
-the engine does not even time its phases, so a long-running server never grows.
+the engine does not even time its phases (nor does a core process, told by a message), so a
+long-running server never grows.
 """
 
 from __future__ import annotations

@@ -287,5 +287,23 @@ def _dtype_name(name: str) -> str:
             "half": "float16"}.get(name, name)
 
 
+def check_profile_core_mode(profile: FittedCostModel, engine_core_mode: str, allow_mismatch: bool = False,
+                            source: str = "profile") -> None:
+    """Refuse a profile calibrated with the engine core in another layout (in process / own process).
+
+    The two layouts pace steps differently: in process the front end's output processing runs
+    between the core's steps, in its own process it overlaps the next step while the IPC hop
+    and the front end's credit are paid instead, so each layout's CPU overhead is its own. A
+    profile without the field predates the process layout's step log: it was made in process.
+    """
+    made_in = (profile.meta.get("provenance") or {}).get("engine_core_mode", "inproc")
+    if allow_mismatch or made_in == engine_core_mode:
+        return
+    raise ProfileError(f"{source} was calibrated with engine_core_mode={made_in!r} but the engine runs "
+                       f"engine_core_mode={engine_core_mode!r} (the two pace steps differently); calibrate "
+                       f"with `twinserve calibrate --engine-core-mode {engine_core_mode}`, or pass "
+                       "--allow-profile-mismatch")
+
+
 def _norm(name: str) -> str:
     return name.lower().replace("-instruct", "").replace("_", "-")

@@ -92,6 +92,11 @@ class CalibrationDesign:
                 + len(self.decode_batches) * len(self.decode_contexts) + len(self.mixed))
 
 
+# Steps a core process may run past what its front end has read (core_proc.MAX_UNCONSUMED_BATCHES),
+# plus the one in flight.
+_CORE_RUN_AHEAD = 3
+
+
 class Calibrator:
     """Drives an LLMEngine through a design, logging every step in memory."""
 
@@ -117,10 +122,12 @@ class Calibrator:
         return rid
 
     def _drain(self, max_steps: int | None = None) -> None:
-        steps = 0
-        while self.engine.has_unfinished_requests() and (max_steps is None or steps < max_steps):
+        # Counted in the core's steps: over a core process one step() may take several, or none.
+        core = self.engine.core
+        first = core.num_steps
+        while self.engine.has_unfinished_requests() and (max_steps is None
+                                                         or core.num_steps - first < max_steps):
             self.engine.step()
-            steps += 1
 
     def warm_up(self) -> None:
         """A few unlogged steps: first-touch allocations, thread pools, kernel caches."""
@@ -158,8 +165,11 @@ class Calibrator:
 
     def mixed(self, batch: int, q: int, context: int = 32) -> None:
         """A decode batch running when a q-token prompt arrives: one mixed step, then decodes."""
+        # A core in its own process runs ahead of the front end by a few steps (core_proc's
+        # backpressure bound): the batch lives that much longer so the prompt still meets it.
+        ahead = 0 if getattr(self.engine, "core_mode", "inproc") == "inproc" else _CORE_RUN_AHEAD
         for _ in range(batch):
-            self._add(self._tokens(context), 4)
+            self._add(self._tokens(context), 4 + ahead)
         self._drain(max_steps=2)  # prefill, then a first decode step
         self._add(self._tokens(q), 2)
         self._drain()
@@ -222,7 +232,7 @@ def speed_probe(engine: Any, seed: int = 1234, reset_prefix_cache: bool = True) 
     # The probe must compute every token: a cold prefix cache, or (reset_prefix_cache=False)
     # a seed no earlier probe used, whose random prompts share no block with anything cached.
     if reset_prefix_cache:
-        engine.core.scheduler.reset_prefix_cache()
+        engine.reset_prefix_cache()
     cal = Calibrator(engine, seed)
     probe_log = StepLog(keep=True)
     previous = engine.step_log
@@ -347,6 +357,8 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             "device": str(device),
             "dtype": str(engine.args.resolve_dtype(device)).replace("torch.", ""),
             "tensor_parallel_size": tp,
+            # In process or in a process of its own: the two pace steps differently (step_log.py).
+            "engine_core_mode": engine.core_mode,
             "threads": threads if threads is not None else torch.get_num_threads(),
             "torch": torch.__version__,
             "python": platform.python_version(),

@@ -97,7 +97,7 @@ def _fidelity_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="folder for fidelity.json, .md, .png, CSVs")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--allow-profile-mismatch", action="store_true",
-                   help="use a profile calibrated for another model")
+                   help="use a profile calibrated for another model, tensor-parallel size or engine-core mode")
     p.add_argument("--normalize-speed", action=argparse.BooleanOptionalAction, default=True,
                    help="scale simulated step times by the machine's speed measured around the "
                    "run against calibration (a short fixed probe); raw errors are reported too")

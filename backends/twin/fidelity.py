@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from twinserve.backends.sim.executor import SimExecutor
-from twinserve.backends.sim.fitted import (FittedCostModel, check_profile_model, check_profile_numerics,
-                                           check_profile_parallelism)
+from twinserve.backends.sim.fitted import (FittedCostModel, check_profile_core_mode, check_profile_model,
+                                           check_profile_numerics, check_profile_parallelism)
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import TwinserveError
 from twinserve.sim.config import load_config
@@ -156,7 +156,7 @@ def warm_up(engine: Any) -> None:
         engine.add_request(f"fidelity-warm-up-{i}", {"prompt_token_ids": [2 + i] * n}, sp)
     while engine.has_unfinished_requests():
         engine.step()
-    engine.core.scheduler.reset_prefix_cache()
+    engine.reset_prefix_cache()
 
 
 def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
@@ -171,6 +171,8 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     device = engine.args.resolve_device()
     check_profile_numerics(profile, device.type, str(engine.args.resolve_dtype(device)),
                            opts.allow_profile_mismatch, source=f"profile {opts.profile}")
+    check_profile_core_mode(profile, engine.core_mode, opts.allow_profile_mismatch,
+                            source=f"profile {opts.profile}")
     make = workload_factory(opts, engine.max_model_len, engine.vocab_size)
     n_first = check_workload(make, engine.max_model_len)
     out.mkdir(parents=True, exist_ok=True)
@@ -179,7 +181,8 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     probe_before = speed_probe(engine) if probe else None
     warm_up(engine)
     steps_path = out / "steps_real.csv"
-    engine.set_step_log(StepLog(steps_path))
+    # A core in its own process: the replay takes the core's steps from the log (realrun.py).
+    engine.set_step_log(StepLog(steps_path, record_schedule=engine.core_mode == "process"))
     echo(f"fidelity: {n_first} requests on the real engine in real time ...")
     real: RealRun = run_real(engine, make())
     engine.step_log.close()
@@ -214,7 +217,7 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     report["sim"] = {"num_steps": sim.num_steps, "preemptions": sim.num_preemptions,
                      "prefix_hit_tokens": sum(r.prefix_hit_tokens for r in sim.records)}
     report["workload"] = {k: v for k, v in dataclasses.asdict(opts).items() if k != "profile"}
-    report["engine"] = {"model": model, "max_num_seqs": sched_cfg.max_num_seqs,
+    report["engine"] = {"model": model, "engine_core_mode": engine.core_mode, "max_num_seqs": sched_cfg.max_num_seqs,
                         "max_num_batched_tokens": sched_cfg.max_num_batched_tokens,
                         "enable_prefix_caching": sched_cfg.enable_prefix_caching,
                         "num_blocks": sched_cfg.num_blocks, "block_size": sched_cfg.block_size,

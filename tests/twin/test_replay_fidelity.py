@@ -254,3 +254,49 @@ def test_replay_admits_what_had_reached_the_core(tmp_path: Path) -> None:
                      admit_until=[-1.0] * 4)
     sim.run()
     assert sim.replay_exhausted and ex.schedules == []
+
+
+def test_calibrate_and_fidelity_with_the_core_in_its_own_process(
+        tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The twin's loop over the process layout: the profile says so, fidelity runs on it (replay
+    exact), and a profile made in the other layout is refused, naming both, unless overridden."""
+    from twinserve.cli import main
+
+    prof = tmp_path / "proc.json"
+    common = ["--model", str(tiny_model), "--dtype", "float64", "--max-model-len", "256",
+              "--block-size", "4", "--num-gpu-blocks-override", "200"]
+    proc = ["--engine-core-mode", "process"]
+    assert main(["calibrate", "--out", str(prof), "--quick", "--repeats", "1", "--no-progress",
+                 *proc, *common]) == 0
+    data = json.loads(prof.read_text())
+    assert data["provenance"]["engine_core_mode"] == "process"
+    assert data["fit"]["num_steps"] > 20 and {"prefill", "decode", "mixed"} <= set(data["fit"]["by_kind"])
+    import pandas as pd
+
+    steps = pd.read_csv(prof.with_suffix(".steps.csv"))
+    assert (steps["forward_s"] > 0).mean() > 0.9 and (steps["gap_s"] > 0).any()
+    trace = str(_trace(tmp_path / "t.csv"))
+    out = tmp_path / "fid"
+    assert main(["fidelity", "--profile", str(prof), "--trace", trace, "--out", str(out),
+                 "--max-num-batched-tokens", "128", *proc, *common]) == 0
+    rep = json.loads((out / "fidelity.json").read_text())
+    assert rep["engine"]["engine_core_mode"] == "process" and rep["num_requests"] == len(TRACE_ROWS)
+    assert rep["replay"]["exact"], rep["replay"]["first_mismatch"]
+    assert rep["steps"]["num_steps"] > 0 and all(rep["metrics"][m]["p50"]["real"] > 0 for m in ("ttft", "e2e"))
+    capsys.readouterr()
+    # The in-process engine refuses the process profile, and the process engine an in-process one
+    # (a profile without the field was made in process: before this layout could be logged).
+    rc = main(["fidelity", "--profile", str(prof), "--trace", trace, "--out", str(tmp_path / "x"), *common])
+    err = capsys.readouterr().err
+    assert rc == 2 and "engine_core_mode='process'" in err and "engine_core_mode='inproc'" in err
+    assert "--engine-core-mode inproc" in err and not (tmp_path / "x").exists()
+    from twinserve.backends.sim.fitted import FittedCostModel
+
+    old = tmp_path / "old.json"
+    FittedCostModel(intercept_s=0.002, per_token_s=1e-4, meta={"provenance": {"threads": 1}}).save(old)
+    rc = main(["fidelity", "--profile", str(old), "--trace", trace, "--out", str(tmp_path / "y"), *proc,
+               *common])
+    assert rc == 2 and "engine_core_mode='inproc'" in capsys.readouterr().err
+    # The override runs it anyway.
+    assert main(["fidelity", "--profile", str(old), "--trace", trace, "--out", str(tmp_path / "y"),
+                 "--allow-profile-mismatch", "--no-normalize-speed", *proc, *common]) == 0
