@@ -256,6 +256,13 @@ def test_a_profile_predicts_only_the_numerics_it_was_measured_with() -> None:
     with pytest.raises(ProfileError, match="calibrated on 'cpu' but the engine runs on cuda"):
         check_profile_numerics(cpu, "cuda", "float32")
     check_profile_numerics(cpu, "cpu", "bf16", allow_mismatch=True)
+    bf16 = FittedCostModel.load("builtin:smollm2-135m-cpu-1t-bf16")  # this CPU, oneDNN bf16 kernels
+    check_profile_numerics(bf16, "cpu", "torch.bfloat16")
+    with pytest.raises(ProfileError, match="calibrated in bfloat16"):
+        check_profile_numerics(bf16, "cpu", "torch.float32")
+    # The same shapes cost less in bf16 on this CPU: the two profiles are not interchangeable.
+    assert bf16.step_time(256, 1, 0, 256 * 128.0, 0, 0) < cpu.step_time(256, 1, 0, 256 * 128.0, 0, 0)
+    assert bf16.meta["fit"]["r2"] > 0.9 and min(bf16.coefficients) >= 0
     gpu = FittedCostModel.load("builtin:smollm2-135m-h200-bf16")
     check_profile_numerics(gpu, "cuda", "bf16")
     with pytest.raises(ProfileError, match="engine runs on cpu"):
