@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from twinserve.backends.real import LLM, SamplingParams
-from twinserve.backends.real.core_proc import MAX_UNCONSUMED_BATCHES
 from twinserve.backends.real.step_log import StepLog, read_step_log
 
 from .conftest import prompts_ids
@@ -17,28 +15,31 @@ from .conftest import prompts_ids
 pytestmark = pytest.mark.slow
 KW = dict(dtype="float64", max_model_len=256, num_gpu_blocks_override=256, block_size=4, max_num_batched_tokens=32)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True)
+_T0 = 1000.0  # request i arrives at _T0 + i in both runs
 
 
-def _run(engine: Any, prompts: list[list[int]], process: bool) -> dict[str, list[int]]:
-    """r0 runs alone for MAX_UNCONSUMED_BATCHES steps, then the others join: the same in both modes.
-
-    A core process steps on its own as soon as r0 reaches it, and stops after that many unread
-    batches (backpressure); the other requests reach it while it waits, so the schedule
-    from then on does not depend on when the front end's messages arrive.
-    """
-    engine.add_request("r0", {"prompt_token_ids": prompts[0]}, GREEDY)
-    if process:
-        time.sleep(1.0)  # ample for the tiny model's two steps; the core then waits for the front end
-    else:
-        for _ in range(MAX_UNCONSUMED_BATCHES):
-            engine.step()
-    for i, p in enumerate(prompts[1:], 1):
-        engine.add_request(f"r{i}", {"prompt_token_ids": p}, GREEDY)
-    tokens = {}
+def _run_process(engine: Any, prompts: list[list[int]]) -> tuple[dict[str, list[int]], list[int]]:
+    """All requests at once; also how many of them had reached the core before each of its steps."""
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", {"prompt_token_ids": p}, GREEDY, arrival_time=_T0 + i)
+    tokens, received = {}, []
     while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                tokens[out.request_id] = out.outputs[0].token_ids
+        outs = engine.step()
+        received += [int(tr.admitted_until - _T0) + 1 for _, tr in engine.last_core_steps]
+        tokens.update((o.request_id, o.outputs[0].token_ids) for o in outs if o.finished)
+    return tokens, received
+
+
+def _run_inproc(engine: Any, prompts: list[list[int]], received: list[int]) -> dict[str, list[int]]:
+    """The same requests, each added before the step the core process first had it for."""
+    tokens, added = {}, 0
+    for n in received:
+        while added < n:
+            engine.add_request(f"r{added}", {"prompt_token_ids": prompts[added]}, GREEDY,
+                               arrival_time=_T0 + added)
+            added += 1
+        tokens.update((o.request_id, o.outputs[0].token_ids) for o in engine.step() if o.finished)
+    assert not engine.has_unfinished_requests()
     return tokens
 
 
@@ -49,15 +50,22 @@ def _shape(r: Any) -> tuple:
 def test_process_step_log_matches_the_inproc_one(tiny_dir: Path, tmp_path: Path) -> None:
     prompts = prompts_ids(6, seed=11, lo=10, hi=40)
     logs, tokens = {}, {}
-    for mode in ("inproc", "process"):
+    # The core process steps as soon as its first request arrives, so which requests a step sees
+    # depends on when their messages arrived: the in-process run is given the same arrivals, step
+    # for step, from what the core process reported it had received (its admission horizon).
+    for mode in ("process", "inproc"):
         llm = LLM(str(tiny_dir), engine_core_mode=mode, **KW)
         engine = llm.llm_engine
         logs[mode] = StepLog(tmp_path / f"{mode}.jsonl", keep=True, record_schedule=True)
         engine.set_step_log(logs[mode])
         try:
-            tokens[mode] = _run(engine, prompts, mode == "process")
+            if mode == "process":
+                tokens[mode], received = _run_process(engine, prompts)
+            else:
+                tokens[mode] = _run_inproc(engine, prompts, received)
         finally:
             engine.shutdown()
+    assert received == sorted(received) and received[-1] == len(prompts)
     ref, got = logs["inproc"].records, logs["process"].records
     # Same scheduler, same admissions: the same steps, shape for shape, and the same tokens.
     assert [_shape(r) for r in got] == [_shape(r) for r in ref]
@@ -100,9 +108,11 @@ def test_process_mode_without_a_log_times_and_keeps_nothing(tiny_dir: Path) -> N
     prompts = [{"prompt_token_ids": p} for p in prompts_ids(3, seed=5)]
     try:
         llm.generate(prompts, GREEDY, use_tqdm=False)
+        assert engine.core.num_steps >= 7
+        # Each batch read carries the latest step's stats (a read may take several batches).
         stats = [s.stats for s in seen if s.stats is not None]
         # No clock in the core (its phase times are exactly 0) and no trace on the wire.
-        assert len(stats) >= 7 and all(s.schedule_time == s.execute_time == s.update_time == 0.0 for s in stats)
+        assert stats and all(s.schedule_time == s.execute_time == s.update_time == 0.0 for s in stats)
         assert all(s.traces is None for s in seen)
         assert engine.step_log.records == [] and engine.step_log.num_records == 0
         assert engine.last_core_steps == []
@@ -116,7 +126,7 @@ def test_process_mode_without_a_log_times_and_keeps_nothing(tiny_dir: Path) -> N
         seen.clear()
         llm.generate(prompts, GREEDY, use_tqdm=False)
         stats = [s.stats for s in seen if s.stats is not None]
-        assert len(stats) >= 7 and all(s.schedule_time == s.execute_time == 0.0 for s in stats)
+        assert stats and all(s.schedule_time == s.execute_time == 0.0 for s in stats)
         assert all(s.traces is None for s in seen) and log.num_records == len(log.records)
     finally:
         engine.shutdown()
