@@ -163,8 +163,10 @@ class LlamaForCausalLM(nn.Module):
 
         F.linear on a plain bf16 weight reorders it into that layout on every call; prepacked once,
         the product is the same (oneDNN's own kernel, AMX where the CPU has it) and measured
-        1.6-2.4x faster on this CPU at 1-512 rows (1536x576: 85 vs 148 us at 1 row, about 21 GB/s
-        of weights, twice fp32's rate). Costs one more copy of the bf16 weights.
+        1.6-2.4x faster on this CPU at 1-512 rows (1536x576 at 1 row, weight in cache: 85 vs
+        148 us). A 1-row product streaming its weights from memory ran 1.4-1.7x faster than fp32
+        (~11 GB/s of bf16 weights against fp32's ~15), not the 2x half the bytes would give.
+        Costs one more copy of the bf16 weights.
         """
         def pack(weight: torch.Tensor) -> torch.Tensor:
             return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
