@@ -165,14 +165,11 @@ def _busy_loop(core: Any, executor: Any, inp: zmq.Socket, out: zmq.Socket, enc: 
         stats = trace = None
         stepped = core.has_unfinished_requests() and sent - consumed < MAX_UNCONSUMED_BATCHES
         if stepped:
+            t_start = time.perf_counter() if tracer.on else 0.0
+            step_outputs, stats = core.step(time.monotonic())
+            outputs.extend(requests.wrap(step_outputs))
             if tracer.on:
-                t_start = time.perf_counter()
-                step_outputs, stats = core.step(time.monotonic())
-                outputs.extend(requests.wrap(step_outputs))
                 trace = tracer.trace(t_start, time.perf_counter(), admitted_until)
-            else:
-                step_outputs, stats = core.step(time.monotonic())
-                outputs.extend(requests.wrap(step_outputs))
         if stepped or outputs or inputs_seen != reported_seen:
             out.send(enc.encode(StepOutputs(outputs, core_stats(core), inputs_seen, stats, trace)))
             sent += 1
