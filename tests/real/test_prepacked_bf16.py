@@ -34,6 +34,20 @@ def test_prepacked_products_equal_plain_bf16_products(tiny_tied_dir: Path) -> No
         # The tied LM head reads the embedding table through its packed copy.
         torch.testing.assert_close(pm.compute_logits(x), torch.nn.functional.linear(x, qm.embed_tokens.weight).float(),
                                    rtol=1.6e-2, atol=1e-2)
+    # The products really read the packed copies (not the plain weights): pack doubled weights.
+    x = torch.randn(5, pm.embed_tokens.weight.shape[1], dtype=torch.bfloat16)
+    lin = pm.layers[0].mlp.down_proj
+    x_in = torch.randn(5, lin.weight.shape[1], dtype=torch.bfloat16)
+    saved = lin.weight_packed, pm.head_packed
+    lin.weight_packed = torch.ops.mkldnn._reorder_linear_weight(lin.weight.detach() * 2, 1)
+    pm.head_packed = torch.ops.mkldnn._reorder_linear_weight(pm.embed_tokens.weight.detach() * 2, 1)
+    try:
+        torch.testing.assert_close(linear(x_in, lin), 2 * torch.nn.functional.linear(x_in, lin.weight),
+                                   rtol=1.6e-2, atol=1e-2)
+        doubled = 2 * torch.nn.functional.linear(x, pm.embed_tokens.weight).float()
+        torch.testing.assert_close(pm.compute_logits(x), doubled, rtol=1.6e-2, atol=2e-2)
+    finally:
+        lin.weight_packed, pm.head_packed = saved
 
 
 def test_prepacked_weights_give_the_same_greedy_tokens(tiny_dir: Path) -> None:
