@@ -11,12 +11,15 @@ from .hashing import BlockHash
 class KVCacheBlock:
     """One physical KV block; also a node of the intrusive free queue."""
 
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free")
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "pending", "prev_free", "next_free")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
         self.block_hash: BlockHash | None = None
+        # The pending chain (kv_cache_manager.PendingChain) that registers this block in
+        # name only: it has no key yet, and gets one if the chain is ever looked up.
+        self.pending = None
         self.prev_free: KVCacheBlock | None = None
         self.next_free: KVCacheBlock | None = None
 
@@ -72,7 +75,8 @@ class FreeBlockQueue:
 class BlockPool:
     """Owns every block: hands out free ones, takes them back, and keeps the prefix-cache map."""
 
-    __slots__ = ("num_blocks", "enable_caching", "blocks", "free_queue", "cached", "num_evictions")
+    __slots__ = ("num_blocks", "enable_caching", "blocks", "free_queue", "cached", "chains",
+                 "num_evictions")
 
     def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
         self.num_blocks = num_blocks
@@ -82,6 +86,9 @@ class BlockPool:
         # Key value -> the block holding that content; a block has a key exactly when it
         # is in this map. One block per key: the most recently computed copy.
         self.cached: dict[int, KVCacheBlock] = {}
+        # Root key value -> the pending chain hanging off the root block holding it (see
+        # KVCacheManager.cache_blocks): dropped with its root, since nothing reaches it then.
+        self.chains: dict[int, object] = {}
         self.num_evictions = 0
 
     @property
@@ -106,6 +113,11 @@ class BlockPool:
             if key is not None:
                 del cached[key.value]
                 block.block_hash = None
+                self.num_evictions += 1
+                if key.parent is None and self.chains:
+                    self.chains.pop(key.value, None)
+            elif block.pending is not None:
+                block.pending = None  # registered in name only: its chain sees it is gone
                 self.num_evictions += 1
             block.ref_cnt = 1
             block.prev_free = None
@@ -134,7 +146,10 @@ class BlockPool:
         if key is not None:
             if self.cached.get(key.value) is block:
                 del self.cached[key.value]
+                if key.parent is None:
+                    self.chains.pop(key.value, None)
             block.block_hash = None
+        block.pending = None
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference on prefix-hit blocks, pulling free ones out of the queue."""
@@ -177,3 +192,6 @@ class BlockPool:
         for block in self.cached.values():
             block.block_hash = None
         self.cached.clear()
+        for block in self.blocks:
+            block.pending = None
+        self.chains.clear()

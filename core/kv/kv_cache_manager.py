@@ -12,6 +12,35 @@ from .hashing import BlockHash, HashFunction, get_hash_function
 _NO_BLOCKS: list[KVCacheBlock] = []
 # BlockHash(...) without the NamedTuple's Python-level __new__ (one per full block).
 _new_key = tuple.__new__
+# Hash functions whose 64-bit values do not collide in practice: pending registration
+# (see cache_blocks) assumes two different prefixes never share a value.
+_STRONG_HASHES = ("xxhash", "sha256")
+
+
+class PendingChain:
+    """A request's full blocks past its root, registered in the prefix cache in name only.
+
+    Most prefixes are never looked up again, and hashing every block of every request
+    costs more than the rest of a simulated request. A request whose first block is new
+    to the cache registers that root block at once and its later blocks lazily: they are
+    marked as pending, and hashed and entered into the map only when a lookup reaches the
+    root (or another request registers the same root), which is the only way a lookup can
+    reach them. Until then no other block can hold their keys, so deferring the work
+    changes no lookup's result. A pending block evicted before that stays out of the map
+    but still gets its key, so the blocks after it chain as they would have.
+    """
+
+    __slots__ = ("request_id", "root", "blocks", "token_ids", "hashes", "lo", "hi")
+
+    def __init__(self, request_id: str, blocks: list[KVCacheBlock], token_ids: list[int],
+                 hashes: list[BlockHash]) -> None:
+        self.request_id = request_id
+        self.root = blocks[0]
+        self.blocks = blocks  # the request's own lists, not copies: they only grow
+        self.token_ids = token_ids
+        self.hashes = hashes
+        self.lo = 1  # blocks before lo are registered for real
+        self.hi = 1  # blocks lo..hi-1 are pending
 
 
 @dataclass(slots=True)
@@ -32,16 +61,25 @@ class KVCacheManager:
     """Allocates and frees each request's KV blocks; finds cached prefixes."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
-                 hash_function: str | HashFunction = "xxhash") -> None:
+                 hash_function: str | HashFunction = "xxhash",
+                 lazy_registration: bool = True) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.hash_fn = get_hash_function(hash_function)
         self.pool = BlockPool(num_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        # How many leading blocks of each request are registered in the prefix cache.
+        # How many leading blocks of each request are registered in the prefix cache
+        # (pending ones included: see PendingChain).
         self.num_cached_blocks: dict[str, int] = {}
         self.stats = PrefixCacheStats()
+        # Pending registration needs a hash without practical collisions.
+        self.lazy = (enable_caching and lazy_registration
+                     and isinstance(hash_function, str) and hash_function in _STRONG_HASHES)
+        self._chains = self.pool.chains  # root key value -> PendingChain
+        # A running request's own pending chain (read only outside this class).
+        self.pending_requests: dict[str, PendingChain] = {}
+        self._contested: set[int] = set()  # root values taken over from another block
 
     @property
     def usage(self) -> float:
@@ -92,6 +130,10 @@ class KVCacheManager:
             block = cached.get(key.value)
             if block is None:
                 break
+            if i == 0 and self._chains:
+                chain = self._chains.get(key.value)
+                if chain is not None:
+                    self._flush(chain)  # the blocks this lookup may reach next
             stored = block.block_hash
             if stored is not key:
                 assert stored is not None
@@ -167,21 +209,69 @@ class KVCacheManager:
         previous holder's key names the same prefix (same tokens, extra keys and parent
         object), that key object is kept, so blocks cached as its children stay reachable.
         A block that already holds a key (a prefix hit shared by this request) keeps it.
+        Blocks past a new root are registered lazily (PendingChain).
         """
         if not self.enable_caching:
             return
         req_id = request.request_id
         done = self.num_cached_blocks.get(req_id)
-        bs = self.block_size
-        num_full = num_computed_tokens // bs
+        num_full = num_computed_tokens // self.block_size
         if done is None or num_full <= done:
             return
+        self.num_cached_blocks[req_id] = num_full
         blocks = self.req_to_blocks[req_id]
-        hashes = request.block_hashes
+        if self.lazy:
+            chain = self.pending_requests.get(req_id)
+            if chain is None and done == 0:
+                chain = self._start_chain(request, blocks)
+                done = 1
+            if chain is not None:
+                for i in range(done, num_full):
+                    blocks[i].pending = chain
+                chain.hi = num_full
+                return
+            if self._chains:
+                chain = self._chains.get(request.block_hashes[0].value)
+                if chain is not None:
+                    self._flush(chain)  # the same root's blocks register in their order
+        self._register(blocks, request.all_token_ids, request.block_hashes,
+                       request.cache_salt, done, num_full)
+
+    def _start_chain(self, request: Request, blocks: list[KVCacheBlock]) -> PendingChain | None:
+        """Register block 0; a PendingChain for the blocks after it when its key was new."""
+        key = self._key(request, request.block_hashes, 0, None)
+        chain = self._chains.get(key.value)
+        if chain is not None:
+            self._flush(chain)  # another copy of this root: its blocks register first
+        # A root once held by two blocks may have children cached under the copy that lost
+        # it, which outlive it; a chain would register past them in another order.
+        fresh = key.value not in self.pool.cached and key.value not in self._contested
+        self._register(blocks, request.all_token_ids, request.block_hashes,
+                       request.cache_salt, 0, 1)
+        if not fresh:
+            return None  # a root others share: its blocks register at once
+        chain = PendingChain(request.request_id, blocks, request.all_token_ids,
+                             request.block_hashes)
+        self._chains[key.value] = self.pending_requests[request.request_id] = chain
+        return chain
+
+    def _flush(self, chain: PendingChain) -> None:
+        """Register a pending chain's blocks for real, as if each had been when it filled."""
+        del self._chains[chain.root.block_hash.value]
+        if self.pending_requests.get(chain.request_id) is chain:
+            del self.pending_requests[chain.request_id]  # its later blocks register at once
+        if chain.hi > chain.lo:
+            self._register(chain.blocks, chain.token_ids, chain.hashes, None,
+                           chain.lo, chain.hi, chain)
+        chain.lo = chain.hi
+
+    def _register(self, blocks: list[KVCacheBlock], token_ids: list[int],
+                  hashes: list[BlockHash], salt: str | None, done: int, num_full: int,
+                  chain: PendingChain | None = None) -> None:
+        """Key and cache blocks done..num_full-1 of one request (a chain's live ones only)."""
+        bs = self.block_size
         cached = self.pool.cached
         hash_fn = self.hash_fn
-        token_ids = request.all_token_ids
-        salt = request.cache_salt
         num_keys = len(hashes)
         parent = hashes[done - 1] if done else None
         # _key and a per-block pool call, inlined: every prompt block passes through here.
@@ -199,6 +289,11 @@ class KVCacheManager:
                 hashes.append(key)
                 num_keys += 1
             block = blocks[i]
+            if chain is not None:
+                if block.pending is not chain:
+                    parent = hashes[i] = key  # evicted while pending: keyed, not cached
+                    continue
+                block.pending = None
             stored = block.block_hash
             if stored is None:
                 value = key.value
@@ -212,10 +307,24 @@ class KVCacheManager:
                         key = stored
                     old.block_hash = None
                     cached[value] = block
+                    if i == 0 and self.lazy:
+                        self._contest(value)
                 block.block_hash = key
                 stored = key
             parent = hashes[i] = stored
-        self.num_cached_blocks[req_id] = num_full
+
+    def _contest(self, value: int) -> None:
+        """Note a root taken over from another block; past num_blocks of them, stop deferring."""
+        self._contested.add(value)
+        if len(self._contested) > self.num_blocks:  # bounds the set: exact either way
+            self.flush_pending()
+            self.lazy = False
+            self._contested.clear()
+
+    def flush_pending(self) -> None:
+        """Register every pending block for real (for inspection: lookups do it as needed)."""
+        for chain in list(self._chains.values()):
+            self._flush(chain)
 
     def free(self, request: Request, num_computed_tokens: int | None = None) -> None:
         """Release the request's blocks, tail first so tails are evicted before heads.
@@ -226,11 +335,15 @@ class KVCacheManager:
         """
         blocks = self.req_to_blocks.pop(request.request_id, None)
         num_cached = self.num_cached_blocks.pop(request.request_id, 0)
+        chain = self.pending_requests.pop(request.request_id, None) if self.pending_requests else None
         if not blocks:
             return
         if num_computed_tokens is not None:
-            uncache = self.pool.uncache_block
-            for i in range(num_computed_tokens // self.block_size, num_cached):
+            keep = num_computed_tokens // self.block_size
+            if chain is not None and keep < chain.hi:
+                chain.hi = max(keep, chain.lo)
+            uncache = self.pool.uncache_block  # also withdraws pending ones
+            for i in range(keep, num_cached):
                 uncache(blocks[i])
         self.pool.free_blocks(reversed(blocks))
 
