@@ -91,6 +91,9 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
     events: list[tuple[int, int]] = []
     new_at = [0] * k_steps if not caching else []  # blocks taken at each step (no cache)
     starts: list[int] = []  # num_computed_tokens before the window (caching only)
+    lazy = kv.pending_requests  # requests whose blocks past the root register lazily
+    deferred: dict[str, Request] = {}  # those of them in this window (others may join it)
+    registers = False  # any registration event (a request registering for real)
     max_model_len = scheduler.config.max_model_len
     done: list[Request] = []  # reach a length limit on the window's last step
     for i, req in enumerate(running):
@@ -123,6 +126,10 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
         while k < k_steps:
             events.append((k, i))
             k += bs
+        if req.request_id in lazy:
+            deferred[req.request_id] = req  # registers in name only: once, after the window
+            continue
+        num_events = len(events)
         k = (cached.get(req.request_id, 0) + 1) * bs - c - 1
         if k < 0:
             events.append((0, i))
@@ -130,6 +137,7 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
         while k < k_steps:
             events.append((k, i))
             k += bs
+        registers = registers or len(events) > num_events
     usage: list[float] = []
     num_blocks = kv.num_blocks
     free_queue = kv.pool.free_queue
@@ -138,6 +146,23 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
         for n_new in new_at:
             free -= n_new
             usage.append(1.0 - free / num_blocks)  # the same float as KVCacheManager.usage
+    elif events and not registers:
+        # Every event takes one block and nothing in the window touches the prefix-cache
+        # map (pending registration only marks held blocks), so the window's blocks are
+        # taken in one call, in event order: the same blocks, evictions and usage.
+        events.sort()
+        if len(events) > free_queue.num_free:
+            raise AssertionError("fast-forward allocation failed: decode_window was not checked")
+        free = free_queue.num_free
+        taken = kv.pool.get_new_blocks(len(events))
+        last = -1
+        for j, (k, i) in enumerate(events):
+            if k != last:
+                u = 1.0 - free / num_blocks
+                usage.extend([u] * (k - len(usage)))
+                last = k
+            held[running[i].request_id].append(taken[j])
+            free -= 1
     elif events:
         events.sort()
         # What allocate_slots(req, 1) does at each event, without its checks for the
@@ -162,9 +187,11 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
                     raise AssertionError(
                         "fast-forward allocation failed: decode_window was not checked")
                 blocks.extend(get_new_blocks(need))
-            if total // bs > cached[rid]:
+            if rid not in deferred and total // bs > cached[rid]:
                 cache_blocks(req, total)
             last, prev_i = k, i
+    for req in deferred.values():
+        kv.cache_blocks(req, req.num_computed_tokens)
     u = 1.0 - free_queue.num_free / num_blocks
     usage.extend([u] * (k_steps - len(usage)))
     finished = _finish_by_length(scheduler, done, end_times[-1])
