@@ -10,7 +10,8 @@ about 500 requests per wall-second on a comparable run (../shared/FACTS.md).
 --baseline REV runs the same benchmark on the code of a git revision (core/, backends/,
 sim/ and twinserve/ extracted to a temporary folder) and on the working tree, each in a
 fresh process, alternating for --rounds rounds, and prints both figures and their ratio
-per round: the machine's drift hits both alike.
+per round: the machine's drift hits both alike. It also says whether both simulated the
+same thing: the digest of every request record and step-log column must match.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from __future__ import annotations
 import argparse
 import atexit
 import cProfile
+import dataclasses
+import hashlib
 import io
 import os
 import pstats
@@ -95,14 +98,27 @@ def baseline_tree(ref: str) -> str:
     return os.path.join(tmp, "pkg")
 
 
-def run_child(pkg: str, args: list[str]) -> float:
-    """Simulated requests per wall-second of one child run (pkg '' = the working tree)."""
+def results_digest(res) -> str:
+    """SHA-256 (first 16 hex digits) of every request record and step-log column, as repr."""
+    h = hashlib.sha256()
+    for rec in res.records:
+        h.update(repr(dataclasses.astuple(rec)).encode())
+    h.update(repr(dataclasses.astuple(res.steps)).encode())
+    h.update(repr((res.end_time, res.num_steps, res.num_preemptions, res.prefix_queries,
+                   res.prefix_hits)).encode())
+    return h.hexdigest()[:16]
+
+
+def run_child(pkg: str, args: list[str]) -> tuple[float, str]:
+    """Simulated requests per wall-second and results digest of one child run (pkg '' = the
+    working tree)."""
     out = subprocess.run([sys.executable, "-c", _CHILD, pkg, str(Path(__file__).resolve()), *args],
                          capture_output=True, text=True)
     m = re.search(r"simulated requests per wall-second: ([0-9,]+)", out.stdout)
-    if out.returncode != 0 or m is None:
+    d = re.search(r"results digest: ([0-9a-f]+)", out.stdout)
+    if out.returncode != 0 or m is None or d is None:
         raise RuntimeError(f"benchmark child failed ({out.returncode}):\n{out.stderr[-2000:]}")
-    return float(m.group(1).replace(",", ""))
+    return float(m.group(1).replace(",", "")), d.group(1)
 
 
 def compare(ref: str, rounds: int, child_args: list[str]) -> None:
@@ -110,13 +126,14 @@ def compare(ref: str, rounds: int, child_args: list[str]) -> None:
     pkg = baseline_tree(ref)
     print(f"working tree vs {ref}, alternating, {rounds} round(s); each figure is the best of "
           f"the child's --repeat runs")
-    print(f"{'round':>5} {'current':>10} {ref[:12]:>12} {'ratio':>7}")
+    print(f"{'round':>5} {'current':>10} {ref[:12]:>12} {'ratio':>7}  same results")
     ratios = []
     for i in range(rounds):
-        cur = run_child("", child_args)
-        base = run_child(pkg, child_args)
+        cur, cur_digest = run_child("", child_args)
+        base, base_digest = run_child(pkg, child_args)
         ratios.append(cur / base)
-        print(f"{i + 1:>5} {cur:>10,.0f} {base:>12,.0f} {cur / base:>7.2f}")
+        same = "yes" if cur_digest == base_digest else f"NO ({cur_digest} vs {base_digest})"
+        print(f"{i + 1:>5} {cur:>10,.0f} {base:>12,.0f} {cur / base:>7.2f}  {same}")
     print(f"ratio min / median / max: {min(ratios):.2f} / {sorted(ratios)[len(ratios) // 2]:.2f} "
           f"/ {max(ratios):.2f} (simulated requests per wall-second, current / {ref})")
 
@@ -168,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wall {wall:.3f} s (best of {args.repeat if not args.profile else 1})")
     print(f"simulated requests per wall-second: {done / wall:,.0f}")
     print(f"engine steps per wall-second:       {res.num_steps / wall:,.0f}")
+    print(f"results digest: {results_digest(res)}")
     if args.profile:
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
 
