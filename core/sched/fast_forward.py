@@ -190,8 +190,16 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
             if rid not in deferred and total // bs > cached[rid]:
                 cache_blocks(req, total)
             last, prev_i = k, i
-    for req in deferred.values():
-        kv.cache_blocks(req, req.num_computed_tokens)
+    for rid, req in deferred.items():
+        # cache_blocks for a request with a pending chain, inlined (one per request and
+        # window): mark the newly full blocks as pending, nothing else.
+        num_full = req.num_computed_tokens // bs
+        chain = lazy[rid]
+        if num_full > chain.hi:
+            blocks = held[rid]
+            for j in range(chain.hi, num_full):
+                blocks[j].pending = chain
+            chain.hi = cached[rid] = num_full
     u = 1.0 - free_queue.num_free / num_blocks
     usage.extend([u] * (k_steps - len(usage)))
     finished = _finish_by_length(scheduler, done, end_times[-1])
