@@ -77,6 +77,14 @@ class Request:
     token_times: list[float] = field(default_factory=list)
     finish_time: float | None = None
     preempted_times: list[float] = field(default_factory=list)
+    # The stop rule in the form the scheduler checks first on every decode step, fixed by
+    # Scheduler.add_request: the token ids that may end the request (EOS unless ignored,
+    # and stop_token_ids), and the length of all_token_ids at which it ends by length.
+    # Only when the sampled token is one of them, or the limit is reached, does the
+    # scheduler run the full rule (min_tokens, which id stopped it). The defaults send
+    # every token of a request that was never added through the full rule.
+    stop_check_ids: frozenset[int] = field(default=frozenset(), repr=False)
+    stop_check_len: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)

@@ -36,6 +36,22 @@ def _block_ids(blocks: list[KVCacheBlock]) -> Sequence[int]:
     return [b.block_id for b in blocks]
 
 
+def _check_stop(req: Request, token: int, n_out: int, max_model_len: int
+                ) -> tuple[FinishReason | None, int | None]:
+    """The full stop rule for a request's newest token: (finish reason, stop token) or (None, None)."""
+    sp = req.sampling_params
+    # min_tokens tokens come before any stop: a stop token is only honoured past them
+    # (the sampler masks stop ids while fewer were generated).
+    if n_out > sp.min_tokens:
+        if token == req.eos_token_id and not sp.ignore_eos:
+            return _STOP, None
+        if sp.stop_token_ids and token in sp.stop_token_ids:
+            return _STOP, token
+    if n_out >= req.max_tokens or len(req.all_token_ids) >= max_model_len:
+        return _LENGTH, None
+    return None, None
+
+
 def _chunk(num_new: int, threshold: int, budget: int) -> int:
     """A running request's tokens this step: what it has left, capped by the long-prefill
     threshold (when set) and by the step's remaining budget."""
@@ -61,6 +77,11 @@ class Scheduler:
         self.watermark_blocks = int(config.watermark * config.num_blocks)
         # Tokens per request of the step scheduled but not yet applied by update_from_output.
         self._in_flight: dict[str, int] | None = None
+        # The last schedule()'s output when it scheduled every running request (in the
+        # order of self.running), and how many that was: update_from_output then walks
+        # self.running instead of looking each id up.
+        self._whole_batch: SchedulerOutput | None = None
+        self._whole_batch_len = 0
         self._seq = itertools.count()
 
     # ------------------------------------------------------------------ requests
@@ -89,6 +110,14 @@ class Scheduler:
                 f"request needs up to {peak} tokens of KV cache but the whole pool holds {limit} "
                 f"({cfg.num_blocks} blocks of {cfg.block_size}); lower max_tokens or add blocks",
                 peak, limit)
+        # The stop rule's quick form (see Request.stop_check_ids): all_token_ids is always
+        # the prompt plus output_token_ids, so it reaches n + max_tokens exactly when
+        # max_tokens tokens were generated.
+        stop_ids = set(sp.stop_token_ids)
+        if request.eos_token_id is not None and not sp.ignore_eos:
+            stop_ids.add(request.eos_token_id)
+        request.stop_check_ids = frozenset(stop_ids)
+        request.stop_check_len = min(n + request.max_tokens, cfg.max_model_len)
         request.seq_no = next(self._seq)
         request.status = RequestStatus.WAITING
         self.requests[rid] = request
@@ -164,11 +193,16 @@ class Scheduler:
         # do nothing and return no blocks, so it is not called); the others are noted in
         # `other` (position -> tokens, new block ids). The loop after this one takes over
         # from the first request that does not fit without preempting.
+        # No budget check per request: the loop covers at most `budget` requests (`head`),
+        # so one token each always fits; `spare` is what the budget holds past one token
+        # per request of the head, and once a request takes more than that, the loop after
+        # this one goes on from the next request, checking the budget as it goes.
         other: dict[int, tuple[int, Sequence[int]]] = {}
-        i = 0
-        for req in running:
-            if budget <= 0:
-                break
+        head = running if len(running) <= budget else running[:budget]
+        spare = budget - len(head)
+        extra = 0  # tokens scheduled past one per scheduled request
+        skipped = 0  # requests passed over with nothing to compute
+        for req in head:
             c = req.num_computed_tokens
             num_new = len(req.all_token_ids) - c
             rid = req.request_id
@@ -179,13 +213,12 @@ class Scheduler:
                     add_id(rid)
                     add_computed(c)
                     req.num_computed_tokens = c + 1
-                    budget -= 1
-                    i += 1
                     continue
             else:
-                num_new = _chunk(num_new, threshold, budget)
+                num_new = _chunk(num_new, threshold, budget - len(c_ids) - extra)
                 if num_new <= 0:
-                    i += 1
+                    skipped += 1
+                    spare += 1
                     continue
             new_blocks = allocate(req, num_new)
             if new_blocks is None:
@@ -194,8 +227,12 @@ class Scheduler:
             add_id(rid)
             add_computed(c)
             req.num_computed_tokens = c + num_new
-            budget -= num_new
-            i += 1
+            extra += num_new - 1
+            spare -= num_new - 1
+            if spare < 0:
+                break  # the next requests may not all fit: the loop below checks each
+        i = len(c_ids) + skipped  # the first request the loop did not handle
+        budget -= len(c_ids) + extra
         num_scheduled = dict.fromkeys(c_ids, 1)
         c_blocks: list[Sequence[int]] = [_NO_IDS] * len(c_ids)
         for k, (n, block_ids) in other.items():
@@ -243,17 +280,24 @@ class Scheduler:
 
         new_reqs: list[NewRequestData] = []
         if not preempted:
-            self._admit(now, budget, num_scheduled, new_reqs)
+            budget = self._admit(now, budget, num_scheduled, new_reqs)
 
-        total = sum(num_scheduled.values())
+        total = cfg.max_num_batched_tokens - budget
         self._in_flight = num_scheduled
         finished = self.finished_req_ids
         self.finished_req_ids = set()
-        return SchedulerOutput(new_reqs, CachedRequestData(c_ids, c_blocks, c_computed),
-                               num_scheduled, total, preempted, finished)
+        so = SchedulerOutput(new_reqs, CachedRequestData(c_ids, c_blocks, c_computed),
+                             num_scheduled, total, preempted, finished)
+        # Every scheduled request is running and in running's order (admissions are
+        # appended to both), so equal counts mean the step took every running request.
+        whole = len(num_scheduled) == len(running)
+        self._whole_batch = so if whole else None
+        self._whole_batch_len = len(running)
+        return so
 
     def _admit(self, now: float, budget: int, num_scheduled: dict[str, int],
-               new_reqs: list[NewRequestData]) -> None:
+               new_reqs: list[NewRequestData]) -> int:
+        """Admit waiting requests while budget, seats and blocks allow; the budget left."""
         cfg = self.config
         kv = self.kv
         waiting = self.waiting
@@ -290,6 +334,7 @@ class Scheduler:
                                            req.sampling_params, kv.get_block_ids(rid), num_hit))
             num_scheduled[rid] = num_new
             budget -= num_new
+        return budget
 
     def _preempt(self, req: Request, now: float, computed: int | None = None) -> None:
         """Recompute-style preemption: free all blocks and requeue at the front."""
@@ -313,61 +358,60 @@ class Scheduler:
         outputs: list[EngineCoreOutput] = []
         add_output = outputs.append
         finished: list[Request] = []
+        new_output, Output = _new_object, EngineCoreOutput  # locals: read once per request
         self._in_flight = None
-        for rid in scheduler_output.num_scheduled_tokens:
+        running = self.running
+        if scheduler_output is self._whole_batch and len(running) == self._whole_batch_len:
+            # The step took every running request and none has left since (an abort would
+            # have shortened the list): they are the step's requests, in its order, all
+            # still running.
+            reqs = running
+        else:
+            # Those scheduled that are still running (not aborted or preempted after it).
+            reqs = [r for r in map(requests.get, scheduler_output.num_scheduled_tokens)
+                    if r is not None and r.status is _RUNNING]
+        self._whole_batch = None
+        for req in reqs:
+            rid = req.request_id
             tokens = sampled.get(rid)
             if not tokens:
                 continue  # a prefill chunk that did not reach the end of the prompt
-            req = requests.get(rid)
-            if req is None or req.status is not _RUNNING:
-                continue  # aborted or preempted after it was scheduled
-            sp = req.sampling_params
             out_ids = req.output_token_ids
             all_ids = req.all_token_ids
             if req.first_token_time is None:
                 req.first_token_time = now
-            reason = None
-            stop_reason = None
             if len(tokens) == 1:
                 # One token (every decode step): the loop below, unrolled.
                 token = tokens[0]
                 out_ids.append(token)
                 all_ids.append(token)
                 req.token_times.append(now)
-                n_out = len(out_ids)
-                if n_out > sp.min_tokens:
-                    if token == req.eos_token_id and not sp.ignore_eos:
-                        reason = _STOP
-                    elif sp.stop_token_ids and token in sp.stop_token_ids:
-                        reason, stop_reason = _STOP, token
-                if reason is None and (n_out >= req.max_tokens or len(all_ids) >= max_model_len):
-                    reason = _LENGTH
+                # The quick form of the stop rule first (one set probe, one comparison);
+                # the full rule only when it says the request may end.
+                if token in req.stop_check_ids or len(all_ids) >= req.stop_check_len:
+                    reason, stop_reason = _check_stop(req, token, len(out_ids), max_model_len)
+                else:
+                    reason = stop_reason = None
                 new_ids = tokens
             else:
                 times = req.token_times
+                stop_ids = req.stop_check_ids
+                limit = req.stop_check_len
+                reason = stop_reason = None
                 count = 0
                 for token in tokens:
                     out_ids.append(token)
                     all_ids.append(token)
                     times.append(now)
                     count += 1
-                    n_out = len(out_ids)
-                    # min_tokens tokens come before any stop: a stop token is only honoured
-                    # past them (the sampler masks stop ids while fewer were generated).
-                    if n_out > sp.min_tokens:
-                        if token == req.eos_token_id and not sp.ignore_eos:
-                            reason = _STOP
+                    if token in stop_ids or len(all_ids) >= limit:
+                        reason, stop_reason = _check_stop(req, token, len(out_ids), max_model_len)
+                        if reason is not None:
                             break
-                        if sp.stop_token_ids and token in sp.stop_token_ids:
-                            reason, stop_reason = _STOP, token
-                            break
-                    if n_out >= req.max_tokens or len(all_ids) >= max_model_len:
-                        reason = _LENGTH
-                        break
                 new_ids = tokens if count == len(tokens) else tokens[:count]
             # EngineCoreOutput(rid, new_ids, reason, stop_reason, logprobs), built without
             # its Python-level __init__ (one per request per step): every field is set.
-            out = _new_object(EngineCoreOutput)
+            out = new_output(Output)
             out.req_id = rid
             out.new_token_ids = new_ids
             out.finish_reason = reason
