@@ -86,8 +86,8 @@ class BlockPool:
         # Key value -> the block holding that content; a block has a key exactly when it
         # is in this map. One block per key: the most recently computed copy.
         self.cached: dict[int, KVCacheBlock] = {}
-        # Root key value -> the pending chain hanging off the root block holding it (see
-        # KVCacheManager.cache_blocks): dropped with its root, since nothing reaches it then.
+        # Key value -> the pending chain hanging off the block holding it (its root; see
+        # kv_cache_manager.PendingChain): dropped with its root, since nothing reaches it then.
         self.chains: dict[int, object] = {}
         self.num_evictions = 0
 
@@ -114,8 +114,8 @@ class BlockPool:
                 del cached[key.value]
                 block.block_hash = None
                 self.num_evictions += 1
-                if key.parent is None and self.chains:
-                    self.chains.pop(key.value, None)
+                if self.chains:
+                    self.chains.pop(key.value, None)  # a chain's root: nothing reaches it now
             elif block.pending is not None:
                 block.pending = None  # registered in name only: its chain sees it is gone
                 self.num_evictions += 1
@@ -146,8 +146,7 @@ class BlockPool:
         if key is not None:
             if self.cached.get(key.value) is block:
                 del self.cached[key.value]
-                if key.parent is None:
-                    self.chains.pop(key.value, None)
+                self.chains.pop(key.value, None)
             block.block_hash = None
         block.pending = None
 

@@ -21,26 +21,28 @@ class PendingChain:
     """A request's full blocks past its root, registered in the prefix cache in name only.
 
     Most prefixes are never looked up again, and hashing every block of every request
-    costs more than the rest of a simulated request. A request whose first block is new
-    to the cache registers that root block at once and its later blocks lazily: they are
-    marked as pending, and hashed and entered into the map only when a lookup reaches the
-    root (or another request registers the same root), which is the only way a lookup can
-    reach them. Until then no other block can hold their keys, so deferring the work
-    changes no lookup's result. A pending block evicted before that stays out of the map
-    but still gets its key, so the blocks after it chain as they would have.
+    costs more than the rest of a simulated request. When a request registers a block
+    whose key is new to the cache (its root: the first block it does not share with a
+    cached prefix), that block is registered at once and the request's later blocks
+    lazily: they are marked as pending, and hashed and entered into the map only when a
+    lookup reaches the root or another request registers the root's key, which are the
+    only ways anything can reach them. Until then no other block can hold their keys, so
+    deferring the work changes no lookup's result. A pending block evicted before that
+    stays out of the map but still gets its key, so the blocks after it chain as they
+    would have.
     """
 
     __slots__ = ("request_id", "root", "blocks", "token_ids", "hashes", "lo", "hi")
 
     def __init__(self, request_id: str, blocks: list[KVCacheBlock], token_ids: list[int],
-                 hashes: list[BlockHash]) -> None:
+                 hashes: list[BlockHash], root: int) -> None:
         self.request_id = request_id
-        self.root = blocks[0]
+        self.root = blocks[root]
         self.blocks = blocks  # the request's own lists, not copies: they only grow
         self.token_ids = token_ids
         self.hashes = hashes
-        self.lo = 1  # blocks before lo are registered for real
-        self.hi = 1  # blocks lo..hi-1 are pending
+        self.lo = root + 1  # blocks before lo are registered for real
+        self.hi = root + 1  # blocks lo..hi-1 are pending
 
 
 @dataclass(slots=True)
@@ -130,7 +132,7 @@ class KVCacheManager:
             block = cached.get(key.value)
             if block is None:
                 break
-            if i == 0 and self._chains:
+            if self._chains:
                 chain = self._chains.get(key.value)
                 if chain is not None:
                     self._flush(chain)  # the blocks this lookup may reach next
@@ -222,36 +224,29 @@ class KVCacheManager:
         blocks = self.req_to_blocks[req_id]
         if self.lazy:
             chain = self.pending_requests.get(req_id)
-            if chain is None and done == 0:
-                chain = self._start_chain(request, blocks)
-                done = 1
+            while chain is None and done < num_full:
+                chain = self._start_chain(request, blocks, done)  # registers block done
+                done += 1
             if chain is not None:
                 for i in range(done, num_full):
                     blocks[i].pending = chain
                 chain.hi = num_full
-                return
-            if self._chains:
-                chain = self._chains.get(request.block_hashes[0].value)
-                if chain is not None:
-                    self._flush(chain)  # the same root's blocks register in their order
+            return
         self._register(blocks, request.all_token_ids, request.block_hashes,
                        request.cache_salt, done, num_full)
 
-    def _start_chain(self, request: Request, blocks: list[KVCacheBlock]) -> PendingChain | None:
-        """Register block 0; a PendingChain for the blocks after it when its key was new."""
-        key = self._key(request, request.block_hashes, 0, None)
-        chain = self._chains.get(key.value)
-        if chain is not None:
-            self._flush(chain)  # another copy of this root: its blocks register first
-        # A root once held by two blocks may have children cached under the copy that lost
+    def _start_chain(self, request: Request, blocks: list[KVCacheBlock],
+                     i: int) -> PendingChain | None:
+        """Register block i; a PendingChain for the blocks after it if its key was new."""
+        hashes = request.block_hashes
+        key = self._key(request, hashes, i, hashes[i - 1] if i else None)
+        # A key once held by two blocks may have children cached under the copy that lost
         # it, which outlive it; a chain would register past them in another order.
         fresh = key.value not in self.pool.cached and key.value not in self._contested
-        self._register(blocks, request.all_token_ids, request.block_hashes,
-                       request.cache_salt, 0, 1)
+        self._register(blocks, request.all_token_ids, hashes, request.cache_salt, i, i + 1)
         if not fresh:
-            return None  # a root others share: its blocks register at once
-        chain = PendingChain(request.request_id, blocks, request.all_token_ids,
-                             request.block_hashes)
+            return None  # a prefix others hold: the next block may start a chain
+        chain = PendingChain(request.request_id, blocks, request.all_token_ids, hashes, i)
         self._chains[key.value] = self.pending_requests[request.request_id] = chain
         return chain
 
@@ -305,16 +300,20 @@ class KVCacheManager:
                                          and stored.token_ids == key.token_ids
                                          and stored.extra_keys == key.extra_keys):
                         key = stored
+                    if self.lazy:
+                        self._take_over(value, old)
                     old.block_hash = None
                     cached[value] = block
-                    if i == 0 and self.lazy:
-                        self._contest(value)
                 block.block_hash = key
                 stored = key
             parent = hashes[i] = stored
 
-    def _contest(self, value: int) -> None:
-        """Note a root taken over from another block; past num_blocks of them, stop deferring."""
+    def _take_over(self, value: int, old: KVCacheBlock) -> None:
+        """Before a key moves from block old to another: old's pending chain registers first,
+        and the key is noted as contested (past num_blocks such keys, nothing is deferred)."""
+        chain = self._chains.get(value)
+        if chain is not None and chain.root is old:
+            self._flush(chain)
         self._contested.add(value)
         if len(self._contested) > self.num_blocks:  # bounds the set: exact either way
             self.flush_pending()

@@ -189,3 +189,23 @@ def test_unique_prefixes_are_hashed_only_when_looked_up():
     assert num_hit == 6 and hits == kv.req_to_blocks["a"][:3]
     assert len(kv.pool.cached) == 3
     assert all(blk.pending is None for blk in kv.pool.blocks)
+
+
+def test_a_chain_starts_at_the_first_block_not_shared_with_a_cached_prefix():
+    kv = KVCacheManager(32, 2)
+    system = [7, 7, 8, 8]  # two blocks every request shares
+    a = Request("a", system + [1, 2, 3, 4], SamplingParams())
+    kv.allocate_slots(a, 8)
+    kv.cache_blocks(a, 8)
+    b = Request("b", system + [5, 6, 9, 9, 1], SamplingParams())
+    hits, num_hit = kv.get_computed_blocks(b)
+    assert num_hit == 4  # the system prompt, registered for real by a's lookup-time flush
+    kv.allocate_slots(b, 5, hits, num_hit)
+    kv.cache_blocks(b, 9)
+    b_blocks = kv.req_to_blocks["b"]
+    # b's first own block is its chain's root, in the map; the one after it is pending
+    assert b_blocks[2].block_hash is not None and b_blocks[3].pending is not None
+    assert b_blocks[3].block_hash is None
+    c = Request("c", system + [5, 6, 9, 9, 2], SamplingParams())
+    hits, num_hit = kv.get_computed_blocks(c)
+    assert num_hit == 8 and hits == b_blocks[:4]
