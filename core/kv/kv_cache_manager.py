@@ -29,10 +29,11 @@ class PendingChain:
     only ways anything can reach them. Until then no other block can hold their keys, so
     deferring the work changes no lookup's result. A pending block evicted before that
     stays out of the map but still gets its key, so the blocks after it chain as they
-    would have.
+    would have. Held blocks cannot be evicted, so the pending ones are marked (for the
+    pool to see an eviction) only when the request lets them go.
     """
 
-    __slots__ = ("request_id", "root", "blocks", "token_ids", "hashes", "lo", "hi")
+    __slots__ = ("request_id", "root", "blocks", "token_ids", "hashes", "lo", "hi", "held")
 
     def __init__(self, request_id: str, blocks: list[KVCacheBlock], token_ids: list[int],
                  hashes: list[BlockHash], root: int) -> None:
@@ -43,6 +44,7 @@ class PendingChain:
         self.hashes = hashes
         self.lo = root + 1  # blocks before lo are registered for real
         self.hi = root + 1  # blocks lo..hi-1 are pending
+        self.held = True  # the request still holds its blocks (none is marked yet)
 
 
 @dataclass(slots=True)
@@ -228,8 +230,6 @@ class KVCacheManager:
                 chain = self._start_chain(request, blocks, done)  # registers block done
                 done += 1
             if chain is not None:
-                for i in range(done, num_full):
-                    blocks[i].pending = chain
                 chain.hi = num_full
             return
         self._register(blocks, request.all_token_ids, request.block_hashes,
@@ -284,7 +284,7 @@ class KVCacheManager:
                 hashes.append(key)
                 num_keys += 1
             block = blocks[i]
-            if chain is not None:
+            if chain is not None and not chain.held:
                 if block.pending is not chain:
                     parent = hashes[i] = key  # evicted while pending: keyed, not cached
                     continue
@@ -340,10 +340,14 @@ class KVCacheManager:
         if num_computed_tokens is not None:
             keep = num_computed_tokens // self.block_size
             if chain is not None and keep < chain.hi:
-                chain.hi = max(keep, chain.lo)
-            uncache = self.pool.uncache_block  # also withdraws pending ones
+                chain.hi = max(keep, chain.lo)  # the rest was never computed
+            uncache = self.pool.uncache_block
             for i in range(keep, num_cached):
                 uncache(blocks[i])
+        if chain is not None:
+            chain.held = False
+            for i in range(chain.lo, chain.hi):
+                blocks[i].pending = chain  # evictable from now on: the pool must see it
         self.pool.free_blocks(reversed(blocks))
 
     def get_block_ids(self, request_id: str) -> list[int]:

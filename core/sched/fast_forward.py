@@ -92,7 +92,7 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
     new_at = [0] * k_steps if not caching else []  # blocks taken at each step (no cache)
     starts: list[int] = []  # num_computed_tokens before the window (caching only)
     lazy = kv.pending_requests  # requests whose blocks past the root register lazily
-    deferred: dict[str, Request] = {}  # those of them in this window (others may join it)
+    deferred: set[str] = set()  # those of them in this window (others may join it)
     registers = False  # any registration event (a request registering for real)
     max_model_len = scheduler.config.max_model_len
     done: list[Request] = []  # reach a length limit on the window's last step
@@ -126,8 +126,11 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
         while k < k_steps:
             events.append((k, i))
             k += bs
-        if req.request_id in lazy:
-            deferred[req.request_id] = req  # registers in name only: once, after the window
+        chain = lazy.get(req.request_id)
+        if chain is not None:
+            # cache_blocks for a request registering lazily, inlined: extend its chain.
+            deferred.add(req.request_id)
+            chain.hi = cached[req.request_id] = (c + k_steps) // bs
             continue
         num_events = len(events)
         k = (cached.get(req.request_id, 0) + 1) * bs - c - 1
@@ -148,7 +151,7 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
             usage.append(1.0 - free / num_blocks)  # the same float as KVCacheManager.usage
     elif events and not registers:
         # Every event takes one block and nothing in the window touches the prefix-cache
-        # map (pending registration only marks held blocks), so the window's blocks are
+        # map (a pending chain only grows: see PendingChain), so the window's blocks are
         # taken in one call, in event order: the same blocks, evictions and usage.
         events.sort()
         if len(events) > free_queue.num_free:
@@ -190,16 +193,6 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
             if rid not in deferred and total // bs > cached[rid]:
                 cache_blocks(req, total)
             last, prev_i = k, i
-    for rid, req in deferred.items():
-        # cache_blocks for a request with a pending chain, inlined (one per request and
-        # window): mark the newly full blocks as pending, nothing else.
-        num_full = req.num_computed_tokens // bs
-        chain = lazy[rid]
-        if num_full > chain.hi:
-            blocks = held[rid]
-            for j in range(chain.hi, num_full):
-                blocks[j].pending = chain
-            chain.hi = cached[rid] = num_full
     u = 1.0 - free_queue.num_free / num_blocks
     usage.extend([u] * (k_steps - len(usage)))
     finished = _finish_by_length(scheduler, done, end_times[-1])

@@ -183,10 +183,13 @@ def test_unique_prefixes_are_hashed_only_when_looked_up():
     kv.allocate_slots(a, 7)
     kv.cache_blocks(a, 7)
     assert len(kv.pool.cached) == 1 and len(a.block_hashes) == 1  # the root only
-    assert [b.pending is not None for b in kv.req_to_blocks["a"]] == [False, True, True, False]
+    chain = kv.pending_requests["a"]
+    assert (chain.lo, chain.hi, chain.held) == (1, 3, True)
+    kv.free(a)  # now evictable: the pool must see the pending blocks
+    assert [b.pending is chain for b in chain.blocks] == [False, True, True, False]
     b = Request("b", list(range(1, 9)), SamplingParams())
     hits, num_hit = kv.get_computed_blocks(b)  # reaches the root: a's blocks register
-    assert num_hit == 6 and hits == kv.req_to_blocks["a"][:3]
+    assert num_hit == 6 and hits == chain.blocks[:3]
     assert len(kv.pool.cached) == 3
     assert all(blk.pending is None for blk in kv.pool.blocks)
 
@@ -204,8 +207,8 @@ def test_a_chain_starts_at_the_first_block_not_shared_with_a_cached_prefix():
     kv.cache_blocks(b, 9)
     b_blocks = kv.req_to_blocks["b"]
     # b's first own block is its chain's root, in the map; the one after it is pending
-    assert b_blocks[2].block_hash is not None and b_blocks[3].pending is not None
-    assert b_blocks[3].block_hash is None
+    assert b_blocks[2].block_hash is not None and b_blocks[3].block_hash is None
+    assert kv.pending_requests["b"].root is b_blocks[2] and kv.pending_requests["b"].hi == 4
     c = Request("c", system + [5, 6, 9, 9, 2], SamplingParams())
     hits, num_hit = kv.get_computed_blocks(c)
     assert num_hit == 8 and hits == b_blocks[:4]
