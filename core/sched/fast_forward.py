@@ -90,9 +90,8 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
     scheduler.finished_req_ids = set()
     events: list[tuple[int, int]] = []
     new_at = [0] * k_steps if not caching else []  # blocks taken at each step (no cache)
-    starts: list[int] = []  # num_computed_tokens before the window (caching only)
     lazy = kv.pending_requests  # requests whose blocks past the root register lazily
-    deferred: set[str] = set()  # those of them in this window (others may join it)
+    lazy_events: list[tuple[int, int]] = []  # their registration events
     registers = False  # any registration event (a request registering for real)
     max_model_len = scheduler.config.max_model_len
     done: list[Request] = []  # reach a length limit on the window's last step
@@ -120,18 +119,12 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
                     k += bs
             req.num_computed_tokens = c + k_steps
             continue
-        # The events below allocate and register from starts; nothing reads the count.
-        starts.append(c)
+        # The events below allocate and register from the count before the window,
+        # c = num_computed_tokens - k_steps; nothing else reads it meanwhile.
         req.num_computed_tokens = c + k_steps
         while k < k_steps:
             events.append((k, i))
             k += bs
-        chain = lazy.get(req.request_id)
-        if chain is not None:
-            # cache_blocks for a request registering lazily, inlined: extend its chain.
-            deferred.add(req.request_id)
-            chain.hi = cached[req.request_id] = (c + k_steps) // bs
-            continue
         num_events = len(events)
         k = (cached.get(req.request_id, 0) + 1) * bs - c - 1
         if k < 0:
@@ -140,7 +133,13 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
         while k < k_steps:
             events.append((k, i))
             k += bs
-        registers = registers or len(events) > num_events
+        if req.request_id in lazy:
+            # Its registrations only extend its pending chain, unless another request's
+            # registration in this window takes the chain over: kept aside for that case.
+            lazy_events.extend(events[num_events:])
+            del events[num_events:]
+        else:
+            registers = registers or len(events) > num_events
     usage: list[float] = []
     num_blocks = kv.num_blocks
     free_queue = kv.pool.free_queue
@@ -149,15 +148,20 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
         for n_new in new_at:
             free -= n_new
             usage.append(1.0 - free / num_blocks)  # the same float as KVCacheManager.usage
-    elif events and not registers:
+    elif not registers:
         # Every event takes one block and nothing in the window touches the prefix-cache
         # map (a pending chain only grows: see PendingChain), so the window's blocks are
         # taken in one call, in event order: the same blocks, evictions and usage.
+        for k, i in lazy_events:
+            # cache_blocks for a request registering lazily, inlined: extend its chain.
+            req = running[i]
+            cached[req.request_id] = lazy[req.request_id].hi = (
+                req.num_computed_tokens - k_steps + k + 1) // bs
         events.sort()
         if len(events) > free_queue.num_free:
             raise AssertionError("fast-forward allocation failed: decode_window was not checked")
         free = free_queue.num_free
-        taken = kv.pool.get_new_blocks(len(events))
+        taken = kv.pool.get_new_blocks(len(events)) if events else events
         last = -1
         for j, (k, i) in enumerate(events):
             if k != last:
@@ -166,7 +170,8 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
                 last = k
             held[running[i].request_id].append(taken[j])
             free -= 1
-    elif events:
+    else:
+        events += lazy_events
         events.sort()
         # What allocate_slots(req, 1) does at each event, without its checks for the
         # common no-op step: take a block when the next token starts one, then register
@@ -181,7 +186,7 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
                 u = 1.0 - free_queue.num_free / num_blocks
                 usage.extend([u] * (k - len(usage)))
             req = running[i]
-            total = starts[i] + k + 1
+            total = req.num_computed_tokens - k_steps + k + 1
             rid = req.request_id
             blocks = held[rid]
             need = -(-total // bs) - len(blocks)
@@ -190,7 +195,7 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
                     raise AssertionError(
                         "fast-forward allocation failed: decode_window was not checked")
                 blocks.extend(get_new_blocks(need))
-            if rid not in deferred and total // bs > cached[rid]:
+            if total // bs > cached[rid]:
                 cache_blocks(req, total)
             last, prev_i = k, i
     u = 1.0 - free_queue.num_free / num_blocks

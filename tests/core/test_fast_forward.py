@@ -135,3 +135,13 @@ def test_no_window_when_a_sampled_token_could_stop_the_request():
     assert decode_window(s, 100) == 19
     s.add_request(Request("late", [1], SamplingParams(max_tokens=2)))
     assert decode_window(s, 100) == 0  # someone waits: the next step admits it
+
+
+def test_a_window_where_one_request_takes_over_another_ones_pending_chain():
+    # Equal prompts decode in lockstep with one-token blocks: each step the later request
+    # registers the key the earlier one's pending chain starts from, so the chain must
+    # register mid-window, up to that step only (found at 1,500 examples above).
+    cfg = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=64,
+                          block_size=1, num_blocks=12, enable_prefix_caching=True)
+    prompts = [[1], [3, 3, 3], [21], [3, 3, 3, 3], [41]]
+    assert _compare(cfg, prompts, [2, 2, 2, 2, 2]) >= 1
