@@ -85,7 +85,7 @@ def _compare(cfg: SchedulerConfig, prompts, max_tokens, steps_cap: int = 10_000)
     return k
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(block_size=st.sampled_from([1, 2, 4, 16]), caching=st.booleans(),
        shared=st.booleans(), n=st.integers(1, 6), data=st.data())
 def test_fast_forward_matches_stepping(block_size, caching, shared, n, data):
