@@ -85,6 +85,12 @@ class Request:
     # every token of a request that was never added through the full rule.
     stop_check_ids: frozenset[int] = field(default=frozenset(), repr=False)
     stop_check_len: int = field(default=0, repr=False)
+    # Set by the scheduler after each of its KV allocations for the request: while
+    # num_computed_tokens is below it, a one-token step needs nothing from the KV manager
+    # (its slot is in a held block and it fills no block to register), so the scheduler
+    # does not ask. Blocks and registrations only grow while a request runs, so a value
+    # computed earlier in its run is never too high; 0 means ask.
+    fast_decode_limit: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)

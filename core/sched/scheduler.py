@@ -52,6 +52,22 @@ def _check_stop(req: Request, token: int, n_out: int, max_model_len: int
     return None, None
 
 
+def _fast_decode_limit(kv: KVCacheManager, rid: str) -> int:
+    """Request.fast_decode_limit from the KV manager's bookkeeping for a request holding blocks.
+
+    The mirror of allocate_slots' no-op case: a step from c computed tokens to c + 1 needs
+    no block while c < len(blocks) * block_size, and registers none while
+    (c + 1) // block_size <= the blocks already registered.
+    """
+    bs = kv.block_size
+    limit = len(kv.req_to_blocks[rid]) * bs
+    if kv.enable_caching:
+        registered = (kv.num_cached_blocks[rid] + 1) * bs - 1
+        if registered < limit:
+            return registered
+    return limit
+
+
 def _chunk(num_new: int, threshold: int, budget: int) -> int:
     """A running request's tokens this step: what it has left, capped by the long-prefill
     threshold (when set) and by the step's remaining budget."""
@@ -182,15 +198,10 @@ class Scheduler:
         c_computed: list[int] = []
         preempted: list[str] = []
         add_id, add_computed = c_ids.append, c_computed.append
-        # For the decode fast path below: the KV manager's own bookkeeping, read only.
-        bs = kv.block_size
-        held = kv.req_to_blocks
-        num_cached = kv.num_cached_blocks
-        caching = kv.enable_caching
-
         # The common case first: running requests in order, none preempted. Decodes whose
         # token fits the last block and fills none take the fast path (allocate_slots would
-        # do nothing and return no blocks, so it is not called); the others are noted in
+        # do nothing and return no blocks, so it is not called: see
+        # Request.fast_decode_limit); the others are noted in
         # `other` (position -> tokens, new block ids). The loop after this one takes over
         # from the first request that does not fit without preempting.
         # No budget check per request: the loop covers at most `budget` requests (`head`),
@@ -207,9 +218,7 @@ class Scheduler:
             num_new = len(req.all_token_ids) - c
             rid = req.request_id
             if num_new == 1:
-                blocks = held.get(rid)
-                if blocks is not None and c < len(blocks) * bs and (
-                        not caching or (c + 1) // bs <= num_cached[rid]):
+                if c < req.fast_decode_limit:
                     add_id(rid)
                     add_computed(c)
                     req.num_computed_tokens = c + 1
@@ -223,6 +232,7 @@ class Scheduler:
             new_blocks = allocate(req, num_new)
             if new_blocks is None:
                 break  # no room without preempting: the loop below
+            req.fast_decode_limit = _fast_decode_limit(kv, rid)
             other[len(c_ids)] = (num_new, _block_ids(new_blocks))
             add_id(rid)
             add_computed(c)
@@ -270,6 +280,7 @@ class Scheduler:
             if new_blocks is None:
                 continue  # req itself was preempted; running[i] is now the next request
             rid = req.request_id
+            req.fast_decode_limit = _fast_decode_limit(kv, rid)
             add_id(rid)
             add_blocks(_block_ids(new_blocks))
             add_computed(req.num_computed_tokens)
@@ -330,6 +341,7 @@ class Scheduler:
             req.num_computed_tokens = num_hit + num_new
             running.append(req)
             rid = req.request_id
+            req.fast_decode_limit = _fast_decode_limit(kv, rid)
             new_reqs.append(NewRequestData(rid, list(req.all_token_ids), req.num_prompt_tokens,
                                            req.sampling_params, kv.get_block_ids(rid), num_hit))
             num_scheduled[rid] = num_new
