@@ -7,8 +7,11 @@ timed: only the policy core is.
 
 Blocks fill during the run: every request decodes one token a step from a 128-token
 prompt, so each request takes a new block once every 16 steps and, at another step,
-registers its newly full block in the prefix cache (hashing its tokens). The mean and p99
-cover all steps, those included; the median is a plain decode step.
+registers its newly full block in the prefix cache (since lazy registration, a pending
+chain's block is hashed only if a lookup reaches it: see core/kv/kv_cache_manager.py's
+PendingChain; the prompts share a 64-token system prompt, so each request's chain starts
+at its first own block). The mean and p99 cover all steps, those included; the median is
+a plain decode step.
 
 --baseline REF also times core/ as of a git revision (extracted to a temporary folder),
 alternating runs with the working tree's, and prints the ratios of the two.
