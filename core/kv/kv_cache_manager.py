@@ -83,7 +83,7 @@ class KVCacheManager:
         self._chains = self.pool.chains  # root key value -> PendingChain
         # A running request's own pending chain (read only outside this class).
         self.pending_requests: dict[str, PendingChain] = {}
-        self._contested: set[int] = set()  # root values taken over from another block
+        self._contested: set[int] = set()  # key values taken over from another block
 
     @property
     def usage(self) -> float:
@@ -334,7 +334,7 @@ class KVCacheManager:
         """
         blocks = self.req_to_blocks.pop(request.request_id, None)
         num_cached = self.num_cached_blocks.pop(request.request_id, 0)
-        chain = self.pending_requests.pop(request.request_id, None) if self.pending_requests else None
+        chain = self.pending_requests.pop(request.request_id, None)
         if not blocks:
             return
         if num_computed_tokens is not None:
@@ -357,3 +357,4 @@ class KVCacheManager:
     def reset_prefix_cache(self) -> None:
         """Drop every cached prefix; raises PrefixCacheBusyError while blocks are in use."""
         self.pool.reset_prefix_cache()
+        self._contested.clear()  # no key, so no stale children, is left
