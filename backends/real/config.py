@@ -43,6 +43,9 @@ class EngineArgs:
     # CPU bf16 only: weights prepacked once in oneDNN's layout (faster at every batch size; one more
     # copy of the bf16 weights).
     prepack_weights: bool = True
+    # CPU bf16 only: 'int8' keeps per-output-channel int8 copies of the weights (scales in bf16),
+    # used by steps of at most INT8_ROWS rows (batch-1 decode reads half the bytes); None: off.
+    quantization: str | None = None
     # CUDA: no CUDA graphs for decode steps (they are captured per batch-size bucket otherwise).
     enforce_eager: bool = False
     # CSV or JSONL (by suffix) of per-step shapes and times, for the cost-model fit.
@@ -90,6 +93,14 @@ class EngineArgs:
             _check_str(name, getattr(self, name))
         if self.step_log_path is not None:
             _check_str("step_log_path", self.step_log_path)
+        if self.quantization is not None:
+            if self.quantization not in _QUANTIZATIONS:
+                raise InvalidConfigError("quantization", self.quantization,
+                                         f"none or one of {list(_QUANTIZATIONS)}")
+            if _DTYPES.get(self.dtype) is not torch.bfloat16 or not self.device.startswith(("cpu", "auto")):
+                raise InvalidConfigError("quantization", self.quantization,
+                                         "with dtype 'bfloat16' on the CPU (int8 weight copies serve "
+                                         "bf16 activations)")
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> "EngineArgs":
@@ -142,6 +153,7 @@ class EngineArgs:
 
 
 _INT32_MAX = 2 ** 31 - 1
+_QUANTIZATIONS = ("int8",)
 
 
 def _check_str(name: str, value: object) -> None:

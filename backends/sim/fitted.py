@@ -263,16 +263,24 @@ def check_profile_parallelism(profile: FittedCostModel, tensor_parallel_size: in
 
 
 def check_profile_numerics(profile: FittedCostModel, device_type: str, dtype: str,
-                           allow_mismatch: bool = False, source: str = "profile") -> None:
-    """Refuse a profile calibrated on another kind of device or in another dtype than the engine's.
+                           allow_mismatch: bool = False, source: str = "profile",
+                           quantization: str | None = None) -> None:
+    """Refuse a profile calibrated on another kind of device, in another dtype or with other weight
+    quantization than the engine's.
 
     A CPU bf16 step runs other kernels than an fp32 one (oneDNN/AMX against MKL fp32) and costs
-    several times less, so a profile only predicts the numerics it was measured with.
+    several times less, and int8 weight copies change batch-1 steps again, so a profile only
+    predicts the numerics it was measured with.
     """
     prov = profile.meta.get("provenance") or {}
     made_dtype, made_device = prov.get("dtype"), prov.get("device")
     if allow_mismatch:
         return
+    made_quant = prov.get("quantization")
+    if made_quant != quantization:
+        flag = f" --quantization {quantization}" if quantization else ""
+        raise ProfileError(f"{source} was calibrated with quantization {made_quant or 'none'} but the engine "
+                           f"runs {quantization or 'none'}; calibrate with `twinserve calibrate{flag}`")
     if made_dtype is not None and _dtype_name(str(made_dtype)) != _dtype_name(dtype):
         raise ProfileError(f"{source} was calibrated in {made_dtype} but the engine runs {dtype}; calibrate "
                            f"with `twinserve calibrate --dtype {_dtype_name(dtype)}`")

@@ -356,6 +356,7 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             "engine_model": engine.model_name,
             "device": str(device),
             "dtype": str(engine.args.resolve_dtype(device)).replace("torch.", ""),
+            "quantization": engine.args.quantization,
             "tensor_parallel_size": tp,
             # In process or in a process of its own: the two pace steps differently (step_log.py).
             "engine_core_mode": engine.core_mode,

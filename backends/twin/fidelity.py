@@ -170,7 +170,8 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
                               source=f"profile {opts.profile}")
     device = engine.args.resolve_device()
     check_profile_numerics(profile, device.type, str(engine.args.resolve_dtype(device)),
-                           opts.allow_profile_mismatch, source=f"profile {opts.profile}")
+                           opts.allow_profile_mismatch, source=f"profile {opts.profile}",
+                           quantization=engine.args.quantization)
     check_profile_core_mode(profile, engine.core_mode, opts.allow_profile_mismatch,
                             source=f"profile {opts.profile}")
     make = workload_factory(opts, engine.max_model_len, engine.vocab_size)

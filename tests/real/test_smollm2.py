@@ -121,3 +121,25 @@ def test_bf16_option_follows_fp32_greedy_except_at_near_ties(reference) -> None:
         assert gap < BF16_GAP, f"bf16 left fp32's greedy path at token {k} where fp32's top-2 gap is {gap:.3f}"
     # Most of the run follows fp32 token for token.
     assert agree >= 0.4 * MAX_NEW * len(prompts), agree
+
+
+def test_int8_option_follows_fp32_greedy_except_at_near_ties(reference) -> None:
+    """bf16 with int8 weight copies (batch-1 decode reads them): the same near-tie rule as bf16."""
+    if not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
+        pytest.skip("this torch has no weight-only int8 kernel")
+    hf, prompts, refs = reference
+    llm = LLM("smollm2", max_model_len=1024, seed=0, dtype="bfloat16", quantization="int8")
+    assert llm.llm_engine.worker.model.layers[0].mlp.down_proj.weight_int8.dtype == torch.int8
+    agree = 0
+    for p, r in zip(prompts[:5], refs[:5]):  # one at a time: decode steps of one row use int8
+        got = llm.generate([{"prompt_token_ids": p}], SamplingParams(temperature=0, max_tokens=MAX_NEW,
+                           ignore_eos=True), use_tqdm=False)[0].outputs[0].token_ids
+        k = next((i for i in range(MAX_NEW) if r[i] != got[i]), MAX_NEW)
+        agree += k
+        if k == MAX_NEW:
+            continue
+        with torch.no_grad():
+            top2 = hf(torch.tensor([p + r[:k]])).logits[0, -1].topk(2).values
+        gap = float(top2[0] - top2[1])
+        assert gap < BF16_GAP, f"int8 left fp32's greedy path at token {k} where fp32's top-2 gap is {gap:.3f}"
+    assert agree >= 0.4 * MAX_NEW * 5, agree
