@@ -68,6 +68,12 @@ def _fast_decode_limit(kv: KVCacheManager, rid: str) -> int:
     return limit
 
 
+def _refresh_fast_decode_limit(kv: KVCacheManager, req: Request) -> int:
+    """Recompute and store req.fast_decode_limit (see _fast_decode_limit)."""
+    limit = req.fast_decode_limit = _fast_decode_limit(kv, req.request_id)
+    return limit
+
+
 def _chunk(num_new: int, threshold: int, budget: int) -> int:
     """A running request's tokens this step: what it has left, capped by the long-prefill
     threshold (when set) and by the step's remaining budget."""
@@ -222,7 +228,11 @@ class Scheduler:
             num_new = len(req.all_token_ids) - c
             rid = req.request_id
             if num_new == 1:
-                if c < req.fast_decode_limit:
+                # Past the bound rather than at it: something other than this scheduler
+                # (a fast-forward window) advanced the request and took its blocks, so
+                # the bound is stale; refreshing it usually spares allocate_slots.
+                if c < req.fast_decode_limit or (
+                        c > req.fast_decode_limit and c < _refresh_fast_decode_limit(kv, req)):
                     add_id(rid)
                     add_computed(c)
                     req.num_computed_tokens = c + 1

@@ -173,3 +173,37 @@ def test_stop_rule_on_one_and_several_tokens_a_step(tokens, per_step, eos, ignor
     if reason is not None:
         req = sched.requests.get("a")
         assert req is None and "a" in sched.finished_req_ids
+
+
+def test_a_fast_forward_window_leaves_plain_decodes_on_the_fast_path(monkeypatch):
+    """After a window (which takes blocks without the scheduler), a decode whose slot is in a
+    held block and fills none still skips allocate_slots, and the step is the same as one
+    whose KV manager is asked for every request."""
+    from twinserve.core.sched.fast_forward import apply_decode_steps, decode_window
+
+    def build() -> Scheduler:
+        sched = _sched(block_size=16, num_blocks=64, max_model_len=256)
+        for i in range(3):
+            sched.add_request(Request(f"r{i}", [1 + i] * (5 + i), SamplingParams(max_tokens=100)))
+        so = sched.schedule(0.0)
+        sched.update_from_output(so, _sample_all(sched, so), 0.5)
+        return sched
+
+    sched, plain = build(), build()
+    for s in (sched, plain):
+        k = decode_window(s, 20)
+        assert k == 20
+        apply_decode_steps(s, [1.0 + j for j in range(k)], lambda req, n: [9] * n)
+    # Computed tokens now 25..27 (a second block holds 32..), no block fills next step.
+    assert [r.num_computed_tokens for r in sched.running] == [25, 26, 27]
+    calls = []
+    real = sched.kv.allocate_slots
+    monkeypatch.setattr(sched.kv, "allocate_slots", lambda req, *a, **kw: (
+        calls.append(req.request_id), real(req, *a, **kw))[1])
+    so = sched.schedule(30.0)
+    assert calls == []
+    for req in plain.running:
+        req.fast_decode_limit = 0  # no bound: every request asks the KV manager
+    expected = plain.schedule(30.0)
+    assert (so.num_scheduled_tokens, so.scheduled_cached_reqs) == (
+        expected.num_scheduled_tokens, expected.scheduled_cached_reqs)
