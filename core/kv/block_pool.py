@@ -106,6 +106,8 @@ class BlockPool:
         out = []
         append = out.append
         cached = self.cached
+        chains = self.chains
+        evicted = 0
         head = queue._head
         block = head.next_free
         for _ in range(n):
@@ -113,12 +115,12 @@ class BlockPool:
             if key is not None:
                 del cached[key.value]
                 block.block_hash = None
-                self.num_evictions += 1
-                if self.chains:
-                    self.chains.pop(key.value, None)  # a chain's root: nothing reaches it now
+                evicted += 1
+                if chains:
+                    chains.pop(key.value, None)  # a chain's root: nothing reaches it now
             elif block.pending is not None:
                 block.pending = None  # registered in name only: its chain sees it is gone
-                self.num_evictions += 1
+                evicted += 1
             block.ref_cnt = 1
             block.prev_free = None
             nxt = block.next_free
@@ -128,6 +130,7 @@ class BlockPool:
         head.next_free = block
         block.prev_free = head
         queue.num_free -= n
+        self.num_evictions += evicted
         return out
 
     def get_cached_block(self, key: BlockHash) -> KVCacheBlock | None:
