@@ -97,6 +97,17 @@ def test_chat_answer_and_gguf_weights(reference) -> None:
 BF16_GAP = 0.5
 
 
+def _agree_except_near_ties(hf, prompt: list[int], ref: list[int], got: list[int], label: str) -> int:
+    """Tokens equal to fp32's before the first difference; that difference must sit on a near-tie."""
+    k = next((i for i in range(MAX_NEW) if ref[i] != got[i]), MAX_NEW)
+    if k < MAX_NEW:
+        with torch.no_grad():
+            top2 = hf(torch.tensor([prompt + ref[:k]])).logits[0, -1].topk(2).values
+        gap = float(top2[0] - top2[1])
+        assert gap < BF16_GAP, f"{label} left fp32's greedy path at token {k} where fp32's top-2 gap is {gap:.3f}"
+    return k
+
+
 def test_bf16_option_follows_fp32_greedy_except_at_near_ties(reference) -> None:
     hf, prompts, refs = reference
     llm = LLM("smollm2", max_model_len=1024, seed=0, dtype="bfloat16")
@@ -108,17 +119,8 @@ def test_bf16_option_follows_fp32_greedy_except_at_near_ties(reference) -> None:
     assert (getattr(model.layers[0].mlp.down_proj, "weight_packed", None) is not None) == packed_bf16_supported()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True), use_tqdm=False)
-    agree = 0
-    for p, r, o in zip(prompts, refs, outs):
-        got = o.outputs[0].token_ids
-        k = next((i for i in range(MAX_NEW) if r[i] != got[i]), MAX_NEW)
-        agree += k
-        if k == MAX_NEW:
-            continue
-        with torch.no_grad():
-            top2 = hf(torch.tensor([p + r[:k]])).logits[0, -1].topk(2).values
-        gap = float(top2[0] - top2[1])
-        assert gap < BF16_GAP, f"bf16 left fp32's greedy path at token {k} where fp32's top-2 gap is {gap:.3f}"
+    agree = sum(_agree_except_near_ties(hf, p, r, o.outputs[0].token_ids, "bf16")
+                for p, r, o in zip(prompts, refs, outs))
     # Most of the run follows fp32 token for token.
     assert agree >= 0.4 * MAX_NEW * len(prompts), agree
 
@@ -130,16 +132,9 @@ def test_int8_option_follows_fp32_greedy_except_at_near_ties(reference) -> None:
     hf, prompts, refs = reference
     llm = LLM("smollm2", max_model_len=1024, seed=0, dtype="bfloat16", quantization="int8")
     assert llm.llm_engine.worker.model.layers[0].mlp.down_proj.weight_int8.dtype == torch.int8
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
     agree = 0
     for p, r in zip(prompts[:5], refs[:5]):  # one at a time: decode steps of one row use int8
-        got = llm.generate([{"prompt_token_ids": p}], SamplingParams(temperature=0, max_tokens=MAX_NEW,
-                           ignore_eos=True), use_tqdm=False)[0].outputs[0].token_ids
-        k = next((i for i in range(MAX_NEW) if r[i] != got[i]), MAX_NEW)
-        agree += k
-        if k == MAX_NEW:
-            continue
-        with torch.no_grad():
-            top2 = hf(torch.tensor([p + r[:k]])).logits[0, -1].topk(2).values
-        gap = float(top2[0] - top2[1])
-        assert gap < BF16_GAP, f"int8 left fp32's greedy path at token {k} where fp32's top-2 gap is {gap:.3f}"
+        got = llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0].outputs[0].token_ids
+        agree += _agree_except_near_ties(hf, p, r, got, "int8")
     assert agree >= 0.4 * MAX_NEW * 5, agree
