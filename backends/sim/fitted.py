@@ -276,14 +276,14 @@ def check_profile_numerics(profile: FittedCostModel, device_type: str, dtype: st
     made_dtype, made_device = prov.get("dtype"), prov.get("device")
     if allow_mismatch:
         return
+    if made_dtype is not None and _dtype_name(str(made_dtype)) != _dtype_name(dtype):
+        raise ProfileError(f"{source} was calibrated in {made_dtype} but the engine runs {dtype}; calibrate "
+                           f"with `twinserve calibrate --dtype {_dtype_name(dtype)}`")
     made_quant = prov.get("quantization")
     if made_quant != quantization:
         flag = f" --quantization {quantization}" if quantization else ""
         raise ProfileError(f"{source} was calibrated with quantization {made_quant or 'none'} but the engine "
                            f"runs {quantization or 'none'}; calibrate with `twinserve calibrate{flag}`")
-    if made_dtype is not None and _dtype_name(str(made_dtype)) != _dtype_name(dtype):
-        raise ProfileError(f"{source} was calibrated in {made_dtype} but the engine runs {dtype}; calibrate "
-                           f"with `twinserve calibrate --dtype {_dtype_name(dtype)}`")
     if made_device is not None and (str(made_device) == "cpu") != (device_type == "cpu"):
         raise ProfileError(f"{source} was calibrated on {made_device!r} but the engine runs on {device_type}; "
                            "calibrate on this device")

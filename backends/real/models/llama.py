@@ -20,7 +20,8 @@ INT8_ROWS = 1
 
 
 def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """layer(x), through a prepacked weight, or the [in, out] copy for tiny batches, when one exists."""
+    """layer(x), through the int8 copy for one row, a prepacked weight, or the [in, out] copy for tiny
+    batches, when one exists."""
     # A plain attribute (add_packed_bf16_weights): read from __dict__, since a getattr miss on a
     # Module goes through Module.__getattr__ and an AttributeError, ~1 us per call, 121 per step.
     d = layer.__dict__
