@@ -18,7 +18,8 @@ class KVCacheBlock:
         self.ref_cnt = 0
         self.block_hash: BlockHash | None = None
         # The pending chain (kv_cache_manager.PendingChain) that registers this block in
-        # name only: it has no key yet, and gets one if the chain is ever looked up.
+        # name only, set when its request lets it go: the block has no key yet, gets one if
+        # the chain is ever looked up, and loses the mark when it is evicted.
         self.pending = None
         self.prev_free: KVCacheBlock | None = None
         self.next_free: KVCacheBlock | None = None
@@ -151,7 +152,6 @@ class BlockPool:
                 del self.cached[key.value]
                 self.chains.pop(key.value, None)
             block.block_hash = None
-        block.pending = None
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference on prefix-hit blocks, pulling free ones out of the queue."""

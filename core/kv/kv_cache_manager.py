@@ -13,7 +13,7 @@ _NO_BLOCKS: list[KVCacheBlock] = []
 # BlockHash(...) without the NamedTuple's Python-level __new__ (one per full block).
 _new_key = tuple.__new__
 # Hash functions whose 64-bit values do not collide in practice: pending registration
-# (see cache_blocks) assumes two different prefixes never share a value.
+# (see PendingChain) assumes two different prefixes never share a value.
 _STRONG_HASHES = ("xxhash", "sha256")
 
 

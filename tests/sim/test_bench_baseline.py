@@ -36,4 +36,4 @@ def test_baseline_child_imports_the_revision_not_the_working_tree(tmp_path) -> N
         assert all(path.startswith(pkg) == inside for path in out), out
     # A whole (small) benchmark run on the extracted revision, with its results digest.
     rate, digest = bench.run_child(pkg, ["--requests", "40", "--repeat", "1"])
-    assert rate > 0 and len(digest) == 16 and int(digest, 16) >= 0
+    assert rate > 0 and len(digest) == 16
