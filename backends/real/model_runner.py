@@ -55,9 +55,11 @@ class ModelRunner:
         self.stop_ids = stop_ids
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.last_shape = StepShape()
-        # Time the phases of each step (set by the engine when it keeps a step log); on CUDA
-        # this synchronizes at each phase end, so it is off unless asked for.
+        # Time the phases of each step (set by the engine when it keeps a step log). On CUDA the
+        # forward is timed by two events and the step waits once, at its end (a sampling step
+        # waits there anyway to read its tokens), so it is off unless asked for.
         self.timing = False
+        self._events: tuple[torch.cuda.Event, torch.cuda.Event, torch.cuda.Event] | None = None
         # (prepare_s, forward_s, sample_s) of the last step, when timing.
         self.last_timing: tuple[float, float, float] = (0.0, 0.0, 0.0)
         # Live requests that asked for prompt logprobs: the extra logits are computed only then.
@@ -124,7 +126,10 @@ class ModelRunner:
             return ModelRunnerOutput({})
         states, q_lens, starts = self._order(so)
         input_ids, positions, meta, logits_idx, sampling = self._prepare(states, q_lens, starts)
-        t1 = self._mark() if timing else 0.0
+        t1 = time.perf_counter() if timing else 0.0
+        events = self._phase_events() if timing else None
+        if events is not None:
+            events[0].record()
         graphs = self.graphs
         if (graphs is not None and meta.num_decodes == meta.num_tokens
                 and graphs.bucket_for(meta.num_tokens) is not None):
@@ -132,7 +137,9 @@ class ModelRunner:
         else:
             hidden = self.model(input_ids, positions, self.kv_caches, meta, self.backend)
         logits = self.model.compute_logits(hidden[logits_idx]) if sampling else None
-        t2 = self._mark() if timing else 0.0
+        if events is not None:
+            events[1].record()
+        t2 = time.perf_counter() if timing else 0.0
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, list[Logprob]] = {}
         failed: dict[str, str] = {}
@@ -162,8 +169,7 @@ class ModelRunner:
         for st, q in zip(states, q_lens):
             st.num_computed_tokens += q
         if timing:
-            t3 = self._mark()
-            self.last_timing = (t1 - t0, t2 - t1, t3 - t2)
+            self.last_timing = self._phase_times(t0, t1, t2, events)
         return ModelRunnerOutput(sampled, logprobs or None, failed=failed or None,
                                  prompt_logprobs=prompt_lps or None)
 
@@ -210,11 +216,32 @@ class ModelRunner:
             offset += q
         return out
 
-    def _mark(self) -> float:
-        """Now, after the device has finished what was queued (timing only)."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
+    def _phase_events(self) -> tuple[torch.cuda.Event, torch.cuda.Event, torch.cuda.Event] | None:
+        """Forward-start, forward-end and step-end events, reused every step (CUDA only)."""
+        if self.device.type != "cuda":
+            return None
+        if self._events is None:
+            self._events = tuple(torch.cuda.Event(enable_timing=True) for _ in range(3))
+        return self._events
+
+    def _phase_times(self, t0: float, t1: float, t2: float,
+                     events: tuple[torch.cuda.Event, torch.cuda.Event, torch.cuda.Event] | None
+                     ) -> tuple[float, float, float]:
+        """(prepare_s, forward_s, sample_s) of the step that began at t0 and prepared until t1.
+
+        On CPU every phase is host wall time. On CUDA launches return before the kernels run,
+        so the forward is the device time between its two events, the step waits once for its
+        last event, and sampling is the rest of the step's wall time after the inputs were
+        prepared: the three still add up to the step's wall time (execute_s).
+        """
+        t3 = time.perf_counter()
+        if events is None:
+            return t1 - t0, t2 - t1, t3 - t2
+        events[2].record()
+        events[2].synchronize()  # at once for a step that read its sampled tokens back
+        t3 = time.perf_counter()
+        forward = events[0].elapsed_time(events[1]) / 1e3
+        return t1 - t0, forward, max(t3 - t1 - forward, 0.0)
 
     def _order(self, so: SchedulerOutput) -> tuple[list[CachedRequestState], list[int], list[int]]:
         """Decodes first, sorted by context length (the torch backend buckets them), then prefills."""

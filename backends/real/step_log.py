@@ -6,8 +6,9 @@ pairs, decode context lengths) and the wall time of each phase of the step:
 
     schedule_s   Scheduler.schedule()
     prepare_s    model runner: flat inputs, attention metadata
-    forward_s    model forward and logits
-    sample_s     sampler, appending the sampled tokens
+    forward_s    model forward and logits (on CUDA: device time between two events around them)
+    sample_s     sampler, appending the sampled tokens (on CUDA: the rest of the step's wall
+                 time after prepare_s, so the three still add up to the runner's wall time)
     update_s     Scheduler.update_from_output()
     output_s     engine: incremental detokenization, stop strings, building outputs
     step_time_s  from the start of schedule() to the outputs being ready (the sum, plus glue)

@@ -28,6 +28,7 @@ the real run and scales the simulated times by the same measure.
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import platform
 import random
 import subprocess
@@ -302,6 +303,9 @@ def device_name(device: Any) -> str:
 
 
 def _git_commit() -> str | None:
+    # A copy of the tree whose .git is not the tree's own (a device machine's) names it here.
+    if os.environ.get("TWINSERVE_GIT_COMMIT"):
+        return os.environ["TWINSERVE_GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              cwd=Path(__file__).parent, timeout=5)

