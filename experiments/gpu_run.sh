@@ -11,14 +11,16 @@
 # a folder with its architecture and random weights is made from .gpu/smollm2-tok (its config
 # and tokenizer). Traces come from .gpu/traces or ../shared/traces; wheels of missing packages
 # from .whl. Each stage has its own time limit and the next runs whatever the last one did.
-# GPU_RUN_SMOKE=1 runs the same stages on CPU with tiny settings (checks this script, not speed).
+# GPU_RUN_SMOKE=1 runs the same stages on CPU with tiny settings (checks this script, not speed);
+# GPU_RUN_STAGES picks stages (default "check calibrate fidelity"), GPU_CHECK_SECTIONS gpu_check's.
 set -u
 smoke=${GPU_RUN_SMOKE:-0}
+stages=" ${GPU_RUN_STAGES:-check calibrate fidelity} "
 if [ "$smoke" = 1 ]; then
     device=cpu; check_flags="--cpu-smoke --e2e-tokens 8 --sections e2e"; cal_flags="--quick --repeats 1"
     fid_flags="--num-requests 6 --loads 0.8 --traces conv --max-prompt-tokens 64 --max-output-tokens 8"
 else
-    device=cuda; check_flags="--sections decode,e2e,correct,graph,prefill"; cal_flags=""
+    device=cuda; check_flags="--sections ${GPU_CHECK_SECTIONS:-decode,e2e,correct,graph,prefill}"; cal_flags=""
     fid_flags="--num-requests 120 --max-prompt-tokens 512 --max-output-tokens 96"
 fi
 out=$(mkdir -p "${1:-gpu-out}" && cd "${1:-gpu-out}" && pwd)
@@ -60,11 +62,15 @@ fi
 traces=$repo/.gpu/traces
 [ -d "$traces" ] || traces=$repo/../shared/traces
 
+case $stages in *" check "*)
 stage "gpu_check (model $model)"
-timeout 300 python3 experiments/gpu_check.py --model "$model" --budget-s 270 $check_flags 2>&1 | tee "$out/gpu_check.log" | grep -v "it/s]" | tail -45 >> "$log"
+timeout 250 python3 experiments/gpu_check.py --model "$model" --budget-s 230 $check_flags 2>&1 | tee "$out/gpu_check.log" | grep -v "it/s]" | tail -45 >> "$log"
 
+;; esac
+
+case $stages in *" calibrate "*)
 stage "calibrate"
-(cd /tmp && timeout 150 python3 -c "import sys; from twinserve.cli import main; sys.exit(main())" calibrate --model "$model" --device $device --dtype bfloat16 --max-num-seqs 64 \
+(cd /tmp && timeout 120 python3 -c "import sys; from twinserve.cli import main; sys.exit(main())" calibrate --model "$model" --device $device --dtype bfloat16 --max-num-seqs 64 \
     $cal_flags --out "$out/h200_profile.json" --no-progress) 2>&1 | grep -v "it/s]" | tee -a "$log"
 
 if [ -f "$out/h200_profile.steps.csv" ]; then  # the step log's phases (CUDA events) per step kind
@@ -74,11 +80,15 @@ print(d.groupby('kind')[['prepare_s', 'forward_s', 'sample_s', 'execute_s', 'ste
         "$out/h200_profile.steps.csv" 2>&1 | tee -a "$log"
 fi
 
+;; esac
+
+case $stages in *" fidelity "*)
 stage "fidelity"
 if [ -f "$out/h200_profile.json" ]; then
-    timeout 200 python3 experiments/fidelity_study.py --profile "$out/h200_profile.json" --model "$model" \
+    timeout 170 python3 experiments/fidelity_study.py --profile "$out/h200_profile.json" --model "$model" \
         --device $device --dtype bfloat16 --traces-dir "$traces" $fid_flags --max-num-seqs 64 --max-num-batched-tokens 2048 --out /tmp/ts-fidelity 2>&1 \
         | grep -v "it/s]" | tee -a "$log"
     tar czf "$out/fidelity.tgz" -C /tmp ts-fidelity 2>/dev/null
 fi
+;; esac
 stage "done"
