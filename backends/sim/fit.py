@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from .fitted import (COEFFICIENTS, FEATURE_COLUMNS, ZERO, FittedCostModel, ProfileError, Regime,
-                     design_row)
+                     design_row, regime_order)
 
 # Rows whose relative residual lies this many robust standard deviations off are refitted without.
 OUTLIER_SIGMAS = 5.0
@@ -66,9 +66,16 @@ def _fit_bucket(x: np.ndarray, total: np.ndarray, execute: np.ndarray | None,
 
 
 def fit_step_profile(rows: Iterable[Mapping[str, Any]], *, split: bool = True,
-                     regime_max_tokens: Sequence[int] = (), time_key: str = "step_time_s",
-                     execute_key: str = "execute_s", **meta: Any) -> FittedCostModel:
-    """Fit a profile to step-log rows (features, step_time_s and, to split, execute_s)."""
+                     regime_max_tokens: Sequence[int] = (), graph_max_decodes: int | None = None,
+                     time_key: str = "step_time_s", execute_key: str = "execute_s",
+                     **meta: Any) -> FittedCostModel:
+    """Fit a profile to step-log rows (features, step_time_s and, to split, execute_s).
+
+    graph_max_decodes: the engine replays pure-decode batches of up to this many sequences
+    from CUDA graphs; those steps get a regime of their own (decode_only), since every other
+    step runs eagerly and pays the launches a graph saves. The token-count breakpoints
+    (regime_max_tokens) then split the eager steps only.
+    """
     data = []
     for i, row in enumerate(rows):
         for col in FEATURE_COLUMNS + (time_key,):
@@ -98,8 +105,18 @@ def fit_step_profile(rows: Iterable[Mapping[str, Any]], *, split: bool = True,
     bucket = np.full(len(data), len(bounds))
     for j in reversed(range(len(bounds))):
         bucket[tokens <= bounds[j]] = j
-    coefs: list[tuple[np.ndarray, np.ndarray]] = []
     keep = np.ones(len(data), dtype=bool)
+    regimes: list[Regime] = []
+    if graph_max_decodes:
+        graph = (feats[:, 0] == 0) & (feats[:, 4] <= graph_max_decodes)
+        bucket[graph] = -1
+        if graph.any():
+            dev, ovh, kept = _fit_bucket(x[graph], total[graph], execute[graph] if execute is not None else None,
+                                         f"decode steps of <= {graph_max_decodes} sequences (CUDA graphs)")
+            keep[np.flatnonzero(graph)[~kept]] = False
+            regimes.append(Regime(int(graph_max_decodes), tuple(map(float, dev)), tuple(map(float, ovh)),
+                                  decode_only=True))
+    coefs: list[tuple[np.ndarray, np.ndarray]] = []
     for j in range(len(bounds) + 1):
         m = bucket == j
         name = f"steps of <= {bounds[j]} tokens" if j < len(bounds) else "steps"
@@ -112,11 +129,11 @@ def fit_step_profile(rows: Iterable[Mapping[str, Any]], *, split: bool = True,
         coefs.append((dev, ovh))
 
     dev_default, ovh_default = coefs[-1]
-    regimes = [Regime(bounds[j], tuple(map(float, coefs[j][0])), tuple(map(float, coefs[j][1])))
-               for j in range(len(bounds)) if (bucket == j).any()]
+    regimes += [Regime(bounds[j], tuple(map(float, coefs[j][0])), tuple(map(float, coefs[j][1])))
+                for j in range(len(bounds)) if (bucket == j).any()]
     model = FittedCostModel(*(float(c) for c in dev_default), meta=dict(meta),
                             overhead=tuple(map(float, ovh_default)) if split else ZERO,
-                            regimes=regimes)
+                            regimes=sorted(regimes, key=regime_order))
     model.meta["fit"] = diagnostics(model, feats, total, execute, keep)
     return model
 
@@ -133,7 +150,10 @@ def select_regimes(rows: list[Mapping[str, Any]], base: Sequence[int] = (),
     `min_steps` steps to fit. The design, not a trace, supplies the candidates.
     """
     rows = list(rows)
-    tokens = np.array([float(r["num_prefill_tokens"]) + float(r["num_decode_seqs"]) for r in rows])
+    graph_max = fit_kwargs.get("graph_max_decodes") or 0
+    # Steps a CUDA-graph regime prices are not split by token counts.
+    tokens = np.array([float(r["num_prefill_tokens"]) + float(r["num_decode_seqs"]) for r in rows
+                       if float(r["num_prefill_tokens"]) or float(r["num_decode_seqs"]) > graph_max])
     chosen = sorted(set(int(b) for b in base))
 
     def score(bounds: list[int]) -> float:

@@ -19,10 +19,11 @@ Profile format (``twinserve-step-profile/2``; ``/1`` files still load), one JSON
       "overhead_coefficients": {...},   # the engine's CPU work between forwards (schedule,
                                         # update, detokenize, outputs); same keys; optional
       "regimes": [                      # optional: steps of at most max_num_tokens tokens
-        {"max_num_tokens": 4,           # use these instead (e.g. a small-batch kernel path,
-         "coefficients": {...},         # CUDA-graph buckets); first match wins
-         "overhead_coefficients": {...}}
-      ],
+        {"max_num_tokens": 4,           # use these instead (e.g. a small-batch kernel path);
+         "coefficients": {...},         # first match wins
+         "overhead_coefficients": {...}},
+        {"max_num_tokens": 64, "decode_only": true, ...}   # only steps without prefill tokens:
+      ],                                # decode batches replayed from CUDA graphs, matched first
       "fit": {...}, "provenance": {...} # diagnostics and where the profile was made
     }
 
@@ -73,11 +74,23 @@ def _dot(c: Coefs, pt: float, ps: float, pc: float, pa: float, ds: float, dc: fl
 
 @dataclass(slots=True)
 class Regime:
-    """Coefficients for steps of at most max_num_tokens new tokens."""
+    """Coefficients for steps of at most max_num_tokens new tokens (decode_only: and no prefill tokens)."""
 
     max_num_tokens: int
     coefficients: Coefs
     overhead: Coefs = ZERO
+    # A CUDA-graph decode path: a pure-decode batch up to the largest captured bucket runs as one
+    # graph replay, any step with prefill tokens runs eagerly (vLLM's full-graph decode, too).
+    decode_only: bool = False
+
+    def matches(self, num_prefill_tokens: float, tokens: float) -> bool:
+        """Whether a step of these many prefill tokens and new tokens in all is priced here."""
+        return tokens <= self.max_num_tokens and not (self.decode_only and num_prefill_tokens)
+
+
+def regime_order(r: Regime) -> tuple[bool, int]:
+    """Decode-only regimes first (a graph path wins over token-count breakpoints), then by size."""
+    return (not r.decode_only, r.max_num_tokens)
 
 
 @dataclass(slots=True)
@@ -120,7 +133,7 @@ class FittedCostModel:
         if self.regimes:
             tokens = num_prefill_tokens + num_decode_seqs
             for r in self.regimes:
-                if tokens <= r.max_num_tokens:
+                if r.matches(num_prefill_tokens, tokens):
                     t = _dot(r.coefficients, *args) + self.overhead_scale * _dot(r.overhead, *args)
                     t *= self.time_scale
                     return t if t > 0.0 else 0.0
@@ -140,7 +153,7 @@ class FittedCostModel:
         """(device part, CPU overhead part) of a step's predicted time, overhead unscaled."""
         tokens = features[0] + features[4]
         for r in self.regimes:
-            if tokens <= r.max_num_tokens:
+            if r.matches(features[0], tokens):
                 return _dot(r.coefficients, *features), _dot(r.overhead, *features)
         return _dot(self.coefficients, *features), _dot(self.overhead, *features)
 
@@ -153,6 +166,7 @@ class FittedCostModel:
         out["overhead_coefficients"] = dict(zip(COEFFICIENTS, self.overhead))
         if self.regimes:
             out["regimes"] = [{"max_num_tokens": r.max_num_tokens,
+                               **({"decode_only": True} if r.decode_only else {}),
                                "coefficients": dict(zip(COEFFICIENTS, r.coefficients)),
                                "overhead_coefficients": dict(zip(COEFFICIENTS, r.overhead))}
                               for r in self.regimes]
@@ -183,11 +197,14 @@ class FittedCostModel:
             m = r.get("max_num_tokens")
             if isinstance(m, bool) or not isinstance(m, int) or m < 1:
                 raise ProfileError(f"{source}: field '{where}.max_num_tokens' must be an integer >= 1")
+            decode_only = r.get("decode_only", False)
+            if not isinstance(decode_only, bool):
+                raise ProfileError(f"{source}: field '{where}.decode_only' must be true or false")
             regimes.append(Regime(m, _coefs(r.get("coefficients"), f"{where}.coefficients", source,
                                             required=True),
                                   _coefs(r.get("overhead_coefficients"),
-                                         f"{where}.overhead_coefficients", source)))
-        regimes.sort(key=lambda r: r.max_num_tokens)
+                                         f"{where}.overhead_coefficients", source), decode_only))
+        regimes.sort(key=regime_order)
         meta = {k: v for k, v in data.items()
                 if k not in ("coefficients", "overhead_coefficients", "regimes")}
         return cls(*coefs, meta=meta, overhead=overhead, regimes=regimes)

@@ -316,14 +316,76 @@ def _git_commit() -> str | None:
 
 def regime_bounds(engine: Any) -> list[int]:
     """Token counts where the engine switches code path (the CPU fp32 small-batch weights)."""
-    import torch
+    device = engine.args.resolve_device()
+    return _code_path_bounds(device.type, str(engine.args.resolve_dtype(device)), engine.args.small_batch_weights)
 
+
+def _code_path_bounds(device_type: str, dtype: str, small_batch_weights: bool) -> list[int]:
     from ..real.models.llama import SMALL_BATCH_ROWS
 
-    device = engine.args.resolve_device()
-    if device.type == "cpu" and engine.args.small_batch_weights and engine.args.resolve_dtype(device) == torch.float32:
+    if device_type == "cpu" and small_batch_weights and dtype.replace("torch.", "") == "float32":
         return [SMALL_BATCH_ROWS]
     return []
+
+
+def graph_max_decodes(args: Any) -> int | None:
+    """The largest decode batch the engine replays from a CUDA graph, or None when it runs eagerly."""
+    from ..real.cuda_graphs import graph_buckets
+
+    device = args.resolve_device()
+    backend = args.attention_backend if args.attention_backend not in (None, "auto") else (
+        "triton" if device.type == "cuda" else "torch")
+    if device.type != "cuda" or args.enforce_eager or backend != "triton":  # torch attention: no graphs
+        return None
+    return graph_buckets(args.max_num_seqs)[-1]
+
+
+def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> FittedCostModel:
+    """A calibrated profile fitted again by this version's fit, from the step log it was made from.
+
+    The log is the `.steps.csv` that calibrate wrote beside the profile (or steps_path). The
+    provenance is kept; the drift correction is redone from its speed probes; the code-path
+    regimes come from the recorded engine settings (a CUDA engine that did not run eagerly
+    replayed decode batches of up to its largest bucket from graphs). So a change to the cost
+    model can be judged on a device's measurements after the device is gone.
+    """
+    from ..real.cuda_graphs import graph_buckets
+    from ..real.step_log import read_step_log
+
+    from twinserve.backends.sim.fitted import resolve_profile
+
+    old = FittedCostModel.load(profile_path)
+    prov = dict(old.meta.get("provenance") or {})
+    steps = Path(steps_path) if steps_path else resolve_profile(profile_path).with_suffix(".steps.csv")
+    rows = read_step_log(steps)
+    probes = prov.get("speed_probes") or []
+    t0 = prov.get("speed_probe_t0")
+    note: dict[str, Any] = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                            "git_commit": _git_commit(), "step_log": steps.name,
+                            "previous_fit": {k: (old.meta.get("fit") or {}).get(k) for k in ("r2", "mape")}}
+    if prov.get("drift_corrected") and len(probes) >= 2:
+        if t0 is None:  # profiles made before t0 was recorded: the first probe ran just before step 1
+            t0 = min(float(r["start_s"]) for r in rows)
+            note["speed_probe_t0_estimated"] = True
+        rows, _ = correct_drift(rows, [(t0 + float(rel), float(sec)) for rel, sec in probes])
+    eng = prov.get("engine") or {}
+    graph_max = eng.get("cuda_graph_max_batch")
+    if ("cuda_graph_max_batch" not in eng and str(prov.get("device", "")).startswith("cuda")
+            and not eng.get("enforce_eager") and eng.get("attention_backend", "auto") in ("auto", "triton")):
+        graph_max = graph_buckets(int(eng.get("max_num_seqs", 256)))[-1]
+        note["cuda_graph_max_batch_inferred"] = graph_max
+    batches = (prov.get("design") or {}).get("decode_batches") or []
+    base = _code_path_bounds(str(prov.get("device", "cpu")).split(":")[0], str(prov.get("dtype", "")),
+                             bool(eng.get("small_batch_weights", False)))
+    bounds = select_regimes(rows, base, [b for b in batches if 4 < b < max(batches)],
+                            graph_max_decodes=graph_max)
+    meta = {k: v for k, v in old.meta.items() if k not in ("fit", "provenance", "format")}
+    profile = fit_step_profile(rows, regime_max_tokens=bounds, graph_max_decodes=graph_max,
+                               **meta, provenance={**prov, "refit": note})
+    comm = [float((r.get("extra") or {}).get("comm_time_s", 0.0)) for r in rows]
+    total = sum(float(r["step_time_s"]) for r in rows)
+    profile.meta["fit"]["comm_share"] = sum(comm) / total if total > 0 else 0.0
+    return profile
 
 
 def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int | None = None,
@@ -350,10 +412,12 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     probe_secs = [sec for _, sec in cal.probes]
     # Breakpoints: the engine's own code-path switch, plus batch sizes where the measured
     # cost per row changes slope (candidates from the design's decode batches).
+    graph_max = graph_max_decodes(a)
     bounds = select_regimes(rows, regime_bounds(engine),
-                            [b for b in design.decode_batches if 4 < b < max(design.decode_batches)])
+                            [b for b in design.decode_batches if 4 < b < max(design.decode_batches)],
+                            graph_max_decodes=graph_max)
     profile = fit_step_profile(
-        rows, regime_max_tokens=bounds, model=name,
+        rows, regime_max_tokens=bounds, graph_max_decodes=graph_max, model=name,
         hardware=device_name(device), tensor_parallel_size=tp,
         provenance={
             "made_by": "twinserve calibrate",
@@ -374,13 +438,16 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             # which the step times were corrected to, every probe (seconds into the run), and
             # the spread of the probes (slowest / fastest - 1).
             "speed_probe_s": probe_ref if probe_secs else None,
-            "speed_probes": [[round(t - cal.probes[0][0], 1), round(sec, 4)] for t, sec in cal.probes],
+            "speed_probes": [[round(t - cal.probes[0][0], 6), round(sec, 9)] for t, sec in cal.probes],
+            # The first probe on the step log's clock (start_s), so a refit can redo the correction.
+            "speed_probe_t0": cal.probes[0][0] if cal.probes else None,
             "speed_probe_drift": max(probe_secs) / min(probe_secs) - 1 if probe_secs else None,
             "drift_corrected": len(probe_secs) >= 2,
             "engine": {"block_size": a.block_size, "max_num_seqs": sc.max_num_seqs,
                        "max_num_batched_tokens": sc.max_num_batched_tokens,
                        "small_batch_weights": a.small_batch_weights, "prepack_weights": a.prepack_weights,
-                       "attention_backend": a.attention_backend},
+                       "attention_backend": a.attention_backend, "enforce_eager": a.enforce_eager,
+                       "cuda_graph_max_batch": graph_max},
             "design": asdict(design),
         })
     # Tensor parallelism: the share of step time spent in collectives (rank 0's host time).

@@ -27,6 +27,9 @@ def _calibrate_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="a small design (tests, tiny models)")
     p.add_argument("--from-log", default=None,
                    help="fit a step log written by the engine (--step-log-path) instead of running")
+    p.add_argument("--refit", default=None, metavar="PROFILE",
+                   help="fit a calibrated profile again from the step log it was made from (its "
+                        ".steps.csv, or --from-log), keeping its provenance: no engine, no device")
     p.add_argument("--save-steps", default=None,
                    help="also write the calibration step log here (default: OUT with .steps.csv)")
     p.add_argument("--no-progress", action="store_true")
@@ -41,7 +44,11 @@ def _calibrate(ns: argparse.Namespace) -> int:
     from twinserve.backends.sim.fit import fit_step_profile
 
     out = Path(ns.out)
-    if ns.from_log:
+    if ns.refit:
+        from twinserve.backends.twin.calibrate import refit
+
+        profile = refit(ns.refit, ns.from_log)
+    elif ns.from_log:
         profile = fit_step_profile(read_step_log(ns.from_log), model=_model_name(ns.model),
                                    provenance={"made_by": "twinserve calibrate --from-log",
                                                "step_log": str(ns.from_log)})
@@ -95,6 +102,9 @@ def _fidelity_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-output-tokens", type=int, default=None, help="clip trace outputs")
     p.add_argument("--workload-seed", type=int, default=0)
     p.add_argument("--out", required=True, help="folder for fidelity.json, .md, .png, CSVs")
+    p.add_argument("--from-run", default=None, metavar="DIR",
+                   help="judge the profile against a real run recorded earlier (a folder this command "
+                        "wrote; --trace re-points its trace): the simulator only, no engine")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--allow-profile-mismatch", action="store_true",
                    help="use a profile calibrated for another model, tensor-parallel size or engine-core mode")
@@ -109,6 +119,12 @@ def _fidelity(ns: argparse.Namespace) -> int:
     from twinserve.backends.sim.fitted import FittedCostModel
     from twinserve.backends.twin.fidelity import FidelityOptions, exit_code, run_fidelity
 
+    if ns.from_run:
+        from twinserve.backends.twin.fidelity import rejudge
+
+        rejudge(ns.from_run, ns.profile, ns.out, trace=ns.trace, model=ns.model,
+                allow_profile_mismatch=ns.allow_profile_mismatch)
+        return 0
     opts = FidelityOptions(ns.profile, ns.trace, ns.config, ns.num_requests, ns.rate, ns.time_scale,
                            ns.max_prompt_tokens, ns.max_output_tokens, ns.workload_seed,
                            ns.allow_profile_mismatch, ns.normalize_speed)

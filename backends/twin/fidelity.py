@@ -22,7 +22,7 @@ from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import TwinserveError
 from twinserve.sim.config import load_config
 from twinserve.sim.errors import TraceError
-from twinserve.sim.world import Simulation
+from twinserve.sim.world import RequestRecord, Simulation
 from twinserve.sim.workload import Workload, WorkloadConfig
 
 from ..real.step_log import StepLog, read_step_log
@@ -218,7 +218,12 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     report["sim"] = {"num_steps": sim.num_steps, "preemptions": sim.num_preemptions,
                      "prefix_hit_tokens": sum(r.prefix_hit_tokens for r in sim.records)}
     report["workload"] = {k: v for k, v in dataclasses.asdict(opts).items() if k != "profile"}
-    report["engine"] = {"model": model, "engine_core_mode": engine.core_mode, "max_num_seqs": sched_cfg.max_num_seqs,
+    # Everything a later `fidelity --from-run` needs to simulate this workload again.
+    report["scheduler_config"] = dataclasses.asdict(sched_cfg)
+    report["engine"] = {"model": model, "engine_core_mode": engine.core_mode,
+                        "max_model_len": engine.max_model_len, "vocab_size": engine.vocab_size,
+                        "device": device.type, "dtype": str(engine.args.resolve_dtype(device)),
+                        "max_num_seqs": sched_cfg.max_num_seqs,
                         "max_num_batched_tokens": sched_cfg.max_num_batched_tokens,
                         "enable_prefix_caching": sched_cfg.enable_prefix_caching,
                         "num_blocks": sched_cfg.num_blocks, "block_size": sched_cfg.block_size,
@@ -256,8 +261,112 @@ def _write_requests(records: list[Any], path: Path) -> None:
     rows = [{"request_id": r.request_id, "arrival_s": r.arrival_time, "prompt_tokens": r.num_prompt_tokens,
              "output_tokens": r.num_output_tokens, "first_token_s": r.first_token_time,
              "finish_s": r.finish_time, "prefix_hit_tokens": r.prefix_hit_tokens,
-             "preemptions": r.num_preemptions, "finish_reason": r.finish_reason} for r in records]
+             "preemptions": r.num_preemptions, "finish_reason": r.finish_reason,
+             "token_times": json.dumps(r.token_times)} for r in records]
     pd.DataFrame(rows).to_csv(path, index=False)
+
+
+def _read_requests(path: Path) -> list[RequestRecord]:
+    """Records written by _write_requests (token times only where the file has them)."""
+    import pandas as pd
+
+    def num(v: Any) -> float | None:
+        return None if pd.isna(v) else float(v)
+
+    out = []
+    for r in pd.read_csv(path, keep_default_na=True).to_dict("records"):
+        times = r.get("token_times")
+        out.append(RequestRecord(str(r["request_id"]), float(r["arrival_s"]), int(r["prompt_tokens"]),
+                                 int(r["output_tokens"]), None, num(r["first_token_s"]), num(r["finish_s"]),
+                                 int(r["prefix_hit_tokens"]), int(r["preemptions"]),
+                                 json.loads(times) if isinstance(times, str) else [],
+                                 finish_reason=str(r.get("finish_reason") or "")))
+    return out
+
+
+def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: str | None = None,
+            model: str | None = None, allow_profile_mismatch: bool = False,
+            echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """A recorded real run (a fidelity output folder) judged again with another profile, no engine.
+
+    The simulator gets the run's workload (options from its fidelity.json; trace re-pointed
+    with `trace` when the run was recorded on another machine) and scheduler config, and its
+    prediction is compared with the recorded requests. Runs recorded before the scheduler
+    config was saved are rebuilt from the engine settings they saved and the model's config
+    (`model`, for its context length and vocabulary). Writes fidelity.json/.md/.png to out_dir.
+    """
+    from twinserve.backends.real.config import EngineArgs
+    from twinserve.backends.real.core_client import scheduler_config_for
+    from twinserve.core.sched.config import SchedulerConfig
+
+    run = Path(run_dir)
+    try:
+        old = json.loads((run / "fidelity.json").read_text())
+    except FileNotFoundError:
+        raise FidelityError(f"{run}: no fidelity.json (give a folder `twinserve fidelity --out` wrote)") from None
+    profile = FittedCostModel.load(profile_path)
+    eng = old.get("engine") or {}
+    check_profile_model(profile, eng.get("model", ""), allow_profile_mismatch, source=f"profile {profile_path}")
+    if eng.get("device") and eng.get("dtype"):
+        check_profile_numerics(profile, eng["device"], eng["dtype"], allow_profile_mismatch,
+                               source=f"profile {profile_path}")
+    check_profile_core_mode(profile, eng.get("engine_core_mode", "inproc"), allow_profile_mismatch,
+                            source=f"profile {profile_path}")
+    names = {f.name for f in dataclasses.fields(FidelityOptions)} - {"profile"}
+    wl = {k: v for k, v in (old.get("workload") or {}).items() if k in names}
+    if trace is not None:
+        wl["trace"] = trace
+    opts = FidelityOptions(str(profile_path), **wl)
+    if old.get("scheduler_config"):
+        sched_cfg = SchedulerConfig(**old["scheduler_config"])
+        max_len, vocab = int(eng["max_model_len"]), int(eng["vocab_size"])
+    else:
+        if model is None:
+            raise FidelityError(f"{run} was recorded without its scheduler config: give --model (the model "
+                                "it ran) so its context length and vocabulary can be read")
+        from twinserve.backends.real.engine import _peek_config
+        from twinserve.backends.real.models.registry import resolve_model
+
+        cfg = _peek_config(resolve_model(model))
+        max_len, vocab = int(cfg.max_position_embeddings), int(cfg.vocab_size)
+        args = EngineArgs(model=model, max_num_seqs=eng["max_num_seqs"],
+                          max_num_batched_tokens=eng["max_num_batched_tokens"], block_size=eng["block_size"],
+                          enable_prefix_caching=eng["enable_prefix_caching"], policy=eng["policy"])
+        sched_cfg = scheduler_config_for(args, max_len, int(eng["num_blocks"]))
+    make = workload_factory(opts, max_len, vocab)
+    real = _read_requests(run / "requests_real.csv")
+    speed = old.get("speed") or {}
+    ratio = speed.get("machine_speed_ratio") if opts.normalize_speed and speed.get("normalized") else None
+    raw_profile = dataclasses.replace(profile, time_scale=1.0)
+    sim_raw = simulate(raw_profile, make, sched_cfg)
+    sim = simulate(dataclasses.replace(profile, time_scale=ratio), make, sched_cfg) if ratio else sim_raw
+    report: dict[str, Any] = compare(real, sim.records)
+    raw = compare(real, sim_raw.records)
+    report["metrics_raw"], report["throughput_raw"] = raw["metrics"], raw["throughput"]
+    rows = read_step_log(run / "steps_real.csv") if (run / "steps_real.csv").exists() else []
+    report["steps"] = step_errors(dataclasses.replace(profile, time_scale=ratio or 1.0), rows) if rows else {}
+    report.update(num_requests=len(real), profile=str(profile_path), rejudged_from=str(run),
+                  speed={**speed, "from_recorded_run": True}, workload=wl, engine=eng,
+                  scheduler_config=dataclasses.asdict(sched_cfg),
+                  sim={"num_steps": sim.num_steps, "preemptions": sim.num_preemptions,
+                       "prefix_hit_tokens": sum(r.prefix_hit_tokens for r in sim.records)},
+                  real=old.get("real"), replay=old.get("replay"))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fidelity.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
+    md = (f"recorded run {run} (real side as measured then) judged with profile {profile_path}"
+          + (f"; simulated step times scaled by the run's measured machine speed {ratio:.3f}" if ratio else "")
+          + "\n\n" + table(report))
+    st = report["steps"]
+    if st.get("num_steps"):
+        md += (f"\n\nstep times: {st['num_steps']} steps, predicted vs measured median "
+               f"{st['median_err']:+.1%}, mean abs {st['mape']:.1%}")
+    (out / "fidelity.md").write_text(md + "\n")
+    _write_requests(sim.records, out / "requests_sim.csv")
+    figure(real, sim.records, out / "fidelity.png",
+           title=f"twinserve fidelity (recorded run): {eng.get('model', '')}, profile {Path(str(profile_path)).name}")
+    echo(md)
+    return report
 
 
 def _json_default(o: Any) -> Any:
@@ -274,4 +383,4 @@ def exit_code(report: dict[str, Any]) -> int:
 
 
 __all__ = ["CappedWorkload", "FidelityError", "FidelityOptions", "run_fidelity", "exit_code",
-           "workload_factory"]
+           "rejudge", "workload_factory"]

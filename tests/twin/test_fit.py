@@ -270,3 +270,76 @@ def test_a_profile_predicts_only_the_numerics_it_was_measured_with() -> None:
     check_profile_numerics(gpu, "cuda", "bf16")
     with pytest.raises(ProfileError, match="engine runs on cpu"):
         check_profile_numerics(gpu, "cpu", "bfloat16")
+
+
+def _graph_rows() -> list[dict[str, float]]:
+    """Steps of an engine that replays decode batches of <= 16 from CUDA graphs and runs the rest eagerly."""
+    graph = FittedCostModel(2.5e-3, 0.0, 0.0, 0.0, 0.0, 2e-5, 1e-9)     # one replay: flat, GPU-bound
+    eager = FittedCostModel(2e-2, 1e-6, 0.0, 2e-11, 0.0, 1e-4, 1e-9)     # launch-bound: a big floor
+    rows = []
+    for r in _rows(seed=4):
+        f = [r[c] for c in FEATURE_COLUMNS]
+        on_graph = f[0] == 0 and f[4] <= 16
+        dev = (graph if on_graph else eager).step_time(*f)
+        rows.append(dict(zip(FEATURE_COLUMNS, f), execute_s=dev, step_time_s=dev + 3e-4))
+    for b in (1, 2, 4, 8, 12, 16):  # the design's decode batches
+        for c in (48, 256):
+            dev = graph.step_time(0, 0, 0, 0.0, b, b * c)
+            rows.append(dict(zip(FEATURE_COLUMNS, (0, 0, 0, 0.0, b, b * c)), execute_s=dev,
+                             step_time_s=dev + 3e-4))
+    return rows
+
+
+def test_cuda_graph_regime_prices_replayed_decodes_apart_from_eager_steps() -> None:
+    rows = _graph_rows()
+    with_graphs = fit_step_profile(rows, graph_max_decodes=16)
+    plain = fit_step_profile(rows)
+    assert [(r.max_num_tokens, r.decode_only) for r in with_graphs.regimes] == [(16, True)]
+    assert with_graphs.meta["fit"]["mape"] < 1e-3 < 0.1 < plain.meta["fit"]["mape"]
+    # An 8-token prefill is not a graph replay although it has fewer tokens than the bucket;
+    # a decode batch over the largest bucket runs eagerly too.
+    prefill8, decode8, decode40 = (8, 1, 0, 32.0, 0, 0), (0, 0, 0, 0.0, 8, 2000), (0, 0, 0, 0.0, 40, 9000)
+    assert with_graphs.step_time(*prefill8) > 0.02 > 0.004 > with_graphs.step_time(*decode8)
+    assert with_graphs.step_time(*decode40) > 0.02
+    again = FittedCostModel.from_dict(json.loads(json.dumps(with_graphs.to_dict())))
+    assert again.regimes[0].decode_only
+    for f in (prefill8, decode8, decode40):
+        assert again.step_time(*f) == pytest.approx(with_graphs.step_time(*f))
+    bad = with_graphs.to_dict()
+    bad["regimes"][0]["decode_only"] = "yes"
+    with pytest.raises(ProfileError, match=r"regimes\[0\]\.decode_only"):
+        FittedCostModel.from_dict(bad)
+
+
+def test_graph_regime_follows_the_engine_settings() -> None:
+    import types
+
+    import torch
+
+    from twinserve.backends.twin.calibrate import graph_max_decodes
+
+    def args(**kw):
+        base = dict(device="cuda", enforce_eager=False, attention_backend="auto", max_num_seqs=64)
+        base.update(kw)
+        ns = types.SimpleNamespace(**base)
+        ns.resolve_device = lambda: torch.device(ns.device)
+        return ns
+
+    assert graph_max_decodes(args()) == 64
+    assert graph_max_decodes(args(max_num_seqs=1000)) == 512  # the largest captured bucket
+    assert graph_max_decodes(args(enforce_eager=True)) is None
+    assert graph_max_decodes(args(attention_backend="torch")) is None
+    assert graph_max_decodes(args(device="cpu")) is None
+
+
+def test_shipped_h200_profile_is_what_the_fit_makes_of_its_own_step_log() -> None:
+    from twinserve.backends.twin.calibrate import refit
+
+    shipped = FittedCostModel.load("builtin:smollm2-135m-h200-bf16")
+    again = refit("builtin:smollm2-135m-h200-bf16")
+    assert again.coefficients == pytest.approx(shipped.coefficients, rel=1e-9, abs=1e-15)
+    assert [(r.max_num_tokens, r.decode_only) for r in again.regimes] == \
+        [(r.max_num_tokens, r.decode_only) for r in shipped.regimes]
+    assert shipped.regimes[0].decode_only and shipped.regimes[0].max_num_tokens == 64
+    # Replayed decodes cost a few ms on the H200; every eager step pays ~20 ms of launches.
+    assert shipped.step_time(0, 0, 0, 0.0, 8, 8 * 300) < 0.006 < 0.015 < shipped.step_time(64, 1, 0, 2048.0, 0, 0)

@@ -103,6 +103,20 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path) -> 
     real = pd.read_csv(out / "requests_real.csv").sort_values("arrival_s")
     assert real["arrival_s"].tolist() == pytest.approx([a for a, _, _ in TRACE_ROWS])
     assert real["output_tokens"].tolist() == [d for _, _, d in TRACE_ROWS]
+    # The recorded run judged again, without the engine, with the same profile: the same report.
+    again = tmp_path / "again"
+    assert main(["fidelity", "--from-run", str(out), "--profile", str(prof), "--out", str(again)]) == 0
+    rep2 = json.loads((again / "fidelity.json").read_text())
+    assert rep2["metrics"] == rep["metrics"] and rep2["throughput"] == rep["throughput"]
+    assert rep2["metrics_raw"] == rep["metrics_raw"] and rep2["steps"] == rep["steps"]
+    # A profile refitted from its own step log by the same fit is the same profile.
+    refit = tmp_path / "refit.json"
+    assert main(["calibrate", "--refit", str(prof), "--out", str(refit)]) == 0
+    r = json.loads(refit.read_text())
+    assert r["coefficients"] == pytest.approx(data["coefficients"], rel=1e-6, abs=1e-15)
+    assert r["overhead_coefficients"] == pytest.approx(data["overhead_coefficients"], rel=1e-6, abs=1e-15)
+    assert r["provenance"]["refit"]["step_log"] == "tiny.steps.csv"
+    assert {k: v for k, v in r["provenance"].items() if k != "refit"} == data["provenance"]
 
 
 def test_fidelity_refuses_bad_inputs_before_running(tiny_model: Path, tmp_path: Path,
