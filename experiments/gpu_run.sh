@@ -76,7 +76,8 @@ stage "calibrate"
 if [ -f "$out/h200_profile.steps.csv" ]; then  # the step log's phases (CUDA events) per step kind
     python3 -c "import pandas as pd, sys; d = pd.read_csv(sys.argv[1]); \
 d['kind'] = ['mixed' if p and c else 'prefill' if p else 'decode' for p, c in zip(d.num_prefill_seqs, d.num_decode_seqs)]; \
-print(d.groupby('kind')[['prepare_s', 'forward_s', 'sample_s', 'execute_s', 'step_time_s']].mean().mul(1e3).round(3).to_string())" \
+import json; d['launch_s'] = [json.loads(e).get('forward_launch_s', float('nan')) if isinstance(e, str) else float('nan') for e in d.extra]; \
+print(d.groupby('kind')[['prepare_s', 'launch_s', 'forward_s', 'sample_s', 'execute_s', 'step_time_s']].median().mul(1e3).round(3).to_string())" \
         "$out/h200_profile.steps.csv" 2>&1 | tee -a "$log"
 fi
 

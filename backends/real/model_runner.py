@@ -33,6 +33,9 @@ class StepShape:
     # Structured output: seconds spent filling/applying grammar bitmasks and advancing matchers.
     grammar_mask_time: float = 0.0
     num_constrained: int = 0
+    # CUDA with a step log: host seconds to launch the forward (close to forward_s when the
+    # step is launch-bound, far below it when the GPU is the bottleneck).
+    forward_launch_time: float = 0.0
 
 
 class ModelRunner:
@@ -237,6 +240,7 @@ class ModelRunner:
         t3 = time.perf_counter()
         if events is None:
             return t1 - t0, t2 - t1, t3 - t2
+        self.last_shape.forward_launch_time = t2 - t1
         events[2].record()
         events[2].synchronize()  # at once for a step that read its sampled tokens back
         t3 = time.perf_counter()

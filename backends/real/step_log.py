@@ -245,6 +245,10 @@ def extra_costs(shape: Any, comm_time_s: float = 0.0) -> dict[str, float]:
     if comm_time_s:
         # Tensor parallelism: rank 0's seconds in collectives, inside forward_s (see README).
         extra["comm_time_s"] = comm_time_s
+    if getattr(shape, "forward_launch_time", 0.0):
+        # CUDA: host time to launch the forward; forward_s is its device time (launch-bound
+        # steps have the two close).
+        extra["forward_launch_s"] = shape.forward_launch_time
     return extra
 
 
