@@ -142,3 +142,52 @@ def test_multi_turn_next_turn_extends_previous_context() -> None:
         assert r.arrival_time >= prev.finish_time
         # The whole previous context is cached, so the follow-up hits most of it.
         assert r.prefix_hit_tokens >= (ctx // 16 - 1) * 16
+
+
+def _token_items(n: int, **kw) -> tuple[WorkloadConfig, list]:
+    cfg = WorkloadConfig(num_requests=n, prompt_dist="uniform", prompt_min=1, prompt_max=3000,
+                         vocab_size=1000, **kw)
+    return cfg, list(Workload(cfg, seed=5, max_model_len=4096).items())
+
+
+def test_fresh_prompt_tokens_are_keyed_by_request_not_by_call_order() -> None:
+    # 600 requests span three draw chunks, and asking in reverse order makes each chunk be
+    # drawn again after it has left the workload's small cache of chunks.
+    cfg, items = _token_items(600)
+    forward = Workload(cfg, seed=5, max_model_len=4096)
+    backward = Workload(cfg, seed=5, max_model_len=4096)
+    a = {it.request_id: forward.prompt_tokens(it) for it in items}
+    b = {it.request_id: backward.prompt_tokens(it) for it in reversed(items)}
+    b.update((it.request_id, backward.prompt_tokens(it)) for it in items[::7])  # asked again
+    assert a == b
+    other_seed = Workload(cfg, seed=6, max_model_len=4096)
+    assert other_seed.prompt_tokens(items[0]) != a[items[0].request_id]
+    for it in items:
+        toks = a[it.request_id]
+        assert len(toks) == it.num_prompt_tokens
+        assert all(type(t) is int and 2 <= t < cfg.vocab_size for t in toks)
+
+
+def test_fresh_prompt_tokens_share_no_leading_run_across_requests() -> None:
+    # Each request's first 64 fresh ids are its own uniform draws: with a vocabulary of
+    # 1,000, no two of 600 requests share their first three ids (a shared run of ids, the
+    # bug this guards against, would make every prompt a prefix of the longer ones).
+    cfg, items = _token_items(600)
+    wl = Workload(cfg, seed=5, max_model_len=4096)
+    heads = [tuple(wl.prompt_tokens(it)[:3]) for it in items if it.num_prompt_tokens >= 3]
+    assert len(set(heads)) == len(heads)
+    # Within a request the ids vary too (an id repeated over a whole prompt would not do
+    # for a real engine fed the same workload).
+    long = next(it for it in items if it.num_prompt_tokens > 1000)
+    toks = wl.prompt_tokens(long)
+    assert len(set(toks[:64])) > 50 and len(set(toks[64:])) > 500
+
+
+def test_fresh_prompt_tokens_do_not_depend_on_the_lengths_asked_before() -> None:
+    cfg, items = _token_items(50)
+    short_first = Workload(cfg, seed=5, max_model_len=100)  # shared run drawn short, then grown
+    long_first = Workload(cfg, seed=5, max_model_len=4096)
+    order = sorted(items, key=lambda it: it.num_prompt_tokens)
+    a = {it.request_id: short_first.prompt_tokens(it) for it in order}
+    b = {it.request_id: long_first.prompt_tokens(it) for it in reversed(order)}
+    assert a == b
