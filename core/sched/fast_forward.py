@@ -86,12 +86,15 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
     held = kv.req_to_blocks
     cached = kv.num_cached_blocks
     running = scheduler.running
+    n_run = len(running)
     # The executor drops finished requests on the next step's output; nothing else reads it.
     scheduler.finished_req_ids = set()
-    events: list[tuple[int, int]] = []
+    # Block allocations as k * n_run + i: request i takes a block on step k. Ints sort in
+    # (step, request) order, the order schedule() would allocate in.
+    allocs: list[int] = []
     new_at = [0] * k_steps if not caching else []  # blocks taken at each step (no cache)
     lazy = kv.pending_requests  # requests whose blocks past the root register lazily
-    lazy_events: list[tuple[int, int]] = []  # their registration events
+    grows: list[int] = []  # requests whose pending chain grows in the window
     registers = False  # any registration event (a request registering for real)
     max_model_len = scheduler.config.max_model_len
     done: list[Request] = []  # reach a length limit on the window's last step
@@ -106,11 +109,12 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
         if len(out_ids) >= req.max_tokens or len(all_ids) >= max_model_len:
             done.append(req)
         # Step k schedules token c + k, so afterwards c + k + 1 tokens need slots.
-        k = len(held[req.request_id]) * bs - c
+        rid = req.request_id
+        k = len(held[rid]) * bs - c
         if not caching:
             # Without a prefix cache no result depends on which block ids a request
-            # gets, so the window's blocks are taken in one call; usage per step is
-            # still counted at the step each block would have been taken.
+            # gets, so the window's blocks are taken in one call per request; usage per
+            # step is still counted at the step each block would have been taken.
             if k < k_steps:
                 if kv.allocate_slots(req, k_steps) is None:
                     raise AssertionError("fast-forward allocation failed: check decode_window")
@@ -119,27 +123,19 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
                     k += bs
             req.num_computed_tokens = c + k_steps
             continue
-        # The events below allocate and register from the count before the window,
-        # c = num_computed_tokens - k_steps; nothing else reads it meanwhile.
+        # The allocations and registrations below start from the count before the
+        # window, num_computed_tokens - k_steps; nothing else reads it meanwhile.
         req.num_computed_tokens = c + k_steps
         while k < k_steps:
-            events.append((k, i))
+            allocs.append(k * n_run + i)
             k += bs
-        num_events = len(events)
-        k = (cached.get(req.request_id, 0) + 1) * bs - c - 1
-        if k < 0:
-            events.append((0, i))
-            k = ((c + 1) // bs + 1) * bs - c - 1
-        while k < k_steps:
-            events.append((k, i))
-            k += bs
-        if req.request_id in lazy:
-            # Its registrations only extend its pending chain, unless another request's
-            # registration in this window takes the chain over: kept aside for that case.
-            lazy_events.extend(events[num_events:])
-            del events[num_events:]
-        else:
-            registers = registers or len(events) > num_events
+        # A step registers the blocks it fills (allocate_slots -> cache_blocks): some
+        # step of the window does iff the window ends past a registered block count.
+        if (c + k_steps) // bs > cached.get(rid, 0):
+            if rid in lazy:
+                grows.append(i)  # it only extends its pending chain (see PendingChain)
+            else:
+                registers = True
     usage: list[float] = []
     num_blocks = kv.num_blocks
     free_queue = kv.pool.free_queue
@@ -149,61 +145,86 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
             free -= n_new
             usage.append(1.0 - free / num_blocks)  # the same float as KVCacheManager.usage
     elif not registers:
-        # Every event takes one block and nothing in the window touches the prefix-cache
-        # map (a pending chain only grows: see PendingChain), so the window's blocks are
-        # taken in one call, in event order: the same blocks, evictions and usage.
-        for k, i in lazy_events:
-            # cache_blocks for a request registering lazily, inlined: extend its chain.
+        # Every allocation takes one block and nothing in the window touches the
+        # prefix-cache map (a pending chain only grows, unless another request's
+        # registration takes it over, and none registers), so the window's blocks are
+        # taken in one call, in allocation order: the same blocks, evictions and usage.
+        for i in grows:
+            # cache_blocks for a request registering lazily, inlined: its chain's end.
             req = running[i]
-            cached[req.request_id] = lazy[req.request_id].hi = (
-                req.num_computed_tokens - k_steps + k + 1) // bs
-        events.sort()
-        if len(events) > free_queue.num_free:
-            raise AssertionError("fast-forward allocation failed: decode_window was not checked")
-        free = free_queue.num_free
-        taken = kv.pool.get_new_blocks(len(events)) if events else events
-        last = -1
-        for j, (k, i) in enumerate(events):
-            if k != last:
-                u = 1.0 - free / num_blocks
-                usage.extend([u] * (k - len(usage)))
-                last = k
-            held[running[i].request_id].append(taken[j])
-            free -= 1
-    else:
-        events += lazy_events
-        events.sort()
-        # What allocate_slots(req, 1) does at each event, without its checks for the
-        # common no-op step: take a block when the next token starts one, then register
-        # the blocks this step fills.
-        get_new_blocks = kv.pool.get_new_blocks
-        cache_blocks = kv.cache_blocks
-        last = prev_i = -1
-        for k, i in events:
-            if k == last and i == prev_i:
-                continue  # a block boundary and a full block can fall on one call
-            if k != last:
-                u = 1.0 - free_queue.num_free / num_blocks
-                usage.extend([u] * (k - len(usage)))
-            req = running[i]
-            total = req.num_computed_tokens - k_steps + k + 1
             rid = req.request_id
-            blocks = held[rid]
-            need = -(-total // bs) - len(blocks)
-            if need > 0:
-                if need > free_queue.num_free:
-                    raise AssertionError(
-                        "fast-forward allocation failed: decode_window was not checked")
-                blocks.extend(get_new_blocks(need))
-            if total // bs > cached[rid]:
-                cache_blocks(req, total)
-            last, prev_i = k, i
+            cached[rid] = lazy[rid].hi = req.num_computed_tokens // bs
+        if allocs:
+            allocs.sort()
+            free = free_queue.num_free
+            if len(allocs) > free:
+                raise AssertionError(
+                    "fast-forward allocation failed: decode_window was not checked")
+            last = -1
+            for j, (e, block) in enumerate(zip(allocs, kv.pool.get_new_blocks(len(allocs)))):
+                k, i = divmod(e, n_run)
+                if k != last:
+                    usage.extend([1.0 - (free - j) / num_blocks] * (k - len(usage)))
+                    last = k
+                held[running[i].request_id].append(block)
+    else:
+        _step_through_events(kv, running, k_steps, usage)
     u = 1.0 - free_queue.num_free / num_blocks
     usage.extend([u] * (k_steps - len(usage)))
     finished = _finish_by_length(scheduler, done, end_times[-1])
     if finished:
         usage[-1] = 1.0 - free_queue.num_free / num_blocks
     return usage, finished
+
+
+def _step_through_events(kv, running: list[Request], k_steps: int, usage: list[float]) -> None:
+    """The window's allocations and registrations one by one, in the order and with the
+    calls schedule() would make (a window where some request registers for real)."""
+    bs = kv.block_size
+    held = kv.req_to_blocks
+    cached = kv.num_cached_blocks
+    events: list[tuple[int, int]] = []
+    for i, req in enumerate(running):
+        c = req.num_computed_tokens - k_steps  # the count before the window
+        k = len(held[req.request_id]) * bs - c
+        while k < k_steps:
+            events.append((k, i))
+            k += bs
+        k = (cached.get(req.request_id, 0) + 1) * bs - c - 1
+        if k < 0:
+            events.append((0, i))
+            k = ((c + 1) // bs + 1) * bs - c - 1
+        while k < k_steps:
+            events.append((k, i))
+            k += bs
+    events.sort()
+    # What allocate_slots(req, 1) does at each event, without its checks for the
+    # common no-op step: take a block when the next token starts one, then register
+    # the blocks this step fills.
+    free_queue = kv.pool.free_queue
+    num_blocks = kv.num_blocks
+    get_new_blocks = kv.pool.get_new_blocks
+    cache_blocks = kv.cache_blocks
+    last = prev_i = -1
+    for k, i in events:
+        if k == last and i == prev_i:
+            continue  # a block boundary and a full block can fall on one call
+        if k != last:
+            u = 1.0 - free_queue.num_free / num_blocks
+            usage.extend([u] * (k - len(usage)))
+        req = running[i]
+        total = req.num_computed_tokens - k_steps + k + 1
+        rid = req.request_id
+        blocks = held[rid]
+        need = -(-total // bs) - len(blocks)
+        if need > 0:
+            if need > free_queue.num_free:
+                raise AssertionError(
+                    "fast-forward allocation failed: decode_window was not checked")
+            blocks.extend(get_new_blocks(need))
+        if total // bs > cached[rid]:
+            cache_blocks(req, total)
+        last, prev_i = k, i
 
 
 def _finish_by_length(scheduler: Scheduler, done: list[Request], now: float) -> list[str]:
