@@ -41,7 +41,7 @@ import numpy as np
 
 from twinserve.backends.sim.catalog import MODELS
 from twinserve.backends.sim.fit import fit_step_profile, select_regimes
-from twinserve.backends.sim.fitted import FittedCostModel
+from twinserve.backends.sim.fitted import FittedCostModel, resolve_profile
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.sampling_params import SamplingParams
 
@@ -351,8 +351,6 @@ def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> Fit
     """
     from ..real.cuda_graphs import graph_buckets
     from ..real.step_log import read_step_log
-
-    from twinserve.backends.sim.fitted import resolve_profile
 
     old = FittedCostModel.load(profile_path)
     prov = dict(old.meta.get("provenance") or {})

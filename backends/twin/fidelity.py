@@ -242,10 +242,7 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
            f"max token-time difference {rp['max_token_time_diff_s']:.2e} s)")
     if rp["first_mismatch"]:
         md += f"\nfirst mismatch: {rp['first_mismatch']}"
-    st = report["steps"]
-    if st.get("num_steps"):
-        md += (f"\nstep times: {st['num_steps']} steps, predicted vs measured median "
-               f"{st['median_err']:+.1%}, mean abs {st['mape']:.1%}")
+    md += _step_line(report["steps"], "\n")
     (out / "fidelity.md").write_text(md + "\n")
     _write_requests(real.records, out / "requests_real.csv")
     _write_requests(sim.records, out / "requests_sim.csv")
@@ -253,6 +250,14 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
            title=f"twinserve fidelity: {model}, profile {Path(str(opts.profile)).name}")
     echo(md)
     return report
+
+
+def _step_line(st: dict[str, Any], sep: str) -> str:
+    """The report's line on predicted vs measured step times, or nothing without steps."""
+    if not st.get("num_steps"):
+        return ""
+    return (f"{sep}step times: {st['num_steps']} steps, predicted vs measured median "
+            f"{st['median_err']:+.1%}, mean abs {st['mape']:.1%}")
 
 
 def _write_requests(records: list[Any], path: Path) -> None:
@@ -357,10 +362,7 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
     md = (f"recorded run {run} (real side as measured then) judged with profile {profile_path}"
           + (f"; simulated step times scaled by the run's measured machine speed {ratio:.3f}" if ratio else "")
           + "\n\n" + table(report))
-    st = report["steps"]
-    if st.get("num_steps"):
-        md += (f"\n\nstep times: {st['num_steps']} steps, predicted vs measured median "
-               f"{st['median_err']:+.1%}, mean abs {st['mape']:.1%}")
+    md += _step_line(report["steps"], "\n\n")
     (out / "fidelity.md").write_text(md + "\n")
     _write_requests(sim.records, out / "requests_sim.csv")
     figure(real, sim.records, out / "fidelity.png",

@@ -314,3 +314,10 @@ def test_calibrate_and_fidelity_with_the_core_in_its_own_process(
     # The override runs it anyway.
     assert main(["fidelity", "--profile", str(old), "--trace", trace, "--out", str(tmp_path / "y"),
                  "--allow-profile-mismatch", "--no-normalize-speed", *proc, *common]) == 0
+
+
+def test_from_run_needs_a_recorded_run(tmp_path: Path) -> None:
+    from twinserve.backends.twin.fidelity import FidelityError, rejudge
+
+    with pytest.raises(FidelityError, match="no fidelity.json"):
+        rejudge(tmp_path, "builtin:smollm2-135m-h200-bf16", tmp_path / "out")
