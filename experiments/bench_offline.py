@@ -120,7 +120,8 @@ def main() -> None:
                     help="twinserve weight/KV dtypes to run, in this order (fp32 is the default; bf16 uses "
                          "AMX/AVX512-BF16 where the CPU has them, through prepacked weights; "
                          "'bfloat16:plain' runs bf16 without prepacking, for the comparison; "
-                         "'bfloat16:int8' adds int8 weight copies for 1-row steps, --quantization int8)")
+                         "'bfloat16:int8' adds int8 weight copies for 1-row steps, --quantization int8; "
+                         "'bfloat16:int4' int4 projections and an int8 LM head, --quantization int4)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     threads = torch.get_num_threads()
@@ -130,11 +131,11 @@ def main() -> None:
     engines: dict[str, LLM] = {}
     for spec in a.dtypes.split(","):
         dtype, _, variant = spec.partition(":")
-        if variant not in ("", "plain", "int8"):
-            ap.error(f"--dtypes: unknown variant {variant!r} in {spec!r} (':plain' or ':int8')")
+        if variant not in ("", "plain", "int8", "int4"):
+            ap.error(f"--dtypes: unknown variant {variant!r} in {spec!r} (':plain', ':int8' or ':int4')")
         llm = LLM("smollm2", max_model_len=1024, kv_cache_memory_gb=a.kv_cache_memory_gb, seed=a.seed, dtype=dtype,
                   tensor_parallel_size=a.tensor_parallel_size[0], engine_core_mode=a.engine_core_mode,
-                  prepack_weights=variant != "plain", quantization="int8" if variant == "int8" else None)
+                  prepack_weights=variant != "plain", quantization=variant if variant in ("int8", "int4") else None)
         engine = llm.llm_engine
         print(f"twinserve {spec}: KV cache {engine.kv_bytes_per_token} bytes/token (largest rank), "
               f"{engine.scheduler_config.num_blocks} blocks x {engine.scheduler_config.block_size} tokens; "

@@ -44,7 +44,8 @@ class EngineArgs:
     # copy of the bf16 weights).
     prepack_weights: bool = True
     # CPU bf16 only: 'int8' keeps per-output-channel int8 copies of the weights (scales in bf16),
-    # used by steps of at most INT8_ROWS rows (batch-1 decode reads half the bytes); None: off.
+    # used by steps of at most INT8_ROWS rows (batch-1 decode reads half the bytes); 'int4' keeps
+    # int4 copies of the projections (groups of 32, Q4_1's layout) and an int8 LM head; None: off.
     quantization: str | None = None
     # CUDA: no CUDA graphs for decode steps (they are captured per batch-size bucket otherwise).
     enforce_eager: bool = False
@@ -99,8 +100,8 @@ class EngineArgs:
                                          f"none or one of {list(_QUANTIZATIONS)}")
             if _DTYPES.get(self.dtype) is not torch.bfloat16 or not self.device.startswith(("cpu", "auto")):
                 raise InvalidConfigError("quantization", self.quantization,
-                                         "with dtype 'bfloat16' on the CPU (int8 weight copies serve "
-                                         "bf16 activations)")
+                                         "with dtype 'bfloat16' on the CPU (int8/int4 weight copies "
+                                         "serve bf16 activations)")
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> "EngineArgs":
@@ -153,7 +154,7 @@ class EngineArgs:
 
 
 _INT32_MAX = 2 ** 31 - 1
-_QUANTIZATIONS = ("int8",)
+_QUANTIZATIONS = ("int8", "int4")
 
 
 def _check_str(name: str, value: object) -> None:

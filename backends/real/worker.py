@@ -59,12 +59,16 @@ class Worker:
         if self.device.type == "cpu" and args.prepack_weights and self.dtype == torch.bfloat16 \
                 and packed_bf16_supported():
             self.model.add_packed_bf16_weights()
-        if args.quantization == "int8":
+        if args.quantization in ("int8", "int4"):
+            kernels = ("_weight_int8pack_mm",) + (("_weight_int4pack_mm_for_cpu",) if args.quantization == "int4" else ())
             if self.device.type != "cpu" or self.dtype != torch.bfloat16 \
-                    or not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
+                    or not all(hasattr(torch.ops.aten, k) for k in kernels):
                 raise InvalidConfigError("quantization", args.quantization,
-                                         "a CPU bf16 engine on a torch with aten._weight_int8pack_mm")
-            self.model.add_int8_weights()
+                                         f"a CPU bf16 engine on a torch with aten.{' and aten.'.join(kernels)}")
+            if args.quantization == "int8":
+                self.model.add_int8_weights()
+            else:
+                self.model.add_int4_weights()
         self.backend = get_attention_backend(args.attention_backend, self.device)
         self.runner = ModelRunner(self.model, self.backend, self.device, args.block_size,
                                   max_model_len, args.max_num_seqs, stop_ids, compile_grammar=self.compile_grammar)

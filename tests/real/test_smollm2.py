@@ -125,16 +125,20 @@ def test_bf16_option_follows_fp32_greedy_except_at_near_ties(reference) -> None:
     assert agree >= 0.4 * MAX_NEW * len(prompts), agree
 
 
-def test_int8_option_follows_fp32_greedy_except_at_near_ties(reference) -> None:
-    """bf16 with int8 weight copies (batch-1 decode reads them): the same near-tie rule as bf16."""
-    if not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
-        pytest.skip("this torch has no weight-only int8 kernel")
+@pytest.mark.parametrize("quant, kernel", [("int8", "_weight_int8pack_mm"), ("int4", "_weight_int4pack_mm_for_cpu")])
+def test_quantized_option_follows_fp32_greedy_except_at_near_ties(reference, quant: str, kernel: str) -> None:
+    """bf16 with int8 weight copies, or int4 projections (SmolLM2's own Q4_1 grid) and an int8 LM
+    head; batch-1 decode reads them. The same near-tie rule as bf16."""
+    if not hasattr(torch.ops.aten, kernel):
+        pytest.skip(f"this torch has no {kernel} kernel")
     hf, prompts, refs = reference
-    llm = LLM("smollm2", max_model_len=1024, seed=0, dtype="bfloat16", quantization="int8")
-    assert llm.llm_engine.worker.model.layers[0].mlp.down_proj.weight_int8.dtype == torch.int8
+    llm = LLM("smollm2", max_model_len=1024, seed=0, dtype="bfloat16", quantization=quant)
+    model = llm.llm_engine.worker.model
+    assert model.layers[0].mlp.down_proj.__dict__.get(f"weight_{quant}") is not None
+    assert model.head_int8.dtype == torch.int8
     params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
     agree = 0
-    for p, r in zip(prompts[:5], refs[:5]):  # one at a time: decode steps of one row use int8
+    for p, r in zip(prompts[:5], refs[:5]):  # one at a time: decode steps of one row use the copies
         got = llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0].outputs[0].token_ids
-        agree += _agree_except_near_ties(hf, p, r, got, "int8")
+        agree += _agree_except_near_ties(hf, p, r, got, quant)
     assert agree >= 0.4 * MAX_NEW * 5, agree
