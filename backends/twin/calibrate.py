@@ -328,16 +328,24 @@ def _code_path_bounds(device_type: str, dtype: str, small_batch_weights: bool) -
     return []
 
 
-def graph_max_decodes(args: Any) -> int | None:
-    """The largest decode batch the engine replays from a CUDA graph, or None when it runs eagerly."""
+def graph_max_decodes(device_type: str, enforce_eager: bool, attention_backend: str | None,
+                      max_num_seqs: int) -> int | None:
+    """The largest decode batch an engine so configured replays from a CUDA graph (the worker's
+    rule: CUDA, not eager, a backend with supports_cuda_graphs), or None when it runs eagerly."""
+    from ..real.attention import backend_name
     from ..real.cuda_graphs import graph_buckets
 
-    device = args.resolve_device()
-    backend = args.attention_backend if args.attention_backend not in (None, "auto") else (
-        "triton" if device.type == "cuda" else "torch")
-    if device.type != "cuda" or args.enforce_eager or backend != "triton":  # torch attention: no graphs
+    # Only the Triton backend's launches are graph-safe (TritonPagedAttention.supports_cuda_graphs).
+    if device_type != "cuda" or enforce_eager or backend_name(attention_backend, device_type) != "triton":
         return None
-    return graph_buckets(args.max_num_seqs)[-1]
+    return graph_buckets(max_num_seqs)[-1]
+
+
+def _comm_share(rows: list[dict[str, Any]]) -> float:
+    """Tensor parallelism: the share of step time spent in collectives (rank 0's host time)."""
+    comm = sum(float((r.get("extra") or {}).get("comm_time_s", 0.0)) for r in rows)
+    total = sum(float(r["step_time_s"]) for r in rows)
+    return comm / total if total > 0 else 0.0
 
 
 def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> FittedCostModel:
@@ -349,7 +357,6 @@ def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> Fit
     replayed decode batches of up to its largest bucket from graphs). So a change to the cost
     model can be judged on a device's measurements after the device is gone.
     """
-    from ..real.cuda_graphs import graph_buckets
     from ..real.step_log import read_step_log
 
     old = FittedCostModel.load(profile_path)
@@ -367,22 +374,21 @@ def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> Fit
             note["speed_probe_t0_estimated"] = True
         rows, _ = correct_drift(rows, [(t0 + float(rel), float(sec)) for rel, sec in probes])
     eng = prov.get("engine") or {}
+    device_type = str(prov.get("device", "cpu")).split(":")[0]
     graph_max = eng.get("cuda_graph_max_batch")
-    if ("cuda_graph_max_batch" not in eng and str(prov.get("device", "")).startswith("cuda")
-            and not eng.get("enforce_eager") and eng.get("attention_backend", "auto") in ("auto", "triton")):
-        graph_max = graph_buckets(int(eng.get("max_num_seqs", 256)))[-1]
-        note["cuda_graph_max_batch_inferred"] = graph_max
+    if "cuda_graph_max_batch" not in eng:  # profiles made before it was recorded
+        graph_max = graph_max_decodes(device_type, bool(eng.get("enforce_eager")), eng.get("attention_backend"),
+                                      int(eng.get("max_num_seqs", 256)))
+        if graph_max is not None:
+            note["cuda_graph_max_batch_inferred"] = graph_max
     batches = (prov.get("design") or {}).get("decode_batches") or []
-    base = _code_path_bounds(str(prov.get("device", "cpu")).split(":")[0], str(prov.get("dtype", "")),
-                             bool(eng.get("small_batch_weights", False)))
+    base = _code_path_bounds(device_type, str(prov.get("dtype", "")), bool(eng.get("small_batch_weights", False)))
     bounds = select_regimes(rows, base, [b for b in batches if 4 < b < max(batches)],
                             graph_max_decodes=graph_max)
     meta = {k: v for k, v in old.meta.items() if k not in ("fit", "provenance", "format")}
     profile = fit_step_profile(rows, regime_max_tokens=bounds, graph_max_decodes=graph_max,
                                **meta, provenance={**prov, "refit": note})
-    comm = [float((r.get("extra") or {}).get("comm_time_s", 0.0)) for r in rows]
-    total = sum(float(r["step_time_s"]) for r in rows)
-    profile.meta["fit"]["comm_share"] = sum(comm) / total if total > 0 else 0.0
+    profile.meta["fit"]["comm_share"] = _comm_share(rows)
     return profile
 
 
@@ -410,7 +416,7 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     probe_secs = [sec for _, sec in cal.probes]
     # Breakpoints: the engine's own code-path switch, plus batch sizes where the measured
     # cost per row changes slope (candidates from the design's decode batches).
-    graph_max = graph_max_decodes(a)
+    graph_max = graph_max_decodes(device.type, a.enforce_eager, a.attention_backend, sc.max_num_seqs)
     bounds = select_regimes(rows, regime_bounds(engine),
                             [b for b in design.decode_batches if 4 < b < max(design.decode_batches)],
                             graph_max_decodes=graph_max)
@@ -448,8 +454,5 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
                        "cuda_graph_max_batch": graph_max},
             "design": asdict(design),
         })
-    # Tensor parallelism: the share of step time spent in collectives (rank 0's host time).
-    comm = [float((r.get("extra") or {}).get("comm_time_s", 0.0)) for r in rows]
-    total = sum(float(r["step_time_s"]) for r in rows)
-    profile.meta["fit"]["comm_share"] = sum(comm) / total if total > 0 else 0.0
+    profile.meta["fit"]["comm_share"] = _comm_share(rows)
     return profile, log

@@ -312,24 +312,16 @@ def test_cuda_graph_regime_prices_replayed_decodes_apart_from_eager_steps() -> N
 
 
 def test_graph_regime_follows_the_engine_settings() -> None:
-    import types
-
-    import torch
-
     from twinserve.backends.twin.calibrate import graph_max_decodes
 
-    def args(**kw):
-        base = dict(device="cuda", enforce_eager=False, attention_backend="auto", max_num_seqs=64)
-        base.update(kw)
-        ns = types.SimpleNamespace(**base)
-        ns.resolve_device = lambda: torch.device(ns.device)
-        return ns
+    def bound(device="cuda", enforce_eager=False, attention_backend="auto", max_num_seqs=64):
+        return graph_max_decodes(device, enforce_eager, attention_backend, max_num_seqs)
 
-    assert graph_max_decodes(args()) == 64
-    assert graph_max_decodes(args(max_num_seqs=1000)) == 512  # the largest captured bucket
-    assert graph_max_decodes(args(enforce_eager=True)) is None
-    assert graph_max_decodes(args(attention_backend="torch")) is None
-    assert graph_max_decodes(args(device="cpu")) is None
+    assert bound() == 64 and bound(attention_backend="triton") == 64
+    assert bound(max_num_seqs=1000) == 512  # the largest captured bucket
+    assert bound(enforce_eager=True) is None
+    assert bound(attention_backend="torch") is None
+    assert bound(device="cpu") is None
 
 
 def test_shipped_h200_profile_is_what_the_fit_makes_of_its_own_step_log() -> None:

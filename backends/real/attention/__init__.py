@@ -11,10 +11,16 @@ from .torch_paged import TorchPagedAttention
 BACKENDS = ("torch", "triton")
 
 
+def backend_name(name: str | None, device_type: str) -> str:
+    """The backend a name asks for on this kind of device ("auto": triton on CUDA, else torch)."""
+    if name in (None, "auto"):
+        return "triton" if device_type == "cuda" else "torch"
+    return name
+
+
 def get_attention_backend(name: str | None, device: torch.device) -> AttentionBackend:
     """The backend called name, or the device's default when name is None or "auto"."""
-    if name in (None, "auto"):
-        name = "triton" if device.type == "cuda" else "torch"
+    name = backend_name(name, device.type)
     if name == "torch":
         return TorchPagedAttention()
     if name == "triton":
