@@ -188,4 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 from twinserve.backends.twin import cli as _twin_cli  # noqa: E402,F401  (calibrate, fidelity)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Under `python -m`, this file is __main__ and the subcommands above registered into the
+    # imported twinserve.cli module: run that module's parser, which has them all.
+    from twinserve.cli import main as _main
+
+    sys.exit(_main())
