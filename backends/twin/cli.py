@@ -106,6 +106,9 @@ def _fidelity_parser(p: argparse.ArgumentParser) -> None:
                    help="judge the profile against a real run recorded earlier (a folder this command "
                         "wrote; --trace re-points its trace): the simulator only, no engine")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--band-samples", type=int, default=20,
+                   help="noisy simulations behind the prediction band (0: none): per-step noise from "
+                        "the profile's calibration residuals, run speed noise from the probes")
     p.add_argument("--allow-profile-mismatch", action="store_true",
                    help="use a profile calibrated for another model, tensor-parallel size or engine-core mode")
     p.add_argument("--normalize-speed", action=argparse.BooleanOptionalAction, default=True,
@@ -117,13 +120,15 @@ def _fidelity_parser(p: argparse.ArgumentParser) -> None:
 
 def _fidelity(ns: argparse.Namespace) -> int:
     from twinserve.backends.sim.fitted import FittedCostModel
-    from twinserve.backends.twin.fidelity import FidelityOptions, exit_code, run_fidelity
+    from twinserve.backends.twin.fidelity import FidelityError, FidelityOptions, exit_code, run_fidelity
 
+    if ns.band_samples < 0 or ns.band_samples == 1:
+        raise FidelityError(f"--band-samples {ns.band_samples}: give 0 (no band) or at least 2")
     if ns.from_run:
         from twinserve.backends.twin.fidelity import rejudge
 
         rejudge(ns.from_run, ns.profile, ns.out, trace=ns.trace, model=ns.model,
-                allow_profile_mismatch=ns.allow_profile_mismatch)
+                allow_profile_mismatch=ns.allow_profile_mismatch, band_samples=ns.band_samples)
         return 0
     opts = FidelityOptions(ns.profile, ns.trace, ns.config, ns.num_requests, ns.rate, ns.time_scale,
                            ns.max_prompt_tokens, ns.max_output_tokens, ns.workload_seed,
@@ -136,7 +141,7 @@ def _fidelity(ns: argparse.Namespace) -> int:
     engine = _engine(ns)
     try:
         # run_fidelity refuses a wrong profile or an unservable trace before the real run starts.
-        report = run_fidelity(engine, opts, ns.out)
+        report = run_fidelity(engine, opts, ns.out, band_samples=ns.band_samples)
     finally:
         engine.shutdown()
     if report.get("interrupted"):

@@ -26,6 +26,7 @@ from twinserve.sim.world import RequestRecord, Simulation
 from twinserve.sim.workload import Workload, WorkloadConfig
 
 from ..real.step_log import StepLog, read_step_log
+from .band import StepNoise, band_table, prediction_band
 from .calibrate import catalog_name, speed_probe
 from .compare import compare, figure, table
 from .realrun import RealRun, run_real
@@ -160,8 +161,11 @@ def warm_up(engine: Any) -> None:
 
 
 def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
-                 echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Replay the workload on engine and in the simulator; write fidelity.json/.md/.png."""
+                 echo: Callable[[str], None] = print, band_samples: int = 20) -> dict[str, Any]:
+    """Replay the workload on engine and in the simulator; write fidelity.json/.md/.png.
+
+    band_samples noisy simulations give the prediction band (band.py); 0 skips it.
+    """
     out = Path(out_dir)
     profile = FittedCostModel.load(opts.profile)
     model = catalog_name(engine.model_config, engine.model_name)
@@ -212,6 +216,9 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     rows = read_step_log(steps_path) if real.step_starts else []
     report["steps"] = step_errors(profile, rows) if rows else {}
     report["steps_raw"] = step_errors(raw_profile, rows) if rows else {}
+    if band_samples:
+        report["band"] = prediction_band(profile, make, sched_cfg, real.records,
+                                         StepNoise.for_run(profile, speed), samples=band_samples)
     report["real"] = {"num_steps": len(real.step_starts), "wall_s": real.wall_time,
                       "preemptions": real.num_preemptions,
                       "prefix_hit_tokens": sum(r.prefix_hit_tokens for r in real.records)}
@@ -243,6 +250,8 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     if rp["first_mismatch"]:
         md += f"\nfirst mismatch: {rp['first_mismatch']}"
     md += _step_line(report["steps"], "\n")
+    if band_samples:
+        md += "\n\n" + band_table(report["band"])
     (out / "fidelity.md").write_text(md + "\n")
     _write_requests(real.records, out / "requests_real.csv")
     _write_requests(sim.records, out / "requests_sim.csv")
@@ -291,7 +300,7 @@ def _read_requests(path: Path) -> list[RequestRecord]:
 
 def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: str | None = None,
             model: str | None = None, allow_profile_mismatch: bool = False,
-            echo: Callable[[str], None] = print) -> dict[str, Any]:
+            echo: Callable[[str], None] = print, band_samples: int = 20) -> dict[str, Any]:
     """A recorded real run (a fidelity output folder) judged again with another profile, no engine.
 
     The simulator gets the run's workload (options from its fidelity.json; trace re-pointed
@@ -349,7 +358,12 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
     raw = compare(real, sim_raw.records)
     report["metrics_raw"], report["throughput_raw"] = raw["metrics"], raw["throughput"]
     rows = read_step_log(run / "steps_real.csv") if (run / "steps_real.csv").exists() else []
-    report["steps"] = step_errors(dataclasses.replace(profile, time_scale=ratio or 1.0), rows) if rows else {}
+    judged = dataclasses.replace(profile, time_scale=ratio or 1.0)
+    report["steps"] = step_errors(judged, rows) if rows else {}
+    if band_samples:
+        report["band"] = prediction_band(judged, make, sched_cfg, real,
+                                         StepNoise.for_run(judged, speed if ratio else None),
+                                         samples=band_samples)
     report.update(num_requests=len(real), profile=str(profile_path), rejudged_from=str(run),
                   speed={**speed, "from_recorded_run": True}, workload=wl, engine=eng,
                   scheduler_config=dataclasses.asdict(sched_cfg),
@@ -363,6 +377,8 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
           + (f"; simulated step times scaled by the run's measured machine speed {ratio:.3f}" if ratio else "")
           + "\n\n" + table(report))
     md += _step_line(report["steps"], "\n\n")
+    if band_samples:
+        md += "\n\n" + band_table(report["band"])
     (out / "fidelity.md").write_text(md + "\n")
     _write_requests(sim.records, out / "requests_sim.csv")
     figure(real, sim.records, out / "fidelity.png",

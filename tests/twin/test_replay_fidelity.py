@@ -56,7 +56,7 @@ def test_replay_reproduces_the_real_schedule_exactly(make_engine) -> None:
     engine.shutdown()
 
 
-def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path) -> None:
+def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, capsys) -> None:
     from twinserve.cli import main
 
     prof = tmp_path / "tiny.json"
@@ -109,6 +109,18 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path) -> 
     rep2 = json.loads((again / "fidelity.json").read_text())
     assert rep2["metrics"] == rep["metrics"] and rep2["throughput"] == rep["throughput"]
     assert rep2["metrics_raw"] == rep["metrics_raw"] and rep2["steps"] == rep["steps"]
+    # The prediction band: 20 noisy simulations with the profile's own residual spread; the
+    # same seeds give the same band when the run is judged again.
+    band = rep["band"]
+    assert band["samples"] == 20 and band["noise"]["step_sigma"]["decode"] > 0
+    for m in ("ttft", "tpot", "e2e"):
+        c = band["cells"][m]["p50"]
+        assert c["lo"] <= c["hi"] and c["real"] == rep["metrics"][m]["p50"]["real"]
+    assert rep2["band"] == band
+    assert "prediction band" in (out / "fidelity.md").read_text()
+    assert main(["fidelity", "--from-run", str(out), "--profile", str(prof), "--out", str(again),
+                 "--band-samples", "1"]) == 2
+    assert "--band-samples 1: give 0 (no band) or at least 2" in capsys.readouterr().err
     # A profile refitted from its own step log by the same fit is the same profile (up to the
     # float noise of redoing the drift correction: 1e-12 s per unit is far below any term).
     refit = tmp_path / "refit.json"
@@ -322,3 +334,13 @@ def test_from_run_needs_a_recorded_run(tmp_path: Path) -> None:
 
     with pytest.raises(FidelityError, match="no fidelity.json"):
         rejudge(tmp_path, "builtin:smollm2-135m-h200-bf16", tmp_path / "out")
+
+
+def test_python_dash_m_knows_the_twin_subcommands() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "twinserve.cli", "fidelity", "--help"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "--band-samples" in out.stdout and "--from-run" in out.stdout

@@ -1,0 +1,110 @@
+"""The prediction band: noise drawn as the calibration measured it, and a judgement that can fail.
+
+No engine: the "real" runs here are simulations whose truth is known (the same profile with
+other noise draws, or a slower machine), so the band must hold the first and reject the second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+
+import pytest
+
+from twinserve.backends.sim.fitted import FittedCostModel
+from twinserve.backends.twin.band import NoisyCostModel, StepNoise, prediction_band
+from twinserve.backends.sim.executor import SimExecutor
+from twinserve.core.engine_core import EngineCore
+from twinserve.core.sched.config import SchedulerConfig
+from twinserve.sim.world import Simulation
+from twinserve.sim.workload import Workload, WorkloadConfig
+
+FIT = {"mape": 0.08, "by_kind": {"prefill": {"mape": 0.05}, "decode": {"mape": 0.10},
+                                 "mixed": {"mape": 0.04}}}
+
+
+def _profile(fit=FIT) -> FittedCostModel:
+    return FittedCostModel(intercept_s=0.004, per_token_s=2e-4, per_decode_seq_s=1e-4,
+                           per_decode_context_token_s=1e-6, meta={"fit": fit} if fit else {})
+
+
+def _make():
+    cfg = WorkloadConfig(num_requests=30, arrival="poisson", rate=60.0, prompt_dist="uniform",
+                         prompt_min=8, prompt_max=64, output_dist="uniform", output_min=4,
+                         output_max=24, vocab_size=1000)
+    return lambda: Workload(cfg, 5, 512)
+
+
+def _sched() -> SchedulerConfig:
+    return SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, block_size=8, num_blocks=400,
+                           max_model_len=512)
+
+
+def simulate(model, make, sched):
+    ex = SimExecutor(model)
+    return Simulation(EngineCore(dataclasses.replace(sched), ex), ex, make(), fast_forward=False).run()
+
+
+def test_noise_comes_from_the_calibration_residuals_and_the_run_probes() -> None:
+    n = StepNoise.for_run(_profile(), {"probe_before_s": 1.1, "probe_after_s": 1.0})
+    k = math.sqrt(math.pi / 2)
+    assert n.step_sigma == pytest.approx({"prefill": 0.05 * k, "decode": 0.10 * k, "mixed": 0.04 * k})
+    assert n.speed_sigma == pytest.approx(math.log(1.1) / 2)
+    # A kind the fit did not report falls back to the overall MAPE; no probes, no speed noise.
+    n = StepNoise.for_run(_profile({"mape": 0.08, "by_kind": {"decode": {"mape": 0.1}}}), None)
+    assert n.step_sigma["prefill"] == pytest.approx(0.08 * k) and n.speed_sigma == 0.0
+    # A hand-made profile (no fit diagnostics) has no step noise.
+    assert StepNoise.for_run(_profile(None), None).step_sigma == {"prefill": 0.0, "decode": 0.0, "mixed": 0.0}
+
+
+def test_noisy_steps_keep_the_mean_and_the_spread_of_their_kind() -> None:
+    base = _profile()
+    noisy = NoisyCostModel(base, StepNoise({"prefill": 0.0, "decode": 0.2, "mixed": 0.0}), seed=1)
+    decode = (0, 0, 0, 0.0, 4, 400)
+    ratios = [noisy.step_time(*decode) / base.step_time(*decode) for _ in range(20_000)]
+    assert statistics.fmean(ratios) == pytest.approx(1.0, abs=0.01)
+    assert statistics.stdev(math.log(r) for r in ratios) == pytest.approx(0.2, rel=0.05)
+    # A kind with no noise is priced exactly as the profile prices it.
+    prefill = (32, 1, 0, 512.0, 0, 0)
+    assert {noisy.step_time(*prefill) for _ in range(50)} == {base.step_time(*prefill)}
+    # The run's speed factor multiplies every step alike, and is drawn once per run.
+    slow = NoisyCostModel(base, StepNoise({"prefill": 0.0, "decode": 0.0, "mixed": 0.0}, 0.3), seed=2)
+    assert slow.speed != 1.0
+    assert slow.step_time(*prefill) == pytest.approx(base.step_time(*prefill) * slow.speed)
+    assert slow.step_time(*decode) == pytest.approx(base.step_time(*decode) * slow.speed)
+
+
+def test_without_noise_the_band_is_the_prediction_itself() -> None:
+    prof, make, sched = _profile(None), _make(), _sched()
+    point = simulate(prof, make, sched)
+    band = prediction_band(prof, make, sched, point.records, StepNoise.for_run(prof, None), samples=3)
+    for m, cells in band["cells"].items():
+        for p, c in cells.items():
+            assert c["lo"] == pytest.approx(c["hi"]) == pytest.approx(c["real"]), (m, p)
+            assert c["inside"] is True
+
+
+def test_the_band_holds_a_run_from_the_same_noise_and_rejects_a_slower_machine() -> None:
+    prof, make, sched = _profile(), _make(), _sched()
+    noise = StepNoise.for_run(prof, None)
+    # "Real" runs whose truth is known: the profile with other noise draws...
+    same = simulate(NoisyCostModel(prof, noise, seed=987), make, sched)
+    band = prediction_band(prof, make, sched, same.records, noise, samples=20, seed=3)
+    judged = [c["inside"] for g in band["cells"].values() for c in g.values()]
+    assert sum(judged) >= 0.8 * len(judged)
+    # ...and a machine 25% slower than the profile: every latency percentile is out of the band.
+    slow = simulate(NoisyCostModel(dataclasses.replace(prof, time_scale=1.25), noise, seed=987),
+                    make, sched)
+    band = prediction_band(prof, make, sched, slow.records, noise, samples=20, seed=3)
+    for m in ("ttft", "tpot", "e2e"):
+        for p in ("p50", "p90", "p99"):
+            c = band["cells"][m][p]
+            assert not c["inside"] and c["real"] > c["hi"], (m, p, c)
+    assert band["cells"]["e2e"]["p50"]["half_width"] > 0
+
+
+def test_band_samples_must_make_a_range() -> None:
+    prof = _profile()
+    with pytest.raises(ValueError, match="at least 2"):
+        prediction_band(prof, _make(), _sched(), [], StepNoise.for_run(prof, None), samples=1)
