@@ -36,6 +36,11 @@ def saturation(profile: FittedCostModel, opts: FidelityOptions, engine: LLMEngin
     return len(done) / max(r.finish_time for r in done)
 
 
+def _inside(band: dict) -> str:
+    judged = [c["inside"] for g in band["cells"].values() for c in g.values() if c["inside"] is not None]
+    return f"{sum(judged)}/{len(judged)}"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--profile", required=True)
@@ -84,18 +89,24 @@ def main() -> int:
             row = {"trace": name, "load": load, "rate": opts.rate, "wall_s": round(time.time() - t),
                    **{f"{k}_{q}": m[k][q]["err"] for k in ("ttft", "tpot", "e2e") for q in ("p50", "p99")},
                    "throughput": rep["throughput"]["output_tok_s"]["err"],
-                   "step_median": rep["steps"].get("median_err"), "replay_exact": rep["replay"]["exact"]}
+                   "step_median": rep["steps"].get("median_err"), "replay_exact": rep["replay"]["exact"],
+                   # The noise floor: the band's half-width at E2E p50, and how many cells hold the
+                   # real value (band.py).
+                   "e2e_p50_band": rep["band"]["cells"]["e2e"]["p50"]["half_width"],
+                   "band_inside": _inside(rep["band"])}
             rows.append(row)
             print(json.dumps(row), flush=True)
     engine.shutdown()
     out.mkdir(parents=True, exist_ok=True)
     cols = ["ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99", "throughput"]
     lines = ["| trace | load | rate (req/s) | " + " | ".join(c.replace("_", " ") for c in cols)
-             + " | step median | replay exact |", "|" + "---|" * (len(cols) + 5)]
+             + " | step median | replay exact | E2E p50 band ± | real inside band |",
+             "|" + "---|" * (len(cols) + 7)]
     for r in rows:
         lines.append(f"| {r['trace']} | {r['load']:g} | {r['rate']:.3f} | "
                      + " | ".join(f"{r[c]:+.1%}" for c in cols)
-                     + f" | {r['step_median']:+.1%} | {'yes' if r['replay_exact'] else 'NO'} |")
+                     + f" | {r['step_median']:+.1%} | {'yes' if r['replay_exact'] else 'NO'} "
+                     f"| {r['e2e_p50_band']:.1%} | {r['band_inside']} |")
     table = "\n".join(lines)
     (out / "summary.md").write_text(table + "\n")
     print(table)

@@ -1,15 +1,18 @@
 """The prediction band: how far a real run may land from the simulator's prediction by noise alone.
 
-A profile predicts a step's mean time; a real step scatters around it (the calibration's own
-residuals say by how much, per kind of step), and a shared machine's speed drifts during a
-run (the speed probes before and after it say by how much). The band is the spread of the
-prediction over simulations that draw both noises: per-step log-normal factors with the
-calibration's spread, and one speed factor per run. Queueing amplifies both near
-saturation, so the band is wide where small step-time errors move latencies most.
+A profile predicts a step's mean time; real steps scatter around it, and on a shared machine
+the scatter is correlated in time (its speed drifts over seconds). The band is the spread of
+the prediction over simulations that draw such noise: a log-normal factor per step whose log
+follows an AR(1) series, with the spread per kind of step and the lag-1 correlation measured
+on the run's own steps around each kind's own mean (so a bias of the profile, the mean, is
+not noise and stays visible), plus one speed factor per run from the disagreement of the
+speed probes around it. A run without a step log takes the spread from the calibration's
+residuals, uncorrelated. Queueing amplifies all of it near saturation, so the band is wide
+where small step-time errors move latencies most.
 
-A real percentile inside the band is as close as this profile, on this machine, can be
-expected to get; one outside it is a bias of the model (or a machine that behaved unlike
-its probes), which is what calibration work should chase.
+A real percentile inside the band is as close as any profile could be expected to get on
+this machine at this load; one outside it is a bias of the model, which is what calibration
+work should chase.
 """
 
 from __future__ import annotations
@@ -42,58 +45,112 @@ def step_kind(num_prefill_tokens: float, num_decode_seqs: float) -> str:
     return "prefill" if num_decode_seqs <= 0 else "mixed"
 
 
+FEATURES = ("num_prefill_tokens", "num_prefill_seqs", "prefill_context", "prefill_attn",
+            "num_decode_seqs", "decode_context")
+# Fewer steps of a kind than this in a run: that kind's spread is the run's overall one.
+_MIN_KIND_STEPS = 5
+_MIN_RUN_STEPS = 20
+
+
+def step_residuals(profile: Any, rows: Sequence[dict[str, Any]]) -> list[tuple[str, float, float]]:
+    """(kind, measured s, predicted s) of every logged step that computed tokens, in order."""
+    out = []
+    for r in rows:
+        if r["num_prefill_tokens"] + r["num_decode_seqs"] <= 0:
+            continue
+        measured = r["step_time_s"] + (r.get("gap_s") or 0.0)
+        if measured <= 0:
+            continue
+        out.append((step_kind(r["num_prefill_tokens"], r["num_decode_seqs"]), measured,
+                    profile.step_time(*(r[c] for c in FEATURES))))
+    return out
+
+
 @dataclass(slots=True)
 class StepNoise:
-    """Log-standard deviations of a step's time around the profile, and of the run's speed."""
+    """Log-sd of a step's time per kind, the lag-1 correlation of its log, and the run speed's log-sd."""
 
     step_sigma: dict[str, float]
     speed_sigma: float = 0.0
+    correlation: float = 0.0
+    source: str = "calibration"
 
     @classmethod
-    def for_run(cls, profile: FittedCostModel, speed: dict[str, Any] | None) -> "StepNoise":
-        """Per-kind spread from the profile's fit diagnostics; speed spread from the run's probes.
+    def for_run(cls, profile: FittedCostModel, speed: dict[str, Any] | None,
+                rows: Sequence[dict[str, Any]] | None = None) -> "StepNoise":
+        """The noise of one run: from its step log when it has one, else from the calibration's fit.
 
         The probes before and after a run bracket its speed: half their log-ratio is taken as
-        one standard deviation of the speed during it. A profile without fit diagnostics (hand
-        made) gives zero step noise.
+        one standard deviation of the speed during it.
         """
-        fit = profile.meta.get("fit") or {}
-        overall = float(fit.get("mape") or 0.0)
-        by_kind = fit.get("by_kind") or {}
-        sigma = {k: _MAPE_TO_SIGMA * float((by_kind.get(k) or {}).get("mape", overall)) for k in KINDS}
         speed_sigma = 0.0
         sp = speed or {}
         before, after = sp.get("probe_before_s"), sp.get("probe_after_s")
         if before and after:
             speed_sigma = abs(math.log(before / after)) / 2
+        res = step_residuals(profile, rows or [])
+        res = [(k, m, p) for k, m, p in res if p > 0]
+        if len(res) >= _MIN_RUN_STEPS:
+            sigma, phi = _measured_spread(res)
+            return cls(sigma, speed_sigma, phi, "run")
+        fit = profile.meta.get("fit") or {}
+        overall = float(fit.get("mape") or 0.0)
+        by_kind = fit.get("by_kind") or {}
+        sigma = {k: _MAPE_TO_SIGMA * float((by_kind.get(k) or {}).get("mape", overall)) for k in KINDS}
         return cls(sigma, speed_sigma)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step_sigma": dict(self.step_sigma), "speed_sigma": self.speed_sigma}
+        return {"step_sigma": dict(self.step_sigma), "speed_sigma": self.speed_sigma,
+                "correlation": self.correlation, "source": self.source}
+
+
+def _measured_spread(res: list[tuple[str, float, float]]) -> tuple[dict[str, float], float]:
+    """Per-kind log-sd around each kind's own mean, and the lag-1 correlation of that series."""
+    logs = np.log(np.asarray([m / p for _, m, p in res]))
+    kinds = np.asarray([k for k, _, _ in res])
+    centred = logs.copy()
+    for k in KINDS:
+        sel = kinds == k
+        if sel.any():
+            centred[sel] -= logs[sel].mean()
+    overall = float(centred.std())
+    sigma = {}
+    for k in KINDS:
+        sel = kinds == k
+        sigma[k] = float(centred[sel].std()) if sel.sum() >= _MIN_KIND_STEPS else overall
+    phi = float(np.corrcoef(centred[:-1], centred[1:])[0, 1]) if overall > 0 else 0.0
+    if not math.isfinite(phi):
+        phi = 0.0
+    return sigma, min(max(phi, 0.0), 0.99)
 
 
 class NoisyCostModel:
-    """A profile whose every step draws a mean-one log-normal factor; one speed factor per run.
+    """A profile whose steps draw mean-one log-normal factors (an AR(1) series); one speed factor per run.
 
     On purpose it breaks the cost-model rule that the same inputs give the same float, so a
     simulation with it must step (no fast-forward, which may price a window ahead).
     """
 
-    def __init__(self, base: FittedCostModel, noise: StepNoise, seed: int) -> None:
+    def __init__(self, base: Any, noise: StepNoise, seed: int) -> None:
         self.base = base
-        self.name = f"{base.name}+noise"
+        self.name = f"{getattr(base, 'name', 'cost')}+noise"
         self._rng = random.Random(seed)
         s = noise.speed_sigma
         self.speed = math.exp(self._rng.gauss(0.0, s) - s * s / 2) if s > 0 else 1.0
         self._sigma = noise.step_sigma
+        self._phi = noise.correlation
+        self._innov = math.sqrt(1.0 - self._phi * self._phi)
+        self._z = self._rng.gauss(0.0, 1.0)  # the series' state: a standard normal at every step
 
     def step_time(self, num_prefill_tokens: int, num_prefill_seqs: int, prefill_context: int,
                   prefill_attn: float, num_decode_seqs: int, decode_context: int) -> float:
         """The profile's time times the run's speed factor and this step's own factor."""
         t = self.base.step_time(num_prefill_tokens, num_prefill_seqs, prefill_context, prefill_attn,
                                 num_decode_seqs, decode_context) * self.speed
+        z = self._z
+        self._z = self._phi * z + self._innov * self._rng.gauss(0.0, 1.0)
         s = self._sigma.get(step_kind(num_prefill_tokens, num_decode_seqs), 0.0)
-        return t * math.exp(self._rng.gauss(0.0, s) - s * s / 2) if s > 0 else t
+        return t * math.exp(s * z - s * s / 2) if s > 0 else t
 
 
 def prediction_band(profile: FittedCostModel, make: Callable[[], Workload], sched_cfg: Any,
@@ -140,9 +197,10 @@ def band_table(band: dict[str, Any]) -> str:
     """A markdown table of the band: range, real value, inside or not, per metric and percentile."""
     n = band["noise"]
     sig = ", ".join(f"{k} {v:.1%}" for k, v in n["step_sigma"].items())
-    head = (f"prediction band ({band['level']:.0%} of {band['samples']} simulations with per-step noise "
-            f"from the calibration's residuals ({sig}) and run speed noise {n['speed_sigma']:.1%} "
-            "from this run's probes):")
+    where = ("this run's steps around each kind's mean, lag-1 correlation "
+             f"{n['correlation']:.2f}" if n["source"] == "run" else "the calibration's residuals")
+    head = (f"prediction band ({band['level']:.0%} of {band['samples']} simulations; step noise from "
+            f"{where} ({sig}); run speed noise {n['speed_sigma']:.1%} from the probes around it):")
     lines = [head, "", "| metric | " + " | ".join(f"p{p} band | p{p} real | ±" for p in PERCENTILES) + " |",
              "|---" * (1 + 3 * len(PERCENTILES)) + "|"]
     for m in METRICS:

@@ -26,8 +26,9 @@ from twinserve.sim.world import RequestRecord, Simulation
 from twinserve.sim.workload import Workload, WorkloadConfig
 
 from ..real.step_log import StepLog, read_step_log
-from .band import StepNoise, band_table, prediction_band
+from .band import StepNoise, band_table, prediction_band, step_residuals
 from .calibrate import catalog_name, speed_probe
+from .hostload import HostLoad, warning
 from .compare import compare, figure, table
 from .realrun import RealRun, run_real
 from .replay import replay
@@ -129,22 +130,27 @@ def simulate(profile: FittedCostModel, make: Callable[[], Workload], sched_cfg: 
 
 
 def step_errors(profile: FittedCostModel, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Predicted vs measured time of every real step that computed tokens."""
+    """Predicted vs measured time of every real step that computed tokens.
+
+    Besides the per-step errors, the busy-time error (total predicted over total measured)
+    overall and per kind: long steps weigh as much as they last, which is what latencies feel.
+    """
     import numpy as np
 
-    rel = []
-    for r in rows:
-        if r["num_prefill_tokens"] + r["num_decode_seqs"] <= 0:
-            continue
-        f = [r[c] for c in ("num_prefill_tokens", "num_prefill_seqs", "prefill_context",
-                            "prefill_attn", "num_decode_seqs", "decode_context")]
-        measured = r["step_time_s"] + (r.get("gap_s") or 0.0)
-        rel.append((profile.step_time(*f) - measured) / measured)
-    if not rel:
+    res = step_residuals(profile, rows)
+    if not res:
         return {"num_steps": 0}
-    a = np.asarray(rel)
+    a = np.asarray([(p - m) / m for _, m, p in res])
+    busy: dict[str, list[float]] = {}
+    for kind, m, p in res:
+        acc = busy.setdefault(kind, [0.0, 0.0])
+        acc[0] += m
+        acc[1] += p
+    total_m, total_p = sum(v[0] for v in busy.values()), sum(v[1] for v in busy.values())
     return {"num_steps": len(a), "median_err": float(np.median(a)),
-            "mape": float(np.mean(np.abs(a))), "p90_abs_err": float(np.percentile(np.abs(a), 90))}
+            "mape": float(np.mean(np.abs(a))), "p90_abs_err": float(np.percentile(np.abs(a), 90)),
+            "busy_err": total_p / total_m - 1,
+            "busy_err_by_kind": {k: v[1] / v[0] - 1 for k, v in sorted(busy.items())}}
 
 
 def warm_up(engine: Any) -> None:
@@ -189,7 +195,9 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     # A core in its own process: the replay takes the core's steps from the log (realrun.py).
     engine.set_step_log(StepLog(steps_path, record_schedule=engine.core_mode == "process"))
     echo(f"fidelity: {n_first} requests on the real engine in real time ...")
+    host = HostLoad()
     real: RealRun = run_real(engine, make())
+    host_load = host.result()
     engine.step_log.close()
     probe_after = speed_probe(engine) if probe_before and not real.interrupted else None
     sched_cfg = engine.scheduler_config
@@ -197,7 +205,8 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     raw_profile = dataclasses.replace(profile, time_scale=1.0)
     sim_raw = simulate(raw_profile, make, sched_cfg)
     speed: dict[str, Any] = {"normalized": False, "probe_profile_s": probe_cal,
-                             "probe_before_s": probe_before, "probe_after_s": probe_after}
+                             "probe_before_s": probe_before, "probe_after_s": probe_after,
+                             "host_load": host_load}
     sim = sim_raw
     if probe_before is not None:
         during = (probe_before + probe_after) / 2 if probe_after is not None else probe_before
@@ -218,7 +227,7 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     report["steps_raw"] = step_errors(raw_profile, rows) if rows else {}
     if band_samples:
         report["band"] = prediction_band(profile, make, sched_cfg, real.records,
-                                         StepNoise.for_run(profile, speed), samples=band_samples)
+                                         StepNoise.for_run(profile, speed, rows), samples=band_samples)
     report["real"] = {"num_steps": len(real.step_starts), "wall_s": real.wall_time,
                       "preemptions": real.num_preemptions,
                       "prefix_hit_tokens": sum(r.prefix_hit_tokens for r in real.records)}
@@ -252,6 +261,9 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     md += _step_line(report["steps"], "\n")
     if band_samples:
         md += "\n\n" + band_table(report["band"])
+    noisy = warning(host_load, "the real run")
+    if noisy:
+        md += "\n\n" + noisy
     (out / "fidelity.md").write_text(md + "\n")
     _write_requests(real.records, out / "requests_real.csv")
     _write_requests(sim.records, out / "requests_sim.csv")
@@ -265,8 +277,12 @@ def _step_line(st: dict[str, Any], sep: str) -> str:
     """The report's line on predicted vs measured step times, or nothing without steps."""
     if not st.get("num_steps"):
         return ""
-    return (f"{sep}step times: {st['num_steps']} steps, predicted vs measured median "
+    line = (f"{sep}step times: {st['num_steps']} steps, predicted vs measured median "
             f"{st['median_err']:+.1%}, mean abs {st['mape']:.1%}")
+    if "busy_err" in st:
+        kinds = ", ".join(f"{k} {v:+.1%}" for k, v in st["busy_err_by_kind"].items())
+        line += f"; busy time {st['busy_err']:+.1%} ({kinds})"
+    return line
 
 
 def _write_requests(records: list[Any], path: Path) -> None:
@@ -362,7 +378,7 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
     report["steps"] = step_errors(judged, rows) if rows else {}
     if band_samples:
         report["band"] = prediction_band(judged, make, sched_cfg, real,
-                                         StepNoise.for_run(judged, speed if ratio else None),
+                                         StepNoise.for_run(judged, speed if ratio else None, rows),
                                          samples=band_samples)
     report.update(num_requests=len(real), profile=str(profile_path), rejudged_from=str(run),
                   speed={**speed, "from_recorded_run": True}, workload=wl, engine=eng,

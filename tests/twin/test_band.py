@@ -14,6 +14,7 @@ import pytest
 
 from twinserve.backends.sim.fitted import FittedCostModel
 from twinserve.backends.twin.band import NoisyCostModel, StepNoise, prediction_band
+from twinserve.backends.twin.fidelity import step_errors
 from twinserve.backends.sim.executor import SimExecutor
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.sched.config import SchedulerConfig
@@ -58,6 +59,42 @@ def test_noise_comes_from_the_calibration_residuals_and_the_run_probes() -> None
     assert StepNoise.for_run(_profile(None), None).step_sigma == {"prefill": 0.0, "decode": 0.0, "mixed": 0.0}
 
 
+def _rows(profile, n, bias, sigma, phi, seed=0):
+    # A step log whose times are the profile's times times exp(bias of the kind + AR(1) noise).
+    import random
+
+    rng = random.Random(seed)
+    z, rows = rng.gauss(0, 1), []
+    for i in range(n):
+        feats = (48, 1, 0, 48 * 24.0, 0, 0) if i % 4 == 0 else (0, 0, 0, 0.0, 3, 300 + i)
+        kind = "prefill" if i % 4 == 0 else "decode"
+        t = profile.step_time(*feats) * math.exp(bias[kind] + sigma * z)
+        z = phi * z + math.sqrt(1 - phi * phi) * rng.gauss(0, 1)
+        rows.append({"num_prefill_tokens": feats[0], "num_prefill_seqs": feats[1],
+                     "prefill_context": feats[2], "prefill_attn": feats[3], "num_decode_seqs": feats[4],
+                     "decode_context": feats[5], "step_time_s": t, "gap_s": 0.0})
+    return rows
+
+
+def test_a_run_with_a_step_log_measures_its_own_noise_without_its_bias() -> None:
+    prof = _profile()
+    rows = _rows(prof, 4000, {"prefill": 0.3, "decode": -0.1}, sigma=0.1, phi=0.6)
+    n = StepNoise.for_run(prof, None, rows)
+    assert n.source == "run"
+    # The kinds' biases (+0.3, -0.1 in log) are the profile's error, not noise: the spread is
+    # the series' own 0.1 for both kinds (the AR(1) series is shared), and its correlation.
+    assert n.step_sigma["prefill"] == pytest.approx(0.1, rel=0.15)
+    assert n.step_sigma["decode"] == pytest.approx(0.1, rel=0.15)
+    assert n.correlation == pytest.approx(0.6, abs=0.15)
+    # The busy-time error weighs steps by their length and sees the biases per kind.
+    st = step_errors(prof, rows)
+    assert st["busy_err_by_kind"]["prefill"] == pytest.approx(math.exp(-0.3 - 0.005) - 1, abs=0.03)
+    assert st["busy_err_by_kind"]["decode"] == pytest.approx(math.exp(0.1 - 0.005) - 1, abs=0.03)
+    # Too few steps: the calibration's residuals, uncorrelated.
+    few = StepNoise.for_run(prof, None, rows[:10])
+    assert few.source == "calibration" and few.correlation == 0.0
+
+
 def test_noisy_steps_keep_the_mean_and_the_spread_of_their_kind() -> None:
     base = _profile()
     noisy = NoisyCostModel(base, StepNoise({"prefill": 0.0, "decode": 0.2, "mixed": 0.0}), seed=1)
@@ -68,6 +105,12 @@ def test_noisy_steps_keep_the_mean_and_the_spread_of_their_kind() -> None:
     # A kind with no noise is priced exactly as the profile prices it.
     prefill = (32, 1, 0, 512.0, 0, 0)
     assert {noisy.step_time(*prefill) for _ in range(50)} == {base.step_time(*prefill)}
+    # Correlated noise: the log factors follow an AR(1) series with the asked-for correlation,
+    # each still mean-one.
+    corr = NoisyCostModel(base, StepNoise({"prefill": 0.0, "decode": 0.2, "mixed": 0.0}, 0.0, 0.7), seed=3)
+    logs = [math.log(corr.step_time(*decode) / base.step_time(*decode)) for _ in range(20_000)]
+    assert statistics.correlation(logs[:-1], logs[1:]) == pytest.approx(0.7, abs=0.03)
+    assert statistics.fmean(math.exp(x) for x in logs) == pytest.approx(1.0, abs=0.02)
     # The run's speed factor multiplies every step alike, and is drawn once per run.
     slow = NoisyCostModel(base, StepNoise({"prefill": 0.0, "decode": 0.0, "mixed": 0.0}, 0.3), seed=2)
     assert slow.speed != 1.0
@@ -108,3 +151,49 @@ def test_band_samples_must_make_a_range() -> None:
     prof = _profile()
     with pytest.raises(ValueError, match="at least 2"):
         prediction_band(prof, _make(), _sched(), [], StepNoise.for_run(prof, None), samples=1)
+
+
+def test_host_load_tells_other_work_on_our_cpus_from_our_own() -> None:
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from twinserve.backends.twin.hostload import HostLoad, warning
+
+    # Busy for 2 s; measured from 0.2 s to 1.5 s, so it is alive when the measurement ends.
+    burn = "import time\nt = time.time()\nwhile time.time() - t < 2.0: pass"
+
+    def busy(cpus: list[int]) -> float:
+        per = psutil.cpu_times(percpu=True)
+        return sum(per[c].user + per[c].nice + per[c].system + per[c].irq + per[c].softirq for c in cpus)
+
+    def measure(orphan: bool) -> tuple[dict, float, float]:
+        """(HostLoad's result, CPU s the burner used, CPU s all work used on our CPUs) in the window."""
+        if orphan:  # a process outside our tree: sh exits at once, its child is reparented
+            pid = int(subprocess.run(["sh", "-c", f'"{sys.executable}" -c "{burn}" >/dev/null 2>&1 & echo $!'],
+                                     check=True, capture_output=True, text=True).stdout)
+            proc = psutil.Process(pid)
+        else:  # our own child: our work, not other work
+            child = subprocess.Popen([sys.executable, "-c", burn])
+            proc = psutil.Process(child.pid)
+        time.sleep(0.2)  # past the interpreter's start
+        h = HostLoad()
+        before, all_before = sum(proc.cpu_times()[:2]), busy(h.cpus)
+        time.sleep(1.3)
+        used, all_used = sum(proc.cpu_times()[:2]) - before, busy(h.cpus) - all_before
+        res = h.result()
+        time.sleep(0.7)  # both are done before anything else is timed
+        if not orphan:
+            child.wait()
+        return res, used, all_used
+
+    # Whatever else runs on these CPUs, the orphan's time is counted as other work...
+    other, used, _ = measure(True)
+    assert used > 0.05 and other["other_cpu_s"] >= 0.8 * used, (other, used)
+    # ...and our own child's is not: other work is all work less most of the child's.
+    own, used, all_used = measure(False)
+    assert used > 0.05 and own["other_cpu_s"] <= all_used - 0.8 * used + 0.05, (own, used, all_used)
+    assert warning({"cpus": [0], "other_share": 0.0, "steal_share": 0.0}, "x") is None
+    assert "taskset" in warning({"cpus": [1], "other_share": 0.4, "steal_share": 0.0}, "calibration")
