@@ -46,6 +46,7 @@ from twinserve.core.errors import InvalidConfigError
 from twinserve.core.sampling_params import SamplingParams
 
 from ..real.step_log import TIME_COLUMNS, StepLog
+from .hostload import HostLoad
 
 
 @dataclass(slots=True)
@@ -405,9 +406,11 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     design = (design or CalibrationDesign()).for_limits(sc.max_num_seqs, sc.max_num_batched_tokens,
                                                         sc.max_model_len)
     wall = time.perf_counter()
+    host = HostLoad()
     cal = Calibrator(engine, seed)
     log = cal.run(design, progress)
     wall = time.perf_counter() - wall
+    host_load = host.result()
     cfg = engine.model_config
     device = engine.args.resolve_device()
     tp = engine.args.tensor_parallel_size
@@ -438,6 +441,8 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             "git_commit": _git_commit(),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "wall_s": round(wall, 1),
+            # Other processes' share of the CPUs it ran on (hostload.py): a noisy neighbour.
+            "host_load": host_load,
             # The machine's speed while calibrating (calibrate.speed_probe): the median probe,
             # which the step times were corrected to, every probe (seconds into the run), and
             # the spread of the probes (slowest / fastest - 1).

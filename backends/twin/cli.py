@@ -73,6 +73,11 @@ def _calibrate(ns: argparse.Namespace) -> int:
         print(f"  engine CPU overhead: {fit['overhead_share']:.1%} of step time on average")
     if fit.get("comm_share"):
         print(f"  tensor-parallel all-reduce: {fit['comm_share']:.1%} of step time")
+    from twinserve.backends.twin.hostload import warning
+
+    noisy = warning(profile.meta.get("provenance", {}).get("host_load"), "calibration")
+    if noisy:
+        print(f"twinserve calibrate: {noisy}", file=sys.stderr)
     return 0
 
 

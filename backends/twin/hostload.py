@@ -1,0 +1,77 @@
+"""How busy the CPUs a measurement ran on were with other work: a shared machine's noise, logged.
+
+On a VM shared by several jobs, a core that another process also runs on makes every step
+slower by a varying amount, which no profile can predict. Calibrate and fidelity record the
+share of their CPUs' time that went to other processes (and to the hypervisor, as steal),
+so a poor fit or a large fidelity error can be told apart from a noisy neighbour, and warn
+when it is high.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psutil
+
+# Other processes' share of the measurement's CPUs above which it is called noisy.
+NOISY_SHARE = 0.1
+
+
+def _tree_cpu_s(proc: psutil.Process) -> float:
+    """CPU seconds of this process and its live children (an engine-core process, TP workers)."""
+    total = 0.0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
+def _busy_steal(cpus: list[int]) -> tuple[float, float]:
+    """(busy, steal) seconds summed over cpus since boot."""
+    per = psutil.cpu_times(percpu=True)
+    busy = steal = 0.0
+    for c in cpus:
+        t = per[c]
+        busy += t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+        steal += getattr(t, "steal", 0.0)
+    return busy, steal
+
+
+class HostLoad:
+    """Started before a measurement; `result()` after it gives the other work on its CPUs."""
+
+    def __init__(self) -> None:
+        self._proc = psutil.Process()
+        try:
+            self.cpus = sorted(self._proc.cpu_affinity())
+        except (AttributeError, psutil.Error):  # no affinity API on this platform
+            self.cpus = list(range(psutil.cpu_count() or 1))
+        self._t0 = time.monotonic()
+        self._own0 = _tree_cpu_s(self._proc)
+        self._busy0 = _busy_steal(self.cpus)
+
+    def result(self) -> dict[str, Any] | None:
+        """{"cpus", "other_share", "steal_share", "other_cpu_s"} since start (None if no time passed)."""
+        wall = time.monotonic() - self._t0
+        if wall <= 0:
+            return None
+        busy, steal = _busy_steal(self.cpus)
+        capacity = wall * len(self.cpus)
+        other = max(busy - self._busy0[0] - (_tree_cpu_s(self._proc) - self._own0), 0.0)
+        return {"cpus": self.cpus, "other_share": round(min(other / capacity, 1.0), 4),
+                "steal_share": round(max(steal - self._busy0[1], 0.0) / capacity, 4),
+                "other_cpu_s": round(other, 3)}
+
+
+def warning(load: dict[str, Any] | None, what: str) -> str | None:
+    """A one-line warning when other work took a noisy share of the measurement's CPUs."""
+    if not load or load["other_share"] + load["steal_share"] < NOISY_SHARE:
+        return None
+    cpus = ",".join(str(c) for c in load["cpus"])
+    return (f"warning: other processes used {load['other_share']:.0%} (steal {load['steal_share']:.0%}) "
+            f"of CPU {cpus} during {what}, so its times are noisy: pin it to a quiet core "
+            "(taskset -c N) or stop the other work")
