@@ -113,6 +113,9 @@ class FittedCostModel:
     # Scales whole steps: a machine measured (speed probe) to run this much slower than
     # when the profile was made.
     time_scale: float = 1.0
+    # Scales, on top of time_scale, the prefill share of a step (its prefill tokens over all
+    # its tokens): a machine whose compute-bound prefill slowed unlike its decode.
+    prefill_scale: float = 1.0
 
     @property
     def coefficients(self) -> Coefs:
@@ -135,6 +138,8 @@ class FittedCostModel:
             for r in self.regimes:
                 if r.matches(num_prefill_tokens, tokens):
                     t = _dot(r.coefficients, *args) + self.overhead_scale * _dot(r.overhead, *args)
+                    if num_prefill_tokens and self.prefill_scale != 1.0:
+                        t *= 1.0 + (self.prefill_scale - 1.0) * num_prefill_tokens / tokens
                     t *= self.time_scale
                     return t if t > 0.0 else 0.0
         t = (self.intercept_s + self.per_token_s * (num_prefill_tokens + num_decode_seqs)
@@ -145,6 +150,8 @@ class FittedCostModel:
              + self.per_decode_context_token_s * decode_context)
         if self.overhead_scale and self.overhead is not ZERO:
             t += self.overhead_scale * _dot(self.overhead, *args)
+        if num_prefill_tokens and self.prefill_scale != 1.0:
+            t *= 1.0 + (self.prefill_scale - 1.0) * num_prefill_tokens / (num_prefill_tokens + num_decode_seqs)
         if self.time_scale != 1.0:
             t *= self.time_scale
         return t if t > 0.0 else 0.0

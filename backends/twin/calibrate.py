@@ -108,8 +108,9 @@ class Calibrator:
         self.vocab = engine.vocab_size
         self._n = 0
         self.log = StepLog(keep=True)
-        # (monotonic time, seconds) of every speed probe run during the design.
+        # (monotonic time, seconds) of every speed probe run during the design, and its parts.
         self.probes: list[tuple[float, float]] = []
+        self.probe_parts: list[ProbeParts] = []
         self._order_rng = random.Random(seed + 1)
 
     def _tokens(self, n: int) -> list[int]:
@@ -143,9 +144,10 @@ class Calibrator:
     def _probe(self) -> None:
         """The speed probe now (fresh prompts, so the design's cached bases stay cached)."""
         t = time.monotonic()
-        sec = speed_probe(self.engine, seed=self.rng.randrange(1 << 30), reset_prefix_cache=False)
-        if sec is not None:
-            self.probes.append(((t + time.monotonic()) / 2, sec))
+        parts = speed_probe_parts(self.engine, seed=self.rng.randrange(1 << 30), reset_prefix_cache=False)
+        if parts is not None:
+            self.probes.append(((t + time.monotonic()) / 2, parts.total))
+            self.probe_parts.append(parts)
 
     def prefill_single(self, q: int, context: int, base: list[int]) -> None:
         """One chunk of q new tokens after `context` cached ones (a prefix-cache hit on base)."""
@@ -220,11 +222,28 @@ class Calibrator:
         return self.log
 
 
-def speed_probe(engine: Any, seed: int = 1234, reset_prefix_cache: bool = True) -> float | None:
-    """Seconds of a fixed set of steps (a 4-sequence decode and a 128-token prefill), now.
+@dataclass(slots=True)
+class ProbeParts:
+    """The speed probe's two parts: bandwidth-bound decode and compute-bound prefill."""
+
+    decode_s: float   # ten 4-sequence decode steps (the median step, times ten)
+    prefill_s: float  # one 128-token prefill (the median of three)
+
+    @property
+    def total(self) -> float:
+        """The probe's seconds (what `speed_probe` returns)."""
+        return self.decode_s + self.prefill_s
+
+    def to_dict(self) -> dict[str, float]:
+        return {"decode_s": self.decode_s, "prefill_s": self.prefill_s}
+
+
+def speed_probe_parts(engine: Any, seed: int = 1234, reset_prefix_cache: bool = True) -> ProbeParts | None:
+    """A fixed set of steps (4-sequence decodes and 128-token prefills), timed now, by part.
 
     A shared machine's speed drifts by tens of percent over minutes (other tenants, memory
-    traffic); calibrate records this probe and fidelity repeats it around the real run, so a
+    traffic), and not alike for every kind of step: decode streams the weights, prefill
+    computes. Calibrate records this probe and fidelity repeats it around the real run, so a
     drift is measured and reported instead of being mistaken for model error. None when the
     engine's limits cannot run the probe's shapes in single steps.
     """
@@ -248,7 +267,13 @@ def speed_probe(engine: Any, seed: int = 1234, reset_prefix_cache: bool = True) 
     decodes = sorted(r.step_time_s for r in probe_log.records if r.num_prefill_seqs == 0)
     prefills = sorted(r.step_time_s for r in probe_log.records
                       if r.num_prefill_tokens == 128 and r.num_decode_seqs == 0)
-    return decodes[len(decodes) // 2] * 10 + prefills[len(prefills) // 2]
+    return ProbeParts(decodes[len(decodes) // 2] * 10, prefills[len(prefills) // 2])
+
+
+def speed_probe(engine: Any, seed: int = 1234, reset_prefix_cache: bool = True) -> float | None:
+    """Seconds of the speed probe now (`speed_probe_parts`, both parts together)."""
+    parts = speed_probe_parts(engine, seed, reset_prefix_cache)
+    return parts.total if parts is not None else None
 
 
 def correct_drift(rows: list[dict[str, Any]], probes: list[tuple[float, float]],
@@ -451,6 +476,10 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             # The first probe on the step log's clock (start_s), so a refit can redo the correction.
             "speed_probe_t0": cal.probes[0][0] if cal.probes else None,
             "speed_probe_drift": max(probe_secs) / min(probe_secs) - 1 if probe_secs else None,
+            # The median of each part, which fidelity compares its own probes' parts with.
+            "speed_probe_parts": ({"decode_s": float(np.median([p.decode_s for p in cal.probe_parts])),
+                                   "prefill_s": float(np.median([p.prefill_s for p in cal.probe_parts]))}
+                                  if cal.probe_parts else None),
             "drift_corrected": len(probe_secs) >= 2,
             "engine": {"block_size": a.block_size, "max_num_seqs": sc.max_num_seqs,
                        "max_num_batched_tokens": sc.max_num_batched_tokens,

@@ -26,12 +26,13 @@ from twinserve.sim.world import RequestRecord, Simulation
 from twinserve.sim.workload import Workload, WorkloadConfig
 
 from ..real.step_log import StepLog, read_step_log
-from .band import StepNoise, band_table, prediction_band, step_residuals
-from .calibrate import catalog_name, speed_probe
+from .band import StepNoise, band_table, prediction_band
+from .calibrate import catalog_name, speed_probe_parts
 from .hostload import HostLoad, warning
 from .compare import compare, figure, table
 from .realrun import RealRun, run_real
 from .replay import replay
+from .steps import scaled_profile, speed_ratios, step_errors, step_line
 
 
 class FidelityError(TwinserveError, ValueError):
@@ -129,30 +130,6 @@ def simulate(profile: FittedCostModel, make: Callable[[], Workload], sched_cfg: 
     return Simulation(core, executor, make(), fast_forward=True).run()
 
 
-def step_errors(profile: FittedCostModel, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Predicted vs measured time of every real step that computed tokens.
-
-    Besides the per-step errors, the busy-time error (total predicted over total measured)
-    overall and per kind: long steps weigh as much as they last, which is what latencies feel.
-    """
-    import numpy as np
-
-    res = step_residuals(profile, rows)
-    if not res:
-        return {"num_steps": 0}
-    a = np.asarray([(p - m) / m for _, m, p in res])
-    busy: dict[str, list[float]] = {}
-    for kind, m, p in res:
-        acc = busy.setdefault(kind, [0.0, 0.0])
-        acc[0] += m
-        acc[1] += p
-    total_m, total_p = sum(v[0] for v in busy.values()), sum(v[1] for v in busy.values())
-    return {"num_steps": len(a), "median_err": float(np.median(a)),
-            "mape": float(np.mean(np.abs(a))), "p90_abs_err": float(np.percentile(np.abs(a), 90)),
-            "busy_err": total_p / total_m - 1,
-            "busy_err_by_kind": {k: v[1] / v[0] - 1 for k, v in sorted(busy.items())}}
-
-
 def warm_up(engine: Any) -> None:
     """A few unlogged steps (first-touch allocations), then a cold prefix cache like the simulator's."""
     from twinserve.core.sampling_params import SamplingParams
@@ -189,7 +166,7 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     out.mkdir(parents=True, exist_ok=True)
     probe_cal = profile.meta.get("provenance", {}).get("speed_probe_s")
     probe = opts.normalize_speed and bool(probe_cal)
-    probe_before = speed_probe(engine) if probe else None
+    probe_before = speed_probe_parts(engine) if probe else None
     warm_up(engine)
     steps_path = out / "steps_real.csv"
     # A core in its own process: the replay takes the core's steps from the log (realrun.py).
@@ -199,19 +176,21 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     real: RealRun = run_real(engine, make())
     host_load = host.result()
     engine.step_log.close()
-    probe_after = speed_probe(engine) if probe_before and not real.interrupted else None
+    probe_after = speed_probe_parts(engine) if probe_before and not real.interrupted else None
     sched_cfg = engine.scheduler_config
     echo("fidelity: simulating with the profile, and replaying the measured step times ...")
-    raw_profile = dataclasses.replace(profile, time_scale=1.0)
+    raw_profile = dataclasses.replace(profile, time_scale=1.0, prefill_scale=1.0)
     sim_raw = simulate(raw_profile, make, sched_cfg)
     speed: dict[str, Any] = {"normalized": False, "probe_profile_s": probe_cal,
-                             "probe_before_s": probe_before, "probe_after_s": probe_after,
+                             "probe_before_s": probe_before.total if probe_before else None,
+                             "probe_after_s": probe_after.total if probe_after else None,
+                             "probe_before_parts": probe_before.to_dict() if probe_before else None,
+                             "probe_after_parts": probe_after.to_dict() if probe_after else None,
                              "host_load": host_load}
     sim = sim_raw
     if probe_before is not None:
-        during = (probe_before + probe_after) / 2 if probe_after is not None else probe_before
-        speed.update(normalized=True, machine_speed_ratio=during / probe_cal)
-        profile = dataclasses.replace(profile, time_scale=during / probe_cal)
+        speed.update(normalized=True, **speed_ratios(profile, [probe_before, probe_after]))
+        profile = scaled_profile(profile, speed)
         sim = simulate(profile, make, sched_cfg)
     check = replay(real, make, sched_cfg)
     report: dict[str, Any] = compare(real.records, sim.records)
@@ -247,10 +226,14 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     (out / "fidelity.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
     md = table(report)
     if speed["normalized"]:
-        md = (f"machine speed during the run: {speed['machine_speed_ratio']:.3f} x the calibration's "
-              f"(speed probe {speed['probe_profile_s']:.3f} s at calibration, {probe_before:.3f} s "
-              f"before and {probe_after or float('nan'):.3f} s after this run); simulated step "
-              "times scaled by it\n\n" + md + "\n\nwithout the speed scaling:\n\n"
+        after = speed["probe_after_s"] or float("nan")
+        by_part = (f" (decode {speed['machine_speed_ratio_decode']:.3f}, prefill "
+                   f"{speed['machine_speed_ratio_prefill']:.3f}; scaled by part)"
+                   if "machine_speed_ratio_decode" in speed else "")
+        md = (f"machine speed during the run: {speed['machine_speed_ratio']:.3f} x the calibration's"
+              f"{by_part} (speed probe {speed['probe_profile_s']:.3f} s at calibration, "
+              f"{speed['probe_before_s']:.3f} s before and {after:.3f} s after this run); simulated "
+              "step times scaled by it\n\n" + md + "\n\nwithout the speed scaling:\n\n"
               + table({"metrics": report["metrics_raw"], "throughput": report["throughput_raw"]}))
     rp = check.to_dict()
     md += (f"\n\nreplay mode: {'exact' if rp['exact'] else 'NOT exact'} "
@@ -258,7 +241,7 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
            f"max token-time difference {rp['max_token_time_diff_s']:.2e} s)")
     if rp["first_mismatch"]:
         md += f"\nfirst mismatch: {rp['first_mismatch']}"
-    md += _step_line(report["steps"], "\n")
+    md += step_line(report["steps"], "\n")
     if band_samples:
         md += "\n\n" + band_table(report["band"])
     noisy = warning(host_load, "the real run")
@@ -271,18 +254,6 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
            title=f"twinserve fidelity: {model}, profile {Path(str(opts.profile)).name}")
     echo(md)
     return report
-
-
-def _step_line(st: dict[str, Any], sep: str) -> str:
-    """The report's line on predicted vs measured step times, or nothing without steps."""
-    if not st.get("num_steps"):
-        return ""
-    line = (f"{sep}step times: {st['num_steps']} steps, predicted vs measured median "
-            f"{st['median_err']:+.1%}, mean abs {st['mape']:.1%}")
-    if "busy_err" in st:
-        kinds = ", ".join(f"{k} {v:+.1%}" for k, v in st["busy_err_by_kind"].items())
-        line += f"; busy time {st['busy_err']:+.1%} ({kinds})"
-    return line
 
 
 def _write_requests(records: list[Any], path: Path) -> None:
@@ -367,14 +338,14 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
     real = _read_requests(run / "requests_real.csv")
     speed = old.get("speed") or {}
     ratio = speed.get("machine_speed_ratio") if opts.normalize_speed and speed.get("normalized") else None
-    raw_profile = dataclasses.replace(profile, time_scale=1.0)
+    raw_profile = dataclasses.replace(profile, time_scale=1.0, prefill_scale=1.0)
+    judged = scaled_profile(profile, speed) if ratio else raw_profile
     sim_raw = simulate(raw_profile, make, sched_cfg)
-    sim = simulate(dataclasses.replace(profile, time_scale=ratio), make, sched_cfg) if ratio else sim_raw
+    sim = simulate(judged, make, sched_cfg) if ratio else sim_raw
     report: dict[str, Any] = compare(real, sim.records)
     raw = compare(real, sim_raw.records)
     report["metrics_raw"], report["throughput_raw"] = raw["metrics"], raw["throughput"]
     rows = read_step_log(run / "steps_real.csv") if (run / "steps_real.csv").exists() else []
-    judged = dataclasses.replace(profile, time_scale=ratio or 1.0)
     report["steps"] = step_errors(judged, rows) if rows else {}
     if band_samples:
         report["band"] = prediction_band(judged, make, sched_cfg, real,
@@ -392,7 +363,7 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
     md = (f"recorded run {run} (real side as measured then) judged with profile {profile_path}"
           + (f"; simulated step times scaled by the run's measured machine speed {ratio:.3f}" if ratio else "")
           + "\n\n" + table(report))
-    md += _step_line(report["steps"], "\n\n")
+    md += step_line(report["steps"], "\n\n")
     if band_samples:
         md += "\n\n" + band_table(report["band"])
     (out / "fidelity.md").write_text(md + "\n")

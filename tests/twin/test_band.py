@@ -14,7 +14,7 @@ import pytest
 
 from twinserve.backends.sim.fitted import FittedCostModel
 from twinserve.backends.twin.band import NoisyCostModel, StepNoise, prediction_band
-from twinserve.backends.twin.fidelity import step_errors
+from twinserve.backends.twin.steps import step_errors
 from twinserve.backends.sim.executor import SimExecutor
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.sched.config import SchedulerConfig

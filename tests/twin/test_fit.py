@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -85,6 +86,21 @@ def test_regimes_price_small_steps_with_their_own_coefficients() -> None:
     again = FittedCostModel.from_dict(json.loads(json.dumps(with_regime.to_dict())))
     f = (0, 0, 0, 0.0, 2, 600)
     assert again.step_time(*f) == pytest.approx(with_regime.step_time(*f)) != without.step_time(*f)
+
+
+def test_prefill_scale_prices_a_steps_prefill_share_apart_from_its_decode() -> None:
+    rows = _rows(seed=3)
+    for prof in (fit_step_profile(rows), fit_step_profile(rows, regime_max_tokens=[4])):
+        scaled = dataclasses.replace(prof, time_scale=1.1, prefill_scale=1.5)
+        decode, prefill, mixed = (0, 0, 0, 0.0, 3, 900), (96, 1, 0, 96 * 48.0, 0, 0), (96, 1, 0, 96 * 48.0, 32, 3000)
+        small = (0, 0, 0, 0.0, 2, 600)  # the small-step regime, when there is one
+        assert scaled.step_time(*decode) == pytest.approx(1.1 * prof.step_time(*decode))
+        assert scaled.step_time(*small) == pytest.approx(1.1 * prof.step_time(*small))
+        assert scaled.step_time(*prefill) == pytest.approx(1.1 * 1.5 * prof.step_time(*prefill))
+        # A mixed step: its prefill tokens' share (96 of 128) of the prefill scale.
+        assert scaled.step_time(*mixed) == pytest.approx(1.1 * (1 + 0.5 * 96 / 128) * prof.step_time(*mixed))
+        tiny = (2, 1, 0, 2.0, 1, 100)  # 3 tokens: inside the small-step regime too
+        assert scaled.step_time(*tiny) == pytest.approx(1.1 * (1 + 0.5 * 2 / 3) * prof.step_time(*tiny))
 
 
 def test_too_few_steps_and_bad_rows_are_clear_errors() -> None:

@@ -95,6 +95,13 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert sp["normalized"] and sp["probe_before_s"] > 0 and sp["probe_after_s"] > 0
     assert sp["machine_speed_ratio"] == pytest.approx(
         (sp["probe_before_s"] + sp["probe_after_s"]) / 2 / data["provenance"]["speed_probe_s"])
+    # Decode and prefill are scaled by their own parts of the probe, against calibration's.
+    cal_parts = data["provenance"]["speed_probe_parts"]
+    for part in ("decode", "prefill"):
+        mean = (sp["probe_before_parts"][f"{part}_s"] + sp["probe_after_parts"][f"{part}_s"]) / 2
+        assert sp[f"machine_speed_ratio_{part}"] == pytest.approx(mean / cal_parts[f"{part}_s"])
+    assert sp["probe_before_s"] == pytest.approx(sum(sp["probe_before_parts"].values()))
+    assert "scaled by part" in (out / "fidelity.md").read_text()
     assert set(rep["metrics_raw"]) == {"ttft", "tpot", "itl", "e2e"}
     assert (out / "fidelity.png").stat().st_size > 10_000 and (out / "fidelity.md").exists()
     # Arrivals are the trace's own timestamps; outputs are forced to the trace's lengths.

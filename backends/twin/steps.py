@@ -1,0 +1,68 @@
+"""A run's steps, judged: the machine speed they ran at, and the profile's error on each of them."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from twinserve.backends.sim.fitted import FittedCostModel
+
+from .band import step_residuals
+from .calibrate import ProbeParts
+
+
+def speed_ratios(profile: FittedCostModel, probes: list[ProbeParts | None]) -> dict[str, float]:
+    """The machine's speed during a run against calibration's: overall, and per probe part when
+    the profile recorded its parts (decode and prefill drift apart on a shared machine)."""
+    got = [p for p in probes if p is not None]
+    prov = profile.meta.get("provenance", {})
+    out = {"machine_speed_ratio": float(np.mean([p.total for p in got])) / prov["speed_probe_s"]}
+    parts = prov.get("speed_probe_parts")
+    if parts:
+        out["machine_speed_ratio_decode"] = float(np.mean([p.decode_s for p in got])) / parts["decode_s"]
+        out["machine_speed_ratio_prefill"] = float(np.mean([p.prefill_s for p in got])) / parts["prefill_s"]
+    return out
+
+
+def scaled_profile(profile: FittedCostModel, speed: dict[str, Any]) -> FittedCostModel:
+    """The profile priced at a run's measured speed: per part when measured so, else overall."""
+    d, p = speed.get("machine_speed_ratio_decode"), speed.get("machine_speed_ratio_prefill")
+    if d and p:
+        return dataclasses.replace(profile, time_scale=d, prefill_scale=p / d)
+    return dataclasses.replace(profile, time_scale=speed["machine_speed_ratio"], prefill_scale=1.0)
+
+
+def step_errors(profile: FittedCostModel, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Predicted vs measured time of every real step that computed tokens.
+
+    Besides the per-step errors, the busy-time error (total predicted over total measured)
+    overall and per kind: long steps weigh as much as they last, which is what latencies feel.
+    """
+    res = step_residuals(profile, rows)
+    if not res:
+        return {"num_steps": 0}
+    a = np.asarray([(p - m) / m for _, m, p in res])
+    busy: dict[str, list[float]] = {}
+    for kind, m, p in res:
+        acc = busy.setdefault(kind, [0.0, 0.0])
+        acc[0] += m
+        acc[1] += p
+    total_m, total_p = sum(v[0] for v in busy.values()), sum(v[1] for v in busy.values())
+    return {"num_steps": len(a), "median_err": float(np.median(a)),
+            "mape": float(np.mean(np.abs(a))), "p90_abs_err": float(np.percentile(np.abs(a), 90)),
+            "busy_err": total_p / total_m - 1,
+            "busy_err_by_kind": {k: v[1] / v[0] - 1 for k, v in sorted(busy.items())}}
+
+
+def step_line(st: dict[str, Any], sep: str) -> str:
+    """The report's line on predicted vs measured step times, or nothing without steps."""
+    if not st.get("num_steps"):
+        return ""
+    line = (f"{sep}step times: {st['num_steps']} steps, predicted vs measured median "
+            f"{st['median_err']:+.1%}, mean abs {st['mape']:.1%}")
+    if "busy_err" in st:
+        kinds = ", ".join(f"{k} {v:+.1%}" for k, v in st["busy_err_by_kind"].items())
+        line += f"; busy time {st['busy_err']:+.1%} ({kinds})"
+    return line
