@@ -60,11 +60,17 @@ def _int_cell(value: str | None, file: str, line: int, column: str, minimum: int
     return v
 
 
-def _azure_seconds(value: str | None, file: str, line: int) -> tuple[int, float]:
+def _azure_seconds(value: str | None, file: str, line: int,
+                   days: dict[str, int] | None = None) -> tuple[int, float]:
+    """(day ordinal, seconds into the day); days caches ordinals by date text (one per trace)."""
     try:
         assert value is not None
         day, clock = value.strip().split(" ")
-        ordinal = _dt.date.fromisoformat(day).toordinal()
+        ordinal = days.get(day) if days is not None else None
+        if ordinal is None:
+            ordinal = _dt.date.fromisoformat(day).toordinal()
+            if days is not None:
+                days[day] = ordinal
         h, m, s = clock.split(":")
         return ordinal, int(h) * 3600 + int(m) * 60 + float(s)
     except (AssertionError, ValueError):
@@ -103,20 +109,25 @@ def read_trace(path: str | Path, limit: int | None = None) -> Iterator[TraceRow]
         first_stamp: float | None = None
         previous = 0.0
         count = 0
+        width = len(header)
+        days: dict[str, int] = {}
+        if kind == "azure":
+            i_time, i_prompt, i_output = (idx[c] for c in AZURE_COLUMNS)
         for row in reader:
             line = reader.line_num
-            if not row or all(not c.strip() for c in row):
+            # A row of blank cells only: their concatenation is blank too.
+            if not row or not "".join(row).strip():
                 continue
-            if len(row) != len(header):
+            if len(row) != width:
                 raise TraceError(file, line, None,
-                                 f"expected {len(header)} fields, found {len(row)}")
+                                 f"expected {width} fields, found {len(row)}")
             if kind == "azure":
-                day, secs = _azure_seconds(row[idx["TIMESTAMP"]], file, line)
+                day, secs = _azure_seconds(row[i_time], file, line, days)
                 if origin is None:
                     origin = (day, secs)
                 arrival: float | None = (day - origin[0]) * 86400.0 + (secs - origin[1])
-                prompt = _int_cell(row[idx["ContextTokens"]], file, line, "ContextTokens", 1)
-                output = _int_cell(row[idx["GeneratedTokens"]], file, line, "GeneratedTokens", 1)
+                prompt = _int_cell(row[i_prompt], file, line, "ContextTokens", 1)
+                output = _int_cell(row[i_output], file, line, "GeneratedTokens", 1)
             else:
                 prompt = _int_cell(row[idx["num_prefill_tokens"]], file, line,
                                    "num_prefill_tokens", 1)

@@ -266,11 +266,8 @@ class Simulation:
             return False
         running = sched.running
         n = len(running)
-        context = 0
-        ids = []
-        for req in running:
-            context += req.num_computed_tokens
-            ids.append(req.request_id)
+        context = sum([req.num_computed_tokens for req in running])
+        ids = [req.request_id for req in running]
         ex = self.executor
         durations, ends = ex.decode_step_times(n, context, k, t, self.source.next_time())
         if not ends:

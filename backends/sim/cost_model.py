@@ -168,6 +168,39 @@ class RooflineCostModel:
             t += self._comm_fixed + self._comm_tok * tokens
         return t
 
+    def decode_step_times(self, num_seqs: int, context: int, max_steps: int, start: float,
+                          deadline: float) -> tuple[list[float], list[float]]:
+        """step_time of consecutive decode-only steps, as SimExecutor.decode_step_times
+        computes them (the same floats: the terms that are zero without prefill are left
+        out, x + 0.0 being x, and those that do not change with the context are summed once)."""
+        n = num_seqs
+        floor = self._floor
+        t_lin = self._k_tok * n + self._k_seq * n + self._w_time
+        if t_lin < floor:
+            t_lin = floor
+        eff = self.eff
+        base = eff.step_overhead_s + eff.per_seq_overhead_s * n + t_lin
+        comm = self._comm_fixed + self._comm_tok * n if self._comm_fixed else 0.0
+        k_kv = self._k_kv
+        durations: list[float] = []
+        ends: list[float] = []
+        add_duration, add_end = durations.append, ends.append
+        t = start
+        for _ in range(max_steps):
+            if t >= deadline:
+                break
+            t_attn = k_kv * (context + n)
+            if t_attn < floor:
+                t_attn = floor
+            d = base + t_attn
+            if comm:
+                d += comm
+            t = t + d
+            add_duration(d)
+            add_end(t)
+            context += n
+        return durations, ends
+
     def max_tokens_per_second(self) -> float:
         """An upper bound on processed tokens per second: linear-layer FLOPs at 100% of peak."""
         return self.hardware.peak_flops / self._c_lin_tok

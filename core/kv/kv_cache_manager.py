@@ -346,8 +346,8 @@ class KVCacheManager:
                 uncache(blocks[i])
         if chain is not None:
             chain.held = False
-            for i in range(chain.lo, chain.hi):
-                blocks[i].pending = chain  # evictable from now on: the pool must see it
+            for block in blocks[chain.lo:chain.hi]:
+                block.pending = chain  # evictable from now on: the pool must see it
         self.pool.free_blocks(reversed(blocks))
 
     def get_block_ids(self, request_id: str) -> list[int]:

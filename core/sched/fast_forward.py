@@ -30,23 +30,29 @@ def decode_window(scheduler: Scheduler, max_steps: int) -> int:
     if not running or len(running) > cfg.max_num_batched_tokens:
         return 0
     limit = max_steps
-    max_model_len = cfg.max_model_len
     for req in running:
         n = len(req.all_token_ids)
-        # One token left is a decode only past the prompt; otherwise it is the prompt's
-        # last chunk, which the executor prices as prefill and which samples the first token.
-        if n - req.num_computed_tokens != 1 or req.num_computed_tokens < req.num_prompt_tokens:
+        # One token left is a decode only past the prompt (some output exists); otherwise
+        # it is the prompt's last chunk, which the executor prices as prefill and which
+        # samples the first token.
+        if n - req.num_computed_tokens != 1 or not req.output_token_ids:
             return 0
         sp = req.sampling_params
         if sp.stop_token_ids or (req.eos_token_id is not None and not sp.ignore_eos):
             return 0  # a sampled token could stop it: step normally
-        rem = min(req.max_tokens - len(req.output_token_ids), max_model_len - n)
+        # Tokens until the length limit: all_token_ids is the prompt plus the output, so
+        # it reaches stop_check_len exactly at max_tokens or max_model_len (add_request).
+        rem = req.stop_check_len - n
         if rem < limit:
             limit = rem
             if limit <= 0:
                 return 0
     kv = scheduler.kv
     free = kv.num_free_blocks
+    # A running request holds a block for each of its computed tokens' slots, so k more
+    # steps take at most k // block_size + 1 blocks each: most windows need no count.
+    if len(running) * (limit // kv.block_size + 1) <= free:
+        return limit
     if _blocks_needed(scheduler, running, limit) <= free:
         return limit
     lo, hi = 0, limit  # largest k with blocks_needed(k) <= free
@@ -96,7 +102,6 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
     lazy = kv.pending_requests  # requests whose blocks past the root register lazily
     grows: list[int] = []  # requests whose pending chain grows in the window
     registers = False  # any registration event (a request registering for real)
-    max_model_len = scheduler.config.max_model_len
     done: list[Request] = []  # reach a length limit on the window's last step
     for i, req in enumerate(running):
         c = req.num_computed_tokens
@@ -106,8 +111,13 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
         out_ids = req.output_token_ids
         out_ids.extend(toks)
         req.token_times.extend(end_times)
-        if len(out_ids) >= req.max_tokens or len(all_ids) >= max_model_len:
+        if len(all_ids) >= req.stop_check_len:  # max_tokens or max_model_len (add_request)
             done.append(req)
+        if c + k_steps <= req.fast_decode_limit:
+            # Every step of the window has its slot in a held block and fills no block to
+            # register (see Request.fast_decode_limit): nothing for the KV manager to do.
+            req.num_computed_tokens = c + k_steps
+            continue
         # Step k schedules token c + k, so afterwards c + k + 1 tokens need slots.
         rid = req.request_id
         k = len(held[rid]) * bs - c
