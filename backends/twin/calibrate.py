@@ -57,7 +57,7 @@ class CalibrationDesign:
     prefill_contexts: list[int] = field(default_factory=lambda: [0, 192, 448])
     multi_prefill: list[tuple[int, int]] = field(
         default_factory=lambda: [(2, 32), (4, 32), (8, 32), (2, 128), (4, 128)])
-    decode_batches: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 6, 8, 12, 16, 24, 32])
+    decode_batches: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 24, 32])
     decode_contexts: list[int] = field(default_factory=lambda: [48, 256])
     decode_steps: int = 4
     mixed: list[tuple[int, int]] = field(default_factory=lambda: [(4, 64), (8, 192), (16, 64),
@@ -161,10 +161,17 @@ class Calibrator:
         self._drain()
 
     def decode(self, batch: int, context: int, steps: int) -> None:
-        """batch distinct prompts, lengths spread over [context/2, 3 context/2], then `steps` decodes."""
-        for i in range(batch):
-            frac = 0.5 + (i / (batch - 1) if batch > 1 else 0.5)
-            self._add(self._tokens(max(1, round(context * frac))), steps + 1)
+        """batch distinct prompts, lengths spread over [context/2, 3 context/2], then `steps`
+        decodes of the whole batch."""
+        lens = [max(1, round(context * (0.5 + (i / (batch - 1) if batch > 1 else 0.5))))
+                for i in range(batch)]
+        # The prompts prefilled first decode while the rest prefill: each must outlive the
+        # batch's prefill (every step of it also carries up to `batch` decodes) for the whole
+        # batch to decode together, else large batches at long context are never measured.
+        room = max(self.engine.scheduler_config.max_num_batched_tokens - batch, 1)
+        prefill_steps = -(-sum(lens) // room)
+        for n in lens:
+            self._add(self._tokens(n), steps + prefill_steps + 1)
         self._drain()
 
     def mixed(self, batch: int, q: int, context: int = 32) -> None:
@@ -341,17 +348,27 @@ def _git_commit() -> str | None:
 
 
 def regime_bounds(engine: Any) -> list[int]:
-    """Token counts where the engine switches code path (the CPU fp32 small-batch weights)."""
+    """Token counts where the engine switches code path (CPU fp32: small-batch weights, padding)."""
     device = engine.args.resolve_device()
-    return _code_path_bounds(device.type, str(engine.args.resolve_dtype(device)), engine.args.small_batch_weights)
+    return _code_path_bounds(device.type, str(engine.args.resolve_dtype(device)), engine.args.small_batch_weights,
+                             _pad_rows())
 
 
-def _code_path_bounds(device_type: str, dtype: str, small_batch_weights: bool) -> list[int]:
-    from ..real.models.llama import SMALL_BATCH_ROWS
+def _code_path_bounds(device_type: str, dtype: str, small_batch_weights: bool, pad_rows: int = 0) -> list[int]:
+    from ..real.models.llama import PAD_MIN_ROWS, SMALL_BATCH_ROWS
 
-    if device_type == "cpu" and small_batch_weights and dtype.replace("torch.", "") == "float32":
-        return [SMALL_BATCH_ROWS]
-    return []
+    if device_type != "cpu" or dtype.replace("torch.", "") != "float32":
+        return []
+    bounds = [SMALL_BATCH_ROWS] if small_batch_weights else []
+    if pad_rows:  # products of PAD_MIN_ROWS..pad_rows-1 rows cost what pad_rows rows cost
+        bounds += [PAD_MIN_ROWS - 1, pad_rows - 1]
+    return bounds
+
+
+def _pad_rows() -> int:
+    from ..real.models.llama import PAD_ROWS
+
+    return PAD_ROWS
 
 
 def graph_max_decodes(device_type: str, enforce_eager: bool, attention_backend: str | None,
@@ -408,7 +425,9 @@ def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> Fit
         if graph_max is not None:
             note["cuda_graph_max_batch_inferred"] = graph_max
     batches = (prov.get("design") or {}).get("decode_batches") or []
-    base = _code_path_bounds(device_type, str(prov.get("dtype", "")), bool(eng.get("small_batch_weights", False)))
+    # Profiles made before row padding existed record no pad_rows: their engine padded nothing.
+    base = _code_path_bounds(device_type, str(prov.get("dtype", "")), bool(eng.get("small_batch_weights", False)),
+                             int(eng.get("pad_rows") or 0))
     bounds = select_regimes(rows, base, [b for b in batches if 4 < b < max(batches)],
                             graph_max_decodes=graph_max)
     meta = {k: v for k, v in old.meta.items() if k not in ("fit", "provenance", "format")}
@@ -485,7 +504,7 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
                        "max_num_batched_tokens": sc.max_num_batched_tokens,
                        "small_batch_weights": a.small_batch_weights, "prepack_weights": a.prepack_weights,
                        "attention_backend": a.attention_backend, "enforce_eager": a.enforce_eager,
-                       "cuda_graph_max_batch": graph_max},
+                       "cuda_graph_max_batch": graph_max, "pad_rows": _pad_rows()},
             "design": asdict(design),
         })
     profile.meta["fit"]["comm_share"] = _comm_share(rows)

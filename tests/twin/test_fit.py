@@ -327,6 +327,17 @@ def test_cuda_graph_regime_prices_replayed_decodes_apart_from_eager_steps() -> N
         FittedCostModel.from_dict(bad)
 
 
+def test_cpu_fp32_code_paths_are_regime_bounds() -> None:
+    from twinserve.backends.twin.calibrate import _code_path_bounds
+
+    # Small-batch weights up to 4 rows; 9-15 rows padded to 16 (so 9..15 cost alike).
+    assert _code_path_bounds("cpu", "torch.float32", True, 16) == [4, 8, 15]
+    assert _code_path_bounds("cpu", "float32", False, 16) == [8, 15]
+    # A profile made before padding existed records no pad_rows: its engine padded nothing.
+    assert _code_path_bounds("cpu", "float32", True) == [4]
+    assert _code_path_bounds("cpu", "bfloat16", True, 16) == [] == _code_path_bounds("cuda", "float32", True, 16)
+
+
 def test_graph_regime_follows_the_engine_settings() -> None:
     from twinserve.backends.twin.calibrate import graph_max_decodes
 

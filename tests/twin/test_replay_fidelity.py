@@ -188,6 +188,24 @@ def test_interrupt_aborts_the_engine_and_writes_what_was_measured(make_engine, t
     engine.shutdown()
 
 
+def test_calibration_decode_points_measure_the_whole_batch(make_engine) -> None:
+    """A batch whose prefill spans many steps still decodes together, `steps` times at least."""
+    from twinserve.backends.twin.calibrate import Calibrator
+
+    engine = make_engine(max_num_batched_tokens=32, max_num_seqs=16)
+    cal = Calibrator(engine)
+    engine.set_step_log(cal.log)
+    for batch, context in ((6, 24), (12, 40)):
+        first = len(cal.log.records)
+        cal.decode(batch, context, 3)
+        whole = [r for r in cal.log.records[first:]
+                 if r.num_prefill_tokens == 0 and r.num_decode_seqs == batch]
+        assert len(whole) >= 3, (batch, context, len(whole))
+        # ...at the design's context: about batch x context tokens, plus what was decoded.
+        assert whole[0].decode_context >= batch * context
+    engine.shutdown()
+
+
 def test_speed_probe_repeats_on_one_engine(make_engine) -> None:
     """The probe computes every token each time: its prompts never become prefix hits later."""
     from twinserve.backends.twin.calibrate import speed_probe
