@@ -362,3 +362,17 @@ def test_shipped_h200_profile_is_what_the_fit_makes_of_its_own_step_log() -> Non
     assert shipped.regimes[0].decode_only and shipped.regimes[0].max_num_tokens == 64
     # Replayed decodes cost a few ms on the H200; every eager step pays ~20 ms of launches.
     assert shipped.step_time(0, 0, 0, 0.0, 8, 8 * 300) < 0.006 < 0.015 < shipped.step_time(64, 1, 0, 2048.0, 0, 0)
+
+
+def test_shipped_cpu_profile_is_what_the_fit_makes_of_its_own_step_log() -> None:
+    from twinserve.backends.twin.calibrate import refit
+
+    shipped = FittedCostModel.load("builtin:smollm2-135m-cpu-1t")
+    again = refit("builtin:smollm2-135m-cpu-1t")
+    assert again.coefficients == pytest.approx(shipped.coefficients, rel=1e-6, abs=1e-12)
+    # The engine's code paths are its regimes: small-batch weights, then 9-15 rows padded to 16.
+    assert [r.max_num_tokens for r in again.regimes] == [r.max_num_tokens for r in shipped.regimes]
+    assert [r.max_num_tokens for r in shipped.regimes][:3] == [4, 8, 15]
+    # Padded: a 13-sequence decode step costs about what a 16-sequence one does, not more.
+    d13, d16 = (shipped.step_time(0, 0, 0, 0.0, b, b * 256) for b in (13, 16))
+    assert d13 < 1.05 * d16
