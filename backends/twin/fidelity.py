@@ -28,8 +28,8 @@ from twinserve.sim.workload import Workload, WorkloadConfig
 from ..real.step_log import StepLog, read_step_log
 from .band import StepNoise, band_table, prediction_band
 from .calibrate import catalog_name, speed_probe_parts
-from .hostload import HostLoad, warning
 from .compare import compare, figure, table
+from .hostload import HostLoad, warning
 from .realrun import RealRun, run_real
 from .replay import replay
 from .steps import scaled_profile, speed_ratios, step_errors, step_line

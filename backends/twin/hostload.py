@@ -35,6 +35,8 @@ def _busy_steal(cpus: list[int]) -> tuple[float, float]:
     per = psutil.cpu_times(percpu=True)
     busy = steal = 0.0
     for c in cpus:
+        if c >= len(per):  # psutil lists online CPUs in order; numbering with gaps is not mapped
+            continue
         t = per[c]
         busy += t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
         steal += getattr(t, "steal", 0.0)
