@@ -119,6 +119,9 @@ def _fidelity_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--normalize-speed", action=argparse.BooleanOptionalAction, default=True,
                    help="scale simulated step times by the machine's speed measured around the "
                    "run against calibration (a short fixed probe); raw errors are reported too")
+    p.add_argument("--speed-by-part", action="store_true",
+                   help="scale decode and each step's prefill share by their own probe parts' drift "
+                        "instead of the whole probe's")
     add_engine_args(p)
     p.set_defaults(func=_fidelity)
 
@@ -133,11 +136,12 @@ def _fidelity(ns: argparse.Namespace) -> int:
         from twinserve.backends.twin.fidelity import rejudge
 
         rejudge(ns.from_run, ns.profile, ns.out, trace=ns.trace, model=ns.model,
-                allow_profile_mismatch=ns.allow_profile_mismatch, band_samples=ns.band_samples)
+                allow_profile_mismatch=ns.allow_profile_mismatch, band_samples=ns.band_samples,
+                speed_by_part=ns.speed_by_part)
         return 0
     opts = FidelityOptions(ns.profile, ns.trace, ns.config, ns.num_requests, ns.rate, ns.time_scale,
                            ns.max_prompt_tokens, ns.max_output_tokens, ns.workload_seed,
-                           ns.allow_profile_mismatch, ns.normalize_speed)
+                           ns.allow_profile_mismatch, ns.normalize_speed, ns.speed_by_part)
     profile = FittedCostModel.load(ns.profile)
     made = profile.meta.get("provenance", {}).get("threads")
     if made is not None and made != ns.threads:

@@ -56,6 +56,10 @@ class FidelityOptions:
     # Scale the simulated step times by the machine's measured speed (a probe run before and
     # after the real run, against the probe recorded at calibration); raw errors are kept too.
     normalize_speed: bool = True
+    # Scale decode and a step's prefill share by their own probe parts' drift instead of the
+    # whole probe's (steps.scaled_profile). Off by default: on this project's VM it did not
+    # predict better (Nov 30: six runs, conv alike, code's prefill steps 2-3 points worse).
+    speed_by_part: bool = False
 
 
 class CappedWorkload(Workload):
@@ -190,7 +194,7 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     sim = sim_raw
     if probe_before is not None:
         speed.update(normalized=True, **speed_ratios(profile, [probe_before, probe_after]))
-        profile = scaled_profile(profile, speed)
+        profile = scaled_profile(profile, speed, opts.speed_by_part)
         sim = simulate(profile, make, sched_cfg)
     check = replay(real, make, sched_cfg)
     report: dict[str, Any] = compare(real.records, sim.records)
@@ -228,7 +232,8 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     if speed["normalized"]:
         after = speed["probe_after_s"] or float("nan")
         by_part = (f" (decode {speed['machine_speed_ratio_decode']:.3f}, prefill "
-                   f"{speed['machine_speed_ratio_prefill']:.3f}; scaled by part)"
+                   f"{speed['machine_speed_ratio_prefill']:.3f}"
+                   + ("; scaled by part)" if opts.speed_by_part else ")")
                    if "machine_speed_ratio_decode" in speed else "")
         md = (f"machine speed during the run: {speed['machine_speed_ratio']:.3f} x the calibration's"
               f"{by_part} (speed probe {speed['probe_profile_s']:.3f} s at calibration, "
@@ -287,7 +292,8 @@ def _read_requests(path: Path) -> list[RequestRecord]:
 
 def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: str | None = None,
             model: str | None = None, allow_profile_mismatch: bool = False,
-            echo: Callable[[str], None] = print, band_samples: int = 20) -> dict[str, Any]:
+            echo: Callable[[str], None] = print, band_samples: int = 20,
+            speed_by_part: bool = False) -> dict[str, Any]:
     """A recorded real run (a fidelity output folder) judged again with another profile, no engine.
 
     The simulator gets the run's workload (options from its fidelity.json; trace re-pointed
@@ -317,6 +323,8 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
     wl = {k: v for k, v in (old.get("workload") or {}).items() if k in names}
     if trace is not None:
         wl["trace"] = trace
+    if speed_by_part:
+        wl["speed_by_part"] = True
     opts = FidelityOptions(str(profile_path), **wl)
     if old.get("scheduler_config"):
         sched_cfg = SchedulerConfig(**old["scheduler_config"])
@@ -339,7 +347,7 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
     speed = old.get("speed") or {}
     ratio = speed.get("machine_speed_ratio") if opts.normalize_speed and speed.get("normalized") else None
     raw_profile = dataclasses.replace(profile, time_scale=1.0, prefill_scale=1.0)
-    judged = scaled_profile(profile, speed) if ratio else raw_profile
+    judged = scaled_profile(profile, speed, opts.speed_by_part) if ratio else raw_profile
     sim_raw = simulate(raw_profile, make, sched_cfg)
     sim = simulate(judged, make, sched_cfg) if ratio else sim_raw
     report: dict[str, Any] = compare(real, sim.records)
@@ -361,7 +369,8 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
     out.mkdir(parents=True, exist_ok=True)
     (out / "fidelity.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
     md = (f"recorded run {run} (real side as measured then) judged with profile {profile_path}"
-          + (f"; simulated step times scaled by the run's measured machine speed {ratio:.3f}" if ratio else "")
+          + (f"; simulated step times scaled by the run's measured machine speed {ratio:.3f}"
+             + (" (decode and prefill by part)" if opts.speed_by_part else "") if ratio else "")
           + "\n\n" + table(report))
     md += step_line(report["steps"], "\n\n")
     if band_samples:

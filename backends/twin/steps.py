@@ -26,10 +26,10 @@ def speed_ratios(profile: FittedCostModel, probes: list[ProbeParts | None]) -> d
     return out
 
 
-def scaled_profile(profile: FittedCostModel, speed: dict[str, Any]) -> FittedCostModel:
-    """The profile priced at a run's measured speed: per part when measured so, else overall."""
+def scaled_profile(profile: FittedCostModel, speed: dict[str, Any], by_part: bool = False) -> FittedCostModel:
+    """The profile priced at a run's measured speed: overall, or per probe part when asked and measured."""
     d, p = speed.get("machine_speed_ratio_decode"), speed.get("machine_speed_ratio_prefill")
-    if d and p:
+    if by_part and d and p:
         return dataclasses.replace(profile, time_scale=d, prefill_scale=p / d)
     return dataclasses.replace(profile, time_scale=speed["machine_speed_ratio"], prefill_scale=1.0)
 

@@ -103,6 +103,20 @@ def test_prefill_scale_prices_a_steps_prefill_share_apart_from_its_decode() -> N
         assert scaled.step_time(*tiny) == pytest.approx(1.1 * (1 + 0.5 * 2 / 3) * prof.step_time(*tiny))
 
 
+def test_a_run_is_scaled_by_the_whole_probe_unless_by_part_is_asked() -> None:
+    from twinserve.backends.twin.steps import scaled_profile
+
+    prof = fit_step_profile(_rows(seed=4))
+    speed = {"machine_speed_ratio": 1.2, "machine_speed_ratio_decode": 1.25, "machine_speed_ratio_prefill": 1.1}
+    overall = scaled_profile(prof, speed)
+    assert (overall.time_scale, overall.prefill_scale) == (1.2, 1.0)
+    part = scaled_profile(prof, speed, by_part=True)
+    assert part.time_scale == 1.25 and part.prefill_scale == pytest.approx(1.1 / 1.25)
+    # A run recorded without parts is scaled overall even when by part is asked.
+    old = scaled_profile(prof, {"machine_speed_ratio": 1.2}, by_part=True)
+    assert (old.time_scale, old.prefill_scale) == (1.2, 1.0)
+
+
 def test_too_few_steps_and_bad_rows_are_clear_errors() -> None:
     rows = _rows(n=5)
     with pytest.raises(ProfileError, match="at least 7 steps"):

@@ -101,7 +101,7 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
         mean = (sp["probe_before_parts"][f"{part}_s"] + sp["probe_after_parts"][f"{part}_s"]) / 2
         assert sp[f"machine_speed_ratio_{part}"] == pytest.approx(mean / cal_parts[f"{part}_s"])
     assert sp["probe_before_s"] == pytest.approx(sum(sp["probe_before_parts"].values()))
-    assert "scaled by part" in (out / "fidelity.md").read_text()
+    assert "scaled by part" not in (out / "fidelity.md").read_text()  # overall unless asked
     assert set(rep["metrics_raw"]) == {"ttft", "tpot", "itl", "e2e"}
     assert (out / "fidelity.png").stat().st_size > 10_000 and (out / "fidelity.md").exists()
     # Arrivals are the trace's own timestamps; outputs are forced to the trace's lengths.
@@ -128,6 +128,13 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert main(["fidelity", "--from-run", str(out), "--profile", str(prof), "--out", str(again),
                  "--band-samples", "1"]) == 2
     assert "--band-samples 1: give 0 (no band) or at least 2" in capsys.readouterr().err
+    # Judged again scaling decode and prefill by their own probe parts.
+    by_part = tmp_path / "by-part"
+    assert main(["fidelity", "--from-run", str(out), "--profile", str(prof), "--out", str(by_part),
+                 "--speed-by-part", "--band-samples", "0"]) == 0
+    rep3 = json.loads((by_part / "fidelity.json").read_text())
+    assert rep3["workload"]["speed_by_part"] and "band" not in rep3
+    assert "decode and prefill by part" in (by_part / "fidelity.md").read_text()
     # A profile refitted from its own step log by the same fit is the same profile (up to the
     # float noise of redoing the drift correction: 1e-12 s per unit is far below any term).
     refit = tmp_path / "refit.json"
