@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 
 import simpy
 
-from twinserve.backends.sim.executor import SimExecutor
+from twinserve.backends.sim.executor import DEFAULT_TOKEN, SimExecutor
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import InvalidRequestError
 from twinserve.core.request import Request
@@ -294,10 +294,8 @@ class ClusterSimulation:
         sched = rep.core.scheduler
         ex = rep.executor
         dropped = sched.finished_req_ids
-        tokens = ex.tokens
         n = len(ids)
-        usage, finished = apply_decode_steps(sched, ends,
-                                             lambda req, k: [tokens.get(req.request_id, 1)] * k)
+        usage, finished = apply_decode_steps(sched, ends, repeat=ex.tokens, default=DEFAULT_TOKEN)
         ex.advance_decode(ids, context, durations, dropped)
         rep.core.num_steps += m
         busy = 0.0

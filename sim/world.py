@@ -16,10 +16,10 @@ from typing import Iterator, Sequence
 
 import simpy
 
-from twinserve.backends.sim.executor import SimExecutor
+from twinserve.backends.sim.executor import DEFAULT_TOKEN, SimExecutor
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import InvalidRequestError
-from twinserve.core.request import Request
+from twinserve.core.request import FinishReason, Request
 from twinserve.core.sampling_params import SamplingParams
 from twinserve.core.sched.fast_forward import apply_decode_steps, decode_window
 
@@ -27,6 +27,9 @@ from .gc_policy import simulation_gc
 from .workload import WorkItem, Workload
 
 INF = float("inf")
+# A record's finish_reason text ("" while unfinished): a lookup, not Enum.value's descriptor.
+_REASON_TEXT: dict[FinishReason | None, str] = {r: r.value for r in FinishReason}
+_REASON_TEXT[None] = ""
 
 
 @dataclass(slots=True)
@@ -194,7 +197,7 @@ class Simulation:
             req.first_scheduled_time, req.first_token_time, req.finish_time,
             max(req.prefix_hit_tokens, 0), req.num_preemptions, req.token_times,
             item.conversation, item.turn,
-            req.finish_reason.value if req.finish_reason is not None else ""))
+            _REASON_TEXT[req.finish_reason]))
         if self.workload.cfg.turns > 1 and req.finish_time is not None:
             nxt = self.workload.next_turn(item, req.all_token_ids, req.finish_time)
             if nxt is not None:
@@ -273,9 +276,7 @@ class Simulation:
         if not ends:
             return False
         dropped = sched.finished_req_ids
-        tokens = ex.tokens
-        usage, finished = apply_decode_steps(sched, ends,
-                                             lambda req, m: [tokens.get(req.request_id, 1)] * m)
+        usage, finished = apply_decode_steps(sched, ends, repeat=ex.tokens, default=DEFAULT_TOKEN)
         ex.advance_decode(ids, context, durations, dropped)
         k = len(ends)
         self.core.num_steps += k

@@ -114,8 +114,8 @@ class SimExecutor:
             state.pop(rid, None)
         k = len(durations)
         n = 0
-        for rid in req_ids:
-            state[rid][0] += k
+        for s in map(state.__getitem__, req_ids):
+            s[0] += k
             n += 1
         w = self.totals
         w.num_steps += k

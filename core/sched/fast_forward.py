@@ -12,7 +12,7 @@ finish order match step-by-step execution (tests/sim runs both ways).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Mapping
 
 from ..request import FINISH_STATUS, FinishReason, Request
 from .scheduler import Scheduler
@@ -77,14 +77,20 @@ def _blocks_needed(scheduler: Scheduler, running: list[Request], num_steps: int)
 
 
 def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
-                       token_ids: Callable[[Request, int], list[int]]
+                       token_ids: Callable[[Request, int], list[int]] | None = None, *,
+                       repeat: Mapping[str, int] | None = None, default: int = 1
                        ) -> tuple[list[float], list[str]]:
     """Apply len(end_times) decode steps (at most decode_window's count).
 
-    token_ids(request, k) gives the k tokens the request samples, in order; step i's
-    tokens are stamped end_times[i]. Returns the KV usage after each step and the ids
-    of the requests that finished on the last one.
+    token_ids(request, k) gives the k tokens the request samples, in order; or, when
+    each request samples one id at every step, repeat maps request ids to it (default
+    for those it lacks), which spares a call per request. Step i's tokens are stamped
+    end_times[i]. Returns the KV usage after each step and the ids of the requests
+    that finished on the last one.
     """
+    get = repeat.get if repeat is not None else None
+    if get is None and token_ids is None:
+        raise TypeError("apply_decode_steps needs token_ids or repeat")
     k_steps = len(end_times)
     kv = scheduler.kv
     bs = kv.block_size
@@ -105,7 +111,10 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
     done: list[Request] = []  # reach a length limit on the window's last step
     for i, req in enumerate(running):
         c = req.num_computed_tokens
-        toks = token_ids(req, k_steps)
+        if get is not None:
+            toks = [get(req.request_id, default)] * k_steps
+        else:
+            toks = token_ids(req, k_steps)  # type: ignore[misc]
         all_ids = req.all_token_ids
         all_ids.extend(toks)
         out_ids = req.output_token_ids

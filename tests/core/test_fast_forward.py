@@ -145,3 +145,30 @@ def test_a_window_where_one_request_takes_over_another_ones_pending_chain():
                           block_size=1, num_blocks=12, enable_prefix_caching=True)
     prompts = [[1], [3, 3, 3], [21], [3, 3, 3, 3], [41]]
     assert _compare(cfg, prompts, [2, 2, 2, 2, 2]) >= 1
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(block_size=st.sampled_from([1, 4, 16]), caching=st.booleans(), n=st.integers(1, 5),
+       data=st.data())
+def test_repeat_ids_apply_the_same_window_as_token_ids(block_size, caching, n, data):
+    # The mapping form (one id per request, repeated; absent ids sample the default) is the
+    # simulator's fast path: it must give what the callable form gives for the same ids.
+    prompts = [list(range(10 * i + 1, 10 * i + 1 + data.draw(st.integers(1, 20)))) for i in range(n)]
+    max_tokens = [data.draw(st.integers(2, 40)) for _ in range(n)]
+    cfg = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=64,
+                          block_size=block_size, num_blocks=64, enable_prefix_caching=caching)
+    ids = {f"r{i}": data.draw(st.integers(2, 60)) for i in range(n) if data.draw(st.booleans())}
+    default = data.draw(st.integers(2, 60))
+    a, b = _build(cfg, prompts, max_tokens), _build(cfg, prompts, max_tokens)
+    k = decode_window(a, 10_000)
+    if k == 0:
+        return
+    ends = [1000.0 + i for i in range(k)]
+    got_a = apply_decode_steps(a, ends, lambda req, m: [ids.get(req.request_id, default)] * m)
+    got_b = apply_decode_steps(b, ends, repeat=ids, default=default)
+    assert got_a == got_b
+    reqs_a = sorted(a.requests.values(), key=lambda r: r.request_id)
+    reqs_b = sorted(b.requests.values(), key=lambda r: r.request_id)
+    assert _snapshot(a, reqs_a) == _snapshot(b, reqs_b)
+    assert [r.output_token_ids[-1] for r in reqs_b] == [ids.get(r.request_id, default)
+                                                         for r in reqs_b]
