@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from twinserve.backends.real import SamplingParams
 from twinserve.backends.real.config import EngineArgs
 from twinserve.backends.real.engine import LLMEngine
-from twinserve.core.errors import InvalidConfigError, InvalidSamplingParamsError, TwinserveError
+from twinserve.core.errors import InvalidConfigError, InvalidSamplingParamsError, PromptTooLongError, TwinserveError
 
 # Values users send by mistake or on purpose: wrong types, signs, NaN/inf, huge and tiny numbers.
 NASTY = st.one_of(
@@ -100,6 +100,7 @@ def engine_kwargs(draw: Any) -> dict[str, Any]:
 
 
 @given(kw=engine_kwargs())
+@example(kw={"num_gpu_blocks_override": 1, "block_size": 1})  # a pool smaller than the probe
 @settings(max_examples=12, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 def test_engine_args_are_a_typed_error_or_a_working_engine(tiny_dir: Path, kw: dict[str, Any]) -> None:
     try:
@@ -111,7 +112,16 @@ def test_engine_args_are_a_typed_error_or_a_working_engine(tiny_dir: Path, kw: d
         engine = LLMEngine(args)
     except TwinserveError:
         return  # e.g. an unknown policy, or a context longer than the model's: typed
-    engine.add_request("probe", {"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=3, ignore_eos=True))
+    probe = SamplingParams(max_tokens=3, ignore_eos=True)
+    try:
+        engine.add_request("probe", {"prompt_token_ids": [5, 6, 7]}, probe)
+    except PromptTooLongError:
+        # A KV pool (or context) too small for the probe's 5 tokens refuses it up front, typed;
+        # anything bigger must serve it.
+        cfg = engine.scheduler_config
+        assert cfg.num_blocks * cfg.block_size < 5 or cfg.max_model_len < 6
+        assert not engine.has_unfinished_requests()
+        return
     finished = []
     for _ in range(100):
         finished += [o for o in engine.step() if o.finished]
