@@ -112,8 +112,9 @@ def _fidelity_parser(p: argparse.ArgumentParser) -> None:
                         "wrote; --trace re-points its trace): the simulator only, no engine")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--band-samples", type=int, default=20,
-                   help="noisy simulations behind the prediction band (0: none): per-step noise from "
-                        "the profile's calibration residuals, run speed noise from the probes")
+                   help="noisy simulations behind the prediction band (0: none): step noise with the "
+                        "spread and correlation of the run's own steps (the calibration's residuals "
+                        "without a step log), run speed noise from the probes")
     p.add_argument("--allow-profile-mismatch", action="store_true",
                    help="use a profile calibrated for another model, tensor-parallel size or engine-core mode")
     p.add_argument("--normalize-speed", action=argparse.BooleanOptionalAction, default=True,

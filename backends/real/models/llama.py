@@ -23,8 +23,8 @@ INT4_GROUP = 32
 # CPU fp32 products of PAD_MIN_ROWS to PAD_ROWS - 1 rows are padded to PAD_ROWS: MKL's sgemm
 # ran 16 rows in about half the time of 12-15 on one core of this VM (SmolLM2's LM head: 17.6 ms
 # at 16 rows, 35-42 ms at 12-15), so a 13-sequence decode step cost more than a 16-sequence one.
-# Whole SmolLM2 decode steps, padded vs not, same run: 1.11x faster at 9 sequences, 1.19-1.35x
-# at 10-15, 1.03-1.05x at 7-8 and slower below (experiments/bench_pad_rows.py). 0 turns it off.
+# Whole SmolLM2 decode steps, padded vs not, same run (experiments/bench_pad_rows.py, two runs):
+# 1.11x faster at 9 sequences, 1.19-1.43x at 10-15, 1.00-1.05x at 7-8, slower below. 0 turns it off.
 PAD_ROWS = 16
 PAD_MIN_ROWS = 9
 
