@@ -22,6 +22,7 @@ import torch
 from twinserve.backends.real.config import EngineArgs
 from twinserve.backends.real.engine import LLMEngine
 from twinserve.backends.sim.fitted import FittedCostModel
+from twinserve.backends.twin.band import band_inside
 from twinserve.backends.twin.fidelity import FidelityOptions, run_fidelity, simulate, workload_factory
 
 TRACES = {"conv": "AzureLLMInferenceTrace_conv.csv", "code": "AzureLLMInferenceTrace_code.csv"}
@@ -34,11 +35,6 @@ def saturation(profile: FittedCostModel, opts: FidelityOptions, engine: LLMEngin
     res = simulate(profile, make, engine.scheduler_config)
     done = [r for r in res.records if r.finish_time is not None]
     return len(done) / max(r.finish_time for r in done)
-
-
-def _inside(band: dict) -> str:
-    judged = [c["inside"] for g in band["cells"].values() for c in g.values() if c["inside"] is not None]
-    return f"{sum(judged)}/{len(judged)}"
 
 
 def main() -> int:
@@ -93,7 +89,7 @@ def main() -> int:
                    # The noise floor: the band's half-width at E2E p50, and how many cells hold the
                    # real value (band.py).
                    "e2e_p50_band": rep["band"]["cells"]["e2e"]["p50"]["half_width"],
-                   "band_inside": _inside(rep["band"])}
+                   "band_inside": "{}/{}".format(*band_inside(rep["band"]))}
             rows.append(row)
             print(json.dumps(row), flush=True)
     engine.shutdown()

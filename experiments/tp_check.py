@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from twinserve.backends.real.step_log import read_step_log
-from twinserve.backends.sim.fit import _kind, _nnls, fit_step_profile
+from twinserve.backends.sim.fit import _nnls, fit_step_profile, step_kind
 from twinserve.backends.sim.fitted import FEATURE_COLUMNS, FittedCostModel
 
 
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     ratio: dict[str, list[float]] = {}
     for r in rows2:
         m = _measured(r)
-        kind = _kind(float(r["num_prefill_tokens"]), float(r["num_decode_seqs"]))
+        kind = step_kind(float(r["num_prefill_tokens"]), float(r["num_decode_seqs"]))
         p = predict_tp(tp1, args.tp, comm_step, comm_token, r)
         o = own.step_time(*_features(r))
         f = _features(r)

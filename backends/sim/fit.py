@@ -33,7 +33,11 @@ def _nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     return beta / scale
 
 
-def _kind(pt: float, ds: float) -> str:
+STEP_KINDS = ("prefill", "decode", "mixed")
+
+
+def step_kind(pt: float, ds: float) -> str:
+    """A step's kind from its prefill tokens and decode sequences (the fit's per-kind diagnostics)."""
     if pt and ds:
         return "mixed"
     return "prefill" if pt else "decode"
@@ -191,8 +195,8 @@ def diagnostics(model: FittedCostModel, feats: np.ndarray, total: np.ndarray,
         "p95_abs_rel_err": float(np.percentile(np.abs(rel), 95)),
         "by_kind": {},
     }
-    kinds = np.array([_kind(f[0], f[4]) for f in feats])
-    for k in ("prefill", "decode", "mixed"):
+    kinds = np.array([step_kind(f[0], f[4]) for f in feats])
+    for k in STEP_KINDS:
         m = kinds == k
         if m.any():
             r = rel[m]

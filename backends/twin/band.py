@@ -26,7 +26,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from twinserve.backends.sim.executor import SimExecutor
-from twinserve.backends.sim.fitted import FittedCostModel
+from twinserve.backends.sim.fit import STEP_KINDS, step_kind
+from twinserve.backends.sim.fitted import FEATURE_COLUMNS, FittedCostModel
 from twinserve.core.engine_core import EngineCore
 from twinserve.sim.world import RequestRecord, Simulation
 from twinserve.sim.workload import Workload
@@ -35,18 +36,6 @@ from .compare import METRICS, PERCENTILES, compare
 
 # For a zero-mean normal error, E|x| = sigma * sqrt(2 / pi): the calibration reports the MAPE.
 _MAPE_TO_SIGMA = math.sqrt(math.pi / 2)
-KINDS = ("prefill", "decode", "mixed")
-
-
-def step_kind(num_prefill_tokens: float, num_decode_seqs: float) -> str:
-    """The calibration's name for a step's kind."""
-    if num_prefill_tokens <= 0:
-        return "decode"
-    return "prefill" if num_decode_seqs <= 0 else "mixed"
-
-
-FEATURES = ("num_prefill_tokens", "num_prefill_seqs", "prefill_context", "prefill_attn",
-            "num_decode_seqs", "decode_context")
 # Fewer steps of a kind than this in a run: that kind's spread is the run's overall one.
 _MIN_KIND_STEPS = 5
 _MIN_RUN_STEPS = 20
@@ -62,7 +51,7 @@ def step_residuals(profile: Any, rows: Sequence[dict[str, Any]]) -> list[tuple[s
         if measured <= 0:
             continue
         out.append((step_kind(r["num_prefill_tokens"], r["num_decode_seqs"]), measured,
-                    profile.step_time(*(r[c] for c in FEATURES))))
+                    profile.step_time(*(r[c] for c in FEATURE_COLUMNS))))
     return out
 
 
@@ -96,7 +85,7 @@ class StepNoise:
         fit = profile.meta.get("fit") or {}
         overall = float(fit.get("mape") or 0.0)
         by_kind = fit.get("by_kind") or {}
-        sigma = {k: _MAPE_TO_SIGMA * float((by_kind.get(k) or {}).get("mape", overall)) for k in KINDS}
+        sigma = {k: _MAPE_TO_SIGMA * float((by_kind.get(k) or {}).get("mape", overall)) for k in STEP_KINDS}
         return cls(sigma, speed_sigma)
 
     def to_dict(self) -> dict[str, Any]:
@@ -109,13 +98,13 @@ def _measured_spread(res: list[tuple[str, float, float]]) -> tuple[dict[str, flo
     logs = np.log(np.asarray([m / p for _, m, p in res]))
     kinds = np.asarray([k for k, _, _ in res])
     centred = logs.copy()
-    for k in KINDS:
+    for k in STEP_KINDS:
         sel = kinds == k
         if sel.any():
             centred[sel] -= logs[sel].mean()
     overall = float(centred.std())
     sigma = {}
-    for k in KINDS:
+    for k in STEP_KINDS:
         sel = kinds == k
         sigma[k] = float(centred[sel].std()) if sel.sum() >= _MIN_KIND_STEPS else overall
     phi = float(np.corrcoef(centred[:-1], centred[1:])[0, 1]) if overall > 0 else 0.0
@@ -193,6 +182,12 @@ def prediction_band(profile: FittedCostModel, make: Callable[[], Workload], sche
     return {"samples": samples, "level": level, "noise": noise.to_dict(), "cells": cells}
 
 
+def band_inside(band: dict[str, Any]) -> tuple[int, int]:
+    """(cells holding the real value, cells with a real value to judge)."""
+    judged = [c["inside"] for g in band["cells"].values() for c in g.values() if c["inside"] is not None]
+    return sum(judged), len(judged)
+
+
 def band_table(band: dict[str, Any]) -> str:
     """A markdown table of the band: range, real value, inside or not, per metric and percentile."""
     n = band["noise"]
@@ -210,7 +205,6 @@ def band_table(band: dict[str, Any]) -> str:
             mark = {True: "in", False: "OUT", None: "n/a"}[c["inside"]]
             cells += [f"{c['lo']:.4f}-{c['hi']:.4f}", f"{c['real']:.4f} {mark}", f"{c['half_width']:.1%}"]
         lines.append("| " + " | ".join(cells) + " |")
-    judged = [c["inside"] for g in band["cells"].values() for c in g.values() if c["inside"] is not None]
-    inside, total = sum(judged), len(judged)
+    inside, total = band_inside(band)
     lines += ["", f"real inside the band: {inside} of {total} cells (throughput included)"]
     return "\n".join(lines)
