@@ -125,7 +125,7 @@ def fit_step_profile(rows: Iterable[Mapping[str, Any]], *, split: bool = True,
         m = bucket == j
         name = f"steps of <= {bounds[j]} tokens" if j < len(bounds) else "steps"
         if j < len(bounds) and not m.any():
-            coefs.append((np.zeros(7), np.zeros(7)))
+            coefs.append((np.zeros(len(COEFFICIENTS)), np.zeros(len(COEFFICIENTS))))
             continue
         dev, ovh, kept = _fit_bucket(x[m], total[m], execute[m] if execute is not None else None,
                                      name)
@@ -175,7 +175,9 @@ def select_regimes(rows: list[Mapping[str, Any]], base: Sequence[int] = (),
         if not trials:
             return chosen
         err, c = min(trials)
-        if err > best * (1 - gain):
+        # Not `err > ...`: when no split can be fitted (every score infinite) keep what we have
+        # rather than take every candidate in turn.
+        if not err < best * (1 - gain):
             return chosen
         chosen, best = sorted(chosen + [c]), err
 

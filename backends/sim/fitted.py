@@ -1,9 +1,9 @@
 """A cost model whose coefficients come from a measured step profile (JSON).
 
-Profile format (``twinserve-step-profile/2``; ``/1`` files still load), one JSON object::
+Profile format (``twinserve-step-profile/3``; ``/1`` and ``/2`` files still load), one JSON object::
 
     {
-      "format": "twinserve-step-profile/2",
+      "format": "twinserve-step-profile/3",
       "model": "SmolLM2-135M",          # checked against the simulated model
       "hardware": "cpu: ...",           # informative
       "tensor_parallel_size": 1,        # informative
@@ -14,7 +14,8 @@ Profile format (``twinserve-step-profile/2``; ``/1`` files still load), one JSON
         "per_prefill_attn_s": 2.0e-11,         # per unit of Σ q·(c + q/2)
         "per_prefill_context_token_s": 0.0,    # per cached-context token of prefills
         "per_decode_seq_s": 1.5e-5,            # per decode request
-        "per_decode_context_token_s": 3.0e-9   # per context token of decodes
+        "per_decode_context_token_s": 3.0e-9,  # per context token of decodes
+        "per_token_sq_s": 9.0e-10              # per (new tokens in the step)^2; optional (/3)
       },
       "overhead_coefficients": {...},   # the engine's CPU work between forwards (schedule,
                                         # update, detokenize, outputs); same keys; optional
@@ -26,6 +27,11 @@ Profile format (``twinserve-step-profile/2``; ``/1`` files still load), one JSON
       ],                                # decode batches replayed from CUDA graphs, matched first
       "fit": {...}, "provenance": {...} # diagnostics and where the profile was made
     }
+
+per_token_sq_s bends the cost per token upward as a step grows: a CPU GEMM of a few hundred
+rows no longer keeps its activations in cache, so a 512-token step costs more per token than
+a 128-token one even with no attention at all (on this project's VM 512 tokens in 16 short
+prompts cost what one 512-token prompt costs; see calibrate.py).
 
 A step costs coefficients·features + overhead_scale × overhead_coefficients·features,
 clamped at zero; overhead_scale (1 by default) answers "what if the engine's CPU work
@@ -44,17 +50,18 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from twinserve.core.errors import TwinserveError
 
-PROFILE_FORMAT = "twinserve-step-profile/2"
-FORMATS = ("twinserve-step-profile/1", PROFILE_FORMAT)
+PROFILE_FORMAT = "twinserve-step-profile/3"
+FORMATS = ("twinserve-step-profile/1", "twinserve-step-profile/2", PROFILE_FORMAT)
 COEFFICIENTS = ("intercept_s", "per_token_s", "per_prefill_seq_s", "per_prefill_attn_s",
-                "per_prefill_context_token_s", "per_decode_seq_s", "per_decode_context_token_s")
+                "per_prefill_context_token_s", "per_decode_seq_s", "per_decode_context_token_s",
+                "per_token_sq_s")
 # Step-log columns the fit reads (the feature names of StepFeatures), and the measured times.
 FEATURE_COLUMNS = ("num_prefill_tokens", "num_prefill_seqs", "prefill_context", "prefill_attn",
                    "num_decode_seqs", "decode_context")
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
-Coefs = tuple[float, float, float, float, float, float, float]
-ZERO: Coefs = (0.0,) * 7  # type: ignore[assignment]
+Coefs = tuple[float, float, float, float, float, float, float, float]
+ZERO: Coefs = (0.0,) * len(COEFFICIENTS)  # type: ignore[assignment]
 
 
 class ProfileError(TwinserveError, ValueError):
@@ -64,12 +71,14 @@ class ProfileError(TwinserveError, ValueError):
 def design_row(num_prefill_tokens: float, num_prefill_seqs: float, prefill_context: float,
                prefill_attn: float, num_decode_seqs: float, decode_context: float) -> list[float]:
     """The regressors of one step, in COEFFICIENTS order."""
-    return [1.0, num_prefill_tokens + num_decode_seqs, num_prefill_seqs, prefill_attn,
-            prefill_context, num_decode_seqs, decode_context]
+    tokens = num_prefill_tokens + num_decode_seqs
+    return [1.0, tokens, num_prefill_seqs, prefill_attn, prefill_context, num_decode_seqs, decode_context,
+            tokens * tokens]
 
 
 def _dot(c: Coefs, pt: float, ps: float, pc: float, pa: float, ds: float, dc: float) -> float:
-    return (c[0] + c[1] * (pt + ds) + c[2] * ps + c[3] * pa + c[4] * pc + c[5] * ds + c[6] * dc)
+    n = pt + ds
+    return c[0] + c[1] * n + c[2] * ps + c[3] * pa + c[4] * pc + c[5] * ds + c[6] * dc + c[7] * n * n
 
 
 @dataclass(slots=True)
@@ -104,6 +113,7 @@ class FittedCostModel:
     per_prefill_context_token_s: float = 0.0
     per_decode_seq_s: float = 0.0
     per_decode_context_token_s: float = 0.0
+    per_token_sq_s: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict)
     name: str = "fitted"
     overhead: Coefs = ZERO
@@ -142,7 +152,8 @@ class FittedCostModel:
                         t *= 1.0 + (self.prefill_scale - 1.0) * num_prefill_tokens / tokens
                     t *= self.time_scale
                     return t if t > 0.0 else 0.0
-        t = (self.intercept_s + self.per_token_s * (num_prefill_tokens + num_decode_seqs)
+        n = num_prefill_tokens + num_decode_seqs
+        t = (self.intercept_s + (self.per_token_s + self.per_token_sq_s * n) * n
              + self.per_prefill_seq_s * num_prefill_seqs
              + self.per_prefill_attn_s * prefill_attn
              + self.per_prefill_context_token_s * prefill_context

@@ -88,7 +88,7 @@ def test_fitted_profile_roundtrip_fit_and_errors(tmp_path) -> None:
     fitted.save(path)
     again = FittedCostModel.load(path)
     assert again.per_decode_seq_s == fitted.per_decode_seq_s
-    assert json.loads(path.read_text())["format"] == "twinserve-step-profile/2"
+    assert json.loads(path.read_text())["format"] == "twinserve-step-profile/3"
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"coefficients": {"per_tokn_s": 1.0}}))
     with pytest.raises(ProfileError, match=r"bad\.json.*per_tokn_s"):

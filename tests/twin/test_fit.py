@@ -11,7 +11,7 @@ import pytest
 
 from twinserve.backends.real.step_log import StepLogError, read_step_log
 from twinserve.backends.sim.fit import fit_step_profile
-from twinserve.backends.sim.fitted import (FEATURE_COLUMNS, FittedCostModel, ProfileError,
+from twinserve.backends.sim.fitted import (COEFFICIENTS, FEATURE_COLUMNS, FittedCostModel, ProfileError,
                                            check_profile_model)
 
 DEVICE = FittedCostModel(2e-3, 1e-3, 4e-4, 3e-8, 1e-6, 5e-4, 2e-7)
@@ -88,6 +88,59 @@ def test_regimes_price_small_steps_with_their_own_coefficients() -> None:
     assert again.step_time(*f) == pytest.approx(with_regime.step_time(*f)) != without.step_time(*f)
 
 
+def test_cost_per_token_that_grows_with_the_step_is_fitted_and_priced() -> None:
+    # A CPU GEMM whose activations outgrow the cache: each token of a 512-token step costs more
+    # than one of a 64-token step, however the tokens split into prompts.
+    truth = dataclasses.replace(DEVICE, per_token_sq_s=2e-9)
+    rows = []
+    for r in _rows(seed=6):
+        f = [r[c] for c in FEATURE_COLUMNS]
+        t = truth.step_time(*f)
+        rows.append({**r, "execute_s": t, "step_time_s": t + 1e-4})
+    prof = fit_step_profile(rows)
+    assert prof.per_token_sq_s == pytest.approx(2e-9, rel=1e-3)
+    one, sixteen = (512, 1, 0, 512 * 256.0, 0, 0), (512, 16, 0, 16 * 32 * 16.0, 0, 0)
+    assert prof.step_time(*one) == pytest.approx(truth.step_time(*one) + 1e-4, rel=1e-6)
+    n = 512
+    # Sixteen short prompts pay the same growth as one long one (the attention term differs).
+    assert prof.step_time(*sixteen) == pytest.approx(truth.step_time(*sixteen) + 1e-4, rel=1e-6)
+    assert truth.step_time(*sixteen) - DEVICE.step_time(*sixteen) == pytest.approx(2e-9 * n * n)
+    # The term is priced on the step's new tokens, prefill and decode alike.
+    assert truth.step_time(*one) - DEVICE.step_time(*one) == pytest.approx(2e-9 * n * n)
+    mixed = (256, 1, 0, 256 * 128.0, 256, 256 * 100)
+    assert truth.step_time(*mixed) - DEVICE.step_time(*mixed) == pytest.approx(2e-9 * n * n)
+    # It survives the profile file, and a profile without it (format /2) prices as before.
+    again = FittedCostModel.from_dict(json.loads(json.dumps(prof.to_dict())))
+    assert again.step_time(*one) == pytest.approx(prof.step_time(*one))
+    old = {k: v for k, v in DEVICE.to_dict().items()}
+    old["format"] = "twinserve-step-profile/2"
+    old["coefficients"].pop("per_token_sq_s")
+    assert FittedCostModel.from_dict(old).step_time(*one) == pytest.approx(DEVICE.step_time(*one))
+
+
+def test_select_regimes_adds_a_breakpoint_only_where_the_slope_changes() -> None:
+    from twinserve.backends.sim.fit import select_regimes
+
+    rows = _rows(seed=7)
+    decodes = [dict(zip(FEATURE_COLUMNS, (0, 0, 0, 0.0, b, b * c))) for b in range(1, 33) for c in (40, 400)]
+    for r in decodes:
+        t = DEVICE.step_time(*[r[c] for c in FEATURE_COLUMNS])
+        r.update(execute_s=t, step_time_s=t + 1e-4)
+    linear = rows + decodes
+    assert select_regimes(linear, [], [8, 12, 24], min_steps=8) == []
+    # Decode batches of 13-24 rows take another kernel: 5 ms more, and twice per sequence.
+    bent = [dict(r) for r in linear]
+    for r in bent:
+        if r["num_prefill_tokens"] == 0 and 12 < r["num_decode_seqs"] <= 24:
+            extra = 5e-3 + DEVICE.per_decode_seq_s * r["num_decode_seqs"]
+            r["execute_s"] += extra
+            r["step_time_s"] += extra
+    assert select_regimes(bent, [], [8, 12, 24], min_steps=8) == [12, 24]
+    # A base that leaves a regime too few steps to fit is kept as it is: no candidate can do
+    # better than an unfittable split, so none is taken (it used to take all of them).
+    assert select_regimes(bent, [1], [8, 12, 24], min_steps=200) == [1]
+
+
 def test_prefill_scale_prices_a_steps_prefill_share_apart_from_its_decode() -> None:
     rows = _rows(seed=3)
     for prof in (fit_step_profile(rows), fit_step_profile(rows, regime_max_tokens=[4])):
@@ -119,7 +172,7 @@ def test_a_run_is_scaled_by_the_whole_probe_unless_by_part_is_asked() -> None:
 
 def test_too_few_steps_and_bad_rows_are_clear_errors() -> None:
     rows = _rows(n=5)
-    with pytest.raises(ProfileError, match="at least 7 steps"):
+    with pytest.raises(ProfileError, match=f"at least {len(COEFFICIENTS)} steps"):
         fit_step_profile(rows)
     bad = _rows(n=20)
     del bad[3]["decode_context"]

@@ -65,7 +65,7 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert main(["calibrate", "--out", str(prof), "--quick", "--repeats", "1", "--no-progress",
                  *common]) == 0
     data = json.loads(prof.read_text())
-    assert data["format"] == "twinserve-step-profile/2"
+    assert data["format"] == "twinserve-step-profile/3"
     assert data["provenance"]["threads"] == 1 and data["provenance"]["dtype"] == "float64"
     assert data["fit"]["num_steps"] > 20 and {"prefill", "decode", "mixed"} <= set(data["fit"]["by_kind"])
     assert all(v >= 0 for v in data["coefficients"].values())
