@@ -234,7 +234,7 @@ class ProbeParts:
     """The speed probe's two parts: bandwidth-bound decode and compute-bound prefill."""
 
     decode_s: float   # ten 4-sequence decode steps (the median step, times ten)
-    prefill_s: float  # one 128-token prefill (the median of three)
+    prefill_s: float  # one 128-token prefill (the median of one per round)
 
     @property
     def total(self) -> float:
@@ -245,28 +245,33 @@ class ProbeParts:
         return {"decode_s": self.decode_s, "prefill_s": self.prefill_s}
 
 
-def speed_probe_parts(engine: Any, seed: int = 1234, reset_prefix_cache: bool = True) -> ProbeParts | None:
+def speed_probe_parts(engine: Any, seed: int = 1234, reset_prefix_cache: bool = True,
+                      rounds: int = 3) -> ProbeParts | None:
     """A fixed set of steps (4-sequence decodes and 128-token prefills), timed now, by part.
 
     A shared machine's speed drifts by tens of percent over minutes (other tenants, memory
     traffic), and not alike for every kind of step: decode streams the weights, prefill
     computes. Calibrate records this probe and fidelity repeats it around the real run, so a
     drift is measured and reported instead of being mistaken for model error. None when the
-    engine's limits cannot run the probe's shapes in single steps.
+    engine's limits cannot run the probe's shapes in single steps. Each round is six 4-sequence
+    decodes and one 128-token prefill; the parts are medians over all rounds, so more rounds
+    estimate the same thing with less noise.
     """
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     sc = engine.scheduler_config
     if sc.max_num_batched_tokens < 128 or sc.max_num_seqs < 4 or sc.max_model_len < 256:
         return None
     # The probe must compute every token: a cold prefix cache, or (reset_prefix_cache=False)
     # a seed no earlier probe used, whose random prompts share no block with anything cached.
     if reset_prefix_cache:
-        engine.reset_prefix_cache()
+        cold_prefix_cache(engine)
     cal = Calibrator(engine, seed)
     probe_log = StepLog(keep=True)
     previous = engine.step_log
     engine.set_step_log(probe_log)
     try:
-        for _ in range(3):
+        for _ in range(rounds):
             cal.decode(4, 128, 6)
             cal.prefill_single(128, 0, [])
     finally:
@@ -275,6 +280,13 @@ def speed_probe_parts(engine: Any, seed: int = 1234, reset_prefix_cache: bool = 
     prefills = sorted(r.step_time_s for r in probe_log.records
                       if r.num_prefill_tokens == 128 and r.num_decode_seqs == 0)
     return ProbeParts(decodes[len(decodes) // 2] * 10, prefills[len(prefills) // 2])
+
+
+def cold_prefix_cache(engine: Any) -> None:
+    """Drain what the engine (or its core process) still owes, then forget every cached prefix."""
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.reset_prefix_cache()
 
 
 def speed_probe(engine: Any, seed: int = 1234, reset_prefix_cache: bool = True) -> float | None:

@@ -27,12 +27,18 @@ from twinserve.sim.workload import Workload, WorkloadConfig
 
 from ..real.step_log import StepLog, read_step_log
 from .band import StepNoise, band_table, prediction_band
-from .calibrate import catalog_name, speed_probe_parts
+from .calibrate import catalog_name, cold_prefix_cache, speed_probe_parts
 from .compare import compare, figure, table
 from .hostload import HostLoad, warning
 from .realrun import RealRun, run_real
 from .replay import replay
 from .steps import scaled_profile, speed_ratios, step_errors, step_line
+
+
+# Rounds of the speed probe before and after a real run (calibrate.speed_probe_parts): about
+# 0.4 s each on this project's VM, whose consecutive probes differ by up to ±5%; nine rounds
+# give a median over 54 decode steps and 9 prefills where calibration's probes use 3.
+PROBE_ROUNDS = 9
 
 
 class FidelityError(TwinserveError, ValueError):
@@ -142,9 +148,7 @@ def warm_up(engine: Any) -> None:
     sp = SamplingParams(max_tokens=3, ignore_eos=True, temperature=0.0)
     for i, n in enumerate((24, 8)):
         engine.add_request(f"fidelity-warm-up-{i}", {"prompt_token_ids": [2 + i] * n}, sp)
-    while engine.has_unfinished_requests():
-        engine.step()
-    engine.reset_prefix_cache()
+    cold_prefix_cache(engine)
 
 
 def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
@@ -170,8 +174,11 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     out.mkdir(parents=True, exist_ok=True)
     probe_cal = profile.meta.get("provenance", {}).get("speed_probe_s")
     probe = opts.normalize_speed and bool(probe_cal)
-    probe_before = speed_probe_parts(engine) if probe else None
+    # Warm first: a cold engine's first steps would read as a slower machine.
     warm_up(engine)
+    probe_before = speed_probe_parts(engine, rounds=PROBE_ROUNDS) if probe else None
+    if probe_before is not None:
+        cold_prefix_cache(engine)  # the run starts from a cold prefix cache, like the simulator
     steps_path = out / "steps_real.csv"
     # A core in its own process: the replay takes the core's steps from the log (realrun.py).
     engine.set_step_log(StepLog(steps_path, record_schedule=engine.core_mode == "process"))
@@ -180,7 +187,8 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     real: RealRun = run_real(engine, make())
     host_load = host.result()
     engine.step_log.close()
-    probe_after = speed_probe_parts(engine) if probe_before and not real.interrupted else None
+    probe_after = (speed_probe_parts(engine, rounds=PROBE_ROUNDS) if probe_before and not real.interrupted
+                   else None)
     sched_cfg = engine.scheduler_config
     echo("fidelity: simulating with the profile, and replaying the measured step times ...")
     raw_profile = dataclasses.replace(profile, time_scale=1.0, prefill_scale=1.0)

@@ -225,6 +225,35 @@ def test_speed_probe_repeats_on_one_engine(make_engine) -> None:
     engine.shutdown()
 
 
+def test_speed_probe_rounds_take_the_median_over_more_steps(make_engine, monkeypatch) -> None:
+    """More rounds run more probe steps, and the parts are the median over all of them."""
+    from twinserve.backends.real import step_log
+    from twinserve.backends.twin.calibrate import speed_probe_parts
+
+    engine = make_engine(max_num_batched_tokens=256)
+    steps = []
+    for rounds in (1, 4):
+        before = engine.core.num_steps
+        parts = speed_probe_parts(engine, rounds=rounds)
+        steps.append(engine.core.num_steps - before)
+        assert parts.decode_s > 0 and parts.prefill_s > 0
+    assert steps[1] == 4 * steps[0]
+    # Planted step times: rounds of 128-token prefills taking 1, 2, ... s; the median is chosen.
+    seen = iter(range(1, 100))
+    append = step_log.StepLog.append
+
+    def planted(self, rec):
+        if rec.num_prefill_tokens == 128 and rec.num_decode_seqs == 0:
+            rec.step_time_s = float(next(seen))
+        return append(self, rec)
+
+    monkeypatch.setattr(step_log.StepLog, "append", planted)
+    assert speed_probe_parts(engine, rounds=5).prefill_s == 3.0
+    with pytest.raises(ValueError, match="rounds"):
+        speed_probe_parts(engine, rounds=0)
+    engine.shutdown()
+
+
 def test_calibrate_at_tensor_parallel_2_logs_comm_and_fidelity_refuses_a_tp_mismatch(
         tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """calibrate runs the design on two worker processes: the profile says TP 2 and prices the
