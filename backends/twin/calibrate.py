@@ -9,7 +9,9 @@ The design is made from step shapes, never drawn from a trace:
   prompts, so no KV block is shared and attention reads as much memory as it does in
   service; spread lengths, as in service, where attention works in length buckets), a
   few steps each;
-- mixed steps: a decode batch plus one new prefill chunk.
+- mixed steps: a decode batch plus one new prefill chunk, from a small prompt beside a few
+  short decodes up to nearly the whole token budget beside a large batch at long context
+  (the steps a loaded server runs).
 
 Every step runs through the whole engine (schedule, forward, sample, update, detokenize,
 outputs), so the profile prices what a request waits for between two tokens, split into
@@ -60,8 +62,9 @@ class CalibrationDesign:
     decode_batches: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 24, 32])
     decode_contexts: list[int] = field(default_factory=lambda: [48, 256])
     decode_steps: int = 4
-    mixed: list[tuple[int, int]] = field(default_factory=lambda: [(4, 64), (8, 192), (16, 64),
-                                                                  (16, 256)])
+    # (decode batch, prompt tokens[, decode context]; context 32 when not given)
+    mixed: list[tuple[int, ...]] = field(default_factory=lambda: [(4, 64), (8, 192), (16, 64), (16, 256),
+                                                                  (8, 448, 256), (24, 448, 256)])
     repeats: int = 2
     # Run the speed probe every this many design points (0: only before and after).
     probe_every: int = 12
@@ -84,14 +87,19 @@ class CalibrationDesign:
             [b for b in self.decode_batches if b <= max_num_seqs],
             [c for c in self.decode_contexts if 1.5 * c + self.decode_steps + 2 < max_model_len],
             self.decode_steps,
-            [(b, q) for b, q in self.mixed if b + 1 <= max_num_seqs
-             and b + q <= max_num_batched_tokens],
+            [m for m in self.mixed if m[0] + 1 <= max_num_seqs and m[0] + m[1] <= max_num_batched_tokens
+             and _mixed_context(m) + 8 < max_model_len],
             self.repeats, self.probe_every)
 
     def num_points(self) -> int:
         """Design points per repeat (what the progress bar counts)."""
         return (len(self.prefill_sizes) * len(self.prefill_contexts) + len(self.multi_prefill)
                 + len(self.decode_batches) * len(self.decode_contexts) + len(self.mixed))
+
+
+def _mixed_context(point: tuple[int, ...]) -> int:
+    """The decode context of a mixed design point (b, q[, c])."""
+    return point[2] if len(point) > 2 else 32
 
 
 # Steps a core process may run past what its front end has read (core_proc.MAX_UNCONSUMED_BATCHES),
@@ -179,9 +187,13 @@ class Calibrator:
         # A core in its own process runs ahead of the front end by a few steps (core_proc's
         # backpressure bound): the batch lives that much longer so the prompt still meets it.
         ahead = 0 if getattr(self.engine, "core_mode", "inproc") == "inproc" else _CORE_RUN_AHEAD
+        # As in decode(): a batch at long context prefills over several steps, and each of its
+        # requests must outlive them to be part of the batch the prompt meets.
+        room = max(self.engine.scheduler_config.max_num_batched_tokens - batch, 1)
+        prefill_steps = -(-batch * context // room)
         for _ in range(batch):
-            self._add(self._tokens(context), 4 + ahead)
-        self._drain(max_steps=2)  # prefill, then a first decode step
+            self._add(self._tokens(context), 4 + ahead + prefill_steps)
+        self._drain(max_steps=prefill_steps + 1)  # prefill, then a first decode step
         self._add(self._tokens(q), 2)
         self._drain()
 
@@ -202,8 +214,9 @@ class Calibrator:
             for c in design.decode_contexts:
                 points.append((f"decode b={b} c={c}",
                                lambda b=b, c=c: self.decode(b, c, design.decode_steps)))
-        for b, q in design.mixed:
-            points.append((f"mixed b={b} q={q}", lambda b=b, q=q: self.mixed(b, q)))
+        for m in design.mixed:
+            b, q, c = m[0], m[1], _mixed_context(m)
+            points.append((f"mixed b={b} q={q} c={c}", lambda b=b, q=q, c=c: self.mixed(b, q, c)))
         self.warm_up()
         todo = list(points[:len(bases)])
         for _ in range(max(design.repeats, 1)):

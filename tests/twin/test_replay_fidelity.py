@@ -213,6 +213,24 @@ def test_calibration_decode_points_measure_the_whole_batch(make_engine) -> None:
     engine.shutdown()
 
 
+def test_calibration_mixed_points_meet_the_whole_batch_at_its_context(make_engine) -> None:
+    """The prompt of a mixed point shares its step with every sequence of the batch, even when
+    the batch's own prefill at long context took many steps."""
+    from twinserve.backends.twin.calibrate import Calibrator
+
+    engine = make_engine(max_num_batched_tokens=32, max_num_seqs=16)
+    cal = Calibrator(engine)
+    engine.set_step_log(cal.log)
+    for batch, q, context in ((3, 8, 4), (6, 20, 40), (10, 16, 24)):
+        first = len(cal.log.records)
+        cal.mixed(batch, q, context)
+        met = [r for r in cal.log.records[first:]
+               if r.num_prefill_tokens == q and r.num_prefill_seqs == 1 and r.num_decode_seqs == batch]
+        assert len(met) == 1, (batch, q, context)
+        assert met[0].decode_context >= batch * context
+    engine.shutdown()
+
+
 def test_speed_probe_repeats_on_one_engine(make_engine) -> None:
     """The probe computes every token each time: its prompts never become prefix hits later."""
     from twinserve.backends.twin.calibrate import speed_probe
