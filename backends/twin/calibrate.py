@@ -295,6 +295,24 @@ def speed_probe_parts(engine: Any, seed: int = 1234, reset_prefix_cache: bool = 
     return ProbeParts(decodes[len(decodes) // 2] * 10, prefills[len(prefills) // 2])
 
 
+# Probes this far apart (slowest / fastest - 1) mean the machine's speed moved while the design
+# ran; the drift correction assumes it moved smoothly between probes, which a swing this size on
+# this project's VM did not (Nov 30: a calibration with probes 1.29-1.61 s priced two studies'
+# steps 7-20% too dear where one with probes within 7% priced them within 0-7%).
+PROBE_DRIFT_WARN = 0.15
+
+
+def drift_warning(provenance: dict[str, Any]) -> str | None:
+    """A one-line warning when calibration's speed probes disagree by more than PROBE_DRIFT_WARN."""
+    drift = provenance.get("speed_probe_drift")
+    if drift is None or drift <= PROBE_DRIFT_WARN:
+        return None
+    secs = [s for _, s in provenance.get("speed_probes") or []]
+    return (f"warning: the machine's speed moved {drift:.0%} during calibration (speed probes "
+            f"{min(secs):.3f}-{max(secs):.3f} s), so the profile is only as good as the drift "
+            "correction between probes: calibrate again on a quieter machine or core")
+
+
 def cold_prefix_cache(engine: Any) -> None:
     """Drain what the engine (or its core process) still owes, then forget every cached prefix."""
     while engine.has_unfinished_requests():

@@ -75,9 +75,12 @@ def _calibrate(ns: argparse.Namespace) -> int:
         print(f"  tensor-parallel all-reduce: {fit['comm_share']:.1%} of step time")
     from twinserve.backends.twin.hostload import warning
 
-    noisy = warning(profile.meta.get("provenance", {}).get("host_load"), "calibration")
-    if noisy:
-        print(f"twinserve calibrate: {noisy}", file=sys.stderr)
+    from twinserve.backends.twin.calibrate import drift_warning
+
+    prov = profile.meta.get("provenance", {})
+    for noisy in (warning(prov.get("host_load"), "calibration"), drift_warning(prov)):
+        if noisy:
+            print(f"twinserve calibrate: {noisy}", file=sys.stderr)
     return 0
 
 

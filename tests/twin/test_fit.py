@@ -447,3 +447,28 @@ def test_shipped_cpu_profile_is_what_the_fit_makes_of_its_own_step_log() -> None
     # Padded: a 13-sequence decode step costs about what a 16-sequence one does, not more.
     d13, d16 = (shipped.step_time(0, 0, 0, 0.0, b, b * 256) for b in (13, 16))
     assert d13 < 1.05 * d16
+
+
+def test_calibrate_warns_when_the_machine_speed_moved_while_it_ran(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    from twinserve.backends.sim.fitted import resolve_profile
+    from twinserve.backends.twin.calibrate import drift_warning
+    from twinserve.cli import main
+
+    assert drift_warning({"speed_probe_drift": 0.07, "speed_probes": [[0, 1.2], [9, 1.284]]}) is None
+    assert drift_warning({}) is None
+    shipped = resolve_profile("builtin:smollm2-135m-cpu-1t")
+    data = json.loads(shipped.read_text())
+    prov = data["provenance"]
+    assert drift_warning(prov) is None  # the shipped calibration's probes were within 7%
+    # The same log, as if its probes had swung by 25%: refitting it says so.
+    probes = prov["speed_probes"]
+    prov["speed_probes"] = [[t, s * (1.25 if i == 1 else 1.0)] for i, (t, s) in enumerate(probes)]
+    prov["speed_probe_drift"] = max(s for _, s in prov["speed_probes"]) / min(s for _, s in prov["speed_probes"]) - 1
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    shutil.copy(shipped.with_suffix(".steps.csv"), tmp_path / "p.steps.csv")
+    assert main(["calibrate", "--refit", str(tmp_path / "p.json"), "--out", str(tmp_path / "q.json")]) == 0
+    err = capsys.readouterr().err
+    assert "speed moved" in err and f"{prov['speed_probe_drift']:.0%}" in err
