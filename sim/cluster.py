@@ -220,9 +220,11 @@ class ClusterSimulation:
                 rep.num_events += 1
                 yield rep.wake
                 rep.wake = None
-                t = env.now if env.now > t else t
+                if env.now > t:
+                    rep.executor.idle(env.now - t)
+                    t = env.now
                 continue
-            plan = self._plan_window(rep, t) if self.fast_forward else None
+            plan = self._plan_window(rep, t) if self.fast_forward and not rep.executor.waking else None
             if plan is not None:
                 ends = plan[3]
                 rep.in_window = True

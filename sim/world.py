@@ -233,11 +233,13 @@ class Simulation:
                 nxt = source.next_time()
                 if nxt == INF:
                     return
-                t = nxt if nxt > t else t
+                if nxt > t:
+                    self.executor.idle(nxt - t)
+                    t = nxt
                 self.num_events += 1
                 yield env.timeout(max(0.0, t - env.now))
                 continue
-            if self.fast_forward and self._fast_forward(t):
+            if self.fast_forward and not self.executor.waking and self._fast_forward(t):
                 t = self._t_after_ff
             else:
                 in_system = len(sched.running) + len(sched.waiting)

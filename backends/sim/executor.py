@@ -27,6 +27,21 @@ class SimExecutor:
         self.tokens: dict[str, int] = {}
         self.totals = WorkTotals()
         self.last_features: tuple[int, int, int, float, int, int] = (0, 0, 0, 0.0, 0, 0)
+        # Factors of the next steps after the engine idled (cost model's wake_factors_after),
+        # last step first; empty when awake.
+        self._wake: list[float] = []
+        self._wake_after = getattr(cost_model, "wake_factors_after", None)
+
+    @property
+    def waking(self) -> bool:
+        """True while steps after an idle gap still cost extra (fast-forward windows wait)."""
+        return bool(self._wake)
+
+    def idle(self, seconds: float) -> None:
+        """The engine had nothing to run for this long: the next steps cost what the model says
+        steps after such a gap cost."""
+        if self._wake_after is not None and seconds > 0.0:
+            self._wake = self._wake_after(seconds)[::-1]
 
     def register(self, req_id: str, token_id: int) -> None:
         """Set the token id a request samples at every step."""
@@ -70,6 +85,8 @@ class SimExecutor:
                 s[0] += 1
                 sampled[rid] = [tokens.get(rid, DEFAULT_TOKEN)]
         t = self.cost_model.step_time(pt, ps, pc, pa, ds, dc)
+        if self._wake:
+            t *= self._wake.pop()
         w = self.totals
         w.num_steps += 1
         w.num_prefill_tokens += pt

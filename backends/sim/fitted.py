@@ -25,6 +25,12 @@ Profile format (``twinserve-step-profile/3``; ``/1`` and ``/2`` files still load
          "overhead_coefficients": {...}},
         {"max_num_tokens": 64, "decode_only": true, ...}   # only steps without prefill tokens:
       ],                                # decode batches replayed from CUDA graphs, matched first
+      "wake": {                         # optional: the first steps after the engine idled cost
+        "idle_s": [0.25, 1.0, 3.0],     # more (caches and a vCPU gone cold); after an idle gap
+        "factors": [[1.08, 1.02],       # of idle_s[i] seconds the next steps cost factors[i][j]
+                    [1.08, 1.06],       # times the model; between measured gaps interpolated,
+                    [1.47, 1.29]]       # from 1 at no gap, held past the longest
+      },
       "fit": {...}, "provenance": {...} # diagnostics and where the profile was made
     }
 
@@ -126,6 +132,25 @@ class FittedCostModel:
     # Scales, on top of time_scale, the prefill share of a step (its prefill tokens over all
     # its tokens): a machine whose compute-bound prefill slowed unlike its decode.
     prefill_scale: float = 1.0
+    # The steps right after the engine idled: measured idle gaps (seconds, increasing) and, for
+    # each, the factors of the next steps (wake_factors_after). Empty: no such cost.
+    wake_idle_s: tuple[float, ...] = ()
+    wake_factors: tuple[tuple[float, ...], ...] = ()
+
+    def wake_factors_after(self, idle_s: float) -> list[float]:
+        """Factors of the steps after an idle gap of idle_s seconds: interpolated between the
+        measured gaps (from 1 at no gap), held past the longest; [] when none were measured."""
+        gaps, rows = self.wake_idle_s, self.wake_factors
+        if not gaps or idle_s <= 0.0:
+            return []
+        if idle_s >= gaps[-1]:
+            return list(rows[-1])
+        i = 0
+        while gaps[i] < idle_s:
+            i += 1
+        g0, r0 = (gaps[i - 1], rows[i - 1]) if i else (0.0, (1.0,) * len(rows[0]))
+        w = (idle_s - g0) / (gaps[i] - g0)
+        return [a + w * (b - a) for a, b in zip(r0, rows[i])]
 
     @property
     def coefficients(self) -> Coefs:
@@ -182,6 +207,8 @@ class FittedCostModel:
                     if k not in ("format", "coefficients", "overhead_coefficients", "regimes")})
         out["coefficients"] = dict(zip(COEFFICIENTS, self.coefficients))
         out["overhead_coefficients"] = dict(zip(COEFFICIENTS, self.overhead))
+        if self.wake_idle_s:
+            out["wake"] = {"idle_s": list(self.wake_idle_s), "factors": [list(r) for r in self.wake_factors]}
         if self.regimes:
             out["regimes"] = [{"max_num_tokens": r.max_num_tokens,
                                **({"decode_only": True} if r.decode_only else {}),
@@ -223,9 +250,11 @@ class FittedCostModel:
                                   _coefs(r.get("overhead_coefficients"),
                                          f"{where}.overhead_coefficients", source), decode_only))
         regimes.sort(key=regime_order)
+        gaps, factors = _wake(data.get("wake"), source)
         meta = {k: v for k, v in data.items()
-                if k not in ("coefficients", "overhead_coefficients", "regimes")}
-        return cls(*coefs, meta=meta, overhead=overhead, regimes=regimes)
+                if k not in ("coefficients", "overhead_coefficients", "regimes", "wake")}
+        return cls(*coefs, meta=meta, overhead=overhead, regimes=regimes, wake_idle_s=gaps,
+                   wake_factors=factors)
 
     @classmethod
     def load(cls, path: str | Path) -> "FittedCostModel":
@@ -256,6 +285,23 @@ def resolve_profile(path: str | Path) -> Path:
                                f"{', '.join(builtin_profiles()) or 'none'}")
         return p
     return Path(path)
+
+
+def _wake(raw: Any, source: str) -> tuple[tuple[float, ...], tuple[tuple[float, ...], ...]]:
+    if raw is None:
+        return (), ()
+    bad = ProfileError(f"{source}: field 'wake' must be {{\"idle_s\": [increasing seconds > 0], "
+                       "\"factors\": [one list of factors > 0 per gap, all of one length]}")
+    if not isinstance(raw, Mapping) or set(raw) != {"idle_s", "factors"}:
+        raise bad
+    gaps, rows = raw["idle_s"], raw["factors"]
+    num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0  # noqa: E731
+    if (not isinstance(gaps, list) or not isinstance(rows, list) or not gaps or len(gaps) != len(rows)
+            or not all(num(g) for g in gaps) or any(b <= a for a, b in zip(gaps, gaps[1:]))
+            or not all(isinstance(r, list) and r and len(r) == len(rows[0]) and all(num(f) for f in r)
+                       for r in rows)):
+        raise bad
+    return tuple(float(g) for g in gaps), tuple(tuple(float(f) for f in r) for r in rows)
 
 
 def _coefs(raw: Any, where: str, source: str, required: bool = False) -> Coefs:

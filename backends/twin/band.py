@@ -130,6 +130,8 @@ class NoisyCostModel:
         self._phi = noise.correlation
         self._innov = math.sqrt(1.0 - self._phi * self._phi)
         self._z = self._rng.gauss(0.0, 1.0)  # the series' state: a standard normal at every step
+        # The profile's cost of waking from idle, which the simulator's executor applies.
+        self.wake_factors_after = getattr(base, "wake_factors_after", None)
 
     def step_time(self, num_prefill_tokens: int, num_prefill_seqs: int, prefill_context: int,
                   prefill_attn: float, num_decode_seqs: int, decode_context: int) -> float:

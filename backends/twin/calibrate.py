@@ -30,6 +30,7 @@ the real run and scales the simulated times by the same measure.
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
 import platform
 import random
@@ -37,7 +38,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -68,12 +69,17 @@ class CalibrationDesign:
     repeats: int = 2
     # Run the speed probe every this many design points (0: only before and after).
     probe_every: int = 12
+    # Idle gaps (seconds) before a fresh prompt, each measured idle_repeats times per repeat:
+    # the first steps after the engine idled cost more, the more the longer it idled (a vCPU
+    # descheduled, caches gone cold; on this project's VM +8% after 1 s, +47% after 3 s).
+    idle_gaps: list[float] = field(default_factory=lambda: [0.25, 1.0, 3.0])
+    idle_repeats: int = 3
 
     @classmethod
     def quick(cls) -> "CalibrationDesign":
         """A small design for tests and tiny models."""
         return cls([4, 12, 24], [0, 16], [(2, 8), (3, 4)], [1, 2, 4, 6], [8, 24], 3,
-                   [(2, 8), (4, 12)], 1, 0)
+                   [(2, 8), (4, 12)], 1, 0, [0.05], 2)
 
     def for_limits(self, max_num_seqs: int, max_num_batched_tokens: int,
                    max_model_len: int) -> "CalibrationDesign":
@@ -89,12 +95,57 @@ class CalibrationDesign:
             self.decode_steps,
             [m for m in self.mixed if m[0] + 1 <= max_num_seqs and m[0] + m[1] <= max_num_batched_tokens
              and _mixed_context(m) + 8 < max_model_len],
-            self.repeats, self.probe_every)
+            self.repeats, self.probe_every, list(self.idle_gaps), self.idle_repeats)
 
     def num_points(self) -> int:
         """Design points per repeat (what the progress bar counts)."""
         return (len(self.prefill_sizes) * len(self.prefill_contexts) + len(self.multi_prefill)
-                + len(self.decode_batches) * len(self.decode_contexts) + len(self.mixed))
+                + len(self.decode_batches) * len(self.decode_contexts) + len(self.mixed)
+                + len(self.idle_gaps) * self.idle_repeats)
+
+
+# The steps after an idle gap that cost extra (measured: +8%/+6%/+2% for the first three after
+# 1 s on this project's VM, +47%/+29%/+5% after 3 s), and the prompt the calibration sends then.
+WAKE_STEPS = 2
+WAKE_PROMPT = 192
+
+
+def split_wake(rows: list[dict[str, Any]], gaps: Sequence[float]) -> tuple[list[dict[str, Any]],
+                                                                         list[tuple[float, list[dict[str, Any]]]]]:
+    """(rows to fit the step model on, [(design gap, the WAKE_STEPS rows after it)]).
+
+    A step follows an idle gap when the time since the previous step ended is at least half the
+    shortest design gap (the design's other points run back to back); it is put with the nearest
+    design gap. Those steps are left out of the step model's fit and priced by factors instead.
+    """
+    if not gaps or not rows:
+        return rows, []
+    threshold = min(gaps) / 2
+    skip: set[int] = set()
+    episodes = []
+    for i in range(1, len(rows)):
+        prev = rows[i - 1]
+        idle = float(rows[i]["start_s"]) - (float(prev["start_s"]) + float(prev["step_time_s"]))
+        if idle >= threshold and i + WAKE_STEPS <= len(rows):
+            near = min(gaps, key=lambda g: abs(math.log(idle / g)))
+            episodes.append((near, rows[i:i + WAKE_STEPS]))
+            skip.update(range(i, i + WAKE_STEPS))
+    return [r for i, r in enumerate(rows) if i not in skip], episodes
+
+
+def fit_wake(profile: FittedCostModel, episodes: list[tuple[float, list[dict[str, Any]]]]) -> None:
+    """Set the profile's wake factors: per design gap and step after it, the median of measured
+    over predicted time (the step model fitted without those steps)."""
+    from twinserve.backends.sim.fitted import FEATURE_COLUMNS
+
+    by_gap: dict[float, list[list[float]]] = {}
+    for gap, steps in episodes:
+        ratios = [(float(r["step_time_s"]) + float(r.get("gap_s") or 0.0))
+                  / max(profile.step_time(*(float(r[c]) for c in FEATURE_COLUMNS)), 1e-12) for r in steps]
+        by_gap.setdefault(gap, []).append(ratios)
+    gaps = sorted(by_gap)
+    profile.wake_idle_s = tuple(gaps)
+    profile.wake_factors = tuple(tuple(float(np.median(col)) for col in zip(*by_gap[g])) for g in gaps)
 
 
 def _mixed_context(point: tuple[int, ...]) -> int:
@@ -197,6 +248,12 @@ class Calibrator:
         self._add(self._tokens(q), 2)
         self._drain()
 
+    def after_idle(self, seconds: float) -> None:
+        """The engine idles this long, then a fresh prompt arrives: its prefill and decodes."""
+        time.sleep(seconds)
+        self._add(self._tokens(WAKE_PROMPT), WAKE_STEPS + 2)
+        self._drain()
+
     def run(self, design: CalibrationDesign, progress: bool = True) -> StepLog:
         """Warm up, then every design point `repeats` times; returns the step log."""
         points: list[tuple[str, Callable[[], None]]] = []
@@ -217,6 +274,8 @@ class Calibrator:
         for m in design.mixed:
             b, q, c = m[0], m[1], _mixed_context(m)
             points.append((f"mixed b={b} q={q} c={c}", lambda b=b, q=q, c=c: self.mixed(b, q, c)))
+        for g in design.idle_gaps:
+            points += [(f"idle {g:g} s", lambda g=g: self.after_idle(g))] * design.idle_repeats
         self.warm_up()
         todo = list(points[:len(bases)])
         for _ in range(max(design.repeats, 1)):
@@ -459,6 +518,8 @@ def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> Fit
             t0 = min(float(r["start_s"]) for r in rows)
             note["speed_probe_t0_estimated"] = True
         rows, _ = correct_drift(rows, [(t0 + float(rel), float(sec)) for rel, sec in probes])
+    # Logs made before the design had idle points have none: their profiles price no wake.
+    rows, wake = split_wake(rows, (prov.get("design") or {}).get("idle_gaps") or [])
     eng = prov.get("engine") or {}
     device_type = str(prov.get("device", "cpu")).split(":")[0]
     graph_max = eng.get("cuda_graph_max_batch")
@@ -477,6 +538,7 @@ def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> Fit
     profile = fit_step_profile(rows, regime_max_tokens=bounds, graph_max_decodes=graph_max,
                                **meta, provenance={**prov, "refit": note})
     profile.meta["fit"]["comm_share"] = _comm_share(rows)
+    fit_wake(profile, wake)
     return profile
 
 
@@ -503,6 +565,7 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     tp = engine.args.tensor_parallel_size
     name = catalog_name(cfg, engine.model_name)
     rows, probe_ref = correct_drift(log.rows(), cal.probes)
+    rows, wake = split_wake(rows, design.idle_gaps)
     probe_secs = [sec for _, sec in cal.probes]
     # Breakpoints: the engine's own code-path switch, plus batch sizes where the measured
     # cost per row changes slope (candidates from the design's decode batches).
@@ -551,4 +614,5 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             "design": asdict(design),
         })
     profile.meta["fit"]["comm_share"] = _comm_share(rows)
+    fit_wake(profile, wake)
     return profile, log
