@@ -30,7 +30,6 @@ the real run and scales the simulated times by the same measure.
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import os
 import platform
 import random
@@ -110,25 +109,21 @@ WAKE_STEPS = 2
 WAKE_PROMPT = 192
 
 
-def split_wake(rows: list[dict[str, Any]], gaps: Sequence[float]) -> tuple[list[dict[str, Any]],
-                                                                         list[tuple[float, list[dict[str, Any]]]]]:
-    """(rows to fit the step model on, [(design gap, the WAKE_STEPS rows after it)]).
+def split_wake(rows: list[dict[str, Any]], marks: Sequence[Sequence[float]]) -> tuple[
+        list[dict[str, Any]], list[tuple[float, list[dict[str, Any]]]]]:
+    """(rows to fit the step model on, [(idle gap, the WAKE_STEPS rows after it)]).
 
-    A step follows an idle gap when the time since the previous step ended is at least half the
-    shortest design gap (the design's other points run back to back); it is put with the nearest
-    design gap. Those steps are left out of the step model's fit and priced by factors instead.
+    marks: (index of the first step after the idle gap in rows, the gap in seconds), as the
+    calibrator records them (provenance "idle_steps"; a speed probe between two points also
+    leaves a gap in the log, but the engine was busy, so gaps are not read off the times).
+    Those steps are left out of the step model's fit and priced by factors instead.
     """
-    if not gaps or not rows:
-        return rows, []
-    threshold = min(gaps) / 2
     skip: set[int] = set()
     episodes = []
-    for i in range(1, len(rows)):
-        prev = rows[i - 1]
-        idle = float(rows[i]["start_s"]) - (float(prev["start_s"]) + float(prev["step_time_s"]))
-        if idle >= threshold and i + WAKE_STEPS <= len(rows):
-            near = min(gaps, key=lambda g: abs(math.log(idle / g)))
-            episodes.append((near, rows[i:i + WAKE_STEPS]))
+    for index, gap in marks:
+        i = int(index)
+        if 0 <= i and i + WAKE_STEPS <= len(rows):
+            episodes.append((float(gap), rows[i:i + WAKE_STEPS]))
             skip.update(range(i, i + WAKE_STEPS))
     return [r for i, r in enumerate(rows) if i not in skip], episodes
 
@@ -170,6 +165,8 @@ class Calibrator:
         # (monotonic time, seconds) of every speed probe run during the design, and its parts.
         self.probes: list[tuple[float, float]] = []
         self.probe_parts: list[ProbeParts] = []
+        # (index in the log of the first step after an idle gap, the gap's seconds)
+        self.idle_steps: list[tuple[int, float]] = []
         self._order_rng = random.Random(seed + 1)
 
     def _tokens(self, n: int) -> list[int]:
@@ -250,7 +247,9 @@ class Calibrator:
 
     def after_idle(self, seconds: float) -> None:
         """The engine idles this long, then a fresh prompt arrives: its prefill and decodes."""
+        self._drain()  # a core process may still owe an answer: idle means idle
         time.sleep(seconds)
+        self.idle_steps.append((len(self.log.records), seconds))
         self._add(self._tokens(WAKE_PROMPT), WAKE_STEPS + 2)
         self._drain()
 
@@ -519,7 +518,7 @@ def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> Fit
             note["speed_probe_t0_estimated"] = True
         rows, _ = correct_drift(rows, [(t0 + float(rel), float(sec)) for rel, sec in probes])
     # Logs made before the design had idle points have none: their profiles price no wake.
-    rows, wake = split_wake(rows, (prov.get("design") or {}).get("idle_gaps") or [])
+    rows, wake = split_wake(rows, prov.get("idle_steps") or [])
     eng = prov.get("engine") or {}
     device_type = str(prov.get("device", "cpu")).split(":")[0]
     graph_max = eng.get("cuda_graph_max_batch")
@@ -565,7 +564,7 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     tp = engine.args.tensor_parallel_size
     name = catalog_name(cfg, engine.model_name)
     rows, probe_ref = correct_drift(log.rows(), cal.probes)
-    rows, wake = split_wake(rows, design.idle_gaps)
+    rows, wake = split_wake(rows, cal.idle_steps)
     probe_secs = [sec for _, sec in cal.probes]
     # Breakpoints: the engine's own code-path switch, plus batch sizes where the measured
     # cost per row changes slope (candidates from the design's decode batches).
@@ -606,6 +605,8 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
                                    "prefill_s": float(np.median([p.prefill_s for p in cal.probe_parts]))}
                                   if cal.probe_parts else None),
             "drift_corrected": len(probe_secs) >= 2,
+            # Steps that followed an idle gap (index in the step log, seconds): priced by "wake".
+            "idle_steps": [list(m) for m in cal.idle_steps],
             "engine": {"block_size": a.block_size, "max_num_seqs": sc.max_num_seqs,
                        "max_num_batched_tokens": sc.max_num_batched_tokens,
                        "small_batch_weights": a.small_batch_weights, "prepack_weights": a.prepack_weights,

@@ -107,3 +107,41 @@ def test_fitted_cost_model_drives_a_run(tmp_path) -> None:
     gaps = [b - a for a, b in zip(rec.token_times, rec.token_times[1:])]
     assert gaps == pytest.approx([0.011] * 4)
     assert rec.first_token_time - rec.arrival_time == pytest.approx(0.01)
+
+
+def test_steps_after_an_idle_gap_cost_the_profiles_wake_factors(tmp_path) -> None:
+    """A request that finds the engine idle pays the wake factors on its first steps, interpolated
+    in the gap; stepping and fast-forward agree; the factors survive the profile file."""
+    from .helpers import fingerprint, run
+
+    prof = FittedCostModel(intercept_s=0.01, per_decode_seq_s=0.001, wake_idle_s=(1.0, 3.0),
+                           wake_factors=((1.5, 1.2), (2.0, 1.5)))
+    assert prof.wake_factors_after(0.0) == []
+    assert prof.wake_factors_after(0.5) == pytest.approx([1.25, 1.1])
+    assert prof.wake_factors_after(2.0) == pytest.approx([1.75, 1.35])
+    assert prof.wake_factors_after(9.0) == pytest.approx([2.0, 1.5])
+    path = tmp_path / "p.json"
+    prof.save(path)
+    assert FittedCostModel.load(path).wake_factors_after(2.0) == pytest.approx([1.75, 1.35])
+    fields = dict(num_requests=6, arrival="fixed", rate=0.5, prompt_dist="fixed", prompt_mean=100,
+                  output_dist="fixed", output_mean=5, cost_model="fitted", profile=str(path))
+    results = [run(small_config(fast_forward=ff, **fields)) for ff in (False, True)]
+    assert fingerprint(results[0]) == fingerprint(results[1])
+    recs = sorted(results[0].records, key=lambda r: r.arrival_time)
+    woken = 0
+    for prev, rec in zip(recs, recs[1:]):
+        f = prof.wake_factors_after(rec.arrival_time - prev.finish_time)
+        assert len(f) == 2 and f[0] > 1.5
+        assert rec.first_token_time - rec.arrival_time == pytest.approx(0.01 * f[0])
+        gaps = [b - a for a, b in zip(rec.token_times, rec.token_times[1:])]
+        assert gaps == pytest.approx([0.011 * f[1], 0.011, 0.011, 0.011])
+        woken += 1
+    assert woken == 5
+    # A malformed wake table is refused, naming the field.
+    data = json.loads(path.read_text())
+    for wake in ({"idle_s": [3.0, 1.0], "factors": [[1.0], [1.0]]}, {"idle_s": [1.0], "factors": [[]]},
+                 {"idle_s": [1.0], "factors": [[1.2]], "extra": 1}, [1.0]):
+        data["wake"] = wake
+        path.write_text(json.dumps(data))
+        with pytest.raises(ProfileError, match="'wake'"):
+            FittedCostModel.load(path)

@@ -472,3 +472,29 @@ def test_calibrate_warns_when_the_machine_speed_moved_while_it_ran(
     assert main(["calibrate", "--refit", str(tmp_path / "p.json"), "--out", str(tmp_path / "q.json")]) == 0
     err = capsys.readouterr().err
     assert "speed moved" in err and f"{prov['speed_probe_drift']:.0%}" in err
+
+
+def test_calibration_prices_the_steps_after_an_idle_gap_apart() -> None:
+    """Steps after the design's idle gaps are left out of the step model and priced by factors
+    per gap: planted slowdowns come back, and the step model stays exact."""
+    from twinserve.backends.twin.calibrate import WAKE_STEPS, fit_wake, split_wake
+
+    planted = {0.25: (1.1, 1.02), 3.0: (1.5, 1.3)}
+    rows = [dict(r) for r in _rows(seed=8, n=150)]
+    marks = [(i, (0.25, 3.0)[(i // 10) % 2]) for i in range(5, 148, 10)]
+    for i, gap in marks:
+        for j in range(WAKE_STEPS):
+            rows[i + j]["step_time_s"] *= planted[gap][j]
+            rows[i + j]["execute_s"] *= planted[gap][j]
+    base, episodes = split_wake(rows, marks)
+    assert len(episodes) == 15 and len(base) == len(rows) - WAKE_STEPS * 15
+    assert {g for g, _ in episodes} == {0.25, 3.0}
+    prof = fit_step_profile(base)
+    assert prof.meta["fit"]["mape"] < 1e-6
+    fit_wake(prof, episodes)
+    assert prof.wake_idle_s == (0.25, 3.0)
+    assert prof.wake_factors[0] == pytest.approx(planted[0.25], rel=1e-6)
+    assert prof.wake_factors[1] == pytest.approx(planted[3.0], rel=1e-6)
+    # Fitted with them, the step model would be off: the idle steps are what split_wake removes.
+    assert fit_step_profile(rows).meta["fit"]["mape"] > 1e-3
+    assert split_wake(rows, []) == (rows, [])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from twinserve.backends.real.step_log import read_step_log
 from twinserve.backends.twin.fidelity import FidelityOptions, exit_code, run_fidelity
 from twinserve.backends.twin.realrun import run_real
 from twinserve.backends.twin.replay import replay
@@ -71,6 +72,13 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert all(v >= 0 for v in data["coefficients"].values())
     assert all(v >= 0 for v in data["overhead_coefficients"].values())
     assert prof.with_suffix(".steps.csv").exists()
+    # The quick design idles 0.05 s twice before a fresh prompt: the steps after it are marked
+    # (their prompt's prefill first) and priced by a wake factor per step.
+    marks = data["provenance"]["idle_steps"]
+    assert [g for _, g in marks] == [0.05, 0.05]
+    steps = read_step_log(prof.with_suffix(".steps.csv"))
+    assert all(steps[i]["num_prefill_seqs"] == 1 and steps[i]["num_decode_seqs"] == 0 for i, _ in marks)
+    assert data["wake"]["idle_s"] == [0.05] and len(data["wake"]["factors"][0]) == 2
     # The speed probe ran before and after the design; the profile is priced at their median.
     probes = data["provenance"]["speed_probes"]
     assert len(probes) == 2 and data["provenance"]["drift_corrected"]
