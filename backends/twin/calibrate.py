@@ -11,7 +11,11 @@ The design is made from step shapes, never drawn from a trace:
   few steps each;
 - mixed steps: a decode batch plus one new prefill chunk, from a small prompt beside a few
   short decodes up to nearly the whole token budget beside a large batch at long context
-  (the steps a loaded server runs).
+  (the steps a loaded server runs);
+- idle gaps: the engine idles 0.25, 1 or 3 s, then a fresh prompt arrives. The steps after
+  such a gap run slower (caches, and on a VM the vCPU, gone cold), so they are kept out of the
+  step model and priced per gap by wake factors, which the simulator applies after its own
+  idle gaps.
 
 Every step runs through the whole engine (schedule, forward, sample, update, detokenize,
 outputs), so the profile prices what a request waits for between two tokens, split into
