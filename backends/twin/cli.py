@@ -73,9 +73,8 @@ def _calibrate(ns: argparse.Namespace) -> int:
         print(f"  engine CPU overhead: {fit['overhead_share']:.1%} of step time on average")
     if fit.get("comm_share"):
         print(f"  tensor-parallel all-reduce: {fit['comm_share']:.1%} of step time")
-    from twinserve.backends.twin.hostload import warning
-
     from twinserve.backends.twin.calibrate import drift_warning
+    from twinserve.backends.twin.hostload import warning
 
     prov = profile.meta.get("provenance", {})
     for noisy in (warning(prov.get("host_load"), "calibration"), drift_warning(prov)):
