@@ -42,16 +42,33 @@ _MIN_RUN_STEPS = 20
 
 
 def step_residuals(profile: Any, rows: Sequence[dict[str, Any]]) -> list[tuple[str, float, float]]:
-    """(kind, measured s, predicted s) of every logged step that computed tokens, in order."""
+    """(kind, measured s, predicted s) of every logged step that computed tokens, in order.
+
+    The prediction is the simulator's: after the engine idled (the time since the previous
+    step ended, less the step's own gap_s, in which requests were already waiting), the next
+    steps carry the profile's wake factors.
+    """
+    wake_after = getattr(profile, "wake_factors_after", None)
+    wake: list[float] = []
+    prev_end = None
     out = []
     for r in rows:
+        start = r.get("start_s")
+        if wake_after is not None and start is not None and prev_end is not None:
+            idle = float(start) - prev_end - float(r.get("gap_s") or 0.0)
+            if idle > 0.0:
+                wake = wake_after(idle)[::-1]
+        if start is not None:
+            prev_end = float(start) + float(r["step_time_s"])
         if r["num_prefill_tokens"] + r["num_decode_seqs"] <= 0:
             continue
         measured = r["step_time_s"] + (r.get("gap_s") or 0.0)
         if measured <= 0:
             continue
-        out.append((step_kind(r["num_prefill_tokens"], r["num_decode_seqs"]), measured,
-                    profile.step_time(*(r[c] for c in FEATURE_COLUMNS))))
+        predicted = profile.step_time(*(r[c] for c in FEATURE_COLUMNS))
+        if wake:
+            predicted *= wake.pop()
+        out.append((step_kind(r["num_prefill_tokens"], r["num_decode_seqs"]), measured, predicted))
     return out
 
 

@@ -12,7 +12,7 @@ import statistics
 
 import pytest
 
-from twinserve.backends.sim.fitted import FittedCostModel
+from twinserve.backends.sim.fitted import FEATURE_COLUMNS, FittedCostModel
 from twinserve.backends.twin.band import NoisyCostModel, StepNoise, prediction_band
 from twinserve.backends.twin.steps import step_errors
 from twinserve.backends.sim.executor import SimExecutor
@@ -197,3 +197,25 @@ def test_host_load_tells_other_work_on_our_cpus_from_our_own() -> None:
     assert used > 0.05 and own["other_cpu_s"] <= all_used - 0.8 * used + 0.05, (own, used, all_used)
     assert warning({"cpus": [0], "other_share": 0.0, "steal_share": 0.0}, "x") is None
     assert "taskset" in warning({"cpus": [1], "other_share": 0.4, "steal_share": 0.0}, "calibration")
+
+
+def test_step_errors_price_the_steps_after_idle_as_the_simulator_does() -> None:
+    """A real log whose steps after an idle gap ran slower by the profile's wake factors is
+    priced exactly: the busy-time error sees no bias (it would be -20% on those steps without)."""
+    prof = dataclasses.replace(_profile(None), wake_idle_s=(1.0,), wake_factors=((1.5, 1.2),))
+    shapes = [(64, 1, 0, 64 * 32.0, 0, 0)] + [(0, 0, 0, 0.0, 1, 64 + k) for k in range(5)]
+    # The log's first step: how long the engine idled before it is not known, so it is plain.
+    t = prof.step_time(*shapes[1])
+    rows = [{**dict(zip(FEATURE_COLUMNS, shapes[1])), "start_s": 0.0, "step_time_s": t, "gap_s": 0.0}]
+    for burst in range(4):
+        t += 2.0  # the engine idles 2 s, then a request arrives: a prefill and five decodes
+        for j, f in enumerate(shapes):
+            d = prof.step_time(*f) * ((1.5, 1.2)[j] if j < 2 else 1.0)
+            rows.append({**dict(zip(FEATURE_COLUMNS, f)), "start_s": t, "step_time_s": d,
+                         "gap_s": 0.0})
+            t += d
+    st = step_errors(prof, rows)
+    assert st["busy_err"] == pytest.approx(0.0, abs=1e-12)
+    assert all(v == pytest.approx(0.0, abs=1e-12) for v in st["busy_err_by_kind"].values())
+    plain = step_errors(dataclasses.replace(prof, wake_idle_s=(), wake_factors=()), rows)
+    assert plain["busy_err_by_kind"]["prefill"] == pytest.approx(1 / 1.5 - 1)
