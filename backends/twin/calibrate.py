@@ -557,6 +557,8 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
                                  "True for calibration (cached-context chunks come from prefix hits)")
     design = (design or CalibrationDesign()).for_limits(sc.max_num_seqs, sc.max_num_batched_tokens,
                                                         sc.max_model_len)
+    # The code that runs the design: read now, since a commit may land while it runs.
+    commit = _git_commit()
     wall = time.perf_counter()
     host = HostLoad()
     cal = Calibrator(engine, seed)
@@ -591,7 +593,7 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             "threads": threads if threads is not None else torch.get_num_threads(),
             "torch": torch.__version__,
             "python": platform.python_version(),
-            "git_commit": _git_commit(),
+            "git_commit": commit,
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "wall_s": round(wall, 1),
             # Other processes' share of the CPUs it ran on (hostload.py): a noisy neighbour.
