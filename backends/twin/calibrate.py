@@ -47,7 +47,7 @@ import numpy as np
 
 from twinserve.backends.sim.catalog import MODELS
 from twinserve.backends.sim.fit import fit_step_profile, select_regimes
-from twinserve.backends.sim.fitted import FittedCostModel, resolve_profile
+from twinserve.backends.sim.fitted import FEATURE_COLUMNS, FittedCostModel, resolve_profile
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.sampling_params import SamplingParams
 
@@ -135,8 +135,6 @@ def split_wake(rows: list[dict[str, Any]], marks: Sequence[Sequence[float]]) -> 
 def fit_wake(profile: FittedCostModel, episodes: list[tuple[float, list[dict[str, Any]]]]) -> None:
     """Set the profile's wake factors: per design gap and step after it, the median of measured
     over predicted time (the step model fitted without those steps)."""
-    from twinserve.backends.sim.fitted import FEATURE_COLUMNS
-
     by_gap: dict[float, list[list[float]]] = {}
     for gap, steps in episodes:
         ratios = [(float(r["step_time_s"]) + float(r.get("gap_s") or 0.0))
