@@ -3,7 +3,10 @@
 For each trace the simulator (with the profile) first finds the engine's saturation
 throughput on that trace's lengths; the real engine and the simulator then replay the
 trace's lengths at Poisson rates of `--loads` x saturation (light, ~80%, past it). One
-engine serves every run (warm, prefix cache reset between runs). Prints one table.
+engine serves every run (warm, prefix cache reset between runs). Prints one table; with
+`--repeats 2` or more the real engine replays every cell that many times, and a second table
+sets the error pooled over the runs beside the real runs' own differences (run 2 against
+run 1): on a machine whose speed drifts, the floor no prediction can beat.
 
     python experiments/fidelity_study.py --profile builtin:smollm2-135m-cpu-1t --out fidelity-study
 """
@@ -45,6 +48,7 @@ def main() -> int:
     p.add_argument("--traces", nargs="+", default=list(TRACES), choices=list(TRACES))
     p.add_argument("--loads", nargs="+", type=float, default=[0.3, 0.8, 1.3])
     p.add_argument("--num-requests", type=int, default=40)
+    p.add_argument("--repeats", type=int, default=1, help="real runs per cell (fidelity --repeats)")
     p.add_argument("--max-prompt-tokens", type=int, default=256)
     p.add_argument("--max-output-tokens", type=int, default=64)
     p.add_argument("--max-num-seqs", type=int, default=32)
@@ -78,7 +82,7 @@ def main() -> int:
         mu = saturation(profile, base, engine)
         print(f"{name}: simulated saturation {mu:.3f} req/s", flush=True)
         for i, load in enumerate(a.loads):
-            opts = dataclasses.replace(base, rate=round(load * mu, 4), seed=i)
+            opts = dataclasses.replace(base, rate=round(load * mu, 4), seed=i, repeats=a.repeats)
             t = time.time()
             rep = run_fidelity(engine, opts, out / f"{name}-{load:g}", echo=lambda s: None)
             m = rep["metrics"]
@@ -90,6 +94,15 @@ def main() -> int:
                    # real value (band.py).
                    "e2e_p50_band": rep["band"]["cells"]["e2e"]["p50"]["half_width"],
                    "band_inside": "{}/{}".format(*band_inside(rep["band"]))}
+            if "repeats" in rep:
+                r = rep["repeats"]
+                pooled = r["pooled"]["metrics"]
+                row.update({f"pooled_{k}_{q}": pooled[k][q]["err"] for k in ("ttft", "tpot", "e2e")
+                            for q in ("p50", "p99")})
+                row.update({f"real2_{k}_{q}": r["real_vs_first"][0]["err"][k][q]
+                            for k in ("ttft", "tpot", "e2e") for q in ("p50", "p99")})
+                row["speeds"] = [x["speed"].get("machine_speed_ratio") for x in r["runs"]]
+                row["busy"] = [x["busy_err"] for x in r["runs"]]
             rows.append(row)
             print(json.dumps(row), flush=True)
     engine.shutdown()
@@ -103,6 +116,18 @@ def main() -> int:
                      + " | ".join(f"{r[c]:+.1%}" for c in cols)
                      + f" | {r['step_median']:+.1%} | {'yes' if r['replay_exact'] else 'NO'} "
                      f"| {r['e2e_p50_band']:.1%} | {r['band_inside']} |")
+    if a.repeats > 1:
+        lines += ["", f"{a.repeats} real runs per cell: the simulator against all of them pooled, and real "
+                  "run 2 against real run 1", "",
+                  "| trace | load | " + " | ".join(f"pooled {c.replace('_', ' ')}" for c in cols[:6])
+                  + " | " + " | ".join(f"real 2 vs 1 {c.replace('_', ' ')}" for c in cols[:6])
+                  + " | speed per run | busy err per run |", "|" + "---|" * 16]
+        for r in rows:
+            lines.append(f"| {r['trace']} | {r['load']:g} | "
+                         + " | ".join(f"{r['pooled_' + c]:+.1%}" for c in cols[:6]) + " | "
+                         + " | ".join(f"{r['real2_' + c]:+.1%}" for c in cols[:6]) + " | "
+                         + ", ".join(f"{x:.3f}" if x else "n/a" for x in r["speeds"]) + " | "
+                         + ", ".join("n/a" if x is None else f"{x:+.1%}" for x in r["busy"]) + " |")
     table = "\n".join(lines)
     (out / "summary.md").write_text(table + "\n")
     print(table)

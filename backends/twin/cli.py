@@ -109,6 +109,10 @@ def _fidelity_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-output-tokens", type=int, default=None, help="clip trace outputs")
     p.add_argument("--workload-seed", type=int, default=0)
     p.add_argument("--out", required=True, help="folder for fidelity.json, .md, .png, CSVs")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="replay the workload this many times on the real engine, back to back, each "
+                        "run judged at its own measured speed; the report adds the error pooled over "
+                        "the runs and the real runs against each other (the machine's own floor)")
     p.add_argument("--from-run", default=None, metavar="DIR",
                    help="judge the profile against a real run recorded earlier (a folder this command "
                         "wrote; --trace re-points its trace): the simulator only, no engine")
@@ -135,6 +139,8 @@ def _fidelity(ns: argparse.Namespace) -> int:
 
     if ns.band_samples < 0 or ns.band_samples == 1:
         raise FidelityError(f"--band-samples {ns.band_samples}: give 0 (no band) or at least 2")
+    if ns.repeats < 1:
+        raise FidelityError(f"--repeats {ns.repeats}: give 1 or more")
     if ns.from_run:
         from twinserve.backends.twin.fidelity import rejudge
 
@@ -144,7 +150,7 @@ def _fidelity(ns: argparse.Namespace) -> int:
         return 0
     opts = FidelityOptions(ns.profile, ns.trace, ns.config, ns.num_requests, ns.rate, ns.time_scale,
                            ns.max_prompt_tokens, ns.max_output_tokens, ns.workload_seed,
-                           ns.allow_profile_mismatch, ns.normalize_speed, ns.speed_by_part)
+                           ns.allow_profile_mismatch, ns.normalize_speed, ns.speed_by_part, ns.repeats)
     profile = FittedCostModel.load(ns.profile)
     made = profile.meta.get("provenance", {}).get("threads")
     if made is not None and made != ns.threads:

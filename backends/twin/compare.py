@@ -102,8 +102,12 @@ def table(report: dict[str, Any]) -> str:
 
 
 def figure(real: Sequence[RequestRecord], sim: Sequence[RequestRecord], path: Path,
-           title: str = "") -> Path:
-    """CDFs of TTFT, TPOT, ITL, E2E (measured vs predicted) and a per-request scatter."""
+           title: str = "", other_real: Sequence[Sequence[RequestRecord]] = ()) -> Path:
+    """CDFs of TTFT, TPOT, ITL, E2E (measured vs predicted) and a per-request scatter.
+
+    other_real: later real runs of the same workload, drawn thin beside the first: how far
+    the real engine lands from itself.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -111,6 +115,11 @@ def figure(real: Sequence[RequestRecord], sim: Sequence[RequestRecord], path: Pa
 
     fig, axes = plt.subplots(1, 5, figsize=(22, 4.2))
     for ax, m in zip(axes, METRICS):
+        for j, recs in enumerate(other_real):
+            v = np.sort(_pooled(recs, m))
+            if len(v):
+                ax.plot(v, np.arange(1, len(v) + 1) / len(v), "-", color="0.6", lw=1,
+                        label="real engine, other runs" if j == 0 else None)
         for recs, label, style in ((real, "real engine", "-"), (sim, "simulator", "--")):
             v = np.sort(_pooled(recs, m))
             if len(v):

@@ -28,7 +28,7 @@ from twinserve.sim.workload import Workload, WorkloadConfig
 from ..real.step_log import StepLog, read_step_log
 from .band import StepNoise, band_table, prediction_band
 from .calibrate import catalog_name, cold_prefix_cache, speed_probe_parts
-from .compare import compare, figure, table
+from .compare import METRICS, PERCENTILES, compare, figure, table
 from .hostload import HostLoad, warning
 from .realrun import RealRun, run_real
 from .replay import replay
@@ -66,6 +66,9 @@ class FidelityOptions:
     # whole probe's (steps.scaled_profile). Off by default: on this project's VM it did not
     # predict better (Nov 30: six runs, conv alike, code's prefill steps 2-3 points worse).
     speed_by_part: bool = False
+    # Times the real engine replays the workload (each run judged at its own measured speed);
+    # more than one adds the real runs' differences from each other to the report.
+    repeats: int = 1
 
 
 class CappedWorkload(Workload):
@@ -155,8 +158,15 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
                  echo: Callable[[str], None] = print, band_samples: int = 20) -> dict[str, Any]:
     """Replay the workload on engine and in the simulator; write fidelity.json/.md/.png.
 
-    band_samples noisy simulations give the prediction band (band.py); 0 skips it.
+    band_samples noisy simulations give the prediction band (band.py); 0 skips it. With
+    opts.repeats > 1 the real engine replays the workload that many times, back to back (the
+    speed probe between two runs serves both); the first run is the report's main one and the
+    others go to DIR/repeat-J. The report then adds each run's error, the error pooled over
+    the runs, and how far the real runs land from each other: the floor no prediction can
+    beat on this machine.
     """
+    if opts.repeats < 1:
+        raise FidelityError(f"--repeats {opts.repeats}: give 1 or more")
     out = Path(out_dir)
     profile = FittedCostModel.load(opts.profile)
     model = catalog_name(engine.model_config, engine.model_name)
@@ -174,56 +184,61 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     out.mkdir(parents=True, exist_ok=True)
     probe_cal = profile.meta.get("provenance", {}).get("speed_probe_s")
     probe = opts.normalize_speed and bool(probe_cal)
+    sched_cfg = engine.scheduler_config
     # Warm first: a cold engine's first steps would read as a slower machine.
     warm_up(engine)
     probe_before = speed_probe_parts(engine, rounds=PROBE_ROUNDS) if probe else None
-    if probe_before is not None:
-        cold_prefix_cache(engine)  # the run starts from a cold prefix cache, like the simulator
-    steps_path = out / "steps_real.csv"
-    # A core in its own process: the replay takes the core's steps from the log (realrun.py).
-    engine.set_step_log(StepLog(steps_path, record_schedule=engine.core_mode == "process"))
-    echo(f"fidelity: {n_first} requests on the real engine in real time ...")
-    host = HostLoad()
-    real: RealRun = run_real(engine, make())
-    host_load = host.result()
-    engine.step_log.close()
-    probe_after = (speed_probe_parts(engine, rounds=PROBE_ROUNDS) if probe_before and not real.interrupted
-                   else None)
-    sched_cfg = engine.scheduler_config
-    echo("fidelity: simulating with the profile, and replaying the measured step times ...")
-    raw_profile = dataclasses.replace(profile, time_scale=1.0, prefill_scale=1.0)
-    sim_raw = simulate(raw_profile, make, sched_cfg)
-    speed: dict[str, Any] = {"normalized": False, "probe_profile_s": probe_cal,
-                             "probe_before_s": probe_before.total if probe_before else None,
-                             "probe_after_s": probe_after.total if probe_after else None,
-                             "probe_before_parts": probe_before.to_dict() if probe_before else None,
-                             "probe_after_parts": probe_after.to_dict() if probe_after else None,
-                             "host_load": host_load}
-    sim = sim_raw
-    if probe_before is not None:
-        speed.update(normalized=True, **speed_ratios(profile, [probe_before, probe_after]))
-        profile = scaled_profile(profile, speed, opts.speed_by_part)
-        sim = simulate(profile, make, sched_cfg)
-    check = replay(real, make, sched_cfg)
-    report: dict[str, Any] = compare(real.records, sim.records)
-    raw = compare(real.records, sim_raw.records)
-    report["metrics_raw"], report["throughput_raw"] = raw["metrics"], raw["throughput"]
-    report["speed"] = speed
-    report["num_requests"] = len(real.records)
+    runs: list[_Run] = []
+    for j in range(opts.repeats):
+        run_dir = out if j == 0 else out / f"repeat-{j + 1}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        # Every run starts from a cold prefix cache, like the simulator (the probe, or the
+        # previous run, left prompts in it).
+        cold_prefix_cache(engine)
+        steps_path = run_dir / "steps_real.csv"
+        # A core in its own process: the replay takes the core's steps from the log (realrun.py).
+        engine.set_step_log(StepLog(steps_path, record_schedule=engine.core_mode == "process"))
+        echo(f"fidelity: {n_first} requests on the real engine in real time"
+             + (f" (run {j + 1} of {opts.repeats})" if opts.repeats > 1 else "") + " ...")
+        host = HostLoad()
+        real: RealRun = run_real(engine, make())
+        host_load = host.result()
+        engine.step_log.close()
+        probe_after = (speed_probe_parts(engine, rounds=PROBE_ROUNDS) if probe_before and not real.interrupted
+                       else None)
+        speed: dict[str, Any] = {"normalized": False, "probe_profile_s": probe_cal,
+                                 "probe_before_s": probe_before.total if probe_before else None,
+                                 "probe_after_s": probe_after.total if probe_after else None,
+                                 "probe_before_parts": probe_before.to_dict() if probe_before else None,
+                                 "probe_after_parts": probe_after.to_dict() if probe_after else None,
+                                 "host_load": host_load}
+        if probe_before is not None:
+            speed.update(normalized=True, **speed_ratios(profile, [probe_before, probe_after]))
+        echo("fidelity: simulating with the profile, and replaying the measured step times ...")
+        rows = read_step_log(steps_path) if real.step_starts else []
+        runs.append(_Run(run_dir, real, speed, rows, replay(real, make, sched_cfg).to_dict()))
+        runs[-1].judge(profile, make, sched_cfg, opts.speed_by_part)
+        _write_requests(real.records, run_dir / "requests_real.csv")
+        _write_requests(runs[-1].sim.records, run_dir / "requests_sim.csv")
+        if real.interrupted:
+            break
+        probe_before = probe_after
+    first = runs[0]
+    report: dict[str, Any] = dict(first.part)
+    report["speed"] = first.speed
+    report["num_requests"] = len(first.real.records)
     report["profile"] = str(opts.profile)
-    report["interrupted"] = real.interrupted
-    report["replay"] = check.to_dict()
-    rows = read_step_log(steps_path) if real.step_starts else []
-    report["steps"] = step_errors(profile, rows) if rows else {}
-    report["steps_raw"] = step_errors(raw_profile, rows) if rows else {}
+    report["interrupted"] = any(r.real.interrupted for r in runs)
+    report["replay"] = first.replay
     if band_samples:
-        report["band"] = prediction_band(profile, make, sched_cfg, real.records,
-                                         StepNoise.for_run(profile, speed, rows), samples=band_samples)
-    report["real"] = {"num_steps": len(real.step_starts), "wall_s": real.wall_time,
-                      "preemptions": real.num_preemptions,
-                      "prefix_hit_tokens": sum(r.prefix_hit_tokens for r in real.records)}
-    report["sim"] = {"num_steps": sim.num_steps, "preemptions": sim.num_preemptions,
-                     "prefix_hit_tokens": sum(r.prefix_hit_tokens for r in sim.records)}
+        report["band"] = prediction_band(first.judged, make, sched_cfg, first.real.records,
+                                         StepNoise.for_run(first.judged, first.speed, first.rows),
+                                         samples=band_samples)
+    report["real"] = {"num_steps": len(first.real.step_starts), "wall_s": first.real.wall_time,
+                      "preemptions": first.real.num_preemptions,
+                      "prefix_hit_tokens": sum(r.prefix_hit_tokens for r in first.real.records)}
+    report["sim"] = {"num_steps": first.sim.num_steps, "preemptions": first.sim.num_preemptions,
+                     "prefix_hit_tokens": sum(r.prefix_hit_tokens for r in first.sim.records)}
     report["workload"] = {k: v for k, v in dataclasses.asdict(opts).items() if k != "profile"}
     # Everything a later `fidelity --from-run` needs to simulate this workload again.
     report["scheduler_config"] = dataclasses.asdict(sched_cfg)
@@ -235,7 +250,11 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
                         "enable_prefix_caching": sched_cfg.enable_prefix_caching,
                         "num_blocks": sched_cfg.num_blocks, "block_size": sched_cfg.block_size,
                         "policy": sched_cfg.policy}
+    done = [r for r in runs if not r.real.interrupted]
+    if len(done) > 1:
+        report["repeats"] = repeat_summary(done, out)
     (out / "fidelity.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
+    speed = first.speed
     md = table(report)
     if speed["normalized"]:
         after = speed["probe_after_s"] or float("nan")
@@ -248,7 +267,7 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
               f"{speed['probe_before_s']:.3f} s before and {after:.3f} s after this run); simulated "
               "step times scaled by it\n\n" + md + "\n\nwithout the speed scaling:\n\n"
               + table({"metrics": report["metrics_raw"], "throughput": report["throughput_raw"]}))
-    rp = check.to_dict()
+    rp = first.replay
     md += (f"\n\nreplay mode: {'exact' if rp['exact'] else 'NOT exact'} "
            f"({rp['num_steps_real']} real steps, {rp['num_steps_sim']} replayed; "
            f"max token-time difference {rp['max_token_time_diff_s']:.2e} s)")
@@ -257,16 +276,103 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     md += step_line(report["steps"], "\n")
     if band_samples:
         md += "\n\n" + band_table(report["band"])
-    noisy = warning(host_load, "the real run")
+    if "repeats" in report:
+        md += "\n\n" + repeat_table(report["repeats"])
+    noisy = warning(first.speed["host_load"], "the real run")
     if noisy:
         md += "\n\n" + noisy
     (out / "fidelity.md").write_text(md + "\n")
-    _write_requests(real.records, out / "requests_real.csv")
-    _write_requests(sim.records, out / "requests_sim.csv")
-    figure(real.records, sim.records, out / "fidelity.png",
-           title=f"twinserve fidelity: {model}, profile {Path(str(opts.profile)).name}")
+    figure(first.real.records, first.sim.records, out / "fidelity.png",
+           title=f"twinserve fidelity: {model}, profile {Path(str(opts.profile)).name}",
+           other_real=[r.real.records for r in done[1:]])
     echo(md)
     return report
+
+
+@dataclass(slots=True)
+class _Run:
+    """One real replay of the workload (measured or recorded) and its prediction."""
+
+    dir: Path
+    real: Any                          # a RealRun, or a recorded run's RequestRecords
+    speed: dict[str, Any]
+    rows: list[dict[str, Any]]         # its step log
+    replay: dict[str, Any] | None
+    part: dict[str, Any] = dataclasses.field(default_factory=dict)
+    judged: Any = None                 # the profile at the run's measured speed
+    sim: Any = None
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        return self.real.records if isinstance(self.real, RealRun) else self.real
+
+    def judge(self, profile: FittedCostModel, make: Callable[[], Workload], sched_cfg: Any,
+              by_part: bool, normalize: bool = True) -> None:
+        """Simulate at the run's measured speed (and raw); compare with what the run measured."""
+        raw_profile = dataclasses.replace(profile, time_scale=1.0, prefill_scale=1.0)
+        sim_raw = simulate(raw_profile, make, sched_cfg)
+        self.judged, self.sim = raw_profile, sim_raw
+        if normalize and self.speed.get("normalized"):
+            self.judged = scaled_profile(profile, self.speed, by_part)
+            self.sim = simulate(self.judged, make, sched_cfg)
+        part = compare(self.records, self.sim.records)
+        raw = compare(self.records, sim_raw.records)
+        part["metrics_raw"], part["throughput_raw"] = raw["metrics"], raw["throughput"]
+        part["steps"] = step_errors(self.judged, self.rows) if self.rows else {}
+        part["steps_raw"] = step_errors(raw_profile, self.rows) if self.rows else {}
+        self.part = part
+
+
+def _errs(metrics: dict[str, Any]) -> dict[str, dict[str, float]]:
+    return {m: {f"p{p}": metrics[m][f"p{p}"]["err"] for p in PERCENTILES} for m in metrics}
+
+
+def _tagged(records: list[RequestRecord], j: int) -> list[RequestRecord]:
+    return [dataclasses.replace(r, request_id=f"run{j + 1}/{r.request_id}") for r in records]
+
+
+def repeat_summary(runs: list[_Run], out: Path) -> dict[str, Any]:
+    """Several real runs of one workload: each run's error, the error pooled over the runs (the
+    requests of every run against their predictions, each at its run's speed), and each later
+    run against the first, real against real: on a machine whose speed drifts, the floor."""
+    pooled = compare([r for j, run in enumerate(runs) for r in _tagged(run.records, j)],
+                     [r for j, run in enumerate(runs) for r in _tagged(run.sim.records, j)])
+    per_run = [{"dir": str(run.dir.relative_to(out)) if run.dir != out else ".",
+                "speed": run.speed, "replay": run.replay, "err": _errs(run.part["metrics"]),
+                "throughput_err": run.part["throughput"]["output_tok_s"]["err"],
+                "busy_err": run.part["steps"].get("busy_err")} for run in runs]
+    vs_first = []
+    for run in runs[1:]:
+        c = compare(runs[0].records, run.records)
+        vs_first.append({"err": _errs(c["metrics"]),
+                         "throughput_err": c["throughput"]["output_tok_s"]["err"],
+                         "per_request_median_abs_err": {m: c["metrics"][m]["per_request_median_abs_err"]
+                                                        for m in c["metrics"]}})
+    floor = {m: {q: max(abs(v["err"][m][q]) for v in vs_first) for q in vs_first[0]["err"][m]}
+             for m in vs_first[0]["err"]}
+    return {"count": len(runs), "runs": per_run, "pooled": {"metrics": pooled["metrics"]},
+            "real_vs_first": vs_first, "real_spread": floor}
+
+
+def repeat_table(rep: dict[str, Any]) -> str:
+    """The markdown table of a repeated run: pooled and per-run errors beside real-vs-real."""
+    n = rep["count"]
+    head = (["metric", "pooled sim err"] + [f"run {j + 1} sim err" for j in range(n)]
+            + [f"real run {j + 2} vs run 1" for j in range(n - 1)])
+    lines = [f"the real engine ran the workload {n} times: the simulator against each run (at the run's "
+             "measured speed) and against all of them pooled, beside the real runs against each other",
+             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    pooled = rep["pooled"]["metrics"]
+    for m in METRICS:
+        for q in (f"p{p}" for p in PERCENTILES):
+            cells = [f"{m} {q}", f"{pooled[m][q]['err']:+.1%}"]
+            cells += [f"{r['err'][m][q]:+.1%}" for r in rep["runs"]]
+            cells += [f"{v['err'][m][q]:+.1%}" for v in rep["real_vs_first"]]
+            lines.append("| " + " | ".join(cells) + " |")
+    speeds = ", ".join(f"{r['speed'].get('machine_speed_ratio', float('nan')):.3f}" for r in rep["runs"])
+    busy = ", ".join("n/a" if r["busy_err"] is None else f"{r['busy_err']:+.1%}" for r in rep["runs"])
+    lines += ["", f"machine speed per run (x calibration's): {speeds}; busy-time error per run: {busy}"]
+    return "\n".join(lines)
 
 
 def _write_requests(records: list[Any], path: Path) -> None:
@@ -351,21 +457,19 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
                           enable_prefix_caching=eng["enable_prefix_caching"], policy=eng["policy"])
         sched_cfg = scheduler_config_for(args, max_len, int(eng["num_blocks"]))
     make = workload_factory(opts, max_len, vocab)
-    real = _read_requests(run / "requests_real.csv")
-    speed = old.get("speed") or {}
-    ratio = speed.get("machine_speed_ratio") if opts.normalize_speed and speed.get("normalized") else None
-    raw_profile = dataclasses.replace(profile, time_scale=1.0, prefill_scale=1.0)
-    judged = scaled_profile(profile, speed, opts.speed_by_part) if ratio else raw_profile
-    sim_raw = simulate(raw_profile, make, sched_cfg)
-    sim = simulate(judged, make, sched_cfg) if ratio else sim_raw
-    report: dict[str, Any] = compare(real, sim.records)
-    raw = compare(real, sim_raw.records)
-    report["metrics_raw"], report["throughput_raw"] = raw["metrics"], raw["throughput"]
-    rows = read_step_log(run / "steps_real.csv") if (run / "steps_real.csv").exists() else []
-    report["steps"] = step_errors(judged, rows) if rows else {}
+    normalize = opts.normalize_speed
+    runs = [_recorded(run, old.get("speed") or {}, old.get("replay"))]
+    runs += [_recorded(run / r["dir"], r["speed"], r["replay"])
+             for r in (old.get("repeats") or {}).get("runs", [])[1:]]
+    for r in runs:
+        r.judge(profile, make, sched_cfg, opts.speed_by_part, normalize)
+    first = runs[0]
+    real, judged, sim, speed = first.records, first.judged, first.sim, first.speed
+    ratio = speed.get("machine_speed_ratio") if normalize and speed.get("normalized") else None
+    report: dict[str, Any] = dict(first.part)
     if band_samples:
         report["band"] = prediction_band(judged, make, sched_cfg, real,
-                                         StepNoise.for_run(judged, speed if ratio else None, rows),
+                                         StepNoise.for_run(judged, speed if ratio else None, first.rows),
                                          samples=band_samples)
     report.update(num_requests=len(real), profile=str(profile_path), rejudged_from=str(run),
                   speed={**speed, "from_recorded_run": True}, workload=wl, engine=eng,
@@ -373,6 +477,8 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
                   sim={"num_steps": sim.num_steps, "preemptions": sim.num_preemptions,
                        "prefix_hit_tokens": sum(r.prefix_hit_tokens for r in sim.records)},
                   real=old.get("real"), replay=old.get("replay"))
+    if len(runs) > 1:
+        report["repeats"] = repeat_summary(runs, run)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "fidelity.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
@@ -383,12 +489,24 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
     md += step_line(report["steps"], "\n\n")
     if band_samples:
         md += "\n\n" + band_table(report["band"])
+    if "repeats" in report:
+        md += "\n\n" + repeat_table(report["repeats"])
     (out / "fidelity.md").write_text(md + "\n")
-    _write_requests(sim.records, out / "requests_sim.csv")
+    for j, r in enumerate(runs):
+        sub = out if j == 0 else out / f"repeat-{j + 1}"
+        sub.mkdir(parents=True, exist_ok=True)
+        _write_requests(r.sim.records, sub / "requests_sim.csv")
     figure(real, sim.records, out / "fidelity.png",
-           title=f"twinserve fidelity (recorded run): {eng.get('model', '')}, profile {Path(str(profile_path)).name}")
+           title=f"twinserve fidelity (recorded run): {eng.get('model', '')}, profile {Path(str(profile_path)).name}",
+           other_real=[r.records for r in runs[1:]])
     echo(md)
     return report
+
+
+def _recorded(run_dir: Path, speed: dict[str, Any], replay_check: dict[str, Any] | None) -> _Run:
+    steps = run_dir / "steps_real.csv"
+    return _Run(run_dir, _read_requests(run_dir / "requests_real.csv"), speed,
+                read_step_log(steps) if steps.exists() else [], replay_check)
 
 
 def _json_default(o: Any) -> Any:

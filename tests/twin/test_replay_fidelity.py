@@ -431,3 +431,68 @@ def test_python_dash_m_knows_the_twin_subcommands() -> None:
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "--band-samples" in out.stdout and "--from-run" in out.stdout
+
+
+def test_repeated_runs_measure_the_real_engine_against_itself(make_engine, tmp_path: Path) -> None:
+    import numpy as np
+    import pandas as pd
+
+    from twinserve.backends.sim.fitted import FittedCostModel
+    from twinserve.backends.twin.fidelity import FidelityError, rejudge
+
+    prof = tmp_path / "p.json"
+    FittedCostModel(intercept_s=0.002, per_token_s=1e-4,
+                    meta={"provenance": {"speed_probe_s": 0.05}}).save(prof)
+    engine = make_engine(max_num_batched_tokens=128)  # room for the speed probe's prefill
+    with pytest.raises(FidelityError, match="--repeats 0"):
+        run_fidelity(engine, FidelityOptions(str(prof), trace=str(_trace(tmp_path / "t.csv")), repeats=0),
+                     tmp_path / "bad", echo=lambda s: None)
+    # Without the speed probe between them (it empties the prefix cache), the second run must
+    # still start cold: its prompts are the first run's, and hits the replay cannot see would
+    # break it.
+    bare = run_fidelity(engine, FidelityOptions(str(prof), trace=str(_trace(tmp_path / "t.csv")), repeats=2,
+                                                normalize_speed=False),
+                        tmp_path / "bare", echo=lambda s: None, band_samples=0)
+    assert [x["replay"]["exact"] for x in bare["repeats"]["runs"]] == [True, True]
+    hits = [pd.read_csv(d / "requests_real.csv")["prefix_hit_tokens"].sum()
+            for d in (tmp_path / "bare", tmp_path / "bare" / "repeat-2")]
+    assert hits[0] == hits[1]
+    out = tmp_path / "out"
+    rep = run_fidelity(engine, FidelityOptions(str(prof), trace=str(_trace(tmp_path / "t.csv")), repeats=2),
+                       out, echo=lambda s: None, band_samples=0)
+    engine.shutdown()
+    r = rep["repeats"]
+    assert r["count"] == 2 and [x["dir"] for x in r["runs"]] == [".", "repeat-2"]
+    # Both runs served the same requests from a cold prefix cache: the second run's prompts were
+    # cached by the first, and a warm start would hit them where its replay cannot.
+    first, second = (pd.read_csv(d / "requests_real.csv").sort_values("request_id")
+                     for d in (out, out / "repeat-2"))
+    assert first["arrival_s"].tolist() == second["arrival_s"].tolist()
+    assert first["output_tokens"].tolist() == second["output_tokens"].tolist()
+    assert first["prefix_hit_tokens"].sum() == second["prefix_hit_tokens"].sum()
+    assert all(x["replay"]["exact"] for x in r["runs"])
+    # The probe after the first run is the one before the second; each run has its own speed.
+    s1, s2 = (x["speed"] for x in r["runs"])
+    assert s2["probe_before_s"] == s1["probe_after_s"] and s1["normalized"] and s2["normalized"]
+    assert s2["machine_speed_ratio"] == pytest.approx((s2["probe_before_s"] + s2["probe_after_s"]) / 2 / 0.05)
+
+    def e2e(df):
+        return (df["finish_s"] - df["arrival_s"]).to_numpy()
+
+    # Real against real, from the recorded requests.
+    for q in (50, 99):
+        want = np.percentile(e2e(second), q) / np.percentile(e2e(first), q) - 1
+        assert r["real_vs_first"][0]["err"]["e2e"][f"p{q}"] == pytest.approx(want)
+        assert r["real_spread"]["e2e"][f"p{q}"] == pytest.approx(abs(want))
+    # Pooled: every request of both runs against its prediction at its own run's speed.
+    sims = [pd.read_csv(d / "requests_sim.csv") for d in (out, out / "repeat-2")]
+    cell = r["pooled"]["metrics"]["e2e"]["p50"]
+    assert cell["real"] == pytest.approx(np.percentile(np.concatenate([e2e(first), e2e(second)]), 50))
+    assert cell["sim"] == pytest.approx(np.percentile(np.concatenate([e2e(s) for s in sims]), 50))
+    assert r["runs"][0]["err"]["e2e"]["p50"] == rep["metrics"]["e2e"]["p50"]["err"]
+    assert "real run 2 vs run 1" in (out / "fidelity.md").read_text()
+    # Judged again from the recording: the same repeats, no engine.
+    again = rejudge(out, str(prof), tmp_path / "again", echo=lambda s: None, band_samples=0)
+    assert again["repeats"]["pooled"] == r["pooled"]
+    assert again["repeats"]["real_vs_first"] == r["real_vs_first"]
+    assert (tmp_path / "again" / "repeat-2" / "requests_sim.csv").exists()
