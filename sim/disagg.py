@@ -34,10 +34,10 @@ class _Discounted:
         self.inner = inner
         self.name = getattr(inner, "name", "cost")
         self.minus = (0, 0, 0, 0.0)
-        # A decode replica wakes from idle as slowly as any engine (the profile's wake factors).
-        wake = getattr(inner, "wake_factors_after", None)
+        # A decode replica wakes from idle as slowly as any engine (the profile's wake cost).
+        wake = getattr(inner, "wake_after", None)
         if wake is not None:
-            self.wake_factors_after = wake
+            self.wake_after = wake
 
     def step_time(self, pt: int, ps: int, pc: int, pa: float, ds: int, dc: int) -> float:
         """The inner step time without the transferred tokens' prefill work."""

@@ -27,10 +27,10 @@ class SimExecutor:
         self.tokens: dict[str, int] = {}
         self.totals = WorkTotals()
         self.last_features: tuple[int, int, int, float, int, int] = (0, 0, 0, 0.0, 0, 0)
-        # Factors of the next steps after the engine idled (cost model's wake_factors_after),
-        # last step first; empty when awake.
-        self._wake: list[float] = []
-        self._wake_after = getattr(cost_model, "wake_factors_after", None)
+        # (factor, extra seconds) of the next steps after the engine idled (the cost model's
+        # wake_after), last step first; empty when awake.
+        self._wake: list[tuple[float, float]] = []
+        self._wake_after = getattr(cost_model, "wake_after", None)
 
     @property
     def waking(self) -> bool:
@@ -86,7 +86,8 @@ class SimExecutor:
                 sampled[rid] = [tokens.get(rid, DEFAULT_TOKEN)]
         t = self.cost_model.step_time(pt, ps, pc, pa, ds, dc)
         if self._wake:
-            t *= self._wake.pop()
+            f, e = self._wake.pop()
+            t = t * f + e
         w = self.totals
         w.num_steps += 1
         w.num_prefill_tokens += pt

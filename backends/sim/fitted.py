@@ -1,9 +1,9 @@
 """A cost model whose coefficients come from a measured step profile (JSON).
 
-Profile format (``twinserve-step-profile/3``; ``/1`` and ``/2`` files still load), one JSON object::
+Profile format (``twinserve-step-profile/4``; ``/1`` to ``/3`` files still load), one JSON object::
 
     {
-      "format": "twinserve-step-profile/3",
+      "format": "twinserve-step-profile/4",
       "model": "SmolLM2-135M",          # checked against the simulated model
       "hardware": "cpu: ...",           # informative
       "tensor_parallel_size": 1,        # informative
@@ -27,10 +27,11 @@ Profile format (``twinserve-step-profile/3``; ``/1`` and ``/2`` files still load
       ],                                # decode batches replayed from CUDA graphs, matched first
       "wake": {                         # optional: the first steps after the engine idled cost
         "idle_s": [0.25, 1.0, 3.0],     # more (caches and a vCPU gone cold); after an idle gap
-        "factors": [[1.08, 1.02],       # of idle_s[i] seconds the next steps cost factors[i][j]
-                    [1.08, 1.06],       # times the model; between measured gaps interpolated,
-                    [1.47, 1.29]]       # from 1 at no gap, held past the longest
-      },
+        "extra_s": [[0.004, 0.001],     # of idle_s[i] seconds the next steps cost extra_s[i][j]
+                    [0.085, 0.012],     # seconds more than the model (at the profile's speed);
+                    [0.170, 0.027]]     # between measured gaps interpolated, from 0 at no gap,
+      },                                # held past the longest. /3 files may give "factors"
+                                        # instead: the steps cost that many times the model
       "fit": {...}, "provenance": {...} # diagnostics and where the profile was made
     }
 
@@ -56,8 +57,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from twinserve.core.errors import TwinserveError
 
-PROFILE_FORMAT = "twinserve-step-profile/3"
-FORMATS = ("twinserve-step-profile/1", "twinserve-step-profile/2", PROFILE_FORMAT)
+PROFILE_FORMAT = "twinserve-step-profile/4"
+FORMATS = ("twinserve-step-profile/1", "twinserve-step-profile/2", "twinserve-step-profile/3", PROFILE_FORMAT)
 COEFFICIENTS = ("intercept_s", "per_token_s", "per_prefill_seq_s", "per_prefill_attn_s",
                 "per_prefill_context_token_s", "per_decode_seq_s", "per_decode_context_token_s",
                 "per_token_sq_s")
@@ -133,24 +134,37 @@ class FittedCostModel:
     # its tokens): a machine whose compute-bound prefill slowed unlike its decode.
     prefill_scale: float = 1.0
     # The steps right after the engine idled: measured idle gaps (seconds, increasing) and, for
-    # each, the factors of the next steps (wake_factors_after). Empty: no such cost.
+    # each, the extra seconds of the next steps (wake_after). The extra does not grow with the
+    # step: after 3 s idle on this project's VM the first decode step cost +27 ms whether it
+    # ran alone (69 ms, +40%) or beside a 256-token prefill (582 ms, +1%), and the first prefill
+    # +120-190 ms at 0.15-0.68 s (study runs of Nov 30, evening). Profiles of format /3 may
+    # carry factors instead (times the model). Empty: no such cost.
     wake_idle_s: tuple[float, ...] = ()
+    wake_extra_s: tuple[tuple[float, ...], ...] = ()
     wake_factors: tuple[tuple[float, ...], ...] = ()
 
-    def wake_factors_after(self, idle_s: float) -> list[float]:
-        """Factors of the steps after an idle gap of idle_s seconds: interpolated between the
-        measured gaps (from 1 at no gap), held past the longest; [] when none were measured."""
-        gaps, rows = self.wake_idle_s, self.wake_factors
+    def wake_after(self, idle_s: float) -> list[tuple[float, float]]:
+        """(factor, extra seconds) of each step after an idle gap of idle_s seconds: a step then
+        costs factor x the model + extra. Interpolated between the measured gaps (from no cost
+        at no gap), held past the longest; the extra scales with the machine (time_scale).
+        [] when none were measured."""
+        gaps = self.wake_idle_s
         if not gaps or idle_s <= 0.0:
             return []
+        n = len((self.wake_extra_s or self.wake_factors)[0])
+        extra = self.wake_extra_s or ((0.0,) * n,) * len(gaps)
+        factors = self.wake_factors or ((1.0,) * n,) * len(gaps)
         if idle_s >= gaps[-1]:
-            return list(rows[-1])
-        i = 0
-        while gaps[i] < idle_s:
-            i += 1
-        g0, r0 = (gaps[i - 1], rows[i - 1]) if i else (0.0, (1.0,) * len(rows[0]))
-        w = (idle_s - g0) / (gaps[i] - g0)
-        return [a + w * (b - a) for a, b in zip(r0, rows[i])]
+            i, w = len(gaps) - 1, 1.0
+        else:
+            i = 0
+            while gaps[i] < idle_s:
+                i += 1
+            g0 = gaps[i - 1] if i else 0.0
+            w = (idle_s - g0) / (gaps[i] - g0)
+        f0, e0 = (factors[i - 1], extra[i - 1]) if i else ((1.0,) * n, (0.0,) * n)
+        return [(a + w * (b - a), (c + w * (d - c)) * self.time_scale)
+                for a, b, c, d in zip(f0, factors[i], e0, extra[i])]
 
     @property
     def coefficients(self) -> Coefs:
@@ -208,7 +222,9 @@ class FittedCostModel:
         out["coefficients"] = dict(zip(COEFFICIENTS, self.coefficients))
         out["overhead_coefficients"] = dict(zip(COEFFICIENTS, self.overhead))
         if self.wake_idle_s:
-            out["wake"] = {"idle_s": list(self.wake_idle_s), "factors": [list(r) for r in self.wake_factors]}
+            out["wake"] = ({"idle_s": list(self.wake_idle_s), "extra_s": [list(r) for r in self.wake_extra_s]}
+                           if self.wake_extra_s else
+                           {"idle_s": list(self.wake_idle_s), "factors": [list(r) for r in self.wake_factors]})
         if self.regimes:
             out["regimes"] = [{"max_num_tokens": r.max_num_tokens,
                                **({"decode_only": True} if r.decode_only else {}),
@@ -250,11 +266,11 @@ class FittedCostModel:
                                   _coefs(r.get("overhead_coefficients"),
                                          f"{where}.overhead_coefficients", source), decode_only))
         regimes.sort(key=regime_order)
-        gaps, factors = _wake(data.get("wake"), source)
+        gaps, factors, extra = _wake(data.get("wake"), source)
         meta = {k: v for k, v in data.items()
                 if k not in ("coefficients", "overhead_coefficients", "regimes", "wake")}
         return cls(*coefs, meta=meta, overhead=overhead, regimes=regimes, wake_idle_s=gaps,
-                   wake_factors=factors)
+                   wake_factors=factors, wake_extra_s=extra)
 
     @classmethod
     def load(cls, path: str | Path) -> "FittedCostModel":
@@ -287,21 +303,27 @@ def resolve_profile(path: str | Path) -> Path:
     return Path(path)
 
 
-def _wake(raw: Any, source: str) -> tuple[tuple[float, ...], tuple[tuple[float, ...], ...]]:
+def _wake(raw: Any, source: str) -> tuple[tuple[float, ...], tuple[tuple[float, ...], ...],
+                                          tuple[tuple[float, ...], ...]]:
+    """(idle gaps, factors, extra seconds) of a profile's "wake" field; one of the last two is empty."""
     if raw is None:
-        return (), ()
+        return (), (), ()
     bad = ProfileError(f"{source}: field 'wake' must be {{\"idle_s\": [increasing seconds > 0], "
-                       "\"factors\": [one list of factors > 0 per gap, all of one length]}")
-    if not isinstance(raw, Mapping) or set(raw) != {"idle_s", "factors"}:
+                       "\"extra_s\": [one list of seconds >= 0 per gap, all of one length]} (or, "
+                       "in a /3 profile, \"factors\": [lists of factors > 0] instead of extra_s)")
+    if not isinstance(raw, Mapping) or set(raw) not in ({"idle_s", "factors"}, {"idle_s", "extra_s"}):
         raise bad
-    gaps, rows = raw["idle_s"], raw["factors"]
-    num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0  # noqa: E731
+    key = "extra_s" if "extra_s" in raw else "factors"
+    gaps, rows = raw["idle_s"], raw[key]
+    num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    ok = (lambda v: num(v) and v >= 0) if key == "extra_s" else (lambda v: num(v) and v > 0)  # noqa: E731
     if (not isinstance(gaps, list) or not isinstance(rows, list) or not gaps or len(gaps) != len(rows)
-            or not all(num(g) for g in gaps) or any(b <= a for a, b in zip(gaps, gaps[1:]))
-            or not all(isinstance(r, list) and r and len(r) == len(rows[0]) and all(num(f) for f in r)
+            or not all(num(g) and g > 0 for g in gaps) or any(b <= a for a, b in zip(gaps, gaps[1:]))
+            or not all(isinstance(r, list) and r and len(r) == len(rows[0]) and all(ok(f) for f in r)
                        for r in rows)):
         raise bad
-    return tuple(float(g) for g in gaps), tuple(tuple(float(f) for f in r) for r in rows)
+    table = tuple(tuple(float(f) for f in r) for r in rows)
+    return (tuple(float(g) for g in gaps),) + (((), table) if key == "extra_s" else (table, ()))
 
 
 def _coefs(raw: Any, where: str, source: str, required: bool = False) -> Coefs:

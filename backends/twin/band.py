@@ -46,10 +46,10 @@ def step_residuals(profile: Any, rows: Sequence[dict[str, Any]]) -> list[tuple[s
 
     The prediction is the simulator's: after the engine idled (the time since the previous
     step ended, less the step's own gap_s, in which requests were already waiting), the next
-    steps carry the profile's wake factors.
+    steps carry the profile's wake cost.
     """
-    wake_after = getattr(profile, "wake_factors_after", None)
-    wake: list[float] = []
+    wake_after = getattr(profile, "wake_after", None)
+    wake: list[tuple[float, float]] = []
     prev_end = None
     out = []
     for r in rows:
@@ -67,7 +67,8 @@ def step_residuals(profile: Any, rows: Sequence[dict[str, Any]]) -> list[tuple[s
             continue
         predicted = profile.step_time(*(r[c] for c in FEATURE_COLUMNS))
         if wake:
-            predicted *= wake.pop()
+            f, e = wake.pop()
+            predicted = predicted * f + e
         out.append((step_kind(r["num_prefill_tokens"], r["num_decode_seqs"]), measured, predicted))
     return out
 
@@ -148,7 +149,7 @@ class NoisyCostModel:
         self._innov = math.sqrt(1.0 - self._phi * self._phi)
         self._z = self._rng.gauss(0.0, 1.0)  # the series' state: a standard normal at every step
         # The profile's cost of waking from idle, which the simulator's executor applies.
-        self.wake_factors_after = getattr(base, "wake_factors_after", None)
+        self.wake_after = getattr(base, "wake_after", None)
 
     def step_time(self, num_prefill_tokens: int, num_prefill_seqs: int, prefill_context: int,
                   prefill_attn: float, num_decode_seqs: int, decode_context: int) -> float:

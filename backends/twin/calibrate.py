@@ -14,7 +14,7 @@ The design is made from step shapes, never drawn from a trace:
   (the steps a loaded server runs);
 - idle gaps: the engine idles 0.25, 1 or 3 s, then a fresh prompt arrives. The steps after
   such a gap run slower (caches, and on a VM the vCPU, gone cold), so they are kept out of the
-  step model and priced per gap by wake factors, which the simulator applies after its own
+  step model and priced per gap by an extra time per step, which the simulator applies after its own
   idle gaps.
 
 Every step runs through the whole engine (schedule, forward, sample, update, detokenize,
@@ -133,16 +133,20 @@ def split_wake(rows: list[dict[str, Any]], marks: Sequence[Sequence[float]]) -> 
 
 
 def fit_wake(profile: FittedCostModel, episodes: list[tuple[float, list[dict[str, Any]]]]) -> None:
-    """Set the profile's wake factors: per design gap and step after it, the median of measured
-    over predicted time (the step model fitted without those steps)."""
+    """Set the profile's wake cost: per design gap and step after it, the median of measured less
+    predicted time (the step model fitted without those steps), never below zero. An extra
+    time, not a factor: in service the same gap adds about as much to a long step as to a
+    short one (fitted.FittedCostModel.wake_extra_s)."""
     by_gap: dict[float, list[list[float]]] = {}
     for gap, steps in episodes:
-        ratios = [(float(r["step_time_s"]) + float(r.get("gap_s") or 0.0))
-                  / max(profile.step_time(*(float(r[c]) for c in FEATURE_COLUMNS)), 1e-12) for r in steps]
-        by_gap.setdefault(gap, []).append(ratios)
+        extra = [float(r["step_time_s"]) + float(r.get("gap_s") or 0.0)
+                 - profile.step_time(*(float(r[c]) for c in FEATURE_COLUMNS)) for r in steps]
+        by_gap.setdefault(gap, []).append(extra)
     gaps = sorted(by_gap)
     profile.wake_idle_s = tuple(gaps)
-    profile.wake_factors = tuple(tuple(float(np.median(col)) for col in zip(*by_gap[g])) for g in gaps)
+    profile.wake_factors = ()
+    profile.wake_extra_s = tuple(tuple(max(0.0, float(np.median(col))) for col in zip(*by_gap[g]))
+                                 for g in gaps)
 
 
 def _mixed_context(point: tuple[int, ...]) -> int:

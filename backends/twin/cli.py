@@ -73,6 +73,10 @@ def _calibrate(ns: argparse.Namespace) -> int:
         print(f"  engine CPU overhead: {fit['overhead_share']:.1%} of step time on average")
     if fit.get("comm_share"):
         print(f"  tensor-parallel all-reduce: {fit['comm_share']:.1%} of step time")
+    if profile.wake_extra_s:
+        steps = ", ".join(f"{g:g} s: " + " / ".join(f"+{e * 1e3:.0f}" for e in row) + " ms"
+                          for g, row in zip(profile.wake_idle_s, profile.wake_extra_s))
+        print(f"  first steps after idling {steps}")
     from twinserve.backends.twin.calibrate import drift_warning
     from twinserve.backends.twin.hostload import warning
 

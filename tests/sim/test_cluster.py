@@ -201,15 +201,15 @@ def test_disaggregation_summary_and_per_replica_pools(tmp_path) -> None:
     assert summary.loc[0, "completed"] == 40 and summary.loc[0, "kv_transfer_s_total"] > 0
 
 
-def test_decode_replicas_pay_the_profiles_wake_factors_after_idling(tmp_path) -> None:
-    """A decode replica that idled prices its next steps with the profile's wake factors, as a
-    single engine does: each request's first decode steps cost the factors of the gap since the
-    replica's previous step."""
+def test_decode_replicas_pay_the_profiles_wake_cost_after_idling(tmp_path) -> None:
+    """A decode replica that idled prices its next steps with the profile's wake cost, as a
+    single engine does: each request's first decode steps cost the extra time of the gap since
+    the replica's previous step."""
     from twinserve.backends.sim.fitted import FittedCostModel
 
     woken = FittedCostModel(intercept_s=0.01, per_decode_seq_s=0.001, wake_idle_s=(1.0, 3.0),
-                            wake_factors=((1.5, 1.2), (2.0, 1.5)))
-    plain = dataclasses.replace(woken, wake_idle_s=(), wake_factors=())
+                            wake_extra_s=((0.005, 0.002), (0.01, 0.005)))
+    plain = dataclasses.replace(woken, wake_idle_s=(), wake_extra_s=())
     fields = dict(num_replicas=2, num_prefill_replicas=1, kv_link_latency_s=1e-4, num_requests=5,
                   arrival="fixed", rate=0.5, prompt_dist="fixed", prompt_mean=100, output_dist="fixed",
                   output_mean=5, cost_model="fitted")
@@ -226,8 +226,8 @@ def test_decode_replicas_pay_the_profiles_wake_factors_after_idling(tmp_path) ->
         # The decode replica last stepped when the previous request finished (the first one
         # waited from the start).
         last = runs[0][i - 1].finish_time if i else 0.0
-        f = woken.wake_factors_after(w.first_token_time + link - last)
-        assert len(f) == 2 and (f[0] > 1.5 or i == 0)
-        assert w_gaps[0] - link == pytest.approx((p_gaps[0] - link) * f[0])
-        assert w_gaps[1] == pytest.approx(p_gaps[1] * f[1])
+        (_, e0), (_, e1) = woken.wake_after(w.first_token_time + link - last)
+        assert e0 > 0.007 or i == 0
+        assert w_gaps[0] == pytest.approx(p_gaps[0] + e0)
+        assert w_gaps[1] == pytest.approx(p_gaps[1] + e1)
         assert w_gaps[2:] == pytest.approx(p_gaps[2:])

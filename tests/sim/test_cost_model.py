@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -88,7 +89,7 @@ def test_fitted_profile_roundtrip_fit_and_errors(tmp_path) -> None:
     fitted.save(path)
     again = FittedCostModel.load(path)
     assert again.per_decode_seq_s == fitted.per_decode_seq_s
-    assert json.loads(path.read_text())["format"] == "twinserve-step-profile/3"
+    assert json.loads(path.read_text())["format"] == "twinserve-step-profile/4"
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"coefficients": {"per_tokn_s": 1.0}}))
     with pytest.raises(ProfileError, match=r"bad\.json.*per_tokn_s"):
@@ -109,20 +110,29 @@ def test_fitted_cost_model_drives_a_run(tmp_path) -> None:
     assert rec.first_token_time - rec.arrival_time == pytest.approx(0.01)
 
 
-def test_steps_after_an_idle_gap_cost_the_profiles_wake_factors(tmp_path) -> None:
-    """A request that finds the engine idle pays the wake factors on its first steps, interpolated
-    in the gap; stepping and fast-forward agree; the factors survive the profile file."""
+def test_steps_after_an_idle_gap_cost_the_profiles_wake_time(tmp_path) -> None:
+    """A request that finds the engine idle pays the wake's extra seconds on its first steps,
+    interpolated in the gap and scaled with the machine; stepping and fast-forward agree; the
+    table survives the profile file; a /3 profile's factors still price as factors."""
     from .helpers import fingerprint, run
 
+    def flat(pairs: list[tuple[float, float]]) -> list[float]:
+        return [x for pair in pairs for x in pair]
+
     prof = FittedCostModel(intercept_s=0.01, per_decode_seq_s=0.001, wake_idle_s=(1.0, 3.0),
-                           wake_factors=((1.5, 1.2), (2.0, 1.5)))
-    assert prof.wake_factors_after(0.0) == []
-    assert prof.wake_factors_after(0.5) == pytest.approx([1.25, 1.1])
-    assert prof.wake_factors_after(2.0) == pytest.approx([1.75, 1.35])
-    assert prof.wake_factors_after(9.0) == pytest.approx([2.0, 1.5])
+                           wake_extra_s=((0.005, 0.002), (0.01, 0.005)))
+    assert prof.wake_after(0.0) == []
+    assert flat(prof.wake_after(0.5)) == pytest.approx([1.0, 0.0025, 1.0, 0.001])
+    assert flat(prof.wake_after(2.0)) == pytest.approx([1.0, 0.0075, 1.0, 0.0035])
+    assert flat(prof.wake_after(9.0)) == pytest.approx([1.0, 0.01, 1.0, 0.005])
+    # On a machine measured 20% slower the extra time is 20% longer too.
+    assert flat(dataclasses.replace(prof, time_scale=1.2).wake_after(9.0)) == pytest.approx([1.0, 0.012,
+                                                                                             1.0, 0.006])
     path = tmp_path / "p.json"
     prof.save(path)
-    assert FittedCostModel.load(path).wake_factors_after(2.0) == pytest.approx([1.75, 1.35])
+    assert json.loads(path.read_text())["wake"] == {"idle_s": [1.0, 3.0],
+                                                     "extra_s": [[0.005, 0.002], [0.01, 0.005]]}
+    assert flat(FittedCostModel.load(path).wake_after(2.0)) == pytest.approx([1.0, 0.0075, 1.0, 0.0035])
     fields = dict(num_requests=6, arrival="fixed", rate=0.5, prompt_dist="fixed", prompt_mean=100,
                   output_dist="fixed", output_mean=5, cost_model="fitted", profile=str(path))
     results = [run(small_config(fast_forward=ff, **fields)) for ff in (False, True)]
@@ -130,17 +140,28 @@ def test_steps_after_an_idle_gap_cost_the_profiles_wake_factors(tmp_path) -> Non
     recs = sorted(results[0].records, key=lambda r: r.arrival_time)
     woken = 0
     for prev, rec in zip(recs, recs[1:]):
-        f = prof.wake_factors_after(rec.arrival_time - prev.finish_time)
-        assert len(f) == 2 and f[0] > 1.5
-        assert rec.first_token_time - rec.arrival_time == pytest.approx(0.01 * f[0])
+        (_, e0), (_, e1) = prof.wake_after(rec.arrival_time - prev.finish_time)
+        assert e0 > 0.007
+        assert rec.first_token_time - rec.arrival_time == pytest.approx(0.01 + e0)
         gaps = [b - a for a, b in zip(rec.token_times, rec.token_times[1:])]
-        assert gaps == pytest.approx([0.011 * f[1], 0.011, 0.011, 0.011])
+        assert gaps == pytest.approx([0.011 + e1, 0.011, 0.011, 0.011])
         woken += 1
     assert woken == 5
+    # A profile of format /3 carries factors: the steps cost that many times the model.
+    old = {**json.loads(path.read_text()), "format": "twinserve-step-profile/3",
+           "wake": {"idle_s": [1.0, 3.0], "factors": [[1.5, 1.2], [2.0, 1.5]]}}
+    path.write_text(json.dumps(old))
+    loaded = FittedCostModel.load(path)
+    assert flat(loaded.wake_after(2.0)) == pytest.approx([1.75, 0.0, 1.35, 0.0])
+    prev, rec = sorted(run(small_config(**fields)).records, key=lambda r: r.arrival_time)[2:4]
+    (f0, _), _ = loaded.wake_after(rec.arrival_time - prev.finish_time)
+    assert f0 > 1.7 and rec.first_token_time - rec.arrival_time == pytest.approx(0.01 * f0)
+    data = json.loads(path.read_text())
     # A malformed wake table is refused, naming the field.
     data = json.loads(path.read_text())
     for wake in ({"idle_s": [3.0, 1.0], "factors": [[1.0], [1.0]]}, {"idle_s": [1.0], "factors": [[]]},
-                 {"idle_s": [1.0], "factors": [[1.2]], "extra": 1}, [1.0]):
+                 {"idle_s": [1.0], "factors": [[1.2]], "extra": 1}, [1.0], {"idle_s": [1.0], "extra_s": [[-0.1]]},
+                 {"idle_s": [1.0], "extra_s": [[0.1]], "factors": [[1.2]]}):
         data["wake"] = wake
         path.write_text(json.dumps(data))
         with pytest.raises(ProfileError, match="'wake'"):

@@ -200,22 +200,25 @@ def test_host_load_tells_other_work_on_our_cpus_from_our_own() -> None:
 
 
 def test_step_errors_price_the_steps_after_idle_as_the_simulator_does() -> None:
-    """A real log whose steps after an idle gap ran slower by the profile's wake factors is
-    priced exactly: the busy-time error sees no bias (it would be -20% on those steps without)."""
-    prof = dataclasses.replace(_profile(None), wake_idle_s=(1.0,), wake_factors=((1.5, 1.2),))
+    """A real log whose steps after an idle gap ran slower by the profile's wake cost is priced
+    exactly: the busy-time error sees no bias (it would be -33% on those prefills without)."""
+    base = _profile(None)
     shapes = [(64, 1, 0, 64 * 32.0, 0, 0)] + [(0, 0, 0, 0.0, 1, 64 + k) for k in range(5)]
+    # The wake's extra seconds: half the prefill's time, a fifth of the first decode's.
+    extra = (0.5 * base.step_time(*shapes[0]), 0.2 * base.step_time(*shapes[1]))
+    prof = dataclasses.replace(base, wake_idle_s=(1.0,), wake_extra_s=(extra,))
     # The log's first step: how long the engine idled before it is not known, so it is plain.
     t = prof.step_time(*shapes[1])
     rows = [{**dict(zip(FEATURE_COLUMNS, shapes[1])), "start_s": 0.0, "step_time_s": t, "gap_s": 0.0}]
     for burst in range(4):
         t += 2.0  # the engine idles 2 s, then a request arrives: a prefill and five decodes
         for j, f in enumerate(shapes):
-            d = prof.step_time(*f) * ((1.5, 1.2)[j] if j < 2 else 1.0)
+            d = prof.step_time(*f) + (extra[j] if j < 2 else 0.0)
             rows.append({**dict(zip(FEATURE_COLUMNS, f)), "start_s": t, "step_time_s": d,
                          "gap_s": 0.0})
             t += d
     st = step_errors(prof, rows)
     assert st["busy_err"] == pytest.approx(0.0, abs=1e-12)
     assert all(v == pytest.approx(0.0, abs=1e-12) for v in st["busy_err_by_kind"].values())
-    plain = step_errors(dataclasses.replace(prof, wake_idle_s=(), wake_factors=()), rows)
+    plain = step_errors(dataclasses.replace(prof, wake_idle_s=(), wake_extra_s=()), rows)
     assert plain["busy_err_by_kind"]["prefill"] == pytest.approx(1 / 1.5 - 1)

@@ -445,11 +445,11 @@ def test_shipped_cpu_profile_is_what_the_fit_makes_of_its_own_step_log() -> None
     # 5.8% and 4.3%).
     assert again.per_token_sq_s > 0
     assert again.meta["fit"]["by_kind"]["prefill"]["mape"] < 0.035
-    # The steps after the design's idle gaps are priced by wake factors, longer gaps dearer.
+    # The steps after the design's idle gaps cost an extra time each, longer gaps dearer.
     assert again.wake_idle_s == shipped.wake_idle_s == (0.25, 1.0, 3.0)
-    for got, made in zip(again.wake_factors, shipped.wake_factors, strict=True):
-        assert got == pytest.approx(made, rel=1e-6)
-    assert shipped.wake_factors[2][0] > shipped.wake_factors[1][0] > shipped.wake_factors[0][0]
+    for got, made in zip(again.wake_extra_s, shipped.wake_extra_s, strict=True):
+        assert got == pytest.approx(made, rel=1e-6, abs=1e-12)
+    assert shipped.wake_extra_s[2][0] > shipped.wake_extra_s[1][0] > shipped.wake_extra_s[0][0]
     # Padded: a 13-sequence decode step costs about what a 16-sequence one does, not more.
     d13, d16 = (shipped.step_time(0, 0, 0, 0.0, b, b * 256) for b in (13, 16))
     assert d13 < 1.05 * d16
@@ -481,17 +481,18 @@ def test_calibrate_warns_when_the_machine_speed_moved_while_it_ran(
 
 
 def test_calibration_prices_the_steps_after_an_idle_gap_apart() -> None:
-    """Steps after the design's idle gaps are left out of the step model and priced by factors
-    per gap: planted slowdowns come back, and the step model stays exact."""
+    """Steps after the design's idle gaps are left out of the step model and priced by an extra
+    time per gap and step: planted delays come back (whatever the steps' sizes), and the step
+    model stays exact."""
     from twinserve.backends.twin.calibrate import WAKE_STEPS, fit_wake, split_wake
 
-    planted = {0.25: (1.1, 1.02), 3.0: (1.5, 1.3)}
+    planted = {0.25: (0.004, 0.0), 3.0: (0.09, 0.02)}
     rows = [dict(r) for r in _rows(seed=8, n=150)]
     marks = [(i, (0.25, 3.0)[(i // 10) % 2]) for i in range(5, 148, 10)]
     for i, gap in marks:
         for j in range(WAKE_STEPS):
-            rows[i + j]["step_time_s"] *= planted[gap][j]
-            rows[i + j]["execute_s"] *= planted[gap][j]
+            rows[i + j]["step_time_s"] += planted[gap][j]
+            rows[i + j]["execute_s"] += planted[gap][j]
     base, episodes = split_wake(rows, marks)
     assert len(episodes) == 15 and len(base) == len(rows) - WAKE_STEPS * 15
     assert {g for g, _ in episodes} == {0.25, 3.0}
@@ -499,8 +500,9 @@ def test_calibration_prices_the_steps_after_an_idle_gap_apart() -> None:
     assert prof.meta["fit"]["mape"] < 1e-6
     fit_wake(prof, episodes)
     assert prof.wake_idle_s == (0.25, 3.0)
-    assert prof.wake_factors[0] == pytest.approx(planted[0.25], rel=1e-6)
-    assert prof.wake_factors[1] == pytest.approx(planted[3.0], rel=1e-6)
+    assert prof.wake_extra_s[0] == pytest.approx(planted[0.25], rel=1e-6, abs=1e-9)
+    assert prof.wake_extra_s[1] == pytest.approx(planted[3.0], rel=1e-6, abs=1e-9)
+    assert prof.wake_factors == ()
     # Fitted with them, the step model would be off: the idle steps are what split_wake removes.
     assert fit_step_profile(rows).meta["fit"]["mape"] > 1e-3
     assert split_wake(rows, []) == (rows, [])

@@ -66,19 +66,20 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert main(["calibrate", "--out", str(prof), "--quick", "--repeats", "1", "--no-progress",
                  *common]) == 0
     data = json.loads(prof.read_text())
-    assert data["format"] == "twinserve-step-profile/3"
+    assert data["format"] == "twinserve-step-profile/4"
     assert data["provenance"]["threads"] == 1 and data["provenance"]["dtype"] == "float64"
     assert data["fit"]["num_steps"] > 20 and {"prefill", "decode", "mixed"} <= set(data["fit"]["by_kind"])
     assert all(v >= 0 for v in data["coefficients"].values())
     assert all(v >= 0 for v in data["overhead_coefficients"].values())
     assert prof.with_suffix(".steps.csv").exists()
     # The quick design idles 0.05 s twice before a fresh prompt: the steps after it are marked
-    # (their prompt's prefill first) and priced by a wake factor per step.
+    # (their prompt's prefill first) and priced by an extra time per step.
     marks = data["provenance"]["idle_steps"]
     assert [g for _, g in marks] == [0.05, 0.05]
     steps = read_step_log(prof.with_suffix(".steps.csv"))
     assert all(steps[i]["num_prefill_seqs"] == 1 and steps[i]["num_decode_seqs"] == 0 for i, _ in marks)
-    assert data["wake"]["idle_s"] == [0.05] and len(data["wake"]["factors"][0]) == 2
+    assert data["wake"]["idle_s"] == [0.05] and len(data["wake"]["extra_s"][0]) == 2
+    assert "first steps after idling 0.05 s: +" in capsys.readouterr().out
     # The speed probe ran before and after the design; the profile is priced at their median.
     probes = data["provenance"]["speed_probes"]
     assert len(probes) == 2 and data["provenance"]["drift_corrected"]
