@@ -9,6 +9,10 @@ sets the error pooled over the runs beside the real runs' own differences (run 2
 run 1): on a machine whose speed drifts, the floor no prediction can beat.
 
     python experiments/fidelity_study.py --profile builtin:smollm2-135m-cpu-1t --out fidelity-study
+
+`--calibrate` makes the profile first, on the study's own engine (`twinserve calibrate`'s design,
+never the traces), and writes it to OUT/profile.json: on a shared machine whose speed moves
+by tens of percent within the hour, a profile made minutes before the runs is the fair one.
 """
 
 from __future__ import annotations
@@ -42,7 +46,11 @@ def saturation(profile: FittedCostModel, opts: FidelityOptions, engine: LLMEngin
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--profile", required=True)
+    p.add_argument("--profile", default=None, help="profile JSON or builtin:NAME (or --calibrate)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="calibrate on this engine first (design repeated --calibrate-repeats times) and "
+                        "use that profile; written to OUT/profile.json")
+    p.add_argument("--calibrate-repeats", type=int, default=1)
     p.add_argument("--out", default="fidelity-study")
     p.add_argument("--traces-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "traces"))
     p.add_argument("--traces", nargs="+", default=list(TRACES), choices=list(TRACES))
@@ -62,14 +70,29 @@ def main() -> int:
     p.add_argument("--engine-core-mode", default="inproc", choices=["inproc", "process"],
                    help="the engine core in this process or its own; the profile must be made in the same")
     a = p.parse_args()
+    if (a.profile is None) == (not a.calibrate):
+        p.error("give --profile or --calibrate (one of them)")
     torch.set_num_threads(a.threads)
     engine = LLMEngine(EngineArgs(model=a.model, device=a.device, dtype=a.dtype,
                                   tensor_parallel_size=a.tensor_parallel_size,
                                   engine_core_mode=a.engine_core_mode,
                                   max_num_seqs=a.max_num_seqs,
                                   max_num_batched_tokens=a.max_num_batched_tokens))
-    profile = FittedCostModel.load(a.profile)
     out = Path(a.out)
+    if a.calibrate:
+        from twinserve.backends.twin.calibrate import CalibrationDesign, calibrate
+
+        t = time.time()
+        made, log = calibrate(engine, CalibrationDesign(repeats=a.calibrate_repeats), threads=a.threads,
+                              progress=False)
+        out.mkdir(parents=True, exist_ok=True)
+        a.profile = str(out / "profile.json")
+        made.save(a.profile)
+        log.write(out / "profile.steps.csv")
+        fit = made.meta["fit"]
+        print(f"calibrated in {time.time() - t:.0f} s: {fit['num_steps']} steps, R2 {fit['r2']:.4f}, "
+              f"MAPE {fit['mape']:.1%}; wrote {a.profile}", flush=True)
+    profile = FittedCostModel.load(a.profile)
     rows = []
     print(f"threads={torch.get_num_threads()} profile={a.profile} engine_core_mode={engine.core_mode} "
           f"engine: max_num_seqs={a.max_num_seqs} "
