@@ -92,6 +92,11 @@ def main() -> int:
         fit = made.meta["fit"]
         print(f"calibrated in {time.time() - t:.0f} s: {fit['num_steps']} steps, R2 {fit['r2']:.4f}, "
               f"MAPE {fit['mape']:.1%}; wrote {a.profile}", flush=True)
+        from twinserve.backends.twin.calibrate import drift_warning
+
+        moved = drift_warning(made.meta.get("provenance", {}))
+        if moved:
+            print(f"warning: {moved}", flush=True)
     profile = FittedCostModel.load(a.profile)
     rows = []
     print(f"threads={torch.get_num_threads()} profile={a.profile} engine_core_mode={engine.core_mode} "
