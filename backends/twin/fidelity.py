@@ -214,15 +214,19 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
                                  "host_load": host_load}
         if probe_before is not None:
             speed.update(normalized=True, **speed_ratios(profile, [probe_before, probe_after]))
-        echo("fidelity: simulating with the profile, and replaying the measured step times ...")
-        rows = read_step_log(steps_path) if real.step_starts else []
-        runs.append(_Run(run_dir, real, speed, rows, replay(real, make, sched_cfg).to_dict()))
-        runs[-1].judge(profile, make, sched_cfg, opts.speed_by_part)
-        _write_requests(real.records, run_dir / "requests_real.csv")
-        _write_requests(runs[-1].sim.records, run_dir / "requests_sim.csv")
+        runs.append(_Run(run_dir, real, speed, read_step_log(steps_path) if real.step_starts else [], None))
         if real.interrupted:
             break
         probe_before = probe_after
+    # Judged once the engine is done: simulating between two runs would put seconds of work
+    # between the probe and the run it measures the machine for.
+    echo("fidelity: simulating with the profile, and replaying the measured step times ...")
+    sim_raw = simulate(raw_speed(profile), make, sched_cfg)
+    for r in runs:
+        r.replay = replay(r.real, make, sched_cfg).to_dict()
+        r.judge(profile, make, sched_cfg, opts.speed_by_part, True, sim_raw)
+        _write_requests(r.real.records, r.dir / "requests_real.csv")
+        _write_requests(r.sim.records, r.dir / "requests_sim.csv")
     first = runs[0]
     report: dict[str, Any] = dict(first.part)
     report["speed"] = first.speed
@@ -307,10 +311,10 @@ class _Run:
         return self.real.records if isinstance(self.real, RealRun) else self.real
 
     def judge(self, profile: FittedCostModel, make: Callable[[], Workload], sched_cfg: Any,
-              by_part: bool, normalize: bool = True) -> None:
-        """Simulate at the run's measured speed (and raw); compare with what the run measured."""
-        raw_profile = dataclasses.replace(profile, time_scale=1.0, prefill_scale=1.0)
-        sim_raw = simulate(raw_profile, make, sched_cfg)
+              by_part: bool, normalize: bool, sim_raw: Any) -> None:
+        """Simulate at the run's measured speed; compare that, and sim_raw (the prediction at
+        the profile's own speed, the same for every run of a workload), with what it measured."""
+        raw_profile = raw_speed(profile)
         self.judged, self.sim = raw_profile, sim_raw
         if normalize and self.speed.get("normalized"):
             self.judged = scaled_profile(profile, self.speed, by_part)
@@ -321,6 +325,11 @@ class _Run:
         part["steps"] = step_errors(self.judged, self.rows) if self.rows else {}
         part["steps_raw"] = step_errors(raw_profile, self.rows) if self.rows else {}
         self.part = part
+
+
+def raw_speed(profile: FittedCostModel) -> FittedCostModel:
+    """The profile at the speed it was calibrated at (no machine-speed scaling)."""
+    return dataclasses.replace(profile, time_scale=1.0, prefill_scale=1.0)
 
 
 def _errs(metrics: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -461,8 +470,9 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
     runs = [_recorded(run, old.get("speed") or {}, old.get("replay"))]
     runs += [_recorded(run / r["dir"], r["speed"], r["replay"])
              for r in (old.get("repeats") or {}).get("runs", [])[1:]]
+    sim_raw = simulate(raw_speed(profile), make, sched_cfg)
     for r in runs:
-        r.judge(profile, make, sched_cfg, opts.speed_by_part, normalize)
+        r.judge(profile, make, sched_cfg, opts.speed_by_part, normalize, sim_raw)
     first = runs[0]
     real, judged, sim, speed = first.records, first.judged, first.sim, first.speed
     ratio = speed.get("machine_speed_ratio") if normalize and speed.get("normalized") else None
