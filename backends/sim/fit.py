@@ -15,8 +15,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .fitted import (COEFFICIENTS, FEATURE_COLUMNS, ZERO, FittedCostModel, ProfileError, Regime,
-                     design_row, regime_order)
+from .fitted import (COEFFICIENTS, FEATURE_COLUMNS, RANGE_DIMS, ZERO, FittedCostModel, ProfileError,
+                     Regime, design_row, regime_order, shape_measures)
 
 # Rows whose relative residual lies this many robust standard deviations off are refitted without.
 OUTLIER_SIGMAS = 5.0
@@ -182,9 +182,18 @@ def select_regimes(rows: list[Mapping[str, Any]], base: Sequence[int] = (),
         chosen, best = sorted(chosen + [c]), err
 
 
+def shape_range(feats: np.ndarray) -> dict[str, float]:
+    """The largest step the fit saw, per RANGE_DIMS measure (fitted.shape_measures)."""
+    if not len(feats):
+        return {}
+    m = np.array([shape_measures(*f) for f in feats])
+    return {d: float(v) for d, v in zip(RANGE_DIMS, m.max(axis=0))}
+
+
 def diagnostics(model: FittedCostModel, feats: np.ndarray, total: np.ndarray,
                 execute: np.ndarray | None, kept: np.ndarray | None = None) -> dict[str, Any]:
-    """R², MAPE, p95 and worst relative error, overall and per step kind (and per part)."""
+    """R², MAPE, p95 and worst relative error, overall and per step kind (and per part), and
+    the range of step shapes fitted (beyond it the model extrapolates)."""
     pred = np.array([model.step_time(*f) for f in feats])
     rel = (pred - total) / total
     ss_res = float(((total - pred) ** 2).sum())
@@ -197,6 +206,7 @@ def diagnostics(model: FittedCostModel, feats: np.ndarray, total: np.ndarray,
         "p95_abs_rel_err": float(np.percentile(np.abs(rel), 95)),
         "by_kind": {},
     }
+    out["range"] = shape_range(feats)
     kinds = np.array([step_kind(f[0], f[4]) for f in feats])
     for k in STEP_KINDS:
         m = kinds == k

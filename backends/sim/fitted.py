@@ -66,6 +66,18 @@ COEFFICIENTS = ("intercept_s", "per_token_s", "per_prefill_seq_s", "per_prefill_
 FEATURE_COLUMNS = ("num_prefill_tokens", "num_prefill_seqs", "prefill_context", "prefill_attn",
                    "num_decode_seqs", "decode_context")
 PROFILES_DIR = Path(__file__).parent / "profiles"
+# The measures of a step's shape whose largest fitted values a profile records (fit "range"):
+# a step beyond any of them is priced by extrapolating the linear model, not by what was
+# measured (a profile calibrated on contexts up to ~400 tokens pricing 600-token decodes).
+RANGE_DIMS = FEATURE_COLUMNS + ("num_tokens", "decode_context_per_seq")
+
+
+def shape_measures(num_prefill_tokens: float, num_prefill_seqs: float, prefill_context: float,
+                   prefill_attn: float, num_decode_seqs: float, decode_context: float) -> tuple[float, ...]:
+    """A step's shape by RANGE_DIMS: its features, its new tokens, its decodes' mean context."""
+    return (num_prefill_tokens, num_prefill_seqs, prefill_context, prefill_attn, num_decode_seqs,
+            decode_context, num_prefill_tokens + num_decode_seqs,
+            decode_context / num_decode_seqs if num_decode_seqs else 0.0)
 
 Coefs = tuple[float, float, float, float, float, float, float, float]
 ZERO: Coefs = (0.0,) * len(COEFFICIENTS)  # type: ignore[assignment]
@@ -177,6 +189,17 @@ class FittedCostModel:
         """The model the profile was made for, if it says."""
         m = self.meta.get("model")
         return str(m) if m else None
+
+    @property
+    def shape_range(self) -> dict[str, float]:
+        """The largest step shapes the profile was fitted on, by RANGE_DIMS ({} if not recorded)."""
+        got = (self.meta.get("fit") or {}).get("range") or {}
+        return {d: float(got[d]) for d in RANGE_DIMS if d in got}
+
+    def beyond_range(self, *features: float) -> list[str]:
+        """The RANGE_DIMS in which a step (its six features) is larger than any step fitted."""
+        top = self.shape_range
+        return [d for d, v in zip(RANGE_DIMS, shape_measures(*features)) if d in top and v > top[d]]
 
     def step_time(self, num_prefill_tokens: int, num_prefill_seqs: int, prefill_context: int,
                   prefill_attn: float, num_decode_seqs: int, decode_context: int) -> float:

@@ -41,8 +41,9 @@ _MIN_KIND_STEPS = 5
 _MIN_RUN_STEPS = 20
 
 
-def step_residuals(profile: Any, rows: Sequence[dict[str, Any]]) -> list[tuple[str, float, float]]:
-    """(kind, measured s, predicted s) of every logged step that computed tokens, in order.
+def step_residuals(profile: Any, rows: Sequence[dict[str, Any]]) -> list[tuple[str, float, float, int]]:
+    """(kind, measured s, predicted s, index in rows) of every logged step that computed tokens,
+    in order.
 
     The prediction is the simulator's: after the engine idled (the time since the previous
     step ended, less the step's own gap_s, in which requests were already waiting), the next
@@ -52,7 +53,7 @@ def step_residuals(profile: Any, rows: Sequence[dict[str, Any]]) -> list[tuple[s
     wake: list[tuple[float, float]] = []
     prev_end = None
     out = []
-    for r in rows:
+    for i, r in enumerate(rows):
         start = r.get("start_s")
         if wake_after is not None and start is not None and prev_end is not None:
             idle = float(start) - prev_end - float(r.get("gap_s") or 0.0)
@@ -69,7 +70,7 @@ def step_residuals(profile: Any, rows: Sequence[dict[str, Any]]) -> list[tuple[s
         if wake:
             f, e = wake.pop()
             predicted = predicted * f + e
-        out.append((step_kind(r["num_prefill_tokens"], r["num_decode_seqs"]), measured, predicted))
+        out.append((step_kind(r["num_prefill_tokens"], r["num_decode_seqs"]), measured, predicted, i))
     return out
 
 
@@ -95,8 +96,7 @@ class StepNoise:
         before, after = sp.get("probe_before_s"), sp.get("probe_after_s")
         if before and after:
             speed_sigma = abs(math.log(before / after)) / 2
-        res = step_residuals(profile, rows or [])
-        res = [(k, m, p) for k, m, p in res if p > 0]
+        res = [(k, m, p) for k, m, p, _ in step_residuals(profile, rows or []) if p > 0]
         if len(res) >= _MIN_RUN_STEPS:
             sigma, phi = _measured_spread(res)
             return cls(sigma, speed_sigma, phi, "run")

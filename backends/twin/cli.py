@@ -73,6 +73,11 @@ def _calibrate(ns: argparse.Namespace) -> int:
         print(f"  engine CPU overhead: {fit['overhead_share']:.1%} of step time on average")
     if fit.get("comm_share"):
         print(f"  tensor-parallel all-reduce: {fit['comm_share']:.1%} of step time")
+    top = profile.shape_range
+    if top:
+        print(f"  fitted steps of up to {top['num_tokens']:.0f} new tokens, {top['num_prefill_seqs']:.0f} prefills, "
+              f"{top['prefill_context']:.0f} cached prompt tokens, {top['num_decode_seqs']:.0f} decodes, "
+              f"{top['decode_context_per_seq']:.0f} tokens of context per decode; beyond, the model extrapolates")
     if profile.wake_extra_s:
         steps = ", ".join(f"{g:g} s: " + " / ".join(f"+{e * 1e3:.0f}" for e in row) + " ms"
                           for g, row in zip(profile.wake_idle_s, profile.wake_extra_s))

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from twinserve.backends.sim.fitted import FittedCostModel
+from twinserve.backends.sim.fitted import FEATURE_COLUMNS, RANGE_DIMS, FittedCostModel, shape_measures
 
 from .band import step_residuals
 from .calibrate import ProbeParts
@@ -43,17 +43,53 @@ def step_errors(profile: FittedCostModel, rows: list[dict[str, Any]]) -> dict[st
     res = step_residuals(profile, rows)
     if not res:
         return {"num_steps": 0}
-    a = np.asarray([(p - m) / m for _, m, p in res])
+    a = np.asarray([(p - m) / m for _, m, p, _ in res])
     busy: dict[str, list[float]] = {}
-    for kind, m, p in res:
+    for kind, m, p, _ in res:
         acc = busy.setdefault(kind, [0.0, 0.0])
         acc[0] += m
         acc[1] += p
     total_m, total_p = sum(v[0] for v in busy.values()), sum(v[1] for v in busy.values())
-    return {"num_steps": len(a), "median_err": float(np.median(a)),
-            "mape": float(np.mean(np.abs(a))), "p90_abs_err": float(np.percentile(np.abs(a), 90)),
-            "busy_err": total_p / total_m - 1,
-            "busy_err_by_kind": {k: v[1] / v[0] - 1 for k, v in sorted(busy.items())}}
+    out = {"num_steps": len(a), "median_err": float(np.median(a)),
+           "mape": float(np.mean(np.abs(a))), "p90_abs_err": float(np.percentile(np.abs(a), 90)),
+           "busy_err": total_p / total_m - 1,
+           "busy_err_by_kind": {k: v[1] / v[0] - 1 for k, v in sorted(busy.items())}}
+    beyond = _beyond_range(profile, rows, res)
+    if beyond is not None:
+        out["beyond_range"] = beyond
+    return out
+
+
+def _beyond_range(profile: FittedCostModel, rows: list[dict[str, Any]],
+                  res: list[tuple[str, float, float, int]]) -> dict[str, Any] | None:
+    """How much of the run the profile priced beyond the shapes it was fitted on, and its error there.
+
+    None when the profile does not record its range (made by hand, or before it was recorded).
+    Otherwise: the share of the steps and of the busy time beyond it, the busy-time error
+    inside and beyond, and per measure the steps beyond and the largest value seen against the
+    largest fitted.
+    """
+    top = profile.shape_range
+    if not top:
+        return None
+    dims: dict[str, dict[str, float]] = {}
+    acc = {"inside": [0, 0.0, 0.0], "beyond": [0, 0.0, 0.0]}  # steps, measured s, predicted s
+    for _, m, p, i in res:
+        feats = [float(rows[i][c]) for c in FEATURE_COLUMNS]
+        out = profile.beyond_range(*feats)
+        side = acc["beyond" if out else "inside"]
+        side[0] += 1
+        side[1] += m
+        side[2] += p
+        seen = dict(zip(RANGE_DIMS, shape_measures(*feats)))
+        for d in out:
+            e = dims.setdefault(d, {"steps": 0, "max_seen": 0.0, "max_fitted": top[d]})
+            e["steps"] += 1
+            e["max_seen"] = max(e["max_seen"], seen[d])
+    busy = acc["inside"][1] + acc["beyond"][1]
+    return {"steps_share": acc["beyond"][0] / len(res), "busy_share": acc["beyond"][1] / busy,
+            **{f"busy_err_{k}": (v[2] / v[1] - 1 if v[1] else None) for k, v in acc.items()},
+            "dims": dims}
 
 
 def step_line(st: dict[str, Any], sep: str) -> str:
@@ -65,4 +101,15 @@ def step_line(st: dict[str, Any], sep: str) -> str:
     if "busy_err" in st:
         kinds = ", ".join(f"{k} {v:+.1%}" for k, v in st["busy_err_by_kind"].items())
         line += f"; busy time {st['busy_err']:+.1%} ({kinds})"
+    b = st.get("beyond_range")
+    if b and b["steps_share"]:
+        dims = ", ".join(f"{d} up to {v['max_seen']:.4g} (fitted {v['max_fitted']:.4g})"
+                         for d, v in b["dims"].items())
+        line += (f"{sep}beyond the profile's fitted shapes: {b['steps_share']:.0%} of the steps, "
+                 f"{b['busy_share']:.0%} of the busy time ({dims}); busy time there "
+                 f"{b['busy_err_beyond']:+.1%}, inside {_pct(b['busy_err_inside'])}")
     return line
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.1%}"

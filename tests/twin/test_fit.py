@@ -506,3 +506,39 @@ def test_calibration_prices_the_steps_after_an_idle_gap_apart() -> None:
     # Fitted with them, the step model would be off: the idle steps are what split_wake removes.
     assert fit_step_profile(rows).meta["fit"]["mape"] > 1e-3
     assert split_wake(rows, []) == (rows, [])
+
+
+def test_fit_records_its_largest_shapes_and_a_run_beyond_them_is_told_apart(tmp_path: Path) -> None:
+    from twinserve.backends.sim.fitted import RANGE_DIMS, shape_measures
+    from twinserve.backends.twin.steps import step_errors, step_line
+
+    rows = _rows()
+    prof = fit_step_profile(rows)
+    top = prof.shape_range
+    measured = np.array([shape_measures(*(r[c] for c in FEATURE_COLUMNS)) for r in rows])
+    assert top == {d: pytest.approx(v) for d, v in zip(RANGE_DIMS, measured.max(axis=0))}
+    prof.save(tmp_path / "p.json")
+    assert FittedCostModel.load(tmp_path / "p.json").shape_range == top
+    # A run: steps inside the fitted shapes cost what the model says; single decodes at twice
+    # the longest context per decode fitted cost 30% more than the line drawn through the rest.
+    inside = [dict(r) for r in rows[:30]]
+    for r in inside:
+        r["step_time_s"] = prof.step_time(*(r[c] for c in FEATURE_COLUMNS))
+    far = 2 * top["decode_context_per_seq"]
+    beyond = [dict(zip(FEATURE_COLUMNS, (0, 0, 0, 0.0, 1, far)),
+                   step_time_s=1.3 * prof.step_time(0, 0, 0, 0.0, 1, far)) for _ in range(10)]
+    st = step_errors(prof, inside + beyond)
+    b = st["beyond_range"]
+    assert b["steps_share"] == pytest.approx(10 / 40)
+    busy_beyond = sum(r["step_time_s"] for r in beyond)
+    assert b["busy_share"] == pytest.approx(busy_beyond / (busy_beyond + sum(r["step_time_s"] for r in inside)))
+    assert b["busy_err_inside"] == pytest.approx(0.0, abs=1e-12)
+    assert b["busy_err_beyond"] == pytest.approx(1 / 1.3 - 1)
+    assert b["dims"]["decode_context_per_seq"] == {"steps": 10, "max_seen": pytest.approx(far),
+                                                   "max_fitted": pytest.approx(top["decode_context_per_seq"])}
+    assert "25% of the steps" in step_line(st, "\n") and "decode_context_per_seq up to" in step_line(st, "\n")
+    # Only the inside steps: nothing beyond, nothing reported beyond.
+    st = step_errors(prof, inside)
+    assert st["beyond_range"]["steps_share"] == 0.0 and "beyond" not in step_line(st, "\n")
+    # A profile that does not record its range (made by hand) says nothing about it.
+    assert "beyond_range" not in step_errors(DEVICE, inside + beyond)

@@ -79,7 +79,16 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     steps = read_step_log(prof.with_suffix(".steps.csv"))
     assert all(steps[i]["num_prefill_seqs"] == 1 and steps[i]["num_decode_seqs"] == 0 for i, _ in marks)
     assert data["wake"]["idle_s"] == [0.05] and len(data["wake"]["extra_s"][0]) == 2
-    assert "first steps after idling 0.05 s: +" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "first steps after idling 0.05 s: +" in printed
+    # The profile records the largest steps it was fitted on (not the steps after idling,
+    # which are priced apart), and says so.
+    from twinserve.backends.twin.calibrate import split_wake
+
+    top = data["fit"]["range"]
+    fitted, _ = split_wake(steps, marks)
+    assert top["num_tokens"] == max(r["num_prefill_tokens"] + r["num_decode_seqs"] for r in fitted)
+    assert f"fitted steps of up to {top['num_tokens']:.0f} new tokens" in printed
     # The speed probe ran before and after the design; the profile is priced at their median.
     probes = data["provenance"]["speed_probes"]
     assert len(probes) == 2 and data["provenance"]["drift_corrected"]
@@ -98,6 +107,11 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert rep["num_requests"] == len(TRACE_ROWS) and rep["profile"] == str(prof)
     assert set(rep["throughput"]) == {"output_tok_s", "request_s"}
     assert rep["replay"]["exact"] and rep["steps"]["num_steps"] > 0
+    # How much of the run the profile priced beyond the shapes it was fitted on.
+    beyond = rep["steps"]["beyond_range"]
+    assert 0.0 <= beyond["steps_share"] <= 1.0 and 0.0 <= beyond["busy_share"] <= 1.0
+    assert all(d["max_seen"] > d["max_fitted"] == top[name] for name, d in beyond["dims"].items())
+    assert bool(beyond["dims"]) == (beyond["steps_share"] > 0)
     # The machine's speed was probed around the run and the prediction scaled by it; the raw
     # comparison is kept beside it.
     sp = rep["speed"]
