@@ -96,7 +96,7 @@ def main() -> int:
 
         moved = drift_warning(made.meta.get("provenance", {}))
         if moved:
-            print(f"warning: {moved}", flush=True)
+            print(moved, flush=True)
     profile = FittedCostModel.load(a.profile)
     rows = []
     print(f"threads={torch.get_num_threads()} profile={a.profile} engine_core_mode={engine.core_mode} "
@@ -121,7 +121,10 @@ def main() -> int:
                    # The noise floor: the band's half-width at E2E p50, and how many cells hold the
                    # real value (band.py).
                    "e2e_p50_band": rep["band"]["cells"]["e2e"]["p50"]["half_width"],
-                   "band_inside": "{}/{}".format(*band_inside(rep["band"]))}
+                   "band_inside": "{}/{}".format(*band_inside(rep["band"])),
+                   # The share of the run's busy time in steps larger than any the profile was
+                   # fitted on (None: the profile does not record its range).
+                   "beyond_fit": (rep["steps"].get("beyond_range") or {}).get("busy_share")}
             if "repeats" in rep:
                 r = rep["repeats"]
                 pooled = r["pooled"]["metrics"]
@@ -137,13 +140,14 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     cols = ["ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99", "throughput"]
     lines = ["| trace | load | rate (req/s) | " + " | ".join(c.replace("_", " ") for c in cols)
-             + " | step median | replay exact | E2E p50 band ± | real inside band |",
-             "|" + "---|" * (len(cols) + 7)]
+             + " | step median | replay exact | E2E p50 band ± | real inside band | busy beyond fit |",
+             "|" + "---|" * (len(cols) + 8)]
     for r in rows:
         lines.append(f"| {r['trace']} | {r['load']:g} | {r['rate']:.3f} | "
                      + " | ".join(f"{r[c]:+.1%}" for c in cols)
                      + f" | {r['step_median']:+.1%} | {'yes' if r['replay_exact'] else 'NO'} "
-                     f"| {r['e2e_p50_band']:.1%} | {r['band_inside']} |")
+                     f"| {r['e2e_p50_band']:.1%} | {r['band_inside']} "
+                     f"| {'n/a' if r['beyond_fit'] is None else format(r['beyond_fit'], '.0%')} |")
     if a.repeats > 1:
         lines += ["", f"{a.repeats} real runs per cell: the simulator against all of them pooled, and real "
                   "run 2 against real run 1", "",

@@ -17,7 +17,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from twinserve.core.errors import TwinserveError
 
@@ -83,6 +83,17 @@ def _notes(cfg: StudyConfig, wall: float, n_points: int) -> list[str]:
     ]
 
 
+def beyond_fit_note(res: Sequence[Any]) -> list[str]:
+    """A note when a measured profile priced steps larger than any it was fitted on."""
+    shares = [float(r.row.get("busy_beyond_fit") or 0.0) for r in res]
+    hit = [x for x in shares if x > 0]
+    if not hit:
+        return []
+    return [f"extrapolated: in {len(hit)} of {len(res)} point(s) the profile priced up to {max(hit):.0%} "
+            "of the busy time in steps larger than any it was fitted on (busy_beyond_fit, "
+            "steps_beyond_fit); calibrate with longer contexts or larger batches to measure them"]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `simulate` script."""
     ap = argparse.ArgumentParser(prog="simulate", description=__doc__.splitlines()[0])
@@ -134,7 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         wall = time.perf_counter() - t0
         out = Path(args.out or f"simulate-{args.command}")
         title = cfg.run.name if args.command is None else f"simulate {args.command}: {cfg.run.name}"
-        written = write_study(out, res, axes, title, _notes(cfg, wall, len(res)), slo=cfg.slo)
+        written = write_study(out, res, axes, title, _notes(cfg, wall, len(res)) + beyond_fit_note(res),
+                              slo=cfg.slo)
     except (TwinserveError, OSError) as e:
         print(f"simulate: error: {e}", file=sys.stderr)
         return 2

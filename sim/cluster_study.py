@@ -128,6 +128,9 @@ def cluster_row(built: BuiltCluster, res: ClusterResult, req: pd.DataFrame, step
     row["router_spills"] = res.num_spills
     row["num_prefill_replicas"] = cfg.cluster.num_prefill_replicas
     row["kv_transfer_s_total"] = getattr(built.simulation, "transfer_time", 0.0)
+    from .study import beyond_fit
+
+    row.update(beyond_fit([e.executor for e in built.engines]))
     row["mfu"] = float(per["mfu"].mean()) if not per.empty else 0.0
     row["mbu"] = float(np.mean([e.executor.totals.mbu(e.model, e.hardware,
                                                       replica_config(cfg, i).engine

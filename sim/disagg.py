@@ -38,6 +38,7 @@ class _Discounted:
         wake = getattr(inner, "wake_after", None)
         if wake is not None:
             self.wake_after = wake
+        self.shape_range = getattr(inner, "shape_range", None) or {}
 
     def step_time(self, pt: int, ps: int, pc: int, pa: float, ds: int, dc: int) -> float:
         """The inner step time without the transferred tokens' prefill work."""

@@ -26,6 +26,17 @@ class PointResult:
     replicas: pd.DataFrame | None = None
 
 
+def beyond_fit(executors: Sequence[Any]) -> dict[str, float]:
+    """The share of the steps and of the busy time priced beyond the measured profile's fitted
+    shapes (extrapolated), over these executors; {} when the cost model records no range."""
+    tots = [ex.totals for ex in executors if getattr(ex, "_top", None) is not None]
+    if not tots:
+        return {}
+    steps, busy = sum(t.num_steps for t in tots), sum(t.busy_time for t in tots)
+    return {"steps_beyond_fit": sum(t.beyond_fit_steps for t in tots) / steps if steps else 0.0,
+            "busy_beyond_fit": sum(t.beyond_fit_time for t in tots) / busy if busy else 0.0}
+
+
 def is_cluster(cfg: StudyConfig) -> bool:
     """True when the study has more than one replica (or disaggregated pools)."""
     return cfg.cluster.num_replicas > 1 or cfg.cluster.num_prefill_replicas > 0
@@ -58,6 +69,7 @@ def run_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None) -> Poin
     extra.update({"model": e.model, "hardware": e.hardware, "tp": e.tensor_parallel_size,
                   "cost_model": built.cost_model.name})
     row = summarize(result, req, steps, cfg.slo, extra)
+    row.update(beyond_fit([built.simulation.executor]))
     row["mfu"] = totals.mfu(built.model, built.hardware, e.tensor_parallel_size)
     row["mbu"] = totals.mbu(built.model, built.hardware, e.tensor_parallel_size)
     row["token_throughput_bound"] = built.roofline.max_tokens_per_second()

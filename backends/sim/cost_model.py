@@ -218,6 +218,9 @@ class WorkTotals:
     num_decode_seqs: int = 0
     decode_context: int = 0
     busy_time: float = 0.0
+    # Steps larger than any the measured profile was fitted on (SimExecutor), and their time.
+    beyond_fit_steps: int = 0
+    beyond_fit_time: float = 0.0
 
     def flops(self, model: ModelSpec) -> float:
         """Model FLOPs (all GPUs together) of the work done."""

@@ -8,6 +8,7 @@ from typing import Iterable
 from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
 
 from .cost_model import CostModel, WorkTotals
+from .fitted import RANGE_DIMS
 
 DEFAULT_TOKEN = 1
 
@@ -31,6 +32,11 @@ class SimExecutor:
         # wake_after), last step first; empty when awake.
         self._wake: list[tuple[float, float]] = []
         self._wake_after = getattr(cost_model, "wake_after", None)
+        # The largest steps a measured profile was fitted on (fitted.RANGE_DIMS order); steps
+        # beyond any of them are counted in totals.beyond_fit_*, so a study can say how much of
+        # its time the profile priced by extrapolating. None: nothing recorded, nothing counted.
+        top = getattr(cost_model, "shape_range", None) or {}
+        self._top = tuple(top.get(d, float("inf")) for d in RANGE_DIMS) if top else None
 
     @property
     def waking(self) -> bool:
@@ -97,6 +103,11 @@ class SimExecutor:
         w.num_decode_seqs += ds
         w.decode_context += dc
         w.busy_time += t
+        top = self._top
+        if top is not None and (pt > top[0] or ps > top[1] or pc > top[2] or pa > top[3] or ds > top[4]
+                                or dc > top[5] or pt + ds > top[6] or dc > top[7] * ds):
+            w.beyond_fit_steps += 1
+            w.beyond_fit_time += t
         self.last_features = (pt, ps, pc, pa, ds, dc)
         return ModelRunnerOutput(sampled, step_time=t)
 
@@ -144,4 +155,18 @@ class SimExecutor:
         for d in durations:
             busy += d
         w.busy_time = busy
+        top = self._top
+        if top is not None and k:
+            # Step j's batch holds context + n j tokens: beyond from the first j past the fitted
+            # sum or mean context per decode; every step when the batch itself is larger.
+            limit = min(top[5], top[7] * n)
+            if n > top[4] or n > top[6]:
+                first = 0
+            elif context + n * (k - 1) > limit:
+                first = min(max(int((limit - context) // n) + 1, 0), k)
+            else:
+                first = k
+            if first < k:
+                w.beyond_fit_steps += k - first
+                w.beyond_fit_time += sum(durations[first:])
         self.last_features = (0, 0, 0, 0.0, n, context + n * (k - 1))

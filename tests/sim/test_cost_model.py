@@ -166,3 +166,64 @@ def test_steps_after_an_idle_gap_cost_the_profiles_wake_time(tmp_path) -> None:
         path.write_text(json.dumps(data))
         with pytest.raises(ProfileError, match="'wake'"):
             FittedCostModel.load(path)
+
+
+def test_steps_beyond_the_profiles_fitted_shapes_are_counted_stepping_or_skipping(tmp_path: Path) -> None:
+    from twinserve.backends.sim.executor import SimExecutor
+    from twinserve.sim.study import run_point
+
+    # A profile fitted on steps of up to 4 decodes at 300 tokens of context each (and small
+    # prefills); the workload's requests decode past that context, 6 at a time.
+    top = {"num_prefill_tokens": 512.0, "num_prefill_seqs": 4.0, "prefill_context": 512.0,
+           "prefill_attn": 1e6, "num_decode_seqs": 4.0, "decode_context": 1200.0, "num_tokens": 512.0,
+           "decode_context_per_seq": 300.0}
+    prof = FittedCostModel(intercept_s=0.01, per_token_s=1e-4, per_decode_seq_s=1e-3,
+                           per_decode_context_token_s=1e-6, meta={"fit": {"range": top}})
+    path = tmp_path / "p.json"
+    prof.save(path)
+    fields = dict(num_requests=12, arrival="poisson", rate=2.0, prompt_dist="uniform", prompt_min=100,
+                  prompt_max=250, output_dist="uniform", output_min=20, output_max=120, cost_model="fitted",
+                  profile=str(path), max_num_batched_tokens=512)
+
+    # Every step the executor prices, by hand: which lie beyond the range, and their time.
+    seen: list[tuple[tuple, float]] = []
+
+    class Recording:
+        name = "recording"
+        shape_range = prof.shape_range
+
+        def step_time(self, *f):
+            t = prof.step_time(*f)
+            seen.append((f, t))
+            return t
+
+    from twinserve.sim.build import build
+
+    built = build(small_config(fast_forward=False, **fields))
+    ex = built.simulation.executor
+    ex.__init__(Recording())
+    built.simulation.run()
+    beyond = [(f, t) for f, t in seen if prof.beyond_range(*f)]
+    assert 0 < len(beyond) < len(seen)
+    assert ex.totals.beyond_fit_steps == len(beyond)
+    assert ex.totals.beyond_fit_time == pytest.approx(sum(t for _, t in beyond))
+    # Fast-forwarded decode windows count the same steps.
+    for ff in (False, True):
+        b = build(small_config(fast_forward=ff, **fields))
+        assert (b.simulation.run().num_ff_windows > 0) == ff
+        tot = b.simulation.executor.totals
+        assert tot.beyond_fit_steps == len(beyond)
+        assert tot.beyond_fit_time == pytest.approx(ex.totals.beyond_fit_time, rel=1e-9)
+    # The study row carries the shares; a cost model without a range carries none.
+    row = run_point(small_config(**fields)).row
+    assert row["steps_beyond_fit"] == pytest.approx(len(beyond) / len(seen))
+    assert row["busy_beyond_fit"] == pytest.approx(sum(t for _, t in beyond) / sum(t for _, t in seen))
+    plain = run_point(small_config(num_requests=5))
+    assert "busy_beyond_fit" not in plain.row
+    # The study's notes say so when a point extrapolated, and only then.
+    from twinserve.sim.cli import beyond_fit_note
+
+    (note,) = beyond_fit_note([run_point(small_config(**fields)), plain])
+    assert note.startswith(f"extrapolated: in 1 of 2 point(s) the profile priced up to {row['busy_beyond_fit']:.0%}")
+    assert beyond_fit_note([plain]) == []
+    assert SimExecutor(FittedCostModel(intercept_s=0.01))._top is None
