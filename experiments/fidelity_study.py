@@ -51,6 +51,9 @@ def main() -> int:
                    help="calibrate on this engine first (design repeated --calibrate-repeats times) and "
                         "use that profile; written to OUT/profile.json")
     p.add_argument("--calibrate-repeats", type=int, default=1)
+    p.add_argument("--calibrate-max-context", type=int, default=None, metavar="TOKENS",
+                   help="calibrate decodes and chunks up to this context too (calibrate --max-context; "
+                        "e.g. the longest prompt + output the study runs)")
     p.add_argument("--out", default="fidelity-study")
     p.add_argument("--traces-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "traces"))
     p.add_argument("--traces", nargs="+", default=list(TRACES), choices=list(TRACES))
@@ -83,8 +86,10 @@ def main() -> int:
         from twinserve.backends.twin.calibrate import CalibrationDesign, calibrate
 
         t = time.time()
-        made, log = calibrate(engine, CalibrationDesign(repeats=a.calibrate_repeats), threads=a.threads,
-                              progress=False)
+        design = CalibrationDesign(repeats=a.calibrate_repeats)
+        if a.calibrate_max_context:
+            design = design.reaching(a.calibrate_max_context)
+        made, log = calibrate(engine, design, threads=a.threads, progress=False)
         out.mkdir(parents=True, exist_ok=True)
         a.profile = str(out / "profile.json")
         made.save(a.profile)

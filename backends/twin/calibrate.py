@@ -39,7 +39,7 @@ import platform
 import random
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -99,6 +99,25 @@ class CalibrationDesign:
             [m for m in self.mixed if m[0] + 1 <= max_num_seqs and m[0] + m[1] <= max_num_batched_tokens
              and _mixed_context(m) + 8 < max_model_len],
             self.repeats, self.probe_every, list(self.idle_gaps), self.idle_repeats)
+
+    def reaching(self, max_context: int) -> "CalibrationDesign":
+        """This design, with decodes and prefill chunks that reach max_context tokens of context.
+
+        The default design's decodes reach 1.5 x 256 + 4 tokens of context each and its chunks
+        start after at most 448 cached tokens; steps of a workload with longer sequences are
+        priced by extrapolating the fit (fidelity and the simulator report how much). One
+        more decode context, whose spread tops out at max_context, and one more cached context
+        for the chunks measure them, at the price of a longer calibration (the decode batches
+        at that context prefill everything they hold).
+        """
+        if max_context < 1:
+            raise InvalidConfigError("max_context", max_context, ">= 1")
+        decode, chunks = list(self.decode_contexts), list(self.prefill_contexts)
+        if decode and max_context > 1.5 * max(decode) + self.decode_steps:
+            decode.append(-(-2 * (max_context - self.decode_steps) // 3))
+        if chunks and self.prefill_sizes and max_context - max(self.prefill_sizes) > max(chunks):
+            chunks.append(max_context - max(self.prefill_sizes))
+        return replace(self, decode_contexts=decode, prefill_contexts=chunks)
 
     def num_points(self) -> int:
         """Design points per repeat (what the progress bar counts)."""

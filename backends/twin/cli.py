@@ -25,6 +25,10 @@ def _calibrate_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (recorded in the profile)")
     p.add_argument("--repeats", type=int, default=2, help="times the design is run")
     p.add_argument("--quick", action="store_true", help="a small design (tests, tiny models)")
+    p.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
+                   help="also measure decodes and prefill chunks at up to this many tokens of "
+                        "context (the longest prompt + output the profile will price; longer "
+                        "calibration; the default design reaches ~390 tokens per decode)")
     p.add_argument("--from-log", default=None,
                    help="fit a step log written by the engine (--step-log-path) instead of running")
     p.add_argument("--refit", default=None, metavar="PROFILE",
@@ -58,6 +62,8 @@ def _calibrate(ns: argparse.Namespace) -> int:
         engine = _engine(ns)
         design = CalibrationDesign.quick() if ns.quick else CalibrationDesign()
         design.repeats = ns.repeats
+        if ns.max_context:
+            design = design.reaching(ns.max_context)
         profile, log = calibrate(engine, design, threads=ns.threads, progress=not ns.no_progress)
         log.write(ns.save_steps or out.with_suffix(".steps.csv"))
         engine.shutdown()

@@ -542,3 +542,20 @@ def test_fit_records_its_largest_shapes_and_a_run_beyond_them_is_told_apart(tmp_
     assert st["beyond_range"]["steps_share"] == 0.0 and "beyond" not in step_line(st, "\n")
     # A profile that does not record its range (made by hand) says nothing about it.
     assert "beyond_range" not in step_errors(DEVICE, inside + beyond)
+
+
+def test_a_design_can_be_made_to_reach_longer_contexts() -> None:
+    from twinserve.backends.twin.calibrate import CalibrationDesign
+    from twinserve.core.errors import InvalidConfigError
+
+    d = CalibrationDesign()
+    far = d.reaching(608)
+    # One more decode context whose spread [c/2, 3c/2] plus the decode steps reaches 608; the
+    # chunks already start after up to 448 cached tokens, past 608 - 384.
+    assert far.decode_contexts == [48, 256, 403] and 1.5 * 403 + d.decode_steps >= 608
+    assert far.prefill_contexts == d.prefill_contexts and d.decode_contexts == [48, 256]
+    assert far.num_points() == d.num_points() + len(d.decode_batches)
+    assert d.reaching(1200).prefill_contexts == [0, 192, 448, 816]
+    assert d.reaching(300) == d  # already measured
+    with pytest.raises(InvalidConfigError, match="max_context"):
+        d.reaching(0)
