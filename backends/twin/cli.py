@@ -144,6 +144,11 @@ def _fidelity_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speed-by-part", action="store_true",
                    help="scale decode and each step's prefill share by their own probe parts' drift "
                         "instead of the whole probe's")
+    p.add_argument("--target-p50", type=float, default=0.05,
+                   help="the largest |relative error| at p50 of TTFT, TPOT and E2E that meets the target")
+    p.add_argument("--target-p99", type=float, default=0.10, help="the same at p99")
+    p.add_argument("--fail-on-miss", action="store_true",
+                   help="exit 3 when a target is missed (pooled over the runs with --repeats)")
     add_engine_args(p)
     p.set_defaults(func=_fidelity)
 
@@ -156,13 +161,18 @@ def _fidelity(ns: argparse.Namespace) -> int:
         raise FidelityError(f"--band-samples {ns.band_samples}: give 0 (no band) or at least 2")
     if ns.repeats < 1:
         raise FidelityError(f"--repeats {ns.repeats}: give 1 or more")
+    for flag, v in (("--target-p50", ns.target_p50), ("--target-p99", ns.target_p99)):
+        if not 0 < v < 10:
+            raise FidelityError(f"{flag} {v}: give the largest relative error allowed, a fraction "
+                                "such as 0.05 (5%)")
+    limits = {"p50": ns.target_p50, "p99": ns.target_p99}
     if ns.from_run:
         from twinserve.backends.twin.fidelity import rejudge
 
-        rejudge(ns.from_run, ns.profile, ns.out, trace=ns.trace, model=ns.model,
-                allow_profile_mismatch=ns.allow_profile_mismatch, band_samples=ns.band_samples,
-                speed_by_part=ns.speed_by_part)
-        return 0
+        report = rejudge(ns.from_run, ns.profile, ns.out, trace=ns.trace, model=ns.model,
+                         allow_profile_mismatch=ns.allow_profile_mismatch, band_samples=ns.band_samples,
+                         speed_by_part=ns.speed_by_part, limits=limits)
+        return exit_code(report, ns.fail_on_miss)
     opts = FidelityOptions(ns.profile, ns.trace, ns.config, ns.num_requests, ns.rate, ns.time_scale,
                            ns.max_prompt_tokens, ns.max_output_tokens, ns.workload_seed,
                            ns.allow_profile_mismatch, ns.normalize_speed, ns.speed_by_part, ns.repeats)
@@ -174,9 +184,9 @@ def _fidelity(ns: argparse.Namespace) -> int:
     engine = _engine(ns)
     try:
         # run_fidelity refuses a wrong profile or an unservable trace before the real run starts.
-        report = run_fidelity(engine, opts, ns.out, band_samples=ns.band_samples)
+        report = run_fidelity(engine, opts, ns.out, band_samples=ns.band_samples, limits=limits)
     finally:
         engine.shutdown()
     if report.get("interrupted"):
         print("twinserve fidelity: interrupted; wrote what was measured", file=sys.stderr)
-    return exit_code(report)
+    return exit_code(report, ns.fail_on_miss)

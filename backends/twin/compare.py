@@ -79,6 +79,50 @@ def compare(real: Sequence[RequestRecord], sim: Sequence[RequestRecord]) -> dict
     return out
 
 
+# The twin's targets: TTFT, TPOT and E2E within 5% at p50 and within 10% at p99 (issue 9).
+TARGET_METRICS = ("ttft", "tpot", "e2e")
+DEFAULT_TARGETS = {"p50": 0.05, "p99": 0.10}
+
+
+def targets(metrics: dict[str, Any], limits: dict[str, float] | None = None,
+            real_spread: dict[str, dict[str, float]] | None = None, judged_on: str = "the run") -> dict[str, Any]:
+    """Which of the target cells (TARGET_METRICS x limits' percentiles) the prediction meets.
+
+    real_spread (fidelity --repeats: the largest |error| of a later real run against the first,
+    per metric and percentile) marks each cell whose error lies within what the real engine
+    repeats itself to: a miss there is not one a model could have avoided on this machine.
+    """
+    limits = dict(limits or DEFAULT_TARGETS)
+    cells: dict[str, dict[str, Any]] = {}
+    for m in TARGET_METRICS:
+        for q, lim in limits.items():
+            err = float(metrics[m][q]["err"])
+            cell: dict[str, Any] = {"err": err, "limit": lim, "met": bool(abs(err) <= lim)}
+            if real_spread is not None:
+                cell["real_spread"] = real_spread[m][q]
+                cell["within_real_spread"] = bool(abs(err) <= real_spread[m][q])
+            cells.setdefault(m, {})[q] = cell
+    flat = [c for per in cells.values() for c in per.values()]
+    out = {"limits": limits, "judged_on": judged_on, "cells": cells,
+           "met": sum(c["met"] for c in flat), "of": len(flat)}
+    if real_spread is not None:
+        out["within_real_spread"] = sum(c["within_real_spread"] for c in flat)
+    return out
+
+
+def target_line(t: dict[str, Any]) -> str:
+    """One line: how many target cells the prediction met, and the misses."""
+    lims = ", ".join(f"{v:.0%} at {q}" for q, v in t["limits"].items())
+    missed = [f"{m.upper()} {q} {c['err']:+.1%}"
+              + (f" (real runs {c['real_spread']:.1%} apart)" if "real_spread" in c else "")
+              for m, per in t["cells"].items() for q, c in per.items() if not c["met"]]
+    line = (f"targets (|error| within {lims} for TTFT, TPOT and E2E; {t['judged_on']}): "
+            f"{t['met']} of {t['of']} met")
+    if "within_real_spread" in t:
+        line += f", {t['within_real_spread']} of {t['of']} within the real runs' own spread"
+    return line + (f"; missed: {', '.join(missed)}" if missed else "")
+
+
 def table(report: dict[str, Any]) -> str:
     """A markdown table of the comparison."""
     lines = ["| metric | p50 real | p50 sim | p50 err | p90 real | p90 sim | p90 err | p99 real "

@@ -28,7 +28,7 @@ from twinserve.sim.workload import Workload, WorkloadConfig
 from ..real.step_log import StepLog, read_step_log
 from .band import StepNoise, band_table, prediction_band
 from .calibrate import catalog_name, cold_prefix_cache, speed_probe_parts
-from .compare import METRICS, PERCENTILES, compare, figure, table
+from .compare import METRICS, PERCENTILES, compare, figure, table, target_line, targets
 from .hostload import HostLoad, warning
 from .realrun import RealRun, run_real
 from .replay import replay
@@ -154,8 +154,19 @@ def warm_up(engine: Any) -> None:
     cold_prefix_cache(engine)
 
 
+def verdict(report: dict[str, Any], limits: dict[str, float] | None = None) -> dict[str, Any]:
+    """The report's targets (compare.targets): on the runs pooled, beside the real runs' own
+    spread, when the engine ran the workload more than once; else on the one run."""
+    rep = report.get("repeats")
+    if rep:
+        return targets(rep["pooled"]["metrics"], limits, rep["real_spread"],
+                       f"pooled over {rep['count']} real runs")
+    return targets(report["metrics"], limits)
+
+
 def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
-                 echo: Callable[[str], None] = print, band_samples: int = 20) -> dict[str, Any]:
+                 echo: Callable[[str], None] = print, band_samples: int = 20,
+                 limits: dict[str, float] | None = None) -> dict[str, Any]:
     """Replay the workload on engine and in the simulator; write fidelity.json/.md/.png.
 
     band_samples noisy simulations give the prediction band (band.py); 0 skips it. With
@@ -257,9 +268,10 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     done = [r for r in runs if not r.real.interrupted]
     if len(done) > 1:
         report["repeats"] = repeat_summary(done, out)
+    report["targets"] = verdict(report, limits)
     (out / "fidelity.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
     speed = first.speed
-    md = table(report)
+    md = table(report) + "\n\n" + target_line(report["targets"])
     if speed["normalized"]:
         after = speed["probe_after_s"] or float("nan")
         by_part = (f" (decode {speed['machine_speed_ratio_decode']:.3f}, prefill "
@@ -416,7 +428,7 @@ def _read_requests(path: Path) -> list[RequestRecord]:
 def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: str | None = None,
             model: str | None = None, allow_profile_mismatch: bool = False,
             echo: Callable[[str], None] = print, band_samples: int = 20,
-            speed_by_part: bool = False) -> dict[str, Any]:
+            speed_by_part: bool = False, limits: dict[str, float] | None = None) -> dict[str, Any]:
     """A recorded real run (a fidelity output folder) judged again with another profile, no engine.
 
     The simulator gets the run's workload (options from its fidelity.json; trace re-pointed
@@ -489,13 +501,14 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
                   real=old.get("real"), replay=old.get("replay"))
     if len(runs) > 1:
         report["repeats"] = repeat_summary(runs, run)
+    report["targets"] = verdict(report, limits)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "fidelity.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
     md = (f"recorded run {run} (real side as measured then) judged with profile {profile_path}"
           + (f"; simulated step times scaled by the run's measured machine speed {ratio:.3f}"
              + (" (decode and prefill by part)" if opts.speed_by_part else "") if ratio else "")
-          + "\n\n" + table(report))
+          + "\n\n" + table(report) + "\n\n" + target_line(report["targets"]))
     md += step_line(report["steps"], "\n\n")
     if band_samples:
         md += "\n\n" + band_table(report["band"])
@@ -527,9 +540,16 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"cannot serialise {type(o).__name__}")
 
 
-def exit_code(report: dict[str, Any]) -> int:
-    """Non-zero when the run was interrupted."""
-    return 130 if report.get("interrupted") else 0
+# Exit status of `twinserve fidelity --fail-on-miss` when a target cell is missed.
+MISSED_TARGETS = 3
+
+
+def exit_code(report: dict[str, Any], fail_on_miss: bool = False) -> int:
+    """130 when the run was interrupted; MISSED_TARGETS when asked to fail on a missed target."""
+    if report.get("interrupted"):
+        return 130
+    t = report.get("targets")
+    return MISSED_TARGETS if fail_on_miss and t and t["met"] < t["of"] else 0
 
 
 __all__ = ["CappedWorkload", "FidelityError", "FidelityOptions", "run_fidelity", "exit_code",

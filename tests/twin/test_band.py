@@ -222,3 +222,24 @@ def test_step_errors_price_the_steps_after_idle_as_the_simulator_does() -> None:
     assert all(v == pytest.approx(0.0, abs=1e-12) for v in st["busy_err_by_kind"].values())
     plain = step_errors(dataclasses.replace(prof, wake_idle_s=(), wake_extra_s=()), rows)
     assert plain["busy_err_by_kind"]["prefill"] == pytest.approx(1 / 1.5 - 1)
+
+
+def test_targets_count_the_cells_met_and_those_inside_the_real_runs_spread() -> None:
+    from twinserve.backends.twin.compare import target_line, targets
+
+    errs = {"ttft": (0.049, -0.2), "tpot": (-0.051, 0.09), "e2e": (0.0, -0.101)}
+    metrics = {m: {"p50": {"err": a}, "p99": {"err": b}} for m, (a, b) in errs.items()}
+    t = targets(metrics)
+    assert t["of"] == 6 and t["met"] == 3 and "within_real_spread" not in t
+    assert [(m, q) for m, per in t["cells"].items() for q, c in per.items() if not c["met"]] == \
+        [("ttft", "p99"), ("tpot", "p50"), ("e2e", "p99")]
+    line = target_line(t)
+    assert "3 of 6 met; missed: TTFT p99 -20.0%, TPOT p50 -5.1%, E2E p99 -10.1%" in line
+    # Beside the real runs' spread: TTFT p99 (-20%) lies inside runs 25% apart, E2E p99 not.
+    spread = {m: {"p50": 0.01, "p99": 0.25 if m == "ttft" else 0.05} for m in errs}
+    t = targets(metrics, {"p50": 0.06, "p99": 0.10}, spread, "pooled over 2 real runs")
+    assert t["met"] == 4 and t["cells"]["ttft"]["p99"]["within_real_spread"]
+    assert not t["cells"]["e2e"]["p99"]["within_real_spread"]
+    assert t["within_real_spread"] == 2  # TTFT p99 and E2E p50 (0.0 within 1%)
+    assert "4 of 6 met, 2 of 6 within the real runs' own spread" in target_line(t)
+    assert "TTFT p99 -20.0% (real runs 25.0% apart)" in target_line(t)

@@ -143,6 +143,19 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     rep2 = json.loads((again / "fidelity.json").read_text())
     assert rep2["metrics"] == rep["metrics"] and rep2["throughput"] == rep["throughput"]
     assert rep2["metrics_raw"] == rep["metrics_raw"] and rep2["steps"] == rep["steps"]
+    # The targets, cell by cell from the report's errors, in the JSON and the table's line.
+    t = rep["targets"]
+    errs = [rep["metrics"][m][q]["err"] for m in ("ttft", "tpot", "e2e") for q in ("p50", "p99")]
+    assert t["of"] == 6 and t["met"] == sum(abs(e) <= lim for e, lim in zip(errs, [0.05, 0.10] * 3))
+    assert f"{t['met']} of 6 met" in (out / "fidelity.md").read_text() and rep2["targets"] == t
+    # --fail-on-miss: exit 3 when a cell misses, 0 when all are met; a bad limit is refused.
+    assert main(["fidelity", "--from-run", str(out), "--profile", str(prof), "--out", str(again),
+                 "--band-samples", "0", "--target-p50", "1e-9", "--fail-on-miss"]) == 3
+    assert main(["fidelity", "--from-run", str(out), "--profile", str(prof), "--out", str(again),
+                 "--band-samples", "0", "--target-p50", "9", "--target-p99", "9", "--fail-on-miss"]) == 0
+    assert main(["fidelity", "--from-run", str(out), "--profile", str(prof), "--out", str(again),
+                 "--target-p99", "0"]) == 2
+    assert "--target-p99 0.0: give the largest relative error allowed" in capsys.readouterr().err
     # The prediction band: 20 noisy simulations with the profile's own residual spread; the
     # same seeds give the same band when the run is judged again.
     band = rep["band"]
@@ -514,4 +527,12 @@ def test_repeated_runs_measure_the_real_engine_against_itself(make_engine, tmp_p
     again = rejudge(out, str(prof), tmp_path / "again", echo=lambda s: None, band_samples=0)
     assert again["repeats"]["pooled"] == r["pooled"]
     assert again["repeats"]["real_vs_first"] == r["real_vs_first"]
+    # The targets are judged on the runs pooled, each cell beside the real runs' own spread.
+    t = rep["targets"]
+    assert t["judged_on"] == "pooled over 2 real runs" and again["targets"] == t
+    cell = t["cells"]["e2e"]["p99"]
+    assert cell["err"] == r["pooled"]["metrics"]["e2e"]["p99"]["err"]
+    assert cell["within_real_spread"] == (abs(cell["err"]) <= r["real_spread"]["e2e"]["p99"])
+    assert t["within_real_spread"] == sum(c["within_real_spread"] for per in t["cells"].values()
+                                          for c in per.values())
     assert (tmp_path / "again" / "repeat-2" / "requests_sim.csv").exists()
