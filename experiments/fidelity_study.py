@@ -51,6 +51,8 @@ def main() -> int:
                    help="calibrate on this engine first (design repeated --calibrate-repeats times) and "
                         "use that profile; written to OUT/profile.json")
     p.add_argument("--calibrate-repeats", type=int, default=1)
+    p.add_argument("--calibrate-probe-every", type=int, default=None, metavar="N",
+                   help="speed probe every N design points while calibrating (calibrate --probe-every)")
     p.add_argument("--calibrate-max-context", type=int, default=None, metavar="TOKENS",
                    help="calibrate decodes and chunks up to this context too (calibrate --max-context; "
                         "e.g. the longest prompt + output the study runs)")
@@ -89,6 +91,8 @@ def main() -> int:
         design = CalibrationDesign(repeats=a.calibrate_repeats)
         if a.calibrate_max_context:
             design = design.reaching(a.calibrate_max_context)
+        if a.calibrate_probe_every is not None:
+            design.probe_every = a.calibrate_probe_every
         made, log = calibrate(engine, design, threads=a.threads, progress=False)
         out.mkdir(parents=True, exist_ok=True)
         a.profile = str(out / "profile.json")

@@ -25,6 +25,9 @@ def _calibrate_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (recorded in the profile)")
     p.add_argument("--repeats", type=int, default=2, help="times the design is run")
     p.add_argument("--quick", action="store_true", help="a small design (tests, tiny models)")
+    p.add_argument("--probe-every", type=int, default=None, metavar="N",
+                   help="run the speed probe every N design points (default 12): denser probes follow "
+                        "a machine whose speed swings within minutes more closely, at ~1.5 s each")
     p.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
                    help="also measure decodes and prefill chunks at up to this many tokens of "
                         "context (the longest prompt + output the profile will price; longer "
@@ -59,14 +62,23 @@ def _calibrate(ns: argparse.Namespace) -> int:
     else:
         from twinserve.backends.twin.calibrate import CalibrationDesign, calibrate
 
-        engine = _engine(ns)
+        from twinserve.core.errors import InvalidConfigError
+
+        # The design first: a bad flag is refused before an engine is loaded.
         design = CalibrationDesign.quick() if ns.quick else CalibrationDesign()
         design.repeats = ns.repeats
-        if ns.max_context:
+        if ns.max_context is not None:
             design = design.reaching(ns.max_context)
-        profile, log = calibrate(engine, design, threads=ns.threads, progress=not ns.no_progress)
+        if ns.probe_every is not None:
+            if ns.probe_every < 0:
+                raise InvalidConfigError("probe_every", ns.probe_every, ">= 0 (0: only before and after)")
+            design.probe_every = ns.probe_every
+        engine = _engine(ns)
+        try:
+            profile, log = calibrate(engine, design, threads=ns.threads, progress=not ns.no_progress)
+        finally:
+            engine.shutdown()
         log.write(ns.save_steps or out.with_suffix(".steps.csv"))
-        engine.shutdown()
     out.parent.mkdir(parents=True, exist_ok=True)
     profile.save(out)
     fit = profile.meta["fit"]
