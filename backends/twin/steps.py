@@ -54,9 +54,27 @@ def step_errors(profile: FittedCostModel, rows: list[dict[str, Any]]) -> dict[st
            "mape": float(np.mean(np.abs(a))), "p90_abs_err": float(np.percentile(np.abs(a), 90)),
            "busy_err": total_p / total_m - 1,
            "busy_err_by_kind": {k: v[1] / v[0] - 1 for k, v in sorted(busy.items())}}
+    quarters = _by_quarter(rows, res)
+    if quarters is not None:
+        out["busy_err_by_quarter"] = quarters
     beyond = _beyond_range(profile, rows, res)
     if beyond is not None:
         out["beyond_range"] = beyond
+    return out
+
+
+def _by_quarter(rows: list[dict[str, Any]], res: list[tuple[str, float, float, int]]) -> list[float] | None:
+    """The busy-time error in each quarter of the run's steps (by start time), or None without
+    start times or with fewer than 8 steps. On a steady machine and a steady workload the
+    quarters agree; quarters apart by more than the kinds' mix explains are the machine's
+    speed moving during the run, which no probe before and after it can see."""
+    if len(res) < 8 or any(rows[i].get("start_s") is None for *_, i in res):
+        return None
+    order = sorted(range(len(res)), key=lambda j: float(rows[res[j][3]]["start_s"]))
+    out = []
+    for k in range(4):
+        part = [res[j] for j in order[k * len(order) // 4:(k + 1) * len(order) // 4]]
+        out.append(sum(p for _, _, p, _ in part) / sum(m for _, m, _, _ in part) - 1)
     return out
 
 
@@ -101,6 +119,8 @@ def step_line(st: dict[str, Any], sep: str) -> str:
     if "busy_err" in st:
         kinds = ", ".join(f"{k} {v:+.1%}" for k, v in st["busy_err_by_kind"].items())
         line += f"; busy time {st['busy_err']:+.1%} ({kinds})"
+    if st.get("busy_err_by_quarter"):
+        line += ("; by quarter of the run " + " / ".join(f"{x:+.1%}" for x in st["busy_err_by_quarter"]))
     b = st.get("beyond_range")
     if b and b["steps_share"]:
         dims = ", ".join(f"{d} up to {v['max_seen']:.4g} (fitted {v['max_fitted']:.4g})"

@@ -243,3 +243,23 @@ def test_targets_count_the_cells_met_and_those_inside_the_real_runs_spread() -> 
     assert t["within_real_spread"] == 2  # TTFT p99 and E2E p50 (0.0 within 1%)
     assert "4 of 6 met, 2 of 6 within the real runs' own spread" in target_line(t)
     assert "TTFT p99 -20.0% (real runs 25.0% apart)" in target_line(t)
+
+
+def test_busy_error_by_quarter_shows_the_machine_slowing_during_the_run() -> None:
+    from twinserve.backends.twin.steps import step_line
+
+    prof = _profile(None)
+    rows, t = [], 0.0
+    for i in range(40):
+        f = (0, 0, 0, 0.0, 4, 400 + i) if i % 2 else (64, 1, 0, 64 * 32.0, 0, 0)
+        d = prof.step_time(*f) * (1.25 if i >= 20 else 1.0)  # the core slows by 25% halfway
+        rows.append({**dict(zip(FEATURE_COLUMNS, f)), "start_s": t, "step_time_s": d, "gap_s": 0.0})
+        t += d
+    # Logged out of order (a core process's batches): quarters go by start time.
+    st = step_errors(prof, rows[::-1])
+    assert st["busy_err_by_quarter"] == pytest.approx([0.0, 0.0, 1 / 1.25 - 1, 1 / 1.25 - 1])
+    assert "by quarter of the run +0.0% / +0.0% / -20.0% / -20.0%" in step_line(st, "\n")
+    # Without start times (a log from elsewhere) or with too few steps: no quarters.
+    assert "busy_err_by_quarter" not in step_errors(prof, [{k: v for k, v in r.items() if k != "start_s"}
+                                                           for r in rows])
+    assert "busy_err_by_quarter" not in step_errors(prof, rows[:7])
