@@ -27,7 +27,7 @@ from twinserve.sim.workload import Workload, WorkloadConfig
 
 from ..real.step_log import StepLog, read_step_log
 from .band import StepNoise, band_table, prediction_band
-from .calibrate import catalog_name, cold_prefix_cache, speed_probe_parts
+from .calibrate import ProbeParts, catalog_name, cold_prefix_cache, speed_probe_parts
 from .compare import METRICS, PERCENTILES, compare, figure, table, target_line, targets
 from .hostload import HostLoad, warning
 from .realrun import RealRun, run_real
@@ -479,8 +479,8 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
         sched_cfg = scheduler_config_for(args, max_len, int(eng["num_blocks"]))
     make = workload_factory(opts, max_len, vocab)
     normalize = opts.normalize_speed
-    runs = [_recorded(run, old.get("speed") or {}, old.get("replay"))]
-    runs += [_recorded(run / r["dir"], r["speed"], r["replay"])
+    runs = [_recorded(run, speed_against(profile, old.get("speed") or {}), old.get("replay"))]
+    runs += [_recorded(run / r["dir"], speed_against(profile, r["speed"]), r["replay"])
              for r in (old.get("repeats") or {}).get("runs", [])[1:]]
     sim_raw = simulate(raw_speed(profile), make, sched_cfg)
     for r in runs:
@@ -524,6 +524,30 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
            other_real=[r.records for r in runs[1:]])
     echo(md)
     return report
+
+
+def speed_against(profile: FittedCostModel, speed: dict[str, Any]) -> dict[str, Any]:
+    """A recorded run's speed measured against this profile's calibration probe.
+
+    The ratios a run recorded are against the probe of the profile it was judged with then;
+    judged with another profile (made at another time, on a machine in another state), its
+    probes before and after are compared with that profile's probe instead. A profile that
+    recorded no probe cannot be scaled: the run is then judged at the profile's own speed.
+    """
+    cal = profile.meta.get("provenance", {}).get("speed_probe_s")
+    secs = [speed.get("probe_before_s"), speed.get("probe_after_s")]
+    if not speed.get("normalized") or not any(secs):
+        return speed
+    out = {k: v for k, v in speed.items() if not k.startswith("machine_speed_ratio")}
+    if not cal:
+        return {**out, "normalized": False, "probe_profile_s": None}
+    parts = [speed.get("probe_before_parts"), speed.get("probe_after_parts")]
+    if all(p for p, sec in zip(parts, secs) if sec):
+        ratios = speed_ratios(profile, [ProbeParts(**p) if p else None for p in parts])
+    else:  # runs recorded before the probe's parts were
+        got = [float(x) for x in secs if x]
+        ratios = {"machine_speed_ratio": sum(got) / len(got) / cal}
+    return {**out, "probe_profile_s": cal, **ratios}
 
 
 def _recorded(run_dir: Path, speed: dict[str, Any], replay_check: dict[str, Any] | None) -> _Run:

@@ -535,6 +535,20 @@ def test_repeated_runs_measure_the_real_engine_against_itself(make_engine, tmp_p
     assert "real run 2 vs run 1" in (out / "fidelity.md").read_text()
     # Judged again from the recording: the same repeats, no engine.
     again = rejudge(out, str(prof), tmp_path / "again", echo=lambda s: None, band_samples=0)
+    # Judged with another profile (made on a machine half as fast: its probe took twice as
+    # long), each run's speed is measured against that profile's probe, not the recorded ratio.
+    slow = tmp_path / "slow.json"
+    FittedCostModel(intercept_s=0.002, per_token_s=1e-4, meta={"provenance": {"speed_probe_s": 0.1}}).save(slow)
+    other = rejudge(out, str(slow), tmp_path / "other", echo=lambda s: None, band_samples=0)
+    for was, now in zip(r["runs"], other["repeats"]["runs"], strict=True):
+        assert now["speed"]["machine_speed_ratio"] == pytest.approx(was["speed"]["machine_speed_ratio"] / 2)
+        assert 1 + now["busy_err"] == pytest.approx((1 + was["busy_err"]) / 2)
+    # A profile that recorded no probe cannot be scaled: judged at its own speed.
+    bare_prof = tmp_path / "bare.json"
+    FittedCostModel(intercept_s=0.002, per_token_s=1e-4).save(bare_prof)
+    unscaled = rejudge(out, str(bare_prof), tmp_path / "unscaled", echo=lambda s: None, band_samples=0)
+    assert not unscaled["speed"]["normalized"] and "machine_speed_ratio" not in unscaled["speed"]
+    assert unscaled["metrics"] == unscaled["metrics_raw"]
     assert again["repeats"]["pooled"] == r["pooled"]
     assert again["repeats"]["real_vs_first"] == r["real_vs_first"]
     # The targets are judged on the runs pooled, each cell beside the real runs' own spread.
