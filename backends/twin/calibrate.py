@@ -558,6 +558,8 @@ def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> Fit
                              int(eng.get("pad_rows") or 0))
     bounds = select_regimes(rows, base, [b for b in batches if 4 < b < max(batches)],
                             graph_max_decodes=graph_max)
+    if prov.get("refit"):  # an earlier refit's note, kept (its previous_fit is the first fit's)
+        note["earlier_refit"] = prov["refit"]
     meta = {k: v for k, v in old.meta.items() if k not in ("fit", "provenance", "format")}
     profile = fit_step_profile(rows, regime_max_tokens=bounds, graph_max_decodes=graph_max,
                                **meta, provenance={**prov, "refit": note})

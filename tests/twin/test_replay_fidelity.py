@@ -189,6 +189,11 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert r["overhead_coefficients"] == pytest.approx(data["overhead_coefficients"], rel=2e-5, abs=1e-12)
     assert r["provenance"]["refit"]["step_log"] == "tiny.steps.csv"
     assert {k: v for k, v in r["provenance"].items() if k != "refit"} == data["provenance"]
+    # Refitted again, the earlier refit's note is kept under the new one.
+    refit2 = tmp_path / "refit2.json"
+    assert main(["calibrate", "--refit", str(refit), "--from-log", str(prof.with_suffix(".steps.csv")),
+                 "--out", str(refit2)]) == 0
+    assert json.loads(refit2.read_text())["provenance"]["refit"]["earlier_refit"] == r["provenance"]["refit"]
 
 
 def test_fidelity_refuses_bad_inputs_before_running(tiny_model: Path, tmp_path: Path,
