@@ -29,7 +29,7 @@ class PointResult:
 def beyond_fit(executors: Sequence[Any]) -> dict[str, float]:
     """The share of the steps and of the busy time priced beyond the measured profile's fitted
     shapes (extrapolated), over these executors; {} when the cost model records no range."""
-    tots = [ex.totals for ex in executors if getattr(ex, "_top", None) is not None]
+    tots = [ex.totals for ex in executors if getattr(ex, "fit_range_max", None) is not None]
     if not tots:
         return {}
     steps, busy = sum(t.num_steps for t in tots), sum(t.busy_time for t in tots)

@@ -36,7 +36,7 @@ class SimExecutor:
         # beyond any of them are counted in totals.beyond_fit_*, so a study can say how much of
         # its time the profile priced by extrapolating. None: nothing recorded, nothing counted.
         top = getattr(cost_model, "shape_range", None) or {}
-        self._top = tuple(top.get(d, float("inf")) for d in RANGE_DIMS) if top else None
+        self.fit_range_max = tuple(top.get(d, float("inf")) for d in RANGE_DIMS) if top else None
 
     @property
     def waking(self) -> bool:
@@ -103,7 +103,7 @@ class SimExecutor:
         w.num_decode_seqs += ds
         w.decode_context += dc
         w.busy_time += t
-        top = self._top
+        top = self.fit_range_max
         if top is not None and (pt > top[0] or ps > top[1] or pc > top[2] or pa > top[3] or ds > top[4]
                                 or dc > top[5] or pt + ds > top[6] or dc > top[7] * ds):
             w.beyond_fit_steps += 1
@@ -155,7 +155,7 @@ class SimExecutor:
         for d in durations:
             busy += d
         w.busy_time = busy
-        top = self._top
+        top = self.fit_range_max
         if top is not None and k:
             # Step j's batch holds context + n j tokens: beyond from the first j past the fitted
             # sum or mean context per decode; every step when the batch itself is larger.

@@ -226,4 +226,4 @@ def test_steps_beyond_the_profiles_fitted_shapes_are_counted_stepping_or_skippin
     (note,) = beyond_fit_note([run_point(small_config(**fields)), plain])
     assert note.startswith(f"extrapolated: in 1 of 2 point(s) the profile priced up to {row['busy_beyond_fit']:.0%}")
     assert beyond_fit_note([plain]) == []
-    assert SimExecutor(FittedCostModel(intercept_s=0.01))._top is None
+    assert SimExecutor(FittedCostModel(intercept_s=0.01)).fit_range_max is None
