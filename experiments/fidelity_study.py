@@ -89,7 +89,7 @@ def main() -> int:
 
         t = time.time()
         design = CalibrationDesign(repeats=a.calibrate_repeats)
-        if a.calibrate_max_context:
+        if a.calibrate_max_context is not None:
             design = design.reaching(a.calibrate_max_context)
         if a.calibrate_probe_every is not None:
             design.probe_every = a.calibrate_probe_every

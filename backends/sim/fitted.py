@@ -72,6 +72,11 @@ PROFILES_DIR = Path(__file__).parent / "profiles"
 RANGE_DIMS = FEATURE_COLUMNS + ("num_tokens", "decode_context_per_seq")
 
 
+def dims_beyond(top: Mapping[str, float], measures: Sequence[float]) -> list[str]:
+    """The RANGE_DIMS in which a step's measures (shape_measures) pass the largest fitted (top)."""
+    return [d for d, v in zip(RANGE_DIMS, measures) if d in top and v > top[d]]
+
+
 def shape_measures(num_prefill_tokens: float, num_prefill_seqs: float, prefill_context: float,
                    prefill_attn: float, num_decode_seqs: float, decode_context: float) -> tuple[float, ...]:
     """A step's shape by RANGE_DIMS: its features, its new tokens, its decodes' mean context."""
@@ -198,8 +203,7 @@ class FittedCostModel:
 
     def beyond_range(self, *features: float) -> list[str]:
         """The RANGE_DIMS in which a step (its six features) is larger than any step fitted."""
-        top = self.shape_range
-        return [d for d, v in zip(RANGE_DIMS, shape_measures(*features)) if d in top and v > top[d]]
+        return dims_beyond(self.shape_range, shape_measures(*features))
 
     def step_time(self, num_prefill_tokens: int, num_prefill_seqs: int, prefill_context: int,
                   prefill_attn: float, num_decode_seqs: int, decode_context: int) -> float:

@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from twinserve.backends.sim.fitted import FEATURE_COLUMNS, RANGE_DIMS, FittedCostModel, shape_measures
+from twinserve.backends.sim.fitted import (FEATURE_COLUMNS, RANGE_DIMS, FittedCostModel, dims_beyond,
+                                           shape_measures)
 
 from .band import step_residuals
 from .calibrate import ProbeParts
@@ -93,13 +94,13 @@ def _beyond_range(profile: FittedCostModel, rows: list[dict[str, Any]],
     dims: dict[str, dict[str, float]] = {}
     acc = {"inside": [0, 0.0, 0.0], "beyond": [0, 0.0, 0.0]}  # steps, measured s, predicted s
     for _, m, p, i in res:
-        feats = [float(rows[i][c]) for c in FEATURE_COLUMNS]
-        out = profile.beyond_range(*feats)
+        measures = shape_measures(*(float(rows[i][c]) for c in FEATURE_COLUMNS))
+        out = dims_beyond(top, measures)
         side = acc["beyond" if out else "inside"]
         side[0] += 1
         side[1] += m
         side[2] += p
-        seen = dict(zip(RANGE_DIMS, shape_measures(*feats)))
+        seen = dict(zip(RANGE_DIMS, measures))
         for d in out:
             e = dims.setdefault(d, {"steps": 0, "max_seen": 0.0, "max_fitted": top[d]})
             e["steps"] += 1

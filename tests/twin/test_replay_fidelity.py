@@ -98,7 +98,11 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     # priced at their median.
     probes = data["provenance"]["speed_probes"]
     assert data["provenance"]["design"]["probe_every"] == 5 and data["provenance"]["drift_corrected"]
-    assert len(probes) >= 2 + data["fit"]["num_steps"] // 40  # a point logs a few steps
+    from twinserve.backends.twin.calibrate import CalibrationDesign
+
+    design = CalibrationDesign(**data["provenance"]["design"])
+    points = sum(c > 0 for c in design.prefill_contexts) + design.num_points() * design.repeats
+    assert len(probes) == 2 + points // 5  # one after every 5th point, plus before and after
     assert data["provenance"]["speed_probe_s"] == pytest.approx(float(np.median([s for _, s in probes])))
     out = tmp_path / "fid"
     rc = main(["fidelity", "--profile", str(prof), "--trace", str(_trace(tmp_path / "t.csv")),
