@@ -83,10 +83,11 @@ def _calibrate(ns: argparse.Namespace) -> int:
     profile.save(out)
     fit = profile.meta["fit"]
     print(f"wrote {out}: {fit['num_steps']} steps, R2 {fit['r2']:.4f}, MAPE {fit['mape']:.1%}, "
-          f"p95 abs error {fit['p95_abs_rel_err']:.1%}")
+          f"p95 abs error {fit['p95_abs_rel_err']:.1%}, total time {_pct(fit.get('total_err'))}")
     for kind, d in fit["by_kind"].items():
         print(f"  {kind:8s} {d['num_steps']:4d} steps, MAPE {d['mape']:.1%}, worst "
-              f"{d['worst_rel_err']:+.1%}, mean step {d['mean_step_s'] * 1e3:.1f} ms")
+              f"{d['worst_rel_err']:+.1%}, total time {_pct(d.get('total_err'))}, "
+              f"mean step {d['mean_step_s'] * 1e3:.1f} ms")
     if "overhead_share" in fit:
         print(f"  engine CPU overhead: {fit['overhead_share']:.1%} of step time on average")
     if fit.get("comm_share"):
@@ -108,6 +109,11 @@ def _calibrate(ns: argparse.Namespace) -> int:
         if noisy:
             print(f"twinserve calibrate: {noisy}", file=sys.stderr)
     return 0
+
+
+def _pct(x: float | None) -> str:
+    """A signed percentage, or n/a."""
+    return "n/a" if x is None else f"{x:+.1%}"
 
 
 def _model_name(model: str) -> str:

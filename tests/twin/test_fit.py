@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from twinserve.backends.real.step_log import StepLogError, read_step_log
-from twinserve.backends.sim.fit import fit_step_profile
+from twinserve.backends.sim.fit import fit_step_profile, step_kind
 from twinserve.backends.sim.fitted import (COEFFICIENTS, FEATURE_COLUMNS, FittedCostModel, ProfileError,
                                            check_profile_model)
 
@@ -66,6 +66,30 @@ def test_fit_is_non_negative_and_weighs_small_steps_like_large_ones() -> None:
     rel_ols = np.abs(x @ ols / y - 1)
     assert rel_ours[small].mean() < rel_ols[small].mean()
     assert rel_ours[small].mean() < 0.06
+
+
+def test_fit_prices_the_mean_step_time_under_multiplicative_noise() -> None:
+    """Relative error weighed by the fitted time, not the measured one: the price of noisy
+    steps is their mean time. Weighed by the measured time, a step that ran fast counts more
+    than one that ran slow, and a 25% log-normal spread prices ~10% under (checked)."""
+    rng = np.random.default_rng(11)
+    clean = _rows(seed=3, n=600)
+    k = np.exp(0.25 * rng.standard_normal(len(clean)) - 0.25 ** 2 / 2)  # mean 1
+    rows = [{**r, "execute_s": r["execute_s"] * x, "step_time_s": r["step_time_s"] * x}
+            for r, x in zip(clean, k)]
+    prof = fit_step_profile(rows)
+    priced = np.array([prof.step_time(*[r[c] for c in FEATURE_COLUMNS]) for r in rows])
+    true = np.array([r["step_time_s"] for r in clean])
+    measured = np.array([r["step_time_s"] for r in rows])
+    # Priced against the noise-free time, as the sample's own mean noise says it should be.
+    assert np.mean(priced / true) == pytest.approx(k.mean(), rel=0.02)
+    fit = prof.meta["fit"]
+    assert fit["total_err"] == pytest.approx(priced.sum() / measured.sum() - 1, abs=1e-9)
+    assert abs(fit["total_err"]) < 0.03
+    for kind, d in fit["by_kind"].items():
+        m = np.array([step_kind(r["num_prefill_tokens"], r["num_decode_seqs"]) == kind for r in rows])
+        assert d["total_err"] == pytest.approx(priced[m].sum() / measured[m].sum() - 1, abs=1e-9)
+        assert abs(d["total_err"]) < 0.05, kind
 
 
 def test_regimes_price_small_steps_with_their_own_coefficients() -> None:
