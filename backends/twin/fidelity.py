@@ -154,14 +154,34 @@ def warm_up(engine: Any) -> None:
     cold_prefix_cache(engine)
 
 
-def verdict(report: dict[str, Any], limits: dict[str, float] | None = None) -> dict[str, Any]:
+def verdict(report: dict[str, Any], limits: dict[str, float] | None = None,
+            speed_matched: bool = False) -> dict[str, Any] | None:
     """The report's targets (compare.targets): on the runs pooled, beside the real runs' own
-    spread, when the engine ran the workload more than once; else on the one run."""
+    spread, when the engine ran the workload more than once; else on the one run. With
+    speed_matched, the same for the prediction at each run's own mean speed (None without it)."""
     rep = report.get("repeats")
+    tag = "; each run at its own mean speed, not a prediction" if speed_matched else ""
     if rep:
-        return targets(rep["pooled"]["metrics"], limits, rep["real_spread"],
-                       f"pooled over {rep['count']} real runs")
-    return targets(report["metrics"], limits)
+        metrics = (rep.get("pooled_speed_matched") or {}).get("metrics") if speed_matched \
+            else rep["pooled"]["metrics"]
+        return targets(metrics, limits, rep["real_spread"],
+                       f"pooled over {rep['count']} real runs{tag}") if metrics else None
+    metrics = (report.get("speed_matched") or {}).get("metrics") if speed_matched else report["metrics"]
+    return targets(metrics, limits, judged_on=f"the run{tag}") if metrics else None
+
+
+def speed_matched_line(report: dict[str, Any]) -> str:
+    """The targets at the runs' own mean speed, with the time scale that matched it (or "")."""
+    t = report.get("targets_speed_matched")
+    if not t:
+        return ""
+    rep = report.get("repeats")
+    scales = [r.get("speed_matched_scale") for r in rep["runs"]] if rep else \
+        [report["speed_matched"]["time_scale"]]
+    return ("\n\nwith every step price scaled so the run's own steps cost what they measured in sum "
+            "(x " + ", ".join(f"{x:.3f}" for x in scales if x is not None) + " the calibration's prices): "
+            "what the step shapes leave once the machine's speed during the run is known, "
+            "which the probes only estimate\n" + target_line(t))
 
 
 def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
@@ -269,9 +289,10 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     if len(done) > 1:
         report["repeats"] = repeat_summary(done, out)
     report["targets"] = verdict(report, limits)
+    report["targets_speed_matched"] = verdict(report, limits, speed_matched=True)
     (out / "fidelity.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
     speed = first.speed
-    md = table(report) + "\n\n" + target_line(report["targets"])
+    md = table(report) + "\n\n" + target_line(report["targets"]) + speed_matched_line(report)
     if speed["normalized"]:
         after = speed["probe_after_s"] or float("nan")
         by_part = (f" (decode {speed['machine_speed_ratio_decode']:.3f}, prefill "
@@ -317,6 +338,7 @@ class _Run:
     part: dict[str, Any] = dataclasses.field(default_factory=dict)
     judged: Any = None                 # the profile at the run's measured speed
     sim: Any = None
+    sim_matched: Any = None            # the prediction at the run's own mean speed (speed_matched)
 
     @property
     def records(self) -> list[RequestRecord]:
@@ -336,6 +358,16 @@ class _Run:
         part["metrics_raw"], part["throughput_raw"] = raw["metrics"], raw["throughput"]
         part["steps"] = step_errors(self.judged, self.rows) if self.rows else {}
         part["steps_raw"] = step_errors(raw_profile, self.rows) if self.rows else {}
+        # The error a machine holding one speed would leave: every step price scaled so the
+        # run's own steps cost what they measured in sum (busy error 0). Not a prediction (it
+        # reads the run's total); it splits the error into the machine's speed during the run,
+        # which the probes around it can only estimate, and the profile's step shapes.
+        busy = part["steps"].get("busy_err")
+        if busy is not None and busy > -1:
+            matched = dataclasses.replace(self.judged, time_scale=self.judged.time_scale / (1.0 + busy))
+            self.sim_matched = simulate(matched, make, sched_cfg)
+            part["speed_matched"] = {"time_scale": matched.time_scale,
+                                     "metrics": compare(self.records, self.sim_matched.records)["metrics"]}
         self.part = part
 
 
@@ -361,7 +393,8 @@ def repeat_summary(runs: list[_Run], out: Path) -> dict[str, Any]:
     per_run = [{"dir": str(run.dir.relative_to(out)) if run.dir != out else ".",
                 "speed": run.speed, "replay": run.replay, "err": _errs(run.part["metrics"]),
                 "throughput_err": run.part["throughput"]["output_tok_s"]["err"],
-                "busy_err": run.part["steps"].get("busy_err")} for run in runs]
+                "busy_err": run.part["steps"].get("busy_err"),
+                "speed_matched_scale": (run.part.get("speed_matched") or {}).get("time_scale")} for run in runs]
     vs_first = []
     for run in runs[1:]:
         c = compare(runs[0].records, run.records)
@@ -371,8 +404,13 @@ def repeat_summary(runs: list[_Run], out: Path) -> dict[str, Any]:
                                                         for m in c["metrics"]}})
     floor = {m: {q: max(abs(v["err"][m][q]) for v in vs_first) for q in vs_first[0]["err"][m]}
              for m in vs_first[0]["err"]}
-    return {"count": len(runs), "runs": per_run, "pooled": {"metrics": pooled["metrics"]},
-            "real_vs_first": vs_first, "real_spread": floor}
+    out = {"count": len(runs), "runs": per_run, "pooled": {"metrics": pooled["metrics"]},
+           "real_vs_first": vs_first, "real_spread": floor}
+    if all(run.sim_matched is not None for run in runs):
+        matched = compare([r for j, run in enumerate(runs) for r in _tagged(run.records, j)],
+                          [r for j, run in enumerate(runs) for r in _tagged(run.sim_matched.records, j)])
+        out["pooled_speed_matched"] = {"metrics": matched["metrics"]}
+    return out
 
 
 def repeat_table(rep: dict[str, Any]) -> str:
@@ -502,13 +540,14 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
     if len(runs) > 1:
         report["repeats"] = repeat_summary(runs, run)
     report["targets"] = verdict(report, limits)
+    report["targets_speed_matched"] = verdict(report, limits, speed_matched=True)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "fidelity.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
     md = (f"recorded run {run} (real side as measured then) judged with profile {profile_path}"
           + (f"; simulated step times scaled by the run's measured machine speed {ratio:.3f}"
              + (" (decode and prefill by part)" if opts.speed_by_part else "") if ratio else "")
-          + "\n\n" + table(report) + "\n\n" + target_line(report["targets"]))
+          + "\n\n" + table(report) + "\n\n" + target_line(report["targets"]) + speed_matched_line(report))
     md += step_line(report["steps"], "\n\n")
     if band_samples:
         md += "\n\n" + band_table(report["band"])

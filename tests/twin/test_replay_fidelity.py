@@ -552,6 +552,26 @@ def test_repeated_runs_measure_the_real_engine_against_itself(make_engine, tmp_p
     for was, now in zip(r["runs"], other["repeats"]["runs"], strict=True):
         assert now["speed"]["machine_speed_ratio"] == pytest.approx(was["speed"]["machine_speed_ratio"] / 2)
         assert 1 + now["busy_err"] == pytest.approx((1 + was["busy_err"]) / 2)
+    # At each run's own mean speed (step prices scaled so the run's steps cost what they
+    # measured in sum), an overall price level no longer matters: a profile half as fast is
+    # judged the same, and the scale that matched makes the busy-time error zero.
+    from twinserve.backends.real.step_log import read_step_log
+    from twinserve.backends.twin.steps import step_errors
+
+    for a, b in zip(again["repeats"]["runs"], other["repeats"]["runs"], strict=True):
+        assert a["speed_matched_scale"] == pytest.approx(b["speed_matched_scale"], rel=1e-9)
+    for run, d in zip(again["repeats"]["runs"], (out, out / "repeat-2"), strict=True):
+        matched = dataclasses.replace(FittedCostModel.load(prof), time_scale=run["speed_matched_scale"])
+        assert step_errors(matched, read_step_log(d / "steps_real.csv"))["busy_err"] == pytest.approx(0, abs=1e-9)
+        assert abs(run["busy_err"]) > 1e-3  # the recorded speed alone did not match it
+    pm_a, pm_b = (x["repeats"]["pooled_speed_matched"]["metrics"] for x in (again, other))
+    for m in ("ttft", "tpot", "e2e"):
+        for q in ("p50", "p99"):
+            assert pm_a[m][q]["err"] == pytest.approx(pm_b[m][q]["err"], abs=1e-9)
+    tm = again["targets_speed_matched"]
+    assert tm["judged_on"].endswith("each run at its own mean speed, not a prediction")
+    assert tm["cells"]["e2e"]["p50"]["err"] == pm_a["e2e"]["p50"]["err"]
+    assert "what the step shapes leave" in (tmp_path / "again" / "fidelity.md").read_text()
     # A profile that recorded no probe cannot be scaled: judged at its own speed.
     bare_prof = tmp_path / "bare.json"
     FittedCostModel(intercept_s=0.002, per_token_s=1e-4).save(bare_prof)
