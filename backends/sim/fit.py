@@ -77,7 +77,9 @@ def _fit_bucket(x: np.ndarray, total: np.ndarray, execute: np.ndarray | None,
             else:
                 dev = _nnls(x[keep], execute[keep], w)
                 ovh = _nnls(x[keep], np.maximum(total[keep] - execute[keep], 0.0), w)
-            pred = np.maximum(x[keep] @ (dev + ovh), 1e-9)
+            # A step priced near zero in a round (its terms all zero so far) is weighed as one
+            # priced at a tenth of its time: bounded, where 1/price would be unbounded.
+            pred = np.maximum(x[keep] @ (dev + ovh), 0.1 * total[keep])
             r = total[keep] / pred - 1.0
             limit = OUTLIER_SIGMAS * max(float(np.median(np.abs(r - np.median(r)))) * 1.4826, 1e-3)
             w_next = np.sqrt(np.minimum(1.0, limit / np.maximum(np.abs(r), 1e-12))) / pred
