@@ -155,6 +155,14 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     errs = [rep["metrics"][m][q]["err"] for m in ("ttft", "tpot", "e2e") for q in ("p50", "p99")]
     assert t["of"] == 6 and t["met"] == sum(abs(e) <= lim for e, lim in zip(errs, [0.05, 0.10] * 3))
     assert f"{t['met']} of 6 met" in (out / "fidelity.md").read_text() and rep2["targets"] == t
+    # The same cells at the run's own mean speed (one run: judged on it), and the scale used.
+    tm = rep["targets_speed_matched"]
+    assert tm["judged_on"] == "the run; each run at its own mean speed, not a prediction"
+    assert tm["cells"]["ttft"]["p50"]["err"] == rep["speed_matched"]["metrics"]["ttft"]["p50"]["err"]
+    assert rep["speed_matched"]["time_scale"] == pytest.approx(
+        rep["speed"]["machine_speed_ratio"] / (1 + rep["steps"]["busy_err"]))
+    assert f"x {rep['speed_matched']['time_scale']:.3f} the calibration's prices" in (out / "fidelity.md").read_text()
+    assert rep2["targets_speed_matched"] == tm
     # --fail-on-miss: exit 3 when a cell misses, 0 when all are met; a bad limit is refused.
     assert main(["fidelity", "--from-run", str(out), "--profile", str(prof), "--out", str(again),
                  "--band-samples", "0", "--target-p50", "1e-9", "--fail-on-miss"]) == 3
