@@ -464,16 +464,17 @@ def test_shipped_cpu_profile_is_what_the_fit_makes_of_its_own_step_log() -> None
     # The engine's code paths are its regimes: small-batch weights, then 9-15 rows padded to 16.
     assert [r.max_num_tokens for r in again.regimes] == [r.max_num_tokens for r in shipped.regimes]
     assert [r.max_num_tokens for r in shipped.regimes][:3] == [4, 8, 15]
-    # The step's growing cost per token (tokens²) fits this log's prefills better: 3.8% MAPE
-    # on prefill steps without the term, 3.2% with it (two logs before this one: 4.6% and 4.0%,
-    # 5.8% and 4.3%).
+    # The step's growing cost per token (tokens²) is fitted (on the earlier host's logs it took
+    # prefill MAPE from 3.8% to 3.2%, 4.6% to 4.0% and 5.8% to 4.3%); this log's prefills: 4.0%.
     assert again.per_token_sq_s > 0
-    assert again.meta["fit"]["by_kind"]["prefill"]["mape"] < 0.035
-    # The steps after the design's idle gaps cost an extra time each, longer gaps dearer.
+    assert again.meta["fit"]["by_kind"]["prefill"]["mape"] < 0.045
+    # The steps after the design's idle gaps are priced per gap (an extra time per step, >= 0).
+    # This host adds next to nothing after idling (the earlier one: +36 ms after 1 s, +90 ms
+    # after 3 s), so nothing here says longer gaps cost more.
     assert again.wake_idle_s == shipped.wake_idle_s == (0.25, 1.0, 3.0)
     for got, made in zip(again.wake_extra_s, shipped.wake_extra_s, strict=True):
         assert got == pytest.approx(made, rel=1e-6, abs=1e-12)
-    assert shipped.wake_extra_s[2][0] > shipped.wake_extra_s[1][0] > shipped.wake_extra_s[0][0]
+        assert min(made) >= 0
     # Padded: a 13-sequence decode step costs about what a 16-sequence one does, not more.
     d13, d16 = (shipped.step_time(0, 0, 0, 0.0, b, b * 256) for b in (13, 16))
     assert d13 < 1.05 * d16
