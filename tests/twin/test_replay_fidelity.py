@@ -530,10 +530,17 @@ def test_repeated_runs_measure_the_real_engine_against_itself(make_engine, tmp_p
     assert first["output_tokens"].tolist() == second["output_tokens"].tolist()
     assert first["prefix_hit_tokens"].sum() == second["prefix_hit_tokens"].sum()
     assert all(x["replay"]["exact"] for x in r["runs"])
-    # The probe after the first run is the one before the second; each run has its own speed.
+    # The probe after the first run is the one before the second. Both runs are judged at the
+    # mean of the call's three probes; each keeps the ratio of its own two under "adjacent".
     s1, s2 = (x["speed"] for x in r["runs"])
     assert s2["probe_before_s"] == s1["probe_after_s"] and s1["normalized"] and s2["normalized"]
-    assert s2["machine_speed_ratio"] == pytest.approx((s2["probe_before_s"] + s2["probe_after_s"]) / 2 / 0.05)
+    three = (s1["probe_before_s"], s1["probe_after_s"], s2["probe_after_s"])
+    for sp in (s1, s2):
+        assert sp["probes_pooled"] == 3
+        assert sp["machine_speed_ratio"] == pytest.approx(sum(three) / 3 / 0.05)
+        assert sp["adjacent"]["machine_speed_ratio"] == pytest.approx(
+            (sp["probe_before_s"] + sp["probe_after_s"]) / 2 / 0.05)
+    assert "the mean of the call's 3 probes" in (out / "fidelity.md").read_text()
 
     def e2e(df):
         return (df["finish_s"] - df["arrival_s"]).to_numpy()
