@@ -301,9 +301,11 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
                    f"{speed['machine_speed_ratio_prefill']:.3f}"
                    + ("; scaled by part)" if opts.speed_by_part else ")")
                    if "machine_speed_ratio_decode" in speed else "")
+        pooled = (f"; every run is judged at the mean of the call's {speed['probes_pooled']} probes"
+                  if speed.get("probes_pooled") else "")
         md = (f"machine speed during the run: {speed['machine_speed_ratio']:.3f} x the calibration's"
               f"{by_part} (speed probe {speed['probe_profile_s']:.3f} s at calibration, "
-              f"{speed['probe_before_s']:.3f} s before and {after:.3f} s after this run); simulated "
+              f"{speed['probe_before_s']:.3f} s before and {after:.3f} s after this run{pooled}); simulated "
               "step times scaled by it\n\n" + md + "\n\nwithout the speed scaling:\n\n"
               + table({"metrics": report["metrics_raw"], "throughput": report["throughput_raw"]}))
     rp = first.replay

@@ -540,7 +540,8 @@ def test_repeated_runs_measure_the_real_engine_against_itself(make_engine, tmp_p
         assert sp["machine_speed_ratio"] == pytest.approx(sum(three) / 3 / 0.05)
         assert sp["adjacent"]["machine_speed_ratio"] == pytest.approx(
             (sp["probe_before_s"] + sp["probe_after_s"]) / 2 / 0.05)
-    assert "the mean of the call's 3 probes" in (out / "fidelity.md").read_text()
+    md = (out / "fidelity.md").read_text()
+    assert "the mean of the call's 3 probes" in md and "judged at the mean of the call's 3 probes" in md
 
     def e2e(df):
         return (df["finish_s"] - df["arrival_s"]).to_numpy()
