@@ -35,6 +35,13 @@ IRLS_ROUNDS = 10
 IRLS_TOL = 1e-4
 
 
+def _outlier_bounds(rel: np.ndarray) -> tuple[float, float]:
+    """(median, limit) of relative errors: an error farther than limit from the median is a far
+    outlier (OUTLIER_SIGMAS robust standard deviations, from the median absolute deviation)."""
+    med = float(np.median(rel))
+    return med, OUTLIER_SIGMAS * max(float(np.median(np.abs(rel - med))) * 1.4826, 1e-3)
+
+
 def _nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     """min ||w·(x β - y)|| with β >= 0; columns scaled for conditioning, all-zero columns give 0."""
     from scipy.optimize import nnls
@@ -81,16 +88,15 @@ def _fit_bucket(x: np.ndarray, total: np.ndarray, execute: np.ndarray | None,
             # priced at a tenth of its time: bounded, where 1/price would be unbounded.
             pred = np.maximum(x[keep] @ (dev + ovh), 0.1 * total[keep])
             r = total[keep] / pred - 1.0
-            limit = OUTLIER_SIGMAS * max(float(np.median(np.abs(r - np.median(r)))) * 1.4826, 1e-3)
+            _, limit = _outlier_bounds(r)
             w_next = np.sqrt(np.minimum(1.0, limit / np.maximum(np.abs(r), 1e-12))) / pred
             settled = np.max(np.abs(w_next / w - 1.0)) < IRLS_TOL
             w = w_next
             if settled:
                 break
         rel = (x @ (dev + ovh) - total) / total
-        med = float(np.median(rel[keep]))
-        mad = float(np.median(np.abs(rel[keep] - med))) * 1.4826
-        outliers = np.abs(rel - med) > OUTLIER_SIGMAS * max(mad, 1e-3)
+        med, limit = _outlier_bounds(rel[keep])
+        outliers = np.abs(rel - med) > limit
         # Refit once without far outliers, and only when they are few.
         if not outliers.any() or outliers.sum() > 0.05 * len(total) or not keep.all():
             break
@@ -230,8 +236,8 @@ def diagnostics(model: FittedCostModel, feats: np.ndarray, total: np.ndarray,
     the range of step shapes fitted (beyond it the model extrapolates)."""
     pred = np.array([model.step_time(*f) for f in feats])
     rel = (pred - total) / total
-    med = float(np.median(rel))
-    typical = np.abs(rel - med) <= OUTLIER_SIGMAS * max(float(np.median(np.abs(rel - med))) * 1.4826, 1e-3)
+    med, limit = _outlier_bounds(rel)
+    typical = np.abs(rel - med) <= limit
     ss_res = float(((total - pred) ** 2).sum())
     ss_tot = float(((total - total.mean()) ** 2).sum()) or 1.0
     out: dict[str, Any] = {

@@ -592,12 +592,17 @@ def speed_against(profile: FittedCostModel, speed: dict[str, Any]) -> dict[str, 
     if not cal:
         return {**out, "normalized": False, "probe_profile_s": None}
     parts = [speed.get("probe_before_parts"), speed.get("probe_after_parts")]
-    if all(p for p, sec in zip(parts, secs) if sec):
-        ratios = speed_ratios(profile, [ProbeParts(**p) if p else None for p in parts])
-    else:  # runs recorded before the probe's parts were
-        got = [float(x) for x in secs if x]
-        ratios = {"machine_speed_ratio": sum(got) / len(got) / cal}
-    return {**out, "probe_profile_s": cal, **ratios}
+    return {**out, "probe_profile_s": cal, **_probe_ratios(profile, secs, parts)}
+
+
+def _probe_ratios(profile: FittedCostModel, secs: list[Any], parts: list[Any]) -> dict[str, float]:
+    """speed_ratios of the probes that ran (seconds, parts as recorded), against the profile's."""
+    got = [(float(sec), part) for sec, part in zip(secs, parts) if sec]
+    if all(part for _, part in got):
+        return speed_ratios(profile, [ProbeParts(**part) for _, part in got])
+    # runs recorded before the probe's parts were
+    return {"machine_speed_ratio": sum(sec for sec, _ in got) / len(got)
+            / profile.meta.get("provenance", {})["speed_probe_s"]}
 
 
 def pool_speeds(profile: FittedCostModel, speeds: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -615,17 +620,12 @@ def pool_speeds(profile: FittedCostModel, speeds: list[dict[str, Any]]) -> list[
         return speeds
     secs = [speeds[0].get("probe_before_s")] + [s.get("probe_after_s") for s in speeds]
     parts = [speeds[0].get("probe_before_parts")] + [s.get("probe_after_parts") for s in speeds]
-    got = [(sec, part) for sec, part in zip(secs, parts) if sec]
-    if all(part for _, part in got):
-        ratios = speed_ratios(profile, [ProbeParts(**part) for _, part in got])
-    else:  # runs recorded before the probe's parts were
-        cal = profile.meta.get("provenance", {})["speed_probe_s"]
-        ratios = {"machine_speed_ratio": sum(float(sec) for sec, _ in got) / len(got) / cal}
+    ratios = _probe_ratios(profile, secs, parts)
     out = []
     for sp in speeds:
         own = {k: v for k, v in sp.items() if k.startswith("machine_speed_ratio")}
         rest = {k: v for k, v in sp.items() if not k.startswith("machine_speed_ratio")}
-        out.append({**rest, **ratios, "adjacent": own, "probes_pooled": len(got)})
+        out.append({**rest, **ratios, "adjacent": own, "probes_pooled": sum(1 for x in secs if x)})
     return out
 
 

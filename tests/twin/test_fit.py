@@ -71,7 +71,7 @@ def test_fit_is_non_negative_and_weighs_small_steps_like_large_ones() -> None:
 def test_fit_prices_the_mean_step_time_under_multiplicative_noise() -> None:
     """Relative error weighed by the fitted time, not the measured one: the price of noisy
     steps is their mean time. Weighed by the measured time, a step that ran fast counts more
-    than one that ran slow, and a 25% log-normal spread prices ~10% under (checked)."""
+    than one that ran slow, and a 25% log-normal spread prices ~11% under (checked)."""
     rng = np.random.default_rng(11)
     clean = _rows(seed=3, n=600)
     k = np.exp(0.25 * rng.standard_normal(len(clean)) - 0.25 ** 2 / 2)  # mean 1
@@ -468,13 +468,12 @@ def test_shipped_cpu_profile_is_what_the_fit_makes_of_its_own_step_log() -> None
     # prefill MAPE from 3.8% to 3.2%, 4.6% to 4.0% and 5.8% to 4.3%); this log's prefills: 4.0%.
     assert again.per_token_sq_s > 0
     assert again.meta["fit"]["by_kind"]["prefill"]["mape"] < 0.045
-    # The steps after the design's idle gaps are priced per gap (an extra time per step, >= 0).
-    # This host adds next to nothing after idling (the earlier one: +36 ms after 1 s, +90 ms
-    # after 3 s), so nothing here says longer gaps cost more.
+    # The steps after the design's idle gaps are priced per gap (an extra time per step). This
+    # host adds next to nothing after idling (the earlier one: +36 ms after 1 s, +90 ms after
+    # 3 s), so nothing here says longer gaps cost more.
     assert again.wake_idle_s == shipped.wake_idle_s == (0.25, 1.0, 3.0)
     for got, made in zip(again.wake_extra_s, shipped.wake_extra_s, strict=True):
         assert got == pytest.approx(made, rel=1e-6, abs=1e-12)
-        assert min(made) >= 0
     # Padded: a 13-sequence decode step costs about what a 16-sequence one does, not more.
     d13, d16 = (shipped.step_time(0, 0, 0, 0.0, b, b * 256) for b in (13, 16))
     assert d13 < 1.05 * d16
