@@ -141,7 +141,10 @@ def main() -> int:
                    # The same targets with each run at its own mean speed (fidelity.py's
                    # speed_matched: not a prediction, the step shapes' share of the error).
                    "targets_own_speed": ("{met}/{of}".format(**rep["targets_speed_matched"])
-                                         if rep.get("targets_speed_matched") else None)}
+                                         if rep.get("targets_speed_matched") else None),
+                   # The busiest share of the machine's other CPUs during a real run (hostload.py):
+                   # work there shares the memory bus and cache with the engine's core.
+                   "neighbours": _busiest_neighbours(rep)}
             if "repeats" in rep:
                 r = rep["repeats"]
                 pooled = r["pooled"]["metrics"]
@@ -158,8 +161,8 @@ def main() -> int:
     cols = ["ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99", "throughput"]
     lines = ["| trace | load | rate (req/s) | " + " | ".join(c.replace("_", " ") for c in cols)
              + " | step median | replay exact | E2E p50 band ± | real inside band | busy beyond fit "
-             "| targets met | within real spread | met at the run's own speed |",
-             "|" + "---|" * (len(cols) + 11)]
+             "| targets met | within real spread | met at the run's own speed | other CPUs busy |",
+             "|" + "---|" * (len(cols) + 12)]
     for r in rows:
         lines.append(f"| {r['trace']} | {r['load']:g} | {r['rate']:.3f} | "
                      + " | ".join(f"{r[c]:+.1%}" for c in cols)
@@ -167,7 +170,8 @@ def main() -> int:
                      f"| {r['e2e_p50_band']:.1%} | {r['band_inside']} "
                      f"| {'n/a' if r['beyond_fit'] is None else format(r['beyond_fit'], '.0%')} "
                      f"| {r['targets']} | {'n/a' if r['within_spread'] is None else r['within_spread']} "
-                     f"| {r['targets_own_speed'] or 'n/a'} |")
+                     f"| {r['targets_own_speed'] or 'n/a'} "
+                     f"| {'n/a' if r['neighbours'] is None else format(r['neighbours'], '.0%')} |")
     if a.repeats > 1:
         lines += ["", f"{a.repeats} real runs per cell: the simulator against all of them pooled, and real "
                   "run 2 against real run 1", "",
@@ -184,6 +188,14 @@ def main() -> int:
     (out / "summary.md").write_text(table + "\n")
     print(table)
     return 0
+
+
+def _busiest_neighbours(rep: dict) -> float | None:
+    """The largest neighbour_share over a cell's real runs (None: none recorded it)."""
+    runs = rep["repeats"]["runs"] if "repeats" in rep else [rep]
+    got = [(x["speed"].get("host_load") or {}).get("neighbour_share") for x in runs]
+    got = [g for g in got if g is not None]
+    return max(got) if got else None
 
 
 if __name__ == "__main__":

@@ -5,6 +5,11 @@ slower by a varying amount, which no profile can predict. Calibrate and fidelity
 share of their CPUs' time that went to other processes (and to the hypervisor, as steal),
 so a poor fit or a large fidelity error can be told apart from a noisy neighbour, and warn
 when it is high.
+
+They also record how busy the machine's other CPUs were. Work there shares the memory bus and
+the last-level cache: on the project's 2-core VM (an AMD EPYC guest, Dec 1), a DRAM-bound
+matrix-vector loop pinned to one core ran 9% slower while the other core ran the same loop, and
+a 256x576x1536 GEMM 3% slower (experiments/neighbour_interference.py measures it).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import psutil
 
 # Other processes' share of the measurement's CPUs above which it is called noisy.
 NOISY_SHARE = 0.1
+# The other CPUs' busy share above which a measurement is said to have had busy neighbours.
+BUSY_NEIGHBOURS = 0.5
 
 
 def _tree_cpu_s(proc: psutil.Process) -> float:
@@ -55,25 +62,41 @@ class HostLoad:
         self._t0 = time.monotonic()
         self._own0 = _tree_cpu_s(self._proc)
         self._busy0 = _busy_steal(self.cpus)
+        self.neighbours = [c for c in range(len(psutil.cpu_times(percpu=True))) if c not in self.cpus]
+        self._nbusy0 = _busy_steal(self.neighbours)[0]
 
     def result(self) -> dict[str, Any] | None:
-        """{"cpus", "other_share", "steal_share", "other_cpu_s"} since start (None if no time passed)."""
+        """{"cpus", "other_share", "steal_share", "other_cpu_s", "neighbour_share"} since start
+        (None if no time passed). neighbour_share: the busy share of the CPUs outside ours (our
+        own processes run only on ours), None when ours are all the machine has."""
         wall = time.monotonic() - self._t0
         if wall <= 0:
             return None
         busy, steal = _busy_steal(self.cpus)
         capacity = wall * len(self.cpus)
         other = max(busy - self._busy0[0] - (_tree_cpu_s(self._proc) - self._own0), 0.0)
+        nb = None
+        if self.neighbours:
+            nb = round(min(max(_busy_steal(self.neighbours)[0] - self._nbusy0, 0.0)
+                           / (wall * len(self.neighbours)), 1.0), 4)
         return {"cpus": self.cpus, "other_share": round(min(other / capacity, 1.0), 4),
                 "steal_share": round(max(steal - self._busy0[1], 0.0) / capacity, 4),
-                "other_cpu_s": round(other, 3)}
+                "other_cpu_s": round(other, 3), "neighbour_share": nb}
 
 
 def warning(load: dict[str, Any] | None, what: str) -> str | None:
-    """A one-line warning when other work took a noisy share of the measurement's CPUs."""
-    if not load or load["other_share"] + load["steal_share"] < NOISY_SHARE:
+    """A one-line warning when other work took a noisy share of the measurement's CPUs, or kept
+    the machine's other CPUs mostly busy."""
+    if not load:
         return None
     cpus = ",".join(str(c) for c in load["cpus"])
-    return (f"warning: other processes used {load['other_share']:.0%} (steal {load['steal_share']:.0%}) "
-            f"of CPU {cpus} during {what}, so its times are noisy: pin it to a quiet core "
-            "(taskset -c N) or stop the other work")
+    if load["other_share"] + load["steal_share"] >= NOISY_SHARE:
+        return (f"warning: other processes used {load['other_share']:.0%} (steal {load['steal_share']:.0%}) "
+                f"of CPU {cpus} during {what}, so its times are noisy: pin it to a quiet core "
+                "(taskset -c N) or stop the other work")
+    nb = load.get("neighbour_share")  # absent from logs written before it was recorded
+    if nb is not None and nb >= BUSY_NEIGHBOURS:
+        return (f"warning: the machine's other CPUs were {nb:.0%} busy during {what}; they share its "
+                f"memory bus and cache with CPU {cpus}, so its times may be slow and noisy: "
+                "stop the other work")
+    return None

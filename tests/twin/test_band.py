@@ -199,6 +199,52 @@ def test_host_load_tells_other_work_on_our_cpus_from_our_own() -> None:
     assert "taskset" in warning({"cpus": [1], "other_share": 0.4, "steal_share": 0.0}, "calibration")
 
 
+def test_host_load_counts_work_on_the_other_cpus_as_neighbours() -> None:
+    """A process busy on a CPU outside ours shows in neighbour_share (not in other_share), and a
+    measurement with busy neighbours is warned about; with no CPU outside ours it is None."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from twinserve.backends.twin.hostload import HostLoad, warning
+
+    online = len(psutil.cpu_times(percpu=True))
+    saved = os.sched_getaffinity(0)
+    ours, theirs = online - 1, 0
+    burn = "import time\nt = time.time()\nwhile time.time() - t < 2.0: pass"
+    try:
+        os.sched_setaffinity(0, set(range(online)))
+        assert HostLoad().neighbours == []
+        if online < 2:
+            return
+        os.sched_setaffinity(0, {ours})
+        burner = subprocess.Popen([sys.executable, "-c", burn],
+                                  preexec_fn=lambda: os.sched_setaffinity(0, {theirs}))
+        try:
+            proc = psutil.Process(burner.pid)
+            time.sleep(0.3)  # past the interpreter's start
+            h = HostLoad()
+            before, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
+            time.sleep(1.2)
+            used, wall = sum(proc.cpu_times()[:2]) - before, time.monotonic() - t0
+            res = h.result()
+        finally:
+            burner.wait()
+    finally:
+        os.sched_setaffinity(0, saved)
+    assert h.cpus == [ours] and theirs in h.neighbours
+    # The burner ran on CPU `theirs` only: at least its share of the neighbours' capacity.
+    assert used > 0.3 and res["neighbour_share"] >= 0.8 * used / (wall * len(h.neighbours)), (res, used)
+    load = {"cpus": [1], "other_share": 0.0, "steal_share": 0.0}
+    assert warning({**load, "neighbour_share": 0.2}, "x") is None
+    assert warning(load, "x") is None  # a log written before neighbours were recorded
+    assert "other CPUs were 70% busy during the real run" in warning({**load, "neighbour_share": 0.7},
+                                                                      "the real run")
+
+
 def test_step_errors_price_the_steps_after_idle_as_the_simulator_does() -> None:
     """A real log whose steps after an idle gap ran slower by the profile's wake cost is priced
     exactly: the busy-time error sees no bias (it would be -33% on those prefills without)."""
