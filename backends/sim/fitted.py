@@ -5,7 +5,7 @@ Profile format (``twinserve-step-profile/4``; ``/1`` to ``/3`` files still load)
     {
       "format": "twinserve-step-profile/4",
       "model": "SmolLM2-135M",          # checked against the simulated model
-      "hardware": "cpu: ...",           # informative
+      "hardware": "cpu: ...",           # fidelity checks it against the engine's machine
       "tensor_parallel_size": 1,        # informative
       "coefficients": {                 # device path (inputs, forward, sampling), s per unit
         "intercept_s": 0.0021,                 # fixed cost of any step
@@ -418,6 +418,40 @@ def check_profile_numerics(profile: FittedCostModel, device_type: str, dtype: st
     if made_device is not None and (str(made_device) == "cpu") != (device_type == "cpu"):
         raise ProfileError(f"{source} was calibrated on {made_device!r} but the engine runs on {device_type}; "
                            "calibrate on this device")
+
+
+def check_profile_hardware(profile: FittedCostModel, hardware: str | None, cpu: Mapping[str, Any] | None = None,
+                           allow_mismatch: bool = False, source: str = "profile") -> None:
+    """Refuse to judge an engine on one machine by a profile measured on another.
+
+    hardware is the engine's device name as calibrate records it ("cpu: AMD EPYC", "NVIDIA
+    H200"); cpu, for a CPU engine, its kernel features (calibrate.cpu_features). Two CPUs of
+    one name may differ in those, and the kernels torch picks with them: on this project's VM a
+    host change left the name and the fp32 decode price alike but made a 256-token prefill 1.8x
+    dearer. A profile that recorded neither is not checked.
+    """
+    made = profile.meta.get("hardware")
+    if allow_mismatch or not made or not hardware:
+        return
+    again = ("its step prices are that machine's: calibrate on this one with `twinserve calibrate`, "
+             "or pass --allow-profile-mismatch")
+    if str(made) != str(hardware):
+        raise ProfileError(f"{source} was calibrated on {made!r} but the engine runs on {hardware!r}; {again}")
+    made_cpu = (profile.meta.get("provenance") or {}).get("cpu")
+    if not cpu or not made_cpu or not str(hardware).startswith("cpu"):
+        return
+    diff = []
+    if made_cpu.get("capability") and cpu.get("capability") and made_cpu["capability"] != cpu["capability"]:
+        diff.append(f"torch kernel level {made_cpu['capability']} there, {cpu['capability']} here")
+    if made_cpu.get("flags") is not None and cpu.get("flags") is not None:
+        lost = [f for f in made_cpu["flags"] if f not in cpu["flags"]]
+        new = [f for f in cpu["flags"] if f not in made_cpu["flags"]]
+        if lost:
+            diff.append("this CPU lacks " + ", ".join(lost))
+        if new:
+            diff.append("this CPU adds " + ", ".join(new))
+    if diff:
+        raise ProfileError(f"{source} was calibrated on another {made!r}: {'; '.join(diff)}; {again}")
 
 
 def _dtype_name(name: str) -> str:

@@ -446,19 +446,44 @@ def catalog_name(cfg: Any, fallback: str) -> str:
     return fallback
 
 
+def _cpuinfo(key: str) -> str | None:
+    """The first value of `key` in /proc/cpuinfo (None where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.split(":", 1)[0].strip() == key:
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def device_name(device: Any) -> str:
     """A human name for the device the engine runs on."""
     import torch
 
     if getattr(device, "type", "cpu") == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return "cpu: " + line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "cpu: " + (platform.processor() or platform.machine())
+    return "cpu: " + (_cpuinfo("model name") or platform.processor() or platform.machine())
+
+
+# CPU features that choose which kernels torch runs: oneDNN's bf16 path needs AVX512-BF16 or
+# AMX, without them a bf16 matmul takes aten's generic path, several times dearer; VNNI serves
+# int8. A VM's model name ("Intel(R) Xeon(R) Processor") does not tell them apart.
+KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni",
+                "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_features() -> dict[str, Any]:
+    """{"capability": torch's CPU kernel level, "flags": the KERNEL_FLAGS this CPU has}.
+
+    flags is None where /proc/cpuinfo does not list them (not Linux on x86).
+    """
+    import torch
+
+    got = _cpuinfo("flags")
+    have = set(got.split()) if got is not None else None
+    return {"capability": torch.backends.cpu.get_cpu_capability(),
+            "flags": [f for f in KERNEL_FLAGS if f in have] if have is not None else None}
 
 
 def _git_commit() -> str | None:
@@ -613,6 +638,8 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             "tensor_parallel_size": tp,
             # In process or in a process of its own: the two pace steps differently (step_log.py).
             "engine_core_mode": engine.core_mode,
+            # The host CPU's kernel features (a CPU profile's prices depend on them).
+            "cpu": cpu_features(),
             "threads": threads if threads is not None else torch.get_num_threads(),
             "torch": torch.__version__,
             "python": platform.python_version(),

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from twinserve.backends.sim.executor import SimExecutor
-from twinserve.backends.sim.fitted import (FittedCostModel, check_profile_core_mode, check_profile_model,
-                                           check_profile_numerics, check_profile_parallelism)
+from twinserve.backends.sim.fitted import (FittedCostModel, check_profile_core_mode, check_profile_hardware,
+                                           check_profile_model, check_profile_numerics,
+                                           check_profile_parallelism)
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import TwinserveError
 from twinserve.sim.config import load_config
@@ -27,7 +28,7 @@ from twinserve.sim.workload import Workload, WorkloadConfig
 
 from ..real.step_log import StepLog, read_step_log
 from .band import StepNoise, band_table, prediction_band
-from .calibrate import ProbeParts, catalog_name, cold_prefix_cache, speed_probe_parts
+from .calibrate import ProbeParts, catalog_name, cold_prefix_cache, cpu_features, device_name, speed_probe_parts
 from .compare import METRICS, PERCENTILES, compare, figure, table, target_line, targets
 from .hostload import HostLoad, warning
 from .realrun import RealRun, run_real
@@ -210,6 +211,8 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
                            quantization=engine.args.quantization)
     check_profile_core_mode(profile, engine.core_mode, opts.allow_profile_mismatch,
                             source=f"profile {opts.profile}")
+    hardware, cpu = device_name(device), (cpu_features() if device.type == "cpu" else None)
+    check_profile_hardware(profile, hardware, cpu, opts.allow_profile_mismatch, source=f"profile {opts.profile}")
     make = workload_factory(opts, engine.max_model_len, engine.vocab_size)
     n_first = check_workload(make, engine.max_model_len)
     out.mkdir(parents=True, exist_ok=True)
@@ -282,6 +285,7 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     report["engine"] = {"model": model, "engine_core_mode": engine.core_mode,
                         "max_model_len": engine.max_model_len, "vocab_size": engine.vocab_size,
                         "device": device.type, "dtype": str(engine.args.resolve_dtype(device)),
+                        "hardware": hardware, "cpu": cpu,
                         "max_num_seqs": sched_cfg.max_num_seqs,
                         "max_num_batched_tokens": sched_cfg.max_num_batched_tokens,
                         "enable_prefix_caching": sched_cfg.enable_prefix_caching,
@@ -501,6 +505,8 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
                                source=f"profile {profile_path}")
     check_profile_core_mode(profile, eng.get("engine_core_mode", "inproc"), allow_profile_mismatch,
                             source=f"profile {profile_path}")
+    check_profile_hardware(profile, eng.get("hardware"), eng.get("cpu"), allow_profile_mismatch,
+                           source=f"profile {profile_path}")
     names = {f.name for f in dataclasses.fields(FidelityOptions)} - {"profile"}
     wl = {k: v for k, v in (old.get("workload") or {}).items() if k in names}
     if trace is not None:

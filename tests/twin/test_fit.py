@@ -363,20 +363,56 @@ def test_a_profile_predicts_only_the_numerics_it_was_measured_with() -> None:
     with pytest.raises(ProfileError, match="calibrated on 'cpu' but the engine runs on cuda"):
         check_profile_numerics(cpu, "cuda", "float32")
     check_profile_numerics(cpu, "cpu", "bf16", allow_mismatch=True)
-    bf16 = FittedCostModel.load("builtin:smollm2-135m-cpu-1t-bf16")  # this CPU, oneDNN bf16 kernels
+    bf16 = FittedCostModel.load("builtin:smollm2-135m-cpu-1t-bf16")  # oneDNN bf16 kernels (made on Intel)
     check_profile_numerics(bf16, "cpu", "torch.bfloat16")
     # int8 weight copies change batch-1 steps: a profile made without them does not predict them
     with pytest.raises(ProfileError, match=r"quantization none .* runs int8.*--quantization int8"):
         check_profile_numerics(bf16, "cpu", "torch.bfloat16", quantization="int8")
     with pytest.raises(ProfileError, match="calibrated in bfloat16"):
         check_profile_numerics(bf16, "cpu", "torch.float32")
-    # The same shapes cost less in bf16 on this CPU: the two profiles are not interchangeable.
+    # The same shapes cost less in bf16 on that CPU: the two profiles are not interchangeable.
     assert bf16.step_time(256, 1, 0, 256 * 128.0, 0, 0) < cpu.step_time(256, 1, 0, 256 * 128.0, 0, 0)
     assert bf16.meta["fit"]["r2"] > 0.9 and min(bf16.coefficients) >= 0
     gpu = FittedCostModel.load("builtin:smollm2-135m-h200-bf16")
     check_profile_numerics(gpu, "cuda", "bf16")
     with pytest.raises(ProfileError, match="engine runs on cpu"):
         check_profile_numerics(gpu, "cpu", "bfloat16")
+
+
+def test_a_profile_predicts_only_the_machine_it_was_measured_on() -> None:
+    """fidelity refuses a profile from another machine: another device name, or a CPU of the same
+    name whose kernel features differ (a bf16 matmul with and without AVX512-BF16/AMX)."""
+    from twinserve.backends.sim.fitted import check_profile_hardware
+    from twinserve.backends.twin.calibrate import KERNEL_FLAGS, cpu_features
+
+    name = "cpu: Intel(R) Xeon(R) Processor"
+    amx = {"capability": "AVX512", "flags": ["avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"]}
+    made = FittedCostModel(0.01, meta={"hardware": name, "provenance": {"cpu": amx}})
+    check_profile_hardware(made, name, dict(amx))  # the machine it was made on
+    check_profile_hardware(made, name, None)  # the engine's CPU features unknown: the name decides
+    with pytest.raises(ProfileError, match=r"calibrated on 'cpu: Intel\(R\) Xeon\(R\) Processor' but the "
+                                           r"engine runs on 'cpu: AMD EPYC'.*twinserve calibrate"):
+        check_profile_hardware(made, "cpu: AMD EPYC", amx, source="profile p")
+    older = {"capability": "AVX2", "flags": ["avx2", "fma"]}
+    with pytest.raises(ProfileError, match=r"another 'cpu: Intel\(R\) Xeon\(R\) Processor': torch kernel "
+                                           r"level AVX512 there, AVX2 here; this CPU lacks avx512f, "
+                                           r"avx512_bf16, amx_tile, amx_bf16;"):
+        check_profile_hardware(made, name, older)
+    with pytest.raises(ProfileError, match="this CPU adds amx_int8"):
+        check_profile_hardware(made, name, {**amx, "flags": amx["flags"] + ["amx_int8"]})
+    check_profile_hardware(made, "cpu: AMD EPYC", older, allow_mismatch=True)
+    check_profile_hardware(FittedCostModel(0.01), "cpu: AMD EPYC", older)  # recorded no machine
+    # A GPU profile is judged by the GPU's name; the host CPU's features are not compared.
+    gpu = FittedCostModel.load("builtin:smollm2-135m-h200-bf16")
+    check_profile_hardware(gpu, "NVIDIA H200", older)
+    with pytest.raises(ProfileError, match="'NVIDIA H200' but the engine runs on 'NVIDIA H100 80GB HBM3'"):
+        check_profile_hardware(gpu, "NVIDIA H100 80GB HBM3", None)
+    # What calibrate records of this machine: torch's kernel level and the flags it has of the list.
+    here = cpu_features()
+    assert here["flags"] is None or set(here["flags"]) <= set(KERNEL_FLAGS)
+    if here["flags"] is not None and here["capability"].startswith("AVX"):  # torch's kernels, the CPU's flags
+        assert "avx2" in here["flags"]
+        assert "avx512f" in here["flags"] or not here["capability"].startswith("AVX512")
 
 
 def _graph_rows() -> list[dict[str, float]]:

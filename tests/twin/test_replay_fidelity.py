@@ -73,6 +73,13 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert data["fit"]["range"]["decode_context_per_seq"] >= 65
     assert data["format"] == "twinserve-step-profile/4"
     assert data["provenance"]["threads"] == 1 and data["provenance"]["dtype"] == "float64"
+    import torch
+
+    from twinserve.backends.twin.calibrate import cpu_features, device_name
+
+    # The machine it was made on, by name and by the CPU features that pick torch's kernels.
+    assert data["hardware"] == device_name(torch.device("cpu"))
+    assert data["provenance"]["cpu"] == cpu_features()
     assert data["fit"]["num_steps"] > 20 and {"prefill", "decode", "mixed"} <= set(data["fit"]["by_kind"])
     assert all(v >= 0 for v in data["coefficients"].values())
     assert all(v >= 0 for v in data["overhead_coefficients"].values())
@@ -116,6 +123,7 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
             assert cell["err"] == pytest.approx((cell["sim"] - cell["real"]) / cell["real"])
         assert rep["metrics"][m]["per_request_median_abs_err"] >= 0
     assert rep["num_requests"] == len(TRACE_ROWS) and rep["profile"] == str(prof)
+    assert rep["engine"]["hardware"] == data["hardware"] and rep["engine"]["cpu"] == cpu_features()
     assert set(rep["throughput"]) == {"output_tok_s", "request_s"}
     assert rep["replay"]["exact"] and rep["steps"]["num_steps"] > 0
     # How much of the run the profile priced beyond the shapes it was fitted on.
@@ -221,6 +229,14 @@ def test_fidelity_refuses_bad_inputs_before_running(tiny_model: Path, tmp_path: 
     assert main(["fidelity", "--profile", str(other), "--trace", str(trace), *common]) == 2
     err = capsys.readouterr().err
     assert "Llama-2-7B" in err and "calibrated for model" in err and not (tmp_path / "o").exists()
+    # A profile measured on another machine prices this one's steps wrong: refused, naming both.
+    elsewhere = tmp_path / "elsewhere.json"
+    FittedCostModel(intercept_s=0.01, meta={"hardware": "cpu: Some Other CPU"}).save(elsewhere)
+    assert main(["fidelity", "--profile", str(elsewhere), "--trace", str(_trace(tmp_path / "t.csv")),
+                 *common]) == 2
+    err = capsys.readouterr().err
+    assert "calibrated on 'cpu: Some Other CPU' but the engine runs on 'cpu: " in err
+    assert "twinserve calibrate" in err and not (tmp_path / "o").exists()
     ok = tmp_path / "ok.json"
     FittedCostModel(intercept_s=0.01).save(ok)
     long_trace = _trace(tmp_path / "long.csv", [(0.0, 10, 4), (0.1, 60, 30)])
