@@ -354,7 +354,7 @@ def test_tp_check_predicts_a_split_step_and_sees_a_wrong_split() -> None:
 
 def test_a_profile_predicts_only_the_numerics_it_was_measured_with() -> None:
     """fidelity refuses an fp32 CPU profile for a bf16 engine (other kernels, several times faster)."""
-    from twinserve.backends.sim.fitted import check_profile_numerics
+    from twinserve.backends.sim.fitted import check_profile_hardware, check_profile_numerics
 
     cpu = FittedCostModel.load("builtin:smollm2-135m-cpu-1t")
     check_profile_numerics(cpu, "cpu", "torch.float32")  # the engine it was made on
@@ -370,9 +370,11 @@ def test_a_profile_predicts_only_the_numerics_it_was_measured_with() -> None:
         check_profile_numerics(bf16, "cpu", "torch.bfloat16", quantization="int8")
     with pytest.raises(ProfileError, match="calibrated in bfloat16"):
         check_profile_numerics(bf16, "cpu", "torch.float32")
-    # The same shapes cost less in bf16 on that CPU: the two profiles are not interchangeable.
-    assert bf16.step_time(256, 1, 0, 256 * 128.0, 0, 0) < cpu.step_time(256, 1, 0, 256 * 128.0, 0, 0)
     assert bf16.meta["fit"]["r2"] > 0.9 and min(bf16.coefficients) >= 0
+    # The two shipped CPU profiles come from two hosts of the project's VM (Intel with oneDNN's
+    # bf16 kernels, then AMD without): neither may judge an engine on the other's machine.
+    with pytest.raises(ProfileError, match="but the engine runs on 'cpu: AMD EPYC'"):
+        check_profile_hardware(bf16, cpu.meta["hardware"], cpu.meta["provenance"]["cpu"])
     gpu = FittedCostModel.load("builtin:smollm2-135m-h200-bf16")
     check_profile_numerics(gpu, "cuda", "bf16")
     with pytest.raises(ProfileError, match="engine runs on cpu"):
