@@ -155,7 +155,8 @@ def _fidelity_parser(p: argparse.ArgumentParser) -> None:
                         "spread and correlation of the run's own steps (the calibration's residuals "
                         "without a step log), run speed noise from the probes")
     p.add_argument("--allow-profile-mismatch", action="store_true",
-                   help="use a profile calibrated for another model, tensor-parallel size or engine-core mode")
+                   help="use a profile calibrated for another model, tensor-parallel size, engine-core mode, "
+                        "dtype or machine")
     p.add_argument("--normalize-speed", action=argparse.BooleanOptionalAction, default=True,
                    help="scale simulated step times by the machine's speed measured around the "
                    "run against calibration (a short fixed probe); raw errors are reported too")
