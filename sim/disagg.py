@@ -90,6 +90,11 @@ class DecodeExecutor(SimExecutor):
         w.prefill_attn -= d
         return out
 
+    def beyond_fit(self, pt: int, ps: int, pc: int, pa: float, ds: int, dc: int) -> bool:
+        """Whether the step it prices (without the transferred prefill) passes the fitted shapes."""
+        a, b, c, d = self.cost_model.minus
+        return super().beyond_fit(pt - a, ps - b, pc - c, pa - d, ds, dc)
+
 
 @dataclass(slots=True)
 class _PrefillHalf:

@@ -103,13 +103,17 @@ class SimExecutor:
         w.num_decode_seqs += ds
         w.decode_context += dc
         w.busy_time += t
-        top = self.fit_range_max
-        if top is not None and (pt > top[0] or ps > top[1] or pc > top[2] or pa > top[3] or ds > top[4]
-                                or dc > top[5] or pt + ds > top[6] or dc > top[7] * ds):
+        if self.fit_range_max is not None and self.beyond_fit(pt, ps, pc, pa, ds, dc):
             w.beyond_fit_steps += 1
             w.beyond_fit_time += t
         self.last_features = (pt, ps, pc, pa, ds, dc)
         return ModelRunnerOutput(sampled, step_time=t)
+
+    def beyond_fit(self, pt: int, ps: int, pc: int, pa: float, ds: int, dc: int) -> bool:
+        """Whether a step with these features is larger than any the profile was fitted on."""
+        top = self.fit_range_max
+        return top is not None and (pt > top[0] or ps > top[1] or pc > top[2] or pa > top[3] or ds > top[4]
+                                    or dc > top[5] or pt + ds > top[6] or dc > top[7] * ds)
 
     def decode_step_times(self, num_seqs: int, context: int, max_steps: int, start: float,
                           deadline: float) -> tuple[list[float], list[float]]:

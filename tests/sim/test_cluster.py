@@ -201,6 +201,27 @@ def test_disaggregation_summary_and_per_replica_pools(tmp_path) -> None:
     assert summary.loc[0, "completed"] == 40 and summary.loc[0, "kv_transfer_s_total"] > 0
 
 
+def test_decode_replicas_judge_the_fit_range_on_the_steps_they_price(tmp_path) -> None:
+    """A decode replica prices a transferred request's first step without the prompt's prefill,
+    so only that step's own shape is held against the shapes the profile was fitted on: here
+    every prompt is beyond the fitted prefill size, on the prefill replica only."""
+    from twinserve.backends.sim.fitted import FittedCostModel, RANGE_DIMS
+
+    top = dict.fromkeys(RANGE_DIMS, 1e9)
+    top.update(num_prefill_tokens=8, num_tokens=8)  # the fit saw no prefill chunk over 8 tokens
+    prof = FittedCostModel(intercept_s=0.01, per_token_s=1e-4, per_decode_seq_s=0.001,
+                           meta={"fit": {"range": top}})
+    prof.save(tmp_path / "p.json")
+    built, res = simulate_cluster(small_config(
+        profile=str(tmp_path / "p.json"), cost_model="fitted", num_replicas=2, num_prefill_replicas=1,
+        kv_link_latency_s=1e-4, num_requests=5, arrival="fixed", rate=0.5, prompt_dist="fixed",
+        prompt_mean=100, output_dist="fixed", output_mean=5))
+    assert len(res.total.records) == 5 and all(r.replica == 1 for r in res.total.records)
+    prefill, decode = (built.engines[i].executor.totals for i in (0, 1))
+    assert prefill.beyond_fit_steps == prefill.num_steps > 0  # every step prefilled 100 tokens
+    assert decode.num_steps >= 5 * 4 and decode.beyond_fit_steps == 0
+
+
 def test_decode_replicas_pay_the_profiles_wake_cost_after_idling(tmp_path) -> None:
     """A decode replica that idled prices its next steps with the profile's wake cost, as a
     single engine does: each request's first decode steps cost the extra time of the gap since
