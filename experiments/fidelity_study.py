@@ -144,7 +144,10 @@ def main() -> int:
                                          if rep.get("targets_speed_matched") else None),
                    # The busiest share of the machine's other CPUs during a real run (hostload.py):
                    # work there shares the memory bus and cache with the engine's core.
-                   "neighbours": _busiest_neighbours(rep)}
+                   "neighbours": _busiest_neighbours(rep),
+                   # The error in the run's mean speed that alone would use up the tightest target
+                   # (fidelity.price_sensitivity): what the speed probes must know to meet them all.
+                   "speed_precision": (rep["sensitivity"]["tightest"] or {}).get("speed_precision")}
             if "repeats" in rep:
                 r = rep["repeats"]
                 pooled = r["pooled"]["metrics"]
@@ -161,8 +164,9 @@ def main() -> int:
     cols = ["ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99", "throughput"]
     lines = ["| trace | load | rate (req/s) | " + " | ".join(c.replace("_", " ") for c in cols)
              + " | step median | replay exact | E2E p50 band ± | real inside band | busy beyond fit "
-             "| targets met | within real spread | met at the run's own speed | other CPUs busy |",
-             "|" + "---|" * (len(cols) + 12)]
+             "| targets met | within real spread | met at the run's own speed | speed known within "
+             "| other CPUs busy |",
+             "|" + "---|" * (len(cols) + 13)]
     for r in rows:
         lines.append(f"| {r['trace']} | {r['load']:g} | {r['rate']:.3f} | "
                      + " | ".join(f"{r[c]:+.1%}" for c in cols)
@@ -171,6 +175,7 @@ def main() -> int:
                      f"| {'n/a' if r['beyond_fit'] is None else format(r['beyond_fit'], '.0%')} "
                      f"| {r['targets']} | {'n/a' if r['within_spread'] is None else r['within_spread']} "
                      f"| {r['targets_own_speed'] or 'n/a'} "
+                     f"| {'n/a' if r['speed_precision'] is None else format(r['speed_precision'], '.1%')} "
                      f"| {'n/a' if r['neighbours'] is None else format(r['neighbours'], '.0%')} |")
     if a.repeats > 1:
         lines += ["", f"{a.repeats} real runs per cell: the simulator against all of them pooled, and real "

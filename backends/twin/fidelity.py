@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -29,7 +30,8 @@ from twinserve.sim.workload import Workload, WorkloadConfig
 from ..real.step_log import StepLog, read_step_log
 from .band import StepNoise, band_table, prediction_band
 from .calibrate import ProbeParts, catalog_name, cold_prefix_cache, cpu_features, device_name, speed_probe_parts
-from .compare import METRICS, PERCENTILES, compare, figure, table, target_line, targets
+from .compare import (DEFAULT_TARGETS, METRICS, PERCENTILES, TARGET_METRICS, compare, figure, table, target_line,
+                      targets)
 from .hostload import HostLoad, warning
 from .realrun import RealRun, run_real
 from .replay import replay
@@ -171,6 +173,53 @@ def verdict(report: dict[str, Any], limits: dict[str, float] | None = None,
     return targets(metrics, limits, judged_on=f"the run{tag}") if metrics else None
 
 
+# The step-price error at which price_sensitivity simulates (either side of the judged prices).
+SENSITIVITY_DELTA = 0.05
+
+
+def price_sensitivity(judged: FittedCostModel, make: Callable[[], Workload], sched_cfg: Any,
+                      limits: dict[str, float] | None = None,
+                      delta: float = SENSITIVITY_DELTA) -> dict[str, Any]:
+    """How far each target metric moves per error in every step price, from two simulations at
+    the judged prices x (1 - delta) and x (1 + delta).
+
+    elasticity: d log(metric) / d log(price) over that span. At a light load every latency
+    scales with the steps (about 1); near saturation queueing multiplies it, and a few percent
+    on the machine's mean speed moves TTFT by tens of percent. speed_precision: per target
+    cell, the error in the run's mean speed that alone would use up the cell's limit
+    (limit / |elasticity|; None where the metric does not move); tightest: the smallest.
+    """
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"delta {delta}: give a fraction in (0, 1)")
+    limits = dict(limits or DEFAULT_TARGETS)
+    lo, hi = (simulate(dataclasses.replace(judged, time_scale=judged.time_scale * f), make, sched_cfg)
+              for f in (1.0 - delta, 1.0 + delta))
+    moved = compare(lo.records, hi.records)["metrics"]
+    span = math.log((1.0 + delta) / (1.0 - delta))
+    elasticity = {m: {q: math.log1p(moved[m][q]["err"]) / span for q in limits} for m in TARGET_METRICS}
+    precision = {m: {q: (lim / abs(elasticity[m][q]) if elasticity[m][q] else None)
+                     for q, lim in limits.items()} for m in TARGET_METRICS}
+    cells = [(v, m, q) for m, per in precision.items() for q, v in per.items() if v is not None]
+    tight = min(cells) if cells else None
+    return {"delta": delta, "elasticity": elasticity, "speed_precision": precision,
+            "tightest": {"speed_precision": tight[0], "metric": tight[1], "percentile": tight[2]}
+            if tight else None}
+
+
+def sensitivity_line(s: dict[str, Any]) -> str:
+    """One line: each target metric's elasticity, and the speed precision the targets need."""
+    el = s["elasticity"]
+    parts = ", ".join(f"{m.upper()} " + "/".join(f"{el[m][q]:.2f}" for q in el[m]) for m in el)
+    qs = "/".join(next(iter(el.values())))
+    line = (f"sensitivity (simulated at step prices x {1 - s['delta']:g} and x {1 + s['delta']:g}): "
+            f"each 1% on every step price moves {parts} % ({qs})")
+    t = s["tightest"]
+    if t:
+        line += (f"; to meet every target the run's mean speed must be known within "
+                 f"{t['speed_precision']:.1%} ({t['metric'].upper()} {t['percentile']})")
+    return line
+
+
 def speed_matched_line(report: dict[str, Any]) -> str:
     """The targets at the runs' own mean speed, with the time scale that matched it (or "")."""
     t = report.get("targets_speed_matched")
@@ -274,6 +323,7 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
         report["band"] = prediction_band(first.judged, make, sched_cfg, first.real.records,
                                          StepNoise.for_run(first.judged, first.speed, first.rows),
                                          samples=band_samples)
+    report["sensitivity"] = price_sensitivity(first.judged, make, sched_cfg, limits)
     report["real"] = {"num_steps": len(first.real.step_starts), "wall_s": first.real.wall_time,
                       "preemptions": first.real.num_preemptions,
                       "prefix_hit_tokens": sum(r.prefix_hit_tokens for r in first.real.records)}
@@ -298,7 +348,8 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     report["targets_speed_matched"] = verdict(report, limits, speed_matched=True)
     (out / "fidelity.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
     speed = first.speed
-    md = table(report) + "\n\n" + target_line(report["targets"]) + speed_matched_line(report)
+    md = (table(report) + "\n\n" + target_line(report["targets"]) + speed_matched_line(report)
+          + "\n\n" + sensitivity_line(report["sensitivity"]))
     if speed["normalized"]:
         after = speed["probe_after_s"] or float("nan")
         by_part = (f" (decode {speed['machine_speed_ratio_decode']:.3f}, prefill "
@@ -548,6 +599,7 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
         report["band"] = prediction_band(judged, make, sched_cfg, real,
                                          StepNoise.for_run(judged, speed if ratio else None, first.rows),
                                          samples=band_samples)
+    report["sensitivity"] = price_sensitivity(judged, make, sched_cfg, limits)
     report.update(num_requests=len(real), profile=str(profile_path), rejudged_from=str(run),
                   speed={**speed, "from_recorded_run": True}, workload=wl, engine=eng,
                   scheduler_config=dataclasses.asdict(sched_cfg),
@@ -564,7 +616,8 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
     md = (f"recorded run {run} (real side as measured then) judged with profile {profile_path}"
           + (f"; simulated step times scaled by the run's measured machine speed {ratio:.3f}"
              + (" (decode and prefill by part)" if opts.speed_by_part else "") if ratio else "")
-          + "\n\n" + table(report) + "\n\n" + target_line(report["targets"]) + speed_matched_line(report))
+          + "\n\n" + table(report) + "\n\n" + target_line(report["targets"]) + speed_matched_line(report)
+          + "\n\n" + sensitivity_line(report["sensitivity"]))
     md += step_line(report["steps"], "\n\n")
     if band_samples:
         md += "\n\n" + band_table(report["band"])

@@ -153,6 +153,46 @@ def test_band_samples_must_make_a_range() -> None:
         prediction_band(prof, _make(), _sched(), [], StepNoise.for_run(prof, None), samples=1)
 
 
+def test_price_sensitivity_is_one_without_queueing_and_grows_with_load() -> None:
+    """How far each metric moves per error in every step price: exactly 1 when no request ever
+    waits for another (every latency is a sum of steps), and past saturation TTFT and E2E move
+    more than twice as far, since queueing adds steps in proportion to their length."""
+    from twinserve.backends.twin.fidelity import price_sensitivity, sensitivity_line
+
+    def work(arrival: str, rate: float):
+        cfg = WorkloadConfig(num_requests=60, arrival=arrival, rate=rate, prompt_dist="uniform",
+                             prompt_min=8, prompt_max=64, output_dist="uniform", output_min=4,
+                             output_max=24, vocab_size=1000)
+        return lambda: Workload(cfg, 5, 512)
+
+    prof = _profile(None)
+    alone = price_sensitivity(prof, work("fixed", 0.5), _sched())  # one request every 2 s
+    for m, per in alone["elasticity"].items():
+        assert per == pytest.approx({"p50": 1.0, "p99": 1.0}, abs=1e-6), m
+    assert alone["speed_precision"]["ttft"] == pytest.approx({"p50": 0.05, "p99": 0.10}, rel=1e-5)
+    # The same from the profile at another speed: elasticity is about relative prices.
+    slow = price_sensitivity(dataclasses.replace(prof, time_scale=1.7), work("fixed", 0.5), _sched())
+    assert slow["elasticity"]["e2e"]["p99"] == pytest.approx(1.0, abs=1e-6)
+
+    busy = price_sensitivity(prof, work("poisson", 60.0), _sched())
+    el = busy["elasticity"]
+    assert el["ttft"]["p50"] > 2.0 and el["e2e"]["p50"] > 2.0
+    # Its definition, from the two simulations at x 0.95 and x 1.05.
+    lo, hi = (simulate(dataclasses.replace(prof, time_scale=f), work("poisson", 60.0), _sched())
+              for f in (0.95, 1.05))
+    med = [statistics.median(r.first_token_time - r.arrival_time for r in x.records) for x in (lo, hi)]
+    assert el["ttft"]["p50"] == pytest.approx(math.log(med[1] / med[0]) / math.log(1.05 / 0.95), rel=1e-9)
+    prec = busy["speed_precision"]
+    assert prec["ttft"]["p50"] == pytest.approx(0.05 / el["ttft"]["p50"])
+    t = busy["tightest"]
+    assert t["speed_precision"] == min(v for per in prec.values() for v in per.values())
+    assert prec[t["metric"]][t["percentile"]] == t["speed_precision"]
+    assert f"known within {t['speed_precision']:.1%} ({t['metric'].upper()} {t['percentile']})" \
+        in sensitivity_line(busy)
+    with pytest.raises(ValueError, match="delta 1.0"):
+        price_sensitivity(prof, work("fixed", 0.5), _sched(), delta=1.0)
+
+
 def test_host_load_tells_other_work_on_our_cpus_from_our_own() -> None:
     import subprocess
     import sys

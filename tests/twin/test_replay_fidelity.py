@@ -124,6 +124,11 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
         assert rep["metrics"][m]["per_request_median_abs_err"] >= 0
     assert rep["num_requests"] == len(TRACE_ROWS) and rep["profile"] == str(prof)
     assert rep["engine"]["hardware"] == data["hardware"] and rep["engine"]["cpu"] == cpu_features()
+    # How far each target metric moves per error in the step prices, and what that asks of the
+    # speed probes (fidelity.price_sensitivity, tested on its own in test_band.py).
+    sens = rep["sensitivity"]
+    assert set(sens["elasticity"]) == {"ttft", "tpot", "e2e"} and sens["tightest"]["speed_precision"] > 0
+    assert "must be known within" in (out / "fidelity.md").read_text()
     assert set(rep["throughput"]) == {"output_tok_s", "request_s"}
     assert rep["replay"]["exact"] and rep["steps"]["num_steps"] > 0
     # How much of the run the profile priced beyond the shapes it was fitted on.
