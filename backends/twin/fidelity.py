@@ -209,10 +209,10 @@ def price_sensitivity(judged: FittedCostModel, make: Callable[[], Workload], sch
 def sensitivity_line(s: dict[str, Any]) -> str:
     """One line: each target metric's elasticity, and the speed precision the targets need."""
     el = s["elasticity"]
-    parts = ", ".join(f"{m.upper()} " + "/".join(f"{el[m][q]:.2f}" for q in el[m]) for m in el)
     qs = "/".join(next(iter(el.values())))
+    parts = ", ".join(f"{m.upper()} by " + "/".join(f"{el[m][q]:.2f}%" for q in el[m]) for m in el)
     line = (f"sensitivity (simulated at step prices x {1 - s['delta']:g} and x {1 + s['delta']:g}): "
-            f"each 1% on every step price moves {parts} % ({qs})")
+            f"a 1% error on every step price moves ({qs}) {parts}")
     t = s["tightest"]
     if t:
         line += (f"; to meet every target the run's mean speed must be known within "
