@@ -7,9 +7,10 @@ so a poor fit or a large fidelity error can be told apart from a noisy neighbour
 when it is high.
 
 They also record how busy the machine's other CPUs were. Work there shares the memory bus and
-the last-level cache: on the project's 2-core VM (an AMD EPYC guest, Dec 1), a DRAM-bound
-matrix-vector loop pinned to one core ran 9% slower while the other core ran the same loop, and
-a 256x576x1536 GEMM 3% slower (experiments/neighbour_interference.py measures it).
+the last-level cache: on the project's 2-core VM (an AMD EPYC guest, Dec 1, 06:01), a DRAM-bound
+matrix-vector loop pinned to one core ran 7.4% slower while the other core ran the same loop,
+and a 256x576x1536 GEMM 4.6% slower (experiments/neighbour_interference.py: the mean over six
+20-second phase pairs, which ranged from 0.96x to 1.28x with the host's own swings).
 """
 
 from __future__ import annotations
