@@ -187,7 +187,8 @@ def price_sensitivity(judged: FittedCostModel, make: Callable[[], Workload], sch
     scales with the steps (about 1); near saturation queueing multiplies it, and a few percent
     on the machine's mean speed moves TTFT by tens of percent. speed_precision: per target
     cell, the error in the run's mean speed that alone would use up the cell's limit
-    (limit / |elasticity|; None where the metric does not move); tightest: the smallest.
+    (limit / |elasticity|; None where the metric does not move or has no value); tightest: the
+    smallest.
     """
     if not 0.0 < delta < 1.0:
         raise ValueError(f"delta {delta}: give a fraction in (0, 1)")
@@ -197,8 +198,9 @@ def price_sensitivity(judged: FittedCostModel, make: Callable[[], Workload], sch
     moved = compare(lo.records, hi.records)["metrics"]
     span = math.log((1.0 + delta) / (1.0 - delta))
     elasticity = {m: {q: math.log1p(moved[m][q]["err"]) / span for q in limits} for m in TARGET_METRICS}
-    precision = {m: {q: (lim / abs(elasticity[m][q]) if elasticity[m][q] else None)
-                     for q, lim in limits.items()} for m in TARGET_METRICS}
+    # None where the metric does not move, or has no value (TPOT of one-token outputs is NaN).
+    precision = {m: {q: (lim / abs(e) if math.isfinite(e) and e else None)
+                     for q, lim in limits.items() for e in (elasticity[m][q],)} for m in TARGET_METRICS}
     cells = [(v, m, q) for m, per in precision.items() for q, v in per.items() if v is not None]
     tight = min(cells) if cells else None
     return {"delta": delta, "elasticity": elasticity, "speed_precision": precision,

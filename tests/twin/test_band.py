@@ -191,6 +191,13 @@ def test_price_sensitivity_is_one_without_queueing_and_grows_with_load() -> None
         in sensitivity_line(busy)
     with pytest.raises(ValueError, match="delta 1.0"):
         price_sensitivity(prof, work("fixed", 0.5), _sched(), delta=1.0)
+    # One-token outputs have no TPOT: that metric asks nothing of the speed, the others still do.
+    one = WorkloadConfig(num_requests=20, arrival="poisson", rate=60.0, prompt_dist="uniform", prompt_min=8,
+                         prompt_max=64, output_dist="fixed", output_mean=1, vocab_size=1000)
+    short = price_sensitivity(prof, lambda: Workload(one, 5, 512), _sched())
+    assert math.isnan(short["elasticity"]["tpot"]["p50"])
+    assert short["speed_precision"]["tpot"] == {"p50": None, "p99": None}
+    assert short["tightest"]["metric"] in ("ttft", "e2e") and short["tightest"]["speed_precision"] > 0
 
 
 def test_host_load_tells_other_work_on_our_cpus_from_our_own() -> None:
