@@ -41,13 +41,15 @@ _MIN_KIND_STEPS = 5
 _MIN_RUN_STEPS = 20
 
 
-def step_residuals(profile: Any, rows: Sequence[dict[str, Any]]) -> list[tuple[str, float, float, int]]:
+def step_residuals(profile: Any, rows: Sequence[dict[str, Any]],
+                   speed: Callable[[float], float] | None = None) -> list[tuple[str, float, float, int]]:
     """(kind, measured s, predicted s, index in rows) of every logged step that computed tokens,
     in order.
 
     The prediction is the simulator's: after the engine idled (the time since the previous
     step ended, less the step's own gap_s, in which requests were already waiting), the next
-    steps carry the profile's wake cost.
+    steps carry the profile's wake cost; with `speed` (start_s -> slowness, a sampled speed
+    trace) each step's price is multiplied by the slowness at its start, as TracedExecutor does.
     """
     wake_after = getattr(profile, "wake_after", None)
     wake: list[tuple[float, float]] = []
@@ -70,6 +72,8 @@ def step_residuals(profile: Any, rows: Sequence[dict[str, Any]]) -> list[tuple[s
         if wake:
             f, e = wake.pop()
             predicted = predicted * f + e
+        if speed is not None:  # the wake's extra scales with the machine too (time_scale)
+            predicted *= speed(float(start))
         out.append((step_kind(r["num_prefill_tokens"], r["num_decode_seqs"]), measured, predicted, i))
     return out
 
@@ -85,18 +89,20 @@ class StepNoise:
 
     @classmethod
     def for_run(cls, profile: FittedCostModel, speed: dict[str, Any] | None,
-                rows: Sequence[dict[str, Any]] | None = None) -> "StepNoise":
+                rows: Sequence[dict[str, Any]] | None = None,
+                trace: Callable[[float], float] | None = None) -> "StepNoise":
         """The noise of one run: from its step log when it has one, else from the calibration's fit.
 
         The probes before and after a run bracket its speed: half their log-ratio is taken as
-        one standard deviation of the speed during it.
+        one standard deviation of the speed during it. With a sampled speed trace (start_s ->
+        slowness) the steps' spread is measured against the prices at the speed it sampled.
         """
         speed_sigma = 0.0
         sp = speed or {}
         before, after = sp.get("probe_before_s"), sp.get("probe_after_s")
         if before and after:
             speed_sigma = abs(math.log(before / after)) / 2
-        res = [(k, m, p) for k, m, p, _ in step_residuals(profile, rows or []) if p > 0]
+        res = [(k, m, p) for k, m, p, _ in step_residuals(profile, rows or [], trace) if p > 0]
         if len(res) >= _MIN_RUN_STEPS:
             sigma, phi = _measured_spread(res)
             return cls(sigma, speed_sigma, phi, "run")

@@ -24,11 +24,15 @@ first and is not fitted; the design is repeated `repeats` times, each repeat in 
 shuffled order, so a slow minute of a shared machine does not land on one kind of step.
 
 A shared machine's speed drifts while the design runs (tens of percent over minutes on
-this project's VM). A fixed speed probe (`speed_probe`) runs every `probe_every` design
-points; each step's times are divided by the machine's relative slowness at that moment
-(interpolated between probes, `correct_drift`), so the profile prices the machine at its
-median probe speed, which the profile records. `twinserve fidelity` probes again around
-the real run and scales the simulated times by the same measure.
+this project's VM). On a CPU engine in this process a 3 ms speed sample (speedtrace.py) runs
+between steps every 2 s; each step's times are divided by the machine's relative slowness at
+that moment (the samples smoothed over 20 s, `correct_drift_by_samples`), so the profile
+prices the machine at its median sample's speed, which the profile records, and `twinserve
+fidelity` samples the real run the same way and prices the simulated steps at the speed it
+saw. Elsewhere (a CUDA engine, a core in its own process) a fixed speed probe (`speed_probe`,
+about half a minute of steps) every `probe_every` design points does the correction
+(`correct_drift`, median probe speed), and fidelity probes before and after the run. The
+probes run on a CPU too and are recorded, for runs judged by probes.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from twinserve.core.sampling_params import SamplingParams
 
 from ..real.step_log import TIME_COLUMNS, StepLog
 from .hostload import HostLoad
+from .speedtrace import SAMPLE_EVERY_S, SMOOTH_S, SampleClock, SpeedSampler, SpeedTrace, sampler_for
 
 
 @dataclass(slots=True)
@@ -77,6 +82,8 @@ class CalibrationDesign:
     # descheduled, caches gone cold; on this project's VM +8% after 1 s, +47% after 3 s).
     idle_gaps: list[float] = field(default_factory=lambda: [0.25, 1.0, 3.0])
     idle_repeats: int = 3
+    # Sample the machine's speed after a step every this many seconds (speedtrace.py; 0: never).
+    sample_every_s: float = SAMPLE_EVERY_S
 
     @classmethod
     def quick(cls) -> "CalibrationDesign":
@@ -98,7 +105,7 @@ class CalibrationDesign:
             self.decode_steps,
             [m for m in self.mixed if m[0] + 1 <= max_num_seqs and m[0] + m[1] <= max_num_batched_tokens
              and _mixed_context(m) + 8 < max_model_len],
-            self.repeats, self.probe_every, list(self.idle_gaps), self.idle_repeats)
+            self.repeats, self.probe_every, list(self.idle_gaps), self.idle_repeats, self.sample_every_s)
 
     def reaching(self, max_context: int) -> "CalibrationDesign":
         """This design, with decodes and prefill chunks that reach max_context tokens of context.
@@ -192,6 +199,10 @@ class Calibrator:
         self.probe_parts: list[ProbeParts] = []
         # (index in the log of the first step after an idle gap, the gap's seconds)
         self.idle_steps: list[tuple[int, float]] = []
+        # The machine's speed sampled between steps (speedtrace.py): set by calibrate().
+        self.sampler: SpeedSampler | None = None
+        self.samples: list[tuple[float, float]] = []  # (monotonic time, seconds)
+        self.sample_clock = SampleClock()
         self._order_rng = random.Random(seed + 1)
 
     def _tokens(self, n: int) -> list[int]:
@@ -212,6 +223,8 @@ class Calibrator:
         while self.engine.has_unfinished_requests() and (max_steps is None
                                                          or core.num_steps - first < max_steps):
             self.engine.step()
+            if self.sampler is not None and self.sample_clock.due(now := time.monotonic()):
+                self.samples.append((now, self.sampler.sample()))
 
     def warm_up(self) -> None:
         """A few unlogged steps: first-touch allocations, thread pools, kernel caches."""
@@ -391,9 +404,10 @@ def drift_warning(provenance: dict[str, Any]) -> str | None:
     if drift is None or drift <= PROBE_DRIFT_WARN:
         return None
     secs = [s for _, s in provenance.get("speed_probes") or []]
+    how = "by the speed samples" if provenance.get("drift_source") == "samples" else "between probes"
     return (f"warning: the machine's speed moved {drift:.0%} during calibration (speed probes "
             f"{min(secs):.3f}-{max(secs):.3f} s), so the profile is only as good as the drift "
-            "correction between probes: calibrate again on a quieter machine or core")
+            f"correction {how}: calibrate again on a quieter machine or core")
 
 
 def cold_prefix_cache(engine: Any) -> None:
@@ -433,6 +447,14 @@ def correct_drift(rows: list[dict[str, Any]], probes: list[tuple[float, float]],
                 r[c] = float(r[c]) * float(k)
         out.append(r)
     return out, ref
+
+
+def correct_drift_by_samples(rows: list[dict[str, Any]], samples: list[tuple[float, float]],
+                             window_s: float = SMOOTH_S) -> tuple[list[dict[str, Any]], float]:
+    """correct_drift by the speed samples (speedtrace.py), each smoothed over window_s as the
+    fidelity trace smooths them: rows at the median smoothed sample's speed, and that sample."""
+    trace = SpeedTrace.from_samples(samples, 1.0, window_s=window_s)
+    return correct_drift(rows, list(zip(trace.times, trace.factors)))
 
 
 def catalog_name(cfg: Any, fallback: str) -> str:
@@ -562,7 +584,11 @@ def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> Fit
     note: dict[str, Any] = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                             "git_commit": _git_commit(), "step_log": steps.name,
                             "previous_fit": {k: (old.meta.get("fit") or {}).get(k) for k in ("r2", "mape")}}
-    if prov.get("drift_corrected") and len(probes) >= 2:
+    samples, s0 = prov.get("speed_samples") or [], prov.get("speed_sample_t0")
+    if prov.get("drift_source") == "samples" and samples and s0 is not None:
+        rows, _ = correct_drift_by_samples(rows, [(s0 + float(rel), float(sec)) for rel, sec in samples],
+                                           float(prov.get("speed_sample_window_s") or SMOOTH_S))
+    elif prov.get("drift_corrected") and len(probes) >= 2:
         if t0 is None:  # profiles made before t0 was recorded: the first probe ran just before step 1
             t0 = min(float(r["start_s"]) for r in rows)
             note["speed_probe_t0_estimated"] = True
@@ -610,6 +636,9 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     wall = time.perf_counter()
     host = HostLoad()
     cal = Calibrator(engine, seed)
+    if design.sample_every_s > 0:
+        cal.sampler = sampler_for(engine)
+        cal.sample_clock = SampleClock(design.sample_every_s)
     log = cal.run(design, progress)
     wall = time.perf_counter() - wall
     host_load = host.result()
@@ -617,7 +646,14 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     device = engine.args.resolve_device()
     tp = engine.args.tensor_parallel_size
     name = catalog_name(cfg, engine.model_name)
-    rows, probe_ref = correct_drift(log.rows(), cal.probes)
+    # The drift correction: by the speed samples taken all through the design when there are
+    # some (a CPU engine in this process), else by the probes between design points.
+    by_samples = len(cal.samples) >= 2
+    if by_samples:
+        rows, sample_ref = correct_drift_by_samples(log.rows(), cal.samples)
+        probe_ref = float(np.median([sec for _, sec in cal.probes])) if cal.probes else float("nan")
+    else:
+        rows, probe_ref = correct_drift(log.rows(), cal.probes)
     rows, wake = split_wake(rows, cal.idle_steps)
     probe_secs = [sec for _, sec in cal.probes]
     # Breakpoints: the engine's own code-path switch, plus batch sizes where the measured
@@ -648,9 +684,9 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             "wall_s": round(wall, 1),
             # Other processes' share of the CPUs it ran on (hostload.py): a noisy neighbour.
             "host_load": host_load,
-            # The machine's speed while calibrating (calibrate.speed_probe): the median probe,
-            # which the step times were corrected to, every probe (seconds into the run), and
-            # the spread of the probes (slowest / fastest - 1).
+            # The machine's speed while calibrating (calibrate.speed_probe): the median probe
+            # (which the step times were corrected to when drift_source is "probes"), every
+            # probe (seconds into the run), and the spread of the probes (slowest / fastest - 1).
             "speed_probe_s": probe_ref if probe_secs else None,
             "speed_probes": [[round(t - cal.probes[0][0], 6), round(sec, 9)] for t, sec in cal.probes],
             # The first probe on the step log's clock (start_s), so a refit can redo the correction.
@@ -660,7 +696,16 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             "speed_probe_parts": ({"decode_s": float(np.median([p.decode_s for p in cal.probe_parts])),
                                    "prefill_s": float(np.median([p.prefill_s for p in cal.probe_parts]))}
                                   if cal.probe_parts else None),
-            "drift_corrected": len(probe_secs) >= 2,
+            "drift_corrected": by_samples or len(probe_secs) >= 2,
+            "drift_source": "samples" if by_samples else "probes",
+            # The speed samples (speedtrace.py): the median smoothed sample, which the step times
+            # were corrected to and fidelity's sampled speed is measured against, and every
+            # sample (seconds after the first, seconds taken), the first on the step log's clock.
+            "speed_sample_s": sample_ref if by_samples else None,
+            "speed_samples": [[round(t - cal.samples[0][0], 6), round(sec, 9)] for t, sec in cal.samples],
+            "speed_sample_t0": cal.samples[0][0] if cal.samples else None,
+            "speed_sample_every_s": design.sample_every_s,
+            "speed_sample_window_s": SMOOTH_S,
             # Steps that followed an idle gap (index in the step log, seconds): priced by "wake".
             "idle_steps": [list(m) for m in cal.idle_steps],
             "engine": {"block_size": a.block_size, "max_num_seqs": sc.max_num_seqs,

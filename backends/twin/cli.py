@@ -28,6 +28,10 @@ def _calibrate_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe-every", type=int, default=None, metavar="N",
                    help="run the speed probe every N design points (default 12): denser probes follow "
                         "a machine whose speed swings within minutes more closely, at ~1.5 s each")
+    p.add_argument("--sample-every", type=float, default=None, metavar="SECONDS",
+                   help="sample the machine's speed (a 3 ms product) after a step every this many seconds "
+                        "(default 2; 0: never): the steps are corrected to the median sample's speed, which "
+                        "fidelity's samples are measured against (a CPU engine in this process only)")
     p.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
                    help="also measure decodes and prefill chunks at up to this many tokens of "
                         "context (the longest prompt + output the profile will price; longer "
@@ -73,6 +77,10 @@ def _calibrate(ns: argparse.Namespace) -> int:
             if ns.probe_every < 0:
                 raise InvalidConfigError("probe_every", ns.probe_every, ">= 0 (0: only before and after)")
             design.probe_every = ns.probe_every
+        if ns.sample_every is not None:
+            if not ns.sample_every >= 0:
+                raise InvalidConfigError("sample_every", ns.sample_every, ">= 0 seconds (0: never)")
+            design.sample_every_s = ns.sample_every
         engine = _engine(ns)
         try:
             profile, log = calibrate(engine, design, threads=ns.threads, progress=not ns.no_progress)
@@ -158,8 +166,16 @@ def _fidelity_parser(p: argparse.ArgumentParser) -> None:
                    help="use a profile calibrated for another model, tensor-parallel size, engine-core mode, "
                         "dtype or machine")
     p.add_argument("--normalize-speed", action=argparse.BooleanOptionalAction, default=True,
-                   help="scale simulated step times by the machine's speed measured around the "
-                   "run against calibration (a short fixed probe); raw errors are reported too")
+                   help="scale simulated step times by the machine's speed during the run against "
+                   "calibration's (sampled through it, or probed around it: --speed-from); raw errors "
+                   "are reported too")
+    p.add_argument("--speed-from", choices=("samples", "probes"), default=None,
+                   help="samples (the default): the machine's speed sampled every 2 s all through the run "
+                        "(a 3 ms product), each simulated step priced at the speed at its start, where the "
+                        "profile has a reference sample and the engine runs its steps in this process on a "
+                        "CPU; probes: a probe before and after the run only (as profiles without samples are)")
+    p.add_argument("--sample-every", type=float, default=None, metavar="SECONDS",
+                   help="with --speed-from samples: seconds between two samples (default 2)")
     p.add_argument("--speed-by-part", action="store_true",
                    help="scale decode and each step's prefill share by their own probe parts' drift "
                         "instead of the whole probe's")
@@ -175,6 +191,7 @@ def _fidelity_parser(p: argparse.ArgumentParser) -> None:
 def _fidelity(ns: argparse.Namespace) -> int:
     from twinserve.backends.sim.fitted import FittedCostModel
     from twinserve.backends.twin.fidelity import FidelityError, FidelityOptions, exit_code, run_fidelity
+    from twinserve.backends.twin.speedtrace import SAMPLE_EVERY_S
 
     if ns.band_samples < 0 or ns.band_samples == 1:
         raise FidelityError(f"--band-samples {ns.band_samples}: give 0 (no band) or at least 2")
@@ -190,11 +207,13 @@ def _fidelity(ns: argparse.Namespace) -> int:
 
         report = rejudge(ns.from_run, ns.profile, ns.out, trace=ns.trace, model=ns.model,
                          allow_profile_mismatch=ns.allow_profile_mismatch, band_samples=ns.band_samples,
-                         speed_by_part=ns.speed_by_part, limits=limits)
+                         speed_by_part=ns.speed_by_part, limits=limits, speed_from=ns.speed_from)
         return exit_code(report, ns.fail_on_miss)
     opts = FidelityOptions(ns.profile, ns.trace, ns.config, ns.num_requests, ns.rate, ns.time_scale,
                            ns.max_prompt_tokens, ns.max_output_tokens, ns.workload_seed,
-                           ns.allow_profile_mismatch, ns.normalize_speed, ns.speed_by_part, ns.repeats)
+                           ns.allow_profile_mismatch, ns.normalize_speed, ns.speed_by_part, ns.repeats,
+                           ns.speed_from or "samples",
+                           ns.sample_every if ns.sample_every is not None else SAMPLE_EVERY_S)
     profile = FittedCostModel.load(ns.profile)
     made = profile.meta.get("provenance", {}).get("threads")
     if made is not None and made != ns.threads:

@@ -35,6 +35,7 @@ from .compare import (DEFAULT_TARGETS, METRICS, PERCENTILES, TARGET_METRICS, com
 from .hostload import HostLoad, warning
 from .realrun import RealRun, run_real
 from .replay import replay
+from .speedtrace import SAMPLE_EVERY_S, SMOOTH_S, SpeedTrace, TracedExecutor, sampler_for
 from .steps import scaled_profile, speed_ratios, step_errors, step_line
 
 
@@ -46,6 +47,9 @@ PROBE_ROUNDS = 9
 
 class FidelityError(TwinserveError, ValueError):
     """A fidelity run cannot start as asked; the message says what to change."""
+
+
+SPEED_SOURCES = ("samples", "probes")
 
 
 @dataclass(slots=True)
@@ -72,6 +76,18 @@ class FidelityOptions:
     # Times the real engine replays the workload (each run judged at its own measured speed);
     # more than one adds the real runs' differences from each other to the report.
     repeats: int = 1
+    # What the machine's speed during a run is read from: "samples" (speedtrace.py: sampled
+    # all through the run, each simulated step priced at the speed at its start; where the
+    # profile or the engine cannot, the probes), or "probes" (before and after it only).
+    speed_from: str = "samples"
+    sample_every_s: float = SAMPLE_EVERY_S
+
+    def __post_init__(self) -> None:
+        if self.speed_from not in SPEED_SOURCES:
+            raise FidelityError(f"--speed-from {self.speed_from!r}: give one of {', '.join(SPEED_SOURCES)}")
+        if not self.sample_every_s > 0:
+            raise FidelityError(f"--sample-every {self.sample_every_s}: give seconds > 0 "
+                                "(--speed-from probes samples nothing)")
 
 
 class CappedWorkload(Workload):
@@ -139,11 +155,29 @@ def check_workload(make: Callable[[], Workload], max_model_len: int) -> int:
     return n
 
 
-def simulate(profile: FittedCostModel, make: Callable[[], Workload], sched_cfg: Any) -> Any:
-    """The prediction: the same scheduler config and workload, priced by the profile."""
-    executor = SimExecutor(profile)
+def simulate(profile: FittedCostModel, make: Callable[[], Workload], sched_cfg: Any,
+             trace: SpeedTrace | None = None) -> Any:
+    """The prediction: the same scheduler config and workload, priced by the profile (at the
+    speed a run sampled, over its clock, when given its trace)."""
+    if trace is None:
+        executor = SimExecutor(profile)
+        core = EngineCore(dataclasses.replace(sched_cfg), executor)
+        return Simulation(core, executor, make(), fast_forward=True).run()
+    executor = TracedExecutor(profile, trace)
     core = EngineCore(dataclasses.replace(sched_cfg), executor)
-    return Simulation(core, executor, make(), fast_forward=True).run()
+    sim = Simulation(core, executor, make(), fast_forward=False)
+    executor.clock = lambda: sim.env.now
+    return sim.run()
+
+
+def sampled_trace(profile: FittedCostModel, speed: dict[str, Any]) -> SpeedTrace | None:
+    """The speed a run sampled (speedtrace.py) against this profile's reference sample, or None
+    when the run sampled nothing or the profile recorded no reference."""
+    s = speed.get("sampled") or {}
+    ref = profile.meta.get("provenance", {}).get("speed_sample_s")
+    if not s.get("samples") or not ref:
+        return None
+    return SpeedTrace.from_samples(s["samples"], ref, s.get("every_s", SAMPLE_EVERY_S), s.get("window_s", SMOOTH_S))
 
 
 def warm_up(engine: Any) -> None:
@@ -179,7 +213,7 @@ SENSITIVITY_DELTA = 0.05
 
 def price_sensitivity(judged: FittedCostModel, make: Callable[[], Workload], sched_cfg: Any,
                       limits: dict[str, float] | None = None,
-                      delta: float = SENSITIVITY_DELTA) -> dict[str, Any]:
+                      delta: float = SENSITIVITY_DELTA, trace: SpeedTrace | None = None) -> dict[str, Any]:
     """How far each target metric moves per error in every step price, from two simulations at
     the judged prices x (1 - delta) and x (1 + delta).
 
@@ -193,7 +227,7 @@ def price_sensitivity(judged: FittedCostModel, make: Callable[[], Workload], sch
     if not 0.0 < delta < 1.0:
         raise ValueError(f"delta {delta}: give a fraction in (0, 1)")
     limits = dict(limits or DEFAULT_TARGETS)
-    lo, hi = (simulate(dataclasses.replace(judged, time_scale=judged.time_scale * f), make, sched_cfg)
+    lo, hi = (simulate(dataclasses.replace(judged, time_scale=judged.time_scale * f), make, sched_cfg, trace)
               for f in (1.0 - delta, 1.0 + delta))
     moved = compare(lo.records, hi.records)["metrics"]
     span = math.log((1.0 + delta) / (1.0 - delta))
@@ -222,6 +256,18 @@ def sensitivity_line(s: dict[str, Any]) -> str:
     return line
 
 
+def sampled_line(speed: dict[str, Any]) -> str:
+    """The report's line on the machine speed a run sampled and the prediction priced at it."""
+    s = speed["sampled"]
+    probes = (f"; the probes before and after it said x {speed['machine_speed_ratio']:.3f}"
+              if speed.get("machine_speed_ratio") else "")
+    return (f"machine speed during the run: sampled {s['num_samples']} times (every {s['every_s']:g} s "
+            f"while busy, {s['pause_s'] * 1e3:.1f} ms each), x {s['mean_factor']:.3f} the calibration's "
+            f"slowness on average over its steps (over {s['window_s']:g} s windows x {s['min_factor']:.3f} "
+            f"to x {s['max_factor']:.3f}){probes}; every simulated step priced at the speed sampled "
+            "at its start")
+
+
 def speed_matched_line(report: dict[str, Any]) -> str:
     """The targets at the runs' own mean speed, with the time scale that matched it (or "")."""
     t = report.get("targets_speed_matched")
@@ -230,10 +276,12 @@ def speed_matched_line(report: dict[str, Any]) -> str:
     rep = report.get("repeats")
     scales = [r.get("speed_matched_scale") for r in rep["runs"]] if rep else \
         [report["speed_matched"]["time_scale"]]
+    sampled = (report.get("speed") or {}).get("sampled") or {}
+    on = " the calibration's prices" + (", at the speed sampled through it" if "mean_factor" in sampled else "")
     return ("\n\nwith every step price scaled so the run's own steps cost what they measured in sum "
-            "(x " + ", ".join(f"{x:.3f}" for x in scales if x is not None) + " the calibration's prices): "
+            "(x " + ", ".join(f"{x:.3f}" for x in scales if x is not None) + on + "): "
             "what the step shapes leave once the machine's speed during the run is known, "
-            "which the probes only estimate\n" + target_line(t))
+            "which the probes or samples only estimate\n" + target_line(t))
 
 
 def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
@@ -269,6 +317,9 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     out.mkdir(parents=True, exist_ok=True)
     probe_cal = profile.meta.get("provenance", {}).get("speed_probe_s")
     probe = opts.normalize_speed and bool(probe_cal)
+    # The machine's speed sampled all through the run, when the profile has a reference sample.
+    sampler = (sampler_for(engine) if opts.normalize_speed and opts.speed_from == "samples"
+               and profile.meta.get("provenance", {}).get("speed_sample_s") else None)
     sched_cfg = engine.scheduler_config
     # Warm first: a cold engine's first steps would read as a slower machine.
     warm_up(engine)
@@ -286,7 +337,7 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
         echo(f"fidelity: {n_first} requests on the real engine in real time"
              + (f" (run {j + 1} of {opts.repeats})" if opts.repeats > 1 else "") + " ...")
         host = HostLoad()
-        real: RealRun = run_real(engine, make())
+        real: RealRun = run_real(engine, make(), sampler=sampler, sample_every_s=opts.sample_every_s)
         host_load = host.result()
         engine.step_log.close()
         probe_after = (speed_probe_parts(engine, rounds=PROBE_ROUNDS) if probe_before and not real.interrupted
@@ -299,6 +350,9 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
                                  "host_load": host_load}
         if probe_before is not None:
             speed.update(normalized=True, **speed_ratios(profile, [probe_before, probe_after]))
+        if real.speed_samples:
+            speed["sampled"] = {"samples": [[round(t, 6), round(sec, 9)] for t, sec in real.speed_samples],
+                                "t0": real.t0, "every_s": opts.sample_every_s, "window_s": SMOOTH_S}
         runs.append(_Run(run_dir, real, speed, read_step_log(steps_path) if real.step_starts else [], None))
         if real.interrupted:
             break
@@ -311,7 +365,7 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     sim_raw = simulate(raw_speed(profile), make, sched_cfg)
     for r in runs:
         r.replay = replay(r.real, make, sched_cfg).to_dict()
-        r.judge(profile, make, sched_cfg, opts.speed_by_part, True, sim_raw)
+        r.judge(profile, make, sched_cfg, opts.speed_by_part, True, sim_raw, opts.speed_from == "samples")
         _write_requests(r.real.records, r.dir / "requests_real.csv")
         _write_requests(r.sim.records, r.dir / "requests_sim.csv")
     first = runs[0]
@@ -323,9 +377,10 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     report["replay"] = first.replay
     if band_samples:
         report["band"] = prediction_band(first.judged, make, sched_cfg, first.real.records,
-                                         StepNoise.for_run(first.judged, first.speed, first.rows),
+                                         StepNoise.for_run(first.step_profile, first.speed, first.rows,
+                                                           first.step_speed),
                                          samples=band_samples)
-    report["sensitivity"] = price_sensitivity(first.judged, make, sched_cfg, limits)
+    report["sensitivity"] = price_sensitivity(first.step_profile, make, sched_cfg, limits, trace=first.trace)
     report["real"] = {"num_steps": len(first.real.step_starts), "wall_s": first.real.wall_time,
                       "preemptions": first.real.num_preemptions,
                       "prefix_hit_tokens": sum(r.prefix_hit_tokens for r in first.real.records)}
@@ -352,7 +407,10 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     speed = first.speed
     md = (table(report) + "\n\n" + target_line(report["targets"]) + speed_matched_line(report)
           + "\n\n" + sensitivity_line(report["sensitivity"]))
-    if speed["normalized"]:
+    if first.trace is not None:
+        md = (sampled_line(speed) + "\n\n" + md + "\n\nwithout the speed scaling:\n\n"
+              + table({"metrics": report["metrics_raw"], "throughput": report["throughput_raw"]}))
+    elif speed["normalized"]:
         after = speed["probe_after_s"] or float("nan")
         by_part = (f" (decode {speed['machine_speed_ratio_decode']:.3f}, prefill "
                    f"{speed['machine_speed_ratio_prefill']:.3f}"
@@ -387,6 +445,10 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     return report
 
 
+# What a run records of its speed samples; the rest of speed["sampled"] is its judgement's.
+_SAMPLED_KEYS = ("samples", "t0", "every_s", "window_s")
+
+
 @dataclass(slots=True)
 class _Run:
     """One real replay of the workload (measured or recorded) and its prediction."""
@@ -397,27 +459,53 @@ class _Run:
     rows: list[dict[str, Any]]         # its step log
     replay: dict[str, Any] | None
     part: dict[str, Any] = dataclasses.field(default_factory=dict)
-    judged: Any = None                 # the profile at the run's measured speed
+    judged: Any = None                 # the profile at the run's measured (mean) speed
     sim: Any = None
     sim_matched: Any = None            # the prediction at the run's own mean speed (speed_matched)
+    trace: Any = None                  # the speed the run sampled (SpeedTrace), when judged by it
+    step_profile: Any = None           # the prices its steps are judged at: judged, or raw x trace
+    step_speed: Any = None             # start_s -> slowness, with a trace
+
+    def _trace_at(self, trace: SpeedTrace) -> Callable[[float], float]:
+        t0 = float(self.speed["sampled"]["t0"])
+        return lambda start: trace.factor(start - t0)
 
     @property
     def records(self) -> list[RequestRecord]:
         return self.real.records if isinstance(self.real, RealRun) else self.real
 
     def judge(self, profile: FittedCostModel, make: Callable[[], Workload], sched_cfg: Any,
-              by_part: bool, normalize: bool, sim_raw: Any) -> None:
-        """Simulate at the run's measured speed; compare that, and sim_raw (the prediction at
-        the profile's own speed, the same for every run of a workload), with what it measured."""
+              by_part: bool, normalize: bool, sim_raw: Any, use_samples: bool = True) -> None:
+        """Simulate at the run's measured speed (sampled through it when it was and use_samples,
+        else probed around it); compare that, and sim_raw (the prediction at the profile's own
+        speed, the same for every run of a workload), with what it measured."""
         raw_profile = raw_speed(profile)
         self.judged, self.sim = raw_profile, sim_raw
-        if normalize and self.speed.get("normalized"):
+        if self.speed.get("sampled"):  # what an earlier judgement derived goes (another profile's)
+            self.speed["sampled"] = {k: v for k, v in self.speed["sampled"].items() if k in _SAMPLED_KEYS}
+        trace = sampled_trace(profile, self.speed) if normalize and use_samples else None
+        if trace is not None:
+            # Every simulated step priced at the speed sampled at its start; `judged` holds the
+            # busy-weighted mean of it, for what takes one speed (the band).
+            self.trace, self.step_speed = trace, self._trace_at(trace)
+            rows = [r for r in self.rows if r.get("start_s") is not None]
+            t0 = float(self.speed["sampled"]["t0"])
+            mean = trace.mean_factor([float(r["start_s"]) - t0 for r in rows],
+                                     [float(r["step_time_s"]) for r in rows])
+            self.speed["sampled"].update(trace.summary(), ref_s=profile.meta["provenance"]["speed_sample_s"],
+                                         mean_factor=mean)
+            self.judged = dataclasses.replace(raw_profile, time_scale=mean)
+            self.step_profile = raw_profile
+            self.sim = simulate(raw_profile, make, sched_cfg, trace)
+        elif normalize and self.speed.get("normalized"):
             self.judged = scaled_profile(profile, self.speed, by_part)
             self.sim = simulate(self.judged, make, sched_cfg)
+        if self.step_profile is None:
+            self.step_profile = self.judged
         part = compare(self.records, self.sim.records)
         raw = compare(self.records, sim_raw.records)
         part["metrics_raw"], part["throughput_raw"] = raw["metrics"], raw["throughput"]
-        part["steps"] = step_errors(self.judged, self.rows) if self.rows else {}
+        part["steps"] = step_errors(self.step_profile, self.rows, self.step_speed) if self.rows else {}
         part["steps_raw"] = step_errors(raw_profile, self.rows) if self.rows else {}
         # The error a machine holding one speed would leave: every step price scaled so the
         # run's own steps cost what they measured in sum (busy error 0). Not a prediction (it
@@ -425,8 +513,9 @@ class _Run:
         # which the probes around it can only estimate, and the profile's step shapes.
         busy = part["steps"].get("busy_err")
         if busy is not None and busy > -1:
-            matched = dataclasses.replace(self.judged, time_scale=self.judged.time_scale / (1.0 + busy))
-            self.sim_matched = simulate(matched, make, sched_cfg)
+            base = self.step_profile
+            matched = dataclasses.replace(base, time_scale=base.time_scale / (1.0 + busy))
+            self.sim_matched = simulate(matched, make, sched_cfg, self.trace)
             part["speed_matched"] = {"time_scale": matched.time_scale,
                                      "metrics": compare(self.records, self.sim_matched.records)["metrics"]}
         self.part = part
@@ -496,6 +585,9 @@ def repeat_table(rep: dict[str, Any]) -> str:
         own = ", ".join(f"{r['speed']['adjacent'].get('machine_speed_ratio', float('nan')):.3f}"
                         for r in rep["runs"])
         speeds += f" (the mean of the call's {pooled_from} probes; each run's own two: {own})"
+    sampled = [(r["speed"].get("sampled") or {}).get("mean_factor") for r in rep["runs"]]
+    if all(x is not None for x in sampled):
+        speeds += " by the probes; sampled during each run: " + ", ".join(f"{x:.3f}" for x in sampled)
     lines += ["", f"machine speed per run (x calibration's): {speeds}; busy-time error per run: {busy}"]
     return "\n".join(lines)
 
@@ -532,7 +624,8 @@ def _read_requests(path: Path) -> list[RequestRecord]:
 def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: str | None = None,
             model: str | None = None, allow_profile_mismatch: bool = False,
             echo: Callable[[str], None] = print, band_samples: int = 20,
-            speed_by_part: bool = False, limits: dict[str, float] | None = None) -> dict[str, Any]:
+            speed_by_part: bool = False, limits: dict[str, float] | None = None,
+            speed_from: str | None = None) -> dict[str, Any]:
     """A recorded real run (a fidelity output folder) judged again with another profile, no engine.
 
     The simulator gets the run's workload (options from its fidelity.json; trace re-pointed
@@ -566,6 +659,8 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
         wl["trace"] = trace
     if speed_by_part:
         wl["speed_by_part"] = True
+    if speed_from is not None:
+        wl["speed_from"] = speed_from
     opts = FidelityOptions(str(profile_path), **wl)
     if old.get("scheduler_config"):
         sched_cfg = SchedulerConfig(**old["scheduler_config"])
@@ -592,16 +687,17 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
         r.speed = sp
     sim_raw = simulate(raw_speed(profile), make, sched_cfg)
     for r in runs:
-        r.judge(profile, make, sched_cfg, opts.speed_by_part, normalize, sim_raw)
+        r.judge(profile, make, sched_cfg, opts.speed_by_part, normalize, sim_raw, opts.speed_from == "samples")
     first = runs[0]
     real, judged, sim, speed = first.records, first.judged, first.sim, first.speed
     ratio = speed.get("machine_speed_ratio") if normalize and speed.get("normalized") else None
     report: dict[str, Any] = dict(first.part)
     if band_samples:
         report["band"] = prediction_band(judged, make, sched_cfg, real,
-                                         StepNoise.for_run(judged, speed if ratio else None, first.rows),
+                                         StepNoise.for_run(first.step_profile, speed if ratio else None,
+                                                           first.rows, first.step_speed),
                                          samples=band_samples)
-    report["sensitivity"] = price_sensitivity(judged, make, sched_cfg, limits)
+    report["sensitivity"] = price_sensitivity(first.step_profile, make, sched_cfg, limits, trace=first.trace)
     report.update(num_requests=len(real), profile=str(profile_path), rejudged_from=str(run),
                   speed={**speed, "from_recorded_run": True}, workload=wl, engine=eng,
                   scheduler_config=dataclasses.asdict(sched_cfg),
@@ -615,9 +711,11 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "fidelity.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
+    scaling = (sampled_line(speed) if first.trace is not None
+               else f"simulated step times scaled by the run's measured machine speed {ratio:.3f}"
+               + (" (decode and prefill by part)" if opts.speed_by_part else "") if ratio else "")
     md = (f"recorded run {run} (real side as measured then) judged with profile {profile_path}"
-          + (f"; simulated step times scaled by the run's measured machine speed {ratio:.3f}"
-             + (" (decode and prefill by part)" if opts.speed_by_part else "") if ratio else "")
+          + (f"; {scaling}" if scaling else "")
           + "\n\n" + table(report) + "\n\n" + target_line(report["targets"]) + speed_matched_line(report)
           + "\n\n" + sensitivity_line(report["sensitivity"]))
     md += step_line(report["steps"], "\n\n")

@@ -30,6 +30,8 @@ from twinserve.core.sampling_params import SamplingParams
 from twinserve.sim.world import INF, ArrivalSource, RequestRecord
 from twinserve.sim.workload import WorkItem, Workload
 
+from .speedtrace import SAMPLE_EVERY_S, SampleClock, SpeedSampler
+
 
 @dataclass(slots=True)
 class RealRun:
@@ -45,6 +47,10 @@ class RealRun:
     num_preemptions: int = 0
     # Engine core in its own process: per step, arrivals up to this time had reached the core.
     admit_until: list[float] | None = None
+    # The run's start on the monotonic clock (the step log's start_s is on it).
+    t0: float = 0.0
+    # (seconds from the start, seconds taken) of every speed sample (speedtrace.py).
+    speed_samples: list[tuple[float, float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -55,8 +61,14 @@ class _Live:
     output_ids: list[int] = field(default_factory=list)
 
 
-def run_real(engine: Any, workload: Workload, poll_s: float = 0.0005) -> RealRun:
-    """Serve every request of workload on engine in real time (Ctrl-C: aborts, returns partial)."""
+def run_real(engine: Any, workload: Workload, poll_s: float = 0.0005,
+             sampler: SpeedSampler | None = None, sample_every_s: float = SAMPLE_EVERY_S) -> RealRun:
+    """Serve every request of workload on engine in real time (Ctrl-C: aborts, returns partial).
+
+    With a sampler, the machine's speed is sampled after a step whenever sample_every_s have
+    passed since the last sample (speedtrace.SampleClock, which the simulator's TracedExecutor
+    follows too); the next step waits for it.
+    """
     source = ArrivalSource(workload.items())
     live: dict[str, _Live] = {}
     run = RealRun([])
@@ -72,7 +84,8 @@ def run_real(engine: Any, workload: Workload, poll_s: float = 0.0005) -> RealRun
         run.admit_until = []
     # Absolute arrival time sent to the engine -> the workload's own (no float round trip).
     arrivals: dict[float, float] = {}
-    t0 = time.monotonic()
+    clock = SampleClock(sample_every_s)
+    t0 = run.t0 = time.monotonic()
     try:
         while True:
             now = time.monotonic() - t0
@@ -100,6 +113,8 @@ def run_real(engine: Any, workload: Workload, poll_s: float = 0.0005) -> RealRun
                     st.token_times.extend([end] * len(delta))
                     if out.finished:
                         _finish(workload, source, live.pop(out.request_id), out, t0, end, run)
+                if sampler is not None and clock.due(end):
+                    run.speed_samples.append((time.monotonic() - t0, sampler.sample()))
                 continue
             nxt = source.next_time()
             if nxt == INF:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -35,13 +35,16 @@ def scaled_profile(profile: FittedCostModel, speed: dict[str, Any], by_part: boo
     return dataclasses.replace(profile, time_scale=speed["machine_speed_ratio"], prefill_scale=1.0)
 
 
-def step_errors(profile: FittedCostModel, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def step_errors(profile: FittedCostModel, rows: list[dict[str, Any]],
+                speed: Callable[[float], float] | None = None) -> dict[str, Any]:
     """Predicted vs measured time of every real step that computed tokens.
 
     Besides the per-step errors, the busy-time error (total predicted over total measured)
     overall and per kind: long steps weigh as much as they last, which is what latencies feel.
+    With `speed` (start_s -> slowness, a sampled speed trace) each step is priced at the speed
+    sampled at its start.
     """
-    res = step_residuals(profile, rows)
+    res = step_residuals(profile, rows, speed)
     if not res:
         return {"num_steps": 0}
     a = np.asarray([(p - m) / m for _, m, p, _ in res])

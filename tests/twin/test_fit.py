@@ -540,6 +540,9 @@ def test_calibrate_warns_when_the_machine_speed_moved_while_it_ran(
     assert main(["calibrate", "--refit", str(tmp_path / "p.json"), "--out", str(tmp_path / "q.json")]) == 0
     err = capsys.readouterr().err
     assert "speed moved" in err and f"{prov['speed_probe_drift']:.0%}" in err
+    # It names what corrected the drift: the probes here, the speed samples where they did.
+    assert "drift correction between probes" in err
+    assert "drift correction by the speed samples" in drift_warning({**prov, "drift_source": "samples"})
 
 
 def test_calibration_prices_the_steps_after_an_idle_gap_apart() -> None:

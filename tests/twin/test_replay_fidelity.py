@@ -64,8 +64,9 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     prof = tmp_path / "tiny.json"
     common = ["--model", str(tiny_model), "--dtype", "float64", "--max-model-len", "256",
               "--block-size", "4", "--num-gpu-blocks-override", "200"]
+    # Speed samples every 20 ms (the tiny model's design runs in about a second).
     assert main(["calibrate", "--out", str(prof), "--quick", "--repeats", "1", "--no-progress",
-                 "--max-context", "100", "--probe-every", "5", *common]) == 0
+                 "--max-context", "100", "--probe-every", "5", "--sample-every", "0.02", *common]) == 0
     data = json.loads(prof.read_text())
     # The quick design's decodes reach 1.5 x 24 + 3 tokens of context; --max-context adds a
     # decode context whose spread reaches 100, and the fit saw batches at it (65 on average).
@@ -111,9 +112,17 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     points = sum(c > 0 for c in design.prefill_contexts) + design.num_points() * design.repeats
     assert len(probes) == 2 + points // 5  # one after every 5th point, plus before and after
     assert data["provenance"]["speed_probe_s"] == pytest.approx(float(np.median([s for _, s in probes])))
+    # The drift was corrected by the speed samples, each smoothed as fidelity smooths them; the
+    # profile is priced at the median smoothed sample.
+    from twinserve.backends.twin.speedtrace import SpeedTrace
+
+    prov = data["provenance"]
+    assert prov["drift_source"] == "samples" and len(prov["speed_samples"]) >= 10
+    smooth = SpeedTrace.from_samples(prov["speed_samples"], 1.0, window_s=prov["speed_sample_window_s"])
+    assert prov["speed_sample_s"] == pytest.approx(float(np.median(smooth.factors)), rel=1e-6)
     out = tmp_path / "fid"
     rc = main(["fidelity", "--profile", str(prof), "--trace", str(_trace(tmp_path / "t.csv")),
-               "--out", str(out), "--max-num-batched-tokens", "128", *common])
+               "--out", str(out), "--max-num-batched-tokens", "128", "--sample-every", "0.02", *common])
     assert rc == 0
     rep = json.loads((out / "fidelity.json").read_text())
     for m in ("ttft", "tpot", "itl", "e2e"):
@@ -149,6 +158,34 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
         assert sp[f"machine_speed_ratio_{part}"] == pytest.approx(mean / cal_parts[f"{part}_s"])
     assert sp["probe_before_s"] == pytest.approx(sum(sp["probe_before_parts"].values()))
     assert "scaled by part" not in (out / "fidelity.md").read_text()  # overall unless asked
+    # The machine's speed was also sampled all through the run (every 20 ms here), and the
+    # prediction priced every step at the speed sampled at its start, against the profile's
+    # median sample; its mean over the run's steps is reported.
+    smp = sp["sampled"]
+    assert smp["num_samples"] == len(smp["samples"]) >= 2 and smp["ref_s"] == prov["speed_sample_s"]
+    trace = SpeedTrace.from_samples(smp["samples"], prov["speed_sample_s"], smp["every_s"], smp["window_s"])
+    rows = read_step_log(out / "steps_real.csv")
+    assert smp["mean_factor"] == pytest.approx(
+        sum(r["step_time_s"] * trace.factor(float(r["start_s"]) - smp["t0"]) for r in rows)
+        / sum(r["step_time_s"] for r in rows))
+    assert f"sampled {smp['num_samples']} times (every 0.02 s" in (out / "fidelity.md").read_text()
+    # Judged by the probes around it instead: the steps priced at their mean ratio.
+    by_probes = tmp_path / "by-probes"
+    assert main(["fidelity", "--from-run", str(out), "--profile", str(prof), "--out", str(by_probes),
+                 "--band-samples", "0", "--speed-from", "probes"]) == 0
+    rp = json.loads((by_probes / "fidelity.json").read_text())
+    assert "scaled by the run's measured machine speed" in (by_probes / "fidelity.md").read_text()
+    assert rp["speed_matched"]["time_scale"] == pytest.approx(
+        sp["machine_speed_ratio"] / (1 + rp["steps"]["busy_err"]))
+    # A profile with no reference sample (made before samples, or on a CUDA device) judges the
+    # sampled run by its probes, and keeps nothing of the samples' earlier judgement.
+    unsampled = tmp_path / "unsampled.json"
+    unsampled.write_text(json.dumps({**data, "provenance": {**prov, "speed_sample_s": None}}))
+    assert main(["fidelity", "--from-run", str(out), "--profile", str(unsampled), "--out",
+                 str(tmp_path / "unsampled"), "--band-samples", "0"]) == 0
+    ru = json.loads((tmp_path / "unsampled" / "fidelity.json").read_text())
+    assert set(ru["speed"]["sampled"]) == {"samples", "t0", "every_s", "window_s"}
+    assert ru["metrics"] == rp["metrics"]
     assert set(rep["metrics_raw"]) == {"ttft", "tpot", "itl", "e2e"}
     assert (out / "fidelity.png").stat().st_size > 10_000 and (out / "fidelity.md").exists()
     # Arrivals are the trace's own timestamps; outputs are forced to the trace's lengths.
@@ -172,9 +209,10 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     tm = rep["targets_speed_matched"]
     assert tm["judged_on"] == "the run; each run at its own mean speed, not a prediction"
     assert tm["cells"]["ttft"]["p50"]["err"] == rep["speed_matched"]["metrics"]["ttft"]["p50"]["err"]
-    assert rep["speed_matched"]["time_scale"] == pytest.approx(
-        rep["speed"]["machine_speed_ratio"] / (1 + rep["steps"]["busy_err"]))
-    assert f"x {rep['speed_matched']['time_scale']:.3f} the calibration's prices" in (out / "fidelity.md").read_text()
+    # Judged at the speed sampled through the run, the matched scale is on top of it.
+    assert rep["speed_matched"]["time_scale"] == pytest.approx(1 / (1 + rep["steps"]["busy_err"]))
+    assert (f"x {rep['speed_matched']['time_scale']:.3f} the calibration's prices, at the speed sampled "
+            "through it" in (out / "fidelity.md").read_text())
     assert rep2["targets_speed_matched"] == tm
     # --fail-on-miss: exit 3 when a cell misses, 0 when all are met; a bad limit is refused.
     assert main(["fidelity", "--from-run", str(out), "--profile", str(prof), "--out", str(again),
@@ -199,7 +237,7 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     # Judged again scaling decode and prefill by their own probe parts.
     by_part = tmp_path / "by-part"
     assert main(["fidelity", "--from-run", str(out), "--profile", str(prof), "--out", str(by_part),
-                 "--speed-by-part", "--band-samples", "0"]) == 0
+                 "--speed-by-part", "--band-samples", "0", "--speed-from", "probes"]) == 0
     rep3 = json.loads((by_part / "fidelity.json").read_text())
     assert rep3["workload"]["speed_by_part"] and "band" not in rep3
     assert "decode and prefill by part" in (by_part / "fidelity.md").read_text()

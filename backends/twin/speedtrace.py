@@ -1,0 +1,181 @@
+"""The machine's speed sampled all through a run, and a simulator that runs at that speed.
+
+A shared VM's speed swings by ±15% within minutes (other tenants' memory traffic), so a
+probe before and one after a run of several minutes estimate the speed the run saw poorly,
+and near saturation queueing multiplies a few percent of speed error into tens of percent
+of latency. Sampling it during the run fixes the sampling, not the machine:
+
+- `SpeedSampler` times one fixed matrix-vector product over a 64 MiB matrix (about 3 ms on
+  this project's VM): it streams from DRAM as a decode step streams the weights;
+- calibrate and the real replay sample after an engine step whenever `SAMPLE_EVERY_S` have
+  passed since the last sample, and only while the engine has work (a sample in an idle gap
+  would warm what the profile's wake prices model as gone cold);
+- `SpeedTrace` turns the samples into the machine's speed over time against the profile's
+  reference (the calibration's median sample), smoothed over `SMOOTH_S`;
+- `TracedExecutor` prices each simulated step at the trace's speed at its start and adds the
+  samples' own pauses by the same rule, so both sides do the same work.
+
+Measured (experiments/speed_tracking.py, Dec 1 07:15, CPU 1 of this project's 2-core VM,
+15 minutes of 2-second blocks of engine steps with one sample after each): the blocks' speed
+moved ±15% minute to minute; the samples' mean over a window tracked the blocks' mean speed
+to 3.5% rms over 20 s windows and 2.0% over 120 s, where the blocks just before and after a
+120 s window (what probes around a run see) missed it by 5.6%.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from twinserve.backends.sim.executor import SimExecutor
+from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
+
+# Seconds between two samples while the engine has work (a sample costs about 3 ms: 0.15%).
+SAMPLE_EVERY_S = 2.0
+# The trace's speed at t is the mean of the samples within SMOOTH_S / 2 of t: one sample is a
+# 3 ms glimpse (12% spread between neighbours); windows of 10-20 s tracked the engine's own
+# speed best in the measurement above (6.2% per 2 s block, against 7.5% over 120 s).
+SMOOTH_S = 20.0
+# 4096 x 4096 float32: 64 MiB, larger than any last-level cache a CPU of this class has.
+_SAMPLE_ROWS = 4096
+
+
+class SpeedSampler:
+    """One timed matrix-vector product over a fixed 64 MiB matrix: the machine's speed now."""
+
+    def __init__(self, rows: int = _SAMPLE_ROWS, seed: int = 0) -> None:
+        import torch
+
+        g = torch.Generator().manual_seed(seed)
+        self._torch = torch
+        self.matrix = torch.randn(rows, rows, generator=g)
+        self.vector = torch.randn(rows, generator=g)
+        for _ in range(3):  # first touch of the pages, and the kernel's own warm-up
+            torch.mv(self.matrix, self.vector)
+
+    def sample(self) -> float:
+        """Seconds of one product now."""
+        t = time.perf_counter()
+        self._torch.mv(self.matrix, self.vector)
+        return time.perf_counter() - t
+
+
+def sampler_for(engine: Any) -> SpeedSampler | None:
+    """A sampler for an engine whose steps run on this process's CPU, else None.
+
+    A CUDA engine's speed is the device's, which a CPU product does not see; an engine core in
+    its own process runs its steps where the front end's sampler does not.
+    """
+    device = engine.args.resolve_device()
+    if device.type != "cpu" or getattr(engine, "core_mode", "inproc") != "inproc":
+        return None
+    return SpeedSampler()
+
+
+@dataclass(slots=True)
+class SampleClock:
+    """When to sample: after a step that ends SAMPLE_EVERY_S or more after the last sample."""
+
+    every_s: float = SAMPLE_EVERY_S
+    last: float = float("-inf")
+
+    def due(self, now: float) -> bool:
+        if now - self.last >= self.every_s:
+            self.last = now
+            return True
+        return False
+
+
+@dataclass(slots=True)
+class SpeedTrace:
+    """The machine's relative slowness over a run's clock: 1.0 is the profile's reference speed,
+    1.1 a machine 10% slower (step prices are multiplied by it)."""
+
+    times: list[float]
+    factors: list[float]
+    every_s: float = SAMPLE_EVERY_S
+    pause_s: float = 0.0          # what one sample costs the engine (the median sample)
+    window_s: float = SMOOTH_S
+    num_samples: int = 0
+    raw: list[float] = field(default_factory=list)
+
+    @classmethod
+    def from_samples(cls, samples: Sequence[Sequence[float]], ref_s: float, every_s: float = SAMPLE_EVERY_S,
+                     window_s: float = SMOOTH_S) -> "SpeedTrace":
+        """From (time, seconds) samples against the reference sample's seconds."""
+        if not samples:
+            raise ValueError("a speed trace needs at least one sample")
+        if not ref_s or ref_s <= 0:
+            raise ValueError(f"reference sample {ref_s!r}: give the calibration's positive seconds")
+        pts = sorted((float(t), float(s)) for t, s in samples)
+        t = np.asarray([p[0] for p in pts])
+        s = np.asarray([p[1] for p in pts]) / ref_s
+        lo = np.searchsorted(t, t - window_s / 2, side="left")
+        hi = np.searchsorted(t, t + window_s / 2, side="right")
+        c = np.concatenate([[0.0], np.cumsum(s)])
+        smooth = (c[hi] - c[lo]) / (hi - lo)
+        return cls(t.tolist(), smooth.tolist(), every_s, float(np.median([p[1] for p in pts])), window_s,
+                   len(pts), s.tolist())
+
+    def factor(self, t: float) -> float:
+        """The slowness at time t (linear between samples, held flat before the first and after the last)."""
+        ts, fs = self.times, self.factors
+        i = bisect.bisect_right(ts, t)
+        if i == 0:
+            return fs[0]
+        if i == len(ts):
+            return fs[-1]
+        t0, t1 = ts[i - 1], ts[i]
+        w = (t - t0) / (t1 - t0) if t1 > t0 else 0.0
+        return fs[i - 1] + w * (fs[i] - fs[i - 1])
+
+    def mean_factor(self, starts: Sequence[float], durations: Sequence[float]) -> float:
+        """The busy-time-weighted mean slowness over steps (start, measured duration)."""
+        total = sum(durations)
+        if total <= 0:
+            return float(np.mean(self.factors))
+        return sum(d * self.factor(s) for s, d in zip(starts, durations)) / total
+
+    def summary(self) -> dict[str, Any]:
+        return {"num_samples": self.num_samples, "every_s": self.every_s, "window_s": self.window_s,
+                "pause_s": self.pause_s, "min_factor": min(self.factors), "max_factor": max(self.factors)}
+
+
+class TracedExecutor(SimExecutor):
+    """A SimExecutor whose step prices follow a measured speed trace, pausing for the samples.
+
+    The world's clock is read through `clock` (set to the simulation's env.now); the world
+    must not fast-forward decode windows (`waking` is always true), since a window is priced
+    at one speed.
+    """
+
+    def __init__(self, cost_model: Any, trace: SpeedTrace) -> None:
+        super().__init__(cost_model)
+        self.trace = trace
+        self.clock = lambda: 0.0
+        self._samples = SampleClock(trace.every_s)
+        self._paused_until = float("-inf")
+
+    @property
+    def waking(self) -> bool:
+        return True
+
+    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        now = self.clock()
+        out = super().execute(so)
+        base = out.step_time or 0.0
+        t = base * self.trace.factor(now) + max(0.0, self._paused_until - now)
+        self.totals.busy_time += t - base
+        if self._samples.due(now + t):
+            # The real loop samples once this step's outputs are out: the next step waits for it.
+            self._paused_until = now + t + self.trace.pause_s
+        out.step_time = t
+        return out
+
+
+__all__ = ["SAMPLE_EVERY_S", "SMOOTH_S", "SampleClock", "SpeedSampler", "SpeedTrace", "TracedExecutor",
+           "sampler_for"]

@@ -1,0 +1,197 @@
+"""The machine's speed sampled through a run, and a simulator that runs at that speed.
+
+The "real" runs here are simulations whose machine speed is known at every instant (an
+executor written here, apart from TracedExecutor), so the traced prediction can be held to
+it, and a prediction at the run's mean speed shown to miss what the trace sees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from twinserve.backends.sim.executor import SimExecutor
+from twinserve.backends.sim.fitted import FittedCostModel
+from twinserve.backends.twin.compare import compare
+from twinserve.backends.twin.fidelity import simulate
+from twinserve.backends.twin.speedtrace import SampleClock, SpeedTrace, TracedExecutor
+from twinserve.core.engine_core import EngineCore
+from twinserve.core.sched.config import SchedulerConfig
+from twinserve.sim.world import Simulation
+from twinserve.sim.workload import Workload, WorkloadConfig
+
+
+def _profile() -> FittedCostModel:
+    return FittedCostModel(intercept_s=0.004, per_token_s=2e-4, per_decode_seq_s=1e-4,
+                           per_decode_context_token_s=1e-6)
+
+
+def _make(rate: float = 60.0, n: int = 120):
+    cfg = WorkloadConfig(num_requests=n, arrival="poisson", rate=rate, prompt_dist="uniform",
+                         prompt_min=8, prompt_max=64, output_dist="uniform", output_min=4,
+                         output_max=24, vocab_size=1000)
+    return lambda: Workload(cfg, 5, 512)
+
+
+def _sched() -> SchedulerConfig:
+    return SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, block_size=8, num_blocks=400,
+                           max_model_len=512)
+
+
+def test_trace_smooths_over_its_window_and_holds_at_the_ends() -> None:
+    # Samples of 2, 6 (ms) close together, then 3 and 3 far apart, against a 2 ms reference.
+    tr = SpeedTrace.from_samples([(0.0, 0.002), (1.0, 0.006), (10.0, 0.003), (30.0, 0.003)], 0.002,
+                                 window_s=4.0)
+    assert tr.raw == pytest.approx([1.0, 3.0, 1.5, 1.5])
+    # Each point is the mean of the samples within 2 s of it.
+    assert tr.factors == pytest.approx([2.0, 2.0, 1.5, 1.5])
+    assert tr.factor(0.5) == pytest.approx(2.0)
+    assert tr.factor(5.5) == pytest.approx(1.75)  # halfway between 1.0 (2.0) and 10.0 (1.5)
+    assert tr.factor(-3.0) == pytest.approx(2.0) and tr.factor(99.0) == pytest.approx(1.5)
+    assert tr.pause_s == pytest.approx(0.003) and tr.num_samples == 4
+    # Out of order samples are the same trace.
+    same = SpeedTrace.from_samples([(30.0, 0.003), (1.0, 0.006), (10.0, 0.003), (0.0, 0.002)], 0.002,
+                                   window_s=4.0)
+    assert same.factors == tr.factors
+    with pytest.raises(ValueError, match="at least one sample"):
+        SpeedTrace.from_samples([], 0.002)
+    with pytest.raises(ValueError, match="positive seconds"):
+        SpeedTrace.from_samples([(0.0, 0.002)], 0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 600), st.floats(1e-4, 1e-2)), min_size=1, max_size=60),
+       st.floats(0.5, 60), st.floats(-100, 700))
+def test_trace_stays_within_its_samples(samples, window, t) -> None:
+    tr = SpeedTrace.from_samples(samples, 0.003, window_s=window)
+    lo, hi = min(s for _, s in samples) / 0.003, max(s for _, s in samples) / 0.003
+    assert all(lo * (1 - 1e-9) <= f <= hi * (1 + 1e-9) for f in tr.factors)
+    assert lo * (1 - 1e-9) <= tr.factor(t) <= hi * (1 + 1e-9)
+
+
+def test_sample_clock_fires_after_every_gap_of_its_period() -> None:
+    c = SampleClock(2.0)
+    fired = [t for t in (0.0, 0.5, 1.9, 2.0, 3.0, 4.1, 9.0) if c.due(t)]
+    assert fired == [0.0, 2.0, 4.1, 9.0]
+
+
+def test_at_a_constant_speed_the_trace_is_the_scaled_simulation() -> None:
+    # No pauses (a sample costs nothing here): pricing every step at x 1.3 through the trace is
+    # the profile at time_scale 1.3, token for token (the traced run does not fast-forward).
+    prof, make, sched = _profile(), _make(), _sched()
+    flat = SpeedTrace.from_samples([(0.0, 0.0013), (50.0, 0.0013)], 0.001)
+    flat.pause_s = 0.0
+    traced = simulate(prof, make, sched, flat)
+    scaled = simulate(dataclasses.replace(prof, time_scale=1.3), make, sched)
+    got = {r.request_id: r.token_times for r in traced.records}
+    want = {r.request_id: r.token_times for r in scaled.records}
+    assert got.keys() == want.keys()
+    for rid in want:
+        assert got[rid] == pytest.approx(want[rid], rel=1e-9, abs=1e-12), rid
+
+
+class _SlowingExecutor(SimExecutor):
+    """The truth: a machine that runs at the profile's speed until `at`, then `slow` times slower."""
+
+    def __init__(self, model, at: float, slow: float) -> None:
+        super().__init__(model)
+        self.at, self.slow, self.clock = at, slow, lambda: 0.0
+
+    @property
+    def waking(self) -> bool:
+        return True
+
+    def execute(self, so):
+        out = super().execute(so)
+        if self.clock() >= self.at:
+            out.step_time *= self.slow
+        return out
+
+
+def test_a_machine_that_slows_mid_run_is_followed_by_the_trace_not_by_its_mean() -> None:
+    prof, sched = _profile(), _sched()
+    make = _make(rate=55.0, n=300)
+    ex = _SlowingExecutor(prof, at=2.0, slow=1.5)
+    truth_sim = Simulation(EngineCore(dataclasses.replace(sched), ex), ex, make(), fast_forward=False)
+    ex.clock = lambda: truth_sim.env.now
+    truth = truth_sim.run()
+    end = max(r.finish_time for r in truth.records)
+    assert end > 3.0  # the run lasts well past the slowdown
+    # Samples every 0.05 s of a 1 ms product on that machine, smoothed over 0.1 s.
+    samples = [(0.05 * i, 0.001 * (1.5 if 0.05 * i >= 2.0 else 1.0)) for i in range(int(end / 0.05) + 1)]
+    trace = SpeedTrace.from_samples(samples, 0.001, every_s=1e9, window_s=0.1)
+    trace.pause_s = 0.0
+    traced = compare(truth.records, simulate(prof, make, sched, trace).records)["metrics"]
+    # The best single speed: the truth's busy-weighted mean.
+    starts, durs = truth.steps.start, truth.steps.duration
+    mean = sum(d for d in durs) / sum(d / (1.5 if s >= 2.0 else 1.0) for s, d in zip(starts, durs))
+    flat = compare(truth.records, simulate(dataclasses.replace(prof, time_scale=mean), make, sched).records)["metrics"]
+    for m in ("ttft", "tpot", "e2e"):
+        for q in ("p50", "p99"):
+            assert abs(traced[m][q]["err"]) < 0.03, (m, q, traced[m][q])
+    # At one mean speed the queue that builds after the slowdown is missed.
+    worst_flat = max(abs(flat[m][q]["err"]) for m in ("ttft", "e2e") for q in ("p50", "p99"))
+    worst_traced = max(abs(traced[m][q]["err"]) for m in ("ttft", "e2e") for q in ("p50", "p99"))
+    assert worst_flat > 0.10 and worst_flat > 4 * worst_traced
+
+
+def test_the_samples_pause_the_simulated_engine_as_they_pause_the_real_one() -> None:
+    # A closed batch keeps the engine busy from 0 to the end: after the first step and then
+    # after each step ending 0.05 s or more after the last sample, the next step waits 4 ms.
+    prof, sched = _profile(), _sched()
+    cfg = WorkloadConfig(num_requests=40, arrival="all_at_once", rate=1.0, prompt_dist="uniform", prompt_min=8,
+                         prompt_max=64, output_dist="uniform", output_min=4, output_max=24, vocab_size=1000)
+    make = lambda: Workload(cfg, 5, 512)  # noqa: E731
+    trace = SpeedTrace.from_samples([(0.0, 0.002)], 0.002, every_s=0.05)
+    trace.pause_s = 0.004
+    ex = TracedExecutor(prof, trace)
+    sim = Simulation(EngineCore(dataclasses.replace(sched), ex), ex, make(), fast_forward=False)
+    ex.clock = lambda: sim.env.now
+    res = sim.run()
+    base = simulate(prof, make, sched)
+    ends = [s + d for s, d in zip(res.steps.start, res.steps.duration)]
+    clock = SampleClock(0.05)
+    pauses = sum(clock.due(e) for e in ends[:-1])  # the last step's sample delays nothing
+    assert pauses >= 5
+    assert len(ends) == base.num_steps
+    assert ends[-1] == pytest.approx(sum(base.steps.duration) + 0.004 * pauses, rel=1e-9)
+
+
+def test_the_real_loop_samples_by_the_simulators_rule(make_engine) -> None:
+    from twinserve.backends.twin.realrun import run_real
+
+    class Fake:
+        calls = 0
+
+        def sample(self) -> float:
+            Fake.calls += 1
+            return 0.001
+
+    engine = make_engine()
+    cfg = WorkloadConfig(num_requests=12, arrival="poisson", rate=200.0, prompt_dist="uniform",
+                         prompt_min=8, prompt_max=40, output_dist="uniform", output_min=4, output_max=12,
+                         vocab_size=200)
+    run = run_real(engine, Workload(cfg, 3, 256), sampler=Fake(), sample_every_s=0.01)
+    engine.shutdown()
+    clock = SampleClock(0.01)
+    due = [e for e in run.step_ends if clock.due(e)]
+    assert len(run.speed_samples) == Fake.calls == len(due) >= 2
+    # Each sample was taken after the step whose end made it due, and before the next began.
+    for (t, sec), e in zip(run.speed_samples, due):
+        assert sec == 0.001 and t >= e
+        later = [s for s in run.step_starts if s > e]
+        assert not later or t <= later[0]
+    assert all(math.isfinite(t) for t, _ in run.speed_samples) and run.t0 > 0
+
+
+def test_fidelity_options_refuse_an_unknown_speed_source_or_sampling_period() -> None:
+    from twinserve.backends.twin.fidelity import FidelityError, FidelityOptions
+
+    with pytest.raises(FidelityError, match="--speed-from 'probe': give one of samples, probes"):
+        FidelityOptions("p.json", speed_from="probe")
+    with pytest.raises(FidelityError, match="--sample-every 0: give seconds > 0"):
+        FidelityOptions("p.json", sample_every_s=0)
