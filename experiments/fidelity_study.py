@@ -147,7 +147,10 @@ def main() -> int:
                    "neighbours": _busiest_neighbours(rep),
                    # The error in the run's mean speed that alone would use up the tightest target
                    # (fidelity.price_sensitivity): what the speed probes must know to meet them all.
-                   "speed_precision": (rep["sensitivity"]["tightest"] or {}).get("speed_precision")}
+                   "speed_precision": (rep["sensitivity"]["tightest"] or {}).get("speed_precision"),
+                   # What the machine's speed during the runs was read from (fidelity --speed-from).
+                   "speed_from": "samples" if (rep["speed"].get("sampled") or {}).get("mean_factor")
+                   else "probes"}
             if "repeats" in rep:
                 r = rep["repeats"]
                 pooled = r["pooled"]["metrics"]
@@ -156,6 +159,8 @@ def main() -> int:
                 row.update({f"real2_{k}_{q}": r["real_vs_first"][0]["err"][k][q]
                             for k in ("ttft", "tpot", "e2e") for q in ("p50", "p99")})
                 row["speeds"] = [x["speed"].get("machine_speed_ratio") for x in r["runs"]]
+                # The mean speed each run sampled through itself (speedtrace.py), when judged by it.
+                row["sampled"] = [(x["speed"].get("sampled") or {}).get("mean_factor") for x in r["runs"]]
                 row["busy"] = [x["busy_err"] for x in r["runs"]]
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -165,8 +170,8 @@ def main() -> int:
     lines = ["| trace | load | rate (req/s) | " + " | ".join(c.replace("_", " ") for c in cols)
              + " | step median | replay exact | E2E p50 band ± | real inside band | busy beyond fit "
              "| targets met | within real spread | met at the run's own speed | speed known within "
-             "| other CPUs busy |",
-             "|" + "---|" * (len(cols) + 13)]
+             "| other CPUs busy | speed from |",
+             "|" + "---|" * (len(cols) + 14)]
     for r in rows:
         lines.append(f"| {r['trace']} | {r['load']:g} | {r['rate']:.3f} | "
                      + " | ".join(f"{r[c]:+.1%}" for c in cols)
@@ -176,18 +181,20 @@ def main() -> int:
                      f"| {r['targets']} | {'n/a' if r['within_spread'] is None else r['within_spread']} "
                      f"| {r['targets_own_speed'] or 'n/a'} "
                      f"| {'n/a' if r['speed_precision'] is None else format(r['speed_precision'], '.1%')} "
-                     f"| {'n/a' if r['neighbours'] is None else format(r['neighbours'], '.0%')} |")
+                     f"| {'n/a' if r['neighbours'] is None else format(r['neighbours'], '.0%')} "
+                     f"| {r['speed_from']} |")
     if a.repeats > 1:
         lines += ["", f"{a.repeats} real runs per cell: the simulator against all of them pooled, and real "
                   "run 2 against real run 1", "",
                   "| trace | load | " + " | ".join(f"pooled {c.replace('_', ' ')}" for c in cols[:6])
                   + " | " + " | ".join(f"real 2 vs 1 {c.replace('_', ' ')}" for c in cols[:6])
-                  + " | speed per run | busy err per run |", "|" + "---|" * 16]
+                  + " | speed per run (probes) | sampled | busy err per run |", "|" + "---|" * 17]
         for r in (r for r in rows if "speeds" in r):  # a run cut short has no repeats
             lines.append(f"| {r['trace']} | {r['load']:g} | "
                          + " | ".join(f"{r['pooled_' + c]:+.1%}" for c in cols[:6]) + " | "
                          + " | ".join(f"{r['real2_' + c]:+.1%}" for c in cols[:6]) + " | "
                          + ", ".join(f"{x:.3f}" if x else "n/a" for x in r["speeds"]) + " | "
+                         + ", ".join(f"{x:.3f}" if x else "n/a" for x in r["sampled"]) + " | "
                          + ", ".join("n/a" if x is None else f"{x:+.1%}" for x in r["busy"]) + " |")
     table = "\n".join(lines)
     (out / "summary.md").write_text(table + "\n")
