@@ -30,8 +30,8 @@ def _profile(fit=FIT) -> FittedCostModel:
                            per_decode_context_token_s=1e-6, meta={"fit": fit} if fit else {})
 
 
-def _make():
-    cfg = WorkloadConfig(num_requests=30, arrival="poisson", rate=60.0, prompt_dist="uniform",
+def _make(rate: float = 60.0, n: int = 30):
+    cfg = WorkloadConfig(num_requests=n, arrival="poisson", rate=rate, prompt_dist="uniform",
                          prompt_min=8, prompt_max=64, output_dist="uniform", output_min=4,
                          output_max=24, vocab_size=1000)
     return lambda: Workload(cfg, 5, 512)

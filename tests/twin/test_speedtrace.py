@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from twinserve.backends.sim.executor import SimExecutor
-from twinserve.backends.sim.fitted import FittedCostModel
 from twinserve.backends.twin.compare import compare
 from twinserve.backends.twin.fidelity import simulate
 from twinserve.backends.twin.speedtrace import SampleClock, SpeedTrace, TracedExecutor
@@ -24,22 +23,7 @@ from twinserve.core.sched.config import SchedulerConfig
 from twinserve.sim.world import Simulation
 from twinserve.sim.workload import Workload, WorkloadConfig
 
-
-def _profile() -> FittedCostModel:
-    return FittedCostModel(intercept_s=0.004, per_token_s=2e-4, per_decode_seq_s=1e-4,
-                           per_decode_context_token_s=1e-6)
-
-
-def _make(rate: float = 60.0, n: int = 120):
-    cfg = WorkloadConfig(num_requests=n, arrival="poisson", rate=rate, prompt_dist="uniform",
-                         prompt_min=8, prompt_max=64, output_dist="uniform", output_min=4,
-                         output_max=24, vocab_size=1000)
-    return lambda: Workload(cfg, 5, 512)
-
-
-def _sched() -> SchedulerConfig:
-    return SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, block_size=8, num_blocks=400,
-                           max_model_len=512)
+from .test_band import _make, _profile, _sched
 
 
 def test_trace_smooths_over_its_window_and_holds_at_the_ends() -> None:
@@ -82,7 +66,7 @@ def test_sample_clock_fires_after_every_gap_of_its_period() -> None:
 def test_at_a_constant_speed_the_trace_is_the_scaled_simulation() -> None:
     # No pauses (a sample costs nothing here): pricing every step at x 1.3 through the trace is
     # the profile at time_scale 1.3, token for token (the traced run does not fast-forward).
-    prof, make, sched = _profile(), _make(), _sched()
+    prof, make, sched = _profile(None), _make(n=120), _sched()
     flat = SpeedTrace.from_samples([(0.0, 0.0013), (50.0, 0.0013)], 0.001)
     flat.pause_s = 0.0
     traced = simulate(prof, make, sched, flat)
@@ -113,7 +97,7 @@ class _SlowingExecutor(SimExecutor):
 
 
 def test_a_machine_that_slows_mid_run_is_followed_by_the_trace_not_by_its_mean() -> None:
-    prof, sched = _profile(), _sched()
+    prof, sched = _profile(None), _sched()
     make = _make(rate=55.0, n=300)
     ex = _SlowingExecutor(prof, at=2.0, slow=1.5)
     truth_sim = Simulation(EngineCore(dataclasses.replace(sched), ex), ex, make(), fast_forward=False)
@@ -142,7 +126,7 @@ def test_a_machine_that_slows_mid_run_is_followed_by_the_trace_not_by_its_mean()
 def test_the_samples_pause_the_simulated_engine_as_they_pause_the_real_one() -> None:
     # A closed batch keeps the engine busy from 0 to the end: after the first step and then
     # after each step ending 0.05 s or more after the last sample, the next step waits 4 ms.
-    prof, sched = _profile(), _sched()
+    prof, sched = _profile(None), _sched()
     cfg = WorkloadConfig(num_requests=40, arrival="all_at_once", rate=1.0, prompt_dist="uniform", prompt_min=8,
                          prompt_max=64, output_dist="uniform", output_min=4, output_max=24, vocab_size=1000)
     make = lambda: Workload(cfg, 5, 512)  # noqa: E731
