@@ -33,6 +33,7 @@ from twinserve.sim.world import RequestRecord, Simulation
 from twinserve.sim.workload import Workload
 
 from .compare import METRICS, PERCENTILES, compare
+from .speedtrace import TracedExecutor
 
 # For a zero-mean normal error, E|x| = sigma * sqrt(2 / pi): the calibration reports the MAPE.
 _MAPE_TO_SIGMA = math.sqrt(math.pi / 2)
@@ -170,21 +171,25 @@ class NoisyCostModel:
 
 def prediction_band(profile: FittedCostModel, make: Callable[[], Workload], sched_cfg: Any,
                     real: Sequence[RequestRecord], noise: StepNoise, samples: int = 20,
-                    level: float = 0.9, seed: int = 0) -> dict[str, Any]:
+                    level: float = 0.9, seed: int = 0, trace: Any = None) -> dict[str, Any]:
     """The central `level` range of each percentile (and throughput) over `samples` noisy runs.
 
-    `profile` is the one judged (already speed-scaled); each cell says whether the real
-    value lies inside its range, and the range's half-width relative to its middle, which
-    is the error no model could beat on this machine at this load.
+    `profile` is the one judged (already speed-scaled, or priced along a sampled speed
+    `trace`, speedtrace.SpeedTrace); each cell says whether the real value lies inside its
+    range, and the range's half-width relative to its middle, which is the error no model
+    could beat on this machine at this load.
     """
     if samples < 2:
         raise ValueError(f"a prediction band needs at least 2 samples, got {samples}")
     draws: dict[str, list[float]] = {}
     for k in range(samples):
         model = NoisyCostModel(profile, noise, seed=seed * 100_003 + k)
-        executor = SimExecutor(model)
+        executor = SimExecutor(model) if trace is None else TracedExecutor(model, trace)
         core = EngineCore(dataclasses.replace(sched_cfg), executor)
-        recs = Simulation(core, executor, make(), fast_forward=False).run().records
+        sim = Simulation(core, executor, make(), fast_forward=False)
+        if trace is not None:
+            executor.clock = lambda sim=sim: sim.env.now
+        recs = sim.run().records
         rep = compare(real, recs)
         for m in METRICS:
             for p in PERCENTILES:

@@ -377,10 +377,10 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     report["replay"] = first.replay
     if band_samples:
         report["band"] = prediction_band(first.judged, make, sched_cfg, first.real.records,
-                                         StepNoise.for_run(first.step_profile, first.speed, first.rows,
+                                         StepNoise.for_run(first.judged, first.speed, first.rows,
                                                            first.step_speed),
-                                         samples=band_samples)
-    report["sensitivity"] = price_sensitivity(first.step_profile, make, sched_cfg, limits, trace=first.trace)
+                                         samples=band_samples, trace=first.trace)
+    report["sensitivity"] = price_sensitivity(first.judged, make, sched_cfg, limits, trace=first.trace)
     report["real"] = {"num_steps": len(first.real.step_starts), "wall_s": first.real.wall_time,
                       "preemptions": first.real.num_preemptions,
                       "prefix_hit_tokens": sum(r.prefix_hit_tokens for r in first.real.records)}
@@ -459,12 +459,11 @@ class _Run:
     rows: list[dict[str, Any]]         # its step log
     replay: dict[str, Any] | None
     part: dict[str, Any] = dataclasses.field(default_factory=dict)
-    judged: Any = None                 # the profile at the run's measured (mean) speed
+    judged: Any = None                 # the profile at the run's measured speed (x trace, with one)
     sim: Any = None
     sim_matched: Any = None            # the prediction at the run's own mean speed (speed_matched)
     trace: Any = None                  # the speed the run sampled (SpeedTrace), when judged by it
-    step_profile: Any = None           # the prices its steps are judged at: judged, or raw x trace
-    step_speed: Any = None             # start_s -> slowness, with a trace
+    step_speed: Any = None             # start_s -> slowness along that trace
 
     def _trace_at(self, trace: SpeedTrace) -> Callable[[float], float]:
         t0 = float(self.speed["sampled"]["t0"])
@@ -485,8 +484,7 @@ class _Run:
             self.speed["sampled"] = {k: v for k, v in self.speed["sampled"].items() if k in _SAMPLED_KEYS}
         trace = sampled_trace(profile, self.speed) if normalize and use_samples else None
         if trace is not None:
-            # Every simulated step priced at the speed sampled at its start; `judged` holds the
-            # busy-weighted mean of it, for what takes one speed (the band).
+            # Every simulated step priced at the speed sampled at its start.
             self.trace, self.step_speed = trace, self._trace_at(trace)
             rows = [r for r in self.rows if r.get("start_s") is not None]
             t0 = float(self.speed["sampled"]["t0"])
@@ -494,18 +492,14 @@ class _Run:
                                      [float(r["step_time_s"]) for r in rows])
             self.speed["sampled"].update(trace.summary(), ref_s=profile.meta["provenance"]["speed_sample_s"],
                                          mean_factor=mean)
-            self.judged = dataclasses.replace(raw_profile, time_scale=mean)
-            self.step_profile = raw_profile
             self.sim = simulate(raw_profile, make, sched_cfg, trace)
         elif normalize and self.speed.get("normalized"):
             self.judged = scaled_profile(profile, self.speed, by_part)
             self.sim = simulate(self.judged, make, sched_cfg)
-        if self.step_profile is None:
-            self.step_profile = self.judged
         part = compare(self.records, self.sim.records)
         raw = compare(self.records, sim_raw.records)
         part["metrics_raw"], part["throughput_raw"] = raw["metrics"], raw["throughput"]
-        part["steps"] = step_errors(self.step_profile, self.rows, self.step_speed) if self.rows else {}
+        part["steps"] = step_errors(self.judged, self.rows, self.step_speed) if self.rows else {}
         part["steps_raw"] = step_errors(raw_profile, self.rows) if self.rows else {}
         # The error a machine holding one speed would leave: every step price scaled so the
         # run's own steps cost what they measured in sum (busy error 0). Not a prediction (it
@@ -513,8 +507,7 @@ class _Run:
         # which the probes around it can only estimate, and the profile's step shapes.
         busy = part["steps"].get("busy_err")
         if busy is not None and busy > -1:
-            base = self.step_profile
-            matched = dataclasses.replace(base, time_scale=base.time_scale / (1.0 + busy))
+            matched = dataclasses.replace(self.judged, time_scale=self.judged.time_scale / (1.0 + busy))
             self.sim_matched = simulate(matched, make, sched_cfg, self.trace)
             part["speed_matched"] = {"time_scale": matched.time_scale,
                                      "metrics": compare(self.records, self.sim_matched.records)["metrics"]}
@@ -689,15 +682,15 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
     for r in runs:
         r.judge(profile, make, sched_cfg, opts.speed_by_part, normalize, sim_raw, opts.speed_from == "samples")
     first = runs[0]
-    real, judged, sim, speed = first.records, first.judged, first.sim, first.speed
+    real, sim, speed = first.records, first.sim, first.speed
     ratio = speed.get("machine_speed_ratio") if normalize and speed.get("normalized") else None
     report: dict[str, Any] = dict(first.part)
     if band_samples:
-        report["band"] = prediction_band(judged, make, sched_cfg, real,
-                                         StepNoise.for_run(first.step_profile, speed if ratio else None,
+        report["band"] = prediction_band(first.judged, make, sched_cfg, real,
+                                         StepNoise.for_run(first.judged, speed if ratio else None,
                                                            first.rows, first.step_speed),
-                                         samples=band_samples)
-    report["sensitivity"] = price_sensitivity(first.step_profile, make, sched_cfg, limits, trace=first.trace)
+                                         samples=band_samples, trace=first.trace)
+    report["sensitivity"] = price_sensitivity(first.judged, make, sched_cfg, limits, trace=first.trace)
     report.update(num_requests=len(real), profile=str(profile_path), rejudged_from=str(run),
                   speed={**speed, "from_recorded_run": True}, workload=wl, engine=eng,
                   scheduler_config=dataclasses.asdict(sched_cfg),

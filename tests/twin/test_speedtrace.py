@@ -179,3 +179,19 @@ def test_fidelity_options_refuse_an_unknown_speed_source_or_sampling_period() ->
         FidelityOptions("p.json", speed_from="probe")
     with pytest.raises(FidelityError, match="--sample-every 0: give seconds > 0"):
         FidelityOptions("p.json", sample_every_s=0)
+
+
+def test_without_noise_the_traced_band_is_the_traced_prediction() -> None:
+    from twinserve.backends.twin.band import StepNoise, prediction_band
+
+    prof, make, sched = _profile(None), _make(), _sched()
+    # The machine halves its speed over the run, and the samples pause it every 50 ms.
+    trace = SpeedTrace.from_samples([(0.0, 0.001), (0.4, 0.002)], 0.001, every_s=0.05, window_s=0.01)
+    trace.pause_s = 0.002
+    point = simulate(prof, make, sched, trace)
+    assert point.records != simulate(prof, make, sched).records
+    band = prediction_band(prof, make, sched, point.records, StepNoise.for_run(prof, None), samples=3,
+                           trace=trace)
+    for m, cells in band["cells"].items():
+        for p, c in cells.items():
+            assert c["lo"] == pytest.approx(c["hi"]) == pytest.approx(c["real"]), (m, p)
