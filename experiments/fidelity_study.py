@@ -62,6 +62,8 @@ def main() -> int:
     p.add_argument("--loads", nargs="+", type=float, default=[0.3, 0.8, 1.3])
     p.add_argument("--num-requests", type=int, default=40)
     p.add_argument("--repeats", type=int, default=1, help="real runs per cell (fidelity --repeats)")
+    p.add_argument("--speed-from", choices=["probes", "samples"], default="probes",
+                   help="what each run's machine speed is read from (fidelity --speed-from)")
     p.add_argument("--max-prompt-tokens", type=int, default=256)
     p.add_argument("--max-output-tokens", type=int, default=64)
     p.add_argument("--max-num-seqs", type=int, default=32)
@@ -115,7 +117,8 @@ def main() -> int:
     for name in a.traces:
         trace = str(Path(a.traces_dir) / TRACES[name])
         base = FidelityOptions(a.profile, trace=trace, num_requests=a.num_requests, rate=1.0,
-                               max_prompt_tokens=a.max_prompt_tokens, max_output_tokens=a.max_output_tokens)
+                               max_prompt_tokens=a.max_prompt_tokens, max_output_tokens=a.max_output_tokens,
+                               speed_from=a.speed_from)
         mu = saturation(profile, base, engine)
         print(f"{name}: simulated saturation {mu:.3f} req/s", flush=True)
         for i, load in enumerate(a.loads):

@@ -122,7 +122,8 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert prov["speed_sample_s"] == pytest.approx(float(np.median(smooth.factors)), rel=1e-6)
     out = tmp_path / "fid"
     rc = main(["fidelity", "--profile", str(prof), "--trace", str(_trace(tmp_path / "t.csv")),
-               "--out", str(out), "--max-num-batched-tokens", "128", "--sample-every", "0.02", *common])
+               "--out", str(out), "--max-num-batched-tokens", "128", "--speed-from", "samples",
+               "--sample-every", "0.02", *common])
     assert rc == 0
     rep = json.loads((out / "fidelity.json").read_text())
     for m in ("ttft", "tpot", "itl", "e2e"):
