@@ -26,9 +26,10 @@ Measured on this project's 2-core VM (Dec 1, CPU 1, the other core idle):
   runs a cell), judged with one profile calibrated after them: priced along their samples
   they met 12 of 36 target cells, judged by their probes 21. Leaving out one run, the samples
   priced each run's steps 3.3% too cheap on average (sd 3.4% over the runs), the probes 4.4%
-  too dear (sd 2.2%, all twelve). In that one run the samples came out 4-5x their median for half-minute episodes
-  in which the engine's steps were 25-40% slower: a pure DRAM stream over-reacts when the
-  host's memory is contended, and the trace priced the run 41% too dear.
+  too dear (sd 2.2%, all twelve). In that one run the samples came out 4-5x their median
+  for half-minute episodes in which the engine's prefills were at most 30% slower and its
+  decodes no slower: a pure DRAM stream over-reacts when the host's memory is contended,
+  and the trace priced the run 41% too dear.
 
 So fidelity judges by the probes unless asked (`--speed-from samples`); calibrate corrects
 its drift by the samples, which fitted its steps more closely than the probes did.
