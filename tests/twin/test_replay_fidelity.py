@@ -187,6 +187,13 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     ru = json.loads((tmp_path / "unsampled" / "fidelity.json").read_text())
     assert set(ru["speed"]["sampled"]) == {"samples", "t0", "every_s", "window_s"}
     assert ru["metrics"] == rp["metrics"]
+    # Unless asked, fidelity takes no samples (the real run has no pauses) and judges by the probes.
+    plain = tmp_path / "plain"
+    assert main(["fidelity", "--profile", str(prof), "--trace", str(_trace(tmp_path / "t.csv")), "--out",
+                 str(plain), "--max-num-batched-tokens", "128", "--band-samples", "0", *common]) == 0
+    rq = json.loads((plain / "fidelity.json").read_text())
+    assert "sampled" not in rq["speed"] and rq["workload"]["speed_from"] == "probes"
+    assert rq["speed"]["normalized"] and "scaled by it" in (plain / "fidelity.md").read_text()
     assert set(rep["metrics_raw"]) == {"ttft", "tpot", "itl", "e2e"}
     assert (out / "fidelity.png").stat().st_size > 10_000 and (out / "fidelity.md").exists()
     # Arrivals are the trace's own timestamps; outputs are forced to the trace's lengths.
