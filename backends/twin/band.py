@@ -17,7 +17,6 @@ work should chase.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 from dataclasses import dataclass
@@ -25,15 +24,13 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from twinserve.backends.sim.executor import SimExecutor
 from twinserve.backends.sim.fit import STEP_KINDS, step_kind
 from twinserve.backends.sim.fitted import FEATURE_COLUMNS, FittedCostModel
-from twinserve.core.engine_core import EngineCore
-from twinserve.sim.world import RequestRecord, Simulation
+from twinserve.sim.world import RequestRecord
 from twinserve.sim.workload import Workload
 
 from .compare import METRICS, PERCENTILES, compare
-from .speedtrace import TracedExecutor
+from .speedtrace import run_simulation
 
 # For a zero-mean normal error, E|x| = sigma * sqrt(2 / pi): the calibration reports the MAPE.
 _MAPE_TO_SIGMA = math.sqrt(math.pi / 2)
@@ -184,12 +181,7 @@ def prediction_band(profile: FittedCostModel, make: Callable[[], Workload], sche
     draws: dict[str, list[float]] = {}
     for k in range(samples):
         model = NoisyCostModel(profile, noise, seed=seed * 100_003 + k)
-        executor = SimExecutor(model) if trace is None else TracedExecutor(model, trace)
-        core = EngineCore(dataclasses.replace(sched_cfg), executor)
-        sim = Simulation(core, executor, make(), fast_forward=False)
-        if trace is not None:
-            executor.clock = lambda sim=sim: sim.env.now
-        recs = sim.run().records
+        recs = run_simulation(model, sched_cfg, make(), trace, fast_forward=False).records
         rep = compare(real, recs)
         for m in METRICS:
             for p in PERCENTILES:

@@ -702,11 +702,11 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             "drift_source": "samples" if by_samples else "probes",
             # The speed samples (speedtrace.py): the median smoothed sample, which the step times
             # were corrected to and fidelity's sampled speed is measured against, and every
-            # sample (seconds after the first, seconds taken), the first on the step log's clock.
+            # sample (seconds after the first, seconds taken), the first on the step log's clock;
+            # their period is the design's sample_every_s.
             "speed_sample_s": sample_ref if by_samples else None,
             "speed_samples": [[round(t - cal.samples[0][0], 6), round(sec, 9)] for t, sec in cal.samples],
             "speed_sample_t0": cal.samples[0][0] if cal.samples else None,
-            "speed_sample_every_s": design.sample_every_s,
             "speed_sample_window_s": SMOOTH_S,
             # Steps that followed an idle gap (index in the step log, seconds): priced by "wake".
             "idle_steps": [list(m) for m in cal.idle_steps],

@@ -16,15 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from twinserve.backends.sim.executor import SimExecutor
 from twinserve.backends.sim.fitted import (FittedCostModel, check_profile_core_mode, check_profile_hardware,
                                            check_profile_model, check_profile_numerics,
                                            check_profile_parallelism)
-from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import TwinserveError
 from twinserve.sim.config import load_config
 from twinserve.sim.errors import TraceError
-from twinserve.sim.world import RequestRecord, Simulation
+from twinserve.sim.world import RequestRecord
 from twinserve.sim.workload import Workload, WorkloadConfig
 
 from ..real.step_log import StepLog, read_step_log
@@ -35,7 +33,7 @@ from .compare import (DEFAULT_TARGETS, METRICS, PERCENTILES, TARGET_METRICS, com
 from .hostload import HostLoad, warning
 from .realrun import RealRun, run_real
 from .replay import replay
-from .speedtrace import SAMPLE_EVERY_S, SMOOTH_S, SpeedTrace, TracedExecutor, sampler_for
+from .speedtrace import SAMPLE_EVERY_S, SMOOTH_S, SpeedTrace, run_simulation, sampler_for
 from .steps import scaled_profile, speed_ratios, step_errors, step_line
 
 
@@ -161,15 +159,7 @@ def simulate(profile: FittedCostModel, make: Callable[[], Workload], sched_cfg: 
              trace: SpeedTrace | None = None) -> Any:
     """The prediction: the same scheduler config and workload, priced by the profile (at the
     speed a run sampled, over its clock, when given its trace)."""
-    if trace is None:
-        executor = SimExecutor(profile)
-        core = EngineCore(dataclasses.replace(sched_cfg), executor)
-        return Simulation(core, executor, make(), fast_forward=True).run()
-    executor = TracedExecutor(profile, trace)
-    core = EngineCore(dataclasses.replace(sched_cfg), executor)
-    sim = Simulation(core, executor, make(), fast_forward=False)
-    executor.clock = lambda: sim.env.now
-    return sim.run()
+    return run_simulation(profile, sched_cfg, make(), trace)
 
 
 def sampled_trace(profile: FittedCostModel, speed: dict[str, Any]) -> SpeedTrace | None:
@@ -467,10 +457,6 @@ class _Run:
     trace: Any = None                  # the speed the run sampled (SpeedTrace), when judged by it
     step_speed: Any = None             # start_s -> slowness along that trace
 
-    def _trace_at(self, trace: SpeedTrace) -> Callable[[float], float]:
-        t0 = float(self.speed["sampled"]["t0"])
-        return lambda start: trace.factor(start - t0)
-
     @property
     def records(self) -> list[RequestRecord]:
         return self.real.records if isinstance(self.real, RealRun) else self.real
@@ -487,9 +473,9 @@ class _Run:
         trace = sampled_trace(profile, self.speed) if normalize and use_samples else None
         if trace is not None:
             # Every simulated step priced at the speed sampled at its start.
-            self.trace, self.step_speed = trace, self._trace_at(trace)
-            rows = [r for r in self.rows if r.get("start_s") is not None]
             t0 = float(self.speed["sampled"]["t0"])
+            self.trace, self.step_speed = trace, lambda start: trace.factor(start - t0)
+            rows = [r for r in self.rows if r.get("start_s") is not None]
             mean = trace.mean_factor([float(r["start_s"]) - t0 for r in rows],
                                      [float(r["step_time_s"]) for r in rows])
             self.speed["sampled"].update(trace.summary(), ref_s=profile.meta["provenance"]["speed_sample_s"],

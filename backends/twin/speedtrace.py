@@ -26,10 +26,10 @@ Measured on this project's 2-core VM (Dec 1, CPU 1, the other core idle):
   runs a cell), judged with one profile calibrated after them: priced along their samples
   they met 12 of 36 target cells, judged by their probes 21. Leaving out one run, the samples
   priced each run's steps 3.3% too cheap on average (sd 3.4% over the runs), the probes 4.4%
-  too dear (sd 2.2%, all twelve). In that one run the samples came out 4-5x their median
+  too dear (sd 2.2%, all twelve). In that one run the samples came out 3-5x their median
   for half-minute episodes in which the engine's prefills were at most 30% slower and its
   decodes no slower: a pure DRAM stream over-reacts when the host's memory is contended,
-  and the trace priced the run 41% too dear.
+  and the trace priced the run's steps 51% too dear in sum.
 
 So fidelity judges by the probes unless asked (`--speed-from samples`); calibrate corrects
 its drift by the samples, which fitted its steps more closely than the probes did.
@@ -38,6 +38,7 @@ its drift by the samples, which fitted its steps more closely than the probes di
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -45,7 +46,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from twinserve.backends.sim.executor import SimExecutor
+from twinserve.core.engine_core import EngineCore
 from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
+from twinserve.sim.world import Simulation
 
 # Seconds between two samples while the engine has work (a sample costs about 3 ms: 0.15%).
 SAMPLE_EVERY_S = 2.0
@@ -190,5 +193,17 @@ class TracedExecutor(SimExecutor):
         return out
 
 
+def run_simulation(cost_model: Any, sched_cfg: Any, workload: Any, trace: SpeedTrace | None = None,
+                   fast_forward: bool = True) -> Any:
+    """Simulate workload with this cost model and scheduler config: at the model's own prices,
+    or along a sampled speed trace (a TracedExecutor on the simulation's clock, stepping)."""
+    executor = SimExecutor(cost_model) if trace is None else TracedExecutor(cost_model, trace)
+    sim = Simulation(EngineCore(dataclasses.replace(sched_cfg), executor), executor, workload,
+                     fast_forward=fast_forward and trace is None)
+    if trace is not None:
+        executor.clock = lambda: sim.env.now
+    return sim.run()
+
+
 __all__ = ["SAMPLE_EVERY_S", "SMOOTH_S", "SampleClock", "SpeedSampler", "SpeedTrace", "TracedExecutor",
-           "sampler_for"]
+           "run_simulation", "sampler_for"]

@@ -17,9 +17,8 @@ from hypothesis import strategies as st
 from twinserve.backends.sim.executor import SimExecutor
 from twinserve.backends.twin.compare import compare
 from twinserve.backends.twin.fidelity import simulate
-from twinserve.backends.twin.speedtrace import SampleClock, SpeedTrace, TracedExecutor
+from twinserve.backends.twin.speedtrace import SampleClock, SpeedTrace, run_simulation
 from twinserve.core.engine_core import EngineCore
-from twinserve.core.sched.config import SchedulerConfig
 from twinserve.sim.world import Simulation
 from twinserve.sim.workload import Workload, WorkloadConfig
 
@@ -132,10 +131,7 @@ def test_the_samples_pause_the_simulated_engine_as_they_pause_the_real_one() -> 
     make = lambda: Workload(cfg, 5, 512)  # noqa: E731
     trace = SpeedTrace.from_samples([(0.0, 0.002)], 0.002, every_s=0.05)
     trace.pause_s = 0.004
-    ex = TracedExecutor(prof, trace)
-    sim = Simulation(EngineCore(dataclasses.replace(sched), ex), ex, make(), fast_forward=False)
-    ex.clock = lambda: sim.env.now
-    res = sim.run()
+    res = run_simulation(prof, sched, make(), trace)
     base = simulate(prof, make, sched)
     ends = [s + d for s, d in zip(res.steps.start, res.steps.duration)]
     clock = SampleClock(0.05)
