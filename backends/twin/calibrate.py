@@ -59,7 +59,8 @@ from twinserve.core.sampling_params import SamplingParams
 
 from ..real.step_log import TIME_COLUMNS, StepLog
 from .hostload import HostLoad
-from .speedtrace import SAMPLE_EVERY_S, SMOOTH_S, SampleClock, SpeedSampler, SpeedTrace, sampler_for
+from .speedtrace import (DEFAULT_SAMPLER, SAMPLE_EVERY_S, SAMPLERS, SMOOTH_S, SampleClock, SpeedSampler,
+                         SpeedTrace, WeightsSampler, sampler_for)
 
 
 @dataclass(slots=True)
@@ -86,6 +87,13 @@ class CalibrationDesign:
     idle_repeats: int = 3
     # Sample the machine's speed after a step every this many seconds (speedtrace.py; 0: never).
     sample_every_s: float = SAMPLE_EVERY_S
+    # What samples it (speedtrace.SAMPLERS): a pass through the model's own weights, or a
+    # product over a fixed 64 MiB matrix.
+    sampler: str = DEFAULT_SAMPLER
+
+    def __post_init__(self) -> None:
+        if self.sampler not in SAMPLERS:
+            raise InvalidConfigError("sampler", self.sampler, f"one of {', '.join(SAMPLERS)}")
 
     @classmethod
     def quick(cls) -> "CalibrationDesign":
@@ -107,7 +115,8 @@ class CalibrationDesign:
             self.decode_steps,
             [m for m in self.mixed if m[0] + 1 <= max_num_seqs and m[0] + m[1] <= max_num_batched_tokens
              and _mixed_context(m) + 8 < max_model_len],
-            self.repeats, self.probe_every, list(self.idle_gaps), self.idle_repeats, self.sample_every_s)
+            self.repeats, self.probe_every, list(self.idle_gaps), self.idle_repeats, self.sample_every_s,
+            self.sampler)
 
     def reaching(self, max_context: int) -> "CalibrationDesign":
         """This design, with decodes and prefill chunks that reach max_context tokens of context.
@@ -202,7 +211,7 @@ class Calibrator:
         # (index in the log of the first step after an idle gap, the gap's seconds)
         self.idle_steps: list[tuple[int, float]] = []
         # The machine's speed sampled between steps (speedtrace.py): set by calibrate().
-        self.sampler: SpeedSampler | None = None
+        self.sampler: SpeedSampler | WeightsSampler | None = None
         self.samples: list[tuple[float, float]] = []  # (monotonic time, seconds)
         self.sample_clock = SampleClock()
         self._order_rng = random.Random(seed + 1)
@@ -639,7 +648,7 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     host = HostLoad()
     cal = Calibrator(engine, seed)
     if design.sample_every_s > 0:
-        cal.sampler = sampler_for(engine)
+        cal.sampler = sampler_for(engine, design.sampler)
         cal.sample_clock = SampleClock(design.sample_every_s)
     log = cal.run(design, progress)
     wall = time.perf_counter() - wall
@@ -703,8 +712,9 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             # The speed samples (speedtrace.py): the median smoothed sample, which the step times
             # were corrected to and fidelity's sampled speed is measured against, and every
             # sample (seconds after the first, seconds taken), the first on the step log's clock;
-            # their period is the design's sample_every_s.
+            # their period is the design's sample_every_s, their kind speed_sampler.
             "speed_sample_s": sample_ref if by_samples else None,
+            "speed_sampler": cal.sampler.kind if by_samples and cal.sampler is not None else None,
             "speed_samples": [[round(t - cal.samples[0][0], 6), round(sec, 9)] for t, sec in cal.samples],
             "speed_sample_t0": cal.samples[0][0] if cal.samples else None,
             "speed_sample_window_s": SMOOTH_S,

@@ -33,7 +33,7 @@ from .compare import (DEFAULT_TARGETS, METRICS, PERCENTILES, TARGET_METRICS, com
 from .hostload import HostLoad, warning
 from .realrun import RealRun, run_real
 from .replay import replay
-from .speedtrace import SAMPLE_EVERY_S, SMOOTH_S, SpeedTrace, run_simulation, sampler_for
+from .speedtrace import SAMPLE_EVERY_S, SMOOTH_S, SpeedTrace, run_simulation, sampler_for, sampler_kind
 from .steps import scaled_profile, speed_ratios, step_errors, step_line
 
 
@@ -164,10 +164,12 @@ def simulate(profile: FittedCostModel, make: Callable[[], Workload], sched_cfg: 
 
 def sampled_trace(profile: FittedCostModel, speed: dict[str, Any]) -> SpeedTrace | None:
     """The speed a run sampled (speedtrace.py) against this profile's reference sample, or None
-    when the run sampled nothing or the profile recorded no reference."""
+    when the run sampled nothing, the profile recorded no reference, or the two were sampled
+    by different kinds of sampler."""
     s = speed.get("sampled") or {}
-    ref = profile.meta.get("provenance", {}).get("speed_sample_s")
-    if not s.get("samples") or not ref:
+    prov = profile.meta.get("provenance", {})
+    ref = prov.get("speed_sample_s")
+    if not s.get("samples") or not ref or sampler_kind(s) != sampler_kind(prov):
         return None
     return SpeedTrace.from_samples(s["samples"], ref, s.get("every_s", SAMPLE_EVERY_S), s.get("window_s", SMOOTH_S))
 
@@ -254,9 +256,9 @@ def sampled_line(speed: dict[str, Any]) -> str:
     probes = (f"; the probes before and after it said x {speed['machine_speed_ratio']:.3f}"
               if speed.get("machine_speed_ratio") else "")
     return (f"machine speed during the run: sampled {s['num_samples']} times (every {s['every_s']:g} s "
-            f"while busy, {s['pause_s'] * 1e3:.1f} ms each), x {s['mean_factor']:.3f} the calibration's "
-            f"slowness on average over its steps (over {s['window_s']:g} s windows x {s['min_factor']:.3f} "
-            f"to x {s['max_factor']:.3f}){probes}; every simulated step priced at the speed sampled "
+            f"while busy, {s['pause_s'] * 1e3:.1f} ms each, by the {sampler_kind(s)} sampler), "
+            f"x {s['mean_factor']:.3f} the calibration's slowness on average over its steps (over "
+            f"{s['window_s']:g} s windows x {s['min_factor']:.3f} to x {s['max_factor']:.3f}){probes}; every simulated step priced at the speed sampled "
             "at its start")
 
 
@@ -310,8 +312,9 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     probe_cal = profile.meta.get("provenance", {}).get("speed_probe_s")
     probe = opts.normalize_speed and bool(probe_cal)
     # The machine's speed sampled all through the run, when the profile has a reference sample.
-    sampler = (sampler_for(engine) if opts.normalize_speed and opts.speed_from == "samples"
-               and profile.meta.get("provenance", {}).get("speed_sample_s") else None)
+    prov = profile.meta.get("provenance", {})
+    sampler = (sampler_for(engine, sampler_kind(prov)) if opts.normalize_speed and opts.speed_from == "samples"
+               and prov.get("speed_sample_s") else None)
     sched_cfg = engine.scheduler_config
     # Warm first: a cold engine's first steps would read as a slower machine.
     warm_up(engine)
@@ -344,7 +347,8 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
             speed.update(normalized=True, **speed_ratios(profile, [probe_before, probe_after]))
         if real.speed_samples:
             speed["sampled"] = {"samples": [[round(t, 6), round(sec, 9)] for t, sec in real.speed_samples],
-                                "t0": real.t0, "every_s": opts.sample_every_s, "window_s": SMOOTH_S}
+                                "t0": real.t0, "every_s": opts.sample_every_s, "window_s": SMOOTH_S,
+                                "sampler": sampler.kind}
         runs.append(_Run(run_dir, real, speed, read_step_log(steps_path) if real.step_starts else [], None))
         if real.interrupted:
             break
@@ -438,7 +442,7 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
 
 
 # What a run records of its speed samples; the rest of speed["sampled"] is its judgement's.
-_SAMPLED_KEYS = ("samples", "t0", "every_s", "window_s")
+_SAMPLED_KEYS = ("samples", "t0", "every_s", "window_s", "sampler")
 
 
 @dataclass(slots=True)

@@ -118,6 +118,8 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
 
     prov = data["provenance"]
     assert prov["drift_source"] == "samples" and len(prov["speed_samples"]) >= 10
+    # By default sampled by a pass through the model's own weights, which fidelity samples with too.
+    assert prov["speed_sampler"] == "weights"
     smooth = SpeedTrace.from_samples(prov["speed_samples"], 1.0, window_s=prov["speed_sample_window_s"])
     assert prov["speed_sample_s"] == pytest.approx(float(np.median(smooth.factors)), rel=1e-6)
     out = tmp_path / "fid"
@@ -164,12 +166,14 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     # median sample; its mean over the run's steps is reported.
     smp = sp["sampled"]
     assert smp["num_samples"] == len(smp["samples"]) >= 2 and smp["ref_s"] == prov["speed_sample_s"]
+    assert smp["sampler"] == "weights"
     trace = SpeedTrace.from_samples(smp["samples"], prov["speed_sample_s"], smp["every_s"], smp["window_s"])
     rows = read_step_log(out / "steps_real.csv")
     assert smp["mean_factor"] == pytest.approx(
         sum(r["step_time_s"] * trace.factor(float(r["start_s"]) - smp["t0"]) for r in rows)
         / sum(r["step_time_s"] for r in rows))
     assert f"sampled {smp['num_samples']} times (every 0.02 s" in (out / "fidelity.md").read_text()
+    assert "ms each, by the weights sampler)" in (out / "fidelity.md").read_text()
     # Judged by the probes around it instead: the steps priced at their mean ratio.
     by_probes = tmp_path / "by-probes"
     assert main(["fidelity", "--from-run", str(out), "--profile", str(prof), "--out", str(by_probes),
@@ -185,8 +189,16 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert main(["fidelity", "--from-run", str(out), "--profile", str(unsampled), "--out",
                  str(tmp_path / "unsampled"), "--band-samples", "0"]) == 0
     ru = json.loads((tmp_path / "unsampled" / "fidelity.json").read_text())
-    assert set(ru["speed"]["sampled"]) == {"samples", "t0", "every_s", "window_s"}
+    assert set(ru["speed"]["sampled"]) == {"samples", "t0", "every_s", "window_s", "sampler"}
     assert ru["metrics"] == rp["metrics"]
+    # So does a profile whose reference is another kind of sample's seconds (a matvec's), whose
+    # ratio to this run's samples would mean nothing.
+    other_kind = tmp_path / "matvec.json"
+    other_kind.write_text(json.dumps({**data, "provenance": {**prov, "speed_sampler": "matvec"}}))
+    assert main(["fidelity", "--from-run", str(out), "--profile", str(other_kind), "--out",
+                 str(tmp_path / "other-kind"), "--band-samples", "0", "--speed-from", "samples"]) == 0
+    rk = json.loads((tmp_path / "other-kind" / "fidelity.json").read_text())
+    assert "mean_factor" not in rk["speed"]["sampled"] and rk["metrics"] == rp["metrics"]
     # Unless asked, fidelity takes no samples (the real run has no pauses) and judges by the probes.
     plain = tmp_path / "plain"
     assert main(["fidelity", "--profile", str(prof), "--trace", str(_trace(tmp_path / "t.csv")), "--out",

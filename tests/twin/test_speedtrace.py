@@ -168,6 +168,72 @@ def test_the_real_loop_samples_by_the_simulators_rule(make_engine) -> None:
     assert all(math.isfinite(t) for t, _ in run.speed_samples) and run.t0 > 0
 
 
+def _greedy(engine, sampler=None) -> dict[str, list[int]]:
+    """Greedy tokens of three prompts, with a sample after every engine step when given one."""
+    from twinserve.core.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    for i, prompt in enumerate(([5, 9, 31, 7], list(range(40, 70)), [3] * 9)):
+        engine.add_request(f"r{i}", {"prompt_token_ids": prompt}, params)
+    done: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = list(out.outputs[0].token_ids)
+        if sampler is not None:
+            sampler.sample()
+    return done
+
+
+def test_the_weights_sampler_passes_a_row_through_every_projection_and_changes_no_token(make_engine) -> None:
+    import torch
+
+    from twinserve.backends.twin.speedtrace import SpeedSampler, WeightsSampler, sampler_for
+
+    engine = make_engine()
+    sampler = sampler_for(engine)
+    assert isinstance(sampler, WeightsSampler) and sampler.model is engine.worker.model
+    model = engine.worker.model
+    seen: list[tuple[int, tuple[int, ...]]] = []
+    real_linear = sampler._linear
+
+    def counting(x, layer):
+        seen.append((id(layer), tuple(x.shape)))
+        return real_linear(x, layer)
+
+    sampler._linear = counting
+    heads: list[int] = []
+    real_head = model.compute_logits
+    model.compute_logits = lambda h: heads.append(h.shape[0]) or real_head(h)
+    try:
+        assert sampler.sample() > 0
+    finally:
+        del model.compute_logits
+        sampler._linear = real_linear
+    # One row through every projection of every layer, once, in the model's dtype, and one
+    # row through the LM head: a decode step's weight traffic.
+    linears = [m for layer in model.layers for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+    assert sorted(i for i, _ in seen) == sorted(id(m) for m in linears)
+    assert all(shape[0] == 1 for _, shape in seen) and heads == [1]
+    assert all(x.dtype == model.embed_tokens.weight.dtype for _, x in sampler._calls)
+    # Sampling between steps leaves what the engine generates as it was.
+    plain = _greedy(engine)
+    assert _greedy(engine, sampler) == plain and len(plain) == 3
+    assert isinstance(sampler_for(engine, "matvec"), SpeedSampler)
+    with pytest.raises(ValueError, match="speed sampler 'gpu': one of weights, matvec"):
+        sampler_for(engine, "gpu")
+    engine.shutdown()
+
+
+def test_a_calibration_design_refuses_an_unknown_sampler() -> None:
+    from twinserve.backends.twin.calibrate import CalibrationDesign
+    from twinserve.core.errors import InvalidConfigError
+
+    with pytest.raises(InvalidConfigError, match="sampler"):
+        CalibrationDesign(sampler="gpu")
+    assert CalibrationDesign.quick().for_limits(8, 64, 256).sampler == "weights"
+
+
 def test_fidelity_options_refuse_an_unknown_speed_source_or_sampling_period() -> None:
     from twinserve.backends.twin.fidelity import FidelityError, FidelityOptions
 
