@@ -258,8 +258,8 @@ def sampled_line(speed: dict[str, Any]) -> str:
     return (f"machine speed during the run: sampled {s['num_samples']} times (every {s['every_s']:g} s "
             f"while busy, {s['pause_s'] * 1e3:.1f} ms each, by the {sampler_kind(s)} sampler), "
             f"x {s['mean_factor']:.3f} the calibration's slowness on average over its steps (over "
-            f"{s['window_s']:g} s windows x {s['min_factor']:.3f} to x {s['max_factor']:.3f}){probes}; every simulated step priced at the speed sampled "
-            "at its start")
+            f"{s['window_s']:g} s windows x {s['min_factor']:.3f} to x {s['max_factor']:.3f}){probes}; "
+            "every simulated step priced at the speed sampled at its start")
 
 
 def speed_matched_line(report: dict[str, Any]) -> str:
