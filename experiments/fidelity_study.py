@@ -62,7 +62,7 @@ def main() -> int:
     p.add_argument("--loads", nargs="+", type=float, default=[0.3, 0.8, 1.3])
     p.add_argument("--num-requests", type=int, default=40)
     p.add_argument("--repeats", type=int, default=1, help="real runs per cell (fidelity --repeats)")
-    p.add_argument("--speed-from", choices=["probes", "samples"], default="probes",
+    p.add_argument("--speed-from", choices=["auto", "probes", "samples"], default="auto",
                    help="what each run's machine speed is read from (fidelity --speed-from)")
     p.add_argument("--max-prompt-tokens", type=int, default=256)
     p.add_argument("--max-output-tokens", type=int, default=64)

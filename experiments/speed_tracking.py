@@ -1,14 +1,17 @@
-"""Does the 3 ms speed sample (backends/twin/speedtrace.py) track the engine's own speed?
+"""Do the speed samples (backends/twin/speedtrace.py) track the engine's own speed?
 
 Runs the real engine (SmolLM2, 1 thread) through the same block of steps over and over
 (a 4-sequence batch prefilled and decoded 8 times, then one 96-token prefill: about 2 s on
-this project's VM), with one speed sample after each block, for --seconds. Each block's speed
-is its steps' seconds against the median block's; each sample's is its seconds against the
-median sample's. It then prints, for windows of 20 s to 240 s (the span of a fidelity run's
-requests up to a whole run), how far three estimates of the blocks' mean speed in a window miss
-it (rms of log ratios):
+this project's VM), with one sample of each kind after each block: the weights sampler (a
+one-row pass through the model's own weights and LM head, calibrate's default) and the matvec
+sampler (a product over a fixed 64 MiB matrix, the baseline). Each block's speed is its steps'
+seconds against the median block's; each sample's is its seconds against its kind's median.
+It then prints, for windows of 20 s to 240 s (the span of a fidelity run's requests up to a
+whole run), how far these estimates of the blocks' mean speed in a window miss it (rms of log
+ratios), for the whole block and for its decode steps and its prefill steps apart:
 
-- the samples' mean within the window (what `twinserve fidelity` now prices the steps at);
+- each kind of sample's mean within the window (what `twinserve fidelity --speed-from
+  samples` prices the steps at);
 - the blocks just before and just after the window (what a probe before and after a run sees;
   favoured here: they are the same steps as the window's);
 - no estimate (the median speed).
@@ -25,26 +28,73 @@ import time
 
 import numpy as np
 
+KINDS = ("weights", "matvec")
+
+
+def report(blocks: list[dict]) -> None:
+    """Print the tracking table of these blocks."""
+    t = np.array([b["t"] for b in blocks])
+    truth = {}
+    for part, key in (("all", ("decode_s", "prefill_s")), ("decode", ("decode_s",)), ("prefill", ("prefill_s",))):
+        work = np.array([sum(b[k] for k in key) for b in blocks])
+        truth[part] = work / np.median(work)
+    smp = {k: np.array([b[k] for b in blocks]) for k in KINDS}
+    est = {k: v / np.median(v) for k, v in smp.items()}
+    ws = truth["all"]
+    print(f"{len(blocks)} blocks of {np.median([b['decode_s'] + b['prefill_s'] for b in blocks]):.2f} s over "
+          f"{t[-1]:.0f} s; block speed spread (sd of log) {np.std(np.log(ws)):.3f}")
+    for k in KINDS:
+        print(f"  {k} sampler: median {np.median(smp[k]) * 1e3:.2f} ms; block-to-sample correlation (log) "
+              f"{np.corrcoef(np.log(ws), np.log(est[k]))[0, 1]:.2f}")
+    step = float(np.median(np.diff(t)))
+    print("| window | steps | windows | weights samples | matvec samples | blocks before and after | none |")
+    print("|---|---|---|---|---|---|---|")
+    for span in (20, 60, 120, 240):
+        n = max(int(span / step), 1)
+        for part, tv in truth.items():
+            errs: dict[str, list[float]] = {k: [] for k in (*KINDS, "ends", "none")}
+            for s in range(1, len(blocks) - n - 1, n):
+                mean = float(np.mean(tv[s:s + n]))
+                for k in KINDS:
+                    errs[k].append(np.log(np.mean(est[k][s:s + n]) / mean))
+                errs["ends"].append(np.log((tv[s - 1] + tv[s + n]) / 2 / mean))
+                errs["none"].append(np.log(1 / mean))
+            if not errs["none"]:
+                continue
+            rms = {k: float(np.sqrt(np.mean(np.square(v)))) for k, v in errs.items()}
+            print(f"| {span} s | {part} | {len(errs['none'])} | {rms['weights']:.1%} | {rms['matvec']:.1%} | "
+                  f"{rms['ends']:.1%} | {rms['none']:.1%} |")
+    print("\nminute by minute (x median): blocks / weights samples / matvec samples")
+    for m in range(int(t[-1] // 60) + 1):
+        sel = (t >= 60 * m) & (t < 60 * (m + 1))
+        if sel.any():
+            print(f"  {m:3d}: {ws[sel].mean():.3f} / {est['weights'][sel].mean():.3f} / {est['matvec'][sel].mean():.3f}")
+
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=900.0)
     p.add_argument("--model", default="smollm2")
     p.add_argument("--out", default=None, help="also write every block and sample as JSON here")
+    p.add_argument("--from-json", default=None, help="report the blocks of an earlier --out instead of running")
     a = p.parse_args()
+    if a.from_json:
+        with open(a.from_json) as f:
+            report(json.load(f))
+        return 0
     import torch
 
     from twinserve.backends.real.config import EngineArgs
     from twinserve.backends.real.engine import LLMEngine
     from twinserve.backends.real.step_log import StepLog
     from twinserve.backends.twin.calibrate import Calibrator
-    from twinserve.backends.twin.speedtrace import SpeedSampler
+    from twinserve.backends.twin.speedtrace import sampler_for
 
     torch.set_num_threads(1)
     engine = LLMEngine(EngineArgs(model=a.model))
     cal = Calibrator(engine, seed=7)
     cal.warm_up()
-    sampler = SpeedSampler()
+    samplers = {k: sampler_for(engine, k) for k in KINDS}
     blocks = []
     t0 = time.monotonic()
     try:
@@ -55,40 +105,16 @@ def main() -> int:
             cal.decode(4, 64, 8)
             cal.prefill_single(96, 0, [])
             engine.set_step_log(StepLog())
-            blocks.append({"t": t, "steps_s": sum(r.step_time_s for r in log.records),
-                           "sample_s": sampler.sample()})
+            b = {"t": t, "decode_s": sum(r.step_time_s for r in log.records if not r.num_prefill_tokens),
+                 "prefill_s": sum(r.step_time_s for r in log.records if r.num_prefill_tokens)}
+            b.update({k: s.sample() for k, s in samplers.items()})
+            blocks.append(b)
     finally:
         engine.shutdown()
     if a.out:
         with open(a.out, "w") as f:
             json.dump(blocks, f)
-    t = np.array([b["t"] for b in blocks])
-    work = np.array([b["steps_s"] for b in blocks])
-    smp = np.array([b["sample_s"] for b in blocks])
-    ws, ss = work / np.median(work), smp / np.median(smp)
-    print(f"{len(blocks)} blocks of {np.median(work):.2f} s over {t[-1]:.0f} s; median sample "
-          f"{np.median(smp) * 1e3:.2f} ms; block speed spread (sd of log) {np.std(np.log(ws)):.3f}; "
-          f"block-to-sample correlation (log) {np.corrcoef(np.log(ws), np.log(ss))[0, 1]:.2f}")
-    step = float(np.median(np.diff(t)))
-    print("| window | windows | samples' mean: rms miss | blocks before and after | none |")
-    print("|---|---|---|---|---|")
-    for span in (20, 60, 120, 240):
-        n = max(int(span / step), 1)
-        errs: dict[str, list[float]] = {"samples": [], "ends": [], "none": []}
-        for s in range(1, len(blocks) - n - 1, n):
-            truth = float(np.mean(ws[s:s + n]))
-            errs["samples"].append(np.log(np.mean(ss[s:s + n]) / truth))
-            errs["ends"].append(np.log((ws[s - 1] + ws[s + n]) / 2 / truth))
-            errs["none"].append(np.log(1 / truth))
-        if not errs["none"]:
-            continue
-        rms = {k: float(np.sqrt(np.mean(np.square(v)))) for k, v in errs.items()}
-        print(f"| {span} s | {len(errs['none'])} | {rms['samples']:.1%} | {rms['ends']:.1%} | {rms['none']:.1%} |")
-    print("\nminute by minute (x median): blocks / samples")
-    for m in range(int(t[-1] // 60) + 1):
-        sel = (t >= 60 * m) & (t < 60 * (m + 1))
-        if sel.any():
-            print(f"  {m:3d}: {ws[sel].mean():.3f} / {ss[sel].mean():.3f}")
+    report(blocks)
     return 0
 
 

@@ -24,17 +24,20 @@ first and is not fitted; the design is repeated `repeats` times, each repeat in 
 shuffled order, so a slow minute of a shared machine does not land on one kind of step.
 
 A shared machine's speed drifts while the design runs (tens of percent over minutes on
-this project's VM). On a CPU engine in this process a 3 ms speed sample (speedtrace.py) runs
+this project's VM). On a CPU engine in this process a speed sample (speedtrace.py: by
+default one row through the model's own weights and LM head, about 33 ms for SmolLM2) runs
 between steps every 2 s; each step's times are divided by the machine's relative slowness at
 that moment (the samples smoothed over 20 s, `correct_drift_by_samples`), so the profile
-prices the machine at its median sample's speed, which the profile records (on two
-calibrations of Dec 1 the fit's MAPE was 9.9% and 9.1% corrected so, against 11.5% and 9.7%
-corrected by the probes). Elsewhere (a CUDA engine, a core in its own process) a fixed speed
+prices the machine at its median sample's speed, which the profile records with the
+sampler's kind. On Dec 1 one calibration's fit had a MAPE of 7.9% corrected by the weights
+sampler, 8.2% by the probes and 8.6% uncorrected (the same steps refitted); two earlier ones
+9.9% and 9.1% corrected by the 64 MiB product, against 11.5% and 9.7% by the probes. Elsewhere (a CUDA engine, a core in its own process) a fixed speed
 probe (`speed_probe`, about half a minute of steps) every `probe_every` design points does
 the correction (`correct_drift`, median probe speed). The probes run on a CPU too and are
-recorded: `twinserve fidelity` probes before and after the real run and scales the simulated
-times by their ratio to the profile's, or with `--speed-from samples` samples the real run
-as calibrate did and prices each simulated step at the speed sampled at its start.
+recorded: `twinserve fidelity` samples the real run as calibrate did and prices each
+simulated step at the speed sampled at its start when the profile's reference came from the
+weights sampler, and otherwise (or with `--speed-from probes`) probes before and after the
+real run and scales the simulated times by their ratio to the profile's.
 """
 
 from __future__ import annotations

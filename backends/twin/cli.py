@@ -175,11 +175,13 @@ def _fidelity_parser(p: argparse.ArgumentParser) -> None:
                    help="scale simulated step times by the machine's speed during the run against "
                    "calibration's (sampled through it, or probed around it: --speed-from); raw errors "
                    "are reported too")
-    p.add_argument("--speed-from", choices=("samples", "probes"), default=None,
-                   help="probes (the default): a probe before and after the run; samples: the machine's "
-                        "speed sampled every 2 s all through the run (a 3 ms product), each simulated step "
-                        "priced at the speed at its start, where the profile has a reference sample and the "
-                        "engine runs its steps in this process on a CPU (with --from-run: as the run was judged)")
+    p.add_argument("--speed-from", choices=("auto", "samples", "probes"), default=None,
+                   help="samples: the machine's speed sampled every 2 s all through the run, each simulated "
+                        "step priced at the speed at its start, where the profile has a reference sample and "
+                        "the engine runs its steps in this process on a CPU; probes: a probe before and after "
+                        "the run; auto (the default): samples when the profile's reference was taken by the "
+                        "weights sampler (calibrate's default), else probes (with --from-run: as the run was "
+                        "judged)")
     p.add_argument("--sample-every", type=float, default=None, metavar="SECONDS",
                    help="with --speed-from samples: seconds between two samples (default 2)")
     p.add_argument("--speed-by-part", action="store_true",
@@ -218,7 +220,7 @@ def _fidelity(ns: argparse.Namespace) -> int:
     opts = FidelityOptions(ns.profile, ns.trace, ns.config, ns.num_requests, ns.rate, ns.time_scale,
                            ns.max_prompt_tokens, ns.max_output_tokens, ns.workload_seed,
                            ns.allow_profile_mismatch, ns.normalize_speed, ns.speed_by_part, ns.repeats,
-                           ns.speed_from or "probes",
+                           ns.speed_from or "auto",
                            ns.sample_every if ns.sample_every is not None else SAMPLE_EVERY_S)
     profile = FittedCostModel.load(ns.profile)
     made = profile.meta.get("provenance", {}).get("threads")

@@ -47,7 +47,7 @@ class FidelityError(TwinserveError, ValueError):
     """A fidelity run cannot start as asked; the message says what to change."""
 
 
-SPEED_SOURCES = ("samples", "probes")
+SPEED_SOURCES = ("auto", "samples", "probes")
 
 
 @dataclass(slots=True)
@@ -74,12 +74,14 @@ class FidelityOptions:
     # Times the real engine replays the workload (each run judged at its own measured speed);
     # more than one adds the real runs' differences from each other to the report.
     repeats: int = 1
-    # What the machine's speed during a run is read from: "probes" (before and after it), or
+    # What the machine's speed during a run is read from: "probes" (before and after it),
     # "samples" (speedtrace.py: sampled all through the run, each simulated step priced at the
-    # speed at its start; where the profile or the engine cannot, the probes). Probes by
-    # default: on twelve runs of Dec 1 judged with one profile, samples met 12 of 36 target
-    # cells and probes 21 (the sample over-reacts when the host's memory is contended).
-    speed_from: str = "probes"
+    # speed at its start; where the profile or the engine cannot, the probes), or "auto": the
+    # samples when the profile's reference was taken by the weights sampler, else the probes.
+    # On Dec 1 twelve runs judged with their study's own profile met 25 of 36 target cells by
+    # the weights sampler's samples and 10 by the probes; an earlier study's twelve, sampled by
+    # the 64 MiB product (the matvec sampler), 12 by its samples and 21 by the probes.
+    speed_from: str = "auto"
     sample_every_s: float = SAMPLE_EVERY_S
 
     def __post_init__(self) -> None:
@@ -88,6 +90,14 @@ class FidelityOptions:
         if not self.sample_every_s > 0:
             raise FidelityError(f"--sample-every {self.sample_every_s}: give seconds > 0 "
                                 "(--speed-from probes samples nothing)")
+
+
+def uses_samples(speed_from: str, profile: FittedCostModel) -> bool:
+    """Whether a run is judged by its speed samples: asked for, or by default ("auto") where the
+    profile's reference sample was taken by the weights sampler."""
+    prov = profile.meta.get("provenance", {})
+    return speed_from == "samples" or (speed_from == "auto" and bool(prov.get("speed_sample_s"))
+                                       and sampler_kind(prov) == "weights")
 
 
 class CappedWorkload(Workload):
@@ -313,7 +323,8 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     probe = opts.normalize_speed and bool(probe_cal)
     # The machine's speed sampled all through the run, when the profile has a reference sample.
     prov = profile.meta.get("provenance", {})
-    sampler = (sampler_for(engine, sampler_kind(prov)) if opts.normalize_speed and opts.speed_from == "samples"
+    use_samples = uses_samples(opts.speed_from, profile)
+    sampler = (sampler_for(engine, sampler_kind(prov)) if opts.normalize_speed and use_samples
                and prov.get("speed_sample_s") else None)
     sched_cfg = engine.scheduler_config
     # Warm first: a cold engine's first steps would read as a slower machine.
@@ -361,7 +372,7 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     sim_raw = simulate(raw_speed(profile), make, sched_cfg)
     for r in runs:
         r.replay = replay(r.real, make, sched_cfg).to_dict()
-        r.judge(profile, make, sched_cfg, opts.speed_by_part, True, sim_raw, opts.speed_from == "samples")
+        r.judge(profile, make, sched_cfg, opts.speed_by_part, True, sim_raw, use_samples)
         _write_requests(r.real.records, r.dir / "requests_real.csv")
         _write_requests(r.sim.records, r.dir / "requests_sim.csv")
     first = runs[0]
@@ -672,7 +683,8 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
         r.speed = sp
     sim_raw = simulate(raw_speed(profile), make, sched_cfg)
     for r in runs:
-        r.judge(profile, make, sched_cfg, opts.speed_by_part, normalize, sim_raw, opts.speed_from == "samples")
+        r.judge(profile, make, sched_cfg, opts.speed_by_part, normalize, sim_raw,
+                uses_samples(opts.speed_from, profile))
     first = runs[0]
     real, sim, speed = first.records, first.sim, first.speed
     ratio = speed.get("machine_speed_ratio") if normalize and speed.get("normalized") else None

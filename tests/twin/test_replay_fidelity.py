@@ -123,11 +123,13 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     smooth = SpeedTrace.from_samples(prov["speed_samples"], 1.0, window_s=prov["speed_sample_window_s"])
     assert prov["speed_sample_s"] == pytest.approx(float(np.median(smooth.factors)), rel=1e-6)
     out = tmp_path / "fid"
+    # By default (--speed-from auto) a profile whose reference the weights sampler took judges by
+    # the samples.
     rc = main(["fidelity", "--profile", str(prof), "--trace", str(_trace(tmp_path / "t.csv")),
-               "--out", str(out), "--max-num-batched-tokens", "128", "--speed-from", "samples",
-               "--sample-every", "0.02", *common])
+               "--out", str(out), "--max-num-batched-tokens", "128", "--sample-every", "0.02", *common])
     assert rc == 0
     rep = json.loads((out / "fidelity.json").read_text())
+    assert rep["workload"]["speed_from"] == "auto"
     for m in ("ttft", "tpot", "itl", "e2e"):
         for p in ("p50", "p90", "p99"):
             cell = rep["metrics"][m][p]
@@ -199,12 +201,13 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
                  str(tmp_path / "other-kind"), "--band-samples", "0", "--speed-from", "samples"]) == 0
     rk = json.loads((tmp_path / "other-kind" / "fidelity.json").read_text())
     assert "mean_factor" not in rk["speed"]["sampled"] and rk["metrics"] == rp["metrics"]
-    # Unless asked, fidelity takes no samples (the real run has no pauses) and judges by the probes.
+    # With a profile whose reference the matvec sampler took, fidelity by default takes no samples
+    # (the real run has no pauses) and judges by the probes.
     plain = tmp_path / "plain"
-    assert main(["fidelity", "--profile", str(prof), "--trace", str(_trace(tmp_path / "t.csv")), "--out",
-                 str(plain), "--max-num-batched-tokens", "128", "--band-samples", "0", *common]) == 0
+    assert main(["fidelity", "--profile", str(other_kind), "--trace", str(_trace(tmp_path / "t.csv")),
+                 "--out", str(plain), "--max-num-batched-tokens", "128", "--band-samples", "0", *common]) == 0
     rq = json.loads((plain / "fidelity.json").read_text())
-    assert "sampled" not in rq["speed"] and rq["workload"]["speed_from"] == "probes"
+    assert "sampled" not in rq["speed"] and rq["workload"]["speed_from"] == "auto"
     assert rq["speed"]["normalized"] and "scaled by it" in (plain / "fidelity.md").read_text()
     assert set(rep["metrics_raw"]) == {"ttft", "tpot", "itl", "e2e"}
     assert (out / "fidelity.png").stat().st_size > 10_000 and (out / "fidelity.md").exists()

@@ -237,7 +237,7 @@ def test_a_calibration_design_refuses_an_unknown_sampler() -> None:
 def test_fidelity_options_refuse_an_unknown_speed_source_or_sampling_period() -> None:
     from twinserve.backends.twin.fidelity import FidelityError, FidelityOptions
 
-    with pytest.raises(FidelityError, match="--speed-from 'probe': give one of samples, probes"):
+    with pytest.raises(FidelityError, match="--speed-from 'probe': give one of auto, samples, probes"):
         FidelityOptions("p.json", speed_from="probe")
     with pytest.raises(FidelityError, match="--sample-every 0: give seconds > 0"):
         FidelityOptions("p.json", sample_every_s=0)
