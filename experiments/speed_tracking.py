@@ -68,7 +68,8 @@ def report(blocks: list[dict]) -> None:
     for m in range(int(t[-1] // 60) + 1):
         sel = (t >= 60 * m) & (t < 60 * (m + 1))
         if sel.any():
-            print(f"  {m:3d}: {ws[sel].mean():.3f} / {est['weights'][sel].mean():.3f} / {est['matvec'][sel].mean():.3f}")
+            w, mv = est["weights"][sel].mean(), est["matvec"][sel].mean()
+            print(f"  {m:3d}: {ws[sel].mean():.3f} / {w:.3f} / {mv:.3f}")
 
 
 def main() -> int:

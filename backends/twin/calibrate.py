@@ -31,13 +31,14 @@ that moment (the samples smoothed over 20 s, `correct_drift_by_samples`), so the
 prices the machine at its median sample's speed, which the profile records with the
 sampler's kind. On Dec 1 one calibration's fit had a MAPE of 7.9% corrected by the weights
 sampler, 8.2% by the probes and 8.6% uncorrected (the same steps refitted); two earlier ones
-9.9% and 9.1% corrected by the 64 MiB product, against 11.5% and 9.7% by the probes. Elsewhere (a CUDA engine, a core in its own process) a fixed speed
-probe (`speed_probe`, about half a minute of steps) every `probe_every` design points does
-the correction (`correct_drift`, median probe speed). The probes run on a CPU too and are
-recorded: `twinserve fidelity` samples the real run as calibrate did and prices each
-simulated step at the speed sampled at its start when the profile's reference came from the
-weights sampler, and otherwise (or with `--speed-from probes`) probes before and after the
-real run and scales the simulated times by their ratio to the profile's.
+9.9% and 9.1% corrected by the 64 MiB product, against 11.5% and 9.7% by the probes.
+Elsewhere (a CUDA engine, a core in its own process) a fixed speed probe (`speed_probe`,
+about half a minute of steps) every `probe_every` design points does the correction
+(`correct_drift`, median probe speed). The probes run on a CPU too and are recorded:
+`twinserve fidelity` samples the real run as calibrate did and prices each simulated step at
+the speed sampled at its start when the profile's reference came from the weights sampler,
+and otherwise (or with `--speed-from probes`) probes before and after the real run and scales
+the simulated times by their ratio to the profile's.
 """
 
 from __future__ import annotations

@@ -183,7 +183,7 @@ def _fidelity_parser(p: argparse.ArgumentParser) -> None:
                         "weights sampler (calibrate's default), else probes (with --from-run: as the run was "
                         "judged)")
     p.add_argument("--sample-every", type=float, default=None, metavar="SECONDS",
-                   help="with --speed-from samples: seconds between two samples (default 2)")
+                   help="seconds between two samples when the run is sampled (default 2)")
     p.add_argument("--speed-by-part", action="store_true",
                    help="scale decode and each step's prefill share by their own probe parts' drift "
                         "instead of the whole probe's")

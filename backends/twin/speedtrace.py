@@ -5,34 +5,36 @@ probe before and one after a run of several minutes estimate the speed the run s
 and near saturation queueing multiplies a few percent of speed error into tens of percent
 of latency. Sampling it during the run fixes the sampling, not the machine:
 
-- `SpeedSampler` times one fixed matrix-vector product over a 64 MiB matrix (about 3 ms on
-  this project's VM): it streams from DRAM as a decode step streams the weights;
+- `WeightsSampler` (the default) times one row through every projection of the engine's own
+  model and its LM head: a decode step's weight traffic through the same kernels and pages
+  (about 33 ms for SmolLM2 fp32); `SpeedSampler` (kind "matvec", the first try) times one
+  matrix-vector product over a fixed 64 MiB matrix (3 ms);
 - calibrate and the real replay sample after an engine step whenever `SAMPLE_EVERY_S` have
   passed since the last sample, and only while the engine has work (a sample in an idle gap
   would warm what the profile's wake prices model as gone cold);
 - `SpeedTrace` turns the samples into the machine's speed over time against the profile's
-  reference (the calibration's median sample), smoothed over `SMOOTH_S`;
+  reference (the calibration's median sample, of the same kind), smoothed over `SMOOTH_S`;
 - `TracedExecutor` prices each simulated step at the trace's speed at its start and adds the
   samples' own pauses by the same rule, so both sides do the same work.
 
 Measured on this project's 2-core VM (Dec 1, CPU 1, the other core idle):
 
-- 07:15, 15 minutes of 2-second blocks of engine steps with one sample after each (the
-  procedure of experiments/speed_tracking.py): the blocks' speed moved ±15% minute to
-  minute, and the samples' mean over a window tracked the blocks' mean speed to 3.5% rms over
-  20 s windows and 2.0% over 120 s, where the blocks just before and after a 120 s window
-  (what probes around a run see) missed it by 5.6%;
-- 07:42-08:42, twelve fidelity runs (both Azure traces at 0.3/0.8/1.3 of saturation, two
-  runs a cell), judged with one profile calibrated after them: priced along their samples
-  they met 12 of 36 target cells, judged by their probes 21. Leaving out one run, the samples
-  priced each run's steps 3.3% too cheap on average (sd 3.4% over the runs), the probes 4.4%
-  too dear (sd 2.2%, all twelve). In that one run the samples came out 3-5x their median
-  for half-minute episodes in which the engine's prefills were at most 30% slower and its
-  decodes no slower: a pure DRAM stream over-reacts when the host's memory is contended,
-  and the trace priced the run's steps 51% too dear in sum.
+- the matvec sampler first. 07:42-08:42, twelve fidelity runs (both Azure traces at
+  0.3/0.8/1.3 of saturation, two runs a cell), judged with one profile calibrated after them:
+  priced along their samples they met 12 of 36 target cells, judged by their probes 21. In
+  one run the samples came out 3-5x their median for half-minute episodes in which the
+  engine's prefills were at most 30% slower and its decodes no slower: a pure DRAM stream
+  over-reacts when the host's memory is contended;
+- then both kinds after each of 376 identical ~2 s blocks of engine steps (10:03-10:18): the
+  weights samples' mean over a window missed the blocks' mean speed by 5.1% / 3.6% / 2.9% rms
+  over 20 / 60 / 120 s windows, the matvec samples' by 8.1% / 6.0% / 4.9%;
+- 10:23-11:22, twelve fidelity runs of the same design with the weights sampler, judged with
+  their study's own profile: 25 of 36 target cells met along the samples, 10 by the probes.
+  The samples priced each run's steps 3.6% too cheap on average, with an sd of 2.3% over the
+  runs.
 
-So fidelity judges by the probes unless asked (`--speed-from samples`); calibrate corrects
-its drift by the samples, which fitted its steps more closely than the probes did.
+So fidelity judges by the samples by default (`--speed-from auto`) when the profile's
+reference was taken by the weights sampler, and by the probes otherwise.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ from twinserve.core.engine_core import EngineCore
 from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
 from twinserve.sim.world import Simulation
 
-# Seconds between two samples while the engine has work (a sample costs about 3 ms: 0.15%).
+# Seconds between two samples while the engine has work (a weights sample of SmolLM2 costs
+# about 33 ms, 1.6% of the engine's time; a matvec sample 3 ms).
 SAMPLE_EVERY_S = 2.0
 # The trace's speed at t is the mean of the samples within SMOOTH_S / 2 of t: one sample is a
 # 3 ms glimpse (12% spread between neighbours); windows of 10-20 s tracked the engine's own
