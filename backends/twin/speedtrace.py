@@ -105,7 +105,7 @@ class WeightsSampler:
         def row(n: int) -> Any:
             return torch.randn(1, n, generator=g).to(dtype=w.dtype, device=w.device)
 
-        # (layer, input row) for each projection, in a decode step's order.
+        # (projection, its one-row input) for every projection, in a decode step's order.
         self._calls = []
         for layer in model.layers:
             for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
