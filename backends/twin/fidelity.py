@@ -319,10 +319,10 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     make = workload_factory(opts, engine.max_model_len, engine.vocab_size)
     n_first = check_workload(make, engine.max_model_len)
     out.mkdir(parents=True, exist_ok=True)
-    probe_cal = profile.meta.get("provenance", {}).get("speed_probe_s")
-    probe = opts.normalize_speed and bool(probe_cal)
-    # The machine's speed sampled all through the run, when the profile has a reference sample.
     prov = profile.meta.get("provenance", {})
+    probe = opts.normalize_speed and bool(prov.get("speed_probe_s"))
+    # The machine's speed sampled all through the run, when the profile has a reference sample
+    # (asked for explicitly, samples are still taken only against one).
     use_samples = uses_samples(opts.speed_from, profile)
     sampler = (sampler_for(engine, sampler_kind(prov)) if opts.normalize_speed and use_samples
                and prov.get("speed_sample_s") else None)
@@ -348,7 +348,7 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
         engine.step_log.close()
         probe_after = (speed_probe_parts(engine, rounds=PROBE_ROUNDS) if probe_before and not real.interrupted
                        else None)
-        speed: dict[str, Any] = {"normalized": False, "probe_profile_s": probe_cal,
+        speed: dict[str, Any] = {"normalized": False, "probe_profile_s": prov.get("speed_probe_s"),
                                  "probe_before_s": probe_before.total if probe_before else None,
                                  "probe_after_s": probe_after.total if probe_after else None,
                                  "probe_before_parts": probe_before.to_dict() if probe_before else None,
