@@ -20,7 +20,7 @@ if [ "$smoke" = 1 ]; then
     device=cpu; check_flags="--cpu-smoke --e2e-tokens 8 --sections e2e"; cal_flags="--quick --repeats 1"
     fid_flags="--num-requests 6 --loads 0.8 --traces conv --max-prompt-tokens 64 --max-output-tokens 8"
 else
-    device=cuda; check_flags="--sections ${GPU_CHECK_SECTIONS:-decode,e2e,correct,graph,prefill}"; cal_flags=""
+    device=cuda; check_flags="--sections ${GPU_CHECK_SECTIONS:-decode,e2e,correct,graph,prefill}"; cal_flags="--repeats 2"
     fid_flags="--num-requests 120 --max-prompt-tokens 512 --max-output-tokens 96"
 fi
 out=$(mkdir -p "${1:-gpu-out}" && cd "${1:-gpu-out}" && pwd)

@@ -67,6 +67,10 @@ from .speedtrace import (DEFAULT_SAMPLER, SAMPLE_EVERY_S, SAMPLERS, SMOOTH_S, Sa
                          SpeedTrace, WeightsSampler, sampler_for)
 
 
+# Design points between two speed probes, where the probes correct the drift.
+PROBE_EVERY = 12
+
+
 @dataclass(slots=True)
 class CalibrationDesign:
     """The step shapes to measure; `for_limits` scales it to an engine's limits."""
@@ -81,9 +85,11 @@ class CalibrationDesign:
     # (decode batch, prompt tokens[, decode context]; context 32 when not given)
     mixed: list[tuple[int, ...]] = field(default_factory=lambda: [(4, 64), (8, 192), (16, 64), (16, 256),
                                                                   (8, 448, 256), (24, 448, 256)])
-    repeats: int = 2
-    # Run the speed probe every this many design points (0: only before and after).
-    probe_every: int = 12
+    repeats: int = 1
+    # Run the speed probe every this many design points (0: only before and after). None: every
+    # PROBE_EVERY where the probes correct the drift, only before and after where the speed
+    # samples do (each probe is ~10 s of steps on this project's VM that nothing is fitted on).
+    probe_every: int | None = None
     # Idle gaps (seconds) before a fresh prompt, each measured idle_repeats times per repeat:
     # the first steps after the engine idled cost more, the more the longer it idled (a vCPU
     # descheduled, caches gone cold; on this project's VM +8% after 1 s, +47% after 3 s).
@@ -144,7 +150,7 @@ class CalibrationDesign:
     def num_points(self) -> int:
         """Design points per repeat (what the progress bar counts)."""
         return (len(self.prefill_sizes) * len(self.prefill_contexts) + len(self.multi_prefill)
-                + len(self.decode_batches) * len(self.decode_contexts) + len(self.mixed)
+                + (len(self.decode_contexts) if self.decode_batches else 0) + len(self.mixed)
                 + len(self.idle_gaps) * self.idle_repeats)
 
 
@@ -190,6 +196,20 @@ def fit_wake(profile: FittedCostModel, episodes: list[tuple[float, list[dict[str
                                  for g in gaps)
 
 
+def _spread(batch: int, context: int) -> list[int]:
+    """A decode batch's prompt lengths: evenly over [context/2, 3 context/2] (one: context)."""
+    return [max(1, round(context * (0.5 + (i / (batch - 1) if batch > 1 else 0.5)))) for i in range(batch)]
+
+
+def _evenly(n: int, k: int) -> list[int]:
+    """k of the indices 0..n-1, evenly spaced from first to last (one: the middle)."""
+    if k >= n:
+        return list(range(n))
+    if k == 1:
+        return [(n - 1) // 2]
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+
+
 def _mixed_context(point: tuple[int, ...]) -> int:
     """The decode context of a mixed design point (b, q[, c])."""
     return point[2] if len(point) > 2 else 32
@@ -231,15 +251,18 @@ class Calibrator:
                                 SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0))
         return rid
 
+    def _step(self) -> None:
+        self.engine.step()
+        if self.sampler is not None and self.sample_clock.due(now := time.monotonic()):
+            self.samples.append((now, self.sampler.sample()))
+
     def _drain(self, max_steps: int | None = None) -> None:
         # Counted in the core's steps: over a core process one step() may take several, or none.
         core = self.engine.core
         first = core.num_steps
         while self.engine.has_unfinished_requests() and (max_steps is None
                                                          or core.num_steps - first < max_steps):
-            self.engine.step()
-            if self.sampler is not None and self.sample_clock.due(now := time.monotonic()):
-                self.samples.append((now, self.sampler.sample()))
+            self._step()
 
     def warm_up(self) -> None:
         """A few unlogged steps: first-touch allocations, thread pools, kernel caches."""
@@ -272,8 +295,7 @@ class Calibrator:
     def decode(self, batch: int, context: int, steps: int) -> None:
         """batch distinct prompts, lengths spread over [context/2, 3 context/2], then `steps`
         decodes of the whole batch."""
-        lens = [max(1, round(context * (0.5 + (i / (batch - 1) if batch > 1 else 0.5))))
-                for i in range(batch)]
+        lens = _spread(batch, context)
         # The prompts prefilled first decode while the rest prefill: each must outlive the
         # batch's prefill (every step of it also carries up to `batch` decodes) for the whole
         # batch to decode together, else large batches at long context are never measured.
@@ -281,6 +303,43 @@ class Calibrator:
         prefill_steps = -(-sum(lens) // room)
         for n in lens:
             self._add(self._tokens(n), steps + prefill_steps + 1)
+        self._drain()
+
+    def decode_sweep(self, batches: Sequence[int], context: int, steps: int) -> None:
+        """Every batch size in `batches` decoding `steps` times at one context, from one set of
+        prompts: the largest batch (lengths spread over [context/2, 3 context/2]) is prefilled
+        once, then each size, largest first, decodes while the sequences left out are aborted,
+        the rest keeping the spread.
+
+        A decode point per batch size prefilled sum(batches) prompts, this prefills max(batches):
+        32 of 132 with the default design, whose prefills were most of calibration's time. The
+        largest batch's prefill, chunked while its first sequences decode, still gives the fit
+        chunks with decodes beside them.
+        """
+        order = sorted({b for b in batches if b > 0}, reverse=True)
+        if not order:
+            return
+        lens = _spread(order[0], context)
+        room = max(self.engine.scheduler_config.max_num_batched_tokens - order[0], 1)
+        prefill_steps = -(-sum(lens) // room)
+        # Enough tokens to outlive the prefill and every size's decodes (a core process runs a
+        # few steps ahead of what this loop sees after each abort).
+        ahead = 0 if getattr(self.engine, "core_mode", "inproc") == "inproc" else _CORE_RUN_AHEAD
+        budget = prefill_steps + (steps + ahead + 1) * len(order) + 1
+        live = [self._add(self._tokens(n), budget) for n in lens]  # shortest first
+        for b in order:
+            kept = set(_evenly(len(live), b))
+            gone = [r for i, r in enumerate(live) if i not in kept]
+            if gone:
+                self.engine.abort_request(gone)
+            live = [r for i, r in enumerate(live) if i in kept]
+            first, done, tries = len(self.log.records), 0, prefill_steps + 4 * (steps + ahead) + 4
+            while done < steps and tries and self.engine.has_unfinished_requests():
+                self._step()
+                tries -= 1
+                done = sum(1 for r in self.log.records[first:]
+                           if r.num_prefill_tokens == 0 and r.num_decode_seqs == b)
+        self.engine.abort_request(live)
         self._drain()
 
     def mixed(self, batch: int, q: int, context: int = 32) -> None:
@@ -319,10 +378,9 @@ class Calibrator:
                                lambda q=q, c=c: self.prefill_single(q, c, bases.get(c, []))))
         for k, q in design.multi_prefill:
             points.append((f"{k} prefills q={q}", lambda k=k, q=q: self.multi_prefill(k, q)))
-        for b in design.decode_batches:
-            for c in design.decode_contexts:
-                points.append((f"decode b={b} c={c}",
-                               lambda b=b, c=c: self.decode(b, c, design.decode_steps)))
+        for c in design.decode_contexts:
+            points.append((f"decodes c={c}",
+                           lambda c=c: self.decode_sweep(design.decode_batches, c, design.decode_steps)))
         for m in design.mixed:
             b, q, c = m[0], m[1], _mixed_context(m)
             points.append((f"mixed b={b} q={q} c={c}", lambda b=b, q=q, c=c: self.mixed(b, q, c)))
@@ -654,6 +712,8 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     if design.sample_every_s > 0:
         cal.sampler = sampler_for(engine, design.sampler)
         cal.sample_clock = SampleClock(design.sample_every_s)
+    if design.probe_every is None:
+        design = replace(design, probe_every=0 if cal.sampler is not None else PROBE_EVERY)
     log = cal.run(design, progress)
     wall = time.perf_counter() - wall
     host_load = host.result()

@@ -23,11 +23,13 @@ def _calibrate_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2", help="HF folder, .gguf file or short name")
     p.add_argument("--out", required=True, help="profile JSON to write")
     p.add_argument("--threads", type=int, default=1, help="torch threads (recorded in the profile)")
-    p.add_argument("--repeats", type=int, default=2, help="times the design is run")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="times the design is run (default 1: about 3 min for SmolLM2 on 1 thread)")
     p.add_argument("--quick", action="store_true", help="a small design (tests, tiny models)")
     p.add_argument("--probe-every", type=int, default=None, metavar="N",
-                   help="run the speed probe every N design points (default 12): denser probes follow "
-                        "a machine whose speed swings within minutes more closely, at ~1.5 s each")
+                   help="run the speed probe every N design points (0: only before and after; default "
+                        "12 where the probes correct the drift, 0 where the speed samples do): denser probes "
+                        "follow a machine whose speed swings within minutes more closely, at ~10 s each")
     p.add_argument("--sample-every", type=float, default=None, metavar="SECONDS",
                    help="sample the machine's speed after a step every this many seconds "
                         "(default 2; 0: never): the steps are corrected to the median sample's speed, which "

@@ -362,6 +362,58 @@ def test_calibration_decode_points_measure_the_whole_batch(make_engine) -> None:
     engine.shutdown()
 
 
+def test_calibration_decode_sweep_measures_every_batch_from_one_prefill(make_engine) -> None:
+    """One set of prompts serves every batch size: each size decodes `steps` times with its
+    contexts still spread over [c/2, 3c/2], and only the largest batch's prompts are prefilled."""
+    from twinserve.backends.twin.calibrate import Calibrator
+
+    engine = make_engine(max_num_batched_tokens=32, max_num_seqs=16, num_gpu_blocks_override=400)
+    cal = Calibrator(engine)
+    engine.set_step_log(cal.log)
+    batches, context, steps = [1, 3, 6, 12], 40, 3
+    cal.decode_sweep(batches, context, steps)
+    recs = cal.log.records
+    assert sum(r.num_prefill_tokens for r in recs) == sum(round(context * (0.5 + i / 11)) for i in range(12))
+    for b in batches:
+        whole = [r for r in recs if r.num_prefill_tokens == 0 and r.num_decode_seqs == b]
+        assert len(whole) >= steps, (b, len(whole))
+        lens = sorted(whole[0].decode_context_lens)
+        # Kept evenly: the shortest and longest prompts (20 and 60 tokens) stay in every batch
+        # of two or more, each grown by what it decoded so far; one sequence sits in the middle.
+        if b > 1:
+            assert 20 < lens[0] < 20 + 30 and 60 <= lens[-1] < 60 + 30, (b, lens)
+        else:
+            assert 40 <= lens[0] < 40 + 30, lens
+    # Largest first, and nothing is left running or holding KV blocks.
+    sizes = [r.num_decode_seqs for r in recs if r.num_prefill_tokens == 0]
+    assert sizes.index(12) < sizes.index(6) < sizes.index(3) < sizes.index(1)
+    assert not engine.has_unfinished_requests()
+    kv = engine.core.scheduler.kv
+    assert kv.pool.num_free_blocks == kv.num_blocks
+    engine.shutdown()
+
+
+def test_calibration_probes_between_points_only_where_the_probes_correct_the_drift(make_engine) -> None:
+    """By default the probe runs between design points only where it corrects the drift: with
+    speed samples it runs before and after the design, and nothing is fitted on it either way."""
+    from dataclasses import replace
+
+    from twinserve.backends.twin.calibrate import PROBE_EVERY, CalibrationDesign, calibrate
+
+    engine = make_engine(max_num_batched_tokens=128, max_num_seqs=8, max_model_len=256)
+    quick = replace(CalibrationDesign.quick(), probe_every=None, idle_gaps=[])
+    sampled, _ = calibrate(engine, replace(quick, sample_every_s=0.02), progress=False)
+    prov = sampled.meta["provenance"]
+    assert prov["drift_source"] == "samples" and prov["design"]["probe_every"] == 0
+    assert len(prov["speed_probes"]) == 2
+    probed, _ = calibrate(engine, replace(quick, sample_every_s=0.0), progress=False)
+    prov = probed.meta["provenance"]
+    assert prov["drift_source"] == "probes" and prov["design"]["probe_every"] == PROBE_EVERY
+    points = sum(c > 0 for c in quick.prefill_contexts) + quick.num_points()
+    assert len(prov["speed_probes"]) == 2 + points // PROBE_EVERY > 2
+    engine.shutdown()
+
+
 def test_calibration_mixed_points_meet_the_whole_batch_at_its_context(make_engine) -> None:
     """The prompt of a mixed point shares its step with every sequence of the batch, even when
     the batch's own prefill at long context took many steps."""
