@@ -503,9 +503,9 @@ def test_shipped_cpu_profile_is_what_the_fit_makes_of_its_own_step_log() -> None
     assert [r.max_num_tokens for r in again.regimes] == [r.max_num_tokens for r in shipped.regimes]
     assert [r.max_num_tokens for r in shipped.regimes][:3] == [4, 8, 15]
     # The step's growing cost per token (tokens²) is fitted (on the earlier host's logs it took
-    # prefill MAPE from 3.8% to 3.2%, 4.6% to 4.0% and 5.8% to 4.3%); this log's prefills: 4.0%.
+    # prefill MAPE from 3.8% to 3.2%, 4.6% to 4.0% and 5.8% to 4.3%); this log's 30 prefills: 5.1%.
     assert again.per_token_sq_s > 0
-    assert again.meta["fit"]["by_kind"]["prefill"]["mape"] < 0.045
+    assert again.meta["fit"]["by_kind"]["prefill"]["mape"] < 0.055
     # The steps after the design's idle gaps are priced per gap (an extra time per step). This
     # host adds next to nothing after idling (the earlier one: +36 ms after 1 s, +90 ms after
     # 3 s), so nothing here says longer gaps cost more.
@@ -540,9 +540,10 @@ def test_calibrate_warns_when_the_machine_speed_moved_while_it_ran(
     assert main(["calibrate", "--refit", str(tmp_path / "p.json"), "--out", str(tmp_path / "q.json")]) == 0
     err = capsys.readouterr().err
     assert "speed moved" in err and f"{prov['speed_probe_drift']:.0%}" in err
-    # It names what corrected the drift: the probes here, the speed samples where they did.
-    assert "drift correction between probes" in err
-    assert "drift correction by the speed samples" in drift_warning({**prov, "drift_source": "samples"})
+    # It names what corrected the drift: the speed samples here (the shipped profile's), the
+    # probes where they did.
+    assert prov["drift_source"] == "samples" and "drift correction by the speed samples" in err
+    assert "drift correction between probes" in drift_warning({**prov, "drift_source": "probes"})
 
 
 def test_calibration_prices_the_steps_after_an_idle_gap_apart() -> None:
