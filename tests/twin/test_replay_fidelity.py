@@ -395,7 +395,7 @@ def test_calibration_decode_sweep_measures_every_batch_from_one_prefill(make_eng
 
 def test_calibration_probes_between_points_only_where_the_probes_correct_the_drift(make_engine) -> None:
     """By default the probe runs between design points only where it corrects the drift: with
-    speed samples it runs before and after the design, and nothing is fitted on it either way."""
+    speed samples, only before and after the design."""
     from dataclasses import replace
 
     from twinserve.backends.twin.calibrate import PROBE_EVERY, CalibrationDesign, calibrate
