@@ -333,12 +333,14 @@ class Calibrator:
             if gone:
                 self.engine.abort_request(gone)
             live = [r for i, r in enumerate(live) if i in kept]
-            first, done, tries = len(self.log.records), 0, prefill_steps + 4 * (steps + ahead) + 4
+            seen, done, tries = len(self.log.records), 0, prefill_steps + 4 * (steps + ahead) + 4
             while done < steps and tries and self.engine.has_unfinished_requests():
                 self._step()
                 tries -= 1
-                done = sum(1 for r in self.log.records[first:]
-                           if r.num_prefill_tokens == 0 and r.num_decode_seqs == b)
+                # A core process may log several steps per step(), or none: count the new ones.
+                done += sum(1 for r in self.log.records[seen:]
+                            if r.num_prefill_tokens == 0 and r.num_decode_seqs == b)
+                seen = len(self.log.records)
         self.engine.abort_request(live)
         self._drain()
 
@@ -378,7 +380,7 @@ class Calibrator:
                                lambda q=q, c=c: self.prefill_single(q, c, bases.get(c, []))))
         for k, q in design.multi_prefill:
             points.append((f"{k} prefills q={q}", lambda k=k, q=q: self.multi_prefill(k, q)))
-        for c in design.decode_contexts:
+        for c in design.decode_contexts if design.decode_batches else []:  # as num_points counts
             points.append((f"decodes c={c}",
                            lambda c=c: self.decode_sweep(design.decode_batches, c, design.decode_steps)))
         for m in design.mixed:
