@@ -10,11 +10,15 @@ It then prints, for windows of 20 s to 240 s (the span of a fidelity run's reque
 whole run), how far these estimates of the blocks' mean speed in a window miss it (rms of log
 ratios), for the whole block and for its decode steps and its prefill steps apart:
 
-- each kind of sample's mean within the window (what `twinserve fidelity --speed-from
-  samples` prices the steps at);
+- each kind of sample's median within the window (what `twinserve fidelity --speed-from
+  samples` prices the steps at), and their mean (how it priced them before Dec 1, 18:00);
 - the blocks just before and just after the window (what a probe before and after a run sees;
   favoured here: they are the same steps as the window's);
 - no estimate (the median speed).
+
+Then, as fidelity prices a step, each block against the samples within half a window of it:
+the rms of log(estimate / block) with their mean taken out, and that mean (the bias against
+the median speed both are measured from).
 
 Run it pinned to a core with nothing else on the machine, e.g.
 `taskset -c 1 python experiments/speed_tracking.py --seconds 900`.
@@ -47,23 +51,38 @@ def report(blocks: list[dict]) -> None:
         print(f"  {k} sampler: median {np.median(smp[k]) * 1e3:.2f} ms; block-to-sample correlation (log) "
               f"{np.corrcoef(np.log(ws), np.log(est[k]))[0, 1]:.2f}")
     step = float(np.median(np.diff(t)))
-    print("| window | steps | windows | weights samples | matvec samples | blocks before and after | none |")
+    print("| window | steps | windows | weights samples: median / mean | matvec samples: median / mean "
+          "| blocks before and after | none |")
     print("|---|---|---|---|---|---|---|")
+    stats = {"median": np.median, "mean": np.mean}
     for span in (20, 60, 120, 240):
         n = max(int(span / step), 1)
         for part, tv in truth.items():
-            errs: dict[str, list[float]] = {k: [] for k in (*KINDS, "ends", "none")}
+            errs: dict[str, list[float]] = {f"{k} {f}": [] for k in KINDS for f in stats}
+            errs.update(ends=[], none=[])
             for s in range(1, len(blocks) - n - 1, n):
                 mean = float(np.mean(tv[s:s + n]))
                 for k in KINDS:
-                    errs[k].append(np.log(np.mean(est[k][s:s + n]) / mean))
+                    for f, fn in stats.items():
+                        errs[f"{k} {f}"].append(np.log(fn(est[k][s:s + n]) / mean))
                 errs["ends"].append(np.log((tv[s - 1] + tv[s + n]) / 2 / mean))
                 errs["none"].append(np.log(1 / mean))
             if not errs["none"]:
                 continue
             rms = {k: float(np.sqrt(np.mean(np.square(v)))) for k, v in errs.items()}
-            print(f"| {span} s | {part} | {len(errs['none'])} | {rms['weights']:.1%} | {rms['matvec']:.1%} | "
+            print(f"| {span} s | {part} | {len(errs['none'])} | {rms['weights median']:.1%} / "
+                  f"{rms['weights mean']:.1%} | {rms['matvec median']:.1%} / {rms['matvec mean']:.1%} | "
                   f"{rms['ends']:.1%} | {rms['none']:.1%} |")
+    print("\neach block against the samples within half a window of it: rms (bias)")
+    print("| window | weights: median | weights: mean | matvec: median | matvec: mean |")
+    print("|---|---|---|---|---|")
+    for span in (10, 20, 40, 60):
+        cells = []
+        for k in KINDS:
+            for fn in stats.values():
+                e = np.array([np.log(fn(est[k][np.abs(t - ti) <= span / 2]) / ws[i]) for i, ti in enumerate(t)])
+                cells.append(f"{np.std(e):.1%} ({np.mean(e):+.1%})")
+        print(f"| {span} s | " + " | ".join(cells) + " |")
     print("\nminute by minute (x median): blocks / weights samples / matvec samples")
     for m in range(int(t[-1] // 60) + 1):
         sel = (t >= 60 * m) & (t < 60 * (m + 1))

@@ -27,9 +27,10 @@ A shared machine's speed drifts while the design runs (tens of percent over minu
 this project's VM). On a CPU engine in this process a speed sample (speedtrace.py: by
 default one row through the model's own weights and LM head, about 33 ms for SmolLM2) runs
 between steps every 2 s; each step's times are divided by the machine's relative slowness at
-that moment (the samples smoothed over 20 s, `correct_drift_by_samples`), so the profile
-prices the machine at its median sample's speed, which the profile records with the
-sampler's kind. On Dec 1 one calibration's fit had a MAPE of 7.9% corrected by the weights
+that moment (the median sample within 10 s of it, `correct_drift_by_samples`), so the
+profile prices the machine at its median sample's speed, which the profile records with the
+sampler's kind. Samples that the steps around them contradict (`contradicted_samples`: a
+sampler slowed 2-3x while the steps ran at full speed) are left out first. On Dec 1 one calibration's fit had a MAPE of 7.9% corrected by the weights
 sampler, 8.2% by the probes and 8.6% uncorrected (the same steps refitted); two earlier ones
 9.9% and 9.1% corrected by the 64 MiB product, against 11.5% and 9.7% by the probes.
 Elsewhere (a CUDA engine, a core in its own process) a fixed speed probe (`speed_probe`,
@@ -63,8 +64,8 @@ from twinserve.core.sampling_params import SamplingParams
 
 from ..real.step_log import TIME_COLUMNS, StepLog
 from .hostload import HostLoad
-from .speedtrace import (DEFAULT_SAMPLER, SAMPLE_EVERY_S, SAMPLERS, SMOOTH_S, SampleClock, SpeedSampler,
-                         SpeedTrace, WeightsSampler, sampler_for)
+from .speedtrace import (DEFAULT_SAMPLER, DEFAULT_SMOOTHING, SAMPLE_EVERY_S, SAMPLERS, SMOOTH_S, SampleClock,
+                         SpeedSampler, SpeedTrace, WeightsSampler, sampler_for)
 
 
 # Design points between two speed probes, where the probes correct the drift.
@@ -525,11 +526,52 @@ def correct_drift(rows: list[dict[str, Any]], probes: list[tuple[float, float]],
 
 
 def correct_drift_by_samples(rows: list[dict[str, Any]], samples: list[tuple[float, float]],
-                             window_s: float = SMOOTH_S) -> tuple[list[dict[str, Any]], float]:
+                             window_s: float = SMOOTH_S,
+                             smoothing: str = DEFAULT_SMOOTHING) -> tuple[list[dict[str, Any]], float]:
     """correct_drift by the speed samples (speedtrace.py), each smoothed over window_s as the
     fidelity trace smooths them: rows at the median smoothed sample's speed, and that sample."""
-    trace = SpeedTrace.from_samples(samples, 1.0, window_s=window_s)
+    trace = SpeedTrace.from_samples(samples, 1.0, window_s=window_s, smoothing=smoothing)
     return correct_drift(rows, list(zip(trace.times, trace.factors)))
+
+
+# A speed sample the steps around it contradict: it says the machine ran more than this much
+# slower (or faster) than the steps within half a smoothing window of it ran against a fit of
+# every step. On Dec 1 (18:05, CPU 1) eight samples in a row ran 1.2-3.7x the median for 25 s
+# while the 500-token mixed steps around them ran as fast as the same steps later; corrected
+# by them, those steps were priced at half their time and the fit's MAPE went from 7.5% to
+# 12.6% (mixed steps 6.0% to 25.3%, worst +130%). A single sample is noisier than a step
+# (sd 12% against the blocks' 11% in speed_tracking.py), so the bar is set well above it.
+SAMPLE_VETO = 0.25
+
+
+def contradicted_samples(rows: list[dict[str, Any]], samples: Sequence[tuple[float, float]],
+                         fit: Callable[[list[dict[str, Any]]], FittedCostModel],
+                         idle_steps: Sequence[Sequence[float]] = (), window_s: float = SMOOTH_S,
+                         veto: float = SAMPLE_VETO) -> list[int]:
+    """Indices of the speed samples that the calibration's own steps contradict.
+
+    rows: the step log as measured; samples: (time on its clock, seconds); fit: rows to a
+    profile (the calibration's own fit). The steps are corrected by every sample and fitted;
+    then each sample's slowness (against the reference, the median smoothed sample) is set
+    beside the median of measured / fitted time over the steps (steps after idle gaps left
+    out) that started within window_s / 2 of it, and a sample more than `veto` away from
+    them, with at least three steps to judge by, is contradicted.
+    """
+    if len(samples) < 3:
+        return []
+    corrected, ref = correct_drift_by_samples(rows, list(samples), window_s)
+    profile = fit(split_wake(corrected, idle_steps)[0])
+    raw = split_wake(rows, idle_steps)[0]
+    starts = np.asarray([float(r["start_s"]) for r in raw])
+    ratio = np.asarray([float(r["step_time_s"]) / max(profile.step_time(*(float(r[c]) for c in FEATURE_COLUMNS)),
+                                                       1e-12) for r in raw])
+    bar = np.log1p(veto)
+    out = []
+    for i, (t, sec) in enumerate(samples):
+        near = np.abs(starts - float(t)) <= window_s / 2
+        if near.sum() >= 3 and abs(np.log(float(sec) / ref / float(np.median(ratio[near])))) > bar:
+            out.append(i)
+    return out if len(samples) - len(out) >= 2 else []
 
 
 def catalog_name(cfg: Any, fallback: str) -> str:
@@ -639,6 +681,16 @@ def _comm_share(rows: list[dict[str, Any]]) -> float:
     return comm / total if total > 0 else 0.0
 
 
+def fitter(base: Sequence[int], candidates: Sequence[int],
+           graph_max: int | None) -> Callable[..., FittedCostModel]:
+    """Step-log rows (and profile meta) to a profile, as calibrate fits them: token-count
+    breakpoints chosen among the candidates on top of the code path's own (base), then the fit."""
+    def fit(rows: list[dict[str, Any]], **meta: Any) -> FittedCostModel:
+        bounds = select_regimes(rows, base, candidates, graph_max_decodes=graph_max)
+        return fit_step_profile(rows, regime_max_tokens=bounds, graph_max_decodes=graph_max, **meta)
+    return fit
+
+
 def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> FittedCostModel:
     """A calibrated profile fitted again by this version's fit, from the step log it was made from.
 
@@ -660,16 +712,6 @@ def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> Fit
                             "git_commit": _git_commit(), "step_log": steps.name,
                             "previous_fit": {k: (old.meta.get("fit") or {}).get(k) for k in ("r2", "mape")}}
     samples, s0 = prov.get("speed_samples") or [], prov.get("speed_sample_t0")
-    if prov.get("drift_source") == "samples" and samples and s0 is not None:
-        rows, _ = correct_drift_by_samples(rows, [(s0 + float(rel), float(sec)) for rel, sec in samples],
-                                           float(prov.get("speed_sample_window_s") or SMOOTH_S))
-    elif prov.get("drift_corrected") and len(probes) >= 2:
-        if t0 is None:  # profiles made before t0 was recorded: the first probe ran just before step 1
-            t0 = min(float(r["start_s"]) for r in rows)
-            note["speed_probe_t0_estimated"] = True
-        rows, _ = correct_drift(rows, [(t0 + float(rel), float(sec)) for rel, sec in probes])
-    # Logs made before the design had idle points have none: their profiles price no wake.
-    rows, wake = split_wake(rows, prov.get("idle_steps") or [])
     eng = prov.get("engine") or {}
     device_type = str(prov.get("device", "cpu")).split(":")[0]
     graph_max = eng.get("cuda_graph_max_batch")
@@ -682,13 +724,34 @@ def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> Fit
     # Profiles made before row padding existed record no pad_rows: their engine padded nothing.
     base = _code_path_bounds(device_type, str(prov.get("dtype", "")), bool(eng.get("small_batch_weights", False)),
                              int(eng.get("pad_rows") or 0))
-    bounds = select_regimes(rows, base, [b for b in batches if 4 < b < max(batches)],
-                            graph_max_decodes=graph_max)
+    fit = fitter(base, [b for b in batches if 4 < b < max(batches)], graph_max)
+
+    idle = prov.get("idle_steps") or []
+    if prov.get("drift_source") == "samples" and samples and s0 is not None:
+        # Smoothed as this version smooths, without the samples the steps contradict (the
+        # profile's reference sample with them), whatever the first fit did.
+        window = float(prov.get("speed_sample_window_s") or SMOOTH_S)
+        timed = [(s0 + float(rel), float(sec)) for rel, sec in samples]
+        dropped = contradicted_samples(rows, timed, fit, idle, window)
+        if dropped != (prov.get("speed_samples_dropped") or []):
+            note["speed_samples_dropped_was"] = prov.get("speed_samples_dropped") or []
+        prov["speed_samples_dropped"] = dropped
+        rows, prov["speed_sample_s"] = correct_drift_by_samples(
+            rows, [x for i, x in enumerate(timed) if i not in set(dropped)], window)
+        if prov.get("speed_sample_smoothing", "mean") != DEFAULT_SMOOTHING:
+            note["speed_sample_smoothing_was"] = prov.get("speed_sample_smoothing", "mean")
+        prov["speed_sample_smoothing"] = DEFAULT_SMOOTHING
+    elif prov.get("drift_corrected") and len(probes) >= 2:
+        if t0 is None:  # profiles made before t0 was recorded: the first probe ran just before step 1
+            t0 = min(float(r["start_s"]) for r in rows)
+            note["speed_probe_t0_estimated"] = True
+        rows, _ = correct_drift(rows, [(t0 + float(rel), float(sec)) for rel, sec in probes])
+    # Logs made before the design had idle points have none: their profiles price no wake.
+    rows, wake = split_wake(rows, idle)
     if prov.get("refit"):  # an earlier refit's note, kept (its previous_fit is the first fit's)
         note["earlier_refit"] = prov["refit"]
     meta = {k: v for k, v in old.meta.items() if k not in ("fit", "provenance", "format")}
-    profile = fit_step_profile(rows, regime_max_tokens=bounds, graph_max_decodes=graph_max,
-                               **meta, provenance={**prov, "refit": note})
+    profile = fit(rows, **meta, provenance={**prov, "refit": note})
     profile.meta["fit"]["comm_share"] = _comm_share(rows)
     fit_wake(profile, wake)
     return profile
@@ -725,22 +788,25 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     name = catalog_name(cfg, engine.model_name)
     # The drift correction: by the speed samples taken all through the design when there are
     # some (a CPU engine in this process), else by the probes between design points.
+    # Breakpoints: the engine's own code-path switch, plus batch sizes where the measured
+    # cost per row changes slope (candidates from the design's decode batches).
+    graph_max = graph_max_decodes(device.type, a.enforce_eager, a.attention_backend, sc.max_num_seqs)
+    fit = fitter(regime_bounds(engine), [b for b in design.decode_batches if 4 < b < max(design.decode_batches)],
+                 graph_max)
+
     by_samples = len(cal.samples) >= 2
+    dropped: list[int] = []
     if by_samples:
-        rows, sample_ref = correct_drift_by_samples(log.rows(), cal.samples)
+        dropped = contradicted_samples(log.rows(), cal.samples, fit, cal.idle_steps)
+        rows, sample_ref = correct_drift_by_samples(log.rows(),
+                                                    [x for i, x in enumerate(cal.samples) if i not in set(dropped)])
         probe_ref = float(np.median([sec for _, sec in cal.probes])) if cal.probes else float("nan")
     else:
         rows, probe_ref = correct_drift(log.rows(), cal.probes)
     rows, wake = split_wake(rows, cal.idle_steps)
     probe_secs = [sec for _, sec in cal.probes]
-    # Breakpoints: the engine's own code-path switch, plus batch sizes where the measured
-    # cost per row changes slope (candidates from the design's decode batches).
-    graph_max = graph_max_decodes(device.type, a.enforce_eager, a.attention_backend, sc.max_num_seqs)
-    bounds = select_regimes(rows, regime_bounds(engine),
-                            [b for b in design.decode_batches if 4 < b < max(design.decode_batches)],
-                            graph_max_decodes=graph_max)
-    profile = fit_step_profile(
-        rows, regime_max_tokens=bounds, graph_max_decodes=graph_max, model=name,
+    profile = fit(
+        rows, model=name,
         hardware=device_name(device), tensor_parallel_size=tp,
         provenance={
             "made_by": "twinserve calibrate",
@@ -784,6 +850,10 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             "speed_samples": [[round(t - cal.samples[0][0], 6), round(sec, 9)] for t, sec in cal.samples],
             "speed_sample_t0": cal.samples[0][0] if cal.samples else None,
             "speed_sample_window_s": SMOOTH_S,
+            "speed_sample_smoothing": DEFAULT_SMOOTHING,
+            # The samples the steps around them contradicted (contradicted_samples), by index:
+            # left out of the correction and the reference.
+            "speed_samples_dropped": dropped,
             # Steps that followed an idle gap (index in the step log, seconds): priced by "wake".
             "idle_steps": [list(m) for m in cal.idle_steps],
             "engine": {"block_size": a.block_size, "max_num_seqs": sc.max_num_seqs,

@@ -175,13 +175,15 @@ def simulate(profile: FittedCostModel, make: Callable[[], Workload], sched_cfg: 
 def sampled_trace(profile: FittedCostModel, speed: dict[str, Any]) -> SpeedTrace | None:
     """The speed a run sampled (speedtrace.py) against this profile's reference sample, or None
     when the run sampled nothing, the profile recorded no reference, or the two were sampled
-    by different kinds of sampler."""
+    by different kinds of sampler. Smoothed as the profile's own samples were (the mean for
+    profiles that do not say), so the run's speed and the reference agree on a steady machine."""
     s = speed.get("sampled") or {}
     prov = profile.meta.get("provenance", {})
     ref = prov.get("speed_sample_s")
     if not s.get("samples") or not ref or sampler_kind(s) != sampler_kind(prov):
         return None
-    return SpeedTrace.from_samples(s["samples"], ref, s.get("every_s", SAMPLE_EVERY_S), s.get("window_s", SMOOTH_S))
+    return SpeedTrace.from_samples(s["samples"], ref, s.get("every_s", SAMPLE_EVERY_S), s.get("window_s", SMOOTH_S),
+                                   prov.get("speed_sample_smoothing", "mean"))
 
 
 def warm_up(engine: Any) -> None:
@@ -268,7 +270,8 @@ def sampled_line(speed: dict[str, Any]) -> str:
     return (f"machine speed during the run: sampled {s['num_samples']} times (every {s['every_s']:g} s "
             f"while busy, {s['pause_s'] * 1e3:.1f} ms each, by the {sampler_kind(s)} sampler), "
             f"x {s['mean_factor']:.3f} the calibration's slowness on average over its steps (over "
-            f"{s['window_s']:g} s windows x {s['min_factor']:.3f} to x {s['max_factor']:.3f}){probes}; "
+            f"{s['window_s']:g} s windows, by their {s.get('smoothing', 'mean')}, x {s['min_factor']:.3f} to "
+            f"x {s['max_factor']:.3f}){probes}; "
             "every simulated step priced at the speed sampled at its start")
 
 

@@ -55,10 +55,20 @@ from twinserve.sim.world import Simulation
 # Seconds between two samples while the engine has work (a weights sample of SmolLM2 costs
 # about 33 ms, 1.6% of the engine's time; a matvec sample 3 ms).
 SAMPLE_EVERY_S = 2.0
-# The trace's speed at t is the mean of the samples within SMOOTH_S / 2 of t: one sample is a
-# 3 ms glimpse (12% spread between neighbours); windows of 10-20 s tracked the engine's own
-# speed best in the measurement above (6.2% per 2 s block, against 7.5% over 120 s).
+# The trace's speed at t is the median of the samples within SMOOTH_S / 2 of t: one sample is
+# a 33 ms glimpse; windows of 10-20 s tracked the engine's own speed best in the measurement
+# above (6.2% per 2 s block, against 7.5% over 120 s).
 SMOOTH_S = 20.0
+# How a window's samples make one speed (SMOOTHINGS). A sample is skewed: a stall of a tenth of a
+# second makes a 33 ms sample 3-4x its neighbours while the 2 s of steps around it lose 5%.
+# Over the 376 ~2 s blocks of the measurement above (1 weights sample after each), against each
+# block's own speed, rms error with the bias taken out (and the bias), by window:
+#   10 s: mean 8.7% (+1.6%), median 7.7% (+0.1%); 20 s: mean 8.5% (+1.8%), median 7.4% (0.0%);
+#   40 s: mean 9.1% (+2.0%), median 8.3% (-0.5%); 20% trimmed mean and hampel within 0.2 points
+#   of the median. So the median, over 20 s. Profiles made before it was recorded (provenance
+#   "speed_sample_smoothing") were smoothed by the mean, and keep it until refitted.
+SMOOTHINGS = ("median", "mean")
+DEFAULT_SMOOTHING = "median"
 # 4096 x 4096 float32: 64 MiB, larger than any last-level cache a CPU of this class has.
 _SAMPLE_ROWS = 4096
 
@@ -182,24 +192,31 @@ class SpeedTrace:
     window_s: float = SMOOTH_S
     num_samples: int = 0
     raw: list[float] = field(default_factory=list)
+    smoothing: str = DEFAULT_SMOOTHING
 
     @classmethod
     def from_samples(cls, samples: Sequence[Sequence[float]], ref_s: float, every_s: float = SAMPLE_EVERY_S,
-                     window_s: float = SMOOTH_S) -> "SpeedTrace":
-        """From (time, seconds) samples against the reference sample's seconds."""
+                     window_s: float = SMOOTH_S, smoothing: str = DEFAULT_SMOOTHING) -> "SpeedTrace":
+        """From (time, seconds) samples against the reference sample's seconds; each point is
+        the median (or mean) of the samples within window_s / 2 of it."""
         if not samples:
             raise ValueError("a speed trace needs at least one sample")
         if not ref_s or ref_s <= 0:
             raise ValueError(f"reference sample {ref_s!r}: give the calibration's positive seconds")
+        if smoothing not in SMOOTHINGS:
+            raise ValueError(f"speed smoothing {smoothing!r}: one of {', '.join(SMOOTHINGS)}")
         pts = sorted((float(t), float(s)) for t, s in samples)
         t = np.asarray([p[0] for p in pts])
         s = np.asarray([p[1] for p in pts]) / ref_s
         lo = np.searchsorted(t, t - window_s / 2, side="left")
         hi = np.searchsorted(t, t + window_s / 2, side="right")
-        c = np.concatenate([[0.0], np.cumsum(s)])
-        smooth = (c[hi] - c[lo]) / (hi - lo)
+        if smoothing == "mean":
+            c = np.concatenate([[0.0], np.cumsum(s)])
+            smooth = (c[hi] - c[lo]) / (hi - lo)
+        else:
+            smooth = np.asarray([np.median(s[a:b]) for a, b in zip(lo, hi)])
         return cls(t.tolist(), smooth.tolist(), every_s, float(np.median([p[1] for p in pts])), window_s,
-                   len(pts), s.tolist())
+                   len(pts), s.tolist(), smoothing)
 
     def factor(self, t: float) -> float:
         """The slowness at time t (linear between samples, held flat before the first and after the last)."""
@@ -222,7 +239,7 @@ class SpeedTrace:
 
     def summary(self) -> dict[str, Any]:
         return {"num_samples": self.num_samples, "every_s": self.every_s, "window_s": self.window_s,
-                "pause_s": self.pause_s, "min_factor": min(self.factors), "max_factor": max(self.factors)}
+                "smoothing": self.smoothing, "pause_s": self.pause_s, "min_factor": min(self.factors), "max_factor": max(self.factors)}
 
 
 class TracedExecutor(SimExecutor):
@@ -269,5 +286,6 @@ def run_simulation(cost_model: Any, sched_cfg: Any, workload: Any, trace: SpeedT
     return sim.run()
 
 
-__all__ = ["DEFAULT_SAMPLER", "SAMPLERS", "SAMPLE_EVERY_S", "SMOOTH_S", "SampleClock", "SpeedSampler", "SpeedTrace",
-           "TracedExecutor", "WeightsSampler", "run_simulation", "sampler_for", "sampler_kind"]
+__all__ = ["DEFAULT_SAMPLER", "DEFAULT_SMOOTHING", "SAMPLERS", "SAMPLE_EVERY_S", "SMOOTHINGS", "SMOOTH_S",
+           "SampleClock", "SpeedSampler", "SpeedTrace", "TracedExecutor", "WeightsSampler", "run_simulation",
+           "sampler_for", "sampler_kind"]

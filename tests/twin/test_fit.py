@@ -309,6 +309,35 @@ def test_drift_correction_recovers_the_profile_a_drifting_machine_hides() -> Non
     assert correct_drift(drifted, probes[:1])[0] is drifted
 
 
+def test_samples_the_steps_contradict_are_left_out_of_the_drift_correction() -> None:
+    """A 20 s episode of speed samples at 2-3x while the steps ran at full speed (seen on this
+    project's VM): the samples are found by the steps around them and dropped, so the steps
+    are not priced at half their time; a slowdown the steps share is kept and corrected."""
+    from twinserve.backends.twin.calibrate import contradicted_samples, correct_drift_by_samples
+
+    rows = [dict(r, start_s=float(i)) for i, r in enumerate(_rows(seed=5, n=240, noise=0.02))]
+    fit = lambda r: fit_step_profile(r, split=False)  # noqa: E731
+    episode = range(50, 70, 2)
+    samples = [(float(t), 0.033 * ((2.0 + (t % 4 == 0)) if t in episode else 1.0)) for t in range(0, 240, 2)]
+    dropped = contradicted_samples(rows, samples, fit)
+    assert [samples[i][0] for i in dropped] == list(map(float, episode))
+    kept = [x for i, x in enumerate(samples) if i not in dropped]
+    fixed, ref = correct_drift_by_samples(rows, kept)
+    assert ref == pytest.approx(0.033)
+    assert [r["step_time_s"] for r in fixed] == pytest.approx([r["step_time_s"] for r in rows])
+    # Corrected by every sample, the episode's steps come out far too cheap, and the fit with them.
+    bad, _ = correct_drift_by_samples(rows, samples)
+    assert bad[60]["step_time_s"] < 0.6 * rows[60]["step_time_s"]
+    # The same slowdown in the steps themselves: the samples are right, and none is dropped.
+    slow = [dict(r, step_time_s=r["step_time_s"] * (1.5 if 45 <= r["start_s"] < 75 else 1.0)) for r in rows]
+    shared = [(t, 0.033 * (1.5 if 45 <= t < 75 else 1.0)) for t, _ in samples]
+    assert contradicted_samples(slow, shared, fit) == []
+    fixed, _ = correct_drift_by_samples(slow, shared)
+    assert fixed[60]["step_time_s"] == pytest.approx(rows[60]["step_time_s"], rel=0.05)
+    # Too few samples to judge by, or too few left: nothing is dropped.
+    assert contradicted_samples(rows, samples[:2], fit) == []
+
+
 def _tp_check_module():
     import importlib.util
 

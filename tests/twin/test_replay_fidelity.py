@@ -120,7 +120,11 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert prov["drift_source"] == "samples" and len(prov["speed_samples"]) >= 10
     # By default sampled by a pass through the model's own weights, which fidelity samples with too.
     assert prov["speed_sampler"] == "weights"
-    smooth = SpeedTrace.from_samples(prov["speed_samples"], 1.0, window_s=prov["speed_sample_window_s"])
+    # Smoothed by the median, without the samples the steps around them contradicted (if any).
+    assert prov["speed_sample_smoothing"] == "median"
+    kept = [x for i, x in enumerate(prov["speed_samples"]) if i not in prov["speed_samples_dropped"]]
+    assert len(kept) >= 2
+    smooth = SpeedTrace.from_samples(kept, 1.0, window_s=prov["speed_sample_window_s"])
     assert prov["speed_sample_s"] == pytest.approx(float(np.median(smooth.factors)), rel=1e-6)
     out = tmp_path / "fid"
     # By default (--speed-from auto) a profile whose reference the weights sampler took judges by
@@ -274,7 +278,10 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert r["coefficients"] == pytest.approx(data["coefficients"], rel=2e-5, abs=1e-12)
     assert r["overhead_coefficients"] == pytest.approx(data["overhead_coefficients"], rel=2e-5, abs=1e-12)
     assert r["provenance"]["refit"]["step_log"] == "tiny.steps.csv"
-    assert {k: v for k, v in r["provenance"].items() if k != "refit"} == data["provenance"]
+    # The reference sample is redone from the samples too, stored to 1 ns.
+    got, made = (dict(p, refit=None, speed_sample_s=None) for p in (r["provenance"], data["provenance"]))
+    assert got == made
+    assert r["provenance"]["speed_sample_s"] == pytest.approx(data["provenance"]["speed_sample_s"], rel=1e-4)
     # Refitted again, the earlier refit's note is kept under the new one.
     refit2 = tmp_path / "refit2.json"
     assert main(["calibrate", "--refit", str(refit), "--from-log", str(prof.with_suffix(".steps.csv")),

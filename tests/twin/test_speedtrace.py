@@ -30,7 +30,7 @@ def test_trace_smooths_over_its_window_and_holds_at_the_ends() -> None:
     tr = SpeedTrace.from_samples([(0.0, 0.002), (1.0, 0.006), (10.0, 0.003), (30.0, 0.003)], 0.002,
                                  window_s=4.0)
     assert tr.raw == pytest.approx([1.0, 3.0, 1.5, 1.5])
-    # Each point is the mean of the samples within 2 s of it.
+    # Each point is the median of the samples within 2 s of it (of two, their mean).
     assert tr.factors == pytest.approx([2.0, 2.0, 1.5, 1.5])
     assert tr.factor(0.5) == pytest.approx(2.0)
     assert tr.factor(5.5) == pytest.approx(1.75)  # halfway between 1.0 (2.0) and 10.0 (1.5)
@@ -42,6 +42,23 @@ def test_trace_smooths_over_its_window_and_holds_at_the_ends() -> None:
     assert same.factors == tr.factors
     with pytest.raises(ValueError, match="at least one sample"):
         SpeedTrace.from_samples([], 0.002)
+    with pytest.raises(ValueError, match="one of median, mean"):
+        SpeedTrace.from_samples([(0.0, 0.002)], 0.002, smoothing="min")
+
+
+def test_one_stalled_sample_does_not_move_the_median_trace() -> None:
+    # Five samples 2 s apart at the reference speed, the middle one stalled to 4x (a 100 ms
+    # pause in a 33 ms sample): by the median every point of a 20 s window stays at 1.0; by the
+    # mean (how profiles made before the median smoothed) every point moves to 1.6.
+    samples = [(2.0 * i, 0.033 * (4.0 if i == 2 else 1.0)) for i in range(5)]
+    med = SpeedTrace.from_samples(samples, 0.033, window_s=20.0)
+    assert med.smoothing == "median" and med.factors == pytest.approx([1.0] * 5)
+    assert med.summary()["smoothing"] == "median" and med.raw[2] == pytest.approx(4.0)
+    mean = SpeedTrace.from_samples(samples, 0.033, window_s=20.0, smoothing="mean")
+    assert mean.factors == pytest.approx([1.6] * 5)
+    # A slowdown that lasts (most of a window's samples) moves the median as it moves the mean.
+    slow = [(2.0 * i, 0.033 * (1.5 if i >= 2 else 1.0)) for i in range(5)]
+    assert SpeedTrace.from_samples(slow, 0.033, window_s=20.0).factors == pytest.approx([1.5] * 5)
     with pytest.raises(ValueError, match="positive seconds"):
         SpeedTrace.from_samples([(0.0, 0.002)], 0.0)
 
