@@ -121,6 +121,13 @@ def _calibrate(ns: argparse.Namespace) -> int:
     from twinserve.backends.twin.hostload import warning
 
     prov = profile.meta.get("provenance", {})
+    samples, dropped = prov.get("speed_samples") or [], prov.get("speed_samples_dropped") or []
+    if prov.get("drift_source") == "samples" and samples:
+        at = ", ".join(f"{samples[i][0]:.0f} s" for i in dropped[:8]) + (", ..." if len(dropped) > 8 else "")
+        print(f"  speed samples: {len(samples)}, smoothed by their {prov.get('speed_sample_smoothing', 'mean')} "
+              f"over {prov.get('speed_sample_window_s', 0):g} s; "
+              + (f"{len(dropped)} left out, contradicted by the steps around them (at {at})" if dropped
+                 else "none contradicted by the steps around them"))
     for noisy in (warning(prov.get("host_load"), "calibration"), drift_warning(prov)):
         if noisy:
             print(f"twinserve calibrate: {noisy}", file=sys.stderr)

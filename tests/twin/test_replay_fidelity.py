@@ -124,6 +124,9 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert prov["speed_sample_smoothing"] == "median"
     kept = [x for i, x in enumerate(prov["speed_samples"]) if i not in prov["speed_samples_dropped"]]
     assert len(kept) >= 2
+    n, k = len(prov["speed_samples"]), len(prov["speed_samples_dropped"])
+    assert f"speed samples: {n}, smoothed by their median over 20 s; " in printed
+    assert ("none contradicted" in printed) == (k == 0) and (f"{k} left out, contradicted" in printed) == (k > 0)
     smooth = SpeedTrace.from_samples(kept, 1.0, window_s=prov["speed_sample_window_s"])
     assert prov["speed_sample_s"] == pytest.approx(float(np.median(smooth.factors)), rel=1e-6)
     out = tmp_path / "fid"
