@@ -30,9 +30,10 @@ between steps every 2 s; each step's times are divided by the machine's relative
 that moment (the median sample within 10 s of it, `correct_drift_by_samples`), so the
 profile prices the machine at its median sample's speed, which the profile records with the
 sampler's kind. Samples that the steps around them contradict (`contradicted_samples`: a
-sampler slowed 2-3x while the steps ran at full speed) are left out first. On Dec 1 one calibration's fit had a MAPE of 7.9% corrected by the weights
-sampler, 8.2% by the probes and 8.6% uncorrected (the same steps refitted); two earlier ones
-9.9% and 9.1% corrected by the 64 MiB product, against 11.5% and 9.7% by the probes.
+sampler slowed 2-3x while the steps ran at full speed) are left out first. On Dec 1 one
+calibration's fit had a MAPE of 7.9% corrected by the weights sampler, 8.2% by the probes and
+8.6% uncorrected (the same steps refitted); two earlier ones 9.9% and 9.1% corrected by the
+64 MiB product, against 11.5% and 9.7% by the probes.
 Elsewhere (a CUDA engine, a core in its own process) a fixed speed probe (`speed_probe`,
 about half a minute of steps) every `probe_every` design points does the correction
 (`correct_drift`, median probe speed). The probes run on a CPU too and are recorded:
@@ -539,8 +540,9 @@ def correct_drift_by_samples(rows: list[dict[str, Any]], samples: list[tuple[flo
 # every step. On Dec 1 (18:05, CPU 1) eight samples in a row ran 1.2-3.7x the median for 25 s
 # while the 500-token mixed steps around them ran as fast as the same steps later; corrected
 # by them, those steps were priced at half their time and the fit's MAPE went from 7.5% to
-# 12.6% (mixed steps 6.0% to 25.3%, worst +130%). A single sample is noisier than a step
-# (sd 12% against the blocks' 11% in speed_tracking.py), so the bar is set well above it.
+# 12.6% (mixed steps 6.0% to 25.3%, worst +130%). One sample is noisy (neighbouring samples
+# differ by 10% sd, ~2 s blocks of steps by 5%, in speed_tracking.py's 376-block log), so the
+# bar is set well above that.
 SAMPLE_VETO = 0.25
 
 
@@ -695,7 +697,9 @@ def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> Fit
     """A calibrated profile fitted again by this version's fit, from the step log it was made from.
 
     The log is the `.steps.csv` that calibrate wrote beside the profile (or steps_path). The
-    provenance is kept; the drift correction is redone from its speed probes; the code-path
+    provenance is kept; the drift correction is redone from its speed samples (smoothed and
+    checked against the steps as this version does: the reference sample and the samples left
+    out are updated) or its probes; the code-path
     regimes come from the recorded engine settings (a CUDA engine that did not run eagerly
     replayed decode batches of up to its largest bucket from graphs). So a change to the cost
     model can be judged on a device's measurements after the device is gone.
@@ -786,14 +790,13 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     device = engine.args.resolve_device()
     tp = engine.args.tensor_parallel_size
     name = catalog_name(cfg, engine.model_name)
-    # The drift correction: by the speed samples taken all through the design when there are
-    # some (a CPU engine in this process), else by the probes between design points.
     # Breakpoints: the engine's own code-path switch, plus batch sizes where the measured
     # cost per row changes slope (candidates from the design's decode batches).
     graph_max = graph_max_decodes(device.type, a.enforce_eager, a.attention_backend, sc.max_num_seqs)
     fit = fitter(regime_bounds(engine), [b for b in design.decode_batches if 4 < b < max(design.decode_batches)],
                  graph_max)
-
+    # The drift correction: by the speed samples taken all through the design when there are
+    # some (a CPU engine in this process), else by the probes between design points.
     by_samples = len(cal.samples) >= 2
     dropped: list[int] = []
     if by_samples:
