@@ -59,7 +59,7 @@ import numpy as np
 
 from twinserve.backends.sim.catalog import MODELS
 from twinserve.backends.sim.fit import fit_step_profile, select_regimes
-from twinserve.backends.sim.fitted import FEATURE_COLUMNS, FittedCostModel, resolve_profile
+from twinserve.backends.sim.fitted import FEATURE_COLUMNS, FittedCostModel, ProfileError, resolve_profile
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.sampling_params import SamplingParams
 
@@ -693,21 +693,31 @@ def fitter(base: Sequence[int], candidates: Sequence[int],
     return fit
 
 
-def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> FittedCostModel:
-    """A calibrated profile fitted again by this version's fit, from the step log it was made from.
+@dataclass(slots=True)
+class Prepared:
+    """One calibration's step log as this version fits it: drift-corrected (`rows` at the
+    machine's `ref` speed: the reference sample's or probe's seconds, None uncorrected),
+    the steps after idle gaps apart (`wake`), and the fit that suits its engine."""
 
-    The log is the `.steps.csv` that calibrate wrote beside the profile (or steps_path). The
-    provenance is kept; the drift correction is redone from its speed samples (smoothed and
-    checked against the steps as this version does: the reference sample and the samples left
-    out are updated) or its probes; the code-path
-    regimes come from the recorded engine settings (a CUDA engine that did not run eagerly
-    replayed decode batches of up to its largest bucket from graphs). So a change to the cost
-    model can be judged on a device's measurements after the device is gone.
-    """
+    profile: FittedCostModel
+    prov: dict[str, Any]
+    note: dict[str, Any]
+    rows: list[dict[str, Any]]
+    wake: list[tuple[float, list[dict[str, Any]]]]
+    fit: Callable[..., FittedCostModel]
+    ref: float | None
+
+
+def prepare(profile_path: str | Path, steps_path: str | Path | None = None) -> Prepared:
+    """A calibrated profile's step log (the `.steps.csv` beside it, or steps_path), corrected
+    for the machine's drift as this version corrects it (refit's first half)."""
     from ..real.step_log import read_step_log
 
     old = FittedCostModel.load(profile_path)
     prov = dict(old.meta.get("provenance") or {})
+    if prov.get("merged_from"):
+        raise ProfileError(f"{profile_path} was merged from {len(prov['merged_from'])} calibrations and has no "
+                           "step log of its own: merge their profiles again (twinserve calibrate --merge)")
     steps = Path(steps_path) if steps_path else resolve_profile(profile_path).with_suffix(".steps.csv")
     rows = read_step_log(steps)
     probes = prov.get("speed_probes") or []
@@ -731,6 +741,7 @@ def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> Fit
     fit = fitter(base, [b for b in batches if 4 < b < max(batches)], graph_max)
 
     idle = prov.get("idle_steps") or []
+    ref: float | None = None
     if prov.get("drift_source") == "samples" and samples and s0 is not None:
         # Smoothed as this version smooths, without the samples the steps contradict (the
         # profile's reference sample with them), whatever the first fit did.
@@ -740,8 +751,8 @@ def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> Fit
         if dropped != (prov.get("speed_samples_dropped") or []):
             note["speed_samples_dropped_was"] = prov.get("speed_samples_dropped") or []
         prov["speed_samples_dropped"] = dropped
-        rows, prov["speed_sample_s"] = correct_drift_by_samples(
-            rows, [x for i, x in enumerate(timed) if i not in set(dropped)], window)
+        rows, ref = correct_drift_by_samples(rows, [x for i, x in enumerate(timed) if i not in set(dropped)], window)
+        prov["speed_sample_s"] = ref
         if prov.get("speed_sample_smoothing", "mean") != DEFAULT_SMOOTHING:
             note["speed_sample_smoothing_was"] = prov.get("speed_sample_smoothing", "mean")
         prov["speed_sample_smoothing"] = DEFAULT_SMOOTHING
@@ -749,13 +760,112 @@ def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> Fit
         if t0 is None:  # profiles made before t0 was recorded: the first probe ran just before step 1
             t0 = min(float(r["start_s"]) for r in rows)
             note["speed_probe_t0_estimated"] = True
-        rows, _ = correct_drift(rows, [(t0 + float(rel), float(sec)) for rel, sec in probes])
+        rows, ref = correct_drift(rows, [(t0 + float(rel), float(sec)) for rel, sec in probes])
     # Logs made before the design had idle points have none: their profiles price no wake.
     rows, wake = split_wake(rows, idle)
+    return Prepared(old, prov, note, rows, wake, fit, ref)
+
+
+def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> FittedCostModel:
+    """A calibrated profile fitted again by this version's fit, from the step log it was made from.
+
+    The log is the `.steps.csv` that calibrate wrote beside the profile (or steps_path). The
+    provenance is kept; the drift correction is redone from its speed samples (smoothed and
+    checked against the steps as this version does: the reference sample and the samples left
+    out are updated) or its probes; the code-path regimes come from the recorded engine
+    settings (a CUDA engine that did not run eagerly replayed decode batches of up to its
+    largest bucket from graphs). So a change to the cost model can be judged on a device's
+    measurements after the device is gone.
+    """
+    p = prepare(profile_path, steps_path)
+    prov, note = p.prov, p.note
     if prov.get("refit"):  # an earlier refit's note, kept (its previous_fit is the first fit's)
         note["earlier_refit"] = prov["refit"]
-    meta = {k: v for k, v in old.meta.items() if k not in ("fit", "provenance", "format")}
-    profile = fit(rows, **meta, provenance={**prov, "refit": note})
+    meta = {k: v for k, v in p.profile.meta.items() if k not in ("fit", "provenance", "format")}
+    profile = p.fit(p.rows, **meta, provenance={**prov, "refit": note})
+    profile.meta["fit"]["comm_share"] = _comm_share(p.rows)
+    fit_wake(profile, p.wake)
+    return profile
+
+
+# What calibrations must share to be fitted as one: the model and the machine's kind, how the
+# engine ran (threads, dtype, limits, code paths) and how its speed was measured.
+MERGE_KEYS = ("engine_model", "device", "dtype", "quantization", "tensor_parallel_size", "engine_core_mode",
+              "threads", "engine", "drift_source", "speed_sampler")
+
+
+def _scaled(row: dict[str, Any], k: float) -> dict[str, Any]:
+    out = dict(row)
+    for c in TIME_COLUMNS:
+        if out.get(c) is not None:
+            out[c] = float(out[c]) * k
+    return out
+
+
+def merge(profile_paths: Sequence[str | Path]) -> FittedCostModel:
+    """One profile fitted on the step logs of several calibrations of one engine.
+
+    A calibration prices the machine at its own reference speed (the median speed sample,
+    or probe), and on this project's VM two calibrations an hour apart price the same steps
+    up to ±3% apart even so. Each log is corrected as refit corrects it, its times scaled to the
+    median of the calibrations' references, and all are fitted together, so the profile
+    stands on several of the machine's moods rather than one.
+    """
+    paths = list(profile_paths)
+    if len(paths) < 2:
+        raise InvalidConfigError("merge", paths, "two or more calibrated profiles")
+    parts = [prepare(p) for p in paths]
+    first = parts[0]
+    for path, part in zip(paths[1:], parts[1:]):
+        for key in MERGE_KEYS:
+            a, b = first.prov.get(key), part.prov.get(key)
+            if a != b:
+                raise ProfileError(f"{path}: {key} is {b!r} where {paths[0]} has {a!r}; merge calibrations "
+                                   "of one engine, run the same way")
+        if first.profile.model != part.profile.model:
+            raise ProfileError(f"{path} was calibrated for model {part.profile.model!r}, {paths[0]} for "
+                               f"{first.profile.model!r}")
+    for path, part in zip(paths, parts):
+        if not part.ref:
+            raise ProfileError(f"{path}: its steps were not corrected for the machine's speed (no speed "
+                               "samples or probes), so there is no reference to merge it by")
+    by_samples = first.prov.get("drift_source") == "samples"
+    common = float(np.median([p.ref for p in parts]))
+    rows: list[dict[str, Any]] = []
+    wake: list[tuple[float, list[dict[str, Any]]]] = []
+    sources = []
+    for path, part in zip(paths, parts):
+        k = common / float(part.ref or common)
+        rows += [_scaled(r, k) for r in part.rows]
+        wake += [(gap, [_scaled(r, k) for r in steps]) for gap, steps in part.wake]
+        sources.append({"profile": str(path), "date": part.prov.get("date"), "wall_s": part.prov.get("wall_s"),
+                        "num_steps": len(part.rows), "reference_s": part.ref, "scaled_by": k,
+                        "speed_samples_dropped": len(part.prov.get("speed_samples_dropped") or [])})
+    # Per calibration, not of the whole: the samples, probes and idle steps stay in its own file.
+    prov = {k: v for k, v in first.prov.items()
+            if k not in ("speed_samples", "speed_sample_t0", "speed_samples_dropped", "speed_probes",
+                         "speed_probe_t0", "speed_probe_drift", "idle_steps", "refit", "note", "host_load",
+                         "git_commit", "date", "wall_s")}
+    prov.update(made_by="twinserve calibrate --merge", merged_from=sources, git_commit=_git_commit(),
+                date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                wall_s=round(sum(float(p.prov.get("wall_s") or 0.0) for p in parts), 1))
+    if by_samples:
+        prov["speed_sample_s"] = common
+    else:
+        prov["speed_probe_s"] = common
+    # Each calibration's probes, at the common reference speed (fidelity --speed-from probes).
+    probe = [float(p.prov["speed_probe_s"]) * s["scaled_by"] for p, s in zip(parts, sources)
+             if p.prov.get("speed_probe_s")]
+    if by_samples:
+        prov["speed_probe_s"] = float(np.median(probe)) if probe else None
+    probe_parts = [(p.prov["speed_probe_parts"], s["scaled_by"]) for p, s in zip(parts, sources)
+                   if p.prov.get("speed_probe_parts")]
+    if probe_parts:
+        prov["speed_probe_parts"] = {f: float(np.median([pp[f] * k for pp, k in probe_parts]))
+                                     for f in ("decode_s", "prefill_s")}
+    meta = {k: v for k, v in first.profile.meta.items() if k not in ("fit", "provenance", "format")}
+    # One engine, so one code path: the first calibration's fit (its design's breakpoint candidates).
+    profile = first.fit(rows, **meta, provenance=prov)
     profile.meta["fit"]["comm_share"] = _comm_share(rows)
     fit_wake(profile, wake)
     return profile

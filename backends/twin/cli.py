@@ -47,6 +47,10 @@ def _calibrate_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--refit", default=None, metavar="PROFILE",
                    help="fit a calibrated profile again from the step log it was made from (its "
                         ".steps.csv, or --from-log), keeping its provenance: no engine, no device")
+    p.add_argument("--merge", nargs="+", default=None, metavar="PROFILE",
+                   help="fit one profile on the step logs of several calibrations of one engine (each "
+                        "corrected as --refit corrects it, scaled to their median reference speed): "
+                        "calibrations made at different times average out the machine's mood")
     p.add_argument("--save-steps", default=None,
                    help="also write the calibration step log here (default: OUT with .steps.csv)")
     p.add_argument("--no-progress", action="store_true")
@@ -61,7 +65,16 @@ def _calibrate(ns: argparse.Namespace) -> int:
     from twinserve.backends.sim.fit import fit_step_profile
 
     out = Path(ns.out)
-    if ns.refit:
+    if ns.merge and (ns.refit or ns.from_log):
+        from twinserve.core.errors import InvalidConfigError
+
+        raise InvalidConfigError("merge", ns.merge, "on its own (each profile's step log sits beside it), "
+                                 "not with --refit or --from-log")
+    if ns.merge:
+        from twinserve.backends.twin.calibrate import merge
+
+        profile = merge(ns.merge)
+    elif ns.refit:
         from twinserve.backends.twin.calibrate import refit
 
         profile = refit(ns.refit, ns.from_log)

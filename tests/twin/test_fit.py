@@ -338,6 +338,81 @@ def test_samples_the_steps_contradict_are_left_out_of_the_drift_correction() -> 
     assert contradicted_samples(rows, samples[:2], fit) == []
 
 
+def _slower_copy(src: Path, dst: Path, k: float, **changes: object) -> None:
+    """A copy of a calibrated profile and its step log as if the machine had run k times slower
+    all through (every step time, sample and probe), with provenance changes."""
+    import csv
+
+    from twinserve.backends.real.step_log import TIME_COLUMNS
+
+    data = json.loads(src.read_text())
+    prov = data["provenance"]
+    prov.update(speed_samples=[[t, sec * k] for t, sec in prov["speed_samples"]],
+                speed_probe_s=prov["speed_probe_s"] * k,
+                speed_probe_parts={f: v * k for f, v in prov["speed_probe_parts"].items()}, **changes)
+    dst.write_text(json.dumps(data))
+    with open(src.with_suffix(".steps.csv"), newline="") as f:
+        reader = csv.DictReader(f)
+        fields, rows = reader.fieldnames, list(reader)
+    with open(dst.with_suffix(".steps.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: repr(float(v) * k) if c in TIME_COLUMNS and v else v for c, v in r.items()})
+
+
+def test_merge_fits_calibrations_of_one_engine_at_their_median_reference(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The shipped calibration, and the same steps on a machine 20% slower all through: merged,
+    both are scaled to the median reference (1.1x the first's) and fitted as one, which is the
+    shipped log's own fit at 1.1x; an engine run another way, or a merged profile refitted, is
+    refused by name."""
+    from twinserve.backends.sim.fitted import resolve_profile
+    from twinserve.backends.twin.calibrate import merge, refit
+    from twinserve.cli import main
+    from twinserve.core.errors import InvalidConfigError
+
+    src = resolve_profile("builtin:smollm2-135m-cpu-1t")
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    _slower_copy(src, a, 1.0)
+    _slower_copy(src, b, 1.2, date="2026-12-01T19:00:00+00:00")
+    one = refit(a)
+    merged = merge([a, b])
+    prov = merged.meta["provenance"]
+    assert prov["speed_sample_s"] == pytest.approx(1.1 * one.meta["provenance"]["speed_sample_s"], rel=1e-9)
+    assert merged.coefficients == pytest.approx([1.1 * c for c in one.coefficients], rel=1e-6, abs=1e-12)
+    assert merged.overhead == pytest.approx([1.1 * c for c in one.overhead], rel=1e-6, abs=1e-12)
+    assert [r.max_num_tokens for r in merged.regimes] == [r.max_num_tokens for r in one.regimes]
+    for got, made in zip(merged.wake_extra_s, one.wake_extra_s, strict=True):
+        assert got == pytest.approx([1.1 * e for e in made], rel=1e-6, abs=1e-12)
+    assert merged.meta["fit"]["num_steps"] == 2 * one.meta["fit"]["num_steps"]
+    assert merged.meta["fit"]["mape"] == pytest.approx(one.meta["fit"]["mape"], rel=1e-6)
+    src_a, src_b = prov["merged_from"]
+    assert src_a["scaled_by"] == pytest.approx(1.1) and src_b["scaled_by"] == pytest.approx(1.1 / 1.2)
+    assert src_b["date"] == "2026-12-01T19:00:00+00:00" and src_a["num_steps"] == src_b["num_steps"]
+    # The probes, each at the common reference speed, for fidelity --speed-from probes.
+    assert prov["speed_probe_s"] == pytest.approx(1.1 * one.meta["provenance"]["speed_probe_s"], rel=1e-9)
+    # Per-calibration records stay in each calibration's own file.
+    assert "speed_samples" not in prov and "idle_steps" not in prov and prov["made_by"].endswith("--merge")
+    # From the command line, and the merged profile loads and prices as fitted.
+    assert main(["calibrate", "--merge", str(a), str(b), "--out", str(tmp_path / "m.json")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    m = FittedCostModel.load(tmp_path / "m.json")
+    assert m.step_time(0, 0, 0, 0.0, 8, 8 * 300) == pytest.approx(merged.step_time(0, 0, 0, 0.0, 8, 8 * 300))
+    # A merged profile has no step log of its own to refit.
+    with pytest.raises(ProfileError, match="merged from 2 calibrations"):
+        refit(tmp_path / "m.json")
+    # Calibrations of an engine run another way are not one engine's.
+    c = tmp_path / "c.json"
+    _slower_copy(src, c, 1.0, threads=2)
+    with pytest.raises(ProfileError, match=r"c\.json: threads is 2 where .*a\.json has 1"):
+        merge([a, c])
+    with pytest.raises(InvalidConfigError, match="two or more"):
+        merge([a])
+    assert main(["calibrate", "--merge", str(a), str(b), "--refit", str(a), "--out", str(tmp_path / "x.json")]) == 2
+    assert "not with --refit or --from-log" in capsys.readouterr().err
+
+
 def _tp_check_module():
     import importlib.util
 
