@@ -540,7 +540,7 @@ def correct_drift_by_samples(rows: list[dict[str, Any]], samples: list[tuple[flo
 # every step. On Dec 1 (18:05, CPU 1) eight samples in a row ran 1.2-3.7x the median for 25 s
 # while the 500-token mixed steps around them ran as fast as the same steps later; corrected
 # by them, those steps were priced at half their time and the fit's MAPE went from 7.5% to
-# 12.6% (mixed steps 6.0% to 25.3%, worst +130%). One sample is noisy (neighbouring samples
+# 12.6% (mixed steps 5.9% to 25.3%, worst +130%). One sample is noisy (neighbouring samples
 # differ by 10% sd, ~2 s blocks of steps by 5%, in speed_tracking.py's 376-block log), so the
 # bar is set well above that.
 SAMPLE_VETO = 0.25
@@ -806,10 +806,11 @@ def merge(profile_paths: Sequence[str | Path]) -> FittedCostModel:
     """One profile fitted on the step logs of several calibrations of one engine.
 
     A calibration prices the machine at its own reference speed (the median speed sample,
-    or probe), and on this project's VM two calibrations an hour apart price the same steps
-    up to ±3% apart even so. Each log is corrected as refit corrects it, its times scaled to the
-    median of the calibrations' references, and all are fitted together, so the profile
-    stands on several of the machine's moods rather than one.
+    or probe), and on this project's VM two calibrations an hour apart priced the same runs'
+    steps up to 5% apart even so (README, "Several calibrations, fitted as one"). Each log is
+    corrected as refit corrects it, its times scaled to the median of the calibrations'
+    references, and all are fitted together, so the profile stands on several of the
+    machine's moods rather than one.
     """
     paths = list(profile_paths)
     if len(paths) < 2:

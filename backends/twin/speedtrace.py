@@ -61,12 +61,13 @@ SAMPLE_EVERY_S = 2.0
 SMOOTH_S = 20.0
 # How a window's samples make one speed (SMOOTHINGS). A sample is skewed: a stall of a tenth of a
 # second makes a 33 ms sample 3-4x its neighbours while the 2 s of steps around it lose 5%.
-# Over the 376 ~2 s blocks of the measurement above (1 weights sample after each), against each
-# block's own speed, rms error with the bias taken out (and the bias), by window:
-#   10 s: mean 8.7% (+1.6%), median 7.7% (+0.1%); 20 s: mean 8.5% (+1.8%), median 7.4% (0.0%);
-#   40 s: mean 9.1% (+2.0%), median 8.3% (-0.5%); 20% trimmed mean and hampel within 0.2 points
-#   of the median. So the median, over 20 s. Profiles made before it was recorded (provenance
-#   "speed_sample_smoothing") were smoothed by the mean, and keep it until refitted.
+# Over the 376 ~2 s blocks of the measurement above (1 weights sample after each), each block
+# against the samples within half a window of it, sd of the log ratio (and its mean, the bias;
+# experiments/speed_tracking.py --from-json): 10 s: median 7.7% (-0.2%), mean 8.3% (+1.2%);
+# 20 s: median 7.5% (-0.3%), mean 8.3% (+1.5%); 40 s: median 8.5% (-0.8%), mean 9.0% (+1.6%).
+# A 20% trimmed mean and a Hampel filter came within 0.2 points of the median (a one-off
+# comparison). So the median, over 20 s. Profiles made before it was recorded (provenance
+# "speed_sample_smoothing") were smoothed by the mean, and keep it until refitted.
 SMOOTHINGS = ("median", "mean")
 DEFAULT_SMOOTHING = "median"
 # 4096 x 4096 float32: 64 MiB, larger than any last-level cache a CPU of this class has.
@@ -239,7 +240,8 @@ class SpeedTrace:
 
     def summary(self) -> dict[str, Any]:
         return {"num_samples": self.num_samples, "every_s": self.every_s, "window_s": self.window_s,
-                "smoothing": self.smoothing, "pause_s": self.pause_s, "min_factor": min(self.factors), "max_factor": max(self.factors)}
+                "smoothing": self.smoothing, "pause_s": self.pause_s, "min_factor": min(self.factors),
+                "max_factor": max(self.factors)}
 
 
 class TracedExecutor(SimExecutor):
