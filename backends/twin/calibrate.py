@@ -806,11 +806,11 @@ def merge(profile_paths: Sequence[str | Path]) -> FittedCostModel:
     """One profile fitted on the step logs of several calibrations of one engine.
 
     A calibration prices the machine at its own reference speed (the median speed sample,
-    or probe), and on this project's VM two calibrations an hour apart priced the same runs'
-    steps up to 5% apart even so (README, "Several calibrations, fitted as one"). Each log is
-    corrected as refit corrects it, its times scaled to the median of the calibrations'
-    references, and all are fitted together, so the profile stands on several of the
-    machine's moods rather than one.
+    or probe), and on this project's VM two calibrations minutes to hours apart priced the
+    same runs' steps up to 5.4% apart even so (README, "Several calibrations, fitted as one").
+    Each log is corrected as refit corrects it, its times scaled to the median of the
+    calibrations' references, and all are fitted together, so the profile stands on several
+    of the machine's moods rather than one.
     """
     paths = list(profile_paths)
     if len(paths) < 2:
