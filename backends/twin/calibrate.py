@@ -500,6 +500,15 @@ def speed_probe(engine: Any, seed: int = 1234, reset_prefix_cache: bool = True) 
     return parts.total if parts is not None else None
 
 
+def _scaled(row: dict[str, Any], k: float, time_columns: tuple[str, ...] = TIME_COLUMNS) -> dict[str, Any]:
+    """A copy of a step-log row with its times multiplied by k."""
+    out = dict(row)
+    for c in time_columns:
+        if out.get(c) is not None:
+            out[c] = float(out[c]) * k
+    return out
+
+
 def correct_drift(rows: list[dict[str, Any]], probes: list[tuple[float, float]],
                   time_columns: tuple[str, ...] = TIME_COLUMNS) -> tuple[list[dict[str, Any]], float]:
     """Rows with their times at the machine's median probe speed, and that probe (seconds).
@@ -516,14 +525,7 @@ def correct_drift(rows: list[dict[str, Any]], probes: list[tuple[float, float]],
     if len(probes) < 2:
         return rows, ref
     scale = ref / np.interp([float(r["start_s"]) for r in rows], times, secs)
-    out = []
-    for r, k in zip(rows, scale):
-        r = dict(r)
-        for c in time_columns:
-            if r.get(c) is not None:
-                r[c] = float(r[c]) * float(k)
-        out.append(r)
-    return out, ref
+    return [_scaled(r, float(k), time_columns) for r, k in zip(rows, scale)], ref
 
 
 def correct_drift_by_samples(rows: list[dict[str, Any]], samples: list[tuple[float, float]],
@@ -794,14 +796,6 @@ MERGE_KEYS = ("engine_model", "device", "dtype", "quantization", "tensor_paralle
               "threads", "engine", "drift_source", "speed_sampler")
 
 
-def _scaled(row: dict[str, Any], k: float) -> dict[str, Any]:
-    out = dict(row)
-    for c in TIME_COLUMNS:
-        if out.get(c) is not None:
-            out[c] = float(out[c]) * k
-    return out
-
-
 def merge(profile_paths: Sequence[str | Path]) -> FittedCostModel:
     """One profile fitted on the step logs of several calibrations of one engine.
 
@@ -852,13 +846,12 @@ def merge(profile_paths: Sequence[str | Path]) -> FittedCostModel:
                 wall_s=round(sum(float(p.prov.get("wall_s") or 0.0) for p in parts), 1))
     if by_samples:
         prov["speed_sample_s"] = common
+        # Each calibration's probe, at the common reference speed (fidelity --speed-from probes).
+        probe = [float(p.prov["speed_probe_s"]) * s["scaled_by"] for p, s in zip(parts, sources)
+                 if p.prov.get("speed_probe_s")]
+        prov["speed_probe_s"] = float(np.median(probe)) if probe else None
     else:
         prov["speed_probe_s"] = common
-    # Each calibration's probes, at the common reference speed (fidelity --speed-from probes).
-    probe = [float(p.prov["speed_probe_s"]) * s["scaled_by"] for p, s in zip(parts, sources)
-             if p.prov.get("speed_probe_s")]
-    if by_samples:
-        prov["speed_probe_s"] = float(np.median(probe)) if probe else None
     probe_parts = [(p.prov["speed_probe_parts"], s["scaled_by"]) for p, s in zip(parts, sources)
                    if p.prov.get("speed_probe_parts")]
     if probe_parts:
