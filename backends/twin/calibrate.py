@@ -820,6 +820,9 @@ def merge(profile_paths: Sequence[str | Path]) -> FittedCostModel:
         if first.profile.model != part.profile.model:
             raise ProfileError(f"{path} was calibrated for model {part.profile.model!r}, {paths[0]} for "
                                f"{first.profile.model!r}")
+        if first.profile.meta.get("hardware") != part.profile.meta.get("hardware"):
+            raise ProfileError(f"{path} was calibrated on {part.profile.meta.get('hardware')!r}, {paths[0]} on "
+                               f"{first.profile.meta.get('hardware')!r}; merge calibrations of one machine")
     for path, part in zip(paths, parts):
         if not part.ref:
             raise ProfileError(f"{path}: its steps were not corrected for the machine's speed (no speed "

@@ -11,11 +11,14 @@ import pytest
 
 from twinserve.backends.real.step_log import StepLogError, read_step_log
 from twinserve.backends.sim.fit import fit_step_profile, step_kind
-from twinserve.backends.sim.fitted import (COEFFICIENTS, FEATURE_COLUMNS, FittedCostModel, ProfileError,
-                                           check_profile_model)
+from twinserve.backends.sim.fitted import (COEFFICIENTS, FEATURE_COLUMNS, PROFILES_DIR, FittedCostModel,
+                                           ProfileError, check_profile_model)
 
 DEVICE = FittedCostModel(2e-3, 1e-3, 4e-4, 3e-8, 1e-6, 5e-4, 2e-7)
 OVERHEAD = (3e-4, 0.0, 0.0, 0.0, 0.0, 6e-5, 0.0)
+# One of the calibrations the shipped CPU profile was merged from (13:36-13:39, Dec 1): a
+# calibrated profile with the step log it was fitted on.
+SHIPPED_CALIBRATION = PROFILES_DIR / "calibrations" / "smollm2-135m-cpu-1t" / "2026-12-01T1339.json"
 
 
 def _rows(seed: int = 0, n: int = 120, noise: float = 0.0) -> list[dict[str, float]]:
@@ -372,7 +375,7 @@ def test_merge_fits_calibrations_of_one_engine_at_their_median_reference(
     from twinserve.cli import main
     from twinserve.core.errors import InvalidConfigError
 
-    src = resolve_profile("builtin:smollm2-135m-cpu-1t")
+    src = SHIPPED_CALIBRATION
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     _slower_copy(src, a, 1.0)
     _slower_copy(src, b, 1.2, date="2026-12-01T19:00:00+00:00")
@@ -407,6 +410,12 @@ def test_merge_fits_calibrations_of_one_engine_at_their_median_reference(
     _slower_copy(src, c, 1.0, threads=2)
     with pytest.raises(ProfileError, match=r"c\.json: threads is 2 where .*a\.json has 1"):
         merge([a, c])
+    # Nor are another machine's.
+    d = tmp_path / "d.json"
+    _slower_copy(src, d, 1.0)
+    d.write_text(json.dumps({**json.loads(d.read_text()), "hardware": "cpu: Intel Xeon"}))
+    with pytest.raises(ProfileError, match=r"d\.json was calibrated on 'cpu: Intel Xeon', .*a\.json on 'cpu: AMD EPYC'"):
+        merge([a, d])
     with pytest.raises(InvalidConfigError, match="two or more"):
         merge([a])
     assert main(["calibrate", "--merge", str(a), str(b), "--refit", str(a), "--out", str(tmp_path / "x.json")]) == 2
@@ -597,11 +606,40 @@ def test_shipped_h200_profile_is_what_the_fit_makes_of_its_own_step_log() -> Non
     assert shipped.step_time(0, 0, 0, 0.0, 8, 8 * 300) < 0.006 < 0.015 < shipped.step_time(64, 1, 0, 2048.0, 0, 0)
 
 
-def test_shipped_cpu_profile_is_what_the_fit_makes_of_its_own_step_log() -> None:
-    from twinserve.backends.twin.calibrate import refit
+def test_shipped_cpu_profile_is_the_merge_of_the_calibrations_it_ships_with() -> None:
+    """The shipped CPU profile is every calibration this host made on Dec 1 fitted as one
+    (calibrate --merge), and merging them again makes it."""
+    from twinserve.backends.sim.fitted import builtin_calibrations
+    from twinserve.backends.twin.calibrate import merge
 
     shipped = FittedCostModel.load("builtin:smollm2-135m-cpu-1t")
-    again = refit("builtin:smollm2-135m-cpu-1t")
+    sources = builtin_calibrations("smollm2-135m-cpu-1t")
+    assert len(sources) == 7 and SHIPPED_CALIBRATION in sources
+    assert all(p.exists() and p.with_suffix(".steps.csv").exists() for p in sources)
+    dates = [m["date"] for m in shipped.meta["provenance"]["merged_from"]]
+    assert dates == sorted(dates) and all(d.startswith("2026-12-01") for d in dates)
+    again = merge(sources)
+    assert again.coefficients == pytest.approx(shipped.coefficients, rel=1e-6, abs=1e-12)
+    assert again.overhead == pytest.approx(shipped.overhead, rel=1e-6, abs=1e-12)
+    assert [(r.max_num_tokens, r.decode_only) for r in again.regimes] == \
+        [(r.max_num_tokens, r.decode_only) for r in shipped.regimes]
+    for got, made in zip(again.regimes, shipped.regimes, strict=True):
+        assert got.coefficients == pytest.approx(made.coefficients, rel=1e-6, abs=1e-12)
+    for got, made in zip(again.wake_extra_s, shipped.wake_extra_s, strict=True):
+        assert got == pytest.approx(made, rel=1e-6, abs=1e-12)
+    assert again.meta["provenance"]["speed_sample_s"] == pytest.approx(
+        shipped.meta["provenance"]["speed_sample_s"], rel=1e-9)
+    # Padded: a 13-sequence decode step costs about what a 16-sequence one does, not more.
+    d13, d16 = (shipped.step_time(0, 0, 0, 0.0, b, b * 256) for b in (13, 16))
+    assert d13 < 1.05 * d16
+    assert builtin_calibrations("smollm2-135m-h200-bf16") == []
+
+
+def test_a_shipped_calibration_is_what_the_fit_makes_of_its_own_step_log() -> None:
+    from twinserve.backends.twin.calibrate import refit
+
+    shipped = FittedCostModel.load(SHIPPED_CALIBRATION)
+    again = refit(SHIPPED_CALIBRATION)
     assert again.coefficients == pytest.approx(shipped.coefficients, rel=1e-6, abs=1e-12)
     # The engine's code paths are its regimes: small-batch weights, then 9-15 rows padded to 16.
     assert [r.max_num_tokens for r in again.regimes] == [r.max_num_tokens for r in shipped.regimes]
@@ -631,7 +669,7 @@ def test_calibrate_warns_when_the_machine_speed_moved_while_it_ran(
 
     assert drift_warning({"speed_probe_drift": 0.07, "speed_probes": [[0, 1.2], [9, 1.284]]}) is None
     assert drift_warning({}) is None
-    shipped = resolve_profile("builtin:smollm2-135m-cpu-1t")
+    shipped = SHIPPED_CALIBRATION
     data = json.loads(shipped.read_text())
     prov = data["provenance"]
     assert drift_warning(prov) is None  # the shipped calibration's probes were within 7%
