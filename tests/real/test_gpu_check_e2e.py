@@ -7,33 +7,24 @@ before it spends device time, and the teacher-forced comparison is shown to catc
 
 from __future__ import annotations
 
-import importlib.util
 import types
 from pathlib import Path
 
 import pytest
 import torch
 
-EXPERIMENTS = Path(__file__).parents[2] / "experiments"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
 
 @pytest.fixture(scope="module")
-def gpu_check():
-    return _load("gpu_check")
+def gpu_check(experiment):
+    return experiment("gpu_check")
 
 
-def test_random_model_keeps_architecture_and_tokenizer_but_not_weights(tiny_dir: Path, tmp_path: Path) -> None:
+def test_random_model_keeps_architecture_and_tokenizer_but_not_weights(tiny_dir: Path, tmp_path: Path,
+                                                                       experiment) -> None:
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoTokenizer
 
-    out = _load("random_model").make_random_model(tiny_dir, tmp_path / "arch", seed=7, dtype="float32")
+    out = experiment("random_model").make_random_model(tiny_dir, tmp_path / "arch", seed=7, dtype="float32")
     a, b = AutoConfig.from_pretrained(str(tiny_dir)), AutoConfig.from_pretrained(str(out))
     assert (a.num_hidden_layers, a.hidden_size, a.num_key_value_heads, a.vocab_size) == \
         (b.num_hidden_layers, b.hidden_size, b.num_key_value_heads, b.vocab_size)

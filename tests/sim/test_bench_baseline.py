@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -12,19 +11,11 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "bench_simulator.py"
 
 
-def _bench_module():
-    spec = importlib.util.spec_from_file_location("bench_simulator", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_baseline_child_imports_the_revision_not_the_working_tree(tmp_path) -> None:
+def test_baseline_child_imports_the_revision_not_the_working_tree(tmp_path, experiment) -> None:
     if subprocess.run(["git", "rev-parse", "HEAD"], cwd=SCRIPT.parent,
                       capture_output=True).returncode != 0:
         pytest.skip("--baseline extracts a git revision: this copy is not a git checkout")
-    bench = _bench_module()
+    bench = experiment("bench_simulator")
     pkg = bench.baseline_tree("HEAD")
     probe = tmp_path / "probe.py"
     probe.write_text("import twinserve.core.kv.block_pool as m, twinserve.sim.world as w\n"

@@ -422,17 +422,6 @@ def test_merge_fits_calibrations_of_one_engine_at_their_median_reference(
     assert "not with --refit or --from-log" in capsys.readouterr().err
 
 
-def _tp_check_module():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "experiments" / "tp_check.py"
-    spec = importlib.util.spec_from_file_location("tp_check", path)
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _tp_rows(rows: list[dict[str, float]], device_share: float, comm_step: float,
              comm_token: float) -> list[dict]:
     """TP rows built from TP 1 rows: device work times device_share, overhead whole, all-reduce added."""
@@ -447,8 +436,8 @@ def _tp_rows(rows: list[dict[str, float]], device_share: float, comm_step: float
     return out
 
 
-def test_tp_check_predicts_a_split_step_and_sees_a_wrong_split() -> None:
-    tp_check = _tp_check_module()
+def test_tp_check_predicts_a_split_step_and_sees_a_wrong_split(experiment) -> None:
+    tp_check = experiment("tp_check")
     tp1_rows = _rows()
     tp1 = fit_step_profile(tp1_rows)
     # The arithmetic holds (device / 2 + overhead + all-reduce): the prediction is exact.

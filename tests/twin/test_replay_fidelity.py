@@ -58,7 +58,7 @@ def test_replay_reproduces_the_real_schedule_exactly(make_engine) -> None:
     engine.shutdown()
 
 
-def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, capsys) -> None:
+def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, capsys, experiment) -> None:
     from twinserve.cli import main
 
     prof = tmp_path / "tiny.json"
@@ -183,6 +183,15 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
         / sum(r["step_time_s"] for r in rows))
     assert f"sampled {smp['num_samples']} times (every 0.02 s" in (out / "fidelity.md").read_text()
     assert "ms each, by the weights sampler)" in (out / "fidelity.md").read_text()
+    # experiments/speed_in_runs.py prices the run's steps as fidelity does: by the samples, its
+    # busy-time error is the report's, and read at the reference speed, the raw one.
+    from twinserve.backends.sim.fitted import FittedCostModel
+
+    speed_in_runs = experiment("speed_in_runs")
+    win, busy, shares = speed_in_runs.measure(FittedCostModel.load(prof), speed_in_runs.run_dirs([str(out)]))
+    assert busy["samples (fidelity)"] == [pytest.approx(np.log1p(rep["steps"]["busy_err"]), abs=1e-9)]
+    assert busy["none"] == [pytest.approx(np.log1p(rep["steps_raw"]["busy_err"]), abs=1e-9)]
+    assert len(busy) == 6 and all(0.0 <= s <= 1.0 for *_, s, _ in shares)
     # Judged by the probes around it instead: the steps priced at their mean ratio.
     by_probes = tmp_path / "by-probes"
     assert main(["fidelity", "--from-run", str(out), "--profile", str(prof), "--out", str(by_probes),
