@@ -366,11 +366,10 @@ def _slower_copy(src: Path, dst: Path, k: float, **changes: object) -> None:
 
 def test_merge_fits_calibrations_of_one_engine_at_their_median_reference(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The shipped calibration, and the same steps on a machine 20% slower all through: merged,
+    """A shipped calibration, and the same steps on a machine 20% slower all through: merged,
     both are scaled to the median reference (1.1x the first's) and fitted as one, which is the
-    shipped log's own fit at 1.1x; an engine run another way, or a merged profile refitted, is
-    refused by name."""
-    from twinserve.backends.sim.fitted import resolve_profile
+    log's own fit at 1.1x; an engine run another way, another machine's calibration, or a
+    merged profile refitted, is refused by name."""
     from twinserve.backends.twin.calibrate import merge, refit
     from twinserve.cli import main
     from twinserve.core.errors import InvalidConfigError
@@ -414,7 +413,7 @@ def test_merge_fits_calibrations_of_one_engine_at_their_median_reference(
     d = tmp_path / "d.json"
     _slower_copy(src, d, 1.0)
     d.write_text(json.dumps({**json.loads(d.read_text()), "hardware": "cpu: Intel Xeon"}))
-    with pytest.raises(ProfileError, match=r"d\.json was calibrated on 'cpu: Intel Xeon', .*a\.json on 'cpu: AMD EPYC'"):
+    with pytest.raises(ProfileError, match=r"d\.json was calibrated on 'cpu: Intel Xeon', .*a\.json on 'cpu: AMD"):
         merge([a, d])
     with pytest.raises(InvalidConfigError, match="two or more"):
         merge([a])
@@ -652,7 +651,6 @@ def test_calibrate_warns_when_the_machine_speed_moved_while_it_ran(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import shutil
 
-    from twinserve.backends.sim.fitted import resolve_profile
     from twinserve.backends.twin.calibrate import drift_warning
     from twinserve.cli import main
 
