@@ -70,19 +70,21 @@ def at_least(samples: list[list[float]], ref_s: float, k: int, window_s: float =
 
 
 def readings(profile: FittedCostModel, speed: dict[str, Any]) -> dict[str, Callable[[float, float], float]]:
-    """Ways to read the run's slowness: (seconds into the run, prefill share) -> slowness."""
-    s = speed["sampled"]
-    ref = profile.meta["provenance"]["speed_sample_s"]
+    """Ways to read the run's slowness: (seconds into the run, prefill share) -> slowness; {}
+    when the run sampled nothing this profile's reference can judge."""
     fid = sampled_trace(profile, speed)
     if fid is None:
         return {}
-    long = {w: SpeedTrace.from_samples(s["samples"], ref, window_s=w, smoothing=fid.smoothing) for w in (60.0, 120.0)}
-    wide = at_least(s["samples"], ref, int(WINDOW_S / fid.every_s))
+    samples = speed["sampled"]["samples"]
+    ref = profile.meta["provenance"]["speed_sample_s"]
+    long = {w: SpeedTrace.from_samples(samples, ref, window_s=w, smoothing=fid.smoothing) for w in (60.0, 120.0)}
+    k = int(WINDOW_S / fid.every_s)
+    wide = at_least(samples, ref, k)
     return {"samples (fidelity)": lambda t, p: fid.factor(t),
             "none": lambda t, p: 1.0,
             "samples, 60 s windows": lambda t, p: long[60.0].factor(t),
             "samples, 120 s windows": lambda t, p: long[120.0].factor(t),
-            "samples, >= 10 a window": lambda t, p: wide.factor(t),
+            f"samples, >= {k} a window": lambda t, p: wide.factor(t),
             "samples on decode share only": lambda t, p: 1.0 + (fid.factor(t) - 1.0) * (1.0 - p)}
 
 

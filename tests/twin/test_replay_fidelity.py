@@ -204,6 +204,7 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     # sampled run by its probes, and keeps nothing of the samples' earlier judgement.
     unsampled = tmp_path / "unsampled.json"
     unsampled.write_text(json.dumps({**data, "provenance": {**prov, "speed_sample_s": None}}))
+    assert speed_in_runs.measure(FittedCostModel.load(unsampled), [out]) == ({}, {}, [])
     assert main(["fidelity", "--from-run", str(out), "--profile", str(unsampled), "--out",
                  str(tmp_path / "unsampled"), "--band-samples", "0"]) == 0
     ru = json.loads((tmp_path / "unsampled" / "fidelity.json").read_text())
