@@ -105,6 +105,9 @@ def measure(profile: FittedCostModel, dirs: list[Path]) -> tuple[dict, dict, lis
         rows = read_step_log(d / "steps_real.csv")
         t0 = float(speed["sampled"]["t0"])
         res = step_residuals(profile, rows)
+        if not res:
+            print(f"{d}: no step computed tokens; left out")
+            continue
         t = np.array([float(rows[i]["start_s"]) - t0 for *_, i in res])
         measured = np.array([m for _, m, _, _ in res])
         priced = np.array([p for _, _, p, _ in res])
@@ -137,7 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     win, busy, shares = measure(profile, dirs)
     if not busy:
         raise SystemExit("no run with speed samples to judge")
-    print(f"{len(busy['none'])} runs priced by {args.profile}; {len(win.get('none', []))} windows of {WINDOW_S:g} s with 5+ steps\n")
+    print(f"{len(busy['none'])} runs priced by {args.profile}; {len(win.get('none', []))} windows of "
+          f"{WINDOW_S:g} s with 5+ steps\n")
     print("| the run's speed read by | per window: rms log(priced/measured) | per run: rms busy-time error | mean |")
     print("|---|---|---|---|")
     for name in win:
@@ -145,7 +149,8 @@ def main(argv: list[str] | None = None) -> None:
         b = np.array(busy[name])
         print(f"| {name} | {np.sqrt(np.average(e[:, 0] ** 2, weights=e[:, 1])):.1%} | "
               f"{np.sqrt(np.mean(b ** 2)):.1%} | {b.mean():+.1%} |")
-    print("\nwindows by the share of their priced time on prefill tokens, against the samples as fidelity reads them:")
+    print("\nwindows by the share of their priced time on prefill tokens, against the samples as fidelity "
+          "reads them:")
     print("| prefill share | windows | correlation | slope | rms |")
     print("|---|---|---|---|---|")
     a = np.array(shares).reshape(-1, 4)
