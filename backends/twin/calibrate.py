@@ -833,7 +833,7 @@ def merge(profile_paths: Sequence[str | Path]) -> FittedCostModel:
     wake: list[tuple[float, list[dict[str, Any]]]] = []
     sources = []
     for path, part in zip(paths, parts):
-        k = common / float(part.ref or common)
+        k = common / float(part.ref)  # every part has a reference: checked above
         rows += [_scaled(r, k) for r in part.rows]
         wake += [(gap, [_scaled(r, k) for r in steps]) for gap, steps in part.wake]
         sources.append({"profile": str(path), "date": part.prov.get("date"), "wall_s": part.prov.get("wall_s"),
