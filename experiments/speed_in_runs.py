@@ -7,7 +7,9 @@ profile as fidelity prices it (`band.step_residuals`: the wake after idling incl
 speed read in one of several ways, and set against what it measured:
 
 - the samples as fidelity reads them (`fidelity.sampled_trace`: the profile's smoothing over
-  20 s windows);
+  20 s windows; where the run also took the prefill sampler's, each step's prefill share at
+  its speed);
+- where it did, the weights sampler's alone (every step at its speed, as before Dec 2);
 - no reading at all (the profile's reference speed);
 - the samples over 60 s and 120 s windows;
 - the samples over windows widened to hold at least 10 samples (a light load samples only
@@ -16,9 +18,10 @@ speed read in one of several ways, and set against what it measured:
 
 Printed: for each way, the rms over 20 s windows of steps of log(predicted / measured),
 weighted by measured time, and the rms and mean over runs of the busy-time error; then, for
-the samples as fidelity reads them, the windows grouped by the share of their predicted time
-spent on prefill tokens: how closely the steps' speed followed the samples' (correlation,
-slope of log measured-over-priced on log sampled slowness, rms).
+the samples as fidelity reads them (and the weights sampler's alone), the windows grouped by
+the share of their predicted time spent on prefill tokens: how closely the steps' speed
+followed the samples' (correlation, slope of log measured-over-priced on log sampled
+slowness, rms).
 
     python experiments/speed_in_runs.py --profile builtin:smollm2-135m-cpu-1t STUDY_DIR...
 """
@@ -80,7 +83,10 @@ def readings(profile: FittedCostModel, speed: dict[str, Any]) -> dict[str, Calla
     long = {w: SpeedTrace.from_samples(samples, ref, window_s=w, smoothing=fid.smoothing) for w in (60.0, 120.0)}
     k = int(WINDOW_S / fid.every_s)
     wide = at_least(samples, ref, k)
-    return {"samples (fidelity)": lambda t, p: fid.factor(t),
+    ways = {"samples (fidelity)": lambda t, p: fid.at(t, p, 1.0)}
+    if fid.prefill is not None:
+        ways["weights samples alone"] = lambda t, p: fid.factor(t)
+    return {**ways,
             "none": lambda t, p: 1.0,
             "samples, 60 s windows": lambda t, p: long[60.0].factor(t),
             "samples, 120 s windows": lambda t, p: long[120.0].factor(t),
@@ -88,14 +94,18 @@ def readings(profile: FittedCostModel, speed: dict[str, Any]) -> dict[str, Calla
             "samples on decode share only": lambda t, p: 1.0 + (fid.factor(t) - 1.0) * (1.0 - p)}
 
 
-def measure(profile: FittedCostModel, dirs: list[Path]) -> tuple[dict, dict, list]:
+# The readings whose windows are grouped by prefill share.
+BY_SHARE = ("samples (fidelity)", "weights samples alone")
+
+
+def measure(profile: FittedCostModel, dirs: list[Path]) -> tuple[dict, dict, dict]:
     """For each way of reading the speed: per 20 s window (log(priced/measured), measured s) and
-    per run log(priced/measured busy time); and per window, by the samples as fidelity reads
-    them, (log(measured / priced at the reference speed), log(sampled slowness), prefill share,
+    per run log(priced/measured busy time); and per window, for the BY_SHARE readings,
+    (log(measured / priced at the reference speed), log(sampled slowness), prefill share,
     measured s)."""
     win: dict[str, list[tuple[float, float]]] = {}
     busy: dict[str, list[float]] = {}
-    shares: list[tuple[float, float, float, float]] = []
+    shares: dict[str, list[tuple[float, float, float, float]]] = {}
     for d in dirs:
         speed = json.loads((d / "fidelity.json").read_text())["speed"]
         ways = readings(profile, speed)
@@ -122,9 +132,9 @@ def measure(profile: FittedCostModel, dirs: list[Path]) -> tuple[dict, dict, lis
                 if w.sum() >= 5:
                     win.setdefault(name, []).append((float(np.log((priced[w] * f[w]).sum() / measured[w].sum())),
                                                      float(measured[w].sum())))
-                    if name == "samples (fidelity)":
+                    if name in BY_SHARE:
                         share = float((priced[w] * tok[w]).sum() / priced[w].sum())
-                        shares.append((float(np.log(measured[w].sum() / priced[w].sum())),
+                        shares.setdefault(name, []).append((float(np.log(measured[w].sum() / priced[w].sum())),
                                        float(np.log((priced[w] * f[w]).sum() / priced[w].sum())), share,
                                        float(measured[w].sum())))
     return win, busy, shares
@@ -149,18 +159,18 @@ def main(argv: list[str] | None = None) -> None:
         b = np.array(busy[name])
         print(f"| {name} | {np.sqrt(np.average(e[:, 0] ** 2, weights=e[:, 1])):.1%} | "
               f"{np.sqrt(np.mean(b ** 2)):.1%} | {b.mean():+.1%} |")
-    print("\nwindows by the share of their priced time on prefill tokens, against the samples as fidelity "
-          "reads them:")
-    print("| prefill share | windows | correlation | slope | rms |")
-    print("|---|---|---|---|---|")
-    a = np.array(shares).reshape(-1, 4)
-    for lo, hi in zip(SHARE_BINS, SHARE_BINS[1:]):
-        g = a[((a[:, 2] > lo) | (lo == 0.0)) & (a[:, 2] <= hi)]
-        if len(g) < 4:
-            continue
-        rms = np.sqrt(np.average((g[:, 0] - g[:, 1]) ** 2, weights=g[:, 3]))
-        print(f"| {lo:.1f}-{hi:.1f} | {len(g)} | {np.corrcoef(g[:, 0], g[:, 1])[0, 1]:.2f} | "
-              f"{np.polyfit(g[:, 1], g[:, 0], 1)[0]:.2f} | {rms:.1%} |")
+    for name, rows in shares.items():
+        print(f"\nwindows by the share of their priced time on prefill tokens, against {name}:")
+        print("| prefill share | windows | correlation | slope | rms |")
+        print("|---|---|---|---|---|")
+        a = np.array(rows).reshape(-1, 4)
+        for lo, hi in zip(SHARE_BINS, SHARE_BINS[1:]):
+            g = a[((a[:, 2] > lo) | (lo == 0.0)) & (a[:, 2] <= hi)]
+            if len(g) < 4:
+                continue
+            rms = np.sqrt(np.average((g[:, 0] - g[:, 1]) ** 2, weights=g[:, 3]))
+            print(f"| {lo:.1f}-{hi:.1f} | {len(g)} | {np.corrcoef(g[:, 0], g[:, 1])[0, 1]:.2f} | "
+                  f"{np.polyfit(g[:, 1], g[:, 0], 1)[0]:.2f} | {rms:.1%} |")
 
 
 if __name__ == "__main__":

@@ -40,14 +40,16 @@ _MIN_RUN_STEPS = 20
 
 
 def step_residuals(profile: Any, rows: Sequence[dict[str, Any]],
-                   speed: Callable[[float], float] | None = None) -> list[tuple[str, float, float, int]]:
+                   speed: Callable[[float, float, float], float] | None = None
+                   ) -> list[tuple[str, float, float, int]]:
     """(kind, measured s, predicted s, index in rows) of every logged step that computed tokens,
     in order.
 
     The prediction is the simulator's: after the engine idled (the time since the previous
     step ended, less the step's own gap_s, in which requests were already waiting), the next
-    steps carry the profile's wake cost; with `speed` (start_s -> slowness, a sampled speed
-    trace) each step's price is multiplied by the slowness at its start, as TracedExecutor does.
+    steps carry the profile's wake cost; with `speed` ((start_s, prefill tokens, tokens) ->
+    slowness, a sampled speed trace's `at`) each step's price is multiplied by the slowness at
+    its start, as TracedExecutor does.
     """
     wake_after = getattr(profile, "wake_after", None)
     wake: list[tuple[float, float]] = []
@@ -71,7 +73,8 @@ def step_residuals(profile: Any, rows: Sequence[dict[str, Any]],
             f, e = wake.pop()
             predicted = predicted * f + e
         if speed is not None:  # the wake's extra scales with the machine too (time_scale)
-            predicted *= speed(float(start))
+            pt = r["num_prefill_tokens"]
+            predicted *= speed(float(start), pt, pt + r["num_decode_seqs"])
         out.append((step_kind(r["num_prefill_tokens"], r["num_decode_seqs"]), measured, predicted, i))
     return out
 
@@ -88,12 +91,12 @@ class StepNoise:
     @classmethod
     def for_run(cls, profile: FittedCostModel, speed: dict[str, Any] | None,
                 rows: Sequence[dict[str, Any]] | None = None,
-                trace: Callable[[float], float] | None = None) -> "StepNoise":
+                trace: Callable[[float, float, float], float] | None = None) -> "StepNoise":
         """The noise of one run: from its step log when it has one, else from the calibration's fit.
 
         The probes before and after a run bracket its speed: half their log-ratio is taken as
-        one standard deviation of the speed during it. With a sampled speed trace (start_s ->
-        slowness) the steps' spread is measured against the prices at the speed it sampled.
+        one standard deviation of the speed during it. With a sampled speed trace ((start_s,
+        prefill tokens, tokens) -> slowness) the steps' spread is measured against the prices at the speed it sampled.
         """
         speed_sigma = 0.0
         sp = speed or {}

@@ -65,8 +65,9 @@ from twinserve.core.sampling_params import SamplingParams
 
 from ..real.step_log import TIME_COLUMNS, StepLog
 from .hostload import HostLoad
-from .speedtrace import (DEFAULT_SAMPLER, DEFAULT_SMOOTHING, SAMPLE_EVERY_S, SAMPLERS, SMOOTH_S, SampleClock,
-                         SpeedSampler, SpeedTrace, WeightsSampler, sampler_for)
+from .speedtrace import (DEFAULT_SAMPLER, DEFAULT_SMOOTHING, SAMPLE_EVERY_S, SAMPLERS, SMOOTH_S, PrefillSampler,
+                         SampleClock, SpeedSampler, SpeedTrace, WeightsSampler, prefill_sampler_for, sampler_for,
+                         step_factor)
 
 
 # Design points between two speed probes, where the probes correct the drift.
@@ -102,6 +103,9 @@ class CalibrationDesign:
     # What samples it (speedtrace.SAMPLERS): a pass through the model's own weights, or a
     # product over a fixed 64 MiB matrix.
     sampler: str = DEFAULT_SAMPLER
+    # Also sample with the prefill sampler (speedtrace.PrefillSampler) right after each weights
+    # sample: the steps' prefill shares are corrected by its speed, the rest by the weights'.
+    prefill_samples: bool = True
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
@@ -128,7 +132,7 @@ class CalibrationDesign:
             [m for m in self.mixed if m[0] + 1 <= max_num_seqs and m[0] + m[1] <= max_num_batched_tokens
              and _mixed_context(m) + 8 < max_model_len],
             self.repeats, self.probe_every, list(self.idle_gaps), self.idle_repeats, self.sample_every_s,
-            self.sampler)
+            self.sampler, self.prefill_samples)
 
     def reaching(self, max_context: int) -> "CalibrationDesign":
         """This design, with decodes and prefill chunks that reach max_context tokens of context.
@@ -239,6 +243,9 @@ class Calibrator:
         # The machine's speed sampled between steps (speedtrace.py): set by calibrate().
         self.sampler: SpeedSampler | WeightsSampler | None = None
         self.samples: list[tuple[float, float]] = []  # (monotonic time, seconds)
+        # The prefill sampler's, each right after a speed sample (when there is one).
+        self.prefill_sampler: PrefillSampler | None = None
+        self.prefill_samples: list[tuple[float, float]] = []
         self.sample_clock = SampleClock()
         self._order_rng = random.Random(seed + 1)
 
@@ -257,6 +264,8 @@ class Calibrator:
         self.engine.step()
         if self.sampler is not None and self.sample_clock.due(now := time.monotonic()):
             self.samples.append((now, self.sampler.sample()))
+            if self.prefill_sampler is not None:
+                self.prefill_samples.append((time.monotonic(), self.prefill_sampler.sample()))
 
     def _drain(self, max_steps: int | None = None) -> None:
         # Counted in the core's steps: over a core process one step() may take several, or none.
@@ -537,6 +546,27 @@ def correct_drift_by_samples(rows: list[dict[str, Any]], samples: list[tuple[flo
     return correct_drift(rows, list(zip(trace.times, trace.factors)))
 
 
+def correct_drift_split(rows: list[dict[str, Any]], samples: list[tuple[float, float]],
+                        prefill_samples: list[tuple[float, float]], window_s: float = SMOOTH_S,
+                        smoothing: str = DEFAULT_SMOOTHING) -> tuple[list[dict[str, Any]], float, float]:
+    """correct_drift_by_samples with each step's prefill share (its prefill tokens over its
+    tokens) at the prefill sampler's speed and the rest at the weights sampler's, as
+    speedtrace.step_factor prices a simulated step: rows at the median smoothed sample of
+    each kind, and those two samples (weights, prefill)."""
+    traces = []
+    for smp in (samples, prefill_samples):
+        tr = SpeedTrace.from_samples(smp, 1.0, window_s=window_s, smoothing=smoothing)
+        ref = float(np.median(tr.factors))
+        traces.append((SpeedTrace.from_samples(smp, ref, window_s=window_s, smoothing=smoothing), ref))
+    (weights, ref_w), (prefill, ref_p) = traces
+    out = []
+    for r in rows:
+        pt = float(r["num_prefill_tokens"])
+        k = step_factor(weights, prefill, float(r["start_s"]), pt, pt + float(r["num_decode_seqs"]))
+        out.append(_scaled(r, 1.0 / k))
+    return out, ref_w, ref_p
+
+
 # A speed sample the steps around it contradict: it says the machine ran more than this much
 # slower (or faster) than the steps within half a smoothing window of it ran against a fit of
 # every step. On Dec 1 (18:05, CPU 1) eight samples in a row ran 1.2-3.7x the median for 25 s
@@ -698,8 +728,9 @@ def fitter(base: Sequence[int], candidates: Sequence[int],
 @dataclass(slots=True)
 class Prepared:
     """One calibration's step log as this version fits it: drift-corrected (`rows` at the
-    machine's `ref` speed: the reference sample's or probe's seconds, None uncorrected),
-    the steps after idle gaps apart (`wake`), and the fit that suits its engine."""
+    machine's `ref` speed: the reference sample's or probe's seconds, None uncorrected; their
+    prefill shares at `prefill_ref`, the prefill sampler's, where it sampled), the steps after
+    idle gaps apart (`wake`), and the fit that suits its engine."""
 
     profile: FittedCostModel
     prov: dict[str, Any]
@@ -708,6 +739,7 @@ class Prepared:
     wake: list[tuple[float, list[dict[str, Any]]]]
     fit: Callable[..., FittedCostModel]
     ref: float | None
+    prefill_ref: float | None = None
 
 
 def prepare(profile_path: str | Path, steps_path: str | Path | None = None) -> Prepared:
@@ -744,6 +776,7 @@ def prepare(profile_path: str | Path, steps_path: str | Path | None = None) -> P
 
     idle = prov.get("idle_steps") or []
     ref: float | None = None
+    prefill_ref: float | None = None
     if prov.get("drift_source") == "samples" and samples and s0 is not None:
         # Smoothed as this version smooths, without the samples the steps contradict (the
         # profile's reference sample with them), whatever the first fit did.
@@ -753,7 +786,13 @@ def prepare(profile_path: str | Path, steps_path: str | Path | None = None) -> P
         if dropped != (prov.get("speed_samples_dropped") or []):
             note["speed_samples_dropped_was"] = prov.get("speed_samples_dropped") or []
         prov["speed_samples_dropped"] = dropped
-        rows, ref = correct_drift_by_samples(rows, [x for i, x in enumerate(timed) if i not in set(dropped)], window)
+        kept = [x for i, x in enumerate(timed) if i not in set(dropped)]
+        prefill = [(s0 + float(rel), float(sec)) for rel, sec in prov.get("prefill_speed_samples") or []]
+        if len(prefill) >= 2:
+            rows, ref, prefill_ref = correct_drift_split(rows, kept, prefill, window)
+            prov["prefill_speed_sample_s"] = prefill_ref
+        else:
+            rows, ref = correct_drift_by_samples(rows, kept, window)
         prov["speed_sample_s"] = ref
         if prov.get("speed_sample_smoothing", "mean") != DEFAULT_SMOOTHING:
             note["speed_sample_smoothing_was"] = prov.get("speed_sample_smoothing", "mean")
@@ -765,7 +804,7 @@ def prepare(profile_path: str | Path, steps_path: str | Path | None = None) -> P
         rows, ref = correct_drift(rows, [(t0 + float(rel), float(sec)) for rel, sec in probes])
     # Logs made before the design had idle points have none: their profiles price no wake.
     rows, wake = split_wake(rows, idle)
-    return Prepared(old, prov, note, rows, wake, fit, ref)
+    return Prepared(old, prov, note, rows, wake, fit, ref, prefill_ref)
 
 
 def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> FittedCostModel:
@@ -794,6 +833,13 @@ def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> Fit
 # engine ran (threads, dtype, limits, code paths) and how its speed was measured.
 MERGE_KEYS = ("engine_model", "device", "dtype", "quantization", "tensor_parallel_size", "engine_core_mode",
               "threads", "engine", "drift_source", "speed_sampler")
+
+
+def _share_scale(row: dict[str, Any], k: float, k_prefill: float) -> float:
+    """A step's scale with its prefill share (prefill tokens over its tokens) at k_prefill."""
+    pt = float(row["num_prefill_tokens"])
+    n = pt + float(row["num_decode_seqs"])
+    return k + (k_prefill - k) * pt / n if pt and n > 0 else k
 
 
 def merge(profile_paths: Sequence[str | Path]) -> FittedCostModel:
@@ -829,19 +875,26 @@ def merge(profile_paths: Sequence[str | Path]) -> FittedCostModel:
                                "samples or probes), so there is no reference to merge it by")
     by_samples = first.prov.get("drift_source") == "samples"
     common = float(np.median([p.ref for p in parts]))
+    # Prefill shares at the median of the prefill sampler's references, where every
+    # calibration took prefill samples; else the steps are priced by the weights samples alone.
+    split = by_samples and all(p.prefill_ref for p in parts)
+    common_p = float(np.median([p.prefill_ref for p in parts])) if split else None
     rows: list[dict[str, Any]] = []
     wake: list[tuple[float, list[dict[str, Any]]]] = []
     sources = []
     for path, part in zip(paths, parts):
         k = common / float(part.ref)  # every part has a reference: checked above
-        rows += [_scaled(r, k) for r in part.rows]
-        wake += [(gap, [_scaled(r, k) for r in steps]) for gap, steps in part.wake]
+        k_p = common_p / float(part.prefill_ref) if split else k
+        rows += [_scaled(r, _share_scale(r, k, k_p)) for r in part.rows]
+        wake += [(gap, [_scaled(r, _share_scale(r, k, k_p)) for r in steps]) for gap, steps in part.wake]
         sources.append({"profile": str(path), "date": part.prov.get("date"), "wall_s": part.prov.get("wall_s"),
                         "num_steps": len(part.rows), "reference_s": part.ref, "scaled_by": k,
+                        **({"prefill_reference_s": part.prefill_ref, "prefill_scaled_by": k_p} if split else {}),
                         "speed_samples_dropped": len(part.prov.get("speed_samples_dropped") or [])})
     # Per calibration, not of the whole: the samples, probes and idle steps stay in its own file.
     prov = {k: v for k, v in first.prov.items()
             if k not in ("speed_samples", "speed_sample_t0", "speed_samples_dropped", "speed_probes",
+                         "prefill_speed_samples", "prefill_speed_sample_s", "prefill_speed_sampler",
                          "speed_probe_t0", "speed_probe_drift", "idle_steps", "refit", "note", "host_load",
                          "git_commit", "date", "wall_s")}
     prov.update(made_by="twinserve calibrate --merge", merged_from=sources, git_commit=_git_commit(),
@@ -849,6 +902,8 @@ def merge(profile_paths: Sequence[str | Path]) -> FittedCostModel:
                 wall_s=round(sum(float(p.prov.get("wall_s") or 0.0) for p in parts), 1))
     if by_samples:
         prov["speed_sample_s"] = common
+        if split:
+            prov.update(prefill_speed_sample_s=common_p, prefill_speed_sampler=first.prov.get("prefill_speed_sampler"))
         # Each calibration's probe, at the common reference speed (fidelity --speed-from probes).
         probe = [float(p.prov["speed_probe_s"]) * s["scaled_by"] for p, s in zip(parts, sources)
                  if p.prov.get("speed_probe_s")]
@@ -888,6 +943,8 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     if design.sample_every_s > 0:
         cal.sampler = sampler_for(engine, design.sampler)
         cal.sample_clock = SampleClock(design.sample_every_s)
+        if cal.sampler is not None and design.prefill_samples:
+            cal.prefill_sampler = prefill_sampler_for(engine)
     if design.probe_every is None:
         design = replace(design, probe_every=0 if cal.sampler is not None else PROBE_EVERY)
     log = cal.run(design, progress)
@@ -906,10 +963,14 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     # some (a CPU engine in this process), else by the probes between design points.
     by_samples = len(cal.samples) >= 2
     dropped: list[int] = []
+    prefill_ref: float | None = None
     if by_samples:
         dropped = contradicted_samples(log.rows(), cal.samples, fit, cal.idle_steps)
-        rows, sample_ref = correct_drift_by_samples(log.rows(),
-                                                    [x for i, x in enumerate(cal.samples) if i not in set(dropped)])
+        kept = [x for i, x in enumerate(cal.samples) if i not in set(dropped)]
+        if len(cal.prefill_samples) >= 2:
+            rows, sample_ref, prefill_ref = correct_drift_split(log.rows(), kept, cal.prefill_samples)
+        else:
+            rows, sample_ref = correct_drift_by_samples(log.rows(), kept)
         probe_ref = float(np.median([sec for _, sec in cal.probes])) if cal.probes else float("nan")
     else:
         rows, probe_ref = correct_drift(log.rows(), cal.probes)
@@ -964,6 +1025,13 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             # The samples the steps around them contradicted (contradicted_samples), by index:
             # left out of the correction and the reference.
             "speed_samples_dropped": dropped,
+            # The prefill sampler's (speedtrace.PrefillSampler), each taken right after a speed
+            # sample, on the same clock: the median smoothed one, which the steps' prefill shares
+            # were corrected to (correct_drift_split), and every one.
+            "prefill_speed_sample_s": prefill_ref,
+            "prefill_speed_sampler": cal.prefill_sampler.kind if prefill_ref is not None else None,
+            "prefill_speed_samples": [[round(t - cal.samples[0][0], 6), round(sec, 9)]
+                                      for t, sec in cal.prefill_samples],
             # Steps that followed an idle gap (index in the step log, seconds): priced by "wake".
             "idle_steps": [list(m) for m in cal.idle_steps],
             "engine": {"block_size": a.block_size, "max_num_seqs": sc.max_num_seqs,

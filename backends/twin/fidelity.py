@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import numpy as np
+
 from twinserve.backends.sim.fitted import (FittedCostModel, check_profile_core_mode, check_profile_hardware,
                                            check_profile_model, check_profile_numerics,
                                            check_profile_parallelism)
@@ -33,7 +35,8 @@ from .compare import (DEFAULT_TARGETS, METRICS, PERCENTILES, TARGET_METRICS, com
 from .hostload import HostLoad, warning
 from .realrun import RealRun, run_real
 from .replay import replay
-from .speedtrace import SAMPLE_EVERY_S, SMOOTH_S, SpeedTrace, run_simulation, sampler_for, sampler_kind
+from .speedtrace import (SAMPLE_EVERY_S, SMOOTH_S, SpeedTrace, prefill_sampler_for, run_simulation, sampler_for,
+                         sampler_kind)
 from .steps import scaled_profile, speed_ratios, step_errors, step_line
 
 
@@ -83,6 +86,9 @@ class FidelityOptions:
     # the 64 MiB product (the matvec sampler), 12 by its samples and 21 by the probes.
     speed_from: str = "auto"
     sample_every_s: float = SAMPLE_EVERY_S
+    # Where the profile has a prefill sampler's reference (speedtrace.PrefillSampler), also sample
+    # with it and price each step's prefill share at its speed; off: every step at the weights'.
+    prefill_samples: bool = True
 
     def __post_init__(self) -> None:
         if self.speed_from not in SPEED_SOURCES:
@@ -172,18 +178,26 @@ def simulate(profile: FittedCostModel, make: Callable[[], Workload], sched_cfg: 
     return run_simulation(profile, sched_cfg, make(), trace)
 
 
-def sampled_trace(profile: FittedCostModel, speed: dict[str, Any]) -> SpeedTrace | None:
+def sampled_trace(profile: FittedCostModel, speed: dict[str, Any], prefill: bool = True) -> SpeedTrace | None:
     """The speed a run sampled (speedtrace.py) against this profile's reference sample, or None
     when the run sampled nothing, the profile recorded no reference, or the two were sampled
     by different kinds of sampler. Smoothed as the profile's own samples were (the mean for
-    profiles that do not say), so the run's speed and the reference agree on a steady machine."""
+    profiles that do not say), so the run's speed and the reference agree on a steady machine.
+    With the prefill sampler's trace beside it (steps' prefill shares at its speed) when
+    `prefill` and both the run and the profile have that kind's samples."""
     s = speed.get("sampled") or {}
     prov = profile.meta.get("provenance", {})
     ref = prov.get("speed_sample_s")
     if not s.get("samples") or not ref or sampler_kind(s) != sampler_kind(prov):
         return None
-    return SpeedTrace.from_samples(s["samples"], ref, s.get("every_s", SAMPLE_EVERY_S), s.get("window_s", SMOOTH_S),
-                                   prov.get("speed_sample_smoothing", "mean"))
+    every, window, smoothing = (s.get("every_s", SAMPLE_EVERY_S), s.get("window_s", SMOOTH_S),
+                                prov.get("speed_sample_smoothing", "mean"))
+    trace = SpeedTrace.from_samples(s["samples"], ref, every, window, smoothing)
+    ref_p = prov.get("prefill_speed_sample_s")
+    if (prefill and ref_p and s.get("prefill_samples")
+            and s.get("prefill_sampler") == prov.get("prefill_speed_sampler")):
+        trace = trace.with_prefill(SpeedTrace.from_samples(s["prefill_samples"], ref_p, every, window, smoothing))
+    return trace
 
 
 def warm_up(engine: Any) -> None:
@@ -267,11 +281,14 @@ def sampled_line(speed: dict[str, Any]) -> str:
     s = speed["sampled"]
     probes = (f"; the probes before and after it said x {speed['machine_speed_ratio']:.3f}"
               if speed.get("machine_speed_ratio") else "")
+    pre = s.get("prefill")
+    also = (f"; its prefill shares by the {s.get('prefill_sampler')} sampler after each ({pre['pause_s'] * 1e3:.1f} ms, "
+            f"x {pre['min_factor']:.3f} to x {pre['max_factor']:.3f})" if pre else "")
     return (f"machine speed during the run: sampled {s['num_samples']} times (every {s['every_s']:g} s "
             f"while busy, {s['pause_s'] * 1e3:.1f} ms each, by the {sampler_kind(s)} sampler), "
             f"x {s['mean_factor']:.3f} the calibration's slowness on average over its steps (over "
             f"{s['window_s']:g} s windows, by their {s.get('smoothing', 'mean')}, x {s['min_factor']:.3f} to "
-            f"x {s['max_factor']:.3f}){probes}; "
+            f"x {s['max_factor']:.3f}){also}{probes}; "
             "every simulated step priced at the speed sampled at its start")
 
 
@@ -329,6 +346,8 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     use_samples = uses_samples(opts.speed_from, profile)
     sampler = (sampler_for(engine, sampler_kind(prov)) if opts.normalize_speed and use_samples
                and prov.get("speed_sample_s") else None)
+    prefill_sampler = (prefill_sampler_for(engine) if sampler is not None and opts.prefill_samples
+                       and prov.get("prefill_speed_sample_s") else None)
     sched_cfg = engine.scheduler_config
     # Warm first: a cold engine's first steps would read as a slower machine.
     warm_up(engine)
@@ -346,7 +365,8 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
         echo(f"fidelity: {n_first} requests on the real engine in real time"
              + (f" (run {j + 1} of {opts.repeats})" if opts.repeats > 1 else "") + " ...")
         host = HostLoad()
-        real: RealRun = run_real(engine, make(), sampler=sampler, sample_every_s=opts.sample_every_s)
+        real: RealRun = run_real(engine, make(), sampler=sampler, sample_every_s=opts.sample_every_s,
+                                 prefill_sampler=prefill_sampler)
         host_load = host.result()
         engine.step_log.close()
         probe_after = (speed_probe_parts(engine, rounds=PROBE_ROUNDS) if probe_before and not real.interrupted
@@ -363,6 +383,10 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
             speed["sampled"] = {"samples": [[round(t, 6), round(sec, 9)] for t, sec in real.speed_samples],
                                 "t0": real.t0, "every_s": opts.sample_every_s, "window_s": SMOOTH_S,
                                 "sampler": sampler.kind}
+            if real.prefill_samples:
+                speed["sampled"].update(prefill_samples=[[round(t, 6), round(sec, 9)]
+                                                         for t, sec in real.prefill_samples],
+                                        prefill_sampler=prefill_sampler.kind)
         runs.append(_Run(run_dir, real, speed, read_step_log(steps_path) if real.step_starts else [], None))
         if real.interrupted:
             break
@@ -375,7 +399,7 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     sim_raw = simulate(raw_speed(profile), make, sched_cfg)
     for r in runs:
         r.replay = replay(r.real, make, sched_cfg).to_dict()
-        r.judge(profile, make, sched_cfg, opts.speed_by_part, True, sim_raw, use_samples)
+        r.judge(profile, make, sched_cfg, opts.speed_by_part, True, sim_raw, use_samples, opts.prefill_samples)
         _write_requests(r.real.records, r.dir / "requests_real.csv")
         _write_requests(r.sim.records, r.dir / "requests_sim.csv")
     first = runs[0]
@@ -456,7 +480,7 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
 
 
 # What a run records of its speed samples; the rest of speed["sampled"] is its judgement's.
-_SAMPLED_KEYS = ("samples", "t0", "every_s", "window_s", "sampler")
+_SAMPLED_KEYS = ("samples", "t0", "every_s", "window_s", "sampler", "prefill_samples", "prefill_sampler")
 
 
 @dataclass(slots=True)
@@ -473,14 +497,15 @@ class _Run:
     sim: Any = None
     sim_matched: Any = None            # the prediction at the run's own mean speed (speed_matched)
     trace: Any = None                  # the speed the run sampled (SpeedTrace), when judged by it
-    step_speed: Any = None             # start_s -> slowness along that trace
+    step_speed: Any = None             # (start_s, prefill tokens, tokens) -> slowness along it
 
     @property
     def records(self) -> list[RequestRecord]:
         return self.real.records if isinstance(self.real, RealRun) else self.real
 
     def judge(self, profile: FittedCostModel, make: Callable[[], Workload], sched_cfg: Any,
-              by_part: bool, normalize: bool, sim_raw: Any, use_samples: bool = True) -> None:
+              by_part: bool, normalize: bool, sim_raw: Any, use_samples: bool = True,
+              prefill_samples: bool = True) -> None:
         """Simulate at the run's measured speed (sampled through it when it was and use_samples,
         else probed around it); compare that, and sim_raw (the prediction at the profile's own
         speed, the same for every run of a workload), with what it measured."""
@@ -488,14 +513,17 @@ class _Run:
         self.judged, self.sim = raw_profile, sim_raw
         if self.speed.get("sampled"):  # what an earlier judgement derived goes (another profile's)
             self.speed["sampled"] = {k: v for k, v in self.speed["sampled"].items() if k in _SAMPLED_KEYS}
-        trace = sampled_trace(profile, self.speed) if normalize and use_samples else None
+        trace = sampled_trace(profile, self.speed, prefill_samples) if normalize and use_samples else None
         if trace is not None:
             # Every simulated step priced at the speed sampled at its start.
             t0 = float(self.speed["sampled"]["t0"])
-            self.trace, self.step_speed = trace, lambda start: trace.factor(start - t0)
+            self.trace, self.step_speed = trace, lambda start, pt, n: trace.at(start - t0, pt, n)
             rows = [r for r in self.rows if r.get("start_s") is not None]
-            mean = trace.mean_factor([float(r["start_s"]) - t0 for r in rows],
-                                     [float(r["step_time_s"]) for r in rows])
+            busy = sum(float(r["step_time_s"]) for r in rows)
+            at = [self.step_speed(float(r["start_s"]), float(r["num_prefill_tokens"]),
+                                  float(r["num_prefill_tokens"]) + float(r["num_decode_seqs"])) for r in rows]
+            mean = (sum(float(r["step_time_s"]) * f for r, f in zip(rows, at)) / busy if busy > 0
+                    else float(np.mean(trace.factors)))
             self.speed["sampled"].update(trace.summary(), ref_s=profile.meta["provenance"]["speed_sample_s"],
                                          mean_factor=mean)
             self.sim = simulate(raw_profile, make, sched_cfg, trace)
@@ -624,7 +652,7 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
             model: str | None = None, allow_profile_mismatch: bool = False,
             echo: Callable[[str], None] = print, band_samples: int = 20,
             speed_by_part: bool = False, limits: dict[str, float] | None = None,
-            speed_from: str | None = None) -> dict[str, Any]:
+            speed_from: str | None = None, prefill_samples: bool | None = None) -> dict[str, Any]:
     """A recorded real run (a fidelity output folder) judged again with another profile, no engine.
 
     The simulator gets the run's workload (options from its fidelity.json; trace re-pointed
@@ -660,6 +688,8 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
         wl["speed_by_part"] = True
     if speed_from is not None:
         wl["speed_from"] = speed_from
+    if prefill_samples is not None:
+        wl["prefill_samples"] = prefill_samples
     opts = FidelityOptions(str(profile_path), **wl)
     if old.get("scheduler_config"):
         sched_cfg = SchedulerConfig(**old["scheduler_config"])
@@ -687,7 +717,7 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
     sim_raw = simulate(raw_speed(profile), make, sched_cfg)
     for r in runs:
         r.judge(profile, make, sched_cfg, opts.speed_by_part, normalize, sim_raw,
-                uses_samples(opts.speed_from, profile))
+                uses_samples(opts.speed_from, profile), opts.prefill_samples)
     first = runs[0]
     real, sim, speed = first.records, first.sim, first.speed
     ratio = speed.get("machine_speed_ratio") if normalize and speed.get("normalized") else None

@@ -51,6 +51,8 @@ class RealRun:
     t0: float = 0.0
     # (seconds from the start, seconds taken) of every speed sample (speedtrace.py).
     speed_samples: list[tuple[float, float]] = field(default_factory=list)
+    # The same of the prefill sampler's, each taken right after a speed sample.
+    prefill_samples: list[tuple[float, float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -62,12 +64,14 @@ class _Live:
 
 
 def run_real(engine: Any, workload: Workload, poll_s: float = 0.0005,
-             sampler: SpeedSampler | None = None, sample_every_s: float = SAMPLE_EVERY_S) -> RealRun:
+             sampler: SpeedSampler | None = None, sample_every_s: float = SAMPLE_EVERY_S,
+             prefill_sampler: Any = None) -> RealRun:
     """Serve every request of workload on engine in real time (Ctrl-C: aborts, returns partial).
 
     With a sampler, the machine's speed is sampled after a step whenever sample_every_s have
     passed since the last sample (speedtrace.SampleClock, which the simulator's TracedExecutor
-    follows too); the next step waits for it.
+    follows too), and by the prefill sampler right after when there is one; the next step
+    waits for them.
     """
     source = ArrivalSource(workload.items())
     live: dict[str, _Live] = {}
@@ -115,6 +119,8 @@ def run_real(engine: Any, workload: Workload, poll_s: float = 0.0005,
                         _finish(workload, source, live.pop(out.request_id), out, t0, end, run)
                 if sampler is not None and clock.due(end):
                     run.speed_samples.append((time.monotonic() - t0, sampler.sample()))
+                    if prefill_sampler is not None:
+                        run.prefill_samples.append((time.monotonic() - t0, prefill_sampler.sample()))
                 continue
             nxt = source.next_time()
             if nxt == INF:

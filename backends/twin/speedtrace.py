@@ -70,6 +70,9 @@ SMOOTH_S = 20.0
 # "speed_sample_smoothing") were smoothed by the mean, and keep it until refitted.
 SMOOTHINGS = ("median", "mean")
 DEFAULT_SMOOTHING = "median"
+# The prefill sampler's pass: rows through the projections of the first layers (PrefillSampler).
+PREFILL_ROWS = 128
+PREFILL_LAYERS = 2
 # 4096 x 4096 float32: 64 MiB, larger than any last-level cache a CPU of this class has.
 _SAMPLE_ROWS = 4096
 
@@ -136,6 +139,54 @@ class WeightsSampler:
             return time.perf_counter() - t
 
 
+class PrefillSampler:
+    """One timed pass of PREFILL_ROWS rows through the projections of the engine's first
+    PREFILL_LAYERS layers: a slice of a prefill chunk's matrix products, compute-bound where
+    the weights sampler is bound by memory (about 14 ms for SmolLM2 fp32 on this project's VM:
+    128 rows through one layer take 6.7 ms, 135 GFLOP/s on one core).
+
+    Why a second kind: over studies I-O (Dec 1, 42 runs, 544 windows of 20 s;
+    experiments/speed_in_runs.py) the weights samples tracked the speed of windows of mostly
+    decode steps (correlation 0.84, slope 1.06 for windows of under 20% prefill tokens) far
+    better than of mostly prefill (0.44, slope 0.50 above 80%): when the host's memory is
+    contended a decode slows with it and a prefill much less. So a step's prefill share (its
+    prefill tokens over its tokens) is priced at this sampler's speed, the rest at the
+    weights sampler's (TracedExecutor)."""
+
+    kind = "gemm"
+
+    def __init__(self, model: Any, rows: int = PREFILL_ROWS, layers: int = PREFILL_LAYERS, seed: int = 0) -> None:
+        import torch
+
+        from twinserve.backends.real.models.llama import linear
+
+        self._torch, self._linear = torch, linear
+        w = model.embed_tokens.weight
+        g = torch.Generator().manual_seed(seed)
+        self._calls = []
+        for layer in model.layers[:layers]:
+            for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                        layer.mlp.down_proj):
+                self._calls.append((lin, torch.randn(rows, lin.in_features, generator=g).to(dtype=w.dtype,
+                                                                                             device=w.device)))
+        for _ in range(3):
+            self.sample()
+
+    def sample(self) -> float:
+        """Seconds of one pass now."""
+        with self._torch.inference_mode():
+            t = time.perf_counter()
+            for lin, x in self._calls:
+                self._linear(x, lin)
+            return time.perf_counter() - t
+
+
+def prefill_sampler_for(engine: Any) -> PrefillSampler | None:
+    """A prefill (gemm) sampler for an engine whose model runs in this process on its CPU, else None."""
+    model = _model_here(engine)
+    return PrefillSampler(model) if model is not None else None
+
+
 # What calibrate samples with (a profile records it as provenance "speed_sampler"; fidelity
 # samples its runs with the profile's kind, since a reference sample is one kind's seconds).
 SAMPLERS = ("weights", "matvec")
@@ -157,14 +208,23 @@ def sampler_for(engine: Any, kind: str = DEFAULT_SAMPLER) -> SpeedSampler | Weig
     """
     if kind not in SAMPLERS:
         raise ValueError(f"speed sampler {kind!r}: one of {', '.join(SAMPLERS)}")
-    device = engine.args.resolve_device()
-    if device.type != "cpu" or getattr(engine, "core_mode", "inproc") != "inproc":
+    if not _steps_here(engine):
         return None
     if kind == "matvec":
         return SpeedSampler()
-    worker = getattr(engine, "worker", None)
-    model = getattr(worker, "model", None)
-    return WeightsSampler(model) if model is not None and hasattr(model, "layers") else None
+    model = _model_here(engine)
+    return WeightsSampler(model) if model is not None else None
+
+
+def _steps_here(engine: Any) -> bool:
+    """Whether the engine runs its steps on this process's CPU."""
+    return engine.args.resolve_device().type == "cpu" and getattr(engine, "core_mode", "inproc") == "inproc"
+
+
+def _model_here(engine: Any) -> Any:
+    """The engine's model when its steps run here on one in-process worker, else None."""
+    model = getattr(getattr(engine, "worker", None), "model", None) if _steps_here(engine) else None
+    return model if model is not None and hasattr(model, "layers") else None
 
 
 @dataclass(slots=True)
@@ -194,6 +254,9 @@ class SpeedTrace:
     num_samples: int = 0
     raw: list[float] = field(default_factory=list)
     smoothing: str = DEFAULT_SMOOTHING
+    # The prefill sampler's trace over the same clock, when the run took both kinds: a step's
+    # prefill share is priced at its slowness (at()).
+    prefill: "SpeedTrace | None" = None
 
     @classmethod
     def from_samples(cls, samples: Sequence[Sequence[float]], ref_s: float, every_s: float = SAMPLE_EVERY_S,
@@ -231,6 +294,15 @@ class SpeedTrace:
         w = (t - t0) / (t1 - t0) if t1 > t0 else 0.0
         return fs[i - 1] + w * (fs[i] - fs[i - 1])
 
+    def at(self, t: float, num_prefill_tokens: float = 0.0, num_tokens: float = 0.0) -> float:
+        """The slowness of a step that starts at t with this many prefill tokens of its tokens:
+        factor(t), with the step's prefill share at the prefill trace's slowness when there is one."""
+        return step_factor(self, self.prefill, t, num_prefill_tokens, num_tokens)
+
+    def with_prefill(self, prefill: "SpeedTrace | None") -> "SpeedTrace":
+        """This trace with the prefill sampler's beside it."""
+        return dataclasses.replace(self, prefill=prefill)
+
     def mean_factor(self, starts: Sequence[float], durations: Sequence[float]) -> float:
         """The busy-time-weighted mean slowness over steps (start, measured duration)."""
         total = sum(durations)
@@ -239,9 +311,24 @@ class SpeedTrace:
         return sum(d * self.factor(s) for s, d in zip(starts, durations)) / total
 
     def summary(self) -> dict[str, Any]:
-        return {"num_samples": self.num_samples, "every_s": self.every_s, "window_s": self.window_s,
-                "smoothing": self.smoothing, "pause_s": self.pause_s, "min_factor": min(self.factors),
-                "max_factor": max(self.factors)}
+        out = {"num_samples": self.num_samples, "every_s": self.every_s, "window_s": self.window_s,
+               "smoothing": self.smoothing, "pause_s": self.pause_s, "min_factor": min(self.factors),
+               "max_factor": max(self.factors)}
+        if self.prefill is not None:
+            out["prefill"] = {k: v for k, v in self.prefill.summary().items()
+                              if k in ("num_samples", "pause_s", "min_factor", "max_factor")}
+        return out
+
+
+def step_factor(trace: SpeedTrace, prefill_trace: SpeedTrace | None, t: float, num_prefill_tokens: float,
+                num_tokens: float) -> float:
+    """A step's slowness at t: the weights trace's, with the step's prefill share (prefill
+    tokens over all its tokens, as FittedCostModel.prefill_scale splits a step) at the prefill
+    trace's when there is one."""
+    f = trace.factor(t)
+    if prefill_trace is None or not num_prefill_tokens or num_tokens <= 0:
+        return f
+    return f + (prefill_trace.factor(t) - f) * num_prefill_tokens / num_tokens
 
 
 class TracedExecutor(SimExecutor):
@@ -255,6 +342,8 @@ class TracedExecutor(SimExecutor):
     def __init__(self, cost_model: Any, trace: SpeedTrace) -> None:
         super().__init__(cost_model)
         self.trace = trace
+        # A run that took both kinds of sample paused for both, the prefill sampler's right after.
+        self.pause_s = trace.pause_s + (trace.prefill.pause_s if trace.prefill is not None else 0.0)
         self.clock = lambda: 0.0
         self._samples = SampleClock(trace.every_s)
         self._paused_until = float("-inf")
@@ -267,11 +356,12 @@ class TracedExecutor(SimExecutor):
         now = self.clock()
         out = super().execute(so)
         base = out.step_time or 0.0
-        t = base * self.trace.factor(now) + max(0.0, self._paused_until - now)
+        pt, ds = self.last_features[0], self.last_features[4]
+        t = base * self.trace.at(now, pt, pt + ds) + max(0.0, self._paused_until - now)
         self.totals.busy_time += t - base
         if self._samples.due(now + t):
             # The real loop samples once this step's outputs are out: the next step waits for it.
-            self._paused_until = now + t + self.trace.pause_s
+            self._paused_until = now + t + self.pause_s
         out.step_time = t
         return out
 
@@ -288,6 +378,6 @@ def run_simulation(cost_model: Any, sched_cfg: Any, workload: Any, trace: SpeedT
     return sim.run()
 
 
-__all__ = ["DEFAULT_SAMPLER", "DEFAULT_SMOOTHING", "SAMPLERS", "SAMPLE_EVERY_S", "SMOOTHINGS", "SMOOTH_S",
-           "SampleClock", "SpeedSampler", "SpeedTrace", "TracedExecutor", "WeightsSampler", "run_simulation",
-           "sampler_for", "sampler_kind"]
+__all__ = ["DEFAULT_SAMPLER", "DEFAULT_SMOOTHING", "PREFILL_LAYERS", "PREFILL_ROWS", "PrefillSampler", "SAMPLERS",
+           "SAMPLE_EVERY_S", "SMOOTHINGS", "SMOOTH_S", "SampleClock", "SpeedSampler", "SpeedTrace", "TracedExecutor",
+           "WeightsSampler", "prefill_sampler_for", "run_simulation", "sampler_for", "sampler_kind", "step_factor"]

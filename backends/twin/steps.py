@@ -36,13 +36,13 @@ def scaled_profile(profile: FittedCostModel, speed: dict[str, Any], by_part: boo
 
 
 def step_errors(profile: FittedCostModel, rows: list[dict[str, Any]],
-                speed: Callable[[float], float] | None = None) -> dict[str, Any]:
+                speed: Callable[[float, float, float], float] | None = None) -> dict[str, Any]:
     """Predicted vs measured time of every real step that computed tokens.
 
     Besides the per-step errors, the busy-time error (total predicted over total measured)
     overall and per kind: long steps weigh as much as they last, which is what latencies feel.
-    With `speed` (start_s -> slowness, a sampled speed trace) each step is priced at the speed
-    sampled at its start.
+    With `speed` ((start_s, prefill tokens, tokens) -> slowness, a sampled speed trace's `at`)
+    each step is priced at the speed sampled at its start.
     """
     res = step_residuals(profile, rows, speed)
     if not res:

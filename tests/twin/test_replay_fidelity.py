@@ -117,7 +117,7 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     from twinserve.backends.twin.speedtrace import SpeedTrace
 
     prov = data["provenance"]
-    assert prov["drift_source"] == "samples" and len(prov["speed_samples"]) >= 10
+    assert prov["drift_source"] == "samples" and len(prov["speed_samples"]) >= 5
     # By default sampled by a pass through the model's own weights, which fidelity samples with too.
     assert prov["speed_sampler"] == "weights"
     # Smoothed by the median, without the samples the steps around them contradicted (if any).
@@ -129,6 +129,13 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert ("none contradicted" in printed) == (k == 0) and (f"{k} left out, contradicted" in printed) == (k > 0)
     smooth = SpeedTrace.from_samples(kept, 1.0, window_s=prov["speed_sample_window_s"])
     assert prov["speed_sample_s"] == pytest.approx(float(np.median(smooth.factors)), rel=1e-6)
+    # The prefill sampler sampled right after every speed sample; the steps' prefill shares are
+    # priced at its median smoothed sample.
+    assert prov["prefill_speed_sampler"] == "gemm"
+    pre = prov["prefill_speed_samples"]
+    assert len(pre) == len(prov["speed_samples"]) and all(a[0] > b[0] for a, b in zip(pre, prov["speed_samples"]))
+    smooth_p = SpeedTrace.from_samples(pre, 1.0, window_s=prov["speed_sample_window_s"])
+    assert prov["prefill_speed_sample_s"] == pytest.approx(float(np.median(smooth_p.factors)), rel=1e-6)
     out = tmp_path / "fid"
     # By default (--speed-from auto) a profile whose reference the weights sampler took judges by
     # the samples.
@@ -177,12 +184,31 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert smp["num_samples"] == len(smp["samples"]) >= 2 and smp["ref_s"] == prov["speed_sample_s"]
     assert smp["sampler"] == "weights"
     trace = SpeedTrace.from_samples(smp["samples"], prov["speed_sample_s"], smp["every_s"], smp["window_s"])
+    # and by the prefill sampler after each: a step's prefill share at its speed.
+    assert smp["prefill_sampler"] == "gemm" and len(smp["prefill_samples"]) == len(smp["samples"])
+    assert smp["prefill"]["num_samples"] == len(smp["samples"])
+    pre = SpeedTrace.from_samples(smp["prefill_samples"], prov["prefill_speed_sample_s"], smp["every_s"],
+                                  smp["window_s"])
     rows = read_step_log(out / "steps_real.csv")
-    assert smp["mean_factor"] == pytest.approx(
-        sum(r["step_time_s"] * trace.factor(float(r["start_s"]) - smp["t0"]) for r in rows)
-        / sum(r["step_time_s"] for r in rows))
+
+    def at(r, prefill=True):
+        t, p = float(r["start_s"]) - smp["t0"], r["num_prefill_tokens"]
+        w = trace.factor(t)
+        return w + (pre.factor(t) - w) * p / (p + r["num_decode_seqs"]) if prefill and p else w
+
+    busy = sum(r["step_time_s"] for r in rows)
+    assert smp["mean_factor"] == pytest.approx(sum(r["step_time_s"] * at(r) for r in rows) / busy)
+    # Without the prefill samples (--no-prefill-samples), every step at the weights sampler's speed.
+    weights_only = tmp_path / "weights-only"
+    assert main(["fidelity", "--from-run", str(out), "--profile", str(prof), "--out", str(weights_only),
+                 "--band-samples", "0", "--no-prefill-samples"]) == 0
+    rw = json.loads((weights_only / "fidelity.json").read_text())
+    assert "prefill" not in rw["speed"]["sampled"] and rw["workload"]["prefill_samples"] is False
+    assert rw["speed"]["sampled"]["mean_factor"] == pytest.approx(
+        sum(r["step_time_s"] * at(r, False) for r in rows) / busy)
     assert f"sampled {smp['num_samples']} times (every 0.02 s" in (out / "fidelity.md").read_text()
     assert "ms each, by the weights sampler)" in (out / "fidelity.md").read_text()
+    assert "; its prefill shares by the gemm sampler after each (" in (out / "fidelity.md").read_text()
     # experiments/speed_in_runs.py prices the run's steps as fidelity does: by the samples, its
     # busy-time error is the report's, and read at the reference speed, the raw one.
     from twinserve.backends.sim.fitted import FittedCostModel
@@ -191,7 +217,10 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     win, busy, shares = speed_in_runs.measure(FittedCostModel.load(prof), speed_in_runs.run_dirs([str(out)]))
     assert busy["samples (fidelity)"] == [pytest.approx(np.log1p(rep["steps"]["busy_err"]), abs=1e-9)]
     assert busy["none"] == [pytest.approx(np.log1p(rep["steps_raw"]["busy_err"]), abs=1e-9)]
-    assert len(busy) == 6 and all(0.0 <= s <= 1.0 for *_, s, _ in shares)
+    # The run took prefill samples too: the weights sampler's alone is one more reading.
+    assert busy["weights samples alone"] == [pytest.approx(np.log1p(rw["steps"]["busy_err"]), abs=1e-9)]
+    assert len(busy) == 7 and set(shares) == {"samples (fidelity)", "weights samples alone"}
+    assert all(0.0 <= s <= 1.0 for rows in shares.values() for *_, s, _ in rows)
     # Judged by the probes around it instead: the steps priced at their mean ratio.
     by_probes = tmp_path / "by-probes"
     assert main(["fidelity", "--from-run", str(out), "--profile", str(prof), "--out", str(by_probes),
@@ -204,11 +233,12 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     # sampled run by its probes, and keeps nothing of the samples' earlier judgement.
     unsampled = tmp_path / "unsampled.json"
     unsampled.write_text(json.dumps({**data, "provenance": {**prov, "speed_sample_s": None}}))
-    assert speed_in_runs.measure(FittedCostModel.load(unsampled), [out]) == ({}, {}, [])
+    assert speed_in_runs.measure(FittedCostModel.load(unsampled), [out]) == ({}, {}, {})
     assert main(["fidelity", "--from-run", str(out), "--profile", str(unsampled), "--out",
                  str(tmp_path / "unsampled"), "--band-samples", "0"]) == 0
     ru = json.loads((tmp_path / "unsampled" / "fidelity.json").read_text())
-    assert set(ru["speed"]["sampled"]) == {"samples", "t0", "every_s", "window_s", "sampler"}
+    assert set(ru["speed"]["sampled"]) == {"samples", "t0", "every_s", "window_s", "sampler", "prefill_samples",
+                                           "prefill_sampler"}
     assert ru["metrics"] == rp["metrics"]
     # So does a profile whose reference is another kind of sample's seconds (a matvec's), whose
     # ratio to this run's samples would mean nothing.
@@ -291,10 +321,12 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert r["coefficients"] == pytest.approx(data["coefficients"], rel=2e-5, abs=1e-12)
     assert r["overhead_coefficients"] == pytest.approx(data["overhead_coefficients"], rel=2e-5, abs=1e-12)
     assert r["provenance"]["refit"]["step_log"] == "tiny.steps.csv"
-    # The reference sample is redone from the samples too, stored to 1 ns.
-    got, made = (dict(p, refit=None, speed_sample_s=None) for p in (r["provenance"], data["provenance"]))
+    # The reference samples (both kinds) are redone from the samples too, stored to 1 ns.
+    got, made = (dict(p, refit=None, speed_sample_s=None, prefill_speed_sample_s=None)
+                 for p in (r["provenance"], data["provenance"]))
     assert got == made
-    assert r["provenance"]["speed_sample_s"] == pytest.approx(data["provenance"]["speed_sample_s"], rel=1e-4)
+    for key in ("speed_sample_s", "prefill_speed_sample_s"):
+        assert r["provenance"][key] == pytest.approx(data["provenance"][key], rel=1e-4)
     # Refitted again, the earlier refit's note is kept under the new one.
     refit2 = tmp_path / "refit2.json"
     assert main(["calibrate", "--refit", str(refit), "--from-log", str(prof.with_suffix(".steps.csv")),
