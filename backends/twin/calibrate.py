@@ -29,8 +29,12 @@ default one row through the model's own weights and LM head, about 33 ms for Smo
 between steps every 2 s; each step's times are divided by the machine's relative slowness at
 that moment (the median sample within 10 s of it, `correct_drift_by_samples`), so the
 profile prices the machine at its median sample's speed, which the profile records with the
-sampler's kind. Samples that the steps around them contradict (`contradicted_samples`: a
-sampler slowed 2-3x while the steps ran at full speed) are left out first. On Dec 1 one
+sampler's kind. Right after each such sample a prefill sampler (128 rows through the first
+two layers' projections, about 14 ms) samples the compute-bound speed, and each step's
+prefill share (prefill tokens over its tokens) is corrected by it instead
+(`correct_drift_split`), its median smoothed sample recorded beside the other. Samples that
+the steps around them contradict (`contradicted_samples`: a sampler slowed 2-3x while the
+steps ran at full speed) are left out first. On Dec 1 one
 calibration's fit had a MAPE of 7.9% corrected by the weights sampler, 8.2% by the probes and
 8.6% uncorrected (the same steps refitted); two earlier ones 9.9% and 9.1% corrected by the
 64 MiB product, against 11.5% and 9.7% by the probes.

@@ -146,6 +146,12 @@ def _calibrate(ns: argparse.Namespace) -> int:
               f"over {prov.get('speed_sample_window_s', 0):g} s; "
               + (f"{len(dropped)} left out, contradicted by the steps around them (at {at})" if dropped
                  else "none contradicted by the steps around them"))
+    pre = prov.get("prefill_speed_samples") or []
+    if prov.get("prefill_speed_sample_s") and pre:
+        secs = sorted(sec for _, sec in pre)
+        print(f"  prefill samples ({prov.get('prefill_speed_sampler')}): {len(pre)}, reference "
+              f"{prov['prefill_speed_sample_s'] * 1e3:.2f} ms (x {secs[0] / prov['prefill_speed_sample_s']:.2f} to "
+              f"x {secs[-1] / prov['prefill_speed_sample_s']:.2f}); the steps' prefill shares corrected by them")
     for noisy in (warning(prov.get("host_load"), "calibration"), drift_warning(prov)):
         if noisy:
             print(f"twinserve calibrate: {noisy}", file=sys.stderr)

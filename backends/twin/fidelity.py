@@ -282,8 +282,8 @@ def sampled_line(speed: dict[str, Any]) -> str:
     probes = (f"; the probes before and after it said x {speed['machine_speed_ratio']:.3f}"
               if speed.get("machine_speed_ratio") else "")
     pre = s.get("prefill")
-    also = (f"; its prefill shares by the {s.get('prefill_sampler')} sampler after each ({pre['pause_s'] * 1e3:.1f} ms, "
-            f"x {pre['min_factor']:.3f} to x {pre['max_factor']:.3f})" if pre else "")
+    also = (f"; its prefill shares by the {s.get('prefill_sampler')} sampler after each "
+            f"({pre['pause_s'] * 1e3:.1f} ms, x {pre['min_factor']:.3f} to x {pre['max_factor']:.3f})" if pre else "")
     return (f"machine speed during the run: sampled {s['num_samples']} times (every {s['every_s']:g} s "
             f"while busy, {s['pause_s'] * 1e3:.1f} ms each, by the {sampler_kind(s)} sampler), "
             f"x {s['mean_factor']:.3f} the calibration's slowness on average over its steps (over "

@@ -9,13 +9,17 @@ of latency. Sampling it during the run fixes the sampling, not the machine:
   model and its LM head: a decode step's weight traffic through the same kernels and pages
   (about 33 ms for SmolLM2 fp32); `SpeedSampler` (kind "matvec", the first try) times one
   matrix-vector product over a fixed 64 MiB matrix (3 ms);
+- `PrefillSampler` (kind "gemm", since Dec 2) times 128 rows through the projections of the
+  model's first two layers right after each weights sample (about 14 ms): compute-bound, as a
+  prefill chunk is; a step's prefill share (its prefill tokens over its tokens) is priced at
+  its speed and the rest at the weights sampler's (`step_factor`);
 - calibrate and the real replay sample after an engine step whenever `SAMPLE_EVERY_S` have
   passed since the last sample, and only while the engine has work (a sample in an idle gap
   would warm what the profile's wake prices model as gone cold);
 - `SpeedTrace` turns the samples into the machine's speed over time against the profile's
   reference (the calibration's median sample, of the same kind), smoothed over `SMOOTH_S`;
-- `TracedExecutor` prices each simulated step at the trace's speed at its start and adds the
-  samples' own pauses by the same rule, so both sides do the same work.
+- `TracedExecutor` prices each simulated step at the trace's speed at its start (`SpeedTrace.at`)
+  and adds the samples' own pauses by the same rule, so both sides do the same work.
 
 Measured on this project's 2-core VM (Dec 1, CPU 1, the other core idle):
 

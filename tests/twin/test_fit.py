@@ -341,6 +341,38 @@ def test_samples_the_steps_contradict_are_left_out_of_the_drift_correction() -> 
     assert contradicted_samples(rows, samples[:2], fit) == []
 
 
+def test_the_split_correction_recovers_the_profile_a_contended_machine_hides() -> None:
+    """For 60 of 240 s the host's memory is contended: a step's decode share runs 1.6x slower
+    and its prefill share 1.1x. The weights sampler sees 1.6, the prefill sampler 1.1; corrected
+    by both, each step's share by its own, the steps come back to the steady machine's and fit
+    its profile; by the weights samples alone the episode's prefills come out far too cheap."""
+    from twinserve.backends.twin.calibrate import correct_drift_by_samples, correct_drift_split
+
+    rows = [dict(r, start_s=float(i)) for i, r in enumerate(_rows(seed=7, n=240))]
+    slow = lambda t, a: a if 90 <= t < 150 else 1.0  # noqa: E731
+    measured = []
+    for r in rows:
+        pt, n = r["num_prefill_tokens"], r["num_prefill_tokens"] + r["num_decode_seqs"]
+        k = slow(r["start_s"], 1.6) + (slow(r["start_s"], 1.1) - slow(r["start_s"], 1.6)) * (pt / n if n else 0.0)
+        measured.append(dict(r, execute_s=r["execute_s"] * k, step_time_s=r["step_time_s"] * k))
+    # One sample of each kind a second, at each step's start (smoothed over 4 s by the median,
+    # the switch stays sharp).
+    weights = [(float(t), 0.033 * slow(t, 1.6)) for t in range(240)]
+    prefill = [(t, 0.014 * slow(t, 1.1)) for t, _ in weights]
+    fixed, ref_w, ref_p = correct_drift_split(measured, weights, prefill, window_s=4.0)
+    assert (ref_w, ref_p) == (pytest.approx(0.033), pytest.approx(0.014))
+    assert [r["step_time_s"] for r in fixed] == pytest.approx([r["step_time_s"] for r in rows], rel=1e-6)
+    assert [r["execute_s"] for r in fixed] == pytest.approx([r["execute_s"] for r in rows], rel=1e-6)
+    good = fit_step_profile(fixed)
+    for r in rows:
+        assert good.step_time(*(r[c] for c in FEATURE_COLUMNS)) == pytest.approx(r["step_time_s"], rel=0.02)
+    alone, _ = correct_drift_by_samples(measured, weights, window_s=4.0)
+    prefills = [i for i, r in enumerate(rows) if 90 <= r["start_s"] < 150 and not r["num_decode_seqs"]
+                and r["num_prefill_tokens"]]
+    assert prefills and all(alone[i]["step_time_s"] < 0.7 * rows[i]["step_time_s"] for i in prefills)
+    assert measured[100]["step_time_s"] != fixed[100]["step_time_s"]  # inputs are not modified
+
+
 def _slower_copy(src: Path, dst: Path, k: float, **changes: object) -> None:
     """A copy of a calibrated profile and its step log as if the machine had run k times slower
     all through (every step time, sample and probe), with provenance changes."""
@@ -419,6 +451,43 @@ def test_merge_fits_calibrations_of_one_engine_at_their_median_reference(
         merge([a])
     assert main(["calibrate", "--merge", str(a), str(b), "--refit", str(a), "--out", str(tmp_path / "x.json")]) == 2
     assert "not with --refit or --from-log" in capsys.readouterr().err
+
+
+def test_merge_puts_prefill_shares_at_the_median_prefill_reference(tmp_path: Path) -> None:
+    """Two copies of one calibration whose prefill sampler ran steadily at 14 and 28 ms: merged,
+    each copy's prefill shares are scaled to the median prefill reference (21 ms: x1.5 and x0.75)
+    and the rest by the weights references (x1); a calibration without prefill samples merges
+    by the weights samples alone."""
+    from twinserve.backends.twin.calibrate import merge
+
+    def with_prefill(dst: Path, sec: float) -> None:
+        _slower_copy(SHIPPED_CALIBRATION, dst, 1.0)
+        data = json.loads(dst.read_text())
+        prov = data["provenance"]
+        prov.update(prefill_speed_sampler="gemm", prefill_speed_sample_s=sec,
+                    prefill_speed_samples=[[t + 0.04, sec] for t, _ in prov["speed_samples"]])
+        dst.write_text(json.dumps(data))
+
+    a, b, c = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    with_prefill(a, 0.014)
+    with_prefill(b, 0.028)
+    merged = merge([a, b])
+    prov = merged.meta["provenance"]
+    assert prov["prefill_speed_sample_s"] == pytest.approx(0.021) and prov["prefill_speed_sampler"] == "gemm"
+    src_a, src_b = prov["merged_from"]
+    assert (src_a["prefill_scaled_by"], src_b["prefill_scaled_by"]) == (pytest.approx(1.5), pytest.approx(0.75))
+    assert src_a["scaled_by"] == pytest.approx(1.0) and src_b["scaled_by"] == pytest.approx(1.0)
+    assert "prefill_speed_samples" not in prov
+    # Pure decodes are priced as the copies' own fit prices them; pure prefills, between the
+    # copies' x1.5 and x0.75, near their mean.
+    one = merge([a, a])
+    assert merged.step_time(0, 0, 0, 0.0, 16, 16 * 200) == pytest.approx(one.step_time(0, 0, 0, 0.0, 16, 16 * 200),
+                                                                         rel=0.03)
+    ratio = merged.step_time(256, 1, 0, 256 * 128.0, 0, 0) / one.step_time(256, 1, 0, 256 * 128.0, 0, 0)
+    assert 1.05 < ratio < 1.2
+    _slower_copy(SHIPPED_CALIBRATION, c, 1.0)
+    plain = merge([a, c]).meta["provenance"]
+    assert "prefill_speed_sample_s" not in plain and "prefill_scaled_by" not in plain["merged_from"][0]
 
 
 def _tp_rows(rows: list[dict[str, float]], device_share: float, comm_step: float,

@@ -136,6 +136,7 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert len(pre) == len(prov["speed_samples"]) and all(a[0] > b[0] for a, b in zip(pre, prov["speed_samples"]))
     smooth_p = SpeedTrace.from_samples(pre, 1.0, window_s=prov["speed_sample_window_s"])
     assert prov["prefill_speed_sample_s"] == pytest.approx(float(np.median(smooth_p.factors)), rel=1e-6)
+    assert f"prefill samples (gemm): {len(pre)}, reference {prov['prefill_speed_sample_s'] * 1e3:.2f} ms" in printed
     out = tmp_path / "fid"
     # By default (--speed-from auto) a profile whose reference the weights sampler took judges by
     # the samples.

@@ -242,6 +242,90 @@ def test_the_weights_sampler_passes_a_row_through_every_projection_and_changes_n
     engine.shutdown()
 
 
+def test_the_prefill_sampler_passes_a_block_of_rows_through_the_first_layers_and_changes_no_token(
+        make_engine) -> None:
+    from twinserve.backends.twin.speedtrace import PREFILL_LAYERS, PREFILL_ROWS, PrefillSampler, prefill_sampler_for
+
+    engine = make_engine()
+    sampler = prefill_sampler_for(engine)
+    assert isinstance(sampler, PrefillSampler) and sampler.kind == "gemm"
+    model = engine.worker.model
+    seen: list[tuple[int, tuple[int, ...]]] = []
+    real_linear = sampler._linear
+    sampler._linear = lambda x, layer: seen.append((id(layer), tuple(x.shape))) or real_linear(x, layer)
+    try:
+        assert sampler.sample() > 0
+    finally:
+        sampler._linear = real_linear
+    # PREFILL_ROWS rows through the four projections of each of the first PREFILL_LAYERS layers:
+    # a slice of a prefill chunk's matrix products, in the model's dtype.
+    first = model.layers[:PREFILL_LAYERS]
+    want = [id(m) for layer in first for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                                 layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+    assert [i for i, _ in seen] == want and all(shape[0] == PREFILL_ROWS for _, shape in seen)
+    assert all(x.dtype == model.embed_tokens.weight.dtype for _, x in sampler._calls)
+    plain = _greedy(engine)
+    assert _greedy(engine, sampler) == plain and len(plain) == 3
+    engine.shutdown()
+
+
+def test_a_steps_prefill_share_is_priced_at_the_prefill_samplers_speed() -> None:
+    # The truth: a machine whose memory is contended after 1 s, so a step's decode share runs
+    # 1.6x slower and its prefill share (prefill tokens over its tokens) 1.1x. The weights
+    # sampler sees the 1.6, the prefill sampler the 1.1.
+    prof, sched = _profile(None), _sched()
+    make = _make(rate=55.0, n=300)
+
+    class Contended(SimExecutor):
+        def __init__(self, model) -> None:
+            super().__init__(model)
+            self.clock = lambda: 0.0
+
+        @property
+        def waking(self) -> bool:
+            return True
+
+        def execute(self, so):
+            out = super().execute(so)
+            if self.clock() >= 1.0:
+                pt, ds = self.last_features[0], self.last_features[4]
+                out.step_time *= 1.6 + (1.1 - 1.6) * pt / (pt + ds)
+            return out
+
+    ex = Contended(prof)
+    truth_sim = Simulation(EngineCore(dataclasses.replace(sched), ex), ex, make(), fast_forward=False)
+    ex.clock = lambda: truth_sim.env.now
+    truth = truth_sim.run()
+    end = max(r.finish_time for r in truth.records)
+    assert end > 2.0
+    # Samples every 0.05 s and one just before the switch, each its own window.
+    times = [0.05 * i for i in range(int(end / 0.05) + 1)] + [1.0 - 1e-9]
+    weights = SpeedTrace.from_samples([(t, 0.03 * (1.6 if t >= 1.0 else 1.0)) for t in times], 0.03,
+                                      every_s=1e9, window_s=1e-12)
+    prefill = SpeedTrace.from_samples([(t, 0.014 * (1.1 if t >= 1.0 else 1.0)) for t in times], 0.014,
+                                      every_s=1e9, window_s=1e-12)
+    weights.pause_s = prefill.pause_s = 0.0
+    both = weights.with_prefill(prefill)
+    assert both.at(2.0, 30, 30) == pytest.approx(1.1) and both.at(2.0, 0, 8) == pytest.approx(1.6)
+    assert both.at(2.0, 24, 32) == pytest.approx(1.6 + (1.1 - 1.6) * 0.75) and both.at(0.5, 24, 32) == 1.0
+    assert weights.at(2.0, 24, 32) == pytest.approx(1.6)  # no prefill trace: the whole step at its speed
+    split = compare(truth.records, simulate(prof, make, sched, both).records)["metrics"]
+    alone = compare(truth.records, simulate(prof, make, sched, weights).records)["metrics"]
+    # Split by share, each token lands when the truth's does (up to the nanosecond the traces
+    # take to switch); by the weights sampler alone every
+    # prefill after 1 s is priced 1.6/1.1 too slow, and the first tokens come late.
+    for m in ("ttft", "tpot", "e2e"):
+        for q in ("p50", "p99"):
+            assert split[m][q]["err"] == pytest.approx(0.0, abs=1e-6), (m, q)
+    assert alone["ttft"]["p50"]["err"] > 0.10
+    # The samples of both kinds pause the engine, one after the other.
+    weights.pause_s, prefill.pause_s = 0.004, 0.002
+    from twinserve.backends.twin.speedtrace import TracedExecutor
+
+    assert TracedExecutor(prof, weights.with_prefill(prefill)).pause_s == pytest.approx(0.006)
+    assert TracedExecutor(prof, weights).pause_s == pytest.approx(0.004)
+
+
 def test_a_calibration_design_refuses_an_unknown_sampler() -> None:
     from twinserve.backends.twin.calibrate import CalibrationDesign
     from twinserve.core.errors import InvalidConfigError
