@@ -7,9 +7,9 @@ profile as fidelity prices it (`band.step_residuals`: the wake after idling incl
 speed read in one of several ways, and set against what it measured:
 
 - the samples as fidelity reads them (`fidelity.sampled_trace`: the profile's smoothing over
-  20 s windows; where the run also took the prefill sampler's, each step's prefill share at
-  its speed);
-- where it did, the weights sampler's alone (every step at its speed, as before Dec 2);
+  20 s windows);
+- where the run also took the prefill sampler's (`fidelity --prefill-samples`), each step's
+  prefill share at its speed and the rest at the weights sampler's;
 - no reading at all (the profile's reference speed);
 - the samples over 60 s and 120 s windows;
 - the samples over windows widened to hold at least 10 samples (a light load samples only
@@ -18,7 +18,7 @@ speed read in one of several ways, and set against what it measured:
 
 Printed: for each way, the rms over 20 s windows of steps of log(predicted / measured),
 weighted by measured time, and the rms and mean over runs of the busy-time error; then, for
-the samples as fidelity reads them (and the weights sampler's alone), the windows grouped by
+the samples as fidelity reads them (and split with the prefill sampler's), the windows grouped by
 the share of their predicted time spent on prefill tokens: how closely the steps' speed
 followed the samples' (correlation, slope of log measured-over-priced on log sampled
 slowness, rms).
@@ -43,6 +43,10 @@ from twinserve.backends.twin.speedtrace import SpeedTrace
 
 WINDOW_S = 20.0
 SHARE_BINS = (0.0, 0.2, 0.5, 0.8, 1.0)
+# The samples with each step's prefill share at the prefill sampler's speed.
+SPLIT = "samples, prefill shares by the prefill sampler"
+# The readings whose windows are grouped by prefill share.
+BY_SHARE = ("samples (fidelity)", SPLIT)
 
 
 def run_dirs(paths: list[str]) -> list[Path]:
@@ -83,19 +87,16 @@ def readings(profile: FittedCostModel, speed: dict[str, Any]) -> dict[str, Calla
     long = {w: SpeedTrace.from_samples(samples, ref, window_s=w, smoothing=fid.smoothing) for w in (60.0, 120.0)}
     k = int(WINDOW_S / fid.every_s)
     wide = at_least(samples, ref, k)
-    ways = {"samples (fidelity)": lambda t, p: fid.at(t, p, 1.0)}
-    if fid.prefill is not None:
-        ways["weights samples alone"] = lambda t, p: fid.factor(t)
+    ways = {"samples (fidelity)": lambda t, p: fid.factor(t)}
+    split = sampled_trace(profile, speed, prefill=True)
+    if split is not None and split.prefill is not None:
+        ways[SPLIT] = lambda t, p: split.at(t, p, 1.0)
     return {**ways,
             "none": lambda t, p: 1.0,
             "samples, 60 s windows": lambda t, p: long[60.0].factor(t),
             "samples, 120 s windows": lambda t, p: long[120.0].factor(t),
             f"samples, >= {k} a window": lambda t, p: wide.factor(t),
             "samples on decode share only": lambda t, p: 1.0 + (fid.factor(t) - 1.0) * (1.0 - p)}
-
-
-# The readings whose windows are grouped by prefill share.
-BY_SHARE = ("samples (fidelity)", "weights samples alone")
 
 
 def measure(profile: FittedCostModel, dirs: list[Path]) -> tuple[dict, dict, dict]:

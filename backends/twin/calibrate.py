@@ -29,9 +29,9 @@ default one row through the model's own weights and LM head, about 33 ms for Smo
 between steps every 2 s; each step's times are divided by the machine's relative slowness at
 that moment (the median sample within 10 s of it, `correct_drift_by_samples`), so the
 profile prices the machine at its median sample's speed, which the profile records with the
-sampler's kind. Right after each such sample a prefill sampler (128 rows through the first
-two layers' projections, about 14 ms) samples the compute-bound speed, and each step's
-prefill share (prefill tokens over its tokens) is corrected by it instead
+sampler's kind. With `--prefill-samples` a prefill sampler (128 rows through the first two
+layers' projections, about 14 ms) samples the compute-bound speed right after each, and each
+step's prefill share (prefill tokens over its tokens) is corrected by it instead
 (`correct_drift_split`), its median smoothed sample recorded beside the other. Samples that
 the steps around them contradict (`contradicted_samples`: a sampler slowed 2-3x while the
 steps ran at full speed) are left out first. On Dec 1 one
@@ -109,7 +109,9 @@ class CalibrationDesign:
     sampler: str = DEFAULT_SAMPLER
     # Also sample with the prefill sampler (speedtrace.PrefillSampler) right after each weights
     # sample: the steps' prefill shares are corrected by its speed, the rest by the weights'.
-    prefill_samples: bool = True
+    # Off by default: on Dec 2 (README, "A compute-bound sample for prefill") it tracked the
+    # served steps worse than the weights sampler alone.
+    prefill_samples: bool = False
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:

@@ -38,10 +38,10 @@ def _calibrate_parser(p: argparse.ArgumentParser) -> None:
                    help="what samples it: a one-row pass through the model's own weights and LM head "
                         "(default; about 33 ms for SmolLM2) or a 3 ms product over a fixed 64 MiB matrix; "
                         "fidelity samples with the profile's kind")
-    p.add_argument("--no-prefill-samples", dest="prefill_samples", action="store_false",
-                   help="do not also sample with the prefill sampler (128 rows through the first two layers' "
-                        "projections, about 14 ms for SmolLM2), whose speed the steps' prefill shares are "
-                        "corrected by")
+    p.add_argument("--prefill-samples", action="store_true",
+                   help="also sample with a prefill sampler (128 rows through the first two layers' "
+                        "projections, about 14 ms for SmolLM2) after each speed sample, and correct the steps' "
+                        "prefill shares by its speed (off by default: on Dec 2 it tracked served steps worse)")
     p.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
                    help="also measure decodes and prefill chunks at up to this many tokens of "
                         "context (the longest prompt + output the profile will price; longer "
@@ -218,10 +218,10 @@ def _fidelity_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sample-every", type=float, default=None, metavar="SECONDS",
                    help="seconds between two samples when the run is sampled (default 2)")
     p.add_argument("--prefill-samples", action=argparse.BooleanOptionalAction, default=None,
-                   help="where the profile has a prefill sampler's reference (calibrate's default since Dec 2), "
-                        "also sample with it and price each step's prefill share at its speed (default); "
-                        "--no-prefill-samples prices whole steps at the weights samples' speed (with --from-run: "
-                        "as the run was judged)")
+                   help="where the profile has a prefill sampler's reference (calibrate --prefill-samples), "
+                        "also sample with it and price each step's prefill share at its speed; the default "
+                        "prices whole steps at the weights samples' speed (with --from-run: as the run was "
+                        "judged)")
     p.add_argument("--speed-by-part", action="store_true",
                    help="scale decode and each step's prefill share by their own probe parts' drift "
                         "instead of the whole probe's")
@@ -261,7 +261,7 @@ def _fidelity(ns: argparse.Namespace) -> int:
                            ns.allow_profile_mismatch, ns.normalize_speed, ns.speed_by_part, ns.repeats,
                            ns.speed_from or "auto",
                            ns.sample_every if ns.sample_every is not None else SAMPLE_EVERY_S,
-                           ns.prefill_samples is not False)
+                           bool(ns.prefill_samples))
     profile = FittedCostModel.load(ns.profile)
     made = profile.meta.get("provenance", {}).get("threads")
     if made is not None and made != ns.threads:

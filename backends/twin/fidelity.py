@@ -87,8 +87,10 @@ class FidelityOptions:
     speed_from: str = "auto"
     sample_every_s: float = SAMPLE_EVERY_S
     # Where the profile has a prefill sampler's reference (speedtrace.PrefillSampler), also sample
-    # with it and price each step's prefill share at its speed; off: every step at the weights'.
-    prefill_samples: bool = True
+    # with it and price each step's prefill share at its speed; off (the default): every step at
+    # the weights sampler's. On Dec 2 the split priced six runs' steps 7.0% rms per 20 s window
+    # off, the weights samples alone 5.2% (README, "A compute-bound sample for prefill").
+    prefill_samples: bool = False
 
     def __post_init__(self) -> None:
         if self.speed_from not in SPEED_SOURCES:
@@ -178,7 +180,7 @@ def simulate(profile: FittedCostModel, make: Callable[[], Workload], sched_cfg: 
     return run_simulation(profile, sched_cfg, make(), trace)
 
 
-def sampled_trace(profile: FittedCostModel, speed: dict[str, Any], prefill: bool = True) -> SpeedTrace | None:
+def sampled_trace(profile: FittedCostModel, speed: dict[str, Any], prefill: bool = False) -> SpeedTrace | None:
     """The speed a run sampled (speedtrace.py) against this profile's reference sample, or None
     when the run sampled nothing, the profile recorded no reference, or the two were sampled
     by different kinds of sampler. Smoothed as the profile's own samples were (the mean for
@@ -505,7 +507,7 @@ class _Run:
 
     def judge(self, profile: FittedCostModel, make: Callable[[], Workload], sched_cfg: Any,
               by_part: bool, normalize: bool, sim_raw: Any, use_samples: bool = True,
-              prefill_samples: bool = True) -> None:
+              prefill_samples: bool = False) -> None:
         """Simulate at the run's measured speed (sampled through it when it was and use_samples,
         else probed around it); compare that, and sim_raw (the prediction at the profile's own
         speed, the same for every run of a workload), with what it measured."""

@@ -66,7 +66,8 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
               "--block-size", "4", "--num-gpu-blocks-override", "200"]
     # Speed samples every 20 ms (the tiny model's design runs in about a second).
     assert main(["calibrate", "--out", str(prof), "--quick", "--repeats", "1", "--no-progress",
-                 "--max-context", "100", "--probe-every", "5", "--sample-every", "0.02", *common]) == 0
+                 "--max-context", "100", "--probe-every", "5", "--sample-every", "0.02", "--prefill-samples",
+                 *common]) == 0
     data = json.loads(prof.read_text())
     # The quick design's decodes reach 1.5 x 24 + 3 tokens of context; --max-context adds a
     # decode context whose spread reaches 100, and the fit saw batches at it (65 on average).
@@ -129,8 +130,8 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert ("none contradicted" in printed) == (k == 0) and (f"{k} left out, contradicted" in printed) == (k > 0)
     smooth = SpeedTrace.from_samples(kept, 1.0, window_s=prov["speed_sample_window_s"])
     assert prov["speed_sample_s"] == pytest.approx(float(np.median(smooth.factors)), rel=1e-6)
-    # The prefill sampler sampled right after every speed sample; the steps' prefill shares are
-    # priced at its median smoothed sample.
+    # Asked for, the prefill sampler sampled right after every speed sample; the steps' prefill
+    # shares are priced at its median smoothed sample.
     assert prov["prefill_speed_sampler"] == "gemm"
     pre = prov["prefill_speed_samples"]
     assert len(pre) == len(prov["speed_samples"]) and all(a[0] > b[0] for a, b in zip(pre, prov["speed_samples"]))
@@ -141,7 +142,8 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     # By default (--speed-from auto) a profile whose reference the weights sampler took judges by
     # the samples.
     rc = main(["fidelity", "--profile", str(prof), "--trace", str(_trace(tmp_path / "t.csv")),
-               "--out", str(out), "--max-num-batched-tokens", "128", "--sample-every", "0.02", *common])
+               "--out", str(out), "--max-num-batched-tokens", "128", "--sample-every", "0.02", "--prefill-samples",
+               *common])
     assert rc == 0
     rep = json.loads((out / "fidelity.json").read_text())
     assert rep["workload"]["speed_from"] == "auto"
@@ -185,7 +187,7 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert smp["num_samples"] == len(smp["samples"]) >= 2 and smp["ref_s"] == prov["speed_sample_s"]
     assert smp["sampler"] == "weights"
     trace = SpeedTrace.from_samples(smp["samples"], prov["speed_sample_s"], smp["every_s"], smp["window_s"])
-    # and by the prefill sampler after each: a step's prefill share at its speed.
+    # and, asked for, by the prefill sampler after each: a step's prefill share at its speed.
     assert smp["prefill_sampler"] == "gemm" and len(smp["prefill_samples"]) == len(smp["samples"])
     assert smp["prefill"]["num_samples"] == len(smp["samples"])
     pre = SpeedTrace.from_samples(smp["prefill_samples"], prov["prefill_speed_sample_s"], smp["every_s"],
@@ -216,11 +218,12 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
 
     speed_in_runs = experiment("speed_in_runs")
     win, busy, shares = speed_in_runs.measure(FittedCostModel.load(prof), speed_in_runs.run_dirs([str(out)]))
-    assert busy["samples (fidelity)"] == [pytest.approx(np.log1p(rep["steps"]["busy_err"]), abs=1e-9)]
     assert busy["none"] == [pytest.approx(np.log1p(rep["steps_raw"]["busy_err"]), abs=1e-9)]
-    # The run took prefill samples too: the weights sampler's alone is one more reading.
-    assert busy["weights samples alone"] == [pytest.approx(np.log1p(rw["steps"]["busy_err"]), abs=1e-9)]
-    assert len(busy) == 7 and set(shares) == {"samples (fidelity)", "weights samples alone"}
+    # The run took prefill samples too: they split each step in one more reading; the weights
+    # samples alone are fidelity's default reading.
+    assert busy["samples (fidelity)"] == [pytest.approx(np.log1p(rw["steps"]["busy_err"]), abs=1e-9)]
+    assert busy[speed_in_runs.SPLIT] == [pytest.approx(np.log1p(rep["steps"]["busy_err"]), abs=1e-9)]
+    assert len(busy) == 7 and set(shares) == set(speed_in_runs.BY_SHARE)
     assert all(0.0 <= s <= 1.0 for rows in shares.values() for *_, s, _ in rows)
     # Judged by the probes around it instead: the steps priced at their mean ratio.
     by_probes = tmp_path / "by-probes"

@@ -333,6 +333,9 @@ def test_a_calibration_design_refuses_an_unknown_sampler() -> None:
     with pytest.raises(InvalidConfigError, match="sampler"):
         CalibrationDesign(sampler="gpu")
     assert CalibrationDesign.quick().for_limits(8, 64, 256).sampler == "weights"
+    # The prefill sampler only when asked for, and kept through for_limits.
+    assert not CalibrationDesign().prefill_samples
+    assert CalibrationDesign(prefill_samples=True).for_limits(8, 64, 256).prefill_samples
 
 
 def test_fidelity_options_refuse_an_unknown_speed_source_or_sampling_period() -> None:
@@ -342,6 +345,7 @@ def test_fidelity_options_refuse_an_unknown_speed_source_or_sampling_period() ->
         FidelityOptions("p.json", speed_from="probe")
     with pytest.raises(FidelityError, match="--sample-every 0: give seconds > 0"):
         FidelityOptions("p.json", sample_every_s=0)
+    assert not FidelityOptions("p.json").prefill_samples  # the prefill sampler only when asked for
 
 
 def test_without_noise_the_traced_band_is_the_traced_prediction() -> None:
