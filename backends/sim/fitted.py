@@ -440,8 +440,9 @@ def check_profile_hardware(profile: FittedCostModel, hardware: str | None, cpu: 
     made = profile.meta.get("hardware")
     if allow_mismatch or not made or not hardware:
         return
-    again = ("its step prices are that machine's: calibrate on this one with `twinserve calibrate`, "
-             "or pass --allow-profile-mismatch")
+    here = [f"builtin:{n}" for n in builtin_profiles_for(hardware, cpu)]
+    again = ("its step prices are that machine's: calibrate on this one with `twinserve calibrate`"
+             + (f" (or use {', '.join(here)}, shipped for it)" if here else "") + ", or pass --allow-profile-mismatch")
     if str(made) != str(hardware):
         raise ProfileError(f"{source} was calibrated on {made!r} but the engine runs on {hardware!r}; {again}")
     made_cpu = (profile.meta.get("provenance") or {}).get("cpu")
@@ -459,6 +460,27 @@ def check_profile_hardware(profile: FittedCostModel, hardware: str | None, cpu: 
             diff.append("this CPU adds " + ", ".join(new))
     if diff:
         raise ProfileError(f"{source} was calibrated on another {made!r}: {'; '.join(diff)}; {again}")
+
+
+def _same_cpu(made_cpu: Mapping[str, Any] | None, cpu: Mapping[str, Any] | None) -> bool:
+    """Whether a profile's recorded CPU features are this CPU's (True where either is unknown)."""
+    if not made_cpu or not cpu:
+        return True
+    return (made_cpu.get("capability") == cpu.get("capability")
+            and sorted(made_cpu.get("flags") or []) == sorted(cpu.get("flags") or []))
+
+
+def builtin_profiles_for(hardware: str | None, cpu: Mapping[str, Any] | None = None) -> list[str]:
+    """The shipped profiles calibrated on this hardware (and, for a CPU, these kernel features)."""
+    out = []
+    for name in builtin_profiles():
+        try:
+            data = json.loads((PROFILES_DIR / f"{name}.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if hardware and data.get("hardware") == hardware and _same_cpu((data.get("provenance") or {}).get("cpu"), cpu):
+            out.append(name)
+    return out
 
 
 def _dtype_name(name: str) -> str:

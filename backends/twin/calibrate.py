@@ -127,8 +127,15 @@ class CalibrationDesign:
                    max_model_len: int) -> "CalibrationDesign":
         """Drop shapes the engine could not run in one step."""
         fits = lambda q, c: q <= max_num_batched_tokens and q + c + 1 < max_model_len  # noqa: E731
+        sizes = [q for q in self.prefill_sizes if fits(q, 0)]
+        # A full-budget chunk too: every prompt longer than the token budget is cut into them, so
+        # under load they are the commonest prefill step. On Dec 2 the default sizes stopped at
+        # 384 with a 512 budget: six served runs' 512-token chunks (45 of their 72 steps of one
+        # prompt and no context) were priced from other shapes, no one prompt that long measured.
+        if sizes and max_num_batched_tokens > max(sizes) and fits(max_num_batched_tokens, 0):
+            sizes.append(max_num_batched_tokens)
         return CalibrationDesign(
-            [q for q in self.prefill_sizes if fits(q, 0)],
+            sizes,
             [c for c in self.prefill_contexts if c + 2 < max_model_len],
             [(k, q) for k, q in self.multi_prefill
              if k * q <= max_num_batched_tokens and k <= max_num_seqs],

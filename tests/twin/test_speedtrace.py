@@ -333,6 +333,11 @@ def test_a_calibration_design_refuses_an_unknown_sampler() -> None:
     with pytest.raises(InvalidConfigError, match="sampler"):
         CalibrationDesign(sampler="gpu")
     assert CalibrationDesign.quick().for_limits(8, 64, 256).sampler == "weights"
+    # A full-budget chunk is measured too (every long prompt is cut into them), once.
+    assert CalibrationDesign().for_limits(32, 512, 8192).prefill_sizes == [8, 32, 96, 192, 384, 512]
+    assert CalibrationDesign().for_limits(32, 256, 8192).prefill_sizes == [8, 32, 96, 192, 256]
+    assert CalibrationDesign().for_limits(32, 384, 8192).prefill_sizes == [8, 32, 96, 192, 384]
+    assert CalibrationDesign().for_limits(32, 2048, 1024).prefill_sizes == [8, 32, 96, 192, 384]
     # The prefill sampler only when asked for, and kept through for_limits.
     assert not CalibrationDesign().prefill_samples
     assert CalibrationDesign(prefill_samples=True).for_limits(8, 64, 256).prefill_samples
