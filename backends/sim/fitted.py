@@ -440,7 +440,7 @@ def check_profile_hardware(profile: FittedCostModel, hardware: str | None, cpu: 
     made = profile.meta.get("hardware")
     if allow_mismatch or not made or not hardware:
         return
-    here = [f"builtin:{n}" for n in builtin_profiles_for(hardware, cpu)]
+    here = [f"builtin:{n} ({dtype})" for n, dtype in builtin_profiles_for(hardware, cpu)]
     again = ("its step prices are that machine's: calibrate on this one with `twinserve calibrate`"
              + (f" (or use {', '.join(here)}, shipped for it)" if here else "") + ", or pass --allow-profile-mismatch")
     if str(made) != str(hardware):
@@ -470,16 +470,18 @@ def _same_cpu(made_cpu: Mapping[str, Any] | None, cpu: Mapping[str, Any] | None)
             and sorted(made_cpu.get("flags") or []) == sorted(cpu.get("flags") or []))
 
 
-def builtin_profiles_for(hardware: str | None, cpu: Mapping[str, Any] | None = None) -> list[str]:
-    """The shipped profiles calibrated on this hardware (and, for a CPU, these kernel features)."""
+def builtin_profiles_for(hardware: str | None, cpu: Mapping[str, Any] | None = None) -> list[tuple[str, str]]:
+    """(name, dtype) of the shipped profiles calibrated on this hardware (and, for a CPU, these
+    kernel features, where both are recorded)."""
     out = []
     for name in builtin_profiles():
         try:
             data = json.loads((PROFILES_DIR / f"{name}.json").read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        if hardware and data.get("hardware") == hardware and _same_cpu((data.get("provenance") or {}).get("cpu"), cpu):
-            out.append(name)
+        prov = data.get("provenance") or {}
+        if hardware and data.get("hardware") == hardware and _same_cpu(prov.get("cpu"), cpu):
+            out.append((name, str(prov.get("dtype", "?"))))
     return out
 
 

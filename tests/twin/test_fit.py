@@ -587,6 +587,31 @@ def test_a_profile_predicts_only_the_machine_it_was_measured_on() -> None:
         assert "avx512f" in here["flags"] or not here["capability"].startswith("AVX512")
 
 
+def test_a_refused_profile_names_the_shipped_profiles_made_on_this_machine() -> None:
+    """The project's VM moves between hosts (AMD EPYC on Dec 1, an AMX Xeon on Dec 2): a profile
+    refused for another host's hardware names the shipped ones calibrated on this host, by dtype."""
+    from twinserve.backends.sim.fitted import builtin_profiles_for, check_profile_hardware
+
+    amd, xeon = (FittedCostModel.load(f"builtin:{n}") for n in ("smollm2-135m-cpu-1t", "smollm2-135m-cpu-1t-xeon"))
+    xeon_cpu, amd_cpu = xeon.meta["provenance"]["cpu"], amd.meta["provenance"]["cpu"]
+    assert xeon.meta["hardware"] == "cpu: Intel(R) Xeon(R) Processor" and xeon.meta["provenance"]["dtype"] == "float32"
+    found = builtin_profiles_for(xeon.meta["hardware"], xeon_cpu)
+    # The bf16 profile of an earlier Xeon host recorded no CPU features: its name alone matches.
+    assert found == [("smollm2-135m-cpu-1t-bf16", "bfloat16"), ("smollm2-135m-cpu-1t-xeon", "float32")]
+    with pytest.raises(ProfileError, match=r"engine runs on 'cpu: Intel\(R\) Xeon\(R\) Processor'.*\(or use "
+                                           r"builtin:smollm2-135m-cpu-1t-bf16 \(bfloat16\), "
+                                           r"builtin:smollm2-135m-cpu-1t-xeon \(float32\), shipped for it\)"):
+        check_profile_hardware(amd, xeon.meta["hardware"], xeon_cpu)
+    with pytest.raises(ProfileError, match=r"\(or use builtin:smollm2-135m-cpu-1t \(float32\), shipped for it\)"):
+        check_profile_hardware(xeon, amd.meta["hardware"], amd_cpu)
+    # A Xeon without AMX is another machine: only the profile that recorded no features matches.
+    no_amx = {"capability": "AVX512", "flags": ["avx2", "fma", "avx512f"]}
+    assert builtin_profiles_for(xeon.meta["hardware"], no_amx) == [("smollm2-135m-cpu-1t-bf16", "bfloat16")]
+    with pytest.raises(ProfileError) as e:
+        check_profile_hardware(amd, "cpu: ARM Neoverse-V2", None)
+    assert "shipped for it" not in str(e.value)
+
+
 def _graph_rows() -> list[dict[str, float]]:
     """Steps of an engine that replays decode batches of <= 16 from CUDA graphs and runs the rest eagerly."""
     graph = FittedCostModel(2.5e-3, 0.0, 0.0, 0.0, 0.0, 2e-5, 1e-9)     # one replay: flat, GPU-bound
@@ -663,18 +688,22 @@ def test_shipped_h200_profile_is_what_the_fit_makes_of_its_own_step_log() -> Non
     assert shipped.step_time(0, 0, 0, 0.0, 8, 8 * 300) < 0.006 < 0.015 < shipped.step_time(64, 1, 0, 2048.0, 0, 0)
 
 
-def test_shipped_cpu_profile_is_the_merge_of_the_calibrations_it_ships_with() -> None:
-    """The shipped CPU profile is every calibration this host made on Dec 1 fitted as one
-    (calibrate --merge), and merging them again makes it."""
+@pytest.mark.parametrize("name, count, day", [("smollm2-135m-cpu-1t", 7, "2026-12-01"),
+                                             ("smollm2-135m-cpu-1t-xeon", 4, "2026-12-02")])
+def test_shipped_cpu_profile_is_the_merge_of_the_calibrations_it_ships_with(name: str, count: int,
+                                                                             day: str) -> None:
+    """Each shipped fp32 CPU profile is every calibration one host made on one day fitted as one
+    (calibrate --merge: the AMD host's of Dec 1, the Xeon host's with the Dec 2 design), and
+    merging them again makes it."""
     from twinserve.backends.sim.fitted import builtin_calibrations
     from twinserve.backends.twin.calibrate import merge
 
-    shipped = FittedCostModel.load("builtin:smollm2-135m-cpu-1t")
-    sources = builtin_calibrations("smollm2-135m-cpu-1t")
-    assert len(sources) == 7 and SHIPPED_CALIBRATION in sources
+    shipped = FittedCostModel.load(f"builtin:{name}")
+    sources = builtin_calibrations(name)
+    assert len(sources) == count and (SHIPPED_CALIBRATION in sources) == (name == "smollm2-135m-cpu-1t")
     assert all(p.exists() and p.with_suffix(".steps.csv").exists() for p in sources)
     dates = [m["date"] for m in shipped.meta["provenance"]["merged_from"]]
-    assert dates == sorted(dates) and all(d.startswith("2026-12-01") for d in dates)
+    assert dates == sorted(dates) and all(d.startswith(day) for d in dates)
     again = merge(sources)
     assert again.coefficients == pytest.approx(shipped.coefficients, rel=1e-6, abs=1e-12)
     assert again.overhead == pytest.approx(shipped.overhead, rel=1e-6, abs=1e-12)
