@@ -96,7 +96,8 @@ class StepNoise:
 
         The probes before and after a run bracket its speed: half their log-ratio is taken as
         one standard deviation of the speed during it. With a sampled speed trace ((start_s,
-        prefill tokens, tokens) -> slowness) the steps' spread is measured against the prices at the speed it sampled.
+        prefill tokens, tokens) -> slowness) the steps' spread is measured against the prices
+        at the speed it sampled.
         """
         speed_sigma = 0.0
         sp = speed or {}
