@@ -9,10 +9,11 @@ of latency. Sampling it during the run fixes the sampling, not the machine:
   model and its LM head: a decode step's weight traffic through the same kernels and pages
   (about 33 ms for SmolLM2 fp32); `SpeedSampler` (kind "matvec", the first try) times one
   matrix-vector product over a fixed 64 MiB matrix (3 ms);
-- `PrefillSampler` (kind "gemm", since Dec 2) times 128 rows through the projections of the
-  model's first two layers right after each weights sample (about 14 ms): compute-bound, as a
-  prefill chunk is; a step's prefill share (its prefill tokens over its tokens) is priced at
-  its speed and the rest at the weights sampler's (`step_factor`);
+- `PrefillSampler` (kind "gemm", since Dec 2, off unless asked for) times 128 rows through
+  the projections of the model's first two layers right after each weights sample (about
+  14 ms): compute-bound, as a prefill chunk is; a step's prefill share (its prefill tokens
+  over its tokens) is then priced at its speed and the rest at the weights sampler's
+  (`step_factor`). On Dec 2 that priced six served runs worse than the weights samples alone;
 - calibrate and the real replay sample after an engine step whenever `SAMPLE_EVERY_S` have
   passed since the last sample, and only while the engine has work (a sample in an idle gap
   would warm what the profile's wake prices model as gone cold);
@@ -103,15 +104,11 @@ class SpeedSampler:
         return time.perf_counter() - t
 
 
-class WeightsSampler:
-    """One timed pass of a single row through every projection of the engine's own model and
-    its LM head: a decode step's weight traffic, through the same kernels and the same pages,
-    without attention, sampling or the engine's CPU work (about 33 ms for SmolLM2 fp32 on this
-    project's VM; 1.6% of the engine's time at one sample every 2 s)."""
+class _ProjectionSampler:
+    """One timed pass of `rows` rows through the four projections of each of `layers` (the
+    engine's own kernels and weight pages), then through the LM head when `head`."""
 
-    kind = "weights"
-
-    def __init__(self, model: Any, seed: int = 0) -> None:
+    def __init__(self, model: Any, layers: Sequence[Any], rows: int, head: bool, seed: int) -> None:
         import torch
 
         from twinserve.backends.real.models.llama import linear
@@ -120,17 +117,15 @@ class WeightsSampler:
         w = model.embed_tokens.weight
         g = torch.Generator().manual_seed(seed)
 
-        def row(n: int) -> Any:
-            return torch.randn(1, n, generator=g).to(dtype=w.dtype, device=w.device)
+        def block(n: int) -> Any:
+            return torch.randn(rows, n, generator=g).to(dtype=w.dtype, device=w.device)
 
-        # (projection, its one-row input) for every projection, in a decode step's order.
-        self._calls = []
-        for layer in model.layers:
-            for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
-                        layer.mlp.down_proj):
-                self._calls.append((lin, row(lin.in_features)))
-        self._head_in = row(w.shape[1])
-        for _ in range(3):
+        # (projection, its input) for every projection, in a step's order.
+        self._calls = [(lin, block(lin.in_features)) for layer in layers
+                       for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                                   layer.mlp.down_proj)]
+        self._head_in = block(w.shape[1]) if head else None
+        for _ in range(3):  # first touch of the pages, and the kernels' own warm-up
             self.sample()
 
     def sample(self) -> float:
@@ -139,11 +134,24 @@ class WeightsSampler:
             t = time.perf_counter()
             for lin, x in self._calls:
                 self._linear(x, lin)
-            self.model.compute_logits(self._head_in)
+            if self._head_in is not None:
+                self.model.compute_logits(self._head_in)
             return time.perf_counter() - t
 
 
-class PrefillSampler:
+class WeightsSampler(_ProjectionSampler):
+    """One timed pass of a single row through every projection of the engine's own model and
+    its LM head: a decode step's weight traffic, through the same kernels and the same pages,
+    without attention, sampling or the engine's CPU work (about 33 ms for SmolLM2 fp32 on this
+    project's VM; 1.6% of the engine's time at one sample every 2 s)."""
+
+    kind = "weights"
+
+    def __init__(self, model: Any, seed: int = 0) -> None:
+        super().__init__(model, model.layers, 1, True, seed)
+
+
+class PrefillSampler(_ProjectionSampler):
     """One timed pass of PREFILL_ROWS rows through the projections of the engine's first
     PREFILL_LAYERS layers: a slice of a prefill chunk's matrix products, compute-bound where
     the weights sampler is bound by memory (about 14 ms for SmolLM2 fp32 on this project's VM:
@@ -152,37 +160,16 @@ class PrefillSampler:
     Why a second kind: over studies I-O (Dec 1, 42 runs, 544 windows of 20 s;
     experiments/speed_in_runs.py) the weights samples tracked the speed of windows of mostly
     decode steps (correlation 0.84, slope 1.06 for windows of under 20% prefill tokens) far
-    better than of mostly prefill (0.44, slope 0.50 above 80%): when the host's memory is
-    contended a decode slows with it and a prefill much less. So a step's prefill share (its
-    prefill tokens over its tokens) is priced at this sampler's speed, the rest at the
-    weights sampler's (TracedExecutor)."""
+    better than of mostly prefill (0.44, slope 0.50 above 80%). Asked for (`--prefill-samples`),
+    a step's prefill share (its prefill tokens over its tokens) is priced at this sampler's
+    speed, the rest at the weights sampler's (TracedExecutor). On Dec 2 that priced six served
+    runs worse than the weights samples alone (the two moved together on that host, this one
+    further), so it is off by default."""
 
     kind = "gemm"
 
     def __init__(self, model: Any, rows: int = PREFILL_ROWS, layers: int = PREFILL_LAYERS, seed: int = 0) -> None:
-        import torch
-
-        from twinserve.backends.real.models.llama import linear
-
-        self._torch, self._linear = torch, linear
-        w = model.embed_tokens.weight
-        g = torch.Generator().manual_seed(seed)
-        self._calls = []
-        for layer in model.layers[:layers]:
-            for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
-                        layer.mlp.down_proj):
-                self._calls.append((lin, torch.randn(rows, lin.in_features, generator=g).to(dtype=w.dtype,
-                                                                                             device=w.device)))
-        for _ in range(3):
-            self.sample()
-
-    def sample(self) -> float:
-        """Seconds of one pass now."""
-        with self._torch.inference_mode():
-            t = time.perf_counter()
-            for lin, x in self._calls:
-                self._linear(x, lin)
-            return time.perf_counter() - t
+        super().__init__(model, model.layers[:layers], rows, False, seed)
 
 
 def prefill_sampler_for(engine: Any) -> PrefillSampler | None:
