@@ -312,8 +312,8 @@ def test_a_steps_prefill_share_is_priced_at_the_prefill_samplers_speed() -> None
     split = compare(truth.records, simulate(prof, make, sched, both).records)["metrics"]
     alone = compare(truth.records, simulate(prof, make, sched, weights).records)["metrics"]
     # Split by share, each token lands when the truth's does (up to the nanosecond the traces
-    # take to switch); by the weights sampler alone every
-    # prefill after 1 s is priced 1.6/1.1 too slow, and the first tokens come late.
+    # take to switch); by the weights sampler alone every prefill after 1 s is priced 1.6/1.1
+    # too slow, and the first tokens come late.
     for m in ("ttft", "tpot", "e2e"):
         for q in ("p50", "p99"):
             assert split[m][q]["err"] == pytest.approx(0.0, abs=1e-6), (m, q)
