@@ -79,7 +79,9 @@ def at_least(samples: list[list[float]], ref_s: float, k: int, window_s: float =
 def readings(profile: FittedCostModel, speed: dict[str, Any]) -> dict[str, Callable[[float, float], float]]:
     """Ways to read the run's slowness: (seconds into the run, prefill share) -> slowness; {}
     when the run sampled nothing this profile's reference can judge."""
-    fid = sampled_trace(profile, speed)
+    # With the prefill sampler's trace beside it where the run took one; `factor` reads the
+    # weights samples alone, as fidelity does by default.
+    fid = sampled_trace(profile, speed, prefill=True)
     if fid is None:
         return {}
     samples = speed["sampled"]["samples"]
@@ -88,9 +90,8 @@ def readings(profile: FittedCostModel, speed: dict[str, Any]) -> dict[str, Calla
     k = int(WINDOW_S / fid.every_s)
     wide = at_least(samples, ref, k)
     ways = {"samples (fidelity)": lambda t, p: fid.factor(t)}
-    split = sampled_trace(profile, speed, prefill=True)
-    if split is not None and split.prefill is not None:
-        ways[SPLIT] = lambda t, p: split.at(t, p, 1.0)
+    if fid.prefill is not None:
+        ways[SPLIT] = lambda t, p: fid.at(t, p, 1.0)
     return {**ways,
             "none": lambda t, p: 1.0,
             "samples, 60 s windows": lambda t, p: long[60.0].factor(t),

@@ -71,7 +71,7 @@ from ..real.step_log import TIME_COLUMNS, StepLog
 from .hostload import HostLoad
 from .speedtrace import (DEFAULT_SAMPLER, DEFAULT_SMOOTHING, SAMPLE_EVERY_S, SAMPLERS, SMOOTH_S, PrefillSampler,
                          SampleClock, SpeedSampler, SpeedTrace, WeightsSampler, prefill_sampler_for, sampler_for,
-                         step_factor)
+                         share_mix, step_factor)
 
 
 # Design points between two speed probes, where the probes correct the drift.
@@ -569,8 +569,8 @@ def correct_drift_split(rows: list[dict[str, Any]], samples: list[tuple[float, f
     traces = []
     for smp in (samples, prefill_samples):
         tr = SpeedTrace.from_samples(smp, 1.0, window_s=window_s, smoothing=smoothing)
-        ref = float(np.median(tr.factors))
-        traces.append((SpeedTrace.from_samples(smp, ref, window_s=window_s, smoothing=smoothing), ref))
+        ref = float(np.median(tr.factors))  # the trace in seconds; against its median sample:
+        traces.append((replace(tr, factors=[f / ref for f in tr.factors]), ref))
     (weights, ref_w), (prefill, ref_p) = traces
     out = []
     for r in rows:
@@ -851,8 +851,7 @@ MERGE_KEYS = ("engine_model", "device", "dtype", "quantization", "tensor_paralle
 def _share_scale(row: dict[str, Any], k: float, k_prefill: float) -> float:
     """A step's scale with its prefill share (prefill tokens over its tokens) at k_prefill."""
     pt = float(row["num_prefill_tokens"])
-    n = pt + float(row["num_decode_seqs"])
-    return k + (k_prefill - k) * pt / n if pt and n > 0 else k
+    return share_mix(k, k_prefill, pt, pt + float(row["num_decode_seqs"]))
 
 
 def merge(profile_paths: Sequence[str | Path]) -> FittedCostModel:

@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import numpy as np
-
 from twinserve.backends.sim.fitted import (FittedCostModel, check_profile_core_mode, check_profile_hardware,
                                            check_profile_model, check_profile_numerics,
                                            check_profile_parallelism)
@@ -521,11 +519,10 @@ class _Run:
             t0 = float(self.speed["sampled"]["t0"])
             self.trace, self.step_speed = trace, lambda start, pt, n: trace.at(start - t0, pt, n)
             rows = [r for r in self.rows if r.get("start_s") is not None]
-            busy = sum(float(r["step_time_s"]) for r in rows)
-            at = [self.step_speed(float(r["start_s"]), float(r["num_prefill_tokens"]),
-                                  float(r["num_prefill_tokens"]) + float(r["num_decode_seqs"])) for r in rows]
-            mean = (sum(float(r["step_time_s"]) * f for r, f in zip(rows, at)) / busy if busy > 0
-                    else float(np.mean(trace.factors)))
+            mean = trace.mean_factor([float(r["start_s"]) - t0 for r in rows],
+                                     [float(r["step_time_s"]) for r in rows],
+                                     [(float(r["num_prefill_tokens"]),
+                                       float(r["num_prefill_tokens"]) + float(r["num_decode_seqs"])) for r in rows])
             self.speed["sampled"].update(trace.summary(), ref_s=profile.meta["provenance"]["speed_sample_s"],
                                          mean_factor=mean)
             self.sim = simulate(raw_profile, make, sched_cfg, trace)

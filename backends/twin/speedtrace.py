@@ -294,12 +294,15 @@ class SpeedTrace:
         """This trace with the prefill sampler's beside it."""
         return dataclasses.replace(self, prefill=prefill)
 
-    def mean_factor(self, starts: Sequence[float], durations: Sequence[float]) -> float:
-        """The busy-time-weighted mean slowness over steps (start, measured duration)."""
+    def mean_factor(self, starts: Sequence[float], durations: Sequence[float],
+                    splits: Sequence[tuple[float, float]] | None = None) -> float:
+        """The busy-time-weighted mean slowness over steps (start, measured duration; with
+        splits, each step's (prefill tokens, tokens) for `at`)."""
         total = sum(durations)
         if total <= 0:
             return float(np.mean(self.factors))
-        return sum(d * self.factor(s) for s, d in zip(starts, durations)) / total
+        splits = splits if splits is not None else [(0.0, 0.0)] * len(starts)
+        return sum(d * self.at(s, *sp) for s, d, sp in zip(starts, durations, splits)) / total
 
     def summary(self) -> dict[str, Any]:
         out = {"num_samples": self.num_samples, "every_s": self.every_s, "window_s": self.window_s,
@@ -317,9 +320,17 @@ def step_factor(trace: SpeedTrace, prefill_trace: SpeedTrace | None, t: float, n
     tokens over all its tokens, as FittedCostModel.prefill_scale splits a step) at the prefill
     trace's when there is one."""
     f = trace.factor(t)
-    if prefill_trace is None or not num_prefill_tokens or num_tokens <= 0:
+    if prefill_trace is None:
         return f
-    return f + (prefill_trace.factor(t) - f) * num_prefill_tokens / num_tokens
+    return share_mix(f, prefill_trace.factor(t), num_prefill_tokens, num_tokens)
+
+
+def share_mix(rest: float, prefill: float, num_prefill_tokens: float, num_tokens: float) -> float:
+    """A step's value with its prefill share (prefill tokens over its tokens) at `prefill` and
+    the rest at `rest`; `rest` for a step without prefill tokens."""
+    if not num_prefill_tokens or num_tokens <= 0:
+        return rest
+    return rest + (prefill - rest) * num_prefill_tokens / num_tokens
 
 
 class TracedExecutor(SimExecutor):
@@ -371,4 +382,5 @@ def run_simulation(cost_model: Any, sched_cfg: Any, workload: Any, trace: SpeedT
 
 __all__ = ["DEFAULT_SAMPLER", "DEFAULT_SMOOTHING", "PREFILL_LAYERS", "PREFILL_ROWS", "PrefillSampler", "SAMPLERS",
            "SAMPLE_EVERY_S", "SMOOTHINGS", "SMOOTH_S", "SampleClock", "SpeedSampler", "SpeedTrace", "TracedExecutor",
-           "WeightsSampler", "prefill_sampler_for", "run_simulation", "sampler_for", "sampler_kind", "step_factor"]
+           "WeightsSampler", "prefill_sampler_for", "run_simulation", "sampler_for", "sampler_kind", "share_mix",
+           "step_factor"]
