@@ -38,8 +38,11 @@ class EngineArgs:
     policy: str = "fcfs"
     preemption: str = "auto"
     max_logprobs: int = 20
-    # CPU only: a transposed copy of the weights that makes batch-1 decode faster (more memory).
+    # CPU fp32 only: a transposed copy of the weights that makes small batches faster (more memory).
     small_batch_weights: bool = True
+    # Products of at most this many rows use that copy; None: by the CPU (llama.SMALL_BATCH_ROWS:
+    # 64 on AVX-512, 4 elsewhere). A profile records it: steps change price where it changes.
+    small_batch_rows: int | None = None
     # CPU bf16 only: weights prepacked once in oneDNN's layout (faster at every batch size; one more
     # copy of the bf16 weights).
     prepack_weights: bool = True
@@ -85,6 +88,8 @@ class EngineArgs:
         _check_int("block_size", self.block_size, 1, _INT32_MAX)
         _check_int("long_prefill_token_threshold", self.long_prefill_token_threshold, 0, _INT32_MAX)
         _check_int("max_logprobs", self.max_logprobs, 0, _INT32_MAX)
+        if self.small_batch_rows is not None:
+            _check_int("small_batch_rows", self.small_batch_rows, 1, _INT32_MAX)
         for name in ("enable_prefix_caching", "enable_chunked_prefill", "small_batch_weights", "prepack_weights"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidConfigError(name, getattr(self, name), "true or false")
@@ -151,6 +156,18 @@ class EngineArgs:
         if self.dtype not in _DTYPES:
             raise InvalidConfigError("dtype", self.dtype, f"'auto' or one of {sorted(_DTYPES)}")
         return _DTYPES[self.dtype]
+
+    def resolve_small_batch_rows(self, device: torch.device | None = None) -> int:
+        """Rows up to which products take the transposed weight copies: 0 where there are none
+        (only CPU fp32 keeps them), else small_batch_rows or the CPU's default."""
+        device = self.resolve_device() if device is None else device
+        if device.type != "cpu" or not self.small_batch_weights or self.resolve_dtype(device) != torch.float32:
+            return 0
+        if self.small_batch_rows is not None:
+            return self.small_batch_rows
+        from .models.llama import default_small_batch_rows
+
+        return default_small_batch_rows()
 
 
 _INT32_MAX = 2 ** 31 - 1

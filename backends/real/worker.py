@@ -54,8 +54,9 @@ class Worker:
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         # Only fp32 gains from the transposed copies; in bf16 (AMX/AVX512-BF16 kernels)
         # F.linear was as fast or faster at every batch size measured (1-256 rows).
-        if self.device.type == "cpu" and args.small_batch_weights and self.dtype == torch.float32:
-            self.model.add_small_batch_weights()
+        small_rows = args.resolve_small_batch_rows(self.device)
+        if small_rows:
+            self.model.add_small_batch_weights(small_rows)
         if self.device.type == "cpu" and args.prepack_weights and self.dtype == torch.bfloat16 \
                 and packed_bf16_supported():
             self.model.add_packed_bf16_weights()

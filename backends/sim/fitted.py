@@ -491,6 +491,39 @@ def _dtype_name(name: str) -> str:
             "half": "float16"}.get(name, name)
 
 
+def recorded_small_batch_rows(engine_record: Mapping[str, Any], copies: bool = True) -> int:
+    """The rows up to which an engine record (a profile's provenance "engine", a fidelity run's
+    "engine") says the CPU fp32 products took the transposed weight copies: records made before
+    the field existed ran them up to 4 rows wherever they had them (small_batch_weights, else
+    `copies`)."""
+    if "small_batch_rows" in engine_record:
+        return int(engine_record["small_batch_rows"] or 0)
+    return 4 if engine_record.get("small_batch_weights", copies) else 0
+
+
+def check_profile_code_path(profile: FittedCostModel, small_batch_rows: int, allow_mismatch: bool = False,
+                            source: str = "profile") -> None:
+    """Refuse a CPU fp32 profile whose engine took the transposed weight copies up to another
+    number of rows than this engine does (EngineArgs.small_batch_rows).
+
+    The copies run another MKL kernel, faster or slower by the rows and the CPU (on an AVX-512
+    Xeon a 5-row decode step cost 1.35x a 4-row one with the copies up to 4 rows), so the
+    steps between the two counts cost what the profile never measured. A profile without an
+    engine record (fitted from a step log) is not checked.
+    """
+    prov = profile.meta.get("provenance") or {}
+    eng = prov.get("engine")
+    if allow_mismatch or not isinstance(eng, Mapping) or str(prov.get("device", "")).split(":")[0] != "cpu" \
+            or _dtype_name(str(prov.get("dtype", ""))) != "float32":
+        return
+    made = recorded_small_batch_rows(eng)
+    if made != small_batch_rows:
+        raise ProfileError(f"{source} was calibrated with small_batch_rows={made} but the engine runs "
+                           f"small_batch_rows={small_batch_rows} (its products of {min(made, small_batch_rows) + 1}"
+                           f"-{max(made, small_batch_rows)} rows run another kernel); calibrate this engine with "
+                           "`twinserve calibrate`, or pass --allow-profile-mismatch")
+
+
 def check_profile_core_mode(profile: FittedCostModel, engine_core_mode: str, allow_mismatch: bool = False,
                             source: str = "profile") -> None:
     """Refuse a profile calibrated with the engine core in another layout (in process / own process).

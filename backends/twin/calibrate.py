@@ -63,7 +63,8 @@ import numpy as np
 
 from twinserve.backends.sim.catalog import MODELS
 from twinserve.backends.sim.fit import fit_step_profile, select_regimes
-from twinserve.backends.sim.fitted import FEATURE_COLUMNS, FittedCostModel, ProfileError, resolve_profile
+from twinserve.backends.sim.fitted import (FEATURE_COLUMNS, FittedCostModel, ProfileError, recorded_small_batch_rows,
+                                           resolve_profile)
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.sampling_params import SamplingParams
 
@@ -687,19 +688,22 @@ def _git_commit() -> str | None:
 def regime_bounds(engine: Any) -> list[int]:
     """Token counts where the engine switches code path (CPU fp32: small-batch weights, padding)."""
     device = engine.args.resolve_device()
-    return _code_path_bounds(device.type, str(engine.args.resolve_dtype(device)), engine.args.small_batch_weights,
-                             _pad_rows())
+    return _code_path_bounds(device.type, str(engine.args.resolve_dtype(device)),
+                             engine.args.resolve_small_batch_rows(device), _pad_rows())
 
 
-def _code_path_bounds(device_type: str, dtype: str, small_batch_weights: bool, pad_rows: int = 0) -> list[int]:
-    from ..real.models.llama import PAD_MIN_ROWS, SMALL_BATCH_ROWS
+def _code_path_bounds(device_type: str, dtype: str, small_rows: int, pad_rows: int = 0) -> list[int]:
+    """small_rows: products of at most this many rows take the transposed weight copies (0: none)."""
+    from ..real.models.llama import PAD_MIN_ROWS
 
     if device_type != "cpu" or dtype.replace("torch.", "") != "float32":
         return []
-    bounds = [SMALL_BATCH_ROWS] if small_batch_weights else []
-    if pad_rows:  # products of PAD_MIN_ROWS..pad_rows-1 rows cost what pad_rows rows cost
-        bounds += [PAD_MIN_ROWS - 1, pad_rows - 1]
-    return bounds
+    bounds = [small_rows] if small_rows else []
+    # Products of PAD_MIN_ROWS..pad_rows-1 rows that F.linear runs cost what pad_rows rows cost.
+    lo = max(PAD_MIN_ROWS, small_rows + 1)
+    if pad_rows and lo < pad_rows:
+        bounds += [lo - 1, pad_rows - 1]
+    return sorted(set(bounds))
 
 
 def _pad_rows() -> int:
@@ -783,7 +787,7 @@ def prepare(profile_path: str | Path, steps_path: str | Path | None = None) -> P
             note["cuda_graph_max_batch_inferred"] = graph_max
     batches = (prov.get("design") or {}).get("decode_batches") or []
     # Profiles made before row padding existed record no pad_rows: their engine padded nothing.
-    base = _code_path_bounds(device_type, str(prov.get("dtype", "")), bool(eng.get("small_batch_weights", False)),
+    base = _code_path_bounds(device_type, str(prov.get("dtype", "")), recorded_small_batch_rows(eng, copies=False),
                              int(eng.get("pad_rows") or 0))
     fit = fitter(base, [b for b in batches if 4 < b < max(batches)], graph_max)
 
@@ -1048,7 +1052,8 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             "idle_steps": [list(m) for m in cal.idle_steps],
             "engine": {"block_size": a.block_size, "max_num_seqs": sc.max_num_seqs,
                        "max_num_batched_tokens": sc.max_num_batched_tokens,
-                       "small_batch_weights": a.small_batch_weights, "prepack_weights": a.prepack_weights,
+                       "small_batch_weights": a.small_batch_weights,
+                       "small_batch_rows": a.resolve_small_batch_rows(), "prepack_weights": a.prepack_weights,
                        "attention_backend": a.attention_backend, "enforce_eager": a.enforce_eager,
                        "cuda_graph_max_batch": graph_max, "pad_rows": _pad_rows()},
             "design": asdict(design),

@@ -90,6 +90,7 @@ ENGINE_VALID = {
     "policy": st.sampled_from(["fcfs", "priority", "sjf", "lifo"]), "preemption": st.sampled_from(["auto", "last", "x"]),
     "max_logprobs": st.integers(0, 20), "device": st.sampled_from(["auto", "cpu", "tpu", "cpu:0"]),
     "attention_backend": st.sampled_from(["auto", "torch", "nope"]),
+    "small_batch_rows": st.one_of(st.none(), st.integers(1, 128)),
 }
 
 

@@ -655,11 +655,41 @@ def test_cpu_fp32_code_paths_are_regime_bounds() -> None:
     from twinserve.backends.twin.calibrate import _code_path_bounds
 
     # Small-batch weights up to 4 rows; 9-15 rows padded to 16 (so 9..15 cost alike).
-    assert _code_path_bounds("cpu", "torch.float32", True, 16) == [4, 8, 15]
-    assert _code_path_bounds("cpu", "float32", False, 16) == [8, 15]
+    assert _code_path_bounds("cpu", "torch.float32", 4, 16) == [4, 8, 15]
+    assert _code_path_bounds("cpu", "float32", 0, 16) == [8, 15]
     # A profile made before padding existed records no pad_rows: its engine padded nothing.
-    assert _code_path_bounds("cpu", "float32", True) == [4]
-    assert _code_path_bounds("cpu", "bfloat16", True, 16) == [] == _code_path_bounds("cuda", "float32", True, 16)
+    assert _code_path_bounds("cpu", "float32", 4) == [4]
+    # Copies up to 12 rows: only 13-15 are padded; up to 64 (AVX-512): F.linear never sees 9-15.
+    assert _code_path_bounds("cpu", "float32", 12, 16) == [12, 15]
+    assert _code_path_bounds("cpu", "float32", 64, 16) == [64]
+    assert _code_path_bounds("cpu", "bfloat16", 4, 16) == [] == _code_path_bounds("cuda", "float32", 4, 16)
+
+
+def test_a_profile_from_other_small_batch_rows_is_refused_naming_both() -> None:
+    from twinserve.backends.sim.fitted import check_profile_code_path, recorded_small_batch_rows
+
+    def made(engine: dict | None, dtype: str = "float32", device: str = "cpu") -> FittedCostModel:
+        prov = {"device": device, "dtype": dtype} | ({"engine": engine} if engine is not None else {})
+        return FittedCostModel(intercept_s=0.01, meta={"provenance": prov})
+
+    new = made({"small_batch_weights": True, "small_batch_rows": 64})
+    check_profile_code_path(new, 64)
+    with pytest.raises(ProfileError, match=r"small_batch_rows=64 but the engine runs small_batch_rows=4 "
+                                           r"\(its products of 5-64 rows"):
+        check_profile_code_path(new, 4, source="profile x")
+    check_profile_code_path(new, 4, allow_mismatch=True)
+    # Made before the field: the copies ran up to 4 rows where the engine kept them.
+    old = made({"small_batch_weights": True, "pad_rows": 16})
+    assert recorded_small_batch_rows(old.meta["provenance"]["engine"]) == 4
+    check_profile_code_path(old, 4)
+    with pytest.raises(ProfileError, match="small_batch_rows=4 but the engine runs small_batch_rows=64"):
+        check_profile_code_path(old, 64)
+    assert recorded_small_batch_rows({"small_batch_weights": False}) == 0
+    assert recorded_small_batch_rows({}) == 4 and recorded_small_batch_rows({}, copies=False) == 0
+    # bf16 and GPU engines keep no copies, and a profile fitted from a log records no engine.
+    check_profile_code_path(made({"small_batch_weights": True}, dtype="bfloat16"), 64)
+    check_profile_code_path(made({"small_batch_weights": True}, device="cuda:0"), 64)
+    check_profile_code_path(made(None), 64)
 
 
 def test_graph_regime_follows_the_engine_settings() -> None:

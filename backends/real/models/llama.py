@@ -14,8 +14,15 @@ from .config import LlamaConfig
 from .rope import RotaryEmbedding
 
 
-# At most this many rows use the transposed weight copies (see LlamaForCausalLM.add_small_batch_weights).
+# At most this many rows use the transposed weight copies (see LlamaForCausalLM.add_small_batch_weights),
+# by the CPU's vector ISA (torch.backends.cpu.get_cpu_capability()); SMALL_BATCH_ROWS elsewhere.
+# x @ W_t against F.linear, SmolLM2's four projections of one layer, fp32, 1 thread:
+# - AMD EPYC (AVX2), Nov: W_t 1.6x faster at 1 row, slower at 8-32 rows;
+# - Intel Xeon (AVX-512, AMX), Dec 2: W_t 0.92x the time at 1 row, 1.10x at 2, 0.52-0.72x at 4-32,
+#   0.86x at 64, 0.97-1.08x at 128-512 (and 0.56-0.98x for the LM head up to 64 rows); padding to
+#   16 rows (below) helped neither product there. Whole decode steps: experiments/bench_small_batch_rows.py.
 SMALL_BATCH_ROWS = 4
+SMALL_BATCH_ROWS_BY_CAPABILITY = {"AVX512": 64}
 # At most this many rows use the int8 weight copies (see LlamaForCausalLM.add_int8_weights).
 INT8_ROWS = 1
 # Weights per int4 group (add_int4_weights): Q4_1's block, so a GGUF Q4_1 model keeps its own grid.
@@ -27,6 +34,11 @@ INT4_GROUP = 32
 # 1.11x faster at 9 sequences, 1.19-1.43x at 10-15, 1.00-1.05x at 7-8, slower below. 0 turns it off.
 PAD_ROWS = 16
 PAD_MIN_ROWS = 9
+
+
+def default_small_batch_rows() -> int:
+    """The row count up to which this CPU's fp32 products take the transposed weight copies."""
+    return SMALL_BATCH_ROWS_BY_CAPABILITY.get(torch.backends.cpu.get_cpu_capability(), SMALL_BATCH_ROWS)
 
 
 def _padded(x: torch.Tensor) -> int:
@@ -64,7 +76,7 @@ def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     if packed is not None:
         return torch.ops.mkldnn._linear_pointwise(x, packed, layer.bias, "none", [], "")
     wt = getattr(layer, "weight_t", None)
-    if wt is not None and x.shape[0] <= SMALL_BATCH_ROWS:
+    if wt is not None and x.shape[0] <= d["small_rows"]:
         out = x @ wt
         return out if layer.bias is None else out + layer.bias
     return _dense(x, layer.weight, layer.bias)
@@ -175,6 +187,7 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rope = rope
+        self.small_batch_rows = 0  # products up to this many rows take the copies: add_small_batch_weights
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
@@ -195,7 +208,7 @@ class LlamaForCausalLM(nn.Module):
             logits = torch.ops.aten._weight_int8pack_mm(hidden, head_int8, self.head_scale).float()
         elif head_packed is not None:
             logits = torch.ops.mkldnn._linear_pointwise(hidden, head_packed, None, "none", [], "").float()
-        elif head_t is not None and hidden.shape[0] <= SMALL_BATCH_ROWS:
+        elif head_t is not None and hidden.shape[0] <= self.small_batch_rows:
             logits = (hidden @ head_t).float()
         else:
             weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -276,13 +289,15 @@ class LlamaForCausalLM(nn.Module):
         self.head_int8 = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
         self.head_scale = scale.to(torch.bfloat16)
 
-    def add_small_batch_weights(self) -> None:
-        """Keep an [in, out] copy of every projection for batches of <= SMALL_BATCH_ROWS rows.
+    def add_small_batch_weights(self, rows: int | None = None) -> None:
+        """Keep an [in, out] copy of every projection for products of at most `rows` rows
+        (None: default_small_batch_rows(), by the CPU).
 
-        On CPU (MKL, one thread) x @ W_t with W_t contiguous ran a 1-row product 1.6x faster
-        than F.linear (measured: 30 layers' gate_up, 12.5 vs 20 ms) but slower at 8-32 rows,
-        so batch-1 decode uses the copies and bigger batches the originals. Costs one more
-        copy of the weights.
+        x @ W_t with W_t contiguous runs another MKL kernel than F.linear, faster or slower by
+        the number of rows and the CPU (SMALL_BATCH_ROWS above): on an AVX2 EPYC the copies
+        made batch-1 decode 1.6x faster (30 layers' gate_up, 12.5 vs 20 ms) and were slower
+        at 8-32 rows, on an AVX-512 Xeon they won from 4 to 64 rows. Costs one more copy of
+        the weights.
         """
         for layer in self.layers:
             for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
@@ -290,3 +305,13 @@ class LlamaForCausalLM(nn.Module):
                 lin.register_buffer("weight_t", lin.weight.detach().t().contiguous(), persistent=False)
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         self.register_buffer("head_t", weight.detach().t().contiguous(), persistent=False)
+        self.set_small_batch_rows(default_small_batch_rows() if rows is None else rows)
+
+    def set_small_batch_rows(self, rows: int) -> None:
+        """Products of at most `rows` rows take the transposed copies (add_small_batch_weights)."""
+        # Plain attributes, read from __dict__ in linear() on every product.
+        self.small_batch_rows = int(rows)
+        for layer in self.layers:
+            for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                        layer.mlp.down_proj):
+                lin.small_rows = int(rows)
