@@ -19,8 +19,9 @@ from .rope import RotaryEmbedding
 # x @ W_t against F.linear, SmolLM2's four projections of one layer, fp32, 1 thread:
 # - AMD EPYC (AVX2), Nov: W_t 1.6x faster at 1 row, slower at 8-32 rows;
 # - Intel Xeon (AVX-512, AMX), Dec 2: W_t 0.92x the time at 1 row, 1.10x at 2, 0.52-0.72x at 4-32,
-#   0.86x at 64, 0.97-1.08x at 128-512 (and 0.56-0.98x for the LM head up to 64 rows); padding to
-#   16 rows (below) helped neither product there. Whole decode steps: experiments/bench_small_batch_rows.py.
+#   0.86x at 64, 0.97-1.08x at 128-512 (and 0.56-1.00x for the LM head up to 64 rows); F.linear
+#   padded to 16 rows (below) took 1.6-1.8x the copies' time at 10-14 rows there. Whole decode
+#   steps: experiments/bench_small_batch_rows.py.
 SMALL_BATCH_ROWS = 4
 SMALL_BATCH_ROWS_BY_CAPABILITY = {"AVX512": 64}
 # At most this many rows use the int8 weight copies (see LlamaForCausalLM.add_int8_weights).
@@ -59,7 +60,7 @@ def _dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """layer(x), through the int8 copy for one row, a prepacked weight, or the [in, out] copy for tiny
+    """layer(x), through the int8 copy for one row, a prepacked weight, or the [in, out] copy for small
     batches, when one exists."""
     # A plain attribute (add_packed_bf16_weights): read from __dict__, since a getattr miss on a
     # Module goes through Module.__getattr__ and an AttributeError, ~1 us per call, 121 per step.
