@@ -23,6 +23,20 @@ from twinserve.backends.real.step_log import StepLog
 from twinserve.core.sampling_params import SamplingParams
 
 
+def decode_median(engine: LLMEngine, log: StepLog, rng: random.Random, batch: int, prompt: int) -> float:
+    """Decode `batch` random prompts of `prompt` tokens together (8 tokens each): the median
+    forward time of the steps that decode the whole batch (log: the engine's kept step log)."""
+    for _ in range(batch):
+        ids = [rng.randint(2, engine.vocab_size - 1) for _ in range(prompt)]
+        engine.add_request(f"r{rng.random()}", {"prompt_token_ids": ids},
+                           SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0))
+    first = len(log.records)
+    while engine.has_unfinished_requests():
+        engine.step()
+    return statistics.median(r.forward_s for r in log.records[first:]
+                             if r.num_prefill_tokens == 0 and r.num_decode_seqs == batch)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="smollm2")
@@ -31,8 +45,10 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=100, help="prompt tokens per sequence")
     a = p.parse_args()
     torch.set_num_threads(1)
+    # The transposed copies up to SMALL_BATCH_ROWS (4) rows, as on the CPUs the padding was
+    # measured on: with the copies up to 64 rows (AVX-512) no product of 9-15 rows is padded.
     engine = LLMEngine(EngineArgs(model=a.model, dtype="float32", max_num_seqs=64,
-                                  max_num_batched_tokens=4096))
+                                  max_num_batched_tokens=4096, small_batch_rows=llama.SMALL_BATCH_ROWS))
     rng = random.Random(0)
     log = StepLog(keep=True)
     engine.set_step_log(log)
@@ -40,15 +56,7 @@ def main() -> None:
 
     def decode_forward(batch: int, rows: int) -> float:
         llama.PAD_ROWS = rows
-        for _ in range(batch):
-            ids = [rng.randint(2, engine.vocab_size - 1) for _ in range(a.prompt)]
-            engine.add_request(f"r{rng.random()}", {"prompt_token_ids": ids},
-                               SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0))
-        first = len(log.records)
-        while engine.has_unfinished_requests():
-            engine.step()
-        return statistics.median(r.forward_s for r in log.records[first:]
-                                 if r.num_prefill_tokens == 0 and r.num_decode_seqs == batch)
+        return decode_median(engine, log, rng, batch, a.prompt)
 
     decode_forward(4, pad)  # warm-up
     print(f"threads={torch.get_num_threads()} model={a.model} fp32, PAD_ROWS={pad} from "

@@ -18,11 +18,12 @@ import statistics
 
 import torch
 
+from bench_pad_rows import decode_median  # this folder: a script's own is on sys.path
+
 import twinserve.backends.real.models.llama as llama
 from twinserve.backends.real.config import EngineArgs
 from twinserve.backends.real.engine import LLMEngine
 from twinserve.backends.real.step_log import StepLog
-from twinserve.core.sampling_params import SamplingParams
 
 
 def main() -> None:
@@ -45,15 +46,7 @@ def main() -> None:
 
     def decode_forward(batch: int, limit: int) -> float:
         model.set_small_batch_rows(limit)
-        for _ in range(batch):
-            ids = [rng.randint(2, engine.vocab_size - 1) for _ in range(a.prompt)]
-            engine.add_request(f"r{rng.random()}", {"prompt_token_ids": ids},
-                               SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0))
-        first = len(log.records)
-        while engine.has_unfinished_requests():
-            engine.step()
-        return statistics.median(r.forward_s for r in log.records[first:]
-                                 if r.num_prefill_tokens == 0 and r.num_decode_seqs == batch)
+        return decode_median(engine, log, rng, batch, a.prompt)
 
     decode_forward(4, rows)  # warm-up
     print(f"threads={torch.get_num_threads()} model={a.model} fp32, cpu {torch.backends.cpu.get_cpu_capability()}: "
