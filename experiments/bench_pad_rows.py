@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -35,6 +36,18 @@ def decode_median(engine: LLMEngine, log: StepLog, rng: random.Random, batch: in
         engine.step()
     return statistics.median(r.forward_s for r in log.records[first:]
                              if r.num_prefill_tokens == 0 and r.num_decode_seqs == batch)
+
+
+def alternating(measure: Callable[[int, int], float], batches: Sequence[int], rounds: int, first: int,
+                second: int) -> Iterator[tuple[int, float, float]]:
+    """(batch, median of measure(batch, first), median of measure(batch, second)) per batch, the
+    two settings alternating round by round."""
+    for b in batches:
+        one, two = [], []
+        for _ in range(rounds):
+            one.append(measure(b, first))
+            two.append(measure(b, second))
+        yield b, statistics.median(one), statistics.median(two)
 
 
 def main() -> None:
@@ -61,12 +74,7 @@ def main() -> None:
     decode_forward(4, pad)  # warm-up
     print(f"threads={torch.get_num_threads()} model={a.model} fp32, PAD_ROWS={pad} from "
           f"{llama.PAD_MIN_ROWS} rows")
-    for b in a.batches:
-        on, off = [], []
-        for _ in range(a.rounds):
-            on.append(decode_forward(b, pad))
-            off.append(decode_forward(b, 0))
-        t_on, t_off = statistics.median(on), statistics.median(off)
+    for b, t_on, t_off in alternating(decode_forward, a.batches, a.rounds, pad, 0):
         print(f"batch {b:3d}: decode forward {t_on * 1e3:7.1f} ms with the padding rule, "
               f"{t_off * 1e3:7.1f} ms without: {t_off / t_on:.2f}x", flush=True)
     llama.PAD_ROWS = pad

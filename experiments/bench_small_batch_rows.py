@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 
 import torch
 
-from bench_pad_rows import decode_median  # this folder: a script's own is on sys.path
+from bench_pad_rows import alternating, decode_median  # this folder: a script's own is on sys.path
 
 import twinserve.backends.real.models.llama as llama
 from twinserve.backends.real.config import EngineArgs
@@ -51,12 +50,7 @@ def main() -> None:
     decode_forward(4, rows)  # warm-up
     print(f"threads={torch.get_num_threads()} model={a.model} fp32, cpu {torch.backends.cpu.get_cpu_capability()}: "
           f"copies up to {a.baseline} rows (baseline) against up to {rows}")
-    for b in a.batches:
-        base, other = [], []
-        for _ in range(a.rounds):
-            base.append(decode_forward(b, a.baseline))
-            other.append(decode_forward(b, rows))
-        t_base, t_other = statistics.median(base), statistics.median(other)
+    for b, t_base, t_other in alternating(decode_forward, a.batches, a.rounds, a.baseline, rows):
         print(f"batch {b:3d}: decode forward {t_base * 1e3:7.1f} ms up to {a.baseline}, "
               f"{t_other * 1e3:7.1f} ms up to {rows}: {t_base / t_other:.2f}x", flush=True)
     engine.shutdown()
