@@ -507,7 +507,7 @@ def check_profile_code_path(profile: FittedCostModel, small_batch_rows: int, all
     number of rows than this engine does (EngineArgs.small_batch_rows).
 
     The copies run another MKL kernel, faster or slower by the rows and the CPU (on an AVX-512
-    Xeon a 5-row decode step cost 1.35x a 4-row one with the copies up to 4 rows), so the
+    Xeon a 5-sequence decode step cost 1.3x a 4-sequence one with the copies up to 4 rows), so the
     steps between the two counts cost what the profile never measured. A profile without an
     engine record (fitted from a step log) is not checked.
     """

@@ -375,6 +375,36 @@ def test_fidelity_refuses_bad_inputs_before_running(tiny_model: Path, tmp_path: 
         assert f"config {flag[2:].replace('-', '_')}=" in capsys.readouterr().err and not prof.exists()
 
 
+def test_fidelity_refuses_a_profile_made_with_other_small_batch_rows(tiny_model: Path, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """An fp32 CPU engine whose products take the transposed copies up to 8 rows refuses a profile
+    whose engine took them up to 4 (its 5-8-row steps ran another kernel), naming both."""
+    from twinserve.backends.sim.fitted import FittedCostModel
+    from twinserve.cli import main
+
+    prov = {"device": "cpu", "dtype": "float32", "engine": {"small_batch_weights": True, "small_batch_rows": 4}}
+    prof = tmp_path / "rows4.json"
+    FittedCostModel(intercept_s=0.002, meta={"provenance": prov}).save(prof)
+    common = ["--model", str(tiny_model), "--dtype", "float32", "--max-model-len", "64",
+              "--trace", str(_trace(tmp_path / "t.csv")), "--profile", str(prof)]
+    assert main(["fidelity", *common, "--small-batch-rows", "8", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "small_batch_rows=4 but the engine runs small_batch_rows=8" in err and "5-8 rows" in err
+    assert not (tmp_path / "o").exists()
+    # The engine with the profile's limit runs it, and records its own limit with the run.
+    assert main(["fidelity", *common, "--small-batch-rows", "4", "--no-normalize-speed",
+                 "--out", str(tmp_path / "ok")]) == 0
+    assert json.loads((tmp_path / "ok" / "fidelity.json").read_text())["engine"]["small_batch_rows"] == 4
+    # Judged again later (--from-run), the run's recorded limit is checked the same way.
+    prov["engine"]["small_batch_rows"] = 8
+    rows8 = tmp_path / "rows8.json"
+    FittedCostModel(intercept_s=0.002, meta={"provenance": prov}).save(rows8)
+    capsys.readouterr()
+    assert main(["fidelity", "--from-run", str(tmp_path / "ok"), "--profile", str(rows8),
+                 "--out", str(tmp_path / "again")]) == 2
+    assert "small_batch_rows=8 but the engine runs small_batch_rows=4" in capsys.readouterr().err
+
+
 def test_interrupt_aborts_the_engine_and_writes_what_was_measured(make_engine, tmp_path: Path) -> None:
     from twinserve.backends.sim.fitted import FittedCostModel
 
