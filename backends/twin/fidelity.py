@@ -334,8 +334,8 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
                            quantization=engine.args.quantization)
     check_profile_core_mode(profile, engine.core_mode, opts.allow_profile_mismatch,
                             source=f"profile {opts.profile}")
-    check_profile_code_path(profile, engine.args.resolve_small_batch_rows(device), opts.allow_profile_mismatch,
-                            source=f"profile {opts.profile}")
+    small_rows = engine.args.resolve_small_batch_rows(device)
+    check_profile_code_path(profile, small_rows, opts.allow_profile_mismatch, source=f"profile {opts.profile}")
     hardware, cpu = device_name(device), (cpu_features() if device.type == "cpu" else None)
     check_profile_hardware(profile, hardware, cpu, opts.allow_profile_mismatch, source=f"profile {opts.profile}")
     make = workload_factory(opts, engine.max_model_len, engine.vocab_size)
@@ -429,7 +429,7 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
                         "max_model_len": engine.max_model_len, "vocab_size": engine.vocab_size,
                         "device": device.type, "dtype": str(engine.args.resolve_dtype(device)),
                         "hardware": hardware, "cpu": cpu,
-                        "small_batch_rows": engine.args.resolve_small_batch_rows(device),
+                        "small_batch_rows": small_rows,
                         "max_num_seqs": sched_cfg.max_num_seqs,
                         "max_num_batched_tokens": sched_cfg.max_num_batched_tokens,
                         "enable_prefix_caching": sched_cfg.enable_prefix_caching,
@@ -680,9 +680,9 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
                                source=f"profile {profile_path}")
     check_profile_core_mode(profile, eng.get("engine_core_mode", "inproc"), allow_profile_mismatch,
                             source=f"profile {profile_path}")
-    if eng.get("device") == "cpu" and "float32" in str(eng.get("dtype", "")):
-        check_profile_code_path(profile, recorded_small_batch_rows(eng), allow_profile_mismatch,
-                                source=f"profile {profile_path}")
+    # A run on another device or dtype than a CPU fp32 profile's was refused just above.
+    check_profile_code_path(profile, recorded_small_batch_rows(eng), allow_profile_mismatch,
+                            source=f"profile {profile_path}")
     check_profile_hardware(profile, eng.get("hardware"), eng.get("cpu"), allow_profile_mismatch,
                            source=f"profile {profile_path}")
     names = {f.name for f in dataclasses.fields(FidelityOptions)} - {"profile"}

@@ -111,7 +111,7 @@ class _ProjectionSampler:
     def __init__(self, model: Any, layers: Sequence[Any], rows: int, head: bool, seed: int) -> None:
         import torch
 
-        from twinserve.backends.real.models.llama import linear
+        from twinserve.backends.real.models.llama import layer_projections, linear
 
         self._torch, self._linear, self.model = torch, linear, model
         w = model.embed_tokens.weight
@@ -121,9 +121,7 @@ class _ProjectionSampler:
             return torch.randn(rows, n, generator=g).to(dtype=w.dtype, device=w.device)
 
         # (projection, its input) for every projection, in a step's order.
-        self._calls = [(lin, block(lin.in_features)) for layer in layers
-                       for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
-                                   layer.mlp.down_proj)]
+        self._calls = [(lin, block(lin.in_features)) for layer in layers for lin in layer_projections(layer)]
         self._head_in = block(w.shape[1]) if head else None
         for _ in range(3):  # first touch of the pages, and the kernels' own warm-up
             self.sample()

@@ -5,6 +5,8 @@ Fused QKV and gate/up projections keep the number of matmuls per layer at four.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
@@ -40,6 +42,11 @@ PAD_MIN_ROWS = 9
 def default_small_batch_rows() -> int:
     """The row count up to which this CPU's fp32 products take the transposed weight copies."""
     return SMALL_BATCH_ROWS_BY_CAPABILITY.get(torch.backends.cpu.get_cpu_capability(), SMALL_BATCH_ROWS)
+
+
+def layer_projections(layer: nn.Module) -> tuple[nn.Linear, ...]:
+    """A decoder layer's four projections, in a step's order (fused QKV, O, fused gate/up, down)."""
+    return (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
 
 
 def _padded(x: torch.Tensor) -> int:
@@ -190,6 +197,11 @@ class LlamaForCausalLM(nn.Module):
         self.rope = rope
         self.small_batch_rows = 0  # products up to this many rows take the copies: add_small_batch_weights
 
+    def projections(self) -> Iterator[nn.Linear]:
+        """Every layer's projections (layer_projections), layer by layer; not the LM head."""
+        for layer in self.layers:
+            yield from layer_projections(layer)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
                 backend: AttentionBackend) -> torch.Tensor:
@@ -229,10 +241,8 @@ class LlamaForCausalLM(nn.Module):
         def pack(weight: torch.Tensor) -> torch.Tensor:
             return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
 
-        for layer in self.layers:
-            for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
-                        layer.mlp.down_proj):
-                lin.weight_packed = pack(lin.weight)  # a plain attribute: not a buffer to move or save
+        for lin in self.projections():
+            lin.weight_packed = pack(lin.weight)  # a plain attribute: not a buffer to move or save
         self.head_packed = pack(self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight)
 
     def add_int8_weights(self) -> None:
@@ -251,10 +261,8 @@ class LlamaForCausalLM(nn.Module):
             q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
             return q, scale.to(torch.bfloat16)
 
-        for layer in self.layers:
-            for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
-                        layer.mlp.down_proj):
-                lin.weight_int8, lin.weight_scale = quantize(lin.weight)  # plain attributes
+        for lin in self.projections():
+            lin.weight_int8, lin.weight_scale = quantize(lin.weight)  # plain attributes
         self.head_int8, self.head_scale = quantize(
             self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight)
 
@@ -270,20 +278,18 @@ class LlamaForCausalLM(nn.Module):
         from a Q8_0 tensor, so it keeps int8. Other models lose what 4 bits lose.
         """
         g = INT4_GROUP
-        for layer in self.layers:
-            for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
-                        layer.mlp.down_proj):
-                n, k = lin.weight.shape
-                if k % g:
-                    raise UnsupportedModelError(f"int4 weights need rows of a multiple of {g} values, got {k}")
-                w = lin.weight.detach().float().view(n, k // g, g)
-                low = w.amin(dim=-1, keepdim=True)
-                scale = ((w.amax(dim=-1, keepdim=True) - low) / 15).clamp(min=1e-12)
-                q = torch.round((w - low) / scale).clamp(0, 15).to(torch.int32).view(n, k)
-                # The kernel computes (q - 8) * scale + zero, so zero = min + 8 * scale.
-                sz = torch.stack([scale.view(n, k // g), (low + 8 * scale).view(n, k // g)], dim=-1)
-                lin.weight_int4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)  # plain attributes
-                lin.weight_int4_sz = sz.transpose(0, 1).contiguous().to(torch.bfloat16)
+        for lin in self.projections():
+            n, k = lin.weight.shape
+            if k % g:
+                raise UnsupportedModelError(f"int4 weights need rows of a multiple of {g} values, got {k}")
+            w = lin.weight.detach().float().view(n, k // g, g)
+            low = w.amin(dim=-1, keepdim=True)
+            scale = ((w.amax(dim=-1, keepdim=True) - low) / 15).clamp(min=1e-12)
+            q = torch.round((w - low) / scale).clamp(0, 15).to(torch.int32).view(n, k)
+            # The kernel computes (q - 8) * scale + zero, so zero = min + 8 * scale.
+            sz = torch.stack([scale.view(n, k // g), (low + 8 * scale).view(n, k // g)], dim=-1)
+            lin.weight_int4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)  # plain attributes
+            lin.weight_int4_sz = sz.transpose(0, 1).contiguous().to(torch.bfloat16)
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         w = head.detach().float()
         scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
@@ -300,10 +306,8 @@ class LlamaForCausalLM(nn.Module):
         at 8-32 rows, on an AVX-512 Xeon they won from 4 to 64 rows. Costs one more copy of
         the weights.
         """
-        for layer in self.layers:
-            for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
-                        layer.mlp.down_proj):
-                lin.register_buffer("weight_t", lin.weight.detach().t().contiguous(), persistent=False)
+        for lin in self.projections():
+            lin.register_buffer("weight_t", lin.weight.detach().t().contiguous(), persistent=False)
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         self.register_buffer("head_t", weight.detach().t().contiguous(), persistent=False)
         self.set_small_batch_rows(default_small_batch_rows() if rows is None else rows)
@@ -312,7 +316,5 @@ class LlamaForCausalLM(nn.Module):
         """Products of at most `rows` rows take the transposed copies (add_small_batch_weights)."""
         # Plain attributes, read from __dict__ in linear() on every product.
         self.small_batch_rows = int(rows)
-        for layer in self.layers:
-            for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
-                        layer.mlp.down_proj):
-                lin.small_rows = int(rows)
+        for lin in self.projections():
+            lin.small_rows = int(rows)
