@@ -719,7 +719,7 @@ def test_shipped_h200_profile_is_what_the_fit_makes_of_its_own_step_log() -> Non
 
 
 @pytest.mark.parametrize("name, count, day", [("smollm2-135m-cpu-1t", 7, "2026-12-01"),
-                                             ("smollm2-135m-cpu-1t-xeon", 8, "2026-12-02")])
+                                             ("smollm2-135m-cpu-1t-xeon", 12, "2026-12-02")])
 def test_shipped_cpu_profile_is_the_merge_of_the_calibrations_it_ships_with(name: str, count: int,
                                                                              day: str) -> None:
     """Each shipped fp32 CPU profile is every calibration one host made on one day fitted as one
