@@ -129,7 +129,8 @@ def main() -> int:
             row = {"trace": name, "load": load, "rate": opts.rate, "wall_s": round(time.time() - t),
                    **{f"{k}_{q}": m[k][q]["err"] for k in ("ttft", "tpot", "e2e") for q in ("p50", "p99")},
                    "throughput": rep["throughput"]["output_tok_s"]["err"],
-                   "step_median": rep["steps"].get("median_err"), "replay_exact": rep["replay"]["exact"],
+                   "step_median": rep["steps"].get("median_err"), "busy": rep["steps"].get("busy_err"),
+                   "replay_exact": rep["replay"]["exact"],
                    # The noise floor: the band's half-width at E2E p50, and how many cells hold the
                    # real value (band.py).
                    "e2e_p50_band": rep["band"]["cells"]["e2e"]["p50"]["half_width"],
@@ -171,14 +172,16 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     cols = ["ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99", "throughput"]
     lines = ["| trace | load | rate (req/s) | " + " | ".join(c.replace("_", " ") for c in cols)
-             + " | step median | replay exact | E2E p50 band ± | real inside band | busy beyond fit "
+             + " | step median | busy time | replay exact | E2E p50 band ± | real inside band | busy beyond fit "
              "| targets met | within real spread | met at the run's own speed | speed known within "
              "| other CPUs busy | speed from |",
-             "|" + "---|" * (len(cols) + 14)]
+             "|" + "---|" * (len(cols) + 15)]
     for r in rows:
         lines.append(f"| {r['trace']} | {r['load']:g} | {r['rate']:.3f} | "
                      + " | ".join(f"{r[c]:+.1%}" for c in cols)
-                     + f" | {r['step_median']:+.1%} | {'yes' if r['replay_exact'] else 'NO'} "
+                     + f" | {r['step_median']:+.1%} "
+                     f"| {'n/a' if r['busy'] is None else format(r['busy'], '+.1%')} "
+                     f"| {'yes' if r['replay_exact'] else 'NO'} "
                      f"| {r['e2e_p50_band']:.1%} | {r['band_inside']} "
                      f"| {'n/a' if r['beyond_fit'] is None else format(r['beyond_fit'], '.0%')} "
                      f"| {r['targets']} | {'n/a' if r['within_spread'] is None else r['within_spread']} "
@@ -199,10 +202,31 @@ def main() -> int:
                          + ", ".join(f"{x:.3f}" if x else "n/a" for x in r["speeds"]) + " | "
                          + ", ".join(f"{x:.3f}" if x else "n/a" for x in r["sampled"]) + " | "
                          + ", ".join("n/a" if x is None else f"{x:+.1%}" for x in r["busy"]) + " |")
-    table = "\n".join(lines)
+    table = "\n".join(lines + ["", met_summary(rows)])
     (out / "summary.md").write_text(table + "\n")
     print(table)
     return 0
+
+
+def met_summary(rows: list[dict]) -> str:
+    """The target cells met over the study, below saturation (load < 1) and at or past it, at
+    the predicted speed and at each run's own. Past saturation a step-price error is amplified
+    many times over (each report's sensitivity line), so the two halves are told apart."""
+    def count(key: str, sel: list[dict]) -> tuple[int, int]:
+        got = [tuple(map(int, r[key].split("/"))) for r in sel if r.get(key)]
+        return sum(m for m, _ in got), sum(n for _, n in got)
+
+    below = [r for r in rows if r["load"] < 1]
+    past = [r for r in rows if r["load"] >= 1]
+    parts = ["targets met: {} of {} cells".format(*count("targets", rows))]
+    if below and past:
+        parts[0] += " (below saturation {} of {}, at or past it {} of {})".format(
+            *count("targets", below), *count("targets", past))
+    own = count("targets_own_speed", rows)
+    if own[1]:
+        parts.append("at each run's own speed {} of {}".format(*own))
+    parts.append(f"replay exact in {sum(1 for r in rows if r['replay_exact'])} of {len(rows)} runs")
+    return "; ".join(parts)
 
 
 def _busiest_neighbours(rep: dict) -> float | None:
