@@ -39,7 +39,7 @@ from twinserve.backends.real.step_log import read_step_log
 from twinserve.backends.sim.fitted import FittedCostModel
 from twinserve.backends.twin.band import step_residuals
 from twinserve.backends.twin.fidelity import sampled_trace
-from twinserve.backends.twin.speedtrace import SpeedTrace
+from twinserve.backends.twin.speedtrace import SpeedTrace, without_sample_pauses
 
 WINDOW_S = 20.0
 SHARE_BINS = (0.0, 0.2, 0.5, 0.8, 1.0)
@@ -114,8 +114,11 @@ def measure(profile: FittedCostModel, dirs: list[Path]) -> tuple[dict, dict, dic
         if not ways:
             print(f"{d}: no speed samples the profile's reference can judge; left out")
             continue
-        rows = read_step_log(d / "steps_real.csv")
         t0 = float(speed["sampled"]["t0"])
+        # The samples' own time is out of the steps, as fidelity judges them.
+        rows = without_sample_pauses(read_step_log(d / "steps_real.csv"),
+                                     [(t0 + float(a), float(b)) for a, b in speed["sampled"]["samples"]
+                                      + (speed["sampled"].get("prefill_samples") or [])])
         res = step_residuals(profile, rows)
         if not res:
             print(f"{d}: no step computed tokens; left out")

@@ -72,7 +72,7 @@ from ..real.step_log import TIME_COLUMNS, StepLog
 from .hostload import HostLoad
 from .speedtrace import (DEFAULT_SAMPLER, DEFAULT_SMOOTHING, SAMPLE_EVERY_S, SAMPLERS, SMOOTH_S, PrefillSampler,
                          SampleClock, SpeedSampler, SpeedTrace, WeightsSampler, prefill_sampler_for, sampler_for,
-                         share_mix, step_factor)
+                         share_mix, step_factor, without_sample_pauses)
 
 
 # Design points between two speed probes, where the probes correct the drift.
@@ -110,7 +110,7 @@ class CalibrationDesign:
     sampler: str = DEFAULT_SAMPLER
     # Also sample with the prefill sampler (speedtrace.PrefillSampler) right after each weights
     # sample: the steps' prefill shares are corrected by its speed, the rest by the weights'.
-    # Off by default: on Dec 2 (README, "A compute-bound sample for prefill") it tracked the
+    # Off by default: on Dec 2 (docs/twin-log.md, "A compute-bound sample for prefill") it tracked the
     # served steps worse than the weights sampler alone.
     prefill_samples: bool = False
 
@@ -777,6 +777,11 @@ def prepare(profile_path: str | Path, steps_path: str | Path | None = None) -> P
                             "git_commit": _git_commit(), "step_log": steps.name,
                             "previous_fit": {k: (old.meta.get("fit") or {}).get(k) for k in ("r2", "mape")}}
     samples, s0 = prov.get("speed_samples") or [], prov.get("speed_sample_t0")
+    if samples and s0 is not None:
+        # As calibrate now does: the samples' own time out of the steps' gaps. Calibrations
+        # made before it fitted that time as the engine's overhead.
+        rows = without_sample_pauses(rows, [(s0 + float(rel), float(sec)) for rel, sec in
+                                            samples + (prov.get("prefill_speed_samples") or [])])
     eng = prov.get("engine") or {}
     device_type = str(prov.get("device", "cpu")).split(":")[0]
     graph_max = eng.get("cuda_graph_max_batch")
@@ -863,7 +868,7 @@ def merge(profile_paths: Sequence[str | Path]) -> FittedCostModel:
 
     A calibration prices the machine at its own reference speed (the median speed sample,
     or probe), and on this project's VM two calibrations minutes to hours apart priced the
-    same runs' steps up to 5.4% apart even so (README, "Several calibrations, fitted as one").
+    same runs' steps up to 5.4% apart even so (docs/twin-log.md, "Several calibrations, fitted as one").
     Each log is corrected as refit corrects it, its times scaled to the median of the
     calibrations' references, and all are fitted together, so the profile stands on several
     of the machine's moods rather than one.
@@ -980,16 +985,18 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     by_samples = len(cal.samples) >= 2
     dropped: list[int] = []
     prefill_ref: float | None = None
+    # The samples' own time is the measurement's, not the engine's (without_sample_pauses).
+    steps = without_sample_pauses(log.rows(), cal.samples + cal.prefill_samples)
     if by_samples:
-        dropped = contradicted_samples(log.rows(), cal.samples, fit, cal.idle_steps)
+        dropped = contradicted_samples(steps, cal.samples, fit, cal.idle_steps)
         kept = [x for i, x in enumerate(cal.samples) if i not in set(dropped)]
         if len(cal.prefill_samples) >= 2:
-            rows, sample_ref, prefill_ref = correct_drift_split(log.rows(), kept, cal.prefill_samples)
+            rows, sample_ref, prefill_ref = correct_drift_split(steps, kept, cal.prefill_samples)
         else:
-            rows, sample_ref = correct_drift_by_samples(log.rows(), kept)
+            rows, sample_ref = correct_drift_by_samples(steps, kept)
         probe_ref = float(np.median([sec for _, sec in cal.probes])) if cal.probes else float("nan")
     else:
-        rows, probe_ref = correct_drift(log.rows(), cal.probes)
+        rows, probe_ref = correct_drift(steps, cal.probes)
     rows, wake = split_wake(rows, cal.idle_steps)
     probe_secs = [sec for _, sec in cal.probes]
     profile = fit(

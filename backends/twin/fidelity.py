@@ -34,7 +34,7 @@ from .hostload import HostLoad, warning
 from .realrun import RealRun, run_real
 from .replay import replay
 from .speedtrace import (SAMPLE_EVERY_S, SMOOTH_S, SpeedTrace, prefill_sampler_for, run_simulation, sampler_for,
-                         sampler_kind)
+                         sampler_kind, without_sample_pauses)
 from .steps import scaled_profile, speed_ratios, step_errors, step_line
 
 
@@ -87,7 +87,7 @@ class FidelityOptions:
     # Where the profile has a prefill sampler's reference (speedtrace.PrefillSampler), also sample
     # with it and price each step's prefill share at its speed; off (the default): every step at
     # the weights sampler's. On Dec 2 the split priced six runs' steps 7.0% rms per 20 s window
-    # off, the weights samples alone 5.2% (README, "A compute-bound sample for prefill").
+    # off, the weights samples alone 5.2% (docs/twin-log.md, "A compute-bound sample for prefill").
     prefill_samples: bool = False
 
     def __post_init__(self) -> None:
@@ -516,6 +516,12 @@ class _Run:
         self.judged, self.sim = raw_profile, sim_raw
         if self.speed.get("sampled"):  # what an earlier judgement derived goes (another profile's)
             self.speed["sampled"] = {k: v for k, v in self.speed["sampled"].items() if k in _SAMPLED_KEYS}
+            # The samples' own time is the measurement's: out of the steps it is judged on (the
+            # simulator pauses for the samples itself).
+            s = self.speed["sampled"]
+            if s.get("samples") and s.get("t0") is not None:
+                self.rows = without_sample_pauses(self.rows, [(float(s["t0"]) + float(t), float(sec)) for t, sec
+                                                              in s["samples"] + (s.get("prefill_samples") or [])])
         trace = sampled_trace(profile, self.speed, prefill_samples) if normalize and use_samples else None
         if trace is not None:
             # Every simulated step priced at the speed sampled at its start.

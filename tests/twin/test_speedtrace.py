@@ -367,3 +367,99 @@ def test_without_noise_the_traced_band_is_the_traced_prediction() -> None:
     for m, cells in band["cells"].items():
         for p, c in cells.items():
             assert c["lo"] == pytest.approx(c["hi"]) == pytest.approx(c["real"]), (m, p)
+
+
+def _row(start: float, step: float, gap: float, decodes: int = 4) -> dict:
+    return {"start_s": start, "step_time_s": step, "gap_s": gap, "execute_s": step, "num_prefill_tokens": 0.0,
+            "num_prefill_seqs": 0.0, "prefill_context": 0.0, "prefill_attn": 0.0,
+            "num_decode_seqs": float(decodes), "decode_context": 100.0 * decodes}
+
+
+def test_a_samples_time_leaves_the_gap_of_the_step_after_it_and_only_once() -> None:
+    from twinserve.backends.twin.speedtrace import without_sample_pauses
+
+    # Steps of 0.1 s; a 0.03 s sample after the first (requests waiting: the second step's
+    # gap holds it and 1 ms of the loop), and one after the third while the engine was idle
+    # (the fourth step's gap is 0: nothing waited), and one before the log began.
+    rows = [_row(10.0, 0.1, 0.0), _row(10.131, 0.1, 0.031), _row(10.231, 0.1, 0.0), _row(12.0, 0.1, 0.0)]
+    samples = [(9.0, 0.05), (10.1, 0.03), (10.4, 0.03)]
+    out = without_sample_pauses(rows, samples)
+    assert [r["gap_s"] for r in out] == pytest.approx([0.0, 0.001, 0.0, 0.0])
+    assert [r.get("sampler_pause_s") for r in out] == pytest.approx([None, 0.03, 0.0, 0.0], abs=1e-12)
+    assert rows[1]["gap_s"] == 0.031  # copies: the log itself is untouched
+    assert without_sample_pauses(out, samples) == out
+    assert without_sample_pauses(rows, []) == rows
+
+
+def test_a_fit_without_the_samples_pauses_prices_the_engines_steps_and_with_them_does_not() -> None:
+    """Prefill and decode steps priced by a known profile with 8% noise, every fourth after a
+    40 ms sample (as calibrate and fidelity log them): fitted on the engine's own time the
+    profile prices that time; with the samples left in the gaps it prices it dearer and
+    calls the pauses the engine's CPU overhead."""
+    import random
+
+    from twinserve.backends.sim.fit import fit_step_profile
+    from twinserve.backends.sim.fitted import FEATURE_COLUMNS, FittedCostModel
+    from twinserve.backends.twin.band import step_residuals
+    from twinserve.backends.twin.speedtrace import without_sample_pauses
+
+    truth = FittedCostModel(intercept_s=0.02, per_token_s=2e-3, per_prefill_seq_s=1e-3,
+                            per_decode_context_token_s=2e-6)
+    rng = random.Random(0)
+    rows, samples, t = [], [], 100.0
+    for i in range(240):
+        pt, ds = (0, 1 + i % 16) if i % 3 else (64 * (1 + i % 5), 0)
+        feats = (pt, 1 if pt else 0, 0, pt * pt / 2, ds, ds * (50 + 37 * (i % 11)))
+        step = truth.step_time(*feats) * rng.lognormvariate(0.0, 0.08)
+        gap = 0.0
+        if i and i % 4 == 0:
+            samples.append((t, 0.04))
+            gap = 0.0405
+        t += gap
+        rows.append({**_row(t, step, gap), **dict(zip(FEATURE_COLUMNS, map(float, feats)))})
+        t += step
+    clean = without_sample_pauses(rows, samples)
+    engine_time = sum(r["step_time_s"] + r["gap_s"] for r in clean)
+
+    def priced(m: FittedCostModel) -> float:
+        return sum(m.step_time(*(r[c] for c in FEATURE_COLUMNS)) for r in clean) / engine_time
+
+    fitted, raw = fit_step_profile(clean), fit_step_profile(rows)
+    assert priced(fitted) == pytest.approx(1.0, abs=0.01)
+    assert priced(raw) > 1.04
+    assert fitted.overhead[0] < 0.001 < 0.01 < raw.overhead[0]
+    # Judged on the engine's own time, the fit's busy time is its time; a sample is no idle gap
+    # (the wake after one would be priced on the next step).
+    woken = dataclasses.replace(fitted, wake_idle_s=(0.01,), wake_extra_s=((0.5,),))
+    res = step_residuals(woken, clean)
+    assert sum(p for _, _, p, _ in res) == pytest.approx(sum(m for _, m, _, _ in res), rel=0.01)
+
+
+def test_the_real_loops_samples_leave_its_step_log_by_their_own_clock(make_engine) -> None:
+    import time
+
+    from twinserve.backends.real.step_log import StepLog
+    from twinserve.backends.twin.realrun import run_real
+    from twinserve.backends.twin.speedtrace import without_sample_pauses
+
+    class Slow:
+        def sample(self) -> float:
+            time.sleep(0.03)
+            return 0.03
+
+    engine = make_engine()
+    engine.set_step_log(StepLog(keep=True))
+    cfg = WorkloadConfig(num_requests=6, arrival="all_at_once", rate=1.0, prompt_dist="uniform",
+                         prompt_min=8, prompt_max=24, output_dist="uniform", output_min=12, output_max=16,
+                         vocab_size=200)
+    run = run_real(engine, Workload(cfg, 3, 256), sampler=Slow(), sample_every_s=0.01)
+    rows = engine.step_log.rows()
+    engine.shutdown()
+    out = without_sample_pauses(rows, [(run.t0 + t, sec) for t, sec in run.speed_samples])
+    paused = [r for r in out if r.get("sampler_pause_s")]
+    # Every sample but one after the last step paused a step of the closed batch.
+    assert len(paused) >= len(run.speed_samples) - 1 >= 2
+    for r in paused:
+        assert r["sampler_pause_s"] == pytest.approx(0.03)
+        assert 0.0 <= r["gap_s"] < 0.02  # what is left: the loop's own time between two steps
+    assert sum(r["gap_s"] for r in out) < sum(r["gap_s"] for r in rows) - 0.03 * len(paused) + 1e-9
