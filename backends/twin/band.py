@@ -46,11 +46,11 @@ def step_residuals(profile: Any, rows: Sequence[dict[str, Any]],
     in order.
 
     The prediction is the simulator's: after the engine idled (the time since the previous
-    step ended, less the step's own gap_s, in which requests were already waiting, and any
-    speed samples' time taken out of it, `sampler_pause_s`: speedtrace.without_sample_pauses), the next
-    steps carry the profile's wake cost; with `speed` ((start_s, prefill tokens, tokens) ->
-    slowness, a sampled speed trace's `at`) each step's price is multiplied by the slowness at
-    its start, as TracedExecutor does.
+    step ended, less the step's own gap_s, in which requests were already waiting, and less
+    the speed samples' time taken out of that gap, `sampler_pause_s`, see
+    speedtrace.without_sample_pauses), the next steps carry the profile's wake cost; with
+    `speed` ((start_s, prefill tokens, tokens) -> slowness, a sampled speed trace's `at`) each
+    step's price is multiplied by the slowness at its start, as TracedExecutor does.
     """
     wake_after = getattr(profile, "wake_after", None)
     wake: list[tuple[float, float]] = []
@@ -59,7 +59,8 @@ def step_residuals(profile: Any, rows: Sequence[dict[str, Any]],
     for i, r in enumerate(rows):
         start = r.get("start_s")
         if wake_after is not None and start is not None and prev_end is not None:
-            idle = float(start) - prev_end - float(r.get("gap_s") or 0.0) - float(r.get("sampler_pause_s") or 0.0)
+            waited = float(r.get("gap_s") or 0.0) + float(r.get("sampler_pause_s") or 0.0)
+            idle = float(start) - prev_end - waited
             if idle > 0.0:
                 wake = wake_after(idle)[::-1]
         if start is not None:

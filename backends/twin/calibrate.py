@@ -110,8 +110,8 @@ class CalibrationDesign:
     sampler: str = DEFAULT_SAMPLER
     # Also sample with the prefill sampler (speedtrace.PrefillSampler) right after each weights
     # sample: the steps' prefill shares are corrected by its speed, the rest by the weights'.
-    # Off by default: on Dec 2 (docs/twin-log.md, "A compute-bound sample for prefill") it tracked the
-    # served steps worse than the weights sampler alone.
+    # Off by default: on Dec 2 (docs/twin-log.md, "A compute-bound sample for prefill") it
+    # tracked the served steps worse than the weights sampler alone.
     prefill_samples: bool = False
 
     def __post_init__(self) -> None:
@@ -868,7 +868,8 @@ def merge(profile_paths: Sequence[str | Path]) -> FittedCostModel:
 
     A calibration prices the machine at its own reference speed (the median speed sample,
     or probe), and on this project's VM two calibrations minutes to hours apart priced the
-    same runs' steps up to 5.4% apart even so (docs/twin-log.md, "Several calibrations, fitted as one").
+    same runs' steps up to 5.4% apart even so (docs/twin-log.md, "Several calibrations,
+    fitted as one").
     Each log is corrected as refit corrects it, its times scaled to the median of the
     calibrations' references, and all are fitted together, so the profile stands on several
     of the machine's moods rather than one.

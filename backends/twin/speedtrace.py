@@ -318,12 +318,12 @@ def without_sample_pauses(rows: Sequence[dict[str, Any]], samples: Sequence[Sequ
 
     A sample runs between two steps. When requests are waiting, the engine's step log counts
     its time in the next step's gap_s (step_log.py), so a fit would price it as the engine's
-    CPU overhead and the simulator, which pauses for samples itself (TracedExecutor), would
-    count it twice. Each row's samples (those that started after the previous row's start, and
-    so after its end: a sample never runs inside a step, and by its start) move from gap_s to
-    `sampler_pause_s`, never taking gap_s below zero (the
-    step log's own `sample_s` is the engine's token sampling). A row that already has
-    `sampler_pause_s` is left alone, so applying this twice changes nothing.
+    CPU overhead, and the simulator, which pauses for samples itself (TracedExecutor), would
+    count it twice. A row's samples are those that started after the previous row's start
+    (a sample never runs inside a step) and by its own start. Their time moves from gap_s to
+    `sampler_pause_s` (the step log's own `sample_s` is the engine's token sampling), never
+    taking gap_s below zero: a sample taken while nothing waited left no gap. A row that
+    already has `sampler_pause_s` is left alone, so applying this twice changes nothing.
     samples: (time on the step log's clock, seconds taken), of every sampler that ran.
     On Dec 2 this was 61 of a calibration's 300 steps, 49 ms each, 1.7% of its fitted time,
     and all but 0.35 points of the 2.0% the fit had called the engine's CPU overhead.
