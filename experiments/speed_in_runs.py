@@ -116,9 +116,8 @@ def measure(profile: FittedCostModel, dirs: list[Path]) -> tuple[dict, dict, dic
             continue
         t0 = float(speed["sampled"]["t0"])
         # The samples' own time is out of the steps, as fidelity judges them.
-        rows = without_sample_pauses(read_step_log(d / "steps_real.csv"),
-                                     [(t0 + float(a), float(b)) for a, b in speed["sampled"]["samples"]
-                                      + (speed["sampled"].get("prefill_samples") or [])])
+        rows = without_sample_pauses(read_step_log(d / "steps_real.csv"), speed["sampled"]["samples"]
+                                     + (speed["sampled"].get("prefill_samples") or []), t0=t0)
         res = step_residuals(profile, rows)
         if not res:
             print(f"{d}: no step computed tokens; left out")

@@ -780,8 +780,7 @@ def prepare(profile_path: str | Path, steps_path: str | Path | None = None) -> P
     if samples and s0 is not None:
         # As calibrate now does: the samples' own time out of the steps' gaps. Calibrations
         # made before it fitted that time as the engine's overhead.
-        rows = without_sample_pauses(rows, [(s0 + float(rel), float(sec)) for rel, sec in
-                                            samples + (prov.get("prefill_speed_samples") or [])])
+        rows = without_sample_pauses(rows, samples + (prov.get("prefill_speed_samples") or []), t0=s0)
     eng = prov.get("engine") or {}
     device_type = str(prov.get("device", "cpu")).split(":")[0]
     graph_max = eng.get("cuda_graph_max_batch")

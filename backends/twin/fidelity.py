@@ -520,8 +520,8 @@ class _Run:
             # simulator pauses for the samples itself).
             s = self.speed["sampled"]
             if s.get("samples") and s.get("t0") is not None:
-                self.rows = without_sample_pauses(self.rows, [(float(s["t0"]) + float(t), float(sec)) for t, sec
-                                                              in s["samples"] + (s.get("prefill_samples") or [])])
+                self.rows = without_sample_pauses(self.rows, s["samples"] + (s.get("prefill_samples") or []),
+                                                  t0=float(s["t0"]))
         trace = sampled_trace(profile, self.speed, prefill_samples) if normalize and use_samples else None
         if trace is not None:
             # Every simulated step priced at the speed sampled at its start.

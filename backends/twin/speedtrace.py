@@ -313,7 +313,7 @@ class SpeedTrace:
 
 
 def without_sample_pauses(rows: Sequence[dict[str, Any]], samples: Sequence[Sequence[float]],
-                          key: str = "gap_s") -> list[dict[str, Any]]:
+                          t0: float = 0.0) -> list[dict[str, Any]]:
     """Step-log rows (copies) whose gap_s no longer holds the speed samples taken before them.
 
     A sample runs between two steps. When requests are waiting, the engine's step log counts
@@ -324,11 +324,12 @@ def without_sample_pauses(rows: Sequence[dict[str, Any]], samples: Sequence[Sequ
     `sampler_pause_s` (the step log's own `sample_s` is the engine's token sampling), never
     taking gap_s below zero: a sample taken while nothing waited left no gap. A row that
     already has `sampler_pause_s` is left alone, so applying this twice changes nothing.
-    samples: (time on the step log's clock, seconds taken), of every sampler that ran.
-    On Dec 2 this was 61 of a calibration's 300 steps, 49 ms each, 1.7% of its fitted time,
+    samples: (time, seconds taken) of every sampler that ran, the time on the step log's clock
+    less t0 (as profiles and fidelity runs record them, each after its own t0).
+    On Dec 2 this was 61 of a calibration's 300 steps, about 47 ms each, 1.7% of its fitted time,
     and all but 0.35 points of the 2.0% the fit had called the engine's CPU overhead.
     """
-    timed = sorted((float(t), float(sec)) for t, sec in samples)
+    timed = sorted((float(t0) + float(t), float(sec)) for t, sec in samples)
     times = [t for t, _ in timed]
     out: list[dict[str, Any]] = []
     prev_start: float | None = None
@@ -339,9 +340,9 @@ def without_sample_pauses(rows: Sequence[dict[str, Any]], samples: Sequence[Sequ
             lo = bisect.bisect_right(times, prev_start)
             hi = bisect.bisect_right(times, float(start) + _SAMPLE_SLACK_S)
             paused = sum(sec for _, sec in timed[lo:hi])
-            gap = float(r.get(key) or 0.0)
+            gap = float(r.get("gap_s") or 0.0)
             r["sampler_pause_s"] = min(paused, gap)
-            r[key] = gap - r["sampler_pause_s"]
+            r["gap_s"] = gap - r["sampler_pause_s"]
         if start is not None:
             prev_start = float(start)
         out.append(r)

@@ -212,10 +212,20 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert f"sampled {smp['num_samples']} times (every 0.02 s" in (out / "fidelity.md").read_text()
     assert "ms each, by the weights sampler)" in (out / "fidelity.md").read_text()
     assert "; its prefill shares by the gemm sampler after each (" in (out / "fidelity.md").read_text()
+    # The samples paused the steps after them; fidelity judged the steps without that time
+    # (without_sample_pauses), so the report's busy time is the engine's alone.
+    from twinserve.backends.sim.fitted import FittedCostModel
+    from twinserve.backends.twin.fidelity import raw_speed
+    from twinserve.backends.twin.speedtrace import without_sample_pauses
+    from twinserve.backends.twin.steps import step_errors
+
+    judged = without_sample_pauses(rows, smp["samples"] + smp["prefill_samples"], t0=smp["t0"])
+    assert any(r.get("sampler_pause_s", 0.0) > 0 for r in judged)
+    raw = raw_speed(FittedCostModel.load(prof))
+    assert rep["steps_raw"]["busy_err"] == pytest.approx(step_errors(raw, judged)["busy_err"], abs=1e-12)
+    assert step_errors(raw, rows)["busy_err"] < rep["steps_raw"]["busy_err"] - 1e-6
     # experiments/speed_in_runs.py prices the run's steps as fidelity does: by the samples, its
     # busy-time error is the report's, and read at the reference speed, the raw one.
-    from twinserve.backends.sim.fitted import FittedCostModel
-
     speed_in_runs = experiment("speed_in_runs")
     win, busy, shares = speed_in_runs.measure(FittedCostModel.load(prof), speed_in_runs.run_dirs([str(out)]))
     assert busy["none"] == [pytest.approx(np.log1p(rep["steps_raw"]["busy_err"]), abs=1e-9)]

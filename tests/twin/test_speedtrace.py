@@ -389,6 +389,8 @@ def test_a_samples_time_leaves_the_gap_of_the_step_after_it_and_only_once() -> N
     assert rows[1]["gap_s"] == 0.031  # copies: the log itself is untouched
     assert without_sample_pauses(out, samples) == out
     assert without_sample_pauses(rows, []) == rows
+    # Sample times after their own origin, as profiles and runs record them.
+    assert without_sample_pauses(rows, [(t - 9.0, sec) for t, sec in samples], t0=9.0) == out
 
 
 def test_a_fit_without_the_samples_pauses_prices_the_engines_steps_and_with_them_does_not() -> None:
@@ -455,7 +457,7 @@ def test_the_real_loops_samples_leave_its_step_log_by_their_own_clock(make_engin
     run = run_real(engine, Workload(cfg, 3, 256), sampler=Slow(), sample_every_s=0.01)
     rows = engine.step_log.rows()
     engine.shutdown()
-    out = without_sample_pauses(rows, [(run.t0 + t, sec) for t, sec in run.speed_samples])
+    out = without_sample_pauses(rows, run.speed_samples, t0=run.t0)
     paused = [r for r in out if r.get("sampler_pause_s")]
     # Every sample but one after the last step paused a step of the closed batch.
     assert len(paused) >= len(run.speed_samples) - 1 >= 2
