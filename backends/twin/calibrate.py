@@ -221,13 +221,19 @@ def _spread(batch: int, context: int) -> list[int]:
     return [max(1, round(context * (0.5 + (i / (batch - 1) if batch > 1 else 0.5)))) for i in range(batch)]
 
 
-def _evenly(n: int, k: int) -> list[int]:
-    """k of the indices 0..n-1, evenly spaced from first to last (one: the middle)."""
+def _evenly(n: int, k: int, keep: int | None = None) -> list[int]:
+    """k of the indices 0..n-1, evenly spaced from first to last (one: the middle); with `keep`,
+    that index replaces the nearest of them (an inner one on a tie) when it is not one already."""
     if k >= n:
         return list(range(n))
     if k == 1:
-        return [(n - 1) // 2]
-    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+        picked = [(n - 1) // 2]
+    else:
+        picked = sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+    if keep is not None and keep not in picked:
+        ends = (0, len(picked) - 1)
+        picked[min(range(len(picked)), key=lambda j: (abs(picked[j] - keep), j in ends))] = keep
+    return sorted(picked)
 
 
 def _mixed_context(point: tuple[int, ...]) -> int:
@@ -334,7 +340,7 @@ class Calibrator:
         """Every batch size in `batches` decoding `steps` times at one context, from one set of
         prompts: the largest batch (lengths spread over [context/2, 3 context/2]) is prefilled
         once, then each size, largest first, decodes while the sequences left out are aborted,
-        the rest keeping the spread.
+        the rest keeping the spread and the middle prompt (one sequence decodes at `context`).
 
         A decode point per batch size prefilled sum(batches) prompts, this prefills max(batches):
         32 of 132 with the default design, whose prefills were most of calibration's time. The
@@ -352,8 +358,15 @@ class Calibrator:
         ahead = 0 if getattr(self.engine, "core_mode", "inproc") == "inproc" else _CORE_RUN_AHEAD
         budget = prefill_steps + (steps + ahead + 1) * len(order) + 1
         live = [self._add(self._tokens(n), budget) for n in lens]  # shortest first
+        # The prompt at the middle of the spread (`context` tokens) stays in every batch, so the
+        # single decode is measured at the design's context. Kept only evenly, the default sweep
+        # (..., 3, 2, 1) ended on the shortest: on Dec 2 the calibrations timed one sequence at
+        # most ~250 tokens of context, while served runs spent 83% of their single decodes at
+        # 200-606.
+        middle = (len(live) - 1) // 2
         for b in order:
-            kept = set(_evenly(len(live), b))
+            kept = set(_evenly(len(live), b, keep=middle))
+            middle = sorted(kept).index(middle)
             gone = [r for i, r in enumerate(live) if i not in kept]
             if gone:
                 self.engine.abort_request(gone)

@@ -460,13 +460,14 @@ def test_calibration_decode_points_measure_the_whole_batch(make_engine) -> None:
 
 def test_calibration_decode_sweep_measures_every_batch_from_one_prefill(make_engine) -> None:
     """One set of prompts serves every batch size: each size decodes `steps` times with its
-    contexts still spread over [c/2, 3c/2], and only the largest batch's prompts are prefilled."""
+    contexts still spread over [c/2, 3c/2] and the middle prompt kept (one sequence decodes at
+    the design's context), and only the largest batch's prompts are prefilled."""
     from twinserve.backends.twin.calibrate import Calibrator
 
     engine = make_engine(max_num_batched_tokens=32, max_num_seqs=16, num_gpu_blocks_override=400)
     cal = Calibrator(engine)
     engine.set_step_log(cal.log)
-    batches, context, steps = [1, 3, 6, 12], 40, 3
+    batches, context, steps = [1, 2, 3, 6, 12], 40, 3
     cal.decode_sweep(batches, context, steps)
     recs = cal.log.records
     assert sum(r.num_prefill_tokens for r in recs) == sum(round(context * (0.5 + i / 11)) for i in range(12))
@@ -475,11 +476,17 @@ def test_calibration_decode_sweep_measures_every_batch_from_one_prefill(make_eng
         assert len(whole) >= steps, (b, len(whole))
         lens = sorted(whole[0].decode_context_lens)
         # Kept evenly: the shortest and longest prompts (20 and 60 tokens) stay in every batch
-        # of two or more, each grown by what it decoded so far; one sequence sits in the middle.
-        if b > 1:
-            assert 20 < lens[0] < 20 + 30 and 60 <= lens[-1] < 60 + 30, (b, lens)
+        # of three or more, each grown by what it decoded so far; the middle one (38-42
+        # tokens) stays in every batch, so two keep it and the longest, and one is the middle.
+        grown = steps * len(batches) + 30
+        middle = [n for n in lens if 38 <= n < 42 + grown]
+        assert middle, (b, lens)
+        if b > 2:
+            assert 20 < lens[0] < 20 + grown and 60 <= lens[-1] < 60 + grown, (b, lens)
+        elif b == 2:
+            assert 38 <= lens[0] < 42 + grown and 60 <= lens[-1] < 60 + grown, lens
         else:
-            assert 40 <= lens[0] < 40 + 30, lens
+            assert 38 <= lens[0] < 42 + grown, lens
     # Largest first, and nothing is left running or holding KV blocks.
     sizes = [r.num_decode_seqs for r in recs if r.num_prefill_tokens == 0]
     assert sizes.index(12) < sizes.index(6) < sizes.index(3) < sizes.index(1)
