@@ -360,9 +360,9 @@ class Calibrator:
         live = [self._add(self._tokens(n), budget) for n in lens]  # shortest first
         # The prompt at the middle of the spread (`context` tokens) stays in every batch, so the
         # single decode is measured at the design's context. Kept only evenly, the default sweep
-        # (..., 3, 2, 1) ended on the shortest: on Dec 2 the calibrations timed one sequence at
-        # most ~250 tokens of context, while served runs spent 83% of their single decodes at
-        # 200-606.
+        # (..., 3, 2, 1) ended on the shortest: on Dec 2 the calibrations timed one sequence only
+        # below 300 tokens of context, while served runs had 86% of their single decodes at
+        # 200-606 (docs/twin-log.md, "Single decodes at the design's context").
         middle = (len(live) - 1) // 2
         for b in order:
             kept = set(_evenly(len(live), b, keep=middle))
