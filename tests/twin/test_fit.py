@@ -719,11 +719,11 @@ def test_shipped_h200_profile_is_what_the_fit_makes_of_its_own_step_log() -> Non
 
 
 @pytest.mark.parametrize("name, count, day", [("smollm2-135m-cpu-1t", 7, "2026-12-01"),
-                                             ("smollm2-135m-cpu-1t-xeon", 12, "2026-12-02")])
+                                             ("smollm2-135m-cpu-1t-xeon", 16, "2026-12-02")])
 def test_shipped_cpu_profile_is_the_merge_of_the_calibrations_it_ships_with(name: str, count: int,
                                                                              day: str) -> None:
     """Each shipped fp32 CPU profile is every calibration one host made on one day fitted as one
-    (calibrate --merge: the AMD host's of Dec 1, the Xeon host's with the Dec 2 design), and
+    (calibrate --merge: the AMD host's of Dec 1, the Xeon host's of Dec 2), and
     merging them again makes it."""
     from twinserve.backends.sim.fitted import builtin_calibrations
     from twinserve.backends.twin.calibrate import merge
