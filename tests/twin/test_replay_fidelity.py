@@ -464,29 +464,33 @@ def test_calibration_decode_sweep_measures_every_batch_from_one_prefill(make_eng
     the design's context), and only the largest batch's prompts are prefilled."""
     from twinserve.backends.twin.calibrate import Calibrator
 
+    from twinserve.backends.real.step_log import StepLog
+
     engine = make_engine(max_num_batched_tokens=32, max_num_seqs=16, num_gpu_blocks_override=400)
     cal = Calibrator(engine)
+    cal.log = StepLog(keep=True, record_schedule=True)  # which request ran in each step
     engine.set_step_log(cal.log)
     batches, context, steps = [1, 2, 3, 6, 12], 40, 3
     cal.decode_sweep(batches, context, steps)
     recs = cal.log.records
-    assert sum(r.num_prefill_tokens for r in recs) == sum(round(context * (0.5 + i / 11)) for i in range(12))
+    lens = [round(context * (0.5 + i / 11)) for i in range(12)]  # cal-1 .. cal-12, shortest first
+    assert sum(r.num_prefill_tokens for r in recs) == sum(lens)
+    shortest, middle, longest = "cal-1", "cal-6", "cal-12"
+    assert lens[5] == 38
     for b in batches:
         whole = [r for r in recs if r.num_prefill_tokens == 0 and r.num_decode_seqs == b]
         assert len(whole) >= steps, (b, len(whole))
-        lens = sorted(whole[0].decode_context_lens)
-        # Kept evenly: the shortest and longest prompts (20 and 60 tokens) stay in every batch
-        # of three or more, each grown by what it decoded so far; the middle one (38-42
-        # tokens) stays in every batch, so two keep it and the longest, and one is the middle.
-        grown = steps * len(batches) + 30
-        middle = [n for n in lens if 38 <= n < 42 + grown]
-        assert middle, (b, lens)
+        ran = set(whole[0].scheduled)
+        # Kept evenly, with the middle prompt (38 tokens) in every batch: three or more keep the
+        # shortest and longest (20 and 60 tokens) too, two the middle and the longest, and one
+        # is the middle (kept only evenly, it was the shortest).
+        assert middle in ran, (b, ran)
         if b > 2:
-            assert 20 < lens[0] < 20 + grown and 60 <= lens[-1] < 60 + grown, (b, lens)
+            assert {shortest, longest} <= ran, (b, ran)
         elif b == 2:
-            assert 38 <= lens[0] < 42 + grown and 60 <= lens[-1] < 60 + grown, lens
+            assert ran == {middle, longest}, ran
         else:
-            assert 38 <= lens[0] < 42 + grown, lens
+            assert ran == {middle}, ran
     # Largest first, and nothing is left running or holding KV blocks.
     sizes = [r.num_decode_seqs for r in recs if r.num_prefill_tokens == 0]
     assert sizes.index(12) < sizes.index(6) < sizes.index(3) < sizes.index(1)
