@@ -365,8 +365,8 @@ class Calibrator:
         # 200-606 (docs/twin-log.md, "Single decodes at the design's context").
         middle = (len(live) - 1) // 2
         for b in order:
-            kept = set(_evenly(len(live), b, keep=middle))
-            middle = sorted(kept).index(middle)
+            picked = _evenly(len(live), b, keep=middle)
+            middle, kept = picked.index(middle), set(picked)
             gone = [r for i, r in enumerate(live) if i not in kept]
             if gone:
                 self.engine.abort_request(gone)

@@ -462,9 +462,8 @@ def test_calibration_decode_sweep_measures_every_batch_from_one_prefill(make_eng
     """One set of prompts serves every batch size: each size decodes `steps` times with its
     contexts still spread over [c/2, 3c/2] and the middle prompt kept (one sequence decodes at
     the design's context), and only the largest batch's prompts are prefilled."""
-    from twinserve.backends.twin.calibrate import Calibrator
-
     from twinserve.backends.real.step_log import StepLog
+    from twinserve.backends.twin.calibrate import Calibrator
 
     engine = make_engine(max_num_batched_tokens=32, max_num_seqs=16, num_gpu_blocks_override=400)
     cal = Calibrator(engine)
@@ -476,7 +475,6 @@ def test_calibration_decode_sweep_measures_every_batch_from_one_prefill(make_eng
     lens = [round(context * (0.5 + i / 11)) for i in range(12)]  # cal-1 .. cal-12, shortest first
     assert sum(r.num_prefill_tokens for r in recs) == sum(lens)
     shortest, middle, longest = "cal-1", "cal-6", "cal-12"
-    assert lens[5] == 38
     for b in batches:
         whole = [r for r in recs if r.num_prefill_tokens == 0 and r.num_decode_seqs == b]
         assert len(whole) >= steps, (b, len(whole))
