@@ -402,8 +402,8 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path,
     for r in runs:
         r.replay = replay(r.real, make, sched_cfg).to_dict()
         r.judge(profile, make, sched_cfg, opts.speed_by_part, True, sim_raw, use_samples, opts.prefill_samples)
-        _write_requests(r.real.records, r.dir / "requests_real.csv")
-        _write_requests(r.sim.records, r.dir / "requests_sim.csv")
+        write_requests(r.real.records, r.dir / "requests_real.csv")
+        write_requests(r.sim.records, r.dir / "requests_sim.csv")
     first = runs[0]
     report: dict[str, Any] = dict(first.part)
     report["speed"] = first.speed
@@ -627,7 +627,7 @@ def repeat_table(rep: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _write_requests(records: list[Any], path: Path) -> None:
+def write_requests(records: list[Any], path: Path) -> None:
     import pandas as pd
 
     rows = [{"request_id": r.request_id, "arrival_s": r.arrival_time, "prompt_tokens": r.num_prompt_tokens,
@@ -638,8 +638,8 @@ def _write_requests(records: list[Any], path: Path) -> None:
     pd.DataFrame(rows).to_csv(path, index=False)
 
 
-def _read_requests(path: Path) -> list[RequestRecord]:
-    """Records written by _write_requests (token times only where the file has them)."""
+def read_requests(path: Path) -> list[RequestRecord]:
+    """Records written by write_requests (token times only where the file has them)."""
     import pandas as pd
 
     def num(v: Any) -> float | None:
@@ -768,7 +768,7 @@ def rejudge(run_dir: str | Path, profile_path: str, out_dir: str | Path, trace: 
     for j, r in enumerate(runs):
         sub = out if j == 0 else out / f"repeat-{j + 1}"
         sub.mkdir(parents=True, exist_ok=True)
-        _write_requests(r.sim.records, sub / "requests_sim.csv")
+        write_requests(r.sim.records, sub / "requests_sim.csv")
     figure(real, sim.records, out / "fidelity.png",
            title=f"twinserve fidelity (recorded run): {eng.get('model', '')}, profile {Path(str(profile_path)).name}",
            other_real=[r.records for r in runs[1:]])
@@ -831,7 +831,7 @@ def pool_speeds(profile: FittedCostModel, speeds: list[dict[str, Any]]) -> list[
 
 def _recorded(run_dir: Path, speed: dict[str, Any], replay_check: dict[str, Any] | None) -> _Run:
     steps = run_dir / "steps_real.csv"
-    return _Run(run_dir, _read_requests(run_dir / "requests_real.csv"), speed,
+    return _Run(run_dir, read_requests(run_dir / "requests_real.csv"), speed,
                 read_step_log(steps) if steps.exists() else [], replay_check)
 
 

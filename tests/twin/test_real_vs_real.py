@@ -1,0 +1,94 @@
+"""experiments/real_vs_real.py: one recorded real run judged as a prediction of another."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from twinserve.backends.twin.fidelity import write_requests
+from twinserve.sim.world import RequestRecord
+
+SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "real_vs_real.py"
+
+
+@pytest.fixture(scope="module")
+def rvr():
+    spec = importlib.util.spec_from_file_location("real_vs_real", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _records(slow: float = 1.0, tpot_slow: float = 1.0, shift_arrival: float = 0.0) -> list[RequestRecord]:
+    """Twenty requests: a first token `slow` times later after arrival, the rest spaced by
+    tpot_slow times the base inter-token gap; each request's lengths differ."""
+    out = []
+    for i in range(20):
+        arrival = 2.0 * i + (shift_arrival if i == 3 else 0.0)
+        first = arrival + slow * (0.1 + 0.01 * i)
+        times = [first + tpot_slow * 0.05 * (1 + 0.02 * i) * k for k in range(4 + i % 5)]
+        out.append(RequestRecord(f"r{i}", arrival, 30 + i, len(times), None, times[0], times[-1], 0, 0,
+                                 times, finish_reason="length"))
+    return out
+
+
+def _run(path: Path, records: list[RequestRecord], sim_met: int, speed: float) -> Path:
+    path.mkdir(parents=True)
+    write_requests(records, path / "requests_real.csv")
+    (path / "fidelity.json").write_text(json.dumps({"targets": {"met": sim_met, "of": 6},
+                                                    "speed": {"sampled": {"mean_factor": speed}}}))
+    return path
+
+
+def test_the_same_run_twice_meets_every_cell(rvr, tmp_path) -> None:
+    a = _run(tmp_path / "a", _records(), 4, 1.0)
+    b = _run(tmp_path / "b", _records(), 5, 0.97)
+    res = rvr.judge(a, b)
+    cell = res["runs"]["."]
+    assert (cell["met"], cell["of"]) == (6, 6)
+    assert all(abs(e) < 1e-12 for per in cell["real_b_vs_a"].values() for e in per.values())
+    assert (res["sim_met_a"], res["sim_met_b"]) == (4, 5)
+    assert (cell["sampled_speed_a"], cell["sampled_speed_b"]) == (1.0, 0.97)
+
+
+def test_a_slower_second_run_misses_by_its_slowdown(rvr, tmp_path) -> None:
+    # B's first tokens come 20% later after arrival and its tokens 3% further apart: TTFT misses
+    # at +20% at both percentiles, TPOT stays inside the limits at +3%.
+    a = _run(tmp_path / "a", _records(), 6, 1.0)
+    b = _run(tmp_path / "b", _records(slow=1.2, tpot_slow=1.03), 6, 1.0)
+    cell = rvr.judge(a, b)["runs"]["."]
+    errs = cell["real_b_vs_a"]
+    assert errs["ttft"]["p50"] == pytest.approx(0.2) and errs["ttft"]["p99"] == pytest.approx(0.2)
+    assert errs["tpot"]["p50"] == pytest.approx(0.03) and errs["tpot"]["p99"] == pytest.approx(0.03)
+    assert 0.03 < errs["e2e"]["p50"] < 0.2
+    assert cell["met"] == 6 - 2 - sum(abs(errs["e2e"][q]) > lim for q, lim in (("p50", 0.05), ("p99", 0.10)))
+
+
+def test_studies_are_matched_by_run_name_and_totalled(rvr, tmp_path, capsys) -> None:
+    for side, slow in (("A", 1.0), ("B", 1.3)):
+        _run(tmp_path / side / "conv-0.3", _records(), 5, 1.0)
+        _run(tmp_path / side / "code-0.3", _records(slow=slow), 3, 1.0)
+    _run(tmp_path / "A" / "only-in-a", _records(), 6, 1.0)
+    res = rvr.judge(tmp_path / "A", tmp_path / "B")
+    assert sorted(res["runs"]) == ["code-0.3", "conv-0.3"]
+    assert res["runs"]["conv-0.3"]["met"] == 6 and res["runs"]["code-0.3"]["met"] < 6
+    assert res["met"] == 6 + res["runs"]["code-0.3"]["met"] and res["of"] == 12
+    assert (res["sim_met_a"], res["sim_met_b"]) == (8, 8)
+    assert rvr.main([str(tmp_path / "A"), str(tmp_path / "B"), "--json", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert f"{res['met']} of 12 target cells met" in out and "| code-0.3 |" in out
+    assert json.loads((tmp_path / "r.json").read_text())["met"] == res["met"]
+
+
+def test_runs_of_different_workloads_are_refused(rvr, tmp_path, capsys) -> None:
+    a = _run(tmp_path / "a", _records(), 6, 1.0)
+    b = _run(tmp_path / "b", _records(shift_arrival=0.5), 6, 1.0)
+    with pytest.raises(rvr.RunMismatch, match="same requests"):
+        rvr.judge(a, b)
+    assert rvr.main([str(a), str(b)]) == 2
+    assert "same requests" in capsys.readouterr().err
+    assert rvr.main([str(a), str(tmp_path / "nowhere")]) == 2
+    assert "no fidelity.json" in capsys.readouterr().err
