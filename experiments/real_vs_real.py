@@ -5,7 +5,10 @@ This script does the same for two separate calls, e.g. two `experiments/fidelity
 studies made with the same command an hour apart: for every cell (a fidelity run directory)
 that both hold, it judges the second call's real run as if it were a prediction of the first
 one's, by the same target cells as `fidelity` (TTFT, TPOT and E2E within 5% at p50 and 10% at
-p99), and sets that beside how many cells each call's simulator met against its own run.
+p99), and sets that beside how many cells each call's simulator met against its own run. It
+also sets the simulators' change from A to B (each priced at the speed sampled through its own
+run) beside the real change: how much of what the machine did between the calls the twin
+follows.
 
 It refuses runs of different workloads: the requests (ids, arrivals, prompt and output
 lengths) must be the same on both sides.
@@ -24,6 +27,8 @@ import math
 import sys
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from twinserve.backends.twin.compare import TARGET_METRICS, compare, targets
 from twinserve.backends.twin.fidelity import read_requests
@@ -63,8 +68,12 @@ def judge_pair(run_a: Path, run_b: Path) -> dict[str, Any]:
     def sampled(rep: dict[str, Any]) -> float | None:
         return ((rep.get("speed") or {}).get("sampled") or {}).get("mean_factor")
 
+    sim_b_vs_a = None
+    if "metrics" in rep_a and "metrics" in rep_b:
+        sim_b_vs_a = {m: {q: rep_b["metrics"][m][q]["sim"] / rep_a["metrics"][m][q]["sim"] - 1.0
+                          for q in t["cells"][m]} for m in t["cells"]}
     return {"real_b_vs_a": {m: {q: c["err"] for q, c in per.items()} for m, per in t["cells"].items()},
-            "met": t["met"], "of": t["of"],
+            "sim_b_vs_a": sim_b_vs_a, "met": t["met"], "of": t["of"],
             "sim_met_a": sim_met(rep_a), "sim_met_b": sim_met(rep_b),
             "sampled_speed_a": sampled(rep_a), "sampled_speed_b": sampled(rep_b),
             "num_requests": len(real_a)}
@@ -83,7 +92,22 @@ def judge(a: Path, b: Path) -> dict[str, Any]:
         return None if any(v is None for v in vals) else sum(vals)
 
     return {"a": str(a), "b": str(b), "runs": cells, "met": total("met"), "of": total("of"),
-            "sim_met_a": total("sim_met_a"), "sim_met_b": total("sim_met_b")}
+            "sim_met_a": total("sim_met_a"), "sim_met_b": total("sim_met_b"), "followed": followed(cells)}
+
+
+def followed(cells: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """How far the simulators' change from A to B follows the real change, over every target
+    cell of every run, in log ratios: their correlation, the real change's rms, and the rms of
+    what is left of it once the simulators' change is taken out (None without both sides' sim)."""
+    pairs = [(math.log1p(c["real_b_vs_a"][m][q]), math.log1p(c["sim_b_vs_a"][m][q]))
+             for c in cells.values() if c["sim_b_vs_a"] is not None
+             for m in c["real_b_vs_a"] for q in c["real_b_vs_a"][m]]
+    if len(pairs) < 2 or len(pairs) < sum(len(per) for c in cells.values() for per in c["real_b_vs_a"].values()):
+        return None
+    real, sim = (np.array(v) for v in zip(*pairs))
+    corr = float(np.corrcoef(real, sim)[0, 1]) if real.std() > 0 and sim.std() > 0 else float("nan")
+    return {"values": len(pairs), "correlation": corr, "real_rms": float(np.sqrt(np.mean(real ** 2))),
+            "left_rms": float(np.sqrt(np.mean((real - sim) ** 2)))}
 
 
 def report_table(res: dict[str, Any]) -> str:
@@ -104,6 +128,11 @@ def report_table(res: dict[str, Any]) -> str:
     sims = (f"; the simulators met {res['sim_met_a']} and {res['sim_met_b']} against their own runs"
             if res["sim_met_a"] is not None and res["sim_met_b"] is not None else "")
     lines += ["", f"real B against real A (errors in %): {res['met']} of {res['of']} target cells met{sims}"]
+    f = res.get("followed")
+    if f:
+        lines.append(f"the simulators' change from A to B against the real one, over {f['values']} cell values "
+                     f"(log ratios): correlation {f['correlation']:.2f}; the real change {f['real_rms']:.1%} rms, "
+                     f"{f['left_rms']:.1%} rms left once the simulators' change is taken out")
     return "\n".join(lines)
 
 

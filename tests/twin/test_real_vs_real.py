@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from twinserve.backends.twin.compare import compare
 from twinserve.backends.twin.fidelity import write_requests
 from twinserve.sim.world import RequestRecord
 
@@ -35,10 +36,14 @@ def _records(slow: float = 1.0, tpot_slow: float = 1.0, shift_arrival: float = 0
     return out
 
 
-def _run(path: Path, records: list[RequestRecord], sim_met: int, speed: float) -> Path:
+def _run(path: Path, records: list[RequestRecord], sim_met: int, speed: float,
+         sim: list[RequestRecord] | None = None) -> Path:
+    """A recorded fidelity run; its simulator's percentiles are those of `sim` (default: the
+    real records themselves, a simulator that predicted the run exactly)."""
     path.mkdir(parents=True)
     write_requests(records, path / "requests_real.csv")
-    (path / "fidelity.json").write_text(json.dumps({"targets": {"met": sim_met, "of": 6},
+    metrics = compare(records, sim if sim is not None else records)["metrics"]
+    (path / "fidelity.json").write_text(json.dumps({"targets": {"met": sim_met, "of": 6}, "metrics": metrics,
                                                     "speed": {"sampled": {"mean_factor": speed}}}))
     return path
 
@@ -65,6 +70,25 @@ def test_a_slower_second_run_misses_by_its_slowdown(rvr, tmp_path) -> None:
     assert errs["tpot"]["p50"] == pytest.approx(0.03) and errs["tpot"]["p99"] == pytest.approx(0.03)
     assert 0.03 < errs["e2e"]["p50"] < 0.2
     assert cell["met"] == 6 - 2 - sum(abs(errs["e2e"][q]) > lim for q, lim in (("p50", 0.05), ("p99", 0.10)))
+
+
+def test_the_simulators_change_is_set_beside_the_real_change(rvr, tmp_path) -> None:
+    # Two cells whose second real run is slower in different measures. A twin that saw each
+    # run exactly follows every change; one whose prediction for B is its prediction for A
+    # follows none of it, and what is left is the whole real change.
+    for side, sim_sees in (("exact", True), ("blind", False)):
+        for name, slow, tpot in (("c1", 1.25, 1.0), ("c2", 1.0, 1.15)):
+            _run(tmp_path / side / "A" / name, _records(), 6, 1.0)
+            _run(tmp_path / side / "B" / name, _records(slow=slow, tpot_slow=tpot), 6, 1.0,
+                 sim=None if sim_sees else _records())
+    exact = rvr.judge(tmp_path / "exact" / "A", tmp_path / "exact" / "B")["followed"]
+    blind = rvr.judge(tmp_path / "blind" / "A", tmp_path / "blind" / "B")["followed"]
+    assert exact["values"] == blind["values"] == 12
+    assert exact["correlation"] == pytest.approx(1.0) and exact["left_rms"] == pytest.approx(0.0, abs=1e-12)
+    assert exact["real_rms"] == pytest.approx(blind["real_rms"]) and exact["real_rms"] > 0.05
+    assert blind["left_rms"] == pytest.approx(blind["real_rms"])
+    cell = rvr.judge(tmp_path / "blind" / "A", tmp_path / "blind" / "B")["runs"]["c1"]
+    assert cell["sim_b_vs_a"]["ttft"]["p50"] == pytest.approx(0.0) and cell["real_b_vs_a"]["ttft"]["p50"] > 0.2
 
 
 def test_studies_are_matched_by_run_name_and_totalled(rvr, tmp_path, capsys) -> None:
