@@ -30,6 +30,7 @@ from twinserve.backends.real.config import EngineArgs
 from twinserve.backends.real.engine import LLMEngine
 from twinserve.backends.sim.fitted import FittedCostModel
 from twinserve.backends.twin.band import band_inside
+from twinserve.backends.twin.compare import DEFAULT_TARGETS, TARGET_METRICS
 from twinserve.backends.twin.fidelity import FidelityOptions, run_fidelity, simulate, workload_factory
 
 TRACES = {"conv": "AzureLLMInferenceTrace_conv.csv", "code": "AzureLLMInferenceTrace_code.csv"}
@@ -165,11 +166,31 @@ def main() -> int:
                 row["speeds"] = [x["speed"].get("machine_speed_ratio") for x in r["runs"]]
                 # The mean speed each run sampled through itself (speedtrace.py), when judged by it.
                 row["sampled"] = [(x["speed"].get("sampled") or {}).get("mean_factor") for x in r["runs"]]
-                row["busy"] = [x["busy_err"] for x in r["runs"]]
+                row["busy_runs"] = [x["busy_err"] for x in r["runs"]]
+                # Target cells per real run: the simulator against each, and real run 2 as if it
+                # were a prediction of run 1 (what the engine repeats itself to).
+                row["sim_met_runs"] = [cells_met(x["err"]) for x in r["runs"]]
+                row["real2_met"] = cells_met(r["real_vs_first"][0]["err"])
             rows.append(row)
             print(json.dumps(row), flush=True)
     engine.shutdown()
     out.mkdir(parents=True, exist_ok=True)
+    table = summary_table(rows, a.repeats)
+    (out / "summary.md").write_text(table + "\n")
+    print(table)
+    return 0
+
+
+def cells_met(err: dict[str, dict[str, float]]) -> int:
+    """How many target cells (TARGET_METRICS x DEFAULT_TARGETS) a {metric: {pXX: signed
+    error}} map meets."""
+    return sum(abs(err[m][q]) <= lim for m in TARGET_METRICS for q, lim in DEFAULT_TARGETS.items())
+
+
+def summary_table(rows: list[dict], repeats: int = 1) -> str:
+    """summary.md: a row per run, with --repeats a second table of the pooled errors beside
+    real run 2 against run 1, and the closing counts (met_summary)."""
+    n_cells = len(TARGET_METRICS) * len(DEFAULT_TARGETS)
     cols = ["ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99", "throughput"]
     lines = ["| trace | load | rate (req/s) | " + " | ".join(c.replace("_", " ") for c in cols)
              + " | step median | busy time | replay exact | E2E p50 band ± | real inside band | busy beyond fit "
@@ -189,23 +210,35 @@ def main() -> int:
                      f"| {'n/a' if r['speed_precision'] is None else format(r['speed_precision'], '.1%')} "
                      f"| {'n/a' if r['neighbours'] is None else format(r['neighbours'], '.0%')} "
                      f"| {r['speed_from']} |")
-    if a.repeats > 1:
-        lines += ["", f"{a.repeats} real runs per cell: the simulator against all of them pooled, and real "
+    if repeats > 1:
+        lines += ["", f"{repeats} real runs per cell: the simulator against all of them pooled, and real "
                   "run 2 against real run 1", "",
                   "| trace | load | " + " | ".join(f"pooled {c.replace('_', ' ')}" for c in cols[:6])
                   + " | " + " | ".join(f"real 2 vs 1 {c.replace('_', ' ')}" for c in cols[:6])
-                  + " | speed per run (probes) | sampled | busy err per run |", "|" + "---|" * 17]
+                  + " | speed per run (probes) | sampled | busy err per run | sim met per run | real 2 vs 1 met |",
+                  "|" + "---|" * 19]
         for r in (r for r in rows if "speeds" in r):  # a run cut short has no repeats
             lines.append(f"| {r['trace']} | {r['load']:g} | "
                          + " | ".join(f"{r['pooled_' + c]:+.1%}" for c in cols[:6]) + " | "
                          + " | ".join(f"{r['real2_' + c]:+.1%}" for c in cols[:6]) + " | "
                          + ", ".join(f"{x:.3f}" if x else "n/a" for x in r["speeds"]) + " | "
                          + ", ".join(f"{x:.3f}" if x else "n/a" for x in r["sampled"]) + " | "
-                         + ", ".join("n/a" if x is None else f"{x:+.1%}" for x in r["busy"]) + " |")
-    table = "\n".join(lines + ["", met_summary(rows)])
-    (out / "summary.md").write_text(table + "\n")
-    print(table)
-    return 0
+                         + ", ".join("n/a" if x is None else f"{x:+.1%}" for x in r["busy_runs"]) + " | "
+                         + ", ".join(f"{x}/{n_cells}" for x in r["sim_met_runs"]) + f" | {r['real2_met']}/{n_cells} |")
+    lines += ["", met_summary(rows)]
+    repeated = [r for r in rows if "real2_met" in r]
+    if repeated:
+        lines.append(repeats_summary(repeated))
+    return "\n".join(lines)
+
+
+def repeats_summary(rows: list[dict]) -> str:
+    """With --repeats: the cells the simulator met against each real run, and those that real
+    run 2 meets as a prediction of run 1, over the study."""
+    n_cells = len(TARGET_METRICS) * len(DEFAULT_TARGETS)
+    per_run = [sum(x) for x in zip(*(r["sim_met_runs"] for r in rows))]
+    return (f"per real run, the simulator met {', '.join(str(x) for x in per_run)} of {n_cells * len(rows)} cells; "
+            f"real run 2 as a prediction of run 1 met {sum(r['real2_met'] for r in rows)} of {n_cells * len(rows)}")
 
 
 def met_summary(rows: list[dict]) -> str:
