@@ -1,21 +1,13 @@
-"""experiments/fidelity_study.py's closing line: the cells met, told apart by load."""
+"""experiments/fidelity_study.py's summary: the cells met, told apart by load, and a repeated study's lines."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "fidelity_study.py"
 
 
 @pytest.fixture(scope="module")
-def study():
-    spec = importlib.util.spec_from_file_location("fidelity_study", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def study(experiment):
+    return experiment("fidelity_study")
 
 
 def _row(load: float, met: str, own: str | None, exact: bool = True) -> dict:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,15 +11,10 @@ from twinserve.backends.twin.compare import compare
 from twinserve.backends.twin.fidelity import write_requests
 from twinserve.sim.world import RequestRecord
 
-SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "real_vs_real.py"
-
 
 @pytest.fixture(scope="module")
-def rvr():
-    spec = importlib.util.spec_from_file_location("real_vs_real", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def rvr(experiment):
+    return experiment("real_vs_real")
 
 
 def _records(slow: float = 1.0, tpot_slow: float = 1.0, shift_arrival: float = 0.0) -> list[RequestRecord]:
