@@ -30,7 +30,7 @@ from twinserve.backends.real.config import EngineArgs
 from twinserve.backends.real.engine import LLMEngine
 from twinserve.backends.sim.fitted import FittedCostModel
 from twinserve.backends.twin.band import band_inside
-from twinserve.backends.twin.compare import DEFAULT_TARGETS, TARGET_METRICS
+from twinserve.backends.twin.compare import DEFAULT_TARGETS, TARGET_METRICS, targets
 from twinserve.backends.twin.fidelity import FidelityOptions, run_fidelity, simulate, workload_factory
 
 TRACES = {"conv": "AzureLLMInferenceTrace_conv.csv", "code": "AzureLLMInferenceTrace_code.csv"}
@@ -182,9 +182,8 @@ def main() -> int:
 
 
 def cells_met(err: dict[str, dict[str, float]]) -> int:
-    """How many target cells (TARGET_METRICS x DEFAULT_TARGETS) a {metric: {pXX: signed
-    error}} map meets."""
-    return sum(abs(err[m][q]) <= lim for m in TARGET_METRICS for q, lim in DEFAULT_TARGETS.items())
+    """How many target cells a {metric: {pXX: signed error}} map meets (compare.targets)."""
+    return targets({m: {q: {"err": e} for q, e in per.items()} for m, per in err.items()})["met"]
 
 
 def summary_table(rows: list[dict], repeats: int = 1) -> str:

@@ -42,7 +42,7 @@ def _full_row(trace: str, load: float, met: str, repeated: bool) -> dict:
 
 def test_summary_table_of_a_repeated_study(study) -> None:
     # Each row carries the first run's busy-time error and one per run: a list in the main
-    # table's column was the crash at the end of a two-hour --repeats study.
+    # table's column was the crash at the end of a 44-minute --repeats study.
     rows = [_full_row("conv", 0.3, "4/6", True), _full_row("conv", 1.3, "2/6", True)]
     text = study.summary_table(rows, repeats=2)
     assert "| -2.0% | yes |" in text
