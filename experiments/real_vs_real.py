@@ -14,6 +14,12 @@ It refuses runs of different workloads: the requests (ids, arrivals, prompt and 
 lengths) must be the same on both sides.
 
     python experiments/real_vs_real.py STUDY_A STUDY_B [--json OUT]
+    python experiments/real_vs_real.py --pool STUDY [STUDY ...] [--json OUT]
+
+With --pool it judges the simulator against every real run of each cell pooled instead, as
+`fidelity --repeats` pools one call's runs: each run's requests against that run's own
+prediction (requests_sim.csv), the repeats inside a run directory (repeat-J/) included. A
+miss that pooling more runs does not shrink is the model's, not the machine's noise.
 
 Either argument may be a study directory (one fidelity run per subdirectory) or one fidelity
 run directory (holding fidelity.json and requests_real.csv).
@@ -22,6 +28,7 @@ run directory (holding fidelity.json and requests_real.csv).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -95,6 +102,57 @@ def judge(a: Path, b: Path) -> dict[str, Any]:
             "sim_met_a": total("sim_met_a"), "sim_met_b": total("sim_met_b"), "followed": followed(cells)}
 
 
+def run_dirs(path: Path) -> dict[str, list[Path]]:
+    """Every recorded real run under path, by cell: the run directory, then its repeat-J/."""
+    def order(d: Path) -> int:
+        return int(d.name.split("-", 1)[1]) if d.name.split("-", 1)[1].isdigit() else 0
+
+    return {name: [d] + sorted((r for r in d.glob("repeat-*") if (r / "requests_real.csv").is_file()), key=order)
+            for name, d in runs_in(path).items()}
+
+
+def _tag(records: list[Any], j: int) -> list[Any]:
+    return [dataclasses.replace(r, request_id=f"{j}:{r.request_id}") for r in records]
+
+
+def pooled(paths: list[Path]) -> dict[str, Any]:
+    """The simulator against every real run of each cell the paths share, pooled."""
+    found = [run_dirs(p) for p in paths]
+    common = sorted(set.intersection(*(set(f) for f in found)))
+    if not common:
+        raise RunMismatch(f"{', '.join(map(str, paths))} share no run directory")
+    cells: dict[str, Any] = {}
+    for name in common:
+        dirs = [d for f in found for d in f[name]]
+        reals = [read_requests(d / "requests_real.csv") for d in dirs]
+        real, sim = [], []
+        for j, (d, got) in enumerate(zip(dirs, reals)):
+            if _workload_key(got) != _workload_key(reals[0]):
+                raise RunMismatch(f"{dirs[0]} and {d} did not serve the same requests (ids, arrivals, lengths)")
+            if not (d / "requests_sim.csv").is_file():
+                raise FileNotFoundError(f"{d}: no requests_sim.csv (the simulator's prediction of the run)")
+            real += _tag(got, j)
+            sim += _tag(read_requests(d / "requests_sim.csv"), j)
+        t = targets(compare(real, sim)["metrics"], judged_on=f"pooled over {len(dirs)} real runs")
+        cells[name] = {"runs": len(dirs), "met": t["met"], "of": t["of"],
+                       "err": {m: {q: c["err"] for q, c in per.items()} for m, per in t["cells"].items()}}
+    return {"paths": [str(p) for p in paths], "runs": cells, "met": sum(c["met"] for c in cells.values()),
+            "of": sum(c["of"] for c in cells.values())}
+
+
+def pooled_table(res: dict[str, Any]) -> str:
+    """Markdown: per cell, the pooled signed errors and the cells met."""
+    quants = list(next(iter(res["runs"].values()))["err"][TARGET_METRICS[0]])
+    head = ["run", "real runs"] + [f"{m.upper()} {q}" for m in TARGET_METRICS for q in quants] + ["met"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, c in res["runs"].items():
+        errs = [f"{100 * c['err'][m][q]:+.1f}" for m in TARGET_METRICS for q in quants]
+        lines.append("| " + " | ".join([name, str(c["runs"])] + errs + [f"{c['met']}/{c['of']}"]) + " |")
+    lines += ["", f"the simulator against the real runs pooled (errors in %): {res['met']} of {res['of']} "
+              "target cells met"]
+    return "\n".join(lines)
+
+
 def followed(cells: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     """How far the simulators' change from A to B follows the real change, over every target
     cell of every run, in log ratios: their correlation, the real change's rms, and the rms of
@@ -138,16 +196,20 @@ def report_table(res: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("a", type=Path, help="study or fidelity run directory (the reference, A)")
-    p.add_argument("b", type=Path, help="study or fidelity run directory of the same workload (B)")
+    p.add_argument("paths", type=Path, nargs="+",
+                   help="study or fidelity run directories of the same workload: A (the reference) and B")
+    p.add_argument("--pool", action="store_true",
+                   help="judge the simulator against all the paths' real runs pooled instead")
     p.add_argument("--json", type=Path, default=None, help="also write the result as JSON here")
     args = p.parse_args(argv)
+    if not args.pool and len(args.paths) != 2:
+        p.error(f"give two paths, A and B (got {len(args.paths)}), or --pool")
     try:
-        res = judge(args.a, args.b)
+        res = pooled(args.paths) if args.pool else judge(*args.paths)
     except (RunMismatch, FileNotFoundError) as e:
         print(f"real_vs_real: {e}", file=sys.stderr)
         return 2
-    print(report_table(res))
+    print(pooled_table(res) if args.pool else report_table(res))
     if args.json is not None:
         args.json.write_text(json.dumps(res, indent=2) + "\n")
     return 0

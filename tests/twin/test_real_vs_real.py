@@ -36,6 +36,7 @@ def _run(path: Path, records: list[RequestRecord], sim_met: int, speed: float,
     real records themselves, a simulator that predicted the run exactly)."""
     path.mkdir(parents=True)
     write_requests(records, path / "requests_real.csv")
+    write_requests(sim if sim is not None else records, path / "requests_sim.csv")
     metrics = compare(records, sim if sim is not None else records)["metrics"]
     (path / "fidelity.json").write_text(json.dumps({"targets": {"met": sim_met, "of": 6}, "metrics": metrics,
                                                     "speed": {"sampled": {"mean_factor": speed}}}))
@@ -110,3 +111,49 @@ def test_runs_of_different_workloads_are_refused(rvr, tmp_path, capsys) -> None:
     assert "same requests" in capsys.readouterr().err
     assert rvr.main([str(a), str(tmp_path / "nowhere")]) == 2
     assert "no fidelity.json" in capsys.readouterr().err
+
+
+def _repeat(run: Path, j: int, records: list[RequestRecord], sim: list[RequestRecord] | None = None) -> None:
+    """A repeat-J/ directory in a recorded run, as fidelity --repeats writes it."""
+    d = run / f"repeat-{j}"
+    d.mkdir()
+    write_requests(records, d / "requests_real.csv")
+    write_requests(sim if sim is not None else records, d / "requests_sim.csv")
+
+
+def test_pooled_takes_every_run_of_every_study_repeats_included(rvr, tmp_path, capsys) -> None:
+    _run(tmp_path / "A" / "c1", _records(), 6, 1.0)
+    b = _run(tmp_path / "B" / "c1", _records(slow=1.2), 6, 1.0)
+    _repeat(b, 2, _records(tpot_slow=1.1))
+    _run(tmp_path / "B" / "only-in-b", _records(), 6, 1.0)
+    res = rvr.pooled([tmp_path / "A", tmp_path / "B"])
+    assert list(res["runs"]) == ["c1"] and res["runs"]["c1"]["runs"] == 3
+    # Three runs each predicted exactly: pooled, every cell is met at zero error.
+    assert (res["met"], res["of"]) == (6, 6)
+    assert all(abs(e) < 1e-12 for per in res["runs"]["c1"]["err"].values() for e in per.values())
+    assert rvr.main(["--pool", str(tmp_path / "A"), str(tmp_path / "B")]) == 0
+    assert "| c1 | 3 |" in capsys.readouterr().out
+
+
+def test_pooled_error_is_the_runs_together_not_one_of_them(rvr, tmp_path) -> None:
+    # One run predicted with first tokens 30% late, the other exactly: pooled, TTFT p50 is off
+    # by less than the one run's 30% but not nothing, and the untouched TPOT stays exact.
+    _run(tmp_path / "A" / "c1", _records(), 0, 1.0, sim=_records(slow=1.3))
+    _run(tmp_path / "B" / "c1", _records(), 6, 1.0)
+    err = rvr.pooled([tmp_path / "A", tmp_path / "B"])["runs"]["c1"]["err"]
+    assert 0.0 < err["ttft"]["p50"] < 0.3
+    assert err["tpot"]["p50"] == pytest.approx(0.0) and err["tpot"]["p99"] == pytest.approx(0.0)
+    alone = rvr.pooled([tmp_path / "A"])["runs"]["c1"]["err"]
+    assert alone["ttft"]["p50"] == pytest.approx(0.3)
+
+
+def test_pooled_refuses_other_workloads_and_runs_without_a_prediction(rvr, tmp_path, capsys) -> None:
+    _run(tmp_path / "A" / "c1", _records(), 6, 1.0)
+    _run(tmp_path / "B" / "c1", _records(shift_arrival=0.5), 6, 1.0)
+    with pytest.raises(rvr.RunMismatch, match="same requests"):
+        rvr.pooled([tmp_path / "A", tmp_path / "B"])
+    (tmp_path / "A" / "c1" / "requests_sim.csv").unlink()
+    assert rvr.main(["--pool", str(tmp_path / "A")]) == 2
+    assert "no requests_sim.csv" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        rvr.main([str(tmp_path / "A")])
