@@ -28,7 +28,6 @@ run directory (holding fidelity.json and requests_real.csv).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
@@ -38,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from twinserve.backends.twin.compare import TARGET_METRICS, compare, targets
-from twinserve.backends.twin.fidelity import read_requests
+from twinserve.backends.twin.fidelity import read_requests, tagged
 
 
 class RunMismatch(ValueError):
@@ -111,10 +110,6 @@ def run_dirs(path: Path) -> dict[str, list[Path]]:
             for name, d in runs_in(path).items()}
 
 
-def _tag(records: list[Any], j: int) -> list[Any]:
-    return [dataclasses.replace(r, request_id=f"{j}:{r.request_id}") for r in records]
-
-
 def pooled(paths: list[Path]) -> dict[str, Any]:
     """The simulator against every real run of each cell the paths share, pooled."""
     found = [run_dirs(p) for p in paths]
@@ -131,8 +126,8 @@ def pooled(paths: list[Path]) -> dict[str, Any]:
                 raise RunMismatch(f"{dirs[0]} and {d} did not serve the same requests (ids, arrivals, lengths)")
             if not (d / "requests_sim.csv").is_file():
                 raise FileNotFoundError(f"{d}: no requests_sim.csv (the simulator's prediction of the run)")
-            real += _tag(got, j)
-            sim += _tag(read_requests(d / "requests_sim.csv"), j)
+            real += tagged(got, j)
+            sim += tagged(read_requests(d / "requests_sim.csv"), j)
         t = targets(compare(real, sim)["metrics"], judged_on=f"pooled over {len(dirs)} real runs")
         cells[name] = {"runs": len(dirs), "met": t["met"], "of": t["of"],
                        "err": {m: {q: c["err"] for q, c in per.items()} for m, per in t["cells"].items()}}

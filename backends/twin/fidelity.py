@@ -565,7 +565,8 @@ def _errs(metrics: dict[str, Any]) -> dict[str, dict[str, float]]:
     return {m: {f"p{p}": metrics[m][f"p{p}"]["err"] for p in PERCENTILES} for m in metrics}
 
 
-def _tagged(records: list[RequestRecord], j: int) -> list[RequestRecord]:
+def tagged(records: list[RequestRecord], j: int) -> list[RequestRecord]:
+    """The records of run j (from 0) with request ids made unique across runs, for pooling."""
     return [dataclasses.replace(r, request_id=f"run{j + 1}/{r.request_id}") for r in records]
 
 
@@ -573,8 +574,8 @@ def repeat_summary(runs: list[_Run], out: Path) -> dict[str, Any]:
     """Several real runs of one workload: each run's error, the error pooled over the runs (the
     requests of every run against their predictions, each at its run's speed), and each later
     run against the first, real against real: on a machine whose speed drifts, the floor."""
-    pooled = compare([r for j, run in enumerate(runs) for r in _tagged(run.records, j)],
-                     [r for j, run in enumerate(runs) for r in _tagged(run.sim.records, j)])
+    pooled = compare([r for j, run in enumerate(runs) for r in tagged(run.records, j)],
+                     [r for j, run in enumerate(runs) for r in tagged(run.sim.records, j)])
     per_run = [{"dir": str(run.dir.relative_to(out)) if run.dir != out else ".",
                 "speed": run.speed, "replay": run.replay, "err": _errs(run.part["metrics"]),
                 "throughput_err": run.part["throughput"]["output_tok_s"]["err"],
@@ -592,8 +593,8 @@ def repeat_summary(runs: list[_Run], out: Path) -> dict[str, Any]:
     out = {"count": len(runs), "runs": per_run, "pooled": {"metrics": pooled["metrics"]},
            "real_vs_first": vs_first, "real_spread": floor}
     if all(run.sim_matched is not None for run in runs):
-        matched = compare([r for j, run in enumerate(runs) for r in _tagged(run.records, j)],
-                          [r for j, run in enumerate(runs) for r in _tagged(run.sim_matched.records, j)])
+        matched = compare([r for j, run in enumerate(runs) for r in tagged(run.records, j)],
+                          [r for j, run in enumerate(runs) for r in tagged(run.sim_matched.records, j)])
         out["pooled_speed_matched"] = {"metrics": matched["metrics"]}
     return out
 
