@@ -5,12 +5,27 @@ from __future__ import annotations
 from itertools import chain
 from typing import Iterable
 
+from twinserve.core.errors import TwinserveError
 from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
 
 from .cost_model import CostModel, WorkTotals
 from .fitted import RANGE_DIMS
 
 DEFAULT_TOKEN = 1
+_INF = float("inf")
+
+
+class StepTimeError(TwinserveError, ValueError):
+    """The cost model priced a step at a time the simulated clock cannot take (NaN, infinite or
+    negative): an efficiency or overhead knob so extreme that the arithmetic overflowed, or a
+    broken cost model. Raised instead of letting the clock stall."""
+
+    def __init__(self, cost_model: str, seconds: float, features: str) -> None:
+        self.cost_model = cost_model
+        self.seconds = seconds
+        self._keep_args(f"cost model {cost_model} priced a step ({features}) at {seconds!r} s; a step needs a "
+                        "finite, non-negative time: check the cost model's knobs (an efficiency near 0 or an "
+                        "overhead near the float limit overflows)", cost_model, seconds, features)
 
 
 class SimExecutor:
@@ -94,6 +109,9 @@ class SimExecutor:
         if self._wake:
             f, e = self._wake.pop()
             t = t * f + e
+        if not 0.0 <= t < _INF:  # NaN fails too
+            raise StepTimeError(self._model_name(), t, f"prefill: {pt} tokens in {ps} chunk(s); "
+                                f"decode: {ds} sequence(s) over {dc} tokens of context")
         w = self.totals
         w.num_steps += 1
         w.num_prefill_tokens += pt
@@ -124,7 +142,21 @@ class SimExecutor:
         """
         fast = getattr(self.cost_model, "decode_step_times", None)
         if fast is not None:  # the same loop, specialised by the cost model
-            return fast(num_seqs, context, max_steps, start, deadline)
+            durations, ends = fast(num_seqs, context, max_steps, start, deadline)
+        else:
+            durations, ends = self._decode_step_times(num_seqs, context, max_steps, start, deadline)
+        # A NaN or infinite duration carries to the last end; a negative one shows in the minimum.
+        if ends and not (ends[-1] < _INF and min(durations) >= 0.0):
+            bad = next((d for d in durations if not 0.0 <= d < _INF), ends[-1])
+            raise StepTimeError(self._model_name(), bad, f"decode: {num_seqs} sequence(s) over {context} "
+                                "tokens of context, or a decode step after it")
+        return durations, ends
+
+    def _model_name(self) -> str:
+        return str(getattr(self.cost_model, "name", None) or type(self.cost_model).__name__)
+
+    def _decode_step_times(self, num_seqs: int, context: int, max_steps: int, start: float,
+                           deadline: float) -> tuple[list[float], list[float]]:
         step_time = self.cost_model.step_time
         durations: list[float] = []
         ends: list[float] = []

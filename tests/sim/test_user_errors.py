@@ -154,3 +154,57 @@ def test_sweep_worker_failure_mid_run_is_reported(tmp_path, capsys) -> None:
     rc, err = _run_cli(["sweep", "--config", str(_trace_study(tmp_path, trace)), "--grid", "rate=1,2",
                         "--workers", "2", "--out", str(tmp_path / "o")], capsys)
     assert rc == 2 and f"{trace}:4" in err and "num_decode_tokens" in err
+
+
+def _alarm(signum, frame):  # a regression would stall the simulated clock forever
+    raise AssertionError("the simulation did not finish within 20 s")
+
+
+def test_an_efficiency_that_overflows_the_step_time_is_a_typed_error_not_a_hang() -> None:
+    # Found by test_config_hypothesis: eff_memory=5e-324 is a fraction in (0, 1], but the roofline
+    # divides by it and a step came out NaN; the clock stood still at NaN and the run never ended.
+    import signal
+
+    from twinserve.backends.sim.executor import StepTimeError
+
+    cfg = small_config()
+    cfg.workload.num_requests = 20
+    cfg.workload.rate = 50.0
+    cfg.engine.eff_memory = 5e-324
+    cfg.workload.burstiness = 0.134
+    cfg.workload.prompt_max = 256
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(20)
+    try:
+        with pytest.raises(StepTimeError, match="finite, non-negative time") as got:
+            simulate(cfg)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert "roofline" in str(got.value)
+    again = pickle.loads(pickle.dumps(got.value))
+    assert type(again) is StepTimeError and str(again) == str(got.value)
+
+
+class _Priced:
+    """A cost model that prices every step at one fixed time (NaN, inf or negative here)."""
+
+    name = "fixed"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def step_time(self, *features) -> float:
+        return self.seconds
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -1e-3])
+def test_the_executor_refuses_a_step_time_the_clock_cannot_take(seconds: float) -> None:
+    from twinserve.backends.sim.executor import SimExecutor, StepTimeError
+
+    ex = SimExecutor(_Priced(seconds))
+    with pytest.raises(StepTimeError, match="cost model fixed priced a step"):
+        ex.decode_step_times(4, 100, 3, 0.0, float("inf"))
+    ex = SimExecutor(_Priced(0.01))
+    durations, ends = ex.decode_step_times(4, 100, 3, 0.0, float("inf"))
+    assert durations == [0.01] * 3 and ends[-1] == pytest.approx(0.03)
