@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any
+import signal
+from typing import Any, Iterator
 
 from twinserve.sim.build import simulate
 from twinserve.sim.config import StudyConfig, set_field
@@ -32,3 +34,23 @@ def fingerprint(result: RunResult) -> tuple:
     recs = tuple(dataclasses.astuple(r) for r in result.records)
     return recs, dataclasses.astuple(result.steps), result.num_steps, result.num_preemptions, \
         result.prefix_queries, result.prefix_hits
+
+
+class Hang(Exception):
+    """A simulation ran past its time limit."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: int) -> Iterator[None]:
+    """Raise Hang in the block after `seconds` of wall time (SIGALRM: the main thread only), so a
+    simulation whose clock stalls fails the test instead of hanging the suite."""
+    def alarm(signum: int, frame: Any) -> None:
+        raise Hang(f"the simulation did not finish within {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

@@ -3,7 +3,6 @@ code, gives a typed error or a finished simulation; never a crash or a hang (an 
 
 from __future__ import annotations
 
-import signal
 from typing import Any
 
 from hypothesis import HealthCheck, event, given, settings
@@ -13,7 +12,7 @@ from twinserve.core.errors import TwinserveError
 from twinserve.sim.build import simulate
 from twinserve.sim.config import _CHOICES, StudyConfig, all_fields, set_field, validate
 
-from .helpers import small_config
+from .helpers import small_config, time_limit
 
 # num_requests is pinned (it sets the run's length); everything else is fair game.
 FIELDS = sorted(f for f in all_fields() if f != "workload.num_requests")
@@ -47,37 +46,25 @@ def field_changes(draw: Any) -> dict[str, Any]:
     return {n: draw(VALUE if draw(st.integers(0, 3)) == 0 else _plausible(n)) for n in names}
 
 
-class Hang(Exception):
-    """A simulation ran past its alarm."""
-
-
-def _alarm(signum: int, frame: Any) -> None:
-    raise Hang("the simulation did not finish within 20 s")
-
-
 @given(changes=field_changes(), as_text=st.booleans())
 @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 def test_any_field_value_is_a_typed_error_or_a_finished_run(changes: dict[str, Any], as_text: bool) -> None:
     cfg = small_config()
     cfg.workload.num_requests = 20
     cfg.workload.rate = 50.0
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(20)
     try:
-        for name, value in changes.items():
-            if as_text:  # the --set path: strings through coerce()
-                set_field(cfg, name, "" if value is None else str(value))
-            else:  # set in code: only validate() stands between the value and the run
-                section, field = name.split(".", 1)
-                setattr(getattr(cfg, section), field, value)
-        validate(cfg)
-        result = simulate(cfg)[1]
+        with time_limit(20):
+            for name, value in changes.items():
+                if as_text:  # the --set path: strings through coerce()
+                    set_field(cfg, name, "" if value is None else str(value))
+                else:  # set in code: only validate() stands between the value and the run
+                    section, field = name.split(".", 1)
+                    setattr(getattr(cfg, section), field, value)
+            validate(cfg)
+            result = simulate(cfg)[1]
     except (TwinserveError, OSError) as e:
         event(f"refused: {type(e).__name__}")
         return  # typed (OSError: a path that is a folder or unreadable, reported as such by `simulate`)
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
     event("simulated")
     finished = [r for r in result.records if r.finish_reason in ("length", "stop")]
     refused = [r for r in result.records if r.finish_reason == "refused"]

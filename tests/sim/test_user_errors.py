@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import simpy
 
+from twinserve.backends.sim.executor import SimExecutor, StepTimeError
 from twinserve.core.errors import InvalidConfigError, InvalidRequestError, InvalidSamplingParamsError
 from twinserve.sim import cli
 from twinserve.sim.build import simulate
@@ -16,7 +17,7 @@ from twinserve.sim.config import load_config
 from twinserve.sim.errors import ConfigError, TraceError
 from twinserve.sim.traces import read_trace
 
-from .helpers import small_config
+from .helpers import small_config, time_limit
 
 STUDY = '[engine]\nmodel = "SmolLM2-135M"\nhardware = "H200"\n[workload]\nnum_requests = 20\nrate = 20.0\n'
 
@@ -156,31 +157,19 @@ def test_sweep_worker_failure_mid_run_is_reported(tmp_path, capsys) -> None:
     assert rc == 2 and f"{trace}:4" in err and "num_decode_tokens" in err
 
 
-def _alarm(signum, frame):  # a regression would stall the simulated clock forever
-    raise AssertionError("the simulation did not finish within 20 s")
-
-
-def test_an_efficiency_that_overflows_the_step_time_is_a_typed_error_not_a_hang() -> None:
+@pytest.mark.parametrize("fast_forward", [True, False])  # decode windows, or every step through execute()
+def test_an_efficiency_that_overflows_the_step_time_is_a_typed_error_not_a_hang(fast_forward: bool) -> None:
     # Found by test_config_hypothesis: eff_memory=5e-324 is a fraction in (0, 1], but the roofline
     # divides by it and a step came out NaN; the clock stood still at NaN and the run never ended.
-    import signal
-
-    from twinserve.backends.sim.executor import StepTimeError
-
     cfg = small_config()
+    cfg.run.fast_forward = fast_forward
     cfg.workload.num_requests = 20
     cfg.workload.rate = 50.0
     cfg.engine.eff_memory = 5e-324
     cfg.workload.burstiness = 0.134
     cfg.workload.prompt_max = 256
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(20)
-    try:
-        with pytest.raises(StepTimeError, match="finite, non-negative time") as got:
-            simulate(cfg)
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
+    with time_limit(20), pytest.raises(StepTimeError, match="finite, non-negative time") as got:
+        simulate(cfg)
     assert "roofline" in str(got.value)
     again = pickle.loads(pickle.dumps(got.value))
     assert type(again) is StepTimeError and str(again) == str(got.value)
@@ -200,8 +189,6 @@ class _Priced:
 
 @pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -1e-3])
 def test_the_executor_refuses_a_step_time_the_clock_cannot_take(seconds: float) -> None:
-    from twinserve.backends.sim.executor import SimExecutor, StepTimeError
-
     ex = SimExecutor(_Priced(seconds))
     with pytest.raises(StepTimeError, match="cost model fixed priced a step"):
         ex.decode_step_times(4, 100, 3, 0.0, float("inf"))
