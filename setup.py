@@ -1,13 +1,13 @@
 """Maps the top-level folders onto the twinserve namespace (the rest lives in pyproject.toml).
 
-core/, backends/, sim/ and kernels/ install as twinserve.core, twinserve.backends,
-twinserve.sim and twinserve.kernels, so nothing named `core` or `kernels` lands in a
+core/, backends/, sim/, kernels/, twin/ and bench/ install as twinserve.core, twinserve.backends,
+twinserve.sim, twinserve.kernels, twinserve.twin and twinserve.bench, so nothing named `core` or `kernels` lands in a
 user's environment. Subpackages are discovered, so a new folder needs no edit here.
 """
 
 from setuptools import find_packages, setup
 
-FOLDERS = ("core", "backends", "sim", "kernels")
+FOLDERS = ("core", "backends", "sim", "kernels", "twin", "bench")
 
 package_dir = {"twinserve": "twinserve"}
 packages = ["twinserve"]

@@ -4,13 +4,13 @@ Pure Python: nothing here imports torch, simpy, pandas or numpy, so the simulato
 and the real engine drive the very same objects.
 """
 
-from .engine_core import EngineCore, Executor, StepStats
-from .errors import (InvalidConfigError, InvalidRequestError, InvalidSamplingParamsError,
+from twinserve.core.engine_core import EngineCore, Executor, StepStats
+from twinserve.core.errors import (InvalidConfigError, InvalidRequestError, InvalidSamplingParamsError,
                      PrefixCacheBusyError, PromptTooLongError, TwinserveError)
-from .kv import BlockPool, KVCacheManager
-from .request import FinishReason, Request, RequestStatus
-from .sampling_params import SamplingParams
-from .sched import (EngineCoreOutput, ModelRunnerOutput, NewRequestData, Scheduler,
+from twinserve.core.kv import BlockPool, KVCacheManager
+from twinserve.core.request import FinishReason, Request, RequestStatus
+from twinserve.core.sampling_params import SamplingParams
+from twinserve.core.sched import (EngineCoreOutput, ModelRunnerOutput, NewRequestData, Scheduler,
                     SchedulerConfig, SchedulerOutput)
 
 __all__ = [

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol
 
-from .request import FinishReason, Request
-from .sched.config import SchedulerConfig
-from .sched.output import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
-from .sched.scheduler import Scheduler
+from twinserve.core.request import FinishReason, Request
+from twinserve.core.sched.config import SchedulerConfig
+from twinserve.core.sched.output import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
+from twinserve.core.sched.scheduler import Scheduler
 
 
 class Executor(Protocol):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .sched.output import ModelRunnerOutput, SchedulerOutput
+from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
 
 
 @dataclass(slots=True)

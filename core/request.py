@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from .sampling_params import SamplingParams
+from twinserve.core.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.IntEnum):

@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import InvalidSamplingParamsError
-from .structured_output import StructuredOutputSpec
+from twinserve.core.errors import InvalidSamplingParamsError
+from twinserve.core.structured_output import StructuredOutputSpec
 
 # Below this a temperature means greedy (vLLM's epsilon); dividing by it would overflow logits.
 GREEDY_TEMPERATURE = 1e-5

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import InvalidSamplingParamsError
+from twinserve.core.errors import InvalidSamplingParamsError
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 

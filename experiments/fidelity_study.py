@@ -29,9 +29,9 @@ import torch
 from twinserve.backends.real.config import EngineArgs
 from twinserve.backends.real.engine import LLMEngine
 from twinserve.backends.sim.fitted import FittedCostModel
-from twinserve.backends.twin.band import band_inside
-from twinserve.backends.twin.compare import DEFAULT_TARGETS, TARGET_METRICS, targets
-from twinserve.backends.twin.fidelity import FidelityOptions, run_fidelity, simulate, workload_factory
+from twinserve.twin.band import band_inside
+from twinserve.twin.compare import DEFAULT_TARGETS, TARGET_METRICS, targets
+from twinserve.twin.fidelity import FidelityOptions, run_fidelity, simulate, workload_factory
 
 TRACES = {"conv": "AzureLLMInferenceTrace_conv.csv", "code": "AzureLLMInferenceTrace_code.csv"}
 
@@ -88,7 +88,7 @@ def main() -> int:
                                   max_num_batched_tokens=a.max_num_batched_tokens))
     out = Path(a.out)
     if a.calibrate:
-        from twinserve.backends.twin.calibrate import CalibrationDesign, calibrate
+        from twinserve.twin.calibrate import CalibrationDesign, calibrate
 
         t = time.time()
         design = CalibrationDesign(repeats=a.calibrate_repeats)
@@ -104,7 +104,7 @@ def main() -> int:
         fit = made.meta["fit"]
         print(f"calibrated in {time.time() - t:.0f} s: {fit['num_steps']} steps, R2 {fit['r2']:.4f}, "
               f"MAPE {fit['mape']:.1%}; wrote {a.profile}", flush=True)
-        from twinserve.backends.twin.calibrate import drift_warning
+        from twinserve.twin.calibrate import drift_warning
 
         moved = drift_warning(made.meta.get("provenance", {}))
         if moved:

@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from twinserve.backends.twin.compare import TARGET_METRICS, compare, targets
-from twinserve.backends.twin.fidelity import read_requests, tagged
+from twinserve.twin.compare import TARGET_METRICS, compare, targets
+from twinserve.twin.fidelity import read_requests, tagged
 
 
 class RunMismatch(ValueError):

@@ -37,9 +37,9 @@ import numpy as np
 
 from twinserve.backends.real.step_log import read_step_log
 from twinserve.backends.sim.fitted import FittedCostModel
-from twinserve.backends.twin.band import step_residuals
-from twinserve.backends.twin.fidelity import sampled_trace
-from twinserve.backends.twin.speedtrace import SpeedTrace, without_sample_pauses
+from twinserve.twin.band import step_residuals
+from twinserve.twin.fidelity import sampled_trace
+from twinserve.twin.speedtrace import SpeedTrace, without_sample_pauses
 
 WINDOW_S = 20.0
 SHARE_BINS = (0.0, 0.2, 0.5, 0.8, 1.0)

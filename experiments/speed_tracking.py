@@ -107,8 +107,8 @@ def main() -> int:
     from twinserve.backends.real.config import EngineArgs
     from twinserve.backends.real.engine import LLMEngine
     from twinserve.backends.real.step_log import StepLog
-    from twinserve.backends.twin.calibrate import Calibrator
-    from twinserve.backends.twin.speedtrace import sampler_for
+    from twinserve.twin.calibrate import Calibrator
+    from twinserve.twin.speedtrace import sampler_for
 
     torch.set_num_threads(1)
     engine = LLMEngine(EngineArgs(model=a.model))

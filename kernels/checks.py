@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from .reference import LAYOUTS
+from twinserve.kernels.reference import LAYOUTS
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

@@ -10,11 +10,11 @@ import os
 
 import torch
 
-from .checks import cache_strides, check_attention_args, check_store_args
-from .heuristics import CPU_NOMINAL_SMS, AttentionConfig, choose_config, choose_num_splits
-from .kv_store import launch_store_kv
-from .paged_attention import launch_paged_attention
-from .split_kv import launch_reduce_splits
+from twinserve.kernels.checks import cache_strides, check_attention_args, check_store_args
+from twinserve.kernels.heuristics import CPU_NOMINAL_SMS, AttentionConfig, choose_config, choose_num_splits
+from twinserve.kernels.kv_store import launch_store_kv
+from twinserve.kernels.paged_attention import launch_paged_attention
+from twinserve.kernels.split_kv import launch_reduce_splits
 
 
 class KernelUnavailableError(RuntimeError):

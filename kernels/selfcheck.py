@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
-from . import ops
-from .bench import (attention_bytes, attention_flops, peak_bandwidth, random_cache_pool,
+from twinserve.kernels import ops
+from twinserve.kernels.bench import (attention_bytes, attention_flops, peak_bandwidth, random_cache_pool,
                     scattered_block_tables, time_call, varlen_metadata)
-from .heuristics import choose_config
-from .reference import ref_paged_attention, ref_store_kv
-from .testing import make_paged_batch
+from twinserve.kernels.heuristics import choose_config
+from twinserve.kernels.reference import ref_paged_attention, ref_store_kv
+from twinserve.kernels.testing import make_paged_batch
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}

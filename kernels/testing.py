@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .reference import ref_store_kv
+from twinserve.kernels.reference import ref_store_kv
 
 
 @dataclass(slots=True)

@@ -14,10 +14,10 @@ from twinserve.backends.sim.fitted import FittedCostModel, ProfileError, check_p
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import InvalidConfigError
 
-from .config import StudyConfig, find_line, validate
-from .errors import ConfigError
-from .workload import Workload
-from .world import RunResult, Simulation
+from twinserve.sim.config import StudyConfig, find_line, validate
+from twinserve.sim.errors import ConfigError
+from twinserve.sim.workload import Workload
+from twinserve.sim.world import RunResult, Simulation
 
 # Efficiency attribute -> [engine] field; a negative field keeps the catalog's value.
 EFFICIENCY_FIELDS = {"gemm": "eff_gemm", "attention": "eff_attention", "memory": "eff_memory",

@@ -21,11 +21,11 @@ from typing import Any, Sequence
 
 from twinserve.core.errors import TwinserveError
 
-from .config import StudyConfig, load_config, set_field, validate
-from .errors import ConfigError
-from .report import write_study
-from .runner import LOCAL_RAY, PointError, PointFailure
-from .study import parse_grid, run_grid, run_point
+from twinserve.sim.config import StudyConfig, load_config, set_field, validate
+from twinserve.sim.errors import ConfigError
+from twinserve.sim.report import write_study
+from twinserve.sim.runner import LOCAL_RAY, PointError, PointFailure
+from twinserve.sim.study import parse_grid, run_grid, run_point
 
 DEFAULT_GRID = {"scheduler.max_num_batched_tokens": ["512", "2048", "8192"],
                 "workload.rate": ["1", "2", "3", "4", "5", "6"]}
@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                            help="stop when the rate bracket is within this fraction (0.02)")
     args = ap.parse_args(argv)
     if args.command == "search":
-        from .search_cli import run_search
+        from twinserve.sim.search_cli import run_search
         return run_search(args, _base)
     failures: list[PointFailure] = []
     try:

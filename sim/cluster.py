@@ -36,9 +36,9 @@ from twinserve.core.routing import ReplicaLoad, RouteRequest, Router, token_pref
 from twinserve.core.sampling_params import SamplingParams
 from twinserve.core.sched.fast_forward import apply_decode_steps, decode_window
 
-from .gc_policy import simulation_gc
-from .workload import WorkItem, Workload
-from .world import INF, ArrivalSource, RequestRecord, RunResult, StepLog
+from twinserve.sim.gc_policy import simulation_gc
+from twinserve.sim.workload import WorkItem, Workload
+from twinserve.sim.world import INF, ArrivalSource, RequestRecord, RunResult, StepLog
 
 
 class Replica:

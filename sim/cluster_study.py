@@ -15,11 +15,11 @@ import pandas as pd
 
 from twinserve.core.routing import make_router
 
-from .build import BuiltEngine, build_engine, build_workload
-from .cluster import ClusterResult, ClusterSimulation, Replica
-from .config import StudyConfig, replica_config
-from .metrics import requests_frame, steps_frame, summarize
-from .workload import Workload
+from twinserve.sim.build import BuiltEngine, build_engine, build_workload
+from twinserve.sim.cluster import ClusterResult, ClusterSimulation, Replica
+from twinserve.sim.config import StudyConfig, replica_config
+from twinserve.sim.metrics import beyond_fit, requests_frame, steps_frame, summarize
+from twinserve.sim.workload import Workload
 
 
 @dataclass(slots=True)
@@ -44,7 +44,7 @@ def build_cluster(cfg: StudyConfig, keep_steps: bool = True, keep_records: bool 
     workload = build_workload(cfg)
     router = make_router(c.router, cfg.run.seed, c.prefix_blocks, c.load_factor)
     if c.num_prefill_replicas > 0:
-        from .disagg import DecodeExecutor, DisaggregatedSimulation
+        from twinserve.sim.disagg import DecodeExecutor, DisaggregatedSimulation
 
         for eng, rep in zip(engines[c.num_prefill_replicas:], replicas[c.num_prefill_replicas:]):
             eng.executor = rep.executor = eng.core.executor = DecodeExecutor(eng.cost_model)
@@ -128,7 +128,6 @@ def cluster_row(built: BuiltCluster, res: ClusterResult, req: pd.DataFrame, step
     row["router_spills"] = res.num_spills
     row["num_prefill_replicas"] = cfg.cluster.num_prefill_replicas
     row["kv_transfer_s_total"] = getattr(built.simulation, "transfer_time", 0.0)
-    from .study import beyond_fit
 
     row.update(beyond_fit([e.executor for e in built.engines]))
     row["mfu"] = float(per["mfu"].mean()) if not per.empty else 0.0

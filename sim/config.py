@@ -38,8 +38,8 @@ from typing import Any
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.sched.config import SchedulerConfig
 
-from .errors import ConfigError
-from .workload import ARRIVALS, LENGTH_DISTS, WorkloadConfig
+from twinserve.sim.errors import ConfigError
+from twinserve.sim.workload import ARRIVALS, LENGTH_DISTS, WorkloadConfig
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -22,9 +22,9 @@ from twinserve.backends.sim.executor import SimExecutor
 from twinserve.core.routing import LeastOutstanding, RouteRequest
 from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
 
-from .cluster import ClusterSimulation, Replica
-from .world import RequestRecord
-from .workload import WorkItem
+from twinserve.sim.cluster import ClusterSimulation, Replica
+from twinserve.sim.world import RequestRecord
+from twinserve.sim.workload import WorkItem
 
 
 class _Discounted:

@@ -6,13 +6,13 @@ ITL is every gap between consecutive tokens of a request.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
-from .config import SLOConfig
-from .world import RunResult
+from twinserve.sim.config import SLOConfig
+from twinserve.sim.world import RunResult
 
 PERCENTILES = (50, 90, 99)
 
@@ -113,3 +113,14 @@ def summarize(result: RunResult, req: pd.DataFrame, steps: pd.DataFrame, slo: SL
     out["sim_wall_s"] = result.wall_time
     out["sim_requests_per_wall_s"] = len(req) / result.wall_time if result.wall_time else np.nan
     return out
+
+
+def beyond_fit(executors: Sequence[Any]) -> dict[str, float]:
+    """The share of the steps and of the busy time priced beyond the measured profile's fitted
+    shapes (extrapolated), over these executors; {} when the cost model records no range."""
+    tots = [ex.totals for ex in executors if getattr(ex, "fit_range_max", None) is not None]
+    if not tots:
+        return {}
+    steps, busy = sum(t.num_steps for t in tots), sum(t.busy_time for t in tots)
+    return {"steps_beyond_fit": sum(t.beyond_fit_steps for t in tots) / steps if steps else 0.0,
+            "busy_beyond_fit": sum(t.beyond_fit_time for t in tots) / busy if busy else 0.0}

@@ -9,10 +9,10 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from .config import SLOConfig
-from .plots import (config_colors, group_label, plot_cdfs, plot_latency_throughput,
+from twinserve.sim.config import SLOConfig
+from twinserve.sim.plots import (config_colors, group_label, plot_cdfs, plot_latency_throughput,
                     plot_replica_load, plot_timeline)
-from .study import PointResult
+from twinserve.sim.study import PointResult
 
 HAVE_PARQUET = importlib.util.find_spec("pyarrow") is not None
 

@@ -14,7 +14,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .errors import SimError
+from twinserve.sim.errors import SimError
 
 LOCAL_RAY = "local"
 

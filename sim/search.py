@@ -25,10 +25,10 @@ from typing import Any, Sequence
 
 from twinserve.backends.sim.catalog import UnknownSpecError, get_hardware
 
-from .config import StudyConfig, replica_config, set_field
-from .errors import ConfigError
-from .runner import PointFailure, run_jobs
-from .study import _run, grid_points
+from twinserve.sim.config import StudyConfig, replica_config, set_field
+from twinserve.sim.errors import ConfigError
+from twinserve.sim.runner import PointFailure, run_jobs
+from twinserve.sim.study import _run, grid_points
 
 SLO_METRICS = ("ttft", "tpot", "itl", "e2e", "queue")
 SLO_STATS = ("p50", "p90", "p99", "mean")

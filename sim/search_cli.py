@@ -10,10 +10,10 @@ from typing import Callable
 
 from twinserve.core.errors import TwinserveError
 
-from .config import StudyConfig, set_field
-from .search import cheapest, parse_slos, search_rates, summary_rows
-from .search_report import write_search
-from .study import parse_grid
+from twinserve.sim.config import StudyConfig, set_field
+from twinserve.sim.search import cheapest, parse_slos, search_rates, summary_rows
+from twinserve.sim.search_report import write_search
+from twinserve.sim.study import parse_grid
 
 
 def run_search(args: argparse.Namespace, base: Callable[[argparse.Namespace], StudyConfig]) -> int:

@@ -12,8 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from .report import markdown_table, write_table  # noqa: E402
-from .search import RateSearch  # noqa: E402
+from twinserve.sim.report import markdown_table, write_table  # noqa: E402
+from twinserve.sim.search import RateSearch  # noqa: E402
 
 SEARCH_COLUMNS = ("model", "hardware", "tp", "max_rate", "bracket_hi", "runs", "status",
                   "tokens_per_s", "usd_per_hour", "usd_per_mtok", "usd_per_mtok_output",

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .world import RequestRecord
+from twinserve.sim.world import RequestRecord
 
 COLUMNS = ("request_id", "replica", "conversation", "turn", "arrival_s", "prompt_tokens",
            "output_tokens", "queue_s", "ttft_s", "tpot_s", "e2e_s", "prefix_hit_tokens",

@@ -9,11 +9,11 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from .build import build, simulate
-from .config import StudyConfig, coerce, resolve_field, set_field, validate
-from .errors import ConfigError
-from .metrics import requests_frame, steps_frame, summarize
-from .runner import PointError, PointFailure, run_jobs
+from twinserve.sim.build import build, simulate
+from twinserve.sim.config import StudyConfig, coerce, resolve_field, set_field, validate
+from twinserve.sim.errors import ConfigError
+from twinserve.sim.metrics import beyond_fit, requests_frame, steps_frame, summarize
+from twinserve.sim.runner import PointError, PointFailure, run_jobs
 
 
 @dataclass(slots=True)
@@ -26,17 +26,6 @@ class PointResult:
     replicas: pd.DataFrame | None = None
 
 
-def beyond_fit(executors: Sequence[Any]) -> dict[str, float]:
-    """The share of the steps and of the busy time priced beyond the measured profile's fitted
-    shapes (extrapolated), over these executors; {} when the cost model records no range."""
-    tots = [ex.totals for ex in executors if getattr(ex, "fit_range_max", None) is not None]
-    if not tots:
-        return {}
-    steps, busy = sum(t.num_steps for t in tots), sum(t.busy_time for t in tots)
-    return {"steps_beyond_fit": sum(t.beyond_fit_steps for t in tots) / steps if steps else 0.0,
-            "busy_beyond_fit": sum(t.beyond_fit_time for t in tots) / busy if busy else 0.0}
-
-
 def is_cluster(cfg: StudyConfig) -> bool:
     """True when the study has more than one replica (or disaggregated pools)."""
     return cfg.cluster.num_replicas > 1 or cfg.cluster.num_prefill_replicas > 0
@@ -44,7 +33,7 @@ def is_cluster(cfg: StudyConfig) -> bool:
 
 def run_cluster_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None) -> PointResult:
     """Simulate a cluster configuration and compute cluster and per-replica metrics."""
-    from .cluster_study import cluster_frames, cluster_row, replicas_frame, simulate_cluster
+    from twinserve.sim.cluster_study import cluster_frames, cluster_row, replicas_frame, simulate_cluster
 
     built, res = simulate_cluster(cfg)
     req, steps = cluster_frames(res)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from .errors import TraceError
+from twinserve.sim.errors import TraceError
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 TOKENS_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")

@@ -13,8 +13,8 @@ from typing import Iterator
 
 import numpy as np
 
-from .errors import ConfigError
-from .traces import LengthStats, fit_lengths, read_trace
+from twinserve.sim.errors import ConfigError
+from twinserve.sim.traces import LengthStats, fit_lengths, read_trace
 
 ARRIVALS = ("poisson", "gamma", "fixed", "all_at_once", "trace")
 LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal", "trace")

@@ -23,8 +23,8 @@ from twinserve.core.request import FinishReason, Request
 from twinserve.core.sampling_params import SamplingParams
 from twinserve.core.sched.fast_forward import apply_decode_steps, decode_window
 
-from .gc_policy import simulation_gc
-from .workload import WorkItem, Workload
+from twinserve.sim.gc_policy import simulation_gc
+from twinserve.sim.workload import WorkItem, Workload
 
 INF = float("inf")
 # A record's finish_reason text ("" while unfinished): a lookup, not Enum.value's descriptor.

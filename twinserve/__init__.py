@@ -12,11 +12,11 @@ __all__ = ["LLM", "SamplingParams", "__version__"]
 def __getattr__(name: str) -> Any:
     # Lazy, so `import twinserve` (and the simulator) never pulls in torch.
     if name == "LLM":
-        from .backends.real.llm import LLM
+        from twinserve.backends.real.llm import LLM
 
         return LLM
     if name == "SamplingParams":
-        from .core.sampling_params import SamplingParams
+        from twinserve.core.sampling_params import SamplingParams
 
         return SamplingParams
     raise AttributeError(f"module 'twinserve' has no attribute {name!r}")

@@ -1,60 +1,14 @@
-"""The `twinserve` command: one subcommand per function registered with @subcommand.
-
-To add one (e.g. `serve`), write `@subcommand("serve", "help") def _serve(p): ...` that adds
-its flags to p and calls p.set_defaults(func=handler); handler(args) returns an exit code.
-"""
+"""The `twinserve` command: the engine's subcommands, plus those the twin registers."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from dataclasses import fields
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
-_SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {}
-
-
-def subcommand(name: str, help: str) -> Callable[[Callable[[argparse.ArgumentParser], None]],
-                                                  Callable[[argparse.ArgumentParser], None]]:
-    """Register a function that configures the parser of subcommand `name`."""
-    def register(fn: Callable[[argparse.ArgumentParser], None]) -> Callable[[argparse.ArgumentParser], None]:
-        _SUBCOMMANDS[name] = (help, fn)
-        return fn
-    return register
-
-
-def _bool_flag(parser: argparse.ArgumentParser, name: str, default: bool) -> None:
-    flag = "--" + name.replace("_", "-")
-    parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=default)
-
-
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """vLLM-named engine flags (--max-num-seqs, --block-size, ...), generated from EngineArgs."""
-    from twinserve.backends.real.config import EngineArgs
-
-    defaults = EngineArgs()
-    for f in fields(EngineArgs):
-        if f.name == "model":
-            continue
-        default = getattr(defaults, f.name)
-        if isinstance(default, bool):
-            _bool_flag(parser, f.name, default)
-            continue
-        kind = {int: int, float: float}.get(type(default), str)
-        if "int" in str(f.type) and default is None:
-            kind = int
-        elif "float" in str(f.type) and default is None:
-            kind = float
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=default)
-
-
-def engine_args_from(ns: argparse.Namespace, model: str) -> Any:
-    """EngineArgs from parsed flags."""
-    from twinserve.backends.real.config import EngineArgs
-
-    return EngineArgs(model=model, **{f.name: getattr(ns, f.name) for f in fields(EngineArgs)
-                                      if f.name != "model" and hasattr(ns, f.name)})
+from twinserve.commands import _SUBCOMMANDS, add_engine_args, engine_args_from, subcommand
+from twinserve.twin import cli as _twin_cli  # noqa: F401  (registers calibrate, fidelity)
 
 
 @subcommand("generate", "generate text for one or more prompts with the real engine")
@@ -129,7 +83,7 @@ def _bench_parser(p: argparse.ArgumentParser) -> None:
 
 
 def _bench(ns: argparse.Namespace) -> int:
-    from twinserve.backends.real.serving.bench_cli import run_bench
+    from twinserve.bench.cli import run_bench
 
     return run_bench(ns)
 
@@ -184,12 +138,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-# Subcommands defined elsewhere register themselves on import.
-from twinserve.backends.twin import cli as _twin_cli  # noqa: E402,F401  (calibrate, fidelity)
-
 if __name__ == "__main__":
-    # Under `python -m`, this file is __main__ and the subcommands above registered into the
-    # imported twinserve.cli module: run that module's parser, which has them all.
-    from twinserve.cli import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())

@@ -24,7 +24,7 @@ __all__ = [*_EXPORTS, "SamplingParams"]
 
 def __getattr__(name: str) -> Any:
     if name == "SamplingParams":
-        from ...core.sampling_params import SamplingParams
+        from twinserve.core.sampling_params import SamplingParams
 
         return SamplingParams
     if name in _EXPORTS:

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ...core.errors import InvalidConfigError
+from twinserve.core.errors import InvalidConfigError
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -165,7 +165,7 @@ class EngineArgs:
             return 0
         if self.small_batch_rows is not None:
             return self.small_batch_rows
-        from .models.llama import default_small_batch_rows
+        from twinserve.backends.real.models.llama import default_small_batch_rows
 
         return default_small_batch_rows()
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...core.engine_core import EngineCore
-from ...core.errors import InvalidConfigError
-from .config import EngineArgs
-from .core_client import scheduler_config_for
-from .executor import InProcessExecutor
-from .models.llama import LlamaForCausalLM
-from .models.registry import ModelSource
-from .worker import Worker
+from twinserve.core.engine_core import EngineCore
+from twinserve.core.errors import InvalidConfigError
+from twinserve.backends.real.config import EngineArgs
+from twinserve.backends.real.core_client import scheduler_config_for
+from twinserve.backends.real.executor import InProcessExecutor
+from twinserve.backends.real.models.llama import LlamaForCausalLM
+from twinserve.backends.real.models.registry import ModelSource
+from twinserve.backends.real.worker import Worker
 
 
 def build_engine_core(args: EngineArgs, max_model_len: int, eos_ids: list[int],
@@ -23,7 +23,7 @@ def build_engine_core(args: EngineArgs, max_model_len: int, eos_ids: list[int],
         if model is not None:
             raise InvalidConfigError("distributed_executor_backend", "mp",
                                      "'uni' for an engine built around an in-memory model")
-        from .mp_executor import MultiprocExecutor
+        from twinserve.backends.real.mp_executor import MultiprocExecutor
 
         executor: Any = MultiprocExecutor(args, max_model_len, eos_ids, source)
         kv_bytes = executor.kv_bytes_per_token

@@ -11,12 +11,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Protocol
 
-from ...core.engine_core import EngineCore, StepStats
-from ...core.request import FinishReason, Request
-from ...core.sched.config import SchedulerConfig
-from ...core.sched.output import EngineCoreOutput
-from .config import EngineArgs
-from .core_messages import CoreOutput, CoreStats
+from twinserve.core.engine_core import EngineCore, StepStats
+from twinserve.core.request import FinishReason, Request
+from twinserve.core.sched.config import SchedulerConfig
+from twinserve.core.sched.output import EngineCoreOutput
+from twinserve.backends.real.config import EngineArgs
+from twinserve.backends.real.core_messages import CoreOutput, CoreStats
 
 
 @dataclass(slots=True)

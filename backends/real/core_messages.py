@@ -6,9 +6,9 @@ from typing import Any
 
 import msgspec
 
-from ...core.request import FinishReason
-from ...core.sampling_params import SamplingParams
-from ...core.sched.output import Logprob
+from twinserve.core.request import FinishReason
+from twinserve.core.sampling_params import SamplingParams
+from twinserve.core.sched.output import Logprob
 
 
 class CoreStats(msgspec.Struct, array_like=True):

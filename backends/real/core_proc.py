@@ -19,17 +19,17 @@ from typing import Any, Iterable
 import msgspec
 import zmq
 
-from ...core.engine_core import StepStats
-from ...core.errors import EngineDeadError, PrefixCacheBusyError, TwinserveError
-from ...core.request import FinishReason, Request
-from .config import EngineArgs
-from .core_client import CoreRequests, CoreStep, core_output, core_stats
-from .core_messages import (AbortRequests, AddRequest, Bye, Consumed, CoreError, CoreOutput, CoreStats, Ready,
+from twinserve.core.engine_core import StepStats
+from twinserve.core.errors import EngineDeadError, PrefixCacheBusyError, TwinserveError
+from twinserve.core.request import FinishReason, Request
+from twinserve.backends.real.config import EngineArgs
+from twinserve.backends.real.core_client import CoreRequests, CoreStep, core_output, core_stats
+from twinserve.backends.real.core_messages import (AbortRequests, AddRequest, Bye, Consumed, CoreError, CoreOutput, CoreStats, Ready,
                             ResetPrefixCache, SetStepLog, Shutdown, StepOutputs, StepTrace, encoder,
                             from_core_decoder, to_core_decoder)
-from .models.registry import ModelSource
-from .procs import EngineStartupError, die_with_parent, exit_description, spawn_context, stop_process
-from .step_log import extra_costs
+from twinserve.backends.real.models.registry import ModelSource
+from twinserve.backends.real.procs import EngineStartupError, die_with_parent, exit_description, spawn_context, stop_process
+from twinserve.backends.real.step_log import extra_costs
 
 # How long the front end waits for the core to build its model and workers.
 STARTUP_TIMEOUT_S = 600.0
@@ -56,7 +56,7 @@ def run_engine_core(in_addr: str, out_addr: str, args: EngineArgs, max_model_len
     enc = encoder()
     executor = None
     try:
-        from .core_build import build_engine_core
+        from twinserve.backends.real.core_build import build_engine_core
 
         core, executor, kv_bytes = build_engine_core(args, max_model_len, eos_ids, source=source)
         out.send(enc.encode(Ready(core.config.num_blocks, kv_bytes,

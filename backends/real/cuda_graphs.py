@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention import AttentionBackend, AttentionMetadata
+from twinserve.backends.real.attention import AttentionBackend, AttentionMetadata
 
 # Batch sizes with a graph: small steps finely, then every 16 (vLLM's spacing).
 _SMALL = (1, 2, 4, 8)

@@ -15,21 +15,21 @@ from typing import Any
 
 import torch
 
-from ...core.engine_core import StepStats
-from ...core.errors import (EngineDeadError, InvalidConfigError, InvalidRequestError, InvalidSamplingParamsError,
+from twinserve.core.engine_core import StepStats
+from twinserve.core.errors import (EngineDeadError, InvalidConfigError, InvalidRequestError, InvalidSamplingParamsError,
                             PromptTooLongError)
-from ...core.request import FinishReason, Request
-from ...core.sampling_params import SamplingParams
-from ...core.sched.output import Logprob
-from .config import EngineArgs
-from .core_client import EngineCoreClient, InprocCoreClient, scheduler_config_for
-from .core_messages import CoreOutput
-from .detokenizer import IncrementalDetokenizer
-from .models.llama import LlamaForCausalLM
-from .models.registry import ModelSource, resolve_model
-from .outputs import CompletionOutput, RequestMetrics, RequestOutput
-from .step_log import StepLog, StepRecord, extra_costs
-from .tokenizer import apply_chat_template, load_tokenizer
+from twinserve.core.request import FinishReason, Request
+from twinserve.core.sampling_params import SamplingParams
+from twinserve.core.sched.output import Logprob
+from twinserve.backends.real.config import EngineArgs
+from twinserve.backends.real.core_client import EngineCoreClient, InprocCoreClient, scheduler_config_for
+from twinserve.backends.real.core_messages import CoreOutput
+from twinserve.backends.real.detokenizer import IncrementalDetokenizer
+from twinserve.backends.real.models.llama import LlamaForCausalLM
+from twinserve.backends.real.models.registry import ModelSource, resolve_model
+from twinserve.backends.real.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from twinserve.backends.real.step_log import StepLog, StepRecord, extra_costs
+from twinserve.backends.real.tokenizer import apply_chat_template, load_tokenizer
 
 PromptType = str | list[int] | dict[str, Any]
 # Sequences one request may fan out into (n): beyond this, adding the request alone would stall.
@@ -113,11 +113,11 @@ class LLMEngine:
             if model is not None:
                 raise InvalidRequestError("engine_core_mode='process' needs a model path, not an in-memory "
                                           "model", param="engine_core_mode")
-            from .core_proc import MPCoreClient
+            from twinserve.backends.real.core_proc import MPCoreClient
 
             self.core = MPCoreClient(args, self.max_model_len, self.eos_token_ids, source)
         else:
-            from .core_build import build_engine_core
+            from twinserve.backends.real.core_build import build_engine_core
 
             core, self.executor, kv_bytes = build_engine_core(args, self.max_model_len, self.eos_token_ids,
                                                               model=model, source=source)
@@ -152,7 +152,7 @@ class LLMEngine:
         """The structured-output compiler for this tokenizer (xgrammar is imported on first use)."""
         with self._grammars_lock:
             if self._grammars is None:
-                from .structured.compiler import GrammarCompilerCache
+                from twinserve.backends.real.structured.compiler import GrammarCompilerCache
 
                 self._grammars = GrammarCompilerCache(self.tokenizer, self.vocab_size, self.eos_token_ids)
             return self._grammars
@@ -515,14 +515,14 @@ def _model_context(cfg: Any) -> int:
 
 
 def _peek_config(source: ModelSource | None):
-    from .models.loader import read_hf_config
+    from twinserve.backends.real.models.loader import read_hf_config
 
     if source is None:
         raise InvalidRequestError("no model source")
     if source.is_gguf:
         from gguf import GGUFReader
 
-        from .models.loader import gguf_config
+        from twinserve.backends.real.models.loader import gguf_config
 
         return gguf_config(GGUFReader(str(source.path)))
     return read_hf_config(source.path)

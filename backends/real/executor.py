@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ...core.sched.output import ModelRunnerOutput, SchedulerOutput
-from .model_runner import StepShape
+from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
+from twinserve.backends.real.model_runner import StepShape
 
 
 class WorkerHandle(Protocol):

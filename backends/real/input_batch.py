@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...core.sampling_params import SamplingParams
+from twinserve.core.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)

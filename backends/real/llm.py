@@ -5,11 +5,11 @@ from __future__ import annotations
 import itertools
 from typing import Any, Sequence
 
-from ...core.errors import InvalidRequestError, TwinserveError
-from ...core.sampling_params import SamplingParams
-from .config import EngineArgs
-from .engine import LLMEngine, PromptType
-from .outputs import RequestOutput
+from twinserve.core.errors import InvalidRequestError, TwinserveError
+from twinserve.core.sampling_params import SamplingParams
+from twinserve.backends.real.config import EngineArgs
+from twinserve.backends.real.engine import LLMEngine, PromptType
+from twinserve.backends.real.outputs import RequestOutput
 
 Messages = list[dict[str, Any]]
 

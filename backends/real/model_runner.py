@@ -9,13 +9,13 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ...core.sched.output import Logprob, ModelRunnerOutput, SchedulerOutput
-from .attention import AttentionBackend, AttentionMetadata
-from .cuda_graphs import DecodeGraphs
-from .input_batch import CachedRequestState, InputBatch
-from .models.llama import LlamaForCausalLM
-from .sampler import Sampler, SamplingRow, prompt_logprob_records
-from .structured.mask import GrammarMasker
+from twinserve.core.sched.output import Logprob, ModelRunnerOutput, SchedulerOutput
+from twinserve.backends.real.attention import AttentionBackend, AttentionMetadata
+from twinserve.backends.real.cuda_graphs import DecodeGraphs
+from twinserve.backends.real.input_batch import CachedRequestState, InputBatch
+from twinserve.backends.real.models.llama import LlamaForCausalLM
+from twinserve.backends.real.sampler import Sampler, SamplingRow, prompt_logprob_records
+from twinserve.backends.real.structured.mask import GrammarMasker
 
 # Prompt positions whose logits are materialised at once ([chunk, vocab] floats).
 _PROMPT_LP_CHUNK = 256

@@ -19,12 +19,12 @@ from collections import deque
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from ...core.errors import EngineDeadError
-from ...core.sched.output import ModelRunnerOutput, SchedulerOutput
-from .config import EngineArgs
-from .models.registry import ModelSource
-from .procs import EngineStartupError, die_with_parent, exit_description, spawn_context, stop_process
-from .model_runner import StepShape
+from twinserve.core.errors import EngineDeadError
+from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
+from twinserve.backends.real.config import EngineArgs
+from twinserve.backends.real.models.registry import ModelSource
+from twinserve.backends.real.procs import EngineStartupError, die_with_parent, exit_description, spawn_context, stop_process
+from twinserve.backends.real.model_runner import StepShape
 
 # A worker has this long to load its model and join the process group.
 WORKER_STARTUP_TIMEOUT_S = 600.0
@@ -40,8 +40,8 @@ def run_worker(rank: int, world_size: int, conn: Connection, args: EngineArgs, m
         import torch
 
         torch.set_num_threads(num_threads)
-        from .models.parallel import TensorParallel
-        from .worker import Worker
+        from twinserve.backends.real.models.parallel import TensorParallel
+        from twinserve.backends.real.worker import Worker
 
         tp = None
         if world_size > 1:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...core.sched.output import Logprob
+from twinserve.core.sched.output import Logprob
 
 
 @dataclass(slots=True)

@@ -10,7 +10,7 @@ import signal
 import sys
 from multiprocessing.process import BaseProcess
 
-from ...core.errors import TwinserveError
+from twinserve.core.errors import TwinserveError
 
 _PR_SET_PDEATHSIG = 1
 

@@ -17,8 +17,8 @@ from itertools import chain
 
 import torch
 
-from ...core.sampling_params import SamplingParams
-from ...core.sched.output import Logprob
+from twinserve.core.sampling_params import SamplingParams
+from twinserve.core.sched.output import Logprob
 
 _MASK = float("-inf")
 _SEED_MOD = 2 ** 63 - 1

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-from ...core.errors import TwinserveError
+from twinserve.core.errors import TwinserveError
 
 # The batch-shape columns, named as the simulator's StepFeatures names them.
 FEATURE_COLUMNS = ("num_prefill_tokens", "num_prefill_seqs", "prefill_context", "prefill_attn",

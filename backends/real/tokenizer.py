@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ...core.errors import InvalidRequestError, UnsupportedModelError
-from .models.registry import ModelSource
+from twinserve.core.errors import InvalidRequestError, UnsupportedModelError
+from twinserve.backends.real.models.registry import ModelSource
 
 
 def load_tokenizer(source: ModelSource, override: str | None = None) -> Any:

@@ -9,18 +9,18 @@ from typing import Any
 
 import torch
 
-from ...core.errors import InvalidConfigError
-from ...core.sched.output import ModelRunnerOutput, SchedulerOutput
-from ...core.structured_output import StructuredOutputSpec
-from .attention import get_attention_backend
-from .config import EngineArgs
-from .cuda_graphs import DecodeGraphs
-from .model_runner import ModelRunner, StepShape
-from .models.config import LlamaConfig
-from .models.llama import LlamaForCausalLM, packed_bf16_supported
-from .models.loader import load_gguf, load_hf_folder
-from .models.parallel import TensorParallel, shard_llama
-from .models.registry import ModelSource
+from twinserve.core.errors import InvalidConfigError
+from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
+from twinserve.core.structured_output import StructuredOutputSpec
+from twinserve.backends.real.attention import get_attention_backend
+from twinserve.backends.real.config import EngineArgs
+from twinserve.backends.real.cuda_graphs import DecodeGraphs
+from twinserve.backends.real.model_runner import ModelRunner, StepShape
+from twinserve.backends.real.models.config import LlamaConfig
+from twinserve.backends.real.models.llama import LlamaForCausalLM, packed_bf16_supported
+from twinserve.backends.real.models.loader import load_gguf, load_hf_folder
+from twinserve.backends.real.models.parallel import TensorParallel, shard_llama
+from twinserve.backends.real.models.registry import ModelSource
 
 _GIB = 1 << 30
 
@@ -94,8 +94,8 @@ class Worker:
                     raise InvalidConfigError("structured_output", spec.kind,
                                              "a grammar compiled by the engine (this worker has no model "
                                              "path to load a tokenizer from)")
-                from .structured.compiler import GrammarCompilerCache
-                from .tokenizer import load_tokenizer
+                from twinserve.backends.real.structured.compiler import GrammarCompilerCache
+                from twinserve.backends.real.tokenizer import load_tokenizer
 
                 tokenizer = load_tokenizer(self._source, self.args.tokenizer)
                 self._grammars = GrammarCompilerCache(tokenizer, self.model.config.vocab_size, self._stop_ids)
@@ -179,9 +179,9 @@ def profile_step_memory(runner: ModelRunner, args: EngineArgs, max_model_len: in
 
     Device-agnostic so the shapes can be checked on CPU; the caller reads the memory peak.
     """
-    from ...core.sampling_params import SamplingParams
-    from .attention import AttentionMetadata
-    from .sampler import SamplingRow
+    from twinserve.core.sampling_params import SamplingParams
+    from twinserve.backends.real.attention import AttentionMetadata
+    from twinserve.backends.real.sampler import SamplingRow
 
     model, dev, bs = runner.model, runner.device, runner.block_size
     cfg = model.config

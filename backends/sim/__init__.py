@@ -1,12 +1,12 @@
 """The simulated backend: a cost-model executor that runs the core's EngineCore unchanged."""
 
-from .capacity import KVCapacity, kv_capacity
-from .catalog import (HARDWARES, MODELS, HardwareSpec, ModelSpec, UnknownSpecError, get_hardware,
+from twinserve.backends.sim.capacity import KVCapacity, kv_capacity
+from twinserve.backends.sim.catalog import (HARDWARES, MODELS, HardwareSpec, ModelSpec, UnknownSpecError, get_hardware,
                       get_model)
-from .cost_model import CostModel, Efficiency, RooflineCostModel, StepFeatures, WorkTotals
-from .executor import SimExecutor
-from .fit import fit_profile, fit_step_profile
-from .fitted import FittedCostModel, ProfileError, check_profile_model
+from twinserve.backends.sim.cost_model import CostModel, Efficiency, RooflineCostModel, StepFeatures, WorkTotals
+from twinserve.backends.sim.executor import SimExecutor
+from twinserve.backends.sim.fit import fit_profile, fit_step_profile
+from twinserve.backends.sim.fitted import FittedCostModel, ProfileError, check_profile_model
 
 __all__ = [
     "CostModel", "Efficiency", "FittedCostModel", "HARDWARES", "HardwareSpec", "KVCapacity",

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from twinserve.core.errors import InvalidConfigError
 
-from .catalog import GiB, HardwareSpec, ModelSpec
+from twinserve.backends.sim.catalog import GiB, HardwareSpec, ModelSpec
 
 
 @dataclass(slots=True)

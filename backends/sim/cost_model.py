@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from .catalog import HardwareSpec, ModelSpec
+from twinserve.backends.sim.catalog import HardwareSpec, ModelSpec
 
 
 @dataclass(slots=True)

@@ -8,8 +8,8 @@ from typing import Iterable
 from twinserve.core.errors import TwinserveError
 from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
 
-from .cost_model import CostModel, WorkTotals
-from .fitted import RANGE_DIMS
+from twinserve.backends.sim.cost_model import CostModel, WorkTotals
+from twinserve.backends.sim.fitted import RANGE_DIMS
 
 DEFAULT_TOKEN = 1
 _INF = float("inf")

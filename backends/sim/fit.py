@@ -25,7 +25,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .fitted import (COEFFICIENTS, FEATURE_COLUMNS, RANGE_DIMS, ZERO, FittedCostModel, ProfileError,
+from twinserve.backends.sim.fitted import (COEFFICIENTS, FEATURE_COLUMNS, RANGE_DIMS, ZERO, FittedCostModel, ProfileError,
                      Regime, design_row, regime_order, shape_measures)
 
 # Rows whose relative residual lies this many robust standard deviations off are refitted without.

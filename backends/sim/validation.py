@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .catalog import get_hardware, get_model
-from .cost_model import Efficiency, RooflineCostModel
+from twinserve.backends.sim.catalog import get_hardware, get_model
+from twinserve.backends.sim.cost_model import Efficiency, RooflineCostModel
 
 TRTLLM_PERF = ("TensorRT-LLM performance.md (v0.6.1 throughput, v0.5 first-token tables), A100 FP16",
                "https://github.com/NVIDIA/TensorRT-LLM/blob/v0.6.1/docs/source/performance.md")

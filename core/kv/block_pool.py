@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ..errors import PrefixCacheBusyError
-from .hashing import BlockHash
+from twinserve.core.errors import PrefixCacheBusyError
+from twinserve.core.kv.hashing import BlockHash
 
 
 class KVCacheBlock:

@@ -123,7 +123,7 @@ def get_hash_function(name_or_fn: str | HashFunction) -> HashFunction:
     try:
         return HASH_FUNCTIONS[name_or_fn]
     except KeyError:
-        from ..errors import InvalidConfigError
+        from twinserve.core.errors import InvalidConfigError
 
         raise InvalidConfigError("prefix_caching_hash_algo", name_or_fn,
                                  " or ".join(sorted(HASH_FUNCTIONS))) from None

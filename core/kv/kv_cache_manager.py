@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..request import Request
-from .block_pool import BlockPool, KVCacheBlock
-from .hashing import BlockHash, HashFunction, get_hash_function
+from twinserve.core.request import Request
+from twinserve.core.kv.block_pool import BlockPool, KVCacheBlock
+from twinserve.core.kv.hashing import BlockHash, HashFunction, get_hash_function
 
 _NO_BLOCKS: list[KVCacheBlock] = []
 # BlockHash(...) without the NamedTuple's Python-level __new__ (one per full block).

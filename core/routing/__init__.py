@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .base import (NoReplicaAvailableError, ReplicaLoad, RouteRequest, Router,
+from twinserve.core.routing.base import (NoReplicaAvailableError, ReplicaLoad, RouteRequest, Router,
                    UnknownRouterError)
-from .policies import LeastKV, LeastOutstanding, PowerOfTwo, RoundRobin, SessionAffinity
-from .prefix import PrefixAffinity, text_prefix_keys, token_prefix_keys
+from twinserve.core.routing.policies import LeastKV, LeastOutstanding, PowerOfTwo, RoundRobin, SessionAffinity
+from twinserve.core.routing.prefix import PrefixAffinity, text_prefix_keys, token_prefix_keys
 
 ROUTER_NAMES = ("round_robin", "least_outstanding", "least_kv", "power_of_two",
                 "prefix_affinity", "session_affinity")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from ..errors import TwinserveError
+from twinserve.core.errors import TwinserveError
 
 
 class NoReplicaAvailableError(TwinserveError, RuntimeError):

@@ -6,7 +6,7 @@ import random
 from collections import OrderedDict
 from typing import Sequence
 
-from .base import ReplicaLoad, RouteRequest, healthy, least_loaded
+from twinserve.core.routing.base import ReplicaLoad, RouteRequest, healthy, least_loaded
 
 
 class RoundRobin:

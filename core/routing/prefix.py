@@ -18,7 +18,7 @@ from typing import Sequence
 
 import xxhash
 
-from .base import ReplicaLoad, RouteRequest, least_loaded
+from twinserve.core.routing.base import ReplicaLoad, RouteRequest, least_loaded
 
 
 def _point(value: int, salt: int) -> int:

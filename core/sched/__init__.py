@@ -1,11 +1,11 @@
 """The scheduler, its config, its policies and its output contract."""
 
-from .config import SchedulerConfig
-from .output import (CachedRequestData, EngineCoreOutput, Logprob, ModelRunnerOutput,
+from twinserve.core.sched.config import SchedulerConfig
+from twinserve.core.sched.output import (CachedRequestData, EngineCoreOutput, Logprob, ModelRunnerOutput,
                      NewRequestData, SchedulerOutput)
-from .policies import (FCFSQueue, KeyedQueue, PreemptLastAdmitted, PreemptLowestPriority,
+from twinserve.core.sched.policies import (FCFSQueue, KeyedQueue, PreemptLastAdmitted, PreemptLowestPriority,
                        make_preemption_policy, make_queue)
-from .scheduler import Scheduler
+from twinserve.core.sched.scheduler import Scheduler
 
 __all__ = [
     "CachedRequestData", "EngineCoreOutput", "FCFSQueue", "KeyedQueue", "Logprob",

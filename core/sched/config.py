@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import InvalidConfigError
+from twinserve.core.errors import InvalidConfigError
 
 
 @dataclass(slots=True)

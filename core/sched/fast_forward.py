@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-from ..request import FINISH_STATUS, FinishReason, Request
-from .scheduler import Scheduler
+from twinserve.core.request import FINISH_STATUS, FinishReason, Request
+from twinserve.core.sched.scheduler import Scheduler
 
 
 def decode_window(scheduler: Scheduler, max_steps: int) -> int:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..request import FinishReason
-from ..sampling_params import SamplingParams
+from twinserve.core.request import FinishReason
+from twinserve.core.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)

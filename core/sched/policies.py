@@ -6,8 +6,8 @@ import heapq
 from collections import deque
 from typing import Callable, Iterator, Protocol
 
-from ..errors import InvalidConfigError
-from ..request import Request
+from twinserve.core.errors import InvalidConfigError
+from twinserve.core.request import Request
 
 
 class RequestQueue(Protocol):

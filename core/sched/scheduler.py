@@ -10,14 +10,14 @@ from __future__ import annotations
 import itertools
 from typing import Iterable, Sequence
 
-from ..errors import InvalidRequestError, PromptTooLongError
-from ..kv.block_pool import KVCacheBlock
-from ..kv.kv_cache_manager import KVCacheManager
-from ..request import FINISH_STATUS, FinishReason, Request, RequestStatus
-from .config import SchedulerConfig
-from .output import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
+from twinserve.core.errors import InvalidRequestError, PromptTooLongError
+from twinserve.core.kv.block_pool import KVCacheBlock
+from twinserve.core.kv.kv_cache_manager import KVCacheManager
+from twinserve.core.request import FINISH_STATUS, FinishReason, Request, RequestStatus
+from twinserve.core.sched.config import SchedulerConfig
+from twinserve.core.sched.output import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
                      SchedulerOutput)
-from .policies import make_preemption_policy, make_queue
+from twinserve.core.sched.policies import make_preemption_policy, make_queue
 
 _STOP = FinishReason.STOP
 _RUNNING = RequestStatus.RUNNING

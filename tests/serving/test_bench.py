@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from twinserve.backends.real.serving.bench_cli import summarize_run, workload_config
-from twinserve.backends.real.serving.bench_client import BenchTarget, run_benchmark
+from twinserve.bench.cli import summarize_run, workload_config
+from twinserve.bench.client import BenchTarget, run_benchmark
 from twinserve.backends.real.serving.flags import add_bench_args
 from twinserve.sim.config import SLOConfig
 from twinserve.sim.metrics import requests_frame

@@ -13,8 +13,8 @@ import statistics
 import pytest
 
 from twinserve.backends.sim.fitted import FEATURE_COLUMNS, FittedCostModel
-from twinserve.backends.twin.band import NoisyCostModel, StepNoise, prediction_band
-from twinserve.backends.twin.steps import step_errors
+from twinserve.twin.band import NoisyCostModel, StepNoise, prediction_band
+from twinserve.twin.steps import step_errors
 from twinserve.backends.sim.executor import SimExecutor
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.sched.config import SchedulerConfig
@@ -157,7 +157,7 @@ def test_price_sensitivity_is_one_without_queueing_and_grows_with_load() -> None
     """How far each metric moves per error in every step price: exactly 1 when no request ever
     waits for another (every latency is a sum of steps), and past saturation TTFT and E2E move
     more than twice as far, since queueing adds steps in proportion to their length."""
-    from twinserve.backends.twin.fidelity import price_sensitivity, sensitivity_line
+    from twinserve.twin.fidelity import price_sensitivity, sensitivity_line
 
     def work(arrival: str, rate: float):
         cfg = WorkloadConfig(num_requests=60, arrival=arrival, rate=rate, prompt_dist="uniform",
@@ -207,7 +207,7 @@ def test_host_load_tells_other_work_on_our_cpus_from_our_own() -> None:
 
     import psutil
 
-    from twinserve.backends.twin.hostload import HostLoad, warning
+    from twinserve.twin.hostload import HostLoad, warning
 
     # Busy for 2 s; measured from 0.2 s to 1.5 s, so it is alive when the measurement ends.
     burn = "import time\nt = time.time()\nwhile time.time() - t < 2.0: pass"
@@ -256,7 +256,7 @@ def test_host_load_counts_work_on_the_other_cpus_as_neighbours() -> None:
 
     import psutil
 
-    from twinserve.backends.twin.hostload import HostLoad, warning
+    from twinserve.twin.hostload import HostLoad, warning
 
     online = len(psutil.cpu_times(percpu=True))
     saved = os.sched_getaffinity(0)
@@ -322,7 +322,7 @@ def test_step_errors_price_the_steps_after_idle_as_the_simulator_does() -> None:
 
 
 def test_targets_count_the_cells_met_and_those_inside_the_real_runs_spread() -> None:
-    from twinserve.backends.twin.compare import target_line, targets
+    from twinserve.twin.compare import target_line, targets
 
     errs = {"ttft": (0.049, -0.2), "tpot": (-0.051, 0.09), "e2e": (0.0, -0.101)}
     metrics = {m: {"p50": {"err": a}, "p99": {"err": b}} for m, (a, b) in errs.items()}
@@ -343,7 +343,7 @@ def test_targets_count_the_cells_met_and_those_inside_the_real_runs_spread() -> 
 
 
 def test_busy_error_by_quarter_shows_the_machine_slowing_during_the_run() -> None:
-    from twinserve.backends.twin.steps import step_line
+    from twinserve.twin.steps import step_line
 
     prof = _profile(None)
     rows, t = [], 0.0

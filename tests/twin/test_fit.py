@@ -184,7 +184,7 @@ def test_prefill_scale_prices_a_steps_prefill_share_apart_from_its_decode() -> N
 
 
 def test_a_run_is_scaled_by_the_whole_probe_unless_by_part_is_asked() -> None:
-    from twinserve.backends.twin.steps import scaled_profile
+    from twinserve.twin.steps import scaled_profile
 
     prof = fit_step_profile(_rows(seed=4))
     speed = {"machine_speed_ratio": 1.2, "machine_speed_ratio_decode": 1.25, "machine_speed_ratio_prefill": 1.1}
@@ -283,7 +283,7 @@ def test_shipped_h200_profile_is_for_smollm2_bf16() -> None:
 def test_drift_correction_recovers_the_profile_a_drifting_machine_hides() -> None:
     """Steps measured while the machine slows by 40% and recovers fit the steady machine's profile
     after correcting by the interleaved speed probes; uncorrected, the same rows do not."""
-    from twinserve.backends.twin.calibrate import correct_drift
+    from twinserve.twin.calibrate import correct_drift
 
     rows = _rows(seed=3, n=150)
     # Kinds are grouped in time, as a design runs them: the slow minute lands on some shapes.
@@ -316,7 +316,7 @@ def test_samples_the_steps_contradict_are_left_out_of_the_drift_correction() -> 
     """A 20 s episode of speed samples at 2-3x while the steps ran at full speed (seen on this
     project's VM): the samples are found by the steps around them and dropped, so the steps
     are not priced at half their time; a slowdown the steps share is kept and corrected."""
-    from twinserve.backends.twin.calibrate import contradicted_samples, correct_drift_by_samples
+    from twinserve.twin.calibrate import contradicted_samples, correct_drift_by_samples
 
     rows = [dict(r, start_s=float(i)) for i, r in enumerate(_rows(seed=5, n=240, noise=0.02))]
     fit = lambda r: fit_step_profile(r, split=False)  # noqa: E731
@@ -346,7 +346,7 @@ def test_the_split_correction_recovers_the_profile_a_contended_machine_hides() -
     and its prefill share 1.1x. The weights sampler sees 1.6, the prefill sampler 1.1; corrected
     by both, each step's share by its own, the steps come back to the steady machine's and fit
     its profile; by the weights samples alone the episode's prefills come out far too cheap."""
-    from twinserve.backends.twin.calibrate import correct_drift_by_samples, correct_drift_split
+    from twinserve.twin.calibrate import correct_drift_by_samples, correct_drift_split
 
     rows = [dict(r, start_s=float(i)) for i, r in enumerate(_rows(seed=7, n=240))]
     slow = lambda t, a: a if 90 <= t < 150 else 1.0  # noqa: E731
@@ -402,7 +402,7 @@ def test_merge_fits_calibrations_of_one_engine_at_their_median_reference(
     both are scaled to the median reference (1.1x the first's) and fitted as one, which is the
     log's own fit at 1.1x; an engine run another way, another machine's calibration, or a
     merged profile refitted, is refused by name."""
-    from twinserve.backends.twin.calibrate import merge, refit
+    from twinserve.twin.calibrate import merge, refit
     from twinserve.cli import main
     from twinserve.core.errors import InvalidConfigError
 
@@ -458,7 +458,7 @@ def test_merge_puts_prefill_shares_at_the_median_prefill_reference(tmp_path: Pat
     each copy's prefill shares are scaled to the median prefill reference (21 ms: x1.5 and x0.75)
     and the rest by the weights references (x1); a calibration without prefill samples merges
     by the weights samples alone."""
-    from twinserve.backends.twin.calibrate import merge
+    from twinserve.twin.calibrate import merge
 
     def with_prefill(dst: Path, sec: float) -> None:
         _slower_copy(SHIPPED_CALIBRATION, dst, 1.0)
@@ -555,7 +555,7 @@ def test_a_profile_predicts_only_the_machine_it_was_measured_on() -> None:
     """fidelity refuses a profile from another machine: another device name, or a CPU of the same
     name whose kernel features differ (a bf16 matmul with and without AVX512-BF16/AMX)."""
     from twinserve.backends.sim.fitted import check_profile_hardware
-    from twinserve.backends.twin.calibrate import KERNEL_FLAGS, cpu_features
+    from twinserve.twin.calibrate import KERNEL_FLAGS, cpu_features
 
     name = "cpu: Intel(R) Xeon(R) Processor"
     amx = {"capability": "AVX512", "flags": ["avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"]}
@@ -652,7 +652,7 @@ def test_cuda_graph_regime_prices_replayed_decodes_apart_from_eager_steps() -> N
 
 
 def test_cpu_fp32_code_paths_are_regime_bounds() -> None:
-    from twinserve.backends.twin.calibrate import _code_path_bounds
+    from twinserve.twin.calibrate import _code_path_bounds
 
     # Small-batch weights up to 4 rows; 9-15 rows padded to 16 (so 9..15 cost alike).
     assert _code_path_bounds("cpu", "torch.float32", 4, 16) == [4, 8, 15]
@@ -693,7 +693,7 @@ def test_a_profile_from_other_small_batch_rows_is_refused_naming_both() -> None:
 
 
 def test_graph_regime_follows_the_engine_settings() -> None:
-    from twinserve.backends.twin.calibrate import graph_max_decodes
+    from twinserve.twin.calibrate import graph_max_decodes
 
     def bound(device="cuda", enforce_eager=False, attention_backend="auto", max_num_seqs=64):
         return graph_max_decodes(device, enforce_eager, attention_backend, max_num_seqs)
@@ -706,7 +706,7 @@ def test_graph_regime_follows_the_engine_settings() -> None:
 
 
 def test_shipped_h200_profile_is_what_the_fit_makes_of_its_own_step_log() -> None:
-    from twinserve.backends.twin.calibrate import refit
+    from twinserve.twin.calibrate import refit
 
     shipped = FittedCostModel.load("builtin:smollm2-135m-h200-bf16")
     again = refit("builtin:smollm2-135m-h200-bf16")
@@ -726,7 +726,7 @@ def test_shipped_cpu_profile_is_the_merge_of_the_calibrations_it_ships_with(name
     (calibrate --merge: the AMD host's of Dec 1, the Xeon host's of Dec 2), and
     merging them again makes it."""
     from twinserve.backends.sim.fitted import builtin_calibrations
-    from twinserve.backends.twin.calibrate import merge
+    from twinserve.twin.calibrate import merge
 
     shipped = FittedCostModel.load(f"builtin:{name}")
     sources = builtin_calibrations(name)
@@ -752,7 +752,7 @@ def test_shipped_cpu_profile_is_the_merge_of_the_calibrations_it_ships_with(name
 
 
 def test_a_shipped_calibration_is_what_the_fit_makes_of_its_own_step_log() -> None:
-    from twinserve.backends.twin.calibrate import refit
+    from twinserve.twin.calibrate import refit
 
     shipped = FittedCostModel.load(SHIPPED_CALIBRATION)
     again = refit(SHIPPED_CALIBRATION)
@@ -779,7 +779,7 @@ def test_calibrate_warns_when_the_machine_speed_moved_while_it_ran(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import shutil
 
-    from twinserve.backends.twin.calibrate import drift_warning
+    from twinserve.twin.calibrate import drift_warning
     from twinserve.cli import main
 
     assert drift_warning({"speed_probe_drift": 0.07, "speed_probes": [[0, 1.2], [9, 1.284]]}) is None
@@ -807,7 +807,7 @@ def test_calibration_prices_the_steps_after_an_idle_gap_apart() -> None:
     """Steps after the design's idle gaps are left out of the step model and priced by an extra
     time per gap and step: planted delays come back (whatever the steps' sizes), and the step
     model stays exact."""
-    from twinserve.backends.twin.calibrate import WAKE_STEPS, fit_wake, split_wake
+    from twinserve.twin.calibrate import WAKE_STEPS, fit_wake, split_wake
 
     planted = {0.25: (0.004, 0.0), 3.0: (0.09, 0.02)}
     rows = [dict(r) for r in _rows(seed=8, n=150)]
@@ -833,7 +833,7 @@ def test_calibration_prices_the_steps_after_an_idle_gap_apart() -> None:
 
 def test_fit_records_its_largest_shapes_and_a_run_beyond_them_is_told_apart(tmp_path: Path) -> None:
     from twinserve.backends.sim.fitted import RANGE_DIMS, shape_measures
-    from twinserve.backends.twin.steps import step_errors, step_line
+    from twinserve.twin.steps import step_errors, step_line
 
     rows = _rows()
     prof = fit_step_profile(rows)
@@ -868,7 +868,7 @@ def test_fit_records_its_largest_shapes_and_a_run_beyond_them_is_told_apart(tmp_
 
 
 def test_a_design_can_be_made_to_reach_longer_contexts() -> None:
-    from twinserve.backends.twin.calibrate import CalibrationDesign
+    from twinserve.twin.calibrate import CalibrationDesign
     from twinserve.core.errors import InvalidConfigError
 
     d = CalibrationDesign()

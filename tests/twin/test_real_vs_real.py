@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from twinserve.backends.twin.compare import compare
-from twinserve.backends.twin.fidelity import write_requests
+from twinserve.twin.compare import compare
+from twinserve.twin.fidelity import write_requests
 from twinserve.sim.world import RequestRecord
 
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from twinserve.backends.real.step_log import read_step_log
-from twinserve.backends.twin.fidelity import FidelityOptions, exit_code, run_fidelity
-from twinserve.backends.twin.realrun import run_real
-from twinserve.backends.twin.replay import replay
+from twinserve.twin.fidelity import FidelityOptions, exit_code, run_fidelity
+from twinserve.twin.realrun import run_real
+from twinserve.twin.replay import replay
 from twinserve.core.errors import TwinserveError
 from twinserve.sim.workload import Workload, WorkloadConfig
 
@@ -77,7 +77,7 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert data["provenance"]["threads"] == 1 and data["provenance"]["dtype"] == "float64"
     import torch
 
-    from twinserve.backends.twin.calibrate import cpu_features, device_name
+    from twinserve.twin.calibrate import cpu_features, device_name
 
     # The machine it was made on, by name and by the CPU features that pick torch's kernels.
     assert data["hardware"] == device_name(torch.device("cpu"))
@@ -97,7 +97,7 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert "first steps after idling 0.05 s: +" in printed
     # The profile records the largest steps it was fitted on (not the steps after idling,
     # which are priced apart), and says so.
-    from twinserve.backends.twin.calibrate import split_wake
+    from twinserve.twin.calibrate import split_wake
 
     top = data["fit"]["range"]
     fitted, _ = split_wake(steps, marks)
@@ -107,7 +107,7 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     # priced at their median.
     probes = data["provenance"]["speed_probes"]
     assert data["provenance"]["design"]["probe_every"] == 5 and data["provenance"]["drift_corrected"]
-    from twinserve.backends.twin.calibrate import CalibrationDesign
+    from twinserve.twin.calibrate import CalibrationDesign
 
     design = CalibrationDesign(**data["provenance"]["design"])
     points = sum(c > 0 for c in design.prefill_contexts) + design.num_points() * design.repeats
@@ -115,7 +115,7 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert data["provenance"]["speed_probe_s"] == pytest.approx(float(np.median([s for _, s in probes])))
     # The drift was corrected by the speed samples, each smoothed as fidelity smooths them; the
     # profile is priced at the median smoothed sample.
-    from twinserve.backends.twin.speedtrace import SpeedTrace
+    from twinserve.twin.speedtrace import SpeedTrace
 
     prov = data["provenance"]
     assert prov["drift_source"] == "samples" and len(prov["speed_samples"]) >= 5
@@ -215,9 +215,9 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     # The samples paused the steps after them; fidelity judged the steps without that time
     # (without_sample_pauses), so the report's busy time is the engine's alone.
     from twinserve.backends.sim.fitted import FittedCostModel
-    from twinserve.backends.twin.fidelity import raw_speed
-    from twinserve.backends.twin.speedtrace import without_sample_pauses
-    from twinserve.backends.twin.steps import step_errors
+    from twinserve.twin.fidelity import raw_speed
+    from twinserve.twin.speedtrace import without_sample_pauses
+    from twinserve.twin.steps import step_errors
 
     judged = without_sample_pauses(rows, smp["samples"] + smp["prefill_samples"], t0=smp["t0"])
     assert any(r.get("sampler_pause_s", 0.0) > 0 for r in judged)
@@ -442,7 +442,7 @@ def test_interrupt_aborts_the_engine_and_writes_what_was_measured(make_engine, t
 
 def test_calibration_decode_points_measure_the_whole_batch(make_engine) -> None:
     """A batch whose prefill spans many steps still decodes together, `steps` times at least."""
-    from twinserve.backends.twin.calibrate import Calibrator
+    from twinserve.twin.calibrate import Calibrator
 
     engine = make_engine(max_num_batched_tokens=32, max_num_seqs=16)
     cal = Calibrator(engine)
@@ -463,7 +463,7 @@ def test_calibration_decode_sweep_measures_every_batch_from_one_prefill(make_eng
     contexts still spread over [c/2, 3c/2] and the middle prompt kept (one sequence decodes at
     the design's context), and only the largest batch's prompts are prefilled."""
     from twinserve.backends.real.step_log import StepLog
-    from twinserve.backends.twin.calibrate import Calibrator
+    from twinserve.twin.calibrate import Calibrator
 
     engine = make_engine(max_num_batched_tokens=32, max_num_seqs=16, num_gpu_blocks_override=400)
     cal = Calibrator(engine)
@@ -503,7 +503,7 @@ def test_calibration_probes_between_points_only_where_the_probes_correct_the_dri
     speed samples, only before and after the design."""
     from dataclasses import replace
 
-    from twinserve.backends.twin.calibrate import PROBE_EVERY, CalibrationDesign, calibrate
+    from twinserve.twin.calibrate import PROBE_EVERY, CalibrationDesign, calibrate
 
     engine = make_engine(max_num_batched_tokens=128, max_num_seqs=8, max_model_len=256)
     quick = replace(CalibrationDesign.quick(), probe_every=None, idle_gaps=[])
@@ -522,7 +522,7 @@ def test_calibration_probes_between_points_only_where_the_probes_correct_the_dri
 def test_calibration_mixed_points_meet_the_whole_batch_at_its_context(make_engine) -> None:
     """The prompt of a mixed point shares its step with every sequence of the batch, even when
     the batch's own prefill at long context took many steps."""
-    from twinserve.backends.twin.calibrate import Calibrator
+    from twinserve.twin.calibrate import Calibrator
 
     engine = make_engine(max_num_batched_tokens=32, max_num_seqs=16)
     cal = Calibrator(engine)
@@ -539,7 +539,7 @@ def test_calibration_mixed_points_meet_the_whole_batch_at_its_context(make_engin
 
 def test_speed_probe_repeats_on_one_engine(make_engine) -> None:
     """The probe computes every token each time: its prompts never become prefix hits later."""
-    from twinserve.backends.twin.calibrate import speed_probe
+    from twinserve.twin.calibrate import speed_probe
 
     engine = make_engine(max_num_batched_tokens=256)
     first, second = speed_probe(engine), speed_probe(engine)
@@ -552,7 +552,7 @@ def test_speed_probe_repeats_on_one_engine(make_engine) -> None:
 def test_speed_probe_rounds_take_the_median_over_more_steps(make_engine, monkeypatch) -> None:
     """More rounds run more probe steps, and the parts are the median over all of them."""
     from twinserve.backends.real import step_log
-    from twinserve.backends.twin.calibrate import speed_probe_parts
+    from twinserve.twin.calibrate import speed_probe_parts
 
     engine = make_engine(max_num_batched_tokens=256)
     steps = []
@@ -639,7 +639,7 @@ def test_replay_reproduces_a_core_process_schedule_exactly(make_engine) -> None:
 
 
 def test_replay_admits_what_had_reached_the_core(tmp_path: Path) -> None:
-    from twinserve.backends.twin.replay import RecordingExecutor, ReplayCostModel
+    from twinserve.twin.replay import RecordingExecutor, ReplayCostModel
     from twinserve.core.engine_core import EngineCore
     from twinserve.core.sched.config import SchedulerConfig
     from twinserve.sim.world import Simulation
@@ -715,7 +715,7 @@ def test_calibrate_and_fidelity_with_the_core_in_its_own_process(
 
 
 def test_from_run_needs_a_recorded_run(tmp_path: Path) -> None:
-    from twinserve.backends.twin.fidelity import FidelityError, rejudge
+    from twinserve.twin.fidelity import FidelityError, rejudge
 
     with pytest.raises(FidelityError, match="no fidelity.json"):
         rejudge(tmp_path, "builtin:smollm2-135m-h200-bf16", tmp_path / "out")
@@ -736,7 +736,7 @@ def test_repeated_runs_measure_the_real_engine_against_itself(make_engine, tmp_p
     import pandas as pd
 
     from twinserve.backends.sim.fitted import FittedCostModel
-    from twinserve.backends.twin.fidelity import FidelityError, rejudge
+    from twinserve.twin.fidelity import FidelityError, rejudge
 
     prof = tmp_path / "p.json"
     FittedCostModel(intercept_s=0.002, per_token_s=1e-4,
@@ -811,7 +811,7 @@ def test_repeated_runs_measure_the_real_engine_against_itself(make_engine, tmp_p
     # measured in sum), an overall price level no longer matters: a profile half as fast is
     # judged the same, and the scale that matched makes the busy-time error zero.
     from twinserve.backends.real.step_log import read_step_log
-    from twinserve.backends.twin.steps import step_errors
+    from twinserve.twin.steps import step_errors
 
     for a, b in zip(again["repeats"]["runs"], other["repeats"]["runs"], strict=True):
         assert a["speed_matched_scale"] == pytest.approx(b["speed_matched_scale"], rel=1e-9)

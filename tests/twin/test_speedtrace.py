@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from twinserve.backends.sim.executor import SimExecutor
-from twinserve.backends.twin.compare import compare
-from twinserve.backends.twin.fidelity import simulate
-from twinserve.backends.twin.speedtrace import SampleClock, SpeedTrace, run_simulation
+from twinserve.twin.compare import compare
+from twinserve.twin.fidelity import simulate
+from twinserve.twin.speedtrace import SampleClock, SpeedTrace, run_simulation
 from twinserve.core.engine_core import EngineCore
 from twinserve.sim.world import Simulation
 from twinserve.sim.workload import Workload, WorkloadConfig
@@ -159,7 +159,7 @@ def test_the_samples_pause_the_simulated_engine_as_they_pause_the_real_one() -> 
 
 
 def test_the_real_loop_samples_by_the_simulators_rule(make_engine) -> None:
-    from twinserve.backends.twin.realrun import run_real
+    from twinserve.twin.realrun import run_real
 
     class Fake:
         calls = 0
@@ -205,7 +205,7 @@ def _greedy(engine, sampler=None) -> dict[str, list[int]]:
 def test_the_weights_sampler_passes_a_row_through_every_projection_and_changes_no_token(make_engine) -> None:
     import torch
 
-    from twinserve.backends.twin.speedtrace import SpeedSampler, WeightsSampler, sampler_for
+    from twinserve.twin.speedtrace import SpeedSampler, WeightsSampler, sampler_for
 
     engine = make_engine()
     sampler = sampler_for(engine)
@@ -244,7 +244,7 @@ def test_the_weights_sampler_passes_a_row_through_every_projection_and_changes_n
 
 def test_the_prefill_sampler_passes_a_block_of_rows_through_the_first_layers_and_changes_no_token(
         make_engine) -> None:
-    from twinserve.backends.twin.speedtrace import PREFILL_LAYERS, PREFILL_ROWS, PrefillSampler, prefill_sampler_for
+    from twinserve.twin.speedtrace import PREFILL_LAYERS, PREFILL_ROWS, PrefillSampler, prefill_sampler_for
 
     engine = make_engine()
     sampler = prefill_sampler_for(engine)
@@ -320,14 +320,14 @@ def test_a_steps_prefill_share_is_priced_at_the_prefill_samplers_speed() -> None
     assert alone["ttft"]["p50"]["err"] > 0.10
     # The samples of both kinds pause the engine, one after the other.
     weights.pause_s, prefill.pause_s = 0.004, 0.002
-    from twinserve.backends.twin.speedtrace import TracedExecutor
+    from twinserve.twin.speedtrace import TracedExecutor
 
     assert TracedExecutor(prof, weights.with_prefill(prefill)).pause_s == pytest.approx(0.006)
     assert TracedExecutor(prof, weights).pause_s == pytest.approx(0.004)
 
 
 def test_a_calibration_design_refuses_an_unknown_sampler() -> None:
-    from twinserve.backends.twin.calibrate import CalibrationDesign
+    from twinserve.twin.calibrate import CalibrationDesign
     from twinserve.core.errors import InvalidConfigError
 
     with pytest.raises(InvalidConfigError, match="sampler"):
@@ -344,7 +344,7 @@ def test_a_calibration_design_refuses_an_unknown_sampler() -> None:
 
 
 def test_fidelity_options_refuse_an_unknown_speed_source_or_sampling_period() -> None:
-    from twinserve.backends.twin.fidelity import FidelityError, FidelityOptions
+    from twinserve.twin.fidelity import FidelityError, FidelityOptions
 
     with pytest.raises(FidelityError, match="--speed-from 'probe': give one of auto, samples, probes"):
         FidelityOptions("p.json", speed_from="probe")
@@ -354,7 +354,7 @@ def test_fidelity_options_refuse_an_unknown_speed_source_or_sampling_period() ->
 
 
 def test_without_noise_the_traced_band_is_the_traced_prediction() -> None:
-    from twinserve.backends.twin.band import StepNoise, prediction_band
+    from twinserve.twin.band import StepNoise, prediction_band
 
     prof, make, sched = _profile(None), _make(), _sched()
     # The machine halves its speed over the run, and the samples pause it every 50 ms.
@@ -376,7 +376,7 @@ def _row(start: float, step: float, gap: float, decodes: int = 4) -> dict:
 
 
 def test_a_samples_time_leaves_the_gap_of_the_step_after_it_and_only_once() -> None:
-    from twinserve.backends.twin.speedtrace import without_sample_pauses
+    from twinserve.twin.speedtrace import without_sample_pauses
 
     # Steps of 0.1 s; a 0.03 s sample after the first (requests waiting: the second step's
     # gap holds it and 1 ms of the loop), and one after the third while the engine was idle
@@ -402,8 +402,8 @@ def test_a_fit_without_the_samples_pauses_prices_the_engines_steps_and_with_them
 
     from twinserve.backends.sim.fit import fit_step_profile
     from twinserve.backends.sim.fitted import FEATURE_COLUMNS, FittedCostModel
-    from twinserve.backends.twin.band import step_residuals
-    from twinserve.backends.twin.speedtrace import without_sample_pauses
+    from twinserve.twin.band import step_residuals
+    from twinserve.twin.speedtrace import without_sample_pauses
 
     truth = FittedCostModel(intercept_s=0.02, per_token_s=2e-3, per_prefill_seq_s=1e-3,
                             per_decode_context_token_s=2e-6)
@@ -441,8 +441,8 @@ def test_the_real_loops_samples_leave_its_step_log_by_their_own_clock(make_engin
     import time
 
     from twinserve.backends.real.step_log import StepLog
-    from twinserve.backends.twin.realrun import run_real
-    from twinserve.backends.twin.speedtrace import without_sample_pauses
+    from twinserve.twin.realrun import run_real
+    from twinserve.twin.speedtrace import without_sample_pauses
 
     class Slow:
         def sample(self) -> float:

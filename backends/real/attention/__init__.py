@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ....core.errors import InvalidConfigError
-from .backend import AttentionBackend, AttentionMetadata
-from .torch_paged import TorchPagedAttention
+from twinserve.core.errors import InvalidConfigError
+from twinserve.backends.real.attention.backend import AttentionBackend, AttentionMetadata
+from twinserve.backends.real.attention.torch_paged import TorchPagedAttention
 
 BACKENDS = ("torch", "triton")
 
@@ -24,7 +24,7 @@ def get_attention_backend(name: str | None, device: torch.device) -> AttentionBa
     if name == "torch":
         return TorchPagedAttention()
     if name == "triton":
-        from .triton_backend import TritonPagedAttention
+        from twinserve.backends.real.attention.triton_backend import TritonPagedAttention
 
         return TritonPagedAttention()
     raise InvalidConfigError("attention_backend", name, f"one of {BACKENDS} or 'auto'")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .backend import AttentionMetadata
+from twinserve.backends.real.attention.backend import AttentionMetadata
 
 # Decode buckets: a bucket is padded to its longest context, so a new bucket starts where
 # padding would waste more than this share (or this many positions) of the bucket's shortest

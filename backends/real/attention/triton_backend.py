@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .backend import AttentionMetadata
+from twinserve.backends.real.attention.backend import AttentionMetadata
 
 
 class TritonPagedAttention:
@@ -15,7 +15,7 @@ class TritonPagedAttention:
     supports_cuda_graphs = True
 
     def __init__(self) -> None:
-        from ....kernels import ops  # imported lazily: triton is heavy and GPU-oriented
+        from twinserve.kernels import ops  # imported lazily: triton is heavy and GPU-oriented
 
         self._ops = ops
 

@@ -1,6 +1,6 @@
 """Model definitions and weight loading for the real engine."""
 
-from .config import LlamaConfig
-from .llama import LlamaForCausalLM
+from twinserve.backends.real.models.config import LlamaConfig
+from twinserve.backends.real.models.llama import LlamaForCausalLM
 
 __all__ = ["LlamaConfig", "LlamaForCausalLM"]

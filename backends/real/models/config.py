@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ....core.errors import UnsupportedModelError
+from twinserve.core.errors import UnsupportedModelError
 
 _LLAMA_LIKE = {"LlamaForCausalLM", "MistralForCausalLM"}
 

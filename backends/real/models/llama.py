@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from ....core.errors import UnsupportedModelError
-from ..attention.backend import AttentionBackend, AttentionMetadata
-from .config import LlamaConfig
-from .rope import RotaryEmbedding
+from twinserve.core.errors import UnsupportedModelError
+from twinserve.backends.real.attention.backend import AttentionBackend, AttentionMetadata
+from twinserve.backends.real.models.config import LlamaConfig
+from twinserve.backends.real.models.rope import RotaryEmbedding
 
 
 # At most this many rows use the transposed weight copies (see LlamaForCausalLM.add_small_batch_weights),

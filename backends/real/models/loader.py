@@ -9,9 +9,9 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from ....core.errors import UnsupportedModelError
-from .config import LlamaConfig
-from .llama import LlamaForCausalLM
+from twinserve.core.errors import UnsupportedModelError
+from twinserve.backends.real.models.config import LlamaConfig
+from twinserve.backends.real.models.llama import LlamaForCausalLM
 
 # HF name (after "model.layers.N.") -> (fused parameter, shard index) for the fused projections.
 _FUSED = {

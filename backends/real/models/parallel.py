@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ....core.errors import InvalidConfigError
-from .config import LlamaConfig
+from twinserve.core.errors import InvalidConfigError
+from twinserve.backends.real.models.config import LlamaConfig
 
 
 def split_sizes(n: int, parts: int) -> list[int]:

@@ -9,7 +9,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ....core.errors import UnsupportedModelError
+from twinserve.core.errors import UnsupportedModelError
 
 SMOLLM2 = "SmolLM2-135M-Instruct"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

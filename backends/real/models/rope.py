@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ....core.errors import UnsupportedModelError
+from twinserve.core.errors import UnsupportedModelError
 
 
 def _default_inv_freq(base: float, dim: int) -> torch.Tensor:

@@ -21,11 +21,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Protocol
 
-from ....core.errors import EngineDeadError, TwinserveError
-from ....core.sampling_params import SamplingParams
-from ..engine import LLMEngine
-from ..outputs import RequestOutput
-from .errors import ServerOverloadedError
+from twinserve.core.errors import EngineDeadError, TwinserveError
+from twinserve.core.sampling_params import SamplingParams
+from twinserve.backends.real.engine import LLMEngine
+from twinserve.backends.real.outputs import RequestOutput
+from twinserve.backends.real.serving.errors import ServerOverloadedError
 
 # The engine thread steps only while fewer than this many of its batches wait for the event loop
 # to hand them to the streams. A loop that falls behind (many streams, slow clients, CPU-bound

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ....core.errors import (EngineDeadError, InvalidRequestError, InvalidSamplingParamsError,
+from twinserve.core.errors import (EngineDeadError, InvalidRequestError, InvalidSamplingParamsError,
                              PromptTooLongError, TwinserveError, UnsupportedModelError)
 
 

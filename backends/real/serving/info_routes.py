@@ -13,8 +13,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
 
-from .errors import bad_request
-from .protocol import ChatMessage, messages_as_dicts, parse_model
+from twinserve.backends.real.serving.errors import bad_request
+from twinserve.backends.real.serving.protocol import ChatMessage, messages_as_dicts, parse_model
 
 
 class TokenizeCompletionRequest(BaseModel):
@@ -50,7 +50,7 @@ class DetokenizeRequest(BaseModel):
 
 def add_info_routes(app: FastAPI, state: Any, read_json: Any) -> None:
     """Register /tokenize, /detokenize, /version and /ping on `app`."""
-    from .... import __version__
+    from twinserve import __version__
 
     engine = state.engine
 
@@ -96,7 +96,7 @@ def add_info_routes(app: FastAPI, state: Any, read_json: Any) -> None:
     async def ping() -> Response:
         # Same answer as /health (SageMaker-style liveness probes call /ping with GET or POST).
         if not state.async_engine.is_running:
-            from .errors import engine_dead
+            from twinserve.backends.real.serving.errors import engine_dead
 
             reason = state.async_engine.dead_reason or "the engine is not running"
             return JSONResponse(engine_dead(reason).body(), status_code=503)

@@ -10,8 +10,8 @@ from typing import Any
 
 import uvicorn
 
-from .access_log import configure_access_logger
-from .server import ServerConfig, build_app
+from twinserve.backends.real.serving.access_log import configure_access_logger
+from twinserve.backends.real.serving.server import ServerConfig, build_app
 
 logger = logging.getLogger("twinserve.serve")
 
@@ -57,7 +57,7 @@ def serve(ns: argparse.Namespace, engine_args: Any) -> int:
     """Load the model, start the server and block until it is stopped (SIGINT/SIGTERM)."""
     import torch
 
-    from ..engine import LLMEngine
+    from twinserve.backends.real.engine import LLMEngine
 
     if ns.threads:
         torch.set_num_threads(ns.threads)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from ....core.sched.output import Logprob
+from twinserve.core.sched.output import Logprob
 
 TokenText = Callable[[int], str]
 

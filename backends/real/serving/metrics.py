@@ -13,8 +13,8 @@ from __future__ import annotations
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics,
                                generate_latest)
 
-from ..outputs import RequestOutput
-from .async_engine import EngineSnapshot
+from twinserve.backends.real.outputs import RequestOutput
+from twinserve.backends.real.serving.async_engine import EngineSnapshot
 
 # The *_created series double the output and no dashboard reads them (vLLM turns them off too).
 disable_created_metrics()

@@ -8,11 +8,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from ....core.errors import EngineDeadError
-from ..outputs import CompletionOutput, RequestMetrics, RequestOutput
-from .async_engine import RequestStream
-from .errors import APIError, to_api_error
-from .logprobs_format import CompletionLogprobs, TokenText, chat_logprobs, merge_completion_logprobs
+from twinserve.core.errors import EngineDeadError
+from twinserve.backends.real.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from twinserve.backends.real.serving.async_engine import RequestStream
+from twinserve.backends.real.serving.errors import APIError, to_api_error
+from twinserve.backends.real.serving.logprobs_format import CompletionLogprobs, TokenText, chat_logprobs, merge_completion_logprobs
 
 DONE = "data: [DONE]\n\n"
 

@@ -11,10 +11,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ....core.errors import InvalidSamplingParamsError
-from ....core.sampling_params import SamplingParams
-from .errors import APIError, bad_request
-from .structured_fields import structured_spec
+from twinserve.core.errors import InvalidSamplingParamsError
+from twinserve.core.sampling_params import SamplingParams
+from twinserve.backends.real.serving.errors import APIError, bad_request
+from twinserve.backends.real.serving.structured_fields import structured_spec
 
 
 class StreamOptions(BaseModel):

@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import Request
 
-from .errors import APIError, bad_request
+from twinserve.backends.real.serving.errors import APIError, bad_request
 
 # Bodies above this are parsed on a worker thread so one large prompt never stalls the loop.
 INLINE_PARSE_BYTES = 64 * 1024

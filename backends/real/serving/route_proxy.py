@@ -27,9 +27,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
-from ....core.routing import (NoReplicaAvailableError, ReplicaLoad, RouteRequest, make_router,
+from twinserve.core.routing import (NoReplicaAvailableError, ReplicaLoad, RouteRequest, make_router,
                               text_prefix_keys)
-from .errors import APIError
+from twinserve.backends.real.serving.errors import APIError
 
 KV_USAGE = re.compile(rb"kv_cache_usage_perc(?:\{[^}]*\})?\s+([0-9.eE+-]+)")
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length",

@@ -14,20 +14,20 @@ from typing import Any, AsyncIterator, Callable, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ....core.errors import PromptTooLongError, TwinserveError
-from ..engine import LLMEngine
-from ..outputs import RequestOutput
-from .access_log import AccessLogMiddleware
-from .async_engine import AsyncLLMEngine, RequestStream
-from .errors import APIError, bad_request, engine_dead, model_not_found, to_api_error, unauthorized
-from .info_routes import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest, add_info_routes
-from .logprobs_format import TokenTexts
-from .metrics import ServingMetrics
-from .openai_format import ResponseMeta, full_response, stream_events
-from .openapi_doc import GENERATION_OK, OpenAPIBodies, error_responses
-from .protocol import ChatCompletionRequest, CompletionRequest, parse_body, to_sampling_params
-from .request_body import DEFAULT_MAX_BODY_BYTES, parse_json, read_body
-from .structured_fields import as_tool_calls, tool_spec
+from twinserve.core.errors import PromptTooLongError, TwinserveError
+from twinserve.backends.real.engine import LLMEngine
+from twinserve.backends.real.outputs import RequestOutput
+from twinserve.backends.real.serving.access_log import AccessLogMiddleware
+from twinserve.backends.real.serving.async_engine import AsyncLLMEngine, RequestStream
+from twinserve.backends.real.serving.errors import APIError, bad_request, engine_dead, model_not_found, to_api_error, unauthorized
+from twinserve.backends.real.serving.info_routes import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest, add_info_routes
+from twinserve.backends.real.serving.logprobs_format import TokenTexts
+from twinserve.backends.real.serving.metrics import ServingMetrics
+from twinserve.backends.real.serving.openai_format import ResponseMeta, full_response, stream_events
+from twinserve.backends.real.serving.openapi_doc import GENERATION_OK, OpenAPIBodies, error_responses
+from twinserve.backends.real.serving.protocol import ChatCompletionRequest, CompletionRequest, parse_body, to_sampling_params
+from twinserve.backends.real.serving.request_body import DEFAULT_MAX_BODY_BYTES, parse_json, read_body
+from twinserve.backends.real.serving.structured_fields import as_tool_calls, tool_spec
 
 _T = TypeVar("_T")
 

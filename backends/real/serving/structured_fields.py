@@ -13,8 +13,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ....core.structured_output import StructuredOutputSpec
-from .errors import bad_request
+from twinserve.core.structured_output import StructuredOutputSpec
+from twinserve.backends.real.serving.errors import bad_request
 
 _GUIDED = (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
            ("guided_grammar", "grammar"))

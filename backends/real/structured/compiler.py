@@ -14,8 +14,8 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from ....core.errors import InvalidRequestError
-from ....core.structured_output import StructuredOutputSpec
+from twinserve.core.errors import InvalidRequestError
+from twinserve.core.structured_output import StructuredOutputSpec
 
 
 class GrammarCompilerCache:

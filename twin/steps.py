@@ -10,8 +10,8 @@ import numpy as np
 from twinserve.backends.sim.fitted import (FEATURE_COLUMNS, RANGE_DIMS, FittedCostModel, dims_beyond,
                                            shape_measures)
 
-from .band import step_residuals
-from .calibrate import ProbeParts
+from twinserve.twin.band import step_residuals
+from twinserve.twin.calibrate import ProbeParts
 
 
 def speed_ratios(profile: FittedCostModel, probes: list[ProbeParts | None]) -> dict[str, float]:

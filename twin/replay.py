@@ -27,7 +27,7 @@ from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
 from twinserve.sim.world import RunResult, Simulation
 from twinserve.sim.workload import Workload
 
-from .realrun import RealRun
+from twinserve.twin.realrun import RealRun
 
 
 class ReplayCostModel:

@@ -68,9 +68,9 @@ from twinserve.backends.sim.fitted import (FEATURE_COLUMNS, FittedCostModel, Pro
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.sampling_params import SamplingParams
 
-from ..real.step_log import TIME_COLUMNS, StepLog
-from .hostload import HostLoad
-from .speedtrace import (DEFAULT_SAMPLER, DEFAULT_SMOOTHING, SAMPLE_EVERY_S, SAMPLERS, SMOOTH_S, PrefillSampler,
+from twinserve.backends.real.step_log import TIME_COLUMNS, StepLog
+from twinserve.twin.hostload import HostLoad
+from twinserve.twin.speedtrace import (DEFAULT_SAMPLER, DEFAULT_SMOOTHING, SAMPLE_EVERY_S, SAMPLERS, SMOOTH_S, PrefillSampler,
                          SampleClock, SpeedSampler, SpeedTrace, WeightsSampler, prefill_sampler_for, sampler_for,
                          share_mix, step_factor, without_sample_pauses)
 
@@ -707,7 +707,7 @@ def regime_bounds(engine: Any) -> list[int]:
 
 def _code_path_bounds(device_type: str, dtype: str, small_rows: int, pad_rows: int = 0) -> list[int]:
     """small_rows: products of at most this many rows take the transposed weight copies (0: none)."""
-    from ..real.models.llama import PAD_MIN_ROWS
+    from twinserve.backends.real.models.llama import PAD_MIN_ROWS
 
     if device_type != "cpu" or dtype.replace("torch.", "") != "float32":
         return []
@@ -720,7 +720,7 @@ def _code_path_bounds(device_type: str, dtype: str, small_rows: int, pad_rows: i
 
 
 def _pad_rows() -> int:
-    from ..real.models.llama import PAD_ROWS
+    from twinserve.backends.real.models.llama import PAD_ROWS
 
     return PAD_ROWS
 
@@ -729,8 +729,8 @@ def graph_max_decodes(device_type: str, enforce_eager: bool, attention_backend: 
                       max_num_seqs: int) -> int | None:
     """The largest decode batch an engine so configured replays from a CUDA graph (the worker's
     rule: CUDA, not eager, a backend with supports_cuda_graphs), or None when it runs eagerly."""
-    from ..real.attention import backend_name
-    from ..real.cuda_graphs import graph_buckets
+    from twinserve.backends.real.attention import backend_name
+    from twinserve.backends.real.cuda_graphs import graph_buckets
 
     # Only the Triton backend's launches are graph-safe (TritonPagedAttention.supports_cuda_graphs).
     if device_type != "cuda" or enforce_eager or backend_name(attention_backend, device_type) != "triton":
@@ -775,7 +775,7 @@ class Prepared:
 def prepare(profile_path: str | Path, steps_path: str | Path | None = None) -> Prepared:
     """A calibrated profile's step log (the `.steps.csv` beside it, or steps_path), corrected
     for the machine's drift as this version corrects it (refit's first half)."""
-    from ..real.step_log import read_step_log
+    from twinserve.backends.real.step_log import read_step_log
 
     old = FittedCostModel.load(profile_path)
     prov = dict(old.meta.get("provenance") or {})

@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from ....sim.workload import WorkItem, Workload
-from ....sim.world import RequestRecord
+from twinserve.sim.workload import WorkItem, Workload
+from twinserve.sim.world import RequestRecord
 
 
 @dataclass(slots=True)

@@ -11,14 +11,14 @@ from typing import Any
 
 import pandas as pd
 
-from ....core.errors import InvalidConfigError
-from ....sim.build import BUILTIN_TRACES
-from ....sim.config import SLOConfig
-from ....sim.metrics import requests_frame, steps_frame, summarize
-from ....sim.report import write_table
-from ....sim.workload import Workload, WorkloadConfig
-from ....sim.world import RunResult, StepLog
-from .bench_client import BenchRun, BenchTarget, run_benchmark, server_info
+from twinserve.core.errors import InvalidConfigError
+from twinserve.sim.build import BUILTIN_TRACES
+from twinserve.sim.config import SLOConfig
+from twinserve.sim.metrics import requests_frame, steps_frame, summarize
+from twinserve.sim.report import write_table
+from twinserve.sim.workload import Workload, WorkloadConfig
+from twinserve.sim.world import RunResult, StepLog
+from twinserve.bench.client import BenchRun, BenchTarget, run_benchmark, server_info
 
 
 def workload_config(ns: argparse.Namespace, vocab_size: int) -> WorkloadConfig:

@@ -25,17 +25,17 @@ from twinserve.sim.errors import TraceError
 from twinserve.sim.world import RequestRecord
 from twinserve.sim.workload import Workload, WorkloadConfig
 
-from ..real.step_log import StepLog, read_step_log
-from .band import StepNoise, band_table, prediction_band
-from .calibrate import ProbeParts, catalog_name, cold_prefix_cache, cpu_features, device_name, speed_probe_parts
-from .compare import (DEFAULT_TARGETS, METRICS, PERCENTILES, TARGET_METRICS, compare, figure, table, target_line,
+from twinserve.backends.real.step_log import StepLog, read_step_log
+from twinserve.twin.band import StepNoise, band_table, prediction_band
+from twinserve.twin.calibrate import ProbeParts, catalog_name, cold_prefix_cache, cpu_features, device_name, speed_probe_parts
+from twinserve.twin.compare import (DEFAULT_TARGETS, METRICS, PERCENTILES, TARGET_METRICS, compare, figure, table, target_line,
                       targets)
-from .hostload import HostLoad, warning
-from .realrun import RealRun, run_real
-from .replay import replay
-from .speedtrace import (SAMPLE_EVERY_S, SMOOTH_S, SpeedTrace, prefill_sampler_for, run_simulation, sampler_for,
+from twinserve.twin.hostload import HostLoad, warning
+from twinserve.twin.realrun import RealRun, run_real
+from twinserve.twin.replay import replay
+from twinserve.twin.speedtrace import (SAMPLE_EVERY_S, SMOOTH_S, SpeedTrace, prefill_sampler_for, run_simulation, sampler_for,
                          sampler_kind, without_sample_pauses)
-from .steps import scaled_profile, speed_ratios, step_errors, step_line
+from twinserve.twin.steps import scaled_profile, speed_ratios, step_errors, step_line
 
 
 # Rounds of the speed probe before and after a real run (calibrate.speed_probe_parts): about

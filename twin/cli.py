@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from twinserve.cli import add_engine_args, engine_args_from, subcommand
+from twinserve.commands import add_engine_args, engine_args_from, subcommand
 
 
 def _engine(ns: argparse.Namespace):
@@ -75,11 +75,11 @@ def _calibrate(ns: argparse.Namespace) -> int:
         raise InvalidConfigError("merge", ns.merge, "on its own (each profile's step log sits beside it), "
                                  "not with --refit or --from-log")
     if ns.merge:
-        from twinserve.backends.twin.calibrate import merge
+        from twinserve.twin.calibrate import merge
 
         profile = merge(ns.merge)
     elif ns.refit:
-        from twinserve.backends.twin.calibrate import refit
+        from twinserve.twin.calibrate import refit
 
         profile = refit(ns.refit, ns.from_log)
     elif ns.from_log:
@@ -87,7 +87,7 @@ def _calibrate(ns: argparse.Namespace) -> int:
                                    provenance={"made_by": "twinserve calibrate --from-log",
                                                "step_log": str(ns.from_log)})
     else:
-        from twinserve.backends.twin.calibrate import CalibrationDesign, calibrate
+        from twinserve.twin.calibrate import CalibrationDesign, calibrate
 
         from twinserve.core.errors import InvalidConfigError
 
@@ -135,8 +135,8 @@ def _calibrate(ns: argparse.Namespace) -> int:
         steps = ", ".join(f"{g:g} s: " + " / ".join(f"+{e * 1e3:.0f}" for e in row) + " ms"
                           for g, row in zip(profile.wake_idle_s, profile.wake_extra_s))
         print(f"  first steps after idling {steps}")
-    from twinserve.backends.twin.calibrate import drift_warning
-    from twinserve.backends.twin.hostload import warning
+    from twinserve.twin.calibrate import drift_warning
+    from twinserve.twin.hostload import warning
 
     prov = profile.meta.get("provenance", {})
     samples, dropped = prov.get("speed_samples") or [], prov.get("speed_samples_dropped") or []
@@ -167,7 +167,7 @@ def _model_name(model: str) -> str:
     """The catalog name of a model given by path or short name (its config only is read)."""
     from twinserve.backends.real.engine import _peek_config
     from twinserve.backends.real.models.registry import resolve_model
-    from twinserve.backends.twin.calibrate import catalog_name
+    from twinserve.twin.calibrate import catalog_name
 
     source = resolve_model(model)
     return catalog_name(_peek_config(source), source.name)
@@ -236,8 +236,8 @@ def _fidelity_parser(p: argparse.ArgumentParser) -> None:
 
 def _fidelity(ns: argparse.Namespace) -> int:
     from twinserve.backends.sim.fitted import FittedCostModel
-    from twinserve.backends.twin.fidelity import FidelityError, FidelityOptions, exit_code, run_fidelity
-    from twinserve.backends.twin.speedtrace import SAMPLE_EVERY_S
+    from twinserve.twin.fidelity import FidelityError, FidelityOptions, exit_code, run_fidelity
+    from twinserve.twin.speedtrace import SAMPLE_EVERY_S
 
     if ns.band_samples < 0 or ns.band_samples == 1:
         raise FidelityError(f"--band-samples {ns.band_samples}: give 0 (no band) or at least 2")
@@ -249,7 +249,7 @@ def _fidelity(ns: argparse.Namespace) -> int:
                                 "such as 0.05 (5%)")
     limits = {"p50": ns.target_p50, "p99": ns.target_p99}
     if ns.from_run:
-        from twinserve.backends.twin.fidelity import rejudge
+        from twinserve.twin.fidelity import rejudge
 
         report = rejudge(ns.from_run, ns.profile, ns.out, trace=ns.trace, model=ns.model,
                          allow_profile_mismatch=ns.allow_profile_mismatch, band_samples=ns.band_samples,

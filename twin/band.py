@@ -29,8 +29,8 @@ from twinserve.backends.sim.fitted import FEATURE_COLUMNS, FittedCostModel
 from twinserve.sim.world import RequestRecord
 from twinserve.sim.workload import Workload
 
-from .compare import METRICS, PERCENTILES, compare
-from .speedtrace import run_simulation
+from twinserve.twin.compare import METRICS, PERCENTILES, compare
+from twinserve.twin.speedtrace import run_simulation
 
 # For a zero-mean normal error, E|x| = sigma * sqrt(2 / pi): the calibration reports the MAPE.
 _MAPE_TO_SIGMA = math.sqrt(math.pi / 2)

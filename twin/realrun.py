@@ -30,7 +30,7 @@ from twinserve.core.sampling_params import SamplingParams
 from twinserve.sim.world import INF, ArrivalSource, RequestRecord
 from twinserve.sim.workload import WorkItem, Workload
 
-from .speedtrace import SAMPLE_EVERY_S, SampleClock, SpeedSampler
+from twinserve.twin.speedtrace import SAMPLE_EVERY_S, SampleClock, SpeedSampler
 
 
 @dataclass(slots=True)

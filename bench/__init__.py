@@ -1,0 +1,1 @@
+"""The load generator: replays simulator workloads against a running OpenAI-compatible server."""
