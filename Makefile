@@ -31,7 +31,7 @@ study: install-sim
 	$(VENV)/bin/simulate
 
 test: install-all
-	TRITON_INTERPRET=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
+	PYTHONSAFEPATH=1 TRITON_INTERPRET=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -12,7 +13,29 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENTS = ROOT / "experiments"
+
+
+def _import_hub_kernels() -> None:
+    """Import the installed `kernels` package (transformers needs it) before our kernels/ can shadow it.
+
+    pytest puts the repository root on sys.path for the `tests` package, and the root holds our
+    kernels/ folder; `from kernels import ...` inside transformers would then find that folder.
+    """
+    if "kernels" in sys.modules:
+        return
+    saved = sys.path[:]
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
+    try:
+        importlib.import_module("kernels")
+    except ImportError:
+        pass
+    finally:
+        sys.path[:] = saved
+
+
+_import_hub_kernels()
 
 
 def load_experiment(name: str) -> ModuleType:
