@@ -7,7 +7,7 @@ one ({"messages", "add_generation_prompt", ...}) and answers {"count", "max_mode
 
 from __future__ import annotations
 
-from importlib.metadata import version
+from importlib import metadata
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -51,7 +51,7 @@ class DetokenizeRequest(BaseModel):
 
 def add_info_routes(app: FastAPI, state: Any, read_json: Any) -> None:
     """Register /tokenize, /detokenize, /version and /ping on `app`."""
-    __version__ = version("twinserve")
+    __version__ = metadata.version("twinserve")
     engine = state.engine
 
     @app.post("/tokenize")
