@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from twinserve.backends.sim.capacity import KVCapacity, kv_capacity
 from twinserve.backends.sim.catalog import (HardwareSpec, ModelSpec, UnknownSpecError,
@@ -14,7 +16,7 @@ from twinserve.backends.sim.fitted import FittedCostModel, ProfileError, check_p
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import InvalidConfigError
 
-from twinserve.sim.config import StudyConfig, find_line, validate
+from twinserve.sim.config import StudyConfig, find_line, replica_config, replica_line, validate
 from twinserve.sim.errors import ConfigError
 from twinserve.sim.workload import Workload
 from twinserve.sim.world import RunResult, Simulation
@@ -130,9 +132,8 @@ class BuiltEngine:
     executor: SimExecutor
 
 
-def build_engine(cfg: StudyConfig) -> BuiltEngine:
-    """An EngineCore with its cost model and KV pool, from the [engine] and [scheduler] tables."""
-    model, hw, roof, cost = build_cost_models(cfg)
+def engine_capacity(cfg: StudyConfig, model: ModelSpec, hw: HardwareSpec) -> KVCapacity:
+    """The engine's KV pool size from its memory (or engine.num_gpu_blocks)."""
     e, s = cfg.engine, cfg.scheduler
     if s.max_model_len > model.max_position_embeddings:
         raise _cfg_error(cfg, "scheduler", "max_model_len",
@@ -140,11 +141,18 @@ def build_engine(cfg: StudyConfig) -> BuiltEngine:
                          "tokens")
     reserve = None if e.activation_reserve_gib < 0 else e.activation_reserve_gib * 2**30
     try:
-        cap = kv_capacity(model, hw, e.tensor_parallel_size, s.block_size,
-                          e.gpu_memory_utilization, s.max_num_batched_tokens, s.max_num_seqs,
-                          reserve, e.num_gpu_blocks or None)
+        return kv_capacity(model, hw, e.tensor_parallel_size, s.block_size,
+                           e.gpu_memory_utilization, s.max_num_batched_tokens, s.max_num_seqs,
+                           reserve, e.num_gpu_blocks or None)
     except InvalidConfigError as err:
         raise _cfg_error(cfg, "engine", err.field, str(err)) from None
+
+
+def build_engine(cfg: StudyConfig) -> BuiltEngine:
+    """An EngineCore with its cost model and KV pool, from the [engine] and [scheduler] tables."""
+    model, hw, roof, cost = build_cost_models(cfg)
+    s = cfg.scheduler
+    cap = engine_capacity(cfg, model, hw)
     try:
         sched_cfg = s.to_core(cap.num_blocks)
     except InvalidConfigError as err:
@@ -154,18 +162,82 @@ def build_engine(cfg: StudyConfig) -> BuiltEngine:
     return BuiltEngine(model, hw, roof, cost, cap, core, executor)
 
 
+@contextlib.contextmanager
+def _blame_replica(cfg: StudyConfig, index: int) -> Iterator[None]:
+    """Re-raise an error in one of replica `index`'s overrides as that cluster.replicas entry's."""
+    try:
+        yield
+    except ConfigError as e:
+        overrides = cfg.cluster.replicas[index] if index < len(cfg.cluster.replicas) else {}
+        if e.field not in overrides:
+            raise
+        name = e.field.split(".", 1)[1]
+        text = ""
+        if cfg.source:
+            try:
+                text = Path(cfg.source).read_text()
+            except OSError:
+                pass
+        raise ConfigError(f"cluster.replicas[{index}].{name}", e.args[1], cfg.source,
+                          replica_line(text, index, name) if text else None) from None
+
+
+def build_replica_engine(cfg: StudyConfig, index: int) -> BuiltEngine:
+    """Replica `index`'s engine; an error in one of its overrides names that cluster.replicas entry."""
+    with _blame_replica(cfg, index):
+        return build_engine(replica_config(cfg, index))
+
+
+# Simulator memory per KV block (the block object and its pool bookkeeping): ~120 B measured
+# with tracemalloc on Llama-2-7B and SmolLM2-135M pools; see docs/cluster.md.
+BLOCK_BYTES = 120
+MAX_POOL_BYTES = 4 * 2**30
+
+
+def check_pool_memory(cfg: StudyConfig) -> int:
+    """The simulated KV pools' bytes over all replicas; ConfigError (before any is built) past MAX_POOL_BYTES."""
+    c = cfg.cluster
+    n = max(1, c.num_replicas)
+    blocks = 0
+    base: int | None = None
+    for i in range(n):
+        own = i < len(c.replicas) and bool(c.replicas[i])
+        if own or base is None:
+            rc = replica_config(cfg, i)
+            with _blame_replica(cfg, i):
+                model, hw, _, _ = build_cost_models(rc)
+                num = engine_capacity(rc, model, hw).num_blocks
+            if not own:
+                base = num
+        blocks += num if own else base
+    total = blocks * BLOCK_BYTES
+    if total > MAX_POOL_BYTES:
+        raise _cfg_error(cfg, "cluster", "num_replicas",
+                         f"{n} replica(s) would hold {blocks:,} KV blocks, about "
+                         f"{total / 2**30:.1f} GiB of simulator memory ({BLOCK_BYTES} B a block); "
+                         f"the limit is {MAX_POOL_BYTES / 2**30:g} GiB: use fewer replicas or "
+                         "set engine.num_gpu_blocks to a smaller pool per replica")
+    return total
+
+
 def build_workload(cfg: StudyConfig) -> Workload:
     """The study's workload (lazy; token ids made on arrival)."""
     s = cfg.scheduler
     workload = Workload(cfg.workload, cfg.run.seed, s.max_model_len, resolve_trace(cfg))
     workload.distinct_tokens = s.enable_prefix_caching
+    workload.require_all = not cfg.workload.allow_short_trace
     return workload
 
 
 def build(cfg: StudyConfig) -> BuiltStudy:
-    """Every object of a one-replica study, ready to run (validated first: fields may be set in code)."""
+    """Every object of a one-replica study, ready to run (validated first: fields may be set in code).
+
+    A cluster.replicas entry for the one replica is applied, as a cluster applies it to replica 0.
+    """
     validate(cfg)
-    eng = build_engine(cfg)
+    check_pool_memory(cfg)
+    eng = build_replica_engine(cfg, 0)
+    cfg = replica_config(cfg, 0)
     workload = build_workload(cfg)
     sim = Simulation(eng.core, eng.executor, workload, cfg.run.fast_forward)
     return BuiltStudy(cfg, eng.model, eng.hardware, eng.roofline, eng.cost_model, eng.capacity,

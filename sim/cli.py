@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from twinserve.core.errors import TwinserveError
 
-from twinserve.sim.config import StudyConfig, load_config, set_field, validate
+from twinserve.sim.config import StudyConfig, load_config, replica_config, set_field, validate
 from twinserve.sim.errors import ConfigError
 from twinserve.sim.report import write_study
 from twinserve.sim.runner import LOCAL_RAY, PointError, PointFailure
@@ -64,13 +64,19 @@ def _base(args: argparse.Namespace) -> StudyConfig:
 
 
 def _notes(cfg: StudyConfig, wall: float, n_points: int) -> list[str]:
-    e, s, w, c = cfg.engine, cfg.scheduler, cfg.workload, cfg.cluster
+    w, c = cfg.workload, cfg.cluster
+    # A lone replica runs with its cluster.replicas entry applied (as replica 0 of a cluster).
+    one = replica_config(cfg, 0) if c.num_replicas == 1 else cfg
+    e, s = one.engine, one.scheduler
     trace = w.trace or "synthetic lengths"
     cluster = []
     if c.num_replicas > 1:
         cluster = [f"cluster: {c.num_replicas} replicas behind router {c.router}"
                    + (f" ({len(c.replicas)} with their own [engine]/[scheduler] overrides)"
                       if c.replicas else "")]
+    elif c.replicas and c.replicas[0]:
+        cluster = ["the one replica takes its cluster.replicas entry: "
+                   + ", ".join(f"{k.split('.', 1)[1]} = {v!r}" for k, v in c.replicas[0].items())]
     return cluster + [
         f"{e.model} on {e.tensor_parallel_size}x {e.hardware} (TP {e.tensor_parallel_size}), "
         f"{e.cost_model} cost model; policy {s.policy}, chunked prefill "

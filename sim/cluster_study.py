@@ -15,7 +15,7 @@ import pandas as pd
 
 from twinserve.core.routing import make_router
 
-from twinserve.sim.build import BuiltEngine, build_engine, build_workload
+from twinserve.sim.build import BuiltEngine, build_replica_engine, build_workload, check_pool_memory
 from twinserve.sim.cluster import ClusterResult, ClusterSimulation, Replica
 from twinserve.sim.config import StudyConfig, replica_config
 from twinserve.sim.metrics import beyond_fit, requests_frame, steps_frame, summarize
@@ -36,7 +36,8 @@ def build_cluster(cfg: StudyConfig, keep_steps: bool = True, keep_records: bool 
                   on_record: Any = None) -> BuiltCluster:
     """Every replica (its own cost model and KV pool), the router and the workload."""
     c = cfg.cluster
-    engines = [build_engine(replica_config(cfg, i)) for i in range(c.num_replicas)]
+    check_pool_memory(cfg)
+    engines = [build_replica_engine(cfg, i) for i in range(c.num_replicas)]
     replicas = [Replica(i, eng.core, eng.executor,
                         f"{eng.hardware.name} TP{replica_config(cfg, i).engine.tensor_parallel_size}",
                         keep_steps)

@@ -23,7 +23,9 @@ A study file has up to seven tables; any field left out keeps its default::
     [search]     start_rate, min_rate, max_rate, tolerance, target_rate, and
                  [search.prices] "GPU name" = USD per GPU-hour (see sim.search)
 
-Errors name the field, the file and the line (ConfigError).
+Errors name the field, the file and the line (ConfigError). Times, rates and the replica
+count have documented ranges (_RANGE below: e.g. think_time <= 1e5 s, kv_link_bandwidth 0 or
+1e6-1e15 bytes/s, num_replicas <= 1024) so that no value runs on into a clock or a plot it breaks.
 """
 
 from __future__ import annotations
@@ -186,6 +188,20 @@ _NON_NEGATIVE = {"engine.cpu_overhead_scale", "workload.num_system_prompts", "wo
                  "cluster.num_prefill_replicas", "cluster.kv_link_bandwidth",
                  "cluster.kv_link_latency_s", "search.target_rate", "run.seed"}
 _MAX_BLOCKS = 2 ** 21
+# Closed ranges that keep every simulated time finite and plottable, and a run bounded:
+# field -> (low, high, unit). 0 stays allowed where it means "the catalog's value".
+_RANGE: dict[str, tuple[float, float, str]] = {
+    "workload.rate": (1e-4, 1e6, "requests/s"), "search.start_rate": (1e-4, 1e6, "requests/s"),
+    "search.min_rate": (1e-4, 1e6, "requests/s"), "search.max_rate": (1e-4, 1e6, "requests/s"),
+    "workload.burstiness": (1e-3, 1e3, "(gamma shape)"), "workload.time_scale": (1e-6, 1e4, "x"),
+    "workload.think_time": (0.0, 1e5, "seconds"), "slo.ttft_s": (1e-6, 1e5, "seconds"),
+    "slo.tpot_s": (1e-6, 1e5, "seconds"), "cluster.kv_link_bandwidth": (1e6, 1e15, "bytes/s"),
+    "cluster.kv_link_latency_s": (0.0, 60.0, "seconds"), "engine.step_overhead_s": (0.0, 1.0, "seconds"),
+    "engine.per_seq_overhead_s": (0.0, 1.0, "seconds"), "engine.allreduce_latency_s": (0.0, 1.0, "seconds"),
+    "engine.allreduce_hop_s": (0.0, 1.0, "seconds"), "engine.layer_floor_s": (0.0, 1.0, "seconds"),
+    # Every replica is an engine with its own KV pool and SimPy process (docs/cluster.md).
+    "cluster.num_replicas": (1, 1024, "replicas"),
+}
 # Cost-model knobs where -1 (the default) takes the GPU catalog's value.
 _CATALOG_DEFAULT = {"engine.eff_gemm", "engine.eff_attention", "engine.eff_memory", "engine.eff_comm",
                     "engine.allreduce_latency_s", "engine.allreduce_hop_s", "engine.layer_floor_s"}
@@ -210,6 +226,35 @@ def find_line(text: str, section: str | None, key: str | None) -> int | None:
             if name == key:
                 return i
     return table_line
+
+
+def replica_line(text: str, index: int, key: str | None = None) -> int | None:
+    """The line of entry `index` of cluster.replicas: an inline table (one line each, as TOML
+    has them) or a [[cluster.replicas]] table (the line of its `key` when given)."""
+    lines = text.splitlines()
+    start = find_line(text, "cluster", "replicas")
+    if start is not None and lines[start - 1].split("=", 1)[0].strip() == "replicas":
+        seen = -1
+        for n in range(start - 1, len(lines)):
+            body = lines[n].split("#", 1)[0]
+            if n > start - 1 and body.strip().startswith("["):
+                break
+            seen += body.count("{")
+            if seen >= index:
+                return n + 1
+        return start
+    count = -1
+    for n, raw in enumerate(lines):
+        if raw.strip().replace(" ", "") == "[[cluster.replicas]]":
+            count += 1
+            if count == index:
+                for m in range(n + 1, len(lines)):
+                    if lines[m].strip().startswith("["):
+                        break
+                    if key and lines[m].split("=", 1)[0].strip().strip("\"'") == key:
+                        return m + 1
+                return n + 1
+    return start
 
 
 def all_fields() -> dict[str, str]:
@@ -294,6 +339,12 @@ def coerce(dotted: str, value: Any, file: str | None = None, line: int | None = 
     if dotted in _FRACTION and not 0 < value <= 1:
         raise bad(f"{value!r} must be in (0, 1]" + (", or -1 for the GPU catalog's value"
                                                    if dotted in _CATALOG_DEFAULT else ""))
+    if dotted in _RANGE and not (dotted == "cluster.kv_link_bandwidth" and value == 0):
+        lo, hi, unit = _RANGE[dotted]
+        if not lo <= value <= hi:
+            raise bad(f"{value!r} is outside [{lo:g}, {hi:g}] {unit}"
+                      + (", or 0 for the hardware catalog's interconnect"
+                         if dotted == "cluster.kv_link_bandwidth" else ""))
     if dotted == "engine.activation_reserve_gib" and value < 0 and value != -1:
         raise bad(f"{value!r} must be >= 0, or -1 to estimate it")
     if dotted == "workload.num_requests" and value < 1:
@@ -382,7 +433,8 @@ def validate(cfg: StudyConfig, text: str = "") -> None:
     file = cfg.source
     w = cfg.workload
     for section, table in (("engine", cfg.engine), ("scheduler", cfg.scheduler), ("workload", w),
-                           ("slo", cfg.slo), ("run", cfg.run), ("cluster", cfg.cluster)):
+                           ("slo", cfg.slo), ("run", cfg.run), ("cluster", cfg.cluster),
+                           ("search", cfg.search)):
         for f in fields(table):  # fields set in code bypass coerce(): check (and convert) them all again
             tname = f.type if isinstance(f.type, str) else f.type.__name__
             if tname not in ("int", "float", "bool", "str"):
@@ -407,11 +459,14 @@ def validate(cfg: StudyConfig, text: str = "") -> None:
     if "trace" in (w.arrival, w.prompt_dist, w.output_dist) and not w.trace:
         raise ConfigError("workload.trace", "a trace file is needed for arrival or lengths "
                           "'trace'", file, find_line(text, "workload", "trace"))
+    if cfg.search.min_rate > cfg.search.max_rate:
+        raise ConfigError("search.min_rate", f"min_rate = {cfg.search.min_rate:g} is above max_rate = "
+                          f"{cfg.search.max_rate:g} req/s", file, find_line(text, "search", "min_rate"))
     c = cfg.cluster
     if len(c.replicas) > c.num_replicas:
         raise ConfigError("cluster.replicas", f"{len(c.replicas)} per-replica entries for "
                           f"num_replicas = {c.num_replicas}", file,
-                          find_line(text, "cluster", "replicas"))
+                          replica_line(text, c.num_replicas))
     if c.num_prefill_replicas and c.num_prefill_replicas >= c.num_replicas:
         raise ConfigError("cluster.num_prefill_replicas", f"{c.num_prefill_replicas} prefill "
                           f"replicas leave no decode replica out of {c.num_replicas}", file,
@@ -421,7 +476,7 @@ def validate(cfg: StudyConfig, text: str = "") -> None:
             replica_config(cfg, i).scheduler.to_core(1)
         except InvalidConfigError as e:
             raise ConfigError(f"cluster.replicas[{i}].{e.field}", str(e), file,
-                              find_line(text, "cluster", "replicas")) from None
+                              replica_line(text, i, e.field)) from None
     if cfg.engine.cost_model == "fitted" and not cfg.engine.profile:
         raise ConfigError("engine.profile", "cost_model 'fitted' needs a profile JSON path",
                           file, find_line(text, "engine", "profile"))

@@ -81,10 +81,17 @@ def request_accounting(summary: pd.DataFrame) -> str:
     def total(col: str) -> int:
         return int(summary[col].sum()) if col in summary else 0
 
-    return (f"requests: {total('num_requests')} simulated over {len(summary)} point(s); "
+    text = (f"requests: {total('num_requests')} simulated over {len(summary)} point(s); "
             f"{total('completed')} completed, {total('overlong_clipped')} clipped to "
             f"max_model_len, {total('overlong_dropped')} dropped as over-long, "
             f"{total('refused')} refused by the engine")
+    if total("followups_dropped"):
+        text += (f"; {total('followups_dropped')} follow-up turns dropped (the conversation "
+                 "outgrew max_model_len)")
+    if total("requests_short"):
+        text += (f"; the trace ran out {total('requests_short')} requests short of "
+                 "num_requests (allow_short_trace)")
+    return text
 
 
 def write_study(out_dir: Path, results: Sequence[PointResult], axes: Sequence[str],

@@ -17,15 +17,18 @@ total_token_throughput tokens per second: cost per million tokens = price per ho
 from __future__ import annotations
 
 import copy
+import difflib
 import math
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from twinserve.backends.sim.catalog import UnknownSpecError, get_hardware
+from pathlib import Path
 
-from twinserve.sim.config import StudyConfig, replica_config, set_field
+from twinserve.backends.sim.catalog import HARDWARES, UnknownSpecError, get_hardware
+
+from twinserve.sim.config import StudyConfig, find_line, replica_config, set_field
 from twinserve.sim.errors import ConfigError
 from twinserve.sim.runner import PointFailure, run_jobs
 from twinserve.sim.study import _run, grid_points
@@ -121,6 +124,34 @@ def _with_rate(cfg: StudyConfig, rate: float) -> StudyConfig:
     return c
 
 
+def check_prices(base: StudyConfig, configs: Sequence[StudyConfig]) -> None:
+    """Every [search.prices] name is a GPU of the catalog or of a configuration; a typo is a ConfigError."""
+    used = {replica_config(c, i).engine.hardware.lower()
+            for c in configs for i in range(max(1, c.cluster.num_replicas))}
+    for name in base.search.prices:
+        if name.lower() in used:
+            continue
+        try:
+            get_hardware(name)
+            continue
+        except UnknownSpecError:
+            pass
+        known = sorted(set(HARDWARES) | {replica_config(c, 0).engine.hardware for c in configs})
+        folded = {k.lower(): k for k in known}
+        close = difflib.get_close_matches(name.lower(), list(folded), n=1)
+        hint = f"did you mean {folded[close[0]]!r}? " if close else ""
+        text = ""
+        if base.source:
+            try:
+                text = Path(base.source).read_text()
+            except OSError:
+                pass
+        line = (find_line(text, "search.prices", name) or find_line(text, "search", "prices")) if text else None
+        raise ConfigError("search.prices", f"a price for {name!r}, which is no GPU of the catalog or of "
+                          f"this study, so it would price nothing; {hint}known: {', '.join(known)}",
+                          base.source, line)
+
+
 def search_rates(base: StudyConfig, grid: dict[str, list[str]], slos: dict[str, float],
                  workers: int | None = None, ray_address: str | None = None,
                  progress: bool = True) -> list[RateSearch]:
@@ -128,6 +159,7 @@ def search_rates(base: StudyConfig, grid: dict[str, list[str]], slos: dict[str, 
     if "workload.rate" in grid:
         raise ConfigError("workload.rate", "rate is what search finds; leave it out of --grid")
     searches = [RateSearch(p, c) for p, c in grid_points(base, grid)]
+    check_prices(base, [s.cfg for s in searches])
     bar = None
     if progress:
         from tqdm import tqdm
@@ -188,9 +220,11 @@ def summary_rows(searches: Sequence[RateSearch], target_rate: float = 0.0
     """One row per configuration: max rate under the SLOs, bracket, runs, GPUs and costs."""
     rows = []
     for s in searches:
-        tp = s.cfg.engine.tensor_parallel_size
         row: dict[str, Any] = dict(s.point)
-        row.update(model=s.cfg.engine.model, hardware=s.cfg.engine.hardware, tp=tp,
+        # A lone replica's cluster.replicas entry is what runs; a cluster is named by its base.
+        first = (replica_config(s.cfg, 0) if s.cfg.cluster.num_replicas == 1 else s.cfg).engine
+        tp = first.tensor_parallel_size
+        row.update(model=first.model, hardware=first.hardware, tp=tp,
                    max_rate=s.lo, bracket_hi=s.hi, runs=len(s.runs), status=s.status,
                    error=s.error)
         gpus, usd_h = fleet(s.cfg)

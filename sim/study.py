@@ -9,11 +9,12 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from twinserve.sim.build import build, simulate
+from twinserve.sim.build import _cfg_error, build, simulate
 from twinserve.sim.config import StudyConfig, coerce, resolve_field, set_field, validate
 from twinserve.sim.errors import ConfigError
 from twinserve.sim.metrics import beyond_fit, requests_frame, steps_frame, summarize
 from twinserve.sim.runner import PointError, PointFailure, run_jobs
+from twinserve.sim.workload import Workload
 
 
 @dataclass(slots=True)
@@ -31,18 +32,34 @@ def is_cluster(cfg: StudyConfig) -> bool:
     return cfg.cluster.num_replicas > 1 or cfg.cluster.num_prefill_replicas > 0
 
 
+def check_turns(cfg: StudyConfig, workload: Workload) -> dict[str, int]:
+    """The run's follow-up and trace counts for its row; ConfigError when turns > 1 made none."""
+    ls = workload.length_stats
+    if cfg.workload.turns > 1 and ls.followups == 0 and ls.followups_dropped > 0:
+        raise _cfg_error(cfg, "workload", "turns",
+                         f"turns = {cfg.workload.turns}, but every follow-up turn "
+                         f"({ls.followups_dropped}) outgrew max_model_len = "
+                         f"{cfg.scheduler.max_model_len}, so only first turns ran; raise "
+                         "max_model_len, lower prompt_max, output_max or followup_tokens, "
+                         "or set turns = 1")
+    return {"followups_dropped": ls.followups_dropped, "requests_short": ls.short}
+
+
 def run_cluster_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None) -> PointResult:
     """Simulate a cluster configuration and compute cluster and per-replica metrics."""
     from twinserve.sim.cluster_study import cluster_frames, cluster_row, replicas_frame, simulate_cluster
 
     built, res = simulate_cluster(cfg)
+    counts = check_turns(cfg, built.workload)
     req, steps = cluster_frames(res)
     per = replicas_frame(built, res, req)
     e = cfg.engine
     extra: dict[str, Any] = dict(overrides or {})
     extra.update({"model": e.model, "hardware": e.hardware, "tp": e.tensor_parallel_size,
                   "cost_model": built.engines[0].cost_model.name})
-    return PointResult(cluster_row(built, res, req, steps, per, extra), req, steps, per)
+    row = cluster_row(built, res, req, steps, per, extra)
+    row.update(counts)
+    return PointResult(row, req, steps, per)
 
 
 def run_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None) -> PointResult:
@@ -50,9 +67,10 @@ def run_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None) -> Poin
     if is_cluster(cfg):
         return run_cluster_point(cfg, overrides)
     built, result = simulate(cfg)
+    counts = check_turns(cfg, built.workload)
     req = requests_frame(result)
     steps = steps_frame(result)
-    e = cfg.engine
+    e = built.cfg.engine  # with replica 0's overrides, if any
     totals = built.simulation.executor.totals
     extra: dict[str, Any] = dict(overrides or {})
     extra.update({"model": e.model, "hardware": e.hardware, "tp": e.tensor_parallel_size,
@@ -66,6 +84,7 @@ def run_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None) -> Poin
     row["overlong_policy"] = ls.policy
     row["overlong_clipped"] = ls.clipped
     row["overlong_dropped"] = ls.dropped
+    row.update(counts)
     return PointResult(row, req, steps)
 
 

@@ -1,7 +1,9 @@
 """Trace loaders: Azure LLM inference CSVs and plain prefill/decode-token CSVs, read lazily.
 
 Every row error names the file and line. Requests longer than the model allows are
-handled by an explicit policy (clip, drop or fail) and counted, never silently.
+handled by an explicit policy (clip, drop or fail) and counted, never silently. A column
+named twice, a header with no rows and a repeated request_id (an optional column whose
+ids then name the requests) are refused.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class TraceRow:
     num_prompt_tokens: int
     num_output_tokens: int
     line: int
+    request_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -39,6 +42,9 @@ class LengthStats:
     seen: int = 0
     clipped: int = 0
     dropped: int = 0
+    followups: int = 0           # follow-up turns made
+    followups_dropped: int = 0   # follow-up turns that outgrew max_model_len
+    short: int = 0               # first-turn requests a trace could not give (allow_short_trace)
     notes: list[str] = field(default_factory=list)
 
 
@@ -103,8 +109,15 @@ def read_trace(path: str | Path, limit: int | None = None) -> Iterator[TraceRow]
             header = [h.strip() for h in next(reader)]
         except StopIteration:
             raise TraceError(file, 1, None, "the trace is empty") from None
+        idx: dict[str, int] = {}
+        for i, name in enumerate(header):
+            if name and name in idx:
+                raise TraceError(file, 1, name, f"the column is named twice (columns {idx[name] + 1} "
+                                 f"and {i + 1}); name each column once")
+            idx[name] = i
         kind = _detect(header, file)
-        idx = {name: i for i, name in enumerate(header)}
+        i_id = idx.get("request_id")
+        seen_ids: dict[str, int] = {}
         origin: tuple[int, float] | None = None
         first_stamp: float | None = None
         previous = 0.0
@@ -153,10 +166,21 @@ def read_trace(path: str | Path, limit: int | None = None) -> Iterator[TraceRow]
                     raise TraceError(file, line, column, f"arrives {previous - arrival:g} s before the row above; "
                                      "sort the trace by arrival time")
                 previous = arrival
-            yield TraceRow(arrival, prompt, output, line)
+            rid = None
+            if i_id is not None:
+                rid = row[i_id].strip()
+                if not rid:
+                    raise TraceError(file, line, "request_id", "missing value")
+                if rid in seen_ids:
+                    raise TraceError(file, line, "request_id", f"{rid!r} is already the id of "
+                                     f"line {seen_ids[rid]}; request ids must be unique")
+                seen_ids[rid] = line
+            yield TraceRow(arrival, prompt, output, line, rid)
             count += 1
             if limit is not None and count >= limit:
                 return
+        if count == 0:
+            raise TraceError(file, 1, None, "the trace has a header but no requests (workload.trace)")
 
 
 def fit_lengths(prompt: int, output: int, max_model_len: int, policy: str, stats: LengthStats,

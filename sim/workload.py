@@ -13,7 +13,7 @@ from typing import Iterator
 
 import numpy as np
 
-from twinserve.sim.errors import ConfigError
+from twinserve.sim.errors import ConfigError, TraceError
 from twinserve.sim.traces import LengthStats, fit_lengths, read_trace
 
 ARRIVALS = ("poisson", "gamma", "fixed", "all_at_once", "trace")
@@ -39,6 +39,7 @@ class WorkloadConfig:
     time_scale: float = 1.0          # trace timestamps are multiplied by this
     trace: str = ""                  # CSV path, or 'builtin:azure_conv' (the bundled excerpt)
     trace_cycle: bool = False        # start the trace again when it runs out (timestamps shifted)
+    allow_short_trace: bool = False  # `simulate`: run on when the trace gives fewer than num_requests
     prompt_dist: str = "lognormal"   # fixed | uniform | normal | lognormal | trace
     prompt_mean: float = 1024.0
     prompt_std: float = 512.0
@@ -86,6 +87,9 @@ class Workload:
         self.seed = seed
         # False (set when prefix caching is off) makes prompts cheap constant runs.
         self.distinct_tokens = True
+        # True (set by `simulate` unless allow_short_trace): a trace that runs out before
+        # num_requests is an error, not a smaller study.
+        self.require_all = False
         ss = np.random.SeedSequence(seed)
         a, l, p, _ = ss.spawn(4)  # the fourth stream is unused: token ids are keyed by request
         self._arr = np.random.default_rng(a)
@@ -137,7 +141,9 @@ class Workload:
             while True:
                 yield 0.0
 
-    def _rows(self) -> Iterator[tuple[float | None, int | None, int | None, str, int]]:
+    def _rows(self) -> Iterator[tuple[float | None, int | None, int | None, str, int, str | None]]:
+        """Trace rows (or endless blanks for synthetic lengths); a cycled trace ends each pass
+        with a row whose file is '' (so a pass that gave nothing is caught)."""
         cfg = self.cfg
         needs_trace = (cfg.arrival == "trace" or cfg.prompt_dist == "trace"
                        or cfg.output_dist == "trace")
@@ -146,6 +152,7 @@ class Workload:
                 raise ConfigError("workload.trace", "a trace is needed for arrival/lengths "
                                   "'trace' but none is given")
             offset = 0.0
+            cycle = 0
             while True:
                 last = None
                 lines = 1
@@ -155,15 +162,20 @@ class Workload:
                     if arrival is not None:
                         last = arrival
                         arrival += offset
+                    rid = row.request_id
+                    if rid is not None and cycle:
+                        rid = f"{rid}#{cycle}"  # ids stay unique over replays
                     yield arrival, row.num_prompt_tokens, row.num_output_tokens, \
-                        self.trace_path, row.line
+                        self.trace_path, row.line, rid
                 if not cfg.trace_cycle:
                     return
+                yield None, None, None, "", lines, None
+                cycle += 1
                 # The next pass starts about one mean gap after this one ended.
                 offset += (last or 0.0) * (1.0 + 1.0 / lines)
         else:
             while True:
-                yield None, None, None, "<workload>", 0
+                yield None, None, None, "<workload>", 0, None
 
     # -------------------------------------------------------------- items
     def items(self) -> Iterator[WorkItem]:
@@ -172,9 +184,20 @@ class Workload:
         gaps = None if cfg.arrival == "trace" else self._gaps()
         t = 0.0
         produced = 0
-        for arrival, p_trace, o_trace, file, line in self._rows():
+        at_pass_start = 0
+        last_file, last_line = self.trace_path, 1
+        for arrival, p_trace, o_trace, file, line, rid in self._rows():
             if produced >= cfg.num_requests:
                 return
+            if not file:  # a cycled trace's pass ended: it must have given something
+                if produced == at_pass_start:
+                    raise TraceError(self.trace_path, line, None,
+                                     f"no request of the trace fits max_model_len = "
+                                     f"{self.max_model_len} (on_overlong = 'drop' drops "
+                                     f"all {self.length_stats.dropped}); replaying it would never end")
+                at_pass_start = produced
+                continue
+            last_file, last_line = file, line
             if gaps is None:
                 if arrival is None:
                     raise ConfigError("workload.arrival", f"'trace' needs timestamps, and "
@@ -192,7 +215,21 @@ class Workload:
             if fitted is None:
                 continue
             produced += 1
-            yield self._make_item(t, fitted[0], fitted[1], conversation=produced - 1)
+            item = self._make_item(t, fitted[0], fitted[1], conversation=produced - 1)
+            if rid is not None and cfg.turns == 1:
+                item.request_id = rid
+            yield item
+        short = cfg.num_requests - produced
+        if short > 0:
+            self.length_stats.short = short
+            if self.require_all:
+                dropped = (f", {self.length_stats.dropped} dropped as over-long"
+                           if self.length_stats.dropped else "")
+                raise TraceError(last_file, last_line, None,
+                                 f"the trace gives {produced} of the {cfg.num_requests} requests "
+                                 f"asked (workload.num_requests){dropped}; lower num_requests, "
+                                 "set trace_cycle = true to replay it, or allow_short_trace = true "
+                                 "to run with what it has")
 
     def _make_item(self, t: float, prompt: int, output: int, conversation: int, turn: int = 0,
                    history: list[int] | None = None) -> WorkItem:
@@ -222,7 +259,9 @@ class Workload:
         think = float(r.exponential(cfg.think_time)) if cfg.think_time > 0 else 0.0
         prompt = len(context) + new
         if prompt + output > self.max_model_len:
+            self.length_stats.followups_dropped += 1
             return None  # the conversation has outgrown the model
+        self.length_stats.followups += 1
         return self._make_item(finish_time + think, prompt, output, item.conversation,
                                item.turn + 1, context)
 

@@ -124,7 +124,8 @@ def test_trace_cycle_repeats_lengths_and_keeps_time_moving() -> None:
     from twinserve.sim.build import build_workload
 
     cfg = small_config(trace="builtin:azure_conv", arrival="trace", prompt_dist="trace",
-                       output_dist="trace", num_requests=10**6, max_model_len=8192)
+                       output_dist="trace", num_requests=10**6, max_model_len=8192,
+                       allow_short_trace=True)  # the whole trace, once
     once = list(build_workload(cfg).items())
     cfg.workload.trace_cycle = True
     cfg.workload.num_requests = 2 * len(once) + 5

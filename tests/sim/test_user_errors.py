@@ -86,7 +86,7 @@ def test_unsorted_arrivals_are_refused_with_the_line(tmp_path) -> None:
 def test_arrivals_are_shifted_to_start_at_zero(tmp_path) -> None:
     trace = _trace(tmp_path, ["10,5,100.0", "12,6,101.5", "3,3,101.5"])
     assert [r.arrival_time for r in read_trace(trace)] == [0.0, 1.5, 1.5]
-    cfg = load_config(_trace_study(tmp_path, trace))
+    cfg = load_config(_trace_study(tmp_path, trace, "allow_short_trace = true\n"))
     result = simulate(cfg)[1]
     assert len(result.records) == 3
     assert min(r.arrival_time for r in result.records) == 0.0

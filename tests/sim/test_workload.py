@@ -111,7 +111,7 @@ def test_config_defaults_and_relative_trace(tmp_path) -> None:
     (tmp_path / "tr.csv").write_text("num_prefill_tokens,num_decode_tokens\n50,5\n60,6\n")
     f = tmp_path / "s.toml"
     f.write_text('[workload]\ntrace = "tr.csv"\nprompt_dist = "trace"\noutput_dist = "trace"\n'
-                 'num_requests = 10\n')
+                 'num_requests = 2\n')
     cfg = load_config(f)
     assert cfg.scheduler.block_size == StudyConfig().scheduler.block_size
     res = build(cfg).simulation.run()
