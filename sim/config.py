@@ -456,6 +456,15 @@ def validate(cfg: StudyConfig, text: str = "") -> None:
     if w.system_prompt_len > cfg.scheduler.max_model_len:
         raise ConfigError("workload.system_prompt_len", f"{w.system_prompt_len} is above scheduler.max_model_len="
                           f"{cfg.scheduler.max_model_len}", file, find_line(text, "workload", "system_prompt_len"))
+    if w.on_overlong == "drop" and "trace" not in (w.prompt_dist, w.output_dist):
+        def least(kind: str) -> int:  # the shortest length the distribution can draw
+            lo, hi = getattr(w, f"{kind}_min"), getattr(w, f"{kind}_max")
+            mean = getattr(w, f"{kind}_mean")
+            return min(max(round(mean), lo), hi) if getattr(w, f"{kind}_dist") == "fixed" else lo
+        if least("prompt") + least("output") > cfg.scheduler.max_model_len:
+            raise ConfigError("workload.on_overlong", f"'drop' would drop every request: the shortest "
+                              f"is {least('prompt')} + {least('output')} tokens, above max_model_len = "
+                              f"{cfg.scheduler.max_model_len}", file, find_line(text, "workload", "on_overlong"))
     if "trace" in (w.arrival, w.prompt_dist, w.output_dist) and not w.trace:
         raise ConfigError("workload.trace", "a trace file is needed for arrival or lengths "
                           "'trace'", file, find_line(text, "workload", "trace"))
