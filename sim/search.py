@@ -22,9 +22,8 @@ import math
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Sequence
-
 from pathlib import Path
+from typing import Any, Sequence
 
 from twinserve.backends.sim.catalog import HARDWARES, UnknownSpecError, get_hardware
 

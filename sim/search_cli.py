@@ -30,6 +30,10 @@ def run_search(args: argparse.Namespace, base: Callable[[argparse.Namespace], St
         t0 = time.perf_counter()
         searches = search_rates(cfg, grid, slos, workers=args.workers, ray_address=args.ray)
         wall = time.perf_counter() - t0
+        if all(s.error for s in searches):  # nothing to rank: a bad input, not a result
+            for s in searches:
+                print(f"simulate: error: {s.error}", file=sys.stderr)
+            return 2
         target = cfg.search.target_rate
         rows = summary_rows(searches, target)
         best = cheapest(rows, target)

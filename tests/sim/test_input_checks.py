@@ -43,13 +43,16 @@ def _line(path: Path, text: str) -> int:
     return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
 
 
-@pytest.mark.parametrize("cycle", [False, True])
-def test_a_header_only_trace_is_refused_at_its_header(tmp_path, capsys, cycle: bool) -> None:
+@pytest.mark.parametrize("command,cycle", [
+    (["run"], False), (["run"], True), (["sweep", "--grid", "max_num_seqs=8,16"], False), (["search"], False),
+])
+def test_a_header_only_trace_is_refused_at_its_header(tmp_path, capsys, command: list[str], cycle: bool) -> None:
     trace, study = _trace_study(tmp_path, "num_prefill_tokens,num_decode_tokens,arrived_at\n",
                                 "trace_cycle = true\n" if cycle else "")
-    with time_limit(30):  # cycling an empty trace must not spin
-        rc, _, err = _cli(["run", "--config", str(study), "--out", str(tmp_path / "o")], capsys)
+    with time_limit(60):  # cycling an empty trace must not spin
+        rc, _, err = _cli([*command, "--config", str(study), "--out", str(tmp_path / "o")], capsys)
     assert rc == 2 and f"{trace}:1:" in err and "no requests" in err and "workload.trace" in err
+    assert not (tmp_path / "o").exists()
 
 
 DISAGG = "[cluster]\nnum_replicas = 2\nnum_prefill_replicas = 1\n"
