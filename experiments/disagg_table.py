@@ -48,7 +48,7 @@ def commit() -> str:
         return "unknown"
 
 
-def table(rows: list[dict], seeds: int) -> str:
+def table(rows: list[dict]) -> str:
     """Markdown: one line per (split, rate), goodput over seeds and latency means."""
     by = {}
     for r in rows:
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({base.workload.num_requests} requests a run; seeds 0-{args.seeds - 1}), "
           f"commit {commit()}, {dt.date.today().isoformat()}, {machine()}")
     print()
-    print(table(rows, args.seeds))
+    print(table(rows))
     return 0
 
 
