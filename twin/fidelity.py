@@ -115,14 +115,14 @@ class CappedWorkload(Workload):
         self.max_prompt = max_prompt
         self.max_output = max_output
 
-    def _rows(self) -> Iterator[tuple[float | None, int | None, int | None, str, int]]:
+    def _rows(self) -> Iterator[tuple]:
         mp, mo = self.max_prompt, self.max_output
-        for arrival, p, o, file, line in super()._rows():
+        for arrival, p, o, *rest in super()._rows():  # rest: where the row came from, its id
             if p is not None and mp:
                 p = min(p, mp)
             if o is not None and mo:
                 o = min(o, mo)
-            yield arrival, p, o, file, line
+            yield (arrival, p, o, *rest)
 
 
 def workload_factory(opts: FidelityOptions, max_model_len: int,
