@@ -114,11 +114,13 @@ class BlockPool:
         for _ in range(n):
             key = block.block_hash
             if key is not None:
-                del cached[key.value]
+                # Identity-checked: a colliding key value may name another block by now.
+                if cached.get(key.value) is block:
+                    del cached[key.value]
+                    if chains:
+                        chains.pop(key.value, None)  # a chain's root: nothing reaches it now
                 block.block_hash = None
                 evicted += 1
-                if chains:
-                    chains.pop(key.value, None)  # a chain's root: nothing reaches it now
             elif block.pending is not None:
                 block.pending = None  # registered in name only: its chain sees it is gone
                 evicted += 1

@@ -131,17 +131,18 @@ class KVCacheManager:
         parent = None
         for i in range(max_blocks):
             key = key_of(request, hashes, i, parent)
-            block = cached.get(key.value)
-            if block is None:
-                break
             if self._chains:
                 chain = self._chains.get(key.value)
                 if chain is not None:
-                    self._flush(chain)  # the blocks this lookup may reach next
+                    # The blocks this lookup may reach next; flushed before the map is
+                    # read, since a colliding chain block may take this very key over.
+                    self._flush(chain)
+            block = cached.get(key.value)
+            if block is None:
+                break
             stored = block.block_hash
             if stored is not key:
-                assert stored is not None
-                if (stored.parent is not parent or stored.token_ids != key.token_ids
+                if (stored is None or stored.parent is not parent or stored.token_ids != key.token_ids
                         or stored.extra_keys != key.extra_keys):
                     break  # a hash collision, or a chain through another prefix
                 hashes[i] = stored  # share the cached key object, so children chain to it
@@ -294,14 +295,15 @@ class KVCacheManager:
                 value = key.value
                 old = cached.setdefault(value, block)  # one probe in the common, new case
                 if old is not block:
-                    stored = old.block_hash
-                    assert stored is not None
-                    if stored is key or (stored.parent is key.parent
-                                         and stored.token_ids == key.token_ids
-                                         and stored.extra_keys == key.extra_keys):
-                        key = stored
                     if self.lazy:
                         self._take_over(value, old)
+                        # Flushing old's chain may have moved a colliding key to one of its blocks.
+                        old = cached[value]
+                    stored = old.block_hash
+                    if stored is not None and (stored is key or (
+                            stored.parent is key.parent and stored.token_ids == key.token_ids
+                            and stored.extra_keys == key.extra_keys)):
+                        key = stored
                     old.block_hash = None
                     cached[value] = block
                 block.block_hash = key

@@ -10,15 +10,20 @@ hold the same prefix-cache map.
 from __future__ import annotations
 
 import copy
+from unittest import mock
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from twinserve.core import SchedulerConfig
 from twinserve.core.errors import PrefixCacheBusyError
-from twinserve.core.kv import KVCacheManager
+from twinserve.core.fake_executor import FakeExecutor
+from twinserve.core.kv import KVCacheManager, hashing
 from twinserve.core.request import Request
 from twinserve.core.sampling_params import SamplingParams
+
+from .helpers import Arrival, drive, make_request, reference_output
 
 BLOCK_SIZE = 2
 NUM_BLOCKS = 20
@@ -212,3 +217,77 @@ def test_a_chain_starts_at_the_first_block_not_shared_with_a_cached_prefix():
     c = Request("c", system + [5, 6, 9, 9, 2], SamplingParams())
     hits, num_hit = kv.get_computed_blocks(c)
     assert num_hit == 8 and hits == b_blocks[:4]
+
+
+def _one_value(parent, tokens, extra):
+    """Every block collides with every other."""
+    return 0
+
+
+def _mod3(parent, tokens, extra):
+    """Three values in all: blocks of different prefixes meet all the time."""
+    return (sum(tokens) + (parent or 0)) % 3
+
+
+def _lazy_with_collisions(num_blocks: int = 8) -> KVCacheManager:
+    """A lazily registering manager whose hash collides on every block (forced: lazy needs a named hash)."""
+    kv = KVCacheManager(num_blocks, 1)
+    assert kv.lazy
+    kv.hash_fn = _one_value
+    return kv
+
+
+def _check_map(kv: KVCacheManager) -> None:
+    """A block holds a key exactly when the map names it under that key's value."""
+    for value, block in kv.pool.cached.items():
+        assert block.block_hash is not None and block.block_hash.value == value
+    for block in kv.pool.blocks:
+        if block.block_hash is not None:
+            assert kv.pool.cached.get(block.block_hash.value) is block
+
+
+def test_a_lookup_whose_flush_moves_a_colliding_key_is_a_miss():
+    # a's root and its pending child share a value: the lookup's flush hands the key to the
+    # child, so the block it had just read from the map holds no key (was an AssertionError).
+    kv = _lazy_with_collisions()
+    a = Request("a", [0, 0], SamplingParams())
+    kv.allocate_slots(a, 2)
+    b = Request("b", [0, 0, 0], SamplingParams())
+    hits, num_hit = kv.get_computed_blocks(b)
+    assert num_hit == 0 and hits == []  # the child's parent is not b's: a miss
+    _check_map(kv)
+
+
+def test_a_registration_whose_flush_moves_a_colliding_key_keeps_the_map_consistent():
+    # b's block takes the value from a's root, whose chain flushes first and registers a's
+    # child under the same value: the child must lose it to b, or evicting it later deletes
+    # b's entry and then fails on its own (was a KeyError in the block pool).
+    kv = _lazy_with_collisions()
+    a = Request("a", [0, 0], SamplingParams())
+    kv.allocate_slots(a, 2)
+    b = Request("b", [0], SamplingParams())
+    kv.allocate_slots(b, 1)
+    _check_map(kv)
+    kv.free(a)
+    kv.free(b)
+    kv.pool.get_new_blocks(kv.num_blocks)  # evicts every block
+    assert kv.pool.cached == {}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bs=st.sampled_from([1, 2]), budget=st.integers(4, 16), policy=st.sampled_from(["fcfs", "priority"]),
+       reqs=st.lists(st.tuples(st.integers(0, 6), st.lists(st.integers(0, 2), min_size=1, max_size=10),
+                               st.integers(1, 2), st.integers(0, 3)), min_size=2, max_size=8))
+def test_lazy_registration_under_collisions_only_ever_misses(bs, budget, policy, reqs):
+    """Driven through the scheduler with a 3-valued hash: no crash, no foreign KV read, a consistent map."""
+    cfg = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=4, max_model_len=12,
+                          block_size=bs, num_blocks=12 // bs + 1, policy=policy)
+    arrivals = [Arrival(step, make_request(f"r{i}", prompt, n, priority=prio))
+                for i, (step, prompt, n, prio) in enumerate(reqs)]
+    # Lazy registration is on only for a named strong hash: the name keeps it on, the function collides.
+    with mock.patch.dict(hashing.HASH_FUNCTIONS, {"xxhash": _mod3}):
+        core, log = drive(cfg, arrivals, check=lambda core, so, w: _check_map(core.scheduler.kv))
+    assert core.scheduler.kv.lazy or core.scheduler.kv._contested == set()
+    ex = FakeExecutor(block_size=bs)
+    for a in arrivals:
+        assert log.outputs[a.request.request_id] == reference_output(ex, a.request, 12)
