@@ -285,15 +285,17 @@ class Scheduler:
                 j = running.index(victim)
                 del running[j]
                 computed = None
-                if j < i:  # already scheduled this step: hand its tokens back
+                if j < i:
                     i -= 1
                     vid = victim.request_id
-                    n = num_scheduled.pop(vid)
-                    budget += n
-                    # Its blocks for this step were registered but will never be computed.
-                    computed = victim.num_computed_tokens - n
-                    k = c_ids.index(vid)
-                    del c_ids[k], c_blocks[k], c_computed[k]
+                    # Passed over with nothing to compute, or scheduled: then hand its tokens back.
+                    n = num_scheduled.pop(vid, 0)
+                    if n:
+                        budget += n
+                        # Its blocks for this step were registered but will never be computed.
+                        computed = victim.num_computed_tokens - n
+                        k = c_ids.index(vid)
+                        del c_ids[k], c_blocks[k], c_computed[k]
                 self._preempt(victim, now, computed)
                 preempted.append(victim.request_id)
                 if victim is req:

@@ -207,3 +207,24 @@ def test_a_fast_forward_window_leaves_plain_decodes_on_the_fast_path(monkeypatch
     expected = plain.schedule(30.0)
     assert (so.num_scheduled_tokens, so.scheduled_cached_reqs) == (
         expected.num_scheduled_tokens, expected.scheduled_cached_reqs)
+
+
+def test_priority_victim_passed_over_in_the_same_step_is_preempted_without_a_rollback():
+    """The victim is a running request the step passed over (its last step returned no token,
+    so it had nothing to compute): it is preempted, with no tokens to hand back (was a KeyError)."""
+    sched = _sched(policy="priority", num_blocks=3, max_model_len=12)
+    low = Request("low", [1] * 4, SamplingParams(max_tokens=5), priority=5)
+    sched.add_request(low)
+    so = sched.schedule(0.0)
+    sched.update_from_output(so, ModelRunnerOutput({}), 0.5)  # no token back for it
+    high = Request("high", [2] * 8, SamplingParams(max_tokens=5), priority=0)
+    sched.add_request(high)
+    so = sched.schedule(1.0)  # low has nothing to compute; high takes the two last blocks
+    assert so.num_scheduled_tokens == {"high": 8}
+    sched.update_from_output(so, _sample_all(sched, so), 1.5)
+    so = sched.schedule(2.0)  # high's decode needs a third block: low, passed over, gives its one
+    assert so.preempted_req_ids == ["low"]
+    assert so.num_scheduled_tokens == {"high": 1}
+    assert so.total_num_scheduled_tokens == 1
+    assert low.status.name == "PREEMPTED" and list(sched.waiting) == [low]
+    assert sched.kv.num_free_blocks == 0  # low's block went to high
