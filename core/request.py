@@ -91,6 +91,10 @@ class Request:
     # does not ask. Blocks and registrations only grow while a request runs, so a value
     # computed earlier in its run is never too high; 0 means ask.
     fast_decode_limit: int = field(default=0, repr=False)
+    # Aging counts waiting time only (see policies.priority_rank): when the current wait
+    # began (arrival, or the last preemption), and the seconds waited before it.
+    queued_time: float = field(default=0.0, repr=False)
+    waited_s: float = field(default=0.0, repr=False)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from twinserve.core.errors import InvalidConfigError
+from twinserve.core.sched.policies import PREEMPTION_CHOICES, QUEUE_POLICIES
 
 
 @dataclass(slots=True)
@@ -24,16 +25,17 @@ class SchedulerConfig:
     prefix_caching_hash_algo: str = "xxhash"
     # Fraction of all blocks that must stay free after admitting a new request.
     watermark: float = 0.0
-    # Waiting-queue order: "fcfs", "priority" (lower value first, arrival breaks ties) or
-    # "sjf" (shortest prompt first).
+    # Waiting-queue order, a name in policies.QUEUE_POLICIES: "fcfs", "priority" (lower
+    # value first, arrival breaks ties) or "sjf" (shortest prompt first).
     policy: str = "fcfs"
-    # Victim when memory runs out: "last" admitted, lowest "priority", or "auto" (priority
-    # under the priority policy, else last).
+    # Victim when memory runs out, a name in policies.PREEMPTION_POLICIES: "last" admitted,
+    # strict "priority" (no aging), or "auto" (priority under the priority policy, else last).
     preemption: str = "auto"
     # Aging against starvation under "priority" and "sjf": every aging_interval_s seconds a
-    # request has waited counts as one priority level, and under sjf, once it has waited
-    # this long it outranks any newly arrived prompt. 0 turns aging off (strict order: a
-    # steady stream of short or important requests can then hold others back forever).
+    # request has spent waiting (not running) counts as one priority level, and under sjf,
+    # once it has waited this long it outranks any newly arrived prompt. 0 turns aging off
+    # (strict order: a steady stream of short or important requests can then hold others
+    # back forever).
     aging_interval_s: float = 30.0
 
     def __post_init__(self) -> None:
@@ -52,6 +54,10 @@ class SchedulerConfig:
         a = self.aging_interval_s
         if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 <= a < float("inf"):
             raise InvalidConfigError("aging_interval_s", a, "a finite number of seconds >= 0 (0 = no aging)")
+        if self.policy not in QUEUE_POLICIES:
+            raise InvalidConfigError("policy", self.policy, " or ".join(QUEUE_POLICIES))
+        if self.preemption not in PREEMPTION_CHOICES:
+            raise InvalidConfigError("preemption", self.preemption, " or ".join(PREEMPTION_CHOICES))
         if not 0.0 <= self.watermark < 1.0:
             raise InvalidConfigError("watermark", self.watermark, "a number in [0, 1)")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:

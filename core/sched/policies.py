@@ -141,26 +141,32 @@ class PreemptLastAdmitted:
 
 
 class PreemptLowestPriority:
-    """The running request ranked last by the priority queue's rank (aging included)."""
+    """Strict priority, as vLLM: the largest priority value loses, the latest arrival on ties.
 
-    def __init__(self, rank: Callable[[Request], tuple]) -> None:
-        self._rank = rank
+    Aging plays no part: it measures time spent waiting, and a running request is not
+    waiting, so a long-running request never becomes the victim for having run long.
+    """
 
     def pick_victim(self, running: list[Request]) -> Request:
         """The least important running request, latest arrival on ties."""
-        rank = self._rank
-        return max(running, key=lambda r: (rank(r), r.seq_no))
+        return max(running, key=lambda r: (r.priority, r.arrival_time, r.seq_no))
+
+
+def _wait_origin(r: Request) -> float:
+    """When r's wait would have begun had it waited without a break until now."""
+    return r.queued_time - r.waited_s
 
 
 def priority_rank(aging_interval_s: float) -> Callable[[Request], tuple]:
-    """Rank by priority; each aging_interval_s seconds of waiting is worth one level.
+    """Rank by priority; each aging_interval_s seconds spent waiting is worth one level.
 
-    A waiting request's effective priority is priority - (now - arrival) / interval. The
-    now term is the same for every request, so ordering by priority + arrival / interval
-    ranks identically at any moment, and the heap never needs re-sorting.
+    A waiting request's effective priority is priority - waited / interval, where waited
+    is now - _wait_origin(r) (time spent running is not counted). The now term is the
+    same for every request, so ordering by priority + origin / interval ranks identically
+    at any moment, and the heap never needs re-sorting.
     """
     if aging_interval_s > 0:
-        return lambda r: (r.priority + r.arrival_time / aging_interval_s, r.arrival_time)
+        return lambda r: (r.priority + _wait_origin(r) / aging_interval_s, r.arrival_time)
     return lambda r: (r.priority, r.arrival_time)
 
 
@@ -171,32 +177,58 @@ def sjf_rank(aging_interval_s: float, max_model_len: int) -> Callable[[Request],
     the rank by one per aging_interval_s, as for priority (see priority_rank).
     """
     if aging_interval_s > 0:
-        return lambda r: (r.num_prompt_tokens / max_model_len + r.arrival_time / aging_interval_s,)
+        return lambda r: (r.num_prompt_tokens / max_model_len + _wait_origin(r) / aging_interval_s,)
     return lambda r: (r.num_prompt_tokens,)
 
 
-QUEUE_POLICIES = ("fcfs", "priority", "sjf")
-PREEMPTION_POLICIES = ("last", "priority")
+# Name-to-factory registries: the scheduler, the simulator's config, the CLIs and
+# docs/policies.md all read these. Each factory takes the SchedulerConfig's knobs by name.
+
+def _fcfs(aging_interval_s: float, max_model_len: int) -> RequestQueue:
+    """First come, first served; a preempted request goes back to the front."""
+    return FCFSQueue()
+
+
+def _priority(aging_interval_s: float, max_model_len: int) -> RequestQueue:
+    """Lower priority value first, arrival breaks ties; aged by time spent waiting."""
+    return KeyedQueue(priority_rank(aging_interval_s))
+
+
+def _sjf(aging_interval_s: float, max_model_len: int) -> RequestQueue:
+    """Shortest prompt first; a preempted request goes back to the front; aged by time spent waiting."""
+    return KeyedQueue(sjf_rank(aging_interval_s, max_model_len), front_on_prepend=True)
+
+
+QUEUE_POLICIES: dict[str, Callable[[float, int], RequestQueue]] = {
+    "fcfs": _fcfs, "priority": _priority, "sjf": _sjf,
+}
+
+PREEMPTION_POLICIES: dict[str, Callable[[], PreemptionPolicy]] = {
+    "last": PreemptLastAdmitted,
+    "priority": PreemptLowestPriority,
+}
+# "auto" resolves to a registered victim policy by the queue policy (see resolve_preemption).
+PREEMPTION_CHOICES = ("auto", *PREEMPTION_POLICIES)
+
+
+def resolve_preemption(name: str, queue_policy: str) -> str:
+    """The registered victim policy a name stands for: "auto" is priority under priority, else last."""
+    if name == "auto":
+        return "priority" if queue_policy == "priority" else "last"
+    return name
 
 
 def make_queue(name: str, aging_interval_s: float = 0.0, max_model_len: int = 1) -> RequestQueue:
-    """The waiting queue for a policy name: fcfs, priority or sjf (the latter two with aging)."""
-    if name == "fcfs":
-        return FCFSQueue()
-    if name == "priority":
-        return KeyedQueue(priority_rank(aging_interval_s))
-    if name == "sjf":
-        return KeyedQueue(sjf_rank(aging_interval_s, max_model_len), front_on_prepend=True)
-    raise InvalidConfigError("policy", name, " or ".join(QUEUE_POLICIES))
+    """The waiting queue registered under a policy name (InvalidConfigError for others)."""
+    factory = QUEUE_POLICIES.get(name)
+    if factory is None:
+        raise InvalidConfigError("policy", name, " or ".join(QUEUE_POLICIES))
+    return factory(aging_interval_s, max_model_len)
 
 
-def make_preemption_policy(name: str, queue_policy: str,
-                           aging_interval_s: float = 0.0) -> PreemptionPolicy:
-    """The victim policy for a name; 'auto' follows the queue policy."""
-    if name == "auto":
-        name = "priority" if queue_policy == "priority" else "last"
-    if name == "last":
-        return PreemptLastAdmitted()
-    if name == "priority":
-        return PreemptLowestPriority(priority_rank(aging_interval_s))
-    raise InvalidConfigError("preemption", name, " or ".join(["auto", *PREEMPTION_POLICIES]))
+def make_preemption_policy(name: str, queue_policy: str) -> PreemptionPolicy:
+    """The victim policy registered under a name; "auto" follows the queue policy."""
+    factory = PREEMPTION_POLICIES.get(resolve_preemption(name, queue_policy))
+    if factory is None:
+        raise InvalidConfigError("preemption", name, " or ".join(PREEMPTION_CHOICES))
+    return factory()

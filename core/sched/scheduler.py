@@ -90,8 +90,7 @@ class Scheduler:
         self.kv = KVCacheManager(config.num_blocks, config.block_size,
                                  config.enable_prefix_caching, config.prefix_caching_hash_algo)
         self.waiting = make_queue(config.policy, config.aging_interval_s, config.max_model_len)
-        self.preemption_policy = make_preemption_policy(config.preemption, config.policy,
-                                                        config.aging_interval_s)
+        self.preemption_policy = make_preemption_policy(config.preemption, config.policy)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.finished_req_ids: set[str] = set()
@@ -145,6 +144,8 @@ class Scheduler:
         request.stop_check_ids = frozenset(stop_ids)
         request.stop_check_len = min(n + request.max_tokens, cfg.max_model_len)
         request.seq_no = next(self._seq)
+        request.queued_time = request.arrival_time
+        request.waited_s = 0.0
         request.status = RequestStatus.WAITING
         self.requests[rid] = request
         self.waiting.add(request)
@@ -360,6 +361,7 @@ class Scheduler:
                 req.prefix_hit_tokens = num_hit
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
+            req.waited_s += now - req.queued_time
             req.status = RequestStatus.RUNNING
             req.num_computed_tokens = num_hit + num_new
             running.append(req)
@@ -378,6 +380,7 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         req.preempted_times.append(now)
+        req.queued_time = now  # its time running does not age it
         self.num_preemptions += 1
         self.waiting.prepend(req)
 

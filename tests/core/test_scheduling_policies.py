@@ -170,3 +170,59 @@ def test_min_tokens_come_before_any_stop(min_tokens):
                 assert r.output_token_ids == outs[:stop_at + 1] and r.finish_reason == FinishReason.STOP
             else:  # the stop token came too early to count, and never comes again
                 assert r.output_token_ids == outs and r.finish_reason == FinishReason.LENGTH
+
+
+def _decode_all(sched, so, t: float) -> None:
+    """Every scheduled request that reached the end of its input samples token 9."""
+    from twinserve.core import ModelRunnerOutput
+
+    sampled = {rid: [9] for rid in so.num_scheduled_tokens
+               if sched.requests[rid].num_computed_tokens == sched.requests[rid].num_tokens}
+    sched.update_from_output(so, ModelRunnerOutput(sampled), t)
+
+
+def test_priority_victim_is_strict_priority_however_long_the_other_has_run():
+    # A priority-5 request runs from t=0; a priority-0 one arrives at t=200. With aging on
+    # (the default 30 s), the victim is still the priority-5 one: running is not waiting,
+    # so running long must not make a request the important one (as vLLM's strict priority).
+    from twinserve.core import Scheduler
+
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_model_len=32, block_size=4,
+                                      num_blocks=4, policy="priority", aging_interval_s=30.0))
+    low = make_request("low", [1] * 8, 8, priority=5, arrival_time=0.0)
+    sched.add_request(low)
+    _decode_all(sched, sched.schedule(0.0), 0.5)
+    high = make_request("high", [2] * 4, 8, priority=0, arrival_time=200.0)
+    sched.add_request(high)
+    so = sched.schedule(200.0)  # low takes its third block, high the last one
+    assert set(so.num_scheduled_tokens) == {"low", "high"}
+    _decode_all(sched, so, 200.5)
+    so = sched.schedule(201.0)  # high needs a second block: someone gives theirs back
+    assert so.preempted_req_ids == ["low"]
+    assert so.num_scheduled_tokens == {"high": 1}
+
+
+def test_aging_counts_time_spent_waiting_not_running():
+    # A (priority 1) runs from t=0 and is preempted at t=101; B (priority 0) has waited
+    # since t=50. A's 101 s of running must not age it past B: B ranks first.
+    from twinserve.core import Scheduler
+
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_model_len=32, block_size=4,
+                                      num_blocks=5, max_num_seqs=2, policy="priority",
+                                      aging_interval_s=30.0))
+    a = make_request("A", [1] * 4, 12, priority=1, arrival_time=0.0)
+    c = make_request("C", [3] * 4, 12, priority=0, arrival_time=0.0)
+    for r in (a, c):
+        sched.add_request(r)
+    _decode_all(sched, sched.schedule(0.0), 0.5)
+    b = make_request("B", [2] * 4, 12, priority=0, arrival_time=50.0)
+    sched.add_request(b)
+    for t in (50.0, 51.0, 52.0, 100.0):  # no seat for B; both grow to two blocks each
+        _decode_all(sched, sched.schedule(t), t + 0.5)
+    so = sched.schedule(101.0)  # both need a third block, one is free
+    assert so.preempted_req_ids == ["A"]
+    assert [r.request_id for r in sched.waiting] == ["B", "A"]
+    assert a.waited_s == 0.0 and a.queued_time == 101.0
+    so = sched.schedule(102.0)
+    assert [n.req_id for n in so.scheduled_new_reqs] == ["B"]
+    assert b.waited_s == 102.0 - 50.0
