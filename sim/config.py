@@ -13,7 +13,7 @@ A study file has up to seven tables; any field left out keeps its default::
     [scheduler]  the core's SchedulerConfig fields except num_blocks: max_num_batched_tokens,
                  max_num_seqs, max_model_len, enable_chunked_prefill,
                  long_prefill_token_threshold, block_size, enable_prefix_caching,
-                 prefix_caching_hash_algo, watermark, policy, preemption
+                 prefix_caching_hash_algo, watermark, policy, preemption, aging_interval_s
     [workload]   see sim.workload.WorkloadConfig
     [slo]        ttft_s, tpot_s (goodput counts requests meeting both)
     [run]        seed, fast_forward, name
@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from twinserve.core.errors import InvalidConfigError
-from twinserve.core.sched.config import SchedulerConfig
+from twinserve.core.routing import ROUTER_NAMES
+from twinserve.core.sched.config import SCHEDULER_CHOICES, SchedulerConfig
 
 from twinserve.sim.errors import ConfigError
 from twinserve.sim.workload import ARRIVALS, LENGTH_DISTS, WorkloadConfig
@@ -124,8 +125,7 @@ class RunConfig:
     name: str = "study"
 
 
-ROUTERS = ("round_robin", "least_outstanding", "least_kv", "power_of_two", "prefix_affinity",
-           "session_affinity")
+ROUTERS = ROUTER_NAMES  # the core's registry (twinserve.core.routing.ROUTERS)
 
 
 @dataclass(slots=True)
@@ -171,9 +171,8 @@ SECTIONS: dict[str, type] = {"engine": EngineConfig, "scheduler": SchedulerSecti
 _CHOICES: dict[str, tuple[str, ...]] = {
     "workload.arrival": ARRIVALS, "workload.prompt_dist": LENGTH_DISTS,
     "workload.output_dist": LENGTH_DISTS, "workload.on_overlong": ("clip", "drop", "fail"),
-    "engine.cost_model": ("roofline", "fitted"), "scheduler.policy": ("fcfs", "priority", "sjf"),
-    "scheduler.preemption": ("auto", "last", "priority"),
-    "cluster.router": ROUTERS,
+    "engine.cost_model": ("roofline", "fitted"), "cluster.router": ROUTERS,
+    **{f"scheduler.{name}": names for name, names in SCHEDULER_CHOICES.items()},
 }
 _POSITIVE = {"workload.rate", "workload.burstiness", "workload.time_scale",
              "engine.tensor_parallel_size", "workload.vocab_size", "workload.prompt_mean",

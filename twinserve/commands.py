@@ -28,8 +28,13 @@ def _bool_flag(parser: argparse.ArgumentParser, name: str, default: bool) -> Non
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """vLLM-named engine flags (--max-num-seqs, --block-size, ...), generated from EngineArgs."""
+    """vLLM-named engine flags (--max-num-seqs, --block-size, ...), generated from EngineArgs.
+
+    EngineArgs takes every scheduler knob from the core's SchedulerConfig, and the knobs that
+    name a policy offer the core's registries as choices (SCHEDULER_CHOICES).
+    """
     from twinserve.backends.real.config import EngineArgs
+    from twinserve.core.sched.config import SCHEDULER_CHOICES
 
     defaults = EngineArgs()
     for f in fields(EngineArgs):
@@ -44,7 +49,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
             kind = int
         elif "float" in str(f.type) and default is None:
             kind = float
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=default)
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=default,
+                            choices=SCHEDULER_CHOICES.get(f.name))
 
 
 def engine_args_from(ns: argparse.Namespace, model: str) -> Any:

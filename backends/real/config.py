@@ -2,20 +2,39 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any
 
 import torch
 
 from twinserve.core.errors import InvalidConfigError
+from twinserve.core.sched.config import SchedulerConfig
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16, "half": torch.float16, "float64": torch.float64}
 
 
+# Scheduler knobs whose engine default is derived: the model's length, and
+# SchedulerConfig's budget with chunked prefill (else the model's length).
+_DERIVED = ("max_model_len", "max_num_batched_tokens")
+
+# The scheduler's knobs, derived from the core's SchedulerConfig (every field but num_blocks,
+# which the workers' memory decides), so every knob the simulator has is an engine argument
+# and a flag too. Keyword-only, so EngineArgs(model) keeps working.
+SchedulerArgs = make_dataclass(
+    "SchedulerArgs",
+    [(f.name, f"{f.type} | None" if f.name in _DERIVED else f.type,
+      field(default=None if f.name in _DERIVED else f.default, kw_only=True))
+     for f in fields(SchedulerConfig) if f.name != "num_blocks"],
+    slots=True,
+    namespace={"__doc__": "The scheduler's knobs as engine arguments (SchedulerConfig's, but num_blocks)."},
+)
+SchedulerArgs.__module__ = __name__  # pickled with EngineArgs into the core's and workers' processes
+
+
 @dataclass(slots=True)
-class EngineArgs:
+class EngineArgs(SchedulerArgs):
     """Everything that configures the real engine; unknown keywords are a typed error."""
 
     model: str = "smollm2"
@@ -23,20 +42,11 @@ class EngineArgs:
     dtype: str = "auto"
     seed: int = 0
     device: str = "auto"
-    max_model_len: int | None = None
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0
     # KV cache size: a fixed block count wins, else GiB on CPU, else a share of GPU memory.
     num_gpu_blocks_override: int | None = None
     kv_cache_memory_gb: float = 1.0
     gpu_memory_utilization: float = 0.9
     attention_backend: str = "auto"
-    policy: str = "fcfs"
-    preemption: str = "auto"
     max_logprobs: int = 20
     # CPU fp32 only: a transposed copy of the weights that makes small batches faster (more memory).
     small_batch_weights: bool = True
@@ -95,8 +105,10 @@ class EngineArgs:
                 raise InvalidConfigError(name, getattr(self, name), "true or false")
         _check_float("kv_cache_memory_gb", self.kv_cache_memory_gb, 0.0, 1e6, "a number in (0, 1e6] (GiB)")
         _check_float("gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, "a number in (0, 1]")
-        for name in ("attention_backend", "policy", "preemption"):
-            _check_str(name, getattr(self, name))
+        _check_str("attention_backend", self.attention_backend)
+        # The scheduler's own checks (names against the core's registries, ranges), with a
+        # stand-in for what only the model and the memory decide.
+        self.scheduler_config(self.max_model_len or 1, 1)
         if self.step_log_path is not None:
             _check_str("step_log_path", self.step_log_path)
         if self.quantization is not None:
@@ -118,6 +130,16 @@ class EngineArgs:
         if model is not None:
             kwargs["model"] = model
         return cls(**kwargs)
+
+    def scheduler_config(self, max_model_len: int, num_blocks: int) -> SchedulerConfig:
+        """The scheduler's config: every knob from these args, the length and block count resolved."""
+        knobs = {f.name: getattr(self, f.name) for f in fields(SchedulerArgs)}
+        knobs["max_model_len"] = max_model_len
+        if self.max_num_batched_tokens is None:
+            knobs["max_num_batched_tokens"] = (
+                SchedulerConfig.__dataclass_fields__["max_num_batched_tokens"].default
+                if self.enable_chunked_prefill else max_model_len)
+        return SchedulerConfig(num_blocks=num_blocks, **knobs)
 
     def resolve_device(self) -> torch.device:
         """'auto' -> cuda when present, else cpu."""

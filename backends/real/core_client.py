@@ -63,14 +63,7 @@ class EngineCoreClient(Protocol):
 
 def scheduler_config_for(args: EngineArgs, max_model_len: int, num_blocks: int) -> SchedulerConfig:
     """The scheduler's config from the engine args and the KV blocks the workers can hold."""
-    batched = args.max_num_batched_tokens or (2048 if args.enable_chunked_prefill else max_model_len)
-    return SchedulerConfig(
-        max_num_batched_tokens=batched, max_num_seqs=args.max_num_seqs,
-        max_model_len=max_model_len, enable_chunked_prefill=args.enable_chunked_prefill,
-        long_prefill_token_threshold=args.long_prefill_token_threshold,
-        block_size=args.block_size, num_blocks=num_blocks,
-        enable_prefix_caching=args.enable_prefix_caching, policy=args.policy,
-        preemption=args.preemption)
+    return args.scheduler_config(max_model_len, num_blocks)
 
 
 def core_output(o: EngineCoreOutput, req: Request | None) -> CoreOutput:

@@ -1,35 +1,43 @@
-"""Routers across engine replicas: one Protocol, shared by the simulated cluster and the proxy."""
+"""Routers across engine replicas: one Protocol, shared by the simulated cluster and the proxy.
+
+ROUTERS maps each router's name to its factory; the simulator's config, `twinserve route`
+and docs/policies.md read it, so a router registered here is usable everywhere.
+"""
 
 from __future__ import annotations
+
+from typing import Callable
 
 from twinserve.core.routing.base import (NoReplicaAvailableError, ReplicaLoad, RouteRequest, Router,
                    UnknownRouterError)
 from twinserve.core.routing.policies import LeastKV, LeastOutstanding, PowerOfTwo, RoundRobin, SessionAffinity
 from twinserve.core.routing.prefix import PrefixAffinity, text_prefix_keys, token_prefix_keys
 
-ROUTER_NAMES = ("round_robin", "least_outstanding", "least_kv", "power_of_two",
-                "prefix_affinity", "session_affinity")
+# A factory takes the knobs a router may use by name: seed (power_of_two), prefix_blocks
+# and load_factor (prefix_affinity); each ignores the others.
+RouterFactory = Callable[..., Router]
+
+ROUTERS: dict[str, RouterFactory] = {
+    "round_robin": lambda seed, prefix_blocks, load_factor: RoundRobin(),
+    "least_outstanding": lambda seed, prefix_blocks, load_factor: LeastOutstanding(),
+    "least_kv": lambda seed, prefix_blocks, load_factor: LeastKV(),
+    "power_of_two": lambda seed, prefix_blocks, load_factor: PowerOfTwo(seed),
+    "prefix_affinity": lambda seed, prefix_blocks, load_factor: PrefixAffinity(prefix_blocks, load_factor),
+    "session_affinity": lambda seed, prefix_blocks, load_factor: SessionAffinity(),
+}
+ROUTER_NAMES = tuple(ROUTERS)
 
 
 def make_router(name: str, seed: int = 0, prefix_blocks: int = 4,
                 load_factor: float = 1.25) -> Router:
-    """A fresh router by name (UnknownRouterError for other names)."""
-    if name == "round_robin":
-        return RoundRobin()
-    if name == "least_outstanding":
-        return LeastOutstanding()
-    if name == "least_kv":
-        return LeastKV()
-    if name == "power_of_two":
-        return PowerOfTwo(seed)
-    if name == "prefix_affinity":
-        return PrefixAffinity(prefix_blocks, load_factor)
-    if name == "session_affinity":
-        return SessionAffinity()
-    raise UnknownRouterError(name, ROUTER_NAMES)
+    """A fresh router by its registered name (UnknownRouterError for other names)."""
+    factory = ROUTERS.get(name)
+    if factory is None:
+        raise UnknownRouterError(name, ROUTER_NAMES)
+    return factory(seed=seed, prefix_blocks=prefix_blocks, load_factor=load_factor)
 
 
-__all__ = ["ROUTER_NAMES", "LeastKV", "LeastOutstanding", "NoReplicaAvailableError",
+__all__ = ["ROUTERS", "ROUTER_NAMES", "LeastKV", "LeastOutstanding", "NoReplicaAvailableError",
            "PowerOfTwo", "PrefixAffinity", "ReplicaLoad", "RouteRequest", "RoundRobin", "Router",
-           "SessionAffinity", "UnknownRouterError", "make_router", "text_prefix_keys",
+           "RouterFactory", "SessionAffinity", "UnknownRouterError", "make_router", "text_prefix_keys",
            "token_prefix_keys"]

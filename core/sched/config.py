@@ -5,7 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from twinserve.core.errors import InvalidConfigError
+from twinserve.core.kv.hashing import HASH_FUNCTIONS
 from twinserve.core.sched.policies import PREEMPTION_CHOICES, QUEUE_POLICIES
+
+
+# The knobs that take a registered name, and the names each takes: CLIs and study files
+# offer these, so a policy registered in policies.py or hashing.py is usable everywhere.
+SCHEDULER_CHOICES: dict[str, tuple[str, ...]] = {
+    "policy": tuple(QUEUE_POLICIES),
+    "preemption": PREEMPTION_CHOICES,
+    "prefix_caching_hash_algo": tuple(HASH_FUNCTIONS),
+}
 
 
 @dataclass(slots=True)
@@ -22,6 +32,7 @@ class SchedulerConfig:
     block_size: int = 16
     num_blocks: int = 1024
     enable_prefix_caching: bool = True
+    # A name in kv.hashing.HASH_FUNCTIONS (or, in code, a hash function itself).
     prefix_caching_hash_algo: str = "xxhash"
     # Fraction of all blocks that must stay free after admitting a new request.
     watermark: float = 0.0
@@ -58,8 +69,12 @@ class SchedulerConfig:
             raise InvalidConfigError("policy", self.policy, " or ".join(QUEUE_POLICIES))
         if self.preemption not in PREEMPTION_CHOICES:
             raise InvalidConfigError("preemption", self.preemption, " or ".join(PREEMPTION_CHOICES))
-        if not 0.0 <= self.watermark < 1.0:
-            raise InvalidConfigError("watermark", self.watermark, "a number in [0, 1)")
+        w = self.watermark
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= w < 1.0:
+            raise InvalidConfigError("watermark", w, "a number in [0, 1)")
+        h = self.prefix_caching_hash_algo
+        if not callable(h) and not (isinstance(h, str) and h in HASH_FUNCTIONS):
+            raise InvalidConfigError("prefix_caching_hash_algo", h, " or ".join(HASH_FUNCTIONS))
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise InvalidConfigError(
                 "max_num_batched_tokens", self.max_num_batched_tokens,

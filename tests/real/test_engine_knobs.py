@@ -1,0 +1,95 @@
+"""One source for knobs: every scheduler field a study can set is an engine flag and an LLM(...) argument.
+
+The simulator's [scheduler] section and EngineArgs are both derived from the core's
+SchedulerConfig; these tests hold the engine to that for `twinserve serve`, `twinserve
+generate` and LLM(...), down to the scheduler the engine really runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from twinserve.backends.real.config import EngineArgs
+from twinserve.cli import build_parser
+from twinserve.commands import engine_args_from
+from twinserve.core.errors import InvalidConfigError
+from twinserve.core.kv.hashing import HASH_FUNCTIONS
+from twinserve.core.sched.config import SCHEDULER_CHOICES, SchedulerConfig
+from twinserve.core.sched.policies import KeyedQueue, PreemptLastAdmitted
+from twinserve.sim.config import SchedulerSection
+
+SIM_KNOBS = [f.name for f in fields(SchedulerSection)]
+
+# Values other than the default that the tiny model takes, all at once (chunked prefill off
+# needs a budget of at least max_model_len).
+OTHER = {"max_model_len": 128, "max_num_batched_tokens": 192, "max_num_seqs": 7,
+         "enable_chunked_prefill": False, "long_prefill_token_threshold": 9, "block_size": 8,
+         "enable_prefix_caching": False, "watermark": 0.05, "aging_interval_s": 12.5}
+
+
+def _other(name: str) -> Any:
+    """A value for knob `name` other than SchedulerConfig's default."""
+    if name in SCHEDULER_CHOICES:
+        default = SchedulerConfig.__dataclass_fields__[name].default
+        return next(c for c in SCHEDULER_CHOICES[name] if c != default and c != "auto")
+    return OTHER[name]
+
+
+def _flag(name: str, value: Any) -> list[str]:
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return [flag if value else "--no-" + flag[2:]]
+    return [flag, str(value)]
+
+
+def test_the_simulator_has_every_scheduler_knob_but_the_block_count() -> None:
+    assert set(SIM_KNOBS) == {f.name for f in fields(SchedulerConfig)} - {"num_blocks"}
+    assert {"aging_interval_s", "watermark", "prefix_caching_hash_algo"} <= set(SIM_KNOBS)
+
+
+@pytest.mark.parametrize("command", [["serve", "m"], ["generate", "hi", "--model", "m"]])
+@pytest.mark.parametrize("name", SIM_KNOBS)
+def test_every_simulator_knob_is_a_flag_of_serve_and_generate(command: list[str], name: str) -> None:
+    value = _other(name)
+    ns = build_parser().parse_args(command + _flag(name, value))
+    args = engine_args_from(ns, "m")
+    assert getattr(args, name) == value
+    others = {k: _other(k) for k in ("max_model_len", "max_num_batched_tokens")}
+    cfg = args.scheduler_config(others["max_model_len"] if name != "max_model_len" else value, 16)
+    assert getattr(cfg, name) == value
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULER_CHOICES))
+def test_a_name_outside_the_registry_is_refused(name: str) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "m", "--" + name.replace("_", "-"), "nonesuch"])
+    with pytest.raises(InvalidConfigError, match=name):
+        EngineArgs(**{name: "nonesuch"})
+
+
+@pytest.mark.slow
+def test_llm_takes_every_simulator_knob_and_its_scheduler_runs_with_them(tiny_dir: Path) -> None:
+    from twinserve.backends.real import LLM
+    from twinserve.core.sampling_params import SamplingParams
+
+    knobs = {name: _other(name) for name in SIM_KNOBS}
+    llm = LLM(str(tiny_dir), dtype="float64", num_gpu_blocks_override=64, engine_core_mode="inproc",
+              **knobs)
+    try:
+        sched = llm.llm_engine.core.scheduler
+        for name, value in knobs.items():
+            assert getattr(sched.config, name) == value, name
+        # And they take effect, not just sit in the config.
+        assert sched.kv.hash_fn is HASH_FUNCTIONS[knobs["prefix_caching_hash_algo"]]
+        assert isinstance(sched.waiting, KeyedQueue) == (knobs["policy"] != "fcfs")
+        assert isinstance(sched.preemption_policy, PreemptLastAdmitted) == (knobs["preemption"] == "last")
+        assert sched.watermark_blocks == int(0.05 * 64)
+        out = llm.generate(["the quick brown fox"], SamplingParams(max_tokens=3, temperature=0.0),
+                           use_tqdm=False)
+        assert len(out[0].outputs[0].token_ids) == 3
+    finally:
+        llm.llm_engine.shutdown()
