@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from twinserve.core import ModelRunnerOutput, Request, SamplingParams, Scheduler, SchedulerConfig
 from twinserve.core.sched.fast_forward import apply_decode_steps, decode_window
+from ..limits import bounded
 
 
 def _token(req: Request, position: int) -> int:
@@ -20,7 +21,9 @@ def _build(cfg: SchedulerConfig, prompts: list[list[int]], max_tokens: list[int]
     for i, (p, m) in enumerate(zip(prompts, max_tokens)):
         s.add_request(Request(f"r{i}", p, SamplingParams(max_tokens=m, **sp)))
     t = 0.0
-    while s.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in s.running):
+    for _ in bounded():
+        if not (s.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in s.running)):
+            break
         _step(s, t)
         t += 1.0
     return s
@@ -70,8 +73,9 @@ def _compare(cfg: SchedulerConfig, prompts, max_tokens, steps_cap: int = 10_000)
         return 0
     usage_a, finished_a = [], []
     for i in range(k):
-        assert a.schedule  # stepping the same window never preempts
+        before = a.num_preemptions
         finished_a = _step(a, t0 + i)
+        assert a.num_preemptions == before, f"stepping preempted in step {i} of a {k}-step window"
         usage_a.append(a.kv.usage)
     assert a.num_preemptions == b.num_preemptions
     ends = [t0 + i + 0.5 for i in range(k)]

@@ -11,6 +11,7 @@ from twinserve.core.fake_executor import FakeExecutor
 from twinserve.core.kv import KVCacheManager
 
 from .helpers import make_request, reference_output
+from ..limits import bounded
 
 
 def _core(**kw) -> EngineCore:
@@ -65,7 +66,9 @@ def test_preempted_request_resumes_with_prefix_hits_and_same_output():
     core.add_request(b)
     t = 0.0
     resumed_hits = None
-    while core.has_unfinished_requests():
+    for _ in bounded():
+        if not core.has_unfinished_requests():
+            break
         so = core.scheduler.schedule(t)
         for new in so.scheduled_new_reqs:
             if new.req_id == "b" and b.num_preemptions:
@@ -196,7 +199,9 @@ def test_timestamps_and_step_stats():
     core.add_request(r)
     stats = []
     t = 1.0
-    while core.has_unfinished_requests():
+    for _ in bounded():
+        if not core.has_unfinished_requests():
+            break
         _, s = core.step(t)
         stats.append(s)
         t += 1.0

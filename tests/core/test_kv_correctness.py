@@ -9,6 +9,7 @@ from twinserve.core.request import Request
 from twinserve.core.sampling_params import SamplingParams
 
 from .helpers import Arrival, drive, make_request, reference_output
+from ..limits import bounded
 
 
 def test_priority_preemption_in_the_step_never_caches_uncomputed_blocks():
@@ -104,7 +105,9 @@ def test_abort_with_the_step_in_flight_drops_its_uncomputed_blocks():
     b = make_request("B", prompt, 2)
     core.add_request(b)
     t = 1.0
-    while core.has_unfinished_requests():
+    for _ in bounded():
+        if not core.has_unfinished_requests():
+            break
         core.step(t)  # the KV-modelling executor raises on a read of an unwritten slot
         t += 1.0
     assert b.prefix_hit_tokens == 0

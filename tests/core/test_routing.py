@@ -117,3 +117,32 @@ def test_bounded_load_rule_holds(outstanding, up, key, c) -> None:
     assert chosen.healthy
     if any(x.outstanding + 1 <= cap for x in live):
         assert chosen.outstanding + 1 <= cap
+
+
+@settings(max_examples=100, deadline=None)
+@given(prefix_blocks=st.integers(1, 5), num_replicas=st.integers(2, 6), block=st.integers(1, 4),
+       shared=st.integers(0, 99), extra=st.integers(0, 3),
+       seed=st.integers(0, 2**16))
+def test_prefix_affinity_keys_on_exactly_prefix_blocks_blocks(prefix_blocks, num_replicas, block, shared,
+                                                              extra, seed) -> None:
+    """Requests agreeing on their first prefix_blocks blocks share a replica whatever follows;
+    32 prefixes that share only the first block (prefix_blocks >= 2) spread over replicas."""
+    r = PrefixAffinity(prefix_blocks=prefix_blocks)
+    reps = loads(*[0] * num_replicas)  # idle: every prefix goes to its home replica
+    first = [shared] * block
+    depth = prefix_blocks + extra
+    homes = []
+    for p in range(32):
+        tail = [1000 + seed + p * 7 + j for j in range((depth - 1) * block)]
+        keys = token_prefix_keys(first + tail, block, depth)
+        home = r.choose(req(keys=keys), reps)
+        homes.append(home)
+        # Blocks past prefix_blocks (changed, dropped or added) do not move the request.
+        cut = keys[:prefix_blocks]
+        other = token_prefix_keys(first + tail[:(prefix_blocks - 1) * block] + [5] * (3 * block), block,
+                                  prefix_blocks + 3)
+        assert other[:prefix_blocks] == cut
+        assert r.choose(req(keys=cut), reps) == home
+        assert r.choose(req(keys=other), reps) == home
+    if prefix_blocks >= 2:
+        assert len(set(homes)) >= 2, "prefixes that differ in block 2 all went to one replica"

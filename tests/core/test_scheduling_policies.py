@@ -9,6 +9,7 @@ from twinserve.core import (EngineCore, FinishReason, InvalidConfigError, Reques
 from twinserve.core.fake_executor import FakeExecutor
 
 from .helpers import make_request
+from ..limits import bounded
 
 
 def _stream(cfg: SchedulerConfig, victim_kw: dict, short_kw: dict, steps: int):
@@ -59,7 +60,9 @@ def test_aging_keeps_strict_order_among_requests_that_arrived_together():
         core.add_request(r)
     order = []
     t = 0.0
-    while core.has_unfinished_requests():
+    for _ in bounded():
+        if not core.has_unfinished_requests():
+            break
         so = core.scheduler.schedule(t)
         order += [n.req_id for n in so.scheduled_new_reqs]
         core.scheduler.update_from_output(so, core.executor.execute(so), t)
@@ -123,7 +126,9 @@ def test_watermark_never_blocks_a_request_when_nothing_runs():
     assert so.scheduled_new_reqs == []
     core.scheduler.update_from_output(so, core.executor.execute(so), 1.0)
     t = 2.0
-    while core.has_unfinished_requests():
+    for _ in bounded():
+        if not core.has_unfinished_requests():
+            break
         core.step(t)
         t += 1.0
         assert t < 100
@@ -162,7 +167,9 @@ def test_min_tokens_come_before_any_stop(min_tokens):
         core.add_request(eos)
         core.add_request(stop)
         t = 0.0
-        while core.has_unfinished_requests():
+        for _ in bounded():
+            if not core.has_unfinished_requests():
+                break
             core.step(t)
             t += 1.0
         for r in (eos, stop):

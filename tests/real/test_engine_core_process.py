@@ -14,6 +14,7 @@ from twinserve.core.errors import EngineDeadError, InvalidConfigError
 
 from .conftest import prompts_ids
 from .procs_helpers import alive, broken_weights_dir, wait_all_gone
+from ..limits import bounded
 
 pytestmark = pytest.mark.slow
 KW = dict(dtype="float64", max_model_len=256, num_gpu_blocks_override=256, block_size=4, max_num_batched_tokens=32)
@@ -72,12 +73,13 @@ def test_killing_the_core_process_is_engine_dead_within_seconds(tiny_dir: Path) 
     engine = llm.llm_engine
     (core_pid,) = engine.child_pids
     engine.add_request("long", {"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=200, ignore_eos=True))
-    while not any(o.outputs[0].token_ids for o in engine.step()):
-        pass
+    for _ in bounded():
+        if any(o.outputs[0].token_ids for o in engine.step()):
+            break
     os.kill(core_pid, signal.SIGKILL)
     t0 = time.monotonic()
     with pytest.raises(EngineDeadError, match="SIGKILL"):
-        while True:
+        for _ in bounded():
             engine.step()
     assert time.monotonic() - t0 < 5.0
     with pytest.raises(EngineDeadError):  # and it stays dead: no silent restart, no hang
@@ -161,7 +163,9 @@ def test_the_core_waits_for_a_front_end_that_does_not_read(tiny_dir: Path) -> No
         assert engine.core.num_steps <= MAX_UNCONSUMED_BATCHES <= 4
         assert sum(len(o.outputs[0].token_ids) for o in first) <= MAX_UNCONSUMED_BATCHES
         outs = list(first)
-        while engine.has_unfinished_requests():
+        for _ in bounded():
+            if not engine.has_unfinished_requests():
+                break
             outs.extend(engine.step())
         # Held back, not lost: every token arrives, and the request ends as asked.
         final = [o for o in outs if o.finished]

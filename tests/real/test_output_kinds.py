@@ -8,6 +8,7 @@ from twinserve.backends.real import SamplingParams
 from twinserve.core.errors import InvalidRequestError
 
 from .conftest import add_with_bad_stop_id, prompts_ids
+from ..limits import bounded
 
 PARAMS = SamplingParams(temperature=0.8, max_tokens=12, ignore_eos=True, seed=7, logprobs=2, n=2)
 
@@ -15,7 +16,9 @@ PARAMS = SamplingParams(temperature=0.8, max_tokens=12, ignore_eos=True, seed=7,
 def _drain(engine, kind: str, prompt: list[int]) -> list:
     engine.add_request("r", {"prompt_token_ids": prompt}, PARAMS, output_kind=kind)
     outs = []
-    while engine.has_unfinished_requests():
+    for _ in bounded():
+        if not engine.has_unfinished_requests():
+            break
         outs.extend(engine.step())
     return outs
 
@@ -58,13 +61,17 @@ def test_lean_kinds_carry_prompt_logprobs_and_a_sampling_error(make_llm, kind: s
     sp = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, prompt_logprobs=2)
     engine.add_request("ref", {"prompt_token_ids": prompt}, sp)  # cumulative
     ref = []
-    while engine.has_unfinished_requests():
+    for _ in bounded():
+        if not engine.has_unfinished_requests():
+            break
         ref.extend(o for o in engine.step() if o.finished)
     engine.add_request("ok", {"prompt_token_ids": prompt}, sp, output_kind=kind)
     add_with_bad_stop_id(engine, "bad", bad_prompt,
                          SamplingParams(temperature=0.7, seed=1, max_tokens=5, min_tokens=3), output_kind=kind)
     outs: dict[str, list] = {"ok": [], "bad": []}
-    while engine.has_unfinished_requests():
+    for _ in bounded():
+        if not engine.has_unfinished_requests():
+            break
         for o in engine.step():
             outs[o.request_id].append(o)
     bad = outs["bad"][-1].outputs[0]

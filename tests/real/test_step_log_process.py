@@ -11,6 +11,7 @@ from twinserve.backends.real import LLM, SamplingParams
 from twinserve.backends.real.step_log import StepLog, read_step_log
 
 from .conftest import prompts_ids
+from ..limits import bounded
 
 pytestmark = pytest.mark.slow
 KW = dict(dtype="float64", max_model_len=256, num_gpu_blocks_override=256, block_size=4, max_num_batched_tokens=32)
@@ -23,7 +24,9 @@ def _run_process(engine: Any, prompts: list[list[int]]) -> tuple[dict[str, list[
     for i, p in enumerate(prompts):
         engine.add_request(f"r{i}", {"prompt_token_ids": p}, GREEDY, arrival_time=_T0 + i)
     tokens, received = {}, []
-    while engine.has_unfinished_requests():
+    for _ in bounded():
+        if not engine.has_unfinished_requests():
+            break
         outs = engine.step()
         received += [int(tr.admitted_until - _T0) + 1 for _, tr in engine.last_core_steps]
         tokens.update((o.request_id, o.outputs[0].token_ids) for o in outs if o.finished)

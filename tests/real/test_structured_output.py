@@ -11,6 +11,7 @@ import pytest
 from twinserve.core.errors import InvalidRequestError, InvalidSamplingParamsError
 from twinserve.core.sampling_params import SamplingParams
 from twinserve.core.structured_output import StructuredOutputSpec
+from ..limits import bounded
 
 # Finite by construction: with compact JSON every valid output ends within a few dozen tokens.
 SCHEMA = {
@@ -156,7 +157,9 @@ def test_a_tokenizer_object_with_the_core_in_a_process_refuses_structured_output
         assert e.value.param == "guided_regex"
         engine.add_request("free", "a b c", SamplingParams(max_tokens=3, ignore_eos=True))
         done = []
-        while engine.has_unfinished_requests():
+        for _ in bounded():
+            if not engine.has_unfinished_requests():
+                break
             done += [o for o in engine.step() if o.finished]
         assert [o.request_id for o in done] == ["free"] and len(done[0].outputs[0].token_ids) == 3
     finally:

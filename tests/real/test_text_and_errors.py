@@ -9,6 +9,7 @@ from twinserve.backends.real.detokenizer import IncrementalDetokenizer
 from twinserve.core.errors import InvalidRequestError, InvalidSamplingParamsError, PromptTooLongError
 
 from .conftest import prompts_ids
+from ..limits import bounded
 
 TEXT = "héllo wörld 日本語 🙂🚀 ça va"
 
@@ -56,7 +57,9 @@ def test_streaming_deltas_concatenate_to_the_final_text(make_llm) -> None:
     sp = SamplingParams(temperature=0, max_tokens=25, ignore_eos=True, stop=["zzzz-never"])
     engine.add_request("s1", {"prompt_token_ids": prompt}, sp)
     text, ids, final = "", [], None
-    while engine.has_unfinished_requests():
+    for _ in bounded():
+        if not engine.has_unfinished_requests():
+            break
         for out in engine.step():
             text += out.outputs[0].text_delta
             ids += out.outputs[0].token_ids_delta
@@ -101,7 +104,9 @@ def test_bad_input_is_a_typed_error_and_the_engine_keeps_serving(make_llm, promp
     with pytest.raises(InvalidRequestError, match="already in use"):
         engine.add_request("good", {"prompt_token_ids": [1]}, SamplingParams())
     done = None
-    while engine.has_unfinished_requests():
+    for _ in bounded():
+        if not engine.has_unfinished_requests():
+            break
         for out in engine.step():
             done = out
     assert done is not None and done.request_id == "good" and len(done.outputs[0].token_ids) == 6

@@ -14,6 +14,7 @@ from twinserve.backends.real import LLM, SamplingParams
 from twinserve.core.errors import EngineDeadError
 
 from .procs_helpers import broken_weights_dir, wait_all_gone
+from ..limits import bounded
 
 pytestmark = pytest.mark.slow
 KW = dict(dtype="float64", max_model_len=256, num_gpu_blocks_override=256, block_size=4)
@@ -49,12 +50,13 @@ def test_sigkill_of_a_worker_mid_generation_is_engine_dead_and_leaves_no_process
     for i in range(4):
         engine.add_request(f"r{i}", {"prompt_token_ids": [5 + i, 6, 7]},
                            SamplingParams(max_tokens=200, ignore_eos=True))
-    while not any(o.outputs[0].token_ids for o in engine.step()):
-        pass
+    for _ in bounded():
+        if any(o.outputs[0].token_ids for o in engine.step()):
+            break
     os.kill(workers[victim], signal.SIGKILL)
     t0 = time.monotonic()
     with pytest.raises(EngineDeadError) as info:
-        while True:
+        for _ in bounded():
             engine.step()
     assert time.monotonic() - t0 < 10.0
     assert f"rank {victim}" in str(info.value) and "SIGKILL" in str(info.value)

@@ -23,6 +23,7 @@ from twinserve.sim.world import Simulation
 from twinserve.sim.workload import Workload, WorkloadConfig
 
 from .test_band import _make, _profile, _sched
+from ..limits import bounded
 
 
 def test_trace_smooths_over_its_window_and_holds_at_the_ends() -> None:
@@ -193,7 +194,9 @@ def _greedy(engine, sampler=None) -> dict[str, list[int]]:
     for i, prompt in enumerate(([5, 9, 31, 7], list(range(40, 70)), [3] * 9)):
         engine.add_request(f"r{i}", {"prompt_token_ids": prompt}, params)
     done: dict[str, list[int]] = {}
-    while engine.has_unfinished_requests():
+    for _ in bounded():
+        if not engine.has_unfinished_requests():
+            break
         for out in engine.step():
             if out.finished:
                 done[out.request_id] = list(out.outputs[0].token_ids)
