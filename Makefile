@@ -11,8 +11,11 @@ TORCH_SPEC ?= torch==2.13.0
 # (~20 s, 236 MB installed); a bare "ray" would download the newest from the index.
 RAY_SPEC ?= ray==2.58.0
 PYTEST_ARGS ?=
+# `make test` draws the same Hypothesis examples every run (profile ci); `make test-random`
+# draws new ones from a random seed, printed in the header (docs/testing.md).
+SEED ?= $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 
-.PHONY: study test install-sim install-all clean
+.PHONY: study test test-random install-sim install-all clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +34,12 @@ study: install-sim
 	$(VENV)/bin/simulate
 
 test: install-all
-	PYTHONSAFEPATH=1 TRITON_INTERPRET=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
+	PYTHONSAFEPATH=1 TRITON_INTERPRET=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest \
+		--hypothesis-profile=ci $(PYTEST_ARGS)
+
+test-random: install-all
+	PYTHONSAFEPATH=1 TRITON_INTERPRET=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest \
+		--hypothesis-profile=random --hypothesis-seed=$(SEED) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,4 +1,5 @@
-"""Suite-wide set-up: Triton's interpreter and a fixed thread count before anything imports them."""
+"""Suite-wide set-up: Triton's interpreter and a fixed thread count before anything imports them,
+and the Hypothesis profiles (docs/testing.md)."""
 
 import importlib.util
 import os
@@ -7,6 +8,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from hypothesis import settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 
 # Must be in effect before any @triton.jit decorator runs: this machine has no GPU driver.
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -15,6 +18,30 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
+
+# "ci": the same examples on every run (each test's seed comes from the test itself), so a
+# red CI is a change in the code, never a new draw. Hypothesis allows no example database
+# with derandomize: regressions it ever found are pinned as plain tests.
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+# "random": fresh examples (seed from --hypothesis-seed, printed in the header), failures
+# saved to a fixed database that later random runs replay first. Nightly-style, not CI.
+settings.register_profile("random", deadline=None, print_blob=True,
+                          database=DirectoryBasedExampleDatabase(ROOT / ".hypothesis" / "random-examples"))
+# HYPOTHESIS_PROFILE picks one without a flag; --hypothesis-profile still wins.
+if os.environ.get("HYPOTHESIS_PROFILE"):
+    settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Say which Hypothesis profile ran, and mark a random-seed run as one."""
+    name = settings.get_current_profile_name()
+    if name == "random":
+        seed = config.getoption("hypothesis_seed", None)
+        return (f"hypothesis: RANDOM-SEED RUN (profile 'random', seed {seed}): a failure may be a new "
+                f"example, not a change; rerun it with --hypothesis-seed={seed}")
+    if name == "ci":
+        return "hypothesis: derandomised run (profile 'ci'): the same examples every time"
+    return f"hypothesis: profile {name!r}"
 
 
 def _import_hub_kernels() -> None:
