@@ -65,9 +65,9 @@ class SchedulerConfig:
         a = self.aging_interval_s
         if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 <= a < float("inf"):
             raise InvalidConfigError("aging_interval_s", a, "a finite number of seconds >= 0 (0 = no aging)")
-        if self.policy not in QUEUE_POLICIES:
+        if not isinstance(self.policy, str) or self.policy not in QUEUE_POLICIES:
             raise InvalidConfigError("policy", self.policy, " or ".join(QUEUE_POLICIES))
-        if self.preemption not in PREEMPTION_CHOICES:
+        if not isinstance(self.preemption, str) or self.preemption not in PREEMPTION_CHOICES:
             raise InvalidConfigError("preemption", self.preemption, " or ".join(PREEMPTION_CHOICES))
         w = self.watermark
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= w < 1.0:

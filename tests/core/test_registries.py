@@ -46,6 +46,8 @@ def test_a_name_outside_the_registry_is_a_typed_error_listing_the_registry(field
         SchedulerConfig(**{field: "nonesuch"})
     with pytest.raises(ConfigError, match=", ".join(SCHEDULER_CHOICES[field])):
         from_dict({"scheduler": {field: "nonesuch"}})
+    with pytest.raises(InvalidConfigError, match=field):  # not even a name: still typed
+        SchedulerConfig(**{field: ["nonesuch"]})
 
 
 def test_the_study_config_takes_its_router_names_from_the_core() -> None:
