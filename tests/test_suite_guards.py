@@ -23,3 +23,16 @@ def test_ci_draws_the_same_examples_every_run_and_random_runs_are_marked() -> No
     test_recipe = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
     assert "--hypothesis-profile=ci" in test_recipe  # what .ci/run runs
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+@pytest.mark.timeout(600)
+def test_a_simulation_time_limit_leaves_the_per_test_limit_armed() -> None:
+    import signal
+
+    from .sim.helpers import time_limit
+
+    assert signal.getitimer(signal.ITIMER_REAL)[0] > 0  # pytest-timeout's, for this test
+    with time_limit(30):
+        pass
+    left = signal.getitimer(signal.ITIMER_REAL)[0]
+    assert 0 < left <= 600, "the block cancelled the test's own time limit"
