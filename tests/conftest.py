@@ -65,6 +65,17 @@ def _import_hub_kernels() -> None:
 _import_hub_kernels()
 
 
+@pytest.fixture(autouse=True)
+def _root_off_sys_path() -> None:
+    """Keep the repository root off sys.path while a test runs (pytest puts it back per package).
+
+    A spawned process starts with its parent's sys.path, so a worker would otherwise import our
+    kernels/ when transformers asks for its `kernels` package.
+    """
+    if any(Path(p or ".").resolve() == ROOT for p in sys.path):
+        sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
+
+
 def load_experiment(name: str) -> ModuleType:
     """A script under experiments/ (experiments/NAME.py), loaded as a module."""
     spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
