@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Iterator
 
 from twinserve.backends.sim.capacity import KVCapacity, kv_capacity
-from twinserve.backends.sim.catalog import (HardwareSpec, ModelSpec, UnknownSpecError,
-                                            get_hardware, get_model)
+from twinserve.backends.sim.capacity import DoesNotFitError
+from twinserve.backends.sim.catalog import HardwareSpec, ModelSpec
+from twinserve.backends.sim.engine_profile import ENGINE_PROFILES
+from twinserve.backends.sim.precision import Precision
 from twinserve.backends.sim.cost_model import CostModel, Efficiency, RooflineCostModel
 from twinserve.backends.sim.executor import SimExecutor
 from twinserve.backends.sim.fitted import FittedCostModel, ProfileError, check_profile_model
@@ -18,6 +20,7 @@ from twinserve.core.errors import InvalidConfigError
 
 from twinserve.sim.config import StudyConfig, find_line, replica_config, replica_line, validate
 from twinserve.sim.errors import ConfigError
+from twinserve.sim.specs import resolve_hardware, resolve_model
 from twinserve.sim.workload import Workload
 from twinserve.sim.world import RunResult, Simulation
 
@@ -28,6 +31,26 @@ EFFICIENCY_FIELDS = {"gemm": "eff_gemm", "attention": "eff_attention", "memory":
 
 DATA_DIR = Path(__file__).parent / "data"
 BUILTIN_TRACES = {"azure_conv": DATA_DIR / "azure_conv_excerpt.csv"}
+
+
+class DoesNotFit(ConfigError):
+    """The model's weights leave no KV room on this GPU at this TP (a capacity answer, not a typo)."""
+
+    def __init__(self, err: ConfigError) -> None:
+        super().__init__(err.field, err.args[1], err.file, err.line)
+
+
+def fit_problem(cfg: StudyConfig) -> str:
+    """Why this configuration cannot hold the model ('' when it can); other errors raise."""
+    model, hw, _, _ = build_cost_models(cfg)
+    e, s = cfg.engine, cfg.scheduler
+    reserve = None if e.activation_reserve_gib < 0 else e.activation_reserve_gib * 2**30
+    try:
+        kv_capacity(model, hw, e.tensor_parallel_size, s.block_size, e.gpu_memory_utilization,
+                    s.max_num_batched_tokens, s.max_num_seqs, reserve, e.num_gpu_blocks or None)
+    except DoesNotFitError as err:
+        return str(err)
+    return ""
 
 
 @dataclass(slots=True)
@@ -78,18 +101,16 @@ def build_cost_models(cfg: StudyConfig) -> tuple[ModelSpec, HardwareSpec, Roofli
                                                  CostModel]:
     """Model and hardware specs, the roofline (always, for MFU/MBU) and the step-time model."""
     e = cfg.engine
-    try:
-        model = get_model(e.model)
-    except UnknownSpecError as err:
-        raise _cfg_error(cfg, "engine", "model", str(err)) from None
-    try:
-        hw = get_hardware(e.hardware)
-    except UnknownSpecError as err:
-        raise _cfg_error(cfg, "engine", "hardware", str(err)) from None
+    model = resolve_model(cfg).with_precision(
+        Precision(e.dtype, e.quantization, e.kv_cache_dtype))
+    hw = resolve_hardware(cfg)
     overrides = {name: getattr(e, field) for name, field in EFFICIENCY_FIELDS.items()
                  if getattr(e, field) >= 0}
-    eff = Efficiency.for_hardware(hw, step_overhead_s=e.step_overhead_s,
-                                  per_seq_overhead_s=e.per_seq_overhead_s, **overrides)
+    prof = ENGINE_PROFILES[e.engine_profile]
+    eff = Efficiency.for_hardware(
+        hw, step_overhead_s=e.step_overhead_s if e.step_overhead_s >= 0 else prof.step_overhead_s,
+        per_seq_overhead_s=e.per_seq_overhead_s if e.per_seq_overhead_s >= 0
+        else prof.per_seq_overhead_s, **overrides)
     try:
         roof = RooflineCostModel(model, hw, e.tensor_parallel_size, eff)
     except ValueError as err:
@@ -144,6 +165,8 @@ def engine_capacity(cfg: StudyConfig, model: ModelSpec, hw: HardwareSpec) -> KVC
         return kv_capacity(model, hw, e.tensor_parallel_size, s.block_size,
                            e.gpu_memory_utilization, s.max_num_batched_tokens, s.max_num_seqs,
                            reserve, e.num_gpu_blocks or None)
+    except DoesNotFitError as err:
+        raise DoesNotFit(_cfg_error(cfg, "engine", err.field, str(err))) from None
     except InvalidConfigError as err:
         raise _cfg_error(cfg, "engine", err.field, str(err)) from None
 

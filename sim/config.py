@@ -9,7 +9,10 @@ A study file has up to seven tables; any field left out keeps its default::
                  fast), allow_profile_mismatch (fitted: a profile made for another model),
                  eff_gemm, eff_attention, eff_memory, eff_comm, allreduce_latency_s,
                  allreduce_hop_s, layer_floor_s (-1 = the GPU's value in the catalog),
-                 step_overhead_s, per_seq_overhead_s
+                 engine_profile ('eager_python' | 'cuda_graph_cpp'), step_overhead_s and
+                 per_seq_overhead_s (-1 = the profile's), dtype, quantization, kv_cache_dtype;
+                 model may be a catalog name, a config.json path or an HF folder
+    [model]      a model's HF config.json keys (and name); [hardware] a GPU's figures (sim.specs)
     [scheduler]  the core's SchedulerConfig fields except num_blocks: max_num_batched_tokens,
                  max_num_seqs, max_model_len, enable_chunked_prefill,
                  long_prefill_token_threshold, block_size, enable_prefix_caching,
@@ -37,6 +40,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from twinserve.backends.sim.engine_profile import ENGINE_PROFILES
+from twinserve.backends.sim.precision import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.routing import ROUTER_NAMES
 from twinserve.core.sched.config import SCHEDULER_CHOICES, SchedulerConfig
@@ -72,8 +77,14 @@ class EngineConfig:
     allreduce_latency_s: float = -1.0
     allreduce_hop_s: float = -1.0
     layer_floor_s: float = -1.0
-    step_overhead_s: float = 1.5e-3
-    per_seq_overhead_s: float = 10e-6
+    # Host cost per step and per sequence: -1 takes engine_profile's (backends/sim/engine_profile.py).
+    engine_profile: str = "eager_python"
+    step_overhead_s: float = -1.0
+    per_seq_overhead_s: float = -1.0
+    # Precision, with vLLM's names (backends/sim/precision.py).
+    dtype: str = "bfloat16"
+    quantization: str = "none"
+    kv_cache_dtype: str = "auto"
 
 
 def _scheduler_to_core(self: Any, num_blocks: int) -> SchedulerConfig:
@@ -158,6 +169,9 @@ class StudyConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     source: str | None = None  # the file it came from, for error messages
+    # A [model] / [hardware] table's spec (sim/specs.py), found by its name like a catalog entry.
+    custom_model: Any = None
+    custom_hardware: Any = None
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """The config as nested tables."""
@@ -173,6 +187,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "workload.output_dist": LENGTH_DISTS, "workload.on_overlong": ("clip", "drop", "fail"),
     "engine.cost_model": ("roofline", "fitted"), "cluster.router": ROUTERS,
     **{f"scheduler.{name}": names for name, names in SCHEDULER_CHOICES.items()},
+    "engine.dtype": DTYPES, "engine.quantization": QUANTIZATIONS,
+    "engine.kv_cache_dtype": KV_CACHE_DTYPES, "engine.engine_profile": tuple(ENGINE_PROFILES),
 }
 _POSITIVE = {"workload.rate", "workload.burstiness", "workload.time_scale",
              "engine.tensor_parallel_size", "workload.vocab_size", "workload.prompt_mean",
@@ -201,9 +217,12 @@ _RANGE: dict[str, tuple[float, float, str]] = {
     # Every replica is an engine with its own KV pool and SimPy process (docs/cluster.md).
     "cluster.num_replicas": (1, 1024, "replicas"),
 }
+# Tables that define a spec rather than set fields: a model's config keys, a GPU's figures.
+SPEC_TABLES = ("model", "hardware")
 # Cost-model knobs where -1 (the default) takes the GPU catalog's value.
 _CATALOG_DEFAULT = {"engine.eff_gemm", "engine.eff_attention", "engine.eff_memory", "engine.eff_comm",
-                    "engine.allreduce_latency_s", "engine.allreduce_hop_s", "engine.layer_floor_s"}
+                    "engine.allreduce_latency_s", "engine.allreduce_hop_s", "engine.layer_floor_s",
+                    "engine.step_overhead_s", "engine.per_seq_overhead_s"}
 # Fractions in (0, 1].
 _FRACTION = {"engine.gpu_memory_utilization", "engine.eff_gemm", "engine.eff_attention",
              "engine.eff_memory", "engine.eff_comm"}
@@ -411,6 +430,8 @@ def from_dict(data: dict[str, Any], file: str | None = None, text: str = "") -> 
     """Build a StudyConfig from nested tables; unknown tables and keys are errors."""
     cfg = StudyConfig(source=file)
     for section, table in data.items():
+        if section in SPEC_TABLES:
+            continue  # read after [engine], which may name them (sim/specs.py)
         if section not in SECTIONS:
             raise ConfigError(section, f"unknown table [{section}]; known: {', '.join(SECTIONS)}",
                               file, find_line(text, section, None))
@@ -423,6 +444,9 @@ def from_dict(data: dict[str, Any], file: str | None = None, text: str = "") -> 
                 raise ConfigError(f"{section}.{key}", "no such field; known: "
                                   + ", ".join(sorted(names)), file, line)
             setattr(getattr(cfg, section), key, coerce(f"{section}.{key}", value, file, line))
+    if any(t in data for t in SPEC_TABLES):
+        from twinserve.sim.specs import read_spec_tables
+        read_spec_tables(cfg, data, text)
     validate(cfg, text)
     return cfg
 

@@ -9,6 +9,10 @@ from twinserve.core.errors import InvalidConfigError
 from twinserve.backends.sim.catalog import GiB, HardwareSpec, ModelSpec
 
 
+class DoesNotFitError(InvalidConfigError):
+    """The weights and reserves leave no room for one KV block on this GPU at this TP."""
+
+
 @dataclass(slots=True)
 class KVCapacity:
     """How the pool size was derived, per GPU, in bytes (kept for the report)."""
@@ -29,8 +33,10 @@ def activation_reserve_bytes(model: ModelSpec, tp: int, max_num_batched_tokens: 
     time for every batched token, plus fp32 logits for every sequence.
     """
     m = model
+    # An MoE token's MLP activations are its top-k experts' intermediates.
+    inter = m.moe_intermediate_size * m.num_experts_per_tok if m.is_moe else m.intermediate_size
     per_token = (4 * m.hidden_size + ((m.num_heads + 2 * m.num_kv_heads) * m.head_dim
-                                      + 2 * m.intermediate_size) / tp) * m.dtype_bytes
+                                      + 2 * inter) / tp) * m.dtype_bytes
     return max_num_batched_tokens * per_token + max_num_seqs * m.vocab_size * 4
 
 
@@ -63,7 +69,7 @@ def kv_capacity(model: ModelSpec, hardware: HardwareSpec, tp: int, block_size: i
         return KVCapacity(num_blocks_override, usable, weights, act, block_bytes, reserved)
     n = int(usable // block_bytes)
     if n < 1:
-        raise InvalidConfigError(
+        raise DoesNotFitError(
             "gpu_memory_utilization", gpu_memory_utilization,
             f"a value leaving room for KV blocks: {model.name} weights take "
             f"{weights / 2**30:.1f} GiB per GPU of {hardware.mem_bytes / 2**30:.1f} GiB on "

@@ -29,10 +29,12 @@ table (tests/sim/test_validation.py checks them against published measurements):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from twinserve.core.errors import TwinserveError
+
+from twinserve.backends.sim.precision import Precision
 
 GiB = 1024**3
 
@@ -52,7 +54,14 @@ class UnknownSpecError(TwinserveError, KeyError):
 
 @dataclass(slots=True, frozen=True)
 class ModelSpec:
-    """A decoder-only transformer's shape (Llama family: GQA attention, SwiGLU MLP)."""
+    """A decoder-only transformer's shape: GQA attention, SwiGLU MLP or mixture-of-experts.
+
+    MoE (num_experts > 0): every layer's MLP is num_experts experts of
+    moe_intermediate_size, a token routed to num_experts_per_tok of them, plus
+    num_shared_experts that every token uses. Sliding window: num_sliding_layers of the
+    layers attend to the last sliding_window tokens only. precision: weight, KV and GEMM
+    data types (backends/sim/precision.py); activations stay 16-bit (dtype_bytes).
+    """
 
     name: str
     num_layers: int
@@ -65,29 +74,74 @@ class ModelSpec:
     max_position_embeddings: int
     tie_word_embeddings: bool = False
     dtype_bytes: int = 2
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    num_shared_experts: int = 0
+    moe_intermediate_size: int = 0
+    sliding_window: int = 0
+    num_sliding_layers: int = 0
+    precision: Precision = Precision()
+
+    @property
+    def is_moe(self) -> bool:
+        """True for a mixture-of-experts model."""
+        return self.num_experts > 0
+
+    @property
+    def attn_params_per_layer(self) -> int:
+        """q/k/v/o projection weights of one layer."""
+        h, d = self.hidden_size, self.head_dim
+        return h * self.num_heads * d * 2 + h * self.num_kv_heads * d * 2
+
+    @property
+    def expert_params(self) -> int:
+        """Weights of one routed expert (gate, up, down)."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def dense_mlp_params_per_layer(self) -> int:
+        """MLP weights every token reads: the dense MLP, or the router plus shared experts."""
+        if not self.is_moe:
+            return 3 * self.hidden_size * self.intermediate_size
+        return self.hidden_size * self.num_experts + self.num_shared_experts * self.expert_params
 
     @property
     def params_per_layer(self) -> int:
-        """Weights of one layer: q/k/v/o projections plus the three MLP matrices."""
-        h, d = self.hidden_size, self.head_dim
-        attn = h * self.num_heads * d * 2 + h * self.num_kv_heads * d * 2
-        return attn + 3 * h * self.intermediate_size
+        """Weights of one layer: attention, plus the MLP or every expert, router and shared ones."""
+        return (self.attn_params_per_layer + self.dense_mlp_params_per_layer
+                + self.num_experts * self.expert_params)
+
+    @property
+    def active_params_per_layer(self) -> int:
+        """Weights one token computes with in a layer (its top-k experts only)."""
+        return (self.attn_params_per_layer + self.dense_mlp_params_per_layer
+                + self.num_experts_per_tok * self.expert_params)
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embedding plus the LM head (one matrix when tied)."""
+        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
 
     @property
     def num_params(self) -> int:
         """All weights, embeddings included."""
-        emb = self.vocab_size * self.hidden_size
-        return self.num_layers * self.params_per_layer + emb * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * self.params_per_layer + self.embedding_params
+
+    @property
+    def num_active_params(self) -> int:
+        """Weights one token uses, embeddings included (num_params for a dense model)."""
+        return self.num_layers * self.active_params_per_layer + self.embedding_params
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of all weights in memory."""
-        return self.num_params * self.dtype_bytes
+        """Bytes of all weights in memory: layers in the weight dtype, embeddings 16-bit."""
+        layers = self.num_layers * self.params_per_layer * self.precision.weight_bytes
+        return int(layers + self.embedding_params * self.dtype_bytes)
 
     @property
     def kv_bytes_per_token(self) -> int:
         """K and V for one token across all layers."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.precision.kv_bytes
 
     def kv_heads_per_gpu(self, tp: int) -> int:
         """KV heads each GPU holds: split over TP, one replicated head each once TP exceeds them."""
@@ -95,7 +149,22 @@ class ModelSpec:
 
     def kv_bytes_per_token_per_gpu(self, tp: int) -> int:
         """K and V for one token on one GPU under tensor parallelism (replication counted)."""
-        return 2 * self.num_layers * self.kv_heads_per_gpu(tp) * self.head_dim * self.dtype_bytes
+        return 2 * self.num_layers * self.kv_heads_per_gpu(tp) * self.head_dim * self.precision.kv_bytes
+
+    def expected_experts(self, num_tokens: float) -> float:
+        """Distinct routed experts a batch of num_tokens touches per layer: E(1 - (1 - k/E)^B).
+
+        The expectation under uniform, independent routing; real routers are skewed, so
+        this is an upper bound on the expert weights a step reads.
+        """
+        e, k = self.num_experts, self.num_experts_per_tok
+        if not e or num_tokens <= 0:
+            return 0.0
+        return e * (1.0 - (1.0 - k / e) ** num_tokens)
+
+    def with_precision(self, precision: Precision) -> "ModelSpec":
+        """The same shape in other data types."""
+        return replace(self, precision=precision)
 
 
 @dataclass(slots=True, frozen=True)
@@ -117,7 +186,11 @@ class GPUProfile:
 
 @dataclass(slots=True, frozen=True)
 class HardwareSpec:
-    """One accelerator: peak dense throughput, HBM bandwidth and size, link bandwidth."""
+    """One accelerator: peak dense throughput per dtype, HBM bandwidth and size, link bandwidth.
+
+    peak_flops is the dense 16-bit (bf16/fp16) tensor peak; peak_flops_fp8 the dense FP8
+    peak, 0 where the GPU has no FP8 tensor cores (FP8 then runs weight-only at 16 bits).
+    """
 
     name: str
     peak_flops: float
@@ -125,23 +198,63 @@ class HardwareSpec:
     mem_bytes: float
     interconnect_bandwidth: float
     profile: GPUProfile = GPUProfile()
+    peak_flops_fp8: float = 0.0
+
+    def gemm_peak(self, precision: Precision) -> float:
+        """The dense peak the linear layers run at under this precision."""
+        if precision.fp8_gemm and self.peak_flops_fp8 > 0:
+            return self.peak_flops_fp8
+        return self.peak_flops
 
 
+# Model shapes from the published Hugging Face configs. Most live as data files in
+# backends/sim/models/ (sources in its README); these four predate them.
 MODELS: dict[str, ModelSpec] = {m.name: m for m in [
     ModelSpec("Llama-2-7B", 32, 4096, 11008, 32, 32, 128, 32000, 4096),
     ModelSpec("Llama-3-8B", 32, 4096, 14336, 32, 8, 128, 128256, 8192),
     ModelSpec("Llama-2-70B", 80, 8192, 28672, 64, 8, 128, 32000, 4096),
-    ModelSpec("Qwen2.5-7B", 28, 3584, 18944, 28, 4, 128, 152064, 32768),
     ModelSpec("SmolLM2-135M", 30, 576, 1536, 9, 3, 64, 49152, 8192, tie_word_embeddings=True),
 ]}
 
+# Vendor datasheet figures, dense (the datasheets' sparse figures halved), interconnect per
+# direction. Efficiencies of GPUs without kernel measurements here are estimates by
+# analogy, said so on their line; prices are rough on-demand USD per GPU-hour.
 HARDWARES: dict[str, HardwareSpec] = {h.name: h for h in [
+    # NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100): 312 TF bf16, 2,039 GB/s,
+    # NVLink 600 GB/s; no FP8 tensor cores.
     HardwareSpec("A100-80GB", 312e12, 2.039e12, 80 * GiB, 300e9,
                  GPUProfile(gemm=0.72, attention=0.55, price_per_hour=1.8)),
+    # NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100), SXM: 1,979 TF bf16 and
+    # 3,958 TF FP8 with sparsity, 3.35 TB/s, NVLink 900 GB/s.
     HardwareSpec("H100-SXM", 989e12, 3.35e12, 80 * GiB, 450e9,
-                 GPUProfile(gemm=0.62, attention=0.38, price_per_hour=3.0)),
+                 GPUProfile(gemm=0.62, attention=0.38, price_per_hour=3.0), peak_flops_fp8=1979e12),
+    # NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200), SXM: H100's compute,
+    # 141 GB HBM3e at 4.8 TB/s.
     HardwareSpec("H200", 989e12, 4.8e12, 141e9, 450e9,
-                 GPUProfile(gemm=0.62, attention=0.38, price_per_hour=3.7)),
+                 GPUProfile(gemm=0.62, attention=0.38, price_per_hour=3.7), peak_flops_fp8=1979e12),
+    # NVIDIA L40S datasheet (nvidia.com/en-us/data-center/l40s): 362 TF bf16, 733 TF FP8
+    # (dense), 48 GB GDDR6 at 864 GB/s, no NVLink: PCIe Gen4 x16 (32 GB/s per direction), so
+    # a small all-reduce costs more (estimate: twice NVLink's latency).
+    HardwareSpec("L40S", 362e12, 864e9, 48e9, 32e9,
+                 GPUProfile(gemm=0.70, attention=0.50, allreduce_latency_s=70e-6,
+                            allreduce_hop_s=10e-6, price_per_hour=1.0), peak_flops_fp8=733e12),
+    # NVIDIA H20 (Hopper, export variant): 148 TF bf16, 296 TF FP8, 96 GB HBM3 at 4.0 TB/s,
+    # NVLink 900 GB/s, per NVIDIA's partner specification sheets (no public nvidia.com
+    # datasheet). Few SMs: GEMMs reach a Hopper-like share of a low peak.
+    HardwareSpec("H20", 148e12, 4.0e12, 96e9, 450e9,
+                 GPUProfile(gemm=0.65, attention=0.40, price_per_hour=1.5), peak_flops_fp8=296e12),
+    # NVIDIA DGX B200 datasheet (nvidia.com/en-us/data-center/dgx-b200): per GPU 72/8 = 9
+    # PF FP8 and 4.5 PF bf16 with sparsity, 1,440/8 = 180 GB HBM3e at 64/8 = 8 TB/s, NVLink 5
+    # 1.8 TB/s. Efficiencies: H100's by analogy (no kernel measurements here).
+    HardwareSpec("B200", 2250e12, 8.0e12, 180e9, 900e9,
+                 GPUProfile(gemm=0.62, attention=0.38, price_per_hour=6.0), peak_flops_fp8=4500e12),
+    # AMD Instinct MI300X datasheet (amd.com/en/products/accelerators/instinct/mi300/mi300x):
+    # 1,307 TF bf16 and 2,615 TF FP8 dense, 192 GB HBM3 at 5.3 TB/s, 7 Infinity Fabric links
+    # of 64 GB/s per direction to the other 7 GPUs (448 GB/s). Its GEMM libraries reach a
+    # lower share of peak than cuBLAS on H100 (published MI300X GEMM studies: ~45-55%).
+    HardwareSpec("MI300X", 1307e12, 5.3e12, 192e9, 448e9,
+                 GPUProfile(gemm=0.48, attention=0.30, memory=0.75, price_per_hour=2.5),
+                 peak_flops_fp8=2615e12),
 ]}
 
 
@@ -154,9 +267,21 @@ def _lookup(table: dict[str, Any], kind: str, name: str) -> Any:
     raise UnknownSpecError(kind, name, sorted(table))
 
 
+_ALL_MODELS: dict[str, ModelSpec] = {}
+
+
+def all_models() -> dict[str, ModelSpec]:
+    """MODELS plus the shipped config files (backends/sim/models/*.json), read once."""
+    if not _ALL_MODELS:
+        from twinserve.backends.sim.hf_config import catalog_models
+        _ALL_MODELS.update(catalog_models())
+        _ALL_MODELS.update(MODELS)
+    return _ALL_MODELS
+
+
 def get_model(name: str) -> ModelSpec:
-    """A model spec by name (case-insensitive)."""
-    return _lookup(MODELS, "model", name)
+    """A model spec by name (case-insensitive): MODELS or a shipped config file."""
+    return _lookup(all_models(), "model", name)
 
 
 def get_hardware(name: str) -> HardwareSpec:

@@ -63,6 +63,8 @@ class Efficiency:
     per_seq_overhead_s: float = 10e-6   # per scheduled request (metadata, sampling)
     allreduce_hop_s: float = 4e-6       # ... plus this per extra GPU in the ring
     layer_floor_s: float = 17e-6        # least time of a layer's attention, and of its GEMMs
+    # Router GEMM, top-k and token permutation: three small kernels per MoE layer (~5 us each).
+    moe_layer_overhead_s: float = 15e-6
 
     @classmethod
     def for_hardware(cls, hardware: HardwareSpec, **overrides: float) -> "Efficiency":
@@ -81,7 +83,7 @@ class Efficiency:
             if not 0.0 < v <= 1.0:
                 raise ValueError(f"efficiency {name}={v!r} must be in (0, 1]")
         for name in ("allreduce_latency_s", "allreduce_hop_s", "layer_floor_s",
-                     "step_overhead_s", "per_seq_overhead_s"):
+                     "step_overhead_s", "per_seq_overhead_s", "moe_layer_overhead_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"efficiency {name} must be >= 0")
 
@@ -107,10 +109,18 @@ class RooflineCostModel:
     computed once per scheduled request. Under TP each GPU holds 1/tp of weights and
     query heads and max(1, kv_heads // tp) KV heads; two all-reduces of the step's
     activations per layer cost latency (by ring size) plus bandwidth.
+
+    Precision (model.precision): layer weights are read in their own bytes and FP8 GEMMs
+    run at the FP8 peak; the LM head, attention and all-reduces stay 16-bit. MoE: FLOPs
+    follow the active experts, and a step of B tokens reads the weights of the
+    E(1 - (1 - k/E)^B) distinct experts it is expected to touch (TP splits every expert).
+    Sliding-window layers read at most the window per sequence: min(context, n * window)
+    over the batch's summed context (exact when all contexts are on one side of it).
     """
 
     __slots__ = ("name", "model", "hardware", "tp", "eff", "_k_tok", "_k_seq", "_w_time",
-                 "_k_attn", "_k_kv", "_comm_fixed", "_comm_tok", "_floor", "_c_lin_tok")
+                 "_k_attn", "_k_kv", "_comm_fixed", "_comm_tok", "_floor", "_c_lin_tok",
+                 "_w_expert", "_k_kv_slide", "_window", "_slide_frac")
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1,
                  efficiency: Efficiency | None = None) -> None:
@@ -123,17 +133,31 @@ class RooflineCostModel:
         self.eff = eff = efficiency or Efficiency.for_hardware(hardware)
         eff.validate()
         m = model
-        peak_g = hardware.peak_flops * eff.gemm
+        prec = m.precision
+        peak_g = hardware.gemm_peak(prec) * eff.gemm
+        peak_16 = hardware.peak_flops * eff.gemm
         peak_a = hardware.peak_flops * eff.attention
         bw = hardware.mem_bandwidth * eff.memory
-        self._c_lin_tok = 2.0 * m.num_layers * m.params_per_layer / tp
+        self._c_lin_tok = 2.0 * m.num_layers * m.active_params_per_layer / tp
         self._k_tok = self._c_lin_tok / peak_g
-        self._k_seq = 2.0 * m.vocab_size * m.hidden_size / tp / peak_g
-        weights = (m.num_layers * m.params_per_layer + m.vocab_size * m.hidden_size) * m.dtype_bytes
+        self._k_seq = 2.0 * m.vocab_size * m.hidden_size / tp / peak_16
+        always = m.attn_params_per_layer + m.dense_mlp_params_per_layer
+        if not m.is_moe:
+            always = m.params_per_layer
+        weights = (m.num_layers * always * prec.weight_bytes
+                   + m.vocab_size * m.hidden_size * m.dtype_bytes)
         self._w_time = weights / tp / bw
+        self._w_expert = m.num_layers * m.expert_params * prec.weight_bytes / tp / bw
         self._k_attn = 4.0 * m.num_layers * m.num_heads * m.head_dim / tp / peak_a
-        self._k_kv = m.kv_bytes_per_token_per_gpu(tp) / bw
+        # K/V bytes per context token, split into full-attention and sliding-window layers.
+        kv = m.kv_bytes_per_token_per_gpu(tp) / bw
+        self._slide_frac = m.num_sliding_layers / m.num_layers if m.sliding_window else 0.0
+        self._k_kv_slide = kv * self._slide_frac
+        self._k_kv = kv - self._k_kv_slide
+        self._window = m.sliding_window
         self._floor = m.num_layers * eff.layer_floor_s
+        if m.is_moe:
+            self._w_time += m.num_layers * eff.moe_layer_overhead_s
         n_ar = 2 * m.num_layers
         if tp > 1:
             link = hardware.interconnect_bandwidth
@@ -152,20 +176,35 @@ class RooflineCostModel:
         seqs = num_prefill_seqs + num_decode_seqs
         floor = self._floor
         t_lin = self._k_tok * tokens + self._k_seq * seqs + self._w_time
+        if self._w_expert:
+            t_lin += self._w_expert * self.model.expected_experts(tokens)
         if t_lin < floor:
             t_lin = floor
         k_kv = self._k_kv
         t_attn = self._k_attn * prefill_attn
         t_pkv = k_kv * (prefill_context + num_prefill_tokens)
+        if self._window and num_prefill_tokens:
+            w = self._window
+            t_attn = (t_attn * (1.0 - self._slide_frac)
+                      + self._k_attn * self._slide_frac * min(prefill_attn, num_prefill_tokens * w))
+            t_pkv += self._k_kv_slide * min(prefill_context + num_prefill_tokens,
+                                            num_prefill_seqs * w)
         if t_attn < t_pkv:
             t_attn = t_pkv
-        t_attn += k_kv * (decode_context + num_decode_seqs)
+        t_attn += self._decode_kv(decode_context, num_decode_seqs)
         if t_attn < floor:
             t_attn = floor
         eff = self.eff
         t = eff.step_overhead_s + eff.per_seq_overhead_s * seqs + t_lin + t_attn
         if self._comm_fixed:
             t += self._comm_fixed + self._comm_tok * tokens
+        return t
+
+    def _decode_kv(self, context: int, n: int) -> float:
+        """K/V read time of n decoding sequences over context tokens (windows applied)."""
+        t = self._k_kv * (context + n)
+        if self._window:
+            t += self._k_kv_slide * min(context + n, n * self._window)
         return t
 
     def decode_step_times(self, num_seqs: int, context: int, max_steps: int, start: float,
@@ -176,12 +215,15 @@ class RooflineCostModel:
         n = num_seqs
         floor = self._floor
         t_lin = self._k_tok * n + self._k_seq * n + self._w_time
+        if self._w_expert:
+            t_lin += self._w_expert * self.model.expected_experts(n)
         if t_lin < floor:
             t_lin = floor
         eff = self.eff
         base = eff.step_overhead_s + eff.per_seq_overhead_s * n + t_lin
         comm = self._comm_fixed + self._comm_tok * n if self._comm_fixed else 0.0
         k_kv = self._k_kv
+        window, decode_kv = self._window, self._decode_kv
         durations: list[float] = []
         ends: list[float] = []
         add_duration, add_end = durations.append, ends.append
@@ -189,7 +231,7 @@ class RooflineCostModel:
         for _ in range(max_steps):
             if t >= deadline:
                 break
-            t_attn = k_kv * (context + n)
+            t_attn = decode_kv(context, n) if window else k_kv * (context + n)
             if t_attn < floor:
                 t_attn = floor
             d = base + t_attn
@@ -203,7 +245,7 @@ class RooflineCostModel:
 
     def max_tokens_per_second(self) -> float:
         """An upper bound on processed tokens per second: linear-layer FLOPs at 100% of peak."""
-        return self.hardware.peak_flops / self._c_lin_tok
+        return self.hardware.gemm_peak(self.model.precision) / self._c_lin_tok
 
 
 @dataclass(slots=True)
@@ -227,15 +269,22 @@ class WorkTotals:
         m = model
         tokens = self.num_prefill_tokens + self.num_decode_seqs
         seqs = self.num_prefill_seqs + self.num_decode_seqs
-        lin = 2.0 * (m.num_layers * m.params_per_layer * tokens + m.vocab_size * m.hidden_size * seqs)
+        lin = 2.0 * (m.num_layers * m.active_params_per_layer * tokens
+                     + m.vocab_size * m.hidden_size * seqs)
         pairs = self.prefill_attn + self.decode_context + self.num_decode_seqs
         return lin + 4.0 * m.num_layers * m.num_heads * m.head_dim * pairs
 
     def bytes_moved(self, model: ModelSpec) -> float:
         """HBM bytes (all GPUs together): weights once per step plus K/V read and written."""
         m = model
-        weights = (m.num_layers * m.params_per_layer + m.vocab_size * m.hidden_size) * m.dtype_bytes
         tokens = self.num_prefill_tokens + self.num_decode_seqs
+        wb = m.precision.weight_bytes
+        per_layer = m.params_per_layer
+        if m.is_moe:  # the experts a step of the run's mean size touches
+            mean = tokens / self.num_steps if self.num_steps else 0.0
+            per_layer = (m.attn_params_per_layer + m.dense_mlp_params_per_layer
+                         + m.expected_experts(mean) * m.expert_params)
+        weights = m.num_layers * per_layer * wb + m.vocab_size * m.hidden_size * m.dtype_bytes
         kv = m.kv_bytes_per_token * (self.prefill_context + tokens + self.decode_context)
         return weights * self.num_steps + kv
 

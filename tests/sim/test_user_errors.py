@@ -100,7 +100,7 @@ def test_arrivals_are_shifted_to_start_at_zero(tmp_path) -> None:
     ("prompt_min=600", "workload.prompt_min"), ("turns=0", "workload.turns"),
     ("output_mean=0", "workload.output_mean"), ("prompt_mean=-5", "workload.prompt_mean"),
     ("slo.ttft_s=-1", "slo.ttft_s"), ("think_time=nan", "workload.think_time"),
-    ("eff_gemm=0", "engine.eff_gemm"), ("step_overhead_s=-1", "engine.step_overhead_s"),
+    ("eff_gemm=0", "engine.eff_gemm"), ("step_overhead_s=-2", "engine.step_overhead_s"),
 ])
 def test_bad_values_exit_2_naming_the_field(tmp_path, capsys, setting: str, field: str) -> None:
     f = tmp_path / "s.toml"

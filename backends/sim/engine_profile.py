@@ -1,0 +1,32 @@
+"""Host-side cost of an engine per step and per scheduled sequence, by the kind of engine.
+
+A step costs the GPU's work plus what the host spends around it: scheduling, input
+preparation, kernel launches (or one CUDA-graph replay) and sampling. The two profiles
+are named for the engines the published figures were measured on:
+
+- cuda_graph_cpp: a C++ runtime replaying CUDA graphs (TensorRT-LLM's benchmarks).
+- eager_python: a Python scheduler with eagerly launched kernels (this project's real
+  engine, vLLM-style); the simulator's long-standing defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, frozen=True)
+class EngineProfile:
+    """Fixed host seconds per step and per scheduled sequence."""
+
+    name: str
+    step_overhead_s: float
+    per_seq_overhead_s: float
+    description: str
+
+
+ENGINE_PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
+    EngineProfile("cuda_graph_cpp", 0.5e-3, 2e-6,
+                  "C++ runtime replaying CUDA graphs (TensorRT-LLM)"),
+    EngineProfile("eager_python", 1.5e-3, 10e-6,
+                  "Python scheduler, eager kernel launches (vLLM-style)"),
+)}

@@ -1,0 +1,179 @@
+"""Model specs from Hugging Face config.json files (or a study's [model] table of the same keys).
+
+The file's own values are read as JSON rather than through transformers' config classes:
+those fill a missing field with a library default (a 4096 hidden size, say), and a
+capacity plan built on a default the user never wrote is a silent wrong answer. Here a
+missing or non-physical field is a ModelConfigError naming the file, the line and the key.
+
+Families read: Llama, Mistral, Qwen2/2.5/3, Gemma 3 (its text_config), Mixtral
+(num_local_experts), Qwen-MoE (num_experts, moe_intermediate_size, shared experts).
+Sliding windows: layer_types, Gemma's sliding_window_pattern, or one window on every layer
+(Mistral v0.1); use_sliding_window = false turns it off (Qwen).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+from twinserve.core.errors import TwinserveError
+
+from twinserve.backends.sim.catalog import ModelSpec
+
+MODELS_DIR = Path(__file__).parent / "models"
+
+
+class ModelConfigError(TwinserveError, ValueError):
+    """A model config value is missing or wrong: names the file, the line and the key."""
+
+    def __init__(self, field: str, message: str, file: str | None = None,
+                 line: int | None = None) -> None:
+        self.field = field
+        self.file = file
+        self.line = line
+        where = ""
+        if file is not None:
+            where = f"{file}:{line}: " if line is not None else f"{file}: "
+        self._keep_args(f"{where}field '{field}': {message}", field, message, file, line)
+
+
+def json_line_finder(text: str, start_key: str | None = None) -> Callable[[str], int | None]:
+    """A function giving the 1-based line of "key": in JSON text (after start_key's, if given)."""
+    offset = 0
+    if start_key:
+        m = re.search(rf'"{re.escape(start_key)}"\s*:', text)
+        offset = m.start() if m else 0
+
+    def line_of(key: str) -> int | None:
+        m = re.compile(rf'"{re.escape(key)}"\s*:').search(text, offset)
+        if m is None and offset:
+            m = re.compile(rf'"{re.escape(key)}"\s*:').search(text)
+        return text.count("\n", 0, m.start()) + 1 if m else None
+
+    return line_of
+
+
+def model_from_hf_dict(data: dict[str, Any], name: str, file: str | None = None,
+                       line_of: Callable[[str], int | None] = lambda key: None) -> ModelSpec:
+    """A ModelSpec from config.json's keys; ModelConfigError on a missing or bad value."""
+    if isinstance(data.get("text_config"), dict):  # multimodal wrappers (Gemma 3)
+        outer = data
+        data = dict(data["text_config"])
+        if "tie_word_embeddings" in outer and "tie_word_embeddings" not in data:
+            data["tie_word_embeddings"] = outer["tie_word_embeddings"]
+
+    def bad(key: str, msg: str) -> ModelConfigError:
+        return ModelConfigError(key, msg, file, line_of(key) or line_of("text_config")
+                                or (1 if file else None))
+
+    def integer(key: str, default: int | None = None, required: bool = True,
+                minimum: int = 1) -> int | None:
+        if key not in data or data[key] is None:
+            if default is not None or not required:
+                return default
+            raise bad(key, "missing: a model config must give it")
+        v = data[key]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise bad(key, f"{v!r} is not an integer")
+        if v < minimum:
+            raise bad(key, f"{v!r} must be >= {minimum}")
+        return v
+
+    layers = integer("num_hidden_layers")
+    hidden = integer("hidden_size")
+    heads = integer("num_attention_heads")
+    kv_heads = integer("num_key_value_heads", heads)
+    vocab = integer("vocab_size")
+    max_pos = integer("max_position_embeddings")
+    if heads % kv_heads:
+        raise bad("num_key_value_heads", f"{kv_heads} does not divide num_attention_heads={heads}")
+    head_dim = integer("head_dim", required=False)
+    if head_dim is None:
+        if hidden % heads:
+            raise bad("num_attention_heads", f"{heads} does not divide hidden_size={hidden}; "
+                      "give head_dim")
+        head_dim = hidden // heads
+
+    experts = integer("num_local_experts", required=False, minimum=0) or \
+        integer("num_experts", required=False, minimum=0) or 0
+    per_tok = shared = moe_inter = 0
+    inter = integer("intermediate_size", required=not experts)
+    if experts:
+        per_tok = integer("num_experts_per_tok")
+        if per_tok > experts:
+            raise bad("num_experts_per_tok", f"{per_tok} experts per token is more than the "
+                      f"{experts} experts the model has")
+        moe_inter = integer("moe_intermediate_size", required=False) or inter
+        if moe_inter is None:
+            raise bad("moe_intermediate_size", "missing: a mixture-of-experts config must give "
+                      "moe_intermediate_size (or intermediate_size, as Mixtral does)")
+        shared = integer("num_shared_experts", required=False, minimum=0) or \
+            integer("n_shared_experts", required=False, minimum=0) or 0
+        shared_size = integer("shared_expert_intermediate_size", required=False, minimum=0)
+        if shared_size:
+            shared = max(shared, math.ceil(shared_size / moe_inter))
+        inter = inter or moe_inter
+
+    window, sliding_layers = _sliding(data, layers, bad)
+    tie = data.get("tie_word_embeddings")
+    if tie is None:  # the family's own default (transformers' Gemma configs tie, Llama's do not)
+        tie = str(data.get("model_type", "")).startswith("gemma")
+    if not isinstance(tie, bool):
+        raise bad("tie_word_embeddings", f"{tie!r} is not true/false")
+    return ModelSpec(name, layers, hidden, inter, heads, kv_heads, head_dim, vocab, max_pos,
+                     tie_word_embeddings=tie, num_experts=experts, num_experts_per_tok=per_tok,
+                     num_shared_experts=shared, moe_intermediate_size=moe_inter,
+                     sliding_window=window, num_sliding_layers=sliding_layers)
+
+
+def _sliding(data: dict[str, Any], layers: int, bad: Callable[[str, str], Exception]
+             ) -> tuple[int, int]:
+    """(window, layers using it) from whichever of the families' keys the config has."""
+    window = data.get("sliding_window")
+    if window is None or data.get("use_sliding_window") is False:
+        return 0, 0
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise bad("sliding_window", f"{window!r} must be a positive number of tokens (or null)")
+    types = data.get("layer_types")
+    if isinstance(types, list):
+        if len(types) != layers:
+            raise bad("layer_types", f"{len(types)} entries for num_hidden_layers={layers}")
+        return window, sum(1 for t in types if t == "sliding_attention")
+    pattern = data.get("sliding_window_pattern")
+    if pattern is not None:
+        if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+            raise bad("sliding_window_pattern", f"{pattern!r} must be a positive integer")
+        return window, layers - layers // pattern  # every pattern-th layer is global
+    return window, layers
+
+
+def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
+    """A ModelSpec from a config.json, or a folder holding one (an HF snapshot)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        text = p.read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        raise ModelConfigError("model", "no such config.json (give a file or an HF model "
+                               "folder; relative paths are read from the study file's folder)",
+                               str(p)) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ModelConfigError("<json>", f"not valid JSON ({e.msg})", str(p), e.lineno) from None
+    if not isinstance(data, dict):
+        raise ModelConfigError("<json>", "a config.json holds one object", str(p), 1)
+    nested = "text_config" if isinstance(data.get("text_config"), dict) else None
+    label = name or data.get("_name_or_path") or (p.parent.name if p.name == "config.json"
+                                                  else p.stem)
+    return model_from_hf_dict(data, str(label).rsplit("/", 1)[-1], str(p),
+                              json_line_finder(text, nested))
+
+
+def catalog_models() -> dict[str, ModelSpec]:
+    """The shipped config files (backends/sim/models/*.json), by model name."""
+    return {p.stem: load_hf_config(p, p.stem) for p in sorted(MODELS_DIR.glob("*.json"))}

@@ -1,0 +1,58 @@
+"""Precision under vLLM's names: dtype, quantization, kv_cache_dtype.
+
+What each changes in the cost model (vLLM's behaviour; docs.vllm.ai, "Quantization"):
+- dtype 'bfloat16' | 'float16': the activation and unquantized-weight type, 2 bytes.
+- quantization 'fp8': layer weights 1 byte; GEMMs run on FP8 tensor cores (W8A8) where
+  the GPU has them, else weight-only (Marlin W8A16 on Ampere) at the 16-bit peak.
+- quantization 'int4': weight-only (AWQ/GPTQ, group size 128): 4 bits per weight plus a
+  16-bit scale and a 4-bit zero point per group; GEMMs dequantize to 16 bits.
+- kv_cache_dtype 'fp8': K and V stored in 1 byte (attention still computes in 16 bits).
+Embeddings and the LM head stay 16-bit (neither method quantizes them), and so do
+activations and all-reduce messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = ("bfloat16", "float16")
+QUANTIZATIONS = ("none", "fp8", "int4")
+KV_CACHE_DTYPES = ("auto", "fp8")
+
+# int4 group-wise: 4 bits + (16-bit scale + 4-bit zero) / 128 weights per weight.
+_INT4_BYTES = (4 + 20 / 128) / 8
+
+
+@dataclass(slots=True, frozen=True)
+class Precision:
+    """The data types of one deployment, with vLLM's option names and values."""
+
+    dtype: str = "bfloat16"
+    quantization: str = "none"
+    kv_cache_dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("dtype", DTYPES), ("quantization", QUANTIZATIONS),
+                              ("kv_cache_dtype", KV_CACHE_DTYPES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes per layer weight in memory."""
+        return {"none": 2.0, "fp8": 1.0, "int4": _INT4_BYTES}[self.quantization]
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes per K or V element."""
+        return 1 if self.kv_cache_dtype == "fp8" else 2
+
+    @property
+    def fp8_gemm(self) -> bool:
+        """True when the GEMMs can run on FP8 tensor cores (weights and activations in FP8)."""
+        return self.quantization == "fp8"
+
+    def label(self) -> str:
+        """A short name for reports, e.g. 'bfloat16', 'fp8 (kv fp8)'."""
+        w = self.dtype if self.quantization == "none" else self.quantization
+        return w + (" (kv fp8)" if self.kv_cache_dtype == "fp8" else "")
