@@ -42,7 +42,12 @@ class DoesNotFit(ConfigError):
 
 def fit_problem(cfg: StudyConfig) -> str:
     """Why this configuration cannot hold the model ('' when it can); other errors raise."""
-    model, hw, _, _ = build_cost_models(cfg)
+    try:
+        model, hw, _, _ = build_cost_models(cfg)
+    except ConfigError as err:
+        if err.field == "engine.tensor_parallel_size":  # a split the heads do not allow
+            return str(err.args[1])
+        raise
     e, s = cfg.engine, cfg.scheduler
     reserve = None if e.activation_reserve_gib < 0 else e.activation_reserve_gib * 2**30
     try:

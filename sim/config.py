@@ -125,6 +125,14 @@ class SearchConfig:
     target_rate: float = 0.0     # req/s to provision for (0 = just rank by cost per token)
     # USD per GPU-hour by hardware name; a GPU not listed takes the catalog's price.
     prices: dict[str, float] = field(default_factory=dict)
+    # Requests per run (0 = [workload] num_requests); each answer is rechecked at twice the
+    # length until its max rate moves by less than `convergence`, up to max_requests_per_run
+    # (sim/convergence.py; the default length is chosen in docs/capacity.md).
+    # Axes searched when --grid gives none, e.g. { hardware = ["A100-80GB", "H100-SXM"] }.
+    grid: dict[str, list] = field(default_factory=dict)
+    requests_per_run: int = 1000
+    convergence: float = 0.05
+    max_requests_per_run: int = 8000
 
 
 @dataclass(slots=True)
@@ -195,13 +203,13 @@ _POSITIVE = {"workload.rate", "workload.burstiness", "workload.time_scale",
              "workload.output_mean", "workload.prompt_min", "workload.output_min", "workload.turns",
              "workload.followup_tokens", "slo.ttft_s", "slo.tpot_s", "cluster.num_replicas",
              "cluster.prefix_blocks", "search.start_rate", "search.min_rate", "search.max_rate",
-             "search.tolerance"}
+             "search.tolerance", "search.convergence", "search.max_requests_per_run"}
 _NON_NEGATIVE = {"engine.cpu_overhead_scale", "workload.num_system_prompts", "workload.system_prompt_len",
                  "workload.system_prompt_zipf", "workload.think_time", "engine.num_gpu_blocks",
                  "workload.prompt_std", "workload.output_std", "engine.allreduce_latency_s", "engine.allreduce_hop_s",
                  "engine.layer_floor_s", "engine.step_overhead_s", "engine.per_seq_overhead_s",
                  "cluster.num_prefill_replicas", "cluster.kv_link_bandwidth",
-                 "cluster.kv_link_latency_s", "search.target_rate", "run.seed"}
+                 "cluster.kv_link_latency_s", "search.target_rate", "run.seed", "search.requests_per_run"}
 _MAX_BLOCKS = 2 ** 21
 # Closed ranges that keep every simulated time finite and plottable, and a run bounded:
 # field -> (low, high, unit). 0 stays allowed where it means "the catalog's value".
@@ -309,6 +317,8 @@ def coerce(dotted: str, value: Any, file: str | None = None, line: int | None = 
 
     if dotted == "cluster.replicas":
         return _coerce_replicas(value, bad, file, line)
+    if dotted == "search.grid":
+        return _coerce_grid(value, bad, file, line)
 
     if isinstance(value, str) and tname != "str":
         text = value.strip()
@@ -403,6 +413,26 @@ def _coerce_replicas(value: Any, bad: Any, file: str | None, line: int | None) -
             entry[dotted] = coerce(dotted, v, file, line)
         out.append(entry)
     return out
+
+
+def _coerce_grid(value: Any, bad: Any, file: str | None, line: int | None) -> dict[str, list[str]]:
+    """[search.grid]: field = [values]; each field resolved and each value checked like --grid."""
+    if not isinstance(value, dict):
+        raise bad('must be a table of lists, e.g. { hardware = ["A100-80GB", "H100-SXM"] }')
+    grid: dict[str, list[str]] = {}
+    for key, values in value.items():
+        if not isinstance(values, list) or not values:
+            raise bad(f"{key}: give a non-empty list of values")
+        try:
+            dotted = resolve_field(key)
+        except ConfigError:
+            raise bad(f"{key!r} is not a study field") from None
+        if dotted in ("workload.rate", "search.grid"):
+            raise bad(f"{key!r} cannot be a search axis")
+        for v in values:
+            coerce(dotted, v, file, line)
+        grid[dotted] = [str(v) for v in values]
+    return grid
 
 
 def replica_config(cfg: StudyConfig, index: int) -> StudyConfig:

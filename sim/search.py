@@ -27,9 +27,11 @@ from typing import Any, Sequence
 
 from twinserve.backends.sim.catalog import HARDWARES, UnknownSpecError, get_hardware
 
+from twinserve.sim.build import fit_problem
 from twinserve.sim.config import StudyConfig, find_line, replica_config, set_field
 from twinserve.sim.errors import ConfigError
 from twinserve.sim.runner import PointFailure, run_jobs
+from twinserve.sim.specs import resolve_hardware
 from twinserve.sim.study import _run, grid_points
 
 SLO_METRICS = ("ttft", "tpot", "itl", "e2e", "queue")
@@ -73,22 +75,26 @@ class RateSearch:
     hi: float = math.inf       # lowest rate that missed them
     runs: dict[float, dict[str, Any]] = field(default_factory=dict)
     error: str = ""
+    no_fit: str = ""           # why the model does not fit this configuration ('' = it fits)
+    # (requests per run, max rate found) per run length tried, shortest first (sim.convergence).
+    lengths: list[tuple[int, float]] = field(default_factory=list)
+    step: float = 2.0          # factor the bracket grows or shrinks by before it has both ends
 
     def next_rate(self) -> float | None:
         """The next rate to simulate, or None when the bracket is settled."""
         s = self.cfg.search
-        if self.error:
+        if self.error or self.no_fit:
             return None
         if self.lo == 0.0 and self.hi == math.inf:
             rate = s.start_rate
         elif self.hi == math.inf:
             if self.lo >= s.max_rate:
                 return None
-            rate = min(self.lo * 2.0, s.max_rate)
+            rate = min(self.lo * self.step, s.max_rate)
         elif self.lo == 0.0:
             if self.hi <= s.min_rate:
                 return None
-            rate = max(self.hi / 2.0, s.min_rate)
+            rate = max(self.hi / self.step, s.min_rate)
         elif (self.hi - self.lo) / self.hi <= s.tolerance:
             return None
         else:
@@ -110,6 +116,8 @@ class RateSearch:
         """ok, below min_rate, at max_rate (the cap), or the error."""
         if self.error:
             return "error"
+        if self.no_fit:
+            return "does not fit"
         if self.lo == 0.0:
             return "no rate meets the SLOs"
         if self.hi == math.inf:
@@ -159,6 +167,14 @@ def search_rates(base: StudyConfig, grid: dict[str, list[str]], slos: dict[str, 
         raise ConfigError("workload.rate", "rate is what search finds; leave it out of --grid")
     searches = [RateSearch(p, c) for p, c in grid_points(base, grid)]
     check_prices(base, [s.cfg for s in searches])
+    for s in searches:
+        s.no_fit = fit_problem(s.cfg)
+    return run_searches(searches, slos, workers, ray_address, progress)
+
+
+def run_searches(searches: list[RateSearch], slos: dict[str, float], workers: int | None = None,
+                 ray_address: str | None = None, progress: bool = True) -> list[RateSearch]:
+    """Advance every search's bracket until all are settled, one rate each per round."""
     bar = None
     if progress:
         from tqdm import tqdm
@@ -197,10 +213,7 @@ def gpu_price(cfg: StudyConfig) -> float:
     folded = {k.lower(): v for k, v in prices.items()}
     if name.lower() in folded:
         return folded[name.lower()]
-    try:
-        return get_hardware(name).profile.price_per_hour
-    except UnknownSpecError as e:
-        raise ConfigError("engine.hardware", str(e)) from None
+    return resolve_hardware(cfg).profile.price_per_hour
 
 
 def fleet(cfg: StudyConfig) -> tuple[int, float]:
@@ -225,7 +238,7 @@ def summary_rows(searches: Sequence[RateSearch], target_rate: float = 0.0
         tp = first.tensor_parallel_size
         row.update(model=first.model, hardware=first.hardware, tp=tp,
                    max_rate=s.lo, bracket_hi=s.hi, runs=len(s.runs), status=s.status,
-                   error=s.error)
+                   error=s.error, no_fit=s.no_fit)
         gpus, usd_h = fleet(s.cfg)
         row["gpus"] = gpus
         row["usd_per_hour"] = usd_h

@@ -17,7 +17,7 @@ from twinserve.sim.search import RateSearch  # noqa: E402
 
 SEARCH_COLUMNS = ("model", "hardware", "tp", "max_rate", "bracket_hi", "runs", "status",
                   "tokens_per_s", "usd_per_hour", "usd_per_mtok", "usd_per_mtok_output",
-                  "replicas_for_target", "usd_per_hour_for_target")
+                  "replicas_for_target", "usd_per_hour_for_target", "num_requests", "convergence")
 
 
 def _label(row: dict[str, Any], axes: Sequence[str]) -> str:
@@ -68,6 +68,12 @@ def write_search(out_dir: Path, searches: Sequence[RateSearch], rows: Sequence[d
                   + (f", {best['replicas_for_target']} replica(s) = "
                      f"{best['usd_per_hour_for_target']:.3g} USD/hour for the target rate)"
                      if "replicas_for_target" in best else ")"))
+        if best.get("convergence"):
+            md.append(f"- its convergence: {best['convergence']}")
+    for r in rows:
+        if r.get("no_fit"):
+            what = ", ".join(f"{a}={r[a]}" for a in axes) or r["hardware"]
+            md.append(f"- does not fit: {what}: {r['no_fit']}")
     failed = [r for r in rows if r["error"]]
     for r in failed:
         md.append(f"- FAILED: {r['error']}")

@@ -77,22 +77,26 @@ def test_rate_in_grid_is_refused() -> None:
         search_rates(search_config(), {"workload.rate": ["1", "2"]}, SLOS, progress=False)
 
 
-def test_cli_search_writes_table_figure_and_reports_a_failing_config(tmp_path, capsys) -> None:
+def test_cli_search_writes_table_figure_and_lists_a_config_that_cannot_exist(tmp_path, capsys) -> None:
     f = tmp_path / "s.toml"
     f.write_text('[engine]\nmodel = "Llama-2-7B"\nhardware = "A100-80GB"\n'
-                 '[workload]\nnum_requests = 60\nprompt_dist = "uniform"\nprompt_min = 100\n'
+                 '[workload]\nprompt_dist = "uniform"\nprompt_min = 100\n'
                  'prompt_max = 1000\noutput_dist = "uniform"\noutput_min = 20\noutput_max = 200\n'
-                 '[search]\nstart_rate = 4.0\ntarget_rate = 10.0\n'
-                 '[search.prices]\n"A100-80GB" = 1.5\n')
+                 '[search]\nstart_rate = 4.0\ntarget_rate = 10.0\nrequests_per_run = 60\n'
+                 'max_requests_per_run = 120\n[search.prices]\n"A100-80GB" = 1.5\n')
     out = tmp_path / "out"
     rc = cli.main(["search", "--config", str(f), "--slo", "ttft_p99=2", "--slo", "tpot_p99=0.1",
                    "--grid", "tensor_parallel_size=1,2,3", "--workers", "2", "--out", str(out)])
-    err = capsys.readouterr().err
-    assert rc == 1  # TP 3 cannot split Llama-2-7B's heads; the other two are kept
-    assert "tensor_parallel_size=3" in err and "does not divide" in err
+    capsys.readouterr()
+    assert rc == 0  # an answer was found; TP 3 (cannot split Llama-2-7B's heads) is listed
+    summary = (out / "summary.md").read_text()
+    assert "does not fit: tensor_parallel_size=3" in summary and "does not divide" in summary
     table = pd.read_csv(out / "search.csv")
     assert list(table["tensor_parallel_size"]) == [1, 2, 3]
-    assert (table.loc[:1, "max_rate"] > 0).all() and table.loc[2, "status"] == "error"
+    assert (table.loc[:1, "max_rate"] > 0).all() and table.loc[2, "status"] == "does not fit"
+    # Each answer was rechecked at twice the run length and says what it found.
+    assert list(table.loc[:1, "num_requests"]) == [120, 120]
+    assert table.loc[:1, "convergence"].str.contains("from 60 to 120 requests").all()
     assert table.loc[0, "usd_per_hour"] == 1.5
     runs = pd.read_csv(out / "search_runs.csv")
     assert set(runs["tensor_parallel_size"]) == {1, 2}

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from twinserve.backends.sim import get_hardware, get_model, kv_capacity
 from twinserve.backends.sim.capacity import runtime_reserve_bytes
 from twinserve.backends.sim.cost_model import Efficiency, RooflineCostModel
+from twinserve.backends.sim.engine_profile import ENGINE_PROFILES
 from twinserve.backends.sim.validation import MEASUREMENTS, markdown_table, predict
 
 IN_SCOPE = [m for m in MEASUREMENTS if not m.miss]
@@ -21,14 +24,31 @@ def test_published_measurement_within_20_percent(m) -> None:
 
 
 def test_validation_table_covers_what_capacity_planning_needs() -> None:
-    assert len(IN_SCOPE) >= 8
-    assert {m.model for m in IN_SCOPE} >= {"Llama-2-7B", "Llama-2-70B"}
-    assert {m.hardware for m in IN_SCOPE} >= {"A100-80GB", "H100-SXM"}
-    assert 1 in {m.tp for m in IN_SCOPE} and {4, 8} & {m.tp for m in IN_SCOPE}
-    assert {"output_tok_s", "ttft_ms"} <= {m.metric for m in IN_SCOPE}
+    assert len(IN_SCOPE) >= 20
+    assert all(m.miss.strip() for m in MEASUREMENTS if m not in IN_SCOPE)  # a miss says why
+    assert {m.model for m in IN_SCOPE} >= {"Llama-2-7B", "Llama-2-70B", "Mixtral-8x7B"}
+    assert any(m.model.startswith("Llama-3") for m in IN_SCOPE)
+    assert any(get_model(m.model).is_moe for m in IN_SCOPE)
+    fp8 = [m for m in IN_SCOPE if m.quantization == "fp8"]
+    assert {m.hardware for m in fp8} >= {"H100-SXM", "H200"}
+    assert {m.hardware for m in IN_SCOPE} >= {"A100-80GB", "H100-SXM", "H200"}
+    assert 1 in {m.tp for m in IN_SCOPE} and 8 in {m.tp for m in IN_SCOPE}
+    throughput = {"output_tok_s", "output_tok_s_gpu", "in_flight_tok_s"}
+    assert throughput & {m.metric for m in IN_SCOPE} and "ttft_ms" in {m.metric for m in IN_SCOPE}
+    assert {m.engine for m in MEASUREMENTS} <= set(ENGINE_PROFILES)
+    # The docs' table is printed from the same rows: one line per measurement, sources cited.
     table = markdown_table()
-    assert table.count("\n| Llama-2") == len(MEASUREMENTS)
-    assert "https://github.com/NVIDIA/TensorRT-LLM" in table
+    assert sum(line.startswith("| ") and "](" not in line for line in table.splitlines()) == \
+        len(MEASUREMENTS) + 1
+    assert "https://github.com/NVIDIA/TensorRT-LLM" in table and "cuda_graph_cpp" in table
+
+
+def test_fp8_rows_would_miss_without_precision() -> None:
+    """The FP8 rows hold only because bytes and peaks follow the precision."""
+    rows = [m for m in IN_SCOPE if m.quantization == "fp8" and m.metric != "in_flight_tok_s"]
+    as_16bit = [dataclasses.replace(m, quantization="none", kv_cache_dtype="auto") for m in rows]
+    off = [abs(predict(m) - m.measured) / m.measured > 0.20 for m in as_16bit]
+    assert sum(off) >= len(rows) // 2
 
 
 def test_allreduce_costs_tens_of_microseconds_and_grows_with_tp() -> None:

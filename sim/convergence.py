@@ -1,0 +1,93 @@
+"""Run length for `simulate search`: every answer is checked at twice its run length.
+
+A max rate found with short runs can be far off (a p99 over a few hundred requests
+is a handful of requests). Each configuration that found a rate is searched again with
+runs twice as long, the bracket starting at the rate it found; while the rate moves by
+`search.convergence` (5%) or more, the length doubles again, up to
+`search.max_requests_per_run`.
+The answer reported is the longest run's, with the lengths tried and the last change.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from twinserve.sim.config import StudyConfig, set_field
+from twinserve.sim.search import RateSearch, run_searches, search_rates
+
+# Growth of the re-search bracket from the rate found: it starts near the answer.
+_RECHECK_STEP = 1.15
+
+
+def with_requests(cfg: StudyConfig, n: int) -> StudyConfig:
+    """A copy of cfg whose runs are n requests long."""
+    c = copy.deepcopy(cfg)
+    set_field(c, "workload.num_requests", n)
+    return c
+
+
+def converged_search(base: StudyConfig, grid: dict[str, list[str]], slos: dict[str, float],
+                     workers: int | None = None, ray_address: str | None = None,
+                     progress: bool = True) -> list[RateSearch]:
+    """search_rates at search.requests_per_run, then each answer rechecked at doubled lengths."""
+    sc = base.search
+    n = sc.requests_per_run or base.workload.num_requests
+    searches = search_rates(with_requests(base, n), grid, slos, workers, ray_address, progress)
+    answered = ("ok", "max_rate cap")
+    for s in searches:
+        if s.status in answered:
+            s.lengths.append((served(s, n), s.lo))
+    todo = [s for s in searches if s.status in answered]
+    while todo and n * 2 <= sc.max_requests_per_run:
+        n *= 2
+        again = []
+        for s in todo:
+            cfg = with_requests(s.cfg, n)
+            set_field(cfg, "search.start_rate", s.lo)
+            # A capped rate may be far above the longer runs' answer: halve down from it.
+            again.append(RateSearch(s.point, cfg,
+                                    step=_RECHECK_STEP if s.status == "ok" else 2.0))
+        run_searches(again, slos, workers, ray_address, progress)
+        for s, r in zip(todo, again):
+            s.cfg, s.lo, s.hi, s.runs, s.error = r.cfg, r.lo, r.hi, r.runs, r.error
+            s.lengths.append((served(s, n), r.lo))
+        # A workload that ran out (a trace without trace_cycle) cannot be made longer.
+        todo = [s for s in todo if s.status in answered and relative_change(s) >= sc.convergence
+                and s.lengths[-1][0] > s.lengths[-2][0]]
+    return searches
+
+
+def served(s: RateSearch, asked: int) -> int:
+    """Requests the answer's run really had (fewer than asked when a trace ran out)."""
+    row = s.runs.get(s.lo) or {}
+    return int(row.get("num_requests") or asked)
+
+
+def relative_change(s: RateSearch) -> float:
+    """|last - previous| / previous of the max rates at the last two lengths (inf if unknown)."""
+    if len(s.lengths) < 2 or s.lengths[-2][1] <= 0:
+        return float("inf")
+    prev, last = s.lengths[-2][1], s.lengths[-1][1]
+    return abs(last - prev) / prev
+
+
+def convergence_note(s: RateSearch, tolerance: float) -> str:
+    """What the answer's own convergence check found, in a few words."""
+    if len(s.lengths) < 2:
+        return "" if not s.lengths else f"not rechecked ({s.lengths[0][0]} requests)"
+    (n0, r0), (n1, r1) = s.lengths[-2], s.lengths[-1]
+    verdict = "converged" if relative_change(s) < tolerance else "NOT converged"
+    note = (f"{verdict}: {r0:.3g} -> {r1:.3g} req/s ({(r1 - r0) / r0:+.1%}) from {n0} to {n1} "
+            "requests")
+    if n1 <= n0:
+        note += " (the workload ran out: set trace_cycle = true to replay a trace)"
+    return note
+
+
+def convergence_rows(searches: list[RateSearch], rows: list[dict[str, Any]],
+                     tolerance: float) -> None:
+    """Add each answer's convergence note and run length to its summary row."""
+    for s, row in zip(searches, rows):
+        row["convergence"] = convergence_note(s, tolerance)
+        row["num_requests"] = s.lengths[-1][0] if s.lengths else s.cfg.workload.num_requests
