@@ -130,9 +130,9 @@ class SearchConfig:
     # (sim/convergence.py; the default length is chosen in docs/capacity.md).
     # Axes searched when --grid gives none, e.g. { hardware = ["A100-80GB", "H100-SXM"] }.
     grid: dict[str, list] = field(default_factory=dict)
-    requests_per_run: int = 1000
+    requests_per_run: int = 2000
     convergence: float = 0.05
-    max_requests_per_run: int = 8000
+    max_requests_per_run: int = 16000
 
 
 @dataclass(slots=True)
