@@ -54,7 +54,8 @@ def fit_problem(cfg: StudyConfig) -> str:
         kv_capacity(model, hw, e.tensor_parallel_size, s.block_size, e.gpu_memory_utilization,
                     s.max_num_batched_tokens, s.max_num_seqs, reserve, e.num_gpu_blocks or None)
     except DoesNotFitError as err:
-        return str(err)
+        allowed = str(err.args[2])  # "a value leaving room for KV blocks: <why>"
+        return allowed.split(": ", 1)[-1]
     return ""
 
 

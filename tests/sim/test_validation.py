@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +98,8 @@ def test_capacity_reserves_cuda_context_nccl_and_graphs() -> None:
     bare = kv_capacity(m, h, 2, 16, runtime_reserve=0.0)
     # 70B at TP 2 has ~7 GiB per GPU left after weights: the reserves cost ~1/5 of it.
     assert 0.12 < 1 - cap.num_blocks / bare.num_blocks < 0.35
+
+
+def test_the_docs_table_is_printed_from_these_rows() -> None:
+    docs = Path(__file__).resolve().parents[2] / "docs" / "capacity.md"
+    assert markdown_table() in docs.read_text()
