@@ -49,7 +49,8 @@ def test_model_from_a_config_path_relative_to_the_study(tmp_path, capsys) -> Non
 
 
 def test_model_and_hardware_tables_define_a_study_alone(tmp_path, capsys) -> None:
-    f = _study(tmp_path, MODEL + HARDWARE + RUN)
+    # A fixed pool: a tiny model on 96 GiB would make a million KV blocks per run.
+    f = _study(tmp_path, "[engine]\nnum_gpu_blocks = 2000\n" + MODEL + HARDWARE + RUN)
     built = build(load_config(f))
     assert built.model.name == "tiny-moe" and built.model.is_moe
     assert built.hardware.name == "MyGPU" and built.hardware.profile.price_per_hour == 1.25
