@@ -33,12 +33,18 @@ def converged_search(base: StudyConfig, grid: dict[str, list[str]], slos: dict[s
     """search_rates at search.requests_per_run, then each answer rechecked at doubled lengths."""
     sc = base.search
     n = sc.requests_per_run or base.workload.num_requests
-    searches = search_rates(with_requests(base, n), grid, slos, workers, ray_address, progress)
+    first = with_requests(base, n)
+    w = first.workload
+    if w.trace and not w.trace_cycle:
+        # The search picks the run length, not the user: a trace shorter than it runs whole,
+        # and the convergence note says it ran out.
+        set_field(first, "workload.allow_short_trace", True)
+    searches = search_rates(first, grid, slos, workers, ray_address, progress)
     answered = ("ok", "max_rate cap")
     for s in searches:
         if s.status in answered:
             s.lengths.append((served(s, n), s.lo))
-    todo = [s for s in searches if s.status in answered]
+    todo = [s for s in searches if s.status in answered and s.lengths[-1][0] >= n]
     while todo and n * 2 <= sc.max_requests_per_run:
         n *= 2
         again = []
@@ -75,7 +81,10 @@ def relative_change(s: RateSearch) -> float:
 def convergence_note(s: RateSearch, tolerance: float) -> str:
     """What the answer's own convergence check found, in a few words."""
     if len(s.lengths) < 2:
-        return "" if not s.lengths else f"not rechecked ({s.lengths[0][0]} requests)"
+        if not s.lengths:
+            return ""
+        return (f"not rechecked: {s.lengths[0][0]} requests, all the workload holds "
+                "(trace_cycle = true replays a trace)")
     (n0, r0), (n1, r1) = s.lengths[-2], s.lengths[-1]
     verdict = "converged" if relative_change(s) < tolerance else "NOT converged"
     note = (f"{verdict}: {r0:.3g} -> {r1:.3g} req/s ({(r1 - r0) / r0:+.1%}) from {n0} to {n1} "
