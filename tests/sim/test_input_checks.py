@@ -157,7 +157,7 @@ def test_min_rate_above_max_rate_is_refused(tmp_path, capsys) -> None:
     assert rc == 2 and f"{study}:8:" in err and "search.min_rate" in err
 
 
-@pytest.mark.parametrize("prices", ['prices = { "H20" = 1.0 }\n', '[search.prices]\n"h100-smx" = 2.0\n'])
+@pytest.mark.parametrize("prices", ['prices = { "H2O" = 1.0 }\n', '[search.prices]\n"h100-smx" = 2.0\n'])
 def test_a_price_for_a_misspelt_gpu_is_refused(tmp_path, capsys, prices: str) -> None:
     study = _write(tmp_path, "s.toml", STUDY + "[search]\nmax_rate = 4\n" + prices)
     rc, _, err = _cli(["search", "--config", str(study), "--out", str(tmp_path / "o")], capsys)
