@@ -31,7 +31,7 @@ from twinserve.sim.build import fit_problem
 from twinserve.sim.config import StudyConfig, find_line, replica_config, set_field
 from twinserve.sim.errors import ConfigError
 from twinserve.sim.runner import PointFailure, run_jobs
-from twinserve.sim.specs import resolve_hardware
+from twinserve.sim.specs import model_label, resolve_hardware
 from twinserve.sim.study import _run, grid_points
 
 SLO_METRICS = ("ttft", "tpot", "itl", "e2e", "queue")
@@ -236,7 +236,7 @@ def summary_rows(searches: Sequence[RateSearch], target_rate: float = 0.0
         # A lone replica's cluster.replicas entry is what runs; a cluster is named by its base.
         first = (replica_config(s.cfg, 0) if s.cfg.cluster.num_replicas == 1 else s.cfg).engine
         tp = first.tensor_parallel_size
-        row.update(model=first.model, hardware=first.hardware, tp=tp,
+        row.update(model=model_label(s.cfg, first.model), hardware=first.hardware, tp=tp,
                    max_rate=s.lo, bracket_hi=s.hi, runs=len(s.runs), status=s.status,
                    error=s.error, no_fit=s.no_fit)
         gpus, usd_h = fleet(s.cfg)

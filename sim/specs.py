@@ -155,6 +155,18 @@ def resolve_model(cfg: StudyConfig) -> ModelSpec:
                      "folder, or a [model] table)") from None
 
 
+def model_label(cfg: StudyConfig, name: str | None = None) -> str:
+    """[engine] model (or name) for tables: the model's own name when given as a config path."""
+    name = cfg.engine.model if name is None else name
+    if not (name.endswith(".json") or "/" in name):
+        return name
+    try:
+        engine = dataclasses.replace(cfg.engine, model=name)
+        return resolve_model(dataclasses.replace(cfg, engine=engine)).name
+    except (ConfigError, ModelConfigError):
+        return name
+
+
 def resolve_hardware(cfg: StudyConfig, name: str | None = None) -> HardwareSpec:
     """[engine] hardware (or name): the [hardware] table's GPU, else the catalog's."""
     name = cfg.engine.hardware if name is None else name
