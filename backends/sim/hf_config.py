@@ -8,7 +8,8 @@ missing or non-physical field is a ModelConfigError naming the file, the line an
 Families read: Llama, Mistral, Qwen2/2.5/3, Gemma 3 (its text_config), Mixtral
 (num_local_experts), Qwen-MoE (num_experts, moe_intermediate_size, shared experts).
 Sliding windows: layer_types, Gemma's sliding_window_pattern, or one window on every layer
-(Mistral v0.1); use_sliding_window = false turns it off (Qwen).
+(Mistral v0.1); use_sliding_window = false turns it off (Qwen). DeepSeek-style MoE and MLA
+attention are refused rather than priced as something else.
 """
 
 from __future__ import annotations
@@ -82,6 +83,11 @@ def model_from_hf_dict(data: dict[str, Any], name: str, file: str | None = None,
             raise bad(key, f"{v!r} must be >= {minimum}")
         return v
 
+    # Shapes this spec cannot hold would be priced as a plain dense model: refuse them.
+    for key, what in (("n_routed_experts", "DeepSeek-style MoE (first layers dense, MLA attention)"),
+                      ("kv_lora_rank", "multi-head latent attention (MLA)")):
+        if data.get(key):
+            raise bad(key, f"{what} is not modelled by the simulator's model spec")
     layers = integer("num_hidden_layers")
     hidden = integer("hidden_size")
     heads = integer("num_attention_heads")
