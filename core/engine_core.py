@@ -9,6 +9,7 @@ from twinserve.core.request import FinishReason, Request
 from twinserve.core.sched.config import SchedulerConfig
 from twinserve.core.sched.output import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from twinserve.core.sched.scheduler import Scheduler
+from twinserve.core.spec_decode import SpeculativeConfig
 
 
 class Executor(Protocol):
@@ -39,6 +40,9 @@ class StepStats:
     schedule_time: float = 0.0
     execute_time: float = 0.0
     update_time: float = 0.0
+    # Speculative decoding: draft tokens verified this step, and how many were accepted.
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 class EngineCore:
@@ -49,9 +53,10 @@ class EngineCore:
     """
 
     def __init__(self, config: SchedulerConfig, executor: Executor,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None,
+                 speculative_config: SpeculativeConfig | None = None) -> None:
         self.config = config
-        self.scheduler = Scheduler(config)
+        self.scheduler = Scheduler(config, speculative_config)
         self.executor = executor
         self.clock = clock
         self.num_steps = 0
@@ -98,6 +103,7 @@ class EngineCore:
             len(so.scheduled_new_reqs), len(so.num_scheduled_tokens),
             so.total_num_scheduled_tokens, kv.usage, kv.stats.queries, kv.stats.hits,
             len(so.preempted_req_ids), len(sched.finished_req_ids), t_sched, t_exec, t_update,
+            sched.step_num_draft_tokens, sched.step_num_accepted_tokens,
         )
         self.num_steps += 1
         return outputs, stats

@@ -81,10 +81,16 @@ class FakeExecutor:
     With model_kv=True it also models every KV slot: each step writes the scheduled
     positions, then checks that every position a scheduled request attends to holds
     exactly that request's own prefix (a stale or foreign block is a ContractViolation).
+    With num_speculative_tokens > 0 it proposes that many drafts after each sampled token:
+    the toy model's own continuation, wrong wherever (token + position) % draft_miss == 0,
+    and verifies scheduled drafts exactly as greedy verification does.
     """
 
     def __init__(self, vocab_size: int = 1000, block_size: int = 16, eos_token_id: int | None = None,
-                 step_time: float | None = None, model_kv: bool = False) -> None:
+                 step_time: float | None = None, model_kv: bool = False,
+                 num_speculative_tokens: int = 0, draft_miss: int = 3) -> None:
+        self.num_speculative_tokens = num_speculative_tokens
+        self.draft_miss = draft_miss
         self.vocab_size = vocab_size
         self.block_size = block_size
         self.eos_token_id = eos_token_id
@@ -99,6 +105,18 @@ class FakeExecutor:
         """The toy model: a fixed function of the previous token and its position."""
         return (prev_token * 31 + position * 17 + 7) % self.vocab_size
 
+    def propose(self, token_ids: Sequence[int]) -> list[int]:
+        """Drafts after token_ids: the toy model's continuation with planted misses."""
+        drafts = []
+        prev, pos = token_ids[-1], len(token_ids)
+        for _ in range(self.num_speculative_tokens):
+            tok = self.next_token(prev, pos)
+            if (tok + pos) % self.draft_miss == 0:
+                tok = (tok + 1) % self.vocab_size
+            drafts.append(tok)
+            prev, pos = tok, pos + 1
+        return drafts
+
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         """Advance every scheduled request and sample for those that reached their end."""
         self.num_steps += 1
@@ -111,6 +129,11 @@ class FakeExecutor:
                 raise ContractViolation(f"{new.req_id} sent as new while the executor holds it")
             self.state[new.req_id] = _ReqState(list(new.token_ids), new.num_computed_tokens,
                                                list(new.block_ids))
+        for rid, n in so.num_dropped_blocks.items():
+            st = self.state.get(rid)
+            if st is None:
+                raise ContractViolation(f"{rid}: blocks dropped from a request the executor does not hold")
+            del st.block_ids[len(st.block_ids) - n:]
         cached = so.scheduled_cached_reqs
         for rid, blocks, computed in zip(cached.req_ids, cached.new_block_ids,
                                          cached.num_computed_tokens):
@@ -124,26 +147,40 @@ class FakeExecutor:
         sampled: dict[str, list[int]] = {}
         bs = self.block_size
         kv = self.kv
-        spans: list[tuple[str, _ReqState, int]] = []
+        spans: list[tuple[str, _ReqState, int, list[int]]] = []
+        spec = so.scheduled_spec_decode_tokens
+        proposals: dict[str, list[int]] | None = {} if self.num_speculative_tokens else None
         for rid, n in so.num_scheduled_tokens.items():
             st = self.state[rid]
+            drafts = spec.get(rid, ()) if spec else ()
+            seq = st.token_ids + list(drafts) if drafts else st.token_ids
             end = st.num_computed + n
-            if end > len(st.token_ids):
+            if end > len(seq) or (drafts and end != len(seq)):
                 raise ContractViolation(f"{rid}: {n} tokens scheduled past the known sequence")
             if len(st.block_ids) * bs < end:
                 raise ContractViolation(f"{rid}: {len(st.block_ids)} blocks cannot hold {end} tokens")
             if kv is not None:
                 # Every layer stores the step's K/V before attention reads it, so all writes
-                # of the step land before any read.
-                kv.write(st.block_ids, kv.prefix_ids(st.token_ids, st.prefix_ids), st.num_computed, end)
-                spans.append((rid, st, end))
+                # of the step land before any read. Drafts' KV is written like any other.
+                ids = kv.prefix_ids(seq, list(st.prefix_ids) if drafts else st.prefix_ids)
+                kv.write(st.block_ids, ids, st.num_computed, end)
+                spans.append((rid, st, end, ids))
             st.num_computed = end
-            if end == len(st.token_ids):
-                tok = self.next_token(st.token_ids[-1], end)
-                st.token_ids.append(tok)
-                sampled[rid] = [tok]
+            if end == len(seq):
+                base = len(st.token_ids)
+                out: list[int] = []
+                for j in range(len(drafts) + 1):  # greedy verification: accept while equal
+                    tok = self.next_token(seq[base - 1 + j], base + j)
+                    out.append(tok)
+                    if j == len(drafts) or drafts[j] != tok:
+                        break
+                st.num_computed -= len(drafts) - (len(out) - 1)
+                st.token_ids.extend(out)
+                sampled[rid] = out
+                if proposals is not None:
+                    proposals[rid] = self.propose(st.token_ids)
         if kv is not None:
-            for rid, st, end in spans:
-                kv.check(rid, st.block_ids, st.prefix_ids, end)
+            for rid, st, end, ids in spans:
+                kv.check(rid, st.block_ids, ids, end)
                 self.num_kv_reads += end
-        return ModelRunnerOutput(sampled, step_time=self.step_time)
+        return ModelRunnerOutput(sampled, step_time=self.step_time, spec_token_ids=proposals)

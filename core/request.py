@@ -95,6 +95,11 @@ class Request:
     # began (arrival, or the last preemption), and the seconds waited before it.
     queued_time: float = field(default=0.0, repr=False)
     waited_s: float = field(default=0.0, repr=False)
+    # Speculative decoding: the drafts proposed for the next step (unverified, never in
+    # all_token_ids), and the request's totals of drafts verified and accepted.
+    spec_token_ids: list[int] = field(default_factory=list, repr=False)
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)

@@ -163,19 +163,23 @@ class KVCacheManager:
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: Sequence[KVCacheBlock] = _NO_BLOCKS,
                        num_new_computed_tokens: int = 0,
-                       num_reserved_blocks: int = 0) -> list[KVCacheBlock] | None:
+                       num_reserved_blocks: int = 0,
+                       num_draft_tokens: int = 0) -> list[KVCacheBlock] | None:
         """Make room for num_new_tokens more tokens; the new blocks, or None if they don't fit.
 
         new_computed_blocks are prefix-cache hits for a request being admitted.
         num_reserved_blocks must stay free afterwards (the admission watermark).
+        The last num_draft_tokens of the new tokens are unverified drafts: they get slots,
+        but no block holding one is registered in the prefix cache.
         The returned list must not be mutated (it may be shared when empty).
         """
         req_id = request.request_id
         blocks = self.req_to_blocks.get(req_id)
         total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        verified = total - num_draft_tokens
         bs = self.block_size
         if blocks is not None and not new_computed_blocks and total <= len(blocks) * bs and (
-                not self.enable_caching or total // bs <= self.num_cached_blocks[req_id]):
+                not self.enable_caching or verified // bs <= self.num_cached_blocks[req_id]):
             return _NO_BLOCKS  # the common decode step: room in the last block, nothing to cache
         num_held = 0 if blocks is None else len(blocks)
         num_needed = -(-total // bs) - num_held - len(new_computed_blocks)
@@ -198,13 +202,30 @@ class KVCacheManager:
             blocks.extend(new_blocks)
         else:
             new_blocks = _NO_BLOCKS
-        if self.enable_caching and total // bs > self.num_cached_blocks[req_id]:
+        if self.enable_caching and verified // bs > self.num_cached_blocks[req_id]:
             # Registered now, before the step computes them, so a request admitted later in
             # the same step can share them (the step writes every block's KV before any
             # attention reads it). If the step does not run them, the caller must say so
             # to free() (a preemption or abort with the step in flight).
-            self.cache_blocks(request, total)
+            self.cache_blocks(request, verified)
         return new_blocks
+
+    def trim(self, request: Request, num_tokens: int) -> int:
+        """Give back the request's blocks past the first num_tokens slots; how many went back.
+
+        For rejected drafts: those blocks were never registered (allocate_slots registers
+        verified tokens only), so they return to the pool as plain free blocks.
+        """
+        blocks = self.req_to_blocks.get(request.request_id)
+        keep = -(-num_tokens // self.block_size)
+        if not blocks or len(blocks) <= keep:
+            return 0
+        if keep < self.num_cached_blocks[request.request_id]:
+            raise AssertionError(f"{request.request_id}: trimming a registered block")
+        dropped = blocks[keep:]
+        del blocks[keep:]
+        self.pool.free_blocks(reversed(dropped))
+        return len(dropped)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Register the request's full blocks up to num_computed_tokens in the prefix cache.

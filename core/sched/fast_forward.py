@@ -29,6 +29,9 @@ def decode_window(scheduler: Scheduler, max_steps: int) -> int:
     cfg = scheduler.config
     if not running or len(running) > cfg.max_num_batched_tokens:
         return 0
+    spec = scheduler.spec
+    if spec is not None and spec.active(len(running)):
+        return 0  # each step's drafts come from the executor: step normally
     limit = max_steps
     for req in running:
         n = len(req.all_token_ids)

@@ -46,6 +46,12 @@ class SchedulerOutput:
     preempted_req_ids: list[str]
     # Requests that ended since the previous step: the executor drops their state.
     finished_req_ids: set[str]
+    # Draft tokens to verify per request (vLLM v1's name): they are the last len(drafts) of
+    # the request's num_scheduled_tokens, placed after its newest sampled token.
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # Blocks to drop from the end of a held request's block table before this step's new
+    # blocks are appended (they held only rejected drafts and went back to the pool).
+    num_dropped_blocks: dict[str, int] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -77,6 +83,9 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, tuple[int, list[Logprob]]] | None = None
     # Wall or simulated duration of the step, when the executor measured or modelled one.
     step_time: float | None = None
+    # Drafts proposed for each request's next step (speculative decoding only): the scheduler
+    # decides how many of them to schedule.
+    spec_token_ids: dict[str, list[int]] | None = None
 
 
 @dataclass(slots=True)
@@ -95,6 +104,9 @@ class EngineCoreOutput:
     prompt_logprobs: tuple[int, list[Logprob]] | None = None
     # Why the request failed, with finish reason "error".
     error: str | None = None
+    # Draft tokens verified for the request this step and how many of them were accepted.
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     @property
     def finished(self) -> bool:

@@ -18,6 +18,7 @@ from twinserve.core.sched.config import SchedulerConfig
 from twinserve.core.sched.output import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
                      SchedulerOutput)
 from twinserve.core.sched.policies import make_preemption_policy, make_queue
+from twinserve.core.spec_decode import SpecDecodeStats, SpeculativeConfig
 
 _STOP = FinishReason.STOP
 _RUNNING = RequestStatus.RUNNING
@@ -74,6 +75,16 @@ def _refresh_fast_decode_limit(kv: KVCacheManager, req: Request) -> int:
     return limit
 
 
+def _draft_len(req: Request, room: int) -> int:
+    """How many of a decoding request's drafts to verify this step: within room (budget
+    tokens past its own one), and none that could only land past its length limit."""
+    k = len(req.spec_token_ids)
+    limit = req.stop_check_len - len(req.all_token_ids) - 1
+    if limit < k:
+        k = limit
+    return k if k < room else room
+
+
 def _chunk(num_new: int, threshold: int, budget: int) -> int:
     """A running request's tokens this step: what it has left, capped by the long-prefill
     threshold (when set) and by the step's remaining budget."""
@@ -85,8 +96,18 @@ def _chunk(num_new: int, threshold: int, budget: int) -> int:
 class Scheduler:
     """Decides each step who runs and with how many tokens, and applies what came back."""
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig,
+                 speculative_config: SpeculativeConfig | None = None) -> None:
         self.config = config
+        # Speculative decoding: drafts come from the executor (ModelRunnerOutput.spec_token_ids)
+        # and are scheduled as part of their request's step.
+        self.spec = speculative_config
+        self.spec_stats = SpecDecodeStats()
+        # The last update's drafts verified and accepted, over all requests.
+        self.step_num_draft_tokens = 0
+        self.step_num_accepted_tokens = 0
+        # Blocks trimmed after rejections, not yet announced to the executor (req id -> count).
+        self._dropped: dict[str, int] = {}
         self.kv = KVCacheManager(config.num_blocks, config.block_size,
                                  config.enable_prefix_caching, config.prefix_caching_hash_algo)
         self.waiting = make_queue(config.policy, config.aging_interval_s, config.max_model_len)
@@ -170,6 +191,7 @@ class Scheduler:
                     computed = req.num_computed_tokens - in_flight[rid]
             else:
                 self.waiting.remove(req)
+            self._dropped.pop(rid, None)
             self.kv.free(req, computed)
             req.status = status
             req.finish_reason = reason
@@ -224,15 +246,27 @@ class Scheduler:
         spare = budget - len(head)
         extra = 0  # tokens scheduled past one per scheduled request
         skipped = 0  # requests passed over with nothing to compute
+        spec = self.spec
+        spec_on = spec is not None and spec.active(len(running))
+        spec_tokens: dict[str, list[int]] = {}
         for req in head:
             c = req.num_computed_tokens
             num_new = len(req.all_token_ids) - c
             rid = req.request_id
+            k = 0
             if num_new == 1:
+                if spec_on and req.spec_token_ids:
+                    # Drafts take only the spare budget, so every request of the head keeps its token.
+                    k = _draft_len(req, spare)
+                    if k > 0:
+                        spec_tokens[rid] = req.spec_token_ids[:k]
+                        num_new += k
                 # Past the bound rather than at it: something other than this scheduler
                 # (a fast-forward window) advanced the request and took its blocks, so
                 # the bound is stale; refreshing it usually spares allocate_slots.
-                if c < req.fast_decode_limit or (
+                if k:
+                    pass
+                elif c < req.fast_decode_limit or (
                         c > req.fast_decode_limit and c < _refresh_fast_decode_limit(kv, req)):
                     add_id(rid)
                     add_computed(c)
@@ -244,8 +278,9 @@ class Scheduler:
                     skipped += 1
                     spare += 1
                     continue
-            new_blocks = allocate(req, num_new)
+            new_blocks = allocate(req, num_new, num_draft_tokens=k) if k else allocate(req, num_new)
             if new_blocks is None:
+                spec_tokens.pop(rid, None)
                 break  # no room without preempting: the loop below
             req.fast_decode_limit = _fast_decode_limit(kv, rid)
             other[len(c_ids)] = (num_new, _block_ids(new_blocks))
@@ -278,8 +313,11 @@ class Scheduler:
             if num_new <= 0:
                 i += 1
                 continue
+            k = _draft_len(req, budget - 1) if num_new == 1 and spec_on and req.spec_token_ids else 0
+            if k > 0:
+                num_new += k
             while True:
-                new_blocks = allocate(req, num_new)
+                new_blocks = allocate(req, num_new, num_draft_tokens=k)
                 if new_blocks is not None:
                     break
                 victim = self.preemption_policy.pick_victim(running)
@@ -295,8 +333,9 @@ class Scheduler:
                         budget += n
                         # Its blocks for this step were registered but will never be computed.
                         computed = victim.num_computed_tokens - n
-                        k = c_ids.index(vid)
-                        del c_ids[k], c_blocks[k], c_computed[k]
+                        spec_tokens.pop(vid, None)
+                        j = c_ids.index(vid)
+                        del c_ids[j], c_blocks[j], c_computed[j]
                 self._preempt(victim, now, computed)
                 preempted.append(victim.request_id)
                 if victim is req:
@@ -304,6 +343,8 @@ class Scheduler:
             if new_blocks is None:
                 continue  # req itself was preempted; running[i] is now the next request
             rid = req.request_id
+            if k > 0:
+                spec_tokens[rid] = req.spec_token_ids[:k]
             req.fast_decode_limit = _fast_decode_limit(kv, rid)
             add_id(rid)
             add_blocks(_block_ids(new_blocks))
@@ -321,8 +362,10 @@ class Scheduler:
         self._in_flight = num_scheduled
         finished = self.finished_req_ids
         self.finished_req_ids = set()
+        dropped = self._dropped
+        self._dropped = {}
         so = SchedulerOutput(new_reqs, CachedRequestData(c_ids, c_blocks, c_computed),
-                             num_scheduled, total, preempted, finished)
+                             num_scheduled, total, preempted, finished, spec_tokens, dropped)
         # Every scheduled request is running and in running's order (admissions are
         # appended to both), so equal counts mean the step took every running request.
         whole = len(num_scheduled) == len(running)
@@ -376,6 +419,8 @@ class Scheduler:
     def _preempt(self, req: Request, now: float, computed: int | None = None) -> None:
         """Recompute-style preemption: free all blocks and requeue at the front."""
         self.kv.free(req, computed)
+        self._dropped.pop(req.request_id, None)
+        req.spec_token_ids = []
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.num_preemptions += 1
@@ -383,6 +428,33 @@ class Scheduler:
         req.queued_time = now  # its time running does not age it
         self.num_preemptions += 1
         self.waiting.prepend(req)
+
+    # ------------------------------------------------------------------ speculation
+    def _verify(self, req: Request, drafts: list[int], tokens: list[int]) -> tuple[int, int]:
+        """Count a verified draft and roll back the rejected drafts' computed tokens.
+
+        The executor returns the accepted drafts then one token of its own (the correction
+        or the bonus), so len(tokens) - 1 drafts were accepted.
+        """
+        num_drafts = len(drafts)
+        num_accepted = len(tokens) - 1
+        if not 0 <= num_accepted <= num_drafts:
+            raise AssertionError(f"{req.request_id}: {len(tokens)} tokens back for {num_drafts} drafts")
+        req.num_computed_tokens -= num_drafts - num_accepted
+        req.num_draft_tokens += num_drafts
+        req.num_accepted_tokens += num_accepted
+        self.spec_stats.observe(num_drafts, num_accepted)
+        self.step_num_draft_tokens += num_drafts
+        self.step_num_accepted_tokens += num_accepted
+        return num_drafts, num_accepted
+
+    def _release_rejected(self, req: Request) -> None:
+        """Give back the blocks that only rejected drafts took, and tell the executor."""
+        n = self.kv.trim(req, req.num_computed_tokens)
+        if n:
+            rid = req.request_id
+            self._dropped[rid] = self._dropped.get(rid, 0) + n
+            _refresh_fast_decode_limit(self.kv, req)
 
     # ------------------------------------------------------------------ update
     def update_from_output(self, scheduler_output: SchedulerOutput,
@@ -409,11 +481,22 @@ class Scheduler:
             reqs = [r for r in map(requests.get, scheduler_output.num_scheduled_tokens)
                     if r is not None and r.status is _RUNNING]
         self._whole_batch = None
+        verified = scheduler_output.scheduled_spec_decode_tokens
+        proposed = model_runner_output.spec_token_ids
+        rolled_back: list[Request] = []
+        self.step_num_draft_tokens = self.step_num_accepted_tokens = 0
         for req in reqs:
             rid = req.request_id
             tokens = sampled.get(rid)
             if not tokens:
                 continue  # a prefill chunk that did not reach the end of the prompt
+            num_drafts = num_accepted = 0
+            if verified:
+                drafts = verified.get(rid)
+                if drafts:
+                    num_drafts, num_accepted = self._verify(req, drafts, tokens)
+                    if num_accepted < num_drafts:
+                        rolled_back.append(req)
             out_ids = req.output_token_ids
             all_ids = req.all_token_ids
             if req.first_token_time is None:
@@ -457,6 +540,8 @@ class Scheduler:
             out.new_logprobs = logprobs.get(rid) if logprobs is not None else None
             out.prompt_logprobs = None
             out.error = None
+            out.num_draft_tokens = num_drafts
+            out.num_accepted_tokens = num_accepted
             add_output(out)
             if reason is not None:
                 req.status = FINISH_STATUS[reason]
@@ -464,6 +549,11 @@ class Scheduler:
                 req.stop_reason = stop_reason
                 req.finish_time = now
                 finished.append(req)
+            elif proposed is not None:
+                req.spec_token_ids = proposed.get(rid) or []
+        for req in rolled_back:
+            if req.status is _RUNNING:
+                self._release_rejected(req)
         if finished:
             for req in finished:
                 del requests[req.request_id]

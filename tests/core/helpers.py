@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from twinserve.core import EngineCore, Request, SamplingParams, SchedulerConfig
 from twinserve.core.fake_executor import FakeExecutor
+from twinserve.core.spec_decode import SpeculativeConfig
 
 
 def reference_output(ex: FakeExecutor, req: Request, max_model_len: int) -> list[int]:
@@ -43,14 +44,18 @@ class RunLog:
 
 
 def drive(config: SchedulerConfig, arrivals: list[Arrival], aborts: dict[int, list[str]] | None = None,
-          max_steps: int = 20_000, check=None) -> tuple[EngineCore, RunLog]:
+          max_steps: int = 20_000, check=None, spec: SpeculativeConfig | None = None,
+          draft_miss: int = 3) -> tuple[EngineCore, RunLog]:
     """Run arrivals through an EngineCore until everything ends.
 
     The executor models every KV slot, so a request attending to KV that is not its own
-    prefix's (stale, foreign or never written) fails the run.
+    prefix's (stale, foreign or never written) fails the run. With spec, the executor
+    proposes spec.num_speculative_tokens drafts a step (see FakeExecutor.propose).
     """
-    ex = FakeExecutor(block_size=config.block_size, model_kv=True)
-    core = EngineCore(config, ex)
+    k = spec.num_speculative_tokens if spec is not None else 0
+    ex = FakeExecutor(block_size=config.block_size, model_kv=True, num_speculative_tokens=k,
+                      draft_miss=draft_miss)
+    core = EngineCore(config, ex, speculative_config=spec)
     pending = sorted(arrivals, key=lambda a: a.step)
     aborts = aborts or {}
     admitted: list[str] = []
