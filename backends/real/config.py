@@ -9,6 +9,7 @@ import torch
 
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.sched.config import SchedulerConfig
+from twinserve.core.spec_decode import SpeculativeConfig
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -71,6 +72,9 @@ class EngineArgs(SchedulerArgs):
     # Where EngineCore's busy loop runs: 'inproc' (a thread of this process), 'process' (its own
     # process, over ZeroMQ), or 'auto' (offline: inproc; serve: see launch.SERVE_ENGINE_CORE_MODE).
     engine_core_mode: str = "auto"
+    # Speculative decoding, as vLLM's --speculative-config: a dict (or its JSON text) such as
+    # {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}; None: off.
+    speculative_config: dict[str, Any] | str | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -111,6 +115,7 @@ class EngineArgs(SchedulerArgs):
         self.scheduler_config(self.max_model_len or 1, 1)
         if self.step_log_path is not None:
             _check_str("step_log_path", self.step_log_path)
+        self.resolve_speculative_config()
         if self.quantization is not None:
             if self.quantization not in _QUANTIZATIONS:
                 raise InvalidConfigError("quantization", self.quantization,
@@ -140,6 +145,14 @@ class EngineArgs(SchedulerArgs):
                 SchedulerConfig.__dataclass_fields__["max_num_batched_tokens"].default
                 if self.enable_chunked_prefill else max_model_len)
         return SchedulerConfig(num_blocks=num_blocks, **knobs)
+
+    def resolve_speculative_config(self) -> SpeculativeConfig | None:
+        """The parsed --speculative-config (typed error on an unknown method, k or key)."""
+        spec = SpeculativeConfig.from_dict(self.speculative_config)
+        if spec is not None and spec.method == "draft_model":
+            raise InvalidConfigError("speculative_config.method", spec.method,
+                                     "'ngram' (draft_model proposers are not served yet)")
+        return spec
 
     def resolve_device(self) -> torch.device:
         """'auto' -> cuda when present, else cpu."""

@@ -33,7 +33,8 @@ def build_engine_core(args: EngineArgs, max_model_len: int, eos_ids: list[int],
         kv_bytes = worker.kv_bytes_per_token
     try:
         num_blocks = executor.initialize_kv_cache()
-        core = EngineCore(scheduler_config_for(args, max_model_len, num_blocks), executor)
+        core = EngineCore(scheduler_config_for(args, max_model_len, num_blocks), executor,
+                          speculative_config=args.resolve_speculative_config())
     except BaseException:
         executor.shutdown()
         raise

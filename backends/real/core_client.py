@@ -73,7 +73,7 @@ def core_output(o: EngineCoreOutput, req: Request | None) -> CoreOutput:
                           o.prompt_logprobs, o.error)
     return CoreOutput(o.req_id, o.new_token_ids, o.finish_reason, o.stop_reason, o.new_logprobs,
                       o.prompt_logprobs, o.error, req.first_scheduled_time, req.first_token_time,
-                      req.prefix_hit_tokens, req.num_preemptions)
+                      req.prefix_hit_tokens, req.num_preemptions, req.num_draft_tokens, req.num_accepted_tokens)
 
 
 def core_stats(core: EngineCore) -> CoreStats:

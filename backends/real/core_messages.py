@@ -43,6 +43,9 @@ class CoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     first_token_time: float | None = None
     prefix_hit_tokens: int = -1
     num_preemptions: int = 0
+    # The request's totals of verified and accepted draft tokens (speculative decoding).
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 # ---------------------------------------------------------------- front end -> core

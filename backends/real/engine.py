@@ -60,6 +60,8 @@ class _Child:
     first_token_time: float | None = None
     prefix_hit_tokens: int = -1
     num_preemptions: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
     error: str | None = None
 
 
@@ -430,8 +432,21 @@ class LLMEngine:
 
     def _apply(self, child: _Child, o: CoreOutput) -> bool:
         """Fold one core output into a child; True if a stop string ended it (core must abort)."""
-        child.delta_ids.extend(o.new_token_ids)
-        child.output_token_ids.extend(o.new_token_ids)
+        new_ids = o.new_token_ids
+        stopped = False
+        if len(new_ids) > 1 and child.detok.stop:
+            # Several tokens in one step (accepted drafts): fed one by one as plain decoding
+            # would, so a stop string ends the output at the token that completed it.
+            for i, tok in enumerate(new_ids):
+                if child.detok.add_tokens([tok]):
+                    new_ids, stopped = new_ids[:i + 1], True
+                    break
+        elif new_ids:
+            stopped = child.detok.add_tokens(new_ids)
+        child.delta_ids.extend(new_ids)
+        child.output_token_ids.extend(new_ids)
+        child.num_draft_tokens = o.num_draft_tokens
+        child.num_accepted_tokens = o.num_accepted_tokens
         child.first_scheduled_time = o.first_scheduled_time
         child.first_token_time = o.first_token_time
         child.prefix_hit_tokens = o.prefix_hit_tokens
@@ -440,7 +455,6 @@ class LLMEngine:
             child.delta_logprobs.extend(o.new_logprobs)
         if o.error is not None:
             child.error = o.error
-        stopped = child.detok.add_tokens(o.new_token_ids) if o.new_token_ids else False
         if stopped:
             child.finish_reason, child.stop_reason = FinishReason.STOP, child.detok.stop_hit
             return o.finish_reason is None
@@ -483,7 +497,8 @@ class LLMEngine:
             parent.arrival_time, len(parent.prompt_token_ids),
             min(scheds) if scheds else None, min(firsts) if firsts else None, finish,
             sum(len(c.output_token_ids) for c in kids), max(0, max(c.prefix_hit_tokens for c in kids)),
-            sum(c.num_preemptions for c in kids))
+            sum(c.num_preemptions for c in kids), sum(c.num_draft_tokens for c in kids),
+            sum(c.num_accepted_tokens for c in kids))
 
     # ------------------------------------------------------------------ misc
     @property

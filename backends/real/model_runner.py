@@ -15,7 +15,10 @@ from twinserve.backends.real.cuda_graphs import DecodeGraphs
 from twinserve.backends.real.input_batch import CachedRequestState, InputBatch
 from twinserve.backends.real.models.llama import LlamaForCausalLM
 from twinserve.backends.real.sampler import Sampler, SamplingRow, prompt_logprob_records
+from twinserve.backends.real.spec.ngram import NgramProposer
+from twinserve.backends.real.spec.verify import VerifyEntry, verify_drafts
 from twinserve.backends.real.structured.mask import GrammarMasker
+from twinserve.core.spec_decode import SpeculativeConfig
 
 # Prompt positions whose logits are materialised at once ([chunk, vocab] floats).
 _PROMPT_LP_CHUNK = 256
@@ -43,8 +46,14 @@ class ModelRunner:
 
     def __init__(self, model: LlamaForCausalLM, backend: AttentionBackend, device: torch.device,
                  block_size: int, max_model_len: int, max_num_seqs: int, stop_ids: list[int],
-                 compile_grammar: Callable[[Any], Any] | None = None) -> None:
+                 compile_grammar: Callable[[Any], Any] | None = None,
+                 speculative_config: SpeculativeConfig | None = None) -> None:
         self.model = model
+        # Drafts for each request's next step, proposed after it samples (the scheduler picks how many).
+        self.proposer = (NgramProposer(speculative_config.num_speculative_tokens,
+                                       speculative_config.prompt_lookup_min, speculative_config.prompt_lookup_max)
+                         if speculative_config is not None and speculative_config.method == "ngram" else None)
+        self._drafts: dict[str, list[int]] = {}
         self.backend = backend
         self.device = device
         self.block_size = block_size
@@ -110,11 +119,21 @@ class ModelRunner:
             seed = new.sampling_params.seed
             batch.add(new.req_id, new.token_ids, new.num_prompt_tokens, new.sampling_params,
                       new.block_ids, new.num_computed_tokens, 0 if seed is None else seed)
+        for rid, n in so.num_dropped_blocks.items():
+            st = batch.requests.get(rid)
+            if st is not None:
+                st.num_blocks -= n  # they held only rejected drafts
         c = so.scheduled_cached_reqs
         for rid, blocks, computed in zip(c.req_ids, c.new_block_ids, c.num_computed_tokens):
             st = batch.requests[rid]
             st.num_computed_tokens = computed
             batch.append_blocks(st, blocks)
+        self._drafts = so.scheduled_spec_decode_tokens
+        for rid, drafts in self._drafts.items():
+            # Fed after the newest token; accepted ones are written again as they are appended.
+            st = batch.requests[rid]
+            n = len(st.token_ids)
+            batch.token_ids[st.row, n:n + len(drafts)] = drafts
 
     # ------------------------------------------------------------------ step
     @torch.inference_mode()
@@ -147,6 +166,9 @@ class ModelRunner:
         logprobs: dict[str, list[Logprob]] = {}
         failed: dict[str, str] = {}
         prompt_lps = self._prompt_logprobs(hidden, states, q_lens, starts) if self._prompt_lp_reqs else None
+        rejected: dict[str, int] = {}
+        if sampling and self._drafts:
+            logits, sampling = self._verify(logits, sampling, sampled, rejected, failed)
         if sampling:
             rows = [SamplingRow(st.sampling_params, st.token_ids, st.num_prompt_tokens, st.base_seed,
                                 ([] if st.sampling_params.ignore_eos else self.stop_ids)
@@ -171,10 +193,76 @@ class ModelRunner:
                     logprobs[st.req_id] = [lp]
         for st, q in zip(states, q_lens):
             st.num_computed_tokens += q
+        for rid, n in rejected.items():
+            self.batch.requests[rid].num_computed_tokens -= n
         if timing:
             self.last_timing = self._phase_times(t0, t1, t2, events)
         return ModelRunnerOutput(sampled, logprobs or None, failed=failed or None,
-                                 prompt_logprobs=prompt_lps or None)
+                                 prompt_logprobs=prompt_lps or None,
+                                 spec_token_ids=self._propose(sampled) if self.proposer is not None else None)
+
+    def _row(self, st: CachedRequestState) -> SamplingRow:
+        sp = st.sampling_params
+        return SamplingRow(sp, st.token_ids, st.num_prompt_tokens, st.base_seed,
+                           ([] if sp.ignore_eos else self.stop_ids) + sp.stop_token_ids)
+
+    def _verify(self, logits: torch.Tensor, sampling: list[CachedRequestState], sampled: dict[str, list[int]],
+                rejected: dict[str, int], failed: dict[str, str]) -> tuple[torch.Tensor, list[CachedRequestState]]:
+        """Verify the step's drafts (one logits row per draft position, plus one); the plain rows left."""
+        plain_idx: list[int] = []
+        plain: list[CachedRequestState] = []
+        entries: list[VerifyEntry] = []
+        verified: list[CachedRequestState] = []
+        offset = 0
+        for st in sampling:
+            drafts = self._drafts.get(st.req_id)
+            if drafts:
+                entries.append(VerifyEntry(self._row(st), drafts))
+                verified.append(st)
+                offset += len(drafts) + 1
+            else:
+                plain_idx.append(offset)
+                plain.append(st)
+                offset += 1
+        if entries:
+            is_plain = set(plain_idx)
+            spec_idx = [i for i in range(offset) if i not in is_plain]
+            spec_logits = logits[spec_idx]
+            try:
+                results: list[list[int] | None] = list(verify_drafts(self.sampler, spec_logits, entries))
+            except Exception:  # noqa: BLE001 - find the request whose inputs broke the batch
+                results = []
+                row = 0
+                for st, e in zip(verified, entries):
+                    n = len(e.drafts) + 1
+                    try:
+                        results.append(verify_drafts(self.sampler, spec_logits[row:row + n], [e])[0])
+                    except Exception as exc:  # noqa: BLE001 - this request's own inputs: it alone ends
+                        failed[st.req_id] = f"sampling failed: {type(exc).__name__}: {exc}"
+                        results.append(None)
+                    row += n
+            for st, e, toks in zip(verified, entries, results):
+                if toks is None:
+                    continue
+                for tok in toks:
+                    self.batch.append_token(st, tok)
+                sampled[st.req_id] = toks
+                rejected[st.req_id] = len(e.drafts) + 1 - len(toks)
+        return logits[plain_idx], plain
+
+    def _propose(self, sampled: dict[str, list[int]]) -> dict[str, list[int]]:
+        """Drafts for every request that sampled, except those whose options verification lacks."""
+        out: dict[str, list[int]] = {}
+        reqs = self.batch.requests
+        for rid in sampled:
+            st = reqs[rid]
+            sp = st.sampling_params
+            if sp.structured_output is not None or sp.logprobs is not None:
+                continue
+            drafts = self.proposer.propose(self.batch.token_ids[st.row, :len(st.token_ids)])
+            if drafts:
+                out[rid] = drafts
+        return out
 
     def _sample(self, logits: torch.Tensor, rows: list[SamplingRow], sampling: list[CachedRequestState],
                 failed: dict[str, str]) -> tuple[list[int | None], list[Logprob | None]]:
@@ -305,9 +393,20 @@ class ModelRunner:
         if self.graphs is None or num_decodes != n or self.graphs.bucket_for(n) is None:
             self.backend.plan(meta, bs, self.model.config.num_key_value_heads)
         ends = seq_lens.tolist()
-        sampling = [st for st, e in zip(states, ends) if e == len(st.token_ids)]
-        sample_at = np.fromiter((int(cu[i + 1]) - 1 for i, (st, e) in enumerate(zip(states, ends))
-                                 if e == len(st.token_ids)), dtype=np.int64)
+        drafts = self._drafts
+        if not drafts:
+            sampling = [st for st, e in zip(states, ends) if e == len(st.token_ids)]
+            sample_at = np.fromiter((int(cu[i + 1]) - 1 for i, (st, e) in enumerate(zip(states, ends))
+                                     if e == len(st.token_ids)), dtype=np.int64)
+        else:
+            # A request verifying k drafts samples at its last k + 1 positions.
+            sampling, at = [], []
+            for i, (st, e) in enumerate(zip(states, ends)):
+                nd = len(drafts.get(st.req_id, ()))
+                if e == len(st.token_ids) + nd:
+                    sampling.append(st)
+                    at.extend(range(int(cu[i + 1]) - 1 - nd, int(cu[i + 1])))
+            sample_at = np.asarray(at, dtype=np.int64)
         out = (put("input_ids", input_ids), put("positions", positions), meta,
                put("logits_idx", sample_at), sampling)
         self._pinned.copies_queued()

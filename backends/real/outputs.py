@@ -19,6 +19,9 @@ class RequestMetrics:
     num_generation_tokens: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    # Speculative decoding: draft tokens verified for the request and how many were accepted.
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     @property
     def ttft(self) -> float | None:

@@ -103,6 +103,14 @@ class Sampler:
                 lps[i] = rec
         return token_list, lps
 
+    def processed_logits(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """Logits after logit_bias, penalties and the min_tokens mask (greedy takes their argmax)."""
+        return self._apply_penalties_and_masks(logits, rows)
+
+    def target_probs(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """The float64 distribution each random row draws from, every processor applied."""
+        return self.probs(self._apply_penalties_and_masks(logits, rows), rows)
+
     def _apply_penalties_and_masks(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         # vLLM's order: logit_bias, then penalties (which see the biased logits), then the
         # min_tokens mask (last, so no penalty can lift a masked stop token back).
@@ -144,6 +152,17 @@ class Sampler:
         return logits
 
     def _sample_random(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        probs = self.probs(logits, rows)
+        cdf = probs.cumsum(dim=-1)
+        counters = torch.tensor([step_seed(r.base_seed, r.num_output_tokens) for r in rows],
+                                dtype=torch.int64, device=logits.device)
+        u = (uniforms(counters) * cdf[:, -1]).unsqueeze(1)
+        # The first token whose cumulative mass exceeds u; a zero-probability token never is.
+        tok = torch.searchsorted(cdf, u, right=True).squeeze(1)
+        return tok.clamp_(max=logits.shape[1] - 1)
+
+    def probs(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """Processed logits -> the float64 distribution of each random row (temperature, min-p, top-k/p)."""
         dev = logits.device
         ps = [r.params for r in rows]
         # Greedy rows never get here, so every temperature is >= GREEDY_TEMPERATURE (no overflow).
@@ -157,14 +176,7 @@ class Sampler:
             logits = logits.masked_fill(probs < mp * probs.max(dim=-1, keepdim=True).values, _MASK)
         if any(p.top_k > 0 or p.top_p < 1.0 for p in ps):
             logits = _top_k_top_p(logits, ps)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float64)
-        cdf = probs.cumsum(dim=-1)
-        counters = torch.tensor([step_seed(r.base_seed, r.num_output_tokens) for r in rows],
-                                dtype=torch.int64, device=dev)
-        u = (uniforms(counters) * cdf[:, -1]).unsqueeze(1)
-        # The first token whose cumulative mass exceeds u; a zero-probability token never is.
-        tok = torch.searchsorted(cdf, u, right=True).squeeze(1)
-        return tok.clamp_(max=logits.shape[1] - 1)
+        return torch.softmax(logits, dim=-1, dtype=torch.float64)
 
 
 def _flat_index(row_ids, token_lists: list[list[int]], vocab: int, dev: torch.device) -> torch.Tensor:

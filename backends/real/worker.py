@@ -72,7 +72,8 @@ class Worker:
                 self.model.add_int4_weights()
         self.backend = get_attention_backend(args.attention_backend, self.device)
         self.runner = ModelRunner(self.model, self.backend, self.device, args.block_size,
-                                  max_model_len, args.max_num_seqs, stop_ids, compile_grammar=self.compile_grammar)
+                                  max_model_len, args.max_num_seqs, stop_ids, compile_grammar=self.compile_grammar,
+                                  speculative_config=args.resolve_speculative_config())
         self.num_blocks = 0
         self.model_source_path = source.path if source is not None else None
         self.peak_activation_bytes = 0

@@ -1,0 +1,1 @@
+"""Speculative decoding beside the model runner: draft proposers and draft verification."""
