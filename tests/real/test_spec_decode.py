@@ -1,0 +1,125 @@
+"""Speculative decoding in the real engine: greedy outputs token-identical to plain decoding.
+
+A random tiny model rarely repeats itself, so besides the real n-gram proposer the tests
+plant an oracle proposer that drafts plain decoding's own continuation with misses at
+known positions: runs of several accepted drafts, rejections and rollbacks then happen
+under preemption, prefix hits and chunked prefill, through the real KV cache.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from twinserve.backends.real import SamplingParams
+from twinserve.core.errors import InvalidConfigError
+
+from .conftest import prompts_ids
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+class OracleProposer:
+    """Drafts the reference continuation of whichever reference the sequence is a prefix of."""
+
+    def __init__(self, refs: list[list[int]], k: int, miss: int) -> None:
+        self.refs, self.k, self.miss = refs, k, miss
+
+    def propose(self, token_ids: np.ndarray) -> list[int]:
+        seq = token_ids.tolist()
+        n = len(seq)
+        for ref in self.refs:
+            if ref[:n] == seq:
+                drafts = ref[n:n + self.k]
+                # A miss at every position divisible by `miss`: rejections at known places.
+                return [t + 1 if (n + j) % self.miss == 0 else t for j, t in enumerate(drafts)]
+        return []
+
+
+def _gen(llm, prompts, params=GREEDY):
+    return llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+
+
+def _prompts() -> list[list[int]]:
+    shared = prompts_ids(1, seed=5, lo=13, hi=14)[0]
+    pattern = [5, 17, 33, 60, 61, 62, 9]
+    return ([shared + p for p in prompts_ids(3, seed=2, lo=2, hi=9)] + [pattern * 4 + [11]]
+            + prompts_ids(3, seed=3))
+
+
+@pytest.mark.parametrize("engine_kw", [
+    {"enable_prefix_caching": True},
+    {"max_num_batched_tokens": 7, "long_prefill_token_threshold": 3, "max_num_seqs": 3},
+    {"num_gpu_blocks_override": 24},  # forces preemption
+], ids=["prefix-cache", "chunked", "preemption"])
+def test_greedy_with_drafts_is_token_identical_to_plain(make_llm, engine_kw: dict) -> None:
+    prompts = _prompts()
+    plain = [o.outputs[0].token_ids for o in _gen(make_llm(**engine_kw), prompts)]
+    refs = [p + o for p, o in zip(prompts, plain)]
+    llm = make_llm(speculative_config={**NGRAM, "num_speculative_tokens": 5}, **engine_kw)
+    runner = llm.llm_engine.worker.runner
+    _gen(llm, prompts[:1])  # warms the prefix cache with the shared prefix
+    runner.proposer = OracleProposer(refs, 5, miss=4)
+    outs = _gen(llm, prompts)
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    drafted = sum(o.metrics.num_draft_tokens for o in outs)
+    accepted = sum(o.metrics.num_accepted_tokens for o in outs)
+    assert 0 < accepted < drafted
+    # Several drafts accepted in one step: fewer steps than tokens.
+    assert accepted > sum(len(p) for p in plain) // 3
+    if engine_kw.get("num_gpu_blocks_override"):
+        assert sum(o.metrics.num_preemptions for o in outs) > 0
+    if engine_kw.get("enable_prefix_caching"):
+        assert sum(o.metrics.num_cached_tokens for o in outs[:3]) >= 3 * 12
+
+
+def test_ngram_greedy_is_token_identical_to_plain(make_llm) -> None:
+    prompts = _prompts()
+    plain = [o.outputs[0].token_ids for o in _gen(make_llm(), prompts)]
+    outs = _gen(make_llm(speculative_config=NGRAM), prompts)
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    assert sum(o.metrics.num_draft_tokens for o in outs) > 0
+
+
+def test_a_stop_string_inside_an_accepted_run_ends_the_output_as_plain_decoding_does(make_llm) -> None:
+    prompts = _prompts()[3:4]
+    llm_plain = make_llm()
+    full = _gen(llm_plain, prompts)[0].outputs[0]
+    stop_text = llm_plain.get_tokenizer().decode(full.token_ids[9:11])
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop_text])
+    plain = _gen(llm_plain, prompts, params)[0].outputs[0]
+    llm = make_llm(speculative_config={**NGRAM, "num_speculative_tokens": 6})
+    llm.llm_engine.worker.runner.proposer = OracleProposer([prompts[0] + full.token_ids], 6, miss=100)
+    spec = _gen(llm, prompts, params)[0].outputs[0]
+    assert plain.finish_reason == "stop" and len(plain.token_ids) < 24
+    assert (spec.text, spec.token_ids, spec.finish_reason) == (plain.text, plain.token_ids, "stop")
+
+
+def test_sampling_with_drafts_is_reproducible_by_seed_and_counts_acceptance(make_llm) -> None:
+    prompts = _prompts()[:4]
+    params = SamplingParams(temperature=0.3, top_p=0.9, max_tokens=16, seed=3, ignore_eos=True)
+    llm = make_llm(speculative_config={**NGRAM, "num_speculative_tokens": 3})
+    refs = [p + o.outputs[0].token_ids for p, o in zip(prompts, _gen(make_llm(), prompts, params))]
+    llm.llm_engine.worker.runner.proposer = OracleProposer(refs, 3, miss=1000)
+    a = _gen(llm, prompts, params)
+    b = _gen(llm, prompts, params)
+    assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]
+    assert all(len(o.outputs[0].token_ids) == 16 for o in a)
+    assert sum(o.metrics.num_accepted_tokens for o in a) > 0
+
+
+@pytest.mark.parametrize("spec, match", [
+    ({"method": "medusa"}, "method"),
+    ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": 99}, "num_speculative_tokens"),
+    ('{"method": "ngram", ', "JSON"),
+    ({"method": "ngram", "bogus": 1}, "speculative_config"),
+])
+def test_bad_speculative_config_is_a_typed_error_before_anything_loads(tiny_dir: Path, spec, match) -> None:
+    from twinserve.backends.real import LLM
+
+    with pytest.raises(InvalidConfigError, match=match):
+        LLM(str(tiny_dir), speculative_config=spec)
