@@ -81,7 +81,9 @@ def core_stats(core: EngineCore) -> CoreStats:
     sched = core.scheduler
     kv = sched.kv
     return CoreStats(sched.num_running, sched.num_waiting, sched.num_preemptions, core.num_steps,
-                     kv.usage, kv.num_free_blocks, kv.num_blocks, kv.stats.queries, kv.stats.hits)
+                     kv.usage, kv.num_free_blocks, kv.num_blocks, kv.stats.queries, kv.stats.hits,
+                     sched.spec_stats.num_drafts, sched.spec_stats.num_draft_tokens,
+                     sched.spec_stats.num_accepted_tokens, list(sched.spec_stats.accepted_per_pos))
 
 
 class CoreRequests:

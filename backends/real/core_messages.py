@@ -23,6 +23,11 @@ class CoreStats(msgspec.Struct, array_like=True):
     num_blocks: int = 0
     prefix_queries: int = 0
     prefix_hits: int = 0
+    # Speculative decoding totals (the scheduler's SpecDecodeStats).
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = []
 
 
 class CoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):

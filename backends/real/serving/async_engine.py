@@ -48,6 +48,10 @@ class EngineSnapshot:
     prefix_hits: int = 0
     num_preemptions: int = 0
     num_steps: int = 0
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()
 
 
 class EngineObserver(Protocol):
@@ -246,7 +250,8 @@ class AsyncLLMEngine:
         s = engine.core.stats()
         snap = EngineSnapshot(s.num_running, s.num_waiting, engine.get_num_unfinished_requests(),
                               s.kv_usage, s.num_free_blocks, s.num_blocks, s.prefix_queries, s.prefix_hits,
-                              s.num_preemptions, s.num_steps)
+                              s.num_preemptions, s.num_steps, s.spec_num_drafts, s.spec_num_draft_tokens,
+                              s.spec_num_accepted_tokens, tuple(s.spec_accepted_per_pos))
         self.snapshot = snap
         for out in outputs:
             if out.finished:

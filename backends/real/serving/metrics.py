@@ -76,6 +76,13 @@ class ServingMetrics:
         self.req_max_generation_tokens = hist("request_max_num_generation_tokens",
                                               "Longest of a finished request's n sequences, in tokens.",
                                               _TOKEN_BUCKETS)
+        # Speculative decoding, as vLLM's spec_decode_* counters (per position: labelled by position).
+        self.spec_drafts = counter("spec_decode_num_drafts", "Drafts verified (one per request per step).")
+        self.spec_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens verified.")
+        self.spec_accepted = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self._spec_per_pos = Counter(pre + "spec_decode_num_accepted_tokens_per_pos",
+                                     "Draft tokens accepted, by position in the draft.",
+                                     ["model_name", "position"], registry=r)
         self.model_name = model_name
         self._last: EngineSnapshot = EngineSnapshot()
         self._last_token: dict[str, float] = {}
@@ -93,6 +100,8 @@ class ServingMetrics:
             self.prefix_hits.inc(snapshot.prefix_hits - last.prefix_hits)
         if snapshot.num_preemptions > last.num_preemptions:
             self.preemptions.inc(snapshot.num_preemptions - last.num_preemptions)
+        if snapshot.spec_num_drafts > last.spec_num_drafts:
+            self._observe_spec(snapshot, last)
         self._last = snapshot
         last_token = self._last_token
         for out in outputs:
@@ -107,6 +116,16 @@ class ServingMetrics:
             if out.finished:
                 last_token.pop(rid, None)
                 self._observe_finished(out)
+
+    def _observe_spec(self, snapshot: EngineSnapshot, last: EngineSnapshot) -> None:
+        self.spec_drafts.inc(snapshot.spec_num_drafts - last.spec_num_drafts)
+        self.spec_draft_tokens.inc(snapshot.spec_num_draft_tokens - last.spec_num_draft_tokens)
+        self.spec_accepted.inc(snapshot.spec_num_accepted_tokens - last.spec_num_accepted_tokens)
+        before = last.spec_accepted_per_pos
+        for pos, n in enumerate(snapshot.spec_accepted_per_pos):
+            delta = n - (before[pos] if pos < len(before) else 0)
+            if delta > 0:
+                self._spec_per_pos.labels(self.model_name, str(pos)).inc(delta)
 
     def _observe_finished(self, out: RequestOutput) -> None:
         reason = out.outputs[0].finish_reason or "abort"
