@@ -15,6 +15,7 @@ from twinserve.backends.sim.precision import Precision
 from twinserve.backends.sim.cost_model import CostModel, Efficiency, RooflineCostModel
 from twinserve.backends.sim.executor import SimExecutor
 from twinserve.backends.sim.fitted import FittedCostModel, ProfileError, check_profile_model
+from twinserve.backends.sim.spec import SpecAcceptance
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import InvalidConfigError
 
@@ -187,7 +188,11 @@ def build_engine(cfg: StudyConfig) -> BuiltEngine:
     except InvalidConfigError as err:
         raise _cfg_error(cfg, "scheduler", err.field, str(err)) from None
     executor = SimExecutor(cost)
-    core = EngineCore(sched_cfg, executor)
+    spec = cfg.speculative
+    if spec.enabled:
+        executor.spec = SpecAcceptance(spec.num_speculative_tokens, spec.rates(cfg.source), cfg.run.seed,
+                                       spec.acceptance_spread)
+    core = EngineCore(sched_cfg, executor, speculative_config=spec.to_core() if spec.enabled else None)
     return BuiltEngine(model, hw, roof, cost, cap, core, executor)
 
 

@@ -47,6 +47,7 @@ from twinserve.core.routing import ROUTER_NAMES
 from twinserve.core.sched.config import SCHEDULER_CHOICES, SchedulerConfig
 
 from twinserve.sim.errors import ConfigError
+from twinserve.sim.speculative import SpeculativeSection, check_speculative, coerce_speculative
 from twinserve.sim.workload import ARRIVALS, LENGTH_DISTS, WorkloadConfig
 
 if sys.version_info >= (3, 11):
@@ -176,6 +177,7 @@ class StudyConfig:
     run: RunConfig = field(default_factory=RunConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+    speculative: SpeculativeSection = field(default_factory=SpeculativeSection)
     source: str | None = None  # the file it came from, for error messages
     # A [model] / [hardware] table's spec (sim/specs.py), found by its name like a catalog entry.
     custom_model: Any = None
@@ -188,7 +190,8 @@ class StudyConfig:
 
 SECTIONS: dict[str, type] = {"engine": EngineConfig, "scheduler": SchedulerSection,
                              "workload": WorkloadConfig, "slo": SLOConfig, "run": RunConfig,
-                             "cluster": ClusterConfig, "search": SearchConfig}
+                             "cluster": ClusterConfig, "search": SearchConfig,
+                             "speculative": SpeculativeSection}
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "workload.arrival": ARRIVALS, "workload.prompt_dist": LENGTH_DISTS,
@@ -319,6 +322,8 @@ def coerce(dotted: str, value: Any, file: str | None = None, line: int | None = 
         return _coerce_replicas(value, bad, file, line)
     if dotted == "search.grid":
         return _coerce_grid(value, bad, file, line)
+    if dotted == "speculative.acceptance_rates":
+        return coerce_speculative(name, value, bad)
 
     if isinstance(value, str) and tname != "str":
         text = value.strip()
@@ -389,6 +394,8 @@ def coerce(dotted: str, value: Any, file: str | None = None, line: int | None = 
         raise bad(f"{value!r} must be >= 3 (ids 0 and 1 are reserved)")
     if dotted == "workload.num_system_prompts" and value > 1_000_000:
         raise bad(f"{value!r} must be at most 1000000")
+    if section == "speculative":
+        return coerce_speculative(name, value, bad)
     return value
 
 
@@ -487,7 +494,7 @@ def validate(cfg: StudyConfig, text: str = "") -> None:
     w = cfg.workload
     for section, table in (("engine", cfg.engine), ("scheduler", cfg.scheduler), ("workload", w),
                            ("slo", cfg.slo), ("run", cfg.run), ("cluster", cfg.cluster),
-                           ("search", cfg.search)):
+                           ("search", cfg.search), ("speculative", cfg.speculative)):
         for f in fields(table):  # fields set in code bypass coerce(): check (and convert) them all again
             tname = f.type if isinstance(f.type, str) else f.type.__name__
             if tname not in ("int", "float", "bool", "str"):
@@ -539,6 +546,8 @@ def validate(cfg: StudyConfig, text: str = "") -> None:
         except InvalidConfigError as e:
             raise ConfigError(f"cluster.replicas[{i}].{e.field}", str(e), file,
                               replica_line(text, i, e.field)) from None
+    check_speculative(cfg.speculative, lambda name, msg: ConfigError(
+        f"speculative.{name}", msg, file, find_line(text, "speculative", name)))
     if cfg.engine.cost_model == "fitted" and not cfg.engine.profile:
         raise ConfigError("engine.profile", "cost_model 'fitted' needs a profile JSON path",
                           file, find_line(text, "engine", "profile"))

@@ -10,6 +10,7 @@ from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
 
 from twinserve.backends.sim.cost_model import CostModel, WorkTotals
 from twinserve.backends.sim.fitted import RANGE_DIMS
+from twinserve.backends.sim.spec import SpecAcceptance
 
 DEFAULT_TOKEN = 1
 _INF = float("inf")
@@ -52,6 +53,10 @@ class SimExecutor:
         # its time the profile priced by extrapolating. None: nothing recorded, nothing counted.
         top = getattr(cost_model, "shape_range", None) or {}
         self.fit_range_max = tuple(top.get(d, float("inf")) for d in RANGE_DIMS) if top else None
+        # Speculative decoding: proposes k drafts after each sampled token and draws how many
+        # of them each verify step accepts. A verify step is priced as a (k + 1)-token chunk
+        # on its context, which is what the engine runs.
+        self.spec: SpecAcceptance | None = None
 
     @property
     def waking(self) -> bool:
@@ -72,6 +77,8 @@ class SimExecutor:
         """Drop what is known about a finished request."""
         self.tokens.pop(req_id, None)
         self.state.pop(req_id, None)
+        if self.spec is not None:
+            self.spec.forget(req_id)
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         """Advance every scheduled request, price the step, sample for requests at their end."""
@@ -91,6 +98,10 @@ class SimExecutor:
         # Running requests first, then new ones: (id, tokens already in the KV cache).
         pairs = chain(zip(cached.req_ids, cached.num_computed_tokens),
                       ((new.req_id, new.num_computed_tokens) for new in so.scheduled_new_reqs))
+        spec = self.spec
+        drafts = so.scheduled_spec_decode_tokens
+        if spec is not None or drafts:
+            return self._execute_spec(so, pairs, spec, drafts)
         for rid, c in pairs:
             s = state[rid]
             q = num_sched[rid]
@@ -105,6 +116,42 @@ class SimExecutor:
             if c + q >= s[0]:
                 s[0] += 1
                 sampled[rid] = [tokens.get(rid, DEFAULT_TOKEN)]
+        return self._finish(sampled, pt, ps, pc, pa, ds, dc)
+
+    def _execute_spec(self, so: SchedulerOutput, pairs: Iterable[tuple[str, int]],
+                      spec: SpecAcceptance | None, drafts: dict[str, list[int]]) -> ModelRunnerOutput:
+        """execute() for steps that verify drafts or must propose them."""
+        state, num_sched, tokens = self.state, so.num_scheduled_tokens, self.tokens
+        sampled: dict[str, list[int]] = {}
+        proposals: dict[str, list[int]] = {}
+        pt = ps = pc = ds = dc = 0
+        pa = 0.0
+        for rid, c in pairs:
+            s = state[rid]
+            q = num_sched[rid]
+            if q == 1 and c >= s[1]:
+                ds += 1
+                dc += c
+            else:
+                pt += q
+                ps += 1
+                pc += c
+                pa += q * (c + q * 0.5)
+            nd = len(drafts.get(rid, ())) if drafts else 0
+            if c + q >= s[0] + nd:
+                n = 1 + (spec.accepted(rid, nd) if nd and spec is not None else 0)
+                s[0] += n
+                tok = tokens.get(rid, DEFAULT_TOKEN)
+                sampled[rid] = [tok] * n
+                if spec is not None:
+                    proposals[rid] = [tok] * spec.k
+        out = self._finish(sampled, pt, ps, pc, pa, ds, dc)
+        out.spec_token_ids = proposals
+        return out
+
+    def _finish(self, sampled: dict[str, list[int]], pt: int, ps: int, pc: int, pa: float, ds: int,
+                dc: int) -> ModelRunnerOutput:
+        """Price the step, count it in the totals, and return its output."""
         t = self.cost_model.step_time(pt, ps, pc, pa, ds, dc)
         if self._wake:
             f, e = self._wake.pop()

@@ -1,0 +1,120 @@
+"""The study's [speculative] table: drafts per step and the acceptance model the simulator draws from.
+
+    [speculative]
+    method = "ngram"                 # "" (off) or "ngram"
+    num_speculative_tokens = 4
+    acceptance_rates = [0.8, 0.6, 0.5, 0.4]   # P(position i accepted | all before it were)
+    # or: acceptance_from = "run/steps.csv"   # a real run's step log (draft/accepted columns)
+    acceptance_spread = 0.0          # per-request lognormal sigma on the rates
+    disable_by_batch_size = 0        # no drafts while this many requests run (0: never off)
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from twinserve.core.spec_decode import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
+
+from twinserve.sim.errors import ConfigError
+
+SIM_SPEC_METHODS = ("", "ngram")
+
+
+@dataclass(slots=True)
+class SpeculativeSection:
+    """Speculative decoding in the simulator: the same scheduler fields plus an acceptance model."""
+
+    method: str = ""
+    num_speculative_tokens: int = 4
+    acceptance_rates: list = field(default_factory=list)
+    acceptance_from: str = ""
+    acceptance_spread: float = 0.0
+    disable_by_batch_size: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        """True when the study speculates."""
+        return bool(self.method)
+
+    def to_core(self) -> SpeculativeConfig:
+        """The scheduler's SpeculativeConfig."""
+        return SpeculativeConfig(method=self.method, num_speculative_tokens=self.num_speculative_tokens,
+                                 disable_by_batch_size=self.disable_by_batch_size)
+
+    def rates(self, source: str | None = None) -> list[float]:
+        """The per-position acceptance rates, from the table or from a step log."""
+        if self.acceptance_rates:
+            return [float(r) for r in self.acceptance_rates]
+        path = Path(self.acceptance_from)
+        if not path.is_absolute() and source and not path.exists():
+            path = Path(source).parent / path
+        return rates_from_step_log(path, self.num_speculative_tokens)
+
+
+def coerce_speculative(name: str, value: Any, bad: Callable[[str], ConfigError]) -> Any:
+    """Check one [speculative] field (the generic checks do the types of the scalar ones)."""
+    if name == "acceptance_rates":
+        if not isinstance(value, list) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0 for v in value):
+            raise bad(f"{value!r} must be a list of probabilities in [0, 1], e.g. [0.8, 0.6, 0.5, 0.4]")
+        if len(value) > MAX_SPECULATIVE_TOKENS:
+            raise bad(f"{len(value)} rates: at most {MAX_SPECULATIVE_TOKENS}")
+        return [float(v) for v in value]
+    if name == "method" and value not in SIM_SPEC_METHODS:
+        raise bad(f"{value!r} is not one of 'ngram' or '' (off); draft_model is not simulated yet")
+    if name == "num_speculative_tokens" and not 1 <= value <= MAX_SPECULATIVE_TOKENS:
+        raise bad(f"{value!r} must be in [1, {MAX_SPECULATIVE_TOKENS}]")
+    if name in ("acceptance_spread", "disable_by_batch_size") and value < 0:
+        raise bad(f"{value!r} must be >= 0")
+    return value
+
+
+def check_speculative(spec: SpeculativeSection, error: Callable[[str, str], ConfigError]) -> None:
+    """Cross-field checks: a speculating study needs exactly one acceptance model."""
+    if not spec.enabled:
+        return
+    if bool(spec.acceptance_rates) == bool(spec.acceptance_from):
+        raise error("acceptance_rates", "give acceptance_rates = [...] or acceptance_from = "
+                    "\"steps.csv\" (one of them) when method is set")
+    if len(spec.acceptance_rates) > spec.num_speculative_tokens:
+        raise error("acceptance_rates", f"{len(spec.acceptance_rates)} rates for num_speculative_tokens = "
+                    f"{spec.num_speculative_tokens}")
+
+
+def rates_from_step_log(path: Path, k: int) -> list[float]:
+    """Per-position rates from a real run's step log (CSV or JSONL with draft/accepted columns).
+
+    The log has per-step totals, not positions: one rate a per position is fitted so that a
+    k-token draft accepts as many tokens on average as the run did, E = a (1 - a^k) / (1 - a)
+    per draft (the i.i.d. model of Leviathan et al. 2023), solved by bisection.
+    """
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError("speculative.acceptance_from", f"cannot read {path}: {e.strerror}") from None
+    if path.suffix == ".jsonl":
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    else:
+        rows = list(csv.DictReader(text.splitlines()))
+    drafts = accepted = spec_reqs = 0
+    for r in rows:
+        nd = int(float(r.get("num_draft_tokens") or 0))
+        if nd:
+            drafts += nd
+            accepted += int(float(r.get("num_accepted_tokens") or 0))
+            spec_reqs += int(float(r.get("num_spec_reqs") or 0))
+    if not drafts or not spec_reqs:
+        raise ConfigError("speculative.acceptance_from", f"{path} records no verified drafts "
+                          "(columns num_draft_tokens, num_accepted_tokens, num_spec_reqs)")
+    mean_k = drafts / spec_reqs
+    target = accepted / spec_reqs
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        a = (lo + hi) / 2
+        e = sum(a ** (i + 1) for i in range(max(1, round(mean_k))))
+        lo, hi = (a, hi) if e < target else (lo, a)
+    return [round((lo + hi) / 2, 6)] * k
