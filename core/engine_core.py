@@ -40,7 +40,8 @@ class StepStats:
     schedule_time: float = 0.0
     execute_time: float = 0.0
     update_time: float = 0.0
-    # Speculative decoding: draft tokens verified this step, and how many were accepted.
+    # Speculative decoding: requests that verified drafts, their draft tokens, those accepted.
+    num_spec_reqs: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
 
@@ -103,7 +104,7 @@ class EngineCore:
             len(so.scheduled_new_reqs), len(so.num_scheduled_tokens),
             so.total_num_scheduled_tokens, kv.usage, kv.stats.queries, kv.stats.hits,
             len(so.preempted_req_ids), len(sched.finished_req_ids), t_sched, t_exec, t_update,
-            sched.step_num_draft_tokens, sched.step_num_accepted_tokens,
+            sched.step_num_spec_reqs, sched.step_num_draft_tokens, sched.step_num_accepted_tokens,
         )
         self.num_steps += 1
         return outputs, stats

@@ -411,7 +411,7 @@ class LLMEngine:
             stats.num_waiting, stats.num_preempted, stats.schedule_time, prepare, forward, sample,
             stats.update_time, t_end - t_core, t_end - t0, gap,
             dict(so.num_scheduled_tokens) if log.record_schedule and so is not None else None,
-            extra))
+            extra, stats.num_spec_reqs, stats.num_draft_tokens, stats.num_accepted_tokens))
 
     def _log_core_steps(self, traces: list[tuple[StepStats, Any]], output_s: float) -> None:
         """Step records from the core process's traces (its clock, its gaps; see step_log.py)."""
@@ -425,7 +425,8 @@ class LLMEngine:
                 tr.forward_s, tr.sample_s, stats.update_time,
                 # This front end's output processing ran once for the steps it took together.
                 output_s if i == last else 0.0, tr.step_time_s, tr.gap_s,
-                tr.scheduled if log.record_schedule else None, tr.extra or {})
+                tr.scheduled if log.record_schedule else None, tr.extra or {},
+                stats.num_spec_reqs, stats.num_draft_tokens, stats.num_accepted_tokens)
             log.append(rec)
             made.append((rec, tr))
         self.last_core_steps = made

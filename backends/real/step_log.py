@@ -60,8 +60,11 @@ FEATURE_COLUMNS = ("num_prefill_tokens", "num_prefill_seqs", "prefill_context", 
                    "num_decode_seqs", "decode_context")
 TIME_COLUMNS = ("schedule_s", "prepare_s", "forward_s", "sample_s", "update_s", "output_s",
                 "gap_s", "execute_s", "overhead_s", "step_time_s")
+# Speculative decoding: requests that verified drafts, draft tokens verified, drafts accepted.
+SPEC_COLUMNS = ("num_spec_reqs", "num_draft_tokens", "num_accepted_tokens")
 COLUMNS = (("step", "start_s") + FEATURE_COLUMNS
            + ("num_seqs", "num_running", "num_waiting", "num_preempted") + TIME_COLUMNS
+           + SPEC_COLUMNS
            + ("prefill_chunks", "decode_context_lens", "scheduled", "extra"))
 # What a fit needs from a log.
 REQUIRED_COLUMNS = FEATURE_COLUMNS + ("execute_s", "step_time_s")
@@ -93,6 +96,9 @@ class StepRecord:
     # req_id -> tokens scheduled this step (kept only when the engine is asked to).
     scheduled: dict[str, int] | None = None
     extra: dict[str, float] = field(default_factory=dict)
+    num_spec_reqs: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     # -- the simulator's features ------------------------------------------------
     @property
@@ -156,7 +162,7 @@ class StepRecord:
         out.update(zip(FEATURE_COLUMNS, self.features()))
         out.update(num_seqs=self.num_seqs, num_running=self.num_running,
                    num_waiting=self.num_waiting, num_preempted=self.num_preempted)
-        for name in TIME_COLUMNS:
+        for name in TIME_COLUMNS + SPEC_COLUMNS:
             out[name] = getattr(self, name)
         out["prefill_chunks"] = [list(p) for p in self.prefill_chunks]
         out["decode_context_lens"] = self.decode_context_lens

@@ -103,7 +103,8 @@ class Scheduler:
         # and are scheduled as part of their request's step.
         self.spec = speculative_config
         self.spec_stats = SpecDecodeStats()
-        # The last update's drafts verified and accepted, over all requests.
+        # The last update's requests with drafts, drafts verified and accepted.
+        self.step_num_spec_reqs = 0
         self.step_num_draft_tokens = 0
         self.step_num_accepted_tokens = 0
         # Blocks trimmed after rejections, not yet announced to the executor (req id -> count).
@@ -444,6 +445,7 @@ class Scheduler:
         req.num_draft_tokens += num_drafts
         req.num_accepted_tokens += num_accepted
         self.spec_stats.observe(num_drafts, num_accepted)
+        self.step_num_spec_reqs += 1
         self.step_num_draft_tokens += num_drafts
         self.step_num_accepted_tokens += num_accepted
         return num_drafts, num_accepted
@@ -484,7 +486,7 @@ class Scheduler:
         verified = scheduler_output.scheduled_spec_decode_tokens
         proposed = model_runner_output.spec_token_ids
         rolled_back: list[Request] = []
-        self.step_num_draft_tokens = self.step_num_accepted_tokens = 0
+        self.step_num_spec_reqs = self.step_num_draft_tokens = self.step_num_accepted_tokens = 0
         for req in reqs:
             rid = req.request_id
             tokens = sampled.get(rid)

@@ -123,3 +123,21 @@ def test_bad_speculative_config_is_a_typed_error_before_anything_loads(tiny_dir:
 
     with pytest.raises(InvalidConfigError, match=match):
         LLM(str(tiny_dir), speculative_config=spec)
+
+
+def test_the_step_log_records_drafts_and_the_simulator_reads_its_rates(make_llm, tmp_path: Path) -> None:
+    from twinserve.backends.real.step_log import read_step_log
+    from twinserve.sim.speculative import rates_from_step_log
+
+    prompts = _prompts()[:4]
+    refs = [p + o.outputs[0].token_ids for p, o in zip(prompts, _gen(make_llm(), prompts))]
+    log = tmp_path / "steps.csv"
+    llm = make_llm(speculative_config={**NGRAM, "num_speculative_tokens": 4}, step_log_path=str(log))
+    llm.llm_engine.worker.runner.proposer = OracleProposer(refs, 4, miss=3)
+    outs = _gen(llm, prompts)
+    llm.llm_engine.step_log.close()
+    rows = read_step_log(log)
+    assert sum(int(r["num_draft_tokens"]) for r in rows) == sum(o.metrics.num_draft_tokens for o in outs)
+    assert sum(int(r["num_accepted_tokens"]) for r in rows) == sum(o.metrics.num_accepted_tokens for o in outs)
+    rates = rates_from_step_log(log, 4)
+    assert len(rates) == 4 and 0.0 < rates[0] < 1.0
