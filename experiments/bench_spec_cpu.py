@@ -1,0 +1,148 @@
+"""Speculative decoding on the CPU: SmolLM2-135M-Instruct, one thread, n-gram drafts, an edit workload.
+
+Each prompt asks the model to copy a passage from experiments/data/spec_edit_text.txt (written for
+this benchmark) with one word replaced, so the output repeats the prompt and prompt lookup drafts
+well. Greedy, EOS ignored, fixed output length. Two engines built once (plain, and ngram with
+disable_by_batch_size) and run alternately, because this machine's speed drifts:
+
+- batch 1: the prompts one at a time; output tok/s of each engine and their ratio;
+- batch 16: 16 prompts at once (speculation switched off from --disable running requests).
+
+Outputs must be token-identical (checked). Then the simulator, given the acceptance rates measured
+here (per position, from the scheduler's counters) and the fitted CPU profile, predicts both
+speedups for the same shapes. Run pinned to one core, e.g.
+
+    taskset -c 1 python experiments/bench_spec_cpu.py [--k 4] [--max-tokens 96] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from twinserve.backends.real import LLM, SamplingParams  # noqa: E402
+
+TEXT = (Path(__file__).parent / "data" / "spec_edit_text.txt").read_text()
+EDITS = [("river", "stream"), ("miller", "baker"), ("mill", "workshop"), ("village", "town"),
+         ("wheel", "drum"), ("sluice", "gate"), ("garden", "yard"), ("water", "current")]
+
+
+def prompts_for(tok, n: int) -> list[list[int]]:
+    """n chat prompts: copy a passage (a paragraph's first 4-6 sentences) with one word replaced."""
+    paragraphs = [[s.strip() + "." for s in p.split(".") if s.strip()] for p in TEXT.split("\n") if p.strip()]
+    out = []
+    for i in range(n):
+        sentences = paragraphs[i % len(paragraphs)]
+        passage = " ".join(sentences[:4 + i % 3])
+        old, new = EDITS[i % len(EDITS)]
+        msg = (f"Copy the following text exactly, word for word, but replace every '{old}' with '{new}'.\n\n"
+               f"{passage}")
+        ids = tok.apply_chat_template([{"role": "user", "content": msg}], add_generation_prompt=True)
+        out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    return out
+
+
+def timed(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tuple[float, list]:
+    t0 = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return time.perf_counter() - t0, outs
+
+
+def measured_rates(llm: LLM, k: int) -> list[float]:
+    """P(position i accepted | all before it were), from the scheduler's per-position counters."""
+    s = llm.llm_engine.core.stats()
+    per_pos = list(s.spec_accepted_per_pos) + [0] * k
+    rates, reached = [], s.spec_num_drafts
+    for i in range(k):
+        rates.append(per_pos[i] / reached if reached else 0.0)
+        reached = per_pos[i]
+    return rates
+
+
+def predict(rates: list[float], k: int, disable: int, batch: int, n: int, prompt_len: int,
+            out_len: int) -> float:
+    """The simulator's speedup (plain time / speculative time) for n requests, batch at a time."""
+    from twinserve.sim.build import simulate
+    from twinserve.sim.config import StudyConfig
+
+    cfg = StudyConfig()
+    cfg.engine.model, cfg.engine.cost_model = "SmolLM2-135M", "fitted"
+    cfg.engine.profile, cfg.engine.num_gpu_blocks = "builtin:smollm2-135m-cpu-1t", 1456
+    s, w = cfg.scheduler, cfg.workload
+    s.max_num_seqs, s.max_num_batched_tokens, s.max_model_len = batch, 2048, 2048
+    w.num_requests, w.arrival = n, "all_at_once"
+    w.prompt_dist = w.output_dist = "fixed"
+    w.prompt_mean, w.output_mean, w.output_min = float(prompt_len), float(out_len), out_len
+    w.prompt_max, w.output_max = 2048, 2048
+    plain = simulate(cfg)[1].end_time
+    spec = dataclasses.replace(cfg)
+    spec.speculative = dataclasses.replace(cfg.speculative, method="ngram", num_speculative_tokens=k,
+                                           acceptance_rates=[max(0.0, min(1.0, r)) for r in rates],
+                                           disable_by_batch_size=disable)
+    return plain / simulate(spec)[1].end_time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--lookup-max", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--batch1-prompts", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--disable", type=int, default=4, help="disable_by_batch_size")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    common = dict(dtype="float32", max_model_len=2048, max_num_seqs=args.batch, max_num_batched_tokens=2048,
+                  enable_prefix_caching=False)
+    spec_cfg = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": args.lookup_max,
+                "disable_by_batch_size": args.disable}
+    plain = LLM("smollm2", **common)
+    spec = LLM("smollm2", **common, speculative_config=spec_cfg)
+    tok = plain.get_tokenizer()
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    one = prompts_for(tok, args.batch1_prompts)
+    many = prompts_for(tok, args.batch)
+    print(f"SmolLM2-135M-Instruct fp32, torch threads {torch.get_num_threads()}, affinity "
+          f"{sorted(os.sched_getaffinity(0))}, {os.cpu_count()} CPUs seen, load average {os.getloadavg()[0]:.1f}")
+    print(f"ngram k={args.k} prompt_lookup_max={args.lookup_max} disable_by_batch_size={args.disable}; "
+          f"{args.max_tokens} output tokens per request; prompts {min(map(len, many))}-{max(map(len, many))} tokens")
+    times = {("b1", "plain"): 0.0, ("b1", "spec"): 0.0, ("bN", "plain"): 0.0, ("bN", "spec"): 0.0}
+    identical = True
+    for _ in range(args.rounds):
+        for shape, prompts, alone in (("b1", one, True), ("bN", many, False)):
+            outs = {}
+            for name, llm in (("plain", plain), ("spec", spec)):
+                if alone:
+                    runs = [timed(llm, [p], params) for p in prompts]
+                    times[(shape, name)] += sum(t for t, _ in runs)
+                    outs[name] = [o.outputs[0].token_ids for _, r in runs for o in r]
+                else:
+                    t, r = timed(llm, prompts, params)
+                    times[(shape, name)] += t
+                    outs[name] = [o.outputs[0].token_ids for o in r]
+            identical &= outs["plain"] == outs["spec"]
+    rates = measured_rates(spec, args.k)
+    n1, nN = args.rounds * len(one) * args.max_tokens, args.rounds * len(many) * args.max_tokens
+    s = spec.llm_engine.core.stats()
+    print(f"greedy outputs identical: {identical}; acceptance {s.spec_num_accepted_tokens}/"
+          f"{s.spec_num_draft_tokens} draft tokens over {s.spec_num_drafts} drafts; "
+          f"per-position rates {[round(r, 3) for r in rates]}")
+    plen = sum(map(len, many)) // len(many)
+    for shape, n, batch, count in (("b1", n1, 1, len(one)), ("bN", nN, args.batch, len(many))):
+        tp, ts = n / times[(shape, "plain")], n / times[(shape, "spec")]
+        pred = predict(rates, args.k, args.disable, batch, count, plen, args.max_tokens)
+        print(f"batch {batch:>2}: plain {tp:6.1f} tok/s, ngram {ts:6.1f} tok/s, speedup {ts / tp:.2f}x; "
+              f"simulator predicts {pred:.2f}x ({(pred / (ts / tp) - 1) * 100:+.0f}%)")
+
+
+if __name__ == "__main__":
+    main()
