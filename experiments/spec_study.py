@@ -8,7 +8,7 @@ the drafts; a verify step is priced as a (k + 1)-token chunk per sequence. Speed
 mean TPOT over speculative mean TPOT (above 1: speculation pays). Prints a table per engine
 and writes one figure with a panel each.
 
-    python experiments/spec_study.py [--requests N] [--out docs/figures/spec_study.png]
+    python experiments/spec_study.py [--requests N] [--out docs/img/spec_study.png]
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="docs/figures/spec_study.png")
+    ap.add_argument("--out", default="docs/img/spec_study.png")
     args = ap.parse_args()
     import matplotlib
 
