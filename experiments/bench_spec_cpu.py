@@ -3,7 +3,7 @@
 Each prompt asks the model to copy a passage from experiments/data/spec_edit_text.txt (written for
 this benchmark) with one word replaced, so the output repeats the prompt and prompt lookup drafts
 well. Greedy, EOS ignored, fixed output length. Two engines built once (plain, and ngram with
-disable_by_batch_size) and run alternately, because this machine's speed drifts:
+disable_by_batch_size) and run alternately, in turn first, because this machine's speed drifts:
 
 - batch 1: the prompts one at a time; output tok/s of each engine and their ratio;
 - batch 16: 16 prompts at once (speculation switched off from --disable running requests).
@@ -117,10 +117,12 @@ def main() -> None:
           f"{args.max_tokens} output tokens per request; prompts {min(map(len, many))}-{max(map(len, many))} tokens")
     times = {("b1", "plain"): 0.0, ("b1", "spec"): 0.0, ("bN", "plain"): 0.0, ("bN", "spec"): 0.0}
     identical = True
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
         for shape, prompts, alone in (("b1", one, True), ("bN", many, False)):
             outs = {}
-            for name, llm in (("plain", plain), ("spec", spec)):
+            # Odd rounds run speculation first, so drift within a round hits both alike.
+            order = (("plain", plain), ("spec", spec))
+            for name, llm in (order if r % 2 == 0 else order[::-1]):
                 if alone:
                     runs = [timed(llm, [p], params) for p in prompts]
                     times[(shape, name)] += sum(t for t, _ in runs)

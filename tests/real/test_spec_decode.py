@@ -117,6 +117,7 @@ def test_sampling_with_drafts_is_reproducible_by_seed_and_counts_acceptance(make
     ({"method": "ngram", "num_speculative_tokens": 99}, "num_speculative_tokens"),
     ('{"method": "ngram", ', "JSON"),
     ({"method": "ngram", "bogus": 1}, "speculative_config"),
+    ({"method": "draft_model", "model": "tiny-draft"}, "not served yet"),
 ])
 def test_bad_speculative_config_is_a_typed_error_before_anything_loads(tiny_dir: Path, spec, match) -> None:
     from twinserve.backends.real import LLM
