@@ -116,9 +116,14 @@ def main() -> None:
     print(f"ngram k={args.k} prompt_lookup_max={args.lookup_max} disable_by_batch_size={args.disable}; "
           f"{args.max_tokens} output tokens per request; prompts {min(map(len, many))}-{max(map(len, many))} tokens")
     times = {("b1", "plain"): 0.0, ("b1", "spec"): 0.0, ("bN", "plain"): 0.0, ("bN", "spec"): 0.0}
+    # Each round's speedup per shape, so the spread from this machine's drift shows.
+    per_round: dict[str, list[float]] = {"b1": [], "bN": []}
     identical = True
     for r in range(args.rounds):
         for shape, prompts, alone in (("b1", one, True), ("bN", many, False)):
+            if not prompts:
+                continue
+            before = (times[(shape, "plain")], times[(shape, "spec")])
             outs = {}
             # Odd rounds run speculation first, so drift within a round hits both alike.
             order = (("plain", plain), ("spec", spec))
@@ -132,6 +137,7 @@ def main() -> None:
                     times[(shape, name)] += t
                     outs[name] = [o.outputs[0].token_ids for o in r]
             identical &= outs["plain"] == outs["spec"]
+            per_round[shape].append((times[(shape, "plain")] - before[0]) / (times[(shape, "spec")] - before[1]))
     rates = measured_rates(spec, args.k)
     n1, nN = args.rounds * len(one) * args.max_tokens, args.rounds * len(many) * args.max_tokens
     s = spec.llm_engine.core.stats()
@@ -140,10 +146,13 @@ def main() -> None:
           f"per-position rates {[round(r, 3) for r in rates]}")
     plen = sum(map(len, many)) // len(many)
     for shape, n, batch, count in (("b1", n1, 1, len(one)), ("bN", nN, args.batch, len(many))):
+        if not count:
+            continue
         tp, ts = n / times[(shape, "plain")], n / times[(shape, "spec")]
         pred = predict(rates, args.k, args.disable, batch, count, plen, args.max_tokens)
         print(f"batch {batch:>2}: plain {tp:6.1f} tok/s, ngram {ts:6.1f} tok/s, speedup {ts / tp:.2f}x; "
-              f"simulator predicts {pred:.2f}x ({(pred / (ts / tp) - 1) * 100:+.0f}%)")
+              f"simulator predicts {pred:.2f}x ({(pred / (ts / tp) - 1) * 100:+.0f}%); "
+              f"per round {[round(x, 2) for x in per_round[shape]]}")
 
 
 if __name__ == "__main__":
