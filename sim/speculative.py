@@ -3,7 +3,8 @@
     [speculative]
     method = "ngram"                 # "" (off) or "ngram"
     num_speculative_tokens = 4
-    acceptance_rates = [0.8, 0.6, 0.5, 0.4]   # P(position i accepted | all before it were)
+    acceptance_rates = [0.8, 0.6, 0.5, 0.4]   # P(position i accepted | all before it were);
+                                              # positions past the list take its last rate
     # or: acceptance_from = "run/steps.csv"   # a real run's step log (draft/accepted columns)
     acceptance_spread = 0.0          # per-request lognormal sigma on the rates
     disable_by_batch_size = 0        # no drafts while this many requests run (0: never off)
@@ -80,9 +81,7 @@ def check_speculative(spec: SpeculativeSection, error: Callable[[str, str], Conf
     if bool(spec.acceptance_rates) == bool(spec.acceptance_from):
         raise error("acceptance_rates", "give acceptance_rates = [...] or acceptance_from = "
                     "\"steps.csv\" (one of them) when method is set")
-    if len(spec.acceptance_rates) > spec.num_speculative_tokens:
-        raise error("acceptance_rates", f"{len(spec.acceptance_rates)} rates for num_speculative_tokens = "
-                    f"{spec.num_speculative_tokens}")
+    # More rates than k are fine (a sweep over k keeps one list): positions past k never run.
 
 
 def rates_from_step_log(path: Path, k: int) -> list[float]:

@@ -116,8 +116,6 @@ def test_acceptance_from_a_step_log_fits_one_rate_per_position(tmp_path: Path) -
     ({"method": "ngram", "acceptance_rates": [0.5, 1.5]}, "speculative.acceptance_rates"),
     ({"method": "ngram"}, "speculative.acceptance_rates"),
     ({"method": "ngram", "acceptance_rates": [0.5], "acceptance_from": "x.csv"}, "speculative.acceptance_rates"),
-    ({"method": "ngram", "num_speculative_tokens": 2, "acceptance_rates": [0.5, 0.4, 0.3]},
-     "speculative.acceptance_rates"),
     ({"method": "ngram", "acceptance_rates": [0.5], "k": 3}, "speculative.k"),
 ])
 def test_bad_speculative_tables_name_the_field(table: dict, field: str) -> None:
@@ -134,3 +132,6 @@ def test_sweeps_and_search_resolve_the_speculative_fields() -> None:
     assert cfg.speculative.num_speculative_tokens == 3
     with pytest.raises(ConfigError):
         set_field(cfg, "num_speculative_tokens", "99")
+    # One list of rates serves every k of a sweep: positions past k never run.
+    built = build(_spec(small_config(num_requests=2), rates=RATES, k=2))
+    assert built.simulation.executor.spec.rates == RATES[:2]
