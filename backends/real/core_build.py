@@ -9,13 +9,13 @@ from twinserve.core.errors import InvalidConfigError
 from twinserve.backends.real.config import EngineArgs
 from twinserve.backends.real.core_client import scheduler_config_for
 from twinserve.backends.real.executor import InProcessExecutor
-from twinserve.backends.real.models.llama import LlamaForCausalLM
+from twinserve.backends.real.models.architectures import CausalLM
 from twinserve.backends.real.models.registry import ModelSource
 from twinserve.backends.real.worker import Worker
 
 
 def build_engine_core(args: EngineArgs, max_model_len: int, eos_ids: list[int],
-                      model: LlamaForCausalLM | None = None, source: ModelSource | None = None
+                      model: CausalLM | None = None, source: ModelSource | None = None
                       ) -> tuple[EngineCore, Any, int]:
     """(EngineCore, executor, KV bytes per token): workers built, KV sized by the smallest one."""
     backend = args.resolve_executor_backend()

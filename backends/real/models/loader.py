@@ -1,4 +1,4 @@
-"""Weights into a LlamaForCausalLM: from an HF folder (config.json + safetensors) or a GGUF file."""
+"""Weights into a registered model: from an HF folder (config.json + safetensors) or a GGUF file."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from twinserve.core.errors import UnsupportedModelError
-from twinserve.backends.real.models.config import LlamaConfig
+from twinserve.core.errors import CheckpointMismatchError, UnsupportedModelError
+from twinserve.backends.real.models.architectures import CausalLM, model_class
+from twinserve.backends.real.models.config import LlamaConfig, ModelConfig
 from twinserve.backends.real.models.llama import LlamaForCausalLM
 
 # HF name (after "model.layers.N.") -> (fused parameter, shard index) for the fused projections.
@@ -23,12 +24,12 @@ _FUSED = {
 }
 
 
-def read_hf_config(folder: Path) -> LlamaConfig:
-    """Parse folder/config.json."""
+def read_hf_config(folder: Path) -> ModelConfig:
+    """Parse folder/config.json through the registered class of its architecture."""
     path = folder / "config.json"
     if not path.exists():
         raise UnsupportedModelError(f"{folder} has no config.json; give an HF model folder or a .gguf file")
-    return LlamaConfig.from_hf_dict(json.loads(path.read_text()))
+    return ModelConfig.from_hf_dict(json.loads(path.read_text()))
 
 
 def _hf_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -51,7 +52,7 @@ def _shard_slices(cfg: LlamaConfig, fused: str) -> list[slice]:
     return [slice(0, i), slice(i, 2 * i)]
 
 
-def load_named_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+def load_named_weights(model: CausalLM, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
     """Copy HF-named tensors into the model's (partly fused) parameters; every parameter must be set."""
     cfg = model.config
     params = dict(model.named_parameters())
@@ -69,25 +70,25 @@ def load_named_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, tor
                     target, shard = key.replace(hf, ours), idx
                     break
             if target not in params:
-                raise UnsupportedModelError(f"checkpoint tensor {name!r} has no place in the Llama model")
+                raise CheckpointMismatchError(name, f"has no place in the {cfg.architecture} model")
             p = params[target]
             if shard is None:
                 dst = p
             else:
                 dst = p[_shard_slices(cfg, target)[shard]]
             if tuple(dst.shape) != tuple(tensor.shape):
-                raise UnsupportedModelError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(dst.shape)}")
+                raise CheckpointMismatchError(name, f"shape {tuple(tensor.shape)} != the model's {tuple(dst.shape)}")
             dst.copy_(tensor.to(p.dtype))
             filled[target] = filled.get(target, 0) + 1
     missing = [n for n in params if n not in filled]
     if missing:
-        raise UnsupportedModelError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+        raise CheckpointMismatchError(missing[0], f"is missing from the checkpoint ({len(missing)} missing in all)")
 
 
-def load_hf_folder(folder: Path, max_len: int, dtype: torch.dtype) -> LlamaForCausalLM:
-    """Build and fill a model from an HF folder."""
+def load_hf_folder(folder: Path, max_len: int, dtype: torch.dtype) -> CausalLM:
+    """Build and fill a model from an HF folder, with the class its architecture names."""
     cfg = read_hf_config(folder)
-    model = LlamaForCausalLM(cfg, max_len, dtype).to(dtype)
+    model = model_class(cfg)(cfg, max_len, dtype).to(dtype)
     load_named_weights(model, _hf_tensors(folder))
     return model.eval()
 
