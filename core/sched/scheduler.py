@@ -88,7 +88,8 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.kv = KVCacheManager(config.num_blocks, config.block_size,
-                                 config.enable_prefix_caching, config.prefix_caching_hash_algo)
+                                 config.enable_prefix_caching, config.prefix_caching_hash_algo,
+                                 sliding_window=config.sliding_window or None)
         self.waiting = make_queue(config.policy, config.aging_interval_s, config.max_model_len)
         self.preemption_policy = make_preemption_policy(config.preemption, config.policy)
         self.running: list[Request] = []

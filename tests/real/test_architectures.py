@@ -88,7 +88,8 @@ def test_logits_match_transformers_triton_interpreter(arch_dir: Path) -> None:
 @pytest.mark.parametrize("engine_kw", [
     {},
     {"max_num_batched_tokens": 5},  # chunked prefill: chunk edges fall on both sides of the window
-    {"num_gpu_blocks_override": 30, "max_num_seqs": 4},  # 120 slots for 6 requests of ~45: preemption
+    # 48 slots for 6 requests of up to 44 tokens, 8-token chunks: preemption, with a window too
+    {"num_gpu_blocks_override": 12, "max_num_seqs": 4, "max_num_batched_tokens": 8},
     {"enable_prefix_caching": True},
 ], ids=["plain", "chunked-5", "preemption", "prefix-cache"])
 def test_greedy_matches_transformers(arch_dir: Path, engine_kw: dict) -> None:

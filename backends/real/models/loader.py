@@ -85,6 +85,15 @@ def load_named_weights(model: CausalLM, weights: Iterator[tuple[str, torch.Tenso
         raise CheckpointMismatchError(missing[0], f"is missing from the checkpoint ({len(missing)} missing in all)")
 
 
+def peek_model_config(source) -> ModelConfig:
+    """The architecture record of a ModelSource (HF folder or GGUF file), without loading weights."""
+    if source.is_gguf:
+        from gguf import GGUFReader
+
+        return gguf_config(GGUFReader(str(source.path)))
+    return read_hf_config(source.path)
+
+
 def load_hf_folder(folder: Path, max_len: int, dtype: torch.dtype) -> CausalLM:
     """Build and fill a model from an HF folder, with the class its architecture names."""
     cfg = read_hf_config(folder)
