@@ -109,3 +109,20 @@ def test_greedy_matches_transformers(arch_dir: Path, engine_kw: dict) -> None:
         assert sum(o.metrics.num_preemptions for o in outs) > 0
     if engine_kw.get("enable_prefix_caching"):
         assert sum(o.metrics.num_cached_tokens for o in outs[1:3]) >= 2 * 16
+
+
+@pytest.mark.slow
+def test_tensor_parallel_in_worker_processes_gives_the_tokens_of_tp1(arch_dir: Path) -> None:
+    """TP 2 over worker processes, the engine core in its own process: tokens equal TP 1's (fp32)."""
+    from twinserve.backends.real import LLM
+
+    prompts = [{"prompt_token_ids": p} for p in prompts_ids(3, seed=8, lo=12, hi=30)]
+    kw = dict(dtype="float32", max_model_len=256, num_gpu_blocks_override=64, block_size=4,
+              max_num_batched_tokens=8)
+    ref = LLM(str(arch_dir), **kw).generate(prompts, GREEDY, use_tqdm=False)
+    llm = LLM(str(arch_dir), tensor_parallel_size=2, engine_core_mode="process", **kw)
+    try:
+        got = llm.generate(prompts, GREEDY, use_tqdm=False)
+    finally:
+        llm.llm_engine.shutdown()
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in ref]
