@@ -122,9 +122,13 @@ def gguf_config(reader) -> LlamaConfig:
     """Architecture from GGUF metadata (llama.* keys)."""
     arch = _field(reader, "general.architecture")
     if arch != "llama":
-        raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported; only llama")
+        raise UnsupportedModelError(
+            f"GGUF architecture {arch!r} is not read directly (only llama); convert the file to an HF "
+            "folder with transformers (from_pretrained(..., gguf_file=...), then save_pretrained) and serve that")
     names = {t.name for t in reader.tensors}
-    emb = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if emb is None:
+        raise CheckpointMismatchError("token_embd.weight", "is missing from the GGUF file")
     heads = int(_field(reader, "llama.attention.head_count"))
     hidden = int(_field(reader, "llama.embedding_length"))
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
@@ -157,7 +161,12 @@ def _unpermute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _gguf_tensors(reader, cfg: LlamaConfig) -> Iterator[tuple[str, torch.Tensor]]:
+# GGUF tensors a llama model file may carry that hold no weights (precomputed RoPE factors).
+_GGUF_IGNORED = {"rope_freqs.weight"}
+
+
+def _gguf_tensors(reader, cfg: LlamaConfig, origin: dict[str, str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """HF-named tensors of a llama GGUF; origin maps each HF name back to its GGUF name."""
     from gguf.quants import dequantize
 
     for t in reader.tensors:
@@ -172,13 +181,18 @@ def _gguf_tensors(reader, cfg: LlamaConfig) -> Iterator[tuple[str, torch.Tensor]
         elif t.name == "output.weight":
             name = "lm_head.weight"
         elif parts[0] == "blk" and parts[2] in _GGUF_NAMES:
-            if parts[2] == "attn_q":
-                arr = _unpermute_rope(arr, cfg.num_attention_heads)
-            elif parts[2] == "attn_k":
-                arr = _unpermute_rope(arr, cfg.num_key_value_heads)
+            if parts[2] in ("attn_q", "attn_k"):
+                heads = cfg.num_attention_heads if parts[2] == "attn_q" else cfg.num_key_value_heads
+                if arr.shape[0] != heads * cfg.head_dim:  # checked here: the unpermute needs whole heads
+                    raise CheckpointMismatchError(
+                        t.name, f"shape {arr.shape} != the model's ({heads * cfg.head_dim}, ...)")
+                arr = _unpermute_rope(arr, heads)
             name = f"model.layers.{parts[1]}.{_GGUF_NAMES[parts[2]]}.{parts[3]}"
-        else:
+        elif t.name in _GGUF_IGNORED:
             continue
+        else:
+            raise CheckpointMismatchError(t.name, "is not a tensor of a llama model")
+        origin[name] = t.name
         yield name, torch.from_numpy(np.array(arr, copy=True))
 
 
@@ -189,5 +203,11 @@ def load_gguf(path: Path, max_len: int, dtype: torch.dtype) -> LlamaForCausalLM:
     reader = GGUFReader(str(path))
     cfg = gguf_config(reader)
     model = LlamaForCausalLM(cfg, max_len, dtype).to(dtype)
-    load_named_weights(model, _gguf_tensors(reader, cfg))
+    origin: dict[str, str] = {}
+    try:
+        load_named_weights(model, _gguf_tensors(reader, cfg, origin))
+    except CheckpointMismatchError as e:
+        if e.tensor in origin:  # name the tensor as the GGUF file does
+            raise CheckpointMismatchError(f"{origin[e.tensor]} ({e.tensor})", e.args[1]) from None
+        raise
     return model.eval()
