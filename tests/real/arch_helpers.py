@@ -2,34 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
-
-
-def _import_hub_kernels() -> None:
-    """Import the hub `kernels` package transformers probes for, before the repository's kernels/ can shadow it.
-
-    Under pytest the repository root is on sys.path, so `import kernels` would find this project's
-    kernels/ folder (installed as twinserve.kernels) and transformers' Gemma 3 import would fail.
-    """
-    if "kernels" in sys.modules:
-        return
-    root = os.path.realpath(Path(__file__).resolve().parents[2])
-    saved = sys.path[:]
-    sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.getcwd()) != root]
-    try:
-        import kernels  # noqa: F401
-    except ImportError:
-        pass
-    finally:
-        sys.path[:] = saved
-
-
-_import_hub_kernels()
 
 from .conftest import make_tokenizer
 

@@ -24,7 +24,6 @@ def test_greedy_equals_transformers_past_the_window() -> None:
     from twinserve.backends.real import LLM, SamplingParams
     from twinserve.backends.real.models.registry import resolve_model
 
-    from .arch_helpers import hf_model  # noqa: F401  (disables transformers' hub kernels under pytest)
 
     source = resolve_model("gemma3-270m")
     llm = LLM("gemma3-270m", dtype="float32", max_model_len=1024, num_gpu_blocks_override=256, block_size=16,
