@@ -75,5 +75,35 @@ class UnsupportedModelError(TwinserveError, ValueError):
     """A model cannot be found or its architecture is not one twinserve serves."""
 
 
+class UnsupportedArchitectureError(UnsupportedModelError):
+    """config.json names an architecture no registered model class implements."""
+
+    def __init__(self, architecture: object, supported: list[str], model_type: object = None) -> None:
+        self.architecture = architecture
+        self.supported = list(supported)
+        kind = "" if model_type is None else f" (model_type {short_repr(model_type)})"
+        self._keep_args(f"architecture {short_repr(architecture)}{kind} is not supported; twinserve serves "
+                        f"{', '.join(self.supported)}", architecture, self.supported, model_type)
+
+
+class UnsupportedConfigFieldError(UnsupportedModelError):
+    """A model config field holds a value the model class does not implement (never silently ignored)."""
+
+    def __init__(self, architecture: str, field: str, value: object, supported: str) -> None:
+        self.architecture = architecture
+        self.field = field
+        self.value = value
+        self._keep_args(f"{architecture}: config field {field}={short_repr(value)} is not implemented; "
+                        f"supported: {supported}", architecture, field, value, supported)
+
+
+class CheckpointMismatchError(UnsupportedModelError):
+    """A checkpoint tensor's name or shape does not match the model its config describes."""
+
+    def __init__(self, tensor: str, problem: str) -> None:
+        self.tensor = tensor
+        self._keep_args(f"checkpoint tensor {tensor!r}: {problem}", tensor, problem)
+
+
 class EngineDeadError(TwinserveError, RuntimeError):
     """The engine failed while executing a step and cannot serve further requests."""

@@ -58,11 +58,13 @@ class KVSlotModel:
                 block = self.slots[block_ids[p // bs]] = [None] * bs
             block[p % bs] = prefix_ids[p]
 
-    def check(self, req_id: str, block_ids: Sequence[int], prefix_ids: Sequence[int], end: int) -> None:
-        """Raise ContractViolation unless positions 0..end-1 all hold this request's own prefix."""
+    def check(self, req_id: str, block_ids: Sequence[int], prefix_ids: Sequence[int], end: int,
+              start: int = 0) -> None:
+        """Raise ContractViolation unless positions start..end-1 all hold this request's own prefix
+        (start > 0: a sliding window, which reads nothing before it)."""
         bs = self.block_size
         slots = self.slots
-        for p in range(end):
+        for p in range(start, end):
             block = slots.get(block_ids[p // bs])
             held = None if block is None else block[p % bs]
             if held != prefix_ids[p]:
@@ -88,7 +90,8 @@ class FakeExecutor:
 
     def __init__(self, vocab_size: int = 1000, block_size: int = 16, eos_token_id: int | None = None,
                  step_time: float | None = None, model_kv: bool = False,
-                 num_speculative_tokens: int = 0, draft_miss: int = 3) -> None:
+                 num_speculative_tokens: int = 0, draft_miss: int = 3,
+                 sliding_window: int | None = None) -> None:
         self.num_speculative_tokens = num_speculative_tokens
         self.draft_miss = draft_miss
         self.vocab_size = vocab_size
@@ -100,6 +103,8 @@ class FakeExecutor:
         self.kv = KVSlotModel(block_size) if model_kv else None
         # Positions checked by the KV model over the run (so a test can show it looked).
         self.num_kv_reads = 0
+        # Attention reads only each new token's last sliding_window positions (None: all).
+        self.sliding_window = sliding_window
 
     def next_token(self, prev_token: int, position: int) -> int:
         """The toy model: a fixed function of the previous token and its position."""
@@ -164,7 +169,8 @@ class FakeExecutor:
                 # of the step land before any read. Drafts' KV is written like any other.
                 ids = kv.prefix_ids(seq, list(st.prefix_ids) if drafts else st.prefix_ids)
                 kv.write(st.block_ids, ids, st.num_computed, end)
-                spans.append((rid, st, end, ids))
+                w = self.sliding_window
+                spans.append((rid, st, 0 if w is None else max(0, st.num_computed - w + 1), end, ids))
             st.num_computed = end
             if end == len(seq):
                 base = len(st.token_ids)
@@ -180,7 +186,7 @@ class FakeExecutor:
                 if proposals is not None:
                     proposals[rid] = self.propose(st.token_ids)
         if kv is not None:
-            for rid, st, end, ids in spans:
-                kv.check(rid, st.block_ids, ids, end)
-                self.num_kv_reads += end
+            for rid, st, start, end, ids in spans:
+                kv.check(rid, st.block_ids, ids, end, start)
+                self.num_kv_reads += end - start
         return ModelRunnerOutput(sampled, step_time=self.step_time, spec_token_ids=proposals)

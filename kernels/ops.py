@@ -86,8 +86,12 @@ def paged_attention(
     num_splits: int | None = None,
     config: AttentionConfig | None = None,
     layout: str = "nhd",
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Causal paged attention for a flat varlen batch (prefill chunks and decodes mixed).
+
+    ``sliding_window=W``: each token sees its last W positions only, and blocks before
+    every query's window are not read (see the reference).
 
     ``max_query_len``/``max_seq_len`` are host-side hints that only pick tiles and the
     split-KV path; results are correct for any batch. ``split_kv=None`` chooses split-KV
@@ -99,6 +103,8 @@ def paged_attention(
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out, layout
     )
     _require_triton(query.device, query.dtype)
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
     if out is None:
         out = torch.empty_like(query)
     num_tokens, num_q_heads, _ = query.shape
@@ -108,7 +114,9 @@ def paged_attention(
         config = choose_config(group, head_dim, max_query_len, on_gpu)
     if config.block_m < group:
         raise ValueError(f"config.block_m={config.block_m} is smaller than the GQA group {group}")
-    splits = resolve_num_splits(split_kv, num_splits, max_query_len, seq_lens.shape[0], num_kv_heads, max_seq_len,
+    # A window bounds what each token reads, so the split heuristic sees the window's length.
+    kv_len = max_seq_len if sliding_window is None else min(max_seq_len, sliding_window + max_query_len - 1)
+    splits = resolve_num_splits(split_kv, num_splits, max_query_len, seq_lens.shape[0], num_kv_heads, kv_len,
                              config.block_n, query.device)
     strides = cache_strides(key_cache, layout)
     common = dict(
@@ -120,6 +128,7 @@ def paged_attention(
         num_splits=splits,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        sliding_window=sliding_window,
     )
     if splits == 1:
         launch_paged_attention(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale,

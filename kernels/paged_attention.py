@@ -53,6 +53,7 @@ def _paged_attention_kernel(
     seq_lens_ptr,
     qk_scale_log2,
     num_seqs,
+    window,
     stride_qt,
     stride_qh,
     stride_os,
@@ -73,6 +74,7 @@ def _paged_attention_kernel(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     FP32_IEEE: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
 ):
     # Grid: (num_tokens // BLOCK_Q + num_seqs, num_kv_heads, NUM_SPLITS) — padded shapes only.
     tile_id = tl.program_id(0)
@@ -105,12 +107,18 @@ def _paged_attention_kernel(
     # Keys this tile can see end at the last valid query's position (exclusive bound).
     kv_end = context_len + tl.minimum((q_tile + 1) * BLOCK_Q, query_len)
     num_kv_tiles = tl.cdiv(kv_end, BLOCK_N)
+    # With a sliding window, keys before the tile's first query's window are never loaded
+    # (their blocks may have been freed): tiles start at the window, loads are masked below it.
+    kv_lo = 0
+    if HAS_WINDOW:
+        kv_lo = tl.maximum(context_len + q_tile * BLOCK_Q - window + 1, 0)
+    first_tile = kv_lo // BLOCK_N
     if NUM_SPLITS == 1:
-        tile_lo = 0
+        tile_lo = first_tile
         tile_hi = num_kv_tiles
     else:
-        tiles_per_split = tl.cdiv(num_kv_tiles, NUM_SPLITS)
-        tile_lo = split * tiles_per_split
+        tiles_per_split = tl.cdiv(num_kv_tiles - first_tile, NUM_SPLITS)
+        tile_lo = first_tile + split * tiles_per_split
         tile_hi = tl.minimum(tile_lo + tiles_per_split, num_kv_tiles)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -120,7 +128,7 @@ def _paged_attention_kernel(
     head_off = kv_head * stride_cache_head
     for kv_tile in range(tile_lo, tile_hi):
         offs_n = kv_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < kv_end
+        n_ok = (offs_n < kv_end) & (offs_n >= kv_lo)
         block_id = tl.load(table_row + offs_n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
         kv_off = block_id * stride_cache_block + (offs_n % BLOCK_SIZE) * stride_cache_pos + head_off
         k = tl.load(
@@ -130,6 +138,8 @@ def _paged_attention_kernel(
         )
         s = _dot(q, k, FP32_IEEE) * qk_scale_log2
         visible = (offs_n[None, :] <= q_pos[:, None]) & row_ok[:, None]
+        if HAS_WINDOW:
+            visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # Rows with nothing visible yet keep m = -inf; shift them by 0 to avoid inf - inf.
@@ -173,8 +183,9 @@ def launch_paged_attention(
     num_splits: int,
     num_warps: int,
     num_stages: int,
+    sliding_window: int | None = None,
 ) -> None:
-    """Launch the kernel; with ``num_splits > 1`` ``out`` is ``[splits, tokens, heads, dim]`` fp32."""
+    """Launch the kernel (``sliding_window``: keys at most W - 1 positions back, None = all); with ``num_splits > 1`` ``out`` is ``[splits, tokens, heads, dim]`` fp32."""
     num_tokens, num_q_heads, head_dim = query.shape
     group = num_q_heads // num_kv_heads
     block_q = block_m // group
@@ -200,6 +211,7 @@ def launch_paged_attention(
         seq_lens,
         scale * LOG2_E,
         num_seqs,
+        sliding_window or 0,
         query.stride(0),
         query.stride(1),
         *out_strides,
@@ -215,6 +227,7 @@ def launch_paged_attention(
         BLOCK_N=block_n,
         NUM_SPLITS=num_splits,
         FP32_IEEE=query.dtype == torch.float32,
+        HAS_WINDOW=sliding_window is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )

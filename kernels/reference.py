@@ -49,14 +49,18 @@ def ref_store_kv(
 
 
 def gather_sequence_kv(
-    cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int, layout: str = "nhd"
+    cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int, layout: str = "nhd", start: int = 0
 ) -> torch.Tensor:
-    """Return one sequence's cached tokens in logical order: ``[seq_len, num_kv_heads, head_dim]``."""
+    """One sequence's cached tokens ``start .. seq_len - 1`` in logical order: ``[n, num_kv_heads, head_dim]``.
+
+    Blocks wholly before ``start`` are not read (a sliding window may have freed them).
+    """
     nhd = _as_nhd(cache, layout)
     block_size = nhd.shape[1]
+    first = start // block_size
     num_blocks = -(-seq_len // block_size)
-    blocks = nhd[block_table_row[:num_blocks].long()]
-    return blocks.reshape(-1, nhd.shape[2], nhd.shape[3])[:seq_len]
+    blocks = nhd[block_table_row[first:num_blocks].long()]
+    return blocks.reshape(-1, nhd.shape[2], nhd.shape[3])[start - first * block_size:seq_len - first * block_size]
 
 
 def ref_paged_attention(
@@ -72,6 +76,7 @@ def ref_paged_attention(
     out: torch.Tensor | None = None,
     split_kv: bool | None = None,
     layout: str = "nhd",
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of a flat varlen batch of new tokens over their paged KV cache.
 
@@ -79,7 +84,9 @@ def ref_paged_attention(
     ``j``-th new token sits at position ``context_len + j`` (``context_len = seq_len -
     query_len``) and attends to cache positions ``0 .. context_len + j``. The new tokens'
     K/V must already be in the cache. Rows past ``query_start_loc[-1]`` are set to zero.
-    ``max_query_len``, ``max_seq_len`` and ``split_kv`` only matter to kernels.
+    With ``sliding_window=W`` a token at position ``p`` sees only positions ``p - W + 1 .. p``
+    (transformers' sliding mask), and positions below every new token's window are never read,
+    so their blocks may be freed. ``max_query_len``, ``max_seq_len`` and ``split_kv`` only matter to kernels.
     """
     del max_query_len, max_seq_len, split_kv
     num_q_heads = query.shape[1]
@@ -93,15 +100,19 @@ def ref_paged_attention(
         if query_len == 0:
             continue
         context_len = seq_len - query_len
-        k = gather_sequence_kv(key_cache, block_tables[i], seq_len, layout).float()
-        v = gather_sequence_kv(value_cache, block_tables[i], seq_len, layout).float()
+        lo = 0 if sliding_window is None else max(0, context_len - sliding_window + 1)
+        k = gather_sequence_kv(key_cache, block_tables[i], seq_len, layout, lo).float()
+        v = gather_sequence_kv(value_cache, block_tables[i], seq_len, layout, lo).float()
         k = k.repeat_interleave(group, dim=1)  # [seq_len, num_q_heads, head_dim]
         v = v.repeat_interleave(group, dim=1)
         q = query[q_start:q_end].float()  # [query_len, num_q_heads, head_dim]
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale
         q_pos = context_len + torch.arange(query_len).unsqueeze(1)
-        k_pos = torch.arange(seq_len).unsqueeze(0)
-        scores = scores.masked_fill((k_pos > q_pos).to(scores.device), float("-inf"))
+        k_pos = torch.arange(lo, seq_len).unsqueeze(0)
+        hidden = k_pos > q_pos
+        if sliding_window is not None:
+            hidden |= k_pos <= q_pos - sliding_window
+        scores = scores.masked_fill(hidden.to(scores.device), float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         result[q_start:q_end] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
     if out is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from twinserve.core.engine_core import EngineCore
@@ -9,13 +10,23 @@ from twinserve.core.errors import InvalidConfigError
 from twinserve.backends.real.config import EngineArgs
 from twinserve.backends.real.core_client import scheduler_config_for
 from twinserve.backends.real.executor import InProcessExecutor
-from twinserve.backends.real.models.llama import LlamaForCausalLM
+from twinserve.backends.real.models.architectures import CausalLM
 from twinserve.backends.real.models.registry import ModelSource
 from twinserve.backends.real.worker import Worker
 
 
+def kv_sliding_window(cfg: Any) -> int | None:
+    """The window the KV manager may free blocks behind: only when every layer has the same one.
+
+    A model that mixes full and sliding layers (Gemma 3, Qwen2 with max_window_layers) keeps
+    every block, since its full layers read them all (one block table for all layers).
+    """
+    windows = set(getattr(cfg, "layer_windows", None) or [None])
+    return windows.pop() if len(windows) == 1 else None
+
+
 def build_engine_core(args: EngineArgs, max_model_len: int, eos_ids: list[int],
-                      model: LlamaForCausalLM | None = None, source: ModelSource | None = None
+                      model: CausalLM | None = None, source: ModelSource | None = None
                       ) -> tuple[EngineCore, Any, int]:
     """(EngineCore, executor, KV bytes per token): workers built, KV sized by the smallest one."""
     backend = args.resolve_executor_backend()
@@ -33,8 +44,15 @@ def build_engine_core(args: EngineArgs, max_model_len: int, eos_ids: list[int],
         kv_bytes = worker.kv_bytes_per_token
     try:
         num_blocks = executor.initialize_kv_cache()
-        core = EngineCore(scheduler_config_for(args, max_model_len, num_blocks), executor,
-                          speculative_config=args.resolve_speculative_config())
+        sched = scheduler_config_for(args, max_model_len, num_blocks)
+        cfg = model.config if model is not None else (worker.model.config if backend != "mp" else None)
+        if cfg is None and source is not None:
+            from twinserve.backends.real.models.loader import peek_model_config
+
+            cfg = peek_model_config(source)
+        if cfg is not None and kv_sliding_window(cfg) is not None:
+            sched = dataclasses.replace(sched, sliding_window=kv_sliding_window(cfg))
+        core = EngineCore(sched, executor, speculative_config=args.resolve_speculative_config())
     except BaseException:
         executor.shutdown()
         raise

@@ -25,7 +25,7 @@ from twinserve.backends.real.config import EngineArgs
 from twinserve.backends.real.core_client import EngineCoreClient, InprocCoreClient, scheduler_config_for
 from twinserve.backends.real.core_messages import CoreOutput
 from twinserve.backends.real.detokenizer import IncrementalDetokenizer
-from twinserve.backends.real.models.llama import LlamaForCausalLM
+from twinserve.backends.real.models.architectures import CausalLM
 from twinserve.backends.real.models.registry import ModelSource, resolve_model
 from twinserve.backends.real.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from twinserve.backends.real.step_log import StepLog, StepRecord, extra_costs
@@ -82,7 +82,7 @@ class _Parent:
 class LLMEngine:
     """Adds requests, steps the engine core, and returns incremental per-request outputs."""
 
-    def __init__(self, args: EngineArgs, model: LlamaForCausalLM | None = None, tokenizer: Any = None,
+    def __init__(self, args: EngineArgs, model: CausalLM | None = None, tokenizer: Any = None,
                  default_core_mode: str = "inproc", step_log: StepLog | None = None) -> None:
         self.args = args
         source: ModelSource | None = None

@@ -13,7 +13,7 @@ from twinserve.core.sched.output import Logprob, ModelRunnerOutput, SchedulerOut
 from twinserve.backends.real.attention import AttentionBackend, AttentionMetadata
 from twinserve.backends.real.cuda_graphs import DecodeGraphs
 from twinserve.backends.real.input_batch import CachedRequestState, InputBatch
-from twinserve.backends.real.models.llama import LlamaForCausalLM
+from twinserve.backends.real.models.architectures import CausalLM
 from twinserve.backends.real.sampler import Sampler, SamplingRow, prompt_logprob_records
 from twinserve.backends.real.spec.ngram import NgramProposer
 from twinserve.backends.real.spec.verify import VerifyEntry, verify_drafts
@@ -44,7 +44,7 @@ class StepShape:
 class ModelRunner:
     """Owns the model, its KV cache tensors, the attention backend and the sampler for one device."""
 
-    def __init__(self, model: LlamaForCausalLM, backend: AttentionBackend, device: torch.device,
+    def __init__(self, model: CausalLM, backend: AttentionBackend, device: torch.device,
                  block_size: int, max_model_len: int, max_num_seqs: int, stop_ids: list[int],
                  compile_grammar: Callable[[Any], Any] | None = None,
                  speculative_config: SpeculativeConfig | None = None) -> None:

@@ -16,8 +16,9 @@ from twinserve.backends.real.attention import get_attention_backend
 from twinserve.backends.real.config import EngineArgs
 from twinserve.backends.real.cuda_graphs import DecodeGraphs
 from twinserve.backends.real.model_runner import ModelRunner, StepShape
-from twinserve.backends.real.models.config import LlamaConfig
-from twinserve.backends.real.models.llama import LlamaForCausalLM, packed_bf16_supported
+from twinserve.backends.real.models.architectures import CausalLM
+from twinserve.backends.real.models.config import ModelConfig
+from twinserve.backends.real.models.llama import packed_bf16_supported
 from twinserve.backends.real.models.loader import load_gguf, load_hf_folder
 from twinserve.backends.real.models.parallel import TensorParallel, shard_llama
 from twinserve.backends.real.models.registry import ModelSource
@@ -25,7 +26,7 @@ from twinserve.backends.real.models.registry import ModelSource
 _GIB = 1 << 30
 
 
-def kv_bytes_per_token(cfg: LlamaConfig, dtype: torch.dtype) -> int:
+def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
     """K and V of one token across all layers."""
     elem = torch.empty((), dtype=dtype).element_size()
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * elem
@@ -35,7 +36,7 @@ class Worker:
     """Owns a device, the model on it and the KV cache tensors."""
 
     def __init__(self, args: EngineArgs, max_model_len: int, stop_ids: list[int],
-                 model: LlamaForCausalLM | None = None, source: ModelSource | None = None,
+                 model: CausalLM | None = None, source: ModelSource | None = None,
                  tp: TensorParallel | None = None) -> None:
         self.args = args
         self.device = args.resolve_device()

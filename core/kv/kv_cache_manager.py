@@ -10,6 +10,9 @@ from twinserve.core.kv.block_pool import BlockPool, KVCacheBlock
 from twinserve.core.kv.hashing import BlockHash, HashFunction, get_hash_function
 
 _NO_BLOCKS: list[KVCacheBlock] = []
+# Stands in a request's block table for a block its sliding window has left behind (id -1:
+# attention never reads it, and it is never freed or cached).
+OUT_OF_WINDOW = KVCacheBlock(-1)
 # BlockHash(...) without the NamedTuple's Python-level __new__ (one per full block).
 _new_key = tuple.__new__
 # Hash functions whose 64-bit values do not collide in practice: pending registration
@@ -66,8 +69,13 @@ class KVCacheManager:
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
                  hash_function: str | HashFunction = "xxhash",
-                 lazy_registration: bool = True) -> None:
+                 lazy_registration: bool = True, sliding_window: int | None = None) -> None:
         self.block_size = block_size
+        # Every layer attends within this window (one sliding KV group): a block wholly before
+        # the window of the next token to compute goes back to the pool as the request advances.
+        self.sliding_window = sliding_window
+        self.num_window_freed = 0  # blocks returned that way, ever (a pool counter)
+        self._window_start: dict[str, int] = {}  # per request: blocks before this index are dropped
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.hash_fn = get_hash_function(hash_function)
@@ -78,7 +86,8 @@ class KVCacheManager:
         self.num_cached_blocks: dict[str, int] = {}
         self.stats = PrefixCacheStats()
         # Pending registration needs a hash without practical collisions.
-        self.lazy = (enable_caching and lazy_registration
+        # Pending chains walk a request's own block list later, which a sliding window thins out.
+        self.lazy = (enable_caching and lazy_registration and sliding_window is None
                      and isinstance(hash_function, str) and hash_function in _STRONG_HASHES)
         self._chains = self.pool.chains  # root key value -> PendingChain
         # A running request's own pending chain (read only outside this class).
@@ -181,6 +190,8 @@ class KVCacheManager:
         if blocks is not None and not new_computed_blocks and total <= len(blocks) * bs and (
                 not self.enable_caching or verified // bs <= self.num_cached_blocks[req_id]):
             return _NO_BLOCKS  # the common decode step: room in the last block, nothing to cache
+        if self.sliding_window is not None and blocks is not None:
+            self._drop_out_of_window(req_id, blocks, request.num_computed_tokens)
         num_held = 0 if blocks is None else len(blocks)
         num_needed = -(-total // bs) - num_held - len(new_computed_blocks)
         if num_needed > 0 or new_computed_blocks:
@@ -197,6 +208,9 @@ class KVCacheManager:
             self.pool.touch(new_computed_blocks)
             blocks.extend(new_computed_blocks)
             self.num_cached_blocks[req_id] = len(blocks)
+            if self.sliding_window is not None:
+                self._drop_out_of_window(req_id, blocks,
+                                         request.num_computed_tokens + num_new_computed_tokens)
         if num_needed > 0:
             new_blocks = self.pool.get_new_blocks(num_needed)
             blocks.extend(new_blocks)
@@ -226,6 +240,26 @@ class KVCacheManager:
         del blocks[keep:]
         self.pool.free_blocks(reversed(dropped))
         return len(dropped)
+
+    def _drop_out_of_window(self, req_id: str, blocks: list[KVCacheBlock], num_computed: int) -> None:
+        """Return the blocks no token from num_computed on can see (positions < num_computed - W + 1).
+
+        A cached block stays in the prefix cache as a free block (evictable), so prefix hits
+        on it remain correct: its KV is still what its key names until it is evicted.
+        """
+        end = max(0, num_computed - self.sliding_window + 1) // self.block_size
+        start = self._window_start.get(req_id, 0)
+        if end <= start:
+            return
+        dropped = [b for b in blocks[start:end] if b is not OUT_OF_WINDOW]
+        blocks[start:end] = [OUT_OF_WINDOW] * (end - start)
+        self._window_start[req_id] = end
+        self.num_window_freed += len(dropped)
+        self.pool.free_blocks(reversed(dropped))
+
+    def num_held_blocks(self, request_id: str) -> int:
+        """Blocks the request holds now (a sliding window's dropped ones not counted)."""
+        return sum(1 for b in self.req_to_blocks.get(request_id, _NO_BLOCKS) if b is not OUT_OF_WINDOW)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Register the request's full blocks up to num_computed_tokens in the prefix cache.
@@ -358,6 +392,7 @@ class KVCacheManager:
         blocks = self.req_to_blocks.pop(request.request_id, None)
         num_cached = self.num_cached_blocks.pop(request.request_id, 0)
         chain = self.pending_requests.pop(request.request_id, None)
+        windowed = self._window_start.pop(request.request_id, 0)
         if not blocks:
             return
         if num_computed_tokens is not None:
@@ -371,6 +406,8 @@ class KVCacheManager:
             chain.held = False
             for block in blocks[chain.lo:chain.hi]:
                 block.pending = chain  # evictable from now on: the pool must see it
+        if windowed:
+            blocks = [b for b in blocks if b is not OUT_OF_WINDOW]
         self.pool.free_blocks(reversed(blocks))
 
     def get_block_ids(self, request_id: str) -> list[int]:

@@ -48,6 +48,9 @@ class SchedulerConfig:
     # (strict order: a steady stream of short or important requests can then hold others
     # back forever).
     aging_interval_s: float = 30.0
+    # The model's sliding window when every layer has one (Mistral): the KV manager frees
+    # the blocks a request's window has left behind. 0: full attention, every block kept.
+    sliding_window: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -75,6 +78,9 @@ class SchedulerConfig:
         h = self.prefix_caching_hash_algo
         if not callable(h) and not (isinstance(h, str) and h in HASH_FUNCTIONS):
             raise InvalidConfigError("prefix_caching_hash_algo", h, " or ".join(HASH_FUNCTIONS))
+        w = self.sliding_window
+        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+            raise InvalidConfigError("sliding_window", w, "an integer >= 1, or 0 for full attention")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise InvalidConfigError(
                 "max_num_batched_tokens", self.max_num_batched_tokens,

@@ -23,8 +23,8 @@ def decode_window(scheduler: Scheduler, max_steps: int) -> int:
 
     The last of them may finish requests (by length); none finishes earlier.
     """
-    if max_steps <= 0 or len(scheduler.waiting) > 0:
-        return 0
+    if max_steps <= 0 or len(scheduler.waiting) > 0 or scheduler.kv.sliding_window is not None:
+        return 0  # (a sliding window frees blocks as requests advance: the window's count would not hold)
     running = scheduler.running
     cfg = scheduler.config
     if not running or len(running) > cfg.max_num_batched_tokens:

@@ -110,7 +110,8 @@ class Scheduler:
         # Blocks trimmed after rejections, not yet announced to the executor (req id -> count).
         self._dropped: dict[str, int] = {}
         self.kv = KVCacheManager(config.num_blocks, config.block_size,
-                                 config.enable_prefix_caching, config.prefix_caching_hash_algo)
+                                 config.enable_prefix_caching, config.prefix_caching_hash_algo,
+                                 sliding_window=config.sliding_window or None)
         self.waiting = make_queue(config.policy, config.aging_interval_s, config.max_model_len)
         self.preemption_policy = make_preemption_policy(config.preemption, config.policy)
         self.running: list[Request] = []

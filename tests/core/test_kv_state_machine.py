@@ -2,7 +2,8 @@
 
 Each rule that computes tokens writes their KV (the identity of the prefix they end)
 into a model of every slot, then checks that every position the request attends to
-holds its own prefix. An invariant checks that every cached block holds exactly the
+holds its own prefix (with a sliding window: the window's positions, while the manager
+frees the blocks before it). An invariant checks that every cached block holds exactly the
 prefix its key names, walking the key's parent chain.
 """
 
@@ -35,12 +36,14 @@ class KVMachine(RuleBasedStateMachine):
 
     live = Bundle("live")
 
-    @initialize(hash_name=st.sampled_from(["xxhash", "xxhash-eager", "weak"]))
-    def setup(self, hash_name: str) -> None:
+    @initialize(hash_name=st.sampled_from(["xxhash", "xxhash-eager", "weak"]),
+                window=st.sampled_from([None, None, 1, 3, 6]))
+    def setup(self, hash_name: str, window: int | None) -> None:
         # xxhash registers blocks past a new root lazily (PendingChain); the others at once.
         self.kv = KVCacheManager(NUM_BLOCKS, BLOCK_SIZE, enable_caching=True,
                                  hash_function=weak_hash if hash_name == "weak" else "xxhash",
-                                 lazy_registration=hash_name == "xxhash")
+                                 lazy_registration=hash_name == "xxhash", sliding_window=window)
+        self.window = window
         self.reqs: dict[str, Request] = {}
         self.counter = 0
         self.slots = KVSlotModel(BLOCK_SIZE)
@@ -51,7 +54,8 @@ class KVMachine(RuleBasedStateMachine):
         blocks = [b.block_id for b in self.kv.req_to_blocks[req.request_id]]
         pids = self.slots.prefix_ids(req.all_token_ids, self.prefix.setdefault(req.request_id, []))
         self.slots.write(blocks, pids, start, end)
-        self.slots.check(req.request_id, blocks, pids, end)
+        lo = 0 if self.window is None else max(0, start - self.window + 1)
+        self.slots.check(req.request_id, blocks, pids, end, lo)
         req.num_computed_tokens = end
         self.kv.cache_blocks(req, end)
 
@@ -109,7 +113,9 @@ class KVMachine(RuleBasedStateMachine):
         free_before = self.kv.num_free_blocks
         new = self.kv.allocate_slots(req, num_new)
         if new is None:
-            assert self.kv.num_free_blocks == free_before
+            # A sliding window may still have returned blocks it left behind.
+            assert self.kv.num_free_blocks == free_before or (
+                self.window is not None and self.kv.num_free_blocks > free_before)
             assert len(self.kv.req_to_blocks[rid]) == held
             return
         self._compute(req, req.num_computed_tokens, req.num_computed_tokens + num_new)

@@ -41,5 +41,6 @@ class AttentionBackend(Protocol):
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 key_cache: torch.Tensor, value_cache: torch.Tensor, meta: AttentionMetadata,
-                scale: float) -> torch.Tensor:
-        """query [T, Hq, D], key/value [T, Hkv, D], caches [blocks, block_size, Hkv, D] -> [T, Hq, D]."""
+                scale: float, sliding_window: int | None = None) -> torch.Tensor:
+        """query [T, Hq, D], key/value [T, Hkv, D], caches [blocks, block_size, Hkv, D] -> [T, Hq, D];
+        a sliding-window layer passes its window W and reads only each token's last W positions."""

@@ -5,6 +5,8 @@ one index_select per bucket straight into [B, Hkv, S, D] order (rows of head_dim
 ~2.5x faster than advanced indexing plus a transpose on CPU) and run as one SDPA call with
 the GQA group folded into the query axis, so K/V are never repeated. Prefill chunks run one SDPA each; a chunk with cached
 context reads its whole sequence back from the cache under an offset causal mask.
+A sliding-window layer (window W) gathers only each token's last W positions: blocks that fell
+out of every query's window are never read, so the KV manager may free them.
 """
 
 from __future__ import annotations
@@ -53,10 +55,13 @@ class _Prefill:
 class _TorchPlan:
     decodes: list[_DecodeBucket]
     prefills: list[_Prefill]
+    # Plans of the same step for sliding windows, built on a window layer's first call.
+    block_size: int = 0
+    windows: dict[int, "_TorchPlan"] | None = None
 
 
-def _slots(block_row: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
-    pos = torch.arange(length, device=block_row.device)
+def _slots(block_row: torch.Tensor, length: int, block_size: int, first: int = 0) -> torch.Tensor:
+    pos = torch.arange(first, length, device=block_row.device)
     return block_row[pos // block_size].long() * block_size + pos % block_size
 
 
@@ -69,82 +74,119 @@ class TorchPagedAttention:
 
     def plan(self, meta: AttentionMetadata, block_size: int, num_kv_heads: int) -> None:
         """Build gather indices and masks once per step; every layer reuses them."""
-        bt = meta.block_tables
-        hkv = num_kv_heads
-        device = bt.device
-        nd = meta.num_decodes
-        decodes: list[_DecodeBucket] = []
-        if nd:
-            lens = meta.seq_lens_cpu[:nd]
-            for lo, hi in _buckets(lens):
-                s_max = max(lens[lo:hi])
-                nblk = -(-s_max // block_size)
-                pos = torch.arange(s_max, device=device)
-                blocks = bt[lo:hi, :nblk].long()
-                idx = blocks[:, pos // block_size] * block_size + pos % block_size
-                seq = meta.seq_lens[lo:hi].long().unsqueeze(1)
-                valid = pos.unsqueeze(0) < seq
-                mask = None if bool(valid.all()) else valid[:, None, None, :]
-                heads = torch.arange(hkv, device=device)
-                rows = (idx.unsqueeze(1) * hkv + heads[None, :, None]).reshape(-1)
-                decodes.append(_DecodeBucket(slice(lo, hi), rows, (hi - lo, hkv, s_max), mask))
-        prefills: list[_Prefill] = []
-        start = nd
-        for i in range(nd, len(meta.query_lens_cpu)):
-            q, s = meta.query_lens_cpu[i], meta.seq_lens_cpu[i]
-            ctx = s - q
-            idx = mask = None
-            if ctx > 0:
-                idx = _slots(bt[i], s, block_size)
-                qpos = ctx + torch.arange(q, device=device).unsqueeze(1)
-                mask = torch.arange(s, device=device).unsqueeze(0) <= qpos
-            prefills.append(_Prefill(slice(start, start + q), ctx, s, idx, mask))
-            start += q
-        meta.plan = _TorchPlan(decodes, prefills)
+        meta.plan = _build_plan(meta, block_size, num_kv_heads, None)
+        meta.plan.windows = {}
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 key_cache: torch.Tensor, value_cache: torch.Tensor, meta: AttentionMetadata,
-                scale: float) -> torch.Tensor:
+                scale: float, sliding_window: int | None = None) -> torch.Tensor:
         """Store the new K/V, then attend decodes in buckets and prefills one by one."""
         plan: _TorchPlan = meta.plan
-        _, _, hkv, d = key_cache.shape
-        kc = key_cache.view(-1, hkv, d)
-        vc = value_cache.view(-1, hkv, d)
-        kc.index_copy_(0, meta.slot_mapping, key)
-        vc.index_copy_(0, meta.slot_mapping, value)
-        hq = query.shape[1]
-        group = hq // hkv
-        out = torch.empty_like(query)
-        k_rows = key_cache.view(-1, d)
-        v_rows = value_cache.view(-1, d)
-        for b in plan.decodes:
-            n, _, s_max = b.shape
-            per_row = hkv * s_max  # cache rows gathered per sequence
-            step = max(1, _GATHER_BYTES // (2 * per_row * d * key_cache.element_size()))
-            for lo in range(0, n, step):
-                hi = min(n, lo + step)
-                rows = slice(b.rows.start + lo, b.rows.start + hi)
-                index = b.row_index[lo * per_row:hi * per_row]
-                q = query[rows].view(-1, hkv, group, d)
-                k = k_rows.index_select(0, index).view(hi - lo, hkv, s_max, d)  # [B, Hkv, S, D]
-                v = v_rows.index_select(0, index).view(hi - lo, hkv, s_max, d)
-                mask = None if b.mask is None else b.mask[lo:hi]
-                o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-                out[rows] = o.reshape(-1, hq, d)
-        for p in plan.prefills:
-            q = query[p.rows].transpose(0, 1).unsqueeze(0)  # [1, Hq, T, D]
-            if p.slot_index is None:
-                k, v = key[p.rows], value[p.rows]
+        if sliding_window is not None:
+            windowed = plan.windows.get(sliding_window)
+            if windowed is None:
+                windowed = plan.windows[sliding_window] = _build_plan(
+                    meta, plan.block_size, key_cache.shape[2], sliding_window)
+            plan = windowed
+        return _attend(plan, query, key, value, key_cache, value_cache, meta, scale)
+
+
+def _build_plan(meta: AttentionMetadata, block_size: int, num_kv_heads: int,
+                window: int | None) -> _TorchPlan:
+    """Gather indices and masks of one step; with a window, only the window's positions."""
+    bt = meta.block_tables
+    hkv = num_kv_heads
+    device = bt.device
+    nd = meta.num_decodes
+    decodes: list[_DecodeBucket] = []
+    if nd:
+        seqs = meta.seq_lens_cpu[:nd]
+        # A decode at window W reads positions seq - W .. seq - 1: W of them at most.
+        lens = seqs if window is None else [min(x, window) for x in seqs]
+        for lo, hi in _buckets(lens):
+            s_max = max(lens[lo:hi])
+            pos = torch.arange(s_max, device=device)
+            seq = meta.seq_lens[lo:hi].long().unsqueeze(1)
+            if window is None:
+                nblk = -(-s_max // block_size)
+                blocks = bt[lo:hi, :nblk].long()
+                idx = blocks[:, pos // block_size] * block_size + pos % block_size
+                valid = pos.unsqueeze(0) < seq
             else:
-                k, v = kc.index_select(0, p.slot_index), vc.index_select(0, p.slot_index)
-            k = k.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
-            v = v.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
-            if p.mask is None:
-                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-            else:
-                o = F.scaled_dot_product_attention(q, k, v, attn_mask=p.mask, scale=scale)
-            out[p.rows] = o[0].transpose(0, 1)
-        return out
+                start = (seq - window).clamp(min=0)
+                abs_pos = start + pos.unsqueeze(0)  # [B, S]
+                valid = abs_pos < seq
+                abs_pos = torch.where(valid, abs_pos, start)  # padding re-reads a window slot
+                blk = bt[lo:hi].long().gather(1, abs_pos // block_size)
+                idx = blk * block_size + abs_pos % block_size
+            mask = None if bool(valid.all()) else valid[:, None, None, :]
+            heads = torch.arange(hkv, device=device)
+            rows = (idx.unsqueeze(1) * hkv + heads[None, :, None]).reshape(-1)
+            decodes.append(_DecodeBucket(slice(lo, hi), rows, (hi - lo, hkv, s_max), mask))
+    prefills: list[_Prefill] = []
+    start = nd
+    for i in range(nd, len(meta.query_lens_cpu)):
+        q, s = meta.query_lens_cpu[i], meta.seq_lens_cpu[i]
+        ctx = s - q
+        idx = mask = None
+        qpos = ctx + torch.arange(q, device=device).unsqueeze(1)
+        if ctx > 0:
+            first = 0 if window is None else max(0, ctx - window + 1)
+            idx = _slots(bt[i], s, block_size, first)
+            kpos = torch.arange(first, s, device=device).unsqueeze(0)
+            mask = kpos <= qpos
+            if window is not None:
+                mask &= kpos > qpos - window
+        elif window is not None and q > window:
+            kpos = torch.arange(s, device=device).unsqueeze(0)
+            mask = (kpos <= qpos) & (kpos > qpos - window)
+        prefills.append(_Prefill(slice(start, start + q), ctx, s, idx, mask))
+        start += q
+    return _TorchPlan(decodes, prefills, block_size)
+
+
+def _attend(plan: _TorchPlan, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+            key_cache: torch.Tensor, value_cache: torch.Tensor, meta: AttentionMetadata,
+            scale: float) -> torch.Tensor:
+    """The step's attention through one plan."""
+    _, _, hkv, d = key_cache.shape
+    kc = key_cache.view(-1, hkv, d)
+    vc = value_cache.view(-1, hkv, d)
+    kc.index_copy_(0, meta.slot_mapping, key)
+    vc.index_copy_(0, meta.slot_mapping, value)
+    hq = query.shape[1]
+    group = hq // hkv
+    out = torch.empty_like(query)
+    k_rows = key_cache.view(-1, d)
+    v_rows = value_cache.view(-1, d)
+    for b in plan.decodes:
+        n, _, s_max = b.shape
+        per_row = hkv * s_max  # cache rows gathered per sequence
+        step = max(1, _GATHER_BYTES // (2 * per_row * d * key_cache.element_size()))
+        for lo in range(0, n, step):
+            hi = min(n, lo + step)
+            rows = slice(b.rows.start + lo, b.rows.start + hi)
+            index = b.row_index[lo * per_row:hi * per_row]
+            q = query[rows].view(-1, hkv, group, d)
+            k = k_rows.index_select(0, index).view(hi - lo, hkv, s_max, d)  # [B, Hkv, S, D]
+            v = v_rows.index_select(0, index).view(hi - lo, hkv, s_max, d)
+            mask = None if b.mask is None else b.mask[lo:hi]
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+            out[rows] = o.reshape(-1, hq, d)
+    for p in plan.prefills:
+        q = query[p.rows].transpose(0, 1).unsqueeze(0)  # [1, Hq, T, D]
+        if p.slot_index is None:
+            k, v = key[p.rows], value[p.rows]
+        else:
+            k, v = kc.index_select(0, p.slot_index), vc.index_select(0, p.slot_index)
+        k = k.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
+        v = v.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
+        if p.mask is None:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=p.mask, scale=scale)
+        out[p.rows] = o[0].transpose(0, 1)
+    return out
 
 
 def _buckets(lens: list[int]) -> list[tuple[int, int]]:

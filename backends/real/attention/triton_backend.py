@@ -25,9 +25,10 @@ class TritonPagedAttention:
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 key_cache: torch.Tensor, value_cache: torch.Tensor, meta: AttentionMetadata,
-                scale: float) -> torch.Tensor:
+                scale: float, sliding_window: int | None = None) -> torch.Tensor:
         """store_kv then paged_attention over the flat batch."""
         self._ops.store_kv(key, value, key_cache, value_cache, meta.slot_mapping)
         return self._ops.paged_attention(query, key_cache, value_cache, meta.block_tables,
                                          meta.query_start_loc, meta.seq_lens, scale,
-                                         meta.max_query_len, meta.max_seq_len)
+                                         meta.max_query_len, meta.max_seq_len,
+                                         sliding_window=sliding_window)

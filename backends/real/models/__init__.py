@@ -1,6 +1,7 @@
-"""Model definitions and weight loading for the real engine."""
+"""Model definitions, the architecture registry and weight loading for the real engine."""
 
-from twinserve.backends.real.models.config import LlamaConfig
+from twinserve.backends.real.models.architectures import ARCHITECTURES, CausalLM, model_class
+from twinserve.backends.real.models.config import LlamaConfig, ModelConfig
 from twinserve.backends.real.models.llama import LlamaForCausalLM
 
-__all__ = ["LlamaConfig", "LlamaForCausalLM"]
+__all__ = ["ARCHITECTURES", "CausalLM", "LlamaConfig", "LlamaForCausalLM", "ModelConfig", "model_class"]

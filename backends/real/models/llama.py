@@ -1,6 +1,8 @@
 """A Llama-architecture decoder written for serving: one flat varlen batch, paged KV cache.
 
-Fused QKV and gate/up projections keep the number of matmuls per layer at four.
+Fused QKV and gate/up projections keep the number of matmuls per layer at four. The config's
+switches (models/config.py) turn the same decoder into Mistral, Qwen2, Qwen3 or Gemma 3:
+per-layer sliding windows, q/k/v bias, q/k norm, GeGLU, Gemma's norms and local RoPE base.
 """
 
 from __future__ import annotations
@@ -113,22 +115,45 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMS norm: the weight is stored as an offset from 1, and the scaling is done in fp32."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__(size, eps)
+        nn.init.zeros_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalize the last axis and scale by 1 + weight."""
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * (1.0 + self.weight.float())).to(x.dtype)
+
+
+def make_norm(cfg: LlamaConfig, size: int) -> RMSNorm:
+    """The config's RMS norm over `size` values."""
+    return (GemmaRMSNorm if cfg.gemma_norms else RMSNorm)(size, cfg.rms_norm_eps)
+
+
 class LlamaAttention(nn.Module):
     """Self-attention with GQA; K/V go through the attention backend into the paged cache."""
 
     # Set by models.parallel.shard_llama on a tensor-parallel rank: o_proj is row-parallel.
     tp = None
 
-    def __init__(self, cfg: LlamaConfig, rope: RotaryEmbedding) -> None:
+    def __init__(self, cfg: LlamaConfig, rope: RotaryEmbedding, window: int | None = None) -> None:
         super().__init__()
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
-        self.scale = cfg.head_dim ** -0.5
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=cfg.attention_bias or cfg.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias)
+        self.q_norm = make_norm(cfg, cfg.head_dim) if cfg.qk_norm else None
+        self.k_norm = make_norm(cfg, cfg.head_dim) if cfg.qk_norm else None
         self.rope = rope
+        self.window = window  # sliding window W, or None for full attention
 
     def forward(self, cos_sin: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
@@ -139,14 +164,19 @@ class LlamaAttention(nn.Module):
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.contiguous().view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rope(cos_sin, q, k)
-        o = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        if self.window is None:
+            o = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        else:
+            o = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, sliding_window=self.window)
         out = linear(o.reshape(t, self.q_size), self.o_proj)
         return out if self.tp is None else self.tp.all_reduce(out)
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU feed-forward."""
+    """SwiGLU (or, for Gemma, GeGLU) feed-forward."""
 
     tp = None  # see LlamaAttention.tp: down_proj is row-parallel
 
@@ -155,27 +185,38 @@ class LlamaMLP(nn.Module):
         self.inter = cfg.intermediate_size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gelu = cfg.hidden_act == "gelu_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
         gate, up = linear(x, self.gate_up_proj).split(self.inter, dim=-1)
-        out = linear(nn.functional.silu(gate) * up, self.down_proj)
+        act = nn.functional.gelu(gate, approximate="tanh") if self.gelu else nn.functional.silu(gate)
+        out = linear(act * up, self.down_proj)
         return out if self.tp is None else self.tp.all_reduce(out)
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm attention and MLP blocks with residuals."""
+    """Pre-norm attention and MLP blocks with residuals (Gemma: each block also post-normed)."""
 
-    def __init__(self, cfg: LlamaConfig, rope: RotaryEmbedding) -> None:
+    def __init__(self, cfg: LlamaConfig, rope: RotaryEmbedding, window: int | None = None) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, rope)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = make_norm(cfg, cfg.hidden_size)
+        self.self_attn = LlamaAttention(cfg, rope, window)
+        # Llama: the MLP's pre-norm; Gemma: the attention output's post-norm (HF's names).
+        self.post_attention_layernorm = make_norm(cfg, cfg.hidden_size)
         self.mlp = LlamaMLP(cfg)
+        self.sandwich = cfg.gemma_norms
+        if self.sandwich:
+            self.pre_feedforward_layernorm = make_norm(cfg, cfg.hidden_size)
+            self.post_feedforward_layernorm = make_norm(cfg, cfg.hidden_size)
 
     def forward(self, cos_sin: tuple[torch.Tensor, torch.Tensor], h: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
         """One decoder layer."""
+        if self.sandwich:
+            a = self.self_attn(cos_sin, self.input_layernorm(h), kv_cache, meta, backend)
+            h = h + self.post_attention_layernorm(a)
+            return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
         h = h + self.self_attn(cos_sin, self.input_layernorm(h), kv_cache, meta, backend)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -190,12 +231,29 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
                                cfg.max_position_embeddings, max_len, dtype)
+        # Sliding layers with a RoPE base of their own (Gemma 3's local layers) rotate by a second table.
+        local = rope
+        if cfg.local_rope_theta is not None:
+            local = RotaryEmbedding(cfg.head_dim, cfg.local_rope_theta, None, cfg.max_position_embeddings,
+                                    max_len, dtype)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, rope) for _ in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, rope if w is None else local, w)
+                                    for w in cfg.layer_windows)
+        self.norm = make_norm(cfg, cfg.hidden_size)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rope = rope
+        self.local_rope = None if local is rope else local
+        # Gemma scales the embeddings by sqrt(hidden), rounded to the model's dtype as HF does.
+        self.embed_scale = (torch.tensor(cfg.hidden_size ** 0.5, dtype=dtype).item()
+                            if cfg.gemma_norms else None)
         self.small_batch_rows = 0  # products up to this many rows take the copies: add_small_batch_weights
+
+    @classmethod
+    def config_from_hf(cls, cfg: dict) -> LlamaConfig:
+        """The architecture record from a transformers config.json dict (see models/architectures.py)."""
+        from twinserve.backends.real.models.architectures import llama_config
+
+        return llama_config(cfg)
 
     def projections(self) -> Iterator[nn.Linear]:
         """Every layer's projections (layer_projections), layer by layer; not the LM head."""
@@ -207,9 +265,12 @@ class LlamaForCausalLM(nn.Module):
                 backend: AttentionBackend) -> torch.Tensor:
         """Token ids [T] and positions [T] -> final hidden states [T, hidden]."""
         h = self.embed_tokens(input_ids)
+        if self.embed_scale is not None:
+            h = h * self.embed_scale
         cos_sin = self.rope.lookup(positions)
+        local = cos_sin if self.local_rope is None else self.local_rope.lookup(positions)
         for layer, cache in zip(self.layers, kv_caches):
-            h = layer(cos_sin, h, cache, meta, backend)
+            h = layer(cos_sin if layer.self_attn.rope is self.rope else local, h, cache, meta, backend)
         return self.norm(h)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

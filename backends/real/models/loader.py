@@ -1,4 +1,4 @@
-"""Weights into a LlamaForCausalLM: from an HF folder (config.json + safetensors) or a GGUF file."""
+"""Weights into a registered model: from an HF folder (config.json + safetensors) or a GGUF file."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from twinserve.core.errors import UnsupportedModelError
-from twinserve.backends.real.models.config import LlamaConfig
+from twinserve.core.errors import CheckpointMismatchError, UnsupportedModelError
+from twinserve.backends.real.models.architectures import CausalLM, model_class
+from twinserve.backends.real.models.config import LlamaConfig, ModelConfig
 from twinserve.backends.real.models.llama import LlamaForCausalLM
 
 # HF name (after "model.layers.N.") -> (fused parameter, shard index) for the fused projections.
@@ -23,12 +24,12 @@ _FUSED = {
 }
 
 
-def read_hf_config(folder: Path) -> LlamaConfig:
-    """Parse folder/config.json."""
+def read_hf_config(folder: Path) -> ModelConfig:
+    """Parse folder/config.json through the registered class of its architecture."""
     path = folder / "config.json"
     if not path.exists():
         raise UnsupportedModelError(f"{folder} has no config.json; give an HF model folder or a .gguf file")
-    return LlamaConfig.from_hf_dict(json.loads(path.read_text()))
+    return ModelConfig.from_hf_dict(json.loads(path.read_text()))
 
 
 def _hf_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -51,7 +52,7 @@ def _shard_slices(cfg: LlamaConfig, fused: str) -> list[slice]:
     return [slice(0, i), slice(i, 2 * i)]
 
 
-def load_named_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+def load_named_weights(model: CausalLM, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
     """Copy HF-named tensors into the model's (partly fused) parameters; every parameter must be set."""
     cfg = model.config
     params = dict(model.named_parameters())
@@ -69,25 +70,34 @@ def load_named_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, tor
                     target, shard = key.replace(hf, ours), idx
                     break
             if target not in params:
-                raise UnsupportedModelError(f"checkpoint tensor {name!r} has no place in the Llama model")
+                raise CheckpointMismatchError(name, f"has no place in the {cfg.architecture} model")
             p = params[target]
             if shard is None:
                 dst = p
             else:
                 dst = p[_shard_slices(cfg, target)[shard]]
             if tuple(dst.shape) != tuple(tensor.shape):
-                raise UnsupportedModelError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(dst.shape)}")
+                raise CheckpointMismatchError(name, f"shape {tuple(tensor.shape)} != the model's {tuple(dst.shape)}")
             dst.copy_(tensor.to(p.dtype))
             filled[target] = filled.get(target, 0) + 1
     missing = [n for n in params if n not in filled]
     if missing:
-        raise UnsupportedModelError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+        raise CheckpointMismatchError(missing[0], f"is missing from the checkpoint ({len(missing)} missing in all)")
 
 
-def load_hf_folder(folder: Path, max_len: int, dtype: torch.dtype) -> LlamaForCausalLM:
-    """Build and fill a model from an HF folder."""
+def peek_model_config(source) -> ModelConfig:
+    """The architecture record of a ModelSource (HF folder or GGUF file), without loading weights."""
+    if source.is_gguf:
+        from gguf import GGUFReader
+
+        return gguf_config(GGUFReader(str(source.path)))
+    return read_hf_config(source.path)
+
+
+def load_hf_folder(folder: Path, max_len: int, dtype: torch.dtype) -> CausalLM:
+    """Build and fill a model from an HF folder, with the class its architecture names."""
     cfg = read_hf_config(folder)
-    model = LlamaForCausalLM(cfg, max_len, dtype).to(dtype)
+    model = model_class(cfg)(cfg, max_len, dtype).to(dtype)
     load_named_weights(model, _hf_tensors(folder))
     return model.eval()
 
@@ -112,9 +122,13 @@ def gguf_config(reader) -> LlamaConfig:
     """Architecture from GGUF metadata (llama.* keys)."""
     arch = _field(reader, "general.architecture")
     if arch != "llama":
-        raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported; only llama")
+        raise UnsupportedModelError(
+            f"GGUF architecture {arch!r} is not read directly (only llama); convert the file to an HF "
+            "folder with transformers (from_pretrained(..., gguf_file=...), then save_pretrained) and serve that")
     names = {t.name for t in reader.tensors}
-    emb = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if emb is None:
+        raise CheckpointMismatchError("token_embd.weight", "is missing from the GGUF file")
     heads = int(_field(reader, "llama.attention.head_count"))
     hidden = int(_field(reader, "llama.embedding_length"))
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
@@ -147,7 +161,12 @@ def _unpermute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _gguf_tensors(reader, cfg: LlamaConfig) -> Iterator[tuple[str, torch.Tensor]]:
+# GGUF tensors a llama model file may carry that hold no weights (precomputed RoPE factors).
+_GGUF_IGNORED = {"rope_freqs.weight"}
+
+
+def _gguf_tensors(reader, cfg: LlamaConfig, origin: dict[str, str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """HF-named tensors of a llama GGUF; origin maps each HF name back to its GGUF name."""
     from gguf.quants import dequantize
 
     for t in reader.tensors:
@@ -162,13 +181,18 @@ def _gguf_tensors(reader, cfg: LlamaConfig) -> Iterator[tuple[str, torch.Tensor]
         elif t.name == "output.weight":
             name = "lm_head.weight"
         elif parts[0] == "blk" and parts[2] in _GGUF_NAMES:
-            if parts[2] == "attn_q":
-                arr = _unpermute_rope(arr, cfg.num_attention_heads)
-            elif parts[2] == "attn_k":
-                arr = _unpermute_rope(arr, cfg.num_key_value_heads)
+            if parts[2] in ("attn_q", "attn_k"):
+                heads = cfg.num_attention_heads if parts[2] == "attn_q" else cfg.num_key_value_heads
+                if arr.shape[0] != heads * cfg.head_dim:  # checked here: the unpermute needs whole heads
+                    raise CheckpointMismatchError(
+                        t.name, f"shape {arr.shape} != the model's ({heads * cfg.head_dim}, ...)")
+                arr = _unpermute_rope(arr, heads)
             name = f"model.layers.{parts[1]}.{_GGUF_NAMES[parts[2]]}.{parts[3]}"
-        else:
+        elif t.name in _GGUF_IGNORED:
             continue
+        else:
+            raise CheckpointMismatchError(t.name, "is not a tensor of a llama model")
+        origin[name] = t.name
         yield name, torch.from_numpy(np.array(arr, copy=True))
 
 
@@ -179,5 +203,11 @@ def load_gguf(path: Path, max_len: int, dtype: torch.dtype) -> LlamaForCausalLM:
     reader = GGUFReader(str(path))
     cfg = gguf_config(reader)
     model = LlamaForCausalLM(cfg, max_len, dtype).to(dtype)
-    load_named_weights(model, _gguf_tensors(reader, cfg))
+    origin: dict[str, str] = {}
+    try:
+        load_named_weights(model, _gguf_tensors(reader, cfg, origin))
+    except CheckpointMismatchError as e:
+        if e.tensor in origin:  # name the tensor as the GGUF file does
+            raise CheckpointMismatchError(f"{origin[e.tensor]} ({e.tensor})", e.args[1]) from None
+        raise
     return model.eval()

