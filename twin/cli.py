@@ -27,21 +27,8 @@ def _calibrate_parser(p: argparse.ArgumentParser) -> None:
                    help="times the design is run (default 1: about 3 min for SmolLM2 on 1 thread)")
     p.add_argument("--quick", action="store_true", help="a small design (tests, tiny models)")
     p.add_argument("--probe-every", type=int, default=None, metavar="N",
-                   help="run the speed probe every N design points (0: only before and after; default "
-                        "12 where the probes correct the drift, 0 where the speed samples do): denser probes "
-                        "follow a machine whose speed swings within minutes more closely, at ~10 s each")
-    p.add_argument("--sample-every", type=float, default=None, metavar="SECONDS",
-                   help="sample the machine's speed after a step every this many seconds "
-                        "(default 2; 0: never): the steps are corrected to the median sample's speed, which "
-                        "fidelity's samples are measured against (a CPU engine in this process only)")
-    p.add_argument("--speed-sampler", choices=("weights", "matvec"), default=None,
-                   help="what samples it: a one-row pass through the model's own weights and LM head "
-                        "(default; about 33 ms for SmolLM2) or a 3 ms product over a fixed 64 MiB matrix; "
-                        "fidelity samples with the profile's kind")
-    p.add_argument("--prefill-samples", action="store_true",
-                   help="also sample with a prefill sampler (128 rows through the first two layers' "
-                        "projections, about 14 ms for SmolLM2) after each speed sample, and correct the steps' "
-                        "prefill shares by its speed (off by default: on Dec 2 it tracked served steps worse)")
+                   help="run the speed probe every N design points (0: only before and after; default 12): "
+                        "the probes correct the machine's drift while the design runs")
     p.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
                    help="also measure decodes and prefill chunks at up to this many tokens of "
                         "context (the longest prompt + output the profile will price; longer "
@@ -75,11 +62,11 @@ def _calibrate(ns: argparse.Namespace) -> int:
         raise InvalidConfigError("merge", ns.merge, "on its own (each profile's step log sits beside it), "
                                  "not with --refit or --from-log")
     if ns.merge:
-        from twinserve.twin.calibrate import merge
+        from twinserve.twin.calfit import merge
 
         profile = merge(ns.merge)
     elif ns.refit:
-        from twinserve.twin.calibrate import refit
+        from twinserve.twin.calfit import refit
 
         profile = refit(ns.refit, ns.from_log)
     elif ns.from_log:
@@ -87,9 +74,9 @@ def _calibrate(ns: argparse.Namespace) -> int:
                                    provenance={"made_by": "twinserve calibrate --from-log",
                                                "step_log": str(ns.from_log)})
     else:
-        from twinserve.twin.calibrate import CalibrationDesign, calibrate
-
         from twinserve.core.errors import InvalidConfigError
+        from twinserve.twin.calfit import calibrate
+        from twinserve.twin.calibrate import CalibrationDesign
 
         # The design first: a bad flag is refused before an engine is loaded.
         design = CalibrationDesign.quick() if ns.quick else CalibrationDesign()
@@ -100,13 +87,6 @@ def _calibrate(ns: argparse.Namespace) -> int:
             if ns.probe_every < 0:
                 raise InvalidConfigError("probe_every", ns.probe_every, ">= 0 (0: only before and after)")
             design.probe_every = ns.probe_every
-        if ns.sample_every is not None:
-            if not ns.sample_every >= 0:
-                raise InvalidConfigError("sample_every", ns.sample_every, ">= 0 seconds (0: never)")
-            design.sample_every_s = ns.sample_every
-        if ns.speed_sampler is not None:
-            design.sampler = ns.speed_sampler
-        design.prefill_samples = ns.prefill_samples
         engine = _engine(ns)
         try:
             profile, log = calibrate(engine, design, threads=ns.threads, progress=not ns.no_progress)
@@ -139,19 +119,6 @@ def _calibrate(ns: argparse.Namespace) -> int:
     from twinserve.twin.hostload import warning
 
     prov = profile.meta.get("provenance", {})
-    samples, dropped = prov.get("speed_samples") or [], prov.get("speed_samples_dropped") or []
-    if prov.get("drift_source") == "samples" and samples:
-        at = ", ".join(f"{samples[i][0]:.0f} s" for i in dropped[:8]) + (", ..." if len(dropped) > 8 else "")
-        print(f"  speed samples: {len(samples)}, smoothed by their {prov.get('speed_sample_smoothing', 'mean')} "
-              f"over {prov.get('speed_sample_window_s', 0):g} s; "
-              + (f"{len(dropped)} left out, contradicted by the steps around them (at {at})" if dropped
-                 else "none contradicted by the steps around them"))
-    pre = prov.get("prefill_speed_samples") or []
-    if prov.get("prefill_speed_sample_s") and pre:
-        secs = sorted(sec for _, sec in pre)
-        print(f"  prefill samples ({prov.get('prefill_speed_sampler')}): {len(pre)}, reference "
-              f"{prov['prefill_speed_sample_s'] * 1e3:.2f} ms (x {secs[0] / prov['prefill_speed_sample_s']:.2f} to "
-              f"x {secs[-1] / prov['prefill_speed_sample_s']:.2f}); the steps' prefill shares corrected by them")
     for noisy in (warning(prov.get("host_load"), "calibration"), drift_warning(prov)):
         if noisy:
             print(f"twinserve calibrate: {noisy}", file=sys.stderr)
@@ -173,106 +140,80 @@ def _model_name(model: str) -> str:
     return catalog_name(_peek_config(source), source.name)
 
 
-@subcommand("fidelity", "replay one workload on the real engine and in the simulator; report the error")
+@subcommand("fidelity", "forecast a workload with a profile, then serve it N times and judge the forecast")
 def _fidelity_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2", help="HF folder, .gguf file or short name")
-    p.add_argument("--profile", required=True, help="profile JSON from `twinserve calibrate`, "
-                   "or builtin:NAME")
+    p.add_argument("--profile", default=None, help="profile JSON from `twinserve calibrate`, or builtin:NAME")
+    p.add_argument("--calibrate", action="store_true",
+                   help="calibrate this engine first (about 3 minutes for SmolLM2), write the profile to "
+                        "--profile (default OUT/profile.json) and forecast with it")
     p.add_argument("--trace", default=None, help="trace CSV (Azure or num_prefill_tokens format)")
-    p.add_argument("--config", default=None, help="a study TOML whose [workload] table is replayed")
+    p.add_argument("--config", default=None, help="a study TOML whose [workload] table is served")
     p.add_argument("--num-requests", type=int, default=40)
     p.add_argument("--rate", type=float, default=None,
                    help="Poisson arrivals at this rate (req/s); default: the trace's timestamps")
-    p.add_argument("--time-scale", type=float, default=1.0,
-                   help="trace timestamps are multiplied by this")
+    p.add_argument("--time-scale", type=float, default=1.0, help="trace timestamps are multiplied by this")
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="clip trace prompts")
     p.add_argument("--max-output-tokens", type=int, default=None, help="clip trace outputs")
-    p.add_argument("--workload-seed", type=int, default=0)
-    p.add_argument("--out", required=True, help="folder for fidelity.json, .md, .png, CSVs")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="replay the workload this many times on the real engine, back to back, each "
-                        "run judged at its own measured speed; the report adds the error pooled over "
-                        "the runs and the real runs against each other (the machine's own floor)")
-    p.add_argument("--from-run", default=None, metavar="DIR",
-                   help="judge the profile against a real run recorded earlier (a folder this command "
-                        "wrote; --trace re-points its trace): the simulator only, no engine")
+    p.add_argument("--workload-seed", type=int, default=0, help="seed of arrivals and token ids")
+    p.add_argument("--trace-offset", type=int, default=0, metavar="ROWS",
+                   help="skip the trace's first ROWS rows (timestamps shifted to start at 0)")
+    p.add_argument("--out", required=True, help="folder for forecast.json, fidelity.json/.md/.png, CSVs")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="real runs of the workload, each judged against the one forecast (default 3)")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--band-samples", type=int, default=20,
-                   help="noisy simulations behind the prediction band (0: none): step noise with the "
-                        "spread and correlation of the run's own steps (the calibration's residuals "
-                        "without a step log), run speed noise from the probes")
+    p.add_argument("--probe", action=argparse.BooleanOptionalAction, default=True,
+                   help="probe the machine's speed before the first run and scale the forecast by it against "
+                        "calibration's probe (\"forecast, probed before\"); --no-probe: the profile's own speed")
+    p.add_argument("--nowcast", action="store_true",
+                   help="also report each run priced at its own measured speed: a nowcast, never judged")
+    p.add_argument("--forecast-only", action="store_true", help="write forecast.json and stop (no real run)")
     p.add_argument("--allow-profile-mismatch", action="store_true",
-                   help="use a profile calibrated for another model, tensor-parallel size, engine-core mode, "
-                        "dtype or machine")
-    p.add_argument("--normalize-speed", action=argparse.BooleanOptionalAction, default=True,
-                   help="scale simulated step times by the machine's speed during the run against "
-                   "calibration's (sampled through it, or probed around it: --speed-from); raw errors "
-                   "are reported too")
-    p.add_argument("--speed-from", choices=("auto", "samples", "probes"), default=None,
-                   help="samples: the machine's speed sampled every 2 s all through the run, each simulated "
-                        "step priced at the speed at its start, where the profile has a reference sample and "
-                        "the engine runs its steps in this process on a CPU; probes: a probe before and after "
-                        "the run; auto (the default): samples when the profile's reference was taken by the "
-                        "weights sampler (calibrate's default), else probes (with --from-run: as the run was "
-                        "judged)")
-    p.add_argument("--sample-every", type=float, default=None, metavar="SECONDS",
-                   help="seconds between two samples when the run is sampled (default 2)")
-    p.add_argument("--prefill-samples", action=argparse.BooleanOptionalAction, default=None,
-                   help="where the profile has a prefill sampler's reference (calibrate --prefill-samples), "
-                        "also sample with it and price each step's prefill share at its speed; the default "
-                        "prices whole steps at the weights samples' speed (with --from-run: as the run was "
-                        "judged)")
-    p.add_argument("--speed-by-part", action="store_true",
-                   help="scale decode and each step's prefill share by their own probe parts' drift "
-                        "instead of the whole probe's")
-    p.add_argument("--target-p50", type=float, default=0.05,
-                   help="the largest |relative error| at p50 of TTFT, TPOT and E2E that meets the target")
-    p.add_argument("--target-p99", type=float, default=0.10, help="the same at p99")
-    p.add_argument("--fail-on-miss", action="store_true",
-                   help="exit 3 when a target is missed (pooled over the runs with --repeats)")
+                   help="forecast with a profile made for another model, TP size, core mode, dtype or machine "
+                        "(the report's banner says so)")
+    p.add_argument("--fail-on-fail", action="store_true", help="exit 3 when a cell's verdict is FAIL")
     add_engine_args(p)
     p.set_defaults(func=_fidelity)
 
 
 def _fidelity(ns: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from twinserve.backends.sim.fitted import FittedCostModel
-    from twinserve.twin.fidelity import FidelityError, FidelityOptions, exit_code, run_fidelity
-    from twinserve.twin.speedtrace import SAMPLE_EVERY_S
+    from twinserve.twin.fidelity import exit_code, run_fidelity
+    from twinserve.twin.preflight import FidelityError, check_flags, check_profile, engine_facts
+    from twinserve.twin.workload import FidelityOptions, check_workload, workload_factory
 
-    if ns.band_samples < 0 or ns.band_samples == 1:
-        raise FidelityError(f"--band-samples {ns.band_samples}: give 0 (no band) or at least 2")
-    if ns.repeats < 1:
-        raise FidelityError(f"--repeats {ns.repeats}: give 1 or more")
-    for flag, v in (("--target-p50", ns.target_p50), ("--target-p99", ns.target_p99)):
-        if not 0 < v < 10:
-            raise FidelityError(f"{flag} {v}: give the largest relative error allowed, a fraction "
-                                "such as 0.05 (5%)")
-    limits = {"p50": ns.target_p50, "p99": ns.target_p99}
-    if ns.from_run:
-        from twinserve.twin.fidelity import rejudge
-
-        report = rejudge(ns.from_run, ns.profile, ns.out, trace=ns.trace, model=ns.model,
-                         allow_profile_mismatch=ns.allow_profile_mismatch, band_samples=ns.band_samples,
-                         speed_by_part=ns.speed_by_part, limits=limits, speed_from=ns.speed_from,
-                         prefill_samples=ns.prefill_samples)
-        return exit_code(report, ns.fail_on_miss)
-    opts = FidelityOptions(ns.profile, ns.trace, ns.config, ns.num_requests, ns.rate, ns.time_scale,
-                           ns.max_prompt_tokens, ns.max_output_tokens, ns.workload_seed,
-                           ns.allow_profile_mismatch, ns.normalize_speed, ns.speed_by_part, ns.repeats,
-                           ns.speed_from or "auto",
-                           ns.sample_every if ns.sample_every is not None else SAMPLE_EVERY_S,
-                           bool(ns.prefill_samples))
-    profile = FittedCostModel.load(ns.profile)
-    made = profile.meta.get("provenance", {}).get("threads")
-    if made is not None and made != ns.threads:
-        print(f"twinserve fidelity: warning: the profile was calibrated with {made} threads, "
-              f"this run uses {ns.threads}", file=sys.stderr)
+    # Everything that can be refused is refused here, before any weights load.
+    check_flags(ns.repeats, ns.rate, ns.num_requests, ns.time_scale, ns.trace_offset)
+    if ns.profile is None and not ns.calibrate:
+        raise FidelityError("give --profile P.json (from `twinserve calibrate --out P.json`) or --calibrate")
+    profile_path = ns.profile or str(Path(ns.out) / "profile.json")
+    opts = FidelityOptions(profile_path, ns.trace, ns.config, ns.num_requests, ns.rate, ns.time_scale,
+                           ns.max_prompt_tokens, ns.max_output_tokens, ns.workload_seed, ns.trace_offset,
+                           ns.allow_profile_mismatch, ns.repeats, ns.probe, ns.nowcast)
+    facts = engine_facts(engine_args_from(ns, ns.model))
+    check_workload(workload_factory(opts, facts.max_model_len, facts.vocab_size), facts.max_model_len)
+    if not ns.calibrate:
+        profile = FittedCostModel.load(profile_path)
+        check_profile(profile, facts, f"profile {profile_path}", ns.allow_profile_mismatch)
+        made = profile.meta.get("provenance", {}).get("threads")
+        if made is not None and made != ns.threads:
+            print(f"twinserve fidelity: warning: the profile was calibrated with {made} threads, "
+                  f"this run uses {ns.threads}", file=sys.stderr)
     engine = _engine(ns)
     try:
-        # run_fidelity refuses a wrong profile or an unservable trace before the real run starts.
-        report = run_fidelity(engine, opts, ns.out, band_samples=ns.band_samples, limits=limits)
+        if ns.calibrate:
+            from twinserve.twin.calfit import calibrate
+
+            made, log = calibrate(engine, threads=ns.threads, progress=False)
+            Path(profile_path).parent.mkdir(parents=True, exist_ok=True)
+            made.save(profile_path)
+            log.write(Path(profile_path).with_suffix(".steps.csv"))
+            print(f"twinserve fidelity: calibrated {profile_path} (MAPE {made.meta['fit']['mape']:.1%})")
+        report = run_fidelity(engine, opts, ns.out, forecast_only=ns.forecast_only)
     finally:
         engine.shutdown()
     if report.get("interrupted"):
-        print("twinserve fidelity: interrupted; wrote what was measured", file=sys.stderr)
-    return exit_code(report, ns.fail_on_miss)
+        print("twinserve fidelity: interrupted; the runs completed were judged and written", file=sys.stderr)
+    return exit_code(report, ns.fail_on_fail)

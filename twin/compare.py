@@ -31,7 +31,8 @@ def per_request(records: Sequence[RequestRecord]) -> dict[str, dict[str, float]]
     return out
 
 
-def _pooled(records: Sequence[RequestRecord], metric: str) -> np.ndarray:
+def pooled(records: Sequence[RequestRecord], metric: str) -> np.ndarray:
+    """Every value of metric (ITL: every gap between two tokens; else one per request)."""
     if metric == "itl":
         vals = [b - a for r in records if r.finish_time is not None
                 for a, b in zip(r.token_times, r.token_times[1:])]
@@ -62,7 +63,7 @@ def compare(real: Sequence[RequestRecord], sim: Sequence[RequestRecord]) -> dict
     real_req, sim_req = per_request(real), per_request(sim)
     common = sorted(set(real_req) & set(sim_req))
     for m in METRICS:
-        r_vals, s_vals = _pooled(real, m), _pooled(sim, m)
+        r_vals, s_vals = pooled(real, m), pooled(sim, m)
         entry: dict[str, Any] = {}
         for p in PERCENTILES:
             rv = float(np.percentile(r_vals, p)) if len(r_vals) else float("nan")
@@ -160,12 +161,12 @@ def figure(real: Sequence[RequestRecord], sim: Sequence[RequestRecord], path: Pa
     fig, axes = plt.subplots(1, 5, figsize=(22, 4.2))
     for ax, m in zip(axes, METRICS):
         for j, recs in enumerate(other_real):
-            v = np.sort(_pooled(recs, m))
+            v = np.sort(pooled(recs, m))
             if len(v):
                 ax.plot(v, np.arange(1, len(v) + 1) / len(v), "-", color="0.6", lw=1,
                         label="real engine, other runs" if j == 0 else None)
         for recs, label, style in ((real, "real engine", "-"), (sim, "simulator", "--")):
-            v = np.sort(_pooled(recs, m))
+            v = np.sort(pooled(recs, m))
             if len(v):
                 ax.plot(v, np.arange(1, len(v) + 1) / len(v), style, label=label, lw=2)
         ax.set_xlabel(f"{m.upper()} (s)")

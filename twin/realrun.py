@@ -8,7 +8,7 @@ detokenization), which is what a client of the engine sees; the simulator's toke
 are step start + predicted step time, the same instant in its model.
 
 Per step it keeps the admission time (step start), the end time and what was scheduled,
-so the simulator can replay the run (replay.py).
+so the simulator can follow the run's schedule (schedule.py).
 
 With the engine core in its own process a front-end step may take several of the core's
 steps, or none, and the core admits a request only when its message arrives (after the
@@ -30,7 +30,6 @@ from twinserve.core.sampling_params import SamplingParams
 from twinserve.sim.world import INF, ArrivalSource, RequestRecord
 from twinserve.sim.workload import WorkItem, Workload
 
-from twinserve.twin.speedtrace import SAMPLE_EVERY_S, SampleClock, SpeedSampler
 
 
 @dataclass(slots=True)
@@ -49,10 +48,6 @@ class RealRun:
     admit_until: list[float] | None = None
     # The run's start on the monotonic clock (the step log's start_s is on it).
     t0: float = 0.0
-    # (seconds from the start, seconds taken) of every speed sample (speedtrace.py).
-    speed_samples: list[tuple[float, float]] = field(default_factory=list)
-    # The same of the prefill sampler's, each taken right after a speed sample.
-    prefill_samples: list[tuple[float, float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -63,16 +58,8 @@ class _Live:
     output_ids: list[int] = field(default_factory=list)
 
 
-def run_real(engine: Any, workload: Workload, poll_s: float = 0.0005,
-             sampler: SpeedSampler | None = None, sample_every_s: float = SAMPLE_EVERY_S,
-             prefill_sampler: Any = None) -> RealRun:
-    """Serve every request of workload on engine in real time (Ctrl-C: aborts, returns partial).
-
-    With a sampler, the machine's speed is sampled after a step whenever sample_every_s have
-    passed since the last sample (speedtrace.SampleClock, which the simulator's TracedExecutor
-    follows too), and by the prefill sampler right after when there is one; the next step
-    waits for them.
-    """
+def run_real(engine: Any, workload: Workload, poll_s: float = 0.0005) -> RealRun:
+    """Serve every request of workload on engine in real time (Ctrl-C: aborts, returns partial)."""
     source = ArrivalSource(workload.items())
     live: dict[str, _Live] = {}
     run = RealRun([])
@@ -88,7 +75,6 @@ def run_real(engine: Any, workload: Workload, poll_s: float = 0.0005,
         run.admit_until = []
     # Absolute arrival time sent to the engine -> the workload's own (no float round trip).
     arrivals: dict[float, float] = {}
-    clock = SampleClock(sample_every_s)
     t0 = run.t0 = time.monotonic()
     try:
         while True:
@@ -117,10 +103,6 @@ def run_real(engine: Any, workload: Workload, poll_s: float = 0.0005,
                     st.token_times.extend([end] * len(delta))
                     if out.finished:
                         _finish(workload, source, live.pop(out.request_id), out, t0, end, run)
-                if sampler is not None and clock.due(end):
-                    run.speed_samples.append((time.monotonic() - t0, sampler.sample()))
-                    if prefill_sampler is not None:
-                        run.prefill_samples.append((time.monotonic() - t0, prefill_sampler.sample()))
                 continue
             nxt = source.next_time()
             if nxt == INF:

@@ -1,50 +1,56 @@
-"""A run's steps, judged: the machine speed they ran at, and the profile's error on each of them."""
+"""A run's steps, judged: the profile's price of each real step against its measured time."""
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable
+from typing import Any, Sequence
 
 import numpy as np
 
+from twinserve.backends.sim.fit import step_kind
 from twinserve.backends.sim.fitted import (FEATURE_COLUMNS, RANGE_DIMS, FittedCostModel, dims_beyond,
                                            shape_measures)
 
-from twinserve.twin.band import step_residuals
-from twinserve.twin.calibrate import ProbeParts
 
 
-def speed_ratios(profile: FittedCostModel, probes: list[ProbeParts | None]) -> dict[str, float]:
-    """The machine's speed during a run against calibration's: overall, and per probe part when
-    the profile recorded its parts (decode and prefill drift apart on a shared machine)."""
-    got = [p for p in probes if p is not None]
-    prov = profile.meta.get("provenance", {})
-    out = {"machine_speed_ratio": float(np.mean([p.total for p in got])) / prov["speed_probe_s"]}
-    parts = prov.get("speed_probe_parts")
-    if parts:
-        out["machine_speed_ratio_decode"] = float(np.mean([p.decode_s for p in got])) / parts["decode_s"]
-        out["machine_speed_ratio_prefill"] = float(np.mean([p.prefill_s for p in got])) / parts["prefill_s"]
+def step_residuals(profile: Any, rows: Sequence[dict[str, Any]]) -> list[tuple[str, float, float, int]]:
+    """(kind, measured s, predicted s, index in rows) of every logged step that computed tokens.
+
+    The prediction is the simulator's: after the engine idled (the time since the previous step
+    ended, less the step's own gap_s, in which requests were already waiting), the next steps
+    carry the profile's wake cost.
+    """
+    wake_after = getattr(profile, "wake_after", None)
+    wake: list[tuple[float, float]] = []
+    prev_end = None
+    out = []
+    for i, r in enumerate(rows):
+        start = r.get("start_s")
+        if wake_after is not None and start is not None and prev_end is not None:
+            idle = float(start) - prev_end - float(r.get("gap_s") or 0.0)
+            if idle > 0.0:
+                wake = wake_after(idle)[::-1]
+        if start is not None:
+            prev_end = float(start) + float(r["step_time_s"])
+        if r["num_prefill_tokens"] + r["num_decode_seqs"] <= 0:
+            continue
+        measured = r["step_time_s"] + (r.get("gap_s") or 0.0)
+        if measured <= 0:
+            continue
+        predicted = profile.step_time(*(r[c] for c in FEATURE_COLUMNS))
+        if wake:
+            f, e = wake.pop()
+            predicted = predicted * f + e
+        out.append((step_kind(r["num_prefill_tokens"], r["num_decode_seqs"]), measured, predicted, i))
     return out
 
 
-def scaled_profile(profile: FittedCostModel, speed: dict[str, Any], by_part: bool = False) -> FittedCostModel:
-    """The profile priced at a run's measured speed: overall, or per probe part when asked and measured."""
-    d, p = speed.get("machine_speed_ratio_decode"), speed.get("machine_speed_ratio_prefill")
-    if by_part and d and p:
-        return dataclasses.replace(profile, time_scale=d, prefill_scale=p / d)
-    return dataclasses.replace(profile, time_scale=speed["machine_speed_ratio"], prefill_scale=1.0)
-
-
-def step_errors(profile: FittedCostModel, rows: list[dict[str, Any]],
-                speed: Callable[[float, float, float], float] | None = None) -> dict[str, Any]:
+def step_errors(profile: FittedCostModel, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Predicted vs measured time of every real step that computed tokens.
 
     Besides the per-step errors, the busy-time error (total predicted over total measured)
     overall and per kind: long steps weigh as much as they last, which is what latencies feel.
-    With `speed` ((start_s, prefill tokens, tokens) -> slowness, a sampled speed trace's `at`)
-    each step is priced at the speed sampled at its start.
     """
-    res = step_residuals(profile, rows, speed)
+    res = step_residuals(profile, rows)
     if not res:
         return {"num_steps": 0}
     a = np.asarray([(p - m) / m for _, m, p, _ in res])

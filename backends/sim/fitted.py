@@ -318,13 +318,6 @@ def builtin_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
 
 
-def builtin_calibrations(name: str) -> list[Path]:
-    """The calibrations a shipped profile was merged from (`twinserve calibrate --merge`), each a
-    profile with its `.steps.csv` beside it, in the order merged; [] for one calibrated directly."""
-    prov = FittedCostModel.load(f"builtin:{name}").meta.get("provenance") or {}
-    return [PROFILES_DIR / str(m["profile"]) for m in prov.get("merged_from") or []]
-
-
 def resolve_profile(path: str | Path) -> Path:
     """A profile path, with 'builtin:NAME' naming a shipped profile."""
     text = str(path)

@@ -1,26 +1,35 @@
-"""Replay mode, the strictest check of the twin: the simulator fed the real run's step times.
+"""Two checks of a real run against the simulator that are not the forecast.
 
-Step k of the simulation starts when the real step k started (so arrivals are admitted
-where the engine admitted them) and lasts as long as it really lasted. The scheduler is
-the same object in both worlds, so the schedule must come out identical: the same
-requests with the same token counts in every step, the same preemptions, the same prefix
-hits. Any difference is a bug in the twin (a workload or executor that differs from the
-engine), not a cost-model error.
+Schedule equivalence (a plumbing check, not timing evidence): step k of the simulation starts
+when real step k started and lasts as long as it really lasted. The scheduler is the same
+object in both worlds, so the schedule must come out identical: the same requests with the
+same token counts in every step, the same preemptions, the same prefix hits. A difference is
+a bug in the twin (a workload or executor that differs from the engine), never a cost-model
+error; agreement says nothing about how well steps are priced.
+
+Free running: the simulator on its own clock, each step priced at the measured duration of
+the real steps of the same shape (the median, by shape, not by position; the profile's price
+where no real step had that shape). Its error against the real run is schedule drift (what
+follows from the steps' order and timing once every shape is priced right); the forecast's
+error against it is step pricing.
 
 A follow-up turn arrives when the real client got the previous answer (plus its think time),
-so the replay makes follow-ups from the real finish times. With the engine core in its own
-process the steps are the core's (realrun.py): step k admits the arrivals that had reached
-the core (`RealRun.admit_until`), and token times differ from the real ones by the hop back
-to the front end (reported in max_token_time_diff_s, not part of `exact`).
+so the equivalence check makes follow-ups from the real finish times. With the engine core in
+its own process the steps are the core's (realrun.py): step k admits the arrivals that had
+reached the core (`RealRun.admit_until`), and token times differ from the real ones by the hop
+back to the front end (reported in max_token_time_diff_s, not part of `equivalent`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from twinserve.backends.sim.executor import SimExecutor
+from twinserve.backends.sim.fitted import FEATURE_COLUMNS
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.sched.config import SchedulerConfig
 from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
@@ -62,10 +71,10 @@ class RecordingExecutor(SimExecutor):
 
 
 @dataclass(slots=True)
-class ReplayCheck:
-    """How the replayed schedule compares with the real one."""
+class ScheduleCheck:
+    """How the simulated schedule on the real step times compares with the real one."""
 
-    exact: bool
+    equivalent: bool
     num_steps_real: int
     num_steps_sim: int
     first_mismatch: dict[str, Any] | None = None
@@ -76,7 +85,7 @@ class ReplayCheck:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary."""
-        return {"exact": self.exact, "num_steps_real": self.num_steps_real,
+        return {"equivalent": self.equivalent, "num_steps_real": self.num_steps_real,
                 "num_steps_sim": self.num_steps_sim, "first_mismatch": self.first_mismatch,
                 "prefix_hit_mismatches": self.prefix_hit_mismatches,
                 "preemption_mismatches": self.preemption_mismatches,
@@ -93,9 +102,9 @@ def _follow_real_finishes(workload: Workload, finish: dict[str, float]) -> None:
     workload.next_turn = next_turn  # type: ignore[method-assign]
 
 
-def replay(real: RealRun, make_workload: Callable[[], Workload],
-           sched_cfg: SchedulerConfig) -> ReplayCheck:
-    """Run the simulator on the real run's step times and compare the schedules."""
+def schedule_equivalence(real: RealRun, make_workload: Callable[[], Workload],
+                         sched_cfg: SchedulerConfig) -> ScheduleCheck:
+    """Run the simulator on the real run's step starts and times and compare the schedules."""
     durations = [e - s for s, e in zip(real.step_starts, real.step_ends)]
     executor = RecordingExecutor(ReplayCostModel(durations))
     core = EngineCore(dataclasses.replace(sched_cfg), executor)
@@ -132,5 +141,49 @@ def replay(real: RealRun, make_workload: Callable[[], Workload],
     if mismatch is None and len(result.records) != len(real.records):
         mismatch = {"step": None, "what": "number of requests", "real": len(real.records),
                     "sim": len(result.records)}
-    exact = mismatch is None and hits == 0 and pre == 0
-    return ReplayCheck(exact, n_real, n_sim, mismatch, hits, pre, diff, result)
+    same = mismatch is None and hits == 0 and pre == 0
+    return ScheduleCheck(same, n_real, n_sim, mismatch, hits, pre, diff, result)
+
+
+class ShapeCostModel:
+    """Prices a step at the median measured duration of the real steps of its shape."""
+
+    name = "measured-by-shape"
+
+    def __init__(self, rows: Sequence[dict[str, Any]], fallback: Any) -> None:
+        by: dict[tuple[float, ...], list[float]] = {}
+        for r in rows:
+            if r["num_prefill_tokens"] + r["num_decode_seqs"] > 0:
+                by.setdefault(_shape(r), []).append(float(r["step_time_s"]) + float(r.get("gap_s") or 0.0))
+        self.table = {k: float(np.median(v)) for k, v in by.items()}
+        self.fallback = fallback
+        self.priced = self.missed = 0
+
+    def step_time(self, *features: float) -> float:
+        """The measured median of this shape, else the fallback's price."""
+        t = self.table.get(tuple(round(float(f), 6) for f in features))
+        if t is None:
+            self.missed += 1
+            return self.fallback.step_time(*features)
+        self.priced += 1
+        return t
+
+
+def _shape(row: dict[str, Any]) -> tuple[float, ...]:
+    return tuple(round(float(row[c]), 6) for c in FEATURE_COLUMNS)
+
+
+def free_running(rows: Sequence[dict[str, Any]], records: Sequence[Any], forecast_records: Sequence[Any],
+                 make_workload: Callable[[], Workload], sched_cfg: SchedulerConfig, profile: Any) -> dict[str, Any]:
+    """The simulator on its own clock with every step at its shape's measured duration: its
+    error against the real run (schedule drift) beside the forecast's against it (step pricing)."""
+    from twinserve.twin.compare import compare
+    from twinserve.twin.forecast import simulate
+
+    cm = ShapeCostModel(rows, profile)
+    sim = simulate(cm, make_workload, sched_cfg)
+    drift = compare(records, sim.records)["metrics"]
+    pricing = compare(sim.records, forecast_records)["metrics"]
+    errs = lambda m: {k: {q: v[q]["err"] for q in ("p50", "p90")} for k, v in m.items()}  # noqa: E731
+    return {"steps_by_measured_shape": cm.priced, "steps_at_profile_price": cm.missed,
+            "schedule_drift": errs(drift), "step_pricing": errs(pricing)}

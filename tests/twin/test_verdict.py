@@ -1,0 +1,87 @@
+"""The verdict on synthetic "real" runs: the simulator itself with a planted bias and noise."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from twinserve.backends.sim.fitted import FittedCostModel
+from twinserve.core.sched.config import SchedulerConfig
+from twinserve.sim.workload import Workload, WorkloadConfig
+from twinserve.twin.forecast import percentiles, simulate
+from twinserve.twin.verdict import FAIL, NO_VERDICT, PASS, UNRESOLVED, judge, judge_cell, runs_to_resolve
+
+PROFILE = FittedCostModel(intercept_s=0.004, per_token_s=2e-4, per_decode_seq_s=3e-4)
+SCHED = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=16, max_model_len=512, num_blocks=400,
+                        block_size=16)
+
+
+def _make() -> Workload:
+    cfg = WorkloadConfig(num_requests=60, arrival="poisson", rate=4.0, prompt_dist="uniform", prompt_min=20,
+                         prompt_max=120, output_dist="uniform", output_min=8, output_max=40, vocab_size=500)
+    return Workload(cfg, 7, 512)
+
+
+def _runs(bias: float, noise: float, n: int, seed: int = 0) -> list[dict[str, dict[str, float]]]:
+    """n "real" runs: the same workload simulated with every step (1 + bias) x exp(N(0, noise)) dearer."""
+    rng = np.random.default_rng(seed)
+    return [percentiles(simulate(dataclasses.replace(PROFILE, time_scale=(1 + bias) * math.exp(rng.normal(0, noise))),
+                                 _make, SCHED).records) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def forecast() -> dict[str, dict[str, float]]:
+    return percentiles(simulate(PROFILE, _make, SCHED).records)
+
+
+def _states(v: dict) -> set[str]:
+    return {c["state"] for per in v["cells"].values() for q, c in per.items() if q != "p99"}
+
+
+def test_no_bias_and_low_noise_passes(forecast) -> None:
+    v = judge(forecast, _runs(0.0, 0.005, 3), 60)
+    assert _states(v) == {PASS}
+    assert v["summary"] == {"pass": 8, "fail": 0, "unresolved": 0, "cells": 8}
+    # 60 requests: p99 reported, never judged.
+    assert all(per["p99"]["state"] == NO_VERDICT for per in v["cells"].values())
+    assert all(c["pi_inside"] for per in v["cells"].values() for q, c in per.items() if q != "p99")
+
+
+def test_a_planted_15_percent_bias_fails(forecast) -> None:
+    v = judge(forecast, _runs(0.15, 0.005, 3), 60)
+    assert _states(v) == {FAIL}
+    # The forecast is 15% cheap: every bias is negative, near ln(1/1.15) or beyond (queueing).
+    assert all(c["bias"] < math.log(1 / 1.12) for per in v["cells"].values() for c in per.values())
+
+
+def test_large_noise_over_two_runs_is_unresolved_and_says_how_many_runs_would_resolve(forecast) -> None:
+    v = judge(forecast, _runs(0.0, 0.2, 2, seed=3), 60)
+    assert _states(v) == {UNRESOLVED}
+    cell = v["cells"]["e2e"]["p50"]
+    n = cell["runs_to_resolve"]
+    assert n is None or n > 2
+    if n is not None:  # at that count the interval is resolved, one fewer it is not
+        assert runs_to_resolve(cell["bias"], cell["noise"], 0.05) == n
+
+
+def test_cell_arithmetic_against_students_t() -> None:
+    from scipy import stats
+
+    reals = [1.0, 1.1, 0.95]
+    c = judge_cell(1.02, reals, 0.05)
+    x = np.log(reals)
+    b = math.log(1.02) - x.mean()
+    half = stats.t.ppf(0.95, 2) * x.std(ddof=1) / math.sqrt(3)
+    assert c["bias"] == pytest.approx(b) and c["ci"] == pytest.approx([b - half, b + half])
+    assert c["state"] == UNRESOLVED  # half-width ~8%: wider than +-5%
+    # One run has no noise estimate; a forecast without a value gets no verdict.
+    assert judge_cell(1.0, [1.0], 0.05)["state"] == UNRESOLVED
+    assert judge_cell(float("nan"), reals, 0.05)["state"] == NO_VERDICT
+    # The smallest N is found: one fewer does not resolve.
+    n = runs_to_resolve(0.0, 0.05, 0.05)
+    h = lambda k: stats.t.ppf(0.95, k - 1) * 0.05 / math.sqrt(k)  # noqa: E731
+    assert h(n) <= math.log(1.05) + 1e-12 and h(n) <= -math.log(0.95) and h(n - 1) > math.log(1.05)
+    assert runs_to_resolve(math.log(1.05), 0.05, 0.05) is None  # on the bound: never resolves

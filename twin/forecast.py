@@ -1,0 +1,91 @@
+"""The forecast: the workload simulated with the profile, written before the engine serves.
+
+Nothing measured during or after the real runs enters it. The only reading of the machine it
+may take is a speed probe before the first run ("forecast, probed before"): the probe's time
+against the one calibration recorded scales every step price. Without a probe (or a profile
+that recorded none) the forecast is at the profile's own speed. forecast.json holds the
+per-request and percentile predictions, the profile, the engine config and the workload's
+seed and hash; its bytes depend on nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from twinserve.backends.sim.executor import SimExecutor
+from twinserve.backends.sim.fitted import FittedCostModel, resolve_profile
+from twinserve.core.engine_core import EngineCore
+from twinserve.sim.world import RequestRecord, Simulation
+from twinserve.sim.workload import Workload
+
+from twinserve.twin.compare import METRICS, PERCENTILES, per_request, pooled
+
+PROBED = "forecast, probed before"
+UNPROBED = "forecast, at the profile's own speed"
+NOWCAST = "nowcast (uses the run's own speed)"
+
+
+def simulate(profile: Any, make: Callable[[], Workload], sched_cfg: Any) -> Any:
+    """The workload simulated with this cost model and scheduler config (a RunResult)."""
+    executor = SimExecutor(profile)
+    return Simulation(EngineCore(dataclasses.replace(sched_cfg), executor), executor, make()).run()
+
+
+def percentiles(records: Sequence[RequestRecord]) -> dict[str, dict[str, float]]:
+    """{metric: {"p50", "p90", "p99"}} in seconds (NaN where there is no value)."""
+    out: dict[str, dict[str, float]] = {}
+    for m in METRICS:
+        v = pooled(records, m)
+        out[m] = {f"p{p}": float(np.percentile(v, p)) if len(v) else math.nan for p in PERCENTILES}
+    return out
+
+
+def probe_ratio(profile: FittedCostModel, probe_s: float | None) -> float | None:
+    """The machine's slowness now against calibration's (probe seconds / the profile's probe)."""
+    ref = (profile.meta.get("provenance") or {}).get("speed_probe_s")
+    return probe_s / float(ref) if probe_s and ref else None
+
+
+def make_forecast(profile: FittedCostModel, profile_path: str, make: Callable[[], Workload], sched_cfg: Any,
+                  engine: dict[str, Any], workload: dict[str, Any], workload_sha: str,
+                  probe_s: float | None = None) -> tuple[dict[str, Any], Any]:
+    """(the forecast record, the simulation behind it)."""
+    ratio = probe_ratio(profile, probe_s)
+    priced = dataclasses.replace(profile, time_scale=profile.time_scale * ratio) if ratio else profile
+    sim = simulate(priced, make, sched_cfg)
+    reqs = per_request(sim.records)
+    rows = [{"request_id": r.request_id, "arrival_s": r.arrival_time, "prompt_tokens": r.num_prompt_tokens,
+             "output_tokens": r.num_output_tokens, **{m: _num(reqs.get(r.request_id, {}).get(m))
+                                                      for m in METRICS}}
+            for r in sim.records]
+    path = resolve_profile(profile_path)
+    rec = {"kind": PROBED if ratio else UNPROBED,
+           "profile": {"path": str(profile_path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+                       "model": profile.model, "hardware": profile.meta.get("hardware"),
+                       "date": (profile.meta.get("provenance") or {}).get("date")},
+           "speed": {"probe_before_s": probe_s, "probe_profile_s":
+                     (profile.meta.get("provenance") or {}).get("speed_probe_s"), "ratio": ratio},
+           "engine": engine, "workload": {**workload, "sha256": workload_sha},
+           "num_requests": len(rows), "num_steps": sim.num_steps,
+           "percentiles": {m: {q: _num(v) for q, v in per.items()} for m, per in percentiles(sim.records).items()},
+           "requests": rows}
+    return rec, sim
+
+
+def write_forecast(rec: dict[str, Any], out: Path) -> Path:
+    """DIR/forecast.json, written whole (a reader never sees half a forecast)."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / ".forecast.json.tmp"
+    tmp.write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
+    return tmp.replace(out / "forecast.json")
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(float(x), 9)

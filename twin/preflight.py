@@ -1,0 +1,126 @@
+"""The checks that run before any weights load: the profile fits this engine and machine, the
+workload is one the engine can serve, the flags make sense. Seconds, not minutes: the model's
+config is read, its weights are not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from twinserve.backends.sim.fitted import (FittedCostModel, ProfileError, builtin_profiles_for,
+                                           check_profile_code_path, check_profile_core_mode,
+                                           check_profile_hardware, check_profile_model, check_profile_numerics,
+                                           check_profile_parallelism)
+from twinserve.core.errors import TwinserveError
+
+MAKE_PROFILE = "twinserve calibrate --out P.json"
+
+
+class FidelityError(TwinserveError, ValueError):
+    """A fidelity run cannot start as asked; the message says what to change."""
+
+
+class NoFittingProfileError(ProfileError):
+    """The profile was made for another engine or machine than this one."""
+
+
+@dataclass(slots=True)
+class EngineFacts:
+    """What the engine will be, read from its flags and the model's config (no weights)."""
+
+    model: str
+    max_model_len: int
+    vocab_size: int
+    device: str
+    dtype: str
+    tensor_parallel_size: int
+    core_mode: str
+    small_batch_rows: int
+    quantization: str | None
+    hardware: str
+    cpu: dict[str, Any] | None
+
+    def describe(self) -> str:
+        """One line: the engine and machine a profile must have been made for."""
+        feats = ",".join((self.cpu or {}).get("flags") or [])
+        return (f"{self.model} on {self.hardware}" + (f" [{feats}]" if feats else "")
+                + f", {self.device} {self.dtype}, TP {self.tensor_parallel_size}, core {self.core_mode}")
+
+
+def engine_facts(args: Any) -> EngineFacts:
+    """EngineFacts from EngineArgs: the model's config is peeked, nothing is built."""
+    from twinserve.backends.real.engine import _peek_config
+    from twinserve.backends.real.models.registry import resolve_model
+    from twinserve.twin.calibrate import catalog_name, cpu_features, device_name
+
+    source = resolve_model(args.model)
+    cfg = _peek_config(source)
+    args.validate()
+    device = args.resolve_device()
+    return EngineFacts(catalog_name(cfg, source.name), int(args.max_model_len or cfg.max_position_embeddings),
+                       int(cfg.vocab_size), device.type, str(args.resolve_dtype(device)),
+                       int(args.tensor_parallel_size), args.resolve_engine_core_mode("inproc"),
+                       args.resolve_small_batch_rows(device), args.quantization, device_name(device),
+                       cpu_features() if device.type == "cpu" else None)
+
+
+def profile_made_for(profile: FittedCostModel) -> str:
+    """One line: the engine and machine a profile was calibrated on."""
+    prov = profile.meta.get("provenance") or {}
+    feats = ",".join((prov.get("cpu") or {}).get("flags") or [])
+    return (f"{profile.model or '?'} on {profile.meta.get('hardware') or '?'}" + (f" [{feats}]" if feats else "")
+            + f", {prov.get('device', '?')} {prov.get('dtype', '?')}, TP {profile.meta.get('tensor_parallel_size', '?')}"
+            + f", core {prov.get('engine_core_mode', 'inproc')}")
+
+
+def check_profile(profile: FittedCostModel, facts: EngineFacts, source: str, allow_mismatch: bool = False) -> None:
+    """Refuse a profile made for another model, TP size, dtype, device, core mode or machine,
+    naming both sides and the command that makes the right one."""
+    if allow_mismatch:
+        return
+    try:
+        check_profile_model(profile, facts.model, source=source)
+        check_profile_parallelism(profile, facts.tensor_parallel_size, source=source)
+        check_profile_numerics(profile, facts.device, facts.dtype, source=source, quantization=facts.quantization)
+        check_profile_core_mode(profile, facts.core_mode, source=source)
+        check_profile_code_path(profile, facts.small_batch_rows, source=source)
+        check_profile_hardware(profile, facts.hardware, facts.cpu, source=source)
+    except ProfileError as e:
+        shipped = [f"builtin:{n}" for n, _ in builtin_profiles_for(facts.hardware, facts.cpu)]
+        raise NoFittingProfileError(
+            f"{e}\n  profile: {profile_made_for(profile)}\n  engine:  {facts.describe()}\n"
+            + (f"  shipped for this machine: {', '.join(shipped)}\n" if shipped
+               else "  no shipped profile fits this machine\n")
+            + f"  make one (about 3 minutes): `{MAKE_PROFILE}`, or run `twinserve fidelity --calibrate`") from None
+
+
+def mismatches(profile: FittedCostModel, facts: EngineFacts) -> list[str]:
+    """What differs between where the profile was made and this engine (for the banner)."""
+    prov = profile.meta.get("provenance") or {}
+    out = []
+    if profile.meta.get("hardware") and profile.meta["hardware"] != facts.hardware:
+        out.append(f"profile made on {profile.meta['hardware']!r}, this is {facts.hardware!r}")
+    elif facts.cpu and prov.get("cpu") and prov["cpu"].get("flags") != facts.cpu.get("flags"):
+        out.append("profile made on a CPU with other kernel features")
+    if prov.get("dtype") and prov["dtype"].removeprefix("torch.") != facts.dtype.removeprefix("torch."):
+        out.append(f"profile dtype {prov['dtype']}, engine {facts.dtype}")
+    if profile.meta.get("tensor_parallel_size") not in (None, facts.tensor_parallel_size):
+        out.append(f"profile TP {profile.meta['tensor_parallel_size']}, engine {facts.tensor_parallel_size}")
+    if prov.get("engine_core_mode", "inproc") != facts.core_mode:
+        out.append(f"profile core mode {prov.get('engine_core_mode', 'inproc')}, engine {facts.core_mode}")
+    return out
+
+
+def check_flags(repeats: int, rate: float | None, num_requests: int, time_scale: float, trace_offset: int = 0) -> None:
+    """Bad numbers are refused before anything loads."""
+    if trace_offset < 0:
+        raise FidelityError(f"--trace-offset {trace_offset}: give rows to skip, >= 0")
+    if repeats < 1:
+        raise FidelityError(f"--repeats {repeats}: give 1 or more (3 resolve most cells on a quiet machine)")
+    if rate is not None and not rate > 0:
+        raise FidelityError(f"--rate {rate}: give requests per second > 0")
+    if num_requests < 1:
+        raise FidelityError(f"--num-requests {num_requests}: give 1 or more")
+    if not time_scale > 0:
+        raise FidelityError(f"--time-scale {time_scale}: give a factor > 0")

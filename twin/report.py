@@ -1,0 +1,94 @@
+"""The printed report: a validity banner first, then the forecast table with its verdicts."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from twinserve.twin.hostload import NOISY_SHARE
+from twinserve.twin.verdict import CONFIDENCE, NO_VERDICT, P99_MIN_REQUESTS, UNRESOLVED
+
+
+def banner(mismatch: list[str], host_loads: list[dict[str, Any] | None], num_requests: int,
+           runs: int, kind: str) -> list[str]:
+    """Lines saying what makes this verdict weaker than it looks (empty lines are not returned)."""
+    out = [f"VALIDITY: {m} (--allow-profile-mismatch)" for m in mismatch]
+    shares = [(h["other_share"] + h["steal_share"]) for h in host_loads if h]
+    if shares and max(shares) > NOISY_SHARE:
+        out.append(f"VALIDITY: other processes took up to {max(shares):.0%} of this run's CPUs "
+                   f"(over {NOISY_SHARE:.0%}): the real runs are noisy; pin to a quiet core (taskset -c N)")
+    nb = [h.get("neighbour_share") for h in host_loads if h and h.get("neighbour_share") is not None]
+    if nb and max(nb) > 0.5:
+        out.append(f"VALIDITY: the machine's other CPUs were up to {max(nb):.0%} busy (shared memory bus and cache)")
+    if num_requests < P99_MIN_REQUESTS:
+        out.append(f"VALIDITY: {num_requests} requests: p99 is reported without a verdict "
+                   f"(needs {P99_MIN_REQUESTS})")
+    if runs < 2:
+        out.append("VALIDITY: one real run: no noise estimate, every cell UNRESOLVED (use --repeats 3)")
+    out.append(f"judged: the {kind}, written to forecast.json before the engine served")
+    return out
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x * 1e3:.1f}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{math.expm1(x):+.1%}"
+
+
+def verdict_table(cells: dict[str, dict[str, Any]]) -> str:
+    """The forecast against the runs, cell by cell (percent figures are exp(log figure) - 1)."""
+    lines = ["| metric | pct | forecast ms | real ms (each run) | bias | run noise | 90% CI of bias | verdict "
+             "| in 90% PI of a new run |", "|---|---|---|---|---|---|---|---|---|"]
+    for m, per in cells.items():
+        for q, c in per.items():
+            ci = c.get("ci")
+            state = c["state"]
+            if state == UNRESOLVED and c.get("runs_to_resolve"):
+                state += f" ({c['runs_to_resolve']} runs would resolve)"
+            elif state == UNRESOLVED and "ci" in c:
+                state += " (no run count resolves it)"
+            elif state == NO_VERDICT and c.get("why"):
+                state += f" ({c['why']})"
+            pi = c.get("pi_inside")
+            loo = c.get("loo_forecast_inside")
+            pi_s = "-" if pi is None else ("yes" if pi else "no") + (
+                f" (LOO {loo}/{c['runs']})" if loo is not None else "")
+            noise = "-" if c.get("noise") is None else f"{c['noise']:.1%}"
+            lines.append(f"| {m.upper()} | {q} | {_ms(c.get('forecast'))} | "
+                         + " / ".join(_ms(v) for v in c.get("real", [])) + f" | {_pct(c.get('bias'))} | {noise} | "
+                         + (f"{_pct(ci[0])} .. {_pct(ci[1])}" if ci else "-") + f" | {state} | {pi_s} |")
+    return "\n".join(lines)
+
+
+def summary_line(s: dict[str, int], pi: tuple[int, int]) -> str:
+    """One line: the verdicts counted, and the always-measurable prediction-interval count."""
+    return (f"verdict: {s['pass']} PASS, {s['fail']} FAIL, {s['unresolved']} UNRESOLVED of {s['cells']} cells "
+            f"(+-5% at p50, +-10% at p90/p99, {CONFIDENCE:.0%} CI); forecast inside the {CONFIDENCE:.0%} prediction "
+            f"interval of a new run in {pi[0]} of {pi[1]} cells")
+
+
+def pi_count(cells: dict[str, dict[str, Any]]) -> tuple[int, int]:
+    """(cells whose forecast lies inside the runs' prediction interval, cells with one)."""
+    flags = [c["pi_inside"] for per in cells.values() for c in per.values()
+             if c.get("pi_inside") is not None and c["state"] != NO_VERDICT]
+    return sum(flags), len(flags)
+
+
+def forecast_table(pct: dict[str, dict[str, float | None]], kind: str) -> str:
+    """The forecast alone (printed before the engine serves)."""
+    lines = [f"{kind}:", "| metric | p50 ms | p90 ms | p99 ms |", "|---|---|---|---|"]
+    lines += [f"| {m.upper()} | " + " | ".join(_ms(v.get(q)) for q in ("p50", "p90", "p99")) + " |"
+              for m, v in pct.items()]
+    return "\n".join(lines)
+
+
+def free_running_line(fr: dict[str, Any]) -> str:
+    """Schedule drift against step pricing, at p50 (run 1)."""
+    d, p = fr["schedule_drift"], fr["step_pricing"]
+    return ("free running (simulator on its own clock, each step at its shape's measured duration, run 1; "
+            f"{fr['steps_by_measured_shape']} steps by shape, {fr['steps_at_profile_price']} at the profile's "
+            "price): schedule drift at p50 " + ", ".join(f"{m.upper()} {v['p50']:+.1%}" for m, v in d.items())
+            + "; step pricing (forecast against it) at p50 "
+            + ", ".join(f"{m.upper()} {v['p50']:+.1%}" for m, v in p.items()))

@@ -1,0 +1,109 @@
+"""The forecast judged against repeated real runs: a noise-aware verdict per cell.
+
+Per cell (a metric at a percentile), on the log scale: bias b = ln(forecast) - mean ln(real_i),
+run noise s = sd ln(real_i) over N runs, and the 90% confidence interval of b by Student's t
+(b +- t(0.95, N-1) s / sqrt(N)). PASS when the interval lies inside [ln(1 - tol), ln(1 + tol)],
+FAIL when it lies wholly outside, UNRESOLVED otherwise (the runs are too few for their noise);
+then the number of runs that would resolve it at the observed b and s is given. A second line
+needs no resolution: whether the forecast lies inside the 90% prediction interval of a new run
+(mean +- t(0.95, N-1) s sqrt(1 + 1/N)), and, leaving each run out, whether it and the forecast
+lie inside the interval the other runs make. Pure: numbers in, numbers out.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+from scipy import stats
+
+# Tolerance per percentile (issue 9's targets; p90 judged as p99 is).
+TOLERANCE = {"p50": 0.05, "p90": 0.10, "p99": 0.10}
+# p99 of fewer requests than this is a handful of values: reported, never judged.
+P99_MIN_REQUESTS = 300
+CONFIDENCE = 0.90
+PASS, FAIL, UNRESOLVED, NO_VERDICT = "PASS", "FAIL", "UNRESOLVED", "no verdict"
+# Search bound for the runs that would resolve a cell.
+MAX_RUNS = 10_000
+
+
+def _t(df: int) -> float:
+    return float(stats.t.ppf(0.5 + CONFIDENCE / 2, df))
+
+
+def _state(lo: float, hi: float, band: tuple[float, float]) -> str:
+    if band[0] <= lo and hi <= band[1]:
+        return PASS
+    if hi < band[0] or lo > band[1]:
+        return FAIL
+    return UNRESOLVED
+
+
+def runs_to_resolve(b: float, s: float, tol: float) -> int | None:
+    """The fewest runs whose 90% interval of b (at this b and s) is PASS or FAIL; None if none is."""
+    band = (math.log1p(-tol), math.log1p(tol))
+    if s == 0.0:
+        return 2 if _state(b, b, band) != UNRESOLVED else None
+    for n in range(2, MAX_RUNS + 1):
+        half = _t(n - 1) * s / math.sqrt(n)
+        if _state(b - half, b + half, band) != UNRESOLVED:
+            return n
+    return None
+
+
+def _pi_inside(value: float, sample: np.ndarray) -> bool | None:
+    """Whether ln-value lies inside the 90% prediction interval of a new draw from ln-sample."""
+    n = len(sample)
+    if n < 2:
+        return None
+    half = _t(n - 1) * float(np.std(sample, ddof=1)) * math.sqrt(1 + 1 / n)
+    return bool(abs(value - float(np.mean(sample))) <= half)
+
+
+def judge_cell(forecast: float, reals: Sequence[float], tol: float) -> dict[str, Any]:
+    """The verdict of one cell: the forecast against the runs' values (seconds, all > 0)."""
+    x = np.log(np.asarray(reals, dtype=float))
+    n = len(x)
+    out: dict[str, Any] = {"runs": n, "tolerance": tol, "forecast": forecast,
+                           "real": [float(v) for v in reals]}
+    if not (forecast > 0 and n and np.all(np.isfinite(x))):
+        return {**out, "state": NO_VERDICT, "why": "no value to judge"}
+    b = math.log(forecast) - float(np.mean(x))
+    out["bias"] = b
+    if n < 2:
+        return {**out, "state": UNRESOLVED, "why": "one run has no noise estimate",
+                "runs_to_resolve": None, "pi_inside": None}
+    s = float(np.std(x, ddof=1))
+    half = _t(n - 1) * s / math.sqrt(n)
+    band = (math.log1p(-tol), math.log1p(tol))
+    state = _state(b - half, b + half, band)
+    loo = [(_pi_inside(float(x[j]), np.delete(x, j)), _pi_inside(math.log(forecast), np.delete(x, j)))
+           for j in range(n)] if n >= 3 else []
+    out.update(noise=s, ci=[b - half, b + half], state=state, pi_inside=_pi_inside(math.log(forecast), x),
+               loo_real_inside=sum(bool(r) for r, _ in loo) if loo else None,
+               loo_forecast_inside=sum(bool(f) for _, f in loo) if loo else None)
+    if state == UNRESOLVED:
+        out["runs_to_resolve"] = runs_to_resolve(b, s, tol)
+    return out
+
+
+def judge(forecast: dict[str, dict[str, float]], runs: list[dict[str, dict[str, float]]],
+          num_requests: int, metrics: Sequence[str] = ("ttft", "tpot", "itl", "e2e")) -> dict[str, Any]:
+    """Every cell: forecast[m][q] against runs[i][m][q]; p99 only judged with enough requests."""
+    cells: dict[str, dict[str, Any]] = {}
+    for m in metrics:
+        for q, tol in TOLERANCE.items():
+            cell = judge_cell(float(forecast[m][q]), [float(r[m][q]) for r in runs], tol)
+            if q == "p99" and num_requests < P99_MIN_REQUESTS and cell["state"] != NO_VERDICT:
+                cell = {**cell, "state": NO_VERDICT,
+                        "why": f"{num_requests} requests: p99 needs {P99_MIN_REQUESTS}"}
+            cells.setdefault(m, {})[q] = cell
+    return {"cells": cells, "summary": summary(cells)}
+
+
+def summary(cells: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """{"pass", "fail", "unresolved", "cells"}: cells with a verdict, by state."""
+    flat = [c["state"] for per in cells.values() for c in per.values() if c["state"] != NO_VERDICT]
+    return {"pass": flat.count(PASS), "fail": flat.count(FAIL), "unresolved": flat.count(UNRESOLVED),
+            "cells": len(flat)}
