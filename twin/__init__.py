@@ -1,6 +1,6 @@
-"""The twin's loop: calibrate the simulator from the real engine and measure how far apart they are.
+"""The twin's loop: calibrate a profile on the real engine, forecast a workload with it, judge the forecast.
 
-Step log (engine) -> `twinserve calibrate` (calibrate.py, fit in backends/sim/fit.py) ->
-profile JSON -> the simulator's FittedCostModel -> `twinserve fidelity` (fidelity.py, with a
-real-time replay in realrun.py and the exact-schedule check in replay.py).
+calibrate.py / calfit.py: measure designed steps, fit the profile (backends/sim/fit.py).
+fidelity.py: preflight.py (checks, no weights) -> forecast.py (forecast.json) -> realrun.py
+(N real runs) -> verdict.py (per cell) -> report.py; schedule.py checks the plumbing.
 """

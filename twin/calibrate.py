@@ -1,20 +1,15 @@
 """`twinserve calibrate`, the measuring phase: a designed set of steps run on the real engine.
 
-The design is made from step shapes, never drawn from a trace: single prefill chunks (q new
-tokens after c cached ones), several prefills in one step, decode batches at spread contexts,
-mixed steps (a decode batch plus a new chunk), and idle gaps before a fresh prompt (the steps
-after one cost more, and are priced apart). Every step runs through the whole engine, so the
-profile prices what a request waits for between two tokens. A warm-up runs first; the design
-is repeated `repeats` times, each in a fresh shuffled order. A fixed speed probe runs before,
-after and every `probe_every` points: a shared machine's speed drifts while the design runs,
-and the fit (calfit.py) corrects each step to the machine's median probe speed, which the
-profile records so `twinserve fidelity` can probe the machine before it forecasts.
+The design is step shapes, never a trace: prefill chunks after cached context, several prefills
+in a step, decode batches at spread contexts, mixed steps, and idle gaps before a fresh prompt.
+Each runs through the whole engine in a shuffled order; a fixed speed probe runs before, after
+and every `probe_every` points, and the fit (calfit.py) corrects each step to the median probe's
+speed, which the profile records so `twinserve fidelity` can probe the machine before it forecasts.
 """
 
 from __future__ import annotations
 
 import os
-import platform
 import random
 import subprocess
 import time
@@ -22,7 +17,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from twinserve.backends.sim.catalog import MODELS
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.sampling_params import SamplingParams
 
@@ -85,15 +79,8 @@ class CalibrationDesign:
             self.repeats, self.probe_every, list(self.idle_gaps), self.idle_repeats)
 
     def reaching(self, max_context: int) -> "CalibrationDesign":
-        """This design, with decodes and prefill chunks that reach max_context tokens of context.
-
-        The default design's decodes reach 1.5 x 256 + 4 tokens of context each and its chunks
-        start after at most 448 cached tokens; steps of a workload with longer sequences are
-        priced by extrapolating the fit (fidelity and the simulator report how much). One
-        more decode context, whose spread tops out at max_context, and one more cached context
-        for the chunks measure them, at the price of a longer calibration (the decode batches
-        at that context prefill everything they hold).
-        """
+        """This design plus one decode context and one cached context that reach max_context tokens
+        (the default reaches ~390 per decode and 448 cached; beyond, the fit extrapolates)."""
         if max_context < 1:
             raise InvalidConfigError("max_context", max_context, ">= 1")
         decode, chunks = list(self.decode_contexts), list(self.prefill_contexts)
@@ -226,16 +213,9 @@ class Calibrator:
         self._drain()
 
     def decode_sweep(self, batches: Sequence[int], context: int, steps: int) -> None:
-        """Every batch size in `batches` decoding `steps` times at one context, from one set of
-        prompts: the largest batch (lengths spread over [context/2, 3 context/2]) is prefilled
-        once, then each size, largest first, decodes while the sequences left out are aborted,
-        the rest keeping the spread and the middle prompt (one sequence decodes at `context`).
-
-        A decode point per batch size prefilled sum(batches) prompts, this prefills max(batches):
-        32 of 132 with the default design, whose prefills were most of calibration's time. The
-        largest batch's prefill, chunked while its first sequences decode, still gives the fit
-        chunks with decodes beside them.
-        """
+        """Every batch size decoding `steps` times at one context from one prefill of the largest
+        batch (lengths over [context/2, 3 context/2]): largest first, the sequences left out are
+        aborted, the rest keep the spread and the middle prompt (prefills max, not sum, of batches)."""
         order = sorted({b for b in batches if b > 0}, reverse=True)
         if not order:
             return
@@ -356,16 +336,8 @@ class ProbeParts:
 
 def speed_probe_parts(engine: Any, seed: int = 1234, reset_prefix_cache: bool = True,
                       rounds: int = 3) -> ProbeParts | None:
-    """A fixed set of steps (4-sequence decodes and 128-token prefills), timed now, by part.
-
-    A shared machine's speed drifts by tens of percent over minutes (other tenants, memory
-    traffic), and not alike for every kind of step: decode streams the weights, prefill
-    computes. Calibrate records this probe and fidelity repeats it around the real run, so a
-    drift is measured and reported instead of being mistaken for model error. None when the
-    engine's limits cannot run the probe's shapes in single steps. Each round is six 4-sequence
-    decodes and one 128-token prefill; the parts are medians over all rounds, so more rounds
-    estimate the same thing with less noise.
-    """
+    """A fixed set of steps timed now: per round six 4-sequence decodes and one 128-token prefill,
+    each part the median over all rounds (None where the engine's limits cannot run them)."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     sc = engine.scheduler_config
@@ -413,63 +385,6 @@ def cold_prefix_cache(engine: Any) -> None:
     while engine.has_unfinished_requests():
         engine.step()
     engine.reset_prefix_cache()
-
-
-def speed_probe(engine: Any, seed: int = 1234, reset_prefix_cache: bool = True) -> float | None:
-    """Seconds of the speed probe now (`speed_probe_parts`, both parts together)."""
-    parts = speed_probe_parts(engine, seed, reset_prefix_cache)
-    return parts.total if parts is not None else None
-
-
-def catalog_name(cfg: Any, fallback: str) -> str:
-    """The simulator catalog's name for a model with this config's shape, else fallback."""
-    for spec in MODELS.values():
-        if (spec.num_layers, spec.hidden_size, spec.intermediate_size, spec.num_heads,
-                spec.num_kv_heads, spec.vocab_size) == (
-                cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size,
-                cfg.num_attention_heads, cfg.num_key_value_heads, cfg.vocab_size):
-            return spec.name
-    return fallback
-
-
-def _cpuinfo(key: str) -> str | None:
-    """The first value of `key` in /proc/cpuinfo (None where there is none)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.split(":", 1)[0].strip() == key:
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
-def device_name(device: Any) -> str:
-    """A human name for the device the engine runs on."""
-    import torch
-
-    if getattr(device, "type", "cpu") == "cuda":
-        return torch.cuda.get_device_name(device)
-    return "cpu: " + (_cpuinfo("model name") or platform.processor() or platform.machine())
-
-
-# CPU features that choose which kernels torch runs: oneDNN's bf16 path needs AVX512-BF16 or
-# AMX, without them a bf16 matmul takes aten's generic path, several times dearer; VNNI serves
-# int8. A VM's model name ("Intel(R) Xeon(R) Processor") does not tell them apart.
-KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni",
-                "amx_tile", "amx_bf16", "amx_int8")
-
-
-def cpu_features() -> dict[str, Any]:
-    """{"capability": torch's CPU kernel level, "flags": the KERNEL_FLAGS this CPU has}.
-
-    flags is None where /proc/cpuinfo does not list them (not Linux on x86).
-    """
-    import torch
-
-    got = _cpuinfo("flags")
-    have = set(got.split()) if got is not None else None
-    return {"capability": torch.backends.cpu.get_cpu_capability(),
-            "flags": [f for f in KERNEL_FLAGS if f in have] if have is not None else None}
 
 
 def _git_commit() -> str | None:

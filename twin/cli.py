@@ -33,15 +33,6 @@ def _calibrate_parser(p: argparse.ArgumentParser) -> None:
                    help="also measure decodes and prefill chunks at up to this many tokens of "
                         "context (the longest prompt + output the profile will price; longer "
                         "calibration; the default design reaches ~390 tokens per decode)")
-    p.add_argument("--from-log", default=None,
-                   help="fit a step log written by the engine (--step-log-path) instead of running")
-    p.add_argument("--refit", default=None, metavar="PROFILE",
-                   help="fit a calibrated profile again from the step log it was made from (its "
-                        ".steps.csv, or --from-log), keeping its provenance: no engine, no device")
-    p.add_argument("--merge", nargs="+", default=None, metavar="PROFILE",
-                   help="fit one profile on the step logs of several calibrations of one engine (each "
-                        "corrected as --refit corrects it, scaled to their median reference speed): "
-                        "calibrations made at different times average out the machine's mood")
     p.add_argument("--save-steps", default=None,
                    help="also write the calibration step log here (default: OUT with .steps.csv)")
     p.add_argument("--no-progress", action="store_true")
@@ -52,47 +43,26 @@ def _calibrate_parser(p: argparse.ArgumentParser) -> None:
 def _calibrate(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from twinserve.backends.real.step_log import read_step_log
-    from twinserve.backends.sim.fit import fit_step_profile
+    from twinserve.core.errors import InvalidConfigError
+    from twinserve.twin.calfit import calibrate
+    from twinserve.twin.calibrate import CalibrationDesign
 
     out = Path(ns.out)
-    if ns.merge and (ns.refit or ns.from_log):
-        from twinserve.core.errors import InvalidConfigError
-
-        raise InvalidConfigError("merge", ns.merge, "on its own (each profile's step log sits beside it), "
-                                 "not with --refit or --from-log")
-    if ns.merge:
-        from twinserve.twin.calfit import merge
-
-        profile = merge(ns.merge)
-    elif ns.refit:
-        from twinserve.twin.calfit import refit
-
-        profile = refit(ns.refit, ns.from_log)
-    elif ns.from_log:
-        profile = fit_step_profile(read_step_log(ns.from_log), model=_model_name(ns.model),
-                                   provenance={"made_by": "twinserve calibrate --from-log",
-                                               "step_log": str(ns.from_log)})
-    else:
-        from twinserve.core.errors import InvalidConfigError
-        from twinserve.twin.calfit import calibrate
-        from twinserve.twin.calibrate import CalibrationDesign
-
-        # The design first: a bad flag is refused before an engine is loaded.
-        design = CalibrationDesign.quick() if ns.quick else CalibrationDesign()
-        design.repeats = ns.repeats
-        if ns.max_context is not None:
-            design = design.reaching(ns.max_context)
-        if ns.probe_every is not None:
-            if ns.probe_every < 0:
-                raise InvalidConfigError("probe_every", ns.probe_every, ">= 0 (0: only before and after)")
-            design.probe_every = ns.probe_every
-        engine = _engine(ns)
-        try:
-            profile, log = calibrate(engine, design, threads=ns.threads, progress=not ns.no_progress)
-        finally:
-            engine.shutdown()
-        log.write(ns.save_steps or out.with_suffix(".steps.csv"))
+    # The design first: a bad flag is refused before an engine is loaded.
+    design = CalibrationDesign.quick() if ns.quick else CalibrationDesign()
+    design.repeats = ns.repeats
+    if ns.max_context is not None:
+        design = design.reaching(ns.max_context)
+    if ns.probe_every is not None:
+        if ns.probe_every < 0:
+            raise InvalidConfigError("probe_every", ns.probe_every, ">= 0 (0: only before and after)")
+        design.probe_every = ns.probe_every
+    engine = _engine(ns)
+    try:
+        profile, log = calibrate(engine, design, threads=ns.threads, progress=not ns.no_progress)
+    finally:
+        engine.shutdown()
+    log.write(ns.save_steps or out.with_suffix(".steps.csv"))
     out.parent.mkdir(parents=True, exist_ok=True)
     profile.save(out)
     fit = profile.meta["fit"]
@@ -116,7 +86,7 @@ def _calibrate(ns: argparse.Namespace) -> int:
                           for g, row in zip(profile.wake_idle_s, profile.wake_extra_s))
         print(f"  first steps after idling {steps}")
     from twinserve.twin.calibrate import drift_warning
-    from twinserve.twin.hostload import warning
+    from twinserve.backends.real.hostload import warning
 
     prov = profile.meta.get("provenance", {})
     for noisy in (warning(prov.get("host_load"), "calibration"), drift_warning(prov)):
@@ -128,16 +98,6 @@ def _calibrate(ns: argparse.Namespace) -> int:
 def _pct(x: float | None) -> str:
     """A signed percentage, or n/a."""
     return "n/a" if x is None else f"{x:+.1%}"
-
-
-def _model_name(model: str) -> str:
-    """The catalog name of a model given by path or short name (its config only is read)."""
-    from twinserve.backends.real.engine import _peek_config
-    from twinserve.backends.real.models.registry import resolve_model
-    from twinserve.twin.calibrate import catalog_name
-
-    source = resolve_model(model)
-    return catalog_name(_peek_config(source), source.name)
 
 
 @subcommand("fidelity", "forecast a workload with a profile, then serve it N times and judge the forecast")
@@ -158,7 +118,7 @@ def _fidelity_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload-seed", type=int, default=0, help="seed of arrivals and token ids")
     p.add_argument("--trace-offset", type=int, default=0, metavar="ROWS",
                    help="skip the trace's first ROWS rows (timestamps shifted to start at 0)")
-    p.add_argument("--out", required=True, help="folder for forecast.json, fidelity.json/.md/.png, CSVs")
+    p.add_argument("--out", required=True, help="folder for forecast.json, fidelity.json/.md, CSVs")
     p.add_argument("--repeats", type=int, default=3,
                    help="real runs of the workload, each judged against the one forecast (default 3)")
     p.add_argument("--threads", type=int, default=1)

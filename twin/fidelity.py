@@ -1,11 +1,8 @@
 """`twinserve fidelity`: forecast a workload, then serve it N times and judge the forecast.
 
-Phases, in order: the profile and the workload are checked (preflight.py, before any weights
-load); the engine warms up and, where the profile recorded a calibration probe, a speed probe
-runs; the forecast is simulated and written to DIR/forecast.json (forecast.py); only then does
-the real engine serve the workload, `repeats` times from a cold prefix cache; last, the one
-forecast is judged against every completed run (verdict.py) and the report written. Ctrl-C
-during a run: the runs completed are judged and written, and the exit code says it was cut.
+Phases: checks (preflight.py, no weights); warm-up and a speed probe; the forecast written to
+DIR/forecast.json (forecast.py); only then the real runs, each from a cold prefix cache; last the
+verdict (verdict.py) and the report. Ctrl-C during a run: the runs completed are judged and written.
 """
 
 from __future__ import annotations
@@ -18,13 +15,12 @@ from typing import Any, Callable
 
 from twinserve.backends.real.step_log import StepLog, read_step_log
 from twinserve.backends.sim.fitted import FittedCostModel
-from twinserve.sim.world import RequestRecord
 
-from twinserve.twin.calibrate import catalog_name, cold_prefix_cache, cpu_features, device_name, speed_probe_parts
-from twinserve.twin.compare import compare, figure
+from twinserve.twin.calibrate import cold_prefix_cache, speed_probe_parts
+from twinserve.twin.compare import compare
 from twinserve.twin.forecast import NOWCAST, make_forecast, percentiles, simulate, write_forecast
-from twinserve.twin.hostload import HostLoad
-from twinserve.twin.preflight import EngineFacts, check_flags, check_profile, mismatches
+from twinserve.backends.real.hostload import HostLoad
+from twinserve.twin.preflight import EngineFacts, check_flags, check_profile, engine_facts, mismatches
 from twinserve.twin.realrun import RealRun, run_real
 from twinserve.twin.report import banner, forecast_table, free_running_line, pi_count, summary_line, verdict_table
 from twinserve.twin.schedule import free_running, schedule_equivalence
@@ -37,16 +33,6 @@ from twinserve.twin.workload import (FidelityOptions, check_workload, forecast_o
 PROBE_ROUNDS = 9
 # Exit status when the run was cut short (Ctrl-C), and with --fail-on-fail when a cell FAILs.
 INTERRUPTED, FAILED = 130, 3
-
-
-def engine_facts_of(engine: Any) -> EngineFacts:
-    """EngineFacts of a built engine (the same fields preflight reads from the flags)."""
-    device = engine.args.resolve_device()
-    return EngineFacts(catalog_name(engine.model_config, engine.model_name), engine.max_model_len,
-                       engine.vocab_size, device.type, str(engine.args.resolve_dtype(device)),
-                       engine.args.tensor_parallel_size, engine.core_mode,
-                       engine.args.resolve_small_batch_rows(device), engine.args.quantization,
-                       device_name(device), cpu_features() if device.type == "cpu" else None)
 
 
 def warm_up(engine: Any) -> None:
@@ -62,13 +48,9 @@ def warm_up(engine: Any) -> None:
 
 def engine_record(engine: Any, facts: EngineFacts) -> dict[str, Any]:
     """The engine's config as forecast.json and fidelity.json record it."""
-    sc = engine.scheduler_config
-    return {"model": facts.model, "engine_core_mode": facts.core_mode, "max_model_len": facts.max_model_len,
-            "vocab_size": facts.vocab_size, "device": facts.device, "dtype": facts.dtype,
-            "hardware": facts.hardware, "cpu": facts.cpu, "small_batch_rows": facts.small_batch_rows,
-            "tensor_parallel_size": facts.tensor_parallel_size, "max_num_seqs": sc.max_num_seqs,
-            "max_num_batched_tokens": sc.max_num_batched_tokens, "enable_prefix_caching": sc.enable_prefix_caching,
-            "num_blocks": sc.num_blocks, "block_size": sc.block_size, "policy": sc.policy}
+    keys = ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "num_blocks", "block_size", "policy")
+    return {**dataclasses.asdict(facts), "engine_core_mode": facts.core_mode,
+            **{k: getattr(engine.scheduler_config, k) for k in keys}}
 
 
 def forecast_phase(engine: Any, opts: FidelityOptions, out: Path,
@@ -77,7 +59,7 @@ def forecast_phase(engine: Any, opts: FidelityOptions, out: Path,
     the workload factory, the profile at the forecast's price)."""
     check_flags(opts.repeats, opts.rate, opts.num_requests, opts.time_scale, opts.trace_offset)
     profile = FittedCostModel.load(opts.profile)
-    facts = engine_facts_of(engine)
+    facts = engine_facts(engine.args)
     check_profile(profile, facts, f"profile {opts.profile}", opts.allow_profile_mismatch)
     make = workload_factory(opts, engine.max_model_len, engine.vocab_size)
     check_workload(make, engine.max_model_len)
@@ -192,22 +174,18 @@ def nowcast(priced: FittedCostModel, make: Callable[[], Any], sched_cfg: Any, ru
 
 def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path, echo: Callable[[str], None] = print,
                  forecast_only: bool = False) -> dict[str, Any]:
-    """Forecast, serve, judge; writes forecast.json, fidelity.json/.md/.png and per-run CSVs to out_dir."""
+    """Forecast, serve, judge; writes forecast.json, fidelity.json/.md and per-run CSVs to out_dir."""
     out = Path(out_dir)
     fc, fsim, make, priced = forecast_phase(engine, opts, out, echo)
     if forecast_only:
         return {"forecast": fc}
     runs = serve_phase(engine, opts, make, out, echo)
     write_requests(fsim.records, out / "requests_forecast.csv")
-    mismatch = mismatches(FittedCostModel.load(opts.profile), engine_facts_of(engine)) \
+    mismatch = mismatches(FittedCostModel.load(opts.profile), engine_facts(engine.args)) \
         if opts.allow_profile_mismatch else []
     report, md = judge_phase(opts, fc, fsim, priced, make, engine.scheduler_config, runs, out, mismatch)
     (out / "fidelity.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
     (out / "fidelity.md").write_text(md + "\n")
-    done = [r.real.records for r in runs if not r.real.interrupted]
-    if done:
-        figure(done[0], fsim.records, out / "fidelity.png", title=f"twinserve fidelity: {fc['kind']}",
-               other_real=done[1:])
     echo(md)
     return report
 
@@ -220,7 +198,7 @@ def exit_code(report: dict[str, Any], fail_on_fail: bool = False) -> int:
 
 
 def write_requests(records: list[Any], path: Path) -> None:
-    """Request records as CSV (token times as JSON), read back by read_requests."""
+    """Request records as CSV (token times as JSON)."""
     import pandas as pd
 
     rows = [{"request_id": r.request_id, "arrival_s": r.arrival_time, "prompt_tokens": r.num_prompt_tokens,
@@ -229,24 +207,6 @@ def write_requests(records: list[Any], path: Path) -> None:
              "preemptions": r.num_preemptions, "finish_reason": r.finish_reason,
              "token_times": json.dumps(r.token_times)} for r in records]
     pd.DataFrame(rows).to_csv(path, index=False)
-
-
-def read_requests(path: Path) -> list[RequestRecord]:
-    """Records written by write_requests (token times only where the file has them)."""
-    import pandas as pd
-
-    def num(v: Any) -> float | None:
-        return None if pd.isna(v) else float(v)
-
-    out = []
-    for r in pd.read_csv(path, keep_default_na=True).to_dict("records"):
-        times = r.get("token_times")
-        out.append(RequestRecord(str(r["request_id"]), float(r["arrival_s"]), int(r["prompt_tokens"]),
-                                 int(r["output_tokens"]), None, num(r["first_token_s"]), num(r["finish_s"]),
-                                 int(r["prefix_hit_tokens"]), int(r["preemptions"]),
-                                 json.loads(times) if isinstance(times, str) else [],
-                                 finish_reason=str(r.get("finish_reason") or "")))
-    return out
 
 
 def _json_default(o: Any) -> Any:

@@ -52,7 +52,8 @@ def engine_facts(args: Any) -> EngineFacts:
     """EngineFacts from EngineArgs: the model's config is peeked, nothing is built."""
     from twinserve.backends.real.engine import _peek_config
     from twinserve.backends.real.models.registry import resolve_model
-    from twinserve.twin.calibrate import catalog_name, cpu_features, device_name
+    from twinserve.backends.real.hardware import cpu_features, device_name
+    from twinserve.backends.sim.catalog import catalog_name
 
     source = resolve_model(args.model)
     cfg = _peek_config(source)

@@ -1,22 +1,11 @@
-"""Replays a simulator Workload on the real engine, in real time, recording what the simulator records.
+"""Serves a simulator Workload on the real engine in real time, recording what the simulator records.
 
-The loop is the simulator's (sim/world.py) with a wall clock: before each step every request
-whose arrival time has passed is added; the engine steps while it has work, else the loop
-sleeps until the next arrival. Follow-up turns of multi-turn workloads are made from the
-real answers when a turn finishes. Token times are when a step's outputs are ready (after
-detokenization), which is what a client of the engine sees; the simulator's token times
-are step start + predicted step time, the same instant in its model.
-
-Per step it keeps the admission time (step start), the end time and what was scheduled,
-so the simulator can follow the run's schedule (schedule.py).
-
-With the engine core in its own process a front-end step may take several of the core's
-steps, or none, and the core admits a request only when its message arrives (after the
-arrival time, by the front end's loop and the IPC hop). The steps kept are then the core's,
-from its step records (the engine's step log must record schedules): start and end on the
-core's clock (time.monotonic is one clock for both processes), and, per step, the latest
-arrival time among the requests the core had received (`admit_until`), which the replay
-admits up to instead of the step start. Token times stay the front end's (what a client sees).
+The loop is the simulator's (sim/world.py) with a wall clock: every request whose arrival has
+passed is added before a step; the engine steps while it has work, else the loop sleeps until
+the next arrival. Token times are when a step's outputs are ready (what a client sees). Per
+step it keeps the start, the end and what was scheduled (schedule.py). With the engine core in
+its own process the steps kept are the core's, from its step records, with per step the latest
+arrival the core had received (`admit_until`); token times stay the front end's.
 """
 
 from __future__ import annotations

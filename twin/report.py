@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from twinserve.twin.hostload import NOISY_SHARE
+from twinserve.backends.real.hostload import NOISY_SHARE
 from twinserve.twin.verdict import CONFIDENCE, NO_VERDICT, P99_MIN_REQUESTS, UNRESOLVED
 
 

@@ -1,23 +1,11 @@
-"""Two checks of a real run against the simulator that are not the forecast.
+"""Two checks of a real run that are not the forecast.
 
-Schedule equivalence (a plumbing check, not timing evidence): step k of the simulation starts
-when real step k started and lasts as long as it really lasted. The scheduler is the same
-object in both worlds, so the schedule must come out identical: the same requests with the
-same token counts in every step, the same preemptions, the same prefix hits. A difference is
-a bug in the twin (a workload or executor that differs from the engine), never a cost-model
-error; agreement says nothing about how well steps are priced.
-
-Free running: the simulator on its own clock, each step priced at the measured duration of
-the real steps of the same shape (the median, by shape, not by position; the profile's price
-where no real step had that shape). Its error against the real run is schedule drift (what
-follows from the steps' order and timing once every shape is priced right); the forecast's
-error against it is step pricing.
-
-A follow-up turn arrives when the real client got the previous answer (plus its think time),
-so the equivalence check makes follow-ups from the real finish times. With the engine core in
-its own process the steps are the core's (realrun.py): step k admits the arrivals that had
-reached the core (`RealRun.admit_until`), and token times differ from the real ones by the hop
-back to the front end (reported in max_token_time_diff_s, not part of `equivalent`).
+Schedule equivalence (a plumbing check, not timing evidence): the simulator on the real run's
+step starts and durations must schedule exactly what the engine did (same tokens per request
+per step, preemptions, prefix hits); a difference is a bug in the twin, never a cost-model error.
+Free running: the simulator on its own clock, each step at the median measured duration of the
+real steps of its shape (not its position; the profile's price for an unseen shape). Its error
+against the real run is schedule drift; the forecast's error against it is step pricing.
 """
 
 from __future__ import annotations
@@ -85,11 +73,7 @@ class ScheduleCheck:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary."""
-        return {"equivalent": self.equivalent, "num_steps_real": self.num_steps_real,
-                "num_steps_sim": self.num_steps_sim, "first_mismatch": self.first_mismatch,
-                "prefix_hit_mismatches": self.prefix_hit_mismatches,
-                "preemption_mismatches": self.preemption_mismatches,
-                "max_token_time_diff_s": self.max_token_time_diff_s}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "result"}
 
 
 def _follow_real_finishes(workload: Workload, finish: dict[str, float]) -> None:

@@ -11,7 +11,6 @@ from twinserve.backends.sim.fitted import (FEATURE_COLUMNS, RANGE_DIMS, FittedCo
                                            shape_measures)
 
 
-
 def step_residuals(profile: Any, rows: Sequence[dict[str, Any]]) -> list[tuple[str, float, float, int]]:
     """(kind, measured s, predicted s, index in rows) of every logged step that computed tokens.
 
@@ -45,11 +44,8 @@ def step_residuals(profile: Any, rows: Sequence[dict[str, Any]]) -> list[tuple[s
 
 
 def step_errors(profile: FittedCostModel, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Predicted vs measured time of every real step that computed tokens.
-
-    Besides the per-step errors, the busy-time error (total predicted over total measured)
-    overall and per kind: long steps weigh as much as they last, which is what latencies feel.
-    """
+    """Predicted vs measured time of every real step that computed tokens, and the busy-time error
+    (total predicted over total measured) overall and per kind: long steps weigh as they last."""
     res = step_residuals(profile, rows)
     if not res:
         return {"num_steps": 0}
@@ -64,39 +60,16 @@ def step_errors(profile: FittedCostModel, rows: list[dict[str, Any]]) -> dict[st
            "mape": float(np.mean(np.abs(a))), "p90_abs_err": float(np.percentile(np.abs(a), 90)),
            "busy_err": total_p / total_m - 1,
            "busy_err_by_kind": {k: v[1] / v[0] - 1 for k, v in sorted(busy.items())}}
-    quarters = _by_quarter(rows, res)
-    if quarters is not None:
-        out["busy_err_by_quarter"] = quarters
     beyond = _beyond_range(profile, rows, res)
     if beyond is not None:
         out["beyond_range"] = beyond
     return out
 
 
-def _by_quarter(rows: list[dict[str, Any]], res: list[tuple[str, float, float, int]]) -> list[float] | None:
-    """The busy-time error in each quarter of the run's steps (by start time), or None without
-    start times or with fewer than 8 steps. On a steady machine and a steady workload the
-    quarters agree; quarters apart by more than the kinds' mix explains are the machine's
-    speed moving during the run, which no probe before and after it can see."""
-    if len(res) < 8 or any(rows[i].get("start_s") is None for *_, i in res):
-        return None
-    order = sorted(range(len(res)), key=lambda j: float(rows[res[j][3]]["start_s"]))
-    out = []
-    for k in range(4):
-        part = [res[j] for j in order[k * len(order) // 4:(k + 1) * len(order) // 4]]
-        out.append(sum(p for _, _, p, _ in part) / sum(m for _, m, _, _ in part) - 1)
-    return out
-
-
 def _beyond_range(profile: FittedCostModel, rows: list[dict[str, Any]],
                   res: list[tuple[str, float, float, int]]) -> dict[str, Any] | None:
-    """How much of the run the profile priced beyond the shapes it was fitted on, and its error there.
-
-    None when the profile does not record its range (made by hand, or before it was recorded).
-    Otherwise: the share of the steps and of the busy time beyond it, the busy-time error
-    inside and beyond, and per measure the steps beyond and the largest value seen against the
-    largest fitted.
-    """
+    """The share of steps and busy time priced beyond the shapes the profile was fitted on, the
+    busy-time error inside and beyond, per measure the largest seen (None: no recorded range)."""
     top = profile.shape_range
     if not top:
         return None
@@ -129,8 +102,6 @@ def step_line(st: dict[str, Any], sep: str) -> str:
     if "busy_err" in st:
         kinds = ", ".join(f"{k} {v:+.1%}" for k, v in st["busy_err_by_kind"].items())
         line += f"; busy time {st['busy_err']:+.1%} ({kinds})"
-    if st.get("busy_err_by_quarter"):
-        line += ("; by quarter of the run " + " / ".join(f"{x:+.1%}" for x in st["busy_err_by_quarter"]))
     b = st.get("beyond_range")
     if b and b["steps_share"]:
         dims = ", ".join(f"{d} up to {v['max_seen']:.4g} (fitted {v['max_fitted']:.4g})"

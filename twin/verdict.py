@@ -4,10 +4,9 @@ Per cell (a metric at a percentile), on the log scale: bias b = ln(forecast) - m
 run noise s = sd ln(real_i) over N runs, and the 90% confidence interval of b by Student's t
 (b +- t(0.95, N-1) s / sqrt(N)). PASS when the interval lies inside [ln(1 - tol), ln(1 + tol)],
 FAIL when it lies wholly outside, UNRESOLVED otherwise (the runs are too few for their noise);
-then the number of runs that would resolve it at the observed b and s is given. A second line
-needs no resolution: whether the forecast lies inside the 90% prediction interval of a new run
-(mean +- t(0.95, N-1) s sqrt(1 + 1/N)), and, leaving each run out, whether it and the forecast
-lie inside the interval the other runs make. Pure: numbers in, numbers out.
+with the runs that would resolve it at the observed b and s. Always measurable: whether the
+forecast lies inside the 90% prediction interval of a new run (mean +- t s sqrt(1 + 1/N)), and
+leaving each run out, whether it and the forecast lie inside the others' interval.
 """
 
 from __future__ import annotations

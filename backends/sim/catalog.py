@@ -299,3 +299,14 @@ def spec_from_dict(cls: type, data: dict[str, Any]) -> Any:
     if cls is HardwareSpec and isinstance(data.get("profile"), dict):
         data["profile"] = spec_from_dict(GPUProfile, data["profile"])
     return cls(**data)
+
+
+def catalog_name(cfg: Any, fallback: str) -> str:
+    """The simulator catalog's name for a model with this config's shape, else fallback."""
+    for spec in MODELS.values():
+        if (spec.num_layers, spec.hidden_size, spec.intermediate_size, spec.num_heads,
+                spec.num_kv_heads, spec.vocab_size) == (
+                cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size,
+                cfg.num_attention_heads, cfg.num_key_value_heads, cfg.vocab_size):
+            return spec.name
+    return fallback

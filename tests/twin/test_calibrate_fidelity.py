@@ -57,7 +57,7 @@ def test_the_schedule_on_the_real_step_times_is_the_real_one(make_engine) -> Non
     engine.shutdown()
 
 
-def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, capsys) -> None:
+def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, capsys, experiment) -> None:
     from twinserve.cli import main
 
     prof = tmp_path / "tiny.json"
@@ -74,7 +74,7 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert data["provenance"]["threads"] == 1 and data["provenance"]["dtype"] == "float64"
     import torch
 
-    from twinserve.twin.calibrate import cpu_features, device_name
+    from twinserve.backends.real.hardware import cpu_features, device_name
 
     # The machine it was made on, by name and by the CPU features that pick torch's kernels.
     assert data["hardware"] == device_name(torch.device("cpu"))
@@ -134,7 +134,7 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     fc = json.loads((out / "forecast.json").read_text())
     assert fc["kind"] == "forecast, probed before"
     assert fc["speed"]["ratio"] == pytest.approx(fc["speed"]["probe_before_s"] / data["provenance"]["speed_probe_s"])
-    assert (out / "fidelity.png").stat().st_size > 10_000 and (out / "repeat-2" / "requests_real.csv").exists()
+    assert (out / "fidelity.md").exists() and (out / "repeat-2" / "requests_real.csv").exists()
     # Arrivals are the trace's own timestamps; outputs are forced to the trace's lengths.
     import pandas as pd
 
@@ -146,7 +146,8 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     # a few parts per million of a coefficient with probes every 5 points, and 1e-12 s per unit
     # is far below any term.
     refit = tmp_path / "refit.json"
-    assert main(["calibrate", "--refit", str(prof), "--out", str(refit)]) == 0
+    calibrations = experiment("calibrations")
+    assert calibrations.main(["refit", str(prof), "--out", str(refit)]) == 0
     r = json.loads(refit.read_text())
     assert r["coefficients"] == pytest.approx(data["coefficients"], rel=2e-5, abs=1e-12)
     assert r["overhead_coefficients"] == pytest.approx(data["overhead_coefficients"], rel=2e-5, abs=1e-12)
@@ -155,8 +156,8 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert got == made
     # Refitted again, the earlier refit's note is kept under the new one.
     refit2 = tmp_path / "refit2.json"
-    assert main(["calibrate", "--refit", str(refit), "--from-log", str(prof.with_suffix(".steps.csv")),
-                 "--out", str(refit2)]) == 0
+    assert calibrations.main(["refit", str(refit), "--steps", str(prof.with_suffix(".steps.csv")),
+                              "--out", str(refit2)]) == 0
     assert json.loads(refit2.read_text())["provenance"]["refit"]["earlier_refit"] == r["provenance"]["refit"]
 
 
@@ -312,13 +313,13 @@ def test_calibration_mixed_points_meet_the_whole_batch_at_its_context(make_engin
 
 def test_speed_probe_repeats_on_one_engine(make_engine) -> None:
     """The probe computes every token each time: its prompts never become prefix hits later."""
-    from twinserve.twin.calibrate import speed_probe
+    from twinserve.twin.calibrate import speed_probe_parts
 
     engine = make_engine(max_num_batched_tokens=256)
-    first, second = speed_probe(engine), speed_probe(engine)
+    first, second = speed_probe_parts(engine).total, speed_probe_parts(engine).total
     assert first > 0 and second > 0
     assert engine.core.scheduler.kv.stats.hits == 0
-    assert speed_probe(make_engine(max_num_batched_tokens=64)) is None  # shapes do not fit one step
+    assert speed_probe_parts(make_engine(max_num_batched_tokens=64)) is None  # shapes do not fit one step
     engine.shutdown()
 
 

@@ -329,14 +329,15 @@ def _slower_copy(src: Path, dst: Path, k: float, **changes: object) -> None:
 
 
 def test_merge_fits_calibrations_of_one_engine_at_their_median_reference(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], experiment) -> None:
     """A shipped calibration, and the same steps on a machine 20% slower all through: merged,
     both are scaled to the median reference (1.1x the first's) and fitted as one, which is the
     log's own fit at 1.1x; an engine run another way, another machine's calibration, or a
     merged profile refitted, is refused by name."""
-    from twinserve.twin.calfit import merge, refit
-    from twinserve.cli import main
     from twinserve.core.errors import InvalidConfigError
+
+    cal = experiment("calibrations")
+    merge, refit, main = cal.merge, cal.refit, cal.main
 
     src = SHIPPED_CALIBRATION
     a, b = tmp_path / "a.json", tmp_path / "b.json"
@@ -359,7 +360,7 @@ def test_merge_fits_calibrations_of_one_engine_at_their_median_reference(
     # Per-calibration records stay in each calibration's own file.
     assert "speed_probes" not in prov and "idle_steps" not in prov and prov["made_by"].endswith("--merge")
     # From the command line, and the merged profile loads and prices as fitted.
-    assert main(["calibrate", "--merge", str(a), str(b), "--out", str(tmp_path / "m.json")]) == 0
+    assert main(["merge", str(a), str(b), "--out", str(tmp_path / "m.json")]) == 0
     assert "wrote" in capsys.readouterr().out
     m = FittedCostModel.load(tmp_path / "m.json")
     assert m.step_time(0, 0, 0, 0.0, 8, 8 * 300) == pytest.approx(merged.step_time(0, 0, 0, 0.0, 8, 8 * 300))
@@ -379,8 +380,8 @@ def test_merge_fits_calibrations_of_one_engine_at_their_median_reference(
         merge([a, d])
     with pytest.raises(InvalidConfigError, match="two or more"):
         merge([a])
-    assert main(["calibrate", "--merge", str(a), str(b), "--refit", str(a), "--out", str(tmp_path / "x.json")]) == 2
-    assert "not with --refit or --from-log" in capsys.readouterr().err
+    assert main(["merge", str(a), "--out", str(tmp_path / "x.json")]) == 2
+    assert "two or more" in capsys.readouterr().err
 
 
 def _tp_rows(rows: list[dict[str, float]], device_share: float, comm_step: float,
@@ -449,7 +450,7 @@ def test_a_profile_predicts_only_the_machine_it_was_measured_on() -> None:
     """fidelity refuses a profile from another machine: another device name, or a CPU of the same
     name whose kernel features differ (a bf16 matmul with and without AVX512-BF16/AMX)."""
     from twinserve.backends.sim.fitted import check_profile_hardware
-    from twinserve.twin.calibrate import KERNEL_FLAGS, cpu_features
+    from twinserve.backends.real.hardware import KERNEL_FLAGS, cpu_features
 
     name = "cpu: Intel(R) Xeon(R) Processor"
     amx = {"capability": "AVX512", "flags": ["avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"]}
@@ -546,7 +547,7 @@ def test_cuda_graph_regime_prices_replayed_decodes_apart_from_eager_steps() -> N
 
 
 def test_cpu_fp32_code_paths_are_regime_bounds() -> None:
-    from twinserve.twin.calfit import _code_path_bounds
+    from twinserve.backends.real.hardware import _code_path_bounds
 
     # Small-batch weights up to 4 rows; 9-15 rows padded to 16 (so 9..15 cost alike).
     assert _code_path_bounds("cpu", "torch.float32", 4, 16) == [4, 8, 15]
@@ -587,7 +588,7 @@ def test_a_profile_from_other_small_batch_rows_is_refused_naming_both() -> None:
 
 
 def test_graph_regime_follows_the_engine_settings() -> None:
-    from twinserve.twin.calfit import graph_max_decodes
+    from twinserve.backends.real.hardware import graph_max_decodes
 
     def bound(device="cuda", enforce_eager=False, attention_backend="auto", max_num_seqs=64):
         return graph_max_decodes(device, enforce_eager, attention_backend, max_num_seqs)
@@ -599,8 +600,8 @@ def test_graph_regime_follows_the_engine_settings() -> None:
     assert bound(device="cpu") is None
 
 
-def test_shipped_h200_profile_is_what_the_fit_makes_of_its_own_step_log() -> None:
-    from twinserve.twin.calfit import refit
+def test_shipped_h200_profile_is_what_the_fit_makes_of_its_own_step_log(experiment) -> None:
+    refit = experiment("calibrations").refit
 
     shipped = FittedCostModel.load("builtin:smollm2-135m-h200-bf16")
     again = refit("builtin:smollm2-135m-h200-bf16")
@@ -613,11 +614,10 @@ def test_shipped_h200_profile_is_what_the_fit_makes_of_its_own_step_log() -> Non
 
 
 def test_calibrate_warns_when_the_machine_speed_moved_while_it_ran(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], experiment) -> None:
     import shutil
 
     from twinserve.twin.calibrate import drift_warning
-    from twinserve.cli import main
 
     assert drift_warning({"speed_probe_drift": 0.07, "speed_probes": [[0, 1.2], [9, 1.284]]}) is None
     assert drift_warning({}) is None
@@ -632,7 +632,7 @@ def test_calibrate_warns_when_the_machine_speed_moved_while_it_ran(
     prov["drift_source"] = "probes"  # corrected by its probes (its speed samples' method is gone)
     (tmp_path / "p.json").write_text(json.dumps(data))
     shutil.copy(shipped.with_suffix(".steps.csv"), tmp_path / "p.steps.csv")
-    assert main(["calibrate", "--refit", str(tmp_path / "p.json"), "--out", str(tmp_path / "q.json")]) == 0
+    assert experiment("calibrations").main(["refit", str(tmp_path / "p.json"), "--out", str(tmp_path / "q.json")]) == 0
     err = capsys.readouterr().err
     assert "speed moved" in err and f"{prov['speed_probe_drift']:.0%}" in err
     assert "drift correction between probes" in err

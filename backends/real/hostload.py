@@ -1,16 +1,9 @@
 """How busy the CPUs a measurement ran on were with other work: a shared machine's noise, logged.
 
-On a VM shared by several jobs, a core that another process also runs on makes every step
-slower by a varying amount, which no profile can predict. Calibrate and fidelity record the
-share of their CPUs' time that went to other processes (and to the hypervisor, as steal),
-so a poor fit or a large fidelity error can be told apart from a noisy neighbour, and warn
-when it is high.
-
-They also record how busy the machine's other CPUs were. Work there shares the memory bus and
-the last-level cache: on the project's 2-core VM (an AMD EPYC guest, Dec 1, 06:01), a DRAM-bound
-matrix-vector loop pinned to one core ran 7.4% slower while the other core ran the same loop,
-and a 256x576x1536 GEMM 4.6% slower (experiments/neighbour_interference.py: the mean over six
-20-second phase pairs, which ranged from 0.96x to 1.28x with the host's own swings).
+A core that another process also runs on makes every step slower by a varying amount, which no
+profile can predict. Calibrate and fidelity record the share of their CPUs' time that went to
+other processes (and to the hypervisor, as steal), and how busy the machine's other CPUs were
+(they share the memory bus and cache: experiments/neighbour_interference.py, docs/twin-log.md).
 """
 
 from __future__ import annotations

@@ -1,0 +1,88 @@
+"""Facts of the machine and engine a step profile depends on: the device's name, the CPU's kernel
+features, and the token counts where the engine switches code path (the fit's regime bounds)."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+from typing import Any
+
+
+def _cpuinfo(key: str) -> str | None:
+    """The first value of `key` in /proc/cpuinfo (None where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.split(":", 1)[0].strip() == key:
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def device_name(device: Any) -> str:
+    """A human name for the device the engine runs on."""
+    import torch
+
+    if getattr(device, "type", "cpu") == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu: " + (_cpuinfo("model name") or platform.processor() or platform.machine())
+
+
+# CPU features that choose which kernels torch runs: oneDNN's bf16 path needs AVX512-BF16 or
+# AMX, without them a bf16 matmul takes aten's generic path, several times dearer; VNNI serves
+# int8. A VM's model name ("Intel(R) Xeon(R) Processor") does not tell them apart.
+KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni",
+                "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_features() -> dict[str, Any]:
+    """{"capability": torch's CPU kernel level, "flags": the KERNEL_FLAGS this CPU has}.
+
+    flags is None where /proc/cpuinfo does not list them (not Linux on x86).
+    """
+    import torch
+
+    got = _cpuinfo("flags")
+    have = set(got.split()) if got is not None else None
+    return {"capability": torch.backends.cpu.get_cpu_capability(),
+            "flags": [f for f in KERNEL_FLAGS if f in have] if have is not None else None}
+
+
+def regime_bounds(engine: Any) -> list[int]:
+    """Token counts where the engine switches code path (CPU fp32: small-batch weights, padding)."""
+    device = engine.args.resolve_device()
+    return _code_path_bounds(device.type, str(engine.args.resolve_dtype(device)),
+                             engine.args.resolve_small_batch_rows(device), _pad_rows())
+
+
+def _code_path_bounds(device_type: str, dtype: str, small_rows: int, pad_rows: int = 0) -> list[int]:
+    """small_rows: products of at most this many rows take the transposed weight copies (0: none)."""
+    from twinserve.backends.real.models.llama import PAD_MIN_ROWS
+
+    if device_type != "cpu" or dtype.replace("torch.", "") != "float32":
+        return []
+    bounds = [small_rows] if small_rows else []
+    # Products of PAD_MIN_ROWS..pad_rows-1 rows that F.linear runs cost what pad_rows rows cost.
+    lo = max(PAD_MIN_ROWS, small_rows + 1)
+    if pad_rows and lo < pad_rows:
+        bounds += [lo - 1, pad_rows - 1]
+    return sorted(set(bounds))
+
+
+def _pad_rows() -> int:
+    from twinserve.backends.real.models.llama import PAD_ROWS
+
+    return PAD_ROWS
+
+
+def graph_max_decodes(device_type: str, enforce_eager: bool, attention_backend: str | None,
+                      max_num_seqs: int) -> int | None:
+    """The largest decode batch an engine so configured replays from a CUDA graph (the worker's
+    rule: CUDA, not eager, a backend with supports_cuda_graphs), or None when it runs eagerly."""
+    from twinserve.backends.real.attention import backend_name
+    from twinserve.backends.real.cuda_graphs import graph_buckets
+
+    # Only the Triton backend's launches are graph-safe (TritonPagedAttention.supports_cuda_graphs).
+    if device_type != "cuda" or enforce_eager or backend_name(attention_backend, device_type) != "triton":
+        return None
+    return graph_buckets(max_num_seqs)[-1]
