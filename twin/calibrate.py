@@ -70,12 +70,12 @@ class CalibrationDesign:
             sizes,
             [c for c in self.prefill_contexts if c + 2 < max_model_len],
             [(k, q) for k, q in self.multi_prefill
-             if k * q <= max_num_batched_tokens and k <= max_num_seqs],
+             if k * q <= max_num_batched_tokens and k <= max_num_seqs and fits(q, 0)],
             [b for b in self.decode_batches if b <= max_num_seqs],
             [c for c in self.decode_contexts if 1.5 * c + self.decode_steps + 2 < max_model_len],
             self.decode_steps,
             [m for m in self.mixed if m[0] + 1 <= max_num_seqs and m[0] + m[1] <= max_num_batched_tokens
-             and _mixed_context(m) + 8 < max_model_len],
+             and _mixed_context(m) + 8 < max_model_len and fits(m[1], 2)],
             self.repeats, self.probe_every, list(self.idle_gaps), self.idle_repeats)
 
     def reaching(self, max_context: int) -> "CalibrationDesign":
@@ -269,7 +269,9 @@ class Calibrator:
         self._drain()  # a core process may still owe an answer: idle means idle
         time.sleep(seconds)
         self.idle_steps.append((len(self.log.records), seconds))
-        self._add(self._tokens(WAKE_PROMPT), WAKE_STEPS + 2)
+        # The prompt fits the engine's context with its decodes (a small engine's is short).
+        n = min(WAKE_PROMPT, self.engine.scheduler_config.max_model_len - WAKE_STEPS - 4)
+        self._add(self._tokens(n), WAKE_STEPS + 2)
         self._drain()
 
     def run(self, design: CalibrationDesign, progress: bool = True) -> StepLog:

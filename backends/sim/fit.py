@@ -13,9 +13,9 @@ reweighted least squares, the quasi-likelihood fit for errors whose spread grows
 mean; McCullagh & Nelder, Generalized Linear Models, 1989, ch. 8). Dividing by the measured
 time weighs a step that happened to run fast more than the same step run slow, which pulls
 the fit under the mean: by about 1.5 s^2 for a relative spread s, and more when slow
-outliers dominate. On a calibration made while the machine's speed swung (Nov 30, MAPE 9.4%)
-the profile priced its own decode steps 3.2% and mixed steps 2.2% under their total
-measured time; weighted by the fitted time, within 0.3%. The simulator adds step times up,
+outliers dominate: on a calibration made while the machine's speed swung it priced its own
+decode steps 3.2% under their total measured time, weighted by the fitted time within 0.3%
+(docs/twin-log.md). The simulator adds step times up,
 so it needs the mean, and the fit reports the difference (`total_err`).
 """
 

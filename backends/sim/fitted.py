@@ -151,12 +151,9 @@ class FittedCostModel:
     # its tokens): a machine whose compute-bound prefill slowed unlike its decode.
     prefill_scale: float = 1.0
     # The steps right after the engine idled: measured idle gaps (seconds, increasing) and, for
-    # each, the extra seconds of the next steps (wake_after). The extra does not grow with the
-    # step: after 1-3 s idle on this project's VM the second step cost +27-28 ms when it was a
-    # decode alone (65-69 ms, x1.40-1.43) and -2 to +6 ms beside a 256-token prefill (0.48-0.58
-    # s), and the first prefill +54-258 ms at 0.13-0.68 s, medians +164-170 ms (ten 0.3-load
-    # fidelity runs, Nov 30). Profiles of format /3 may carry factors instead (times the
-    # model). Empty: no such cost.
+    # each, the extra seconds of the next steps (wake_after). An extra time, not a factor: it
+    # does not grow with the step (docs/twin-log.md, "idle"). Profiles of format /3 may carry
+    # factors instead (times the model). Empty: no such cost.
     wake_idle_s: tuple[float, ...] = ()
     wake_extra_s: tuple[tuple[float, ...], ...] = ()
     wake_factors: tuple[tuple[float, ...], ...] = ()

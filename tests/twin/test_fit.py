@@ -11,7 +11,7 @@ import pytest
 
 from twinserve.backends.real.step_log import StepLogError, read_step_log
 from twinserve.backends.sim.fit import fit_step_profile, step_kind
-from twinserve.backends.sim.fitted import (COEFFICIENTS, FEATURE_COLUMNS, PROFILES_DIR, FittedCostModel,
+from twinserve.backends.sim.fitted import (COEFFICIENTS, FEATURE_COLUMNS, FittedCostModel,
                                            ProfileError, check_profile_model)
 
 DEVICE = FittedCostModel(2e-3, 1e-3, 4e-4, 3e-8, 1e-6, 5e-4, 2e-7)

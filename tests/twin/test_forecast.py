@@ -160,3 +160,16 @@ def test_ctrl_c_during_a_repeat_judges_the_runs_done(make_engine, tmp_path) -> N
     saved = json.loads((tmp_path / "out" / "fidelity.json").read_text())
     assert saved["repeats"]["count"] == 1 and saved["metrics"]["e2e"]["p50"]["verdict"]["runs"] == 1
     engine.shutdown()
+
+
+def test_fidelity_calibrate_makes_the_profile_first_and_forecasts_with_it(tiny_model, tmp_path) -> None:
+    from twinserve.cli import main
+
+    out = tmp_path / "run"
+    assert main(["fidelity", "--calibrate", "--repeats", "1", "--out", str(out), *_common(tiny_model, tmp_path)]) == 0
+    made = json.loads((out / "profile.json").read_text())
+    assert made["provenance"]["made_by"] == "twinserve calibrate" and (out / "profile.steps.csv").exists()
+    fc = json.loads((out / "forecast.json").read_text())
+    assert fc["profile"]["path"] == str(out / "profile.json")
+    # A 128-token context cannot run the probe's shapes: the forecast says it is unprobed.
+    assert fc["kind"] == "forecast, at the profile's own speed"
