@@ -30,13 +30,8 @@ from twinserve.backends.real.hostload import HostLoad
 
 def split_wake(rows: list[dict[str, Any]], marks: Sequence[Sequence[float]]) -> tuple[
         list[dict[str, Any]], list[tuple[float, list[dict[str, Any]]]]]:
-    """(rows to fit the step model on, [(idle gap, the WAKE_STEPS rows after it)]).
-
-    marks: (index of the first step after the idle gap in rows, the gap in seconds), as the
-    calibrator records them (provenance "idle_steps"; a speed probe between two points also
-    leaves a gap in the log, but the engine was busy, so gaps are not read off the times).
-    Those steps are left out of the step model's fit and priced by factors instead.
-    """
+    """(rows to fit the step model on, [(idle gap, the WAKE_STEPS rows after it)]); marks are
+    (index of the first step after the gap, gap seconds) as the calibrator records them."""
     skip: set[int] = set()
     episodes = []
     for index, gap in marks:
@@ -48,10 +43,8 @@ def split_wake(rows: list[dict[str, Any]], marks: Sequence[Sequence[float]]) -> 
 
 
 def fit_wake(profile: FittedCostModel, episodes: list[tuple[float, list[dict[str, Any]]]]) -> None:
-    """Set the profile's wake cost: per design gap and step after it, the median of measured less
-    predicted time (the step model fitted without those steps), never below zero. An extra
-    time, not a factor: in service the same gap adds about as much to a long step as to a
-    short one (fitted.FittedCostModel.wake_extra_s)."""
+    """Set the profile's wake cost: per gap and step after it, the median extra time over the
+    step model's price (never below zero; an extra time, not a factor: fitted.wake_extra_s)."""
     by_gap: dict[float, list[list[float]]] = {}
     for gap, steps in episodes:
         extra = [float(r["step_time_s"]) + float(r.get("gap_s") or 0.0)
@@ -75,12 +68,8 @@ def _scaled(row: dict[str, Any], k: float, time_columns: tuple[str, ...] = TIME_
 
 def correct_drift(rows: list[dict[str, Any]], probes: list[tuple[float, float]],
                   time_columns: tuple[str, ...] = TIME_COLUMNS) -> tuple[list[dict[str, Any]], float]:
-    """Rows with their times at the machine's median probe speed, and that probe (seconds).
-
-    A step at time t is scaled by ref / probe(t), probe(t) interpolated linearly between the
-    probes around it (held flat before the first and after the last). With fewer than two
-    probes the rows come back unchanged.
-    """
+    """Rows with their times at the machine's median probe speed, and that probe (seconds): a step
+    at t scaled by ref / probe(t), interpolated between probes (unchanged with fewer than two)."""
     if not probes:
         return rows, float("nan")
     times = [t for t, _ in probes]

@@ -301,22 +301,17 @@ class Calibrator:
             rest = points[len(bases):]
             self._order_rng.shuffle(rest)
             todo += rest
-        bar = None
-        if progress:
-            from tqdm import tqdm
-            bar = tqdm(total=len(todo), desc="calibrate", unit="pt")
+        from tqdm import tqdm
+
         self._probe()
-        for i, (name, fn) in enumerate(todo, 1):
-            if bar is not None:
+        with tqdm(total=len(todo), desc="calibrate", unit="pt", disable=not progress) as bar:
+            for i, (name, fn) in enumerate(todo, 1):
                 bar.set_postfix_str(name)
-            fn()
-            if design.probe_every and i % design.probe_every == 0:
-                self._probe()
-            if bar is not None:
+                fn()
+                if design.probe_every and i % design.probe_every == 0:
+                    self._probe()
                 bar.update()
         self._probe()
-        if bar is not None:
-            bar.close()
         return self.log
 
 
@@ -331,9 +326,6 @@ class ProbeParts:
     def total(self) -> float:
         """The probe's seconds (what `speed_probe` returns)."""
         return self.decode_s + self.prefill_s
-
-    def to_dict(self) -> dict[str, float]:
-        return {"decode_s": self.decode_s, "prefill_s": self.prefill_s}
 
 
 def speed_probe_parts(engine: Any, seed: int = 1234, reset_prefix_cache: bool = True,
@@ -376,10 +368,9 @@ def drift_warning(provenance: dict[str, Any]) -> str | None:
     if drift is None or drift <= PROBE_DRIFT_WARN:
         return None
     secs = [s for _, s in provenance.get("speed_probes") or []]
-    how = "between probes"
     return (f"warning: the machine's speed moved {drift:.0%} during calibration (speed probes "
             f"{min(secs):.3f}-{max(secs):.3f} s), so the profile is only as good as the drift "
-            f"correction {how}: calibrate again on a quieter machine or core")
+            "correction between probes: calibrate again on a quieter machine or core")
 
 
 def cold_prefix_cache(engine: Any) -> None:

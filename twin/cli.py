@@ -27,12 +27,9 @@ def _calibrate_parser(p: argparse.ArgumentParser) -> None:
                    help="times the design is run (default 1: about 3 min for SmolLM2 on 1 thread)")
     p.add_argument("--quick", action="store_true", help="a small design (tests, tiny models)")
     p.add_argument("--probe-every", type=int, default=None, metavar="N",
-                   help="run the speed probe every N design points (0: only before and after; default 12): "
-                        "the probes correct the machine's drift while the design runs")
+                   help="speed probe every N design points (default 12; 0: before and after only)")
     p.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
-                   help="also measure decodes and prefill chunks at up to this many tokens of "
-                        "context (the longest prompt + output the profile will price; longer "
-                        "calibration; the default design reaches ~390 tokens per decode)")
+                   help="also measure decodes and chunks at up to this context (default design: ~390)")
     p.add_argument("--save-steps", default=None,
                    help="also write the calibration step log here (default: OUT with .steps.csv)")
     p.add_argument("--no-progress", action="store_true")
@@ -104,33 +101,25 @@ def _pct(x: float | None) -> str:
 def _fidelity_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2", help="HF folder, .gguf file or short name")
     p.add_argument("--profile", default=None, help="profile JSON from `twinserve calibrate`, or builtin:NAME")
-    p.add_argument("--calibrate", action="store_true",
-                   help="calibrate this engine first (about 3 minutes for SmolLM2), write the profile to "
-                        "--profile (default OUT/profile.json) and forecast with it")
+    p.add_argument("--calibrate", action="store_true", help="calibrate first, to --profile (default OUT/profile.json)")
     p.add_argument("--trace", default=None, help="trace CSV (Azure or num_prefill_tokens format)")
     p.add_argument("--config", default=None, help="a study TOML whose [workload] table is served")
     p.add_argument("--num-requests", type=int, default=40)
-    p.add_argument("--rate", type=float, default=None,
-                   help="Poisson arrivals at this rate (req/s); default: the trace's timestamps")
+    p.add_argument("--rate", type=float, default=None, help="Poisson arrivals (req/s); default: the trace's times")
     p.add_argument("--time-scale", type=float, default=1.0, help="trace timestamps are multiplied by this")
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="clip trace prompts")
     p.add_argument("--max-output-tokens", type=int, default=None, help="clip trace outputs")
     p.add_argument("--workload-seed", type=int, default=0, help="seed of arrivals and token ids")
-    p.add_argument("--trace-offset", type=int, default=0, metavar="ROWS",
-                   help="skip the trace's first ROWS rows (timestamps shifted to start at 0)")
+    p.add_argument("--trace-offset", type=int, default=0, metavar="ROWS", help="skip the trace's first ROWS rows")
     p.add_argument("--out", required=True, help="folder for forecast.json, fidelity.json/.md, CSVs")
-    p.add_argument("--repeats", type=int, default=3,
-                   help="real runs of the workload, each judged against the one forecast (default 3)")
+    p.add_argument("--repeats", type=int, default=3, help="real runs, all judged against the one forecast")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--probe", action=argparse.BooleanOptionalAction, default=True,
-                   help="probe the machine's speed before the first run and scale the forecast by it against "
-                        "calibration's probe (\"forecast, probed before\"); --no-probe: the profile's own speed")
-    p.add_argument("--nowcast", action="store_true",
-                   help="also report each run priced at its own measured speed: a nowcast, never judged")
+                   help="price the forecast at a speed probe taken before the runs (--no-probe: the profile's speed)")
+    p.add_argument("--nowcast", action="store_true", help="also price each run at its own speed (never judged)")
     p.add_argument("--forecast-only", action="store_true", help="write forecast.json and stop (no real run)")
-    p.add_argument("--allow-profile-mismatch", action="store_true",
-                   help="forecast with a profile made for another model, TP size, core mode, dtype or machine "
-                        "(the report's banner says so)")
+    p.add_argument("--allow-profile-mismatch", action="store_true", help="use a profile made for another "
+                   "model, TP size, core mode, dtype or machine (the banner says so)")
     p.add_argument("--fail-on-fail", action="store_true", help="exit 3 when a cell's verdict is FAIL")
     add_engine_args(p)
     p.set_defaults(func=_fidelity)

@@ -26,8 +26,7 @@ from twinserve.twin.report import banner, forecast_table, free_running_line, pi_
 from twinserve.twin.schedule import free_running, schedule_equivalence
 from twinserve.twin.steps import step_errors, step_line
 from twinserve.twin.verdict import judge
-from twinserve.twin.workload import (FidelityOptions, check_workload, forecast_options, options_record, workload_factory,
-                                     workload_hash)
+from twinserve.twin.workload import FidelityOptions, check_workload, options_record, workload_factory, workload_hash
 
 # Rounds of the speed probe before the first run (calibrate.speed_probe_parts).
 PROBE_ROUNDS = 9
@@ -68,12 +67,10 @@ def forecast_phase(engine: Any, opts: FidelityOptions, out: Path,
     if opts.probe and (profile.meta.get("provenance") or {}).get("speed_probe_s"):
         parts = speed_probe_parts(engine, rounds=PROBE_ROUNDS)
         probe = parts.total if parts else None
-    fc, sim = make_forecast(profile, opts.profile, make, engine.scheduler_config, engine_record(engine, facts),
-                            forecast_options(opts), workload_hash(make), probe)
+    fc, sim, priced = make_forecast(profile, opts.profile, make, engine.scheduler_config, engine_record(engine, facts),
+                            options_record(opts, runs=False), workload_hash(make), probe)
     write_forecast(fc, out)
     echo(forecast_table(fc["percentiles"], fc["kind"]))
-    ratio = fc["speed"]["ratio"]
-    priced = dataclasses.replace(profile, time_scale=profile.time_scale * ratio) if ratio else profile
     return fc, sim, make, priced
 
 
@@ -127,8 +124,8 @@ def judge_phase(opts: FidelityOptions, fc: dict[str, Any], fsim: Any, priced: Fi
         for q, cell in per.items():
             real = [v for v in cell["real"] if v > 0]
             geo = math.exp(sum(math.log(v) for v in real) / len(real)) if real else math.nan
-            metrics[m][q] = {"real": geo, "sim": cell["forecast"], "err": cell["forecast"] / geo - 1 if real else math.nan,
-                             "verdict": cell}
+            metrics[m][q] = {"real": geo, "sim": cell["forecast"], "verdict": cell,
+                             "err": cell["forecast"] / geo - 1 if real else math.nan}
     report["metrics"] = metrics
     report["summary"] = verdict["summary"]
     report["banner"] = banner(mismatch, [r.host_load for r in runs], n_req, len(done), fc["kind"])
@@ -210,8 +207,4 @@ def write_requests(records: list[Any], path: Path) -> None:
 
 
 def _json_default(o: Any) -> Any:
-    if isinstance(o, Path):
-        return str(o)
-    if hasattr(o, "item"):
-        return o.item()
-    raise TypeError(f"cannot serialise {type(o).__name__}")
+    return str(o) if isinstance(o, Path) else o.item()  # numpy scalars

@@ -47,17 +47,12 @@ def percentiles(records: Sequence[RequestRecord]) -> dict[str, dict[str, float]]
     return out
 
 
-def probe_ratio(profile: FittedCostModel, probe_s: float | None) -> float | None:
-    """The machine's slowness now against calibration's (probe seconds / the profile's probe)."""
-    ref = (profile.meta.get("provenance") or {}).get("speed_probe_s")
-    return probe_s / float(ref) if probe_s and ref else None
-
-
 def make_forecast(profile: FittedCostModel, profile_path: str, make: Callable[[], Workload], sched_cfg: Any,
                   engine: dict[str, Any], workload: dict[str, Any], workload_sha: str,
-                  probe_s: float | None = None) -> tuple[dict[str, Any], Any]:
-    """(the forecast record, the simulation behind it)."""
-    ratio = probe_ratio(profile, probe_s)
+                  probe_s: float | None = None) -> tuple[dict[str, Any], Any, FittedCostModel]:
+    """(the forecast record, the simulation behind it, the profile at the forecast's prices)."""
+    ref = (profile.meta.get("provenance") or {}).get("speed_probe_s")
+    ratio = probe_s / float(ref) if probe_s and ref else None  # the machine's slowness now
     priced = dataclasses.replace(profile, time_scale=profile.time_scale * ratio) if ratio else profile
     sim = simulate(priced, make, sched_cfg)
     reqs = per_request(sim.records)
@@ -70,13 +65,12 @@ def make_forecast(profile: FittedCostModel, profile_path: str, make: Callable[[]
            "profile": {"path": str(profile_path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
                        "model": profile.model, "hardware": profile.meta.get("hardware"),
                        "date": (profile.meta.get("provenance") or {}).get("date")},
-           "speed": {"probe_before_s": probe_s, "probe_profile_s":
-                     (profile.meta.get("provenance") or {}).get("speed_probe_s"), "ratio": ratio},
+           "speed": {"probe_before_s": probe_s, "probe_profile_s": ref, "ratio": ratio},
            "engine": engine, "workload": {**workload, "sha256": workload_sha},
            "num_requests": len(rows), "num_steps": sim.num_steps,
            "percentiles": {m: {q: _num(v) for q, v in per.items()} for m, per in percentiles(sim.records).items()},
            "requests": rows}
-    return rec, sim
+    return rec, sim, priced
 
 
 def write_forecast(rec: dict[str, Any], out: Path) -> Path:

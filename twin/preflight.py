@@ -71,46 +71,39 @@ def profile_made_for(profile: FittedCostModel) -> str:
     prov = profile.meta.get("provenance") or {}
     feats = ",".join((prov.get("cpu") or {}).get("flags") or [])
     return (f"{profile.model or '?'} on {profile.meta.get('hardware') or '?'}" + (f" [{feats}]" if feats else "")
-            + f", {prov.get('device', '?')} {prov.get('dtype', '?')}, TP {profile.meta.get('tensor_parallel_size', '?')}"
+            + f", {prov.get('device', '?')} {prov.get('dtype', '?')}, TP {profile.meta.get('tensor_parallel_size')}"
             + f", core {prov.get('engine_core_mode', 'inproc')}")
 
 
+def mismatches(profile: FittedCostModel, facts: EngineFacts, source: str = "profile") -> list[str]:
+    """Each way the profile was made for another model, TP size, dtype, device, core mode or machine."""
+    checks = (lambda: check_profile_model(profile, facts.model, source=source),
+              lambda: check_profile_parallelism(profile, facts.tensor_parallel_size, source=source),
+              lambda: check_profile_numerics(profile, facts.device, facts.dtype, source=source,
+                                             quantization=facts.quantization),
+              lambda: check_profile_core_mode(profile, facts.core_mode, source=source),
+              lambda: check_profile_code_path(profile, facts.small_batch_rows, source=source),
+              lambda: check_profile_hardware(profile, facts.hardware, facts.cpu, source=source))
+    out = []
+    for check in checks:
+        try:
+            check()
+        except ProfileError as e:
+            out.append(str(e))
+    return out
+
+
 def check_profile(profile: FittedCostModel, facts: EngineFacts, source: str, allow_mismatch: bool = False) -> None:
-    """Refuse a profile made for another model, TP size, dtype, device, core mode or machine,
-    naming both sides and the command that makes the right one."""
-    if allow_mismatch:
-        return
-    try:
-        check_profile_model(profile, facts.model, source=source)
-        check_profile_parallelism(profile, facts.tensor_parallel_size, source=source)
-        check_profile_numerics(profile, facts.device, facts.dtype, source=source, quantization=facts.quantization)
-        check_profile_core_mode(profile, facts.core_mode, source=source)
-        check_profile_code_path(profile, facts.small_batch_rows, source=source)
-        check_profile_hardware(profile, facts.hardware, facts.cpu, source=source)
-    except ProfileError as e:
+    """Refuse a profile made for another engine or machine, naming both sides and the command
+    that makes the right one."""
+    found = [] if allow_mismatch else mismatches(profile, facts, source)
+    if found:
         shipped = [f"builtin:{n}" for n, _ in builtin_profiles_for(facts.hardware, facts.cpu)]
         raise NoFittingProfileError(
-            f"{e}\n  profile: {profile_made_for(profile)}\n  engine:  {facts.describe()}\n"
+            "; ".join(found) + f"\n  profile: {profile_made_for(profile)}\n  engine:  {facts.describe()}\n"
             + (f"  shipped for this machine: {', '.join(shipped)}\n" if shipped
                else "  no shipped profile fits this machine\n")
-            + f"  make one (about 3 minutes): `{MAKE_PROFILE}`, or run `twinserve fidelity --calibrate`") from None
-
-
-def mismatches(profile: FittedCostModel, facts: EngineFacts) -> list[str]:
-    """What differs between where the profile was made and this engine (for the banner)."""
-    prov = profile.meta.get("provenance") or {}
-    out = []
-    if profile.meta.get("hardware") and profile.meta["hardware"] != facts.hardware:
-        out.append(f"profile made on {profile.meta['hardware']!r}, this is {facts.hardware!r}")
-    elif facts.cpu and prov.get("cpu") and prov["cpu"].get("flags") != facts.cpu.get("flags"):
-        out.append("profile made on a CPU with other kernel features")
-    if prov.get("dtype") and prov["dtype"].removeprefix("torch.") != facts.dtype.removeprefix("torch."):
-        out.append(f"profile dtype {prov['dtype']}, engine {facts.dtype}")
-    if profile.meta.get("tensor_parallel_size") not in (None, facts.tensor_parallel_size):
-        out.append(f"profile TP {profile.meta['tensor_parallel_size']}, engine {facts.tensor_parallel_size}")
-    if prov.get("engine_core_mode", "inproc") != facts.core_mode:
-        out.append(f"profile core mode {prov.get('engine_core_mode', 'inproc')}, engine {facts.core_mode}")
-    return out
+            + f"  make one (about 3 minutes): `{MAKE_PROFILE}`, or run `twinserve fidelity --calibrate`")
 
 
 def check_flags(repeats: int, rate: float | None, num_requests: int, time_scale: float, trace_offset: int = 0) -> None:

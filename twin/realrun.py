@@ -20,7 +20,6 @@ from twinserve.sim.world import INF, ArrivalSource, RequestRecord
 from twinserve.sim.workload import WorkItem, Workload
 
 
-
 @dataclass(slots=True)
 class RealRun:
     """What one real-time replay produced; times in seconds from the run's start."""
@@ -35,8 +34,6 @@ class RealRun:
     num_preemptions: int = 0
     # Engine core in its own process: per step, arrivals up to this time had reached the core.
     admit_until: list[float] | None = None
-    # The run's start on the monotonic clock (the step log's start_s is on it).
-    t0: float = 0.0
 
 
 @dataclass(slots=True)
@@ -64,7 +61,7 @@ def run_real(engine: Any, workload: Workload, poll_s: float = 0.0005) -> RealRun
         run.admit_until = []
     # Absolute arrival time sent to the engine -> the workload's own (no float round trip).
     arrivals: dict[float, float] = {}
-    t0 = run.t0 = time.monotonic()
+    t0 = time.monotonic()
     try:
         while True:
             now = time.monotonic() - t0

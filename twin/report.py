@@ -12,7 +12,7 @@ from twinserve.twin.verdict import CONFIDENCE, NO_VERDICT, P99_MIN_REQUESTS, UNR
 def banner(mismatch: list[str], host_loads: list[dict[str, Any] | None], num_requests: int,
            runs: int, kind: str) -> list[str]:
     """Lines saying what makes this verdict weaker than it looks (empty lines are not returned)."""
-    out = [f"VALIDITY: {m} (--allow-profile-mismatch)" for m in mismatch]
+    out = [f"VALIDITY (--allow-profile-mismatch): {m.split('; ')[0]}" for m in mismatch]
     shares = [(h["other_share"] + h["steal_share"]) for h in host_loads if h]
     if shares and max(shares) > NOISY_SHARE:
         out.append(f"VALIDITY: other processes took up to {max(shares):.0%} of this run's CPUs "
@@ -21,8 +21,7 @@ def banner(mismatch: list[str], host_loads: list[dict[str, Any] | None], num_req
     if nb and max(nb) > 0.5:
         out.append(f"VALIDITY: the machine's other CPUs were up to {max(nb):.0%} busy (shared memory bus and cache)")
     if num_requests < P99_MIN_REQUESTS:
-        out.append(f"VALIDITY: {num_requests} requests: p99 is reported without a verdict "
-                   f"(needs {P99_MIN_REQUESTS})")
+        out.append(f"VALIDITY: {num_requests} requests: p99 is reported without a verdict (needs {P99_MIN_REQUESTS})")
     if runs < 2:
         out.append("VALIDITY: one real run: no noise estimate, every cell UNRESOLVED (use --repeats 3)")
     out.append(f"judged: the {kind}, written to forecast.json before the engine served")

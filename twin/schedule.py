@@ -11,7 +11,7 @@ against the real run is schedule drift; the forecast's error against it is step 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -21,7 +21,7 @@ from twinserve.backends.sim.fitted import FEATURE_COLUMNS
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.sched.config import SchedulerConfig
 from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
-from twinserve.sim.world import RunResult, Simulation
+from twinserve.sim.world import Simulation
 from twinserve.sim.workload import Workload
 
 from twinserve.twin.realrun import RealRun
@@ -69,21 +69,10 @@ class ScheduleCheck:
     prefix_hit_mismatches: int = 0
     preemption_mismatches: int = 0
     max_token_time_diff_s: float = 0.0
-    result: RunResult | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "result"}
-
-
-def _follow_real_finishes(workload: Workload, finish: dict[str, float]) -> None:
-    """Make follow-up turns from the real finish times (what the real client waited for)."""
-    own = workload.next_turn
-
-    def next_turn(item: Any, context: list[int], finish_time: float) -> Any:
-        return own(item, context, finish.get(item.request_id, finish_time))
-
-    workload.next_turn = next_turn  # type: ignore[method-assign]
+        return dataclasses.asdict(self)
 
 
 def schedule_equivalence(real: RealRun, make_workload: Callable[[], Workload],
@@ -93,9 +82,10 @@ def schedule_equivalence(real: RealRun, make_workload: Callable[[], Workload],
     executor = RecordingExecutor(ReplayCostModel(durations))
     core = EngineCore(dataclasses.replace(sched_cfg), executor)
     workload = make_workload()
-    if workload.cfg.turns > 1:
-        _follow_real_finishes(workload, {r.request_id: r.finish_time for r in real.records
-                                         if r.finish_time is not None})
+    if workload.cfg.turns > 1:  # follow-ups from the real finish times (what the real client waited for)
+        finish = {r.request_id: r.finish_time for r in real.records if r.finish_time is not None}
+        own = workload.next_turn
+        workload.next_turn = lambda item, ctx, t: own(item, ctx, finish.get(item.request_id, t))  # type: ignore
     sim = Simulation(core, executor, workload, step_starts=real.step_starts, admit_until=real.admit_until)
     result = sim.run()
     mismatch: dict[str, Any] | None = None
@@ -126,7 +116,7 @@ def schedule_equivalence(real: RealRun, make_workload: Callable[[], Workload],
         mismatch = {"step": None, "what": "number of requests", "real": len(real.records),
                     "sim": len(result.records)}
     same = mismatch is None and hits == 0 and pre == 0
-    return ScheduleCheck(same, n_real, n_sim, mismatch, hits, pre, diff, result)
+    return ScheduleCheck(same, n_real, n_sim, mismatch, hits, pre, diff)
 
 
 class ShapeCostModel:

@@ -12,12 +12,8 @@ from twinserve.backends.sim.fitted import (FEATURE_COLUMNS, RANGE_DIMS, FittedCo
 
 
 def step_residuals(profile: Any, rows: Sequence[dict[str, Any]]) -> list[tuple[str, float, float, int]]:
-    """(kind, measured s, predicted s, index in rows) of every logged step that computed tokens.
-
-    The prediction is the simulator's: after the engine idled (the time since the previous step
-    ended, less the step's own gap_s, in which requests were already waiting), the next steps
-    carry the profile's wake cost.
-    """
+    """(kind, measured s, predicted s, index) of every logged step that computed tokens, priced as
+    the simulator prices it (the profile's wake cost on the steps after the engine idled)."""
     wake_after = getattr(profile, "wake_after", None)
     wake: list[tuple[float, float]] = []
     prev_end = None

@@ -123,11 +123,8 @@ def workload_hash(make: Callable[[], Workload]) -> str:
     return h.hexdigest()
 
 
-def options_record(opts: FidelityOptions) -> dict[str, Any]:
-    """The options as fidelity.json and forecast.json record them (the profile apart)."""
-    return {k: v for k, v in dataclasses.asdict(opts).items() if k != "profile"}
-
-
-def forecast_options(opts: FidelityOptions) -> dict[str, Any]:
-    """The options the forecast depends on (not how often, or how else, the runs are judged)."""
-    return {k: v for k, v in options_record(opts).items() if k not in ("repeats", "nowcast")}
+def options_record(opts: FidelityOptions, runs: bool = True) -> dict[str, Any]:
+    """The options as fidelity.json records them (the profile apart); runs=False: only those the
+    forecast depends on (not how often, or how else, the runs are judged)."""
+    drop = {"profile"} | (set() if runs else {"repeats", "nowcast"})
+    return {k: v for k, v in dataclasses.asdict(opts).items() if k not in drop}
