@@ -132,35 +132,37 @@ def test_the_forecast_does_not_depend_on_the_runs(tiny_model, tmp_path) -> None:
     assert a == b and json.loads(a)["kind"] == "forecast, at the profile's own speed"
 
 
-def test_ctrl_c_during_a_repeat_judges_the_runs_done(make_engine, tmp_path) -> None:
-    from twinserve.twin.fidelity import exit_code, run_fidelity
-    from twinserve.twin.workload import FidelityOptions
+def test_ctrl_c_during_a_repeat_judges_the_runs_done(make_engine, tmp_path, monkeypatch) -> None:
+    import twinserve.twin.fidelity as fid
 
     prof = tmp_path / "p.json"
     FittedCostModel(intercept_s=0.002, per_token_s=1e-4).save(prof)
     engine = make_engine()
-    real_step, calls = engine.step, {"n": 0, "cut": None}
+    serve, calls = fid.run_real, {"runs": 0, "steps": 0}
 
-    def step():
-        calls["n"] += 1
-        if calls["n"] == calls["cut"]:
-            raise KeyboardInterrupt
-        return real_step()
+    def run_real(eng, workload):
+        """The second run's fifth step is a Ctrl-C."""
+        calls["runs"] += 1
+        if calls["runs"] == 2:
+            step = eng.step
 
-    engine.step = step
-    opts = FidelityOptions(str(prof), trace=str(_trace(tmp_path / "t.csv")), repeats=2, probe=False)
-    # One clean run to count its steps, then a cut in the middle of the second of two.
-    run_fidelity(engine, FidelityOptions(str(prof), trace=opts.trace, repeats=1, probe=False), tmp_path / "one",
-                 echo=lambda s: None)
-    calls["cut"] = calls["n"] * 2 - 2 - 5
-    calls["n"] = 0
-    rep = run_fidelity(engine, opts, tmp_path / "out", echo=lambda s: None)
-    assert rep["interrupted"] and exit_code(rep) == 130
+            def cut():
+                calls["steps"] += 1
+                if calls["steps"] == 5:
+                    raise KeyboardInterrupt
+                return step()
+
+            eng.step = cut
+        return serve(eng, workload)
+
+    monkeypatch.setattr(fid, "run_real", run_real)
+    opts = fid.FidelityOptions(str(prof), trace=str(_trace(tmp_path / "t.csv")), repeats=3, probe=False)
+    rep = fid.run_fidelity(engine, opts, tmp_path / "out", echo=lambda s: None)
+    assert rep["interrupted"] and fid.exit_code(rep) == 130 and calls["runs"] == 2
     assert not engine.has_unfinished_requests()
     saved = json.loads((tmp_path / "out" / "fidelity.json").read_text())
     assert saved["repeats"]["count"] == 1 and saved["metrics"]["e2e"]["p50"]["verdict"]["runs"] == 1
     engine.shutdown()
-
 
 def test_fidelity_calibrate_makes_the_profile_first_and_forecasts_with_it(tiny_model, tmp_path) -> None:
     from twinserve.cli import main
