@@ -60,7 +60,7 @@ def engine_facts(args: Any) -> EngineFacts:
     args.validate()
     device = args.resolve_device()
     return EngineFacts(catalog_name(cfg, source.name), int(args.max_model_len or cfg.max_position_embeddings),
-                       int(cfg.vocab_size), device.type, str(args.resolve_dtype(device)),
+                       int(cfg.vocab_size), device.type, str(args.resolve_dtype(device)).removeprefix("torch."),
                        int(args.tensor_parallel_size), args.resolve_engine_core_mode("inproc"),
                        args.resolve_small_batch_rows(device), args.quantization, device_name(device),
                        cpu_features() if device.type == "cpu" else None)
@@ -103,7 +103,7 @@ def check_profile(profile: FittedCostModel, facts: EngineFacts, source: str, all
             "; ".join(found) + f"\n  profile: {profile_made_for(profile)}\n  engine:  {facts.describe()}\n"
             + (f"  shipped for this machine: {', '.join(shipped)}\n" if shipped
                else "  no shipped profile fits this machine\n")
-            + f"  make one (about 3 minutes): `{MAKE_PROFILE}`, or run `twinserve fidelity --calibrate`")
+            + f"  make one (~3 min on a quiet core): `{MAKE_PROFILE}`, or run `twinserve fidelity --calibrate`")
 
 
 def check_flags(repeats: int, rate: float | None, num_requests: int, time_scale: float, trace_offset: int = 0) -> None:
