@@ -28,10 +28,8 @@ from twinserve.twin.steps import step_errors, step_line
 from twinserve.twin.verdict import judge
 from twinserve.twin.workload import FidelityOptions, check_workload, options_record, workload_factory, workload_hash
 
-# Rounds of the speed probe before the first run (calibrate.speed_probe_parts).
-PROBE_ROUNDS = 9
-# Exit status when the run was cut short (Ctrl-C), and with --fail-on-fail when a cell FAILs.
-INTERRUPTED, FAILED = 130, 3
+PROBE_ROUNDS = 9  # of the speed probe before the first run (calibrate.speed_probe_parts)
+INTERRUPTED, FAILED = 130, 3  # exit status: a run cut short (Ctrl-C); with --fail-on-fail, a cell FAILs
 
 
 def warm_up(engine: Any) -> None:

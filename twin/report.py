@@ -85,9 +85,8 @@ def forecast_table(pct: dict[str, dict[str, float | None]], kind: str) -> str:
 
 def free_running_line(fr: dict[str, Any]) -> str:
     """Schedule drift against step pricing, at p50 (run 1)."""
-    d, p = fr["schedule_drift"], fr["step_pricing"]
+    at = lambda e: ", ".join(f"{m.upper()} {v['p50']:+.1%}" for m, v in e.items())  # noqa: E731
     return ("free running (simulator on its own clock, each step at its shape's measured duration, run 1; "
-            f"{fr['steps_by_measured_shape']} steps by shape, {fr['steps_at_profile_price']} at the profile's "
-            "price): schedule drift at p50 " + ", ".join(f"{m.upper()} {v['p50']:+.1%}" for m, v in d.items())
-            + "; step pricing (forecast against it) at p50 "
-            + ", ".join(f"{m.upper()} {v['p50']:+.1%}" for m, v in p.items()))
+            f"{fr['steps_by_measured_shape']} steps by shape, {fr['steps_by_kind_ratio']} unseen shapes at the "
+            f"profile's price x their kind's measured ratio): schedule drift at p50 {at(fr['schedule_drift'])}; "
+            f"step pricing (forecast against it) at p50 {at(fr['step_pricing'])}")

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from twinserve.backends.sim.executor import SimExecutor
+from twinserve.backends.sim.fit import step_kind
 from twinserve.backends.sim.fitted import FEATURE_COLUMNS
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.sched.config import SchedulerConfig
@@ -25,6 +26,7 @@ from twinserve.sim.world import Simulation
 from twinserve.sim.workload import Workload
 
 from twinserve.twin.realrun import RealRun
+from twinserve.twin.steps import step_residuals
 
 
 class ReplayCostModel:
@@ -120,7 +122,9 @@ def schedule_equivalence(real: RealRun, make_workload: Callable[[], Workload],
 
 
 class ShapeCostModel:
-    """Prices a step at the median measured duration of the real steps of its shape."""
+    """Prices a step at the median measured duration of the real steps of its shape; an unseen
+    shape at the profile's price times the median measured / priced ratio of the run's steps of
+    its kind (prefill, decode or mixed)."""
 
     name = "measured-by-shape"
 
@@ -130,17 +134,17 @@ class ShapeCostModel:
             if r["num_prefill_tokens"] + r["num_decode_seqs"] > 0:
                 by.setdefault(_shape(r), []).append(float(r["step_time_s"]) + float(r.get("gap_s") or 0.0))
         self.table = {k: float(np.median(v)) for k, v in by.items()}
-        self.fallback = fallback
-        self.priced = self.missed = 0
+        ratios: dict[str, list[float]] = {}
+        for kind, measured, priced, _ in step_residuals(fallback, rows):
+            ratios.setdefault(kind, []).append(measured / priced)
+        self.ratio = {k: float(np.median(v)) for k, v in ratios.items()}
+        self.fallback, self.priced, self.missed = fallback, 0, 0
 
-    def step_time(self, *features: float) -> float:
-        """The measured median of this shape, else the fallback's price."""
-        t = self.table.get(tuple(round(float(f), 6) for f in features))
-        if t is None:
-            self.missed += 1
-            return self.fallback.step_time(*features)
-        self.priced += 1
-        return t
+    def step_time(self, *f: float) -> float:
+        """The measured median of this shape, else the fallback's price at its kind's ratio."""
+        t = self.table.get(tuple(round(float(x), 6) for x in f))  # as _shape rounds
+        self.priced, self.missed = self.priced + (t is not None), self.missed + (t is None)
+        return t if t is not None else self.fallback.step_time(*f) * self.ratio.get(step_kind(f[0], f[4]), 1.0)
 
 
 def _shape(row: dict[str, Any]) -> tuple[float, ...]:
@@ -159,5 +163,5 @@ def free_running(rows: Sequence[dict[str, Any]], records: Sequence[Any], forecas
     drift = compare(records, sim.records)["metrics"]
     pricing = compare(sim.records, forecast_records)["metrics"]
     errs = lambda m: {k: {q: v[q]["err"] for q in ("p50", "p90")} for k, v in m.items()}  # noqa: E731
-    return {"steps_by_measured_shape": cm.priced, "steps_at_profile_price": cm.missed,
+    return {"steps_by_measured_shape": cm.priced, "steps_by_kind_ratio": cm.missed,
             "schedule_drift": errs(drift), "step_pricing": errs(pricing)}

@@ -175,3 +175,18 @@ def test_fidelity_calibrate_makes_the_profile_first_and_forecasts_with_it(tiny_m
     assert fc["profile"]["path"] == str(out / "profile.json")
     # A 128-token context cannot run the probe's shapes: the forecast says it is unprobed.
     assert fc["kind"] == "forecast, at the profile's own speed"
+
+
+def test_free_running_prices_a_seen_shape_at_its_measured_median_and_an_unseen_one_by_its_kind() -> None:
+    from twinserve.backends.sim.fitted import FEATURE_COLUMNS
+    from twinserve.twin.schedule import ShapeCostModel
+
+    prof = FittedCostModel(intercept_s=0.01, per_decode_seq_s=0.001)
+    decode = dict(zip(FEATURE_COLUMNS, (0, 0, 0, 0.0, 4, 400)))
+    rows = [dict(decode, start_s=float(i), step_time_s=t) for i, t in enumerate((0.02, 0.03, 0.1))]
+    cm = ShapeCostModel(rows, prof)
+    assert cm.step_time(0, 0, 0, 0.0, 4, 400) == pytest.approx(0.03)  # the median, not by position
+    # A decode shape no real step had: the profile's price x the decodes' median measured / priced.
+    ratio = 0.03 / prof.step_time(0, 0, 0, 0.0, 4, 400)
+    assert cm.step_time(0, 0, 0, 0.0, 8, 800) == pytest.approx(prof.step_time(0, 0, 0, 0.0, 8, 800) * ratio)
+    assert (cm.priced, cm.missed) == (1, 1)
