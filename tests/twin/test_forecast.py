@@ -98,8 +98,8 @@ def test_the_forecast_is_written_before_the_first_request(make_engine, tmp_path,
         return add(request_id, *a, **k)
 
     monkeypatch.setattr(engine, "add_request", first_request)
-    rep = run_fidelity(engine, FidelityOptions(str(prof), trace=str(_trace(tmp_path / "t.csv")), repeats=2),
-                       out, echo=lambda s: None)
+    rep = run_fidelity(engine, FidelityOptions(str(prof), trace=str(_trace(tmp_path / "t.csv")), repeats=2,
+                                               nowcast=True), out, echo=lambda s: None)
     engine.shutdown()
     assert seen["ok"] == len(ROWS) and os.path.getmtime(out / "forecast.json") <= seen["t"]
     fc = json.loads((out / "forecast.json").read_text())
@@ -114,6 +114,10 @@ def test_the_forecast_is_written_before_the_first_request(make_engine, tmp_path,
     md = (out / "fidelity.md").read_text()
     assert md.startswith("VALIDITY: ") and "VALIDITY: 10 requests: p99" in md and "| E2E | p50 |" in md
     assert all(r["schedule"]["equivalent"] for r in rep["repeats"]["runs"])
+    # The nowcast (each run at its own speed) is reported apart and never judged.
+    assert len(rep["nowcast"]) == 2 and "nowcast (uses the run's own speed), never judged" in md
+    assert all(rep["metrics"][m][q]["verdict"]["forecast"] == pytest.approx(fc["percentiles"][m][q], rel=1e-6)
+               for m in ("ttft", "e2e") for q in ("p50", "p90"))
     fr = rep["free_running"]
     assert fr["steps_by_measured_shape"] > 0 and set(fr["schedule_drift"]) == {"ttft", "tpot", "itl", "e2e"}
 
