@@ -1,7 +1,7 @@
 """How much work on the machine's other CPUs slows a measurement pinned to one CPU.
 
 Calibrate and fidelity pin the engine to a core and record the other CPUs' busy share
-(backends/twin/hostload.py), because those CPUs share the memory bus and the last-level cache.
+(backends/real/hostload.py), because those CPUs share the memory bus and the last-level cache.
 This measures the effect: on CPU `--cpu`, a decode-like matrix-vector loop (weights far larger
 than any cache, so DRAM bound) and a prefill-like GEMM are timed while a second process on
 CPU `--neighbour` alternately sleeps and runs the same loop. Phases alternate so that the

@@ -422,7 +422,7 @@ def check_profile_hardware(profile: FittedCostModel, hardware: str | None, cpu: 
     """Refuse to judge an engine on one machine by a profile measured on another.
 
     hardware is the engine's device name as calibrate records it ("cpu: AMD EPYC", "NVIDIA
-    H200"); cpu, for a CPU engine, its kernel features (calibrate.cpu_features). Two CPUs of
+    H200"); cpu, for a CPU engine, its kernel features (backends/real/hardware.cpu_features). Two CPUs of
     one name may differ in those, and the kernels torch picks with them: on this project's VM a
     host change left the name and the fp32 decode price alike but made a 256-token prefill 1.8x
     dearer. A profile that recorded neither is not checked.
