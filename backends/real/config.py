@@ -20,16 +20,20 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float
 # SchedulerConfig's budget with chunked prefill (else the model's length).
 _DERIVED = ("max_model_len", "max_num_batched_tokens")
 
-# The scheduler's knobs, derived from the core's SchedulerConfig (every field but num_blocks,
-# which the workers' memory decides), so every knob the simulator has is an engine argument
-# and a flag too. Keyword-only, so EngineArgs(model) keeps working.
+# Scheduler fields the engine sets itself: the block count from the workers' memory, the
+# sliding window from the model (a flag could make the KV manager free blocks the model reads).
+FROM_ENGINE = frozenset({"num_blocks", "sliding_window"})
+
+# The scheduler's knobs, derived from the core's SchedulerConfig (every field but those above),
+# so every policy knob the simulator has is an engine argument and a flag too. Keyword-only, so
+# EngineArgs(model) keeps working.
 SchedulerArgs = make_dataclass(
     "SchedulerArgs",
     [(f.name, f"{f.type} | None" if f.name in _DERIVED else f.type,
       field(default=None if f.name in _DERIVED else f.default, kw_only=True))
-     for f in fields(SchedulerConfig) if f.name != "num_blocks"],
+     for f in fields(SchedulerConfig) if f.name not in FROM_ENGINE],
     slots=True,
-    namespace={"__doc__": "The scheduler's knobs as engine arguments (SchedulerConfig's, but num_blocks)."},
+    namespace={"__doc__": "The scheduler's knobs as engine arguments (SchedulerConfig's, but FROM_ENGINE)."},
 )
 SchedulerArgs.__module__ = __name__  # pickled with EngineArgs into the core's and workers' processes
 
