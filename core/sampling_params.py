@@ -42,6 +42,10 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     # Token id -> bias added to its logit before sampling (OpenAI's range: [-100, 100]).
     logit_bias: dict[int, float] | None = None
+    # vLLM's: a stop string that ends the output stays in its text.
+    include_stop_str_in_output: bool = False
+    # vLLM's: only these token ids may be sampled (every other logit is masked).
+    allowed_token_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -101,8 +105,9 @@ class SamplingParams:
                 )
         if not isinstance(self.ignore_eos, bool):
             raise InvalidSamplingParamsError("ignore_eos", self.ignore_eos, "true or false")
+        # The engine caps logprobs at its max_logprobs (vLLM's --max-logprobs); here only the type.
         if self.logprobs is not None:
-            _int_at_least("logprobs", self.logprobs, 0, upper=20)
+            _int_at_least("logprobs", self.logprobs, 0, upper=_INT64_MAX)
         if self.structured_output is not None:
             if not isinstance(self.structured_output, StructuredOutputSpec):
                 raise InvalidSamplingParamsError("structured_output", self.structured_output,
@@ -113,7 +118,15 @@ class SamplingParams:
                 raise InvalidSamplingParamsError("ignore_eos", True,
                                                  "false when the output is constrained (structured output)")
         if self.prompt_logprobs is not None:
-            _int_at_least("prompt_logprobs", self.prompt_logprobs, 0, upper=20)
+            _int_at_least("prompt_logprobs", self.prompt_logprobs, 0, upper=_INT64_MAX)
+        if not isinstance(self.include_stop_str_in_output, bool):
+            raise InvalidSamplingParamsError("include_stop_str_in_output", self.include_stop_str_in_output,
+                                             "true or false")
+        if self.allowed_token_ids is not None:
+            ids = self.allowed_token_ids
+            if (not isinstance(ids, (list, tuple)) or not ids
+                    or not all(not _is_bool(t) and isinstance(t, int) and 0 <= t <= _INT64_MAX for t in ids)):
+                raise InvalidSamplingParamsError("allowed_token_ids", ids, "a non-empty list of token ids >= 0")
         if not isinstance(self.skip_special_tokens, bool):
             raise InvalidSamplingParamsError("skip_special_tokens", self.skip_special_tokens, "true or false")
         if self.logit_bias is not None:
@@ -126,6 +139,8 @@ class SamplingParams:
         values["stop_token_ids"] = list(self.stop_token_ids)
         if self.logit_bias is not None:
             values["logit_bias"] = dict(self.logit_bias)
+        if self.allowed_token_ids is not None:
+            values["allowed_token_ids"] = list(self.allowed_token_ids)
         values.update(changes)
         return SamplingParams(**values)
 

@@ -29,13 +29,15 @@ class IncrementalDetokenizer:
     text: str = ""
     emitted: int = 0  # characters of text already handed out as deltas
     stop_hit: str | None = None
+    # vLLM's include_stop_str_in_output: the stop string that ends the text stays in it.
+    include_stop: bool = False
 
     @classmethod
     def for_prompt(cls, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool,
-                   stop: list[str]) -> "IncrementalDetokenizer":
+                   stop: list[str], include_stop: bool = False) -> "IncrementalDetokenizer":
         """A detokenizer seeded with the prompt's last tokens as decoding context."""
         ctx = list(prompt_token_ids[-_PREFIX_CONTEXT:])
-        return cls(tokenizer, skip_special_tokens, list(stop), ctx, 0, len(ctx))
+        return cls(tokenizer, skip_special_tokens, list(stop), ctx, 0, len(ctx), include_stop=include_stop)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
@@ -74,7 +76,7 @@ class IncrementalDetokenizer:
                 best, self.stop_hit = i, s
         if best == -1:
             return False
-        self.text = self.text[:best]
+        self.text = self.text[:best + (len(self.stop_hit or "") if self.include_stop else 0)]
         return True
 
     def take_delta(self, finished: bool) -> str:

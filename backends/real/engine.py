@@ -226,10 +226,16 @@ class LLMEngine:
             raise InvalidSamplingParamsError("n", params.n, f"an integer in [1, {MAX_N}] (parallel samples of one "
                                              "request; each is a sequence of its own)")
         self.validate_prompt_ids(ids)
+        cap = min(self.args.max_logprobs, self.vocab_size)  # --max-logprobs, and no more than the vocabulary
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
-            if value is not None and value > self.args.max_logprobs:
-                raise InvalidSamplingParamsError(name, value, f"an integer in [0, {self.args.max_logprobs}]")
+            if value is not None and value > cap:
+                raise InvalidSamplingParamsError(name, value, f"an integer in [0, {cap}] (the server's "
+                                                 "--max-logprobs)")
+        for name in ("allowed_token_ids",):
+            bad = next((t for t in getattr(params, name) or () if t >= self.vocab_size), None)
+            if bad is not None:
+                raise InvalidSamplingParamsError(name, bad, f"token ids below the vocabulary size {self.vocab_size}")
         if params.logit_bias:
             bad = next((t for t in params.logit_bias if t >= self.vocab_size), None)
             if bad is not None:
@@ -242,12 +248,20 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
                     arrival_time: float | None = None, priority: int = 0,
-                    output_kind: str = "cumulative") -> None:
+                    output_kind: str = "cumulative", cache_salt: str | None = None) -> None:
         """Validate, tokenize and queue a request (n > 1 fans out into n core requests)."""
         params = params if params is not None else SamplingParams()
         if output_kind not in OUTPUT_KINDS:
             raise InvalidRequestError(f"output_kind must be one of {OUTPUT_KINDS}, got {output_kind!r}",
                                       param="output_kind")
+        if isinstance(priority, bool) or not isinstance(priority, int) or not -2 ** 63 <= priority < 2 ** 63:
+            raise InvalidRequestError(f"priority must be a 64-bit integer, got {priority!r}", param="priority")
+        if priority != 0 and self.args.policy != "priority":
+            # As vLLM: a priority that the queue would ignore is refused, not dropped.
+            raise InvalidRequestError(f"priority={priority} needs priority scheduling; start the engine with "
+                                      f"--policy priority (it runs --policy {self.args.policy})", param="priority")
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise InvalidRequestError("cache_salt must be a non-empty string", param="cache_salt")
         text, ids = self.tokenize_prompt(prompt)
         spec = getattr(params, "structured_output", None)
         if spec is not None:
@@ -276,13 +290,13 @@ class LLMEngine:
                     core_id = request_id if params.n == 1 else f"{i}_{request_id}"
                     # Prompt logprobs need every prompt position computed: a unique salt keeps
                     # this request's prefix out of other requests' cache hits (as vLLM skips the cache).
-                    salt = f"prompt-logprobs:{request_id}" if want_plp and i == 0 else None
+                    salt = f"prompt-logprobs:{request_id}" if want_plp and i == 0 else cache_salt
                     req = Request(core_id, ids, child_params, arrival_time=now, priority=priority,
                                   cache_salt=salt,
                                   eos_token_id=self.eos_token_ids[0] if self.eos_token_ids else None)
                     self.core.add_request(req)
                     detok = IncrementalDetokenizer.for_prompt(self.tokenizer, ids, params.skip_special_tokens,
-                                                              params.stop)
+                                                              params.stop, params.include_stop_str_in_output)
                     children.append(_Child(core_id, i, detok, [] if params.logprobs is not None else None))
             except Exception:
                 self.core.abort([c.core_id for c in children])

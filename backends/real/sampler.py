@@ -24,6 +24,10 @@ _MASK = float("-inf")
 _SEED_MOD = 2 ** 63 - 1
 
 
+class NoTokenAllowedError(ValueError):
+    """Every token of a row is masked (e.g. a grammar that allows only EOS while min_tokens forbids it)."""
+
+
 @dataclass(slots=True)
 class SamplingRow:
     """One row of logits to sample from, with what its parameters need."""
@@ -82,6 +86,7 @@ class Sampler:
         want_lp = [p.logprobs for p in params]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(n is not None for n in want_lp) else None
         logits = self._apply_penalties_and_masks(logits, rows)
+        _check_some_token_allowed(logits, rows)
         greedy = [p.greedy for p in params]
         if all(greedy):
             tokens = logits.argmax(dim=-1)
@@ -119,7 +124,8 @@ class Sampler:
         freq = [i for i, r in enumerate(rows) if (r.params.presence_penalty != 0.0
                                                   or r.params.frequency_penalty != 0.0) and r.num_output_tokens]
         mask = [i for i, r in enumerate(rows) if r.stop_ids and r.num_output_tokens < r.params.min_tokens]
-        if not (bias or rep or freq or mask):
+        allowed = [i for i, r in enumerate(rows) if r.params.allowed_token_ids]
+        if not (bias or rep or freq or mask or allowed):
             return logits
         logits = logits.clone()
         dev, vocab = logits.device, logits.shape[1]
@@ -147,6 +153,12 @@ class Sampler:
             pp = torch.tensor([rows[i].params.presence_penalty for i in freq], dtype=logits.dtype, device=dev)
             idx = torch.tensor(freq, device=dev)
             logits[idx] -= fp.unsqueeze(1) * counts + pp.unsqueeze(1) * (counts > 0).to(logits.dtype)
+        if allowed:
+            keep = torch.zeros((len(allowed), vocab), dtype=torch.bool, device=dev)
+            keep.view(-1)[_flat_index(range(len(allowed)), [list(rows[i].params.allowed_token_ids or ())
+                                                             for i in allowed], vocab, dev)] = True
+            idx = torch.tensor(allowed, device=dev)
+            logits[idx] = logits[idx].masked_fill(~keep, _MASK)
         if mask:
             logits.view(-1)[_flat_index(mask, [rows[i].stop_ids for i in mask], vocab, dev)] = _MASK
         return logits
@@ -177,6 +189,18 @@ class Sampler:
         if any(p.top_k > 0 or p.top_p < 1.0 for p in ps):
             logits = _top_k_top_p(logits, ps)
         return torch.softmax(logits, dim=-1, dtype=torch.float64)
+
+
+def _check_some_token_allowed(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """NoTokenAllowedError for a row whose every logit is -inf: drawing from it would pick garbage."""
+    dead = (~(~torch.isneginf(logits)).any(dim=1)).nonzero().flatten().tolist()
+    if dead:
+        r = rows[dead[0]]
+        why = (f"the output constraint (or allowed_token_ids) allows only the end of the text, which "
+               f"min_tokens={r.params.min_tokens} forbids; lower min_tokens or loosen the constraint"
+               if r.num_output_tokens < r.params.min_tokens else
+               "the output constraint (or allowed_token_ids) allows no token here")
+        raise NoTokenAllowedError(f"no token may come after {r.num_output_tokens} output tokens: {why}")
 
 
 def _flat_index(row_ids, token_lists: list[list[int]], vocab: int, dev: torch.device) -> torch.Tensor:

@@ -44,3 +44,29 @@ def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]], add_gene
     if isinstance(ids, dict) or hasattr(ids, "keys"):
         ids = ids["input_ids"]
     return list(ids)
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                **kwargs: Any) -> str:
+    """A conversation rendered to prompt text with the chat template (or `chat_template` if given).
+
+    Tokenizing the text without special tokens gives apply_chat_template's ids; the server
+    renders first so that it can bound the tokenization of an over-long conversation.
+    """
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+        raise InvalidRequestError("messages must be a list of {'role': ..., 'content': ...} dicts",
+                                  param="messages")
+    if kwargs.get("chat_template") is None and getattr(tokenizer, "chat_template", None) is None:
+        raise InvalidRequestError("this model's tokenizer has no chat template; start the server with "
+                                  "--chat-template or use /v1/completions", param="messages")
+    if not messages:
+        raise InvalidRequestError("messages must hold at least one message", param="messages")
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                             tokenize=False, **kwargs)
+    except Exception as e:  # noqa: BLE001 - jinja, argument and encoding errors: the request's own
+        raise InvalidRequestError(f"the chat template cannot render these messages: {type(e).__name__}: {e}",
+                                  param="messages") from e
+    if not isinstance(text, str):
+        raise InvalidRequestError("the chat template did not render to text", param="messages")
+    return text

@@ -9,7 +9,7 @@ BAD = [
     ("temperature", float("nan")), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2), ("top_k", 1.5),
     ("min_p", 1.1), ("presence_penalty", 2.5), ("frequency_penalty", -3),
     ("repetition_penalty", 0.0), ("seed", "x"), ("stop", [""]), ("stop_token_ids", [-1]),
-    ("ignore_eos", "yes"), ("logprobs", -1), ("logprobs", 21), ("n", True),
+    ("ignore_eos", "yes"), ("logprobs", -1), ("logprobs", 2 ** 63), ("n", True),
 ]
 
 

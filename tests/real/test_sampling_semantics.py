@@ -89,7 +89,7 @@ def test_sampler_logit_bias_is_added_to_the_logits() -> None:
     ("top_k", 2 ** 63), ("top_k", 10 ** 4000), ("max_tokens", 2 ** 64), ("n", 2 ** 63), ("min_tokens", 2 ** 70),
     ("temperature", 1e39), ("repetition_penalty", 1e300), ("seed", 2 ** 80), ("stop_token_ids", [2 ** 63]),
     ("logit_bias", {1: 101}), ("logit_bias", {1: float("nan")}), ("logit_bias", {-1: 1.0}),
-    ("logit_bias", {"x": 1.0}), ("logit_bias", [1, 2]), ("prompt_logprobs", 21), ("temperature", 10 ** 400),
+    ("logit_bias", {"x": 1.0}), ("logit_bias", [1, 2]), ("prompt_logprobs", 2 ** 63), ("temperature", 10 ** 400),
     ("stop", 5), ("stop_token_ids", 7), ("skip_special_tokens", "no"),
 ], ids=lambda v: v if isinstance(v, str) else "value")
 def test_values_outside_the_representable_range_are_typed_errors(field: str, value: object) -> None:

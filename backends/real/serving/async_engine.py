@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import queue
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from twinserve.core.sampling_params import SamplingParams
 from twinserve.backends.real.engine import LLMEngine
 from twinserve.backends.real.outputs import RequestOutput
 from twinserve.backends.real.serving.errors import ServerOverloadedError
+
+logger = logging.getLogger("twinserve.serve")
 
 # The engine thread steps only while fewer than this many of its batches wait for the event loop
 # to hand them to the streams. A loop that falls behind (many streams, slow clients, CPU-bound
@@ -68,6 +71,8 @@ class _Add:
     params: SamplingParams
     arrival_time: float
     done: concurrent.futures.Future[None]
+    priority: int = 0
+    cache_salt: str | None = None
 
 
 @dataclass(slots=True)
@@ -158,7 +163,8 @@ class AsyncLLMEngine:
             raise ServerOverloadedError(queued, limit)
 
     async def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                          prompt: str | None = None, arrival_time: float | None = None) -> "RequestStream":
+                          prompt: str | None = None, arrival_time: float | None = None, priority: int = 0,
+                          cache_salt: str | None = None) -> "RequestStream":
         """Queue a request on the engine thread; its stream, or the engine's typed error."""
         self.check_alive()
         self._check_capacity()
@@ -170,7 +176,7 @@ class AsyncLLMEngine:
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         arrival = time.monotonic() if arrival_time is None else arrival_time
         self._cmds.put(_Add(request_id, {"prompt_token_ids": prompt_token_ids, "prompt": prompt},
-                            params, arrival, done))
+                            params, arrival, done, priority, cache_salt))
         if self._dead is not None:  # failed after the check: the engine thread may never see the add
             try:
                 done.set_exception(EngineDeadError(self.dead_reason or "unknown"))
@@ -224,6 +230,8 @@ class AsyncLLMEngine:
                     outputs.extend(engine.step())
                 self._publish(outputs)
         except BaseException as exc:  # the engine is unusable: fail every stream, keep the reason
+            # The whole story (a worker's traceback, paths) goes to the log; clients get a short reason.
+            logger.error("the engine failed; every request in flight ends with a 503", exc_info=exc)
             self._dead = exc
             self._fail_all(EngineDeadError(f"{type(exc).__name__}: {exc}"))
 
@@ -232,7 +240,7 @@ class AsyncLLMEngine:
         if isinstance(cmd, _Add):
             try:
                 engine.add_request(cmd.request_id, cmd.prompt, cmd.params, arrival_time=cmd.arrival_time,
-                                   output_kind="delta")
+                                   output_kind="delta", priority=cmd.priority, cache_salt=cmd.cache_salt)
             except Exception as exc:  # a bad request never takes the engine down
                 cmd.done.set_exception(exc)
             else:

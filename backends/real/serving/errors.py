@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from twinserve.core.errors import (EngineDeadError, InvalidRequestError, InvalidSamplingParamsError,
@@ -48,9 +49,22 @@ def model_not_found(name: str, served: list[str]) -> APIError:
 
 
 def engine_dead(reason: str) -> APIError:
-    """A 503: the engine failed and cannot serve requests."""
-    return APIError(503, f"the engine has failed and cannot serve requests: {reason}; restart the server",
-                    "engine_dead_error", None, "engine_dead")
+    """A 503: the engine failed and cannot serve requests (a one-line reason; the log has the rest)."""
+    return APIError(503, f"the engine has failed and cannot serve requests ({short_reason(reason)}); restart the "
+                    "server (its log has the details)", "engine_dead_error", None, "engine_dead")
+
+
+# A file path (two or more components), as tracebacks and OS errors carry them.
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[/\\][\w.~+-]+){2,}[/\\]?")
+_MAX_REASON_CHARS = 160
+
+
+def short_reason(reason: str) -> str:
+    """The first line of a failure, without file paths and cut short: what a client may see."""
+    line = reason.strip().split("\n", 1)[0].split("\\n", 1)[0]
+    line = line.split("Traceback (most recent call last)", 1)[0].rstrip(" :(")
+    line = _PATH.sub("<path>", line)
+    return line if len(line) <= _MAX_REASON_CHARS else line[:_MAX_REASON_CHARS - 3] + "..."
 
 
 def unauthorized() -> APIError:

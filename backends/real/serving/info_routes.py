@@ -3,6 +3,8 @@
 /tokenize takes either a completion-style body ({"prompt", "add_special_tokens"}) or a chat-style
 one ({"messages", "add_generation_prompt", ...}) and answers {"count", "max_model_len", "tokens",
 "token_strs"}; /detokenize takes {"tokens"} and answers {"prompt"}, as vLLM's server does.
+Both run on the server's tokenizer workers, never on the event loop; a text that cannot fit
+max_model_len is a 400 before it is tokenized whole (counting it would hold a worker for seconds).
 """
 
 from __future__ import annotations
@@ -64,17 +66,18 @@ def add_info_routes(app: FastAPI, state: Any, read_json: Any) -> None:
                 raise bad_request("add_generation_prompt and continue_final_message cannot both be true",
                                   "continue_final_message", "invalid_value")
             state.check_model(req.model)
-            kwargs = dict(req.chat_template_kwargs or {})
+            kwargs = state.template_kwargs(req.chat_template_kwargs)
             if req.continue_final_message:
                 kwargs["continue_final_message"] = True
-            ids = engine.chat_prompt(messages_as_dicts(req.messages),
-                                     add_generation_prompt=req.add_generation_prompt,
-                                     **kwargs)["prompt_token_ids"]
+            kwargs["add_generation_prompt"] = req.add_generation_prompt
+            ids, _ = await state.chat_ids(messages_as_dicts(req.messages), kwargs, req.add_special_tokens)
         else:
             req = parse_model(TokenizeCompletionRequest, body)
             state.check_model(req.model)
-            ids = list(engine.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens)["input_ids"])
-        strs = engine.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
+            ids = await state.encode(req.prompt, req.add_special_tokens)
+        strs = None
+        if req.return_token_strs:
+            strs = await state.tokenizers.run(len(ids), lambda tok: tok.convert_ids_to_tokens(ids))
         return JSONResponse({"count": len(ids), "max_model_len": engine.max_model_len, "tokens": ids,
                              "token_strs": strs})
 
@@ -87,7 +90,7 @@ def add_info_routes(app: FastAPI, state: Any, read_json: Any) -> None:
         if bad is not None:
             raise bad_request(f"token id {bad} is outside the vocabulary [0, {engine.vocab_size})",
                               "tokens", "invalid_value")
-        return JSONResponse({"prompt": engine.tokenizer.decode(req.tokens)})
+        return JSONResponse({"prompt": await state.decode(req.tokens)})
 
     @app.get("/version")
     async def version() -> JSONResponse:

@@ -75,3 +75,20 @@ def merge_completion_logprobs(a: dict[str, Any] | None, b: dict[str, Any]) -> di
     if a is None:
         return b
     return {k: a[k] + b[k] for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+
+
+def vllm_prompt_logprobs(records: Sequence[Logprob | None] | None, token_ids: Sequence[int], top_n: int,
+                         text: TokenText) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's prompt_logprobs: per prompt token None (the first) or {token id: {logprob, rank, decoded_token}},
+    holding the prompt's own token and the top N."""
+    records = records or [None] * len(token_ids)
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for tid, r in zip(token_ids, records):
+        if r is None:
+            out.append(None)
+            continue
+        entry = {str(t): {"logprob": lp, "rank": rank, "decoded_token": text(t)}
+                 for rank, (t, lp) in enumerate(r.top[:top_n], start=1)}
+        entry.setdefault(str(tid), {"logprob": r.logprob, "rank": r.rank, "decoded_token": text(tid)})
+        out.append(entry)
+    return out

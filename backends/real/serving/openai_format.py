@@ -11,8 +11,9 @@ from typing import Any, AsyncIterator
 from twinserve.core.errors import EngineDeadError
 from twinserve.backends.real.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from twinserve.backends.real.serving.async_engine import RequestStream
-from twinserve.backends.real.serving.errors import APIError, to_api_error
-from twinserve.backends.real.serving.logprobs_format import CompletionLogprobs, TokenText, chat_logprobs, merge_completion_logprobs
+from twinserve.backends.real.serving.errors import APIError, bad_request, to_api_error
+from twinserve.backends.real.serving.logprobs_format import (CompletionLogprobs, TokenText, chat_logprobs,
+                                                             merge_completion_logprobs, vllm_prompt_logprobs)
 
 DONE = "data: [DONE]\n\n"
 
@@ -32,6 +33,8 @@ class ResponseMeta:
     token_text: TokenText | None = None
     # max_tokens=0 with echo: one token is computed (for the prompt logprobs) but none returned.
     drop_output: bool = False
+    # vLLM's prompt_logprobs=N: the top N per prompt token, in vLLM's shape (None: not asked).
+    prompt_logprobs: int | None = None
 
     @property
     def wants_logprobs(self) -> bool:
@@ -54,10 +57,17 @@ def sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
+# The sampler's error for a row with every token masked: the request's own constraints contradict.
+_NO_TOKEN_ALLOWED = "NoTokenAllowedError: "
+
+
 def request_failed(c: CompletionOutput) -> APIError:
     """A sequence that ended with finish reason "error" (its own inputs; the engine is fine)."""
-    return APIError(500, f"the request failed: {c.error or 'unknown error'}", "internal_error", None,
-                    "request_failed")
+    error = c.error or "unknown error"
+    if _NO_TOKEN_ALLOWED in error:
+        return bad_request(f"the request cannot go on: {error.split(_NO_TOKEN_ALLOWED, 1)[1]}", "min_tokens",
+                           "no_token_allowed")
+    return APIError(500, f"the request failed: {error}", "internal_error", None, "request_failed")
 
 
 def usage(outs: RequestOutput | list[RequestOutput], drop_output: bool = False) -> dict[str, Any]:
@@ -101,7 +111,7 @@ def full_response(meta: ResponseMeta, outs: RequestOutput | list[RequestOutput],
                                       "stop_reason": None if drop else c.stop_reason}
             text = "" if drop else c.text
             if meta.chat:
-                choice["message"] = {"role": "assistant", "content": text}
+                choice["message"] = {"role": "assistant", "content": (echo[k] if echo else "") + text}
                 if meta.wants_logprobs:
                     choice["logprobs"] = chat_logprobs(c.logprobs or [], meta.logprobs or 0, meta.token_text)
             else:
@@ -112,12 +122,21 @@ def full_response(meta: ResponseMeta, outs: RequestOutput | list[RequestOutput],
                     if not drop:
                         lp = merge_completion_logprobs(lp, builder.build(c.logprobs or [], c.token_ids))
                     choice["logprobs"] = lp
+            if meta.prompt_logprobs is not None and not meta.chat:
+                choice["prompt_logprobs"] = _prompt_logprobs(meta, out)
             choices.append(choice)
     body: dict[str, Any] = {"id": meta.request_id, "object": meta.object, "created": meta.created,
                             "model": meta.model, "choices": choices, "usage": usage(outs, meta.drop_output)}
+    if meta.prompt_logprobs is not None and meta.chat:
+        body["prompt_logprobs"] = _prompt_logprobs(meta, outs[0])
     if meta.return_metrics:
         body["metrics"] = _metrics_field(outs)
     return body
+
+
+def _prompt_logprobs(meta: ResponseMeta, out: RequestOutput) -> list[Any]:
+    assert meta.token_text is not None and meta.prompt_logprobs is not None
+    return vllm_prompt_logprobs(out.prompt_logprobs, out.prompt_token_ids, meta.prompt_logprobs, meta.token_text)
 
 
 def _echo_logprobs(builder: CompletionLogprobs, out: RequestOutput) -> dict[str, Any]:
@@ -204,7 +223,7 @@ async def stream_events(meta: ResponseMeta, streams: RequestStream | list[Reques
         want_lp = meta.wants_logprobs
         builders: dict[int, CompletionLogprobs] = {}
         echoed: set[int] = set()
-        if echo and not want_lp:  # nothing to wait for: the prompts go out first
+        if echo and (meta.chat or not want_lp):  # nothing to wait for: the prompts go out first
             for k, text in enumerate(echo):
                 for i in range(n):
                     yield sse(_chunk(meta, [_delta_choice(meta, k * n + i, text, None, None)]))

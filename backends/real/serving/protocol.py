@@ -1,8 +1,11 @@
 """OpenAI request bodies (completions and chat) and their translation into SamplingParams.
 
 Fields follow the OpenAI API reference; the extras vLLM accepts in the body (top_k, min_p,
-repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens) are accepted
-too. Unknown fields are ignored, as vLLM does.
+repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens,
+include_stop_str_in_output, allowed_token_ids, prompt_logprobs, priority, cache_salt,
+truncate_prompt_tokens; chat's echo, continue_final_message, add_generation_prompt) are
+implemented as vLLM defines them; those this server cannot honour (bad_words) are a 400
+naming the field. Other unknown fields are ignored, as vLLM does.
 """
 
 from __future__ import annotations
@@ -48,6 +51,15 @@ class _Common(BaseModel):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     logit_bias: dict[str, float] | None = None
+    include_stop_str_in_output: bool = False
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None
+    # Queue order under --policy priority (lower first); the prefix cache's salt (vLLM's cache_salt).
+    priority: int = 0
+    cache_salt: str | None = None
+    # Keep only the prompt's last N tokens (-1: the last max_model_len).
+    truncate_prompt_tokens: int | None = None
     # twinserve's extra: engine-side timings and counts in the final chunk (the bench client asks)
     return_metrics: bool = False
     # Output constraints (see structured_fields.py): OpenAI's response_format, vLLM's guided_* and
@@ -61,7 +73,7 @@ class _Common(BaseModel):
 
     def logprob_fields(self) -> tuple[int | None, int | None]:
         """(logprobs, prompt_logprobs) for SamplingParams: top-N counts, None when not asked."""
-        return None, None
+        return None, self.prompt_logprobs
 
     def sampling_params(self, max_tokens: int | None) -> SamplingParams:
         """Validated SamplingParams (typed error naming the bad field)."""
@@ -71,7 +83,9 @@ class _Common(BaseModel):
                                   stop_token_ids=self.stop_token_ids or [], ignore_eos=self.ignore_eos,
                                   skip_special_tokens=self.skip_special_tokens, logit_bias=self.logit_bias,
                                   logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                                  structured_output=structured_spec(self))
+                                  structured_output=structured_spec(self),
+                                  include_stop_str_in_output=self.include_stop_str_in_output,
+                                  allowed_token_ids=self.allowed_token_ids)
         for name, default in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 0), ("min_p", 0.0),
                               ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
                               ("repetition_penalty", 1.0)):
@@ -96,8 +110,10 @@ class CompletionRequest(_Common):
     suffix: str | None = None
 
     def logprob_fields(self) -> tuple[int | None, int | None]:
-        """logprobs=N: top N per generated token, and per prompt token when echoing."""
-        return self.logprobs, self.logprobs if self.echo else None
+        """logprobs=N: top N per generated token, and per prompt token when echoing (or prompt_logprobs)."""
+        echoed = self.logprobs if self.echo else None
+        asked = [v for v in (echoed, self.prompt_logprobs) if v is not None]
+        return self.logprobs, max(asked) if asked else None
 
 
 class ChatMessage(BaseModel):
@@ -117,14 +133,17 @@ class ChatCompletionRequest(_Common):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    # vLLM's: the reply starts with the last message's content when that message is the assistant's.
+    echo: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
 
     def logprob_fields(self) -> tuple[int | None, int | None]:
-        """logprobs=true with top_logprobs=N (0 when absent)."""
-        return (self.top_logprobs or 0) if self.logprobs else None, None
+        """logprobs=true with top_logprobs=N (0 when absent); prompt_logprobs as asked."""
+        return (self.top_logprobs or 0) if self.logprobs else None, self.prompt_logprobs
 
     def message_dicts(self) -> list[dict[str, Any]]:
         """Messages as plain dicts with text content, ready for the chat template."""
@@ -179,6 +198,16 @@ _RESERVED_TEMPLATE_KWARGS = frozenset({
 
 
 def _check_unsupported(req: _Common) -> None:
+    if req.bad_words:
+        raise bad_request("bad_words is not supported by this server; use logit_bias to push tokens down",
+                          "bad_words", "unsupported")
+    if req.prompt_logprobs is not None and req.stream:
+        raise bad_request("prompt_logprobs are not available when stream=true (as in vLLM)", "prompt_logprobs",
+                          "unsupported")
+    t = req.truncate_prompt_tokens
+    if t is not None and (t == 0 or t < -1):
+        raise bad_request("truncate_prompt_tokens: -1 (the last max_model_len tokens) or an integer >= 1",
+                          "truncate_prompt_tokens", "invalid_value")
     if isinstance(req, CompletionRequest):
         if req.best_of not in (None, 1, req.n):
             raise bad_request("best_of is not supported (use n)", "best_of", "unsupported")
@@ -187,6 +216,10 @@ def _check_unsupported(req: _Common) -> None:
     if isinstance(req, ChatCompletionRequest):
         if not req.messages:
             raise bad_request("messages must hold at least one message", "messages", "invalid_value")
+        if req.add_generation_prompt and req.continue_final_message:
+            raise bad_request("add_generation_prompt and continue_final_message cannot both be true: the "
+                              "reply either starts a new assistant message or continues the last one",
+                              "continue_final_message", "invalid_value")
         if req.top_logprobs is not None and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", "top_logprobs", "invalid_value")
         clash = sorted(set(req.chat_template_kwargs or {}) & _RESERVED_TEMPLATE_KWARGS)
@@ -195,13 +228,20 @@ def _check_unsupported(req: _Common) -> None:
                               "own fields", "chat_template_kwargs", "invalid_value")
 
 
-def to_sampling_params(req: _Common, max_tokens: int | None) -> SamplingParams:
-    """SamplingParams from a request, bad values reported as a 400 naming the field."""
+def to_sampling_params(req: _Common, max_tokens: int | None, max_logprobs: int | None = None) -> SamplingParams:
+    """SamplingParams from a request, bad values (or logprobs above max_logprobs) a 400 naming the field."""
     try:
-        return req.sampling_params(max_tokens)
+        sp = req.sampling_params(max_tokens)
+        if max_logprobs is not None:
+            for name in ("logprobs", "prompt_logprobs"):
+                value = getattr(sp, name)
+                if value is not None and value > max_logprobs:
+                    raise InvalidSamplingParamsError(name, value, f"an integer in [0, {max_logprobs}] (the "
+                                                     "server's --max-logprobs)")
+        return sp
     except InvalidSamplingParamsError as e:
         field = e.field
-        if field in ("logprobs", "prompt_logprobs"):
+        if field == "logprobs" or (field == "prompt_logprobs" and req.prompt_logprobs is None):
             field = "top_logprobs" if isinstance(req, ChatCompletionRequest) else "logprobs"
         raise bad_request(str(e), field, "invalid_value") from None
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, TypeVar
+from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -28,8 +28,10 @@ from twinserve.backends.real.serving.openapi_doc import GENERATION_OK, OpenAPIBo
 from twinserve.backends.real.serving.protocol import ChatCompletionRequest, CompletionRequest, parse_body, to_sampling_params
 from twinserve.backends.real.serving.request_body import DEFAULT_MAX_BODY_BYTES, parse_json, read_body
 from twinserve.backends.real.serving.structured_fields import as_tool_calls, tool_spec
+from twinserve.backends.real.serving.tokenize_pool import TokenizerPool, text_size
+from twinserve.backends.real.tokenizer import render_chat
 
-_T = TypeVar("_T")
+logger = logging.getLogger("twinserve.serve")
 
 # How often a non-streamed request checks whether its client is still there.
 _DISCONNECT_POLL_S = 0.25
@@ -51,6 +53,8 @@ class ServerConfig:
     max_request_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     # n above this is refused with 400 (each of the n sequences is a request of its own).
     max_n: int = 128
+    # A Jinja chat template that replaces the tokenizer's (vLLM's --chat-template, already read from its file).
+    chat_template: str | None = None
 
 
 class ServingState:
@@ -62,15 +66,38 @@ class ServingState:
         self.metrics = ServingMetrics(config.served_model_names[0], config.metrics_prefix)
         self.async_engine = AsyncLLMEngine(engine, config.max_queued_requests, self.metrics)
         self.accepted_names = set(config.served_model_names) | set(config.extra_model_names)
-        # Tokenizing and chat templates run here, never on the event loop: one large prompt
-        # must not stall every stream. One thread: the tokenizer is not shared across threads.
-        self.tokenizer_pool = ThreadPoolExecutor(1, thread_name_prefix="twinserve-tokenize")
+        # Tokenizing, detokenizing and chat templates run here, never on the event loop, and a
+        # small request never waits behind a large one (see tokenize_pool).
+        self.tokenizers = TokenizerPool(engine.tokenizer, engine.max_model_len)
         self.token_texts = TokenTexts(engine.tokenizer)
 
-    async def off_loop(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        """Run a tokenizer-bound call on the tokenizer thread."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.tokenizer_pool, lambda: fn(*args, **kwargs))
+    def template_kwargs(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Chat-template keyword arguments: the request's own, plus the server's --chat-template."""
+        kw = dict(extra or {})
+        if self.config.chat_template is not None:
+            kw["chat_template"] = self.config.chat_template
+        return kw
+
+    async def encode(self, text: str, add_special_tokens: bool = True, param: str = "prompt",
+                     truncate: int | None = None) -> list[int]:
+        """Token ids of a text, off the loop; an over-long text is refused before it is tokenized whole."""
+        pool = self.tokenizers
+        return await pool.run(len(text), pool.encode, text, add_special_tokens, param, truncate=truncate)
+
+    async def chat_ids(self, messages: list[dict[str, Any]], template_kw: dict[str, Any],
+                       add_special_tokens: bool = False, truncate: int | None = None) -> tuple[list[int], str]:
+        """(token ids, text) of a conversation rendered with the chat template, off the loop and bounded."""
+        pool = self.tokenizers
+
+        def work(tok: Any) -> tuple[list[int], str]:
+            text = render_chat(tok, messages, **template_kw)
+            return pool.encode(tok, text, add_special_tokens, "messages", truncate=truncate), text
+
+        return await pool.run(text_size(messages), work)
+
+    async def decode(self, ids: list[int]) -> str:
+        """Text of token ids, off the loop."""
+        return await self.tokenizers.run(len(ids), lambda tok: tok.decode(ids))
 
     def check_n(self, n: int) -> None:
         """400 for n above the server's bound."""
@@ -114,7 +141,7 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
             yield
         finally:
             await state.async_engine.shutdown()
-            state.tokenizer_pool.shutdown(wait=False)
+            state.tokenizers.shutdown()
 
     app = FastAPI(title="twinserve", lifespan=lifespan)
     app.state.serving = state
@@ -134,6 +161,7 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.error("unexpected error serving %s", request.url.path, exc_info=exc)
         err = to_api_error(exc)
         return JSONResponse(err.body(), status_code=err.status)
 
@@ -165,9 +193,15 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
         req: CompletionRequest = parse_body(CompletionRequest, await state.read_json(request))
         state.check_model(req.model)
         state.check_n(req.n)
+        truncate = _truncation(state, req.truncate_prompt_tokens)
         prompts = []
-        for p in _split_prompts(req.prompt):
-            text, ids = await state.off_loop(state.engine.tokenize_prompt, p)
+        for k, p in enumerate(_split_prompts(req.prompt)):
+            if isinstance(p, str):
+                prompts.append((await state.encode(p, True, "prompt", truncate), p))
+                continue
+            text, ids = state.engine.tokenize_prompt(p)  # token ids: checked, nothing to tokenize
+            if truncate is not None and len(ids) > truncate:
+                ids, text = ids[-truncate:], None
             prompts.append((ids, text))
         echo = None
         if req.echo:
@@ -175,7 +209,7 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
             for ids, text in prompts:
                 if text is None:
                     state.engine.validate_prompt_ids(ids)  # before decoding them
-                    text = await state.off_loop(state.engine.tokenizer.decode, ids)
+                    text = await state.decode(ids)
                 echo.append(text)
         return await _serve(state, request, req, prompts, req.max_tokens, chat=False, prefix="cmpl", echo=echo)
 
@@ -186,12 +220,20 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
         req: ChatCompletionRequest = parse_body(ChatCompletionRequest, await state.read_json(request))
         state.check_model(req.model)
         state.check_n(req.n)
-        rendered = await state.off_loop(state.engine.chat_prompt, req.message_dicts(),
-                                        add_generation_prompt=req.add_generation_prompt,
-                                        **(req.chat_template_kwargs or {}))
+        messages = req.message_dicts()
+        kw = state.template_kwargs(req.chat_template_kwargs)
+        if req.continue_final_message:
+            kw["continue_final_message"] = True
+        kw["add_generation_prompt"] = req.add_generation_prompt
+        ids, text = await state.chat_ids(messages, kw, truncate=_truncation(state, req.truncate_prompt_tokens))
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        return await _serve(state, request, req, [(rendered["prompt_token_ids"], rendered["prompt"])],
-                            max_tokens, chat=True, prefix="chatcmpl")
+        echo = None
+        if req.echo:  # vLLM's: the reply repeats the last message when it is the assistant's own
+            last = messages[-1]
+            said = last.get("content") or "" if last.get("role") == "assistant" else ""
+            echo = [said] if said else None
+        return await _serve(state, request, req, [(ids, text)], max_tokens, chat=True, prefix="chatcmpl",
+                            echo=echo)
 
     add_info_routes(app, state, state.read_json)
     info_errors = error_responses(400, 401, 404, 413, 500)
@@ -205,6 +247,17 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
 def _request_id(request: Request) -> str:
     """The id the access log gave this request (a fresh one if the middleware is not in front)."""
     return getattr(request.state, "request_id", None) or uuid.uuid4().hex
+
+
+def _truncation(state: ServingState, value: int | None) -> int | None:
+    """truncate_prompt_tokens as a token count (-1: max_model_len), or None; 400 above max_model_len."""
+    if value is None:
+        return None
+    limit = state.engine.max_model_len
+    if value > limit:
+        raise bad_request(f"truncate_prompt_tokens={value} is above max_model_len ({limit})",
+                          "truncate_prompt_tokens", "invalid_value")
+    return limit if value == -1 else value
 
 
 def _check_length(state: ServingState, ids: list[int], max_tokens: int | None, param: str) -> int | None:
@@ -241,14 +294,15 @@ async def _serve(state: ServingState, request: Request, req: CompletionRequest |
     param = "messages" if chat else "prompt"
     # lm-eval's loglikelihood asks echo + logprobs with max_tokens=0: one token is computed (the
     # prompt's logprobs come with it) and none is returned.
-    drop_output = echo is not None and max_tokens == 0
+    drop_output = not chat and echo is not None and max_tokens == 0
     if drop_output:
         max_tokens = 1
     params = []
     for k, (ids, _) in enumerate(prompts):
         where = param if len(prompts) == 1 else f"{param}[{k}]"
         try:
-            params.append(to_sampling_params(req, _check_length(state, ids, max_tokens, where)))
+            params.append(to_sampling_params(req, _check_length(state, ids, max_tokens, where),
+                                             state.engine.args.max_logprobs))
         except PromptTooLongError as e:
             e.param = param
             raise
@@ -257,12 +311,13 @@ async def _serve(state: ServingState, request: Request, req: CompletionRequest |
         await asyncio.to_thread(_compile_all, state.engine, specs)
     meta = ResponseMeta(f"{prefix}-{_request_id(request)}", state.model_name, chat, req.include_usage,
                         req.return_metrics, logprobs=params[0].logprobs, token_text=state.token_texts,
-                        drop_output=drop_output)
+                        drop_output=drop_output, prompt_logprobs=req.prompt_logprobs)
     streams: list[RequestStream] = []
     try:
         for k, ((ids, text), sp) in enumerate(zip(prompts, params)):
             engine_id = meta.request_id if len(prompts) == 1 else f"{meta.request_id}-{k}"
-            streams.append(await state.async_engine.add_request(engine_id, ids, sp, text, arrival))
+            streams.append(await state.async_engine.add_request(engine_id, ids, sp, text, arrival,
+                                                                priority=req.priority, cache_salt=req.cache_salt))
     except BaseException:
         for st in streams:
             st.close()

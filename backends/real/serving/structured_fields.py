@@ -66,7 +66,9 @@ def _make(kind: str, value: Any, param: str) -> StructuredOutputSpec:
                 raise bad_request(f"{param}: not valid JSON: {e}", param, "invalid_value") from None
         if not isinstance(value, dict):
             raise bad_request(f"{param}: a JSON schema must be an object", param, "invalid_value")
-        return StructuredOutputSpec("json", json.dumps(value, sort_keys=True), param)
+        # The schema's own property order: it is the order the output's keys come in (as OpenAI and vLLM
+        # keep it). The same schema sent again dumps to the same string, so the grammar cache still hits.
+        return StructuredOutputSpec("json", json.dumps(value, separators=(",", ":")), param)
     if kind == "json_object":
         return StructuredOutputSpec("json_object", "", param)
     if kind == "choice":

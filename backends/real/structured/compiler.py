@@ -25,6 +25,7 @@ class GrammarCompilerCache:
         import xgrammar as xgr
 
         self._xgr = xgr
+        self._vocab_size = vocab_size
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                   stop_token_ids=stop_token_ids or None)
         # One compiler thread: the machine's cores belong to the forward pass.
@@ -49,6 +50,7 @@ class GrammarCompilerCache:
                 spec.compiled = hit
                 return hit
         compiled = self._compile(spec)
+        self._check_satisfiable(spec, compiled)
         with self._lock:
             self.misses += 1
             self._cache[key] = compiled
@@ -67,7 +69,8 @@ class GrammarCompilerCache:
                 # Compact JSON: no free whitespace, so a model cannot wander in blank space.
                 return c.compile_json_schema(json.dumps(schema), any_whitespace=False)
             if spec.kind == "json_object":
-                return c.compile_builtin_json_grammar()
+                # An object, as OpenAI's json_object mode promises (the builtin JSON grammar takes any value).
+                return c.compile_json_schema('{"type": "object"}', any_whitespace=False)
             if spec.kind == "regex":
                 return c.compile_regex(spec.value)
             if spec.kind == "choice":
@@ -76,3 +79,13 @@ class GrammarCompilerCache:
         except Exception as e:  # xgrammar reports bad schemas/regexes/grammars as several exception types
             raise InvalidRequestError(f"{spec.param}: cannot compile the {spec.kind} constraint: {e}",
                                       param=spec.param) from None
+
+    def _check_satisfiable(self, spec: StructuredOutputSpec, compiled: Any) -> None:
+        """InvalidRequestError when the constraint allows no first token at all (e.g. an empty class)."""
+        xgr = self._xgr
+        matcher = xgr.GrammarMatcher(compiled)
+        bitmask = xgr.allocate_token_bitmask(1, self._vocab_size)
+        matcher.fill_next_token_bitmask(bitmask)
+        if not bool((bitmask != 0).any()):
+            raise InvalidRequestError(f"{spec.param}: the {spec.kind} constraint can never be matched: it allows "
+                                      "no token, not even the end of the text", param=spec.param)
