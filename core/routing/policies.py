@@ -73,8 +73,9 @@ class PowerOfTwo:
 class SessionAffinity:
     """A conversation's turns go to the replica that served its first turn.
 
-    A new session (or one whose replica left rotation) goes to the least loaded replica.
-    The session table keeps the most recent max_sessions entries.
+    A new session (or one whose replica left rotation) goes to the least loaded replica, ties
+    broken by the fewest sessions placed there, so sessions that arrive one at a time (every
+    replica idle) still spread. The session table keeps the most recent max_sessions entries.
     """
 
     name = "session_affinity"
@@ -83,6 +84,7 @@ class SessionAffinity:
     def __init__(self, max_sessions: int = 1 << 20) -> None:
         self.max_sessions = max_sessions
         self._sessions: OrderedDict[str, int] = OrderedDict()
+        self._placed: dict[int, int] = {}  # replica index -> sessions in the table placed there
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaLoad]) -> int:
         """The session's replica if it is in rotation, else the least loaded one."""
@@ -95,9 +97,13 @@ class SessionAffinity:
                 if r.index == known and r.healthy:
                     self._sessions.move_to_end(s)
                     return known
-        chosen = least_loaded(replicas).index
+            self._placed[known] -= 1
+        placed = self._placed
+        chosen = min(healthy(replicas), key=lambda r: (r.outstanding, placed.get(r.index, 0), r.index)).index
         self._sessions[s] = chosen
         self._sessions.move_to_end(s)
+        placed[chosen] = placed.get(chosen, 0) + 1
         if len(self._sessions) > self.max_sessions:
-            self._sessions.popitem(last=False)
+            _, old = self._sessions.popitem(last=False)
+            placed[old] -= 1
         return chosen

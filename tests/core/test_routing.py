@@ -146,3 +146,11 @@ def test_prefix_affinity_keys_on_exactly_prefix_blocks_blocks(prefix_blocks, num
         assert r.choose(req(keys=other), reps) == home
     if prefix_blocks >= 2:
         assert len(set(homes)) >= 2, "prefixes that differ in block 2 all went to one replica"
+
+
+def test_session_affinity_spreads_sessions_that_arrive_one_at_a_time() -> None:
+    r = make_router("session_affinity")
+    reps = loads(0, 0, 0)
+    homes = {s: r.choose(req(session=s), reps) for s in "abcdef"}  # nothing in flight between them
+    assert Counter(homes.values()) == {0: 2, 1: 2, 2: 2}
+    assert all(r.choose(req(session=s), reps) == home for s, home in homes.items())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 
 import httpx
@@ -121,6 +122,57 @@ def test_prefix_affinity_keeps_a_shared_prefix_on_one_replica(replicas) -> None:
         homes = {complete(proxy.url, system + f"question {i}").headers["x-twinserve-replica"]
                  for i in range(4)}
         assert len(homes) == 1
+    finally:
+        proxy.stop()
+
+
+def test_session_affinity_spreads_new_sessions_and_keeps_each_on_its_replica(replicas) -> None:
+    proxy = Proxy([s.url for s in replicas], "session_affinity")
+    try:
+        homes: dict[str, set[str]] = {}
+        for turn in range(3):
+            for i in range(4):  # one request at a time: every replica is idle when a session starts
+                sid = f"conversation-{i}"
+                r = httpx.post(proxy.url + "/v1/completions", headers={"X-Session-ID": sid}, timeout=60,
+                               json={"model": "tiny", "prompt": f"turn {turn}", "max_tokens": 2})
+                assert r.status_code == 200
+                homes.setdefault(sid, set()).add(r.headers["x-twinserve-replica"])
+        assert all(len(h) == 1 for h in homes.values()), homes
+        assert sorted(next(iter(h)) for h in homes.values()) == ["0", "0", "1", "1"]
+    finally:
+        proxy.stop()
+
+
+def test_tokenizer_and_info_routes_pass_through(replicas) -> None:
+    proxy = Proxy([s.url for s in replicas], "round_robin")
+    try:
+        tok = httpx.post(proxy.url + "/tokenize", json={"model": "tiny", "prompt": "hello world"}, timeout=30)
+        direct = httpx.post(replicas[0].url + "/tokenize", json={"model": "tiny", "prompt": "hello world"})
+        assert tok.status_code == 200 and tok.json() == direct.json()
+        detok = httpx.post(proxy.url + "/detokenize", json={"model": "tiny", "tokens": tok.json()["tokens"]})
+        assert detok.status_code == 200 and detok.json()["prompt"] == "hello world"
+        bad = httpx.post(proxy.url + "/detokenize", json={"model": "tiny", "tokens": [10 ** 7]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+        assert httpx.get(proxy.url + "/version").json() == httpx.get(replicas[0].url + "/version").json()
+        assert httpx.get(proxy.url + "/ping").status_code == 200
+        assert httpx.post(proxy.url + "/ping").status_code == 200
+    finally:
+        proxy.stop()
+
+
+def test_metrics_carry_each_replicas_series_labelled_by_replica(replicas) -> None:
+    proxy = Proxy([s.url for s in replicas], "round_robin")
+    try:
+        for _ in range(2):
+            assert complete(proxy.url, "count me").status_code == 200
+        text = httpx.get(proxy.url + "/metrics").text
+        for s in replicas:
+            pattern = (r'twinserve:request_success_total\{finished_reason="length",model_name="tiny",'
+                       rf'replica="{re.escape(s.url)}"\}} (\d+\.\d+)')
+            hit = re.search(pattern, text)
+            assert hit and float(hit.group(1)) >= 1.0, text[-2000:]
+        assert text.count("# TYPE twinserve:num_requests_running gauge") == 1  # one family, both replicas
+        assert "twinserve_router:requests_routed_total" in text
     finally:
         proxy.stop()
 

@@ -46,9 +46,12 @@ def error_message(body: bytes) -> str:
 class AccessLogMiddleware:
     """Gives every request an id (scope state and the X-Request-Id header) and logs one line for it."""
 
-    def __init__(self, app: ASGIApp, enabled: bool = True) -> None:
+    def __init__(self, app: ASGIApp, enabled: bool = True,
+                 on_response: Callable[[str, str, int], None] | None = None) -> None:
         self.app = app
         self.enabled = enabled
+        # Told (method, route path, status) of every request, logged or not (the http_requests counter).
+        self.on_response = on_response
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -82,6 +85,10 @@ class AccessLogMiddleware:
                 error_body.extend(f"{type(exc).__name__}: {exc}".encode()[:_MAX_ERROR_BODY])
             raise
         finally:
+            if self.on_response is not None:
+                route = scope.get("route")
+                handler = getattr(route, "path", None) or "none"  # unmatched paths share one label
+                self.on_response(scope.get("method", "-"), handler, status)
             if self.enabled:
                 self._log(scope, status, time.monotonic() - t0, request_id, client_id, bytes(error_body))
 

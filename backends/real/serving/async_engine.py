@@ -55,6 +55,8 @@ class EngineSnapshot:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_pos: tuple[int, ...] = ()
+    # Tokens scheduled by the latest engine step (0 when no step ran since the last snapshot).
+    step_tokens: int = 0
 
 
 class EngineObserver(Protocol):
@@ -256,10 +258,12 @@ class AsyncLLMEngine:
     def _publish(self, outputs: list[RequestOutput]) -> None:
         engine = self.engine
         s = engine.core.stats()
+        last = engine.last_stats
+        step_tokens = last.num_scheduled_tokens if last is not None and s.num_steps > self.snapshot.num_steps else 0
         snap = EngineSnapshot(s.num_running, s.num_waiting, engine.get_num_unfinished_requests(),
                               s.kv_usage, s.num_free_blocks, s.num_blocks, s.prefix_queries, s.prefix_hits,
                               s.num_preemptions, s.num_steps, s.spec_num_drafts, s.spec_num_draft_tokens,
-                              s.spec_num_accepted_tokens, tuple(s.spec_accepted_per_pos))
+                              s.spec_num_accepted_tokens, tuple(s.spec_accepted_per_pos), step_tokens)
         self.snapshot = snap
         for out in outputs:
             if out.finished:

@@ -26,6 +26,16 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-n", type=int, default=128, help="largest n (parallel samples) a request may ask for")
     p.add_argument("--metrics-prefix", default="twinserve", choices=["twinserve", "vllm"],
                    help="Prometheus name prefix on /metrics: 'vllm' makes vLLM's Grafana dashboards match")
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template, as a file path or inline, replacing the tokenizer's")
+    # vLLM flags that change nothing here: accepted so vLLM command lines run, each noted in the log.
+    p.add_argument("--disable-log-requests", action="store_true",
+                   help="accepted for vLLM compatibility (request bodies are never logged)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="accepted for vLLM compatibility (no model code is ever downloaded or run)")
+    p.add_argument("--generation-config", default=None,
+                   help="accepted for vLLM compatibility (the model's generation_config.json defaults are "
+                        "not applied: requests use OpenAI's defaults)")
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:

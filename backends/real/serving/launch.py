@@ -6,10 +6,12 @@ import argparse
 import asyncio
 import logging
 import socket
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
+from twinserve.core.errors import InvalidConfigError
 from twinserve.backends.real.serving.access_log import configure_access_logger
 from twinserve.backends.real.serving.server import ServerConfig, build_app
 
@@ -53,9 +55,55 @@ class GracefulServer(uvicorn.Server):
                 handle.cancel()
 
 
+# vLLM flags accepted with no effect here, and why (logged when given).
+_NOTED_FLAGS = {
+    "disable_log_requests": "--disable-log-requests: twinserve never logs request bodies; nothing to turn off",
+    "trust_remote_code": "--trust-remote-code: twinserve runs its own model classes and never runs code "
+                         "shipped with a model; ignored",
+    "generation_config": "--generation-config: the model's generation_config.json defaults are not applied; "
+                         "requests use OpenAI's defaults (set temperature etc. per request)",
+}
+
+
+def note_ignored_flags(ns: argparse.Namespace) -> list[str]:
+    """Log one line per vLLM flag given that changes nothing here; the lines logged."""
+    lines = [note for name, note in _NOTED_FLAGS.items() if getattr(ns, name, None) not in (None, False)]
+    for line in lines:
+        logger.warning("accepted for vLLM compatibility: %s", line)
+    return lines
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """--chat-template as Jinja text: a file's contents, or the value itself when it is a template."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if len(value) < 4096 and "\n" not in value and path.is_file():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise InvalidConfigError("chat_template", value, f"a readable UTF-8 file ({e})") from None
+    elif "{{" in value or "{%" in value:
+        text = value
+    else:
+        raise InvalidConfigError("chat_template", value, "a Jinja template file that exists, or an inline "
+                                 "template (with {{ ... }} or {% ... %})")
+    import jinja2
+
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise InvalidConfigError("chat_template", value, f"a valid Jinja template (line {e.lineno}: "
+                                 f"{e.message})") from None
+    return text
+
+
 def serve(ns: argparse.Namespace, engine_args: Any) -> int:
     """Load the model, start the server and block until it is stopped (SIGINT/SIGTERM)."""
     import torch
+
+    chat_template = load_chat_template(getattr(ns, "chat_template", None))  # before the model loads
+    note_ignored_flags(ns)
 
     from twinserve.backends.real.engine import LLMEngine
 
@@ -68,7 +116,7 @@ def serve(ns: argparse.Namespace, engine_args: Any) -> int:
                           extra_model_names=[engine.model_name], access_log=access_log,
                           metrics_prefix=getattr(ns, "metrics_prefix", "twinserve"),
                           max_request_body_bytes=getattr(ns, "max_request_body_bytes", 32 * 1024 * 1024),
-                          max_n=getattr(ns, "max_n", 128))
+                          max_n=getattr(ns, "max_n", 128), chat_template=chat_template)
     configure_access_logger(access_log)
     app = build_app(engine, config)
     ucfg = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,

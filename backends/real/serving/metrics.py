@@ -6,6 +6,10 @@ vllm docs/design/metrics.md): gauges for scheduler state and KV usage (a 0..1 fr
 are exposed with prometheus_client's `_total` suffix, as vLLM's are. With `--metrics-prefix vllm`
 the same series carry vLLM's own prefix, so its published Grafana dashboard
 (vllm examples/observability/prometheus_grafana/grafana.json) finds every name it queries.
+Older names that dashboards still query are kept beside the new ones: gpu_cache_usage_perc (the
+same fraction as kv_cache_usage_perc) and time_per_output_token_seconds (observed per output
+token, as vLLM v1 observes it). http_requests_total is named as prometheus-fastapi-instrumentator
+names it in vLLM's server (no prefix; status grouped as 2xx, 4xx...).
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 
                     7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
 # Request lengths in tokens: 1-2-5 steps, as vLLM builds its token histograms.
 _TOKEN_BUCKETS = tuple(float(m * 10 ** e) for e in range(6) for m in (1, 2, 5))
+# Tokens per engine step: powers of two, as vLLM buckets iteration_tokens_total.
+_ITERATION_BUCKETS = tuple(float(2 ** k) for k in range(15))
+# n and max_tokens of a request: 1-2-5 steps.
+_PARAM_BUCKETS = _TOKEN_BUCKETS
 _ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
                 2.5, 5.0, 10.0, 20.0, 80.0)
 
@@ -50,6 +58,7 @@ class ServingMetrics:
         self.running = gauge("num_requests_running", "Requests holding KV blocks in the running batch.")
         self.waiting = gauge("num_requests_waiting", "Requests queued, preempted ones included.")
         self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV blocks held by requests (0..1).")
+        self.gpu_cache_usage = gauge("gpu_cache_usage_perc", "Older name of kv_cache_usage_perc (0..1).")
         self.free_blocks = gauge("kv_cache_free_blocks", "KV blocks not held by any request.")
         self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.")
@@ -61,6 +70,15 @@ class ServingMetrics:
         self.ttft = hist("time_to_first_token_seconds", "Arrival to first token.", _LATENCY_BUCKETS)
         self.itl = hist("inter_token_latency_seconds", "Gap between consecutive tokens of a request.",
                         _ITL_BUCKETS)
+        self.tpot = hist("time_per_output_token_seconds", "Time per output token (each gap between tokens).",
+                         _ITL_BUCKETS)
+        self.iteration_tokens = hist("iteration_tokens_total", "Tokens scheduled per engine step.",
+                                     _ITERATION_BUCKETS)
+        self.params_n = hist("request_params_n", "The n of each request admitted.", _PARAM_BUCKETS)
+        self.params_max_tokens = hist("request_params_max_tokens", "The max_tokens of each request admitted.",
+                                      _PARAM_BUCKETS)
+        self._http = Counter("http_requests", "HTTP requests by method, status class and route.",
+                             ["method", "status", "handler"], registry=r)
         self.e2e = hist("e2e_request_latency_seconds", "Arrival to finish.", _LATENCY_BUCKETS)
         self.queue = hist("request_queue_time_seconds", "Arrival to first scheduling.", _LATENCY_BUCKETS)
         self.prefill_time = hist("request_prefill_time_seconds", "First scheduling to first token.",
@@ -93,6 +111,9 @@ class ServingMetrics:
         self.running.set(snapshot.num_running)
         self.waiting.set(snapshot.num_waiting)
         self.kv_usage.set(snapshot.kv_usage)
+        self.gpu_cache_usage.set(snapshot.kv_usage)
+        if snapshot.num_steps > last.num_steps and snapshot.step_tokens:
+            self.iteration_tokens.observe(snapshot.step_tokens)
         self.free_blocks.set(snapshot.num_free_blocks)
         if snapshot.prefix_queries > last.prefix_queries:
             self.prefix_queries.inc(snapshot.prefix_queries - last.prefix_queries)
@@ -112,6 +133,7 @@ class ServingMetrics:
                 prev = last_token.get(rid)
                 if prev is not None:
                     self.itl.observe(now - prev)
+                    self.tpot.observe(now - prev)
                 last_token[rid] = now
             if out.finished:
                 last_token.pop(rid, None)
@@ -126,6 +148,16 @@ class ServingMetrics:
             delta = n - (before[pos] if pos < len(before) else 0)
             if delta > 0:
                 self._spec_per_pos.labels(self.model_name, str(pos)).inc(delta)
+
+    def on_admitted(self, n: int, max_tokens: int | None) -> None:
+        """Record a request's parameters when the engine takes it."""
+        self.params_n.observe(n)
+        if max_tokens is not None:
+            self.params_max_tokens.observe(max_tokens)
+
+    def on_http(self, method: str, handler: str, status: int) -> None:
+        """Count one HTTP request."""
+        self._http.labels(method, f"{status // 100}xx", handler).inc()
 
     def _observe_finished(self, out: RequestOutput) -> None:
         reason = out.outputs[0].finish_reason or "abort"

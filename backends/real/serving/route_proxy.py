@@ -26,6 +26,9 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from twinserve.core.routing import (NoReplicaAvailableError, ReplicaLoad, RouteRequest, make_router,
                               text_prefix_keys)
@@ -282,12 +285,20 @@ class RouteProxy:
 
     async def passthrough_get(self, path: str) -> Response:
         """A GET answered by the first replica in rotation (e.g. /v1/models)."""
+        return await self.passthrough("GET", path)
+
+    async def passthrough(self, method: str, path: str, request: Request | None = None) -> Response:
+        """A request answered by the least busy replica in rotation, unrouted (/tokenize, /version, /ping...)."""
         assert self.client is not None
-        for i, load in enumerate(self.loads):
-            if not load.healthy:
-                continue
+        content = await request.body() if request is not None else None
+        headers = ({k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+                   if request is not None else None)
+        order = sorted((x for x in self.loads if x.healthy), key=lambda x: (x.outstanding, x.index))
+        for load in order:
+            i = load.index
             try:
-                r = await self.client.get(self.urls[i] + path, timeout=10.0)
+                r = await self.client.request(method, self.urls[i] + path, content=content, headers=headers,
+                                              timeout=60.0)
             except httpx.HTTPError as e:
                 self._replica_failed(i, e)
                 continue
@@ -295,6 +306,50 @@ class RouteProxy:
                             media_type=r.headers.get("content-type"))
         return _error(503, str(NoReplicaAvailableError(len(self.loads))),
                       "service_unavailable_error", "no_replica_available")
+
+    async def replica_metrics(self) -> bytes:
+        """Every replica's /metrics series with a `replica` label (the URL), families merged across replicas."""
+        assert self.client is not None
+
+        async def fetch(i: int) -> str | None:
+            try:
+                r = await self.client.get(self.urls[i] + "/metrics", timeout=2.0)
+            except httpx.HTTPError:
+                return None
+            return r.text if r.status_code == 200 else None
+
+        texts = await asyncio.gather(*(fetch(i) for i, x in enumerate(self.loads) if x.healthy))
+        urls = [u for u, x in zip(self.urls, self.loads) if x.healthy]
+        families: dict[str, Metric] = {}
+        for url, text in zip(urls, texts):
+            if text is None:
+                continue
+            try:
+                parsed = list(text_string_to_metric_families(text))
+            except ValueError:  # a replica that does not speak the text format: its series are left out
+                continue
+            for fam in parsed:
+                merged = families.get(fam.name)
+                if merged is None:
+                    merged = families[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+                elif merged.type != fam.type:
+                    continue
+                merged.samples.extend(Sample(x.name, {"replica": url, **x.labels}, x.value, x.timestamp,
+                                             x.exemplar) for x in fam.samples)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Families(list(families.values())))
+        return generate_latest(registry)
+
+
+class _Families:
+    """A collector that yields fixed metric families (the replicas' series, relabelled)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        """The families as given."""
+        return self.families
 
 
 class _Once:
@@ -340,6 +395,24 @@ def build_proxy_app(cfg: ProxyConfig) -> FastAPI:
     async def models() -> Response:
         return await proxy.passthrough_get("/v1/models")
 
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        return await proxy.passthrough("POST", "/tokenize", request)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        return await proxy.passthrough("POST", "/detokenize", request)
+
+    @app.get("/version")
+    async def version() -> Response:
+        return await proxy.passthrough_get("/version")
+
+    async def ping(request: Request) -> Response:
+        return await proxy.passthrough(request.method, "/ping")
+
+    app.add_api_route("/ping", ping, methods=["GET"], operation_id="ping_get")
+    app.add_api_route("/ping", ping, methods=["POST"], operation_id="ping_post")
+
     @app.get("/health")
     async def health() -> Response:
         up = sum(1 for x in proxy.loads if x.healthy)
@@ -348,7 +421,9 @@ def build_proxy_app(cfg: ProxyConfig) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(proxy.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        # The router's own series, then each replica's labelled by replica (one scrape sees the fleet).
+        own = generate_latest(proxy.metrics.registry)
+        return Response(own + await proxy.replica_metrics(), media_type=CONTENT_TYPE_LATEST)
 
     return app
 

@@ -147,7 +147,7 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
     app.state.serving = state
     bodies = OpenAPIBodies()
     generation_responses = {**GENERATION_OK, **error_responses(400, 401, 404, 413, 429, 499, 500, 503)}
-    app.add_middleware(AccessLogMiddleware, enabled=config.access_log)
+    app.add_middleware(AccessLogMiddleware, enabled=config.access_log, on_response=state.metrics.on_http)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -322,6 +322,8 @@ async def _serve(state: ServingState, request: Request, req: CompletionRequest |
         for st in streams:
             st.close()
         raise
+    for sp in params:
+        state.metrics.on_admitted(sp.n, sp.max_tokens)
     n = params[0].n
     if req.stream:
         return _EngineStreamingResponse(streams, stream_events(meta, streams, n, echo),
