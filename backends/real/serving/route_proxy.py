@@ -18,21 +18,19 @@ import asyncio
 import contextlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import anyio
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.metrics_core import Metric
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from twinserve.core.routing import (NoReplicaAvailableError, ReplicaLoad, RouteRequest, make_router,
                               text_prefix_keys)
 from twinserve.backends.real.serving.errors import APIError
+from twinserve.backends.real.serving.route_metrics import ProxyMetrics, merge_replica_metrics
 
 KV_USAGE = re.compile(rb"kv_cache_usage_perc(?:\{[^}]*\})?\s+([0-9.eE+-]+)")
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length",
@@ -51,32 +49,6 @@ class ProxyConfig:
     health_interval_s: float = 1.0
     timeout_s: float = 600.0
     seed: int = 0
-
-
-@dataclass(slots=True)
-class ProxyMetrics:
-    """Prometheus series of routing decisions and replica health."""
-
-    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
-    routed: Any = None
-    errors: Any = None
-    healthy: Any = None
-    in_flight: Any = None
-    refused: Any = None
-
-    def __post_init__(self) -> None:
-        r = self.registry
-        self.routed = Counter("twinserve_router:requests_routed", "Requests the router sent to "
-                              "each replica.", ["replica", "policy"], registry=r)
-        self.errors = Counter("twinserve_router:replica_errors", "Requests that failed because "
-                              "the replica could not be reached or broke off.", ["replica"],
-                              registry=r)
-        self.healthy = Gauge("twinserve_router:replica_healthy", "1 while the replica is in "
-                             "rotation.", ["replica"], registry=r)
-        self.in_flight = Gauge("twinserve_router:requests_in_flight", "Requests the proxy has "
-                               "open on each replica.", ["replica"], registry=r)
-        self.refused = Counter("twinserve_router:requests_refused", "Requests refused because "
-                               "no replica was in rotation.", registry=r)
 
 
 class _RelayResponse(StreamingResponse):
@@ -320,36 +292,7 @@ class RouteProxy:
 
         texts = await asyncio.gather(*(fetch(i) for i, x in enumerate(self.loads) if x.healthy))
         urls = [u for u, x in zip(self.urls, self.loads) if x.healthy]
-        families: dict[str, Metric] = {}
-        for url, text in zip(urls, texts):
-            if text is None:
-                continue
-            try:
-                parsed = list(text_string_to_metric_families(text))
-            except ValueError:  # a replica that does not speak the text format: its series are left out
-                continue
-            for fam in parsed:
-                merged = families.get(fam.name)
-                if merged is None:
-                    merged = families[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
-                elif merged.type != fam.type:
-                    continue
-                merged.samples.extend(Sample(x.name, {"replica": url, **x.labels}, x.value, x.timestamp,
-                                             x.exemplar) for x in fam.samples)
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Families(list(families.values())))
-        return generate_latest(registry)
-
-
-class _Families:
-    """A collector that yields fixed metric families (the replicas' series, relabelled)."""
-
-    def __init__(self, families: list[Metric]) -> None:
-        self.families = families
-
-    def collect(self) -> list[Metric]:
-        """The families as given."""
-        return self.families
+        return merge_replica_metrics([(u, t) for u, t in zip(urls, texts) if t is not None])
 
 
 class _Once:
