@@ -110,11 +110,13 @@ class Sampler:
 
     def processed_logits(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Logits after logit_bias, penalties and the min_tokens mask (greedy takes their argmax)."""
-        return self._apply_penalties_and_masks(logits, rows)
+        out = self._apply_penalties_and_masks(logits, rows)
+        _check_some_token_allowed(out, rows)
+        return out
 
     def target_probs(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """The float64 distribution each random row draws from, every processor applied."""
-        return self.probs(self._apply_penalties_and_masks(logits, rows), rows)
+        return self.probs(self.processed_logits(logits, rows), rows)
 
     def _apply_penalties_and_masks(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         # vLLM's order: logit_bias, then penalties (which see the biased logits), then the
