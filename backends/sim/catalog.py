@@ -182,35 +182,26 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
 
 # Vendor datasheets, dense (sparse figures halved); efficiencies by analogy are said so on their line.
 HARDWARES: dict[str, HardwareSpec] = {h.name: h for h in [
-    # NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100): 312 TF bf16, 2,039 GB/s,
-    # NVLink 600 GB/s; no FP8 tensor cores.
+    # NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100); no FP8 tensor cores.
     HardwareSpec("A100-80GB", 312e12, 2.039e12, 80 * GiB, 300e9,
                  GPUProfile(gemm=0.72, attention=0.55, price_per_hour=1.8)),
-    # NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100), SXM: 1,979 TF bf16 and
-    # 3,958 TF FP8 with sparsity, 3.35 TB/s, NVLink 900 GB/s.
+    # NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100), SXM.
     HardwareSpec("H100-SXM", 989e12, 3.35e12, 80 * GiB, 450e9,
                  GPUProfile(gemm=0.62, attention=0.38, price_per_hour=3.0), peak_flops_fp8=1979e12),
-    # NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200), SXM: H100's compute,
-    # 141 GB HBM3e at 4.8 TB/s.
+    # NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200), SXM: H100's compute.
     HardwareSpec("H200", 989e12, 4.8e12, 141e9, 450e9,
                  GPUProfile(gemm=0.62, attention=0.38, price_per_hour=3.7), peak_flops_fp8=1979e12),
-    # NVIDIA L40S datasheet (nvidia.com/en-us/data-center/l40s): 362 TF bf16, 733 TF FP8
-    # (dense), 48 GB GDDR6 at 864 GB/s, no NVLink: PCIe Gen4 x16 (32 GB/s per direction), so
-    # a small all-reduce costs more (estimate: twice NVLink's latency).
+    # NVIDIA L40S datasheet (nvidia.com/en-us/data-center/l40s); PCIe only: all-reduce latency estimated 2x.
     HardwareSpec("L40S", 362e12, 864e9, 48e9, 32e9,
                  GPUProfile(gemm=0.70, attention=0.50, allreduce_latency_s=70e-6,
                             allreduce_hop_s=10e-6, price_per_hour=1.0), peak_flops_fp8=733e12),
-    # NVIDIA H20 (Hopper export variant), NVIDIA partner spec sheets (no public datasheet):
-    # 148 TF bf16, 296 TF FP8, 96 GB HBM3 at 4.0 TB/s, NVLink 900 GB/s.
+    # NVIDIA H20 (Hopper export variant): NVIDIA partner spec sheets (no public datasheet).
     HardwareSpec("H20", 148e12, 4.0e12, 96e9, 450e9,
                  GPUProfile(gemm=0.65, attention=0.40, price_per_hour=1.5), peak_flops_fp8=296e12),
-    # NVIDIA DGX B200 datasheet (nvidia.com/en-us/data-center/dgx-b200): per GPU 72/8 = 9
-    # PF FP8 and 4.5 PF bf16 with sparsity, 1,440/8 = 180 GB HBM3e at 64/8 = 8 TB/s, NVLink 5
-    # 1.8 TB/s. Efficiencies: H100's by analogy (no kernel measurements here).
+    # NVIDIA DGX B200 datasheet (nvidia.com/en-us/data-center/dgx-b200), per GPU = system / 8; H100's efficiencies by analogy.
     HardwareSpec("B200", 2250e12, 8.0e12, 180e9, 900e9,
                  GPUProfile(gemm=0.62, attention=0.38, price_per_hour=6.0), peak_flops_fp8=4500e12),
-    # AMD Instinct MI300X datasheet (amd.com/en/products/accelerators/instinct/mi300/mi300x):
-    # 1,307 TF bf16, 2,615 TF FP8, 192 GB at 5.3 TB/s, 7 x 64 GB/s links; GEMMs ~45-55% of peak.
+    # AMD Instinct MI300X datasheet (amd.com/en/products/accelerators/instinct/mi300/mi300x); 7 x 64 GB/s links.
     HardwareSpec("MI300X", 1307e12, 5.3e12, 192e9, 448e9,
                  GPUProfile(gemm=0.48, attention=0.30, memory=0.75, price_per_hour=2.5),
                  peak_flops_fp8=2615e12),
