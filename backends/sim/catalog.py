@@ -201,7 +201,8 @@ HARDWARES: dict[str, HardwareSpec] = {h.name: h for h in [
     # NVIDIA DGX B200 datasheet (nvidia.com/en-us/data-center/dgx-b200), per GPU = system / 8; H100's efficiencies by analogy.
     HardwareSpec("B200", 2250e12, 8.0e12, 180e9, 900e9,
                  GPUProfile(gemm=0.62, attention=0.38, price_per_hour=6.0), peak_flops_fp8=4500e12),
-    # AMD Instinct MI300X datasheet (amd.com/en/products/accelerators/instinct/mi300/mi300x); 7 x 64 GB/s links.
+    # AMD Instinct MI300X datasheet (amd.com/en/products/accelerators/instinct/mi300/mi300x);
+    # published MI300X GEMM studies reach ~45-55% of peak.
     HardwareSpec("MI300X", 1307e12, 5.3e12, 192e9, 448e9,
                  GPUProfile(gemm=0.48, attention=0.30, memory=0.75, price_per_hour=2.5),
                  peak_flops_fp8=2615e12),
