@@ -222,8 +222,7 @@ def build_replica_engine(cfg: StudyConfig, index: int) -> BuiltEngine:
         return build_engine(replica_config(cfg, index))
 
 
-# Simulator memory per KV block (the block object and its pool bookkeeping): ~120 B measured
-# with tracemalloc on Llama-2-7B and SmolLM2-135M pools; see docs/cluster.md.
+# Simulator memory per KV block, ~120 B measured (docs/cluster.md).
 BLOCK_BYTES = 120
 MAX_POOL_BYTES = 4 * 2**30
 
@@ -266,7 +265,7 @@ def build_workload(cfg: StudyConfig) -> Workload:
 def build(cfg: StudyConfig) -> BuiltStudy:
     """Every object of a one-replica study, ready to run (validated first: fields may be set in code).
 
-    A cluster.replicas entry for the one replica is applied, as a cluster applies it to replica 0.
+    Its cluster.replicas entry is applied, as a cluster applies it to replica 0.
     """
     validate(cfg)
     check_pool_memory(cfg)

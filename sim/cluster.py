@@ -1,22 +1,9 @@
 """The SimPy world of a cluster: arrivals are routed to replicas, each replica an engine process.
 
-Each replica is the core's unchanged EngineCore with its own SimExecutor (its own cost
-model), driven by a SimPy process exactly as sim.world.Simulation drives one engine: a
-step at clock t, then a timeout to t + duration. A dispatcher process wakes at each
-arrival and hands the request to the router; follow-up turns get a timer of their own.
-A replica about to step first routes every arrival up to its clock, so a one-replica
-cluster admits exactly what the single-engine simulator admits (a test compares them).
-
-The router sees each replica's state as of the end of its current step (the scheduler
-has already applied it): at most one step ahead, as in the real engine, whose loop
-also reports state between steps.
-
-Fast-forward is lazy: a replica in a run of identical decode steps plans the run (step
-end times only), sleeps until its end and applies it then. A request routed to it in the
-meantime interrupts the sleep; the replica applies just the steps that started before
-the arrival, as stepping would have run them, and admits the request at the next step
-boundary. Results are identical to stepping (tests run both), and a replica that gets
-no arrival keeps skipping however busy the rest of the cluster is.
+Each replica is the core's EngineCore with its own SimExecutor, stepped as sim.world drives one
+engine; a replica first routes every arrival up to its clock, so one replica admits exactly what
+the single-engine simulator does. Fast-forward is lazy: a replica sleeps through a run of decode
+steps and, if a request arrives meanwhile, applies only the steps begun before it (same results).
 """
 
 from __future__ import annotations
@@ -114,8 +101,7 @@ class ClusterSimulation:
             self._route(item)
 
     def _route(self, item: WorkItem) -> None:
-        # Token ids are made here, in arrival order, so the workload's random streams are
-        # consumed in the order the single-engine simulator consumes them.
+        # In arrival order, so random streams are consumed as in the single-engine simulator.
         tokens = self.workload.prompt_tokens(item)
         keys: tuple[int, ...] = ()
         if self.router.needs_prefix_keys:

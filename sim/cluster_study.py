@@ -1,8 +1,7 @@
 """Build and run a cluster study: replicas from [engine]/[scheduler] plus per-replica overrides.
 
-Cluster-level numbers reuse sim.metrics.summarize on every replica's records; on top of
-them come the load imbalance (most-loaded replica over the mean), the prefix hit rate of
-the whole cluster, and a per-replica table.
+Cluster numbers reuse sim.metrics.summarize, plus load imbalance, cluster prefix hit rate and a
+per-replica table.
 """
 
 from __future__ import annotations

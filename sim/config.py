@@ -1,34 +1,9 @@
 """Study configuration: dataclasses with defaults for every field, loaded from TOML.
 
-A study file has up to seven tables; any field left out keeps its default::
-
-    [engine]     model, hardware, tensor_parallel_size, gpu_memory_utilization,
-                 num_gpu_blocks (0 = derive from memory), activation_reserve_gib (-1 = estimate),
-                 cost_model ('roofline' | 'fitted'), profile (JSON path or builtin:NAME for
-                 'fitted'), cpu_overhead_scale (fitted: x engine CPU overhead, 0.5 = twice as
-                 fast), allow_profile_mismatch (fitted: a profile made for another model),
-                 eff_gemm, eff_attention, eff_memory, eff_comm, allreduce_latency_s,
-                 allreduce_hop_s, layer_floor_s (-1 = the GPU's value in the catalog),
-                 engine_profile ('eager_python' | 'cuda_graph_cpp'), step_overhead_s and
-                 per_seq_overhead_s (-1 = the profile's), dtype, quantization, kv_cache_dtype;
-                 model may be a catalog name, a config.json path or an HF folder
-    [model]      a model's HF config.json keys (and name); [hardware] a GPU's figures (sim.specs)
-    [scheduler]  the core's SchedulerConfig fields except num_blocks: max_num_batched_tokens,
-                 max_num_seqs, max_model_len, enable_chunked_prefill,
-                 long_prefill_token_threshold, block_size, enable_prefix_caching,
-                 prefix_caching_hash_algo, watermark, policy, preemption, aging_interval_s
-    [workload]   see sim.workload.WorkloadConfig
-    [slo]        ttft_s, tpot_s (goodput counts requests meeting both)
-    [run]        seed, fast_forward, name
-    [cluster]    num_replicas, router, prefix_blocks, load_factor, replicas (a list of
-                 per-replica [engine]/[scheduler] overrides), num_prefill_replicas and
-                 kv_link_* (disaggregated prefill/decode); see ClusterConfig
-    [search]     start_rate, min_rate, max_rate, tolerance, target_rate, and
-                 [search.prices] "GPU name" = USD per GPU-hour (see sim.search)
-
-Errors name the field, the file and the line (ConfigError). Times, rates and the replica
-count have documented ranges (_RANGE below: e.g. think_time <= 1e5 s, kv_link_bandwidth 0 or
-1e6-1e15 bytes/s, num_replicas <= 1024) so that no value runs on into a clock or a plot it breaks.
+Tables: [engine], [model]/[hardware] (custom specs, sim.specs), [scheduler] (SchedulerConfig but
+num_blocks), [workload] (WorkloadConfig), [slo], [run], [cluster], [search], [speculative]; a
+field left out keeps its default. Errors name the field, file and line; _RANGE bounds values so
+none breaks a clock or a plot.
 """
 
 from __future__ import annotations
@@ -60,15 +35,15 @@ else:  # pragma: no cover
 class EngineConfig:
     """Model, hardware, parallelism, memory and cost model of the simulated engine."""
 
-    model: str = "Llama-3-8B"
+    model: str = "Llama-3-8B"    # a catalog name, a config.json path or an HF folder
     hardware: str = "H100-SXM"
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
-    num_gpu_blocks: int = 0
-    activation_reserve_gib: float = -1.0
+    num_gpu_blocks: int = 0      # 0: derive from memory
+    activation_reserve_gib: float = -1.0  # -1: estimate
     cost_model: str = "roofline"
-    profile: str = ""
-    cpu_overhead_scale: float = 1.0
+    profile: str = ""            # 'fitted': a JSON path or builtin:NAME
+    cpu_overhead_scale: float = 1.0  # 'fitted': 0.5 = engine CPU work twice as fast
     allow_profile_mismatch: bool = False
     # -1 takes the GPU's own value from the catalog (backends/sim/catalog.py).
     eff_gemm: float = -1.0
@@ -126,11 +101,10 @@ class SearchConfig:
     target_rate: float = 0.0     # req/s to provision for (0 = just rank by cost per token)
     # USD per GPU-hour by hardware name; a GPU not listed takes the catalog's price.
     prices: dict[str, float] = field(default_factory=dict)
-    # Requests per run (0 = [workload] num_requests); each answer is rechecked at twice the
-    # length until its max rate moves by less than `convergence`, up to max_requests_per_run
-    # (sim/convergence.py; the default length is chosen in docs/capacity.md).
     # Axes searched when --grid gives none, e.g. { hardware = ["A100-80GB", "H100-SXM"] }.
     grid: dict[str, list] = field(default_factory=dict)
+    # Requests per run (0 = [workload] num_requests), doubled until the answer moves less than
+    # `convergence` (sim/convergence.py; default chosen in docs/capacity.md).
     requests_per_run: int = 2000
     convergence: float = 0.05
     max_requests_per_run: int = 16000
@@ -156,11 +130,9 @@ class ClusterConfig:
     router: str = "round_robin"      # one of ROUTERS (twinserve.core.routing)
     prefix_blocks: int = 4           # prefix_affinity: leading KV blocks that name a prefix
     load_factor: float = 1.25        # prefix_affinity: no replica above this x the mean load
-    # Per-replica overrides of [engine]/[scheduler] fields, e.g. [{hardware = "H100-SXM"}];
-    # replica i takes entry i, replicas past the list's end take the base tables.
+    # Per-replica [engine]/[scheduler] overrides, e.g. [{hardware = "H100-SXM"}]; entry i is replica i.
     replicas: list = field(default_factory=list)
-    # Disaggregation: the first num_prefill_replicas replicas only prefill; the rest decode,
-    # after the KV moves over a link (0 = colocated prefill and decode).
+    # Disaggregation: the first num_prefill_replicas only prefill (0 = colocated).
     num_prefill_replicas: int = 0
     kv_link_bandwidth: float = 0.0   # bytes/s; 0 = the hardware catalog's interconnect
     kv_link_latency_s: float = 20e-6
@@ -214,8 +186,7 @@ _NON_NEGATIVE = {"engine.cpu_overhead_scale", "workload.num_system_prompts", "wo
                  "cluster.num_prefill_replicas", "cluster.kv_link_bandwidth",
                  "cluster.kv_link_latency_s", "search.target_rate", "run.seed", "search.requests_per_run"}
 _MAX_BLOCKS = 2 ** 21
-# Closed ranges that keep every simulated time finite and plottable, and a run bounded:
-# field -> (low, high, unit). 0 stays allowed where it means "the catalog's value".
+# field -> (low, high, unit): keeps every simulated time finite and plottable, and runs bounded.
 _RANGE: dict[str, tuple[float, float, str]] = {
     "workload.rate": (1e-4, 1e6, "requests/s"), "search.start_rate": (1e-4, 1e6, "requests/s"),
     "search.min_rate": (1e-4, 1e6, "requests/s"), "search.max_rate": (1e-4, 1e6, "requests/s"),
@@ -258,8 +229,7 @@ def find_line(text: str, section: str | None, key: str | None) -> int | None:
 
 
 def replica_line(text: str, index: int, key: str | None = None) -> int | None:
-    """The line of entry `index` of cluster.replicas: an inline table (one line each, as TOML
-    has them) or a [[cluster.replicas]] table (the line of its `key` when given)."""
+    """The line of entry `index` of cluster.replicas (inline or [[cluster.replicas]] tables)."""
     lines = text.splitlines()
     start = find_line(text, "cluster", "replicas")
     if start is not None and lines[start - 1].split("=", 1)[0].strip() == "replicas":

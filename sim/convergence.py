@@ -1,11 +1,7 @@
 """Run length for `simulate search`: every answer is checked at twice its run length.
 
-A max rate found with short runs can be far off (a p99 over a few hundred requests
-is a handful of requests). Each configuration that found a rate is searched again with
-runs twice as long, the bracket starting at the rate it found; while the rate moves by
-`search.convergence` (5%) or more, the length doubles again, up to
-`search.max_requests_per_run`.
-The answer reported is the longest run's, with the lengths tried and the last change.
+A p99 over a few hundred requests is a handful of requests, so a short run's max rate can be
+far off; the length doubles until the rate moves less than `search.convergence`.
 """
 
 from __future__ import annotations
@@ -36,8 +32,7 @@ def converged_search(base: StudyConfig, grid: dict[str, list[str]], slos: dict[s
     first = with_requests(base, n)
     w = first.workload
     if w.trace and not w.trace_cycle:
-        # The search picks the run length, not the user: a trace shorter than it runs whole,
-        # and the convergence note says it ran out.
+        # The search picks the length: a shorter trace runs whole and the note says so.
         set_field(first, "workload.allow_short_trace", True)
     searches = search_rates(first, grid, slos, workers, ray_address, progress)
     answered = ("ok", "max_rate cap")

@@ -1,16 +1,8 @@
 """Disaggregated prefill and decode: a prefill pool and a decode pool, KV moved over a link.
 
-An arrival is routed (by the study's router) to a prefill replica, which computes the
-prompt and samples the first token (max_tokens = 1). The request's KV then crosses the
-link in latency + prompt tokens x KV bytes per token / bandwidth seconds (bandwidth from
-[cluster] kv_link_bandwidth, or the hardware catalog's interconnect), and the request is
-routed to the least loaded decode replica with its prompt and first token.
-
-On the decode replica the transferred KV is a prefill that costs no time: the scheduler
-still gives it KV blocks and token budget (as a real engine must hold the blocks), but
-the executor prices only the first token's own KV (one token over the prompt's context).
-The request's record joins both halves: TTFT from the prefill replica, every later token
-from the decode replica, E2E over both and the transfer.
+A prefill replica computes the prompt and first token; the KV crosses the link (latency + bytes /
+bandwidth) to the least loaded decode replica, where it is a prefill that holds blocks and budget
+but costs no time. TTFT comes from the prefill replica, later tokens from the decode replica.
 """
 
 from __future__ import annotations

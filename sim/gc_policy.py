@@ -1,10 +1,7 @@
 """The collector's settings while a simulation runs.
 
-A prefix-cached simulation holds millions of long-lived objects (one key and one token
-tuple per cached block). CPython's full collections walk all of them and cost 10-20% of
-a run. Inside a run the oldest generation is left alone: objects alive when the run
-starts are frozen (never scanned), and full collections wait until the run ends. Young
-generations are still collected, so short-lived cycles are freed as they would be.
+A prefix-cached run holds millions of long-lived objects that full collections would walk
+(10-20% of a run), so during a run existing objects are frozen and only young generations collected.
 """
 
 from __future__ import annotations
@@ -26,11 +23,7 @@ _saved: tuple[int, int, int] | None = None
 
 @contextlib.contextmanager
 def simulation_gc() -> Iterator[None]:
-    """Freeze what exists, collect only young generations, and restore everything after.
-
-    Re-entrant and thread-safe: the first simulation to start changes the settings and
-    the last one to end restores them.
-    """
+    """Freeze what exists, collect only young generations, and restore everything after (re-entrant)."""
     global _depth, _saved
     with _lock:
         if _depth == 0:

@@ -116,8 +116,7 @@ def summarize(result: RunResult, req: pd.DataFrame, steps: pd.DataFrame, slo: SL
 
 
 def beyond_fit(executors: Sequence[Any]) -> dict[str, float]:
-    """The share of the steps and of the busy time priced beyond the measured profile's fitted
-    shapes (extrapolated), over these executors; {} when the cost model records no range."""
+    """Shares of steps and busy time priced beyond the profile's fitted shapes ({} if unrecorded)."""
     tots = [ex.totals for ex in executors if getattr(ex, "fit_range_max", None) is not None]
     if not tots:
         return {}

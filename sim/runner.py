@@ -1,8 +1,6 @@
 """Run study points in parallel: a local process pool or Ray tasks, with one progress bar.
 
-Both back ends call the same top-level function on the same pickled job, so their
-results are identical. A point that raises is reported with its config as a
-PointFailure; the other points are kept.
+Both back ends run the same pickled job through the same function, so results are identical.
 """
 
 from __future__ import annotations

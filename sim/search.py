@@ -1,17 +1,8 @@
 """`simulate search`: the highest request rate meeting latency SLOs, per configuration, and its cost.
 
-For each configuration (a grid point; rate is what is searched) the search brackets
-the rate: from start_rate it doubles while the SLOs hold and halves while they fail,
-then bisects the bracket [highest passing, lowest failing] until (hi - lo) / hi is
-within the tolerance (2% by default). Every run is kept and reused: a rate is never
-simulated twice for a configuration, and the rows at the bracket ends are reported.
-Configurations advance together, one rate each per round, so a round's runs go to the
-process pool or to Ray side by side.
-
-Cost: a configuration uses tensor_parallel_size GPUs per replica ([cluster]) at each
-GPU's hourly price ([search.prices] in the study file, else the catalog). At its max rate it processes
-total_token_throughput tokens per second: cost per million tokens = price per hour /
-(tokens per hour) * 1e6. For a target rate it needs ceil(target / max rate) replicas.
+Per configuration the rate is bracketed (doubling/halving from start_rate) then bisected to the
+tolerance; configurations advance one rate per round so runs go to the pool or Ray side by side.
+Cost per million tokens = GPU price per hour / tokens per hour at the max rate * 1e6.
 """
 
 from __future__ import annotations

@@ -87,9 +87,8 @@ def check_speculative(spec: SpeculativeSection, error: Callable[[str, str], Conf
 def rates_from_step_log(path: Path, k: int) -> list[float]:
     """Per-position rates from a real run's step log (CSV or JSONL with draft/accepted columns).
 
-    The log has per-step totals, not positions: one rate a per position is fitted so that a
-    k-token draft accepts as many tokens on average as the run did, E = a (1 - a^k) / (1 - a)
-    per draft (the i.i.d. model of Leviathan et al. 2023), solved by bisection.
+    The log has per-step totals only: one rate a is solved so E = a (1 - a^k) / (1 - a) matches
+    the run (the i.i.d. model of Leviathan et al. 2023).
     """
     try:
         text = path.read_text()

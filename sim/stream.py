@@ -1,9 +1,7 @@
 """Records that stream to disk and aggregate online, for runs too long to keep in memory.
 
-Each finished request becomes one CSV line (written through a buffered file) and a few
-numbers in compact arrays (8 bytes each), from which exact percentiles are taken at
-the end: a million requests cost about 40 MB, not the gigabytes their token timestamps
-would.
+Each finished request is one CSV line plus a few 8-byte numbers from which exact percentiles
+are taken at the end: a million requests cost ~40 MB, not gigabytes of token timestamps.
 """
 
 from __future__ import annotations

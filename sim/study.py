@@ -124,8 +124,7 @@ def check_points(points: list[tuple[dict[str, Any], StudyConfig]],
                  failures: list[PointFailure] | None = None) -> list[tuple[dict[str, Any], StudyConfig]]:
     """Validate and build every grid point before any runs.
 
-    Without a failures list a bad point fails the sweep up front; with one, each bad point
-    is recorded there (with its config) and left out, and the good points are returned.
+    With a failures list, bad points are recorded there and left out; without, the first fails.
     """
     good = []
     for point, cfg in points:
@@ -158,8 +157,7 @@ def run_grid(base: StudyConfig, grid: dict[str, list[str]], workers: int | None 
              failures: list[PointFailure] | None = None) -> list[PointResult]:
     """Every grid point, in parallel (processes, or Ray tasks with ray_address), in grid order.
 
-    A point that raises is appended to failures (with its config) and left out of the
-    results; without a failures list the run raises PointError after every point ran.
+    Failing points go to failures, or without one raise PointError after every point ran.
     """
     points = check_points(grid_points(base, grid), failures)
     jobs = [(p, c, keep_tables) for p, c in points]

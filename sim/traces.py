@@ -1,9 +1,7 @@
 """Trace loaders: Azure LLM inference CSVs and plain prefill/decode-token CSVs, read lazily.
 
-Every row error names the file and line. Requests longer than the model allows are
-handled by an explicit policy (clip, drop or fail) and counted, never silently. A column
-named twice, a header with no rows and a repeated request_id (an optional column whose
-ids then name the requests) are refused.
+Row errors name file and line; over-long requests follow an explicit policy (clip, drop, fail)
+and are counted, never silently.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Workloads: arrival processes, length distributions, shared prefixes and multi-turn chats.
 
-Items are produced lazily in arrival order; token ids are made only when a request
-arrives (and dropped when it ends), so a long trace never sits in memory as tokens.
-Independent random streams (arrivals, lengths, prefixes, tokens) come from one seed.
+Items come lazily in arrival order and token ids only when a request arrives, so a long trace
+never sits in memory as tokens. Independent random streams come from one seed.
 """
 
 from __future__ import annotations
@@ -21,8 +20,7 @@ LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal", "trace")
 
 
 _GAP_CHUNK = 256  # inter-arrival gaps drawn per numpy call
-# Fresh prompt tokens: each request's first _DISTINCT are its own random draws; the rest
-# are a run of random ids shared by every request (see Workload.prompt_tokens).
+# Fresh prompt tokens: the first _DISTINCT are the request's own, the rest shared (fresh_tokens).
 _DISTINCT = 64
 _TOKEN_CHUNK = 256  # requests whose own tokens are drawn per numpy call
 _TOKEN_CHUNKS_KEPT = 8  # chunks kept for later turns (any other is drawn again, identically)
@@ -87,8 +85,7 @@ class Workload:
         self.seed = seed
         # False (set when prefix caching is off) makes prompts cheap constant runs.
         self.distinct_tokens = True
-        # True (set by `simulate` unless allow_short_trace): a trace that runs out before
-        # num_requests is an error, not a smaller study.
+        # True: a trace that runs out before num_requests is an error, not a smaller study.
         self.require_all = False
         ss = np.random.SeedSequence(seed)
         a, l, p, _ = ss.spawn(4)  # the fourth stream is unused: token ids are keyed by request
@@ -125,8 +122,7 @@ class Workload:
     def _gaps(self) -> Iterator[float]:
         cfg = self.cfg
         r = self._arr
-        # Drawn in chunks: numpy fills an array from the same stream one draw at a time, so
-        # the gaps are the very floats single draws give, for a fraction of the calls.
+        # Chunked draws give the same floats as single draws, in fewer calls.
         if cfg.arrival == "poisson":
             while True:
                 yield from r.exponential(1.0 / cfg.rate, _GAP_CHUNK).tolist()
@@ -142,8 +138,7 @@ class Workload:
                 yield 0.0
 
     def _rows(self) -> Iterator[tuple[float | None, int | None, int | None, str, int, str | None]]:
-        """Trace rows (or endless blanks for synthetic lengths); a cycled trace ends each pass
-        with a row whose file is '' (so a pass that gave nothing is caught)."""
+        """Trace rows (or endless blanks); a cycled trace ends each pass with a row whose file is ''."""
         cfg = self.cfg
         needs_trace = (cfg.arrival == "trace" or cfg.prompt_dist == "trace"
                        or cfg.output_dist == "trace")
@@ -248,8 +243,7 @@ class Workload:
         cfg = self.cfg
         if item.turn + 1 >= cfg.turns:
             return None
-        # Drawn from the conversation's own stream, so a turn is the same whatever order the
-        # turns before it finished in (a real run and its simulation can finish them differently).
+        # The conversation's own stream: a turn must not depend on the order earlier turns finished.
         r = np.random.default_rng([self.seed, 11, item.conversation, item.turn])
         new = int(r.integers(max(1, cfg.followup_tokens // 2), cfg.followup_tokens * 3 // 2 + 1))
         output = self._draw_len(cfg.output_dist if cfg.output_dist != "trace" else "fixed",
@@ -296,13 +290,9 @@ class Workload:
     def fresh_tokens(self, index: int, n: int) -> list[int]:
         """n fresh token ids for the request with this index (the same whenever asked).
 
-        The first _DISTINCT are the request's own uniform draws, keyed by its index, so
-        two requests share a leading run of them exactly as often as fully random prompts
-        would (never a whole block in practice); the rest is a shared run of random ids.
-        Sharing that tail makes no prefix common: prefix-cache keys chain through every
-        earlier block, so blocks after a differing one never match. It spares drawing, holding
-        and freeing an int object per prompt token: about 15% of experiments/
-        bench_simulator.py --prefix-caching before.
+        The first _DISTINCT are the request's own draws, the rest a run shared by all: prefix-cache
+        keys chain through earlier blocks, so the shared tail makes no prefix common, and it
+        spares an int object per prompt token.
         """
         chunk, row = divmod(index, _TOKEN_CHUNK)
         rows = self._own_tokens.get(chunk)
@@ -332,9 +322,7 @@ class Workload:
     def expected_prefix_hits(self, item: WorkItem, block_size: int, cached: dict[int, int]) -> int:
         """Tokens of this first-turn item a prefix cache that never evicts must serve.
 
-        cached maps a shared prompt to how many of its full blocks earlier requests have
-        computed; a request can reuse those blocks that lie inside its own copy of the
-        shared prompt, and then contributes its own.
+        cached: shared prompt id -> full blocks computed so far (updated with this item's).
         """
         if item.system_prompt < 0:
             return 0

@@ -1,10 +1,7 @@
 """The SimPy world: arrivals feed one engine replica whose loop is one SimPy event per step.
 
-The engine keeps its own clock (t); token times are t + step duration, computed, not
-scheduled. Arrivals up to t join before each step. With fast_forward on, runs of
-identical decode steps (no arrival before they start, no finish, no new admission)
-are applied at once by core.sched.fast_forward with the same floats, so results are
-identical to stepping; a test runs both ways.
+Token times are computed (t + step duration), not scheduled. With fast_forward, runs of identical
+decode steps are applied at once with the same floats, so results equal stepping.
 """
 
 from __future__ import annotations
@@ -158,13 +155,11 @@ class Simulation:
         self.num_events = 0
         self.num_ff_windows = 0
         self._params: dict[int, SamplingParams] = {}
-        # Replay: step k starts at step_starts[k] (a real run's measured start times), so
-        # arrivals are admitted exactly where the real engine admitted them.
+        # Replay: steps start at a real run's measured times, so admissions match the real engine's.
         self.step_starts = step_starts
         if step_starts is not None:
             self.fast_forward = False
-        # Replay of an engine core in its own process: step k admits arrivals up to
-        # admit_until[k] (what had reached that core), not up to the step's start.
+        # Core in its own process: step k admits only what had reached it (admit_until[k]).
         self.admit_until = admit_until if step_starts is not None else None
         self.replay_exhausted = False
 

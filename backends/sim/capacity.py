@@ -27,11 +27,7 @@ class KVCapacity:
 
 def activation_reserve_bytes(model: ModelSpec, tp: int, max_num_batched_tokens: int,
                              max_num_seqs: int) -> float:
-    """Peak activation estimate per GPU for the largest step (what a profiling run would find).
-
-    Hidden states and residual, the fused q/k/v and gate/up outputs of one layer at a
-    time for every batched token, plus fp32 logits for every sequence.
-    """
+    """Peak activation bytes per GPU for the largest step (what a profiling run would find)."""
     m = model
     # An MoE token's MLP activations are its top-k experts' intermediates.
     inter = m.moe_intermediate_size * m.num_experts_per_tok if m.is_moe else m.intermediate_size
@@ -56,8 +52,7 @@ def kv_capacity(model: ModelSpec, hardware: HardwareSpec, tp: int, block_size: i
                 runtime_reserve: float | None = None) -> KVCapacity:
     """(memory × utilisation − weights − activations − runtime reserve) / bytes per block, per GPU.
 
-    A block holds block_size tokens of the KV heads this GPU keeps: 1/tp of them, or one
-    replicated head once tp exceeds the model's KV heads (as vLLM does).
+    KV heads replicate once tp exceeds them, as in vLLM.
     """
     weights = model.weight_bytes / tp
     act = (activation_reserve if activation_reserve is not None

@@ -1,30 +1,8 @@
 """Model and hardware specs as plain data: adding one is a new entry, not new code.
 
-Model shapes are the published Hugging Face configs; hardware figures are vendor
-datasheet numbers (dense bf16, no sparsity). Interconnect bandwidth is per direction.
-
-Each GPU also carries the efficiencies its kernels reach and the memory an engine
-cannot give to the KV cache (GPUProfile). They are physical estimates, chosen once
-per GPU from kernel benchmarks and vendor guidance, not fitted to the validation
-table (tests/sim/test_validation.py checks them against published measurements):
-
-- gemm: fraction of peak dense FLOP/s cuBLAS reaches on large fp16/bf16 GEMMs.
-  A100 reaches 70-80%; H100 SXM reaches a lower share of its 989 TFLOP/s (its
-  clocks drop under tensor-core load), about 60-65%.
-- attention: fraction of peak that FlashAttention-2 reaches in prefill: ~50-60% on
-  A100, ~35-40% on H100 (FlashAttention-2 paper, Dao 2023; FA3 raises H100 to ~75%).
-- memory: fraction of HBM bandwidth a streaming kernel reaches: ~80% on both.
-- comm: fraction of NVLink bandwidth a ring all-reduce reaches on large messages.
-- allreduce_latency_s + allreduce_hop_s * (tp - 2): the fixed cost of one small
-  all-reduce (NCCL on NVLink: ~35 us at TP 2 to ~60 us at TP 8 on A100/H100;
-  measured small NCCL all-reduces on A100 take 40-60 us).
-- layer_floor_s: the least one layer's attention or linear group takes however
-  small the step (kernel launch and tail effects; decode attention at batch 1
-  measures ~17 us per layer).
-- cuda_context_gib, nccl_buffer_gib (TP > 1 only), cuda_graph_gib: memory outside
-  the allocator that a vLLM-style profiling run does not see but that is gone.
-- price_per_hour: USD per GPU-hour for capacity planning; rough 2024-25 on-demand
-  cloud list prices, to be replaced by one's own (the study TOML's [search.prices]).
+Model shapes are the published Hugging Face configs; hardware figures are vendor datasheet
+numbers (dense, interconnect per direction). GPUProfile's efficiencies are physical estimates from
+kernel benchmarks and vendor guidance, not fitted to the validation table.
 """
 
 from __future__ import annotations
@@ -54,14 +32,7 @@ class UnknownSpecError(TwinserveError, KeyError):
 
 @dataclass(slots=True, frozen=True)
 class ModelSpec:
-    """A decoder-only transformer's shape: GQA attention, SwiGLU MLP or mixture-of-experts.
-
-    MoE (num_experts > 0): every layer's MLP is num_experts experts of
-    moe_intermediate_size, a token routed to num_experts_per_tok of them, plus
-    num_shared_experts that every token uses. Sliding window: num_sliding_layers of the
-    layers attend to the last sliding_window tokens only. precision: weight, KV and GEMM
-    data types (backends/sim/precision.py); activations stay 16-bit (dtype_bytes).
-    """
+    """A decoder-only transformer's shape: GQA attention, SwiGLU MLP or mixture-of-experts."""
 
     name: str
     num_layers: int
@@ -152,11 +123,7 @@ class ModelSpec:
         return 2 * self.num_layers * self.kv_heads_per_gpu(tp) * self.head_dim * self.precision.kv_bytes
 
     def expected_experts(self, num_tokens: float) -> float:
-        """Distinct routed experts a batch of num_tokens touches per layer: E(1 - (1 - k/E)^B).
-
-        The expectation under uniform, independent routing; real routers are skewed, so
-        this is an upper bound on the expert weights a step reads.
-        """
+        """Distinct experts a batch touches per layer, E(1 - (1 - k/E)^B): uniform routing, an upper bound."""
         e, k = self.num_experts, self.num_experts_per_tok
         if not e or num_tokens <= 0:
             return 0.0
@@ -169,28 +136,26 @@ class ModelSpec:
 
 @dataclass(slots=True, frozen=True)
 class GPUProfile:
-    """What real kernels reach on one GPU, its fixed costs and reserves (module docstring)."""
+    """What real kernels reach on one GPU, its fixed costs and reserves."""
 
-    gemm: float = 0.70
-    attention: float = 0.50
-    memory: float = 0.80
-    comm: float = 0.75
+    gemm: float = 0.70       # of dense peak, cuBLAS large GEMMs (A100 70-80%, H100 60-65%: clocks drop)
+    attention: float = 0.50  # of peak, FlashAttention-2 prefill (Dao 2023: A100 50-60%, H100 35-40%)
+    memory: float = 0.80     # of HBM bandwidth, streaming kernels
+    comm: float = 0.75       # of NVLink bandwidth, ring all-reduce of large messages
+    # Small all-reduce: latency + hop * (tp - 2); NCCL on NVLink ~35 us at TP 2 to ~60 us at TP 8.
     allreduce_latency_s: float = 35e-6
     allreduce_hop_s: float = 4e-6
-    layer_floor_s: float = 17e-6
+    layer_floor_s: float = 17e-6  # launch and tail effects: batch-1 decode attention ~17 us/layer
+    # Memory outside the allocator that a vLLM-style profiling run does not see.
     cuda_context_gib: float = 0.5
-    nccl_buffer_gib: float = 0.4
+    nccl_buffer_gib: float = 0.4  # TP > 1 only
     cuda_graph_gib: float = 0.5
-    price_per_hour: float = 2.0
+    price_per_hour: float = 2.0  # USD, rough 2024-25 on-demand; override with [search.prices]
 
 
 @dataclass(slots=True, frozen=True)
 class HardwareSpec:
-    """One accelerator: peak dense throughput per dtype, HBM bandwidth and size, link bandwidth.
-
-    peak_flops is the dense 16-bit (bf16/fp16) tensor peak; peak_flops_fp8 the dense FP8
-    peak, 0 where the GPU has no FP8 tensor cores (FP8 then runs weight-only at 16 bits).
-    """
+    """One accelerator: dense 16-bit and FP8 peaks (FP8 0: none), HBM bandwidth and size, link bandwidth."""
 
     name: str
     peak_flops: float
@@ -207,8 +172,7 @@ class HardwareSpec:
         return self.peak_flops
 
 
-# Model shapes from the published Hugging Face configs. Most live as data files in
-# backends/sim/models/ (sources in its README); these four predate them.
+# Published Hugging Face configs; most live in backends/sim/models/ (sources in its README).
 MODELS: dict[str, ModelSpec] = {m.name: m for m in [
     ModelSpec("Llama-2-7B", 32, 4096, 11008, 32, 32, 128, 32000, 4096),
     ModelSpec("Llama-3-8B", 32, 4096, 14336, 32, 8, 128, 128256, 8192),
@@ -216,42 +180,29 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
     ModelSpec("SmolLM2-135M", 30, 576, 1536, 9, 3, 64, 49152, 8192, tie_word_embeddings=True),
 ]}
 
-# Vendor datasheet figures, dense (the datasheets' sparse figures halved), interconnect per
-# direction. Efficiencies of GPUs without kernel measurements here are estimates by
-# analogy, said so on their line; prices are rough on-demand USD per GPU-hour.
+# Vendor datasheets, dense (sparse figures halved); efficiencies by analogy are said so on their line.
 HARDWARES: dict[str, HardwareSpec] = {h.name: h for h in [
-    # NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100): 312 TF bf16, 2,039 GB/s,
-    # NVLink 600 GB/s; no FP8 tensor cores.
+    # NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100); no FP8 tensor cores.
     HardwareSpec("A100-80GB", 312e12, 2.039e12, 80 * GiB, 300e9,
                  GPUProfile(gemm=0.72, attention=0.55, price_per_hour=1.8)),
-    # NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100), SXM: 1,979 TF bf16 and
-    # 3,958 TF FP8 with sparsity, 3.35 TB/s, NVLink 900 GB/s.
+    # NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100), SXM.
     HardwareSpec("H100-SXM", 989e12, 3.35e12, 80 * GiB, 450e9,
                  GPUProfile(gemm=0.62, attention=0.38, price_per_hour=3.0), peak_flops_fp8=1979e12),
-    # NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200), SXM: H100's compute,
-    # 141 GB HBM3e at 4.8 TB/s.
+    # NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200), SXM: H100's compute.
     HardwareSpec("H200", 989e12, 4.8e12, 141e9, 450e9,
                  GPUProfile(gemm=0.62, attention=0.38, price_per_hour=3.7), peak_flops_fp8=1979e12),
-    # NVIDIA L40S datasheet (nvidia.com/en-us/data-center/l40s): 362 TF bf16, 733 TF FP8
-    # (dense), 48 GB GDDR6 at 864 GB/s, no NVLink: PCIe Gen4 x16 (32 GB/s per direction), so
-    # a small all-reduce costs more (estimate: twice NVLink's latency).
+    # NVIDIA L40S datasheet (nvidia.com/en-us/data-center/l40s); PCIe only: all-reduce latency estimated 2x.
     HardwareSpec("L40S", 362e12, 864e9, 48e9, 32e9,
                  GPUProfile(gemm=0.70, attention=0.50, allreduce_latency_s=70e-6,
                             allreduce_hop_s=10e-6, price_per_hour=1.0), peak_flops_fp8=733e12),
-    # NVIDIA H20 (Hopper, export variant): 148 TF bf16, 296 TF FP8, 96 GB HBM3 at 4.0 TB/s,
-    # NVLink 900 GB/s, per NVIDIA's partner specification sheets (no public nvidia.com
-    # datasheet). Few SMs: GEMMs reach a Hopper-like share of a low peak.
+    # NVIDIA H20 (Hopper export variant): NVIDIA partner spec sheets (no public datasheet).
     HardwareSpec("H20", 148e12, 4.0e12, 96e9, 450e9,
                  GPUProfile(gemm=0.65, attention=0.40, price_per_hour=1.5), peak_flops_fp8=296e12),
-    # NVIDIA DGX B200 datasheet (nvidia.com/en-us/data-center/dgx-b200): per GPU 72/8 = 9
-    # PF FP8 and 4.5 PF bf16 with sparsity, 1,440/8 = 180 GB HBM3e at 64/8 = 8 TB/s, NVLink 5
-    # 1.8 TB/s. Efficiencies: H100's by analogy (no kernel measurements here).
+    # NVIDIA DGX B200 datasheet (nvidia.com/en-us/data-center/dgx-b200), per GPU = system / 8; H100's efficiencies by analogy.
     HardwareSpec("B200", 2250e12, 8.0e12, 180e9, 900e9,
                  GPUProfile(gemm=0.62, attention=0.38, price_per_hour=6.0), peak_flops_fp8=4500e12),
-    # AMD Instinct MI300X datasheet (amd.com/en/products/accelerators/instinct/mi300/mi300x):
-    # 1,307 TF bf16 and 2,615 TF FP8 dense, 192 GB HBM3 at 5.3 TB/s, 7 Infinity Fabric links
-    # of 64 GB/s per direction to the other 7 GPUs (448 GB/s). Its GEMM libraries reach a
-    # lower share of peak than cuBLAS on H100 (published MI300X GEMM studies: ~45-55%).
+    # AMD Instinct MI300X datasheet (amd.com/en/products/accelerators/instinct/mi300/mi300x);
+    # published MI300X GEMM studies reach ~45-55% of peak.
     HardwareSpec("MI300X", 1307e12, 5.3e12, 192e9, 448e9,
                  GPUProfile(gemm=0.48, attention=0.30, memory=0.75, price_per_hour=2.5),
                  peak_flops_fp8=2615e12),

@@ -1,18 +1,7 @@
-"""Step-time cost models: what one engine step costs, from the batch's shape.
+"""Step-time cost models: what one engine step costs, from the batch's shape (StepFeatures).
 
-A step is described by six numbers (StepFeatures), with q a request's new tokens
-this step and c the tokens already in its KV cache:
-
-- num_prefill_tokens  Σ q over prefill requests (prompt chunks, recomputation)
-- num_prefill_seqs    how many prefill requests
-- prefill_context     Σ c over prefill requests
-- prefill_attn        Σ q·(c + q/2) over prefill requests (causal attention pairs)
-- num_decode_seqs     requests generating one token (q = 1, past their prompt)
-- decode_context      Σ c over decode requests
-
-The form follows the roofline-shaped step-time model in ../shared/FACTS.md (after
-Vidur, Agrawal et al., MLSys 2024, and Sarathi-Serve, OSDI 2024): linear layers
-cost per token, attention per (query, key) pair, decode attention per context token.
+Roofline-shaped, as in ../shared/FACTS.md (after Vidur, MLSys 2024; Sarathi-Serve, OSDI 2024):
+linear layers cost per token, attention per (query, key) pair, decode attention per context token.
 """
 
 from __future__ import annotations
@@ -25,14 +14,14 @@ from twinserve.backends.sim.catalog import HardwareSpec, ModelSpec
 
 @dataclass(slots=True)
 class StepFeatures:
-    """The batch shape a cost model prices (see the module docstring)."""
+    """The batch shape a cost model prices; q: a request's new tokens, c: its cached tokens."""
 
-    num_prefill_tokens: int = 0
+    num_prefill_tokens: int = 0  # Σ q over prefill requests
     num_prefill_seqs: int = 0
-    prefill_context: int = 0
-    prefill_attn: float = 0.0
-    num_decode_seqs: int = 0
-    decode_context: int = 0
+    prefill_context: int = 0     # Σ c over prefill requests
+    prefill_attn: float = 0.0    # Σ q·(c + q/2): causal attention pairs
+    num_decode_seqs: int = 0     # requests generating one token
+    decode_context: int = 0      # Σ c over decode requests
 
     def as_args(self) -> tuple[int, int, int, float, int, int]:
         """The features in CostModel.step_time's argument order."""
@@ -98,24 +87,9 @@ class Efficiency:
 class RooflineCostModel:
     """Per-GPU step time from FLOPs, bytes and messages, with measured-shaped efficiencies.
 
-    Linear layers: 2 FLOPs per weight per token at the GEMM efficiency, plus one read of
-    the weights. Adding the two (rather than taking the larger) is a GEMM efficiency
-    curve e(M) = gemm * M / (M + M_ridge) in the token count M, with M_ridge the tokens
-    at which a GEMM's arithmetic intensity meets the GPU's ridge point: no hard knee,
-    half efficiency at the ridge, and the weight read alone when M is small.
-    Attention: prefill does 4·heads·head_dim FLOPs per (query, key) pair (or reads its
-    K/V, whichever is slower); decode reads the K/V of its context. Each layer's
-    attention and its GEMMs take at least layer_floor_s (launches, tails). Logits are
-    computed once per scheduled request. Under TP each GPU holds 1/tp of weights and
-    query heads and max(1, kv_heads // tp) KV heads; two all-reduces of the step's
-    activations per layer cost latency (by ring size) plus bandwidth.
-
-    Precision (model.precision): layer weights are read in their own bytes and FP8 GEMMs
-    run at the FP8 peak; the LM head, attention and all-reduces stay 16-bit. MoE: FLOPs
-    follow the active experts, and a step of B tokens reads the weights of the
-    E(1 - (1 - k/E)^B) distinct experts it is expected to touch (TP splits every expert).
-    Sliding-window layers read at most the window per sequence: min(context, n * window)
-    over the batch's summed context (exact when all contexts are on one side of it).
+    GEMM FLOP time plus weight read is added, not maxed: a soft knee, half efficiency at the
+    ridge point. Per-layer floors model launches; MoE reads the E(1 - (1 - k/E)^B) experts a
+    B-token step is expected to touch; sliding-window layers read at most the window.
     """
 
     __slots__ = ("name", "model", "hardware", "tp", "eff", "_k_tok", "_k_seq", "_w_time",
@@ -209,9 +183,7 @@ class RooflineCostModel:
 
     def decode_step_times(self, num_seqs: int, context: int, max_steps: int, start: float,
                           deadline: float) -> tuple[list[float], list[float]]:
-        """step_time of consecutive decode-only steps, as SimExecutor.decode_step_times
-        computes them (the same floats: the terms that are zero without prefill are left
-        out, x + 0.0 being x, and those that do not change with the context are summed once)."""
+        """step_time of consecutive decode-only steps, bit-identical to step_time's floats."""
         n = num_seqs
         floor = self._floor
         t_lin = self._k_tok * n + self._k_seq * n + self._w_time

@@ -1,12 +1,7 @@
 """Host-side cost of an engine per step and per scheduled sequence, by the kind of engine.
 
-A step costs the GPU's work plus what the host spends around it: scheduling, input
-preparation, kernel launches (or one CUDA-graph replay) and sampling. The two profiles
-are named for the engines the published figures were measured on:
-
-- cuda_graph_cpp: a C++ runtime replaying CUDA graphs (TensorRT-LLM's benchmarks).
-- eager_python: a Python scheduler with eagerly launched kernels (this project's real
-  engine, vLLM-style); the simulator's long-standing defaults.
+cuda_graph_cpp: a C++ runtime replaying CUDA graphs (TensorRT-LLM's benchmarks);
+eager_python: a Python scheduler launching kernels eagerly (this project's engine, vLLM-style).
 """
 
 from __future__ import annotations

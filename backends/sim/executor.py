@@ -17,9 +17,7 @@ _INF = float("inf")
 
 
 class StepTimeError(TwinserveError, ValueError):
-    """The cost model priced a step at a time the simulated clock cannot take (NaN, infinite or
-    negative): an efficiency or overhead knob so extreme that the arithmetic overflowed, or a
-    broken cost model. Raised instead of letting the clock stall."""
+    """A step priced NaN, infinite or negative: raised instead of letting the clock stall."""
 
     def __init__(self, cost_model: str, seconds: float, features: str) -> None:
         self.cost_model = cost_model
@@ -32,9 +30,7 @@ class StepTimeError(TwinserveError, ValueError):
 class SimExecutor:
     """Keeps per-request progress from the scheduler outputs, as a model runner must.
 
-    A request samples when its computed tokens reach the end of its known sequence;
-    the sampled id is the one registered for it (the workload's choice), never EOS, so
-    the core's own max_tokens stop ends it at the workload's output length.
+    Sampled ids are the workload's, never EOS, so the core's max_tokens stop sets the output length.
     """
 
     def __init__(self, cost_model: CostModel) -> None:
@@ -44,18 +40,14 @@ class SimExecutor:
         self.tokens: dict[str, int] = {}
         self.totals = WorkTotals()
         self.last_features: tuple[int, int, int, float, int, int] = (0, 0, 0, 0.0, 0, 0)
-        # (factor, extra seconds) of the next steps after the engine idled (the cost model's
-        # wake_after), last step first; empty when awake.
+        # wake_after's (factor, extra seconds) of the next steps, last step first; empty when awake.
         self._wake: list[tuple[float, float]] = []
         self._wake_after = getattr(cost_model, "wake_after", None)
-        # The largest steps a measured profile was fitted on (fitted.RANGE_DIMS order); steps
-        # beyond any of them are counted in totals.beyond_fit_*, so a study can say how much of
-        # its time the profile priced by extrapolating. None: nothing recorded, nothing counted.
+        # A profile's fitted maxima (RANGE_DIMS): steps beyond count in totals.beyond_fit_*, so a
+        # study can say how much time was extrapolated. None: not recorded.
         top = getattr(cost_model, "shape_range", None) or {}
         self.fit_range_max = tuple(top.get(d, float("inf")) for d in RANGE_DIMS) if top else None
-        # Speculative decoding: proposes k drafts after each sampled token and draws how many
-        # of them each verify step accepts. A verify step is priced as a (k + 1)-token chunk
-        # on its context, which is what the engine runs.
+        # Speculative decoding: a verify step is priced as the (k + 1)-token chunk the engine runs.
         self.spec: SpecAcceptance | None = None
 
     @property
@@ -64,8 +56,7 @@ class SimExecutor:
         return bool(self._wake)
 
     def idle(self, seconds: float) -> None:
-        """The engine had nothing to run for this long: the next steps cost what the model says
-        steps after such a gap cost."""
+        """The engine idled this long: the next steps cost the model's wake-up price."""
         if self._wake_after is not None and seconds > 0.0:
             self._wake = self._wake_after(seconds)[::-1]
 
@@ -184,8 +175,7 @@ class SimExecutor:
                           deadline: float) -> tuple[list[float], list[float]]:
         """Durations and end times of up to max_steps decode-only steps, each starting before deadline.
 
-        The same floats stepping would produce: each step priced from the same
-        features, the clock advanced by the same additions.
+        The same floats stepping would produce.
         """
         fast = getattr(self.cost_model, "decode_step_times", None)
         if fast is not None:  # the same loop, specialised by the cost model
@@ -240,8 +230,7 @@ class SimExecutor:
         w.busy_time = busy
         top = self.fit_range_max
         if top is not None and k:
-            # Step j's batch holds context + n j tokens: beyond from the first j past the fitted
-            # sum or mean context per decode; every step when the batch itself is larger.
+            # Step j holds context + n j tokens: find the first j past the fitted context.
             limit = min(top[5], top[7] * n)
             if n > top[4] or n > top[6]:
                 first = 0

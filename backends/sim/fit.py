@@ -1,22 +1,10 @@
 """Fitting a step profile: non-negative least squares on relative error, with diagnostics.
 
-Both parts of a step are fitted over the same regressors (fitted.design_row): the device
-path (execute_s: inputs, forward, sampling) and the engine's CPU overhead (step_time_s -
-execute_s: schedule, update, detokenize, outputs). Residuals are divided by the step's
-step's time, so a 5 ms decode weighs as much as a 500 ms prefill, and coefficients are
-kept >= 0 (scipy's NNLS, Lawson & Hanson 1974), so no term can go negative to buy fit
-on one kind of step at the expense of another. One pass drops steps whose residual is
-far outside the rest (a page fault, another process) and refits.
-
-The time a residual is divided by is the fitted one, not the measured one (iteratively
-reweighted least squares, the quasi-likelihood fit for errors whose spread grows with the
-mean; McCullagh & Nelder, Generalized Linear Models, 1989, ch. 8). Dividing by the measured
-time weighs a step that happened to run fast more than the same step run slow, which pulls
-the fit under the mean: by about 1.5 s^2 for a relative spread s, and more when slow
-outliers dominate: on a calibration made while the machine's speed swung it priced its own
-decode steps 3.2% under their total measured time, weighted by the fitted time within 0.3%
-(docs/twin-log.md). The simulator adds step times up,
-so it needs the mean, and the fit reports the difference (`total_err`).
+Device path (execute_s) and CPU overhead (step_time_s - execute_s) are fitted over the same
+regressors; coefficients stay >= 0 (NNLS; Lawson & Hanson 1974) so no term buys fit on one step
+kind at another's expense. Residuals are divided by the *fitted* time (IRLS; McCullagh & Nelder,
+GLMs, 1989, ch. 8): dividing by the measured time biases the fit under the mean, and the
+simulator sums step times, so it needs the mean (docs/twin-log.md).
 """
 
 from __future__ import annotations
@@ -36,8 +24,7 @@ IRLS_TOL = 1e-4
 
 
 def _outlier_bounds(rel: np.ndarray) -> tuple[float, float]:
-    """(median, limit) of relative errors: an error farther than limit from the median is a far
-    outlier (OUTLIER_SIGMAS robust standard deviations, from the median absolute deviation)."""
+    """(median, limit): errors farther than limit from the median are far outliers (robust MAD)."""
     med = float(np.median(rel))
     return med, OUTLIER_SIGMAS * max(float(np.median(np.abs(rel - med))) * 1.4826, 1e-3)
 
@@ -72,11 +59,8 @@ def _fit_bucket(x: np.ndarray, total: np.ndarray, execute: np.ndarray | None,
                            "log more steps (fewer steps than coefficients)")
     keep = np.ones(len(total), dtype=bool)
     for _ in range(2):
-        # Weights from the measured times first, then from the fitted ones until the fit
-        # settles (module docstring). A step whose error lies beyond OUTLIER_SIGMAS robust
-        # deviations is weighed down as Huber's loss does (Huber 1964) rather than left to
-        # pull the fit: the outlier pass below drops such steps only when they are few, and
-        # weighed by its small price, one compile step of 30x its price would dominate.
+        # Weights from measured, then fitted times until settled. Far outliers are weighed down
+        # as Huber's loss does (Huber 1964): one slow compile step would otherwise dominate.
         w = 1.0 / total[keep]
         for _ in range(IRLS_ROUNDS):
             if execute is None:
@@ -84,8 +68,7 @@ def _fit_bucket(x: np.ndarray, total: np.ndarray, execute: np.ndarray | None,
             else:
                 dev = _nnls(x[keep], execute[keep], w)
                 ovh = _nnls(x[keep], np.maximum(total[keep] - execute[keep], 0.0), w)
-            # A step priced near zero in a round (its terms all zero so far) is weighed as one
-            # priced at a tenth of its time: bounded, where 1/price would be unbounded.
+            # Floor the price at a tenth of the time so 1/price stays bounded.
             pred = np.maximum(x[keep] @ (dev + ovh), 0.1 * total[keep])
             r = total[keep] / pred - 1.0
             _, limit = _outlier_bounds(r)
@@ -110,10 +93,8 @@ def fit_step_profile(rows: Iterable[Mapping[str, Any]], *, split: bool = True,
                      **meta: Any) -> FittedCostModel:
     """Fit a profile to step-log rows (features, step_time_s and, to split, execute_s).
 
-    graph_max_decodes: the engine replays pure-decode batches of up to this many sequences
-    from CUDA graphs; those steps get a regime of their own (decode_only), since every other
-    step runs eagerly and pays the launches a graph saves. The token-count breakpoints
-    (regime_max_tokens) then split the eager steps only.
+    graph_max_decodes: pure-decode batches up to this size replay CUDA graphs and get their own
+    decode_only regime; regime_max_tokens then split the eager steps only.
     """
     data = []
     for i, row in enumerate(rows):
@@ -182,11 +163,8 @@ def select_regimes(rows: list[Mapping[str, Any]], base: Sequence[int] = (),
                    **fit_kwargs: Any) -> list[int]:
     """Token-count breakpoints that make the fit clearly better, chosen greedily.
 
-    A CPU GEMM's time per row changes with the number of rows (kernel and blocking choices),
-    so one straight line in tokens can miss whole batch-size ranges. Starting from `base`
-    (known code-path switches), each candidate breakpoint is tried; the one that lowers the
-    mean relative error the most, by at least `gain` of it, is kept, while every regime keeps
-    `min_steps` steps to fit. The design, not a trace, supplies the candidates.
+    CPU GEMM kernels change with the row count, so one line in tokens can miss whole batch ranges.
+    A breakpoint is kept if it cuts mean relative error by `gain`, each regime keeping `min_steps`.
     """
     rows = list(rows)
     graph_max = fit_kwargs.get("graph_max_decodes") or 0
@@ -210,8 +188,7 @@ def select_regimes(rows: list[Mapping[str, Any]], base: Sequence[int] = (),
         if not trials:
             return chosen
         err, c = min(trials)
-        # Not `err > ...`: when no split can be fitted (every score infinite) keep what we have
-        # rather than take every candidate in turn.
+        # Not `err > ...`: with every score infinite, stop rather than take each candidate.
         if not err < best * (1 - gain):
             return chosen
         chosen, best = sorted(chosen + [c]), err
@@ -232,8 +209,7 @@ def _total_err(pred: np.ndarray, total: np.ndarray) -> float | None:
 
 def diagnostics(model: FittedCostModel, feats: np.ndarray, total: np.ndarray,
                 execute: np.ndarray | None, kept: np.ndarray | None = None) -> dict[str, Any]:
-    """R², MAPE, p95 and worst relative error, overall and per step kind (and per part), and
-    the range of step shapes fitted (beyond it the model extrapolates)."""
+    """Fit errors overall and per step kind, and the range of step shapes fitted."""
     pred = np.array([model.step_time(*f) for f in feats])
     rel = (pred - total) / total
     med, limit = _outlier_bounds(rel)
@@ -245,12 +221,8 @@ def diagnostics(model: FittedCostModel, feats: np.ndarray, total: np.ndarray,
         "num_outliers_dropped": int((~kept).sum()) if kept is not None else 0,
         "r2": 1.0 - ss_res / ss_tot,
         "mape": float(np.mean(np.abs(rel))),
-        # The steps' summed price against their summed measured time, - 1: what a busy period
-        # of exactly these steps would be mispriced by. Over the steps whose error is typical
-        # (within OUTLIER_SIGMAS robust deviations, the rule the fit drops outliers by): one
-        # far outlier is a single slow step (a first-call compile, another process), which a
-        # sum would let outweigh hundreds (the H200 log: four steps of 0.4-0.65 s priced at
-        # 22 ms, 38% of its measured time, make the sum -35% where the rest give +0.7%).
+        # Summed price / summed time - 1 over typical steps: one far outlier (a compile) would
+        # otherwise outweigh hundreds of steps in the sum.
         "total_err": _total_err(pred[typical], total[typical]),
         "total_err_steps": int(typical.sum()),
         "p95_abs_rel_err": float(np.percentile(np.abs(rel), 95)),

@@ -1,51 +1,9 @@
-"""A cost model whose coefficients come from a measured step profile (JSON).
+"""A cost model whose coefficients come from a measured step profile (JSON; format: docs/twin.md).
 
-Profile format (``twinserve-step-profile/4``; ``/1`` to ``/3`` files still load), one JSON object::
-
-    {
-      "format": "twinserve-step-profile/4",
-      "model": "SmolLM2-135M",          # checked against the simulated model
-      "hardware": "cpu: ...",           # fidelity checks it against the engine's machine
-      "tensor_parallel_size": 1,        # informative
-      "coefficients": {                 # device path (inputs, forward, sampling), s per unit
-        "intercept_s": 0.0021,                 # fixed cost of any step
-        "per_token_s": 1.1e-6,                 # per new token (prefill + decode)
-        "per_prefill_seq_s": 0.0,              # per prefill request in the step
-        "per_prefill_attn_s": 2.0e-11,         # per unit of Σ q·(c + q/2)
-        "per_prefill_context_token_s": 0.0,    # per cached-context token of prefills
-        "per_decode_seq_s": 1.5e-5,            # per decode request
-        "per_decode_context_token_s": 3.0e-9,  # per context token of decodes
-        "per_token_sq_s": 9.0e-10              # per (new tokens in the step)^2; optional (/3)
-      },
-      "overhead_coefficients": {...},   # the engine's CPU work between forwards (schedule,
-                                        # update, detokenize, outputs); same keys; optional
-      "regimes": [                      # optional: steps of at most max_num_tokens tokens
-        {"max_num_tokens": 4,           # use these instead (e.g. a small-batch kernel path);
-         "coefficients": {...},         # first match wins
-         "overhead_coefficients": {...}},
-        {"max_num_tokens": 64, "decode_only": true, ...}   # only steps without prefill tokens:
-      ],                                # decode batches replayed from CUDA graphs, matched first
-      "wake": {                         # optional: the first steps after the engine idled cost
-        "idle_s": [0.25, 1.0, 3.0],     # more (caches and a vCPU gone cold); after an idle gap
-        "extra_s": [[0.004, 0.001],     # of idle_s[i] seconds the next steps cost extra_s[i][j]
-                    [0.085, 0.012],     # seconds more than the model (at the profile's speed);
-                    [0.170, 0.027]]     # between measured gaps interpolated, from 0 at no gap,
-      },                                # held past the longest. /3 files may give "factors"
-                                        # instead: the steps cost that many times the model
-      "fit": {...}, "provenance": {...} # diagnostics and where the profile was made
-    }
-
-per_token_sq_s bends the cost per token upward as a step grows: a CPU GEMM of a few hundred
-rows no longer keeps its activations in cache, so a 512-token step costs more per token than
-a 128-token one even with no attention at all (on this project's VM 512 tokens in 16 short
-prompts cost what one 512-token prompt costs; see calibrate.py).
-
-A step costs coefficients·features + overhead_scale × overhead_coefficients·features,
-clamped at zero; overhead_scale (1 by default) answers "what if the engine's CPU work
-were twice as fast" (0.5). The features are cost_model.StepFeatures. ``fit_step_profile``
-fits both parts from a step log by non-negative least squares on relative error (a 5 ms
-step counts as much as a 500 ms one); FACTS.md: a roofline-shaped linear model fitted
-this way tracks profile-based predictions within a few percent.
+A step costs coefficients·features + overhead_scale × overhead_coefficients·features, clamped at
+zero (features: cost_model.StepFeatures). per_token_sq_s bends the per-token cost upward as a CPU
+GEMM outgrows cache. FACTS.md: a roofline-shaped linear model fitted on relative error tracks
+profile-based predictions within a few percent.
 """
 
 from __future__ import annotations
@@ -62,13 +20,11 @@ FORMATS = ("twinserve-step-profile/1", "twinserve-step-profile/2", "twinserve-st
 COEFFICIENTS = ("intercept_s", "per_token_s", "per_prefill_seq_s", "per_prefill_attn_s",
                 "per_prefill_context_token_s", "per_decode_seq_s", "per_decode_context_token_s",
                 "per_token_sq_s")
-# Step-log columns the fit reads (the feature names of StepFeatures), and the measured times.
+# Step-log columns the fit reads (StepFeatures' names).
 FEATURE_COLUMNS = ("num_prefill_tokens", "num_prefill_seqs", "prefill_context", "prefill_attn",
                    "num_decode_seqs", "decode_context")
 PROFILES_DIR = Path(__file__).parent / "profiles"
-# The measures of a step's shape whose largest fitted values a profile records (fit "range"):
-# a step beyond any of them is priced by extrapolating the linear model, not by what was
-# measured (a profile calibrated on contexts up to ~400 tokens pricing 600-token decodes).
+# Shape measures whose fitted maxima a profile records (fit "range"): beyond them it extrapolates.
 RANGE_DIMS = FEATURE_COLUMNS + ("num_tokens", "decode_context_per_seq")
 
 
@@ -112,8 +68,7 @@ class Regime:
     max_num_tokens: int
     coefficients: Coefs
     overhead: Coefs = ZERO
-    # A CUDA-graph decode path: a pure-decode batch up to the largest captured bucket runs as one
-    # graph replay, any step with prefill tokens runs eagerly (vLLM's full-graph decode, too).
+    # CUDA-graph decode: pure-decode batches replay a graph; any prefill runs eagerly.
     decode_only: bool = False
 
     def matches(self, num_prefill_tokens: float, tokens: float) -> bool:
@@ -142,27 +97,22 @@ class FittedCostModel:
     name: str = "fitted"
     overhead: Coefs = ZERO
     regimes: list[Regime] = field(default_factory=list)
-    # Scales the engine's CPU overhead part: 0.5 asks "what if it were twice as fast".
+    # Scales the CPU overhead part: 0.5 asks "what if it were twice as fast".
     overhead_scale: float = 1.0
-    # Scales whole steps: a machine measured (speed probe) to run this much slower than
-    # when the profile was made.
+    # Scales whole steps: the speed probe's ratio to the profile's machine.
     time_scale: float = 1.0
-    # Scales, on top of time_scale, the prefill share of a step (its prefill tokens over all
-    # its tokens): a machine whose compute-bound prefill slowed unlike its decode.
+    # Scales the prefill share of a step on top: prefill (compute-bound) may slow unlike decode.
     prefill_scale: float = 1.0
-    # The steps right after the engine idled: measured idle gaps (seconds, increasing) and, for
-    # each, the extra seconds of the next steps (wake_after). An extra time, not a factor: it
-    # does not grow with the step (docs/twin-log.md, "idle"). Profiles of format /3 may carry
-    # factors instead (times the model). Empty: no such cost.
+    # Cost of the steps after an idle gap (wake_after): an extra time, not a factor, since it does
+    # not grow with the step (docs/twin-log.md, "idle"); /3 profiles may carry factors instead.
     wake_idle_s: tuple[float, ...] = ()
     wake_extra_s: tuple[tuple[float, ...], ...] = ()
     wake_factors: tuple[tuple[float, ...], ...] = ()
 
     def wake_after(self, idle_s: float) -> list[tuple[float, float]]:
-        """(factor, extra seconds) of each step after an idle gap of idle_s seconds: a step then
-        costs factor x the model + extra. Interpolated between the measured gaps (from no cost
-        at no gap), held past the longest; the extra scales with the machine (time_scale).
-        [] when none were measured."""
+        """(factor, extra seconds) of each step after an idle gap: cost = factor x model + extra.
+
+        Interpolated between measured gaps (from 0 at no gap), held past the longest; [] if none."""
         gaps = self.wake_idle_s
         if not gaps or idle_s <= 0.0:
             return []
@@ -393,13 +343,7 @@ def check_profile_parallelism(profile: FittedCostModel, tensor_parallel_size: in
 def check_profile_numerics(profile: FittedCostModel, device_type: str, dtype: str,
                            allow_mismatch: bool = False, source: str = "profile",
                            quantization: str | None = None) -> None:
-    """Refuse a profile calibrated on another kind of device, in another dtype or with other weight
-    quantization than the engine's.
-
-    A CPU bf16 step runs other kernels than an fp32 one (oneDNN/AMX against MKL fp32) and costs
-    several times less, and int8 weight copies change batch-1 steps again, so a profile only
-    predicts the numerics it was measured with.
-    """
+    """Refuse a profile from another device kind, dtype or quantization: each runs other kernels."""
     prov = profile.meta.get("provenance") or {}
     made_dtype, made_device = prov.get("dtype"), prov.get("device")
     if allow_mismatch:
@@ -421,11 +365,8 @@ def check_profile_hardware(profile: FittedCostModel, hardware: str | None, cpu: 
                            allow_mismatch: bool = False, source: str = "profile") -> None:
     """Refuse to judge an engine on one machine by a profile measured on another.
 
-    hardware is the engine's device name as calibrate records it ("cpu: AMD EPYC", "NVIDIA
-    H200"); cpu, for a CPU engine, its kernel features (backends/real/hardware.cpu_features). Two CPUs of
-    one name may differ in those, and the kernels torch picks with them: on this project's VM a
-    host change left the name and the fp32 decode price alike but made a 256-token prefill 1.8x
-    dearer. A profile that recorded neither is not checked.
+    hardware: the device name as calibrate records it; cpu: a CPU engine's kernel features
+    (hardware.cpu_features), compared too since one CPU name can pick other torch kernels.
     """
     made = profile.meta.get("hardware")
     if allow_mismatch or not made or not hardware:
@@ -461,8 +402,7 @@ def _same_cpu(made_cpu: Mapping[str, Any] | None, cpu: Mapping[str, Any] | None)
 
 
 def builtin_profiles_for(hardware: str | None, cpu: Mapping[str, Any] | None = None) -> list[tuple[str, str]]:
-    """(name, dtype) of the shipped profiles calibrated on this hardware (and, for a CPU, these
-    kernel features, where both are recorded)."""
+    """(name, dtype) of the shipped profiles calibrated on this hardware (and CPU features)."""
     out = []
     for name in builtin_profiles():
         try:
@@ -482,10 +422,9 @@ def _dtype_name(name: str) -> str:
 
 
 def recorded_small_batch_rows(engine_record: Mapping[str, Any], copies: bool = True) -> int:
-    """The rows up to which an engine record (a profile's provenance "engine", a fidelity run's
-    "engine") says the CPU fp32 products took the transposed weight copies: records made before
-    the field existed ran them up to 4 rows wherever they had them (small_batch_weights, else
-    `copies`)."""
+    """Rows up to which an engine record's CPU fp32 products used the transposed weight copies.
+
+    Records without small_batch_rows ran them up to 4 rows where they had them."""
     if "small_batch_rows" in engine_record:
         return int(engine_record["small_batch_rows"] or 0)
     return 4 if engine_record.get("small_batch_weights", copies) else 0
@@ -493,14 +432,7 @@ def recorded_small_batch_rows(engine_record: Mapping[str, Any], copies: bool = T
 
 def check_profile_code_path(profile: FittedCostModel, small_batch_rows: int, allow_mismatch: bool = False,
                             source: str = "profile") -> None:
-    """Refuse a CPU fp32 profile whose engine took the transposed weight copies up to another
-    number of rows than this engine does (EngineArgs.small_batch_rows).
-
-    The copies run another MKL kernel, faster or slower by the rows and the CPU (on an AVX-512
-    Xeon a 5-sequence decode step cost 1.3x a 4-sequence one with the copies up to 4 rows), so the
-    steps between the two counts cost what the profile never measured. A profile without an
-    engine record (fitted from a step log) is not checked.
-    """
+    """Refuse a CPU fp32 profile made with another small_batch_rows: the copies run another kernel."""
     prov = profile.meta.get("provenance") or {}
     eng = prov.get("engine")
     if allow_mismatch or not isinstance(eng, Mapping) or str(prov.get("device", "")).split(":")[0] != "cpu" \
@@ -516,13 +448,9 @@ def check_profile_code_path(profile: FittedCostModel, small_batch_rows: int, all
 
 def check_profile_core_mode(profile: FittedCostModel, engine_core_mode: str, allow_mismatch: bool = False,
                             source: str = "profile") -> None:
-    """Refuse a profile calibrated with the engine core in another layout (in process / own process).
+    """Refuse a profile made with the engine core in another layout: each paces steps differently.
 
-    The two layouts pace steps differently: in process the front end's output processing runs
-    between the core's steps, in its own process it overlaps the next step while the IPC hop
-    and the front end's credit are paid instead, so each layout's CPU overhead is its own. A
-    profile without the field predates the process layout's step log: it was made in process.
-    """
+    A profile without the field was made in process."""
     made_in = (profile.meta.get("provenance") or {}).get("engine_core_mode", "inproc")
     if allow_mismatch or made_in == engine_core_mode:
         return

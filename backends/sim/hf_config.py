@@ -1,15 +1,8 @@
 """Model specs from Hugging Face config.json files (or a study's [model] table of the same keys).
 
-The file's own values are read as JSON rather than through transformers' config classes:
-those fill a missing field with a library default (a 4096 hidden size, say), and a
-capacity plan built on a default the user never wrote is a silent wrong answer. Here a
-missing or non-physical field is a ModelConfigError naming the file, the line and the key.
-
-Families read: Llama, Mistral, Qwen2/2.5/3, Gemma 3 (its text_config), Mixtral
-(num_local_experts), Qwen-MoE (num_experts, moe_intermediate_size, shared experts).
-Sliding windows: layer_types, Gemma's sliding_window_pattern, or one window on every layer
-(Mistral v0.1); use_sliding_window = false turns it off (Qwen). DeepSeek-style MoE and MLA
-attention are refused rather than priced as something else.
+Read as plain JSON, not transformers' config classes: those fill missing fields with library
+defaults, and a plan built on a value the user never wrote is silently wrong. Families: Llama,
+Mistral, Qwen2/2.5/3(-MoE), Gemma 3, Mixtral; DeepSeek-style MoE and MLA are refused.
 """
 
 from __future__ import annotations

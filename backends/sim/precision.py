@@ -1,14 +1,8 @@
 """Precision under vLLM's names: dtype, quantization, kv_cache_dtype.
 
-What each changes in the cost model (vLLM's behaviour; docs.vllm.ai, "Quantization"):
-- dtype 'bfloat16' | 'float16': the activation and unquantized-weight type, 2 bytes.
-- quantization 'fp8': layer weights 1 byte; GEMMs run on FP8 tensor cores (W8A8) where
-  the GPU has them, else weight-only (Marlin W8A16 on Ampere) at the 16-bit peak.
-- quantization 'int4': weight-only (AWQ/GPTQ, group size 128): 4 bits per weight plus a
-  16-bit scale and a 4-bit zero point per group; GEMMs dequantize to 16 bits.
-- kv_cache_dtype 'fp8': K and V stored in 1 byte (attention still computes in 16 bits).
-Embeddings and the LM head stay 16-bit (neither method quantizes them), and so do
-activations and all-reduce messages.
+As vLLM does (docs.vllm.ai, "Quantization"): fp8 stores layer weights in 1 byte and runs W8A8
+GEMMs where the GPU can; int4 is weight-only (AWQ/GPTQ, group 128); kv fp8 stores K/V in 1 byte.
+Embeddings, LM head, activations and all-reduces stay 16-bit.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """How many drafts a simulated verify step accepts: per-position acceptance rates, seeded.
 
-rates[i] is the chance that draft position i is accepted given that every earlier one was
-(the acceptance model of Leviathan et al. 2023, made position-dependent as vLLM reports it).
-An optional per-request spread scales one request's rates by a lognormal factor drawn once,
-so some requests draft well and others badly.
+rates[i] = P(position i accepted | all earlier were): Leviathan et al. 2023, made
+position-dependent as vLLM reports it; an optional lognormal per-request spread.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Published GPU measurements the roofline cost model is checked against (README table, tests).
 
-Each row is one figure from a public benchmark table, with its source. The model
-predicts the same experiment from its step times: a static batch (every prompt in one
-prefill step, then one decode step per further output token), as the benchmark
-harnesses behind these tables run it (TensorRT-LLM's gptSessionBenchmark; NeMo's
-TensorRT-LLM export). Efficiencies come from the catalog, never from this table.
+Each row is one published figure with its source; the model predicts the same static-batch
+experiment the harness ran. Efficiencies come from the catalog, never from this table.
 
     python -m twinserve.backends.sim.validation      # prints the Markdown table
 """
@@ -106,10 +103,8 @@ MEASUREMENTS: tuple[Measurement, ...] = (
               "efficiencies set for 2023-24 ones); this one furthest"),
     _fp8("Llama-3.1-70B", "H200", 1, 0, 1000, 1000, "in_flight_tok_s", 2909, TRTLLM_V10),
     _fp8("Llama-3.1-405B", "H100-SXM", 8, 0, 128, 2048, "in_flight_tok_s", 4340, TRTLLM_V10),
-    # Rows of the same NeMo table the model misses. NeMo's figures are end-to-end through
-    # its deployment path, which a step model does not price, and the table is not
-    # self-consistent everywhere (users noted 13B faster than 7B at TP 1: NVIDIA/NeMo
-    # discussion 8455). Shown so the miss is visible, not hidden.
+    # NeMo rows the model misses, shown so the miss is visible: end-to-end figures, and the
+    # table is not self-consistent (NVIDIA/NeMo discussion 8455).
     Measurement("Llama-2-7B", "H100-SXM", 1, 1, 128, 20, "latency_ms", 153.8, NEMO_LLAMA2,
                 miss="end-to-end serving path not modelled"),
     # 40.2 sentences/s of 20 tokens each in the source's throughput column.
