@@ -10,30 +10,21 @@ from twinserve.core.kv.block_pool import BlockPool, KVCacheBlock
 from twinserve.core.kv.hashing import BlockHash, HashFunction, get_hash_function
 
 _NO_BLOCKS: list[KVCacheBlock] = []
-# Stands in a request's block table for a block its sliding window has left behind (id -1:
-# attention never reads it, and it is never freed or cached).
+# Placeholder for a block the sliding window has left behind (never read, freed or cached).
 OUT_OF_WINDOW = KVCacheBlock(-1)
 # BlockHash(...) without the NamedTuple's Python-level __new__ (one per full block).
 _new_key = tuple.__new__
-# Hash functions whose 64-bit values do not collide in practice: pending registration
-# (see PendingChain) assumes two different prefixes never share a value.
+# Pending registration (PendingChain) assumes two prefixes never share a 64-bit value.
 _STRONG_HASHES = ("xxhash", "sha256")
 
 
 class PendingChain:
     """A request's full blocks past its root, registered in the prefix cache in name only.
 
-    Most prefixes are never looked up again, and hashing every block of every request
-    costs more than the rest of a simulated request. When a request registers a block
-    whose key is new to the cache (its root: the first block it does not share with a
-    cached prefix), that block is registered at once and the request's later blocks
-    lazily: they are marked as pending, and hashed and entered into the map only when a
-    lookup reaches the root or another request registers the root's key, which are the
-    only ways anything can reach them. Until then no other block can hold their keys, so
-    deferring the work changes no lookup's result. A pending block evicted before that
-    stays out of the map but still gets its key, so the blocks after it chain as they
-    would have. Held blocks cannot be evicted, so the pending ones are marked (for the
-    pool to see an eviction) only when the request lets them go.
+    Most prefixes are never looked up again and hashing is the costliest part of a simulated
+    request, so blocks after the root (the first new key) are hashed and entered only when a
+    lookup reaches the root or another request registers its key, the only ways to reach
+    them; deferring changes no lookup's result.
     """
 
     __slots__ = ("request_id", "root", "blocks", "token_ids", "hashes", "lo", "hi", "held")
@@ -71,8 +62,7 @@ class KVCacheManager:
                  hash_function: str | HashFunction = "xxhash",
                  lazy_registration: bool = True, sliding_window: int | None = None) -> None:
         self.block_size = block_size
-        # Every layer attends within this window (one sliding KV group): a block wholly before
-        # the window of the next token to compute goes back to the pool as the request advances.
+        # One window for every layer: blocks wholly before it go back to the pool.
         self.sliding_window = sliding_window
         self.num_window_freed = 0  # blocks returned that way, ever (a pool counter)
         self._window_start: dict[str, int] = {}  # per request: blocks before this index are dropped
@@ -81,12 +71,10 @@ class KVCacheManager:
         self.hash_fn = get_hash_function(hash_function)
         self.pool = BlockPool(num_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        # How many leading blocks of each request are registered in the prefix cache
-        # (pending ones included: see PendingChain).
+        # Leading blocks of each request registered in the prefix cache (pending included).
         self.num_cached_blocks: dict[str, int] = {}
         self.stats = PrefixCacheStats()
-        # Pending registration needs a hash without practical collisions.
-        # Pending chains walk a request's own block list later, which a sliding window thins out.
+        # Needs a collision-free hash and a block list no sliding window thins out.
         self.lazy = (enable_caching and lazy_registration and sliding_window is None
                      and isinstance(hash_function, str) and hash_function in _STRONG_HASHES)
         self._chains = self.pool.chains  # root key value -> PendingChain
@@ -125,9 +113,7 @@ class KVCacheManager:
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest cached prefix of the request, leaving at least one token to compute.
 
-        Every hit is confirmed against the whole chain: the cached block's tokens and
-        extra keys must equal the request's, and its stored parent must be the very key
-        object of the block hit just before it (None for the first block).
+        Each hit is confirmed against the whole chain (tokens, extra keys, parent key object).
         """
         if not self.enable_caching:
             return _NO_BLOCKS, 0
@@ -176,11 +162,8 @@ class KVCacheManager:
                        num_draft_tokens: int = 0) -> list[KVCacheBlock] | None:
         """Make room for num_new_tokens more tokens; the new blocks, or None if they don't fit.
 
-        new_computed_blocks are prefix-cache hits for a request being admitted.
-        num_reserved_blocks must stay free afterwards (the admission watermark).
-        The last num_draft_tokens of the new tokens are unverified drafts: they get slots,
-        but no block holding one is registered in the prefix cache.
-        The returned list must not be mutated (it may be shared when empty).
+        num_reserved_blocks stay free afterwards; blocks holding the last num_draft_tokens
+        (unverified drafts) are not registered. The returned list may be shared: don't mutate it.
         """
         req_id = request.request_id
         blocks = self.req_to_blocks.get(req_id)
@@ -217,19 +200,13 @@ class KVCacheManager:
         else:
             new_blocks = _NO_BLOCKS
         if self.enable_caching and verified // bs > self.num_cached_blocks[req_id]:
-            # Registered now, before the step computes them, so a request admitted later in
-            # the same step can share them (the step writes every block's KV before any
-            # attention reads it). If the step does not run them, the caller must say so
-            # to free() (a preemption or abort with the step in flight).
+            # Registered before the step runs so a later admission in it can share them; if
+            # the step never runs them, the caller must tell free().
             self.cache_blocks(request, verified)
         return new_blocks
 
     def trim(self, request: Request, num_tokens: int) -> int:
-        """Give back the request's blocks past the first num_tokens slots; how many went back.
-
-        For rejected drafts: those blocks were never registered (allocate_slots registers
-        verified tokens only), so they return to the pool as plain free blocks.
-        """
+        """Give back the (never registered) blocks past num_tokens slots after rejected drafts; how many."""
         blocks = self.req_to_blocks.get(request.request_id)
         keep = -(-num_tokens // self.block_size)
         if not blocks or len(blocks) <= keep:
@@ -242,11 +219,7 @@ class KVCacheManager:
         return len(dropped)
 
     def _drop_out_of_window(self, req_id: str, blocks: list[KVCacheBlock], num_computed: int) -> None:
-        """Return the blocks no token from num_computed on can see (positions < num_computed - W + 1).
-
-        A cached block stays in the prefix cache as a free block (evictable), so prefix hits
-        on it remain correct: its KV is still what its key names until it is evicted.
-        """
+        """Free blocks no token from num_computed on can see; cached ones stay hittable until evicted."""
         end = max(0, num_computed - self.sliding_window + 1) // self.block_size
         start = self._window_start.get(req_id, 0)
         if end <= start:
@@ -264,12 +237,8 @@ class KVCacheManager:
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Register the request's full blocks up to num_computed_tokens in the prefix cache.
 
-        The latest computed copy of a content takes the key, and the block that held it
-        before becomes uncached (it stays valid for the requests using it). When the
-        previous holder's key names the same prefix (same tokens, extra keys and parent
-        object), that key object is kept, so blocks cached as its children stay reachable.
-        A block that already holds a key (a prefix hit shared by this request) keeps it.
-        Blocks past a new root are registered lazily (PendingChain).
+        The latest copy of a content takes the key (an equal key object is kept so its cached
+        children stay reachable); blocks past a new root register lazily (PendingChain).
         """
         if not self.enable_caching:
             return
@@ -296,8 +265,7 @@ class KVCacheManager:
         """Register block i; a PendingChain for the blocks after it if its key was new."""
         hashes = request.block_hashes
         key = self._key(request, hashes, i, hashes[i - 1] if i else None)
-        # A key once held by two blocks may have children cached under the copy that lost
-        # it, which outlive it; a chain would register past them in another order.
+        # A contested key may have cached children outliving it; a chain would misorder them.
         fresh = key.value not in self.pool.cached and key.value not in self._contested
         self._register(blocks, request.all_token_ids, hashes, request.cache_salt, i, i + 1)
         if not fresh:
@@ -366,8 +334,7 @@ class KVCacheManager:
             parent = hashes[i] = stored
 
     def _take_over(self, value: int, old: KVCacheBlock) -> None:
-        """Before a key moves from block old to another: old's pending chain registers first,
-        and the key is noted as contested (past num_blocks such keys, nothing is deferred)."""
+        """Flush old's pending chain before its key moves, and note the key as contested."""
         chain = self._chains.get(value)
         if chain is not None and chain.root is old:
             self._flush(chain)
@@ -385,9 +352,7 @@ class KVCacheManager:
     def free(self, request: Request, num_computed_tokens: int | None = None) -> None:
         """Release the request's blocks, tail first so tails are evicted before heads.
 
-        num_computed_tokens, when given, is how many tokens' KV was really written: blocks
-        registered past it (allocated for a step that will not run them: a preemption or
-        abort in the same step) leave the prefix cache, so no later lookup reads them.
+        Blocks registered past num_computed_tokens (KV never written) leave the prefix cache.
         """
         blocks = self.req_to_blocks.pop(request.request_id, None)
         num_cached = self.num_cached_blocks.pop(request.request_id, 0)
