@@ -9,8 +9,7 @@ from twinserve.core.kv.hashing import HASH_FUNCTIONS
 from twinserve.core.sched.policies import PREEMPTION_CHOICES, QUEUE_POLICIES
 
 
-# The knobs that take a registered name, and the names each takes: CLIs and study files
-# offer these, so a policy registered in policies.py or hashing.py is usable everywhere.
+# Knobs that take a registered name: CLIs offer these, so a new registration is usable everywhere.
 SCHEDULER_CHOICES: dict[str, tuple[str, ...]] = {
     "policy": tuple(QUEUE_POLICIES),
     "preemption": PREEMPTION_CHOICES,
@@ -26,30 +25,23 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_model_len: int = 4096
     enable_chunked_prefill: bool = True
-    # A prefill asks for at most this many tokens a step (0 = no cap), so long prompts
-    # share the budget with others; only meaningful with chunked prefill.
+    # Per-step cap on a prefill (0 = none) so long prompts share the budget; needs chunked prefill.
     long_prefill_token_threshold: int = 0
     block_size: int = 16
     num_blocks: int = 1024
     enable_prefix_caching: bool = True
-    # A name in kv.hashing.HASH_FUNCTIONS (or, in code, a hash function itself).
+    # A name in kv.hashing.HASH_FUNCTIONS, or a hash function.
     prefix_caching_hash_algo: str = "xxhash"
     # Fraction of all blocks that must stay free after admitting a new request.
     watermark: float = 0.0
-    # Waiting-queue order, a name in policies.QUEUE_POLICIES: "fcfs", "priority" (lower
-    # value first, arrival breaks ties) or "sjf" (shortest prompt first).
+    # Waiting-queue order: "fcfs", "priority" (lower first) or "sjf" (shortest prompt first).
     policy: str = "fcfs"
-    # Victim when memory runs out, a name in policies.PREEMPTION_POLICIES: "last" admitted,
-    # strict "priority" (no aging), or "auto" (priority under the priority policy, else last).
+    # Preemption victim: "last" admitted, "priority", or "auto" (priority under that policy, else last).
     preemption: str = "auto"
-    # Aging against starvation under "priority" and "sjf": every aging_interval_s seconds a
-    # request has spent waiting (not running) counts as one priority level, and under sjf,
-    # once it has waited this long it outranks any newly arrived prompt. 0 turns aging off
-    # (strict order: a steady stream of short or important requests can then hold others
-    # back forever).
+    # Against starvation under "priority"/"sjf": each interval waited is one priority level
+    # (sjf: outranks new prompts). 0 = strict order, which can starve requests forever.
     aging_interval_s: float = 30.0
-    # The model's sliding window when every layer has one (Mistral): the KV manager frees
-    # the blocks a request's window has left behind. 0: full attention, every block kept.
+    # The model's all-layer sliding window (Mistral), whose passed blocks are freed; 0 = full attention.
     sliding_window: int = 0
 
     def __post_init__(self) -> None:

@@ -14,12 +14,12 @@ class NewRequestData:
     """A request the executor has not seen (or must rebuild after preemption)."""
 
     req_id: str
-    # Prompt plus any tokens generated before a preemption: the executor recomputes them all.
+    # Prompt plus tokens generated before any preemption: all recomputed.
     token_ids: list[int]
     num_prompt_tokens: int
     sampling_params: SamplingParams
     block_ids: list[int]
-    # Tokens already in the KV cache (prefix-cache hits); the step computes from here.
+    # Prefix-cache hits: the step computes from here.
     num_computed_tokens: int
 
 
@@ -28,10 +28,8 @@ class CachedRequestData:
     """Requests the executor already holds state for, as parallel lists."""
 
     req_ids: list[str] = field(default_factory=list)
-    # Blocks appended to each request's block table this step (a shared empty tuple when
-    # none: read-only for executors).
+    # Blocks appended this step (read-only: a shared empty tuple when none).
     new_block_ids: list[Sequence[int]] = field(default_factory=list)
-    # Tokens in the KV cache before this step (the context the new tokens attend to).
     num_computed_tokens: list[int] = field(default_factory=list)
 
 
@@ -44,13 +42,10 @@ class SchedulerOutput:
     num_scheduled_tokens: dict[str, int]
     total_num_scheduled_tokens: int
     preempted_req_ids: list[str]
-    # Requests that ended since the previous step: the executor drops their state.
     finished_req_ids: set[str]
-    # Draft tokens to verify per request (vLLM v1's name): they are the last len(drafts) of
-    # the request's num_scheduled_tokens, placed after its newest sampled token.
+    # Drafts to verify: the last len(drafts) of the request's num_scheduled_tokens.
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
-    # Blocks to drop from the end of a held request's block table before this step's new
-    # blocks are appended (they held only rejected drafts and went back to the pool).
+    # Blocks (rejected drafts') to drop from the table's end before appending new ones.
     num_dropped_blocks: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -75,16 +70,12 @@ class ModelRunnerOutput:
 
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, list[Logprob]] | None = None
-    # Requests whose own inputs made the step fail for them (req id -> reason): the core ends
-    # them with finish reason "error"; every other request of the step goes on.
+    # req id -> reason for requests whose own inputs failed; only they end (with "error").
     failed: dict[str, str] | None = None
-    # Prompt log-probabilities computed this step, for requests that asked: req id -> (index of
-    # the first prompt token described, one record per prompt token from there).
+    # req id -> (index of the first prompt token described, one record per token from there).
     prompt_logprobs: dict[str, tuple[int, list[Logprob]]] | None = None
-    # Wall or simulated duration of the step, when the executor measured or modelled one.
     step_time: float | None = None
-    # Drafts proposed for each request's next step (speculative decoding only): the scheduler
-    # decides how many of them to schedule.
+    # Drafts for each request's next step; the scheduler picks how many to verify.
     spec_token_ids: dict[str, list[int]] | None = None
 
 
@@ -92,19 +83,16 @@ class ModelRunnerOutput:
 class EngineCoreOutput:
     """Per-request result of one step: new tokens, and a finish reason once it ends."""
 
-    # Scheduler.update_from_output builds these field by field (no __init__ call on the
-    # decode hot path): a field added here must be set there too.
+    # Built field by field in Scheduler.update_from_output (hot path): set new fields there too.
 
     req_id: str
     new_token_ids: list[int]
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     new_logprobs: list[Logprob] | None = None
-    # (index of the first prompt token described, records) when prompt logprobs were asked for.
+    # (index of the first prompt token described, records).
     prompt_logprobs: tuple[int, list[Logprob]] | None = None
-    # Why the request failed, with finish reason "error".
     error: str | None = None
-    # Draft tokens verified for the request this step and how many of them were accepted.
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
 
