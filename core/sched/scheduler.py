@@ -41,8 +41,7 @@ def _check_stop(req: Request, token: int, n_out: int, max_model_len: int
                 ) -> tuple[FinishReason | None, int | None]:
     """The full stop rule for a request's newest token: (finish reason, stop token) or (None, None)."""
     sp = req.sampling_params
-    # min_tokens tokens come before any stop: a stop token is only honoured past them
-    # (the sampler masks stop ids while fewer were generated).
+    # Stops count only past min_tokens (the sampler masks stop ids until then).
     if n_out > sp.min_tokens:
         if token == req.eos_token_id and not sp.ignore_eos:
             return _STOP, None
@@ -54,12 +53,7 @@ def _check_stop(req: Request, token: int, n_out: int, max_model_len: int
 
 
 def _fast_decode_limit(kv: KVCacheManager, rid: str) -> int:
-    """Request.fast_decode_limit from the KV manager's bookkeeping for a request holding blocks.
-
-    The mirror of allocate_slots' no-op case: a step from c computed tokens to c + 1 needs
-    no block while c < len(blocks) * block_size, and registers none while
-    (c + 1) // block_size <= the blocks already registered.
-    """
+    """Request.fast_decode_limit: the mirror of allocate_slots' no-op case (no new or registered block)."""
     bs = kv.block_size
     limit = len(kv.req_to_blocks[rid]) * bs
     if kv.enable_caching:
@@ -76,8 +70,7 @@ def _refresh_fast_decode_limit(kv: KVCacheManager, req: Request) -> int:
 
 
 def _draft_len(req: Request, room: int) -> int:
-    """How many of a decoding request's drafts to verify this step: within room (budget
-    tokens past its own one), and none that could only land past its length limit."""
+    """How many drafts to verify this step: within room, and none past the length limit."""
     k = len(req.spec_token_ids)
     limit = req.stop_check_len - len(req.all_token_ids) - 1
     if limit < k:
@@ -86,8 +79,7 @@ def _draft_len(req: Request, room: int) -> int:
 
 
 def _chunk(num_new: int, threshold: int, budget: int) -> int:
-    """A running request's tokens this step: what it has left, capped by the long-prefill
-    threshold (when set) and by the step's remaining budget."""
+    """A running request's tokens this step, capped by the long-prefill threshold and the budget."""
     if 0 < threshold < num_new:
         num_new = threshold
     return num_new if num_new < budget else budget
@@ -99,15 +91,14 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig,
                  speculative_config: SpeculativeConfig | None = None) -> None:
         self.config = config
-        # Speculative decoding: drafts come from the executor (ModelRunnerOutput.spec_token_ids)
-        # and are scheduled as part of their request's step.
+        # Drafts come from the executor and are scheduled as part of their request's step.
         self.spec = speculative_config
         self.spec_stats = SpecDecodeStats()
         # The last update's requests with drafts, drafts verified and accepted.
         self.step_num_spec_reqs = 0
         self.step_num_draft_tokens = 0
         self.step_num_accepted_tokens = 0
-        # Blocks trimmed after rejections, not yet announced to the executor (req id -> count).
+        # Blocks trimmed after rejections, not yet announced to the executor.
         self._dropped: dict[str, int] = {}
         self.kv = KVCacheManager(config.num_blocks, config.block_size,
                                  config.enable_prefix_caching, config.prefix_caching_hash_algo,
@@ -119,15 +110,12 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
         self.watermark_blocks = int(config.watermark * config.num_blocks)
-        # Tokens per request of the step scheduled but not yet applied by update_from_output.
+        # Tokens per request of the step not yet applied by update_from_output.
         self._in_flight: dict[str, int] | None = None
-        # The last schedule()'s output when it scheduled every running request (in the
-        # order of self.running), and how many that was: update_from_output then walks
-        # self.running instead of looking each id up.
+        # The last output when it took every running request, so update_from_output walks running.
         self._whole_batch: SchedulerOutput | None = None
         self._whole_batch_len = 0
-        # The ids the first loop of the last schedule() took (a copy), and a dict of them
-        # each mapped to 1: steps that take the same ids copy it (see schedule()).
+        # Last step's first-loop ids and their {id: 1} dict, copied when the ids repeat.
         self._last_ids: list[str] = []
         self._last_ones: dict[str, int] = {}
         self._seq = itertools.count()
@@ -149,8 +137,7 @@ class Scheduler:
         sp = request.sampling_params
         max_tokens = sp.max_tokens if sp.max_tokens is not None else cfg.max_model_len - n
         request.max_tokens = max(1, max_tokens)
-        # The most tokens that will ever need KV: generation ends at max_model_len, and the
-        # last sampled token is never fed back.
+        # Peak KV tokens: generation ends at max_model_len and the last token is never fed back.
         peak = max(n, min(n + request.max_tokens - 1, cfg.max_model_len - 1))
         if not self.kv.can_fit(peak):
             limit = cfg.num_blocks * cfg.block_size
@@ -158,9 +145,7 @@ class Scheduler:
                 f"request needs up to {peak} tokens of KV cache but the whole pool holds {limit} "
                 f"({cfg.num_blocks} blocks of {cfg.block_size}); lower max_tokens or add blocks",
                 peak, limit)
-        # The stop rule's quick form (see Request.stop_check_ids): all_token_ids is always
-        # the prompt plus output_token_ids, so it reaches n + max_tokens exactly when
-        # max_tokens tokens were generated.
+        # The stop rule's quick form (see Request.stop_check_ids).
         stop_ids = set(sp.stop_token_ids)
         if request.eos_token_id is not None and not sp.ignore_eos:
             stop_ids.add(request.eos_token_id)
@@ -188,8 +173,7 @@ class Scheduler:
                 self.running.remove(req)
                 in_flight = self._in_flight
                 if in_flight is not None and rid in in_flight:
-                    # Scheduled in a step whose output has not come back: that step may
-                    # never compute its blocks (an executor failure), so they leave the cache.
+                    # Its in-flight step may never compute its blocks: they leave the cache.
                     computed = req.num_computed_tokens - in_flight[rid]
             else:
                 self.waiting.remove(req)
@@ -233,16 +217,9 @@ class Scheduler:
         c_computed: list[int] = []
         preempted: list[str] = []
         add_id, add_computed = c_ids.append, c_computed.append
-        # The common case first: running requests in order, none preempted. Decodes whose
-        # token fits the last block and fills none take the fast path (allocate_slots would
-        # do nothing and return no blocks, so it is not called: see
-        # Request.fast_decode_limit); the others are noted in
-        # `other` (position -> tokens, new block ids). The loop after this one takes over
-        # from the first request that does not fit without preempting.
-        # No budget check per request: the loop covers at most `budget` requests (`head`),
-        # so one token each always fits; `spare` is what the budget holds past one token
-        # per request of the head, and once a request takes more than that, the loop after
-        # this one goes on from the next request, checking the budget as it goes.
+        # Fast loop for the common case (no preemption): decodes under fast_decode_limit skip
+        # allocate_slots; `head` has at most `budget` requests so one token each always fits,
+        # and `spare` is the budget past that. The checked loop below takes over when it runs out.
         other: dict[int, tuple[int, Sequence[int]]] = {}
         head = running if len(running) <= budget else running[:budget]
         spare = budget - len(head)
@@ -258,14 +235,12 @@ class Scheduler:
             k = 0
             if num_new == 1:
                 if spec_on and req.spec_token_ids:
-                    # Drafts take only the spare budget, so every request of the head keeps its token.
+                    # Drafts take only spare budget, so every head request keeps its token.
                     k = _draft_len(req, spare)
                     if k > 0:
                         spec_tokens[rid] = req.spec_token_ids[:k]
                         num_new += k
-                # Past the bound rather than at it: something other than this scheduler
-                # (a fast-forward window) advanced the request and took its blocks, so
-                # the bound is stale; refreshing it usually spares allocate_slots.
+                # Past the bound means fast-forward advanced it: refresh the stale bound.
                 if k:
                     pass
                 elif c < req.fast_decode_limit or (
@@ -296,8 +271,7 @@ class Scheduler:
         i = len(c_ids) + skipped  # the first request the loop did not handle
         budget -= len(c_ids) + extra
         if c_ids == self._last_ids:
-            # The same requests as last step (the steady decode state): copying a dict is
-            # a block copy, some 20x cheaper per entry than inserting each key again.
+            # Steady decode: copying the dict is far cheaper than rebuilding it.
             num_scheduled = self._last_ones.copy()
         else:
             num_scheduled = dict.fromkeys(c_ids, 1)
@@ -329,7 +303,7 @@ class Scheduler:
                 if j < i:
                     i -= 1
                     vid = victim.request_id
-                    # Passed over with nothing to compute, or scheduled: then hand its tokens back.
+                    # If scheduled, hand its tokens back.
                     n = num_scheduled.pop(vid, 0)
                     if n:
                         budget += n
@@ -368,8 +342,7 @@ class Scheduler:
         self._dropped = {}
         so = SchedulerOutput(new_reqs, CachedRequestData(c_ids, c_blocks, c_computed),
                              num_scheduled, total, preempted, finished, spec_tokens, dropped)
-        # Every scheduled request is running and in running's order (admissions are
-        # appended to both), so equal counts mean the step took every running request.
+        # Scheduled requests follow running's order, so equal counts mean all were taken.
         whole = len(num_scheduled) == len(running)
         self._whole_batch = so if whole else None
         self._whole_batch_len = len(running)
@@ -394,8 +367,7 @@ class Scheduler:
                     num_new = budget
             elif num_new > budget:
                 break
-            # The watermark keeps headroom for running requests to grow; with nothing
-            # running it could only block progress.
+            # Headroom for running requests to grow; with none running it would only block.
             reserve = self.watermark_blocks if running else 0
             new_blocks = kv.allocate_slots(req, num_new, hits, num_hit, reserve)
             if new_blocks is None:
@@ -433,11 +405,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ speculation
     def _verify(self, req: Request, drafts: list[int], tokens: list[int]) -> tuple[int, int]:
-        """Count a verified draft and roll back the rejected drafts' computed tokens.
-
-        The executor returns the accepted drafts then one token of its own (the correction
-        or the bonus), so len(tokens) - 1 drafts were accepted.
-        """
+        """Count a verification and roll back rejected drafts; len(tokens) - 1 were accepted."""
         num_drafts = len(drafts)
         num_accepted = len(tokens) - 1
         if not 0 <= num_accepted <= num_drafts:
@@ -475,12 +443,9 @@ class Scheduler:
         self._in_flight = None
         running = self.running
         if scheduler_output is self._whole_batch and len(running) == self._whole_batch_len:
-            # The step took every running request and none has left since (an abort would
-            # have shortened the list): they are the step's requests, in its order, all
-            # still running.
+            # Every running request, none gone since: the step's requests in order.
             reqs = running
         else:
-            # Those scheduled that are still running (not aborted or preempted after it).
             reqs = [r for r in map(requests.get, scheduler_output.num_scheduled_tokens)
                     if r is not None and r.status is _RUNNING]
         self._whole_batch = None
@@ -510,8 +475,7 @@ class Scheduler:
                 out_ids.append(token)
                 all_ids.append(token)
                 req.token_times.append(now)
-                # The quick form of the stop rule first (one set probe, one comparison);
-                # the full rule only when it says the request may end.
+                # Quick stop check first; the full rule only when it may end.
                 if token in req.stop_check_ids or len(all_ids) >= req.stop_check_len:
                     reason, stop_reason = _check_stop(req, token, len(out_ids), max_model_len)
                 else:
@@ -533,8 +497,7 @@ class Scheduler:
                         if reason is not None:
                             break
                 new_ids = tokens if count == len(tokens) else tokens[:count]
-            # EngineCoreOutput(rid, new_ids, reason, stop_reason, logprobs), built without
-            # its Python-level __init__ (one per request per step): every field is set.
+            # EngineCoreOutput without its __init__ (hot path): every field is set.
             out = new_output(Output)
             out.req_id = rid
             out.new_token_ids = new_ids
