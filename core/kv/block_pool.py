@@ -17,9 +17,7 @@ class KVCacheBlock:
         self.block_id = block_id
         self.ref_cnt = 0
         self.block_hash: BlockHash | None = None
-        # The pending chain (kv_cache_manager.PendingChain) that registers this block in
-        # name only, set when its request lets it go: the block has no key yet, gets one if
-        # the chain is ever looked up, and loses the mark when it is evicted.
+        # Its PendingChain once its request lets it go; cleared on eviction so the chain sees it.
         self.pending = None
         self.prev_free: KVCacheBlock | None = None
         self.next_free: KVCacheBlock | None = None
@@ -30,13 +28,9 @@ class KVCacheBlock:
 
 
 class FreeBlockQueue:
-    """Doubly linked list of free blocks threaded through the blocks themselves.
+    """Doubly linked list of free blocks threaded through the blocks; front = next evicted (LRU).
 
-    The front is the next block handed out, so the order is also the eviction
-    order: least recently freed first. BlockPool takes runs of blocks from the front
-    and puts freed ones at the back by walking these links itself, one pass per run
-    with its per-block work (eviction, ref counts) in the same loop; remove() unlinks
-    a single block from anywhere in O(1).
+    BlockPool walks the links itself so each run's per-block work happens in one pass.
     """
 
     __slots__ = ("num_free", "_head", "_tail")
@@ -84,11 +78,9 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
-        # Key value -> the block holding that content; a block has a key exactly when it
-        # is in this map. One block per key: the most recently computed copy.
+        # Key value -> the latest copy of that content; a block has a key iff it is here.
         self.cached: dict[int, KVCacheBlock] = {}
-        # Key value -> the pending chain hanging off the block holding it (its root; see
-        # kv_cache_manager.PendingChain): dropped with its root, since nothing reaches it then.
+        # Root key value -> its PendingChain; dropped with the root, since nothing reaches it then.
         self.chains: dict[int, object] = {}
         self.num_evictions = 0
 
@@ -102,8 +94,7 @@ class BlockPool:
         queue = self.free_queue
         if n > queue.num_free:
             raise ValueError(f"asked for {n} blocks, {queue.num_free} free")
-        # The first n blocks of the queue, unlinked in one walk that also evicts and sets
-        # ref counts: this runs for every block a prefill allocates.
+        # One walk that unlinks, evicts and sets ref counts: every prefill block passes here.
         out = []
         append = out.append
         cached = self.cached

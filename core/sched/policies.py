@@ -42,23 +42,18 @@ class FCFSQueue:
         self._q: deque[Request] = deque()
 
     def add(self, request: Request) -> None:
-        """Enqueue at the back."""
         self._q.append(request)
 
     def prepend(self, request: Request) -> None:
-        """Enqueue at the front."""
         self._q.appendleft(request)
 
     def peek(self) -> Request:
-        """The front request."""
         return self._q[0]
 
     def pop(self) -> Request:
-        """Remove the front request."""
         return self._q.popleft()
 
     def remove(self, request: Request) -> None:
-        """Remove a request anywhere in the queue."""
         self._q.remove(request)
 
     def __len__(self) -> int:
@@ -74,9 +69,8 @@ class FCFSQueue:
 class KeyedQueue:
     """A heap ordered by a rank of the request; ties broken by arrival order.
 
-    With front_on_prepend, preempted requests go back ahead of everything else (in the
-    order they are prepended, the last one first), as vLLM requeues them; otherwise a
-    preempted request is ranked like any other, as vLLM's priority queue does.
+    front_on_prepend requeues preempted requests ahead of all (as vLLM's FCFS does); otherwise
+    they are ranked like any other (as vLLM's priority queue does).
     """
 
     __slots__ = ("_heap", "_key", "_front", "_front_on_prepend")
@@ -88,7 +82,6 @@ class KeyedQueue:
         self._front_on_prepend = front_on_prepend
 
     def add(self, request: Request) -> None:
-        """Insert by rank."""
         heapq.heappush(self._heap, (self._key(request), request.seq_no, request))
 
     def prepend(self, request: Request) -> None:
@@ -103,11 +96,9 @@ class KeyedQueue:
         return self._front[0] if self._front else self._heap[0][2]
 
     def pop(self) -> Request:
-        """Remove the next request."""
         return self._front.popleft() if self._front else heapq.heappop(self._heap)[2]
 
     def remove(self, request: Request) -> None:
-        """Remove a request anywhere in the queue."""
         if request in self._front:
             self._front.remove(request)
             return
@@ -136,19 +127,16 @@ class PreemptLastAdmitted:
     """The most recently admitted request loses its blocks (FCFS fairness)."""
 
     def pick_victim(self, running: list[Request]) -> Request:
-        """The last request in admission order."""
         return running[-1]
 
 
 class PreemptLowestPriority:
     """Strict priority, as vLLM: the largest priority value loses, the latest arrival on ties.
 
-    Aging plays no part: it measures time spent waiting, and a running request is not
-    waiting, so a long-running request never becomes the victim for having run long.
+    No aging: it measures waiting, so running long never makes a request the victim.
     """
 
     def pick_victim(self, running: list[Request]) -> Request:
-        """The least important running request, latest arrival on ties."""
         return max(running, key=lambda r: (r.priority, r.arrival_time, r.seq_no))
 
 
@@ -160,10 +148,8 @@ def _wait_origin(r: Request) -> float:
 def priority_rank(aging_interval_s: float) -> Callable[[Request], tuple]:
     """Rank by priority; each aging_interval_s seconds spent waiting is worth one level.
 
-    A waiting request's effective priority is priority - waited / interval, where waited
-    is now - _wait_origin(r) (time spent running is not counted). The now term is the
-    same for every request, so ordering by priority + origin / interval ranks identically
-    at any moment, and the heap never needs re-sorting.
+    Ranking by priority + wait origin / interval leaves out the now term common to all,
+    so the heap never needs re-sorting.
     """
     if aging_interval_s > 0:
         return lambda r: (r.priority + _wait_origin(r) / aging_interval_s, r.arrival_time)
@@ -173,16 +159,14 @@ def priority_rank(aging_interval_s: float) -> Callable[[Request], tuple]:
 def sjf_rank(aging_interval_s: float, max_model_len: int) -> Callable[[Request], tuple]:
     """Rank by prompt length; after aging_interval_s seconds of waiting a request outranks any newcomer.
 
-    The length term is the prompt's share of max_model_len (in [0, 1]); waiting lowers
-    the rank by one per aging_interval_s, as for priority (see priority_rank).
+    The length term is the prompt's share of max_model_len, in [0, 1] (aging as in priority_rank).
     """
     if aging_interval_s > 0:
         return lambda r: (r.num_prompt_tokens / max_model_len + _wait_origin(r) / aging_interval_s,)
     return lambda r: (r.num_prompt_tokens,)
 
 
-# Name-to-factory registries: the scheduler, the simulator's config, the CLIs and
-# docs/policies.md all read these. Each factory takes the SchedulerConfig's knobs by name.
+# Name-to-factory registries read by the scheduler, the simulator, the CLIs and docs/policies.md.
 
 def _fcfs(aging_interval_s: float, max_model_len: int) -> RequestQueue:
     """First come, first served; a preempted request goes back to the front."""
