@@ -25,9 +25,8 @@ class ContractViolation(AssertionError):
 class KVSlotModel:
     """What every KV slot (block id, offset) holds, as the identity of the prefix it was computed from.
 
-    The KV at position p of a real model is a function of tokens 0..p, so a slot's content
-    is named by that whole prefix. Prefixes are interned in a trie (exact, no hashing), so
-    two slots hold the same KV exactly when their ids are equal.
+    KV at position p depends on tokens 0..p, so prefixes are interned in a trie (exact, no
+    hashing): two slots hold the same KV exactly when their ids are equal.
     """
 
     __slots__ = ("block_size", "slots", "_trie")
@@ -60,8 +59,7 @@ class KVSlotModel:
 
     def check(self, req_id: str, block_ids: Sequence[int], prefix_ids: Sequence[int], end: int,
               start: int = 0) -> None:
-        """Raise ContractViolation unless positions start..end-1 all hold this request's own prefix
-        (start > 0: a sliding window, which reads nothing before it)."""
+        """Raise ContractViolation unless positions start..end-1 all hold this request's own prefix."""
         bs = self.block_size
         slots = self.slots
         for p in range(start, end):
@@ -77,15 +75,9 @@ class KVSlotModel:
 class FakeExecutor:
     """Returns next-token = f(previous token, position), so recomputation reproduces outputs.
 
-    It keeps per-request state from the scheduler outputs exactly as a model runner
-    must, and checks the contract as it goes: every scheduled token is known, block
-    tables cover the computed tokens, and nothing runs that the executor has dropped.
-    With model_kv=True it also models every KV slot: each step writes the scheduled
-    positions, then checks that every position a scheduled request attends to holds
-    exactly that request's own prefix (a stale or foreign block is a ContractViolation).
-    With num_speculative_tokens > 0 it proposes that many drafts after each sampled token:
-    the toy model's own continuation, wrong wherever (token + position) % draft_miss == 0,
-    and verifies scheduled drafts exactly as greedy verification does.
+    It keeps per-request state as a model runner must and checks the contract as it goes;
+    model_kv=True also checks every attended slot holds the request's own prefix, and
+    num_speculative_tokens > 0 proposes drafts (wrong where (token + position) % draft_miss == 0).
     """
 
     def __init__(self, vocab_size: int = 1000, block_size: int = 16, eos_token_id: int | None = None,
@@ -101,7 +93,7 @@ class FakeExecutor:
         self.state: dict[str, _ReqState] = {}
         self.num_steps = 0
         self.kv = KVSlotModel(block_size) if model_kv else None
-        # Positions checked by the KV model over the run (so a test can show it looked).
+        # So a test can show the KV model looked.
         self.num_kv_reads = 0
         # Attention reads only each new token's last sliding_window positions (None: all).
         self.sliding_window = sliding_window
@@ -165,8 +157,7 @@ class FakeExecutor:
             if len(st.block_ids) * bs < end:
                 raise ContractViolation(f"{rid}: {len(st.block_ids)} blocks cannot hold {end} tokens")
             if kv is not None:
-                # Every layer stores the step's K/V before attention reads it, so all writes
-                # of the step land before any read. Drafts' KV is written like any other.
+                # A real step stores all K/V before attention reads it: writes now, reads after.
                 ids = kv.prefix_ids(seq, list(st.prefix_ids) if drafts else st.prefix_ids)
                 kv.write(st.block_ids, ids, st.num_computed, end)
                 w = self.sliding_window
