@@ -15,9 +15,8 @@ def short_repr(value: object, limit: int = 200) -> str:
 class TwinserveError(Exception):
     """Base class of every error twinserve raises on purpose.
 
-    Subclasses with their own constructor call _keep_args so that `type(e)(*e.args)` rebuilds
-    the same error: SimPy re-raises a process's failure that way, and pickle (process pools,
-    worker processes) does too, so a typed error survives both instead of turning into a TypeError.
+    Subclass constructors call _keep_args so `type(e)(*e.args)` rebuilds the error, as SimPy
+    re-raising and pickle do.
     """
 
     def _keep_args(self, message: str, *ctor_args: object) -> None:

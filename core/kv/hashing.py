@@ -16,12 +16,8 @@ HashFunction = Callable[[int | None, Sequence[int], tuple | None], int]
 class BlockHash(NamedTuple):
     """A full block's cache key: its hash value, its parent block's key, and its contents.
 
-    The parent is the previous block's key object itself, not its hash value, so a key
-    names its whole prefix: a cached block is confirmed by comparing its stored parent
-    by identity with the block before it, which was itself confirmed (see
-    KVCacheManager.get_computed_blocks). Two prefixes whose hash values collide at any
-    depth can therefore never share a hit. A NamedTuple: one is built per full block on
-    the prefix-cache hot path, and construction and field access run in C.
+    The parent is the previous key object itself, so hits are confirmed by identity along the
+    chain and colliding prefixes never share a hit. A NamedTuple because it is built per block (C speed).
     """
 
     value: int
@@ -29,10 +25,9 @@ class BlockHash(NamedTuple):
     token_ids: tuple[int, ...]
     extra_keys: tuple | None = None
 
-    # Keys chain through their parents: equality, hashing and repr must not recurse
-    # through the whole prefix (a tuple's would, and could exceed the recursion limit).
+    # Tuple equality, hashing and repr would recurse through the whole prefix (recursion limit).
     def __eq__(self, other: object) -> bool:
-        """True when both keys name the same prefix (walks the two chains, iteratively)."""
+        """True when both keys name the same prefix."""
         a, b = self, other
         while a is not b:
             if not isinstance(a, BlockHash) or not isinstance(b, BlockHash):
@@ -75,8 +70,7 @@ _PACKERS: dict[int, struct.Struct] = {}
 
 
 def _to_bytes(token_ids: Sequence[int], extra: tuple | None) -> bytes:
-    # Native-order unsigned 32-bit ids, the bytes array("I", ids) gives, packed by a
-    # precompiled Struct per length (about twice as fast as building an array).
+    # The bytes of array("I", ids), via a cached Struct per length (about 2x faster).
     n = len(token_ids)
     packer = _PACKERS.get(n)
     if packer is None:
