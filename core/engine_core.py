@@ -36,11 +36,10 @@ class StepStats:
     prefix_hits: int
     num_preempted: int
     num_finished: int
-    # Wall time of each phase, measured only when the core is given a clock (else 0).
+    # Phase wall times, only when the core has a clock (else 0).
     schedule_time: float = 0.0
     execute_time: float = 0.0
     update_time: float = 0.0
-    # Speculative decoding: requests that verified drafts, their draft tokens, those accepted.
     num_spec_reqs: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
@@ -49,8 +48,7 @@ class StepStats:
 class EngineCore:
     """Owns the scheduler and an executor; the busy loop calls step(now).
 
-    clock, when given (the real engine passes a wall clock when it logs steps), times
-    schedule / execute / update into StepStats; the core never reads a clock itself.
+    Time is injected: the core reads no clock except the optional one that times phases.
     """
 
     def __init__(self, config: SchedulerConfig, executor: Executor,
@@ -61,11 +59,10 @@ class EngineCore:
         self.executor = executor
         self.clock = clock
         self.num_steps = 0
-        # The last step's SchedulerOutput (a reference, for step logs and replay checks).
+        # For step logs and replay checks.
         self.last_scheduler_output: SchedulerOutput | None = None
 
     def add_request(self, request: Request) -> None:
-        """Queue a request (typed error if it can never be served)."""
         self.scheduler.add_request(request)
 
     def abort(self, request_ids: Iterable[str], now: float | None = None,
@@ -74,7 +71,6 @@ class EngineCore:
         return self.scheduler.abort_requests(request_ids, reason, now)
 
     def has_unfinished_requests(self) -> bool:
-        """True while anything is waiting or running."""
         return self.scheduler.has_unfinished_requests()
 
     def step(self, now: float) -> tuple[list[EngineCoreOutput], StepStats | None]:

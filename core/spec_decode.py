@@ -1,8 +1,6 @@
 """Speculative decoding as the scheduler sees it: the configuration and the acceptance counters.
 
-The scheduler only sees draft token ids (proposed by the executor after each step) and how
-many of them the next step accepted; proposers and verification live in the backends.
-Field names follow vLLM's --speculative-config dict.
+Proposers and verification live in the backends; field names follow vLLM's --speculative-config.
 """
 
 from __future__ import annotations
@@ -24,10 +22,9 @@ class SpeculativeConfig:
 
     method: str = "ngram"
     num_speculative_tokens: int = 4
-    # ngram (prompt lookup): the longest and shortest suffix matched against the context.
+    # ngram: longest and shortest suffix matched against the context.
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
-    # draft_model: the smaller model's path or name.
     model: str | None = None
     # No drafts while this many requests or more are running (0: never switched off).
     disable_by_batch_size: int = 0
@@ -87,7 +84,7 @@ class SpecDecodeStats:
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
-    # Accepted drafts by position in the draft (index 0: the first draft token).
+    # Accepted drafts by position in the draft.
     accepted_per_pos: list[int] = field(default_factory=list)
 
     def observe(self, num_draft_tokens: int, num_accepted: int) -> None:

@@ -1,8 +1,6 @@
 """What a request's output must match (JSON schema, any JSON, regex, one of some strings, a grammar).
 
-Pure data: the grammar engine lives in the real backend, which compiles a spec once (cached, off
-the engine loop) and hangs the compiled grammar on `compiled`; the model runner keeps one
-matcher per sequence and masks the logits with it before sampling.
+Pure data: the real backend compiles a spec (cached) onto `compiled` and masks logits with it.
 """
 
 from __future__ import annotations
@@ -21,11 +19,9 @@ class StructuredOutputSpec:
 
     kind: str
     value: str | list[str] = ""
-    # The request field it came from, for error messages (e.g. "response_format", "guided_json").
+    # The request field it came from, for error messages.
     param: str = "structured_output"
-    # Filled by the backend's grammar compiler; opaque to the core. Process-local: it is left
-    # out when the spec is pickled (compiled grammars do not serialize), and a process that
-    # masks logits with an uncompiled spec compiles it again (cached per process).
+    # Opaque, process-local: not pickled (compiled grammars don't serialize); recompiled per process.
     compiled: Any = field(default=None, compare=False, repr=False)
 
     def validate(self) -> None:

@@ -1,7 +1,6 @@
 """The router seam: what a router sees of each replica, what it is asked, and its errors.
 
-A router is a plain policy object, like the scheduler's: the simulated cluster and the
-real proxy (`twinserve route`) hand it the same views and call the same method.
+The simulated cluster and the real proxy (`twinserve route`) call routers the same way.
 """
 
 from __future__ import annotations
@@ -44,8 +43,7 @@ class RouteRequest:
     """What a router may read about one request."""
 
     request_id: str
-    # Chained keys of the prompt's first full KV blocks (or text chunks in the proxy):
-    # key i identifies the whole prefix up to block i.
+    # Chained keys of the prompt's first full blocks (text chunks in the proxy).
     prefix_keys: tuple[int, ...] = ()
     session: str | None = None  # a conversation id: its turns belong together
     num_prompt_tokens: int = 0

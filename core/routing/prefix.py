@@ -1,12 +1,8 @@
 """Prefix-affinity routing: consistent hashing of a request's leading KV blocks, with bounded loads.
 
-Requests that share a prompt prefix (a system prompt, an earlier turn) land on the
-replica that already holds its KV blocks. A plain hash ring would send every request of
-one hot prefix to one replica; the bounded-load rule caps each replica at
-ceil(load_factor * (total outstanding + 1) / replicas) and walks the ring to the next
-replica with room, so a hot prefix spills over in ring order instead of queueing.
-Rule from V. Mirrokni, M. Thorup, M. Zadimoghaddam, "Consistent Hashing with Bounded
-Loads", SODA 2018.
+Shared prefixes land on the replica holding their KV; the load bound lets a hot prefix spill
+along the ring instead of queueing on one replica.
+Mirrokni, Thorup, Zadimoghaddam, "Consistent Hashing with Bounded Loads", SODA 2018.
 """
 
 from __future__ import annotations
