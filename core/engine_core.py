@@ -67,7 +67,6 @@ class EngineCore:
 
     def abort(self, request_ids: Iterable[str], now: float | None = None,
               reason: FinishReason = FinishReason.ABORT) -> list[EngineCoreOutput]:
-        """End requests early; returns their final outputs."""
         return self.scheduler.abort_requests(request_ids, reason, now)
 
     def has_unfinished_requests(self) -> bool:

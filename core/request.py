@@ -22,7 +22,6 @@ class RequestStatus(enum.IntEnum):
 
     @property
     def is_finished(self) -> bool:
-        """True for the terminal states."""
         return self >= RequestStatus.FINISHED_STOPPED
 
 
@@ -102,7 +101,6 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        """Prompt plus generated tokens so far."""
         return len(self.all_token_ids)
 
     @property
@@ -111,11 +109,9 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        """True once the request has ended for any reason."""
         return self.status >= RequestStatus.FINISHED_STOPPED
 
     def append_output_token(self, token_id: int, now: float) -> None:
-        """Record one sampled token and its time."""
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
         self.token_times.append(now)

@@ -86,7 +86,6 @@ class BlockPool:
 
     @property
     def num_free_blocks(self) -> int:
-        """Blocks with no owner (cached ones included: they are evictable)."""
         return self.free_queue.num_free
 
     def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
@@ -164,7 +163,6 @@ class BlockPool:
             for block in ordered_blocks:
                 block.ref_cnt -= 1
                 if block.ref_cnt == 0:
-                    # Linked after the previous one; the tail is relinked once at the end.
                     last.next_free = block
                     block.prev_free = last
                     last = block

@@ -51,7 +51,6 @@ class PrefixCacheStats:
 
     @property
     def hit_rate(self) -> float:
-        """Share of queried tokens served from the cache."""
         return self.hits / self.queries if self.queries else 0.0
 
 
@@ -78,7 +77,6 @@ class KVCacheManager:
         self.lazy = (enable_caching and lazy_registration and sliding_window is None
                      and isinstance(hash_function, str) and hash_function in _STRONG_HASHES)
         self._chains = self.pool.chains  # root key value -> PendingChain
-        # A running request's own pending chain (read only outside this class).
         self.pending_requests: dict[str, PendingChain] = {}
         self._contested: set[int] = set()  # key values taken over from another block
 
@@ -89,7 +87,6 @@ class KVCacheManager:
 
     @property
     def num_free_blocks(self) -> int:
-        """Blocks not held by any request."""
         return self.pool.free_queue.num_free
 
     def _key(self, request: Request, hashes: list[BlockHash], i: int,
@@ -146,7 +143,6 @@ class KVCacheManager:
         return hits, len(hits) * self.block_size
 
     def record_prefix_query(self, num_query_tokens: int, num_hit_tokens: int) -> None:
-        """Count one admission's lookup in the prefix-cache stats."""
         self.stats.requests += 1
         self.stats.queries += num_query_tokens
         self.stats.hits += num_hit_tokens
@@ -180,7 +176,6 @@ class KVCacheManager:
         if num_needed > 0 or new_computed_blocks:
             free = self.pool.free_queue.num_free
             if new_computed_blocks:
-                # Free cached hits leave the free queue when touched.
                 free -= sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
             if num_needed > free - num_reserved_blocks:
                 return None
@@ -376,7 +371,6 @@ class KVCacheManager:
         self.pool.free_blocks(reversed(blocks))
 
     def get_block_ids(self, request_id: str) -> list[int]:
-        """The request's block table as block ids."""
         return [b.block_id for b in self.req_to_blocks.get(request_id, _NO_BLOCKS)]
 
     def reset_prefix_cache(self) -> None:

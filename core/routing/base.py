@@ -20,7 +20,6 @@ class NoReplicaAvailableError(TwinserveError, RuntimeError):
 
 
 class UnknownRouterError(TwinserveError, ValueError):
-    """A router name that is not one of ROUTER_NAMES."""
 
     def __init__(self, name: str, known: Sequence[str]) -> None:
         self.name = name
@@ -61,7 +60,6 @@ class Router(Protocol):
 
 
 def healthy(replicas: Sequence[ReplicaLoad]) -> list[ReplicaLoad]:
-    """The replicas in rotation; NoReplicaAvailableError when there are none."""
     up = [r for r in replicas if r.healthy]
     if not up:
         raise NoReplicaAvailableError(len(replicas))

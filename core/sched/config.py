@@ -30,7 +30,6 @@ class SchedulerConfig:
     block_size: int = 16
     num_blocks: int = 1024
     enable_prefix_caching: bool = True
-    # A name in kv.hashing.HASH_FUNCTIONS, or a hash function.
     prefix_caching_hash_algo: str = "xxhash"
     # Fraction of all blocks that must stay free after admitting a new request.
     watermark: float = 0.0
@@ -48,7 +47,6 @@ class SchedulerConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Raise InvalidConfigError naming the first bad field."""
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size",
                      "num_blocks"):
             value = getattr(self, name)

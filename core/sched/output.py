@@ -50,7 +50,6 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        """True when nothing runs this step."""
         return self.total_num_scheduled_tokens == 0
 
 
@@ -90,7 +89,6 @@ class EngineCoreOutput:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     new_logprobs: list[Logprob] | None = None
-    # (index of the first prompt token described, records).
     prompt_logprobs: tuple[int, list[Logprob]] | None = None
     error: str | None = None
     num_draft_tokens: int = 0
@@ -98,5 +96,4 @@ class EngineCoreOutput:
 
     @property
     def finished(self) -> bool:
-        """True when this is the request's last output."""
         return self.finish_reason is not None

@@ -29,7 +29,6 @@ _new_object = object.__new__
 
 
 def _block_ids(blocks: list[KVCacheBlock]) -> Sequence[int]:
-    """The ids of a step's new blocks (a decode takes one at a time)."""
     if not blocks:
         return _NO_IDS
     if len(blocks) == 1:
@@ -64,7 +63,6 @@ def _fast_decode_limit(kv: KVCacheManager, rid: str) -> int:
 
 
 def _refresh_fast_decode_limit(kv: KVCacheManager, req: Request) -> int:
-    """Recompute and store req.fast_decode_limit (see _fast_decode_limit)."""
     limit = req.fast_decode_limit = _fast_decode_limit(kv, req.request_id)
     return limit
 
@@ -94,7 +92,6 @@ class Scheduler:
         # Drafts come from the executor and are scheduled as part of their request's step.
         self.spec = speculative_config
         self.spec_stats = SpecDecodeStats()
-        # The last update's requests with drafts, drafts verified and accepted.
         self.step_num_spec_reqs = 0
         self.step_num_draft_tokens = 0
         self.step_num_accepted_tokens = 0
@@ -188,7 +185,6 @@ class Scheduler:
 
     @property
     def num_running(self) -> int:
-        """Requests holding KV blocks."""
         return len(self.running)
 
     @property
@@ -197,7 +193,6 @@ class Scheduler:
         return len(self.waiting)
 
     def has_unfinished_requests(self) -> bool:
-        """True while any request is waiting or running."""
         return bool(self.running) or len(self.waiting) > 0
 
     def reset_prefix_cache(self) -> None:
@@ -470,7 +465,6 @@ class Scheduler:
             if req.first_token_time is None:
                 req.first_token_time = now
             if len(tokens) == 1:
-                # One token (every decode step): the loop below, unrolled.
                 token = tokens[0]
                 out_ids.append(token)
                 all_ids.append(token)
