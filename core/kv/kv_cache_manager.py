@@ -19,12 +19,10 @@ _STRONG_HASHES = ("xxhash", "sha256")
 
 
 class PendingChain:
-    """A request's full blocks past its root, registered in the prefix cache in name only.
+    """A request's full blocks past its root (first new key), registered in the prefix cache in name only.
 
-    Most prefixes are never looked up again and hashing is the costliest part of a simulated
-    request, so blocks after the root (the first new key) are hashed and entered only when a
-    lookup reaches the root or another request registers its key, the only ways to reach
-    them; deferring changes no lookup's result.
+    Most prefixes are never looked up again, so hashing waits until a lookup or registration
+    reaches the root, the only way to reach them: no lookup's result changes.
     """
 
     __slots__ = ("request_id", "root", "blocks", "token_ids", "hashes", "lo", "hi", "held")
@@ -33,12 +31,12 @@ class PendingChain:
                  hashes: list[BlockHash], root: int) -> None:
         self.request_id = request_id
         self.root = blocks[root]
-        self.blocks = blocks  # the request's own lists, not copies: they only grow
+        self.blocks = blocks  # the request's own lists: they only grow
         self.token_ids = token_ids
         self.hashes = hashes
         self.lo = root + 1  # blocks before lo are registered for real
         self.hi = root + 1  # blocks lo..hi-1 are pending
-        self.held = True  # the request still holds its blocks (none is marked yet)
+        self.held = True  # the request still holds its blocks
 
 
 @dataclass(slots=True)
@@ -63,8 +61,8 @@ class KVCacheManager:
         self.block_size = block_size
         # One window for every layer: blocks wholly before it go back to the pool.
         self.sliding_window = sliding_window
-        self.num_window_freed = 0  # blocks returned that way, ever (a pool counter)
-        self._window_start: dict[str, int] = {}  # per request: blocks before this index are dropped
+        self.num_window_freed = 0
+        self._window_start: dict[str, int] = {}  # per request: blocks before this are dropped
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.hash_fn = get_hash_function(hash_function)
@@ -91,11 +89,11 @@ class KVCacheManager:
 
     def _key(self, request: Request, hashes: list[BlockHash], i: int,
              parent: BlockHash | None) -> BlockHash:
-        """Block i's key, chained to parent (the key object of block i-1, or None)."""
+        """Block i's key, chained to parent (block i-1's key object, or None)."""
         if i < len(hashes):
             key = hashes[i]
             if key.parent is not parent:
-                # Block i-1 took over an equal key object (a hit or an adoption): relink.
+                # Block i-1 took over an equal key object: relink.
                 key = hashes[i] = _new_key(BlockHash,
                                            (key.value, parent, key.token_ids, key.extra_keys))
             return key
@@ -114,7 +112,7 @@ class KVCacheManager:
         """
         if not self.enable_caching:
             return _NO_BLOCKS, 0
-        # Capped so the last token is always computed: its logits are what we sample from.
+        # The last token is always computed: we sample from its logits.
         max_blocks = (request.num_tokens - 1) // self.block_size
         hashes = request.block_hashes
         cached = self.pool.cached
@@ -126,8 +124,7 @@ class KVCacheManager:
             if self._chains:
                 chain = self._chains.get(key.value)
                 if chain is not None:
-                    # The blocks this lookup may reach next; flushed before the map is
-                    # read, since a colliding chain block may take this very key over.
+                    # Flushed before the read: a colliding chain block may take this key over.
                     self._flush(chain)
             block = cached.get(key.value)
             if block is None:
@@ -148,7 +145,7 @@ class KVCacheManager:
         self.stats.hits += num_hit_tokens
 
     def can_fit(self, num_tokens: int) -> bool:
-        """True when a request of num_tokens could ever be held by the whole pool."""
+        """True when the whole pool could hold num_tokens."""
         return -(-num_tokens // self.block_size) <= self.num_blocks
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
@@ -270,7 +267,7 @@ class KVCacheManager:
         return chain
 
     def _flush(self, chain: PendingChain) -> None:
-        """Register a pending chain's blocks for real, as if each had been when it filled."""
+        """Register a pending chain's blocks for real."""
         del self._chains[chain.root.block_hash.value]
         if self.pending_requests.get(chain.request_id) is chain:
             del self.pending_requests[chain.request_id]  # its later blocks register at once
@@ -282,13 +279,13 @@ class KVCacheManager:
     def _register(self, blocks: list[KVCacheBlock], token_ids: list[int],
                   hashes: list[BlockHash], salt: str | None, done: int, num_full: int,
                   chain: PendingChain | None = None) -> None:
-        """Key and cache blocks done..num_full-1 of one request (a chain's live ones only)."""
+        """Key and cache blocks done..num_full-1 of one request."""
         bs = self.block_size
         cached = self.pool.cached
         hash_fn = self.hash_fn
         num_keys = len(hashes)
         parent = hashes[done - 1] if done else None
-        # _key and a per-block pool call, inlined: every prompt block passes through here.
+        # _key inlined: every prompt block passes through here.
         for i in range(done, num_full):
             if i < num_keys:
                 key = hashes[i]
@@ -315,7 +312,7 @@ class KVCacheManager:
                 if old is not block:
                     if self.lazy:
                         self._take_over(value, old)
-                        # Flushing old's chain may have moved a colliding key to one of its blocks.
+                        # The flush may have moved a colliding key.
                         old = cached[value]
                     stored = old.block_hash
                     if stored is not None and (stored is key or (
@@ -340,7 +337,7 @@ class KVCacheManager:
             self._contested.clear()
 
     def flush_pending(self) -> None:
-        """Register every pending block for real (for inspection: lookups do it as needed)."""
+        """Register every pending block for real (for inspection)."""
         for chain in list(self._chains.values()):
             self._flush(chain)
 
@@ -358,14 +355,14 @@ class KVCacheManager:
         if num_computed_tokens is not None:
             keep = num_computed_tokens // self.block_size
             if chain is not None and keep < chain.hi:
-                chain.hi = max(keep, chain.lo)  # the rest was never computed
+                chain.hi = max(keep, chain.lo)
             uncache = self.pool.uncache_block
             for i in range(keep, num_cached):
                 uncache(blocks[i])
         if chain is not None:
             chain.held = False
             for block in blocks[chain.lo:chain.hi]:
-                block.pending = chain  # evictable from now on: the pool must see it
+                block.pending = chain  # now evictable: the pool must see it
         if windowed:
             blocks = [b for b in blocks if b is not OUT_OF_WINDOW]
         self.pool.free_blocks(reversed(blocks))
@@ -376,4 +373,4 @@ class KVCacheManager:
     def reset_prefix_cache(self) -> None:
         """Drop every cached prefix; raises PrefixCacheBusyError while blocks are in use."""
         self.pool.reset_prefix_cache()
-        self._contested.clear()  # no key, so no stale children, is left
+        self._contested.clear()

@@ -31,10 +31,10 @@ class ReplicaLoad:
     """One replica as a router sees it when it decides."""
 
     index: int
-    outstanding: int = 0        # routed to it and not yet finished
-    kv_usage: float = 0.0       # fraction of its KV blocks in use, 0..1
+    outstanding: int = 0        # routed and not yet finished
+    kv_usage: float = 0.0       # 0..1
     healthy: bool = True
-    routed: int = 0             # requests ever routed to it
+    routed: int = 0             # ever
 
 
 @dataclass(slots=True)
@@ -44,7 +44,7 @@ class RouteRequest:
     request_id: str
     # Chained keys of the prompt's first full blocks (text chunks in the proxy).
     prefix_keys: tuple[int, ...] = ()
-    session: str | None = None  # a conversation id: its turns belong together
+    session: str | None = None  # conversation id
     num_prompt_tokens: int = 0
 
 
@@ -52,7 +52,7 @@ class Router(Protocol):
     """Picks the replica for a request; returns its ReplicaLoad.index."""
 
     name: str
-    # True when the caller must fill RouteRequest.prefix_keys (costs a few hashes).
+    # The caller fills RouteRequest.prefix_keys only when asked (it costs hashes).
     needs_prefix_keys: bool
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaLoad]) -> int:

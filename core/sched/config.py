@@ -35,12 +35,12 @@ class SchedulerConfig:
     watermark: float = 0.0
     # Waiting-queue order: "fcfs", "priority" (lower first) or "sjf" (shortest prompt first).
     policy: str = "fcfs"
-    # Preemption victim: "last" admitted, "priority", or "auto" (priority under that policy, else last).
+    # Preemption victim: "last" admitted, "priority", or "auto" (follows the policy).
     preemption: str = "auto"
-    # Against starvation under "priority"/"sjf": each interval waited is one priority level
-    # (sjf: outranks new prompts). 0 = strict order, which can starve requests forever.
+    # Against starvation under "priority"/"sjf": each interval waited is one priority level;
+    # 0 = strict order, which can starve requests forever.
     aging_interval_s: float = 30.0
-    # The model's all-layer sliding window (Mistral), whose passed blocks are freed; 0 = full attention.
+    # The model's all-layer sliding window (Mistral); 0 = full attention.
     sliding_window: int = 0
 
     def __post_init__(self) -> None:

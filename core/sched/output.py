@@ -14,7 +14,7 @@ class NewRequestData:
     """A request the executor has not seen (or must rebuild after preemption)."""
 
     req_id: str
-    # Prompt plus tokens generated before any preemption: all recomputed.
+    # Includes tokens generated before a preemption: all recomputed.
     token_ids: list[int]
     num_prompt_tokens: int
     sampling_params: SamplingParams
@@ -69,9 +69,9 @@ class ModelRunnerOutput:
 
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, list[Logprob]] | None = None
-    # req id -> reason for requests whose own inputs failed; only they end (with "error").
+    # req id -> reason; only these requests end (with "error").
     failed: dict[str, str] | None = None
-    # req id -> (index of the first prompt token described, one record per token from there).
+    # req id -> (index of the first prompt token described, its records).
     prompt_logprobs: dict[str, tuple[int, list[Logprob]]] | None = None
     step_time: float | None = None
     # Drafts for each request's next step; the scheduler picks how many to verify.
