@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def short_repr(value: object, limit: int = 200) -> str:
-    """repr() for messages: cut to `limit` characters, and safe for ints too long to print."""
+    """repr() for messages: cut to `limit`, safe for ints too long to print."""
     try:
         text = repr(value)
     except ValueError:  # int beyond sys.get_int_max_str_digits()
@@ -15,8 +15,7 @@ def short_repr(value: object, limit: int = 200) -> str:
 class TwinserveError(Exception):
     """Base class of every error twinserve raises on purpose.
 
-    Subclass constructors call _keep_args so `type(e)(*e.args)` rebuilds the error, as SimPy
-    re-raising and pickle do.
+    Subclass constructors call _keep_args so `type(e)(*e.args)` (SimPy, pickle) rebuilds the error.
     """
 
     def _keep_args(self, message: str, *ctor_args: object) -> None:
@@ -48,7 +47,7 @@ class InvalidRequestError(TwinserveError, ValueError):
 
 
 class PromptTooLongError(InvalidRequestError):
-    """The prompt (or prompt plus the tokens it may generate) exceeds what the engine can hold."""
+    """The prompt (or prompt plus its max output) exceeds what the engine can hold."""
 
     def __init__(self, message: str, num_tokens: int, limit: int) -> None:
         self.num_tokens = num_tokens
@@ -86,7 +85,7 @@ class UnsupportedArchitectureError(UnsupportedModelError):
 
 
 class UnsupportedConfigFieldError(UnsupportedModelError):
-    """A model config field holds a value the model class does not implement (never silently ignored)."""
+    """A model config field holds a value the model class does not implement."""
 
     def __init__(self, architecture: str, field: str, value: object, supported: str) -> None:
         self.architecture = architecture

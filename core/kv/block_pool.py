@@ -28,9 +28,9 @@ class KVCacheBlock:
 
 
 class FreeBlockQueue:
-    """Doubly linked list of free blocks threaded through the blocks; front = next evicted (LRU).
+    """Doubly linked list of free blocks threaded through the blocks; the front is evicted first (LRU).
 
-    BlockPool walks the links itself so each run's per-block work happens in one pass.
+    BlockPool walks the links itself to do each run's per-block work in one pass.
     """
 
     __slots__ = ("num_free", "_head", "_tail")
@@ -68,7 +68,7 @@ class FreeBlockQueue:
 
 
 class BlockPool:
-    """Owns every block: hands out free ones, takes them back, and keeps the prefix-cache map."""
+    """Owns every block, the free queue and the prefix-cache map."""
 
     __slots__ = ("num_blocks", "enable_caching", "blocks", "free_queue", "cached", "chains",
                  "num_evictions")
@@ -89,11 +89,11 @@ class BlockPool:
         return self.free_queue.num_free
 
     def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
-        """Take n free blocks, evicting their cached content lazily; each gets ref count 1."""
+        """Take n free blocks (ref count 1), evicting their cached content."""
         queue = self.free_queue
         if n > queue.num_free:
             raise ValueError(f"asked for {n} blocks, {queue.num_free} free")
-        # One walk that unlinks, evicts and sets ref counts: every prefill block passes here.
+        # One walk: every prefill block passes here.
         out = []
         append = out.append
         cached = self.cached
@@ -108,11 +108,11 @@ class BlockPool:
                 if cached.get(key.value) is block:
                     del cached[key.value]
                     if chains:
-                        chains.pop(key.value, None)  # a chain's root: nothing reaches it now
+                        chains.pop(key.value, None)
                 block.block_hash = None
                 evicted += 1
             elif block.pending is not None:
-                block.pending = None  # registered in name only: its chain sees it is gone
+                block.pending = None  # so its chain sees it is gone
                 evicted += 1
             block.ref_cnt = 1
             block.prev_free = None
@@ -137,7 +137,7 @@ class BlockPool:
         return None
 
     def uncache_block(self, block: KVCacheBlock) -> None:
-        """Drop a block's key (its KV is not what the key names); other holders keep using it."""
+        """Drop a block's key (its KV is not what the key names); holders keep using it."""
         key = block.block_hash
         if key is not None:
             if self.cached.get(key.value) is block:

@@ -9,15 +9,15 @@ from typing import Callable, NamedTuple, Sequence
 
 import xxhash
 
-# A hash function maps (parent key or None, the block's token ids, extra keys) to an int.
+# (parent value or None, token ids, extra keys) -> int.
 HashFunction = Callable[[int | None, Sequence[int], tuple | None], int]
 
 
 class BlockHash(NamedTuple):
-    """A full block's cache key: its hash value, its parent block's key, and its contents.
+    """A full block's cache key: hash value, parent key object, and contents.
 
-    The parent is the previous key object itself, so hits are confirmed by identity along the
-    chain and colliding prefixes never share a hit. A NamedTuple because it is built per block (C speed).
+    Hits are confirmed by parent identity, so colliding prefixes never share one.
+    A NamedTuple: one is built per block, in C.
     """
 
     value: int
@@ -59,7 +59,7 @@ class BlockHash(NamedTuple):
 
 
 def _rebuild_chain(chain: list[tuple[int, tuple[int, ...], tuple | None]]) -> BlockHash | None:
-    """Unpickle a key: its chain was flattened root first, so no step recurses."""
+    """Unpickle a key from its flattened chain, without recursion."""
     key = None
     for value, token_ids, extra in chain:
         key = BlockHash(value, key, token_ids, extra)
@@ -83,7 +83,7 @@ def _to_bytes(token_ids: Sequence[int], extra: tuple | None) -> bytes:
 
 
 def _seed(parent: int | None) -> int:
-    # Chaining through the seed hashes (parent, tokens) without concatenating bytes.
+    # Chains through the seed, without concatenating bytes.
     return 0 if parent is None else parent & 0xFFFF_FFFF_FFFF_FFFF
 
 
@@ -111,7 +111,7 @@ HASH_FUNCTIONS: dict[str, HashFunction] = {
 
 
 def get_hash_function(name_or_fn: str | HashFunction) -> HashFunction:
-    """Resolve a hash function by name (xxhash, sha256, builtin) or pass a callable through."""
+    """A hash function by name, or a callable passed through."""
     if callable(name_or_fn):
         return name_or_fn
     try:

@@ -1,8 +1,7 @@
-"""Exact fast-forward over runs of identical decode steps (pure Python, additive to the core).
+"""Exact fast-forward over runs of identical decode steps.
 
-When every running request decodes and nothing waits, the next steps repeat one batch until
-a request hits its length limit, so they are applied at once, with KV calls in schedule()'s
-order: block ids, evictions, usage and finish order match stepping (tests/sim checks both).
+When every running request decodes and nothing waits, the steps up to the first length limit
+are applied at once, KV calls in schedule()'s order, so results match stepping (tests/sim).
 """
 
 from __future__ import annotations
@@ -14,10 +13,7 @@ from twinserve.core.sched.scheduler import Scheduler
 
 
 def decode_window(scheduler: Scheduler, max_steps: int) -> int:
-    """How many of the next steps are pure decode of the same batch, with no preemption.
-
-    The last of them may finish requests (by length); none finishes earlier.
-    """
+    """How many next steps are pure decode of the same batch; only the last may finish requests."""
     if max_steps <= 0 or len(scheduler.waiting) > 0 or scheduler.kv.sliding_window is not None:
         return 0  # a sliding window frees blocks as requests advance, breaking the count
     running = scheduler.running
@@ -30,7 +26,7 @@ def decode_window(scheduler: Scheduler, max_steps: int) -> int:
     limit = max_steps
     for req in running:
         n = len(req.all_token_ids)
-        # Without output, one token left is the prompt's last chunk: a prefill, not a decode.
+        # Without output, one token left is the prompt's last chunk: a prefill.
         if n - req.num_computed_tokens != 1 or not req.output_token_ids:
             return 0
         sp = req.sampling_params
@@ -43,7 +39,7 @@ def decode_window(scheduler: Scheduler, max_steps: int) -> int:
                 return 0
     kv = scheduler.kv
     free = kv.num_free_blocks
-    # k more steps take at most k // block_size + 1 blocks per request: usually no count needed.
+    # At most k // block_size + 1 blocks per request: usually no count needed.
     if len(running) * (limit // kv.block_size + 1) <= free:
         return limit
     if _blocks_needed(scheduler, running, limit) <= free:
@@ -75,8 +71,8 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
                        ) -> tuple[list[float], list[str]]:
     """Apply len(end_times) decode steps (at most decode_window's count).
 
-    token_ids(request, k) gives a request's k tokens, or repeat maps ids to one token sampled
-    every step (default otherwise). Returns KV usage after each step and the ids finished.
+    token_ids(request, k) gives k tokens, or repeat maps ids to one token per step.
+    Returns KV usage after each step and the ids finished.
     """
     get = repeat.get if repeat is not None else None
     if get is None and token_ids is None:
@@ -118,7 +114,7 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
         rid = req.request_id
         k = len(held[rid]) * bs - c
         if not caching:
-            # Without a prefix cache block ids don't matter: one call per request, usage per step.
+            # Without a prefix cache block ids don't matter: one call per request.
             if k < k_steps:
                 if kv.allocate_slots(req, k_steps) is None:
                     raise AssertionError("fast-forward allocation failed: check decode_window")
@@ -143,11 +139,11 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
         free = free_queue.num_free + sum(new_at)
         for n_new in new_at:
             free -= n_new
-            usage.append(1.0 - free / num_blocks)  # the same float as KVCacheManager.usage
+            usage.append(1.0 - free / num_blocks)  # same float as KVCacheManager.usage
     elif not registers:
-        # Nothing touches the prefix-cache map, so one call in allocation order gives the same blocks.
+        # The prefix-cache map is untouched: one call in allocation order gives the same blocks.
         for i in grows:
-            # cache_blocks for a request registering lazily, inlined: its chain's end.
+            # cache_blocks inlined for a lazy chain.
             req = running[i]
             rid = req.request_id
             cached[rid] = lazy[rid].hi = req.num_computed_tokens // bs
@@ -222,7 +218,7 @@ def _step_through_events(kv, running: list[Request], k_steps: int, usage: list[f
 
 
 def _finish_by_length(scheduler: Scheduler, done: list[Request], now: float) -> list[str]:
-    """End done (running requests at max_tokens or max_model_len), as update_from_output() does."""
+    """End requests at their length limit, as update_from_output() does."""
     if not done:
         return []
     status = FINISH_STATUS[FinishReason.LENGTH]

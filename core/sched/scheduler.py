@@ -1,8 +1,7 @@
 """Iteration-level scheduler in the shape of vLLM v1: one token budget, no phases.
 
-Each request carries num_computed_tokens; a step gives tokens to running requests
-first, then admits waiting ones. Chunked prefill, mixed prefill+decode batches and
-prefix-cache skips all fall out of that one loop.
+A step gives tokens to running requests first, then admits waiting ones; chunked prefill,
+mixed batches and prefix-cache skips all fall out of num_computed_tokens.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from twinserve.core.spec_decode import SpecDecodeStats, SpeculativeConfig
 
 _STOP = FinishReason.STOP
 _RUNNING = RequestStatus.RUNNING
-# Shared by every request that gets no new block in a step; executors must not mutate it.
+# Shared by every request with no new block; executors must not mutate it.
 _NO_IDS: tuple[int, ...] = ()
 _LENGTH = FinishReason.LENGTH
 _new_object = object.__new__
@@ -38,7 +37,7 @@ def _block_ids(blocks: list[KVCacheBlock]) -> Sequence[int]:
 
 def _check_stop(req: Request, token: int, n_out: int, max_model_len: int
                 ) -> tuple[FinishReason | None, int | None]:
-    """The full stop rule for a request's newest token: (finish reason, stop token) or (None, None)."""
+    """The full stop rule for the newest token: (finish reason, stop token) or (None, None)."""
     sp = req.sampling_params
     # Stops count only past min_tokens (the sampler masks stop ids until then).
     if n_out > sp.min_tokens:
@@ -52,7 +51,7 @@ def _check_stop(req: Request, token: int, n_out: int, max_model_len: int
 
 
 def _fast_decode_limit(kv: KVCacheManager, rid: str) -> int:
-    """Request.fast_decode_limit: the mirror of allocate_slots' no-op case (no new or registered block)."""
+    """Request.fast_decode_limit, mirroring allocate_slots' no-op case."""
     bs = kv.block_size
     limit = len(kv.req_to_blocks[rid]) * bs
     if kv.enable_caching:
@@ -89,7 +88,6 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig,
                  speculative_config: SpeculativeConfig | None = None) -> None:
         self.config = config
-        # Drafts come from the executor and are scheduled as part of their request's step.
         self.spec = speculative_config
         self.spec_stats = SpecDecodeStats()
         self.step_num_spec_reqs = 0
@@ -109,7 +107,7 @@ class Scheduler:
         self.watermark_blocks = int(config.watermark * config.num_blocks)
         # Tokens per request of the step not yet applied by update_from_output.
         self._in_flight: dict[str, int] | None = None
-        # The last output when it took every running request, so update_from_output walks running.
+        # Set when the last step took every running request: update_from_output walks running.
         self._whole_batch: SchedulerOutput | None = None
         self._whole_batch_len = 0
         # Last step's first-loop ids and their {id: 1} dict, copied when the ids repeat.
@@ -119,7 +117,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: Request) -> None:
-        """Queue a request, or raise a typed error if it could never be served."""
+        """Queue a request; a typed error if it could never be served."""
         cfg = self.config
         rid = request.request_id
         if rid in self.requests:
@@ -158,7 +156,7 @@ class Scheduler:
     def abort_requests(self, request_ids: Iterable[str],
                        reason: FinishReason = FinishReason.ABORT, now: float | None = None
                        ) -> list[EngineCoreOutput]:
-        """End requests wherever they are (waiting, running, preempted); unknown ids are ignored."""
+        """End requests wherever they are; unknown ids are ignored."""
         outputs = []
         status = FINISH_STATUS[reason]
         for rid in request_ids:
@@ -189,7 +187,7 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        """Requests queued, preempted ones included."""
+        """Queued requests, preempted ones included."""
         return len(self.waiting)
 
     def has_unfinished_requests(self) -> bool:
@@ -201,7 +199,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ schedule
     def schedule(self, now: float) -> SchedulerOutput:
-        """Pick this step's batch and advance each chosen request's num_computed_tokens."""
+        """Pick this step's batch and advance its requests' num_computed_tokens."""
         cfg = self.config
         budget = cfg.max_num_batched_tokens
         threshold = cfg.long_prefill_token_threshold
@@ -212,9 +210,8 @@ class Scheduler:
         c_computed: list[int] = []
         preempted: list[str] = []
         add_id, add_computed = c_ids.append, c_computed.append
-        # Fast loop for the common case (no preemption): decodes under fast_decode_limit skip
-        # allocate_slots; `head` has at most `budget` requests so one token each always fits,
-        # and `spare` is the budget past that. The checked loop below takes over when it runs out.
+        # Fast loop (no preemption): decodes under fast_decode_limit skip allocate_slots; `head`
+        # fits one token each, `spare` is the rest. The checked loop below takes over after.
         other: dict[int, tuple[int, Sequence[int]]] = {}
         head = running if len(running) <= budget else running[:budget]
         spare = budget - len(head)
@@ -302,7 +299,7 @@ class Scheduler:
                     n = num_scheduled.pop(vid, 0)
                     if n:
                         budget += n
-                        # Its blocks for this step were registered but will never be computed.
+                        # Its registered blocks for this step will never be computed.
                         computed = victim.num_computed_tokens - n
                         spec_tokens.pop(vid, None)
                         j = c_ids.index(vid)
@@ -345,7 +342,7 @@ class Scheduler:
 
     def _admit(self, now: float, budget: int, num_scheduled: dict[str, int],
                new_reqs: list[NewRequestData]) -> int:
-        """Admit waiting requests while budget, seats and blocks allow; the budget left."""
+        """Admit waiting requests while budget, seats and blocks allow; returns the budget left."""
         cfg = self.config
         kv = self.kv
         waiting = self.waiting
@@ -386,7 +383,7 @@ class Scheduler:
         return budget
 
     def _preempt(self, req: Request, now: float, computed: int | None = None) -> None:
-        """Recompute-style preemption: free all blocks and requeue at the front."""
+        """Recompute-style preemption: free all blocks, requeue at the front."""
         self.kv.free(req, computed)
         self._dropped.pop(req.request_id, None)
         req.spec_token_ids = []
@@ -415,7 +412,7 @@ class Scheduler:
         return num_drafts, num_accepted
 
     def _release_rejected(self, req: Request) -> None:
-        """Give back the blocks that only rejected drafts took, and tell the executor."""
+        """Give back blocks only rejected drafts took, and tell the executor."""
         n = self.kv.trim(req, req.num_computed_tokens)
         if n:
             rid = req.request_id
@@ -426,7 +423,7 @@ class Scheduler:
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            model_runner_output: ModelRunnerOutput, now: float
                            ) -> list[EngineCoreOutput]:
-        """Append sampled tokens, apply stop conditions, free finished requests."""
+        """Append sampled tokens, apply stop rules, free finished requests."""
         sampled = model_runner_output.sampled_token_ids
         logprobs = model_runner_output.logprobs or None
         requests = self.requests
@@ -452,7 +449,7 @@ class Scheduler:
             rid = req.request_id
             tokens = sampled.get(rid)
             if not tokens:
-                continue  # a prefill chunk that did not reach the end of the prompt
+                continue  # a prefill chunk short of the prompt's end
             num_drafts = num_accepted = 0
             if verified:
                 drafts = verified.get(rid)
