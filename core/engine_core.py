@@ -16,7 +16,7 @@ class Executor(Protocol):
     """Runs one scheduler output: a cost model in the simulator, workers in the real engine."""
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Compute the step and return the sampled tokens (and, if known, its duration)."""
+        """Compute the step; the sampled tokens (and its duration, if known)."""
 
 
 @dataclass(slots=True)
@@ -106,11 +106,11 @@ class EngineCore:
 
     def _attach_extras(self, outputs: list[EngineCoreOutput], mro: ModelRunnerOutput,
                        now: float) -> list[EngineCoreOutput]:
-        """Prompt logprobs onto (or as) outputs, and failed requests ended with an error."""
+        """Attach prompt logprobs, and end failed requests with an error."""
         by_id = {o.req_id: o for o in outputs}
         for rid, plp in (mro.prompt_logprobs or {}).items():
             out = by_id.get(rid)
-            if out is None:  # a prefill chunk that sampled nothing still reports its prompt logprobs
+            if out is None:  # a prefill chunk that sampled nothing
                 if rid not in self.scheduler.requests:
                     continue
                 out = by_id[rid] = EngineCoreOutput(rid, [])

@@ -44,7 +44,7 @@ FINISH_STATUS: dict[FinishReason, RequestStatus] = {
 
 @dataclass(slots=True, eq=False)
 class Request:
-    """One generation request: tokens, progress, and the timestamps of its life."""
+    """One generation request: tokens, progress and timestamps."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -63,12 +63,12 @@ class Request:
     max_tokens: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
-    # Prefix-cache keys of full blocks, filled lazily by the KV manager.
+    # Prefix-cache keys of full blocks, filled lazily.
     block_hashes: list[Any] = field(default_factory=list)
     # Prompt tokens served from the prefix cache on first admission.
     prefix_hit_tokens: int = -1
     num_preemptions: int = 0
-    # Lower sorts first in queues (FCFS order within equal priority).
+    # Arrival order: breaks ties in queues.
     seq_no: int = 0
 
     first_scheduled_time: float | None = None
@@ -76,14 +76,13 @@ class Request:
     token_times: list[float] = field(default_factory=list)
     finish_time: float | None = None
     preempted_times: list[float] = field(default_factory=list)
-    # Quick stop check set by Scheduler.add_request (ids that may stop it, length that ends
-    # it); only a hit runs the full rule. The defaults send every token to the full rule.
+    # Quick stop check set by Scheduler.add_request; only a hit runs the full rule.
     stop_check_ids: frozenset[int] = field(default=frozenset(), repr=False)
     stop_check_len: int = field(default=0, repr=False)
-    # Below this num_computed_tokens a one-token step needs nothing from the KV manager.
-    # Blocks only grow while running, so a stale value is never too high; 0 means ask.
+    # Below this num_computed_tokens a one-token step needs nothing from the KV manager
+    # (a stale value is never too high: blocks only grow); 0 means ask.
     fast_decode_limit: int = field(default=0, repr=False)
-    # Aging counts waiting only: when the current wait began, and seconds waited before it.
+    # Aging counts waiting only: current wait's start, seconds waited before it.
     queued_time: float = field(default=0.0, repr=False)
     waited_s: float = field(default=0.0, repr=False)
     # Unverified drafts for the next step (never in all_token_ids).

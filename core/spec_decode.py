@@ -12,13 +12,13 @@ from typing import Any, Mapping
 from twinserve.core.errors import InvalidConfigError
 
 SPEC_METHODS = ("ngram", "draft_model")
-# Drafts past this many per step are never worth a verify step's width (vLLM caps k similarly low).
+# More drafts per step are never worth the verify width (vLLM caps k similarly).
 MAX_SPECULATIVE_TOKENS = 32
 
 
 @dataclass(slots=True)
 class SpeculativeConfig:
-    """How drafts are proposed and when speculation is switched off (vLLM's --speculative-config)."""
+    """How drafts are proposed and when speculation is off."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 4
@@ -26,7 +26,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
     model: str | None = None
-    # No drafts while this many requests or more are running (0: never switched off).
+    # No drafts at this many running requests or more (0: never off).
     disable_by_batch_size: int = 0
 
     def __post_init__(self) -> None:
@@ -50,7 +50,7 @@ class SpeculativeConfig:
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, Any] | str | None) -> "SpeculativeConfig | None":
-        """Build from vLLM's dict (or its JSON text); None stays None; unknown keys are an error."""
+        """Build from vLLM's dict or JSON; unknown keys are an error."""
         if spec is None or isinstance(spec, SpeculativeConfig):
             return spec
         if isinstance(spec, str):

@@ -1,4 +1,4 @@
-"""What a request's output must match (JSON schema, any JSON, regex, one of some strings, a grammar).
+"""What a request's output must match (JSON schema, any JSON, regex, choice, grammar).
 
 Pure data: the real backend compiles a spec (cached) onto `compiled` and masks logits with it.
 """
@@ -15,7 +15,7 @@ KINDS = ("json", "json_object", "regex", "choice", "grammar")
 
 @dataclass(slots=True)
 class StructuredOutputSpec:
-    """A constraint on the generated text; `value` is a JSON-schema string, a regex, a grammar, or choices."""
+    """A constraint on the generated text."""
 
     kind: str
     value: str | list[str] = ""

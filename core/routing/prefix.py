@@ -1,4 +1,4 @@
-"""Prefix-affinity routing: consistent hashing of a request's leading KV blocks, with bounded loads.
+"""Prefix-affinity routing: bounded-load consistent hashing of a request's leading KV blocks.
 
 Shared prefixes land on the replica holding their KV; the load bound lets a hot prefix spill
 along the ring instead of queueing on one replica.
@@ -61,7 +61,7 @@ class PrefixAffinity:
         self._ring_for: tuple[int, ...] = ()
         self._points: list[int] = []
         self._owners: list[int] = []
-        self.num_spills = 0  # choices the load bound moved off the prefix's home replica
+        self.num_spills = 0  # choices moved off the home replica by the load bound
 
     def _ring(self, indices: tuple[int, ...]) -> None:
         pts = sorted((_point(i, v), i) for i in indices for v in range(self.virtual_nodes))
@@ -72,7 +72,7 @@ class PrefixAffinity:
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaLoad]) -> int:
         """The first replica clockwise from the prefix's point whose load is under the bound."""
         keys = request.prefix_keys
-        if not keys:  # no full block: nothing to share, balance the load instead
+        if not keys:  # nothing to share: balance the load
             return least_loaded(replicas).index
         indices = tuple(r.index for r in replicas)
         if indices != self._ring_for:

@@ -11,7 +11,7 @@ from twinserve.core.request import Request
 
 
 class RequestQueue(Protocol):
-    """The waiting queue: its order decides who is admitted next."""
+    """The waiting queue: its order decides admission."""
 
     def add(self, request: Request) -> None:
         """Enqueue a new request."""
@@ -67,11 +67,7 @@ class FCFSQueue:
 
 
 class KeyedQueue:
-    """A heap ordered by a rank of the request; ties broken by arrival order.
-
-    front_on_prepend requeues preempted requests ahead of all (as vLLM's FCFS does); otherwise
-    they are ranked like any other (as vLLM's priority queue does).
-    """
+    """A heap by rank, ties by arrival; front_on_prepend requeues preempted requests ahead of all."""
 
     __slots__ = ("_heap", "_key", "_front", "_front_on_prepend")
 
@@ -131,10 +127,7 @@ class PreemptLastAdmitted:
 
 
 class PreemptLowestPriority:
-    """Strict priority, as vLLM: the largest priority value loses, the latest arrival on ties.
-
-    No aging: it measures waiting, so running long never makes a request the victim.
-    """
+    """Strict priority, as vLLM: largest value loses, latest arrival on ties; no aging (running isn't waiting)."""
 
     def pick_victim(self, running: list[Request]) -> Request:
         return max(running, key=lambda r: (r.priority, r.arrival_time, r.seq_no))
@@ -146,10 +139,9 @@ def _wait_origin(r: Request) -> float:
 
 
 def priority_rank(aging_interval_s: float) -> Callable[[Request], tuple]:
-    """Rank by priority; each aging_interval_s seconds spent waiting is worth one level.
+    """Rank by priority; each aging_interval_s waited is one level.
 
-    Ranking by priority + wait origin / interval leaves out the now term common to all,
-    so the heap never needs re-sorting.
+    The now term is common to all, so it is left out and the heap never re-sorts.
     """
     if aging_interval_s > 0:
         return lambda r: (r.priority + _wait_origin(r) / aging_interval_s, r.arrival_time)
@@ -157,10 +149,7 @@ def priority_rank(aging_interval_s: float) -> Callable[[Request], tuple]:
 
 
 def sjf_rank(aging_interval_s: float, max_model_len: int) -> Callable[[Request], tuple]:
-    """Rank by prompt length; after aging_interval_s seconds of waiting a request outranks any newcomer.
-
-    The length term is the prompt's share of max_model_len, in [0, 1] (aging as in priority_rank).
-    """
+    """Rank by prompt share of max_model_len (in [0, 1]); after aging_interval_s waited, it beats any newcomer."""
     if aging_interval_s > 0:
         return lambda r: (r.num_prompt_tokens / max_model_len + _wait_origin(r) / aging_interval_s,)
     return lambda r: (r.num_prompt_tokens,)
@@ -169,17 +158,16 @@ def sjf_rank(aging_interval_s: float, max_model_len: int) -> Callable[[Request],
 # Name-to-factory registries read by the scheduler, the simulator, the CLIs and docs/policies.md.
 
 def _fcfs(aging_interval_s: float, max_model_len: int) -> RequestQueue:
-    """First come, first served; a preempted request goes back to the front."""
     return FCFSQueue()
 
 
 def _priority(aging_interval_s: float, max_model_len: int) -> RequestQueue:
-    """Lower priority value first, arrival breaks ties; aged by time spent waiting."""
+    """Lower priority value first; aged."""
     return KeyedQueue(priority_rank(aging_interval_s))
 
 
 def _sjf(aging_interval_s: float, max_model_len: int) -> RequestQueue:
-    """Shortest prompt first; a preempted request goes back to the front; aged by time spent waiting."""
+    """Shortest prompt first; preempted ones to the front; aged."""
     return KeyedQueue(sjf_rank(aging_interval_s, max_model_len), front_on_prepend=True)
 
 
@@ -196,14 +184,14 @@ PREEMPTION_CHOICES = ("auto", *PREEMPTION_POLICIES)
 
 
 def resolve_preemption(name: str, queue_policy: str) -> str:
-    """The registered victim policy a name stands for: "auto" is priority under priority, else last."""
+    """The registered victim policy a name stands for ("auto" follows the queue policy)."""
     if name == "auto":
         return "priority" if queue_policy == "priority" else "last"
     return name
 
 
 def make_queue(name: str, aging_interval_s: float = 0.0, max_model_len: int = 1) -> RequestQueue:
-    """The waiting queue registered under a policy name (InvalidConfigError for others)."""
+    """The waiting queue registered under a policy name."""
     factory = QUEUE_POLICIES.get(name)
     if factory is None:
         raise InvalidConfigError("policy", name, " or ".join(QUEUE_POLICIES))
@@ -211,7 +199,7 @@ def make_queue(name: str, aging_interval_s: float = 0.0, max_model_len: int = 1)
 
 
 def make_preemption_policy(name: str, queue_policy: str) -> PreemptionPolicy:
-    """The victim policy registered under a name; "auto" follows the queue policy."""
+    """The victim policy registered under a name."""
     factory = PREEMPTION_POLICIES.get(resolve_preemption(name, queue_policy))
     if factory is None:
         raise InvalidConfigError("preemption", name, " or ".join(PREEMPTION_CHOICES))
