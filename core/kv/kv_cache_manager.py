@@ -10,19 +10,19 @@ from twinserve.core.kv.block_pool import BlockPool, KVCacheBlock
 from twinserve.core.kv.hashing import BlockHash, HashFunction, get_hash_function
 
 _NO_BLOCKS: list[KVCacheBlock] = []
-# Placeholder for a block the sliding window has left behind (never read, freed or cached).
+# A block the sliding window left behind (never read, freed or cached).
 OUT_OF_WINDOW = KVCacheBlock(-1)
-# BlockHash(...) without the NamedTuple's Python-level __new__ (one per full block).
+# BlockHash(...) without the Python-level __new__ (hot path).
 _new_key = tuple.__new__
-# Pending registration (PendingChain) assumes two prefixes never share a 64-bit value.
+# PendingChain assumes no two prefixes share a 64-bit value.
 _STRONG_HASHES = ("xxhash", "sha256")
 
 
 class PendingChain:
-    """A request's full blocks past its root (first new key), registered in the prefix cache in name only.
+    """A request's blocks past its root (first new key), registered in the prefix cache in name only.
 
-    Most prefixes are never looked up again, so hashing waits until a lookup or registration
-    reaches the root, the only way to reach them: no lookup's result changes.
+    Most prefixes are never looked up again, so hashing waits until something reaches the root,
+    the only way to reach them: no lookup's result changes.
     """
 
     __slots__ = ("request_id", "root", "blocks", "token_ids", "hashes", "lo", "hi", "held")
@@ -31,17 +31,17 @@ class PendingChain:
                  hashes: list[BlockHash], root: int) -> None:
         self.request_id = request_id
         self.root = blocks[root]
-        self.blocks = blocks  # the request's own lists: they only grow
+        self.blocks = blocks  # shared, not copied: they only grow
         self.token_ids = token_ids
         self.hashes = hashes
         self.lo = root + 1  # blocks before lo are registered for real
         self.hi = root + 1  # blocks lo..hi-1 are pending
-        self.held = True  # the request still holds its blocks
+        self.held = True
 
 
 @dataclass(slots=True)
 class PrefixCacheStats:
-    """Prefix-cache counters, in tokens, over admitted requests."""
+    """Prefix-cache counters, in tokens."""
 
     requests: int = 0
     queries: int = 0
@@ -53,34 +53,34 @@ class PrefixCacheStats:
 
 
 class KVCacheManager:
-    """Allocates and frees each request's KV blocks; finds cached prefixes."""
+    """Allocates and frees request KV blocks; finds cached prefixes."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
                  hash_function: str | HashFunction = "xxhash",
                  lazy_registration: bool = True, sliding_window: int | None = None) -> None:
         self.block_size = block_size
-        # One window for every layer: blocks wholly before it go back to the pool.
+        # Blocks wholly before the window go back to the pool.
         self.sliding_window = sliding_window
         self.num_window_freed = 0
-        self._window_start: dict[str, int] = {}  # per request: blocks before this are dropped
+        self._window_start: dict[str, int] = {}
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.hash_fn = get_hash_function(hash_function)
         self.pool = BlockPool(num_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        # Leading blocks of each request registered in the prefix cache (pending included).
+        # Registered leading blocks per request (pending included).
         self.num_cached_blocks: dict[str, int] = {}
         self.stats = PrefixCacheStats()
-        # Needs a collision-free hash and a block list no sliding window thins out.
+        # Needs a collision-free hash and an unthinned block list.
         self.lazy = (enable_caching and lazy_registration and sliding_window is None
                      and isinstance(hash_function, str) and hash_function in _STRONG_HASHES)
         self._chains = self.pool.chains  # root key value -> PendingChain
         self.pending_requests: dict[str, PendingChain] = {}
-        self._contested: set[int] = set()  # key values taken over from another block
+        self._contested: set[int] = set()  # keys taken over from another block
 
     @property
     def usage(self) -> float:
-        """Fraction of blocks held by requests (cached free blocks count as free)."""
+        """Fraction of blocks held (cached free blocks count as free)."""
         return 1.0 - self.pool.free_queue.num_free / self.num_blocks
 
     @property
@@ -89,7 +89,7 @@ class KVCacheManager:
 
     def _key(self, request: Request, hashes: list[BlockHash], i: int,
              parent: BlockHash | None) -> BlockHash:
-        """Block i's key, chained to parent (block i-1's key object, or None)."""
+        """Block i's key, chained to parent (block i-1's key or None)."""
         if i < len(hashes):
             key = hashes[i]
             if key.parent is not parent:
@@ -106,13 +106,13 @@ class KVCacheManager:
         return key
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
-        """The longest cached prefix of the request, leaving at least one token to compute.
+        """The longest cached prefix, leaving a token to compute.
 
-        Each hit is confirmed against the whole chain (tokens, extra keys, parent key object).
+        Each hit is confirmed along the chain (tokens, extra keys, parent identity).
         """
         if not self.enable_caching:
             return _NO_BLOCKS, 0
-        # The last token is always computed: we sample from its logits.
+        # We sample from the last token's logits: always compute it.
         max_blocks = (request.num_tokens - 1) // self.block_size
         hashes = request.block_hashes
         cached = self.pool.cached
@@ -124,7 +124,7 @@ class KVCacheManager:
             if self._chains:
                 chain = self._chains.get(key.value)
                 if chain is not None:
-                    # Flushed before the read: a colliding chain block may take this key over.
+                    # Before the read: a colliding chain block may take this key.
                     self._flush(chain)
             block = cached.get(key.value)
             if block is None:
@@ -134,7 +134,7 @@ class KVCacheManager:
                 if (stored is None or stored.parent is not parent or stored.token_ids != key.token_ids
                         or stored.extra_keys != key.extra_keys):
                     break  # a hash collision, or a chain through another prefix
-                hashes[i] = stored  # share the cached key object, so children chain to it
+                hashes[i] = stored  # children chain to the cached key object
             hits.append(block)
             parent = stored
         return hits, len(hits) * self.block_size
@@ -153,10 +153,9 @@ class KVCacheManager:
                        num_new_computed_tokens: int = 0,
                        num_reserved_blocks: int = 0,
                        num_draft_tokens: int = 0) -> list[KVCacheBlock] | None:
-        """Make room for num_new_tokens more tokens; the new blocks, or None if they don't fit.
+        """Make room for num_new_tokens; the new blocks (don't mutate), or None if they don't fit.
 
-        num_reserved_blocks stay free afterwards; blocks holding the last num_draft_tokens
-        (unverified drafts) are not registered. The returned list may be shared: don't mutate it.
+        num_reserved_blocks stay free; blocks of the last num_draft_tokens (drafts) are not registered.
         """
         req_id = request.request_id
         blocks = self.req_to_blocks.get(req_id)
@@ -165,7 +164,7 @@ class KVCacheManager:
         bs = self.block_size
         if blocks is not None and not new_computed_blocks and total <= len(blocks) * bs and (
                 not self.enable_caching or verified // bs <= self.num_cached_blocks[req_id]):
-            return _NO_BLOCKS  # the common decode step: room in the last block, nothing to cache
+            return _NO_BLOCKS  # the common decode step
         if self.sliding_window is not None and blocks is not None:
             self._drop_out_of_window(req_id, blocks, request.num_computed_tokens)
         num_held = 0 if blocks is None else len(blocks)
@@ -192,13 +191,13 @@ class KVCacheManager:
         else:
             new_blocks = _NO_BLOCKS
         if self.enable_caching and verified // bs > self.num_cached_blocks[req_id]:
-            # Registered before the step runs so a later admission in it can share them; if
-            # the step never runs them, the caller must tell free().
+            # Registered now so later admissions this step can share them; if the step
+            # never runs them, the caller must tell free().
             self.cache_blocks(request, verified)
         return new_blocks
 
     def trim(self, request: Request, num_tokens: int) -> int:
-        """Give back the (never registered) blocks past num_tokens slots after rejected drafts; how many."""
+        """Free the unregistered blocks past num_tokens (rejected drafts); how many."""
         blocks = self.req_to_blocks.get(request.request_id)
         keep = -(-num_tokens // self.block_size)
         if not blocks or len(blocks) <= keep:
@@ -211,7 +210,7 @@ class KVCacheManager:
         return len(dropped)
 
     def _drop_out_of_window(self, req_id: str, blocks: list[KVCacheBlock], num_computed: int) -> None:
-        """Free blocks no token from num_computed on can see; cached ones stay hittable until evicted."""
+        """Free blocks no token from num_computed on can see (cached ones stay hittable)."""
         end = max(0, num_computed - self.sliding_window + 1) // self.block_size
         start = self._window_start.get(req_id, 0)
         if end <= start:
@@ -223,14 +222,14 @@ class KVCacheManager:
         self.pool.free_blocks(reversed(dropped))
 
     def num_held_blocks(self, request_id: str) -> int:
-        """Blocks the request holds now (a sliding window's dropped ones not counted)."""
+        """Blocks the request holds now (window-dropped ones excluded)."""
         return sum(1 for b in self.req_to_blocks.get(request_id, _NO_BLOCKS) if b is not OUT_OF_WINDOW)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        """Register the request's full blocks up to num_computed_tokens in the prefix cache.
+        """Register full blocks up to num_computed_tokens in the prefix cache.
 
-        The latest copy of a content takes the key (an equal key object is kept so its cached
-        children stay reachable); blocks past a new root register lazily (PendingChain).
+        The latest copy takes the key (an equal key object is kept for its children);
+        blocks past a new root register lazily.
         """
         if not self.enable_caching:
             return
@@ -254,14 +253,14 @@ class KVCacheManager:
 
     def _start_chain(self, request: Request, blocks: list[KVCacheBlock],
                      i: int) -> PendingChain | None:
-        """Register block i; a PendingChain for the blocks after it if its key was new."""
+        """Register block i; a PendingChain for later blocks if its key was new."""
         hashes = request.block_hashes
         key = self._key(request, hashes, i, hashes[i - 1] if i else None)
-        # A contested key may have cached children outliving it; a chain would misorder them.
+        # A contested key's cached children may outlive it; a chain would misorder them.
         fresh = key.value not in self.pool.cached and key.value not in self._contested
         self._register(blocks, request.all_token_ids, hashes, request.cache_salt, i, i + 1)
         if not fresh:
-            return None  # a prefix others hold: the next block may start a chain
+            return None  # shared: the next block may start a chain
         chain = PendingChain(request.request_id, blocks, request.all_token_ids, hashes, i)
         self._chains[key.value] = self.pending_requests[request.request_id] = chain
         return chain
@@ -270,7 +269,7 @@ class KVCacheManager:
         """Register a pending chain's blocks for real."""
         del self._chains[chain.root.block_hash.value]
         if self.pending_requests.get(chain.request_id) is chain:
-            del self.pending_requests[chain.request_id]  # its later blocks register at once
+            del self.pending_requests[chain.request_id]
         if chain.hi > chain.lo:
             self._register(chain.blocks, chain.token_ids, chain.hashes, None,
                            chain.lo, chain.hi, chain)
@@ -285,7 +284,7 @@ class KVCacheManager:
         hash_fn = self.hash_fn
         num_keys = len(hashes)
         parent = hashes[done - 1] if done else None
-        # _key inlined: every prompt block passes through here.
+        # _key inlined (hot path).
         for i in range(done, num_full):
             if i < num_keys:
                 key = hashes[i]
@@ -308,7 +307,7 @@ class KVCacheManager:
             stored = block.block_hash
             if stored is None:
                 value = key.value
-                old = cached.setdefault(value, block)  # one probe in the common, new case
+                old = cached.setdefault(value, block)
                 if old is not block:
                     if self.lazy:
                         self._take_over(value, old)
@@ -326,7 +325,7 @@ class KVCacheManager:
             parent = hashes[i] = stored
 
     def _take_over(self, value: int, old: KVCacheBlock) -> None:
-        """Flush old's pending chain before its key moves, and note the key as contested."""
+        """Flush old's chain before its key moves; note the key as contested."""
         chain = self._chains.get(value)
         if chain is not None and chain.root is old:
             self._flush(chain)
@@ -342,9 +341,9 @@ class KVCacheManager:
             self._flush(chain)
 
     def free(self, request: Request, num_computed_tokens: int | None = None) -> None:
-        """Release the request's blocks, tail first so tails are evicted before heads.
+        """Release the request's blocks, tail first so tails are evicted first.
 
-        Blocks registered past num_computed_tokens (KV never written) leave the prefix cache.
+        Blocks registered past num_computed_tokens (never written) leave the cache.
         """
         blocks = self.req_to_blocks.pop(request.request_id, None)
         num_cached = self.num_cached_blocks.pop(request.request_id, 0)
@@ -371,6 +370,6 @@ class KVCacheManager:
         return [b.block_id for b in self.req_to_blocks.get(request_id, _NO_BLOCKS)]
 
     def reset_prefix_cache(self) -> None:
-        """Drop every cached prefix; raises PrefixCacheBusyError while blocks are in use."""
+        """Drop every cached prefix (PrefixCacheBusyError while blocks are in use)."""
         self.pool.reset_prefix_cache()
         self._contested.clear()
