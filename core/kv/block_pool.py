@@ -1,4 +1,4 @@
-"""Fixed-size KV blocks, their ref counts, the LRU free queue and the prefix-cache map."""
+"""KV blocks, ref counts, the LRU free queue and the prefix-cache map."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ class KVCacheBlock:
         self.block_id = block_id
         self.ref_cnt = 0
         self.block_hash: BlockHash | None = None
-        # Its PendingChain once its request lets it go; cleared on eviction so the chain sees it.
+        # Its PendingChain once released; cleared on eviction.
         self.pending = None
         self.prev_free: KVCacheBlock | None = None
         self.next_free: KVCacheBlock | None = None
@@ -28,9 +28,9 @@ class KVCacheBlock:
 
 
 class FreeBlockQueue:
-    """Doubly linked list of free blocks threaded through the blocks; the front is evicted first (LRU).
+    """Intrusive doubly linked list of free blocks; the front is evicted first (LRU).
 
-    BlockPool walks the links itself to do each run's per-block work in one pass.
+    BlockPool walks the links itself to do per-block work in one pass.
     """
 
     __slots__ = ("num_free", "_head", "_tail")
@@ -48,7 +48,7 @@ class FreeBlockQueue:
         self.num_free = len(blocks)
 
     def remove(self, block: KVCacheBlock) -> None:
-        """Unlink a block from anywhere in the queue (a prefix hit on a free block)."""
+        """Unlink a block (a prefix hit on a free block)."""
         prev, nxt = block.prev_free, block.next_free
         if prev is None or nxt is None:
             raise ValueError(f"{block!r} is not in the free queue")
@@ -78,9 +78,9 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
-        # Key value -> the latest copy of that content; a block has a key iff it is here.
+        # Key value -> latest copy; a block has a key iff it is here.
         self.cached: dict[int, KVCacheBlock] = {}
-        # Root key value -> its PendingChain; dropped with the root, since nothing reaches it then.
+        # Root key value -> PendingChain; dropped with its root.
         self.chains: dict[int, object] = {}
         self.num_evictions = 0
 
@@ -93,7 +93,7 @@ class BlockPool:
         queue = self.free_queue
         if n > queue.num_free:
             raise ValueError(f"asked for {n} blocks, {queue.num_free} free")
-        # One walk: every prefill block passes here.
+        # One walk (hot path).
         out = []
         append = out.append
         cached = self.cached
@@ -104,7 +104,7 @@ class BlockPool:
         for _ in range(n):
             key = block.block_hash
             if key is not None:
-                # Identity-checked: a colliding key value may name another block by now.
+                # A colliding key value may name another block.
                 if cached.get(key.value) is block:
                     del cached[key.value]
                     if chains:
@@ -127,7 +127,7 @@ class BlockPool:
         return out
 
     def get_cached_block(self, key: BlockHash) -> KVCacheBlock | None:
-        """The block cached under key's value if it holds key's whole prefix, else None."""
+        """The block cached under key if it holds key's whole prefix."""
         block = self.cached.get(key.value)
         if block is None:
             return None
@@ -137,7 +137,7 @@ class BlockPool:
         return None
 
     def uncache_block(self, block: KVCacheBlock) -> None:
-        """Drop a block's key (its KV is not what the key names); holders keep using it."""
+        """Drop a block's key (its KV isn't what it names); holders keep it."""
         key = block.block_hash
         if key is not None:
             if self.cached.get(key.value) is block:
@@ -146,7 +146,7 @@ class BlockPool:
             block.block_hash = None
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Take a reference on prefix-hit blocks, pulling free ones out of the queue."""
+        """Take a reference on prefix-hit blocks."""
         remove = self.free_queue.remove
         for block in blocks:
             if block.ref_cnt == 0:
@@ -154,7 +154,7 @@ class BlockPool:
             block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        """Drop one reference each; blocks reaching zero join the queue in the given order."""
+        """Drop one reference each; freed blocks join the queue in order."""
         queue = self.free_queue
         tail = queue._tail
         last = tail.prev_free
@@ -175,7 +175,7 @@ class BlockPool:
             queue.num_free += added
 
     def reset_prefix_cache(self) -> None:
-        """Forget every cached key; refused while any block is held by a request."""
+        """Forget every cached key; refused while any block is held."""
         in_use = self.num_blocks - self.free_queue.num_free
         if in_use:
             raise PrefixCacheBusyError(

@@ -16,8 +16,8 @@ HashFunction = Callable[[int | None, Sequence[int], tuple | None], int]
 class BlockHash(NamedTuple):
     """A full block's cache key: hash value, parent key object, and contents.
 
-    Hits are confirmed by parent identity, so colliding prefixes never share one.
-    A NamedTuple: one is built per block, in C.
+    Hits are confirmed by parent identity, so colliding prefixes never share one;
+    a NamedTuple, built per block in C.
     """
 
     value: int
@@ -25,7 +25,7 @@ class BlockHash(NamedTuple):
     token_ids: tuple[int, ...]
     extra_keys: tuple | None = None
 
-    # Tuple equality, hashing and repr would recurse through the whole prefix (recursion limit).
+    # Tuple equality, hash and repr would recurse through the prefix.
     def __eq__(self, other: object) -> bool:
         """True when both keys name the same prefix."""
         a, b = self, other
@@ -70,7 +70,7 @@ _PACKERS: dict[int, struct.Struct] = {}
 
 
 def _to_bytes(token_ids: Sequence[int], extra: tuple | None) -> bytes:
-    # The bytes of array("I", ids), via a cached Struct per length (about 2x faster).
+    # array("I", ids) bytes via a cached Struct (about 2x faster).
     n = len(token_ids)
     packer = _PACKERS.get(n)
     if packer is None:
@@ -78,7 +78,7 @@ def _to_bytes(token_ids: Sequence[int], extra: tuple | None) -> bytes:
     try:
         body = packer.pack(*token_ids)
     except struct.error:
-        body = array("I", token_ids).tobytes()  # raises the error an out-of-range id deserves
+        body = array("I", token_ids).tobytes()  # the right error for an out-of-range id
     return body + repr(extra).encode() if extra else body
 
 
@@ -88,18 +88,18 @@ def _seed(parent: int | None) -> int:
 
 
 def xxhash64(parent: int | None, token_ids: Sequence[int], extra: tuple | None) -> int:
-    """xxh3-64 of the packed inputs: fast, the default."""
+    """xxh3-64: fast, the default."""
     return xxhash.xxh3_64_intdigest(_to_bytes(token_ids, extra), _seed(parent))
 
 
 def sha256_64(parent: int | None, token_ids: Sequence[int], extra: tuple | None) -> int:
-    """The first 8 bytes of SHA-256 of the packed inputs: slower, cryptographic spread."""
+    """First 8 bytes of SHA-256: slower, cryptographic spread."""
     data = _seed(parent).to_bytes(8, "little") + _to_bytes(token_ids, extra)
     return int.from_bytes(hashlib.sha256(data).digest()[:8], "little")
 
 
 def builtin_hash(parent: int | None, token_ids: Sequence[int], extra: tuple | None) -> int:
-    """Python's tuple hash: fastest, stable within one process only."""
+    """Python's hash: fastest, stable within one process only."""
     return hash((parent, tuple(token_ids), extra))
 
 

@@ -1,7 +1,7 @@
 """Exact fast-forward over runs of identical decode steps.
 
-When every running request decodes and nothing waits, the steps up to the first length limit
-are applied at once, KV calls in schedule()'s order, so results match stepping (tests/sim).
+When every running request decodes and nothing waits, steps up to the first length limit
+apply at once, KV calls in schedule()'s order, matching stepping exactly (tests/sim).
 """
 
 from __future__ import annotations
@@ -13,25 +13,25 @@ from twinserve.core.sched.scheduler import Scheduler
 
 
 def decode_window(scheduler: Scheduler, max_steps: int) -> int:
-    """How many next steps are pure decode of the same batch; only the last may finish requests."""
+    """How many next steps decode the same batch; only the last may finish requests."""
     if max_steps <= 0 or len(scheduler.waiting) > 0 or scheduler.kv.sliding_window is not None:
-        return 0  # a sliding window frees blocks as requests advance, breaking the count
+        return 0  # a window frees blocks as requests advance
     running = scheduler.running
     cfg = scheduler.config
     if not running or len(running) > cfg.max_num_batched_tokens:
         return 0
     spec = scheduler.spec
     if spec is not None and spec.active(len(running)):
-        return 0  # each step's drafts come from the executor: step normally
+        return 0  # drafts come from the executor
     limit = max_steps
     for req in running:
         n = len(req.all_token_ids)
-        # Without output, one token left is the prompt's last chunk: a prefill.
+        # Without output, one token left is still prefill.
         if n - req.num_computed_tokens != 1 or not req.output_token_ids:
             return 0
         sp = req.sampling_params
         if sp.stop_token_ids or (req.eos_token_id is not None and not sp.ignore_eos):
-            return 0  # a sampled token could stop it: step normally
+            return 0  # a sampled token could stop it
         rem = req.stop_check_len - n
         if rem < limit:
             limit = rem
@@ -39,7 +39,7 @@ def decode_window(scheduler: Scheduler, max_steps: int) -> int:
                 return 0
     kv = scheduler.kv
     free = kv.num_free_blocks
-    # At most k // block_size + 1 blocks per request: usually no count needed.
+    # At most k // block_size + 1 blocks per request: usually no count.
     if len(running) * (limit // kv.block_size + 1) <= free:
         return limit
     if _blocks_needed(scheduler, running, limit) <= free:
@@ -71,8 +71,8 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
                        ) -> tuple[list[float], list[str]]:
     """Apply len(end_times) decode steps (at most decode_window's count).
 
-    token_ids(request, k) gives k tokens, or repeat maps ids to one token per step.
-    Returns KV usage after each step and the ids finished.
+    token_ids(request, k) gives k tokens, or repeat maps ids to one token per step;
+    returns KV usage per step and the ids finished.
     """
     get = repeat.get if repeat is not None else None
     if get is None and token_ids is None:
@@ -86,13 +86,13 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
     running = scheduler.running
     n_run = len(running)
     scheduler.finished_req_ids = set()
-    # k * n_run + i: request i takes a block on step k; sorts in schedule()'s order.
+    # k * n_run + i: request i takes a block on step k (schedule()'s order).
     allocs: list[int] = []
-    new_at = [0] * k_steps if not caching else []  # blocks taken at each step (no cache)
-    lazy = kv.pending_requests  # requests whose blocks past the root register lazily
-    grows: list[int] = []  # requests whose pending chain grows in the window
-    registers = False  # any registration event (a request registering for real)
-    done: list[Request] = []  # reach a length limit on the window's last step
+    new_at = [0] * k_steps if not caching else []
+    lazy = kv.pending_requests
+    grows: list[int] = []  # pending chains that grow
+    registers = False  # a real registration
+    done: list[Request] = []  # at a length limit on the last step
     for i, req in enumerate(running):
         c = req.num_computed_tokens
         if get is not None:
@@ -104,17 +104,16 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
         out_ids = req.output_token_ids
         out_ids.extend(toks)
         req.token_times.extend(end_times)
-        if len(all_ids) >= req.stop_check_len:  # max_tokens or max_model_len (add_request)
+        if len(all_ids) >= req.stop_check_len:
             done.append(req)
         if c + k_steps <= req.fast_decode_limit:
-            # No allocation or registration in the window (see Request.fast_decode_limit).
+            # Nothing for the KV manager (Request.fast_decode_limit).
             req.num_computed_tokens = c + k_steps
             continue
-        # Step k schedules token c + k, so afterwards c + k + 1 tokens need slots.
         rid = req.request_id
         k = len(held[rid]) * bs - c
         if not caching:
-            # Without a prefix cache block ids don't matter: one call per request.
+            # Without a prefix cache ids don't matter: one call per request.
             if k < k_steps:
                 if kv.allocate_slots(req, k_steps) is None:
                     raise AssertionError("fast-forward allocation failed: check decode_window")
@@ -129,7 +128,7 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
             k += bs
         if (c + k_steps) // bs > cached.get(rid, 0):
             if rid in lazy:
-                grows.append(i)  # it only extends its pending chain (see PendingChain)
+                grows.append(i)  # it only extends its pending chain
             else:
                 registers = True
     usage: list[float] = []
@@ -141,7 +140,7 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
             free -= n_new
             usage.append(1.0 - free / num_blocks)  # same float as KVCacheManager.usage
     elif not registers:
-        # The prefix-cache map is untouched: one call in allocation order gives the same blocks.
+        # Map untouched: one call in allocation order gives the same blocks.
         for i in grows:
             # cache_blocks inlined for a lazy chain.
             req = running[i]
@@ -177,7 +176,7 @@ def _step_through_events(kv, running: list[Request], k_steps: int, usage: list[f
     cached = kv.num_cached_blocks
     events: list[tuple[int, int]] = []
     for i, req in enumerate(running):
-        c = req.num_computed_tokens - k_steps  # the count before the window
+        c = req.num_computed_tokens - k_steps
         k = len(held[req.request_id]) * bs - c
         while k < k_steps:
             events.append((k, i))
@@ -198,7 +197,7 @@ def _step_through_events(kv, running: list[Request], k_steps: int, usage: list[f
     last = prev_i = -1
     for k, i in events:
         if k == last and i == prev_i:
-            continue  # a block boundary and a full block can fall on one call
+            continue  # a new block and a full one can share a call
         if k != last:
             u = 1.0 - free_queue.num_free / num_blocks
             usage.extend([u] * (k - len(usage)))
@@ -218,7 +217,7 @@ def _step_through_events(kv, running: list[Request], k_steps: int, usage: list[f
 
 
 def _finish_by_length(scheduler: Scheduler, done: list[Request], now: float) -> list[str]:
-    """End requests at their length limit, as update_from_output() does."""
+    """End requests at their length limit as update_from_output() does."""
     if not done:
         return []
     status = FINISH_STATUS[FinishReason.LENGTH]

@@ -1,4 +1,4 @@
-"""Swappable scheduling policies: waiting-queue order and preemption victim choice."""
+"""Swappable scheduling policies: waiting-queue order and preemption victim."""
 
 from __future__ import annotations
 
@@ -81,14 +81,14 @@ class KeyedQueue:
         heapq.heappush(self._heap, (self._key(request), request.seq_no, request))
 
     def prepend(self, request: Request) -> None:
-        """Requeue a preempted request: at the front, or by rank."""
+        """At the front, or by rank."""
         if self._front_on_prepend:
             self._front.appendleft(request)
         else:
             self.add(request)
 
     def peek(self) -> Request:
-        """The next request: a requeued one, else the lowest-ranked."""
+        """A requeued request, else the lowest-ranked."""
         return self._front[0] if self._front else self._heap[0][2]
 
     def pop(self) -> Request:
@@ -113,35 +113,35 @@ class KeyedQueue:
 
 
 class PreemptionPolicy(Protocol):
-    """Chooses which running request gives its blocks back when memory runs out."""
+    """Picks the running request that gives its blocks back."""
 
     def pick_victim(self, running: list[Request]) -> Request:
-        """One of the running requests (never called with an empty list)."""
+        """One of running (never empty)."""
 
 
 class PreemptLastAdmitted:
-    """The most recently admitted request loses its blocks (FCFS fairness)."""
+    """The last admitted request loses its blocks (FCFS fairness)."""
 
     def pick_victim(self, running: list[Request]) -> Request:
         return running[-1]
 
 
 class PreemptLowestPriority:
-    """Strict priority, as vLLM: largest value loses, latest arrival on ties; no aging (running isn't waiting)."""
+    """Strict priority, as vLLM: largest value, then latest arrival, loses; no aging."""
 
     def pick_victim(self, running: list[Request]) -> Request:
         return max(running, key=lambda r: (r.priority, r.arrival_time, r.seq_no))
 
 
 def _wait_origin(r: Request) -> float:
-    """When r's wait would have begun had it waited without a break until now."""
+    """When r's wait began, had it waited unbroken until now."""
     return r.queued_time - r.waited_s
 
 
 def priority_rank(aging_interval_s: float) -> Callable[[Request], tuple]:
     """Rank by priority; each aging_interval_s waited is one level.
 
-    The now term is common to all, so it is left out and the heap never re-sorts.
+    Leaving out the now term common to all means the heap never re-sorts.
     """
     if aging_interval_s > 0:
         return lambda r: (r.priority + _wait_origin(r) / aging_interval_s, r.arrival_time)
@@ -149,13 +149,13 @@ def priority_rank(aging_interval_s: float) -> Callable[[Request], tuple]:
 
 
 def sjf_rank(aging_interval_s: float, max_model_len: int) -> Callable[[Request], tuple]:
-    """Rank by prompt share of max_model_len (in [0, 1]); after aging_interval_s waited, it beats any newcomer."""
+    """Rank by prompt share of max_model_len; after aging_interval_s waited, beats any newcomer."""
     if aging_interval_s > 0:
         return lambda r: (r.num_prompt_tokens / max_model_len + _wait_origin(r) / aging_interval_s,)
     return lambda r: (r.num_prompt_tokens,)
 
 
-# Name-to-factory registries read by the scheduler, the simulator, the CLIs and docs/policies.md.
+# Registries read by the scheduler, simulator, CLIs and docs/policies.md.
 
 def _fcfs(aging_interval_s: float, max_model_len: int) -> RequestQueue:
     return FCFSQueue()
@@ -179,12 +179,12 @@ PREEMPTION_POLICIES: dict[str, Callable[[], PreemptionPolicy]] = {
     "last": PreemptLastAdmitted,
     "priority": PreemptLowestPriority,
 }
-# "auto" resolves to a registered victim policy by the queue policy (see resolve_preemption).
+# "auto" follows the queue policy (resolve_preemption).
 PREEMPTION_CHOICES = ("auto", *PREEMPTION_POLICIES)
 
 
 def resolve_preemption(name: str, queue_policy: str) -> str:
-    """The registered victim policy a name stands for ("auto" follows the queue policy)."""
+    """The victim policy a name stands for."""
     if name == "auto":
         return "priority" if queue_policy == "priority" else "last"
     return name

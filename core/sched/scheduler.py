@@ -1,7 +1,7 @@
 """Iteration-level scheduler in the shape of vLLM v1: one token budget, no phases.
 
-A step gives tokens to running requests first, then admits waiting ones; chunked prefill,
-mixed batches and prefix-cache skips all fall out of num_computed_tokens.
+Running requests get tokens first, then waiting ones are admitted; chunked prefill, mixed
+batches and prefix-cache skips all fall out of num_computed_tokens.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from twinserve.core.spec_decode import SpecDecodeStats, SpeculativeConfig
 
 _STOP = FinishReason.STOP
 _RUNNING = RequestStatus.RUNNING
-# Shared by every request with no new block; executors must not mutate it.
+# Shared: executors must not mutate it.
 _NO_IDS: tuple[int, ...] = ()
 _LENGTH = FinishReason.LENGTH
 _new_object = object.__new__
@@ -37,9 +37,9 @@ def _block_ids(blocks: list[KVCacheBlock]) -> Sequence[int]:
 
 def _check_stop(req: Request, token: int, n_out: int, max_model_len: int
                 ) -> tuple[FinishReason | None, int | None]:
-    """The full stop rule for the newest token: (finish reason, stop token) or (None, None)."""
+    """The full stop rule for the newest token: (finish reason, stop token)."""
     sp = req.sampling_params
-    # Stops count only past min_tokens (the sampler masks stop ids until then).
+    # Stops count only past min_tokens (the sampler masks them until then).
     if n_out > sp.min_tokens:
         if token == req.eos_token_id and not sp.ignore_eos:
             return _STOP, None
@@ -67,7 +67,7 @@ def _refresh_fast_decode_limit(kv: KVCacheManager, req: Request) -> int:
 
 
 def _draft_len(req: Request, room: int) -> int:
-    """How many drafts to verify this step: within room, and none past the length limit."""
+    """Drafts to verify this step: within room and the length limit."""
     k = len(req.spec_token_ids)
     limit = req.stop_check_len - len(req.all_token_ids) - 1
     if limit < k:
@@ -76,14 +76,14 @@ def _draft_len(req: Request, room: int) -> int:
 
 
 def _chunk(num_new: int, threshold: int, budget: int) -> int:
-    """A running request's tokens this step, capped by the long-prefill threshold and the budget."""
+    """Tokens this step, capped by the long-prefill threshold and the budget."""
     if 0 < threshold < num_new:
         num_new = threshold
     return num_new if num_new < budget else budget
 
 
 class Scheduler:
-    """Decides each step who runs and with how many tokens, and applies what came back."""
+    """Decides who runs each step with how many tokens; applies the results."""
 
     def __init__(self, config: SchedulerConfig,
                  speculative_config: SpeculativeConfig | None = None) -> None:
@@ -93,7 +93,7 @@ class Scheduler:
         self.step_num_spec_reqs = 0
         self.step_num_draft_tokens = 0
         self.step_num_accepted_tokens = 0
-        # Blocks trimmed after rejections, not yet announced to the executor.
+        # Trimmed blocks not yet announced to the executor.
         self._dropped: dict[str, int] = {}
         self.kv = KVCacheManager(config.num_blocks, config.block_size,
                                  config.enable_prefix_caching, config.prefix_caching_hash_algo,
@@ -105,19 +105,19 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
         self.watermark_blocks = int(config.watermark * config.num_blocks)
-        # Tokens per request of the step not yet applied by update_from_output.
+        # The step not yet applied by update_from_output.
         self._in_flight: dict[str, int] | None = None
-        # Set when the last step took every running request: update_from_output walks running.
+        # Set when a step took every running request: update_from_output walks running.
         self._whole_batch: SchedulerOutput | None = None
         self._whole_batch_len = 0
-        # Last step's first-loop ids and their {id: 1} dict, copied when the ids repeat.
+        # Last first-loop ids and their {id: 1} dict, copied when they repeat.
         self._last_ids: list[str] = []
         self._last_ones: dict[str, int] = {}
         self._seq = itertools.count()
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: Request) -> None:
-        """Queue a request; a typed error if it could never be served."""
+        """Queue a request; a typed error if it can never be served."""
         cfg = self.config
         rid = request.request_id
         if rid in self.requests:
@@ -132,7 +132,7 @@ class Scheduler:
         sp = request.sampling_params
         max_tokens = sp.max_tokens if sp.max_tokens is not None else cfg.max_model_len - n
         request.max_tokens = max(1, max_tokens)
-        # Peak KV tokens: generation ends at max_model_len and the last token is never fed back.
+        # Peak KV tokens: the last token is never fed back.
         peak = max(n, min(n + request.max_tokens - 1, cfg.max_model_len - 1))
         if not self.kv.can_fit(peak):
             limit = cfg.num_blocks * cfg.block_size
@@ -140,7 +140,6 @@ class Scheduler:
                 f"request needs up to {peak} tokens of KV cache but the whole pool holds {limit} "
                 f"({cfg.num_blocks} blocks of {cfg.block_size}); lower max_tokens or add blocks",
                 peak, limit)
-        # The stop rule's quick form (see Request.stop_check_ids).
         stop_ids = set(sp.stop_token_ids)
         if request.eos_token_id is not None and not sp.ignore_eos:
             stop_ids.add(request.eos_token_id)
@@ -168,7 +167,7 @@ class Scheduler:
                 self.running.remove(req)
                 in_flight = self._in_flight
                 if in_flight is not None and rid in in_flight:
-                    # Its in-flight step may never compute its blocks: they leave the cache.
+                    # Its in-flight step may never compute its blocks: uncache them.
                     computed = req.num_computed_tokens - in_flight[rid]
             else:
                 self.waiting.remove(req)
@@ -187,7 +186,6 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        """Queued requests, preempted ones included."""
         return len(self.waiting)
 
     def has_unfinished_requests(self) -> bool:
@@ -199,7 +197,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ schedule
     def schedule(self, now: float) -> SchedulerOutput:
-        """Pick this step's batch and advance its requests' num_computed_tokens."""
+        """Pick this step's batch."""
         cfg = self.config
         budget = cfg.max_num_batched_tokens
         threshold = cfg.long_prefill_token_threshold
@@ -210,13 +208,13 @@ class Scheduler:
         c_computed: list[int] = []
         preempted: list[str] = []
         add_id, add_computed = c_ids.append, c_computed.append
-        # Fast loop (no preemption): decodes under fast_decode_limit skip allocate_slots; `head`
-        # fits one token each, `spare` is the rest. The checked loop below takes over after.
+        # Fast loop (no preemption): decodes under fast_decode_limit skip allocate_slots;
+        # `head` fits one token each, `spare` is the rest; the checked loop below follows.
         other: dict[int, tuple[int, Sequence[int]]] = {}
         head = running if len(running) <= budget else running[:budget]
         spare = budget - len(head)
-        extra = 0  # tokens scheduled past one per scheduled request
-        skipped = 0  # requests passed over with nothing to compute
+        extra = 0  # tokens past one per request
+        skipped = 0  # requests with nothing to compute
         spec = self.spec
         spec_on = spec is not None and spec.active(len(running))
         spec_tokens: dict[str, list[int]] = {}
@@ -227,12 +225,12 @@ class Scheduler:
             k = 0
             if num_new == 1:
                 if spec_on and req.spec_token_ids:
-                    # Drafts take only spare budget, so every head request keeps its token.
+                    # Drafts take only spare budget.
                     k = _draft_len(req, spare)
                     if k > 0:
                         spec_tokens[rid] = req.spec_token_ids[:k]
                         num_new += k
-                # Past the bound means fast-forward advanced it: refresh the stale bound.
+                # Past the bound: fast-forward advanced it, so refresh.
                 if k:
                     pass
                 elif c < req.fast_decode_limit or (
@@ -250,7 +248,7 @@ class Scheduler:
             new_blocks = allocate(req, num_new, num_draft_tokens=k) if k else allocate(req, num_new)
             if new_blocks is None:
                 spec_tokens.pop(rid, None)
-                break  # no room without preempting: the loop below
+                break  # needs preemption: the loop below
             req.fast_decode_limit = _fast_decode_limit(kv, rid)
             other[len(c_ids)] = (num_new, _block_ids(new_blocks))
             add_id(rid)
@@ -259,15 +257,15 @@ class Scheduler:
             extra += num_new - 1
             spare -= num_new - 1
             if spare < 0:
-                break  # the next requests may not all fit: the loop below checks each
-        i = len(c_ids) + skipped  # the first request the loop did not handle
+                break  # the loop below checks the rest
+        i = len(c_ids) + skipped
         budget -= len(c_ids) + extra
         if c_ids == self._last_ids:
-            # Steady decode: copying the dict is far cheaper than rebuilding it.
+            # Steady decode: a dict copy is far cheaper than a rebuild.
             num_scheduled = self._last_ones.copy()
         else:
             num_scheduled = dict.fromkeys(c_ids, 1)
-            self._last_ids = c_ids[:]  # our own copy: c_ids goes out to the executor
+            self._last_ids = c_ids[:]  # c_ids goes to the executor
             self._last_ones = num_scheduled.copy()
         c_blocks: list[Sequence[int]] = [_NO_IDS] * len(c_ids)
         for k, (n, block_ids) in other.items():
@@ -299,7 +297,7 @@ class Scheduler:
                     n = num_scheduled.pop(vid, 0)
                     if n:
                         budget += n
-                        # Its registered blocks for this step will never be computed.
+                        # Its registered blocks will never be computed.
                         computed = victim.num_computed_tokens - n
                         spec_tokens.pop(vid, None)
                         j = c_ids.index(vid)
@@ -309,7 +307,7 @@ class Scheduler:
                 if victim is req:
                     break
             if new_blocks is None:
-                continue  # req itself was preempted; running[i] is now the next request
+                continue  # req itself was preempted
             rid = req.request_id
             if k > 0:
                 spec_tokens[rid] = req.spec_token_ids[:k]
@@ -334,7 +332,7 @@ class Scheduler:
         self._dropped = {}
         so = SchedulerOutput(new_reqs, CachedRequestData(c_ids, c_blocks, c_computed),
                              num_scheduled, total, preempted, finished, spec_tokens, dropped)
-        # Scheduled requests follow running's order, so equal counts mean all were taken.
+        # Same order as running, so equal counts mean all were taken.
         whole = len(num_scheduled) == len(running)
         self._whole_batch = so if whole else None
         self._whole_batch_len = len(running)
@@ -342,7 +340,7 @@ class Scheduler:
 
     def _admit(self, now: float, budget: int, num_scheduled: dict[str, int],
                new_reqs: list[NewRequestData]) -> int:
-        """Admit waiting requests while budget, seats and blocks allow; returns the budget left."""
+        """Admit waiting requests while budget, seats and blocks allow; the budget left."""
         cfg = self.config
         kv = self.kv
         waiting = self.waiting
@@ -359,7 +357,7 @@ class Scheduler:
                     num_new = budget
             elif num_new > budget:
                 break
-            # Headroom for running requests to grow; with none running it would only block.
+            # Headroom for running requests; with none it would only block.
             reserve = self.watermark_blocks if running else 0
             new_blocks = kv.allocate_slots(req, num_new, hits, num_hit, reserve)
             if new_blocks is None:
@@ -391,13 +389,13 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         req.preempted_times.append(now)
-        req.queued_time = now  # its time running does not age it
+        req.queued_time = now  # running time does not age it
         self.num_preemptions += 1
         self.waiting.prepend(req)
 
     # ------------------------------------------------------------------ speculation
     def _verify(self, req: Request, drafts: list[int], tokens: list[int]) -> tuple[int, int]:
-        """Count a verification and roll back rejected drafts; len(tokens) - 1 were accepted."""
+        """Count a verification, roll back rejected drafts (len(tokens) - 1 accepted)."""
         num_drafts = len(drafts)
         num_accepted = len(tokens) - 1
         if not 0 <= num_accepted <= num_drafts:
@@ -412,7 +410,7 @@ class Scheduler:
         return num_drafts, num_accepted
 
     def _release_rejected(self, req: Request) -> None:
-        """Give back blocks only rejected drafts took, and tell the executor."""
+        """Free blocks only rejected drafts took; tell the executor."""
         n = self.kv.trim(req, req.num_computed_tokens)
         if n:
             rid = req.request_id
@@ -431,11 +429,11 @@ class Scheduler:
         outputs: list[EngineCoreOutput] = []
         add_output = outputs.append
         finished: list[Request] = []
-        new_output, Output = _new_object, EngineCoreOutput  # locals: read once per request
+        new_output, Output = _new_object, EngineCoreOutput
         self._in_flight = None
         running = self.running
         if scheduler_output is self._whole_batch and len(running) == self._whole_batch_len:
-            # Every running request, none gone since: the step's requests in order.
+            # None gone since: the step's requests, in order.
             reqs = running
         else:
             reqs = [r for r in map(requests.get, scheduler_output.num_scheduled_tokens)
@@ -449,7 +447,7 @@ class Scheduler:
             rid = req.request_id
             tokens = sampled.get(rid)
             if not tokens:
-                continue  # a prefill chunk short of the prompt's end
+                continue  # a partial prefill
             num_drafts = num_accepted = 0
             if verified:
                 drafts = verified.get(rid)
@@ -466,7 +464,7 @@ class Scheduler:
                 out_ids.append(token)
                 all_ids.append(token)
                 req.token_times.append(now)
-                # Quick stop check first; the full rule only when it may end.
+                # Quick stop check first (Request.stop_check_ids).
                 if token in req.stop_check_ids or len(all_ids) >= req.stop_check_len:
                     reason, stop_reason = _check_stop(req, token, len(out_ids), max_model_len)
                 else:
@@ -488,7 +486,7 @@ class Scheduler:
                         if reason is not None:
                             break
                 new_ids = tokens if count == len(tokens) else tokens[:count]
-            # EngineCoreOutput without its __init__ (hot path): every field is set.
+            # No __init__ (hot path): every field is set.
             out = new_output(Output)
             out.req_id = rid
             out.new_token_ids = new_ids
