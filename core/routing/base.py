@@ -1,6 +1,6 @@
-"""The router seam: what a router sees of each replica, what it is asked, and its errors.
+"""The router seam: what a router sees, what it is asked, and its errors.
 
-The simulated cluster and the real proxy (`twinserve route`) call routers the same way.
+The simulated cluster and the real proxy call routers the same way.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from twinserve.core.errors import TwinserveError
 
 
 class NoReplicaAvailableError(TwinserveError, RuntimeError):
-    """Every replica is out of rotation (down or failing its health check)."""
+    """Every replica is out of rotation."""
 
     def __init__(self, num_replicas: int) -> None:
         super().__init__(f"no replica is available: all {num_replicas} are out of rotation; "
@@ -28,21 +28,20 @@ class UnknownRouterError(TwinserveError, ValueError):
 
 @dataclass(slots=True)
 class ReplicaLoad:
-    """One replica as a router sees it when it decides."""
+    """One replica as a router sees it."""
 
     index: int
-    outstanding: int = 0        # routed and not yet finished
-    kv_usage: float = 0.0       # 0..1
+    outstanding: int = 0        # unfinished
+    kv_usage: float = 0.0
     healthy: bool = True
     routed: int = 0             # ever
 
 
 @dataclass(slots=True)
 class RouteRequest:
-    """What a router may read about one request."""
 
     request_id: str
-    # Chained keys of the prompt's first full blocks (text chunks in the proxy).
+    # Chained keys of the first full blocks (text chunks in the proxy).
     prefix_keys: tuple[int, ...] = ()
     session: str | None = None  # conversation id
     num_prompt_tokens: int = 0
@@ -52,11 +51,11 @@ class Router(Protocol):
     """Picks the replica for a request; returns its ReplicaLoad.index."""
 
     name: str
-    # The caller fills RouteRequest.prefix_keys only when asked (it costs hashes).
+    # Whether the caller must fill prefix_keys (it costs hashes).
     needs_prefix_keys: bool
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaLoad]) -> int:
-        """The index of the replica that takes the request (NoReplicaAvailableError if none)."""
+        """The chosen replica's index (NoReplicaAvailableError if none)."""
 
 
 def healthy(replicas: Sequence[ReplicaLoad]) -> list[ReplicaLoad]:
@@ -67,7 +66,7 @@ def healthy(replicas: Sequence[ReplicaLoad]) -> list[ReplicaLoad]:
 
 
 def least_loaded(replicas: Sequence[ReplicaLoad]) -> ReplicaLoad:
-    """The healthy replica with the fewest outstanding requests (lowest index on ties)."""
+    """The healthy replica with the fewest outstanding (lowest index on ties)."""
     best = None
     for r in replicas:
         if r.healthy and (best is None or r.outstanding < best.outstanding):

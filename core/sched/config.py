@@ -9,7 +9,7 @@ from twinserve.core.kv.hashing import HASH_FUNCTIONS
 from twinserve.core.sched.policies import PREEMPTION_CHOICES, QUEUE_POLICIES
 
 
-# Knobs that take a registered name: CLIs offer these, so a new registration is usable everywhere.
+# Knobs taking a registered name; CLIs offer these, so registrations work everywhere.
 SCHEDULER_CHOICES: dict[str, tuple[str, ...]] = {
     "policy": tuple(QUEUE_POLICIES),
     "preemption": PREEMPTION_CHOICES,
@@ -19,28 +19,28 @@ SCHEDULER_CHOICES: dict[str, tuple[str, ...]] = {
 
 @dataclass(slots=True)
 class SchedulerConfig:
-    """Everything that decides who enters a batch and how the KV pool is laid out."""
+    """Who enters a batch, and how the KV pool is laid out."""
 
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     max_model_len: int = 4096
     enable_chunked_prefill: bool = True
-    # Per-step cap on a prefill (0 = none) so long prompts share the budget; needs chunked prefill.
+    # Per-step prefill cap (0 = none) so long prompts share the budget.
     long_prefill_token_threshold: int = 0
     block_size: int = 16
     num_blocks: int = 1024
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: str = "xxhash"
-    # Fraction of all blocks that must stay free after admitting a new request.
+    # Fraction of blocks kept free after an admission.
     watermark: float = 0.0
-    # Waiting-queue order: "fcfs", "priority" (lower first) or "sjf" (shortest prompt first).
+    # "fcfs", "priority" (lower first) or "sjf" (shortest prompt first).
     policy: str = "fcfs"
-    # Preemption victim: "last" admitted, "priority", or "auto" (follows the policy).
+    # Victim: "last" admitted, "priority", or "auto" (follows policy).
     preemption: str = "auto"
-    # Against starvation under "priority"/"sjf": each interval waited is one priority level;
-    # 0 = strict order, which can starve requests forever.
+    # Against starvation: each interval waited is one level; 0 = strict order,
+    # which can starve requests forever.
     aging_interval_s: float = 30.0
-    # The model's all-layer sliding window (Mistral); 0 = full attention.
+    # The model's all-layer sliding window; 0 = full attention.
     sliding_window: int = 0
 
     def __post_init__(self) -> None:

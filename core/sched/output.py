@@ -11,31 +11,31 @@ from twinserve.core.sampling_params import SamplingParams
 
 @dataclass(slots=True)
 class NewRequestData:
-    """A request the executor has not seen (or must rebuild after preemption)."""
+    """A request new to the executor (or rebuilt after preemption)."""
 
     req_id: str
-    # Includes tokens generated before a preemption: all recomputed.
+    # With any tokens generated before a preemption.
     token_ids: list[int]
     num_prompt_tokens: int
     sampling_params: SamplingParams
     block_ids: list[int]
-    # Prefix-cache hits: the step computes from here.
+    # Prefix-cache hits.
     num_computed_tokens: int
 
 
 @dataclass(slots=True)
 class CachedRequestData:
-    """Requests the executor already holds state for, as parallel lists."""
+    """Requests the executor already holds, as parallel lists."""
 
     req_ids: list[str] = field(default_factory=list)
-    # Blocks appended this step (read-only: a shared empty tuple when none).
+    # Read-only (may be a shared empty tuple).
     new_block_ids: list[Sequence[int]] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
 class SchedulerOutput:
-    """One engine step: who runs, how many tokens each, and what changed since the last step."""
+    """One step: who runs, with how many tokens, and what changed."""
 
     scheduled_new_reqs: list[NewRequestData]
     scheduled_cached_reqs: CachedRequestData
@@ -43,9 +43,9 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     preempted_req_ids: list[str]
     finished_req_ids: set[str]
-    # Drafts to verify: the last len(drafts) of the request's num_scheduled_tokens.
+    # Drafts are the last len(drafts) of a request's scheduled tokens.
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
-    # Blocks (rejected drafts') to drop from the table's end before appending new ones.
+    # Rejected drafts' blocks to drop from the table's end first.
     num_dropped_blocks: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -55,7 +55,7 @@ class SchedulerOutput:
 
 @dataclass(slots=True)
 class Logprob:
-    """Log-probabilities for one sampled position: the sampled token and the top N."""
+    """Log-probabilities at one position: the sampled token and the top N."""
 
     token_id: int
     logprob: float
@@ -65,24 +65,24 @@ class Logprob:
 
 @dataclass(slots=True)
 class ModelRunnerOutput:
-    """What the executor returns: sampled token ids per request (empty for a partial prefill)."""
+    """What the executor returns (no tokens for a partial prefill)."""
 
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, list[Logprob]] | None = None
-    # req id -> reason; only these requests end (with "error").
+    # req id -> reason; only these requests end ("error").
     failed: dict[str, str] | None = None
-    # req id -> (index of the first prompt token described, its records).
+    # req id -> (first prompt index described, records).
     prompt_logprobs: dict[str, tuple[int, list[Logprob]]] | None = None
     step_time: float | None = None
-    # Drafts for each request's next step; the scheduler picks how many to verify.
+    # Next-step drafts; the scheduler picks how many to verify.
     spec_token_ids: dict[str, list[int]] | None = None
 
 
 @dataclass(slots=True)
 class EngineCoreOutput:
-    """Per-request result of one step: new tokens, and a finish reason once it ends."""
+    """One request's result of a step."""
 
-    # Built field by field in Scheduler.update_from_output (hot path): set new fields there too.
+    # Built field by field in Scheduler.update_from_output: set new fields there too.
 
     req_id: str
     new_token_ids: list[int]
