@@ -13,15 +13,15 @@ from twinserve.core.spec_decode import SpeculativeConfig
 
 
 class Executor(Protocol):
-    """Runs one scheduler output: a cost model in the simulator, workers in the real engine."""
+    """Runs a step: a cost model in the simulator, workers in the real engine."""
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Compute the step; the sampled tokens (and its duration, if known)."""
+        """Compute the step; sampled tokens (and duration, if known)."""
 
 
 @dataclass(slots=True)
 class StepStats:
-    """One engine step as a record: load, batch, KV and prefix-cache state."""
+    """One engine step's record."""
 
     step: int
     start_time: float
@@ -36,7 +36,7 @@ class StepStats:
     prefix_hits: int
     num_preempted: int
     num_finished: int
-    # Phase wall times, only when the core has a clock (else 0).
+    # Only with a clock (else 0).
     schedule_time: float = 0.0
     execute_time: float = 0.0
     update_time: float = 0.0
@@ -48,7 +48,7 @@ class StepStats:
 class EngineCore:
     """Owns the scheduler and an executor; the busy loop calls step(now).
 
-    Time is injected: the core reads no clock except the optional one that times phases.
+    Time is injected; the optional clock only times phases.
     """
 
     def __init__(self, config: SchedulerConfig, executor: Executor,

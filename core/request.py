@@ -10,7 +10,7 @@ from twinserve.core.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.IntEnum):
-    """Where a request is in its lifecycle; values past PREEMPTED are terminal."""
+    """Lifecycle state; values past PREEMPTED are terminal."""
 
     WAITING = 0
     RUNNING = 1
@@ -26,7 +26,7 @@ class RequestStatus(enum.IntEnum):
 
 
 class FinishReason(str, enum.Enum):
-    """Why a request ended, in the words of the OpenAI API."""
+    """Why a request ended, in OpenAI API words."""
 
     STOP = "stop"
     LENGTH = "length"
@@ -53,7 +53,7 @@ class Request:
     priority: int = 0
     cache_salt: str | None = None
     eos_token_id: int | None = None
-    # Caller data (the simulator's workload record).
+    # Caller data (e.g. the simulator's workload record).
     payload: Any = None
 
     status: RequestStatus = RequestStatus.WAITING
@@ -65,7 +65,7 @@ class Request:
     stop_reason: int | str | None = None
     # Prefix-cache keys of full blocks, filled lazily.
     block_hashes: list[Any] = field(default_factory=list)
-    # Prompt tokens served from the prefix cache on first admission.
+    # Prefix-cache hits on first admission.
     prefix_hit_tokens: int = -1
     num_preemptions: int = 0
     # Arrival order: breaks ties in queues.
@@ -79,10 +79,10 @@ class Request:
     # Quick stop check set by Scheduler.add_request; only a hit runs the full rule.
     stop_check_ids: frozenset[int] = field(default=frozenset(), repr=False)
     stop_check_len: int = field(default=0, repr=False)
-    # Below this num_computed_tokens a one-token step needs nothing from the KV manager
-    # (a stale value is never too high: blocks only grow); 0 means ask.
+    # Below this, a one-token step needs nothing from the KV manager
+    # (never too high: blocks only grow); 0 means ask.
     fast_decode_limit: int = field(default=0, repr=False)
-    # Aging counts waiting only: current wait's start, seconds waited before it.
+    # Aging counts waiting only: this wait's start, and time waited before it.
     queued_time: float = field(default=0.0, repr=False)
     waited_s: float = field(default=0.0, repr=False)
     # Unverified drafts for the next step (never in all_token_ids).

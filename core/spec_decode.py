@@ -1,6 +1,6 @@
-"""Speculative decoding as the scheduler sees it: the configuration and the acceptance counters.
+"""Speculative decoding as the scheduler sees it: configuration and acceptance counters.
 
-Proposers and verification live in the backends; field names follow vLLM's --speculative-config.
+Proposers and verification live in the backends; names follow vLLM's --speculative-config.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class SpeculativeConfig:
 
     method: str = "ngram"
     num_speculative_tokens: int = 4
-    # ngram: longest and shortest suffix matched against the context.
+    # ngram: suffix lengths matched against the context.
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
     model: str | None = None
@@ -44,7 +44,7 @@ class SpeculativeConfig:
                                      "a draft model path when method is 'draft_model'")
 
     def active(self, num_running: int) -> bool:
-        """True when a step with this many running requests schedules drafts."""
+        """Whether a step with this many running requests drafts."""
         d = self.disable_by_batch_size
         return d <= 0 or num_running < d
 
@@ -78,7 +78,7 @@ def _int_in(name: str, value: object, lo: int, hi: int) -> None:
 
 @dataclass(slots=True)
 class SpecDecodeStats:
-    """Running totals of drafts and acceptances (vLLM's spec_decode_* counters)."""
+    """Draft and acceptance totals (vLLM's spec_decode_* counters)."""
 
     num_drafts: int = 0
     num_draft_tokens: int = 0

@@ -21,11 +21,11 @@ class StructuredOutputSpec:
     value: str | list[str] = ""
     # The request field it came from, for error messages.
     param: str = "structured_output"
-    # Opaque, process-local: not pickled (compiled grammars don't serialize); recompiled per process.
+    # Process-local: compiled grammars don't pickle, so each process recompiles.
     compiled: Any = field(default=None, compare=False, repr=False)
 
     def validate(self) -> None:
-        """Raise InvalidSamplingParamsError unless kind and value fit together."""
+        """Raise InvalidSamplingParamsError unless kind and value fit."""
         if self.kind not in KINDS:
             raise InvalidSamplingParamsError(self.param, self.kind, f"one of {', '.join(KINDS)}")
         if self.kind == "choice":

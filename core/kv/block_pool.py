@@ -9,7 +9,7 @@ from twinserve.core.kv.hashing import BlockHash
 
 
 class KVCacheBlock:
-    """One physical KV block; also a node of the intrusive free queue."""
+    """One KV block; also a free-queue node."""
 
     __slots__ = ("block_id", "ref_cnt", "block_hash", "pending", "prev_free", "next_free")
 
@@ -89,7 +89,7 @@ class BlockPool:
         return self.free_queue.num_free
 
     def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
-        """Take n free blocks (ref count 1), evicting their cached content."""
+        """Take n free blocks, evicting their cached content."""
         queue = self.free_queue
         if n > queue.num_free:
             raise ValueError(f"asked for {n} blocks, {queue.num_free} free")
@@ -132,7 +132,7 @@ class BlockPool:
         if block is None:
             return None
         stored = block.block_hash
-        if stored is key or stored == key:  # == walks both chains: a prefix, not one block
+        if stored is key or stored == key:  # == compares whole prefixes
             return block
         return None
 

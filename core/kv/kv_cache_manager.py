@@ -10,7 +10,7 @@ from twinserve.core.kv.block_pool import BlockPool, KVCacheBlock
 from twinserve.core.kv.hashing import BlockHash, HashFunction, get_hash_function
 
 _NO_BLOCKS: list[KVCacheBlock] = []
-# A block the sliding window left behind (never read, freed or cached).
+# A block behind the sliding window (never read, freed or cached).
 OUT_OF_WINDOW = KVCacheBlock(-1)
 # BlockHash(...) without the Python-level __new__ (hot path).
 _new_key = tuple.__new__
@@ -19,10 +19,10 @@ _STRONG_HASHES = ("xxhash", "sha256")
 
 
 class PendingChain:
-    """A request's blocks past its root (first new key), registered in the prefix cache in name only.
+    """A request's blocks past its root (first new key), registered in name only.
 
-    Most prefixes are never looked up again, so hashing waits until something reaches the root,
-    the only way to reach them: no lookup's result changes.
+    Most prefixes are never looked up again, so hashing waits until something reaches
+    the root, the only way in: no lookup's result changes.
     """
 
     __slots__ = ("request_id", "root", "blocks", "token_ids", "hashes", "lo", "hi", "held")
@@ -34,8 +34,8 @@ class PendingChain:
         self.blocks = blocks  # shared, not copied: they only grow
         self.token_ids = token_ids
         self.hashes = hashes
-        self.lo = root + 1  # blocks before lo are registered for real
-        self.hi = root + 1  # blocks lo..hi-1 are pending
+        self.lo = root + 1  # lo..hi-1 are pending; earlier ones registered
+        self.hi = root + 1
         self.held = True
 
 
@@ -68,7 +68,7 @@ class KVCacheManager:
         self.hash_fn = get_hash_function(hash_function)
         self.pool = BlockPool(num_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        # Registered leading blocks per request (pending included).
+        # Registered leading blocks (pending included).
         self.num_cached_blocks: dict[str, int] = {}
         self.stats = PrefixCacheStats()
         # Needs a collision-free hash and an unthinned block list.
@@ -76,7 +76,7 @@ class KVCacheManager:
                      and isinstance(hash_function, str) and hash_function in _STRONG_HASHES)
         self._chains = self.pool.chains  # root key value -> PendingChain
         self.pending_requests: dict[str, PendingChain] = {}
-        self._contested: set[int] = set()  # keys taken over from another block
+        self._contested: set[int] = set()  # keys taken from another block
 
     @property
     def usage(self) -> float:
@@ -93,7 +93,7 @@ class KVCacheManager:
         if i < len(hashes):
             key = hashes[i]
             if key.parent is not parent:
-                # Block i-1 took over an equal key object: relink.
+                # Block i-1 adopted an equal key object: relink.
                 key = hashes[i] = _new_key(BlockHash,
                                            (key.value, parent, key.token_ids, key.extra_keys))
             return key
@@ -124,7 +124,7 @@ class KVCacheManager:
             if self._chains:
                 chain = self._chains.get(key.value)
                 if chain is not None:
-                    # Before the read: a colliding chain block may take this key.
+                    # First: a colliding chain block may take this key.
                     self._flush(chain)
             block = cached.get(key.value)
             if block is None:
@@ -133,7 +133,7 @@ class KVCacheManager:
             if stored is not key:
                 if (stored is None or stored.parent is not parent or stored.token_ids != key.token_ids
                         or stored.extra_keys != key.extra_keys):
-                    break  # a hash collision, or a chain through another prefix
+                    break  # a collision or another prefix's chain
                 hashes[i] = stored  # children chain to the cached key object
             hits.append(block)
             parent = stored
@@ -145,7 +145,6 @@ class KVCacheManager:
         self.stats.hits += num_hit_tokens
 
     def can_fit(self, num_tokens: int) -> bool:
-        """True when the whole pool could hold num_tokens."""
         return -(-num_tokens // self.block_size) <= self.num_blocks
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
@@ -153,9 +152,9 @@ class KVCacheManager:
                        num_new_computed_tokens: int = 0,
                        num_reserved_blocks: int = 0,
                        num_draft_tokens: int = 0) -> list[KVCacheBlock] | None:
-        """Make room for num_new_tokens; the new blocks (don't mutate), or None if they don't fit.
+        """Make room for num_new_tokens; the new blocks (don't mutate), or None.
 
-        num_reserved_blocks stay free; blocks of the last num_draft_tokens (drafts) are not registered.
+        num_reserved_blocks stay free; blocks of the last num_draft_tokens are not registered.
         """
         req_id = request.request_id
         blocks = self.req_to_blocks.get(req_id)
@@ -191,8 +190,8 @@ class KVCacheManager:
         else:
             new_blocks = _NO_BLOCKS
         if self.enable_caching and verified // bs > self.num_cached_blocks[req_id]:
-            # Registered now so later admissions this step can share them; if the step
-            # never runs them, the caller must tell free().
+            # Registered now so later admissions can share them; if the step never
+            # runs them, the caller must tell free().
             self.cache_blocks(request, verified)
         return new_blocks
 
@@ -210,7 +209,7 @@ class KVCacheManager:
         return len(dropped)
 
     def _drop_out_of_window(self, req_id: str, blocks: list[KVCacheBlock], num_computed: int) -> None:
-        """Free blocks no token from num_computed on can see (cached ones stay hittable)."""
+        """Free blocks out of num_computed's window (cached ones stay hittable)."""
         end = max(0, num_computed - self.sliding_window + 1) // self.block_size
         start = self._window_start.get(req_id, 0)
         if end <= start:
@@ -226,9 +225,9 @@ class KVCacheManager:
         return sum(1 for b in self.req_to_blocks.get(request_id, _NO_BLOCKS) if b is not OUT_OF_WINDOW)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        """Register full blocks up to num_computed_tokens in the prefix cache.
+        """Register full blocks up to num_computed_tokens.
 
-        The latest copy takes the key (an equal key object is kept for its children);
+        The latest copy takes the key (keeping an equal key object for its children);
         blocks past a new root register lazily.
         """
         if not self.enable_caching:
@@ -256,7 +255,7 @@ class KVCacheManager:
         """Register block i; a PendingChain for later blocks if its key was new."""
         hashes = request.block_hashes
         key = self._key(request, hashes, i, hashes[i - 1] if i else None)
-        # A contested key's cached children may outlive it; a chain would misorder them.
+        # A contested key's children may outlive it; a chain would misorder them.
         fresh = key.value not in self.pool.cached and key.value not in self._contested
         self._register(blocks, request.all_token_ids, hashes, request.cache_salt, i, i + 1)
         if not fresh:
@@ -336,14 +335,14 @@ class KVCacheManager:
             self._contested.clear()
 
     def flush_pending(self) -> None:
-        """Register every pending block for real (for inspection)."""
+        """Register every pending block (for inspection)."""
         for chain in list(self._chains.values()):
             self._flush(chain)
 
     def free(self, request: Request, num_computed_tokens: int | None = None) -> None:
         """Release the request's blocks, tail first so tails are evicted first.
 
-        Blocks registered past num_computed_tokens (never written) leave the cache.
+        Blocks registered past num_computed_tokens (never written) are uncached.
         """
         blocks = self.req_to_blocks.pop(request.request_id, None)
         num_cached = self.num_cached_blocks.pop(request.request_id, 0)

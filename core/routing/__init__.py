@@ -12,7 +12,7 @@ from twinserve.core.routing.base import (NoReplicaAvailableError, ReplicaLoad, R
 from twinserve.core.routing.policies import LeastKV, LeastOutstanding, PowerOfTwo, RoundRobin, SessionAffinity
 from twinserve.core.routing.prefix import PrefixAffinity, text_prefix_keys, token_prefix_keys
 
-# Factories take seed, prefix_blocks and load_factor by name, ignoring those they don't use.
+# Factories take seed, prefix_blocks and load_factor, ignoring unused ones.
 RouterFactory = Callable[..., Router]
 
 ROUTERS: dict[str, RouterFactory] = {
@@ -28,7 +28,7 @@ ROUTER_NAMES = tuple(ROUTERS)
 
 def make_router(name: str, seed: int = 0, prefix_blocks: int = 4,
                 load_factor: float = 1.25) -> Router:
-    """A fresh router by its registered name (UnknownRouterError for other names)."""
+    """A fresh router by registered name."""
     factory = ROUTERS.get(name)
     if factory is None:
         raise UnknownRouterError(name, ROUTER_NAMES)

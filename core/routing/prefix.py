@@ -22,7 +22,7 @@ def _point(value: int, salt: int) -> int:
 
 
 def token_prefix_keys(token_ids: Sequence[int], block_size: int, max_blocks: int) -> tuple[int, ...]:
-    """Chained keys of the first max_blocks full blocks of a token sequence."""
+    """Chained keys of the first max_blocks full blocks."""
     keys = []
     parent = 0
     for b in range(min(max_blocks, len(token_ids) // block_size)):
@@ -33,7 +33,7 @@ def token_prefix_keys(token_ids: Sequence[int], block_size: int, max_blocks: int
 
 
 def text_prefix_keys(text: str, chunk_chars: int, max_blocks: int) -> tuple[int, ...]:
-    """Chained keys of the first max_blocks full chunks of a text (for a proxy without a tokenizer)."""
+    """Chained keys of a text's first full chunks (a proxy has no tokenizer)."""
     data = text.encode("utf-8", "surrogatepass")
     keys = []
     parent = 0
@@ -44,7 +44,7 @@ def text_prefix_keys(text: str, chunk_chars: int, max_blocks: int) -> tuple[int,
 
 
 class PrefixAffinity:
-    """Bounded-load consistent hashing on the key of the first prefix_blocks blocks."""
+    """Bounded-load consistent hashing on the first prefix_blocks blocks."""
 
     name = "prefix_affinity"
     needs_prefix_keys = True
@@ -61,7 +61,7 @@ class PrefixAffinity:
         self._ring_for: tuple[int, ...] = ()
         self._points: list[int] = []
         self._owners: list[int] = []
-        self.num_spills = 0  # choices moved off the home replica by the load bound
+        self.num_spills = 0  # choices moved off the home replica
 
     def _ring(self, indices: tuple[int, ...]) -> None:
         pts = sorted((_point(i, v), i) for i in indices for v in range(self.virtual_nodes))
@@ -70,7 +70,7 @@ class PrefixAffinity:
         self._ring_for = indices
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaLoad]) -> int:
-        """The first replica clockwise from the prefix's point whose load is under the bound."""
+        """The first replica clockwise from the prefix under the load bound."""
         keys = request.prefix_keys
         if not keys:  # nothing to share: balance the load
             return least_loaded(replicas).index

@@ -44,7 +44,7 @@ def decode_window(scheduler: Scheduler, max_steps: int) -> int:
         return limit
     if _blocks_needed(scheduler, running, limit) <= free:
         return limit
-    lo, hi = 0, limit  # largest k with blocks_needed(k) <= free
+    lo, hi = 0, limit
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if _blocks_needed(scheduler, running, mid) <= free:
@@ -90,9 +90,9 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
     allocs: list[int] = []
     new_at = [0] * k_steps if not caching else []
     lazy = kv.pending_requests
-    grows: list[int] = []  # pending chains that grow
+    grows: list[int] = []
     registers = False  # a real registration
-    done: list[Request] = []  # at a length limit on the last step
+    done: list[Request] = []  # end on the last step
     for i, req in enumerate(running):
         c = req.num_computed_tokens
         if get is not None:
@@ -138,11 +138,11 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
         free = free_queue.num_free + sum(new_at)
         for n_new in new_at:
             free -= n_new
-            usage.append(1.0 - free / num_blocks)  # same float as KVCacheManager.usage
+            usage.append(1.0 - free / num_blocks)  # as KVCacheManager.usage
     elif not registers:
         # Map untouched: one call in allocation order gives the same blocks.
         for i in grows:
-            # cache_blocks inlined for a lazy chain.
+            # cache_blocks, inlined.
             req = running[i]
             rid = req.request_id
             cached[rid] = lazy[rid].hi = req.num_computed_tokens // bs
