@@ -1,4 +1,4 @@
-"""Deterministic test executor: a toy model, optionally modelling every KV slot to catch foreign reads."""
+"""Deterministic test executor: a toy model, optionally checking every KV slot read."""
 
 from __future__ import annotations
 
@@ -150,7 +150,7 @@ class FakeExecutor:
             if len(st.block_ids) * bs < end:
                 raise ContractViolation(f"{rid}: {len(st.block_ids)} blocks cannot hold {end} tokens")
             if kv is not None:
-                # A real step stores all K/V before attention reads it: writes now, reads after.
+                # A real step writes all K/V before attention reads any.
                 ids = kv.prefix_ids(seq, list(st.prefix_ids) if drafts else st.prefix_ids)
                 kv.write(st.block_ids, ids, st.num_computed, end)
                 w = self.sliding_window

@@ -1,4 +1,4 @@
-"""Chained block keys for the prefix cache, with a selectable hash function."""
+"""Chained prefix-cache block keys and their hash functions."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ HashFunction = Callable[[int | None, Sequence[int], tuple | None], int]
 
 
 class BlockHash(NamedTuple):
-    """A full block's cache key: hash value, parent key object, and contents.
+    """A full block's cache key: value, parent key object, contents.
 
     Hits are confirmed by parent identity, so colliding prefixes never share one;
     a NamedTuple, built per block in C.
@@ -59,7 +59,7 @@ class BlockHash(NamedTuple):
 
 
 def _rebuild_chain(chain: list[tuple[int, tuple[int, ...], tuple | None]]) -> BlockHash | None:
-    """Unpickle a key from its flattened chain, without recursion."""
+    """Unpickle a flattened chain without recursion."""
     key = None
     for value, token_ids, extra in chain:
         key = BlockHash(value, key, token_ids, extra)

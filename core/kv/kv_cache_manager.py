@@ -1,4 +1,4 @@
-"""Per-request block tables on top of the block pool, with prefix-cache lookups."""
+"""Per-request block tables over the block pool, with prefix-cache lookups."""
 
 from __future__ import annotations
 
@@ -53,13 +53,11 @@ class PrefixCacheStats:
 
 
 class KVCacheManager:
-    """Allocates and frees request KV blocks; finds cached prefixes."""
-
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
                  hash_function: str | HashFunction = "xxhash",
                  lazy_registration: bool = True, sliding_window: int | None = None) -> None:
         self.block_size = block_size
-        # Blocks wholly before the window go back to the pool.
+        # Blocks wholly before it go back to the pool.
         self.sliding_window = sliding_window
         self.num_window_freed = 0
         self._window_start: dict[str, int] = {}
@@ -71,7 +69,7 @@ class KVCacheManager:
         # Registered leading blocks (pending included).
         self.num_cached_blocks: dict[str, int] = {}
         self.stats = PrefixCacheStats()
-        # Needs a collision-free hash and an unthinned block list.
+        # Needs a collision-free hash and no sliding window.
         self.lazy = (enable_caching and lazy_registration and sliding_window is None
                      and isinstance(hash_function, str) and hash_function in _STRONG_HASHES)
         self._chains = self.pool.chains  # root key value -> PendingChain
@@ -277,7 +275,7 @@ class KVCacheManager:
     def _register(self, blocks: list[KVCacheBlock], token_ids: list[int],
                   hashes: list[BlockHash], salt: str | None, done: int, num_full: int,
                   chain: PendingChain | None = None) -> None:
-        """Key and cache blocks done..num_full-1 of one request."""
+        """Key and cache blocks done..num_full-1."""
         bs = self.block_size
         cached = self.pool.cached
         hash_fn = self.hash_fn

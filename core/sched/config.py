@@ -1,4 +1,4 @@
-"""Scheduler and KV-cache knobs, named as vLLM names them, validated."""
+"""Scheduler and KV-cache knobs, named as in vLLM, validated."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from twinserve.core.kv.hashing import HASH_FUNCTIONS
 from twinserve.core.sched.policies import PREEMPTION_CHOICES, QUEUE_POLICIES
 
 
-# Knobs taking a registered name; CLIs offer these, so registrations work everywhere.
+# CLIs offer these names, so a registration works everywhere.
 SCHEDULER_CHOICES: dict[str, tuple[str, ...]] = {
     "policy": tuple(QUEUE_POLICIES),
     "preemption": PREEMPTION_CHOICES,

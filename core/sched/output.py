@@ -1,4 +1,4 @@
-"""The contract between policy and execution: what to run, and what came back."""
+"""The policy/execution contract: what to run, and what came back."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ class ModelRunnerOutput:
 class EngineCoreOutput:
     """One request's result of a step."""
 
-    # Built field by field in Scheduler.update_from_output: set new fields there too.
+    # Scheduler.update_from_output sets fields one by one: add new ones there.
 
     req_id: str
     new_token_ids: list[int]

@@ -17,13 +17,13 @@ class RequestQueue(Protocol):
         """Enqueue a new request."""
 
     def prepend(self, request: Request) -> None:
-        """Requeue a preempted request ahead of its peers."""
+        """Requeue a preempted request."""
 
     def peek(self) -> Request:
         """The next request to admit."""
 
     def pop(self) -> Request:
-        """Remove and return the next request to admit."""
+        """Remove the next request."""
 
     def remove(self, request: Request) -> None:
         """Drop a request (abort)."""
@@ -34,7 +34,7 @@ class RequestQueue(Protocol):
 
 
 class FCFSQueue:
-    """First come, first served; preempted requests go back to the front."""
+    """FCFS; preempted requests go back to the front."""
 
     __slots__ = ("_q",)
 
@@ -67,7 +67,7 @@ class FCFSQueue:
 
 
 class KeyedQueue:
-    """A heap by rank, ties by arrival; front_on_prepend requeues preempted requests ahead of all."""
+    """A heap by rank, ties by arrival; front_on_prepend puts preempted requests first."""
 
     __slots__ = ("_heap", "_key", "_front", "_front_on_prepend")
 
@@ -120,14 +120,14 @@ class PreemptionPolicy(Protocol):
 
 
 class PreemptLastAdmitted:
-    """The last admitted request loses its blocks (FCFS fairness)."""
+    """The last admitted loses (FCFS fairness)."""
 
     def pick_victim(self, running: list[Request]) -> Request:
         return running[-1]
 
 
 class PreemptLowestPriority:
-    """Strict priority, as vLLM: largest value, then latest arrival, loses; no aging."""
+    """Strict priority, as vLLM: largest value, then latest arrival, loses."""
 
     def pick_victim(self, running: list[Request]) -> Request:
         return max(running, key=lambda r: (r.priority, r.arrival_time, r.seq_no))
@@ -149,7 +149,7 @@ def priority_rank(aging_interval_s: float) -> Callable[[Request], tuple]:
 
 
 def sjf_rank(aging_interval_s: float, max_model_len: int) -> Callable[[Request], tuple]:
-    """Rank by prompt share of max_model_len; after aging_interval_s waited, beats any newcomer."""
+    """Rank by prompt share of max_model_len; aging_interval_s waited beats any newcomer."""
     if aging_interval_s > 0:
         return lambda r: (r.num_prompt_tokens / max_model_len + _wait_origin(r) / aging_interval_s,)
     return lambda r: (r.num_prompt_tokens,)
@@ -191,7 +191,7 @@ def resolve_preemption(name: str, queue_policy: str) -> str:
 
 
 def make_queue(name: str, aging_interval_s: float = 0.0, max_model_len: int = 1) -> RequestQueue:
-    """The waiting queue registered under a policy name."""
+    """A waiting queue by policy name."""
     factory = QUEUE_POLICIES.get(name)
     if factory is None:
         raise InvalidConfigError("policy", name, " or ".join(QUEUE_POLICIES))
@@ -199,7 +199,7 @@ def make_queue(name: str, aging_interval_s: float = 0.0, max_model_len: int = 1)
 
 
 def make_preemption_policy(name: str, queue_policy: str) -> PreemptionPolicy:
-    """The victim policy registered under a name."""
+    """A victim policy by name."""
     factory = PREEMPTION_POLICIES.get(resolve_preemption(name, queue_policy))
     if factory is None:
         raise InvalidConfigError("preemption", name, " or ".join(PREEMPTION_CHOICES))
