@@ -28,7 +28,6 @@ class TwinserveError(Exception):
 
 
 class InvalidSamplingParamsError(TwinserveError, ValueError):
-
     def __init__(self, field: str, value: object, allowed: str) -> None:
         self.field = field
         self.value = value
@@ -56,7 +55,6 @@ class PromptTooLongError(InvalidRequestError):
 
 
 class InvalidConfigError(TwinserveError, ValueError):
-
     def __init__(self, field: str, value: object, allowed: str) -> None:
         self.field = field
         self.value = value
@@ -72,7 +70,6 @@ class UnsupportedModelError(TwinserveError, ValueError):
 
 
 class UnsupportedArchitectureError(UnsupportedModelError):
-
     def __init__(self, architecture: object, supported: list[str], model_type: object = None) -> None:
         self.architecture = architecture
         self.supported = list(supported)
@@ -82,7 +79,6 @@ class UnsupportedArchitectureError(UnsupportedModelError):
 
 
 class UnsupportedConfigFieldError(UnsupportedModelError):
-
     def __init__(self, architecture: str, field: str, value: object, supported: str) -> None:
         self.architecture = architecture
         self.field = field
@@ -92,7 +88,6 @@ class UnsupportedConfigFieldError(UnsupportedModelError):
 
 
 class CheckpointMismatchError(UnsupportedModelError):
-
     def __init__(self, tensor: str, problem: str) -> None:
         self.tensor = tensor
         self._keep_args(f"checkpoint tensor {tensor!r}: {problem}", tensor, problem)

@@ -20,7 +20,6 @@ class NoReplicaAvailableError(TwinserveError, RuntimeError):
 
 
 class UnknownRouterError(TwinserveError, ValueError):
-
     def __init__(self, name: str, known: Sequence[str]) -> None:
         self.name = name
         super().__init__(f"unknown router {name!r}: choose one of {', '.join(known)}")
@@ -39,7 +38,6 @@ class ReplicaLoad:
 
 @dataclass(slots=True)
 class RouteRequest:
-
     request_id: str
     # Chained keys of the first full blocks (text chunks in the proxy).
     prefix_keys: tuple[int, ...] = ()
