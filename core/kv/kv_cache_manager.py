@@ -57,10 +57,10 @@ class KVCacheManager:
                  hash_function: str | HashFunction = "xxhash",
                  lazy_registration: bool = True, sliding_window: int | None = None) -> None:
         self.block_size = block_size
-        # Blocks wholly before it go back to the pool.
+        # Blocks wholly before the window go back to the pool.
         self.sliding_window = sliding_window
         self.num_window_freed = 0
-        self._window_start: dict[str, int] = {}
+        self._window_start: dict[str, int] = {}  # blocks before this index are dropped
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.hash_fn = get_hash_function(hash_function)

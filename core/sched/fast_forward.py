@@ -44,7 +44,7 @@ def decode_window(scheduler: Scheduler, max_steps: int) -> int:
         return limit
     if _blocks_needed(scheduler, running, limit) <= free:
         return limit
-    lo, hi = 0, limit
+    lo, hi = 0, limit  # largest k with blocks_needed(k) <= free
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if _blocks_needed(scheduler, running, mid) <= free:
