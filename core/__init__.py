@@ -1,7 +1,6 @@
 """twinserve's shared policy core: requests, KV cache, scheduler and engine core.
 
-Pure Python: nothing here imports torch, simpy, pandas or numpy, so the simulator
-and the real engine drive the very same objects.
+Pure Python (no torch, simpy, pandas or numpy), so the simulator and the real engine share it.
 """
 
 from twinserve.core.engine_core import EngineCore, Executor, StepStats

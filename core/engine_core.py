@@ -13,15 +13,15 @@ from twinserve.core.spec_decode import SpeculativeConfig
 
 
 class Executor(Protocol):
-    """Runs one scheduler output: a cost model in the simulator, workers in the real engine."""
+    """Runs a step: a cost model in the simulator, workers in the real engine."""
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Compute the step and return the sampled tokens (and, if known, its duration)."""
+        """Compute the step; sampled tokens (and duration, if known)."""
 
 
 @dataclass(slots=True)
 class StepStats:
-    """One engine step as a record: load, batch, KV and prefix-cache state."""
+    """One engine step's record."""
 
     step: int
     start_time: float
@@ -36,11 +36,10 @@ class StepStats:
     prefix_hits: int
     num_preempted: int
     num_finished: int
-    # Wall time of each phase, measured only when the core is given a clock (else 0).
+    # Only with a clock (else 0).
     schedule_time: float = 0.0
     execute_time: float = 0.0
     update_time: float = 0.0
-    # Speculative decoding: requests that verified drafts, their draft tokens, those accepted.
     num_spec_reqs: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
@@ -49,8 +48,7 @@ class StepStats:
 class EngineCore:
     """Owns the scheduler and an executor; the busy loop calls step(now).
 
-    clock, when given (the real engine passes a wall clock when it logs steps), times
-    schedule / execute / update into StepStats; the core never reads a clock itself.
+    Time is injected; the optional clock only times phases.
     """
 
     def __init__(self, config: SchedulerConfig, executor: Executor,
@@ -61,20 +59,17 @@ class EngineCore:
         self.executor = executor
         self.clock = clock
         self.num_steps = 0
-        # The last step's SchedulerOutput (a reference, for step logs and replay checks).
+        # For step logs and replay checks.
         self.last_scheduler_output: SchedulerOutput | None = None
 
     def add_request(self, request: Request) -> None:
-        """Queue a request (typed error if it can never be served)."""
         self.scheduler.add_request(request)
 
     def abort(self, request_ids: Iterable[str], now: float | None = None,
               reason: FinishReason = FinishReason.ABORT) -> list[EngineCoreOutput]:
-        """End requests early; returns their final outputs."""
         return self.scheduler.abort_requests(request_ids, reason, now)
 
     def has_unfinished_requests(self) -> bool:
-        """True while anything is waiting or running."""
         return self.scheduler.has_unfinished_requests()
 
     def step(self, now: float) -> tuple[list[EngineCoreOutput], StepStats | None]:
@@ -111,11 +106,11 @@ class EngineCore:
 
     def _attach_extras(self, outputs: list[EngineCoreOutput], mro: ModelRunnerOutput,
                        now: float) -> list[EngineCoreOutput]:
-        """Prompt logprobs onto (or as) outputs, and failed requests ended with an error."""
+        """Attach prompt logprobs, and end failed requests with an error."""
         by_id = {o.req_id: o for o in outputs}
         for rid, plp in (mro.prompt_logprobs or {}).items():
             out = by_id.get(rid)
-            if out is None:  # a prefill chunk that sampled nothing still reports its prompt logprobs
+            if out is None:  # a prefill chunk that sampled nothing
                 if rid not in self.scheduler.requests:
                     continue
                 out = by_id[rid] = EngineCoreOutput(rid, [])

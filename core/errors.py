@@ -4,10 +4,10 @@ from __future__ import annotations
 
 
 def short_repr(value: object, limit: int = 200) -> str:
-    """repr() for messages: cut to `limit` characters, and safe for ints too long to print."""
+    """repr() cut to `limit`, safe for huge ints."""
     try:
         text = repr(value)
-    except ValueError:  # int beyond sys.get_int_max_str_digits()
+    except ValueError:  # past sys.get_int_max_str_digits()
         text = f"<{type(value).__name__} too large to print>"
     return text if len(text) <= limit else text[:limit] + "..."
 
@@ -15,9 +15,7 @@ def short_repr(value: object, limit: int = 200) -> str:
 class TwinserveError(Exception):
     """Base class of every error twinserve raises on purpose.
 
-    Subclasses with their own constructor call _keep_args so that `type(e)(*e.args)` rebuilds
-    the same error: SimPy re-raises a process's failure that way, and pickle (process pools,
-    worker processes) does too, so a typed error survives both instead of turning into a TypeError.
+    Subclass constructors call _keep_args so `type(e)(*e.args)` (SimPy, pickle) rebuilds the error.
     """
 
     def _keep_args(self, message: str, *ctor_args: object) -> None:
@@ -30,8 +28,6 @@ class TwinserveError(Exception):
 
 
 class InvalidSamplingParamsError(TwinserveError, ValueError):
-    """A sampling parameter is outside its allowed range."""
-
     def __init__(self, field: str, value: object, allowed: str) -> None:
         self.field = field
         self.value = value
@@ -41,7 +37,7 @@ class InvalidSamplingParamsError(TwinserveError, ValueError):
 
 
 class InvalidRequestError(TwinserveError, ValueError):
-    """A request can never be served as given (empty, too long, duplicate id...)."""
+    """A request that can never be served as given."""
 
     def __init__(self, message: str, param: str | None = None) -> None:
         self.param = param
@@ -49,7 +45,7 @@ class InvalidRequestError(TwinserveError, ValueError):
 
 
 class PromptTooLongError(InvalidRequestError):
-    """The prompt (or prompt plus the tokens it may generate) exceeds what the engine can hold."""
+    """The prompt (or its max output) exceeds what the engine can hold."""
 
     def __init__(self, message: str, num_tokens: int, limit: int) -> None:
         self.num_tokens = num_tokens
@@ -59,8 +55,6 @@ class PromptTooLongError(InvalidRequestError):
 
 
 class InvalidConfigError(TwinserveError, ValueError):
-    """A scheduler or cache configuration value is out of range."""
-
     def __init__(self, field: str, value: object, allowed: str) -> None:
         self.field = field
         self.value = value
@@ -68,16 +62,14 @@ class InvalidConfigError(TwinserveError, ValueError):
 
 
 class PrefixCacheBusyError(TwinserveError, RuntimeError):
-    """The prefix cache cannot be reset while blocks are held by requests."""
+    """The prefix cache cannot be reset while blocks are held."""
 
 
 class UnsupportedModelError(TwinserveError, ValueError):
-    """A model cannot be found or its architecture is not one twinserve serves."""
+    """A model not found or not served."""
 
 
 class UnsupportedArchitectureError(UnsupportedModelError):
-    """config.json names an architecture no registered model class implements."""
-
     def __init__(self, architecture: object, supported: list[str], model_type: object = None) -> None:
         self.architecture = architecture
         self.supported = list(supported)
@@ -87,8 +79,6 @@ class UnsupportedArchitectureError(UnsupportedModelError):
 
 
 class UnsupportedConfigFieldError(UnsupportedModelError):
-    """A model config field holds a value the model class does not implement (never silently ignored)."""
-
     def __init__(self, architecture: str, field: str, value: object, supported: str) -> None:
         self.architecture = architecture
         self.field = field
@@ -98,12 +88,10 @@ class UnsupportedConfigFieldError(UnsupportedModelError):
 
 
 class CheckpointMismatchError(UnsupportedModelError):
-    """A checkpoint tensor's name or shape does not match the model its config describes."""
-
     def __init__(self, tensor: str, problem: str) -> None:
         self.tensor = tensor
         self._keep_args(f"checkpoint tensor {tensor!r}: {problem}", tensor, problem)
 
 
 class EngineDeadError(TwinserveError, RuntimeError):
-    """The engine failed while executing a step and cannot serve further requests."""
+    """The engine failed a step and cannot serve further requests."""

@@ -1,5 +1,4 @@
-"""Deterministic executors for tests: a toy 'model' whose next token is a function of the past,
-and a variant that models every KV slot to catch a request reading KV that is not its own."""
+"""Deterministic test executor: a toy model, optionally checking every KV slot read."""
 
 from __future__ import annotations
 
@@ -14,20 +13,18 @@ class _ReqState:
     token_ids: list[int]
     num_computed: int
     block_ids: list[int] = field(default_factory=list)
-    # Identity of the prefix ending at each position (see KVSlotModel.prefix_ids).
+    # See KVSlotModel.prefix_ids.
     prefix_ids: list[int] = field(default_factory=list)
 
 
 class ContractViolation(AssertionError):
-    """The scheduler broke the executor contract (tokens, blocks, ordering or KV contents)."""
+    """The scheduler broke the executor contract."""
 
 
 class KVSlotModel:
-    """What every KV slot (block id, offset) holds, as the identity of the prefix it was computed from.
+    """Each KV slot's content as the id of the prefix it was computed from.
 
-    The KV at position p of a real model is a function of tokens 0..p, so a slot's content
-    is named by that whole prefix. Prefixes are interned in a trie (exact, no hashing), so
-    two slots hold the same KV exactly when their ids are equal.
+    KV at p depends on tokens 0..p; a trie interns prefixes exactly, so equal ids mean equal KV.
     """
 
     __slots__ = ("block_size", "slots", "_trie")
@@ -38,7 +35,7 @@ class KVSlotModel:
         self._trie: dict[tuple[int, int], int] = {}
 
     def prefix_ids(self, token_ids: Sequence[int], known: list[int]) -> list[int]:
-        """Extend known (ids of token_ids' leading prefixes) to cover every position."""
+        """Extend known (prefix ids of token_ids) to every position."""
         trie = self._trie
         prev = known[-1] if known else 0
         for tok in token_ids[len(known):]:
@@ -50,7 +47,6 @@ class KVSlotModel:
         return known
 
     def write(self, block_ids: Sequence[int], prefix_ids: Sequence[int], start: int, end: int) -> None:
-        """Store the KV of positions start..end-1 into their slots."""
         bs = self.block_size
         for p in range(start, end):
             block = self.slots.get(block_ids[p // bs])
@@ -60,8 +56,7 @@ class KVSlotModel:
 
     def check(self, req_id: str, block_ids: Sequence[int], prefix_ids: Sequence[int], end: int,
               start: int = 0) -> None:
-        """Raise ContractViolation unless positions start..end-1 all hold this request's own prefix
-        (start > 0: a sliding window, which reads nothing before it)."""
+        """Raise ContractViolation unless positions start..end-1 all hold this request's own prefix."""
         bs = self.block_size
         slots = self.slots
         for p in range(start, end):
@@ -75,17 +70,9 @@ class KVSlotModel:
 
 
 class FakeExecutor:
-    """Returns next-token = f(previous token, position), so recomputation reproduces outputs.
+    """next token = f(previous token, position), so recomputation reproduces outputs; checks the contract.
 
-    It keeps per-request state from the scheduler outputs exactly as a model runner
-    must, and checks the contract as it goes: every scheduled token is known, block
-    tables cover the computed tokens, and nothing runs that the executor has dropped.
-    With model_kv=True it also models every KV slot: each step writes the scheduled
-    positions, then checks that every position a scheduled request attends to holds
-    exactly that request's own prefix (a stale or foreign block is a ContractViolation).
-    With num_speculative_tokens > 0 it proposes that many drafts after each sampled token:
-    the toy model's own continuation, wrong wherever (token + position) % draft_miss == 0,
-    and verifies scheduled drafts exactly as greedy verification does.
+    model_kv checks every attended slot; drafts miss where (token + position) % draft_miss == 0.
     """
 
     def __init__(self, vocab_size: int = 1000, block_size: int = 16, eos_token_id: int | None = None,
@@ -101,17 +88,15 @@ class FakeExecutor:
         self.state: dict[str, _ReqState] = {}
         self.num_steps = 0
         self.kv = KVSlotModel(block_size) if model_kv else None
-        # Positions checked by the KV model over the run (so a test can show it looked).
         self.num_kv_reads = 0
-        # Attention reads only each new token's last sliding_window positions (None: all).
         self.sliding_window = sliding_window
 
     def next_token(self, prev_token: int, position: int) -> int:
-        """The toy model: a fixed function of the previous token and its position."""
+        """The toy model."""
         return (prev_token * 31 + position * 17 + 7) % self.vocab_size
 
     def propose(self, token_ids: Sequence[int]) -> list[int]:
-        """Drafts after token_ids: the toy model's continuation with planted misses."""
+        """The toy model's continuation, with planted misses."""
         drafts = []
         prev, pos = token_ids[-1], len(token_ids)
         for _ in range(self.num_speculative_tokens):
@@ -123,7 +108,7 @@ class FakeExecutor:
         return drafts
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        """Advance every scheduled request and sample for those that reached their end."""
+        """Advance scheduled requests; sample for those at their end."""
         self.num_steps += 1
         for rid in so.finished_req_ids:
             self.state.pop(rid, None)
@@ -165,8 +150,7 @@ class FakeExecutor:
             if len(st.block_ids) * bs < end:
                 raise ContractViolation(f"{rid}: {len(st.block_ids)} blocks cannot hold {end} tokens")
             if kv is not None:
-                # Every layer stores the step's K/V before attention reads it, so all writes
-                # of the step land before any read. Drafts' KV is written like any other.
+                # A real step writes all K/V before attention reads any.
                 ids = kv.prefix_ids(seq, list(st.prefix_ids) if drafts else st.prefix_ids)
                 kv.write(st.block_ids, ids, st.num_computed, end)
                 w = self.sliding_window

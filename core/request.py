@@ -10,7 +10,7 @@ from twinserve.core.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.IntEnum):
-    """Where a request is in its lifecycle; values past PREEMPTED are terminal."""
+    """Lifecycle state; values past PREEMPTED are terminal."""
 
     WAITING = 0
     RUNNING = 1
@@ -22,12 +22,11 @@ class RequestStatus(enum.IntEnum):
 
     @property
     def is_finished(self) -> bool:
-        """True for the terminal states."""
         return self >= RequestStatus.FINISHED_STOPPED
 
 
 class FinishReason(str, enum.Enum):
-    """Why a request ended, in the words of the OpenAI API."""
+    """Why a request ended, in OpenAI API words."""
 
     STOP = "stop"
     LENGTH = "length"
@@ -45,7 +44,7 @@ FINISH_STATUS: dict[FinishReason, RequestStatus] = {
 
 @dataclass(slots=True, eq=False)
 class Request:
-    """One generation request: tokens, progress, and the timestamps of its life."""
+    """One generation request: tokens, progress and timestamps."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -54,7 +53,7 @@ class Request:
     priority: int = 0
     cache_salt: str | None = None
     eos_token_id: int | None = None
-    # Anything the caller wants to carry along (the simulator keeps its workload record here).
+    # Caller data (e.g. the simulator's workload record).
     payload: Any = None
 
     status: RequestStatus = RequestStatus.WAITING
@@ -64,12 +63,12 @@ class Request:
     max_tokens: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
-    # Prefix-cache keys of this request's full blocks, filled lazily by the KV manager.
+    # Prefix-cache keys of full blocks, filled lazily.
     block_hashes: list[Any] = field(default_factory=list)
-    # Prompt tokens served from the prefix cache on first admission.
+    # Prefix-cache hits on first admission.
     prefix_hit_tokens: int = -1
     num_preemptions: int = 0
-    # Lower sorts first in queues (FCFS order within equal priority).
+    # Arrival order: breaks ties in queues.
     seq_no: int = 0
 
     first_scheduled_time: float | None = None
@@ -77,26 +76,16 @@ class Request:
     token_times: list[float] = field(default_factory=list)
     finish_time: float | None = None
     preempted_times: list[float] = field(default_factory=list)
-    # The stop rule in the form the scheduler checks first on every decode step, fixed by
-    # Scheduler.add_request: the token ids that may end the request (EOS unless ignored,
-    # and stop_token_ids), and the length of all_token_ids at which it ends by length.
-    # Only when the sampled token is one of them, or the limit is reached, does the
-    # scheduler run the full rule (min_tokens, which id stopped it). The defaults send
-    # every token of a request that was never added through the full rule.
+    # Quick stop check set by Scheduler.add_request; only a hit runs the full rule.
     stop_check_ids: frozenset[int] = field(default=frozenset(), repr=False)
     stop_check_len: int = field(default=0, repr=False)
-    # Set by the scheduler after each of its KV allocations for the request: while
-    # num_computed_tokens is below it, a one-token step needs nothing from the KV manager
-    # (its slot is in a held block and it fills no block to register), so the scheduler
-    # does not ask. Blocks and registrations only grow while a request runs, so a value
-    # computed earlier in its run is never too high; 0 means ask.
+    # Below this, a one-token step needs nothing from the KV manager
+    # (never too high: blocks only grow); 0 means ask.
     fast_decode_limit: int = field(default=0, repr=False)
-    # Aging counts waiting time only (see policies.priority_rank): when the current wait
-    # began (arrival, or the last preemption), and the seconds waited before it.
+    # Aging counts waiting only: this wait's start, and time waited before it.
     queued_time: float = field(default=0.0, repr=False)
     waited_s: float = field(default=0.0, repr=False)
-    # Speculative decoding: the drafts proposed for the next step (unverified, never in
-    # all_token_ids), and the request's totals of drafts verified and accepted.
+    # Unverified drafts for the next step (never in all_token_ids).
     spec_token_ids: list[int] = field(default_factory=list, repr=False)
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
@@ -107,26 +96,21 @@ class Request:
 
     @property
     def num_prompt_tokens(self) -> int:
-        """Length of the prompt."""
         return len(self.prompt_token_ids)
 
     @property
     def num_tokens(self) -> int:
-        """Prompt plus generated tokens so far."""
         return len(self.all_token_ids)
 
     @property
     def num_output_tokens(self) -> int:
-        """Tokens generated so far."""
         return len(self.output_token_ids)
 
     @property
     def is_finished(self) -> bool:
-        """True once the request has ended for any reason."""
         return self.status >= RequestStatus.FINISHED_STOPPED
 
     def append_output_token(self, token_id: int, now: float) -> None:
-        """Record one sampled token and its time."""
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
         self.token_times.append(now)

@@ -1,8 +1,6 @@
-"""Speculative decoding as the scheduler sees it: the configuration and the acceptance counters.
+"""Speculative decoding as the scheduler sees it: configuration and acceptance counters.
 
-The scheduler only sees draft token ids (proposed by the executor after each step) and how
-many of them the next step accepted; proposers and verification live in the backends.
-Field names follow vLLM's --speculative-config dict.
+Proposers and verification live in the backends; names follow vLLM's --speculative-config.
 """
 
 from __future__ import annotations
@@ -14,29 +12,27 @@ from typing import Any, Mapping
 from twinserve.core.errors import InvalidConfigError
 
 SPEC_METHODS = ("ngram", "draft_model")
-# Drafts past this many per step are never worth a verify step's width (vLLM caps k similarly low).
+# More drafts per step are never worth the verify width (vLLM caps k similarly).
 MAX_SPECULATIVE_TOKENS = 32
 
 
 @dataclass(slots=True)
 class SpeculativeConfig:
-    """How drafts are proposed and when speculation is switched off (vLLM's --speculative-config)."""
+    """How drafts are proposed and when speculation is off."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 4
-    # ngram (prompt lookup): the longest and shortest suffix matched against the context.
+    # ngram: suffix lengths matched against the context.
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
-    # draft_model: the smaller model's path or name.
     model: str | None = None
-    # No drafts while this many requests or more are running (0: never switched off).
+    # No drafts at this many running requests or more (0: never off).
     disable_by_batch_size: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        """Raise InvalidConfigError naming the first bad field."""
         if self.method not in SPEC_METHODS:
             raise InvalidConfigError("speculative_config.method", self.method, f"one of {SPEC_METHODS}")
         _int_in("num_speculative_tokens", self.num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
@@ -48,13 +44,13 @@ class SpeculativeConfig:
                                      "a draft model path when method is 'draft_model'")
 
     def active(self, num_running: int) -> bool:
-        """True when a step with this many running requests schedules drafts."""
+        """Whether a step with this many running requests drafts."""
         d = self.disable_by_batch_size
         return d <= 0 or num_running < d
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, Any] | str | None) -> "SpeculativeConfig | None":
-        """Build from vLLM's dict (or its JSON text); None stays None; unknown keys are an error."""
+        """Build from vLLM's dict or JSON; unknown keys are an error."""
         if spec is None or isinstance(spec, SpeculativeConfig):
             return spec
         if isinstance(spec, str):
@@ -82,16 +78,15 @@ def _int_in(name: str, value: object, lo: int, hi: int) -> None:
 
 @dataclass(slots=True)
 class SpecDecodeStats:
-    """Running totals of drafts and acceptances (vLLM's spec_decode_* counters)."""
+    """Draft and acceptance totals (vLLM's spec_decode_* counters)."""
 
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
-    # Accepted drafts by position in the draft (index 0: the first draft token).
+    # Accepted drafts by position in the draft.
     accepted_per_pos: list[int] = field(default_factory=list)
 
     def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
-        """Count one request's verified draft."""
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
@@ -103,5 +98,4 @@ class SpecDecodeStats:
 
     @property
     def acceptance_rate(self) -> float:
-        """Accepted over proposed draft tokens."""
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0

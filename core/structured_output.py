@@ -1,8 +1,6 @@
-"""What a request's output must match (JSON schema, any JSON, regex, one of some strings, a grammar).
+"""What a request's output must match (JSON schema, any JSON, regex, choice, grammar).
 
-Pure data: the grammar engine lives in the real backend, which compiles a spec once (cached, off
-the engine loop) and hangs the compiled grammar on `compiled`; the model runner keeps one
-matcher per sequence and masks the logits with it before sampling.
+Pure data: the real backend compiles a spec (cached) onto `compiled` and masks logits with it.
 """
 
 from __future__ import annotations
@@ -17,19 +15,17 @@ KINDS = ("json", "json_object", "regex", "choice", "grammar")
 
 @dataclass(slots=True)
 class StructuredOutputSpec:
-    """A constraint on the generated text; `value` is a JSON-schema string, a regex, a grammar, or choices."""
+    """A constraint on the generated text."""
 
     kind: str
     value: str | list[str] = ""
-    # The request field it came from, for error messages (e.g. "response_format", "guided_json").
+    # The request field it came from, for error messages.
     param: str = "structured_output"
-    # Filled by the backend's grammar compiler; opaque to the core. Process-local: it is left
-    # out when the spec is pickled (compiled grammars do not serialize), and a process that
-    # masks logits with an uncompiled spec compiles it again (cached per process).
+    # Process-local: compiled grammars don't pickle, so each process recompiles.
     compiled: Any = field(default=None, compare=False, repr=False)
 
     def validate(self) -> None:
-        """Raise InvalidSamplingParamsError unless kind and value fit together."""
+        """Raise InvalidSamplingParamsError unless kind and value fit."""
         if self.kind not in KINDS:
             raise InvalidSamplingParamsError(self.param, self.kind, f"one of {', '.join(KINDS)}")
         if self.kind == "choice":
@@ -42,7 +38,6 @@ class StructuredOutputSpec:
 
     @property
     def cache_key(self) -> tuple[str, str]:
-        """What identifies the compiled grammar."""
         value = "\x00".join(self.value) if isinstance(self.value, list) else self.value
         return self.kind, value
 

@@ -1,4 +1,4 @@
-"""Fixed-size KV blocks, their ref counts, the LRU free queue and the prefix-cache map."""
+"""KV blocks, ref counts, the LRU free queue and the prefix-cache map."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from twinserve.core.kv.hashing import BlockHash
 
 
 class KVCacheBlock:
-    """One physical KV block; also a node of the intrusive free queue."""
+    """One KV block; also a free-queue node."""
 
     __slots__ = ("block_id", "ref_cnt", "block_hash", "pending", "prev_free", "next_free")
 
@@ -17,9 +17,7 @@ class KVCacheBlock:
         self.block_id = block_id
         self.ref_cnt = 0
         self.block_hash: BlockHash | None = None
-        # The pending chain (kv_cache_manager.PendingChain) that registers this block in
-        # name only, set when its request lets it go: the block has no key yet, gets one if
-        # the chain is ever looked up, and loses the mark when it is evicted.
+        # Its PendingChain once released; cleared on eviction.
         self.pending = None
         self.prev_free: KVCacheBlock | None = None
         self.next_free: KVCacheBlock | None = None
@@ -30,13 +28,9 @@ class KVCacheBlock:
 
 
 class FreeBlockQueue:
-    """Doubly linked list of free blocks threaded through the blocks themselves.
+    """Intrusive doubly linked list of free blocks; the front is evicted first (LRU).
 
-    The front is the next block handed out, so the order is also the eviction
-    order: least recently freed first. BlockPool takes runs of blocks from the front
-    and puts freed ones at the back by walking these links itself, one pass per run
-    with its per-block work (eviction, ref counts) in the same loop; remove() unlinks
-    a single block from anywhere in O(1).
+    BlockPool walks the links itself to do per-block work in one pass.
     """
 
     __slots__ = ("num_free", "_head", "_tail")
@@ -54,7 +48,7 @@ class FreeBlockQueue:
         self.num_free = len(blocks)
 
     def remove(self, block: KVCacheBlock) -> None:
-        """Unlink a block from anywhere in the queue (a prefix hit on a free block)."""
+        """Unlink a block (a prefix hit on a free block)."""
         prev, nxt = block.prev_free, block.next_free
         if prev is None or nxt is None:
             raise ValueError(f"{block!r} is not in the free queue")
@@ -74,7 +68,7 @@ class FreeBlockQueue:
 
 
 class BlockPool:
-    """Owns every block: hands out free ones, takes them back, and keeps the prefix-cache map."""
+    """Owns every block, the free queue and the prefix-cache map."""
 
     __slots__ = ("num_blocks", "enable_caching", "blocks", "free_queue", "cached", "chains",
                  "num_evictions")
@@ -84,26 +78,22 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
-        # Key value -> the block holding that content; a block has a key exactly when it
-        # is in this map. One block per key: the most recently computed copy.
+        # Key value -> latest copy; a block has a key iff it is here.
         self.cached: dict[int, KVCacheBlock] = {}
-        # Key value -> the pending chain hanging off the block holding it (its root; see
-        # kv_cache_manager.PendingChain): dropped with its root, since nothing reaches it then.
+        # Root key value -> PendingChain; dropped with its root.
         self.chains: dict[int, object] = {}
         self.num_evictions = 0
 
     @property
     def num_free_blocks(self) -> int:
-        """Blocks with no owner (cached ones included: they are evictable)."""
         return self.free_queue.num_free
 
     def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
-        """Take n free blocks, evicting their cached content lazily; each gets ref count 1."""
+        """Take n free blocks, evicting their cached content."""
         queue = self.free_queue
         if n > queue.num_free:
             raise ValueError(f"asked for {n} blocks, {queue.num_free} free")
-        # The first n blocks of the queue, unlinked in one walk that also evicts and sets
-        # ref counts: this runs for every block a prefill allocates.
+        # One walk (hot path).
         out = []
         append = out.append
         cached = self.cached
@@ -114,15 +104,15 @@ class BlockPool:
         for _ in range(n):
             key = block.block_hash
             if key is not None:
-                # Identity-checked: a colliding key value may name another block by now.
+                # A colliding key value may name another block.
                 if cached.get(key.value) is block:
                     del cached[key.value]
                     if chains:
-                        chains.pop(key.value, None)  # a chain's root: nothing reaches it now
+                        chains.pop(key.value, None)
                 block.block_hash = None
                 evicted += 1
             elif block.pending is not None:
-                block.pending = None  # registered in name only: its chain sees it is gone
+                block.pending = None  # so its chain sees it is gone
                 evicted += 1
             block.ref_cnt = 1
             block.prev_free = None
@@ -137,17 +127,17 @@ class BlockPool:
         return out
 
     def get_cached_block(self, key: BlockHash) -> KVCacheBlock | None:
-        """The block cached under key's value if it holds key's whole prefix, else None."""
+        """The block cached under key if it holds key's whole prefix."""
         block = self.cached.get(key.value)
         if block is None:
             return None
         stored = block.block_hash
-        if stored is key or stored == key:  # == walks both chains: a prefix, not one block
+        if stored is key or stored == key:  # == compares whole prefixes
             return block
         return None
 
     def uncache_block(self, block: KVCacheBlock) -> None:
-        """Drop a block's key (its KV is not what the key names); other holders keep using it."""
+        """Drop a block's key (its KV isn't what it names); holders keep it."""
         key = block.block_hash
         if key is not None:
             if self.cached.get(key.value) is block:
@@ -156,7 +146,7 @@ class BlockPool:
             block.block_hash = None
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Take a reference on prefix-hit blocks, pulling free ones out of the queue."""
+        """Take a reference on prefix-hit blocks."""
         remove = self.free_queue.remove
         for block in blocks:
             if block.ref_cnt == 0:
@@ -164,7 +154,7 @@ class BlockPool:
             block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        """Drop one reference each; blocks reaching zero join the queue in the given order."""
+        """Drop one reference each; freed blocks join the queue in order."""
         queue = self.free_queue
         tail = queue._tail
         last = tail.prev_free
@@ -173,7 +163,6 @@ class BlockPool:
             for block in ordered_blocks:
                 block.ref_cnt -= 1
                 if block.ref_cnt == 0:
-                    # Linked after the previous one; the tail is relinked once at the end.
                     last.next_free = block
                     block.prev_free = last
                     last = block
@@ -186,7 +175,7 @@ class BlockPool:
             queue.num_free += added
 
     def reset_prefix_cache(self) -> None:
-        """Forget every cached key; refused while any block is held by a request."""
+        """Forget every cached key; refused while any block is held."""
         in_use = self.num_blocks - self.free_queue.num_free
         if in_use:
             raise PrefixCacheBusyError(

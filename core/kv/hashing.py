@@ -1,4 +1,4 @@
-"""Chained block keys for the prefix cache, with a selectable hash function."""
+"""Chained prefix-cache block keys and their hash functions."""
 
 from __future__ import annotations
 
@@ -9,19 +9,15 @@ from typing import Callable, NamedTuple, Sequence
 
 import xxhash
 
-# A hash function maps (parent key or None, the block's token ids, extra keys) to an int.
+# (parent value or None, token ids, extra keys) -> int.
 HashFunction = Callable[[int | None, Sequence[int], tuple | None], int]
 
 
 class BlockHash(NamedTuple):
-    """A full block's cache key: its hash value, its parent block's key, and its contents.
+    """A full block's cache key: value, parent key object, contents.
 
-    The parent is the previous block's key object itself, not its hash value, so a key
-    names its whole prefix: a cached block is confirmed by comparing its stored parent
-    by identity with the block before it, which was itself confirmed (see
-    KVCacheManager.get_computed_blocks). Two prefixes whose hash values collide at any
-    depth can therefore never share a hit. A NamedTuple: one is built per full block on
-    the prefix-cache hot path, and construction and field access run in C.
+    Hits are confirmed by parent identity, so colliding prefixes never share one;
+    a NamedTuple, built per block in C.
     """
 
     value: int
@@ -29,10 +25,9 @@ class BlockHash(NamedTuple):
     token_ids: tuple[int, ...]
     extra_keys: tuple | None = None
 
-    # Keys chain through their parents: equality, hashing and repr must not recurse
-    # through the whole prefix (a tuple's would, and could exceed the recursion limit).
+    # Tuple equality, hash and repr would recurse through the prefix.
     def __eq__(self, other: object) -> bool:
-        """True when both keys name the same prefix (walks the two chains, iteratively)."""
+        """True when both keys name the same prefix."""
         a, b = self, other
         while a is not b:
             if not isinstance(a, BlockHash) or not isinstance(b, BlockHash):
@@ -64,7 +59,7 @@ class BlockHash(NamedTuple):
 
 
 def _rebuild_chain(chain: list[tuple[int, tuple[int, ...], tuple | None]]) -> BlockHash | None:
-    """Unpickle a key: its chain was flattened root first, so no step recurses."""
+    """Unpickle a flattened chain without recursion."""
     key = None
     for value, token_ids, extra in chain:
         key = BlockHash(value, key, token_ids, extra)
@@ -75,8 +70,7 @@ _PACKERS: dict[int, struct.Struct] = {}
 
 
 def _to_bytes(token_ids: Sequence[int], extra: tuple | None) -> bytes:
-    # Native-order unsigned 32-bit ids, the bytes array("I", ids) gives, packed by a
-    # precompiled Struct per length (about twice as fast as building an array).
+    # array("I", ids) bytes via a cached Struct (about 2x faster).
     n = len(token_ids)
     packer = _PACKERS.get(n)
     if packer is None:
@@ -84,28 +78,28 @@ def _to_bytes(token_ids: Sequence[int], extra: tuple | None) -> bytes:
     try:
         body = packer.pack(*token_ids)
     except struct.error:
-        body = array("I", token_ids).tobytes()  # raises the error an out-of-range id deserves
+        body = array("I", token_ids).tobytes()  # the right error for an out-of-range id
     return body + repr(extra).encode() if extra else body
 
 
 def _seed(parent: int | None) -> int:
-    # Chaining through the seed hashes (parent, tokens) without concatenating bytes.
+    # Chains through the seed, without concatenating bytes.
     return 0 if parent is None else parent & 0xFFFF_FFFF_FFFF_FFFF
 
 
 def xxhash64(parent: int | None, token_ids: Sequence[int], extra: tuple | None) -> int:
-    """xxh3-64 of the packed inputs: fast, the default."""
+    """xxh3-64: fast, the default."""
     return xxhash.xxh3_64_intdigest(_to_bytes(token_ids, extra), _seed(parent))
 
 
 def sha256_64(parent: int | None, token_ids: Sequence[int], extra: tuple | None) -> int:
-    """The first 8 bytes of SHA-256 of the packed inputs: slower, cryptographic spread."""
+    """First 8 bytes of SHA-256: slower, cryptographic spread."""
     data = _seed(parent).to_bytes(8, "little") + _to_bytes(token_ids, extra)
     return int.from_bytes(hashlib.sha256(data).digest()[:8], "little")
 
 
 def builtin_hash(parent: int | None, token_ids: Sequence[int], extra: tuple | None) -> int:
-    """Python's tuple hash: fastest, stable within one process only."""
+    """Python's hash: fastest, stable within one process only."""
     return hash((parent, tuple(token_ids), extra))
 
 
@@ -117,7 +111,7 @@ HASH_FUNCTIONS: dict[str, HashFunction] = {
 
 
 def get_hash_function(name_or_fn: str | HashFunction) -> HashFunction:
-    """Resolve a hash function by name (xxhash, sha256, builtin) or pass a callable through."""
+    """A hash function by name, or a callable passed through."""
     if callable(name_or_fn):
         return name_or_fn
     try:

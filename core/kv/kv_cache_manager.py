@@ -1,4 +1,4 @@
-"""Per-request block tables on top of the block pool, with prefix-cache lookups."""
+"""Per-request block tables over the block pool, with prefix-cache lookups."""
 
 from __future__ import annotations
 
@@ -10,30 +10,19 @@ from twinserve.core.kv.block_pool import BlockPool, KVCacheBlock
 from twinserve.core.kv.hashing import BlockHash, HashFunction, get_hash_function
 
 _NO_BLOCKS: list[KVCacheBlock] = []
-# Stands in a request's block table for a block its sliding window has left behind (id -1:
-# attention never reads it, and it is never freed or cached).
+# A block behind the sliding window (never read, freed or cached).
 OUT_OF_WINDOW = KVCacheBlock(-1)
-# BlockHash(...) without the NamedTuple's Python-level __new__ (one per full block).
+# BlockHash(...) without the Python-level __new__ (hot path).
 _new_key = tuple.__new__
-# Hash functions whose 64-bit values do not collide in practice: pending registration
-# (see PendingChain) assumes two different prefixes never share a value.
+# PendingChain assumes no two prefixes share a 64-bit value.
 _STRONG_HASHES = ("xxhash", "sha256")
 
 
 class PendingChain:
-    """A request's full blocks past its root, registered in the prefix cache in name only.
+    """A request's blocks past its root (first new key), registered in name only.
 
-    Most prefixes are never looked up again, and hashing every block of every request
-    costs more than the rest of a simulated request. When a request registers a block
-    whose key is new to the cache (its root: the first block it does not share with a
-    cached prefix), that block is registered at once and the request's later blocks
-    lazily: they are marked as pending, and hashed and entered into the map only when a
-    lookup reaches the root or another request registers the root's key, which are the
-    only ways anything can reach them. Until then no other block can hold their keys, so
-    deferring the work changes no lookup's result. A pending block evicted before that
-    stays out of the map but still gets its key, so the blocks after it chain as they
-    would have. Held blocks cannot be evicted, so the pending ones are marked (for the
-    pool to see an eviction) only when the request lets them go.
+    Most prefixes are never looked up again, so hashing waits until something reaches
+    the root, the only way in: no lookup's result changes.
     """
 
     __slots__ = ("request_id", "root", "blocks", "token_ids", "hashes", "lo", "hi", "held")
@@ -42,17 +31,17 @@ class PendingChain:
                  hashes: list[BlockHash], root: int) -> None:
         self.request_id = request_id
         self.root = blocks[root]
-        self.blocks = blocks  # the request's own lists, not copies: they only grow
+        self.blocks = blocks  # shared, not copied: they only grow
         self.token_ids = token_ids
         self.hashes = hashes
-        self.lo = root + 1  # blocks before lo are registered for real
-        self.hi = root + 1  # blocks lo..hi-1 are pending
-        self.held = True  # the request still holds its blocks (none is marked yet)
+        self.lo = root + 1  # lo..hi-1 are pending; earlier ones registered
+        self.hi = root + 1
+        self.held = True
 
 
 @dataclass(slots=True)
 class PrefixCacheStats:
-    """Prefix-cache counters, in tokens, over admitted requests."""
+    """Prefix-cache counters, in tokens."""
 
     requests: int = 0
     queries: int = 0
@@ -60,57 +49,49 @@ class PrefixCacheStats:
 
     @property
     def hit_rate(self) -> float:
-        """Share of queried tokens served from the cache."""
         return self.hits / self.queries if self.queries else 0.0
 
 
 class KVCacheManager:
-    """Allocates and frees each request's KV blocks; finds cached prefixes."""
-
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
                  hash_function: str | HashFunction = "xxhash",
                  lazy_registration: bool = True, sliding_window: int | None = None) -> None:
         self.block_size = block_size
-        # Every layer attends within this window (one sliding KV group): a block wholly before
-        # the window of the next token to compute goes back to the pool as the request advances.
+        # Blocks wholly before the window go back to the pool.
         self.sliding_window = sliding_window
-        self.num_window_freed = 0  # blocks returned that way, ever (a pool counter)
-        self._window_start: dict[str, int] = {}  # per request: blocks before this index are dropped
+        self.num_window_freed = 0
+        self._window_start: dict[str, int] = {}  # blocks before this index are dropped
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.hash_fn = get_hash_function(hash_function)
         self.pool = BlockPool(num_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        # How many leading blocks of each request are registered in the prefix cache
-        # (pending ones included: see PendingChain).
+        # Registered leading blocks (pending included).
         self.num_cached_blocks: dict[str, int] = {}
         self.stats = PrefixCacheStats()
-        # Pending registration needs a hash without practical collisions.
-        # Pending chains walk a request's own block list later, which a sliding window thins out.
+        # Needs a collision-free hash and no sliding window.
         self.lazy = (enable_caching and lazy_registration and sliding_window is None
                      and isinstance(hash_function, str) and hash_function in _STRONG_HASHES)
         self._chains = self.pool.chains  # root key value -> PendingChain
-        # A running request's own pending chain (read only outside this class).
         self.pending_requests: dict[str, PendingChain] = {}
-        self._contested: set[int] = set()  # key values taken over from another block
+        self._contested: set[int] = set()  # keys taken from another block
 
     @property
     def usage(self) -> float:
-        """Fraction of blocks held by requests (cached free blocks count as free)."""
+        """Fraction of blocks held (cached free blocks count as free)."""
         return 1.0 - self.pool.free_queue.num_free / self.num_blocks
 
     @property
     def num_free_blocks(self) -> int:
-        """Blocks not held by any request."""
         return self.pool.free_queue.num_free
 
     def _key(self, request: Request, hashes: list[BlockHash], i: int,
              parent: BlockHash | None) -> BlockHash:
-        """Block i's key, chained to parent (the key object of block i-1, or None)."""
+        """Block i's key, chained to parent (block i-1's key or None)."""
         if i < len(hashes):
             key = hashes[i]
             if key.parent is not parent:
-                # Block i-1 took over an equal key object (a hit or an adoption): relink.
+                # Block i-1 adopted an equal key object: relink.
                 key = hashes[i] = _new_key(BlockHash,
                                            (key.value, parent, key.token_ids, key.extra_keys))
             return key
@@ -123,15 +104,13 @@ class KVCacheManager:
         return key
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
-        """The longest cached prefix of the request, leaving at least one token to compute.
+        """The longest cached prefix, leaving a token to compute.
 
-        Every hit is confirmed against the whole chain: the cached block's tokens and
-        extra keys must equal the request's, and its stored parent must be the very key
-        object of the block hit just before it (None for the first block).
+        Each hit is confirmed along the chain (tokens, extra keys, parent identity).
         """
         if not self.enable_caching:
             return _NO_BLOCKS, 0
-        # Capped so the last token is always computed: its logits are what we sample from.
+        # We sample from the last token's logits: always compute it.
         max_blocks = (request.num_tokens - 1) // self.block_size
         hashes = request.block_hashes
         cached = self.pool.cached
@@ -143,8 +122,7 @@ class KVCacheManager:
             if self._chains:
                 chain = self._chains.get(key.value)
                 if chain is not None:
-                    # The blocks this lookup may reach next; flushed before the map is
-                    # read, since a colliding chain block may take this very key over.
+                    # First: a colliding chain block may take this key.
                     self._flush(chain)
             block = cached.get(key.value)
             if block is None:
@@ -153,20 +131,18 @@ class KVCacheManager:
             if stored is not key:
                 if (stored is None or stored.parent is not parent or stored.token_ids != key.token_ids
                         or stored.extra_keys != key.extra_keys):
-                    break  # a hash collision, or a chain through another prefix
-                hashes[i] = stored  # share the cached key object, so children chain to it
+                    break  # a collision or another prefix's chain
+                hashes[i] = stored  # children chain to the cached key object
             hits.append(block)
             parent = stored
         return hits, len(hits) * self.block_size
 
     def record_prefix_query(self, num_query_tokens: int, num_hit_tokens: int) -> None:
-        """Count one admission's lookup in the prefix-cache stats."""
         self.stats.requests += 1
         self.stats.queries += num_query_tokens
         self.stats.hits += num_hit_tokens
 
     def can_fit(self, num_tokens: int) -> bool:
-        """True when a request of num_tokens could ever be held by the whole pool."""
         return -(-num_tokens // self.block_size) <= self.num_blocks
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
@@ -174,13 +150,9 @@ class KVCacheManager:
                        num_new_computed_tokens: int = 0,
                        num_reserved_blocks: int = 0,
                        num_draft_tokens: int = 0) -> list[KVCacheBlock] | None:
-        """Make room for num_new_tokens more tokens; the new blocks, or None if they don't fit.
+        """Make room for num_new_tokens; the new blocks (don't mutate), or None.
 
-        new_computed_blocks are prefix-cache hits for a request being admitted.
-        num_reserved_blocks must stay free afterwards (the admission watermark).
-        The last num_draft_tokens of the new tokens are unverified drafts: they get slots,
-        but no block holding one is registered in the prefix cache.
-        The returned list must not be mutated (it may be shared when empty).
+        num_reserved_blocks stay free; blocks of the last num_draft_tokens are not registered.
         """
         req_id = request.request_id
         blocks = self.req_to_blocks.get(req_id)
@@ -189,7 +161,7 @@ class KVCacheManager:
         bs = self.block_size
         if blocks is not None and not new_computed_blocks and total <= len(blocks) * bs and (
                 not self.enable_caching or verified // bs <= self.num_cached_blocks[req_id]):
-            return _NO_BLOCKS  # the common decode step: room in the last block, nothing to cache
+            return _NO_BLOCKS  # the common decode step
         if self.sliding_window is not None and blocks is not None:
             self._drop_out_of_window(req_id, blocks, request.num_computed_tokens)
         num_held = 0 if blocks is None else len(blocks)
@@ -197,7 +169,6 @@ class KVCacheManager:
         if num_needed > 0 or new_computed_blocks:
             free = self.pool.free_queue.num_free
             if new_computed_blocks:
-                # Free cached hits leave the free queue when touched.
                 free -= sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
             if num_needed > free - num_reserved_blocks:
                 return None
@@ -217,19 +188,13 @@ class KVCacheManager:
         else:
             new_blocks = _NO_BLOCKS
         if self.enable_caching and verified // bs > self.num_cached_blocks[req_id]:
-            # Registered now, before the step computes them, so a request admitted later in
-            # the same step can share them (the step writes every block's KV before any
-            # attention reads it). If the step does not run them, the caller must say so
-            # to free() (a preemption or abort with the step in flight).
+            # Registered now so later admissions can share them; if the step never
+            # runs them, the caller must tell free().
             self.cache_blocks(request, verified)
         return new_blocks
 
     def trim(self, request: Request, num_tokens: int) -> int:
-        """Give back the request's blocks past the first num_tokens slots; how many went back.
-
-        For rejected drafts: those blocks were never registered (allocate_slots registers
-        verified tokens only), so they return to the pool as plain free blocks.
-        """
+        """Free the unregistered blocks past num_tokens (rejected drafts); how many."""
         blocks = self.req_to_blocks.get(request.request_id)
         keep = -(-num_tokens // self.block_size)
         if not blocks or len(blocks) <= keep:
@@ -242,11 +207,7 @@ class KVCacheManager:
         return len(dropped)
 
     def _drop_out_of_window(self, req_id: str, blocks: list[KVCacheBlock], num_computed: int) -> None:
-        """Return the blocks no token from num_computed on can see (positions < num_computed - W + 1).
-
-        A cached block stays in the prefix cache as a free block (evictable), so prefix hits
-        on it remain correct: its KV is still what its key names until it is evicted.
-        """
+        """Free blocks out of num_computed's window (cached ones stay hittable)."""
         end = max(0, num_computed - self.sliding_window + 1) // self.block_size
         start = self._window_start.get(req_id, 0)
         if end <= start:
@@ -258,18 +219,14 @@ class KVCacheManager:
         self.pool.free_blocks(reversed(dropped))
 
     def num_held_blocks(self, request_id: str) -> int:
-        """Blocks the request holds now (a sliding window's dropped ones not counted)."""
+        """Blocks the request holds now (window-dropped ones excluded)."""
         return sum(1 for b in self.req_to_blocks.get(request_id, _NO_BLOCKS) if b is not OUT_OF_WINDOW)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        """Register the request's full blocks up to num_computed_tokens in the prefix cache.
+        """Register full blocks up to num_computed_tokens.
 
-        The latest computed copy of a content takes the key, and the block that held it
-        before becomes uncached (it stays valid for the requests using it). When the
-        previous holder's key names the same prefix (same tokens, extra keys and parent
-        object), that key object is kept, so blocks cached as its children stay reachable.
-        A block that already holds a key (a prefix hit shared by this request) keeps it.
-        Blocks past a new root are registered lazily (PendingChain).
+        The latest copy takes the key (keeping an equal key object for its children);
+        blocks past a new root register lazily.
         """
         if not self.enable_caching:
             return
@@ -293,24 +250,23 @@ class KVCacheManager:
 
     def _start_chain(self, request: Request, blocks: list[KVCacheBlock],
                      i: int) -> PendingChain | None:
-        """Register block i; a PendingChain for the blocks after it if its key was new."""
+        """Register block i; a PendingChain for later blocks if its key was new."""
         hashes = request.block_hashes
         key = self._key(request, hashes, i, hashes[i - 1] if i else None)
-        # A key once held by two blocks may have children cached under the copy that lost
-        # it, which outlive it; a chain would register past them in another order.
+        # A contested key's children may outlive it; a chain would misorder them.
         fresh = key.value not in self.pool.cached and key.value not in self._contested
         self._register(blocks, request.all_token_ids, hashes, request.cache_salt, i, i + 1)
         if not fresh:
-            return None  # a prefix others hold: the next block may start a chain
+            return None  # shared: the next block may start a chain
         chain = PendingChain(request.request_id, blocks, request.all_token_ids, hashes, i)
         self._chains[key.value] = self.pending_requests[request.request_id] = chain
         return chain
 
     def _flush(self, chain: PendingChain) -> None:
-        """Register a pending chain's blocks for real, as if each had been when it filled."""
+        """Register a pending chain's blocks for real."""
         del self._chains[chain.root.block_hash.value]
         if self.pending_requests.get(chain.request_id) is chain:
-            del self.pending_requests[chain.request_id]  # its later blocks register at once
+            del self.pending_requests[chain.request_id]
         if chain.hi > chain.lo:
             self._register(chain.blocks, chain.token_ids, chain.hashes, None,
                            chain.lo, chain.hi, chain)
@@ -319,13 +275,13 @@ class KVCacheManager:
     def _register(self, blocks: list[KVCacheBlock], token_ids: list[int],
                   hashes: list[BlockHash], salt: str | None, done: int, num_full: int,
                   chain: PendingChain | None = None) -> None:
-        """Key and cache blocks done..num_full-1 of one request (a chain's live ones only)."""
+        """Key and cache blocks done..num_full-1."""
         bs = self.block_size
         cached = self.pool.cached
         hash_fn = self.hash_fn
         num_keys = len(hashes)
         parent = hashes[done - 1] if done else None
-        # _key and a per-block pool call, inlined: every prompt block passes through here.
+        # _key inlined (hot path).
         for i in range(done, num_full):
             if i < num_keys:
                 key = hashes[i]
@@ -348,11 +304,11 @@ class KVCacheManager:
             stored = block.block_hash
             if stored is None:
                 value = key.value
-                old = cached.setdefault(value, block)  # one probe in the common, new case
+                old = cached.setdefault(value, block)
                 if old is not block:
                     if self.lazy:
                         self._take_over(value, old)
-                        # Flushing old's chain may have moved a colliding key to one of its blocks.
+                        # The flush may have moved a colliding key.
                         old = cached[value]
                     stored = old.block_hash
                     if stored is not None and (stored is key or (
@@ -366,8 +322,7 @@ class KVCacheManager:
             parent = hashes[i] = stored
 
     def _take_over(self, value: int, old: KVCacheBlock) -> None:
-        """Before a key moves from block old to another: old's pending chain registers first,
-        and the key is noted as contested (past num_blocks such keys, nothing is deferred)."""
+        """Flush old's chain before its key moves; note the key as contested."""
         chain = self._chains.get(value)
         if chain is not None and chain.root is old:
             self._flush(chain)
@@ -378,16 +333,14 @@ class KVCacheManager:
             self._contested.clear()
 
     def flush_pending(self) -> None:
-        """Register every pending block for real (for inspection: lookups do it as needed)."""
+        """Register every pending block (for inspection)."""
         for chain in list(self._chains.values()):
             self._flush(chain)
 
     def free(self, request: Request, num_computed_tokens: int | None = None) -> None:
-        """Release the request's blocks, tail first so tails are evicted before heads.
+        """Release the request's blocks, tail first so tails are evicted first.
 
-        num_computed_tokens, when given, is how many tokens' KV was really written: blocks
-        registered past it (allocated for a step that will not run them: a preemption or
-        abort in the same step) leave the prefix cache, so no later lookup reads them.
+        Blocks registered past num_computed_tokens (never written) are uncached.
         """
         blocks = self.req_to_blocks.pop(request.request_id, None)
         num_cached = self.num_cached_blocks.pop(request.request_id, 0)
@@ -398,23 +351,22 @@ class KVCacheManager:
         if num_computed_tokens is not None:
             keep = num_computed_tokens // self.block_size
             if chain is not None and keep < chain.hi:
-                chain.hi = max(keep, chain.lo)  # the rest was never computed
+                chain.hi = max(keep, chain.lo)
             uncache = self.pool.uncache_block
             for i in range(keep, num_cached):
                 uncache(blocks[i])
         if chain is not None:
             chain.held = False
             for block in blocks[chain.lo:chain.hi]:
-                block.pending = chain  # evictable from now on: the pool must see it
+                block.pending = chain  # now evictable: the pool must see it
         if windowed:
             blocks = [b for b in blocks if b is not OUT_OF_WINDOW]
         self.pool.free_blocks(reversed(blocks))
 
     def get_block_ids(self, request_id: str) -> list[int]:
-        """The request's block table as block ids."""
         return [b.block_id for b in self.req_to_blocks.get(request_id, _NO_BLOCKS)]
 
     def reset_prefix_cache(self) -> None:
-        """Drop every cached prefix; raises PrefixCacheBusyError while blocks are in use."""
+        """Drop every cached prefix (PrefixCacheBusyError while blocks are in use)."""
         self.pool.reset_prefix_cache()
-        self._contested.clear()  # no key, so no stale children, is left
+        self._contested.clear()

@@ -1,7 +1,6 @@
 """Routers across engine replicas: one Protocol, shared by the simulated cluster and the proxy.
 
-ROUTERS maps each router's name to its factory; the simulator's config, `twinserve route`
-and docs/policies.md read it, so a router registered here is usable everywhere.
+A router registered in ROUTERS is usable from the simulator, `twinserve route` and the docs.
 """
 
 from __future__ import annotations
@@ -13,8 +12,7 @@ from twinserve.core.routing.base import (NoReplicaAvailableError, ReplicaLoad, R
 from twinserve.core.routing.policies import LeastKV, LeastOutstanding, PowerOfTwo, RoundRobin, SessionAffinity
 from twinserve.core.routing.prefix import PrefixAffinity, text_prefix_keys, token_prefix_keys
 
-# A factory takes the knobs a router may use by name: seed (power_of_two), prefix_blocks
-# and load_factor (prefix_affinity); each ignores the others.
+# Factories take seed, prefix_blocks and load_factor, ignoring unused ones.
 RouterFactory = Callable[..., Router]
 
 ROUTERS: dict[str, RouterFactory] = {
@@ -30,7 +28,7 @@ ROUTER_NAMES = tuple(ROUTERS)
 
 def make_router(name: str, seed: int = 0, prefix_blocks: int = 4,
                 load_factor: float = 1.25) -> Router:
-    """A fresh router by its registered name (UnknownRouterError for other names)."""
+    """A fresh router by registered name."""
     factory = ROUTERS.get(name)
     if factory is None:
         raise UnknownRouterError(name, ROUTER_NAMES)

@@ -1,7 +1,6 @@
-"""The router seam: what a router sees of each replica, what it is asked, and its errors.
+"""The router seam: what a router sees, what it is asked, and its errors.
 
-A router is a plain policy object, like the scheduler's: the simulated cluster and the
-real proxy (`twinserve route`) hand it the same views and call the same method.
+The simulated cluster and the real proxy call routers the same way.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from twinserve.core.errors import TwinserveError
 
 
 class NoReplicaAvailableError(TwinserveError, RuntimeError):
-    """Every replica is out of rotation (down or failing its health check)."""
+    """Every replica is out of rotation."""
 
     def __init__(self, num_replicas: int) -> None:
         super().__init__(f"no replica is available: all {num_replicas} are out of rotation; "
@@ -21,8 +20,6 @@ class NoReplicaAvailableError(TwinserveError, RuntimeError):
 
 
 class UnknownRouterError(TwinserveError, ValueError):
-    """A router name that is not one of ROUTER_NAMES."""
-
     def __init__(self, name: str, known: Sequence[str]) -> None:
         self.name = name
         super().__init__(f"unknown router {name!r}: choose one of {', '.join(known)}")
@@ -30,24 +27,21 @@ class UnknownRouterError(TwinserveError, ValueError):
 
 @dataclass(slots=True)
 class ReplicaLoad:
-    """One replica as a router sees it when it decides."""
+    """One replica as a router sees it."""
 
     index: int
-    outstanding: int = 0        # routed to it and not yet finished
-    kv_usage: float = 0.0       # fraction of its KV blocks in use, 0..1
+    outstanding: int = 0        # unfinished
+    kv_usage: float = 0.0
     healthy: bool = True
-    routed: int = 0             # requests ever routed to it
+    routed: int = 0             # ever
 
 
 @dataclass(slots=True)
 class RouteRequest:
-    """What a router may read about one request."""
-
     request_id: str
-    # Chained keys of the prompt's first full KV blocks (or text chunks in the proxy):
-    # key i identifies the whole prefix up to block i.
+    # Chained keys of the first full blocks (text chunks in the proxy).
     prefix_keys: tuple[int, ...] = ()
-    session: str | None = None  # a conversation id: its turns belong together
+    session: str | None = None  # conversation id
     num_prompt_tokens: int = 0
 
 
@@ -55,15 +49,14 @@ class Router(Protocol):
     """Picks the replica for a request; returns its ReplicaLoad.index."""
 
     name: str
-    # True when the caller must fill RouteRequest.prefix_keys (costs a few hashes).
+    # Whether the caller must fill prefix_keys (it costs hashes).
     needs_prefix_keys: bool
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaLoad]) -> int:
-        """The index of the replica that takes the request (NoReplicaAvailableError if none)."""
+        """The chosen replica's index (NoReplicaAvailableError if none)."""
 
 
 def healthy(replicas: Sequence[ReplicaLoad]) -> list[ReplicaLoad]:
-    """The replicas in rotation; NoReplicaAvailableError when there are none."""
     up = [r for r in replicas if r.healthy]
     if not up:
         raise NoReplicaAvailableError(len(replicas))
@@ -71,7 +64,7 @@ def healthy(replicas: Sequence[ReplicaLoad]) -> list[ReplicaLoad]:
 
 
 def least_loaded(replicas: Sequence[ReplicaLoad]) -> ReplicaLoad:
-    """The healthy replica with the fewest outstanding requests (lowest index on ties)."""
+    """The healthy replica with the fewest outstanding (lowest index on ties)."""
     best = None
     for r in replicas:
         if r.healthy and (best is None or r.outstanding < best.outstanding):

@@ -1,12 +1,8 @@
-"""Prefix-affinity routing: consistent hashing of a request's leading KV blocks, with bounded loads.
+"""Prefix-affinity routing: bounded-load consistent hashing of a request's leading KV blocks.
 
-Requests that share a prompt prefix (a system prompt, an earlier turn) land on the
-replica that already holds its KV blocks. A plain hash ring would send every request of
-one hot prefix to one replica; the bounded-load rule caps each replica at
-ceil(load_factor * (total outstanding + 1) / replicas) and walks the ring to the next
-replica with room, so a hot prefix spills over in ring order instead of queueing.
-Rule from V. Mirrokni, M. Thorup, M. Zadimoghaddam, "Consistent Hashing with Bounded
-Loads", SODA 2018.
+Shared prefixes land on the replica holding their KV; the load bound lets a hot prefix spill
+along the ring instead of queueing on one replica.
+Mirrokni, Thorup, Zadimoghaddam, "Consistent Hashing with Bounded Loads", SODA 2018.
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ def _point(value: int, salt: int) -> int:
 
 
 def token_prefix_keys(token_ids: Sequence[int], block_size: int, max_blocks: int) -> tuple[int, ...]:
-    """Chained keys of the first max_blocks full blocks of a token sequence."""
+    """Chained keys of the first max_blocks full blocks."""
     keys = []
     parent = 0
     for b in range(min(max_blocks, len(token_ids) // block_size)):
@@ -37,7 +33,7 @@ def token_prefix_keys(token_ids: Sequence[int], block_size: int, max_blocks: int
 
 
 def text_prefix_keys(text: str, chunk_chars: int, max_blocks: int) -> tuple[int, ...]:
-    """Chained keys of the first max_blocks full chunks of a text (for a proxy without a tokenizer)."""
+    """Chained keys of a text's first full chunks (a proxy has no tokenizer)."""
     data = text.encode("utf-8", "surrogatepass")
     keys = []
     parent = 0
@@ -48,7 +44,7 @@ def text_prefix_keys(text: str, chunk_chars: int, max_blocks: int) -> tuple[int,
 
 
 class PrefixAffinity:
-    """Bounded-load consistent hashing on the key of the first prefix_blocks blocks."""
+    """Bounded-load consistent hashing on the first prefix_blocks blocks."""
 
     name = "prefix_affinity"
     needs_prefix_keys = True
@@ -65,7 +61,7 @@ class PrefixAffinity:
         self._ring_for: tuple[int, ...] = ()
         self._points: list[int] = []
         self._owners: list[int] = []
-        self.num_spills = 0  # choices the load bound moved off the prefix's home replica
+        self.num_spills = 0  # choices moved off the home replica
 
     def _ring(self, indices: tuple[int, ...]) -> None:
         pts = sorted((_point(i, v), i) for i in indices for v in range(self.virtual_nodes))
@@ -74,9 +70,9 @@ class PrefixAffinity:
         self._ring_for = indices
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaLoad]) -> int:
-        """The first replica clockwise from the prefix's point whose load is under the bound."""
+        """The first replica clockwise from the prefix under the load bound."""
         keys = request.prefix_keys
-        if not keys:  # no full block: nothing to share, balance the load instead
+        if not keys:  # nothing to share: balance the load
             return least_loaded(replicas).index
         indices = tuple(r.index for r in replicas)
         if indices != self._ring_for:

@@ -1,4 +1,4 @@
-"""Scheduler and KV-cache knobs, named as vLLM names them, validated."""
+"""Scheduler and KV-cache knobs, named as in vLLM, validated."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from twinserve.core.kv.hashing import HASH_FUNCTIONS
 from twinserve.core.sched.policies import PREEMPTION_CHOICES, QUEUE_POLICIES
 
 
-# The knobs that take a registered name, and the names each takes: CLIs and study files
-# offer these, so a policy registered in policies.py or hashing.py is usable everywhere.
+# CLIs offer these names, so a registration works everywhere.
 SCHEDULER_CHOICES: dict[str, tuple[str, ...]] = {
     "policy": tuple(QUEUE_POLICIES),
     "preemption": PREEMPTION_CHOICES,
@@ -20,43 +19,34 @@ SCHEDULER_CHOICES: dict[str, tuple[str, ...]] = {
 
 @dataclass(slots=True)
 class SchedulerConfig:
-    """Everything that decides who enters a batch and how the KV pool is laid out."""
+    """Who enters a batch, and how the KV pool is laid out."""
 
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     max_model_len: int = 4096
     enable_chunked_prefill: bool = True
-    # A prefill asks for at most this many tokens a step (0 = no cap), so long prompts
-    # share the budget with others; only meaningful with chunked prefill.
+    # Per-step prefill cap (0 = none) so long prompts share the budget.
     long_prefill_token_threshold: int = 0
     block_size: int = 16
     num_blocks: int = 1024
     enable_prefix_caching: bool = True
-    # A name in kv.hashing.HASH_FUNCTIONS (or, in code, a hash function itself).
     prefix_caching_hash_algo: str = "xxhash"
-    # Fraction of all blocks that must stay free after admitting a new request.
+    # Fraction of blocks kept free after an admission.
     watermark: float = 0.0
-    # Waiting-queue order, a name in policies.QUEUE_POLICIES: "fcfs", "priority" (lower
-    # value first, arrival breaks ties) or "sjf" (shortest prompt first).
+    # "fcfs", "priority" (lower first) or "sjf" (shortest prompt first).
     policy: str = "fcfs"
-    # Victim when memory runs out, a name in policies.PREEMPTION_POLICIES: "last" admitted,
-    # strict "priority" (no aging), or "auto" (priority under the priority policy, else last).
+    # Victim: "last" admitted, "priority", or "auto" (follows policy).
     preemption: str = "auto"
-    # Aging against starvation under "priority" and "sjf": every aging_interval_s seconds a
-    # request has spent waiting (not running) counts as one priority level, and under sjf,
-    # once it has waited this long it outranks any newly arrived prompt. 0 turns aging off
-    # (strict order: a steady stream of short or important requests can then hold others
-    # back forever).
+    # Against starvation: each interval waited is one level; 0 = strict order,
+    # which can starve requests forever.
     aging_interval_s: float = 30.0
-    # The model's sliding window when every layer has one (Mistral): the KV manager frees
-    # the blocks a request's window has left behind. 0: full attention, every block kept.
+    # The model's all-layer sliding window; 0 = full attention.
     sliding_window: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        """Raise InvalidConfigError naming the first bad field."""
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size",
                      "num_blocks"):
             value = getattr(self, name)

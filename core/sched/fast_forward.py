@@ -1,13 +1,7 @@
-"""Exact fast-forward over runs of identical decode steps (pure Python, additive to the core).
+"""Exact fast-forward over runs of identical decode steps.
 
-When every running request is decoding and nothing waits, each of the next steps
-schedules the same batch with one token per request, until the first request reaches
-its length limit. Those steps can be applied at once: tokens appended,
-num_computed_tokens advanced, the KV manager called for block allocation and
-prefix-cache registration at exactly the steps and in exactly the order schedule()
-would call it, and the requests that end on the last step finished in the order
-update_from_output() finishes them. Block ids, cached blocks, evictions, usage and
-finish order match step-by-step execution (tests/sim runs both ways).
+When every running request decodes and nothing waits, steps up to the first length limit
+apply at once, KV calls in schedule()'s order, matching stepping exactly (tests/sim).
 """
 
 from __future__ import annotations
@@ -19,32 +13,25 @@ from twinserve.core.sched.scheduler import Scheduler
 
 
 def decode_window(scheduler: Scheduler, max_steps: int) -> int:
-    """How many of the next steps are pure decode of the same batch, with no preemption.
-
-    The last of them may finish requests (by length); none finishes earlier.
-    """
+    """How many next steps decode the same batch; only the last may finish requests."""
     if max_steps <= 0 or len(scheduler.waiting) > 0 or scheduler.kv.sliding_window is not None:
-        return 0  # (a sliding window frees blocks as requests advance: the window's count would not hold)
+        return 0  # a window frees blocks as requests advance
     running = scheduler.running
     cfg = scheduler.config
     if not running or len(running) > cfg.max_num_batched_tokens:
         return 0
     spec = scheduler.spec
     if spec is not None and spec.active(len(running)):
-        return 0  # each step's drafts come from the executor: step normally
+        return 0  # drafts come from the executor
     limit = max_steps
     for req in running:
         n = len(req.all_token_ids)
-        # One token left is a decode only past the prompt (some output exists); otherwise
-        # it is the prompt's last chunk, which the executor prices as prefill and which
-        # samples the first token.
+        # Without output, one token left is still prefill.
         if n - req.num_computed_tokens != 1 or not req.output_token_ids:
             return 0
         sp = req.sampling_params
         if sp.stop_token_ids or (req.eos_token_id is not None and not sp.ignore_eos):
-            return 0  # a sampled token could stop it: step normally
-        # Tokens until the length limit: all_token_ids is the prompt plus the output, so
-        # it reaches stop_check_len exactly at max_tokens or max_model_len (add_request).
+            return 0  # a sampled token could stop it
         rem = req.stop_check_len - n
         if rem < limit:
             limit = rem
@@ -52,8 +39,7 @@ def decode_window(scheduler: Scheduler, max_steps: int) -> int:
                 return 0
     kv = scheduler.kv
     free = kv.num_free_blocks
-    # A running request holds a block for each of its computed tokens' slots, so k more
-    # steps take at most k // block_size + 1 blocks each: most windows need no count.
+    # At most k // block_size + 1 blocks per request: usually no count.
     if len(running) * (limit // kv.block_size + 1) <= free:
         return limit
     if _blocks_needed(scheduler, running, limit) <= free:
@@ -85,11 +71,8 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
                        ) -> tuple[list[float], list[str]]:
     """Apply len(end_times) decode steps (at most decode_window's count).
 
-    token_ids(request, k) gives the k tokens the request samples, in order; or, when
-    each request samples one id at every step, repeat maps request ids to it (default
-    for those it lacks), which spares a call per request. Step i's tokens are stamped
-    end_times[i]. Returns the KV usage after each step and the ids of the requests
-    that finished on the last one.
+    token_ids(request, k) gives k tokens, or repeat maps ids to one token per step;
+    returns KV usage per step and the ids finished.
     """
     get = repeat.get if repeat is not None else None
     if get is None and token_ids is None:
@@ -102,16 +85,14 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
     cached = kv.num_cached_blocks
     running = scheduler.running
     n_run = len(running)
-    # The executor drops finished requests on the next step's output; nothing else reads it.
     scheduler.finished_req_ids = set()
-    # Block allocations as k * n_run + i: request i takes a block on step k. Ints sort in
-    # (step, request) order, the order schedule() would allocate in.
+    # k * n_run + i: request i takes a block on step k (schedule()'s order).
     allocs: list[int] = []
-    new_at = [0] * k_steps if not caching else []  # blocks taken at each step (no cache)
-    lazy = kv.pending_requests  # requests whose blocks past the root register lazily
-    grows: list[int] = []  # requests whose pending chain grows in the window
-    registers = False  # any registration event (a request registering for real)
-    done: list[Request] = []  # reach a length limit on the window's last step
+    new_at = [0] * k_steps if not caching else []
+    lazy = kv.pending_requests
+    grows: list[int] = []
+    registers = False  # a real registration
+    done: list[Request] = []  # end on the last step
     for i, req in enumerate(running):
         c = req.num_computed_tokens
         if get is not None:
@@ -123,20 +104,16 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
         out_ids = req.output_token_ids
         out_ids.extend(toks)
         req.token_times.extend(end_times)
-        if len(all_ids) >= req.stop_check_len:  # max_tokens or max_model_len (add_request)
+        if len(all_ids) >= req.stop_check_len:
             done.append(req)
         if c + k_steps <= req.fast_decode_limit:
-            # Every step of the window has its slot in a held block and fills no block to
-            # register (see Request.fast_decode_limit): nothing for the KV manager to do.
+            # Nothing for the KV manager (Request.fast_decode_limit).
             req.num_computed_tokens = c + k_steps
             continue
-        # Step k schedules token c + k, so afterwards c + k + 1 tokens need slots.
         rid = req.request_id
         k = len(held[rid]) * bs - c
         if not caching:
-            # Without a prefix cache no result depends on which block ids a request
-            # gets, so the window's blocks are taken in one call per request; usage per
-            # step is still counted at the step each block would have been taken.
+            # Without a prefix cache ids don't matter: one call per request.
             if k < k_steps:
                 if kv.allocate_slots(req, k_steps) is None:
                     raise AssertionError("fast-forward allocation failed: check decode_window")
@@ -145,17 +122,13 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
                     k += bs
             req.num_computed_tokens = c + k_steps
             continue
-        # The allocations and registrations below start from the count before the
-        # window, num_computed_tokens - k_steps; nothing else reads it meanwhile.
         req.num_computed_tokens = c + k_steps
         while k < k_steps:
             allocs.append(k * n_run + i)
             k += bs
-        # A step registers the blocks it fills (allocate_slots -> cache_blocks): some
-        # step of the window does iff the window ends past a registered block count.
         if (c + k_steps) // bs > cached.get(rid, 0):
             if rid in lazy:
-                grows.append(i)  # it only extends its pending chain (see PendingChain)
+                grows.append(i)  # it only extends its pending chain
             else:
                 registers = True
     usage: list[float] = []
@@ -165,14 +138,11 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
         free = free_queue.num_free + sum(new_at)
         for n_new in new_at:
             free -= n_new
-            usage.append(1.0 - free / num_blocks)  # the same float as KVCacheManager.usage
+            usage.append(1.0 - free / num_blocks)  # as KVCacheManager.usage
     elif not registers:
-        # Every allocation takes one block and nothing in the window touches the
-        # prefix-cache map (a pending chain only grows, unless another request's
-        # registration takes it over, and none registers), so the window's blocks are
-        # taken in one call, in allocation order: the same blocks, evictions and usage.
+        # Map untouched: one call in allocation order gives the same blocks.
         for i in grows:
-            # cache_blocks for a request registering lazily, inlined: its chain's end.
+            # cache_blocks, inlined.
             req = running[i]
             rid = req.request_id
             cached[rid] = lazy[rid].hi = req.num_computed_tokens // bs
@@ -200,14 +170,13 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
 
 
 def _step_through_events(kv, running: list[Request], k_steps: int, usage: list[float]) -> None:
-    """The window's allocations and registrations one by one, in the order and with the
-    calls schedule() would make (a window where some request registers for real)."""
+    """Replay the window's allocations and registrations in schedule()'s order."""
     bs = kv.block_size
     held = kv.req_to_blocks
     cached = kv.num_cached_blocks
     events: list[tuple[int, int]] = []
     for i, req in enumerate(running):
-        c = req.num_computed_tokens - k_steps  # the count before the window
+        c = req.num_computed_tokens - k_steps
         k = len(held[req.request_id]) * bs - c
         while k < k_steps:
             events.append((k, i))
@@ -220,9 +189,7 @@ def _step_through_events(kv, running: list[Request], k_steps: int, usage: list[f
             events.append((k, i))
             k += bs
     events.sort()
-    # What allocate_slots(req, 1) does at each event, without its checks for the
-    # common no-op step: take a block when the next token starts one, then register
-    # the blocks this step fills.
+    # allocate_slots(req, 1) without its no-op checks.
     free_queue = kv.pool.free_queue
     num_blocks = kv.num_blocks
     get_new_blocks = kv.pool.get_new_blocks
@@ -230,7 +197,7 @@ def _step_through_events(kv, running: list[Request], k_steps: int, usage: list[f
     last = prev_i = -1
     for k, i in events:
         if k == last and i == prev_i:
-            continue  # a block boundary and a full block can fall on one call
+            continue  # a new block and a full one can share a call
         if k != last:
             u = 1.0 - free_queue.num_free / num_blocks
             usage.extend([u] * (k - len(usage)))
@@ -250,7 +217,7 @@ def _step_through_events(kv, running: list[Request], k_steps: int, usage: list[f
 
 
 def _finish_by_length(scheduler: Scheduler, done: list[Request], now: float) -> list[str]:
-    """End done (running requests at max_tokens or max_model_len), as update_from_output() does."""
+    """End requests at their length limit as update_from_output() does."""
     if not done:
         return []
     status = FINISH_STATUS[FinishReason.LENGTH]

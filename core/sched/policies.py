@@ -1,4 +1,4 @@
-"""Swappable scheduling policies: waiting-queue order and preemption victim choice."""
+"""Swappable scheduling policies: waiting-queue order and preemption victim."""
 
 from __future__ import annotations
 
@@ -11,19 +11,19 @@ from twinserve.core.request import Request
 
 
 class RequestQueue(Protocol):
-    """The waiting queue: its order decides who is admitted next."""
+    """The waiting queue: its order decides admission."""
 
     def add(self, request: Request) -> None:
         """Enqueue a new request."""
 
     def prepend(self, request: Request) -> None:
-        """Requeue a preempted request ahead of its peers."""
+        """Requeue a preempted request."""
 
     def peek(self) -> Request:
         """The next request to admit."""
 
     def pop(self) -> Request:
-        """Remove and return the next request to admit."""
+        """Remove the next request."""
 
     def remove(self, request: Request) -> None:
         """Drop a request (abort)."""
@@ -34,7 +34,7 @@ class RequestQueue(Protocol):
 
 
 class FCFSQueue:
-    """First come, first served; preempted requests go back to the front."""
+    """FCFS; preempted requests go back to the front."""
 
     __slots__ = ("_q",)
 
@@ -42,23 +42,18 @@ class FCFSQueue:
         self._q: deque[Request] = deque()
 
     def add(self, request: Request) -> None:
-        """Enqueue at the back."""
         self._q.append(request)
 
     def prepend(self, request: Request) -> None:
-        """Enqueue at the front."""
         self._q.appendleft(request)
 
     def peek(self) -> Request:
-        """The front request."""
         return self._q[0]
 
     def pop(self) -> Request:
-        """Remove the front request."""
         return self._q.popleft()
 
     def remove(self, request: Request) -> None:
-        """Remove a request anywhere in the queue."""
         self._q.remove(request)
 
     def __len__(self) -> int:
@@ -72,12 +67,7 @@ class FCFSQueue:
 
 
 class KeyedQueue:
-    """A heap ordered by a rank of the request; ties broken by arrival order.
-
-    With front_on_prepend, preempted requests go back ahead of everything else (in the
-    order they are prepended, the last one first), as vLLM requeues them; otherwise a
-    preempted request is ranked like any other, as vLLM's priority queue does.
-    """
+    """A heap by rank, ties by arrival; front_on_prepend puts preempted requests first."""
 
     __slots__ = ("_heap", "_key", "_front", "_front_on_prepend")
 
@@ -88,26 +78,23 @@ class KeyedQueue:
         self._front_on_prepend = front_on_prepend
 
     def add(self, request: Request) -> None:
-        """Insert by rank."""
         heapq.heappush(self._heap, (self._key(request), request.seq_no, request))
 
     def prepend(self, request: Request) -> None:
-        """Requeue a preempted request: at the front, or by rank."""
+        """At the front, or by rank."""
         if self._front_on_prepend:
             self._front.appendleft(request)
         else:
             self.add(request)
 
     def peek(self) -> Request:
-        """The next request: a requeued one, else the lowest-ranked."""
+        """A requeued request, else the lowest-ranked."""
         return self._front[0] if self._front else self._heap[0][2]
 
     def pop(self) -> Request:
-        """Remove the next request."""
         return self._front.popleft() if self._front else heapq.heappop(self._heap)[2]
 
     def remove(self, request: Request) -> None:
-        """Remove a request anywhere in the queue."""
         if request in self._front:
             self._front.remove(request)
             return
@@ -126,44 +113,35 @@ class KeyedQueue:
 
 
 class PreemptionPolicy(Protocol):
-    """Chooses which running request gives its blocks back when memory runs out."""
+    """Picks the running request that gives its blocks back."""
 
     def pick_victim(self, running: list[Request]) -> Request:
-        """One of the running requests (never called with an empty list)."""
+        """One of running (never empty)."""
 
 
 class PreemptLastAdmitted:
-    """The most recently admitted request loses its blocks (FCFS fairness)."""
+    """The last admitted loses (FCFS fairness)."""
 
     def pick_victim(self, running: list[Request]) -> Request:
-        """The last request in admission order."""
         return running[-1]
 
 
 class PreemptLowestPriority:
-    """Strict priority, as vLLM: the largest priority value loses, the latest arrival on ties.
-
-    Aging plays no part: it measures time spent waiting, and a running request is not
-    waiting, so a long-running request never becomes the victim for having run long.
-    """
+    """Strict priority, as vLLM: largest value, then latest arrival, loses."""
 
     def pick_victim(self, running: list[Request]) -> Request:
-        """The least important running request, latest arrival on ties."""
         return max(running, key=lambda r: (r.priority, r.arrival_time, r.seq_no))
 
 
 def _wait_origin(r: Request) -> float:
-    """When r's wait would have begun had it waited without a break until now."""
+    """When r's wait began, had it waited unbroken until now."""
     return r.queued_time - r.waited_s
 
 
 def priority_rank(aging_interval_s: float) -> Callable[[Request], tuple]:
-    """Rank by priority; each aging_interval_s seconds spent waiting is worth one level.
+    """Rank by priority; each aging_interval_s waited is one level.
 
-    A waiting request's effective priority is priority - waited / interval, where waited
-    is now - _wait_origin(r) (time spent running is not counted). The now term is the
-    same for every request, so ordering by priority + origin / interval ranks identically
-    at any moment, and the heap never needs re-sorting.
+    Leaving out the now term common to all means the heap never re-sorts.
     """
     if aging_interval_s > 0:
         return lambda r: (r.priority + _wait_origin(r) / aging_interval_s, r.arrival_time)
@@ -171,31 +149,25 @@ def priority_rank(aging_interval_s: float) -> Callable[[Request], tuple]:
 
 
 def sjf_rank(aging_interval_s: float, max_model_len: int) -> Callable[[Request], tuple]:
-    """Rank by prompt length; after aging_interval_s seconds of waiting a request outranks any newcomer.
-
-    The length term is the prompt's share of max_model_len (in [0, 1]); waiting lowers
-    the rank by one per aging_interval_s, as for priority (see priority_rank).
-    """
+    """Rank by prompt share of max_model_len; aging_interval_s waited beats any newcomer."""
     if aging_interval_s > 0:
         return lambda r: (r.num_prompt_tokens / max_model_len + _wait_origin(r) / aging_interval_s,)
     return lambda r: (r.num_prompt_tokens,)
 
 
-# Name-to-factory registries: the scheduler, the simulator's config, the CLIs and
-# docs/policies.md all read these. Each factory takes the SchedulerConfig's knobs by name.
+# Registries read by the scheduler, simulator, CLIs and docs/policies.md.
 
 def _fcfs(aging_interval_s: float, max_model_len: int) -> RequestQueue:
-    """First come, first served; a preempted request goes back to the front."""
     return FCFSQueue()
 
 
 def _priority(aging_interval_s: float, max_model_len: int) -> RequestQueue:
-    """Lower priority value first, arrival breaks ties; aged by time spent waiting."""
+    """Lower priority value first; aged."""
     return KeyedQueue(priority_rank(aging_interval_s))
 
 
 def _sjf(aging_interval_s: float, max_model_len: int) -> RequestQueue:
-    """Shortest prompt first; a preempted request goes back to the front; aged by time spent waiting."""
+    """Shortest prompt first; preempted ones to the front; aged."""
     return KeyedQueue(sjf_rank(aging_interval_s, max_model_len), front_on_prepend=True)
 
 
@@ -207,19 +179,19 @@ PREEMPTION_POLICIES: dict[str, Callable[[], PreemptionPolicy]] = {
     "last": PreemptLastAdmitted,
     "priority": PreemptLowestPriority,
 }
-# "auto" resolves to a registered victim policy by the queue policy (see resolve_preemption).
+# "auto" follows the queue policy (resolve_preemption).
 PREEMPTION_CHOICES = ("auto", *PREEMPTION_POLICIES)
 
 
 def resolve_preemption(name: str, queue_policy: str) -> str:
-    """The registered victim policy a name stands for: "auto" is priority under priority, else last."""
+    """The victim policy a name stands for."""
     if name == "auto":
         return "priority" if queue_policy == "priority" else "last"
     return name
 
 
 def make_queue(name: str, aging_interval_s: float = 0.0, max_model_len: int = 1) -> RequestQueue:
-    """The waiting queue registered under a policy name (InvalidConfigError for others)."""
+    """A waiting queue by policy name."""
     factory = QUEUE_POLICIES.get(name)
     if factory is None:
         raise InvalidConfigError("policy", name, " or ".join(QUEUE_POLICIES))
@@ -227,7 +199,7 @@ def make_queue(name: str, aging_interval_s: float = 0.0, max_model_len: int = 1)
 
 
 def make_preemption_policy(name: str, queue_policy: str) -> PreemptionPolicy:
-    """The victim policy registered under a name; "auto" follows the queue policy."""
+    """A victim policy by name."""
     factory = PREEMPTION_POLICIES.get(resolve_preemption(name, queue_policy))
     if factory is None:
         raise InvalidConfigError("preemption", name, " or ".join(PREEMPTION_CHOICES))

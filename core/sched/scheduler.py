@@ -1,8 +1,7 @@
 """Iteration-level scheduler in the shape of vLLM v1: one token budget, no phases.
 
-Each request carries num_computed_tokens; a step gives tokens to running requests
-first, then admits waiting ones. Chunked prefill, mixed prefill+decode batches and
-prefix-cache skips all fall out of that one loop.
+Running requests get tokens first, then waiting ones are admitted; chunked prefill, mixed
+batches and prefix-cache skips all fall out of num_computed_tokens.
 """
 
 from __future__ import annotations
@@ -22,14 +21,13 @@ from twinserve.core.spec_decode import SpecDecodeStats, SpeculativeConfig
 
 _STOP = FinishReason.STOP
 _RUNNING = RequestStatus.RUNNING
-# Shared by every request that gets no new block in a step; executors must not mutate it.
+# Shared: executors must not mutate it.
 _NO_IDS: tuple[int, ...] = ()
 _LENGTH = FinishReason.LENGTH
 _new_object = object.__new__
 
 
 def _block_ids(blocks: list[KVCacheBlock]) -> Sequence[int]:
-    """The ids of a step's new blocks (a decode takes one at a time)."""
     if not blocks:
         return _NO_IDS
     if len(blocks) == 1:
@@ -39,10 +37,9 @@ def _block_ids(blocks: list[KVCacheBlock]) -> Sequence[int]:
 
 def _check_stop(req: Request, token: int, n_out: int, max_model_len: int
                 ) -> tuple[FinishReason | None, int | None]:
-    """The full stop rule for a request's newest token: (finish reason, stop token) or (None, None)."""
+    """The full stop rule for the newest token: (finish reason, stop token)."""
     sp = req.sampling_params
-    # min_tokens tokens come before any stop: a stop token is only honoured past them
-    # (the sampler masks stop ids while fewer were generated).
+    # Stops count only past min_tokens (the sampler masks them until then).
     if n_out > sp.min_tokens:
         if token == req.eos_token_id and not sp.ignore_eos:
             return _STOP, None
@@ -54,12 +51,7 @@ def _check_stop(req: Request, token: int, n_out: int, max_model_len: int
 
 
 def _fast_decode_limit(kv: KVCacheManager, rid: str) -> int:
-    """Request.fast_decode_limit from the KV manager's bookkeeping for a request holding blocks.
-
-    The mirror of allocate_slots' no-op case: a step from c computed tokens to c + 1 needs
-    no block while c < len(blocks) * block_size, and registers none while
-    (c + 1) // block_size <= the blocks already registered.
-    """
+    """Request.fast_decode_limit, mirroring allocate_slots' no-op case."""
     bs = kv.block_size
     limit = len(kv.req_to_blocks[rid]) * bs
     if kv.enable_caching:
@@ -70,14 +62,12 @@ def _fast_decode_limit(kv: KVCacheManager, rid: str) -> int:
 
 
 def _refresh_fast_decode_limit(kv: KVCacheManager, req: Request) -> int:
-    """Recompute and store req.fast_decode_limit (see _fast_decode_limit)."""
     limit = req.fast_decode_limit = _fast_decode_limit(kv, req.request_id)
     return limit
 
 
 def _draft_len(req: Request, room: int) -> int:
-    """How many of a decoding request's drafts to verify this step: within room (budget
-    tokens past its own one), and none that could only land past its length limit."""
+    """Drafts to verify this step: within room and the length limit."""
     k = len(req.spec_token_ids)
     limit = req.stop_check_len - len(req.all_token_ids) - 1
     if limit < k:
@@ -86,28 +76,24 @@ def _draft_len(req: Request, room: int) -> int:
 
 
 def _chunk(num_new: int, threshold: int, budget: int) -> int:
-    """A running request's tokens this step: what it has left, capped by the long-prefill
-    threshold (when set) and by the step's remaining budget."""
+    """Tokens this step, capped by the long-prefill threshold and the budget."""
     if 0 < threshold < num_new:
         num_new = threshold
     return num_new if num_new < budget else budget
 
 
 class Scheduler:
-    """Decides each step who runs and with how many tokens, and applies what came back."""
+    """Decides who runs each step with how many tokens; applies the results."""
 
     def __init__(self, config: SchedulerConfig,
                  speculative_config: SpeculativeConfig | None = None) -> None:
         self.config = config
-        # Speculative decoding: drafts come from the executor (ModelRunnerOutput.spec_token_ids)
-        # and are scheduled as part of their request's step.
         self.spec = speculative_config
         self.spec_stats = SpecDecodeStats()
-        # The last update's requests with drafts, drafts verified and accepted.
         self.step_num_spec_reqs = 0
         self.step_num_draft_tokens = 0
         self.step_num_accepted_tokens = 0
-        # Blocks trimmed after rejections, not yet announced to the executor (req id -> count).
+        # Trimmed blocks not yet announced to the executor.
         self._dropped: dict[str, int] = {}
         self.kv = KVCacheManager(config.num_blocks, config.block_size,
                                  config.enable_prefix_caching, config.prefix_caching_hash_algo,
@@ -119,22 +105,19 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
         self.watermark_blocks = int(config.watermark * config.num_blocks)
-        # Tokens per request of the step scheduled but not yet applied by update_from_output.
+        # The step not yet applied by update_from_output.
         self._in_flight: dict[str, int] | None = None
-        # The last schedule()'s output when it scheduled every running request (in the
-        # order of self.running), and how many that was: update_from_output then walks
-        # self.running instead of looking each id up.
+        # Set when a step took every running request: update_from_output walks running.
         self._whole_batch: SchedulerOutput | None = None
         self._whole_batch_len = 0
-        # The ids the first loop of the last schedule() took (a copy), and a dict of them
-        # each mapped to 1: steps that take the same ids copy it (see schedule()).
+        # Last first-loop ids and their {id: 1} dict, copied when they repeat.
         self._last_ids: list[str] = []
         self._last_ones: dict[str, int] = {}
         self._seq = itertools.count()
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: Request) -> None:
-        """Queue a request, or raise a typed error if it could never be served."""
+        """Queue a request; a typed error if it can never be served."""
         cfg = self.config
         rid = request.request_id
         if rid in self.requests:
@@ -149,8 +132,7 @@ class Scheduler:
         sp = request.sampling_params
         max_tokens = sp.max_tokens if sp.max_tokens is not None else cfg.max_model_len - n
         request.max_tokens = max(1, max_tokens)
-        # The most tokens that will ever need KV: generation ends at max_model_len, and the
-        # last sampled token is never fed back.
+        # Peak KV tokens: the last token is never fed back.
         peak = max(n, min(n + request.max_tokens - 1, cfg.max_model_len - 1))
         if not self.kv.can_fit(peak):
             limit = cfg.num_blocks * cfg.block_size
@@ -158,9 +140,6 @@ class Scheduler:
                 f"request needs up to {peak} tokens of KV cache but the whole pool holds {limit} "
                 f"({cfg.num_blocks} blocks of {cfg.block_size}); lower max_tokens or add blocks",
                 peak, limit)
-        # The stop rule's quick form (see Request.stop_check_ids): all_token_ids is always
-        # the prompt plus output_token_ids, so it reaches n + max_tokens exactly when
-        # max_tokens tokens were generated.
         stop_ids = set(sp.stop_token_ids)
         if request.eos_token_id is not None and not sp.ignore_eos:
             stop_ids.add(request.eos_token_id)
@@ -176,7 +155,7 @@ class Scheduler:
     def abort_requests(self, request_ids: Iterable[str],
                        reason: FinishReason = FinishReason.ABORT, now: float | None = None
                        ) -> list[EngineCoreOutput]:
-        """End requests wherever they are (waiting, running, preempted); unknown ids are ignored."""
+        """End requests wherever they are; unknown ids are ignored."""
         outputs = []
         status = FINISH_STATUS[reason]
         for rid in request_ids:
@@ -188,8 +167,7 @@ class Scheduler:
                 self.running.remove(req)
                 in_flight = self._in_flight
                 if in_flight is not None and rid in in_flight:
-                    # Scheduled in a step whose output has not come back: that step may
-                    # never compute its blocks (an executor failure), so they leave the cache.
+                    # Its in-flight step may never compute its blocks: uncache them.
                     computed = req.num_computed_tokens - in_flight[rid]
             else:
                 self.waiting.remove(req)
@@ -204,16 +182,13 @@ class Scheduler:
 
     @property
     def num_running(self) -> int:
-        """Requests holding KV blocks."""
         return len(self.running)
 
     @property
     def num_waiting(self) -> int:
-        """Requests queued, preempted ones included."""
         return len(self.waiting)
 
     def has_unfinished_requests(self) -> bool:
-        """True while any request is waiting or running."""
         return bool(self.running) or len(self.waiting) > 0
 
     def reset_prefix_cache(self) -> None:
@@ -222,7 +197,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ schedule
     def schedule(self, now: float) -> SchedulerOutput:
-        """Pick this step's batch and advance each chosen request's num_computed_tokens."""
+        """Pick this step's batch."""
         cfg = self.config
         budget = cfg.max_num_batched_tokens
         threshold = cfg.long_prefill_token_threshold
@@ -233,21 +208,13 @@ class Scheduler:
         c_computed: list[int] = []
         preempted: list[str] = []
         add_id, add_computed = c_ids.append, c_computed.append
-        # The common case first: running requests in order, none preempted. Decodes whose
-        # token fits the last block and fills none take the fast path (allocate_slots would
-        # do nothing and return no blocks, so it is not called: see
-        # Request.fast_decode_limit); the others are noted in
-        # `other` (position -> tokens, new block ids). The loop after this one takes over
-        # from the first request that does not fit without preempting.
-        # No budget check per request: the loop covers at most `budget` requests (`head`),
-        # so one token each always fits; `spare` is what the budget holds past one token
-        # per request of the head, and once a request takes more than that, the loop after
-        # this one goes on from the next request, checking the budget as it goes.
+        # Fast loop (no preemption): decodes under fast_decode_limit skip allocate_slots;
+        # `head` fits one token each, `spare` is the rest; the checked loop below follows.
         other: dict[int, tuple[int, Sequence[int]]] = {}
         head = running if len(running) <= budget else running[:budget]
         spare = budget - len(head)
-        extra = 0  # tokens scheduled past one per scheduled request
-        skipped = 0  # requests passed over with nothing to compute
+        extra = 0  # tokens past one per request
+        skipped = 0  # requests with nothing to compute
         spec = self.spec
         spec_on = spec is not None and spec.active(len(running))
         spec_tokens: dict[str, list[int]] = {}
@@ -258,14 +225,12 @@ class Scheduler:
             k = 0
             if num_new == 1:
                 if spec_on and req.spec_token_ids:
-                    # Drafts take only the spare budget, so every request of the head keeps its token.
+                    # Drafts take only spare budget.
                     k = _draft_len(req, spare)
                     if k > 0:
                         spec_tokens[rid] = req.spec_token_ids[:k]
                         num_new += k
-                # Past the bound rather than at it: something other than this scheduler
-                # (a fast-forward window) advanced the request and took its blocks, so
-                # the bound is stale; refreshing it usually spares allocate_slots.
+                # Past the bound: fast-forward advanced it, so refresh.
                 if k:
                     pass
                 elif c < req.fast_decode_limit or (
@@ -283,7 +248,7 @@ class Scheduler:
             new_blocks = allocate(req, num_new, num_draft_tokens=k) if k else allocate(req, num_new)
             if new_blocks is None:
                 spec_tokens.pop(rid, None)
-                break  # no room without preempting: the loop below
+                break  # needs preemption: the loop below
             req.fast_decode_limit = _fast_decode_limit(kv, rid)
             other[len(c_ids)] = (num_new, _block_ids(new_blocks))
             add_id(rid)
@@ -292,16 +257,15 @@ class Scheduler:
             extra += num_new - 1
             spare -= num_new - 1
             if spare < 0:
-                break  # the next requests may not all fit: the loop below checks each
-        i = len(c_ids) + skipped  # the first request the loop did not handle
+                break  # the loop below checks the rest
+        i = len(c_ids) + skipped
         budget -= len(c_ids) + extra
         if c_ids == self._last_ids:
-            # The same requests as last step (the steady decode state): copying a dict is
-            # a block copy, some 20x cheaper per entry than inserting each key again.
+            # Steady decode: a dict copy is far cheaper than a rebuild.
             num_scheduled = self._last_ones.copy()
         else:
             num_scheduled = dict.fromkeys(c_ids, 1)
-            self._last_ids = c_ids[:]  # our own copy: c_ids goes out to the executor
+            self._last_ids = c_ids[:]  # c_ids goes to the executor
             self._last_ones = num_scheduled.copy()
         c_blocks: list[Sequence[int]] = [_NO_IDS] * len(c_ids)
         for k, (n, block_ids) in other.items():
@@ -329,11 +293,11 @@ class Scheduler:
                 if j < i:
                     i -= 1
                     vid = victim.request_id
-                    # Passed over with nothing to compute, or scheduled: then hand its tokens back.
+                    # If scheduled, hand its tokens back.
                     n = num_scheduled.pop(vid, 0)
                     if n:
                         budget += n
-                        # Its blocks for this step were registered but will never be computed.
+                        # Its registered blocks will never be computed.
                         computed = victim.num_computed_tokens - n
                         spec_tokens.pop(vid, None)
                         j = c_ids.index(vid)
@@ -343,7 +307,7 @@ class Scheduler:
                 if victim is req:
                     break
             if new_blocks is None:
-                continue  # req itself was preempted; running[i] is now the next request
+                continue  # req itself was preempted
             rid = req.request_id
             if k > 0:
                 spec_tokens[rid] = req.spec_token_ids[:k]
@@ -368,8 +332,7 @@ class Scheduler:
         self._dropped = {}
         so = SchedulerOutput(new_reqs, CachedRequestData(c_ids, c_blocks, c_computed),
                              num_scheduled, total, preempted, finished, spec_tokens, dropped)
-        # Every scheduled request is running and in running's order (admissions are
-        # appended to both), so equal counts mean the step took every running request.
+        # Same order as running, so equal counts mean all were taken.
         whole = len(num_scheduled) == len(running)
         self._whole_batch = so if whole else None
         self._whole_batch_len = len(running)
@@ -394,8 +357,7 @@ class Scheduler:
                     num_new = budget
             elif num_new > budget:
                 break
-            # The watermark keeps headroom for running requests to grow; with nothing
-            # running it could only block progress.
+            # Headroom for running requests; with none it would only block.
             reserve = self.watermark_blocks if running else 0
             new_blocks = kv.allocate_slots(req, num_new, hits, num_hit, reserve)
             if new_blocks is None:
@@ -419,7 +381,7 @@ class Scheduler:
         return budget
 
     def _preempt(self, req: Request, now: float, computed: int | None = None) -> None:
-        """Recompute-style preemption: free all blocks and requeue at the front."""
+        """Recompute-style preemption: free all blocks, requeue at the front."""
         self.kv.free(req, computed)
         self._dropped.pop(req.request_id, None)
         req.spec_token_ids = []
@@ -427,17 +389,13 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         req.preempted_times.append(now)
-        req.queued_time = now  # its time running does not age it
+        req.queued_time = now  # running time does not age it
         self.num_preemptions += 1
         self.waiting.prepend(req)
 
     # ------------------------------------------------------------------ speculation
     def _verify(self, req: Request, drafts: list[int], tokens: list[int]) -> tuple[int, int]:
-        """Count a verified draft and roll back the rejected drafts' computed tokens.
-
-        The executor returns the accepted drafts then one token of its own (the correction
-        or the bonus), so len(tokens) - 1 drafts were accepted.
-        """
+        """Count a verification, roll back rejected drafts (len(tokens) - 1 accepted)."""
         num_drafts = len(drafts)
         num_accepted = len(tokens) - 1
         if not 0 <= num_accepted <= num_drafts:
@@ -452,7 +410,7 @@ class Scheduler:
         return num_drafts, num_accepted
 
     def _release_rejected(self, req: Request) -> None:
-        """Give back the blocks that only rejected drafts took, and tell the executor."""
+        """Free blocks only rejected drafts took; tell the executor."""
         n = self.kv.trim(req, req.num_computed_tokens)
         if n:
             rid = req.request_id
@@ -463,7 +421,7 @@ class Scheduler:
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            model_runner_output: ModelRunnerOutput, now: float
                            ) -> list[EngineCoreOutput]:
-        """Append sampled tokens, apply stop conditions, free finished requests."""
+        """Append sampled tokens, apply stop rules, free finished requests."""
         sampled = model_runner_output.sampled_token_ids
         logprobs = model_runner_output.logprobs or None
         requests = self.requests
@@ -471,16 +429,13 @@ class Scheduler:
         outputs: list[EngineCoreOutput] = []
         add_output = outputs.append
         finished: list[Request] = []
-        new_output, Output = _new_object, EngineCoreOutput  # locals: read once per request
+        new_output, Output = _new_object, EngineCoreOutput
         self._in_flight = None
         running = self.running
         if scheduler_output is self._whole_batch and len(running) == self._whole_batch_len:
-            # The step took every running request and none has left since (an abort would
-            # have shortened the list): they are the step's requests, in its order, all
-            # still running.
+            # None gone since: the step's requests, in order.
             reqs = running
         else:
-            # Those scheduled that are still running (not aborted or preempted after it).
             reqs = [r for r in map(requests.get, scheduler_output.num_scheduled_tokens)
                     if r is not None and r.status is _RUNNING]
         self._whole_batch = None
@@ -492,7 +447,7 @@ class Scheduler:
             rid = req.request_id
             tokens = sampled.get(rid)
             if not tokens:
-                continue  # a prefill chunk that did not reach the end of the prompt
+                continue  # a partial prefill
             num_drafts = num_accepted = 0
             if verified:
                 drafts = verified.get(rid)
@@ -505,13 +460,11 @@ class Scheduler:
             if req.first_token_time is None:
                 req.first_token_time = now
             if len(tokens) == 1:
-                # One token (every decode step): the loop below, unrolled.
                 token = tokens[0]
                 out_ids.append(token)
                 all_ids.append(token)
                 req.token_times.append(now)
-                # The quick form of the stop rule first (one set probe, one comparison);
-                # the full rule only when it says the request may end.
+                # Quick stop check first (Request.stop_check_ids).
                 if token in req.stop_check_ids or len(all_ids) >= req.stop_check_len:
                     reason, stop_reason = _check_stop(req, token, len(out_ids), max_model_len)
                 else:
@@ -533,8 +486,7 @@ class Scheduler:
                         if reason is not None:
                             break
                 new_ids = tokens if count == len(tokens) else tokens[:count]
-            # EngineCoreOutput(rid, new_ids, reason, stop_reason, logprobs), built without
-            # its Python-level __init__ (one per request per step): every field is set.
+            # No __init__ (hot path): every field is set.
             out = new_output(Output)
             out.req_id = rid
             out.new_token_ids = new_ids
