@@ -63,13 +63,16 @@ class EngineCore:
         self.last_scheduler_output: SchedulerOutput | None = None
 
     def add_request(self, request: Request) -> None:
+        """Queue a request (typed error if it can never be served)."""
         self.scheduler.add_request(request)
 
     def abort(self, request_ids: Iterable[str], now: float | None = None,
               reason: FinishReason = FinishReason.ABORT) -> list[EngineCoreOutput]:
+        """End requests early; returns their final outputs."""
         return self.scheduler.abort_requests(request_ids, reason, now)
 
     def has_unfinished_requests(self) -> bool:
+        """True while anything is waiting or running."""
         return self.scheduler.has_unfinished_requests()
 
     def step(self, now: float) -> tuple[list[EngineCoreOutput], StepStats | None]:

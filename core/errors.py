@@ -28,6 +28,7 @@ class TwinserveError(Exception):
 
 
 class InvalidSamplingParamsError(TwinserveError, ValueError):
+    """A sampling parameter is outside its allowed range."""
     def __init__(self, field: str, value: object, allowed: str) -> None:
         self.field = field
         self.value = value
@@ -55,6 +56,7 @@ class PromptTooLongError(InvalidRequestError):
 
 
 class InvalidConfigError(TwinserveError, ValueError):
+    """A scheduler or cache configuration value is out of range."""
     def __init__(self, field: str, value: object, allowed: str) -> None:
         self.field = field
         self.value = value
@@ -70,6 +72,7 @@ class UnsupportedModelError(TwinserveError, ValueError):
 
 
 class UnsupportedArchitectureError(UnsupportedModelError):
+    """config.json names an architecture no registered model class implements."""
     def __init__(self, architecture: object, supported: list[str], model_type: object = None) -> None:
         self.architecture = architecture
         self.supported = list(supported)
@@ -79,6 +82,7 @@ class UnsupportedArchitectureError(UnsupportedModelError):
 
 
 class UnsupportedConfigFieldError(UnsupportedModelError):
+    """A model config field holds a value the model class does not implement (never silently ignored)."""
     def __init__(self, architecture: str, field: str, value: object, supported: str) -> None:
         self.architecture = architecture
         self.field = field
@@ -88,6 +92,7 @@ class UnsupportedConfigFieldError(UnsupportedModelError):
 
 
 class CheckpointMismatchError(UnsupportedModelError):
+    """A checkpoint tensor's name or shape does not match the model its config describes."""
     def __init__(self, tensor: str, problem: str) -> None:
         self.tensor = tensor
         self._keep_args(f"checkpoint tensor {tensor!r}: {problem}", tensor, problem)

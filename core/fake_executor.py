@@ -47,6 +47,7 @@ class KVSlotModel:
         return known
 
     def write(self, block_ids: Sequence[int], prefix_ids: Sequence[int], start: int, end: int) -> None:
+        """Store the KV of positions start..end-1 into their slots."""
         bs = self.block_size
         for p in range(start, end):
             block = self.slots.get(block_ids[p // bs])

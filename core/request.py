@@ -22,6 +22,7 @@ class RequestStatus(enum.IntEnum):
 
     @property
     def is_finished(self) -> bool:
+        """True for the terminal states."""
         return self >= RequestStatus.FINISHED_STOPPED
 
 
@@ -96,21 +97,26 @@ class Request:
 
     @property
     def num_prompt_tokens(self) -> int:
+        """Length of the prompt."""
         return len(self.prompt_token_ids)
 
     @property
     def num_tokens(self) -> int:
+        """Prompt plus generated tokens so far."""
         return len(self.all_token_ids)
 
     @property
     def num_output_tokens(self) -> int:
+        """Tokens generated so far."""
         return len(self.output_token_ids)
 
     @property
     def is_finished(self) -> bool:
+        """True once the request has ended for any reason."""
         return self.status >= RequestStatus.FINISHED_STOPPED
 
     def append_output_token(self, token_id: int, now: float) -> None:
+        """Record one sampled token and its time."""
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
         self.token_times.append(now)

@@ -33,6 +33,7 @@ class SpeculativeConfig:
         self.validate()
 
     def validate(self) -> None:
+        """Raise InvalidConfigError naming the first bad field."""
         if self.method not in SPEC_METHODS:
             raise InvalidConfigError("speculative_config.method", self.method, f"one of {SPEC_METHODS}")
         _int_in("num_speculative_tokens", self.num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
@@ -87,6 +88,7 @@ class SpecDecodeStats:
     accepted_per_pos: list[int] = field(default_factory=list)
 
     def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
+        """Count one request's verified draft."""
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
@@ -98,4 +100,5 @@ class SpecDecodeStats:
 
     @property
     def acceptance_rate(self) -> float:
+        """Accepted over proposed draft tokens."""
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0

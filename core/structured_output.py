@@ -38,6 +38,7 @@ class StructuredOutputSpec:
 
     @property
     def cache_key(self) -> tuple[str, str]:
+        """What identifies the compiled grammar."""
         value = "\x00".join(self.value) if isinstance(self.value, list) else self.value
         return self.kind, value
 

@@ -86,6 +86,7 @@ class BlockPool:
 
     @property
     def num_free_blocks(self) -> int:
+        """Blocks with no owner (cached ones included: they are evictable)."""
         return self.free_queue.num_free
 
     def get_new_blocks(self, n: int) -> list[KVCacheBlock]:

@@ -49,10 +49,12 @@ class PrefixCacheStats:
 
     @property
     def hit_rate(self) -> float:
+        """Share of queried tokens served from the cache."""
         return self.hits / self.queries if self.queries else 0.0
 
 
 class KVCacheManager:
+    """Allocates and frees each request's KV blocks; finds cached prefixes."""
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
                  hash_function: str | HashFunction = "xxhash",
                  lazy_registration: bool = True, sliding_window: int | None = None) -> None:
@@ -83,6 +85,7 @@ class KVCacheManager:
 
     @property
     def num_free_blocks(self) -> int:
+        """Blocks not held by any request."""
         return self.pool.free_queue.num_free
 
     def _key(self, request: Request, hashes: list[BlockHash], i: int,
@@ -138,11 +141,13 @@ class KVCacheManager:
         return hits, len(hits) * self.block_size
 
     def record_prefix_query(self, num_query_tokens: int, num_hit_tokens: int) -> None:
+        """Count one admission's lookup in the prefix-cache stats."""
         self.stats.requests += 1
         self.stats.queries += num_query_tokens
         self.stats.hits += num_hit_tokens
 
     def can_fit(self, num_tokens: int) -> bool:
+        """True when a request of num_tokens could ever be held by the whole pool."""
         return -(-num_tokens // self.block_size) <= self.num_blocks
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
@@ -364,6 +369,7 @@ class KVCacheManager:
         self.pool.free_blocks(reversed(blocks))
 
     def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's block table as block ids."""
         return [b.block_id for b in self.req_to_blocks.get(request_id, _NO_BLOCKS)]
 
     def reset_prefix_cache(self) -> None:

@@ -20,6 +20,7 @@ class NoReplicaAvailableError(TwinserveError, RuntimeError):
 
 
 class UnknownRouterError(TwinserveError, ValueError):
+    """A router name that is not one of ROUTER_NAMES."""
     def __init__(self, name: str, known: Sequence[str]) -> None:
         self.name = name
         super().__init__(f"unknown router {name!r}: choose one of {', '.join(known)}")
@@ -38,6 +39,7 @@ class ReplicaLoad:
 
 @dataclass(slots=True)
 class RouteRequest:
+    """What a router may read about one request."""
     request_id: str
     # Chained keys of the first full blocks (text chunks in the proxy).
     prefix_keys: tuple[int, ...] = ()
@@ -57,6 +59,7 @@ class Router(Protocol):
 
 
 def healthy(replicas: Sequence[ReplicaLoad]) -> list[ReplicaLoad]:
+    """The replicas in rotation; NoReplicaAvailableError when there are none."""
     up = [r for r in replicas if r.healthy]
     if not up:
         raise NoReplicaAvailableError(len(replicas))

@@ -47,6 +47,7 @@ class SchedulerConfig:
         self.validate()
 
     def validate(self) -> None:
+        """Raise InvalidConfigError naming the first bad field."""
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size",
                      "num_blocks"):
             value = getattr(self, name)

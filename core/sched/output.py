@@ -50,6 +50,7 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
+        """True when nothing runs this step."""
         return self.total_num_scheduled_tokens == 0
 
 
@@ -96,4 +97,5 @@ class EngineCoreOutput:
 
     @property
     def finished(self) -> bool:
+        """True when this is the request's last output."""
         return self.finish_reason is not None

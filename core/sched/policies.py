@@ -42,18 +42,23 @@ class FCFSQueue:
         self._q: deque[Request] = deque()
 
     def add(self, request: Request) -> None:
+        """Enqueue at the back."""
         self._q.append(request)
 
     def prepend(self, request: Request) -> None:
+        """Enqueue at the front."""
         self._q.appendleft(request)
 
     def peek(self) -> Request:
+        """The front request."""
         return self._q[0]
 
     def pop(self) -> Request:
+        """Remove the front request."""
         return self._q.popleft()
 
     def remove(self, request: Request) -> None:
+        """Remove a request anywhere in the queue."""
         self._q.remove(request)
 
     def __len__(self) -> int:
@@ -78,6 +83,7 @@ class KeyedQueue:
         self._front_on_prepend = front_on_prepend
 
     def add(self, request: Request) -> None:
+        """Insert by rank."""
         heapq.heappush(self._heap, (self._key(request), request.seq_no, request))
 
     def prepend(self, request: Request) -> None:
@@ -92,9 +98,11 @@ class KeyedQueue:
         return self._front[0] if self._front else self._heap[0][2]
 
     def pop(self) -> Request:
+        """Remove the next request."""
         return self._front.popleft() if self._front else heapq.heappop(self._heap)[2]
 
     def remove(self, request: Request) -> None:
+        """Remove a request anywhere in the queue."""
         if request in self._front:
             self._front.remove(request)
             return
@@ -123,6 +131,7 @@ class PreemptLastAdmitted:
     """The last admitted loses (FCFS fairness)."""
 
     def pick_victim(self, running: list[Request]) -> Request:
+        """The last request in admission order."""
         return running[-1]
 
 
@@ -130,6 +139,7 @@ class PreemptLowestPriority:
     """Strict priority, as vLLM: largest value, then latest arrival, loses."""
 
     def pick_victim(self, running: list[Request]) -> Request:
+        """The least important running request, latest arrival on ties."""
         return max(running, key=lambda r: (r.priority, r.arrival_time, r.seq_no))
 
 

@@ -182,13 +182,16 @@ class Scheduler:
 
     @property
     def num_running(self) -> int:
+        """Requests holding KV blocks."""
         return len(self.running)
 
     @property
     def num_waiting(self) -> int:
+        """Requests queued, preempted ones included."""
         return len(self.waiting)
 
     def has_unfinished_requests(self) -> bool:
+        """True while any request is waiting or running."""
         return bool(self.running) or len(self.waiting) > 0
 
     def reset_prefix_cache(self) -> None:
