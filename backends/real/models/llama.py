@@ -18,25 +18,15 @@ from twinserve.backends.real.models.config import LlamaConfig
 from twinserve.backends.real.models.rope import RotaryEmbedding
 
 
-# At most this many rows use the transposed weight copies (see LlamaForCausalLM.add_small_batch_weights),
-# by the CPU's vector ISA (torch.backends.cpu.get_cpu_capability()); SMALL_BATCH_ROWS elsewhere.
-# x @ W_t against F.linear, SmolLM2's four projections of one layer, fp32, 1 thread:
-# - AMD EPYC (AVX2), Nov: W_t 1.6x faster at 1 row, slower at 8-32 rows;
-# - Intel Xeon (AVX-512, AMX), Dec 2: W_t 0.92x the time at 1 row, 1.10x at 2, 0.52-0.72x at 4-32,
-#   0.86x at 64, 0.97-1.08x at 128-512 (and 0.56-1.00x for the LM head up to 64 rows); F.linear
-#   padded to 16 rows (below) took 1.6-1.8x the copies' time at 10-14 rows there. Whole decode
-#   steps: experiments/bench_small_batch_rows.py.
+# Rows up to which x @ W_t beats F.linear, by CPU vector ISA (measured in docs/speed.md).
 SMALL_BATCH_ROWS = 4
 SMALL_BATCH_ROWS_BY_CAPABILITY = {"AVX512": 64}
-# At most this many rows use the int8 weight copies (see LlamaForCausalLM.add_int8_weights).
+# The int8/int4 kernels only win on weight-bound 1-row products (docs/speed.md).
 INT8_ROWS = 1
 # Weights per int4 group (add_int4_weights): Q4_1's block, so a GGUF Q4_1 model keeps its own grid.
 INT4_GROUP = 32
-# CPU fp32 products of PAD_MIN_ROWS to PAD_ROWS - 1 rows are padded to PAD_ROWS: MKL's sgemm
-# ran 16 rows in about half the time of 12-15 on one core of this VM (SmolLM2's LM head: 17.6 ms
-# at 16 rows, 35-42 ms at 12-15), so a 13-sequence decode step cost more than a 16-sequence one.
-# Whole SmolLM2 decode steps, padded vs not, same run (experiments/bench_pad_rows.py, two runs):
-# 1.11x faster at 9 sequences, 1.19-1.43x at 10-15, 1.00-1.05x at 7-8, slower below. 0 turns it off.
+# CPU fp32 products of PAD_MIN_ROWS..PAD_ROWS-1 rows are padded to PAD_ROWS: MKL's sgemm runs
+# 16 rows faster than 9-15 (docs/speed.md). 0 turns it off.
 PAD_ROWS = 16
 PAD_MIN_ROWS = 9
 
@@ -69,10 +59,8 @@ def _dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """layer(x), through the int8 copy for one row, a prepacked weight, or the [in, out] copy for small
-    batches, when one exists."""
-    # A plain attribute (add_packed_bf16_weights): read from __dict__, since a getattr miss on a
-    # Module goes through Module.__getattr__ and an AttributeError, ~1 us per call, 121 per step.
+    """layer(x), through whichever int4/int8, prepacked or transposed copy exists and fits the rows."""
+    # Read __dict__: a getattr miss on a Module raises through Module.__getattr__, ~1 us a call.
     d = layer.__dict__
     w4 = d.get("weight_int4")
     if w4 is not None and x.shape[0] <= INT8_ROWS:
@@ -292,12 +280,7 @@ class LlamaForCausalLM(nn.Module):
     def add_packed_bf16_weights(self) -> None:
         """Keep every projection's and the LM head's bf16 weight prepacked in oneDNN's blocked layout.
 
-        F.linear on a plain bf16 weight reorders it into that layout on every call; prepacked once,
-        the product is the same (oneDNN's own kernel, AMX where the CPU has it) and measured
-        1.6-2.4x faster on this CPU at 1-512 rows (1536x576 at 1 row, weight in cache: 85 vs
-        148 us). A 1-row product streaming its weights from memory ran 1.4-1.7x faster than fp32
-        (~11 GB/s of bf16 weights against fp32's ~15), not the 2x half the bytes would give.
-        Costs one more copy of the bf16 weights.
+        F.linear would reorder a plain bf16 weight on every call (docs/speed.md). Costs one more copy.
         """
         def pack(weight: torch.Tensor) -> torch.Tensor:
             return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
@@ -309,12 +292,7 @@ class LlamaForCausalLM(nn.Module):
     def add_int8_weights(self) -> None:
         """Keep a per-output-channel int8 copy (symmetric, bf16 scales) of every projection and the LM head.
 
-        A 1-row product is bound by reading its weights: through aten's weight-only int8 kernel
-        it read half the bytes of bf16 and ran 2.0x faster than the prepacked bf16 product at
-        576x1536 (30 layers' weights from memory, 1 thread), the LM head 1.2x; at 8 rows it was
-        already 0.7x and at 64 rows 0.2x, so only steps of INT8_ROWS rows use the copies. Weight
-        error: 0.4% of each row's largest value at most (rounding to 1/127 of it); measured
-        relative product error ~0.8%. Costs int8 copies of the weights (half the bf16 size).
+        Used only for INT8_ROWS-row products, which are bound by reading weights (docs/speed.md).
         """
         def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             w = weight.detach().float()
@@ -328,15 +306,10 @@ class LlamaForCausalLM(nn.Module):
             self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight)
 
     def add_int4_weights(self) -> None:
-        """Keep int4 copies (groups of INT4_GROUP along each row, bf16 scale and offset) of every
-        projection, and an int8 copy of the LM head (add_int8_weights), for 1-row products.
+        """Keep int4 copies of every projection and an int8 copy of the LM head, for 1-row products.
 
-        Each group of 32 consecutive weights of a row is w = q * scale + min with q in 0..15, the
-        layout of GGUF's Q4_1 blocks: SmolLM2's projections come from a Q4_1 file, so their int4
-        copies hold the file's own values up to bf16 rounding (0.14% of the largest weight at
-        most, measured on layer 0's down projection), and a 1-row product reads a quarter of bf16's bytes through aten's
-        int4 kernel (1.5x the int8 kernel at 3072x576 on this CPU, 1 thread). The LM head came
-        from a Q8_0 tensor, so it keeps int8. Other models lose what 4 bits lose.
+        Each group of INT4_GROUP weights is q * scale + min, q in 0..15: GGUF Q4_1's layout, so a
+        Q4_1 model keeps its own values up to bf16 rounding. The head stays int8 (SmolLM2's is Q8_0).
         """
         g = INT4_GROUP
         for lin in self.projections():
@@ -358,14 +331,10 @@ class LlamaForCausalLM(nn.Module):
         self.head_scale = scale.to(torch.bfloat16)
 
     def add_small_batch_weights(self, rows: int | None = None) -> None:
-        """Keep an [in, out] copy of every projection for products of at most `rows` rows
-        (None: default_small_batch_rows(), by the CPU).
+        """Keep an [in, out] copy of every projection for products of at most `rows` rows (None: by CPU).
 
-        x @ W_t with W_t contiguous runs another MKL kernel than F.linear, faster or slower by
-        the number of rows and the CPU (SMALL_BATCH_ROWS above): on an AVX2 EPYC the copies
-        made batch-1 decode 1.6x faster (30 layers' gate_up, 12.5 vs 20 ms) and were slower
-        at 8-32 rows, on an AVX-512 Xeon they won from 4 to 64 rows. Costs one more copy of
-        the weights.
+        x @ W_t runs a different MKL kernel than F.linear, faster at small row counts
+        (SMALL_BATCH_ROWS). Costs one more copy of the weights.
         """
         for lin in self.projections():
             lin.register_buffer("weight_t", lin.weight.detach().t().contiguous(), persistent=False)
@@ -375,7 +344,6 @@ class LlamaForCausalLM(nn.Module):
 
     def set_small_batch_rows(self, rows: int) -> None:
         """Products of at most `rows` rows take the transposed copies (add_small_batch_weights)."""
-        # Plain attributes, read from __dict__ in linear() on every product.
         self.small_batch_rows = int(rows)
         for lin in self.projections():
             lin.small_rows = int(rows)
