@@ -1,47 +1,8 @@
 """The step log: one record per engine step, its batch shape and where its wall time went.
 
-A record carries the batch shape in the simulator's own feature names (the columns
-that backends/sim/fitted.py fits), the shape itself (prefill chunks as (new, cached)
-pairs, decode context lengths) and the wall time of each phase of the step:
-
-    schedule_s   Scheduler.schedule()
-    prepare_s    model runner: flat inputs, attention metadata
-    forward_s    model forward and logits (on CUDA: device time between two events around them)
-    sample_s     sampler, appending the sampled tokens (on CUDA: the rest of the step's wall
-                 time after prepare_s, so the three still add up to the runner's wall time)
-    update_s     Scheduler.update_from_output()
-    output_s     engine: incremental detokenization, stop strings, building outputs
-    step_time_s  from the start of schedule() to the outputs being ready (the sum, plus glue)
-    gap_s        from the previous step's end to this step's start while requests were
-                 waiting for it (the driver's own loop: admitting arrivals, dispatching outputs)
-
-execute_s (prepare + forward + sample) is what the device path costs and overhead_s
-(step_time_s + gap_s - execute_s) is the engine's CPU work between forwards; a fitted profile
-models both, so a study can ask what a faster scheduler would buy. Other costs (an
-all-reduce, a grammar mask, a process hop) go into ``extra`` under their own names.
-
-With the engine core in its own process (engine_core_mode='process') the core process times
-its own steps and sends each one's shape and phase times with its outputs (core_messages.StepTrace);
-the front end writes one record per core step (several when it reads several batches at once).
-The cadence the simulator must reproduce is the core's, so there:
-
-    step_time_s  the core's step: from the start of schedule() to its outputs wrapped for the
-                 wire (no output processing: the front end does that while the core runs on)
-    gap_s        the core's time from the previous step's end to this one's start while it had
-                 work: sending the batch, the IPC hop, reading requests, and waiting for the
-                 front end's credit (core_proc.MAX_UNCONSUMED_BATCHES) when it falls behind
-    output_s     the front end's processing of the batch that carried this step (recorded on
-                 the last step of a batch read at once, 0 on the others); it overlaps the core's
-                 next step, and adds to step times only through gap_s, when the core waits for it
-    start_s      the core's step start on time.monotonic (one clock for both processes)
-
-so step_time_s + gap_s is, as in process, the time between the starts of two busy steps.
-A profile fitted on such a log prices that layout (twinserve fidelity refuses to mix them).
-
-Nothing is kept unless asked: with a path every record is streamed to the file as it is
-made (CSV or JSON lines by suffix), with keep=True records stay in memory; with neither
-the engine does not even time its phases (nor does a core process, told by a message), so a
-long-running server never grows.
+Shapes use the simulator's feature names, so backends/sim/fitted.py can fit a profile from a log.
+Records are kept or streamed (CSV or JSON lines by suffix) only when asked; otherwise the engine
+does not even time its phases, so a long-running server never grows.
 """
 
 from __future__ import annotations
@@ -55,7 +16,15 @@ from typing import IO, Any, Iterator
 
 from twinserve.core.errors import TwinserveError
 
-# The batch-shape columns, named as the simulator's StepFeatures names them.
+# Columns (in process mode, times are the core's and output_s the front end's, which overlaps
+# the core's next step; a fitted profile prices that layout):
+#   schedule_s   Scheduler.schedule()            update_s   Scheduler.update_from_output()
+#   prepare_s    runner inputs and metadata      output_s   detokenize, stop strings, outputs
+#   forward_s    forward + logits (CUDA: device time)  sample_s  sampling (CUDA: rest of runner time)
+#   step_time_s  schedule() start to outputs ready
+#   gap_s        previous step's end to this start while work waited (driver loop, IPC, credit)
+#   execute_s    prepare + forward + sample;  overhead_s = step_time_s + gap_s - execute_s
+#   extra        other named costs (all-reduce, grammar mask, ...)
 FEATURE_COLUMNS = ("num_prefill_tokens", "num_prefill_seqs", "prefill_context", "prefill_attn",
                    "num_decode_seqs", "decode_context")
 TIME_COLUMNS = ("schedule_s", "prepare_s", "forward_s", "sample_s", "update_s", "output_s",
@@ -244,16 +213,14 @@ def extra_costs(shape: Any, comm_time_s: float = 0.0) -> dict[str, float]:
     """Step costs beyond the cost model's features, by name (the twin can fit a term per name)."""
     extra: dict[str, float] = {}
     if getattr(shape, "num_constrained", 0):
-        # Structured output: grammar bitmask fill + apply + matcher advance (inside sample_s), and
-        # how many sequences were constrained; the twin can charge grammar_mask_s per sequence.
+        # Grammar mask time is inside sample_s; the twin can charge it per constrained sequence.
         extra["grammar_mask_s"] = shape.grammar_mask_time
         extra["num_constrained"] = float(shape.num_constrained)
     if comm_time_s:
         # Tensor parallelism: rank 0's seconds in collectives, inside forward_s (see README).
         extra["comm_time_s"] = comm_time_s
     if getattr(shape, "forward_launch_time", 0.0):
-        # CUDA: host time to launch the forward; forward_s is its device time (launch-bound
-        # steps have the two close).
+        # CUDA: host launch time, beside forward_s's device time (close when launch-bound).
         extra["forward_launch_s"] = shape.forward_launch_time
     return extra
 
