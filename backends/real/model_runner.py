@@ -33,11 +33,10 @@ class StepShape:
     prefills: list[tuple[int, int]] = field(default_factory=list)
     # Context length (tokens before this one) per decode sequence.
     decodes: list[int] = field(default_factory=list)
-    # Structured output: seconds spent filling/applying grammar bitmasks and advancing matchers.
+    # Seconds in grammar bitmasks and matcher advances.
     grammar_mask_time: float = 0.0
     num_constrained: int = 0
-    # CUDA with a step log: host seconds to launch the forward (close to forward_s when the
-    # step is launch-bound, far below it when the GPU is the bottleneck).
+    # CUDA with a step log: host seconds to launch the forward.
     forward_launch_time: float = 0.0
 
 
@@ -49,7 +48,7 @@ class ModelRunner:
                  compile_grammar: Callable[[Any], Any] | None = None,
                  speculative_config: SpeculativeConfig | None = None) -> None:
         self.model = model
-        # Drafts for each request's next step, proposed after it samples (the scheduler picks how many).
+        # Drafts for each request's next step; the scheduler picks how many to verify.
         self.proposer = (NgramProposer(speculative_config.num_speculative_tokens,
                                        speculative_config.prompt_lookup_min, speculative_config.prompt_lookup_max)
                          if speculative_config is not None and speculative_config.method == "ngram" else None)
@@ -67,9 +66,7 @@ class ModelRunner:
         self.stop_ids = stop_ids
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.last_shape = StepShape()
-        # Time the phases of each step (set by the engine when it keeps a step log). On CUDA the
-        # forward is timed by two events and the step waits once, at its end (a sampling step
-        # waits there anyway to read its tokens), so it is off unless asked for.
+        # Phase timing (set by the engine for a step log); off by default since on CUDA it syncs each step.
         self.timing = False
         self._events: tuple[torch.cuda.Event, torch.cuda.Event, torch.cuda.Event] | None = None
         # (prepare_s, forward_s, sample_s) of the last step, when timing.
@@ -107,8 +104,7 @@ class ModelRunner:
             batch.remove(new.req_id)  # a resumed request is rebuilt from scratch
             spec = new.sampling_params.structured_output
             if spec is not None:
-                # The engine compiled it before the request was queued (in this process; from another
-                # process the spec comes bare and is compiled here); a resumed one replays its output.
+                # Compiled by the engine in-process; a spec from another process arrives bare.
                 compiled = spec.compiled
                 if compiled is None:
                     if self.compile_grammar is None:
@@ -320,10 +316,8 @@ class ModelRunner:
                      ) -> tuple[float, float, float]:
         """(prepare_s, forward_s, sample_s) of the step that began at t0 and prepared until t1.
 
-        On CPU every phase is host wall time. On CUDA launches return before the kernels run,
-        so the forward is the device time between its two events, the step waits once for its
-        last event, and sampling is the rest of the step's wall time after the inputs were
-        prepared: the three still add up to the step's wall time (execute_s).
+        On CUDA launches are async, so forward_s is event device time and sample_s the remaining
+        wall time: the three still add up to the step's wall time.
         """
         if events is None:
             return t1 - t0, t2 - t1, time.perf_counter() - t2
@@ -416,10 +410,8 @@ class ModelRunner:
 class _PinnedStaging:
     """Host arrays -> device tensors; on CUDA through reused pinned buffers and async copies.
 
-    A pageable host-to-device copy blocks the host and goes through a bounce buffer. Each
-    name keeps its own pinned buffer. A step that samples reads its tokens back, which waits
-    for its copies, but a step that only prefills a chunk reads nothing back; so an event
-    recorded after each step's copies is waited on before a buffer is written again.
+    Pageable copies block the host. A step may read nothing back, so an event after each step's
+    copies is waited on before a buffer is rewritten.
     """
 
     def __init__(self, device: torch.device) -> None:
