@@ -1,12 +1,8 @@
 """Paged attention in plain PyTorch: batched block-table gathers and SDPA, the CPU default.
 
-Decodes (one query token each) are bucketed by context length, gathered from the cache with
-one index_select per bucket straight into [B, Hkv, S, D] order (rows of head_dim, measured
-~2.5x faster than advanced indexing plus a transpose on CPU) and run as one SDPA call with
-the GQA group folded into the query axis, so K/V are never repeated. Prefill chunks run one SDPA each; a chunk with cached
-context reads its whole sequence back from the cache under an offset causal mask.
-A sliding-window layer (window W) gathers only each token's last W positions: blocks that fell
-out of every query's window are never read, so the KV manager may free them.
+Decodes are bucketed by context length and gathered by one index_select per bucket straight into
+[B, Hkv, S, D] (GQA folded into the query axis, K/V never repeated); prefill chunks run one SDPA
+each. Sliding-window layers read only the window, so the KV manager may free older blocks.
 """
 
 from __future__ import annotations
@@ -18,18 +14,12 @@ import torch.nn.functional as F
 
 from twinserve.backends.real.attention.backend import AttentionMetadata
 
-# Decode buckets: a bucket is padded to its longest context, so a new bucket starts where
-# padding would waste more than this share (or this many positions) of the bucket's shortest
-# context; the cost then follows the sum of context lengths, which is what the simulator
-# prices (decode_context). More buckets mean more gathers and SDPA calls per layer: past
-# the cap the tolerance doubles.
+# Buckets are padded to their longest context; bounding the padding keeps cost following the sum
+# of contexts, which the simulator prices. Past the bucket cap the tolerance doubles.
 _MAX_DECODE_BUCKETS = 8
 _PAD_TOLERANCE = 0.125
 _PAD_SLACK = 32
-# A bucket's K and V are gathered and attended this many bytes at a time, so the SDPA call reads
-# what the gather just wrote from the CPU's cache instead of memory. Measured on this project's
-# CPU (1 thread), 64 decodes at 500 context: 18.9 -> 10.0 ms per layer in fp32 (49 MB of K+V),
-# 7.6 -> 5.4 ms in bf16; at 6 MB or less per bucket it made no difference. Same results.
+# Gather and attend this many bytes at a time so SDPA reads K/V from cache, not memory (docs/speed.md).
 _GATHER_BYTES = 4 << 20
 
 
@@ -190,11 +180,7 @@ def _attend(plan: _TorchPlan, query: torch.Tensor, key: torch.Tensor, value: tor
 
 
 def _buckets(lens: list[int]) -> list[tuple[int, int]]:
-    """Contiguous runs of decode rows whose padding to the run's longest context stays small.
-
-    The runner sorts decodes by context length, so runs are tight; unsorted input is still
-    correct (each run is padded to its own maximum).
-    """
+    """Contiguous runs of decode rows whose padding to the run's longest context stays small."""
     tol = _PAD_TOLERANCE
     while True:
         out = _runs(lens, tol)
