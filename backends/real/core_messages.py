@@ -31,11 +31,7 @@ class CoreStats(msgspec.Struct, array_like=True):
 
 
 class CoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
-    """One request's result of one step, with the lifecycle facts the front end reports.
-
-    The fields of core.sched.output.EngineCoreOutput first (finish reason "error" with its
-    `error`, prompt logprobs as (first prompt index, records)), then the Request's facts.
-    """
+    """One request's result of one step (EngineCoreOutput's fields, then the Request's facts)."""
 
     req_id: str
     new_token_ids: list[int]
@@ -55,11 +51,10 @@ class CoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
 
 # ---------------------------------------------------------------- front end -> core
 class AddRequest(msgspec.Struct, tag=True, array_like=True):
-    """Queue one core request (the front end has validated it already).
+    """Queue one validated core request.
 
-    sampling_params travels whole (logit_bias, prompt_logprobs, structured_output...); a
-    structured-output spec travels without its compiled grammar, which does not serialize: the
-    process that masks logits compiles its own (see Worker.compile_grammar).
+    A structured-output spec travels without its compiled grammar (it does not serialize); the
+    masking process compiles its own (Worker.compile_grammar).
     """
 
     request_id: str
@@ -68,7 +63,7 @@ class AddRequest(msgspec.Struct, tag=True, array_like=True):
     arrival_time: float
     priority: int = 0
     eos_token_id: int | None = None
-    # Keeps the request's prefix out of others' cache hits (prompt logprobs need every position).
+    # Keeps the prefix out of others' cache hits (prompt logprobs need every position computed).
     cache_salt: str | None = None
 
 
@@ -86,12 +81,7 @@ class Consumed(msgspec.Struct, tag=True, array_like=True):
 
 
 class SetStepLog(msgspec.Struct, tag=True, array_like=True):
-    """Time the core's phases and send a StepTrace with every step (on), or stop (off).
-
-    The core times nothing and sends no trace unless a step log is on, so a long-running
-    server neither pays for timing nor grows. record_schedule adds each step's
-    {req_id: tokens}, its preempted ids and its admission horizon (replay checks).
-    """
+    """Time the core's phases and send a StepTrace with every step (on), or stop (off)."""
 
     on: bool
     record_schedule: bool = False
@@ -117,10 +107,7 @@ class Ready(msgspec.Struct, tag=True, array_like=True):
 class StepTrace(msgspec.Struct, array_like=True, omit_defaults=True):
     """One core step for the front end's step log: its shape and the phases StepStats lacks.
 
-    schedule_s and update_s travel in StepStats (the core's clock times them). step_time_s is
-    the core's own step, from schedule() to its outputs wrapped for the wire; gap_s is the
-    core's time from the previous step's end to this one's start while it had work (sending
-    the previous batch, the IPC hop, draining requests, waiting for the front end's credit).
+    Times are the core's own (see step_log's columns); schedule_s and update_s travel in StepStats.
     """
 
     prefill_chunks: list[tuple[int, int]]
@@ -131,8 +118,7 @@ class StepTrace(msgspec.Struct, array_like=True, omit_defaults=True):
     step_time_s: float = 0.0
     gap_s: float = 0.0
     extra: dict[str, float] | None = None
-    # Only with SetStepLog.record_schedule: the step's {req_id: tokens}, its preempted ids and
-    # the latest arrival_time among the requests the core had received before it scheduled.
+    # Only with record_schedule (replay checks); admitted_until: latest arrival seen before scheduling.
     scheduled: dict[str, int] | None = None
     preempted: list[str] | None = None
     admitted_until: float | None = None
