@@ -1,8 +1,7 @@
 """The engine core in a process of its own, linked to the front end by ZeroMQ.
 
-The front end binds two IPC sockets: it PUSHes requests and aborts, and PULLs one
-StepOutputs message per busy-loop iteration (outputs batched per step, with the scheduler's
-stats). The core process runs the very same EngineCore as the in-process mode.
+The front end PUSHes requests and PULLs one StepOutputs per busy-loop iteration; the core
+process runs the same EngineCore as the in-process mode.
 """
 
 from __future__ import annotations
@@ -35,9 +34,8 @@ from twinserve.backends.real.step_log import extra_costs
 STARTUP_TIMEOUT_S = 600.0
 # At most this many of the core's per-step batches are folded into one front-end step.
 _MAX_MERGED_BATCHES = 64
-# The core steps only while fewer than this many of its batches wait for the front end. A front
-# end that falls behind (a loaded event loop, slow detokenizing) then holds the core back instead
-# of letting outputs pile up in its queue and hung-up requests run to their end on the core.
+# Credit: the core steps only while fewer batches than this wait for the front end, so a lagging
+# front end holds it back instead of outputs piling up and aborted requests running on.
 MAX_UNCONSUMED_BATCHES = 2
 
 
@@ -309,7 +307,7 @@ class MPCoreClient:
             if not self.proc.is_alive():
                 self._die(f"the engine core process died ({exit_description(self.proc.exitcode)})")
             return None
-        # Catch up: take every batch already waiting (the core may have run ahead), in order.
+        # Take every batch already waiting, in order (the core may have run ahead).
         outputs: list[CoreOutput] = []
         raw_stats = None
         traces: list[tuple[StepStats, StepTrace]] = []
