@@ -1,10 +1,7 @@
 """`twinserve calibrate`, the measuring phase: a designed set of steps run on the real engine.
 
-The design is step shapes, never a trace: prefill chunks after cached context, several prefills
-in a step, decode batches at spread contexts, mixed steps, and idle gaps before a fresh prompt.
-Each runs through the whole engine in a shuffled order; a fixed speed probe runs before, after
-and every `probe_every` points, and the fit (calfit.py) corrects each step to the median probe's
-speed, which the profile records so `twinserve fidelity` can probe the machine before it forecasts.
+The design is step shapes, never a trace, run through the whole engine in shuffled order. A
+fixed speed probe runs between points so the fit (calfit.py) can correct for machine drift.
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ from twinserve.core.sampling_params import SamplingParams
 from twinserve.backends.real.step_log import StepLog
 
 
-# Design points between two speed probes, where the probes correct the drift.
 PROBE_EVERY = 12
 
 
@@ -42,12 +38,9 @@ class CalibrationDesign:
     mixed: list[tuple[int, ...]] = field(default_factory=lambda: [(4, 64), (8, 192), (16, 64), (16, 256),
                                                                   (8, 448, 256), (24, 448, 256)])
     repeats: int = 1
-    # Run the speed probe every this many design points (0: only before and after); the probes
-    # correct the machine's drift while the design runs.
+    # Speed probe every this many points (0: only before and after).
     probe_every: int = PROBE_EVERY
-    # Idle gaps (seconds) before a fresh prompt, each measured idle_repeats times per repeat:
-    # the first steps after the engine idled cost more, the more the longer it idled (a vCPU
-    # descheduled, caches gone cold; docs/twin-log.md).
+    # Idle gaps (s) before a fresh prompt: steps after an idle cost more (docs/twin-log.md).
     idle_gaps: list[float] = field(default_factory=lambda: [0.25, 1.0, 3.0])
     idle_repeats: int = 3
 
@@ -62,8 +55,7 @@ class CalibrationDesign:
         """Drop shapes the engine could not run in one step."""
         fits = lambda q, c: q <= max_num_batched_tokens and q + c + 1 < max_model_len  # noqa: E731
         sizes = [q for q in self.prefill_sizes if fits(q, 0)]
-        # A full-budget chunk too: every prompt longer than the token budget is cut into them, so
-        # under load they are the commonest prefill step (docs/twin-log.md).
+        # A full-budget chunk too: under load it is the commonest prefill step.
         if sizes and max_num_batched_tokens > max(sizes) and fits(max_num_batched_tokens, 0):
             sizes.append(max_num_batched_tokens)
         return CalibrationDesign(
@@ -79,8 +71,7 @@ class CalibrationDesign:
             self.repeats, self.probe_every, list(self.idle_gaps), self.idle_repeats)
 
     def reaching(self, max_context: int) -> "CalibrationDesign":
-        """This design plus one decode context and one cached context that reach max_context tokens
-        (the default reaches ~390 per decode and 448 cached; beyond, the fit extrapolates)."""
+        """This design plus a decode context and a cached context that reach max_context tokens."""
         if max_context < 1:
             raise InvalidConfigError("max_context", max_context, ">= 1")
         decode, chunks = list(self.decode_contexts), list(self.prefill_contexts)
@@ -97,8 +88,7 @@ class CalibrationDesign:
                 + len(self.idle_gaps) * self.idle_repeats)
 
 
-# The steps after an idle gap that cost extra (the first two; docs/twin-log.md), and the prompt
-# the calibration sends then.
+# Steps after an idle gap that cost extra (docs/twin-log.md), and the prompt sent then.
 WAKE_STEPS = 2
 WAKE_PROMPT = 192
 
@@ -109,8 +99,7 @@ def _spread(batch: int, context: int) -> list[int]:
 
 
 def _evenly(n: int, k: int, keep: int | None = None) -> list[int]:
-    """k of the indices 0..n-1, evenly spaced from first to last (one: the middle); with `keep`,
-    that index replaces the nearest of them (an inner one on a tie) when it is not one already."""
+    """k of the indices 0..n-1, evenly spaced (one: the middle); `keep` replaces the nearest pick."""
     if k >= n:
         return list(range(n))
     if k == 1:
@@ -128,8 +117,7 @@ def _mixed_context(point: tuple[int, ...]) -> int:
     return point[2] if len(point) > 2 else 32
 
 
-# Steps a core process may run past what its front end has read (core_proc.MAX_UNCONSUMED_BATCHES),
-# plus the one in flight.
+# Steps a core process may run ahead of its front end (MAX_UNCONSUMED_BATCHES plus one in flight).
 _CORE_RUN_AHEAD = 3
 
 
@@ -200,12 +188,10 @@ class Calibrator:
         self._drain()
 
     def decode(self, batch: int, context: int, steps: int) -> None:
-        """batch distinct prompts, lengths spread over [context/2, 3 context/2], then `steps`
-        decodes of the whole batch."""
+        """`batch` prompts spread over [context/2, 3 context/2], then `steps` decodes of the batch."""
         lens = _spread(batch, context)
-        # The prompts prefilled first decode while the rest prefill: each must outlive the
-        # batch's prefill (every step of it also carries up to `batch` decodes) for the whole
-        # batch to decode together, else large batches at long context are never measured.
+        # Early prompts decode while the rest prefill: each must outlive the prefill for the whole
+        # batch to decode together.
         room = max(self.engine.scheduler_config.max_num_batched_tokens - batch, 1)
         prefill_steps = -(-sum(lens) // room)
         for n in lens:
@@ -213,23 +199,21 @@ class Calibrator:
         self._drain()
 
     def decode_sweep(self, batches: Sequence[int], context: int, steps: int) -> None:
-        """Every batch size decoding `steps` times at one context from one prefill of the largest
-        batch (lengths over [context/2, 3 context/2]): largest first, the sequences left out are
-        aborted, the rest keep the spread and the middle prompt (prefills max, not sum, of batches)."""
+        """Every batch size decoding `steps` times at one context, largest first, from one prefill.
+
+        Each smaller batch aborts sequences and keeps the spread and the middle prompt.
+        """
         order = sorted({b for b in batches if b > 0}, reverse=True)
         if not order:
             return
         lens = _spread(order[0], context)
         room = max(self.engine.scheduler_config.max_num_batched_tokens - order[0], 1)
         prefill_steps = -(-sum(lens) // room)
-        # Enough tokens to outlive the prefill and every size's decodes (a core process runs a
-        # few steps ahead of what this loop sees after each abort).
+        # Enough tokens to outlive the prefill and every size's decodes, plus a core's run-ahead.
         ahead = 0 if getattr(self.engine, "core_mode", "inproc") == "inproc" else _CORE_RUN_AHEAD
         budget = prefill_steps + (steps + ahead + 1) * len(order) + 1
         live = [self._add(self._tokens(n), budget) for n in lens]  # shortest first
-        # The prompt at the middle of the spread (`context` tokens) stays in every batch, so the
-        # single decode is measured at the design's context (kept only evenly, the sweep ended on
-        # the shortest; docs/twin-log.md, "Single decodes at the design's context").
+        # The middle prompt stays in every batch, so the single decode runs at the design's context.
         middle = (len(live) - 1) // 2
         for b in order:
             picked = _evenly(len(live), b, keep=middle)
@@ -251,11 +235,9 @@ class Calibrator:
 
     def mixed(self, batch: int, q: int, context: int = 32) -> None:
         """A decode batch running when a q-token prompt arrives: one mixed step, then decodes."""
-        # A core in its own process runs ahead of the front end by a few steps (core_proc's
-        # backpressure bound): the batch lives that much longer so the prompt still meets it.
+        # A core process runs ahead a few steps: the batch lives longer so the prompt still meets it.
         ahead = 0 if getattr(self.engine, "core_mode", "inproc") == "inproc" else _CORE_RUN_AHEAD
-        # As in decode(): a batch at long context prefills over several steps, and each of its
-        # requests must outlive them to be part of the batch the prompt meets.
+        # As in decode(): requests must outlive the batch's multi-step prefill.
         room = max(self.engine.scheduler_config.max_num_batched_tokens - batch, 1)
         prefill_steps = -(-batch * context // room)
         for _ in range(batch):
@@ -269,7 +251,6 @@ class Calibrator:
         self._drain()  # a core process may still owe an answer: idle means idle
         time.sleep(seconds)
         self.idle_steps.append((len(self.log.records), seconds))
-        # The prompt fits the engine's context with its decodes (a small engine's is short).
         n = min(WAKE_PROMPT, self.engine.scheduler_config.max_model_len - WAKE_STEPS - 4)
         self._add(self._tokens(n), WAKE_STEPS + 2)
         self._drain()
@@ -319,7 +300,7 @@ class Calibrator:
 class ProbeParts:
     """The speed probe's two parts: bandwidth-bound decode and compute-bound prefill."""
 
-    decode_s: float   # ten 4-sequence decode steps (the median step, times ten)
+    decode_s: float   # the median 4-sequence decode step, times ten
     prefill_s: float  # one 128-token prefill (the median of one per round)
 
     @property
@@ -330,15 +311,13 @@ class ProbeParts:
 
 def speed_probe_parts(engine: Any, seed: int = 1234, reset_prefix_cache: bool = True,
                       rounds: int = 3) -> ProbeParts | None:
-    """A fixed set of steps timed now: per round six 4-sequence decodes and one 128-token prefill,
-    each part the median over all rounds (None where the engine's limits cannot run them)."""
+    """Per round six 4-sequence decodes and one 128-token prefill, medians over rounds (None: won't fit)."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     sc = engine.scheduler_config
     if sc.max_num_batched_tokens < 128 or sc.max_num_seqs < 4 or sc.max_model_len < 256:
         return None
-    # The probe must compute every token: a cold prefix cache, or (reset_prefix_cache=False)
-    # a seed no earlier probe used, whose random prompts share no block with anything cached.
+    # The probe must compute every token: a cold cache, or a fresh seed's random prompts.
     if reset_prefix_cache:
         cold_prefix_cache(engine)
     cal = Calibrator(engine, seed)
@@ -357,8 +336,7 @@ def speed_probe_parts(engine: Any, seed: int = 1234, reset_prefix_cache: bool = 
     return ProbeParts(decodes[len(decodes) // 2] * 10, prefills[len(prefills) // 2])
 
 
-# Probes this far apart (slowest / fastest - 1) mean the machine's speed moved while the design
-# ran; the drift correction assumes it moved smoothly between probes (docs/twin-log.md).
+# Probe spread (slowest / fastest - 1) past which the smooth-drift correction is doubtful.
 PROBE_DRIFT_WARN = 0.15
 
 
@@ -381,7 +359,7 @@ def cold_prefix_cache(engine: Any) -> None:
 
 
 def _git_commit() -> str | None:
-    # A copy of the tree whose .git is not the tree's own (a device machine's) names it here.
+    # Set where the tree's .git is not its own (a copied tree).
     if os.environ.get("TWINSERVE_GIT_COMMIT"):
         return os.environ["TWINSERVE_GIT_COMMIT"]
     try:
