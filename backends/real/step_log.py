@@ -1,8 +1,7 @@
 """The step log: one record per engine step, its batch shape and where its wall time went.
 
-Shapes use the simulator's feature names, so backends/sim/fitted.py can fit a profile from a log.
-Records are kept or streamed (CSV or JSON lines by suffix) only when asked; otherwise the engine
-does not even time its phases, so a long-running server never grows.
+Shapes use the simulator's feature names, so a profile can be fitted from a log. Nothing is
+timed or kept unless asked, so a long-running server never grows.
 """
 
 from __future__ import annotations
@@ -29,19 +28,17 @@ FEATURE_COLUMNS = ("num_prefill_tokens", "num_prefill_seqs", "prefill_context", 
                    "num_decode_seqs", "decode_context")
 TIME_COLUMNS = ("schedule_s", "prepare_s", "forward_s", "sample_s", "update_s", "output_s",
                 "gap_s", "execute_s", "overhead_s", "step_time_s")
-# Speculative decoding: requests that verified drafts, draft tokens verified, drafts accepted.
+# Speculative decoding: requests that verified drafts, drafts verified, drafts accepted.
 SPEC_COLUMNS = ("num_spec_reqs", "num_draft_tokens", "num_accepted_tokens")
 COLUMNS = (("step", "start_s") + FEATURE_COLUMNS
            + ("num_seqs", "num_running", "num_waiting", "num_preempted") + TIME_COLUMNS
            + SPEC_COLUMNS
            + ("prefill_chunks", "decode_context_lens", "scheduled", "extra"))
-# What a fit needs from a log.
 REQUIRED_COLUMNS = FEATURE_COLUMNS + ("execute_s", "step_time_s")
 
 
 class StepLogError(TwinserveError, ValueError):
-    """A step log file cannot be used; the message names the file and the column or line."""
-
+    pass
 
 @dataclass(slots=True)
 class StepRecord:
@@ -62,14 +59,13 @@ class StepRecord:
     output_s: float = 0.0
     step_time_s: float = 0.0
     gap_s: float = 0.0
-    # req_id -> tokens scheduled this step (kept only when the engine is asked to).
+    # req_id -> tokens, only when asked (replay checks)
     scheduled: dict[str, int] | None = None
     extra: dict[str, float] = field(default_factory=dict)
     num_spec_reqs: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
 
-    # -- the simulator's features ------------------------------------------------
     @property
     def num_prefill_tokens(self) -> int:
         """Σ q over prefill chunks."""
@@ -77,7 +73,6 @@ class StepRecord:
 
     @property
     def num_prefill_seqs(self) -> int:
-        """Prefill chunks in the step."""
         return len(self.prefill_chunks)
 
     @property
@@ -92,7 +87,6 @@ class StepRecord:
 
     @property
     def num_decode_seqs(self) -> int:
-        """Sequences generating one token."""
         return len(self.decode_context_lens)
 
     @property
@@ -102,22 +96,20 @@ class StepRecord:
 
     @property
     def num_seqs(self) -> int:
-        """Sequences scheduled in the step."""
         return len(self.prefill_chunks) + len(self.decode_context_lens)
 
     @property
     def num_new_tokens(self) -> int:
-        """Tokens computed in the step."""
         return self.num_prefill_tokens + len(self.decode_context_lens)
 
     @property
     def execute_s(self) -> float:
-        """Device path: inputs, forward, sampling."""
+        """prepare + forward + sample."""
         return self.prepare_s + self.forward_s + self.sample_s
 
     @property
     def overhead_s(self) -> float:
-        """The engine's CPU work outside the device path (the driver's gap included)."""
+        """CPU work outside the device path, the driver's gap included."""
         return max(self.step_time_s + self.gap_s - self.execute_s, 0.0)
 
     def features(self) -> tuple[int, int, int, float, int, int]:
@@ -126,7 +118,6 @@ class StepRecord:
                 self.prefill_attn, self.num_decode_seqs, self.decode_context)
 
     def row(self) -> dict[str, Any]:
-        """The record as a flat mapping of COLUMNS."""
         out: dict[str, Any] = {"step": self.step, "start_s": self.start_s}
         out.update(zip(FEATURE_COLUMNS, self.features()))
         out.update(num_seqs=self.num_seqs, num_running=self.num_running,
@@ -144,13 +135,12 @@ _JSON_COLUMNS = ("prefill_chunks", "decode_context_lens", "scheduled", "extra")
 
 
 class StepLog:
-    """Streams step records to a file and/or keeps them in memory; disabled when neither."""
+    """Streams step records to a file (CSV or JSON lines by suffix) and/or keeps them; off when neither."""
 
     def __init__(self, path: str | Path | None = None, keep: bool = False,
                  record_schedule: bool = False) -> None:
         self.path = Path(path) if path else None
         self.keep = keep
-        # Keep each step's {req_id: tokens} (for replay checks); costs a dict per step.
         self.record_schedule = record_schedule
         self.records: list[StepRecord] = []
         self.num_records = 0
@@ -159,11 +149,10 @@ class StepLog:
 
     @property
     def enabled(self) -> bool:
-        """True when records go anywhere (only then does the engine time its phases)."""
+        """Only then does the engine time its phases."""
         return self.keep or self.path is not None
 
     def append(self, record: StepRecord) -> None:
-        """Add one step: kept if asked, written to the file if there is one."""
         self.num_records += 1
         if self.keep:
             self.records.append(record)
@@ -185,19 +174,16 @@ class StepLog:
             self._file.write(json.dumps(row) + "\n")
 
     def flush(self) -> None:
-        """Push what was written to disk."""
         if self._file is not None:
             self._file.flush()
 
     def close(self) -> None:
-        """Close the file (records stay in memory if kept)."""
         if self._file is not None:
             self._file.close()
             self._file = None
             self._csv = None
 
     def write(self, path: str | Path) -> Path:
-        """Write the kept records to a file (CSV or JSON lines by suffix)."""
         out = StepLog(path)
         for r in self.records:
             out.append(r)
@@ -205,7 +191,6 @@ class StepLog:
         return Path(path)
 
     def rows(self) -> list[dict[str, Any]]:
-        """The kept records as flat rows (what fit_step_log reads)."""
         return [r.row() for r in self.records]
 
 
@@ -217,7 +202,7 @@ def extra_costs(shape: Any, comm_time_s: float = 0.0) -> dict[str, float]:
         extra["grammar_mask_s"] = shape.grammar_mask_time
         extra["num_constrained"] = float(shape.num_constrained)
     if comm_time_s:
-        # Tensor parallelism: rank 0's seconds in collectives, inside forward_s (see README).
+        # Tensor parallelism: rank 0's collectives, inside forward_s.
         extra["comm_time_s"] = comm_time_s
     if getattr(shape, "forward_launch_time", 0.0):
         # CUDA: host launch time, beside forward_s's device time (close when launch-bound).
@@ -226,7 +211,7 @@ def extra_costs(shape: Any, comm_time_s: float = 0.0) -> dict[str, float]:
 
 
 def read_step_log(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a step log file (CSV or JSON lines); names the file and the missing column."""
+    """Rows of a step log file (CSV or JSON lines)."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -273,7 +258,7 @@ def _parse_row(raw: dict[str, Any], path: Path, line: int) -> dict[str, Any]:
 
 
 def iter_feature_rows(rows: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """Rows that computed something (steps with no tokens carry no cost information)."""
+    """Rows that computed something (only they carry cost information)."""
     for r in rows:
         if r["num_prefill_tokens"] + r["num_decode_seqs"] > 0:
             yield r
