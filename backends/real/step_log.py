@@ -38,7 +38,8 @@ REQUIRED_COLUMNS = FEATURE_COLUMNS + ("execute_s", "step_time_s")
 
 
 class StepLogError(TwinserveError, ValueError):
-    pass
+    """A step log file cannot be used."""
+
 
 @dataclass(slots=True)
 class StepRecord:
