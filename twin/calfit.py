@@ -1,7 +1,7 @@
 """`twinserve calibrate`, the fitting phase: a calibration's step log to a profile.
 
-Steps are scaled to the median speed probe (interpolated in time) to remove drift; steps after
-idle gaps are priced separately (`fit_wake`); the rest go to backends/sim/fit.py.
+Steps are rescaled to the median speed probe to remove drift; steps after idle gaps are priced
+separately (`fit_wake`); the rest go to backends/sim/fit.py.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from twinserve.backends.real.hostload import HostLoad
 
 def split_wake(rows: list[dict[str, Any]], marks: Sequence[Sequence[float]]) -> tuple[
         list[dict[str, Any]], list[tuple[float, list[dict[str, Any]]]]]:
-    """(rows to fit the step model on, [(idle gap, the WAKE_STEPS rows after it)]) from the calibrator's marks."""
+    """Rows to fit on, and (idle gap, the WAKE_STEPS rows after it) per calibrator mark."""
     skip: set[int] = set()
     episodes = []
     for index, gap in marks:
@@ -39,7 +39,7 @@ def split_wake(rows: list[dict[str, Any]], marks: Sequence[Sequence[float]]) -> 
 
 
 def fit_wake(profile: FittedCostModel, episodes: list[tuple[float, list[dict[str, Any]]]]) -> None:
-    """Set the profile's wake cost: per gap and following step, the median non-negative extra time."""
+    """Set the profile's wake cost: per gap and following step, the median extra time (>= 0)."""
     by_gap: dict[float, list[list[float]]] = {}
     for gap, steps in episodes:
         extra = [float(r["step_time_s"]) + float(r.get("gap_s") or 0.0)
@@ -53,7 +53,6 @@ def fit_wake(profile: FittedCostModel, episodes: list[tuple[float, list[dict[str
 
 
 def _scaled(row: dict[str, Any], k: float, time_columns: tuple[str, ...] = TIME_COLUMNS) -> dict[str, Any]:
-    """A copy of a step-log row with its times multiplied by k."""
     out = dict(row)
     for c in time_columns:
         if out.get(c) is not None:
@@ -76,7 +75,7 @@ def correct_drift(rows: list[dict[str, Any]], probes: list[tuple[float, float]],
 
 
 def _comm_share(rows: list[dict[str, Any]]) -> float:
-    """Tensor parallelism: the share of step time spent in collectives (rank 0's host time)."""
+    """Tensor parallelism: the share of step time in collectives."""
     comm = sum(float((r.get("extra") or {}).get("comm_time_s", 0.0)) for r in rows)
     total = sum(float(r["step_time_s"]) for r in rows)
     return comm / total if total > 0 else 0.0
@@ -84,7 +83,7 @@ def _comm_share(rows: list[dict[str, Any]]) -> float:
 
 def fitter(base: Sequence[int], candidates: Sequence[int],
            graph_max: int | None) -> Callable[..., FittedCostModel]:
-    """A fit function: breakpoints chosen among candidates on top of the code path's own (base)."""
+    """A fit function with breakpoints chosen among candidates on top of the code path's own."""
     def fit(rows: list[dict[str, Any]], **meta: Any) -> FittedCostModel:
         bounds = select_regimes(rows, base, candidates, graph_max_decodes=graph_max)
         return fit_step_profile(rows, regime_max_tokens=bounds, graph_max_decodes=graph_max, **meta)
@@ -93,7 +92,7 @@ def fitter(base: Sequence[int], candidates: Sequence[int],
 
 def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int | None = None,
               progress: bool = True, seed: int = 0) -> tuple[FittedCostModel, StepLog]:
-    """Run the design on engine and fit its profile (with diagnostics and provenance)."""
+    """Run the design on engine and fit its profile."""
     import torch
 
     a = engine.args
@@ -132,7 +131,6 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             "dtype": str(engine.args.resolve_dtype(device)).replace("torch.", ""),
             "quantization": engine.args.quantization,
             "tensor_parallel_size": tp,
-            # The two modes pace steps differently.
             "engine_core_mode": engine.core_mode,
             "cpu": cpu_features(),
             "threads": threads if threads is not None else torch.get_num_threads(),
@@ -143,7 +141,7 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             "wall_s": round(wall, 1),
             # Other processes' CPU share: a noisy neighbour.
             "host_load": host_load,
-            # Speed probes: the median (the correction's reference), each probe, and their spread.
+            # Speed probes: the median (the correction's reference), each one, and their spread.
             "speed_probe_s": probe_ref if probe_secs else None,
             "speed_probes": [[round(t - cal.probes[0][0], 6), round(sec, 9)] for t, sec in cal.probes],
             # On the step log's clock, so a refit can redo the correction.
