@@ -131,7 +131,9 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             "dtype": str(engine.args.resolve_dtype(device)).replace("torch.", ""),
             "quantization": engine.args.quantization,
             "tensor_parallel_size": tp,
+            # The two core modes pace steps differently.
             "engine_core_mode": engine.core_mode,
+            # A CPU profile's prices depend on its kernel features.
             "cpu": cpu_features(),
             "threads": threads if threads is not None else torch.get_num_threads(),
             "torch": torch.__version__,

@@ -52,7 +52,7 @@ class Worker:
         # Seconds in collectives during the last step (tensor parallelism).
         self.last_comm_time = 0.0
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
-        # Only fp32 gains from the transposed copies; bf16's F.linear was as fast at 1-256 rows.
+        # Only fp32 gains from the transposed copies (docs/speed.md).
         small_rows = args.resolve_small_batch_rows(self.device)
         if small_rows:
             self.model.add_small_batch_weights(small_rows)
