@@ -192,7 +192,10 @@ class Calibrator:
         self._drain()
 
     def decode_sweep(self, batches: Sequence[int], context: int, steps: int) -> None:
-        """Every batch size decoding `steps` times at one context, largest first, from one prefill."""
+        """Every batch size decoding `steps` times at one context, largest first.
+
+        One prefill of the largest batch serves every size: each smaller one aborts the rest.
+        """
         order = sorted({b for b in batches if b > 0}, reverse=True)
         if not order:
             return
