@@ -1,10 +1,7 @@
 """Drive a running server over HTTP with a simulator workload; record each request as the simulator does.
 
-Requests leave at the workload's arrival times (gamma/Poisson/trace), optionally capped at
-max_concurrency in flight, each streamed from /v1/completions with the workload's prompt token
-ids and output length. Every request becomes a sim.world.RequestRecord (times in seconds from
-the start of the run), so sim.metrics builds the same per-request table and summary for a real
-run as for a simulated one.
+Requests leave at the workload's arrival times, streamed from /v1/completions; each becomes a
+sim.world.RequestRecord, so sim.metrics summarises a real run as it does a simulated one.
 """
 
 from __future__ import annotations

@@ -90,13 +90,9 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal paged attention for a flat varlen batch (prefill chunks and decodes mixed).
 
-    ``sliding_window=W``: each token sees its last W positions only, and blocks before
-    every query's window are not read (see the reference).
-
-    ``max_query_len``/``max_seq_len`` are host-side hints that only pick tiles and the
-    split-KV path; results are correct for any batch. ``split_kv=None`` chooses split-KV
-    for pure-decode batches with too few (sequence, KV head) programs to fill the device;
-    ``num_splits`` fixes the split count (pass a constant when capturing CUDA graphs).
+    ``sliding_window=W``: each token sees its last W positions; earlier blocks are not read.
+    ``max_query_len``/``max_seq_len`` only pick tiles and the split-KV path. ``split_kv=None`` splits
+    under-filled pure-decode batches; ``num_splits`` fixes the count (constant for CUDA graphs).
     Rows past ``query_start_loc[-1]`` are left untouched.
     """
     _, block_size, num_kv_heads, head_dim = check_attention_args(
@@ -114,7 +110,7 @@ def paged_attention(
         config = choose_config(group, head_dim, max_query_len, on_gpu)
     if config.block_m < group:
         raise ValueError(f"config.block_m={config.block_m} is smaller than the GQA group {group}")
-    # A window bounds what each token reads, so the split heuristic sees the window's length.
+    # The split heuristic sees the window's length, which bounds what each token reads.
     kv_len = max_seq_len if sliding_window is None else min(max_seq_len, sliding_window + max_query_len - 1)
     splits = resolve_num_splits(split_kv, num_splits, max_query_len, seq_lens.shape[0], num_kv_heads, kv_len,
                              config.block_n, query.device)

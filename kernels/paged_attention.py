@@ -1,10 +1,8 @@
 """Unified paged-attention Triton kernel: prefill chunks and decode tokens in one launch.
 
-Algorithm: FlashAttention-2 style online softmax (Dao, 2023, arXiv:2307.08691) over KV
-tiles gathered through a block table as in PagedAttention (Kwon et al., SOSP 2023).
-GQA: the query heads sharing one KV head are packed with BLOCK_Q query tokens into a
-BLOCK_M-row tile, so each KV tile is read once per group and both products are real
-matrix products (every ``tl.dot`` operand is >= 16 in each dimension).
+FlashAttention-2 online softmax (Dao, 2023, arXiv:2307.08691) over block-table KV tiles as in
+PagedAttention (Kwon et al., SOSP 2023). GQA: a KV head's query heads are packed with BLOCK_Q tokens
+into one BLOCK_M-row tile, so each KV tile is read once per group and every ``tl.dot`` is >= 16 wide.
 """
 
 from __future__ import annotations
@@ -18,8 +16,8 @@ LOG2_E = 1.4426950408889634
 
 @triton.jit
 def _find_seq(query_start_loc_ptr, num_seqs, tile_id, BLOCK_Q: tl.constexpr):
-    # Sequence i owns tiles starting at query_start_loc[i] // BLOCK_Q + i; that start is
-    # strictly increasing in i, so a binary search maps a flat tile id to its sequence.
+    # Tile starts query_start_loc[i] // BLOCK_Q + i strictly increase in i, so a binary search
+    # maps a flat tile id to its sequence.
     lo: tl.int32 = 0
     hi = num_seqs
     while lo < hi:
@@ -107,8 +105,7 @@ def _paged_attention_kernel(
     # Keys this tile can see end at the last valid query's position (exclusive bound).
     kv_end = context_len + tl.minimum((q_tile + 1) * BLOCK_Q, query_len)
     num_kv_tiles = tl.cdiv(kv_end, BLOCK_N)
-    # With a sliding window, keys before the tile's first query's window are never loaded
-    # (their blocks may have been freed): tiles start at the window, loads are masked below it.
+    # With a sliding window, keys before the window are never loaded (their blocks may be freed).
     kv_lo = 0
     if HAS_WINDOW:
         kv_lo = tl.maximum(context_len + q_tile * BLOCK_Q - window + 1, 0)
@@ -185,7 +182,9 @@ def launch_paged_attention(
     num_stages: int,
     sliding_window: int | None = None,
 ) -> None:
-    """Launch the kernel (``sliding_window``: keys at most W - 1 positions back, None = all); with ``num_splits > 1`` ``out`` is ``[splits, tokens, heads, dim]`` fp32."""
+    """Launch the kernel (``sliding_window`` W: keys at most W - 1 back); with ``num_splits > 1`` ``out`` is
+    ``[splits, tokens, heads, dim]`` fp32.
+    """
     num_tokens, num_q_heads, head_dim = query.shape
     group = num_q_heads // num_kv_heads
     block_q = block_m // group

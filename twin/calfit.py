@@ -1,10 +1,7 @@
 """`twinserve calibrate`, the fitting phase: a calibration's step log to a profile.
 
-The steps are corrected for the machine's drift (each scaled to the median probe's speed,
-the probe at its time interpolated between the probes around it), the steps after idle gaps
-are set apart and priced per gap by an extra time (`fit_wake`), and the rest are fitted by
-backends/sim/fit.py with the engine's code-path breakpoints (experiments/calibrations.py refits
-a profile from its step log, or fits several calibrations of one engine as one).
+Steps are rescaled to the median speed probe to remove drift; steps after idle gaps are priced
+separately (`fit_wake`); the rest go to backends/sim/fit.py.
 """
 
 from __future__ import annotations
@@ -30,8 +27,7 @@ from twinserve.backends.real.hostload import HostLoad
 
 def split_wake(rows: list[dict[str, Any]], marks: Sequence[Sequence[float]]) -> tuple[
         list[dict[str, Any]], list[tuple[float, list[dict[str, Any]]]]]:
-    """(rows to fit the step model on, [(idle gap, the WAKE_STEPS rows after it)]); marks are
-    (index of the first step after the gap, gap seconds) as the calibrator records them."""
+    """Rows to fit on, and (idle gap, the WAKE_STEPS rows after it) per calibrator mark."""
     skip: set[int] = set()
     episodes = []
     for index, gap in marks:
@@ -43,8 +39,7 @@ def split_wake(rows: list[dict[str, Any]], marks: Sequence[Sequence[float]]) -> 
 
 
 def fit_wake(profile: FittedCostModel, episodes: list[tuple[float, list[dict[str, Any]]]]) -> None:
-    """Set the profile's wake cost: per gap and step after it, the median extra time over the
-    step model's price (never below zero; an extra time, not a factor: fitted.wake_extra_s)."""
+    """Set the profile's wake cost: per gap and following step, the median extra time (>= 0)."""
     by_gap: dict[float, list[list[float]]] = {}
     for gap, steps in episodes:
         extra = [float(r["step_time_s"]) + float(r.get("gap_s") or 0.0)
@@ -58,7 +53,6 @@ def fit_wake(profile: FittedCostModel, episodes: list[tuple[float, list[dict[str
 
 
 def _scaled(row: dict[str, Any], k: float, time_columns: tuple[str, ...] = TIME_COLUMNS) -> dict[str, Any]:
-    """A copy of a step-log row with its times multiplied by k."""
     out = dict(row)
     for c in time_columns:
         if out.get(c) is not None:
@@ -68,8 +62,7 @@ def _scaled(row: dict[str, Any], k: float, time_columns: tuple[str, ...] = TIME_
 
 def correct_drift(rows: list[dict[str, Any]], probes: list[tuple[float, float]],
                   time_columns: tuple[str, ...] = TIME_COLUMNS) -> tuple[list[dict[str, Any]], float]:
-    """Rows with their times at the machine's median probe speed, and that probe (seconds): a step
-    at t scaled by ref / probe(t), interpolated between probes (unchanged with fewer than two)."""
+    """Rows scaled by ref / probe(t) (probes interpolated; ref their median), and ref in seconds."""
     if not probes:
         return rows, float("nan")
     times = [t for t, _ in probes]
@@ -82,7 +75,7 @@ def correct_drift(rows: list[dict[str, Any]], probes: list[tuple[float, float]],
 
 
 def _comm_share(rows: list[dict[str, Any]]) -> float:
-    """Tensor parallelism: the share of step time spent in collectives (rank 0's host time)."""
+    """Tensor parallelism: the share of step time in collectives."""
     comm = sum(float((r.get("extra") or {}).get("comm_time_s", 0.0)) for r in rows)
     total = sum(float(r["step_time_s"]) for r in rows)
     return comm / total if total > 0 else 0.0
@@ -90,8 +83,7 @@ def _comm_share(rows: list[dict[str, Any]]) -> float:
 
 def fitter(base: Sequence[int], candidates: Sequence[int],
            graph_max: int | None) -> Callable[..., FittedCostModel]:
-    """Step-log rows (and profile meta) to a profile, as calibrate fits them: token-count
-    breakpoints chosen among the candidates on top of the code path's own (base), then the fit."""
+    """A fit function with breakpoints chosen among candidates on top of the code path's own."""
     def fit(rows: list[dict[str, Any]], **meta: Any) -> FittedCostModel:
         bounds = select_regimes(rows, base, candidates, graph_max_decodes=graph_max)
         return fit_step_profile(rows, regime_max_tokens=bounds, graph_max_decodes=graph_max, **meta)
@@ -100,7 +92,7 @@ def fitter(base: Sequence[int], candidates: Sequence[int],
 
 def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int | None = None,
               progress: bool = True, seed: int = 0) -> tuple[FittedCostModel, StepLog]:
-    """Run the design on engine and fit its profile (with diagnostics and provenance)."""
+    """Run the design on engine and fit its profile."""
     import torch
 
     a = engine.args
@@ -110,7 +102,7 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
                                  "True for calibration (cached-context chunks come from prefix hits)")
     design = (design or CalibrationDesign()).for_limits(sc.max_num_seqs, sc.max_num_batched_tokens,
                                                         sc.max_model_len)
-    # The code that runs the design: read now, since a commit may land while it runs.
+    # Read now: a commit may land while the design runs.
     commit = _git_commit()
     wall = time.perf_counter()
     host = HostLoad()
@@ -122,12 +114,10 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     device = engine.args.resolve_device()
     tp = engine.args.tensor_parallel_size
     name = catalog_name(cfg, engine.model_name)
-    # Breakpoints: the engine's own code-path switch, plus batch sizes where the measured
-    # cost per row changes slope (candidates from the design's decode batches).
+    # Breakpoints: the engine's code-path switch, plus batch sizes where per-row cost changes slope.
     graph_max = graph_max_decodes(device.type, a.enforce_eager, a.attention_backend, sc.max_num_seqs)
     fit = fitter(regime_bounds(engine), [b for b in design.decode_batches if 4 < b < max(design.decode_batches)],
                  graph_max)
-    # The drift correction: by the probes between design points.
     rows, probe_ref = correct_drift(log.rows(), cal.probes)
     rows, wake = split_wake(rows, cal.idle_steps)
     probe_secs = [sec for _, sec in cal.probes]
@@ -141,9 +131,9 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             "dtype": str(engine.args.resolve_dtype(device)).replace("torch.", ""),
             "quantization": engine.args.quantization,
             "tensor_parallel_size": tp,
-            # In process or in a process of its own: the two pace steps differently (step_log.py).
+            # The two core modes pace steps differently.
             "engine_core_mode": engine.core_mode,
-            # The host CPU's kernel features (a CPU profile's prices depend on them).
+            # A CPU profile's prices depend on its kernel features.
             "cpu": cpu_features(),
             "threads": threads if threads is not None else torch.get_num_threads(),
             "torch": torch.__version__,
@@ -151,23 +141,21 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             "git_commit": commit,
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "wall_s": round(wall, 1),
-            # Other processes' share of the CPUs it ran on (hostload.py): a noisy neighbour.
+            # Other processes' CPU share: a noisy neighbour.
             "host_load": host_load,
-            # The machine's speed while calibrating (calibrate.speed_probe): the median probe
-            # (which the step times were corrected to when drift_source is "probes"), every
-            # probe (seconds into the run), and the spread of the probes (slowest / fastest - 1).
+            # Speed probes: the median (the correction's reference), each one, and their spread.
             "speed_probe_s": probe_ref if probe_secs else None,
             "speed_probes": [[round(t - cal.probes[0][0], 6), round(sec, 9)] for t, sec in cal.probes],
-            # The first probe on the step log's clock (start_s), so a refit can redo the correction.
+            # On the step log's clock, so a refit can redo the correction.
             "speed_probe_t0": cal.probes[0][0] if cal.probes else None,
             "speed_probe_drift": max(probe_secs) / min(probe_secs) - 1 if probe_secs else None,
-            # The median of each part, which fidelity compares its own probes' parts with.
+            # Compared by fidelity with its own probes.
             "speed_probe_parts": ({"decode_s": float(np.median([p.decode_s for p in cal.probe_parts])),
                                    "prefill_s": float(np.median([p.prefill_s for p in cal.probe_parts]))}
                                   if cal.probe_parts else None),
             "drift_corrected": len(probe_secs) >= 2,
             "drift_source": "probes",
-            # Steps that followed an idle gap (index in the step log, seconds): priced by "wake".
+            # (step-log index, gap seconds) of steps after an idle gap.
             "idle_steps": [list(m) for m in cal.idle_steps],
             "engine": {"block_size": a.block_size, "max_num_seqs": sc.max_num_seqs,
                        "max_num_batched_tokens": sc.max_num_batched_tokens,

@@ -1,10 +1,6 @@
-"""`twinserve calibrate`, the measuring phase: a designed set of steps run on the real engine.
+"""`twinserve calibrate`, the measuring phase: designed step shapes run on the real engine.
 
-The design is step shapes, never a trace: prefill chunks after cached context, several prefills
-in a step, decode batches at spread contexts, mixed steps, and idle gaps before a fresh prompt.
-Each runs through the whole engine in a shuffled order; a fixed speed probe runs before, after
-and every `probe_every` points, and the fit (calfit.py) corrects each step to the median probe's
-speed, which the profile records so `twinserve fidelity` can probe the machine before it forecasts.
+Points run in shuffled order, with a fixed speed probe between them so calfit.py can remove drift.
 """
 
 from __future__ import annotations
@@ -23,13 +19,12 @@ from twinserve.core.sampling_params import SamplingParams
 from twinserve.backends.real.step_log import StepLog
 
 
-# Design points between two speed probes, where the probes correct the drift.
 PROBE_EVERY = 12
 
 
 @dataclass(slots=True)
 class CalibrationDesign:
-    """The step shapes to measure; `for_limits` scales it to an engine's limits."""
+    """The step shapes to measure."""
 
     prefill_sizes: list[int] = field(default_factory=lambda: [8, 32, 96, 192, 384])
     prefill_contexts: list[int] = field(default_factory=lambda: [0, 192, 448])
@@ -38,32 +33,26 @@ class CalibrationDesign:
     decode_batches: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 24, 32])
     decode_contexts: list[int] = field(default_factory=lambda: [48, 256])
     decode_steps: int = 4
-    # (decode batch, prompt tokens[, decode context]; context 32 when not given)
+    # (decode batch, prompt tokens[, decode context, default 32])
     mixed: list[tuple[int, ...]] = field(default_factory=lambda: [(4, 64), (8, 192), (16, 64), (16, 256),
                                                                   (8, 448, 256), (24, 448, 256)])
     repeats: int = 1
-    # Run the speed probe every this many design points (0: only before and after); the probes
-    # correct the machine's drift while the design runs.
+    # 0: probe only before and after
     probe_every: int = PROBE_EVERY
-    # Idle gaps (seconds) before a fresh prompt, each measured idle_repeats times per repeat:
-    # the first steps after the engine idled cost more, the more the longer it idled (a vCPU
-    # descheduled, caches gone cold; docs/twin-log.md).
+    # Steps after an idle cost more (docs/twin-log.md).
     idle_gaps: list[float] = field(default_factory=lambda: [0.25, 1.0, 3.0])
     idle_repeats: int = 3
 
     @classmethod
     def quick(cls) -> "CalibrationDesign":
-        """A small design for tests and tiny models."""
         return cls([4, 12, 24], [0, 16], [(2, 8), (3, 4)], [1, 2, 4, 6], [8, 24], 3,
                    [(2, 8), (4, 12)], 1, 0, [0.05], 2)
 
     def for_limits(self, max_num_seqs: int, max_num_batched_tokens: int,
                    max_model_len: int) -> "CalibrationDesign":
-        """Drop shapes the engine could not run in one step."""
         fits = lambda q, c: q <= max_num_batched_tokens and q + c + 1 < max_model_len  # noqa: E731
         sizes = [q for q in self.prefill_sizes if fits(q, 0)]
-        # A full-budget chunk too: every prompt longer than the token budget is cut into them, so
-        # under load they are the commonest prefill step (docs/twin-log.md).
+        # A full-budget chunk too: the commonest prefill step under load.
         if sizes and max_num_batched_tokens > max(sizes) and fits(max_num_batched_tokens, 0):
             sizes.append(max_num_batched_tokens)
         return CalibrationDesign(
@@ -79,8 +68,7 @@ class CalibrationDesign:
             self.repeats, self.probe_every, list(self.idle_gaps), self.idle_repeats)
 
     def reaching(self, max_context: int) -> "CalibrationDesign":
-        """This design plus one decode context and one cached context that reach max_context tokens
-        (the default reaches ~390 per decode and 448 cached; beyond, the fit extrapolates)."""
+        """This design plus decode and cached contexts that reach max_context tokens."""
         if max_context < 1:
             raise InvalidConfigError("max_context", max_context, ">= 1")
         decode, chunks = list(self.decode_contexts), list(self.prefill_contexts)
@@ -91,26 +79,24 @@ class CalibrationDesign:
         return replace(self, decode_contexts=decode, prefill_contexts=chunks)
 
     def num_points(self) -> int:
-        """Design points per repeat (what the progress bar counts)."""
+        """Design points per repeat."""
         return (len(self.prefill_sizes) * len(self.prefill_contexts) + len(self.multi_prefill)
                 + (len(self.decode_contexts) if self.decode_batches else 0) + len(self.mixed)
                 + len(self.idle_gaps) * self.idle_repeats)
 
 
-# The steps after an idle gap that cost extra (the first two; docs/twin-log.md), and the prompt
-# the calibration sends then.
+# Steps after an idle gap that cost extra (docs/twin-log.md).
 WAKE_STEPS = 2
 WAKE_PROMPT = 192
 
 
 def _spread(batch: int, context: int) -> list[int]:
-    """A decode batch's prompt lengths: evenly over [context/2, 3 context/2] (one: context)."""
+    """A batch's prompt lengths, evenly over [context/2, 3 context/2]."""
     return [max(1, round(context * (0.5 + (i / (batch - 1) if batch > 1 else 0.5)))) for i in range(batch)]
 
 
 def _evenly(n: int, k: int, keep: int | None = None) -> list[int]:
-    """k of the indices 0..n-1, evenly spaced from first to last (one: the middle); with `keep`,
-    that index replaces the nearest of them (an inner one on a tie) when it is not one already."""
+    """k of the indices 0..n-1, evenly spaced (one: the middle); `keep` replaces the nearest pick."""
     if k >= n:
         return list(range(n))
     if k == 1:
@@ -124,12 +110,10 @@ def _evenly(n: int, k: int, keep: int | None = None) -> list[int]:
 
 
 def _mixed_context(point: tuple[int, ...]) -> int:
-    """The decode context of a mixed design point (b, q[, c])."""
     return point[2] if len(point) > 2 else 32
 
 
-# Steps a core process may run past what its front end has read (core_proc.MAX_UNCONSUMED_BATCHES),
-# plus the one in flight.
+# Steps a core process may run ahead (MAX_UNCONSUMED_BATCHES plus one in flight).
 _CORE_RUN_AHEAD = 3
 
 
@@ -142,10 +126,9 @@ class Calibrator:
         self.vocab = engine.vocab_size
         self._n = 0
         self.log = StepLog(keep=True)
-        # (monotonic time, seconds) of every speed probe run during the design, and its parts.
         self.probes: list[tuple[float, float]] = []
         self.probe_parts: list[ProbeParts] = []
-        # (index in the log of the first step after an idle gap, the gap's seconds)
+        # (log index of the first step after an idle gap, gap seconds)
         self.idle_steps: list[tuple[int, float]] = []
         self._order_rng = random.Random(seed + 1)
 
@@ -164,7 +147,7 @@ class Calibrator:
         self.engine.step()
 
     def _drain(self, max_steps: int | None = None) -> None:
-        # Counted in the core's steps: over a core process one step() may take several, or none.
+        # Count core steps: over a core process one step() may run several, or none.
         core = self.engine.core
         first = core.num_steps
         while self.engine.has_unfinished_requests() and (max_steps is None
@@ -181,7 +164,7 @@ class Calibrator:
         self.engine.set_step_log(self.log)
 
     def _probe(self) -> None:
-        """The speed probe now (fresh prompts, so the design's cached bases stay cached)."""
+        """The speed probe now (fresh prompts, so cached bases stay cached)."""
         t = time.monotonic()
         parts = speed_probe_parts(self.engine, seed=self.rng.randrange(1 << 30), reset_prefix_cache=False)
         if parts is not None:
@@ -189,23 +172,19 @@ class Calibrator:
             self.probe_parts.append(parts)
 
     def prefill_single(self, q: int, context: int, base: list[int]) -> None:
-        """One chunk of q new tokens after `context` cached ones (a prefix-cache hit on base)."""
+        """One chunk of q new tokens after `context` cached ones of base."""
         self._add(base[:context] + self._tokens(q), 1)
         self._drain()
 
     def multi_prefill(self, k: int, q: int) -> None:
-        """k prompts of q tokens admitted together."""
         for _ in range(k):
             self._add(self._tokens(q), 1)
         self._drain()
 
     def decode(self, batch: int, context: int, steps: int) -> None:
-        """batch distinct prompts, lengths spread over [context/2, 3 context/2], then `steps`
-        decodes of the whole batch."""
+        """`batch` spread prompts, then `steps` decodes of the whole batch."""
         lens = _spread(batch, context)
-        # The prompts prefilled first decode while the rest prefill: each must outlive the
-        # batch's prefill (every step of it also carries up to `batch` decodes) for the whole
-        # batch to decode together, else large batches at long context are never measured.
+        # Early prompts decode while the rest prefill, so each must outlive the whole prefill.
         room = max(self.engine.scheduler_config.max_num_batched_tokens - batch, 1)
         prefill_steps = -(-sum(lens) // room)
         for n in lens:
@@ -213,23 +192,21 @@ class Calibrator:
         self._drain()
 
     def decode_sweep(self, batches: Sequence[int], context: int, steps: int) -> None:
-        """Every batch size decoding `steps` times at one context from one prefill of the largest
-        batch (lengths over [context/2, 3 context/2]): largest first, the sequences left out are
-        aborted, the rest keep the spread and the middle prompt (prefills max, not sum, of batches)."""
+        """Every batch size decoding `steps` times at one context, largest first.
+
+        One prefill of the largest batch serves every size: each smaller one aborts the rest.
+        """
         order = sorted({b for b in batches if b > 0}, reverse=True)
         if not order:
             return
         lens = _spread(order[0], context)
         room = max(self.engine.scheduler_config.max_num_batched_tokens - order[0], 1)
         prefill_steps = -(-sum(lens) // room)
-        # Enough tokens to outlive the prefill and every size's decodes (a core process runs a
-        # few steps ahead of what this loop sees after each abort).
+        # Outlive the prefill, every size's decodes and a core's run-ahead.
         ahead = 0 if getattr(self.engine, "core_mode", "inproc") == "inproc" else _CORE_RUN_AHEAD
         budget = prefill_steps + (steps + ahead + 1) * len(order) + 1
-        live = [self._add(self._tokens(n), budget) for n in lens]  # shortest first
-        # The prompt at the middle of the spread (`context` tokens) stays in every batch, so the
-        # single decode is measured at the design's context (kept only evenly, the sweep ended on
-        # the shortest; docs/twin-log.md, "Single decodes at the design's context").
+        live = [self._add(self._tokens(n), budget) for n in lens]
+        # The middle prompt stays in every batch, so the single decode runs at the design's context.
         middle = (len(live) - 1) // 2
         for b in order:
             picked = _evenly(len(live), b, keep=middle)
@@ -242,7 +219,7 @@ class Calibrator:
             while done < steps and tries and self.engine.has_unfinished_requests():
                 self._step()
                 tries -= 1
-                # A core process may log several steps per step(), or none: count the new ones.
+                # A core process may log several steps per step(), or none.
                 done += sum(1 for r in self.log.records[seen:]
                             if r.num_prefill_tokens == 0 and r.num_decode_seqs == b)
                 seen = len(self.log.records)
@@ -251,31 +228,28 @@ class Calibrator:
 
     def mixed(self, batch: int, q: int, context: int = 32) -> None:
         """A decode batch running when a q-token prompt arrives: one mixed step, then decodes."""
-        # A core in its own process runs ahead of the front end by a few steps (core_proc's
-        # backpressure bound): the batch lives that much longer so the prompt still meets it.
+        # A core process runs ahead: the batch lives longer so the prompt still meets it.
         ahead = 0 if getattr(self.engine, "core_mode", "inproc") == "inproc" else _CORE_RUN_AHEAD
-        # As in decode(): a batch at long context prefills over several steps, and each of its
-        # requests must outlive them to be part of the batch the prompt meets.
+        # As in decode(): outlive the batch's multi-step prefill.
         room = max(self.engine.scheduler_config.max_num_batched_tokens - batch, 1)
         prefill_steps = -(-batch * context // room)
         for _ in range(batch):
             self._add(self._tokens(context), 4 + ahead + prefill_steps)
-        self._drain(max_steps=prefill_steps + 1)  # prefill, then a first decode step
+        self._drain(max_steps=prefill_steps + 1)
         self._add(self._tokens(q), 2)
         self._drain()
 
     def after_idle(self, seconds: float) -> None:
-        """The engine idles this long, then a fresh prompt arrives: its prefill and decodes."""
-        self._drain()  # a core process may still owe an answer: idle means idle
+        """Idle this long, then a fresh prompt's prefill and decodes."""
+        self._drain()  # a core process may still owe an answer
         time.sleep(seconds)
         self.idle_steps.append((len(self.log.records), seconds))
-        # The prompt fits the engine's context with its decodes (a small engine's is short).
         n = min(WAKE_PROMPT, self.engine.scheduler_config.max_model_len - WAKE_STEPS - 4)
         self._add(self._tokens(n), WAKE_STEPS + 2)
         self._drain()
 
     def run(self, design: CalibrationDesign, progress: bool = True) -> StepLog:
-        """Warm up, then every design point `repeats` times; returns the step log."""
+        """Warm up, then every design point `repeats` times."""
         points: list[tuple[str, Callable[[], None]]] = []
         bases = {c: self._tokens(c) for c in design.prefill_contexts if c > 0}
         for c, base in bases.items():
@@ -317,28 +291,25 @@ class Calibrator:
 
 @dataclass(slots=True)
 class ProbeParts:
-    """The speed probe's two parts: bandwidth-bound decode and compute-bound prefill."""
+    """The speed probe: bandwidth-bound decode and compute-bound prefill."""
 
-    decode_s: float   # ten 4-sequence decode steps (the median step, times ten)
-    prefill_s: float  # one 128-token prefill (the median of one per round)
+    decode_s: float   # median 4-sequence decode step, times ten
+    prefill_s: float  # median 128-token prefill
 
     @property
     def total(self) -> float:
-        """The probe's seconds (what `speed_probe` returns)."""
         return self.decode_s + self.prefill_s
 
 
 def speed_probe_parts(engine: Any, seed: int = 1234, reset_prefix_cache: bool = True,
                       rounds: int = 3) -> ProbeParts | None:
-    """A fixed set of steps timed now: per round six 4-sequence decodes and one 128-token prefill,
-    each part the median over all rounds (None where the engine's limits cannot run them)."""
+    """Per round six 4-sequence decodes and a 128-token prefill; medians (None: does not fit)."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     sc = engine.scheduler_config
     if sc.max_num_batched_tokens < 128 or sc.max_num_seqs < 4 or sc.max_model_len < 256:
         return None
-    # The probe must compute every token: a cold prefix cache, or (reset_prefix_cache=False)
-    # a seed no earlier probe used, whose random prompts share no block with anything cached.
+    # The probe must compute every token: a cold cache or a fresh seed.
     if reset_prefix_cache:
         cold_prefix_cache(engine)
     cal = Calibrator(engine, seed)
@@ -357,13 +328,11 @@ def speed_probe_parts(engine: Any, seed: int = 1234, reset_prefix_cache: bool = 
     return ProbeParts(decodes[len(decodes) // 2] * 10, prefills[len(prefills) // 2])
 
 
-# Probes this far apart (slowest / fastest - 1) mean the machine's speed moved while the design
-# ran; the drift correction assumes it moved smoothly between probes (docs/twin-log.md).
+# Probe spread (slowest / fastest - 1) past which drift correction is doubtful.
 PROBE_DRIFT_WARN = 0.15
 
 
 def drift_warning(provenance: dict[str, Any]) -> str | None:
-    """A one-line warning when calibration's speed probes disagree by more than PROBE_DRIFT_WARN."""
     drift = provenance.get("speed_probe_drift")
     if drift is None or drift <= PROBE_DRIFT_WARN:
         return None
@@ -374,14 +343,14 @@ def drift_warning(provenance: dict[str, Any]) -> str | None:
 
 
 def cold_prefix_cache(engine: Any) -> None:
-    """Drain what the engine (or its core process) still owes, then forget every cached prefix."""
+    """Drain what the engine still owes, then forget every cached prefix."""
     while engine.has_unfinished_requests():
         engine.step()
     engine.reset_prefix_cache()
 
 
 def _git_commit() -> str | None:
-    # A copy of the tree whose .git is not the tree's own (a device machine's) names it here.
+    # Set where the tree's .git is not its own.
     if os.environ.get("TWINSERVE_GIT_COMMIT"):
         return os.environ["TWINSERVE_GIT_COMMIT"]
     try:

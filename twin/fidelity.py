@@ -1,8 +1,7 @@
 """`twinserve fidelity`: forecast a workload, then serve it N times and judge the forecast.
 
-Phases: checks (preflight.py, no weights); warm-up and a speed probe; the forecast written to
-DIR/forecast.json (forecast.py); only then the real runs, each from a cold prefix cache; last the
-verdict (verdict.py) and the report. Ctrl-C during a run: the runs completed are judged and written.
+Phases: checks, warm-up and speed probe, the forecast (written before any real run), the runs
+(each from a cold prefix cache), the verdict. Ctrl-C judges the runs completed.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ INTERRUPTED, FAILED = 130, 3  # exit status: a run cut short (Ctrl-C); with --fa
 
 
 def warm_up(engine: Any) -> None:
-    """A few unlogged steps (first-touch allocations), then a cold prefix cache like the simulator's."""
+    """A few unlogged steps, then a cold prefix cache like the simulator's."""
     from twinserve.core.sampling_params import SamplingParams
 
     engine.set_step_log(StepLog())
@@ -44,7 +43,6 @@ def warm_up(engine: Any) -> None:
 
 
 def engine_record(engine: Any, facts: EngineFacts) -> dict[str, Any]:
-    """The engine's config as forecast.json and fidelity.json record it."""
     keys = ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "num_blocks", "block_size", "policy")
     return {**dataclasses.asdict(facts), "engine_core_mode": facts.core_mode,
             **{k: getattr(engine.scheduler_config, k) for k in keys}}
@@ -52,8 +50,7 @@ def engine_record(engine: Any, facts: EngineFacts) -> dict[str, Any]:
 
 def forecast_phase(engine: Any, opts: FidelityOptions, out: Path,
                    echo: Callable[[str], None] = print) -> tuple[dict[str, Any], Any, Callable[[], Any], Any]:
-    """Checks, warm-up, the probe before, and DIR/forecast.json: (forecast, its simulation,
-    the workload factory, the profile at the forecast's price)."""
+    """Checks, warm-up, the probe before, and DIR/forecast.json: (forecast, simulation, workload factory, priced profile)."""
     check_flags(opts.repeats, opts.rate, opts.num_requests, opts.time_scale, opts.trace_offset)
     profile = FittedCostModel.load(opts.profile)
     facts = engine_facts(engine.args)
@@ -89,7 +86,7 @@ def serve_phase(engine: Any, opts: FidelityOptions, make: Callable[[], Any], out
         run_dir.mkdir(parents=True, exist_ok=True)
         cold_prefix_cache(engine)
         steps_path = run_dir / "steps_real.csv"
-        # A core in its own process: the schedule check takes the core's steps from the log.
+        # Core process: the schedule check takes the core's steps from the log.
         engine.set_step_log(StepLog(steps_path, record_schedule=engine.core_mode == "process"))
         echo(f"fidelity: run {j + 1} of {opts.repeats} on the real engine in real time ...")
         host = HostLoad()
@@ -154,8 +151,7 @@ def judge_phase(opts: FidelityOptions, fc: dict[str, Any], fsim: Any, priced: Fi
 
 
 def nowcast(priced: FittedCostModel, make: Callable[[], Any], sched_cfg: Any, runs: list[_Run]) -> list[dict[str, Any]]:
-    """Each run priced at its own measured speed (step prices scaled so its steps cost what they
-    measured in sum): what the step shapes leave once the run's speed is known. Not a forecast."""
+    """Each run priced at its own measured speed: what step shapes leave once speed is known. Not a forecast."""
     out = []
     for r in runs:
         busy = step_errors(priced, r.rows).get("busy_err") if r.rows else None
@@ -193,7 +189,6 @@ def exit_code(report: dict[str, Any], fail_on_fail: bool = False) -> int:
 
 
 def write_requests(records: list[Any], path: Path) -> None:
-    """Request records as CSV (token times as JSON)."""
     import pandas as pd
 
     rows = [{"request_id": r.request_id, "arrival_s": r.arrival_time, "prompt_tokens": r.num_prompt_tokens,

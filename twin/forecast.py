@@ -1,11 +1,7 @@
 """The forecast: the workload simulated with the profile, written before the engine serves.
 
-Nothing measured during or after the real runs enters it. The only reading of the machine it
-may take is a speed probe before the first run ("forecast, probed before"): the probe's time
-against the one calibration recorded scales every step price. Without a probe (or a profile
-that recorded none) the forecast is at the profile's own speed. forecast.json holds the
-per-request and percentile predictions, the profile, the engine config and the workload's
-seed and hash; its bytes depend on nothing else.
+Nothing measured during or after the real runs enters it; at most a speed probe before the first
+run scales every step price by the machine's speed against calibration's.
 """
 
 from __future__ import annotations
@@ -33,7 +29,6 @@ NOWCAST = "nowcast (uses the run's own speed)"
 
 
 def simulate(profile: Any, make: Callable[[], Workload], sched_cfg: Any) -> Any:
-    """The workload simulated with this cost model and scheduler config (a RunResult)."""
     executor = SimExecutor(profile)
     return Simulation(EngineCore(dataclasses.replace(sched_cfg), executor), executor, make()).run()
 

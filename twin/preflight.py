@@ -1,6 +1,5 @@
-"""The checks that run before any weights load: the profile fits this engine and machine, the
-workload is one the engine can serve, the flags make sense. Seconds, not minutes: the model's
-config is read, its weights are not.
+"""Checks before any weights load: the profile fits this engine and machine, the workload is
+servable, the flags make sense.
 """
 
 from __future__ import annotations
@@ -94,8 +93,7 @@ def mismatches(profile: FittedCostModel, facts: EngineFacts, source: str = "prof
 
 
 def check_profile(profile: FittedCostModel, facts: EngineFacts, source: str, allow_mismatch: bool = False) -> None:
-    """Refuse a profile made for another engine or machine, naming both sides and the command
-    that makes the right one."""
+    """Refuse a profile made for another engine or machine, naming both and the command to make one."""
     found = [] if allow_mismatch else mismatches(profile, facts, source)
     if found:
         shipped = [f"builtin:{n}" for n, _ in builtin_profiles_for(facts.hardware, facts.cpu)]

@@ -1,11 +1,7 @@
 """Serves a simulator Workload on the real engine in real time, recording what the simulator records.
 
-The loop is the simulator's (sim/world.py) with a wall clock: every request whose arrival has
-passed is added before a step; the engine steps while it has work, else the loop sleeps until
-the next arrival. Token times are when a step's outputs are ready (what a client sees). Per
-step it keeps the start, the end and what was scheduled (schedule.py). With the engine core in
-its own process the steps kept are the core's, from its step records, with per step the latest
-arrival the core had received (`admit_until`); token times stay the front end's.
+The loop is the simulator's (sim/world.py) with a wall clock. Token times are when a step's outputs
+are ready; with a core process the steps kept are the core's, from its step records.
 """
 
 from __future__ import annotations
@@ -32,7 +28,7 @@ class RealRun:
     interrupted: bool = False
     wall_time: float = 0.0
     num_preemptions: int = 0
-    # Engine core in its own process: per step, arrivals up to this time had reached the core.
+    # Core process: per step, the latest arrival the core had received.
     admit_until: list[float] | None = None
 
 
@@ -59,7 +55,7 @@ def run_real(engine: Any, workload: Workload, poll_s: float = 0.0005) -> RealRun
                                  "step log on with record_schedule=True (engine.set_step_log("
                                  "StepLog(path_or_keep, record_schedule=True))) before run_real")
         run.admit_until = []
-    # Absolute arrival time sent to the engine -> the workload's own (no float round trip).
+    # Engine's absolute arrival time -> the workload's own (no float round trip).
     arrivals: dict[float, float] = {}
     t0 = time.monotonic()
     try:
@@ -94,7 +90,6 @@ def run_real(engine: Any, workload: Workload, poll_s: float = 0.0005) -> RealRun
             if nxt == INF:
                 if not live:
                     break
-                # Requests known to the loop but not to the engine cannot happen; guard anyway.
                 raise TwinserveError(f"{len(live)} requests were lost by the engine")
             wait = nxt - (time.monotonic() - t0)
             if wait > 0:

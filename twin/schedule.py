@@ -1,11 +1,8 @@
 """Two checks of a real run that are not the forecast.
 
-Schedule equivalence (a plumbing check, not timing evidence): the simulator on the real run's
-step starts and durations must schedule exactly what the engine did (same tokens per request
-per step, preemptions, prefix hits); a difference is a bug in the twin, never a cost-model error.
-Free running: the simulator on its own clock, each step at the median measured duration of the
-real steps of its shape (not its position; the profile's price for an unseen shape). Its error
-against the real run is schedule drift; the forecast's error against it is step pricing.
+Schedule equivalence: on the real step times the simulator must schedule exactly what the engine
+did; a difference is a twin bug, never a cost-model error. Free running: the simulator on its own
+clock with each step at its shape's measured duration, separating schedule drift from step pricing.
 """
 
 from __future__ import annotations
@@ -54,7 +51,6 @@ class RecordingExecutor(SimExecutor):
         self.preempted: list[list[str]] = []
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        """Record the step, then run it as the simulator does."""
         self.schedules.append(dict(so.num_scheduled_tokens))
         self.preempted.append(sorted(so.preempted_req_ids))
         return super().execute(so)
@@ -73,7 +69,6 @@ class ScheduleCheck:
     max_token_time_diff_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready summary."""
         return dataclasses.asdict(self)
 
 
@@ -122,9 +117,10 @@ def schedule_equivalence(real: RealRun, make_workload: Callable[[], Workload],
 
 
 class ShapeCostModel:
-    """Prices a step at the median measured duration of the real steps of its shape; an unseen
-    shape at the profile's price times the median measured / priced ratio of the run's steps of
-    its kind (prefill, decode or mixed)."""
+    """Prices a step at the median measured duration of its shape.
+
+    An unseen shape gets the profile's price times the run's measured/priced ratio for its kind.
+    """
 
     name = "measured-by-shape"
 
@@ -141,7 +137,6 @@ class ShapeCostModel:
         self.fallback, self.priced, self.missed = fallback, 0, 0
 
     def step_time(self, *f: float) -> float:
-        """The measured median of this shape, else the fallback's price at its kind's ratio."""
         t = self.table.get(tuple(round(float(x), 6) for x in f))  # as _shape rounds
         self.priced, self.missed = self.priced + (t is not None), self.missed + (t is None)
         return t if t is not None else self.fallback.step_time(*f) * self.ratio.get(step_kind(f[0], f[4]), 1.0)
@@ -153,8 +148,7 @@ def _shape(row: dict[str, Any]) -> tuple[float, ...]:
 
 def free_running(rows: Sequence[dict[str, Any]], records: Sequence[Any], forecast_records: Sequence[Any],
                  make_workload: Callable[[], Workload], sched_cfg: SchedulerConfig, profile: Any) -> dict[str, Any]:
-    """The simulator on its own clock with every step at its shape's measured duration: its
-    error against the real run (schedule drift) beside the forecast's against it (step pricing)."""
+    """Free-running simulation at measured shape durations: schedule drift and step-pricing error."""
     from twinserve.twin.compare import compare
     from twinserve.twin.forecast import simulate
 

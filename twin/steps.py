@@ -12,8 +12,9 @@ from twinserve.backends.sim.fitted import (FEATURE_COLUMNS, RANGE_DIMS, FittedCo
 
 
 def step_residuals(profile: Any, rows: Sequence[dict[str, Any]]) -> list[tuple[str, float, float, int]]:
-    """(kind, measured s, predicted s, index) of every logged step that computed tokens, priced as
-    the simulator prices it (the profile's wake cost on the steps after the engine idled)."""
+    """(kind, measured s, predicted s, index) of every step that computed tokens, priced as the simulator
+    prices it (wake cost included).
+    """
     wake_after = getattr(profile, "wake_after", None)
     wake: list[tuple[float, float]] = []
     prev_end = None
@@ -40,8 +41,7 @@ def step_residuals(profile: Any, rows: Sequence[dict[str, Any]]) -> list[tuple[s
 
 
 def step_errors(profile: FittedCostModel, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Predicted vs measured time of every real step that computed tokens, and the busy-time error
-    (total predicted over total measured) overall and per kind: long steps weigh as they last."""
+    """Per-step predicted vs measured error, and the busy-time error (total over total) overall and per kind."""
     res = step_residuals(profile, rows)
     if not res:
         return {"num_steps": 0}
@@ -64,8 +64,7 @@ def step_errors(profile: FittedCostModel, rows: list[dict[str, Any]]) -> dict[st
 
 def _beyond_range(profile: FittedCostModel, rows: list[dict[str, Any]],
                   res: list[tuple[str, float, float, int]]) -> dict[str, Any] | None:
-    """The share of steps and busy time priced beyond the shapes the profile was fitted on, the
-    busy-time error inside and beyond, per measure the largest seen (None: no recorded range)."""
+    """Share of steps and busy time priced beyond the profile's fitted shapes, and the errors inside and beyond."""
     top = profile.shape_range
     if not top:
         return None

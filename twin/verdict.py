@@ -1,12 +1,8 @@
 """The forecast judged against repeated real runs: a noise-aware verdict per cell.
 
-Per cell (a metric at a percentile), on the log scale: bias b = ln(forecast) - mean ln(real_i),
-run noise s = sd ln(real_i) over N runs, and the 90% confidence interval of b by Student's t
-(b +- t(0.95, N-1) s / sqrt(N)). PASS when the interval lies inside [ln(1 - tol), ln(1 + tol)],
-FAIL when it lies wholly outside, UNRESOLVED otherwise (the runs are too few for their noise);
-with the runs that would resolve it at the observed b and s. Always measurable: whether the
-forecast lies inside the 90% prediction interval of a new run (mean +- t s sqrt(1 + 1/N)), and
-leaving each run out, whether it and the forecast lie inside the others' interval.
+On the log scale, bias b = ln(forecast) - mean ln(real_i) with a 90% Student-t interval over N
+runs: PASS inside [ln(1 - tol), ln(1 + tol)], FAIL wholly outside, else UNRESOLVED (with the runs
+that would resolve it). Also reported: whether the forecast lies in a new run's prediction interval.
 """
 
 from __future__ import annotations
@@ -17,13 +13,12 @@ from typing import Any, Sequence
 import numpy as np
 from scipy import stats
 
-# Tolerance per percentile (issue 9's targets; p90 judged as p99 is).
+# Issue 9's targets; p90 judged as p99 is.
 TOLERANCE = {"p50": 0.05, "p90": 0.10, "p99": 0.10}
-# p99 of fewer requests than this is a handful of values: reported, never judged.
+# p99 of fewer requests is a handful of values: reported, never judged.
 P99_MIN_REQUESTS = 300
 CONFIDENCE = 0.90
 PASS, FAIL, UNRESOLVED, NO_VERDICT = "PASS", "FAIL", "UNRESOLVED", "no verdict"
-# Search bound for the runs that would resolve a cell.
 MAX_RUNS = 10_000
 
 
@@ -52,7 +47,6 @@ def runs_to_resolve(b: float, s: float, tol: float) -> int | None:
 
 
 def _pi_inside(value: float, sample: np.ndarray) -> bool | None:
-    """Whether ln-value lies inside the 90% prediction interval of a new draw from ln-sample."""
     n = len(sample)
     if n < 2:
         return None
@@ -102,7 +96,6 @@ def judge(forecast: dict[str, dict[str, float]], runs: list[dict[str, dict[str, 
 
 
 def summary(cells: dict[str, dict[str, Any]]) -> dict[str, int]:
-    """{"pass", "fail", "unresolved", "cells"}: cells with a verdict, by state."""
     flat = [c["state"] for per in cells.values() for c in per.values() if c["state"] != NO_VERDICT]
     return {"pass": flat.count(PASS), "fail": flat.count(FAIL), "unresolved": flat.count(UNRESOLVED),
             "cells": len(flat)}

@@ -1,7 +1,6 @@
 """The workload both sides serve: the options that make it, fresh identical copies, and its hash.
 
-Both sides get the same arrivals (Poisson at a rate, or the trace's own timestamps), the same
-lengths (outputs forced, EOS ignored), the same token ids and the same scheduler config.
+Both sides get the same arrivals, lengths (outputs forced, EOS ignored), token ids and scheduler config.
 """
 
 from __future__ import annotations
@@ -21,8 +20,6 @@ from twinserve.twin.preflight import FidelityError
 
 @dataclass(slots=True)
 class FidelityOptions:
-    """What to serve and how often."""
-
     profile: str
     trace: str | None = None
     config: str | None = None          # a study TOML whose [workload] table is served
@@ -35,8 +32,7 @@ class FidelityOptions:
     trace_offset: int = 0              # trace rows skipped first (timestamps shifted to start at 0)
     allow_profile_mismatch: bool = False
     repeats: int = 3
-    # A speed probe before the first run scales the forecast by the machine's speed then
-    # against calibration's ("forecast, probed before"); off: the profile's own speed.
+    # Scale the forecast by a speed probe taken before the first run; off: the profile's own speed.
     probe: bool = True
     # Also report the runs priced at their own measured speed (never judged).
     nowcast: bool = False
@@ -124,7 +120,6 @@ def workload_hash(make: Callable[[], Workload]) -> str:
 
 
 def options_record(opts: FidelityOptions, runs: bool = True) -> dict[str, Any]:
-    """The options as fidelity.json records them (the profile apart); runs=False: only those the
-    forecast depends on (not how often, or how else, the runs are judged)."""
+    """The options as fidelity.json records them; runs=False: only those the forecast depends on."""
     drop = {"profile"} | (set() if runs else {"repeats", "nowcast"})
     return {k: v for k, v in dataclasses.asdict(opts).items() if k not in drop}

@@ -1,8 +1,7 @@
 """The front end's handle on the engine core: the same EngineCore in this process or in its own.
 
-Both clients take core requests and aborts and hand back, per engine step, a batch of
-CoreOutputs (tokens plus the lifecycle facts the front end reports) and the core's stats,
-so the front end (LLMEngine) does not care where the busy loop runs.
+Both clients return per step a batch of CoreOutputs and the core's stats, so LLMEngine does not
+care where the busy loop runs.
 """
 
 from __future__ import annotations
@@ -25,8 +24,8 @@ class CoreStep:
 
     outputs: list[CoreOutput]
     stats: StepStats | None = None
-    # Engine core in its own process, step log on: each step's stats and trace, in order (a
-    # front-end step can take several of the core's steps at once).
+    # Core process with a step log: each core step's stats and trace, in order (one front-end
+    # step can take several).
     traces: list[tuple[StepStats, Any]] | None = None
 
 
@@ -43,16 +42,16 @@ class EngineCoreClient(Protocol):
         """End requests early."""
 
     def get_output(self, timeout: float) -> CoreStep | None:
-        """The next iteration's outputs; None when nothing came within timeout (or nothing runs)."""
+        """The next iteration's outputs; None when nothing came within timeout."""
 
     def has_pending(self) -> bool:
         """True while the core has not yet answered everything sent to it."""
 
     def stats(self) -> CoreStats:
-        """Scheduler and KV state after the latest iteration the front end has seen."""
+        """Scheduler and KV state after the latest iteration seen."""
 
     def set_step_log(self, on: bool, record_schedule: bool = False) -> None:
-        """Time the core's phases and describe its steps (on), or time nothing (off)."""
+        """Turn the core's phase timing and step traces on or off."""
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (PrefixCacheBusyError while requests hold blocks)."""
@@ -62,7 +61,7 @@ class EngineCoreClient(Protocol):
 
 
 def scheduler_config_for(args: EngineArgs, max_model_len: int, num_blocks: int) -> SchedulerConfig:
-    """The scheduler's config from the engine args and the KV blocks the workers can hold."""
+    """The scheduler's config from the engine args and the workers' KV blocks."""
     return args.scheduler_config(max_model_len, num_blocks)
 
 
@@ -77,7 +76,6 @@ def core_output(o: EngineCoreOutput, req: Request | None) -> CoreOutput:
 
 
 def core_stats(core: EngineCore) -> CoreStats:
-    """The core's scheduler and KV state as one record."""
     sched = core.scheduler
     kv = sched.kv
     return CoreStats(sched.num_running, sched.num_waiting, sched.num_preemptions, core.num_steps,
@@ -116,7 +114,6 @@ class InprocCoreClient:
 
     @property
     def num_steps(self) -> int:
-        """Engine steps run so far."""
         return self.core.num_steps
 
     @property
@@ -125,11 +122,10 @@ class InprocCoreClient:
         return self.core.last_scheduler_output
 
     def __getattr__(self, name: str) -> Any:
-        # Read-through to the EngineCore (clock, config...) for code written against it.
+        # Read-through to the EngineCore for code written against it.
         return getattr(self.__dict__["core"], name)
 
     def add_request(self, request: Request) -> None:
-        """Queue on the core (typed error if it can never be served)."""
         self.core.add_request(request)
         self._requests.live[request.request_id] = request
 
@@ -141,14 +137,13 @@ class InprocCoreClient:
             self._requests.live.pop(rid, None)
 
     def get_output(self, timeout: float = 0.0) -> CoreStep | None:
-        """Run one step now (timeout is unused: a step in this process always returns)."""
+        """Run one step now (a step in this process always returns, so no timeout)."""
         if not self.core.has_unfinished_requests():
             return None
         outputs, stats = self.core.step(time.monotonic())
         return CoreStep(self._requests.wrap(outputs), stats)
 
     def has_unfinished_requests(self) -> bool:
-        """True while the core has anything waiting or running."""
         return self.core.has_unfinished_requests()
 
     def set_step_log(self, on: bool, record_schedule: bool = False) -> None:
@@ -157,7 +152,6 @@ class InprocCoreClient:
         self.executor.set_timing(on)
 
     def reset_prefix_cache(self) -> None:
-        """Forget every cached prefix (PrefixCacheBusyError while requests hold blocks)."""
         self.core.scheduler.reset_prefix_cache()
 
     def has_pending(self) -> bool:
@@ -165,9 +159,7 @@ class InprocCoreClient:
         return False
 
     def stats(self) -> CoreStats:
-        """The live scheduler's state."""
         return core_stats(self.core)
 
     def shutdown(self) -> None:
-        """Stop the executor (workers, step log)."""
         self.executor.shutdown()

@@ -1,4 +1,4 @@
-"""Messages between the front end and the engine core, as msgspec structs (msgpack on the wire)."""
+"""Front end <-> engine core messages, as msgspec structs (msgpack on the wire)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class CoreStats(msgspec.Struct, array_like=True):
     num_blocks: int = 0
     prefix_queries: int = 0
     prefix_hits: int = 0
-    # Speculative decoding totals (the scheduler's SpecDecodeStats).
+    # Speculative decoding totals (SpecDecodeStats).
     spec_num_drafts: int = 0
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
@@ -31,11 +31,7 @@ class CoreStats(msgspec.Struct, array_like=True):
 
 
 class CoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
-    """One request's result of one step, with the lifecycle facts the front end reports.
-
-    The fields of core.sched.output.EngineCoreOutput first (finish reason "error" with its
-    `error`, prompt logprobs as (first prompt index, records)), then the Request's facts.
-    """
+    """One request's result of one step, with the Request's lifecycle facts."""
 
     req_id: str
     new_token_ids: list[int]
@@ -48,19 +44,14 @@ class CoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     first_token_time: float | None = None
     prefix_hit_tokens: int = -1
     num_preemptions: int = 0
-    # The request's totals of verified and accepted draft tokens (speculative decoding).
+    # Speculative decoding: verified and accepted draft tokens.
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
 
 
 # ---------------------------------------------------------------- front end -> core
 class AddRequest(msgspec.Struct, tag=True, array_like=True):
-    """Queue one core request (the front end has validated it already).
-
-    sampling_params travels whole (logit_bias, prompt_logprobs, structured_output...); a
-    structured-output spec travels without its compiled grammar, which does not serialize: the
-    process that masks logits compiles its own (see Worker.compile_grammar).
-    """
+    """Queue one validated request; a structured-output spec travels without its compiled grammar."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -68,30 +59,23 @@ class AddRequest(msgspec.Struct, tag=True, array_like=True):
     arrival_time: float
     priority: int = 0
     eos_token_id: int | None = None
-    # Keeps the request's prefix out of others' cache hits (prompt logprobs need every position).
+    # Keeps the prefix out of others' cache hits (prompt logprobs need every position).
     cache_salt: str | None = None
 
 
 class AbortRequests(msgspec.Struct, tag=True, array_like=True):
-    """End requests early with the given finish reason."""
-
     request_ids: list[str]
     reason: FinishReason = FinishReason.ABORT
 
 
 class Consumed(msgspec.Struct, tag=True, array_like=True):
-    """The front end has taken this many StepOutputs so far (the core's credit to step on)."""
+    """StepOutputs the front end has taken so far: the core's credit to step on."""
 
     count: int
 
 
 class SetStepLog(msgspec.Struct, tag=True, array_like=True):
-    """Time the core's phases and send a StepTrace with every step (on), or stop (off).
-
-    The core times nothing and sends no trace unless a step log is on, so a long-running
-    server neither pays for timing nor grows. record_schedule adds each step's
-    {req_id: tokens}, its preempted ids and its admission horizon (replay checks).
-    """
+    """Turn the core's step timing and StepTraces on or off."""
 
     on: bool
     record_schedule: bool = False
@@ -107,7 +91,7 @@ class Shutdown(msgspec.Struct, tag=True, array_like=True):
 
 # ---------------------------------------------------------------- core -> front end
 class Ready(msgspec.Struct, tag=True, array_like=True):
-    """The core is built: its KV-cache size and what the front end needs to validate requests."""
+    """The core is built; what the front end needs to validate requests."""
 
     num_blocks: int
     kv_bytes_per_token: int
@@ -115,13 +99,7 @@ class Ready(msgspec.Struct, tag=True, array_like=True):
 
 
 class StepTrace(msgspec.Struct, array_like=True, omit_defaults=True):
-    """One core step for the front end's step log: its shape and the phases StepStats lacks.
-
-    schedule_s and update_s travel in StepStats (the core's clock times them). step_time_s is
-    the core's own step, from schedule() to its outputs wrapped for the wire; gap_s is the
-    core's time from the previous step's end to this one's start while it had work (sending
-    the previous batch, the IPC hop, draining requests, waiting for the front end's credit).
-    """
+    """One core step for the front end's step log (schedule_s and update_s travel in StepStats)."""
 
     prefill_chunks: list[tuple[int, int]]
     decode_context_lens: list[int]
@@ -131,28 +109,26 @@ class StepTrace(msgspec.Struct, array_like=True, omit_defaults=True):
     step_time_s: float = 0.0
     gap_s: float = 0.0
     extra: dict[str, float] | None = None
-    # Only with SetStepLog.record_schedule: the step's {req_id: tokens}, its preempted ids and
-    # the latest arrival_time among the requests the core had received before it scheduled.
+    # Only with record_schedule (replay checks).
     scheduled: dict[str, int] | None = None
     preempted: list[str] | None = None
     admitted_until: float | None = None
 
 
 class StepOutputs(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
-    """Everything one busy-loop iteration produced, in one message (trailing Nones not sent)."""
+    """Everything one busy-loop iteration produced."""
 
     outputs: list[CoreOutput]
     stats: CoreStats
-    # Messages from the front end handled so far: it knows when the core has caught up.
+    # Front-end messages handled so far: shows when the core has caught up.
     inputs_seen: int
-    # The core's StepStats, generic so its owner can grow it.
+    # StepStats, untyped so its owner can grow it.
     step_stats: Any = None
-    # The step's trace while a step log is on (SetStepLog), else None.
     trace: StepTrace | None = None
 
 
 class CoreError(msgspec.Struct, tag=True, array_like=True):
-    """The core failed (at start-up or in a step); it exits after sending this."""
+    """The core failed; it exits after sending this."""
 
     message: str
     traceback: str
@@ -167,15 +143,13 @@ FromCore = Ready | StepOutputs | CoreError | Bye
 
 
 def encoder() -> msgspec.msgpack.Encoder:
-    """One encoder per socket owner (not thread-safe to share across threads)."""
+    """One encoder per socket owner (not thread-safe)."""
     return msgspec.msgpack.Encoder()
 
 
 def to_core_decoder() -> msgspec.msgpack.Decoder:
-    """Decodes what the front end sends."""
     return msgspec.msgpack.Decoder(ToCore)
 
 
 def from_core_decoder() -> msgspec.msgpack.Decoder:
-    """Decodes what the core sends."""
     return msgspec.msgpack.Decoder(FromCore)

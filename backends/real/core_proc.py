@@ -1,8 +1,7 @@
 """The engine core in a process of its own, linked to the front end by ZeroMQ.
 
-The front end binds two IPC sockets: it PUSHes requests and aborts, and PULLs one
-StepOutputs message per busy-loop iteration (outputs batched per step, with the scheduler's
-stats). The core process runs the very same EngineCore as the in-process mode.
+The front end PUSHes requests and PULLs one StepOutputs per busy-loop iteration; the core
+process runs the same EngineCore as the in-process mode.
 """
 
 from __future__ import annotations
@@ -31,19 +30,15 @@ from twinserve.backends.real.models.registry import ModelSource
 from twinserve.backends.real.procs import EngineStartupError, die_with_parent, exit_description, spawn_context, stop_process
 from twinserve.backends.real.step_log import extra_costs
 
-# How long the front end waits for the core to build its model and workers.
 STARTUP_TIMEOUT_S = 600.0
-# At most this many of the core's per-step batches are folded into one front-end step.
 _MAX_MERGED_BATCHES = 64
-# The core steps only while fewer than this many of its batches wait for the front end. A front
-# end that falls behind (a loaded event loop, slow detokenizing) then holds the core back instead
-# of letting outputs pile up in its queue and hung-up requests run to their end on the core.
+# Credit: the core steps only while fewer batches than this wait for the front end, so a lagging
+# front end holds it back instead of outputs piling up and aborted requests running on.
 MAX_UNCONSUMED_BATCHES = 2
 
 
 def run_engine_core(in_addr: str, out_addr: str, args: EngineArgs, max_model_len: int,
                     eos_ids: list[int], source: ModelSource | None, parent_pid: int, num_threads: int) -> None:
-    """Entry point of the engine-core process: build, then loop until Shutdown."""
     die_with_parent(parent_pid)
     import torch
 
@@ -78,7 +73,7 @@ def run_engine_core(in_addr: str, out_addr: str, args: EngineArgs, max_model_len
 
 
 class _StepTracer:
-    """The core process's half of the step log: times and describes steps only while it is on."""
+    """The core process's half of the step log, active only while it is on."""
 
     def __init__(self, core: Any, executor: Any) -> None:
         self.core = core
@@ -89,7 +84,6 @@ class _StepTracer:
         self._busy_after_last = False
 
     def set(self, msg: SetStepLog) -> None:
-        """Turn the core's clock and the workers' phase timing on or off."""
         self.on = msg.on
         self.record_schedule = msg.on and msg.record_schedule
         self.core.clock = time.perf_counter if msg.on else None
@@ -97,7 +91,7 @@ class _StepTracer:
         self._busy_after_last = False  # no gap across a switch
 
     def trace(self, start: float, end: float, admitted_until: float | None) -> StepTrace:
-        """The step just run (schedule() began at start, outputs wrapped at end; perf_counter)."""
+        """The step just run (perf_counter times)."""
         gap = start - self._last_end if self._busy_after_last else 0.0
         self._last_end = end
         self._busy_after_last = self.core.has_unfinished_requests()
@@ -121,8 +115,8 @@ def _busy_loop(core: Any, executor: Any, inp: zmq.Socket, out: zmq.Socket, enc: 
     requests = CoreRequests()
     tracer = _StepTracer(core, executor)
     inputs_seen = reported_seen = 0
-    sent = consumed = 0  # StepOutputs sent, and taken by the front end
-    admitted_until: float | None = None  # the latest arrival_time among requests received
+    sent = consumed = 0
+    admitted_until: float | None = None
     while True:
         msgs = []
         if not core.has_unfinished_requests() or sent - consumed >= MAX_UNCONSUMED_BATCHES:
@@ -214,8 +208,8 @@ class MPCoreClient:
         self.scheduler = _SchedulerView()
         self._closed = False
         self._sent = self._seen = 0
-        self._taken = 0  # StepOutputs received (the core's credit: see MAX_UNCONSUMED_BATCHES)
-        self._step_log = SetStepLog(False)  # what the core was last told (it starts with no log)
+        self._taken = 0  # the core's credit: see MAX_UNCONSUMED_BATCHES
+        self._step_log = SetStepLog(False)
         self.dead: str | None = None
         import torch
 
@@ -254,11 +248,9 @@ class MPCoreClient:
 
     @property
     def num_steps(self) -> int:
-        """Engine steps the core has reported."""
         return self._stats.num_steps
 
     def add_request(self, request: Request) -> None:
-        """Send a validated request to the core."""
         params = request.sampling_params
         spec = params.structured_output
         if spec is not None and spec.compiled is not None:  # a compiled grammar does not serialize
@@ -294,11 +286,9 @@ class MPCoreClient:
         self._sent += 1
 
     def has_unfinished_requests(self) -> bool:
-        """True while the core reported work, or has not yet answered what was sent."""
         return self._stats.num_running + self._stats.num_waiting > 0 or self.has_pending()
 
     def has_pending(self) -> bool:
-        """True while the core has not yet answered everything sent to it."""
         return self._seen < self._sent and self.dead is None and not self._closed
 
     def get_output(self, timeout: float) -> CoreStep | None:
@@ -309,7 +299,7 @@ class MPCoreClient:
             if not self.proc.is_alive():
                 self._die(f"the engine core process died ({exit_description(self.proc.exitcode)})")
             return None
-        # Catch up: take every batch already waiting (the core may have run ahead), in order.
+        # Take every batch already waiting, in order (the core may have run ahead).
         outputs: list[CoreOutput] = []
         raw_stats = None
         traces: list[tuple[StepStats, StepTrace]] = []
@@ -346,11 +336,10 @@ class MPCoreClient:
         v.kv.stats.queries, v.kv.stats.hits = s.prefix_queries, s.prefix_hits
 
     def stats(self) -> CoreStats:
-        """The core's state as of the latest message received."""
         return self._stats
 
     def shutdown(self) -> None:
-        """Ask the core to stop (it stops its workers), wait, and write the step log."""
+        """Ask the core to stop (it stops its workers) and wait."""
         if self._closed:
             return
         if self.dead is None and self.proc.is_alive():

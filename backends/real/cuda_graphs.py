@@ -1,13 +1,9 @@
 """Decode steps replayed from CUDA graphs captured once per batch-size bucket.
 
-At batch 1 an eager step launches a few hundred small kernels, so launch overhead, not
-bandwidth, sets decode speed on a GPU; one graph replay launches them all at once. The
-graph reads its inputs from static buffers: a step pads its batch up to the next bucket
-(pad rows write no KV, slot -1, and their outputs are dropped) and copies its inputs in.
-
-Capture needs CUDA and an attention backend whose launches do not depend on the batch's
-lengths (``supports_cuda_graphs``); on CPU the same static-buffer path runs eagerly
-(``capture=False``), which is how the padding is tested without a GPU.
+Small-batch GPU decode is launch-bound; one replay launches every kernel at once. A step pads its
+batch to the next bucket (pad rows write no KV, slot -1) and copies inputs into static buffers; on
+CPU the same path runs eagerly, so the padding is testable without a GPU. Capture needs a backend
+whose launches do not depend on the batch's lengths (``supports_cuda_graphs``).
 """
 
 from __future__ import annotations
@@ -18,13 +14,12 @@ import torch
 
 from twinserve.backends.real.attention import AttentionBackend, AttentionMetadata
 
-# Batch sizes with a graph: small steps finely, then every 16 (vLLM's spacing).
+# Small steps finely, then every 16 (vLLM's spacing).
 _SMALL = (1, 2, 4, 8)
 MAX_CAPTURE = 512
 
 
 def graph_buckets(max_num_seqs: int) -> list[int]:
-    """Captured batch sizes for an engine that runs at most max_num_seqs requests."""
     top = min(max_num_seqs, MAX_CAPTURE)
     sizes = [b for b in _SMALL if b < top] + list(range(16, top, 16))
     return sorted(set(sizes + [top]))
@@ -94,7 +89,7 @@ class DecodeGraphs:
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
             seq_lens: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-        """Hidden states [n, hidden] of an n-row decode batch (n <= the largest bucket)."""
+        """Hidden states [n, hidden] of an n-row decode batch."""
         n = input_ids.shape[0]
         b = self.bucket_for(n)
         if b is None:

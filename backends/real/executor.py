@@ -31,15 +31,14 @@ class WorkerHandle(Protocol):
         """(prepare_s, forward_s, sample_s) of the step just run, when timing is on."""
 
     def set_timing(self, on: bool) -> None:
-        """Time the phases of each step (for the step log)."""
+        """Time the phases of each step."""
 
 
 class InProcessExecutor:
-    """Runs one worker in this process; satisfies core.Executor.
+    """Runs the workers in this process; satisfies core.Executor.
 
-    With tensor parallelism each worker would get the same SchedulerOutput and the first
-    one's ModelRunnerOutput would be returned; num_blocks is the minimum over workers.
-    The engine builds the step log from last_step_shape / last_step_timing.
+    Every worker gets the same SchedulerOutput; the first one's output is returned and num_blocks is
+    the minimum over workers.
     """
 
     def __init__(self, workers: list[WorkerHandle]) -> None:
@@ -54,19 +53,16 @@ class InProcessExecutor:
         return num_blocks
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Run the step on the workers; the first one's output is the step's."""
         outputs = [w.execute_model(scheduler_output) for w in self.workers]
         self.num_steps += 1
         return outputs[0]
 
     @property
     def last_step_shape(self) -> StepShape:
-        """Shape of the step just run (rank 0's)."""
         return self.workers[0].last_step_shape
 
     @property
     def last_step_timing(self) -> tuple[float, float, float]:
-        """(prepare_s, forward_s, sample_s) of the step just run (rank 0's)."""
         return self.workers[0].last_step_timing
 
     @property
@@ -75,7 +71,6 @@ class InProcessExecutor:
         return getattr(self.workers[0], "last_comm_time", 0.0)
 
     def set_timing(self, on: bool) -> None:
-        """Time each step's phases on every worker."""
         for w in self.workers:
             w.set_timing(on)
 

@@ -1,5 +1,6 @@
-"""Facts of the machine and engine a step profile depends on: the device's name, the CPU's kernel
-features, and the token counts where the engine switches code path (the fit's regime bounds)."""
+"""Facts of the machine and engine a step profile depends on: device name, CPU kernel features, and
+the token counts where the engine switches code path (the fit's regime bounds).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from typing import Any
 
 
 def _cpuinfo(key: str) -> str | None:
-    """The first value of `key` in /proc/cpuinfo (None where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.split(":", 1)[0].strip() == key:
@@ -20,7 +20,6 @@ def _cpuinfo(key: str) -> str | None:
 
 
 def device_name(device: Any) -> str:
-    """A human name for the device the engine runs on."""
     import torch
 
     if getattr(device, "type", "cpu") == "cuda":
@@ -28,18 +27,14 @@ def device_name(device: Any) -> str:
     return "cpu: " + (_cpuinfo("model name") or platform.processor() or platform.machine())
 
 
-# CPU features that choose which kernels torch runs: oneDNN's bf16 path needs AVX512-BF16 or
-# AMX, without them a bf16 matmul takes aten's generic path, several times dearer; VNNI serves
-# int8. A VM's model name ("Intel(R) Xeon(R) Processor") does not tell them apart.
+# Flags that choose torch's kernels (bf16 without AVX512-BF16/AMX takes a far slower generic
+# path; VNNI serves int8); a VM's model name does not tell them apart.
 KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni",
                 "amx_tile", "amx_bf16", "amx_int8")
 
 
 def cpu_features() -> dict[str, Any]:
-    """{"capability": torch's CPU kernel level, "flags": the KERNEL_FLAGS this CPU has}.
-
-    flags is None where /proc/cpuinfo does not list them (not Linux on x86).
-    """
+    """{"capability": torch's CPU kernel level, "flags": the KERNEL_FLAGS present, None off x86 Linux}."""
     import torch
 
     got = _cpuinfo("flags")
@@ -62,7 +57,7 @@ def _code_path_bounds(device_type: str, dtype: str, small_rows: int, pad_rows: i
     if device_type != "cpu" or dtype.replace("torch.", "") != "float32":
         return []
     bounds = [small_rows] if small_rows else []
-    # Products of PAD_MIN_ROWS..pad_rows-1 rows that F.linear runs cost what pad_rows rows cost.
+    # Padded products of PAD_MIN_ROWS..pad_rows-1 rows cost what pad_rows rows cost.
     lo = max(PAD_MIN_ROWS, small_rows + 1)
     if pad_rows and lo < pad_rows:
         bounds += [lo - 1, pad_rows - 1]
@@ -77,12 +72,11 @@ def _pad_rows() -> int:
 
 def graph_max_decodes(device_type: str, enforce_eager: bool, attention_backend: str | None,
                       max_num_seqs: int) -> int | None:
-    """The largest decode batch an engine so configured replays from a CUDA graph (the worker's
-    rule: CUDA, not eager, a backend with supports_cuda_graphs), or None when it runs eagerly."""
+    """The largest decode batch replayed from a CUDA graph, or None when the engine runs eagerly."""
     from twinserve.backends.real.attention import backend_name
     from twinserve.backends.real.cuda_graphs import graph_buckets
 
-    # Only the Triton backend's launches are graph-safe (TritonPagedAttention.supports_cuda_graphs).
+    # Only the Triton backend's launches are graph-safe.
     if device_type != "cuda" or enforce_eager or backend_name(attention_backend, device_type) != "triton":
         return None
     return graph_buckets(max_num_seqs)[-1]

@@ -1,9 +1,7 @@
-"""How busy the CPUs a measurement ran on were with other work: a shared machine's noise, logged.
+"""How busy a measurement's CPUs (and their neighbours) were with other work.
 
-A core that another process also runs on makes every step slower by a varying amount, which no
-profile can predict. Calibrate and fidelity record the share of their CPUs' time that went to
-other processes (and to the hypervisor, as steal), and how busy the machine's other CPUs were
-(they share the memory bus and cache: experiments/neighbour_interference.py, docs/twin-log.md).
+A shared core slows steps unpredictably, so calibrate and fidelity record it and warn
+(docs/twin-log.md).
 """
 
 from __future__ import annotations
@@ -13,9 +11,9 @@ from typing import Any
 
 import psutil
 
-# Other processes' share of the measurement's CPUs above which it is called noisy.
+# Other processes' share of our CPUs above which a measurement is noisy.
 NOISY_SHARE = 0.1
-# The other CPUs' busy share above which a measurement is said to have had busy neighbours.
+# Busy share of the other CPUs above which neighbours are called busy.
 BUSY_NEIGHBOURS = 0.5
 
 
@@ -32,7 +30,6 @@ def _tree_cpu_s(proc: psutil.Process) -> float:
 
 
 def _busy_steal(cpus: list[int]) -> tuple[float, float]:
-    """(busy, steal) seconds summed over cpus since boot."""
     per = psutil.cpu_times(percpu=True)
     busy = steal = 0.0
     for c in cpus:
@@ -60,9 +57,10 @@ class HostLoad:
         self._nbusy0 = _busy_steal(self.neighbours)[0]
 
     def result(self) -> dict[str, Any] | None:
-        """{"cpus", "other_share", "steal_share", "other_cpu_s", "neighbour_share"} since start
-        (None if no time passed). neighbour_share: the busy share of the CPUs outside ours (our
-        own processes run only on ours), None when ours are all the machine has."""
+        """{"cpus", "other_share", "steal_share", "other_cpu_s", "neighbour_share"} since start (None: no time).
+
+        neighbour_share: busy share of the CPUs outside ours, None when ours are all there are.
+        """
         wall = time.monotonic() - self._t0
         if wall <= 0:
             return None
@@ -79,8 +77,7 @@ class HostLoad:
 
 
 def warning(load: dict[str, Any] | None, what: str) -> str | None:
-    """A one-line warning when other work took a noisy share of the measurement's CPUs, or kept
-    the machine's other CPUs mostly busy."""
+    """A one-line warning for noisy CPUs or busy neighbours (which share the memory bus and cache)."""
     if not load:
         return None
     cpus = ",".join(str(c) for c in load["cpus"])
@@ -88,7 +85,7 @@ def warning(load: dict[str, Any] | None, what: str) -> str | None:
         return (f"warning: other processes used {load['other_share']:.0%} (steal {load['steal_share']:.0%}) "
                 f"of CPU {cpus} during {what}, so its times are noisy: pin it to a quiet core "
                 "(taskset -c N) or stop the other work")
-    nb = load.get("neighbour_share")  # absent from logs written before it was recorded
+    nb = load.get("neighbour_share")  # absent from older logs
     if nb is not None and nb >= BUSY_NEIGHBOURS:
         return (f"warning: the machine's other CPUs were {nb:.0%} busy during {what}; they share its "
                 f"memory bus and cache with CPU {cpus}, so its times may be slow and noisy: "

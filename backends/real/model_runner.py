@@ -20,36 +20,34 @@ from twinserve.backends.real.spec.verify import VerifyEntry, verify_drafts
 from twinserve.backends.real.structured.mask import GrammarMasker
 from twinserve.core.spec_decode import SpeculativeConfig
 
-# Prompt positions whose logits are materialised at once ([chunk, vocab] floats).
+# Bounds the [chunk, vocab] logits materialised at once.
 _PROMPT_LP_CHUNK = 256
 
 
 @dataclass(slots=True)
 class StepShape:
-    """What one step computed, in the cost model's terms (filled by the runner)."""
+    """What one step computed, in the cost model's terms."""
 
     num_new_tokens: int = 0
-    # (new tokens q, cached context c) per prefill chunk.
+    # (new tokens q, cached context c) per prefill chunk
     prefills: list[tuple[int, int]] = field(default_factory=list)
-    # Context length (tokens before this one) per decode sequence.
+    # context length per decode sequence
     decodes: list[int] = field(default_factory=list)
-    # Structured output: seconds spent filling/applying grammar bitmasks and advancing matchers.
+    # Seconds in grammar bitmasks and matcher advances.
     grammar_mask_time: float = 0.0
     num_constrained: int = 0
-    # CUDA with a step log: host seconds to launch the forward (close to forward_s when the
-    # step is launch-bound, far below it when the GPU is the bottleneck).
+    # CUDA with a step log: host seconds to launch the forward.
     forward_launch_time: float = 0.0
 
 
 class ModelRunner:
-    """Owns the model, its KV cache tensors, the attention backend and the sampler for one device."""
+    """Owns the model, its KV cache, the attention backend and the sampler for one device."""
 
     def __init__(self, model: CausalLM, backend: AttentionBackend, device: torch.device,
                  block_size: int, max_model_len: int, max_num_seqs: int, stop_ids: list[int],
                  compile_grammar: Callable[[Any], Any] | None = None,
                  speculative_config: SpeculativeConfig | None = None) -> None:
         self.model = model
-        # Drafts for each request's next step, proposed after it samples (the scheduler picks how many).
         self.proposer = (NgramProposer(speculative_config.num_speculative_tokens,
                                        speculative_config.prompt_lookup_min, speculative_config.prompt_lookup_max)
                          if speculative_config is not None and speculative_config.method == "ngram" else None)
@@ -62,27 +60,23 @@ class ModelRunner:
         self.batch = InputBatch(max_num_seqs, max_model_len, self.max_blocks_per_req)
         self.sampler = Sampler(device)
         self.grammar = GrammarMasker()
-        # Compiles a structured-output spec that arrived without its grammar (from another process).
+        # For specs from another process, which arrive without their grammar.
         self.compile_grammar = compile_grammar
         self.stop_ids = stop_ids
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.last_shape = StepShape()
-        # Time the phases of each step (set by the engine when it keeps a step log). On CUDA the
-        # forward is timed by two events and the step waits once, at its end (a sampling step
-        # waits there anyway to read its tokens), so it is off unless asked for.
+        # Off by default: on CUDA, timing syncs each step.
         self.timing = False
         self._events: tuple[torch.cuda.Event, torch.cuda.Event, torch.cuda.Event] | None = None
-        # (prepare_s, forward_s, sample_s) of the last step, when timing.
         self.last_timing: tuple[float, float, float] = (0.0, 0.0, 0.0)
-        # Live requests that asked for prompt logprobs: the extra logits are computed only then.
+        # Extra logits are computed only while some live request asked for prompt logprobs.
         self._prompt_lp_reqs: set[str] = set()
         self.max_num_seqs = max_num_seqs
-        # Set by the worker on CUDA unless --enforce-eager (see cuda_graphs.py).
+        # Set by the worker on CUDA unless --enforce-eager.
         self.graphs: DecodeGraphs | None = None
         self._pinned = _PinnedStaging(device)
 
     def init_kv_cache(self, num_blocks: int, dtype: torch.dtype) -> None:
-        """Allocate [num_blocks, block_size, num_kv_heads, head_dim] K and V per layer."""
         cfg = self.model.config
         shape = (num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
@@ -107,15 +101,14 @@ class ModelRunner:
             batch.remove(new.req_id)  # a resumed request is rebuilt from scratch
             spec = new.sampling_params.structured_output
             if spec is not None:
-                # The engine compiled it before the request was queued (in this process; from another
-                # process the spec comes bare and is compiled here); a resumed one replays its output.
+                # Compiled by the engine in-process; a spec from another process arrives bare.
                 compiled = spec.compiled
                 if compiled is None:
                     if self.compile_grammar is None:
                         raise RuntimeError(f"request {new.req_id}: structured output without a compiled grammar")
                     compiled = self.compile_grammar(spec)
                 self.grammar.add(new.req_id, compiled, new.token_ids[new.num_prompt_tokens:])
-            # The engine gives every request a seed; a bare core user gets seed 0.
+            # The engine seeds every request; a bare core user gets seed 0.
             seed = new.sampling_params.seed
             batch.add(new.req_id, new.token_ids, new.num_prompt_tokens, new.sampling_params,
                       new.block_ids, new.num_computed_tokens, 0 if seed is None else seed)
@@ -138,7 +131,6 @@ class ModelRunner:
     # ------------------------------------------------------------------ step
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one scheduler output and return the sampled tokens."""
         timing = self.timing
         t0 = time.perf_counter() if timing else 0.0
         self._update_states(so)
@@ -208,7 +200,7 @@ class ModelRunner:
 
     def _verify(self, logits: torch.Tensor, sampling: list[CachedRequestState], sampled: dict[str, list[int]],
                 rejected: dict[str, int], failed: dict[str, str]) -> tuple[torch.Tensor, list[CachedRequestState]]:
-        """Verify the step's drafts (one logits row per draft position, plus one); the plain rows left."""
+        """Verify the step's drafts (one logits row per draft, plus one); returns the plain rows left."""
         plain_idx: list[int] = []
         plain: list[CachedRequestState] = []
         entries: list[VerifyEntry] = []
@@ -251,7 +243,7 @@ class ModelRunner:
         return logits[plain_idx], plain
 
     def _propose(self, sampled: dict[str, list[int]]) -> dict[str, list[int]]:
-        """Drafts for every request that sampled, except those whose options verification lacks."""
+        """Drafts for every request that sampled, unless it uses options verification lacks."""
         out: dict[str, list[int]] = {}
         reqs = self.batch.requests
         for rid in sampled:
@@ -266,7 +258,7 @@ class ModelRunner:
 
     def _sample(self, logits: torch.Tensor, rows: list[SamplingRow], sampling: list[CachedRequestState],
                 failed: dict[str, str]) -> tuple[list[int | None], list[Logprob | None]]:
-        """The batch's tokens; if sampling fails, rows are retried alone and only the failing ones fail."""
+        """The batch's tokens; on failure rows are retried alone so only the failing ones fail."""
         try:
             tokens, lps = self.sampler(logits, rows)
             return list(tokens), lps
@@ -288,13 +280,12 @@ class ModelRunner:
 
     def _prompt_logprobs(self, hidden: torch.Tensor, states: list[CachedRequestState], q_lens: list[int],
                          starts: list[int]) -> dict[str, tuple[int, list[Logprob]]]:
-        """Log-probabilities of the prompt tokens this step's chunks predict, for requests that asked."""
+        """Prompt-token logprobs this step's chunks predict, for requests that asked."""
         out: dict[str, tuple[int, list[Logprob]]] = {}
         offset = 0
         for st, q, start in zip(states, q_lens, starts):
             top_n = st.sampling_params.prompt_logprobs
-            # Position p predicts prompt token p + 1; the last prompt position predicts the first
-            # output token, which the sampler reports.
+            # Position p predicts token p + 1; the sampler reports the first output token.
             end = min(start + q, st.num_prompt_tokens - 1)
             if top_n is not None and start < end:
                 targets = st.token_ids[start + 1:end + 1]
@@ -308,7 +299,6 @@ class ModelRunner:
         return out
 
     def _phase_events(self) -> tuple[torch.cuda.Event, torch.cuda.Event, torch.cuda.Event] | None:
-        """Forward-start, forward-end and step-end events, reused every step (CUDA only)."""
         if self.device.type != "cuda":
             return None
         if self._events is None:
@@ -320,10 +310,8 @@ class ModelRunner:
                      ) -> tuple[float, float, float]:
         """(prepare_s, forward_s, sample_s) of the step that began at t0 and prepared until t1.
 
-        On CPU every phase is host wall time. On CUDA launches return before the kernels run,
-        so the forward is the device time between its two events, the step waits once for its
-        last event, and sampling is the rest of the step's wall time after the inputs were
-        prepared: the three still add up to the step's wall time (execute_s).
+        On CUDA launches are async, so forward_s is event device time and sample_s the remaining
+        wall time: the three still add up to the step's wall time.
         """
         if events is None:
             return t1 - t0, t2 - t1, time.perf_counter() - t2
@@ -359,7 +347,7 @@ class ModelRunner:
         return states, q_lens, starts
 
     def _prepare(self, states: list[CachedRequestState], q_lens: list[int], starts: list[int]):
-        """Flat token ids, positions and attention metadata, built with array ops (no per-token loop)."""
+        """Flat token ids, positions and attention metadata, with array ops (no per-token loop)."""
         bs = self.block_size
         n = len(states)
         rows = np.fromiter((st.row for st in states), dtype=np.int64, count=n)
@@ -416,10 +404,8 @@ class ModelRunner:
 class _PinnedStaging:
     """Host arrays -> device tensors; on CUDA through reused pinned buffers and async copies.
 
-    A pageable host-to-device copy blocks the host and goes through a bounce buffer. Each
-    name keeps its own pinned buffer. A step that samples reads its tokens back, which waits
-    for its copies, but a step that only prefills a chunk reads nothing back; so an event
-    recorded after each step's copies is waited on before a buffer is written again.
+    Pageable copies block the host. A step may read nothing back, so an event after each step's
+    copies is waited on before a buffer is rewritten.
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -429,14 +415,12 @@ class _PinnedStaging:
         self._copied: torch.cuda.Event | None = None
 
     def copies_queued(self) -> None:
-        """Mark the end of this step's copies (CUDA: an event the next step's writes wait on)."""
         if self.cuda:
             if self._copied is None:
                 self._copied = torch.cuda.Event()
             self._copied.record()
 
     def put(self, name: str, arr: np.ndarray) -> torch.Tensor:
-        """The array as a tensor on the device."""
         src = torch.from_numpy(arr)
         if not self.cuda:
             return src if self.device.type == "cpu" else src.to(self.device)

@@ -1,10 +1,7 @@
 """The multiprocess executor: one worker process per tensor-parallel rank.
 
-Each step the SchedulerOutput (ids, token lists and block ids: no tensors) is serialized once
-and the same bytes are written to every rank's pipe; every rank runs the step (the ranks meet
-in their collectives) and rank 0 alone answers with the ModelRunnerOutput. The executor waits
-on rank 0's pipe and on every worker's process sentinel together, so a worker that dies turns
-into EngineDeadError at once instead of a hang.
+Each step's SchedulerOutput is serialized once and sent to every rank; rank 0 alone answers. The
+executor also waits on every worker's sentinel, so a dead worker raises EngineDeadError, not a hang.
 """
 
 from __future__ import annotations
@@ -34,7 +31,6 @@ _PICKLE = pickle.HIGHEST_PROTOCOL
 def run_worker(rank: int, world_size: int, conn: Connection, args: EngineArgs, max_model_len: int,
                eos_ids: list[int], source: ModelSource | None, dist_file: str, parent_pid: int,
                num_threads: int) -> None:
-    """Entry point of one worker process: join the group, build the Worker, serve commands."""
     die_with_parent(parent_pid)
     try:
         import torch
@@ -105,7 +101,7 @@ class MultiprocExecutor:
         self.num_steps = 0
         self.last_step_shape = StepShape()
         self.last_step_timing = (0.0, 0.0, 0.0)
-        # Seconds rank 0 spent in collectives in the step just run (for the step log).
+        # Rank 0's seconds in collectives in the step just run.
         self.last_comm_time = 0.0
         self._dir = tempfile.mkdtemp(prefix="twinserve-tp-")
         self._dead: str | None = None

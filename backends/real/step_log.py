@@ -1,47 +1,7 @@
 """The step log: one record per engine step, its batch shape and where its wall time went.
 
-A record carries the batch shape in the simulator's own feature names (the columns
-that backends/sim/fitted.py fits), the shape itself (prefill chunks as (new, cached)
-pairs, decode context lengths) and the wall time of each phase of the step:
-
-    schedule_s   Scheduler.schedule()
-    prepare_s    model runner: flat inputs, attention metadata
-    forward_s    model forward and logits (on CUDA: device time between two events around them)
-    sample_s     sampler, appending the sampled tokens (on CUDA: the rest of the step's wall
-                 time after prepare_s, so the three still add up to the runner's wall time)
-    update_s     Scheduler.update_from_output()
-    output_s     engine: incremental detokenization, stop strings, building outputs
-    step_time_s  from the start of schedule() to the outputs being ready (the sum, plus glue)
-    gap_s        from the previous step's end to this step's start while requests were
-                 waiting for it (the driver's own loop: admitting arrivals, dispatching outputs)
-
-execute_s (prepare + forward + sample) is what the device path costs and overhead_s
-(step_time_s + gap_s - execute_s) is the engine's CPU work between forwards; a fitted profile
-models both, so a study can ask what a faster scheduler would buy. Other costs (an
-all-reduce, a grammar mask, a process hop) go into ``extra`` under their own names.
-
-With the engine core in its own process (engine_core_mode='process') the core process times
-its own steps and sends each one's shape and phase times with its outputs (core_messages.StepTrace);
-the front end writes one record per core step (several when it reads several batches at once).
-The cadence the simulator must reproduce is the core's, so there:
-
-    step_time_s  the core's step: from the start of schedule() to its outputs wrapped for the
-                 wire (no output processing: the front end does that while the core runs on)
-    gap_s        the core's time from the previous step's end to this one's start while it had
-                 work: sending the batch, the IPC hop, reading requests, and waiting for the
-                 front end's credit (core_proc.MAX_UNCONSUMED_BATCHES) when it falls behind
-    output_s     the front end's processing of the batch that carried this step (recorded on
-                 the last step of a batch read at once, 0 on the others); it overlaps the core's
-                 next step, and adds to step times only through gap_s, when the core waits for it
-    start_s      the core's step start on time.monotonic (one clock for both processes)
-
-so step_time_s + gap_s is, as in process, the time between the starts of two busy steps.
-A profile fitted on such a log prices that layout (twinserve fidelity refuses to mix them).
-
-Nothing is kept unless asked: with a path every record is streamed to the file as it is
-made (CSV or JSON lines by suffix), with keep=True records stay in memory; with neither
-the engine does not even time its phases (nor does a core process, told by a message), so a
-long-running server never grows.
+Shapes use the simulator's feature names, so a profile can be fitted from a log. Nothing is
+timed or kept unless asked, so a long-running server never grows.
 """
 
 from __future__ import annotations
@@ -55,23 +15,30 @@ from typing import IO, Any, Iterator
 
 from twinserve.core.errors import TwinserveError
 
-# The batch-shape columns, named as the simulator's StepFeatures names them.
+# Columns (in process mode, times are the core's and output_s the front end's, which overlaps
+# the core's next step; a fitted profile prices that layout):
+#   schedule_s   Scheduler.schedule()            update_s   Scheduler.update_from_output()
+#   prepare_s    runner inputs and metadata      output_s   detokenize, stop strings, outputs
+#   forward_s    forward + logits (CUDA: device time)  sample_s  sampling (CUDA: rest of runner time)
+#   step_time_s  schedule() start to outputs ready
+#   gap_s        previous step's end to this start while work waited (driver loop, IPC, credit)
+#   execute_s    prepare + forward + sample;  overhead_s = step_time_s + gap_s - execute_s
+#   extra        other named costs (all-reduce, grammar mask, ...)
 FEATURE_COLUMNS = ("num_prefill_tokens", "num_prefill_seqs", "prefill_context", "prefill_attn",
                    "num_decode_seqs", "decode_context")
 TIME_COLUMNS = ("schedule_s", "prepare_s", "forward_s", "sample_s", "update_s", "output_s",
                 "gap_s", "execute_s", "overhead_s", "step_time_s")
-# Speculative decoding: requests that verified drafts, draft tokens verified, drafts accepted.
+# Speculative decoding: requests that verified drafts, drafts verified, drafts accepted.
 SPEC_COLUMNS = ("num_spec_reqs", "num_draft_tokens", "num_accepted_tokens")
 COLUMNS = (("step", "start_s") + FEATURE_COLUMNS
            + ("num_seqs", "num_running", "num_waiting", "num_preempted") + TIME_COLUMNS
            + SPEC_COLUMNS
            + ("prefill_chunks", "decode_context_lens", "scheduled", "extra"))
-# What a fit needs from a log.
 REQUIRED_COLUMNS = FEATURE_COLUMNS + ("execute_s", "step_time_s")
 
 
 class StepLogError(TwinserveError, ValueError):
-    """A step log file cannot be used; the message names the file and the column or line."""
+    """A step log file cannot be used."""
 
 
 @dataclass(slots=True)
@@ -93,14 +60,13 @@ class StepRecord:
     output_s: float = 0.0
     step_time_s: float = 0.0
     gap_s: float = 0.0
-    # req_id -> tokens scheduled this step (kept only when the engine is asked to).
+    # req_id -> tokens, only when asked (replay checks)
     scheduled: dict[str, int] | None = None
     extra: dict[str, float] = field(default_factory=dict)
     num_spec_reqs: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
 
-    # -- the simulator's features ------------------------------------------------
     @property
     def num_prefill_tokens(self) -> int:
         """Σ q over prefill chunks."""
@@ -108,7 +74,6 @@ class StepRecord:
 
     @property
     def num_prefill_seqs(self) -> int:
-        """Prefill chunks in the step."""
         return len(self.prefill_chunks)
 
     @property
@@ -123,7 +88,6 @@ class StepRecord:
 
     @property
     def num_decode_seqs(self) -> int:
-        """Sequences generating one token."""
         return len(self.decode_context_lens)
 
     @property
@@ -133,22 +97,20 @@ class StepRecord:
 
     @property
     def num_seqs(self) -> int:
-        """Sequences scheduled in the step."""
         return len(self.prefill_chunks) + len(self.decode_context_lens)
 
     @property
     def num_new_tokens(self) -> int:
-        """Tokens computed in the step."""
         return self.num_prefill_tokens + len(self.decode_context_lens)
 
     @property
     def execute_s(self) -> float:
-        """Device path: inputs, forward, sampling."""
+        """prepare + forward + sample."""
         return self.prepare_s + self.forward_s + self.sample_s
 
     @property
     def overhead_s(self) -> float:
-        """The engine's CPU work outside the device path (the driver's gap included)."""
+        """CPU work outside the device path, the driver's gap included."""
         return max(self.step_time_s + self.gap_s - self.execute_s, 0.0)
 
     def features(self) -> tuple[int, int, int, float, int, int]:
@@ -157,7 +119,6 @@ class StepRecord:
                 self.prefill_attn, self.num_decode_seqs, self.decode_context)
 
     def row(self) -> dict[str, Any]:
-        """The record as a flat mapping of COLUMNS."""
         out: dict[str, Any] = {"step": self.step, "start_s": self.start_s}
         out.update(zip(FEATURE_COLUMNS, self.features()))
         out.update(num_seqs=self.num_seqs, num_running=self.num_running,
@@ -175,13 +136,12 @@ _JSON_COLUMNS = ("prefill_chunks", "decode_context_lens", "scheduled", "extra")
 
 
 class StepLog:
-    """Streams step records to a file and/or keeps them in memory; disabled when neither."""
+    """Streams step records to a file (CSV or JSON lines by suffix) and/or keeps them; off when neither."""
 
     def __init__(self, path: str | Path | None = None, keep: bool = False,
                  record_schedule: bool = False) -> None:
         self.path = Path(path) if path else None
         self.keep = keep
-        # Keep each step's {req_id: tokens} (for replay checks); costs a dict per step.
         self.record_schedule = record_schedule
         self.records: list[StepRecord] = []
         self.num_records = 0
@@ -190,11 +150,10 @@ class StepLog:
 
     @property
     def enabled(self) -> bool:
-        """True when records go anywhere (only then does the engine time its phases)."""
+        """Only then does the engine time its phases."""
         return self.keep or self.path is not None
 
     def append(self, record: StepRecord) -> None:
-        """Add one step: kept if asked, written to the file if there is one."""
         self.num_records += 1
         if self.keep:
             self.records.append(record)
@@ -216,19 +175,16 @@ class StepLog:
             self._file.write(json.dumps(row) + "\n")
 
     def flush(self) -> None:
-        """Push what was written to disk."""
         if self._file is not None:
             self._file.flush()
 
     def close(self) -> None:
-        """Close the file (records stay in memory if kept)."""
         if self._file is not None:
             self._file.close()
             self._file = None
             self._csv = None
 
     def write(self, path: str | Path) -> Path:
-        """Write the kept records to a file (CSV or JSON lines by suffix)."""
         out = StepLog(path)
         for r in self.records:
             out.append(r)
@@ -236,7 +192,6 @@ class StepLog:
         return Path(path)
 
     def rows(self) -> list[dict[str, Any]]:
-        """The kept records as flat rows (what fit_step_log reads)."""
         return [r.row() for r in self.records]
 
 
@@ -244,22 +199,20 @@ def extra_costs(shape: Any, comm_time_s: float = 0.0) -> dict[str, float]:
     """Step costs beyond the cost model's features, by name (the twin can fit a term per name)."""
     extra: dict[str, float] = {}
     if getattr(shape, "num_constrained", 0):
-        # Structured output: grammar bitmask fill + apply + matcher advance (inside sample_s), and
-        # how many sequences were constrained; the twin can charge grammar_mask_s per sequence.
+        # Grammar mask time is inside sample_s; the twin can charge it per constrained sequence.
         extra["grammar_mask_s"] = shape.grammar_mask_time
         extra["num_constrained"] = float(shape.num_constrained)
     if comm_time_s:
-        # Tensor parallelism: rank 0's seconds in collectives, inside forward_s (see README).
+        # Tensor parallelism: rank 0's collectives, inside forward_s.
         extra["comm_time_s"] = comm_time_s
     if getattr(shape, "forward_launch_time", 0.0):
-        # CUDA: host time to launch the forward; forward_s is its device time (launch-bound
-        # steps have the two close).
+        # CUDA: host launch time, beside forward_s's device time (close when launch-bound).
         extra["forward_launch_s"] = shape.forward_launch_time
     return extra
 
 
 def read_step_log(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a step log file (CSV or JSON lines); names the file and the missing column."""
+    """Rows of a step log file (CSV or JSON lines)."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -306,7 +259,7 @@ def _parse_row(raw: dict[str, Any], path: Path, line: int) -> dict[str, Any]:
 
 
 def iter_feature_rows(rows: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """Rows that computed something (steps with no tokens carry no cost information)."""
+    """Rows that computed something (only they carry cost information)."""
     for r in rows:
         if r["num_prefill_tokens"] + r["num_decode_seqs"] > 0:
             yield r

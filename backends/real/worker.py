@@ -27,7 +27,6 @@ _GIB = 1 << 30
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    """K and V of one token across all layers."""
     elem = torch.empty((), dtype=dtype).element_size()
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * elem
 
@@ -50,11 +49,10 @@ class Worker:
         if tp is not None and tp.world_size > 1:
             shard_llama(model, tp)
         self.tp = tp
-        # Seconds of the last step spent in collectives (tensor parallelism), for the step log.
+        # Seconds in collectives during the last step (tensor parallelism).
         self.last_comm_time = 0.0
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
-        # Only fp32 gains from the transposed copies; in bf16 (AMX/AVX512-BF16 kernels)
-        # F.linear was as fast or faster at every batch size measured (1-256 rows).
+        # Only fp32 gains from the transposed copies (docs/speed.md).
         small_rows = args.resolve_small_batch_rows(self.device)
         if small_rows:
             self.model.add_small_batch_weights(small_rows)
@@ -84,12 +82,7 @@ class Worker:
         self._grammars_lock = threading.Lock()
 
     def compile_grammar(self, spec: StructuredOutputSpec) -> Any:
-        """spec's grammar compiled in this process, for a spec that came from another process.
-
-        Compiled grammars do not serialize, so with the engine core or this worker in a process of
-        their own the spec arrives bare (the front end compiled it too, to validate it); the
-        tokenizer named by the engine args is loaded here once and grammars are cached by spec.
-        """
+        """spec's grammar compiled here, for a spec from another process (compiled grammars do not serialize)."""
         with self._grammars_lock:
             if self._grammars is None:
                 if self._source is None:
@@ -105,11 +98,10 @@ class Worker:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """KV cache bytes one token occupies."""
         return kv_bytes_per_token(self.model.config, self.dtype)
 
     def determine_num_blocks(self) -> int:
-        """Blocks that fit the budget: a fixed count, else GiB on CPU, else GPU free memory after a profile run."""
+        """Blocks that fit: a fixed count, else GiB on CPU, else free GPU memory after a profile run."""
         a = self.args
         per_block = self.kv_bytes_per_token * a.block_size
         if a.num_gpu_blocks_override is not None:
@@ -128,12 +120,10 @@ class Worker:
         return max(int(a.kv_cache_memory_gb * _GIB // per_block), 1)
 
     def _profile_run(self) -> None:
-        """The largest step the engine can run, on dummy data, so its memory peak is measured.
+        """Measure the memory peak of the largest step the engine can run, on dummy data.
 
-        A prefill of max_num_batched_tokens tokens (attention included, over a throwaway KV
-        cache), a decode of max_num_seqs rows at max_model_len context (split-KV partials
-        included) and the sampler on max_num_seqs rows with top-k/top-p (its sorts are the
-        biggest temporaries). The throwaway cache is not counted.
+        The sampler's top-k/top-p sorts on max_num_seqs rows are the biggest temporaries; the throwaway
+        cache is not counted.
         """
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
@@ -164,16 +154,13 @@ class Worker:
 
     @property
     def last_step_shape(self) -> StepShape:
-        """The shape of the step just run."""
         return self.runner.last_shape
 
     @property
     def last_step_timing(self) -> tuple[float, float, float]:
-        """(prepare_s, forward_s, sample_s) of the step just run, when timing is on."""
         return self.runner.last_timing
 
     def set_timing(self, on: bool) -> None:
-        """Time the phases of each step."""
         self.runner.timing = on
 
 def profile_step_memory(runner: ModelRunner, args: EngineArgs, max_model_len: int) -> int:
@@ -190,7 +177,7 @@ def profile_step_memory(runner: ModelRunner, args: EngineArgs, max_model_len: in
     tokens = max(1, args.max_num_batched_tokens or 2048)
     seqs = max(1, min(args.max_num_seqs, tokens))
     ctx = min(max_model_len, max(bs, tokens))
-    # One sequence of `tokens` prefill tokens, then `seqs` decodes of ctx context sharing its blocks.
+    # One prefill of `tokens`, then `seqs` decodes of ctx context sharing its blocks.
     nblk = -(-max(tokens, ctx) // bs)
     dtype = model.embed_tokens.weight.dtype
     shape = (nblk, bs, cfg.num_key_value_heads, cfg.head_dim)

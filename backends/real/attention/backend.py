@@ -12,9 +12,8 @@ import torch
 class AttentionMetadata:
     """Where each new token of a flat varlen batch lives and what it attends to.
 
-    The runner orders the batch decodes first (query length 1), then prefill chunks.
-    Device tensors follow the kernels' contract; the *_cpu lists are the same numbers on
-    the host, for backends that plan their work in Python.
+    Decodes come first, then prefill chunks; the *_cpu lists repeat the numbers on the host for
+    backends that plan in Python.
     """
 
     num_tokens: int
@@ -27,7 +26,7 @@ class AttentionMetadata:
     max_seq_len: int
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
-    # Whatever a backend precomputes once per step and reuses in every layer.
+    # Precomputed once per step, reused by every layer.
     plan: Any = None
 
 

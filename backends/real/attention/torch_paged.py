@@ -1,12 +1,7 @@
-"""Paged attention in plain PyTorch: batched block-table gathers and SDPA, the CPU default.
+"""Paged attention in plain PyTorch: block-table gathers and SDPA, the CPU default.
 
-Decodes (one query token each) are bucketed by context length, gathered from the cache with
-one index_select per bucket straight into [B, Hkv, S, D] order (rows of head_dim, measured
-~2.5x faster than advanced indexing plus a transpose on CPU) and run as one SDPA call with
-the GQA group folded into the query axis, so K/V are never repeated. Prefill chunks run one SDPA each; a chunk with cached
-context reads its whole sequence back from the cache under an offset causal mask.
-A sliding-window layer (window W) gathers only each token's last W positions: blocks that fell
-out of every query's window are never read, so the KV manager may free them.
+Decodes are bucketed by context and gathered by one index_select per bucket into [B, Hkv, S, D]
+(GQA folded into the query axis). Window layers read only their window, so older blocks may be freed.
 """
 
 from __future__ import annotations
@@ -18,25 +13,18 @@ import torch.nn.functional as F
 
 from twinserve.backends.real.attention.backend import AttentionMetadata
 
-# Decode buckets: a bucket is padded to its longest context, so a new bucket starts where
-# padding would waste more than this share (or this many positions) of the bucket's shortest
-# context; the cost then follows the sum of context lengths, which is what the simulator
-# prices (decode_context). More buckets mean more gathers and SDPA calls per layer: past
-# the cap the tolerance doubles.
+# Bounding bucket padding keeps cost following the sum of contexts, which the simulator prices.
 _MAX_DECODE_BUCKETS = 8
 _PAD_TOLERANCE = 0.125
 _PAD_SLACK = 32
-# A bucket's K and V are gathered and attended this many bytes at a time, so the SDPA call reads
-# what the gather just wrote from the CPU's cache instead of memory. Measured on this project's
-# CPU (1 thread), 64 decodes at 500 context: 18.9 -> 10.0 ms per layer in fp32 (49 MB of K+V),
-# 7.6 -> 5.4 ms in bf16; at 6 MB or less per bucket it made no difference. Same results.
+# Chunked so SDPA reads K/V from cache, not memory (docs/speed.md).
 _GATHER_BYTES = 4 << 20
 
 
 @dataclass(slots=True)
 class _DecodeBucket:
-    rows: slice  # rows of the flat batch (decodes are a prefix of it)
-    # int64 [B * Hkv * S]: row of the cache viewed as [slots * Hkv, D], in [B, Hkv, S] order.
+    rows: slice  # decodes are a prefix of the flat batch
+    # int64 [B * Hkv * S]: rows of the cache viewed as [slots * Hkv, D]
     row_index: torch.Tensor
     shape: tuple[int, int, int]  # (B, Hkv, S)
     mask: torch.Tensor | None  # bool [B, 1, 1, S], True = attend; None when no padding
@@ -47,7 +35,7 @@ class _Prefill:
     rows: slice
     context_len: int
     seq_len: int
-    slot_index: torch.Tensor | None  # None when there is no cached context to read back
+    slot_index: torch.Tensor | None  # None: no cached context to read back
     mask: torch.Tensor | None
 
 
@@ -55,7 +43,7 @@ class _Prefill:
 class _TorchPlan:
     decodes: list[_DecodeBucket]
     prefills: list[_Prefill]
-    # Plans of the same step for sliding windows, built on a window layer's first call.
+    # Per sliding window, built on a window layer's first call.
     block_size: int = 0
     windows: dict[int, "_TorchPlan"] | None = None
 
@@ -66,10 +54,10 @@ def _slots(block_row: torch.Tensor, length: int, block_size: int, first: int = 0
 
 
 class TorchPagedAttention:
-    """The reference-quality, reasonably fast attention path for CPU (and any device)."""
+    """The reference attention path for CPU (and any device)."""
 
     name = "torch"
-    # plan() buckets decodes by their lengths on the host: not capturable.
+    # plan() buckets decodes on the host: not capturable.
     supports_cuda_graphs = False
 
     def plan(self, meta: AttentionMetadata, block_size: int, num_kv_heads: int) -> None:
@@ -80,7 +68,6 @@ class TorchPagedAttention:
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 key_cache: torch.Tensor, value_cache: torch.Tensor, meta: AttentionMetadata,
                 scale: float, sliding_window: int | None = None) -> torch.Tensor:
-        """Store the new K/V, then attend decodes in buckets and prefills one by one."""
         plan: _TorchPlan = meta.plan
         if sliding_window is not None:
             windowed = plan.windows.get(sliding_window)
@@ -93,7 +80,7 @@ class TorchPagedAttention:
 
 def _build_plan(meta: AttentionMetadata, block_size: int, num_kv_heads: int,
                 window: int | None) -> _TorchPlan:
-    """Gather indices and masks of one step; with a window, only the window's positions."""
+    """Gather indices and masks of one step; with a window, only its positions."""
     bt = meta.block_tables
     hkv = num_kv_heads
     device = bt.device
@@ -101,7 +88,7 @@ def _build_plan(meta: AttentionMetadata, block_size: int, num_kv_heads: int,
     decodes: list[_DecodeBucket] = []
     if nd:
         seqs = meta.seq_lens_cpu[:nd]
-        # A decode at window W reads positions seq - W .. seq - 1: W of them at most.
+        # A decode reads at most the window's W positions.
         lens = seqs if window is None else [min(x, window) for x in seqs]
         for lo, hi in _buckets(lens):
             s_max = max(lens[lo:hi])
@@ -148,7 +135,6 @@ def _build_plan(meta: AttentionMetadata, block_size: int, num_kv_heads: int,
 def _attend(plan: _TorchPlan, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             key_cache: torch.Tensor, value_cache: torch.Tensor, meta: AttentionMetadata,
             scale: float) -> torch.Tensor:
-    """The step's attention through one plan."""
     _, _, hkv, d = key_cache.shape
     kc = key_cache.view(-1, hkv, d)
     vc = value_cache.view(-1, hkv, d)
@@ -161,7 +147,7 @@ def _attend(plan: _TorchPlan, query: torch.Tensor, key: torch.Tensor, value: tor
     v_rows = value_cache.view(-1, d)
     for b in plan.decodes:
         n, _, s_max = b.shape
-        per_row = hkv * s_max  # cache rows gathered per sequence
+        per_row = hkv * s_max
         step = max(1, _GATHER_BYTES // (2 * per_row * d * key_cache.element_size()))
         for lo in range(0, n, step):
             hi = min(n, lo + step)
@@ -190,11 +176,6 @@ def _attend(plan: _TorchPlan, query: torch.Tensor, key: torch.Tensor, value: tor
 
 
 def _buckets(lens: list[int]) -> list[tuple[int, int]]:
-    """Contiguous runs of decode rows whose padding to the run's longest context stays small.
-
-    The runner sorts decodes by context length, so runs are tight; unsorted input is still
-    correct (each run is padded to its own maximum).
-    """
     tol = _PAD_TOLERANCE
     while True:
         out = _runs(lens, tol)
@@ -204,7 +185,7 @@ def _buckets(lens: list[int]) -> list[tuple[int, int]]:
 
 
 def _runs(lens: list[int], tol: float) -> list[tuple[int, int]]:
-    """Greedy runs whose longest and shortest context differ by at most max(tol x shortest, slack)."""
+    """Greedy runs whose context spread is at most max(tol x shortest, slack)."""
     out: list[tuple[int, int]] = []
     lo, lo_len, hi_len = 0, lens[0], lens[0]
     for i in range(1, len(lens)):

@@ -1,9 +1,6 @@
 """The architecture registry: config.json's architectures[0] -> the model class that serves it.
 
-Every class follows the CausalLM protocol, which is all the worker, the loader, the runner and
-the engine know of a model. Each class reads its own config fields: a field it does not
-implement (an unknown rope type, logit soft-capping, bidirectional attention...) is a typed
-error naming the field, never silently ignored.
+A config field a class does not implement is a typed error naming it, never silently ignored.
 """
 
 from __future__ import annotations
@@ -34,7 +31,7 @@ class CausalLM(Protocol):
         """Hidden states [N, hidden] -> fp32 logits [N, vocab]."""
 
     def projections(self) -> Iterator[nn.Linear]:
-        """Every layer's projections, layer by layer (for the weight copies and tensor parallelism)."""
+        """Every layer's projections, layer by layer (for weight copies and tensor parallelism)."""
 
     def add_small_batch_weights(self, rows: int | None = None) -> None:
         """Keep [in, out] weight copies for small products."""
@@ -50,7 +47,7 @@ class CausalLM(Protocol):
 
     @classmethod
     def config_from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
-        """The architecture record from a transformers config.json dict; typed errors for what it lacks."""
+        """The architecture record from a config.json dict; typed errors for what it lacks."""
 
 
 _SILU = ("silu", "swish")
@@ -72,7 +69,7 @@ def llama_config(cfg: dict[str, Any], arch: str = "LlamaForCausalLM") -> ModelCo
 
 
 def mistral_config(cfg: dict[str, Any]) -> ModelConfig:
-    """MistralForCausalLM: Llama with a sliding window on every layer (None: full attention)."""
+    """MistralForCausalLM: Llama with a sliding window on every layer."""
     arch = "MistralForCausalLM"
     _check_act(arch, cfg, "hidden_act", _SILU)
     kw = common_fields(arch, cfg)
@@ -200,12 +197,10 @@ def architecture_of(cfg: dict[str, Any]) -> str:
 
 
 def model_class_for(cfg: dict[str, Any]) -> type:
-    """The registered model class for a config.json dict."""
     return ARCHITECTURES[architecture_of(cfg)]
 
 
 def model_class(config: ModelConfig) -> type:
-    """The registered model class a parsed config was read for."""
     cls = ARCHITECTURES.get(config.architecture)
     if cls is None:
         raise UnsupportedArchitectureError(config.architecture, sorted(ARCHITECTURES))

