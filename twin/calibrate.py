@@ -45,11 +45,13 @@ class CalibrationDesign:
 
     @classmethod
     def quick(cls) -> "CalibrationDesign":
+        """A small design for tests and tiny models."""
         return cls([4, 12, 24], [0, 16], [(2, 8), (3, 4)], [1, 2, 4, 6], [8, 24], 3,
                    [(2, 8), (4, 12)], 1, 0, [0.05], 2)
 
     def for_limits(self, max_num_seqs: int, max_num_batched_tokens: int,
                    max_model_len: int) -> "CalibrationDesign":
+        """Drop shapes the engine could not run in one step."""
         fits = lambda q, c: q <= max_num_batched_tokens and q + c + 1 < max_model_len  # noqa: E731
         sizes = [q for q in self.prefill_sizes if fits(q, 0)]
         # A full-budget chunk too: the commonest prefill step under load.
@@ -177,6 +179,7 @@ class Calibrator:
         self._drain()
 
     def multi_prefill(self, k: int, q: int) -> None:
+        """k prompts of q tokens admitted together."""
         for _ in range(k):
             self._add(self._tokens(q), 1)
         self._drain()
@@ -298,6 +301,7 @@ class ProbeParts:
 
     @property
     def total(self) -> float:
+        """The probe's seconds (what `speed_probe` returns)."""
         return self.decode_s + self.prefill_s
 
 
@@ -333,6 +337,7 @@ PROBE_DRIFT_WARN = 0.15
 
 
 def drift_warning(provenance: dict[str, Any]) -> str | None:
+    """A one-line warning when calibration's speed probes disagree by more than PROBE_DRIFT_WARN."""
     drift = provenance.get("speed_probe_drift")
     if drift is None or drift <= PROBE_DRIFT_WARN:
         return None

@@ -43,6 +43,7 @@ def warm_up(engine: Any) -> None:
 
 
 def engine_record(engine: Any, facts: EngineFacts) -> dict[str, Any]:
+    """The engine's config as forecast.json and fidelity.json record it."""
     keys = ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "num_blocks", "block_size", "policy")
     return {**dataclasses.asdict(facts), "engine_core_mode": facts.core_mode,
             **{k: getattr(engine.scheduler_config, k) for k in keys}}
@@ -189,6 +190,7 @@ def exit_code(report: dict[str, Any], fail_on_fail: bool = False) -> int:
 
 
 def write_requests(records: list[Any], path: Path) -> None:
+    """Request records as CSV (token times as JSON)."""
     import pandas as pd
 
     rows = [{"request_id": r.request_id, "arrival_s": r.arrival_time, "prompt_tokens": r.num_prompt_tokens,

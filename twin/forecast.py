@@ -29,6 +29,7 @@ NOWCAST = "nowcast (uses the run's own speed)"
 
 
 def simulate(profile: Any, make: Callable[[], Workload], sched_cfg: Any) -> Any:
+    """The workload simulated with this cost model and scheduler config (a RunResult)."""
     executor = SimExecutor(profile)
     return Simulation(EngineCore(dataclasses.replace(sched_cfg), executor), executor, make()).run()
 

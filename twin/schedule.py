@@ -51,6 +51,7 @@ class RecordingExecutor(SimExecutor):
         self.preempted: list[list[str]] = []
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        """Record the step, then run it as the simulator does."""
         self.schedules.append(dict(so.num_scheduled_tokens))
         self.preempted.append(sorted(so.preempted_req_ids))
         return super().execute(so)
@@ -69,6 +70,7 @@ class ScheduleCheck:
     max_token_time_diff_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary."""
         return dataclasses.asdict(self)
 
 
@@ -137,6 +139,7 @@ class ShapeCostModel:
         self.fallback, self.priced, self.missed = fallback, 0, 0
 
     def step_time(self, *f: float) -> float:
+        """The measured median of this shape, else the fallback's price at its kind's ratio."""
         t = self.table.get(tuple(round(float(x), 6) for x in f))  # as _shape rounds
         self.priced, self.missed = self.priced + (t is not None), self.missed + (t is None)
         return t if t is not None else self.fallback.step_time(*f) * self.ratio.get(step_kind(f[0], f[4]), 1.0)

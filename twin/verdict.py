@@ -96,6 +96,7 @@ def judge(forecast: dict[str, dict[str, float]], runs: list[dict[str, dict[str, 
 
 
 def summary(cells: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """{"pass", "fail", "unresolved", "cells"}: cells with a verdict, by state."""
     flat = [c["state"] for per in cells.values() for c in per.values() if c["state"] != NO_VERDICT]
     return {"pass": flat.count(PASS), "fail": flat.count(FAIL), "unresolved": flat.count(UNRESOLVED),
             "cells": len(flat)}

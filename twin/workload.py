@@ -20,6 +20,7 @@ from twinserve.twin.preflight import FidelityError
 
 @dataclass(slots=True)
 class FidelityOptions:
+    """What to serve and how often."""
     profile: str
     trace: str | None = None
     config: str | None = None          # a study TOML whose [workload] table is served

@@ -76,6 +76,7 @@ def core_output(o: EngineCoreOutput, req: Request | None) -> CoreOutput:
 
 
 def core_stats(core: EngineCore) -> CoreStats:
+    """The core's scheduler and KV state as one record."""
     sched = core.scheduler
     kv = sched.kv
     return CoreStats(sched.num_running, sched.num_waiting, sched.num_preemptions, core.num_steps,
@@ -114,6 +115,7 @@ class InprocCoreClient:
 
     @property
     def num_steps(self) -> int:
+        """Engine steps run so far."""
         return self.core.num_steps
 
     @property
@@ -126,6 +128,7 @@ class InprocCoreClient:
         return getattr(self.__dict__["core"], name)
 
     def add_request(self, request: Request) -> None:
+        """Queue on the core (typed error if it can never be served)."""
         self.core.add_request(request)
         self._requests.live[request.request_id] = request
 
@@ -144,6 +147,7 @@ class InprocCoreClient:
         return CoreStep(self._requests.wrap(outputs), stats)
 
     def has_unfinished_requests(self) -> bool:
+        """True while the core has anything waiting or running."""
         return self.core.has_unfinished_requests()
 
     def set_step_log(self, on: bool, record_schedule: bool = False) -> None:
@@ -152,6 +156,7 @@ class InprocCoreClient:
         self.executor.set_timing(on)
 
     def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (PrefixCacheBusyError while requests hold blocks)."""
         self.core.scheduler.reset_prefix_cache()
 
     def has_pending(self) -> bool:
@@ -159,7 +164,9 @@ class InprocCoreClient:
         return False
 
     def stats(self) -> CoreStats:
+        """The live scheduler's state."""
         return core_stats(self.core)
 
     def shutdown(self) -> None:
+        """Stop the executor (workers, step log)."""
         self.executor.shutdown()

@@ -64,6 +64,7 @@ class AddRequest(msgspec.Struct, tag=True, array_like=True):
 
 
 class AbortRequests(msgspec.Struct, tag=True, array_like=True):
+    """End requests early with the given finish reason."""
     request_ids: list[str]
     reason: FinishReason = FinishReason.ABORT
 
@@ -148,8 +149,10 @@ def encoder() -> msgspec.msgpack.Encoder:
 
 
 def to_core_decoder() -> msgspec.msgpack.Decoder:
+    """Decodes what the front end sends."""
     return msgspec.msgpack.Decoder(ToCore)
 
 
 def from_core_decoder() -> msgspec.msgpack.Decoder:
+    """Decodes what the core sends."""
     return msgspec.msgpack.Decoder(FromCore)

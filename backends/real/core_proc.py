@@ -39,6 +39,7 @@ MAX_UNCONSUMED_BATCHES = 2
 
 def run_engine_core(in_addr: str, out_addr: str, args: EngineArgs, max_model_len: int,
                     eos_ids: list[int], source: ModelSource | None, parent_pid: int, num_threads: int) -> None:
+    """Entry point of the engine-core process: build, then loop until Shutdown."""
     die_with_parent(parent_pid)
     import torch
 
@@ -248,9 +249,11 @@ class MPCoreClient:
 
     @property
     def num_steps(self) -> int:
+        """Engine steps the core has reported."""
         return self._stats.num_steps
 
     def add_request(self, request: Request) -> None:
+        """Send a validated request to the core."""
         params = request.sampling_params
         spec = params.structured_output
         if spec is not None and spec.compiled is not None:  # a compiled grammar does not serialize
@@ -286,9 +289,11 @@ class MPCoreClient:
         self._sent += 1
 
     def has_unfinished_requests(self) -> bool:
+        """True while the core reported work, or has not yet answered what was sent."""
         return self._stats.num_running + self._stats.num_waiting > 0 or self.has_pending()
 
     def has_pending(self) -> bool:
+        """True while the core has not yet answered everything sent to it."""
         return self._seen < self._sent and self.dead is None and not self._closed
 
     def get_output(self, timeout: float) -> CoreStep | None:
@@ -336,6 +341,7 @@ class MPCoreClient:
         v.kv.stats.queries, v.kv.stats.hits = s.prefix_queries, s.prefix_hits
 
     def stats(self) -> CoreStats:
+        """The core's state as of the latest message received."""
         return self._stats
 
     def shutdown(self) -> None:

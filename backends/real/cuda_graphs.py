@@ -20,6 +20,7 @@ MAX_CAPTURE = 512
 
 
 def graph_buckets(max_num_seqs: int) -> list[int]:
+    """Captured batch sizes for an engine that runs at most max_num_seqs requests."""
     top = min(max_num_seqs, MAX_CAPTURE)
     sizes = [b for b in _SMALL if b < top] + list(range(16, top, 16))
     return sorted(set(sizes + [top]))

@@ -53,16 +53,19 @@ class InProcessExecutor:
         return num_blocks
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run the step on the workers; the first one's output is the step's."""
         outputs = [w.execute_model(scheduler_output) for w in self.workers]
         self.num_steps += 1
         return outputs[0]
 
     @property
     def last_step_shape(self) -> StepShape:
+        """Shape of the step just run (rank 0's)."""
         return self.workers[0].last_step_shape
 
     @property
     def last_step_timing(self) -> tuple[float, float, float]:
+        """(prepare_s, forward_s, sample_s) of the step just run (rank 0's)."""
         return self.workers[0].last_step_timing
 
     @property
@@ -71,6 +74,7 @@ class InProcessExecutor:
         return getattr(self.workers[0], "last_comm_time", 0.0)
 
     def set_timing(self, on: bool) -> None:
+        """Time each step's phases on every worker."""
         for w in self.workers:
             w.set_timing(on)
 

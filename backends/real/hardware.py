@@ -20,6 +20,7 @@ def _cpuinfo(key: str) -> str | None:
 
 
 def device_name(device: Any) -> str:
+    """A human name for the device the engine runs on."""
     import torch
 
     if getattr(device, "type", "cpu") == "cuda":

@@ -77,6 +77,7 @@ class ModelRunner:
         self._pinned = _PinnedStaging(device)
 
     def init_kv_cache(self, num_blocks: int, dtype: torch.dtype) -> None:
+        """Allocate [num_blocks, block_size, num_kv_heads, head_dim] K and V per layer."""
         cfg = self.model.config
         shape = (num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
@@ -131,6 +132,7 @@ class ModelRunner:
     # ------------------------------------------------------------------ step
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one scheduler output and return the sampled tokens."""
         timing = self.timing
         t0 = time.perf_counter() if timing else 0.0
         self._update_states(so)

@@ -31,6 +31,7 @@ _PICKLE = pickle.HIGHEST_PROTOCOL
 def run_worker(rank: int, world_size: int, conn: Connection, args: EngineArgs, max_model_len: int,
                eos_ids: list[int], source: ModelSource | None, dist_file: str, parent_pid: int,
                num_threads: int) -> None:
+    """Entry point of one worker process: join the group, build the Worker, serve commands."""
     die_with_parent(parent_pid)
     try:
         import torch

@@ -74,6 +74,7 @@ class StepRecord:
 
     @property
     def num_prefill_seqs(self) -> int:
+        """Prefill chunks in the step."""
         return len(self.prefill_chunks)
 
     @property
@@ -88,6 +89,7 @@ class StepRecord:
 
     @property
     def num_decode_seqs(self) -> int:
+        """Sequences generating one token."""
         return len(self.decode_context_lens)
 
     @property
@@ -97,10 +99,12 @@ class StepRecord:
 
     @property
     def num_seqs(self) -> int:
+        """Sequences scheduled in the step."""
         return len(self.prefill_chunks) + len(self.decode_context_lens)
 
     @property
     def num_new_tokens(self) -> int:
+        """Tokens computed in the step."""
         return self.num_prefill_tokens + len(self.decode_context_lens)
 
     @property
@@ -119,6 +123,7 @@ class StepRecord:
                 self.prefill_attn, self.num_decode_seqs, self.decode_context)
 
     def row(self) -> dict[str, Any]:
+        """The record as a flat mapping of COLUMNS."""
         out: dict[str, Any] = {"step": self.step, "start_s": self.start_s}
         out.update(zip(FEATURE_COLUMNS, self.features()))
         out.update(num_seqs=self.num_seqs, num_running=self.num_running,
@@ -154,6 +159,7 @@ class StepLog:
         return self.keep or self.path is not None
 
     def append(self, record: StepRecord) -> None:
+        """Add one step: kept if asked, written to the file if there is one."""
         self.num_records += 1
         if self.keep:
             self.records.append(record)
@@ -175,16 +181,19 @@ class StepLog:
             self._file.write(json.dumps(row) + "\n")
 
     def flush(self) -> None:
+        """Push what was written to disk."""
         if self._file is not None:
             self._file.flush()
 
     def close(self) -> None:
+        """Close the file (records stay in memory if kept)."""
         if self._file is not None:
             self._file.close()
             self._file = None
             self._csv = None
 
     def write(self, path: str | Path) -> Path:
+        """Write the kept records to a file (CSV or JSON lines by suffix)."""
         out = StepLog(path)
         for r in self.records:
             out.append(r)
@@ -192,6 +201,7 @@ class StepLog:
         return Path(path)
 
     def rows(self) -> list[dict[str, Any]]:
+        """The kept records as flat rows (what fit_step_log reads)."""
         return [r.row() for r in self.records]
 
 

@@ -27,6 +27,7 @@ _GIB = 1 << 30
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """K and V of one token across all layers."""
     elem = torch.empty((), dtype=dtype).element_size()
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * elem
 
@@ -98,6 +99,7 @@ class Worker:
 
     @property
     def kv_bytes_per_token(self) -> int:
+        """KV cache bytes one token occupies."""
         return kv_bytes_per_token(self.model.config, self.dtype)
 
     def determine_num_blocks(self) -> int:
@@ -154,13 +156,16 @@ class Worker:
 
     @property
     def last_step_shape(self) -> StepShape:
+        """The shape of the step just run."""
         return self.runner.last_shape
 
     @property
     def last_step_timing(self) -> tuple[float, float, float]:
+        """(prepare_s, forward_s, sample_s) of the step just run, when timing is on."""
         return self.runner.last_timing
 
     def set_timing(self, on: bool) -> None:
+        """Time the phases of each step."""
         self.runner.timing = on
 
 def profile_step_memory(runner: ModelRunner, args: EngineArgs, max_model_len: int) -> int:

@@ -68,6 +68,7 @@ class TorchPagedAttention:
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 key_cache: torch.Tensor, value_cache: torch.Tensor, meta: AttentionMetadata,
                 scale: float, sliding_window: int | None = None) -> torch.Tensor:
+        """Store the new K/V, then attend decodes in buckets and prefills one by one."""
         plan: _TorchPlan = meta.plan
         if sliding_window is not None:
             windowed = plan.windows.get(sliding_window)

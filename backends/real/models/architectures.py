@@ -197,10 +197,12 @@ def architecture_of(cfg: dict[str, Any]) -> str:
 
 
 def model_class_for(cfg: dict[str, Any]) -> type:
+    """The registered model class for a config.json dict."""
     return ARCHITECTURES[architecture_of(cfg)]
 
 
 def model_class(config: ModelConfig) -> type:
+    """The registered model class a parsed config was read for."""
     cls = ARCHITECTURES.get(config.architecture)
     if cls is None:
         raise UnsupportedArchitectureError(config.architecture, sorted(ARCHITECTURES))

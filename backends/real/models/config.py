@@ -61,10 +61,12 @@ class ModelConfig:
 
     @property
     def q_size(self) -> int:
+        """Width of the query projection."""
         return self.num_attention_heads * self.head_dim
 
     @property
     def kv_size(self) -> int:
+        """Width of the key (or value) projection."""
         return self.num_key_value_heads * self.head_dim
 
     @property

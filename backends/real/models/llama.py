@@ -29,6 +29,7 @@ PAD_MIN_ROWS = 9
 
 
 def default_small_batch_rows() -> int:
+    """The row count up to which this CPU's fp32 products take the transposed weight copies."""
     return SMALL_BATCH_ROWS_BY_CAPABILITY.get(torch.backends.cpu.get_cpu_capability(), SMALL_BATCH_ROWS)
 
 
@@ -76,6 +77,7 @@ def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
 
 
 def packed_bf16_supported() -> bool:
+    """True where oneDNN runs bf16 products on this CPU (AVX512-BF16 or AMX) from prepacked weights."""
     ops = torch.ops.mkldnn
     return (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
             and hasattr(ops, "_linear_pointwise") and bool(ops._is_mkldnn_bf16_supported()))
@@ -90,6 +92,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalize the last axis and scale."""
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -104,17 +107,20 @@ class GemmaRMSNorm(RMSNorm):
         nn.init.zeros_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalize the last axis and scale by 1 + weight."""
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (h * (1.0 + self.weight.float())).to(x.dtype)
 
 
 def make_norm(cfg: LlamaConfig, size: int) -> RMSNorm:
+    """The config's RMS norm over `size` values."""
     return (GemmaRMSNorm if cfg.gemma_norms else RMSNorm)(size, cfg.rms_norm_eps)
 
 
 class LlamaAttention(nn.Module):
     # Set by shard_llama on a tensor-parallel rank (o_proj is row-parallel).
+    """Self-attention with GQA; K/V go through the attention backend into the paged cache."""
     tp = None
 
     def __init__(self, cfg: LlamaConfig, rope: RotaryEmbedding, window: int | None = None) -> None:
@@ -134,6 +140,7 @@ class LlamaAttention(nn.Module):
 
     def forward(self, cos_sin: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
+        """x [T, hidden] -> [T, hidden]."""
         t = x.shape[0]
         qkv = linear(x, self.qkv_proj)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -164,6 +171,7 @@ class LlamaMLP(nn.Module):
         self.gelu = cfg.hidden_act == "gelu_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden] -> [T, hidden]."""
         gate, up = linear(x, self.gate_up_proj).split(self.inter, dim=-1)
         act = nn.functional.gelu(gate, approximate="tanh") if self.gelu else nn.functional.silu(gate)
         out = linear(act * up, self.down_proj)
@@ -171,6 +179,7 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention and MLP blocks with residuals (Gemma: each block also post-normed)."""
     def __init__(self, cfg: LlamaConfig, rope: RotaryEmbedding, window: int | None = None) -> None:
         super().__init__()
         self.input_layernorm = make_norm(cfg, cfg.hidden_size)
@@ -185,6 +194,7 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, cos_sin: tuple[torch.Tensor, torch.Tensor], h: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
+        """One decoder layer."""
         if self.sandwich:
             a = self.self_attn(cos_sin, self.input_layernorm(h), kv_cache, meta, backend)
             h = h + self.post_attention_layernorm(a)
@@ -194,6 +204,7 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    """Embeddings, decoder layers, final norm and LM head (tied or not)."""
     tp = None  # tensor parallel: the head computes this rank's vocab slice, then gathers
 
     def __init__(self, cfg: LlamaConfig, max_len: int, dtype: torch.dtype = torch.float32) -> None:
@@ -220,6 +231,7 @@ class LlamaForCausalLM(nn.Module):
 
     @classmethod
     def config_from_hf(cls, cfg: dict) -> LlamaConfig:
+        """The architecture record from a transformers config.json dict (see models/architectures.py)."""
         from twinserve.backends.real.models.architectures import llama_config
 
         return llama_config(cfg)
@@ -232,6 +244,7 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
                 backend: AttentionBackend) -> torch.Tensor:
+        """Token ids [T] and positions [T] -> final hidden states [T, hidden]."""
         h = self.embed_tokens(input_ids)
         if self.embed_scale is not None:
             h = h * self.embed_scale
@@ -242,6 +255,7 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(h)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden states [N, hidden] -> fp32 logits [N, vocab]."""
         head_packed = self.__dict__.get("head_packed")
         head_t = getattr(self, "head_t", None)
         head_int8 = self.__dict__.get("head_int8")
@@ -311,6 +325,7 @@ class LlamaForCausalLM(nn.Module):
         self.set_small_batch_rows(default_small_batch_rows() if rows is None else rows)
 
     def set_small_batch_rows(self, rows: int) -> None:
+        """Products of at most `rows` rows take the transposed copies (add_small_batch_weights)."""
         self.small_batch_rows = int(rows)
         for lin in self.projections():
             lin.small_rows = int(rows)

@@ -25,6 +25,7 @@ def split_sizes(n: int, parts: int) -> list[int]:
 
 
 def chunk(n: int, parts: int, index: int) -> range:
+    """The index-th of split_sizes(n, parts) as a range."""
     sizes = split_sizes(n, parts)
     lo = sum(sizes[:index])
     return range(lo, lo + sizes[index])
@@ -59,6 +60,7 @@ class TensorParallel:
     vocab_sizes: list[int] = field(default_factory=list)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum x over ranks, in place."""
         import torch.distributed as dist
 
         t = time.perf_counter()
@@ -82,6 +84,7 @@ class TensorParallel:
         return out
 
     def take_comm_time(self) -> float:
+        """Collective time since the last call, and reset."""
         t, self.comm_time_s = self.comm_time_s, 0.0
         return t
 
@@ -95,6 +98,7 @@ class VocabParallelEmbedding(nn.Embedding):
         self.lo, self.hi, self.tp = lo, hi, tp
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """[T] ids -> [T, hidden]."""
         mine = (ids >= self.lo) & (ids < self.hi)
         local = torch.where(mine, ids - self.lo, torch.zeros_like(ids))
         h = nn.functional.embedding(local, self.weight) * mine.unsqueeze(-1).to(self.weight.dtype)
