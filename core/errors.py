@@ -27,6 +27,20 @@ class TwinserveError(Exception):
         return message if message is not None else super().__str__()
 
 
+class FileFieldError(TwinserveError, ValueError):
+    """A value read from a file is missing or wrong: names the file, the line and the field."""
+
+    def __init__(self, field: str, message: str, file: str | None = None,
+                 line: int | None = None) -> None:
+        self.field = field
+        self.file = file
+        self.line = line
+        where = ""
+        if file is not None:
+            where = f"{file}:{line}: " if line is not None else f"{file}: "
+        self._keep_args(f"{where}field '{field}': {message}", field, message, file, line)
+
+
 class InvalidSamplingParamsError(TwinserveError, ValueError):
     """A sampling parameter is outside its allowed range."""
     def __init__(self, field: str, value: object, allowed: str) -> None:

@@ -19,7 +19,7 @@ from twinserve.backends.sim.spec import SpecAcceptance
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import InvalidConfigError
 
-from twinserve.sim.config import StudyConfig, find_line, replica_config, replica_line, validate
+from twinserve.sim.config import StudyConfig, field_error, replica_config, replica_line, source_text, validate
 from twinserve.sim.errors import ConfigError
 from twinserve.sim.specs import resolve_hardware, resolve_model
 from twinserve.sim.workload import Workload
@@ -75,14 +75,7 @@ class BuiltStudy:
 
 
 def _cfg_error(cfg: StudyConfig, section: str, field: str, msg: str) -> ConfigError:
-    text = ""
-    if cfg.source:
-        try:
-            text = Path(cfg.source).read_text()
-        except OSError:
-            pass
-    return ConfigError(f"{section}.{field}", msg, cfg.source,
-                       find_line(text, section, field) if text else None)
+    return field_error(cfg, f"{section}.{field}", msg)
 
 
 def resolve_trace(cfg: StudyConfig) -> str:
@@ -206,12 +199,7 @@ def _blame_replica(cfg: StudyConfig, index: int) -> Iterator[None]:
         if e.field not in overrides:
             raise
         name = e.field.split(".", 1)[1]
-        text = ""
-        if cfg.source:
-            try:
-                text = Path(cfg.source).read_text()
-            except OSError:
-                pass
+        text = source_text(cfg)
         raise ConfigError(f"cluster.replicas[{index}].{name}", e.args[1], cfg.source,
                           replica_line(text, index, name) if text else None) from None
 

@@ -210,6 +210,23 @@ _FRACTION = {"engine.gpu_memory_utilization", "engine.eff_gemm", "engine.eff_att
              "engine.eff_memory", "engine.eff_comm"}
 
 
+def source_text(cfg: "StudyConfig") -> str:
+    """The study file's text, or "" when the config came from no readable file."""
+    if cfg.source:
+        try:
+            return Path(cfg.source).read_text()
+        except OSError:
+            pass
+    return ""
+
+
+def field_error(cfg: "StudyConfig", field: str, msg: str) -> "ConfigError":
+    """A ConfigError for `section.key`, at its line in the study file when there is one."""
+    text = source_text(cfg)
+    section, key = field.split(".", 1)
+    return ConfigError(field, msg, cfg.source, find_line(text, section, key) if text else None)
+
+
 def find_line(text: str, section: str | None, key: str | None) -> int | None:
     """The 1-based line where key is set inside [section] (or where the table starts)."""
     current = None

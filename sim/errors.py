@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-from twinserve.core.errors import TwinserveError
+from twinserve.core.errors import FileFieldError, TwinserveError
 
 
 class SimError(TwinserveError):
     """Base class of the simulator's own errors."""
 
 
-class ConfigError(SimError, ValueError):
+class ConfigError(SimError, FileFieldError):
     """A study config value is wrong: says which field, in which file, on which line."""
-
-    def __init__(self, field: str, message: str, file: str | None = None,
-                 line: int | None = None) -> None:
-        self.field = field
-        self.file = file
-        self.line = line
-        where = ""
-        if file is not None:
-            where = f"{file}:{line}: " if line is not None else f"{file}: "
-        self._keep_args(f"{where}field '{field}': {message}", field, message, file, line)
 
 
 class TraceError(SimError, ValueError):

@@ -13,13 +13,12 @@ import math
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
 from twinserve.backends.sim.catalog import HARDWARES, UnknownSpecError, get_hardware
 
 from twinserve.sim.build import fit_problem
-from twinserve.sim.config import StudyConfig, find_line, replica_config, set_field
+from twinserve.sim.config import StudyConfig, find_line, replica_config, set_field, source_text
 from twinserve.sim.errors import ConfigError
 from twinserve.sim.runner import PointFailure, run_jobs
 from twinserve.sim.specs import model_label, resolve_hardware
@@ -138,12 +137,7 @@ def check_prices(base: StudyConfig, configs: Sequence[StudyConfig]) -> None:
         folded = {k.lower(): k for k in known}
         close = difflib.get_close_matches(name.lower(), list(folded), n=1)
         hint = f"did you mean {folded[close[0]]!r}? " if close else ""
-        text = ""
-        if base.source:
-            try:
-                text = Path(base.source).read_text()
-            except OSError:
-                pass
+        text = source_text(base)
         line = (find_line(text, "search.prices", name) or find_line(text, "search", "prices")) if text else None
         raise ConfigError("search.prices", f"a price for {name!r}, which is no GPU of the catalog or of "
                           f"this study, so it would price nothing; {hint}known: {', '.join(known)}",

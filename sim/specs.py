@@ -30,7 +30,7 @@ from twinserve.backends.sim.catalog import (GiB, GPUProfile, HardwareSpec, Model
                                             UnknownSpecError, get_hardware, get_model)
 from twinserve.backends.sim.hf_config import ModelConfigError, load_hf_config, model_from_hf_dict
 
-from twinserve.sim.config import StudyConfig, find_line
+from twinserve.sim.config import StudyConfig, field_error, find_line
 from twinserve.sim.errors import ConfigError
 
 # [hardware] key -> (required, minimum is exclusive 0 (True) or inclusive 0 (False)).
@@ -121,15 +121,7 @@ def parse_hardware_table(table: dict[str, Any], file: str | None, text: str) -> 
                         peak_flops_fp8=values.get("peak_flops_fp8", 0.0))
 
 
-def _error(cfg: StudyConfig, field: str, msg: str) -> ConfigError:
-    text = ""
-    if cfg.source:
-        try:
-            text = Path(cfg.source).read_text()
-        except OSError:
-            pass
-    section, key = field.split(".", 1)
-    return ConfigError(field, msg, cfg.source, find_line(text, section, key) if text else None)
+_error = field_error
 
 
 def resolve_model(cfg: StudyConfig) -> ModelSpec:

@@ -13,25 +13,15 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from twinserve.core.errors import TwinserveError
+from twinserve.core.errors import FileFieldError
 
 from twinserve.backends.sim.catalog import ModelSpec
 
 MODELS_DIR = Path(__file__).parent / "models"
 
 
-class ModelConfigError(TwinserveError, ValueError):
+class ModelConfigError(FileFieldError):
     """A model config value is missing or wrong: names the file, the line and the key."""
-
-    def __init__(self, field: str, message: str, file: str | None = None,
-                 line: int | None = None) -> None:
-        self.field = field
-        self.file = file
-        self.line = line
-        where = ""
-        if file is not None:
-            where = f"{file}:{line}: " if line is not None else f"{file}: "
-        self._keep_args(f"{where}field '{field}': {message}", field, message, file, line)
 
 
 def json_line_finder(text: str, start_key: str | None = None) -> Callable[[str], int | None]:
