@@ -24,17 +24,22 @@ def load_tokenizer(source: ModelSource, override: str | None = None) -> Any:
         raise UnsupportedModelError(f"cannot load a tokenizer for {source.path}: {e}") from e
 
 
-def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                        **kwargs: Any) -> list[int]:
-    """Render a conversation to prompt token ids with the tokenizer's chat template."""
+def _check_messages(messages: Any) -> None:
+    """A typed error unless messages is a non-empty list of role dicts."""
     if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
         raise InvalidRequestError("messages must be a list of {'role': ..., 'content': ...} dicts",
                                   param="messages")
+    if not messages:
+        raise InvalidRequestError("messages must hold at least one message", param="messages")
+
+
+def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                        **kwargs: Any) -> list[int]:
+    """Render a conversation to prompt token ids with the tokenizer's chat template."""
+    _check_messages(messages)
     if getattr(tokenizer, "chat_template", None) is None:
         raise InvalidRequestError("this model's tokenizer has no chat template; use generate()",
                                   param="messages")
-    if not messages:
-        raise InvalidRequestError("messages must hold at least one message", param="messages")
     try:
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                             tokenize=True, **kwargs)
@@ -53,14 +58,10 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], add_generation_p
     Tokenizing the text without special tokens gives apply_chat_template's ids; the server
     renders first so that it can bound the tokenization of an over-long conversation.
     """
-    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
-        raise InvalidRequestError("messages must be a list of {'role': ..., 'content': ...} dicts",
-                                  param="messages")
+    _check_messages(messages)
     if kwargs.get("chat_template") is None and getattr(tokenizer, "chat_template", None) is None:
         raise InvalidRequestError("this model's tokenizer has no chat template; start the server with "
                                   "--chat-template or use /v1/completions", param="messages")
-    if not messages:
-        raise InvalidRequestError("messages must hold at least one message", param="messages")
     try:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                              tokenize=False, **kwargs)
