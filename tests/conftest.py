@@ -25,7 +25,7 @@ EXPERIMENTS = ROOT / "experiments"
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
 # "random": fresh examples (seed from --hypothesis-seed, printed in the header), failures
 # saved to a fixed database that later random runs replay first. Nightly-style, not CI.
-settings.register_profile("random", deadline=None, print_blob=True,
+settings.register_profile("random", derandomize=False, deadline=None, print_blob=True,
                           database=DirectoryBasedExampleDatabase(ROOT / ".hypothesis" / "random-examples"))
 # HYPOTHESIS_PROFILE picks one without a flag; --hypothesis-profile still wins.
 if os.environ.get("HYPOTHESIS_PROFILE"):
