@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import threading
@@ -184,3 +185,13 @@ def make_server(tiny_model_dir: Path, core_mode: str) -> Iterator[Callable[..., 
     for s in started:
         if s.thread.is_alive():
             s.stop()
+
+
+def prometheus_series(text: str) -> dict[str, float]:
+    """Sum of the values of each series name in a Prometheus text exposition."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name = re.split(r"[{ ]", line, maxsplit=1)[0]
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out

@@ -11,7 +11,7 @@ import pytest
 
 from twinserve.core.errors import InvalidConfigError
 
-from .conftest import start_server
+from .conftest import prometheus_series, start_server
 
 WORKER_TRACE = ("worker rank 1 failed during step:\nTraceback (most recent call last):\n"
                 '  File "/home/someone/twinserve/backends/real/worker.py", line 88, in execute\n'
@@ -67,16 +67,7 @@ def test_chat_template_flag_reads_a_file_or_inline_jinja(tmp_path: Path) -> None
         load_chat_template("{% for m in messages %}")
 
 
-def _series(text: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name = re.split(r"[{ ]", line, maxsplit=1)[0]
-            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
-
-
-def test_vllm_prefix_carries_the_older_and_request_level_series(tiny_model_dir: Path) -> None:
+def test_vllm_prefix_carries_the_older_and_request_levelprometheus_series(tiny_model_dir: Path) -> None:
     s = start_server(tiny_model_dir, engine_core_mode="inproc", config_kw={"metrics_prefix": "vllm"})
     try:
         r = httpx.post(s.url + "/v1/completions", json={"model": "tiny", "prompt": "the quick brown", "n": 2,
@@ -84,7 +75,7 @@ def test_vllm_prefix_carries_the_older_and_request_level_series(tiny_model_dir: 
         assert r.status_code == 200
         httpx.post(s.url + "/v1/completions", json={"model": "tiny", "prompt": ""}, timeout=60)  # a 400
         text = httpx.get(s.url + "/metrics", timeout=10).text
-        series = _series(text)
+        series = prometheus_series(text)
         assert "vllm:gpu_cache_usage_perc" in series
         assert series["vllm:time_per_output_token_seconds_count"] == series["vllm:inter_token_latency_seconds_count"]
         assert series["vllm:time_per_output_token_seconds_count"] > 0

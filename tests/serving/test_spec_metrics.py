@@ -7,7 +7,7 @@ import httpx
 from twinserve.backends.real.serving.async_engine import EngineSnapshot
 from twinserve.backends.real.serving.metrics import ServingMetrics
 
-from .test_vllm_endpoints import _series
+from .conftest import prometheus_series
 
 PROMPT = "the quick brown fox jumps over the lazy dog " * 6
 SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
@@ -20,7 +20,7 @@ def test_spec_counters_take_the_snapshots_deltas_by_position() -> None:
     m.on_iteration(EngineSnapshot(spec_num_drafts=3, spec_num_draft_tokens=9, spec_num_accepted_tokens=6,
                                   spec_accepted_per_pos=(3, 2, 1)), [], 1.0)
     text = m.render().decode()
-    series = _series(text)
+    series = prometheus_series(text)
     assert series["vllm:spec_decode_num_drafts_total"] == 3
     assert series["vllm:spec_decode_num_draft_tokens_total"] == 9
     assert series["vllm:spec_decode_num_accepted_tokens_total"] == 6
@@ -33,7 +33,7 @@ def test_a_speculative_server_exports_the_counters_of_its_scheduler(make_server)
     r = s.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0.0,
                                       extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 12
-    series = _series(httpx.get(s.url + "/metrics").text)
+    series = prometheus_series(httpx.get(s.url + "/metrics").text)
     drafted = series["vllm:spec_decode_num_draft_tokens_total"]
     accepted = series["vllm:spec_decode_num_accepted_tokens_total"]
     assert drafted > 0 and series["vllm:spec_decode_num_drafts_total"] > 0

@@ -8,7 +8,7 @@ import re
 import httpx
 import pytest
 
-from .conftest import RunningServer, wait_for
+from .conftest import RunningServer, prometheus_series, wait_for
 
 PROMPT = "the quick brown fox jumps"
 
@@ -124,22 +124,12 @@ VLLM_DASHBOARD_SERIES = [
 ]
 
 
-def _series(text: str) -> dict[str, float]:
-    """Sum of the values of each series name in a Prometheus text exposition."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name = re.split(r"[{ ]", line, maxsplit=1)[0]
-            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
-
-
 def test_metrics_prefix_vllm_feeds_every_series_of_vllms_dashboard(make_server) -> None:
     s = make_server(config_kw={"metrics_prefix": "vllm"})
     r = s.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=5, n=2,
                                       extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 10
-    series = _series(httpx.get(s.url + "/metrics").text)
+    series = prometheus_series(httpx.get(s.url + "/metrics").text)
     missing = [name for name in VLLM_DASHBOARD_SERIES if name not in series]
     assert missing == []
     assert not any(name.startswith("twinserve:") for name in series)
