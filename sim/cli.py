@@ -103,7 +103,8 @@ def beyond_fit_note(res: Sequence[Any]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `simulate` script."""
     ap = argparse.ArgumentParser(prog="simulate", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="simulate-out", help="output folder (default study)")
+    ap.add_argument("--out", default=None,
+                    help="output folder (default: simulate-out, or simulate-COMMAND)")
     ap.add_argument("--workers", type=int, default=None)
     sub = ap.add_subparsers(dest="command")
     for name in ("run", "sweep", "search"):
@@ -114,8 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--seed", type=int)
         p.add_argument("--requests", type=int, help="workload.num_requests")
         p.add_argument("--no-fast-forward", action="store_true", help="step one event per step")
-        p.add_argument("--out", default=None, help="output folder")
-        p.add_argument("--workers", type=int, default=None)
+        # SUPPRESS: an unset subcommand flag must not overwrite the same flag given before it.
+        p.add_argument("--out", default=argparse.SUPPRESS, help="output folder")
+        p.add_argument("--workers", type=int, default=argparse.SUPPRESS)
         if name in ("sweep", "search"):
             p.add_argument("--grid", action="append", default=[], metavar="FIELD=A,B,C",
                            required=name == "sweep", help="one sweep axis (repeatable)")
@@ -149,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not res:
                 raise PointError(failures)
         wall = time.perf_counter() - t0
-        out = Path(args.out or f"simulate-{args.command}")
+        out = Path(args.out or (f"simulate-{args.command}" if args.command else "simulate-out"))
         title = cfg.run.name if args.command is None else f"simulate {args.command}: {cfg.run.name}"
         written = write_study(out, res, axes, title, _notes(cfg, wall, len(res)) + beyond_fit_note(res),
                               slo=cfg.slo)

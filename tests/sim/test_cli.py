@@ -59,3 +59,12 @@ def test_default_study_small(tmp_path, monkeypatch) -> None:
     md = (tmp_path / "d" / "summary.md").read_text()
     assert "Llama-2-7B" in md and "latency_throughput.png" in md
     assert len(pd.read_csv(tmp_path / "d" / "summary.csv")) == 4
+
+
+def test_out_given_before_the_subcommand_is_kept(tmp_path, monkeypatch) -> None:
+    # The subcommand's own --out default used to overwrite it: the study landed in ./simulate-run.
+    monkeypatch.chdir(tmp_path)
+    rc = cli.main(["--out", str(tmp_path / "mine"), "run", "--requests", "10"])
+    assert rc == 0
+    assert (tmp_path / "mine" / "summary.csv").exists()
+    assert not (tmp_path / "simulate-run").exists()
