@@ -161,14 +161,17 @@ class ModelRunner:
         failed: dict[str, str] = {}
         prompt_lps = self._prompt_logprobs(hidden, states, q_lens, starts) if self._prompt_lp_reqs else None
         rejected: dict[str, int] = {}
+        constrained = len(self.grammar) > 0
+        if constrained:
+            self.grammar.last_mask_time = 0.0
+            self.grammar.last_num_masked = 0
         if sampling and self._drafts:
-            logits, sampling = self._verify(logits, sampling, sampled, rejected, failed)
+            logits, sampling = self._verify(logits, sampling, sampled, logprobs, rejected, failed)
         if sampling:
             rows = [SamplingRow(st.sampling_params, st.token_ids, st.num_prompt_tokens, st.base_seed,
                                 ([] if st.sampling_params.ignore_eos else self.stop_ids)
                                 + st.sampling_params.stop_token_ids)
                     for st in sampling]
-            constrained = len(self.grammar) > 0
             if constrained:
                 ids = [st.req_id for st in sampling]
                 self.grammar.apply(logits, ids)
@@ -176,8 +179,6 @@ class ModelRunner:
             if constrained:
                 ok = [(rid, tok) for rid, tok in zip(ids, tokens) if tok is not None]
                 self.grammar.accept([rid for rid, _ in ok], [tok for _, tok in ok])
-                self.last_shape.grammar_mask_time = self.grammar.last_mask_time
-                self.last_shape.num_constrained = self.grammar.last_num_masked
             for st, tok, lp in zip(sampling, tokens, lps):
                 if tok is None:
                     continue
@@ -185,6 +186,9 @@ class ModelRunner:
                 sampled[st.req_id] = [tok]
                 if lp is not None:
                     logprobs[st.req_id] = [lp]
+        if constrained:
+            self.last_shape.grammar_mask_time = self.grammar.last_mask_time
+            self.last_shape.num_constrained = self.grammar.last_num_masked
         for st, q in zip(states, q_lens):
             st.num_computed_tokens += q
         for rid, n in rejected.items():
@@ -201,7 +205,8 @@ class ModelRunner:
                            ([] if sp.ignore_eos else self.stop_ids) + sp.stop_token_ids)
 
     def _verify(self, logits: torch.Tensor, sampling: list[CachedRequestState], sampled: dict[str, list[int]],
-                rejected: dict[str, int], failed: dict[str, str]) -> tuple[torch.Tensor, list[CachedRequestState]]:
+                logprobs: dict[str, list[Logprob]], rejected: dict[str, int], failed: dict[str, str]
+                ) -> tuple[torch.Tensor, list[CachedRequestState]]:
         """Verify the step's drafts (one logits row per draft, plus one); returns the plain rows left."""
         plain_idx: list[int] = []
         plain: list[CachedRequestState] = []
@@ -222,6 +227,12 @@ class ModelRunner:
             is_plain = set(plain_idx)
             spec_idx = [i for i in range(offset) if i not in is_plain]
             spec_logits = logits[spec_idx]
+            if len(self.grammar):
+                row = 0
+                for e, st in zip(entries, verified):
+                    n = len(e.drafts) + 1
+                    self.grammar.apply_drafts(spec_logits[row:row + n], st.req_id, e.drafts)
+                    row += n
             try:
                 results: list[list[int] | None] = list(verify_drafts(self.sampler, spec_logits, entries))
             except Exception:  # noqa: BLE001 - find the request whose inputs broke the batch
@@ -235,24 +246,32 @@ class ModelRunner:
                         failed[st.req_id] = f"sampling failed: {type(exc).__name__}: {exc}"
                         results.append(None)
                     row += n
+            row = 0
             for st, e, toks in zip(verified, entries, results):
+                n = len(e.drafts) + 1
+                row, first = row + n, row
                 if toks is None:
                     continue
                 for tok in toks:
                     self.batch.append_token(st, tok)
                 sampled[st.req_id] = toks
-                rejected[st.req_id] = len(e.drafts) + 1 - len(toks)
+                rejected[st.req_id] = n - len(toks)
+                if len(self.grammar):
+                    self.grammar.accept([st.req_id] * len(toks), toks)
+                top_n = st.sampling_params.logprobs
+                if top_n is not None:
+                    # As plain decoding reports them: the (grammar-masked) raw logits of each position.
+                    raw = torch.log_softmax(spec_logits[first:first + len(toks)].float(), dim=-1)
+                    logprobs[st.req_id] = prompt_logprob_records(raw, toks, top_n)
         return logits[plain_idx], plain
 
     def _propose(self, sampled: dict[str, list[int]]) -> dict[str, list[int]]:
-        """Drafts for every request that sampled, unless it uses options verification lacks."""
+        """Drafts for every request that sampled."""
         out: dict[str, list[int]] = {}
         reqs = self.batch.requests
         for rid in sampled:
             st = reqs[rid]
             sp = st.sampling_params
-            if sp.structured_output is not None or sp.logprobs is not None:
-                continue
             drafts = self.proposer.propose(self.batch.token_ids[st.row, :len(st.token_ids)])
             if drafts:
                 out[rid] = drafts

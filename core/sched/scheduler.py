@@ -495,7 +495,9 @@ class Scheduler:
             out.new_token_ids = new_ids
             out.finish_reason = reason
             out.stop_reason = stop_reason
-            out.new_logprobs = logprobs.get(rid) if logprobs is not None else None
+            lps = logprobs.get(rid) if logprobs is not None else None
+            # A stop inside an accepted run drops the tokens after it, and their logprobs.
+            out.new_logprobs = lps[:len(new_ids)] if lps is not None and len(lps) > len(new_ids) else lps
             out.prompt_logprobs = None
             out.error = None
             out.num_draft_tokens = num_drafts

@@ -111,6 +111,67 @@ def test_sampling_with_drafts_is_reproducible_by_seed_and_counts_acceptance(make
     assert sum(o.metrics.num_accepted_tokens for o in a) > 0
 
 
+def test_logprobs_with_drafts_equal_plain_decoding(make_llm) -> None:
+    prompts = _prompts()[:4]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=3)
+    plain = [o.outputs[0] for o in _gen(make_llm(), prompts, params)]
+    llm = make_llm(speculative_config={**NGRAM, "num_speculative_tokens": 4})
+    llm.llm_engine.worker.runner.proposer = OracleProposer(
+        [p + o.token_ids for p, o in zip(prompts, plain)], 4, miss=3)
+    outs = _gen(llm, prompts, params)
+    assert sum(o.metrics.num_accepted_tokens for o in outs) > 0
+    for o, ref in zip(outs, plain):
+        c = o.outputs[0]
+        assert c.token_ids == ref.token_ids
+        assert len(c.logprobs) == len(c.token_ids)
+        for got, want in zip(c.logprobs, ref.logprobs):
+            assert (got.token_id, got.rank) == (want.token_id, want.rank)
+            assert got.logprob == pytest.approx(want.logprob, abs=1e-4)
+            assert [t for t, _ in got.top] == [t for t, _ in want.top]
+
+
+def test_logprobs_stop_with_the_tokens_a_stop_cuts(make_llm) -> None:
+    prompts = _prompts()[3:4]
+    llm_plain = make_llm()
+    full = _gen(llm_plain, prompts)[0].outputs[0]
+    stop_id = full.token_ids[6]
+    params = SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[stop_id], logprobs=1)
+    plain = _gen(llm_plain, prompts, params)[0].outputs[0]
+    llm = make_llm(speculative_config={**NGRAM, "num_speculative_tokens": 6})
+    llm.llm_engine.worker.runner.proposer = OracleProposer([prompts[0] + full.token_ids], 6, miss=100)
+    spec = _gen(llm, prompts, params)[0].outputs[0]
+    assert spec.token_ids == plain.token_ids and spec.finish_reason == "stop"
+    assert [lp.token_id for lp in spec.logprobs] == spec.token_ids
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_structured_output_with_drafts_keeps_the_grammar(make_llm, temperature: float) -> None:
+    import json
+
+    from twinserve.core.structured_output import StructuredOutputSpec
+
+    schema = {"type": "object", "properties": {"a": {"type": "string", "enum": ["yes", "no"]},
+                                               "n": {"type": "integer", "enum": [0, 1, 2]}},
+              "required": ["a", "n"], "additionalProperties": False}
+    spec = StructuredOutputSpec("json", json.dumps(schema), "guided")
+    prompts = _prompts()[:3]
+    params = SamplingParams(temperature=temperature, max_tokens=60, seed=7, structured_output=spec)
+    plain = [o.outputs[0] for o in _gen(make_llm(), prompts, params)]
+    llm = make_llm(speculative_config={**NGRAM, "num_speculative_tokens": 4})
+    # Drafts follow plain decoding but miss every third position: a miss is usually a token the
+    # grammar refuses, which verification must reject, never emit.
+    llm.llm_engine.worker.runner.proposer = OracleProposer(
+        [p + o.token_ids for p, o in zip(prompts, plain)], 4, miss=3)
+    outs = [o for o in _gen(llm, prompts, params)]
+    assert sum(o.metrics.num_accepted_tokens for o in outs) > 0
+    assert sum(o.metrics.num_draft_tokens - o.metrics.num_accepted_tokens for o in outs) > 0
+    for o, ref in zip(outs, plain):
+        c = o.outputs[0]
+        assert set(json.loads(c.text)) == {"a", "n"}
+        if temperature == 0.0:
+            assert c.token_ids == ref.token_ids
+
+
 @pytest.mark.parametrize("spec, match", [
     ({"method": "medusa"}, "method"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),

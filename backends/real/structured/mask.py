@@ -15,7 +15,8 @@ class GrammarMasker:
         self._matchers: dict[str, Any] = {}
         self._bitmask: torch.Tensor | None = None
         self._batch: Any = None
-        # Seconds spent filling and applying masks in the latest step (the step log's grammar cost).
+        # Seconds spent filling and applying masks in the latest step (the step log's grammar cost);
+        # the model runner zeroes both at the start of a step.
         self.last_mask_time = 0.0
         self.last_num_masked = 0
 
@@ -41,9 +42,8 @@ class GrammarMasker:
         t0 = time.perf_counter()
         rows = [i for i, rid in enumerate(req_ids) if rid in self._matchers
                 and not self._matchers[rid].is_terminated()]
-        self.last_num_masked = len(rows)
+        self.last_num_masked += len(rows)
         if not rows:
-            self.last_mask_time = 0.0
             return
         import xgrammar as xgr
 
@@ -57,7 +57,37 @@ class GrammarMasker:
         # Row i of the bitmask belongs to row i of the logits; only constrained rows are filled or applied.
         self._batch.batch_fill_next_token_bitmask(matchers, bitmask, indices=rows)
         xgr.apply_token_bitmask_inplace(logits, bitmask[:len(req_ids)].to(logits.device), indices=rows)
-        self.last_mask_time = time.perf_counter() - t0
+        self.last_mask_time += time.perf_counter() - t0
+
+    def apply_drafts(self, logits: torch.Tensor, req_id: str, drafts: list[int]) -> None:
+        """Mask row j of logits (len(drafts) + 1 rows) as the grammar stands after drafts[:j].
+
+        The matcher walks the drafts and rolls back, so it is left where it was. Rows after a draft
+        the grammar refuses stay unmasked: that draft is rejected (its masked probability is 0), so
+        verification never reads them.
+        """
+        m = self._matchers.get(req_id)
+        if m is None or m.is_terminated():
+            return
+        import xgrammar as xgr
+
+        t0 = time.perf_counter()
+        bitmask = xgr.allocate_token_bitmask(len(drafts) + 1, logits.shape[1])
+        rows: list[int] = []
+        walked = 0
+        for j in range(len(drafts) + 1):
+            if m.is_terminated():
+                break
+            m.fill_next_token_bitmask(bitmask, j)
+            rows.append(j)
+            if j == len(drafts) or not m.accept_token(drafts[j]):
+                break
+            walked += 1
+        if walked:
+            m.rollback(walked)
+        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)
+        self.last_num_masked += 1
+        self.last_mask_time += time.perf_counter() - t0
 
     def accept(self, req_ids: list[str], tokens: list[int]) -> None:
         """Advance the matchers of constrained sequences by the tokens just sampled."""
