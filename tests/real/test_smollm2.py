@@ -62,7 +62,10 @@ def _check(hf, prompt: list[int], ref: list[int], got: list[int], label: str) ->
     {},
     {"enable_prefix_caching": False, "max_num_batched_tokens": 16},
     {"num_gpu_blocks_override": 24, "max_num_batched_tokens": 64},
-], ids=["default", "no-prefix-chunked-16", "preempting-pool"])
+    # Speculation under preemption and the system prompt's prefix hits.
+    {"num_gpu_blocks_override": 24, "max_num_batched_tokens": 64,
+     "speculative_config": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}},
+], ids=["default", "no-prefix-chunked-16", "preempting-pool", "ngram-preempting-pool"])
 def test_greedy_matches_transformers(reference, engine_kw: dict) -> None:
     hf, prompts, refs = reference
     llm = LLM("smollm2", max_model_len=1024, seed=0, **engine_kw)
@@ -72,8 +75,10 @@ def test_greedy_matches_transformers(reference, engine_kw: dict) -> None:
         _check(hf, p, r, o.outputs[0].token_ids, str(engine_kw))
     if "num_gpu_blocks_override" in engine_kw:
         assert sum(o.metrics.num_preemptions for o in outs) > 0
-    if not engine_kw:
+    if not engine_kw or "speculative_config" in engine_kw:
         assert sum(o.metrics.num_cached_tokens for o in outs) > 0  # the shared system prompt hits
+    if "speculative_config" in engine_kw:
+        assert sum(o.metrics.num_accepted_tokens for o in outs) > 0
 
 
 def test_chat_answer_and_gguf_weights(reference) -> None:
