@@ -12,7 +12,8 @@ from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
 class _ReqState:
     token_ids: list[int]
     num_computed: int
-    block_ids: list[int] = field(default_factory=list)
+    # One block table per KV group.
+    tables: list[list[int]] = field(default_factory=list)
     # See KVSlotModel.prefix_ids.
     prefix_ids: list[int] = field(default_factory=list)
 
@@ -46,27 +47,29 @@ class KVSlotModel:
             known.append(prev)
         return known
 
-    def write(self, block_ids: Sequence[int], prefix_ids: Sequence[int], start: int, end: int) -> None:
-        """Store the KV of positions start..end-1 into their slots."""
+    def write(self, block_ids: Sequence[int], prefix_ids: Sequence[int], start: int, end: int,
+              group: int = 0) -> None:
+        """Store the KV of positions start..end-1 (of KV group `group`'s layers) into their slots."""
         bs = self.block_size
         for p in range(start, end):
             block = self.slots.get(block_ids[p // bs])
             if block is None:
                 block = self.slots[block_ids[p // bs]] = [None] * bs
-            block[p % bs] = prefix_ids[p]
+            # Another group's layers are other KV, even for the same prefix.
+            block[p % bs] = prefix_ids[p] if not group else (group, prefix_ids[p])
 
     def check(self, req_id: str, block_ids: Sequence[int], prefix_ids: Sequence[int], end: int,
-              start: int = 0) -> None:
+              start: int = 0, group: int = 0) -> None:
         """Raise ContractViolation unless positions start..end-1 all hold this request's own prefix."""
         bs = self.block_size
         slots = self.slots
         for p in range(start, end):
             block = slots.get(block_ids[p // bs])
             held = None if block is None else block[p % bs]
-            if held != prefix_ids[p]:
-                what = "nothing" if held is None else "another prefix's KV"
+            if held != (prefix_ids[p] if not group else (group, prefix_ids[p])):
+                what = "nothing" if held is None else "another prefix's or group's KV"
                 raise ContractViolation(
-                    f"{req_id} attends to position {p} in block {block_ids[p // bs]} "
+                    f"{req_id} attends to position {p} in group {group}'s block {block_ids[p // bs]} "
                     f"(offset {p % bs}), which holds {what}")
 
 
@@ -74,12 +77,13 @@ class FakeExecutor:
     """next token = f(previous token, position), so recomputation reproduces outputs; checks the contract.
 
     model_kv checks every attended slot; drafts miss where (token + position) % draft_miss == 0.
+    kv_groups gives each KV group's window (0 = full), as SchedulerConfig.kv_groups.
     """
 
     def __init__(self, vocab_size: int = 1000, block_size: int = 16, eos_token_id: int | None = None,
                  step_time: float | None = None, model_kv: bool = False,
                  num_speculative_tokens: int = 0, draft_miss: int = 3,
-                 sliding_window: int | None = None) -> None:
+                 sliding_window: int | None = None, kv_groups: Sequence[int] = ()) -> None:
         self.num_speculative_tokens = num_speculative_tokens
         self.draft_miss = draft_miss
         self.vocab_size = vocab_size
@@ -91,6 +95,15 @@ class FakeExecutor:
         self.kv = KVSlotModel(block_size) if model_kv else None
         self.num_kv_reads = 0
         self.sliding_window = sliding_window
+        self.windows = [w or None for w in kv_groups] if kv_groups else [sliding_window]
+
+    def _split(self, rid: str, block_ids: Sequence[int]) -> list[list[int]]:
+        """Group-major block ids -> one list per group."""
+        g = len(self.windows)
+        n, rem = divmod(len(block_ids), g)
+        if rem:
+            raise ContractViolation(f"{rid}: {len(block_ids)} block ids do not split into {g} groups")
+        return [list(block_ids[i * n:(i + 1) * n]) for i in range(g)]
 
     def next_token(self, prev_token: int, position: int) -> int:
         """The toy model."""
@@ -119,12 +132,13 @@ class FakeExecutor:
             if new.req_id in self.state:
                 raise ContractViolation(f"{new.req_id} sent as new while the executor holds it")
             self.state[new.req_id] = _ReqState(list(new.token_ids), new.num_computed_tokens,
-                                               list(new.block_ids))
+                                               self._split(new.req_id, new.block_ids))
         for rid, n in so.num_dropped_blocks.items():
             st = self.state.get(rid)
             if st is None:
                 raise ContractViolation(f"{rid}: blocks dropped from a request the executor does not hold")
-            del st.block_ids[len(st.block_ids) - n:]
+            for table in st.tables:
+                del table[len(table) - n:]
         cached = so.scheduled_cached_reqs
         for rid, blocks, computed in zip(cached.req_ids, cached.new_block_ids,
                                          cached.num_computed_tokens):
@@ -134,7 +148,8 @@ class FakeExecutor:
             if st.num_computed != computed:
                 raise ContractViolation(f"{rid}: executor has {st.num_computed} computed, "
                                         f"scheduler says {computed}")
-            st.block_ids.extend(blocks)
+            for table, part in zip(st.tables, self._split(rid, blocks)):
+                table.extend(part)
         sampled: dict[str, list[int]] = {}
         bs = self.block_size
         kv = self.kv
@@ -148,14 +163,15 @@ class FakeExecutor:
             end = st.num_computed + n
             if end > len(seq) or (drafts and end != len(seq)):
                 raise ContractViolation(f"{rid}: {n} tokens scheduled past the known sequence")
-            if len(st.block_ids) * bs < end:
-                raise ContractViolation(f"{rid}: {len(st.block_ids)} blocks cannot hold {end} tokens")
+            if len(st.tables[0]) * bs < end:
+                raise ContractViolation(f"{rid}: {len(st.tables[0])} blocks cannot hold {end} tokens")
             if kv is not None:
                 # A real step writes all K/V before attention reads any.
                 ids = kv.prefix_ids(seq, list(st.prefix_ids) if drafts else st.prefix_ids)
-                kv.write(st.block_ids, ids, st.num_computed, end)
-                w = self.sliding_window
-                spans.append((rid, st, 0 if w is None else max(0, st.num_computed - w + 1), end, ids))
+                for g, w in enumerate(self.windows):
+                    kv.write(st.tables[g], ids, st.num_computed, end, g)
+                    spans.append((rid, st.tables[g], 0 if w is None else max(0, st.num_computed - w + 1),
+                                  end, ids, g))
             st.num_computed = end
             if end == len(seq):
                 base = len(st.token_ids)
@@ -171,7 +187,7 @@ class FakeExecutor:
                 if proposals is not None:
                     proposals[rid] = self.propose(st.token_ids)
         if kv is not None:
-            for rid, st, start, end, ids in spans:
-                kv.check(rid, st.block_ids, ids, end, start)
+            for rid, table, start, end, ids, g in spans:
+                kv.check(rid, table, ids, end, start, g)
                 self.num_kv_reads += end - start
         return ModelRunnerOutput(sampled, step_time=self.step_time, spec_token_ids=proposals)

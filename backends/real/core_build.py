@@ -7,6 +7,7 @@ from typing import Any
 
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import InvalidConfigError
+from twinserve.core.kv.groups import group_windows
 from twinserve.backends.real.config import EngineArgs
 from twinserve.backends.real.core_client import scheduler_config_for
 from twinserve.backends.real.executor import InProcessExecutor
@@ -15,14 +16,13 @@ from twinserve.backends.real.models.registry import ModelSource
 from twinserve.backends.real.worker import Worker
 
 
-def kv_sliding_window(cfg: Any) -> int | None:
-    """The window the KV manager may free blocks behind: only when every layer has the same one.
+def kv_group_windows(cfg: Any) -> tuple[int, ...]:
+    """The KV manager's groups for a model config: each group's window, 0 = full attention.
 
-    A model that mixes full and sliding layers (Gemma 3, Qwen2 with max_window_layers) keeps
-    every block, since its full layers read them all (one block table for all layers).
+    One entry when every layer has the same attention; a model mixing full and sliding layers
+    (Gemma 3, Qwen2 with max_window_layers) gets a full group and sliding groups (core/kv/groups.py).
     """
-    windows = set(getattr(cfg, "layer_windows", None) or [None])
-    return windows.pop() if len(windows) == 1 else None
+    return group_windows(getattr(cfg, "layer_windows", None) or [None])
 
 
 def build_engine_core(args: EngineArgs, max_model_len: int, eos_ids: list[int],
@@ -50,8 +50,11 @@ def build_engine_core(args: EngineArgs, max_model_len: int, eos_ids: list[int],
             from twinserve.backends.real.models.loader import peek_model_config
 
             cfg = peek_model_config(source)
-        if cfg is not None and kv_sliding_window(cfg) is not None:
-            sched = dataclasses.replace(sched, sliding_window=kv_sliding_window(cfg))
+        windows = kv_group_windows(cfg) if cfg is not None else (0,)
+        if len(windows) > 1:
+            sched = dataclasses.replace(sched, kv_groups=windows)
+        elif windows[0]:
+            sched = dataclasses.replace(sched, sliding_window=windows[0])
         core = EngineCore(sched, executor, speculative_config=args.resolve_speculative_config())
     except BaseException:
         executor.shutdown()

@@ -31,10 +31,13 @@ class CachedRequestState:
 class InputBatch:
     """Rows of token ids and block tables, one row per live request; only changes are written."""
 
-    def __init__(self, max_rows: int, max_model_len: int, max_blocks_per_req: int) -> None:
+    def __init__(self, max_rows: int, max_model_len: int, max_blocks_per_req: int, num_groups: int = 1) -> None:
         self.max_model_len = max_model_len
         self.token_ids = np.zeros((max_rows, max_model_len), dtype=np.int64)
-        self.block_table = np.zeros((max_rows, max_blocks_per_req), dtype=np.int32)
+        # One block table per KV cache group; block_table is group 0's.
+        self.num_groups = num_groups
+        self.block_tables = [np.zeros((max_rows, max_blocks_per_req), dtype=np.int32) for _ in range(num_groups)]
+        self.block_table = self.block_tables[0]
         self.free_rows = list(range(max_rows - 1, -1, -1))
         self.requests: dict[str, CachedRequestState] = {}
 
@@ -46,9 +49,16 @@ class InputBatch:
         row = self.free_rows.pop()
         n = len(token_ids)
         self.token_ids[row, :n] = token_ids
-        self.block_table[row, :len(block_ids)] = block_ids
+        g = self.num_groups
+        if g == 1:
+            self.block_table[row, :len(block_ids)] = block_ids
+        else:
+            # Several groups' tables come one after another (KVCacheManager.get_block_ids).
+            per = len(block_ids) // g
+            for i, table in enumerate(self.block_tables):
+                table[row, :per] = block_ids[i * per:(i + 1) * per]
         st = CachedRequestState(req_id, row, list(token_ids), num_prompt_tokens, params,
-                                len(block_ids), num_computed, base_seed)
+                                len(block_ids) // g, num_computed, base_seed)
         self.requests[req_id] = st
         return st
 
@@ -56,8 +66,16 @@ class InputBatch:
         """Extend a request's block table."""
         if block_ids:
             n = st.num_blocks
-            self.block_table[st.row, n:n + len(block_ids)] = block_ids
-            st.num_blocks = n + len(block_ids)
+            g = self.num_groups
+            if g == 1:
+                self.block_table[st.row, n:n + len(block_ids)] = block_ids
+                st.num_blocks = n + len(block_ids)
+                return
+            # Group-major: each group gained the same number of blocks.
+            per = len(block_ids) // g
+            for i, table in enumerate(self.block_tables):
+                table[st.row, n:n + per] = block_ids[i * per:(i + 1) * per]
+            st.num_blocks = n + per
 
     def append_token(self, st: CachedRequestState, token: int) -> None:
         """Record a sampled token so the next step can feed it."""
@@ -75,5 +93,6 @@ class InputBatch:
     def _grow(self) -> None:
         rows = self.token_ids.shape[0]
         self.token_ids = np.concatenate([self.token_ids, np.zeros_like(self.token_ids)])
-        self.block_table = np.concatenate([self.block_table, np.zeros_like(self.block_table)])
+        self.block_tables = [np.concatenate([t, np.zeros_like(t)]) for t in self.block_tables]
+        self.block_table = self.block_tables[0]
         self.free_rows.extend(range(2 * rows - 1, rows - 1, -1))

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from twinserve.core.kv.groups import kv_cache_groups, layer_slots
 from twinserve.core.sched.output import Logprob, ModelRunnerOutput, SchedulerOutput
 from twinserve.backends.real.attention import AttentionBackend, AttentionMetadata
 from twinserve.backends.real.cuda_graphs import DecodeGraphs
@@ -57,7 +58,12 @@ class ModelRunner:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.max_blocks_per_req = -(-max_model_len // block_size)
-        self.batch = InputBatch(max_num_seqs, max_model_len, self.max_blocks_per_req)
+        # Layers grouped by attention type, as the core's KV manager groups them.
+        self.kv_groups = kv_cache_groups(model.config.layer_windows or [None] * model.config.num_hidden_layers)
+        for g, group in enumerate(self.kv_groups):
+            for layer in group.layers:
+                model.layers[layer].self_attn.kv_group = g
+        self.batch = InputBatch(max_num_seqs, max_model_len, self.max_blocks_per_req, len(self.kv_groups))
         self.sampler = Sampler(device)
         self.grammar = GrammarMasker()
         # For specs from another process, which arrive without their grammar.
@@ -77,12 +83,17 @@ class ModelRunner:
         self._pinned = _PinnedStaging(device)
 
     def init_kv_cache(self, num_blocks: int, dtype: torch.dtype) -> None:
-        """Allocate [num_blocks, block_size, num_kv_heads, head_dim] K and V per layer."""
+        """Allocate [num_blocks, block_size, num_kv_heads, head_dim] K and V per layer of a group.
+
+        Layer j of every KV group shares tensor j: a block id is one page of the shared pool.
+        """
         cfg = self.model.config
         shape = (num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
-                           torch.zeros(shape, dtype=dtype, device=self.device))
-                          for _ in range(cfg.num_hidden_layers)]
+        shared = [(torch.zeros(shape, dtype=dtype, device=self.device),
+                   torch.zeros(shape, dtype=dtype, device=self.device))
+                  for _ in range(len(self.kv_groups[0].layers))]
+        slots = layer_slots(self.kv_groups)
+        self.kv_caches = [shared[slots[layer][1]] for layer in range(cfg.num_hidden_layers)]
 
     # ------------------------------------------------------------------ state
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -401,6 +412,18 @@ class ModelRunner:
         )
         if self.graphs is None or num_decodes != n or self.graphs.bucket_for(n) is None:
             self.backend.plan(meta, bs, self.model.config.num_key_value_heads)
+        if self.batch.num_groups > 1:
+            meta.groups = [meta]
+            pos_blocks, offsets = positions // bs, positions % bs
+            for g in range(1, self.batch.num_groups):
+                table = self.batch.block_tables[g]
+                gm = AttentionMetadata(
+                    total, num_decodes, meta.query_start_loc, meta.seq_lens,
+                    put(f"block_tables{g}", np.ascontiguousarray(table[rows, :-(-max_seq // bs)])),
+                    put(f"slots{g}", table[rows_rep, pos_blocks].astype(np.int64) * bs + offsets),
+                    meta.max_query_len, max_seq, q_lens, meta.seq_lens_cpu)
+                self.backend.plan(gm, bs, self.model.config.num_key_value_heads)
+                meta.groups.append(gm)
         ends = seq_lens.tolist()
         drafts = self._drafts
         if not drafts:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from twinserve.core.errors import InvalidConfigError
+from twinserve.core.kv.groups import kv_cache_groups
 from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
 from twinserve.core.structured_output import StructuredOutputSpec
 from twinserve.backends.real.attention import get_attention_backend
@@ -30,6 +31,12 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
     """K and V of one token across all layers."""
     elem = torch.empty((), dtype=dtype).element_size()
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * elem
+
+
+def kv_page_bytes(cfg: ModelConfig, dtype: torch.dtype, block_size: int) -> int:
+    """One page of the KV pool: block_size tokens of one KV group's layers (all layers if one group)."""
+    layers = len(kv_cache_groups(cfg.layer_windows or [None] * cfg.num_hidden_layers)[0].layers)
+    return kv_bytes_per_token(cfg, dtype) // cfg.num_hidden_layers * layers * block_size
 
 
 class Worker:
@@ -105,7 +112,7 @@ class Worker:
     def determine_num_blocks(self) -> int:
         """Blocks that fit: a fixed count, else GiB on CPU, else free GPU memory after a profile run."""
         a = self.args
-        per_block = self.kv_bytes_per_token * a.block_size
+        per_block = kv_page_bytes(self.model.config, self.dtype, a.block_size)
         if a.num_gpu_blocks_override is not None:
             return a.num_gpu_blocks_override
         if self.device.type == "cuda":
@@ -139,7 +146,8 @@ class Worker:
         """Allocate the paged K/V tensors; on CUDA capture the decode graphs over them."""
         self.num_blocks = num_blocks
         self.runner.init_kv_cache(num_blocks, self.dtype)
-        if (self.device.type == "cuda" and not self.args.enforce_eager
+        # Captured graphs read one block table; several KV groups run eagerly.
+        if (self.device.type == "cuda" and not self.args.enforce_eager and len(self.runner.kv_groups) == 1
                 and getattr(self.backend, "supports_cuda_graphs", False)):
             r = self.runner
             r.graphs = DecodeGraphs(self.model, self.backend, r.kv_caches, self.device, r.max_num_seqs,

@@ -18,6 +18,12 @@ _new_key = tuple.__new__
 _STRONG_HASHES = ("xxhash", "sha256")
 
 
+class GroupHits(list):
+    """A prefix hit across KV groups: group 0's blocks (the list itself) and each group's table part."""
+
+    __slots__ = ("groups",)
+
+
 class PendingChain:
     """A request's blocks past its root (first new key), registered in name only.
 
@@ -57,10 +63,20 @@ class KVCacheManager:
     """Allocates and frees each request's KV blocks; finds cached prefixes."""
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
                  hash_function: str | HashFunction = "xxhash",
-                 lazy_registration: bool = True, sliding_window: int | None = None) -> None:
+                 lazy_registration: bool = True, sliding_window: int | None = None,
+                 kv_groups: Sequence[int] = (), max_step_tokens: int | None = None) -> None:
         self.block_size = block_size
-        # Blocks wholly before the window go back to the pool.
-        self.sliding_window = sliding_window
+        # One window per KV group (None: full attention); kv_groups gives them as 0 = full.
+        windows = tuple(w or None for w in kv_groups) if kv_groups else (sliding_window,)
+        self.group_windows = windows
+        self.num_groups = len(windows)
+        # Blocks wholly before the window go back to the pool (the one-group case).
+        self.sliding_window = windows[0] if len(windows) == 1 else None
+        # Bounds a sliding group's pages per step in can_fit (None: as full attention).
+        self.max_step_tokens = max_step_tokens
+        # Every group's table, for several groups; table 0 is req_to_blocks' list.
+        self.req_tables: dict[str, list[list[KVCacheBlock]]] = {}
+        self._group_extra = [("kv_group", g) for g in range(len(windows))]
         self.num_window_freed = 0
         self._window_start: dict[str, int] = {}  # blocks before this index are dropped
         self.num_blocks = num_blocks
@@ -72,7 +88,7 @@ class KVCacheManager:
         self.num_cached_blocks: dict[str, int] = {}
         self.stats = PrefixCacheStats()
         # Needs a collision-free hash and no sliding window.
-        self.lazy = (enable_caching and lazy_registration and sliding_window is None
+        self.lazy = (enable_caching and lazy_registration and windows == (None,)
                      and isinstance(hash_function, str) and hash_function in _STRONG_HASHES)
         self._chains = self.pool.chains  # root key value -> PendingChain
         self.pending_requests: dict[str, PendingChain] = {}
@@ -138,7 +154,60 @@ class KVCacheManager:
                 hashes[i] = stored  # children chain to the cached key object
             hits.append(block)
             parent = stored
+        if self.num_groups > 1 and hits:
+            hits = self._group_hits(request, hits)
         return hits, len(hits) * self.block_size
+
+    def _group_block(self, g: int, key0: BlockHash) -> KVCacheBlock | None:
+        """Group g's cached block for the prefix key0 names, if any."""
+        extra = self._group_extra[g]
+        block = self.pool.cached.get(self.hash_fn(key0.value, (), extra))
+        if block is None:
+            return None
+        stored = block.block_hash
+        if stored is None or stored.extra_keys != extra or not (
+                stored.parent is key0 or stored.parent == key0):
+            return None
+        return block
+
+    def _group_hits(self, request: Request, hits0: list[KVCacheBlock]) -> list[KVCacheBlock]:
+        """Cut a group-0 hit to where every group can serve it (docs/models.md, the restriction).
+
+        A full group needs all blocks before the hit point, a sliding group those inside the window
+        of the first token to compute; the rest of its table part is OUT_OF_WINDOW.
+        """
+        bs = self.block_size
+        hashes = request.block_hashes
+        found: list[dict[int, KVCacheBlock | None]] = [{} for _ in self.group_windows]
+        h = len(hits0)
+        changed = True
+        while changed and h:
+            changed = False
+            for g in range(1, self.num_groups):
+                w = self.group_windows[g]
+                lo = 0 if w is None else max(0, h * bs - w + 1) // bs
+                seen = found[g]
+                # Full: the first missing block bounds the hit; sliding: the last one in the window.
+                order = range(lo, h) if w is None else range(h - 1, lo - 1, -1)
+                for i in order:
+                    if i not in seen:
+                        seen[i] = self._group_block(g, hashes[i])
+                    if seen[i] is None:
+                        h = i
+                        changed = True
+                        break
+                if not h:
+                    break
+        if not h:
+            return _NO_BLOCKS
+        out = GroupHits(hits0[:h])
+        tables = [out]
+        for g in range(1, self.num_groups):
+            w = self.group_windows[g]
+            lo = 0 if w is None else max(0, h * bs - w + 1) // bs
+            tables.append([OUT_OF_WINDOW] * lo + [found[g][i] for i in range(lo, h)])
+        out.groups = tables
+        return out
 
     def record_prefix_query(self, num_query_tokens: int, num_hit_tokens: int) -> None:
         """Count one admission's lookup in the prefix-cache stats."""
@@ -148,7 +217,14 @@ class KVCacheManager:
 
     def can_fit(self, num_tokens: int) -> bool:
         """True when a request of num_tokens could ever be held by the whole pool."""
-        return -(-num_tokens // self.block_size) <= self.num_blocks
+        n = -(-num_tokens // self.block_size)
+        if self.num_groups == 1:
+            return n <= self.num_blocks
+        step = self.max_step_tokens
+        # A sliding group holds at most its window and one step's blocks (docs/models.md).
+        pages = sum(n if w is None or step is None else min(n, (w - 1 + step) // self.block_size + 2)
+                    for w in self.group_windows)
+        return pages <= self.num_blocks
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: Sequence[KVCacheBlock] = _NO_BLOCKS,
@@ -167,6 +243,9 @@ class KVCacheManager:
         if blocks is not None and not new_computed_blocks and total <= len(blocks) * bs and (
                 not self.enable_caching or verified // bs <= self.num_cached_blocks[req_id]):
             return _NO_BLOCKS  # the common decode step
+        if self.num_groups > 1:
+            return self._allocate_groups(request, blocks, total, verified, new_computed_blocks,
+                                         num_new_computed_tokens, num_reserved_blocks)
         if self.sliding_window is not None and blocks is not None:
             self._drop_out_of_window(req_id, blocks, request.num_computed_tokens)
         num_held = 0 if blocks is None else len(blocks)
@@ -198,18 +277,83 @@ class KVCacheManager:
             self.cache_blocks(request, verified)
         return new_blocks
 
+    def _allocate_groups(self, request: Request, blocks: list[KVCacheBlock] | None, total: int,
+                         verified: int, hits: Sequence[KVCacheBlock], num_hit_tokens: int,
+                         num_reserved_blocks: int) -> list[KVCacheBlock] | None:
+        """allocate_slots for several groups: the same table length in each, pages counted in all.
+
+        The new blocks come group-major (group 0's, then group 1's, ...).
+        """
+        rid = request.request_id
+        bs = self.block_size
+        num_groups = self.num_groups
+        tables = self.req_tables.get(rid)
+        if tables is not None:
+            self._drop_groups(rid, tables, request.num_computed_tokens)
+        num_held = 0 if blocks is None else len(blocks)
+        num_needed = -(-total // bs) - num_held - len(hits)
+        hit_tables = hits.groups if hits else None
+        pages = max(num_needed, 0) * num_groups
+        if pages or hit_tables:
+            free = self.pool.free_queue.num_free
+            if hit_tables:
+                free -= sum(1 for t in hit_tables for b in t if b is not OUT_OF_WINDOW and b.ref_cnt == 0)
+            if pages > free - num_reserved_blocks:
+                return None
+        if tables is None:
+            tables = self.req_tables[rid] = [[] for _ in range(num_groups)]
+            self.req_to_blocks[rid] = tables[0]
+            self.num_cached_blocks[rid] = 0
+            self._window_start[rid] = [0] * num_groups
+        if hit_tables:
+            for table, part in zip(tables, hit_tables):
+                self.pool.touch([b for b in part if b is not OUT_OF_WINDOW])
+                table.extend(part)
+            self.num_cached_blocks[rid] = len(tables[0])
+            self._drop_groups(rid, tables, request.num_computed_tokens + num_hit_tokens)
+        if num_needed > 0:
+            new_blocks = self.pool.get_new_blocks(pages)
+            for g, table in enumerate(tables):
+                table.extend(new_blocks[g * num_needed:(g + 1) * num_needed])
+        else:
+            new_blocks = _NO_BLOCKS
+        if self.enable_caching and verified // bs > self.num_cached_blocks[rid]:
+            self.cache_blocks(request, verified)
+        return new_blocks
+
+    def _drop_groups(self, rid: str, tables: list[list[KVCacheBlock]], num_computed: int) -> None:
+        """Free each sliding group's blocks out of num_computed's window (cached ones stay hittable)."""
+        starts = self._window_start[rid]
+        bs = self.block_size
+        for g, w in enumerate(self.group_windows):
+            if w is None:
+                continue
+            end = max(0, num_computed - w + 1) // bs
+            start = starts[g]
+            if end <= start:
+                continue
+            table = tables[g]
+            dropped = [b for b in table[start:end] if b is not OUT_OF_WINDOW]
+            table[start:end] = [OUT_OF_WINDOW] * (end - start)
+            starts[g] = end
+            self.num_window_freed += len(dropped)
+            self.pool.free_blocks(reversed(dropped))
+
     def trim(self, request: Request, num_tokens: int) -> int:
-        """Free the unregistered blocks past num_tokens (rejected drafts); how many."""
+        """Free the unregistered blocks past num_tokens (rejected drafts); how many per table."""
         blocks = self.req_to_blocks.get(request.request_id)
         keep = -(-num_tokens // self.block_size)
         if not blocks or len(blocks) <= keep:
             return 0
         if keep < self.num_cached_blocks[request.request_id]:
             raise AssertionError(f"{request.request_id}: trimming a registered block")
-        dropped = blocks[keep:]
-        del blocks[keep:]
-        self.pool.free_blocks(reversed(dropped))
-        return len(dropped)
+        tables = self.req_tables.get(request.request_id) or (blocks,)
+        n = len(blocks) - keep
+        for table in tables:
+            dropped = [b for b in table[keep:] if b is not OUT_OF_WINDOW]
+            del table[keep:]
+            self.pool.free_blocks(reversed(dropped))
+        return n
 
     def _drop_out_of_window(self, req_id: str, blocks: list[KVCacheBlock], num_computed: int) -> None:
         """Free blocks out of num_computed's window (cached ones stay hittable)."""
@@ -223,9 +367,12 @@ class KVCacheManager:
         self.num_window_freed += len(dropped)
         self.pool.free_blocks(reversed(dropped))
 
-    def num_held_blocks(self, request_id: str) -> int:
-        """Blocks the request holds now (window-dropped ones excluded)."""
-        return sum(1 for b in self.req_to_blocks.get(request_id, _NO_BLOCKS) if b is not OUT_OF_WINDOW)
+    def num_held_blocks(self, request_id: str, group: int | None = None) -> int:
+        """Blocks the request holds now, in all groups or one (window-dropped ones excluded)."""
+        tables = self.req_tables.get(request_id) or [self.req_to_blocks.get(request_id, _NO_BLOCKS)]
+        if group is not None:
+            tables = tables[group:group + 1]
+        return sum(1 for t in tables for b in t if b is not OUT_OF_WINDOW)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Register full blocks up to num_computed_tokens.
@@ -252,6 +399,29 @@ class KVCacheManager:
             return
         self._register(blocks, request.all_token_ids, request.block_hashes,
                        request.cache_salt, done, num_full)
+        tables = self.req_tables.get(req_id)
+        if tables is not None:
+            for g in range(1, self.num_groups):
+                self._register_group(g, tables[g], request.block_hashes, done, num_full)
+
+    def _register_group(self, g: int, blocks: list[KVCacheBlock], hashes: list[BlockHash],
+                        done: int, num_full: int) -> None:
+        """Key group g's blocks done..num_full-1 by group 0's keys (the latest copy takes a key)."""
+        pool = self.pool
+        cached = pool.cached
+        extra = self._group_extra[g]
+        hash_fn = self.hash_fn
+        for i in range(done, num_full):
+            block = blocks[i]
+            if block is OUT_OF_WINDOW or block.block_hash is not None:
+                continue
+            key0 = hashes[i]
+            value = hash_fn(key0.value, (), extra)
+            old = cached.get(value)
+            if old is not None and old is not block:
+                pool.uncache_block(old)
+            cached[value] = block
+            block.block_hash = _new_key(BlockHash, (value, key0, (), extra))
 
     def _start_chain(self, request: Request, blocks: list[KVCacheBlock],
                      i: int) -> PendingChain | None:
@@ -351,6 +521,9 @@ class KVCacheManager:
         num_cached = self.num_cached_blocks.pop(request.request_id, 0)
         chain = self.pending_requests.pop(request.request_id, None)
         windowed = self._window_start.pop(request.request_id, 0)
+        if self.num_groups > 1:
+            self._free_groups(request.request_id, num_cached, num_computed_tokens)
+            return
         if not blocks:
             return
         if num_computed_tokens is not None:
@@ -368,8 +541,25 @@ class KVCacheManager:
             blocks = [b for b in blocks if b is not OUT_OF_WINDOW]
         self.pool.free_blocks(reversed(blocks))
 
+    def _free_groups(self, rid: str, num_cached: int, num_computed_tokens: int | None) -> None:
+        """free() for several groups: position by position from the tail, every group's block."""
+        tables = self.req_tables.pop(rid, None)
+        if not tables:
+            return
+        if num_computed_tokens is not None:
+            uncache = self.pool.uncache_block
+            for table in tables:
+                for i in range(num_computed_tokens // self.block_size, num_cached):
+                    if table[i] is not OUT_OF_WINDOW:
+                        uncache(table[i])
+        self.pool.free_blocks(b for i in range(len(tables[0]) - 1, -1, -1) for t in tables
+                              if (b := t[i]) is not OUT_OF_WINDOW)
+
     def get_block_ids(self, request_id: str) -> list[int]:
-        """The request's block table as block ids."""
+        """The request's block table as block ids; several groups' tables one after another."""
+        tables = self.req_tables.get(request_id)
+        if tables is not None:
+            return [b.block_id for t in tables for b in t]
         return [b.block_id for b in self.req_to_blocks.get(request_id, _NO_BLOCKS)]
 
     def reset_prefix_cache(self) -> None:

@@ -42,6 +42,9 @@ class SchedulerConfig:
     aging_interval_s: float = 30.0
     # The model's all-layer sliding window; 0 = full attention.
     sliding_window: int = 0
+    # KV cache groups' windows (0 = full attention) for a model mixing attention types, from
+    # core.kv.groups.group_windows; () = one group (sliding_window's).
+    kv_groups: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         self.validate()
@@ -72,6 +75,13 @@ class SchedulerConfig:
         w = self.sliding_window
         if isinstance(w, bool) or not isinstance(w, int) or w < 0:
             raise InvalidConfigError("sliding_window", w, "an integer >= 1, or 0 for full attention")
+        g = self.kv_groups
+        if not isinstance(g, (tuple, list)) or any(
+                isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in g):
+            raise InvalidConfigError("kv_groups", g, "a tuple of windows >= 0 (0 = full attention)")
+        if len(g) > 1 and self.sliding_window:
+            raise InvalidConfigError("sliding_window", self.sliding_window,
+                                     "0 when kv_groups gives each group's window")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise InvalidConfigError(
                 "max_num_batched_tokens", self.max_num_batched_tokens,

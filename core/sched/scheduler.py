@@ -97,7 +97,9 @@ class Scheduler:
         self._dropped: dict[str, int] = {}
         self.kv = KVCacheManager(config.num_blocks, config.block_size,
                                  config.enable_prefix_caching, config.prefix_caching_hash_algo,
-                                 sliding_window=config.sliding_window or None)
+                                 sliding_window=config.sliding_window or None,
+                                 kv_groups=tuple(config.kv_groups),
+                                 max_step_tokens=config.max_num_batched_tokens)
         self.waiting = make_queue(config.policy, config.aging_interval_s, config.max_model_len)
         self.preemption_policy = make_preemption_policy(config.preemption, config.policy)
         self.running: list[Request] = []

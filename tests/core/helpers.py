@@ -54,7 +54,8 @@ def drive(config: SchedulerConfig, arrivals: list[Arrival], aborts: dict[int, li
     """
     k = spec.num_speculative_tokens if spec is not None else 0
     ex = FakeExecutor(block_size=config.block_size, model_kv=True, num_speculative_tokens=k,
-                      draft_miss=draft_miss)
+                      draft_miss=draft_miss, sliding_window=config.sliding_window or None,
+                      kv_groups=config.kv_groups)
     core = EngineCore(config, ex, speculative_config=spec)
     pending = sorted(arrivals, key=lambda a: a.step)
     aborts = aborts or {}

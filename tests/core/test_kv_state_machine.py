@@ -37,13 +37,17 @@ class KVMachine(RuleBasedStateMachine):
     live = Bundle("live")
 
     @initialize(hash_name=st.sampled_from(["xxhash", "xxhash-eager", "weak"]),
-                window=st.sampled_from([None, None, 1, 3, 6]))
-    def setup(self, hash_name: str, window: int | None) -> None:
+                window=st.sampled_from([None, None, 1, 3, 6]),
+                groups=st.sampled_from([(), (), (0, 3), (0, 1, 6), (3, 6), (0, 0, 5)]))
+    def setup(self, hash_name: str, window: int | None, groups: tuple[int, ...]) -> None:
         # xxhash registers blocks past a new root lazily (PendingChain); the others at once.
+        # groups: several KV groups (0 = full), which replace the one window.
         self.kv = KVCacheManager(NUM_BLOCKS, BLOCK_SIZE, enable_caching=True,
                                  hash_function=weak_hash if hash_name == "weak" else "xxhash",
-                                 lazy_registration=hash_name == "xxhash", sliding_window=window)
-        self.window = window
+                                 lazy_registration=hash_name == "xxhash", sliding_window=window,
+                                 kv_groups=groups)
+        self.windows = list(self.kv.group_windows)
+        self.window = self.windows[0] if len(self.windows) == 1 else None
         self.reqs: dict[str, Request] = {}
         self.counter = 0
         self.slots = KVSlotModel(BLOCK_SIZE)
@@ -51,13 +55,18 @@ class KVMachine(RuleBasedStateMachine):
 
     def _compute(self, req: Request, start: int, end: int) -> None:
         """Run positions start..end-1 as a step would: write their KV, read the context, cache."""
-        blocks = [b.block_id for b in self.kv.req_to_blocks[req.request_id]]
         pids = self.slots.prefix_ids(req.all_token_ids, self.prefix.setdefault(req.request_id, []))
-        self.slots.write(blocks, pids, start, end)
-        lo = 0 if self.window is None else max(0, start - self.window + 1)
-        self.slots.check(req.request_id, blocks, pids, end, lo)
+        for g, window in enumerate(self.windows):
+            blocks = [b.block_id for b in self._tables(req.request_id)[g]]
+            self.slots.write(blocks, pids, start, end, g)
+            lo = 0 if window is None else max(0, start - window + 1)
+            self.slots.check(req.request_id, blocks, pids, end, lo, g)
         req.num_computed_tokens = end
         self.kv.cache_blocks(req, end)
+
+    def _tables(self, rid: str) -> list[list]:
+        """The request's block table per group."""
+        return self.kv.req_tables.get(rid) or [self.kv.req_to_blocks[rid]]
 
     def _new_request(self, stem: int, tail: list[int], salt: str | None) -> Request:
         self.counter += 1
@@ -74,6 +83,8 @@ class KVMachine(RuleBasedStateMachine):
         # A prefix hit returns blocks whose stored tokens equal the request's prefix.
         assert num_hit <= req.num_tokens - 1
         event("prefix hit" if num_hit else "prefix miss")
+        if num_hit and len(self.windows) > 1:
+            event("prefix hit across groups")
         for i, block in enumerate(hits):
             assert block.block_hash is not None
             assert list(block.block_hash.token_ids) == req.all_token_ids[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE]
@@ -115,7 +126,7 @@ class KVMachine(RuleBasedStateMachine):
         if new is None:
             # A sliding window may still have returned blocks it left behind.
             assert self.kv.num_free_blocks == free_before or (
-                self.window is not None and self.kv.num_free_blocks > free_before)
+                any(w is not None for w in self.windows) and self.kv.num_free_blocks > free_before)
             assert len(self.kv.req_to_blocks[rid]) == held
             return
         self._compute(req, req.num_computed_tokens, req.num_computed_tokens + num_new)
@@ -171,10 +182,15 @@ class KVMachine(RuleBasedStateMachine):
         # free + in use = total, and the free queue has no duplicates
         assert len(free) == len(set(id(b) for b in free)) == pool.free_queue.num_free
         holders: dict[int, int] = {}
-        for rid, blocks in self.kv.req_to_blocks.items():
+        for rid in self.kv.req_to_blocks:
             assert rid in self.reqs
-            for b in blocks:
-                holders[b.block_id] = holders.get(b.block_id, 0) + 1
+            tables = self._tables(rid)
+            assert len(tables) == len(self.windows)
+            assert len({len(t) for t in tables}) == 1, "group tables out of step"
+            for blocks in tables:
+                for b in blocks:
+                    if b.block_id >= 0:  # not an OUT_OF_WINDOW placeholder
+                        holders[b.block_id] = holders.get(b.block_id, 0) + 1
         in_use = sum(1 for b in pool.blocks if b.ref_cnt > 0)
         assert in_use + len(free) == NUM_BLOCKS
         for b in pool.blocks:
@@ -190,13 +206,19 @@ class KVMachine(RuleBasedStateMachine):
             assert h is not None and h.value == key
             parent = None if h.parent is None else h.parent.value
             assert self.kv.hash_fn(parent, h.token_ids, h.extra_keys) == key
+            # Group g's key: ("kv_group", g) over group 0's key for the same prefix.
+            group = h.extra_keys[1] if h.extra_keys and h.extra_keys[0] == "kv_group" else 0
+            if group:
+                assert h.token_ids == () and h.parent is not None
+                h = h.parent
             chain = []
             while h is not None:
                 chain.append(h.token_ids)
                 h = h.parent
             tokens = [t for block in reversed(chain) for t in block]
             pids = self.slots.prefix_ids(tokens, [])
-            assert self.slots.slots.get(b.block_id) == pids[-BLOCK_SIZE:], "cached block holds other KV"
+            want = pids[-BLOCK_SIZE:] if not group else [(group, p) for p in pids[-BLOCK_SIZE:]]
+            assert self.slots.slots.get(b.block_id) == want, "cached block holds other KV"
             cached_blocks.add(b.block_id)
         # a block has a key exactly when it is in the map
         for b in pool.blocks:

@@ -15,7 +15,8 @@ import torch
 from twinserve.backends.real import SamplingParams
 from twinserve.backends.real.attention import AttentionMetadata, get_attention_backend
 from twinserve.backends.real.models.architectures import ARCHITECTURES
-from twinserve.backends.real.models.loader import load_hf_folder
+from twinserve.backends.real.models.loader import load_hf_folder, read_hf_config
+from twinserve.core.kv.groups import kv_cache_groups
 
 from .arch_helpers import WINDOW, hf_greedy_tokens, hf_logits, make_arch_dir
 from .conftest import prompts_ids
@@ -100,6 +101,9 @@ def test_greedy_matches_transformers(arch_dir: Path, engine_kw: dict) -> None:
     kw = dict(dtype="float32", max_model_len=256, num_gpu_blocks_override=256, block_size=4,
               max_num_batched_tokens=256)
     kw.update(engine_kw)
+    if "num_gpu_blocks_override" in engine_kw:
+        # A page holds one KV group's layers: the same memory is that many pages per group.
+        kw["num_gpu_blocks_override"] *= len(kv_cache_groups(read_hf_config(arch_dir).layer_windows))
     llm = LLM(str(arch_dir), **kw)
     first = llm.generate([{"prompt_token_ids": prompts[0]}], GREEDY, use_tqdm=False)
     outs = first + llm.generate([{"prompt_token_ids": p} for p in prompts[1:]], GREEDY, use_tqdm=False)

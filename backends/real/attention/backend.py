@@ -28,6 +28,9 @@ class AttentionMetadata:
     seq_lens_cpu: list[int]
     # Precomputed once per step, reused by every layer.
     plan: Any = None
+    # Per KV cache group (several groups only): the same batch with that group's block tables
+    # and slot mapping; group 0 is this metadata itself.
+    groups: list["AttentionMetadata"] | None = None
 
 
 class AttentionBackend(Protocol):

@@ -122,6 +122,8 @@ class LlamaAttention(nn.Module):
     # Set by shard_llama on a tensor-parallel rank (o_proj is row-parallel).
     """Self-attention with GQA; K/V go through the attention backend into the paged cache."""
     tp = None
+    # Its KV cache group (core/kv/groups.py), set by the model runner: whose block table it reads.
+    kv_group = 0
 
     def __init__(self, cfg: LlamaConfig, rope: RotaryEmbedding, window: int | None = None) -> None:
         super().__init__()
@@ -150,6 +152,8 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rope(cos_sin, q, k)
+        if self.kv_group and meta.groups is not None:
+            meta = meta.groups[self.kv_group]
         if self.window is None:
             o = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         else:
