@@ -18,8 +18,11 @@ def _shapes(vocab: int, eos: int) -> dict[str, Any]:
                 bos_token_id=None, initializer_range=0.3)
 
 
-def hf_config(arch: str, vocab: int, eos: int) -> Any:
-    """transformers' config of a tiny model of `arch` (sliding windows of WINDOW where it has them)."""
+def hf_config(arch: str, vocab: int, eos: int, gemma_layers: int | None = None) -> Any:
+    """transformers' config of a tiny model of `arch` (sliding windows of WINDOW where it has them).
+
+    gemma_layers: a Gemma 3 of that many layers in its real 5 local : 1 global pattern.
+    """
     import transformers as tf
 
     kw = _shapes(vocab, eos)
@@ -34,22 +37,25 @@ def hf_config(arch: str, vocab: int, eos: int) -> Any:
     if arch == "Qwen3ForCausalLM":
         return tf.Qwen3Config(num_hidden_layers=2, **kw)
     if arch == "Gemma3ForCausalLM":
+        types = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
+        if gemma_layers is not None:
+            types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(gemma_layers)]
         return tf.Gemma3TextConfig(
-            num_hidden_layers=4, sliding_window=WINDOW, query_pre_attn_scalar=16,
-            layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+            num_hidden_layers=len(types), sliding_window=WINDOW, query_pre_attn_scalar=16,
+            layer_types=types,
             rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                              "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
             tie_word_embeddings=True, **kw)
     raise ValueError(arch)
 
 
-def make_arch_dir(folder: Path, arch: str, seed: int = 0) -> Path:
+def make_arch_dir(folder: Path, arch: str, seed: int = 0, gemma_layers: int | None = None) -> Path:
     """Save a tiny random `arch` model (fp32) and the test tokenizer into folder."""
     import transformers as tf
 
     folder.mkdir(parents=True, exist_ok=True)
     tok = make_tokenizer(folder)
-    cfg = hf_config(arch, len(tok), tok.eos_token_id)
+    cfg = hf_config(arch, len(tok), tok.eos_token_id, gemma_layers)
     torch.manual_seed(seed)
     model = getattr(tf, arch)(cfg).float()
     if arch == "Gemma3ForCausalLM":
