@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from twinserve.backends.sim.capacity import KVCapacity, kv_capacity
+from twinserve.backends.sim.capacity import KVCapacity, kv_capacity, model_kv_groups
 from twinserve.backends.sim.capacity import DoesNotFitError
 from twinserve.backends.sim.catalog import HardwareSpec, ModelSpec
 from twinserve.backends.sim.engine_profile import ENGINE_PROFILES
@@ -153,6 +154,19 @@ class BuiltEngine:
     executor: SimExecutor
 
 
+def kv_groups_for(cfg: StudyConfig, model: ModelSpec) -> tuple[int, ...]:
+    """The KV groups the core runs: scheduler.kv_groups if set, else the model's (as the engine's).
+
+    scheduler.sliding_window set by hand keeps one group; kv_groups = [0] keeps every block.
+    """
+    s = cfg.scheduler
+    if s.kv_groups:
+        return tuple(s.kv_groups)
+    if s.sliding_window:
+        return (s.sliding_window,)
+    return model_kv_groups(model)
+
+
 def engine_capacity(cfg: StudyConfig, model: ModelSpec, hw: HardwareSpec) -> KVCapacity:
     """The engine's KV pool size from its memory (or engine.num_gpu_blocks)."""
     e, s = cfg.engine, cfg.scheduler
@@ -164,11 +178,12 @@ def engine_capacity(cfg: StudyConfig, model: ModelSpec, hw: HardwareSpec) -> KVC
     try:
         return kv_capacity(model, hw, e.tensor_parallel_size, s.block_size,
                            e.gpu_memory_utilization, s.max_num_batched_tokens, s.max_num_seqs,
-                           reserve, e.num_gpu_blocks or None)
+                           reserve, e.num_gpu_blocks or None, kv_groups=kv_groups_for(cfg, model))
     except DoesNotFitError as err:
         raise DoesNotFit(_cfg_error(cfg, "engine", err.field, str(err))) from None
     except InvalidConfigError as err:
-        raise _cfg_error(cfg, "engine", err.field, str(err)) from None
+        section = "scheduler" if err.field == "kv_groups" else "engine"
+        raise _cfg_error(cfg, section, err.field, str(err)) from None
 
 
 def build_engine(cfg: StudyConfig) -> BuiltEngine:
@@ -178,6 +193,11 @@ def build_engine(cfg: StudyConfig) -> BuiltEngine:
     cap = engine_capacity(cfg, model, hw)
     try:
         sched_cfg = s.to_core(cap.num_blocks)
+        groups = kv_groups_for(cfg, model)
+        if len(groups) > 1:
+            sched_cfg = dataclasses.replace(sched_cfg, kv_groups=groups, sliding_window=0)
+        elif groups[0] and not sched_cfg.sliding_window:
+            sched_cfg = dataclasses.replace(sched_cfg, sliding_window=groups[0])
     except InvalidConfigError as err:
         raise _cfg_error(cfg, "scheduler", err.field, str(err)) from None
     executor = SimExecutor(cost)

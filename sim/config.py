@@ -340,6 +340,17 @@ def coerce(dotted: str, value: Any, file: str | None = None, line: int | None = 
             raise bad(f"{value!r} is not a finite number")
     if tname == "str" and not isinstance(value, str):
         raise bad(f"{value!r} is not a string")
+    if tname.startswith("tuple"):  # scheduler.kv_groups: "0,1024", "[0, 1024]" or a TOML list
+        if isinstance(value, str):
+            text = value.strip().strip("[]()")
+            try:
+                value = [int(x) for x in text.split(",") if x.strip()]
+            except ValueError:
+                raise bad(f"{value!r} is not a list of integers (e.g. 0,1024)") from None
+        if not isinstance(value, (list, tuple)) or any(
+                isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in value):
+            raise bad(f"{value!r} is not a list of integers >= 0 (e.g. [0, 1024]; 0 = full attention)")
+        value = tuple(value)
     if tname.startswith("dict"):
         if not isinstance(value, dict):
             raise bad(f"{value!r} is not a table (e.g. {{ \"A100-80GB\" = 1.8 }})")

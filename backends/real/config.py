@@ -21,8 +21,8 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float
 _DERIVED = ("max_model_len", "max_num_batched_tokens")
 
 # Scheduler fields the engine sets itself: the block count from the workers' memory, the
-# sliding window from the model (a flag could make the KV manager free blocks the model reads).
-FROM_ENGINE = frozenset({"num_blocks", "sliding_window"})
+# sliding window and KV groups from the model (a flag could make the KV manager free blocks the model reads).
+FROM_ENGINE = frozenset({"num_blocks", "sliding_window", "kv_groups"})
 
 # The scheduler's knobs, derived from the core's SchedulerConfig (every field but those above),
 # so every policy knob the simulator has is an engine argument and a flag too. Keyword-only, so

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from twinserve.core.errors import InvalidConfigError
+from twinserve.core.kv.groups import group_windows
 
 from twinserve.backends.sim.catalog import GiB, HardwareSpec, ModelSpec
 
@@ -23,6 +24,14 @@ class KVCapacity:
     activation_bytes: float
     block_bytes: float
     reserved_bytes: float = 0.0  # CUDA context, NCCL buffers, CUDA graphs
+
+
+def model_kv_groups(model: ModelSpec) -> tuple[int, ...]:
+    """The KV cache groups the engine builds for the model: each group's window, 0 = full."""
+    if not model.sliding_window or not model.num_sliding_layers:
+        return (0,)
+    slide = min(model.num_sliding_layers, model.num_layers)
+    return group_windows([None] * (model.num_layers - slide) + [model.sliding_window] * slide)
 
 
 def activation_reserve_bytes(model: ModelSpec, tp: int, max_num_batched_tokens: int,
@@ -49,17 +58,22 @@ def kv_capacity(model: ModelSpec, hardware: HardwareSpec, tp: int, block_size: i
                 gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 2048,
                 max_num_seqs: int = 256, activation_reserve: float | None = None,
                 num_blocks_override: int | None = None,
-                runtime_reserve: float | None = None) -> KVCapacity:
+                runtime_reserve: float | None = None, kv_groups: tuple[int, ...] = (0,)) -> KVCapacity:
     """(memory × utilisation − weights − activations − runtime reserve) / bytes per block, per GPU.
 
-    KV heads replicate once tp exceeds them, as in vLLM.
+    KV heads replicate once tp exceeds them, as in vLLM. With several KV groups a block is a page:
+    block_size tokens of one group's layers (num_layers / groups), as core/kv/groups.py lays them out.
     """
+    groups = len(kv_groups) or 1
+    if model.num_layers % groups:
+        raise InvalidConfigError("kv_groups", list(kv_groups),
+                                 f"groups of equal size: a divisor of {model.name}'s {model.num_layers} layers")
     weights = model.weight_bytes / tp
     act = (activation_reserve if activation_reserve is not None
            else activation_reserve_bytes(model, tp, max_num_batched_tokens, max_num_seqs))
     reserved = runtime_reserve if runtime_reserve is not None else runtime_reserve_bytes(hardware, tp)
     usable = hardware.mem_bytes * gpu_memory_utilization - weights - act - reserved
-    block_bytes = block_size * model.kv_bytes_per_token_per_gpu(tp)
+    block_bytes = block_size * model.kv_bytes_per_token_per_gpu(tp) / groups
     if num_blocks_override is not None:
         return KVCapacity(num_blocks_override, usable, weights, act, block_bytes, reserved)
     n = int(usable // block_bytes)
