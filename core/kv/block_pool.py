@@ -27,6 +27,10 @@ class KVCacheBlock:
         return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}{cached})"
 
 
+# A block behind a sliding window in a block table (never read, freed or cached).
+OUT_OF_WINDOW = KVCacheBlock(-1)
+
+
 class FreeBlockQueue:
     """Intrusive doubly linked list of free blocks; the front is evicted first (LRU).
 

@@ -26,7 +26,8 @@ def test_greedy_equals_transformers_past_the_window() -> None:
 
 
     source = resolve_model("gemma3-270m")
-    llm = LLM("gemma3-270m", dtype="float32", max_model_len=1024, num_gpu_blocks_override=256, block_size=16,
+    # 6 KV groups of 3 layers (1 global, 5 local): 1536 pages are 256 blocks of all 18 layers.
+    llm = LLM("gemma3-270m", dtype="float32", max_model_len=1024, num_gpu_blocks_override=1536, block_size=16,
               max_num_batched_tokens=256)
     tok = llm.get_tokenizer()
     short = tok("The capital of France is")["input_ids"]
