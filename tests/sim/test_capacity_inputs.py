@@ -116,3 +116,37 @@ def test_config_json_missing_a_field_exits_2_naming_its_line(tmp_path, capsys) -
     f.write_text('[engine]\nmodel = "nowhere/config.json"\n' + RUN)
     rc, err = _cli(["run", "--config", str(f), "--out", str(tmp_path / "o")], capsys)
     assert rc == 2 and f"{f}:2: field 'engine.model'" in err and "no such config.json" in err
+
+
+def _gemma3_study(**fields) -> object:
+    from .helpers import small_config
+
+    base = dict(model="Gemma-3-27B", hardware="H200", max_model_len=8192, enable_prefix_caching=False,
+                num_requests=60, arrival="all_at_once", prompt_dist="fixed", prompt_mean=4096,
+                output_dist="fixed", output_mean=768, output_max=768)
+    base.update(fields)
+    return small_config(**base)
+
+
+def test_a_gemma3_model_gets_the_engines_kv_groups_and_runs_more_requests_at_once() -> None:
+    """Pages of one group's 2 layers (31 groups): the same memory holds more 4k-token requests."""
+    from twinserve.backends.sim.capacity import model_kv_groups
+    from twinserve.sim.build import build_engine
+    from twinserve.sim.specs import resolve_model
+
+    from .helpers import run
+
+    groups_cfg, kept_cfg = _gemma3_study(), _gemma3_study(kv_groups="0")
+    model = resolve_model(groups_cfg)
+    windows = model_kv_groups(model)
+    assert len(windows) == 31 and windows.count(0) == 5 and set(windows) == {0, 1024}
+    grouped, kept = build_engine(groups_cfg), build_engine(kept_cfg)
+    assert grouped.core.scheduler.kv.group_windows == tuple(w or None for w in windows)
+    assert kept.core.scheduler.kv.num_groups == 1 and kept.core.scheduler.kv.sliding_window is None
+    # The same bytes: a page is a 31st of a block of all 62 layers.
+    assert grouped.capacity.block_bytes * 31 == kept.capacity.block_bytes
+    assert abs(grouped.capacity.num_blocks - 31 * kept.capacity.num_blocks) <= 31
+    a, b = run(groups_cfg), run(kept_cfg)
+    # Groups hold all 60 requests of 4.9k tokens at once; keeping every block holds about half.
+    assert max(a.steps.running) == 60 > 1.5 * max(b.steps.running)
+    assert a.num_preemptions < b.num_preemptions
