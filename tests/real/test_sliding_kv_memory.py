@@ -79,19 +79,31 @@ def test_gemma3_pages_in_use_follow_the_group_formula_at_8x_the_window(tmp_path:
     assert kv.num_window_freed > 0
 
 
-@pytest.mark.parametrize("engine_kw", [{"enable_prefix_caching": True}, {"max_num_batched_tokens": 5}])
+@pytest.mark.parametrize("engine_kw", [
+    {"enable_prefix_caching": True},
+    {"max_num_batched_tokens": 5},
+    # Rejected drafts drop the same tail from every group's table.
+    {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}},
+], ids=["prefix-cache", "chunked-5", "ngram-drafts"])
 def test_gemma3_groups_of_two_layers_match_transformers(tmp_path: Path, engine_kw: dict) -> None:
     """Layer j of every group shares tensor j: tokens still equal transformers' past the window."""
-    folder = make_arch_dir(tmp_path / "gemma3", "Gemma3ForCausalLM", gemma_layers=12)
+    # The 12-layer random model repeats one token, so every draft would pass: drafts run on the
+    # 4-layer one (4 groups of one layer), whose continuations reject some.
+    layers = None if "speculative_config" in engine_kw else 12
+    folder = make_arch_dir(tmp_path / "gemma3", "Gemma3ForCausalLM", gemma_layers=layers)
     kw = dict(dtype="float32", max_model_len=256, block_size=BS, num_gpu_blocks_override=120,
               max_num_batched_tokens=16)
     kw.update(engine_kw)
     llm = LLM(str(folder), **kw)
-    prompts = [PROMPT, PROMPT[:30] + [9, 9, 9], [(5 * i) % 200 + 1 for i in range(27)]]
+    # The third prompt repeats itself, so ngram drafts are proposed (and some rejected).
+    prompts = [PROMPT, PROMPT[:30] + [9, 9, 9], [(5 * i) % 20 + 1 for i in range(27)]]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True), use_tqdm=False)
     for p, o in zip(prompts, outs):
         assert o.outputs[0].token_ids == hf_greedy_tokens(folder, p, 20)
+    if "speculative_config" in engine_kw:
+        drafts = sum(o.metrics.num_draft_tokens for o in outs)
+        assert drafts > sum(o.metrics.num_accepted_tokens for o in outs)  # some rejected: trimmed
     if engine_kw.get("enable_prefix_caching"):
         # The second prompt shares 7 blocks with the first: a hit across all six groups.
         assert outs[1].metrics.num_cached_tokens > 0
