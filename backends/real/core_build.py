@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import InvalidConfigError
-from twinserve.core.kv.groups import group_windows
 from twinserve.backends.real.config import EngineArgs
-from twinserve.backends.real.core_client import scheduler_config_for
+from twinserve.backends.real.core_client import scheduler_config_for, with_model_kv
 from twinserve.backends.real.executor import InProcessExecutor
 from twinserve.backends.real.models.architectures import CausalLM
 from twinserve.backends.real.models.registry import ModelSource
 from twinserve.backends.real.worker import Worker
-
-
-def kv_group_windows(cfg: Any) -> tuple[int, ...]:
-    """The KV manager's groups for a model config: each group's window, 0 = full attention.
-
-    One entry when every layer has the same attention; a model mixing full and sliding layers
-    (Gemma 3, Qwen2 with max_window_layers) gets a full group and sliding groups (core/kv/groups.py).
-    """
-    return group_windows(getattr(cfg, "layer_windows", None) or [None])
 
 
 def build_engine_core(args: EngineArgs, max_model_len: int, eos_ids: list[int],
@@ -50,11 +39,7 @@ def build_engine_core(args: EngineArgs, max_model_len: int, eos_ids: list[int],
             from twinserve.backends.real.models.loader import peek_model_config
 
             cfg = peek_model_config(source)
-        windows = kv_group_windows(cfg) if cfg is not None else (0,)
-        if len(windows) > 1:
-            sched = dataclasses.replace(sched, kv_groups=windows)
-        elif windows[0]:
-            sched = dataclasses.replace(sched, sliding_window=windows[0])
+        sched = with_model_kv(sched, cfg)
         core = EngineCore(sched, executor, speculative_config=args.resolve_speculative_config())
     except BaseException:
         executor.shutdown()

@@ -6,11 +6,13 @@ care where the busy loop runs.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Protocol
 
 from twinserve.core.engine_core import EngineCore, StepStats
+from twinserve.core.kv.groups import group_windows
 from twinserve.core.request import FinishReason, Request
 from twinserve.core.sched.config import SchedulerConfig
 from twinserve.core.sched.output import EngineCoreOutput
@@ -58,6 +60,25 @@ class EngineCoreClient(Protocol):
 
     def shutdown(self) -> None:
         """Stop the core (and its workers) and write the step log if asked."""
+
+
+def kv_group_windows(cfg: Any) -> tuple[int, ...]:
+    """The KV manager's groups for a model config: each group's window, 0 = full attention.
+
+    One entry when every layer has the same attention; a model mixing full and sliding layers
+    (Gemma 3, Qwen2 with max_window_layers) gets a full group and sliding groups (core/kv/groups.py).
+    """
+    return group_windows(getattr(cfg, "layer_windows", None) or [None])
+
+
+def with_model_kv(sched: SchedulerConfig, cfg: Any) -> SchedulerConfig:
+    """sched with the model's KV groups (several) or its one window set."""
+    windows = kv_group_windows(cfg) if cfg is not None else (0,)
+    if len(windows) > 1:
+        return dataclasses.replace(sched, kv_groups=windows)
+    if windows[0]:
+        return dataclasses.replace(sched, sliding_window=windows[0])
+    return sched
 
 
 def scheduler_config_for(args: EngineArgs, max_model_len: int, num_blocks: int) -> SchedulerConfig:

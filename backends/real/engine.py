@@ -16,13 +16,15 @@ from typing import Any
 import torch
 
 from twinserve.core.engine_core import StepStats
+from twinserve.core.kv.groups import max_pages
 from twinserve.core.errors import (EngineDeadError, InvalidConfigError, InvalidRequestError, InvalidSamplingParamsError,
                             PromptTooLongError)
 from twinserve.core.request import FinishReason, Request
 from twinserve.core.sampling_params import SamplingParams
 from twinserve.core.sched.output import Logprob
 from twinserve.backends.real.config import EngineArgs
-from twinserve.backends.real.core_client import EngineCoreClient, InprocCoreClient, scheduler_config_for
+from twinserve.backends.real.core_client import (EngineCoreClient, InprocCoreClient, scheduler_config_for,
+                                                with_model_kv)
 from twinserve.backends.real.core_messages import CoreOutput
 from twinserve.backends.real.detokenizer import IncrementalDetokenizer
 from twinserve.backends.real.models.architectures import CausalLM
@@ -125,7 +127,9 @@ class LLMEngine:
                                                               model=model, source=source)
             self.worker = getattr(self.executor, "workers", [None])[0]
             self.core = InprocCoreClient(core, self.executor, kv_bytes)
-        self.scheduler_config = scheduler_config_for(args, self.max_model_len, self.core.num_blocks)
+        # With the model's KV groups, so the front end counts pages as the core does.
+        self.scheduler_config = with_model_kv(scheduler_config_for(args, self.max_model_len, self.core.num_blocks),
+                                              cfg)
         # Per-step shapes and phase times: streamed to args.step_log_path, or a log given by the
         # caller (calibrate, fidelity); disabled otherwise, so nothing grows and nothing is timed.
         self.step_log = step_log if step_log is not None else StepLog(args.step_log_path)
@@ -329,7 +333,8 @@ class LLMEngine:
         cfg = self.scheduler_config
         max_tokens = max(1, params.max_tokens if params.max_tokens is not None else cfg.max_model_len - n)
         peak = max(n, min(n + max_tokens - 1, cfg.max_model_len - 1))
-        if -(-peak // cfg.block_size) > cfg.num_blocks:
+        windows = [w or None for w in cfg.kv_groups] or [None]
+        if max_pages(peak, cfg.block_size, windows, cfg.max_num_batched_tokens) > cfg.num_blocks:
             limit = cfg.num_blocks * cfg.block_size
             raise PromptTooLongError(
                 f"request needs up to {peak} tokens of KV cache but the whole pool holds {limit} "

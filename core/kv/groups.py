@@ -45,6 +45,20 @@ def group_windows(layer_windows: Sequence[int | None]) -> tuple[int, ...]:
     return tuple(g.window or 0 for g in kv_cache_groups(layer_windows))
 
 
+def max_pages(num_tokens: int, block_size: int, windows: Sequence[int | None],
+              max_step_tokens: int | None = None) -> int:
+    """The most pages a request of num_tokens holds at once (KVCacheManager.can_fit's count).
+
+    One group: every block (a lone window is not counted, as before groups). Several: a sliding
+    group at most its window and one step's blocks, (W - 1 + step) // block_size + 2.
+    """
+    n = -(-num_tokens // block_size)
+    if len(windows) <= 1:
+        return n
+    return sum(n if w is None or max_step_tokens is None else min(n, (w - 1 + max_step_tokens) // block_size + 2)
+               for w in windows)
+
+
 def layer_slots(groups: Sequence[KVCacheGroup]) -> dict[int, tuple[int, int]]:
     """layer -> (its group, its index j in the group): layer j of every group shares tensor j."""
     return {layer: (g, j) for g, group in enumerate(groups) for j, layer in enumerate(group.layers)}

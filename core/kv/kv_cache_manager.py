@@ -8,6 +8,7 @@ from typing import Sequence
 from twinserve.core.request import Request
 from twinserve.core.kv.block_pool import OUT_OF_WINDOW, BlockPool, KVCacheBlock
 from twinserve.core.kv.group_tables import _NO_BLOCKS, GroupHits, GroupTables, _new_key
+from twinserve.core.kv.groups import max_pages
 from twinserve.core.kv.hashing import BlockHash, HashFunction, get_hash_function
 
 __all__ = ["GroupHits", "KVCacheManager", "OUT_OF_WINDOW", "PendingChain", "PrefixCacheStats"]
@@ -157,14 +158,7 @@ class KVCacheManager(GroupTables):
 
     def can_fit(self, num_tokens: int) -> bool:
         """True when a request of num_tokens could ever be held by the whole pool."""
-        n = -(-num_tokens // self.block_size)
-        if self.num_groups == 1:
-            return n <= self.num_blocks
-        step = self.max_step_tokens
-        # A sliding group holds at most its window and one step's blocks (docs/models.md).
-        pages = sum(n if w is None or step is None else min(n, (w - 1 + step) // self.block_size + 2)
-                    for w in self.group_windows)
-        return pages <= self.num_blocks
+        return max_pages(num_tokens, self.block_size, self.group_windows, self.max_step_tokens) <= self.num_blocks
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: Sequence[KVCacheBlock] = _NO_BLOCKS,

@@ -107,3 +107,25 @@ def test_gemma3_groups_of_two_layers_match_transformers(tmp_path: Path, engine_k
     if engine_kw.get("enable_prefix_caching"):
         # The second prompt shares 7 blocks with the first: a hit across all six groups.
         assert outs[1].metrics.num_cached_tokens > 0
+
+
+def test_the_front_end_counts_a_requests_pages_as_the_core_does(tmp_path: Path) -> None:
+    """Both refuse exactly the requests the pool's pages over all groups can never hold."""
+    from twinserve.core.errors import PromptTooLongError
+
+    folder = make_arch_dir(tmp_path / "gemma3", "Gemma3ForCausalLM")  # 4 groups of one layer
+    llm = LLM(str(folder), dtype="float32", max_model_len=256, block_size=BS, num_gpu_blocks_override=40,
+              max_num_batched_tokens=16)
+    engine = llm.llm_engine
+    kv = engine.core.scheduler.kv
+    verdicts = []
+    for n in range(4, 240, 4):
+        try:
+            engine._check_fits(n, SamplingParams(max_tokens=1))
+        except PromptTooLongError:
+            verdicts.append((n, False, kv.can_fit(n)))
+        else:
+            verdicts.append((n, True, kv.can_fit(n)))
+    assert all(front == core for _, front, core in verdicts)
+    # The full group's blocks plus three sliding groups' window: 76 tokens fit, 80 do not.
+    assert [n for n, ok, _ in verdicts if ok][-1] == 76
