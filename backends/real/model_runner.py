@@ -15,6 +15,7 @@ from twinserve.backends.real.cuda_graphs import DecodeGraphs
 from twinserve.backends.real.input_batch import CachedRequestState, InputBatch
 from twinserve.backends.real.models.architectures import CausalLM
 from twinserve.backends.real.sampler import Sampler, SamplingRow, prompt_logprob_records
+from twinserve.backends.real.spec.draft_model import DraftModelProposer, DraftWork
 from twinserve.backends.real.spec.ngram import NgramProposer
 from twinserve.backends.real.spec.verify import VerifyEntry, verify_drafts
 from twinserve.backends.real.structured.mask import GrammarMasker
@@ -46,19 +47,25 @@ class ModelRunner:
     def __init__(self, model: CausalLM, backend: AttentionBackend, device: torch.device,
                  block_size: int, max_model_len: int, max_num_seqs: int, stop_ids: list[int],
                  compile_grammar: Callable[[Any], Any] | None = None,
-                 speculative_config: SpeculativeConfig | None = None) -> None:
+                 speculative_config: SpeculativeConfig | None = None, draft_model: CausalLM | None = None) -> None:
         self.model = model
+        self.spec_config = speculative_config
         self.proposer = (NgramProposer(speculative_config.num_speculative_tokens,
                                        speculative_config.prompt_lookup_min, speculative_config.prompt_lookup_max)
                          if speculative_config is not None and speculative_config.method == "ngram" else None)
         self._drafts: dict[str, list[int]] = {}
+        self.sampler = Sampler(device)
+        self.drafter = (DraftModelProposer(draft_model, backend, device, block_size,
+                                           speculative_config.num_speculative_tokens, self.sampler)
+                        if draft_model is not None and speculative_config is not None else None)
+        # The draft model's distributions q [k, V] behind each random request's pending drafts.
+        self._draft_probs: dict[str, torch.Tensor] = {}
         self.backend = backend
         self.device = device
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.max_blocks_per_req = -(-max_model_len // block_size)
         self.batch = InputBatch(max_num_seqs, max_model_len, self.max_blocks_per_req)
-        self.sampler = Sampler(device)
         self.grammar = GrammarMasker()
         # For specs from another process, which arrive without their grammar.
         self.compile_grammar = compile_grammar
@@ -83,6 +90,8 @@ class ModelRunner:
         self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
                            torch.zeros(shape, dtype=dtype, device=self.device))
                           for _ in range(cfg.num_hidden_layers)]
+        if self.drafter is not None:
+            self.drafter.init_kv_cache(num_blocks, dtype)
 
     # ------------------------------------------------------------------ state
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -93,6 +102,9 @@ class ModelRunner:
         for rid in so.preempted_req_ids:
             batch.remove(rid)
             self.grammar.remove(rid)
+        if self._draft_probs:
+            for rid in (*so.finished_req_ids, *so.preempted_req_ids):
+                self._draft_probs.pop(rid, None)
         if self._prompt_lp_reqs:
             self._prompt_lp_reqs.difference_update(so.finished_req_ids)
             self._prompt_lp_reqs.difference_update(so.preempted_req_ids)
@@ -193,11 +205,16 @@ class ModelRunner:
             st.num_computed_tokens += q
         for rid, n in rejected.items():
             self.batch.requests[rid].num_computed_tokens -= n
+        if self.proposer is not None:
+            spec_ids = self._propose(sampled)
+        elif self.drafter is not None:
+            spec_ids = self._draft(states, starts, sampled, failed)
+        else:
+            spec_ids = None
         if timing:
             self.last_timing = self._phase_times(t0, t1, t2, events)
         return ModelRunnerOutput(sampled, logprobs or None, failed=failed or None,
-                                 prompt_logprobs=prompt_lps or None,
-                                 spec_token_ids=self._propose(sampled) if self.proposer is not None else None)
+                                 prompt_logprobs=prompt_lps or None, spec_token_ids=spec_ids)
 
     def _row(self, st: CachedRequestState) -> SamplingRow:
         sp = st.sampling_params
@@ -216,7 +233,13 @@ class ModelRunner:
         for st in sampling:
             drafts = self._drafts.get(st.req_id)
             if drafts:
-                entries.append(VerifyEntry(self._row(st), drafts))
+                q = None
+                if self.drafter is not None and not st.sampling_params.greedy:
+                    q = self._draft_probs.get(st.req_id)
+                    if q is None or q.shape[0] < len(drafts):
+                        raise RuntimeError(f"request {st.req_id}: drafts without the draft model's probabilities")
+                    q = q[:len(drafts)]
+                entries.append(VerifyEntry(self._row(st), drafts, q))
                 verified.append(st)
                 offset += len(drafts) + 1
             else:
@@ -276,6 +299,33 @@ class ModelRunner:
             if drafts:
                 out[rid] = drafts
         return out
+
+    def _draft(self, states: list[CachedRequestState], starts: list[int], sampled: dict[str, list[int]],
+               failed: dict[str, str]) -> dict[str, list[int]]:
+        """The draft model catches up on what the target verified this step, then drafts for those that sampled."""
+        spec = self.spec_config
+        active = spec is not None and spec.active(len(self.batch.requests))
+        cap_len = self.max_model_len
+        work: list[DraftWork] = []
+        for st, start in zip(states, starts):
+            rid = st.req_id
+            if rid in failed:
+                continue
+            n = st.num_computed_tokens  # the target's KV is valid below n; so will the draft's be
+            k = 0
+            sp = st.sampling_params
+            if active and rid in sampled and sp.structured_output is None and sp.logprobs is None:
+                # Drafting feeds positions n .. n+k-1: only slots this request holds (its lookahead).
+                k = min(self.drafter.k, min(st.num_blocks * self.block_size, cap_len) - n)
+            if k > 0:
+                work.append(DraftWork(st, start, n + 1, k, self._row(st)))
+            else:
+                work.append(DraftWork(st, start, n, 0))
+        for rid in sampled:
+            self._draft_probs.pop(rid, None)
+        drafts, probs = self.drafter.run(self.batch, work)
+        self._draft_probs.update(probs)
+        return drafts
 
     def _sample(self, logits: torch.Tensor, rows: list[SamplingRow], sampling: list[CachedRequestState],
                 failed: dict[str, str]) -> tuple[list[int | None], list[Logprob | None]]:
