@@ -106,3 +106,7 @@ def test_sweeps_set_the_draft_model_and_its_k(tmp_path: Path) -> None:
     built = build(cfg)
     assert built.simulation.executor.draft.num_speculative_tokens == 2
     assert built.simulation.executor.draft.cost.model.hidden_size == 1024
+    grid = from_dict({"search": {"grid": {"speculative.model": ["Llama-2-7B", "x/config.json"],
+                                          "num_speculative_tokens": [2, 4]}}}).search.grid
+    assert grid == {"speculative.model": ["Llama-2-7B", "x/config.json"],
+                    "speculative.num_speculative_tokens": ["2", "4"]}
