@@ -313,8 +313,7 @@ class ModelRunner:
                 continue
             n = st.num_computed_tokens  # the target's KV is valid below n; so will the draft's be
             k = 0
-            sp = st.sampling_params
-            if active and rid in sampled and sp.structured_output is None and sp.logprobs is None:
+            if active and rid in sampled:
                 # Drafting feeds positions n .. n+k-1: only slots this request holds (its lookahead).
                 k = min(self.drafter.k, min(st.num_blocks * self.block_size, cap_len) - n)
             if k > 0:

@@ -114,6 +114,29 @@ def test_the_target_as_its_own_draft_accepts_every_draft(make_llm, tiny_dir: Pat
         assert [o.outputs[0].token_ids for o in outs] == plain
 
 
+def test_logprobs_and_a_grammar_with_a_draft_model_equal_plain_decoding(make_llm, near_draft_dir: Path) -> None:
+    import json
+
+    from twinserve.core.structured_output import StructuredOutputSpec
+
+    schema = {"type": "object", "properties": {"a": {"type": "string", "enum": ["yes", "no"]}},
+              "required": ["a"], "additionalProperties": False}
+    prompts = _prompts()[:3]
+    for params in (SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=2),
+                   SamplingParams(temperature=0.0, max_tokens=40,
+                                  structured_output=StructuredOutputSpec("json", json.dumps(schema), "guided"))):
+        plain = [o.outputs[0] for o in _gen(make_llm(), prompts, params)]
+        outs = _gen(make_llm(speculative_config=_spec(near_draft_dir, 4)), prompts, params)
+        assert sum(o.metrics.num_draft_tokens for o in outs) > 0
+        for o, ref in zip(outs, plain):
+            c = o.outputs[0]
+            assert c.token_ids == ref.token_ids
+            if params.logprobs:
+                assert [(g.token_id, g.rank) for g in c.logprobs] == [(w.token_id, w.rank) for w in ref.logprobs]
+            else:
+                assert set(json.loads(c.text)) == {"a"}
+
+
 def _record_proposals(llm) -> list[tuple[list[int], list[int]]]:
     """(context, drafts) of every proposal the engine's draft model makes."""
     runner = llm.llm_engine.worker.runner
