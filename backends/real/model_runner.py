@@ -15,7 +15,7 @@ from twinserve.backends.real.cuda_graphs import DecodeGraphs
 from twinserve.backends.real.input_batch import CachedRequestState, InputBatch
 from twinserve.backends.real.models.architectures import CausalLM
 from twinserve.backends.real.sampler import Sampler, SamplingRow, prompt_logprob_records
-from twinserve.backends.real.spec.draft_model import DraftModelProposer, DraftWork
+from twinserve.backends.real.spec.draft_model import DraftModelProposer
 from twinserve.backends.real.spec.ngram import NgramProposer
 from twinserve.backends.real.spec.verify import VerifyEntry, verify_drafts
 from twinserve.backends.real.structured.mask import GrammarMasker
@@ -58,8 +58,6 @@ class ModelRunner:
         self.drafter = (DraftModelProposer(draft_model, backend, device, block_size,
                                            speculative_config.num_speculative_tokens, self.sampler)
                         if draft_model is not None and speculative_config is not None else None)
-        # The draft model's distributions q [k, V] behind each random request's pending drafts.
-        self._draft_probs: dict[str, torch.Tensor] = {}
         self.backend = backend
         self.device = device
         self.block_size = block_size
@@ -102,9 +100,9 @@ class ModelRunner:
         for rid in so.preempted_req_ids:
             batch.remove(rid)
             self.grammar.remove(rid)
-        if self._draft_probs:
-            for rid in (*so.finished_req_ids, *so.preempted_req_ids):
-                self._draft_probs.pop(rid, None)
+        if self.drafter is not None:
+            self.drafter.forget(so.finished_req_ids)
+            self.drafter.forget(so.preempted_req_ids)
         if self._prompt_lp_reqs:
             self._prompt_lp_reqs.difference_update(so.finished_req_ids)
             self._prompt_lp_reqs.difference_update(so.preempted_req_ids)
@@ -208,7 +206,10 @@ class ModelRunner:
         if self.proposer is not None:
             spec_ids = self._propose(sampled)
         elif self.drafter is not None:
-            spec_ids = self._draft(states, starts, sampled, failed)
+            spec = self.spec_config
+            spec_ids = self.drafter.propose(self.batch, states, starts, sampled, failed,
+                                            spec is not None and spec.active(len(self.batch.requests)),
+                                            self.max_model_len, self._row)
         else:
             spec_ids = None
         if timing:
@@ -233,12 +234,8 @@ class ModelRunner:
         for st in sampling:
             drafts = self._drafts.get(st.req_id)
             if drafts:
-                q = None
-                if self.drafter is not None and not st.sampling_params.greedy:
-                    q = self._draft_probs.get(st.req_id)
-                    if q is None or q.shape[0] < len(drafts):
-                        raise RuntimeError(f"request {st.req_id}: drafts without the draft model's probabilities")
-                    q = q[:len(drafts)]
+                q = (self.drafter.probs_for(st.req_id, len(drafts))
+                     if self.drafter is not None and not st.sampling_params.greedy else None)
                 entries.append(VerifyEntry(self._row(st), drafts, q))
                 verified.append(st)
                 offset += len(drafts) + 1
@@ -299,32 +296,6 @@ class ModelRunner:
             if drafts:
                 out[rid] = drafts
         return out
-
-    def _draft(self, states: list[CachedRequestState], starts: list[int], sampled: dict[str, list[int]],
-               failed: dict[str, str]) -> dict[str, list[int]]:
-        """The draft model catches up on what the target verified this step, then drafts for those that sampled."""
-        spec = self.spec_config
-        active = spec is not None and spec.active(len(self.batch.requests))
-        cap_len = self.max_model_len
-        work: list[DraftWork] = []
-        for st, start in zip(states, starts):
-            rid = st.req_id
-            if rid in failed:
-                continue
-            n = st.num_computed_tokens  # the target's KV is valid below n; so will the draft's be
-            k = 0
-            if active and rid in sampled:
-                # Drafting feeds positions n .. n+k-1: only slots this request holds (its lookahead).
-                k = min(self.drafter.k, min(st.num_blocks * self.block_size, cap_len) - n)
-            if k > 0:
-                work.append(DraftWork(st, start, n + 1, k, self._row(st)))
-            else:
-                work.append(DraftWork(st, start, n, 0))
-        for rid in sampled:
-            self._draft_probs.pop(rid, None)
-        drafts, probs = self.drafter.run(self.batch, work)
-        self._draft_probs.update(probs)
-        return drafts
 
     def _sample(self, logits: torch.Tensor, rows: list[SamplingRow], sampling: list[CachedRequestState],
                 failed: dict[str, str]) -> tuple[list[int | None], list[Logprob | None]]:

@@ -141,15 +141,15 @@ def _record_proposals(llm) -> list[tuple[list[int], list[int]]]:
     """(context, drafts) of every proposal the engine's draft model makes."""
     runner = llm.llm_engine.worker.runner
     seen: list[tuple[list[int], list[int]]] = []
-    draft = runner._draft
+    propose = runner.drafter.propose
 
-    def spy(states, starts, sampled, failed):
-        out = draft(states, starts, sampled, failed)
+    def spy(batch, states, *rest):
+        out = propose(batch, states, *rest)
         for rid, d in out.items():
-            seen.append((list(runner.batch.requests[rid].token_ids), list(d)))
+            seen.append((list(batch.requests[rid].token_ids), list(d)))
         return out
 
-    runner._draft = spy
+    runner.drafter.propose = spy
     return seen
 
 
@@ -210,16 +210,16 @@ def test_the_scheduler_reserves_lookahead_slots_for_the_drafts_positions(make_ll
     llm = make_llm(speculative_config=_spec(small_draft_dir, 4))
     runner = llm.llm_engine.worker.runner
     seen: list[tuple[int, int, int]] = []
-    draft = runner._draft
+    propose = runner.drafter.propose
 
-    def spy(states, starts, sampled, failed):
-        out = draft(states, starts, sampled, failed)
+    def spy(batch, states, starts, sampled, *rest):
+        out = propose(batch, states, starts, sampled, *rest)
         for st in states:
             if st.req_id in sampled:
                 seen.append((st.num_blocks * runner.block_size, st.num_computed_tokens, len(out.get(st.req_id, ()))))
         return out
 
-    runner._draft = spy
+    runner.drafter.propose = spy
     _gen(llm, _prompts()[:3])
     assert seen
     for capacity, computed, k in seen:

@@ -12,6 +12,7 @@ needs (Leviathan et al. 2023, Algorithm 1).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -49,8 +50,10 @@ class DraftModelProposer:
         self.k = num_speculative_tokens
         self.sampler = sampler
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-        # Draft forwards run in the last step (catch-up included), for the step log and tests.
+        # Draft forwards run in the last step (catch-up included).
         self.last_num_forwards = 0
+        # q [k, V] behind each random request's pending drafts, until they are verified.
+        self.pending_probs: dict[str, torch.Tensor] = {}
 
     def init_kv_cache(self, num_blocks: int, dtype: torch.dtype) -> None:
         """The draft's own K and V per layer, as many blocks as the target's."""
@@ -59,6 +62,40 @@ class DraftModelProposer:
         self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
                            torch.zeros(shape, dtype=dtype, device=self.device))
                           for _ in range(cfg.num_hidden_layers)]
+
+    def forget(self, req_ids) -> None:
+        """Drop the pending q of finished or preempted requests."""
+        if self.pending_probs:
+            for rid in req_ids:
+                self.pending_probs.pop(rid, None)
+
+    def probs_for(self, req_id: str, num_drafts: int) -> torch.Tensor:
+        """q of a random request's first num_drafts pending drafts (verification needs them)."""
+        q = self.pending_probs.get(req_id)
+        if q is None or q.shape[0] < num_drafts:
+            raise RuntimeError(f"request {req_id}: drafts without the draft model's probabilities")
+        return q[:num_drafts]
+
+    def propose(self, batch: InputBatch, states: list[CachedRequestState], starts: list[int],
+                sampled: dict[str, list[int]], failed: dict[str, str], active: bool, max_model_len: int,
+                row_of: Callable[[CachedRequestState], SamplingRow]) -> dict[str, list[int]]:
+        """After a step: catch up on what the target verified (from each request's computed tokens at
+        the step's start), then draft for those that sampled when active; the drafts by request."""
+        bs = self.block_size
+        work: list[DraftWork] = []
+        for st, start in zip(states, starts):
+            rid = st.req_id
+            if rid in failed:
+                continue
+            n = st.num_computed_tokens  # the target's KV is valid below n; so will the draft's be
+            # Drafting feeds positions n .. n+k-1: only slots the request holds (its lookahead).
+            k = min(self.k, min(st.num_blocks * bs, max_model_len) - n) if active and rid in sampled else 0
+            work.append(DraftWork(st, start, n + 1, k, row_of(st)) if k > 0 else DraftWork(st, start, n, 0))
+        for rid in sampled:
+            self.pending_probs.pop(rid, None)
+        drafts, probs = self.run(batch, work)
+        self.pending_probs.update(probs)
+        return drafts
 
     def run(self, batch: InputBatch, work: list[DraftWork]
             ) -> tuple[dict[str, list[int]], dict[str, torch.Tensor]]:
