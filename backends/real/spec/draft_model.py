@@ -106,7 +106,6 @@ class DraftModelProposer:
             return {}, {}
         # Decodes (one token to catch up) first, as the attention metadata expects.
         work.sort(key=lambda w: w.end - w.start != 1)
-        bs = self.block_size
         rows = np.fromiter((w.st.row for w in work), dtype=np.int64, count=len(work))
         starts = np.fromiter((w.start for w in work), dtype=np.int64, count=len(work))
         ends = np.fromiter((w.end for w in work), dtype=np.int64, count=len(work))
