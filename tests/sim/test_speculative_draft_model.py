@@ -12,7 +12,7 @@ from twinserve.sim.build import build, simulate
 from twinserve.sim.config import from_dict, resolve_field, set_field
 from twinserve.sim.errors import ConfigError
 
-from .helpers import small_config
+from .helpers import fingerprint, small_config
 
 RATES = [0.8, 0.6, 0.5, 0.4]
 
@@ -110,3 +110,15 @@ def test_sweeps_set_the_draft_model_and_its_k(tmp_path: Path) -> None:
                                           "num_speculative_tokens": [2, 4]}}}).search.grid
     assert grid == {"speculative.model": ["Llama-2-7B", "x/config.json"],
                     "speculative.num_speculative_tokens": ["2", "4"]}
+
+
+def test_fast_forward_prices_the_drafts_catch_up_as_stepping_does(tmp_path: Path) -> None:
+    # disable_by_batch_size = 1: no drafts, so decode runs fast-forward, yet the draft still catches up.
+    cfg = _draft_cfg(_small_draft(tmp_path), num_requests=30, rate=5.0)
+    set_field(cfg, "speculative.disable_by_batch_size", 1)
+    built, ff = simulate(cfg)
+    assert built.simulation.num_ff_windows > 0
+    set_field(cfg, "run.fast_forward", False)
+    assert fingerprint(simulate(cfg)[1]) == fingerprint(ff)
+    plain = simulate(small_config(num_requests=30, rate=5.0))[1]
+    assert _tpot(ff) > _tpot(plain)  # the catch-up is not free
