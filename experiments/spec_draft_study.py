@@ -53,7 +53,7 @@ def main() -> None:
         row = []
         for rates in LEVELS.values():
             spec = dataclasses.replace(cfg)
-            spec.speculative = dataclasses.replace(cfg.speculative, method="draft_model", model="Llama-2-7B",
+            spec.speculative = dataclasses.replace(cfg.speculative, method="draft_model", draft_model="Llama-2-7B",
                                                    num_speculative_tokens=4, acceptance_rates=list(rates))
             row.append(f"{plain / mean_tpot(spec):.2f}")
         print(f"| {rate:g} | {plain * 1e3:.1f} | " + " | ".join(row) + " |")

@@ -149,13 +149,13 @@ def resolve_model(cfg: StudyConfig, name: str | None = None, setting: str = "eng
 
 
 def resolve_draft_model(cfg: StudyConfig, target: ModelSpec) -> ModelSpec:
-    """[speculative] model, checked as the engine checks it: the target's vocabulary, no more weights."""
-    draft = resolve_model(cfg, cfg.speculative.model, "speculative.model")
+    """[speculative] draft_model, checked as the engine checks it: the target's vocabulary, no more weights."""
+    draft = resolve_model(cfg, cfg.speculative.draft_model, "speculative.draft_model")
     if draft.vocab_size != target.vocab_size:
-        raise _error(cfg, "speculative.model", f"{draft.name} has a vocabulary of {draft.vocab_size} tokens; "
+        raise _error(cfg, "speculative.draft_model", f"{draft.name} has a vocabulary of {draft.vocab_size} tokens; "
                      f"a draft needs the target's ({target.vocab_size})")
     if draft.num_params > target.num_params:
-        raise _error(cfg, "speculative.model", f"{draft.name} ({draft.num_params:,} parameters) is larger "
+        raise _error(cfg, "speculative.draft_model", f"{draft.name} ({draft.num_params:,} parameters) is larger "
                      f"than the target {target.name} ({target.num_params:,})")
     return draft.with_precision(target.precision)
 

@@ -2,8 +2,8 @@
 
     [speculative]
     method = "ngram"                 # "" (off), "ngram" or "draft_model"
-    model = ""                       # draft_model: the draft, named as [engine] model is (a catalog
-                                     # name, a config.json or HF folder, or a [model] table's name)
+    draft_model = ""                 # method draft_model: the draft, named as [engine] model is (a
+                                     # catalog name, a config.json or HF folder, a [model] table's name)
     num_speculative_tokens = 4
     acceptance_rates = [0.8, 0.6, 0.5, 0.4]   # P(position i accepted | all before it were);
                                               # positions past the list take its last rate
@@ -32,7 +32,8 @@ class SpeculativeSection:
     """Speculative decoding in the simulator: the same scheduler fields plus an acceptance model."""
 
     method: str = ""
-    model: str = ""
+    # Not "model": a bare `model` in sweeps and replica overrides means [engine] model.
+    draft_model: str = ""
     num_speculative_tokens: int = 4
     acceptance_rates: list = field(default_factory=list)
     acceptance_from: str = ""
@@ -47,7 +48,7 @@ class SpeculativeSection:
     def to_core(self) -> SpeculativeConfig:
         """The scheduler's SpeculativeConfig."""
         return SpeculativeConfig(method=self.method, num_speculative_tokens=self.num_speculative_tokens,
-                                 model=self.model or None, disable_by_batch_size=self.disable_by_batch_size)
+                                 model=self.draft_model or None, disable_by_batch_size=self.disable_by_batch_size)
 
     def rates(self, source: str | None = None) -> list[float]:
         """The per-position acceptance rates, from the table or from a step log."""
@@ -81,9 +82,9 @@ def check_speculative(spec: SpeculativeSection, error: Callable[[str, str], Conf
     """Cross-field checks: a speculating study needs exactly one acceptance model."""
     if not spec.enabled:
         return
-    if spec.method == "draft_model" and not spec.model:
-        raise error("model", "method 'draft_model' needs the draft: model = a catalog name, a config.json "
-                    "or HF folder, or a [model] table's name")
+    if spec.method == "draft_model" and not spec.draft_model:
+        raise error("draft_model", "method 'draft_model' needs the draft: draft_model = a catalog name, a "
+                    "config.json or HF folder, or a [model] table's name")
     if bool(spec.acceptance_rates) == bool(spec.acceptance_from):
         raise error("acceptance_rates", "give acceptance_rates = [...] or acceptance_from = "
                     "\"steps.csv\" (one of them) when method is set")

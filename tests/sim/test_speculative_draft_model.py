@@ -31,7 +31,7 @@ def _small_draft(tmp_path: Path) -> str:
 def _draft_cfg(draft: str, rates=RATES, k: int = 4, **fields):
     cfg = small_config(**fields)
     set_field(cfg, "speculative.method", "draft_model")
-    set_field(cfg, "speculative.model", draft)
+    set_field(cfg, "speculative.draft_model", draft)
     set_field(cfg, "speculative.num_speculative_tokens", k)
     cfg.speculative.acceptance_rates = list(rates)
     return cfg
@@ -87,28 +87,28 @@ def test_the_draft_takes_its_weights_and_kv_from_the_pool(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("table, match", [
     ({"method": "draft_model", "acceptance_rates": [0.5]}, "needs the draft"),
-    ({"method": "draft_model", "model": "Llama-3-8B", "acceptance_rates": [0.5]}, "vocabulary"),
-    ({"method": "draft_model", "model": "Llama-2-70B", "acceptance_rates": [0.5]}, "larger than the target"),
-    ({"method": "draft_model", "model": "no-such-model", "acceptance_rates": [0.5]}, "no-such-model"),
+    ({"method": "draft_model", "draft_model": "Llama-3-8B", "acceptance_rates": [0.5]}, "vocabulary"),
+    ({"method": "draft_model", "draft_model": "Llama-2-70B", "acceptance_rates": [0.5]}, "larger than the target"),
+    ({"method": "draft_model", "draft_model": "no-such-model", "acceptance_rates": [0.5]}, "no-such-model"),
 ], ids=["missing", "vocab", "larger", "unknown"])
-def test_a_bad_draft_names_speculative_model(table: dict, match: str) -> None:
+def test_a_bad_draft_names_speculative_draft_model(table: dict, match: str) -> None:
     with pytest.raises(ConfigError) as e:
         cfg = from_dict({"engine": {"model": "Llama-2-7B", "hardware": "A100-80GB"}, "speculative": table})
         build(cfg)
-    assert "speculative.model" in str(e.value) and match in str(e.value)
+    assert "speculative.draft_model" in str(e.value) and match in str(e.value)
 
 
 def test_sweeps_set_the_draft_model_and_its_k(tmp_path: Path) -> None:
-    assert resolve_field("speculative.model") == "speculative.model"
+    assert resolve_field("draft_model") == "speculative.draft_model"
     cfg = _draft_cfg("Llama-2-7B", num_requests=2)
-    set_field(cfg, "speculative.model", _small_draft(tmp_path))  # as a --grid value arrives
+    set_field(cfg, "draft_model", _small_draft(tmp_path))  # as a --grid value arrives
     set_field(cfg, "num_speculative_tokens", "2")
     built = build(cfg)
     assert built.simulation.executor.draft.num_speculative_tokens == 2
     assert built.simulation.executor.draft.cost.model.hidden_size == 1024
-    grid = from_dict({"search": {"grid": {"speculative.model": ["Llama-2-7B", "x/config.json"],
+    grid = from_dict({"search": {"grid": {"speculative.draft_model": ["Llama-2-7B", "x/config.json"],
                                           "num_speculative_tokens": [2, 4]}}}).search.grid
-    assert grid == {"speculative.model": ["Llama-2-7B", "x/config.json"],
+    assert grid == {"speculative.draft_model": ["Llama-2-7B", "x/config.json"],
                     "speculative.num_speculative_tokens": ["2", "4"]}
 
 
