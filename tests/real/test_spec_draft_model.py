@@ -192,6 +192,21 @@ def test_after_a_rejection_the_draft_proposes_what_a_fresh_draft_model_would(
         assert all(fresh)
 
 
+def test_while_drafts_are_switched_off_by_batch_size_the_draft_keeps_up(make_llm, near_draft_dir: Path) -> None:
+    # Three requests: no drafts (disable_by_batch_size = 3) until the short one ends; then the
+    # other two draft, and each proposal must come from KV the draft kept up meanwhile.
+    llm = make_llm(speculative_config={**_spec(near_draft_dir, 4), "disable_by_batch_size": 3})
+    seen = _record_proposals(llm)
+    prompts = _prompts()[2:5]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (6, 30, 30)]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    plain = make_llm().generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+    late = [(ctx, d) for ctx, d in seen if len(ctx) > len(prompts[1]) + 8]
+    assert late and sum(o.metrics.num_draft_tokens for o in outs) > 0
+    assert all(hf_greedy(near_draft_dir, ctx, len(d)) == d for ctx, d in seen)
+
+
 def test_the_draft_models_kv_is_counted_in_the_cache_size(make_llm, small_draft_dir: Path) -> None:
     from twinserve.backends.real.worker import kv_bytes_per_token
 
