@@ -100,16 +100,19 @@ def test_greedy_with_a_draft_model_is_token_identical_to_plain(make_llm, request
         assert sum(o.metrics.num_cached_tokens for o in outs[:3]) >= 3 * 12
 
 
-@pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=0.8, top_p=0.95, max_tokens=24, seed=1,
-                                                           ignore_eos=True)],
-                         ids=["greedy", "sampled"])
+SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=24, seed=1, ignore_eos=True,
+                         repetition_penalty=1.2)
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED, [GREEDY, SAMPLED] * 3],
+                         ids=["greedy", "sampled", "mixed"])
 def test_the_target_as_its_own_draft_accepts_every_draft(make_llm, tiny_dir: Path, params) -> None:
     llm = make_llm(speculative_config=_spec(tiny_dir, 4), num_gpu_blocks_override=40)
     outs = _gen(llm, _prompts(), params)
     drafted = sum(o.metrics.num_draft_tokens for o in outs)
     assert drafted > 0
     assert sum(o.metrics.num_accepted_tokens for o in outs) == drafted
-    if params.temperature == 0.0:
+    if params is GREEDY:
         plain = [o.outputs[0].token_ids for o in _gen(make_llm(num_gpu_blocks_override=40), _prompts())]
         assert [o.outputs[0].token_ids for o in outs] == plain
 
