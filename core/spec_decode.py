@@ -44,6 +44,15 @@ class SpeculativeConfig:
             raise InvalidConfigError("speculative_config.model", self.model,
                                      "a draft model path when method is 'draft_model'")
 
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """KV slots past a step's tokens that proposing needs (vLLM's num_lookahead_tokens).
+
+        A draft model writes its own KV at the k positions it feeds while drafting, through the
+        target's block table; n-gram drafts write nothing.
+        """
+        return self.num_speculative_tokens if self.method == "draft_model" else 0
+
     def active(self, num_running: int) -> bool:
         """Whether a step with this many running requests drafts."""
         d = self.disable_by_batch_size

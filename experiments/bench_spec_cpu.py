@@ -13,6 +13,11 @@ here (per position, from the scheduler's counters) and the fitted CPU profile, p
 speedups for the same shapes. Run pinned to one core, e.g.
 
     taskset -c 1 python experiments/bench_spec_cpu.py [--k 4] [--max-tokens 96] [--rounds 2]
+
+--method draft_model drafts with --draft (default: SmolLM2 itself, the only model with its
+tokenizer at hand: every draft is accepted and the draft costs what the target does, so the
+ratio measures the draft-model path's overhead, not a speedup); no simulator prediction then
+(a fitted CPU profile prices only the target).
 """
 
 from __future__ import annotations
@@ -99,12 +104,17 @@ def main() -> None:
     ap.add_argument("--disable", type=int, default=4, help="disable_by_batch_size")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--method", choices=("ngram", "draft_model"), default="ngram")
+    ap.add_argument("--draft", default="smollm2", help="the draft model of --method draft_model")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     common = dict(dtype="float32", max_model_len=2048, max_num_seqs=args.batch, max_num_batched_tokens=2048,
                   enable_prefix_caching=False)
     spec_cfg = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": args.lookup_max,
                 "disable_by_batch_size": args.disable}
+    if args.method == "draft_model":
+        spec_cfg = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": args.k,
+                    "disable_by_batch_size": args.disable}
     plain = LLM("smollm2", **common)
     spec = LLM("smollm2", **common, speculative_config=spec_cfg)
     tok = plain.get_tokenizer()
@@ -113,7 +123,8 @@ def main() -> None:
     many = prompts_for(tok, args.batch)
     print(f"SmolLM2-135M-Instruct fp32, torch threads {torch.get_num_threads()}, affinity "
           f"{sorted(os.sched_getaffinity(0))}, {os.cpu_count()} CPUs seen, load average {os.getloadavg()[0]:.1f}")
-    print(f"ngram k={args.k} prompt_lookup_max={args.lookup_max} disable_by_batch_size={args.disable}; "
+    how = f"draft_model {args.draft}" if args.method == "draft_model" else f"ngram prompt_lookup_max={args.lookup_max}"
+    print(f"{how} k={args.k} disable_by_batch_size={args.disable}; "
           f"{args.max_tokens} output tokens per request; prompts {min(map(len, many))}-{max(map(len, many))} tokens")
     times = {("b1", "plain"): 0.0, ("b1", "spec"): 0.0, ("bN", "plain"): 0.0, ("bN", "spec"): 0.0}
     # Each round's speedup per shape, so the spread from this machine's drift shows.
@@ -149,10 +160,13 @@ def main() -> None:
         if not count:
             continue
         tp, ts = n / times[(shape, "plain")], n / times[(shape, "spec")]
-        pred = predict(rates, args.k, args.disable, batch, count, plen, args.max_tokens)
-        print(f"batch {batch:>2}: plain {tp:6.1f} tok/s, ngram {ts:6.1f} tok/s, speedup {ts / tp:.2f}x; "
-              f"simulator predicts {pred:.2f}x ({(pred / (ts / tp) - 1) * 100:+.0f}%); "
-              f"per round {[round(x, 2) for x in per_round[shape]]}")
+        if args.method == "ngram":
+            pred = predict(rates, args.k, args.disable, batch, count, plen, args.max_tokens)
+            sim = f"simulator predicts {pred:.2f}x ({(pred / (ts / tp) - 1) * 100:+.0f}%)"
+        else:
+            sim = "no simulator prediction"
+        print(f"batch {batch:>2}: plain {tp:6.1f} tok/s, {args.method} {ts:6.1f} tok/s, speedup {ts / tp:.2f}x; "
+              f"{sim}; per round {[round(x, 2) for x in per_round[shape]]}")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from twinserve.backends.sim.capacity import DoesNotFitError
 from twinserve.backends.sim.catalog import HardwareSpec, ModelSpec
 from twinserve.backends.sim.engine_profile import ENGINE_PROFILES
 from twinserve.backends.sim.precision import Precision
-from twinserve.backends.sim.cost_model import CostModel, Efficiency, RooflineCostModel
+from twinserve.backends.sim.cost_model import CostModel, DraftModelSteps, Efficiency, RooflineCostModel
 from twinserve.backends.sim.executor import SimExecutor
 from twinserve.backends.sim.fitted import FittedCostModel, ProfileError, check_profile_model
 from twinserve.backends.sim.spec import SpecAcceptance
@@ -22,7 +22,7 @@ from twinserve.core.errors import InvalidConfigError
 
 from twinserve.sim.config import StudyConfig, field_error, replica_config, replica_line, source_text, validate
 from twinserve.sim.errors import ConfigError
-from twinserve.sim.specs import resolve_hardware, resolve_model
+from twinserve.sim.specs import resolve_draft_model, resolve_hardware, resolve_model
 from twinserve.sim.workload import Workload
 from twinserve.sim.world import RunResult, Simulation
 
@@ -167,6 +167,14 @@ def kv_groups_for(cfg: StudyConfig, model: ModelSpec) -> tuple[int, ...]:
     return model_kv_groups(model)
 
 
+def draft_spec(cfg: StudyConfig, model: ModelSpec) -> ModelSpec | None:
+    """The [speculative] draft model of a draft_model study (None otherwise)."""
+    spec = cfg.speculative
+    if not spec.enabled or spec.method != "draft_model":
+        return None
+    return resolve_draft_model(cfg, model)
+
+
 def engine_capacity(cfg: StudyConfig, model: ModelSpec, hw: HardwareSpec) -> KVCapacity:
     """The engine's KV pool size from its memory (or engine.num_gpu_blocks)."""
     e, s = cfg.engine, cfg.scheduler
@@ -176,9 +184,22 @@ def engine_capacity(cfg: StudyConfig, model: ModelSpec, hw: HardwareSpec) -> KVC
                          "tokens")
     reserve = None if e.activation_reserve_gib < 0 else e.activation_reserve_gib * 2**30
     try:
-        return kv_capacity(model, hw, e.tensor_parallel_size, s.block_size,
-                           e.gpu_memory_utilization, s.max_num_batched_tokens, s.max_num_seqs,
-                           reserve, e.num_gpu_blocks or None, kv_groups=kv_groups_for(cfg, model))
+        cap = kv_capacity(model, hw, e.tensor_parallel_size, s.block_size,
+                          e.gpu_memory_utilization, s.max_num_batched_tokens, s.max_num_seqs,
+                          reserve, e.num_gpu_blocks or None, kv_groups=kv_groups_for(cfg, model))
+        draft = draft_spec(cfg, model)
+        if draft is None:
+            return cap
+        # The draft's weights and its own KV (one slot per target slot) share the GPU, as in the engine.
+        usable = cap.usable_bytes - draft.weight_bytes / e.tensor_parallel_size
+        block_bytes = cap.block_bytes + s.block_size * draft.kv_bytes_per_token_per_gpu(e.tensor_parallel_size)
+        n = e.num_gpu_blocks or int(usable // block_bytes)
+        if n < 1:
+            raise DoesNotFitError("gpu_memory_utilization", e.gpu_memory_utilization,
+                                  f"a value leaving room for KV blocks beside the target and the draft "
+                                  f"{draft.name}; raise tensor_parallel_size or use a bigger GPU")
+        return KVCapacity(n, usable, cap.weight_bytes + draft.weight_bytes / e.tensor_parallel_size,
+                          cap.activation_bytes, block_bytes, cap.reserved_bytes)
     except DoesNotFitError as err:
         raise DoesNotFit(_cfg_error(cfg, "engine", err.field, str(err))) from None
     except InvalidConfigError as err:
@@ -202,10 +223,17 @@ def build_engine(cfg: StudyConfig) -> BuiltEngine:
         raise _cfg_error(cfg, "scheduler", err.field, str(err)) from None
     executor = SimExecutor(cost)
     spec = cfg.speculative
+    core_spec = spec.to_core() if spec.enabled else None
     if spec.enabled:
         executor.spec = SpecAcceptance(spec.num_speculative_tokens, spec.rates(cfg.source), cfg.run.seed,
                                        spec.acceptance_spread)
-    core = EngineCore(sched_cfg, executor, speculative_config=spec.to_core() if spec.enabled else None)
+    draft = draft_spec(cfg, model)
+    if draft is not None and core_spec is not None:
+        # The draft's steps are priced from its shape on the same GPU (a profile fits the target only).
+        executor.draft = DraftModelSteps(RooflineCostModel(draft, hw, cfg.engine.tensor_parallel_size, roof.eff),
+                                         spec.num_speculative_tokens)
+        executor.draft_active = core_spec.active
+    core = EngineCore(sched_cfg, executor, speculative_config=core_spec)
     return BuiltEngine(model, hw, roof, cost, cap, core, executor)
 
 

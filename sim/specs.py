@@ -124,9 +124,10 @@ def parse_hardware_table(table: dict[str, Any], file: str | None, text: str) -> 
 _error = field_error
 
 
-def resolve_model(cfg: StudyConfig) -> ModelSpec:
-    """[engine] model: the [model] table's name, a catalog name, or a config.json / HF folder path."""
-    name = cfg.engine.model
+def resolve_model(cfg: StudyConfig, name: str | None = None, setting: str = "engine.model") -> ModelSpec:
+    """[engine] model (or name, read from `setting`): the [model] table's name, a catalog name, or a
+    config.json / HF folder path."""
+    name = cfg.engine.model if name is None else name
     custom = cfg.custom_model
     if custom is not None and name == custom.name:
         return custom
@@ -141,10 +142,22 @@ def resolve_model(cfg: StudyConfig) -> ModelSpec:
                 return load_hf_config(p)
             except ModelConfigError as e:
                 if e.field == "model":  # no file there: say which setting pointed at it
-                    raise _error(cfg, "engine.model", f"{p}: {e.args[1]}") from None
+                    raise _error(cfg, setting, f"{p}: {e.args[1]}") from None
                 raise
-        raise _error(cfg, "engine.model", f"{err} (or a config.json path, an HF model "
+        raise _error(cfg, setting, f"{err} (or a config.json path, an HF model "
                      "folder, or a [model] table)") from None
+
+
+def resolve_draft_model(cfg: StudyConfig, target: ModelSpec) -> ModelSpec:
+    """[speculative] draft_model, checked as the engine checks it: the target's vocabulary, no more weights."""
+    draft = resolve_model(cfg, cfg.speculative.draft_model, "speculative.draft_model")
+    if draft.vocab_size != target.vocab_size:
+        raise _error(cfg, "speculative.draft_model", f"{draft.name} has a vocabulary of {draft.vocab_size} tokens; "
+                     f"a draft needs the target's ({target.vocab_size})")
+    if draft.num_params > target.num_params:
+        raise _error(cfg, "speculative.draft_model", f"{draft.name} ({draft.num_params:,} parameters) is larger "
+                     f"than the target {target.name} ({target.num_params:,})")
+    return draft.with_precision(target.precision)
 
 
 def model_label(cfg: StudyConfig, name: str | None = None) -> str:

@@ -1,7 +1,9 @@
 """The study's [speculative] table: drafts per step and the acceptance model the simulator draws from.
 
     [speculative]
-    method = "ngram"                 # "" (off) or "ngram"
+    method = "ngram"                 # "" (off), "ngram" or "draft_model"
+    draft_model = ""                 # method draft_model: the draft, named as [engine] model is (a
+                                     # catalog name, a config.json or HF folder, a [model] table's name)
     num_speculative_tokens = 4
     acceptance_rates = [0.8, 0.6, 0.5, 0.4]   # P(position i accepted | all before it were);
                                               # positions past the list take its last rate
@@ -22,7 +24,7 @@ from twinserve.core.spec_decode import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 
 from twinserve.sim.errors import ConfigError
 
-SIM_SPEC_METHODS = ("", "ngram")
+SIM_SPEC_METHODS = ("", "ngram", "draft_model")
 
 
 @dataclass(slots=True)
@@ -30,6 +32,8 @@ class SpeculativeSection:
     """Speculative decoding in the simulator: the same scheduler fields plus an acceptance model."""
 
     method: str = ""
+    # Not "model": a bare `model` in sweeps and replica overrides means [engine] model.
+    draft_model: str = ""
     num_speculative_tokens: int = 4
     acceptance_rates: list = field(default_factory=list)
     acceptance_from: str = ""
@@ -44,7 +48,7 @@ class SpeculativeSection:
     def to_core(self) -> SpeculativeConfig:
         """The scheduler's SpeculativeConfig."""
         return SpeculativeConfig(method=self.method, num_speculative_tokens=self.num_speculative_tokens,
-                                 disable_by_batch_size=self.disable_by_batch_size)
+                                 model=self.draft_model or None, disable_by_batch_size=self.disable_by_batch_size)
 
     def rates(self, source: str | None = None) -> list[float]:
         """The per-position acceptance rates, from the table or from a step log."""
@@ -66,7 +70,7 @@ def coerce_speculative(name: str, value: Any, bad: Callable[[str], ConfigError])
             raise bad(f"{len(value)} rates: at most {MAX_SPECULATIVE_TOKENS}")
         return [float(v) for v in value]
     if name == "method" and value not in SIM_SPEC_METHODS:
-        raise bad(f"{value!r} is not one of 'ngram' or '' (off); draft_model is not simulated yet")
+        raise bad(f"{value!r} is not one of 'ngram', 'draft_model' or '' (off)")
     if name == "num_speculative_tokens" and not 1 <= value <= MAX_SPECULATIVE_TOKENS:
         raise bad(f"{value!r} must be in [1, {MAX_SPECULATIVE_TOKENS}]")
     if name in ("acceptance_spread", "disable_by_batch_size") and value < 0:
@@ -78,6 +82,9 @@ def check_speculative(spec: SpeculativeSection, error: Callable[[str, str], Conf
     """Cross-field checks: a speculating study needs exactly one acceptance model."""
     if not spec.enabled:
         return
+    if spec.method == "draft_model" and not spec.draft_model:
+        raise error("draft_model", "method 'draft_model' needs the draft: draft_model = a catalog name, a "
+                    "config.json or HF folder, or a [model] table's name")
     if bool(spec.acceptance_rates) == bool(spec.acceptance_from):
         raise error("acceptance_rates", "give acceptance_rates = [...] or acceptance_from = "
                     "\"steps.csv\" (one of them) when method is set")

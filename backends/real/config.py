@@ -153,9 +153,10 @@ class EngineArgs(SchedulerArgs):
     def resolve_speculative_config(self) -> SpeculativeConfig | None:
         """The parsed --speculative-config (typed error on an unknown method, k or key)."""
         spec = SpeculativeConfig.from_dict(self.speculative_config)
-        if spec is not None and spec.method == "draft_model":
+        if spec is not None and spec.method == "draft_model" and self.tensor_parallel_size != 1:
+            # The draft runs whole on one worker; its layers are not sharded.
             raise InvalidConfigError("speculative_config.method", spec.method,
-                                     "'ngram' (draft_model proposers are not served yet)")
+                                     "'ngram' when tensor_parallel_size > 1 (a draft model runs on one device)")
         return spec
 
     def resolve_device(self) -> torch.device:

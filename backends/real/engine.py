@@ -101,6 +101,13 @@ class LLMEngine:
             raise InvalidConfigError("max_model_len", self.max_model_len,
                                      f"at most {context}, the model's context length")
         self.vocab_size = cfg.vocab_size
+        spec = args.resolve_speculative_config()
+        if spec is not None and spec.method == "draft_model":
+            # Refused here, before any worker or process starts.
+            from twinserve.backends.real.core_build import kv_sliding_window
+            from twinserve.backends.real.spec.draft_model import resolve_draft_model
+
+            resolve_draft_model(spec.model, cfg, self.max_model_len, kv_sliding_window(cfg))
         self.eos_token_ids = list(cfg.eos_token_id) or (
             [self.tokenizer.eos_token_id] if getattr(self.tokenizer, "eos_token_id", None) is not None else [])
         self.core_mode = args.resolve_engine_core_mode(default_core_mode)

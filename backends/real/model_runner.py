@@ -16,6 +16,7 @@ from twinserve.backends.real.cuda_graphs import DecodeGraphs
 from twinserve.backends.real.input_batch import CachedRequestState, InputBatch
 from twinserve.backends.real.models.architectures import CausalLM
 from twinserve.backends.real.sampler import Sampler, SamplingRow, prompt_logprob_records
+from twinserve.backends.real.spec.draft_model import DraftModelProposer
 from twinserve.backends.real.spec.ngram import NgramProposer
 from twinserve.backends.real.spec.verify import VerifyEntry, verify_drafts
 from twinserve.backends.real.structured.mask import GrammarMasker
@@ -47,12 +48,17 @@ class ModelRunner:
     def __init__(self, model: CausalLM, backend: AttentionBackend, device: torch.device,
                  block_size: int, max_model_len: int, max_num_seqs: int, stop_ids: list[int],
                  compile_grammar: Callable[[Any], Any] | None = None,
-                 speculative_config: SpeculativeConfig | None = None) -> None:
+                 speculative_config: SpeculativeConfig | None = None, draft_model: CausalLM | None = None) -> None:
         self.model = model
+        self.spec_config = speculative_config
         self.proposer = (NgramProposer(speculative_config.num_speculative_tokens,
                                        speculative_config.prompt_lookup_min, speculative_config.prompt_lookup_max)
                          if speculative_config is not None and speculative_config.method == "ngram" else None)
         self._drafts: dict[str, list[int]] = {}
+        self.sampler = Sampler(device)
+        self.drafter = (DraftModelProposer(draft_model, backend, device, block_size,
+                                           speculative_config.num_speculative_tokens, self.sampler)
+                        if draft_model is not None and speculative_config is not None else None)
         self.backend = backend
         self.device = device
         self.block_size = block_size
@@ -64,7 +70,6 @@ class ModelRunner:
             for layer in group.layers:
                 model.layers[layer].self_attn.kv_group = g
         self.batch = InputBatch(max_num_seqs, max_model_len, self.max_blocks_per_req, len(self.kv_groups))
-        self.sampler = Sampler(device)
         self.grammar = GrammarMasker()
         # For specs from another process, which arrive without their grammar.
         self.compile_grammar = compile_grammar
@@ -94,6 +99,9 @@ class ModelRunner:
                   for _ in range(len(self.kv_groups[0].layers))]
         slots = layer_slots(self.kv_groups)
         self.kv_caches = [shared[slots[layer][1]] for layer in range(cfg.num_hidden_layers)]
+        if self.drafter is not None:
+            # The draft indexes its own tensors with group 0's table (full attention when any layer is).
+            self.drafter.init_kv_cache(num_blocks, dtype)
 
     # ------------------------------------------------------------------ state
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -104,6 +112,9 @@ class ModelRunner:
         for rid in so.preempted_req_ids:
             batch.remove(rid)
             self.grammar.remove(rid)
+        if self.drafter is not None:
+            self.drafter.forget(so.finished_req_ids)
+            self.drafter.forget(so.preempted_req_ids)
         if self._prompt_lp_reqs:
             self._prompt_lp_reqs.difference_update(so.finished_req_ids)
             self._prompt_lp_reqs.difference_update(so.preempted_req_ids)
@@ -204,11 +215,19 @@ class ModelRunner:
             st.num_computed_tokens += q
         for rid, n in rejected.items():
             self.batch.requests[rid].num_computed_tokens -= n
+        if self.proposer is not None:
+            spec_ids = self._propose(sampled)
+        elif self.drafter is not None:
+            spec = self.spec_config
+            spec_ids = self.drafter.propose(self.batch, states, starts, sampled, failed,
+                                            spec is not None and spec.active(len(self.batch.requests)),
+                                            self.max_model_len, self._row)
+        else:
+            spec_ids = None
         if timing:
             self.last_timing = self._phase_times(t0, t1, t2, events)
         return ModelRunnerOutput(sampled, logprobs or None, failed=failed or None,
-                                 prompt_logprobs=prompt_lps or None,
-                                 spec_token_ids=self._propose(sampled) if self.proposer is not None else None)
+                                 prompt_logprobs=prompt_lps or None, spec_token_ids=spec_ids)
 
     def _row(self, st: CachedRequestState) -> SamplingRow:
         sp = st.sampling_params
@@ -227,7 +246,9 @@ class ModelRunner:
         for st in sampling:
             drafts = self._drafts.get(st.req_id)
             if drafts:
-                entries.append(VerifyEntry(self._row(st), drafts))
+                q = (self.drafter.probs_for(st.req_id, len(drafts))
+                     if self.drafter is not None and not st.sampling_params.greedy else None)
+                entries.append(VerifyEntry(self._row(st), drafts, q))
                 verified.append(st)
                 offset += len(drafts) + 1
             else:

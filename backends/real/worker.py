@@ -23,6 +23,8 @@ from twinserve.backends.real.models.llama import packed_bf16_supported
 from twinserve.backends.real.models.loader import load_gguf, load_hf_folder
 from twinserve.backends.real.models.parallel import TensorParallel, shard_llama
 from twinserve.backends.real.models.registry import ModelSource
+from twinserve.backends.real.spec.draft_model import resolve_draft_model
+from twinserve.core.spec_decode import SpeculativeConfig
 
 _GIB = 1 << 30
 
@@ -78,9 +80,11 @@ class Worker:
             else:
                 self.model.add_int4_weights()
         self.backend = get_attention_backend(args.attention_backend, self.device)
+        spec = args.resolve_speculative_config()
+        self.draft_model = self._load_draft(spec, small_rows) if spec is not None and spec.method == "draft_model" else None
         self.runner = ModelRunner(self.model, self.backend, self.device, args.block_size,
                                   max_model_len, args.max_num_seqs, stop_ids, compile_grammar=self.compile_grammar,
-                                  speculative_config=args.resolve_speculative_config())
+                                  speculative_config=spec, draft_model=self.draft_model)
         self.num_blocks = 0
         self.model_source_path = source.path if source is not None else None
         self.peak_activation_bytes = 0
@@ -88,6 +92,18 @@ class Worker:
         self._stop_ids = list(stop_ids)
         self._grammars: Any = None
         self._grammars_lock = threading.Lock()
+
+    def _load_draft(self, spec: SpeculativeConfig, small_rows: int) -> CausalLM:
+        """The draft model, through the same registry and loaders as the target, checked against it."""
+        from twinserve.backends.real.core_build import kv_sliding_window
+
+        source, _ = resolve_draft_model(spec.model, self.model.config, self.max_model_len,
+                                        kv_sliding_window(self.model.config))
+        loader = load_gguf if source.is_gguf else load_hf_folder
+        draft = loader(source.path, self.max_model_len, self.dtype).to(device=self.device, dtype=self.dtype).eval()
+        if small_rows:
+            draft.add_small_batch_weights(small_rows)
+        return draft
 
     def compile_grammar(self, spec: StructuredOutputSpec) -> Any:
         """spec's grammar compiled here, for a spec from another process (compiled grammars do not serialize)."""
@@ -106,13 +122,19 @@ class Worker:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """KV cache bytes one token occupies."""
-        return kv_bytes_per_token(self.model.config, self.dtype)
+        """KV cache bytes one token occupies (the draft model's own cache included)."""
+        n = kv_bytes_per_token(self.model.config, self.dtype)
+        if self.draft_model is not None:
+            n += kv_bytes_per_token(self.draft_model.config, self.dtype)
+        return n
 
     def determine_num_blocks(self) -> int:
         """Blocks that fit: a fixed count, else GiB on CPU, else free GPU memory after a profile run."""
         a = self.args
         per_block = kv_page_bytes(self.model.config, self.dtype, a.block_size)
+        if self.draft_model is not None:
+            # The draft's own tensors hold every draft layer for each page id of group 0.
+            per_block += kv_bytes_per_token(self.draft_model.config, self.dtype) * a.block_size
         if a.num_gpu_blocks_override is not None:
             return a.num_gpu_blocks_override
         if self.device.type == "cuda":

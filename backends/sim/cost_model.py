@@ -271,3 +271,26 @@ class WorkTotals:
         if self.busy_time <= 0:
             return 0.0
         return self.bytes_moved(model) / (self.busy_time * tp * hardware.mem_bandwidth)
+
+
+@dataclass(slots=True)
+class DraftModelSteps:
+    """The draft model's own forwards in one speculative step, priced by the draft's cost model.
+
+    As the engine's DraftModelProposer runs them: one catch-up forward over what the target
+    verified (prefill chunks and 1 + accepted + 1 tokens per drafting sequence), then k - 1
+    decode forwards of the drafting sequences.
+    """
+
+    cost: CostModel
+    num_speculative_tokens: int
+
+    def time(self, catch_up: tuple[int, int, int, float, int, int], num_drafting: int,
+             drafting_context: int) -> float:
+        """Seconds of the draft's work: catch_up is a step's features (step_time's arguments);
+        drafting_context sums the drafting sequences' lengths after the catch-up."""
+        t = self.cost.step_time(*catch_up) if catch_up[0] or catch_up[4] else 0.0
+        if num_drafting:
+            for j in range(self.num_speculative_tokens - 1):
+                t += self.cost.step_time(0, 0, 0, 0.0, num_drafting, drafting_context + j * num_drafting)
+        return t

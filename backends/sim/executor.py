@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from itertools import chain
-from typing import Iterable
+from typing import Callable, Iterable
 
 from twinserve.core.errors import TwinserveError
 from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
 
-from twinserve.backends.sim.cost_model import CostModel, WorkTotals
+from twinserve.backends.sim.cost_model import CostModel, DraftModelSteps, WorkTotals
 from twinserve.backends.sim.fitted import RANGE_DIMS
 from twinserve.backends.sim.spec import SpecAcceptance
 
@@ -49,6 +49,11 @@ class SimExecutor:
         self.fit_range_max = tuple(top.get(d, float("inf")) for d in RANGE_DIMS) if top else None
         # Speculative decoding: a verify step is priced as the (k + 1)-token chunk the engine runs.
         self.spec: SpecAcceptance | None = None
+        # method draft_model: the draft model's forwards, added to every step's time, and whether
+        # it drafts at a batch size (SpeculativeConfig.active); seconds it took in all.
+        self.draft: DraftModelSteps | None = None
+        self.draft_active: Callable[[int], bool] = lambda n: True
+        self.draft_time = 0.0
 
     @property
     def waking(self) -> bool:
@@ -91,7 +96,7 @@ class SimExecutor:
                       ((new.req_id, new.num_computed_tokens) for new in so.scheduled_new_reqs))
         spec = self.spec
         drafts = so.scheduled_spec_decode_tokens
-        if spec is not None or drafts:
+        if spec is not None or drafts or self.draft is not None:
             return self._execute_spec(so, pairs, spec, drafts)
         for rid, c in pairs:
             s = state[rid]
@@ -117,6 +122,11 @@ class SimExecutor:
         proposals: dict[str, list[int]] = {}
         pt = ps = pc = ds = dc = 0
         pa = 0.0
+        draft = self.draft
+        drafting = draft is not None and self.draft_active(len(state))
+        # The draft's catch-up forward (its features) and its drafting sequences.
+        d_pt = d_ps = d_pc = d_ds = d_dc = d_n = d_ctx = 0
+        d_pa = 0.0
         for rid, c in pairs:
             s = state[rid]
             q = num_sched[rid]
@@ -129,6 +139,7 @@ class SimExecutor:
                 pc += c
                 pa += q * (c + q * 0.5)
             nd = len(drafts.get(rid, ())) if drafts else 0
+            m = q  # tokens the draft catches up on: what the target verified
             if c + q >= s[0] + nd:
                 n = 1 + (spec.accepted(rid, nd) if nd and spec is not None else 0)
                 s[0] += n
@@ -136,14 +147,33 @@ class SimExecutor:
                 sampled[rid] = [tok] * n
                 if spec is not None:
                     proposals[rid] = [tok] * spec.k
-        out = self._finish(sampled, pt, ps, pc, pa, ds, dc)
+                # Verified: the n - 1 accepted drafts and the token before them; drafting adds the new one.
+                m = q - nd + n - 1
+                if drafting:
+                    m += 1
+                    d_n += 1
+                    d_ctx += c + m
+            if draft is not None:
+                if m == 1:
+                    d_ds += 1
+                    d_dc += c
+                else:
+                    d_pt += m
+                    d_ps += 1
+                    d_pc += c
+                    d_pa += m * (c + m * 0.5)
+        extra = draft.time((d_pt, d_ps, d_pc, d_pa, d_ds, d_dc), d_n, d_ctx) if draft is not None else 0.0
+        out = self._finish(sampled, pt, ps, pc, pa, ds, dc, extra)
         out.spec_token_ids = proposals
         return out
 
     def _finish(self, sampled: dict[str, list[int]], pt: int, ps: int, pc: int, pa: float, ds: int,
-                dc: int) -> ModelRunnerOutput:
-        """Price the step, count it in the totals, and return its output."""
+                dc: int, draft_s: float = 0.0) -> ModelRunnerOutput:
+        """Price the step (plus draft_s of draft-model work), count it in the totals, return its output."""
         t = self.cost_model.step_time(pt, ps, pc, pa, ds, dc)
+        if draft_s:
+            t += draft_s
+            self.draft_time += draft_s
         if self._wake:
             f, e = self._wake.pop()
             t = t * f + e
@@ -177,7 +207,7 @@ class SimExecutor:
 
         The same floats stepping would produce.
         """
-        fast = getattr(self.cost_model, "decode_step_times", None)
+        fast = getattr(self.cost_model, "decode_step_times", None) if self.draft is None else None
         if fast is not None:  # the same loop, specialised by the cost model
             durations, ends = fast(num_seqs, context, max_steps, start, deadline)
         else:
@@ -195,6 +225,8 @@ class SimExecutor:
     def _decode_step_times(self, num_seqs: int, context: int, max_steps: int, start: float,
                            deadline: float) -> tuple[list[float], list[float]]:
         step_time = self.cost_model.step_time
+        # Without drafts (disable_by_batch_size) a draft model still catches up one token a sequence.
+        draft_step = self.draft.cost.step_time if self.draft is not None else None
         durations: list[float] = []
         ends: list[float] = []
         t = start
@@ -202,6 +234,10 @@ class SimExecutor:
             if t >= deadline:
                 break
             d = step_time(0, 0, 0, 0.0, num_seqs, context)
+            if draft_step is not None:
+                dd = draft_step(0, 0, 0, 0.0, num_seqs, context)
+                self.draft_time += dd
+                d += dd
             t = t + d
             durations.append(d)
             ends.append(t)

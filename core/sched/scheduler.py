@@ -75,6 +75,15 @@ def _draft_len(req: Request, room: int) -> int:
     return k if k < room else room
 
 
+def _lookahead(req: Request, end: int, lookahead: int, max_model_len: int) -> int:
+    """Lookahead slots for a step that computes up to `end`: only when it samples (reaches the
+    last token), and never past max_model_len."""
+    if not lookahead or end != len(req.all_token_ids):
+        return 0
+    room = max_model_len - end
+    return lookahead if lookahead < room else max(room, 0)
+
+
 def _chunk(num_new: int, threshold: int, budget: int) -> int:
     """Tokens this step, capped by the long-prefill threshold and the budget."""
     if 0 < threshold < num_new:
@@ -90,6 +99,7 @@ class Scheduler:
         self.config = config
         self.spec = speculative_config
         self.spec_stats = SpecDecodeStats()
+        self.lookahead = speculative_config.num_lookahead_tokens if speculative_config is not None else 0
         self.step_num_spec_reqs = 0
         self.step_num_draft_tokens = 0
         self.step_num_accepted_tokens = 0
@@ -223,6 +233,8 @@ class Scheduler:
         spec = self.spec
         spec_on = spec is not None and spec.active(len(running))
         spec_tokens: dict[str, list[int]] = {}
+        lookahead = self.lookahead if spec_on else 0
+        max_model_len = cfg.max_model_len
         for req in head:
             c = req.num_computed_tokens
             num_new = len(req.all_token_ids) - c
@@ -236,7 +248,7 @@ class Scheduler:
                         spec_tokens[rid] = req.spec_token_ids[:k]
                         num_new += k
                 # Past the bound: fast-forward advanced it, so refresh.
-                if k:
+                if k or lookahead:
                     pass
                 elif c < req.fast_decode_limit or (
                         c > req.fast_decode_limit and c < _refresh_fast_decode_limit(kv, req)):
@@ -250,7 +262,13 @@ class Scheduler:
                     skipped += 1
                     spare += 1
                     continue
-            new_blocks = allocate(req, num_new, num_draft_tokens=k) if k else allocate(req, num_new)
+            la = _lookahead(req, c + num_new - k, lookahead, max_model_len) if lookahead else 0
+            if k or la:
+                new_blocks = allocate(req, num_new + la, num_draft_tokens=k + la)
+                if new_blocks is None and la:  # lookahead only where it fits: fewer drafts
+                    new_blocks = allocate(req, num_new, num_draft_tokens=k)
+            else:
+                new_blocks = allocate(req, num_new)
             if new_blocks is None:
                 spec_tokens.pop(rid, None)
                 break  # needs preemption: the loop below
@@ -287,8 +305,12 @@ class Scheduler:
             k = _draft_len(req, budget - 1) if num_new == 1 and spec_on and req.spec_token_ids else 0
             if k > 0:
                 num_new += k
+            la = (_lookahead(req, req.num_computed_tokens + num_new - k, lookahead, max_model_len)
+                  if lookahead else 0)
             while True:
-                new_blocks = allocate(req, num_new, num_draft_tokens=k)
+                new_blocks = allocate(req, num_new + la, num_draft_tokens=k + la) if la else None
+                if new_blocks is None:
+                    new_blocks = allocate(req, num_new, num_draft_tokens=k)
                 if new_blocks is not None:
                     break
                 victim = self.preemption_policy.pick_victim(running)
@@ -327,7 +349,7 @@ class Scheduler:
 
         new_reqs: list[NewRequestData] = []
         if not preempted:
-            budget = self._admit(now, budget, num_scheduled, new_reqs)
+            budget = self._admit(now, budget, num_scheduled, new_reqs, lookahead)
 
         total = cfg.max_num_batched_tokens - budget
         self._in_flight = num_scheduled
@@ -344,7 +366,7 @@ class Scheduler:
         return so
 
     def _admit(self, now: float, budget: int, num_scheduled: dict[str, int],
-               new_reqs: list[NewRequestData]) -> int:
+               new_reqs: list[NewRequestData], lookahead: int = 0) -> int:
         """Admit waiting requests while budget, seats and blocks allow; the budget left."""
         cfg = self.config
         kv = self.kv
@@ -364,7 +386,11 @@ class Scheduler:
                 break
             # Headroom for running requests; with none it would only block.
             reserve = self.watermark_blocks if running else 0
-            new_blocks = kv.allocate_slots(req, num_new, hits, num_hit, reserve)
+            la = _lookahead(req, num_hit + num_new, lookahead, cfg.max_model_len) if lookahead else 0
+            new_blocks = (kv.allocate_slots(req, num_new + la, hits, num_hit, reserve, num_draft_tokens=la)
+                          if la else None)
+            if new_blocks is None:
+                new_blocks = kv.allocate_slots(req, num_new, hits, num_hit, reserve)
             if new_blocks is None:
                 break
             waiting.pop()

@@ -42,6 +42,8 @@ def _spec_check(cfg: SchedulerConfig, spec: SpeculativeConfig, done: set[str], s
             rid = req.request_id
             # The prefix cache holds verified tokens only.
             assert kv.num_cached_blocks[rid] * cfg.block_size <= len(req.all_token_ids)
+            # Lookahead never reaches past the longest sequence's blocks.
+            assert len(kv.req_to_blocks[rid]) <= -(-cfg.max_model_len // cfg.block_size)
         done.update(so.finished_req_ids)
     return check
 
@@ -49,7 +51,10 @@ def _spec_check(cfg: SchedulerConfig, spec: SpeculativeConfig, done: set[str], s
 @st.composite
 def spec_configs(draw):
     """A speculative config, and how often the fake's drafts miss."""
-    spec = SpeculativeConfig(num_speculative_tokens=draw(st.integers(1, 6)),
+    # draft_model also reserves lookahead slots for the draft model's own KV.
+    method = draw(st.sampled_from(["ngram", "draft_model"]))
+    spec = SpeculativeConfig(method=method, model="draft" if method == "draft_model" else None,
+                             num_speculative_tokens=draw(st.integers(1, 6)),
                              disable_by_batch_size=draw(st.sampled_from([0, 0, 2, 5])))
     return spec, draw(st.sampled_from([2, 3, 5, 10_000]))
 
@@ -259,3 +264,29 @@ def test_stats_count_acceptance_by_position():
     s.observe(4, 0)
     assert (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens) == (3, 11, 5)
     assert s.accepted_per_pos == [2, 2, 1, 0]
+
+
+def test_a_draft_model_step_holds_k_lookahead_slots_past_its_tokens_and_ngram_none():
+    for method, k in (("draft_model", 3), ("ngram", 0)):
+        spec = SpeculativeConfig(method=method, model="d" if method == "draft_model" else None,
+                                 num_speculative_tokens=3)
+        cfg = SchedulerConfig(max_num_batched_tokens=64, max_model_len=64, block_size=4, num_blocks=128)
+        checked: list[int] = []
+
+        def check(core, so, waiting_before, k=k, checked=checked):
+            sched = core.scheduler
+            for rid, n in so.num_scheduled_tokens.items():
+                req = sched.requests[rid]
+                nd = len(so.scheduled_spec_decode_tokens.get(rid, ()))
+                end = len(req.all_token_ids)
+                if req.num_computed_tokens == end + nd:  # this step samples
+                    held = len(sched.kv.req_to_blocks[rid]) * cfg.block_size
+                    want = min(end + nd + k, cfg.max_model_len)
+                    assert held >= want
+                    if k == 0:
+                        assert held - (end + nd) < cfg.block_size  # nothing beyond the last block
+                    checked.append(rid)
+
+        arrivals = [Arrival(0, make_request(f"r{i}", list(range(1, 6 + i)), 40)) for i in range(3)]
+        drive(cfg, arrivals, check=check, spec=spec, draft_miss=3)
+        assert len(checked) > 20

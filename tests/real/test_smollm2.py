@@ -65,7 +65,10 @@ def _check(hf, prompt: list[int], ref: list[int], got: list[int], label: str) ->
     # Speculation under preemption and the system prompt's prefix hits.
     {"num_gpu_blocks_override": 24, "max_num_batched_tokens": 64,
      "speculative_config": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}},
-], ids=["default", "no-prefix-chunked-16", "preempting-pool", "ngram-preempting-pool"])
+    # SmolLM2 drafting for itself (the only model with its tokenizer at hand).
+    {"num_gpu_blocks_override": 24, "max_num_batched_tokens": 64,
+     "speculative_config": {"method": "draft_model", "model": "smollm2", "num_speculative_tokens": 3}},
+], ids=["default", "no-prefix-chunked-16", "preempting-pool", "ngram-preempting-pool", "draft-preempting-pool"])
 def test_greedy_matches_transformers(reference, engine_kw: dict) -> None:
     hf, prompts, refs = reference
     llm = LLM("smollm2", max_model_len=1024, seed=0, **engine_kw)

@@ -8,6 +8,7 @@ A planted bug, accepting drafts without the ratio test, must fail the same test.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from scipy.stats import chi2_contingency
 
@@ -126,3 +127,51 @@ def test_ngram_proposer_continues_the_first_earlier_match_of_the_longest_suffix(
     assert prop.propose(np.array([1, 2, 3, 4])) == []
     assert NgramProposer(2, 2, 2).propose(np.array([1, 2, 3, 1])) == []  # no 2-gram recurs
     assert prop.propose(np.array([7])) == []
+
+
+
+def _draft_model_pipeline(bug: str | None = None) -> tuple[list[int], list[int]]:
+    """N requests drafted by the draft model's own sampling (q != one-hot), then verify_drafts:
+    the first output tokens, and plain sampling's. bug plants one: 'no-ratio' accepts every draft,
+    'shifted-q' hands verification q of the other position."""
+    from twinserve.backends.real.input_batch import CachedRequestState
+    from twinserve.backends.real.spec import verify
+    from twinserve.backends.real.spec.draft_model import DraftModelProposer, DraftWork
+
+    params = SamplingParams(temperature=0.9, top_k=5, logit_bias={1: 0.7}, max_tokens=10)
+    g = torch.Generator().manual_seed(11)
+    target = torch.randn(3, V, generator=g, dtype=torch.float64) * 1.5
+    draft = torch.randn(2, V, generator=g, dtype=torch.float64) * 1.5  # the draft model's logits
+    ctx = [1, 4]
+    sampler = Sampler(torch.device("cpu"))
+    proposer = DraftModelProposer(None, None, torch.device("cpu"), 4, 2, sampler)  # type: ignore[arg-type]
+    rows = _rows(params, N, ctx)
+    live = [DraftWork(CachedRequestState(str(i), i, ctx, 1, params, 0, 0, r.base_seed), 0, 0, 2, r)
+            for i, r in enumerate(rows)]
+    drafts: dict[str, list[int]] = {w.st.req_id: [] for w in live}
+    q: dict[str, list[torch.Tensor]] = {w.st.req_id: [] for w in live}
+    for j in range(2):
+        for w, t in zip(live, proposer._sample(draft[j:j + 1].repeat(N, 1), live, drafts, q)):
+            drafts[w.st.req_id].append(t)
+    entries = [VerifyEntry(r, drafts[str(i)], torch.stack(q[str(i)][::-1] if bug == "shifted-q" else q[str(i)]))
+               for i, r in enumerate(rows)]
+    sample = verify.rejection_sample
+    if bug == "no-ratio":
+        verify.rejection_sample = lambda p, d, u_acc, u_draw, dp: sample(p, d, [0.0] * len(d), u_draw, dp)
+    try:
+        out = verify_drafts(sampler, target.repeat(N, 1), entries)
+    finally:
+        verify.rejection_sample = sample
+    plain_first = sampler(target[:1].repeat(N, 1), _rows(params, N, ctx, seed0=N))[0]
+    return [o[0] for o in out], plain_first
+
+
+def test_draft_model_sampling_through_verify_keeps_the_target_distribution():
+    first, plain_first = _draft_model_pipeline()
+    assert _p_value(first, plain_first) > ALPHA
+
+
+@pytest.mark.parametrize("bug", ["no-ratio", "shifted-q"])
+def test_a_planted_bug_in_draft_model_verification_is_told_apart(bug: str):
+    first, plain_first = _draft_model_pipeline(bug)
+    assert _p_value(first, plain_first) < ALPHA

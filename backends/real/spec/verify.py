@@ -15,10 +15,12 @@ _ACCEPT_SALT = 0x5DEECE66D
 
 @dataclass(slots=True)
 class VerifyEntry:
-    """A request whose step verified drafts: its sampling row (context before the drafts) and drafts."""
+    """A request whose step verified drafts: its sampling row (context before the drafts), drafts and q."""
 
     row: SamplingRow
     drafts: list[int]
+    # The draft model's q [len(drafts), V] for a random row; None for a deterministic proposer.
+    draft_probs: torch.Tensor | None = None
 
 
 def verify_drafts(sampler: Sampler, logits: torch.Tensor, entries: list[VerifyEntry]) -> list[list[int]]:
@@ -52,7 +54,8 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, entries: list[VerifyEn
             draw = uniforms(torch.tensor([step_seed(r.base_seed, p) for p in pos], dtype=torch.int64)).tolist()
             acc = uniforms(torch.tensor([step_seed(r.base_seed ^ _ACCEPT_SALT, p) for p in pos[:-1]],
                                         dtype=torch.int64)).tolist()
-            out.append(rejection_sample(probs[rand_offset:rand_offset + n].cpu(), e.drafts, acc, draw))
+            out.append(rejection_sample(probs[rand_offset:rand_offset + n].cpu(), e.drafts, acc, draw,
+                                        e.draft_probs))
             rand_offset += n
         offset += n
     return out
