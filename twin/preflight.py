@@ -39,7 +39,7 @@ class EngineFacts:
     quantization: str | None
     hardware: str
     cpu: dict[str, Any] | None
-    # The simulator's ModelSpec of the served model (dataclasses.asdict), sliding window included.
+    # The simulator's ModelSpec of the served model (spec_record), sliding window included.
     model_spec: dict[str, Any] | None = None
 
     @property
