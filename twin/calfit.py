@@ -22,6 +22,7 @@ from twinserve.backends.real.step_log import TIME_COLUMNS, StepLog
 from twinserve.backends.real.hardware import _pad_rows, cpu_features, device_name, graph_max_decodes, regime_bounds
 from twinserve.backends.sim.catalog import catalog_name
 from twinserve.twin.calibrate import WAKE_STEPS, CalibrationDesign, Calibrator, _git_commit
+from twinserve.twin.preflight import served_model_spec
 from twinserve.backends.real.hostload import HostLoad
 
 
@@ -85,7 +86,9 @@ def fitter(base: Sequence[int], candidates: Sequence[int],
            graph_max: int | None) -> Callable[..., FittedCostModel]:
     """A fit function with breakpoints chosen among candidates on top of the code path's own."""
     def fit(rows: list[dict[str, Any]], **meta: Any) -> FittedCostModel:
-        bounds = select_regimes(rows, base, candidates, graph_max_decodes=graph_max)
+        # The regimes are chosen on the fit the profile gets: sliding windows included.
+        window = {"attention": meta["attention"]} if "attention" in meta else {}
+        bounds = select_regimes(rows, base, candidates, graph_max_decodes=graph_max, **window)
         return fit_step_profile(rows, regime_max_tokens=bounds, graph_max_decodes=graph_max, **meta)
     return fit
 
@@ -113,7 +116,8 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     cfg = engine.model_config
     device = engine.args.resolve_device()
     tp = engine.args.tensor_parallel_size
-    name = catalog_name(cfg, engine.model_name)
+    spec = served_model_spec(cfg, engine.model_name, engine.args.resolve_dtype(device).itemsize)
+    name = catalog_name(spec)
     # Breakpoints: the engine's code-path switch, plus batch sizes where per-row cost changes slope.
     graph_max = graph_max_decodes(device.type, a.enforce_eager, a.attention_backend, sc.max_num_seqs)
     fit = fitter(regime_bounds(engine), [b for b in design.decode_batches if 4 < b < max(design.decode_batches)],
@@ -124,6 +128,9 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     profile = fit(
         rows, model=name,
         hardware=device_name(device), tensor_parallel_size=tp,
+        # Sliding layers' attention is fitted and priced capped at their window.
+        attention={"sliding_window": spec.sliding_window, "num_sliding_layers": spec.num_sliding_layers,
+                   "num_layers": spec.num_layers},
         provenance={
             "made_by": "twinserve calibrate",
             "engine_model": engine.model_name,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from twinserve.backends.sim.fitted import (FittedCostModel, ProfileError, builtin_profiles_for,
-                                           check_profile_code_path, check_profile_core_mode,
+                                           check_profile_attention, check_profile_code_path, check_profile_core_mode,
                                            check_profile_hardware, check_profile_model, check_profile_numerics,
                                            check_profile_parallelism)
 from twinserve.core.errors import TwinserveError
@@ -39,6 +39,16 @@ class EngineFacts:
     quantization: str | None
     hardware: str
     cpu: dict[str, Any] | None
+    # The simulator's ModelSpec of the served model (spec_record), sliding window included.
+    model_spec: dict[str, Any] | None = None
+
+    @property
+    def attention(self) -> dict[str, int]:
+        """The profile's "attention" record for this model (fitted.ATTENTION_KEYS)."""
+        m = self.model_spec or {}
+        return {"sliding_window": int(m.get("sliding_window") or 0),
+                "num_sliding_layers": int(m.get("num_sliding_layers") or 0),
+                "num_layers": int(m.get("num_layers") or 0)}
 
     def describe(self) -> str:
         """One line: the engine and machine a profile must have been made for."""
@@ -47,8 +57,26 @@ class EngineFacts:
                 + f", {self.device} {self.dtype}, TP {self.tensor_parallel_size}, core {self.core_mode}")
 
 
+def served_model_spec(cfg: Any, name: str, dtype_bytes: int = 2) -> Any:
+    """The simulator's ModelSpec of a served model, from the engine's own reading of its config.
+
+    The engine's reader (ModelConfig) is the one that decided which layers slide, so the window
+    the cost model sees is the one the engine runs. Per-layer windows of several sizes are held
+    as the largest (ModelSpec has one window).
+    """
+    from twinserve.backends.sim.catalog import ModelSpec
+
+    windows = [w for w in cfg.layer_windows if w is not None]
+    return ModelSpec(name, cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
+                     cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size, cfg.max_position_embeddings,
+                     tie_word_embeddings=bool(cfg.tie_word_embeddings), dtype_bytes=dtype_bytes,
+                     sliding_window=max(windows) if windows else 0, num_sliding_layers=len(windows))
+
+
 def engine_facts(args: Any) -> EngineFacts:
     """EngineFacts from EngineArgs: the model's config is peeked, nothing is built."""
+    import dataclasses
+
     from twinserve.backends.real.engine import _peek_config
     from twinserve.backends.real.models.registry import resolve_model
     from twinserve.backends.real.hardware import cpu_features, device_name
@@ -58,11 +86,22 @@ def engine_facts(args: Any) -> EngineFacts:
     cfg = _peek_config(source)
     args.validate()
     device = args.resolve_device()
-    return EngineFacts(catalog_name(cfg, source.name), int(args.max_model_len or cfg.max_position_embeddings),
-                       int(cfg.vocab_size), device.type, str(args.resolve_dtype(device)).removeprefix("torch."),
+    dtype = args.resolve_dtype(device)
+    spec = served_model_spec(cfg, source.name, dtype.itemsize)
+    spec = dataclasses.replace(spec, name=catalog_name(spec))
+    return EngineFacts(spec.name, int(args.max_model_len or cfg.max_position_embeddings),
+                       int(cfg.vocab_size), device.type, str(dtype).removeprefix("torch."),
                        int(args.tensor_parallel_size), args.resolve_engine_core_mode("inproc"),
                        args.resolve_small_batch_rows(device), args.quantization, device_name(device),
-                       cpu_features() if device.type == "cpu" else None)
+                       cpu_features() if device.type == "cpu" else None, spec_record(spec))
+
+
+def spec_record(spec: Any) -> dict[str, Any]:
+    """A ModelSpec as forecast.json records it: its Precision (16-bit GPU types only) is left out,
+    the engine's dtype is in the record beside it."""
+    import dataclasses
+
+    return {k: v for k, v in dataclasses.asdict(spec).items() if k != "precision"}
 
 
 def profile_made_for(profile: FittedCostModel) -> str:
@@ -77,6 +116,7 @@ def profile_made_for(profile: FittedCostModel) -> str:
 def mismatches(profile: FittedCostModel, facts: EngineFacts, source: str = "profile") -> list[str]:
     """Each way the profile was made for another model, TP size, dtype, device, core mode or machine."""
     checks = (lambda: check_profile_model(profile, facts.model, source=source),
+              lambda: check_profile_attention(profile, facts.attention, source=source),
               lambda: check_profile_parallelism(profile, facts.tensor_parallel_size, source=source),
               lambda: check_profile_numerics(profile, facts.device, facts.dtype, source=source,
                                              quantization=facts.quantization),

@@ -90,8 +90,10 @@ class LLMEngine:
         source: ModelSource | None = None
         if model is None:
             source = resolve_model(args.model)
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(source, args.tokenizer)
+        # The config first: an architecture or field the engine cannot run is the error to report,
+        # not a tokenizer the folder lacks.
         cfg = model.config if model is not None else _peek_config(source)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(source, args.tokenizer)
         self.model_config = cfg  # the model's architecture (HF config), whichever process runs it
         self.model_name = source.name if source else args.model
         args.validate()

@@ -252,12 +252,14 @@ def spec_from_dict(cls: type, data: dict[str, Any]) -> Any:
     return cls(**data)
 
 
-def catalog_name(cfg: Any, fallback: str) -> str:
-    """The simulator catalog's name for a model with this config's shape, else fallback."""
-    for spec in MODELS.values():
-        if (spec.num_layers, spec.hidden_size, spec.intermediate_size, spec.num_heads,
-                spec.num_kv_heads, spec.vocab_size) == (
-                cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size,
-                cfg.num_attention_heads, cfg.num_key_value_heads, cfg.vocab_size):
-            return spec.name
-    return fallback
+def catalog_name(spec: ModelSpec) -> str:
+    """The name of the catalog model (built in or shipped config) of spec's shape, else spec.name."""
+    def shape(m: ModelSpec) -> tuple[int, ...]:
+        return (m.num_layers, m.hidden_size, m.intermediate_size, m.num_heads, m.num_kv_heads, m.head_dim,
+                m.vocab_size, m.num_experts, m.sliding_window, m.num_sliding_layers)
+
+    mine = shape(spec)
+    for known in all_models().values():
+        if shape(known) == mine:
+            return known.name
+    return spec.name

@@ -29,6 +29,45 @@ class StepFeatures:
                 self.prefill_attn, self.num_decode_seqs, self.decode_context)
 
 
+def sliding_pairs(num_prefill_tokens: float, num_prefill_seqs: float, prefill_context: float,
+                  prefill_attn: float, window: int) -> float:
+    """The causal (query, key) pairs of prefill chunks in a layer with a sliding window.
+
+    A query at position x sees min(x, window) keys, counted continuously as prefill_attn counts
+    q·(c + q/2): one chunk gets the integral of min(x, window) over [c, c + q]. Several chunks
+    are taken as equal chunks of their mean size (exact for one chunk), at most prefill_attn.
+    """
+    if not num_prefill_seqs:
+        return 0.0
+    q, c, w = num_prefill_tokens / num_prefill_seqs, prefill_context / num_prefill_seqs, window
+    if c + q <= w:
+        per_chunk = q * (c + q * 0.5)
+    elif c >= w:
+        per_chunk = q * w
+    else:
+        per_chunk = (w * w - c * c) * 0.5 + (c + q - w) * w
+    pairs = num_prefill_seqs * per_chunk
+    return pairs if pairs < prefill_attn else prefill_attn
+
+
+def windowed_features(window: int, share: float, num_prefill_tokens: float, num_prefill_seqs: float,
+                      prefill_context: float, prefill_attn: float, num_decode_seqs: float,
+                      decode_context: float) -> tuple[float, float, float, float, float, float]:
+    """The six features with the attention terms of a `share` of layers capped at a `window`.
+
+    The caps are the roofline's (RooflineCostModel): a sliding layer computes sliding_pairs and
+    reads at most `window` cached tokens per sequence.
+    """
+    if not window or not share:
+        return (num_prefill_tokens, num_prefill_seqs, prefill_context, prefill_attn, num_decode_seqs,
+                decode_context)
+    pa = prefill_attn - share * (prefill_attn - sliding_pairs(num_prefill_tokens, num_prefill_seqs,
+                                                              prefill_context, prefill_attn, window))
+    pc = prefill_context - share * (prefill_context - min(prefill_context, num_prefill_seqs * window))
+    dc = decode_context - share * (decode_context - min(decode_context, num_decode_seqs * window))
+    return (num_prefill_tokens, num_prefill_seqs, pc, pa, num_decode_seqs, dc)
+
+
 class CostModel(Protocol):
     """Prices one engine step in seconds; the same inputs must always give the same float."""
 
@@ -159,10 +198,10 @@ class RooflineCostModel:
         t_pkv = k_kv * (prefill_context + num_prefill_tokens)
         if self._window and num_prefill_tokens:
             w = self._window
-            t_attn = (t_attn * (1.0 - self._slide_frac)
-                      + self._k_attn * self._slide_frac * min(prefill_attn, num_prefill_tokens * w))
-            t_pkv += self._k_kv_slide * min(prefill_context + num_prefill_tokens,
-                                            num_prefill_seqs * w)
+            t_attn = (t_attn * (1.0 - self._slide_frac) + self._k_attn * self._slide_frac
+                      * sliding_pairs(num_prefill_tokens, num_prefill_seqs, prefill_context, prefill_attn, w))
+            # The chunk's own K/V, and at most a window of cached K/V before it.
+            t_pkv += self._k_kv_slide * (min(prefill_context, num_prefill_seqs * w) + num_prefill_tokens)
         if t_attn < t_pkv:
             t_attn = t_pkv
         t_attn += self._decode_kv(decode_context, num_decode_seqs)

@@ -14,7 +14,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from twinserve.backends.sim.fitted import (COEFFICIENTS, FEATURE_COLUMNS, RANGE_DIMS, ZERO, FittedCostModel, ProfileError,
-                     Regime, design_row, regime_order, shape_measures)
+                     Regime, attention_window, design_row, regime_order, shape_measures)
+from twinserve.backends.sim.cost_model import windowed_features
 
 # Rows whose relative residual lies this many robust standard deviations off are refitted without.
 OUTLIER_SIGMAS = 5.0
@@ -94,8 +95,10 @@ def fit_step_profile(rows: Iterable[Mapping[str, Any]], *, split: bool = True,
     """Fit a profile to step-log rows (features, step_time_s and, to split, execute_s).
 
     graph_max_decodes: pure-decode batches up to this size replay CUDA graphs and get their own
-    decode_only regime; regime_max_tokens then split the eager steps only.
+    decode_only regime; regime_max_tokens then split the eager steps only. A meta "attention"
+    record (fitted.attention_window) fits sliding layers' attention terms capped at the window.
     """
+    window, share = attention_window(meta)
     data = []
     for i, row in enumerate(rows):
         for col in FEATURE_COLUMNS + (time_key,):
@@ -116,7 +119,7 @@ def fit_step_profile(rows: Iterable[Mapping[str, Any]], *, split: bool = True,
                            f"{len(COEFFICIENTS)} coefficients, got {len(data)}")
     split = split and all(e is not None for _, _, e in data)
     feats = np.array([f for f, _, _ in data])
-    x = np.array([design_row(*f) for f, _, _ in data])
+    x = np.array([design_row(*windowed_features(window, share, *f)) for f, _, _ in data])
     total = np.array([t for _, t, _ in data])
     execute = np.array([e for _, _, e in data]) if split else None
     tokens = feats[:, 0] + feats[:, 4]
@@ -153,7 +156,8 @@ def fit_step_profile(rows: Iterable[Mapping[str, Any]], *, split: bool = True,
                 for j in range(len(bounds)) if (bucket == j).any()]
     model = FittedCostModel(*(float(c) for c in dev_default), meta=dict(meta),
                             overhead=tuple(map(float, ovh_default)) if split else ZERO,
-                            regimes=sorted(regimes, key=regime_order))
+                            regimes=sorted(regimes, key=regime_order), sliding_window=window,
+                            sliding_share=share)
     model.meta["fit"] = diagnostics(model, feats, total, execute, keep)
     return model
 

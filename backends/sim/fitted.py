@@ -15,6 +15,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from twinserve.core.errors import TwinserveError
 
+from twinserve.backends.sim.cost_model import windowed_features
+
 PROFILE_FORMAT = "twinserve-step-profile/4"
 FORMATS = ("twinserve-step-profile/1", "twinserve-step-profile/2", "twinserve-step-profile/3", PROFILE_FORMAT)
 COEFFICIENTS = ("intercept_s", "per_token_s", "per_prefill_seq_s", "per_prefill_attn_s",
@@ -42,6 +44,10 @@ def shape_measures(num_prefill_tokens: float, num_prefill_seqs: float, prefill_c
 
 Coefs = tuple[float, float, float, float, float, float, float, float]
 ZERO: Coefs = (0.0,) * len(COEFFICIENTS)  # type: ignore[assignment]
+
+
+# A profile's "attention" record: the served model's sliding window and how many layers use it.
+ATTENTION_KEYS = ("sliding_window", "num_sliding_layers", "num_layers")
 
 
 class ProfileError(TwinserveError, ValueError):
@@ -108,6 +114,9 @@ class FittedCostModel:
     wake_idle_s: tuple[float, ...] = ()
     wake_extra_s: tuple[tuple[float, ...], ...] = ()
     wake_factors: tuple[tuple[float, ...], ...] = ()
+    # Sliding-window layers (the profile's "attention"): their attention terms stop at the window.
+    sliding_window: int = 0
+    sliding_share: float = 0.0
 
     def wake_after(self, idle_s: float) -> list[tuple[float, float]]:
         """(factor, extra seconds) of each step after an idle gap: cost = factor x model + extra.
@@ -155,6 +164,11 @@ class FittedCostModel:
     def step_time(self, num_prefill_tokens: int, num_prefill_seqs: int, prefill_context: int,
                   prefill_attn: float, num_decode_seqs: int, decode_context: int) -> float:
         """Seconds for a step: device part plus scaled CPU overhead, clamped at zero."""
+        if self.sliding_window:
+            (num_prefill_tokens, num_prefill_seqs, prefill_context, prefill_attn, num_decode_seqs,
+             decode_context) = windowed_features(self.sliding_window, self.sliding_share, num_prefill_tokens,
+                                                 num_prefill_seqs, prefill_context, prefill_attn,
+                                                 num_decode_seqs, decode_context)
         args = (num_prefill_tokens, num_prefill_seqs, prefill_context, prefill_attn,
                 num_decode_seqs, decode_context)
         if self.regimes:
@@ -183,6 +197,8 @@ class FittedCostModel:
 
     def split(self, *features: float) -> tuple[float, float]:
         """(device part, CPU overhead part) of a step's predicted time, overhead unscaled."""
+        if self.sliding_window:
+            features = windowed_features(self.sliding_window, self.sliding_share, *features)
         tokens = features[0] + features[4]
         for r in self.regimes:
             if r.matches(features[0], tokens):
@@ -244,8 +260,9 @@ class FittedCostModel:
         gaps, factors, extra = _wake(data.get("wake"), source)
         meta = {k: v for k, v in data.items()
                 if k not in ("coefficients", "overhead_coefficients", "regimes", "wake")}
+        window, share = attention_window(meta, source)
         return cls(*coefs, meta=meta, overhead=overhead, regimes=regimes, wake_idle_s=gaps,
-                   wake_factors=factors, wake_extra_s=extra)
+                   wake_factors=factors, wake_extra_s=extra, sliding_window=window, sliding_share=share)
 
     @classmethod
     def load(cls, path: str | Path) -> "FittedCostModel":
@@ -276,6 +293,27 @@ def resolve_profile(path: str | Path) -> Path:
                                f"{', '.join(builtin_profiles()) or 'none'}")
         return p
     return Path(path)
+
+
+def attention_window(meta: Mapping[str, Any], source: str = "<profile>") -> tuple[int, float]:
+    """(window, share of layers sliding) from a profile's "attention" record; (0, 0.0) without one."""
+    att = meta.get("attention")
+    if att is None:
+        return 0, 0.0
+    if not isinstance(att, Mapping):
+        raise ProfileError(f"{source}: field 'attention' must be an object")
+    vals = {}
+    for key in ATTENTION_KEYS:
+        v = att.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if key == "num_layers" else 0):
+            raise ProfileError(f"{source}: field 'attention.{key}' must be an integer >= "
+                               f"{1 if key == 'num_layers' else 0}, got {v!r}")
+        vals[key] = v
+    window, sliding, layers = (vals[k] for k in ATTENTION_KEYS)
+    if sliding > layers or bool(window) != bool(sliding):
+        raise ProfileError(f"{source}: field 'attention' is inconsistent: {dict(att)!r} (a window needs "
+                           "sliding layers, at most num_layers of them)")
+    return window, sliding / layers
 
 
 def _wake(raw: Any, source: str) -> tuple[tuple[float, ...], tuple[tuple[float, ...], ...],
@@ -327,6 +365,23 @@ def check_profile_model(profile: FittedCostModel, model: str, allow_mismatch: bo
         raise ProfileError(f"{source} was calibrated for model {made_for!r} but the simulated "
                            f"model is {model!r}; calibrate one for {model!r} "
                            "(`twinserve calibrate`) or allow the mismatch explicitly")
+
+
+def check_profile_attention(profile: FittedCostModel, attention: Mapping[str, int], allow_mismatch: bool = False,
+                            source: str = "profile") -> None:
+    """Refuse a profile made for a model with another sliding window or layer count (names both).
+
+    A profile without the record was made on a full-attention model."""
+    made = profile.meta.get("attention") or {"sliding_window": 0, "num_sliding_layers": 0}
+    keys = ATTENTION_KEYS if "num_layers" in made else ATTENTION_KEYS[:2]
+    if allow_mismatch or all(made.get(k) == attention.get(k) for k in keys):
+        return
+    show = lambda a: ("full attention" if not a.get("sliding_window") else  # noqa: E731
+                      f"a {a['sliding_window']}-token window on {a['num_sliding_layers']} of "
+                      f"{a.get('num_layers', '?')} layers")
+    raise ProfileError(f"{source} was calibrated on a model with {show(made)} but the engine's model has "
+                       f"{show(attention)}; calibrate this model with `twinserve calibrate`, or pass "
+                       "--allow-profile-mismatch")
 
 
 def check_profile_parallelism(profile: FittedCostModel, tensor_parallel_size: int,

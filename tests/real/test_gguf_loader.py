@@ -22,14 +22,16 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(hf_dir: Path, path: Path, bad: str | None = None, extra: str | None = None) -> Path:
-    """A float32 llama GGUF of the folder's weights; `bad` gets one row too many, `extra` is an unknown tensor."""
+def write_gguf(hf_dir: Path, path: Path, bad: str | None = None, extra: str | None = None,
+               drop: str | None = None, block_count: int | None = None) -> Path:
+    """A float32 llama GGUF of the folder's weights; `bad` gets one row too many, `extra` is an unknown
+    tensor, `drop` is left out, `block_count` overrides the layer count its metadata says."""
     import gguf
     from safetensors.torch import load_file
 
     cfg = json.loads((hf_dir / "config.json").read_text())
     w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_block_count(cfg["num_hidden_layers"] if block_count is None else block_count)
     w.add_embedding_length(cfg["hidden_size"])
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
@@ -54,6 +56,8 @@ def write_gguf(hf_dir: Path, path: Path, bad: str | None = None, extra: str | No
                 arr = _permute(arr, cfg["num_attention_heads"])
             elif mod == "self_attn.k_proj":
                 arr = _permute(arr, cfg["num_key_value_heads"])
+        if g == drop:
+            continue
         if g == bad:
             arr = np.concatenate([arr, arr[:1]])
         w.add_tensor(g, np.ascontiguousarray(arr))
@@ -94,3 +98,24 @@ def test_gguf_unknown_tensor_is_named(llama_dir: Path, tmp_path: Path) -> None:
     path = write_gguf(llama_dir, tmp_path / "extra.gguf", extra="blk.0.attn_q_norm.weight")
     with pytest.raises(CheckpointMismatchError, match="blk.0.attn_q_norm.weight"):
         load_gguf(path, 64, torch.float32)
+
+
+@pytest.mark.parametrize("drop, hf", [("blk.1.attn_k.weight", "model.layers.1.self_attn.k_proj.weight"),
+                                      ("blk.0.ffn_up.weight", "model.layers.0.mlp.up_proj.weight"),
+                                      ("blk.1.attn_norm.weight", "model.layers.1.input_layernorm.weight")])
+def test_gguf_missing_tensor_is_named(llama_dir: Path, tmp_path: Path, drop: str, hf: str) -> None:
+    # One shard of a fused projection missing would leave its slice at initial values.
+    path = write_gguf(llama_dir, tmp_path / "short.gguf", drop=drop)
+    with pytest.raises(CheckpointMismatchError) as e:
+        load_gguf(path, 64, torch.float32)
+    assert e.value.tensor == f"{drop} ({hf})" and "missing" in str(e.value)
+
+
+@pytest.mark.parametrize("blocks, named", [(3, "blk.2."), (1, "blk.1.")])
+def test_gguf_whose_layer_count_does_not_match_its_tensors_names_a_tensor(llama_dir: Path, tmp_path: Path,
+                                                                          blocks: int, named: str) -> None:
+    # The tiny model has 2 layers: metadata saying 3 lacks layer 2's tensors; saying 1, layer 1's have no place.
+    path = write_gguf(llama_dir, tmp_path / "layers.gguf", block_count=blocks)
+    with pytest.raises(CheckpointMismatchError) as e:
+        load_gguf(path, 64, torch.float32)
+    assert e.value.tensor.startswith(named)

@@ -56,7 +56,7 @@ def load_named_weights(model: CausalLM, weights: Iterator[tuple[str, torch.Tenso
     """Copy HF-named tensors into the model's (partly fused) parameters; every parameter must be set."""
     cfg = model.config
     params = dict(model.named_parameters())
-    filled: dict[str, int] = {}
+    filled: dict[str, set[int | None]] = {}
     with torch.no_grad():
         for name, tensor in weights:
             if "rotary_emb" in name:
@@ -79,10 +79,27 @@ def load_named_weights(model: CausalLM, weights: Iterator[tuple[str, torch.Tenso
             if tuple(dst.shape) != tuple(tensor.shape):
                 raise CheckpointMismatchError(name, f"shape {tuple(tensor.shape)} != the model's {tuple(dst.shape)}")
             dst.copy_(tensor.to(p.dtype))
-            filled[target] = filled.get(target, 0) + 1
-    missing = [n for n in params if n not in filled]
+            filled.setdefault(target, set()).add(shard)
+    # A fused parameter is whole only with every shard: one missing (say k_proj) would leave
+    # that slice at its initial values and the model would run, wrong.
+    missing = [_hf_name(n, idx) for n in params for idx in _shards(n) if idx not in filled.get(n, ())]
     if missing:
         raise CheckpointMismatchError(missing[0], f"is missing from the checkpoint ({len(missing)} missing in all)")
+
+
+def _shards(param: str) -> tuple[int | None, ...]:
+    """The shard indices a parameter is filled from (None: one unfused tensor)."""
+    idx = tuple(i for hf, (ours, i) in _FUSED.items() if f".{ours}." in f".{param}")
+    return idx or (None,)
+
+
+def _hf_name(param: str, shard: int | None) -> str:
+    """The checkpoint's name of one shard of a parameter (lm_head sits outside model.)."""
+    for hf, (ours, i) in _FUSED.items():
+        if i == shard and f".{ours}." in f".{param}":
+            param = param.replace(ours, hf)
+            break
+    return param if param.startswith("lm_head.") else f"model.{param}"
 
 
 def peek_model_config(source) -> ModelConfig:
@@ -196,6 +213,20 @@ def _gguf_tensors(reader, cfg: LlamaConfig, origin: dict[str, str]) -> Iterator[
         yield name, torch.from_numpy(np.array(arr, copy=True))
 
 
+def _gguf_name(hf_name: str) -> str | None:
+    """The GGUF name of an HF tensor name of a llama model (None if it has none)."""
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+    if hf_name in top:
+        return top[hf_name]
+    parts = hf_name.split(".")
+    if parts[:2] != ["model", "layers"] or len(parts) < 5:
+        return None
+    module = ".".join(parts[3:-1])
+    kind = next((g for g, hf in _GGUF_NAMES.items() if hf == module), None)
+    return f"blk.{parts[2]}.{kind}.{parts[-1]}" if kind else None
+
+
 def load_gguf(path: Path, max_len: int, dtype: torch.dtype) -> LlamaForCausalLM:
     """Build and fill a model from a GGUF file (quantized tensors are dequantized)."""
     from gguf import GGUFReader
@@ -207,7 +238,9 @@ def load_gguf(path: Path, max_len: int, dtype: torch.dtype) -> LlamaForCausalLM:
     try:
         load_named_weights(model, _gguf_tensors(reader, cfg, origin))
     except CheckpointMismatchError as e:
-        if e.tensor in origin:  # name the tensor as the GGUF file does
-            raise CheckpointMismatchError(f"{origin[e.tensor]} ({e.tensor})", e.args[1]) from None
+        # Name the tensor as the GGUF file does (or would, for one it lacks).
+        gguf_name = origin.get(e.tensor) or _gguf_name(e.tensor)
+        if gguf_name:
+            raise CheckpointMismatchError(f"{gguf_name} ({e.tensor})", e.args[1]) from None
         raise
     return model.eval()

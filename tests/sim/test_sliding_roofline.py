@@ -1,0 +1,89 @@
+"""The roofline's price of sliding-window attention, against the window arithmetic done by hand:
+a Gemma-3-shaped model (5 of every 6 layers slide over 1024 tokens) at 8k context, with and
+without its window, and a prefill that crosses the window's edge."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from twinserve.backends.sim import get_hardware, get_model
+from twinserve.backends.sim.cost_model import Efficiency, RooflineCostModel, sliding_pairs, windowed_features
+
+GEMMA = get_model("Gemma-3-27B")
+W = GEMMA.sliding_window
+SHARE = GEMMA.num_sliding_layers / GEMMA.num_layers
+
+
+def _pair(floor: bool = False) -> tuple[RooflineCostModel, RooflineCostModel]:
+    """(windowed, the same spec with the window removed) on one H200."""
+    h = get_hardware("H200")
+    # No per-layer floor: the attention part is then exactly what the features cost.
+    eff = lambda: Efficiency.for_hardware(h) if floor else Efficiency.for_hardware(h, layer_floor_s=0.0)  # noqa: E731
+    full = replace(GEMMA, sliding_window=0, num_sliding_layers=0)
+    return RooflineCostModel(GEMMA, h, efficiency=eff()), RooflineCostModel(full, h, efficiency=eff())
+
+
+def test_the_gemma_shape_slides_five_of_six_layers() -> None:
+    assert (W, GEMMA.num_sliding_layers, GEMMA.num_layers) == (1024, 52, 62)
+
+
+def test_decode_at_8k_reads_the_full_layers_whole_and_the_sliding_layers_a_window() -> None:
+    win, full = _pair()
+    n, ctx = 16, 8192
+    # The context's K/V read: the step at 8k less the same batch at no context (the linear
+    # layers, the overheads and each sequence's own token are the same in both).
+    read = lambda m: m.step_time(0, 0, 0, 0.0, n, n * ctx) - m.step_time(0, 0, 0, 0.0, n, 0)  # noqa: E731
+    # Full layers read all 8192 cached tokens; sliding ones the window less the new token.
+    expected = (1 - SHARE) + SHARE * (W - 1) / ctx
+    assert read(win) / read(full) == pytest.approx(expected, rel=1e-9)
+    assert read(win) / read(full) < 0.3  # 10/62 + 52/62 * 1023/8192 = 0.266
+    # Past the window the step grows only by the full layers' share per token.
+    grow = lambda m: m.step_time(0, 0, 0, 0.0, n, n * 2 * ctx) - m.step_time(0, 0, 0, 0.0, n, n * ctx)  # noqa: E731
+    assert grow(win) / grow(full) == pytest.approx(1 - SHARE, rel=1e-9)
+
+
+def test_inside_the_window_the_window_changes_nothing() -> None:
+    win, full = _pair(floor=True)
+    for step in ((0, 0, 0, 0.0, 8, 8 * 500), (600, 1, 300, 600 * (300 + 300.0), 4, 4 * 200)):
+        assert win.step_time(*step) == full.step_time(*step)
+
+
+@pytest.mark.parametrize("q, c", [(2048, 0), (1024, 512), (512, 4096)])
+def test_a_prefill_across_the_window_edge_computes_the_window_pairs(q: int, c: int) -> None:
+    win, full = _pair()
+    pa = q * (c + q / 2)
+    # Attention pairs by hand (continuous, as prefill_attn counts): a query at position x sees
+    # min(x, W) keys; the integral over the chunk [c, c + q].
+    inside = max(0, min(c + q, W) - c)
+    by_hand = (c + inside / 2) * inside + (q - inside) * W
+    assert sliding_pairs(q, 1, c, pa, W) == pytest.approx(by_hand)
+    # The roofline's attention FLOP time: linear in the pairs, so twice the cost of half of them.
+    attn_full = 2 * (full.step_time(q, 1, c, pa, 0, 0) - full.step_time(q, 1, c, pa / 2, 0, 0))
+    saved = full.step_time(q, 1, c, pa, 0, 0) - win.step_time(q, 1, c, pa, 0, 0)
+    assert (attn_full - saved) / attn_full == pytest.approx(1 - SHARE + SHARE * by_hand / pa, rel=1e-9)
+    if (q, c) == (2048, 0):  # a 2048-token prompt: sliding layers compute 3/4 of the causal pairs
+        assert by_hand / pa == pytest.approx(0.75, rel=1e-3)
+
+
+@given(q=st.integers(1, 5000), c=st.integers(0, 9000), w=st.integers(1, 4096))
+def test_window_pairs_equal_a_sum_over_the_chunks_queries(q: int, c: int, w: int) -> None:
+    # The discrete count: query i of the chunk (position c + i, 0-based) sees min(c + i + 1, w)
+    # keys. The continuous count is within a half pair per query of it.
+    discrete = sum(min(c + i + 1, w) for i in range(q))
+    pa = q * (c + q / 2)
+    got = sliding_pairs(q, 1, c, pa, w)
+    assert abs(got - discrete) <= q / 2 + 1e-6
+    assert got <= pa
+
+
+def test_windowed_features_cap_only_the_attention_terms() -> None:
+    f = (300, 2, 2000, 300 * (1000 + 75.0), 5, 5 * 3000)
+    got = windowed_features(100, 1.0, *f)
+    assert got[:2] == f[:2] and got[4] == f[4]
+    assert got[2] == 2 * 100 and got[5] == 5 * 100
+    assert got[3] == pytest.approx(300 * 100)  # each chunk starts past the window: q·W pairs
+    assert windowed_features(0, 0.0, *f) == f and windowed_features(100, 0.0, *f) == f
