@@ -14,17 +14,14 @@ from twinserve.core.kv.block_pool import KVCacheBlock
 from twinserve.core.kv.kv_cache_manager import KVCacheManager
 from twinserve.core.request import FINISH_STATUS, FinishReason, Request, RequestStatus
 from twinserve.core.sched.config import SchedulerConfig
-from twinserve.core.sched.output import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
+from twinserve.core.sched.output import (CachedRequestData, EngineCoreOutput, NewRequestData,
                      SchedulerOutput)
 from twinserve.core.sched.policies import make_preemption_policy, make_queue
+from twinserve.core.sched.update import OutputUpdate
 from twinserve.core.spec_decode import SpecDecodeStats, SpeculativeConfig
 
-_STOP = FinishReason.STOP
-_RUNNING = RequestStatus.RUNNING
 # Shared: executors must not mutate it.
 _NO_IDS: tuple[int, ...] = ()
-_LENGTH = FinishReason.LENGTH
-_new_object = object.__new__
 
 
 def _block_ids(blocks: list[KVCacheBlock]) -> Sequence[int]:
@@ -33,21 +30,6 @@ def _block_ids(blocks: list[KVCacheBlock]) -> Sequence[int]:
     if len(blocks) == 1:
         return [blocks[0].block_id]
     return [b.block_id for b in blocks]
-
-
-def _check_stop(req: Request, token: int, n_out: int, max_model_len: int
-                ) -> tuple[FinishReason | None, int | None]:
-    """The full stop rule for the newest token: (finish reason, stop token)."""
-    sp = req.sampling_params
-    # Stops count only past min_tokens (the sampler masks them until then).
-    if n_out > sp.min_tokens:
-        if token == req.eos_token_id and not sp.ignore_eos:
-            return _STOP, None
-        if sp.stop_token_ids and token in sp.stop_token_ids:
-            return _STOP, token
-    if n_out >= req.max_tokens or len(req.all_token_ids) >= max_model_len:
-        return _LENGTH, None
-    return None, None
 
 
 def _fast_decode_limit(kv: KVCacheManager, rid: str) -> int:
@@ -91,7 +73,7 @@ def _chunk(num_new: int, threshold: int, budget: int) -> int:
     return num_new if num_new < budget else budget
 
 
-class Scheduler:
+class Scheduler(OutputUpdate):
     """Decides who runs each step with how many tokens; applies the results."""
 
     def __init__(self, config: SchedulerConfig,
@@ -425,21 +407,6 @@ class Scheduler:
         self.waiting.prepend(req)
 
     # ------------------------------------------------------------------ speculation
-    def _verify(self, req: Request, drafts: list[int], tokens: list[int]) -> tuple[int, int]:
-        """Count a verification, roll back rejected drafts (len(tokens) - 1 accepted)."""
-        num_drafts = len(drafts)
-        num_accepted = len(tokens) - 1
-        if not 0 <= num_accepted <= num_drafts:
-            raise AssertionError(f"{req.request_id}: {len(tokens)} tokens back for {num_drafts} drafts")
-        req.num_computed_tokens -= num_drafts - num_accepted
-        req.num_draft_tokens += num_drafts
-        req.num_accepted_tokens += num_accepted
-        self.spec_stats.observe(num_drafts, num_accepted)
-        self.step_num_spec_reqs += 1
-        self.step_num_draft_tokens += num_drafts
-        self.step_num_accepted_tokens += num_accepted
-        return num_drafts, num_accepted
-
     def _release_rejected(self, req: Request) -> None:
         """Free blocks only rejected drafts took; tell the executor."""
         n = self.kv.trim(req, req.num_computed_tokens)
@@ -447,105 +414,3 @@ class Scheduler:
             rid = req.request_id
             self._dropped[rid] = self._dropped.get(rid, 0) + n
             _refresh_fast_decode_limit(self.kv, req)
-
-    # ------------------------------------------------------------------ update
-    def update_from_output(self, scheduler_output: SchedulerOutput,
-                           model_runner_output: ModelRunnerOutput, now: float
-                           ) -> list[EngineCoreOutput]:
-        """Append sampled tokens, apply stop rules, free finished requests."""
-        sampled = model_runner_output.sampled_token_ids
-        logprobs = model_runner_output.logprobs or None
-        requests = self.requests
-        max_model_len = self.config.max_model_len
-        outputs: list[EngineCoreOutput] = []
-        add_output = outputs.append
-        finished: list[Request] = []
-        new_output, Output = _new_object, EngineCoreOutput
-        self._in_flight = None
-        running = self.running
-        if scheduler_output is self._whole_batch and len(running) == self._whole_batch_len:
-            # None gone since: the step's requests, in order.
-            reqs = running
-        else:
-            reqs = [r for r in map(requests.get, scheduler_output.num_scheduled_tokens)
-                    if r is not None and r.status is _RUNNING]
-        self._whole_batch = None
-        verified = scheduler_output.scheduled_spec_decode_tokens
-        proposed = model_runner_output.spec_token_ids
-        rolled_back: list[Request] = []
-        self.step_num_spec_reqs = self.step_num_draft_tokens = self.step_num_accepted_tokens = 0
-        for req in reqs:
-            rid = req.request_id
-            tokens = sampled.get(rid)
-            if not tokens:
-                continue  # a partial prefill
-            num_drafts = num_accepted = 0
-            if verified:
-                drafts = verified.get(rid)
-                if drafts:
-                    num_drafts, num_accepted = self._verify(req, drafts, tokens)
-                    if num_accepted < num_drafts:
-                        rolled_back.append(req)
-            out_ids = req.output_token_ids
-            all_ids = req.all_token_ids
-            if req.first_token_time is None:
-                req.first_token_time = now
-            if len(tokens) == 1:
-                token = tokens[0]
-                out_ids.append(token)
-                all_ids.append(token)
-                req.token_times.append(now)
-                # Quick stop check first (Request.stop_check_ids).
-                if token in req.stop_check_ids or len(all_ids) >= req.stop_check_len:
-                    reason, stop_reason = _check_stop(req, token, len(out_ids), max_model_len)
-                else:
-                    reason = stop_reason = None
-                new_ids = tokens
-            else:
-                times = req.token_times
-                stop_ids = req.stop_check_ids
-                limit = req.stop_check_len
-                reason = stop_reason = None
-                count = 0
-                for token in tokens:
-                    out_ids.append(token)
-                    all_ids.append(token)
-                    times.append(now)
-                    count += 1
-                    if token in stop_ids or len(all_ids) >= limit:
-                        reason, stop_reason = _check_stop(req, token, len(out_ids), max_model_len)
-                        if reason is not None:
-                            break
-                new_ids = tokens if count == len(tokens) else tokens[:count]
-            # No __init__ (hot path): every field is set.
-            out = new_output(Output)
-            out.req_id = rid
-            out.new_token_ids = new_ids
-            out.finish_reason = reason
-            out.stop_reason = stop_reason
-            lps = logprobs.get(rid) if logprobs is not None else None
-            # A stop inside an accepted run drops the tokens after it, and their logprobs.
-            out.new_logprobs = lps[:len(new_ids)] if lps is not None and len(lps) > len(new_ids) else lps
-            out.prompt_logprobs = None
-            out.error = None
-            out.num_draft_tokens = num_drafts
-            out.num_accepted_tokens = num_accepted
-            add_output(out)
-            if reason is not None:
-                req.status = FINISH_STATUS[reason]
-                req.finish_reason = reason
-                req.stop_reason = stop_reason
-                req.finish_time = now
-                finished.append(req)
-            elif proposed is not None:
-                req.spec_token_ids = proposed.get(rid) or []
-        for req in rolled_back:
-            if req.status is _RUNNING:
-                self._release_rejected(req)
-        if finished:
-            for req in finished:
-                del requests[req.request_id]
-                self.kv.free(req)
-                self.finished_req_ids.add(req.request_id)
-            self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
-        return outputs
