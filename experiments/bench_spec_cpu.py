@@ -8,11 +8,13 @@ disable_by_batch_size) and run alternately, in turn first, because this machine'
 - batch 1: the prompts one at a time; output tok/s of each engine and their ratio;
 - batch 16: 16 prompts at once (speculation switched off from --disable running requests).
 
-Outputs must be token-identical (checked). Then the simulator, given the acceptance rates measured
-here (per position, from the scheduler's counters) and the fitted CPU profile, predicts both
-speedups for the same shapes. Run pinned to one core, e.g.
+Outputs must be token-identical (checked). Then the simulator, given the acceptance measured here
+(with --step-log, read from the speculative engine's step log as a study's acceptance_from; else
+the per-position counters) and each --profile, predicts both speedups for the same prompts, so
+the prediction and the measurement are ratios of one run. Run pinned to one core, e.g.
 
-    taskset -c 1 python experiments/bench_spec_cpu.py [--k 4] [--max-tokens 96] [--rounds 2]
+    taskset -c 1 python experiments/bench_spec_cpu.py [--k 4] [--max-tokens 96] [--rounds 2] \
+        --profile P.json --step-log /tmp/spec_steps.csv
 
 --method draft_model drafts with --draft (default: SmolLM2 itself, the only model with its
 tokenizer at hand: every draft is accepted and the draft costs what the target does, so the
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import time
 from pathlib import Path
@@ -71,27 +74,36 @@ def measured_rates(llm: LLM, k: int) -> list[float]:
     return rates
 
 
-def predict(rates: list[float], k: int, disable: int, batch: int, n: int, prompt_len: int,
-            out_len: int) -> float:
-    """The simulator's speedup (plain time / speculative time) for n requests, batch at a time."""
+def predict(rates: list[float], k: int, disable: int, batch: int, prompt_lens: list[int], out_len: int,
+            profile: str) -> float:
+    """The simulator's speedup (plain time / speculative time) for these prompts, `batch` at a time."""
+    import tempfile
+
     from twinserve.sim.build import simulate
     from twinserve.sim.config import StudyConfig
 
     cfg = StudyConfig()
     cfg.engine.model, cfg.engine.cost_model = "SmolLM2-135M", "fitted"
-    cfg.engine.profile, cfg.engine.num_gpu_blocks = "builtin:smollm2-135m-cpu-1t", 1456
+    cfg.engine.profile, cfg.engine.num_gpu_blocks = profile, 1456
     s, w = cfg.scheduler, cfg.workload
+    # As the engines here: no prefix caching, one budget of 2048 tokens.
     s.max_num_seqs, s.max_num_batched_tokens, s.max_model_len = batch, 2048, 2048
-    w.num_requests, w.arrival = n, "all_at_once"
-    w.prompt_dist = w.output_dist = "fixed"
-    w.prompt_mean, w.output_mean, w.output_min = float(prompt_len), float(out_len), out_len
-    w.prompt_max, w.output_max = 2048, 2048
-    plain = simulate(cfg)[1].end_time
-    spec = dataclasses.replace(cfg)
-    spec.speculative = dataclasses.replace(cfg.speculative, method="ngram", num_speculative_tokens=k,
-                                           acceptance_rates=[max(0.0, min(1.0, r)) for r in rates],
-                                           disable_by_batch_size=disable)
-    return plain / simulate(spec)[1].end_time
+    s.enable_prefix_caching = False
+    # The prompts' own lengths, all there at once (batch 1 runs them in turn, as the benchmark does).
+    with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
+        f.write("arrived_at,num_prefill_tokens,num_decode_tokens\n"
+                + "".join(f"0,{n},{out_len}\n" for n in prompt_lens))
+    w.num_requests, w.arrival, w.trace = len(prompt_lens), "trace", f.name
+    w.prompt_dist = w.output_dist = "trace"
+    try:
+        plain = simulate(cfg)[1].end_time
+        spec = dataclasses.replace(cfg)
+        spec.speculative = dataclasses.replace(cfg.speculative, method="ngram", num_speculative_tokens=k,
+                                               acceptance_rates=[max(0.0, min(1.0, r)) for r in rates],
+                                               disable_by_batch_size=disable)
+        return plain / simulate(spec)[1].end_time
+    finally:
+        os.unlink(f.name)
 
 
 def main() -> None:
@@ -106,7 +118,20 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--method", choices=("ngram", "draft_model"), default="ngram")
     ap.add_argument("--draft", default="smollm2", help="the draft model of --method draft_model")
+    ap.add_argument("--profile", nargs="+", default=["builtin:smollm2-135m-cpu-1t"],
+                    help="the simulator's step profile(s), each predicting both speedups (one calibrated on "
+                         "this machine: twinserve calibrate --speculative-config ..., so verify steps are "
+                         "priced from measurements)")
+    ap.add_argument("--step-log", default=None, metavar="CSV",
+                    help="the speculative engine's step log; the simulator's acceptance is read from it "
+                         "(acceptance_from) rather than from the per-position counters")
+    ap.add_argument("--json", default=None, help="also write the measured figures here")
+    ap.add_argument("--from-json", default=None, help="measure nothing: predict the figures of an earlier "
+                    "--json run with --profile")
     args = ap.parse_args()
+    if args.from_json:
+        report(json.loads(Path(args.from_json).read_text()), args.profile)
+        return
     torch.set_num_threads(args.threads)
     common = dict(dtype="float32", max_model_len=2048, max_num_seqs=args.batch, max_num_batched_tokens=2048,
                   enable_prefix_caching=False)
@@ -116,7 +141,8 @@ def main() -> None:
         spec_cfg = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": args.k,
                     "disable_by_batch_size": args.disable}
     plain = LLM("smollm2", **common)
-    spec = LLM("smollm2", **common, speculative_config=spec_cfg)
+    spec = LLM("smollm2", **common, speculative_config=spec_cfg,
+               **({"step_log_path": args.step_log} if args.step_log else {}))
     tok = plain.get_tokenizer()
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     one = prompts_for(tok, args.batch1_prompts)
@@ -149,24 +175,48 @@ def main() -> None:
                     outs[name] = [o.outputs[0].token_ids for o in r]
             identical &= outs["plain"] == outs["spec"]
             per_round[shape].append((times[(shape, "plain")] - before[0]) / (times[(shape, "spec")] - before[1]))
-    rates = measured_rates(spec, args.k)
+    counters = measured_rates(spec, args.k)
     n1, nN = args.rounds * len(one) * args.max_tokens, args.rounds * len(many) * args.max_tokens
     s = spec.llm_engine.core.stats()
     print(f"greedy outputs identical: {identical}; acceptance {s.spec_num_accepted_tokens}/"
           f"{s.spec_num_draft_tokens} draft tokens over {s.spec_num_drafts} drafts; "
-          f"per-position rates {[round(r, 3) for r in rates]}")
-    plen = sum(map(len, many)) // len(many)
-    for shape, n, batch, count in (("b1", n1, 1, len(one)), ("bN", nN, args.batch, len(many))):
-        if not count:
+          f"per-position rates {[round(r, 3) for r in counters]}")
+    rates = counters
+    if args.step_log:
+        from twinserve.sim.speculative import rates_from_step_log
+
+        spec.llm_engine.step_log.close()
+        rates = rates_from_step_log(Path(args.step_log), args.k)
+    figures = {"method": args.method, "identical": identical, "rates": rates, "per_position": counters, "k": args.k,
+               "disable": args.disable, "max_tokens": args.max_tokens, "acceptance_from": args.step_log,
+               "load_average": os.getloadavg()[0]}
+    for shape, n, batch, prompts in (("b1", n1, 1, one), ("bN", nN, args.batch, many)):
+        if prompts:
+            tp, ts = n / times[(shape, "plain")], n / times[(shape, "spec")]
+            figures[f"batch{batch}"] = {"batch": batch, "plain_tok_s": tp, "spec_tok_s": ts, "measured": ts / tp,
+                                        "per_round": per_round[shape], "prompt_lens": [len(p) for p in prompts]}
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
+    report(figures, args.profile)
+
+
+def report(figures: dict, profiles: list[str]) -> None:
+    """Measured speedups, and each profile's prediction from the measured acceptance, as ratios."""
+    rates = figures["rates"]
+    print(f"simulator's acceptance: " + (f"acceptance_from {figures['acceptance_from']} -> {rates[0]:.3f} at every "
+          "position" if figures.get("acceptance_from") else f"per-position counters {rates}"))
+    for key in sorted((k for k in figures if k.startswith("batch") and k[5:].isdigit()), key=lambda k: int(k[5:])):
+        fig = figures[key]
+        measured, method = fig["measured"], figures.get("method", "ngram")
+        print(f"batch {fig['batch']:>2}: plain {fig['plain_tok_s']:6.1f} tok/s, {method} {fig['spec_tok_s']:6.1f} "
+              f"tok/s, speedup {measured:.2f}x; per round {[round(x, 2) for x in fig['per_round']]}")
+        if method != "ngram":
+            print("  no simulator prediction (a fitted CPU profile prices only the target)")
             continue
-        tp, ts = n / times[(shape, "plain")], n / times[(shape, "spec")]
-        if args.method == "ngram":
-            pred = predict(rates, args.k, args.disable, batch, count, plen, args.max_tokens)
-            sim = f"simulator predicts {pred:.2f}x ({(pred / (ts / tp) - 1) * 100:+.0f}%)"
-        else:
-            sim = "no simulator prediction"
-        print(f"batch {batch:>2}: plain {tp:6.1f} tok/s, {args.method} {ts:6.1f} tok/s, speedup {ts / tp:.2f}x; "
-              f"{sim}; per round {[round(x, 2) for x in per_round[shape]]}")
+        for prof in profiles:
+            pred = predict(rates, figures["k"], figures["disable"], fig["batch"], fig["prompt_lens"],
+                           figures["max_tokens"], prof)
+            print(f"  simulator with {prof}: {pred:.2f}x ({(pred / measured - 1) * 100:+.1f}% of measured)")
 
 
 if __name__ == "__main__":

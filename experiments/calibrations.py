@@ -26,6 +26,7 @@ from twinserve.backends.sim.fitted import FittedCostModel, ProfileError, recorde
 from twinserve.core.errors import InvalidConfigError
 from twinserve.backends.real.hardware import _code_path_bounds, graph_max_decodes
 from twinserve.twin.calfit import _comm_share, _scaled, correct_drift, fit_wake, fitter, split_wake
+from twinserve.twin.verifyfit import fit_verify_term, is_verify
 from twinserve.twin.calibrate import _git_commit, drift_warning
 
 
@@ -103,9 +104,13 @@ def refit(profile_path: str | Path, steps_path: str | Path | None = None) -> Fit
     if prov.get("refit"):  # an earlier refit's note, kept (its previous_fit is the first fit's)
         note["earlier_refit"] = prov["refit"]
     meta = {k: v for k, v in p.profile.meta.items() if k not in ("fit", "provenance", "format")}
-    profile = p.fit(p.rows, **meta, provenance={**prov, "refit": note})
-    profile.meta["fit"]["comm_share"] = _comm_share(p.rows)
+    # As calibrate: verify steps priced by their own term, never by the base fit.
+    rows = [r for r in p.rows if not is_verify(r)]
+    profile = p.fit(rows, **meta, provenance={**prov, "refit": note})
+    profile.meta["fit"]["comm_share"] = _comm_share(rows)
     fit_wake(profile, p.wake)
+    if prov.get("speculative_config"):
+        profile.meta["fit"]["verify"] = fit_verify_term(profile, [r for r in p.rows if is_verify(r)])
     return profile
 
 
@@ -196,6 +201,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     made.save(a.out)
     fit = made.meta["fit"]
     print(f"wrote {a.out}: {fit['num_steps']} steps, R2 {fit['r2']:.4f}, MAPE {fit['mape']:.1%}")
+    if fit.get("verify") is not None:
+        from twinserve.twin.cli import _verify_line
+
+        print(_verify_line(fit["verify"], made))
     moved = drift_warning(made.meta.get("provenance") or {})
     if moved:
         print(f"calibrations {a.what}: {moved}", file=sys.stderr)

@@ -23,6 +23,7 @@ from twinserve.backends.real.hardware import _pad_rows, cpu_features, device_nam
 from twinserve.backends.sim.catalog import catalog_name
 from twinserve.twin.calibrate import WAKE_STEPS, CalibrationDesign, Calibrator, _git_commit
 from twinserve.twin.preflight import served_model_spec
+from twinserve.twin.verifyfit import fit_verify_term, is_verify
 from twinserve.backends.real.hostload import HostLoad
 
 
@@ -124,6 +125,10 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
                  graph_max)
     rows, probe_ref = correct_drift(log.rows(), cal.probes)
     rows, wake = split_wake(rows, cal.idle_steps)
+    # Verify steps get their own term on top of the base fit, which never sees them.
+    verify_rows = [r for r in rows if is_verify(r)]
+    rows = [r for r in rows if not is_verify(r)]
+    spec = a.resolve_speculative_config()
     probe_secs = [sec for _, sec in cal.probes]
     profile = fit(
         rows, model=name,
@@ -171,7 +176,11 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
                        "attention_backend": a.attention_backend, "enforce_eager": a.enforce_eager,
                        "cuda_graph_max_batch": graph_max, "pad_rows": _pad_rows()},
             "design": asdict(design),
+            "speculative_config": ({"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
+                                   if spec is not None else None),
         })
     profile.meta["fit"]["comm_share"] = _comm_share(rows)
     fit_wake(profile, wake)
+    if spec is not None:
+        profile.meta["fit"]["verify"] = fit_verify_term(profile, verify_rows)
     return profile, log

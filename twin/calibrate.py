@@ -5,13 +5,14 @@ Points run in shuffled order, with a fixed speed probe between them so calfit.py
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import subprocess
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.sampling_params import SamplingParams
@@ -42,12 +43,17 @@ class CalibrationDesign:
     # Steps after an idle cost more (docs/twin-log.md).
     idle_gaps: list[float] = field(default_factory=lambda: [0.25, 1.0, 3.0])
     idle_repeats: int = 3
+    # Verify steps (only when the engine speculates): batches of sequences at a context, each
+    # verifying k drafts a step; priced by the profile's verify term (twin/verifyfit.py).
+    verify_batches: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    verify_contexts: list[int] = field(default_factory=lambda: [96, 320])
+    verify_steps: int = 6
 
     @classmethod
     def quick(cls) -> "CalibrationDesign":
         """A small design for tests and tiny models."""
         return cls([4, 12, 24], [0, 16], [(2, 8), (3, 4)], [1, 2, 4, 6], [8, 24], 3,
-                   [(2, 8), (4, 12)], 1, 0, [0.05], 2)
+                   [(2, 8), (4, 12)], 1, 0, [0.05], 2, [1, 2, 4], [24, 48], 4)
 
     def for_limits(self, max_num_seqs: int, max_num_batched_tokens: int,
                    max_model_len: int) -> "CalibrationDesign":
@@ -67,7 +73,11 @@ class CalibrationDesign:
             self.decode_steps,
             [m for m in self.mixed if m[0] + 1 <= max_num_seqs and m[0] + m[1] <= max_num_batched_tokens
              and _mixed_context(m) + 8 < max_model_len and fits(m[1], 2)],
-            self.repeats, self.probe_every, list(self.idle_gaps), self.idle_repeats)
+            self.repeats, self.probe_every, list(self.idle_gaps), self.idle_repeats,
+            [b for b in self.verify_batches if b <= max_num_seqs],
+            [c for c in self.verify_contexts if 1.5 * c + 2 * self.verify_steps + 8 < max_model_len
+             and c * 1.5 <= max_num_batched_tokens],
+            self.verify_steps)
 
     def reaching(self, max_context: int) -> "CalibrationDesign":
         """This design plus decode and cached contexts that reach max_context tokens."""
@@ -80,15 +90,18 @@ class CalibrationDesign:
             chunks.append(max_context - max(self.prefill_sizes))
         return replace(self, decode_contexts=decode, prefill_contexts=chunks)
 
-    def num_points(self) -> int:
-        """Design points per repeat."""
+    def num_points(self, speculative: bool = False) -> int:
+        """Design points per repeat (verify points only for an engine that speculates)."""
         return (len(self.prefill_sizes) * len(self.prefill_contexts) + len(self.multi_prefill)
                 + (len(self.decode_contexts) if self.decode_batches else 0) + len(self.mixed)
-                + len(self.idle_gaps) * self.idle_repeats)
+                + len(self.idle_gaps) * self.idle_repeats
+                + (len(self.verify_batches) * len(self.verify_contexts) if speculative else 0))
 
 
 # Steps after an idle gap that cost extra (docs/twin-log.md).
 WAKE_STEPS = 2
+# Tokens in the block a verify point's prompts repeat.
+VERIFY_PERIOD = 16
 WAKE_PROMPT = 192
 
 
@@ -242,6 +255,32 @@ class Calibrator:
         self._add(self._tokens(q), 2)
         self._drain()
 
+    def _repeating(self, n: int) -> list[int]:
+        """n tokens that repeat a short random block, so prompt lookup always finds a match."""
+        block = self._tokens(min(VERIFY_PERIOD, max(2, n // 4)))
+        return (block * (n // len(block) + 1))[:n]
+
+    def verify(self, batch: int, context: int, steps: int, k: int, disable: int = 0) -> None:
+        """`batch` repeating prompts around `context`, then `steps` steps that verify drafts for all."""
+        if disable and batch >= disable:
+            return  # the engine drafts nothing at this batch size
+        lens = _spread(batch, context)
+        room = max(self.engine.scheduler_config.max_num_batched_tokens - batch, 1)
+        prefill_steps = -(-sum(lens) // room)
+        ahead = 0 if getattr(self.engine, "core_mode", "inproc") == "inproc" else _CORE_RUN_AHEAD
+        # Every step may accept all k drafts: the budget outlives that, the prefill and a core's run-ahead.
+        budget = (steps + ahead + 2) * (k + 1) + prefill_steps
+        with drafting(self.engine, True):
+            live = [self._add(self._repeating(n), budget) for n in lens]
+            seen, done, tries = len(self.log.records), 0, prefill_steps + 4 * (steps + ahead) + 4
+            while done < steps and tries and self.engine.has_unfinished_requests():
+                self._step()
+                tries -= 1
+                done += sum(1 for r in self.log.records[seen:] if r.num_spec_reqs == batch)
+                seen = len(self.log.records)
+            self.engine.abort_request(live)
+            self._drain()
+
     def after_idle(self, seconds: float) -> None:
         """Idle this long, then a fresh prompt's prefill and decodes."""
         self._drain()  # a core process may still owe an answer
@@ -272,10 +311,21 @@ class Calibrator:
             points.append((f"mixed b={b} q={q} c={c}", lambda b=b, q=q, c=c: self.mixed(b, q, c)))
         for g in design.idle_gaps:
             points += [(f"idle {g:g} s", lambda g=g: self.after_idle(g))] * design.idle_repeats
+        args = getattr(self.engine, "args", None)
+        spec = args.resolve_speculative_config() if args is not None else None
+        for b in design.verify_batches if spec is not None else []:
+            for c in design.verify_contexts:
+                points.append((f"verify b={b} c={c}", lambda b=b, c=c: self.verify(
+                    b, c, design.verify_steps, spec.num_speculative_tokens, spec.disable_by_batch_size)))
+        with drafting(self.engine, False):
+            return self._run(points, len(bases), design, progress)
+
+    def _run(self, points: list[tuple[str, Callable[[], None]]], num_bases: int, design: CalibrationDesign,
+             progress: bool) -> StepLog:
         self.warm_up()
-        todo = list(points[:len(bases)])
+        todo = list(points[:num_bases])
         for _ in range(max(design.repeats, 1)):
-            rest = points[len(bases):]
+            rest = points[num_bases:]
             self._order_rng.shuffle(rest)
             todo += rest
         from tqdm import tqdm
@@ -321,9 +371,10 @@ def speed_probe_parts(engine: Any, seed: int = 1234, reset_prefix_cache: bool = 
     previous = engine.step_log
     engine.set_step_log(probe_log)
     try:
-        for _ in range(rounds):
-            cal.decode(4, 128, 6)
-            cal.prefill_single(128, 0, [])
+        with drafting(engine, False):  # the probe times plain steps, as calibration's did
+            for _ in range(rounds):
+                cal.decode(4, 128, 6)
+                cal.prefill_single(128, 0, [])
     finally:
         engine.set_step_log(previous)
     decodes = sorted(r.step_time_s for r in probe_log.records if r.num_prefill_seqs == 0)
@@ -345,6 +396,23 @@ def drift_warning(provenance: dict[str, Any]) -> str | None:
     return (f"warning: the machine's speed moved {drift:.0%} during calibration (speed probes "
             f"{min(secs):.3f}-{max(secs):.3f} s), so the profile is only as good as the drift "
             "correction between probes: calibrate again on a quieter machine or core")
+
+
+@contextlib.contextmanager
+def drafting(engine: Any, on: bool) -> Iterator[None]:
+    """A speculating engine drafts (on) or runs plain steps (off) inside; others are left alone.
+
+    SmolLM2 copies even random prompts, so n-gram drafts would turn calibration's plain points into
+    verify steps."""
+    args = getattr(engine, "args", None)
+    if args is None or args.resolve_speculative_config() is None:
+        yield
+        return
+    before = engine.set_drafting(on)
+    try:
+        yield
+    finally:
+        engine.set_drafting(before)
 
 
 def cold_prefix_cache(engine: Any) -> None:

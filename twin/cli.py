@@ -78,6 +78,9 @@ def _calibrate(ns: argparse.Namespace) -> int:
         print(f"  fitted steps of up to {top['num_tokens']:.0f} new tokens, {top['num_prefill_seqs']:.0f} prefills, "
               f"{top['prefill_context']:.0f} cached prompt tokens, {top['num_decode_seqs']:.0f} decodes, "
               f"{top['decode_context_per_seq']:.0f} tokens of context per decode; beyond, the model extrapolates")
+    verify = fit.get("verify")
+    if verify is not None:
+        print(_verify_line(verify, profile))
     if profile.wake_extra_s:
         steps = ", ".join(f"{g:g} s: " + " / ".join(f"+{e * 1e3:.0f}" for e in row) + " ms"
                           for g, row in zip(profile.wake_idle_s, profile.wake_extra_s))
@@ -90,6 +93,22 @@ def _calibrate(ns: argparse.Namespace) -> int:
         if noisy:
             print(f"twinserve calibrate: {noisy}", file=sys.stderr)
     return 0
+
+
+def _verify_line(v: dict, profile) -> str:
+    """The verify term and its error on held-out verify steps, as calibrate prints it."""
+    if not v.get("num_steps"):
+        return ("  verify steps: none logged (the prompts found no n-gram drafts); verify steps are priced "
+                "as prefill chunks")
+    line = (f"  verify  {v['num_steps']:4d} steps: a decode row {profile.per_verify_seq_s * 1e3:+.2f} ms per verify row "
+            f"{profile.per_draft_token_s * 1e3:+.2f} ms per draft token, MAPE {v['in_sample']['mape']:.1%}, total "
+            f"time {v['in_sample']['total_err']:+.1%} (priced as prefill chunks: {v['as_prefill']['total_err']:+.1%})")
+    h = v.get("held_out")
+    if h:
+        line += (f"\n          held-out points, {h['num_steps']} steps: MAPE {h['mape']:.1%}, total time "
+                 f"{h['total_err']:+.1%} (priced as prefill chunks: MAPE {h['as_prefill']['mape']:.1%}, total time "
+                 f"{h['as_prefill']['total_err']:+.1%})")
+    return line
 
 
 def _pct(x: float | None) -> str:
@@ -121,6 +140,9 @@ def _fidelity_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-profile-mismatch", action="store_true", help="use a profile made for another "
                    "model, TP size, core mode, dtype or machine (the banner says so)")
     p.add_argument("--fail-on-fail", action="store_true", help="exit 3 when a cell's verdict is FAIL")
+    p.add_argument("--acceptance-from", default=None, metavar="RUN/steps.csv",
+                   help="with --speculative-config: the step log of an earlier, separate run whose acceptance "
+                        "rates the forecast uses (never one of the judged runs)")
     add_engine_args(p)
     p.set_defaults(func=_fidelity)
 
@@ -131,6 +153,7 @@ def _fidelity(ns: argparse.Namespace) -> int:
     from twinserve.backends.sim.fitted import FittedCostModel
     from twinserve.twin.fidelity import exit_code, run_fidelity
     from twinserve.twin.preflight import FidelityError, check_flags, check_profile, engine_facts
+    from twinserve.twin.specforecast import spec_forecast
     from twinserve.twin.workload import FidelityOptions, check_workload, workload_factory
 
     # Everything that can be refused is refused here, before any weights load.
@@ -140,8 +163,10 @@ def _fidelity(ns: argparse.Namespace) -> int:
     profile_path = ns.profile or str(Path(ns.out) / "profile.json")
     opts = FidelityOptions(profile_path, ns.trace, ns.config, ns.num_requests, ns.rate, ns.time_scale,
                            ns.max_prompt_tokens, ns.max_output_tokens, ns.workload_seed, ns.trace_offset,
-                           ns.allow_profile_mismatch, ns.repeats, ns.probe, ns.nowcast)
-    facts = engine_facts(engine_args_from(ns, ns.model))
+                           ns.allow_profile_mismatch, ns.repeats, ns.probe, ns.nowcast, ns.acceptance_from)
+    args = engine_args_from(ns, ns.model)
+    spec_forecast(args.resolve_speculative_config(), ns.acceptance_from, ns.out)
+    facts = engine_facts(args)
     check_workload(workload_factory(opts, facts.max_model_len, facts.vocab_size), facts.max_model_len)
     if not ns.calibrate:
         profile = FittedCostModel.load(profile_path)

@@ -23,6 +23,7 @@ from twinserve.twin.preflight import EngineFacts, check_flags, check_profile, en
 from twinserve.twin.realrun import RealRun, run_real
 from twinserve.twin.report import banner, forecast_table, free_running_line, pi_count, summary_line, verdict_table
 from twinserve.twin.schedule import free_running, schedule_equivalence
+from twinserve.twin.specforecast import spec_forecast
 from twinserve.twin.steps import step_errors, step_line
 from twinserve.twin.verdict import judge
 from twinserve.twin.workload import FidelityOptions, check_workload, options_record, workload_factory, workload_hash
@@ -58,16 +59,20 @@ def forecast_phase(engine: Any, opts: FidelityOptions, out: Path,
     check_profile(profile, facts, f"profile {opts.profile}", opts.allow_profile_mismatch)
     make = workload_factory(opts, engine.max_model_len, engine.vocab_size)
     check_workload(make, engine.max_model_len)
+    spec = spec_forecast(engine.args.resolve_speculative_config(), opts.acceptance_from, out)
     warm_up(engine)
     probe = None
     if opts.probe and (profile.meta.get("provenance") or {}).get("speed_probe_s"):
         parts = speed_probe_parts(engine, rounds=PROBE_ROUNDS)
         probe = parts.total if parts else None
     fc, sim, priced = make_forecast(profile, opts.profile, make, engine.scheduler_config, engine_record(engine, facts),
-                            options_record(opts, runs=False), workload_hash(make), probe)
+                            options_record(opts, runs=False), workload_hash(make), probe, spec)
     write_forecast(fc, out)
+    if spec is not None:
+        echo(f"forecast with speculation: {spec.config.method} k={spec.config.num_speculative_tokens}, acceptance "
+             f"{spec.rates[0]:.3f} per position from the earlier run {spec.source}")
     echo(forecast_table(fc["percentiles"], fc["kind"]))
-    return fc, sim, make, priced
+    return fc, sim, make, priced, spec
 
 
 @dataclasses.dataclass(slots=True)
@@ -102,7 +107,7 @@ def serve_phase(engine: Any, opts: FidelityOptions, make: Callable[[], Any], out
 
 def judge_phase(opts: FidelityOptions, fc: dict[str, Any], fsim: Any, priced: FittedCostModel,
                 make: Callable[[], Any], sched_cfg: Any, runs: list[_Run], out: Path,
-                mismatch: list[str]) -> tuple[dict[str, Any], str]:
+                mismatch: list[str], spec: Any = None) -> tuple[dict[str, Any], str]:
     """The forecast against every completed run: fidelity.json's record and the report's text."""
     done = [r for r in runs if not r.real.interrupted]
     n_req = fc["num_requests"]
@@ -138,20 +143,22 @@ def judge_phase(opts: FidelityOptions, fc: dict[str, Any], fsim: Any, priced: Fi
     if first is not None:
         report["schedule"] = per_run[0]["schedule"]
         report["steps"] = step_errors(priced, first.rows) if first.rows else {}
-        report["free_running"] = free_running(first.rows, first.real.records, fsim.records, make, sched_cfg, priced)
+        report["free_running"] = free_running(first.rows, first.real.records, fsim.records, make, sched_cfg, priced,
+                                              spec, opts.seed)
         eq = sum(p["schedule"]["equivalent"] for p in per_run)
         lines += ["", f"schedule equivalence (a plumbing check, not timing evidence): {eq} of {len(per_run)} runs "
                   "scheduled identically on their own step times", free_running_line(report["free_running"])]
         lines[-1] += step_line(report["steps"], "\n")
         report["throughput"] = compare(first.real.records, fsim.records)["throughput"]
     if opts.nowcast and done:
-        report["nowcast"] = nowcast(priced, make, sched_cfg, done)
+        report["nowcast"] = nowcast(priced, make, sched_cfg, done, spec, opts.seed)
         lines += ["", f"{NOWCAST}, never judged: p50 error per run " + "; ".join(
             ", ".join(f"{m.upper()} {v:+.1%}" for m, v in n["err_p50"].items()) for n in report["nowcast"])]
     return report, "\n".join(lines)
 
 
-def nowcast(priced: FittedCostModel, make: Callable[[], Any], sched_cfg: Any, runs: list[_Run]) -> list[dict[str, Any]]:
+def nowcast(priced: FittedCostModel, make: Callable[[], Any], sched_cfg: Any, runs: list[_Run], spec: Any = None,
+            seed: int = 0) -> list[dict[str, Any]]:
     """Each run priced at its own measured speed: what step shapes leave once speed is known. Not a forecast."""
     out = []
     for r in runs:
@@ -159,7 +166,7 @@ def nowcast(priced: FittedCostModel, make: Callable[[], Any], sched_cfg: Any, ru
         if busy is None or busy <= -1:
             continue
         scaled = dataclasses.replace(priced, time_scale=priced.time_scale / (1.0 + busy))
-        c = compare(r.real.records, simulate(scaled, make, sched_cfg).records)["metrics"]
+        c = compare(r.real.records, simulate(scaled, make, sched_cfg, spec, seed).records)["metrics"]
         out.append({"time_scale": scaled.time_scale, "err_p50": {m: v["p50"]["err"] for m, v in c.items()}})
     return out
 
@@ -168,14 +175,14 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path, echo: 
                  forecast_only: bool = False) -> dict[str, Any]:
     """Forecast, serve, judge; writes forecast.json, fidelity.json/.md and per-run CSVs to out_dir."""
     out = Path(out_dir)
-    fc, fsim, make, priced = forecast_phase(engine, opts, out, echo)
+    fc, fsim, make, priced, spec = forecast_phase(engine, opts, out, echo)
     if forecast_only:
         return {"forecast": fc}
     runs = serve_phase(engine, opts, make, out, echo)
     write_requests(fsim.records, out / "requests_forecast.csv")
     mismatch = mismatches(FittedCostModel.load(opts.profile), engine_facts(engine.args)) \
         if opts.allow_profile_mismatch else []
-    report, md = judge_phase(opts, fc, fsim, priced, make, engine.scheduler_config, runs, out, mismatch)
+    report, md = judge_phase(opts, fc, fsim, priced, make, engine.scheduler_config, runs, out, mismatch, spec)
     (out / "fidelity.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
     (out / "fidelity.md").write_text(md + "\n")
     echo(md)

@@ -28,10 +28,16 @@ UNPROBED = "forecast, at the profile's own speed"
 NOWCAST = "nowcast (uses the run's own speed)"
 
 
-def simulate(profile: Any, make: Callable[[], Workload], sched_cfg: Any) -> Any:
-    """The workload simulated with this cost model and scheduler config (a RunResult)."""
+def simulate(profile: Any, make: Callable[[], Workload], sched_cfg: Any, spec: Any = None, seed: int = 0) -> Any:
+    """The workload simulated with this cost model and scheduler config (a RunResult).
+
+    spec: a SpecForecast, the engine's speculation and the acceptance its verify steps draw from."""
     executor = SimExecutor(profile)
-    return Simulation(EngineCore(dataclasses.replace(sched_cfg), executor), executor, make()).run()
+    if spec is not None:
+        spec.attach(executor, seed)
+    core = EngineCore(dataclasses.replace(sched_cfg), executor,
+                      speculative_config=spec.config if spec is not None else None)
+    return Simulation(core, executor, make()).run()
 
 
 def percentiles(records: Sequence[RequestRecord]) -> dict[str, dict[str, float]]:
@@ -45,12 +51,12 @@ def percentiles(records: Sequence[RequestRecord]) -> dict[str, dict[str, float]]
 
 def make_forecast(profile: FittedCostModel, profile_path: str, make: Callable[[], Workload], sched_cfg: Any,
                   engine: dict[str, Any], workload: dict[str, Any], workload_sha: str,
-                  probe_s: float | None = None) -> tuple[dict[str, Any], Any, FittedCostModel]:
+                  probe_s: float | None = None, spec: Any = None) -> tuple[dict[str, Any], Any, FittedCostModel]:
     """(the forecast record, the simulation behind it, the profile at the forecast's prices)."""
     ref = (profile.meta.get("provenance") or {}).get("speed_probe_s")
     ratio = probe_s / float(ref) if probe_s and ref else None  # the machine's slowness now
     priced = dataclasses.replace(profile, time_scale=profile.time_scale * ratio) if ratio else profile
-    sim = simulate(priced, make, sched_cfg)
+    sim = simulate(priced, make, sched_cfg, spec, int(workload.get("seed") or 0))
     reqs = per_request(sim.records)
     rows = [{"request_id": r.request_id, "arrival_s": r.arrival_time, "prompt_tokens": r.num_prompt_tokens,
              "output_tokens": r.num_output_tokens, **{m: _num(reqs.get(r.request_id, {}).get(m))
@@ -66,6 +72,8 @@ def make_forecast(profile: FittedCostModel, profile_path: str, make: Callable[[]
            "num_requests": len(rows), "num_steps": sim.num_steps,
            "percentiles": {m: {q: _num(v) for q, v in per.items()} for m, per in percentiles(sim.records).items()},
            "requests": rows}
+    if spec is not None:
+        rec["speculative"] = spec.record()
     return rec, sim, priced
 
 

@@ -150,13 +150,14 @@ def _shape(row: dict[str, Any]) -> tuple[float, ...]:
 
 
 def free_running(rows: Sequence[dict[str, Any]], records: Sequence[Any], forecast_records: Sequence[Any],
-                 make_workload: Callable[[], Workload], sched_cfg: SchedulerConfig, profile: Any) -> dict[str, Any]:
+                 make_workload: Callable[[], Workload], sched_cfg: SchedulerConfig, profile: Any,
+                 spec: Any = None, seed: int = 0) -> dict[str, Any]:
     """Free-running simulation at measured shape durations: schedule drift and step-pricing error."""
     from twinserve.twin.compare import compare
     from twinserve.twin.forecast import simulate
 
     cm = ShapeCostModel(rows, profile)
-    sim = simulate(cm, make_workload, sched_cfg)
+    sim = simulate(cm, make_workload, sched_cfg, spec, seed)
     drift = compare(records, sim.records)["metrics"]
     pricing = compare(sim.records, forecast_records)["metrics"]
     errs = lambda m: {k: {q: v[q]["err"] for q in ("p50", "p90")} for k, v in m.items()}  # noqa: E731

@@ -7,6 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from twinserve.backends.sim.fit import step_kind
+from twinserve.twin.verifyfit import as_decode, is_pure_verify
 from twinserve.backends.sim.fitted import (FEATURE_COLUMNS, RANGE_DIMS, FittedCostModel, dims_beyond,
                                            shape_measures)
 
@@ -16,6 +17,7 @@ def step_residuals(profile: Any, rows: Sequence[dict[str, Any]]) -> list[tuple[s
     prices it (wake cost included).
     """
     wake_after = getattr(profile, "wake_after", None)
+    verify = getattr(profile, "prices_verify", False)
     wake: list[tuple[float, float]] = []
     prev_end = None
     out = []
@@ -32,7 +34,11 @@ def step_residuals(profile: Any, rows: Sequence[dict[str, Any]]) -> list[tuple[s
         measured = r["step_time_s"] + (r.get("gap_s") or 0.0)
         if measured <= 0:
             continue
-        predicted = profile.step_time(*(r[c] for c in FEATURE_COLUMNS))
+        if verify and is_pure_verify(r):  # verify rows as decode rows, plus the term
+            predicted = max(profile.step_time(*as_decode(r)) + profile.verify_time(
+                int(r["num_spec_reqs"]), int(r["num_draft_tokens"])), 0.0)
+        else:
+            predicted = profile.step_time(*(r[c] for c in FEATURE_COLUMNS))
         if wake:
             f, e = wake.pop()
             predicted = predicted * f + e

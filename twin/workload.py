@@ -37,6 +37,8 @@ class FidelityOptions:
     probe: bool = True
     # Also report the runs priced at their own measured speed (never judged).
     nowcast: bool = False
+    # Speculating engines: the step log of an earlier, separate run whose acceptance the forecast uses.
+    acceptance_from: str | None = None
 
 
 class CappedWorkload(Workload):
@@ -122,5 +124,6 @@ def workload_hash(make: Callable[[], Workload]) -> str:
 
 def options_record(opts: FidelityOptions, runs: bool = True) -> dict[str, Any]:
     """The options as fidelity.json records them; runs=False: only those the forecast depends on."""
-    drop = {"profile"} | (set() if runs else {"repeats", "nowcast"})
+    # The acceptance source goes in forecast.json's "speculative" record.
+    drop = {"profile", "acceptance_from"} | (set() if runs else {"repeats", "nowcast"})
     return {k: v for k, v in dataclasses.asdict(opts).items() if k not in drop}

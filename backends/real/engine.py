@@ -183,6 +183,19 @@ class LLMEngine:
         self.last_core_steps = []
         self.core.set_step_log(step_log.enabled, step_log.record_schedule)
 
+    def set_drafting(self, on: bool) -> bool:
+        """Let a speculating engine draft (True) or propose nothing, so every step is plain (False);
+        returns the previous setting."""
+        workers = getattr(self.executor, "workers", None) or []
+        runners = [getattr(w, "runner", None) for w in workers]
+        if not runners or any(r is None for r in runners):
+            raise InvalidConfigError("engine_core_mode", self.core_mode,
+                                     "'inproc' with in-process workers (drafting is switched in the worker)")
+        before = runners[0].drafting
+        for r in runners:
+            r.drafting = on
+        return before
+
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (PrefixCacheBusyError while requests hold blocks)."""
         self.core.reset_prefix_cache()

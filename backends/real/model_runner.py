@@ -59,6 +59,8 @@ class ModelRunner:
         self.drafter = (DraftModelProposer(draft_model, backend, device, block_size,
                                            speculative_config.num_speculative_tokens, self.sampler)
                         if draft_model is not None and speculative_config is not None else None)
+        # Off: propose nothing, so every step is plain (calibration's plain points and speed probes).
+        self.drafting = True
         self.backend = backend
         self.device = device
         self.block_size = block_size
@@ -216,11 +218,12 @@ class ModelRunner:
         for rid, n in rejected.items():
             self.batch.requests[rid].num_computed_tokens -= n
         if self.proposer is not None:
-            spec_ids = self._propose(sampled)
+            spec_ids = self._propose(sampled) if self.drafting else None
         elif self.drafter is not None:
             spec = self.spec_config
             spec_ids = self.drafter.propose(self.batch, states, starts, sampled, failed,
-                                            spec is not None and spec.active(len(self.batch.requests)),
+                                            self.drafting and spec is not None
+                                            and spec.active(len(self.batch.requests)),
                                             self.max_model_len, self._row)
         else:
             spec_ids = None

@@ -47,7 +47,9 @@ class SimExecutor:
         # study can say how much time was extrapolated. None: not recorded.
         top = getattr(cost_model, "shape_range", None) or {}
         self.fit_range_max = tuple(top.get(d, float("inf")) for d in RANGE_DIMS) if top else None
-        # Speculative decoding: a verify step is priced as the (k + 1)-token chunk the engine runs.
+        # Speculative decoding: a verify row is priced as the (k + 1)-token chunk the engine runs, or,
+        # by a profile calibrated on verify steps (prices_verify), as a decode row whose k drafts are
+        # extra tokens, plus its verify_time (twin/verifyfit.py).
         self.spec: SpecAcceptance | None = None
         # method draft_model: the draft model's forwards, added to every step's time, and whether
         # it drafts at a batch size (SpeculativeConfig.active); seconds it took in all.
@@ -120,8 +122,9 @@ class SimExecutor:
         state, num_sched, tokens = self.state, so.num_scheduled_tokens, self.tokens
         sampled: dict[str, list[int]] = {}
         proposals: dict[str, list[int]] = {}
-        pt = ps = pc = ds = dc = 0
+        pt = ps = pc = ds = dc = nv = nvd = 0
         pa = 0.0
+        as_decode = getattr(self.cost_model, "prices_verify", False)
         draft = self.draft
         drafting = draft is not None and self.draft_active(len(state))
         # The draft's catch-up forward (its features) and its drafting sequences.
@@ -130,7 +133,11 @@ class SimExecutor:
         for rid, c in pairs:
             s = state[rid]
             q = num_sched[rid]
-            if q == 1 and c >= s[1]:
+            nd = len(drafts.get(rid, ())) if drafts else 0
+            if nd:
+                nv += 1
+                nvd += nd
+            if (q == 1 or (as_decode and nd and q == nd + 1)) and c >= s[1]:
                 ds += 1
                 dc += c
             else:
@@ -138,7 +145,6 @@ class SimExecutor:
                 ps += 1
                 pc += c
                 pa += q * (c + q * 0.5)
-            nd = len(drafts.get(rid, ())) if drafts else 0
             m = q  # tokens the draft catches up on: what the target verified
             if c + q >= s[0] + nd:
                 n = 1 + (spec.accepted(rid, nd) if nd and spec is not None else 0)
@@ -163,14 +169,20 @@ class SimExecutor:
                     d_pc += c
                     d_pa += m * (c + m * 0.5)
         extra = draft.time((d_pt, d_ps, d_pc, d_pa, d_ds, d_dc), d_n, d_ctx) if draft is not None else 0.0
-        out = self._finish(sampled, pt, ps, pc, pa, ds, dc, extra)
+        verify_s = self.cost_model.verify_time(nv, nvd) if nv and as_decode else 0.0
+        out = self._finish(sampled, pt, ps, pc, pa, ds, dc, extra, verify_s, nvd if as_decode else 0)
         out.spec_token_ids = proposals
         return out
 
     def _finish(self, sampled: dict[str, list[int]], pt: int, ps: int, pc: int, pa: float, ds: int,
-                dc: int, draft_s: float = 0.0) -> ModelRunnerOutput:
-        """Price the step (plus draft_s of draft-model work), count it in the totals, return its output."""
-        t = self.cost_model.step_time(pt, ps, pc, pa, ds, dc)
+                dc: int, draft_s: float = 0.0, verify_s: float = 0.0, draft_tokens: int = 0) -> ModelRunnerOutput:
+        """Price the step (plus draft_s of draft-model work), count it in the totals, return its output.
+
+        Verify rows counted as decode rows bring their draft tokens (priced as tokens, with no
+        prefill sequence, context or attention of their own) and verify_s."""
+        t = self.cost_model.step_time(pt + draft_tokens, ps, pc, pa, ds, dc)
+        if verify_s:
+            t = max(t + verify_s, 0.0)
         if draft_s:
             t += draft_s
             self.draft_time += draft_s
