@@ -128,7 +128,7 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     # Verify steps get their own term on top of the base fit, which never sees them.
     verify_rows = [r for r in rows if is_verify(r)]
     rows = [r for r in rows if not is_verify(r)]
-    spec = a.resolve_speculative_config()
+    speculative = a.resolve_speculative_config()
     probe_secs = [sec for _, sec in cal.probes]
     profile = fit(
         rows, model=name,
@@ -176,11 +176,12 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
                        "attention_backend": a.attention_backend, "enforce_eager": a.enforce_eager,
                        "cuda_graph_max_batch": graph_max, "pad_rows": _pad_rows()},
             "design": asdict(design),
-            "speculative_config": ({"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
-                                   if spec is not None else None),
+            "speculative_config": ({"method": speculative.method,
+                                    "num_speculative_tokens": speculative.num_speculative_tokens}
+                                   if speculative is not None else None),
         })
     profile.meta["fit"]["comm_share"] = _comm_share(rows)
     fit_wake(profile, wake)
-    if spec is not None:
+    if speculative is not None:
         profile.meta["fit"]["verify"] = fit_verify_term(profile, verify_rows)
     return profile, log

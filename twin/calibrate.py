@@ -313,7 +313,8 @@ class Calibrator:
             points += [(f"idle {g:g} s", lambda g=g: self.after_idle(g))] * design.idle_repeats
         args = getattr(self.engine, "args", None)
         spec = args.resolve_speculative_config() if args is not None else None
-        for b in design.verify_batches if spec is not None else []:
+        # Verify points for ngram only: a draft model's own forwards would land in the verify term.
+        for b in design.verify_batches if spec is not None and spec.method == "ngram" else []:
             for c in design.verify_contexts:
                 points.append((f"verify b={b} c={c}", lambda b=b, c=c: self.verify(
                     b, c, design.verify_steps, spec.num_speculative_tokens, spec.disable_by_batch_size)))

@@ -100,8 +100,9 @@ def _verify_line(v: dict, profile) -> str:
     if not v.get("num_steps"):
         return ("  verify steps: none logged (the prompts found no n-gram drafts); verify steps are priced "
                 "as prefill chunks")
-    line = (f"  verify  {v['num_steps']:4d} steps: a decode row {profile.per_verify_seq_s * 1e3:+.2f} ms per verify row "
-            f"{profile.per_draft_token_s * 1e3:+.2f} ms per draft token, MAPE {v['in_sample']['mape']:.1%}, total "
+    line = (f"  verify  {v['num_steps']:4d} steps: decode rows + {profile.per_verify_step_s * 1e3:.2f} ms per step "
+            f"+ {profile.per_verify_seq_s * 1e3:.2f} ms per verify row + {profile.per_draft_token_s * 1e3:.2f} ms per "
+            f"draft token, MAPE {v['in_sample']['mape']:.1%}, total "
             f"time {v['in_sample']['total_err']:+.1%} (priced as prefill chunks: {v['as_prefill']['total_err']:+.1%})")
     h = v.get("held_out")
     if h:

@@ -53,6 +53,9 @@ def spec_forecast(config: SpeculativeConfig | None, acceptance_from: str | None,
             raise FidelityError(f"--acceptance-from {acceptance_from}: the engine does not speculate; give "
                                 "--speculative-config too, or drop --acceptance-from")
         return None
+    if config.method != "ngram":
+        raise FidelityError(f"speculative_config.method {config.method!r}: fidelity forecasts ngram speculation "
+                            "only (a calibrated profile prices the target's steps, not a draft model's)")
     if not acceptance_from:
         raise AcceptanceSourceError(
             "the engine speculates: give --acceptance-from RUN/steps_real.csv, the step log of an earlier, "

@@ -1,17 +1,17 @@
-"""A profile's verify term: what a speculative verify row costs beyond a decode row at its context.
+"""A profile's verify term: what a speculative verify row costs beyond decode rows at its context.
 
 The step log records a verify row as a (k' + 1)-token chunk at context c. A profile with the term
-prices it as a decode row at c whose k' drafts are extra tokens of the step (the base fit's per-token
-cost, with no prefill sequence, context or attention of their own), plus seconds per verify row and
-per draft token for what that misses (attention of the drafts, k' more logits rows, the acceptance
-test). The two are fitted by least squares to the residuals relative to the base price (relative to
-the measured time the fit would fall under the mean, and the simulator sums step times, so it needs
-the mean: backends/sim/fit.py). Only steps whose every chunk is a verify row are used; the base fit
-never sees a verify step.
+prices it as k' + 1 decode rows at c (the same matmul rows, each attending to the context; the
+base fit measures decode rows well), plus seconds per verify row and per draft token for what that
+misses (the acceptance test, the rows' causal attention to each other), and seconds per step that
+verifies (the verify path's fixed cost). The three are fitted by non-negative least squares to the residuals relative to that price (relative to the measured time the fit would fall
+under the mean, and the simulator sums step times, so it needs the mean: backends/sim/fit.py).
+Only steps whose every chunk is a verify row are used; the base fit never sees a verify step.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -30,36 +30,48 @@ def is_pure_verify(row: Mapping[str, Any]) -> bool:
 
 
 def as_decode(row: Mapping[str, Any]) -> tuple[float, ...]:
-    """A pure verify step's features: its verify rows as decode rows at their contexts, the drafts as tokens."""
-    return (float(row["num_draft_tokens"]), 0.0, 0.0, 0.0,
-            float(row["num_decode_seqs"]) + float(row["num_prefill_seqs"]),
-            float(row["decode_context"]) + float(row["prefill_context"]))
+    """A pure verify step's features: each verify row of q tokens at context c as q decode rows at c."""
+    chunks = row.get("prefill_chunks")
+    if isinstance(chunks, str):
+        chunks = json.loads(chunks)
+    qc = (sum(float(q) * float(c) for q, c in chunks) if chunks
+          else float(row["num_prefill_tokens"]) * float(row["prefill_context"]) / max(float(row["num_prefill_seqs"]), 1.0))
+    return (0.0, 0.0, 0.0, 0.0, float(row["num_decode_seqs"]) + float(row["num_prefill_tokens"]),
+            float(row["decode_context"]) + qc)
 
 
 def _arrays(profile: FittedCostModel, rows: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, ...]:
     """(measured s, price as decode rows s, [verify rows, draft tokens]) of pure verify steps."""
     measured = np.array([float(r["step_time_s"]) + float(r.get("gap_s") or 0.0) for r in rows])
     base = np.array([profile.step_time(*as_decode(r)) for r in rows])
-    x = np.array([[float(r.get("num_spec_reqs") or 0), float(r.get("num_draft_tokens") or 0)] for r in rows])
-    return measured, base, x.reshape(len(rows), 2)
+    x = np.array([[1.0, float(r.get("num_spec_reqs") or 0), float(r.get("num_draft_tokens") or 0)] for r in rows])
+    return measured, base, x.reshape(len(rows), 3)
 
 
-def solve_verify(profile: FittedCostModel, rows: Sequence[Mapping[str, Any]]) -> tuple[float, float]:
-    """(per verify row s, per draft token s) minimising the error of base + term relative to the base price."""
+def solve_verify(profile: FittedCostModel, rows: Sequence[Mapping[str, Any]]) -> tuple[float, float, float]:
+    """(per verify step, per verify row, per draft token) seconds minimising the error of base + term
+    relative to the base price."""
     measured, base, x = _arrays(profile, rows)
-    if len(rows) < 2:
-        return 0.0, 0.0
+    if len(rows) < 3:
+        return 0.0, 0.0, 0.0
+    from scipy.optimize import nnls
+
+    # Non-negative (Lawson & Hanson 1974): on a noisy machine an unconstrained pair trades sign
+    # between rows and drafts and can price a large verify step below its decode rows.
     w = 1.0 / np.maximum(base, 1e-9)
-    beta, *_ = np.linalg.lstsq(x * w[:, None], (measured - base) * w, rcond=None)
-    return float(beta[0]), float(beta[1])
+    xw = x * w[:, None]
+    scale = np.maximum(np.abs(xw).max(axis=0), 1e-12)
+    beta, _ = nnls(xw / scale, (measured - base) * w)
+    beta = beta / scale
+    return float(beta[0]), float(beta[1]), float(beta[2])
 
 
 def verify_errors(profile: FittedCostModel, rows: Sequence[Mapping[str, Any]],
-                  term: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                  term: tuple[float, float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(priced, measured) seconds of the rows with the given term (None: the profile's)."""
     measured, base, x = _arrays(profile, rows)
-    a, b = term if term is not None else (profile.per_verify_seq_s, profile.per_draft_token_s)
-    return np.maximum(base + x @ np.array([a, b]) * profile.time_scale, 0.0), measured
+    t = term if term is not None else (profile.per_verify_step_s, profile.per_verify_seq_s, profile.per_draft_token_s)
+    return np.maximum(base + x @ np.array(t) * profile.time_scale, 0.0), measured
 
 
 def _point(row: Mapping[str, Any]) -> tuple[int, int, int]:
@@ -94,7 +106,7 @@ def fit_verify_term(profile: FittedCostModel, rows: Sequence[Mapping[str, Any]])
     points = sorted({_point(r) for r in rows})
     out: dict[str, Any] = {"num_steps": len(rows), "points": len(points),
                            "as_prefill": _summary(_as_prefill(profile, rows)),
-                           "without_term": _summary(verify_errors(profile, rows, (0.0, 0.0)))}
+                           "without_term": _summary(verify_errors(profile, rows, (0.0, 0.0, 0.0)))}
     if len(points) >= 2:
         held = set(points[1::2])
         train = [r for r in rows if _point(r) not in held]
@@ -103,6 +115,6 @@ def fit_verify_term(profile: FittedCostModel, rows: Sequence[Mapping[str, Any]])
         out["held_out"] = {"points": [list(p) for p in sorted(held)], "term": list(term),
                            **_summary(verify_errors(profile, test, term)),
                            "as_prefill": _summary(_as_prefill(profile, test))}
-    profile.per_verify_seq_s, profile.per_draft_token_s = solve_verify(profile, rows)
+    profile.per_verify_step_s, profile.per_verify_seq_s, profile.per_draft_token_s = solve_verify(profile, rows)
     out["in_sample"] = _summary(verify_errors(profile, rows))
     return out

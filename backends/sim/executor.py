@@ -48,8 +48,8 @@ class SimExecutor:
         top = getattr(cost_model, "shape_range", None) or {}
         self.fit_range_max = tuple(top.get(d, float("inf")) for d in RANGE_DIMS) if top else None
         # Speculative decoding: a verify row is priced as the (k + 1)-token chunk the engine runs, or,
-        # by a profile calibrated on verify steps (prices_verify), as a decode row whose k drafts are
-        # extra tokens, plus its verify_time (twin/verifyfit.py).
+        # by a profile calibrated on verify steps (prices_verify), as k + 1 decode rows at its context
+        # (the same matmul rows, each attending to the context) plus its verify_time (twin/verifyfit.py).
         self.spec: SpecAcceptance | None = None
         # method draft_model: the draft model's forwards, added to every step's time, and whether
         # it drafts at a batch size (SpeculativeConfig.active); seconds it took in all.
@@ -137,9 +137,12 @@ class SimExecutor:
             if nd:
                 nv += 1
                 nvd += nd
-            if (q == 1 or (as_decode and nd and q == nd + 1)) and c >= s[1]:
+            if q == 1 and c >= s[1]:
                 ds += 1
                 dc += c
+            elif as_decode and nd and q == nd + 1 and c >= s[1]:
+                ds += q
+                dc += q * c
             else:
                 pt += q
                 ps += 1
@@ -170,17 +173,15 @@ class SimExecutor:
                     d_pa += m * (c + m * 0.5)
         extra = draft.time((d_pt, d_ps, d_pc, d_pa, d_ds, d_dc), d_n, d_ctx) if draft is not None else 0.0
         verify_s = self.cost_model.verify_time(nv, nvd) if nv and as_decode else 0.0
-        out = self._finish(sampled, pt, ps, pc, pa, ds, dc, extra, verify_s, nvd if as_decode else 0)
+        out = self._finish(sampled, pt, ps, pc, pa, ds, dc, extra, verify_s)
         out.spec_token_ids = proposals
         return out
 
     def _finish(self, sampled: dict[str, list[int]], pt: int, ps: int, pc: int, pa: float, ds: int,
-                dc: int, draft_s: float = 0.0, verify_s: float = 0.0, draft_tokens: int = 0) -> ModelRunnerOutput:
-        """Price the step (plus draft_s of draft-model work), count it in the totals, return its output.
-
-        Verify rows counted as decode rows bring their draft tokens (priced as tokens, with no
-        prefill sequence, context or attention of their own) and verify_s."""
-        t = self.cost_model.step_time(pt + draft_tokens, ps, pc, pa, ds, dc)
+                dc: int, draft_s: float = 0.0, verify_s: float = 0.0) -> ModelRunnerOutput:
+        """Price the step (plus draft_s of draft-model work and verify_s of verify rows), count it in
+        the totals, return its output."""
+        t = self.cost_model.step_time(pt, ps, pc, pa, ds, dc)
         if verify_s:
             t = max(t + verify_s, 0.0)
         if draft_s:

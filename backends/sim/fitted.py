@@ -117,21 +117,24 @@ class FittedCostModel:
     # Sliding-window layers (the profile's "attention"): their attention terms stop at the window.
     sliding_window: int = 0
     sliding_share: float = 0.0
-    # Profiles calibrated on verify steps price a verify row (k' + 1 tokens at context c) as a
-    # decode row at c with k' extra tokens, plus these: per verify row, per draft token (twin/verifyfit.py).
+    # Profiles calibrated on verify steps price a verify row (k' + 1 tokens at context c) as
+    # k' + 1 decode rows at c, plus these: per step that verifies, per verify row, per draft token
+    # (twin/verifyfit.py).
     per_verify_seq_s: float = 0.0
     per_draft_token_s: float = 0.0
+    per_verify_step_s: float = 0.0
 
     @property
     def prices_verify(self) -> bool:
         """Whether verify rows are priced as decode rows plus the verify term (else as prefill chunks)."""
-        return bool(self.per_verify_seq_s or self.per_draft_token_s)
+        return bool(self.per_verify_step_s or self.per_verify_seq_s or self.per_draft_token_s)
 
     def verify_time(self, num_spec_reqs: int, num_draft_tokens: int) -> float:
-        """Seconds a step's verify rows add to their price as decode rows."""
+        """Seconds a step's verify rows add to their price as decode rows (verify_time's term)."""
         if not num_spec_reqs:
             return 0.0
-        return (self.per_verify_seq_s * num_spec_reqs + self.per_draft_token_s * num_draft_tokens) * self.time_scale
+        return (self.per_verify_step_s + self.per_verify_seq_s * num_spec_reqs
+                + self.per_draft_token_s * num_draft_tokens) * self.time_scale
 
     def wake_after(self, idle_s: float) -> list[tuple[float, float]]:
         """(factor, extra seconds) of each step after an idle gap: cost = factor x model + extra.
@@ -231,8 +234,9 @@ class FittedCostModel:
             out["wake"] = ({"idle_s": list(self.wake_idle_s), "extra_s": [list(r) for r in self.wake_extra_s]}
                            if self.wake_extra_s else
                            {"idle_s": list(self.wake_idle_s), "factors": [list(r) for r in self.wake_factors]})
-        if self.per_verify_seq_s or self.per_draft_token_s:
-            out["verify"] = {"per_verify_seq_s": self.per_verify_seq_s, "per_draft_token_s": self.per_draft_token_s}
+        if self.prices_verify:
+            out["verify"] = {"per_verify_step_s": self.per_verify_step_s, "per_verify_seq_s": self.per_verify_seq_s,
+                             "per_draft_token_s": self.per_draft_token_s}
         if self.regimes:
             out["regimes"] = [{"max_num_tokens": r.max_num_tokens,
                                **({"decode_only": True} if r.decode_only else {}),
@@ -281,7 +285,7 @@ class FittedCostModel:
         window, share = attention_window(meta, source)
         return cls(*coefs, meta=meta, overhead=overhead, regimes=regimes, wake_idle_s=gaps,
                    wake_factors=factors, wake_extra_s=extra, sliding_window=window, sliding_share=share,
-                   per_verify_seq_s=verify[0], per_draft_token_s=verify[1])
+                   per_verify_step_s=verify[0], per_verify_seq_s=verify[1], per_draft_token_s=verify[2])
 
     @classmethod
     def load(cls, path: str | Path) -> "FittedCostModel":
@@ -358,16 +362,18 @@ def _wake(raw: Any, source: str) -> tuple[tuple[float, ...], tuple[tuple[float, 
     return (tuple(float(g) for g in gaps),) + (((), table) if key == "extra_s" else (table, ()))
 
 
-def _verify(raw: Any, source: str) -> tuple[float, float]:
-    """(per verify row, per draft token) seconds of a profile's "verify" field ((0, 0) if absent)."""
+def _verify(raw: Any, source: str) -> tuple[float, float, float]:
+    """(per verify step, per verify row, per draft token) seconds of a profile's "verify" field (zeros if absent)."""
     if raw is None:
-        return 0.0, 0.0
-    keys = ("per_verify_seq_s", "per_draft_token_s")
+        return 0.0, 0.0, 0.0
+    keys = ("per_verify_step_s", "per_verify_seq_s", "per_draft_token_s")
+    if isinstance(raw, Mapping) and set(raw) == set(keys[1:]):  # made before the per-step part
+        raw = {"per_verify_step_s": 0.0, **raw}
     if (not isinstance(raw, Mapping) or set(raw) != set(keys)
             or not all(isinstance(raw[k], (int, float)) and not isinstance(raw[k], bool) for k in keys)):
-        raise ProfileError(f"{source}: field 'verify' must be {{\"per_verify_seq_s\": seconds, "
-                           "\"per_draft_token_s\": seconds}")
-    return float(raw[keys[0]]), float(raw[keys[1]])
+        raise ProfileError(f"{source}: field 'verify' must be {{\"per_verify_step_s\": seconds, "
+                           "\"per_verify_seq_s\": seconds, \"per_draft_token_s\": seconds}")
+    return float(raw[keys[0]]), float(raw[keys[1]]), float(raw[keys[2]])
 
 
 def _coefs(raw: Any, where: str, source: str, required: bool = False) -> Coefs:

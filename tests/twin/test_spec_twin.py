@@ -54,7 +54,7 @@ def test_calibrate_logs_verify_steps_and_fits_their_term(make_engine, monkeypatc
         - 2 * len(profile.meta["provenance"]["idle_steps"])
 
 
-def _verify_rows(term: tuple[float, float], base: FittedCostModel) -> list[dict]:
+def _verify_rows(term: tuple[float, float, float], base: FittedCostModel) -> list[dict]:
     """Verify steps at several batches and contexts whose time is their rows' price as decode rows plus
     the planted term."""
     rows = []
@@ -64,7 +64,7 @@ def _verify_rows(term: tuple[float, float], base: FittedCostModel) -> list[dict]
                 q = k + 1
                 f = dict(num_prefill_tokens=b * q, num_prefill_seqs=b, prefill_context=b * ctx,
                          prefill_attn=b * q * (ctx + q / 2), num_decode_seqs=0, decode_context=0)
-                t = base.step_time(b * k, 0, 0, 0.0, b, b * ctx) + term[0] * b + term[1] * b * k
+                t = base.step_time(0, 0, 0, 0.0, b * q, b * q * ctx) + term[0] + term[1] * b + term[2] * b * k
                 rows.append({**f, "step_time_s": t, "gap_s": 0.0, "num_spec_reqs": b, "num_draft_tokens": b * k})
     return rows
 
@@ -76,7 +76,8 @@ def test_the_verify_term_is_recovered_and_priced_on_held_out_points() -> None:
                            per_decode_context_token_s=1e-6)
     profile = FittedCostModel(**{k: getattr(base, k) for k in ("intercept_s", "per_token_s", "per_decode_seq_s",
                                                                 "per_decode_context_token_s")})
-    diag = fit_verify_term(profile, _verify_rows((0.004, 0.0015), base))
+    diag = fit_verify_term(profile, _verify_rows((0.02, 0.004, 0.0015), base))
+    assert profile.per_verify_step_s == pytest.approx(0.02, rel=1e-6)
     assert profile.per_verify_seq_s == pytest.approx(0.004, rel=1e-6)
     assert profile.per_draft_token_s == pytest.approx(0.0015, rel=1e-6)
     held = diag["held_out"]
@@ -85,7 +86,7 @@ def test_the_verify_term_is_recovered_and_priced_on_held_out_points() -> None:
     from twinserve.backends.sim.fitted import ProfileError
 
     again = FittedCostModel.from_dict(profile.to_dict())
-    assert (again.per_verify_seq_s, again.per_draft_token_s) == (profile.per_verify_seq_s, profile.per_draft_token_s)
+    assert again.verify_time(3, 12) == profile.verify_time(3, 12) == pytest.approx(0.02 + 3 * 0.004 + 12 * 0.0015)
     with pytest.raises(ProfileError, match="'verify'"):
         FittedCostModel.from_dict({**profile.to_dict(), "verify": {"per_verify_seq_s": "fast"}})
 
@@ -104,14 +105,14 @@ def test_a_calibrated_profile_prices_a_verify_row_as_a_decode_row_plus_the_term(
         w.prompt_mean, w.output_mean, w.output_min = 20.0, 10.0, 10
         cfg.speculative.method, cfg.speculative.num_speculative_tokens = "ngram", 3
         cfg.speculative.acceptance_rates = [0.0]  # every draft rejected: one token a step
-        built = FittedCostModel(intercept_s=0.01, per_token_s=1e-4, per_verify_seq_s=term[0],
-                                per_draft_token_s=term[1])
+        built = FittedCostModel(intercept_s=0.01, per_token_s=1e-4, per_verify_step_s=term[0] / 2,
+                                per_verify_seq_s=term[0] / 2, per_draft_token_s=term[1])
         monkeypatch.setattr(b.FittedCostModel, "load", staticmethod(lambda path: built))
         cfg.engine.profile = "planted.json"
         return simulate(cfg)[1].end_time
 
     # 10 tokens: the first from the 20-token prefill, then 8 verify steps (3, 3, 3, 3, 3, 3, 2, 1
-    # drafts: 21, each priced as a token) and a last plain decode, which has no room for drafts.
+    # drafts: 21, each priced as one more decode row) and a last plain decode, no room for drafts.
     prefill, decode = 0.01 + 20e-4, 0.01 + 1e-4
     assert busy((0.01, 0.001)) == pytest.approx(prefill + 9 * decode + 21e-4 + 8 * 0.01 + 21 * 0.001, rel=1e-12)
     # Without the term (a profile not calibrated on verify steps) a verify row is the chunk it runs.
@@ -229,6 +230,11 @@ def test_a_forecast_that_would_read_the_judged_runs_acceptance_is_refused(tiny_m
     assert "judged run's own acceptance" in capsys.readouterr().err
     with pytest.raises(AcceptanceSourceError):
         spec_forecast(SpeculativeConfig("ngram", 3), str(out / "repeat-2" / "steps_real.csv"), out)
+    # A draft model's forwards are not in a calibrated profile: not forecast.
+    from twinserve.twin.preflight import FidelityError
+
+    with pytest.raises(FidelityError, match="ngram speculation only"):
+        spec_forecast(SpeculativeConfig("draft_model", 3, model="draft"), str(tmp_path / "e.csv"), out)
     # A speculating engine with no earlier run, and an earlier log without drafts, are refused too.
     assert main(["fidelity", *common]) == 2
     assert "--acceptance-from" in capsys.readouterr().err
