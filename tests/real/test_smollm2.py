@@ -71,6 +71,9 @@ def _check(hf, prompt: list[int], ref: list[int], got: list[int], label: str) ->
 ], ids=["default", "no-prefix-chunked-16", "preempting-pool", "ngram-preempting-pool", "draft-preempting-pool"])
 def test_greedy_matches_transformers(reference, engine_kw: dict) -> None:
     hf, prompts, refs = reference
+    if engine_kw.get("speculative_config", {}).get("method") == "draft_model":
+        # Half the questions: each step runs the model k + 1 times (still enough to preempt).
+        prompts, refs = prompts[:5], refs[:5]
     llm = LLM("smollm2", max_model_len=1024, seed=0, **engine_kw)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True), use_tqdm=False)
