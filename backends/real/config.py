@@ -56,10 +56,11 @@ class EngineArgs(SchedulerArgs):
     # CPU fp32 only: a transposed copy of the weights that makes small batches faster (more memory).
     small_batch_weights: bool = True
     # Products of at most this many rows use that copy; None: by the CPU (llama.SMALL_BATCH_ROWS:
-    # 64 on AVX-512, 4 elsewhere). A profile records it: steps change price where it changes.
+    # 1 on AMD, 64 on other AVX-512 CPUs, 4 elsewhere). A profile records it: steps change price
+    # where it changes.
     small_batch_rows: int | None = None
-    # CPU bf16 only: weights prepacked once in oneDNN's layout (faster at every batch size; one more
-    # copy of the bf16 weights).
+    # CPU: weights prepacked once in oneDNN's layout, in bf16 (faster at every batch size) and in
+    # fp32 on AMD CPUs (products above small_batch_rows rows); one more copy of the weights.
     prepack_weights: bool = True
     # CPU bf16 only: 'int8' keeps per-output-channel int8 copies of the weights (scales in bf16),
     # used by steps of at most INT8_ROWS rows (batch-1 decode reads half the bytes); 'int4' keeps

@@ -19,7 +19,7 @@ from twinserve.backends.real.cuda_graphs import DecodeGraphs
 from twinserve.backends.real.model_runner import ModelRunner, StepShape
 from twinserve.backends.real.models.architectures import CausalLM
 from twinserve.backends.real.models.config import ModelConfig
-from twinserve.backends.real.models.llama import packed_bf16_supported
+from twinserve.backends.real.models import llama
 from twinserve.backends.real.models.loader import load_gguf, load_hf_folder
 from twinserve.backends.real.models.parallel import TensorParallel, shard_llama
 from twinserve.backends.real.models.registry import ModelSource
@@ -66,9 +66,8 @@ class Worker:
         small_rows = args.resolve_small_batch_rows(self.device)
         if small_rows:
             self.model.add_small_batch_weights(small_rows)
-        if self.device.type == "cpu" and args.prepack_weights and self.dtype == torch.bfloat16 \
-                and packed_bf16_supported():
-            self.model.add_packed_bf16_weights()
+        if self._prepack():
+            self.model.add_packed_weights()
         if args.quantization in ("int8", "int4"):
             kernels = ("_weight_int8pack_mm",) + (("_weight_int4pack_mm_for_cpu",) if args.quantization == "int4" else ())
             if self.device.type != "cpu" or self.dtype != torch.bfloat16 \
@@ -103,7 +102,17 @@ class Worker:
         draft = loader(source.path, self.max_model_len, self.dtype).to(device=self.device, dtype=self.dtype).eval()
         if small_rows:
             draft.add_small_batch_weights(small_rows)
+        if self._prepack():
+            draft.add_packed_weights()
         return draft
+
+    def _prepack(self) -> bool:
+        """Whether this CPU's products run faster on oneDNN-prepacked weights (bf16, or fp32 on AMD)."""
+        if self.device.type != "cpu" or not self.args.prepack_weights:
+            return False
+        if self.dtype == torch.bfloat16:
+            return llama.packed_bf16_supported()
+        return self.dtype == torch.float32 and llama.fp32_prepack_preferred()
 
     def compile_grammar(self, spec: StructuredOutputSpec) -> Any:
         """spec's grammar compiled here, for a spec from another process (compiled grammars do not serialize)."""

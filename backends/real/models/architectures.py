@@ -36,8 +36,8 @@ class CausalLM(Protocol):
     def add_small_batch_weights(self, rows: int | None = None) -> None:
         """Keep [in, out] weight copies for small products."""
 
-    def add_packed_bf16_weights(self) -> None:
-        """Keep oneDNN-prepacked bf16 weights."""
+    def add_packed_weights(self) -> None:
+        """Keep oneDNN-prepacked weights."""
 
     def add_int8_weights(self) -> None:
         """Keep int8 weight copies for 1-row products."""

@@ -5,6 +5,7 @@ Config switches (models/config.py) make it Mistral, Qwen2, Qwen3 or Gemma 3.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -19,6 +20,9 @@ from twinserve.backends.real.models.rope import RotaryEmbedding
 # Rows up to which x @ W_t beats F.linear, by CPU ISA (docs/speed.md).
 SMALL_BATCH_ROWS = 4
 SMALL_BATCH_ROWS_BY_CAPABILITY = {"AVX512": 64}
+# On AMD CPUs MKL's fp32 sgemm is slow for few rows; oneDNN's prepacked product is not, so
+# only 1-row products take x @ W_t there and the rest the prepacked weights (docs/speed.md).
+AMD_SMALL_BATCH_ROWS = 1
 # Quantized kernels only win on weight-bound 1-row products (docs/speed.md).
 INT8_ROWS = 1
 # Q4_1's block size.
@@ -28,8 +32,28 @@ PAD_ROWS = 16
 PAD_MIN_ROWS = 9
 
 
+@functools.cache
+def cpu_vendor() -> str:
+    """The CPU's vendor_id from /proc/cpuinfo ('' where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def fp32_prepack_preferred() -> bool:
+    """True where fp32 products above small_batch_rows rows should run on oneDNN-prepacked weights."""
+    return cpu_vendor() == "AuthenticAMD" and torch.backends.mkldnn.is_available()
+
+
 def default_small_batch_rows() -> int:
     """The row count up to which this CPU's fp32 products take the transposed weight copies."""
+    if fp32_prepack_preferred():
+        return AMD_SMALL_BATCH_ROWS
     return SMALL_BATCH_ROWS_BY_CAPABILITY.get(torch.backends.cpu.get_cpu_capability(), SMALL_BATCH_ROWS)
 
 
@@ -66,13 +90,13 @@ def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     if w8 is not None and x.shape[0] <= INT8_ROWS:
         out = torch.ops.aten._weight_int8pack_mm(x, w8, d["weight_scale"])
         return out if layer.bias is None else out + layer.bias
-    packed = d.get("weight_packed")
-    if packed is not None:
-        return torch.ops.mkldnn._linear_pointwise(x, packed, layer.bias, "none", [], "")
     wt = getattr(layer, "weight_t", None)
     if wt is not None and x.shape[0] <= d["small_rows"]:
         out = x @ wt
         return out if layer.bias is None else out + layer.bias
+    packed = d.get("weight_packed")
+    if packed is not None:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, layer.bias, "none", [], "")
     return _dense(x, layer.weight, layer.bias)
 
 
@@ -265,17 +289,17 @@ class LlamaForCausalLM(nn.Module):
         head_int8 = self.__dict__.get("head_int8")
         if head_int8 is not None and hidden.shape[0] <= INT8_ROWS:
             logits = torch.ops.aten._weight_int8pack_mm(hidden, head_int8, self.head_scale).float()
-        elif head_packed is not None:
-            logits = torch.ops.mkldnn._linear_pointwise(hidden, head_packed, None, "none", [], "").float()
         elif head_t is not None and hidden.shape[0] <= self.small_batch_rows:
             logits = (hidden @ head_t).float()
+        elif head_packed is not None:
+            logits = torch.ops.mkldnn._linear_pointwise(hidden, head_packed, None, "none", [], "").float()
         else:
             weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
             logits = _dense(hidden, weight).float()
         return logits if self.tp is None else self.tp.gather_vocab(logits)
 
-    def add_packed_bf16_weights(self) -> None:
-        """Keep bf16 weights prepacked for oneDNN, which F.linear would reorder on every call (docs/speed.md)."""
+    def add_packed_weights(self) -> None:
+        """Keep the weights prepacked for oneDNN, which F.linear would reorder on every call (docs/speed.md)."""
         def pack(weight: torch.Tensor) -> torch.Tensor:
             return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
 
