@@ -48,7 +48,17 @@ def regime_bounds(engine: Any) -> list[int]:
     """Token counts where the engine switches code path (CPU fp32: small-batch weights, padding)."""
     device = engine.args.resolve_device()
     return _code_path_bounds(device.type, str(engine.args.resolve_dtype(device)),
-                             engine.args.resolve_small_batch_rows(device), _pad_rows())
+                             engine.args.resolve_small_batch_rows(device), engine_pad_rows(engine))
+
+
+def engine_pad_rows(engine: Any) -> int:
+    """The rows F.linear pads few-row products to in this engine (0: it pads none)."""
+    from twinserve.backends.real.models.llama import fp32_prepack_preferred
+
+    # Prepacked fp32 weights take every product F.linear would pad.
+    if engine.args.prepack_weights and engine.args.resolve_device().type == "cpu" and fp32_prepack_preferred():
+        return 0
+    return _pad_rows()
 
 
 def _code_path_bounds(device_type: str, dtype: str, small_rows: int, pad_rows: int = 0) -> list[int]:
