@@ -218,7 +218,10 @@ class ModelRunner:
         for rid, n in rejected.items():
             self.batch.requests[rid].num_computed_tokens -= n
         if self.proposer is not None:
-            spec_ids = self._propose(sampled) if self.drafting else None
+            # No proposals the scheduler would drop: a batch at disable_by_batch_size drafts nothing.
+            spec = self.spec_config
+            on = self.drafting and (spec is None or spec.active(len(self.batch.requests)))
+            spec_ids = self._propose(sampled) if on else None
         elif self.drafter is not None:
             spec = self.spec_config
             spec_ids = self.drafter.propose(self.batch, states, starts, sampled, failed,

@@ -172,6 +172,21 @@ def test_structured_output_with_drafts_keeps_the_grammar(make_llm, temperature: 
             assert c.token_ids == ref.token_ids
 
 
+def test_no_ngram_proposals_are_computed_while_the_batch_is_at_disable_by_batch_size(make_llm) -> None:
+    """Proposals the scheduler would drop cost a step time (numpy over every sequence): none are made."""
+    prompts = _prompts()[:4]
+    llm = make_llm(speculative_config={**NGRAM, "disable_by_batch_size": 3})
+    runner = llm.llm_engine.worker.runner
+    seen: list[int] = []
+    real = runner.proposer.propose
+    runner.proposer.propose = lambda ids: seen.append(len(runner.batch.requests)) or real(ids)
+    outs = _gen(llm, prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == 8 for o in outs)
+    assert seen == [] and sum(o.metrics.num_draft_tokens for o in outs) == 0
+    _gen(llm, prompts[:1], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    assert seen and set(seen) == {1}  # alone, it proposes again
+
+
 @pytest.mark.parametrize("spec, match", [
     ({"method": "medusa"}, "method"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
