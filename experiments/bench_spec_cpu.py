@@ -14,7 +14,7 @@ the per-position counters) and each --profile, predicts both speedups for the sa
 the prediction and the measurement are ratios of one run. Run pinned to one core, e.g.
 
     taskset -c 1 python experiments/bench_spec_cpu.py [--k 4] [--max-tokens 96] [--rounds 2] \
-        --profile P.json --step-log /tmp/spec_steps.csv
+        --profile P.json --step-log spec_steps.csv
 
 --method draft_model drafts with --draft (default: SmolLM2 itself, the only model with its
 tokenizer at hand: every draft is accepted and the draft costs what the target does, so the
