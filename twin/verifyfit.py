@@ -116,5 +116,6 @@ def fit_verify_term(profile: FittedCostModel, rows: Sequence[Mapping[str, Any]])
                            **_summary(verify_errors(profile, test, term)),
                            "as_prefill": _summary(_as_prefill(profile, test))}
     profile.per_verify_step_s, profile.per_verify_seq_s, profile.per_draft_token_s = solve_verify(profile, rows)
+    profile.verify_fitted = True
     out["in_sample"] = _summary(verify_errors(profile, rows))
     return out

@@ -123,11 +123,14 @@ class FittedCostModel:
     per_verify_seq_s: float = 0.0
     per_draft_token_s: float = 0.0
     per_verify_step_s: float = 0.0
+    # Set by a fit on verify steps (or a profile's "verify" field): a fitted term of zero still
+    # means "price as decode rows".
+    verify_fitted: bool = False
 
     @property
     def prices_verify(self) -> bool:
         """Whether verify rows are priced as decode rows plus the verify term (else as prefill chunks)."""
-        return bool(self.per_verify_step_s or self.per_verify_seq_s or self.per_draft_token_s)
+        return self.verify_fitted or bool(self.per_verify_step_s or self.per_verify_seq_s or self.per_draft_token_s)
 
     def verify_time(self, num_spec_reqs: int, num_draft_tokens: int) -> float:
         """Seconds a step's verify rows add to their price as decode rows (verify_time's term)."""
@@ -285,7 +288,8 @@ class FittedCostModel:
         window, share = attention_window(meta, source)
         return cls(*coefs, meta=meta, overhead=overhead, regimes=regimes, wake_idle_s=gaps,
                    wake_factors=factors, wake_extra_s=extra, sliding_window=window, sliding_share=share,
-                   per_verify_step_s=verify[0], per_verify_seq_s=verify[1], per_draft_token_s=verify[2])
+                   per_verify_step_s=verify[0], per_verify_seq_s=verify[1], per_draft_token_s=verify[2],
+                   verify_fitted="verify" in data)
 
     @classmethod
     def load(cls, path: str | Path) -> "FittedCostModel":

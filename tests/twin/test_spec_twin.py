@@ -91,6 +91,25 @@ def test_the_verify_term_is_recovered_and_priced_on_held_out_points() -> None:
         FittedCostModel.from_dict({**profile.to_dict(), "verify": {"per_verify_seq_s": "fast"}})
 
 
+def test_a_verify_term_fitted_to_zero_still_prices_verify_rows_as_decode_rows() -> None:
+    """Verify steps that cost exactly their decode rows fit a zero term: the profile must still say
+    so (before, an all-zero term read as "no verify fit" and verify rows were priced as prefill chunks)."""
+    from twinserve.twin.verifyfit import fit_verify_term
+
+    base = FittedCostModel(intercept_s=0.01, per_token_s=2e-4, per_decode_seq_s=1e-3,
+                           per_decode_context_token_s=1e-6)
+    profile = FittedCostModel(**{k: getattr(base, k) for k in ("intercept_s", "per_token_s", "per_decode_seq_s",
+                                                                "per_decode_context_token_s")})
+    assert not profile.prices_verify
+    fit_verify_term(profile, _verify_rows((0.0, 0.0, 0.0), base))
+    assert (profile.per_verify_step_s, profile.per_verify_seq_s, profile.per_draft_token_s) == (0.0, 0.0, 0.0)
+    assert profile.prices_verify
+    saved = profile.to_dict()
+    assert saved["verify"] == {"per_verify_step_s": 0.0, "per_verify_seq_s": 0.0, "per_draft_token_s": 0.0}
+    assert FittedCostModel.from_dict(saved).prices_verify
+    assert not FittedCostModel.from_dict({k: v for k, v in saved.items() if k != "verify"}).prices_verify
+
+
 def test_a_calibrated_profile_prices_a_verify_row_as_a_decode_row_plus_the_term(monkeypatch) -> None:
     import twinserve.sim.build as b
     from twinserve.sim.build import simulate
