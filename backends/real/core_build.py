@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from twinserve.core.engine_core import EngineCore
-from twinserve.core.kv.groups import kv_cache_groups
 from twinserve.core.errors import InvalidConfigError
 from twinserve.backends.real.config import EngineArgs
-from twinserve.backends.real.core_client import scheduler_config_for, with_model_kv
+from twinserve.backends.real.core_client import kv_group_windows, scheduler_config_for, with_model_kv
 from twinserve.backends.real.executor import InProcessExecutor
 from twinserve.backends.real.models.architectures import CausalLM
 from twinserve.backends.real.models.registry import ModelSource
@@ -20,8 +19,7 @@ def kv_sliding_window(cfg: Any) -> int | None:
 
     Group 0 is the full-attention group whenever any layer attends fully (kv_cache_groups).
     """
-    n = cfg.num_hidden_layers
-    return kv_cache_groups(getattr(cfg, "layer_windows", None) or [None] * n)[0].window
+    return kv_group_windows(cfg)[0] or None
 
 
 def build_engine_core(args: EngineArgs, max_model_len: int, eos_ids: list[int],

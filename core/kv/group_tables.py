@@ -135,12 +135,8 @@ class GroupTables:
             start = starts[g]
             if end <= start:
                 continue
-            table = tables[g]
-            dropped = [b for b in table[start:end] if b is not OUT_OF_WINDOW]
-            table[start:end] = [OUT_OF_WINDOW] * (end - start)
             starts[g] = end
-            self.num_window_freed += len(dropped)
-            self.pool.free_blocks(reversed(dropped))
+            self._drop_span(tables[g], start, end)
 
     def _register_group(self, g: int, blocks: list[KVCacheBlock], hashes: list[BlockHash],
                         done: int, num_full: int) -> None:

@@ -233,9 +233,13 @@ class KVCacheManager(GroupTables):
         start = self._window_start.get(req_id, 0)
         if end <= start:
             return
-        dropped = [b for b in blocks[start:end] if b is not OUT_OF_WINDOW]
-        blocks[start:end] = [OUT_OF_WINDOW] * (end - start)
         self._window_start[req_id] = end
+        self._drop_span(blocks, start, end)
+
+    def _drop_span(self, table: list[KVCacheBlock], start: int, end: int) -> None:
+        """Mark table[start:end] out of the window and return its blocks to the pool."""
+        dropped = [b for b in table[start:end] if b is not OUT_OF_WINDOW]
+        table[start:end] = [OUT_OF_WINDOW] * (end - start)
         self.num_window_freed += len(dropped)
         self.pool.free_blocks(reversed(dropped))
 
