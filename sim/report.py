@@ -1,8 +1,7 @@
-"""Study outputs: tables (CSV, or Parquet when pyarrow is present), figures, a Markdown summary."""
+"""Study outputs: tables (CSV; Parquet on request), figures, a Markdown summary."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 from typing import Any, Sequence
@@ -14,12 +13,13 @@ from twinserve.sim.plots import (config_colors, group_label, plot_cdfs, plot_lat
                     plot_replica_load, plot_timeline)
 from twinserve.sim.study import PointResult
 
-HAVE_PARQUET = importlib.util.find_spec("pyarrow") is not None
+def write_table(df: pd.DataFrame, path_stem: Path, fmt: str = "csv") -> Path:
+    """Write df as CSV (lists joined by ';') or, with fmt 'parquet', Parquet; returns the path.
 
-
-def write_table(df: pd.DataFrame, path_stem: Path, fmt: str = "auto") -> Path:
-    """Write df as CSV (lists joined by ';') or Parquet; returns the path written."""
-    if fmt == "parquet" or (fmt == "auto" and HAVE_PARQUET):
+    CSV is the default whatever is installed: pyarrow arrives with other packages
+    (aiconfigurator-core), and a study's file names must not change with them.
+    """
+    if fmt == "parquet":
         path = path_stem.with_suffix(".parquet")
         df.to_parquet(path)
         return path
@@ -95,7 +95,7 @@ def request_accounting(summary: pd.DataFrame) -> str:
 
 
 def write_study(out_dir: Path, results: Sequence[PointResult], axes: Sequence[str],
-                title: str, notes: Sequence[str] = (), fmt: str = "auto",
+                title: str, notes: Sequence[str] = (), fmt: str = "csv",
                 slo: SLOConfig | None = None) -> dict[str, Path]:
     """Write summary table, per-point tables, figures and summary.md; returns what was written."""
     out_dir.mkdir(parents=True, exist_ok=True)
