@@ -167,10 +167,5 @@ class DisaggregatedSimulation(ClusterSimulation):
             half.num_preemptions + req.num_preemptions,
             ([first] if first is not None else []) + req.token_times, item.conversation,
             item.turn, req.finish_reason.value if req.finish_reason is not None else "", "",
-            rep.index))
-        if self._multi_turn and req.finish_time is not None:
-            nxt = self.workload.next_turn(item, req.all_token_ids, req.finish_time)
-            if nxt is not None:
-                self.source.push(nxt)
-                timer = self.env.timeout(max(0.0, nxt.arrival_time - self.env.now))
-                timer.callbacks.append(self._on_followup_timer)
+            rep.index, item.client, item.warmup))
+        self._request_done(item, req)
