@@ -156,12 +156,16 @@ class ClusterSimulation:
                     item.request_id, item.arrival_time, item.num_prompt_tokens, n_out, None,
                     None, None, 0, 0, [], item.conversation, item.turn, "refused", str(e),
                     rep.index, item.client, item.warmup))
-                if item.client >= 0:  # a closed-loop client is free again
-                    self._next_request(item, max(self.env.now, item.arrival_time), None)
+                if item.client >= 0:  # refused: a closed-loop client is free again
+                    self._next_request(item, self._refused_at(rep, item), None)
                 continue
             rep.live[item.request_id] = req
             rep.executor.register(item.request_id, wl.sample_token(item))
         rep.inbox.clear()
+
+    def _refused_at(self, rep: Replica, item: WorkItem) -> float:
+        """When a refused request's client hears of it: on arrival, as a server answers 400."""
+        return item.arrival_time
 
     def _max_tokens(self, rep: Replica, item: WorkItem) -> int:
         """Tokens the request generates on this replica (all of them when colocated)."""

@@ -120,6 +120,10 @@ class DisaggregatedSimulation(ClusterSimulation):
         """Time to move num_tokens tokens' KV from a prefill to a decode replica."""
         return self.link_latency_s + num_tokens * self.kv_bytes_per_token / self.link_bandwidth
 
+    def _refused_at(self, rep: Replica, item: WorkItem) -> float:
+        # A decode replica refuses after the prefill half ran: the client hears of it then.
+        return item.arrival_time if rep.index < self.num_prefill else self.env.now
+
     def _max_tokens(self, rep: Replica, item: WorkItem) -> int:
         if rep.index < self.num_prefill:
             return 1

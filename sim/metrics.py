@@ -69,6 +69,14 @@ def measured_window(req: pd.DataFrame) -> tuple[float, float] | None:
     return start, max(end, start)
 
 
+def mark_warmup_steps(steps: pd.DataFrame, req: pd.DataFrame) -> pd.DataFrame:
+    """A closed-loop run's step table with a warmup column: True for steps before its window."""
+    window = measured_window(req)
+    if window is not None and not steps.empty:
+        steps = steps.assign(warmup=steps["start_s"] < window[0])
+    return steps
+
+
 def window_steps(steps: pd.DataFrame, window: tuple[float, float]) -> pd.DataFrame:
     """The steps that start inside the window (times shifted to start at 0)."""
     if steps.empty:

@@ -183,8 +183,15 @@ class Simulation:
 
     # ------------------------------------------------------------------ arrivals
     def _admit(self, t: float) -> None:
+        # A refusal frees a closed-loop client at once: its next request may be due by t too.
+        items = self.source.pop_until(t)
+        while items:
+            self._admit_items(items)
+            items = self.source.pop_until(t)
+
+    def _admit_items(self, items: list[WorkItem]) -> None:
         wl = self.workload
-        for item in self.source.pop_until(t):
+        for item in items:
             n_out = item.num_output_tokens
             sp = self._params.get(n_out)
             if sp is None:
@@ -198,7 +205,8 @@ class Simulation:
                     item.request_id, item.arrival_time, item.num_prompt_tokens, n_out, None, None,
                     None, 0, 0, [], item.conversation, item.turn, "refused", str(e),
                     client=item.client, warmup=item.warmup))
-                self.source.on_done(item, max(t, item.arrival_time))  # a closed-loop client is free
+                # Refused on arrival (as a server answers 400): a closed-loop client is free again.
+                self.source.on_done(item, item.arrival_time)
                 continue
             self.live[item.request_id] = req
             self.executor.register(item.request_id, wl.sample_token(item))
