@@ -13,6 +13,7 @@ import pandas as pd
 
 from twinserve.core.errors import InvalidConfigError
 from twinserve.sim.build import BUILTIN_TRACES
+from twinserve.sim.clients import closed_loop_line
 from twinserve.sim.config import SLOConfig
 from twinserve.sim.metrics import requests_frame, steps_frame, summarize
 from twinserve.sim.report import write_table
@@ -74,14 +75,6 @@ def closed_loop_flags(ns: argparse.Namespace, cfg: WorkloadConfig) -> None:
         raise InvalidConfigError("think_time_s" if think else "warmup_requests", think or warm,
                                  "closed-loop clients: --max-concurrency N with --request-rate inf "
                                  "(the default)")
-
-
-def closed_loop_line(cfg: WorkloadConfig) -> str:
-    """The report's line for closed-loop clients ('' for open-loop arrivals)."""
-    if not cfg.concurrency:
-        return ""
-    return (f"closed loop: {cfg.concurrency} clients, think {cfg.think_time_s:g} s, "
-            f"{cfg.warmup_requests} warm-up requests (left out of the figures below)")
 
 
 def parse_goodput(specs: list[str]) -> SLOConfig:
@@ -161,7 +154,7 @@ def run_bench(ns: argparse.Namespace) -> int:
                    dataset=ns.dataset_name, num_prompts=ns.num_prompts, model=target.model)
     if cfg.concurrency:
         summary.update(concurrency=cfg.concurrency, think_time_s=cfg.think_time_s)
-        print(closed_loop_line(cfg))
+        print(closed_loop_line(cfg) + " (left out of the figures below)")
     print(format_report(summary, slo))
     if run.errors:
         print(f"first error: {run.errors[0]}")
