@@ -257,3 +257,20 @@ def test_simulate_run_prints_the_closed_loop_line(tmp_path, capsys) -> None:
     assert main(["run", "--config", str(f), "--out", str(tmp_path / "o")]) == 0
     md = (tmp_path / "o" / "summary.md").read_text()
     assert "closed loop: 3 clients, think 0.5 s, 4 warm-up requests" in md
+
+
+def test_use_closed_loop_switches_a_study_with_a_rate(tmp_path) -> None:
+    from twinserve.sim.config import ConfigError, load_config, set_field, use_closed_loop, validate
+
+    f = tmp_path / "s.toml"
+    f.write_text(STUDY + "rate = 3.0\narrival = \"poisson\"\n")
+    cfg = load_config(f)
+    with pytest.raises(ConfigError, match="concurrency"):
+        set_field(cfg, "concurrency", 4)
+        validate(cfg)
+    cfg = load_config(f)
+    use_closed_loop(cfg, 4)
+    validate(cfg)
+    assert cfg.workload.concurrency == 4
+    with pytest.raises(ConfigError, match="concurrency"):
+        use_closed_loop(cfg, 0)
