@@ -279,3 +279,13 @@ def test_use_closed_loop_switches_a_study_with_a_rate(tmp_path) -> None:
     assert cfg.workload.concurrency == 4
     with pytest.raises(ConfigError, match="concurrency"):
         use_closed_loop(cfg, 0)
+
+
+def test_the_replica_table_counts_measured_requests() -> None:
+    res = run_point(closed(4, requests=30, warmup=10, num_replicas=2))
+    per = res.replicas
+    assert per["completed"].sum() == 30 and per["routed"].sum() == 40
+    measured = res.requests[~res.requests["warmup"]]
+    for i, row in per.iterrows():
+        mine = measured[measured["replica"] == row["replica"]]
+        assert row["p50_ttft_s"] == pytest.approx(mine["ttft_s"].median())
