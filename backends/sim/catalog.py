@@ -155,7 +155,7 @@ class GPUProfile:
 
 @dataclass(slots=True, frozen=True)
 class HardwareSpec:
-    """One accelerator: dense 16-bit and FP8 peaks (FP8 0: none), HBM bandwidth and size, link bandwidth."""
+    """One accelerator: dense 16-bit, FP8 and FP4 peaks (0: none), HBM bandwidth and size, link bandwidth."""
 
     name: str
     peak_flops: float
@@ -164,6 +164,7 @@ class HardwareSpec:
     interconnect_bandwidth: float
     profile: GPUProfile = GPUProfile()
     peak_flops_fp8: float = 0.0
+    peak_flops_fp4: float = 0.0
 
     def gemm_peak(self, precision: Precision) -> float:
         """The dense peak the linear layers run at under this precision."""
@@ -198,15 +199,53 @@ HARDWARES: dict[str, HardwareSpec] = {h.name: h for h in [
     # NVIDIA H20 (Hopper export variant): NVIDIA partner spec sheets (no public datasheet).
     HardwareSpec("H20", 148e12, 4.0e12, 96e9, 450e9,
                  GPUProfile(gemm=0.65, attention=0.40, price_per_hour=1.5), peak_flops_fp8=296e12),
-    # NVIDIA DGX B200 datasheet (nvidia.com/en-us/data-center/dgx-b200), per GPU = system / 8; H100's efficiencies by analogy.
+    # Blackwell, per GPU, dense (the datasheets' sparse figures halved); H100's efficiencies by analogy.
+    # NVIDIA DGX B200 datasheet (nvidia.com/en-us/data-center/dgx-b200): 8 GPUs, 1,440 GB HBM3e, 64 TB/s,
+    # FP8 72 PF and FP4 144 PF sparse, NVLink 5 1.8 TB/s per GPU (both directions).
     HardwareSpec("B200", 2250e12, 8.0e12, 180e9, 900e9,
-                 GPUProfile(gemm=0.62, attention=0.38, price_per_hour=6.0), peak_flops_fp8=4500e12),
+                 GPUProfile(gemm=0.62, attention=0.38, price_per_hour=6.0), peak_flops_fp8=4500e12,
+                 peak_flops_fp4=9000e12),
+    # NVIDIA HGX B300 spec (nvidia.com/en-us/data-center/hgx): 8 GPUs, FP4 144 PF sparse / 108 PF dense,
+    # FP8 72 PF and BF16 36 PF sparse, NVLink 5 1.8 TB/s per GPU; the Blackwell Ultra GPU (NVIDIA technical
+    # blog "Inside NVIDIA Blackwell Ultra", 2025): 288 GB HBM3e at 8 TB/s.
+    HardwareSpec("B300", 2250e12, 8.0e12, 288e9, 900e9,
+                 GPUProfile(gemm=0.62, attention=0.38, price_per_hour=7.0), peak_flops_fp8=4500e12,
+                 peak_flops_fp4=13500e12),
+    # NVIDIA GB200 NVL72 spec (nvidia.com/en-us/data-center/gb200-nvl72): 72 GPUs, FP4 1,440 PF, FP8 720 PF,
+    # BF16 360 PF (sparse), HBM3e 13.4 TB at 576 TB/s, NVLink 130 TB/s (1.8 TB/s per GPU, both directions).
+    HardwareSpec("GB200", 2500e12, 8.0e12, 186e9, 900e9,
+                 GPUProfile(gemm=0.62, attention=0.38, price_per_hour=7.0), peak_flops_fp8=5000e12,
+                 peak_flops_fp4=10000e12),
+    # NVIDIA GB300 NVL72 spec (nvidia.com/en-us/data-center/gb300-nvl72): 72 GPUs, FP4 1,440 PF sparse /
+    # 1,080 PF dense, FP8 720 PF and BF16 360 PF sparse, HBM3e up to 21 TB at 576 TB/s, NVLink 130 TB/s.
+    HardwareSpec("GB300", 2500e12, 8.0e12, 288e9, 900e9,
+                 GPUProfile(gemm=0.62, attention=0.38, price_per_hour=8.0), peak_flops_fp8=5000e12,
+                 peak_flops_fp4=15000e12),
     # AMD Instinct MI300X datasheet (amd.com/en/products/accelerators/instinct/mi300/mi300x);
     # published MI300X GEMM studies reach ~45-55% of peak.
     HardwareSpec("MI300X", 1307e12, 5.3e12, 192e9, 448e9,
                  GPUProfile(gemm=0.48, attention=0.30, memory=0.75, price_per_hour=2.5),
                  peak_flops_fp8=2615e12),
 ]}
+
+# aiconfigurator-core's system names (its systems/*.yaml, silicon_sample.csv's `system`) -> HARDWARES.
+AIC_SYSTEMS: dict[str, str] = {
+    "a100_sxm": "A100-80GB",
+    "h100_sxm": "H100-SXM",
+    "h200_sxm": "H200",
+    "b200_sxm": "B200",
+    "b300_sxm": "B300",
+    "gb200": "GB200",
+    "gb300": "GB300",
+    "l40s": "L40S",
+}
+
+
+def hardware_for_aic_system(system: str) -> "HardwareSpec":
+    """Our catalog GPU for an aiconfigurator system name (e.g. 'h200_sxm'); UnknownSpecError if none."""
+    if system not in AIC_SYSTEMS:
+        raise UnknownSpecError("aic_system", system, sorted(AIC_SYSTEMS))
+    return get_hardware(AIC_SYSTEMS[system])
 
 
 def _lookup(table: dict[str, Any], kind: str, name: str) -> Any:
