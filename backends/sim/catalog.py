@@ -32,7 +32,7 @@ class UnknownSpecError(TwinserveError, KeyError):
 
 @dataclass(slots=True, frozen=True)
 class ModelSpec:
-    """A decoder-only transformer's shape: GQA attention, SwiGLU MLP or mixture-of-experts."""
+    """A decoder-only transformer's shape: GQA or MLA attention, SwiGLU MLP or mixture-of-experts."""
 
     name: str
     num_layers: int
@@ -52,6 +52,14 @@ class ModelSpec:
     sliding_window: int = 0
     num_sliding_layers: int = 0
     precision: Precision = Precision()
+    # DeepSeek's first_k_dense_replace: leading layers with a dense MLP of intermediate_size.
+    num_dense_layers: int = 0
+    # Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2): 0 = GQA attention.
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -59,10 +67,37 @@ class ModelSpec:
         return self.num_experts > 0
 
     @property
+    def is_mla(self) -> bool:
+        """True for multi-head latent attention (one compressed latent per token cached)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Layers whose MLP is routed experts."""
+        return self.num_layers - self.num_dense_layers if self.is_moe else 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Per-head width of q and k (MLA: the no-position part plus the rotary part)."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Per-head width of v."""
+        return self.v_head_dim if self.is_mla else self.head_dim
+
+    @property
     def attn_params_per_layer(self) -> int:
-        """q/k/v/o projection weights of one layer."""
-        h, d = self.hidden_size, self.head_dim
-        return h * self.num_heads * d * 2 + h * self.num_kv_heads * d * 2
+        """Attention projection weights of one layer (GQA q/k/v/o; MLA's down/up projections)."""
+        h, n = self.hidden_size, self.num_heads
+        if not self.is_mla:
+            d = self.head_dim
+            return h * n * d * 2 + h * self.num_kv_heads * d * 2
+        q = (h * self.q_lora_rank + self.q_lora_rank * n * self.qk_head_dim if self.q_lora_rank
+             else h * n * self.qk_head_dim)
+        kv_a = h * (self.kv_lora_rank + self.qk_rope_head_dim)
+        kv_b = self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim)
+        return q + kv_a + kv_b + n * self.v_head_dim * h
 
     @property
     def expert_params(self) -> int:
@@ -71,22 +106,35 @@ class ModelSpec:
 
     @property
     def dense_mlp_params_per_layer(self) -> int:
-        """MLP weights every token reads: the dense MLP, or the router plus shared experts."""
+        """MLP weights every token reads in an MoE layer (router plus shared experts), or the dense MLP."""
         if not self.is_moe:
             return 3 * self.hidden_size * self.intermediate_size
         return self.hidden_size * self.num_experts + self.num_shared_experts * self.expert_params
 
     @property
-    def params_per_layer(self) -> int:
-        """Weights of one layer: attention, plus the MLP or every expert, router and shared ones."""
-        return (self.attn_params_per_layer + self.dense_mlp_params_per_layer
-                + self.num_experts * self.expert_params)
+    def always_params(self) -> int:
+        """Layer weights every step reads whatever the routing: attention, dense MLPs, routers, shared experts."""
+        dense_mlp = 3 * self.hidden_size * self.intermediate_size
+        if not self.is_moe:
+            return self.num_layers * (self.attn_params_per_layer + dense_mlp)
+        return (self.num_layers * self.attn_params_per_layer + self.num_dense_layers * dense_mlp
+                + self.num_moe_layers * self.dense_mlp_params_per_layer)
 
     @property
-    def active_params_per_layer(self) -> int:
-        """Weights one token computes with in a layer (its top-k experts only)."""
-        return (self.attn_params_per_layer + self.dense_mlp_params_per_layer
-                + self.num_experts_per_tok * self.expert_params)
+    def routed_params(self) -> int:
+        """Weights of every routed expert of every MoE layer."""
+        return self.num_moe_layers * self.num_experts * self.expert_params
+
+    @property
+    def params_per_layer(self) -> float:
+        """Weights of one layer on average (embeddings excluded)."""
+        return (self.always_params + self.routed_params) / self.num_layers
+
+    @property
+    def active_params_per_layer(self) -> float:
+        """Weights one token computes with, per layer on average (its top-k experts only)."""
+        routed = self.num_moe_layers * self.num_experts_per_tok * self.expert_params
+        return (self.always_params + routed) / self.num_layers
 
     @property
     def embedding_params(self) -> int:
@@ -96,30 +144,41 @@ class ModelSpec:
     @property
     def num_params(self) -> int:
         """All weights, embeddings included."""
-        return self.num_layers * self.params_per_layer + self.embedding_params
+        return self.always_params + self.routed_params + self.embedding_params
 
     @property
     def num_active_params(self) -> int:
         """Weights one token uses, embeddings included (num_params for a dense model)."""
-        return self.num_layers * self.active_params_per_layer + self.embedding_params
+        routed = self.num_moe_layers * self.num_experts_per_tok * self.expert_params
+        return self.always_params + routed + self.embedding_params
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of all weights in memory: layers in the weight dtype, embeddings 16-bit."""
-        layers = self.num_layers * self.params_per_layer * self.precision.weight_bytes
-        return int(layers + self.embedding_params * self.dtype_bytes)
+        """Bytes of all weights in memory: layers and experts in their formats, embeddings 16-bit."""
+        p = self.precision
+        return int(self.always_params * p.weight_bytes + self.routed_params * p.expert_weight_bytes
+                   + self.embedding_params * self.dtype_bytes)
+
+    @property
+    def kv_elems_per_token_per_layer(self) -> int:
+        """Cached elements per token per layer: K and V per KV head, or MLA's latent plus rotary key."""
+        if self.is_mla:
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return 2 * self.num_kv_heads * self.head_dim
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """K and V for one token across all layers."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.precision.kv_bytes
+        """K and V (MLA: the latent) for one token across all layers."""
+        return self.num_layers * self.kv_elems_per_token_per_layer * self.precision.kv_bytes
 
     def kv_heads_per_gpu(self, tp: int) -> int:
         """KV heads each GPU holds: split over TP, one replicated head each once TP exceeds them."""
         return max(1, self.num_kv_heads // tp)
 
     def kv_bytes_per_token_per_gpu(self, tp: int) -> int:
-        """K and V for one token on one GPU under tensor parallelism (replication counted)."""
+        """K and V for one token on one GPU under tensor parallelism (replication counted; MLA's latent is whole on each)."""
+        if self.is_mla:
+            return self.kv_bytes_per_token
         return 2 * self.num_layers * self.kv_heads_per_gpu(tp) * self.head_dim * self.precision.kv_bytes
 
     def expected_experts(self, num_tokens: float) -> float:
@@ -166,9 +225,16 @@ class HardwareSpec:
     peak_flops_fp8: float = 0.0
     peak_flops_fp4: float = 0.0
 
-    def gemm_peak(self, precision: Precision) -> float:
-        """The dense peak the linear layers run at under this precision."""
-        if precision.fp8_gemm and self.peak_flops_fp8 > 0:
+    def gemm_peak(self, precision: Precision, experts: bool = False) -> float:
+        """The dense peak the linear layers (or the routed experts) run at under this precision.
+
+        A format the GPU lacks computes in 16 bits from dequantized weights (vLLM's Marlin kernels:
+        NVFP4 on Hopper, FP8 on A100).
+        """
+        kind = precision.gemm_kind(experts)
+        if kind == "fp4" and self.peak_flops_fp4 > 0:
+            return self.peak_flops_fp4
+        if kind == "fp8" and self.peak_flops_fp8 > 0:
             return self.peak_flops_fp8
         return self.peak_flops
 
