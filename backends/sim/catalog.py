@@ -224,6 +224,13 @@ class HardwareSpec:
     profile: GPUProfile = GPUProfile()
     peak_flops_fp8: float = 0.0
     peak_flops_fp4: float = 0.0
+    # GPUs one NVLink domain joins (an HGX board: 8; an NVL72 rack: 72), and the network past it.
+    nvlink_domain: int = 8
+    internode_bandwidth: float = 50e9
+
+    def collective_bandwidth(self, num_gpus: int) -> float:
+        """Per-GPU link bandwidth of a collective over num_gpus: NVLink inside the domain, else the network."""
+        return self.interconnect_bandwidth if num_gpus <= self.nvlink_domain else self.internode_bandwidth
 
     def gemm_peak(self, precision: Precision, experts: bool = False) -> float:
         """The dense peak the linear layers (or the routed experts) run at under this precision.
@@ -248,6 +255,8 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
 ]}
 
 # Vendor datasheets, dense (sparse figures halved); efficiencies by analogy are said so on their line.
+# Past the NVLink domain (8 GPUs, NVL72 racks 72) collectives take the network: one ConnectX-7
+# 400 Gb/s NIC per GPU (DGX H100/H200/B200 datasheets), 50 GB/s a direction, unless said.
 HARDWARES: dict[str, HardwareSpec] = {h.name: h for h in [
     # NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100); no FP8 tensor cores.
     HardwareSpec("A100-80GB", 312e12, 2.039e12, 80 * GiB, 300e9,
@@ -276,17 +285,17 @@ HARDWARES: dict[str, HardwareSpec] = {h.name: h for h in [
     # blog "Inside NVIDIA Blackwell Ultra", 2025): 288 GB HBM3e at 8 TB/s.
     HardwareSpec("B300", 2250e12, 8.0e12, 288e9, 900e9,
                  GPUProfile(gemm=0.62, attention=0.38, price_per_hour=7.0), peak_flops_fp8=4500e12,
-                 peak_flops_fp4=13500e12),
+                 peak_flops_fp4=13500e12, internode_bandwidth=100e9),  # ConnectX-8, 800 Gb/s per GPU
     # NVIDIA GB200 NVL72 spec (nvidia.com/en-us/data-center/gb200-nvl72): 72 GPUs, FP4 1,440 PF, FP8 720 PF,
     # BF16 360 PF (sparse), HBM3e 13.4 TB at 576 TB/s, NVLink 130 TB/s (1.8 TB/s per GPU, both directions).
     HardwareSpec("GB200", 2500e12, 8.0e12, 186e9, 900e9,
                  GPUProfile(gemm=0.62, attention=0.38, price_per_hour=7.0), peak_flops_fp8=5000e12,
-                 peak_flops_fp4=10000e12),
+                 peak_flops_fp4=10000e12, nvlink_domain=72),
     # NVIDIA GB300 NVL72 spec (nvidia.com/en-us/data-center/gb300-nvl72): 72 GPUs, FP4 1,440 PF sparse /
     # 1,080 PF dense, FP8 720 PF and BF16 360 PF sparse, HBM3e up to 21 TB at 576 TB/s, NVLink 130 TB/s.
     HardwareSpec("GB300", 2500e12, 8.0e12, 288e9, 900e9,
                  GPUProfile(gemm=0.62, attention=0.38, price_per_hour=8.0), peak_flops_fp8=5000e12,
-                 peak_flops_fp4=15000e12),
+                 peak_flops_fp4=15000e12, nvlink_domain=72, internode_bandwidth=100e9),
     # AMD Instinct MI300X datasheet (amd.com/en/products/accelerators/instinct/mi300/mi300x);
     # published MI300X GEMM studies reach ~45-55% of peak.
     HardwareSpec("MI300X", 1307e12, 5.3e12, 192e9, 448e9,
