@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -174,6 +175,18 @@ def test_a_deepseek_study_with_expert_and_attention_dp_runs(tmp_path, capsys) ->
                    'kv_cache_dtype = "fp8"\ntensor_parallel_size = 1\ndata_parallel_size = 8\n'
                    'expert_parallel_size = 8\n', capsys)
     assert rc == 0, err
+    text = (tmp_path / "o" / "summary.md").read_text()
+    assert "8x h200_sxm (TP 1, DP 8, EP 8)" in text
+    row = pd.read_csv(tmp_path / "o" / "summary.csv").iloc[0]
+    assert 0 < row.mfu < 1 and 0 < row.mbu < 1  # over the 8 GPUs, not the TP size
+
+
+def test_attention_dp_pool_is_the_ranks_pools_together() -> None:
+    m, h = _moe(), get_hardware("H200")
+    one = kv_capacity(m, h, 1, 16, parallel=Parallelism(1, 1, 1))
+    dp = kv_capacity(m, h, 1, 16, parallel=Parallelism(1, 4, 4))
+    per_gpu = int(dp.usable_bytes // dp.block_bytes)
+    assert dp.num_blocks == 4 * per_gpu and dp.weight_bytes < one.weight_bytes
 
 
 @pytest.mark.parametrize("engine, field", [
