@@ -5,7 +5,9 @@
     simulate sweep [--config study.toml] --grid field=a,b,c [--grid ...] [--workers N]
     simulate search [--config study.toml] --slo ttft_p99=2 --slo tpot_p99=0.1 [--grid ...]
              [--target-rate R] [--tolerance 0.02]
-    sweep and search take --ray [ADDRESS]: run points as Ray tasks on a cluster (or a local one)
+    simulate validate --silicon [--backend B] [--system S] [--model M] [--cost-model roofline|aic]
+             [--rows dev|heldout|all] [--limit N]   # the measured rows of aiconfigurator-core
+    sweep, search and validate take --ray [ADDRESS]: run points as Ray tasks on a cluster (or a local one)
 
 Any field of the study config may be set or swept, by 'section.field' or by its bare
 name when unique (e.g. max_num_batched_tokens, rate, enable_prefix_caching, hardware).
@@ -132,7 +134,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                            help="req/s to provision for (cheapest configuration)")
             p.add_argument("--tolerance", type=float, default=None,
                            help="stop when the rate bracket is within this fraction (0.02)")
+    from twinserve.sim.validate_cli import add_parser, run_validate
+    add_parser(sub)
     args = ap.parse_args(argv)
+    if args.command == "validate":
+        return run_validate(args)
     if args.command == "search":
         from twinserve.sim.search_cli import run_search
         return run_search(args, _base)
