@@ -163,7 +163,9 @@ def precision_fields(row: pd.Series) -> dict[str, str]:
         return {"dtype": "bfloat16", "quantization": "int4", "kv_cache_dtype": "auto"}
     if p == "fp4":
         mode = str(row.get("gemm_quant_mode") or "")
-        for q in (("mxfp4",) if mode == "mxfp4" else ()) + ("nvfp4", "fp4", "mxfp4"):
+        # gpt-oss ships MXFP4 experts (its own checkpoint); the others are NVFP4 checkpoints.
+        mx = mode == "mxfp4" or "gpt-oss" in str(row.get("model_path", ""))
+        for q in (("mxfp4",) if mx else ()) + ("nvfp4", "fp4", "mxfp4"):
             if q in QUANTIZATIONS:
                 return {"dtype": "bfloat16", "quantization": q, "kv_cache_dtype": kv_fp8}
         raise NotExpressible(f"precision fp4 ({mode or 'nvfp4'}): no FP4 quantization in the "
@@ -191,15 +193,34 @@ def _layout(w: Worker, model: Any) -> dict[str, Any]:
 
 
 def _resolve_model(name: str, path: str) -> Any:
-    for candidate in (name, str(path).rsplit("/", 1)[-1], str(path)):
+    """The row's model spec: aiconfigurator's shipped config of model_path, else our catalog."""
+    try:
+        from twinserve.backends.sim.aic_models import resolve_row_model
+    except ImportError:  # before the row models helper: the catalog only
+        resolve_row_model = None
+    if resolve_row_model is not None:
         try:
-            return candidate, get_model(candidate)
+            return resolve_row_model(str(path))
+        except UnknownSpecError:
+            pass
+        except TwinserveError as e:  # a config this simulator cannot read (e.g. linear attention)
+            raise NotExpressible(f"model {path}: {e}") from None
+    for candidate in (name, str(path).rsplit("/", 1)[-1]):
+        try:
+            return get_model(candidate)
         except UnknownSpecError:
             continue
-    raise NotExpressible(f"model {path}: not in the catalog (no {name!r} in backends/sim/models)")
+    raise NotExpressible(f"model {path}: neither aiconfigurator's model configs nor the catalog has it")
 
 
 def _resolve_hardware(system: str) -> str:
+    try:
+        from twinserve.backends.sim.catalog import hardware_for_aic_system
+        return hardware_for_aic_system(system).name
+    except ImportError:
+        pass
+    except UnknownSpecError as e:
+        raise NotExpressible(f"system {system}: {e}") from None
     hw = SYSTEMS.get(system)
     if hw is None:
         raise NotExpressible(f"system {system!r}: no catalog GPU mapped (known: {', '.join(SYSTEMS)})")
@@ -207,6 +228,17 @@ def _resolve_hardware(system: str) -> str:
         return get_hardware(hw).name
     except UnknownSpecError:
         raise NotExpressible(f"system {system}: no {hw} in the hardware catalog") from None
+
+
+def _aic_fields(row: pd.Series) -> dict[str, str]:
+    """[engine] aic_backend and aic_version: the row's backend at its version where installed."""
+    out = {"aic_backend": str(row["backend"]), "aic_version": ""}
+    try:
+        from twinserve.backends.sim.aic.mapping import resolve_version
+        out["aic_version"] = resolve_version(str(row["system"]), out["aic_backend"], str(row["backend_version"]))
+    except (ImportError, TwinserveError):
+        pass  # not installed for this row: the database's current version prices it
+    return out
 
 
 def request_counts(concurrency: int) -> tuple[int, int, int]:
@@ -228,7 +260,7 @@ def row_study(row: pd.Series, cost_model: str = "roofline") -> StudyConfig:
     if conc is None or (isinstance(conc, float) and math.isnan(conc)) or int(conc) < 1:
         raise NotExpressible("no client concurrency in the row (batch_size empty, no _c<N>_ in its id)")
     conc = int(conc)
-    name, model = _resolve_model(row["model"], row["model_path"])
+    model = _resolve_model(row["model"], row["model_path"])
     hw = _resolve_hardware(row["system"])
     prec = precision_fields(row)
     try:
@@ -238,7 +270,11 @@ def row_study(row: pd.Series, cost_model: str = "roofline") -> StudyConfig:
     isl, osl = int(row["isl"]), int(row["osl"])
     cfg = StudyConfig()
     e = cfg.engine
-    e.model, e.hardware, e.cost_model = name, hw, cost_model
+    cfg.custom_model = model  # found by its name, like a [model] table's spec
+    e.model, e.hardware, e.cost_model = model.name, hw, cost_model
+    if cost_model == "aic":
+        for k, v in _aic_fields(row).items():
+            setattr(e, k, v)
     for k, v in prec.items():
         setattr(e, k, v)
     s = cfg.scheduler
@@ -285,11 +321,12 @@ def _set_workload(w: WorkloadConfig, conc: int, isl: int, osl: int) -> None:
     w.prompt_min, w.prompt_max = isl, isl
     w.output_min, w.output_max = osl, osl
     w.on_overlong = "fail"
-    _, _, total = request_counts(conc)
+    warm, measured, total = request_counts(conc)
     w.num_requests = total
     if closed_loop_available():
         setattr(w, "concurrency", conc)
-        w.think_time = 0.0
+        setattr(w, "warmup_requests", warm)
+        w.num_requests = total - warm  # the warm-up requests come on top of num_requests
     else:
         w.arrival = "all_at_once"
 

@@ -50,11 +50,15 @@ def test_agg_fp8_row_maps_to_its_concurrency_tp_and_fp8_weights_and_kv(rows: pd.
     assert (e.model, e.hardware, e.tensor_parallel_size) == ("Llama-3.1-70B", "H200", 8)
     assert (e.quantization, e.kv_cache_dtype) == ("fp8", "fp8")
     assert (w.prompt_mean, w.output_mean, w.prompt_dist, w.output_dist) == (1024, 8192, "fixed", "fixed")
-    assert w.num_requests == request_counts(16)[2] == 16 + 16 + 16
+    warm, _, total = request_counts(16)
+    assert total == 16 + 16 + 16
+    if vr.closed_loop_available():  # N clients, the first wave marked warm-up
+        assert (getattr(w, "concurrency"), getattr(w, "warmup_requests")) == (16, warm)
+        assert w.num_requests + warm == total
+    else:
+        assert w.num_requests == total
     assert cfg.scheduler.max_model_len >= 1024 + 8192
     assert cfg.scheduler.max_num_seqs >= 16
-    if vr.closed_loop_available():
-        assert getattr(w, "concurrency") == 16
     assert cfg.cluster.num_replicas == 1
 
 
@@ -79,7 +83,8 @@ def test_unexpressible_rows_give_a_reason(rows: pd.DataFrame) -> None:
     r = _row(rows, AGG_70B).copy()
     unknown = r.copy()
     unknown["model_path"], unknown["model"] = "acme/NoSuchModel-3B", "NoSuchModel-3B"
-    assert "not in the catalog" in expressible(unknown, "roofline")
+    assert "acme/NoSuchModel-3B" in expressible(unknown, "roofline")
+    assert "nor the catalog" in expressible(unknown, "roofline")
     tpu = r.copy()
     tpu["system"] = "tpu_v5e"
     assert "tpu_v5e" in expressible(tpu, "roofline") and "h200_sxm" in expressible(tpu, "roofline")
