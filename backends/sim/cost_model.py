@@ -271,15 +271,14 @@ class RooflineCostModel:
     def decode_step_times(self, num_seqs: int, context: int, max_steps: int, start: float,
                           deadline: float) -> tuple[list[float], list[float]]:
         """step_time of consecutive decode-only steps, bit-identical to step_time's floats."""
-        if self._dp > 1:  # the per-rank split is step_time's; loop it
-            return _loop_step_time(self.step_time, num_seqs, context, max_steps, start, deadline)
-        n = num_seqs
+        dp = self._dp
+        n = num_seqs / dp if dp > 1 else num_seqs  # one rank's share, as step_time splits it
         floor = self._floor
-        t_lin = self._linear(n, n, n)
+        t_lin = self._linear(n, n, num_seqs)
         eff = self.eff
         base = eff.step_overhead_s + eff.per_seq_overhead_s * n + t_lin
         comm = self._comm_fixed + self._comm_tok * n if self._comm_fixed else 0.0
-        moe = self._moe_fixed + self._moe_tok * n if self._moe_fixed else 0.0
+        moe = self._moe_fixed + self._moe_tok * num_seqs if self._moe_fixed else 0.0
         k_kv = self._k_kv
         plain = not self._window and not self._k_dec_flop
         decode_kv = self._decode_kv
@@ -290,7 +289,8 @@ class RooflineCostModel:
         for _ in range(max_steps):
             if t >= deadline:
                 break
-            t_attn = k_kv * (context + n) if plain else decode_kv(context, n)
+            c = context / dp if dp > 1 else context
+            t_attn = k_kv * (c + n) if plain else decode_kv(c, n)
             if t_attn < floor:
                 t_attn = floor
             d = base + t_attn
@@ -301,7 +301,7 @@ class RooflineCostModel:
             t = t + d
             add_duration(d)
             add_end(t)
-            context += n
+            context += num_seqs
         return durations, ends
 
     def max_tokens_per_second(self) -> float:
