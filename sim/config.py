@@ -38,11 +38,18 @@ class EngineConfig:
     model: str = "Llama-3-8B"    # a catalog name, a config.json path or an HF folder
     hardware: str = "H100-SXM"
     tensor_parallel_size: int = 1
+    # Attention data-parallel ranks, experts split over expert_parallel_size GPUs (a divisor of
+    # tp x dp; vLLM's --enable-expert-parallel is ep = tp x dp), pipeline stages (backends/sim/parallel.py).
+    data_parallel_size: int = 1
+    expert_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks: int = 0      # 0: derive from memory
     activation_reserve_gib: float = -1.0  # -1: estimate
-    cost_model: str = "roofline"
+    cost_model: str = "roofline"  # roofline | fitted | aic (measured kernels, the [aic] extra)
     profile: str = ""            # 'fitted': a JSON path or builtin:NAME
+    aic_backend: str = "vllm"    # 'aic': whose kernel timings price the steps (vllm, sglang, trtllm)
+    aic_version: str = ""        # 'aic': the backend's database version; '' = aic's current one
     cpu_overhead_scale: float = 1.0  # 'fitted': 0.5 = engine CPU work twice as fast
     allow_profile_mismatch: bool = False
     # -1 takes the GPU's own value from the catalog (backends/sim/catalog.py).
@@ -170,13 +177,15 @@ SECTIONS: dict[str, type] = {"engine": EngineConfig, "scheduler": SchedulerSecti
 _CHOICES: dict[str, tuple[str, ...]] = {
     "workload.arrival": ARRIVALS, "workload.prompt_dist": LENGTH_DISTS,
     "workload.output_dist": LENGTH_DISTS, "workload.on_overlong": ("clip", "drop", "fail"),
-    "engine.cost_model": ("roofline", "fitted"), "cluster.router": ROUTERS,
+    "engine.cost_model": ("roofline", "fitted", "aic"),
+    "engine.aic_backend": ("vllm", "sglang", "trtllm"), "cluster.router": ROUTERS,
     **{f"scheduler.{name}": names for name, names in SCHEDULER_CHOICES.items()},
     "engine.dtype": DTYPES, "engine.quantization": QUANTIZATIONS,
     "engine.kv_cache_dtype": KV_CACHE_DTYPES, "engine.engine_profile": tuple(ENGINE_PROFILES),
 }
 _POSITIVE = {"workload.rate", "workload.burstiness", "workload.time_scale",
-             "engine.tensor_parallel_size", "workload.vocab_size", "workload.prompt_mean",
+             "engine.tensor_parallel_size", "engine.data_parallel_size", "engine.expert_parallel_size",
+             "engine.pipeline_parallel_size", "workload.vocab_size", "workload.prompt_mean",
              "workload.output_mean", "workload.prompt_min", "workload.output_min", "workload.turns",
              "workload.followup_tokens", "slo.ttft_s", "slo.tpot_s", "cluster.num_replicas",
              "cluster.prefix_blocks", "search.start_rate", "search.min_rate", "search.max_rate",
