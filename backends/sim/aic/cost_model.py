@@ -17,7 +17,7 @@ from twinserve.backends.sim.aic.graph import StepGraph, build_graph
 from twinserve.backends.sim.aic.mapping import AicError, check_precision, quant_modes, resolve_version, sdk, system_for
 
 _MS = 1e-3
-KV_GRID = 16  # decode attention is priced at the context rounded up to this many tokens (a KV block)
+KV_GRID = 16  # decode attention is priced at its context rounded up to a KV block of 16 tokens
 
 
 def _total(rows: list[tuple[str, float, float, str]]) -> float:
@@ -62,10 +62,10 @@ class AicCostModel:
         self._probe()
         self.step_overhead_s = step_overhead_s
         self.per_seq_overhead_s = per_seq_overhead_s
-        self._tok: list[float] = []   # running max by token count
-        self._seq: list[float] = []   # running max by sequence count
+        self._tok: dict[int, float] = {}
+        self._seq: dict[int, float] = {}
         self._ctx: dict[tuple[int, int, int], float] = {}
-        self._gen: list[list[float]] = [[0.0]]  # [rows][kv_len / KV_GRID], running max both ways
+        self._gen: dict[tuple[int, int], float] = {}
 
     def _probe(self) -> None:
         """Query every op once, so a shape the database has no timings for fails now, by name."""
@@ -90,34 +90,27 @@ class AicCostModel:
         """What prices the steps, e.g. 'aic vllm 0.24.0 on h200_sxm'."""
         return f"aic {self.backend} {self.version} on {self.system}"
 
-    # Each part in seconds, memoized: the same shape always returns the same float. The measured tables
-    # are not monotone (Llama-3.1-8B on H200: 33 token counts below 4,096 price up to 5.7% under a
-    # smaller one); the linear part, the LM head and decode attention take their running maximum, so
-    # one more row or token of context never makes a step cheaper. Where the table is monotone the
-    # price is the table's own answer.
-    def _db_tokens(self, tokens: int) -> float:
-        return _total(self._eval(self.graph.tokens, is_context=True, batch_size=1, s=1, x=tokens)) * _MS
-
+    # Each part in seconds, memoized: the same shape always returns the same float, the table's own
+    # answer. The tables are measurements and not monotone: Llama-3.1-8B on H200 (vLLM 0.24.0) has 33
+    # token counts below 4,096 whose linear layers price up to 5.7% under a smaller count's.
     def tokens_time(self, tokens: int) -> float:
-        """Linear layers, norms, MoE and all-reduces over `tokens` rows (running max over fewer rows)."""
-        env = self._tok
-        while len(env) <= tokens:
-            x = len(env)
-            t = self._db_tokens(x) if x else 0.0
-            env.append(t if not env or t > env[-1] else env[-1])
-        return env[tokens]
+        """Linear layers, norms, MoE and all-reduces over `tokens` rows."""
+        t = self._tok.get(tokens)
+        if t is None:
+            t = self._tok[tokens] = _total(self._eval(self.graph.tokens, is_context=True, batch_size=1, s=1,
+                                                      x=tokens)) * _MS
+        return t
 
     def logits_time(self, seqs: int) -> float:
-        """The LM head over one row per sequence (running max over fewer sequences)."""
-        env = self._seq
-        while len(env) <= seqs:
-            x = len(env)
-            t = _total(self._eval(self.graph.logits, is_context=True, batch_size=1, s=1, x=x)) * _MS if x else 0.0
-            env.append(t if not env or t > env[-1] else env[-1])
-        return env[seqs]
+        """The LM head over one row per sequence."""
+        t = self._seq.get(seqs)
+        if t is None:
+            t = self._seq[seqs] = _total(self._eval(self.graph.logits, is_context=True, batch_size=1, s=1,
+                                                    x=seqs)) * _MS
+        return t
 
     def context_attention_time(self, seqs: int, q: int, cached: int) -> float:
-        """Prefill attention of `seqs` chunks of q new tokens after `cached` tokens each (the table's answer)."""
+        """Prefill attention of `seqs` chunks of q new tokens after `cached` tokens each."""
         key = (seqs, q, cached)
         t = self._ctx.get(key)
         if t is None:
@@ -127,32 +120,18 @@ class AicCostModel:
             t = self._ctx[key] = t * _MS
         return t
 
-    def db_generation_attention(self, seqs: int, kv_len: int) -> float:
-        """The table's decode attention of `seqs` rows each reading kv_len tokens of K/V."""
-        t = 0.0
-        for ops_json, _ in self.graph.generation_attn:
-            t += _total(self._eval(ops_json, is_context=False, batch_size=seqs, s=kv_len))
-        return t * _MS
-
     def generation_attention_time(self, seqs: int, kv_len: int) -> float:
-        """Decode attention of `seqs` rows reading kv_len tokens each (their new one included), at kv_len
-        rounded up to KV_GRID tokens: the running max over fewer rows and shorter contexts."""
-        k = -(-kv_len // KV_GRID)
-        env = self._gen
-        while len(env) <= seqs:
-            env.append([0.0])
-        row = env[seqs]
-        if len(row) <= k:
-            for b in range(1, seqs + 1):  # rows below first: each cell is the max of its two neighbours
-                below, r = env[b - 1], env[b]
-                for j in range(len(r), k + 1):
-                    t = self.db_generation_attention(b, j * KV_GRID)
-                    if t < r[j - 1]:
-                        t = r[j - 1]
-                    if b > 1 and t < below[j]:
-                        t = below[j]
-                    r.append(t)
-        return row[k]
+        """Decode attention of `seqs` rows each reading kv_len tokens of K/V (its new one included),
+        priced at kv_len rounded up to KV_GRID tokens so decode steps share cached prices."""
+        kv = -(-kv_len // KV_GRID) * KV_GRID
+        key = (seqs, kv)
+        t = self._gen.get(key)
+        if t is None:
+            t = 0.0
+            for ops_json, _ in self.graph.generation_attn:
+                t += _total(self._eval(ops_json, is_context=False, batch_size=seqs, s=kv))
+            t = self._gen[key] = t * _MS
+        return t
 
     def step_time(self, num_prefill_tokens: int, num_prefill_seqs: int, prefill_context: int,
                   prefill_attn: float, num_decode_seqs: int, decode_context: int) -> float:
@@ -171,7 +150,7 @@ class AicCostModel:
 
     def cache_size(self) -> int:
         """Distinct shapes priced so far (all parts)."""
-        return len(self._tok) + len(self._seq) + len(self._ctx) + sum(map(len, self._gen))
+        return len(self._tok) + len(self._seq) + len(self._ctx) + len(self._gen)
 
 
 def attention_shapes(db: Any) -> str:
