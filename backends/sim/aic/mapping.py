@@ -11,16 +11,14 @@ from typing import Any
 
 from twinserve.core.errors import TwinserveError
 
+from twinserve.backends.sim.catalog import AIC_SYSTEMS
 from twinserve.backends.sim.precision import Precision
 
 BACKENDS = ("vllm", "sglang", "trtllm")
 INSTALL_HINT = "pip install 'twinserve[aic]' (the aiconfigurator-core==0.12.0 extra; Python >= 3.11)"
 
-# twinserve hardware names (catalog.HARDWARES, and the B300 / GB200 / GB300 rows) -> aic system names.
-SYSTEMS: dict[str, str] = {
-    "h100-sxm": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "b300": "b300_sxm",
-    "gb200": "gb200", "gb300": "gb300", "a100-80gb": "a100_sxm", "l40s": "l40s",
-}
+# twinserve hardware names (catalog.HARDWARES), lower-cased -> aic system names: catalog.AIC_SYSTEMS reversed.
+SYSTEMS: dict[str, str] = {hw.lower(): system for system, hw in AIC_SYSTEMS.items()}
 
 
 class AicError(TwinserveError, ValueError):
@@ -74,18 +72,21 @@ def resolve_version(system: str, backend: str, version: str) -> str:
                    f"installed: {', '.join(have)} (or current / next; '' = current = {slots['current']})")
 
 
-def quant_modes(precision: Precision, moe: bool) -> dict[str, Any]:
+def quant_modes(precision: Precision, moe: bool, system: str = "") -> dict[str, Any]:
     """aic quant modes for twinserve's precision fields (vLLM's names).
 
-    quantization fp8 is per-tensor W8A8 (vLLM's fp8, aic 'fp8'); int4 is weight-only (AWQ/GPTQ,
-    aic 'int4_wo'); 'fp4' (NVFP4) maps to aic 'nvfp4'. Activations, attention math and the LM head
-    stay 16-bit; kv_cache_dtype fp8 stores K/V in FP8.
+    quantization fp8 is per-tensor W8A8 (vLLM's fp8, aic 'fp8'), block-scaled on MoE experts; int4
+    is weight-only (AWQ/GPTQ, aic 'int4_wo'); nvfp4 is W4A4 (aic 'nvfp4'); mxfp4 (gpt-oss) quantizes
+    the experts only, W4A8 on Blackwell and W4A16 elsewhere as vLLM's Mxfp4Config runs them.
+    Activations, attention math and the LM head stay 16-bit; kv_cache_dtype fp8 stores K/V in FP8.
     """
     from aiconfigurator_core.sdk import common
     q = precision.quantization
-    gemm = {"none": "bfloat16", "fp8": "fp8", "int4": "int4_wo", "fp4": "nvfp4"}[q]
+    blackwell = system.startswith(("b", "gb"))
+    gemm = {"none": "bfloat16", "fp8": "fp8", "int4": "int4_wo", "nvfp4": "nvfp4", "mxfp4": "bfloat16"}[q]
     # Published FP8 MoE checkpoints (Qwen3, DeepSeek) are block-scaled 128x128: aic fp8_block.
-    moe_q = {"none": "bfloat16", "fp8": "fp8_block", "int4": "int4_wo", "fp4": "nvfp4"}[q]
+    moe_q = {"none": "bfloat16", "fp8": "fp8_block", "int4": "int4_wo", "nvfp4": "nvfp4",
+             "mxfp4": "w4a8_mxfp4_mxfp8" if blackwell else "w4a16_mxfp4"}[q]
     kv = "fp8" if precision.kv_cache_dtype == "fp8" else "bfloat16"
     fmha = "float16" if precision.dtype == "float16" else "bfloat16"
     modes = {"gemm": common.GEMMQuantMode[gemm], "generation_attention": common.KVCacheQuantMode[kv],
