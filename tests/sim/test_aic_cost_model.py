@@ -178,3 +178,21 @@ def test_simulate_run_with_unknown_aic_version_exits_two(tmp_path: Path) -> None
                           "--config", str(study)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 2
     assert "s.toml:5: field 'engine.aic_version'" in run.stderr and "installed: 0.24.0" in run.stderr
+
+
+@pytest.mark.parametrize("path,tp,quant,kv", [("meta-llama/Meta-Llama-3.1-8B", 1, "none", "auto"),
+                                              ("meta-llama/Meta-Llama-3.1-70B", 4, "fp8", "fp8")])
+def test_decode_and_prefill_equal_aics_own_step_estimate(path: str, tp: int, quant: str, kv: str) -> None:
+    # aic's compiled engine for the same model: its decode step at s = isl + osl // 2 + 1 and its
+    # one-request prefill are the same op sums (its decode context 2,016 sits on our 16-token grid).
+    from twinserve.backends.sim.aic_models import resolve_row_model
+    engine = EngineHandle.compile(path, "h200_sxm", "vllm", tp_size=tp, gemm_quant_mode={"none": "bfloat16"}
+                                  .get(quant, quant), kvcache_quant_mode={"auto": "bfloat16"}.get(kv, kv))
+    c = AicCostModel(resolve_row_model(path).with_precision(Precision("bfloat16", quant, kv)),
+                     get_hardware("H200"), tp)
+    for rows in (1, 64):
+        sdk_ms = engine.decode_step_latency(rows, 2000, 30)
+        assert c.step_time(0, 0, 0, 0.0, rows, rows * 2015) * 1e3 == pytest.approx(sdk_ms, rel=1e-9)
+    for isl in (2048, 4000):
+        sdk_ms = engine.predict_prefill_latency(1, isl)
+        assert c.step_time(isl, 1, 0, isl * isl / 2, 0, 0) * 1e3 == pytest.approx(sdk_ms, rel=1e-9)
