@@ -7,6 +7,7 @@ reads those files: every look-up goes through the SDK.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 from twinserve.core.errors import TwinserveError
@@ -39,10 +40,21 @@ def sdk() -> Any:
     return perf_database
 
 
+@cache
+def supported() -> dict[str, dict[str, list[str]]]:
+    """aic's system -> backend -> versions, read once a process (it parses ~160 YAML files)."""
+    return {s: dict(b) for s, b in sdk().get_supported_databases().items()}
+
+
+@cache
+def version_slots(system: str, backend: str) -> dict[str, str]:
+    """aic's queryable versions of a backend on a system: {'current': v, 'next': v, ...}."""
+    return dict(sdk().get_version_slots(system, backend) or {})
+
+
 def system_for(hardware_name: str) -> str:
     """The aic system of a twinserve hardware name (an aic system name is taken as is)."""
-    pdb = sdk()
-    known = pdb.get_supported_databases()
+    known = supported()
     key = hardware_name.lower()
     system = SYSTEMS.get(key, key if key in known else "")
     if not system or system not in known:
@@ -57,12 +69,11 @@ def resolve_version(system: str, backend: str, version: str) -> str:
     """The literal database version: '' is aic's maintained default ('current'); aliases resolve."""
     if backend not in BACKENDS:
         raise AicError("aic_backend", f"aic_backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    pdb = sdk()
-    slots = pdb.get_version_slots(system, backend) or {}
+    slots = version_slots(system, backend)
     have = sorted(set(slots.values()))
     if not slots:
         raise AicError("aic_backend", f"aiconfigurator-core has no {backend} database for {system}; "
-                       f"it has: {', '.join(sorted(pdb.get_supported_databases().get(system, {}))) or 'none'}")
+                       f"it has: {', '.join(sorted(supported().get(system, {}))) or 'none'}")
     want = version or "current"
     if want in slots:
         return slots[want]
