@@ -232,3 +232,15 @@ def test_mla_decompresses_kv_on_prefill_tokens_only(backend: str) -> None:
     assert rows["mla_kv_b_proj_gemm"] == pytest.approx(kv_b_ms, rel=1e-12)
     assert "mla_kv_b_proj_gemm" not in c.graph.names  # not on decode rows: absorbed into the query
     assert c.context_attention_time(1, 512, 0) > kv_b_ms * 1e-3
+
+
+def test_decode_step_times_are_step_times_floats() -> None:
+    c = cost()
+    durations, ends = c.decode_step_times(37, 37 * 990, 300, 5.0, 1e9)
+    t, context = 5.0, 37 * 990
+    for d, e in zip(durations, ends):
+        assert d == c.step_time(0, 0, 0, 0.0, 37, context)
+        t += d
+        assert e == t
+        context += 37
+    assert len(durations) == 300
