@@ -5,7 +5,9 @@
     simulate sweep [--config study.toml] --grid field=a,b,c [--grid ...] [--workers N]
     simulate search [--config study.toml] --slo ttft_p99=2 --slo tpot_p99=0.1 [--grid ...]
              [--target-rate R] [--tolerance 0.02]
-    sweep and search take --ray [ADDRESS]: run points as Ray tasks on a cluster (or a local one)
+    simulate validate --silicon [--backend B] [--system S] [--model M] [--cost-model roofline|aic]
+             [--rows dev|heldout|all] [--limit N]   # the measured rows of aiconfigurator-core
+    sweep, search and validate take --ray [ADDRESS]: run points as Ray tasks on a cluster (or a local one)
 
 Any field of the study config may be set or swept, by 'section.field' or by its bare
 name when unique (e.g. max_num_batched_tokens, rate, enable_prefix_caching, hardware).
@@ -63,6 +65,12 @@ def _base(args: argparse.Namespace) -> StudyConfig:
     return cfg
 
 
+def _layout(e: Any) -> str:
+    """', DP 8, EP 8, PP 2' for the sizes above 1 (attention DP, experts, stages)."""
+    sizes = (("DP", e.data_parallel_size), ("EP", e.expert_parallel_size), ("PP", e.pipeline_parallel_size))
+    return "".join(f", {name} {v}" for name, v in sizes if v > 1)
+
+
 def _notes(cfg: StudyConfig, wall: float, n_points: int) -> list[str]:
     w, c = cfg.workload, cfg.cluster
     # A lone replica runs with its cluster.replicas entry applied (as replica 0 of a cluster).
@@ -77,16 +85,27 @@ def _notes(cfg: StudyConfig, wall: float, n_points: int) -> list[str]:
     elif c.replicas and c.replicas[0]:
         cluster = ["the one replica takes its cluster.replicas entry: "
                    + ", ".join(f"{k.split('.', 1)[1]} = {v!r}" for k, v in c.replicas[0].items())]
-    return cluster + [
-        f"{e.model} on {e.tensor_parallel_size}x {e.hardware} (TP {e.tensor_parallel_size}), "
+    return cluster + closed_loop_note(w) + [
+        f"{e.model} on {e.tensor_parallel_size * e.data_parallel_size * e.pipeline_parallel_size}x "
+        f"{e.hardware} (TP {e.tensor_parallel_size}{_layout(e)}), "
         f"{e.cost_model} cost model; policy {s.policy}, chunked prefill "
         f"{s.enable_chunked_prefill}, prefix caching {s.enable_prefix_caching}, "
         f"block size {s.block_size}, max_model_len {s.max_model_len}",
-        f"workload: {w.num_requests} requests, arrivals {w.arrival}, lengths "
+        f"workload: {w.num_requests} requests, "
+        f"{'closed-loop clients' if w.concurrency else 'arrivals ' + w.arrival}, lengths "
         f"{w.prompt_dist}/{w.output_dist} ({trace}); over-long: {w.on_overlong}; seed {cfg.run.seed}",
         f"SLOs for goodput: TTFT <= {cfg.slo.ttft_s} s, TPOT <= {cfg.slo.tpot_s} s",
         f"{n_points} point(s) simulated in {wall:.1f} s wall",
     ]
+
+
+def closed_loop_note(w: Any) -> list[str]:
+    """The line that says a study runs closed-loop clients (none for open-loop arrivals)."""
+    if not w.concurrency:
+        return []
+    return [f"closed loop: {w.concurrency} clients, think {w.think_time_s:g} s, "
+            f"{w.warmup_requests} warm-up requests (left out of the metrics; throughput over the "
+            f"measured window, first measured send to last measured finish)"]
 
 
 def beyond_fit_note(res: Sequence[Any]) -> list[str]:
@@ -132,7 +151,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                            help="req/s to provision for (cheapest configuration)")
             p.add_argument("--tolerance", type=float, default=None,
                            help="stop when the rate bracket is within this fraction (0.02)")
+    from twinserve.sim.validate_cli import add_parser, run_validate
+    add_parser(sub)
     args = ap.parse_args(argv)
+    if args.command == "validate":
+        return run_validate(args)
     if args.command == "search":
         from twinserve.sim.search_cli import run_search
         return run_search(args, _base)

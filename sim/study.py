@@ -12,7 +12,7 @@ import pandas as pd
 from twinserve.sim.build import _cfg_error, build, simulate
 from twinserve.sim.config import StudyConfig, coerce, resolve_field, set_field, validate
 from twinserve.sim.errors import ConfigError
-from twinserve.sim.metrics import beyond_fit, requests_frame, steps_frame, summarize
+from twinserve.sim.metrics import beyond_fit, mark_warmup_steps, requests_frame, steps_frame, summarize
 from twinserve.sim.runner import PointError, PointFailure, run_jobs
 from twinserve.sim.workload import Workload
 
@@ -59,7 +59,7 @@ def run_cluster_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None)
                   "cost_model": built.engines[0].cost_model.name})
     row = cluster_row(built, res, req, steps, per, extra)
     row.update(counts)
-    return PointResult(row, req, steps, per)
+    return PointResult(row, req, mark_warmup_steps(steps, req), per)
 
 
 def run_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None) -> PointResult:
@@ -77,15 +77,16 @@ def run_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None) -> Poin
                   "cost_model": built.cost_model.name})
     row = summarize(result, req, steps, cfg.slo, extra)
     row.update(beyond_fit([built.simulation.executor]))
-    row["mfu"] = totals.mfu(built.model, built.hardware, e.tensor_parallel_size)
-    row["mbu"] = totals.mbu(built.model, built.hardware, e.tensor_parallel_size)
+    gpus = e.tensor_parallel_size * e.data_parallel_size * e.pipeline_parallel_size
+    row["mfu"] = totals.mfu(built.model, built.hardware, gpus)
+    row["mbu"] = totals.mbu(built.model, built.hardware, gpus)
     row["token_throughput_bound"] = built.roofline.max_tokens_per_second()
     ls = built.workload.length_stats
     row["overlong_policy"] = ls.policy
     row["overlong_clipped"] = ls.clipped
     row["overlong_dropped"] = ls.dropped
     row.update(counts)
-    return PointResult(row, req, steps)
+    return PointResult(row, req, mark_warmup_steps(steps, req))
 
 
 def parse_grid(specs: Sequence[str]) -> dict[str, list[str]]:
