@@ -244,3 +244,16 @@ def test_decode_step_times_are_step_times_floats() -> None:
         assert e == t
         context += 37
     assert len(durations) == 300
+
+
+def test_a_studys_parallel_layout_reaches_the_measured_backend() -> None:
+    from twinserve.sim.build import build_cost_models
+    from twinserve.sim.config import StudyConfig
+    cfg = StudyConfig()
+    e = cfg.engine
+    e.model, e.hardware, e.cost_model = "Qwen3-30B-A3B", "H200", "aic"
+    e.tensor_parallel_size, e.expert_parallel_size = 2, 2
+    _, _, _, c = build_cost_models(cfg)
+    assert (c.par.tensor_parallel_size, c.par.expert_parallel_size) == (2, 2)
+    one = cost("Qwen3-30B-A3B", tp=2)  # the same GPUs without expert parallelism
+    assert c.tokens_time(256) != one.tokens_time(256)
