@@ -181,7 +181,8 @@ def test_simulate_run_with_unknown_aic_version_exits_two(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("path,tp,quant,kv", [("meta-llama/Meta-Llama-3.1-8B", 1, "none", "auto"),
-                                              ("meta-llama/Meta-Llama-3.1-70B", 4, "fp8", "fp8")])
+                                              ("meta-llama/Meta-Llama-3.1-70B", 4, "fp8", "fp8"),
+                                              ("Qwen/Qwen3-32B", 2, "none", "auto")])  # q/k norm
 def test_decode_and_prefill_equal_aics_own_step_estimate(path: str, tp: int, quant: str, kv: str) -> None:
     # aic's compiled engine for the same model: its decode step at s = isl + osl // 2 + 1 and its
     # one-request prefill are the same op sums (its decode context 2,016 sits on our 16-token grid).

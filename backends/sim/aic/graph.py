@@ -86,10 +86,11 @@ def _attention(m: ModelSpec, tp: int, modes: dict[str, Any], backend: str, datab
     for n, window in ((layers - sliding, 0), (sliding, m.sliding_window)):
         if not n:
             continue
-        c = ops.ContextAttention("context_attention", n, heads, kv_heads, kvq, fmha, window_size=window, head_size=d)
+        c = ops.ContextAttention("context_attention", n, heads, kv_heads, kvq, fmha, window_size=window,
+                                 head_size=d, use_qk_norm=m.qk_norm)
         c._lane_order = ctx_lanes  # the kernels this backend version runs, as aic's compile_engine resolves
         g = ops.GenerationAttention("generation_attention", n, heads, kv_heads, kvq, window_size=window,
-                                    head_size=d)
+                                    head_size=d, use_qk_norm=m.qk_norm)
         g._lane_order = gen_lanes
         ctx.append(c)
         gen.append(g)
