@@ -20,6 +20,11 @@ from twinserve.backends.real.serving.errors import APIError, bad_request
 from twinserve.backends.real.serving.structured_fields import structured_spec
 
 
+# Stop strings are searched in every step's new text: a bound keeps one request from slowing the others.
+MAX_STOP_STRINGS = 256
+MAX_STOP_CHARS = 16_384
+
+
 class StreamOptions(BaseModel):
     """stream_options: include_usage adds a final chunk carrying usage."""
 
@@ -198,6 +203,10 @@ _RESERVED_TEMPLATE_KWARGS = frozenset({
 
 
 def _check_unsupported(req: _Common) -> None:
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options can only be given when stream=true (as in vLLM)", "stream_options",
+                          "invalid_value")
+    _check_stop(req.stop)
     if req.bad_words:
         raise bad_request("bad_words is not supported by this server; use logit_bias to push tokens down",
                           "bad_words", "unsupported")
@@ -226,6 +235,18 @@ def _check_unsupported(req: _Common) -> None:
         if clash:
             raise bad_request(f"chat_template_kwargs may not set {clash}: the server sets them from the request's "
                               "own fields", "chat_template_kwargs", "invalid_value")
+
+
+def _check_stop(stop: str | list[str] | None) -> None:
+    """400 for a stop list over MAX_STOP_STRINGS strings or MAX_STOP_CHARS characters in all."""
+    stops = [stop] if isinstance(stop, str) else (stop or [])
+    if len(stops) > MAX_STOP_STRINGS:
+        raise bad_request(f"stop holds {len(stops)} strings; this server takes at most {MAX_STOP_STRINGS}",
+                          "stop", "invalid_value")
+    total = sum(len(s) for s in stops)
+    if total > MAX_STOP_CHARS:
+        raise bad_request(f"stop strings hold {total} characters in all; this server takes at most "
+                          f"{MAX_STOP_CHARS}", "stop", "invalid_value")
 
 
 def to_sampling_params(req: _Common, max_tokens: int | None, max_logprobs: int | None = None) -> SamplingParams:

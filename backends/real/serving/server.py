@@ -357,6 +357,11 @@ class _EngineStreamingResponse(StreamingResponse):
                 stream.close()
 
 
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 async def _collect(streams: list[RequestStream], request: Request) -> list[RequestOutput]:
     """The final outputs of non-streamed requests; aborts them all if the client goes away first."""
 
@@ -368,6 +373,9 @@ async def _collect(streams: list[RequestStream], request: Request) -> list[Reque
         return final
 
     task = asyncio.ensure_future(asyncio.gather(*(last(st) for st in streams)))
+    # A gather cancelled under a client that left can end holding CancelledError as its exception;
+    # read it, or asyncio logs "exception was never retrieved" with a traceback for a routine hang-up.
+    task.add_done_callback(_retrieve)
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
