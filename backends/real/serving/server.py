@@ -197,7 +197,7 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
         prompts = []
         for k, p in enumerate(_split_prompts(req.prompt)):
             if isinstance(p, str):
-                prompts.append((await state.encode(p, True, "prompt", truncate), p))
+                prompts.append((await state.encode(p, req.add_special_tokens, "prompt", truncate), p))
                 continue
             text, ids = state.engine.tokenize_prompt(p)  # token ids: checked, nothing to tokenize
             if truncate is not None and len(ids) > truncate:
@@ -222,10 +222,15 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
         state.check_n(req.n)
         messages = req.message_dicts()
         kw = state.template_kwargs(req.chat_template_kwargs)
+        if req.chat_template is not None:  # the request's own template over the server's (as vLLM)
+            kw["chat_template"] = req.chat_template
+        if req.documents is not None:
+            kw["documents"] = req.documents
         if req.continue_final_message:
             kw["continue_final_message"] = True
         kw["add_generation_prompt"] = req.add_generation_prompt
-        ids, text = await state.chat_ids(messages, kw, truncate=_truncation(state, req.truncate_prompt_tokens))
+        ids, text = await state.chat_ids(messages, kw, req.add_special_tokens,
+                                         truncate=_truncation(state, req.truncate_prompt_tokens))
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         echo = None
         if req.echo:  # vLLM's: the reply repeats the last message when it is the assistant's own
@@ -309,9 +314,11 @@ async def _serve(state: ServingState, request: Request, req: CompletionRequest |
     specs = [sp.structured_output for sp in params if sp.structured_output is not None]
     if specs:  # compiling a grammar can take seconds: never on the event loop, never on the engine thread
         await asyncio.to_thread(_compile_all, state.engine, specs)
+    token_text = _token_id_text if req.return_tokens_as_token_ids else state.token_texts
     meta = ResponseMeta(f"{prefix}-{_request_id(request)}", state.model_name, chat, req.include_usage,
-                        req.return_metrics, logprobs=params[0].logprobs, token_text=state.token_texts,
-                        drop_output=drop_output, prompt_logprobs=req.prompt_logprobs)
+                        req.return_metrics, logprobs=params[0].logprobs, token_text=token_text,
+                        drop_output=drop_output, prompt_logprobs=req.prompt_logprobs,
+                        continuous_usage=req.continuous_usage)
     streams: list[RequestStream] = []
     try:
         for k, ((ids, text), sp) in enumerate(zip(prompts, params)):
@@ -334,6 +341,11 @@ async def _serve(state: ServingState, request: Request, req: CompletionRequest |
     if tool is not None:
         body = as_tool_calls(body, tool[1])
     return JSONResponse(body)
+
+
+def _token_id_text(token_id: int) -> str:
+    """vLLM's return_tokens_as_token_ids spelling of a token in logprobs."""
+    return f"token_id:{token_id}"
 
 
 def _compile_all(engine: LLMEngine, specs: list[Any]) -> None:
