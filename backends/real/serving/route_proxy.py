@@ -23,6 +23,7 @@ from typing import Any, AsyncIterator
 
 import anyio
 import httpx
+import xxhash
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -84,7 +85,8 @@ def _error(status: int, message: str, type_: str, code: str) -> JSONResponse:
 
 
 def _prompt_text(body: dict[str, Any]) -> str:
-    """The text a request's prefix is made of: the prompt, or the messages in order."""
+    """The text a request's prefix is made of: the prompt, or a conversation's opening (the messages
+    through the first user message, which every later turn of it repeats)."""
     if "messages" in body and isinstance(body["messages"], list):
         parts = []
         for m in body["messages"]:
@@ -93,11 +95,26 @@ def _prompt_text(body: dict[str, Any]) -> str:
                 if isinstance(content, list):  # content parts
                     content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
                 parts.append(f"<{m.get('role', '')}>{content or ''}")
+                if m.get("role") == "user":
+                    break
         return "".join(parts)
     prompt = body.get("prompt", "")
     if isinstance(prompt, list):
         prompt = prompt[0] if prompt and isinstance(prompt[0], str) else json.dumps(prompt)
     return prompt if isinstance(prompt, str) else ""
+
+
+def _affinity_keys(body: dict[str, Any], chunk_chars: int, max_blocks: int) -> tuple[int, ...]:
+    """Prefix keys of a request; a conversation's opening shorter than max_blocks chunks is keyed by its
+    partial last chunk too, so its later turns (which extend the text) keep the same deepest key."""
+    text = _prompt_text(body)
+    keys = text_prefix_keys(text, chunk_chars, max_blocks)
+    if "messages" in body and len(keys) < max_blocks:
+        data = text.encode("utf-8", "surrogatepass")[:chunk_chars * max_blocks]
+        rest = data[len(keys) * chunk_chars:]
+        if rest:
+            keys += (xxhash.xxh3_64_intdigest(rest, keys[-1] if keys else 0),)
+    return keys
 
 
 class RouteProxy:
@@ -163,8 +180,7 @@ class RouteProxy:
         """The replica for this request (NoReplicaAvailableError when none is in rotation)."""
         keys: tuple[int, ...] = ()
         if self.router.needs_prefix_keys:
-            keys = text_prefix_keys(_prompt_text(body), self.cfg.prefix_chunk_chars,
-                                    self.cfg.prefix_blocks)
+            keys = _affinity_keys(body, self.cfg.prefix_chunk_chars, self.cfg.prefix_blocks)
         session = headers.get("x-session-id") or body.get("user")
         views = [ReplicaLoad(x.index, x.outstanding, x.kv_usage,
                              x.healthy and x.index not in exclude, x.routed)
