@@ -222,3 +222,17 @@ def test_prefix_affinity_keeps_a_conversation_with_a_short_first_turn_on_its_rep
         assert len(set(turns)) == 1, (i, turns)
         homes.append(turns[0])
     assert len(set(homes)) > 1  # distinct conversations still spread over the replicas
+
+
+def test_the_router_refuses_a_body_over_its_limit_with_413_before_forwarding(replicas) -> None:
+    proxy = Proxy([s.url for s in replicas], "round_robin", max_request_body_bytes=4096)
+    try:
+        r = complete(proxy.url, "x" * 8192)
+        assert r.status_code == 413, r.text
+        assert r.json()["error"]["code"] == "request_too_large"
+        assert sum(proxy.routed().values()) == 0  # never forwarded
+        r = httpx.post(proxy.url + "/tokenize", json={"model": "tiny", "prompt": "y" * 8192}, timeout=60)
+        assert r.status_code == 413
+        assert complete(proxy.url, "small").status_code == 200
+    finally:
+        proxy.stop()
