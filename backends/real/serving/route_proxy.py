@@ -143,6 +143,8 @@ class RouteProxy:
         self.urls = [u.rstrip("/") for u in cfg.replicas]
         self.loads = [ReplicaLoad(i) for i in range(len(self.urls))]
         self.router = make_router(cfg.policy, cfg.seed, cfg.prefix_blocks, cfg.load_factor)
+        # The body matters to routing only for prefix keys and a session named by `user`.
+        self._reads_body = self.router.needs_prefix_keys or self.router.name == "session_affinity"
         self.metrics = ProxyMetrics()
         for u in self.urls:
             self.metrics.healthy.labels(u).set(1)
@@ -228,8 +230,11 @@ class RouteProxy:
             raw = await read_body(request, self.cfg.max_request_body_bytes)
         except APIError as e:
             return JSONResponse(e.body(), status_code=e.status)
-        # Large bodies are parsed on a worker thread: the loop keeps relaying every other stream.
-        body = await asyncio.to_thread(_routing_body, raw) if len(raw) > INLINE_PARSE_BYTES else _routing_body(raw)
+        body: dict[str, Any] = {}
+        if self._reads_body:  # round robin and least loaded never look inside: no parse at all
+            # Large bodies are parsed on a worker thread: the loop keeps relaying every other stream.
+            body = (await asyncio.to_thread(_routing_body, raw) if len(raw) > INLINE_PARSE_BYTES
+                    else _routing_body(raw))
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         tried: set[int] = set()
         while True:
