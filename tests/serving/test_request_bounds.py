@@ -62,3 +62,49 @@ def test_an_abandoned_non_streamed_request_logs_no_traceback(make_server, caplog
         wait_for(lambda: any("499" in r.getMessage() for r in caplog.records), timeout=3.0)
     noisy = [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
     assert noisy == [], [(r.name, r.getMessage()) for r in noisy]
+
+
+class _Counting:
+    """Wraps a callable attribute and counts its calls."""
+
+    def __init__(self, obj, name: str) -> None:
+        self.obj, self.name, self.inner, self.calls = obj, name, getattr(obj, name), 0
+        setattr(obj, name, self)
+
+    def __call__(self, *a, **kw):
+        self.calls += 1
+        return self.inner(*a, **kw)
+
+    def restore(self) -> None:
+        setattr(self.obj, self.name, self.inner)
+
+
+def test_a_batch_whose_first_prompt_cannot_fit_is_refused_before_the_rest_is_tokenized(server: RunningServer) -> None:
+    limit = server.engine.max_model_len
+    too_long = "ab cd " * (limit * 2)
+    assert len(server.engine.tokenizer(too_long)["input_ids"]) > limit
+    enc = _Counting(server.state.tokenizers, "encode")
+    try:
+        r = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": [too_long] * 20,
+                                                             "max_tokens": 1}, timeout=60)
+    finally:
+        enc.restore()
+    assert r.status_code == 400, r.text
+    assert "prompt[0]" in r.json()["error"]["message"]
+    assert enc.calls == 1
+
+
+def test_a_token_id_prompt_over_the_limit_is_refused_before_its_ids_are_checked(server: RunningServer) -> None:
+    limit = server.engine.max_model_len
+    check = _Counting(server.engine, "tokenize_prompt")
+    try:
+        r = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": [5] * (limit * 50),
+                                                             "max_tokens": 1}, timeout=60)
+    finally:
+        check.restore()
+    assert r.status_code == 400, r.text
+    assert check.calls == 0
+    r = httpx.post(server.url + "/detokenize", json={"model": "tiny", "tokens": [5] * 5000 + [10 ** 9]}, timeout=60)
+    assert r.status_code == 400 and "outside the vocabulary" in r.json()["error"]["message"]
+    r = httpx.post(server.url + "/detokenize", json={"model": "tiny", "tokens": [5, 6, 7]}, timeout=60)
+    assert r.status_code == 200 and isinstance(r.json()["prompt"], str)
