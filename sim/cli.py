@@ -95,6 +95,7 @@ def _notes(cfg: StudyConfig, wall: float, n_points: int, axes: Sequence[str] = (
         f"workload: {w.num_requests} requests, "
         f"{'closed-loop clients' if w.concurrency else 'arrivals ' + w.arrival}, lengths "
         f"{w.prompt_dist}/{w.output_dist} ({trace}); over-long: {w.on_overlong}; seed {cfg.run.seed}",
+        one.speculative.describe(),
         f"SLOs for goodput: TTFT <= {cfg.slo.ttft_s} s, TPOT <= {cfg.slo.tpot_s} s",
         f"{n_points} point(s) simulated in {wall:.1f} s wall",
     ]

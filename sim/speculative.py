@@ -6,7 +6,7 @@
                                      # catalog name, a config.json or HF folder, a [model] table's name)
     num_speculative_tokens = 4
     acceptance_rates = [0.8, 0.6, 0.5, 0.4]   # P(position i accepted | all before it were);
-                                              # positions past the list take its last rate
+                                              # one rate per position: at least k of them
     # or: acceptance_from = "run/steps.csv"   # a real run's step log (draft/accepted columns)
     acceptance_spread = 0.0          # per-request lognormal sigma on the rates
     disable_by_batch_size = 0        # no drafts while this many requests run (0: never off)
@@ -50,9 +50,23 @@ class SpeculativeSection:
         return SpeculativeConfig(method=self.method, num_speculative_tokens=self.num_speculative_tokens,
                                  model=self.draft_model or None, disable_by_batch_size=self.disable_by_batch_size)
 
+    def describe(self) -> str:
+        """One line for the run summary: whether speculation was on, and with what."""
+        if not self.enabled:
+            return "speculative decoding: off"
+        draft = f" (draft {self.draft_model})" if self.method == "draft_model" else ""
+        source = (f"acceptance rates {[float(r) for r in self.acceptance_rates][:self.num_speculative_tokens]}"
+                  if self.acceptance_rates else f"acceptance from {self.acceptance_from}")
+        off = f", off at {self.disable_by_batch_size} running" if self.disable_by_batch_size else ""
+        return (f"speculative decoding: {self.method}{draft}, k = {self.num_speculative_tokens}, {source}"
+                f"{off}")
+
     def rates(self, source: str | None = None) -> list[float]:
         """The per-position acceptance rates, from the table or from a step log."""
         if self.acceptance_rates:
+            short = _too_few_rates(self.acceptance_rates, self.num_speculative_tokens)
+            if short:  # a sweep over k, or rates set in code: checked again where they are used
+                raise ConfigError("speculative.acceptance_rates", short)
             return [float(r) for r in self.acceptance_rates]
         path = Path(self.acceptance_from)
         if not path.is_absolute() and source and not path.exists():
@@ -89,6 +103,17 @@ def check_speculative(spec: SpeculativeSection, error: Callable[[str, str], Conf
         raise error("acceptance_rates", "give acceptance_rates = [...] or acceptance_from = "
                     "\"steps.csv\" (one of them) when method is set")
     # More rates than k are fine (a sweep over k keeps one list): positions past k never run.
+    short = _too_few_rates(spec.acceptance_rates, spec.num_speculative_tokens)
+    if short:
+        raise error("acceptance_rates", short)
+
+
+def _too_few_rates(rates: list, k: int) -> str:
+    """Why a rates list shorter than k is refused ("" when it covers k, or when rates come from a log)."""
+    if not rates or len(rates) >= k:
+        return ""
+    return (f"{len(rates)} rate(s) for num_speculative_tokens = {k}: give one rate per drafted position (at "
+            f"least {k}; e.g. {[float(rates[-1])] * k} for the same rate at every position)")
 
 
 def rates_from_step_log(path: Path, k: int) -> list[float]:

@@ -105,6 +105,8 @@ def _route_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load-factor", type=float, default=1.25,
                    help="prefix_affinity: no replica above this x the mean load")
     p.add_argument("--health-interval", type=float, default=1.0, help="seconds between checks")
+    p.add_argument("--max-request-body-bytes", type=int, default=32 * 1024 * 1024,
+                   help="bodies above this are refused with 413 before they are forwarded (as serve's)")
     p.add_argument("--uvicorn-log-level", default="info")
     p.set_defaults(func=_route)
 
@@ -113,7 +115,7 @@ def _route(ns: argparse.Namespace) -> int:
     from twinserve.backends.real.serving.route_proxy import ProxyConfig, run_proxy
 
     cfg = ProxyConfig(ns.replica, ns.policy, ns.prefix_chunk_chars, ns.prefix_blocks,
-                      ns.load_factor, ns.health_interval)
+                      ns.load_factor, ns.health_interval, max_request_body_bytes=ns.max_request_body_bytes)
     return run_proxy(cfg, ns.host, ns.port, ns.uvicorn_log_level)
 
 

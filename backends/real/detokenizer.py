@@ -56,13 +56,15 @@ class IncrementalDetokenizer:
         return self._check_stop(before)
 
     def flush(self) -> None:
-        """At the end, emit whatever is pending even if it is an incomplete character."""
+        """At the end, emit what is pending, less an incomplete character a cut left at its tail."""
         if self.stop_hit is not None or self.read_offset == len(self.tokens):
             return
         prefix = self._decode(self.tokens[self.prefix_offset:self.read_offset])
         full = self._decode(self.tokens[self.prefix_offset:])
         before = len(self.text)
-        self.text += full[len(prefix):]
+        # max_tokens (or a stop token) can end inside a UTF-8 sequence: its bytes are dropped, as vLLM's
+        # detokenizer never emits a held-back tail, rather than shown as U+FFFD.
+        self.text += full[len(prefix):].rstrip(_REPLACEMENT)
         self.read_offset = len(self.tokens)
         self._check_stop(before)
 

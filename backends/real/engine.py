@@ -494,7 +494,8 @@ class LLMEngine:
         child.prefix_hit_tokens = o.prefix_hit_tokens
         child.num_preemptions = o.num_preemptions
         if o.new_logprobs and child.logprobs is not None:
-            child.delta_logprobs.extend(o.new_logprobs)
+            # One record per token kept: a stop string inside an accepted run cut the ids above.
+            child.delta_logprobs.extend(o.new_logprobs[:len(new_ids)])
         if o.error is not None:
             child.error = o.error
         if stopped:

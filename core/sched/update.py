@@ -138,6 +138,8 @@ class OutputUpdate:
                 finished.append(req)
             elif proposed is not None:
                 req.spec_token_ids = proposed.get(rid) or []
+            elif req.spec_token_ids:  # nothing proposed: the drafts held were for tokens now sampled
+                req.spec_token_ids = []
         for req in rolled_back:
             if req.status is _RUNNING:
                 self._release_rejected(req)

@@ -144,6 +144,21 @@ def test_logprobs_stop_with_the_tokens_a_stop_cuts(make_llm) -> None:
     assert [lp.token_id for lp in spec.logprobs] == spec.token_ids
 
 
+def test_a_stop_string_inside_an_accepted_run_cuts_the_logprobs_with_the_tokens(make_llm) -> None:
+    prompts = _prompts()[3:4]
+    llm_plain = make_llm()
+    full = _gen(llm_plain, prompts)[0].outputs[0]
+    stop_text = llm_plain.get_tokenizer().decode(full.token_ids[9:11])
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop_text], logprobs=1)
+    plain = _gen(llm_plain, prompts, params)[0].outputs[0]
+    llm = make_llm(speculative_config={**NGRAM, "num_speculative_tokens": 6})
+    llm.llm_engine.worker.runner.proposer = OracleProposer([prompts[0] + full.token_ids], 6, miss=100)
+    spec = _gen(llm, prompts, params)[0].outputs[0]
+    assert spec.finish_reason == "stop" and spec.token_ids == plain.token_ids
+    # The run that held the stop string was accepted whole: its logprobs past the stop go too.
+    assert [lp.token_id for lp in spec.logprobs] == spec.token_ids == [lp.token_id for lp in plain.logprobs]
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_structured_output_with_drafts_keeps_the_grammar(make_llm, temperature: float) -> None:
     import json

@@ -175,3 +175,34 @@ def test_draft_model_sampling_through_verify_keeps_the_target_distribution():
 def test_a_planted_bug_in_draft_model_verification_is_told_apart(bug: str):
     first, plain_first = _draft_model_pipeline(bug)
     assert _p_value(first, plain_first) < ALPHA
+
+
+def _bonus_tokens(p: torch.Tensor, q: torch.Tensor, rng: np.random.Generator, sample=rejection_sample) -> list[int]:
+    """The token after a fully accepted draft (the bonus), over N draft-model verifications."""
+    k = q.shape[0]
+    bonus = []
+    for _ in range(N):
+        drafts = [int(rng.choice(V, p=q[j].numpy())) for j in range(k)]
+        out = sample(p, drafts, rng.random(k).tolist(), rng.random(k + 1).tolist(), q)
+        if len(out) == k + 1:
+            bonus.append(out[k])
+    return bonus
+
+
+def test_the_token_after_a_fully_accepted_draft_follows_the_target_and_a_bonus_from_q_does_not():
+    p = _targets(7, 2)
+    # A draft model close to the target: most drafts are accepted whole.
+    q = (0.8 * p[:2] + 0.2 * _targets(8, 1)).contiguous()
+    rng = np.random.default_rng(9)
+    bonus = _bonus_tokens(p, q, rng)
+    assert len(bonus) > N // 3
+    assert _p_value(bonus, _plain(p, 2, rng, N)) > ALPHA
+
+    def bonus_from_q(p_, drafts, u_acc, u_draw, q_):  # the planted bug: the bonus drawn from the draft's q
+        out = rejection_sample(p_, drafts, u_acc, u_draw, q_)
+        if len(out) == len(drafts) + 1:
+            out[-1] = int(rng.choice(V, p=q_[-1].numpy()))
+        return out
+
+    bad = _bonus_tokens(p, q, rng, bonus_from_q)
+    assert _p_value(bad, _plain(p, 2, rng, N)) < ALPHA

@@ -30,6 +30,24 @@ def test_incremental_detokenizer_matches_full_decode_one_token_at_a_time(make_ll
     assert "".join(deltas) == TEXT == tok.decode(ids)
 
 
+def test_a_cut_mid_character_leaves_no_replacement_character(make_llm) -> None:
+    # max_tokens (or a stop token) can end the output inside a multi-byte character: as incremental
+    # detokenizers do, the incomplete tail is held back and then dropped, never shown as U+FFFD.
+    tok = make_llm().get_tokenizer()
+    ids = tok(TEXT)["input_ids"]
+    cuts_mid_char = 0
+    for cut in range(1, len(ids) + 1):
+        d = IncrementalDetokenizer.for_prompt(tok, [5, 6], True, [])
+        for t in ids[:cut]:
+            d.add_tokens([t])
+        d.flush()
+        text = d.text
+        cuts_mid_char += tok.decode(ids[:cut]).endswith("\ufffd")
+        assert "\ufffd" not in text and TEXT.startswith(text), (cut, text)
+        assert len(text) >= len(tok.decode(ids[:cut]).rstrip("\ufffd"))
+    assert cuts_mid_char > 0  # the text does have cuts inside a character
+
+
 def test_stop_string_trims_ends_request_and_frees_blocks(make_llm) -> None:
     llm = make_llm()
     engine = llm.llm_engine

@@ -201,3 +201,38 @@ def test_a_replica_that_goes_down_leaves_rotation_and_errors_are_clear(tiny_mode
         for s in (a, b):
             if s.thread.is_alive():
                 s.stop()
+
+
+def _conversation(i: int, turns: int) -> dict:
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": f"hi, I am user {i}"}]
+    for t in range(1, turns):
+        msgs += [{"role": "assistant", "content": f"hello {i}, answer {t}" * 3},
+                 {"role": "user", "content": f"follow-up {t} " * 5}]
+    return {"model": "tiny", "messages": msgs}
+
+
+def test_prefix_affinity_keeps_a_conversation_with_a_short_first_turn_on_its_replica() -> None:
+    from twinserve.backends.real.serving.route_proxy import RouteProxy
+
+    # The defaults: 4 chunks of 64 characters.
+    proxy = RouteProxy(ProxyConfig([f"http://r{i}" for i in range(4)], "prefix_affinity"))
+    homes = []
+    for i in range(24):  # first turns well under 256 characters
+        turns = [proxy.choose(_conversation(i, t), {}, set()) for t in (1, 2, 3)]
+        assert len(set(turns)) == 1, (i, turns)
+        homes.append(turns[0])
+    assert len(set(homes)) > 1  # distinct conversations still spread over the replicas
+
+
+def test_the_router_refuses_a_body_over_its_limit_with_413_before_forwarding(replicas) -> None:
+    proxy = Proxy([s.url for s in replicas], "round_robin", max_request_body_bytes=4096)
+    try:
+        r = complete(proxy.url, "x" * 8192)
+        assert r.status_code == 413, r.text
+        assert r.json()["error"]["code"] == "request_too_large"
+        assert sum(proxy.routed().values()) == 0  # never forwarded
+        r = httpx.post(proxy.url + "/tokenize", json={"model": "tiny", "prompt": "y" * 8192}, timeout=60)
+        assert r.status_code == 413
+        assert complete(proxy.url, "small").status_code == 200
+    finally:
+        proxy.stop()

@@ -49,7 +49,7 @@ def test_speculative_study_completes_every_request_in_fewer_steps_at_the_drawn_r
 
 
 def test_a_verify_step_is_priced_as_k_plus_one_tokens_per_sequence() -> None:
-    built = build(_spec(small_config(num_requests=1, rate=1.0), rates=[1.0], k=3))
+    built = build(_spec(small_config(num_requests=1, rate=1.0), rates=[1.0] * 3, k=3))
     seen = []
     ex = built.simulation.executor
     inner = ex.cost_model
@@ -110,13 +110,13 @@ def test_acceptance_from_a_step_log_fits_one_rate_per_position(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("table, field", [
-    ({"method": "medusa", "acceptance_rates": [0.5]}, "speculative.method"),
-    ({"method": "ngram", "num_speculative_tokens": 0, "acceptance_rates": [0.5]},
+    ({"method": "medusa", "acceptance_rates": [0.5] * 4}, "speculative.method"),
+    ({"method": "ngram", "num_speculative_tokens": 0, "acceptance_rates": [0.5] * 4},
      "speculative.num_speculative_tokens"),
     ({"method": "ngram", "acceptance_rates": [0.5, 1.5]}, "speculative.acceptance_rates"),
     ({"method": "ngram"}, "speculative.acceptance_rates"),
-    ({"method": "ngram", "acceptance_rates": [0.5], "acceptance_from": "x.csv"}, "speculative.acceptance_rates"),
-    ({"method": "ngram", "acceptance_rates": [0.5], "k": 3}, "speculative.k"),
+    ({"method": "ngram", "acceptance_rates": [0.5] * 4, "acceptance_from": "x.csv"}, "speculative.acceptance_rates"),
+    ({"method": "ngram", "acceptance_rates": [0.5] * 4, "k": 3}, "speculative.k"),
 ])
 def test_bad_speculative_tables_name_the_field(table: dict, field: str) -> None:
     with pytest.raises(ConfigError) as e:
@@ -135,3 +135,22 @@ def test_sweeps_and_search_resolve_the_speculative_fields() -> None:
     # One list of rates serves every k of a sweep: positions past k never run.
     built = build(_spec(small_config(num_requests=2), rates=RATES, k=2))
     assert built.simulation.executor.spec.rates == RATES[:2]
+
+
+def test_fewer_rates_than_k_is_an_error_naming_the_field_not_a_silent_extension() -> None:
+    with pytest.raises(ConfigError) as e:
+        from_dict({"speculative": {"method": "ngram", "num_speculative_tokens": 4, "acceptance_rates": [0.8, 0.6]}})
+    assert "speculative.acceptance_rates" in str(e.value) and "num_speculative_tokens = 4" in str(e.value)
+    # Rates set in code, or k raised by a sweep past the list: refused where the run is built.
+    with pytest.raises(ConfigError, match="speculative.acceptance_rates"):
+        build(_spec(small_config(num_requests=1, rate=1.0), rates=[0.8, 0.6], k=3))
+    from_dict({"speculative": {"method": "ngram", "num_speculative_tokens": 2, "acceptance_rates": RATES}})
+
+
+def test_the_run_summary_says_whether_speculation_was_on() -> None:
+    from twinserve.sim.cli import _notes
+
+    off = _notes(small_config(), 0.1, 1)
+    assert "speculative decoding: off" in off
+    on = " | ".join(_notes(_spec(small_config(), k=3), 0.1, 1))
+    assert "speculative decoding: ngram, k = 3, acceptance rates [0.8, 0.6, 0.5]" in on

@@ -56,7 +56,7 @@ def test_a_draft_costing_as_much_as_the_target_makes_speculation_lose_and_a_smal
 
 
 def test_each_verify_step_adds_a_catch_up_and_k_minus_1_draft_decodes(tmp_path: Path) -> None:
-    built = build(_draft_cfg(_small_draft(tmp_path), rates=[1.0], k=3, num_requests=1, rate=1.0))
+    built = build(_draft_cfg(_small_draft(tmp_path), rates=[1.0] * 3, k=3, num_requests=1, rate=1.0))
     ex = built.simulation.executor
     inner = ex.draft.cost
     seen: list[tuple[int, int, int]] = []
@@ -86,10 +86,10 @@ def test_the_draft_takes_its_weights_and_kv_from_the_pool(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("table, match", [
-    ({"method": "draft_model", "acceptance_rates": [0.5]}, "needs the draft"),
-    ({"method": "draft_model", "draft_model": "Llama-3-8B", "acceptance_rates": [0.5]}, "vocabulary"),
-    ({"method": "draft_model", "draft_model": "Llama-2-70B", "acceptance_rates": [0.5]}, "larger than the target"),
-    ({"method": "draft_model", "draft_model": "no-such-model", "acceptance_rates": [0.5]}, "no-such-model"),
+    ({"method": "draft_model", "acceptance_rates": [0.5] * 4}, "needs the draft"),
+    ({"method": "draft_model", "draft_model": "Llama-3-8B", "acceptance_rates": [0.5] * 4}, "vocabulary"),
+    ({"method": "draft_model", "draft_model": "Llama-2-70B", "acceptance_rates": [0.5] * 4}, "larger than the target"),
+    ({"method": "draft_model", "draft_model": "no-such-model", "acceptance_rates": [0.5] * 4}, "no-such-model"),
 ], ids=["missing", "vocab", "larger", "unknown"])
 def test_a_bad_draft_names_speculative_draft_model(table: dict, match: str) -> None:
     with pytest.raises(ConfigError) as e:

@@ -123,7 +123,7 @@ def test_a_calibrated_profile_prices_a_verify_row_as_a_decode_row_plus_the_term(
         w.num_requests, w.arrival, w.prompt_dist, w.output_dist = 1, "all_at_once", "fixed", "fixed"
         w.prompt_mean, w.output_mean, w.output_min = 20.0, 10.0, 10
         cfg.speculative.method, cfg.speculative.num_speculative_tokens = "ngram", 3
-        cfg.speculative.acceptance_rates = [0.0]  # every draft rejected: one token a step
+        cfg.speculative.acceptance_rates = [0.0] * 3  # every draft rejected: one token a step
         built = FittedCostModel(intercept_s=0.01, per_token_s=1e-4, per_verify_step_s=term[0] / 2,
                                 per_verify_seq_s=term[0] / 2, per_draft_token_s=term[1])
         monkeypatch.setattr(b.FittedCostModel, "load", staticmethod(lambda path: built))

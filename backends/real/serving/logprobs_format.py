@@ -8,6 +8,14 @@ from twinserve.core.sched.output import Logprob
 
 TokenText = Callable[[int], str]
 
+# vLLM's floor for a logprob: a token a constraint masks has -inf, which JSON cannot carry.
+LOGPROB_FLOOR = -9999.0
+
+
+def finite_logprob(value: float) -> float:
+    """The logprob as JSON can carry it: -inf and NaN become LOGPROB_FLOOR (as vLLM clamps them)."""
+    return value if value >= LOGPROB_FLOOR else LOGPROB_FLOOR  # NaN compares False: floored too
+
 
 class TokenTexts:
     """Token id -> its text on its own (cached: the same ids recur across requests)."""
@@ -36,8 +44,8 @@ def chat_logprobs(records: Sequence[Logprob], top_n: int, text: TokenText) -> di
     content = []
     for r in records:
         token = text(r.token_id)
-        content.append({"token": token, "logprob": r.logprob, "bytes": _bytes(token),
-                        "top_logprobs": [{"token": text(t), "logprob": lp, "bytes": _bytes(text(t))}
+        content.append({"token": token, "logprob": finite_logprob(r.logprob), "bytes": _bytes(token),
+                        "top_logprobs": [{"token": text(t), "logprob": finite_logprob(lp), "bytes": _bytes(text(t))}
                                          for t, lp in r.top[:top_n]]})
     return {"content": content}
 
@@ -62,10 +70,10 @@ class CompletionLogprobs:
                 token_lps.append(None)
                 tops.append(None)
                 continue
-            token_lps.append(r.logprob)
+            token_lps.append(finite_logprob(r.logprob))
             # As OpenAI documents: the most likely tokens, and the chosen one as well.
-            top = {self.text(t): lp for t, lp in r.top[:self.top_n]}
-            top.setdefault(tok, r.logprob)
+            top = {self.text(t): finite_logprob(lp) for t, lp in r.top[:self.top_n]}
+            top.setdefault(tok, finite_logprob(r.logprob))
             tops.append(top)
         return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
@@ -87,8 +95,9 @@ def vllm_prompt_logprobs(records: Sequence[Logprob | None] | None, token_ids: Se
         if r is None:
             out.append(None)
             continue
-        entry = {str(t): {"logprob": lp, "rank": rank, "decoded_token": text(t)}
+        entry = {str(t): {"logprob": finite_logprob(lp), "rank": rank, "decoded_token": text(t)}
                  for rank, (t, lp) in enumerate(r.top[:top_n], start=1)}
-        entry.setdefault(str(tid), {"logprob": r.logprob, "rank": r.rank, "decoded_token": text(tid)})
+        entry.setdefault(str(tid), {"logprob": finite_logprob(r.logprob), "rank": r.rank,
+                                    "decoded_token": text(tid)})
         out.append(entry)
     return out

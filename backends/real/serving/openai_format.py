@@ -35,6 +35,8 @@ class ResponseMeta:
     drop_output: bool = False
     # vLLM's prompt_logprobs=N: the top N per prompt token, in vLLM's shape (None: not asked).
     prompt_logprobs: int | None = None
+    # vLLM's stream_options.continuous_usage_stats: every chunk carries the usage so far.
+    continuous_usage: bool = False
 
     @property
     def wants_logprobs(self) -> bool:
@@ -78,6 +80,13 @@ def usage(outs: RequestOutput | list[RequestOutput], drop_output: bool = False) 
     cached = sum(o.metrics.num_cached_tokens for o in outs if o.metrics)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def _running_usage(outs: list[RequestOutput], drop_output: bool) -> dict[str, Any]:
+    """Usage so far from the engine's counts (delta outputs carry no whole token lists until the end)."""
+    prompt = sum(len(o.prompt_token_ids) for o in outs)
+    completion = 0 if drop_output else sum(o.metrics.num_generation_tokens for o in outs if o.metrics)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def engine_metrics(m: RequestMetrics | None) -> dict[str, Any] | None:
@@ -264,6 +273,8 @@ async def stream_events(meta: ResponseMeta, streams: RequestStream | list[Reques
                 finish = "length" if meta.drop_output and c.finish_reason is not None else c.finish_reason
                 chunk = _chunk(meta, [_delta_choice(meta, index, text, finish,
                                                     None if meta.drop_output else c.stop_reason, lp)])
+                if meta.continuous_usage:
+                    chunk["usage"] = _running_usage(list(last.values()), meta.drop_output)
                 if meta.return_metrics and not meta.include_usage and len(finished) == total \
                         and len(last) == len(streams) and all(o.finished for o in last.values()):
                     chunk["metrics"] = _metrics_field([last[j] for j in sorted(last)])

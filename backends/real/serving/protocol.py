@@ -4,8 +4,8 @@ Fields follow the OpenAI API reference; the extras vLLM accepts in the body (top
 repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens,
 include_stop_str_in_output, allowed_token_ids, prompt_logprobs, priority, cache_salt,
 truncate_prompt_tokens; chat's echo, continue_final_message, add_generation_prompt) are
-implemented as vLLM defines them; those this server cannot honour (bad_words) are a 400
-naming the field. Other unknown fields are ignored, as vLLM does.
+implemented as vLLM defines them; those this server cannot honour (bad_words, use_beam_search, ...:
+see request_fields.py) are a 400 naming the field. Other unknown fields are ignored, as vLLM does.
 """
 
 from __future__ import annotations
@@ -17,7 +17,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from twinserve.core.errors import InvalidSamplingParamsError
 from twinserve.core.sampling_params import SamplingParams
 from twinserve.backends.real.serving.errors import APIError, bad_request
+from twinserve.backends.real.serving.request_fields import check_refused
 from twinserve.backends.real.serving.structured_fields import structured_spec
+
+
+# Stop strings are searched in every step's new text: a bound keeps one request from slowing the others.
+MAX_STOP_STRINGS = 256
+MAX_STOP_CHARS = 16_384
 
 
 class StreamOptions(BaseModel):
@@ -25,6 +31,8 @@ class StreamOptions(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     include_usage: bool = False
+    # vLLM's: every chunk carries the usage so far.
+    continuous_usage_stats: bool = False
 
 
 class _Common(BaseModel):
@@ -70,6 +78,19 @@ class _Common(BaseModel):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     structured_outputs: dict[str, Any] | None = None
+    guided_decoding_backend: str | None = None
+    # vLLM's: logprob tokens as "token_id:{id}", for tokens that are not valid text on their own.
+    return_tokens_as_token_ids: bool | None = None
+    best_of: int | None = None
+    # Refused unless neutral (request_fields.REFUSED): declared so they are never dropped silently.
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    spaces_between_special_tokens: bool = True
+    guided_whitespace_pattern: str | None = None
+    logits_processors: list[Any] | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    vllm_xargs: dict[str, Any] | None = None
+    request_id: str | None = None
 
     def logprob_fields(self) -> tuple[int | None, int | None]:
         """(logprobs, prompt_logprobs) for SamplingParams: top-N counts, None when not asked."""
@@ -98,6 +119,11 @@ class _Common(BaseModel):
         """True when a streamed response ends with a usage chunk."""
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        """True when every streamed chunk carries the usage so far (vLLM's continuous_usage_stats)."""
+        return bool(self.include_usage and self.stream_options and self.stream_options.continuous_usage_stats)
+
 
 class CompletionRequest(_Common):
     """POST /v1/completions."""
@@ -106,8 +132,9 @@ class CompletionRequest(_Common):
     max_tokens: int | None = 16
     echo: bool = False
     logprobs: int | None = None
-    best_of: int | None = None
     suffix: str | None = None
+    add_special_tokens: bool = True
+    prompt_embeds: Any = None
 
     def logprob_fields(self) -> tuple[int | None, int | None]:
         """logprobs=N: top N per generated token, and per prompt token when echoing (or prompt_logprobs)."""
@@ -140,6 +167,15 @@ class ChatCompletionRequest(_Common):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's: a Jinja template for this request (over the server's --chat-template), and RAG documents
+    # handed to the template; special tokens added on top of the template's own.
+    chat_template: str | None = None
+    documents: list[dict[str, Any]] | None = None
+    add_special_tokens: bool = False
+    structural_tag: str | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    include_reasoning: bool = True
 
     def logprob_fields(self) -> tuple[int | None, int | None]:
         """logprobs=true with top_logprobs=N (0 when absent); prompt_logprobs as asked."""
@@ -198,6 +234,11 @@ _RESERVED_TEMPLATE_KWARGS = frozenset({
 
 
 def _check_unsupported(req: _Common) -> None:
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options can only be given when stream=true (as in vLLM)", "stream_options",
+                          "invalid_value")
+    _check_stop(req.stop)
+    check_refused(req)
     if req.bad_words:
         raise bad_request("bad_words is not supported by this server; use logit_bias to push tokens down",
                           "bad_words", "unsupported")
@@ -208,9 +249,9 @@ def _check_unsupported(req: _Common) -> None:
     if t is not None and (t == 0 or t < -1):
         raise bad_request("truncate_prompt_tokens: -1 (the last max_model_len tokens) or an integer >= 1",
                           "truncate_prompt_tokens", "invalid_value")
+    if req.best_of not in (None, 1, req.n):
+        raise bad_request("best_of is not supported (use n)", "best_of", "unsupported")
     if isinstance(req, CompletionRequest):
-        if req.best_of not in (None, 1, req.n):
-            raise bad_request("best_of is not supported (use n)", "best_of", "unsupported")
         if req.suffix:
             raise bad_request("suffix is not supported", "suffix", "unsupported")
     if isinstance(req, ChatCompletionRequest):
@@ -226,6 +267,18 @@ def _check_unsupported(req: _Common) -> None:
         if clash:
             raise bad_request(f"chat_template_kwargs may not set {clash}: the server sets them from the request's "
                               "own fields", "chat_template_kwargs", "invalid_value")
+
+
+def _check_stop(stop: str | list[str] | None) -> None:
+    """400 for a stop list over MAX_STOP_STRINGS strings or MAX_STOP_CHARS characters in all."""
+    stops = [stop] if isinstance(stop, str) else (stop or [])
+    if len(stops) > MAX_STOP_STRINGS:
+        raise bad_request(f"stop holds {len(stops)} strings; this server takes at most {MAX_STOP_STRINGS}",
+                          "stop", "invalid_value")
+    total = sum(len(s) for s in stops)
+    if total > MAX_STOP_CHARS:
+        raise bad_request(f"stop strings hold {total} characters in all; this server takes at most "
+                          f"{MAX_STOP_CHARS}", "stop", "invalid_value")
 
 
 def to_sampling_params(req: _Common, max_tokens: int | None, max_logprobs: int | None = None) -> SamplingParams:

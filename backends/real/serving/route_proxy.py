@@ -23,6 +23,7 @@ from typing import Any, AsyncIterator
 
 import anyio
 import httpx
+import xxhash
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -30,6 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from twinserve.core.routing import (NoReplicaAvailableError, ReplicaLoad, RouteRequest, make_router,
                               text_prefix_keys)
 from twinserve.backends.real.serving.errors import APIError
+from twinserve.backends.real.serving.request_body import DEFAULT_MAX_BODY_BYTES, INLINE_PARSE_BYTES, read_body
 from twinserve.backends.real.serving.route_metrics import ProxyMetrics, merge_replica_metrics
 
 KV_USAGE = re.compile(rb"kv_cache_usage_perc(?:\{[^}]*\})?\s+([0-9.eE+-]+)")
@@ -49,6 +51,8 @@ class ProxyConfig:
     health_interval_s: float = 1.0
     timeout_s: float = 600.0
     seed: int = 0
+    # Bodies above this many bytes are refused with 413 before they are forwarded (as the server does).
+    max_request_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
 class _RelayResponse(StreamingResponse):
@@ -83,8 +87,13 @@ def _error(status: int, message: str, type_: str, code: str) -> JSONResponse:
     return JSONResponse(APIError(status, message, type_, None, code).body(), status_code=status)
 
 
+# Keys never read past this many characters of a prompt (chunk_chars * max_blocks is far below it).
+_MAX_KEY_CHARS = 1 << 16
+
+
 def _prompt_text(body: dict[str, Any]) -> str:
-    """The text a request's prefix is made of: the prompt, or the messages in order."""
+    """The text a request's prefix is made of: the prompt, or a conversation's opening (the messages
+    through the first user message, which every later turn of it repeats)."""
     if "messages" in body and isinstance(body["messages"], list):
         parts = []
         for m in body["messages"]:
@@ -92,12 +101,36 @@ def _prompt_text(body: dict[str, Any]) -> str:
                 content = m.get("content")
                 if isinstance(content, list):  # content parts
                     content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-                parts.append(f"<{m.get('role', '')}>{content or ''}")
+                parts.append(f"<{m.get('role', '')}>{str(content or '')[:_MAX_KEY_CHARS]}")
+                if m.get("role") == "user":
+                    break
         return "".join(parts)
     prompt = body.get("prompt", "")
-    if isinstance(prompt, list):
-        prompt = prompt[0] if prompt and isinstance(prompt[0], str) else json.dumps(prompt)
-    return prompt if isinstance(prompt, str) else ""
+    if isinstance(prompt, list):  # token ids: their leading ones name the prefix (never dump them all)
+        prompt = prompt[0] if prompt and isinstance(prompt[0], str) else json.dumps(prompt[:_MAX_KEY_CHARS])
+    return prompt[:_MAX_KEY_CHARS] if isinstance(prompt, str) else ""
+
+
+def _routing_body(raw: bytes) -> dict[str, Any]:
+    """The JSON body as far as routing needs it ({} when it is not an object: the replica answers the 400)."""
+    try:
+        body = json.loads(raw) if raw else {}
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _affinity_keys(body: dict[str, Any], chunk_chars: int, max_blocks: int) -> tuple[int, ...]:
+    """Prefix keys of a request; a conversation's opening shorter than max_blocks chunks is keyed by its
+    partial last chunk too, so its later turns (which extend the text) keep the same deepest key."""
+    text = _prompt_text(body)[:chunk_chars * max_blocks]  # no byte past these characters is keyed
+    keys = text_prefix_keys(text, chunk_chars, max_blocks)
+    if "messages" in body and len(keys) < max_blocks:
+        data = text.encode("utf-8", "surrogatepass")[:chunk_chars * max_blocks]
+        rest = data[len(keys) * chunk_chars:]
+        if rest:
+            keys += (xxhash.xxh3_64_intdigest(rest, keys[-1] if keys else 0),)
+    return keys
 
 
 class RouteProxy:
@@ -110,6 +143,8 @@ class RouteProxy:
         self.urls = [u.rstrip("/") for u in cfg.replicas]
         self.loads = [ReplicaLoad(i) for i in range(len(self.urls))]
         self.router = make_router(cfg.policy, cfg.seed, cfg.prefix_blocks, cfg.load_factor)
+        # The body matters to routing only for prefix keys and a session named by `user`.
+        self._reads_body = self.router.needs_prefix_keys or self.router.name == "session_affinity"
         self.metrics = ProxyMetrics()
         for u in self.urls:
             self.metrics.healthy.labels(u).set(1)
@@ -163,8 +198,7 @@ class RouteProxy:
         """The replica for this request (NoReplicaAvailableError when none is in rotation)."""
         keys: tuple[int, ...] = ()
         if self.router.needs_prefix_keys:
-            keys = text_prefix_keys(_prompt_text(body), self.cfg.prefix_chunk_chars,
-                                    self.cfg.prefix_blocks)
+            keys = _affinity_keys(body, self.cfg.prefix_chunk_chars, self.cfg.prefix_blocks)
         session = headers.get("x-session-id") or body.get("user")
         views = [ReplicaLoad(x.index, x.outstanding, x.kv_usage,
                              x.healthy and x.index not in exclude, x.routed)
@@ -192,13 +226,15 @@ class RouteProxy:
     async def forward(self, request: Request, path: str) -> Response:
         """Route one OpenAI request and pass the answer (or the stream) through."""
         assert self.client is not None
-        raw = await request.body()
         try:
-            body = json.loads(raw) if raw else {}
-        except json.JSONDecodeError:
-            body = {}  # the replica answers with its own 400
-        if not isinstance(body, dict):
-            body = {}
+            raw = await read_body(request, self.cfg.max_request_body_bytes)
+        except APIError as e:
+            return JSONResponse(e.body(), status_code=e.status)
+        body: dict[str, Any] = {}
+        if self._reads_body:  # round robin and least loaded never look inside: no parse at all
+            # Large bodies are parsed on a worker thread: the loop keeps relaying every other stream.
+            body = (await asyncio.to_thread(_routing_body, raw) if len(raw) > INLINE_PARSE_BYTES
+                    else _routing_body(raw))
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         tried: set[int] = set()
         while True:
@@ -262,7 +298,12 @@ class RouteProxy:
     async def passthrough(self, method: str, path: str, request: Request | None = None) -> Response:
         """A request answered by the least busy replica in rotation, unrouted (/tokenize, /version, /ping...)."""
         assert self.client is not None
-        content = await request.body() if request is not None else None
+        content = None
+        if request is not None:
+            try:
+                content = await read_body(request, self.cfg.max_request_body_bytes)
+            except APIError as e:
+                return JSONResponse(e.body(), status_code=e.status)
         headers = ({k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
                    if request is not None else None)
         order = sorted((x for x in self.loads if x.healthy), key=lambda x: (x.outstanding, x.index))

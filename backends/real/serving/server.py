@@ -24,6 +24,7 @@ from twinserve.backends.real.serving.info_routes import DetokenizeRequest, Token
 from twinserve.backends.real.serving.logprobs_format import TokenTexts
 from twinserve.backends.real.serving.metrics import ServingMetrics
 from twinserve.backends.real.serving.openai_format import ResponseMeta, full_response, stream_events
+from twinserve.backends.real.serving.prompt_checks import check_fits, check_length, split_prompts, too_long, truncation
 from twinserve.backends.real.serving.openapi_doc import GENERATION_OK, OpenAPIBodies, error_responses
 from twinserve.backends.real.serving.protocol import ChatCompletionRequest, CompletionRequest, parse_body, to_sampling_params
 from twinserve.backends.real.serving.request_body import DEFAULT_MAX_BODY_BYTES, parse_json, read_body
@@ -33,6 +34,8 @@ from twinserve.backends.real.tokenizer import render_chat
 
 logger = logging.getLogger("twinserve.serve")
 
+# Token-id lists longer than this are checked on a worker thread.
+_INLINE_IDS = 4096
 # How often a non-streamed request checks whether its client is still there.
 _DISCONNECT_POLL_S = 0.25
 
@@ -98,6 +101,19 @@ class ServingState:
     async def decode(self, ids: list[int]) -> str:
         """Text of token ids, off the loop."""
         return await self.tokenizers.run(len(ids), lambda tok: tok.decode(ids))
+
+    async def prompt_ids(self, prompt: Any, param: str, truncate: int | None) -> tuple[str | None, list[int]]:
+        """A token-id prompt checked (length first, in O(1); the ids themselves off the loop when many)."""
+        engine = self.engine
+        if isinstance(prompt, list) and truncate is None and len(prompt) > engine.max_model_len:
+            raise too_long(engine.max_model_len, len(prompt), param)
+        if len(prompt) <= _INLINE_IDS:
+            text, ids = engine.tokenize_prompt(prompt)
+        else:  # pure-Python checks of many ids: a worker thread, so the loop keeps streaming
+            text, ids = await asyncio.to_thread(engine.tokenize_prompt, prompt)
+        if truncate is not None and len(ids) > truncate:
+            ids, text = ids[-truncate:], None
+        return text, ids
 
     def check_n(self, n: int) -> None:
         """400 for n above the server's bound."""
@@ -193,15 +209,18 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
         req: CompletionRequest = parse_body(CompletionRequest, await state.read_json(request))
         state.check_model(req.model)
         state.check_n(req.n)
-        truncate = _truncation(state, req.truncate_prompt_tokens)
+        truncate = truncation(state, req.truncate_prompt_tokens)
         prompts = []
-        for k, p in enumerate(_split_prompts(req.prompt)):
+        split = split_prompts(req.prompt)
+        for k, p in enumerate(split):
+            where = "prompt" if len(split) == 1 else f"prompt[{k}]"
             if isinstance(p, str):
-                prompts.append((await state.encode(p, True, "prompt", truncate), p))
+                ids = await state.encode(p, req.add_special_tokens, where, truncate)
+                # A prompt that cannot fit ends a batch here, before the rest of it is tokenized.
+                check_fits(state, ids, where)
+                prompts.append((ids, p))
                 continue
-            text, ids = state.engine.tokenize_prompt(p)  # token ids: checked, nothing to tokenize
-            if truncate is not None and len(ids) > truncate:
-                ids, text = ids[-truncate:], None
+            text, ids = await state.prompt_ids(p, where, truncate)  # token ids: checked, nothing to tokenize
             prompts.append((ids, text))
         echo = None
         if req.echo:
@@ -222,10 +241,15 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
         state.check_n(req.n)
         messages = req.message_dicts()
         kw = state.template_kwargs(req.chat_template_kwargs)
+        if req.chat_template is not None:  # the request's own template over the server's (as vLLM)
+            kw["chat_template"] = req.chat_template
+        if req.documents is not None:
+            kw["documents"] = req.documents
         if req.continue_final_message:
             kw["continue_final_message"] = True
         kw["add_generation_prompt"] = req.add_generation_prompt
-        ids, text = await state.chat_ids(messages, kw, truncate=_truncation(state, req.truncate_prompt_tokens))
+        ids, text = await state.chat_ids(messages, kw, req.add_special_tokens,
+                                         truncate=truncation(state, req.truncate_prompt_tokens))
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         echo = None
         if req.echo:  # vLLM's: the reply repeats the last message when it is the assistant's own
@@ -249,43 +273,6 @@ def _request_id(request: Request) -> str:
     return getattr(request.state, "request_id", None) or uuid.uuid4().hex
 
 
-def _truncation(state: ServingState, value: int | None) -> int | None:
-    """truncate_prompt_tokens as a token count (-1: max_model_len), or None; 400 above max_model_len."""
-    if value is None:
-        return None
-    limit = state.engine.max_model_len
-    if value > limit:
-        raise bad_request(f"truncate_prompt_tokens={value} is above max_model_len ({limit})",
-                          "truncate_prompt_tokens", "invalid_value")
-    return limit if value == -1 else value
-
-
-def _check_length(state: ServingState, ids: list[int], max_tokens: int | None, param: str) -> int | None:
-    limit = state.engine.max_model_len
-    if len(ids) > limit:
-        raise PromptTooLongError(f"this model's maximum context length is {limit} tokens, but the prompt has "
-                                 f"{len(ids)} tokens; shorten the {param}", len(ids), limit)
-    if max_tokens is None:
-        return max(1, limit - len(ids))
-    if isinstance(max_tokens, int) and max_tokens > 0 and len(ids) + max_tokens > limit:
-        raise bad_request(f"this model's maximum context length is {limit} tokens, but {len(ids)} prompt tokens "
-                          f"plus max_tokens={max_tokens} exceed it; lower max_tokens or shorten the {param}",
-                          "max_tokens", "context_length_exceeded")
-    return max_tokens
-
-
-def _split_prompts(prompt: Any) -> list[str | list[int]]:
-    """The prompts of a completions body: a string, token ids, or a batch of either (as OpenAI takes)."""
-    if isinstance(prompt, str):
-        return [prompt]
-    if not prompt:
-        raise bad_request("prompt is empty: give a string, a list of token ids, or a list of either",
-                          "prompt", "invalid_value")
-    if isinstance(prompt[0], int):
-        return [prompt]
-    return list(prompt)
-
-
 async def _serve(state: ServingState, request: Request, req: CompletionRequest | ChatCompletionRequest,
                  prompts: list[tuple[list[int], str | None]], max_tokens: int | None, chat: bool, prefix: str,
                  echo: list[str] | None = None) -> Response:
@@ -301,7 +288,7 @@ async def _serve(state: ServingState, request: Request, req: CompletionRequest |
     for k, (ids, _) in enumerate(prompts):
         where = param if len(prompts) == 1 else f"{param}[{k}]"
         try:
-            params.append(to_sampling_params(req, _check_length(state, ids, max_tokens, where),
+            params.append(to_sampling_params(req, check_length(state, ids, max_tokens, where),
                                              state.engine.args.max_logprobs))
         except PromptTooLongError as e:
             e.param = param
@@ -309,9 +296,11 @@ async def _serve(state: ServingState, request: Request, req: CompletionRequest |
     specs = [sp.structured_output for sp in params if sp.structured_output is not None]
     if specs:  # compiling a grammar can take seconds: never on the event loop, never on the engine thread
         await asyncio.to_thread(_compile_all, state.engine, specs)
+    token_text = _token_id_text if req.return_tokens_as_token_ids else state.token_texts
     meta = ResponseMeta(f"{prefix}-{_request_id(request)}", state.model_name, chat, req.include_usage,
-                        req.return_metrics, logprobs=params[0].logprobs, token_text=state.token_texts,
-                        drop_output=drop_output, prompt_logprobs=req.prompt_logprobs)
+                        req.return_metrics, logprobs=params[0].logprobs, token_text=token_text,
+                        drop_output=drop_output, prompt_logprobs=req.prompt_logprobs,
+                        continuous_usage=req.continuous_usage)
     streams: list[RequestStream] = []
     try:
         for k, ((ids, text), sp) in enumerate(zip(prompts, params)):
@@ -336,6 +325,11 @@ async def _serve(state: ServingState, request: Request, req: CompletionRequest |
     return JSONResponse(body)
 
 
+def _token_id_text(token_id: int) -> str:
+    """vLLM's return_tokens_as_token_ids spelling of a token in logprobs."""
+    return f"token_id:{token_id}"
+
+
 def _compile_all(engine: LLMEngine, specs: list[Any]) -> None:
     compiler = engine.grammar_compiler
     for spec in specs:
@@ -357,6 +351,11 @@ class _EngineStreamingResponse(StreamingResponse):
                 stream.close()
 
 
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 async def _collect(streams: list[RequestStream], request: Request) -> list[RequestOutput]:
     """The final outputs of non-streamed requests; aborts them all if the client goes away first."""
 
@@ -368,6 +367,9 @@ async def _collect(streams: list[RequestStream], request: Request) -> list[Reque
         return final
 
     task = asyncio.ensure_future(asyncio.gather(*(last(st) for st in streams)))
+    # A gather cancelled under a client that left can end holding CancelledError as its exception;
+    # read it, or asyncio logs "exception was never retrieved" with a traceback for a routine hang-up.
+    task.add_done_callback(_retrieve)
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
