@@ -54,14 +54,22 @@ def _pi_inside(value: float, sample: np.ndarray) -> bool | None:
     return bool(abs(value - float(np.mean(sample))) <= half)
 
 
-def judge_cell(forecast: float, reals: Sequence[float], tol: float) -> dict[str, Any]:
-    """The verdict of one cell: the forecast against the runs' values (seconds, all > 0)."""
-    x = np.log(np.asarray(reals, dtype=float))
+def _value(v: float | None) -> float:
+    return math.nan if v is None else float(v)
+
+
+def judge_cell(forecast: float | None, reals: Sequence[float | None], tol: float,
+               undefined: str = "no value to judge") -> dict[str, Any]:
+    """The verdict of one cell: the forecast against the runs' values (seconds, all > 0; None/NaN: no value)."""
+    forecast = _value(forecast)
+    vals = [_value(v) for v in reals]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = np.log(np.asarray(vals, dtype=float))
     n = len(x)
-    out: dict[str, Any] = {"runs": n, "tolerance": tol, "forecast": forecast,
-                           "real": [float(v) for v in reals]}
+    out: dict[str, Any] = {"runs": n, "tolerance": tol, "forecast": _finite(forecast),
+                           "real": [_finite(v) for v in vals]}
     if not (forecast > 0 and n and np.all(np.isfinite(x))):
-        return {**out, "state": NO_VERDICT, "why": "no value to judge"}
+        return {**out, "state": NO_VERDICT, "why": undefined}
     b = math.log(forecast) - float(np.mean(x))
     out["bias"] = b
     if n < 2:
@@ -81,13 +89,23 @@ def judge_cell(forecast: float, reals: Sequence[float], tol: float) -> dict[str,
     return out
 
 
-def judge(forecast: dict[str, dict[str, float]], runs: list[dict[str, dict[str, float]]],
+def _finite(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+# Why a metric can have no value at all: every output one token leaves no gap between tokens.
+UNDEFINED = {"tpot": "TPOT undefined: every output is one token (no time between tokens)",
+             "itl": "ITL undefined: every output is one token (no gap between tokens)"}
+
+
+def judge(forecast: dict[str, dict[str, float | None]], runs: list[dict[str, dict[str, float | None]]],
           num_requests: int, metrics: Sequence[str] = ("ttft", "tpot", "itl", "e2e")) -> dict[str, Any]:
     """Every cell: forecast[m][q] against runs[i][m][q]; p99 only judged with enough requests."""
     cells: dict[str, dict[str, Any]] = {}
     for m in metrics:
         for q, tol in TOLERANCE.items():
-            cell = judge_cell(float(forecast[m][q]), [float(r[m][q]) for r in runs], tol)
+            cell = judge_cell(forecast[m][q], [r[m][q] for r in runs], tol,
+                              UNDEFINED.get(m, "no value to judge"))
             if q == "p99" and num_requests < P99_MIN_REQUESTS and cell["state"] != NO_VERDICT:
                 cell = {**cell, "state": NO_VERDICT,
                         "why": f"{num_requests} requests: p99 needs {P99_MIN_REQUESTS}"}

@@ -1,0 +1,39 @@
+"""The twin's report on edge-case workloads: what cannot be measured is said, everything else written."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from .test_calibrate_fidelity import _trace
+
+
+def test_one_token_outputs_report_tpot_undefined_and_write_the_rest(tiny_model: Path, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Every output one token: TPOT and ITL have no value on either side; fidelity still writes its files."""
+    from twinserve.backends.sim.fitted import FittedCostModel
+    from twinserve.cli import main
+
+    prof = tmp_path / "ok.json"
+    FittedCostModel(intercept_s=0.002).save(prof)
+    trace = _trace(tmp_path / "one.csv", [(0.0, 10, 1), (0.01, 20, 1), (0.02, 8, 1)])
+    out = tmp_path / "o"
+    assert main(["fidelity", "--profile", str(prof), "--trace", str(trace), "--repeats", "2", "--no-probe",
+                 "--model", str(tiny_model), "--dtype", "float64", "--max-model-len", "64",
+                 "--out", str(out)]) == 0
+    text = (out / "fidelity.json").read_text()
+    rep = json.loads(text, parse_constant=lambda c: pytest.fail(f"fidelity.json holds {c}: not JSON"))
+    for m in ("tpot", "itl"):
+        cell = rep["metrics"][m]["p50"]
+        assert cell["verdict"]["state"] == "no verdict" and "one token" in cell["verdict"]["why"]
+        assert cell["sim"] is None and cell["real"] is None
+    # TTFT and E2E are measured and judged as usual.
+    for m in ("ttft", "e2e"):
+        cell = rep["metrics"][m]["p50"]
+        assert cell["real"] > 0 and cell["sim"] > 0 and cell["verdict"]["state"] != "no verdict"
+    md = (out / "fidelity.md").read_text()
+    assert "TPOT undefined" in md
+    assert math.isfinite(rep["summary"]["cells"]) and (out / "requests_real.csv").exists()
