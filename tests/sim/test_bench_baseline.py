@@ -28,3 +28,14 @@ def test_baseline_child_imports_the_revision_not_the_working_tree(tmp_path, expe
     # A whole (small) benchmark run on the extracted revision, with its results digest.
     rate, digest = bench.run_child(pkg, ["--requests", "40", "--repeat", "1"])
     assert rate > 0 and len(digest) == 16
+
+
+def test_without_shared_the_bench_runs_the_whole_bundled_excerpt(experiment, monkeypatch, capsys) -> None:
+    """Issue 53 item 15: a fresh clone has no ../shared; the fallback asks the excerpt for its rows, not 5,000."""
+    bench = experiment("bench_simulator")
+    monkeypatch.setattr(bench, "TRACE", Path("/nonexistent/shared/traces/conv.csv"))
+    rows = bench.bundled_rows()
+    assert 100 < rows < 5000
+    bench.main(["--repeat", "1"])
+    out = capsys.readouterr().out
+    assert f"first {rows} rows; ../shared is absent" in out and f"simulated {rows} requests" in out
