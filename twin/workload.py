@@ -86,12 +86,25 @@ def workload_factory(opts: FidelityOptions, max_model_len: int, vocab_size: int)
                             "or --config STUDY.toml")
     cfg.on_overlong = "fail"
     cfg.vocab_size = min(cfg.vocab_size, vocab_size) if opts.config else vocab_size
-    trace = cfg.trace or None
+    trace = trace_path(cfg.trace) if cfg.trace else None
 
     def make() -> Workload:
         return CappedWorkload(cfg, opts.seed, max_model_len, trace, opts.max_prompt_tokens,
                               opts.max_output_tokens, opts.trace_offset)
     return make
+
+
+def trace_path(trace: str) -> str:
+    """A trace file's path: 'builtin:NAME' is a trace shipped with twinserve (as simulate and bench take)."""
+    from twinserve.sim.build import BUILTIN_TRACES
+
+    if not trace.startswith("builtin:"):
+        return trace
+    name = trace.split(":", 1)[1]
+    if name not in BUILTIN_TRACES:
+        raise FidelityError(f"--trace {trace}: no such builtin trace; known: "
+                            + ", ".join(f"builtin:{n}" for n in BUILTIN_TRACES))
+    return str(BUILTIN_TRACES[name])
 
 
 def check_workload(make: Callable[[], Workload], max_model_len: int) -> int:

@@ -37,3 +37,22 @@ def test_one_token_outputs_report_tpot_undefined_and_write_the_rest(tiny_model: 
     md = (out / "fidelity.md").read_text()
     assert "TPOT undefined" in md
     assert math.isfinite(rep["summary"]["cells"]) and (out / "requests_real.csv").exists()
+
+
+def test_fidelity_takes_the_builtin_trace_as_simulate_and_bench_do(tiny_model: Path, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 53 item 25: `--trace builtin:azure_conv` serves the bundled excerpt; an unknown name is refused."""
+    from twinserve.backends.sim.fitted import FittedCostModel
+    from twinserve.cli import main
+
+    prof = tmp_path / "ok.json"
+    FittedCostModel(intercept_s=0.002).save(prof)
+    common = ["--profile", str(prof), "--model", str(tiny_model), "--dtype", "float64", "--max-model-len", "64",
+              "--num-requests", "3", "--rate", "50", "--max-prompt-tokens", "16", "--max-output-tokens", "3"]
+    out = tmp_path / "o"
+    assert main(["fidelity", "--trace", "builtin:azure_conv", *common, "--repeats", "1", "--no-probe",
+                 "--out", str(out)]) == 0
+    assert json.loads((out / "forecast.json").read_text())["num_requests"] == 3
+    assert main(["fidelity", "--trace", "builtin:nope", *common, "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert "builtin:nope" in err and "builtin:azure_conv" in err
