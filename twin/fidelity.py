@@ -21,7 +21,8 @@ from twinserve.twin.forecast import NOWCAST, make_forecast, percentiles, simulat
 from twinserve.backends.real.hostload import HostLoad
 from twinserve.twin.preflight import EngineFacts, check_flags, check_profile, engine_facts, mismatches
 from twinserve.twin.realrun import RealRun, run_real
-from twinserve.twin.report import banner, forecast_table, free_running_line, pi_count, summary_line, verdict_table
+from twinserve.twin.report import (banner, forecast_table, free_running_line, pi_count, profile_validity,
+                                   summary_line, verdict_table)
 from twinserve.twin.schedule import free_running, schedule_equivalence
 from twinserve.twin.specforecast import spec_forecast
 from twinserve.twin.steps import step_errors, step_line
@@ -68,6 +69,8 @@ def forecast_phase(engine: Any, opts: FidelityOptions, out: Path,
     fc, sim, priced = make_forecast(profile, opts.profile, make, engine.scheduler_config, engine_record(engine, facts),
                             options_record(opts, runs=False), workload_hash(make), probe, spec)
     write_forecast(fc, out)
+    for line in profile_validity(profile.meta, fc["speed"]["ratio"]):
+        echo(line)
     if spec is not None:
         echo(f"forecast with speculation: {spec.config.method} k={spec.config.num_speculative_tokens}, acceptance "
              f"{spec.rates[0]:.3f} per position from the earlier run {spec.source}")
@@ -130,7 +133,8 @@ def judge_phase(opts: FidelityOptions, fc: dict[str, Any], fsim: Any, priced: Fi
                              "err": sim / geo - 1 if geo and sim is not None else None}
     report["metrics"] = metrics
     report["summary"] = verdict["summary"]
-    report["banner"] = banner(mismatch, [r.host_load for r in runs], n_req, len(done), fc["kind"])
+    report["banner"] = banner(mismatch, [r.host_load for r in runs], n_req, len(done), fc["kind"],
+                              profile_validity(priced.meta, fc["speed"]["ratio"]))
     per_run = []
     for r in done:
         check = schedule_equivalence(r.real, make, sched_cfg).to_dict()

@@ -56,3 +56,23 @@ def test_fidelity_takes_the_builtin_trace_as_simulate_and_bench_do(tiny_model: P
     assert main(["fidelity", "--trace", "builtin:nope", *common, "--out", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err
     assert "builtin:nope" in err and "builtin:azure_conv" in err
+
+
+def test_the_banner_gives_the_profiles_validity_and_warns_out_of_bounds() -> None:
+    """Issue 53 item 22: the profile of the report (88% load, probes 293% apart, MAPE 33%) is warned of."""
+    from twinserve.twin.report import banner, profile_validity
+
+    bad = {"provenance": {"host_load": {"other_share": 0.80, "steal_share": 0.08},
+                          "speed_probes": [[0.0, 1.0], [100.0, 3.93]]}, "fit": {"mape": 0.33}}
+    lines = profile_validity(bad, 2.9)
+    assert lines[0].startswith("profile: calibrated under 88% other load, speed probes 293% apart, fit error "
+                               "(MAPE) 33%; probe ratio 2.900")
+    warned = "\n".join(lines[1:])
+    assert len(lines) == 5 and all(w in warned for w in ("88% other load", "293% apart", "fit error is 33%",
+                                                         "probe ratio 2.90 is outside [0.8, 1.25]"))
+    good = {"provenance": {"host_load": {"other_share": 0.01, "steal_share": 0.0},
+                           "speed_probes": [[0.0, 1.0], [100.0, 1.05]]}, "fit": {"mape": 0.08}}
+    assert profile_validity(good, 1.02) == ["profile: calibrated under 1% other load, speed probes 5% apart, fit "
+                                            "error (MAPE) 8%; probe ratio 1.020 (every step price is scaled by it)"]
+    assert "not recorded" in profile_validity({}, None)[0] and "not taken" in profile_validity({}, None)[0]
+    assert lines[1] in banner([], [], 400, 3, "forecast", lines)
