@@ -4,6 +4,8 @@ servable, the flags make sense.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,9 +152,10 @@ def check_flags(repeats: int, rate: float | None, num_requests: int, time_scale:
         raise FidelityError(f"--trace-offset {trace_offset}: give rows to skip, >= 0")
     if repeats < 1:
         raise FidelityError(f"--repeats {repeats}: give 1 or more (3 resolve most cells on a quiet machine)")
-    if rate is not None and not rate > 0:
-        raise FidelityError(f"--rate {rate}: give requests per second > 0")
+    if rate is not None and not (rate > 0 and math.isfinite(rate)):
+        raise FidelityError(f"--rate {rate}: give a finite number of requests per second > 0 (for all at once, "
+                            "a trace's own timestamps or a large rate such as 1000)")
     if num_requests < 1:
         raise FidelityError(f"--num-requests {num_requests}: give 1 or more")
-    if not time_scale > 0:
+    if not (time_scale > 0 and math.isfinite(time_scale)):
         raise FidelityError(f"--time-scale {time_scale}: give a factor > 0")

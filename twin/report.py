@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from twinserve.backends.real.hostload import NOISY_SHARE
-from twinserve.twin.verdict import CONFIDENCE, NO_VERDICT, P99_MIN_REQUESTS, UNRESOLVED
+from twinserve.twin.verdict import CONFIDENCE, NO_VERDICT, P99_MIN_REQUESTS, RUNS_SHOWN_MAX, UNRESOLVED
 
 
 def banner(mismatch: list[str], host_loads: list[dict[str, Any] | None], num_requests: int,
@@ -85,7 +85,9 @@ def verdict_table(cells: dict[str, dict[str, Any]]) -> str:
         for q, c in per.items():
             ci = c.get("ci")
             state = c["state"]
-            if state == UNRESOLVED and c.get("runs_to_resolve"):
+            if state == UNRESOLVED and c.get("runs_to_resolve") and c["runs_to_resolve"] > RUNS_SHOWN_MAX:
+                state += f" (over {RUNS_SHOWN_MAX} runs would resolve: the bias is near the band's edge)"
+            elif state == UNRESOLVED and c.get("runs_to_resolve"):
                 state += f" ({c['runs_to_resolve']} runs would resolve)"
             elif state == UNRESOLVED and "ci" in c:
                 state += " (no run count resolves it)"
@@ -93,7 +95,9 @@ def verdict_table(cells: dict[str, dict[str, Any]]) -> str:
                 state += f" ({c['why']})"
             pi = c.get("pi_inside")
             loo = c.get("loo_forecast_inside")
+            hw = c.get("pi_half_width")
             pi_s = "-" if pi is None else ("yes" if pi else "no") + (
+                f" (+-{math.expm1(hw):.1%})" if hw is not None else "") + (
                 f" (LOO {loo}/{c['runs']})" if loo is not None else "")
             noise = "-" if c.get("noise") is None else f"{c['noise']:.1%}"
             lines.append(f"| {m.upper()} | {q} | {_ms(c.get('forecast'))} | "
@@ -106,7 +110,8 @@ def summary_line(s: dict[str, int], pi: tuple[int, int]) -> str:
     """One line: the verdicts counted, and the always-measurable prediction-interval count."""
     return (f"verdict: {s['pass']} PASS, {s['fail']} FAIL, {s['unresolved']} UNRESOLVED of {s['cells']} cells "
             f"(+-5% at p50, +-10% at p90/p99, {CONFIDENCE:.0%} CI); forecast inside the {CONFIDENCE:.0%} prediction "
-            f"interval of a new run in {pi[0]} of {pi[1]} cells")
+            f"interval of a new run (mean of the runs' logs +- t(n-1) s sqrt(1 + 1/n), half-widths in the table) "
+            f"in {pi[0]} of {pi[1]} cells")
 
 
 def pi_count(cells: dict[str, dict[str, Any]]) -> tuple[int, int]:

@@ -20,6 +20,10 @@ P99_MIN_REQUESTS = 300
 CONFIDENCE = 0.90
 PASS, FAIL, UNRESOLVED, NO_VERDICT = "PASS", "FAIL", "UNRESOLVED", "no verdict"
 MAX_RUNS = 10_000
+# Runs the report names as resolving a cell at most; beyond, the bias sits on the band's edge.
+RUNS_SHOWN_MAX = 30
+# Leave-one-out counts need at least this many runs (of 2, each left-out PI rests on one run).
+LOO_MIN_RUNS = 4
 
 
 def _t(df: int) -> float:
@@ -46,12 +50,17 @@ def runs_to_resolve(b: float, s: float, tol: float) -> int | None:
     return None
 
 
-def _pi_inside(value: float, sample: np.ndarray) -> bool | None:
+def pi_half_width(sample: np.ndarray) -> float | None:
+    """Half-width (log scale) of the 90% prediction interval of a new run: t(n-1) s sqrt(1 + 1/n)."""
     n = len(sample)
     if n < 2:
         return None
-    half = _t(n - 1) * float(np.std(sample, ddof=1)) * math.sqrt(1 + 1 / n)
-    return bool(abs(value - float(np.mean(sample))) <= half)
+    return _t(n - 1) * float(np.std(sample, ddof=1)) * math.sqrt(1 + 1 / n)
+
+
+def _pi_inside(value: float, sample: np.ndarray) -> bool | None:
+    half = pi_half_width(sample)
+    return None if half is None else bool(abs(value - float(np.mean(sample))) <= half)
 
 
 def _value(v: float | None) -> float:
@@ -80,8 +89,9 @@ def judge_cell(forecast: float | None, reals: Sequence[float | None], tol: float
     band = (math.log1p(-tol), math.log1p(tol))
     state = _state(b - half, b + half, band)
     loo = [(_pi_inside(float(x[j]), np.delete(x, j)), _pi_inside(math.log(forecast), np.delete(x, j)))
-           for j in range(n)] if n >= 3 else []
+           for j in range(n)] if n >= LOO_MIN_RUNS else []
     out.update(noise=s, ci=[b - half, b + half], state=state, pi_inside=_pi_inside(math.log(forecast), x),
+               pi_half_width=pi_half_width(x),
                loo_real_inside=sum(bool(r) for r, _ in loo) if loo else None,
                loo_forecast_inside=sum(bool(f) for _, f in loo) if loo else None)
     if state == UNRESOLVED:
