@@ -223,17 +223,19 @@ class Scheduler(OutputUpdate):
             rid = req.request_id
             k = 0
             if num_new == 1:
-                if spec_on and req.spec_token_ids:
-                    # Drafts take only spare budget.
-                    k = _draft_len(req, spare)
-                    if k > 0:
-                        spec_tokens[rid] = req.spec_token_ids[:k]
-                        num_new += k
+                if spec_on:
+                    if req.spec_token_ids:
+                        # Drafts take only spare budget.
+                        k = _draft_len(req, spare)
+                        if k > 0:
+                            spec_tokens[rid] = req.spec_token_ids[:k]
+                            num_new += k
+                    fast = not (k or lookahead)
+                else:
+                    fast = True  # a plain decode step: no draft, no lookahead
                 # Past the bound: fast-forward advanced it, so refresh.
-                if k or lookahead:
-                    pass
-                elif c < req.fast_decode_limit or (
-                        c > req.fast_decode_limit and c < _refresh_fast_decode_limit(kv, req)):
+                if fast and (c < req.fast_decode_limit or (
+                        c > req.fast_decode_limit and c < _refresh_fast_decode_limit(kv, req))):
                     add_id(rid)
                     add_computed(c)
                     req.num_computed_tokens = c + 1
