@@ -10,7 +10,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 
@@ -105,10 +105,13 @@ async def _one(client: httpx.AsyncClient, target: BenchTarget, item: WorkItem, p
     return rec
 
 
-async def run_benchmark(target: BenchTarget, workload: Workload, max_concurrency: int | None = None
-                        ) -> BenchRun:
-    """Send the whole workload on its arrival schedule; one RequestRecord per request."""
+async def run_benchmark(target: BenchTarget, workload: Workload, max_concurrency: int | None = None,
+                        progress: Callable[[int, int, int, float], None] | None = None) -> BenchRun:
+    """Send the whole workload on its arrival schedule; one RequestRecord per request.
+
+    progress(done, total, errors, seconds) is called as each request ends."""
     items = list(workload.items())
+    done = errors = 0
     limit = max_concurrency or len(items) or 1
     sem = asyncio.Semaphore(limit)
     in_flight = 0
@@ -118,14 +121,19 @@ async def run_benchmark(target: BenchTarget, workload: Workload, max_concurrency
         t0 = time.perf_counter()
 
         async def send(item: WorkItem, prompt: list[int]) -> RequestRecord:
-            nonlocal in_flight, peak
+            nonlocal in_flight, peak, done, errors
             async with sem:
                 in_flight += 1
                 peak = max(peak, in_flight)
                 try:
-                    return await _one(client, target, item, prompt, t0)
+                    rec = await _one(client, target, item, prompt, t0)
                 finally:
                     in_flight -= 1
+                done += 1
+                errors += bool(rec.error)
+                if progress is not None:
+                    progress(done, len(items), errors, time.perf_counter() - t0)
+                return rec
 
         tasks = []
         for item in items:
