@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,23 @@ def format_report(s: dict[str, Any], slo: SLOConfig) -> str:
     return "\n".join(lines)
 
 
+class ProgressLine:
+    """A progress line on stderr: at the first and last request and at most every 10 s between."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s = every_s
+        self.last = -math.inf
+
+    def __call__(self, done: int, total: int, errors: int, seconds: float) -> None:
+        """Print when due."""
+        if done in (1, total) or seconds - self.last >= self.every_s:
+            self.last = seconds
+            rate = done / seconds if seconds > 0 else 0.0
+            left = f", about {(total - done) / rate:.0f} s left" if 0 < done < total and rate > 0 else ""
+            print(f"bench: {done}/{total} requests done ({errors} failed) in {seconds:.0f} s{left}",
+                  file=sys.stderr, flush=True)
+
+
 def run_bench(ns: argparse.Namespace) -> int:
     """Entry point of `twinserve bench`."""
     base_url = ns.base_url or f"http://{ns.host}:{ns.port}"
@@ -148,7 +166,8 @@ def run_bench(ns: argparse.Namespace) -> int:
     slo = parse_goodput(ns.goodput)
     target = BenchTarget(base_url, ns.model or info["id"], ns.endpoint, ns.api_key, ns.ignore_eos,
                          ns.request_timeout)
-    run = asyncio.run(run_benchmark(target, workload, ns.max_concurrency))
+    print(f"bench: {ns.num_prompts} requests to {base_url} ...", file=sys.stderr, flush=True)
+    run = asyncio.run(run_benchmark(target, workload, ns.max_concurrency, ProgressLine()))
     req, summary = summarize_run(run, slo)
     summary.update(label=ns.label, request_rate=ns.request_rate, burstiness=ns.burstiness,
                    dataset=ns.dataset_name, num_prompts=ns.num_prompts, model=target.model)

@@ -10,7 +10,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 
@@ -105,16 +105,20 @@ async def _one(client: httpx.AsyncClient, target: BenchTarget, item: WorkItem, p
     return rec
 
 
-async def run_closed_loop(target: BenchTarget, workload: Workload) -> BenchRun:
+async def run_closed_loop(target: BenchTarget, workload: Workload,
+                          progress: Callable[[int, int, int, float], None] | None = None) -> BenchRun:
     """The workload's closed-loop clients (sim/clients.py's model) against the server.
 
     concurrency clients take requests in the workload's order; each sends its next one
     think_time_s after its last one's last token; the first warmup_requests are marked warm-up.
     """
     cfg = workload.cfg
-    items = iter(workload.items())
+    queue = list(workload.items())
+    items = iter(queue)
     n = cfg.concurrency
     taken = 0
+    done = errors = 0
+    total = len(queue)
     in_flight = 0
     peak = 0
     records: list[RequestRecord] = []
@@ -123,7 +127,7 @@ async def run_closed_loop(target: BenchTarget, workload: Workload) -> BenchRun:
         t0 = time.perf_counter()
 
         async def one_client(cid: int) -> None:
-            nonlocal taken, in_flight, peak
+            nonlocal taken, in_flight, peak, done, errors
             while True:
                 item = next(items, None)
                 if item is None:
@@ -138,6 +142,10 @@ async def run_closed_loop(target: BenchTarget, workload: Workload) -> BenchRun:
                     in_flight -= 1
                 rec.client, rec.warmup = cid, item.warmup
                 records.append(rec)
+                done += 1
+                errors += bool(rec.error)
+                if progress is not None:
+                    progress(done, total, errors, time.perf_counter() - t0)
                 if cfg.think_time_s > 0:
                     await asyncio.sleep(cfg.think_time_s)
 
@@ -146,12 +154,15 @@ async def run_closed_loop(target: BenchTarget, workload: Workload) -> BenchRun:
     return BenchRun(records, duration, n, peak, [r.error for r in records if r.error])
 
 
-async def run_benchmark(target: BenchTarget, workload: Workload, max_concurrency: int | None = None
-                        ) -> BenchRun:
-    """Send the whole workload on its arrival schedule (or by its closed-loop clients)."""
+async def run_benchmark(target: BenchTarget, workload: Workload, max_concurrency: int | None = None,
+                        progress: Callable[[int, int, int, float], None] | None = None) -> BenchRun:
+    """Send the whole workload on its arrival schedule (or by its closed-loop clients).
+
+    progress(done, total, errors, seconds) is called as each request ends."""
     if workload.cfg.concurrency > 0:
-        return await run_closed_loop(target, workload)
+        return await run_closed_loop(target, workload, progress)
     items = list(workload.items())
+    done = errors = 0
     limit = max_concurrency or len(items) or 1
     sem = asyncio.Semaphore(limit)
     in_flight = 0
@@ -161,14 +172,19 @@ async def run_benchmark(target: BenchTarget, workload: Workload, max_concurrency
         t0 = time.perf_counter()
 
         async def send(item: WorkItem, prompt: list[int]) -> RequestRecord:
-            nonlocal in_flight, peak
+            nonlocal in_flight, peak, done, errors
             async with sem:
                 in_flight += 1
                 peak = max(peak, in_flight)
                 try:
-                    return await _one(client, target, item, prompt, t0)
+                    rec = await _one(client, target, item, prompt, t0)
                 finally:
                     in_flight -= 1
+                done += 1
+                errors += bool(rec.error)
+                if progress is not None:
+                    progress(done, len(items), errors, time.perf_counter() - t0)
+                return rec
 
         tasks = []
         for item in items:

@@ -13,7 +13,9 @@ PendingChain; the prompts share a 64-token system prompt, so each request's chai
 at its first own block). The mean and p99 cover all steps, those included; the median is
 a plain decode step.
 
---baseline REF also times core/ as of a git revision (extracted to a temporary folder),
+--baseline REF also times core/ as of a git revision (extracted to a temporary folder, its own
+imports renamed so it never loads the working tree's core: --baseline HEAD on a clean tree is an A/A
+check whose ratios should be ~1),
 alternating runs with the working tree's, and prints the ratios of the two.
 
     python experiments/bench_scheduler.py [--steps 400] [--repeats 5] [--sizes 64,256,1024]
@@ -114,7 +116,11 @@ def alloc_free_ops_per_s(n_ops: int = 200_000) -> float:
 
 
 def load_baseline(ref: str) -> ModuleType:
-    """core/ as of git revision ref, imported as a package of its own (it imports nothing above)."""
+    """core/ as of git revision ref, imported as a package of its own, `baseline_core`.
+
+    Its own absolute imports (twinserve.core.*) are renamed to baseline_core.*, else they would
+    load the working tree's modules and the comparison would time the working tree twice.
+    """
     root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
                           check=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     archive = subprocess.run(["git", "archive", "--format=tar", ref, "core"], capture_output=True,
@@ -123,9 +129,38 @@ def load_baseline(ref: str) -> ModuleType:
     atexit.register(shutil.rmtree, tmp, True)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(tmp)
-    os.rename(os.path.join(tmp, "core"), os.path.join(tmp, "baseline_core"))
+    pkg = os.path.join(tmp, BASELINE)
+    os.rename(os.path.join(tmp, "core"), pkg)
+    for folder, _, files in os.walk(pkg):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path) as f:
+                    text = f.read()
+                with open(path, "w") as f:
+                    f.write(text.replace("twinserve.core", BASELINE))
     sys.path.insert(0, tmp)
-    return importlib.import_module("baseline_core")
+    module = importlib.import_module(BASELINE)
+    check_baseline(module, tmp)
+    return module
+
+
+BASELINE = "baseline_core"
+
+
+def check_baseline(module: ModuleType, folder: str) -> None:
+    """Refuse a baseline whose code is not all from folder: none of the working tree's core may run in it."""
+    for name in [m for m in sys.modules if m == BASELINE or m.startswith(BASELINE + ".")]:
+        mod = sys.modules[name]
+        path = os.path.abspath(getattr(mod, "__file__", "") or "")
+        if not path.startswith(os.path.abspath(folder) + os.sep):
+            raise RuntimeError(f"baseline module {name} was imported from {path}, not from {folder}")
+        for attr, value in vars(mod).items():
+            owner = getattr(value, "__module__", None)
+            if isinstance(owner, str) and owner.startswith("twinserve.core"):
+                raise RuntimeError(f"baseline module {name} uses {owner}.{attr} of the working tree")
+    if module.Scheduler is current_core.Scheduler:
+        raise RuntimeError("the baseline's Scheduler is the working tree's")
 
 
 def summarize(runs: list[list[float]]) -> tuple[float, float, float]:

@@ -54,13 +54,25 @@ def bench_config(num_requests: int, fast_forward: bool, prefix_caching: bool) ->
     cfg.scheduler.enable_prefix_caching = prefix_caching
     w = cfg.workload
     w.trace = str(TRACE) if TRACE.exists() else BUNDLED
-    w.num_requests = num_requests
+    # A fresh clone has only the bundled excerpt: its rows, at most.
+    w.num_requests = num_requests if TRACE.exists() else min(num_requests, bundled_rows())
     w.arrival = "poisson"
     w.rate = 1.5
     w.prompt_dist = w.output_dist = "trace"
     w.on_overlong = "clip"
     cfg.run.fast_forward = fast_forward
     return cfg
+
+
+def bundled_rows() -> int:
+    """Rows of the bundled excerpt (the fallback trace)."""
+    from twinserve.sim.build import BUILTIN_TRACES
+    from twinserve.sim.traces import read_trace
+
+    return sum(1 for _ in read_trace(BUILTIN_TRACES[BENCH_BUILTIN]))
+
+
+BENCH_BUILTIN = BUNDLED.split(":", 1)[1]
 
 
 # Run in a child process: import twinserve from the folder given first (dropping the
@@ -174,7 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     assert best is not None
     wall, res, built = best
     done = sum(1 for r in res.records if r.finish_time is not None)
-    print(f"trace: {cfg.workload.trace} (first {args.requests} rows; "
+    note = "" if cfg.workload.num_requests == args.requests else (
+        f"; ../shared is absent: the bundled excerpt has {cfg.workload.num_requests} rows, not {args.requests}")
+    print(f"trace: {cfg.workload.trace} (first {cfg.workload.num_requests} rows{note}; "
           f"clipped {built.workload.length_stats.clipped} over max_model_len 4096)")
     print(f"Llama-2-70B on 4x A100-80GB TP4, {built.capacity.num_blocks} KV blocks of 16; "
           f"fast_forward={not args.no_fast_forward}, prefix_caching={args.prefix_caching}; "

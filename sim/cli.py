@@ -92,8 +92,9 @@ def _notes(cfg: StudyConfig, wall: float, n_points: int, axes: Sequence[str] = (
         f"{e.cost_model} cost model; policy {s.policy}, chunked prefill "
         f"{s.enable_chunked_prefill}, prefix caching {s.enable_prefix_caching}, "
         f"block size {s.block_size}, max_model_len {s.max_model_len}",
-        f"workload: {w.num_requests} requests, "
-        f"{'closed-loop clients' if w.concurrency else 'arrivals ' + w.arrival}, lengths "
+        f"workload: {w.num_requests} requests"
+        + (" (every row of the trace: num_requests not set)" if cfg.num_requests_from_trace else "")
+        + f", {'closed-loop clients' if w.concurrency else 'arrivals ' + w.arrival}, lengths "
         f"{w.prompt_dist}/{w.output_dist} ({trace}); over-long: {w.on_overlong}; seed {cfg.run.seed}",
         one.speculative.describe(),
         f"SLOs for goodput: TTFT <= {cfg.slo.ttft_s} s, TPOT <= {cfg.slo.tpot_s} s",

@@ -158,6 +158,9 @@ class StudyConfig:
     search: SearchConfig = field(default_factory=SearchConfig)
     speculative: SpeculativeSection = field(default_factory=SpeculativeSection)
     source: str | None = None  # the file it came from, for error messages
+    # True: workload.num_requests is the trace's row count (the study did not set it).
+    num_requests_from_trace: bool = False
+    short_trace_given: bool = False  # the study's own allow_short_trace, back when num_requests is set
     # A [model] / [hardware] table's spec (sim/specs.py), found by its name like a catalog entry.
     custom_model: Any = None
     custom_hardware: Any = None
@@ -545,6 +548,9 @@ def set_field(cfg: StudyConfig, name: str, value: Any, file: str | None = None,
     check_set(dotted, value, file, line)
     setattr(getattr(cfg, section), fname, value)
     cfg.explicit.add(dotted)
+    if dotted == "workload.num_requests" and cfg.num_requests_from_trace:
+        cfg.num_requests_from_trace = False  # set now: a trace short of it is an error again
+        cfg.workload.allow_short_trace = cfg.short_trace_given
 
 
 def from_dict(data: dict[str, Any], file: str | None = None, text: str = "") -> StudyConfig:
@@ -571,8 +577,26 @@ def from_dict(data: dict[str, Any], file: str | None = None, text: str = "") -> 
     if any(t in data for t in SPEC_TABLES):
         from twinserve.sim.specs import read_spec_tables
         read_spec_tables(cfg, data, text)
+    w = data.get("workload")
+    if isinstance(w, dict) and w.get("trace") and "num_requests" not in w and not cfg.workload.trace_cycle:
+        default_to_trace_length(cfg)
     validate(cfg, text)
     return cfg
+
+
+def default_to_trace_length(cfg: StudyConfig) -> None:
+    """A trace without num_requests serves every row it has (not the 400 of a drawn workload)."""
+    from twinserve.sim.build import resolve_trace  # build imports this module
+    from twinserve.sim.traces import read_trace
+
+    path = Path(resolve_trace(cfg))
+    if not path.is_file():
+        return  # the build names the missing file
+    cfg.workload.num_requests = max(1, sum(1 for _ in read_trace(path)))
+    # Rows dropped as over-long are counted as such, not as a short trace.
+    cfg.short_trace_given = cfg.workload.allow_short_trace
+    cfg.workload.allow_short_trace = True
+    cfg.num_requests_from_trace = True
 
 
 def validate(cfg: StudyConfig, text: str = "") -> None:

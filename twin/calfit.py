@@ -19,7 +19,8 @@ from twinserve.backends.sim.fitted import FEATURE_COLUMNS, FittedCostModel
 from twinserve.core.errors import InvalidConfigError
 
 from twinserve.backends.real.step_log import TIME_COLUMNS, StepLog
-from twinserve.backends.real.hardware import cpu_features, device_name, engine_pad_rows, graph_max_decodes, regime_bounds
+from twinserve.backends.real.hardware import (cpu_features, device_name, engine_pad_rows, fp32_product_path,
+                                              graph_max_decodes, regime_bounds)
 from twinserve.backends.sim.catalog import catalog_name
 from twinserve.twin.calibrate import WAKE_STEPS, CalibrationDesign, Calibrator, _git_commit
 from twinserve.twin.preflight import served_model_spec
@@ -174,7 +175,8 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
                        "small_batch_weights": a.small_batch_weights,
                        "small_batch_rows": a.resolve_small_batch_rows(), "prepack_weights": a.prepack_weights,
                        "attention_backend": a.attention_backend, "enforce_eager": a.enforce_eager,
-                       "cuda_graph_max_batch": graph_max, "pad_rows": engine_pad_rows(engine)},
+                       "cuda_graph_max_batch": graph_max, "pad_rows": engine_pad_rows(engine),
+                       "fp32_product_path": fp32_product_path(a)},
             "design": asdict(design),
             "speculative_config": ({"method": speculative.method,
                                     "num_speculative_tokens": speculative.num_speculative_tokens}

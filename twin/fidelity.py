@@ -22,7 +22,8 @@ from twinserve.twin.forecast import NOWCAST, make_forecast, percentiles, simulat
 from twinserve.backends.real.hostload import HostLoad
 from twinserve.twin.preflight import EngineFacts, check_flags, check_profile, engine_facts, mismatches
 from twinserve.twin.realrun import RealRun, run_real
-from twinserve.twin.report import banner, forecast_table, free_running_line, pi_count, summary_line, verdict_table
+from twinserve.twin.report import (banner, forecast_table, free_running_line, pi_count, profile_validity,
+                                   summary_line, verdict_table)
 from twinserve.twin.schedule import free_running, schedule_equivalence
 from twinserve.twin.specforecast import spec_forecast
 from twinserve.twin.steps import step_errors, step_line
@@ -69,6 +70,8 @@ def forecast_phase(engine: Any, opts: FidelityOptions, out: Path,
     fc, sim, priced = make_forecast(profile, opts.profile, make, engine.scheduler_config, engine_record(engine, facts),
                             options_record(opts, runs=False), workload_hash(make), probe, spec)
     write_forecast(fc, out)
+    for line in profile_validity(profile.meta, fc["speed"]["ratio"]):
+        echo(line)
     if spec is not None:
         echo(f"forecast with speculation: {spec.config.method} k={spec.config.num_speculative_tokens}, acceptance "
              f"{spec.rates[0]:.3f} per position from the earlier run {spec.source}")
@@ -124,13 +127,15 @@ def judge_phase(opts: FidelityOptions, fc: dict[str, Any], fsim: Any, priced: Fi
     for m, per in verdict["cells"].items():
         metrics[m] = {}
         for q, cell in per.items():
-            real = [v for v in cell["real"] if v > 0]
-            geo = math.exp(sum(math.log(v) for v in real) / len(real)) if real else math.nan
-            metrics[m][q] = {"real": geo, "sim": cell["forecast"], "verdict": cell,
-                             "err": cell["forecast"] / geo - 1 if real else math.nan}
+            real = [v for v in cell["real"] if v is not None and v > 0]
+            geo = math.exp(sum(math.log(v) for v in real) / len(real)) if real else None
+            sim = cell["forecast"]
+            metrics[m][q] = {"real": geo, "sim": sim, "verdict": cell,
+                             "err": sim / geo - 1 if geo and sim is not None else None}
     report["metrics"] = metrics
     report["summary"] = verdict["summary"]
-    report["banner"] = banner(mismatch, [r.host_load for r in runs], n_req, len(done), fc["kind"])
+    report["banner"] = banner(mismatch, [r.host_load for r in runs], n_req, len(done), fc["kind"],
+                              profile_validity(priced.meta, fc["speed"]["ratio"]))
     per_run = []
     for r in done:
         check = schedule_equivalence(r.real, make, sched_cfg).to_dict()
@@ -189,7 +194,8 @@ def run_fidelity(engine: Any, opts: FidelityOptions, out_dir: str | Path, echo: 
     mismatch = mismatches(FittedCostModel.load(opts.profile), engine_facts(engine.args)) \
         if opts.allow_profile_mismatch else []
     report, md = judge_phase(opts, fc, fsim, priced, make, engine.scheduler_config, runs, out, mismatch, spec)
-    (out / "fidelity.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
+    (out / "fidelity.json").write_text(json.dumps(strict_json(report), indent=2, default=_json_default,
+                                                  allow_nan=False) + "\n")
     (out / "fidelity.md").write_text(md + "\n")
     echo(md)
     return report
@@ -212,6 +218,17 @@ def write_requests(records: list[Any], path: Path) -> None:
              "preemptions": r.num_preemptions, "finish_reason": r.finish_reason,
              "token_times": json.dumps(r.token_times)} for r in records]
     pd.DataFrame(rows).to_csv(path, index=False)
+
+
+def strict_json(o: Any) -> Any:
+    """o with every NaN or infinity as None: fidelity.json stays JSON that strict parsers read."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: strict_json(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [strict_json(v) for v in o]
+    return o
 
 
 def _json_default(o: Any) -> Any:

@@ -4,6 +4,8 @@ servable, the flags make sense.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +43,8 @@ class EngineFacts:
     cpu: dict[str, Any] | None
     # The simulator's ModelSpec of the served model (spec_record), sliding window included.
     model_spec: dict[str, Any] | None = None
+    # CPU fp32: the kernel of products above small_batch_rows rows (hardware.fp32_product_path).
+    fp32_product_path: str | None = None
 
     @property
     def attention(self) -> dict[str, int]:
@@ -79,7 +83,7 @@ def engine_facts(args: Any) -> EngineFacts:
 
     from twinserve.backends.real.engine import _peek_config
     from twinserve.backends.real.models.registry import resolve_model
-    from twinserve.backends.real.hardware import cpu_features, device_name
+    from twinserve.backends.real.hardware import cpu_features, device_name, fp32_product_path
     from twinserve.backends.sim.catalog import catalog_name
 
     source = resolve_model(args.model)
@@ -93,7 +97,7 @@ def engine_facts(args: Any) -> EngineFacts:
                        int(cfg.vocab_size), device.type, str(dtype).removeprefix("torch."),
                        int(args.tensor_parallel_size), args.resolve_engine_core_mode("inproc"),
                        args.resolve_small_batch_rows(device), args.quantization, device_name(device),
-                       cpu_features() if device.type == "cpu" else None, spec_record(spec))
+                       cpu_features() if device.type == "cpu" else None, spec_record(spec), fp32_product_path(args))
 
 
 def spec_record(spec: Any) -> dict[str, Any]:
@@ -121,8 +125,9 @@ def mismatches(profile: FittedCostModel, facts: EngineFacts, source: str = "prof
               lambda: check_profile_numerics(profile, facts.device, facts.dtype, source=source,
                                              quantization=facts.quantization),
               lambda: check_profile_core_mode(profile, facts.core_mode, source=source),
-              lambda: check_profile_code_path(profile, facts.small_batch_rows, source=source),
-              lambda: check_profile_hardware(profile, facts.hardware, facts.cpu, source=source))
+              lambda: check_profile_code_path(profile, facts.small_batch_rows, source=source,
+                                              product_path=facts.fp32_product_path),
+              lambda: check_profile_hardware(profile, facts.hardware, facts.cpu, source=source, suggest=False))
     out = []
     for check in checks:
         try:
@@ -136,7 +141,9 @@ def check_profile(profile: FittedCostModel, facts: EngineFacts, source: str, all
     """Refuse a profile made for another engine or machine, naming both and the command to make one."""
     found = [] if allow_mismatch else mismatches(profile, facts, source)
     if found:
-        shipped = [f"builtin:{n}" for n, _ in builtin_profiles_for(facts.hardware, facts.cpu)]
+        # Only shipped profiles this engine would accept: never name a refused one as the one to use.
+        shipped = [f"builtin:{n}" for n, _ in builtin_profiles_for(facts.hardware, facts.cpu)
+                   if not mismatches(FittedCostModel.load(f"builtin:{n}"), facts, f"builtin:{n}")]
         raise NoFittingProfileError(
             "; ".join(found) + f"\n  profile: {profile_made_for(profile)}\n  engine:  {facts.describe()}\n"
             + (f"  shipped for this machine: {', '.join(shipped)}\n" if shipped
@@ -150,9 +157,10 @@ def check_flags(repeats: int, rate: float | None, num_requests: int, time_scale:
         raise FidelityError(f"--trace-offset {trace_offset}: give rows to skip, >= 0")
     if repeats < 1:
         raise FidelityError(f"--repeats {repeats}: give 1 or more (3 resolve most cells on a quiet machine)")
-    if rate is not None and not rate > 0:
-        raise FidelityError(f"--rate {rate}: give requests per second > 0")
+    if rate is not None and not (rate > 0 and math.isfinite(rate)):
+        raise FidelityError(f"--rate {rate}: give a finite number of requests per second > 0 (for all at once, "
+                            "a trace's own timestamps or a large rate such as 1000)")
     if num_requests < 1:
         raise FidelityError(f"--num-requests {num_requests}: give 1 or more")
-    if not time_scale > 0:
+    if not (time_scale > 0 and math.isfinite(time_scale)):
         raise FidelityError(f"--time-scale {time_scale}: give a factor > 0")

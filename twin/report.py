@@ -6,11 +6,11 @@ import math
 from typing import Any
 
 from twinserve.backends.real.hostload import NOISY_SHARE
-from twinserve.twin.verdict import CONFIDENCE, NO_VERDICT, P99_MIN_REQUESTS, UNRESOLVED
+from twinserve.twin.verdict import CONFIDENCE, NO_VERDICT, P99_MIN_REQUESTS, RUNS_SHOWN_MAX, UNRESOLVED
 
 
 def banner(mismatch: list[str], host_loads: list[dict[str, Any] | None], num_requests: int,
-           runs: int, kind: str) -> list[str]:
+           runs: int, kind: str, profile_lines: list[str] = ()) -> list[str]:
     """Lines saying what makes this verdict weaker than it looks (empty lines are not returned)."""
     out = [f"VALIDITY (--allow-profile-mismatch): {m.split('; ')[0]}" for m in mismatch]
     shares = [(h["other_share"] + h["steal_share"]) for h in host_loads if h]
@@ -24,8 +24,49 @@ def banner(mismatch: list[str], host_loads: list[dict[str, Any] | None], num_req
         out.append(f"VALIDITY: {num_requests} requests: p99 is reported without a verdict (needs {P99_MIN_REQUESTS})")
     if runs < 2:
         out.append("VALIDITY: one real run: no noise estimate, every cell UNRESOLVED (use --repeats 3)")
+    out += list(profile_lines)
     out.append(f"judged: the {kind}, written to forecast.json before the engine served")
     return out
+
+
+# A profile's own validity, and why each bound: calibration under other load times steps slow;
+# probes far apart mean the machine's speed drifted during calibration; a large fit error means
+# the coefficients do not describe the steps; a probe ratio far from 1 scales every price by one
+# number, assuming the whole machine slowed alike.
+PROFILE_LOAD_MAX = NOISY_SHARE
+PROBE_SPREAD_MAX = 0.20
+FIT_MAPE_MAX = 0.15
+PROBE_RATIO_BOUNDS = (0.8, 1.25)
+
+
+def profile_validity(meta: dict[str, Any], ratio: float | None) -> list[str]:
+    """Lines on the profile's calibration load, probe spread, fit error and probe ratio; WARN when out of bounds."""
+    prov = meta.get("provenance") or {}
+    host = prov.get("host_load")
+    load = (host.get("other_share", 0.0) + host.get("steal_share", 0.0)) if isinstance(host, dict) else None
+    probes = [float(s) for _, s in prov.get("speed_probes") or [] if s]
+    spread = max(probes) / min(probes) - 1 if len(probes) > 1 and min(probes) > 0 else None
+    mape = (meta.get("fit") or {}).get("mape")
+    pct = lambda x: "not recorded" if x is None else f"{x:.0%}"  # noqa: E731
+    out = [f"profile: calibrated under {pct(load)} other load, speed probes {pct(spread)} apart, fit error "
+           f"(MAPE) {pct(mape)}; probe ratio {'not taken' if ratio is None else f'{ratio:.3f}'} "
+           "(every step price is scaled by it)"]
+    warn = []
+    if load is not None and load > PROFILE_LOAD_MAX:
+        warn.append(f"calibration ran under {load:.0%} other load (over {PROFILE_LOAD_MAX:.0%}): its steps were "
+                    "timed slow")
+    if spread is not None and spread > PROBE_SPREAD_MAX:
+        warn.append(f"its speed probes were {spread:.0%} apart (over {PROBE_SPREAD_MAX:.0%}): the machine's "
+                    "speed drifted while it was calibrated")
+    if mape is not None and mape > FIT_MAPE_MAX:
+        warn.append(f"its fit error is {mape:.0%} (over {FIT_MAPE_MAX:.0%}): the profile does not describe "
+                    "the steps it was fitted on")
+    lo, hi = PROBE_RATIO_BOUNDS
+    if ratio is not None and not lo <= ratio <= hi:
+        warn.append(f"the probe ratio {ratio:.2f} is outside [{lo}, {hi}]: this machine runs at another speed "
+                    "than at calibration, and one factor on every price assumes all steps slowed alike")
+    return out + [f"VALIDITY WARNING (profile): {w}; recalibrate (twinserve calibrate) on a quiet core"
+                  for w in warn]
 
 
 def _ms(x: float | None) -> str:
@@ -44,7 +85,9 @@ def verdict_table(cells: dict[str, dict[str, Any]]) -> str:
         for q, c in per.items():
             ci = c.get("ci")
             state = c["state"]
-            if state == UNRESOLVED and c.get("runs_to_resolve"):
+            if state == UNRESOLVED and c.get("runs_to_resolve") and c["runs_to_resolve"] > RUNS_SHOWN_MAX:
+                state += f" (over {RUNS_SHOWN_MAX} runs would resolve: the bias is near the band's edge)"
+            elif state == UNRESOLVED and c.get("runs_to_resolve"):
                 state += f" ({c['runs_to_resolve']} runs would resolve)"
             elif state == UNRESOLVED and "ci" in c:
                 state += " (no run count resolves it)"
@@ -52,7 +95,9 @@ def verdict_table(cells: dict[str, dict[str, Any]]) -> str:
                 state += f" ({c['why']})"
             pi = c.get("pi_inside")
             loo = c.get("loo_forecast_inside")
+            hw = c.get("pi_half_width")
             pi_s = "-" if pi is None else ("yes" if pi else "no") + (
+                f" (+-{math.expm1(hw):.1%})" if hw is not None else "") + (
                 f" (LOO {loo}/{c['runs']})" if loo is not None else "")
             noise = "-" if c.get("noise") is None else f"{c['noise']:.1%}"
             lines.append(f"| {m.upper()} | {q} | {_ms(c.get('forecast'))} | "
@@ -65,7 +110,8 @@ def summary_line(s: dict[str, int], pi: tuple[int, int]) -> str:
     """One line: the verdicts counted, and the always-measurable prediction-interval count."""
     return (f"verdict: {s['pass']} PASS, {s['fail']} FAIL, {s['unresolved']} UNRESOLVED of {s['cells']} cells "
             f"(+-5% at p50, +-10% at p90/p99, {CONFIDENCE:.0%} CI); forecast inside the {CONFIDENCE:.0%} prediction "
-            f"interval of a new run in {pi[0]} of {pi[1]} cells")
+            f"interval of a new run (mean of the runs' logs +- t(n-1) s sqrt(1 + 1/n), half-widths in the table) "
+            f"in {pi[0]} of {pi[1]} cells")
 
 
 def pi_count(cells: dict[str, dict[str, Any]]) -> tuple[int, int]:

@@ -20,6 +20,10 @@ P99_MIN_REQUESTS = 300
 CONFIDENCE = 0.90
 PASS, FAIL, UNRESOLVED, NO_VERDICT = "PASS", "FAIL", "UNRESOLVED", "no verdict"
 MAX_RUNS = 10_000
+# Runs the report names as resolving a cell at most; beyond, the bias sits on the band's edge.
+RUNS_SHOWN_MAX = 30
+# Leave-one-out counts need at least this many runs (of 2, each left-out PI rests on one run).
+LOO_MIN_RUNS = 4
 
 
 def _t(df: int) -> float:
@@ -46,22 +50,35 @@ def runs_to_resolve(b: float, s: float, tol: float) -> int | None:
     return None
 
 
-def _pi_inside(value: float, sample: np.ndarray) -> bool | None:
+def pi_half_width(sample: np.ndarray) -> float | None:
+    """Half-width (log scale) of the 90% prediction interval of a new run: t(n-1) s sqrt(1 + 1/n)."""
     n = len(sample)
     if n < 2:
         return None
-    half = _t(n - 1) * float(np.std(sample, ddof=1)) * math.sqrt(1 + 1 / n)
-    return bool(abs(value - float(np.mean(sample))) <= half)
+    return _t(n - 1) * float(np.std(sample, ddof=1)) * math.sqrt(1 + 1 / n)
 
 
-def judge_cell(forecast: float, reals: Sequence[float], tol: float) -> dict[str, Any]:
-    """The verdict of one cell: the forecast against the runs' values (seconds, all > 0)."""
-    x = np.log(np.asarray(reals, dtype=float))
+def _pi_inside(value: float, sample: np.ndarray) -> bool | None:
+    half = pi_half_width(sample)
+    return None if half is None else bool(abs(value - float(np.mean(sample))) <= half)
+
+
+def _value(v: float | None) -> float:
+    return math.nan if v is None else float(v)
+
+
+def judge_cell(forecast: float | None, reals: Sequence[float | None], tol: float,
+               undefined: str = "no value to judge") -> dict[str, Any]:
+    """The verdict of one cell: the forecast against the runs' values (seconds, all > 0; None/NaN: no value)."""
+    forecast = _value(forecast)
+    vals = [_value(v) for v in reals]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = np.log(np.asarray(vals, dtype=float))
     n = len(x)
-    out: dict[str, Any] = {"runs": n, "tolerance": tol, "forecast": forecast,
-                           "real": [float(v) for v in reals]}
+    out: dict[str, Any] = {"runs": n, "tolerance": tol, "forecast": _finite(forecast),
+                           "real": [_finite(v) for v in vals]}
     if not (forecast > 0 and n and np.all(np.isfinite(x))):
-        return {**out, "state": NO_VERDICT, "why": "no value to judge"}
+        return {**out, "state": NO_VERDICT, "why": undefined}
     b = math.log(forecast) - float(np.mean(x))
     out["bias"] = b
     if n < 2:
@@ -72,8 +89,9 @@ def judge_cell(forecast: float, reals: Sequence[float], tol: float) -> dict[str,
     band = (math.log1p(-tol), math.log1p(tol))
     state = _state(b - half, b + half, band)
     loo = [(_pi_inside(float(x[j]), np.delete(x, j)), _pi_inside(math.log(forecast), np.delete(x, j)))
-           for j in range(n)] if n >= 3 else []
+           for j in range(n)] if n >= LOO_MIN_RUNS else []
     out.update(noise=s, ci=[b - half, b + half], state=state, pi_inside=_pi_inside(math.log(forecast), x),
+               pi_half_width=pi_half_width(x),
                loo_real_inside=sum(bool(r) for r, _ in loo) if loo else None,
                loo_forecast_inside=sum(bool(f) for _, f in loo) if loo else None)
     if state == UNRESOLVED:
@@ -81,13 +99,23 @@ def judge_cell(forecast: float, reals: Sequence[float], tol: float) -> dict[str,
     return out
 
 
-def judge(forecast: dict[str, dict[str, float]], runs: list[dict[str, dict[str, float]]],
+def _finite(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+# Why a metric can have no value at all: every output one token leaves no gap between tokens.
+UNDEFINED = {"tpot": "TPOT undefined: every output is one token (no time between tokens)",
+             "itl": "ITL undefined: every output is one token (no gap between tokens)"}
+
+
+def judge(forecast: dict[str, dict[str, float | None]], runs: list[dict[str, dict[str, float | None]]],
           num_requests: int, metrics: Sequence[str] = ("ttft", "tpot", "itl", "e2e")) -> dict[str, Any]:
     """Every cell: forecast[m][q] against runs[i][m][q]; p99 only judged with enough requests."""
     cells: dict[str, dict[str, Any]] = {}
     for m in metrics:
         for q, tol in TOLERANCE.items():
-            cell = judge_cell(float(forecast[m][q]), [float(r[m][q]) for r in runs], tol)
+            cell = judge_cell(forecast[m][q], [r[m][q] for r in runs], tol,
+                              UNDEFINED.get(m, "no value to judge"))
             if q == "p99" and num_requests < P99_MIN_REQUESTS and cell["state"] != NO_VERDICT:
                 cell = {**cell, "state": NO_VERDICT,
                         "why": f"{num_requests} requests: p99 needs {P99_MIN_REQUESTS}"}

@@ -91,7 +91,7 @@ def workload_factory(opts: FidelityOptions, max_model_len: int, vocab_size: int)
     closed_loop(opts, cfg)
     cfg.on_overlong = "fail"
     cfg.vocab_size = min(cfg.vocab_size, vocab_size) if opts.config else vocab_size
-    trace = cfg.trace or None
+    trace = trace_path(cfg.trace) if cfg.trace else None
 
     def make() -> Workload:
         return CappedWorkload(cfg, opts.seed, max_model_len, trace, opts.max_prompt_tokens,
@@ -119,6 +119,19 @@ def closed_loop(opts: FidelityOptions, cfg: WorkloadConfig) -> None:
             raise FidelityError(f"--rate {opts.rate:g} and {cfg.concurrency} closed-loop clients: "
                                 "give one, --rate R (open loop) or --max-concurrency N")
         cfg.arrival = "poisson"  # unused: clients send when they are free (trace times too)
+
+
+def trace_path(trace: str) -> str:
+    """A trace file's path: 'builtin:NAME' is a trace shipped with twinserve (as simulate and bench take)."""
+    from twinserve.sim.build import BUILTIN_TRACES
+
+    if not trace.startswith("builtin:"):
+        return trace
+    name = trace.split(":", 1)[1]
+    if name not in BUILTIN_TRACES:
+        raise FidelityError(f"--trace {trace}: no such builtin trace; known: "
+                            + ", ".join(f"builtin:{n}" for n in BUILTIN_TRACES))
+    return str(BUILTIN_TRACES[name])
 
 
 def check_workload(make: Callable[[], Workload], max_model_len: int) -> int:

@@ -51,6 +51,16 @@ def regime_bounds(engine: Any) -> list[int]:
                              engine.args.resolve_small_batch_rows(device), engine_pad_rows(engine))
 
 
+def fp32_product_path(args: Any) -> str | None:
+    """The kernel CPU fp32 products above small_batch_rows run on: 'onednn-prepacked' or 'sgemm' (None: not CPU fp32)."""
+    from twinserve.backends.real.models.llama import fp32_prepack_preferred
+
+    device = args.resolve_device()
+    if device.type != "cpu" or str(args.resolve_dtype(device)).removeprefix("torch.") != "float32":
+        return None
+    return "onednn-prepacked" if args.prepack_weights and fp32_prepack_preferred() else "sgemm"
+
+
 def engine_pad_rows(engine: Any) -> int:
     """The rows F.linear pads few-row products to in this engine (0: it pads none)."""
     from twinserve.backends.real.models.llama import fp32_prepack_preferred

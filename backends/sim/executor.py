@@ -39,6 +39,9 @@ class SimExecutor:
         self.state: dict[str, list[int]] = {}
         self.tokens: dict[str, int] = {}
         self.totals = WorkTotals()
+        model = getattr(cost_model, "model", None)
+        if model is not None and getattr(model, "num_sliding_layers", 0):
+            self.totals.window = model.sliding_window
         self.last_features: tuple[int, int, int, float, int, int] = (0, 0, 0, 0.0, 0, 0)
         # wake_after's (factor, extra seconds) of the next steps, last step first; empty when awake.
         self._wake: list[tuple[float, float]] = []
@@ -201,6 +204,8 @@ class SimExecutor:
         w.prefill_attn += pa
         w.num_decode_seqs += ds
         w.decode_context += dc
+        if w.window:
+            w.count_window_read(pc, ps, pt, dc, ds)
         w.busy_time += t
         if self.fit_range_max is not None and self.beyond_fit(pt, ps, pc, pa, ds, dc):
             w.beyond_fit_steps += 1
@@ -273,6 +278,8 @@ class SimExecutor:
         w.num_decode_seqs += n * k
         # The batch's context grows by n a step.
         w.decode_context += context * k + n * k * (k - 1) // 2
+        if w.window:
+            w.count_window_decode(context, n, k)
         busy = w.busy_time
         for d in durations:
             busy += d

@@ -458,7 +458,7 @@ def check_profile_numerics(profile: FittedCostModel, device_type: str, dtype: st
 
 
 def check_profile_hardware(profile: FittedCostModel, hardware: str | None, cpu: Mapping[str, Any] | None = None,
-                           allow_mismatch: bool = False, source: str = "profile") -> None:
+                           allow_mismatch: bool = False, source: str = "profile", suggest: bool = True) -> None:
     """Refuse to judge an engine on one machine by a profile measured on another.
 
     hardware: the device name as calibrate records it; cpu: a CPU engine's kernel features
@@ -467,7 +467,8 @@ def check_profile_hardware(profile: FittedCostModel, hardware: str | None, cpu: 
     made = profile.meta.get("hardware")
     if allow_mismatch or not made or not hardware:
         return
-    here = [f"builtin:{n} ({dtype})" for n, dtype in builtin_profiles_for(hardware, cpu)]
+    # suggest=False: the caller names the shipped profiles it would accept itself.
+    here = [f"builtin:{n} ({dtype})" for n, dtype in builtin_profiles_for(hardware, cpu)] if suggest else []
     again = ("its step prices are that machine's: calibrate on this one with `twinserve calibrate`"
              + (f" (or use {', '.join(here)}, shipped for it)" if here else "") + ", or pass --allow-profile-mismatch")
     if str(made) != str(hardware):
@@ -527,13 +528,20 @@ def recorded_small_batch_rows(engine_record: Mapping[str, Any], copies: bool = T
 
 
 def check_profile_code_path(profile: FittedCostModel, small_batch_rows: int, allow_mismatch: bool = False,
-                            source: str = "profile") -> None:
-    """Refuse a CPU fp32 profile made with another small_batch_rows: the copies run another kernel."""
+                            source: str = "profile", product_path: str | None = None) -> None:
+    """Refuse a CPU fp32 profile made with another small_batch_rows or product kernel (oneDNN's prepacked
+    weights or sgemm: about 2x apart)."""
     prov = profile.meta.get("provenance") or {}
     eng = prov.get("engine")
     if allow_mismatch or not isinstance(eng, Mapping) or str(prov.get("device", "")).split(":")[0] != "cpu" \
             or _dtype_name(str(prov.get("dtype", ""))) != "float32":
         return
+    # Profiles from before the record ran sgemm: the prepacked fp32 path came with it.
+    made_path = eng.get("fp32_product_path") or "sgemm"
+    if product_path and made_path != product_path:
+        raise ProfileError(f"{source} was calibrated with fp32 products on {made_path!r} but the engine runs them on "
+                           f"{product_path!r} (another kernel, about 2x apart on AMD CPUs; prepack_weights picks it); "
+                           "calibrate this engine with `twinserve calibrate`, or pass --allow-profile-mismatch")
     made = recorded_small_batch_rows(eng)
     if made != small_batch_rows:
         raise ProfileError(f"{source} was calibrated with small_batch_rows={made} but the engine runs "

@@ -139,11 +139,21 @@ def _mla(integer: Callable[..., int | None]) -> dict[str, int]:
             "v_head_dim": integer("v_head_dim")}
 
 
+# Families whose window covers every layer when the config has no layer_types (transformers' configs).
+_ALL_SLIDING = ("mistral", "mixtral", "qwen3_moe", "starcoder2", "phi3")
+# Families whose window is off unless use_sliding_window is true (transformers' default False).
+_OPT_IN = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
+
+
 def _sliding(data: dict[str, Any], layers: int, bad: Callable[[str, str], Exception]
              ) -> tuple[int, int]:
-    """(window, layers using it) from whichever of the families' keys the config has."""
+    """(window, layers using it), by the rule transformers' config class of the family applies."""
     window = data.get("sliding_window")
-    if window is None or data.get("use_sliding_window") is False:
+    kind = str(data.get("model_type", ""))
+    use = data.get("use_sliding_window")
+    # Only Qwen's config classes read use_sliding_window (Gemma's ignore it); others as written.
+    known = kind in _ALL_SLIDING or kind.startswith("gemma")
+    if window is None or window == 0 or (kind in _OPT_IN and not use) or (use is False and not known):
         return 0, 0
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise bad("sliding_window", f"{window!r} must be a positive number of tokens (or null)")
@@ -153,11 +163,24 @@ def _sliding(data: dict[str, Any], layers: int, bad: Callable[[str, str], Except
             raise bad("layer_types", f"{len(types)} entries for num_hidden_layers={layers}")
         return window, sum(1 for t in types if t == "sliding_attention")
     pattern = data.get("sliding_window_pattern")
+    if pattern is None and kind.startswith("gemma3"):
+        pattern = 6  # Gemma3TextConfig's default
     if pattern is not None:
         if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
             raise bad("sliding_window_pattern", f"{pattern!r} must be a positive integer")
         return window, layers - layers // pattern  # every pattern-th layer is global
-    return window, layers
+    first = data.get("max_window_layers", 28)  # Qwen2Config's default
+    if kind in ("qwen2", "qwen3"):  # layers from max_window_layers on slide
+        return window, max(0, layers - first)
+    if kind == "qwen2_moe":  # even layers below max_window_layers slide
+        return window, (min(first, layers) + 1) // 2
+    if kind == "gemma2":  # even layers slide
+        return window, (layers + 1) // 2
+    if kind in _ALL_SLIDING:
+        return window, layers
+    raise bad("layer_types", f"sliding_window={window} with model_type {kind or '(none)'!r}, whose sliding "
+              "layers this reader does not know: give layer_types (one 'sliding_attention' or "
+              "'full_attention' per layer) or sliding_window_pattern")
 
 
 def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:

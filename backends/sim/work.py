@@ -26,6 +26,26 @@ class WorkTotals:
     # Steps larger than any the measured profile was fitted on (SimExecutor), and their time.
     beyond_fit_steps: int = 0
     beyond_fit_time: float = 0.0
+    # Sliding-window layers read at most `window` cached tokens a sequence: the K/V tokens such a
+    # layer read over the run, as step_time caps them (0 window: every layer reads full context).
+    window: int = 0
+    window_read: int = 0
+
+    def count_window_read(self, pc: int, ps: int, pt: int, dc: int, ds: int) -> None:
+        """Add one step's tokens read by a sliding layer (step_time's caps)."""
+        w = self.window
+        if w:
+            self.window_read += min(pc, ps * w) + pt + min(dc + ds, ds * w)
+
+    def count_window_decode(self, context: int, n: int, k: int) -> None:
+        """Add k decode steps of n sequences starting at context (growing by n a step)."""
+        w = self.window
+        if not (w and n and k):
+            return
+        cap = n * w
+        # Step j reads min(context + n (j + 1), cap): the first m steps are below the cap.
+        m = min(max((cap - context) // n, 0), k)
+        self.window_read += m * context + n * m * (m + 1) // 2 + (k - m) * cap
 
     def flops(self, model: ModelSpec) -> float:
         """Model FLOPs (all GPUs together) of the work done."""
@@ -48,7 +68,11 @@ class WorkTotals:
             routed = m.num_moe_layers * m.expected_experts(mean) * m.expert_params
         weights = (m.always_params * p.weight_bytes + routed * p.expert_weight_bytes
                    + m.vocab_size * m.hidden_size * m.dtype_bytes)
-        kv = m.kv_bytes_per_token * (self.prefill_context + tokens + self.decode_context)
+        full = self.prefill_context + tokens + self.decode_context
+        kv = m.kv_bytes_per_token * full
+        if self.window and m.sliding_window and m.num_sliding_layers:  # those layers read what step_time priced
+            slide = m.num_sliding_layers / m.num_layers
+            kv = m.kv_bytes_per_token * ((1.0 - slide) * full + slide * self.window_read)
         return weights * self.num_steps + kv
 
     def mfu(self, model: ModelSpec, hardware: HardwareSpec, tp: int) -> float:

@@ -49,12 +49,11 @@ def max_pages(num_tokens: int, block_size: int, windows: Sequence[int | None],
               max_step_tokens: int | None = None) -> int:
     """The most pages a request of num_tokens holds at once (KVCacheManager.can_fit's count).
 
-    One group: every block (a lone window is not counted, as before groups). Several: a sliding
-    group at most its window and one step's blocks, (W - 1 + step) // block_size + 2.
+    A full group: every block. A sliding group, alone or not: at most its window and one step's
+    blocks, (W - 1 + step) // block_size + 2, since a step frees what the window left before it
+    allocates (KVCacheManager.allocate_slots). Without a step bound, every block.
     """
     n = -(-num_tokens // block_size)
-    if len(windows) <= 1:
-        return n
     return sum(n if w is None or max_step_tokens is None else min(n, (w - 1 + max_step_tokens) // block_size + 2)
                for w in windows)
 

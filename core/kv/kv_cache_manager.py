@@ -187,7 +187,12 @@ class KVCacheManager(GroupTables):
         if num_needed > 0 or new_computed_blocks:
             free = self.pool.free_queue.num_free
             if new_computed_blocks:
-                free -= sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+                kept = new_computed_blocks
+                if self.sliding_window is not None:  # hits before the window go back at once
+                    done = request.num_computed_tokens + num_new_computed_tokens
+                    gone = max(0, done - self.sliding_window + 1) // bs - num_held
+                    kept = new_computed_blocks[max(0, gone):]
+                free -= sum(1 for b in kept if b.ref_cnt == 0)
             if num_needed > free - num_reserved_blocks:
                 return None
         if blocks is None:

@@ -221,24 +221,21 @@ class Scheduler(OutputUpdate):
             c = req.num_computed_tokens
             num_new = len(req.all_token_ids) - c
             rid = req.request_id
-            k = 0
             if num_new == 1:
-                if spec_on and req.spec_token_ids:
-                    # Drafts take only spare budget.
-                    k = _draft_len(req, spare)
-                    if k > 0:
-                        spec_tokens[rid] = req.spec_token_ids[:k]
-                        num_new += k
+                # Drafts take only spare budget (checked only when speculation is on).
+                k = _draft_len(req, spare) if spec_on and req.spec_token_ids else 0
+                if k > 0:
+                    spec_tokens[rid] = req.spec_token_ids[:k]
+                    num_new += k
                 # Past the bound: fast-forward advanced it, so refresh.
-                if k or lookahead:
-                    pass
-                elif c < req.fast_decode_limit or (
-                        c > req.fast_decode_limit and c < _refresh_fast_decode_limit(kv, req)):
+                elif not lookahead and (c < req.fast_decode_limit or (
+                        c > req.fast_decode_limit and c < _refresh_fast_decode_limit(kv, req))):
                     add_id(rid)
                     add_computed(c)
                     req.num_computed_tokens = c + 1
                     continue
             else:
+                k = 0
                 num_new = _chunk(num_new, threshold, budget - len(c_ids) - extra)
                 if num_new <= 0:
                     skipped += 1

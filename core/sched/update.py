@@ -30,8 +30,77 @@ def _check_stop(req: Request, token: int, n_out: int, max_model_len: int
     return None, None
 
 
+def _append_run(req: Request, tokens: list[int], now: float, max_model_len: int
+                ) -> tuple[list[int], FinishReason | None, int | None]:
+    """Append several tokens, stopping at the first that ends the request: (kept, reason, stop token)."""
+    out_ids, all_ids, times = req.output_token_ids, req.all_token_ids, req.token_times
+    stop_ids = req.stop_check_ids
+    limit = req.stop_check_len
+    count = 0
+    for token in tokens:
+        out_ids.append(token)
+        all_ids.append(token)
+        times.append(now)
+        count += 1
+        if token in stop_ids or len(all_ids) >= limit:
+            reason, stop_reason = _check_stop(req, token, len(out_ids), max_model_len)
+            if reason is not None:
+                return (tokens if count == len(tokens) else tokens[:count]), reason, stop_reason
+    return tokens, None, None
+
+
 class OutputUpdate:
     """Scheduler mixin: update_from_output and the verification of drafts it counts."""
+
+    def _update_plain(self, reqs: list[Request], sampled: dict[str, list[int]], logprobs: dict | None,
+                      now: float, outputs: list[EngineCoreOutput]) -> list[Request]:
+        """update_from_output's loop for a step without drafts; the requests that finished."""
+        max_model_len = self.config.max_model_len
+        add_output = outputs.append
+        finished: list[Request] = []
+        new_output, Output = _new_object, EngineCoreOutput
+        for req in reqs:
+            rid = req.request_id
+            tokens = sampled.get(rid)
+            if not tokens:
+                continue  # a partial prefill
+            if req.first_token_time is None:
+                req.first_token_time = now
+            if len(tokens) == 1:
+                token = tokens[0]
+                req.output_token_ids.append(token)
+                all_ids = req.all_token_ids
+                all_ids.append(token)
+                req.token_times.append(now)
+                if token in req.stop_check_ids or len(all_ids) >= req.stop_check_len:
+                    reason, stop_reason = _check_stop(req, token, len(req.output_token_ids), max_model_len)
+                else:
+                    reason = stop_reason = None
+                new_ids = tokens
+                lps = logprobs.get(rid) if logprobs is not None else None
+            else:
+                new_ids, reason, stop_reason = _append_run(req, tokens, now, max_model_len)
+                lps = logprobs.get(rid) if logprobs is not None else None
+                if lps is not None and len(lps) > len(new_ids):
+                    lps = lps[:len(new_ids)]
+            out = new_output(Output)
+            out.req_id = rid
+            out.new_token_ids = new_ids
+            out.finish_reason = reason
+            out.stop_reason = stop_reason
+            out.new_logprobs = lps
+            out.prompt_logprobs = None
+            out.error = None
+            out.num_draft_tokens = 0
+            out.num_accepted_tokens = 0
+            add_output(out)
+            if reason is not None:
+                req.status = FINISH_STATUS[reason]
+                req.finish_reason = reason
+                req.stop_reason = stop_reason
+                req.finish_time = now
+                finished.append(req)
+        return finished
 
     def _verify(self, req: Request, drafts: list[int], tokens: list[int]) -> tuple[int, int]:
         """Count a verification, roll back rejected drafts (len(tokens) - 1 accepted)."""
@@ -73,6 +142,10 @@ class OutputUpdate:
         proposed = model_runner_output.spec_token_ids
         rolled_back: list[Request] = []
         self.step_num_spec_reqs = self.step_num_draft_tokens = self.step_num_accepted_tokens = 0
+        if not verified and proposed is None:
+            # No speculation this step: the plain loop, as before drafts (the decode hot path).
+            finished = self._update_plain(reqs, sampled, logprobs, now, outputs)
+            reqs = ()
         for req in reqs:
             rid = req.request_id
             tokens = sampled.get(rid)
@@ -101,21 +174,7 @@ class OutputUpdate:
                     reason = stop_reason = None
                 new_ids = tokens
             else:
-                times = req.token_times
-                stop_ids = req.stop_check_ids
-                limit = req.stop_check_len
-                reason = stop_reason = None
-                count = 0
-                for token in tokens:
-                    out_ids.append(token)
-                    all_ids.append(token)
-                    times.append(now)
-                    count += 1
-                    if token in stop_ids or len(all_ids) >= limit:
-                        reason, stop_reason = _check_stop(req, token, len(out_ids), max_model_len)
-                        if reason is not None:
-                            break
-                new_ids = tokens if count == len(tokens) else tokens[:count]
+                new_ids, reason, stop_reason = _append_run(req, tokens, now, max_model_len)
             # No __init__ (hot path): every field is set.
             out = new_output(Output)
             out.req_id = rid

@@ -111,3 +111,64 @@ def test_windows_never_read_freed_or_foreign_blocks(window: int, chunks: list[in
     for r in reqs:
         kv.free(r)
     assert kv.num_free_blocks == 20
+
+
+def test_can_fit_counts_a_lone_sliding_group_by_its_window() -> None:
+    """Issue 53 item 19: a Mistral-style model (one sliding group) admits requests longer than the pool."""
+    window = 8
+    kv = KVCacheManager(6, BS, sliding_window=window, max_step_tokens=8)
+    # (8 - 1 + 8) // 4 + 2 = 5 blocks at most, whatever the length; full attention would need 250.
+    assert kv.can_fit(1000)
+    assert not KVCacheManager(4, BS, sliding_window=window, max_step_tokens=8).can_fit(1000)
+    assert not KVCacheManager(6, BS, max_step_tokens=8).can_fit(1000)  # no window: every block
+
+
+@settings(max_examples=50, deadline=None)
+@given(window=st.integers(1, 24), budget=st.integers(1, 24), extra=st.integers(0, 3),
+       prompts=st.lists(st.integers(1, 90), min_size=1, max_size=5),
+       outs=st.lists(st.integers(1, 90), min_size=5, max_size=5),
+       arrive=st.lists(st.integers(0, 12), min_size=5, max_size=5),
+       caching=st.booleans(), spec_k=st.sampled_from([0, 0, 2]))
+def test_a_pool_smaller_than_a_request_serves_it_by_the_window(window: int, budget: int, extra: int,
+                                                              prompts: list[int], outs: list[int],
+                                                              arrive: list[int], caching: bool, spec_k: int) -> None:
+    """Admission by the window's bound never over-commits: every request finishes with its reference
+    output, no step reads a freed or foreign slot (the FakeExecutor's slot model), the pool ends whole."""
+    from twinserve.core import SchedulerConfig
+    from twinserve.core.fake_executor import FakeExecutor
+    from twinserve.core.spec_decode import SpeculativeConfig
+
+    from .helpers import Arrival, drive, make_request, reference_output
+
+    budget = max(budget, spec_k + 1)
+    num_blocks = (window - 1 + budget) // BS + 2 + extra  # the bound, and a few blocks more
+    cfg = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=4, max_model_len=200, block_size=BS,
+                          num_blocks=num_blocks, sliding_window=window, enable_prefix_caching=caching,
+                          enable_chunked_prefill=True)
+    arrivals = [Arrival(a, make_request(f"r{i}", [(i * 7 + j) % 50 + 2 for j in range(p)], o, ignore_eos=True))
+                for i, (p, o, a) in enumerate(zip(prompts, outs, arrive))]
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=spec_k) if spec_k else None
+    core, log = drive(cfg, arrivals, spec=spec)
+    ref = FakeExecutor(block_size=BS)
+    for a in arrivals:
+        assert log.outputs[a.request.request_id] == reference_output(ref, a.request, cfg.max_model_len)
+    assert core.scheduler.kv.num_free_blocks == num_blocks
+
+
+def test_a_hit_longer_than_the_pool_is_admitted_by_its_window() -> None:
+    """Every cached block hit, the pool full of them: the hits before the window are freed at once,
+    so the step's new block fits (counting them all as taken refused it forever)."""
+    window = 8
+    kv = KVCacheManager(6, BS, enable_caching=True, sliding_window=window, max_step_tokens=8)
+    prompt = list(range(2, 26))
+    a = Request("a", prompt, SamplingParams(max_tokens=1))
+    for n in (8, 8, 8):
+        assert kv.allocate_slots(a, n) is not None
+        a.num_computed_tokens += n
+        kv.cache_blocks(a, a.num_computed_tokens)
+    kv.free(a)
+    b = Request("b", prompt + [99], SamplingParams(max_tokens=1))
+    hits, num_hit = kv.get_computed_blocks(b)
+    assert num_hit == 24 and len(hits) == 6 and kv.num_free_blocks == 6
+    assert kv.allocate_slots(b, 1, hits, num_hit) is not None
+    assert kv.num_held_blocks("b") == held_by_formula(25, 24, window)

@@ -27,7 +27,13 @@ STEMS = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 9, 9, 9, 9], [5, 5, 5, 5, 6, 
 
 
 def weak_hash(parent, tokens, extra):
-    """A deliberately terrible hash: collisions everywhere, so confirmation is exercised."""
+    """A deliberately terrible hash: collisions everywhere, so confirmation is exercised.
+
+    A KV group's key keeps its group apart (as a real hash does) but folds group 0's 7 values into
+    3: a group's block then collides with another prefix's while group 0's do not, so a group hit
+    must be confirmed by its parent key, not by group 0's hit alone."""
+    if extra and extra[0] == "kv_group":
+        return (parent or 0) % 3 + 10 * (extra[1] + 1)
     return (sum(tokens) + (parent or 0)) % 7
 
 

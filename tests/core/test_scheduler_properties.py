@@ -46,8 +46,11 @@ def workloads(draw):
         policy=draw(st.sampled_from(["fcfs", "fcfs", "priority", "priority", "sjf"])),
         preemption=draw(st.sampled_from(["auto", "auto", "last", "priority"])),
         watermark=draw(st.sampled_from([0.0, 0.0, 0.1])),
+        # Steps are seconds (drive's now): short intervals age waiting requests within a run.
+        aging_interval_s=draw(st.sampled_from([0.0, 30.0, 4.0, 0.5])),
     )
     n = draw(st.integers(1, 14))
+    burst = draw(st.booleans())  # most requests arrive in the same few steps: queues with ties
     # A tiny alphabet makes equal blocks behind different prefixes common.
     vocab = draw(st.sampled_from([3, 999]))
     arrivals = []
@@ -63,8 +66,10 @@ def workloads(draw):
         if draw(st.integers(0, 4)) == 0:
             kw["stop_token_ids"] = draw(st.lists(st.integers(0, 999), max_size=30))
         kw["priority"] = draw(st.integers(0, 2))
-        arrivals.append(Arrival(draw(st.integers(0, 30)),
-                                make_request(f"r{i}", prompt, max_tokens, **kw)))
+        step = draw(st.sampled_from([0, 0, 2, 5])) if burst else draw(st.integers(0, 30))
+        # Arrival times with ties and out of step order: the tie-breaks and aging see real times.
+        kw["arrival_time"] = max(0.0, step - draw(st.sampled_from([0.0, 0.0, 0.5, 3.0, 8.0])))
+        arrivals.append(Arrival(step, make_request(f"r{i}", prompt, max_tokens, **kw)))
     return cfg, arrivals
 
 
@@ -76,10 +81,23 @@ def _limits_check(cfg: SchedulerConfig, done: set[str]):
         assert len(so.num_scheduled_tokens) <= cfg.max_num_seqs
         assert sched.num_running <= cfg.max_num_seqs
         assert not done.intersection(so.num_scheduled_tokens), "scheduled after it ended"
+        new = [n.req_id for n in so.scheduled_new_reqs]
         if cfg.policy == "fcfs":
-            new = [n.req_id for n in so.scheduled_new_reqs]
             # FCFS: admissions are a prefix of the queue, so no later request jumps an earlier one
             assert new == waiting_before[: len(new)]
+        elif cfg.policy == "priority" and new:
+            # Priority (aged): no request still waiting outranks one admitted, by the rank computed
+            # here from its fields (priority less one level per aging interval waited, then arrival).
+            a = cfg.aging_interval_s
+            def rank(rid):  # noqa: E306
+                r = sched.requests[rid]
+                waited = (r.queued_time - r.waited_s) / a if a > 0 else 0.0
+                return (r.priority + waited, r.arrival_time)
+            front = {r.request_id for r in getattr(sched.waiting, "_front", ())}
+            left = [rid for rid in waiting_before if rid not in new and rid not in front]
+            if left:
+                assert max(rank(rid) for rid in new if rid not in front) <= min(map(rank, left)) if \
+                    any(rid not in front for rid in new) else True
         for rid in so.num_scheduled_tokens:
             req = sched.requests[rid]
             assert req.num_computed_tokens <= req.num_tokens

@@ -290,3 +290,28 @@ def test_a_draft_model_step_holds_k_lookahead_slots_past_its_tokens_and_ngram_no
         arrivals = [Arrival(0, make_request(f"r{i}", list(range(1, 6 + i)), 40)) for i in range(3)]
         drive(cfg, arrivals, check=check, spec=spec, draft_miss=3)
         assert len(checked) > 20
+
+
+def test_a_stop_inside_an_accepted_run_cuts_the_logprobs_with_the_tokens():
+    """Issue 53 item 14: one logprob per token returned, the stop's run cut after the stop token."""
+    from twinserve.core.sched.output import Logprob
+
+    ex0 = FakeExecutor(block_size=4)
+    prompt = [1, 2, 3]
+    eos = reference_output(ex0, make_request("x", prompt, 30), 256)[6]
+    core, ex = _core(SpeculativeConfig(num_speculative_tokens=4))
+    execute = ex.execute
+
+    def with_logprobs(so):  # one record per sampled token, as the real sampler returns
+        out = execute(so)
+        out.logprobs = {rid: [Logprob(t, -0.5, 1) for t in ids] for rid, ids in out.sampled_token_ids.items()}
+        return out
+
+    ex.execute = with_logprobs
+    req = make_request("a", prompt, 30, eos_token_id=eos)
+    core.add_request(req)
+    outs = _run(core)
+    assert req.output_token_ids[-1] == eos and req.finish_reason.value == "stop"
+    assert any(len(o.new_token_ids) > 1 for o in outs)  # runs of several accepted tokens
+    for o in outs:
+        assert [lp.token_id for lp in o.new_logprobs] == list(o.new_token_ids)

@@ -18,11 +18,13 @@ def _shapes(vocab: int, eos: int) -> dict[str, Any]:
                 bos_token_id=None, initializer_range=0.3)
 
 
-def hf_config(arch: str, vocab: int, eos: int, gemma_layers: int | None = None) -> Any:
+def hf_config(arch: str, vocab: int, eos: int, gemma_layers: int | None = None, window: int = WINDOW) -> Any:
     """transformers' config of a tiny model of `arch` (sliding windows of WINDOW where it has them).
 
     gemma_layers: a Gemma 3 of that many layers in its real 5 local : 1 global pattern.
+    window: the sliding window (WINDOW by default; another size tests windows off the block edges).
     """
+    WINDOW = window  # noqa: N806
     import transformers as tf
 
     kw = _shapes(vocab, eos)
@@ -49,13 +51,14 @@ def hf_config(arch: str, vocab: int, eos: int, gemma_layers: int | None = None) 
     raise ValueError(arch)
 
 
-def make_arch_dir(folder: Path, arch: str, seed: int = 0, gemma_layers: int | None = None) -> Path:
+def make_arch_dir(folder: Path, arch: str, seed: int = 0, gemma_layers: int | None = None,
+                  window: int = WINDOW) -> Path:
     """Save a tiny random `arch` model (fp32) and the test tokenizer into folder."""
     import transformers as tf
 
     folder.mkdir(parents=True, exist_ok=True)
     tok = make_tokenizer(folder)
-    cfg = hf_config(arch, len(tok), tok.eos_token_id, gemma_layers)
+    cfg = hf_config(arch, len(tok), tok.eos_token_id, gemma_layers, window)
     torch.manual_seed(seed)
     model = getattr(tf, arch)(cfg).float()
     if arch == "Gemma3ForCausalLM":

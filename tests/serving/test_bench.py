@@ -130,3 +130,17 @@ def test_bench_cli_prints_the_report_and_writes_the_csv(server: RunningServer, t
     itl = df["itl_s"].astype(str).str.split(";")
     assert all(len(x) >= 1 and np.isfinite([float(v) for v in x]).all() for x in itl)
     assert (tmp_path / "summary.json").exists()
+    # Progress on stderr (issue 53 item 26: the README's size ran silently for 15 minutes on a CPU).
+    assert "bench: 6 requests to" in out.stderr and "bench: 1/6 requests done (0 failed)" in out.stderr
+    assert "bench: 6/6 requests done (0 failed)" in out.stderr
+
+
+def test_the_progress_line_prints_first_last_and_every_interval(capsys) -> None:
+    from twinserve.bench.cli import ProgressLine
+
+    p = ProgressLine(every_s=10.0)
+    for done, t in ((1, 1.0), (2, 5.0), (3, 12.0), (4, 13.0), (5, 30.0)):
+        p(done, 5, 0, t)
+    lines = capsys.readouterr().err.splitlines()
+    assert [ln.split(" requests")[0] for ln in lines] == ["bench: 1/5", "bench: 3/5", "bench: 5/5"]
+    assert lines[1].endswith("about 8 s left") and "left" not in lines[2]

@@ -28,3 +28,44 @@ def test_baseline_child_imports_the_revision_not_the_working_tree(tmp_path, expe
     # A whole (small) benchmark run on the extracted revision, with its results digest.
     rate, digest = bench.run_child(pkg, ["--requests", "40", "--repeat", "1"])
     assert rate > 0 and len(digest) == 16
+
+
+def test_without_shared_the_bench_runs_the_whole_bundled_excerpt(experiment, monkeypatch, capsys) -> None:
+    """Issue 53 item 15: a fresh clone has no ../shared; the fallback asks the excerpt for its rows, not 5,000."""
+    bench = experiment("bench_simulator")
+    monkeypatch.setattr(bench, "TRACE", Path("/nonexistent/shared/traces/conv.csv"))
+    rows = bench.bundled_rows()
+    assert 100 < rows < 5000
+    bench.main(["--repeat", "1"])
+    out = capsys.readouterr().out
+    assert f"first {rows} rows; ../shared is absent" in out and f"simulated {rows} requests" in out
+
+
+def test_bench_scheduler_baseline_runs_the_revisions_core_not_the_working_trees(experiment) -> None:
+    """Issue 53 item 13: the extracted core imported twinserve.core, so --baseline timed the tree twice."""
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=SCRIPT.parent, capture_output=True).returncode != 0:
+        pytest.skip("--baseline extracts a git revision: this copy is not a git checkout")
+    import inspect
+    import sys as _sys
+
+    import twinserve.core as current
+
+    bench = experiment("bench_scheduler")
+    base = bench.load_baseline("HEAD")
+    folder = str(Path(base.__file__).parent)
+    assert base.Scheduler is not current.Scheduler
+    assert inspect.getfile(base.Scheduler).startswith(folder)
+    sched_mod = _sys.modules[base.Scheduler.__module__]
+    assert sched_mod.__name__.startswith("baseline_core.") and all(
+        not getattr(v, "__module__", "").startswith("twinserve.core") for v in vars(sched_mod).values()
+        if isinstance(getattr(v, "__module__", None), str))
+    # A planted module of the working tree inside the baseline package is refused by name.
+    _sys.modules["baseline_core.planted"] = current
+    try:
+        with pytest.raises(RuntimeError, match="baseline module baseline_core.planted"):
+            bench.check_baseline(base, str(Path(folder).parent))
+    finally:
+        del _sys.modules["baseline_core.planted"]
+    # One short A/A timing through the baseline's own classes.
+    times, _ = bench.decode_step_times(8, 5, core=base)
+    assert len(times) == 5

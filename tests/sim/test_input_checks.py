@@ -140,6 +140,22 @@ def test_a_trace_that_gives_fewer_requests_than_asked_fails_unless_allowed(tmp_p
     assert "398 requests short" in out
 
 
+def test_a_trace_without_num_requests_serves_every_row_and_says_so(tmp_path, capsys) -> None:
+    """Issue 53 item 20: a short or clipped trace without num_requests runs its own length, not 400."""
+    trace = _write(tmp_path, "trace.csv", "num_prefill_tokens,num_decode_tokens,arrived_at\n10,5,0.0\n"
+                   "12,6,0.5\n9000,4,0.7\n")
+    study = _write(tmp_path, "s.toml", STUDY.replace("num_requests = 20\n", "") + TRACE_KEYS
+                   + f'trace = "{trace}"\non_overlong = "drop"\n')
+    cfg = load_config(study)
+    assert cfg.workload.num_requests == 3 and cfg.num_requests_from_trace
+    rc, out, err = _cli(["run", "--config", str(study), "--out", str(tmp_path / "o")], capsys)
+    assert rc == 0, err
+    assert "workload: 3 requests (every row of the trace: num_requests not set)" in out
+    # --requests set on top is a number asked for again: a trace short of it still exits 2.
+    rc, out, err = _cli(["run", "--config", str(study), "--requests", "10", "--out", str(tmp_path / "o2")], capsys)
+    assert rc == 2 and "of the 10 requests" in err
+
+
 def test_dropping_every_request_is_refused_instead_of_spinning(tmp_path) -> None:
     cfg = small_config(prompt_min=5000, prompt_max=6000, on_overlong="drop")
     with time_limit(20), pytest.raises(ConfigError, match="workload.on_overlong"):

@@ -205,7 +205,12 @@ def test_fidelity_refuses_a_profile_made_with_other_small_batch_rows(tiny_model:
     from twinserve.backends.sim.fitted import FittedCostModel
     from twinserve.cli import main
 
-    prov = {"device": "cpu", "dtype": "float32", "engine": {"small_batch_weights": True, "small_batch_rows": 4}}
+    from twinserve.backends.real.models.llama import fp32_prepack_preferred
+
+    # This machine's fp32 product kernel: another one is refused on its own (test_profile_path.py).
+    path = "onednn-prepacked" if fp32_prepack_preferred() else "sgemm"
+    prov = {"device": "cpu", "dtype": "float32", "engine": {"small_batch_weights": True, "small_batch_rows": 4,
+                                                            "fp32_product_path": path}}
     prof = tmp_path / "rows4.json"
     FittedCostModel(intercept_s=0.002, meta={"provenance": prov}).save(prof)
     common = ["--model", str(tiny_model), "--dtype", "float32", "--max-model-len", "64",

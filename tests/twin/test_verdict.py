@@ -85,3 +85,39 @@ def test_cell_arithmetic_against_students_t() -> None:
     h = lambda k: stats.t.ppf(0.95, k - 1) * 0.05 / math.sqrt(k)  # noqa: E731
     assert h(n) <= math.log(1.05) + 1e-12 and h(n) <= -math.log(0.95) and h(n - 1) > math.log(1.05)
     assert runs_to_resolve(math.log(1.05), 0.05, 0.05) is None  # on the bound: never resolves
+
+
+def test_the_prediction_interval_by_hand() -> None:
+    """Issue 53 item 24: mean of the logs +- t(0.95, n-1) s sqrt(1 + 1/n), computed here for 3 runs."""
+    reals = [1.0, 1.2, 0.9]
+    x = [math.log(v) for v in reals]
+    mean = sum(x) / 3
+    s = math.sqrt(sum((v - mean) ** 2 for v in x) / 2)
+    half = 2.919985580355516 * s * math.sqrt(1 + 1 / 3)  # Student t, 0.95 quantile, 2 degrees of freedom
+    c = judge_cell(1.0, reals, 0.05)
+    assert c["pi_half_width"] == pytest.approx(half, rel=1e-9)
+    # Just inside and just outside the interval's upper edge.
+    assert judge_cell(math.exp(mean + half * 0.999), reals, 0.05)["pi_inside"]
+    assert not judge_cell(math.exp(mean + half * 1.001), reals, 0.05)["pi_inside"]
+    # Three runs: no leave-one-out count (each left-out interval would rest on two runs); four: one.
+    assert c["loo_forecast_inside"] is None and c["loo_real_inside"] is None
+    assert judge_cell(1.0, reals + [1.1], 0.05)["loo_forecast_inside"] is not None
+
+
+def test_the_table_prints_the_half_width_and_caps_the_runs_that_would_resolve() -> None:
+    from twinserve.twin.report import verdict_table
+
+    c = judge_cell(1.0, [1.0, 1.2, 0.9], 0.05)
+    table = verdict_table({"e2e": {"p50": c}})
+    assert f"(+-{math.expm1(c['pi_half_width']):.1%})" in table
+    edge = {**c, "state": UNRESOLVED, "runs_to_resolve": 4000}
+    assert "over 30 runs would resolve" in verdict_table({"e2e": {"p50": edge}})
+    assert "4000" not in verdict_table({"e2e": {"p50": edge}})
+
+
+@pytest.mark.parametrize("rate", [float("inf"), float("nan"), 0.0])
+def test_a_rate_that_is_not_a_finite_positive_number_is_refused(rate: float) -> None:
+    from twinserve.twin.preflight import FidelityError, check_flags
+
+    with pytest.raises(FidelityError, match="--rate"):
+        check_flags(3, rate, 40, 1.0)
