@@ -179,6 +179,13 @@ def _engine_has(name: str) -> bool:
 
 def _layout(w: Worker, model: Any) -> dict[str, Any]:
     """A worker's [engine] parallel fields; NotExpressible when the config has no field for one."""
+    heads = getattr(model, "num_heads", 0)
+    if heads and heads % w.tp:
+        raise NotExpressible(f"tp {w.tp} does not divide {model.name}'s {heads} attention heads "
+                             "(the file's tp_size looks like a GPU count)")
+    if model.is_moe and w.moe_tp * w.moe_ep not in (1, w.tp * w.attention_dp):
+        raise NotExpressible(f"inconsistent layout: tp {w.tp} x attention_dp {w.attention_dp} GPUs, "
+                             f"but moe_tp {w.moe_tp} x moe_ep {w.moe_ep}")
     out: dict[str, Any] = {"engine.tensor_parallel_size": w.tp}
     for size, name, what in ((w.pp, PP_FIELD, "pipeline parallelism"),
                              (w.attention_dp, ADP_FIELD, "attention data parallelism"),
@@ -289,6 +296,8 @@ def row_study(row: pd.Series, cost_model: str = "roofline") -> StudyConfig:
         _apply(cfg, _layout(ws[0], model))
     else:
         pre, dec = ws
+        if any(row.get(f"{k}_num_workers") != row.get(f"{k}_num_workers") for k in ("prefill", "decode")):
+            raise NotExpressible("disaggregated row without prefill/decode worker counts")
         c = cfg.cluster
         c.num_replicas = pre.count + dec.count
         c.num_prefill_replicas = pre.count
