@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from twinserve.core.errors import TwinserveError
 
+from twinserve.sim.clients import closed_loop_line
 from twinserve.sim.config import StudyConfig, load_config, replica_config, set_field, validate
 from twinserve.sim.errors import ConfigError
 from twinserve.sim.report import write_study
@@ -96,9 +97,8 @@ def closed_loop_note(w: Any) -> list[str]:
     """The line that says a study runs closed-loop clients (none for open-loop arrivals)."""
     if not w.concurrency:
         return []
-    return [f"closed loop: {w.concurrency} clients, think {w.think_time_s:g} s, "
-            f"{w.warmup_requests} warm-up requests (left out of the metrics; throughput over the "
-            f"measured window, first measured send to last measured finish)"]
+    return [closed_loop_line(w) + " (left out of the metrics; throughput over the measured "
+            "window, first measured send to last measured finish)"]
 
 
 def beyond_fit_note(res: Sequence[Any]) -> list[str]:
