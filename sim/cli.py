@@ -66,6 +66,12 @@ def _base(args: argparse.Namespace) -> StudyConfig:
     return cfg
 
 
+def _layout(e: Any) -> str:
+    """', DP 8, EP 8, PP 2' for the sizes above 1 (attention DP, experts, stages)."""
+    sizes = (("DP", e.data_parallel_size), ("EP", e.expert_parallel_size), ("PP", e.pipeline_parallel_size))
+    return "".join(f", {name} {v}" for name, v in sizes if v > 1)
+
+
 def _notes(cfg: StudyConfig, wall: float, n_points: int) -> list[str]:
     w, c = cfg.workload, cfg.cluster
     # A lone replica runs with its cluster.replicas entry applied (as replica 0 of a cluster).
@@ -81,7 +87,8 @@ def _notes(cfg: StudyConfig, wall: float, n_points: int) -> list[str]:
         cluster = ["the one replica takes its cluster.replicas entry: "
                    + ", ".join(f"{k.split('.', 1)[1]} = {v!r}" for k, v in c.replicas[0].items())]
     return cluster + closed_loop_note(w) + [
-        f"{e.model} on {e.tensor_parallel_size}x {e.hardware} (TP {e.tensor_parallel_size}), "
+        f"{e.model} on {e.tensor_parallel_size * e.data_parallel_size * e.pipeline_parallel_size}x "
+        f"{e.hardware} (TP {e.tensor_parallel_size}{_layout(e)}), "
         f"{e.cost_model} cost model; policy {s.policy}, chunked prefill "
         f"{s.enable_chunked_prefill}, prefix caching {s.enable_prefix_caching}, "
         f"block size {s.block_size}, max_model_len {s.max_model_len}",

@@ -38,6 +38,11 @@ class EngineConfig:
     model: str = "Llama-3-8B"    # a catalog name, a config.json path or an HF folder
     hardware: str = "H100-SXM"
     tensor_parallel_size: int = 1
+    # Attention data-parallel ranks, experts split over expert_parallel_size GPUs (a divisor of
+    # tp x dp; vLLM's --enable-expert-parallel is ep = tp x dp), pipeline stages (backends/sim/parallel.py).
+    data_parallel_size: int = 1
+    expert_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks: int = 0      # 0: derive from memory
     activation_reserve_gib: float = -1.0  # -1: estimate
@@ -179,7 +184,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "engine.kv_cache_dtype": KV_CACHE_DTYPES, "engine.engine_profile": tuple(ENGINE_PROFILES),
 }
 _POSITIVE = {"workload.rate", "workload.burstiness", "workload.time_scale",
-             "engine.tensor_parallel_size", "workload.vocab_size", "workload.prompt_mean",
+             "engine.tensor_parallel_size", "engine.data_parallel_size", "engine.expert_parallel_size",
+             "engine.pipeline_parallel_size", "workload.vocab_size", "workload.prompt_mean",
              "workload.output_mean", "workload.prompt_min", "workload.output_min", "workload.turns",
              "workload.followup_tokens", "slo.ttft_s", "slo.tpot_s", "cluster.num_replicas",
              "cluster.prefix_blocks", "search.start_rate", "search.min_rate", "search.max_rate",
