@@ -34,6 +34,8 @@ DEV_MODELS = ("Llama-3.1-70B", "Qwen3-32B", "gpt-oss-120b", "DeepSeek-R1")
 SYSTEMS = {"h100_sxm": "H100-SXM", "h200_sxm": "H200", "b200_sxm": "B200", "b300_sxm": "B300",
            "gb200": "GB200", "gb300": "GB300"}
 
+ENGINE_PROFILE = {"trtllm": "cuda_graph_cpp", "vllm": "cuda_graph_python", "sglang": "cuda_graph_python"}
+
 # Study fields the parallel layouts need, by the names their helper gives them (wip/rows);
 # a row that needs one this config lacks is "not expressible".
 PP_FIELD = "pipeline_parallel_size"
@@ -289,6 +291,10 @@ def row_study(row: pd.Series, cost_model: str = "roofline") -> StudyConfig:
     # Benchmarks size the engine's batch for the clients: no request waits for a sequence slot.
     s.max_num_seqs = max(s.max_num_seqs, conc)
     s.enable_prefix_caching = False  # random prompts: nothing to share
+    # As the backends serve by default and as docs/capacity.md's development-row fit assumed:
+    # 8,192-token steps, TensorRT-LLM's C++ runtime, vLLM V1's and SGLang's Python + CUDA graphs.
+    s.max_num_batched_tokens = max(s.max_num_batched_tokens, 8192)
+    e.engine_profile = ENGINE_PROFILE.get(str(row["backend"]), e.engine_profile)
     _set_workload(cfg.workload, conc, isl, osl)
     cfg.run.name = str(row["id"])
     ws = workers(row)
