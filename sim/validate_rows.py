@@ -213,7 +213,8 @@ def _resolve_model(name: str, path: str) -> Any:
         except UnknownSpecError:
             pass
         except TwinserveError as e:  # a config this simulator cannot read (e.g. linear attention)
-            raise NotExpressible(f"model {path}: {e}") from None
+            # The installed package's folder says nothing about the row: keep the path from the package on.
+            raise NotExpressible(f"model {path}: " + re.sub(r"\S*site-packages/", "", str(e))) from None
     for candidate in (name, str(path).rsplit("/", 1)[-1]):
         try:
             return get_model(candidate)

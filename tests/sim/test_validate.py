@@ -204,3 +204,9 @@ def test_rows_whose_layout_the_file_garbles_give_a_reason(rows: pd.DataFrame) ->
     odd["model_path"], odd["model"] = "deepseek-ai/DeepSeek-R1", "DeepSeek-R1"
     odd["moe_tp_size"] = 2  # tp 8 x adp 1 = 8 GPUs, but 2 x 1 for the experts
     assert "inconsistent layout" in expressible(odd, "roofline")
+
+
+def test_a_model_config_the_simulator_cannot_read_is_a_reason_without_machine_paths(rows: pd.DataFrame) -> None:
+    qwen35 = rows[rows["model_path"] == "Qwen/Qwen3.5-397B-A17B"].iloc[0]
+    reason = expressible(qwen35, "roofline")
+    assert "linear_attention" in reason and "site-packages" not in reason
