@@ -72,7 +72,7 @@ def _layout(e: Any) -> str:
     return "".join(f", {name} {v}" for name, v in sizes if v > 1)
 
 
-def _notes(cfg: StudyConfig, wall: float, n_points: int) -> list[str]:
+def _notes(cfg: StudyConfig, wall: float, n_points: int, axes: Sequence[str] = ()) -> list[str]:
     w, c = cfg.workload, cfg.cluster
     # A lone replica runs with its cluster.replicas entry applied (as replica 0 of a cluster).
     one = replica_config(cfg, 0) if c.num_replicas == 1 else cfg
@@ -86,7 +86,7 @@ def _notes(cfg: StudyConfig, wall: float, n_points: int) -> list[str]:
     elif c.replicas and c.replicas[0]:
         cluster = ["the one replica takes its cluster.replicas entry: "
                    + ", ".join(f"{k.split('.', 1)[1]} = {v!r}" for k, v in c.replicas[0].items())]
-    return cluster + closed_loop_note(w) + [
+    return cluster + closed_loop_note(w, axes) + [
         f"{e.model} on {e.tensor_parallel_size * e.data_parallel_size * e.pipeline_parallel_size}x "
         f"{e.hardware} (TP {e.tensor_parallel_size}{_layout(e)}), "
         f"{e.cost_model} cost model; policy {s.policy}, chunked prefill "
@@ -100,12 +100,17 @@ def _notes(cfg: StudyConfig, wall: float, n_points: int) -> list[str]:
     ]
 
 
-def closed_loop_note(w: Any) -> list[str]:
+def closed_loop_note(w: Any, axes: Sequence[str] = ()) -> list[str]:
     """The line that says a study runs closed-loop clients (none for open-loop arrivals)."""
-    if not w.concurrency:
+    if "concurrency" in axes:  # each point has its own: the table's column
+        line = (f"closed loop: concurrency clients (the column), think {w.think_time_s:g} s, "
+                f"{w.warmup_requests} warm-up requests")
+    elif w.concurrency:
+        line = closed_loop_line(w)
+    else:
         return []
-    return [closed_loop_line(w) + " (left out of the metrics; throughput over the measured "
-            "window, first measured send to last measured finish)"]
+    return [line + " (left out of the metrics; throughput over the measured window, first "
+            "measured send to last measured finish)"]
 
 
 def beyond_fit_note(res: Sequence[Any]) -> list[str]:
@@ -176,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wall = time.perf_counter() - t0
         out = Path(args.out or (f"simulate-{args.command}" if args.command else "simulate-out"))
         title = cfg.run.name if args.command is None else f"simulate {args.command}: {cfg.run.name}"
-        written = write_study(out, res, axes, title, _notes(cfg, wall, len(res)) + beyond_fit_note(res),
+        written = write_study(out, res, axes, title, _notes(cfg, wall, len(res), axes) + beyond_fit_note(res),
                               slo=cfg.slo)
     except (TwinserveError, OSError) as e:
         print(f"simulate: error: {e}", file=sys.stderr)

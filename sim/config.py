@@ -470,6 +470,16 @@ OPEN_LOOP_FIELDS = ("workload.arrival", "workload.rate", "workload.burstiness",
 CLOSED_LOOP_FIELDS = ("workload.think_time_s", "workload.warmup_requests")
 
 
+def use_closed_loop(cfg: "StudyConfig", concurrency: int) -> None:
+    """Switch a study to N closed-loop clients, dropping the open-loop fields it set (for searches)."""
+    check_set("workload.concurrency", concurrency)
+    cfg.workload.concurrency = coerce("workload.concurrency", concurrency)
+    cfg.explicit.difference_update(OPEN_LOOP_FIELDS)
+    cfg.explicit.add("workload.concurrency")
+    if cfg.workload.arrival == "trace":
+        cfg.workload.arrival = "poisson"  # unused by clients; a trace still gives the lengths
+
+
 def _check_loop(cfg: "StudyConfig", text: str) -> None:
     """Open loop (an arrival process) or closed loop (concurrency), never both."""
     w, file = cfg.workload, cfg.source

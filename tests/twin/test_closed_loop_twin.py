@@ -51,6 +51,25 @@ def test_real_run_clients_are_the_simulators_and_the_schedule_replays(make_engin
     engine.shutdown()
 
 
+def test_a_core_process_closed_loop_replays_with_the_real_finishes(make_engine) -> None:
+    from twinserve.backends.real.step_log import StepLog
+
+    # The front end hears of a finish after the core's step ends: the clients must be freed when it did.
+    engine = make_engine(max_num_batched_tokens=24, max_num_seqs=4, engine_core_mode="process")
+    try:
+        cfg = WorkloadConfig(num_requests=12, prompt_dist="uniform", prompt_min=8, prompt_max=40,
+                             output_dist="uniform", output_min=3, output_max=12,
+                             vocab_size=engine.vocab_size, concurrency=3, warmup_requests=2)
+        make = lambda: Workload(cfg, 5, engine.max_model_len)  # noqa: E731
+        engine.set_step_log(StepLog(keep=True, record_schedule=True))
+        real = run_real(engine, make())
+        _sequential(real.records, 3, 0.0)
+        check = schedule_equivalence(real, make, engine.scheduler_config)
+        assert check.equivalent, check.first_mismatch
+    finally:
+        engine.shutdown()
+
+
 def test_fidelity_forecasts_and_serves_the_same_closed_loop(make_engine, tmp_path) -> None:
     from twinserve.twin.fidelity import run_fidelity
     from twinserve.twin.workload import FidelityOptions
