@@ -34,6 +34,8 @@ DEV_MODELS = ("Llama-3.1-70B", "Qwen3-32B", "gpt-oss-120b", "DeepSeek-R1")
 SYSTEMS = {"h100_sxm": "H100-SXM", "h200_sxm": "H200", "b200_sxm": "B200", "b300_sxm": "B300",
            "gb200": "GB200", "gb300": "GB300"}
 
+# Host cost per step by serving engine (backends/sim/engine_profile.py; cuda_graph_python fitted on the
+# vLLM/SGLang development rows, docs/capacity.md).
 ENGINE_PROFILE = {"trtllm": "cuda_graph_cpp", "vllm": "cuda_graph_python", "sglang": "cuda_graph_python"}
 
 # Study fields the parallel layouts need, by the names their helper gives them (wip/rows);
@@ -287,6 +289,7 @@ def row_study(row: pd.Series, cost_model: str = "roofline") -> StudyConfig:
             setattr(e, k, v)
     for k, v in prec.items():
         setattr(e, k, v)
+    e.engine_profile = ENGINE_PROFILE.get(str(row["backend"]), e.engine_profile)
     s = cfg.scheduler
     s.max_model_len = max(s.max_model_len, isl + osl)
     # Benchmarks size the engine's batch for the clients: no request waits for a sequence slot.

@@ -60,6 +60,8 @@ class ModelSpec:
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
+    # Per-head RMSNorm on q and k before RoPE (Qwen3, MiniMax-M2; from config.json's architectures).
+    qk_norm: bool = False
 
     @property
     def is_moe(self) -> bool:

@@ -181,7 +181,8 @@ def test_simulate_run_with_unknown_aic_version_exits_two(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("path,tp,quant,kv", [("meta-llama/Meta-Llama-3.1-8B", 1, "none", "auto"),
-                                              ("meta-llama/Meta-Llama-3.1-70B", 4, "fp8", "fp8")])
+                                              ("meta-llama/Meta-Llama-3.1-70B", 4, "fp8", "fp8"),
+                                              ("Qwen/Qwen3-32B", 2, "none", "auto")])  # q/k norm
 def test_decode_and_prefill_equal_aics_own_step_estimate(path: str, tp: int, quant: str, kv: str) -> None:
     # aic's compiled engine for the same model: its decode step at s = isl + osl // 2 + 1 and its
     # one-request prefill are the same op sums (its decode context 2,016 sits on our 16-token grid).
@@ -196,3 +197,64 @@ def test_decode_and_prefill_equal_aics_own_step_estimate(path: str, tp: int, qua
     for isl in (2048, 4000):
         sdk_ms = engine.predict_prefill_latency(1, isl)
         assert c.step_time(isl, 1, 0, isl * isl / 2, 0, 0) * 1e3 == pytest.approx(sdk_ms, rel=1e-9)
+
+
+@pytest.mark.parametrize("path,system,hw,backend,tp,ep,quant,gemm_q,moe_q", [
+    pytest.param("Qwen/Qwen3-30B-A3B", "h200_sxm", "H200", "vllm", 2, 1, "none", "bfloat16", "bfloat16", id="moe"),
+    pytest.param("Qwen/Qwen3-235B-A22B", "b200_sxm", "B200", "trtllm", 4, 4, "nvfp4", "nvfp4", "nvfp4",
+                 id="moe-ep4-nvfp4-b200"),
+    pytest.param("openai/gpt-oss-120b", "h200_sxm", "H200", "vllm", 2, 1, "mxfp4", "bfloat16", "w4a16_mxfp4",
+                 id="gpt-oss-mxfp4-window"),
+])
+def test_moe_decode_equals_aics_own_step_estimate(path: str, system: str, hw: str, backend: str, tp: int,
+                                                  ep: int, quant: str, gemm_q: str, moe_q: str) -> None:
+    from twinserve.backends.sim.aic_models import resolve_row_model
+    from twinserve.backends.sim.parallel import Parallelism
+    kv = "bfloat16" if quant == "none" else "fp8"
+    engine = EngineHandle.compile(path, system, backend, tp_size=tp, moe_tp_size=tp // ep, moe_ep_size=ep,
+                                  gemm_quant_mode=gemm_q, moe_quant_mode=moe_q, kvcache_quant_mode=kv)
+    model = resolve_row_model(path).with_precision(Precision("bfloat16", quant, "auto" if kv == "bfloat16" else kv))
+    c = AicCostModel(model, get_hardware(hw), backend=backend, parallel=Parallelism(tp, 1, ep, 1))
+    for rows in (1, 64):
+        sdk_ms = engine.decode_step_latency(rows, 2000, 30)
+        assert c.step_time(0, 0, 0, 0.0, rows, rows * 2015) * 1e3 == pytest.approx(sdk_ms, rel=1e-9)
+
+
+@pytest.mark.parametrize("backend", ["vllm", "sglang", "trtllm"])
+def test_mla_decompresses_kv_on_prefill_tokens_only(backend: str) -> None:
+    from twinserve.backends.sim.aic_models import resolve_row_model
+    from twinserve.backends.sim.parallel import Parallelism
+    m = resolve_row_model("deepseek-ai/DeepSeek-R1").with_precision(Precision("bfloat16", "fp8", "fp8"))
+    c = AicCostModel(m, get_hardware("B200"), backend=backend, parallel=Parallelism(8, 1, 8, 1))
+    ev = EngineHandle.for_database(c.database).evaluate_ops_json
+    kv_b = ops.GEMM("kv_b", m.num_layers, 16 * (128 + 128), 512, common.GEMMQuantMode.fp8)
+    kv_b_ms = sum(r[1] for r in ev(build_ops_json([kv_b]), is_context=True, batch_size=1, s=512))
+    rows = dict((r[0], r[1]) for r in ev(c.graph.context_attn, is_context=True, batch_size=1, s=512))
+    assert rows["mla_kv_b_proj_gemm"] == pytest.approx(kv_b_ms, rel=1e-12)
+    assert "mla_kv_b_proj_gemm" not in c.graph.names  # not on decode rows: absorbed into the query
+    assert c.context_attention_time(1, 512, 0) > kv_b_ms * 1e-3
+
+
+def test_decode_step_times_are_step_times_floats() -> None:
+    c = cost()
+    durations, ends = c.decode_step_times(37, 37 * 990, 300, 5.0, 1e9)
+    t, context = 5.0, 37 * 990
+    for d, e in zip(durations, ends):
+        assert d == c.step_time(0, 0, 0, 0.0, 37, context)
+        t += d
+        assert e == t
+        context += 37
+    assert len(durations) == 300
+
+
+def test_a_studys_parallel_layout_reaches_the_measured_backend() -> None:
+    from twinserve.sim.build import build_cost_models
+    from twinserve.sim.config import StudyConfig
+    cfg = StudyConfig()
+    e = cfg.engine
+    e.model, e.hardware, e.cost_model = "Qwen3-30B-A3B", "H200", "aic"
+    e.tensor_parallel_size, e.expert_parallel_size = 2, 2
+    _, _, _, c = build_cost_models(cfg)
+    assert (c.par.tensor_parallel_size, c.par.expert_parallel_size) == (2, 2)
+    one = cost("Qwen3-30B-A3B", tp=2)  # the same GPUs without expert parallelism
+    assert c.tokens_time(256) != one.tokens_time(256)

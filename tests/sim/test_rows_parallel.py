@@ -198,3 +198,22 @@ def test_attention_dp_pool_is_the_ranks_pools_together() -> None:
 def test_bad_layout_in_a_study_exits_2_naming_the_field(tmp_path, capsys, engine: str, field: str) -> None:
     rc, err = _run(tmp_path, 'hardware = "H200"\n' + engine, capsys)
     assert rc == 2 and field in err, err
+
+
+@settings(max_examples=150, deadline=None)
+@given(layout=st.sampled_from([(1, 1, 1), (2, 1, 2), (1, 4, 4), (2, 4, 8), (1, 8, 1)]),
+       mla=st.booleans(), num_seqs=st.integers(1, 600), context=st.integers(0, 2_000_000),
+       max_steps=st.integers(0, 120), start=st.floats(0.0, 1e4))
+def test_decode_step_times_equal_step_time_under_every_layout(layout, mla, num_seqs, context, max_steps,
+                                                              start) -> None:
+    m = _dsv3() if mla and aic_model_configs_dir() is not None else _moe()
+    tp, dp, ep = layout
+    cost = roofline_for(m, get_hardware("B200"), Parallelism(tp, dp, ep))
+    durations, ends = cost.decode_step_times(num_seqs, context, max_steps, start, float("inf"))
+    t, c = start, context
+    for d, end in zip(durations, ends):
+        assert d == cost.step_time(0, 0, 0, 0.0, num_seqs, c)  # the same floats, bit for bit
+        t += d
+        assert end == t
+        c += num_seqs
+    assert len(durations) == max_steps

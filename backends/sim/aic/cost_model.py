@@ -173,6 +173,35 @@ class AicCostModel:
             t = pp * (t + self.p2p_time(pt + ds))
         return t + host
 
+    def decode_step_times(self, num_seqs: int, context: int, max_steps: int, start: float,
+                          deadline: float) -> tuple[list[float], list[float]]:
+        """step_time of consecutive decode-only steps (context grows by num_seqs a step), the same floats."""
+        par = self.par
+        if par.data_parallel_size * par.pipeline_parallel_size > 1 or not num_seqs:
+            from twinserve.backends.sim.cost_model import _loop_step_time
+            return _loop_step_time(self.step_time, num_seqs, context, max_steps, start, deadline)
+        n = num_seqs
+        # The same sum, in step_time's order, so each float is the one stepping would give.
+        base = self.tokens_time(n) + self.logits_time(n)
+        host = self.step_overhead_s + self.per_seq_overhead_s * n
+        gen, gen_time = self._gen, self.generation_attention_time
+        durations: list[float] = []
+        ends: list[float] = []
+        t = start
+        for _ in range(max_steps):
+            if t >= deadline:
+                break
+            kv = -(-(round(context / n) + 1) // KV_GRID) * KV_GRID
+            a = gen.get((n, kv))
+            if a is None:
+                a = gen_time(n, kv)
+            d = base + a + host
+            t = t + d
+            durations.append(d)
+            ends.append(t)
+            context += n
+        return durations, ends
+
     def cache_size(self) -> int:
         """Distinct shapes priced so far (all parts)."""
         return len(self._tok) + len(self._seq) + len(self._ctx) + len(self._gen) + len(self._p2p)

@@ -54,8 +54,6 @@ def _mla_projections(m: ModelSpec, tp: int, gq: Any) -> list:
     latent = m.kv_lora_rank + m.qk_rope_head_dim
     out = [ops.GEMM("mla_downscale_gemm", L, m.q_lora_rank + latent if m.q_lora_rank else latent, h, gq)]
     out.append(ops.GEMM("mla_q_proj_gemm", L, n * m.qk_head_dim, m.q_lora_rank or h, gq))
-    # vLLM runs prefill attention on decompressed K/V (kv_b_proj); decode absorbs it into the query.
-    out.append(ops.GEMM("mla_kv_b_proj_gemm", L, n * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank, gq))
     out.append(ops.GEMM("proj_gemm", L, h, n * m.v_head_dim, gq, low_precision_input=True))
     return out
 
@@ -66,9 +64,15 @@ def _attention(m: ModelSpec, tp: int, modes: dict[str, Any], backend: str, datab
     from aiconfigurator_core.sdk.operations.attention import resolved_lane_order_for_op
     kvq, fmha = modes["generation_attention"], modes["fmha"]
     heads, layers = m.num_heads // tp, m.num_layers
+    kv_b = []
+    if m.is_mla:
+        # Prefill attends over decompressed K/V (kv_b_proj over the chunk's tokens); decode absorbs
+        # kv_b_proj into the query and reads the latent (aic's deepseek.py, both phases).
+        kv_b = [ops.GEMM("mla_kv_b_proj_gemm", layers, heads * (m.qk_nope_head_dim + m.v_head_dim),
+                         m.kv_lora_rank, modes["gemm"])]
     if m.is_mla and backend != "vllm":
         # SGLang and TensorRT-LLM run MLA kernels: aic's MLA tables, keyed by the native 128 heads' shard.
-        return ([ops.ContextMLA("context_attention", layers, 128 // tp, kvq, fmha)],
+        return (kv_b + [ops.ContextMLA("context_attention", layers, 128 // tp, kvq, fmha)],
                 [ops.MLABmm("generation_bmm_pre", layers, heads, modes["gemm"], if_pre=True),
                  ops.GenerationMLA("generation_attention", layers, 128 // tp, kvq),
                  ops.MLABmm("generation_bmm_post", layers, heads, modes["gemm"], if_pre=False)])
@@ -78,14 +82,15 @@ def _attention(m: ModelSpec, tp: int, modes: dict[str, Any], backend: str, datab
     ctx_lanes = resolved_lane_order_for_op(database, "_context_attention_data", None)
     gen_lanes = resolved_lane_order_for_op(database, "_generation_attention_data", None)
     sliding = m.num_sliding_layers if m.sliding_window else 0
-    ctx, gen = [], []
+    ctx, gen = list(kv_b), []
     for n, window in ((layers - sliding, 0), (sliding, m.sliding_window)):
         if not n:
             continue
-        c = ops.ContextAttention("context_attention", n, heads, kv_heads, kvq, fmha, window_size=window, head_size=d)
+        c = ops.ContextAttention("context_attention", n, heads, kv_heads, kvq, fmha, window_size=window,
+                                 head_size=d, use_qk_norm=m.qk_norm)
         c._lane_order = ctx_lanes  # the kernels this backend version runs, as aic's compile_engine resolves
         g = ops.GenerationAttention("generation_attention", n, heads, kv_heads, kvq, window_size=window,
-                                    head_size=d)
+                                    head_size=d, use_qk_norm=m.qk_norm)
         g._lane_order = gen_lanes
         ctx.append(c)
         gen.append(g)
