@@ -183,6 +183,13 @@ def _engine_has(name: str) -> bool:
 
 def _layout(w: Worker, model: Any) -> dict[str, Any]:
     """A worker's [engine] parallel fields; NotExpressible when the config has no field for one."""
+    heads = getattr(model, "num_heads", 0)
+    if heads and heads % w.tp:
+        raise NotExpressible(f"tp {w.tp} does not divide {model.name}'s {heads} attention heads "
+                             "(the file's tp_size looks like a GPU count)")
+    if model.is_moe and w.moe_tp * w.moe_ep not in (1, w.tp * w.attention_dp):
+        raise NotExpressible(f"inconsistent layout: tp {w.tp} x attention_dp {w.attention_dp} GPUs, "
+                             f"but moe_tp {w.moe_tp} x moe_ep {w.moe_ep}")
     out: dict[str, Any] = {"engine.tensor_parallel_size": w.tp}
     for size, name, what in ((w.pp, PP_FIELD, "pipeline parallelism"),
                              (w.attention_dp, ADP_FIELD, "attention data parallelism"),
@@ -208,7 +215,8 @@ def _resolve_model(name: str, path: str) -> Any:
         except UnknownSpecError:
             pass
         except TwinserveError as e:  # a config this simulator cannot read (e.g. linear attention)
-            raise NotExpressible(f"model {path}: {e}") from None
+            # The installed package's folder says nothing about the row: keep the path from the package on.
+            raise NotExpressible(f"model {path}: " + re.sub(r"\S*site-packages/", "", str(e))) from None
     for candidate in (name, str(path).rsplit("/", 1)[-1]):
         try:
             return get_model(candidate)
@@ -287,6 +295,10 @@ def row_study(row: pd.Series, cost_model: str = "roofline") -> StudyConfig:
     # Benchmarks size the engine's batch for the clients: no request waits for a sequence slot.
     s.max_num_seqs = max(s.max_num_seqs, conc)
     s.enable_prefix_caching = False  # random prompts: nothing to share
+    # As the backends serve by default and as docs/capacity.md's development-row fit assumed:
+    # 8,192-token steps, TensorRT-LLM's C++ runtime, vLLM V1's and SGLang's Python + CUDA graphs.
+    s.max_num_batched_tokens = max(s.max_num_batched_tokens, 8192)
+    e.engine_profile = ENGINE_PROFILE.get(str(row["backend"]), e.engine_profile)
     _set_workload(cfg.workload, conc, isl, osl)
     cfg.run.name = str(row["id"])
     ws = workers(row)
@@ -294,6 +306,8 @@ def row_study(row: pd.Series, cost_model: str = "roofline") -> StudyConfig:
         _apply(cfg, _layout(ws[0], model))
     else:
         pre, dec = ws
+        if any(row.get(f"{k}_num_workers") != row.get(f"{k}_num_workers") for k in ("prefill", "decode")):
+            raise NotExpressible("disaggregated row without prefill/decode worker counts")
         c = cfg.cluster
         c.num_replicas = pre.count + dec.count
         c.num_prefill_replicas = pre.count
