@@ -108,6 +108,14 @@ class SearchConfig:
     requests_per_run: int = 2000
     convergence: float = 0.05
     max_requests_per_run: int = 16000
+    # Place each configuration's first run at the cost model's steady-state rate (sim.search_run).
+    estimate: bool = True
+    # End a run once an SLO percentile is lost for sure (sim.search_run.SLOGuard).
+    early_stop: bool = True
+    # Extra seeds searched near each answer for its band (0 = no seed band).
+    band_seeds: int = 2
+    # `simulate validate`'s summary.json for the cost model's error ("" = simulate-validate/).
+    model_error: str = ""
 
 
 @dataclass(slots=True)
@@ -183,7 +191,7 @@ _NON_NEGATIVE = {"engine.cpu_overhead_scale", "workload.num_system_prompts", "wo
                  "workload.system_prompt_zipf", "workload.think_time", "engine.num_gpu_blocks",
                  "workload.prompt_std", "workload.output_std", "engine.allreduce_latency_s", "engine.allreduce_hop_s",
                  "engine.layer_floor_s", "engine.step_overhead_s", "engine.per_seq_overhead_s",
-                 "cluster.num_prefill_replicas", "cluster.kv_link_bandwidth",
+                 "cluster.num_prefill_replicas", "cluster.kv_link_bandwidth", "search.band_seeds",
                  "cluster.kv_link_latency_s", "search.target_rate", "run.seed", "search.requests_per_run"}
 _MAX_BLOCKS = 2 ** 21
 # field -> (low, high, unit): keeps every simulated time finite and plottable, and runs bounded.
