@@ -1,11 +1,11 @@
 """`simulate search` before and after its shortcuts, in one sitting, on the same core.
 
-    python experiments/search_speed.py [--before abcead1] [--core 1] [CONFIG ...]
+    python experiments/search_speed.py [--before abcead1] [--after HEAD] [--core 1] [CONFIG ...]
 
-Runs each study with the search of git revision --before (checked out to a temporary
-worktree and imported in place of this tree's sim/) and with this tree's, with and without
-its seed band, all with --workers 1 pinned to one core; prints wall seconds, runs, requests
-simulated and each configuration's answer.
+Runs each study with the search of git revision --before and of --after (each checked out to
+a temporary worktree and imported in place of this tree's packages, so edits made meanwhile
+do not leak in), the new one with and without its seed band, all with --workers 1 pinned to
+one core; prints wall seconds, runs, requests simulated and each configuration's answer.
 """
 
 from __future__ import annotations
@@ -44,13 +44,14 @@ sys.meta_path.insert(0, Finder)
 import twinserve.sim.search as search
 assert search.__file__.startswith(tree), search.__file__
 count = {"runs": 0, "requests": 0}
-inner = search._run
-def counted(job):
-    res = inner(job)
-    count["runs"] += 1
-    count["requests"] += int(res.row.get("completed") or 0)
-    return res
-search._run = counted
+if hasattr(search, "_run"):  # the old search ran study._run; the new one counts its own work
+    inner = search._run
+    def counted(job):
+        res = inner(job)
+        count["runs"] += 1
+        count["requests"] += int(res.row.get("completed") or 0)
+        return res
+    search._run = counted
 from twinserve.sim.cli import main
 rc = main(sys.argv[1:])
 print("WORK " + json.dumps(count))
@@ -89,12 +90,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("configs", nargs="*", default=DEFAULT)
     ap.add_argument("--before", default="abcead1", help="git revision of the old search")
+    ap.add_argument("--after", default="HEAD", help="git revision of the new search")
     ap.add_argument("--core", default="1", help="CPU to pin every run to ('' = none)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="search-speed-"))
-    tree = tmp / "before"
-    subprocess.run(["git", "worktree", "add", "--detach", str(tree), args.before], cwd=ROOT,
-                   check=True, capture_output=True)
+    tree, new = tmp / "before", tmp / "after"
+    for path, rev in ((tree, args.before), (new, args.after)):
+        subprocess.run(["git", "worktree", "add", "--detach", str(path), rev], cwd=ROOT,
+                       check=True, capture_output=True)
     py = sys.executable
     print("| study | search | wall s | runs | requests simulated | pick | answers (req/s) |")
     print("|---|---|---|---|---|---|---|")
@@ -104,9 +107,9 @@ def main() -> int:
             common = ["search", "--config", cfg, "--workers", "1"]
             variants = [
                 (f"before ({args.before})", [py, "-c", LAUNCHER, str(tree), *common]),
-                ("after, no band", [py, "-m", "twinserve.sim.cli", *common,
+                ("after, no band", [py, "-c", LAUNCHER, str(new), *common,
                                     "--set", "search.band_seeds=0"]),
-                ("after, 2-seed band", [py, "-m", "twinserve.sim.cli", *common]),
+                ("after, 2-seed band", [py, "-c", LAUNCHER, str(new), *common]),
             ]
             for name, argv in variants:
                 out = tmp / f"{Path(config).stem}-{len(name)}"
@@ -120,8 +123,9 @@ def main() -> int:
                 print(f"| {config} | {name} (exit {rc}) | {wall:.0f} | {work['runs']} | "
                       f"{work['requests']:,} | {pick(stdout)} | {answers(out)} |", flush=True)
     finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
-                       capture_output=True)
+        for path in (tree, new):
+            subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT,
+                           capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
