@@ -435,7 +435,10 @@ def _coerce_grid(value: Any, bad: Any, file: str | None, line: int | None) -> di
     grid: dict[str, list[str]] = {}
     for key, values in value.items():
         if not isinstance(values, list) or not values:
-            raise bad(f"{key}: give a non-empty list of values")
+            text = Path(file).read_text() if file and Path(file).is_file() else ""
+            # The axis's own line in a [search.grid] table, else the caller's.
+            at = (find_line(text, "search.grid", key) if text else None) or line
+            raise ConfigError("search.grid", f"{key}: give a non-empty list of values", file, at)
         try:
             dotted = resolve_field(key)
         except ConfigError:

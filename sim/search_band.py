@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -64,8 +65,13 @@ def search_seeds(searches: Sequence[RateSearch], slos: dict[str, float], workers
 
 
 def _norm(name: str) -> str:
-    return "".join(ch for ch in name.lower().replace("_sxm", "").replace("-sxm", "")
-                   if ch.isalnum())
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+def _gpu(name: str) -> str:
+    """The GPU's family and number: 'A100-80GB' and 'a100_sxm' are both 'a100'."""
+    m = re.match(r"[a-z]+\d+", name.lower())
+    return m.group(0) if m else _norm(name)
 
 
 def _groups(data: Any) -> list[dict[str, Any]]:
@@ -109,9 +115,9 @@ def model_error(cfg: StudyConfig, model: str, hardware: str) -> tuple[float | No
         groups = _groups(json.loads(path.read_text()))
     except (OSError, ValueError):
         return None, "cost-model error: unknown (no validate rows)"
-    fam, hw = _norm(model), _norm(hardware)
+    fam, hw = _norm(model), _gpu(hardware)
     hits = [(g, e) for g in groups
-            if fam and fam in _norm(str(g.get("model", ""))) and hw == _norm(str(g.get("system", "")))
+            if fam and fam in _norm(str(g.get("model", ""))) and hw == _gpu(str(g.get("system", "")))
             and (e := _throughput_error(g)) is not None]
     if not hits:
         return None, f"cost-model error: unknown (no validate rows for {model} on {hardware} in {path})"
