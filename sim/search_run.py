@@ -62,6 +62,8 @@ class SLOGuard:
         return g if g.checks else None
 
     def __call__(self, rec: RequestRecord) -> bool:
+        if getattr(rec, "warmup", False):  # a closed loop's warm-up is not measured
+            return False
         if rec.finish_reason == "refused":
             self.reason = "a request was refused"
             return True
