@@ -116,6 +116,9 @@ class SearchConfig:
     band_seeds: int = 2
     # `simulate validate`'s summary.json for the cost model's error ("" = simulate-validate/).
     model_error: str = ""
+    # What is searched: the highest open-loop request rate, or the most closed-loop clients
+    # ([workload] concurrency) meeting the SLOs.
+    axis: str = "rate"
 
 
 @dataclass(slots=True)
@@ -181,7 +184,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "engine.cost_model": ("roofline", "fitted"), "cluster.router": ROUTERS,
     **{f"scheduler.{name}": names for name, names in SCHEDULER_CHOICES.items()},
     "engine.dtype": DTYPES, "engine.quantization": QUANTIZATIONS,
-    "engine.kv_cache_dtype": KV_CACHE_DTYPES, "engine.engine_profile": tuple(ENGINE_PROFILES),
+    "engine.kv_cache_dtype": KV_CACHE_DTYPES, "search.axis": ("rate", "concurrency"), "engine.engine_profile": tuple(ENGINE_PROFILES),
 }
 _POSITIVE = {"workload.rate", "workload.burstiness", "workload.time_scale",
              "engine.tensor_parallel_size", "workload.vocab_size", "workload.prompt_mean",

@@ -43,7 +43,8 @@ def converged_search(base: StudyConfig, grid: dict[str, list[str]], slos: dict[s
             # Near the answer: a step of the convergence threshold settles 'moved less' in two
             # runs; a capped rate may be far above the longer runs' answer: halve down from it.
             again.append(RateSearch(s.point, with_requests(s.cfg, n), start=s.lo,
-                                    step=1.0 + sc.convergence if s.status == "ok" else 2.0))
+                                    step=1.0 + sc.convergence if s.status == "ok" else 2.0,
+                                    integer=s.integer))
         run_searches(again, slos, workers, ray_address, progress, desc=f"recheck at {n}")
         for s, r in zip(todo, again):
             s.cfg, s.lo, s.hi, s.runs, s.error = r.cfg, r.lo, r.hi, r.runs, r.error

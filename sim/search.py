@@ -20,7 +20,7 @@ from twinserve.sim.build import fit_problem
 from twinserve.sim.config import StudyConfig, find_line, replica_config, set_field, source_text
 from twinserve.sim.errors import ConfigError
 from twinserve.sim.search_driver import drive
-from twinserve.sim.search_run import run_search_point, steady_state_rate
+from twinserve.sim.search_run import run_search_point, steady_state
 from twinserve.sim.specs import model_label, resolve_hardware
 from twinserve.sim.study import grid_points
 
@@ -75,6 +75,7 @@ class RateSearch:
     # Work done over every stage (first length, rechecks, seeds): runs and requests simulated.
     runs_total: int = 0
     simulated: int = 0
+    integer: bool = False      # the searched value is a client count (search.axis = concurrency)
 
     def next_rate(self) -> float | None:
         """The next rate to simulate, or None when the bracket is settled."""
@@ -91,10 +92,18 @@ class RateSearch:
             if self.hi <= s.min_rate:
                 return None
             rate = max(self.hi / self.step, s.min_rate)
-        elif (self.hi - self.lo) / self.hi <= s.tolerance:
+        elif (self.hi - self.lo) / self.hi <= s.tolerance or (self.integer and self.hi - self.lo <= 1):
             return None
         else:
             rate = (self.lo + self.hi) / 2.0
+        if self.integer:  # clients: whole numbers, and never the same count twice
+            rate = float(max(1, round(rate)))
+            if rate <= self.lo:
+                rate = self.lo + 1
+            if rate >= self.hi:
+                rate = self.hi - 1
+            if rate < 1 or (self.hi - self.lo <= 1):
+                return None
         rate = float(f"{rate:.6g}")
         return None if rate in self.runs else rate
 
@@ -127,8 +136,12 @@ class RateSearch:
 
 
 def _with_rate(cfg: StudyConfig, rate: float) -> StudyConfig:
+    """A copy of cfg at this load: a request rate, or (axis = concurrency) that many clients."""
     c = copy.deepcopy(cfg)
-    set_field(c, "workload.rate", rate)
+    if cfg.search.axis == "concurrency":
+        set_field(c, "workload.concurrency", int(rate))
+    else:
+        set_field(c, "workload.rate", rate)
     return c
 
 
@@ -159,15 +172,20 @@ def search_rates(base: StudyConfig, grid: dict[str, list[str]], slos: dict[str, 
                  workers: int | None = None, ray_address: str | None = None,
                  progress: bool = True) -> list[RateSearch]:
     """Bracket the max rate under the SLOs for every grid point, runs in parallel."""
-    if "workload.rate" in grid:
-        raise ConfigError("workload.rate", "rate is what search finds; leave it out of --grid")
-    searches = [RateSearch(p, c) for p, c in grid_points(base, grid)]
+    found = "workload.concurrency" if base.search.axis == "concurrency" else "workload.rate"
+    if found in grid:
+        raise ConfigError(found, f"{found.split('.')[1]} is what search finds; leave it out of "
+                          "--grid")
+    closed = base.search.axis == "concurrency"
+    searches = [RateSearch(p, c, integer=closed) for p, c in grid_points(base, grid)]
     check_prices(base, [s.cfg for s in searches])
     for s in searches:
         s.no_fit = fit_problem(s.cfg)
         if not s.no_fit and base.search.estimate:
             try:
-                s.estimate = steady_state_rate(s.cfg, slos)
+                rate, batch = steady_state(s.cfg, slos)
+                # Closed loop: the clients a replica keeps in flight is the batch it sustains.
+                s.estimate = float(batch) if closed else rate
             except Exception:  # noqa: BLE001 - the run itself will report what is wrong
                 s.estimate = 0.0
     return run_searches(searches, slos, workers, ray_address, progress)
@@ -217,6 +235,13 @@ def fleet(cfg: StudyConfig) -> tuple[int, float]:
     return gpus, usd
 
 
+def served_rate(s: RateSearch) -> float:
+    """Requests/s at the answer: the rate itself, or what that many clients completed."""
+    if not s.integer or not s.lo:
+        return s.lo
+    return float(s.runs[s.lo].get("request_throughput") or 0.0)
+
+
 def summary_rows(searches: Sequence[RateSearch], target_rate: float = 0.0
                  ) -> list[dict[str, Any]]:
     """One row per configuration: max rate under the SLOs, bracket, runs, GPUs and costs."""
@@ -239,8 +264,10 @@ def summary_rows(searches: Sequence[RateSearch], target_rate: float = 0.0
         row["tokens_per_s"] = tok_s
         row["usd_per_mtok"] = usd_h / (tok_s * 3600) * 1e6 if tok_s else math.inf
         row["usd_per_mtok_output"] = usd_h / (out_s * 3600) * 1e6 if out_s else math.inf
+        rate = served_rate(s)
+        row["request_rate"] = rate
         if target_rate > 0:
-            n = math.ceil(target_rate / s.lo) if s.lo else math.inf
+            n = math.ceil(target_rate / rate) if rate else math.inf
             row["replicas_for_target"] = n
             row["usd_per_hour_for_target"] = n * usd_h if s.lo else math.inf
         rows.append(row)

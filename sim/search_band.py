@@ -53,7 +53,8 @@ def search_seeds(searches: Sequence[RateSearch], slos: dict[str, float], workers
             cfg = with_requests(s.cfg, n)
             set_field(cfg, "run.seed", s.cfg.run.seed + k)
             # Seeds differ by a few percent: start at the answer with a step of twice the tolerance.
-            again.append((s, RateSearch(s.point, cfg, start=first, step=1.0 + 2 * tol)))
+            again.append((s, RateSearch(s.point, cfg, start=first, step=1.0 + 2 * tol,
+                                        integer=s.integer)))
     if not again:
         return
     run_searches([r for _, r in again], slos, workers, ray_address, progress, desc="seeds")
@@ -151,8 +152,9 @@ def add_bands(rows: list[dict[str, Any]], searches: Sequence[RateSearch], base: 
         row["usd_per_mtok_band"] = (row["usd_per_mtok"] / (hi / s.lo) if hi else math.inf,
                                     row["usd_per_mtok"] * scale)
         if target_rate > 0:
-            n_lo = math.ceil(target_rate / lo) if lo else math.inf
-            n_hi = math.ceil(target_rate / hi) if hi else math.inf
+            per = row["request_rate"] / s.lo  # req/s per unit searched (1 for rates)
+            n_lo = math.ceil(target_rate / (lo * per)) if lo else math.inf
+            n_hi = math.ceil(target_rate / (hi * per)) if hi else math.inf
             row["replicas_for_target"] = n_lo
             row["usd_per_hour_for_target"] = n_lo * usd_h
             row["usd_per_hour_band"] = (n_hi * usd_h, n_lo * usd_h)

@@ -99,6 +99,10 @@ def _notes(cfg: StudyConfig, slos: dict[str, float], rows: list[dict[str, Any]],
              "configurations whose best cost in their band is within the pick's worst are ties",
              "prices (USD per GPU-hour): " + ", ".join(
                  sorted({f"{r['hardware']} {r['usd_per_hour'] / r['gpus']:g}" for r in rows}))]
+    if sc.axis == "concurrency":
+        notes.insert(0, "searched: the most closed-loop clients ([workload] concurrency) meeting "
+                     "the SLOs; `max_rate`, `bracket_hi` and the band count clients, "
+                     "`request_rate` is the req/s they completed")
     if sc.target_rate:
         notes.append(f"target rate: {sc.target_rate:g} req/s")
     return notes

@@ -57,13 +57,16 @@ def _engine_flags(cfg: StudyConfig, allowed: frozenset[str]) -> list[str]:
 
 def commands(cfg: StudyConfig, row: dict[str, Any], isl: int, osl: int, rate: float,
              num_prompts: int) -> dict[str, str]:
-    """The serve and bench commands for one configuration, checked at `rate` req/s per replica."""
+    """The serve and bench commands for one configuration, checked at `rate` per replica (req/s,
+    or clients when the search's axis is concurrency)."""
     one = replica_config(cfg, 0) if cfg.cluster.num_replicas == 1 else cfg
     model = row["model"]
     bench = ["vllm", "bench", "serve", "--model", model, "--dataset-name", "random",
              "--random-input-len", str(isl), "--random-output-len", str(osl),
-             "--num-prompts", str(num_prompts), "--request-rate", f"{rate:.3g}",
-             "--seed", str(cfg.run.seed)]
+             "--num-prompts", str(num_prompts), "--seed", str(cfg.run.seed)]
+    # Closed loop: N clients, as the search ran them; open loop: Poisson arrivals at the rate.
+    bench += (["--max-concurrency", str(int(rate))] if cfg.search.axis == "concurrency"
+              else ["--request-rate", f"{rate:.3g}"])
     return {"vllm_serve": _join(["vllm", "serve", model] + _engine_flags(one, VLLM_SERVE_FLAGS)),
             "twinserve_serve": _join(["twinserve", "serve", model]
                                      + _engine_flags(one, TWINSERVE_SERVE_FLAGS)),

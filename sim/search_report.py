@@ -59,6 +59,8 @@ def pick_record(s: RateSearch, row: dict[str, Any], base: StudyConfig,
     """One pick or tie for pick.json: what it is, its band, its cost and its commands."""
     isl, osl = workload_lengths(s.cfg)
     rate = row.get("band_lo") or row["max_rate"]
+    if s.integer:  # a client count: the band's low end, whole
+        rate = max(1, int(rate))
     n = int(row.get("num_requests") or s.cfg.workload.num_requests)
     rec = {"configuration": {a: row[a] for a in axes}, "model": row["model"],
            "hardware": row["hardware"], "tp": row["tp"], "gpus": row["gpus"],
@@ -101,21 +103,22 @@ def write_search(out_dir: Path, searches: Sequence[RateSearch], rows: Sequence[d
     figs.mkdir(exist_ok=True)
     written["figure"] = figs / "search.png"
     plot_search(rows, axes, written["figure"])
+    unit = "clients" if searches and searches[0].integer else "req/s"
     md = [f"# {title}", ""] + [f"- {n}" for n in notes]
     if best is not None:
         what = ", ".join(f"{a}={best[a]}" for a in axes) or best["hardware"]
-        md.append(f"- cheapest: {what} ({best['gpus']} GPU(s), max {best['max_rate']:.3g} req/s, "
+        md.append(f"- cheapest: {what} ({best['gpus']} GPU(s), max {best['max_rate']:.3g} {unit}, "
                   f"{best['usd_per_mtok']:.3g} USD per million tokens"
                   + (f", {best['replicas_for_target']} replica(s) = "
                      f"{best['usd_per_hour_for_target']:.3g} USD/hour for the target rate)"
                      if "replicas_for_target" in best else ")"))
         if best.get("band_lo"):
-            md.append(f"- its band: {best['band_lo']:.3g}-{best['band_hi']:.3g} req/s "
+            md.append(f"- its band: {best['band_lo']:.3g}-{best['band_hi']:.3g} {unit} "
                       f"(seeds {best.get('seed_rates') or '-'})")
         if best.get("convergence"):
             md.append(f"- its convergence: {best['convergence']}")
         md.append("- ties (not told apart from the pick within their bands): "
-                  + ("; ".join(f"{_what(t, axes)} ({t['max_rate']:.3g} req/s, band "
+                  + ("; ".join(f"{_what(t, axes)} ({t['max_rate']:.3g} {unit}, band "
                                f"{t['band_lo']:.3g}-{t['band_hi']:.3g})" for t in tied)
                      or "none"))
     else:

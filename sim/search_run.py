@@ -103,7 +103,12 @@ def run_search_point(job: tuple[dict[str, Any], StudyConfig, dict[str, float], b
 
 
 def steady_state_rate(cfg: StudyConfig, slos: dict[str, float]) -> float:
-    """Requests/s the cost model sustains at the largest batch whose decode step meets the TPOT SLO.
+    """Requests/s the cost model sustains at the largest batch meeting the TPOT SLO."""
+    return steady_state(cfg, slos)[0]
+
+
+def steady_state(cfg: StudyConfig, slos: dict[str, float]) -> tuple[float, int]:
+    """(requests/s, batch) the cost model sustains at the largest batch meeting the TPOT SLO.
 
     Per request: its prompt's prefill time plus its output tokens at batch B's step time / B.
     B is bounded by the KV pool (mean context), max_num_seqs and the TPOT limit; a crude
@@ -112,7 +117,7 @@ def steady_state_rate(cfg: StudyConfig, slos: dict[str, float]) -> float:
     built = build(cfg)
     items = list(built.workload.items())
     if not items:
-        return 0.0
+        return 0.0, 0
     isl = sum(i.num_prompt_tokens for i in items) / len(items)
     osl = max(1.0, sum(i.num_output_tokens for i in items) / len(items))
     cm = built.cost_model
@@ -138,4 +143,4 @@ def steady_state_rate(cfg: StudyConfig, slos: dict[str, float]) -> float:
     t_pre = cm.step_time(n_isl, 1, 0, n_isl * (n_isl + 1) / 2, 0, 0)
     per_request = t_pre + osl * t_dec(b) / b
     replicas = max(1, cfg.cluster.num_replicas - cfg.cluster.num_prefill_replicas)
-    return replicas / per_request if per_request > 0 else 0.0
+    return (replicas / per_request if per_request > 0 else 0.0), b * replicas

@@ -168,3 +168,21 @@ def test_a_disaggregation_split_larger_than_the_replicas_is_refused(tmp_path, ca
     rc, _ = _search(tmp_path, "split", study=study)
     err = capsys.readouterr().err
     assert rc == 2 and "num_prefill_replicas" in err, err
+
+
+def test_concurrency_axis_finds_the_most_clients_and_benches_with_max_concurrency(tmp_path,
+                                                                                  capsys) -> None:
+    study = STUDY.replace("[search]\n", '[search]\naxis = "concurrency"\nband_seeds = 0\n')
+    rc, out = _search(tmp_path, "clients", "--slo", "tpot_p99=0.03", "--slo", "ttft_p99=1",
+                      study=study)
+    capsys.readouterr()
+    assert rc == 0
+    row = pd.read_csv(out / "search.csv").iloc[0]
+    n = int(row["max_rate"])
+    assert n == row["max_rate"] and row["bracket_hi"] == n + 1  # settled to one client
+    runs = pd.read_csv(out / "search_runs.csv").set_index("rate")
+    assert runs.loc[n, "meets_slo"] and not runs.loc[n + 1, "meets_slo"]
+    assert row["request_rate"] == pytest.approx(runs.loc[n, "request_throughput"])
+    bench = json.loads((out / "pick.json").read_text())["pick"]["commands"]["vllm_bench_serve"]
+    assert f"--max-concurrency {n}" in bench and "--request-rate" not in bench
+    assert "most closed-loop clients" in (out / "summary.md").read_text()
