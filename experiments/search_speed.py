@@ -14,6 +14,7 @@ import argparse
 import csv
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -59,13 +60,21 @@ sys.exit(rc)
 """
 
 
-def run(argv: list[str], core: str | None) -> tuple[float, str, int]:
-    """(wall seconds, stdout, exit status) of one command, pinned when a core is given."""
+def run(argv: list[str], core: str | None) -> tuple[float, float, str, int]:
+    """(wall s, CPU s, stdout, exit status) of one command, pinned when a core is given.
+
+    CPU seconds (user + system of the child) hardly move with other jobs on a shared machine;
+    wall seconds do.
+    """
     pin = ["taskset", "-c", core] if core and shutil.which("taskset") else []
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.run(pin + argv, capture_output=True, text=True, env=env, cwd=ROOT)
-    return time.perf_counter() - t0, p.stdout, p.returncode
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, p.stdout, p.returncode
 
 
 def answers(out: Path) -> str:
@@ -99,28 +108,28 @@ def main() -> int:
         subprocess.run(["git", "worktree", "add", "--detach", str(path), rev], cwd=ROOT,
                        check=True, capture_output=True)
     py = sys.executable
-    print("| study | search | wall s | runs | requests simulated | pick | answers (req/s) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| study | search | wall s | CPU s | runs | requests simulated | pick | answers (req/s) |")
+    print("|---|---|---|---|---|---|---|---|")
     try:
         for config in args.configs:
             cfg = str(ROOT / config)
             common = ["search", "--config", cfg, "--workers", "1"]
             variants = [
                 (f"before ({args.before})", [py, "-c", LAUNCHER, str(tree), *common]),
+                ("after, 2-seed band", [py, "-c", LAUNCHER, str(new), *common]),
                 ("after, no band", [py, "-c", LAUNCHER, str(new), *common,
                                     "--set", "search.band_seeds=0"]),
-                ("after, 2-seed band", [py, "-c", LAUNCHER, str(new), *common]),
             ]
             for name, argv in variants:
                 out = tmp / f"{Path(config).stem}-{len(name)}"
-                wall, stdout, rc = run(argv + ["--out", str(out)], args.core)
+                wall, cpu, stdout, rc = run(argv + ["--out", str(out)], args.core)
                 if name.startswith("before"):
                     work = json.loads(stdout.rsplit("WORK ", 1)[1])
                 else:
                     rows = list(csv.DictReader(open(out / "search.csv")))
                     work = {"runs": sum(int(r["runs_total"]) for r in rows),
                             "requests": sum(int(r["requests_simulated"]) for r in rows)}
-                print(f"| {config} | {name} (exit {rc}) | {wall:.0f} | {work['runs']} | "
+                print(f"| {config} | {name} (exit {rc}) | {wall:.0f} | {cpu:.0f} | {work['runs']} | "
                       f"{work['requests']:,} | {pick(stdout)} | {answers(out)} |", flush=True)
     finally:
         for path in (tree, new):
