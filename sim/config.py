@@ -119,6 +119,9 @@ class SearchConfig:
     # What is searched: the highest open-loop request rate, or the most closed-loop clients
     # ([workload] concurrency) meeting the SLOs.
     axis: str = "rate"
+    # "auto": also run each point as the prefill/decode splits of gpu_budget (sim/search_disagg.py).
+    disaggregation: str = "off"
+    gpu_budget: int = 0          # GPUs a deployment may take (0 = no limit)
 
 
 @dataclass(slots=True)
@@ -184,7 +187,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "engine.cost_model": ("roofline", "fitted"), "cluster.router": ROUTERS,
     **{f"scheduler.{name}": names for name, names in SCHEDULER_CHOICES.items()},
     "engine.dtype": DTYPES, "engine.quantization": QUANTIZATIONS,
-    "engine.kv_cache_dtype": KV_CACHE_DTYPES, "search.axis": ("rate", "concurrency"), "engine.engine_profile": tuple(ENGINE_PROFILES),
+    "engine.kv_cache_dtype": KV_CACHE_DTYPES, "search.axis": ("rate", "concurrency"),
+    "search.disaggregation": ("off", "auto"), "engine.engine_profile": tuple(ENGINE_PROFILES),
 }
 _POSITIVE = {"workload.rate", "workload.burstiness", "workload.time_scale",
              "engine.tensor_parallel_size", "workload.vocab_size", "workload.prompt_mean",
@@ -198,6 +202,7 @@ _NON_NEGATIVE = {"engine.cpu_overhead_scale", "workload.num_system_prompts", "wo
                  "workload.prompt_std", "workload.output_std", "engine.allreduce_latency_s", "engine.allreduce_hop_s",
                  "engine.layer_floor_s", "engine.step_overhead_s", "engine.per_seq_overhead_s",
                  "cluster.num_prefill_replicas", "cluster.kv_link_bandwidth", "search.band_seeds",
+                 "search.gpu_budget",
                  "cluster.kv_link_latency_s", "search.target_rate", "run.seed", "search.requests_per_run"}
 _MAX_BLOCKS = 2 ** 21
 # field -> (low, high, unit): keeps every simulated time finite and plottable, and runs bounded.

@@ -19,6 +19,7 @@ from twinserve.backends.sim.catalog import HARDWARES, UnknownSpecError, get_hard
 from twinserve.sim.build import fit_problem
 from twinserve.sim.config import StudyConfig, find_line, replica_config, set_field, source_text
 from twinserve.sim.errors import ConfigError
+from twinserve.sim.search_disagg import check_disaggregation, with_modes
 from twinserve.sim.search_driver import drive
 from twinserve.sim.search_run import run_search_point, steady_state
 from twinserve.sim.specs import model_label, resolve_hardware
@@ -177,7 +178,9 @@ def search_rates(base: StudyConfig, grid: dict[str, list[str]], slos: dict[str, 
         raise ConfigError(found, f"{found.split('.')[1]} is what search finds; leave it out of "
                           "--grid")
     closed = base.search.axis == "concurrency"
-    searches = [RateSearch(p, c, integer=closed) for p, c in grid_points(base, grid)]
+    check_disaggregation(base)
+    searches = [RateSearch(p, c, integer=closed)
+                for p, c in with_modes(base, grid_points(base, grid))]
     check_prices(base, [s.cfg for s in searches])
     for s in searches:
         s.no_fit = fit_problem(s.cfg)
@@ -262,6 +265,8 @@ def summary_rows(searches: Sequence[RateSearch], target_rate: float = 0.0
         tok_s = best["total_token_throughput"] if best else 0.0
         out_s = best["output_throughput"] if best else 0.0
         row["tokens_per_s"] = tok_s
+        row["tokens_per_s_per_gpu"] = tok_s / gpus if gpus else 0.0
+        row["output_tokens_per_s_per_gpu"] = out_s / gpus if gpus else 0.0
         row["usd_per_mtok"] = usd_h / (tok_s * 3600) * 1e6 if tok_s else math.inf
         row["usd_per_mtok_output"] = usd_h / (out_s * 3600) * 1e6 if out_s else math.inf
         rate = served_rate(s)

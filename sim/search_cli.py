@@ -55,6 +55,8 @@ def run_search(args: argparse.Namespace, base: Callable[[argparse.Namespace], St
         best = cheapest(rows, target)
         tied = ties(rows, best, target)
         axes = [k.split(".", 1)[1] for k in grid]
+        if any(s.point.get("mode", "agg") != "agg" for s in searches):
+            axes.append("mode")  # agg and disagg rows side by side
         notes = _notes(cfg, slos, rows, wall, len(searches), band_notes)
         out = Path(args.out or "simulate-search")
         picks = [pick_record(s, r, cfg, axes) for s, r in zip(searches, rows)

@@ -20,7 +20,8 @@ from twinserve.sim.search import RateSearch  # noqa: E402
 from twinserve.sim.search_commands import commands, workload_lengths  # noqa: E402
 
 SEARCH_COLUMNS = ("model", "hardware", "tp", "max_rate", "bracket_hi", "band_lo", "band_hi",
-                  "seed_rates", "runs", "status",
+                  "seed_rates", "runs", "status", "gpus", "tokens_per_s_per_gpu",
+                  "output_tokens_per_s_per_gpu",
                   "tokens_per_s", "usd_per_hour", "usd_per_mtok", "usd_per_mtok_output",
                   "replicas_for_target", "usd_per_hour_for_target", "num_requests", "convergence")
 
@@ -69,6 +70,12 @@ def pick_record(s: RateSearch, row: dict[str, Any], base: StudyConfig,
            "usd_per_mtok": row["usd_per_mtok"], "mean_input_tokens": isl,
            "mean_output_tokens": osl, "check_rate_per_replica": rate,
            "commands": commands(s.cfg, row, isl, osl, rate, n)}
+    c = s.cfg.cluster
+    if c.num_prefill_replicas:
+        rec["disaggregated"] = (f"{c.num_prefill_replicas} prefill + "
+                                f"{c.num_replicas - c.num_prefill_replicas} decode instances of "
+                                "this `vllm serve` shape, joined by a KV connector "
+                                "(vLLM's --kv-transfer-config)")
     if base.search.target_rate > 0:
         rec["replicas_for_target"] = row["replicas_for_target"]
         rec["usd_per_hour_for_target"] = row["usd_per_hour_for_target"]
@@ -140,7 +147,8 @@ def write_search(out_dir: Path, searches: Sequence[RateSearch], rows: Sequence[d
         for p in picks:
             md += [f"{_what(p['configuration'] | {'hardware': p['hardware']}, axes)}"
                    + (f" x {p['replicas_for_target']} replica(s)" if "replicas_for_target" in p
-                      else "") + ":", "", "```",
+                      else "") + (f" ({p['disaggregated']})" if "disaggregated" in p else "")
+                   + ":", "", "```",
                    p["commands"]["vllm_serve"], p["commands"]["twinserve_serve"],
                    p["commands"]["vllm_bench_serve"], "```", ""]
     pick = {"pick": picks[0] if best is not None and picks else None, "ties": list(picks[1:]),

@@ -142,5 +142,10 @@ def steady_state(cfg: StudyConfig, slos: dict[str, float]) -> tuple[float, int]:
     n_isl = max(1, int(isl))
     t_pre = cm.step_time(n_isl, 1, 0, n_isl * (n_isl + 1) / 2, 0, 0)
     per_request = t_pre + osl * t_dec(b) / b
-    replicas = max(1, cfg.cluster.num_replicas - cfg.cluster.num_prefill_replicas)
+    c = cfg.cluster
+    if c.num_prefill_replicas:  # disaggregated: the slower of the two pools sets the rate
+        decode = c.num_replicas - c.num_prefill_replicas
+        rate = min(c.num_prefill_replicas / t_pre, decode * b / (osl * t_dec(b)))
+        return rate, b * decode
+    replicas = max(1, c.num_replicas)
     return (replicas / per_request if per_request > 0 else 0.0), b * replicas

@@ -14,6 +14,8 @@ from twinserve.sim import cli
 from twinserve.sim.search_band import seed_band
 from twinserve.sim.search_commands import TWINSERVE_SERVE_FLAGS, VLLM_BENCH_FLAGS, VLLM_SERVE_FLAGS
 
+from .helpers import small_config
+
 # Flags as vLLM's own pages spell them, written out here apart from sim/search_commands.py's
 # list so a flag added there by mistake fails: https://docs.vllm.ai/en/latest/models/engine_args.html
 # and https://docs.vllm.ai/en/latest/cli/bench/serve/
@@ -186,3 +188,27 @@ def test_concurrency_axis_finds_the_most_clients_and_benches_with_max_concurrenc
     bench = json.loads((out / "pick.json").read_text())["pick"]["commands"]["vllm_bench_serve"]
     assert f"--max-concurrency {n}" in bench and "--request-rate" not in bench
     assert "most closed-loop clients" in (out / "summary.md").read_text()
+
+
+def test_disaggregation_auto_splits_the_gpu_budget_and_compares_per_gpu() -> None:
+    from twinserve.sim.search_disagg import gpus_of, with_modes
+    from twinserve.sim.study import grid_points
+
+    base = small_config(tensor_parallel_size=1)
+    base.search.disaggregation, base.search.gpu_budget = "auto", 4
+    points = with_modes(base, grid_points(base, {"engine.tensor_parallel_size": ["1", "2"]}))
+    modes = [(p["tensor_parallel_size"], p["mode"]) for p, _ in points]
+    assert modes == [(1, "agg"), (1, "disagg 1P+3D"), (1, "disagg 2P+2D"), (1, "disagg 3P+1D"),
+                     (2, "agg"), (2, "disagg 1P+1D")]
+    for p, cfg in points:
+        assert gpus_of(cfg) == (4 if p["mode"].startswith("disagg") else p["tensor_parallel_size"])
+
+
+@pytest.mark.parametrize("body, field", [
+    ('disaggregation = "auto"\n', "search.disaggregation"),
+    ("gpu_budget = 2\n[cluster]\nnum_replicas = 3\nnum_prefill_replicas = 1\n", "search.gpu_budget"),
+])
+def test_a_split_beyond_the_gpu_budget_is_refused(tmp_path, capsys, body, field) -> None:
+    rc, _ = _search(tmp_path, "budget", study=STUDY + body)
+    err = capsys.readouterr().err
+    assert rc == 2 and field in err and "budget.toml:" in err, err
