@@ -48,11 +48,16 @@ def start(argv: list[str], log: Path) -> tuple[subprocess.Popen, float, Path]:
 
 
 def aic_best(log: Path) -> str:
-    """AIConfigurator's best per-GPU figures as it prints them."""
+    """AIConfigurator's chosen experiment and its best agg and disagg rows (tokens/s/gpu)."""
     text = log.read_text(errors="replace")
-    lines = [ln.strip() for ln in text.splitlines()
-             if re.search(r"tokens/s/gpu|Best|best", ln) and "[W]" not in ln]
-    return " / ".join(lines[-4:]) or "(see " + str(log) + ")"
+    parts = [m.group(1) for m in re.finditer(r"Best Experiment Chosen: (.*)", text)]
+    for kind in ("agg", "disagg"):
+        m = re.search(rf"^{kind} Top Configurations.*?\n\|\s+1\s+\|([^\n]*)", text,
+                      re.MULTILINE | re.DOTALL)
+        if m:
+            cells = [c.strip() for c in m.group(1).split("|")]
+            parts.append(f"{kind}: {cells[1]} tokens/s/gpu at {cells[3]} req/s")
+    return "; ".join(parts) or f"(see {log})"
 
 
 def search_best(out: Path) -> str:
