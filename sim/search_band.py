@@ -80,13 +80,16 @@ def _groups(data: Any) -> list[dict[str, Any]]:
     if isinstance(data, list):
         return [g for g in data if isinstance(g, dict)]
     if isinstance(data, dict):
+        # simulate validate's own layout: {"all": {"groups": {"backend | system | model": ...}}}
+        if isinstance(data.get("all"), dict) and "groups" in data["all"]:
+            return _groups(data["all"]["groups"])
         for key in ("groups", "rows", "summary"):
             if isinstance(data.get(key), list):
                 return _groups(data[key])
         out = []
         for key, g in data.items():
             if isinstance(g, dict):
-                parts = key.split("|") if "|" in key else key.split("/")
+                parts = [p.strip() for p in (key.split("|") if "|" in key else key.split("/"))]
                 named = dict(zip(("backend", "system", "model"), parts)) if len(parts) == 3 else {}
                 out.append({**named, **g})
         return out
@@ -95,7 +98,7 @@ def _groups(data: Any) -> list[dict[str, Any]]:
 
 def _throughput_error(g: dict[str, Any]) -> float | None:
     """The group's median |throughput error| (else TPOT's) as a fraction."""
-    for want in ("throughput", "tpot"):
+    for want in ("throughput", "tput", "tpot"):
         for k, v in g.items():
             if "median" in k and want in k and isinstance(v, (int, float)) and math.isfinite(v):
                 return abs(v) / 100 if abs(v) > 1 else abs(v)  # percent or fraction

@@ -118,6 +118,21 @@ def test_model_error_file_widens_the_band(tmp_path, capsys) -> None:
     assert "cost-model error 20%" in (out / "summary.md").read_text()
 
 
+def test_model_error_reads_simulate_validates_own_summary(tmp_path) -> None:
+    from twinserve.sim.search_band import model_error
+
+    f = tmp_path / "summary.json"
+    f.write_text(json.dumps({"all": {"overall": {}, "groups": {
+        "sglang | h200_sxm | meta-llama/Llama-3.1-70B": {"tput": {"median_abs": 0.3}},
+        "vllm | h200_sxm | nvidia/Llama-3.1-70B-Instruct-FP8": {"tput": {"median_abs": 0.12},
+                                                             "tpot": {"median_abs": 0.2}}}}}))
+    cfg = small_config()
+    cfg.search.model_error = str(f)
+    err, note = model_error(cfg, "Llama-3.1-70B", "H200")
+    assert err == pytest.approx(0.12) and "vllm" in note  # vLLM's rows, throughput's error
+    assert model_error(cfg, "Llama-3.1-70B", "H100-SXM")[0] is None
+
+
 def test_nothing_fits_exits_3_and_says_why_for_each(tmp_path, capsys) -> None:
     rc, out = _search(tmp_path, "none", "--slo", "tpot_p99=0.0001", "--grid",
                       "hardware=A100-80GB,H100-SXM")
