@@ -115,6 +115,20 @@ class SearchConfig:
     requests_per_run: int = 2000
     convergence: float = 0.05
     max_requests_per_run: int = 16000
+    # Place each configuration's first run at the cost model's steady-state rate (sim.search_run).
+    estimate: bool = True
+    # End a run once an SLO percentile is lost for sure (sim.search_run.SLOGuard).
+    early_stop: bool = True
+    # Extra seeds searched near each answer for its band (0 = no seed band).
+    band_seeds: int = 2
+    # `simulate validate`'s summary.json for the cost model's error ("" = simulate-validate/).
+    model_error: str = ""
+    # What is searched: the highest open-loop request rate, or the most closed-loop clients
+    # ([workload] concurrency) meeting the SLOs.
+    axis: str = "rate"
+    # "auto": also run each point as the prefill/decode splits of gpu_budget (sim/search_disagg.py).
+    disaggregation: str = "off"
+    gpu_budget: int = 0          # GPUs a deployment may take (0 = no limit)
 
 
 @dataclass(slots=True)
@@ -184,7 +198,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "engine.aic_backend": ("vllm", "sglang", "trtllm"), "cluster.router": ROUTERS,
     **{f"scheduler.{name}": names for name, names in SCHEDULER_CHOICES.items()},
     "engine.dtype": DTYPES, "engine.quantization": QUANTIZATIONS,
-    "engine.kv_cache_dtype": KV_CACHE_DTYPES, "engine.engine_profile": tuple(ENGINE_PROFILES),
+    "engine.kv_cache_dtype": KV_CACHE_DTYPES, "search.axis": ("rate", "concurrency"),
+    "search.disaggregation": ("off", "auto"), "engine.engine_profile": tuple(ENGINE_PROFILES),
 }
 _POSITIVE = {"workload.rate", "workload.burstiness", "workload.time_scale",
              "engine.tensor_parallel_size", "engine.data_parallel_size", "engine.expert_parallel_size",
@@ -198,7 +213,8 @@ _NON_NEGATIVE = {"engine.cpu_overhead_scale", "workload.num_system_prompts", "wo
                  "workload.think_time_s", "workload.warmup_requests",
                  "workload.prompt_std", "workload.output_std", "engine.allreduce_latency_s", "engine.allreduce_hop_s",
                  "engine.layer_floor_s", "engine.step_overhead_s", "engine.per_seq_overhead_s",
-                 "cluster.num_prefill_replicas", "cluster.kv_link_bandwidth",
+                 "cluster.num_prefill_replicas", "cluster.kv_link_bandwidth", "search.band_seeds",
+                 "search.gpu_budget",
                  "cluster.kv_link_latency_s", "search.target_rate", "run.seed", "search.requests_per_run"}
 _MAX_BLOCKS = 2 ** 21
 # field -> (low, high, unit): keeps every simulated time finite and plottable, and runs bounded.
@@ -447,7 +463,10 @@ def _coerce_grid(value: Any, bad: Any, file: str | None, line: int | None) -> di
     grid: dict[str, list[str]] = {}
     for key, values in value.items():
         if not isinstance(values, list) or not values:
-            raise bad(f"{key}: give a non-empty list of values")
+            text = Path(file).read_text() if file and Path(file).is_file() else ""
+            # The axis's own line in a [search.grid] table, else the caller's.
+            at = (find_line(text, "search.grid", key) if text else None) or line
+            raise ConfigError("search.grid", f"{key}: give a non-empty list of values", file, at)
         try:
             dotted = resolve_field(key)
         except ConfigError:

@@ -12,10 +12,6 @@ from typing import Any
 from twinserve.sim.config import StudyConfig, set_field
 from twinserve.sim.search import RateSearch, run_searches, search_rates
 
-# Growth of the re-search bracket from the rate found: it starts near the answer.
-_RECHECK_STEP = 1.15
-
-
 def with_requests(cfg: StudyConfig, n: int) -> StudyConfig:
     """A copy of cfg whose runs are n requests long."""
     c = copy.deepcopy(cfg)
@@ -44,14 +40,16 @@ def converged_search(base: StudyConfig, grid: dict[str, list[str]], slos: dict[s
         n *= 2
         again = []
         for s in todo:
-            cfg = with_requests(s.cfg, n)
-            set_field(cfg, "search.start_rate", s.lo)
-            # A capped rate may be far above the longer runs' answer: halve down from it.
-            again.append(RateSearch(s.point, cfg,
-                                    step=_RECHECK_STEP if s.status == "ok" else 2.0))
-        run_searches(again, slos, workers, ray_address, progress)
+            # Near the answer: a step of the convergence threshold settles 'moved less' in two
+            # runs; a capped rate may be far above the longer runs' answer: halve down from it.
+            again.append(RateSearch(s.point, with_requests(s.cfg, n), start=s.lo,
+                                    step=1.0 + sc.convergence if s.status == "ok" else 2.0,
+                                    integer=s.integer))
+        run_searches(again, slos, workers, ray_address, progress, desc=f"recheck at {n}")
         for s, r in zip(todo, again):
             s.cfg, s.lo, s.hi, s.runs, s.error = r.cfg, r.lo, r.hi, r.runs, r.error
+            s.runs_total += r.runs_total
+            s.simulated += r.simulated
             s.lengths.append((served(s, n), r.lo))
         # A workload that ran out (a trace without trace_cycle) cannot be made longer.
         todo = [s for s in todo if s.status in answered and relative_change(s) >= sc.convergence

@@ -1,7 +1,8 @@
 """`simulate search`: the highest request rate meeting latency SLOs, per configuration, and its cost.
 
-Per configuration the rate is bracketed (doubling/halving from start_rate) then bisected to the
-tolerance; configurations advance one rate per round so runs go to the pool or Ray side by side.
+Per configuration the rate is bracketed from the cost model's steady-state estimate (or
+start_rate), then bisected to the tolerance; a run stops once its SLOs are lost for sure
+(sim.search_run) and runs go to the pool or Ray as workers free (sim.search_driver).
 Cost per million tokens = GPU price per hour / tokens per hour at the max rate * 1e6.
 """
 
@@ -10,8 +11,6 @@ from __future__ import annotations
 import copy
 import difflib
 import math
-import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -20,9 +19,11 @@ from twinserve.backends.sim.catalog import HARDWARES, UnknownSpecError, get_hard
 from twinserve.sim.build import fit_problem
 from twinserve.sim.config import StudyConfig, find_line, replica_config, set_field, source_text
 from twinserve.sim.errors import ConfigError
-from twinserve.sim.runner import PointFailure, run_jobs
+from twinserve.sim.search_disagg import check_disaggregation, with_modes
+from twinserve.sim.search_driver import drive
+from twinserve.sim.search_run import run_search_point, steady_state
 from twinserve.sim.specs import model_label, resolve_hardware
-from twinserve.sim.study import _run, grid_points
+from twinserve.sim.study import grid_points
 
 SLO_METRICS = ("ttft", "tpot", "itl", "e2e", "queue")
 SLO_STATS = ("p50", "p90", "p99", "mean")
@@ -69,6 +70,13 @@ class RateSearch:
     # (requests per run, max rate found) per run length tried, shortest first (sim.convergence).
     lengths: list[tuple[int, float]] = field(default_factory=list)
     step: float = 2.0          # factor the bracket grows or shrinks by before it has both ends
+    start: float = 0.0         # first rate (0: the driver places it, else search.start_rate)
+    estimate: float = 0.0      # the cost model's steady-state rate (sim.search_run), 0 = none
+    seeds: list[tuple[int, float]] = field(default_factory=list)  # (seed, max rate) for the band
+    # Work done over every stage (first length, rechecks, seeds): runs and requests simulated.
+    runs_total: int = 0
+    simulated: int = 0
+    integer: bool = False      # the searched value is a client count (search.axis = concurrency)
 
     def next_rate(self) -> float | None:
         """The next rate to simulate, or None when the bracket is settled."""
@@ -76,7 +84,7 @@ class RateSearch:
         if self.error or self.no_fit:
             return None
         if self.lo == 0.0 and self.hi == math.inf:
-            rate = s.start_rate
+            rate = self.start or s.start_rate
         elif self.hi == math.inf:
             if self.lo >= s.max_rate:
                 return None
@@ -85,10 +93,18 @@ class RateSearch:
             if self.hi <= s.min_rate:
                 return None
             rate = max(self.hi / self.step, s.min_rate)
-        elif (self.hi - self.lo) / self.hi <= s.tolerance:
+        elif (self.hi - self.lo) / self.hi <= s.tolerance or (self.integer and self.hi - self.lo <= 1):
             return None
         else:
             rate = (self.lo + self.hi) / 2.0
+        if self.integer:  # clients: whole numbers, and never the same count twice
+            rate = float(max(1, round(rate)))
+            if rate <= self.lo:
+                rate = self.lo + 1
+            if rate >= self.hi:
+                rate = self.hi - 1
+            if rate < 1 or (self.hi - self.lo <= 1):
+                return None
         rate = float(f"{rate:.6g}")
         return None if rate in self.runs else rate
 
@@ -96,6 +112,11 @@ class RateSearch:
         """Keep the run and narrow the bracket."""
         row = dict(row, meets_slo=ok)
         self.runs[rate] = row
+        self.runs_total += 1
+        self.simulated += int(row.get("completed") or 0)
+        if (ok and self.lo > 0.0 and self.hi == math.inf) or (
+                not ok and self.hi < math.inf and self.lo == 0.0):
+            self.step *= self.step  # the same way twice: the first guess was far off, stride out
         if ok:
             self.lo = max(self.lo, rate)
         else:
@@ -116,8 +137,12 @@ class RateSearch:
 
 
 def _with_rate(cfg: StudyConfig, rate: float) -> StudyConfig:
+    """A copy of cfg at this load: a request rate, or (axis = concurrency) that many clients."""
     c = copy.deepcopy(cfg)
-    set_field(c, "workload.rate", rate)
+    if cfg.search.axis == "concurrency":
+        set_field(c, "workload.concurrency", int(rate))
+    else:
+        set_field(c, "workload.rate", rate)
     return c
 
 
@@ -147,43 +172,44 @@ def check_prices(base: StudyConfig, configs: Sequence[StudyConfig]) -> None:
 def search_rates(base: StudyConfig, grid: dict[str, list[str]], slos: dict[str, float],
                  workers: int | None = None, ray_address: str | None = None,
                  progress: bool = True) -> list[RateSearch]:
-    """Bracket the max rate under the SLOs for every grid point, rounds in parallel."""
-    if "workload.rate" in grid:
-        raise ConfigError("workload.rate", "rate is what search finds; leave it out of --grid")
-    searches = [RateSearch(p, c) for p, c in grid_points(base, grid)]
+    """Bracket the max rate under the SLOs for every grid point, runs in parallel."""
+    found = "workload.concurrency" if base.search.axis == "concurrency" else "workload.rate"
+    if found in grid:
+        raise ConfigError(found, f"{found.split('.')[1]} is what search finds; leave it out of "
+                          "--grid")
+    closed = base.search.axis == "concurrency"
+    check_disaggregation(base)
+    searches = [RateSearch(p, c, integer=closed)
+                for p, c in with_modes(base, grid_points(base, grid))]
     check_prices(base, [s.cfg for s in searches])
     for s in searches:
         s.no_fit = fit_problem(s.cfg)
+        if not s.no_fit and base.search.estimate:
+            try:
+                rate, batch = steady_state(s.cfg, slos)
+                # Closed loop: the clients a replica keeps in flight is the batch it sustains.
+                s.estimate = float(batch) if closed else rate
+            except Exception:  # noqa: BLE001 - the run itself will report what is wrong
+                s.estimate = 0.0
     return run_searches(searches, slos, workers, ray_address, progress)
 
 
 def run_searches(searches: list[RateSearch], slos: dict[str, float], workers: int | None = None,
-                 ray_address: str | None = None, progress: bool = True) -> list[RateSearch]:
-    """Advance every search's bracket until all are settled, one rate each per round."""
+                 ray_address: str | None = None, progress: bool = True, desc: str = "search"
+                 ) -> list[RateSearch]:
+    """Run every search's bracket to its end (sim.search_driver), with a progress bar of runs."""
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(desc="search", unit="run")
-    n = workers or min(len(searches), os.cpu_count() or 1)
-    pool = ProcessPoolExecutor(n) if ray_address is None and n > 1 else None
+        bar = tqdm(desc=desc, unit="run")
+
+    def job(s: RateSearch, rate: float) -> tuple:
+        return dict(s.point, rate=rate), _with_rate(s.cfg, rate), slos, s.cfg.search.early_stop
+
     try:
-        while True:
-            todo = [(s, r) for s in searches if (r := s.next_rate()) is not None]
-            if not todo:
-                break
-            jobs = [(dict(s.point, rate=r), _with_rate(s.cfg, r), False) for s, r in todo]
-            out = run_jobs(_run, jobs, [j[0] for j in jobs], workers, ray_address,
-                           progress=False, pool=pool)
-            for (s, r), res in zip(todo, out):
-                if isinstance(res, PointFailure):
-                    s.error = res.describe()
-                else:
-                    s.record(r, res.row, meets(res.row, slos))
-            if bar is not None:
-                bar.update(len(todo))
+        drive(searches, run_search_point, job, lambda row: meets(row, slos), workers,
+              ray_address, bar)
     finally:
-        if pool is not None:
-            pool.shutdown()
         if bar is not None:
             bar.close()
     return searches
@@ -212,6 +238,13 @@ def fleet(cfg: StudyConfig) -> tuple[int, float]:
     return gpus, usd
 
 
+def served_rate(s: RateSearch) -> float:
+    """Requests/s at the answer: the rate itself, or what that many clients completed."""
+    if not s.integer or not s.lo:
+        return s.lo
+    return float(s.runs[s.lo].get("request_throughput") or 0.0)
+
+
 def summary_rows(searches: Sequence[RateSearch], target_rate: float = 0.0
                  ) -> list[dict[str, Any]]:
     """One row per configuration: max rate under the SLOs, bracket, runs, GPUs and costs."""
@@ -222,7 +255,8 @@ def summary_rows(searches: Sequence[RateSearch], target_rate: float = 0.0
         first = (replica_config(s.cfg, 0) if s.cfg.cluster.num_replicas == 1 else s.cfg).engine
         tp = first.tensor_parallel_size
         row.update(model=model_label(s.cfg, first.model), hardware=first.hardware, tp=tp,
-                   max_rate=s.lo, bracket_hi=s.hi, runs=len(s.runs), status=s.status,
+                   max_rate=s.lo, bracket_hi=s.hi, runs=len(s.runs), runs_total=s.runs_total,
+                   requests_simulated=s.simulated, status=s.status,
                    error=s.error, no_fit=s.no_fit)
         gpus, usd_h = fleet(s.cfg)
         row["gpus"] = gpus
@@ -231,10 +265,14 @@ def summary_rows(searches: Sequence[RateSearch], target_rate: float = 0.0
         tok_s = best["total_token_throughput"] if best else 0.0
         out_s = best["output_throughput"] if best else 0.0
         row["tokens_per_s"] = tok_s
+        row["tokens_per_s_per_gpu"] = tok_s / gpus if gpus else 0.0
+        row["output_tokens_per_s_per_gpu"] = out_s / gpus if gpus else 0.0
         row["usd_per_mtok"] = usd_h / (tok_s * 3600) * 1e6 if tok_s else math.inf
         row["usd_per_mtok_output"] = usd_h / (out_s * 3600) * 1e6 if out_s else math.inf
+        rate = served_rate(s)
+        row["request_rate"] = rate
         if target_rate > 0:
-            n = math.ceil(target_rate / s.lo) if s.lo else math.inf
+            n = math.ceil(target_rate / rate) if rate else math.inf
             row["replicas_for_target"] = n
             row["usd_per_hour_for_target"] = n * usd_h if s.lo else math.inf
         rows.append(row)

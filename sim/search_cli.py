@@ -1,4 +1,8 @@
-"""The `simulate search` subcommand: parse, search, write outputs, print the summary."""
+"""The `simulate search` subcommand: parse, search, band, write outputs, print the summary.
+
+Exit status: 0 with a pick, 2 for bad input, 3 when no configuration meets the SLOs, 1 when
+runs failed and nothing was answered.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +10,19 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from twinserve.core.errors import TwinserveError
 
 from twinserve.sim.config import StudyConfig, set_field
 from twinserve.sim.convergence import converged_search, convergence_rows
-from twinserve.sim.search import cheapest, parse_slos, summary_rows
-from twinserve.sim.search_report import write_search
+from twinserve.sim.search import cheapest, summary_rows
+from twinserve.sim.search_band import add_bands, search_seeds, ties
+from twinserve.sim.search_checks import check_search, search_slos
+from twinserve.sim.search_report import pick_record, write_search
 from twinserve.sim.study import parse_grid
+
+NOTHING_FITS = 3
 
 
 def run_search(args: argparse.Namespace, base: Callable[[argparse.Namespace], StudyConfig]) -> int:
@@ -25,35 +33,35 @@ def run_search(args: argparse.Namespace, base: Callable[[argparse.Namespace], St
             set_field(cfg, "search.tolerance", args.tolerance, "--tolerance")
         if args.target_rate is not None:
             set_field(cfg, "search.target_rate", args.target_rate, "--target-rate")
-        slos = parse_slos(args.slo) if args.slo else {"p99_ttft_s": cfg.slo.ttft_s,
-                                                       "p99_tpot_s": cfg.slo.tpot_s}
+        if args.requests is not None:
+            # --requests is the run length the search starts from (rechecks double it).
+            set_field(cfg, "search.requests_per_run", args.requests, "--requests")
+        slos = search_slos(cfg, args.slo)
         grid = {**cfg.search.grid, **parse_grid(args.grid)}  # --grid axes win over the file's
+        check_search(cfg, grid, explicit_target=args.target_rate is not None)
         t0 = time.perf_counter()
         searches = converged_search(cfg, grid, slos, workers=args.workers, ray_address=args.ray)
+        if cfg.search.band_seeds:
+            search_seeds(searches, slos, args.workers, args.ray, True)
         wall = time.perf_counter() - t0
         if all(s.error for s in searches):  # nothing to rank: a bad input, not a result
             for s in searches:
                 print(f"simulate: error: {s.error}", file=sys.stderr)
             return 2
         target = cfg.search.target_rate
-        sc = cfg.search
         rows = summary_rows(searches, target)
         convergence_rows(searches, rows, cfg.search.convergence)
+        band_notes = add_bands(rows, searches, cfg, target)
         best = cheapest(rows, target)
+        tied = ties(rows, best, target)
         axes = [k.split(".", 1)[1] for k in grid]
-        slo_text = ", ".join(f"{k.replace('_s', '')} <= {v:g} s" for k, v in slos.items())
-        notes = [f"SLOs: {slo_text}; every request must complete",
-                 f"{len(searches)} configuration(s) searched in {wall:.1f} s wall; bracket "
-                 f"tolerance {cfg.search.tolerance:.0%}",
-                 f"run length: {sc.requests_per_run or cfg.workload.num_requests} requests, each "
-                 f"answer rechecked at twice the length until its max rate moves by less than "
-                 f"{sc.convergence:.0%} (at most {sc.max_requests_per_run} requests; `convergence` column)",
-                 "prices (USD per GPU-hour): " + ", ".join(
-                     sorted({f"{r['hardware']} {r['usd_per_hour'] / r['gpus']:g}" for r in rows}))]
-        if target:
-            notes.append(f"target rate: {target:g} req/s")
+        if any(s.point.get("mode", "agg") != "agg" for s in searches):
+            axes.append("mode")  # agg and disagg rows side by side
+        notes = _notes(cfg, slos, rows, wall, len(searches), band_notes)
         out = Path(args.out or "simulate-search")
-        written = write_search(out, searches, rows, axes, best,
+        picks = [pick_record(s, r, cfg, axes) for s, r in zip(searches, rows)
+                 if r is best or any(r is t for t in tied)]
+        written = write_search(out, searches, rows, axes, best, tied, picks,
                                f"simulate search: {cfg.run.name}", notes)
     except (TwinserveError, OSError) as e:
         print(f"simulate: error: {e}", file=sys.stderr)
@@ -63,5 +71,40 @@ def run_search(args: argparse.Namespace, base: Callable[[argparse.Namespace], St
     failed = [s for s in searches if s.error]
     for s in failed:
         print(f"simulate: error: {s.error}", file=sys.stderr)
-    # An answer is an answer: configurations the model does not fit are listed, not failures.
-    return 0 if best is not None or not failed else 1
+    if best is not None:
+        return 0
+    # Nothing meets the SLOs: summary.md says why for each configuration.
+    return 1 if failed else NOTHING_FITS
+
+
+def _notes(cfg: StudyConfig, slos: dict[str, float], rows: list[dict[str, Any]], wall: float,
+           n: int, band_notes: list[str]) -> list[str]:
+    sc = cfg.search
+    slo_text = ", ".join(f"{k.replace('_s', '')} <= {v:g} s" for k, v in slos.items())
+    lengths = sorted({int(r["num_requests"]) for r in rows if r["max_rate"] > 0})
+    start = sc.requests_per_run or cfg.workload.num_requests
+    notes = [f"SLOs: {slo_text}; every request must complete",
+             f"{n} configuration(s) searched in {wall:.1f} s wall: "
+             f"{sum(r['runs_total'] for r in rows)} runs, "
+             f"{sum(r['requests_simulated'] for r in rows):,} requests simulated; bracket "
+             f"tolerance {sc.tolerance:.0%}",
+             f"run length: runs start at {start} requests and each answer is rechecked at twice "
+             f"its length until its max rate moves by less than {sc.convergence:.0%} (at most "
+             f"{sc.max_requests_per_run}); the answers below come from runs of "
+             + (", ".join(str(x) for x in lengths) or "-") + " requests (`num_requests` column)",
+             f"band: {sc.band_seeds} more seed(s) searched at {start} requests; their spread (a 95% "
+             "prediction interval for another seed, relative to their mean) is applied to each "
+             "answer (`seed_rates`: seed:rate at that length)" if sc.band_seeds else
+             "band: none (band_seeds = 0): each answer is one seed's",
+             *band_notes,
+             "replicas and USD/hour for the target come from the LOW end of each band; "
+             "configurations whose best cost in their band is within the pick's worst are ties",
+             "prices (USD per GPU-hour): " + ", ".join(
+                 sorted({f"{r['hardware']} {r['usd_per_hour'] / r['gpus']:g}" for r in rows}))]
+    if sc.axis == "concurrency":
+        notes.insert(0, "searched: the most closed-loop clients ([workload] concurrency) meeting "
+                     "the SLOs; `max_rate`, `bracket_hi` and the band count clients, "
+                     "`request_rate` is the req/s they completed")
+    if sc.target_rate:
+        notes.append(f"target rate: {sc.target_rate:g} req/s")
+    return notes

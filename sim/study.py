@@ -67,6 +67,12 @@ def run_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None) -> Poin
     if is_cluster(cfg):
         return run_cluster_point(cfg, overrides)
     built, result = simulate(cfg)
+    return point_result(cfg, built, result, overrides)
+
+
+def point_result(cfg: StudyConfig, built: Any, result: Any,
+                 overrides: dict[str, Any] | None = None) -> PointResult:
+    """The metrics of one finished single-engine run (built: sim.build.BuiltStudy)."""
     counts = check_turns(cfg, built.workload)
     req = requests_frame(result)
     steps = steps_frame(result)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import simpy
 
@@ -180,6 +180,9 @@ class Simulation:
         # Core in its own process: step k admits only what had reached it (admit_until[k]).
         self.admit_until = admit_until if step_starts is not None else None
         self.replay_exhausted = False
+        # Called with each finished record; True ends the run early (a search's lost SLO).
+        self.abort: Callable[[RequestRecord], bool] | None = None
+        self.aborted = False
 
     # ------------------------------------------------------------------ arrivals
     def _admit(self, t: float) -> None:
@@ -225,6 +228,8 @@ class Simulation:
             max(req.prefix_hit_tokens, 0), req.num_preemptions, req.token_times,
             item.conversation, item.turn,
             _REASON_TEXT[req.finish_reason], client=item.client, warmup=item.warmup))
+        if self.abort is not None and self.abort(self.records[-1]):
+            self.aborted = True
         nxt = None
         if self.workload.cfg.turns > 1 and req.finish_time is not None:
             nxt = self.workload.next_turn(item, req.all_token_ids, req.finish_time)
@@ -242,7 +247,7 @@ class Simulation:
         t = 0.0
         starts = self.step_starts
         horizons = self.admit_until
-        while True:
+        while not self.aborted:
             if starts is not None:
                 k = core.num_steps
                 if k >= len(starts):

@@ -1,0 +1,104 @@
+"""AIConfigurator's CLI and `simulate search` on the same question, started together.
+
+    python experiments/aic_side_by_side.py [--workers 2] [--backend vllm]
+
+The question (FACTS 2026-12-04): Llama-3.1-70B FP8 on 8x H200, ISL 4000 / OSL 500,
+TTFT <= 2 s, TPOT <= 30 ms, aggregated and disaggregated. AIConfigurator needs
+`pip install aiconfigurator==0.12.0`; `simulate search` reads
+experiments/llama3_70b_fp8_h200.toml. Prints wall and CPU seconds of each and their best
+output tokens/s/GPU, aggregated and disaggregated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDY = ROOT / "experiments" / "llama3_70b_fp8_h200.toml"
+
+
+def aic_command(out: Path, backend: str) -> list[str]:
+    """AIConfigurator's default agg-vs-disagg run on the question."""
+    exe = shutil.which("aiconfigurator") or str(Path(sys.executable).with_name("aiconfigurator"))
+    return [exe, "cli", "default", "--model-path", "nvidia/Llama-3.1-70B-Instruct-FP8",
+            "--total-gpus", "8", "--system", "h200_sxm", "--isl", "4000", "--osl", "500",
+            "--ttft", "2000", "--tpot", "30", "--backend", backend, "--save-dir", str(out)]
+
+
+def search_command(out: Path, workers: int) -> list[str]:
+    """`simulate search` on the same question."""
+    return [sys.executable, "-m", "twinserve.sim.cli", "search", "--config", str(STUDY),
+            "--workers", str(workers), "--out", str(out)]
+
+
+def start(argv: list[str], log: Path) -> tuple[subprocess.Popen, float, Path]:
+    """Start a command with its output to log; (process, start time, log)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env,
+                            cwd=ROOT), time.perf_counter(), log
+
+
+def aic_best(log: Path) -> str:
+    """AIConfigurator's chosen experiment and its best agg and disagg rows (tokens/s/gpu)."""
+    text = log.read_text(errors="replace")
+    parts = [m.group(1) for m in re.finditer(r"Best Experiment Chosen: (.*)", text)]
+    for kind in ("agg", "disagg"):
+        m = re.search(rf"^{kind} Top Configurations.*?\n\|\s+1\s+\|([^\n]*)", text,
+                      re.MULTILINE | re.DOTALL)
+        if m:
+            cells = [c.strip() for c in m.group(1).split("|")]
+            parts.append(f"{kind}: {cells[1]} tokens/s/gpu at {cells[3]} req/s")
+    return "; ".join(parts) or f"(see {log})"
+
+
+def search_best(out: Path) -> str:
+    """simulate search's best output tokens/s/GPU, aggregated and disaggregated."""
+    rows = [r for r in csv.DictReader(open(out / "search.csv")) if float(r["max_rate"]) > 0]
+    parts = []
+    for kind in ("agg", "disagg"):
+        mine = [r for r in rows if r["mode"].startswith(kind)]
+        if mine:
+            b = max(mine, key=lambda r: float(r["output_tokens_per_s_per_gpu"]))
+            parts.append(f"{kind}: TP {b['tp']} {b['mode']} "
+                         f"{float(b['output_tokens_per_s_per_gpu']):.0f} output tok/s/GPU "
+                         f"at {float(b['max_rate']):.3g} req/s")
+    return "; ".join(parts)
+
+
+def main() -> int:
+    """Entry point."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--backend", default="vllm", choices=["vllm", "sglang", "trtllm"])
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="aic-side-"))
+    jobs = {"AIConfigurator 0.12.0 cli default": start(aic_command(tmp / "aic", args.backend),
+                                                        tmp / "aic.log"),
+            "simulate search": start(search_command(tmp / "search", args.workers),
+                                     tmp / "search.log")}
+    by_pid = {proc.pid: (name, t0, log) for name, (proc, t0, log) in jobs.items()}
+    print("| tool | wall s | CPU s | best |")
+    print("|---|---|---|---|")
+    while by_pid:  # whichever ends first, timed when it ends
+        pid, _, usage = os.wait4(-1, 0)
+        if pid not in by_pid:
+            continue
+        name, t0, log = by_pid.pop(pid)
+        wall, cpu = time.perf_counter() - t0, usage.ru_utime + usage.ru_stime
+        best = aic_best(log) if name.startswith("AIC") else search_best(tmp / "search")
+        print(f"| {name} | {wall:.0f} | {cpu:.0f} | {best} |", flush=True)
+    print(f"logs and outputs: {tmp}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

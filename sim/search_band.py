@@ -1,0 +1,184 @@
+"""Each search answer's band: its spread over seeds and the cost model's measured error.
+
+The seed part is a 95% prediction interval for one more seed's answer, from the answers of
+`search.band_seeds` extra seeds searched at the first (short) run length: mean +- t * sd *
+sqrt(1 + 1/n), never narrower than the answers themselves, taken relative to their mean and
+applied to the final answer. The cost-model part widens it by
+the median |throughput error| that `simulate validate` measured for that GPU and model family.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+from twinserve.sim.config import StudyConfig, set_field
+from twinserve.sim.convergence import with_requests
+from twinserve.sim.search import RateSearch, run_searches
+
+# Student's t, 97.5% quantile by degrees of freedom (any statistics table).
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+         9: 2.262, 10: 2.228}
+DEFAULT_MODEL_ERROR = "simulate-validate/summary.json"
+
+
+def seed_band(rates: Sequence[float]) -> tuple[float, float]:
+    """(low, high) of a 95% prediction interval for another seed's answer (the rates' own span
+    when there is only one)."""
+    n = len(rates)
+    if n < 2:
+        return (min(rates), max(rates)) if rates else (0.0, 0.0)
+    mean = sum(rates) / n
+    sd = math.sqrt(sum((r - mean) ** 2 for r in rates) / (n - 1))
+    half = _T975.get(n - 1, 1.96) * sd * math.sqrt(1 + 1 / n)
+    return max(0.0, min(min(rates), mean - half)), max(max(rates), mean + half)
+
+
+def search_seeds(searches: Sequence[RateSearch], slos: dict[str, float], workers: int | None,
+                 ray_address: str | None, progress: bool) -> None:
+    """Search band_seeds more seeds at the first run length; (seed, rate) go to s.seeds."""
+    again: list[tuple[RateSearch, RateSearch]] = []
+    for s in searches:
+        if s.status != "ok":
+            continue
+        # Short runs: the first length's answers; their spread is the wider one, so the band
+        # they give the final answer errs on the safe side.
+        n, first = s.lengths[0] if s.lengths else (s.cfg.workload.num_requests, s.lo)
+        s.seeds = [(s.cfg.run.seed, first)]
+        tol = s.cfg.search.tolerance
+        for k in range(1, s.cfg.search.band_seeds + 1):
+            cfg = with_requests(s.cfg, n)
+            set_field(cfg, "run.seed", s.cfg.run.seed + k)
+            # Seeds differ by a few percent: start at the answer with a step of twice the tolerance.
+            again.append((s, RateSearch(s.point, cfg, start=first, step=1.0 + 2 * tol,
+                                        integer=s.integer)))
+    if not again:
+        return
+    run_searches([r for _, r in again], slos, workers, ray_address, progress, desc="seeds")
+    for s, r in again:
+        s.runs_total += r.runs_total
+        s.simulated += r.simulated
+        if r.status == "ok":
+            s.seeds.append((r.cfg.run.seed, r.lo))
+
+
+def _norm(name: str) -> str:
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+def _gpu(name: str) -> str:
+    """The GPU's family and number: 'A100-80GB' and 'a100_sxm' are both 'a100'."""
+    m = re.match(r"[a-z]+\d+", name.lower())
+    return m.group(0) if m else _norm(name)
+
+
+def _groups(data: Any) -> list[dict[str, Any]]:
+    """summary.json's per backend x system x model entries, as a list of dicts."""
+    if isinstance(data, list):
+        return [g for g in data if isinstance(g, dict)]
+    if isinstance(data, dict):
+        # simulate validate's own layout: {"all": {"groups": {"backend | system | model": ...}}}
+        if isinstance(data.get("all"), dict) and "groups" in data["all"]:
+            return _groups(data["all"]["groups"])
+        for key in ("groups", "rows", "summary"):
+            if isinstance(data.get(key), list):
+                return _groups(data[key])
+        out = []
+        for key, g in data.items():
+            if isinstance(g, dict):
+                parts = [p.strip() for p in (key.split("|") if "|" in key else key.split("/"))]
+                named = dict(zip(("backend", "system", "model"), parts)) if len(parts) == 3 else {}
+                out.append({**named, **g})
+        return out
+    return []
+
+
+def _throughput_error(g: dict[str, Any]) -> float | None:
+    """The group's median |throughput error| (else TPOT's) as a fraction."""
+    for want in ("throughput", "tput", "tpot"):
+        for k, v in g.items():
+            if "median" in k and want in k and isinstance(v, (int, float)) and math.isfinite(v):
+                return abs(v) / 100 if abs(v) > 1 else abs(v)  # percent or fraction
+        sub = g.get(want)
+        if isinstance(sub, dict):
+            for k, v in sub.items():
+                if "median" in k and isinstance(v, (int, float)) and math.isfinite(v):
+                    return abs(v) / 100 if abs(v) > 1 else abs(v)
+    return None
+
+
+def model_error(cfg: StudyConfig, model: str, hardware: str) -> tuple[float | None, str]:
+    """(median |error| of the cost model for this GPU and model family, how it was found)."""
+    path = Path(cfg.search.model_error or DEFAULT_MODEL_ERROR)
+    if not path.is_absolute() and cfg.search.model_error and cfg.source:
+        path = Path(cfg.source).parent / path
+    try:
+        groups = _groups(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return None, "cost-model error: unknown (no validate rows)"
+    fam, hw = _norm(model), _gpu(hardware)
+    hits = [(g, e) for g in groups
+            if fam and fam in _norm(str(g.get("model", ""))) and hw == _gpu(str(g.get("system", "")))
+            and (e := _throughput_error(g)) is not None]
+    if not hits:
+        return None, f"cost-model error: unknown (no validate rows for {model} on {hardware} in {path})"
+    # vLLM rows first: the commands this search prints are vLLM's.
+    hits.sort(key=lambda ge: str(ge[0].get("backend", "")) != "vllm")
+    g, e = hits[0]
+    return e, (f"cost-model error {e:.0%} (median |throughput error|, {g.get('backend', '?')} "
+               f"{g.get('system', '?')} {g.get('model', '?')}, {path})")
+
+
+def add_bands(rows: list[dict[str, Any]], searches: Sequence[RateSearch], base: StudyConfig,
+              target_rate: float) -> list[str]:
+    """Band columns on each row; replicas and costs from the band's low end. Returns notes."""
+    notes: set[str] = set()
+    for s, row in zip(searches, rows):
+        if not s.lo:
+            row.update(band_lo=0.0, band_hi=0.0, seed_rates="", model_error=math.nan)
+            continue
+        rates = [r for _, r in s.seeds] or [s.lo]
+        lo, hi = seed_band(rates)
+        mean = sum(rates) / len(rates)
+        lo, hi = s.lo * lo / mean, s.lo * hi / mean  # the short runs' relative spread
+        err, note = model_error(base, row["model"], row["hardware"])
+        notes.add(note)
+        if err is not None:
+            lo, hi = lo * (1 - err), hi * (1 + err)
+        row.update(band_lo=lo, band_hi=hi, model_error=err if err is not None else math.nan,
+                   seed_rates=" ".join(f"{seed}:{r:.3g}" for seed, r in s.seeds))
+        usd_h = row["usd_per_hour"]
+        scale = s.lo / lo if lo else math.inf
+        row["usd_per_mtok_band"] = (row["usd_per_mtok"] / (hi / s.lo) if hi else math.inf,
+                                    row["usd_per_mtok"] * scale)
+        if target_rate > 0:
+            per = row["request_rate"] / s.lo  # req/s per unit searched (1 for rates)
+            n_lo = math.ceil(target_rate / (lo * per)) if lo else math.inf
+            n_hi = math.ceil(target_rate / (hi * per)) if hi else math.inf
+            row["replicas_for_target"] = n_lo
+            row["usd_per_hour_for_target"] = n_lo * usd_h
+            row["usd_per_hour_band"] = (n_hi * usd_h, n_lo * usd_h)
+    return sorted(notes)
+
+
+def cost_range(row: dict[str, Any], target_rate: float) -> tuple[float, float]:
+    """(best, worst) cost of a row over its band: USD/hour for the target, else per M tokens."""
+    key = "usd_per_hour_band" if target_rate > 0 else "usd_per_mtok_band"
+    if key in row:
+        return row[key]
+    v = row["usd_per_hour_for_target" if target_rate > 0 else "usd_per_mtok"]
+    return v, v
+
+
+def ties(rows: Sequence[dict[str, Any]], best: dict[str, Any] | None,
+         target_rate: float) -> list[dict[str, Any]]:
+    """Rows whose best cost within their band is no more than the pick's worst: not told apart."""
+    if best is None:
+        return []
+    worst = cost_range(best, target_rate)[1]
+    return [r for r in rows if r is not best and r["max_rate"] > 0
+            and math.isfinite(cost_range(r, target_rate)[0])
+            and cost_range(r, target_rate)[0] <= worst]

@@ -1,0 +1,84 @@
+"""The commands that deploy a search's pick and check it: `vllm serve`, `twinserve serve` and
+`vllm bench serve`, built only from the flags listed here.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from twinserve.sim.config import StudyConfig, replica_config
+
+# The only vLLM flags this module writes. Source: vLLM's engine arguments
+# (https://docs.vllm.ai/en/latest/models/engine_args.html, `vllm serve --help`) and
+# `vllm bench serve` (https://docs.vllm.ai/en/latest/cli/bench/serve/).
+VLLM_SERVE_FLAGS = frozenset({
+    "--tensor-parallel-size", "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len",
+    "--quantization", "--kv-cache-dtype", "--enable-prefix-caching", "--no-enable-prefix-caching",
+    "--dtype",
+})
+VLLM_BENCH_FLAGS = frozenset({
+    "--model", "--dataset-name", "--random-input-len", "--random-output-len", "--num-prompts",
+    "--request-rate", "--max-concurrency", "--seed",
+})
+# `twinserve serve --help` (backends/real/serving/flags.py and the scheduler knobs).
+TWINSERVE_SERVE_FLAGS = frozenset({
+    "--tensor-parallel-size", "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len",
+    "--quantization", "--enable-prefix-caching", "--no-enable-prefix-caching", "--dtype",
+})
+
+
+def _join(argv: list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def _engine_flags(cfg: StudyConfig, allowed: frozenset[str]) -> list[str]:
+    e, s = cfg.engine, cfg.scheduler
+    argv = ["--tensor-parallel-size", str(e.tensor_parallel_size),
+            "--max-num-seqs", str(s.max_num_seqs),
+            "--max-num-batched-tokens", str(s.max_num_batched_tokens),
+            "--max-model-len", str(s.max_model_len),
+            "--dtype", e.dtype]
+    if e.quantization != "none":
+        argv += ["--quantization", e.quantization]
+    if e.kv_cache_dtype != "auto":
+        argv += ["--kv-cache-dtype", e.kv_cache_dtype]
+    argv.append("--enable-prefix-caching" if s.enable_prefix_caching else "--no-enable-prefix-caching")
+    out: list[str] = []
+    i = 0
+    while i < len(argv):  # keep a flag (and its value) only where that server has it
+        flag = argv[i]
+        has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        if flag in allowed:
+            out += argv[i:i + 2] if has_value else [flag]
+        i += 2 if has_value else 1
+    return out
+
+
+def commands(cfg: StudyConfig, row: dict[str, Any], isl: int, osl: int, rate: float,
+             num_prompts: int) -> dict[str, str]:
+    """The serve and bench commands for one configuration, checked at `rate` per replica (req/s,
+    or clients when the search's axis is concurrency)."""
+    one = replica_config(cfg, 0) if cfg.cluster.num_replicas == 1 else cfg
+    model = row["model"]
+    bench = ["vllm", "bench", "serve", "--model", model, "--dataset-name", "random",
+             "--random-input-len", str(isl), "--random-output-len", str(osl),
+             "--num-prompts", str(num_prompts), "--seed", str(cfg.run.seed)]
+    # Closed loop: N clients, as the search ran them; open loop: Poisson arrivals at the rate.
+    bench += (["--max-concurrency", str(int(rate))] if cfg.search.axis == "concurrency"
+              else ["--request-rate", f"{rate:.3g}"])
+    return {"vllm_serve": _join(["vllm", "serve", model] + _engine_flags(one, VLLM_SERVE_FLAGS)),
+            "twinserve_serve": _join(["twinserve", "serve", model]
+                                     + _engine_flags(one, TWINSERVE_SERVE_FLAGS)),
+            "vllm_bench_serve": _join(bench)}
+
+
+def workload_lengths(cfg: StudyConfig) -> tuple[int, int]:
+    """Mean prompt and output tokens of the study's workload (the bench's random lengths)."""
+    from twinserve.sim.build import build
+
+    items = list(build(cfg).workload.items())
+    if not items:
+        return 0, 0
+    return (round(sum(i.num_prompt_tokens for i in items) / len(items)),
+            round(sum(i.num_output_tokens for i in items) / len(items)))

@@ -1,0 +1,140 @@
+"""Drive many rate searches at once: one run in flight per configuration, a run started the
+moment a worker frees (no rounds), and configurations not yet started placed by the answers
+of those that have (their estimate times the measured/estimated ratio so far).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from typing import Any, Callable, Protocol, Sequence
+
+from twinserve.sim.runner import PointFailure, _guarded, _Raised, ray_init
+
+
+_STEP_ESTIMATED = 1.5
+_STEP_CALIBRATED = 1.2
+
+
+class SearchLike(Protocol):
+    """What the driver needs of a sim.search.RateSearch."""
+
+    point: dict[str, Any]
+    start: float
+    estimate: float
+    lo: float
+    hi: float
+    step: float
+    error: str
+
+    def next_rate(self) -> float | None: ...
+    def record(self, rate: float, row: dict[str, Any], ok: bool) -> None: ...
+
+
+def calibration(searches: Sequence[SearchLike]) -> float:
+    """Geometric mean of found/estimated rate over the searches bracketed so far (1 if none)."""
+    logs = [math.log(math.sqrt(s.lo * s.hi) / s.estimate) for s in searches
+            if s.estimate > 0 and s.lo > 0 and math.isfinite(s.hi)]
+    return math.exp(sum(logs) / len(logs)) if logs else 1.0
+
+
+class _Local:
+    """Jobs on a process pool (or inline with one worker)."""
+
+    def __init__(self, workers: int) -> None:
+        self.pool = ProcessPoolExecutor(workers) if workers > 1 else None
+        self.done: list[tuple[Any, Any]] = []
+
+    def submit(self, fn: Callable[[Any], Any], job: Any) -> Any:
+        if self.pool is None:
+            token = object()
+            self.done.append((token, _guarded(fn, job)))
+            return token
+        return self.pool.submit(_guarded, fn, job)
+
+    def wait(self, handles: list[Any]) -> list[tuple[Any, Any]]:
+        if self.pool is None:
+            out, self.done = self.done, []
+            return out
+        done, _ = wait(handles, return_when=FIRST_COMPLETED)
+        out = []
+        for f in done:
+            try:
+                out.append((f, f.result()))
+            except Exception as e:  # noqa: BLE001 - a worker process died
+                out.append((f, _Raised(f"{type(e).__name__}: {e}", "")))
+        return out
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+class _Ray:
+    """Jobs as Ray tasks."""
+
+    def __init__(self, address: str, workers: int | None) -> None:
+        self.ray = ray_init(address, workers)
+        self.task = self.ray.remote(_guarded)
+        self.fn_ref: Any = None
+
+    def submit(self, fn: Callable[[Any], Any], job: Any) -> Any:
+        if self.fn_ref is None:
+            self.fn_ref = self.ray.put(fn)
+        return self.task.remote(self.fn_ref, job)
+
+    def wait(self, handles: list[Any]) -> list[tuple[Any, Any]]:
+        done, _ = self.ray.wait(handles, num_returns=1)
+        out = []
+        for ref in done:
+            try:
+                out.append((ref, self.ray.get(ref)))
+            except Exception as e:  # noqa: BLE001 - the task's worker died
+                out.append((ref, _Raised(f"{type(e).__name__}: {e}", "")))
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def drive(searches: Sequence[SearchLike], fn: Callable[[Any], dict[str, Any]],
+          make_job: Callable[[SearchLike, float], Any], judge: Callable[[dict[str, Any]], bool],
+          workers: int | None = None, ray_address: str | None = None, bar: Any = None) -> None:
+    """Run every search to its end; fn(make_job(s, rate)) gives the row judge() passes or fails."""
+    n = workers or min(len(searches), os.cpu_count() or 1) or 1
+    backend: _Local | _Ray = _Ray(ray_address, workers) if ray_address is not None else _Local(n)
+    slots = n if ray_address is None else (workers or len(searches))
+    inflight: dict[Any, tuple[SearchLike, float]] = {}
+    busy: set[int] = set()
+    try:
+        while True:
+            # Started searches first: an unstarted one gains from every answer that lands before it.
+            order = sorted((s for s in searches if id(s) not in busy), key=lambda s: s.lo == 0 and
+                           math.isinf(s.hi))
+            for s in order:
+                if len(inflight) >= slots:
+                    break
+                if s.start == 0.0 and s.estimate > 0 and s.lo == 0.0 and math.isinf(s.hi):
+                    cal = calibration(searches)
+                    s.start = s.estimate * cal
+                    # A start placed by other answers is near; a raw estimate may be far off.
+                    s.step = _STEP_CALIBRATED if cal != 1.0 else _STEP_ESTIMATED
+                rate = s.next_rate()
+                if rate is None:
+                    continue
+                inflight[backend.submit(fn, make_job(s, rate))] = (s, rate)
+                busy.add(id(s))
+            if not inflight:
+                return
+            for h, res in backend.wait(list(inflight)):
+                s, rate = inflight.pop(h)
+                busy.discard(id(s))
+                if isinstance(res, _Raised):
+                    s.error = PointFailure(dict(s.point, rate=rate), res.error).describe()
+                else:
+                    s.record(rate, res, judge(res))
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        backend.close()

@@ -1,0 +1,151 @@
+"""One `simulate search` run, ended as soon as its SLOs are lost beyond doubt, and the
+steady-state estimate that places each configuration's first run near its answer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from twinserve.sim.build import build
+from twinserve.sim.config import StudyConfig
+from twinserve.sim.study import _run, is_cluster, point_result
+from twinserve.sim.world import RequestRecord
+
+
+def _metric(rec: RequestRecord, metric: str) -> float | None:
+    """A finished request's value of ttft/tpot/e2e/queue, as sim.metrics computes it."""
+    if rec.finish_time is None:
+        return None
+    if metric == "ttft":
+        return rec.first_token_time - rec.arrival_time if rec.first_token_time is not None else None
+    if metric == "tpot":
+        n = rec.num_output_tokens
+        return (rec.finish_time - rec.first_token_time) / (n - 1) if n > 1 else None
+    if metric == "e2e":
+        return rec.finish_time - rec.arrival_time
+    if metric == "queue":
+        return (rec.first_scheduled_time - rec.arrival_time
+                if rec.first_scheduled_time is not None else None)
+    return None
+
+
+def exceed_needed(total: int, q: float) -> int:
+    """Values above a limit that force np.percentile(values, 100q) above it, for <= total values.
+
+    Linear interpolation reads the sorted values at floor and ceil of (n - 1) q; once both are
+    above the limit so is the percentile. n - floor((n - 1) q) never falls as n grows, so the
+    count for the largest possible n is safe for any n the run ends with.
+    """
+    return total - math.floor((total - 1) * q)
+
+
+@dataclass(slots=True)
+class SLOGuard:
+    """Counts finished requests past each percentile SLO; True once the run must miss one."""
+
+    total: int
+    checks: list[tuple[str, str, float, int]] = field(default_factory=list)  # col, metric, limit, n
+    counts: list[int] = field(default_factory=list)
+    reason: str = ""
+
+    @classmethod
+    def for_run(cls, slos: dict[str, float], total: int) -> "SLOGuard | None":
+        """A guard over the p-statistic SLOs (a mean cannot be settled early); None if none."""
+        g = cls(total)
+        for col, limit in slos.items():
+            stat, metric = col.split("_")[0], col.split("_")[1]
+            if stat.startswith("p") and metric in ("ttft", "tpot", "e2e", "queue"):
+                g.checks.append((col, metric, limit, exceed_needed(total, int(stat[1:]) / 100)))
+        g.counts = [0] * len(g.checks)
+        return g if g.checks else None
+
+    def __call__(self, rec: RequestRecord) -> bool:
+        if getattr(rec, "warmup", False):  # a closed loop's warm-up is not measured
+            return False
+        if rec.finish_reason == "refused":
+            self.reason = "a request was refused"
+            return True
+        for i, (col, metric, limit, need) in enumerate(self.checks):
+            v = _metric(rec, metric)
+            if v is not None and v > limit:
+                self.counts[i] += 1
+                if self.counts[i] >= need:
+                    self.reason = (f"{col} lost: {need} of at most {self.total} requests over "
+                                   f"{limit:g} s")
+                    return True
+        return False
+
+
+def run_search_point(job: tuple[dict[str, Any], StudyConfig, dict[str, float], bool]
+                     ) -> dict[str, Any]:
+    """Simulate one (configuration, rate); with early=True stop once an SLO is lost for sure.
+
+    A stopped run's row has completed < num_requests, so sim.search.meets fails it, and says
+    why in `stopped_early`.
+    """
+    point, cfg, slos, early = job
+    w = cfg.workload
+    # Follow-up turns make the request count unknown in advance; clusters run their own loop.
+    guard = SLOGuard.for_run(slos, w.num_requests) if early and w.turns == 1 else None
+    if guard is None or is_cluster(cfg):
+        return _run((point, cfg, False)).row
+    built = build(cfg)
+    built.simulation.abort = guard
+    result = built.simulation.run()
+    if built.simulation.aborted:
+        return {**point, "num_requests": w.num_requests, "completed": len(result.records),
+                "refused": 0, "stopped_early": guard.reason, "sim_wall_s": result.wall_time}
+    row = point_result(cfg, built, result, point).row
+    row["stopped_early"] = ""
+    return row
+
+
+def steady_state_rate(cfg: StudyConfig, slos: dict[str, float]) -> float:
+    """Requests/s the cost model sustains at the largest batch meeting the TPOT SLO."""
+    return steady_state(cfg, slos)[0]
+
+
+def steady_state(cfg: StudyConfig, slos: dict[str, float]) -> tuple[float, int]:
+    """(requests/s, batch) the cost model sustains at the largest batch meeting the TPOT SLO.
+
+    Per request: its prompt's prefill time plus its output tokens at batch B's step time / B.
+    B is bounded by the KV pool (mean context), max_num_seqs and the TPOT limit; a crude
+    figure, only used to place the first run (and calibrated by the first answers).
+    """
+    built = build(cfg)
+    items = list(built.workload.items())
+    if not items:
+        return 0.0, 0
+    isl = sum(i.num_prompt_tokens for i in items) / len(items)
+    osl = max(1.0, sum(i.num_output_tokens for i in items) / len(items))
+    cm = built.cost_model
+    kv_tokens = built.capacity.num_blocks * built.cfg.scheduler.block_size
+    ctx = isl + osl / 2
+    b_max = max(1, min(built.cfg.scheduler.max_num_seqs, int(kv_tokens / max(ctx, 1.0))))
+    tpot = min([v for k, v in slos.items() if "tpot" in k or "itl" in k] or [math.inf])
+
+    def t_dec(b: int) -> float:
+        return cm.step_time(0, 0, 0, 0.0, b, int(b * ctx))
+
+    b = b_max
+    if math.isfinite(tpot):
+        lo, hi = 1, b_max  # largest b with t_dec(b) within 80% of the limit: prefill shares steps
+        if t_dec(1) > 0.8 * tpot:
+            b = 1
+        else:
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if t_dec(mid) <= 0.8 * tpot else (lo, mid - 1)
+            b = lo
+    n_isl = max(1, int(isl))
+    t_pre = cm.step_time(n_isl, 1, 0, n_isl * (n_isl + 1) / 2, 0, 0)
+    per_request = t_pre + osl * t_dec(b) / b
+    c = cfg.cluster
+    if c.num_prefill_replicas:  # disaggregated: the slower of the two pools sets the rate
+        decode = c.num_replicas - c.num_prefill_replicas
+        rate = min(c.num_prefill_replicas / t_pre, decode * b / (osl * t_dec(b)))
+        return rate, b * decode
+    replicas = max(1, c.num_replicas)
+    return (replicas / per_request if per_request > 0 else 0.0), b * replicas

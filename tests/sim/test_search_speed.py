@@ -1,0 +1,68 @@
+"""`simulate search`'s shortcuts: a run stopped early only when its SLO is surely lost, the
+steady-state estimate, and the driver's calibration."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from twinserve.sim.search import RateSearch, meets, search_rates
+from twinserve.sim.search_driver import calibration
+from twinserve.sim.search_run import SLOGuard, exceed_needed, run_search_point, steady_state_rate
+from twinserve.sim.world import RequestRecord
+
+from .helpers import small_config
+
+SLOS = {"p99_ttft_s": 2.0, "p99_tpot_s": 0.1}
+
+
+def _rec(ttft: float) -> RequestRecord:
+    return RequestRecord("r", 0.0, 10, 1, 0.0, ttft, ttft, 0, 0, [], finish_reason="length")
+
+
+@given(st.lists(st.floats(0.0, 4.0), min_size=1, max_size=120), st.sampled_from([50, 90, 99]))
+def test_guard_stops_only_when_the_percentile_must_miss(values: list[float], p: int) -> None:
+    limit = 2.0
+    guard = SLOGuard.for_run({f"p{p}_ttft_s": limit}, len(values))
+    assert guard is not None
+    for k, v in enumerate(values):
+        if guard(_rec(v)):
+            # Whatever the unseen requests take (even 0 s), the run's percentile misses.
+            rest = [0.0] * (len(values) - k - 1)
+            assert np.percentile(values[:k + 1] + rest, p) > limit
+            return
+    # Not stopped: then the percentile over all requests could still be anything; but if the
+    # whole run misses by a count the guard had to see, it must have stopped.
+    assert sum(v > limit for v in values) < exceed_needed(len(values), p / 100)
+
+
+def test_a_lost_run_stops_early_and_fails_like_the_full_run() -> None:
+    cfg = small_config(num_requests=300, rate=60.0)
+    early = run_search_point(({}, cfg, SLOS, True))
+    full = run_search_point(({}, cfg, SLOS, False))
+    assert " lost: " in early["stopped_early"]
+    assert early["completed"] < 300
+    assert not meets(early, SLOS) and not meets(full, SLOS)
+    ok = run_search_point(({}, small_config(num_requests=100, rate=0.5), SLOS, True))
+    assert ok["stopped_early"] == "" and meets(ok, SLOS)  # a run that meets is never cut
+
+
+def test_estimate_is_near_the_searched_answer_and_search_starts_there() -> None:
+    cfg = small_config(num_requests=150, prompt_dist="uniform", prompt_min=100, prompt_max=1500,
+                       output_dist="uniform", output_min=20, output_max=300)
+    est = steady_state_rate(cfg, SLOS)
+    (s,) = search_rates(cfg, {}, SLOS, workers=1, progress=False)
+    assert s.estimate == est and next(iter(s.runs)) == float(f"{est:.6g}")  # first run there
+    assert 0.3 < s.lo / est < 3.0
+
+
+def test_calibration_is_the_geometric_mean_of_found_over_estimated() -> None:
+    a = RateSearch({}, small_config(), lo=2.0, hi=2.0, estimate=1.0)
+    b = RateSearch({}, small_config(), lo=8.0, hi=8.0, estimate=1.0)
+    unstarted = RateSearch({}, small_config(), estimate=5.0)
+    assert calibration([a, b, unstarted]) == 4.0
+    assert calibration([unstarted]) == 1.0
+    assert math.isinf(unstarted.hi)
