@@ -166,7 +166,7 @@ def _fidelity(ns: argparse.Namespace) -> int:
                            ns.max_prompt_tokens, ns.max_output_tokens, ns.workload_seed, ns.trace_offset,
                            ns.allow_profile_mismatch, ns.repeats, ns.probe, ns.nowcast, ns.acceptance_from)
     args = engine_args_from(ns, ns.model)
-    spec_forecast(args.resolve_speculative_config(), ns.acceptance_from, ns.out)
+    spec_forecast(args.speculative_config, ns.acceptance_from, ns.out)
     facts = engine_facts(args)
     check_workload(workload_factory(opts, facts.max_model_len, facts.vocab_size), facts.max_model_len)
     if not ns.calibrate:

@@ -48,7 +48,7 @@ def build_engine_core(args: EngineArgs, max_model_len: int, eos_ids: list[int],
 
             cfg = peek_model_config(source)
         sched = with_model_kv(sched, cfg)
-        core = EngineCore(sched, executor, speculative_config=args.resolve_speculative_config())
+        core = EngineCore(sched, executor, speculative_config=args.speculative_config)
     except BaseException:
         executor.shutdown()
         raise

@@ -103,7 +103,7 @@ class LLMEngine:
             raise InvalidConfigError("max_model_len", self.max_model_len,
                                      f"at most {context}, the model's context length")
         self.vocab_size = cfg.vocab_size
-        spec = args.resolve_speculative_config()
+        spec = args.speculative_config
         if spec is not None and spec.method == "draft_model":
             # Refused here, before any worker or process starts.
             from twinserve.backends.real.core_build import kv_sliding_window

@@ -79,7 +79,7 @@ class Worker:
             else:
                 self.model.add_int4_weights()
         self.backend = get_attention_backend(args.attention_backend, self.device)
-        spec = args.resolve_speculative_config()
+        spec = args.speculative_config
         self.draft_model = self._load_draft(spec, small_rows) if spec is not None and spec.method == "draft_model" else None
         self.runner = ModelRunner(self.model, self.backend, self.device, args.block_size,
                                   max_model_len, args.max_num_seqs, stop_ids, compile_grammar=self.compile_grammar,

@@ -42,7 +42,7 @@ def test_each_registry_builds_what_its_name_says() -> None:
 
 @pytest.mark.parametrize("field", ["policy", "preemption", "prefix_caching_hash_algo"])
 def test_a_name_outside_the_registry_is_a_typed_error_listing_the_registry(field: str) -> None:
-    with pytest.raises(InvalidConfigError, match=" or ".join(SCHEDULER_CHOICES[field])):
+    with pytest.raises(InvalidConfigError, match=", ".join(repr(c) for c in SCHEDULER_CHOICES[field])):
         SchedulerConfig(**{field: "nonesuch"})
     with pytest.raises(ConfigError, match=", ".join(SCHEDULER_CHOICES[field])):
         from_dict({"scheduler": {field: "nonesuch"}})
