@@ -18,7 +18,8 @@ from typing import Any
 from twinserve.backends.sim.engine_profile import ENGINE_PROFILES
 from twinserve.backends.sim.precision import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS
 from twinserve.core.errors import InvalidConfigError
-from twinserve.core.routing import ROUTER_NAMES
+from twinserve.core.knobs import KnobError, check_value, knob_of
+from twinserve.core.routing import ROUTER_NAMES, RouterConfig, router_option_fields
 from twinserve.core.sched.config import SCHEDULER_CHOICES, SchedulerConfig
 
 from twinserve.sim.errors import ConfigError
@@ -73,7 +74,7 @@ def _scheduler_to_core(self: Any, num_blocks: int) -> SchedulerConfig:
 # here; num_blocks is left out because it comes from the engine's memory.
 SchedulerSection = dataclasses.make_dataclass(
     "SchedulerSection",
-    [(f.name, f.type, field(default=f.default)) for f in fields(SchedulerConfig)
+    [(f.name, f.type, field(default=f.default, metadata=f.metadata)) for f in fields(SchedulerConfig)
      if f.name != "num_blocks"],
     namespace={"to_core": _scheduler_to_core,
                "__doc__": "The core scheduler's knobs (num_blocks comes from the engine's memory)."},
@@ -123,19 +124,35 @@ ROUTERS = ROUTER_NAMES  # the core's registry (twinserve.core.routing.ROUTERS)
 
 
 @dataclass(slots=True)
-class ClusterConfig:
+class _ClusterBase:
     """Replicas behind a router; one replica (the default) is the single-engine simulator."""
 
     num_replicas: int = 1
-    router: str = "round_robin"      # one of ROUTERS (twinserve.core.routing)
-    prefix_blocks: int = 4           # prefix_affinity: leading KV blocks that name a prefix
-    load_factor: float = 1.25        # prefix_affinity: no replica above this x the mean load
+    router: str = field(default=RouterConfig.__dataclass_fields__["router"].default,
+                        metadata=RouterConfig.__dataclass_fields__["router"].metadata)
     # Per-replica [engine]/[scheduler] overrides, e.g. [{hardware = "H100-SXM"}]; entry i is replica i.
     replicas: list = field(default_factory=list)
     # Disaggregation: the first num_prefill_replicas only prefill (0 = colocated).
     num_prefill_replicas: int = 0
     kv_link_bandwidth: float = 0.0   # bytes/s; 0 = the hardware catalog's interconnect
     kv_link_latency_s: float = 20e-6
+
+
+def _router_config(self: Any) -> RouterConfig:
+    """The router and its options' values as the core's RouterConfig."""
+    return RouterConfig(self.router, {name: getattr(self, name) for name in router_option_fields()})
+
+
+# Every registered router's own options (core.routing, e.g. prefix_affinity's prefix_blocks and
+# load_factor) are [cluster] fields, declared once with their router.
+ClusterConfig = dataclasses.make_dataclass(
+    "ClusterConfig",
+    [(name, f.type, field(default=f.default, metadata=f.metadata))
+     for name, (_, f) in router_option_fields().items()],
+    bases=(_ClusterBase,), slots=True,
+    namespace={"router_config": _router_config, "__doc__": _ClusterBase.__doc__},
+)
+ClusterConfig.__module__ = __name__  # so sweeps can pickle it into worker processes
 
 
 @dataclass(slots=True)
@@ -168,8 +185,7 @@ SECTIONS: dict[str, type] = {"engine": EngineConfig, "scheduler": SchedulerSecti
 _CHOICES: dict[str, tuple[str, ...]] = {
     "workload.arrival": ARRIVALS, "workload.prompt_dist": LENGTH_DISTS,
     "workload.output_dist": LENGTH_DISTS, "workload.on_overlong": ("clip", "drop", "fail"),
-    "engine.cost_model": ("roofline", "fitted"), "cluster.router": ROUTERS,
-    **{f"scheduler.{name}": names for name, names in SCHEDULER_CHOICES.items()},
+    "engine.cost_model": ("roofline", "fitted"),
     "engine.dtype": DTYPES, "engine.quantization": QUANTIZATIONS,
     "engine.kv_cache_dtype": KV_CACHE_DTYPES, "engine.engine_profile": tuple(ENGINE_PROFILES),
 }
@@ -177,7 +193,7 @@ _POSITIVE = {"workload.rate", "workload.burstiness", "workload.time_scale",
              "engine.tensor_parallel_size", "workload.vocab_size", "workload.prompt_mean",
              "workload.output_mean", "workload.prompt_min", "workload.output_min", "workload.turns",
              "workload.followup_tokens", "slo.ttft_s", "slo.tpot_s", "cluster.num_replicas",
-             "cluster.prefix_blocks", "search.start_rate", "search.min_rate", "search.max_rate",
+             "search.start_rate", "search.min_rate", "search.max_rate",
              "search.tolerance", "search.convergence", "search.max_requests_per_run"}
 _NON_NEGATIVE = {"engine.cpu_overhead_scale", "workload.num_system_prompts", "workload.system_prompt_len",
                  "workload.system_prompt_zipf", "workload.think_time", "engine.num_gpu_blocks",
@@ -358,6 +374,12 @@ def coerce(dotted: str, value: Any, file: str | None = None, line: int | None = 
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
                 raise bad(f"{k} = {v!r}: a price must be a number >= 0")
         value = {str(k): float(v) for k, v in value.items()}
+    knob_field = SECTIONS[section].__dataclass_fields__[name]
+    if knob_of(knob_field) is not None:  # declared with its range or choices (core/knobs.py)
+        try:
+            value = check_value(name, value, knob_field)
+        except KnobError as e:
+            raise bad(f"{value!r} is invalid: allowed {e.allowed}") from None
     if dotted in _CHOICES and value not in _CHOICES[dotted]:
         raise bad(f"{value!r} is not one of {', '.join(_CHOICES[dotted])}")
     if dotted in _POSITIVE and value <= 0:
@@ -380,8 +402,6 @@ def coerce(dotted: str, value: Any, file: str | None = None, line: int | None = 
         raise bad(f"{value!r} must be >= 0, or -1 to estimate it")
     if dotted == "workload.num_requests" and value < 1:
         raise bad(f"{value!r} must be >= 1")
-    if dotted == "cluster.load_factor" and value < 1.0:
-        raise bad(f"{value!r} must be >= 1 (1 = perfectly even loads)")
     if dotted in ("workload.prompt_mean", "workload.output_mean") and not 1 <= value <= 1e9:
         raise bad(f"{value!r} must be a number of tokens in [1, 1e9]")
     if dotted in ("workload.prompt_std", "workload.output_std") and value > 1e9:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 from twinserve.commands import _SUBCOMMANDS, add_engine_args, engine_args_from, subcommand
 from twinserve.twin import cli as _twin_cli  # noqa: F401  (registers calibrate, fidelity)
@@ -90,30 +90,49 @@ def _bench(ns: argparse.Namespace) -> int:
 
 @subcommand("route", "an OpenAI-compatible proxy routing over several `twinserve serve` replicas")
 def _route_parser(p: argparse.ArgumentParser) -> None:
-    from twinserve.core.routing import ROUTER_NAMES
+    from twinserve.core.knob_gen import add_knob_flags
+    from twinserve.core.routing import ROUTERS, RouterConfig
 
     p.add_argument("--replica", action="append", required=True, metavar="URL",
                    help="base URL of a replica, e.g. http://127.0.0.1:8001 (repeatable)")
-    p.add_argument("--policy", default="round_robin", choices=ROUTER_NAMES,
-                   help="routing policy (the simulator's routers, twinserve.core.routing)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--prefix-blocks", type=int, default=4,
-                   help="prefix_affinity: leading chunks of the prompt that name its prefix")
+    add_knob_flags(p, RouterConfig)
+    # Before --router was named as the study names it; --policy is the queue order in `serve`.
+    p.add_argument("--policy", dest="router", type=_deprecated("--policy", "--router"), default=argparse.SUPPRESS,
+                   help="deprecated alias of --router")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
     p.add_argument("--prefix-chunk-chars", type=int, default=64,
-                   help="prefix_affinity: bytes per chunk (about 16 tokens)")
-    p.add_argument("--load-factor", type=float, default=1.25,
-                   help="prefix_affinity: no replica above this x the mean load")
-    p.add_argument("--health-interval", type=float, default=1.0, help="seconds between checks")
-    p.add_argument("--uvicorn-log-level", default="info")
+                   help="prefix_affinity: characters per prefix chunk (the proxy has no tokenizer; about "
+                        "16 tokens)")
+    for entry in dict.fromkeys(e.options for e in ROUTERS.values() if e.options is not None):
+        # A router's options; in the proxy a prefix block is one chunk of --prefix-chunk-chars.
+        add_knob_flags(p, entry, skip=("prefix_blocks",))
+    prefix = ROUTERS["prefix_affinity"].options.__dataclass_fields__["prefix_blocks"]
+    p.add_argument("--prefix-chunks", "--prefix-blocks", dest="prefix_blocks", type=int, metavar="N",
+                   default=prefix.default,
+                   help="prefix_affinity: leading chunks of --prefix-chunk-chars characters that name a "
+                        f"prompt's prefix (default: {prefix.default}; --prefix-blocks is its old name)")
+    p.add_argument("--health-interval", type=float, default=1.0, help="seconds between health checks")
+    p.add_argument("--uvicorn-log-level", default="info", help="uvicorn's log level")
     p.set_defaults(func=_route)
+
+
+def _deprecated(old: str, new: str) -> Any:
+    """argparse type= that warns once that `old` is now `new`."""
+    def convert(text: str) -> str:
+        print(f"twinserve route: warning: {old} is deprecated; use {new}", file=sys.stderr)
+        return text
+    return convert
 
 
 def _route(ns: argparse.Namespace) -> int:
     from twinserve.backends.real.serving.route_proxy import ProxyConfig, run_proxy
+    from twinserve.core.routing import RouterConfig, router_option_fields
 
-    cfg = ProxyConfig(ns.replica, ns.policy, ns.prefix_chunk_chars, ns.prefix_blocks,
-                      ns.load_factor, ns.health_interval)
+    router = RouterConfig(ns.router, {name: getattr(ns, name) for name in router_option_fields()
+                                      if hasattr(ns, name)})
+    router.build()  # an unknown name or a bad option fails here, before the server starts
+    cfg = ProxyConfig(ns.replica, router, ns.prefix_chunk_chars, ns.health_interval)
     return run_proxy(cfg, ns.host, ns.port, ns.uvicorn_log_level)
 
 

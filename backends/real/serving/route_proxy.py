@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 import anyio
@@ -27,8 +27,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from twinserve.core.routing import (NoReplicaAvailableError, ReplicaLoad, RouteRequest, make_router,
-                              text_prefix_keys)
+from twinserve.core.routing import (NoReplicaAvailableError, ReplicaLoad, RouteRequest, RouterConfig,
+                                    prefix_keys_needed,
+                                    text_prefix_keys)
 from twinserve.backends.real.serving.errors import APIError
 from twinserve.backends.real.serving.route_metrics import ProxyMetrics, merge_replica_metrics
 
@@ -39,13 +40,12 @@ HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length"
 
 @dataclass(slots=True)
 class ProxyConfig:
-    """Replica URLs, the routing policy and its knobs, health checking."""
+    """Replica URLs, the router and its options, health checking."""
 
     replicas: list[str]
-    policy: str = "round_robin"
+    # The router and its own options (a prefix "block" is one chunk of prefix_chunk_chars here).
+    router: RouterConfig = field(default_factory=RouterConfig)
     prefix_chunk_chars: int = 64
-    prefix_blocks: int = 4
-    load_factor: float = 1.25
     health_interval_s: float = 1.0
     timeout_s: float = 600.0
     seed: int = 0
@@ -109,7 +109,7 @@ class RouteProxy:
         self.cfg = cfg
         self.urls = [u.rstrip("/") for u in cfg.replicas]
         self.loads = [ReplicaLoad(i) for i in range(len(self.urls))]
-        self.router = make_router(cfg.policy, cfg.seed, cfg.prefix_blocks, cfg.load_factor)
+        self.router = cfg.router.build(cfg.seed)
         self.metrics = ProxyMetrics()
         for u in self.urls:
             self.metrics.healthy.labels(u).set(1)
@@ -164,7 +164,7 @@ class RouteProxy:
         keys: tuple[int, ...] = ()
         if self.router.needs_prefix_keys:
             keys = text_prefix_keys(_prompt_text(body), self.cfg.prefix_chunk_chars,
-                                    self.cfg.prefix_blocks)
+                                    prefix_keys_needed(self.router))
         session = headers.get("x-session-id") or body.get("user")
         views = [ReplicaLoad(x.index, x.outstanding, x.kv_usage,
                              x.healthy and x.index not in exclude, x.routed)
@@ -176,7 +176,7 @@ class RouteProxy:
         load = self.loads[i]
         load.outstanding += 1
         load.routed += 1
-        self.metrics.routed.labels(self.urls[i], self.cfg.policy).inc()
+        self.metrics.routed.labels(self.urls[i], self.cfg.router.router).inc()
         self.metrics.in_flight.labels(self.urls[i]).inc()
 
     def _end(self, i: int) -> None:
