@@ -77,16 +77,26 @@ def _notes(cfg: StudyConfig, wall: float, n_points: int) -> list[str]:
     elif c.replicas and c.replicas[0]:
         cluster = ["the one replica takes its cluster.replicas entry: "
                    + ", ".join(f"{k.split('.', 1)[1]} = {v!r}" for k, v in c.replicas[0].items())]
-    return cluster + [
+    return cluster + closed_loop_note(w) + [
         f"{e.model} on {e.tensor_parallel_size}x {e.hardware} (TP {e.tensor_parallel_size}), "
         f"{e.cost_model} cost model; policy {s.policy}, chunked prefill "
         f"{s.enable_chunked_prefill}, prefix caching {s.enable_prefix_caching}, "
         f"block size {s.block_size}, max_model_len {s.max_model_len}",
-        f"workload: {w.num_requests} requests, arrivals {w.arrival}, lengths "
+        f"workload: {w.num_requests} requests, "
+        f"{'closed-loop clients' if w.concurrency else 'arrivals ' + w.arrival}, lengths "
         f"{w.prompt_dist}/{w.output_dist} ({trace}); over-long: {w.on_overlong}; seed {cfg.run.seed}",
         f"SLOs for goodput: TTFT <= {cfg.slo.ttft_s} s, TPOT <= {cfg.slo.tpot_s} s",
         f"{n_points} point(s) simulated in {wall:.1f} s wall",
     ]
+
+
+def closed_loop_note(w: Any) -> list[str]:
+    """The line that says a study runs closed-loop clients (none for open-loop arrivals)."""
+    if not w.concurrency:
+        return []
+    return [f"closed loop: {w.concurrency} clients, think {w.think_time_s:g} s, "
+            f"{w.warmup_requests} warm-up requests (left out of the metrics; throughput over the "
+            f"measured window, first measured send to last measured finish)"]
 
 
 def beyond_fit_note(res: Sequence[Any]) -> list[str]:

@@ -25,7 +25,7 @@ from twinserve.core.sched.fast_forward import apply_decode_steps, decode_window
 
 from twinserve.sim.gc_policy import simulation_gc
 from twinserve.sim.workload import WorkItem, Workload
-from twinserve.sim.world import INF, ArrivalSource, RequestRecord, RunResult, StepLog
+from twinserve.sim.world import INF, RequestRecord, RunResult, StepLog, make_source
 
 
 class Replica:
@@ -84,7 +84,7 @@ class ClusterSimulation:
         self.fast_forward = fast_forward
         self.prefix_blocks = prefix_keys_needed(router) if prefix_blocks is None else prefix_blocks
         self.env = simpy.Environment()
-        self.source = ArrivalSource(workload.items())
+        self.source = make_source(workload)
         self.loads = [r.load for r in self.replicas]
         self.on_record = on_record
         self.keep_records = keep_records
@@ -155,11 +155,17 @@ class ClusterSimulation:
                 self._record(rep, RequestRecord(
                     item.request_id, item.arrival_time, item.num_prompt_tokens, n_out, None,
                     None, None, 0, 0, [], item.conversation, item.turn, "refused", str(e),
-                    rep.index))
+                    rep.index, item.client, item.warmup))
+                if item.client >= 0:  # refused: a closed-loop client is free again
+                    self._next_request(item, self._refused_at(rep, item), None)
                 continue
             rep.live[item.request_id] = req
             rep.executor.register(item.request_id, wl.sample_token(item))
         rep.inbox.clear()
+
+    def _refused_at(self, rep: Replica, item: WorkItem) -> float:
+        """When a refused request's client hears of it: on arrival, as a server answers 400."""
+        return item.arrival_time
 
     def _max_tokens(self, rep: Replica, item: WorkItem) -> int:
         """Tokens the request generates on this replica (all of them when colocated)."""
@@ -182,13 +188,25 @@ class ClusterSimulation:
             req.first_scheduled_time, req.first_token_time, req.finish_time,
             max(req.prefix_hit_tokens, 0), req.num_preemptions, req.token_times,
             item.conversation, item.turn,
-            req.finish_reason.value if req.finish_reason is not None else "", "", rep.index))
+            req.finish_reason.value if req.finish_reason is not None else "", "", rep.index,
+            item.client, item.warmup))
+        self._request_done(item, req)
+
+    def _request_done(self, item: WorkItem, req: Request) -> None:
+        """A request's last token: its follow-up turn, or a closed-loop client's next request."""
+        nxt = None
         if self._multi_turn and req.finish_time is not None:
             nxt = self.workload.next_turn(item, req.all_token_ids, req.finish_time)
-            if nxt is not None:
-                self.source.push(nxt)
-                timer = self.env.timeout(max(0.0, nxt.arrival_time - self.env.now))
-                timer.callbacks.append(self._on_followup_timer)
+        if nxt is not None or item.client >= 0:
+            done = req.finish_time if req.finish_time is not None else self.env.now
+            self._next_request(item, done, nxt)
+
+    def _next_request(self, item: WorkItem, t: float, followup: WorkItem | None) -> None:
+        """Queue what follows item (ended at t) and route it when it arrives."""
+        nxt = self.source.on_done(item, t, followup)
+        if nxt is not None:
+            timer = self.env.timeout(max(0.0, nxt.arrival_time - self.env.now))
+            timer.callbacks.append(self._on_followup_timer)
 
     # ------------------------------------------------------------------ engine loops
     def _engine(self, rep: Replica):  # a SimPy process per replica

@@ -115,7 +115,10 @@ def cluster_row(built: BuiltCluster, res: ClusterResult, req: pd.DataFrame, step
     # summarize's time averages add up the replicas' step logs: per replica, divide by n.
     horizon = res.total.end_time
     sims = built.simulation.replicas
-    if horizon > 0:
+    if "measured_window_s" in row:  # closed loop: summarize averaged the window's steps
+        row["mean_kv_usage"] /= n
+        row["mean_batch_size"] /= n
+    elif horizon > 0:
         row["mean_kv_usage"] = sum(r.area_kv for r in sims) / horizon / n
         row["mean_batch_size"] = sum(r.area_batch for r in sims) / horizon / n
         row["mean_queue_len"] = sum(r.area_waiting for r in sims) / horizon

@@ -24,7 +24,7 @@ from twinserve.core.sched.config import SCHEDULER_CHOICES, SchedulerConfig
 
 from twinserve.sim.errors import ConfigError
 from twinserve.sim.speculative import SpeculativeSection, check_speculative, coerce_speculative
-from twinserve.sim.workload import ARRIVALS, LENGTH_DISTS, WorkloadConfig
+from twinserve.sim.workload import ARRIVALS, LENGTH_DISTS, WorkloadConfig, range_bounds
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -171,6 +171,8 @@ class StudyConfig:
     # A [model] / [hardware] table's spec (sim/specs.py), found by its name like a catalog entry.
     custom_model: Any = None
     custom_hardware: Any = None
+    # 'section.field' names set from the file or --set (not left at their defaults).
+    explicit: set = field(default_factory=set)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """The config as nested tables."""
@@ -197,6 +199,7 @@ _POSITIVE = {"workload.rate", "workload.burstiness", "workload.time_scale",
              "search.tolerance", "search.convergence", "search.max_requests_per_run"}
 _NON_NEGATIVE = {"engine.cpu_overhead_scale", "workload.num_system_prompts", "workload.system_prompt_len",
                  "workload.system_prompt_zipf", "workload.think_time", "engine.num_gpu_blocks",
+                 "workload.think_time_s", "workload.warmup_requests",
                  "workload.prompt_std", "workload.output_std", "engine.allreduce_latency_s", "engine.allreduce_hop_s",
                  "engine.layer_floor_s", "engine.step_overhead_s", "engine.per_seq_overhead_s",
                  "cluster.num_prefill_replicas", "cluster.kv_link_bandwidth",
@@ -207,7 +210,9 @@ _RANGE: dict[str, tuple[float, float, str]] = {
     "workload.rate": (1e-4, 1e6, "requests/s"), "search.start_rate": (1e-4, 1e6, "requests/s"),
     "search.min_rate": (1e-4, 1e6, "requests/s"), "search.max_rate": (1e-4, 1e6, "requests/s"),
     "workload.burstiness": (1e-3, 1e3, "(gamma shape)"), "workload.time_scale": (1e-6, 1e4, "x"),
-    "workload.think_time": (0.0, 1e5, "seconds"), "slo.ttft_s": (1e-6, 1e5, "seconds"),
+    "workload.think_time": (0.0, 1e5, "seconds"), "workload.think_time_s": (0.0, 1e5, "seconds"),
+    "workload.concurrency": (0, 1_000_000, "clients (0 = open loop)"),
+    "workload.warmup_requests": (0, 10_000_000, "requests"), "slo.ttft_s": (1e-6, 1e5, "seconds"),
     "slo.tpot_s": (1e-6, 1e5, "seconds"), "cluster.kv_link_bandwidth": (1e6, 1e15, "bytes/s"),
     "cluster.kv_link_latency_s": (0.0, 60.0, "seconds"), "engine.step_overhead_s": (0.0, 1.0, "seconds"),
     "engine.per_seq_overhead_s": (0.0, 1.0, "seconds"), "engine.allreduce_latency_s": (0.0, 1.0, "seconds"),
@@ -402,6 +407,9 @@ def coerce(dotted: str, value: Any, file: str | None = None, line: int | None = 
         raise bad(f"{value!r} must be >= 0, or -1 to estimate it")
     if dotted == "workload.num_requests" and value < 1:
         raise bad(f"{value!r} must be >= 1")
+    if dotted == "workload.random_range_ratio" and not 0.0 <= value < 1.0:
+        raise bad(f"{value!r} must be in [0, 1) (lengths uniform in [L(1-r), L(1+r)], as "
+                  "vllm bench serve --random-range-ratio)")
     if dotted in ("workload.prompt_mean", "workload.output_mean") and not 1 <= value <= 1e9:
         raise bad(f"{value!r} must be a number of tokens in [1, 1e9]")
     if dotted in ("workload.prompt_std", "workload.output_std") and value > 1e9:
@@ -460,6 +468,62 @@ def _coerce_grid(value: Any, bad: Any, file: str | None, line: int | None) -> di
     return grid
 
 
+def check_set(dotted: str, value: Any, file: str | None = None, line: int | None = None) -> None:
+    """Checks of a value a user set (the default itself may mean 'off')."""
+    if dotted == "workload.concurrency" and value < 1:
+        raise ConfigError(dotted, f"{value!r} must be an integer >= 1 (closed-loop clients); "
+                          "leave concurrency out for open-loop arrivals", file, line)
+
+
+# Fields of an open-loop arrival process: none of them may be set beside a concurrency.
+OPEN_LOOP_FIELDS = ("workload.arrival", "workload.rate", "workload.burstiness",
+                    "workload.time_scale")
+CLOSED_LOOP_FIELDS = ("workload.think_time_s", "workload.warmup_requests")
+
+
+def _check_loop(cfg: "StudyConfig", text: str) -> None:
+    """Open loop (an arrival process) or closed loop (concurrency), never both."""
+    w, file = cfg.workload, cfg.source
+    if w.concurrency > 0:
+        both = [f for f in OPEN_LOOP_FIELDS if f in cfg.explicit]
+        if w.arrival == "trace" and "workload.arrival" not in both:
+            both.append("workload.arrival")
+        if both:
+            names = " and ".join(f.split(".", 1)[1] for f in both)
+            raise ConfigError("workload.concurrency", f"concurrency = {w.concurrency} (closed loop) "
+                              f"is set together with {names} (an open-loop arrival process); "
+                              "give one: concurrency for N clients, or arrival/rate",
+                              file, find_line(text, "workload", "concurrency"))
+        return
+    for f in CLOSED_LOOP_FIELDS:
+        name = f.split(".", 1)[1]
+        if getattr(w, name):
+            raise ConfigError(f, f"{name} = {getattr(w, name)!r} needs closed-loop clients: set "
+                              "workload.concurrency = N (or leave it out)", file,
+                              find_line(text, "workload", name))
+
+
+def _check_range_ratio(cfg: "StudyConfig", text: str) -> None:
+    """random_range_ratio applies to 'fixed' lengths, and its range stays in [min, max]."""
+    w, file = cfg.workload, cfg.source
+    r = w.random_range_ratio
+    if r <= 0:
+        return
+    line = find_line(text, "workload", "random_range_ratio")
+    fixed = [k for k in ("prompt", "output") if getattr(w, f"{k}_dist") == "fixed"]
+    if not fixed:
+        raise ConfigError("workload.random_range_ratio", f"{r:g} applies to 'fixed' lengths, and "
+                          f"prompt_dist = {w.prompt_dist!r}, output_dist = {w.output_dist!r}: set "
+                          "one of them to 'fixed' (its mean is L)", file, line)
+    for k in fixed:
+        low, high = range_bounds(getattr(w, f"{k}_mean"), r)
+        lo, hi = getattr(w, f"{k}_min"), getattr(w, f"{k}_max")
+        if low < lo or high > hi:
+            raise ConfigError("workload.random_range_ratio", f"{r:g} draws {k} lengths in "
+                              f"[{low}, {high}], outside {k}_min = {lo}, {k}_max = {hi}; widen "
+                              f"{k}_min/{k}_max or lower the ratio", file, line)
+
+
 def replica_config(cfg: StudyConfig, index: int) -> StudyConfig:
     """The study as replica `index` sees it: the base tables with its overrides applied."""
     overrides = cfg.cluster.replicas[index] if index < len(cfg.cluster.replicas) else {}
@@ -478,7 +542,10 @@ def set_field(cfg: StudyConfig, name: str, value: Any, file: str | None = None,
     """Set one field by (possibly bare) name, with type checks."""
     dotted = resolve_field(name)
     section, fname = dotted.split(".", 1)
-    setattr(getattr(cfg, section), fname, coerce(dotted, value, file, line))
+    value = coerce(dotted, value, file, line)
+    check_set(dotted, value, file, line)
+    setattr(getattr(cfg, section), fname, value)
+    cfg.explicit.add(dotted)
 
 
 def from_dict(data: dict[str, Any], file: str | None = None, text: str = "") -> StudyConfig:
@@ -498,7 +565,10 @@ def from_dict(data: dict[str, Any], file: str | None = None, text: str = "") -> 
             if key not in names:
                 raise ConfigError(f"{section}.{key}", "no such field; known: "
                                   + ", ".join(sorted(names)), file, line)
-            setattr(getattr(cfg, section), key, coerce(f"{section}.{key}", value, file, line))
+            value = coerce(f"{section}.{key}", value, file, line)
+            check_set(f"{section}.{key}", value, file, line)
+            setattr(getattr(cfg, section), key, value)
+            cfg.explicit.add(f"{section}.{key}")
     if any(t in data for t in SPEC_TABLES):
         from twinserve.sim.specs import read_spec_tables
         read_spec_tables(cfg, data, text)
@@ -543,6 +613,8 @@ def validate(cfg: StudyConfig, text: str = "") -> None:
             raise ConfigError("workload.on_overlong", f"'drop' would drop every request: the shortest "
                               f"is {least('prompt')} + {least('output')} tokens, above max_model_len = "
                               f"{cfg.scheduler.max_model_len}", file, find_line(text, "workload", "on_overlong"))
+    _check_loop(cfg, text)
+    _check_range_ratio(cfg, text)
     if "trace" in (w.arrival, w.prompt_dist, w.output_dist) and not w.trace:
         raise ConfigError("workload.trace", "a trace file is needed for arrival or lengths "
                           "'trace'", file, find_line(text, "workload", "trace"))

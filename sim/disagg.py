@@ -120,6 +120,10 @@ class DisaggregatedSimulation(ClusterSimulation):
         """Time to move num_tokens tokens' KV from a prefill to a decode replica."""
         return self.link_latency_s + num_tokens * self.kv_bytes_per_token / self.link_bandwidth
 
+    def _refused_at(self, rep: Replica, item: WorkItem) -> float:
+        # A decode replica refuses after the prefill half ran: the client hears of it then.
+        return item.arrival_time if rep.index < self.num_prefill else self.env.now
+
     def _max_tokens(self, rep: Replica, item: WorkItem) -> int:
         if rep.index < self.num_prefill:
             return 1
@@ -167,10 +171,5 @@ class DisaggregatedSimulation(ClusterSimulation):
             half.num_preemptions + req.num_preemptions,
             ([first] if first is not None else []) + req.token_times, item.conversation,
             item.turn, req.finish_reason.value if req.finish_reason is not None else "", "",
-            rep.index))
-        if self._multi_turn and req.finish_time is not None:
-            nxt = self.workload.next_turn(item, req.all_token_ids, req.finish_time)
-            if nxt is not None:
-                self.source.push(nxt)
-                timer = self.env.timeout(max(0.0, nxt.arrival_time - self.env.now))
-                timer.callbacks.append(self._on_followup_timer)
+            rep.index, item.client, item.warmup))
+        self._request_done(item, req)

@@ -18,8 +18,12 @@ PERCENTILES = (50, 90, 99)
 
 
 def requests_frame(result: RunResult) -> pd.DataFrame:
-    """One row per request: arrival, queueing delay, TTFT, TPOT, E2E, ITL list, hits, preemptions."""
+    """One row per request: arrival, queueing delay, TTFT, TPOT, E2E, ITL list, hits, preemptions.
+
+    A closed-loop run's table also has its client and a warmup column (True: not measured).
+    """
     rows = []
+    closed = any(r.client >= 0 for r in result.records)
     for r in result.records:
         done = r.finish_time is not None and r.first_token_time is not None
         n = r.num_output_tokens
@@ -44,7 +48,43 @@ def requests_frame(result: RunResult) -> pd.DataFrame:
             "error": r.error,
             "replica": r.replica,
         })
+        if closed:
+            rows[-1]["client"] = r.client
+            rows[-1]["warmup"] = r.warmup
     return pd.DataFrame(rows)
+
+
+def measured_window(req: pd.DataFrame) -> tuple[float, float] | None:
+    """A closed-loop run's measured window: first measured send to last measured finish.
+
+    None for an open-loop run (no warmup column): it is measured from 0 to its end.
+    """
+    if "warmup" not in req.columns or req.empty:
+        return None
+    measured = req[~req["warmup"].astype(bool)]
+    if measured.empty:
+        return None
+    start = float(measured["arrival_s"].min())
+    end = float(measured["finish_s"].max()) if measured["finish_s"].notna().any() else start
+    return start, max(end, start)
+
+
+def mark_warmup_steps(steps: pd.DataFrame, req: pd.DataFrame) -> pd.DataFrame:
+    """A closed-loop run's step table with a warmup column: True for steps before its window."""
+    window = measured_window(req)
+    if window is not None and not steps.empty:
+        steps = steps.assign(warmup=steps["start_s"] < window[0])
+    return steps
+
+
+def window_steps(steps: pd.DataFrame, window: tuple[float, float]) -> pd.DataFrame:
+    """The steps that start inside the window (times shifted to start at 0)."""
+    if steps.empty:
+        return steps
+    start, end = window
+    inside = steps[(steps["start_s"] >= start) & (steps["start_s"] < end)].copy()
+    inside["start_s"] -= start
+    return inside
 
 
 def steps_frame(result: RunResult) -> pd.DataFrame:
@@ -78,10 +118,22 @@ def time_average(steps: pd.DataFrame, column: str, horizon: float) -> float:
 
 def summarize(result: RunResult, req: pd.DataFrame, steps: pd.DataFrame, slo: SLOConfig,
               extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run-level numbers: throughput, goodput, latency percentiles, KV, preemptions, MFU/MBU."""
-    done = req[req["finish_s"].notna()] if not req.empty else req
+    """Run-level numbers: throughput, goodput, latency percentiles, KV, preemptions, MFU/MBU.
+
+    A closed-loop run counts its measured requests only, over its measured window (rates and
+    time averages); warm-up requests are counted in warmup_requests.
+    """
+    window = measured_window(req)
     out: dict[str, Any] = dict(extra or {})
     horizon = result.end_time
+    if window is not None:
+        warm = req["warmup"].astype(bool)
+        out["warmup_requests"] = int(warm.sum())
+        out["measured_window_s"] = window[1] - window[0]
+        req = req[~warm]
+        steps = window_steps(steps, window)
+        horizon = window[1] - window[0]
+    done = req[req["finish_s"].notna()] if not req.empty else req
     out["num_requests"] = len(req)
     out["completed"] = len(done)
     out["refused"] = int((req["finish_reason"] == "refused").sum()) if not req.empty else 0
@@ -97,7 +149,8 @@ def summarize(result: RunResult, req: pd.DataFrame, steps: pd.DataFrame, slo: SL
         _dist(f"{name}_s", done[f"{name}_s"].to_numpy(dtype=float), out)
     itl = np.fromiter((x for lst in done["itl_s"] for x in lst), dtype=float)
     _dist("itl_s", itl, out)
-    out["preemptions"] = result.num_preemptions
+    out["preemptions"] = (int(req["preemptions"].sum()) if window is not None and not req.empty
+                          else result.num_preemptions)
     out["prefix_hit_rate"] = (result.prefix_hits / result.prefix_queries
                               if result.prefix_queries else 0.0)
     out["mean_kv_usage"] = time_average(steps, "kv_usage", horizon)

@@ -89,6 +89,8 @@ def plot_cdfs(points: Sequence[tuple[str, pd.DataFrame, tuple]], path, title: st
     # Past five lines, styles cycle too, so curves that coincide stay visible.
     styles = ("-", "--", ":") if len(points) > 5 else ("-",)
     for j, (label, req, color) in enumerate(points):
+        if "warmup" in req.columns:  # closed loop: the metrics leave warm-up requests out
+            req = req[~req["warmup"].astype(bool)]
         for ax, col in ((ax1, "ttft_s"), (ax2, "tpot_s")):
             v = np.sort(req[col].dropna().to_numpy(dtype=float))
             if len(v):

@@ -85,6 +85,9 @@ def request_accounting(summary: pd.DataFrame) -> str:
             f"{total('completed')} completed, {total('overlong_clipped')} clipped to "
             f"max_model_len, {total('overlong_dropped')} dropped as over-long, "
             f"{total('refused')} refused by the engine")
+    if total("warmup_requests"):
+        text += (f"; {total('warmup_requests')} closed-loop warm-up requests simulated before "
+                 "them and left out of the metrics")
     if total("followups_dropped"):
         text += (f"; {total('followups_dropped')} follow-up turns dropped (the conversation "
                  "outgrew max_model_len)")
@@ -158,8 +161,9 @@ def write_study(out_dir: Path, results: Sequence[PointResult], axes: Sequence[st
     md.append("")
     md.append("Tables: `summary.csv` (one row per point), `points/pointNN_requests.csv` "
               "(per request: arrival, queue, TTFT, TPOT, E2E, ITL list, prefix hits, "
-              "preemptions, replica), `points/pointNN_steps.csv` (per engine step: batch, queue, "
-              "KV usage)" + (", `points/pointNN_replicas.csv` (per replica)" if cluster_cols
+              "preemptions, replica; closed loop: client, warmup), `points/pointNN_steps.csv` "
+              "(per engine step: batch, queue, KV usage; closed loop: warmup, a step before the "
+              "measured window)" + (", `points/pointNN_replicas.csv` (per replica)" if cluster_cols
                              else "")
               + ".")
     written["markdown"] = out_dir / "summary.md"

@@ -12,7 +12,7 @@ import pandas as pd
 from twinserve.sim.build import _cfg_error, build, simulate
 from twinserve.sim.config import StudyConfig, coerce, resolve_field, set_field, validate
 from twinserve.sim.errors import ConfigError
-from twinserve.sim.metrics import beyond_fit, requests_frame, steps_frame, summarize
+from twinserve.sim.metrics import beyond_fit, mark_warmup_steps, requests_frame, steps_frame, summarize
 from twinserve.sim.runner import PointError, PointFailure, run_jobs
 from twinserve.sim.workload import Workload
 
@@ -59,7 +59,7 @@ def run_cluster_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None)
                   "cost_model": built.engines[0].cost_model.name})
     row = cluster_row(built, res, req, steps, per, extra)
     row.update(counts)
-    return PointResult(row, req, steps, per)
+    return PointResult(row, req, mark_warmup_steps(steps, req), per)
 
 
 def run_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None) -> PointResult:
@@ -85,7 +85,7 @@ def run_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None) -> Poin
     row["overlong_clipped"] = ls.clipped
     row["overlong_dropped"] = ls.dropped
     row.update(counts)
-    return PointResult(row, req, steps)
+    return PointResult(row, req, mark_warmup_steps(steps, req))
 
 
 def parse_grid(specs: Sequence[str]) -> dict[str, list[str]]:

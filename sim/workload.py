@@ -26,6 +26,14 @@ _TOKEN_CHUNK = 256  # requests whose own tokens are drawn per numpy call
 _TOKEN_CHUNKS_KEPT = 8  # chunks kept for later turns (any other is drawn again, identically)
 
 
+def range_bounds(length: float, ratio: float) -> tuple[int, int]:
+    """[low, high] of a length L drawn with vllm bench serve's --random-range-ratio r.
+
+    vllm/benchmarks/datasets/utils.py: low = floor(L(1-r)), high = ceil(L(1+r)), at least 1.
+    """
+    return max(1, math.floor(length * (1 - ratio))), max(1, math.ceil(length * (1 + ratio)))
+
+
 @dataclass(slots=True)
 class WorkloadConfig:
     """What requests arrive and when; every field has a default."""
@@ -54,8 +62,17 @@ class WorkloadConfig:
     system_prompt_zipf: float = 0.0  # popularity: weight of prompt i is 1/(i+1)^zipf
     turns: int = 1                   # turns per conversation; the next turn extends the context
     followup_tokens: int = 128       # mean new user tokens in a follow-up turn
-    think_time: float = 5.0          # mean seconds between an answer and the next turn
+    think_time: float = 5.0          # open loop: mean seconds between an answer and the next turn
     vocab_size: int = 32000
+    # 'fixed' lengths drawn uniform in [floor(L(1-r)), ceil(L(1+r))], as vllm bench serve's
+    # --random-range-ratio r (vllm/benchmarks/datasets/utils.py); 0 = exactly L.
+    random_range_ratio: float = 0.0
+    # Closed loop (sim/clients.py): N clients, each sending its next request think_time_s after
+    # its last one's last token; 0 = open loop (arrival/rate). Warm-up requests are sent first and
+    # left out of the metrics; num_requests are measured.
+    concurrency: int = 0
+    think_time_s: float = 0.0        # closed loop: constant seconds between a client's requests
+    warmup_requests: int = 0         # closed loop: first requests sent, excluded from metrics
 
 
 @dataclass(slots=True)
@@ -72,6 +89,8 @@ class WorkItem:
     turn: int = 0
     # The previous turn's whole context (prompt + answer) for a follow-up turn.
     history: list[int] | None = field(default=None, repr=False)
+    client: int = -1       # closed loop: the client that sends it
+    warmup: bool = False   # closed loop: a warm-up request (left out of the metrics)
 
 
 class Workload:
@@ -107,7 +126,13 @@ class Workload:
                   rng: np.random.Generator | None = None) -> int:
         r = self._len if rng is None else rng
         if dist == "fixed":
-            v = mean
+            ratio = self.cfg.random_range_ratio
+            if ratio > 0:
+                # vllm bench serve's random dataset: integers in [floor(L(1-r)), ceil(L(1+r))].
+                low, high = range_bounds(mean, ratio)
+                v = r.integers(low, high + 1)  # config.validate keeps [low, high] in [lo, hi]
+            else:
+                v = mean
         elif dist == "uniform":
             v = r.integers(lo, hi + 1)
         elif dist == "normal":
@@ -176,13 +201,15 @@ class Workload:
     def items(self) -> Iterator[WorkItem]:
         """First-turn requests in arrival order (lazily)."""
         cfg = self.cfg
-        gaps = None if cfg.arrival == "trace" else self._gaps()
+        closed = cfg.concurrency > 0  # clients set arrival times at run time (sim/clients.py)
+        total = cfg.num_requests + (cfg.warmup_requests if closed else 0)
+        gaps = None if cfg.arrival == "trace" or closed else self._gaps()
         t = 0.0
         produced = 0
         at_pass_start = 0
         last_file, last_line = self.trace_path, 1
         for arrival, p_trace, o_trace, file, line, rid in self._rows():
-            if produced >= cfg.num_requests:
+            if produced >= total:
                 return
             if not file:  # a cycled trace's pass ended: it must have given something
                 if produced == at_pass_start:
@@ -193,7 +220,9 @@ class Workload:
                 at_pass_start = produced
                 continue
             last_file, last_line = file, line
-            if gaps is None:
+            if closed:
+                pass
+            elif gaps is None:
                 if arrival is None:
                     raise ConfigError("workload.arrival", f"'trace' needs timestamps, and "
                                       f"{file} has no TIMESTAMP or arrived_at column")
@@ -214,15 +243,16 @@ class Workload:
             if rid is not None and cfg.turns == 1:
                 item.request_id = rid
             yield item
-        short = cfg.num_requests - produced
+        short = total - produced
         if short > 0:
             self.length_stats.short = short
             if self.require_all:
+                asked = " + warmup_requests" if total != cfg.num_requests else ""
                 dropped = (f", {self.length_stats.dropped} dropped as over-long"
                            if self.length_stats.dropped else "")
                 raise TraceError(last_file, last_line, None,
-                                 f"the trace gives {produced} of the {cfg.num_requests} requests "
-                                 f"asked (workload.num_requests){dropped}; lower num_requests, "
+                                 f"the trace gives {produced} of the {total} requests asked "
+                                 f"(workload.num_requests{asked}){dropped}; lower num_requests, "
                                  "set trace_cycle = true to replay it, or allow_short_trace = true "
                                  "to run with what it has")
 

@@ -20,6 +20,7 @@ from twinserve.core.request import FinishReason, Request
 from twinserve.core.sampling_params import SamplingParams
 from twinserve.core.sched.fast_forward import apply_decode_steps, decode_window
 
+from twinserve.sim.clients import ClosedLoopSource
 from twinserve.sim.gc_policy import simulation_gc
 from twinserve.sim.workload import WorkItem, Workload
 
@@ -48,6 +49,8 @@ class RequestRecord:
     finish_reason: str = ""
     error: str = ""
     replica: int = 0
+    client: int = -1       # closed loop: the client that sent it
+    warmup: bool = False   # closed loop: a warm-up request, left out of the metrics
 
 
 @dataclass(slots=True)
@@ -122,6 +125,12 @@ class ArrivalSource:
         """Add a follow-up turn."""
         heapq.heappush(self._heap, (item.arrival_time, item.index, item))
 
+    def on_done(self, item: WorkItem, t: float, followup: WorkItem | None = None) -> WorkItem | None:
+        """A request ended at t: its follow-up turn (if any) arrives at its own time."""
+        if followup is not None:
+            self.push(followup)
+        return followup
+
     def pop_until(self, t: float) -> list[WorkItem]:
         """All requests arriving at or before t, in arrival order."""
         out: list[WorkItem] = []
@@ -137,6 +146,15 @@ class ArrivalSource:
                 return out
 
 
+def make_source(workload: Workload) -> ArrivalSource | ClosedLoopSource:
+    """The workload's arrivals: open loop, or its closed-loop clients when concurrency > 0."""
+    cfg = workload.cfg
+    if cfg.concurrency > 0:
+        return ClosedLoopSource(workload.items(), cfg.concurrency, cfg.think_time_s,
+                                cfg.warmup_requests)
+    return ArrivalSource(workload.items())
+
+
 class Simulation:
     """One engine replica (the core's EngineCore, unchanged) driven in simulated time."""
 
@@ -148,7 +166,7 @@ class Simulation:
         self.workload = workload
         self.fast_forward = fast_forward
         self.env = simpy.Environment()
-        self.source = ArrivalSource(workload.items())
+        self.source = make_source(workload)
         self.live: dict[str, Request] = {}
         self.records: list[RequestRecord] = []
         self.steps = StepLog()
@@ -165,8 +183,15 @@ class Simulation:
 
     # ------------------------------------------------------------------ arrivals
     def _admit(self, t: float) -> None:
+        # A refusal frees a closed-loop client at once: its next request may be due by t too.
+        items = self.source.pop_until(t)
+        while items:
+            self._admit_items(items)
+            items = self.source.pop_until(t)
+
+    def _admit_items(self, items: list[WorkItem]) -> None:
         wl = self.workload
-        for item in self.source.pop_until(t):
+        for item in items:
             n_out = item.num_output_tokens
             sp = self._params.get(n_out)
             if sp is None:
@@ -178,7 +203,10 @@ class Simulation:
             except InvalidRequestError as e:
                 self.records.append(RequestRecord(
                     item.request_id, item.arrival_time, item.num_prompt_tokens, n_out, None, None,
-                    None, 0, 0, [], item.conversation, item.turn, "refused", str(e)))
+                    None, 0, 0, [], item.conversation, item.turn, "refused", str(e),
+                    client=item.client, warmup=item.warmup))
+                # Refused on arrival (as a server answers 400): a closed-loop client is free again.
+                self.source.on_done(item, item.arrival_time)
                 continue
             self.live[item.request_id] = req
             self.executor.register(item.request_id, wl.sample_token(item))
@@ -192,11 +220,13 @@ class Simulation:
             req.first_scheduled_time, req.first_token_time, req.finish_time,
             max(req.prefix_hit_tokens, 0), req.num_preemptions, req.token_times,
             item.conversation, item.turn,
-            _REASON_TEXT[req.finish_reason]))
+            _REASON_TEXT[req.finish_reason], client=item.client, warmup=item.warmup))
+        nxt = None
         if self.workload.cfg.turns > 1 and req.finish_time is not None:
             nxt = self.workload.next_turn(item, req.all_token_ids, req.finish_time)
-            if nxt is not None:
-                self.source.push(nxt)
+        if nxt is not None or item.client >= 0:
+            done = req.finish_time if req.finish_time is not None else req.arrival_time
+            self.source.on_done(item, done, nxt)
 
     # ------------------------------------------------------------------ engine loop
     def _engine(self):  # a SimPy process
