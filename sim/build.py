@@ -138,6 +138,15 @@ def build_cost_models(cfg: StudyConfig) -> tuple[ModelSpec, HardwareSpec, Roofli
             raise _cfg_error(cfg, "engine", "profile", str(err)) from None
         fitted.overhead_scale = e.cpu_overhead_scale
         cost = fitted
+    elif e.cost_model == "aic":
+        from twinserve.backends.sim.aic import AicCostModel, AicError
+        try:
+            # aic's step estimate holds kernel time only: host overheads are added only when set.
+            cost = AicCostModel(model, hw, e.tensor_parallel_size, e.aic_backend, e.aic_version,
+                                step_overhead_s=max(e.step_overhead_s, 0.0),
+                                per_seq_overhead_s=max(e.per_seq_overhead_s, 0.0))
+        except AicError as err:
+            raise _cfg_error(cfg, "engine", err.field, str(err)) from None
     return model, hw, roof, cost
 
 

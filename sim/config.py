@@ -42,8 +42,10 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks: int = 0      # 0: derive from memory
     activation_reserve_gib: float = -1.0  # -1: estimate
-    cost_model: str = "roofline"
+    cost_model: str = "roofline"  # roofline | fitted | aic (measured kernels, the [aic] extra)
     profile: str = ""            # 'fitted': a JSON path or builtin:NAME
+    aic_backend: str = "vllm"    # 'aic': whose kernel timings price the steps (vllm, sglang, trtllm)
+    aic_version: str = ""        # 'aic': the backend's database version; '' = aic's current one
     cpu_overhead_scale: float = 1.0  # 'fitted': 0.5 = engine CPU work twice as fast
     allow_profile_mismatch: bool = False
     # -1 takes the GPU's own value from the catalog (backends/sim/catalog.py).
@@ -187,7 +189,8 @@ SECTIONS: dict[str, type] = {"engine": EngineConfig, "scheduler": SchedulerSecti
 _CHOICES: dict[str, tuple[str, ...]] = {
     "workload.arrival": ARRIVALS, "workload.prompt_dist": LENGTH_DISTS,
     "workload.output_dist": LENGTH_DISTS, "workload.on_overlong": ("clip", "drop", "fail"),
-    "engine.cost_model": ("roofline", "fitted"),
+    "engine.cost_model": ("roofline", "fitted", "aic"),
+    "engine.aic_backend": ("vllm", "sglang", "trtllm"),
     "engine.dtype": DTYPES, "engine.quantization": QUANTIZATIONS,
     "engine.kv_cache_dtype": KV_CACHE_DTYPES, "engine.engine_profile": tuple(ENGINE_PROFILES),
 }

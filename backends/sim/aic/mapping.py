@@ -1,0 +1,108 @@
+"""twinserve's names to aiconfigurator-core's: hardware to systems, precision to quant modes, versions.
+
+aiconfigurator-core (Apache-2.0, pip `aiconfigurator-core`) ships per-operation kernel timings under
+systems/data/<system>/<op family>/<backend>/<version>/; its SDK answers queries over them. Nothing here
+reads those files: every look-up goes through the SDK.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twinserve.core.errors import TwinserveError
+
+from twinserve.backends.sim.precision import Precision
+
+BACKENDS = ("vllm", "sglang", "trtllm")
+INSTALL_HINT = "pip install 'twinserve[aic]' (the aiconfigurator-core==0.12.0 extra; Python >= 3.11)"
+
+# twinserve hardware names (catalog.HARDWARES, and the B300 / GB200 / GB300 rows) -> aic system names.
+SYSTEMS: dict[str, str] = {
+    "h100-sxm": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "b300": "b300_sxm",
+    "gb200": "gb200", "gb300": "gb300", "a100-80gb": "a100_sxm", "l40s": "l40s",
+}
+
+
+class AicError(TwinserveError, ValueError):
+    """The measured backend cannot price this study: names the [engine] field, what is missing and what exists."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self._keep_args(message, field, message)
+
+
+def sdk() -> Any:
+    """aiconfigurator_core.sdk's perf_database module, or AicError saying how to install it."""
+    try:
+        from aiconfigurator_core.sdk import perf_database
+    except ImportError as err:
+        raise AicError("cost_model", f"cost_model 'aic' needs aiconfigurator-core, which is not installed "
+                       f"({err}): {INSTALL_HINT}") from None
+    return perf_database
+
+
+def system_for(hardware_name: str) -> str:
+    """The aic system of a twinserve hardware name (an aic system name is taken as is)."""
+    pdb = sdk()
+    known = pdb.get_supported_databases()
+    key = hardware_name.lower()
+    system = SYSTEMS.get(key, key if key in known else "")
+    if not system or system not in known:
+        mapped = ", ".join(f"{k} -> {v}" for k, v in SYSTEMS.items() if v in known)
+        raise AicError("hardware", f"aiconfigurator-core has no kernel database for hardware "
+                       f"{hardware_name!r}; it has: {mapped} (or an aic system name: "
+                       f"{', '.join(sorted(known))})")
+    return system
+
+
+def resolve_version(system: str, backend: str, version: str) -> str:
+    """The literal database version: '' is aic's maintained default ('current'); aliases resolve."""
+    if backend not in BACKENDS:
+        raise AicError("aic_backend", f"aic_backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    pdb = sdk()
+    slots = pdb.get_version_slots(system, backend) or {}
+    have = sorted(set(slots.values()))
+    if not slots:
+        raise AicError("aic_backend", f"aiconfigurator-core has no {backend} database for {system}; "
+                       f"it has: {', '.join(sorted(pdb.get_supported_databases().get(system, {}))) or 'none'}")
+    want = version or "current"
+    if want in slots:
+        return slots[want]
+    if want in have:
+        return want
+    raise AicError("aic_version", f"aiconfigurator-core has no {backend} version {version!r} for {system}; "
+                   f"installed: {', '.join(have)} (or current / next; '' = current = {slots['current']})")
+
+
+def quant_modes(precision: Precision, moe: bool) -> dict[str, Any]:
+    """aic quant modes for twinserve's precision fields (vLLM's names).
+
+    quantization fp8 is per-tensor W8A8 (vLLM's fp8, aic 'fp8'); int4 is weight-only (AWQ/GPTQ,
+    aic 'int4_wo'); 'fp4' (NVFP4) maps to aic 'nvfp4'. Activations, attention math and the LM head
+    stay 16-bit; kv_cache_dtype fp8 stores K/V in FP8.
+    """
+    from aiconfigurator_core.sdk import common
+    q = precision.quantization
+    gemm = {"none": "bfloat16", "fp8": "fp8", "int4": "int4_wo", "fp4": "nvfp4"}[q]
+    # Published FP8 MoE checkpoints (Qwen3, DeepSeek) are block-scaled 128x128: aic fp8_block.
+    moe_q = {"none": "bfloat16", "fp8": "fp8_block", "int4": "int4_wo", "fp4": "nvfp4"}[q]
+    kv = "fp8" if precision.kv_cache_dtype == "fp8" else "bfloat16"
+    fmha = "float16" if precision.dtype == "float16" else "bfloat16"
+    modes = {"gemm": common.GEMMQuantMode[gemm], "generation_attention": common.KVCacheQuantMode[kv],
+             "fmha": common.FMHAQuantMode[fmha]}
+    if moe:
+        modes["moe"] = common.MoEQuantMode[moe_q]
+    return modes
+
+
+def check_precision(db: Any, modes: dict[str, Any], precision: Precision) -> None:
+    """AicError when the database has no measured table for a quant mode the study asks for."""
+    field = {"gemm": "quantization", "moe": "quantization", "generation_attention": "kv_cache_dtype"}
+    for table, mode in modes.items():
+        if table not in field:
+            continue
+        have = list(db.supported_quant_mode[table])
+        if mode.name not in have:
+            raise AicError(field[table], f"aiconfigurator-core's {db.backend} {db.version} database for "
+                           f"{db.system} has no {table} timings in {mode.name} (from {precision.label()}); "
+                           f"it has: {', '.join(have)}")
