@@ -32,7 +32,7 @@ class UnknownSpecError(TwinserveError, KeyError):
 
 @dataclass(slots=True, frozen=True)
 class ModelSpec:
-    """A decoder-only transformer's shape: GQA attention, SwiGLU MLP or mixture-of-experts."""
+    """A decoder-only transformer's shape: GQA or MLA attention, SwiGLU MLP or mixture-of-experts."""
 
     name: str
     num_layers: int
@@ -52,6 +52,14 @@ class ModelSpec:
     sliding_window: int = 0
     num_sliding_layers: int = 0
     precision: Precision = Precision()
+    # DeepSeek's first_k_dense_replace: leading layers with a dense MLP of intermediate_size.
+    num_dense_layers: int = 0
+    # Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2): 0 = GQA attention.
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -59,10 +67,37 @@ class ModelSpec:
         return self.num_experts > 0
 
     @property
+    def is_mla(self) -> bool:
+        """True for multi-head latent attention (one compressed latent per token cached)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Layers whose MLP is routed experts."""
+        return self.num_layers - self.num_dense_layers if self.is_moe else 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Per-head width of q and k (MLA: the no-position part plus the rotary part)."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Per-head width of v."""
+        return self.v_head_dim if self.is_mla else self.head_dim
+
+    @property
     def attn_params_per_layer(self) -> int:
-        """q/k/v/o projection weights of one layer."""
-        h, d = self.hidden_size, self.head_dim
-        return h * self.num_heads * d * 2 + h * self.num_kv_heads * d * 2
+        """Attention projection weights of one layer (GQA q/k/v/o; MLA's down/up projections)."""
+        h, n = self.hidden_size, self.num_heads
+        if not self.is_mla:
+            d = self.head_dim
+            return h * n * d * 2 + h * self.num_kv_heads * d * 2
+        q = (h * self.q_lora_rank + self.q_lora_rank * n * self.qk_head_dim if self.q_lora_rank
+             else h * n * self.qk_head_dim)
+        kv_a = h * (self.kv_lora_rank + self.qk_rope_head_dim)
+        kv_b = self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim)
+        return q + kv_a + kv_b + n * self.v_head_dim * h
 
     @property
     def expert_params(self) -> int:
@@ -71,22 +106,35 @@ class ModelSpec:
 
     @property
     def dense_mlp_params_per_layer(self) -> int:
-        """MLP weights every token reads: the dense MLP, or the router plus shared experts."""
+        """MLP weights every token reads in an MoE layer (router plus shared experts), or the dense MLP."""
         if not self.is_moe:
             return 3 * self.hidden_size * self.intermediate_size
         return self.hidden_size * self.num_experts + self.num_shared_experts * self.expert_params
 
     @property
-    def params_per_layer(self) -> int:
-        """Weights of one layer: attention, plus the MLP or every expert, router and shared ones."""
-        return (self.attn_params_per_layer + self.dense_mlp_params_per_layer
-                + self.num_experts * self.expert_params)
+    def always_params(self) -> int:
+        """Layer weights every step reads whatever the routing: attention, dense MLPs, routers, shared experts."""
+        dense_mlp = 3 * self.hidden_size * self.intermediate_size
+        if not self.is_moe:
+            return self.num_layers * (self.attn_params_per_layer + dense_mlp)
+        return (self.num_layers * self.attn_params_per_layer + self.num_dense_layers * dense_mlp
+                + self.num_moe_layers * self.dense_mlp_params_per_layer)
 
     @property
-    def active_params_per_layer(self) -> int:
-        """Weights one token computes with in a layer (its top-k experts only)."""
-        return (self.attn_params_per_layer + self.dense_mlp_params_per_layer
-                + self.num_experts_per_tok * self.expert_params)
+    def routed_params(self) -> int:
+        """Weights of every routed expert of every MoE layer."""
+        return self.num_moe_layers * self.num_experts * self.expert_params
+
+    @property
+    def params_per_layer(self) -> float:
+        """Weights of one layer on average (embeddings excluded)."""
+        return (self.always_params + self.routed_params) / self.num_layers
+
+    @property
+    def active_params_per_layer(self) -> float:
+        """Weights one token computes with, per layer on average (its top-k experts only)."""
+        routed = self.num_moe_layers * self.num_experts_per_tok * self.expert_params
+        return (self.always_params + routed) / self.num_layers
 
     @property
     def embedding_params(self) -> int:
@@ -96,30 +144,41 @@ class ModelSpec:
     @property
     def num_params(self) -> int:
         """All weights, embeddings included."""
-        return self.num_layers * self.params_per_layer + self.embedding_params
+        return self.always_params + self.routed_params + self.embedding_params
 
     @property
     def num_active_params(self) -> int:
         """Weights one token uses, embeddings included (num_params for a dense model)."""
-        return self.num_layers * self.active_params_per_layer + self.embedding_params
+        routed = self.num_moe_layers * self.num_experts_per_tok * self.expert_params
+        return self.always_params + routed + self.embedding_params
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of all weights in memory: layers in the weight dtype, embeddings 16-bit."""
-        layers = self.num_layers * self.params_per_layer * self.precision.weight_bytes
-        return int(layers + self.embedding_params * self.dtype_bytes)
+        """Bytes of all weights in memory: layers and experts in their formats, embeddings 16-bit."""
+        p = self.precision
+        return int(self.always_params * p.weight_bytes + self.routed_params * p.expert_weight_bytes
+                   + self.embedding_params * self.dtype_bytes)
+
+    @property
+    def kv_elems_per_token_per_layer(self) -> int:
+        """Cached elements per token per layer: K and V per KV head, or MLA's latent plus rotary key."""
+        if self.is_mla:
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return 2 * self.num_kv_heads * self.head_dim
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """K and V for one token across all layers."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.precision.kv_bytes
+        """K and V (MLA: the latent) for one token across all layers."""
+        return self.num_layers * self.kv_elems_per_token_per_layer * self.precision.kv_bytes
 
     def kv_heads_per_gpu(self, tp: int) -> int:
         """KV heads each GPU holds: split over TP, one replicated head each once TP exceeds them."""
         return max(1, self.num_kv_heads // tp)
 
     def kv_bytes_per_token_per_gpu(self, tp: int) -> int:
-        """K and V for one token on one GPU under tensor parallelism (replication counted)."""
+        """K and V for one token on one GPU under tensor parallelism (replication counted; MLA's latent is whole on each)."""
+        if self.is_mla:
+            return self.kv_bytes_per_token
         return 2 * self.num_layers * self.kv_heads_per_gpu(tp) * self.head_dim * self.precision.kv_bytes
 
     def expected_experts(self, num_tokens: float) -> float:
@@ -155,7 +214,7 @@ class GPUProfile:
 
 @dataclass(slots=True, frozen=True)
 class HardwareSpec:
-    """One accelerator: dense 16-bit and FP8 peaks (FP8 0: none), HBM bandwidth and size, link bandwidth."""
+    """One accelerator: dense 16-bit, FP8 and FP4 peaks (0: none), HBM bandwidth and size, link bandwidth."""
 
     name: str
     peak_flops: float
@@ -164,10 +223,25 @@ class HardwareSpec:
     interconnect_bandwidth: float
     profile: GPUProfile = GPUProfile()
     peak_flops_fp8: float = 0.0
+    peak_flops_fp4: float = 0.0
+    # GPUs one NVLink domain joins (an HGX board: 8; an NVL72 rack: 72), and the network past it.
+    nvlink_domain: int = 8
+    internode_bandwidth: float = 50e9
 
-    def gemm_peak(self, precision: Precision) -> float:
-        """The dense peak the linear layers run at under this precision."""
-        if precision.fp8_gemm and self.peak_flops_fp8 > 0:
+    def collective_bandwidth(self, num_gpus: int) -> float:
+        """Per-GPU link bandwidth of a collective over num_gpus: NVLink inside the domain, else the network."""
+        return self.interconnect_bandwidth if num_gpus <= self.nvlink_domain else self.internode_bandwidth
+
+    def gemm_peak(self, precision: Precision, experts: bool = False) -> float:
+        """The dense peak the linear layers (or the routed experts) run at under this precision.
+
+        A format the GPU lacks computes in 16 bits from dequantized weights (vLLM's Marlin kernels:
+        NVFP4 on Hopper, FP8 on A100).
+        """
+        kind = precision.gemm_kind(experts)
+        if kind == "fp4" and self.peak_flops_fp4 > 0:
+            return self.peak_flops_fp4
+        if kind == "fp8" and self.peak_flops_fp8 > 0:
             return self.peak_flops_fp8
         return self.peak_flops
 
@@ -181,6 +255,8 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
 ]}
 
 # Vendor datasheets, dense (sparse figures halved); efficiencies by analogy are said so on their line.
+# Past the NVLink domain (8 GPUs, NVL72 racks 72) collectives take the network: one ConnectX-7
+# 400 Gb/s NIC per GPU (DGX H100/H200/B200 datasheets), 50 GB/s a direction, unless said.
 HARDWARES: dict[str, HardwareSpec] = {h.name: h for h in [
     # NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100); no FP8 tensor cores.
     HardwareSpec("A100-80GB", 312e12, 2.039e12, 80 * GiB, 300e9,
@@ -198,15 +274,53 @@ HARDWARES: dict[str, HardwareSpec] = {h.name: h for h in [
     # NVIDIA H20 (Hopper export variant): NVIDIA partner spec sheets (no public datasheet).
     HardwareSpec("H20", 148e12, 4.0e12, 96e9, 450e9,
                  GPUProfile(gemm=0.65, attention=0.40, price_per_hour=1.5), peak_flops_fp8=296e12),
-    # NVIDIA DGX B200 datasheet (nvidia.com/en-us/data-center/dgx-b200), per GPU = system / 8; H100's efficiencies by analogy.
+    # Blackwell, per GPU, dense (the datasheets' sparse figures halved); H100's efficiencies by analogy.
+    # NVIDIA DGX B200 datasheet (nvidia.com/en-us/data-center/dgx-b200): 8 GPUs, 1,440 GB HBM3e, 64 TB/s,
+    # FP8 72 PF and FP4 144 PF sparse, NVLink 5 1.8 TB/s per GPU (both directions).
     HardwareSpec("B200", 2250e12, 8.0e12, 180e9, 900e9,
-                 GPUProfile(gemm=0.62, attention=0.38, price_per_hour=6.0), peak_flops_fp8=4500e12),
+                 GPUProfile(gemm=0.62, attention=0.38, price_per_hour=6.0), peak_flops_fp8=4500e12,
+                 peak_flops_fp4=9000e12),
+    # NVIDIA HGX B300 spec (nvidia.com/en-us/data-center/hgx): 8 GPUs, FP4 144 PF sparse / 108 PF dense,
+    # FP8 72 PF and BF16 36 PF sparse, NVLink 5 1.8 TB/s per GPU; the Blackwell Ultra GPU (NVIDIA technical
+    # blog "Inside NVIDIA Blackwell Ultra", 2025): 288 GB HBM3e at 8 TB/s.
+    HardwareSpec("B300", 2250e12, 8.0e12, 288e9, 900e9,
+                 GPUProfile(gemm=0.62, attention=0.38, price_per_hour=7.0), peak_flops_fp8=4500e12,
+                 peak_flops_fp4=13500e12, internode_bandwidth=100e9),  # ConnectX-8, 800 Gb/s per GPU
+    # NVIDIA GB200 NVL72 spec (nvidia.com/en-us/data-center/gb200-nvl72): 72 GPUs, FP4 1,440 PF, FP8 720 PF,
+    # BF16 360 PF (sparse), HBM3e 13.4 TB at 576 TB/s, NVLink 130 TB/s (1.8 TB/s per GPU, both directions).
+    HardwareSpec("GB200", 2500e12, 8.0e12, 186e9, 900e9,
+                 GPUProfile(gemm=0.62, attention=0.38, price_per_hour=7.0), peak_flops_fp8=5000e12,
+                 peak_flops_fp4=10000e12, nvlink_domain=72),
+    # NVIDIA GB300 NVL72 spec (nvidia.com/en-us/data-center/gb300-nvl72): 72 GPUs, FP4 1,440 PF sparse /
+    # 1,080 PF dense, FP8 720 PF and BF16 360 PF sparse, HBM3e up to 21 TB at 576 TB/s, NVLink 130 TB/s.
+    HardwareSpec("GB300", 2500e12, 8.0e12, 288e9, 900e9,
+                 GPUProfile(gemm=0.62, attention=0.38, price_per_hour=8.0), peak_flops_fp8=5000e12,
+                 peak_flops_fp4=15000e12, nvlink_domain=72, internode_bandwidth=100e9),
     # AMD Instinct MI300X datasheet (amd.com/en/products/accelerators/instinct/mi300/mi300x);
     # published MI300X GEMM studies reach ~45-55% of peak.
     HardwareSpec("MI300X", 1307e12, 5.3e12, 192e9, 448e9,
                  GPUProfile(gemm=0.48, attention=0.30, memory=0.75, price_per_hour=2.5),
                  peak_flops_fp8=2615e12),
 ]}
+
+# aiconfigurator-core's system names (its systems/*.yaml, silicon_sample.csv's `system`) -> HARDWARES.
+AIC_SYSTEMS: dict[str, str] = {
+    "a100_sxm": "A100-80GB",
+    "h100_sxm": "H100-SXM",
+    "h200_sxm": "H200",
+    "b200_sxm": "B200",
+    "b300_sxm": "B300",
+    "gb200": "GB200",
+    "gb300": "GB300",
+    "l40s": "L40S",
+}
+
+
+def hardware_for_aic_system(system: str) -> "HardwareSpec":
+    """Our catalog GPU for an aiconfigurator system name (e.g. 'h200_sxm'); UnknownSpecError if none."""
+    if system not in AIC_SYSTEMS:
+        raise UnknownSpecError("aic_system", system, sorted(AIC_SYSTEMS))
+    return get_hardware(AIC_SYSTEMS[system])
 
 
 def _lookup(table: dict[str, Any], kind: str, name: str) -> Any:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from twinserve.backends.sim.catalog import HardwareSpec, ModelSpec
+from twinserve.backends.sim.parallel import Parallelism
 
 
 @dataclass(slots=True)
@@ -123,45 +124,67 @@ class Efficiency:
         return latency + 2.0 * (tp - 1) / tp * nbytes / (link_bandwidth * self.comm)
 
 
+# Grouped expert GEMMs: FLOP time plus weight read (the dense layers' soft knee), or the larger of the two.
+EXPERT_SOFT_KNEE = True
+
+
 class RooflineCostModel:
     """Per-GPU step time from FLOPs, bytes and messages, with measured-shaped efficiencies.
 
     GEMM FLOP time plus weight read is added, not maxed: a soft knee, half efficiency at the
-    ridge point. Per-layer floors model launches; MoE reads the E(1 - (1 - k/E)^B) experts a
-    B-token step is expected to touch; sliding-window layers read at most the window.
+    ridge point. Routed experts are grouped GEMMs: at a few tokens per expert they are bound by
+    reading the E(1 - (1 - k/E)^B) experts a B-token step touches, so they cost the larger of
+    that read and their FLOPs. Per-layer floors model launches; sliding-window layers read at
+    most the window. Parallelism (backends/sim/parallel.py): the step is one stage's, with the
+    engine's sequences spread evenly over the attention data-parallel ranks, every rank's tokens
+    meeting in the MoE layers, and the experts split over the expert-parallel group.
     """
 
-    __slots__ = ("name", "model", "hardware", "tp", "eff", "_k_tok", "_k_seq", "_w_time",
+    __slots__ = ("name", "model", "hardware", "tp", "par", "eff", "_k_tok", "_k_seq", "_w_time",
                  "_k_attn", "_k_kv", "_comm_fixed", "_comm_tok", "_floor", "_c_lin_tok",
-                 "_w_expert", "_k_kv_slide", "_window", "_slide_frac")
+                 "_w_expert", "_k_kv_slide", "_window", "_slide_frac", "_k_expert", "_local_experts",
+                 "_k_dec_flop", "_dp", "_moe_fixed", "_moe_tok")
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1,
-                 efficiency: Efficiency | None = None) -> None:
-        if tp < 1 or model.num_heads % tp or model.num_kv_heads % tp and tp % model.num_kv_heads:
-            raise ValueError(f"tensor_parallel_size={tp} does not divide {model.name}'s heads")
+                 efficiency: Efficiency | None = None, parallel: Parallelism | None = None) -> None:
+        par = parallel or Parallelism(tensor_parallel_size=tp)
+        tp = par.tensor_parallel_size
+        par.check(model)
         self.name = "roofline"
         self.model = model
         self.hardware = hardware
         self.tp = tp
+        self.par = par
+        self._dp = dp = par.data_parallel_size
+        ep, moe_tp = par.expert_parallel_size, par.moe_tensor_parallel_size
         self.eff = eff = efficiency or Efficiency.for_hardware(hardware)
         eff.validate()
         m = model
         prec = m.precision
         peak_g = hardware.gemm_peak(prec) * eff.gemm
+        peak_e = hardware.gemm_peak(prec, experts=True) * eff.gemm
         peak_16 = hardware.peak_flops * eff.gemm
         peak_a = hardware.peak_flops * eff.attention
         bw = hardware.mem_bandwidth * eff.memory
-        self._c_lin_tok = 2.0 * m.num_layers * m.active_params_per_layer / tp
+        # Per-rank features: the dense part runs on each DP rank's own tokens at TP tp.
+        self._c_lin_tok = 2.0 * m.always_params / tp
         self._k_tok = self._c_lin_tok / peak_g
         self._k_seq = 2.0 * m.vocab_size * m.hidden_size / tp / peak_16
-        always = m.attn_params_per_layer + m.dense_mlp_params_per_layer
-        if not m.is_moe:
-            always = m.params_per_layer
-        weights = (m.num_layers * always * prec.weight_bytes
-                   + m.vocab_size * m.hidden_size * m.dtype_bytes)
+        weights = m.always_params * prec.weight_bytes + m.vocab_size * m.hidden_size * m.dtype_bytes
         self._w_time = weights / tp / bw
-        self._w_expert = m.num_layers * m.expert_params * prec.weight_bytes / tp / bw
-        self._k_attn = 4.0 * m.num_layers * m.num_heads * m.head_dim / tp / peak_a
+        # Experts see every rank's tokens; each GPU holds E / ep of them, each split moe_tp ways.
+        self._local_experts = m.num_experts / ep if m.is_moe else 0.0
+        self._w_expert = m.num_moe_layers * m.expert_params * prec.expert_weight_bytes / moe_tp / bw
+        self._k_expert = (2.0 * m.num_moe_layers * m.num_experts_per_tok * m.expert_params
+                          / (moe_tp * ep) / peak_e)
+        heads = m.num_layers * m.num_heads / tp
+        self._k_attn = 2.0 * heads * (m.qk_head_dim + m.v_dim) / peak_a
+        # Decode attention FLOPs per cached token: MLA's absorbed form scores the latent plus the
+        # rotary key and sums the latent per head; GQA's are small beside its K/V read.
+        if m.is_mla:
+            self._k_dec_flop = 2.0 * heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim) / peak_a
+        else:
+            self._k_dec_flop = 0.0
         # K/V bytes per context token, split into full-attention and sliding-window layers.
         kv = m.kv_bytes_per_token_per_gpu(tp) / bw
         self._slide_frac = m.num_sliding_layers / m.num_layers if m.sliding_window else 0.0
@@ -170,29 +193,49 @@ class RooflineCostModel:
         self._window = m.sliding_window
         self._floor = m.num_layers * eff.layer_floor_s
         if m.is_moe:
-            self._w_time += m.num_layers * eff.moe_layer_overhead_s
-        n_ar = 2 * m.num_layers
+            self._w_time += m.num_moe_layers * eff.moe_layer_overhead_s
+        link = hardware.collective_bandwidth(tp * dp)
+        split_moe = m.is_moe and (ep > 1 or dp > 1)
+        # TP all-reduces: two a layer, but one in an MoE layer whose experts exchange tokens instead.
+        n_ar = 2 * m.num_layers - (m.num_moe_layers if split_moe else 0)
         if tp > 1:
-            link = hardware.interconnect_bandwidth
-            latency = eff.allreduce_time(0.0, tp, link)
+            latency = eff.allreduce_time(0.0, tp, hardware.collective_bandwidth(tp))
             self._comm_fixed = n_ar * latency
-            per_token = eff.allreduce_time(m.hidden_size * m.dtype_bytes, tp, link) - latency
+            per_token = eff.allreduce_time(m.hidden_size * m.dtype_bytes, tp,
+                                           hardware.collective_bandwidth(tp)) - latency
             self._comm_tok = n_ar * per_token
         else:
             self._comm_fixed = 0.0
             self._comm_tok = 0.0
+        self._moe_fixed = self._moe_tok = 0.0
+        if split_moe:
+            self._moe_fixed, self._moe_tok = _moe_exchange(m, eff, tp * dp, ep, moe_tp, link)
+
+    def _linear(self, tokens_r: float, seqs_r: float, tokens: float) -> float:
+        """Dense layers on one rank's tokens plus the experts on every rank's, floored."""
+        t_lin = self._k_tok * tokens_r + self._k_seq * seqs_r + self._w_time
+        if self._local_experts:
+            m = self.model
+            touched = self._local_experts * (1.0 - (1.0 - m.num_experts_per_tok / m.num_experts) ** tokens)
+            read = self._w_expert * touched
+            flop = self._k_expert * tokens
+            t_lin += flop + read if EXPERT_SOFT_KNEE else (read if read > flop else flop)
+        return t_lin if t_lin > self._floor else self._floor
 
     def step_time(self, num_prefill_tokens: int, num_prefill_seqs: int, prefill_context: int,
                   prefill_attn: float, num_decode_seqs: int, decode_context: int) -> float:
-        """Seconds for a step: overheads + linear + attention + all-reduce."""
+        """Seconds for a step: overheads + linear + attention + all-reduce and expert exchange."""
         tokens = num_prefill_tokens + num_decode_seqs
         seqs = num_prefill_seqs + num_decode_seqs
+        dp = self._dp
+        if dp > 1:  # one rank's share; the ranks run in lockstep
+            num_prefill_tokens, num_prefill_seqs = num_prefill_tokens / dp, num_prefill_seqs / dp
+            prefill_context, prefill_attn = prefill_context / dp, prefill_attn / dp
+            num_decode_seqs, decode_context = num_decode_seqs / dp, decode_context / dp
+        tokens_r = num_prefill_tokens + num_decode_seqs
+        seqs_r = num_prefill_seqs + num_decode_seqs
         floor = self._floor
-        t_lin = self._k_tok * tokens + self._k_seq * seqs + self._w_time
-        if self._w_expert:
-            t_lin += self._w_expert * self.model.expected_experts(tokens)
-        if t_lin < floor:
-            t_lin = floor
+        t_lin = self._linear(tokens_r, seqs_r, tokens)
         k_kv = self._k_kv
         t_attn = self._k_attn * prefill_attn
         t_pkv = k_kv * (prefill_context + num_prefill_tokens)
@@ -208,14 +251,19 @@ class RooflineCostModel:
         if t_attn < floor:
             t_attn = floor
         eff = self.eff
-        t = eff.step_overhead_s + eff.per_seq_overhead_s * seqs + t_lin + t_attn
+        t = eff.step_overhead_s + eff.per_seq_overhead_s * seqs_r + t_lin + t_attn
         if self._comm_fixed:
-            t += self._comm_fixed + self._comm_tok * tokens
+            t += self._comm_fixed + self._comm_tok * tokens_r
+        if self._moe_fixed:
+            t += self._moe_fixed + self._moe_tok * tokens
         return t
 
-    def _decode_kv(self, context: int, n: int) -> float:
-        """K/V read time of n decoding sequences over context tokens (windows applied)."""
+    def _decode_kv(self, context: float, n: float) -> float:
+        """K/V read time of n decoding sequences over context tokens (windows applied; MLA: or its FLOPs)."""
         t = self._k_kv * (context + n)
+        if self._k_dec_flop:
+            f = self._k_dec_flop * (context + n)
+            t = f if f > t else t
         if self._window:
             t += self._k_kv_slide * min(context + n, n * self._window)
         return t
@@ -223,18 +271,18 @@ class RooflineCostModel:
     def decode_step_times(self, num_seqs: int, context: int, max_steps: int, start: float,
                           deadline: float) -> tuple[list[float], list[float]]:
         """step_time of consecutive decode-only steps, bit-identical to step_time's floats."""
+        if self._dp > 1:  # the per-rank split is step_time's; loop it
+            return _loop_step_time(self.step_time, num_seqs, context, max_steps, start, deadline)
         n = num_seqs
         floor = self._floor
-        t_lin = self._k_tok * n + self._k_seq * n + self._w_time
-        if self._w_expert:
-            t_lin += self._w_expert * self.model.expected_experts(n)
-        if t_lin < floor:
-            t_lin = floor
+        t_lin = self._linear(n, n, n)
         eff = self.eff
         base = eff.step_overhead_s + eff.per_seq_overhead_s * n + t_lin
         comm = self._comm_fixed + self._comm_tok * n if self._comm_fixed else 0.0
+        moe = self._moe_fixed + self._moe_tok * n if self._moe_fixed else 0.0
         k_kv = self._k_kv
-        window, decode_kv = self._window, self._decode_kv
+        plain = not self._window and not self._k_dec_flop
+        decode_kv = self._decode_kv
         durations: list[float] = []
         ends: list[float] = []
         add_duration, add_end = durations.append, ends.append
@@ -242,12 +290,14 @@ class RooflineCostModel:
         for _ in range(max_steps):
             if t >= deadline:
                 break
-            t_attn = decode_kv(context, n) if window else k_kv * (context + n)
+            t_attn = k_kv * (context + n) if plain else decode_kv(context, n)
             if t_attn < floor:
                 t_attn = floor
             d = base + t_attn
             if comm:
                 d += comm
+            if moe:
+                d += moe
             t = t + d
             add_duration(d)
             add_end(t)
@@ -256,7 +306,45 @@ class RooflineCostModel:
 
     def max_tokens_per_second(self) -> float:
         """An upper bound on processed tokens per second: linear-layer FLOPs at 100% of peak."""
-        return self.hardware.gemm_peak(self.model.precision) / self._c_lin_tok
+        m = self.model
+        per_tok = self._c_lin_tok + 2.0 * m.num_moe_layers * m.num_experts_per_tok * m.expert_params / self.tp
+        return self.hardware.gemm_peak(m.precision) / per_tok
+
+
+def _moe_exchange(m: ModelSpec, eff: Efficiency, n: int, ep: int, moe_tp: int,
+                  link: float) -> tuple[float, float]:
+    """(fixed, per group token) seconds of the MoE layers' token exchange over n GPUs.
+
+    With experts split (ep > 1) each token is dispatched to the ranks of its top-k experts and
+    combined back, an all-to-all pair: per GPU, its 1/n share of the tokens, to min(k, ep) ranks
+    ((ep - 1)/ep of them remote), times moe_tp slices. With experts replicated over attention DP
+    (ep = 1) the tokens are all-gathered and reduce-scattered instead. 16-bit hidden states.
+    """
+    latency = eff.allreduce_latency_s + eff.allreduce_hop_s * max(0, n - 2)
+    h = m.hidden_size * m.dtype_bytes
+    if ep > 1:
+        per_token = min(m.num_experts_per_tok, ep) * moe_tp * (ep - 1) / ep * h / n
+    else:
+        per_token = (n - 1) / n * h
+    per_layer = 2.0 * per_token / (link * eff.comm)
+    return m.num_moe_layers * 2 * latency, m.num_moe_layers * per_layer
+
+
+def _loop_step_time(step_time, num_seqs: int, context: int, max_steps: int, start: float,
+                    deadline: float) -> tuple[list[float], list[float]]:
+    """Consecutive decode steps priced by step_time itself."""
+    durations: list[float] = []
+    ends: list[float] = []
+    t = start
+    for _ in range(max_steps):
+        if t >= deadline:
+            break
+        d = step_time(0, 0, 0, 0.0, num_seqs, context)
+        t = t + d
+        durations.append(d)
+        ends.append(t)
+        context += num_seqs
+    return durations, ends
 
 
 @dataclass(slots=True)
@@ -283,19 +371,19 @@ class WorkTotals:
         lin = 2.0 * (m.num_layers * m.active_params_per_layer * tokens
                      + m.vocab_size * m.hidden_size * seqs)
         pairs = self.prefill_attn + self.decode_context + self.num_decode_seqs
-        return lin + 4.0 * m.num_layers * m.num_heads * m.head_dim * pairs
+        return lin + 2.0 * m.num_layers * m.num_heads * (m.qk_head_dim + m.v_dim) * pairs
 
     def bytes_moved(self, model: ModelSpec) -> float:
         """HBM bytes (all GPUs together): weights once per step plus K/V read and written."""
         m = model
         tokens = self.num_prefill_tokens + self.num_decode_seqs
-        wb = m.precision.weight_bytes
-        per_layer = m.params_per_layer
+        p = m.precision
+        routed = m.routed_params
         if m.is_moe:  # the experts a step of the run's mean size touches
             mean = tokens / self.num_steps if self.num_steps else 0.0
-            per_layer = (m.attn_params_per_layer + m.dense_mlp_params_per_layer
-                         + m.expected_experts(mean) * m.expert_params)
-        weights = m.num_layers * per_layer * wb + m.vocab_size * m.hidden_size * m.dtype_bytes
+            routed = m.num_moe_layers * m.expected_experts(mean) * m.expert_params
+        weights = (m.always_params * p.weight_bytes + routed * p.expert_weight_bytes
+                   + m.vocab_size * m.hidden_size * m.dtype_bytes)
         kv = m.kv_bytes_per_token * (self.prefill_context + tokens + self.decode_context)
         return weights * self.num_steps + kv
 

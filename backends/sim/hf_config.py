@@ -2,7 +2,8 @@
 
 Read as plain JSON, not transformers' config classes: those fill missing fields with library
 defaults, and a plan built on a value the user never wrote is silently wrong. Families: Llama,
-Mistral, Qwen2/2.5/3(-MoE), Gemma 3, Mixtral; DeepSeek-style MoE and MLA are refused.
+Mistral, Qwen2/2.5/3(-MoE), Gemma 3, Mixtral, gpt-oss, MiniMax-M2, DeepSeek-V3/R1 and Kimi-K2 (MLA,
+leading dense layers, shared experts). Linear-attention hybrids are refused.
 """
 
 from __future__ import annotations
@@ -66,11 +67,13 @@ def model_from_hf_dict(data: dict[str, Any], name: str, file: str | None = None,
             raise bad(key, f"{v!r} must be >= {minimum}")
         return v
 
-    # Shapes this spec cannot hold would be priced as a plain dense model: refuse them.
-    for key, what in (("n_routed_experts", "DeepSeek-style MoE (first layers dense, MLA attention)"),
-                      ("kv_lora_rank", "multi-head latent attention (MLA)")):
-        if data.get(key):
-            raise bad(key, f"{what} is not modelled by the simulator's model spec")
+    # Shapes this spec cannot hold would be priced as a plain full-attention model: refuse them.
+    types = data.get("layer_types")
+    if isinstance(types, list):
+        odd = sorted({str(t) for t in types} - {"full_attention", "sliding_attention"})
+        if odd:
+            raise bad("layer_types", f"layer type(s) {', '.join(odd)} are not modelled by the simulator "
+                      "(full_attention and sliding_attention are)")
     layers = integer("num_hidden_layers")
     hidden = integer("hidden_size")
     heads = integer("num_attention_heads")
@@ -87,7 +90,8 @@ def model_from_hf_dict(data: dict[str, Any], name: str, file: str | None = None,
         head_dim = hidden // heads
 
     experts = integer("num_local_experts", required=False, minimum=0) or \
-        integer("num_experts", required=False, minimum=0) or 0
+        integer("num_experts", required=False, minimum=0) or \
+        integer("n_routed_experts", required=False, minimum=0) or 0
     per_tok = shared = moe_inter = 0
     inter = integer("intermediate_size", required=not experts)
     if experts:
@@ -105,6 +109,10 @@ def model_from_hf_dict(data: dict[str, Any], name: str, file: str | None = None,
         if shared_size:
             shared = max(shared, math.ceil(shared_size / moe_inter))
         inter = inter or moe_inter
+    dense_layers = integer("first_k_dense_replace", 0, minimum=0) if experts else 0
+    if dense_layers > layers:
+        raise bad("first_k_dense_replace", f"{dense_layers} dense layers is more than num_hidden_layers={layers}")
+    mla = _mla(integer) if data.get("kv_lora_rank") else {}
 
     window, sliding_layers = _sliding(data, layers, bad)
     tie = data.get("tie_word_embeddings")
@@ -115,7 +123,15 @@ def model_from_hf_dict(data: dict[str, Any], name: str, file: str | None = None,
     return ModelSpec(name, layers, hidden, inter, heads, kv_heads, head_dim, vocab, max_pos,
                      tie_word_embeddings=tie, num_experts=experts, num_experts_per_tok=per_tok,
                      num_shared_experts=shared, moe_intermediate_size=moe_inter,
-                     sliding_window=window, num_sliding_layers=sliding_layers)
+                     sliding_window=window, num_sliding_layers=sliding_layers,
+                     num_dense_layers=dense_layers, **mla)
+
+
+def _mla(integer: Callable[..., int | None]) -> dict[str, int]:
+    """Multi-head latent attention's ranks and head widths (DeepSeek-V2/V3, Kimi-K2)."""
+    return {"kv_lora_rank": integer("kv_lora_rank"), "q_lora_rank": integer("q_lora_rank", 0, minimum=0),
+            "qk_rope_head_dim": integer("qk_rope_head_dim"), "qk_nope_head_dim": integer("qk_nope_head_dim"),
+            "v_head_dim": integer("v_head_dim")}
 
 
 def _sliding(data: dict[str, Any], layers: int, bad: Callable[[str, str], Exception]

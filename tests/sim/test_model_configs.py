@@ -67,7 +67,9 @@ def test_a_folder_and_a_file_give_the_same_spec(tmp_path) -> None:
     (lambda c: c.update(num_experts_per_tok=9), "num_experts_per_tok", "more than the 8"),
     (lambda c: c.update(num_key_value_heads=5), "num_key_value_heads", "does not divide"),
     (lambda c: c.update(vocab_size="big"), "vocab_size", "not an integer"),
-    (lambda c: c.update(n_routed_experts=256), "n_routed_experts", "not modelled"),
+    (lambda c: c.update(layer_types=["linear_attention"] * 32), "layer_types", "not modelled"),
+    (lambda c: c.update(first_k_dense_replace=33), "first_k_dense_replace", "more than num_hidden_layers"),
+    (lambda c: c.update(kv_lora_rank=512), "qk_rope_head_dim", "missing"),
 ])
 def test_bad_config_names_file_line_and_field(tmp_path, edit, field: str, message: str) -> None:
     cfg = json.loads((MODELS_DIR / "Mixtral-8x7B.json").read_text())
