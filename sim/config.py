@@ -18,7 +18,7 @@ from typing import Any
 from twinserve.backends.sim.engine_profile import ENGINE_PROFILES
 from twinserve.backends.sim.precision import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS
 from twinserve.core.errors import InvalidConfigError
-from twinserve.core.knobs import KnobError, check_value, knob_of
+from twinserve.core.knobs import KnobError, check_value, knob, knob_of
 from twinserve.core.routing import ROUTER_NAMES, RouterConfig, router_option_fields
 from twinserve.core.sched.config import SCHEDULER_CHOICES, SchedulerConfig
 
@@ -36,34 +36,60 @@ else:  # pragma: no cover
 class EngineConfig:
     """Model, hardware, parallelism, memory and cost model of the simulated engine."""
 
-    model: str = "Llama-3-8B"    # a catalog name, a config.json path or an HF folder
-    hardware: str = "H100-SXM"
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.9
-    num_gpu_blocks: int = 0      # 0: derive from memory
-    activation_reserve_gib: float = -1.0  # -1: estimate
-    cost_model: str = "roofline"  # roofline | fitted | aic (measured kernels, the [aic] extra)
-    profile: str = ""            # 'fitted': a JSON path or builtin:NAME
-    aic_backend: str = "vllm"    # 'aic': whose kernel timings price the steps (vllm, sglang, trtllm)
-    aic_version: str = ""        # 'aic': the backend's database version; '' = aic's current one
-    cpu_overhead_scale: float = 1.0  # 'fitted': 0.5 = engine CPU work twice as fast
-    allow_profile_mismatch: bool = False
+    model: str = knob("Llama-3-8B",
+                      help="a catalog name, a config.json path, an HF folder or a [model] table's name")
+    hardware: str = knob("H100-SXM", help="a GPU of the hardware catalog or a [hardware] table's name")
+    tensor_parallel_size: int = knob(1, help="tensor-parallel ranks per replica", unit="GPUs",
+                                     range=(1, 4096))
+    gpu_memory_utilization: float = knob(0.9, help="share of GPU memory the engine may take",
+                                         range=(0.0, 1.0), open="lo")
+    num_gpu_blocks: int = knob(0,
+                               help="KV blocks in the pool (every block is an object of the simulated pool)",
+                               unit="blocks", range=(1, 2 ** 21), special={0: "derived from memory"})
+    activation_reserve_gib: float = knob(-1.0, help="memory kept for activations", unit="GiB",
+                                         range=(0.0, 1e6), special={-1: "estimated"})
+    cost_model: str = knob("roofline",
+                           help="how a step is priced: roofline, a fitted profile, or aic (measured kernels, "
+                                "the [aic] extra)",
+                           choices=("roofline", "fitted", "aic"))
+    profile: str = knob("", help="cost_model fitted: a profile JSON path or builtin:NAME")
+    aic_backend: str = knob("vllm", help="cost_model aic: whose kernel timings price the steps",
+                            choices=("vllm", "sglang", "trtllm"))
+    aic_version: str = knob("", help="cost_model aic: the backend's database version",
+                            special={"": "aic's current one"})
+    cpu_overhead_scale: float = knob(1.0,
+                                     help="cost_model fitted: scale of the engine's CPU work (0.5 = twice "
+                                          "as fast)",
+                                     range=(0.0, None))
+    allow_profile_mismatch: bool = knob(False,
+                                        help="cost_model fitted: run a profile measured on another model or GPU")
     # -1 takes the GPU's own value from the catalog (backends/sim/catalog.py).
-    eff_gemm: float = -1.0
-    eff_attention: float = -1.0
-    eff_memory: float = -1.0
-    eff_comm: float = -1.0
-    allreduce_latency_s: float = -1.0
-    allreduce_hop_s: float = -1.0
-    layer_floor_s: float = -1.0
+    eff_gemm: float = knob(-1.0, help="share of peak FLOPs that GEMMs reach", range=(0.0, 1.0), open="lo",
+                           special={-1: "the GPU catalog's value"})
+    eff_attention: float = knob(-1.0, help="share of peak FLOPs that attention reaches", range=(0.0, 1.0),
+                                open="lo", special={-1: "the GPU catalog's value"})
+    eff_memory: float = knob(-1.0, help="share of peak memory bandwidth reached", range=(0.0, 1.0), open="lo",
+                             special={-1: "the GPU catalog's value"})
+    eff_comm: float = knob(-1.0, help="share of peak interconnect bandwidth reached", range=(0.0, 1.0),
+                           open="lo", special={-1: "the GPU catalog's value"})
+    allreduce_latency_s: float = knob(-1.0, help="fixed latency of one all-reduce", unit="seconds",
+                                      range=(0.0, 1.0), special={-1: "the GPU catalog's value"})
+    allreduce_hop_s: float = knob(-1.0, help="latency per ring hop of an all-reduce", unit="seconds",
+                                  range=(0.0, 1.0), special={-1: "the GPU catalog's value"})
+    layer_floor_s: float = knob(-1.0, help="least time one layer takes", unit="seconds", range=(0.0, 1.0),
+                                special={-1: "the GPU catalog's value"})
     # Host cost per step and per sequence: -1 takes engine_profile's (backends/sim/engine_profile.py).
-    engine_profile: str = "eager_python"
-    step_overhead_s: float = -1.0
-    per_seq_overhead_s: float = -1.0
+    engine_profile: str = knob("eager_python", help="host costs per step and per sequence",
+                               choices=tuple(ENGINE_PROFILES))
+    step_overhead_s: float = knob(-1.0, help="host time per step", unit="seconds", range=(0.0, 1.0),
+                                  special={-1: "engine_profile's"})
+    per_seq_overhead_s: float = knob(-1.0, help="host time per sequence of a step", unit="seconds",
+                                     range=(0.0, 1.0), special={-1: "engine_profile's"})
     # Precision, with vLLM's names (backends/sim/precision.py).
-    dtype: str = "bfloat16"
-    quantization: str = "none"
-    kv_cache_dtype: str = "auto"
+    dtype: str = knob("bfloat16", help="weights' and activations' dtype", choices=DTYPES)
+    quantization: str = knob("none", help="weight quantization", choices=QUANTIZATIONS)
+    kv_cache_dtype: str = knob("auto", help="KV cache dtype (auto: the model's dtype)",
+                               choices=KV_CACHE_DTYPES)
 
 
 def _scheduler_to_core(self: Any, num_blocks: int) -> SchedulerConfig:
@@ -89,37 +115,50 @@ SchedulerSection.__module__ = __name__  # so sweeps can pickle it into worker pr
 class SLOConfig:
     """Latency targets for goodput."""
 
-    ttft_s: float = 2.0
-    tpot_s: float = 0.1
+    ttft_s: float = knob(2.0, help="time-to-first-token target for goodput", unit="seconds",
+                         range=(1e-6, 1e5))
+    tpot_s: float = knob(0.1, help="time-per-output-token target for goodput", unit="seconds",
+                         range=(1e-6, 1e5))
 
 
 @dataclass(slots=True)
 class SearchConfig:
     """`simulate search`: rate bracketing and the prices that rank configurations."""
 
-    start_rate: float = 1.0      # first rate tried (req/s); the bracket grows or shrinks from it
-    min_rate: float = 0.01       # below this, a configuration is reported as meeting no rate
-    max_rate: float = 1000.0     # above this, the search stops and reports the cap
-    tolerance: float = 0.02      # stop when (hi - lo) / hi is within this
-    target_rate: float = 0.0     # req/s to provision for (0 = just rank by cost per token)
+    start_rate: float = knob(1.0, help="first rate tried; the bracket grows or shrinks from it",
+                             unit="requests/s", range=(1e-4, 1e6))
+    min_rate: float = knob(0.01, help="below this, a configuration is reported as meeting no rate",
+                           unit="requests/s", range=(1e-4, 1e6))
+    max_rate: float = knob(1000.0, help="above this, the search stops and reports the cap", unit="requests/s",
+                           range=(1e-4, 1e6))
+    tolerance: float = knob(0.02, help="stop when (hi - lo) / hi is within this", range=(0.0, None),
+                            open="lo")
+    target_rate: float = knob(0.0, help="rate to provision for", unit="requests/s", range=(0.0, None),
+                              special={0: "rank by cost per token"})
     # USD per GPU-hour by hardware name; a GPU not listed takes the catalog's price.
-    prices: dict[str, float] = field(default_factory=dict)
+    prices: dict[str, float] = knob(default_factory=dict,
+                                    help="USD per GPU-hour by hardware name (a GPU not listed: the "
+                                         "catalog's price)",
+                                    flag=False)
     # Axes searched when --grid gives none, e.g. { hardware = ["A100-80GB", "H100-SXM"] }.
-    grid: dict[str, list] = field(default_factory=dict)
+    grid: dict[str, list] = knob(default_factory=dict, help="axes searched when --grid gives none",
+                                 flag=False)
     # Requests per run (0 = [workload] num_requests), doubled until the answer moves less than
     # `convergence` (sim/convergence.py; default chosen in docs/capacity.md).
-    requests_per_run: int = 2000
-    convergence: float = 0.05
-    max_requests_per_run: int = 16000
+    requests_per_run: int = knob(2000, help="requests per run, doubled until the answer converges",
+                                 range=(0, None), special={0: "[workload] num_requests"})
+    convergence: float = knob(0.05, help="stop doubling when the answer moves less than this",
+                              range=(0.0, None), open="lo")
+    max_requests_per_run: int = knob(16000, help="most requests per run while doubling", range=(1, None))
 
 
 @dataclass(slots=True)
 class RunConfig:
     """Seed, stepping mode and a name for the outputs."""
 
-    seed: int = 0
-    fast_forward: bool = True
-    name: str = "study"
+    seed: int = knob(0, help="seed of every random stream of the study", range=(0, None))
+    fast_forward: bool = knob(True, help="jump over steps whose outcome is known (the results are the same)")
+    name: str = knob("study", help="a name for the outputs")
 
 
 ROUTERS = ROUTER_NAMES  # the core's registry (twinserve.core.routing.ROUTERS)
@@ -129,15 +168,19 @@ ROUTERS = ROUTER_NAMES  # the core's registry (twinserve.core.routing.ROUTERS)
 class _ClusterBase:
     """Replicas behind a router; one replica (the default) is the single-engine simulator."""
 
-    num_replicas: int = 1
+    num_replicas: int = knob(1, help="engine replicas behind the router", unit="replicas", range=(1, 1024))
     router: str = field(default=RouterConfig.__dataclass_fields__["router"].default,
                         metadata=RouterConfig.__dataclass_fields__["router"].metadata)
     # Per-replica [engine]/[scheduler] overrides, e.g. [{hardware = "H100-SXM"}]; entry i is replica i.
-    replicas: list = field(default_factory=list)
+    replicas: list = knob(default_factory=list,
+                          help="per-replica [engine]/[scheduler] overrides; entry i is replica i", flag=False)
     # Disaggregation: the first num_prefill_replicas only prefill (0 = colocated).
-    num_prefill_replicas: int = 0
-    kv_link_bandwidth: float = 0.0   # bytes/s; 0 = the hardware catalog's interconnect
-    kv_link_latency_s: float = 20e-6
+    num_prefill_replicas: int = knob(0, help="disaggregation: the first N replicas only prefill",
+                                     range=(0, None), special={0: "colocated"})
+    kv_link_bandwidth: float = knob(0.0, help="disaggregation: KV transfer bandwidth", unit="bytes/s",
+                                    range=(1e6, 1e15), special={0: "the hardware catalog's interconnect"})
+    kv_link_latency_s: float = knob(20e-6, help="disaggregation: KV transfer latency", unit="seconds",
+                                    range=(0.0, 60.0))
 
 
 def _router_config(self: Any) -> RouterConfig:
@@ -186,54 +229,8 @@ SECTIONS: dict[str, type] = {"engine": EngineConfig, "scheduler": SchedulerSecti
                              "cluster": ClusterConfig, "search": SearchConfig,
                              "speculative": SpeculativeSection}
 
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "workload.arrival": ARRIVALS, "workload.prompt_dist": LENGTH_DISTS,
-    "workload.output_dist": LENGTH_DISTS, "workload.on_overlong": ("clip", "drop", "fail"),
-    "engine.cost_model": ("roofline", "fitted", "aic"),
-    "engine.aic_backend": ("vllm", "sglang", "trtllm"),
-    "engine.dtype": DTYPES, "engine.quantization": QUANTIZATIONS,
-    "engine.kv_cache_dtype": KV_CACHE_DTYPES, "engine.engine_profile": tuple(ENGINE_PROFILES),
-}
-_POSITIVE = {"workload.rate", "workload.burstiness", "workload.time_scale",
-             "engine.tensor_parallel_size", "workload.vocab_size", "workload.prompt_mean",
-             "workload.output_mean", "workload.prompt_min", "workload.output_min", "workload.turns",
-             "workload.followup_tokens", "slo.ttft_s", "slo.tpot_s", "cluster.num_replicas",
-             "search.start_rate", "search.min_rate", "search.max_rate",
-             "search.tolerance", "search.convergence", "search.max_requests_per_run"}
-_NON_NEGATIVE = {"engine.cpu_overhead_scale", "workload.num_system_prompts", "workload.system_prompt_len",
-                 "workload.system_prompt_zipf", "workload.think_time", "engine.num_gpu_blocks",
-                 "workload.think_time_s", "workload.warmup_requests",
-                 "workload.prompt_std", "workload.output_std", "engine.allreduce_latency_s", "engine.allreduce_hop_s",
-                 "engine.layer_floor_s", "engine.step_overhead_s", "engine.per_seq_overhead_s",
-                 "cluster.num_prefill_replicas", "cluster.kv_link_bandwidth",
-                 "cluster.kv_link_latency_s", "search.target_rate", "run.seed", "search.requests_per_run"}
-_MAX_BLOCKS = 2 ** 21
-# field -> (low, high, unit): keeps every simulated time finite and plottable, and runs bounded.
-_RANGE: dict[str, tuple[float, float, str]] = {
-    "workload.rate": (1e-4, 1e6, "requests/s"), "search.start_rate": (1e-4, 1e6, "requests/s"),
-    "search.min_rate": (1e-4, 1e6, "requests/s"), "search.max_rate": (1e-4, 1e6, "requests/s"),
-    "workload.burstiness": (1e-3, 1e3, "(gamma shape)"), "workload.time_scale": (1e-6, 1e4, "x"),
-    "workload.think_time": (0.0, 1e5, "seconds"), "workload.think_time_s": (0.0, 1e5, "seconds"),
-    "workload.concurrency": (0, 1_000_000, "clients (0 = open loop)"),
-    "workload.warmup_requests": (0, 10_000_000, "requests"), "slo.ttft_s": (1e-6, 1e5, "seconds"),
-    "slo.tpot_s": (1e-6, 1e5, "seconds"), "cluster.kv_link_bandwidth": (1e6, 1e15, "bytes/s"),
-    "cluster.kv_link_latency_s": (0.0, 60.0, "seconds"), "engine.step_overhead_s": (0.0, 1.0, "seconds"),
-    "engine.per_seq_overhead_s": (0.0, 1.0, "seconds"), "engine.allreduce_latency_s": (0.0, 1.0, "seconds"),
-    "engine.allreduce_hop_s": (0.0, 1.0, "seconds"), "engine.layer_floor_s": (0.0, 1.0, "seconds"),
-    # Every replica is an engine with its own KV pool and SimPy process (docs/cluster.md).
-    "cluster.num_replicas": (1, 1024, "replicas"),
-}
 # Tables that define a spec rather than set fields: a model's config keys, a GPU's figures.
 SPEC_TABLES = ("model", "hardware")
-# Cost-model knobs where -1 (the default) takes the GPU catalog's value.
-_CATALOG_DEFAULT = {"engine.eff_gemm", "engine.eff_attention", "engine.eff_memory", "engine.eff_comm",
-                    "engine.allreduce_latency_s", "engine.allreduce_hop_s", "engine.layer_floor_s",
-                    "engine.step_overhead_s", "engine.per_seq_overhead_s"}
-# Fractions in (0, 1].
-_FRACTION = {"engine.gpu_memory_utilization", "engine.eff_gemm", "engine.eff_attention",
-             "engine.eff_memory", "engine.eff_comm"}
-
-
 def source_text(cfg: "StudyConfig") -> str:
     """The study file's text, or "" when the config came from no readable file."""
     if cfg.source:
@@ -388,41 +385,6 @@ def coerce(dotted: str, value: Any, file: str | None = None, line: int | None = 
             value = check_value(name, value, knob_field)
         except KnobError as e:
             raise bad(f"{value!r} is invalid: allowed {e.allowed}") from None
-    if dotted in _CHOICES and value not in _CHOICES[dotted]:
-        raise bad(f"{value!r} is not one of {', '.join(_CHOICES[dotted])}")
-    if dotted in _POSITIVE and value <= 0:
-        raise bad(f"{value!r} must be > 0")
-    if dotted in _CATALOG_DEFAULT and value == -1:
-        return value  # -1: the GPU's own value from the catalog (backends/sim/catalog.py)
-    if dotted in _NON_NEGATIVE and value < 0:
-        raise bad(f"{value!r} must be >= 0" + (", or -1 for the GPU catalog's value"
-                                               if dotted in _CATALOG_DEFAULT else ""))
-    if dotted in _FRACTION and not 0 < value <= 1:
-        raise bad(f"{value!r} must be in (0, 1]" + (", or -1 for the GPU catalog's value"
-                                                   if dotted in _CATALOG_DEFAULT else ""))
-    if dotted in _RANGE and not (dotted == "cluster.kv_link_bandwidth" and value == 0):
-        lo, hi, unit = _RANGE[dotted]
-        if not lo <= value <= hi:
-            raise bad(f"{value!r} is outside [{lo:g}, {hi:g}] {unit}"
-                      + (", or 0 for the hardware catalog's interconnect"
-                         if dotted == "cluster.kv_link_bandwidth" else ""))
-    if dotted == "engine.activation_reserve_gib" and value < 0 and value != -1:
-        raise bad(f"{value!r} must be >= 0, or -1 to estimate it")
-    if dotted == "workload.num_requests" and value < 1:
-        raise bad(f"{value!r} must be >= 1")
-    if dotted == "workload.random_range_ratio" and not 0.0 <= value < 1.0:
-        raise bad(f"{value!r} must be in [0, 1) (lengths uniform in [L(1-r), L(1+r)], as "
-                  "vllm bench serve --random-range-ratio)")
-    if dotted in ("workload.prompt_mean", "workload.output_mean") and not 1 <= value <= 1e9:
-        raise bad(f"{value!r} must be a number of tokens in [1, 1e9]")
-    if dotted in ("workload.prompt_std", "workload.output_std") and value > 1e9:
-        raise bad(f"{value!r} must be at most 1e9 tokens")
-    if dotted == "engine.num_gpu_blocks" and value > _MAX_BLOCKS:
-        raise bad(f"{value!r} must be at most {_MAX_BLOCKS} (every block is an object of the simulated pool)")
-    if dotted == "workload.vocab_size" and value < 3:
-        raise bad(f"{value!r} must be >= 3 (ids 0 and 1 are reserved)")
-    if dotted == "workload.num_system_prompts" and value > 1_000_000:
-        raise bad(f"{value!r} must be at most 1000000")
     if section == "speculative":
         return coerce_speculative(name, value, bad)
     return value
