@@ -231,6 +231,13 @@ SECTIONS: dict[str, type] = {"engine": EngineConfig, "scheduler": SchedulerSecti
 
 # Tables that define a spec rather than set fields: a model's config keys, a GPU's figures.
 SPEC_TABLES = ("model", "hardware")
+def section_table(section: str) -> str:
+    """The Markdown knob table of one study table (core.knob_gen)."""
+    from twinserve.core.knob_gen import knob_table
+
+    return knob_table(SECTIONS[section])
+
+
 def source_text(cfg: "StudyConfig") -> str:
     """The study file's text, or "" when the config came from no readable file."""
     if cfg.source:

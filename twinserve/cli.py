@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any, Sequence
 
+from twinserve.backends.real.serving.flags import add_model_arg
 from twinserve.commands import _SUBCOMMANDS, add_engine_args, engine_args_from, subcommand
 from twinserve.twin import cli as _twin_cli  # noqa: F401  (registers calibrate, fidelity)
 
@@ -14,15 +15,15 @@ from twinserve.twin import cli as _twin_cli  # noqa: F401  (registers calibrate,
 @subcommand("generate", "generate text for one or more prompts with the real engine")
 def _generate_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompts", nargs="+", help="prompt text (several prompts run as one batch)")
-    p.add_argument("--model", default="smollm2", help="HF folder, .gguf file or short name")
+    add_model_arg(p)
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                    help="wrap each prompt as a user message through the chat template")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--sampling-seed", type=int, default=None)
-    p.add_argument("--stop", action="append", default=[])
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per prompt at most")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep this much probability mass")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = all)")
+    p.add_argument("--sampling-seed", type=int, default=None, help="seed of sampling (default: none)")
+    p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     add_engine_args(p)
@@ -39,7 +40,7 @@ def _generate(ns: argparse.Namespace) -> int:
         torch.set_num_threads(ns.threads)
     from twinserve.backends.real.engine import LLMEngine
 
-    llm = LLM.from_engine(LLMEngine(engine_args_from(ns, ns.model)))
+    llm = LLM.from_engine(LLMEngine(engine_args_from(ns)))
     sp = SamplingParams(max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p,
                         top_k=ns.top_k, seed=ns.sampling_seed, stop=ns.stop)
     if ns.chat:
@@ -71,7 +72,8 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
 def _serve(ns: argparse.Namespace) -> int:
     from twinserve.backends.real.serving.launch import serve
 
-    return serve(ns, engine_args_from(ns, ns.model))
+    args = engine_args_from(ns)  # sets ns.model from the positional or --model
+    return serve(ns, args)
 
 
 @subcommand("bench", "benchmark a running server over HTTP (like `vllm bench serve`)")

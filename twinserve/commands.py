@@ -34,11 +34,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     add_knob_flags(parser.add_argument_group("engine"), EngineArgs)
 
 
-def engine_args_from(ns: argparse.Namespace, model: str) -> Any:
-    """EngineArgs from parsed flags."""
+def engine_args_from(ns: argparse.Namespace, model: str | None = None) -> Any:
+    """EngineArgs from parsed flags (the model from the command line unless given)."""
     from twinserve.backends.real.config import EngineArgs
+    from twinserve.backends.real.serving.flags import model_of
 
+    model = model_of(ns) if model is None else model
     return EngineArgs(model=model, **{f.name: getattr(ns, f.name) for f in fields(EngineArgs)
                                       if f.name != "model" and hasattr(ns, f.name)})
+
 
 
