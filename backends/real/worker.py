@@ -15,6 +15,7 @@ from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
 from twinserve.core.structured_output import StructuredOutputSpec
 from twinserve.backends.real.attention import get_attention_backend
 from twinserve.backends.real.config import EngineArgs
+from twinserve.backends.real.core_client import kv_sliding_window
 from twinserve.backends.real.cuda_graphs import DecodeGraphs
 from twinserve.backends.real.model_runner import ModelRunner, StepShape
 from twinserve.backends.real.models.architectures import CausalLM
@@ -94,8 +95,6 @@ class Worker:
 
     def _load_draft(self, spec: SpeculativeConfig, small_rows: int) -> CausalLM:
         """The draft model, through the same registry and loaders as the target, checked against it."""
-        from twinserve.backends.real.core_build import kv_sliding_window
-
         source, _ = resolve_draft_model(spec.model, self.model.config, self.max_model_len,
                                         kv_sliding_window(self.model.config))
         loader = load_gguf if source.is_gguf else load_hf_folder
