@@ -233,9 +233,18 @@ def check_value(name: str, value: Any, f: dataclasses.Field, where: str | None =
 
 
 def check_fields(obj: Any, where: Callable[[str], str | None] = lambda name: None,
-                 skip: Iterable[str] = ()) -> None:
-    """check_value for every knob field of a dataclass instance (values set in code included)."""
+                 skip: Iterable[str] = (), prefix: str = "") -> None:
+    """check_value for every knob field of a dataclass instance (values set in code included).
+
+    prefix names the fields in errors as part of a larger setting ('speculative_config.').
+    """
     skipped = set(skip)
     for f in dataclasses.fields(obj):
         if f.name not in skipped and knob_of(f) is not None:
-            setattr(obj, f.name, check_value(f.name, getattr(obj, f.name), f, where(f.name)))
+            setattr(obj, f.name, check_value(prefix + f.name, getattr(obj, f.name), f, where(f.name)))
+
+
+def same_knob(cls: type, name: str, default: Any = MISSING) -> Any:
+    """A field declared as cls's field `name` is (its knob and default), for a section that mirrors it."""
+    f = cls.__dataclass_fields__[name]
+    return dataclasses.field(default=f.default if default is MISSING else default, metadata=f.metadata)

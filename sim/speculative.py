@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from twinserve.core.knobs import knob
+from twinserve.core.knobs import knob, same_knob
 from twinserve.core.spec_decode import MAX_SPECULATIVE_TOKENS, SPEC_METHODS, SpeculativeConfig
 
 from twinserve.sim.errors import ConfigError
@@ -35,8 +35,7 @@ class SpeculativeSection:
     method: str = knob("", help="how drafts are proposed", choices=SPEC_METHODS, special={"": "off"})
     # Not "model": a bare `model` in sweeps and replica overrides means [engine] model.
     draft_model: str = knob("", help="method draft_model: the draft, named as [engine] model is")
-    num_speculative_tokens: int = knob(4, help="draft tokens per step", unit="tokens",
-                                       range=(1, MAX_SPECULATIVE_TOKENS))
+    num_speculative_tokens: int = same_knob(SpeculativeConfig, "num_speculative_tokens")
     acceptance_rates: list = knob(default_factory=list,
                                   help="P(position i accepted | all before it were); positions past "
                                        "the list take its last rate",
@@ -44,8 +43,7 @@ class SpeculativeSection:
     acceptance_from: str = knob("", help="a real run's step log to take the acceptance rates from")
     acceptance_spread: float = knob(0.0, help="per-request lognormal sigma on the acceptance rates",
                                     range=(0.0, None))
-    disable_by_batch_size: int = knob(0, help="no drafts while this many requests run", range=(0, None),
-                                      special={0: "never off"})
+    disable_by_batch_size: int = same_knob(SpeculativeConfig, "disable_by_batch_size")
 
     @property
     def enabled(self) -> bool:

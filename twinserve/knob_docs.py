@@ -17,6 +17,7 @@ def knobs_markdown() -> str:
     """The whole page."""
     from twinserve.backends.real.config import EngineArgs
     from twinserve.core.routing import ROUTERS, RouterConfig
+    from twinserve.core.spec_decode import SpeculativeConfig
     from twinserve.sim.config import SECTIONS
 
     parts = [HEADER,
@@ -24,6 +25,9 @@ def knobs_markdown() -> str:
              "`--name-with-dashes` (booleans as `--x`/`--no-x`); `LLM(...)` and `EngineArgs` take it by "
              "name. The scheduler's knobs come from `SchedulerConfig`.\n",
              knob_table(EngineArgs),
+             "### `speculative_config`\n\nvLLM's dict (or its JSON text in `--speculative-config`), parsed once "
+             "into a `SpeculativeConfig`; the study's `[speculative]` table shares its fields' declarations.\n",
+             knob_table(SpeculativeConfig),
              "## Routers\n\n`[cluster] router` in a study, `twinserve route --router`.\n",
              knob_table(RouterConfig)]
     for name, entry in ROUTERS.items():

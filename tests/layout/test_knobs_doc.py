@@ -13,6 +13,7 @@ from twinserve.backends.real.config import EngineArgs
 from twinserve.cli import build_parser
 from twinserve.core.knobs import knob_of
 from twinserve.core.routing import ROUTERS, RouterConfig
+from twinserve.core.spec_decode import SpeculativeConfig
 from twinserve.knob_docs import knobs_markdown
 from twinserve.sim.cli import build_parser as simulate_parser
 from twinserve.sim.config import SECTIONS
@@ -48,7 +49,7 @@ def test_a_flag_without_help_is_found() -> None:
     assert bare_flags(p, "x") == ["x go --bare"]
 
 
-@pytest.mark.parametrize("cls", [EngineArgs, RouterConfig, *SECTIONS.values(),
+@pytest.mark.parametrize("cls", [EngineArgs, RouterConfig, SpeculativeConfig, *SECTIONS.values(),
                                  *(e.options for e in ROUTERS.values() if e.options is not None)],
                          ids=lambda c: c.__name__)
 def test_every_setting_is_declared_with_its_knob(cls: type) -> None:
