@@ -13,6 +13,7 @@ import pandas as pd
 
 from twinserve.core.errors import InvalidConfigError
 from twinserve.sim.build import BUILTIN_TRACES
+from twinserve.sim.clients import closed_loop_line
 from twinserve.sim.config import SLOConfig
 from twinserve.sim.metrics import requests_frame, steps_frame, summarize
 from twinserve.sim.report import write_table
@@ -31,6 +32,7 @@ def workload_config(ns: argparse.Namespace, vocab_size: int) -> WorkloadConfig:
     arrival = "all_at_once" if math.isinf(rate) else ("poisson" if ns.burstiness == 1.0 else "gamma")
     cfg = WorkloadConfig(num_requests=ns.num_prompts, arrival=arrival, rate=rate if not math.isinf(rate) else 1.0,
                          burstiness=ns.burstiness, vocab_size=vocab_size, output_min=1, prompt_min=1)
+    closed_loop_flags(ns, cfg)
     r = ns.random_range_ratio
     if not 0.0 <= r < 1.0:
         raise InvalidConfigError("random_range_ratio", r, "a number in [0, 1)")
@@ -56,6 +58,25 @@ def workload_config(ns: argparse.Namespace, vocab_size: int) -> WorkloadConfig:
     return cfg
 
 
+def closed_loop_flags(ns: argparse.Namespace, cfg: WorkloadConfig) -> None:
+    """--max-concurrency N with --request-rate inf: N closed-loop clients, as `vllm bench serve` runs
+    them (and the simulator's [workload] concurrency); --think-time-s and --warmup-requests need them."""
+    think, warm, n = ns.think_time_s, ns.warmup_requests, ns.max_concurrency
+    if n is not None and n < 1:
+        raise InvalidConfigError("max_concurrency", n, "an integer >= 1")
+    if think < 0 or not math.isfinite(think):
+        raise InvalidConfigError("think_time_s", think, "seconds >= 0")
+    if warm < 0:
+        raise InvalidConfigError("warmup_requests", warm, "an integer >= 0")
+    if n is not None and math.isinf(ns.request_rate):
+        cfg.concurrency, cfg.think_time_s, cfg.warmup_requests = n, think, warm
+        cfg.arrival = "poisson"  # unused: clients send when they are free
+    elif think or warm:
+        raise InvalidConfigError("think_time_s" if think else "warmup_requests", think or warm,
+                                 "closed-loop clients: --max-concurrency N with --request-rate inf "
+                                 "(the default)")
+
+
 def parse_goodput(specs: list[str]) -> SLOConfig:
     """SLOs from 'ttft:MS tpot:MS' (the simulator's defaults for what is not given)."""
     slo = SLOConfig()
@@ -78,7 +99,8 @@ def summarize_run(run: BenchRun, slo: SLOConfig) -> tuple[pd.DataFrame, dict[str
     summary["failed"] = int(summary["num_requests"] - summary["completed"])
     summary["max_concurrency"] = run.max_concurrency
     summary["peak_in_flight"] = run.peak_in_flight
-    done = req[req["finish_s"].notna()] if not req.empty else req
+    measured = req[~req["warmup"].astype(bool)] if "warmup" in req.columns else req
+    done = measured[measured["finish_s"].notna()] if not measured.empty else measured
     summary["total_input_tokens"] = int(done["prompt_tokens"].sum()) if len(done) else 0
     summary["total_output_tokens"] = int(done["output_tokens"].sum()) if len(done) else 0
     for key in ("sim_wall_s", "sim_requests_per_wall_s", "littles_L", "mean_kv_usage", "max_kv_usage",
@@ -130,6 +152,9 @@ def run_bench(ns: argparse.Namespace) -> int:
     req, summary = summarize_run(run, slo)
     summary.update(label=ns.label, request_rate=ns.request_rate, burstiness=ns.burstiness,
                    dataset=ns.dataset_name, num_prompts=ns.num_prompts, model=target.model)
+    if cfg.concurrency:
+        summary.update(concurrency=cfg.concurrency, think_time_s=cfg.think_time_s)
+        print(closed_loop_line(cfg) + " (left out of the figures below)")
     print(format_report(summary, slo))
     if run.errors:
         print(f"first error: {run.errors[0]}")

@@ -105,9 +105,52 @@ async def _one(client: httpx.AsyncClient, target: BenchTarget, item: WorkItem, p
     return rec
 
 
+async def run_closed_loop(target: BenchTarget, workload: Workload) -> BenchRun:
+    """The workload's closed-loop clients (sim/clients.py's model) against the server.
+
+    concurrency clients take requests in the workload's order; each sends its next one
+    think_time_s after its last one's last token; the first warmup_requests are marked warm-up.
+    """
+    cfg = workload.cfg
+    items = iter(workload.items())
+    n = cfg.concurrency
+    taken = 0
+    in_flight = 0
+    peak = 0
+    records: list[RequestRecord] = []
+    conn = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
+    async with httpx.AsyncClient(base_url=target.base_url, limits=conn, timeout=target.timeout_s) as client:
+        t0 = time.perf_counter()
+
+        async def one_client(cid: int) -> None:
+            nonlocal taken, in_flight, peak
+            while True:
+                item = next(items, None)
+                if item is None:
+                    return
+                item.client, item.warmup = cid, taken < cfg.warmup_requests
+                taken += 1
+                in_flight += 1
+                peak = max(peak, in_flight)
+                try:
+                    rec = await _one(client, target, item, workload.prompt_tokens(item), t0)
+                finally:
+                    in_flight -= 1
+                rec.client, rec.warmup = cid, item.warmup
+                records.append(rec)
+                if cfg.think_time_s > 0:
+                    await asyncio.sleep(cfg.think_time_s)
+
+        await asyncio.gather(*(one_client(c) for c in range(n)))
+        duration = time.perf_counter() - t0
+    return BenchRun(records, duration, n, peak, [r.error for r in records if r.error])
+
+
 async def run_benchmark(target: BenchTarget, workload: Workload, max_concurrency: int | None = None
                         ) -> BenchRun:
-    """Send the whole workload on its arrival schedule; one RequestRecord per request."""
+    """Send the whole workload on its arrival schedule (or by its closed-loop clients)."""
+    if workload.cfg.concurrency > 0:
+        return await run_closed_loop(target, workload)
     items = list(workload.items())
     limit = max_concurrency or len(items) or 1
     sem = asyncio.Semaphore(limit)

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 from twinserve.core.errors import TwinserveError
 
+from twinserve.sim.clients import closed_loop_line
 from twinserve.sim.config import StudyConfig, load_config, replica_config, set_field, validate
 from twinserve.sim.errors import ConfigError
 from twinserve.sim.report import write_study
@@ -63,7 +64,7 @@ def _base(args: argparse.Namespace) -> StudyConfig:
     return cfg
 
 
-def _notes(cfg: StudyConfig, wall: float, n_points: int) -> list[str]:
+def _notes(cfg: StudyConfig, wall: float, n_points: int, axes: Sequence[str] = ()) -> list[str]:
     w, c = cfg.workload, cfg.cluster
     # A lone replica runs with its cluster.replicas entry applied (as replica 0 of a cluster).
     one = replica_config(cfg, 0) if c.num_replicas == 1 else cfg
@@ -77,7 +78,7 @@ def _notes(cfg: StudyConfig, wall: float, n_points: int) -> list[str]:
     elif c.replicas and c.replicas[0]:
         cluster = ["the one replica takes its cluster.replicas entry: "
                    + ", ".join(f"{k.split('.', 1)[1]} = {v!r}" for k, v in c.replicas[0].items())]
-    return cluster + closed_loop_note(w) + [
+    return cluster + closed_loop_note(w, axes) + [
         f"{e.model} on {e.tensor_parallel_size}x {e.hardware} (TP {e.tensor_parallel_size}), "
         f"{e.cost_model} cost model; policy {s.policy}, chunked prefill "
         f"{s.enable_chunked_prefill}, prefix caching {s.enable_prefix_caching}, "
@@ -90,13 +91,17 @@ def _notes(cfg: StudyConfig, wall: float, n_points: int) -> list[str]:
     ]
 
 
-def closed_loop_note(w: Any) -> list[str]:
+def closed_loop_note(w: Any, axes: Sequence[str] = ()) -> list[str]:
     """The line that says a study runs closed-loop clients (none for open-loop arrivals)."""
-    if not w.concurrency:
+    if "concurrency" in axes:  # each point has its own: the table's column
+        line = (f"closed loop: concurrency clients (the column), think {w.think_time_s:g} s, "
+                f"{w.warmup_requests} warm-up requests")
+    elif w.concurrency:
+        line = closed_loop_line(w)
+    else:
         return []
-    return [f"closed loop: {w.concurrency} clients, think {w.think_time_s:g} s, "
-            f"{w.warmup_requests} warm-up requests (left out of the metrics; throughput over the "
-            f"measured window, first measured send to last measured finish)"]
+    return [line + " (left out of the metrics; throughput over the measured window, first "
+            "measured send to last measured finish)"]
 
 
 def beyond_fit_note(res: Sequence[Any]) -> list[str]:
@@ -187,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wall = time.perf_counter() - t0
         out = Path(args.out or (f"simulate-{args.command}" if args.command else "simulate-out"))
         title = cfg.run.name if args.command is None else f"simulate {args.command}: {cfg.run.name}"
-        written = write_study(out, res, axes, title, _notes(cfg, wall, len(res)) + beyond_fit_note(res),
+        written = write_study(out, res, axes, title, _notes(cfg, wall, len(res), axes) + beyond_fit_note(res),
                               slo=cfg.slo)
     except (TwinserveError, OSError) as e:
         print(f"simulate: error: {e}", file=sys.stderr)

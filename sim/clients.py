@@ -11,11 +11,19 @@ With turns > 1 a client carries one conversation: its follow-up turns, then the 
 from __future__ import annotations
 
 import heapq
-from typing import Iterator
+from typing import Any, Iterator
 
 from twinserve.sim.workload import WorkItem
 
 INF = float("inf")
+
+
+def closed_loop_line(cfg: Any) -> str:
+    """'closed loop: N clients, think T s, W warm-up requests' for a WorkloadConfig ('' if open loop)."""
+    if not cfg.concurrency:
+        return ""
+    return (f"closed loop: {cfg.concurrency} clients, think {cfg.think_time_s:g} s, "
+            f"{cfg.warmup_requests} warm-up requests")
 
 
 class ClosedLoopSource:

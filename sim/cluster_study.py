@@ -76,7 +76,12 @@ def imbalance(values: list[float]) -> float:
 
 
 def replicas_frame(built: BuiltCluster, res: ClusterResult, req: pd.DataFrame) -> pd.DataFrame:
-    """One row per replica: routed, completed, busy share, KV, prefix hits, latencies."""
+    """One row per replica: routed, completed, busy share, KV, prefix hits, latencies.
+
+    Closed loop: completed and latencies count measured requests; routed counts every one sent.
+    """
+    if "warmup" in req.columns:
+        req = req[~req["warmup"].astype(bool)]
     rows = []
     horizon = res.total.end_time
     for i, r in enumerate(res.replicas):

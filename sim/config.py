@@ -2,7 +2,7 @@
 
 Tables: [engine], [model]/[hardware] (custom specs, sim.specs), [scheduler] (SchedulerConfig but
 num_blocks), [workload] (WorkloadConfig), [slo], [run], [cluster], [search], [speculative]; a
-field left out keeps its default. Errors name the field, file and line; _RANGE bounds values so
+field left out keeps its default. Errors name the field, file and line; each field's knob (core/knobs.py) bounds its values so
 none breaks a clock or a plot.
 """
 
@@ -389,6 +389,16 @@ def check_set(dotted: str, value: Any, file: str | None = None, line: int | None
 OPEN_LOOP_FIELDS = ("workload.arrival", "workload.rate", "workload.burstiness",
                     "workload.time_scale")
 CLOSED_LOOP_FIELDS = ("workload.think_time_s", "workload.warmup_requests")
+
+
+def use_closed_loop(cfg: "StudyConfig", concurrency: int) -> None:
+    """Switch a study to N closed-loop clients, dropping the open-loop fields it set (for searches)."""
+    check_set("workload.concurrency", concurrency)
+    cfg.workload.concurrency = coerce("workload.concurrency", concurrency)
+    cfg.explicit.difference_update(OPEN_LOOP_FIELDS)
+    cfg.explicit.add("workload.concurrency")
+    if cfg.workload.arrival == "trace":
+        cfg.workload.arrival = "poisson"  # unused by clients; a trace still gives the lengths
 
 
 def _check_loop(cfg: "StudyConfig", text: str) -> None:

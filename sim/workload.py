@@ -236,7 +236,7 @@ class Workload:
                 continue
             last_file, last_line = file, line
             if closed:
-                pass
+                t = 0.0  # its client sends it when free (sim/clients.py)
             elif gaps is None:
                 if arrival is None:
                     raise ConfigError("workload.arrival", f"'trace' needs timestamps, and "
@@ -291,10 +291,11 @@ class Workload:
         # The conversation's own stream: a turn must not depend on the order earlier turns finished.
         r = np.random.default_rng([self.seed, 11, item.conversation, item.turn])
         new = int(r.integers(max(1, cfg.followup_tokens // 2), cfg.followup_tokens * 3 // 2 + 1))
-        output = self._draw_len(cfg.output_dist if cfg.output_dist != "trace" else "fixed",
-                                cfg.output_mean if cfg.output_dist != "trace"
-                                else item.num_output_tokens,
-                                cfg.output_std, cfg.output_min, cfg.output_max, rng=r)
+        if cfg.output_dist == "trace":  # the trace's length again (no random_range_ratio draw)
+            output = min(max(item.num_output_tokens, cfg.output_min), cfg.output_max)
+        else:
+            output = self._draw_len(cfg.output_dist, cfg.output_mean, cfg.output_std,
+                                    cfg.output_min, cfg.output_max, rng=r)
         think = float(r.exponential(cfg.think_time)) if cfg.think_time > 0 else 0.0
         prompt = len(context) + new
         if prompt + output > self.max_model_len:

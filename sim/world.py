@@ -185,12 +185,13 @@ class Simulation:
     def _admit(self, t: float) -> None:
         # A refusal frees a closed-loop client at once: its next request may be due by t too.
         items = self.source.pop_until(t)
-        while items:
-            self._admit_items(items)
+        while items and self._admit_items(items):
             items = self.source.pop_until(t)
 
-    def _admit_items(self, items: list[WorkItem]) -> None:
+    def _admit_items(self, items: list[WorkItem]) -> bool:
+        """Add the requests to the core; True when a refusal freed a closed-loop client."""
         wl = self.workload
+        freed = False
         for item in items:
             n_out = item.num_output_tokens
             sp = self._params.get(n_out)
@@ -206,10 +207,13 @@ class Simulation:
                     None, 0, 0, [], item.conversation, item.turn, "refused", str(e),
                     client=item.client, warmup=item.warmup))
                 # Refused on arrival (as a server answers 400): a closed-loop client is free again.
-                self.source.on_done(item, item.arrival_time)
+                if item.client >= 0:
+                    self.source.on_done(item, item.arrival_time)
+                    freed = True
                 continue
             self.live[item.request_id] = req
             self.executor.register(item.request_id, wl.sample_token(item))
+        return freed
 
     def _finish(self, rid: str) -> None:
         req = self.live.pop(rid)

@@ -128,6 +128,13 @@ def _fidelity_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-requests", type=int, default=40, help="requests per run")
     p.add_argument("--rate", type=float, default=None, help="Poisson arrivals (req/s); default: the trace's times")
     p.add_argument("--time-scale", type=float, default=1.0, help="trace timestamps are multiplied by this")
+    p.add_argument("--max-concurrency", type=int, default=None, metavar="N",
+                   help="N closed-loop clients instead of arrival times, in the forecast and the runs alike "
+                        "(as `twinserve bench --max-concurrency N` and [workload] concurrency)")
+    p.add_argument("--think-time-s", type=float, default=0.0,
+                   help="closed loop: seconds a client waits after a reply before its next request")
+    p.add_argument("--warmup-requests", type=int, default=0,
+                   help="closed loop: requests sent first, simulated and served but not judged")
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="clip trace prompts")
     p.add_argument("--max-output-tokens", type=int, default=None, help="clip trace outputs")
     p.add_argument("--workload-seed", type=int, default=0, help="seed of arrivals and token ids")
@@ -165,7 +172,8 @@ def _fidelity(ns: argparse.Namespace) -> int:
     profile_path = ns.profile or str(Path(ns.out) / "profile.json")
     opts = FidelityOptions(profile_path, ns.trace, ns.config, ns.num_requests, ns.rate, ns.time_scale,
                            ns.max_prompt_tokens, ns.max_output_tokens, ns.workload_seed, ns.trace_offset,
-                           ns.allow_profile_mismatch, ns.repeats, ns.probe, ns.nowcast, ns.acceptance_from)
+                           ns.allow_profile_mismatch, ns.repeats, ns.probe, ns.nowcast, ns.acceptance_from,
+                           ns.max_concurrency, ns.think_time_s, ns.warmup_requests)
     args = engine_args_from(ns)
     spec_forecast(args.speculative_config, ns.acceptance_from, ns.out)
     facts = engine_facts(args)

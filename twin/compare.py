@@ -30,8 +30,14 @@ def per_request(records: Sequence[RequestRecord]) -> dict[str, dict[str, float]]
     return out
 
 
+def measured(records: Sequence[RequestRecord]) -> list[RequestRecord]:
+    """The records the figures count: all but a closed loop's warm-up requests."""
+    return [r for r in records if not r.warmup]
+
+
 def pooled(records: Sequence[RequestRecord], metric: str) -> np.ndarray:
-    """Every value of metric (ITL: every gap between two tokens; else one per request)."""
+    """Every value of metric over the measured requests (ITL: every gap between two tokens)."""
+    records = measured(records)
     if metric == "itl":
         vals = [b - a for r in records if r.finish_time is not None
                 for a, b in zip(r.token_times, r.token_times[1:])]
@@ -42,6 +48,8 @@ def pooled(records: Sequence[RequestRecord], metric: str) -> np.ndarray:
 
 
 def _throughput(records: Sequence[RequestRecord]) -> dict[str, float]:
+    # Over the measured window: first measured send to last measured finish (sim.metrics's).
+    records = measured(records)
     done = [r for r in records if r.finish_time is not None]
     if not done:
         return {"output_tok_s": float("nan"), "request_s": float("nan"), "duration_s": 0.0}

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from twinserve.backends.real.step_log import StepLog, read_step_log
 from twinserve.backends.sim.fitted import FittedCostModel
+from twinserve.sim.clients import closed_loop_line
 
 from twinserve.twin.calibrate import cold_prefix_cache, speed_probe_parts
 from twinserve.twin.compare import compare
@@ -138,6 +139,11 @@ def judge_phase(opts: FidelityOptions, fc: dict[str, Any], fsim: Any, priced: Fi
                         "percentiles": percentiles(r.real.records),
                         "throughput_err": compare(r.real.records, fsim.records)["throughput"]["output_tok_s"]["err"]})
     report["repeats"] = {"count": len(done), "runs": per_run}
+    wcfg = make().cfg
+    if wcfg.concurrency:  # the client model both sides ran
+        report["closed_loop"] = {"concurrency": wcfg.concurrency, "think_time_s": wcfg.think_time_s,
+                                 "warmup_requests": wcfg.warmup_requests}
+        report["banner"].append(closed_loop_line(wcfg) + ", in the forecast and in every run")
     lines = report["banner"] + ["", verdict_table(verdict["cells"]), "",
                                 summary_line(verdict["summary"], pi_count(verdict["cells"]))]
     if first is not None:

@@ -69,9 +69,12 @@ def make_forecast(profile: FittedCostModel, profile_path: str, make: Callable[[]
                        "date": (profile.meta.get("provenance") or {}).get("date")},
            "speed": {"probe_before_s": probe_s, "probe_profile_s": ref, "ratio": ratio},
            "engine": engine, "workload": {**workload, "sha256": workload_sha},
-           "num_requests": len(rows), "num_steps": sim.num_steps,
+           "num_requests": sum(not r.warmup for r in sim.records), "num_steps": sim.num_steps,
            "percentiles": {m: {q: _num(v) for q, v in per.items()} for m, per in percentiles(sim.records).items()},
            "requests": rows}
+    warm = [r.request_id for r in sim.records if r.warmup]
+    if warm:  # closed loop: simulated first, left out of the percentiles and of num_requests
+        rec["warmup_request_ids"] = warm
     if spec is not None:
         rec["speculative"] = spec.record()
     return rec, sim, priced

@@ -1,6 +1,7 @@
 """Serves a simulator Workload on the real engine in real time, recording what the simulator records.
 
-The loop is the simulator's (sim/world.py) with a wall clock. Token times are when a step's outputs
+The loop is the simulator's (sim/world.py) with a wall clock, and its arrivals the simulator's:
+open loop, or closed-loop clients (sim/clients.py) freed by the engine's real finishes. Token times are when a step's outputs
 are ready; with a core process the steps kept are the core's, from its step records.
 """
 
@@ -12,7 +13,8 @@ from typing import Any
 
 from twinserve.core.errors import TwinserveError
 from twinserve.core.sampling_params import SamplingParams
-from twinserve.sim.world import INF, ArrivalSource, RequestRecord
+from twinserve.sim.clients import ClosedLoopSource
+from twinserve.sim.world import INF, ArrivalSource, RequestRecord, make_source
 from twinserve.sim.workload import WorkItem, Workload
 
 
@@ -42,7 +44,7 @@ class _Live:
 
 def run_real(engine: Any, workload: Workload, poll_s: float = 0.0005) -> RealRun:
     """Serve every request of workload on engine in real time (Ctrl-C: aborts, returns partial)."""
-    source = ArrivalSource(workload.items())
+    source = make_source(workload)
     live: dict[str, _Live] = {}
     run = RealRun([])
     params: dict[int, SamplingParams] = {}
@@ -63,7 +65,7 @@ def run_real(engine: Any, workload: Workload, poll_s: float = 0.0005) -> RealRun
             now = time.monotonic() - t0
             for item in source.pop_until(now):
                 arrivals[t0 + item.arrival_time] = item.arrival_time
-                _add(engine, workload, item, t0, live, run, params)
+                _add(engine, workload, item, t0, live, run, params, source)
             if core.has_unfinished_requests():
                 if not in_process:
                     run.step_starts.append(now)
@@ -114,7 +116,8 @@ def _core_steps(engine: Any, run: RealRun, t0: float, arrivals: dict[float, floa
 
 
 def _add(engine: Any, workload: Workload, item: WorkItem, t0: float, live: dict[str, _Live],
-         run: RealRun, params: dict[int, SamplingParams]) -> None:
+         run: RealRun, params: dict[int, SamplingParams],
+         source: ArrivalSource | ClosedLoopSource) -> None:
     n_out = item.num_output_tokens
     sp = params.get(n_out)
     if sp is None:
@@ -127,12 +130,15 @@ def _add(engine: Any, workload: Workload, item: WorkItem, t0: float, live: dict[
     except TwinserveError as e:
         run.records.append(RequestRecord(
             item.request_id, item.arrival_time, item.num_prompt_tokens, n_out, None, None, None, 0,
-            0, [], item.conversation, item.turn, "refused", str(e)))
+            0, [], item.conversation, item.turn, "refused", str(e), client=item.client,
+            warmup=item.warmup))
+        if item.client >= 0:  # refused on arrival, as the simulator refuses: the client is free
+            source.on_done(item, item.arrival_time)
         return
     live[item.request_id] = _Live(item, ids)
 
 
-def _finish(workload: Workload, source: ArrivalSource, st: _Live, out: Any, t0: float, end: float,
+def _finish(workload: Workload, source: ArrivalSource | ClosedLoopSource, st: _Live, out: Any, t0: float, end: float,
             run: RealRun) -> None:
     m = out.metrics
     c = out.outputs[0]
@@ -143,8 +149,7 @@ def _finish(workload: Workload, source: ArrivalSource, st: _Live, out: Any, t0: 
         item.request_id, item.arrival_time, len(st.prompt), len(st.output_ids), first_sched,
         st.token_times[0] if st.token_times else None, end, m.num_cached_tokens if m else 0,
         m.num_preemptions if m else 0, st.token_times, item.conversation, item.turn,
-        c.finish_reason or ""))
-    if workload.cfg.turns > 1:
-        nxt = workload.next_turn(item, st.prompt + st.output_ids, end)
-        if nxt is not None:
-            source.push(nxt)
+        c.finish_reason or "", client=item.client, warmup=item.warmup))
+    nxt = workload.next_turn(item, st.prompt + st.output_ids, end) if workload.cfg.turns > 1 else None
+    if nxt is not None or item.client >= 0:
+        source.on_done(item, end, nxt)

@@ -86,6 +86,10 @@ def schedule_equivalence(real: RealRun, make_workload: Callable[[], Workload],
         own = workload.next_turn
         workload.next_turn = lambda item, ctx, t: own(item, ctx, finish.get(item.request_id, t))  # type: ignore
     sim = Simulation(core, executor, workload, step_starts=real.step_starts, admit_until=real.admit_until)
+    if workload.cfg.concurrency > 0:  # closed-loop clients freed at the real finishes too
+        done = {r.request_id: r.finish_time for r in real.records if r.finish_time is not None}
+        free = sim.source.on_done
+        sim.source.on_done = lambda item, t, nxt=None: free(item, done.get(item.request_id, t), nxt)  # type: ignore
     result = sim.run()
     mismatch: dict[str, Any] | None = None
     for k, (a, b) in enumerate(zip(real.schedules, executor.schedules)):

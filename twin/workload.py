@@ -39,6 +39,10 @@ class FidelityOptions:
     nowcast: bool = False
     # Speculating engines: the step log of an earlier, separate run whose acceptance the forecast uses.
     acceptance_from: str | None = None
+    # Closed loop (sim/clients.py), on both sides: N clients, think time, warm-up left out.
+    max_concurrency: int | None = None
+    think_time_s: float = 0.0
+    warmup_requests: int = 0
 
 
 class CappedWorkload(Workload):
@@ -84,6 +88,7 @@ def workload_factory(opts: FidelityOptions, max_model_len: int, vocab_size: int)
     else:
         raise FidelityError("give a workload: --trace FILE (and --rate R for Poisson arrivals) "
                             "or --config STUDY.toml")
+    closed_loop(opts, cfg)
     cfg.on_overlong = "fail"
     cfg.vocab_size = min(cfg.vocab_size, vocab_size) if opts.config else vocab_size
     trace = cfg.trace or None
@@ -92,6 +97,28 @@ def workload_factory(opts: FidelityOptions, max_model_len: int, vocab_size: int)
         return CappedWorkload(cfg, opts.seed, max_model_len, trace, opts.max_prompt_tokens,
                               opts.max_output_tokens, opts.trace_offset)
     return make
+
+
+def closed_loop(opts: FidelityOptions, cfg: WorkloadConfig) -> None:
+    """Set the options' closed-loop clients on cfg (a --config's [workload] may have its own)."""
+    n = opts.max_concurrency
+    if n is not None and n < 1:
+        raise FidelityError(f"--max-concurrency {n}: give 1 or more clients")
+    if opts.think_time_s < 0 or opts.warmup_requests < 0:
+        raise FidelityError(f"--think-time-s {opts.think_time_s:g} and --warmup-requests "
+                            f"{opts.warmup_requests}: give values >= 0")
+    if n is not None:
+        cfg.concurrency = n
+        cfg.think_time_s = opts.think_time_s
+        cfg.warmup_requests = opts.warmup_requests
+    elif opts.think_time_s or opts.warmup_requests:
+        raise FidelityError("--think-time-s and --warmup-requests need closed-loop clients: "
+                            "add --max-concurrency N")
+    if cfg.concurrency > 0:
+        if opts.rate is not None:
+            raise FidelityError(f"--rate {opts.rate:g} and {cfg.concurrency} closed-loop clients: "
+                                "give one, --rate R (open loop) or --max-concurrency N")
+        cfg.arrival = "poisson"  # unused: clients send when they are free (trace times too)
 
 
 def check_workload(make: Callable[[], Workload], max_model_len: int) -> int:

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from twinserve.bench.cli import summarize_run, workload_config
+from twinserve.core.errors import InvalidConfigError
 from twinserve.bench.client import BenchTarget, run_benchmark
 from twinserve.backends.real.serving.flags import add_bench_args
 from twinserve.sim.config import SLOConfig
@@ -43,6 +44,47 @@ def test_flags_map_onto_the_simulator_workload() -> None:
     assert shared.num_system_prompts == 3 and shared.system_prompt_len == 64
     trace = workload_config(_ns("--dataset-name", "trace", "--trace-arrivals"), 1000)
     assert trace.arrival == "trace" and Path(trace.trace).exists()
+
+
+def test_max_concurrency_at_rate_inf_is_the_simulators_closed_loop() -> None:
+    cfg = workload_config(_ns("--max-concurrency", "8", "--think-time-s", "0.5", "--warmup-requests", "3"), 1000)
+    assert (cfg.concurrency, cfg.think_time_s, cfg.warmup_requests) == (8, 0.5, 3)
+    # aiperf's name for the warm-up count is accepted too.
+    assert workload_config(_ns("--max-concurrency", "2", "--warmup-request-count", "4"), 1000).warmup_requests == 4
+    # A finite rate with a cap stays an open-loop schedule (vLLM's semaphore), no clients.
+    assert workload_config(_ns("--max-concurrency", "8", "--request-rate", "4"), 1000).concurrency == 0
+    for argv, name in ((["--think-time-s", "1"], "think_time_s"), (["--warmup-requests", "2"], "warmup_requests"),
+                       (["--max-concurrency", "4", "--request-rate", "2", "--warmup-requests", "2"],
+                        "warmup_requests"),
+                       (["--max-concurrency", "0"], "max_concurrency"),
+                       (["--max-concurrency", "2", "--think-time-s", "-1"], "think_time_s")):
+        with pytest.raises(InvalidConfigError, match=name):
+            workload_config(_ns(*argv), 1000)
+
+
+def test_bench_closed_loop_clients_are_sequential_and_warm_up_is_left_out(server: RunningServer) -> None:
+    cfg = WorkloadConfig(num_requests=10, prompt_dist="uniform", prompt_min=4, prompt_max=30,
+                         output_dist="uniform", output_min=2, output_max=10, vocab_size=250,
+                         concurrency=3, think_time_s=0.02, warmup_requests=4)
+    run = asyncio.run(run_benchmark(BenchTarget(server.url, "tiny"), Workload(cfg, seed=1, max_model_len=256)))
+    assert run.errors == [] and len(run.records) == 14 and run.peak_in_flight <= 3
+    by_client: dict[int, list[RequestRecord]] = {}
+    for r in run.records:
+        by_client.setdefault(r.client, []).append(r)
+    assert set(by_client) <= {0, 1, 2}
+    for rs in by_client.values():
+        rs.sort(key=lambda r: r.arrival_time)
+        for prev, nxt in zip(rs, rs[1:]):
+            assert nxt.arrival_time >= prev.finish_time + 0.02
+    # The same client model as the simulator: in flight never above 3 at any send.
+    for r in run.records:
+        assert sum(1 for o in run.records if o.arrival_time <= r.arrival_time < o.finish_time) <= 3
+    req, summary = summarize_run(run, SLOConfig(ttft_s=60, tpot_s=60))
+    assert req["warmup"].sum() == 4 and summary["num_requests"] == 10 and summary["completed"] == 10
+    measured = req[~req["warmup"]]
+    window = measured["finish_s"].max() - measured["arrival_s"].min()
+    assert summary["duration_s"] == pytest.approx(window)
+    assert summary["total_output_tokens"] == measured["output_tokens"].sum()
 
 
 def test_bench_run_lengths_and_schema_match_the_simulator(server: RunningServer) -> None:

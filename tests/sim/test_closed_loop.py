@@ -60,18 +60,23 @@ def check_invariants(records: list[RequestRecord], n: int, think: float) -> None
 @settings(max_examples=25)
 @given(n=st.integers(1, 6), think=st.sampled_from([0.0, 0.05, 0.4]), warmup=st.integers(0, 6),
        requests=st.integers(3, 25), replicas=st.sampled_from([1, 2, 3]),
-       disagg=st.booleans(), ff=st.booleans(), seed=st.integers(0, 3))
+       disagg=st.booleans(), ff=st.booleans(), seed=st.integers(0, 3), turns=st.sampled_from([1, 1, 3]))
 def test_in_flight_never_exceeds_n_and_each_client_is_sequential(n, think, warmup, requests, replicas,
-                                                                   disagg, ff, seed) -> None:
+                                                                   disagg, ff, seed, turns) -> None:
     cfg = closed(n, requests, think, warmup, num_replicas=replicas, fast_forward=ff, seed=seed,
-                 num_prefill_replicas=1 if disagg and replicas > 1 else 0)
+                 num_prefill_replicas=1 if disagg and replicas > 1 else 0, turns=turns,
+                 followup_tokens=16, max_model_len=1024)
     res = run_point(cfg)
     recs = [r for r in _records(cfg)]
-    assert len(recs) == requests + warmup
-    assert sum(r.warmup for r in recs) == warmup
+    firsts = [r for r in recs if r.turn == 0]
+    assert len(firsts) == requests + warmup
+    assert sum(r.warmup for r in firsts) == warmup
+    assert all(r.warmup == (r.conversation in {f.conversation for f in firsts if f.warmup})
+               for r in recs) if turns > 1 else len(recs) == requests + warmup
     check_invariants(recs, n, think)
-    # The summary counts the measured requests only.
-    assert res.row["num_requests"] == requests and res.row["warmup_requests"] == warmup
+    # The summary counts the measured requests only (every turn of a measured conversation).
+    assert res.row["num_requests"] == sum(not r.warmup for r in recs)
+    assert res.row["warmup_requests"] == sum(r.warmup for r in recs)
 
 
 def _records(cfg: StudyConfig) -> list[RequestRecord]:
@@ -257,3 +262,30 @@ def test_simulate_run_prints_the_closed_loop_line(tmp_path, capsys) -> None:
     assert main(["run", "--config", str(f), "--out", str(tmp_path / "o")]) == 0
     md = (tmp_path / "o" / "summary.md").read_text()
     assert "closed loop: 3 clients, think 0.5 s, 4 warm-up requests" in md
+
+
+def test_use_closed_loop_switches_a_study_with_a_rate(tmp_path) -> None:
+    from twinserve.sim.config import ConfigError, load_config, set_field, use_closed_loop, validate
+
+    f = tmp_path / "s.toml"
+    f.write_text(STUDY + "rate = 3.0\narrival = \"poisson\"\n")
+    cfg = load_config(f)
+    with pytest.raises(ConfigError, match="concurrency"):
+        set_field(cfg, "concurrency", 4)
+        validate(cfg)
+    cfg = load_config(f)
+    use_closed_loop(cfg, 4)
+    validate(cfg)
+    assert cfg.workload.concurrency == 4
+    with pytest.raises(ConfigError, match="concurrency"):
+        use_closed_loop(cfg, 0)
+
+
+def test_the_replica_table_counts_measured_requests() -> None:
+    res = run_point(closed(4, requests=30, warmup=10, num_replicas=2))
+    per = res.replicas
+    assert per["completed"].sum() == 30 and per["routed"].sum() == 40
+    measured = res.requests[~res.requests["warmup"]]
+    for i, row in per.iterrows():
+        mine = measured[measured["replica"] == row["replica"]]
+        assert row["p50_ttft_s"] == pytest.approx(mine["ttft_s"].median())

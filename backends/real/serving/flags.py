@@ -75,7 +75,14 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="requests per second (inf: all at once)")
     p.add_argument("--burstiness", type=float, default=1.0,
                    help="gamma shape of inter-arrival times: 1 = Poisson, < 1 burstier, > 1 steadier")
-    p.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
+    p.add_argument("--max-concurrency", type=int, default=None,
+                   help="requests in flight at most; with --request-rate inf (the default): N "
+                        "closed-loop clients, each sending when its last request finished")
+    p.add_argument("--think-time-s", type=float, default=0.0,
+                   help="closed loop: seconds a client waits after a reply before its next request")
+    p.add_argument("--warmup-requests", "--warmup-request-count", dest="warmup_requests", type=int,
+                   default=0, help="closed loop: requests sent first and left out of the figures "
+                   "(the simulator's [workload] warmup_requests)")
     p.add_argument("--seed", type=int, default=0, help="seed of arrivals, lengths and token ids")
     p.add_argument("--dataset-name", default="random", choices=["random", "shared-prefix", "trace"],
                    help="where prompts and lengths come from")
