@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -15,6 +16,8 @@ from twinserve.backends.sim.engine_profile import ENGINE_PROFILES
 from twinserve.backends.sim.precision import Precision
 from twinserve.backends.sim.cost_model import CostModel, DraftModelSteps, Efficiency, RooflineCostModel
 from twinserve.backends.sim.executor import SimExecutor
+from twinserve.backends.sim.cost_model import roofline_for
+from twinserve.backends.sim.parallel import Parallelism, ParallelismError
 from twinserve.backends.sim.fitted import FittedCostModel, ProfileError, check_profile_model
 from twinserve.backends.sim.spec import SpecAcceptance
 from twinserve.core.engine_core import EngineCore
@@ -47,14 +50,16 @@ def fit_problem(cfg: StudyConfig) -> str:
     try:
         model, hw, _, _ = build_cost_models(cfg)
     except ConfigError as err:
-        if err.field == "engine.tensor_parallel_size":  # a split the heads do not allow
+        if err.field in ("engine.tensor_parallel_size", "engine.expert_parallel_size",
+                         "engine.pipeline_parallel_size", "engine.data_parallel_size"):  # a split the shape does not allow
             return str(err.args[1])
         raise
     e, s = cfg.engine, cfg.scheduler
     reserve = None if e.activation_reserve_gib < 0 else e.activation_reserve_gib * 2**30
     try:
         kv_capacity(model, hw, e.tensor_parallel_size, s.block_size, e.gpu_memory_utilization,
-                    s.max_num_batched_tokens, s.max_num_seqs, reserve, e.num_gpu_blocks or None)
+                    s.max_num_batched_tokens, s.max_num_seqs, reserve, e.num_gpu_blocks or None,
+                    parallel=parallelism(cfg))
     except DoesNotFitError as err:
         allowed = str(err.args[2])  # "a value leaving room for KV blocks: <why>"
         return allowed.split(": ", 1)[-1]
@@ -98,6 +103,13 @@ def resolve_trace(cfg: StudyConfig) -> str:
     return str(p)
 
 
+def parallelism(cfg: StudyConfig) -> Parallelism:
+    """The engine's TP, attention-DP, EP and PP sizes."""
+    e = cfg.engine
+    return Parallelism(e.tensor_parallel_size, e.data_parallel_size, e.expert_parallel_size,
+                       e.pipeline_parallel_size)
+
+
 def build_cost_models(cfg: StudyConfig) -> tuple[ModelSpec, HardwareSpec, RooflineCostModel,
                                                  CostModel]:
     """Model and hardware specs, the roofline (always, for MFU/MBU) and the step-time model."""
@@ -113,7 +125,9 @@ def build_cost_models(cfg: StudyConfig) -> tuple[ModelSpec, HardwareSpec, Roofli
         per_seq_overhead_s=e.per_seq_overhead_s if e.per_seq_overhead_s >= 0
         else prof.per_seq_overhead_s, **overrides)
     try:
-        roof = RooflineCostModel(model, hw, e.tensor_parallel_size, eff)
+        roof = roofline_for(model, hw, parallelism(cfg), eff)
+    except ParallelismError as err:
+        raise _cfg_error(cfg, "engine", err.field, str(err)) from None
     except ValueError as err:
         msg = str(err)
         names = dict(EFFICIENCY_FIELDS, step_overhead_s="step_overhead_s",
@@ -143,7 +157,7 @@ def build_cost_models(cfg: StudyConfig) -> tuple[ModelSpec, HardwareSpec, Roofli
         try:
             # aic's step estimate holds kernel time only: host overheads are added only when set.
             cost = AicCostModel(model, hw, e.tensor_parallel_size, e.aic_backend, e.aic_version,
-                                step_overhead_s=max(e.step_overhead_s, 0.0),
+                                parallel=parallelism(cfg), step_overhead_s=max(e.step_overhead_s, 0.0),
                                 per_seq_overhead_s=max(e.per_seq_overhead_s, 0.0))
         except AicError as err:
             raise _cfg_error(cfg, "engine", err.field, str(err)) from None
@@ -190,7 +204,8 @@ def engine_capacity(cfg: StudyConfig, model: ModelSpec, hw: HardwareSpec) -> KVC
     try:
         cap = kv_capacity(model, hw, e.tensor_parallel_size, s.block_size,
                           e.gpu_memory_utilization, s.max_num_batched_tokens, s.max_num_seqs,
-                          reserve, e.num_gpu_blocks or None, kv_groups=kv_groups_for(cfg, model))
+                          reserve, e.num_gpu_blocks or None, kv_groups=kv_groups_for(cfg, model),
+                          parallel=parallelism(cfg))
         draft = draft_spec(cfg, model)
         if draft is None:
             return cap
@@ -218,6 +233,10 @@ def build_engine(cfg: StudyConfig) -> BuiltEngine:
     cap = engine_capacity(cfg, model, hw)
     try:
         sched_cfg = with_model_kv(s.to_core(cap.num_blocks), model_kv_groups(model))
+        dp = cfg.engine.data_parallel_size
+        if dp > 1:  # each attention-DP rank schedules its own batch, as vLLM's DP engine cores do
+            sched_cfg = dataclasses.replace(sched_cfg, max_num_seqs=s.max_num_seqs * dp,
+                                            max_num_batched_tokens=s.max_num_batched_tokens * dp)
     except InvalidConfigError as err:
         raise _cfg_error(cfg, "scheduler", err.field, str(err)) from None
     executor = SimExecutor(cost)

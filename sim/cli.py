@@ -5,7 +5,9 @@
     simulate sweep [--config study.toml] --grid field=a,b,c [--grid ...] [--workers N]
     simulate search [--config study.toml] --slo ttft_p99=2 --slo tpot_p99=0.1 [--grid ...]
              [--target-rate R] [--tolerance 0.02]
-    sweep and search take --ray [ADDRESS]: run points as Ray tasks on a cluster (or a local one)
+    simulate validate --silicon [--backend B] [--system S] [--model M] [--cost-model roofline|aic]
+             [--rows dev|heldout|all] [--limit N]   # the measured rows of aiconfigurator-core
+    sweep, search and validate take --ray [ADDRESS]: run points as Ray tasks on a cluster (or a local one)
 
 Any field of the study config may be set or swept, by 'section.field' or by its bare
 name when unique (e.g. max_num_batched_tokens, rate, enable_prefix_caching, hardware).
@@ -64,6 +66,12 @@ def _base(args: argparse.Namespace) -> StudyConfig:
     return cfg
 
 
+def _layout(e: Any) -> str:
+    """', DP 8, EP 8, PP 2' for the sizes above 1 (attention DP, experts, stages)."""
+    sizes = (("DP", e.data_parallel_size), ("EP", e.expert_parallel_size), ("PP", e.pipeline_parallel_size))
+    return "".join(f", {name} {v}" for name, v in sizes if v > 1)
+
+
 def _notes(cfg: StudyConfig, wall: float, n_points: int, axes: Sequence[str] = ()) -> list[str]:
     w, c = cfg.workload, cfg.cluster
     # A lone replica runs with its cluster.replicas entry applied (as replica 0 of a cluster).
@@ -79,7 +87,8 @@ def _notes(cfg: StudyConfig, wall: float, n_points: int, axes: Sequence[str] = (
         cluster = ["the one replica takes its cluster.replicas entry: "
                    + ", ".join(f"{k.split('.', 1)[1]} = {v!r}" for k, v in c.replicas[0].items())]
     return cluster + closed_loop_note(w, axes) + [
-        f"{e.model} on {e.tensor_parallel_size}x {e.hardware} (TP {e.tensor_parallel_size}), "
+        f"{e.model} on {e.tensor_parallel_size * e.data_parallel_size * e.pipeline_parallel_size}x "
+        f"{e.hardware} (TP {e.tensor_parallel_size}{_layout(e)}), "
         f"{e.cost_model} cost model; policy {s.policy}, chunked prefill "
         f"{s.enable_chunked_prefill}, prefix caching {s.enable_prefix_caching}, "
         f"block size {s.block_size}, max_model_len {s.max_model_len}",
@@ -156,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="stop when the rate bracket is within this fraction (0.02)")
     f = sub.add_parser("fields", help="every study field: default, what it takes, meaning")
     f.add_argument("section", nargs="?", default=None, help="one table, e.g. workload (default: all)")
+    from twinserve.sim.validate_cli import add_parser
+    add_parser(sub)
     return ap
 
 
@@ -163,6 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `simulate` script."""
     ap = build_parser()
     args = ap.parse_args(argv)
+    if args.command == "validate":
+        from twinserve.sim.validate_cli import run_validate
+        return run_validate(args)
     if args.command == "fields":
         from twinserve.sim.config import SECTIONS, section_table
 

@@ -42,6 +42,13 @@ class EngineConfig:
     hardware: str = knob("H100-SXM", help="a GPU of the hardware catalog or a [hardware] table's name")
     tensor_parallel_size: int = knob(1, help="tensor-parallel ranks per replica", unit="GPUs",
                                      range=(1, 4096))
+    # Attention data-parallel ranks, experts split over expert_parallel_size GPUs (a divisor of
+    # tp x dp; vLLM's --enable-expert-parallel is ep = tp x dp), pipeline stages (backends/sim/parallel.py).
+    data_parallel_size: int = knob(1, help="attention data-parallel ranks per replica", unit="GPUs",
+                                   range=(1, 4096))
+    expert_parallel_size: int = knob(1, help="GPUs the experts are split over (a divisor of tp x dp)",
+                                     unit="GPUs", range=(1, 4096))
+    pipeline_parallel_size: int = knob(1, help="pipeline stages per replica", unit="stages", range=(1, 4096))
     gpu_memory_utilization: float = knob(0.9, help="share of GPU memory the engine may take",
                                          range=(0.0, 1.0), open="lo")
     num_gpu_blocks: int = knob(0,

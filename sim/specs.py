@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from twinserve.backends.sim.catalog import (GiB, GPUProfile, HardwareSpec, ModelSpec,
                                             UnknownSpecError, get_hardware, get_model)
+from twinserve.backends.sim.aic_models import resolve_row_model
+from twinserve.backends.sim.catalog import AIC_SYSTEMS
 from twinserve.backends.sim.hf_config import ModelConfigError, load_hf_config, model_from_hf_dict
 
 from twinserve.sim.config_lines import field_error, find_line
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
 
 # [hardware] key -> (required, minimum is exclusive 0 (True) or inclusive 0 (False)).
 _HW_NUMBERS = {"peak_flops": True, "mem_bandwidth": True, "interconnect_bandwidth": True,
-               "peak_flops_fp8": False, "interconnect_latency_s": False, "price_per_hour": False,
+               "peak_flops_fp8": False, "peak_flops_fp4": False, "interconnect_latency_s": False, "price_per_hour": False,
                "mem_gib": True, "mem_bytes": True}
 _HW_PROFILE = ("gemm", "attention", "memory", "comm", "allreduce_hop_s", "layer_floor_s")
 _HW_KEYS = {"name", "base", *_HW_NUMBERS, *_HW_PROFILE}
@@ -121,7 +123,8 @@ def parse_hardware_table(table: dict[str, Any], file: str | None, text: str) -> 
         profile["price_per_hour"] = values["price_per_hour"]
     return HardwareSpec(name.strip(), values["peak_flops"], values["mem_bandwidth"], mem,
                         values["interconnect_bandwidth"], dataclasses.replace(base, **profile),
-                        peak_flops_fp8=values.get("peak_flops_fp8", 0.0))
+                        peak_flops_fp8=values.get("peak_flops_fp8", 0.0),
+                        peak_flops_fp4=values.get("peak_flops_fp4", 0.0))
 
 
 _error = field_error
@@ -140,6 +143,13 @@ def resolve_model(cfg: StudyConfig, name: str | None = None, setting: str = "eng
         p = Path(name).expanduser()
         if not p.is_absolute() and cfg.source:
             p = Path(cfg.source).parent / p
+        if "/" in name and not name.endswith(".json") and not p.exists():
+            # An HF model id (deepseek-ai/DeepSeek-R1): aiconfigurator's shipped configs, else our catalog.
+            try:
+                return resolve_row_model(name)
+            except UnknownSpecError as e:
+                raise _error(cfg, setting, f"{e} (or a config.json path, an HF model folder, or a [model] "
+                             "table)") from None
         if name.endswith(".json") or "/" in name or p.exists():
             try:
                 return load_hf_config(p)
@@ -181,6 +191,8 @@ def resolve_hardware(cfg: StudyConfig, name: str | None = None) -> HardwareSpec:
     custom = cfg.custom_hardware
     if custom is not None and name.lower() == custom.name.lower():
         return custom
+    if name in AIC_SYSTEMS:  # aiconfigurator's system names (h200_sxm, gb200, ...)
+        name = AIC_SYSTEMS[name]
     try:
         return get_hardware(name)
     except UnknownSpecError as err:

@@ -77,8 +77,9 @@ def run_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None) -> Poin
                   "cost_model": built.cost_model.name})
     row = summarize(result, req, steps, cfg.slo, extra)
     row.update(beyond_fit([built.simulation.executor]))
-    row["mfu"] = totals.mfu(built.model, built.hardware, e.tensor_parallel_size)
-    row["mbu"] = totals.mbu(built.model, built.hardware, e.tensor_parallel_size)
+    gpus = e.tensor_parallel_size * e.data_parallel_size * e.pipeline_parallel_size
+    row["mfu"] = totals.mfu(built.model, built.hardware, gpus)
+    row["mbu"] = totals.mbu(built.model, built.hardware, gpus)
     row["token_throughput_bound"] = built.roofline.max_tokens_per_second()
     ls = built.workload.length_stats
     row["overlong_policy"] = ls.policy

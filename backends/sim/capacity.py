@@ -8,6 +8,7 @@ from twinserve.core.errors import InvalidConfigError
 from twinserve.core.kv.groups import group_windows
 
 from twinserve.backends.sim.catalog import GiB, HardwareSpec, ModelSpec
+from twinserve.backends.sim.parallel import Parallelism
 
 
 class DoesNotFitError(InvalidConfigError):
@@ -58,12 +59,20 @@ def kv_capacity(model: ModelSpec, hardware: HardwareSpec, tp: int, block_size: i
                 gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 2048,
                 max_num_seqs: int = 256, activation_reserve: float | None = None,
                 num_blocks_override: int | None = None,
-                runtime_reserve: float | None = None, kv_groups: tuple[int, ...] = (0,)) -> KVCapacity:
+                runtime_reserve: float | None = None, kv_groups: tuple[int, ...] = (0,),
+                parallel: Parallelism | None = None) -> KVCapacity:
     """(memory × utilisation − weights − activations − runtime reserve) / bytes per block, per GPU.
 
     KV heads replicate once tp exceeds them, as in vLLM. With several KV groups a block is a page:
     block_size tokens of one group's layers (num_layers / groups), as core/kv/groups.py lays them out.
+    With a parallel layout the GPU is one of the heaviest pipeline stage's (its layers' weights and
+    K/V), and each attention-DP rank keeps its own sequences' K/V: the engine's pool is dp times a GPU's.
     """
+    if parallel is not None and (parallel.pipeline_parallel_size > 1 or parallel.data_parallel_size > 1
+                                 or parallel.expert_parallel_size > 1):
+        return _parallel_capacity(model, hardware, parallel, block_size, gpu_memory_utilization,
+                                  max_num_batched_tokens, max_num_seqs, activation_reserve,
+                                  num_blocks_override, runtime_reserve, kv_groups)
     groups = len(kv_groups) or 1
     if model.num_layers % groups:
         raise InvalidConfigError("kv_groups", list(kv_groups),
@@ -84,3 +93,29 @@ def kv_capacity(model: ModelSpec, hardware: HardwareSpec, tp: int, block_size: i
             f"{weights / 2**30:.1f} GiB per GPU of {hardware.mem_bytes / 2**30:.1f} GiB on "
             f"{hardware.name} at tp={tp}; raise tensor_parallel_size or use a bigger GPU")
     return KVCapacity(n, usable, weights, act, block_bytes, reserved)
+
+
+def _parallel_capacity(model: ModelSpec, hardware: HardwareSpec, par: Parallelism, block_size: int,
+                       gpu_memory_utilization: float, max_num_batched_tokens: int, max_num_seqs: int,
+                       activation_reserve: float | None, num_blocks_override: int | None,
+                       runtime_reserve: float | None, kv_groups: tuple[int, ...]) -> KVCapacity:
+    """kv_capacity for one GPU of the heaviest stage, the pool counted over the DP ranks."""
+    tp, dp = par.tensor_parallel_size, par.data_parallel_size
+    stage = par.stage_model(model)
+    weights = par.weight_bytes_per_gpu(model)
+    act = (activation_reserve if activation_reserve is not None
+           else activation_reserve_bytes(stage, tp, max(1, max_num_batched_tokens // dp), max(1, max_num_seqs // dp)))
+    reserved = (runtime_reserve if runtime_reserve is not None
+                else runtime_reserve_bytes(hardware, par.num_gpus))
+    usable = hardware.mem_bytes * gpu_memory_utilization - weights - act - reserved
+    block_bytes = block_size * stage.kv_bytes_per_token_per_gpu(tp) / (len(kv_groups) or 1)
+    if num_blocks_override is not None:
+        return KVCapacity(num_blocks_override, usable, weights, act, block_bytes, reserved)
+    n = int(usable // block_bytes)
+    if n < 1:
+        raise DoesNotFitError(
+            "gpu_memory_utilization", gpu_memory_utilization,
+            f"a value leaving room for KV blocks: {model.name} weights take {weights / 2**30:.1f} GiB per GPU "
+            f"of {hardware.mem_bytes / 2**30:.1f} GiB on {hardware.name} at tp={tp}, dp={dp}, "
+            f"ep={par.expert_parallel_size}, pp={par.pipeline_parallel_size}; spread it over more GPUs")
+    return KVCapacity(n * dp, usable, weights, act, block_bytes, reserved)

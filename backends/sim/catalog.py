@@ -60,6 +60,8 @@ class ModelSpec:
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
+    # Per-head RMSNorm on q and k before RoPE (Qwen3, MiniMax-M2; from config.json's architectures).
+    qk_norm: bool = False
 
     @property
     def is_moe(self) -> bool:
@@ -254,6 +256,12 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
     ModelSpec("SmolLM2-135M", 30, 576, 1536, 9, 3, 64, 49152, 8192, tie_word_embeddings=True),
 ]}
 
+# One-shot NVLink all-reduce of 2025 engines (TensorRT-LLM's and vLLM's custom kernels) at decode sizes:
+# fitted on the development rows of aiconfigurator-core's silicon_sample.csv (Llama-3.1-70B and
+# Qwen3-32B, H100/H200/B200, TP 2-8; experiments/rows_tpot.py, docs/capacity.md), where NCCL's
+# 35 us + 4 us a hop put TP 8 decode 60-96% above the measured TPOT.
+_AR_2025 = {"allreduce_latency_s": 18e-6, "allreduce_hop_s": 1e-6}
+
 # Vendor datasheets, dense (sparse figures halved); efficiencies by analogy are said so on their line.
 # Past the NVLink domain (8 GPUs, NVL72 racks 72) collectives take the network: one ConnectX-7
 # 400 Gb/s NIC per GPU (DGX H100/H200/B200 datasheets), 50 GB/s a direction, unless said.
@@ -263,10 +271,10 @@ HARDWARES: dict[str, HardwareSpec] = {h.name: h for h in [
                  GPUProfile(gemm=0.72, attention=0.55, price_per_hour=1.8)),
     # NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100), SXM.
     HardwareSpec("H100-SXM", 989e12, 3.35e12, 80 * GiB, 450e9,
-                 GPUProfile(gemm=0.62, attention=0.38, price_per_hour=3.0), peak_flops_fp8=1979e12),
+                 GPUProfile(gemm=0.62, attention=0.38, **_AR_2025, price_per_hour=3.0), peak_flops_fp8=1979e12),
     # NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200), SXM: H100's compute.
     HardwareSpec("H200", 989e12, 4.8e12, 141e9, 450e9,
-                 GPUProfile(gemm=0.62, attention=0.38, price_per_hour=3.7), peak_flops_fp8=1979e12),
+                 GPUProfile(gemm=0.62, attention=0.38, **_AR_2025, price_per_hour=3.7), peak_flops_fp8=1979e12),
     # NVIDIA L40S datasheet (nvidia.com/en-us/data-center/l40s); PCIe only: all-reduce latency estimated 2x.
     HardwareSpec("L40S", 362e12, 864e9, 48e9, 32e9,
                  GPUProfile(gemm=0.70, attention=0.50, allreduce_latency_s=70e-6,
@@ -278,23 +286,23 @@ HARDWARES: dict[str, HardwareSpec] = {h.name: h for h in [
     # NVIDIA DGX B200 datasheet (nvidia.com/en-us/data-center/dgx-b200): 8 GPUs, 1,440 GB HBM3e, 64 TB/s,
     # FP8 72 PF and FP4 144 PF sparse, NVLink 5 1.8 TB/s per GPU (both directions).
     HardwareSpec("B200", 2250e12, 8.0e12, 180e9, 900e9,
-                 GPUProfile(gemm=0.62, attention=0.38, price_per_hour=6.0), peak_flops_fp8=4500e12,
+                 GPUProfile(gemm=0.62, attention=0.38, **_AR_2025, price_per_hour=6.0), peak_flops_fp8=4500e12,
                  peak_flops_fp4=9000e12),
     # NVIDIA HGX B300 spec (nvidia.com/en-us/data-center/hgx): 8 GPUs, FP4 144 PF sparse / 108 PF dense,
     # FP8 72 PF and BF16 36 PF sparse, NVLink 5 1.8 TB/s per GPU; the Blackwell Ultra GPU (NVIDIA technical
     # blog "Inside NVIDIA Blackwell Ultra", 2025): 288 GB HBM3e at 8 TB/s.
     HardwareSpec("B300", 2250e12, 8.0e12, 288e9, 900e9,
-                 GPUProfile(gemm=0.62, attention=0.38, price_per_hour=7.0), peak_flops_fp8=4500e12,
+                 GPUProfile(gemm=0.62, attention=0.38, **_AR_2025, price_per_hour=7.0), peak_flops_fp8=4500e12,
                  peak_flops_fp4=13500e12, internode_bandwidth=100e9),  # ConnectX-8, 800 Gb/s per GPU
     # NVIDIA GB200 NVL72 spec (nvidia.com/en-us/data-center/gb200-nvl72): 72 GPUs, FP4 1,440 PF, FP8 720 PF,
     # BF16 360 PF (sparse), HBM3e 13.4 TB at 576 TB/s, NVLink 130 TB/s (1.8 TB/s per GPU, both directions).
     HardwareSpec("GB200", 2500e12, 8.0e12, 186e9, 900e9,
-                 GPUProfile(gemm=0.62, attention=0.38, price_per_hour=7.0), peak_flops_fp8=5000e12,
+                 GPUProfile(gemm=0.62, attention=0.38, **_AR_2025, price_per_hour=7.0), peak_flops_fp8=5000e12,
                  peak_flops_fp4=10000e12, nvlink_domain=72),
     # NVIDIA GB300 NVL72 spec (nvidia.com/en-us/data-center/gb300-nvl72): 72 GPUs, FP4 1,440 PF sparse /
     # 1,080 PF dense, FP8 720 PF and BF16 360 PF sparse, HBM3e up to 21 TB at 576 TB/s, NVLink 130 TB/s.
     HardwareSpec("GB300", 2500e12, 8.0e12, 288e9, 900e9,
-                 GPUProfile(gemm=0.62, attention=0.38, price_per_hour=8.0), peak_flops_fp8=5000e12,
+                 GPUProfile(gemm=0.62, attention=0.38, **_AR_2025, price_per_hour=8.0), peak_flops_fp8=5000e12,
                  peak_flops_fp4=15000e12, nvlink_domain=72, internode_bandwidth=100e9),
     # AMD Instinct MI300X datasheet (amd.com/en/products/accelerators/instinct/mi300/mi300x);
     # published MI300X GEMM studies reach ~45-55% of peak.

@@ -271,15 +271,14 @@ class RooflineCostModel:
     def decode_step_times(self, num_seqs: int, context: int, max_steps: int, start: float,
                           deadline: float) -> tuple[list[float], list[float]]:
         """step_time of consecutive decode-only steps, bit-identical to step_time's floats."""
-        if self._dp > 1:  # the per-rank split is step_time's; loop it
-            return _loop_step_time(self.step_time, num_seqs, context, max_steps, start, deadline)
-        n = num_seqs
+        dp = self._dp
+        n = num_seqs / dp if dp > 1 else num_seqs  # one rank's share, as step_time splits it
         floor = self._floor
-        t_lin = self._linear(n, n, n)
+        t_lin = self._linear(n, n, num_seqs)
         eff = self.eff
         base = eff.step_overhead_s + eff.per_seq_overhead_s * n + t_lin
         comm = self._comm_fixed + self._comm_tok * n if self._comm_fixed else 0.0
-        moe = self._moe_fixed + self._moe_tok * n if self._moe_fixed else 0.0
+        moe = self._moe_fixed + self._moe_tok * num_seqs if self._moe_fixed else 0.0
         k_kv = self._k_kv
         plain = not self._window and not self._k_dec_flop
         decode_kv = self._decode_kv
@@ -290,7 +289,8 @@ class RooflineCostModel:
         for _ in range(max_steps):
             if t >= deadline:
                 break
-            t_attn = k_kv * (context + n) if plain else decode_kv(context, n)
+            c = context / dp if dp > 1 else context
+            t_attn = k_kv * (c + n) if plain else decode_kv(c, n)
             if t_attn < floor:
                 t_attn = floor
             d = base + t_attn
@@ -301,7 +301,7 @@ class RooflineCostModel:
             t = t + d
             add_duration(d)
             add_end(t)
-            context += n
+            context += num_seqs
         return durations, ends
 
     def max_tokens_per_second(self) -> float:
@@ -330,82 +330,6 @@ def _moe_exchange(m: ModelSpec, eff: Efficiency, n: int, ep: int, moe_tp: int,
     return m.num_moe_layers * 2 * latency, m.num_moe_layers * per_layer
 
 
-@dataclass(slots=True)
-class WorkTotals:
-    """Feature sums over a run, enough to count FLOPs and bytes (both are linear in them)."""
-
-    num_steps: int = 0
-    num_prefill_tokens: int = 0
-    num_prefill_seqs: int = 0
-    prefill_context: int = 0
-    prefill_attn: float = 0.0
-    num_decode_seqs: int = 0
-    decode_context: int = 0
-    busy_time: float = 0.0
-    # Steps larger than any the measured profile was fitted on (SimExecutor), and their time.
-    beyond_fit_steps: int = 0
-    beyond_fit_time: float = 0.0
-
-    def flops(self, model: ModelSpec) -> float:
-        """Model FLOPs (all GPUs together) of the work done."""
-        m = model
-        tokens = self.num_prefill_tokens + self.num_decode_seqs
-        seqs = self.num_prefill_seqs + self.num_decode_seqs
-        lin = 2.0 * (m.num_layers * m.active_params_per_layer * tokens
-                     + m.vocab_size * m.hidden_size * seqs)
-        pairs = self.prefill_attn + self.decode_context + self.num_decode_seqs
-        return lin + 2.0 * m.num_layers * m.num_heads * (m.qk_head_dim + m.v_dim) * pairs
-
-    def bytes_moved(self, model: ModelSpec) -> float:
-        """HBM bytes (all GPUs together): weights once per step plus K/V read and written."""
-        m = model
-        tokens = self.num_prefill_tokens + self.num_decode_seqs
-        p = m.precision
-        routed = m.routed_params
-        if m.is_moe:  # the experts a step of the run's mean size touches
-            mean = tokens / self.num_steps if self.num_steps else 0.0
-            routed = m.num_moe_layers * m.expected_experts(mean) * m.expert_params
-        weights = (m.always_params * p.weight_bytes + routed * p.expert_weight_bytes
-                   + m.vocab_size * m.hidden_size * m.dtype_bytes)
-        kv = m.kv_bytes_per_token * (self.prefill_context + tokens + self.decode_context)
-        return weights * self.num_steps + kv
-
-    def mfu(self, model: ModelSpec, hardware: HardwareSpec, tp: int) -> float:
-        """Model FLOPs utilisation over the busy time."""
-        if self.busy_time <= 0:
-            return 0.0
-        return self.flops(model) / (self.busy_time * tp * hardware.peak_flops)
-
-    def mbu(self, model: ModelSpec, hardware: HardwareSpec, tp: int) -> float:
-        """Memory bandwidth utilisation over the busy time."""
-        if self.busy_time <= 0:
-            return 0.0
-        return self.bytes_moved(model) / (self.busy_time * tp * hardware.mem_bandwidth)
-
-
-@dataclass(slots=True)
-class DraftModelSteps:
-    """The draft model's own forwards in one speculative step, priced by the draft's cost model.
-
-    As the engine's DraftModelProposer runs them: one catch-up forward over what the target
-    verified (prefill chunks and 1 + accepted + 1 tokens per drafting sequence), then k - 1
-    decode forwards of the drafting sequences.
-    """
-
-    cost: CostModel
-    num_speculative_tokens: int
-
-    def time(self, catch_up: tuple[int, int, int, float, int, int], num_drafting: int,
-             drafting_context: int) -> float:
-        """Seconds of the draft's work: catch_up is a step's features (step_time's arguments);
-        drafting_context sums the drafting sequences' lengths after the catch-up."""
-        t = self.cost.step_time(*catch_up) if catch_up[0] or catch_up[4] else 0.0
-        if num_drafting:
-            for j in range(self.num_speculative_tokens - 1):
-                t += self.cost.step_time(0, 0, 0, 0.0, num_drafting, drafting_context + j * num_drafting)
-        return t
-
-
 def roofline_for(model: ModelSpec, hardware: HardwareSpec, parallel: Parallelism,
                  efficiency: Efficiency | None = None) -> RooflineCostModel | PipelineCostModel:
     """The roofline for this layout: one stage's model, wrapped in the pipeline when pp > 1."""
@@ -415,3 +339,10 @@ def roofline_for(model: ModelSpec, hardware: HardwareSpec, parallel: Parallelism
     if parallel.pipeline_parallel_size == 1:
         return stage
     return PipelineCostModel(stage, parallel, hardware.collective_bandwidth(parallel.num_gpus))
+
+
+# Run totals and draft-model steps live in work.py; imported here for their users.
+from twinserve.backends.sim.work import DraftModelSteps, WorkTotals  # noqa: E402
+
+__all__ = ["CostModel", "DraftModelSteps", "Efficiency", "RooflineCostModel", "StepFeatures", "WorkTotals",
+           "sliding_pairs", "windowed_features"]

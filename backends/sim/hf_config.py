@@ -124,7 +124,12 @@ def model_from_hf_dict(data: dict[str, Any], name: str, file: str | None = None,
                      tie_word_embeddings=tie, num_experts=experts, num_experts_per_tok=per_tok,
                      num_shared_experts=shared, moe_intermediate_size=moe_inter,
                      sliding_window=window, num_sliding_layers=sliding_layers,
-                     num_dense_layers=dense_layers, **mla)
+                     num_dense_layers=dense_layers, qk_norm=bool(set(data.get("architectures") or ())
+                                                                 & QK_NORM_ARCHITECTURES), **mla)
+
+
+# Architectures whose attention normalizes q and k per head (transformers' Qwen3/MiniMax-M2 modules).
+QK_NORM_ARCHITECTURES = frozenset({"Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MiniMaxM2ForCausalLM"})
 
 
 def _mla(integer: Callable[..., int | None]) -> dict[str, int]:

@@ -98,9 +98,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     # TensorRT-LLM v1.0, in-flight batching: Llama 3 (3.3-70B has 3.1-70B's shapes), FP8.
     _fp8("Llama-3.1-8B", "H100-SXM", 1, 0, 128, 2048, "in_flight_tok_s", 22714, TRTLLM_V10),
     _fp8("Llama-3.1-8B", "H100-SXM", 1, 0, 1000, 1000, "in_flight_tok_s", 15220, TRTLLM_V10),
-    _fp8("Llama-3.1-70B", "H100-SXM", 2, 0, 128, 2048, "in_flight_tok_s", 6651, TRTLLM_V10,
-         miss="every v1.0 in-flight row runs 4-20% above the model (2025 kernels against "
-              "efficiencies set for 2023-24 ones); this one furthest"),
+    _fp8("Llama-3.1-70B", "H100-SXM", 2, 0, 128, 2048, "in_flight_tok_s", 6651, TRTLLM_V10),
     _fp8("Llama-3.1-70B", "H200", 1, 0, 1000, 1000, "in_flight_tok_s", 2909, TRTLLM_V10),
     _fp8("Llama-3.1-405B", "H100-SXM", 8, 0, 128, 2048, "in_flight_tok_s", 4340, TRTLLM_V10),
     # NeMo rows the model misses, shown so the miss is visible: end-to-end figures, and the
@@ -129,9 +127,16 @@ def bench_cost_model(m: Measurement) -> RooflineCostModel:
     """The catalog's roofline for a benchmark harness, with the row's engine profile."""
     hw = get_hardware(m.hardware)
     prof = ENGINE_PROFILES[m.engine]
+    # The static-batch rows are 2023-24 harnesses (TensorRT-LLM v0.5-v0.9, NeMo) on NCCL's all-reduce,
+    # before the one-shot custom kernels the catalog's 2025 figures describe.
+    era = {} if m.metric == "in_flight_tok_s" else NCCL_2023
     eff = Efficiency.for_hardware(hw, step_overhead_s=prof.step_overhead_s,
-                                  per_seq_overhead_s=prof.per_seq_overhead_s)
+                                  per_seq_overhead_s=prof.per_seq_overhead_s, **era)
     return RooflineCostModel(measured_model(m), hw, m.tp, eff)
+
+
+# NCCL on NVLink, ~35 us at TP 2 to ~60 us at TP 8 (the catalog's figures before the 2025 rows).
+NCCL_2023 = {"allreduce_latency_s": 35e-6, "allreduce_hop_s": 4e-6}
 
 
 def in_flight_batch(m: Measurement) -> int:

@@ -12,12 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from twinserve.backends.sim.catalog import HardwareSpec, ModelSpec
+from twinserve.backends.sim.parallel import Parallelism, ParallelismError
 
 from twinserve.backends.sim.aic.graph import StepGraph, build_graph
 from twinserve.backends.sim.aic.mapping import AicError, check_precision, quant_modes, resolve_version, sdk, system_for
 
 _MS = 1e-3
-KV_GRID = 16  # decode attention is priced at the context rounded up to this many tokens (a KV block)
+KV_GRID = 16  # decode attention is priced at its context rounded up to a KV block of 16 tokens
 
 
 def _total(rows: list[tuple[str, float, float, str]]) -> float:
@@ -33,46 +34,50 @@ class AicCostModel:
 
     Prefill chunks are priced as num_prefill_seqs equal chunks of their mean size and mean cached
     context (exact for one chunk); decode rows at their mean context plus the token they write.
+    Attention DP: each rank runs 1/dp of the step's sequences (aic's MoE ops gather every rank's
+    tokens). PP: the heaviest stage, the batch cut into pp micro-batches as PipelineCostModel does.
     """
 
-    __slots__ = ("name", "model", "hardware", "tp", "ep", "system", "backend", "version", "database",
-                 "graph", "step_overhead_s", "per_seq_overhead_s", "_eval", "_tok", "_seq", "_ctx", "_gen")
+    __slots__ = ("name", "model", "hardware", "tp", "par", "system", "backend", "version", "database",
+                 "graph", "step_overhead_s", "per_seq_overhead_s", "_eval", "_tok", "_seq", "_ctx", "_gen", "_p2p")
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1, backend: str = "vllm",
-                 version: str = "", ep: int = 1, step_overhead_s: float = 0.0,
+                 version: str = "", parallel: Parallelism | None = None, step_overhead_s: float = 0.0,
                  per_seq_overhead_s: float = 0.0) -> None:
-        if tp < 1 or model.num_heads % tp or model.num_kv_heads % tp and tp % model.num_kv_heads:
-            raise AicError("tensor_parallel_size", f"tensor_parallel_size={tp} does not divide "
-                           f"{model.name}'s {model.num_heads} heads / {model.num_kv_heads} KV heads")
-        if ep < 1 or tp % ep or (model.is_moe and model.num_experts % ep):
-            raise AicError("expert_parallel_size", f"expert_parallel_size={ep} must divide the TP size "
-                           f"{tp} and the {model.num_experts} experts")
+        par = parallel or Parallelism(tensor_parallel_size=tp)
+        try:
+            par.check(model)
+        except ParallelismError as err:
+            raise AicError(err.field, str(err)) from None
         pdb = sdk()
         self.name = "aic"
-        self.model, self.hardware, self.tp, self.ep = model, hardware, tp, ep
+        self.model, self.hardware, self.tp, self.par = model, hardware, par.tensor_parallel_size, par
         self.system = system_for(hardware.name)
         self.backend = backend
         self.version = resolve_version(self.system, backend, version)
         self.database = _load(pdb, self.system, backend, self.version)
-        modes = quant_modes(model.precision, model.is_moe)
+        modes = quant_modes(model.precision, model.is_moe, self.system)
         check_precision(self.database, modes, model.precision)
-        self.graph: StepGraph = build_graph(model, tp, modes, backend, self.database, ep)
+        self.graph: StepGraph = build_graph(par.stage_model(model), par, modes, backend, self.database)
         from aiconfigurator_core.sdk.engine import EngineHandle
         self._eval = EngineHandle.for_database(self.database).evaluate_ops_json
         self._probe()
         self.step_overhead_s = step_overhead_s
         self.per_seq_overhead_s = per_seq_overhead_s
-        self._tok: list[float] = []   # running max by token count
-        self._seq: list[float] = []   # running max by sequence count
+        self._tok: dict[int, float] = {}
+        self._seq: dict[int, float] = {}
         self._ctx: dict[tuple[int, int, int], float] = {}
-        self._gen: list[list[float]] = [[0.0]]  # [rows][kv_len / KV_GRID], running max both ways
+        self._gen: dict[tuple[int, int], float] = {}
+        self._p2p: dict[int, float] = {}
 
     def _probe(self) -> None:
         """Query every op once, so a shape the database has no timings for fails now, by name."""
         g = self.graph
-        calls = [("linear layers", g.tokens, True, 1, 1, 0, 16), ("LM head", g.logits, True, 1, 1, 0, 1)]
-        calls += [("context attention", js, True, 1, 128, 0, None) for js, _ in g.context_attn]
-        calls += [("generation attention", js, False, 1, 128, 0, None) for js, _ in g.generation_attn]
+        calls = [("linear layers", g.tokens, True, 1, 1, 0, 16), ("LM head", g.logits, True, 1, 1, 0, 1),
+                 ("context attention", g.context_attn, True, 1, 128, 0, None),
+                 ("generation attention", g.generation_attn, False, 1, 128, 0, None)]
+        if g.p2p:
+            calls.append(("pipeline hand-off", g.p2p, True, 1, 1, 0, 16))
         for what, js, is_context, b, s, prefix, x in calls:
             try:
                 self._eval(js, is_context=is_context, batch_size=b, s=s, prefix=prefix, x=x)
@@ -90,88 +95,116 @@ class AicCostModel:
         """What prices the steps, e.g. 'aic vllm 0.24.0 on h200_sxm'."""
         return f"aic {self.backend} {self.version} on {self.system}"
 
-    # Each part in seconds, memoized: the same shape always returns the same float. The measured tables
-    # are not monotone (Llama-3.1-8B on H200: 33 token counts below 4,096 price up to 5.7% under a
-    # smaller one); the linear part, the LM head and decode attention take their running maximum, so
-    # one more row or token of context never makes a step cheaper. Where the table is monotone the
-    # price is the table's own answer.
-    def _db_tokens(self, tokens: int) -> float:
-        return _total(self._eval(self.graph.tokens, is_context=True, batch_size=1, s=1, x=tokens)) * _MS
-
+    # Each part in seconds, memoized: the same shape always returns the same float, the table's own
+    # answer. The tables are measurements and not monotone: Llama-3.1-8B on H200 (vLLM 0.24.0) has 33
+    # token counts below 4,096 whose linear layers price up to 5.7% under a smaller count's.
     def tokens_time(self, tokens: int) -> float:
-        """Linear layers, norms, MoE and all-reduces over `tokens` rows (running max over fewer rows)."""
-        env = self._tok
-        while len(env) <= tokens:
-            x = len(env)
-            t = self._db_tokens(x) if x else 0.0
-            env.append(t if not env or t > env[-1] else env[-1])
-        return env[tokens]
+        """Linear layers, norms, MoE and all-reduces over `tokens` rows."""
+        t = self._tok.get(tokens)
+        if t is None:
+            t = self._tok[tokens] = _total(self._eval(self.graph.tokens, is_context=True, batch_size=1, s=1,
+                                                      x=tokens)) * _MS
+        return t
 
     def logits_time(self, seqs: int) -> float:
-        """The LM head over one row per sequence (running max over fewer sequences)."""
-        env = self._seq
-        while len(env) <= seqs:
-            x = len(env)
-            t = _total(self._eval(self.graph.logits, is_context=True, batch_size=1, s=1, x=x)) * _MS if x else 0.0
-            env.append(t if not env or t > env[-1] else env[-1])
-        return env[seqs]
+        """The LM head over one row per sequence."""
+        t = self._seq.get(seqs)
+        if t is None:
+            t = self._seq[seqs] = _total(self._eval(self.graph.logits, is_context=True, batch_size=1, s=1,
+                                                    x=seqs)) * _MS
+        return t
 
     def context_attention_time(self, seqs: int, q: int, cached: int) -> float:
-        """Prefill attention of `seqs` chunks of q new tokens after `cached` tokens each (the table's answer)."""
+        """Prefill attention of `seqs` chunks of q new tokens after `cached` tokens each."""
         key = (seqs, q, cached)
         t = self._ctx.get(key)
         if t is None:
-            t = 0.0
-            for ops_json, _ in self.graph.context_attn:
-                t += _total(self._eval(ops_json, is_context=True, batch_size=seqs, s=q, prefix=cached))
-            t = self._ctx[key] = t * _MS
+            t = self._ctx[key] = _total(self._eval(self.graph.context_attn, is_context=True, batch_size=seqs,
+                                                   s=q, prefix=cached)) * _MS
         return t
 
-    def db_generation_attention(self, seqs: int, kv_len: int) -> float:
-        """The table's decode attention of `seqs` rows each reading kv_len tokens of K/V."""
-        t = 0.0
-        for ops_json, _ in self.graph.generation_attn:
-            t += _total(self._eval(ops_json, is_context=False, batch_size=seqs, s=kv_len))
-        return t * _MS
-
     def generation_attention_time(self, seqs: int, kv_len: int) -> float:
-        """Decode attention of `seqs` rows reading kv_len tokens each (their new one included), at kv_len
-        rounded up to KV_GRID tokens: the running max over fewer rows and shorter contexts."""
-        k = -(-kv_len // KV_GRID)
-        env = self._gen
-        while len(env) <= seqs:
-            env.append([0.0])
-        row = env[seqs]
-        if len(row) <= k:
-            for b in range(1, seqs + 1):  # rows below first: each cell is the max of its two neighbours
-                below, r = env[b - 1], env[b]
-                for j in range(len(r), k + 1):
-                    t = self.db_generation_attention(b, j * KV_GRID)
-                    if t < r[j - 1]:
-                        t = r[j - 1]
-                    if b > 1 and t < below[j]:
-                        t = below[j]
-                    r.append(t)
-        return row[k]
+        """Decode attention of `seqs` rows each reading kv_len tokens of K/V (its new one included),
+        priced at kv_len rounded up to KV_GRID tokens so decode steps share cached prices."""
+        kv = -(-kv_len // KV_GRID) * KV_GRID
+        key = (seqs, kv)
+        t = self._gen.get(key)
+        if t is None:
+            t = self._gen[key] = _total(self._eval(self.graph.generation_attn, is_context=False,
+                                                   batch_size=seqs, s=kv)) * _MS
+        return t
+
+    def p2p_time(self, tokens: int) -> float:
+        """One pipeline hand-off of `tokens` rows of hidden state."""
+        t = self._p2p.get(tokens)
+        if t is None:
+            t = self._p2p[tokens] = _total(self._eval(self.graph.p2p, is_context=True, batch_size=1, s=1,
+                                                      x=tokens)) * _MS
+        return t
+
+    def stage_time(self, pt: int, ps: int, pc: int, ds: int, dc: int) -> float:
+        """GPU seconds of one rank of one stage over these (per-rank, per-micro-batch) features."""
+        tokens = pt + ds
+        if not tokens:
+            return 0.0
+        t = self.tokens_time(tokens) + self.logits_time(ps + ds)
+        if ps:
+            t += self.context_attention_time(ps, max(1, round(pt / ps)), round(pc / ps))
+        if ds:
+            t += self.generation_attention_time(ds, round(dc / ds) + 1)
+        return t
 
     def step_time(self, num_prefill_tokens: int, num_prefill_seqs: int, prefill_context: int,
                   prefill_attn: float, num_decode_seqs: int, decode_context: int) -> float:
         """Seconds for a step: aic's price of each op at this shape, summed, plus host overheads."""
-        tokens = num_prefill_tokens + num_decode_seqs
-        seqs = num_prefill_seqs + num_decode_seqs
-        if not tokens:
-            return self.step_overhead_s
-        t = self.tokens_time(tokens) + self.logits_time(seqs)
-        if num_prefill_seqs:
-            q = max(1, round(num_prefill_tokens / num_prefill_seqs))
-            t += self.context_attention_time(num_prefill_seqs, q, round(prefill_context / num_prefill_seqs))
-        if num_decode_seqs:
-            t += self.generation_attention_time(num_decode_seqs, round(decode_context / num_decode_seqs) + 1)
-        return t + self.step_overhead_s + self.per_seq_overhead_s * seqs
+        par = self.par
+        host = self.step_overhead_s + self.per_seq_overhead_s * (num_prefill_seqs + num_decode_seqs)
+        split = par.data_parallel_size * par.pipeline_parallel_size
+        if split == 1:
+            return self.stage_time(num_prefill_tokens, num_prefill_seqs, prefill_context, num_decode_seqs,
+                                   decode_context) + host
+        # One rank's share of one micro-batch, rounded up so a lone sequence still runs somewhere.
+        def share(v: int) -> int:
+            return -(-v // split)
+        pt, ds = share(num_prefill_tokens), share(num_decode_seqs)
+        t = self.stage_time(pt, share(num_prefill_seqs), share(prefill_context), ds, share(decode_context))
+        pp = par.pipeline_parallel_size
+        if pp > 1 and pt + ds:
+            t = pp * (t + self.p2p_time(pt + ds))
+        return t + host
+
+    def decode_step_times(self, num_seqs: int, context: int, max_steps: int, start: float,
+                          deadline: float) -> tuple[list[float], list[float]]:
+        """step_time of consecutive decode-only steps (context grows by num_seqs a step), the same floats."""
+        par = self.par
+        if par.data_parallel_size * par.pipeline_parallel_size > 1 or not num_seqs:
+            from twinserve.backends.sim.cost_model import _loop_step_time
+            return _loop_step_time(self.step_time, num_seqs, context, max_steps, start, deadline)
+        n = num_seqs
+        # The same sum, in step_time's order, so each float is the one stepping would give.
+        base = self.tokens_time(n) + self.logits_time(n)
+        host = self.step_overhead_s + self.per_seq_overhead_s * n
+        gen, gen_time = self._gen, self.generation_attention_time
+        durations: list[float] = []
+        ends: list[float] = []
+        t = start
+        for _ in range(max_steps):
+            if t >= deadline:
+                break
+            kv = -(-(round(context / n) + 1) // KV_GRID) * KV_GRID
+            a = gen.get((n, kv))
+            if a is None:
+                a = gen_time(n, kv)
+            d = base + a + host
+            t = t + d
+            durations.append(d)
+            ends.append(t)
+            context += n
+        return durations, ends
 
     def cache_size(self) -> int:
         """Distinct shapes priced so far (all parts)."""
-        return len(self._tok) + len(self._seq) + len(self._ctx) + sum(map(len, self._gen))
+        return len(self._tok) + len(self._seq) + len(self._ctx) + len(self._gen) + len(self._p2p)
 
 
 def attention_shapes(db: Any) -> str:

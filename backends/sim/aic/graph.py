@@ -1,9 +1,12 @@
 """One step's operations for a ModelSpec, as aiconfigurator-core op objects, grouped by how they are queried.
 
-The layer is aic's own (sdk/models/llama.py and moe.py lay it out the same way): per layer two
-add-norms, the QKV and output GEMMs, the dense MLP (gate/up, activation, down) or aic's MoE block
-(router, experts, dispatch), two all-reduces under TP; the embedding (and its all-reduce) once; the
-LM head over one row per sequence. Attention is split into full and sliding-window layers.
+The layer is aic's own (sdk/models/llama.py, moe.py and deepseek.py lay it out the same way): per
+layer two add-norms, the attention projections (GQA's QKV and output GEMMs; MLA's down, q-up,
+kv-up and output GEMMs), the dense MLP (gate/up, activation, down) or aic's MoE block (router,
+shared experts, dispatch, experts, combine), two all-reduces under TP on dense layers (an MoE
+layer's dispatch and combine stand for them, as in aic's MOEModel); the embedding (and its
+all-reduce) once; the LM head over one row per sequence; the pipeline hand-offs. Attention is split
+into full and sliding-window layers.
 """
 
 from __future__ import annotations
@@ -12,83 +15,120 @@ from dataclasses import dataclass
 from typing import Any
 
 from twinserve.backends.sim.catalog import ModelSpec
+from twinserve.backends.sim.parallel import Parallelism
 
 
 @dataclass(slots=True)
 class StepGraph:
-    """aic op lists (as the engine's JSON) of one model at one TP, by query shape."""
+    """aic op lists (as the engine's JSON) of one model on one GPU, by query shape."""
 
-    tokens: str            # linear layers, norms, MoE, all-reduces: x = the step's tokens
-    logits: str            # the LM head: x = the step's sequences
-    context_attn: list[tuple[str, int]]     # (ops JSON, window) per attention kind
-    generation_attn: list[tuple[str, int]]
+    tokens: str            # linear layers, norms, MoE, all-reduces: x = one rank's tokens
+    logits: str            # the LM head: x = one rank's sequences
+    p2p: str               # a pipeline stage's hand-off: x = a micro-batch's tokens ('' at PP 1)
+    context_attn: str      # batch_size = chunks, s = new tokens, prefix = cached tokens
+    generation_attn: str   # batch_size = rows, s = K/V length
     names: tuple[str, ...]  # every op's name, for reports
 
 
-def _moe_ops(model: ModelSpec, tp: int, ep: int, modes: dict[str, Any], backend: str, phase: str) -> list:
-    """aic's MoE block (router GEMM, shared experts, dispatch + experts + combine) for one phase."""
+def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend: str) -> list:
+    """aic's MoE block (router GEMM, shared experts, dispatch + experts + combine)."""
     from aiconfigurator_core.sdk.config import ModelConfig
     from aiconfigurator_core.sdk.models.blocks.moe import MoEBlockShape, build_moe_block_ops
     from aiconfigurator_core.sdk.models.helpers import power_law_distribution
-    cfg = ModelConfig(tp_size=tp, moe_tp_size=tp // ep, moe_ep_size=ep, gemm_quant_mode=modes["gemm"],
-                      moe_quant_mode=modes["moe"])
+    cfg = ModelConfig(tp_size=par.tensor_parallel_size, attention_dp_size=par.data_parallel_size,
+                      moe_tp_size=par.moe_tensor_parallel_size, moe_ep_size=par.expert_parallel_size,
+                      gemm_quant_mode=modes["gemm"], moe_quant_mode=modes["moe"])
     shape = MoEBlockShape(hidden_size=model.hidden_size, moe_inter_size=model.moe_intermediate_size,
                           topk=model.num_experts_per_tok, num_experts=model.num_experts,
-                          num_shared_experts=model.num_shared_experts, num_moe_layers=model.num_layers)
+                          num_shared_experts=model.num_shared_experts, num_moe_layers=model.num_moe_layers)
     # aic's MOEModel routes tokens by a power law of exponent 1.2 (models/moe.py).
     dist = power_law_distribution(cfg.workload_distribution, 1.2)
-    return build_moe_block_ops(phase, shape, cfg, modes["moe"], dist, scale_factor=model.num_layers,
-                               backend_name=backend, inference_phase=phase)
+    return build_moe_block_ops("context", shape, cfg, modes["moe"], dist, scale_factor=model.num_moe_layers,
+                               backend_name=backend, inference_phase="context")
 
 
-def build_graph(model: ModelSpec, tp: int, modes: dict[str, Any], backend: str, database: Any,
-                ep: int = 1) -> StepGraph:
-    """The op lists of one step of `model` on one GPU of a TP group (expert parallel `ep` within it)."""
+def _mla_projections(m: ModelSpec, tp: int, gq: Any) -> list:
+    """MLA's projections as aic's DeepSeek model lays them out (its granular path), at this model's sizes."""
     import aiconfigurator_core.sdk.operations as ops
-    from aiconfigurator_core.sdk import common
-    from aiconfigurator_core.sdk.engine import build_ops_json
+    h, n, L = m.hidden_size, m.num_heads // tp, m.num_layers
+    latent = m.kv_lora_rank + m.qk_rope_head_dim
+    out = [ops.GEMM("mla_downscale_gemm", L, m.q_lora_rank + latent if m.q_lora_rank else latent, h, gq)]
+    out.append(ops.GEMM("mla_q_proj_gemm", L, n * m.qk_head_dim, m.q_lora_rank or h, gq))
+    out.append(ops.GEMM("proj_gemm", L, h, n * m.v_head_dim, gq, low_precision_input=True))
+    return out
+
+
+def _attention(m: ModelSpec, tp: int, modes: dict[str, Any], backend: str, database: Any) -> tuple[list, list]:
+    """Context and generation attention ops, one per attention kind (full, sliding window)."""
+    import aiconfigurator_core.sdk.operations as ops
     from aiconfigurator_core.sdk.operations.attention import resolved_lane_order_for_op
-    m = model
-    h, d, layers = m.hidden_size, m.head_dim, m.num_layers
-    heads = m.num_heads // tp
-    kv_heads = m.kv_heads_per_gpu(tp)
-    gq, kvq, fmha = modes["gemm"], modes["generation_attention"], modes["fmha"]
-    token_ops = [
-        ops.Embedding("embedding", 1, m.vocab_size // tp, h, 0.3),
-        ops.ElementWise("add_norm_1", layers, 2 * h, 2 * h, 0.8),
-        ops.GEMM("qkv_gemm", layers, heads * d + 2 * kv_heads * d, h, gq),
-        ops.GEMM("proj_gemm", layers, h, heads * d, gq, low_precision_input=True),
-        ops.ElementWise("add_norm_2", layers, 2 * h, 2 * h, 0.8),
-    ]
-    if m.is_moe:
-        token_ops += _moe_ops(m, tp, ep, modes, backend, "context")
-    else:
-        inter = m.intermediate_size // tp
-        token_ops += [
-            ops.GEMM("gate_ffn1_gemm", layers, 2 * inter, h, gq),
-            ops.ElementWise("act_gate", layers, 2 * inter, inter, 0.8),
-            ops.GEMM("ffn2_gemm", layers, h, inter, gq, low_precision_input=True),
-        ]
-    token_ops += [ops.CustomAllReduce("embedding_ar", 1, h, tp), ops.CustomAllReduce("ar_1", layers, h, tp),
-                  ops.CustomAllReduce("ar_2", layers, h, tp)]
-    logits = ops.GEMM("logits_gemm", 1, m.vocab_size // tp, h, common.GEMMQuantMode.bfloat16)
-    sliding = m.num_sliding_layers if m.sliding_window else 0
-    kinds = [(layers - sliding, 0), (sliding, m.sliding_window)]
-    # The attention kernel lanes (FlashAttention 3, FlashInfer, ...) the backend version runs, as
-    # aic's compile_engine resolves them against the database.
+    kvq, fmha = modes["generation_attention"], modes["fmha"]
+    heads, layers = m.num_heads // tp, m.num_layers
+    kv_b = []
+    if m.is_mla:
+        # Prefill attends over decompressed K/V (kv_b_proj over the chunk's tokens); decode absorbs
+        # kv_b_proj into the query and reads the latent (aic's deepseek.py, both phases).
+        kv_b = [ops.GEMM("mla_kv_b_proj_gemm", layers, heads * (m.qk_nope_head_dim + m.v_head_dim),
+                         m.kv_lora_rank, modes["gemm"])]
+    if m.is_mla and backend != "vllm":
+        # SGLang and TensorRT-LLM run MLA kernels: aic's MLA tables, keyed by the native 128 heads' shard.
+        return (kv_b + [ops.ContextMLA("context_attention", layers, 128 // tp, kvq, fmha)],
+                [ops.MLABmm("generation_bmm_pre", layers, heads, modes["gemm"], if_pre=True),
+                 ops.GenerationMLA("generation_attention", layers, 128 // tp, kvq),
+                 ops.MLABmm("generation_bmm_post", layers, heads, modes["gemm"], if_pre=False)])
+    # vLLM's MLA runs its standard attention with v_head_dim-wide heads (aic's deepseek.py, vLLM branch).
+    d = m.v_head_dim if m.is_mla else m.head_dim
+    kv_heads = m.num_kv_heads // tp if m.is_mla else m.kv_heads_per_gpu(tp)
     ctx_lanes = resolved_lane_order_for_op(database, "_context_attention_data", None)
     gen_lanes = resolved_lane_order_for_op(database, "_generation_attention_data", None)
-    ctx, gen = [], []
-    for n, window in kinds:
+    sliding = m.num_sliding_layers if m.sliding_window else 0
+    ctx, gen = list(kv_b), []
+    for n, window in ((layers - sliding, 0), (sliding, m.sliding_window)):
         if not n:
             continue
         c = ops.ContextAttention("context_attention", n, heads, kv_heads, kvq, fmha, window_size=window,
-                                 head_size=d)
-        c._lane_order = ctx_lanes
+                                 head_size=d, use_qk_norm=m.qk_norm)
+        c._lane_order = ctx_lanes  # the kernels this backend version runs, as aic's compile_engine resolves
         g = ops.GenerationAttention("generation_attention", n, heads, kv_heads, kvq, window_size=window,
-                                    head_size=d)
+                                    head_size=d, use_qk_norm=m.qk_norm)
         g._lane_order = gen_lanes
-        ctx.append((build_ops_json([c]), window))
-        gen.append((build_ops_json([g]), window))
-    names = tuple(op._name if hasattr(op, "_name") else str(op) for op in token_ops) + ("logits_gemm",)
-    return StepGraph(build_ops_json(token_ops), build_ops_json([logits]), ctx, gen, names)
+        ctx.append(c)
+        gen.append(g)
+    return ctx, gen
+
+
+def build_graph(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend: str,
+                database: Any) -> StepGraph:
+    """The op lists of one step of one pipeline stage (`model`: the stage's layers) on one GPU."""
+    import aiconfigurator_core.sdk.operations as ops
+    from aiconfigurator_core.sdk import common
+    from aiconfigurator_core.sdk.engine import build_ops_json
+    m, tp = model, par.tensor_parallel_size
+    h, d, layers = m.hidden_size, m.head_dim, m.num_layers
+    gq = modes["gemm"]
+    token_ops = [ops.Embedding("embedding", 1, m.vocab_size // tp, h, 0.3),
+                 ops.ElementWise("add_norm_1", layers, 2 * h, 2 * h, 0.8)]
+    if m.is_mla:
+        token_ops += _mla_projections(m, tp, gq)
+    else:
+        heads, kv_heads = m.num_heads // tp, m.kv_heads_per_gpu(tp)
+        token_ops += [ops.GEMM("qkv_gemm", layers, heads * d + 2 * kv_heads * d, h, gq),
+                      ops.GEMM("proj_gemm", layers, h, heads * d, gq, low_precision_input=True)]
+    token_ops.append(ops.ElementWise("add_norm_2", layers, 2 * h, 2 * h, 0.8))
+    dense = layers - m.num_moe_layers
+    if dense:
+        inter = m.intermediate_size // tp
+        token_ops += [ops.GEMM("gate_ffn1_gemm", dense, 2 * inter, h, gq),
+                      ops.ElementWise("act_gate", dense, 2 * inter, inter, 0.8),
+                      ops.GEMM("ffn2_gemm", dense, h, inter, gq, low_precision_input=True)]
+    if m.num_moe_layers:
+        token_ops += _moe_ops(m, par, modes, backend)
+    token_ops += [ops.CustomAllReduce("embedding_ar", 1, h, tp), ops.CustomAllReduce("ar_1", dense, h, tp),
+                  ops.CustomAllReduce("ar_2", dense, h, tp)]
+    logits = ops.GEMM("logits_gemm", 1, m.vocab_size // tp, h, common.GEMMQuantMode.bfloat16)
+    pp = par.pipeline_parallel_size
+    p2p = build_ops_json([ops.P2P("p2p", 1, h, pp)]) if pp > 1 else ""
+    ctx, gen = _attention(m, tp, modes, backend, database)
+    names = tuple(op._name for op in token_ops) + ("logits_gemm",)
+    return StepGraph(build_ops_json(token_ops), build_ops_json([logits]), p2p, build_ops_json(ctx),
+                     build_ops_json(gen), names)

@@ -7,20 +7,19 @@ reads those files: every look-up goes through the SDK.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 from twinserve.core.errors import TwinserveError
 
+from twinserve.backends.sim.catalog import AIC_SYSTEMS
 from twinserve.backends.sim.precision import Precision
 
 BACKENDS = ("vllm", "sglang", "trtllm")
 INSTALL_HINT = "pip install 'twinserve[aic]' (the aiconfigurator-core==0.12.0 extra; Python >= 3.11)"
 
-# twinserve hardware names (catalog.HARDWARES, and the B300 / GB200 / GB300 rows) -> aic system names.
-SYSTEMS: dict[str, str] = {
-    "h100-sxm": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "b300": "b300_sxm",
-    "gb200": "gb200", "gb300": "gb300", "a100-80gb": "a100_sxm", "l40s": "l40s",
-}
+# twinserve hardware names (catalog.HARDWARES), lower-cased -> aic system names: catalog.AIC_SYSTEMS reversed.
+SYSTEMS: dict[str, str] = {hw.lower(): system for system, hw in AIC_SYSTEMS.items()}
 
 
 class AicError(TwinserveError, ValueError):
@@ -41,10 +40,21 @@ def sdk() -> Any:
     return perf_database
 
 
+@cache
+def supported() -> dict[str, dict[str, list[str]]]:
+    """aic's system -> backend -> versions, read once a process (it parses ~160 YAML files)."""
+    return {s: dict(b) for s, b in sdk().get_supported_databases().items()}
+
+
+@cache
+def version_slots(system: str, backend: str) -> dict[str, str]:
+    """aic's queryable versions of a backend on a system: {'current': v, 'next': v, ...}."""
+    return dict(sdk().get_version_slots(system, backend) or {})
+
+
 def system_for(hardware_name: str) -> str:
     """The aic system of a twinserve hardware name (an aic system name is taken as is)."""
-    pdb = sdk()
-    known = pdb.get_supported_databases()
+    known = supported()
     key = hardware_name.lower()
     system = SYSTEMS.get(key, key if key in known else "")
     if not system or system not in known:
@@ -59,12 +69,11 @@ def resolve_version(system: str, backend: str, version: str) -> str:
     """The literal database version: '' is aic's maintained default ('current'); aliases resolve."""
     if backend not in BACKENDS:
         raise AicError("aic_backend", f"aic_backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    pdb = sdk()
-    slots = pdb.get_version_slots(system, backend) or {}
+    slots = version_slots(system, backend)
     have = sorted(set(slots.values()))
     if not slots:
         raise AicError("aic_backend", f"aiconfigurator-core has no {backend} database for {system}; "
-                       f"it has: {', '.join(sorted(pdb.get_supported_databases().get(system, {}))) or 'none'}")
+                       f"it has: {', '.join(sorted(supported().get(system, {}))) or 'none'}")
     want = version or "current"
     if want in slots:
         return slots[want]
@@ -74,18 +83,21 @@ def resolve_version(system: str, backend: str, version: str) -> str:
                    f"installed: {', '.join(have)} (or current / next; '' = current = {slots['current']})")
 
 
-def quant_modes(precision: Precision, moe: bool) -> dict[str, Any]:
+def quant_modes(precision: Precision, moe: bool, system: str = "") -> dict[str, Any]:
     """aic quant modes for twinserve's precision fields (vLLM's names).
 
-    quantization fp8 is per-tensor W8A8 (vLLM's fp8, aic 'fp8'); int4 is weight-only (AWQ/GPTQ,
-    aic 'int4_wo'); 'fp4' (NVFP4) maps to aic 'nvfp4'. Activations, attention math and the LM head
-    stay 16-bit; kv_cache_dtype fp8 stores K/V in FP8.
+    quantization fp8 is per-tensor W8A8 (vLLM's fp8, aic 'fp8'), block-scaled on MoE experts; int4
+    is weight-only (AWQ/GPTQ, aic 'int4_wo'); nvfp4 is W4A4 (aic 'nvfp4'); mxfp4 (gpt-oss) quantizes
+    the experts only, W4A8 on Blackwell and W4A16 elsewhere as vLLM's Mxfp4Config runs them.
+    Activations, attention math and the LM head stay 16-bit; kv_cache_dtype fp8 stores K/V in FP8.
     """
     from aiconfigurator_core.sdk import common
     q = precision.quantization
-    gemm = {"none": "bfloat16", "fp8": "fp8", "int4": "int4_wo", "fp4": "nvfp4"}[q]
+    blackwell = system.startswith(("b", "gb"))
+    gemm = {"none": "bfloat16", "fp8": "fp8", "int4": "int4_wo", "nvfp4": "nvfp4", "mxfp4": "bfloat16"}[q]
     # Published FP8 MoE checkpoints (Qwen3, DeepSeek) are block-scaled 128x128: aic fp8_block.
-    moe_q = {"none": "bfloat16", "fp8": "fp8_block", "int4": "int4_wo", "fp4": "nvfp4"}[q]
+    moe_q = {"none": "bfloat16", "fp8": "fp8_block", "int4": "int4_wo", "nvfp4": "nvfp4",
+             "mxfp4": "w4a8_mxfp4_mxfp8" if blackwell else "w4a16_mxfp4"}[q]
     kv = "fp8" if precision.kv_cache_dtype == "fp8" else "bfloat16"
     fmha = "float16" if precision.dtype == "float16" else "bfloat16"
     modes = {"gemm": common.GEMMQuantMode[gemm], "generation_attention": common.KVCacheQuantMode[kv],

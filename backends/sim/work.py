@@ -1,0 +1,87 @@
+"""What a run did (feature sums for MFU and MBU) and a draft model's steps, priced by a cost model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from twinserve.backends.sim.catalog import HardwareSpec, ModelSpec
+
+if TYPE_CHECKING:
+    from twinserve.backends.sim.cost_model import CostModel
+
+
+@dataclass(slots=True)
+class WorkTotals:
+    """Feature sums over a run, enough to count FLOPs and bytes (both are linear in them)."""
+
+    num_steps: int = 0
+    num_prefill_tokens: int = 0
+    num_prefill_seqs: int = 0
+    prefill_context: int = 0
+    prefill_attn: float = 0.0
+    num_decode_seqs: int = 0
+    decode_context: int = 0
+    busy_time: float = 0.0
+    # Steps larger than any the measured profile was fitted on (SimExecutor), and their time.
+    beyond_fit_steps: int = 0
+    beyond_fit_time: float = 0.0
+
+    def flops(self, model: ModelSpec) -> float:
+        """Model FLOPs (all GPUs together) of the work done."""
+        m = model
+        tokens = self.num_prefill_tokens + self.num_decode_seqs
+        seqs = self.num_prefill_seqs + self.num_decode_seqs
+        lin = 2.0 * (m.num_layers * m.active_params_per_layer * tokens
+                     + m.vocab_size * m.hidden_size * seqs)
+        pairs = self.prefill_attn + self.decode_context + self.num_decode_seqs
+        return lin + 2.0 * m.num_layers * m.num_heads * (m.qk_head_dim + m.v_dim) * pairs
+
+    def bytes_moved(self, model: ModelSpec) -> float:
+        """HBM bytes (all GPUs together): weights once per step plus K/V read and written."""
+        m = model
+        tokens = self.num_prefill_tokens + self.num_decode_seqs
+        p = m.precision
+        routed = m.routed_params
+        if m.is_moe:  # the experts a step of the run's mean size touches
+            mean = tokens / self.num_steps if self.num_steps else 0.0
+            routed = m.num_moe_layers * m.expected_experts(mean) * m.expert_params
+        weights = (m.always_params * p.weight_bytes + routed * p.expert_weight_bytes
+                   + m.vocab_size * m.hidden_size * m.dtype_bytes)
+        kv = m.kv_bytes_per_token * (self.prefill_context + tokens + self.decode_context)
+        return weights * self.num_steps + kv
+
+    def mfu(self, model: ModelSpec, hardware: HardwareSpec, tp: int) -> float:
+        """Model FLOPs utilisation over the busy time."""
+        if self.busy_time <= 0:
+            return 0.0
+        return self.flops(model) / (self.busy_time * tp * hardware.peak_flops)
+
+    def mbu(self, model: ModelSpec, hardware: HardwareSpec, tp: int) -> float:
+        """Memory bandwidth utilisation over the busy time."""
+        if self.busy_time <= 0:
+            return 0.0
+        return self.bytes_moved(model) / (self.busy_time * tp * hardware.mem_bandwidth)
+
+
+@dataclass(slots=True)
+class DraftModelSteps:
+    """The draft model's own forwards in one speculative step, priced by the draft's cost model.
+
+    As the engine's DraftModelProposer runs them: one catch-up forward over what the target
+    verified (prefill chunks and 1 + accepted + 1 tokens per drafting sequence), then k - 1
+    decode forwards of the drafting sequences.
+    """
+
+    cost: CostModel
+    num_speculative_tokens: int
+
+    def time(self, catch_up: tuple[int, int, int, float, int, int], num_drafting: int,
+             drafting_context: int) -> float:
+        """Seconds of the draft's work: catch_up is a step's features (step_time's arguments);
+        drafting_context sums the drafting sequences' lengths after the catch-up."""
+        t = self.cost.step_time(*catch_up) if catch_up[0] or catch_up[4] else 0.0
+        if num_drafting:
+            for j in range(self.num_speculative_tokens - 1):
+                t += self.cost.step_time(0, 0, 0, 0.0, num_drafting, drafting_context + j * num_drafting)
+        return t

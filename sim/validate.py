@@ -1,0 +1,170 @@
+"""`simulate validate`: every measured row it can express, simulated, and the errors summarized.
+
+Each row is a closed-loop study (sim/validate_rows.py). TTFT and TPOT are the means over a
+measured window of requests that ran at full concurrency; output throughput per GPU is derived from
+them for both sides alike, as a closed-loop benchmark's is: N clients each finish a request every
+TTFT + (OSL - 1) x TPOT, so tok/s/GPU = N x OSL / (TTFT + (OSL - 1) x TPOT) / GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from twinserve.core.errors import TwinserveError
+
+from twinserve.sim.validate_rows import (NotExpressible, closed_loop_available, num_gpus, parallelism,
+                                         precision_fields, request_counts, row_study, with_rate)
+
+METRICS = ("ttft", "tpot", "tput", "ttft_all")  # ttft_all: the cold first wave counted too
+# Fixed-rate stand-in for a closed loop (before [workload] concurrency exists): rate = N / E2E,
+# iterated this many times from a one-wave start.
+_LITTLE_ITERATIONS = 2
+
+
+def throughput_per_gpu(concurrency: float, isl_unused: int, osl: int, ttft_ms: float, tpot_ms: float,
+                       gpus: int) -> float:
+    """Output tok/s per GPU of N closed-loop clients with zero think time (module docstring)."""
+    cycle_s = (ttft_ms + (osl - 1) * tpot_ms) / 1000.0
+    if not cycle_s > 0 or gpus <= 0:
+        return float("nan")
+    return concurrency * osl / cycle_s / gpus
+
+
+def window_means(req: pd.DataFrame, warm: int, measured: int) -> dict[str, float]:
+    """Mean TTFT, TPOT and E2E (ms) of requests warm .. warm + measured in arrival order."""
+    done = req.sort_values(["arrival_s", "request_id"], kind="stable").iloc[warm:warm + measured]
+    return {"ttft_ms": float(done["ttft_s"].mean() * 1000), "tpot_ms": float(done["tpot_s"].mean() * 1000),
+            "e2e_ms": float(done["e2e_s"].mean() * 1000), "n": int(done["ttft_s"].notna().sum())}
+
+
+def simulate_row(job: tuple[dict[str, Any], str]) -> dict[str, Any]:
+    """One row's prediction: its study run closed-loop (or by the Little's-law stand-in)."""
+    from twinserve.sim.study import run_point
+
+    row, cost_model = job
+    t0 = time.perf_counter()
+    cfg = row_study(pd.Series(row), cost_model)
+    conc = int(row["concurrency"])
+    warm, measured, total = request_counts(conc)
+    extra: dict[str, Any] = {}
+    if closed_loop_available():
+        req = run_point(cfg).requests
+        means = window_means(req, warm, measured)
+        # Every request sent, the cold first wave included: as a benchmark without a warm-up reports.
+        extra["pred_ttft_all_ms"] = float(req["ttft_s"].mean() * 1000)
+        loop = "closed"
+    else:
+        # A cold wave of N requests at once gives the first E2E; then a fixed rate N / E2E.
+        wave = with_rate(cfg, 1.0)
+        wave.workload.arrival = "all_at_once"
+        wave.workload.num_requests = conc
+        e2e = window_means(run_point(wave).requests, 0, conc)["e2e_ms"]
+        for _ in range(_LITTLE_ITERATIONS):
+            means = window_means(run_point(with_rate(cfg, conc / (e2e / 1000.0))).requests, warm, measured)
+            e2e = means["e2e_ms"]
+        loop = "littles_law"
+    return {"pred_ttft_ms": means["ttft_ms"], "pred_tpot_ms": means["tpot_ms"], "measured_requests": means["n"],
+            "loop": loop, "sim_wall_s": time.perf_counter() - t0, **extra}
+
+
+def row_record(row: pd.Series) -> dict[str, Any]:
+    """The CSV's descriptive columns and measured figures of one row (no prediction yet)."""
+    gpus = num_gpus(row)
+    try:
+        prec = precision_fields(row)["quantization"]
+    except NotExpressible:
+        prec = str(row.get("precision"))
+    conc = row.get("concurrency")
+    rec = {"row_id": row["id"], "split": row["split"], "backend": row["backend"],
+           "backend_version": row["backend_version"], "system": row["system"], "model": row["model"],
+           "precision": row.get("precision") if isinstance(row.get("precision"), str) else f"{prec} (not given)",
+           "mode": row["mode"], "isl": int(row["isl"]), "osl": int(row["osl"]),
+           "concurrency": int(conc) if conc == conc and conc is not None else None,
+           "parallelism": parallelism(row), "gpus": gpus,
+           "meas_ttft_ms": float(row["silicon_ttft_ms"]), "meas_tpot_ms": float(row["silicon_tpot_ms"])}
+    rec["meas_tput_per_gpu"] = throughput_per_gpu(rec["concurrency"] or float("nan"), rec["isl"], rec["osl"],
+                                                  rec["meas_ttft_ms"], rec["meas_tpot_ms"], gpus)
+    return rec
+
+
+def expressible(row: pd.Series, cost_model: str) -> str:
+    """'' when the row maps to a study, else the reason it does not."""
+    try:
+        row_study(row, cost_model)
+    except NotExpressible as e:
+        return str(e)
+    except TwinserveError as e:  # a catalog or config refusal is a reason too
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
+def finish_record(rec: dict[str, Any], pred: dict[str, Any] | None, error: str = "") -> dict[str, Any]:
+    """rec with the prediction, the derived throughput and the signed errors (pred / meas - 1)."""
+    rec = dict(rec)
+    if pred is not None:
+        rec.update(pred)
+        rec["pred_tput_per_gpu"] = throughput_per_gpu(rec["concurrency"], rec["isl"], rec["osl"],
+                                                      rec["pred_ttft_ms"], rec["pred_tpot_ms"], rec["gpus"])
+    else:
+        rec.update({"pred_ttft_ms": np.nan, "pred_tpot_ms": np.nan, "pred_tput_per_gpu": np.nan})
+    rec["sim_error"] = error
+    for m, (p, q) in {"ttft": ("pred_ttft_ms", "meas_ttft_ms"), "ttft_all": ("pred_ttft_all_ms", "meas_ttft_ms"),
+                      "tpot": ("pred_tpot_ms", "meas_tpot_ms"),
+                      "tput": ("pred_tput_per_gpu", "meas_tput_per_gpu")}.items():
+        pv, mv = rec.get(p), rec.get(q)
+        ok = pv is not None and mv is not None and math.isfinite(pv) and math.isfinite(mv) and mv > 0
+        rec[f"err_{m}"] = pv / mv - 1.0 if ok else np.nan
+    return rec
+
+
+def _stats(errors: pd.Series) -> dict[str, Any]:
+    a = errors.dropna().abs().to_numpy()
+    if len(a) == 0:
+        return {"n": 0}
+    return {"n": int(len(a)), "median_abs": float(np.median(a)),
+            "within_10": float(np.mean(a <= 0.10)), "within_20": float(np.mean(a <= 0.20)),
+            "p90_abs": float(np.quantile(a, 0.90)), "p99_abs": float(np.quantile(a, 0.99)),
+            "median_signed": float(errors.dropna().median())}
+
+
+def _group(g: pd.DataFrame) -> dict[str, Any]:
+    out: dict[str, Any] = {"rows": int(len(g)), "expressible": int(g["expressible"].sum()),
+                           "simulated": int(g["err_tpot"].notna().sum())}
+    out["expressible_share"] = out["expressible"] / out["rows"] if out["rows"] else 0.0
+    for m in METRICS:
+        out[m] = _stats(g[f"err_{m}"] if f"err_{m}" in g else pd.Series(dtype=float))
+    return out
+
+
+def summarize_validation(df: pd.DataFrame) -> dict[str, Any]:
+    """Per split (dev, heldout, all), overall and per backend x system x model: counts and error stats."""
+    out: dict[str, Any] = {}
+    for split, part in (("dev", df[df["split"] == "dev"]), ("heldout", df[df["split"] == "heldout"]),
+                        ("all", df)):
+        groups = {f"{b} | {s} | {m}": _group(g)
+                  for (b, s, m), g in part.groupby(["backend", "system", "model"], sort=True)}
+        out[split] = {"overall": _group(part), "groups": groups}
+    return out
+
+
+def summary_table(summary: dict[str, Any]) -> str:
+    """The overall figures per split as a Markdown table (TPOT, TTFT, throughput)."""
+    lines = ["| split | rows | expressible | simulated | TPOT med abs err | TPOT <=10% | TPOT <=20% | TPOT p90 "
+             "| TTFT med abs err | TTFT <=20% | TTFT (cold wave in) med abs err | tput med abs err | tput <=20% |",
+             "|" + "---|" * 13]
+    for split in ("dev", "heldout", "all"):
+        o = summary[split]["overall"]
+        t, f, p, fa = o["tpot"], o["ttft"], o["tput"], o["ttft_all"]
+
+        def pct(d: dict[str, Any], k: str) -> str:
+            return f"{d[k]:.0%}" if d.get("n") else "-"
+        lines.append(f"| {split} | {o['rows']} | {o['expressible']} ({o['expressible_share']:.0%}) | "
+                     f"{o['simulated']} | {pct(t, 'median_abs')} | {pct(t, 'within_10')} | {pct(t, 'within_20')} | "
+                     f"{pct(t, 'p90_abs')} | {pct(f, 'median_abs')} | {pct(f, 'within_20')} | {pct(fa, 'median_abs')} | "
+                     f"{pct(p, 'median_abs')} | {pct(p, 'within_20')} |")
+    return "\n".join(lines)

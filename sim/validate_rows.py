@@ -1,0 +1,344 @@
+"""The measured rows `simulate validate` judges against, and each row as a closed-loop study.
+
+The rows are aiconfigurator-core's `systems/silicon_sample.csv` (Apache-2.0), read from the
+installed package at run time, never copied here. A row the simulator cannot express gets a
+reason, not a study.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from dataclasses import dataclass, fields
+from typing import Any
+
+import pandas as pd
+
+from twinserve.backends.sim.catalog import UnknownSpecError, get_hardware, get_model
+from twinserve.backends.sim.precision import KV_CACHE_DTYPES, QUANTIZATIONS
+from twinserve.core.errors import TwinserveError
+
+from twinserve.sim.config import EngineConfig, StudyConfig
+from twinserve.sim.errors import SimError
+from twinserve.sim.workload import WorkloadConfig
+
+AIC_PACKAGE = "aiconfigurator_core"
+AIC_EXTRA = "aic"  # pip install 'twinserve[aic]' (pyproject.toml)
+SILICON_CSV = "systems/silicon_sample.csv"
+
+# The issue's development models (every backend and system); every other model is held out.
+DEV_MODELS = ("Llama-3.1-70B", "Qwen3-32B", "gpt-oss-120b", "DeepSeek-R1")
+
+# aiconfigurator's system names -> this catalog's hardware names.
+SYSTEMS = {"h100_sxm": "H100-SXM", "h200_sxm": "H200", "b200_sxm": "B200", "b300_sxm": "B300",
+           "gb200": "GB200", "gb300": "GB300"}
+
+# Host cost per step by serving engine (backends/sim/engine_profile.py; cuda_graph_python fitted on the
+# vLLM/SGLang development rows, docs/capacity.md).
+ENGINE_PROFILE = {"trtllm": "cuda_graph_cpp", "vllm": "cuda_graph_python", "sglang": "cuda_graph_python"}
+
+# Study fields the parallel layouts need, by the names their helper gives them (wip/rows);
+# a row that needs one this config lacks is "not expressible".
+PP_FIELD = "pipeline_parallel_size"
+EP_FIELD = "expert_parallel_size"
+ADP_FIELD = "data_parallel_size"
+
+# A checkpoint's suffix that names its quantization, not its shape.
+_SUFFIXES = re.compile(r"(-Instruct|-FP8|-NVFP4|-MXFP4|-AWQ|-INT4)+$", re.IGNORECASE)
+_WARMUP_WAVES = 1   # client waves left out at the start (cold start: every client prefills at once)
+_MEASURED_MIN = 16  # requests in the measured window at the least (small concurrencies)
+_MEASURED_MAX = 256  # and at the most: a wave of 2,048 clients is steady long before it ends
+
+
+class SiliconDataError(SimError, RuntimeError):
+    """aiconfigurator-core (the measured rows) is missing, or a filter matches nothing."""
+
+
+class NotExpressible(TwinserveError, ValueError):
+    """A row the simulator cannot express; its message is the reason written to the CSV."""
+
+
+def load_rows() -> pd.DataFrame:
+    """The measured rows from the installed aiconfigurator-core, with `concurrency`, `model`, `split`."""
+    import importlib.resources as resources
+    try:
+        path = resources.files(AIC_PACKAGE) / SILICON_CSV
+        with resources.as_file(path) as p:
+            df = pd.read_csv(p)
+    except (ModuleNotFoundError, FileNotFoundError) as e:
+        raise SiliconDataError(
+            f"the measured rows come from aiconfigurator-core ({AIC_PACKAGE}/{SILICON_CSV}), "
+            f"which is not installed or lacks the file ({e}); pip install 'twinserve[{AIC_EXTRA}]'"
+        ) from None
+    return prepare_rows(df)
+
+
+def prepare_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Add the client concurrency, the catalog-style model name and the dev/held-out split."""
+    df = df.copy()
+    # Disaggregated rows leave batch_size empty; their client concurrency is the id's `_c<N>_`.
+    from_id = pd.to_numeric(df["id"].astype(str).str.extract(r"_c(\d+)_")[0], errors="coerce")
+    df["concurrency"] = df["batch_size"].where(df["batch_size"].notna(), from_id)
+    df["model"] = df["model_path"].map(model_name)
+    df["split"] = df["model"].map(lambda m: "dev" if m in DEV_MODELS else "heldout")
+    return df
+
+
+def model_name(model_path: str) -> str:
+    """'meta-llama/Llama-3.1-8B-Instruct' -> 'Llama-3.1-8B' (the org and quantization suffixes dropped)."""
+    base = str(model_path).rsplit("/", 1)[-1]
+    return _SUFFIXES.sub("", base) or base
+
+
+def _int(row: pd.Series, col: str, default: int = 1) -> int:
+    v = row.get(col)
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return default
+    return int(v) if int(v) >= 1 else default  # 0 in the file means "not used"
+
+
+@dataclass(slots=True)
+class Worker:
+    """One worker shape of a row: its parallel sizes and its GPU count."""
+
+    tp: int
+    pp: int = 1
+    attention_dp: int = 1
+    moe_tp: int = 1
+    moe_ep: int = 1
+    count: int = 1
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of one worker: TP x PP x attention-DP (MoE TP x EP splits the same GPUs)."""
+        return self.tp * self.pp * self.attention_dp
+
+    def label(self) -> str:
+        """e.g. 'tp8', 'tp4 pp2', 'tp1 adp8 ep8'."""
+        parts = [f"tp{self.tp}"]
+        for name, v in (("pp", self.pp), ("adp", self.attention_dp), ("ep", self.moe_ep)):
+            if v > 1:
+                parts.append(f"{name}{v}")
+        return " ".join(parts)
+
+
+def workers(row: pd.Series) -> list[Worker]:
+    """[the one aggregated worker] or [prefill, decode] with their counts."""
+    if row["mode"] != "disagg":
+        return [Worker(_int(row, "tp_size"), _int(row, "pp_size"), _int(row, "attention_dp_size"),
+                       _int(row, "moe_tp_size"), _int(row, "moe_ep_size"))]
+    return [Worker(_int(row, f"{k}_tp_size"), _int(row, f"{k}_pp_size"),
+                   _int(row, f"{k}_attention_dp_size"), _int(row, f"{k}_moe_tp_size"),
+                   _int(row, f"{k}_moe_ep_size"), _int(row, f"{k}_num_workers"))
+            for k in ("prefill", "decode")]
+
+
+def parallelism(row: pd.Series) -> str:
+    """A short label of the row's layout, e.g. 'tp8' or 'P 2x tp4 | D 1x tp8 ep8'."""
+    ws = workers(row)
+    if len(ws) == 1:
+        return ws[0].label()
+    return f"P {ws[0].count}x {ws[0].label()} | D {ws[1].count}x {ws[1].label()}"
+
+
+def num_gpus(row: pd.Series) -> int:
+    """GPUs the row ran on: one worker, or every prefill and decode worker."""
+    return sum(w.gpus * w.count for w in workers(row))
+
+
+def precision_fields(row: pd.Series) -> dict[str, str]:
+    """The row's precision as [engine] fields, as the backends serve it.
+
+    fp8: W8A8 GEMMs and an fp8 KV cache; fp4: NVFP4/MXFP4 weights (fp8 KV); int4: weight-only;
+    bf16, or no precision given with no quantized GEMMs (the unquantized checkpoint): 16-bit.
+    """
+    p = row.get("precision")
+    if not isinstance(p, str):
+        p = "bf16" if not isinstance(row.get("gemm_quant_mode"), str) else str(row["gemm_quant_mode"])
+    kv_fp8 = "fp8" if "fp8" in KV_CACHE_DTYPES else "auto"
+    if p == "bf16":
+        return {"dtype": "bfloat16", "quantization": "none", "kv_cache_dtype": "auto"}
+    if p == "fp8":
+        return {"dtype": "bfloat16", "quantization": "fp8", "kv_cache_dtype": kv_fp8}
+    if p == "int4":
+        if "int4" not in QUANTIZATIONS:
+            raise NotExpressible(f"precision int4: quantization choices are {', '.join(QUANTIZATIONS)}")
+        return {"dtype": "bfloat16", "quantization": "int4", "kv_cache_dtype": "auto"}
+    if p == "fp4":
+        mode = str(row.get("gemm_quant_mode") or "")
+        # gpt-oss ships MXFP4 experts (its own checkpoint); the others are NVFP4 checkpoints.
+        mx = mode == "mxfp4" or "gpt-oss" in str(row.get("model_path", ""))
+        for q in (("mxfp4",) if mx else ()) + ("nvfp4", "fp4", "mxfp4"):
+            if q in QUANTIZATIONS:
+                return {"dtype": "bfloat16", "quantization": q, "kv_cache_dtype": kv_fp8}
+        raise NotExpressible(f"precision fp4 ({mode or 'nvfp4'}): no FP4 quantization in the "
+                             f"roofline (choices: {', '.join(QUANTIZATIONS)})")
+    raise NotExpressible(f"precision {p!r} is not one of bf16, fp8, fp4, int4")
+
+
+def _engine_has(name: str) -> bool:
+    return name in {f.name for f in fields(EngineConfig)}
+
+
+def _layout(w: Worker, model: Any) -> dict[str, Any]:
+    """A worker's [engine] parallel fields; NotExpressible when the config has no field for one."""
+    out: dict[str, Any] = {"engine.tensor_parallel_size": w.tp}
+    for size, name, what in ((w.pp, PP_FIELD, "pipeline parallelism"),
+                             (w.attention_dp, ADP_FIELD, "attention data parallelism"),
+                             (w.moe_ep, EP_FIELD, "MoE expert parallelism")):
+        if size > 1:
+            if not _engine_has(name):
+                raise NotExpressible(f"{what} ({w.label()}): no engine.{name} yet")
+            out[f"engine.{name}"] = size
+    if w.moe_ep > 1 and not getattr(model, "is_moe", False):
+        raise NotExpressible(f"expert parallelism {w.moe_ep} on a dense model")
+    return out
+
+
+def _resolve_model(name: str, path: str) -> Any:
+    """The row's model spec: aiconfigurator's shipped config of model_path, else our catalog."""
+    try:
+        from twinserve.backends.sim.aic_models import resolve_row_model
+    except ImportError:  # before the row models helper: the catalog only
+        resolve_row_model = None
+    if resolve_row_model is not None:
+        try:
+            return resolve_row_model(str(path))
+        except UnknownSpecError:
+            pass
+        except TwinserveError as e:  # a config this simulator cannot read (e.g. linear attention)
+            raise NotExpressible(f"model {path}: {e}") from None
+    for candidate in (name, str(path).rsplit("/", 1)[-1]):
+        try:
+            return get_model(candidate)
+        except UnknownSpecError:
+            continue
+    raise NotExpressible(f"model {path}: neither aiconfigurator's model configs nor the catalog has it")
+
+
+def _resolve_hardware(system: str) -> str:
+    try:
+        from twinserve.backends.sim.catalog import hardware_for_aic_system
+        return hardware_for_aic_system(system).name
+    except ImportError:
+        pass
+    except UnknownSpecError as e:
+        raise NotExpressible(f"system {system}: {e}") from None
+    hw = SYSTEMS.get(system)
+    if hw is None:
+        raise NotExpressible(f"system {system!r}: no catalog GPU mapped (known: {', '.join(SYSTEMS)})")
+    try:
+        return get_hardware(hw).name
+    except UnknownSpecError:
+        raise NotExpressible(f"system {system}: no {hw} in the hardware catalog") from None
+
+
+def _aic_fields(row: pd.Series) -> dict[str, str]:
+    """[engine] aic_backend and aic_version: the row's backend at its version where installed."""
+    out = {"aic_backend": str(row["backend"]), "aic_version": ""}
+    try:
+        from twinserve.backends.sim.aic.mapping import resolve_version
+        out["aic_version"] = resolve_version(str(row["system"]), out["aic_backend"], str(row["backend_version"]))
+    except (ImportError, TwinserveError):
+        pass  # not installed for this row: the database's current version prices it
+    return out
+
+
+def request_counts(concurrency: int) -> tuple[int, int, int]:
+    """(warm-up, measured, total) requests of a closed loop of `concurrency` clients.
+
+    The first wave is the cold start (every client prefills at once), so it is left out; the
+    measured window is the next wave (at least _MEASURED_MIN requests); a last wave keeps every
+    client busy until the measured requests finish, and is left out as well. A steady closed
+    loop with fixed lengths repeats itself every wave, so one wave (capped) measures it.
+    """
+    warm = _WARMUP_WAVES * concurrency
+    measured = max(min(concurrency, _MEASURED_MAX), _MEASURED_MIN)
+    return warm, measured, warm + measured + concurrency
+
+
+def row_study(row: pd.Series, cost_model: str = "roofline") -> StudyConfig:
+    """The row as a closed-loop study; NotExpressible (with the reason) when it cannot be one."""
+    conc = row.get("concurrency")
+    if conc is None or (isinstance(conc, float) and math.isnan(conc)) or int(conc) < 1:
+        raise NotExpressible("no client concurrency in the row (batch_size empty, no _c<N>_ in its id)")
+    conc = int(conc)
+    model = _resolve_model(row["model"], row["model_path"])
+    hw = _resolve_hardware(row["system"])
+    prec = precision_fields(row)
+    try:
+        model = model.with_precision(type(model.precision)(**prec))
+    except ValueError as e:
+        raise NotExpressible(str(e)) from None
+    isl, osl = int(row["isl"]), int(row["osl"])
+    cfg = StudyConfig()
+    e = cfg.engine
+    cfg.custom_model = model  # found by its name, like a [model] table's spec
+    e.model, e.hardware, e.cost_model = model.name, hw, cost_model
+    if cost_model == "aic":
+        for k, v in _aic_fields(row).items():
+            setattr(e, k, v)
+    for k, v in prec.items():
+        setattr(e, k, v)
+    e.engine_profile = ENGINE_PROFILE.get(str(row["backend"]), e.engine_profile)
+    s = cfg.scheduler
+    s.max_model_len = max(s.max_model_len, isl + osl)
+    # Benchmarks size the engine's batch for the clients: no request waits for a sequence slot.
+    s.max_num_seqs = max(s.max_num_seqs, conc)
+    s.enable_prefix_caching = False  # random prompts: nothing to share
+    _set_workload(cfg.workload, conc, isl, osl)
+    cfg.run.name = str(row["id"])
+    ws = workers(row)
+    if len(ws) == 1:
+        _apply(cfg, _layout(ws[0], model))
+    else:
+        pre, dec = ws
+        c = cfg.cluster
+        c.num_replicas = pre.count + dec.count
+        c.num_prefill_replicas = pre.count
+        c.router = "least_outstanding" if "least_outstanding" in _routers() else c.router
+        c.replicas = [_layout(pre, model)] * pre.count + [_layout(dec, model)] * dec.count
+        _apply(cfg, _layout(dec, model))
+    return cfg
+
+
+def _routers() -> tuple[str, ...]:
+    from twinserve.sim.config import ROUTERS
+    return tuple(ROUTERS)
+
+
+def _apply(cfg: StudyConfig, values: dict[str, Any]) -> None:
+    for dotted, v in values.items():
+        section, name = dotted.split(".", 1)
+        setattr(getattr(cfg, section), name, v)
+
+
+def closed_loop_available() -> bool:
+    """True once [workload] concurrency (closed-loop clients) exists (wip/closedloop)."""
+    return "concurrency" in {f.name for f in fields(WorkloadConfig)}
+
+
+def _set_workload(w: WorkloadConfig, conc: int, isl: int, osl: int) -> None:
+    """Fixed lengths and N closed-loop clients (or, before closed loops exist, N at once)."""
+    w.prompt_dist = w.output_dist = "fixed"
+    w.prompt_mean, w.output_mean = float(isl), float(osl)
+    w.prompt_min, w.prompt_max = isl, isl
+    w.output_min, w.output_max = osl, osl
+    w.on_overlong = "fail"
+    warm, measured, total = request_counts(conc)
+    w.num_requests = total
+    if closed_loop_available():
+        setattr(w, "concurrency", conc)
+        setattr(w, "warmup_requests", warm)
+        w.num_requests = total - warm  # the warm-up requests come on top of num_requests
+    else:
+        w.arrival = "all_at_once"
+
+
+def with_rate(cfg: StudyConfig, rate: float) -> StudyConfig:
+    """A copy of an open-loop stand-in study at a fixed arrival rate (Little's law iteration)."""
+    out = copy.deepcopy(cfg)
+    out.workload.arrival = "fixed"
+    out.workload.rate = max(rate, 1e-4)
+    return out
