@@ -73,8 +73,9 @@ def select_rows(df: pd.DataFrame, backend: str | None = None, system: str | None
 
 
 def _check_cost_model(name: str) -> None:
-    from twinserve.sim.config import _CHOICES
-    allowed = _CHOICES["engine.cost_model"]
+    from twinserve.core.knobs import knob_of
+    from twinserve.sim.config import EngineConfig
+    allowed = knob_of(EngineConfig.__dataclass_fields__["cost_model"]).choice_list()
     if name not in ("roofline", "aic") or name not in allowed:
         have = ", ".join(c for c in allowed if c != "fitted")
         raise FilterError(f"--cost-model {name!r}: this build has {have}"
