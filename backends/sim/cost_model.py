@@ -195,7 +195,9 @@ class RooflineCostModel:
         if m.is_moe:
             self._w_time += m.num_moe_layers * eff.moe_layer_overhead_s
         link = hardware.collective_bandwidth(tp * dp)
-        split_moe = m.is_moe and (ep > 1 or dp > 1)
+        # Tokens cross GPUs in the MoE layers only when attention DP spreads them: under attention TP
+        # every GPU holds every token, runs its own experts on them and the layer all-reduces as usual.
+        split_moe = m.is_moe and dp > 1
         # TP all-reduces: two a layer, but one in an MoE layer whose experts exchange tokens instead.
         n_ar = 2 * m.num_layers - (m.num_moe_layers if split_moe else 0)
         if tp > 1:

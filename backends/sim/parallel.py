@@ -55,7 +55,8 @@ class Parallelism:
         if model.num_heads % tp or (not model.is_mla and model.num_kv_heads % tp and tp % model.num_kv_heads):
             raise ParallelismError("tensor_parallel_size", tp,
                                    f"a divisor of {model.name}'s {model.num_heads} attention heads "
-                                   f"(and of its {model.num_kv_heads} KV heads, or a multiple of them)")
+                                   f"(and of its {model.num_kv_heads} KV heads, or a multiple of them): "
+                                   f"{tp} does not divide them")
         if ep > 1:
             if not model.is_moe:
                 raise ParallelismError("expert_parallel_size", ep, f"1: {model.name} has no experts")
