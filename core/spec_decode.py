@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from twinserve.core.errors import InvalidConfigError
+from twinserve.core.knobs import check_fields, knob
 
 SPEC_METHODS = ("ngram", "draft_model")
 # More drafts per step are never worth the verify width (vLLM caps k similarly).
@@ -20,26 +21,28 @@ MAX_SPECULATIVE_TOKENS = 32
 class SpeculativeConfig:
     """How drafts are proposed and when speculation is off."""
 
-    method: str = "ngram"
-    num_speculative_tokens: int = 4
+    method: str = knob("ngram", help="how drafts are proposed: prompt n-grams, or a smaller draft model",
+                       choices=SPEC_METHODS)
+    num_speculative_tokens: int = knob(4, help="draft tokens per step", unit="tokens",
+                                       range=(1, MAX_SPECULATIVE_TOKENS))
     # ngram: suffix lengths matched against the context.
-    prompt_lookup_max: int = 4
-    prompt_lookup_min: int = 1
-    model: str | None = None
-    # No drafts at this many running requests or more (0: never off).
-    disable_by_batch_size: int = 0
+    prompt_lookup_max: int = knob(4, help="ngram: longest suffix matched against the context", unit="tokens",
+                                  range=(1, 1 << 16))
+    prompt_lookup_min: int = knob(1, help="ngram: shortest suffix matched against the context", unit="tokens",
+                                  range=(1, 1 << 16))
+    model: str | None = knob(None, help="draft_model: the draft, named as the target is")
+    disable_by_batch_size: int = knob(0, help="no drafts while this many requests run", range=(0, 1 << 31),
+                                      special={0: "never off"})
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
         """Raise InvalidConfigError naming the first bad field."""
-        if self.method not in SPEC_METHODS:
-            raise InvalidConfigError("speculative_config.method", self.method, f"one of {SPEC_METHODS}")
-        _int_in("num_speculative_tokens", self.num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
-        _int_in("prompt_lookup_min", self.prompt_lookup_min, 1, 1 << 16)
-        _int_in("prompt_lookup_max", self.prompt_lookup_max, self.prompt_lookup_min, 1 << 16)
-        _int_in("disable_by_batch_size", self.disable_by_batch_size, 0, 1 << 31)
+        check_fields(self, prefix="speculative_config.")
+        if self.prompt_lookup_max < self.prompt_lookup_min:
+            raise InvalidConfigError("speculative_config.prompt_lookup_max", self.prompt_lookup_max,
+                                     f"an integer >= prompt_lookup_min ({self.prompt_lookup_min})")
         if self.method == "draft_model" and not self.model:
             raise InvalidConfigError("speculative_config.model", self.model,
                                      "a draft model path when method is 'draft_model'")
@@ -79,11 +82,6 @@ class SpeculativeConfig:
             raise InvalidConfigError("speculative_config", unknown,
                                      f"keys among {sorted(known)}")
         return cls(**d)
-
-
-def _int_in(name: str, value: object, lo: int, hi: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise InvalidConfigError(f"speculative_config.{name}", value, f"an integer in [{lo}, {hi}]")
 
 
 @dataclass(slots=True)

@@ -24,7 +24,8 @@ from twinserve.backends.sim.capacity import kv_capacity
 from twinserve.backends.sim.catalog import hardware_for_aic_system
 from twinserve.backends.sim.cost_model import Efficiency
 from twinserve.backends.sim.engine_profile import ENGINE_PROFILES
-from twinserve.backends.sim.parallel import Parallelism, roofline_for
+from twinserve.backends.sim.cost_model import roofline_for
+from twinserve.backends.sim.parallel import Parallelism
 from twinserve.backends.sim.precision import Precision
 
 DEV_MODELS = ("meta-llama/Llama-3.1-70B", "Qwen/Qwen3-32B", "openai/gpt-oss-120b", "deepseek-ai/DeepSeek-R1")

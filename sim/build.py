@@ -9,13 +9,15 @@ from pathlib import Path
 from typing import Iterator
 
 from twinserve.backends.sim.capacity import KVCapacity, kv_capacity, model_kv_groups
+from twinserve.core.kv.model_kv import kv_groups_for as core_kv_groups_for, with_model_kv
 from twinserve.backends.sim.capacity import DoesNotFitError
 from twinserve.backends.sim.catalog import HardwareSpec, ModelSpec
 from twinserve.backends.sim.engine_profile import ENGINE_PROFILES
 from twinserve.backends.sim.precision import Precision
 from twinserve.backends.sim.cost_model import CostModel, DraftModelSteps, Efficiency, RooflineCostModel
 from twinserve.backends.sim.executor import SimExecutor
-from twinserve.backends.sim.parallel import Parallelism, ParallelismError, roofline_for
+from twinserve.backends.sim.cost_model import roofline_for
+from twinserve.backends.sim.parallel import Parallelism, ParallelismError
 from twinserve.backends.sim.fitted import FittedCostModel, ProfileError, check_profile_model
 from twinserve.backends.sim.spec import SpecAcceptance
 from twinserve.core.engine_core import EngineCore
@@ -176,16 +178,11 @@ class BuiltEngine:
 
 
 def kv_groups_for(cfg: StudyConfig, model: ModelSpec) -> tuple[int, ...]:
-    """The KV groups the core runs: scheduler.kv_groups if set, else the model's (as the engine's).
+    """The KV groups the core runs (core.kv.model_kv's one rule, the engine's too).
 
     scheduler.sliding_window set by hand keeps one group; kv_groups = [0] keeps every block.
     """
-    s = cfg.scheduler
-    if s.kv_groups:
-        return tuple(s.kv_groups)
-    if s.sliding_window:
-        return (s.sliding_window,)
-    return model_kv_groups(model)
+    return core_kv_groups_for(cfg.scheduler, model_kv_groups(model))
 
 
 def draft_spec(cfg: StudyConfig, model: ModelSpec) -> ModelSpec | None:
@@ -235,12 +232,7 @@ def build_engine(cfg: StudyConfig) -> BuiltEngine:
     s = cfg.scheduler
     cap = engine_capacity(cfg, model, hw)
     try:
-        sched_cfg = s.to_core(cap.num_blocks)
-        groups = kv_groups_for(cfg, model)
-        if len(groups) > 1:
-            sched_cfg = dataclasses.replace(sched_cfg, kv_groups=groups, sliding_window=0)
-        elif groups[0] and not sched_cfg.sliding_window:
-            sched_cfg = dataclasses.replace(sched_cfg, sliding_window=groups[0])
+        sched_cfg = with_model_kv(s.to_core(cap.num_blocks), model_kv_groups(model))
         dp = cfg.engine.data_parallel_size
         if dp > 1:  # each attention-DP rank schedules its own batch, as vLLM's DP engine cores do
             sched_cfg = dataclasses.replace(sched_cfg, max_num_seqs=s.max_num_seqs * dp,

@@ -126,24 +126,31 @@ def beyond_fit_note(res: Sequence[Any]) -> list[str]:
             "steps_beyond_fit); calibrate with longer contexts or larger batches to measure them"]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `simulate` script."""
-    ap = argparse.ArgumentParser(prog="simulate", description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    """The `simulate` parser: run, sweep, search and fields."""
+    ap = argparse.ArgumentParser(prog="simulate", description=__doc__.splitlines()[0],
+                                 epilog="`simulate fields` lists every study field with its default, "
+                                        "range and meaning (docs/knobs.md).")
     ap.add_argument("--out", default=None,
                     help="output folder (default: simulate-out, or simulate-COMMAND)")
-    ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--workers", type=int, default=None,
+                    help="processes that simulate points in parallel (default: the CPUs)")
     sub = ap.add_subparsers(dest="command")
+    helps = {"run": "simulate one study", "sweep": "simulate every point of a grid of field values",
+             "search": "the highest rate each configuration sustains within the SLOs, and its cost"}
     for name in ("run", "sweep", "search"):
-        p = sub.add_parser(name)
+        p = sub.add_parser(name, help=helps[name])
         p.add_argument("--config", help="study TOML file (every field has a default)")
         p.add_argument("--set", action="append", metavar="FIELD=VALUE",
-                       help="override one config field (repeatable)")
-        p.add_argument("--seed", type=int)
+                       help="override one config field, as section.field or a bare unique name "
+                            "(repeatable; `simulate fields` lists them)")
+        p.add_argument("--seed", type=int, help="run.seed: the seed of every random stream")
         p.add_argument("--requests", type=int, help="workload.num_requests")
         p.add_argument("--no-fast-forward", action="store_true", help="step one event per step")
         # SUPPRESS: an unset subcommand flag must not overwrite the same flag given before it.
         p.add_argument("--out", default=argparse.SUPPRESS, help="output folder")
-        p.add_argument("--workers", type=int, default=argparse.SUPPRESS)
+        p.add_argument("--workers", type=int, default=argparse.SUPPRESS,
+                       help="processes that simulate points in parallel")
         if name in ("sweep", "search"):
             p.add_argument("--grid", action="append", default=[], metavar="FIELD=A,B,C",
                            required=name == "sweep", help="one sweep axis (repeatable)")
@@ -158,11 +165,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                            help="req/s to provision for (cheapest configuration)")
             p.add_argument("--tolerance", type=float, default=None,
                            help="stop when the rate bracket is within this fraction (0.02)")
-    from twinserve.sim.validate_cli import add_parser, run_validate
+    f = sub.add_parser("fields", help="every study field: default, what it takes, meaning")
+    f.add_argument("section", nargs="?", default=None, help="one table, e.g. workload (default: all)")
+    from twinserve.sim.validate_cli import add_parser
     add_parser(sub)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `simulate` script."""
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.command == "validate":
+        from twinserve.sim.validate_cli import run_validate
         return run_validate(args)
+    if args.command == "fields":
+        from twinserve.sim.config import SECTIONS, section_table
+
+        if args.section is not None and args.section not in SECTIONS:
+            print(f"simulate: error: no table [{args.section}]; known: {', '.join(SECTIONS)}", file=sys.stderr)
+            return 2
+        for name in SECTIONS if args.section is None else [args.section]:
+            print(f"[{name}]\n\n{section_table(name)}")
+        return 0
     if args.command == "search":
         from twinserve.sim.search_cli import run_search
         return run_search(args, _base)

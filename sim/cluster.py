@@ -19,7 +19,7 @@ from twinserve.backends.sim.executor import DEFAULT_TOKEN, SimExecutor
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import InvalidRequestError
 from twinserve.core.request import Request
-from twinserve.core.routing import ReplicaLoad, RouteRequest, Router, token_prefix_keys
+from twinserve.core.routing import ReplicaLoad, RouteRequest, Router, prefix_keys_needed, token_prefix_keys
 from twinserve.core.sampling_params import SamplingParams
 from twinserve.core.sched.fast_forward import apply_decode_steps, decode_window
 
@@ -75,14 +75,14 @@ class ClusterSimulation:
     """N replicas behind a router, driven in simulated time."""
 
     def __init__(self, replicas: Sequence[Replica], workload: Workload, router: Router,
-                 fast_forward: bool = True, prefix_blocks: int = 4,
+                 fast_forward: bool = True, prefix_blocks: int | None = None,
                  on_record: Callable[[RequestRecord], None] | None = None,
                  keep_records: bool = True) -> None:
         self.replicas = list(replicas)
         self.workload = workload
         self.router = router
         self.fast_forward = fast_forward
-        self.prefix_blocks = prefix_blocks
+        self.prefix_blocks = prefix_keys_needed(router) if prefix_blocks is None else prefix_blocks
         self.env = simpy.Environment()
         self.source = make_source(workload)
         self.loads = [r.load for r in self.replicas]

@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from twinserve.core.routing import make_router
 
 from twinserve.sim.build import BuiltEngine, build_replica_engine, build_workload, check_pool_memory
 from twinserve.sim.cluster import ClusterResult, ClusterSimulation, Replica
@@ -42,7 +41,7 @@ def build_cluster(cfg: StudyConfig, keep_steps: bool = True, keep_records: bool 
                         keep_steps)
                 for i, eng in enumerate(engines)]
     workload = build_workload(cfg)
-    router = make_router(c.router, cfg.run.seed, c.prefix_blocks, c.load_factor)
+    router = c.router_config().build(cfg.run.seed)
     if c.num_prefill_replicas > 0:
         from twinserve.sim.disagg import DecodeExecutor, DisaggregatedSimulation
 
@@ -57,10 +56,10 @@ def build_cluster(cfg: StudyConfig, keep_steps: bool = True, keep_records: bool 
         sim: ClusterSimulation = DisaggregatedSimulation(
             replicas, workload, router, c.num_prefill_replicas, bandwidth, c.kv_link_latency_s,
             first.model.kv_bytes_per_token, fast_forward=cfg.run.fast_forward,
-            prefix_blocks=c.prefix_blocks, on_record=on_record, keep_records=keep_records)
+            on_record=on_record, keep_records=keep_records)
     else:
         sim = ClusterSimulation(replicas, workload, router, cfg.run.fast_forward,
-                                c.prefix_blocks, on_record, keep_records)
+                                on_record=on_record, keep_records=keep_records)
     return BuiltCluster(cfg, engines, workload, sim)
 
 

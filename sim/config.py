@@ -2,7 +2,7 @@
 
 Tables: [engine], [model]/[hardware] (custom specs, sim.specs), [scheduler] (SchedulerConfig but
 num_blocks), [workload] (WorkloadConfig), [slo], [run], [cluster], [search], [speculative]; a
-field left out keeps its default. Errors name the field, file and line; _RANGE bounds values so
+field left out keeps its default. Errors name the field, file and line; each field's knob (core/knobs.py) bounds its values so
 none breaks a clock or a plot.
 """
 
@@ -18,9 +18,11 @@ from typing import Any
 from twinserve.backends.sim.engine_profile import ENGINE_PROFILES
 from twinserve.backends.sim.precision import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS
 from twinserve.core.errors import InvalidConfigError
-from twinserve.core.routing import ROUTER_NAMES
+from twinserve.core.knobs import KnobError, check_value, knob, knob_of
+from twinserve.core.routing import ROUTER_NAMES, RouterConfig, router_option_fields
 from twinserve.core.sched.config import SCHEDULER_CHOICES, SchedulerConfig
 
+from twinserve.sim.config_lines import field_error, find_line, replica_line, source_text  # noqa: F401
 from twinserve.sim.errors import ConfigError
 from twinserve.sim.speculative import SpeculativeSection, check_speculative, coerce_speculative
 from twinserve.sim.workload import ARRIVALS, LENGTH_DISTS, WorkloadConfig, range_bounds
@@ -35,39 +37,67 @@ else:  # pragma: no cover
 class EngineConfig:
     """Model, hardware, parallelism, memory and cost model of the simulated engine."""
 
-    model: str = "Llama-3-8B"    # a catalog name, a config.json path or an HF folder
-    hardware: str = "H100-SXM"
-    tensor_parallel_size: int = 1
+    model: str = knob("Llama-3-8B",
+                      help="a catalog name, a config.json path, an HF folder or a [model] table's name")
+    hardware: str = knob("H100-SXM", help="a GPU of the hardware catalog or a [hardware] table's name")
+    tensor_parallel_size: int = knob(1, help="tensor-parallel ranks per replica", unit="GPUs",
+                                     range=(1, 4096))
     # Attention data-parallel ranks, experts split over expert_parallel_size GPUs (a divisor of
     # tp x dp; vLLM's --enable-expert-parallel is ep = tp x dp), pipeline stages (backends/sim/parallel.py).
-    data_parallel_size: int = 1
-    expert_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.9
-    num_gpu_blocks: int = 0      # 0: derive from memory
-    activation_reserve_gib: float = -1.0  # -1: estimate
-    cost_model: str = "roofline"  # roofline | fitted | aic (measured kernels, the [aic] extra)
-    profile: str = ""            # 'fitted': a JSON path or builtin:NAME
-    aic_backend: str = "vllm"    # 'aic': whose kernel timings price the steps (vllm, sglang, trtllm)
-    aic_version: str = ""        # 'aic': the backend's database version; '' = aic's current one
-    cpu_overhead_scale: float = 1.0  # 'fitted': 0.5 = engine CPU work twice as fast
-    allow_profile_mismatch: bool = False
+    data_parallel_size: int = knob(1, help="attention data-parallel ranks per replica", unit="GPUs",
+                                   range=(1, 4096))
+    expert_parallel_size: int = knob(1, help="GPUs the experts are split over (a divisor of tp x dp)",
+                                     unit="GPUs", range=(1, 4096))
+    pipeline_parallel_size: int = knob(1, help="pipeline stages per replica", unit="stages", range=(1, 4096))
+    gpu_memory_utilization: float = knob(0.9, help="share of GPU memory the engine may take",
+                                         range=(0.0, 1.0), open="lo")
+    num_gpu_blocks: int = knob(0,
+                               help="KV blocks in the pool (every block is an object of the simulated pool)",
+                               unit="blocks", range=(1, 2 ** 21), special={0: "derived from memory"})
+    activation_reserve_gib: float = knob(-1.0, help="memory kept for activations", unit="GiB",
+                                         range=(0.0, 1e6), special={-1: "estimated"})
+    cost_model: str = knob("roofline",
+                           help="how a step is priced: roofline, a fitted profile, or aic (measured kernels, "
+                                "the [aic] extra)",
+                           choices=("roofline", "fitted", "aic"))
+    profile: str = knob("", help="cost_model fitted: a profile JSON path or builtin:NAME")
+    aic_backend: str = knob("vllm", help="cost_model aic: whose kernel timings price the steps",
+                            choices=("vllm", "sglang", "trtllm"))
+    aic_version: str = knob("", help="cost_model aic: the backend's database version",
+                            special={"": "aic's current one"})
+    cpu_overhead_scale: float = knob(1.0,
+                                     help="cost_model fitted: scale of the engine's CPU work (0.5 = twice "
+                                          "as fast)",
+                                     range=(0.0, None))
+    allow_profile_mismatch: bool = knob(False,
+                                        help="cost_model fitted: run a profile measured on another model or GPU")
     # -1 takes the GPU's own value from the catalog (backends/sim/catalog.py).
-    eff_gemm: float = -1.0
-    eff_attention: float = -1.0
-    eff_memory: float = -1.0
-    eff_comm: float = -1.0
-    allreduce_latency_s: float = -1.0
-    allreduce_hop_s: float = -1.0
-    layer_floor_s: float = -1.0
+    eff_gemm: float = knob(-1.0, help="share of peak FLOPs that GEMMs reach", range=(0.0, 1.0), open="lo",
+                           special={-1: "the GPU catalog's value"})
+    eff_attention: float = knob(-1.0, help="share of peak FLOPs that attention reaches", range=(0.0, 1.0),
+                                open="lo", special={-1: "the GPU catalog's value"})
+    eff_memory: float = knob(-1.0, help="share of peak memory bandwidth reached", range=(0.0, 1.0), open="lo",
+                             special={-1: "the GPU catalog's value"})
+    eff_comm: float = knob(-1.0, help="share of peak interconnect bandwidth reached", range=(0.0, 1.0),
+                           open="lo", special={-1: "the GPU catalog's value"})
+    allreduce_latency_s: float = knob(-1.0, help="fixed latency of one all-reduce", unit="seconds",
+                                      range=(0.0, 1.0), special={-1: "the GPU catalog's value"})
+    allreduce_hop_s: float = knob(-1.0, help="latency per ring hop of an all-reduce", unit="seconds",
+                                  range=(0.0, 1.0), special={-1: "the GPU catalog's value"})
+    layer_floor_s: float = knob(-1.0, help="least time one layer takes", unit="seconds", range=(0.0, 1.0),
+                                special={-1: "the GPU catalog's value"})
     # Host cost per step and per sequence: -1 takes engine_profile's (backends/sim/engine_profile.py).
-    engine_profile: str = "eager_python"
-    step_overhead_s: float = -1.0
-    per_seq_overhead_s: float = -1.0
+    engine_profile: str = knob("eager_python", help="host costs per step and per sequence",
+                               choices=tuple(ENGINE_PROFILES))
+    step_overhead_s: float = knob(-1.0, help="host time per step", unit="seconds", range=(0.0, 1.0),
+                                  special={-1: "engine_profile's"})
+    per_seq_overhead_s: float = knob(-1.0, help="host time per sequence of a step", unit="seconds",
+                                     range=(0.0, 1.0), special={-1: "engine_profile's"})
     # Precision, with vLLM's names (backends/sim/precision.py).
-    dtype: str = "bfloat16"
-    quantization: str = "none"
-    kv_cache_dtype: str = "auto"
+    dtype: str = knob("bfloat16", help="weights' and activations' dtype", choices=DTYPES)
+    quantization: str = knob("none", help="weight quantization", choices=QUANTIZATIONS)
+    kv_cache_dtype: str = knob("auto", help="KV cache dtype (auto: the model's dtype)",
+                               choices=KV_CACHE_DTYPES)
 
 
 def _scheduler_to_core(self: Any, num_blocks: int) -> SchedulerConfig:
@@ -80,7 +110,7 @@ def _scheduler_to_core(self: Any, num_blocks: int) -> SchedulerConfig:
 # here; num_blocks is left out because it comes from the engine's memory.
 SchedulerSection = dataclasses.make_dataclass(
     "SchedulerSection",
-    [(f.name, f.type, field(default=f.default)) for f in fields(SchedulerConfig)
+    [(f.name, f.type, field(default=f.default, metadata=f.metadata)) for f in fields(SchedulerConfig)
      if f.name != "num_blocks"],
     namespace={"to_core": _scheduler_to_core,
                "__doc__": "The core scheduler's knobs (num_blocks comes from the engine's memory)."},
@@ -93,70 +123,102 @@ SchedulerSection.__module__ = __name__  # so sweeps can pickle it into worker pr
 class SLOConfig:
     """Latency targets for goodput."""
 
-    ttft_s: float = 2.0
-    tpot_s: float = 0.1
+    ttft_s: float = knob(2.0, help="time-to-first-token target for goodput", unit="seconds",
+                         range=(1e-6, 1e5))
+    tpot_s: float = knob(0.1, help="time-per-output-token target for goodput", unit="seconds",
+                         range=(1e-6, 1e5))
 
 
 @dataclass(slots=True)
 class SearchConfig:
     """`simulate search`: rate bracketing and the prices that rank configurations."""
 
-    start_rate: float = 1.0      # first rate tried (req/s); the bracket grows or shrinks from it
-    min_rate: float = 0.01       # below this, a configuration is reported as meeting no rate
-    max_rate: float = 1000.0     # above this, the search stops and reports the cap
-    tolerance: float = 0.02      # stop when (hi - lo) / hi is within this
-    target_rate: float = 0.0     # req/s to provision for (0 = just rank by cost per token)
+    start_rate: float = knob(1.0, help="first rate tried; the bracket grows or shrinks from it",
+                             unit="requests/s", range=(1e-4, 1e6))
+    min_rate: float = knob(0.01, help="below this, a configuration is reported as meeting no rate",
+                           unit="requests/s", range=(1e-4, 1e6))
+    max_rate: float = knob(1000.0, help="above this, the search stops and reports the cap", unit="requests/s",
+                           range=(1e-4, 1e6))
+    tolerance: float = knob(0.02, help="stop when (hi - lo) / hi is within this", range=(0.0, None),
+                            open="lo")
+    target_rate: float = knob(0.0, help="rate to provision for", unit="requests/s", range=(0.0, None),
+                              special={0: "rank by cost per token"})
     # USD per GPU-hour by hardware name; a GPU not listed takes the catalog's price.
-    prices: dict[str, float] = field(default_factory=dict)
+    prices: dict[str, float] = knob(default_factory=dict,
+                                    help="USD per GPU-hour by hardware name (a GPU not listed: the "
+                                         "catalog's price)",
+                                    flag=False)
     # Axes searched when --grid gives none, e.g. { hardware = ["A100-80GB", "H100-SXM"] }.
-    grid: dict[str, list] = field(default_factory=dict)
+    grid: dict[str, list] = knob(default_factory=dict, help="axes searched when --grid gives none",
+                                 flag=False)
     # Requests per run (0 = [workload] num_requests), doubled until the answer moves less than
     # `convergence` (sim/convergence.py; default chosen in docs/capacity.md).
-    requests_per_run: int = 2000
-    convergence: float = 0.05
-    max_requests_per_run: int = 16000
-    # Place each configuration's first run at the cost model's steady-state rate (sim.search_run).
-    estimate: bool = True
-    # End a run once an SLO percentile is lost for sure (sim.search_run.SLOGuard).
-    early_stop: bool = True
-    # Extra seeds searched near each answer for its band (0 = no seed band).
-    band_seeds: int = 2
-    # `simulate validate`'s summary.json for the cost model's error ("" = simulate-validate/).
-    model_error: str = ""
-    # What is searched: the highest open-loop request rate, or the most closed-loop clients
-    # ([workload] concurrency) meeting the SLOs.
-    axis: str = "rate"
-    # "auto": also run each point as the prefill/decode splits of gpu_budget (sim/search_disagg.py).
-    disaggregation: str = "off"
-    gpu_budget: int = 0          # GPUs a deployment may take (0 = no limit)
+    requests_per_run: int = knob(2000, help="requests per run, doubled until the answer converges",
+                                 range=(0, None), special={0: "[workload] num_requests"})
+    convergence: float = knob(0.05, help="stop doubling when the answer moves less than this",
+                              range=(0.0, None), open="lo")
+    max_requests_per_run: int = knob(16000, help="most requests per run while doubling", range=(1, None))
+    estimate: bool = knob(True, help="place each configuration's first run at the cost model's "
+                                     "steady-state rate (sim/search_run.py)")
+    early_stop: bool = knob(True, help="end a run once an SLO percentile is lost for sure")
+    band_seeds: int = knob(2, help="extra seeds run near each answer for its band", unit="seeds",
+                           range=(0, 64), special={0: "no seed band"})
+    model_error: str = knob("", help="`simulate validate`'s summary.json giving the cost model's error",
+                            special={"": "simulate-validate/summary.json if present"})
+    axis: str = knob("rate", help="what is searched: the highest open-loop rate or the most "
+                                  "closed-loop clients meeting the SLOs", choices=("rate", "concurrency"))
+    disaggregation: str = knob("off", help="'auto' also runs each point as the prefill/decode splits of "
+                                           "gpu_budget (sim/search_disagg.py)", choices=("off", "auto"))
+    gpu_budget: int = knob(0, help="GPUs a deployment may take", unit="GPUs", range=(0, None),
+                           special={0: "no limit"})
 
 
 @dataclass(slots=True)
 class RunConfig:
     """Seed, stepping mode and a name for the outputs."""
 
-    seed: int = 0
-    fast_forward: bool = True
-    name: str = "study"
+    seed: int = knob(0, help="seed of every random stream of the study", range=(0, None))
+    fast_forward: bool = knob(True, help="jump over steps whose outcome is known (the results are the same)")
+    name: str = knob("study", help="a name for the outputs")
 
 
 ROUTERS = ROUTER_NAMES  # the core's registry (twinserve.core.routing.ROUTERS)
 
 
 @dataclass(slots=True)
-class ClusterConfig:
+class _ClusterBase:
     """Replicas behind a router; one replica (the default) is the single-engine simulator."""
 
-    num_replicas: int = 1
-    router: str = "round_robin"      # one of ROUTERS (twinserve.core.routing)
-    prefix_blocks: int = 4           # prefix_affinity: leading KV blocks that name a prefix
-    load_factor: float = 1.25        # prefix_affinity: no replica above this x the mean load
+    num_replicas: int = knob(1, help="engine replicas behind the router", unit="replicas", range=(1, 1024))
+    router: str = field(default=RouterConfig.__dataclass_fields__["router"].default,
+                        metadata=RouterConfig.__dataclass_fields__["router"].metadata)
     # Per-replica [engine]/[scheduler] overrides, e.g. [{hardware = "H100-SXM"}]; entry i is replica i.
-    replicas: list = field(default_factory=list)
+    replicas: list = knob(default_factory=list,
+                          help="per-replica [engine]/[scheduler] overrides; entry i is replica i", flag=False)
     # Disaggregation: the first num_prefill_replicas only prefill (0 = colocated).
-    num_prefill_replicas: int = 0
-    kv_link_bandwidth: float = 0.0   # bytes/s; 0 = the hardware catalog's interconnect
-    kv_link_latency_s: float = 20e-6
+    num_prefill_replicas: int = knob(0, help="disaggregation: the first N replicas only prefill",
+                                     range=(0, None), special={0: "colocated"})
+    kv_link_bandwidth: float = knob(0.0, help="disaggregation: KV transfer bandwidth", unit="bytes/s",
+                                    range=(1e6, 1e15), special={0: "the hardware catalog's interconnect"})
+    kv_link_latency_s: float = knob(20e-6, help="disaggregation: KV transfer latency", unit="seconds",
+                                    range=(0.0, 60.0))
+
+
+def _router_config(self: Any) -> RouterConfig:
+    """The router and its options' values as the core's RouterConfig."""
+    return RouterConfig(self.router, {name: getattr(self, name) for name in router_option_fields()})
+
+
+# Every registered router's own options (core.routing, e.g. prefix_affinity's prefix_blocks and
+# load_factor) are [cluster] fields, declared once with their router.
+ClusterConfig = dataclasses.make_dataclass(
+    "ClusterConfig",
+    [(name, f.type, field(default=f.default, metadata=f.metadata))
+     for name, (_, f) in router_option_fields().items()],
+    bases=(_ClusterBase,), slots=True,
+    namespace={"router_config": _router_config, "__doc__": _ClusterBase.__doc__},
+)
+ClusterConfig.__module__ = __name__  # so sweeps can pickle it into worker processes
 
 
 @dataclass(slots=True)
@@ -191,119 +253,13 @@ SECTIONS: dict[str, type] = {"engine": EngineConfig, "scheduler": SchedulerSecti
                              "cluster": ClusterConfig, "search": SearchConfig,
                              "speculative": SpeculativeSection}
 
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "workload.arrival": ARRIVALS, "workload.prompt_dist": LENGTH_DISTS,
-    "workload.output_dist": LENGTH_DISTS, "workload.on_overlong": ("clip", "drop", "fail"),
-    "engine.cost_model": ("roofline", "fitted", "aic"),
-    "engine.aic_backend": ("vllm", "sglang", "trtllm"), "cluster.router": ROUTERS,
-    **{f"scheduler.{name}": names for name, names in SCHEDULER_CHOICES.items()},
-    "engine.dtype": DTYPES, "engine.quantization": QUANTIZATIONS,
-    "engine.kv_cache_dtype": KV_CACHE_DTYPES, "search.axis": ("rate", "concurrency"),
-    "search.disaggregation": ("off", "auto"), "engine.engine_profile": tuple(ENGINE_PROFILES),
-}
-_POSITIVE = {"workload.rate", "workload.burstiness", "workload.time_scale",
-             "engine.tensor_parallel_size", "engine.data_parallel_size", "engine.expert_parallel_size",
-             "engine.pipeline_parallel_size", "workload.vocab_size", "workload.prompt_mean",
-             "workload.output_mean", "workload.prompt_min", "workload.output_min", "workload.turns",
-             "workload.followup_tokens", "slo.ttft_s", "slo.tpot_s", "cluster.num_replicas",
-             "cluster.prefix_blocks", "search.start_rate", "search.min_rate", "search.max_rate",
-             "search.tolerance", "search.convergence", "search.max_requests_per_run"}
-_NON_NEGATIVE = {"engine.cpu_overhead_scale", "workload.num_system_prompts", "workload.system_prompt_len",
-                 "workload.system_prompt_zipf", "workload.think_time", "engine.num_gpu_blocks",
-                 "workload.think_time_s", "workload.warmup_requests",
-                 "workload.prompt_std", "workload.output_std", "engine.allreduce_latency_s", "engine.allreduce_hop_s",
-                 "engine.layer_floor_s", "engine.step_overhead_s", "engine.per_seq_overhead_s",
-                 "cluster.num_prefill_replicas", "cluster.kv_link_bandwidth", "search.band_seeds",
-                 "search.gpu_budget",
-                 "cluster.kv_link_latency_s", "search.target_rate", "run.seed", "search.requests_per_run"}
-_MAX_BLOCKS = 2 ** 21
-# field -> (low, high, unit): keeps every simulated time finite and plottable, and runs bounded.
-_RANGE: dict[str, tuple[float, float, str]] = {
-    "workload.rate": (1e-4, 1e6, "requests/s"), "search.start_rate": (1e-4, 1e6, "requests/s"),
-    "search.min_rate": (1e-4, 1e6, "requests/s"), "search.max_rate": (1e-4, 1e6, "requests/s"),
-    "workload.burstiness": (1e-3, 1e3, "(gamma shape)"), "workload.time_scale": (1e-6, 1e4, "x"),
-    "workload.think_time": (0.0, 1e5, "seconds"), "workload.think_time_s": (0.0, 1e5, "seconds"),
-    "workload.concurrency": (0, 1_000_000, "clients (0 = open loop)"),
-    "workload.warmup_requests": (0, 10_000_000, "requests"), "slo.ttft_s": (1e-6, 1e5, "seconds"),
-    "slo.tpot_s": (1e-6, 1e5, "seconds"), "cluster.kv_link_bandwidth": (1e6, 1e15, "bytes/s"),
-    "cluster.kv_link_latency_s": (0.0, 60.0, "seconds"), "engine.step_overhead_s": (0.0, 1.0, "seconds"),
-    "engine.per_seq_overhead_s": (0.0, 1.0, "seconds"), "engine.allreduce_latency_s": (0.0, 1.0, "seconds"),
-    "engine.allreduce_hop_s": (0.0, 1.0, "seconds"), "engine.layer_floor_s": (0.0, 1.0, "seconds"),
-    # Every replica is an engine with its own KV pool and SimPy process (docs/cluster.md).
-    "cluster.num_replicas": (1, 1024, "replicas"),
-}
 # Tables that define a spec rather than set fields: a model's config keys, a GPU's figures.
 SPEC_TABLES = ("model", "hardware")
-# Cost-model knobs where -1 (the default) takes the GPU catalog's value.
-_CATALOG_DEFAULT = {"engine.eff_gemm", "engine.eff_attention", "engine.eff_memory", "engine.eff_comm",
-                    "engine.allreduce_latency_s", "engine.allreduce_hop_s", "engine.layer_floor_s",
-                    "engine.step_overhead_s", "engine.per_seq_overhead_s"}
-# Fractions in (0, 1].
-_FRACTION = {"engine.gpu_memory_utilization", "engine.eff_gemm", "engine.eff_attention",
-             "engine.eff_memory", "engine.eff_comm"}
+def section_table(section: str) -> str:
+    """The Markdown knob table of one study table (core.knob_gen)."""
+    from twinserve.core.knob_gen import knob_table
 
-
-def source_text(cfg: "StudyConfig") -> str:
-    """The study file's text, or "" when the config came from no readable file."""
-    if cfg.source:
-        try:
-            return Path(cfg.source).read_text()
-        except OSError:
-            pass
-    return ""
-
-
-def field_error(cfg: "StudyConfig", field: str, msg: str) -> "ConfigError":
-    """A ConfigError for `section.key`, at its line in the study file when there is one."""
-    text = source_text(cfg)
-    section, key = field.split(".", 1)
-    return ConfigError(field, msg, cfg.source, find_line(text, section, key) if text else None)
-
-
-def find_line(text: str, section: str | None, key: str | None) -> int | None:
-    """The 1-based line where key is set inside [section] (or where the table starts)."""
-    current = None
-    table_line = None
-    for i, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if line.startswith("[") and not line.startswith("[["):
-            current = line.strip("[] ").strip()
-            if current == section:
-                table_line = i
-            continue
-        if key is not None and current == section and "=" in line:
-            name = line.split("=", 1)[0].strip().strip('"\'')
-            if name == key:
-                return i
-    return table_line
-
-
-def replica_line(text: str, index: int, key: str | None = None) -> int | None:
-    """The line of entry `index` of cluster.replicas (inline or [[cluster.replicas]] tables)."""
-    lines = text.splitlines()
-    start = find_line(text, "cluster", "replicas")
-    if start is not None and lines[start - 1].split("=", 1)[0].strip() == "replicas":
-        seen = -1
-        for n in range(start - 1, len(lines)):
-            body = lines[n].split("#", 1)[0]
-            if n > start - 1 and body.strip().startswith("["):
-                break
-            seen += body.count("{")
-            if seen >= index:
-                return n + 1
-        return start
-    count = -1
-    for n, raw in enumerate(lines):
-        if raw.strip().replace(" ", "") == "[[cluster.replicas]]":
-            count += 1
-            if count == index:
-                for m in range(n + 1, len(lines)):
-                    if lines[m].strip().startswith("["):
-                        break
-                    if key and lines[m].split("=", 1)[0].strip().strip("\"'") == key:
-                        return m + 1
-                return n + 1
-    return start
+    return knob_table(SECTIONS[section])
 
 
 def all_fields() -> dict[str, str]:
@@ -391,43 +347,12 @@ def coerce(dotted: str, value: Any, file: str | None = None, line: int | None = 
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
                 raise bad(f"{k} = {v!r}: a price must be a number >= 0")
         value = {str(k): float(v) for k, v in value.items()}
-    if dotted in _CHOICES and value not in _CHOICES[dotted]:
-        raise bad(f"{value!r} is not one of {', '.join(_CHOICES[dotted])}")
-    if dotted in _POSITIVE and value <= 0:
-        raise bad(f"{value!r} must be > 0")
-    if dotted in _CATALOG_DEFAULT and value == -1:
-        return value  # -1: the GPU's own value from the catalog (backends/sim/catalog.py)
-    if dotted in _NON_NEGATIVE and value < 0:
-        raise bad(f"{value!r} must be >= 0" + (", or -1 for the GPU catalog's value"
-                                               if dotted in _CATALOG_DEFAULT else ""))
-    if dotted in _FRACTION and not 0 < value <= 1:
-        raise bad(f"{value!r} must be in (0, 1]" + (", or -1 for the GPU catalog's value"
-                                                   if dotted in _CATALOG_DEFAULT else ""))
-    if dotted in _RANGE and not (dotted == "cluster.kv_link_bandwidth" and value == 0):
-        lo, hi, unit = _RANGE[dotted]
-        if not lo <= value <= hi:
-            raise bad(f"{value!r} is outside [{lo:g}, {hi:g}] {unit}"
-                      + (", or 0 for the hardware catalog's interconnect"
-                         if dotted == "cluster.kv_link_bandwidth" else ""))
-    if dotted == "engine.activation_reserve_gib" and value < 0 and value != -1:
-        raise bad(f"{value!r} must be >= 0, or -1 to estimate it")
-    if dotted == "workload.num_requests" and value < 1:
-        raise bad(f"{value!r} must be >= 1")
-    if dotted == "workload.random_range_ratio" and not 0.0 <= value < 1.0:
-        raise bad(f"{value!r} must be in [0, 1) (lengths uniform in [L(1-r), L(1+r)], as "
-                  "vllm bench serve --random-range-ratio)")
-    if dotted == "cluster.load_factor" and value < 1.0:
-        raise bad(f"{value!r} must be >= 1 (1 = perfectly even loads)")
-    if dotted in ("workload.prompt_mean", "workload.output_mean") and not 1 <= value <= 1e9:
-        raise bad(f"{value!r} must be a number of tokens in [1, 1e9]")
-    if dotted in ("workload.prompt_std", "workload.output_std") and value > 1e9:
-        raise bad(f"{value!r} must be at most 1e9 tokens")
-    if dotted == "engine.num_gpu_blocks" and value > _MAX_BLOCKS:
-        raise bad(f"{value!r} must be at most {_MAX_BLOCKS} (every block is an object of the simulated pool)")
-    if dotted == "workload.vocab_size" and value < 3:
-        raise bad(f"{value!r} must be >= 3 (ids 0 and 1 are reserved)")
-    if dotted == "workload.num_system_prompts" and value > 1_000_000:
-        raise bad(f"{value!r} must be at most 1000000")
+    knob_field = SECTIONS[section].__dataclass_fields__[name]
+    if knob_of(knob_field) is not None:  # declared with its range or choices (core/knobs.py)
+        try:
+            value = check_value(name, value, knob_field)
+        except KnobError as e:
+            raise bad(f"{value!r} is invalid: allowed {e.allowed}") from None
     if section == "speculative":
         return coerce_speculative(name, value, bad)
     return value

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twinserve.backends.sim.catalog import (GiB, GPUProfile, HardwareSpec, ModelSpec,
                                             UnknownSpecError, get_hardware, get_model)
@@ -32,8 +32,11 @@ from twinserve.backends.sim.aic_models import resolve_row_model
 from twinserve.backends.sim.catalog import AIC_SYSTEMS
 from twinserve.backends.sim.hf_config import ModelConfigError, load_hf_config, model_from_hf_dict
 
-from twinserve.sim.config import StudyConfig, field_error, find_line
+from twinserve.sim.config_lines import field_error, find_line
 from twinserve.sim.errors import ConfigError
+
+if TYPE_CHECKING:
+    from twinserve.sim.config import StudyConfig
 
 # [hardware] key -> (required, minimum is exclusive 0 (True) or inclusive 0 (False)).
 _HW_NUMBERS = {"peak_flops": True, "mem_bandwidth": True, "interconnect_bandwidth": True,

@@ -20,25 +20,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from twinserve.core.spec_decode import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
+from twinserve.core.knobs import knob, same_knob
+from twinserve.core.spec_decode import MAX_SPECULATIVE_TOKENS, SPEC_METHODS, SpeculativeConfig
 
 from twinserve.sim.errors import ConfigError
 
-SIM_SPEC_METHODS = ("", "ngram", "draft_model")
+SIM_SPEC_METHODS = ("", *SPEC_METHODS)  # "" = off
 
 
 @dataclass(slots=True)
 class SpeculativeSection:
     """Speculative decoding in the simulator: the same scheduler fields plus an acceptance model."""
 
-    method: str = ""
+    method: str = knob("", help="how drafts are proposed", choices=SPEC_METHODS, special={"": "off"})
     # Not "model": a bare `model` in sweeps and replica overrides means [engine] model.
-    draft_model: str = ""
-    num_speculative_tokens: int = 4
-    acceptance_rates: list = field(default_factory=list)
-    acceptance_from: str = ""
-    acceptance_spread: float = 0.0
-    disable_by_batch_size: int = 0
+    draft_model: str = knob("", help="method draft_model: the draft, named as [engine] model is")
+    num_speculative_tokens: int = same_knob(SpeculativeConfig, "num_speculative_tokens")
+    acceptance_rates: list = knob(default_factory=list,
+                                  help="P(position i accepted | all before it were); positions past "
+                                       "the list take its last rate",
+                                  flag=False)
+    acceptance_from: str = knob("", help="a real run's step log to take the acceptance rates from")
+    acceptance_spread: float = knob(0.0, help="per-request lognormal sigma on the acceptance rates",
+                                    range=(0.0, None))
+    disable_by_batch_size: int = same_knob(SpeculativeConfig, "disable_by_batch_size")
 
     @property
     def enabled(self) -> bool:
@@ -75,7 +80,7 @@ class SpeculativeSection:
 
 
 def coerce_speculative(name: str, value: Any, bad: Callable[[str], ConfigError]) -> Any:
-    """Check one [speculative] field (the generic checks do the types of the scalar ones)."""
+    """Check one [speculative] field (the scalar ones are checked by their knob declarations)."""
     if name == "acceptance_rates":
         if not isinstance(value, list) or not all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0 for v in value):
@@ -83,12 +88,6 @@ def coerce_speculative(name: str, value: Any, bad: Callable[[str], ConfigError])
         if len(value) > MAX_SPECULATIVE_TOKENS:
             raise bad(f"{len(value)} rates: at most {MAX_SPECULATIVE_TOKENS}")
         return [float(v) for v in value]
-    if name == "method" and value not in SIM_SPEC_METHODS:
-        raise bad(f"{value!r} is not one of 'ngram', 'draft_model' or '' (off)")
-    if name == "num_speculative_tokens" and not 1 <= value <= MAX_SPECULATIVE_TOKENS:
-        raise bad(f"{value!r} must be in [1, {MAX_SPECULATIVE_TOKENS}]")
-    if name in ("acceptance_spread", "disable_by_batch_size") and value < 0:
-        raise bad(f"{value!r} must be >= 0")
     return value
 
 

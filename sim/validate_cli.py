@@ -34,7 +34,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--limit", type=int, default=None,
                    help="at most N rows, spread evenly over the filtered rows (a stratified subset)")
     p.add_argument("--out", default=argparse.SUPPRESS, help="output folder")
-    p.add_argument("--workers", type=int, default=argparse.SUPPRESS)
+    p.add_argument("--workers", type=int, default=argparse.SUPPRESS,
+                   help="processes that simulate rows in parallel")
     p.add_argument("--ray", nargs="?", const=LOCAL_RAY, default=None, metavar="ADDRESS",
                    help="run rows as Ray tasks: on the cluster at ADDRESS, or a local Ray")
 
@@ -72,8 +73,9 @@ def select_rows(df: pd.DataFrame, backend: str | None = None, system: str | None
 
 
 def _check_cost_model(name: str) -> None:
-    from twinserve.sim.config import _CHOICES
-    allowed = _CHOICES["engine.cost_model"]
+    from twinserve.core.knobs import knob_of
+    from twinserve.sim.config import EngineConfig
+    allowed = knob_of(EngineConfig.__dataclass_fields__["cost_model"]).choice_list()
     if name not in ("roofline", "aic") or name not in allowed:
         have = ", ".join(c for c in allowed if c != "fitted")
         raise FilterError(f"--cost-model {name!r}: this build has {have}"

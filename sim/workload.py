@@ -12,6 +12,7 @@ from typing import Iterator
 
 import numpy as np
 
+from twinserve.core.knobs import knob
 from twinserve.sim.errors import ConfigError, TraceError
 from twinserve.sim.traces import LengthStats, fit_lengths, read_trace
 
@@ -38,41 +39,55 @@ def range_bounds(length: float, ratio: float) -> tuple[int, int]:
 class WorkloadConfig:
     """What requests arrive and when; every field has a default."""
 
-    num_requests: int = 400          # first-turn requests (conversations when multi-turn)
-    arrival: str = "poisson"         # poisson | gamma | fixed | all_at_once | trace
-    rate: float = 4.0                # requests per second (poisson, gamma, fixed)
-    burstiness: float = 1.0          # gamma shape; 1 = Poisson, < 1 burstier
-    time_scale: float = 1.0          # trace timestamps are multiplied by this
-    trace: str = ""                  # CSV path, or 'builtin:azure_conv' (the bundled excerpt)
-    trace_cycle: bool = False        # start the trace again when it runs out (timestamps shifted)
-    allow_short_trace: bool = False  # `simulate`: run on when the trace gives fewer than num_requests
-    prompt_dist: str = "lognormal"   # fixed | uniform | normal | lognormal | trace
-    prompt_mean: float = 1024.0
-    prompt_std: float = 512.0
-    prompt_min: int = 16
-    prompt_max: int = 4096
-    output_dist: str = "lognormal"
-    output_mean: float = 200.0
-    output_std: float = 150.0
-    output_min: int = 1
-    output_max: int = 1024
-    on_overlong: str = "clip"        # clip | drop | fail, for prompt + output > max_model_len
-    num_system_prompts: int = 0      # shared prefixes; 0 = none
-    system_prompt_len: int = 0       # tokens of each shared prefix (part of the prompt length)
-    system_prompt_zipf: float = 0.0  # popularity: weight of prompt i is 1/(i+1)^zipf
-    turns: int = 1                   # turns per conversation; the next turn extends the context
-    followup_tokens: int = 128       # mean new user tokens in a follow-up turn
-    think_time: float = 5.0          # open loop: mean seconds between an answer and the next turn
-    vocab_size: int = 32000
+    num_requests: int = knob(400, help="first-turn requests (conversations when multi-turn)", range=(1, None))
+    arrival: str = knob("poisson", help="arrival process", choices=ARRIVALS)
+    rate: float = knob(4.0, help="arrival rate (poisson, gamma, fixed)", unit="requests/s", range=(1e-4, 1e6))
+    burstiness: float = knob(1.0, help="gamma shape: 1 = Poisson, < 1 burstier", range=(1e-3, 1e3))
+    time_scale: float = knob(1.0, help="trace timestamps are multiplied by this", range=(1e-6, 1e4))
+    trace: str = knob("", help="a trace CSV path, or builtin:azure_conv (the bundled excerpt)")
+    trace_cycle: bool = knob(False, help="start the trace again when it runs out (timestamps shifted)")
+    allow_short_trace: bool = knob(False, help="run on when the trace gives fewer than num_requests")
+    prompt_dist: str = knob("lognormal", help="prompt length distribution", choices=LENGTH_DISTS)
+    prompt_mean: float = knob(1024.0, help="mean prompt length", unit="tokens", range=(1, 1e9))
+    prompt_std: float = knob(512.0, help="prompt length spread", unit="tokens", range=(0, 1e9))
+    prompt_min: int = knob(16, help="shortest prompt", unit="tokens", range=(1, None))
+    prompt_max: int = knob(4096, help="longest prompt", unit="tokens", range=(1, None))
+    output_dist: str = knob("lognormal", help="output length distribution", choices=LENGTH_DISTS)
+    output_mean: float = knob(200.0, help="mean output length", unit="tokens", range=(1, 1e9))
+    output_std: float = knob(150.0, help="output length spread", unit="tokens", range=(0, 1e9))
+    output_min: int = knob(1, help="shortest output", unit="tokens", range=(1, None))
+    output_max: int = knob(1024, help="longest output", unit="tokens", range=(1, None))
+    on_overlong: str = knob("clip",
+                            help="a request with prompt + output > max_model_len is clipped, dropped or an error",
+                            choices=("clip", "drop", "fail"))
+    num_system_prompts: int = knob(0, help="shared prefixes", range=(0, 1_000_000), special={0: "none"})
+    system_prompt_len: int = knob(0, help="tokens of each shared prefix (part of the prompt length)",
+                                  unit="tokens", range=(0, None))
+    system_prompt_zipf: float = knob(0.0,
+                                     help="popularity of shared prefixes: weight of prefix i is 1/(i+1)^zipf",
+                                     range=(0.0, None))
+    turns: int = knob(1, help="turns per conversation; the next turn extends the context", range=(1, None))
+    followup_tokens: int = knob(128, help="mean new user tokens in a follow-up turn", unit="tokens",
+                                range=(1, None))
+    think_time: float = knob(5.0, help="open loop: mean time between an answer and the next turn",
+                             unit="seconds", range=(0.0, 1e5))
+    vocab_size: int = knob(32000, help="prompt token ids are drawn below this (ids 0 and 1 are reserved)",
+                           range=(3, None))
     # 'fixed' lengths drawn uniform in [floor(L(1-r)), ceil(L(1+r))], as vllm bench serve's
     # --random-range-ratio r (vllm/benchmarks/datasets/utils.py); 0 = exactly L.
-    random_range_ratio: float = 0.0
+    random_range_ratio: float = knob(0.0,
+                                     help="fixed lengths drawn uniform in [L(1-r), L(1+r)], as vllm bench serve",
+                                     range=(0.0, 1.0), open="hi")
     # Closed loop (sim/clients.py): N clients, each sending its next request think_time_s after
     # its last one's last token; 0 = open loop (arrival/rate). Warm-up requests are sent first and
     # left out of the metrics; num_requests are measured.
-    concurrency: int = 0
-    think_time_s: float = 0.0        # closed loop: constant seconds between a client's requests
-    warmup_requests: int = 0         # closed loop: first requests sent, excluded from metrics
+    concurrency: int = knob(0,
+                            help="closed loop: clients, each sending its next request after its last one ends",
+                            unit="clients", range=(0, 1_000_000), special={0: "open loop"})
+    think_time_s: float = knob(0.0, help="closed loop: time between a client's requests", unit="seconds",
+                               range=(0.0, 1e5))
+    warmup_requests: int = knob(0, help="closed loop: first requests sent, left out of the metrics",
+                                range=(0, 10_000_000))
 
 
 @dataclass(slots=True)

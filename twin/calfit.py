@@ -129,7 +129,7 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     # Verify steps get their own term on top of the base fit, which never sees them.
     verify_rows = [r for r in rows if is_verify(r)]
     rows = [r for r in rows if not is_verify(r)]
-    speculative = a.resolve_speculative_config()
+    speculative = a.speculative_config
     probe_secs = [sec for _, sec in cal.probes]
     profile = fit(
         rows, model=name,

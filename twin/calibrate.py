@@ -312,7 +312,7 @@ class Calibrator:
         for g in design.idle_gaps:
             points += [(f"idle {g:g} s", lambda g=g: self.after_idle(g))] * design.idle_repeats
         args = getattr(self.engine, "args", None)
-        spec = args.resolve_speculative_config() if args is not None else None
+        spec = args.speculative_config if args is not None else None
         # Verify points for ngram only: a draft model's own forwards would land in the verify term.
         for b in design.verify_batches if spec is not None and spec.method == "ngram" else []:
             for c in design.verify_contexts:
@@ -406,7 +406,7 @@ def drafting(engine: Any, on: bool) -> Iterator[None]:
     SmolLM2 copies even random prompts, so n-gram drafts would turn calibration's plain points into
     verify steps."""
     args = getattr(engine, "args", None)
-    if args is None or args.resolve_speculative_config() is None:
+    if args is None or args.speculative_config is None:
         yield
         return
     before = engine.set_drafting(on)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from twinserve.backends.real.serving.flags import add_model_arg
 from twinserve.commands import add_engine_args, engine_args_from, subcommand
 
 
@@ -15,12 +16,12 @@ def _engine(ns: argparse.Namespace):
     from twinserve.backends.real.engine import LLMEngine
 
     torch.set_num_threads(ns.threads)
-    return LLMEngine(engine_args_from(ns, ns.model))
+    return LLMEngine(engine_args_from(ns))
 
 
 @subcommand("calibrate", "measure the real engine on designed steps and fit a simulator profile")
 def _calibrate_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2", help="HF folder, .gguf file or short name")
+    add_model_arg(p)
     p.add_argument("--out", required=True, help="profile JSON to write")
     p.add_argument("--threads", type=int, default=1, help="torch threads (recorded in the profile)")
     p.add_argument("--repeats", type=int, default=1,
@@ -32,7 +33,7 @@ def _calibrate_parser(p: argparse.ArgumentParser) -> None:
                    help="also measure decodes and chunks at up to this context (default design: ~390)")
     p.add_argument("--save-steps", default=None,
                    help="also write the calibration step log here (default: OUT with .steps.csv)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     add_engine_args(p)
     p.set_defaults(func=_calibrate, max_num_batched_tokens=2048)
 
@@ -119,12 +120,12 @@ def _pct(x: float | None) -> str:
 
 @subcommand("fidelity", "forecast a workload with a profile, then serve it N times and judge the forecast")
 def _fidelity_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2", help="HF folder, .gguf file or short name")
+    add_model_arg(p)
     p.add_argument("--profile", default=None, help="profile JSON from `twinserve calibrate`, or builtin:NAME")
     p.add_argument("--calibrate", action="store_true", help="calibrate first, to --profile (default OUT/profile.json)")
     p.add_argument("--trace", default=None, help="trace CSV (Azure or num_prefill_tokens format)")
     p.add_argument("--config", default=None, help="a study TOML whose [workload] table is served")
-    p.add_argument("--num-requests", type=int, default=40)
+    p.add_argument("--num-requests", type=int, default=40, help="requests per run")
     p.add_argument("--rate", type=float, default=None, help="Poisson arrivals (req/s); default: the trace's times")
     p.add_argument("--time-scale", type=float, default=1.0, help="trace timestamps are multiplied by this")
     p.add_argument("--max-concurrency", type=int, default=None, metavar="N",
@@ -140,7 +141,7 @@ def _fidelity_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace-offset", type=int, default=0, metavar="ROWS", help="skip the trace's first ROWS rows")
     p.add_argument("--out", required=True, help="folder for forecast.json, fidelity.json/.md, CSVs")
     p.add_argument("--repeats", type=int, default=3, help="real runs, all judged against the one forecast")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--probe", action=argparse.BooleanOptionalAction, default=True,
                    help="price the forecast at a speed probe taken before the runs (--no-probe: the profile's speed)")
     p.add_argument("--nowcast", action="store_true", help="also price each run at its own speed (never judged)")
@@ -173,8 +174,8 @@ def _fidelity(ns: argparse.Namespace) -> int:
                            ns.max_prompt_tokens, ns.max_output_tokens, ns.workload_seed, ns.trace_offset,
                            ns.allow_profile_mismatch, ns.repeats, ns.probe, ns.nowcast, ns.acceptance_from,
                            ns.max_concurrency, ns.think_time_s, ns.warmup_requests)
-    args = engine_args_from(ns, ns.model)
-    spec_forecast(args.resolve_speculative_config(), ns.acceptance_from, ns.out)
+    args = engine_args_from(ns)
+    spec_forecast(args.speculative_config, ns.acceptance_from, ns.out)
     facts = engine_facts(args)
     check_workload(workload_factory(opts, facts.max_model_len, facts.vocab_size), facts.max_model_len)
     if not ns.calibrate:

@@ -61,7 +61,7 @@ def forecast_phase(engine: Any, opts: FidelityOptions, out: Path,
     check_profile(profile, facts, f"profile {opts.profile}", opts.allow_profile_mismatch)
     make = workload_factory(opts, engine.max_model_len, engine.vocab_size)
     check_workload(make, engine.max_model_len)
-    spec = spec_forecast(engine.args.resolve_speculative_config(), opts.acceptance_from, out)
+    spec = spec_forecast(engine.args.speculative_config, opts.acceptance_from, out)
     warm_up(engine)
     probe = None
     if opts.probe and (profile.meta.get("provenance") or {}).get("speed_probe_s"):

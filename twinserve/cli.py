@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
+from twinserve.backends.real.serving.flags import add_model_arg
 from twinserve.commands import _SUBCOMMANDS, add_engine_args, engine_args_from, subcommand
 from twinserve.twin import cli as _twin_cli  # noqa: F401  (registers calibrate, fidelity)
 
@@ -14,15 +15,15 @@ from twinserve.twin import cli as _twin_cli  # noqa: F401  (registers calibrate,
 @subcommand("generate", "generate text for one or more prompts with the real engine")
 def _generate_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompts", nargs="+", help="prompt text (several prompts run as one batch)")
-    p.add_argument("--model", default="smollm2", help="HF folder, .gguf file or short name")
+    add_model_arg(p)
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                    help="wrap each prompt as a user message through the chat template")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--sampling-seed", type=int, default=None)
-    p.add_argument("--stop", action="append", default=[])
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per prompt at most")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep this much probability mass")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = all)")
+    p.add_argument("--sampling-seed", type=int, default=None, help="seed of sampling (default: none)")
+    p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     add_engine_args(p)
@@ -39,7 +40,7 @@ def _generate(ns: argparse.Namespace) -> int:
         torch.set_num_threads(ns.threads)
     from twinserve.backends.real.engine import LLMEngine
 
-    llm = LLM.from_engine(LLMEngine(engine_args_from(ns, ns.model)))
+    llm = LLM.from_engine(LLMEngine(engine_args_from(ns)))
     sp = SamplingParams(max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p,
                         top_k=ns.top_k, seed=ns.sampling_seed, stop=ns.stop)
     if ns.chat:
@@ -71,7 +72,8 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
 def _serve(ns: argparse.Namespace) -> int:
     from twinserve.backends.real.serving.launch import serve
 
-    return serve(ns, engine_args_from(ns, ns.model))
+    args = engine_args_from(ns)  # sets ns.model from the positional or --model
+    return serve(ns, args)
 
 
 @subcommand("bench", "benchmark a running server over HTTP (like `vllm bench serve`)")
@@ -90,32 +92,52 @@ def _bench(ns: argparse.Namespace) -> int:
 
 @subcommand("route", "an OpenAI-compatible proxy routing over several `twinserve serve` replicas")
 def _route_parser(p: argparse.ArgumentParser) -> None:
-    from twinserve.core.routing import ROUTER_NAMES
+    from twinserve.core.knob_gen import add_knob_flags
+    from twinserve.core.routing import ROUTERS, RouterConfig
 
     p.add_argument("--replica", action="append", required=True, metavar="URL",
                    help="base URL of a replica, e.g. http://127.0.0.1:8001 (repeatable)")
-    p.add_argument("--policy", default="round_robin", choices=ROUTER_NAMES,
-                   help="routing policy (the simulator's routers, twinserve.core.routing)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--prefix-blocks", type=int, default=4,
-                   help="prefix_affinity: leading chunks of the prompt that name its prefix")
+    add_knob_flags(p, RouterConfig)
+    # Before --router was named as the study names it; --policy is the queue order in `serve`.
+    p.add_argument("--policy", dest="router", type=_deprecated("--policy", "--router"), default=argparse.SUPPRESS,
+                   help="deprecated alias of --router")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
     p.add_argument("--prefix-chunk-chars", type=int, default=64,
-                   help="prefix_affinity: bytes per chunk (about 16 tokens)")
-    p.add_argument("--load-factor", type=float, default=1.25,
-                   help="prefix_affinity: no replica above this x the mean load")
-    p.add_argument("--health-interval", type=float, default=1.0, help="seconds between checks")
+                   help="prefix_affinity: characters per prefix chunk (the proxy has no tokenizer; about "
+                        "16 tokens)")
+    for entry in dict.fromkeys(e.options for e in ROUTERS.values() if e.options is not None):
+        # A router's options; in the proxy a prefix block is one chunk of --prefix-chunk-chars.
+        add_knob_flags(p, entry, skip=("prefix_blocks",))
+    prefix = ROUTERS["prefix_affinity"].options.__dataclass_fields__["prefix_blocks"]
+    p.add_argument("--prefix-chunks", "--prefix-blocks", dest="prefix_blocks", type=int, metavar="N",
+                   default=prefix.default,
+                   help="prefix_affinity: leading chunks of --prefix-chunk-chars characters that name a "
+                        f"prompt's prefix (default: {prefix.default}; --prefix-blocks is its old name)")
+    p.add_argument("--health-interval", type=float, default=1.0, help="seconds between health checks")
     p.add_argument("--max-request-body-bytes", type=int, default=32 * 1024 * 1024,
                    help="bodies above this are refused with 413 before they are forwarded (as serve's)")
-    p.add_argument("--uvicorn-log-level", default="info")
+    p.add_argument("--uvicorn-log-level", default="info", help="uvicorn's log level")
     p.set_defaults(func=_route)
+
+
+def _deprecated(old: str, new: str) -> Any:
+    """argparse type= that warns once that `old` is now `new`."""
+    def convert(text: str) -> str:
+        print(f"twinserve route: warning: {old} is deprecated; use {new}", file=sys.stderr)
+        return text
+    return convert
 
 
 def _route(ns: argparse.Namespace) -> int:
     from twinserve.backends.real.serving.route_proxy import ProxyConfig, run_proxy
+    from twinserve.core.routing import RouterConfig, router_option_fields
 
-    cfg = ProxyConfig(ns.replica, ns.policy, ns.prefix_chunk_chars, ns.prefix_blocks,
-                      ns.load_factor, ns.health_interval, max_request_body_bytes=ns.max_request_body_bytes)
+    router = RouterConfig(ns.router, {name: getattr(ns, name) for name in router_option_fields()
+                                      if hasattr(ns, name)})
+    router.build()  # an unknown name or a bad option fails here, before the server starts
+    cfg = ProxyConfig(ns.replica, router, ns.prefix_chunk_chars, ns.health_interval,
+                      max_request_body_bytes=ns.max_request_body_bytes)
     return run_proxy(cfg, ns.host, ns.port, ns.uvicorn_log_level)
 
 

@@ -22,42 +22,26 @@ def subcommand(name: str, help: str) -> Callable[[Callable[[argparse.ArgumentPar
     return register
 
 
-def _bool_flag(parser: argparse.ArgumentParser, name: str, default: bool) -> None:
-    flag = "--" + name.replace("_", "-")
-    parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=default)
-
-
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """vLLM-named engine flags (--max-num-seqs, --block-size, ...), generated from EngineArgs.
+    """vLLM-named engine flags (--max-num-seqs, --block-size, ...), generated from EngineArgs' knobs.
 
-    EngineArgs takes every scheduler knob from the core's SchedulerConfig, and the knobs that
-    name a policy offer the core's registries as choices (SCHEDULER_CHOICES).
+    EngineArgs takes every scheduler knob from the core's SchedulerConfig; each flag's help, range
+    and choices come from the field's declaration (core/knobs.py).
     """
     from twinserve.backends.real.config import EngineArgs
-    from twinserve.core.sched.config import SCHEDULER_CHOICES
+    from twinserve.core.knob_gen import add_knob_flags
 
-    defaults = EngineArgs()
-    for f in fields(EngineArgs):
-        if f.name == "model":
-            continue
-        default = getattr(defaults, f.name)
-        if isinstance(default, bool):
-            _bool_flag(parser, f.name, default)
-            continue
-        kind = {int: int, float: float}.get(type(default), str)
-        if "int" in str(f.type) and default is None:
-            kind = int
-        elif "float" in str(f.type) and default is None:
-            kind = float
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=default,
-                            choices=SCHEDULER_CHOICES.get(f.name))
+    add_knob_flags(parser.add_argument_group("engine"), EngineArgs)
 
 
-def engine_args_from(ns: argparse.Namespace, model: str) -> Any:
-    """EngineArgs from parsed flags."""
+def engine_args_from(ns: argparse.Namespace, model: str | None = None) -> Any:
+    """EngineArgs from parsed flags (the model from the command line unless given)."""
     from twinserve.backends.real.config import EngineArgs
+    from twinserve.backends.real.serving.flags import model_of
 
+    model = model_of(ns) if model is None else model
     return EngineArgs(model=model, **{f.name: getattr(ns, f.name) for f in fields(EngineArgs)
                                       if f.name != "model" and hasattr(ns, f.name)})
+
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, make_dataclass
+from dataclasses import dataclass, field, fields, make_dataclass, replace
 from typing import Any
 
 import torch
 
 from twinserve.core.errors import InvalidConfigError
+from twinserve.core.knobs import KNOB, KnobError, check_fields, knob, knob_of
 from twinserve.core.sched.config import SchedulerConfig
 from twinserve.core.spec_decode import SpeculativeConfig
 
@@ -16,9 +17,13 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float
            "float16": torch.float16, "fp16": torch.float16, "half": torch.float16, "float64": torch.float64}
 
 
+_INT32_MAX = 2 ** 31 - 1
+_QUANTIZATIONS = ("int8", "int4")
+
 # Scheduler knobs whose engine default is derived: the model's length, and
 # SchedulerConfig's budget with chunked prefill (else the model's length).
-_DERIVED = ("max_model_len", "max_num_batched_tokens")
+_DERIVED = {"max_model_len": "the model's",
+            "max_num_batched_tokens": "2048 with chunked prefill, else max_model_len"}
 
 # Scheduler fields the engine sets itself: the block count from the workers' memory, the
 # sliding window and KV groups from the model (a flag could make the KV manager free blocks the model reads).
@@ -30,7 +35,9 @@ FROM_ENGINE = frozenset({"num_blocks", "sliding_window", "kv_groups"})
 SchedulerArgs = make_dataclass(
     "SchedulerArgs",
     [(f.name, f"{f.type} | None" if f.name in _DERIVED else f.type,
-      field(default=None if f.name in _DERIVED else f.default, kw_only=True))
+      field(default=None if f.name in _DERIVED else f.default, kw_only=True,
+            metadata={KNOB: replace(knob_of(f), special={None: _DERIVED[f.name]})} if f.name in _DERIVED
+            else f.metadata))
      for f in fields(SchedulerConfig) if f.name not in FROM_ENGINE],
     slots=True,
     namespace={"__doc__": "The scheduler's knobs as engine arguments (SchedulerConfig's, but FROM_ENGINE)."},
@@ -42,93 +49,86 @@ SchedulerArgs.__module__ = __name__  # pickled with EngineArgs into the core's a
 class EngineArgs(SchedulerArgs):
     """Everything that configures the real engine; unknown keywords are a typed error."""
 
-    model: str = "smollm2"
-    tokenizer: str | None = None
-    dtype: str = "auto"
-    seed: int = 0
-    device: str = "auto"
+    model: str = knob("smollm2", help="HF folder, .gguf file or short name", flag=False)
+    tokenizer: str | None = knob(None, help="tokenizer folder", special={None: "the model's"})
+    dtype: str = knob("auto", help="weights' and activations' dtype (auto: fp32 on CPU, bf16 on CUDA)",
+                      choices=("auto", *_DTYPES))
+    seed: int = knob(0, help="seed of the engine's random draws", range=(-(2 ** 63), 2 ** 64 - 1))
+    device: str = knob("auto", help="'auto', 'cpu', 'cuda' or 'cuda:N'")
     # KV cache size: a fixed block count wins, else GiB on CPU, else a share of GPU memory.
-    num_gpu_blocks_override: int | None = None
-    kv_cache_memory_gb: float = 1.0
-    gpu_memory_utilization: float = 0.9
-    attention_backend: str = "auto"
-    max_logprobs: int = 20
-    # CPU fp32 only: a transposed copy of the weights that makes small batches faster (more memory).
-    small_batch_weights: bool = True
-    # Products of at most this many rows use that copy; None: by the CPU (llama.SMALL_BATCH_ROWS:
-    # 1 on AMD, 64 on other AVX-512 CPUs, 4 elsewhere). A profile records it: steps change price
-    # where it changes.
-    small_batch_rows: int | None = None
-    # CPU: weights prepacked once in oneDNN's layout, in bf16 (faster at every batch size) and in
-    # fp32 on AMD CPUs (products above small_batch_rows rows); one more copy of the weights.
-    prepack_weights: bool = True
-    # CPU bf16 only: 'int8' keeps per-output-channel int8 copies of the weights (scales in bf16),
-    # used by steps of at most INT8_ROWS rows (batch-1 decode reads half the bytes); 'int4' keeps
-    # int4 copies of the projections (groups of 32, Q4_1's layout) and an int8 LM head; None: off.
-    quantization: str | None = None
-    # CUDA: no CUDA graphs for decode steps (they are captured per batch-size bucket otherwise).
-    enforce_eager: bool = False
-    # CSV or JSONL (by suffix) of per-step shapes and times, for the cost-model fit.
-    step_log_path: str | None = None
-    # Tensor-parallel ranks, one worker process each (gloo on CPU, NCCL on CUDA).
-    tensor_parallel_size: int = 1
-    # 'uni': one worker in the engine core's process; 'mp': one process per rank; 'auto': mp iff TP > 1.
-    distributed_executor_backend: str = "auto"
-    # Where EngineCore's busy loop runs: 'inproc' (a thread of this process), 'process' (its own
-    # process, over ZeroMQ), or 'auto' (offline: inproc; serve: see launch.SERVE_ENGINE_CORE_MODE).
-    engine_core_mode: str = "auto"
-    # Speculative decoding, as vLLM's --speculative-config: a dict (or its JSON text) such as
-    # {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}; None: off.
-    speculative_config: dict[str, Any] | str | None = None
+    num_gpu_blocks_override: int | None = knob(None, help="a fixed KV block count (wins over the memory "
+                                               "knobs)", unit="blocks", range=(1, _INT32_MAX),
+                                               special={None: "sized from memory"})
+    kv_cache_memory_gb: float = knob(1.0, help="KV cache memory on the CPU", unit="GiB", range=(0.0, 1e6),
+                                     open="lo")
+    gpu_memory_utilization: float = knob(0.9, help="share of GPU memory the engine may take (KV cache "
+                                         "included)", range=(0.0, 1.0), open="lo")
+    attention_backend: str = knob("auto", help="attention kernels: auto, triton or torch")
+    max_logprobs: int = knob(20, help="most logprobs a request may ask for", range=(0, _INT32_MAX))
+    small_batch_weights: bool = knob(True, help="CPU fp32: a transposed copy of the weights that makes "
+                                     "small batches faster (more memory)")
+    # None: by the CPU (llama.SMALL_BATCH_ROWS: 1 on AMD, 64 on other AVX-512 CPUs, 4 elsewhere). A
+    # profile records it: steps change price where it changes.
+    small_batch_rows: int | None = knob(None, help="products of at most this many rows use the "
+                                        "transposed copy", unit="rows",
+                                        range=(1, _INT32_MAX), special={None: "by the CPU"})
+    # bf16 always; fp32 on AMD CPUs (products above small_batch_rows rows).
+    prepack_weights: bool = knob(True, help="CPU: weights prepacked once in oneDNN's layout (one more "
+                                 "copy of the weights)")
+    # 'int8': per-output-channel int8 copies (scales in bf16), used by steps of at most INT8_ROWS rows
+    # (batch-1 decode reads half the bytes); 'int4': int4 projections (groups of 32, Q4_1's layout)
+    # and an int8 LM head.
+    quantization: str | None = knob(None, help="CPU bf16: int8 or int4 copies of the weights for small "
+                                    "steps", choices=_QUANTIZATIONS, special={None: "off"})
+    enforce_eager: bool = knob(False, help="CUDA: no CUDA graphs for decode steps (captured per "
+                               "batch-size bucket otherwise)")
+    step_log_path: str | None = knob(None, help="CSV or JSONL (by suffix) of per-step shapes and times, "
+                                     "for the cost-model fit", special={None: "none written"})
+    tensor_parallel_size: int = knob(1, help="tensor-parallel ranks, one worker process each (gloo on "
+                                     "CPU, NCCL on CUDA)", unit="ranks", range=(1, 1024))
+    distributed_executor_backend: str = knob("auto", help="uni: one worker in the engine core's "
+                                             "process; mp: one process per rank; auto: mp iff TP > 1",
+                                             choices=("auto", "uni", "mp"))
+    # serve's 'auto': see launch.SERVE_ENGINE_CORE_MODE.
+    engine_core_mode: str = knob("auto", help="where the engine core's busy loop runs: inproc (a thread), "
+                                 "process (its own, over ZeroMQ), auto (offline inproc)",
+                                 choices=("auto", "inproc", "process"))
+    # Given as vLLM's dict or its JSON text; parsed once here (and by the flag), then an object.
+    speculative_config: SpeculativeConfig | None = knob(
+        None, help='speculative decoding as vLLM\'s JSON, e.g. {"method": "ngram", '
+        '"num_speculative_tokens": 4}', special={None: "off"}, parse=SpeculativeConfig.from_dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.speculative_config, SpeculativeConfig | None):
+            self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
         self.validate()
 
     def validate(self) -> None:
         """Raise InvalidConfigError naming the first field outside its range (nothing is loaded yet)."""
+        check_fields(self, skip=("speculative_config",))
         _check_str("model", self.model)
         if self.tokenizer is not None:
             _check_str("tokenizer", self.tokenizer)
-        if not isinstance(self.dtype, str) or (self.dtype != "auto" and self.dtype not in _DTYPES):
-            raise InvalidConfigError("dtype", self.dtype, f"'auto' or one of {sorted(_DTYPES)}")
-        _check_int("seed", self.seed, -(2 ** 63), 2 ** 64 - 1)
-        if not isinstance(self.device, str):
-            raise InvalidConfigError("device", self.device, "'auto', 'cpu', 'cuda' or 'cuda:N'")
         if self.device != "auto":
             try:
                 torch.device(self.device)
             except (RuntimeError, ValueError):
                 raise InvalidConfigError("device", self.device, "'auto', 'cpu', 'cuda' or 'cuda:N'") from None
-        for name in ("max_model_len", "max_num_batched_tokens", "num_gpu_blocks_override"):
-            value = getattr(self, name)
-            if value is not None:
-                _check_int(name, value, 1, _INT32_MAX)
-        _check_int("max_num_seqs", self.max_num_seqs, 1, _INT32_MAX)
-        _check_int("block_size", self.block_size, 1, _INT32_MAX)
-        _check_int("long_prefill_token_threshold", self.long_prefill_token_threshold, 0, _INT32_MAX)
-        _check_int("max_logprobs", self.max_logprobs, 0, _INT32_MAX)
-        if self.small_batch_rows is not None:
-            _check_int("small_batch_rows", self.small_batch_rows, 1, _INT32_MAX)
-        for name in ("enable_prefix_caching", "enable_chunked_prefill", "small_batch_weights", "prepack_weights"):
-            if not isinstance(getattr(self, name), bool):
-                raise InvalidConfigError(name, getattr(self, name), "true or false")
-        _check_float("kv_cache_memory_gb", self.kv_cache_memory_gb, 0.0, 1e6, "a number in (0, 1e6] (GiB)")
-        _check_float("gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, "a number in (0, 1]")
         _check_str("attention_backend", self.attention_backend)
-        # The scheduler's own checks (names against the core's registries, ranges), with a
-        # stand-in for what only the model and the memory decide.
+        # The scheduler's cross-field checks, with a stand-in for what only the model and the memory decide.
         self.scheduler_config(self.max_model_len or 1, 1)
         if self.step_log_path is not None:
             _check_str("step_log_path", self.step_log_path)
-        self.resolve_speculative_config()
-        if self.quantization is not None:
-            if self.quantization not in _QUANTIZATIONS:
-                raise InvalidConfigError("quantization", self.quantization,
-                                         f"none or one of {list(_QUANTIZATIONS)}")
-            if _DTYPES.get(self.dtype) is not torch.bfloat16 or not self.device.startswith(("cpu", "auto")):
-                raise InvalidConfigError("quantization", self.quantization,
-                                         "with dtype 'bfloat16' on the CPU (int8/int4 weight copies "
-                                         "serve bf16 activations)")
+        spec = self.speculative_config
+        if spec is not None and spec.method == "draft_model" and self.tensor_parallel_size != 1:
+            # The draft runs whole on one worker; its layers are not sharded.
+            raise InvalidConfigError("speculative_config.method", spec.method,
+                                     "'ngram' when tensor_parallel_size > 1 (a draft model runs on one device)")
+        if self.quantization is not None and (
+                _DTYPES.get(self.dtype) is not torch.bfloat16 or not self.device.startswith(("cpu", "auto"))):
+            raise InvalidConfigError("quantization", self.quantization,
+                                     "with dtype 'bfloat16' on the CPU (int8/int4 weight copies "
+                                     "serve bf16 activations)")
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> "EngineArgs":
@@ -139,7 +139,10 @@ class EngineArgs(SchedulerArgs):
             raise InvalidConfigError(unknown[0], kwargs[unknown[0]], f"one of the engine args {sorted(known)}")
         if model is not None:
             kwargs["model"] = model
-        return cls(**kwargs)
+        try:
+            return cls(**kwargs)
+        except KnobError as e:  # say where the value came from
+            raise KnobError(e.field, e.value, e.allowed, f"LLM({e.field}=...)") from None
 
     def scheduler_config(self, max_model_len: int, num_blocks: int) -> SchedulerConfig:
         """The scheduler's config: every knob from these args, the length and block count resolved."""
@@ -150,15 +153,6 @@ class EngineArgs(SchedulerArgs):
                 SchedulerConfig.__dataclass_fields__["max_num_batched_tokens"].default
                 if self.enable_chunked_prefill else max_model_len)
         return SchedulerConfig(num_blocks=num_blocks, **knobs)
-
-    def resolve_speculative_config(self) -> SpeculativeConfig | None:
-        """The parsed --speculative-config (typed error on an unknown method, k or key)."""
-        spec = SpeculativeConfig.from_dict(self.speculative_config)
-        if spec is not None and spec.method == "draft_model" and self.tensor_parallel_size != 1:
-            # The draft runs whole on one worker; its layers are not sharded.
-            raise InvalidConfigError("speculative_config.method", spec.method,
-                                     "'ngram' when tensor_parallel_size > 1 (a draft model runs on one device)")
-        return spec
 
     def resolve_device(self) -> torch.device:
         """'auto' -> cuda when present, else cpu."""
@@ -211,26 +205,6 @@ class EngineArgs(SchedulerArgs):
         return default_small_batch_rows()
 
 
-_INT32_MAX = 2 ** 31 - 1
-_QUANTIZATIONS = ("int8", "int4")
-
-
 def _check_str(name: str, value: object) -> None:
     if not isinstance(value, str) or not value:
         raise InvalidConfigError(name, value, "a non-empty string")
-
-
-def _check_int(name: str, value: object, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidConfigError(name, value, f"an integer in [{low}, {high}]")
-
-
-def _check_float(name: str, value: object, low: float, high: float, allowed: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidConfigError(name, value, allowed)
-    try:
-        v = float(value)
-    except OverflowError:
-        raise InvalidConfigError(name, value, allowed) from None
-    if not (low < v <= high):  # also False for NaN
-        raise InvalidConfigError(name, value, allowed)

@@ -7,19 +7,12 @@ from typing import Any
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import InvalidConfigError
 from twinserve.backends.real.config import EngineArgs
-from twinserve.backends.real.core_client import kv_group_windows, scheduler_config_for, with_model_kv
+from twinserve.core.kv.model_kv import with_model_kv
+from twinserve.backends.real.core_client import kv_group_windows, scheduler_config_for
 from twinserve.backends.real.executor import InProcessExecutor
 from twinserve.backends.real.models.architectures import CausalLM
 from twinserve.backends.real.models.registry import ModelSource
 from twinserve.backends.real.worker import Worker
-
-
-def kv_sliding_window(cfg: Any) -> int | None:
-    """The window of KV group 0, whose block table a draft model reads (None: full attention).
-
-    Group 0 is the full-attention group whenever any layer attends fully (kv_cache_groups).
-    """
-    return kv_group_windows(cfg)[0] or None
 
 
 def build_engine_core(args: EngineArgs, max_model_len: int, eos_ids: list[int],
@@ -47,8 +40,8 @@ def build_engine_core(args: EngineArgs, max_model_len: int, eos_ids: list[int],
             from twinserve.backends.real.models.loader import peek_model_config
 
             cfg = peek_model_config(source)
-        sched = with_model_kv(sched, cfg)
-        core = EngineCore(sched, executor, speculative_config=args.resolve_speculative_config())
+        sched = with_model_kv(sched, kv_group_windows(cfg))
+        core = EngineCore(sched, executor, speculative_config=args.speculative_config)
     except BaseException:
         executor.shutdown()
         raise

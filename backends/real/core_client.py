@@ -6,13 +6,12 @@ care where the busy loop runs.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Protocol
 
 from twinserve.core.engine_core import EngineCore, StepStats
-from twinserve.core.kv.groups import group_windows
+from twinserve.core.kv.model_kv import model_group_windows
 from twinserve.core.request import FinishReason, Request
 from twinserve.core.sched.config import SchedulerConfig
 from twinserve.core.sched.output import EngineCoreOutput
@@ -68,17 +67,15 @@ def kv_group_windows(cfg: Any) -> tuple[int, ...]:
     One entry when every layer has the same attention; a model mixing full and sliding layers
     (Gemma 3, Qwen2 with max_window_layers) gets a full group and sliding groups (core/kv/groups.py).
     """
-    return group_windows(getattr(cfg, "layer_windows", None) or [None])
+    return model_group_windows(getattr(cfg, "layer_windows", None) if cfg is not None else None)
 
 
-def with_model_kv(sched: SchedulerConfig, cfg: Any) -> SchedulerConfig:
-    """sched with the model's KV groups (several) or its one window set."""
-    windows = kv_group_windows(cfg) if cfg is not None else (0,)
-    if len(windows) > 1:
-        return dataclasses.replace(sched, kv_groups=windows)
-    if windows[0]:
-        return dataclasses.replace(sched, sliding_window=windows[0])
-    return sched
+def kv_sliding_window(cfg: Any) -> int | None:
+    """The window of KV group 0, whose block table a draft model reads (None: full attention).
+
+    Group 0 is the full-attention group whenever any layer attends fully (kv_cache_groups).
+    """
+    return kv_group_windows(cfg)[0] or None
 
 
 def scheduler_config_for(args: EngineArgs, max_model_len: int, num_blocks: int) -> SchedulerConfig:

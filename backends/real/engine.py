@@ -23,11 +23,13 @@ from twinserve.core.request import FinishReason, Request
 from twinserve.core.sampling_params import SamplingParams
 from twinserve.core.sched.output import Logprob
 from twinserve.backends.real.config import EngineArgs
-from twinserve.backends.real.core_client import (EngineCoreClient, InprocCoreClient, scheduler_config_for,
-                                                with_model_kv)
+from twinserve.core.kv.model_kv import with_model_kv
+from twinserve.backends.real.core_client import (EngineCoreClient, InprocCoreClient, kv_group_windows,
+                                                kv_sliding_window, scheduler_config_for)
 from twinserve.backends.real.core_messages import CoreOutput
 from twinserve.backends.real.detokenizer import IncrementalDetokenizer
 from twinserve.backends.real.models.architectures import CausalLM
+from twinserve.backends.real.models.config import model_context
 from twinserve.backends.real.models.registry import ModelSource, resolve_model
 from twinserve.backends.real.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from twinserve.backends.real.step_log import StepLog, StepRecord, extra_costs
@@ -98,15 +100,14 @@ class LLMEngine:
         self.model_name = source.name if source else args.model
         args.validate()
         self.max_model_len = args.max_model_len or cfg.max_position_embeddings
-        context = _model_context(cfg)
+        context = model_context(cfg)
         if self.max_model_len > context:
             raise InvalidConfigError("max_model_len", self.max_model_len,
                                      f"at most {context}, the model's context length")
         self.vocab_size = cfg.vocab_size
-        spec = args.resolve_speculative_config()
+        spec = args.speculative_config
         if spec is not None and spec.method == "draft_model":
             # Refused here, before any worker or process starts.
-            from twinserve.backends.real.core_build import kv_sliding_window
             from twinserve.backends.real.spec.draft_model import resolve_draft_model
 
             resolve_draft_model(spec.model, cfg, self.max_model_len, kv_sliding_window(cfg))
@@ -138,7 +139,7 @@ class LLMEngine:
             self.core = InprocCoreClient(core, self.executor, kv_bytes)
         # With the model's KV groups, so the front end counts pages as the core does.
         self.scheduler_config = with_model_kv(scheduler_config_for(args, self.max_model_len, self.core.num_blocks),
-                                              cfg)
+                                              kv_group_windows(cfg))
         # Per-step shapes and phase times: streamed to args.step_log_path, or a log given by the
         # caller (calibrate, fidelity); disabled otherwise, so nothing grows and nothing is timed.
         self.step_log = step_log if step_log is not None else StepLog(args.step_log_path)
@@ -563,13 +564,6 @@ class LLMEngine:
                 self.abort_request(list(self._parents))
             self.core.shutdown()
             self.step_log.close()
-
-
-def _model_context(cfg: Any) -> int:
-    """Positions the model was trained for, stretched by its RoPE scaling factor if it has one."""
-    scaling = getattr(cfg, "rope_scaling", None) or {}
-    factor = scaling.get("factor", 1.0) if isinstance(scaling, dict) else 1.0
-    return int(cfg.max_position_embeddings * max(1.0, float(factor or 1.0)))
 
 
 def _peek_config(source: ModelSource | None):

@@ -15,6 +15,7 @@ from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
 from twinserve.core.structured_output import StructuredOutputSpec
 from twinserve.backends.real.attention import get_attention_backend
 from twinserve.backends.real.config import EngineArgs
+from twinserve.backends.real.core_client import kv_sliding_window
 from twinserve.backends.real.cuda_graphs import DecodeGraphs
 from twinserve.backends.real.model_runner import ModelRunner, StepShape
 from twinserve.backends.real.models.architectures import CausalLM
@@ -79,7 +80,7 @@ class Worker:
             else:
                 self.model.add_int4_weights()
         self.backend = get_attention_backend(args.attention_backend, self.device)
-        spec = args.resolve_speculative_config()
+        spec = args.speculative_config
         self.draft_model = self._load_draft(spec, small_rows) if spec is not None and spec.method == "draft_model" else None
         self.runner = ModelRunner(self.model, self.backend, self.device, args.block_size,
                                   max_model_len, args.max_num_seqs, stop_ids, compile_grammar=self.compile_grammar,
@@ -94,8 +95,6 @@ class Worker:
 
     def _load_draft(self, spec: SpeculativeConfig, small_rows: int) -> CausalLM:
         """The draft model, through the same registry and loaders as the target, checked against it."""
-        from twinserve.backends.real.core_build import kv_sliding_window
-
         source, _ = resolve_draft_model(spec.model, self.model.config, self.max_model_len,
                                         kv_sliding_window(self.model.config))
         loader = load_gguf if source.is_gguf else load_hf_folder

@@ -7,6 +7,7 @@ from twinserve.backends.sim.cost_model import CostModel, Efficiency, RooflineCos
 from twinserve.backends.sim.executor import SimExecutor
 from twinserve.backends.sim.fit import fit_profile, fit_step_profile
 from twinserve.backends.sim.fitted import FittedCostModel, ProfileError, check_profile_model
+from twinserve.backends.sim import hf_config as _hf_config  # noqa: F401  (adds the shipped model files)
 
 __all__ = [
     "CostModel", "Efficiency", "FittedCostModel", "HARDWARES", "HardwareSpec", "KVCapacity",

@@ -8,7 +8,7 @@ kernel benchmarks and vendor guidance, not fitted to the validation table.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Callable
 
 from twinserve.core.errors import TwinserveError
 
@@ -341,13 +341,16 @@ def _lookup(table: dict[str, Any], kind: str, name: str) -> Any:
 
 
 _ALL_MODELS: dict[str, ModelSpec] = {}
+# Functions returning more catalog models, read once; hf_config adds the shipped config files
+# (backends/sim/models/*.json) when the package is imported (backends/sim/__init__.py).
+MODEL_SOURCES: list[Callable[[], dict[str, ModelSpec]]] = []
 
 
 def all_models() -> dict[str, ModelSpec]:
-    """MODELS plus the shipped config files (backends/sim/models/*.json), read once."""
+    """MODELS plus every MODEL_SOURCES' models, read once."""
     if not _ALL_MODELS:
-        from twinserve.backends.sim.hf_config import catalog_models
-        _ALL_MODELS.update(catalog_models())
+        for source in MODEL_SOURCES:
+            _ALL_MODELS.update(source())
         _ALL_MODELS.update(MODELS)
     return _ALL_MODELS
 

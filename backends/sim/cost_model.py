@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from twinserve.backends.sim.catalog import HardwareSpec, ModelSpec
-from twinserve.backends.sim.parallel import Parallelism
+from twinserve.backends.sim.parallel import Parallelism, PipelineCostModel, _loop_step_time
 
 
 @dataclass(slots=True)
@@ -332,21 +332,15 @@ def _moe_exchange(m: ModelSpec, eff: Efficiency, n: int, ep: int, moe_tp: int,
     return m.num_moe_layers * 2 * latency, m.num_moe_layers * per_layer
 
 
-def _loop_step_time(step_time, num_seqs: int, context: int, max_steps: int, start: float,
-                    deadline: float) -> tuple[list[float], list[float]]:
-    """Consecutive decode steps priced by step_time itself."""
-    durations: list[float] = []
-    ends: list[float] = []
-    t = start
-    for _ in range(max_steps):
-        if t >= deadline:
-            break
-        d = step_time(0, 0, 0, 0.0, num_seqs, context)
-        t = t + d
-        durations.append(d)
-        ends.append(t)
-        context += num_seqs
-    return durations, ends
+def roofline_for(model: ModelSpec, hardware: HardwareSpec, parallel: Parallelism,
+                 efficiency: Efficiency | None = None) -> RooflineCostModel | PipelineCostModel:
+    """The roofline for this layout: one stage's model, wrapped in the pipeline when pp > 1."""
+    parallel.check(model)
+    stage = RooflineCostModel(parallel.stage_model(model), hardware, parallel.tensor_parallel_size,
+                              efficiency, parallel)
+    if parallel.pipeline_parallel_size == 1:
+        return stage
+    return PipelineCostModel(stage, parallel, hardware.collective_bandwidth(parallel.num_gpus))
 
 
 # Run totals and draft-model steps live in work.py; imported here for their users.

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from twinserve.core.errors import FileFieldError
 
-from twinserve.backends.sim.catalog import ModelSpec
+from twinserve.backends.sim.catalog import MODEL_SOURCES, ModelSpec
 
 MODELS_DIR = Path(__file__).parent / "models"
 
@@ -210,3 +210,6 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
 def catalog_models() -> dict[str, ModelSpec]:
     """The shipped config files (backends/sim/models/*.json), by model name."""
     return {p.stem: load_hf_config(p, p.stem) for p in sorted(MODELS_DIR.glob("*.json"))}
+
+
+MODEL_SOURCES.append(catalog_models)

@@ -129,7 +129,6 @@ class PipelineCostModel:
     def decode_step_times(self, num_seqs: int, context: int, max_steps: int, start: float,
                           deadline: float) -> tuple[list[float], list[float]]:
         """step_time of consecutive decode-only steps."""
-        from twinserve.backends.sim.cost_model import _loop_step_time
         return _loop_step_time(self.step_time, num_seqs, context, max_steps, start, deadline)
 
     def max_tokens_per_second(self) -> float:
@@ -137,13 +136,18 @@ class PipelineCostModel:
         return self.stage.max_tokens_per_second()
 
 
-def roofline_for(model: ModelSpec, hardware: HardwareSpec, parallel: Parallelism,
-                 efficiency: "Efficiency | None" = None) -> "RooflineCostModel | PipelineCostModel":
-    """The roofline for this layout: one stage's model, wrapped in the pipeline when pp > 1."""
-    from twinserve.backends.sim.cost_model import RooflineCostModel
-    parallel.check(model)
-    stage = RooflineCostModel(parallel.stage_model(model), hardware, parallel.tensor_parallel_size,
-                              efficiency, parallel)
-    if parallel.pipeline_parallel_size == 1:
-        return stage
-    return PipelineCostModel(stage, parallel, hardware.collective_bandwidth(parallel.num_gpus))
+def _loop_step_time(step_time, num_seqs: int, context: int, max_steps: int, start: float,
+                    deadline: float) -> tuple[list[float], list[float]]:
+    """Consecutive decode steps priced by step_time itself."""
+    durations: list[float] = []
+    ends: list[float] = []
+    t = start
+    for _ in range(max_steps):
+        if t >= deadline:
+            break
+        d = step_time(0, 0, 0, 0.0, num_seqs, context)
+        t = t + d
+        durations.append(d)
+        ends.append(t)
+        context += num_seqs
+    return durations, ends

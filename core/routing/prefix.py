@@ -10,11 +10,27 @@ from __future__ import annotations
 import bisect
 import math
 from array import array
+from dataclasses import dataclass
 from typing import Sequence
 
 import xxhash
 
+from twinserve.core.knobs import check_fields, knob
 from twinserve.core.routing.base import ReplicaLoad, RouteRequest, least_loaded
+
+
+@dataclass(slots=True)
+class PrefixAffinityOptions:
+    """prefix_affinity's own knobs."""
+
+    # A block is a KV block in the simulator; the proxy has no tokenizer and hashes text chunks.
+    prefix_blocks: int = knob(4, help="prefix_affinity: leading blocks of the prompt that name its prefix",
+                              unit="blocks", range=(1, 1 << 16))
+    load_factor: float = knob(1.25, help="prefix_affinity: no replica above this x the mean load "
+                              "(1 = perfectly even)", range=(1.0, 1e3))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 def _point(value: int, salt: int) -> int:
@@ -49,14 +65,10 @@ class PrefixAffinity:
     name = "prefix_affinity"
     needs_prefix_keys = True
 
-    def __init__(self, prefix_blocks: int = 4, load_factor: float = 1.25,
-                 virtual_nodes: int = 64) -> None:
-        if prefix_blocks < 1:
-            raise ValueError("prefix_blocks must be >= 1")
-        if load_factor < 1.0:
-            raise ValueError("load_factor must be >= 1 (1 = perfectly even)")
-        self.prefix_blocks = prefix_blocks
-        self.load_factor = load_factor
+    def __init__(self, options: PrefixAffinityOptions | None = None, virtual_nodes: int = 64) -> None:
+        options = PrefixAffinityOptions() if options is None else options
+        self.prefix_blocks = options.prefix_blocks
+        self.load_factor = options.load_factor
         self.virtual_nodes = virtual_nodes
         self._ring_for: tuple[int, ...] = ()
         self._points: list[int] = []

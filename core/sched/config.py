@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from twinserve.core.errors import InvalidConfigError
+from twinserve.core.knobs import check_fields, knob
 from twinserve.core.kv.hashing import HASH_FUNCTIONS
 from twinserve.core.sched.policies import PREEMPTION_CHOICES, QUEUE_POLICIES
 
+
+_INT32_MAX = 2 ** 31 - 1
 
 # CLIs offer these names, so a registration works everywhere.
 SCHEDULER_CHOICES: dict[str, tuple[str, ...]] = {
@@ -21,65 +24,46 @@ SCHEDULER_CHOICES: dict[str, tuple[str, ...]] = {
 class SchedulerConfig:
     """Who enters a batch, and how the KV pool is laid out."""
 
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 256
-    max_model_len: int = 4096
-    enable_chunked_prefill: bool = True
-    # Per-step prefill cap (0 = none) so long prompts share the budget.
-    long_prefill_token_threshold: int = 0
-    block_size: int = 16
-    num_blocks: int = 1024
-    enable_prefix_caching: bool = True
-    prefix_caching_hash_algo: str = "xxhash"
-    # Fraction of blocks kept free after an admission.
-    watermark: float = 0.0
-    # "fcfs", "priority" (lower first) or "sjf" (shortest prompt first).
-    policy: str = "fcfs"
-    # Victim: "last" admitted, "priority", or "auto" (follows policy).
-    preemption: str = "auto"
-    # Against starvation: each interval waited is one level; 0 = strict order,
-    # which can starve requests forever.
-    aging_interval_s: float = 30.0
-    # The model's all-layer sliding window; 0 = full attention.
-    sliding_window: int = 0
-    # KV cache groups' windows (0 = full attention) for a model mixing attention types, from
-    # core.kv.groups.group_windows; () = one group (sliding_window's).
-    kv_groups: tuple[int, ...] = ()
+    max_num_batched_tokens: int = knob(2048, help="token budget of one step (prefill and decode together)",
+                                       unit="tokens", range=(1, _INT32_MAX))
+    max_num_seqs: int = knob(256, help="requests running at once", unit="requests", range=(1, _INT32_MAX))
+    max_model_len: int = knob(4096, help="longest prompt plus output a request may have", unit="tokens",
+                              range=(1, _INT32_MAX))
+    enable_chunked_prefill: bool = knob(True, help="split long prompts across steps to share the budget")
+    long_prefill_token_threshold: int = knob(0, help="per-step prefill cap per request, so long prompts "
+                                             "share the budget", unit="tokens", range=(0, _INT32_MAX),
+                                             special={0: "no cap"})
+    block_size: int = knob(16, help="tokens per KV cache block", unit="tokens", range=(1, _INT32_MAX))
+    num_blocks: int = knob(1024, help="KV cache blocks in the pool (the engine sizes it from memory)",
+                           unit="blocks", range=(1, _INT32_MAX), flag=False)
+    enable_prefix_caching: bool = knob(True, help="reuse the KV blocks of prompts' shared prefixes")
+    prefix_caching_hash_algo: str = knob("xxhash", help="hash naming a prefix block",
+                                         choices=lambda: tuple(HASH_FUNCTIONS), accepts=callable)
+    watermark: float = knob(0.0, help="fraction of KV blocks kept free after an admission",
+                            range=(0.0, 1.0), open="hi")
+    policy: str = knob("fcfs", help="queue order: fcfs, priority (lower first) or sjf (shortest prompt "
+                       "first)", choices=lambda: tuple(QUEUE_POLICIES))
+    preemption: str = knob("auto", help="preemption victim: the last admitted, the lowest priority, or "
+                           "auto (follows policy)", choices=PREEMPTION_CHOICES)
+    # 0 = strict order, which can starve requests forever.
+    aging_interval_s: float = knob(30.0, help="against starvation: each interval waited raises a request "
+                                   "one priority level", unit="seconds", range=(0.0, 1e9),
+                                   special={0: "no aging"})
+    sliding_window: int = knob(0, help="the model's all-layer sliding window (set from the model)",
+                               unit="tokens", range=(1, _INT32_MAX), special={0: "full attention"},
+                               flag=False)
+    # From core.kv.groups.group_windows; () = one group (sliding_window's).
+    kv_groups: tuple[int, ...] = knob((), help="each KV cache group's window, for a model mixing "
+                                      "attention types (set from the model)", range=(0, _INT32_MAX),
+                                      flag=False)
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
         """Raise InvalidConfigError naming the first bad field."""
-        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size",
-                     "num_blocks"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidConfigError(name, value, "an integer >= 1")
-        t = self.long_prefill_token_threshold
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            raise InvalidConfigError("long_prefill_token_threshold", t, "an integer >= 0")
-        a = self.aging_interval_s
-        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 <= a < float("inf"):
-            raise InvalidConfigError("aging_interval_s", a, "a finite number of seconds >= 0 (0 = no aging)")
-        if not isinstance(self.policy, str) or self.policy not in QUEUE_POLICIES:
-            raise InvalidConfigError("policy", self.policy, " or ".join(QUEUE_POLICIES))
-        if not isinstance(self.preemption, str) or self.preemption not in PREEMPTION_CHOICES:
-            raise InvalidConfigError("preemption", self.preemption, " or ".join(PREEMPTION_CHOICES))
-        w = self.watermark
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= w < 1.0:
-            raise InvalidConfigError("watermark", w, "a number in [0, 1)")
-        h = self.prefix_caching_hash_algo
-        if not callable(h) and not (isinstance(h, str) and h in HASH_FUNCTIONS):
-            raise InvalidConfigError("prefix_caching_hash_algo", h, " or ".join(HASH_FUNCTIONS))
-        w = self.sliding_window
-        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
-            raise InvalidConfigError("sliding_window", w, "an integer >= 1, or 0 for full attention")
-        g = self.kv_groups
-        if not isinstance(g, (tuple, list)) or any(
-                isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in g):
-            raise InvalidConfigError("kv_groups", g, "a tuple of windows >= 0 (0 = full attention)")
-        if len(g) > 1 and self.sliding_window:
+        check_fields(self)
+        if len(self.kv_groups) > 1 and self.sliding_window:
             raise InvalidConfigError("sliding_window", self.sliding_window,
                                      "0 when kv_groups gives each group's window")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:

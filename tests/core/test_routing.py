@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from twinserve.core.routing.prefix import PrefixAffinityOptions
 from twinserve.core.routing import (ROUTER_NAMES, NoReplicaAvailableError, PrefixAffinity,
                                     ReplicaLoad, RouteRequest, UnknownRouterError, make_router,
                                     text_prefix_keys, token_prefix_keys)
@@ -77,7 +78,7 @@ def test_prefix_keys_are_chained_and_stop_at_full_blocks() -> None:
 
 
 def test_prefix_affinity_sends_a_prefix_home_and_spreads_distinct_prefixes() -> None:
-    r = PrefixAffinity(prefix_blocks=2, load_factor=1.25)
+    r = PrefixAffinity(PrefixAffinityOptions(prefix_blocks=2, load_factor=1.25))
     reps = loads(0, 0, 0, 0)
     homes = {}
     for p in range(64):
@@ -92,7 +93,7 @@ def test_prefix_affinity_sends_a_prefix_home_and_spreads_distinct_prefixes() -> 
 
 
 def test_a_hot_prefix_spills_instead_of_swamping_its_replica() -> None:
-    r = PrefixAffinity(prefix_blocks=1, load_factor=1.25)
+    r = PrefixAffinity(PrefixAffinityOptions(prefix_blocks=1, load_factor=1.25))
     reps = loads(0, 0, 0, 0)
     keys = token_prefix_keys([7] * 16, 16, 1)
     for _ in range(100):  # one prefix, nothing finishes
@@ -110,7 +111,7 @@ def test_bounded_load_rule_holds(outstanding, up, key, c) -> None:
     reps = [ReplicaLoad(i, o, healthy=up[i]) for i, o in enumerate(outstanding)]
     if not any(x.healthy for x in reps):
         reps[0].healthy = True
-    r = PrefixAffinity(prefix_blocks=1, load_factor=c)
+    r = PrefixAffinity(PrefixAffinityOptions(prefix_blocks=1, load_factor=c))
     chosen = reps[r.choose(req(keys=(key,)), reps)]
     live = [x for x in reps if x.healthy]
     cap = math.ceil(c * (sum(x.outstanding for x in live) + 1) / len(live))
@@ -127,7 +128,7 @@ def test_prefix_affinity_keys_on_exactly_prefix_blocks_blocks(prefix_blocks, num
                                                               extra, seed) -> None:
     """Requests agreeing on their first prefix_blocks blocks share a replica whatever follows;
     32 prefixes that share only the first block (prefix_blocks >= 2) spread over replicas."""
-    r = PrefixAffinity(prefix_blocks=prefix_blocks)
+    r = PrefixAffinity(PrefixAffinityOptions(prefix_blocks=prefix_blocks))
     reps = loads(*[0] * num_replicas)  # idle: every prefix goes to its home replica
     first = [shared] * block
     depth = prefix_blocks + extra

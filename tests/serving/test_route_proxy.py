@@ -11,6 +11,7 @@ import pytest
 import uvicorn
 
 from twinserve.backends.real.serving.route_proxy import ProxyConfig, build_proxy_app
+from twinserve.core.routing import RouterConfig
 
 from .conftest import SlowStep, free_port, start_server, wait_for
 
@@ -20,8 +21,9 @@ pytestmark = pytest.mark.slow
 class Proxy:
     """The proxy app on a free port, on a thread."""
 
-    def __init__(self, urls: list[str], policy: str, **kw) -> None:
-        self.app = build_proxy_app(ProxyConfig(urls, policy, health_interval_s=0.2, **kw))
+    def __init__(self, urls: list[str], router: str, options: dict | None = None, **kw) -> None:
+        self.app = build_proxy_app(ProxyConfig(urls, RouterConfig(router, options or {}),
+                                               health_interval_s=0.2, **kw))
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port,
@@ -116,7 +118,7 @@ def test_stream_passes_through_and_disconnect_aborts_upstream(replicas) -> None:
 
 def test_prefix_affinity_keeps_a_shared_prefix_on_one_replica(replicas) -> None:
     proxy = Proxy([s.url for s in replicas], "prefix_affinity", prefix_chunk_chars=16,
-                  prefix_blocks=2)
+                  options={"prefix_blocks": 2})
     try:
         system = "You are a terse assistant. " * 3
         homes = {complete(proxy.url, system + f"question {i}").headers["x-twinserve-replica"]

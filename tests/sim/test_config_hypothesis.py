@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from twinserve.core.errors import TwinserveError
 from twinserve.sim.build import simulate
-from twinserve.sim.config import _CHOICES, StudyConfig, all_fields, set_field, validate
+from twinserve.core.knobs import knob_of
+from twinserve.sim.config import SECTIONS, StudyConfig, all_fields, set_field, validate
 
 from .helpers import small_config, time_limit
 
@@ -29,8 +30,10 @@ def _plausible(name: str) -> st.SearchStrategy[Any]:
     """Values near the field's default (mostly valid), so many runs get as far as simulating."""
     section, field = name.split(".", 1)
     default = getattr(getattr(StudyConfig(), section), field)
-    if name in _CHOICES:
-        return st.sampled_from(_CHOICES[name])
+    k = knob_of(SECTIONS[section].__dataclass_fields__[field])
+    choices = k.choice_list() if k is not None else None
+    if choices:
+        return st.sampled_from(choices)
     if isinstance(default, bool):
         return st.booleans()
     if isinstance(default, int):

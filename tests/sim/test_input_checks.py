@@ -74,7 +74,7 @@ def test_out_of_range_times_are_refused_where_the_config_is_read(tmp_path, capsy
     with time_limit(60):
         rc, _, err = _cli(["run", "--config", str(study), "--out", str(tmp_path / "o")], capsys)
     assert rc == 2, err
-    assert f"{study}:{_line(study, setting)}:" in err and field in err and "outside" in err
+    assert f"{study}:{_line(study, setting)}:" in err and field in err and "is invalid: allowed a number in" in err
 
 
 def test_num_replicas_has_a_documented_limit(tmp_path, capsys) -> None:

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from twinserve.backends.sim import get_hardware, get_model
 from twinserve.backends.sim.aic_models import UnknownRowModelError, aic_model_configs_dir, resolve_row_model
 from twinserve.backends.sim.capacity import kv_capacity
-from twinserve.backends.sim.parallel import Parallelism, ParallelismError, PipelineCostModel, roofline_for
+from twinserve.backends.sim.cost_model import roofline_for
+from twinserve.backends.sim.parallel import Parallelism, ParallelismError, PipelineCostModel
 from twinserve.backends.sim.precision import MXFP4_BYTES, NVFP4_BYTES, Precision
 from twinserve.sim import cli
 

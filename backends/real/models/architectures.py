@@ -14,7 +14,7 @@ from torch import nn
 from twinserve.core.errors import UnsupportedArchitectureError, UnsupportedConfigFieldError
 from twinserve.backends.real.attention.backend import AttentionBackend, AttentionMetadata
 from twinserve.backends.real.models.config import ModelConfig, common_fields, layer_windows, parse_rope, reject
-from twinserve.backends.real.models.llama import LlamaForCausalLM
+from twinserve.backends.real.models.llama import _SILU, LlamaForCausalLM, _check_act, llama_config
 
 
 class CausalLM(Protocol):
@@ -48,24 +48,6 @@ class CausalLM(Protocol):
     @classmethod
     def config_from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
         """The architecture record from a config.json dict; typed errors for what it lacks."""
-
-
-_SILU = ("silu", "swish")
-
-
-def _check_act(arch: str, cfg: dict[str, Any], key: str, allowed: tuple[str, ...]) -> None:
-    reject(arch, cfg, key, allowed, " or ".join(allowed))
-
-
-def llama_config(cfg: dict[str, Any], arch: str = "LlamaForCausalLM") -> ModelConfig:
-    """LlamaForCausalLM: full attention everywhere, optional attention/MLP biases."""
-    _check_act(arch, cfg, "hidden_act", _SILU)
-    if cfg.get("sliding_window") is not None and arch == "LlamaForCausalLM":
-        raise UnsupportedConfigFieldError(arch, "sliding_window", cfg["sliding_window"],
-                                          "None (Llama has no sliding window; use MistralForCausalLM)")
-    kw = common_fields(arch, cfg)
-    kw.update(attention_bias=bool(cfg.get("attention_bias", False)), mlp_bias=bool(cfg.get("mlp_bias", False)))
-    return ModelConfig(**kw)
 
 
 def mistral_config(cfg: dict[str, Any]) -> ModelConfig:
@@ -199,6 +181,11 @@ def architecture_of(cfg: dict[str, Any]) -> str:
 def model_class_for(cfg: dict[str, Any]) -> type:
     """The registered model class for a config.json dict."""
     return ARCHITECTURES[architecture_of(cfg)]
+
+
+def config_from_hf_dict(cfg: dict[str, Any]) -> ModelConfig:
+    """Read a config.json dict through the class its architectures[0] names."""
+    return model_class_for(cfg).config_from_hf(cfg)
 
 
 def model_class(config: ModelConfig) -> type:

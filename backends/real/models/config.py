@@ -75,12 +75,12 @@ class ModelConfig:
         windows = [w for w in self.layer_windows if w is not None]
         return max(windows) if windows else None
 
-    @classmethod
-    def from_hf_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
-        """Read a config.json dict through the class its architectures[0] names."""
-        from twinserve.backends.real.models.architectures import model_class_for
 
-        return model_class_for(cfg).config_from_hf(cfg)
+def model_context(cfg: Any) -> int:
+    """Positions the model was trained for, stretched by its RoPE scaling factor if it has one."""
+    scaling = getattr(cfg, "rope_scaling", None) or {}
+    factor = scaling.get("factor", 1.0) if isinstance(scaling, dict) else 1.0
+    return int(cfg.max_position_embeddings * max(1.0, float(factor or 1.0)))
 
 
 # The Llama-only code's name; every architecture shares the record.

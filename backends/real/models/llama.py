@@ -7,14 +7,33 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
-from twinserve.core.errors import UnsupportedModelError
+from twinserve.core.errors import UnsupportedConfigFieldError, UnsupportedModelError
 from twinserve.backends.real.attention.backend import AttentionBackend, AttentionMetadata
-from twinserve.backends.real.models.config import LlamaConfig
+from twinserve.backends.real.models.config import LlamaConfig, ModelConfig, common_fields, reject
 from twinserve.backends.real.models.rope import RotaryEmbedding
+
+
+_SILU = ("silu", "swish")
+
+
+def _check_act(arch: str, cfg: dict[str, Any], key: str, allowed: tuple[str, ...]) -> None:
+    reject(arch, cfg, key, allowed, " or ".join(allowed))
+
+
+def llama_config(cfg: dict[str, Any], arch: str = "LlamaForCausalLM") -> ModelConfig:
+    """LlamaForCausalLM: full attention everywhere, optional attention/MLP biases."""
+    _check_act(arch, cfg, "hidden_act", _SILU)
+    if cfg.get("sliding_window") is not None and arch == "LlamaForCausalLM":
+        raise UnsupportedConfigFieldError(arch, "sliding_window", cfg["sliding_window"],
+                                          "None (Llama has no sliding window; use MistralForCausalLM)")
+    kw = common_fields(arch, cfg)
+    kw.update(attention_bias=bool(cfg.get("attention_bias", False)), mlp_bias=bool(cfg.get("mlp_bias", False)))
+    return ModelConfig(**kw)
 
 
 # Rows up to which x @ W_t beats F.linear, by CPU ISA (docs/speed.md).
@@ -260,8 +279,6 @@ class LlamaForCausalLM(nn.Module):
     @classmethod
     def config_from_hf(cls, cfg: dict) -> LlamaConfig:
         """The architecture record from a transformers config.json dict (see models/architectures.py)."""
-        from twinserve.backends.real.models.architectures import llama_config
-
         return llama_config(cfg)
 
     def projections(self) -> Iterator[nn.Linear]:

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from twinserve.core.errors import CheckpointMismatchError, UnsupportedModelError
-from twinserve.backends.real.models.architectures import CausalLM, model_class
+from twinserve.backends.real.models.architectures import CausalLM, config_from_hf_dict, model_class
 from twinserve.backends.real.models.config import LlamaConfig, ModelConfig
 from twinserve.backends.real.models.llama import LlamaForCausalLM
 
@@ -29,7 +29,7 @@ def read_hf_config(folder: Path) -> ModelConfig:
     path = folder / "config.json"
     if not path.exists():
         raise UnsupportedModelError(f"{folder} has no config.json; give an HF model folder or a .gguf file")
-    return ModelConfig.from_hf_dict(json.loads(path.read_text()))
+    return config_from_hf_dict(json.loads(path.read_text()))
 
 
 def _hf_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:

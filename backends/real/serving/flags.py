@@ -5,11 +5,34 @@ from __future__ import annotations
 import argparse
 
 
+DEFAULT_MODEL = "smollm2"
+MODEL_HELP = "the model: an HF folder, a .gguf file or a short name"
+
+
+def add_model_arg(parser: argparse.ArgumentParser, positional: bool = False) -> None:
+    """--model, as every command that loads a model takes it (serve also takes it first, as vLLM)."""
+    if positional:
+        parser.add_argument("model_arg", nargs="?", default=None, metavar="model",
+                            help=f"{MODEL_HELP} (as --model; default {DEFAULT_MODEL})")
+    parser.add_argument("--model", default=None, help=f"{MODEL_HELP} (default {DEFAULT_MODEL})")
+
+
+def model_of(ns: argparse.Namespace) -> str:
+    """The model the command line names (positional or --model), set back on ns.model."""
+    pos, flag = getattr(ns, "model_arg", None), getattr(ns, "model", None)
+    if pos is not None and flag is not None and pos != flag:
+        from twinserve.core.errors import InvalidConfigError
+
+        raise InvalidConfigError("model", f"{pos} and --model {flag}", "one model, given once")
+    ns.model = pos or flag or DEFAULT_MODEL
+    return ns.model
+
+
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     """Flags of `twinserve serve` beyond the engine's (which the caller adds, named as vLLM names them)."""
-    p.add_argument("model", nargs="?", default="smollm2", help="HF folder, .gguf file or short name")
+    add_model_arg(p, positional=True)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on /v1 routes")
     p.add_argument("--served-model-name", action="append", default=None,
                    help="name(s) clients use for the model (default: the model argument)")
@@ -18,7 +41,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shutdown-grace", type=float, default=5.0,
                    help="seconds in-flight requests may run after SIGINT/SIGTERM before they are aborted")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--uvicorn-log-level", default="warning")
+    p.add_argument("--uvicorn-log-level", default="warning", help="uvicorn's log level")
     p.add_argument("--disable-access-log", "--disable-uvicorn-access-log", dest="disable_access_log",
                    action="store_true", help="no per-request access-log line (on by default)")
     p.add_argument("--max-request-body-bytes", type=int, default=32 * 1024 * 1024,
@@ -41,12 +64,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     """Flags of `twinserve bench`, named as `vllm bench serve` names them where it has one."""
     p.add_argument("--base-url", default=None, help="server URL (default http://HOST:PORT)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--endpoint", default="/v1/completions", choices=["/v1/completions"])
+    p.add_argument("--host", default="127.0.0.1", help="server address (with --port, when no --base-url)")
+    p.add_argument("--port", type=int, default=8000, help="server port")
+    p.add_argument("--endpoint", default="/v1/completions", choices=["/v1/completions"],
+                   help="the API route requests go to")
     p.add_argument("--model", default=None, help="model name to send (default: the server's first)")
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--num-prompts", type=int, default=100)
+    p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer <key>'")
+    p.add_argument("--num-prompts", type=int, default=100, help="requests to send")
     p.add_argument("--request-rate", type=float, default=float("inf"),
                    help="requests per second (inf: all at once)")
     p.add_argument("--burstiness", type=float, default=1.0,
@@ -59,19 +83,22 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-requests", "--warmup-request-count", dest="warmup_requests", type=int,
                    default=0, help="closed loop: requests sent first and left out of the figures "
                    "(the simulator's [workload] warmup_requests)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dataset-name", default="random", choices=["random", "shared-prefix", "trace"])
-    p.add_argument("--random-input-len", type=int, default=128)
-    p.add_argument("--random-output-len", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0, help="seed of arrivals, lengths and token ids")
+    p.add_argument("--dataset-name", default="random", choices=["random", "shared-prefix", "trace"],
+                   help="where prompts and lengths come from")
+    p.add_argument("--random-input-len", type=int, default=128, help="prompt tokens (random, shared-prefix)")
+    p.add_argument("--random-output-len", type=int, default=64, help="output tokens (random, shared-prefix)")
     p.add_argument("--random-range-ratio", type=float, default=0.0,
                    help="lengths uniform in [len*(1-r), len*(1+r)]; 0 = fixed")
     p.add_argument("--num-system-prompts", type=int, default=4, help="shared-prefix: distinct prefixes")
     p.add_argument("--system-prompt-len", type=int, default=64, help="shared-prefix: tokens per prefix")
-    p.add_argument("--system-prompt-zipf", type=float, default=0.0)
+    p.add_argument("--system-prompt-zipf", type=float, default=0.0,
+                   help="shared-prefix: popularity, weight of prefix i is 1/(i+1)^zipf (0 = even)")
     p.add_argument("--trace", default="builtin:azure_conv", help="trace: CSV path or builtin:azure_conv")
     p.add_argument("--trace-arrivals", action="store_true",
                    help="trace: replay its timestamps instead of --request-rate")
-    p.add_argument("--trace-time-scale", type=float, default=1.0)
+    p.add_argument("--trace-time-scale", type=float, default=1.0,
+                   help="trace: timestamps are multiplied by this")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="clip workload lengths to this (default: the server's)")
     p.add_argument("--vocab-size", type=int, default=None, help="prompt token ids are drawn below this "

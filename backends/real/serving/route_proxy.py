@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 import anyio
@@ -28,8 +28,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from twinserve.core.routing import (NoReplicaAvailableError, ReplicaLoad, RouteRequest, make_router,
-                              text_prefix_keys)
+from twinserve.core.routing import (NoReplicaAvailableError, ReplicaLoad, RouteRequest, RouterConfig,
+                                    prefix_keys_needed,
+                                    text_prefix_keys)
 from twinserve.backends.real.serving.errors import APIError
 from twinserve.backends.real.serving.request_body import DEFAULT_MAX_BODY_BYTES, INLINE_PARSE_BYTES, read_body
 from twinserve.backends.real.serving.route_metrics import ProxyMetrics, merge_replica_metrics
@@ -41,13 +42,12 @@ HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length"
 
 @dataclass(slots=True)
 class ProxyConfig:
-    """Replica URLs, the routing policy and its knobs, health checking."""
+    """Replica URLs, the router and its options, health checking."""
 
     replicas: list[str]
-    policy: str = "round_robin"
+    # The router and its own options (a prefix "block" is one chunk of prefix_chunk_chars here).
+    router: RouterConfig = field(default_factory=RouterConfig)
     prefix_chunk_chars: int = 64
-    prefix_blocks: int = 4
-    load_factor: float = 1.25
     health_interval_s: float = 1.0
     timeout_s: float = 600.0
     seed: int = 0
@@ -142,7 +142,7 @@ class RouteProxy:
         self.cfg = cfg
         self.urls = [u.rstrip("/") for u in cfg.replicas]
         self.loads = [ReplicaLoad(i) for i in range(len(self.urls))]
-        self.router = make_router(cfg.policy, cfg.seed, cfg.prefix_blocks, cfg.load_factor)
+        self.router = cfg.router.build(cfg.seed)
         # The body matters to routing only for prefix keys and a session named by `user`.
         self._reads_body = self.router.needs_prefix_keys or self.router.name == "session_affinity"
         self.metrics = ProxyMetrics()
@@ -198,7 +198,7 @@ class RouteProxy:
         """The replica for this request (NoReplicaAvailableError when none is in rotation)."""
         keys: tuple[int, ...] = ()
         if self.router.needs_prefix_keys:
-            keys = _affinity_keys(body, self.cfg.prefix_chunk_chars, self.cfg.prefix_blocks)
+            keys = _affinity_keys(body, self.cfg.prefix_chunk_chars, prefix_keys_needed(self.router))
         session = headers.get("x-session-id") or body.get("user")
         views = [ReplicaLoad(x.index, x.outstanding, x.kv_usage,
                              x.healthy and x.index not in exclude, x.routed)
@@ -210,7 +210,7 @@ class RouteProxy:
         load = self.loads[i]
         load.outstanding += 1
         load.routed += 1
-        self.metrics.routed.labels(self.urls[i], self.cfg.policy).inc()
+        self.metrics.routed.labels(self.urls[i], self.cfg.router.router).inc()
         self.metrics.in_flight.labels(self.urls[i]).inc()
 
     def _end(self, i: int) -> None:

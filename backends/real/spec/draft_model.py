@@ -21,6 +21,7 @@ from twinserve.core.errors import InvalidConfigError
 from twinserve.backends.real.attention import AttentionBackend, AttentionMetadata
 from twinserve.backends.real.input_batch import CachedRequestState, InputBatch
 from twinserve.backends.real.models.architectures import CausalLM
+from twinserve.backends.real.models.config import model_context
 from twinserve.backends.real.sampler import Sampler, SamplingRow, step_seed, uniforms
 
 # Keeps the draft's uniforms apart from verification's and plain sampling's.
@@ -232,11 +233,10 @@ def check_draft_model(draft_cfg, target_cfg, max_model_len: int, draft_context: 
 
 def resolve_draft_model(name: str, target_cfg, max_model_len: int, kv_window: int | None = None):
     """(ModelSource, config) of the draft named in --speculative-config, checked against the target."""
-    from twinserve.backends.real.engine import _model_context
     from twinserve.backends.real.models.loader import peek_model_config
     from twinserve.backends.real.models.registry import resolve_model
 
     source = resolve_model(name)
     cfg = peek_model_config(source)
-    check_draft_model(cfg, target_cfg, max_model_len, _model_context(cfg), kv_window)
+    check_draft_model(cfg, target_cfg, max_model_len, model_context(cfg), kv_window)
     return source, cfg
