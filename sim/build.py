@@ -27,6 +27,7 @@ from twinserve.sim.config import StudyConfig, field_error, replica_config, repli
 from twinserve.sim.errors import ConfigError
 from twinserve.sim.specs import resolve_draft_model, resolve_hardware, resolve_model
 from twinserve.sim.workload import Workload
+from twinserve.sim.trace_paths import BUILTIN_TRACES, DATA_DIR, UnknownBuiltinTrace, trace_path  # noqa: F401
 from twinserve.sim.world import RunResult, Simulation
 
 # Efficiency attribute -> [engine] field; a negative field keeps the catalog's value.
@@ -34,8 +35,6 @@ EFFICIENCY_FIELDS = {"gemm": "eff_gemm", "attention": "eff_attention", "memory":
                      "comm": "eff_comm", "allreduce_latency_s": "allreduce_latency_s",
                      "allreduce_hop_s": "allreduce_hop_s", "layer_floor_s": "layer_floor_s"}
 
-DATA_DIR = Path(__file__).parent / "data"
-BUILTIN_TRACES = {"azure_conv": DATA_DIR / "azure_conv_excerpt.csv"}
 
 
 class DoesNotFit(ConfigError):
@@ -86,21 +85,10 @@ def _cfg_error(cfg: StudyConfig, section: str, field: str, msg: str) -> ConfigEr
 
 def resolve_trace(cfg: StudyConfig) -> str:
     """The trace path: a builtin name, or a path (relative to the config file when given)."""
-    trace = cfg.workload.trace
-    if not trace:
-        return ""
-    if trace.startswith("builtin:"):
-        name = trace.split(":", 1)[1]
-        if name not in BUILTIN_TRACES:
-            raise _cfg_error(cfg, "workload", "trace",
-                             f"unknown builtin trace {name!r}; known: {', '.join(BUILTIN_TRACES)}")
-        return str(BUILTIN_TRACES[name])
-    p = Path(trace)
-    if not p.is_absolute() and cfg.source and not p.exists():
-        alt = Path(cfg.source).parent / p
-        if alt.exists():
-            return str(alt)
-    return str(p)
+    try:
+        return trace_path(cfg.workload.trace, cfg.source or "")
+    except UnknownBuiltinTrace as e:
+        raise _cfg_error(cfg, "workload", "trace", str(e)) from None
 
 
 def parallelism(cfg: StudyConfig) -> Parallelism:

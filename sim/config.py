@@ -25,6 +25,7 @@ from twinserve.core.sched.config import SCHEDULER_CHOICES, SchedulerConfig
 from twinserve.sim.config_lines import field_error, find_line, replica_line, source_text  # noqa: F401
 from twinserve.sim.errors import ConfigError
 from twinserve.sim.speculative import SpeculativeSection, check_speculative, coerce_speculative
+from twinserve.sim.trace_paths import UnknownBuiltinTrace, trace_path
 from twinserve.sim.workload import ARRIVALS, LENGTH_DISTS, WorkloadConfig, range_bounds
 
 if sys.version_info >= (3, 11):
@@ -530,10 +531,12 @@ def from_dict(data: dict[str, Any], file: str | None = None, text: str = "") -> 
 
 def default_to_trace_length(cfg: StudyConfig) -> None:
     """A trace without num_requests serves every row it has (not the 400 of a drawn workload)."""
-    from twinserve.sim.build import resolve_trace  # build imports this module
     from twinserve.sim.traces import read_trace
 
-    path = Path(resolve_trace(cfg))
+    try:
+        path = Path(trace_path(cfg.workload.trace, cfg.source or ""))
+    except UnknownBuiltinTrace:
+        return  # the build names the unknown trace
     if not path.is_file():
         return  # the build names the missing file
     cfg.workload.num_requests = max(1, sum(1 for _ in read_trace(path)))

@@ -123,7 +123,7 @@ def closed_loop(opts: FidelityOptions, cfg: WorkloadConfig) -> None:
 
 def trace_path(trace: str) -> str:
     """A trace file's path: 'builtin:NAME' is a trace shipped with twinserve (as simulate and bench take)."""
-    from twinserve.sim.build import BUILTIN_TRACES
+    from twinserve.sim.trace_paths import BUILTIN_TRACES
 
     if not trace.startswith("builtin:"):
         return trace
