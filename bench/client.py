@@ -96,8 +96,13 @@ async def _one(client: httpx.AsyncClient, target: BenchTarget, item: WorkItem, p
                     if metrics.get("queue_s") is not None:
                         rec.first_scheduled_time = sent + float(metrics["queue_s"])
         rec.finish_reason = finish_reason
-        if rec.finish_time is None or rec.first_token_time is None:
-            raise RuntimeError("the stream ended without a finish_reason or without any text")
+        if rec.finish_time is None:
+            raise RuntimeError("the stream ended without a finish_reason")
+        if rec.first_token_time is None:
+            # Every token was held back (an output cut inside a UTF-8 character sends no text): the
+            # client saw its first output with the last chunk, as vllm bench serve counts a first chunk.
+            rec.first_token_time = rec.finish_time
+            rec.token_times.append(rec.finish_time)
     except Exception as e:  # one failed request is a row with an error, never a crashed run
         rec.error = f"{type(e).__name__}: {e}"
         rec.finish_reason = "error"

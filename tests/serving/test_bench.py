@@ -127,8 +127,10 @@ def test_bench_cli_prints_the_report_and_writes_the_csv(server: RunningServer, t
     assert re.search(r"Successful requests:\s+6\n", out.stdout)
     df = pd.read_csv(tmp_path / "requests.csv")
     assert len(df) == 6 and (df["output_tokens"] == 5).all()
-    itl = df["itl_s"].astype(str).str.split(";")
-    assert all(len(x) >= 1 and np.isfinite([float(v) for v in x]).all() for x in itl)
+    # A request whose text arrived in one chunk has no gaps to list (its tokens were held back as an
+    # incomplete character); every listed gap is finite, and some request streamed several chunks.
+    itl = df["itl_s"].dropna().astype(str).str.split(";")
+    assert len(itl) >= 1 and all(np.isfinite([float(v) for v in x]).all() for x in itl)
     assert (tmp_path / "summary.json").exists()
     # Progress on stderr (issue 53 item 26: the README's size ran silently for 15 minutes on a CPU).
     assert "bench: 6 requests to" in out.stderr and "bench: 1/6 requests done (0 failed)" in out.stderr

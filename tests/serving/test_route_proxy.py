@@ -217,7 +217,7 @@ def test_prefix_affinity_keeps_a_conversation_with_a_short_first_turn_on_its_rep
     from twinserve.backends.real.serving.route_proxy import RouteProxy
 
     # The defaults: 4 chunks of 64 characters.
-    proxy = RouteProxy(ProxyConfig([f"http://r{i}" for i in range(4)], "prefix_affinity"))
+    proxy = RouteProxy(ProxyConfig([f"http://r{i}" for i in range(4)], RouterConfig("prefix_affinity")))
     homes = []
     for i in range(24):  # first turns well under 256 characters
         turns = [proxy.choose(_conversation(i, t), {}, set()) for t in (1, 2, 3)]
