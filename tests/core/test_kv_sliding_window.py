@@ -6,6 +6,7 @@ by slot (KVSlotModel); blocks in use, read from the pool's counters, must equal 
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -172,3 +173,56 @@ def test_a_hit_longer_than_the_pool_is_admitted_by_its_window() -> None:
     assert num_hit == 24 and len(hits) == 6 and kv.num_free_blocks == 6
     assert kv.allocate_slots(b, 1, hits, num_hit) is not None
     assert kv.num_held_blocks("b") == held_by_formula(25, 24, window)
+
+
+@pytest.mark.parametrize("window", [13, 17, 31])
+@pytest.mark.parametrize("budget_over_window", [14, 15, -8])
+@pytest.mark.parametrize("groups", [False, True], ids=["one-group", "full-and-sliding"])
+def test_unaligned_windows_over_blocks_of_16_read_only_their_own_kv(window: int, budget_over_window: int,
+                                                                    groups: bool,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows 13, 17, 31 over blocks of 16: every freed block's slots are wiped before the step runs.
+
+    A runner keeps a freed block's id and KV until the block is reused, so a drop one token early
+    reads right until a reuse; wiping the slots at once (an immediate reuse) makes the slot model
+    see it. A first chunk of W + 14 makes the next growth find c - W + 1 at a block's last slot."""
+    from twinserve.core import SchedulerConfig
+    from twinserve.core.fake_executor import FakeExecutor
+    from twinserve.core.kv.block_pool import BlockPool
+
+    from .helpers import Arrival, drive, make_request, reference_output
+
+    bs = 16
+    budget = window + budget_over_window
+    lens = [(70, 40), (45, 30), (window + 20, 50)]
+    if groups:
+        # A full group beside two sliding ones: the full one needs the longest request whole.
+        kw = dict(kv_groups=(0, window, window),
+                  num_blocks=3 * (-(-max(p + o for p, o in lens) // bs) + (window - 1 + budget) // bs + 2))
+    else:
+        kw = dict(sliding_window=window, num_blocks=(window - 1 + budget) // bs + 2)  # the bound
+    cfg = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=3, max_model_len=200, block_size=bs,
+                          enable_prefix_caching=False, enable_chunked_prefill=True, **kw)
+    arrivals = [Arrival(i * 3, make_request(f"r{i}", [(i * 5 + j) % 50 + 2 for j in range(p)], o,
+                                            ignore_eos=True))
+                for i, (p, o) in enumerate(lens)]
+    freed: list[int] = []
+    free = BlockPool.free_blocks
+
+    def free_and_record(pool: BlockPool, blocks) -> None:
+        blocks = list(blocks)
+        free(pool, blocks)
+        freed.extend(b.block_id for b in blocks if b.ref_cnt == 0)
+
+    def wipe(core, so, waiting_before) -> None:  # after schedule (which frees), before execute
+        for block_id in freed:
+            core.executor.kv.slots.pop(block_id, None)
+        freed.clear()
+
+    monkeypatch.setattr(BlockPool, "free_blocks", free_and_record)  # __slots__: patched on the class
+    core, log = drive(cfg, arrivals, check=wipe)
+    kv = core.scheduler.kv
+    assert kv.num_window_freed > 0 and kv.num_free_blocks == cfg.num_blocks
+    ref = FakeExecutor(block_size=bs)
+    for a in arrivals:
+        assert log.outputs[a.request.request_id] == reference_output(ref, a.request, cfg.max_model_len)
