@@ -17,6 +17,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# TWINSERVE_RSS_PROBE=1: print RSS and live engines after each test module (tests/rss_probe.py).
+if os.environ.get("TWINSERVE_RSS_PROBE"):
+    pytest_plugins = ["tests.rss_probe"]
 EXPERIMENTS = ROOT / "experiments"
 
 # "ci": the same examples on every run (each test's seed comes from the test itself), so a
