@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -54,7 +55,23 @@ class RunningServer:
         self.server.should_exit = True
         self.thread.join(timeout)
         assert not self.thread.is_alive(), "server did not stop"
+        forget_fastapi_endpoints()
         return time.monotonic() - t
+
+
+def forget_fastapi_endpoints() -> None:
+    """Clear FastAPI's module-level lru_caches, which key on endpoint functions.
+
+    Our endpoints are closures over the app's engine, so those caches (4096 entries each in
+    fastapi 0.165) kept every stopped server's engine, model and KV cache alive: the suite's RSS
+    grew by one engine per server started (issue 53 item 16). One app per process in production
+    is harmless; a test session starts hundreds.
+    """
+    for name, mod in list(sys.modules.items()):
+        if name == "fastapi" or name.startswith("fastapi."):
+            for obj in list(vars(mod).values()):
+                if callable(getattr(obj, "cache_clear", None)) and hasattr(obj, "cache_info"):
+                    obj.cache_clear()
 
 
 class SlowStep:
