@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from twinserve.backends.sim.catalog import HardwareSpec, ModelSpec
-from twinserve.backends.sim.parallel import Parallelism, ParallelismError
+from twinserve.backends.sim.parallel import Parallelism, ParallelismError, _loop_step_time
 
 from twinserve.backends.sim.aic.graph import StepGraph, build_graph
 from twinserve.backends.sim.aic.mapping import AicError, check_precision, quant_modes, resolve_version, sdk, system_for
@@ -178,7 +178,6 @@ class AicCostModel:
         """step_time of consecutive decode-only steps (context grows by num_seqs a step), the same floats."""
         par = self.par
         if par.data_parallel_size * par.pipeline_parallel_size > 1 or not num_seqs:
-            from twinserve.backends.sim.cost_model import _loop_step_time
             return _loop_step_time(self.step_time, num_seqs, context, max_steps, start, deadline)
         n = num_seqs
         # The same sum, in step_time's order, so each float is the one stepping would give.
