@@ -34,12 +34,16 @@ OUT_OF_WINDOW = KVCacheBlock(-1)
 class FreeBlockQueue:
     """Intrusive doubly linked list of free blocks; the front is evicted first (LRU).
 
+    Blocks never handed out yet are not made until first taken (a pool of millions costs
+    nothing up front): ids next_fresh .. num_blocks - 1 are free and come before every linked
+    block, in id order, exactly where an eagerly built queue would hold them (freed blocks only
+    ever join at the tail; only cached, so already made, blocks leave from the middle).
     BlockPool walks the links itself to do per-block work in one pass.
     """
 
-    __slots__ = ("num_free", "_head", "_tail")
+    __slots__ = ("num_free", "_head", "_tail", "created", "next_fresh", "num_blocks")
 
-    def __init__(self, blocks: list[KVCacheBlock]) -> None:
+    def __init__(self, blocks: list[KVCacheBlock], num_fresh: int = 0) -> None:
         self._head = KVCacheBlock(-1)  # sentinels
         self._tail = KVCacheBlock(-2)
         prev = self._head
@@ -49,7 +53,39 @@ class FreeBlockQueue:
             prev = block
         prev.next_free = self._tail
         self._tail.prev_free = prev
-        self.num_free = len(blocks)
+        self.created = blocks  # every block made so far, in id order (shared with the pool)
+        self.next_fresh = len(blocks)
+        self.num_blocks = len(blocks) + num_fresh
+        self.num_free = self.num_blocks
+
+    def take_fresh(self, n: int) -> list[KVCacheBlock]:
+        """Make and hand out (ref_cnt 1) up to n never-used blocks, the queue's front."""
+        start = self.next_fresh
+        stop = min(start + n, self.num_blocks)
+        out = [KVCacheBlock(i) for i in range(start, stop)]
+        for block in out:
+            block.ref_cnt = 1
+        self.created.extend(out)
+        self.next_fresh = stop
+        self.num_free -= stop - start
+        return out
+
+    def materialize(self) -> None:
+        """Make every never-used block and link it at the front, in id order (same queue order)."""
+        start = self.next_fresh
+        if start >= self.num_blocks:
+            return
+        made = [KVCacheBlock(i) for i in range(start, self.num_blocks)]
+        self.created.extend(made)
+        self.next_fresh = self.num_blocks
+        first = self._head.next_free
+        prev = self._head
+        for block in made:
+            prev.next_free = block
+            block.prev_free = prev
+            prev = block
+        prev.next_free = first
+        first.prev_free = prev
 
     def remove(self, block: KVCacheBlock) -> None:
         """Unlink a block (a prefix hit on a free block)."""
@@ -62,6 +98,7 @@ class FreeBlockQueue:
         self.num_free -= 1
 
     def __iter__(self):
+        self.materialize()
         block = self._head.next_free
         while block is not None and block is not self._tail:
             yield block
@@ -74,19 +111,25 @@ class FreeBlockQueue:
 class BlockPool:
     """Owns every block, the free queue and the prefix-cache map."""
 
-    __slots__ = ("num_blocks", "enable_caching", "blocks", "free_queue", "cached", "chains",
+    __slots__ = ("num_blocks", "enable_caching", "_blocks", "free_queue", "cached", "chains",
                  "num_evictions")
 
     def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
-        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        self.free_queue = FreeBlockQueue(self.blocks)
+        self._blocks: list[KVCacheBlock] = []  # made on first use (FreeBlockQueue)
+        self.free_queue = FreeBlockQueue(self._blocks, num_blocks)
         # Key value -> latest copy; a block has a key iff it is here.
         self.cached: dict[int, KVCacheBlock] = {}
         # Root key value -> PendingChain; dropped with its root.
         self.chains: dict[int, object] = {}
         self.num_evictions = 0
+
+    @property
+    def blocks(self) -> list[KVCacheBlock]:
+        """Every block, by id (makes the never-used ones: for checks, not the hot path)."""
+        self.free_queue.materialize()
+        return self._blocks
 
     @property
     def num_free_blocks(self) -> int:
@@ -98,8 +141,14 @@ class BlockPool:
         queue = self.free_queue
         if n > queue.num_free:
             raise ValueError(f"asked for {n} blocks, {queue.num_free} free")
-        # One walk (hot path).
-        out = []
+        # Never-used blocks first (the queue's front), then one walk (hot path).
+        if queue.next_fresh < queue.num_blocks:
+            out = queue.take_fresh(n)
+            n -= len(out)
+            if not n:
+                return out
+        else:
+            out = []
         append = out.append
         cached = self.cached
         chains = self.chains
@@ -190,6 +239,6 @@ class BlockPool:
         for block in self.cached.values():
             block.block_hash = None
         self.cached.clear()
-        for block in self.blocks:
+        for block in self._blocks:  # never-used blocks have no chain
             block.pending = None
         self.chains.clear()

@@ -1,0 +1,67 @@
+"""The block pool makes blocks on first use; it must hand out, free and order them exactly as a
+pool built eagerly does (the simulator relies on it: its pools hold millions of blocks)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from twinserve.core.kv.block_pool import BlockPool
+
+NUM_BLOCKS = 16
+
+# take n | free a subset of the held blocks (in a drawn order) | touch freed blocks (a prefix hit)
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("take"), st.integers(0, 8)),
+    st.tuples(st.just("free"), st.lists(st.integers(0, 10**6), max_size=10)),
+    st.tuples(st.just("touch"), st.lists(st.integers(0, 10**6), max_size=3)),
+), max_size=40)
+
+
+def _play(pool: BlockPool, ops: list) -> list:
+    held: list = []
+    freed: list = []
+    trace: list = []
+    for op, arg in ops:
+        if op == "take":
+            n = min(arg, pool.num_free_blocks)
+            got = pool.get_new_blocks(n)
+            held += got
+            trace.append(("take", [b.block_id for b in got]))
+        elif op == "free" and held:
+            picked = list(dict.fromkeys(held[i % len(held)] for i in arg))
+            for b in picked:
+                held.remove(b)
+            pool.free_blocks(picked)
+            freed += [b for b in picked if b.ref_cnt == 0]
+            trace.append(("free", [b.block_id for b in picked]))
+        elif op == "touch" and freed:
+            picked = list(dict.fromkeys(freed[i % len(freed)] for i in arg))
+            for b in picked:
+                freed.remove(b)
+            pool.touch(picked)
+            held += picked
+            trace.append(("touch", [b.block_id for b in picked]))
+        trace.append(("free_count", pool.num_free_blocks))
+    trace.append(("queue", [b.block_id for b in pool.free_queue]))
+    trace.append(("blocks", [(b.block_id, b.ref_cnt) for b in pool.blocks]))
+    return trace
+
+
+@given(OPS)
+def test_a_lazy_pool_hands_out_frees_and_orders_blocks_as_an_eager_one(ops: list) -> None:
+    eager = BlockPool(NUM_BLOCKS, enable_caching=True)
+    assert len(eager.blocks) == NUM_BLOCKS  # made up front, as the pool was before
+    lazy = BlockPool(NUM_BLOCKS, enable_caching=True)
+    assert _play(lazy, ops) == _play(eager, ops)
+
+
+def test_a_pool_of_millions_makes_only_the_blocks_it_hands_out() -> None:
+    pool = BlockPool(5_000_000, enable_caching=False)
+    got = pool.get_new_blocks(3)
+    assert [b.block_id for b in got] == [0, 1, 2] and pool.num_free_blocks == 4_999_997
+    pool.free_blocks(got[::-1])
+    assert len(pool.free_queue.created) == 3
+    # Never-used blocks stay at the front of the LRU queue, ahead of the freed ones.
+    assert [b.block_id for b in pool.get_new_blocks(2)] == [3, 4]
+    assert len(pool.free_queue.created) == 5
