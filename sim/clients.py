@@ -11,7 +11,7 @@ With turns > 1 a client carries one conversation: its follow-up turns, then the 
 from __future__ import annotations
 
 import heapq
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from twinserve.sim.workload import WorkItem
 
@@ -42,14 +42,21 @@ class ClosedLoopSource:
         self.num_sent = 0  # first turns handed to a client (warm-up ones included)
         self._heap: list[tuple[float, int, WorkItem]] = []
         self._seq = 0
+        self.on_send: Callable[[WorkItem], None] | None = None  # told of every request sent
         for client in range(concurrency):
             if self._take(client, 0.0) is None:
                 break
+
+    def queued(self) -> list[WorkItem]:
+        """Requests sent but not yet handed to an engine, in send order."""
+        return [item for _, _, item in sorted(self._heap, key=lambda e: (e[0], e[1]))]
 
     def _push(self, item: WorkItem, t: float) -> None:
         item.arrival_time = t
         heapq.heappush(self._heap, (t, self._seq, item))
         self._seq += 1
+        if self.on_send is not None:
+            self.on_send(item)
 
     def _take(self, client: int, t: float) -> WorkItem | None:
         """Give the client the workload's next first turn, sent at t; None when none is left."""
@@ -84,3 +91,49 @@ class ClosedLoopSource:
             self._push(followup, send)
             return followup
         return self._take(item.client, send)
+
+
+class FirstRequestsDone:
+    """Says when the first `count` requests in send-time order have all ended for good.
+
+    As a run's abort hook (called with each record) it answers True once `count` requests sent
+    before the clock's time have ended and every request sent before them has too. A request
+    not sent yet is sent at or after the clock (a closed-loop client sends when its last request
+    ends, which is never before now), so none can come before them: the run may stop there and
+    those requests' records are exactly a full run's. Requests sent at the same time as the
+    last of them must have ended too (a table sorts such ties its own way). A refusal (its client sends at once, at
+    the refused request's own time) turns the shortcut off.
+    """
+
+    def __init__(self, count: int, clock: Callable[[], float]) -> None:
+        self.count = count
+        self._clock = clock
+        self._sent: list[tuple[float, int, str]] = []
+        self._ended: set[str] = set()
+        self.num_final = 0  # requests known to be among the first, ended
+        self._last = -INF   # send time of the last of them
+        self.refused = False
+
+    def watch(self, source: Any) -> None:
+        """Hear of every request the closed-loop source sends (those already sent included)."""
+        for item in source.queued():
+            self.on_send(item)
+        source.on_send = self.on_send
+
+    def on_send(self, item: WorkItem) -> None:
+        """A request was sent (its arrival_time set)."""
+        heapq.heappush(self._sent, (item.arrival_time, len(self._sent), item.request_id))
+
+    def __call__(self, record: Any) -> bool:
+        """True once the first `count` requests are final (record: a just-ended request)."""
+        if record.finish_reason == "refused":
+            self.refused = True
+        if self.refused:
+            return False
+        self._ended.add(record.request_id)
+        now = self._clock()
+        sent, ended = self._sent, self._ended
+        while sent and sent[0][0] < now and sent[0][2] in ended:
+            self._last = heapq.heappop(sent)[0]
+            self.num_final += 1
+        return self.num_final >= self.count and (not sent or sent[0][0] > self._last)

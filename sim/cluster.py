@@ -94,6 +94,9 @@ class ClusterSimulation:
         # Steps planned per fast-forward window: an arrival mid-window wastes the rest.
         self.max_window = 256
         self.records: list[RequestRecord] = []  # every replica's, in the order they ended
+        # Called with each record; True ends the run there (as Simulation.abort).
+        self.abort: Callable[[RequestRecord], bool] | None = None
+        self.aborted = False
 
     # ------------------------------------------------------------------ routing
     def _route_until(self, t: float) -> None:
@@ -177,6 +180,8 @@ class ClusterSimulation:
             self.records.append(rec)
         if self.on_record is not None:
             self.on_record(rec)
+        if self.abort is not None and self.abort(rec):
+            self.aborted = True
 
     def _finish(self, rep: Replica, rid: str) -> None:
         req = rep.live.pop(rid)
@@ -337,7 +342,15 @@ class ClusterSimulation:
         for rep in self.replicas:
             rep.process = env.process(self._engine(rep))
         with simulation_gc():
-            env.run()
+            if self.abort is None:
+                env.run()
+            else:
+                step = env.step
+                try:
+                    while not self.aborted:
+                        step()
+                except simpy.core.EmptySchedule:
+                    pass
         wall = time.perf_counter() - wall
         per = [self._replica_result(rep, wall) for rep in self.replicas]
         total = RunResult(self.records, StepLog(), max((r.end_time for r in per), default=0.0), wall,

@@ -42,21 +42,50 @@ def window_means(req: pd.DataFrame, warm: int, measured: int) -> dict[str, float
             "e2e_ms": float(done["e2e_s"].mean() * 1000), "n": int(done["ttft_s"].notna().sum())}
 
 
-def simulate_row(job: tuple[dict[str, Any], str]) -> dict[str, Any]:
-    """One row's prediction: its study run closed-loop (or by the Little's-law stand-in)."""
+def run_to_window(cfg: Any, count: int, stop_early: bool = True) -> pd.DataFrame:
+    """The per-request table of a closed-loop study run until its first `count` requests are final.
+
+    With stop_early the run ends there (sim.clients.FirstRequestsDone): those requests' rows are
+    a full run's, and the requests after them, never measured, are not simulated to their end.
+    """
+    from twinserve.sim.build import build
+    from twinserve.sim.clients import FirstRequestsDone
+    from twinserve.sim.cluster_study import build_cluster
+    from twinserve.sim.metrics import requests_frame
+    from twinserve.sim.study import is_cluster
+
+    cluster = is_cluster(cfg)
+    # Validation reads requests only: a cluster keeps no step log.
+    sim = build_cluster(cfg, keep_steps=False).simulation if cluster else build(cfg).simulation
+    if stop_early:
+        watch = FirstRequestsDone(count, lambda: sim.env.now)
+        watch.watch(sim.source)
+        sim.abort = watch
+    res = sim.run()
+    return requests_frame(res.total if cluster else res)
+
+
+def simulate_row(job: tuple[Any, ...]) -> dict[str, Any]:
+    """One row's prediction: its study run closed-loop (or by the Little's-law stand-in).
+
+    job: (row, cost_model) or (row, cost_model, stop_early); stop_early (default) ends the run
+    once the measured window's requests have ended: the same figures, less simulation.
+    """
     from twinserve.sim.study import run_point
 
-    row, cost_model = job
+    row, cost_model = job[0], job[1]
+    stop_early = bool(job[2]) if len(job) > 2 else True
     t0 = time.perf_counter()
     cfg = row_study(pd.Series(row), cost_model)
     conc = int(row["concurrency"])
     warm, measured, total = request_counts(conc)
     extra: dict[str, Any] = {}
     if closed_loop_available():
-        req = run_point(cfg).requests
+        req = run_to_window(cfg, warm + measured, stop_early)
         means = window_means(req, warm, measured)
-        # Every request sent, the cold first wave included: as a benchmark without a warm-up reports.
-        extra["pred_ttft_all_ms"] = float(req["ttft_s"].mean() * 1000)
+        # The cold wave and the window, as a benchmark without a warm-up that stops there reports.
+        first = req.sort_values(["arrival_s", "request_id"], kind="stable").iloc[:warm + measured]
+        extra["pred_ttft_all_ms"] = float(first["ttft_s"].mean() * 1000)
         loop = "closed"
     else:
         # A cold wave of N requests at once gives the first E2E; then a fixed rate N / E2E.

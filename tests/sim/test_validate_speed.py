@@ -1,0 +1,52 @@
+"""`simulate validate` stops each run once its measured window is final: the window's figures
+must equal a full run's (sim.clients.FirstRequestsDone, sim.validate.run_to_window)."""
+
+from __future__ import annotations
+
+import pandas as pd
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from twinserve.sim.validate import run_to_window, window_means
+
+from .helpers import small_config
+
+COLUMNS = ["request_id", "arrival_s", "queue_s", "ttft_s", "tpot_s", "e2e_s", "finish_s", "output_tokens",
+           "replica", "client", "warmup"]
+
+
+def _first(req: pd.DataFrame, count: int) -> pd.DataFrame:
+    return req.sort_values(["arrival_s", "request_id"], kind="stable").iloc[:count][COLUMNS].reset_index(drop=True)
+
+
+@settings(max_examples=30)
+@given(n=st.integers(1, 8), extra=st.integers(0, 12), count=st.integers(1, 20),
+       think=st.sampled_from([0.0, 0.0, 0.03]), replicas=st.sampled_from([1, 1, 2]), disagg=st.booleans(),
+       ff=st.booleans(), fixed=st.booleans(), seed=st.integers(0, 3), turns=st.sampled_from([1, 1, 2]))
+def test_a_run_stopped_at_its_window_gives_the_windows_requests_exactly(n, extra, count, think, replicas, disagg,
+                                                                        ff, fixed, seed, turns) -> None:
+    lengths = (dict(prompt_dist="fixed", prompt_mean=96, prompt_min=96, prompt_max=96, output_dist="fixed",
+                    output_mean=12, output_min=12, output_max=12) if fixed else
+               dict(prompt_dist="uniform", prompt_min=16, prompt_max=300, output_dist="uniform", output_min=2,
+                    output_max=30))
+    cfg = small_config(concurrency=n, num_requests=count + extra, warmup_requests=0, think_time_s=think,
+                       num_replicas=replicas, num_prefill_replicas=1 if disagg and replicas > 1 else 0,
+                       fast_forward=ff, seed=seed, turns=turns, followup_tokens=8, max_model_len=1024,
+                       max_num_batched_tokens=256, **lengths)
+    full = run_to_window(cfg, count, stop_early=False)
+    early = run_to_window(cfg, count, stop_early=True)
+    assert len(early) <= len(full)
+    pd.testing.assert_frame_equal(_first(early, count), _first(full, count))
+    warm = min(n, count - 1)
+    assert window_means(early, warm, count - warm) == window_means(full, warm, count - warm)
+
+
+def test_the_stop_leaves_the_last_wave_unsimulated() -> None:
+    # 4 clients, fixed lengths: the window (the first 8 sent) ends a whole wave before the last 4 finish.
+    cfg = small_config(concurrency=4, num_requests=12, warmup_requests=0, prompt_dist="fixed", prompt_mean=64,
+                       prompt_min=64, prompt_max=64, output_dist="fixed", output_mean=20, output_min=20,
+                       output_max=20)
+    full = run_to_window(cfg, 8, stop_early=False)
+    early = run_to_window(cfg, 8, stop_early=True)
+    assert len(full) == 12 and len(early) == 8
+    assert early["finish_s"].max() < full["finish_s"].max()
