@@ -21,6 +21,9 @@ from twinserve.sim.validate_rows import (NotExpressible, closed_loop_available, 
                                          precision_fields, request_counts, row_study, with_rate)
 
 METRICS = ("ttft", "tpot", "tput", "ttft_all")  # ttft_all: the cold first wave counted too
+# End each run once the requests up to the measured window's last are final: the same window,
+# without simulating the last wave to its end (False: run every request out, for comparisons).
+STOP_AT_WINDOW = True
 # Fixed-rate stand-in for a closed loop (before [workload] concurrency exists): rate = N / E2E,
 # iterated this many times from a one-wave start.
 _LITTLE_ITERATIONS = 2
@@ -65,23 +68,18 @@ def run_to_window(cfg: Any, count: int, stop_early: bool = True) -> pd.DataFrame
     return requests_frame(res.total if cluster else res)
 
 
-def simulate_row(job: tuple[Any, ...]) -> dict[str, Any]:
-    """One row's prediction: its study run closed-loop (or by the Little's-law stand-in).
-
-    job: (row, cost_model) or (row, cost_model, stop_early); stop_early (default) ends the run
-    once the measured window's requests have ended: the same figures, less simulation.
-    """
+def simulate_row(job: tuple[dict[str, Any], str]) -> dict[str, Any]:
+    """One row's prediction: its study run closed-loop (or by the Little's-law stand-in)."""
     from twinserve.sim.study import run_point
 
-    row, cost_model = job[0], job[1]
-    stop_early = bool(job[2]) if len(job) > 2 else True
+    row, cost_model = job
     t0 = time.perf_counter()
     cfg = row_study(pd.Series(row), cost_model)
     conc = int(row["concurrency"])
     warm, measured, total = request_counts(conc)
     extra: dict[str, Any] = {}
     if closed_loop_available():
-        req = run_to_window(cfg, warm + measured, stop_early)
+        req = run_to_window(cfg, warm + measured, STOP_AT_WINDOW)
         means = window_means(req, warm, measured)
         # The cold wave and the window, as a benchmark without a warm-up that stops there reports.
         first = req.sort_values(["arrival_s", "request_id"], kind="stable").iloc[:warm + measured]

@@ -2,6 +2,8 @@
 
 When every running request decodes and nothing waits, steps up to the first length limit
 apply at once, KV calls in schedule()'s order, matching stepping exactly (tests/sim).
+Sliding windows and KV groups (without a prefix cache) replay allocate_slots itself at each
+block boundary, where stepping calls it: its window drops free blocks in the same order.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from twinserve.core.sched.scheduler import Scheduler
 
 def decode_window(scheduler: Scheduler, max_steps: int) -> int:
     """How many next steps decode the same batch; only the last may finish requests."""
-    if max_steps <= 0 or len(scheduler.waiting) > 0 or (
-            scheduler.kv.sliding_window is not None or scheduler.kv.num_groups > 1):
-        return 0  # a window frees blocks as requests advance
+    kv = scheduler.kv
+    if max_steps <= 0 or len(scheduler.waiting) > 0 or (_windowed(kv) and kv.enable_caching):
+        return 0  # windows free blocks as requests advance: replayed only without a prefix cache
     running = scheduler.running
     cfg = scheduler.config
     if not running or len(running) > cfg.max_num_batched_tokens:
@@ -38,21 +40,27 @@ def decode_window(scheduler: Scheduler, max_steps: int) -> int:
             limit = rem
             if limit <= 0:
                 return 0
-    kv = scheduler.kv
+    # A new block takes a page in every group; blocks a window frees are not counted (so the
+    # window may end early, never late: stepping would find at least this much room).
+    pages = kv.num_groups
     free = kv.num_free_blocks
     # At most k // block_size + 1 blocks per request: usually no count.
-    if len(running) * (limit // kv.block_size + 1) <= free:
+    if len(running) * (limit // kv.block_size + 1) * pages <= free:
         return limit
-    if _blocks_needed(scheduler, running, limit) <= free:
+    if _blocks_needed(scheduler, running, limit) * pages <= free:
         return limit
     lo, hi = 0, limit  # largest k with blocks_needed(k) <= free
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if _blocks_needed(scheduler, running, mid) <= free:
+        if _blocks_needed(scheduler, running, mid) * pages <= free:
             lo = mid
         else:
             hi = mid - 1
     return lo
+
+
+def _windowed(kv) -> bool:
+    return kv.sliding_window is not None or kv.num_groups > 1
 
 
 def _blocks_needed(scheduler: Scheduler, running: list[Request], num_steps: int) -> int:
@@ -94,6 +102,8 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
     grows: list[int] = []
     registers = False  # a real registration
     done: list[Request] = []  # end on the last step
+    windowed = _windowed(kv)  # decode_window: then no prefix cache
+    boundaries: list[tuple[int, int]] = []  # (step, i): request i's allocate_slots call
     for i, req in enumerate(running):
         c = req.num_computed_tokens
         if get is not None:
@@ -113,6 +123,12 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
             continue
         rid = req.request_id
         k = len(held[rid]) * bs - c
+        if windowed:
+            while k < k_steps:
+                boundaries.append((k, i))
+                k += bs
+            req.num_computed_tokens = c + k_steps
+            continue
         if not caching:
             # Without a prefix cache ids don't matter: one call per request.
             if k < k_steps:
@@ -135,7 +151,9 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
     usage: list[float] = []
     num_blocks = kv.num_blocks
     free_queue = kv.pool.free_queue
-    if not caching:
+    if windowed:
+        _replay_allocations(kv, running, k_steps, boundaries, usage)
+    elif not caching:
         free = free_queue.num_free + sum(new_at)
         for n_new in new_at:
             free -= n_new
@@ -168,6 +186,26 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
     if finished:
         usage[-1] = 1.0 - free_queue.num_free / num_blocks
     return usage, finished
+
+
+def _replay_allocations(kv, running: list[Request], k_steps: int, boundaries: list[tuple[int, int]],
+                        usage: list[float]) -> None:
+    """allocate_slots(request, 1) where each request crosses a block boundary, in schedule()'s
+    order (step, then running position): elsewhere stepping's call is a no-op."""
+    boundaries.sort()
+    free_queue = kv.pool.free_queue
+    num_blocks = kv.num_blocks
+    allocate = kv.allocate_slots
+    for k, i in boundaries:
+        if k > len(usage):  # steps before k are over
+            usage.extend([1.0 - free_queue.num_free / num_blocks] * (k - len(usage)))
+        req = running[i]
+        end = req.num_computed_tokens
+        req.num_computed_tokens = end - k_steps + k
+        new_blocks = allocate(req, 1)
+        req.num_computed_tokens = end
+        if new_blocks is None:
+            raise AssertionError("fast-forward allocation failed: check decode_window")
 
 
 def _step_through_events(kv, running: list[Request], k_steps: int, usage: list[float]) -> None:

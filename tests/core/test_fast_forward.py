@@ -176,3 +176,52 @@ def test_repeat_ids_apply_the_same_window_as_token_ids(block_size, caching, n, d
     assert _snapshot(a, reqs_a) == _snapshot(b, reqs_b)
     assert [r.output_token_ids[-1] for r in reqs_b] == [ids.get(r.request_id, default)
                                                          for r in reqs_b]
+
+
+def _window_snapshot(s: Scheduler) -> dict:
+    """Every group's table by block id (-1: out of the window), the free queue's order, drops."""
+    kv = s.kv
+    tables = kv.req_tables if kv.num_groups > 1 else {r: [bl] for r, bl in kv.req_to_blocks.items()}
+    return {"tables": {rid: [[b.block_id for b in t] for t in ts] for rid, ts in tables.items()},
+            "free": [b.block_id for b in kv.pool.free_queue], "dropped": kv.num_window_freed,
+            "requests": sorted((r.request_id, list(r.all_token_ids), r.num_computed_tokens, r.finish_time)
+                               for r in s.requests.values())}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(block_size=st.sampled_from([1, 2, 4]), window=st.integers(1, 12), groups=st.booleans(),
+       n=st.integers(1, 5), data=st.data())
+def test_fast_forward_with_sliding_windows_matches_stepping_block_for_block(block_size, window, groups, n, data):
+    # Without a prefix cache, a window's k decode steps replay allocate_slots where stepping calls
+    # it: the same blocks dropped and taken, in the same order (compared by id, not only counts).
+    prompts = [list(range(10 * i + 1, 10 * i + 1 + data.draw(st.integers(1, 20)))) for i in range(n)]
+    max_tokens = [data.draw(st.integers(2, 40)) for _ in range(n)]
+    per_req = [(2 if groups else 1) * -(-(len(p) + m) // block_size) for p, m in zip(prompts, max_tokens)]
+    num_blocks = data.draw(st.integers(max(per_req), sum(per_req) + 8))
+    cfg = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=64, block_size=block_size,
+                          num_blocks=num_blocks, enable_prefix_caching=False,
+                          **({"kv_groups": (0, window)} if groups else {"sliding_window": window}))
+    a, b = _build(cfg, prompts, max_tokens), _build(cfg, prompts, max_tokens)
+    k = decode_window(b, 10_000)
+    if k == 0:
+        return
+    usage_a, finished_a = [], []
+    for i in range(k):
+        before = a.num_preemptions
+        finished_a = _step(a, 1000.0 + i)
+        assert a.num_preemptions == before, f"stepping preempted in step {i} of a {k}-step window"
+        usage_a.append(a.kv.usage)
+    usage_b, finished_b = apply_decode_steps(
+        b, [1000.0 + i + 0.5 for i in range(k)], lambda req, m: [_token(req, req.num_tokens + j) for j in range(m)])
+    assert (usage_b, finished_b) == (usage_a, finished_a)
+    assert _window_snapshot(b) == _window_snapshot(a)
+
+
+def test_a_sliding_window_model_decodes_in_fast_forward_windows():
+    cfg = SchedulerConfig(max_num_batched_tokens=64, max_model_len=64, block_size=4, num_blocks=64,
+                          enable_prefix_caching=False, kv_groups=(0, 8))
+    s = _build(cfg, [[1, 2, 3], [4, 5, 6, 7, 8]], [30, 30])
+    assert decode_window(s, 100) == 29
+    cached = SchedulerConfig(max_num_batched_tokens=64, max_model_len=64, block_size=4, num_blocks=64,
+                             enable_prefix_caching=True, kv_groups=(0, 8))
+    assert decode_window(_build(cached, [[1, 2, 3], [4, 5, 6, 7, 8]], [30, 30]), 100) == 0
