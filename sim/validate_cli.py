@@ -17,7 +17,7 @@ from twinserve.core.errors import TwinserveError
 from twinserve.sim.runner import LOCAL_RAY, PointFailure, run_jobs
 from twinserve.sim.validate import (expressible, finish_record, row_record, simulate_row, summarize_validation,
                                     summary_table)
-from twinserve.sim.validate_rows import SiliconDataError, load_rows
+from twinserve.sim.validate_rows import SiliconDataError, load_rows, row_study
 
 
 def add_parser(sub: Any) -> None:
@@ -82,27 +82,70 @@ def _check_cost_model(name: str) -> None:
                           + (" (the measured backend, 'aic', is not merged yet)" if name == "aic" else ""))
 
 
+def study_key(row: pd.Series, cost_model: str) -> str:
+    """The row's simulated study, written out (rows with equal keys make the same run)."""
+    cfg = row_study(row, cost_model)
+    cfg.run.name = ""  # a label: the only field a row's id sets
+    return repr(cfg)
+
+
+def cost_estimate(row: dict[str, Any]) -> float:
+    """A row's relative simulation cost, to start the longest first (experiments/validate_speed.py).
+
+    The simulated request-steps: every request's OSL decode steps in batches of N, its prompt in
+    8,192-token chunks; disaggregated rows run every worker.
+    """
+    conc = float(row.get("concurrency") or 1)
+    isl, osl = float(row["isl"]), float(row["osl"])
+    return conc * conc * (osl + isl / 512.0) * (2.0 if row.get("mode") == "disagg" else 1.0)
+
+
 def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: str | None,
                    progress: bool = True) -> pd.DataFrame:
-    """Every row of df: its reason, or its prediction and errors; one record per row, in order."""
+    """Every row of df: its reason, or its prediction and errors; one record per row, in order.
+
+    Rows whose studies are equal (e.g. the same model, layout and lengths at two backend versions
+    the roofline prices alike) run once: the later ones copy the first one's prediction and name it
+    in `same_study_as`. Rows start longest first, so no long row starts last.
+    """
     records: list[dict[str, Any]] = []
     jobs: list[tuple[dict[str, Any], str]] = []
     where: list[int] = []
+    first_of: dict[str, int] = {}  # study -> its job
+    copies: list[tuple[int, int]] = []  # (record, job) of rows that repeat a study
     for _, row in df.iterrows():
         rec = row_record(row)
         reason = expressible(row, cost_model)
         rec["expressible"] = not reason
         rec["reason"] = reason
+        rec["same_study_as"] = ""
         records.append(rec)
         if not reason:
+            key = study_key(row, cost_model)
+            if key in first_of:
+                copies.append((len(records) - 1, first_of[key]))
+                continue
+            first_of[key] = len(jobs)
             where.append(len(records) - 1)
             jobs.append((row.to_dict(), cost_model))
-    out = run_jobs(simulate_row, jobs, [{"row": j[0]["id"]} for j in jobs], workers, ray, "validate", progress)
+    order = sorted(range(len(jobs)), key=lambda j: -cost_estimate(jobs[j][0]))
+    ran = run_jobs(simulate_row, [jobs[j] for j in order], [{"row": jobs[j][0]["id"]} for j in order],
+                   workers, ray, "validate", progress)
+    out: list[Any] = [None] * len(jobs)
+    for pos, j in enumerate(order):
+        out[j] = ran[pos]
     for i, res in zip(where, out):
         if isinstance(res, PointFailure):
             records[i] = finish_record(records[i], None, res.error)
         else:
             records[i] = finish_record(records[i], res)
+    for i, j in copies:
+        res = out[j]
+        records[i]["same_study_as"] = jobs[j][0]["id"]
+        if isinstance(res, PointFailure):
+            records[i] = finish_record(records[i], None, res.error)
+        else:
+            records[i] = finish_record(records[i], {**res, "sim_wall_s": 0.0})
     for i, rec in enumerate(records):
         if "err_tpot" not in rec:
             records[i] = finish_record(rec, None)

@@ -50,3 +50,34 @@ def test_the_stop_leaves_the_last_wave_unsimulated() -> None:
     early = run_to_window(cfg, 8, stop_early=True)
     assert len(full) == 12 and len(early) == 8
     assert early["finish_s"].max() < full["finish_s"].max()
+
+
+SAME_A = "minimaxm2_5_b300_vllm_fp8_agg_1024x1024_c4_cfg733"
+SAME_B = "2026_03_25_minimax_m2_5_b300_sxm_vllm_fp8_agg_1024x1024_c4_tp4_0_ep1_0_7"  # another campaign's
+OTHER = "minimaxm2_5_b300_vllm_fp8_agg_1024x1024_c8_cfg733"
+
+
+def test_rows_with_one_study_run_once_and_the_longest_rows_start_first(monkeypatch) -> None:
+    import pytest
+
+    pytest.importorskip("aiconfigurator_core", reason="the measured rows ship in aiconfigurator-core (extra 'aic')")
+    import twinserve.sim.validate_cli as vc
+    from twinserve.sim.validate_rows import load_rows
+
+    rows = load_rows().set_index("id", drop=False).loc[[SAME_A, OTHER, SAME_B]]
+    started: list[str] = []
+    real = vc.run_jobs
+
+    def spy(fn, jobs, points, *a, **kw):
+        started.extend(j[0]["id"] for j in jobs)
+        return real(fn, jobs, points, *a, **kw)
+
+    monkeypatch.setattr(vc, "run_jobs", spy)
+    out = vc.run_validation(rows, "roofline", 1, None, progress=False).set_index("row_id")
+    assert started == [OTHER, SAME_A]  # 8 clients before 4; SAME_B is SAME_A's study
+    assert out.loc[SAME_B, "same_study_as"] == SAME_A and out.loc[OTHER, "same_study_as"] == ""
+    for col in ("pred_ttft_ms", "pred_tpot_ms", "pred_ttft_all_ms"):
+        assert out.loc[SAME_B, col] == out.loc[SAME_A, col]
+    # Each row keeps its own measurement, so its own errors.
+    assert out.loc[SAME_B, "meas_tpot_ms"] != out.loc[SAME_A, "meas_tpot_ms"]
+    assert vc.cost_estimate(rows.loc[OTHER].to_dict()) > vc.cost_estimate(rows.loc[SAME_A].to_dict())
