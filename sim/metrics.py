@@ -17,10 +17,11 @@ from twinserve.sim.world import RunResult
 PERCENTILES = (50, 90, 99)
 
 
-def requests_frame(result: RunResult) -> pd.DataFrame:
+def requests_frame(result: RunResult, itl: bool = True) -> pd.DataFrame:
     """One row per request: arrival, queueing delay, TTFT, TPOT, E2E, ITL list, hits, preemptions.
 
     A closed-loop run's table also has its client and a warmup column (True: not measured).
+    itl=False leaves the ITL lists empty (a caller reading means only: the lists cost the most).
     """
     rows = []
     closed = any(r.client >= 0 for r in result.records)
@@ -43,7 +44,7 @@ def requests_frame(result: RunResult) -> pd.DataFrame:
             "finish_s": r.finish_time if done else np.nan,
             "prefix_hit_tokens": r.prefix_hit_tokens,
             "preemptions": r.num_preemptions,
-            "itl_s": [b - a for a, b in zip(tt, tt[1:])],
+            "itl_s": [b - a for a, b in zip(tt, tt[1:])] if itl else [],
             "finish_reason": r.finish_reason,
             "error": r.error,
             "replica": r.replica,

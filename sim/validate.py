@@ -65,7 +65,7 @@ def run_to_window(cfg: Any, count: int, stop_early: bool = True) -> pd.DataFrame
         watch.watch(sim.source)
         sim.abort = watch
     res = sim.run()
-    return requests_frame(res.total if cluster else res)
+    return requests_frame(res.total if cluster else res, itl=False)
 
 
 def simulate_row(job: tuple[dict[str, Any], str]) -> dict[str, Any]:
