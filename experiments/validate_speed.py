@@ -17,8 +17,6 @@ import argparse
 import json
 import time
 
-import numpy as np
-
 import twinserve.sim.validate as V
 from twinserve.sim.validate import expressible, simulate_row
 from twinserve.sim.validate_cli import cost_estimate, study_key
@@ -57,25 +55,27 @@ def main() -> None:
     print(f"{len(rows)} unique studies; timing {args.top} costliest + every {k}th of the rest "
           f"({len(picked) - args.top} rows)", flush=True)
     sink = open(args.out, "a") if args.out else None
-    total = longest = 0.0
+    total = longest = cpu_total = 0.0
     for row, weight in picked:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             res = simulate_row((row, args.cost_model))
         except Exception as e:  # noqa: BLE001 - a failing row is reported, not fatal
             res = {"error": f"{type(e).__name__}: {e}"}
         wall = time.perf_counter() - t0
+        cpu = time.process_time() - c0  # a quiet core's wall: this process's own CPU seconds
         total += wall * weight
+        cpu_total += cpu * weight
         longest = max(longest, wall)
-        line = {"id": row["id"], "wall_s": wall, "weight": weight, "estimate": cost_estimate(row),
+        line = {"id": row["id"], "wall_s": wall, "cpu_s": cpu, "weight": weight, "estimate": cost_estimate(row),
                 **{c: res.get(c) for c in ("pred_ttft_ms", "pred_tpot_ms", "pred_ttft_all_ms", "error")}}
-        print(f"{wall:8.2f} s x{weight:<3d} {row['id']}", flush=True)
+        print(f"{wall:8.2f} s wall {cpu:8.2f} s CPU x{weight:<3d} {row['id']}", flush=True)
         if sink:
             sink.write(json.dumps(line) + "\n")
             sink.flush()
-    walls = np.array([total])
-    print(f"projected worker seconds: {walls[0]:,.0f}; wall on {args.workers} workers: "
-          f"{max(total / args.workers, longest) / 60:,.1f} min (longest row {longest:,.0f} s)")
+    print(f"projected worker seconds: {total:,.0f} wall, {cpu_total:,.0f} CPU; on {args.workers} workers: "
+          f"{max(total / args.workers, longest) / 60:,.1f} min here, {cpu_total / args.workers / 60:,.1f} min "
+          f"on quiet cores (longest row {longest:,.0f} s)")
 
 
 if __name__ == "__main__":
