@@ -1,6 +1,7 @@
 """How long `simulate validate` takes over every expressible row, projected from a timed sample.
 
     python experiments/validate_speed.py --sample 40 --top 5 [--cost-model aic] [--full] [--out t.jsonl]
+    python experiments/validate_speed.py --project t.jsonl [more.jsonl ...]
 
 Times rows one by one in this process (pin it: `taskset -c 1`), after the same dedupe the command
 does (rows with equal studies run once). The sample is systematic in cost order: the unique studies
@@ -8,7 +9,10 @@ sorted by sim.validate_cli.cost_estimate, every k-th of the rest after the `--to
 which are all timed. Projection: the top rows' own seconds plus each sampled row's seconds times
 the k rows it stands for; wall on W workers = max(total / W, the longest row). --full runs every
 request out (sim.validate.STOP_AT_WINDOW off) to compare. Prints each row's seconds and predicted
-TTFT/TPOT, then the projection (docs/validate-speed.md).
+TTFT/TPOT, then the projection (docs/validate-speed.md). The few costliest rows weigh most and a
+systematic sample has one of them at best, so --project fits log(seconds) on log N, OSL, ISL and
+disaggregation over every timed row (JSON lines with id and wall_s or cpu_s), predicts the rest
+(Duan's smearing for the log bias), and schedules all of them longest first on --workers.
 """
 
 from __future__ import annotations
@@ -37,6 +41,39 @@ def unique_rows(cost_model: str) -> list[dict]:
     return sorted(out, key=cost_estimate, reverse=True)
 
 
+def project(files: list[str], cost_model: str, workers: int, column: str) -> None:
+    """Fit seconds per row on the timed rows, predict the untimed ones, print the wall on workers."""
+    import numpy as np
+    import pandas as pd
+
+    rows = pd.DataFrame(unique_rows(cost_model))
+    timed: dict[str, float] = {}
+    for f in files:
+        for line in open(f):
+            d = json.loads(line)
+            if d.get("pred_tpot_ms") is not None and d.get(column) is not None:
+                timed[d["id"]] = d[column]
+    rows["timed"] = rows["id"].map(timed)
+    k = rows.dropna(subset=["timed"])
+
+    def x(d: pd.DataFrame) -> np.ndarray:
+        return np.c_[np.ones(len(d)), np.log(d["concurrency"].astype(float)), np.log(d["osl"].astype(float)),
+                     np.log(d["isl"].astype(float)), (d["mode"] == "disagg").astype(float)]
+    coef, *_ = np.linalg.lstsq(x(k), np.log(k["timed"]), rcond=None)
+    fitted = x(k) @ coef
+    smear = float(np.mean(np.exp(np.log(k["timed"]) - fitted)))
+    seconds = rows["timed"].fillna(pd.Series(np.exp(x(rows) @ coef) * smear, index=rows.index))
+    loads = [0.0] * workers
+    for v in sorted(seconds, reverse=True):  # longest first, each to the least-loaded worker
+        loads[loads.index(min(loads))] += v
+    top = seconds.sort_values(ascending=False)
+    print(f"{len(k)} timed of {len(rows)} unique studies; fit r = {np.corrcoef(fitted, np.log(k['timed']))[0, 1]:.2f}"
+          f" (log {column} = {coef[0]:.2f} + {coef[1]:.2f} log N + {coef[2]:.2f} log OSL + {coef[3]:.2f} log ISL"
+          f" + {coef[4]:.2f} disagg)")
+    print(f"projected worker seconds {seconds.sum():,.0f} ({column}); the 50 costliest rows "
+          f"{top.head(50).sum() / seconds.sum():.0%}; on {workers} workers {max(loads) / 60:,.1f} min")
+
+
 def main() -> None:
     """Time the sample and print the projection."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -46,7 +83,13 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2, help="worker processes the projection assumes")
     p.add_argument("--full", action="store_true", help="run every request out (no stop at the window)")
     p.add_argument("--out", default="", help="also write one JSON line per row here")
+    p.add_argument("--project", nargs="+", default=None, metavar="JSONL",
+                   help="no timing: project the full set from these timed rows")
+    p.add_argument("--column", default="wall_s", help="with --project: wall_s or cpu_s")
     args = p.parse_args()
+    if args.project:
+        project(args.project, args.cost_model, args.workers, args.column)
+        return
     V.STOP_AT_WINDOW = not args.full
     rows = unique_rows(args.cost_model)
     top, rest = rows[:args.top], rows[args.top:]
