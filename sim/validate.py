@@ -17,8 +17,8 @@ import pandas as pd
 
 from twinserve.core.errors import TwinserveError
 
-from twinserve.sim.validate_rows import (NotExpressible, closed_loop_available, num_gpus, parallelism,
-                                         precision_fields, request_counts, row_study, with_rate)
+from twinserve.sim.validate_rows import (NotExpressible, RowPlan, closed_loop_available, num_gpus, parallelism,
+                                         precision_fields, request_counts, row_plan, row_study, with_rate)
 
 METRICS = ("ttft", "tpot", "tput", "ttft_all")  # ttft_all: the cold first wave counted too
 # Fixed-rate stand-in for a closed loop (before [workload] concurrency exists): rate = N / E2E,
@@ -72,9 +72,23 @@ def simulate_row(job: tuple[dict[str, Any], str]) -> dict[str, Any]:
             "loop": loop, "sim_wall_s": time.perf_counter() - t0, **extra}
 
 
+def _plan(row: pd.Series) -> RowPlan | None:
+    """The row's plan for its layout columns (the same for every cost model), None if not expressible."""
+    try:
+        return row_plan(row)
+    except TwinserveError:
+        return None
+
+
 def row_record(row: pd.Series) -> dict[str, Any]:
-    """The CSV's descriptive columns and measured figures of one row (no prediction yet)."""
-    gpus = num_gpus(row)
+    """The CSV's descriptive columns and measured figures of one row (no prediction yet).
+
+    `layout` is '' where the row gives its whole layout, else how the missing part was assumed or
+    inferred; `gpus` and `parallelism` count the assumed workers.
+    """
+    plan = _plan(row)
+    counts = plan.counts if plan is not None else None
+    gpus = num_gpus(row, counts)
     try:
         prec = precision_fields(row)["quantization"]
     except NotExpressible:
@@ -85,7 +99,8 @@ def row_record(row: pd.Series) -> dict[str, Any]:
            "precision": row.get("precision") if isinstance(row.get("precision"), str) else f"{prec} (not given)",
            "mode": row["mode"], "isl": int(row["isl"]), "osl": int(row["osl"]),
            "concurrency": int(conc) if conc == conc and conc is not None else None,
-           "parallelism": parallelism(row), "gpus": gpus,
+           "parallelism": parallelism(row, counts), "layout": plan.layout if plan is not None else "",
+           "gpus": gpus,
            "meas_ttft_ms": float(row["silicon_ttft_ms"]), "meas_tpot_ms": float(row["silicon_tpot_ms"])}
     rec["meas_tput_per_gpu"] = throughput_per_gpu(rec["concurrency"] or float("nan"), rec["isl"], rec["osl"],
                                                   rec["meas_ttft_ms"], rec["meas_tpot_ms"], gpus)
@@ -136,6 +151,10 @@ def _group(g: pd.DataFrame) -> dict[str, Any]:
     out: dict[str, Any] = {"rows": int(len(g)), "expressible": int(g["expressible"].sum()),
                            "simulated": int(g["err_tpot"].notna().sum())}
     out["expressible_share"] = out["expressible"] / out["rows"] if out["rows"] else 0.0
+    # As given vs with an assumed or inferred layout (the `layout` column), so the headline stays honest.
+    assumed = g["layout"].fillna("").astype(str) != "" if "layout" in g else pd.Series(False, index=g.index)
+    out["expressible_as_given"] = int((g["expressible"] & ~assumed).sum())
+    out["expressible_assumed"] = int((g["expressible"] & assumed).sum())
     for m in METRICS:
         out[m] = _stats(g[f"err_{m}"] if f"err_{m}" in g else pd.Series(dtype=float))
     return out
@@ -149,6 +168,10 @@ def summarize_validation(df: pd.DataFrame) -> dict[str, Any]:
         groups = {f"{b} | {s} | {m}": _group(g)
                   for (b, s, m), g in part.groupby(["backend", "system", "model"], sort=True)}
         out[split] = {"overall": _group(part), "groups": groups}
+        if "layout" in part:  # the error figures of each kind apart
+            given = part["layout"].fillna("").astype(str) == ""
+            out[split]["as_given"] = _group(part[given])
+            out[split]["assumed_layout"] = _group(part[~given])
     return out
 
 

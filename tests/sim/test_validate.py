@@ -199,7 +199,8 @@ def test_rows_whose_layout_the_file_garbles_give_a_reason(rows: pd.DataFrame) ->
     tp72 = _row(rows, "2026_04_06_deepseek_r1_gb200_sglang_fp8_agg_8192x1024_c448_tp72_ep1_106")
     assert "tp 72 does not divide" in expressible(tp72, "roofline")
     no_counts = rows[(rows["mode"] == "disagg") & rows["prefill_num_workers"].isna()].iloc[0]
-    assert "worker counts" in expressible(no_counts, "roofline")
+    with pytest.raises(NotExpressible, match="worker counts"):  # unless a layout is assumed
+        row_study(no_counts, disagg=None)
     odd = _row(rows, AGG_70B).copy()
     odd["model_path"], odd["model"] = "deepseek-ai/DeepSeek-R1", "DeepSeek-R1"
     odd["moe_tp_size"] = 2  # tp 8 x adp 1 = 8 GPUs, but 2 x 1 for the experts
