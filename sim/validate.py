@@ -19,6 +19,7 @@ from twinserve.core.errors import TwinserveError
 
 from twinserve.sim.validate_rows import (NotExpressible, RowPlan, closed_loop_available, num_gpus, parallelism,
                                          precision_fields, request_counts, row_plan, row_study, with_rate)
+from twinserve.sim.validate_layouts import DEFAULT_DISAGG_ASSUMPTION
 
 METRICS = ("ttft", "tpot", "tput", "ttft_all")  # ttft_all: the cold first wave counted too
 # Fixed-rate stand-in for a closed loop (before [workload] concurrency exists): rate = N / E2E,
@@ -42,13 +43,17 @@ def window_means(req: pd.DataFrame, warm: int, measured: int) -> dict[str, float
             "e2e_ms": float(done["e2e_s"].mean() * 1000), "n": int(done["ttft_s"].notna().sum())}
 
 
-def simulate_row(job: tuple[dict[str, Any], str]) -> dict[str, Any]:
-    """One row's prediction: its study run closed-loop (or by the Little's-law stand-in)."""
+def simulate_row(job: tuple[Any, ...]) -> dict[str, Any]:
+    """One row's prediction: its study run closed-loop (or by the Little's-law stand-in).
+
+    job: (row as a dict, cost model[, disaggregation assumption]).
+    """
     from twinserve.sim.study import run_point
 
-    row, cost_model = job
+    row, cost_model = job[0], job[1]
+    disagg = job[2] if len(job) > 2 else DEFAULT_DISAGG_ASSUMPTION
     t0 = time.perf_counter()
-    cfg = row_study(pd.Series(row), cost_model)
+    cfg = row_study(pd.Series(row), cost_model, disagg)
     conc = int(row["concurrency"])
     warm, measured, total = request_counts(conc)
     extra: dict[str, Any] = {}
@@ -72,21 +77,21 @@ def simulate_row(job: tuple[dict[str, Any], str]) -> dict[str, Any]:
             "loop": loop, "sim_wall_s": time.perf_counter() - t0, **extra}
 
 
-def _plan(row: pd.Series) -> RowPlan | None:
+def _plan(row: pd.Series, disagg: str | None) -> RowPlan | None:
     """The row's plan for its layout columns (the same for every cost model), None if not expressible."""
     try:
-        return row_plan(row)
+        return row_plan(row, "roofline", disagg)
     except TwinserveError:
         return None
 
 
-def row_record(row: pd.Series) -> dict[str, Any]:
+def row_record(row: pd.Series, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> dict[str, Any]:
     """The CSV's descriptive columns and measured figures of one row (no prediction yet).
 
     `layout` is '' where the row gives its whole layout, else how the missing part was assumed or
     inferred; `gpus` and `parallelism` count the assumed workers.
     """
-    plan = _plan(row)
+    plan = _plan(row, disagg)
     counts = plan.counts if plan is not None else None
     gpus = num_gpus(row, counts)
     try:
@@ -107,10 +112,10 @@ def row_record(row: pd.Series) -> dict[str, Any]:
     return rec
 
 
-def expressible(row: pd.Series, cost_model: str) -> str:
+def expressible(row: pd.Series, cost_model: str, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> str:
     """'' when the row maps to a study, else the reason it does not."""
     try:
-        row_study(row, cost_model)
+        row_study(row, cost_model, disagg)
     except NotExpressible as e:
         return str(e)
     except TwinserveError as e:  # a catalog or config refusal is a reason too

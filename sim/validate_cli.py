@@ -17,6 +17,7 @@ from twinserve.core.errors import TwinserveError
 from twinserve.sim.runner import LOCAL_RAY, PointFailure, run_jobs
 from twinserve.sim.validate import (expressible, finish_record, row_record, simulate_row, summarize_validation,
                                     summary_table)
+from twinserve.sim.validate_layouts import DEFAULT_DISAGG_ASSUMPTION, DISAGG_ASSUMPTIONS
 from twinserve.sim.validate_rows import SiliconDataError, load_rows
 
 
@@ -36,6 +37,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", default=argparse.SUPPRESS, help="output folder")
     p.add_argument("--workers", type=int, default=argparse.SUPPRESS,
                    help="processes that simulate rows in parallel")
+    p.add_argument("--assume-disagg", choices=DISAGG_ASSUMPTIONS + ("none",), default=DEFAULT_DISAGG_ASSUMPTION,
+                   help="how a disaggregated row without prefill/decode worker counts is expressed "
+                        "(flagged in the layout column; docs/validate-rows.md), or none: not expressed")
     p.add_argument("--ray", nargs="?", const=LOCAL_RAY, default=None, metavar="ADDRESS",
                    help="run rows as Ray tasks: on the cluster at ADDRESS, or a local Ray")
 
@@ -83,20 +87,20 @@ def _check_cost_model(name: str) -> None:
 
 
 def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: str | None,
-                   progress: bool = True) -> pd.DataFrame:
+                   progress: bool = True, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> pd.DataFrame:
     """Every row of df: its reason, or its prediction and errors; one record per row, in order."""
     records: list[dict[str, Any]] = []
-    jobs: list[tuple[dict[str, Any], str]] = []
+    jobs: list[tuple[Any, ...]] = []
     where: list[int] = []
     for _, row in df.iterrows():
-        rec = row_record(row)
-        reason = expressible(row, cost_model)
+        rec = row_record(row, disagg)
+        reason = expressible(row, cost_model, disagg)
         rec["expressible"] = not reason
         rec["reason"] = reason
         records.append(rec)
         if not reason:
             where.append(len(records) - 1)
-            jobs.append((row.to_dict(), cost_model))
+            jobs.append((row.to_dict(), cost_model, disagg))
     out = run_jobs(simulate_row, jobs, [{"row": j[0]["id"]} for j in jobs], workers, ray, "validate", progress)
     for i, res in zip(where, out):
         if isinstance(res, PointFailure):
@@ -115,10 +119,12 @@ def run_validate(args: argparse.Namespace) -> int:
     try:
         _check_cost_model(args.cost_model)
         df = select_rows(load_rows(), args.backend, args.system, args.model, args.rows, args.limit)
-        frame = run_validation(df, args.cost_model, getattr(args, "workers", None), args.ray)
+        disagg = None if args.assume_disagg == "none" else args.assume_disagg
+        frame = run_validation(df, args.cost_model, getattr(args, "workers", None), args.ray, disagg=disagg)
         summary = summarize_validation(frame)
         wall = time.perf_counter() - t0
-        summary["run"] = {"cost_model": args.cost_model, "rows": int(len(frame)), "wall_s": round(wall, 1),
+        summary["run"] = {"cost_model": args.cost_model, "assume_disagg": args.assume_disagg,
+                          "rows": int(len(frame)), "wall_s": round(wall, 1),
                           "loop": sorted(frame["loop"].dropna().unique()) if "loop" in frame else [],
                           "filters": {k: getattr(args, k) for k in ("backend", "system", "model", "rows", "limit")}}
         out = Path(getattr(args, "out", None) or "simulate-validate")
@@ -130,6 +136,9 @@ def run_validate(args: argparse.Namespace) -> int:
         return 2
     print(summary_table(summary))
     failed = frame["sim_error"].astype(bool).sum()
+    o = summary["all"]["overall"]
+    print(f"expressible as given {o['expressible_as_given']}, with an assumed or inferred layout "
+          f"{o['expressible_assumed']} (--assume-disagg {args.assume_disagg})")
     print(f"{len(frame)} rows, {int(frame['expressible'].sum())} expressible, {failed} failed in the simulator; "
           f"{wall:.1f} s wall; wrote {out / 'validation.csv'}, {out / 'summary.json'}")
     return 0

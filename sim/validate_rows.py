@@ -307,6 +307,9 @@ def row_plan(row: pd.Series, cost_model: str = "roofline",
     cfg.custom_model = model  # found by its name, like a [model] table's spec
     e.model, e.hardware, e.cost_model = model.name, hw, cost_model
     if cost_model == "aic":
+        if model.num_linear_layers:
+            from twinserve.backends.sim.aic.cost_model import linear_attention_refusal
+            raise NotExpressible("aic: " + linear_attention_refusal(model, str(row["system"]), str(row["backend"])))
         for k, v in _aic_fields(row).items():
             setattr(e, k, v)
     for k, v in prec.items():
