@@ -191,8 +191,7 @@ def _layout(w: Worker, model: Any) -> dict[str, Any]:
     """A worker's [engine] parallel fields; NotExpressible when the config has no field for one."""
     heads = getattr(model, "num_heads", 0)
     if heads and heads % w.tp:
-        raise NotExpressible(f"tp {w.tp} does not divide {model.name}'s {heads} attention heads "
-                             "(the file's tp_size looks like a GPU count)")
+        raise NotExpressible(_gpu_count_reason(w, model))
     if model.is_moe and w.moe_tp * w.moe_ep not in (1, w.tp * w.attention_dp):
         raise NotExpressible(f"inconsistent layout: tp {w.tp} x attention_dp {w.attention_dp} GPUs, "
                              f"but moe_tp {w.moe_tp} x moe_ep {w.moe_ep}")
@@ -207,6 +206,17 @@ def _layout(w: Worker, model: Any) -> dict[str, Any]:
     if w.moe_ep > 1 and not getattr(model, "is_moe", False):
         raise NotExpressible(f"expert parallelism {w.moe_ep} on a dense model")
     return out
+
+
+def _gpu_count_reason(w: Worker, model: Any) -> str:
+    """Why a tp_size that divides no head count cannot be laid out from the row's columns."""
+    msg = f"tp {w.tp} does not divide {model.name}'s {model.num_heads} attention heads"
+    if model.is_moe and model.num_experts % w.tp:
+        msg += f", nor its {model.num_experts} experts (no attention-DP x EP {w.tp} reading either)"
+    elif model.is_moe:
+        msg += (f"; attention DP x EP over {w.tp} GPUs would split its {model.num_experts} experts, but the "
+                f"row gives moe_tp {w.moe_tp} x ep {w.moe_ep} and no attention_dp")
+    return msg + ": the file's tp_size looks like a GPU count whose split the columns do not give"
 
 
 def _resolve_model(name: str, path: str) -> Any:
