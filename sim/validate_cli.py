@@ -32,6 +32,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--cost-model", default="roofline", help="roofline (default) or aic")
     p.add_argument("--rows", choices=("dev", "heldout", "all"), default="all",
                    help="development rows (Llama-3.1-70B, Qwen3-32B, gpt-oss-120b, DeepSeek-R1), the rest, or all")
+    p.add_argument("--layout", choices=("all", "given", "assumed"), default="all",
+                   help="rows whose layout the file gives whole, rows where part of it is assumed or inferred "
+                        "(the layout column), or all")
     p.add_argument("--limit", type=int, default=None,
                    help="at most N rows, spread evenly over the filtered rows (a stratified subset)")
     p.add_argument("--out", default=argparse.SUPPRESS, help="output folder")
@@ -49,7 +52,8 @@ class FilterError(SiliconDataError):
 
 
 def select_rows(df: pd.DataFrame, backend: str | None = None, system: str | None = None,
-                model: str | None = None, rows: str = "all", limit: int | None = None) -> pd.DataFrame:
+                model: str | None = None, rows: str = "all", limit: int | None = None,
+                layout: str = "all", disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> pd.DataFrame:
     """The rows the filters keep; FilterError naming the known values when one matches nothing."""
     for col, value in (("backend", backend), ("system", system)):
         if value is not None:
@@ -66,6 +70,9 @@ def select_rows(df: pd.DataFrame, backend: str | None = None, system: str | None
         df = df[hit]
     if rows != "all":
         df = df[df["split"] == rows]
+    if layout != "all":  # '' = the file gives the whole layout (unexpressible rows count as given)
+        assumed = df.apply(lambda r: row_record(r, disagg)["layout"] != "", axis=1).astype(bool)
+        df = df[assumed if layout == "assumed" else ~assumed]
     if limit is not None:
         if limit < 1:
             raise FilterError(f"--limit {limit}: must be >= 1")
@@ -118,15 +125,17 @@ def run_validate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         _check_cost_model(args.cost_model)
-        df = select_rows(load_rows(), args.backend, args.system, args.model, args.rows, args.limit)
         disagg = None if args.assume_disagg == "none" else args.assume_disagg
+        df = select_rows(load_rows(), args.backend, args.system, args.model, args.rows, args.limit,
+                         args.layout, disagg)
         frame = run_validation(df, args.cost_model, getattr(args, "workers", None), args.ray, disagg=disagg)
         summary = summarize_validation(frame)
         wall = time.perf_counter() - t0
         summary["run"] = {"cost_model": args.cost_model, "assume_disagg": args.assume_disagg,
                           "rows": int(len(frame)), "wall_s": round(wall, 1),
                           "loop": sorted(frame["loop"].dropna().unique()) if "loop" in frame else [],
-                          "filters": {k: getattr(args, k) for k in ("backend", "system", "model", "rows", "limit")}}
+                          "filters": {k: getattr(args, k) for k in ("backend", "system", "model", "rows", "layout",
+                                                                    "limit")}}
         out = Path(getattr(args, "out", None) or "simulate-validate")
         out.mkdir(parents=True, exist_ok=True)
         frame.to_csv(out / "validation.csv", index=False)

@@ -143,3 +143,12 @@ def test_gpu_count_tp_rows_keep_a_reason_naming_the_layout(rows) -> None:
     tp36 = rows[rows["id"].str.contains("deepseek_r1_gb200_trtllm_fp4_agg_1024x1024_c32_tp36")].iloc[0]
     reason = expressible(tp36, "roofline")
     assert "tp 36" in reason and "128 attention heads" in reason and "256 experts" in reason
+
+
+def test_layout_filter_keeps_the_assumed_or_the_given_rows(rows) -> None:
+    from twinserve.sim.validate_cli import select_rows
+    qwen = rows[rows["model"] == "Qwen3-235B-A22B"]
+    assumed = select_rows(qwen, layout="assumed")
+    given = select_rows(qwen, layout="given")
+    assert len(assumed) == 19 and len(assumed) + len(given) == len(qwen)
+    assert all(row_record(r)["layout"].startswith("inferred attention_dp") for _, r in assumed.iterrows())
