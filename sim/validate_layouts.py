@@ -97,7 +97,12 @@ def assume_workers(cfg: Any, prefill_layout: dict[str, Any], decode_layout: dict
     if how == "one_each":
         return AssumedWorkers(1, 1, how)
     dec = _with_layout(cfg, decode_layout)
-    slots = decode_slots(dec, isl, osl)
+    try:
+        slots = decode_slots(dec, isl, osl)
+    except TwinserveError as e:  # the weights alone overflow the worker: say which worker, not a study fix
+        why = str(e).split("KV blocks: ", 1)[-1].split("; ", 1)[0]
+        raise NotExpressible(f"assumed layout {how}: the row's decode worker ({_label(decode_layout)}) does not "
+                             f"hold the model in this memory model ({why})") from None
     if slots < 1:
         raise NotExpressible(f"assumed layout {how}: one decode worker ({_label(decode_layout)}) holds no "
                              f"client at {isl} + {osl} tokens in this memory model")

@@ -152,3 +152,10 @@ def test_layout_filter_keeps_the_assumed_or_the_given_rows(rows) -> None:
     given = select_rows(qwen, layout="given")
     assert len(assumed) == 19 and len(assumed) + len(given) == len(qwen)
     assert all(row_record(r)["layout"].startswith("inferred attention_dp") for _, r in assumed.iterrows())
+
+
+def test_a_decode_worker_that_cannot_hold_the_model_is_a_reason(rows) -> None:
+    tp1 = rows[rows["id"].str.startswith("2026_04_06_deepseek_r1_gb200_sglang_fp8_disagg_8192x1024_")
+               & (rows["decode_tp_size"] == 1)].iloc[0]
+    reason = expressible(tp1, "roofline")
+    assert "decode worker (tensor_parallel_size=1) does not hold the model" in reason and "GiB" in reason
