@@ -46,7 +46,7 @@ def main() -> None:
         seen: dict[tuple[int, int], str] = {}
         for how in DISAGG_ASSUMPTIONS:
             try:
-                counts = row_plan(row, "roofline", how).counts
+                counts = row_plan(row, "roofline", disagg=how).counts
             except Exception as e:  # noqa: BLE001 - a reason, printed
                 plans[(row["id"], how)] = f"not expressible: {e}"
                 continue
@@ -54,7 +54,7 @@ def main() -> None:
             if counts in seen:
                 continue
             seen[counts] = how
-            jobs.append((row.to_dict(), "roofline", how))
+            jobs.append((row.to_dict(), "roofline", {"disagg": how}))
             keys.append((row["id"], counts))
     out = run_jobs(simulate_row, jobs, [{"row": k[0]} for k in keys], args.workers, None, "assumptions", True)
     by_key = {k: r for k, r in zip(keys, out)}

@@ -30,8 +30,8 @@ def main() -> None:
     df = load_rows()
     reasons, layouts = [], []
     for _, row in df.iterrows():
-        reasons.append(expressible(row, args.cost_model, disagg))
-        layouts.append(row_record(row, disagg)["layout"])
+        reasons.append(expressible(row, args.cost_model, disagg=disagg))
+        layouts.append(row_record(row, disagg=disagg)["layout"])
     df["reason"], df["layout"] = reasons, layouts
     ok = df["reason"] == ""
     print(f"{len(df)} rows, --assume-disagg {args.assume_disagg}, --cost-model {args.cost_model}, "

@@ -46,14 +46,15 @@ def window_means(req: pd.DataFrame, warm: int, measured: int) -> dict[str, float
 def simulate_row(job: tuple[Any, ...]) -> dict[str, Any]:
     """One row's prediction: its study run closed-loop (or by the Little's-law stand-in).
 
-    job: (row as a dict, cost model[, disaggregation assumption]).
+    job: (row as a dict, cost model[, options]); options: {"disagg": assumption} (validate_layouts.py).
     """
     from twinserve.sim.study import run_point
 
     row, cost_model = job[0], job[1]
-    disagg = job[2] if len(job) > 2 else DEFAULT_DISAGG_ASSUMPTION
+    options = job[2] if len(job) > 2 and isinstance(job[2], dict) else {}
+    disagg = options.get("disagg", DEFAULT_DISAGG_ASSUMPTION)
     t0 = time.perf_counter()
-    cfg = row_study(pd.Series(row), cost_model, disagg)
+    cfg = row_study(pd.Series(row), cost_model, disagg=disagg)
     conc = int(row["concurrency"])
     warm, measured, total = request_counts(conc)
     extra: dict[str, Any] = {}
@@ -80,12 +81,12 @@ def simulate_row(job: tuple[Any, ...]) -> dict[str, Any]:
 def _plan(row: pd.Series, disagg: str | None) -> RowPlan | None:
     """The row's plan for its layout columns (the same for every cost model), None if not expressible."""
     try:
-        return row_plan(row, "roofline", disagg)
+        return row_plan(row, "roofline", disagg=disagg)
     except TwinserveError:
         return None
 
 
-def row_record(row: pd.Series, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> dict[str, Any]:
+def row_record(row: pd.Series, *, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> dict[str, Any]:
     """The CSV's descriptive columns and measured figures of one row (no prediction yet).
 
     `layout` is '' where the row gives its whole layout, else how the missing part was assumed or
@@ -112,10 +113,10 @@ def row_record(row: pd.Series, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -
     return rec
 
 
-def expressible(row: pd.Series, cost_model: str, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> str:
+def expressible(row: pd.Series, cost_model: str, *, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> str:
     """'' when the row maps to a study, else the reason it does not."""
     try:
-        row_study(row, cost_model, disagg)
+        row_study(row, cost_model, disagg=disagg)
     except NotExpressible as e:
         return str(e)
     except TwinserveError as e:  # a catalog or config refusal is a reason too

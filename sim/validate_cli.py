@@ -71,7 +71,7 @@ def select_rows(df: pd.DataFrame, backend: str | None = None, system: str | None
     if rows != "all":
         df = df[df["split"] == rows]
     if layout != "all":  # '' = the file gives the whole layout (unexpressible rows count as given)
-        assumed = df.apply(lambda r: row_record(r, disagg)["layout"] != "", axis=1).astype(bool)
+        assumed = df.apply(lambda r: row_record(r, disagg=disagg)["layout"] != "", axis=1).astype(bool)
         df = df[assumed if layout == "assumed" else ~assumed]
     if limit is not None:
         if limit < 1:
@@ -100,14 +100,14 @@ def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: 
     jobs: list[tuple[Any, ...]] = []
     where: list[int] = []
     for _, row in df.iterrows():
-        rec = row_record(row, disagg)
-        reason = expressible(row, cost_model, disagg)
+        rec = row_record(row, disagg=disagg)
+        reason = expressible(row, cost_model, disagg=disagg)
         rec["expressible"] = not reason
         rec["reason"] = reason
         records.append(rec)
         if not reason:
             where.append(len(records) - 1)
-            jobs.append((row.to_dict(), cost_model, disagg))
+            jobs.append((row.to_dict(), cost_model, {"disagg": disagg}))
     out = run_jobs(simulate_row, jobs, [{"row": j[0]["id"]} for j in jobs], workers, ray, "validate", progress)
     for i, res in zip(where, out):
         if isinstance(res, PointFailure):

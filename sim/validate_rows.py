@@ -291,13 +291,13 @@ class RowPlan:
     counts: tuple[int, int] | None = None  # the assumed (prefill, decode) worker counts
 
 
-def row_study(row: pd.Series, cost_model: str = "roofline",
+def row_study(row: pd.Series, cost_model: str = "roofline", *,
               disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> StudyConfig:
     """The row as a closed-loop study; NotExpressible (with the reason) when it cannot be one."""
-    return row_plan(row, cost_model, disagg).cfg
+    return row_plan(row, cost_model, disagg=disagg).cfg
 
 
-def row_plan(row: pd.Series, cost_model: str = "roofline",
+def row_plan(row: pd.Series, cost_model: str = "roofline", *,
              disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> RowPlan:
     """The row's study and layout note; `disagg` fills in missing worker counts (None: a reason)."""
     conc = row.get("concurrency")

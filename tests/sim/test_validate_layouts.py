@@ -101,7 +101,7 @@ def test_low_concurrency_row_is_one_prefill_one_decode_under_every_assumption(ro
 
 def test_without_an_assumption_the_row_keeps_its_reason(rows) -> None:
     row = _row(rows, DISAGG_NO_COUNTS)
-    assert "worker counts" in expressible(row, "roofline", None)
+    assert "worker counts" in expressible(row, "roofline", disagg=None)
     with pytest.raises(NotExpressible, match="worker counts"):
         row_plan(row, disagg=None)
     with pytest.raises(ValueError, match="one of kv_fit_rate"):
@@ -159,3 +159,13 @@ def test_a_decode_worker_that_cannot_hold_the_model_is_a_reason(rows) -> None:
                & (rows["decode_tp_size"] == 1)].iloc[0]
     reason = expressible(tp1, "roofline")
     assert "decode worker (tensor_parallel_size=1) does not hold the model" in reason and "GiB" in reason
+
+
+def test_run_validation_carries_the_assumption_to_the_simulated_row(rows) -> None:
+    from twinserve.sim.validate_cli import run_validation
+    one = rows[rows["id"] == DISAGG_LOW_C]
+    out = run_validation(one, "roofline", None, None, progress=False, disagg="one_each").iloc[0]
+    assert out["layout"] == "assumed one_each: 1 prefill, 1 decode workers" and out["gpus"] == 16
+    assert out["pred_tpot_ms"] > 0 and not out["sim_error"]
+    none = run_validation(one, "roofline", None, None, progress=False, disagg=None).iloc[0]
+    assert not none["expressible"] and "worker counts" in none["reason"]
