@@ -17,8 +17,9 @@ import pandas as pd
 
 from twinserve.core.errors import TwinserveError
 
-from twinserve.sim.validate_rows import (NotExpressible, closed_loop_available, num_gpus, parallelism,
-                                         precision_fields, request_counts, row_study, with_rate)
+from twinserve.sim.validate_rows import (NotExpressible, RowPlan, closed_loop_available, num_gpus, parallelism,
+                                         precision_fields, request_counts, row_plan, row_study, with_rate)
+from twinserve.sim.validate_layouts import DEFAULT_DISAGG_ASSUMPTION
 
 METRICS = ("ttft", "tpot", "tput", "ttft_all")  # ttft_all: the cold first wave counted too
 # End each run once the requests up to the measured window's last are final: the same window,
@@ -68,13 +69,18 @@ def run_to_window(cfg: Any, count: int, stop_early: bool = True) -> pd.DataFrame
     return requests_frame(res.total if cluster else res, itl=False)
 
 
-def simulate_row(job: tuple[dict[str, Any], str]) -> dict[str, Any]:
-    """One row's prediction: its study run closed-loop (or by the Little's-law stand-in)."""
+def simulate_row(job: tuple[Any, ...]) -> dict[str, Any]:
+    """One row's prediction: its study run closed-loop (or by the Little's-law stand-in).
+
+    job: (row as a dict, cost model[, options]); options: {"disagg": assumption} (validate_layouts.py).
+    """
     from twinserve.sim.study import run_point
 
-    row, cost_model = job
+    row, cost_model = job[0], job[1]
+    options = job[2] if len(job) > 2 and isinstance(job[2], dict) else {}
+    disagg = options.get("disagg", DEFAULT_DISAGG_ASSUMPTION)
     t0 = time.perf_counter()
-    cfg = row_study(pd.Series(row), cost_model)
+    cfg = row_study(pd.Series(row), cost_model, disagg=disagg)
     conc = int(row["concurrency"])
     warm, measured, total = request_counts(conc)
     extra: dict[str, Any] = {}
@@ -99,9 +105,23 @@ def simulate_row(job: tuple[dict[str, Any], str]) -> dict[str, Any]:
             "loop": loop, "sim_wall_s": time.perf_counter() - t0, **extra}
 
 
-def row_record(row: pd.Series) -> dict[str, Any]:
-    """The CSV's descriptive columns and measured figures of one row (no prediction yet)."""
-    gpus = num_gpus(row)
+def _plan(row: pd.Series, disagg: str | None) -> RowPlan | None:
+    """The row's plan for its layout columns (the same for every cost model), None if not expressible."""
+    try:
+        return row_plan(row, "roofline", disagg=disagg)
+    except TwinserveError:
+        return None
+
+
+def row_record(row: pd.Series, *, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> dict[str, Any]:
+    """The CSV's descriptive columns and measured figures of one row (no prediction yet).
+
+    `layout` is '' where the row gives its whole layout, else how the missing part was assumed or
+    inferred; `gpus` and `parallelism` count the assumed workers.
+    """
+    plan = _plan(row, disagg)
+    counts = plan.counts if plan is not None else None
+    gpus = num_gpus(row, counts)
     try:
         prec = precision_fields(row)["quantization"]
     except NotExpressible:
@@ -112,17 +132,18 @@ def row_record(row: pd.Series) -> dict[str, Any]:
            "precision": row.get("precision") if isinstance(row.get("precision"), str) else f"{prec} (not given)",
            "mode": row["mode"], "isl": int(row["isl"]), "osl": int(row["osl"]),
            "concurrency": int(conc) if conc == conc and conc is not None else None,
-           "parallelism": parallelism(row), "gpus": gpus,
+           "parallelism": parallelism(row, counts), "layout": plan.layout if plan is not None else "",
+           "gpus": gpus,
            "meas_ttft_ms": float(row["silicon_ttft_ms"]), "meas_tpot_ms": float(row["silicon_tpot_ms"])}
     rec["meas_tput_per_gpu"] = throughput_per_gpu(rec["concurrency"] or float("nan"), rec["isl"], rec["osl"],
                                                   rec["meas_ttft_ms"], rec["meas_tpot_ms"], gpus)
     return rec
 
 
-def expressible(row: pd.Series, cost_model: str) -> str:
+def expressible(row: pd.Series, cost_model: str, *, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> str:
     """'' when the row maps to a study, else the reason it does not."""
     try:
-        row_study(row, cost_model)
+        row_study(row, cost_model, disagg=disagg)
     except NotExpressible as e:
         return str(e)
     except TwinserveError as e:  # a catalog or config refusal is a reason too
@@ -163,6 +184,10 @@ def _group(g: pd.DataFrame) -> dict[str, Any]:
     out: dict[str, Any] = {"rows": int(len(g)), "expressible": int(g["expressible"].sum()),
                            "simulated": int(g["err_tpot"].notna().sum())}
     out["expressible_share"] = out["expressible"] / out["rows"] if out["rows"] else 0.0
+    # As given vs with an assumed or inferred layout (the `layout` column), so the headline stays honest.
+    assumed = g["layout"].fillna("").astype(str) != "" if "layout" in g else pd.Series(False, index=g.index)
+    out["expressible_as_given"] = int((g["expressible"] & ~assumed).sum())
+    out["expressible_assumed"] = int((g["expressible"] & assumed).sum())
     for m in METRICS:
         out[m] = _stats(g[f"err_{m}"] if f"err_{m}" in g else pd.Series(dtype=float))
     return out
@@ -176,6 +201,10 @@ def summarize_validation(df: pd.DataFrame) -> dict[str, Any]:
         groups = {f"{b} | {s} | {m}": _group(g)
                   for (b, s, m), g in part.groupby(["backend", "system", "model"], sort=True)}
         out[split] = {"overall": _group(part), "groups": groups}
+        if "layout" in part:  # the error figures of each kind apart
+            given = part["layout"].fillna("").astype(str) == ""
+            out[split]["as_given"] = _group(part[given])
+            out[split]["assumed_layout"] = _group(part[~given])
     return out
 
 

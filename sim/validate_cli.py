@@ -17,6 +17,7 @@ from twinserve.core.errors import TwinserveError
 from twinserve.sim.runner import LOCAL_RAY, PointFailure, run_jobs
 from twinserve.sim.validate import (expressible, finish_record, row_record, simulate_row, summarize_validation,
                                     summary_table)
+from twinserve.sim.validate_layouts import DEFAULT_DISAGG_ASSUMPTION, DISAGG_ASSUMPTIONS
 from twinserve.sim.validate_rows import SiliconDataError, load_rows, row_study
 
 
@@ -31,11 +32,17 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--cost-model", default="roofline", help="roofline (default) or aic")
     p.add_argument("--rows", choices=("dev", "heldout", "all"), default="all",
                    help="development rows (Llama-3.1-70B, Qwen3-32B, gpt-oss-120b, DeepSeek-R1), the rest, or all")
+    p.add_argument("--layout", choices=("all", "given", "assumed"), default="all",
+                   help="rows whose layout the file gives whole, rows where part of it is assumed or inferred "
+                        "(the layout column), or all")
     p.add_argument("--limit", type=int, default=None,
                    help="at most N rows, spread evenly over the filtered rows (a stratified subset)")
     p.add_argument("--out", default=argparse.SUPPRESS, help="output folder")
     p.add_argument("--workers", type=int, default=argparse.SUPPRESS,
                    help="processes that simulate rows in parallel")
+    p.add_argument("--assume-disagg", choices=DISAGG_ASSUMPTIONS + ("none",), default=DEFAULT_DISAGG_ASSUMPTION,
+                   help="how a disaggregated row without prefill/decode worker counts is expressed "
+                        "(flagged in the layout column; docs/validate-rows.md), or none: not expressed")
     p.add_argument("--ray", nargs="?", const=LOCAL_RAY, default=None, metavar="ADDRESS",
                    help="run rows as Ray tasks: on the cluster at ADDRESS, or a local Ray")
 
@@ -45,7 +52,8 @@ class FilterError(SiliconDataError):
 
 
 def select_rows(df: pd.DataFrame, backend: str | None = None, system: str | None = None,
-                model: str | None = None, rows: str = "all", limit: int | None = None) -> pd.DataFrame:
+                model: str | None = None, rows: str = "all", limit: int | None = None,
+                layout: str = "all", disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> pd.DataFrame:
     """The rows the filters keep; FilterError naming the known values when one matches nothing."""
     for col, value in (("backend", backend), ("system", system)):
         if value is not None:
@@ -62,6 +70,9 @@ def select_rows(df: pd.DataFrame, backend: str | None = None, system: str | None
         df = df[hit]
     if rows != "all":
         df = df[df["split"] == rows]
+    if layout != "all":  # '' = the file gives the whole layout (unexpressible rows count as given)
+        assumed = df.apply(lambda r: row_record(r, disagg=disagg)["layout"] != "", axis=1).astype(bool)
+        df = df[assumed if layout == "assumed" else ~assumed]
     if limit is not None:
         if limit < 1:
             raise FilterError(f"--limit {limit}: must be >= 1")
@@ -82,9 +93,9 @@ def _check_cost_model(name: str) -> None:
                           + (" (the measured backend, 'aic', is not merged yet)" if name == "aic" else ""))
 
 
-def study_key(row: pd.Series, cost_model: str) -> str:
+def study_key(row: pd.Series, cost_model: str, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> str:
     """The row's simulated study, written out (rows with equal keys make the same run)."""
-    cfg = row_study(row, cost_model)
+    cfg = row_study(row, cost_model, disagg=disagg)
     cfg.run.name = ""  # a label: the only field a row's id sets
     return repr(cfg)
 
@@ -101,7 +112,7 @@ def cost_estimate(row: dict[str, Any]) -> float:
 
 
 def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: str | None,
-                   progress: bool = True) -> pd.DataFrame:
+                   progress: bool = True, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> pd.DataFrame:
     """Every row of df: its reason, or its prediction and errors; one record per row, in order.
 
     Rows whose studies are equal (e.g. the same model, layout and lengths at two backend versions
@@ -109,25 +120,25 @@ def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: 
     in `same_study_as`. Rows start longest first, so no long row starts last.
     """
     records: list[dict[str, Any]] = []
-    jobs: list[tuple[dict[str, Any], str]] = []
+    jobs: list[tuple[Any, ...]] = []
     where: list[int] = []
     first_of: dict[str, int] = {}  # study -> its job
     copies: list[tuple[int, int]] = []  # (record, job) of rows that repeat a study
     for _, row in df.iterrows():
-        rec = row_record(row)
-        reason = expressible(row, cost_model)
+        rec = row_record(row, disagg=disagg)
+        reason = expressible(row, cost_model, disagg=disagg)
         rec["expressible"] = not reason
         rec["reason"] = reason
         rec["same_study_as"] = ""
         records.append(rec)
         if not reason:
-            key = study_key(row, cost_model)
+            key = study_key(row, cost_model, disagg)
             if key in first_of:
                 copies.append((len(records) - 1, first_of[key]))
                 continue
             first_of[key] = len(jobs)
             where.append(len(records) - 1)
-            jobs.append((row.to_dict(), cost_model))
+            jobs.append((row.to_dict(), cost_model, {"disagg": disagg}))
     order = sorted(range(len(jobs)), key=lambda j: -cost_estimate(jobs[j][0]))
     ran = run_jobs(simulate_row, [jobs[j] for j in order], [{"row": jobs[j][0]["id"]} for j in order],
                    workers, ray, "validate", progress)
@@ -157,13 +168,17 @@ def run_validate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         _check_cost_model(args.cost_model)
-        df = select_rows(load_rows(), args.backend, args.system, args.model, args.rows, args.limit)
-        frame = run_validation(df, args.cost_model, getattr(args, "workers", None), args.ray)
+        disagg = None if args.assume_disagg == "none" else args.assume_disagg
+        df = select_rows(load_rows(), args.backend, args.system, args.model, args.rows, args.limit,
+                         args.layout, disagg)
+        frame = run_validation(df, args.cost_model, getattr(args, "workers", None), args.ray, disagg=disagg)
         summary = summarize_validation(frame)
         wall = time.perf_counter() - t0
-        summary["run"] = {"cost_model": args.cost_model, "rows": int(len(frame)), "wall_s": round(wall, 1),
+        summary["run"] = {"cost_model": args.cost_model, "assume_disagg": args.assume_disagg,
+                          "rows": int(len(frame)), "wall_s": round(wall, 1),
                           "loop": sorted(frame["loop"].dropna().unique()) if "loop" in frame else [],
-                          "filters": {k: getattr(args, k) for k in ("backend", "system", "model", "rows", "limit")}}
+                          "filters": {k: getattr(args, k) for k in ("backend", "system", "model", "rows", "layout",
+                                                                    "limit")}}
         out = Path(getattr(args, "out", None) or "simulate-validate")
         out.mkdir(parents=True, exist_ok=True)
         frame.to_csv(out / "validation.csv", index=False)
@@ -173,6 +188,9 @@ def run_validate(args: argparse.Namespace) -> int:
         return 2
     print(summary_table(summary))
     failed = frame["sim_error"].astype(bool).sum()
+    o = summary["all"]["overall"]
+    print(f"expressible as given {o['expressible_as_given']}, with an assumed or inferred layout "
+          f"{o['expressible_assumed']} (--assume-disagg {args.assume_disagg})")
     print(f"{len(frame)} rows, {int(frame['expressible'].sum())} expressible, {failed} failed in the simulator; "
           f"{wall:.1f} s wall; wrote {out / 'validation.csv'}, {out / 'summary.json'}")
     return 0

@@ -21,6 +21,9 @@ from twinserve.core.errors import TwinserveError
 
 from twinserve.sim.config import EngineConfig, StudyConfig
 from twinserve.sim.errors import SimError
+from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, AssumedWorkers,  # noqa: F401
+                                            NotExpressible, assume_workers, inferred_attention_dp,
+                                            missing_worker_counts)
 from twinserve.sim.workload import WorkloadConfig
 
 AIC_PACKAGE = "aiconfigurator_core"
@@ -53,10 +56,6 @@ _MEASURED_MAX = 256  # and at the most: a wave of 2,048 clients is steady long b
 
 class SiliconDataError(SimError, RuntimeError):
     """aiconfigurator-core (the measured rows) is missing, or a filter matches nothing."""
-
-
-class NotExpressible(TwinserveError, ValueError):
-    """A row the simulator cannot express; its message is the reason written to the CSV."""
 
 
 def load_rows() -> pd.DataFrame:
@@ -123,28 +122,35 @@ class Worker:
         return " ".join(parts)
 
 
-def workers(row: pd.Series) -> list[Worker]:
-    """[the one aggregated worker] or [prefill, decode] with their counts."""
+def workers(row: pd.Series, counts: tuple[int, int] | None = None) -> list[Worker]:
+    """[the one aggregated worker] or [prefill, decode] with their counts (`counts` where assumed).
+
+    An aggregated row without attention_dp_size takes it from moe_tp x moe_ep / tp (vLLM's rule).
+    """
     if row["mode"] != "disagg":
-        return [Worker(_int(row, "tp_size"), _int(row, "pp_size"), _int(row, "attention_dp_size"),
+        adp = inferred_attention_dp(row) or _int(row, "attention_dp_size")
+        return [Worker(_int(row, "tp_size"), _int(row, "pp_size"), adp,
                        _int(row, "moe_tp_size"), _int(row, "moe_ep_size"))]
-    return [Worker(_int(row, f"{k}_tp_size"), _int(row, f"{k}_pp_size"),
-                   _int(row, f"{k}_attention_dp_size"), _int(row, f"{k}_moe_tp_size"),
-                   _int(row, f"{k}_moe_ep_size"), _int(row, f"{k}_num_workers"))
-            for k in ("prefill", "decode")]
+    ws = [Worker(_int(row, f"{k}_tp_size"), _int(row, f"{k}_pp_size"),
+                 _int(row, f"{k}_attention_dp_size"), _int(row, f"{k}_moe_tp_size"),
+                 _int(row, f"{k}_moe_ep_size"), _int(row, f"{k}_num_workers"))
+          for k in ("prefill", "decode")]
+    if counts is not None:
+        ws[0].count, ws[1].count = counts
+    return ws
 
 
-def parallelism(row: pd.Series) -> str:
+def parallelism(row: pd.Series, counts: tuple[int, int] | None = None) -> str:
     """A short label of the row's layout, e.g. 'tp8' or 'P 2x tp4 | D 1x tp8 ep8'."""
-    ws = workers(row)
+    ws = workers(row, counts)
     if len(ws) == 1:
         return ws[0].label()
     return f"P {ws[0].count}x {ws[0].label()} | D {ws[1].count}x {ws[1].label()}"
 
 
-def num_gpus(row: pd.Series) -> int:
+def num_gpus(row: pd.Series, counts: tuple[int, int] | None = None) -> int:
     """GPUs the row ran on: one worker, or every prefill and decode worker."""
-    return sum(w.gpus * w.count for w in workers(row))
+    return sum(w.gpus * w.count for w in workers(row, counts))
 
 
 def precision_fields(row: pd.Series) -> dict[str, str]:
@@ -185,8 +191,7 @@ def _layout(w: Worker, model: Any) -> dict[str, Any]:
     """A worker's [engine] parallel fields; NotExpressible when the config has no field for one."""
     heads = getattr(model, "num_heads", 0)
     if heads and heads % w.tp:
-        raise NotExpressible(f"tp {w.tp} does not divide {model.name}'s {heads} attention heads "
-                             "(the file's tp_size looks like a GPU count)")
+        raise NotExpressible(_gpu_count_reason(w, model))
     if model.is_moe and w.moe_tp * w.moe_ep not in (1, w.tp * w.attention_dp):
         raise NotExpressible(f"inconsistent layout: tp {w.tp} x attention_dp {w.attention_dp} GPUs, "
                              f"but moe_tp {w.moe_tp} x moe_ep {w.moe_ep}")
@@ -201,6 +206,17 @@ def _layout(w: Worker, model: Any) -> dict[str, Any]:
     if w.moe_ep > 1 and not getattr(model, "is_moe", False):
         raise NotExpressible(f"expert parallelism {w.moe_ep} on a dense model")
     return out
+
+
+def _gpu_count_reason(w: Worker, model: Any) -> str:
+    """Why a tp_size that divides no head count cannot be laid out from the row's columns."""
+    msg = f"tp {w.tp} does not divide {model.name}'s {model.num_heads} attention heads"
+    if model.is_moe and model.num_experts % w.tp:
+        msg += f", nor its {model.num_experts} experts (no attention-DP x EP {w.tp} reading either)"
+    elif model.is_moe:
+        msg += (f"; attention DP x EP over {w.tp} GPUs would split its {model.num_experts} experts, but the "
+                f"row gives moe_tp {w.moe_tp} x ep {w.moe_ep} and no attention_dp")
+    return msg + ": the file's tp_size looks like a GPU count whose split the columns do not give"
 
 
 def _resolve_model(name: str, path: str) -> Any:
@@ -266,8 +282,24 @@ def request_counts(concurrency: int) -> tuple[int, int, int]:
     return warm, measured, warm + measured + concurrency
 
 
-def row_study(row: pd.Series, cost_model: str = "roofline") -> StudyConfig:
+@dataclass(slots=True)
+class RowPlan:
+    """A row's study and how its layout was read: '' as given, else what was assumed or inferred."""
+
+    cfg: StudyConfig
+    layout: str = ""
+    counts: tuple[int, int] | None = None  # the assumed (prefill, decode) worker counts
+
+
+def row_study(row: pd.Series, cost_model: str = "roofline", *,
+              disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> StudyConfig:
     """The row as a closed-loop study; NotExpressible (with the reason) when it cannot be one."""
+    return row_plan(row, cost_model, disagg=disagg).cfg
+
+
+def row_plan(row: pd.Series, cost_model: str = "roofline", *,
+             disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> RowPlan:
+    """The row's study and layout note; `disagg` fills in missing worker counts (None: a reason)."""
     conc = row.get("concurrency")
     if conc is None or (isinstance(conc, float) and math.isnan(conc)) or int(conc) < 1:
         raise NotExpressible("no client concurrency in the row (batch_size empty, no _c<N>_ in its id)")
@@ -285,6 +317,9 @@ def row_study(row: pd.Series, cost_model: str = "roofline") -> StudyConfig:
     cfg.custom_model = model  # found by its name, like a [model] table's spec
     e.model, e.hardware, e.cost_model = model.name, hw, cost_model
     if cost_model == "aic":
+        if model.num_linear_layers:
+            from twinserve.backends.sim.aic.cost_model import linear_attention_refusal
+            raise NotExpressible("aic: " + linear_attention_refusal(model, str(row["system"]), str(row["backend"])))
         for k, v in _aic_fields(row).items():
             setattr(e, k, v)
     for k, v in prec.items():
@@ -304,17 +339,25 @@ def row_study(row: pd.Series, cost_model: str = "roofline") -> StudyConfig:
     ws = workers(row)
     if len(ws) == 1:
         _apply(cfg, _layout(ws[0], model))
-    else:
-        pre, dec = ws
-        if any(row.get(f"{k}_num_workers") != row.get(f"{k}_num_workers") for k in ("prefill", "decode")):
+        adp = inferred_attention_dp(row)
+        note = f"inferred attention_dp {adp} = moe_tp x moe_ep / tp (vLLM's layout rule)" if adp else ""
+        return RowPlan(cfg, note)
+    pre, dec = ws
+    pre_layout, dec_layout = _layout(pre, model), _layout(dec, model)
+    _apply(cfg, dec_layout)
+    plan = RowPlan(cfg)
+    if missing_worker_counts(row):
+        if disagg is None:
             raise NotExpressible("disaggregated row without prefill/decode worker counts")
-        c = cfg.cluster
-        c.num_replicas = pre.count + dec.count
-        c.num_prefill_replicas = pre.count
-        c.router = "least_outstanding" if "least_outstanding" in _routers() else c.router
-        c.replicas = [_layout(pre, model)] * pre.count + [_layout(dec, model)] * dec.count
-        _apply(cfg, _layout(dec, model))
-    return cfg
+        assumed: AssumedWorkers = assume_workers(cfg, pre_layout, dec_layout, conc, isl, osl, disagg)
+        pre.count, dec.count = assumed.prefill, assumed.decode
+        plan.layout, plan.counts = assumed.note(), (assumed.prefill, assumed.decode)
+    c = cfg.cluster
+    c.num_replicas = pre.count + dec.count
+    c.num_prefill_replicas = pre.count
+    c.router = "least_outstanding" if "least_outstanding" in _routers() else c.router
+    c.replicas = [pre_layout] * pre.count + [dec_layout] * dec.count
+    return plan
 
 
 def _routers() -> tuple[str, ...]:

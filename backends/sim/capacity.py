@@ -25,6 +25,7 @@ class KVCapacity:
     activation_bytes: float
     block_bytes: float
     reserved_bytes: float = 0.0  # CUDA context, NCCL buffers, CUDA graphs
+    state_bytes: float = 0.0  # linear-attention recurrent states of max_num_seqs sequences
 
 
 def model_kv_groups(model: ModelSpec) -> tuple[int, ...]:
@@ -81,18 +82,21 @@ def kv_capacity(model: ModelSpec, hardware: HardwareSpec, tp: int, block_size: i
     act = (activation_reserve if activation_reserve is not None
            else activation_reserve_bytes(model, tp, max_num_batched_tokens, max_num_seqs))
     reserved = runtime_reserve if runtime_reserve is not None else runtime_reserve_bytes(hardware, tp)
-    usable = hardware.mem_bytes * gpu_memory_utilization - weights - act - reserved
+    # Linear-attention layers keep one fixed-size state per running sequence, beside the paged K/V.
+    state = model.linear_state_bytes_per_seq_per_gpu(tp) * max_num_seqs
+    usable = hardware.mem_bytes * gpu_memory_utilization - weights - act - reserved - state
     block_bytes = block_size * model.kv_bytes_per_token_per_gpu(tp) / groups
     if num_blocks_override is not None:
-        return KVCapacity(num_blocks_override, usable, weights, act, block_bytes, reserved)
+        return KVCapacity(num_blocks_override, usable, weights, act, block_bytes, reserved, state)
     n = int(usable // block_bytes)
     if n < 1:
         raise DoesNotFitError(
             "gpu_memory_utilization", gpu_memory_utilization,
             f"a value leaving room for KV blocks: {model.name} weights take "
             f"{weights / 2**30:.1f} GiB per GPU of {hardware.mem_bytes / 2**30:.1f} GiB on "
-            f"{hardware.name} at tp={tp}; raise tensor_parallel_size or use a bigger GPU")
-    return KVCapacity(n, usable, weights, act, block_bytes, reserved)
+            f"{hardware.name} at tp={tp}" + (f" (and {state / 2**30:.1f} GiB of linear-attention states)"
+                                             if state else "") + "; raise tensor_parallel_size or use a bigger GPU")
+    return KVCapacity(n, usable, weights, act, block_bytes, reserved, state)
 
 
 def _parallel_capacity(model: ModelSpec, hardware: HardwareSpec, par: Parallelism, block_size: int,
@@ -107,10 +111,11 @@ def _parallel_capacity(model: ModelSpec, hardware: HardwareSpec, par: Parallelis
            else activation_reserve_bytes(stage, tp, max(1, max_num_batched_tokens // dp), max(1, max_num_seqs // dp)))
     reserved = (runtime_reserve if runtime_reserve is not None
                 else runtime_reserve_bytes(hardware, par.num_gpus))
-    usable = hardware.mem_bytes * gpu_memory_utilization - weights - act - reserved
+    state = stage.linear_state_bytes_per_seq_per_gpu(tp) * max(1, max_num_seqs // dp)  # one rank's sequences
+    usable = hardware.mem_bytes * gpu_memory_utilization - weights - act - reserved - state
     block_bytes = block_size * stage.kv_bytes_per_token_per_gpu(tp) / (len(kv_groups) or 1)
     if num_blocks_override is not None:
-        return KVCapacity(num_blocks_override, usable, weights, act, block_bytes, reserved)
+        return KVCapacity(num_blocks_override, usable, weights, act, block_bytes, reserved, state)
     n = int(usable // block_bytes)
     if n < 1:
         raise DoesNotFitError(
@@ -118,4 +123,4 @@ def _parallel_capacity(model: ModelSpec, hardware: HardwareSpec, par: Parallelis
             f"a value leaving room for KV blocks: {model.name} weights take {weights / 2**30:.1f} GiB per GPU "
             f"of {hardware.mem_bytes / 2**30:.1f} GiB on {hardware.name} at tp={tp}, dp={dp}, "
             f"ep={par.expert_parallel_size}, pp={par.pipeline_parallel_size}; spread it over more GPUs")
-    return KVCapacity(n * dp, usable, weights, act, block_bytes, reserved)
+    return KVCapacity(n * dp, usable, weights, act, block_bytes, reserved, state)

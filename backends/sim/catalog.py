@@ -62,6 +62,15 @@ class ModelSpec:
     v_head_dim: int = 0
     # Per-head RMSNorm on q and k before RoPE (Qwen3, MiniMax-M2; from config.json's architectures).
     qk_norm: bool = False
+    # Linear-attention layers (Gated DeltaNet: Qwen3-Next, Qwen3.5): a fixed-size recurrent state per
+    # sequence instead of a growing K/V; the other layers are full attention. 0 = none.
+    num_linear_layers: int = 0
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    linear_state_dtype_bytes: int = 4  # the recurrent state's dtype (config.json's mamba_ssm_dtype)
 
     @property
     def is_moe(self) -> bool:
@@ -72,6 +81,51 @@ class ModelSpec:
     def is_mla(self) -> bool:
         """True for multi-head latent attention (one compressed latent per token cached)."""
         return self.kv_lora_rank > 0
+
+    @property
+    def num_full_attention_layers(self) -> int:
+        """Layers with softmax attention over a growing K/V (all but the linear-attention ones)."""
+        return self.num_layers - self.num_linear_layers
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels of a linear-attention layer's short convolution (q, k and v)."""
+        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + self.linear_v_width
+
+    @property
+    def linear_v_width(self) -> int:
+        """Value heads x their width of a linear-attention layer."""
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def linear_attn_params_per_layer(self) -> int:
+        """Gated DeltaNet weights of one layer: q/k/v/z and beta/alpha in, the conv, out."""
+        h, v = self.hidden_size, self.linear_v_width
+        qkvz = self.linear_conv_dim + v
+        return h * (qkvz + 2 * self.linear_num_value_heads) + self.linear_conv_dim * self.linear_conv_kernel_dim + v * h
+
+    @property
+    def attention_params(self) -> int:
+        """Attention weights of every layer: full-attention and linear-attention ones."""
+        return (self.num_full_attention_layers * self.attn_params_per_layer
+                + self.num_linear_layers * self.linear_attn_params_per_layer)
+
+    def linear_state_bytes_per_seq_per_gpu(self, tp: int) -> int:
+        """One sequence's recurrent state on one GPU: per linear layer, a key x value matrix per value
+        head (the state's dtype) and the last kernel-1 inputs of the conv (the model's dtype), TP-split."""
+        if not self.num_linear_layers:
+            return 0
+        heads = max(1, self.linear_num_value_heads // tp)
+        ssm = heads * self.linear_key_head_dim * self.linear_value_head_dim * self.linear_state_dtype_bytes
+        conv = self.linear_conv_dim // tp * (self.linear_conv_kernel_dim - 1) * self.dtype_bytes
+        return self.num_linear_layers * (ssm + conv)
+
+    @property
+    def linear_attn_flops_per_token(self) -> float:
+        """Recurrent-state FLOPs of one token over every linear layer: per value head, reading the
+        state with k, the delta-rule update and reading it with q, each a key x value product (2 FLOPs a MAC)."""
+        return (self.num_linear_layers * 3 * 2.0 * self.linear_num_value_heads
+                * self.linear_key_head_dim * self.linear_value_head_dim)
 
     @property
     def num_moe_layers(self) -> int:
@@ -118,8 +172,8 @@ class ModelSpec:
         """Layer weights every step reads whatever the routing: attention, dense MLPs, routers, shared experts."""
         dense_mlp = 3 * self.hidden_size * self.intermediate_size
         if not self.is_moe:
-            return self.num_layers * (self.attn_params_per_layer + dense_mlp)
-        return (self.num_layers * self.attn_params_per_layer + self.num_dense_layers * dense_mlp
+            return self.attention_params + self.num_layers * dense_mlp
+        return (self.attention_params + self.num_dense_layers * dense_mlp
                 + self.num_moe_layers * self.dense_mlp_params_per_layer)
 
     @property
@@ -170,8 +224,8 @@ class ModelSpec:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """K and V (MLA: the latent) for one token across all layers."""
-        return self.num_layers * self.kv_elems_per_token_per_layer * self.precision.kv_bytes
+        """K and V (MLA: the latent) for one token across the full-attention layers."""
+        return self.num_full_attention_layers * self.kv_elems_per_token_per_layer * self.precision.kv_bytes
 
     def kv_heads_per_gpu(self, tp: int) -> int:
         """KV heads each GPU holds: split over TP, one replicated head each once TP exceeds them."""
@@ -181,7 +235,8 @@ class ModelSpec:
         """K and V for one token on one GPU under tensor parallelism (replication counted; MLA's latent is whole on each)."""
         if self.is_mla:
             return self.kv_bytes_per_token
-        return 2 * self.num_layers * self.kv_heads_per_gpu(tp) * self.head_dim * self.precision.kv_bytes
+        return (2 * self.num_full_attention_layers * self.kv_heads_per_gpu(tp) * self.head_dim
+                * self.precision.kv_bytes)
 
     def expected_experts(self, num_tokens: float) -> float:
         """Distinct experts a batch touches per layer, E(1 - (1 - k/E)^B): uniform routing, an upper bound."""

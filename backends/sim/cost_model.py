@@ -143,7 +143,7 @@ class RooflineCostModel:
     __slots__ = ("name", "model", "hardware", "tp", "par", "eff", "_k_tok", "_k_seq", "_w_time",
                  "_k_attn", "_k_kv", "_comm_fixed", "_comm_tok", "_floor", "_c_lin_tok",
                  "_w_expert", "_k_kv_slide", "_window", "_slide_frac", "_k_expert", "_local_experts",
-                 "_k_dec_flop", "_dp", "_moe_fixed", "_moe_tok")
+                 "_k_dec_flop", "_dp", "_moe_fixed", "_moe_tok", "_k_state")
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1,
                  efficiency: Efficiency | None = None, parallel: Parallelism | None = None) -> None:
@@ -168,7 +168,10 @@ class RooflineCostModel:
         bw = hardware.mem_bandwidth * eff.memory
         # Per-rank features: the dense part runs on each DP rank's own tokens at TP tp.
         self._c_lin_tok = 2.0 * m.always_params / tp
-        self._k_tok = self._c_lin_tok / peak_g
+        # Linear-attention layers: their recurrent-state FLOPs per token run on the attention kernels.
+        self._k_tok = self._c_lin_tok / peak_g + m.linear_attn_flops_per_token / tp / peak_a
+        # ... and each sequence in a step reads and writes its fixed-size state once (no K/V growth).
+        self._k_state = 2.0 * m.linear_state_bytes_per_seq_per_gpu(tp) / bw
         self._k_seq = 2.0 * m.vocab_size * m.hidden_size / tp / peak_16
         weights = m.always_params * prec.weight_bytes + m.vocab_size * m.hidden_size * m.dtype_bytes
         self._w_time = weights / tp / bw
@@ -177,7 +180,7 @@ class RooflineCostModel:
         self._w_expert = m.num_moe_layers * m.expert_params * prec.expert_weight_bytes / moe_tp / bw
         self._k_expert = (2.0 * m.num_moe_layers * m.num_experts_per_tok * m.expert_params
                           / (moe_tp * ep) / peak_e)
-        heads = m.num_layers * m.num_heads / tp
+        heads = m.num_full_attention_layers * m.num_heads / tp
         self._k_attn = 2.0 * heads * (m.qk_head_dim + m.v_dim) / peak_a
         # Decode attention FLOPs per cached token: MLA's absorbed form scores the latent plus the
         # rotary key and sums the latent per head; GQA's are small beside its K/V read.
@@ -250,6 +253,8 @@ class RooflineCostModel:
         if t_attn < t_pkv:
             t_attn = t_pkv
         t_attn += self._decode_kv(decode_context, num_decode_seqs)
+        if self._k_state and num_prefill_seqs:
+            t_attn += self._k_state * num_prefill_seqs
         if t_attn < floor:
             t_attn = floor
         eff = self.eff
@@ -268,6 +273,8 @@ class RooflineCostModel:
             t = f if f > t else t
         if self._window:
             t += self._k_kv_slide * min(context + n, n * self._window)
+        if self._k_state:
+            t += self._k_state * n
         return t
 
     def decode_step_times(self, num_seqs: int, context: int, max_steps: int, start: float,
@@ -282,7 +289,7 @@ class RooflineCostModel:
         comm = self._comm_fixed + self._comm_tok * n if self._comm_fixed else 0.0
         moe = self._moe_fixed + self._moe_tok * num_seqs if self._moe_fixed else 0.0
         k_kv = self._k_kv
-        plain = not self._window and not self._k_dec_flop
+        plain = not self._window and not self._k_dec_flop and not self._k_state
         decode_kv = self._decode_kv
         durations: list[float] = []
         ends: list[float] = []

@@ -3,7 +3,8 @@
 Read as plain JSON, not transformers' config classes: those fill missing fields with library
 defaults, and a plan built on a value the user never wrote is silently wrong. Families: Llama,
 Mistral, Qwen2/2.5/3(-MoE), Gemma 3, Mixtral, gpt-oss, MiniMax-M2, DeepSeek-V3/R1 and Kimi-K2 (MLA,
-leading dense layers, shared experts). Linear-attention hybrids are refused.
+leading dense layers, shared experts) and Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5: linear-attention
+layers with a fixed-size state beside full-attention ones).
 """
 
 from __future__ import annotations
@@ -70,11 +71,12 @@ def model_from_hf_dict(data: dict[str, Any], name: str, file: str | None = None,
     # Shapes this spec cannot hold would be priced as a plain full-attention model: refuse them.
     types = data.get("layer_types")
     if isinstance(types, list):
-        odd = sorted({str(t) for t in types} - {"full_attention", "sliding_attention"})
+        odd = sorted({str(t) for t in types} - {"full_attention", "sliding_attention", "linear_attention"})
         if odd:
             raise bad("layer_types", f"layer type(s) {', '.join(odd)} are not modelled by the simulator "
-                      "(full_attention and sliding_attention are)")
+                      "(full_attention, sliding_attention and linear_attention are)")
     layers = integer("num_hidden_layers")
+    linear = _linear_attention(data, layers, integer, bad)
     hidden = integer("hidden_size")
     heads = integer("num_attention_heads")
     kv_heads = integer("num_key_value_heads", heads)
@@ -125,7 +127,44 @@ def model_from_hf_dict(data: dict[str, Any], name: str, file: str | None = None,
                      num_shared_experts=shared, moe_intermediate_size=moe_inter,
                      sliding_window=window, num_sliding_layers=sliding_layers,
                      num_dense_layers=dense_layers, qk_norm=bool(set(data.get("architectures") or ())
-                                                                 & QK_NORM_ARCHITECTURES), **mla)
+                                                                 & QK_NORM_ARCHITECTURES), **mla, **linear)
+
+
+# Bytes of config.json's mamba_ssm_dtype, the linear-attention state's dtype (float32 when absent, as
+# SGLang and vLLM keep it for Qwen3-Next / Qwen3.5).
+_STATE_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _linear_attention(data: dict[str, Any], layers: int, integer: Callable[..., int | None],
+                      bad: Callable[[str, str], Exception]) -> dict[str, int]:
+    """Gated DeltaNet layers (Qwen3-Next, Qwen3.5): their count and head shapes; {} when none.
+
+    The layer pattern is layer_types, else every full_attention_interval-th layer is full attention
+    and the rest linear, as transformers' Qwen3-Next config builds it.
+    """
+    types = data.get("layer_types")
+    interval = data.get("full_attention_interval")
+    if isinstance(types, list):
+        if "linear_attention" not in types:
+            return {}
+        if len(types) != layers:
+            raise bad("layer_types", f"{len(types)} entries for num_hidden_layers={layers}")
+        count = sum(1 for t in types if t == "linear_attention")
+    elif interval is not None and "linear_num_value_heads" in data:
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise bad("full_attention_interval", f"{interval!r} must be a positive integer")
+        count = layers - layers // interval
+    else:
+        return {}
+    dtype = data.get("mamba_ssm_dtype", "float32")
+    if dtype not in _STATE_DTYPE_BYTES:
+        raise bad("mamba_ssm_dtype", f"{dtype!r}: one of {', '.join(_STATE_DTYPE_BYTES)}")
+    return {"num_linear_layers": count, "linear_num_key_heads": integer("linear_num_key_heads"),
+            "linear_num_value_heads": integer("linear_num_value_heads"),
+            "linear_key_head_dim": integer("linear_key_head_dim"),
+            "linear_value_head_dim": integer("linear_value_head_dim"),
+            "linear_conv_kernel_dim": integer("linear_conv_kernel_dim"),
+            "linear_state_dtype_bytes": _STATE_DTYPE_BYTES[dtype]}
 
 
 # Architectures whose attention normalizes q and k per head (transformers' Qwen3/MiniMax-M2 modules).

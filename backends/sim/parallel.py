@@ -57,6 +57,10 @@ class Parallelism:
                                    f"a divisor of {model.name}'s {model.num_heads} attention heads "
                                    f"(and of its {model.num_kv_heads} KV heads, or a multiple of them): "
                                    f"{tp} does not divide them")
+        if model.num_linear_layers and (model.linear_num_key_heads % tp or model.linear_num_value_heads % tp):
+            raise ParallelismError("tensor_parallel_size", tp,
+                                   f"a divisor of {model.name}'s {model.linear_num_key_heads} linear-attention "
+                                   f"key heads and {model.linear_num_value_heads} value heads")
         if ep > 1:
             if not model.is_moe:
                 raise ParallelismError("expert_parallel_size", ep, f"1: {model.name} has no experts")
@@ -82,7 +86,10 @@ class Parallelism:
         layers = math.ceil(model.num_layers / pp)
         slide = math.ceil(model.num_sliding_layers * layers / model.num_layers) if model.num_sliding_layers else 0
         dense = model.num_dense_layers // pp  # the heaviest stage: MoE layers where it can
-        return replace(model, num_layers=layers, num_sliding_layers=slide, num_dense_layers=dense)
+        # Full-attention layers where it can too: their K/V grows, a linear layer's state does not.
+        linear = model.num_linear_layers * layers // model.num_layers if model.num_linear_layers else 0
+        return replace(model, num_layers=layers, num_sliding_layers=slide, num_dense_layers=dense,
+                       num_linear_layers=linear)
 
     def weight_bytes_per_gpu(self, model: ModelSpec) -> float:
         """Weights one GPU of the heaviest stage holds: dense part over TP, experts over the whole group."""

@@ -67,7 +67,8 @@ def test_a_folder_and_a_file_give_the_same_spec(tmp_path) -> None:
     (lambda c: c.update(num_experts_per_tok=9), "num_experts_per_tok", "more than the 8"),
     (lambda c: c.update(num_key_value_heads=5), "num_key_value_heads", "does not divide"),
     (lambda c: c.update(vocab_size="big"), "vocab_size", "not an integer"),
-    (lambda c: c.update(layer_types=["linear_attention"] * 32), "layer_types", "not modelled"),
+    (lambda c: c.update(layer_types=["mamba"] * 32), "layer_types", "not modelled"),
+    (lambda c: c.update(layer_types=["linear_attention"] * 32), "linear_num_key_heads", "missing"),
     (lambda c: c.update(first_k_dense_replace=33), "first_k_dense_replace", "more than num_hidden_layers"),
     (lambda c: c.update(kv_lora_rank=512), "qk_rope_head_dim", "missing"),
 ])

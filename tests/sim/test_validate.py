@@ -199,14 +199,29 @@ def test_rows_whose_layout_the_file_garbles_give_a_reason(rows: pd.DataFrame) ->
     tp72 = _row(rows, "2026_04_06_deepseek_r1_gb200_sglang_fp8_agg_8192x1024_c448_tp72_ep1_106")
     assert "tp 72 does not divide" in expressible(tp72, "roofline")
     no_counts = rows[(rows["mode"] == "disagg") & rows["prefill_num_workers"].isna()].iloc[0]
-    assert "worker counts" in expressible(no_counts, "roofline")
+    with pytest.raises(NotExpressible, match="worker counts"):  # unless a layout is assumed
+        row_study(no_counts, disagg=None)
     odd = _row(rows, AGG_70B).copy()
     odd["model_path"], odd["model"] = "deepseek-ai/DeepSeek-R1", "DeepSeek-R1"
     odd["moe_tp_size"] = 2  # tp 8 x adp 1 = 8 GPUs, but 2 x 1 for the experts
     assert "inconsistent layout" in expressible(odd, "roofline")
 
 
-def test_a_model_config_the_simulator_cannot_read_is_a_reason_without_machine_paths(rows: pd.DataFrame) -> None:
+def test_a_model_config_the_simulator_cannot_read_is_a_reason_without_machine_paths(rows: pd.DataFrame,
+                                                                                     monkeypatch) -> None:
+    import twinserve.backends.sim.aic_models as am
+    from twinserve.backends.sim.hf_config import ModelConfigError
+
+    def unreadable(path: str):
+        raise ModelConfigError("layer_types", "layer type(s) mamba are not modelled by the simulator",
+                               "/x/lib/python3.11/site-packages/aiconfigurator_core/model_configs/m.json", 7)
+    monkeypatch.setattr(am, "resolve_row_model", unreadable)
+    reason = expressible(_row(rows, AGG_70B), "roofline")
+    assert "not modelled" in reason and "site-packages" not in reason
+
+
+def test_linear_attention_rows_run_on_the_roofline_and_aic_gives_a_reason(rows: pd.DataFrame) -> None:
     qwen35 = rows[rows["model_path"] == "Qwen/Qwen3.5-397B-A17B"].iloc[0]
-    reason = expressible(qwen35, "roofline")
-    assert "linear_attention" in reason and "site-packages" not in reason
+    assert expressible(qwen35, "roofline") == ""
+    reason = expressible(qwen35, "aic")
+    assert "Gated DeltaNet" in reason and "site-packages" not in reason

@@ -49,6 +49,8 @@ class AicCostModel:
             par.check(model)
         except ParallelismError as err:
             raise AicError(err.field, str(err)) from None
+        if model.num_linear_layers:
+            raise AicError("cost_model", linear_attention_refusal(model, system_for(hardware.name), backend))
         pdb = sdk()
         self.name = "aic"
         self.model, self.hardware, self.tp, self.par = model, hardware, par.tensor_parallel_size, par
@@ -236,3 +238,15 @@ def _load(pdb: Any, system: str, backend: str, version: str) -> Any:
                            f"database for {system}")
         _DATABASES[key] = db
     return db
+
+
+def linear_attention_refusal(model: ModelSpec, system: str, backend: str) -> str:
+    """Why a Gated DeltaNet hybrid is not priced here, naming the database's own tables for it."""
+    from twinserve.backends.sim.aic_models import aic_model_configs_dir
+    root = aic_model_configs_dir()
+    folder = root.parent / "systems" / "data" / system / "linear_attention" / backend if root else None
+    have = sorted(p.parent.name for p in folder.glob("*/gdn_perf.parquet")) if folder and folder.is_dir() else []
+    where = (f"aiconfigurator-core has gdn_perf timings for {system} {backend} {', '.join(have)}"
+             if have else f"aiconfigurator-core has no gdn_perf timings for {system} {backend}")
+    return (f"{model.name} has {model.num_linear_layers} Gated DeltaNet (linear-attention) layers, which "
+            f"twinserve's aic step graph does not price yet ({where}); use cost_model = \"roofline\"")

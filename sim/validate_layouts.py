@@ -1,0 +1,137 @@
+"""Worker layouts a measured row leaves out, filled in under one declared assumption and flagged.
+
+aiconfigurator-core's InferenceMAX dumps (`source_file=2026-03-25.csv` / `2026-04-06.csv`) give a
+disaggregated row's prefill and decode layouts (TP, attention DP, MoE TP x EP) but not how many
+workers of each ran. `simulate validate` expresses them under one assumption, named in the row's
+`layout` column and counted apart in summary.json, so the headline figures stay honest. The
+assumption is sized from the row's own columns and this simulator's memory model and roofline,
+never from the row's measured TTFT or TPOT.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from twinserve.core.errors import TwinserveError
+
+
+class NotExpressible(TwinserveError, ValueError):
+    """A row the simulator cannot express; its message is the reason written to the CSV."""
+
+# How a row's missing prefill/decode worker counts are filled in (docs/validate-rows.md compares them on
+# the development rows; the default is the one chosen there):
+#   one_each:    one prefill and one decode worker (1P1D);
+#   kv_fit:      the fewest decode workers whose KV pools hold every client at ISL + OSL, one prefill worker;
+#   kv_fit_rate: those decode workers, and enough prefill workers that prefill is at most PREFILL_BUSY
+#                busy at the rate the decode workers finish requests.
+DISAGG_ASSUMPTIONS = ("kv_fit_rate", "kv_fit", "one_each")
+DEFAULT_DISAGG_ASSUMPTION = "kv_fit_rate"
+PREFILL_BUSY = 0.8  # a prefill worker's share of busy time at the assumed layout: queueing stays short
+
+
+@dataclass(slots=True, frozen=True)
+class AssumedWorkers:
+    """Worker counts filled in for a row, and how."""
+
+    prefill: int
+    decode: int
+    how: str
+
+    def note(self) -> str:
+        """The `layout` column's text, e.g. 'assumed kv_fit_rate: 3 prefill, 2 decode workers'."""
+        return f"assumed {self.how}: {self.prefill} prefill, {self.decode} decode workers"
+
+
+def missing_worker_counts(row: pd.Series) -> bool:
+    """True for a disaggregated row without its prefill/decode worker counts."""
+    if row.get("mode") != "disagg":
+        return False
+    return any(not _given(row.get(f"{k}_num_workers")) for k in ("prefill", "decode"))
+
+
+def _given(v: Any) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
+def inferred_attention_dp(row: pd.Series) -> int | None:
+    """Attention DP of an aggregated row that leaves it empty, from vLLM's rule moe_tp x moe_ep = tp x dp.
+
+    vLLM lays an MoE model's experts over every DP x TP rank (sharded, or split by
+    --enable-expert-parallel), so a row giving tp, moe_tp and moe_ep but no attention_dp_size
+    determines it. None when the row gives it, or the product is not a whole multiple of tp.
+    """
+    if row.get("mode") == "disagg" or _given(row.get("attention_dp_size")):
+        return None
+    vals = [row.get(c) for c in ("tp_size", "moe_tp_size", "moe_ep_size")]
+    if not all(_given(v) and v >= 1 for v in vals):
+        return None
+    tp, moe_tp, moe_ep = (int(v) for v in vals)
+    if moe_tp * moe_ep <= tp or (moe_tp * moe_ep) % tp:
+        return None
+    return moe_tp * moe_ep // tp
+
+
+def decode_slots(cfg: Any, isl: int, osl: int) -> int:
+    """Clients one decode worker of cfg's [engine] layout holds at ISL + OSL tokens (its KV pool)."""
+    from twinserve.sim.build import build_cost_models, engine_capacity
+    model, hw, _, _ = build_cost_models(cfg)
+    cap = engine_capacity(cfg, model, hw)
+    per_seq = math.ceil((isl + osl) / cfg.scheduler.block_size)
+    return max(cap.num_blocks // per_seq, 0)
+
+
+def assume_workers(cfg: Any, prefill_layout: dict[str, Any], decode_layout: dict[str, Any], clients: int,
+                   isl: int, osl: int, how: str = DEFAULT_DISAGG_ASSUMPTION) -> AssumedWorkers:
+    """Prefill and decode worker counts for a row without them, under assumption `how`.
+
+    cfg is the row's study (engine, scheduler); the layouts are each worker's [engine] fields.
+    Sized with the roofline whatever the cost model, so both backends judge the same layout.
+    """
+    if how not in DISAGG_ASSUMPTIONS:
+        raise ValueError(f"disaggregation assumption {how!r}: one of {', '.join(DISAGG_ASSUMPTIONS)}")
+    if how == "one_each":
+        return AssumedWorkers(1, 1, how)
+    dec = _with_layout(cfg, decode_layout)
+    try:
+        slots = decode_slots(dec, isl, osl)
+    except TwinserveError as e:  # the weights alone overflow the worker: say which worker, not a study fix
+        why = str(e).split("KV blocks: ", 1)[-1].split("; ", 1)[0]
+        raise NotExpressible(f"assumed layout {how}: the row's decode worker ({_label(decode_layout)}) does not "
+                             f"hold the model in this memory model ({why})") from None
+    if slots < 1:
+        raise NotExpressible(f"assumed layout {how}: one decode worker ({_label(decode_layout)}) holds no "
+                             f"client at {isl} + {osl} tokens in this memory model")
+    decode = math.ceil(clients / slots)
+    if how == "kv_fit":
+        return AssumedWorkers(1, decode, how)
+    per_worker = math.ceil(clients / decode)
+    t_dec = _roofline(dec).step_time(0, 0, 0, 0.0, per_worker, per_worker * (isl + osl // 2))
+    rate = clients / (osl * t_dec)  # requests/s the decode side finishes (TTFT left out: an upper bound)
+    pre = _with_layout(cfg, prefill_layout)
+    t_pre = _roofline(pre).step_time(isl, 1, 0, isl * (isl + 1) / 2, 0, 0)
+    return AssumedWorkers(max(1, math.ceil(rate * t_pre / PREFILL_BUSY)), decode, how)
+
+
+def _with_layout(cfg: Any, layout: dict[str, Any]) -> Any:
+    """A one-replica copy of cfg with a worker's [engine] fields."""
+    out = copy.copy(cfg)
+    out.engine = copy.copy(cfg.engine)
+    out.engine.cost_model = "roofline"  # the same layout whatever the row is priced with
+    for dotted, v in layout.items():
+        section, name = dotted.split(".", 1)
+        setattr(getattr(out, section), name, v)
+    return out
+
+
+def _roofline(cfg: Any) -> Any:
+    from twinserve.sim.build import build_cost_models
+    return build_cost_models(cfg)[2]
+
+
+def _label(layout: dict[str, Any]) -> str:
+    return " ".join(f"{k.split('.')[-1]}={v}" for k, v in layout.items())

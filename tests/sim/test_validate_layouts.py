@@ -1,0 +1,171 @@
+"""Rows that leave part of their layout out: assumed worker counts, inferred attention DP, flagged apart."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from twinserve.sim.validate import expressible, finish_record, row_record, summarize_validation
+from twinserve.sim.validate_layouts import DISAGG_ASSUMPTIONS, PREFILL_BUSY, decode_slots
+from twinserve.sim.validate_rows import NotExpressible, load_rows, row_plan
+
+pytest.importorskip("aiconfigurator_core", reason="the measured rows ship in aiconfigurator-core (extra 'aic')")
+
+# InferenceMAX dumps: prefill TP 8 / EP 8 and decode TP 8 / EP 8 given, worker counts not.
+DISAGG_NO_COUNTS = "2026_04_06_deepseek_r1_h200_sxm_trtllm_fp8_disagg_8192x1024_c768_tp8_ep8_1828"
+DISAGG_LOW_C = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_1024x1024_c36_tp8_0_ep8_0_368"
+AGG_70B = "2026_04_06_llama_3_1_70b_h200_sxm_vllm_fp8_agg_1024x8192_c16_tp8_ep1_270"
+# vLLM row with tp 1, moe_tp 2, moe_ep 1 and no attention_dp_size: two DP ranks.
+NO_ADP = "qwen_qwen3_235b_a22b_fp8_qwen_qwen3_235b_a22b_fp8_h200_sxm_vllm_agg_1000x100_c8_tp1_epnone_2"
+
+
+@pytest.fixture(scope="module")
+def rows() -> pd.DataFrame:
+    return load_rows()
+
+
+def _row(rows: pd.DataFrame, row_id: str) -> pd.Series:
+    hit = rows[rows["id"] == row_id]
+    assert len(hit) == 1, row_id
+    return hit.iloc[0]
+
+
+def test_disagg_row_without_counts_takes_its_layouts_from_the_columns(rows) -> None:
+    row = _row(rows, DISAGG_NO_COUNTS)
+    assert math.isnan(row["prefill_num_workers"]) and math.isnan(row["decode_num_workers"])
+    plan = row_plan(row)
+    p, d = plan.counts
+    c = plan.cfg.cluster
+    assert (c.num_prefill_replicas, c.num_replicas) == (p, p + d)
+    layout = {"engine.tensor_parallel_size": int(row["decode_tp_size"]),
+              "engine.expert_parallel_size": int(row["decode_moe_ep_size"])}
+    assert c.replicas[0] == c.replicas[-1] == layout  # prefill and decode both TP 8 x EP 8 in this row
+    assert plan.layout == f"assumed kv_fit_rate: {p} prefill, {d} decode workers"
+    rec = row_record(row)
+    assert rec["layout"] == plan.layout and rec["gpus"] == 8 * (p + d)
+    assert rec["parallelism"].startswith(f"P {p}x tp8 ep8 | D {d}x")
+
+
+def test_kv_fit_decode_workers_are_the_fewest_holding_every_client(rows) -> None:
+    row = _row(rows, DISAGG_NO_COUNTS)
+    plan = row_plan(row, disagg="kv_fit")
+    slots = decode_slots(plan.cfg, int(row["isl"]), int(row["osl"]))
+    p, d = plan.counts
+    n = int(row["concurrency"])
+    assert p == 1 and d * slots >= n > (d - 1) * slots and d > 1
+
+
+
+def test_kv_fit_counts_at_exact_multiples(rows, monkeypatch) -> None:
+    import twinserve.sim.validate_layouts as vl
+    monkeypatch.setattr(vl, "decode_slots", lambda cfg, isl, osl: 100)  # a pool of exactly 100 clients
+    row = _row(rows, DISAGG_NO_COUNTS).copy()
+    for clients, decode in ((1, 1), (100, 1), (101, 2), (200, 2), (300, 3)):
+        row["concurrency"] = clients
+        assert row_plan(row, disagg="kv_fit").counts == (1, decode)
+
+
+@settings(max_examples=25, deadline=None)
+@given(clients=st.integers(1, 6000), how=st.sampled_from(DISAGG_ASSUMPTIONS))
+def test_assumed_counts_hold_every_client_and_prefill_keeps_up(rows, clients: int, how: str) -> None:
+    row = _row(rows, DISAGG_NO_COUNTS).copy()
+    row["concurrency"] = clients
+    plan = row_plan(row, disagg=how)
+    p, d = plan.counts
+    assert p >= 1 and d >= 1
+    if how == "one_each":
+        assert (p, d) == (1, 1)
+        return
+    slots = decode_slots(plan.cfg, int(row["isl"]), int(row["osl"]))
+    assert d * slots >= clients > (d - 1) * slots  # the fewest decode workers whose KV holds them all
+    if how == "kv_fit_rate":
+        from twinserve.sim.validate_layouts import _roofline, _with_layout
+        pre = _with_layout(plan.cfg, plan.cfg.cluster.replicas[0])
+        isl, osl = int(row["isl"]), int(row["osl"])
+        t_pre = _roofline(pre).step_time(isl, 1, 0, isl * (isl + 1) / 2, 0, 0)
+        per = math.ceil(clients / d)
+        t_dec = _roofline(plan.cfg).step_time(0, 0, 0, 0.0, per, per * (isl + osl // 2))
+        busy = clients / (osl * t_dec) * t_pre / p
+        assert busy <= PREFILL_BUSY + 1e-9  # prefill keeps up with the decode side
+        assert p == 1 or busy * p / (p - 1) > PREFILL_BUSY  # ... with the fewest workers
+
+
+def test_low_concurrency_row_is_one_prefill_one_decode_under_every_assumption(rows) -> None:
+    row = _row(rows, DISAGG_LOW_C)
+    assert {row_plan(row, disagg=h).counts for h in DISAGG_ASSUMPTIONS} == {(1, 1)}
+
+
+def test_without_an_assumption_the_row_keeps_its_reason(rows) -> None:
+    row = _row(rows, DISAGG_NO_COUNTS)
+    assert "worker counts" in expressible(row, "roofline", disagg=None)
+    with pytest.raises(NotExpressible, match="worker counts"):
+        row_plan(row, disagg=None)
+    with pytest.raises(ValueError, match="one of kv_fit_rate"):
+        row_plan(row, disagg="two_each")
+
+
+def test_rows_giving_counts_are_not_flagged(rows) -> None:
+    given_counts = rows[(rows["mode"] == "disagg") & rows["prefill_num_workers"].notna()].iloc[0]
+    plan = row_plan(given_counts)
+    assert plan.layout == "" and plan.counts is None
+    assert row_plan(_row(rows, AGG_70B)).layout == ""
+
+
+def test_missing_attention_dp_is_inferred_from_moe_tp_times_ep(rows) -> None:
+    row = _row(rows, NO_ADP)
+    assert math.isnan(row["attention_dp_size"]) and (row["tp_size"], row["moe_tp_size"]) == (1, 2)
+    plan = row_plan(row)
+    e = plan.cfg.engine
+    assert (e.tensor_parallel_size, e.data_parallel_size) == (1, 2)
+    assert plan.layout.startswith("inferred attention_dp 2")
+    assert row_record(row)["gpus"] == 2
+
+
+def test_summary_counts_as_given_and_assumed_apart(rows) -> None:
+    recs = []
+    for rid in (AGG_70B, DISAGG_NO_COUNTS, NO_ADP):
+        row = _row(rows, rid)
+        rec = row_record(row)
+        rec["expressible"], rec["reason"] = True, ""
+        recs.append(finish_record(rec, {"pred_ttft_ms": rec["meas_ttft_ms"], "pred_tpot_ms": rec["meas_tpot_ms"] * 1.5}))
+    s = summarize_validation(pd.DataFrame(recs))
+    o = s["all"]["overall"]
+    assert (o["expressible"], o["expressible_as_given"], o["expressible_assumed"]) == (3, 1, 2)
+    assert s["all"]["as_given"]["rows"] == 1 and s["all"]["assumed_layout"]["rows"] == 2
+    assert s["all"]["assumed_layout"]["tpot"]["median_abs"] == pytest.approx(0.5)
+
+
+def test_gpu_count_tp_rows_keep_a_reason_naming_the_layout(rows) -> None:
+    tp36 = rows[rows["id"].str.contains("deepseek_r1_gb200_trtllm_fp4_agg_1024x1024_c32_tp36")].iloc[0]
+    reason = expressible(tp36, "roofline")
+    assert "tp 36" in reason and "128 attention heads" in reason and "256 experts" in reason
+
+
+def test_layout_filter_keeps_the_assumed_or_the_given_rows(rows) -> None:
+    from twinserve.sim.validate_cli import select_rows
+    qwen = rows[rows["model"] == "Qwen3-235B-A22B"]
+    assumed = select_rows(qwen, layout="assumed")
+    given = select_rows(qwen, layout="given")
+    assert len(assumed) == 19 and len(assumed) + len(given) == len(qwen)
+    assert all(row_record(r)["layout"].startswith("inferred attention_dp") for _, r in assumed.iterrows())
+
+
+def test_a_decode_worker_that_cannot_hold_the_model_is_a_reason(rows) -> None:
+    tp1 = rows[rows["id"].str.startswith("2026_04_06_deepseek_r1_gb200_sglang_fp8_disagg_8192x1024_")
+               & (rows["decode_tp_size"] == 1)].iloc[0]
+    reason = expressible(tp1, "roofline")
+    assert "decode worker (tensor_parallel_size=1) does not hold the model" in reason and "GiB" in reason
+
+
+def test_run_validation_carries_the_assumption_to_the_simulated_row(rows) -> None:
+    from twinserve.sim.validate_cli import run_validation
+    one = rows[rows["id"] == DISAGG_LOW_C]
+    out = run_validation(one, "roofline", None, None, progress=False, disagg="one_each").iloc[0]
+    assert out["layout"] == "assumed one_each: 1 prefill, 1 decode workers" and out["gpus"] == 16
+    assert out["pred_tpot_ms"] > 0 and not out["sim_error"]
+    none = run_validation(one, "roofline", None, None, progress=False, disagg=None).iloc[0]
+    assert not none["expressible"] and "worker counts" in none["reason"]
