@@ -17,8 +17,9 @@ import pandas as pd
 
 from twinserve.core.errors import TwinserveError
 
-from twinserve.sim.validate_rows import (NotExpressible, closed_loop_available, num_gpus, parallelism,
-                                         precision_fields, request_counts, row_study, with_rate)
+from twinserve.sim.validate_protocol import DEFAULT_WINDOW, harness, run_design
+from twinserve.sim.validate_rows import (NotExpressible, closed_loop_available, design_counts, num_gpus,
+                                         parallelism, precision_fields, row_study, with_rate)
 
 METRICS = ("ttft", "tpot", "tput", "ttft_all")  # ttft_all: the cold first wave counted too
 # Fixed-rate stand-in for a closed loop (before [workload] concurrency exists): rate = N / E2E,
@@ -42,15 +43,19 @@ def window_means(req: pd.DataFrame, warm: int, measured: int) -> dict[str, float
             "e2e_ms": float(done["e2e_s"].mean() * 1000), "n": int(done["ttft_s"].notna().sum())}
 
 
-def simulate_row(job: tuple[dict[str, Any], str]) -> dict[str, Any]:
-    """One row's prediction: its study run closed-loop (or by the Little's-law stand-in)."""
+def simulate_row(job: tuple[Any, ...]) -> dict[str, Any]:
+    """One row's prediction: its study run closed-loop (or by the Little's-law stand-in).
+
+    job: (row, cost_model) or (row, cost_model, window); the window is validate_protocol's.
+    """
     from twinserve.sim.study import run_point
 
-    row, cost_model = job
+    row, cost_model = job[0], job[1]
+    window = job[2] if len(job) > 2 else DEFAULT_WINDOW
     t0 = time.perf_counter()
-    cfg = row_study(pd.Series(row), cost_model)
+    cfg = row_study(pd.Series(row), cost_model, window)
     conc = int(row["concurrency"])
-    warm, measured, total = request_counts(conc)
+    warm, measured, total = design_counts(conc, run_design(pd.Series(row), window))
     extra: dict[str, Any] = {}
     if closed_loop_available():
         req = run_point(cfg).requests
@@ -69,7 +74,7 @@ def simulate_row(job: tuple[dict[str, Any], str]) -> dict[str, Any]:
             e2e = means["e2e_ms"]
         loop = "littles_law"
     return {"pred_ttft_ms": means["ttft_ms"], "pred_tpot_ms": means["tpot_ms"], "measured_requests": means["n"],
-            "loop": loop, "sim_wall_s": time.perf_counter() - t0, **extra}
+            "loop": loop, "window": window, "sim_wall_s": time.perf_counter() - t0, **extra}
 
 
 def row_record(row: pd.Series) -> dict[str, Any]:
@@ -80,7 +85,7 @@ def row_record(row: pd.Series) -> dict[str, Any]:
     except NotExpressible:
         prec = str(row.get("precision"))
     conc = row.get("concurrency")
-    rec = {"row_id": row["id"], "split": row["split"], "backend": row["backend"],
+    rec = {"row_id": row["id"], "split": row["split"], "harness": harness(row), "backend": row["backend"],
            "backend_version": row["backend_version"], "system": row["system"], "model": row["model"],
            "precision": row.get("precision") if isinstance(row.get("precision"), str) else f"{prec} (not given)",
            "mode": row["mode"], "isl": int(row["isl"]), "osl": int(row["osl"]),

@@ -17,6 +17,7 @@ from twinserve.core.errors import TwinserveError
 from twinserve.sim.runner import LOCAL_RAY, PointFailure, run_jobs
 from twinserve.sim.validate import (expressible, finish_record, row_record, simulate_row, summarize_validation,
                                     summary_table)
+from twinserve.sim.validate_protocol import DEFAULT_WINDOW, WINDOWS
 from twinserve.sim.validate_rows import SiliconDataError, load_rows
 
 
@@ -31,6 +32,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--cost-model", default="roofline", help="roofline (default) or aic")
     p.add_argument("--rows", choices=("dev", "heldout", "all"), default="all",
                    help="development rows (Llama-3.1-70B, Qwen3-32B, gpt-oss-120b, DeepSeek-R1), the rest, or all")
+    p.add_argument("--window", choices=WINDOWS, default=DEFAULT_WINDOW,
+                   help="benchmark: as the row's benchmark ran and counted (10 N requests, all counted, lengths "
+                        "on [0.8 L, L]); steady: cold wave left out, one wave measured, fixed lengths")
     p.add_argument("--limit", type=int, default=None,
                    help="at most N rows, spread evenly over the filtered rows (a stratified subset)")
     p.add_argument("--out", default=argparse.SUPPRESS, help="output folder")
@@ -83,7 +87,7 @@ def _check_cost_model(name: str) -> None:
 
 
 def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: str | None,
-                   progress: bool = True) -> pd.DataFrame:
+                   progress: bool = True, window: str = DEFAULT_WINDOW) -> pd.DataFrame:
     """Every row of df: its reason, or its prediction and errors; one record per row, in order."""
     records: list[dict[str, Any]] = []
     jobs: list[tuple[dict[str, Any], str]] = []
@@ -96,7 +100,7 @@ def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: 
         records.append(rec)
         if not reason:
             where.append(len(records) - 1)
-            jobs.append((row.to_dict(), cost_model))
+            jobs.append((row.to_dict(), cost_model, window))
     out = run_jobs(simulate_row, jobs, [{"row": j[0]["id"]} for j in jobs], workers, ray, "validate", progress)
     for i, res in zip(where, out):
         if isinstance(res, PointFailure):
@@ -115,11 +119,13 @@ def run_validate(args: argparse.Namespace) -> int:
     try:
         _check_cost_model(args.cost_model)
         df = select_rows(load_rows(), args.backend, args.system, args.model, args.rows, args.limit)
-        frame = run_validation(df, args.cost_model, getattr(args, "workers", None), args.ray)
+        window = getattr(args, "window", DEFAULT_WINDOW)
+        frame = run_validation(df, args.cost_model, getattr(args, "workers", None), args.ray, window=window)
         summary = summarize_validation(frame)
         wall = time.perf_counter() - t0
         summary["run"] = {"cost_model": args.cost_model, "rows": int(len(frame)), "wall_s": round(wall, 1),
                           "loop": sorted(frame["loop"].dropna().unique()) if "loop" in frame else [],
+                          "window": window,
                           "filters": {k: getattr(args, k) for k in ("backend", "system", "model", "rows", "limit")}}
         out = Path(getattr(args, "out", None) or "simulate-validate")
         out.mkdir(parents=True, exist_ok=True)
