@@ -45,3 +45,17 @@ def engine_defaults(backend: str, gpu_mem_bytes: float) -> EngineDefaults:
     if backend == "trtllm":
         return EngineDefaults(8192, 2048, "tensorrt_llm BuildConfig max_num_tokens / max_batch_size")
     raise ValueError(f"backend {backend!r}: known engines are vllm, sglang, trtllm")
+
+
+# Time to first token the serving front end adds outside the engine's steps (HTTP, tokenizing the
+# prompt, hand-off to the engine process, detokenizing and streaming the first chunk): fitted per
+# engine on the development rows only (Llama-3.1-70B, Qwen3-32B, gpt-oss-120b, DeepSeek-R1; 88 rows
+# of `simulate validate --rows dev --limit 160 --window benchmark`), the value minimising the median
+# |TTFT error| on a 10 ms grid (docs/validate-accuracy.md). A 4-client fit of measured TTFT against
+# one prefill step on the same rows gives the same order: Llama-3.1-70B 80 ms + 1.1-1.3 x the step.
+FRONTEND_LATENCY_S = {"vllm": 0.060, "trtllm": 0.100, "sglang": 0.180}
+
+
+def frontend_latency_s(backend: str) -> float:
+    """The serving front end's time to first token outside the engine (0 for an unknown engine)."""
+    return FRONTEND_LATENCY_S.get(backend, 0.0)

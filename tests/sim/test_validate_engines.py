@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from twinserve.backends.sim.catalog import hardware_for_aic_system
-from twinserve.sim.validate_engines import engine_defaults
+from twinserve.sim.validate_engines import FRONTEND_LATENCY_S, engine_defaults, frontend_latency_s
 from twinserve.sim.validate_rows import load_rows, row_study
 
 GIB = 1024 ** 3
@@ -45,3 +45,9 @@ def test_a_rows_study_gets_its_engines_budget_on_its_gpu(system: str, backend: s
     cfg = row_study(pd.Series(r))
     assert cfg.scheduler.max_num_batched_tokens == budget
     assert cfg.scheduler.max_num_seqs >= int(r["concurrency"])
+
+
+def test_frontend_latency_per_engine_and_none_for_an_unknown_one() -> None:
+    assert set(FRONTEND_LATENCY_S) == {"vllm", "sglang", "trtllm"}
+    assert all(0.0 < v < 0.5 for v in FRONTEND_LATENCY_S.values())
+    assert frontend_latency_s("vllm") == 0.060 and frontend_latency_s("tgi") == 0.0
