@@ -49,14 +49,15 @@ def window_means(req: pd.DataFrame, warm: int, measured: int) -> dict[str, float
 def simulate_row(job: tuple[Any, ...]) -> dict[str, Any]:
     """One row's prediction: its study run closed-loop (or by the Little's-law stand-in).
 
-    job: (row, cost_model) or (row, cost_model, window); the window is validate_protocol's.
+    job: (row, cost_model) or (row, cost_model, options); options: {"window": ...} (validate_protocol).
     """
     from twinserve.sim.study import run_point
 
     row, cost_model = job[0], job[1]
-    window = job[2] if len(job) > 2 else DEFAULT_WINDOW
+    options = job[2] if len(job) > 2 and isinstance(job[2], dict) else {}
+    window = options.get("window", DEFAULT_WINDOW)
     t0 = time.perf_counter()
-    cfg = row_study(pd.Series(row), cost_model, window)
+    cfg = row_study(pd.Series(row), cost_model, window=window)
     conc = int(row["concurrency"])
     warm, measured, total = design_counts(conc, run_design(pd.Series(row), window))
     extra: dict[str, Any] = {}

@@ -100,7 +100,7 @@ def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: 
         records.append(rec)
         if not reason:
             where.append(len(records) - 1)
-            jobs.append((row.to_dict(), cost_model, window))
+            jobs.append((row.to_dict(), cost_model, {"window": window}))
     out = run_jobs(simulate_row, jobs, [{"row": j[0]["id"]} for j in jobs], workers, ray, "validate", progress)
     for i, res in zip(where, out):
         if isinstance(res, PointFailure):

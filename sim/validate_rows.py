@@ -281,7 +281,7 @@ def design_counts(concurrency: int, design: RunDesign = STEADY) -> tuple[int, in
     return warm, total - warm, total
 
 
-def row_study(row: pd.Series, cost_model: str = "roofline", window: str = DEFAULT_WINDOW) -> StudyConfig:
+def row_study(row: pd.Series, cost_model: str = "roofline", *, window: str = DEFAULT_WINDOW) -> StudyConfig:
     """The row as a closed-loop study; NotExpressible (with the reason) when it cannot be one."""
     conc = row.get("concurrency")
     if conc is None or (isinstance(conc, float) and math.isnan(conc)) or int(conc) < 1:

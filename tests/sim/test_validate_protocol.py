@@ -95,7 +95,7 @@ def test_benchmark_run_sends_10n_counts_all_and_keeps_n_in_flight(n: int, isl: i
     for _, g in req.sort_values("arrival_s").groupby("client"):
         assert (g["arrival_s"].to_numpy()[1:] >= g["finish_s"].to_numpy()[:-1] - 1e-9).all()
     # The prediction is the mean over every request, the first (cold) wave included.
-    pred = simulate_row((row.to_dict(), "roofline", "benchmark"))
+    pred = simulate_row((row.to_dict(), "roofline", {"window": "benchmark"}))
     assert pred["pred_ttft_engine_ms"] == pytest.approx(req["ttft_s"].mean() * 1000)
     # ... plus the front end's latency outside the engine (vLLM's 60 ms, fitted on development rows).
     assert pred["pred_ttft_ms"] == pytest.approx(pred["pred_ttft_engine_ms"] + 60.0)
