@@ -35,6 +35,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--window", choices=WINDOWS, default=DEFAULT_WINDOW,
                    help="benchmark: as the row's benchmark ran and counted (10 N requests, all counted, lengths "
                         "on [0.8 L, L]); steady: cold wave left out, one wave measured, fixed lengths")
+    p.add_argument("--max-clients", type=int, default=None,
+                   help="only rows of at most N clients (the benchmark window sends 10 N requests a row)")
     p.add_argument("--limit", type=int, default=None,
                    help="at most N rows, spread evenly over the filtered rows (a stratified subset)")
     p.add_argument("--out", default=argparse.SUPPRESS, help="output folder")
@@ -74,6 +76,19 @@ def select_rows(df: pd.DataFrame, backend: str | None = None, system: str | None
     if df.empty:
         raise FilterError("the filters leave no rows")
     return df
+
+
+def within_clients(df: pd.DataFrame, max_clients: int | None) -> pd.DataFrame:
+    """The rows of at most max_clients clients (all when None); FilterError when none is left."""
+    if max_clients is None:
+        return df
+    if max_clients < 1:
+        raise FilterError(f"--max-clients {max_clients}: must be >= 1")
+    kept = df[~(df["concurrency"] > max_clients)]  # rows without a concurrency stay: their reason is reported
+    if kept.empty:
+        raise FilterError(f"--max-clients {max_clients}: no row has so few clients "
+                          f"(least: {int(df['concurrency'].min())})")
+    return kept
 
 
 def _check_cost_model(name: str) -> None:
@@ -119,6 +134,7 @@ def run_validate(args: argparse.Namespace) -> int:
     try:
         _check_cost_model(args.cost_model)
         df = select_rows(load_rows(), args.backend, args.system, args.model, args.rows, args.limit)
+        df = within_clients(df, getattr(args, "max_clients", None))
         window = getattr(args, "window", DEFAULT_WINDOW)
         frame = run_validation(df, args.cost_model, getattr(args, "workers", None), args.ray, window=window)
         summary = summarize_validation(frame)

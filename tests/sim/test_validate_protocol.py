@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from twinserve.sim.validate import simulate_row, window_means
+from twinserve.sim.validate_cli import FilterError, within_clients
 from twinserve.sim.validate_protocol import (AIC_GAP, BENCHMARK, INFERENCEX, STEADY, WINDOWS, harness,
                                              run_design)
 from twinserve.sim.validate_rows import design_counts, load_rows, request_counts, row_study
@@ -110,3 +111,15 @@ def _ROWS() -> pd.DataFrame:  # noqa: N802 - hypothesis tests cannot take a modu
     if "rows" not in _CACHE:
         _CACHE["rows"] = load_rows()
     return _CACHE["rows"]
+
+
+def test_max_clients_keeps_the_smaller_rows_and_names_the_least(rows: pd.DataFrame) -> None:
+    kept = within_clients(rows, 2000)
+    assert kept["concurrency"].max() <= 2000 and len(kept) < len(rows)
+    assert (rows["concurrency"] > 2000).sum() + len(kept) == len(rows)
+    assert within_clients(rows, None) is rows
+    big = rows[rows["concurrency"] > 4]
+    with pytest.raises(FilterError, match=f"least: {int(big['concurrency'].min())}"):
+        within_clients(big, 1)
+    with pytest.raises(FilterError, match="must be >= 1"):
+        within_clients(rows, 0)
