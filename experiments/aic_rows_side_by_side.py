@@ -93,12 +93,13 @@ def aic_estimate(row: pd.Series, ctx_tokens: int) -> tuple[float, float, str]:
 def twin_tails(row: pd.Series) -> tuple[float, float]:
     """twinserve's per-request TPOT p90, p99 (ms) over the measured window of the row's study."""
     from twinserve.sim.study import run_point
-    from twinserve.sim.validate_rows import closed_loop_available, request_counts, row_study
+    from twinserve.sim.validate_protocol import DEFAULT_WINDOW, run_design
+    from twinserve.sim.validate_rows import closed_loop_available, design_counts, row_study
 
     if not closed_loop_available():
         return float("nan"), float("nan")
-    warm, measured, _ = request_counts(int(row["concurrency"]))
-    req = run_point(row_study(row, "roofline")).requests
+    warm, measured, _ = design_counts(int(row["concurrency"]), run_design(row, DEFAULT_WINDOW))
+    req = run_point(row_study(row, "roofline", window=DEFAULT_WINDOW)).requests
     win = req.sort_values(["arrival_s", "request_id"], kind="stable").iloc[warm:warm + measured]["tpot_s"] * 1000
     return float(win.quantile(0.90)), float(win.quantile(0.99))
 

@@ -1,7 +1,9 @@
 """`simulate validate`: every measured row it can express, simulated, and the errors summarized.
 
-Each row is a closed-loop study (sim/validate_rows.py). TTFT and TPOT are the means over a
-measured window of requests that ran at full concurrency; output throughput per GPU is derived from
+Each row is a closed-loop study (sim/validate_rows.py) run as its benchmark ran
+(sim/validate_protocol.py: by default every one of 10 N requests counted). TTFT and TPOT are the
+means over the window; TTFT adds the serving front end's latency outside the engine
+(sim/validate_engines.py; the engine's own is pred_ttft_engine_ms). Output throughput per GPU is derived from
 them for both sides alike, as a closed-loop benchmark's is: N clients each finish a request every
 TTFT + (OSL - 1) x TPOT, so tok/s/GPU = N x OSL / (TTFT + (OSL - 1) x TPOT) / GPUs.
 """
@@ -17,8 +19,10 @@ import pandas as pd
 
 from twinserve.core.errors import TwinserveError
 
+from twinserve.sim.validate_engines import frontend_latency_s
+from twinserve.sim.validate_protocol import DEFAULT_WINDOW, harness, run_design
 from twinserve.sim.validate_rows import (NotExpressible, RowPlan, closed_loop_available, num_gpus, parallelism,
-                                         precision_fields, request_counts, row_plan, row_study, with_rate)
+                                         precision_fields, design_counts, request_counts, row_plan, row_study, with_rate)
 from twinserve.sim.validate_layouts import DEFAULT_DISAGG_ASSUMPTION
 
 METRICS = ("ttft", "tpot", "tput", "ttft_all")  # ttft_all: the cold first wave counted too
@@ -72,17 +76,18 @@ def run_to_window(cfg: Any, count: int, stop_early: bool = True) -> pd.DataFrame
 def simulate_row(job: tuple[Any, ...]) -> dict[str, Any]:
     """One row's prediction: its study run closed-loop (or by the Little's-law stand-in).
 
-    job: (row as a dict, cost model[, options]); options: {"disagg": assumption} (validate_layouts.py).
+    job: (row as a dict, cost model[, options]); options: {"disagg": assumption (validate_layouts.py), "window": design (validate_protocol.py)}.
     """
     from twinserve.sim.study import run_point
 
     row, cost_model = job[0], job[1]
     options = job[2] if len(job) > 2 and isinstance(job[2], dict) else {}
     disagg = options.get("disagg", DEFAULT_DISAGG_ASSUMPTION)
+    window = options.get("window", DEFAULT_WINDOW)
     t0 = time.perf_counter()
-    cfg = row_study(pd.Series(row), cost_model, disagg=disagg)
+    cfg = row_study(pd.Series(row), cost_model, disagg=disagg, window=window)
     conc = int(row["concurrency"])
-    warm, measured, total = request_counts(conc)
+    warm, measured, total = design_counts(conc, run_design(pd.Series(row), window))
     extra: dict[str, Any] = {}
     if closed_loop_available():
         req = run_to_window(cfg, warm + measured, STOP_AT_WINDOW)
@@ -101,8 +106,13 @@ def simulate_row(job: tuple[Any, ...]) -> dict[str, Any]:
             means = window_means(run_point(with_rate(cfg, conc / (e2e / 1000.0))).requests, warm, measured)
             e2e = means["e2e_ms"]
         loop = "littles_law"
-    return {"pred_ttft_ms": means["ttft_ms"], "pred_tpot_ms": means["tpot_ms"], "measured_requests": means["n"],
-            "loop": loop, "sim_wall_s": time.perf_counter() - t0, **extra}
+    # The front end's first-token latency lies outside the simulated engine (validate_engines.py).
+    front_ms = frontend_latency_s(str(row["backend"])) * 1000.0
+    if "pred_ttft_all_ms" in extra:
+        extra["pred_ttft_all_ms"] += front_ms
+    return {"pred_ttft_ms": means["ttft_ms"] + front_ms, "pred_ttft_engine_ms": means["ttft_ms"],
+            "pred_tpot_ms": means["tpot_ms"], "measured_requests": means["n"],
+            "loop": loop, "window": window, "sim_wall_s": time.perf_counter() - t0, **extra}
 
 
 def _plan(row: pd.Series, disagg: str | None) -> RowPlan | None:
@@ -127,7 +137,7 @@ def row_record(row: pd.Series, *, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION
     except NotExpressible:
         prec = str(row.get("precision"))
     conc = row.get("concurrency")
-    rec = {"row_id": row["id"], "split": row["split"], "backend": row["backend"],
+    rec = {"row_id": row["id"], "split": row["split"], "harness": harness(row), "backend": row["backend"],
            "backend_version": row["backend_version"], "system": row["system"], "model": row["model"],
            "precision": row.get("precision") if isinstance(row.get("precision"), str) else f"{prec} (not given)",
            "mode": row["mode"], "isl": int(row["isl"]), "osl": int(row["osl"]),

@@ -19,6 +19,7 @@ from twinserve.sim.validate import (expressible, finish_record, row_record, simu
                                     summary_table)
 from twinserve.sim.validate_layouts import DEFAULT_DISAGG_ASSUMPTION, DISAGG_ASSUMPTIONS
 from twinserve.sim.validate_rows import SiliconDataError, load_rows, row_study
+from twinserve.sim.validate_protocol import DEFAULT_WINDOW, WINDOWS
 
 
 def add_parser(sub: Any) -> None:
@@ -35,6 +36,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--layout", choices=("all", "given", "assumed"), default="all",
                    help="rows whose layout the file gives whole, rows where part of it is assumed or inferred "
                         "(the layout column), or all")
+    p.add_argument("--window", choices=WINDOWS, default=DEFAULT_WINDOW,
+                   help="benchmark: as the row's benchmark ran and counted (10 N requests, all counted, lengths "
+                        "on [0.8 L, L]); steady: cold wave left out, one wave measured, fixed lengths")
+    p.add_argument("--max-clients", type=int, default=None,
+                   help="only rows of at most N clients (the benchmark window sends 10 N requests a row)")
     p.add_argument("--limit", type=int, default=None,
                    help="at most N rows, spread evenly over the filtered rows (a stratified subset)")
     p.add_argument("--out", default=argparse.SUPPRESS, help="output folder")
@@ -83,6 +89,19 @@ def select_rows(df: pd.DataFrame, backend: str | None = None, system: str | None
     return df
 
 
+def within_clients(df: pd.DataFrame, max_clients: int | None) -> pd.DataFrame:
+    """The rows of at most max_clients clients (all when None); FilterError when none is left."""
+    if max_clients is None:
+        return df
+    if max_clients < 1:
+        raise FilterError(f"--max-clients {max_clients}: must be >= 1")
+    kept = df[~(df["concurrency"] > max_clients)]  # rows without a concurrency stay: their reason is reported
+    if kept.empty:
+        raise FilterError(f"--max-clients {max_clients}: no row has so few clients "
+                          f"(least: {int(df['concurrency'].min())})")
+    return kept
+
+
 def _check_cost_model(name: str) -> None:
     from twinserve.core.knobs import knob_of
     from twinserve.sim.config import EngineConfig
@@ -93,10 +112,13 @@ def _check_cost_model(name: str) -> None:
                           + (" (the measured backend, 'aic', is not merged yet)" if name == "aic" else ""))
 
 
-def study_key(row: pd.Series, cost_model: str, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> str:
+def study_key(row: pd.Series, cost_model: str, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION,
+              window: str = DEFAULT_WINDOW) -> str:
     """The row's simulated study, written out (rows with equal keys make the same run)."""
-    cfg = row_study(row, cost_model, disagg=disagg)
-    cfg.run.name = ""  # a label: the only field a row's id sets
+    cfg = row_study(row, cost_model, disagg=disagg, window=window)
+    # The run's name is a label (the row's id); the backend stays in the key because its front-end
+    # latency is added after the run (validate_engines.py), so two backends never share a prediction.
+    cfg.run.name = str(row["backend"])
     return repr(cfg)
 
 
@@ -112,7 +134,8 @@ def cost_estimate(row: dict[str, Any]) -> float:
 
 
 def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: str | None,
-                   progress: bool = True, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> pd.DataFrame:
+                   progress: bool = True, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION,
+                   window: str = DEFAULT_WINDOW) -> pd.DataFrame:
     """Every row of df: its reason, or its prediction and errors; one record per row, in order.
 
     Rows whose studies are equal (e.g. the same model, layout and lengths at two backend versions
@@ -132,13 +155,13 @@ def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: 
         rec["same_study_as"] = ""
         records.append(rec)
         if not reason:
-            key = study_key(row, cost_model, disagg)
+            key = study_key(row, cost_model, disagg, window)
             if key in first_of:
                 copies.append((len(records) - 1, first_of[key]))
                 continue
             first_of[key] = len(jobs)
             where.append(len(records) - 1)
-            jobs.append((row.to_dict(), cost_model, {"disagg": disagg}))
+            jobs.append((row.to_dict(), cost_model, {"disagg": disagg, "window": window}))
     order = sorted(range(len(jobs)), key=lambda j: -cost_estimate(jobs[j][0]))
     ran = run_jobs(simulate_row, [jobs[j] for j in order], [{"row": jobs[j][0]["id"]} for j in order],
                    workers, ray, "validate", progress)
@@ -171,14 +194,18 @@ def run_validate(args: argparse.Namespace) -> int:
         disagg = None if args.assume_disagg == "none" else args.assume_disagg
         df = select_rows(load_rows(), args.backend, args.system, args.model, args.rows, args.limit,
                          args.layout, disagg)
-        frame = run_validation(df, args.cost_model, getattr(args, "workers", None), args.ray, disagg=disagg)
+        df = within_clients(df, getattr(args, "max_clients", None))
+        window = getattr(args, "window", DEFAULT_WINDOW)
+        frame = run_validation(df, args.cost_model, getattr(args, "workers", None), args.ray, disagg=disagg,
+                               window=window)
         summary = summarize_validation(frame)
         wall = time.perf_counter() - t0
         summary["run"] = {"cost_model": args.cost_model, "assume_disagg": args.assume_disagg,
                           "rows": int(len(frame)), "wall_s": round(wall, 1),
                           "loop": sorted(frame["loop"].dropna().unique()) if "loop" in frame else [],
+                          "window": window,
                           "filters": {k: getattr(args, k) for k in ("backend", "system", "model", "rows", "layout",
-                                                                    "limit")}}
+                                                                    "limit", "max_clients")}}
         out = Path(getattr(args, "out", None) or "simulate-validate")
         out.mkdir(parents=True, exist_ok=True)
         frame.to_csv(out / "validation.csv", index=False)

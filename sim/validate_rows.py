@@ -24,6 +24,8 @@ from twinserve.sim.errors import SimError
 from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, AssumedWorkers,  # noqa: F401
                                             NotExpressible, assume_workers, inferred_attention_dp,
                                             missing_worker_counts)
+from twinserve.sim.validate_engines import engine_defaults
+from twinserve.sim.validate_protocol import DEFAULT_WINDOW, STEADY, RunDesign, run_design
 from twinserve.sim.workload import WorkloadConfig
 
 AIC_PACKAGE = "aiconfigurator_core"
@@ -282,6 +284,19 @@ def request_counts(concurrency: int) -> tuple[int, int, int]:
     return warm, measured, warm + measured + concurrency
 
 
+def design_counts(concurrency: int, design: RunDesign = STEADY) -> tuple[int, int, int]:
+    """(warm-up, measured, total) requests of a closed loop run under `design`.
+
+    The steady window is request_counts'; a benchmark's design sends requests_per_client x N
+    requests and counts warmup_waves x N fewer (InferenceX: 10 N, every one counted).
+    """
+    if design.requests_per_client <= 0:
+        return request_counts(concurrency)
+    total = design.requests_per_client * concurrency
+    warm = min(design.warmup_waves * concurrency, total - 1)
+    return warm, total - warm, total
+
+
 @dataclass(slots=True)
 class RowPlan:
     """A row's study and how its layout was read: '' as given, else what was assumed or inferred."""
@@ -292,13 +307,13 @@ class RowPlan:
 
 
 def row_study(row: pd.Series, cost_model: str = "roofline", *,
-              disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> StudyConfig:
+              disagg: str | None = DEFAULT_DISAGG_ASSUMPTION, window: str = DEFAULT_WINDOW) -> StudyConfig:
     """The row as a closed-loop study; NotExpressible (with the reason) when it cannot be one."""
-    return row_plan(row, cost_model, disagg=disagg).cfg
+    return row_plan(row, cost_model, disagg=disagg, window=window).cfg
 
 
 def row_plan(row: pd.Series, cost_model: str = "roofline", *,
-             disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> RowPlan:
+             disagg: str | None = DEFAULT_DISAGG_ASSUMPTION, window: str = DEFAULT_WINDOW) -> RowPlan:
     """The row's study and layout note; `disagg` fills in missing worker counts (None: a reason)."""
     conc = row.get("concurrency")
     if conc is None or (isinstance(conc, float) and math.isnan(conc)) or int(conc) < 1:
@@ -330,11 +345,10 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     # Benchmarks size the engine's batch for the clients: no request waits for a sequence slot.
     s.max_num_seqs = max(s.max_num_seqs, conc)
     s.enable_prefix_caching = False  # random prompts: nothing to share
-    # As the backends serve by default and as docs/capacity.md's development-row fit assumed:
-    # 8,192-token steps, TensorRT-LLM's C++ runtime, vLLM V1's and SGLang's Python + CUDA graphs.
-    s.max_num_batched_tokens = max(s.max_num_batched_tokens, 8192)
-    e.engine_profile = ENGINE_PROFILE.get(str(row["backend"]), e.engine_profile)
-    _set_workload(cfg.workload, conc, isl, osl)
+    # The engine's own step budget on this GPU (sim/validate_engines.py; 8,192 tokens but SGLang's
+    # 16,384 on B200-class), TensorRT-LLM's C++ runtime, vLLM V1's and SGLang's Python + CUDA graphs.
+    s.max_num_batched_tokens = _engine_budget(str(row["backend"]), hw, s.max_num_batched_tokens)
+    _set_workload(cfg.workload, conc, isl, osl, run_design(row, window))
     cfg.run.name = str(row["id"])
     ws = workers(row)
     if len(ws) == 1:
@@ -360,6 +374,14 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     return plan
 
 
+def _engine_budget(backend: str, hw: str, fallback: int) -> int:
+    """The row's engine's default step budget on hw (8,192 for an engine not in the table)."""
+    try:
+        return engine_defaults(backend, get_hardware(hw).mem_bytes).max_num_batched_tokens
+    except ValueError:
+        return max(fallback, 8192)
+
+
 def _routers() -> tuple[str, ...]:
     from twinserve.sim.config import ROUTERS
     return tuple(ROUTERS)
@@ -376,14 +398,17 @@ def closed_loop_available() -> bool:
     return "concurrency" in {f.name for f in fields(WorkloadConfig)}
 
 
-def _set_workload(w: WorkloadConfig, conc: int, isl: int, osl: int) -> None:
-    """Fixed lengths and N closed-loop clients (or, before closed loops exist, N at once)."""
-    w.prompt_dist = w.output_dist = "fixed"
-    w.prompt_mean, w.output_mean = float(isl), float(osl)
-    w.prompt_min, w.prompt_max = isl, isl
-    w.output_min, w.output_max = osl, osl
+def _set_workload(w: WorkloadConfig, conc: int, isl: int, osl: int, design: RunDesign = STEADY) -> None:
+    """The design's lengths and N closed-loop clients (or, before closed loops exist, N at once)."""
+    (p_lo, p_hi), (o_lo, o_hi) = design.lengths(isl), design.lengths(osl)
+    # uniform: integers on [lo, hi] as the benchmark's np.random.randint(lo, hi + 1); fixed: exactly L.
+    w.prompt_dist = "fixed" if p_lo == p_hi else "uniform"
+    w.output_dist = "fixed" if o_lo == o_hi else "uniform"
+    w.prompt_mean, w.output_mean = (p_lo + p_hi) / 2, (o_lo + o_hi) / 2
+    w.prompt_min, w.prompt_max = p_lo, p_hi
+    w.output_min, w.output_max = o_lo, o_hi
     w.on_overlong = "fail"
-    warm, measured, total = request_counts(conc)
+    warm, measured, total = design_counts(conc, design)
     w.num_requests = total
     if closed_loop_available():
         setattr(w, "concurrency", conc)

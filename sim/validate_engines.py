@@ -1,0 +1,61 @@
+"""Each serving engine's scheduler defaults at the measured version, as a row's [scheduler] fields.
+
+The rows do not record their servers' flags, so a row runs with its engine's defaults for its GPU
+(benchmarks raise the sequence cap to the client count; validate_rows does that for every row):
+
+- vLLM V1 (every vLLM row: 0.11-0.19 and nightlies): `EngineArgs.get_batch_defaults`
+  (vllm/engine/arg_utils.py): on a GPU of >= 70 GiB that is not an A100, the OpenAI server gets
+  max_num_batched_tokens 8192 and max_num_seqs 1024 (else 2048 / 256); V1 always chunks
+  prefills and mixes them with decodes.
+- SGLang 0.5.x: `ServerArgs` (python/sglang/srt/server_args.py) sets chunked_prefill_size by
+  GPU memory: < 35 GiB 2048, < 160 GiB (H100, H200) 8192, else (B200, B300, GB200, GB300)
+  16384 (CUDA graphs to batch 256-512: not modelled, the engine profile prices a replayed step).
+- TensorRT-LLM (PyTorch backend, 1.x; the rows' 0.x versions are Dynamo's runtime images of it):
+  `BuildConfig` max_num_tokens 8192, max_batch_size 2048; capacity scheduler
+  GUARANTEED_NO_EVICT by default (docs: "Useful Runtime Options").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_GIB = 1024 ** 3
+
+
+@dataclass(slots=True, frozen=True)
+class EngineDefaults:
+    """One engine's step budget and sequence cap on one GPU, with the source they come from."""
+
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    source: str
+
+
+def engine_defaults(backend: str, gpu_mem_bytes: float) -> EngineDefaults:
+    """The scheduler defaults of `backend` ('vllm', 'sglang', 'trtllm') on a GPU of gpu_mem_bytes."""
+    gib = gpu_mem_bytes / _GIB
+    if backend == "vllm":
+        big = gib >= 70  # no A100 among the rows' systems
+        return EngineDefaults(8192 if big else 2048, 1024 if big else 256,
+                              "vllm/engine/arg_utils.py EngineArgs.get_batch_defaults (OPENAI_API_SERVER)")
+    if backend == "sglang":
+        chunk = 2048 if gib < 35 else 8192 if gib < 160 else 16384
+        # max_running_requests comes from the KV pool's size: the pool bounds it here too.
+        return EngineDefaults(chunk, 4096, "python/sglang/srt/server_args.py chunked_prefill_size")
+    if backend == "trtllm":
+        return EngineDefaults(8192, 2048, "tensorrt_llm BuildConfig max_num_tokens / max_batch_size")
+    raise ValueError(f"backend {backend!r}: known engines are vllm, sglang, trtllm")
+
+
+# Time to first token the serving front end adds outside the engine's steps (HTTP, tokenizing the
+# prompt, hand-off to the engine process, detokenizing and streaming the first chunk): fitted per
+# engine on the development rows only (Llama-3.1-70B, Qwen3-32B, gpt-oss-120b, DeepSeek-R1; 88 rows
+# of `simulate validate --rows dev --limit 160 --window benchmark`), the value minimising the median
+# |TTFT error| on a 10 ms grid (docs/validate-accuracy.md). A 4-client fit of measured TTFT against
+# one prefill step on the same rows gives the same order: Llama-3.1-70B 80 ms + 1.1-1.3 x the step.
+FRONTEND_LATENCY_S = {"vllm": 0.060, "trtllm": 0.100, "sglang": 0.180}
+
+
+def frontend_latency_s(backend: str) -> float:
+    """The serving front end's time to first token outside the engine (0 for an unknown engine)."""
+    return FRONTEND_LATENCY_S.get(backend, 0.0)

@@ -1,0 +1,53 @@
+"""Each row's engine defaults (sim/validate_engines.py), checked against the engines' own sources."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from twinserve.backends.sim.catalog import hardware_for_aic_system
+from twinserve.sim.validate_engines import FRONTEND_LATENCY_S, engine_defaults, frontend_latency_s
+from twinserve.sim.validate_rows import load_rows, row_study
+
+GIB = 1024 ** 3
+
+
+@pytest.mark.parametrize("backend, gib, budget, seqs", [
+    # vllm/engine/arg_utils.py get_batch_defaults: >= 70 GiB (H100 and up) 8192 / 1024, else 2048 / 256.
+    ("vllm", 80, 8192, 1024), ("vllm", 141, 8192, 1024), ("vllm", 48, 2048, 256),
+    # sglang/srt/server_args.py: chunked_prefill_size 2048 below 35 GiB, 8192 below 160 GiB, else 16384.
+    ("sglang", 24, 2048, 4096), ("sglang", 80, 8192, 4096), ("sglang", 141, 8192, 4096),
+    ("sglang", 180, 16384, 4096),
+    # TensorRT-LLM BuildConfig: max_num_tokens 8192, max_batch_size 2048, on every GPU.
+    ("trtllm", 80, 8192, 2048), ("trtllm", 180, 8192, 2048),
+])
+def test_engine_defaults_follow_the_engines_sources(backend: str, gib: float, budget: int, seqs: int) -> None:
+    d = engine_defaults(backend, gib * GIB)
+    assert (d.max_num_batched_tokens, d.max_num_seqs) == (budget, seqs)
+    assert d.source
+
+
+def test_unknown_engine_names_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="vllm, sglang, trtllm"):
+        engine_defaults("tgi", 80 * GIB)
+
+
+@pytest.mark.parametrize("system, backend, budget", [
+    ("h200_sxm", "sglang", 8192), ("h100_sxm", "sglang", 8192), ("b200_sxm", "sglang", 16384),
+    ("gb200", "sglang", 16384), ("b200_sxm", "vllm", 8192), ("b200_sxm", "trtllm", 8192),
+])
+def test_a_rows_study_gets_its_engines_budget_on_its_gpu(system: str, backend: str, budget: int) -> None:
+    pytest.importorskip("aiconfigurator_core")
+    rows = load_rows()
+    r = rows[(rows["model"] == "Qwen3-32B") & (rows["mode"] == "agg")].iloc[0].copy()
+    r["system"], r["backend"] = system, backend
+    assert hardware_for_aic_system(system)  # the catalog knows the GPU
+    cfg = row_study(pd.Series(r))
+    assert cfg.scheduler.max_num_batched_tokens == budget
+    assert cfg.scheduler.max_num_seqs >= int(r["concurrency"])
+
+
+def test_frontend_latency_per_engine_and_none_for_an_unknown_one() -> None:
+    assert set(FRONTEND_LATENCY_S) == {"vllm", "sglang", "trtllm"}
+    assert all(0.0 < v < 0.5 for v in FRONTEND_LATENCY_S.values())
+    assert frontend_latency_s("vllm") == 0.060 and frontend_latency_s("tgi") == 0.0

@@ -1,0 +1,125 @@
+"""`simulate validate --window`: each row's closed loop sends and counts what its benchmark did."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from twinserve.sim.validate import simulate_row, window_means
+from twinserve.sim.validate_cli import FilterError, within_clients
+from twinserve.sim.validate_protocol import (AIC_GAP, BENCHMARK, INFERENCEX, STEADY, WINDOWS, harness,
+                                             run_design)
+from twinserve.sim.validate_rows import design_counts, load_rows, request_counts, row_study
+
+pytest.importorskip("aiconfigurator_core", reason="the measured rows ship in aiconfigurator-core (extra 'aic')")
+
+AGG_70B = "2026_04_06_llama_3_1_70b_h200_sxm_vllm_fp8_agg_1024x8192_c16_tp8_ep1_270"
+QWEN_GAP = "qwen_qwen3_32b_qwen_qwen3_32b_gb200_trtllm_agg_2000x500_c1_tp2_epnone_2"
+
+
+@pytest.fixture(scope="module")
+def rows() -> pd.DataFrame:
+    return load_rows()
+
+
+def _row(rows: pd.DataFrame, row_id: str) -> pd.Series:
+    hit = rows[rows["id"] == row_id]
+    assert len(hit) == 1, row_id
+    return hit.iloc[0]
+
+
+def test_harness_is_read_from_the_rows_source(rows: pd.DataFrame) -> None:
+    assert harness(_row(rows, AGG_70B)) == INFERENCEX  # source_file=2026-04-06.csv (InferenceX's DB export)
+    assert harness(_row(rows, QWEN_GAP)) == AIC_GAP
+    dump = rows[rows["silicon_data_source"].str.startswith("db-dump/")].iloc[0]
+    assert harness(dump) == INFERENCEX
+    # Every development row but Qwen3-32B's is an InferenceX run.
+    dev = rows[rows["split"] == "dev"]
+    gap_models = set(dev[dev.apply(harness, axis=1) == AIC_GAP]["model"])
+    assert gap_models <= {"Qwen3-32B", "gpt-oss-120b", "DeepSeek-R1"}
+
+
+def test_benchmark_window_is_inferencex_benchmark_serving(rows: pd.DataFrame) -> None:
+    # benchmark_serving.py --num-prompts $((CONC * 10)) --random-range-ratio 0.8: randint(int(0.8 L), L + 1).
+    assert (BENCHMARK.requests_per_client, BENCHMARK.warmup_waves, BENCHMARK.length_low) == (10, 0, 0.8)
+    assert BENCHMARK.lengths(1024) == (819, 1024) and BENCHMARK.lengths(8192) == (6553, 8192)
+    cfg = row_study(_row(rows, AGG_70B), window="benchmark")
+    w = cfg.workload
+    assert (w.prompt_dist, w.prompt_min, w.prompt_max) == ("uniform", 819, 1024)
+    assert (w.output_dist, w.output_min, w.output_max) == ("uniform", 6553, 8192)
+    assert (w.concurrency, w.warmup_requests, w.num_requests) == (16, 0, 160)
+    steady = row_study(_row(rows, AGG_70B), window="steady").workload
+    assert (steady.prompt_dist, steady.prompt_min, steady.output_max) == ("fixed", 1024, 8192)
+    assert steady.warmup_requests == 16 and steady.num_requests + 16 == request_counts(16)[2]
+    with pytest.raises(ValueError, match="benchmark, steady"):
+        run_design(_row(rows, AGG_70B), "median")
+    assert WINDOWS == ("benchmark", "steady")
+
+
+@given(st.integers(1, 100_000), st.sampled_from([BENCHMARK, STEADY]))
+def test_design_counts_add_up(n: int, design) -> None:
+    warm, measured, total = design_counts(n, design)
+    assert warm + measured <= total and measured >= 1 and warm >= 0
+    if design is BENCHMARK:  # every request sent is counted
+        assert (warm, measured, total) == (0, 10 * n, 10 * n)
+    else:
+        assert (warm, measured, total) == request_counts(n)
+
+
+def _small(rows: pd.DataFrame, n: int, isl: int, osl: int) -> pd.Series:
+    r = _row(rows, AGG_70B).copy()
+    r["concurrency"], r["batch_size"], r["isl"], r["osl"] = n, n, isl, osl
+    return r
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.integers(1, 6), st.integers(20, 300), st.integers(2, 24))
+def test_benchmark_run_sends_10n_counts_all_and_keeps_n_in_flight(n: int, isl: int, osl: int) -> None:
+    rows = _ROWS()
+    row = _small(rows, n, isl, osl)
+    from twinserve.sim.study import run_point
+    req = run_point(row_study(row, window="benchmark")).requests
+    assert len(req) == 10 * n and not req["warmup"].any()
+    lo_p, hi_p = BENCHMARK.lengths(isl)
+    assert req["prompt_tokens"].between(lo_p, hi_p).all()
+    # Closed loop: at no moment more than N requests between send and last token.
+    events = sorted([(t, 1) for t in req["arrival_s"]] + [(t, -1) for t in req["finish_s"]],
+                    key=lambda e: (e[0], e[1]))
+    live = peak = 0
+    for _, d in events:
+        live += d
+        peak = max(peak, live)
+    assert peak <= n
+    # Each client's requests run one after another.
+    for _, g in req.sort_values("arrival_s").groupby("client"):
+        assert (g["arrival_s"].to_numpy()[1:] >= g["finish_s"].to_numpy()[:-1] - 1e-9).all()
+    # The prediction is the mean over every request, the first (cold) wave included.
+    pred = simulate_row((row.to_dict(), "roofline", {"window": "benchmark"}))
+    assert pred["pred_ttft_engine_ms"] == pytest.approx(req["ttft_s"].mean() * 1000)
+    # ... plus the front end's latency outside the engine (vLLM's 60 ms, fitted on development rows).
+    assert pred["pred_ttft_ms"] == pytest.approx(pred["pred_ttft_engine_ms"] + 60.0)
+    assert pred["measured_requests"] == 10 * n and pred["window"] == "benchmark"
+    assert window_means(req, 0, len(req))["tpot_ms"] == pytest.approx(pred["pred_tpot_ms"])
+
+
+_CACHE: dict[str, pd.DataFrame] = {}
+
+
+def _ROWS() -> pd.DataFrame:  # noqa: N802 - hypothesis tests cannot take a module fixture
+    if "rows" not in _CACHE:
+        _CACHE["rows"] = load_rows()
+    return _CACHE["rows"]
+
+
+def test_max_clients_keeps_the_smaller_rows_and_names_the_least(rows: pd.DataFrame) -> None:
+    kept = within_clients(rows, 2000)
+    assert kept["concurrency"].max() <= 2000 and len(kept) < len(rows)
+    assert (rows["concurrency"] > 2000).sum() + len(kept) == len(rows)
+    assert within_clients(rows, None) is rows
+    big = rows[rows["concurrency"] > 4]
+    with pytest.raises(FilterError, match=f"least: {int(big['concurrency'].min())}"):
+        within_clients(big, 1)
+    with pytest.raises(FilterError, match="must be >= 1"):
+        within_clients(rows, 0)
