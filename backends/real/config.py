@@ -27,7 +27,8 @@ _DERIVED = {"max_model_len": "the model's",
 
 # Scheduler fields the engine sets itself: the block count from the workers' memory, the
 # sliding window and KV groups from the model (a flag could make the KV manager free blocks the model reads).
-FROM_ENGINE = frozenset({"num_blocks", "sliding_window", "kv_groups"})
+# kv_offloading_blocks comes from kv_offloading_size (GiB) and the model's page size.
+FROM_ENGINE = frozenset({"num_blocks", "sliding_window", "kv_groups", "kv_offloading_blocks"})
 
 # The scheduler's knobs, derived from the core's SchedulerConfig (every field but those above),
 # so every policy knob the simulator has is an engine argument and a flag too. Keyword-only, so
@@ -63,6 +64,10 @@ class EngineArgs(SchedulerArgs):
                                      open="lo")
     gpu_memory_utilization: float = knob(0.9, help="share of GPU memory the engine may take (KV cache "
                                          "included)", range=(0.0, 1.0), open="lo")
+    # vLLM's --kv-offloading-size: host memory behind the prefix cache (core/kv/host_tier.py).
+    kv_offloading_size: float = knob(0.0, help="host memory for a KV offloading tier behind the prefix "
+                                     "cache (vLLM's --kv-offloading-size)", unit="GiB", range=(0.0, 1e6),
+                                     open="lo", special={0: "off"})
     attention_backend: str = knob("auto", help="attention kernels: auto, triton or torch")
     max_logprobs: int = knob(20, help="most logprobs a request may ask for", range=(0, _INT32_MAX))
     small_batch_weights: bool = knob(True, help="CPU fp32: a transposed copy of the weights that makes "

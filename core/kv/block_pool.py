@@ -112,7 +112,7 @@ class BlockPool:
     """Owns every block, the free queue and the prefix-cache map."""
 
     __slots__ = ("num_blocks", "enable_caching", "_blocks", "free_queue", "cached", "chains",
-                 "num_evictions")
+                 "num_evictions", "evicted")
 
     def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
         self.num_blocks = num_blocks
@@ -124,6 +124,8 @@ class BlockPool:
         # Root key value -> PendingChain; dropped with its root.
         self.chains: dict[int, object] = {}
         self.num_evictions = 0
+        # With a host tier: (block id, key) of each full block evicted, for the KV manager to store.
+        self.evicted: list[tuple[int, BlockHash]] | None = None
 
     @property
     def blocks(self) -> list[KVCacheBlock]:
@@ -153,6 +155,7 @@ class BlockPool:
         cached = self.cached
         chains = self.chains
         evicted = 0
+        sink = self.evicted
         head = queue._head
         block = head.next_free
         for _ in range(n):
@@ -163,6 +166,8 @@ class BlockPool:
                     del cached[key.value]
                     if chains:
                         chains.pop(key.value, None)
+                if sink is not None:
+                    sink.append((block.block_id, key))
                 block.block_hash = None
                 evicted += 1
             elif block.pending is not None:

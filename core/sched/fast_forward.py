@@ -17,8 +17,9 @@ from twinserve.core.sched.scheduler import Scheduler
 def decode_window(scheduler: Scheduler, max_steps: int) -> int:
     """How many next steps decode the same batch; only the last may finish requests."""
     kv = scheduler.kv
-    if max_steps <= 0 or len(scheduler.waiting) > 0 or (_windowed(kv) and kv.enable_caching):
-        return 0  # windows free blocks as requests advance: replayed only without a prefix cache
+    if (max_steps <= 0 or len(scheduler.waiting) > 0 or scheduler.loading or scheduler.loaded or kv.load_jobs
+            or (_windowed(kv) and kv.enable_caching)):
+        return 0  # loads in flight; windows free blocks as requests advance: replayed only without a prefix cache
     running = scheduler.running
     cfg = scheduler.config
     if not running or len(running) > cfg.max_num_batched_tokens:
