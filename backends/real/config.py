@@ -75,6 +75,12 @@ class EngineArgs(SchedulerArgs):
     # bf16 always; fp32 on AMD CPUs (products above small_batch_rows rows).
     prepack_weights: bool = knob(True, help="CPU: weights prepacked once in oneDNN's layout (one more "
                                  "copy of the weights)")
+    # Per row count 1..16 the fastest of the paths below, timed at start and cached per host
+    # (backends/real/product_paths.py); a profile records the choice.
+    cpu_product_paths: str = knob("auto", help="CPU: the kernel of few-row products (auto: timed on "
+                                  "this host per row count; transposed: x @ W_t; prepacked: oneDNN; "
+                                  "linear: F.linear; blocked: the few-row C++ kernel)",
+                                  choices=("auto", "transposed", "prepacked", "linear", "blocked"))
     # 'int8': per-output-channel int8 copies (scales in bf16), used by steps of at most INT8_ROWS rows
     # (batch-1 decode reads half the bytes); 'int4': int4 projections (groups of 32, Q4_1's layout)
     # and an int8 LM head.
