@@ -44,8 +44,31 @@ def cpu_features() -> dict[str, Any]:
             "flags": [f for f in KERNEL_FLAGS if f in have] if have is not None else None}
 
 
+def product_plan(args: Any, cfg: Any) -> Any:
+    """The CPU product plan an engine with these args runs (product_paths.resolve_plan: cached per host)."""
+    from twinserve.backends.real.product_paths import resolve_plan
+
+    device = args.resolve_device()
+    return resolve_plan(args, cfg, device, args.resolve_dtype(device))
+
+
+def plan_bounds(record: dict[str, list[str]]) -> list[int]:
+    """Row counts after which a product plan's path changes (and F.linear's padded 9-15 rows)."""
+    from twinserve.backends.real.models.llama import PAD_MIN_ROWS, PAD_ROWS
+
+    proj, head = record["projections"], record["head"]
+    bounds = {r for r in range(1, len(proj)) if proj[r - 1] != proj[r] or head[r - 1] != head[r]}
+    # Products of PAD_MIN_ROWS..PAD_ROWS-1 rows through F.linear cost what PAD_ROWS rows cost.
+    if PAD_ROWS and any(proj[r - 1] == "linear" for r in range(PAD_MIN_ROWS, min(PAD_ROWS, len(proj)))):
+        bounds |= {PAD_MIN_ROWS - 1, PAD_ROWS - 1}
+    return sorted(bounds)
+
+
 def regime_bounds(engine: Any) -> list[int]:
-    """Token counts where the engine switches code path (CPU fp32: small-batch weights, padding)."""
+    """Token counts where the engine switches code path (CPU fp32: the product plan, padding)."""
+    plan = product_plan(engine.args, engine.model_config)
+    if plan is not None:
+        return plan_bounds(plan.record())
     device = engine.args.resolve_device()
     return _code_path_bounds(device.type, str(engine.args.resolve_dtype(device)),
                              engine.args.resolve_small_batch_rows(device), engine_pad_rows(engine))
@@ -63,11 +86,11 @@ def fp32_product_path(args: Any) -> str | None:
 
 def engine_pad_rows(engine: Any) -> int:
     """The rows F.linear pads few-row products to in this engine (0: it pads none)."""
-    from twinserve.backends.real.models.llama import fp32_prepack_preferred
+    from twinserve.backends.real.models.llama import PAD_MIN_ROWS, PAD_ROWS
 
-    # Prepacked fp32 weights take every product F.linear would pad.
-    if engine.args.prepack_weights and engine.args.resolve_device().type == "cpu" and fp32_prepack_preferred():
-        return 0
+    plan = product_plan(engine.args, engine.model_config)
+    if plan is not None:  # F.linear pads only the rows its plan gives it
+        return PAD_ROWS if any(p == "linear" for p in plan.projections[PAD_MIN_ROWS - 1:PAD_ROWS - 1]) else 0
     return _pad_rows()
 
 

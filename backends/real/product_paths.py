@@ -206,6 +206,12 @@ def resolve_plan(args: Any, cfg: Any, device: torch.device, dtype: torch.dtype) 
     choice = getattr(args, "cpu_product_paths", "auto")
     if device.type != "cpu" or (dtype != torch.float32 and choice == "auto"):
         return None
+    # An explicit small_batch_rows keeps its meaning: rows up to it take the transposed copy; the
+    # rest take the named path, or are timed among the other paths.
+    fixed_rows = args.resolve_small_batch_rows(device) if args.small_batch_rows is not None else 0
+    if fixed_rows >= TIMED_ROWS:
+        table = ("transposed",) * (TIMED_ROWS + 1)
+        return ProductPlan(table, table, "small_batch_rows")
     if choice != "auto":
         why = unavailable(choice, dtype, args)
         if why is not None:
@@ -213,15 +219,9 @@ def resolve_plan(args: Any, cfg: Any, device: torch.device, dtype: torch.dtype) 
                                      f"'auto' or a path this CPU runs ({', '.join(available(dtype, args))}): "
                                      f"{choice!r} needs {why}")
         above = "linear" if choice == "blocked" else choice
-        table = (choice,) * TIMED_ROWS + (above,)
+        table = tuple("transposed" if r <= fixed_rows else choice for r in range(1, TIMED_ROWS + 1)) + (above,)
         return ProductPlan(table, table, "override")
     paths = available(dtype, args)
-    # An explicit small_batch_rows keeps its meaning: rows up to it take the transposed copy, the rest
-    # are timed among the other paths.
-    fixed_rows = args.resolve_small_batch_rows(device) if args.small_batch_rows is not None else 0
-    if fixed_rows >= TIMED_ROWS:
-        table = ("transposed",) * (TIMED_ROWS + 1)
-        return ProductPlan(table, table, "small_batch_rows")
     fixed = {r: "transposed" for r in range(1, fixed_rows + 1)}
     timed = [p for p in paths if p != "transposed"] if fixed_rows else paths
     key = _host_key(cfg, dtype, timed, fixed_rows)

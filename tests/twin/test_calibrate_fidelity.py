@@ -205,19 +205,17 @@ def test_fidelity_refuses_a_profile_made_with_other_small_batch_rows(tiny_model:
     from twinserve.backends.sim.fitted import FittedCostModel
     from twinserve.cli import main
 
-    from twinserve.backends.real.models.llama import fp32_prepack_preferred
-
-    # This machine's fp32 product kernel: another one is refused on its own (test_profile_path.py).
-    path = "onednn-prepacked" if fp32_prepack_preferred() else "sgemm"
+    # A profile from before product paths were recorded: up to 4 rows transposed, the rest sgemm.
+    path = "sgemm"
     prov = {"device": "cpu", "dtype": "float32", "engine": {"small_batch_weights": True, "small_batch_rows": 4,
                                                             "fp32_product_path": path}}
     prof = tmp_path / "rows4.json"
     FittedCostModel(intercept_s=0.002, meta={"provenance": prov}).save(prof)
     common = ["--model", str(tiny_model), "--dtype", "float32", "--max-model-len", "64",
-              "--trace", str(_trace(tmp_path / "t.csv")), "--profile", str(prof)]
+              "--trace", str(_trace(tmp_path / "t.csv")), "--profile", str(prof), "--cpu-product-paths", "linear"]
     assert main(["fidelity", *common, "--small-batch-rows", "8", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert "small_batch_rows=4 but the engine runs small_batch_rows=8" in err and "5-8 rows" in err
+    assert "projections of 5-8 rows: profile 'linear', engine 'transposed'" in err
     assert not (tmp_path / "o").exists()
     # The engine with the profile's limit runs it, and records its own limit with the run.
     assert main(["fidelity", *common, "--small-batch-rows", "4", "--no-probe", "--repeats", "1",
