@@ -540,7 +540,8 @@ def recorded_product_paths(engine_record: Mapping[str, Any]) -> dict[str, list[s
 
 
 def _path_differences(made: Mapping[str, list[str]], runs: Mapping[str, list[str]]) -> list[str]:
-    """'projections of 2-16 rows: profile 'prepacked', engine 'blocked'' for each part whose paths differ."""
+    """'projections of 2-16 rows: profile 'prepacked', engine 'blocked'' for each part whose paths differ
+    (the first differing row's paths; '5+': from 5 rows up)."""
     out = []
     for part in ("projections", "head"):
         a, b = list(made[part]), list(runs[part])
@@ -549,8 +550,9 @@ def _path_differences(made: Mapping[str, list[str]], runs: Mapping[str, list[str
             continue
         rows = [i for i in range(len(a)) if a[i] != b[i]]
         if rows:
-            top = "above 16" if rows[-1] == len(a) - 1 else str(rows[-1] + 1)
-            span = str(rows[0] + 1) if len(rows) == 1 and top != "above 16" else f"{rows[0] + 1}-{top}"
+            first, above = rows[0] + 1, rows[-1] == len(a) - 1
+            span = ("above 16" if first == len(a) else f"{first}+") if above else \
+                (str(first) if len(rows) == 1 else f"{first}-{rows[-1] + 1}")
             out.append(f"{part} of {span} rows: profile {a[rows[0]]!r}, engine {b[rows[0]]!r}")
     return out
 
