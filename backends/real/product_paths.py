@@ -29,9 +29,14 @@ PATHS = ("transposed", "prepacked", "linear", "blocked")
 TIMED_ROWS = 16
 # Each cell is the best of this many interleaved rounds: the ratios hold on a busy machine.
 ROUNDS = 5
-# A row keeps the previous row's path when that is within this share of the best (fewer regime bounds).
-TIE = 0.03
+# A row keeps the previous row's path when that is within this share of the best: fewer regime bounds,
+# and run noise (5-20% on a shared machine) does not flip rows between paths ~2x apart elsewhere.
+TIE = 0.08
 CACHE_FILE = "product_paths.json"
+# After the first round, a path slower than this times a row's best is not timed again at that row.
+CONTENDER = 1.3
+# Seconds of timing per call of time_paths (projections, then the head) before rows stop at 2 rounds.
+BUDGET_S = 2.0
 
 
 @dataclass(slots=True)
@@ -127,20 +132,34 @@ def product(path: str, x: torch.Tensor, copy: Any, out_features: int) -> torch.T
 
 
 def time_paths(shapes: list[tuple[int, int]], dtype: torch.dtype, paths: list[str],
-               rows: range = range(1, TIMED_ROWS + 1), rounds: int = ROUNDS) -> dict[str, list[float]]:
-    """{path: [best ms of one product per shape, summed, for each row count]}, paths interleaved."""
+               rows: range = range(1, TIMED_ROWS + 1), rounds: int = ROUNDS,
+               budget_s: float = BUDGET_S) -> dict[str, list[float]]:
+    """{path: [best ms of one product per shape, summed, for each row count]}, paths interleaved.
+
+    After the first round only contenders (within CONTENDER of the row's best) are timed again, and
+    a row stops after 2 rounds once it has spent its share of budget_s: start-up stays bounded."""
     gen = torch.Generator().manual_seed(0)
     weights = [(torch.randn(o, i, generator=gen) * i ** -0.5).to(dtype) for o, i in shapes]
     copies = {p: [prepare(p, w) for w in weights] for p in paths}
     out: dict[str, list[float]] = {p: [] for p in paths}
+    share = budget_s / max(1, len(rows))
     for r in rows:
         xs = [torch.randn(r, i, generator=gen).to(dtype) for _, i in shapes]
         best = dict.fromkeys(paths, float("inf"))
-        for p in paths:  # warm: first calls allocate
+        t_row = time.perf_counter()
+        for p in paths:  # warm: oneDNN makes a primitive per shape on first use (the others' count)
+            t0 = time.perf_counter()
             for x, c, (o, _) in zip(xs, copies[p], shapes):
                 product(p, x, c, o)
-        for _ in range(rounds):
+            if p != "prepacked":
+                best[p] = time.perf_counter() - t0
+        for n in range(rounds):
+            if n >= 2 and time.perf_counter() - t_row > share:
+                break
+            floor = min(best.values())
             for p in paths:
+                if n and best[p] > floor * CONTENDER:
+                    continue  # it cannot win this row: not timed again
                 t0 = time.perf_counter()
                 for x, c, (o, _) in zip(xs, copies[p], shapes):
                     product(p, x, c, o)
@@ -150,19 +169,29 @@ def time_paths(shapes: list[tuple[int, int]], dtype: torch.dtype, paths: list[st
     return out
 
 
+def smooth(timings: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Each row's time as the mean over it and its neighbours: a path's cost changes slowly with rows,
+    the noise of one cell does not. One row stays apart (a matrix-vector product, another kernel)."""
+    out = {}
+    for p, t in timings.items():
+        out[p] = [t[0]] + [sum(t[max(1, i - 1):i + 2]) / len(t[max(1, i - 1):i + 2]) for i in range(1, len(t))]
+    return out
+
+
 def choose(timings: dict[str, list[float]], fixed: dict[int, str] | None = None) -> tuple[str, ...]:
-    """Per row count the fastest path (the previous row's within TIE), then the fastest at
-    TIMED_ROWS but the blocked kernel (rows above TIMED_ROWS are prefill: torch's GEMMs).
+    """Per row count the fastest path over smoothed timings (the previous row's within TIE), then the
+    fastest at TIMED_ROWS but the blocked kernel (rows above TIMED_ROWS are prefill: torch's GEMMs).
     `fixed` pins row counts to a path."""
     paths = list(timings)
+    smoothed = smooth(timings)
     table: list[str] = []
     for i in range(TIMED_ROWS):
         if fixed and i + 1 in fixed:
             table.append(fixed[i + 1])
             continue
-        best = min(paths, key=lambda p: timings[p][i])
+        best = min(paths, key=lambda p: smoothed[p][i])
         prev = table[-1] if table else None
-        if prev in timings and timings[prev][i] <= timings[best][i] * (1 + TIE):
+        if prev in smoothed and smoothed[prev][i] <= smoothed[best][i] * (1 + TIE):
             best = prev
         table.append(best)
     big = [p for p in paths if p != "blocked"]

@@ -27,21 +27,29 @@ TIMED = pp.TIMED_ROWS
 def test_each_row_takes_a_path_within_the_tie_of_the_fastest(timings: dict[str, list[float]]) -> None:
     table = pp.choose(timings)
     assert len(table) == TIMED + 1
+    smoothed = pp.smooth(timings)
     for i in range(TIMED):
-        best = min(t[i] for t in timings.values())
-        assert timings[table[i]][i] <= best * (1 + pp.TIE) + 1e-12
+        best = min(t[i] for t in smoothed.values())
+        assert smoothed[table[i]][i] <= best * (1 + pp.TIE) + 1e-12
     # Above TIMED_ROWS rows (prefill) never the few-row kernel.
     assert table[-1] != "blocked"
     if set(timings) - {"blocked"}:
         assert table[-1] == min((p for p in timings if p != "blocked"), key=lambda p: timings[p][-1])
 
 
+def test_one_noisy_cell_does_not_flip_a_row() -> None:
+    timings = {"transposed": [1.0] * TIMED, "linear": [1.1] * TIMED}
+    timings["linear"][6] = 0.7  # one run that met a quiet moment
+    assert set(pp.choose(timings)[:TIMED]) == {"transposed"}
+
+
 def test_the_fastest_path_wins_per_row_not_by_vendor() -> None:
     # The AVX2 EPYC: x @ W_t at 1 row, the prepacked weights from 5 rows, the kernel between.
-    timings = {"transposed": [5.3, 10.0] + [30.0] * 14, "prepacked": [8.1, 16.6] + [18.7] * 14,
-               "blocked": [6.0, 6.2] + [20.0] * 14}
+    timings = {"transposed": [5.3, 10.0] + [30.0] * 14, "prepacked": [8.1] + [16.0 + 0.2 * r for r in range(15)],
+               "blocked": [6.0 + 0.5 * r for r in range(16)]}
     table = pp.choose(timings)
-    assert table[:3] == ("transposed", "blocked", "prepacked") and table[-1] == "prepacked"
+    assert table[0] == "transposed" and set(table[1:12]) == {"blocked"} and table[-1] == "prepacked"
+    assert set(table[12:16]) <= {"blocked", "prepacked"}
     # A row within TIE of the previous row's path keeps it (one regime bound fewer).
     assert pp.choose({"transposed": [1.0] + [1.02] * 15, "linear": [2.0] + [1.0] * 15})[1] == "transposed"
     assert pp.choose({"transposed": [1.0] + [1.2] * 15, "linear": [2.0] + [1.0] * 15})[1] == "linear"
@@ -88,6 +96,7 @@ def test_the_choice_is_measured_once_and_cached_per_host(tmp_path, monkeypatch) 
 
 def test_an_explicit_small_batch_rows_pins_the_transposed_rows(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TWINSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(few_rows, "load", lambda: (None, "needs a C++ compiler (test)"))
     monkeypatch.setattr(pp, "time_paths", _fake_timer([]))
     plan = pp.resolve_plan(EngineArgs(dtype="float32", small_batch_rows=3), _Cfg(), CPU, torch.float32)
     assert plan.projections[:3] == ("transposed",) * 3 and "transposed" not in plan.projections[3:]
