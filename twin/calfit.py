@@ -96,8 +96,9 @@ def fitter(base: Sequence[int], candidates: Sequence[int],
 
 
 def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int | None = None,
-              progress: bool = True, seed: int = 0) -> tuple[FittedCostModel, StepLog]:
-    """Run the design on engine and fit its profile."""
+              progress: bool = True, seed: int = 0, max_context: int | None = None) -> tuple[FittedCostModel, StepLog]:
+    """Run the design on engine and fit its profile; its contexts cover max_context tokens (default:
+    the engine's max_model_len), so no step the engine meets lies past the fitted shapes."""
     import torch
 
     a = engine.args
@@ -105,8 +106,8 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     if not sc.enable_prefix_caching:
         raise InvalidConfigError("enable_prefix_caching", False,
                                  "True for calibration (cached-context chunks come from prefix hits)")
-    design = (design or CalibrationDesign()).for_limits(sc.max_num_seqs, sc.max_num_batched_tokens,
-                                                        sc.max_model_len)
+    design = (design or CalibrationDesign()).covering(max_context or sc.max_model_len, sc.max_model_len)
+    design = design.for_limits(sc.max_num_seqs, sc.max_num_batched_tokens, sc.max_model_len)
     # Read now: a commit may land while the design runs.
     commit = _git_commit()
     wall = time.perf_counter()

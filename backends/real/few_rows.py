@@ -28,15 +28,24 @@ def cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "twinserve"
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's flags from /proc/cpuinfo (empty where it cannot be read)."""
+def _cpuinfo(key: str) -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+            if line.split(":", 1)[0].strip() == key:
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return set()
+    return ""
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's flags from /proc/cpuinfo (empty where it cannot be read)."""
+    return set(_cpuinfo("flags").split())
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ('' where it cannot be read)."""
+    return _cpuinfo("model name")
 
 
 def unavailable_reason() -> str | None:

@@ -70,12 +70,16 @@ def path_of(table: tuple[str, ...] | list[str], rows: int) -> str:
     return table[rows - 1] if 0 < rows <= TIMED_ROWS else table[-1]
 
 
+# The flags that decide which of torch's and oneDNN's kernels run (named in messages).
+_NAMED_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx_ne_convert",
+                "amx_tile", "amx_bf16")
+
+
 def describe_cpu() -> str:
     """The CPU's capability and kernel flags, for messages: 'AVX2 [avx2, fma]'."""
-    from twinserve.backends.real.hardware import cpu_features
-
-    feats = cpu_features()
-    return f"{feats['capability']} [{', '.join(feats['flags'] or []) or 'no listed flags'}]"
+    have = few_rows.cpu_flags()
+    named = [f for f in _NAMED_FLAGS if f in have]
+    return f"{torch.backends.cpu.get_cpu_capability()} [{', '.join(named) or 'no listed flags'}]"
 
 
 def unavailable(path: str, dtype: torch.dtype, args: Any) -> str | None:
@@ -200,9 +204,8 @@ def choose(timings: dict[str, list[float]], fixed: dict[int, str] | None = None)
 
 
 def _host_key(cfg: Any, dtype: torch.dtype, paths: list[str], fixed_rows: int) -> str:
-    from twinserve.backends.real.hardware import _cpuinfo, cpu_features
-
-    key = {"cpu": _cpuinfo("model name"), "features": cpu_features(), "torch": torch.__version__,
+    key = {"cpu": few_rows.cpu_model(), "flags": sorted(few_rows.cpu_flags()),
+           "capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
            "threads": torch.get_num_threads(), "dtype": str(dtype), "shapes": weight_shapes(cfg),
            "paths": paths, "small_batch_rows": fixed_rows, "rounds": ROUNDS}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
