@@ -179,7 +179,7 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
                        else a.resolve_small_batch_rows(), "prepack_weights": a.prepack_weights,
                        "attention_backend": a.attention_backend, "enforce_eager": a.enforce_eager,
                        "cuda_graph_max_batch": graph_max, "pad_rows": engine_pad_rows(engine),
-                       "fp32_product_path": fp32_product_path(a),
+                       "fp32_product_path": fp32_product_path(a, plan),
                        # Per row count (1..16, then above) the kernel of CPU products; fidelity compares it.
                        "cpu_product_paths": plan.record() if plan is not None else None},
             "design": asdict(design),

@@ -102,7 +102,7 @@ def engine_facts(args: Any) -> EngineFacts:
                        int(cfg.vocab_size), device.type, str(dtype).removeprefix("torch."),
                        int(args.tensor_parallel_size), args.resolve_engine_core_mode("inproc"),
                        rows, args.quantization, device_name(device),
-                       cpu_features() if device.type == "cpu" else None, spec_record(spec), fp32_product_path(args),
+                       cpu_features() if device.type == "cpu" else None, spec_record(spec), fp32_product_path(args, plan),
                        plan.record() if plan is not None else None)
 
 

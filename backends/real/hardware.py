@@ -74,13 +74,20 @@ def regime_bounds(engine: Any) -> list[int]:
                              engine.args.resolve_small_batch_rows(device), engine_pad_rows(engine))
 
 
-def fp32_product_path(args: Any) -> str | None:
-    """The kernel CPU fp32 products above small_batch_rows run on: 'onednn-prepacked' or 'sgemm' (None: not CPU fp32)."""
+# The legacy name of a plan's path above TIMED_ROWS rows, as profiles before plans recorded it.
+_LEGACY_PATH = {"prepacked": "onednn-prepacked", "linear": "sgemm", "transposed": "sgemm", "blocked": "blocked"}
+
+
+def fp32_product_path(args: Any, plan: Any = None) -> str | None:
+    """The kernel CPU fp32 products above the plan's timed rows run on: 'onednn-prepacked' or 'sgemm'
+    (None: not CPU fp32). Without a plan (a caller with no model config), the vendor rule of old."""
     from twinserve.backends.real.models.llama import fp32_prepack_preferred
 
     device = args.resolve_device()
     if device.type != "cpu" or str(args.resolve_dtype(device)).removeprefix("torch.") != "float32":
         return None
+    if plan is not None:
+        return _LEGACY_PATH[plan.projections[-1]]
     return "onednn-prepacked" if args.prepack_weights and fp32_prepack_preferred() else "sgemm"
 
 

@@ -119,12 +119,10 @@ class Worker:
         return draft
 
     def _prepack(self) -> bool:
-        """Whether this CPU's products run faster on oneDNN-prepacked weights (bf16, or fp32 on AMD)."""
+        """Whether bf16 products run on oneDNN-prepacked weights (CPU fp32 follows its product plan)."""
         if self.device.type != "cpu" or not self.args.prepack_weights:
             return False
-        if self.dtype == torch.bfloat16:
-            return llama.packed_bf16_supported()
-        return self.dtype == torch.float32 and llama.fp32_prepack_preferred()
+        return self.dtype == torch.bfloat16 and llama.packed_bf16_supported()
 
     def compile_grammar(self, spec: StructuredOutputSpec) -> Any:
         """spec's grammar compiled here, for a spec from another process (compiled grammars do not serialize)."""
