@@ -312,6 +312,7 @@ def warn_slow_bf16(cfg: Any) -> dict[int, float] | None:
         return None
     slow = bf16_slowdown(cfg)
     log.warning("bf16 on a CPU without bf16 kernels (no AVX512-BF16 or AMX; this CPU has %s): its products "
-                "take a generic path, timed now at %s the fp32 ones; --dtype auto (float32) is faster here",
+                "take a generic path (timed now: %s the time of fp32's fastest); --dtype auto (float32) is "
+                "faster here",
                 describe_cpu(), ", ".join(f"{v:.1f}x at {r} row{'s' * (r > 1)}" for r, v in slow.items()))
     return slow
