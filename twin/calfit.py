@@ -20,7 +20,7 @@ from twinserve.core.errors import InvalidConfigError
 
 from twinserve.backends.real.step_log import TIME_COLUMNS, StepLog
 from twinserve.backends.real.hardware import (cpu_features, device_name, engine_pad_rows, fp32_product_path,
-                                              graph_max_decodes, product_plan, regime_bounds)
+                                              engine_product_plan, graph_max_decodes, regime_bounds)
 from twinserve.backends.sim.catalog import catalog_name
 from twinserve.twin.calibrate import WAKE_STEPS, CalibrationDesign, Calibrator, _git_commit
 from twinserve.twin.preflight import served_model_spec
@@ -117,7 +117,7 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     wall = time.perf_counter() - wall
     host_load = host.result()
     cfg = engine.model_config
-    plan = product_plan(a, cfg)
+    plan = engine_product_plan(engine)
     device = engine.args.resolve_device()
     tp = engine.args.tensor_parallel_size
     spec = served_model_spec(cfg, engine.model_name, engine.args.resolve_dtype(device).itemsize)

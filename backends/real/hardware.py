@@ -52,6 +52,14 @@ def product_plan(args: Any, cfg: Any) -> Any:
     return resolve_plan(args, cfg, device, args.resolve_dtype(device))
 
 
+def engine_product_plan(engine: Any) -> Any:
+    """The plan an engine's in-process worker runs; else the host's cached plan for its args."""
+    worker = getattr(engine, "worker", None)
+    if worker is not None and hasattr(worker, "product_plan"):
+        return worker.product_plan
+    return product_plan(engine.args, engine.model_config)
+
+
 def plan_bounds(record: dict[str, list[str]]) -> list[int]:
     """Row counts after which a product plan's path changes (and F.linear's padded 9-15 rows)."""
     from twinserve.backends.real.models.llama import PAD_MIN_ROWS, PAD_ROWS
@@ -66,7 +74,7 @@ def plan_bounds(record: dict[str, list[str]]) -> list[int]:
 
 def regime_bounds(engine: Any) -> list[int]:
     """Token counts where the engine switches code path (CPU fp32: the product plan, padding)."""
-    plan = product_plan(engine.args, engine.model_config)
+    plan = engine_product_plan(engine)
     if plan is not None:
         return plan_bounds(plan.record())
     device = engine.args.resolve_device()
@@ -95,7 +103,7 @@ def engine_pad_rows(engine: Any) -> int:
     """The rows F.linear pads few-row products to in this engine (0: it pads none)."""
     from twinserve.backends.real.models.llama import PAD_MIN_ROWS, PAD_ROWS
 
-    plan = product_plan(engine.args, engine.model_config)
+    plan = engine_product_plan(engine)
     if plan is not None:  # F.linear pads only the rows its plan gives it
         return PAD_ROWS if any(p == "linear" for p in plan.projections[PAD_MIN_ROWS - 1:PAD_ROWS - 1]) else 0
     return _pad_rows()

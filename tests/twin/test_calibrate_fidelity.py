@@ -220,7 +220,10 @@ def test_fidelity_refuses_a_profile_made_with_other_small_batch_rows(tiny_model:
     # The engine with the profile's limit runs it, and records its own limit with the run.
     assert main(["fidelity", *common, "--small-batch-rows", "4", "--no-probe", "--repeats", "1",
                  "--out", str(tmp_path / "ok")]) == 0
-    assert json.loads((tmp_path / "ok" / "fidelity.json").read_text())["engine"]["small_batch_rows"] == 4
+    engine = json.loads((tmp_path / "ok" / "fidelity.json").read_text())["engine"]
+    assert engine["small_batch_rows"] == 4
+    # The run records each row count's product path (what a profile made from it is held to).
+    assert engine["cpu_product_paths"]["projections"] == ["transposed"] * 4 + ["linear"] * 13
 
 def test_calibration_decode_points_measure_the_whole_batch(make_engine) -> None:
     """A batch whose prefill spans many steps still decodes together, `steps` times at least."""
