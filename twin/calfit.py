@@ -20,7 +20,7 @@ from twinserve.core.errors import InvalidConfigError
 
 from twinserve.backends.real.step_log import TIME_COLUMNS, StepLog
 from twinserve.backends.real.hardware import (cpu_features, device_name, engine_pad_rows, fp32_product_path,
-                                              graph_max_decodes, regime_bounds)
+                                              engine_product_plan, graph_max_decodes, regime_bounds)
 from twinserve.backends.sim.catalog import catalog_name
 from twinserve.twin.calibrate import WAKE_STEPS, CalibrationDesign, Calibrator, _git_commit
 from twinserve.twin.preflight import served_model_spec
@@ -96,8 +96,9 @@ def fitter(base: Sequence[int], candidates: Sequence[int],
 
 
 def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int | None = None,
-              progress: bool = True, seed: int = 0) -> tuple[FittedCostModel, StepLog]:
-    """Run the design on engine and fit its profile."""
+              progress: bool = True, seed: int = 0, max_context: int | None = None) -> tuple[FittedCostModel, StepLog]:
+    """Run the design on engine and fit its profile; its contexts cover max_context tokens (default:
+    the engine's max_model_len), so no step the engine meets lies past the fitted shapes."""
     import torch
 
     a = engine.args
@@ -105,8 +106,8 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     if not sc.enable_prefix_caching:
         raise InvalidConfigError("enable_prefix_caching", False,
                                  "True for calibration (cached-context chunks come from prefix hits)")
-    design = (design or CalibrationDesign()).for_limits(sc.max_num_seqs, sc.max_num_batched_tokens,
-                                                        sc.max_model_len)
+    design = (design or CalibrationDesign()).covering(max_context or sc.max_model_len, sc.max_model_len)
+    design = design.for_limits(sc.max_num_seqs, sc.max_num_batched_tokens, sc.max_model_len)
     # Read now: a commit may land while the design runs.
     commit = _git_commit()
     wall = time.perf_counter()
@@ -116,6 +117,7 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     wall = time.perf_counter() - wall
     host_load = host.result()
     cfg = engine.model_config
+    plan = engine_product_plan(engine)
     device = engine.args.resolve_device()
     tp = engine.args.tensor_parallel_size
     spec = served_model_spec(cfg, engine.model_name, engine.args.resolve_dtype(device).itemsize)
@@ -173,10 +175,13 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             "engine": {"block_size": a.block_size, "max_num_seqs": sc.max_num_seqs,
                        "max_num_batched_tokens": sc.max_num_batched_tokens,
                        "small_batch_weights": a.small_batch_weights,
-                       "small_batch_rows": a.resolve_small_batch_rows(), "prepack_weights": a.prepack_weights,
+                       "small_batch_rows": plan.small_batch_rows() if plan is not None
+                       else a.resolve_small_batch_rows(), "prepack_weights": a.prepack_weights,
                        "attention_backend": a.attention_backend, "enforce_eager": a.enforce_eager,
                        "cuda_graph_max_batch": graph_max, "pad_rows": engine_pad_rows(engine),
-                       "fp32_product_path": fp32_product_path(a)},
+                       "fp32_product_path": fp32_product_path(a, plan),
+                       # Per row count (1..16, then above) the kernel of CPU products; fidelity compares it.
+                       "cpu_product_paths": plan.record() if plan is not None else None},
             "design": asdict(design),
             "speculative_config": ({"method": speculative.method,
                                     "num_speculative_tokens": speculative.num_speculative_tokens}

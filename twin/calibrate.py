@@ -63,9 +63,11 @@ class CalibrationDesign:
         # A full-budget chunk too: the commonest prefill step under load.
         if sizes and max_num_batched_tokens > max(sizes) and fits(max_num_batched_tokens, 0):
             sizes.append(max_num_batched_tokens)
+        longest = max(sizes, default=0)
         return CalibrationDesign(
             sizes,
-            [c for c in self.prefill_contexts if c + 2 < max_model_len],
+            # Every size runs after every cached context: the pair must fit.
+            [c for c in self.prefill_contexts if c + longest + 1 < max_model_len],
             [(k, q) for k, q in self.multi_prefill
              if k * q <= max_num_batched_tokens and k <= max_num_seqs and fits(q, 0)],
             [b for b in self.decode_batches if b <= max_num_seqs],
@@ -89,6 +91,30 @@ class CalibrationDesign:
         if chunks and self.prefill_sizes and max_context - max(self.prefill_sizes) > max(chunks):
             chunks.append(max_context - max(self.prefill_sizes))
         return replace(self, decode_contexts=decode, prefill_contexts=chunks)
+
+    def covering(self, max_context: int, max_model_len: int | None = None) -> "CalibrationDesign":
+        """This design plus decode and cached contexts, each about twice the last, up to max_context
+        tokens (and below max_model_len): the fit then has steps along the way, not one far point."""
+        if max_context < 1:
+            raise InvalidConfigError("max_context", max_context, ">= 1")
+        # for_limits keeps decode contexts whose spread plus the steps stays 2 below max_model_len: the
+        # ladder starts from those and stops where they would be dropped.
+        design, top = self, max_context
+        if max_model_len is not None:
+            top = min(max_context, max_model_len - 4)
+            design = replace(self, decode_contexts=[c for c in self.decode_contexts
+                                                    if 1.5 * c + self.decode_steps + 2 < max_model_len])
+        while design.decode_contexts:
+            reach = int(1.5 * max(design.decode_contexts)) + design.decode_steps
+            nxt = design.reaching(min(top, 2 * reach)) if top > reach else design
+            if nxt == design:
+                break
+            design = nxt
+        return design
+
+    def reach(self) -> int:
+        """The longest context a decode step of this design runs at (its spread's top plus the steps)."""
+        return int(1.5 * max(self.decode_contexts)) + self.decode_steps if self.decode_contexts else 0
 
     def num_points(self, speculative: bool = False) -> int:
         """Design points per repeat (verify points only for an engine that speculates)."""
@@ -207,6 +233,12 @@ class Calibrator:
             self._add(self._tokens(n), steps + prefill_steps + 1)
         self._drain()
 
+    def _fits(self, batch: int, context: int, steps: int) -> bool:
+        """Whether `batch` sequences spread around `context` fit the engine's KV cache (with slack)."""
+        sc = self.engine.scheduler_config
+        blocks = sum(-(-(n + steps + 8) // sc.block_size) for n in _spread(batch, context))
+        return blocks <= 0.9 * sc.num_blocks
+
     def decode_sweep(self, batches: Sequence[int], context: int, steps: int) -> None:
         """Every batch size decoding `steps` times at one context, largest first.
 
@@ -304,8 +336,10 @@ class Calibrator:
         for k, q in design.multi_prefill:
             points.append((f"{k} prefills q={q}", lambda k=k, q=q: self.multi_prefill(k, q)))
         for c in design.decode_contexts if design.decode_batches else []:  # as num_points counts
+            # At long contexts only the batches whose sequences fit the KV cache together.
+            batches = [b for b in design.decode_batches if self._fits(b, c, design.decode_steps)] or [1]
             points.append((f"decodes c={c}",
-                           lambda c=c: self.decode_sweep(design.decode_batches, c, design.decode_steps)))
+                           lambda c=c, batches=batches: self.decode_sweep(batches, c, design.decode_steps)))
         for m in design.mixed:
             b, q, c = m[0], m[1], _mixed_context(m)
             points.append((f"mixed b={b} q={q} c={c}", lambda b=b, q=q, c=c: self.mixed(b, q, c)))

@@ -30,7 +30,7 @@ def _calibrate_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe-every", type=int, default=None, metavar="N",
                    help="speed probe every N design points (default 12; 0: before and after only)")
     p.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
-                   help="also measure decodes and chunks at up to this context (default design: ~390)")
+                   help="measure decodes and chunks at contexts up to this (default: the engine's max_model_len)")
     p.add_argument("--save-steps", default=None,
                    help="also write the calibration step log here (default: OUT with .steps.csv)")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
@@ -49,15 +49,16 @@ def _calibrate(ns: argparse.Namespace) -> int:
     # The design first: a bad flag is refused before an engine is loaded.
     design = CalibrationDesign.quick() if ns.quick else CalibrationDesign()
     design.repeats = ns.repeats
-    if ns.max_context is not None:
-        design = design.reaching(ns.max_context)
+    if ns.max_context is not None and ns.max_context < 1:
+        raise InvalidConfigError("max_context", ns.max_context, ">= 1")
     if ns.probe_every is not None:
         if ns.probe_every < 0:
             raise InvalidConfigError("probe_every", ns.probe_every, ">= 0 (0: only before and after)")
         design.probe_every = ns.probe_every
     engine = _engine(ns)
     try:
-        profile, log = calibrate(engine, design, threads=ns.threads, progress=not ns.no_progress)
+        profile, log = calibrate(engine, design, threads=ns.threads, progress=not ns.no_progress,
+                                 max_context=ns.max_context)
     finally:
         engine.shutdown()
     log.write(ns.save_steps or out.with_suffix(".steps.csv"))
@@ -163,7 +164,7 @@ def _fidelity(ns: argparse.Namespace) -> int:
     from twinserve.twin.fidelity import exit_code, run_fidelity
     from twinserve.twin.preflight import FidelityError, check_flags, check_profile, engine_facts
     from twinserve.twin.specforecast import spec_forecast
-    from twinserve.twin.workload import FidelityOptions, check_workload, workload_factory
+    from twinserve.twin.workload import FidelityOptions, check_workload, longest_request, workload_factory
 
     # Everything that can be refused is refused here, before any weights load.
     check_flags(ns.repeats, ns.rate, ns.num_requests, ns.time_scale, ns.trace_offset)
@@ -177,7 +178,8 @@ def _fidelity(ns: argparse.Namespace) -> int:
     args = engine_args_from(ns)
     spec_forecast(args.speculative_config, ns.acceptance_from, ns.out)
     facts = engine_facts(args)
-    check_workload(workload_factory(opts, facts.max_model_len, facts.vocab_size), facts.max_model_len)
+    make_workload = workload_factory(opts, facts.max_model_len, facts.vocab_size)
+    check_workload(make_workload, facts.max_model_len)
     if not ns.calibrate:
         profile = FittedCostModel.load(profile_path)
         check_profile(profile, facts, f"profile {profile_path}", ns.allow_profile_mismatch)
@@ -190,7 +192,9 @@ def _fidelity(ns: argparse.Namespace) -> int:
         if ns.calibrate:
             from twinserve.twin.calfit import calibrate
 
-            made, log = calibrate(engine, threads=ns.threads, progress=False)
+            # The profile covers the workload's longest request, not more (each context costs minutes).
+            made, log = calibrate(engine, threads=ns.threads, progress=False,
+                                  max_context=longest_request(make_workload))
             Path(profile_path).parent.mkdir(parents=True, exist_ok=True)
             made.save(profile_path)
             log.write(Path(profile_path).with_suffix(".steps.csv"))

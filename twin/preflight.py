@@ -45,6 +45,8 @@ class EngineFacts:
     model_spec: dict[str, Any] | None = None
     # CPU fp32: the kernel of products above small_batch_rows rows (hardware.fp32_product_path).
     fp32_product_path: str | None = None
+    # CPU: each row count's product path (product_paths.ProductPlan.record), None elsewhere.
+    cpu_product_paths: dict[str, list[str]] | None = None
 
     @property
     def attention(self) -> dict[str, int]:
@@ -83,7 +85,7 @@ def engine_facts(args: Any) -> EngineFacts:
 
     from twinserve.backends.real.engine import _peek_config
     from twinserve.backends.real.models.registry import resolve_model
-    from twinserve.backends.real.hardware import cpu_features, device_name, fp32_product_path
+    from twinserve.backends.real.hardware import cpu_features, device_name, fp32_product_path, product_plan
     from twinserve.backends.sim.catalog import catalog_name
 
     source = resolve_model(args.model)
@@ -93,11 +95,15 @@ def engine_facts(args: Any) -> EngineFacts:
     dtype = args.resolve_dtype(device)
     spec = served_model_spec(cfg, source.name, dtype.itemsize)
     spec = dataclasses.replace(spec, name=catalog_name(spec))
+    # Timed here on a cache miss (seconds), so the engine that starts next finds it cached.
+    plan = product_plan(args, cfg)
+    rows = plan.small_batch_rows() if plan is not None else args.resolve_small_batch_rows(device)
     return EngineFacts(spec.name, int(args.max_model_len or cfg.max_position_embeddings),
                        int(cfg.vocab_size), device.type, str(dtype).removeprefix("torch."),
                        int(args.tensor_parallel_size), args.resolve_engine_core_mode("inproc"),
-                       args.resolve_small_batch_rows(device), args.quantization, device_name(device),
-                       cpu_features() if device.type == "cpu" else None, spec_record(spec), fp32_product_path(args))
+                       rows, args.quantization, device_name(device),
+                       cpu_features() if device.type == "cpu" else None, spec_record(spec), fp32_product_path(args, plan),
+                       plan.record() if plan is not None else None)
 
 
 def spec_record(spec: Any) -> dict[str, Any]:
@@ -126,7 +132,8 @@ def mismatches(profile: FittedCostModel, facts: EngineFacts, source: str = "prof
                                              quantization=facts.quantization),
               lambda: check_profile_core_mode(profile, facts.core_mode, source=source),
               lambda: check_profile_code_path(profile, facts.small_batch_rows, source=source,
-                                              product_path=facts.fp32_product_path),
+                                              product_path=facts.fp32_product_path,
+                                              product_paths=facts.cpu_product_paths),
               lambda: check_profile_hardware(profile, facts.hardware, facts.cpu, source=source, suggest=False))
     out = []
     for check in checks:

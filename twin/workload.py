@@ -134,6 +134,11 @@ def trace_path(trace: str) -> str:
     return str(BUILTIN_TRACES[name])
 
 
+def longest_request(make: Callable[[], Workload]) -> int:
+    """The most tokens one first-turn request holds: prompt plus output (what a calibration must cover)."""
+    return max((w.num_prompt_tokens + w.num_output_tokens for w in make().items()), default=1)
+
+
 def check_workload(make: Callable[[], Workload], max_model_len: int) -> int:
     """Walk the first turns once (lengths only) so a bad trace fails before anything loads."""
     n = 0

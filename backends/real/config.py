@@ -72,14 +72,20 @@ class EngineArgs(SchedulerArgs):
     max_logprobs: int = knob(20, help="most logprobs a request may ask for", range=(0, _INT32_MAX))
     small_batch_weights: bool = knob(True, help="CPU fp32: a transposed copy of the weights that makes "
                                      "small batches faster (more memory)")
-    # None: by the CPU (llama.SMALL_BATCH_ROWS: 1 on AMD, 64 on other AVX-512 CPUs, 4 elsewhere). A
-    # profile records it: steps change price where it changes.
+    # None: CPU fp32 rows go by the timed product plan (product_paths.py); set, rows up to it stay on
+    # the transposed copy. A profile records the plan: steps change price where it changes.
     small_batch_rows: int | None = knob(None, help="products of at most this many rows use the "
                                         "transposed copy", unit="rows",
-                                        range=(1, _INT32_MAX), special={None: "by the CPU"})
-    # bf16 always; fp32 on AMD CPUs (products above small_batch_rows rows).
+                                        range=(1, _INT32_MAX), special={None: "timed per host"})
+    # bf16 where oneDNN has bf16 kernels; fp32 where the product plan picks them (off: never a candidate).
     prepack_weights: bool = knob(True, help="CPU: weights prepacked once in oneDNN's layout (one more "
                                  "copy of the weights)")
+    # Per row count 1..16 the fastest of the paths below, timed at start and cached per host
+    # (backends/real/product_paths.py); a profile records the choice.
+    cpu_product_paths: str = knob("auto", help="CPU: the kernel of few-row products (auto: timed on "
+                                  "this host per row count; transposed: x @ W_t; prepacked: oneDNN; "
+                                  "linear: F.linear; blocked: the few-row C++ kernel)",
+                                  choices=("auto", "transposed", "prepacked", "linear", "blocked"))
     # 'int8': per-output-channel int8 copies (scales in bf16), used by steps of at most INT8_ROWS rows
     # (batch-1 decode reads half the bytes); 'int4': int4 projections (groups of 32, Q4_1's layout)
     # and an int8 LM head.

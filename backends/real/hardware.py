@@ -44,30 +44,68 @@ def cpu_features() -> dict[str, Any]:
             "flags": [f for f in KERNEL_FLAGS if f in have] if have is not None else None}
 
 
+def product_plan(args: Any, cfg: Any) -> Any:
+    """The CPU product plan an engine with these args runs (product_paths.resolve_plan: cached per host)."""
+    from twinserve.backends.real.product_paths import resolve_plan
+
+    device = args.resolve_device()
+    return resolve_plan(args, cfg, device, args.resolve_dtype(device))
+
+
+def engine_product_plan(engine: Any) -> Any:
+    """The plan an engine's in-process worker runs; else the host's cached plan for its args."""
+    worker = getattr(engine, "worker", None)
+    if worker is not None and hasattr(worker, "product_plan"):
+        return worker.product_plan
+    return product_plan(engine.args, engine.model_config)
+
+
+def plan_bounds(record: dict[str, list[str]]) -> list[int]:
+    """Row counts after which a product plan's path changes (and F.linear's padded 9-15 rows)."""
+    from twinserve.backends.real.models.llama import PAD_MIN_ROWS, PAD_ROWS
+
+    proj, head = record["projections"], record["head"]
+    bounds = {r for r in range(1, len(proj)) if proj[r - 1] != proj[r] or head[r - 1] != head[r]}
+    # Products of PAD_MIN_ROWS..PAD_ROWS-1 rows through F.linear cost what PAD_ROWS rows cost.
+    if PAD_ROWS and any(proj[r - 1] == "linear" for r in range(PAD_MIN_ROWS, min(PAD_ROWS, len(proj)))):
+        bounds |= {PAD_MIN_ROWS - 1, PAD_ROWS - 1}
+    return sorted(bounds)
+
+
 def regime_bounds(engine: Any) -> list[int]:
-    """Token counts where the engine switches code path (CPU fp32: small-batch weights, padding)."""
+    """Token counts where the engine switches code path (CPU fp32: the product plan, padding)."""
+    plan = engine_product_plan(engine)
+    if plan is not None:
+        return plan_bounds(plan.record())
     device = engine.args.resolve_device()
     return _code_path_bounds(device.type, str(engine.args.resolve_dtype(device)),
                              engine.args.resolve_small_batch_rows(device), engine_pad_rows(engine))
 
 
-def fp32_product_path(args: Any) -> str | None:
-    """The kernel CPU fp32 products above small_batch_rows run on: 'onednn-prepacked' or 'sgemm' (None: not CPU fp32)."""
+# The legacy name of a plan's path above TIMED_ROWS rows, as profiles before plans recorded it.
+_LEGACY_PATH = {"prepacked": "onednn-prepacked", "linear": "sgemm", "transposed": "sgemm", "blocked": "blocked"}
+
+
+def fp32_product_path(args: Any, plan: Any = None) -> str | None:
+    """The kernel CPU fp32 products above the plan's timed rows run on: 'onednn-prepacked' or 'sgemm'
+    (None: not CPU fp32). Without a plan (a caller with no model config), the vendor rule of old."""
     from twinserve.backends.real.models.llama import fp32_prepack_preferred
 
     device = args.resolve_device()
     if device.type != "cpu" or str(args.resolve_dtype(device)).removeprefix("torch.") != "float32":
         return None
+    if plan is not None:
+        return _LEGACY_PATH[plan.projections[-1]]
     return "onednn-prepacked" if args.prepack_weights and fp32_prepack_preferred() else "sgemm"
 
 
 def engine_pad_rows(engine: Any) -> int:
     """The rows F.linear pads few-row products to in this engine (0: it pads none)."""
-    from twinserve.backends.real.models.llama import fp32_prepack_preferred
+    from twinserve.backends.real.models.llama import PAD_MIN_ROWS, PAD_ROWS
 
-    # Prepacked fp32 weights take every product F.linear would pad.
-    if engine.args.prepack_weights and engine.args.resolve_device().type == "cpu" and fp32_prepack_preferred():
-        return 0
+    plan = engine_product_plan(engine)
+    if plan is not None:  # F.linear pads only the rows its plan gives it
+        return PAD_ROWS if any(p == "linear" for p in plan.projections[PAD_MIN_ROWS - 1:PAD_ROWS - 1]) else 0
     return _pad_rows()
 
 

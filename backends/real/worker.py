@@ -24,6 +24,7 @@ from twinserve.backends.real.models import llama
 from twinserve.backends.real.models.loader import load_gguf, load_hf_folder
 from twinserve.backends.real.models.parallel import TensorParallel, shard_llama
 from twinserve.backends.real.models.registry import ModelSource
+from twinserve.backends.real.product_paths import resolve_plan, warn_slow_bf16
 from twinserve.backends.real.spec.draft_model import resolve_draft_model
 from twinserve.core.spec_decode import SpeculativeConfig
 
@@ -63,12 +64,20 @@ class Worker:
         # Seconds in collectives during the last step (tensor parallelism).
         self.last_comm_time = 0.0
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
-        # Only fp32 gains from the transposed copies (docs/speed.md).
+        if self.device.type == "cpu" and self.dtype == torch.bfloat16 and args.quantization is None:
+            warn_slow_bf16(self.model.config)
+        # CPU fp32 (or a named path): each row count's product path, timed on this host (product_paths.py).
+        self.product_plan = resolve_plan(args, self.model.config, self.device, self.dtype)
         small_rows = args.resolve_small_batch_rows(self.device)
-        if small_rows:
-            self.model.add_small_batch_weights(small_rows)
-        if self._prepack():
-            self.model.add_packed_weights()
+        if self.product_plan is not None:
+            self.model.set_product_plan(self.product_plan.projections, self.product_plan.head)
+            small_rows = self.product_plan.small_batch_rows()
+        else:
+            # Only fp32 gains from the transposed copies (docs/speed.md).
+            if small_rows:
+                self.model.add_small_batch_weights(small_rows)
+            if self._prepack():
+                self.model.add_packed_weights()
         if args.quantization in ("int8", "int4"):
             kernels = ("_weight_int8pack_mm",) + (("_weight_int4pack_mm_for_cpu",) if args.quantization == "int4" else ())
             if self.device.type != "cpu" or self.dtype != torch.bfloat16 \
@@ -101,6 +110,10 @@ class Worker:
                                         kv_sliding_window(self.model.config))
         loader = load_gguf if source.is_gguf else load_hf_folder
         draft = loader(source.path, self.max_model_len, self.dtype).to(device=self.device, dtype=self.dtype).eval()
+        plan = resolve_plan(self.args, draft.config, self.device, self.dtype)
+        if plan is not None:
+            draft.set_product_plan(plan.projections, plan.head)
+            return draft
         if small_rows:
             draft.add_small_batch_weights(small_rows)
         if self._prepack():
@@ -108,12 +121,10 @@ class Worker:
         return draft
 
     def _prepack(self) -> bool:
-        """Whether this CPU's products run faster on oneDNN-prepacked weights (bf16, or fp32 on AMD)."""
+        """Whether bf16 products run on oneDNN-prepacked weights (CPU fp32 follows its product plan)."""
         if self.device.type != "cpu" or not self.args.prepack_weights:
             return False
-        if self.dtype == torch.bfloat16:
-            return llama.packed_bf16_supported()
-        return self.dtype == torch.float32 and llama.fp32_prepack_preferred()
+        return self.dtype == torch.bfloat16 and llama.packed_bf16_supported()
 
     def compile_grammar(self, spec: StructuredOutputSpec) -> Any:
         """spec's grammar compiled here, for a spec from another process (compiled grammars do not serialize)."""

@@ -527,14 +527,54 @@ def recorded_small_batch_rows(engine_record: Mapping[str, Any], copies: bool = T
     return 4 if engine_record.get("small_batch_weights", copies) else 0
 
 
+def recorded_product_paths(engine_record: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The per-row product paths (rows 1..16, then above) of a CPU fp32 profile's engine; records from
+    before they were timed say them through small_batch_rows and fp32_product_path."""
+    got = engine_record.get("cpu_product_paths")
+    if isinstance(got, Mapping) and "projections" in got and "head" in got:
+        return {"projections": list(got["projections"]), "head": list(got["head"])}
+    rows = recorded_small_batch_rows(engine_record)
+    above = "prepacked" if engine_record.get("fp32_product_path") == "onednn-prepacked" else "linear"
+    table = ["transposed" if r <= rows else above for r in range(1, 17)] + ["transposed" if rows > 16 else above]
+    return {"projections": table, "head": list(table)}
+
+
+def _path_differences(made: Mapping[str, list[str]], runs: Mapping[str, list[str]]) -> list[str]:
+    """'projections of 2-16 rows: profile 'prepacked', engine 'blocked'' for each part whose paths differ
+    (the first differing row's paths; '5+': from 5 rows up)."""
+    out = []
+    for part in ("projections", "head"):
+        a, b = list(made[part]), list(runs[part])
+        if len(a) != len(b):
+            out.append(f"{part}: profile {a}, engine {b}")
+            continue
+        rows = [i for i in range(len(a)) if a[i] != b[i]]
+        if rows:
+            first, above = rows[0] + 1, rows[-1] == len(a) - 1
+            span = ("above 16" if first == len(a) else f"{first}+") if above else \
+                (str(first) if len(rows) == 1 else f"{first}-{rows[-1] + 1}")
+            out.append(f"{part} of {span} rows: profile {a[rows[0]]!r}, engine {b[rows[0]]!r}")
+    return out
+
+
 def check_profile_code_path(profile: FittedCostModel, small_batch_rows: int, allow_mismatch: bool = False,
-                            source: str = "profile", product_path: str | None = None) -> None:
-    """Refuse a CPU fp32 profile made with another small_batch_rows or product kernel (oneDNN's prepacked
+                            source: str = "profile", product_path: str | None = None,
+                            product_paths: Mapping[str, list[str]] | None = None) -> None:
+    """Refuse a CPU fp32 profile made with other product paths: per row count when the engine's plan is
+    given (product_paths), else another small_batch_rows or product kernel (oneDNN's prepacked
     weights or sgemm: about 2x apart)."""
     prov = profile.meta.get("provenance") or {}
     eng = prov.get("engine")
     if allow_mismatch or not isinstance(eng, Mapping) or str(prov.get("device", "")).split(":")[0] != "cpu" \
             or _dtype_name(str(prov.get("dtype", ""))) != "float32":
+        return
+    if product_paths is not None:
+        diff = _path_differences(recorded_product_paths(eng), product_paths)
+        if diff:
+            raise ProfileError(f"{source} was calibrated with other CPU product paths than the engine runs ("
+                               + "; ".join(diff) + "): its steps of those rows ran another kernel; calibrate this "
+                               "engine with `twinserve calibrate`, pass --cpu-product-paths, or pass "
+                               "--allow-profile-mismatch")
         return
     # Profiles from before the record ran sgemm: the prepacked fp32 path came with it.
     made_path = eng.get("fp32_product_path") or "sgemm"

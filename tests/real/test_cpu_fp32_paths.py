@@ -32,7 +32,7 @@ def test_a_batch_in_the_padded_range_decodes_the_tokens_of_an_unpadded_run(make_
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     # The copies up to 4 rows (the AVX2 rule), no prepacked weights (as on Intel): the 12-row
     # products go to F.linear, padded.
-    llm = make_llm(dtype="float32", max_num_seqs=16, small_batch_rows=4, prepack_weights=False)
+    llm = make_llm(dtype="float32", max_num_seqs=16, small_batch_rows=4, cpu_product_paths="linear")
     calls: list[int] = []
     real = llama._padded
     monkeypatch.setattr(llama, "_padded", lambda x: calls.append(real(x)) or real(x))
@@ -73,24 +73,22 @@ def test_default_small_batch_rows_by_vendor_and_vector_isa(monkeypatch, vendor: 
 
 
 def test_prepacked_fp32_products_decode_the_tokens_of_plain_products(make_llm, monkeypatch) -> None:
-    """As on an AMD CPU: 1-row products on the transposed copies, the rest on oneDNN's prepacked
-    fp32 weights (none through F.linear); a verify step's 5-row products among them."""
+    """1-row products on the transposed copies, the rest on oneDNN's prepacked fp32 weights (none
+    through F.linear); a verify step's 5-row products among them."""
     prompts = [{"prompt_token_ids": p} for p in prompts_ids(12, seed=7, lo=6, hi=20)]
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     dense_rows: list[int] = []
     real = llama._dense
     monkeypatch.setattr(llama, "_dense", lambda x, *a: dense_rows.append(x.shape[0]) or real(x, *a))
-    monkeypatch.setattr(llama, "fp32_prepack_preferred", lambda: True)
-    llm = make_llm(dtype="float32", max_num_seqs=16, small_batch_rows=1)
+    llm = make_llm(dtype="float32", max_num_seqs=16, small_batch_rows=1, cpu_product_paths="prepacked")
     model = llm.llm_engine.worker.model
     assert model.layers[0].mlp.down_proj.__dict__.get("weight_packed") is not None
     packed = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert not dense_rows  # prefill and 12-row decode products all took the prepacked weights
-    spec = make_llm(dtype="float32", max_num_seqs=16, small_batch_rows=1,
+    spec = make_llm(dtype="float32", max_num_seqs=16, small_batch_rows=1, cpu_product_paths="prepacked",
                     speculative_config={"method": "ngram", "num_speculative_tokens": 4})
     drafted = [o.outputs[0].token_ids for o in spec.generate(prompts, params, use_tqdm=False)]
-    monkeypatch.setattr(llama, "fp32_prepack_preferred", lambda: False)
-    plain_llm = make_llm(dtype="float32", max_num_seqs=16, small_batch_weights=False)
+    plain_llm = make_llm(dtype="float32", max_num_seqs=16, small_batch_weights=False, cpu_product_paths="linear")
     assert plain_llm.llm_engine.worker.model.layers[0].mlp.down_proj.__dict__.get("weight_packed") is None
     plain = [o.outputs[0].token_ids for o in plain_llm.generate(prompts, params, use_tqdm=False)]
     assert dense_rows
@@ -106,11 +104,11 @@ def test_copies_up_to_more_rows_decode_the_tokens_of_plain_products(make_llm, mo
     real = llama._dense
     monkeypatch.setattr(llama, "_dense", lambda x, *a: dense_rows.append(x.shape[0]) or real(x, *a))
     llm = make_llm(dtype="float32", max_num_seqs=16, small_batch_rows=64, prepack_weights=False)
-    model = llm.llm_engine.worker.model
-    assert model.small_batch_rows == 64 and model.layers[0].mlp.down_proj.small_rows == 64
+    plan = llm.llm_engine.worker.product_plan
+    assert plan.source == "small_batch_rows" and set(plan.paths()) == {"transposed"}
     copies = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert 12 not in dense_rows  # every decode step's products took the copies
-    plain_llm = make_llm(dtype="float32", max_num_seqs=16, small_batch_weights=False, prepack_weights=False)
+    plain_llm = make_llm(dtype="float32", max_num_seqs=16, small_batch_weights=False, cpu_product_paths="linear")
     dense_rows.clear()
     plain = [o.outputs[0].token_ids for o in plain_llm.generate(prompts, params, use_tqdm=False)]
     assert 12 in dense_rows

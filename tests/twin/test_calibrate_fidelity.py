@@ -66,9 +66,9 @@ def test_calibrate_and_fidelity_end_to_end(tiny_model: Path, tmp_path: Path, cap
     assert main(["calibrate", "--out", str(prof), "--quick", "--repeats", "1", "--no-progress",
                  "--max-context", "100", "--probe-every", "5", *common]) == 0
     data = json.loads(prof.read_text())
-    # The quick design's decodes reach 1.5 x 24 + 3 tokens of context; --max-context adds a
-    # decode context whose spread reaches 100, and the fit saw batches at it (65 on average).
-    assert data["provenance"]["design"]["decode_contexts"] == [8, 24, 65]
+    # The quick design's decodes reach 1.5 x 24 + 3 tokens of context; --max-context adds decode
+    # contexts, each reaching about twice the last, up to one whose spread reaches 100 (65 on average).
+    assert data["provenance"]["design"]["decode_contexts"] == [8, 24, 50, 65]
     assert data["fit"]["range"]["decode_context_per_seq"] >= 65
     assert data["format"] == "twinserve-step-profile/4"
     assert data["provenance"]["threads"] == 1 and data["provenance"]["dtype"] == "float64"
@@ -205,24 +205,25 @@ def test_fidelity_refuses_a_profile_made_with_other_small_batch_rows(tiny_model:
     from twinserve.backends.sim.fitted import FittedCostModel
     from twinserve.cli import main
 
-    from twinserve.backends.real.models.llama import fp32_prepack_preferred
-
-    # This machine's fp32 product kernel: another one is refused on its own (test_profile_path.py).
-    path = "onednn-prepacked" if fp32_prepack_preferred() else "sgemm"
+    # A profile from before product paths were recorded: up to 4 rows transposed, the rest sgemm.
+    path = "sgemm"
     prov = {"device": "cpu", "dtype": "float32", "engine": {"small_batch_weights": True, "small_batch_rows": 4,
                                                             "fp32_product_path": path}}
     prof = tmp_path / "rows4.json"
     FittedCostModel(intercept_s=0.002, meta={"provenance": prov}).save(prof)
     common = ["--model", str(tiny_model), "--dtype", "float32", "--max-model-len", "64",
-              "--trace", str(_trace(tmp_path / "t.csv")), "--profile", str(prof)]
+              "--trace", str(_trace(tmp_path / "t.csv")), "--profile", str(prof), "--cpu-product-paths", "linear"]
     assert main(["fidelity", *common, "--small-batch-rows", "8", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert "small_batch_rows=4 but the engine runs small_batch_rows=8" in err and "5-8 rows" in err
+    assert "projections of 5-8 rows: profile 'linear', engine 'transposed'" in err
     assert not (tmp_path / "o").exists()
     # The engine with the profile's limit runs it, and records its own limit with the run.
     assert main(["fidelity", *common, "--small-batch-rows", "4", "--no-probe", "--repeats", "1",
                  "--out", str(tmp_path / "ok")]) == 0
-    assert json.loads((tmp_path / "ok" / "fidelity.json").read_text())["engine"]["small_batch_rows"] == 4
+    engine = json.loads((tmp_path / "ok" / "fidelity.json").read_text())["engine"]
+    assert engine["small_batch_rows"] == 4
+    # The run records each row count's product path (what a profile made from it is held to).
+    assert engine["cpu_product_paths"]["projections"] == ["transposed"] * 4 + ["linear"] * 13
 
 def test_calibration_decode_points_measure_the_whole_batch(make_engine) -> None:
     """A batch whose prefill spans many steps still decodes together, `steps` times at least."""

@@ -39,3 +39,33 @@ def test_with_no_valid_shipped_profile_the_refusal_names_none() -> None:
     other = FittedCostModel(0.01, meta={"model": "Llama-2-7B"})
     with pytest.raises(NoFittingProfileError, match="shipped for this machine: builtin:smollm2-135m-cpu-1t"):
         check_profile(other, _facts("sgemm"), "p.json")
+
+
+def _plan(proj: list[str], head: list[str] | None = None) -> dict[str, list[str]]:
+    return {"projections": proj, "head": head or list(proj)}
+
+
+def test_a_profile_made_with_other_product_paths_is_refused_naming_the_rows() -> None:
+    """Issue 54 item 3: the profile records each row count's product path; an engine whose plan differs
+    anywhere refuses it, naming the rows and both paths; the same plan is accepted."""
+    made_plan = _plan(["transposed"] + ["blocked"] * 15 + ["prepacked"])
+    made = FittedCostModel(0.01, meta={"provenance": {"device": "cpu", "dtype": "float32", "engine": {
+        "small_batch_rows": 1, "cpu_product_paths": made_plan}}})
+    check_profile_code_path(made, 1, product_paths=made_plan)
+    runs = _plan(["transposed"] * 2 + ["prepacked"] * 15)
+    with pytest.raises(ProfileError, match=r"projections of 2-16 rows: profile 'blocked', engine "
+                                           r"'transposed'.*head of 2-16 rows"):
+        check_profile_code_path(made, 1, product_paths=runs)
+    # Only the head differs, only above 16 rows: still refused.
+    head_only = _plan(made_plan["projections"], made_plan["projections"][:-1] + ["linear"])
+    with pytest.raises(ProfileError, match=r"head of above 16 rows: profile 'prepacked', engine 'linear'"):
+        check_profile_code_path(made, 1, product_paths=head_only)
+    check_profile_code_path(made, 1, allow_mismatch=True, product_paths=runs)
+
+
+def test_a_profile_from_before_the_plan_is_read_through_small_batch_rows() -> None:
+    """The shipped AMD profile (transposed up to 4 rows, sgemm above) fits an engine with that plan only."""
+    legacy = _plan(["transposed"] * 4 + ["linear"] * 13)
+    check_profile_code_path(AMD, 4, product_paths=legacy)
+    with pytest.raises(ProfileError, match=r"projections of 5\+ rows: profile 'linear', engine 'prepacked'"):
+        check_profile_code_path(AMD, 4, product_paths=_plan(["transposed"] * 4 + ["prepacked"] * 13))

@@ -109,6 +109,19 @@ def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     if w8 is not None and x.shape[0] <= INT8_ROWS:
         out = torch.ops.aten._weight_int8pack_mm(x, w8, d["weight_scale"])
         return out if layer.bias is None else out + layer.bias
+    table = d.get("row_paths")
+    if table is not None:
+        n = x.shape[0]
+        kind = table[n] if n < len(table) else table[-1]
+        if kind == _TRANSPOSED:
+            out = x @ d["weight_rows_t"]
+        elif kind == _BLOCKED:
+            out = d["few_rows"].mm(x, d["weight_blocked"], d["out_features"])
+        elif kind == _PREPACKED:
+            return torch.ops.mkldnn._linear_pointwise(x, d["weight_packed"], layer.bias, "none", [], "")
+        else:
+            return _dense(x, layer.weight, layer.bias)
+        return out if layer.bias is None else out + layer.bias
     wt = getattr(layer, "weight_t", None)
     if wt is not None and x.shape[0] <= d["small_rows"]:
         out = x @ wt
@@ -117,6 +130,16 @@ def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     if packed is not None:
         return torch.ops.mkldnn._linear_pointwise(x, packed, layer.bias, "none", [], "")
     return _dense(x, layer.weight, layer.bias)
+
+
+# Path codes of a product plan's table, indexed by rows (product_paths.PATHS).
+_TRANSPOSED, _PREPACKED, _LINEAR, _BLOCKED = range(4)
+_CODES = {"transposed": _TRANSPOSED, "prepacked": _PREPACKED, "linear": _LINEAR, "blocked": _BLOCKED}
+
+
+def row_table(table: tuple[str, ...]) -> tuple[int, ...]:
+    """A plan's table (rows 1..n, then larger) as path codes indexed by rows (index 0 unused)."""
+    return (_CODES[table[0]], *(_CODES[p] for p in table))
 
 
 def packed_bf16_supported() -> bool:
@@ -304,8 +327,22 @@ class LlamaForCausalLM(nn.Module):
         head_packed = self.__dict__.get("head_packed")
         head_t = getattr(self, "head_t", None)
         head_int8 = self.__dict__.get("head_int8")
+        table = self.__dict__.get("head_rows")
         if head_int8 is not None and hidden.shape[0] <= INT8_ROWS:
             logits = torch.ops.aten._weight_int8pack_mm(hidden, head_int8, self.head_scale).float()
+        elif table is not None:
+            n = hidden.shape[0]
+            kind = table[n] if n < len(table) else table[-1]
+            if kind == _TRANSPOSED:
+                logits = (hidden @ self.__dict__["head_rows_t"]).float()
+            elif kind == _BLOCKED:
+                logits = self.__dict__["few_rows"].mm(hidden, self.__dict__["head_blocked"],
+                                                      self.__dict__["head_out"]).float()
+            elif kind == _PREPACKED:
+                logits = torch.ops.mkldnn._linear_pointwise(hidden, head_packed, None, "none", [], "").float()
+            else:
+                weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+                logits = _dense(hidden, weight).float()
         elif head_t is not None and hidden.shape[0] <= self.small_batch_rows:
             logits = (hidden @ head_t).float()
         elif head_packed is not None:
@@ -368,6 +405,39 @@ class LlamaForCausalLM(nn.Module):
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         self.register_buffer("head_t", weight.detach().t().contiguous(), persistent=False)
         self.set_small_batch_rows(default_small_batch_rows() if rows is None else rows)
+
+    def set_product_plan(self, projections: tuple[str, ...], head: tuple[str, ...]) -> None:
+        """Products of r rows take the plan's path for r (product_paths.ProductPlan); only the copies
+        those paths read are kept."""
+        from twinserve.backends.real import few_rows
+
+        module = few_rows.load()[0] if "blocked" in (*projections, *head) else None
+        if module is None and "blocked" in (*projections, *head):
+            raise RuntimeError("a product plan names the few-row kernel, which did not load")
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        for lin in self.projections():
+            d = lin.__dict__
+            w = lin.weight.detach()
+            d["row_paths"] = row_table(projections)
+            d["out_features"] = w.shape[0]
+            d["few_rows"] = module
+            if "transposed" in projections:
+                d["weight_rows_t"] = w.t().contiguous()
+            if "prepacked" in projections:
+                d["weight_packed"] = torch.ops.mkldnn._reorder_linear_weight(w, 1)
+            if "blocked" in projections:
+                d["weight_blocked"] = module.pack(w)
+        d = self.__dict__
+        d["head_rows"] = row_table(head)
+        d["few_rows"] = module
+        d["head_out"] = weight.shape[0]
+        w = weight.detach()
+        if "transposed" in head:
+            d["head_rows_t"] = w.t().contiguous()
+        if "prepacked" in head:
+            d["head_packed"] = torch.ops.mkldnn._reorder_linear_weight(w, 1)
+        if "blocked" in head:
+            d["head_blocked"] = module.pack(w)
 
     def set_small_batch_rows(self, rows: int) -> None:
         """Products of at most `rows` rows take the transposed copies (add_small_batch_weights)."""
