@@ -66,3 +66,22 @@ def test_calibration_is_the_geometric_mean_of_found_over_estimated() -> None:
     assert calibration([a, b, unstarted]) == 4.0
     assert calibration([unstarted]) == 1.0
     assert math.isinf(unstarted.hi)
+
+
+def test_a_lost_cluster_run_stops_early_and_fails_like_the_full_run() -> None:
+    # Disaggregated 1P+1D and a colocated pair: both used to run whole.
+    for split in (1, 0):
+        cfg = small_config(num_requests=300, rate=60.0, **{"cluster.num_replicas": 2,
+                                                           "cluster.num_prefill_replicas": split})
+        early = run_search_point(({}, cfg, SLOS, True))
+        full = run_search_point(({}, cfg, SLOS, False))
+        assert " lost: " in early["stopped_early"], split
+        assert early["completed"] < full["completed"] == 300
+        assert not meets(early, SLOS) and not meets(full, SLOS)
+        ok = small_config(num_requests=100, rate=0.5, **{"cluster.num_replicas": 2,
+                                                         "cluster.num_prefill_replicas": split})
+        kept = run_search_point(({}, ok, SLOS, True))
+        assert kept["stopped_early"] == "" and meets(kept, SLOS)
+        whole = run_search_point(({}, ok, SLOS, False))
+        assert {k: v for k, v in kept.items() if "wall" not in k and k != "stopped_early"} == \
+            {k: v for k, v in whole.items() if "wall" not in k}
