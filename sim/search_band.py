@@ -42,19 +42,20 @@ def search_seeds(searches: Sequence[RateSearch], slos: dict[str, float], workers
     """Search band_seeds more seeds at the first run length; (seed, rate) go to s.seeds."""
     again: list[tuple[RateSearch, RateSearch]] = []
     for s in searches:
-        if s.status != "ok":
+        if s.status != "ok" or s.screened:
             continue
         # Short runs: the first length's answers; their spread is the wider one, so the band
         # they give the final answer errs on the safe side.
         n, first = s.lengths[0] if s.lengths else (s.cfg.workload.num_requests, s.lo)
         s.seeds = [(s.cfg.run.seed, first)]
-        tol = s.cfg.search.tolerance
+        # The first length's tolerance: each seed's answer as precise as the one it is set beside.
+        tol = s.tolerance or s.cfg.search.tolerance
         for k in range(1, s.cfg.search.band_seeds + 1):
             cfg = with_requests(s.cfg, n)
             set_field(cfg, "run.seed", s.cfg.run.seed + k)
             # Seeds differ by a few percent: start at the answer with a step of twice the tolerance.
             again.append((s, RateSearch(s.point, cfg, start=first, step=1.0 + 2 * tol,
-                                        integer=s.integer)))
+                                        integer=s.integer, tolerance=tol)))
     if not again:
         return
     run_searches([r for _, r in again], slos, workers, ray_address, progress, desc="seeds")
