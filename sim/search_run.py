@@ -10,6 +10,7 @@ from typing import Any
 
 from twinserve.sim.build import build
 from twinserve.sim.config import StudyConfig
+from twinserve.sim.gc_policy import simulation_gc
 from twinserve.sim.study import _run, cluster_point_result, is_cluster, point_result
 from twinserve.sim.world import RequestRecord
 
@@ -85,7 +86,14 @@ def run_search_point(job: tuple[dict[str, Any], StudyConfig, dict[str, float], b
     A stopped run's row has completed < num_requests, so sim.search.meets fails it, and says
     why in `stopped_early`.
     """
-    point, cfg, slos, early = job
+    # Building a pool of 10^5 KV blocks under the default GC runs full collections over them;
+    # the simulation's own GC policy (sim.gc_policy) covers the build and the row too.
+    with simulation_gc():
+        return _search_point(*job)
+
+
+def _search_point(point: dict[str, Any], cfg: StudyConfig, slos: dict[str, float], early: bool
+                  ) -> dict[str, Any]:
     w = cfg.workload
     # Follow-up turns make the request count unknown in advance; clusters run their own loop.
     guard = SLOGuard.for_run(slos, w.num_requests) if early and w.turns == 1 else None
