@@ -227,3 +227,14 @@ def test_a_split_beyond_the_gpu_budget_is_refused(tmp_path, capsys, body, field)
     rc, _ = _search(tmp_path, "budget", study=STUDY + body)
     err = capsys.readouterr().err
     assert rc == 2 and field in err and "budget.toml:" in err, err
+
+
+def test_commands_name_the_hugging_face_repo_of_a_catalog_model() -> None:
+    from twinserve.sim.search_commands import commands, hf_model_id
+
+    cfg = small_config(**{"engine.model": "Llama-3.1-70B", "engine.tensor_parallel_size": 4})
+    cmd = commands(cfg, {"model": "Llama-3.1-70B"}, 4000, 500, 2.0, 100)
+    assert cmd["vllm_serve"].startswith("vllm serve meta-llama/Llama-3.1-70B ")
+    assert "--model meta-llama/Llama-3.1-70B " in cmd["vllm_bench_serve"]
+    assert hf_model_id("qwen3-30b-a3b") == "Qwen/Qwen3-30B-A3B"
+    assert hf_model_id("Llama-2-7B") == "Llama-2-7B"  # no source listed: the name as given
