@@ -102,6 +102,7 @@ def main() -> int:
     ap.add_argument("--before", default="abcead1", help="git revision of the old search")
     ap.add_argument("--after", default="HEAD", help="git revision of the new search")
     ap.add_argument("--core", default="1", help="CPU to pin every run to ('' = none)")
+    ap.add_argument("--save", default="", help="folder to keep each search's outputs in")
     ap.add_argument("--variants", default="before,band,noband",
                     help="which to run, comma-separated: before, band (after, with its seed band), "
                          "noband (after, band_seeds = 0)")
@@ -134,12 +135,14 @@ def main() -> int:
                 load0 = os.getloadavg()[0]
                 wall, cpu, stdout, rc = run(argv + ["--out", str(out)], args.core)
                 load = f"{load0:.1f}-{os.getloadavg()[0]:.1f}"
-                if name.startswith("before"):
+                rows = list(csv.DictReader(open(out / "search.csv")))
+                if "runs_total" not in rows[0]:  # a search older than its own counts
                     work = json.loads(stdout.rsplit("WORK ", 1)[1])
                 else:
-                    rows = list(csv.DictReader(open(out / "search.csv")))
                     work = {"runs": sum(int(r["runs_total"]) for r in rows),
                             "requests": sum(int(r["requests_simulated"]) for r in rows)}
+                if args.save:  # each search's outputs, kept
+                    shutil.copytree(out, Path(args.save) / out.name, dirs_exist_ok=True)
                 print(f"| {config} | {name} (exit {rc}) | {wall:.0f} | {cpu:.0f} | {load} | {work['runs']} | "
                       f"{work['requests']:,} | {pick(stdout)} | {answers(out)} |", flush=True)
     finally:
