@@ -14,7 +14,7 @@ from twinserve.sim.convergence import convergence_note, converged_search
 from twinserve.sim.search import RateSearch, meets, search_rates
 from twinserve.sim.search_band import search_seeds
 from twinserve.sim.search_driver import calibration, likeness
-from twinserve.sim.search_screen import contenders
+from twinserve.sim.search_screen import contenders, screen_notes
 from twinserve.sim.search_run import SLOGuard, exceed_needed, run_search_point, steady_state_rate
 from twinserve.sim.world import RequestRecord
 
@@ -144,3 +144,14 @@ def test_a_dominated_configuration_is_not_rechecked_nor_banded() -> None:
     again = converged_search(cfg, {"engine.hardware": ["A100-80GB", "H100-SXM"]}, SLOS,
                              workers=1, progress=False)
     assert not again[1].screened and len(again[1].lengths) == 2
+
+
+def test_summary_warns_when_the_picks_band_is_wider_than_the_screen() -> None:
+    best, other = _answered("A100-80GB", 1.0, 1000.0), _answered("A100-80GB", 0.3, 300.0)
+    other.screened = True
+    row = {"max_rate": 1.0, "band_lo": 0.8}
+    (line,) = screen_notes([best, other], row, 0.35)  # 20% below: inside the 35% screened
+    assert line.startswith("screened: 1 configuration(s)")
+    lines = screen_notes([best, other], {"max_rate": 1.0, "band_lo": 0.5}, 0.35)
+    assert len(lines) == 2 and lines[1].startswith("WARNING") and "50%" in lines[1]
+    assert screen_notes([best], row, 0.35) == []
