@@ -25,14 +25,16 @@ _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
 DEFAULT_MODEL_ERROR = "simulate-validate/summary.json"
 
 
-def seed_band(rates: Sequence[float]) -> tuple[float, float]:
+def seed_band(rates: Sequence[float], resolution: float = 0.0) -> tuple[float, float]:
     """(low, high) of a 95% prediction interval for another seed's answer (the rates' own span
-    when there is only one)."""
+    when there is only one). Each rate is known to `resolution` (the bracket's relative width):
+    bisected on the same grid, seeds can land on one value, so that error (uniform over the
+    bracket, variance w^2 / 12) is added to their spread's."""
     n = len(rates)
     if n < 2:
         return (min(rates), max(rates)) if rates else (0.0, 0.0)
     mean = sum(rates) / n
-    sd = math.sqrt(sum((r - mean) ** 2 for r in rates) / (n - 1))
+    sd = math.sqrt(sum((r - mean) ** 2 for r in rates) / (n - 1) + (resolution * mean) ** 2 / 12)
     half = _T975.get(n - 1, 1.96) * sd * math.sqrt(1 + 1 / n)
     return max(0.0, min(min(rates), mean - half)), max(max(rates), mean + half)
 
@@ -142,7 +144,8 @@ def add_bands(rows: list[dict[str, Any]], searches: Sequence[RateSearch], base: 
             row.update(band_lo=0.0, band_hi=0.0, seed_rates="", model_error=math.nan)
             continue
         rates = [r for _, r in s.seeds] or [s.lo]
-        lo, hi = seed_band(rates)
+        # The seeds were bisected to the first length's tolerance (sim.search_band.search_seeds).
+        lo, hi = seed_band(rates, (s.tolerance or s.cfg.search.tolerance) if s.seeds else 0.0)
         mean = sum(rates) / len(rates)
         lo, hi = s.lo * lo / mean, s.lo * hi / mean  # the short runs' relative spread
         err, note = model_error(base, row["model"], row["hardware"])
