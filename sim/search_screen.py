@@ -51,6 +51,13 @@ def screen_notes(searches: Sequence[RateSearch], best: dict[str, Any] | None,
     notes = [f"screened: {n} configuration(s) dearer than the cheapest even with both rates "
              f"moved by {margin:.0%} keep their first answer: not rechecked, no seed band "
              "(`convergence` column; `--set search.screen_margin=0` checks them all)"]
+    moved = [s for s in searches if len(s.lengths) >= 2 and s.lengths[0][1] > 0
+             and abs(s.lengths[-1][1] / s.lengths[0][1] - 1.0) > margin]
+    if moved:  # screening compared first-length answers: they were not that close
+        notes.append(f"WARNING: {len(moved)} answer(s) moved more than screen_margin "
+                     f"({margin:.0%}) from the first run length to the last, so a screened "
+                     "configuration's first answer may be as far off: lengthen the runs "
+                     "(requests_per_run) or widen screen_margin")
     if best is not None and best.get("band_lo") and best["max_rate"] > 0:
         low = 1.0 - best["band_lo"] / best["max_rate"]
         if low > margin:

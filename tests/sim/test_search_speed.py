@@ -155,3 +155,13 @@ def test_summary_warns_when_the_picks_band_is_wider_than_the_screen() -> None:
     lines = screen_notes([best, other], {"max_rate": 1.0, "band_lo": 0.5}, 0.35)
     assert len(lines) == 2 and lines[1].startswith("WARNING") and "50%" in lines[1]
     assert screen_notes([best], row, 0.35) == []
+
+
+def test_summary_warns_when_an_answer_moved_more_than_the_screen_between_lengths() -> None:
+    best, other = _answered("A100-80GB", 1.0, 1000.0), _answered("A100-80GB", 0.3, 300.0)
+    other.screened = True
+    best.lengths = [(300, 1.8), (600, 1.0)]  # -44%: the first answers were not near
+    lines = screen_notes([best, other], {"max_rate": 1.0, "band_lo": 0.9}, 0.35)
+    assert len(lines) == 2 and "moved more than screen_margin" in lines[1]
+    best.lengths = [(300, 1.1), (600, 1.0)]
+    assert len(screen_notes([best, other], {"max_rate": 1.0, "band_lo": 0.9}, 0.35)) == 1
