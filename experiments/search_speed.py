@@ -1,6 +1,7 @@
 """`simulate search` before and after its shortcuts, in one sitting, on the same core.
 
-    python experiments/search_speed.py [--before abcead1] [--after HEAD] [--core 1] [CONFIG ...]
+    python experiments/search_speed.py [--before abcead1] [--after HEAD] [--core 1]
+        [--variants before,band,noband] [CONFIG ...]
 
 Runs each study with the search of git revision --before and of --after (each checked out to
 a temporary worktree and imported in place of this tree's packages, so edits made meanwhile
@@ -80,7 +81,7 @@ def run(argv: list[str], core: str | None) -> tuple[float, float, str, int]:
 def answers(out: Path) -> str:
     """'config: max_rate' for every answered configuration of a search's table."""
     rows = list(csv.DictReader(open(out / "search.csv")))
-    keys = [k for k in rows[0] if k in ("hardware", "tensor_parallel_size", "quantization",
+    keys = [k for k in rows[0] if k in ("hardware", "tensor_parallel_size", "mode", "quantization",
                                         "kv_cache_dtype")]
     return "; ".join(f"{'/'.join(r[k] for k in keys)} {float(r['max_rate']):.3g}"
                      for r in rows if float(r["max_rate"]) > 0)
@@ -101,6 +102,10 @@ def main() -> int:
     ap.add_argument("--before", default="abcead1", help="git revision of the old search")
     ap.add_argument("--after", default="HEAD", help="git revision of the new search")
     ap.add_argument("--core", default="1", help="CPU to pin every run to ('' = none)")
+    ap.add_argument("--save", default="", help="folder to keep each search's outputs in")
+    ap.add_argument("--variants", default="before,band,noband",
+                    help="which to run, comma-separated: before, band (after, with its seed band), "
+                         "noband (after, band_seeds = 0)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="search-speed-"))
     tree, new = tmp / "before", tmp / "after"
@@ -108,28 +113,37 @@ def main() -> int:
         subprocess.run(["git", "worktree", "add", "--detach", str(path), rev], cwd=ROOT,
                        check=True, capture_output=True)
     py = sys.executable
-    print("| study | search | wall s | CPU s | runs | requests simulated | pick | answers (req/s) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| study | search | wall s | CPU s | load (1-min, start-end) | runs | requests simulated "
+          "| pick | answers (req/s) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     try:
         for config in args.configs:
             cfg = str(ROOT / config)
             common = ["search", "--config", cfg, "--workers", "1"]
             variants = [
-                (f"before ({args.before})", [py, "-c", LAUNCHER, str(tree), *common]),
-                ("after, 2-seed band", [py, "-c", LAUNCHER, str(new), *common]),
-                ("after, no band", [py, "-c", LAUNCHER, str(new), *common,
-                                    "--set", "search.band_seeds=0"]),
+                ("before", f"before ({args.before})", [py, "-c", LAUNCHER, str(tree), *common]),
+                ("band", f"after ({args.after}), as the study asks", [py, "-c", LAUNCHER, str(new),
+                                                                       *common]),
+                ("noband", "after, no band", [py, "-c", LAUNCHER, str(new), *common,
+                                              "--set", "search.band_seeds=0"]),
             ]
-            for name, argv in variants:
-                out = tmp / f"{Path(config).stem}-{len(name)}"
+            wanted = set(args.variants.split(","))
+            for key, name, argv in variants:
+                if key not in wanted:
+                    continue
+                out = tmp / f"{Path(config).stem}-{key}"
+                load0 = os.getloadavg()[0]
                 wall, cpu, stdout, rc = run(argv + ["--out", str(out)], args.core)
-                if name.startswith("before"):
+                load = f"{load0:.1f}-{os.getloadavg()[0]:.1f}"
+                rows = list(csv.DictReader(open(out / "search.csv")))
+                if "runs_total" not in rows[0]:  # a search older than its own counts
                     work = json.loads(stdout.rsplit("WORK ", 1)[1])
                 else:
-                    rows = list(csv.DictReader(open(out / "search.csv")))
                     work = {"runs": sum(int(r["runs_total"]) for r in rows),
                             "requests": sum(int(r["requests_simulated"]) for r in rows)}
-                print(f"| {config} | {name} (exit {rc}) | {wall:.0f} | {cpu:.0f} | {work['runs']} | "
+                if args.save:  # each search's outputs, kept
+                    shutil.copytree(out, Path(args.save) / out.name, dirs_exist_ok=True)
+                print(f"| {config} | {name} (exit {rc}) | {wall:.0f} | {cpu:.0f} | {load} | {work['runs']} | "
                       f"{work['requests']:,} | {pick(stdout)} | {answers(out)} |", flush=True)
     finally:
         for path in (tree, new):

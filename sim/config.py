@@ -172,6 +172,14 @@ class SearchConfig:
                                            "gpu_budget (sim/search_disagg.py)", choices=("off", "auto"))
     gpu_budget: int = knob(0, help="GPUs a deployment may take", unit="GPUs", range=(0, None),
                            special={0: "no limit"})
+    # A configuration whose cost, with its rate this much higher, still exceeds the cheapest's
+    # with its rate this much lower cannot be the pick or a tie: its first answer stands.
+    screen_margin: float = knob(0.35, help="rechecks and seed bands only for configurations within "
+                                           "this relative rate margin of the cheapest (sim/search_screen.py)",
+                                range=(0.0, None), special={0: "recheck and band every configuration"})
+    first_tolerance: float = knob(0.05, help="bracket tolerance of the first run length when answers "
+                                             "are rechecked at longer ones (they bisect to tolerance)",
+                                  range=(0.0, None), special={0: "tolerance"})
 
 
 @dataclass(slots=True)

@@ -11,6 +11,7 @@ from typing import Any
 
 from twinserve.sim.config import StudyConfig, set_field
 from twinserve.sim.search import RateSearch, run_searches, search_rates
+from twinserve.sim.search_screen import screen
 
 def with_requests(cfg: StudyConfig, n: int) -> StudyConfig:
     """A copy of cfg whose runs are n requests long."""
@@ -30,12 +31,17 @@ def converged_search(base: StudyConfig, grid: dict[str, list[str]], slos: dict[s
     if w.trace and not w.trace_cycle:
         # The search picks the length: a shorter trace runs whole and the note says so.
         set_field(first, "workload.allow_short_trace", True)
-    searches = search_rates(first, grid, slos, workers, ray_address, progress)
+    # Answers rechecked at longer runs bisect to tolerance there: the first length needs less.
+    rechecks = n * 2 <= sc.max_requests_per_run
+    first_tol = max(sc.tolerance, sc.first_tolerance) if rechecks else sc.tolerance
+    searches = search_rates(first, grid, slos, workers, ray_address, progress, first_tol)
     answered = ("ok", "max_rate cap")
     for s in searches:
         if s.status in answered:
             s.lengths.append((served(s, n), s.lo))
-    todo = [s for s in searches if s.status in answered and s.lengths[-1][0] >= n]
+    screen(searches, sc.target_rate, sc.screen_margin)
+    todo = [s for s in searches if s.status in answered and s.lengths[-1][0] >= n
+            and not s.screened]
     while todo and n * 2 <= sc.max_requests_per_run:
         n *= 2
         again = []
@@ -73,6 +79,10 @@ def relative_change(s: RateSearch) -> float:
 
 def convergence_note(s: RateSearch, tolerance: float) -> str:
     """What the answer's own convergence check found, in a few words."""
+    if s.screened:
+        return (f"screened: not rechecked, no seed band ({s.lengths[0][0]} requests, bracket "
+                f"{s.lo:.3g}-{s.hi:.3g}): dearer than the cheapest even with both rates moved "
+                "by screen_margin")
     if len(s.lengths) < 2:
         if not s.lengths:
             return ""

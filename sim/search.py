@@ -77,6 +77,8 @@ class RateSearch:
     runs_total: int = 0
     simulated: int = 0
     integer: bool = False      # the searched value is a client count (search.axis = concurrency)
+    screened: bool = False     # cannot be the pick or a tie: not rechecked, no band (sim.search_screen)
+    tolerance: float = 0.0     # bracket tolerance of this stage (0: search.tolerance)
 
     def next_rate(self) -> float | None:
         """The next rate to simulate, or None when the bracket is settled."""
@@ -93,7 +95,8 @@ class RateSearch:
             if self.hi <= s.min_rate:
                 return None
             rate = max(self.hi / self.step, s.min_rate)
-        elif (self.hi - self.lo) / self.hi <= s.tolerance or (self.integer and self.hi - self.lo <= 1):
+        elif ((self.hi - self.lo) / self.hi <= (self.tolerance or s.tolerance)
+              or (self.integer and self.hi - self.lo <= 1)):
             return None
         else:
             rate = (self.lo + self.hi) / 2.0
@@ -171,15 +174,16 @@ def check_prices(base: StudyConfig, configs: Sequence[StudyConfig]) -> None:
 
 def search_rates(base: StudyConfig, grid: dict[str, list[str]], slos: dict[str, float],
                  workers: int | None = None, ray_address: str | None = None,
-                 progress: bool = True) -> list[RateSearch]:
-    """Bracket the max rate under the SLOs for every grid point, runs in parallel."""
+                 progress: bool = True, tolerance: float = 0.0) -> list[RateSearch]:
+    """Bracket the max rate under the SLOs for every grid point, runs in parallel (to tolerance,
+    0 = search.tolerance)."""
     found = "workload.concurrency" if base.search.axis == "concurrency" else "workload.rate"
     if found in grid:
         raise ConfigError(found, f"{found.split('.')[1]} is what search finds; leave it out of "
                           "--grid")
     closed = base.search.axis == "concurrency"
     check_disaggregation(base)
-    searches = [RateSearch(p, c, integer=closed)
+    searches = [RateSearch(p, c, integer=closed, tolerance=tolerance)
                 for p, c in with_modes(base, grid_points(base, grid))]
     check_prices(base, [s.cfg for s in searches])
     for s in searches:

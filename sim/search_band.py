@@ -25,14 +25,16 @@ _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
 DEFAULT_MODEL_ERROR = "simulate-validate/summary.json"
 
 
-def seed_band(rates: Sequence[float]) -> tuple[float, float]:
+def seed_band(rates: Sequence[float], resolution: float = 0.0) -> tuple[float, float]:
     """(low, high) of a 95% prediction interval for another seed's answer (the rates' own span
-    when there is only one)."""
+    when there is only one). Each rate is known to `resolution` (the bracket's relative width):
+    bisected on the same grid, seeds can land on one value, so that error (uniform over the
+    bracket, variance w^2 / 12) is added to their spread's."""
     n = len(rates)
     if n < 2:
         return (min(rates), max(rates)) if rates else (0.0, 0.0)
     mean = sum(rates) / n
-    sd = math.sqrt(sum((r - mean) ** 2 for r in rates) / (n - 1))
+    sd = math.sqrt(sum((r - mean) ** 2 for r in rates) / (n - 1) + (resolution * mean) ** 2 / 12)
     half = _T975.get(n - 1, 1.96) * sd * math.sqrt(1 + 1 / n)
     return max(0.0, min(min(rates), mean - half)), max(max(rates), mean + half)
 
@@ -42,19 +44,20 @@ def search_seeds(searches: Sequence[RateSearch], slos: dict[str, float], workers
     """Search band_seeds more seeds at the first run length; (seed, rate) go to s.seeds."""
     again: list[tuple[RateSearch, RateSearch]] = []
     for s in searches:
-        if s.status != "ok":
+        if s.status != "ok" or s.screened:
             continue
         # Short runs: the first length's answers; their spread is the wider one, so the band
         # they give the final answer errs on the safe side.
         n, first = s.lengths[0] if s.lengths else (s.cfg.workload.num_requests, s.lo)
         s.seeds = [(s.cfg.run.seed, first)]
-        tol = s.cfg.search.tolerance
+        # The first length's tolerance: each seed's answer as precise as the one it is set beside.
+        tol = s.tolerance or s.cfg.search.tolerance
         for k in range(1, s.cfg.search.band_seeds + 1):
             cfg = with_requests(s.cfg, n)
             set_field(cfg, "run.seed", s.cfg.run.seed + k)
             # Seeds differ by a few percent: start at the answer with a step of twice the tolerance.
             again.append((s, RateSearch(s.point, cfg, start=first, step=1.0 + 2 * tol,
-                                        integer=s.integer)))
+                                        integer=s.integer, tolerance=tol)))
     if not again:
         return
     run_searches([r for _, r in again], slos, workers, ray_address, progress, desc="seeds")
@@ -141,7 +144,8 @@ def add_bands(rows: list[dict[str, Any]], searches: Sequence[RateSearch], base: 
             row.update(band_lo=0.0, band_hi=0.0, seed_rates="", model_error=math.nan)
             continue
         rates = [r for _, r in s.seeds] or [s.lo]
-        lo, hi = seed_band(rates)
+        # The seeds were bisected to the first length's tolerance (sim.search_band.search_seeds).
+        lo, hi = seed_band(rates, (s.tolerance or s.cfg.search.tolerance) if s.seeds else 0.0)
         mean = sum(rates) / len(rates)
         lo, hi = s.lo * lo / mean, s.lo * hi / mean  # the short runs' relative spread
         err, note = model_error(base, row["model"], row["hardware"])

@@ -20,6 +20,7 @@ from twinserve.sim.search import cheapest, summary_rows
 from twinserve.sim.search_band import add_bands, search_seeds, ties
 from twinserve.sim.search_checks import check_search, search_slos
 from twinserve.sim.search_report import pick_record, write_search
+from twinserve.sim.search_screen import screen_notes
 from twinserve.sim.study import parse_grid
 
 NOTHING_FITS = 3
@@ -58,6 +59,7 @@ def run_search(args: argparse.Namespace, base: Callable[[argparse.Namespace], St
         if any(s.point.get("mode", "agg") != "agg" for s in searches):
             axes.append("mode")  # agg and disagg rows side by side
         notes = _notes(cfg, slos, rows, wall, len(searches), band_notes)
+        notes += screen_notes(searches, best, cfg.search.screen_margin)
         out = Path(args.out or "simulate-search")
         picks = [pick_record(s, r, cfg, axes) for s, r in zip(searches, rows)
                  if r is best or any(r is t for t in tied)]

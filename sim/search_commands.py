@@ -4,8 +4,13 @@
 
 from __future__ import annotations
 
+import functools
+import re
 import shlex
+from pathlib import Path
 from typing import Any
+
+import twinserve.backends.sim as backends_sim
 
 from twinserve.sim.config import StudyConfig, replica_config
 
@@ -26,6 +31,27 @@ TWINSERVE_SERVE_FLAGS = frozenset({
     "--tensor-parallel-size", "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len",
     "--quantization", "--enable-prefix-caching", "--no-enable-prefix-caching", "--dtype",
 })
+
+
+# The catalog's table of shipped configs names each one's Hugging Face source (the repo id
+# `vllm serve` downloads); a row reads "| NAME.json | https://huggingface.co/ORG/REPO/blob/...".
+_CATALOG_TABLE = Path(backends_sim.__file__).parent / "models" / "README.md"
+_HF_ROW = re.compile(r"^\|\s*([^|\s]+)\.json\s*\|\s*https://huggingface\.co/([^/\s]+/[^/\s]+)/blob/",
+                     re.MULTILINE)
+
+
+@functools.lru_cache(maxsize=1)
+def _hf_ids() -> dict[str, str]:
+    try:
+        return {m.group(1).lower(): m.group(2) for m in _HF_ROW.finditer(_CATALOG_TABLE.read_text())}
+    except OSError:
+        return {}
+
+
+def hf_model_id(name: str) -> str:
+    """The Hugging Face repo id of a catalog model ('Llama-3.1-70B' -> 'meta-llama/Llama-3.1-70B'),
+    else the name as given (a path or an id already)."""
+    return _hf_ids().get(name.lower(), name)
 
 
 def _join(argv: list[str]) -> str:
@@ -60,7 +86,7 @@ def commands(cfg: StudyConfig, row: dict[str, Any], isl: int, osl: int, rate: fl
     """The serve and bench commands for one configuration, checked at `rate` per replica (req/s,
     or clients when the search's axis is concurrency)."""
     one = replica_config(cfg, 0) if cfg.cluster.num_replicas == 1 else cfg
-    model = row["model"]
+    model = hf_model_id(row["model"])
     bench = ["vllm", "bench", "serve", "--model", model, "--dataset-name", "random",
              "--random-input-len", str(isl), "--random-output-len", str(osl),
              "--num-prompts", str(num_prompts), "--seed", str(cfg.run.seed)]

@@ -32,11 +32,25 @@ class SearchLike(Protocol):
     def record(self, rate: float, row: dict[str, Any], ok: bool) -> None: ...
 
 
-def calibration(searches: Sequence[SearchLike]) -> float:
-    """Geometric mean of found/estimated rate over the searches bracketed so far (1 if none)."""
-    logs = [math.log(math.sqrt(s.lo * s.hi) / s.estimate) for s in searches
-            if s.estimate > 0 and s.lo > 0 and math.isfinite(s.hi)]
+def calibration(searches: Sequence[SearchLike], near: SearchLike | None = None) -> float:
+    """Geometric mean of found/estimated rate over the searches bracketed so far (1 if none);
+    with near, only over its nearest neighbours (sim.search_driver.likeness)."""
+    done = [s for s in searches if s.estimate > 0 and s.lo > 0 and math.isfinite(s.hi)]
+    if near is not None and done:
+        # The estimate errs differently for aggregated and disaggregated runs, and by TP.
+        best = max(likeness(near, s) for s in done)
+        done = [s for s in done if likeness(near, s) == best]
+    logs = [math.log(math.sqrt(s.lo * s.hi) / s.estimate) for s in done]
     return math.exp(sum(logs) / len(logs)) if logs else 1.0
+
+
+def likeness(a: SearchLike, b: SearchLike) -> int:
+    """How alike two configurations are: same kind of mode (agg/disagg) first, then each
+    other grid value they share."""
+    kind = (str(a.point.get("mode", "agg")).split() or [""])[0] == \
+        (str(b.point.get("mode", "agg")).split() or [""])[0]
+    same = sum(1 for k, v in a.point.items() if k != "mode" and b.point.get(k) == v)
+    return 100 * kind + same
 
 
 class _Local:
@@ -116,7 +130,7 @@ def drive(searches: Sequence[SearchLike], fn: Callable[[Any], dict[str, Any]],
                 if len(inflight) >= slots:
                     break
                 if s.start == 0.0 and s.estimate > 0 and s.lo == 0.0 and math.isinf(s.hi):
-                    cal = calibration(searches)
+                    cal = calibration(searches, s)
                     s.start = s.estimate * cal
                     # A start placed by other answers is near; a raw estimate may be far off.
                     s.step = _STEP_CALIBRATED if cal != 1.0 else _STEP_ESTIMATED

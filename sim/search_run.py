@@ -10,7 +10,8 @@ from typing import Any
 
 from twinserve.sim.build import build
 from twinserve.sim.config import StudyConfig
-from twinserve.sim.study import _run, is_cluster, point_result
+from twinserve.sim.gc_policy import simulation_gc
+from twinserve.sim.study import _run, cluster_point_result, is_cluster, point_result
 from twinserve.sim.world import RequestRecord
 
 
@@ -85,12 +86,21 @@ def run_search_point(job: tuple[dict[str, Any], StudyConfig, dict[str, float], b
     A stopped run's row has completed < num_requests, so sim.search.meets fails it, and says
     why in `stopped_early`.
     """
-    point, cfg, slos, early = job
+    # Building a pool of 10^5 KV blocks under the default GC runs full collections over them;
+    # the simulation's own GC policy (sim.gc_policy) covers the build and the row too.
+    with simulation_gc():
+        return _search_point(*job)
+
+
+def _search_point(point: dict[str, Any], cfg: StudyConfig, slos: dict[str, float], early: bool
+                  ) -> dict[str, Any]:
     w = cfg.workload
     # Follow-up turns make the request count unknown in advance; clusters run their own loop.
     guard = SLOGuard.for_run(slos, w.num_requests) if early and w.turns == 1 else None
-    if guard is None or is_cluster(cfg):
+    if guard is None:
         return _run((point, cfg, False)).row
+    if is_cluster(cfg):
+        return _cluster_point(point, cfg, guard)
     built = build(cfg)
     built.simulation.abort = guard
     result = built.simulation.run()
@@ -98,6 +108,30 @@ def run_search_point(job: tuple[dict[str, Any], StudyConfig, dict[str, float], b
         return {**point, "num_requests": w.num_requests, "completed": len(result.records),
                 "refused": 0, "stopped_early": guard.reason, "sim_wall_s": result.wall_time}
     row = point_result(cfg, built, result, point).row
+    row["stopped_early"] = ""
+    return row
+
+
+class _Lost(Exception):
+    """Raised out of a cluster's SimPy loop once its guard has seen an SLO lost."""
+
+
+def _cluster_point(point: dict[str, Any], cfg: StudyConfig, guard: SLOGuard) -> dict[str, Any]:
+    """A cluster (or disaggregated) run, ended by the guard like a single engine's."""
+    from twinserve.sim.cluster_study import build_cluster
+
+    def on_record(rec: RequestRecord) -> None:
+        if guard(rec):
+            raise _Lost  # propagates out of env.run(): the cluster loop needs no abort flag
+
+    built = build_cluster(cfg, on_record=on_record)
+    try:
+        res = built.simulation.run()
+    except _Lost:
+        return {**point, "num_requests": cfg.workload.num_requests,
+                "completed": len(built.simulation.records), "refused": 0,
+                "stopped_early": guard.reason, "sim_wall_s": 0.0}
+    row = cluster_point_result(cfg, built, res, point).row
     row["stopped_early"] = ""
     return row
 

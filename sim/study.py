@@ -47,9 +47,17 @@ def check_turns(cfg: StudyConfig, workload: Workload) -> dict[str, int]:
 
 def run_cluster_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None) -> PointResult:
     """Simulate a cluster configuration and compute cluster and per-replica metrics."""
-    from twinserve.sim.cluster_study import cluster_frames, cluster_row, replicas_frame, simulate_cluster
+    from twinserve.sim.cluster_study import simulate_cluster
 
     built, res = simulate_cluster(cfg)
+    return cluster_point_result(cfg, built, res, overrides)
+
+
+def cluster_point_result(cfg: StudyConfig, built: Any, res: Any,
+                         overrides: dict[str, Any] | None = None) -> PointResult:
+    """The metrics of one finished cluster run (built: sim.cluster_study.BuiltCluster)."""
+    from twinserve.sim.cluster_study import cluster_frames, cluster_row, replicas_frame
+
     counts = check_turns(cfg, built.workload)
     req, steps = cluster_frames(res)
     per = replicas_frame(built, res, req)

@@ -227,3 +227,22 @@ def test_a_split_beyond_the_gpu_budget_is_refused(tmp_path, capsys, body, field)
     rc, _ = _search(tmp_path, "budget", study=STUDY + body)
     err = capsys.readouterr().err
     assert rc == 2 and field in err and "budget.toml:" in err, err
+
+
+def test_commands_name_the_hugging_face_repo_of_a_catalog_model() -> None:
+    from twinserve.sim.search_commands import commands, hf_model_id
+
+    cfg = small_config(**{"engine.model": "Llama-3.1-70B", "engine.tensor_parallel_size": 4})
+    cmd = commands(cfg, {"model": "Llama-3.1-70B"}, 4000, 500, 2.0, 100)
+    assert cmd["vllm_serve"].startswith("vllm serve meta-llama/Llama-3.1-70B ")
+    assert "--model meta-llama/Llama-3.1-70B " in cmd["vllm_bench_serve"]
+    assert hf_model_id("qwen3-30b-a3b") == "Qwen/Qwen3-30B-A3B"
+    assert hf_model_id("Llama-2-7B") == "Llama-2-7B"  # no source listed: the name as given
+
+
+def test_seeds_on_one_bisection_value_still_give_a_band_as_wide_as_their_bracket() -> None:
+    # Three seeds bisected to 5% on the same grid can all land on 6.61: that is not certainty.
+    lo, hi = seed_band([6.61, 6.61, 6.61], resolution=0.05)
+    half = 4.303 * 6.61 * 0.05 / math.sqrt(12) * math.sqrt(1 + 1 / 3)
+    assert (lo, hi) == pytest.approx((6.61 - half, 6.61 + half))
+    assert seed_band([6.61, 6.61, 6.61]) == (6.61, 6.61)  # without it, a zero-width band

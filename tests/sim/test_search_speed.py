@@ -1,16 +1,20 @@
 """`simulate search`'s shortcuts: a run stopped early only when its SLO is surely lost, the
-steady-state estimate, and the driver's calibration."""
+steady-state estimate, the driver's calibration from neighbours, and screening."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from twinserve.sim.convergence import convergence_note, converged_search
 from twinserve.sim.search import RateSearch, meets, search_rates
-from twinserve.sim.search_driver import calibration
+from twinserve.sim.search_band import search_seeds
+from twinserve.sim.search_driver import calibration, likeness
+from twinserve.sim.search_screen import contenders, screen_notes
 from twinserve.sim.search_run import SLOGuard, exceed_needed, run_search_point, steady_state_rate
 from twinserve.sim.world import RequestRecord
 
@@ -66,3 +70,98 @@ def test_calibration_is_the_geometric_mean_of_found_over_estimated() -> None:
     assert calibration([a, b, unstarted]) == 4.0
     assert calibration([unstarted]) == 1.0
     assert math.isinf(unstarted.hi)
+
+
+def test_a_lost_cluster_run_stops_early_and_fails_like_the_full_run() -> None:
+    # Disaggregated 1P+1D and a colocated pair: both used to run whole.
+    for split in (1, 0):
+        cfg = small_config(num_requests=300, rate=60.0, **{"cluster.num_replicas": 2,
+                                                           "cluster.num_prefill_replicas": split})
+        early = run_search_point(({}, cfg, SLOS, True))
+        full = run_search_point(({}, cfg, SLOS, False))
+        assert " lost: " in early["stopped_early"], split
+        assert early["completed"] < full["completed"] == 300
+        assert not meets(early, SLOS) and not meets(full, SLOS)
+        ok = small_config(num_requests=100, rate=0.5, **{"cluster.num_replicas": 2,
+                                                         "cluster.num_prefill_replicas": split})
+        kept = run_search_point(({}, ok, SLOS, True))
+        assert kept["stopped_early"] == "" and meets(kept, SLOS)
+        whole = run_search_point(({}, ok, SLOS, False))
+        assert {k: v for k, v in kept.items() if "wall" not in k and k != "stopped_early"} == \
+            {k: v for k, v in whole.items() if "wall" not in k}
+
+
+def test_calibration_takes_the_nearest_neighbours_answers() -> None:
+    agg = RateSearch({"tp": 2, "mode": "agg"}, small_config(), lo=2.0, hi=2.0, estimate=1.0)
+    dis = RateSearch({"tp": 2, "mode": "disagg 1P+1D"}, small_config(), lo=8.0, hi=8.0,
+                     estimate=1.0)
+    dis4 = RateSearch({"tp": 4, "mode": "disagg 1P+1D"}, small_config(), lo=16.0, hi=16.0,
+                      estimate=1.0)
+    done = [agg, dis, dis4]
+    # The estimate errs one way for aggregated runs and another for disaggregated ones.
+    assert calibration(done, RateSearch({"tp": 4, "mode": "agg"}, small_config())) == pytest.approx(2.0)
+    assert calibration(done, RateSearch({"tp": 2, "mode": "disagg 2P+2D"}, small_config())) == \
+        pytest.approx(8.0)
+    assert calibration(done, RateSearch({"tp": 4, "mode": "disagg 3P+1D"}, small_config())) == \
+        pytest.approx(16.0)
+    assert likeness(dis, dis4) > likeness(dis, agg)
+
+
+def _answered(hardware: str, rate: float, tok_s: float) -> RateSearch:
+    s = RateSearch({"hardware": hardware}, small_config(**{"engine.hardware": hardware}),
+                   lo=rate, hi=rate * 1.02)
+    s.runs[rate] = {"total_token_throughput": tok_s, "output_throughput": tok_s / 5}
+    return s
+
+
+@given(st.floats(0.2, 5.0), st.floats(0.05, 0.6))
+def test_screened_configuration_cannot_be_the_pick_or_a_tie(ratio: float, margin: float) -> None:
+    # Same GPU and price: cost per token goes as 1 / throughput.
+    best, other = _answered("A100-80GB", 1.0, 1000.0), _answered("A100-80GB", ratio, 1000.0 * ratio)
+    keep = contenders([best, other], 0.0, margin)
+    # Kept exactly when its best case (rate + margin) reaches the cheapest's worst (the higher
+    # rate - margin): no rates within the margins could make it the pick or a tie otherwise.
+    best_case, cheapest_worst = ratio * (1 + margin), max(1.0, ratio) * (1 - margin)
+    if not math.isclose(best_case, cheapest_worst):
+        assert keep[1] == (best_case >= cheapest_worst)
+    assert keep[0] or keep[1]  # the cheapest itself is always kept
+
+
+def test_a_dominated_configuration_is_not_rechecked_nor_banded() -> None:
+    cfg = small_config(num_requests=60, prompt_dist="fixed", prompt_mean=1500, output_dist="fixed",
+                       output_mean=200, **{"search.requests_per_run": 60,
+                                           "search.max_requests_per_run": 120,
+                                           "search.band_seeds": 1,
+                                           "search.prices": {"H100-SXM": 1000.0}})
+    searches = converged_search(cfg, {"engine.hardware": ["A100-80GB", "H100-SXM"]}, SLOS,
+                                workers=1, progress=False)
+    search_seeds(searches, SLOS, 1, None, False)
+    a100, h100 = searches
+    assert not a100.screened and len(a100.lengths) == 2 and len(a100.seeds) == 2
+    assert h100.screened and len(h100.lengths) == 1 and h100.seeds == []
+    assert convergence_note(h100, 0.05).startswith("screened")
+    cfg.search.screen_margin = 0.0
+    again = converged_search(cfg, {"engine.hardware": ["A100-80GB", "H100-SXM"]}, SLOS,
+                             workers=1, progress=False)
+    assert not again[1].screened and len(again[1].lengths) == 2
+
+
+def test_summary_warns_when_the_picks_band_is_wider_than_the_screen() -> None:
+    best, other = _answered("A100-80GB", 1.0, 1000.0), _answered("A100-80GB", 0.3, 300.0)
+    other.screened = True
+    row = {"max_rate": 1.0, "band_lo": 0.8}
+    (line,) = screen_notes([best, other], row, 0.35)  # 20% below: inside the 35% screened
+    assert line.startswith("screened: 1 configuration(s)")
+    lines = screen_notes([best, other], {"max_rate": 1.0, "band_lo": 0.5}, 0.35)
+    assert len(lines) == 2 and lines[1].startswith("WARNING") and "50%" in lines[1]
+    assert screen_notes([best], row, 0.35) == []
+
+
+def test_summary_warns_when_an_answer_moved_more_than_the_screen_between_lengths() -> None:
+    best, other = _answered("A100-80GB", 1.0, 1000.0), _answered("A100-80GB", 0.3, 300.0)
+    other.screened = True
+    best.lengths = [(300, 1.8), (600, 1.0)]  # -44%: the first answers were not near
+    lines = screen_notes([best, other], {"max_rate": 1.0, "band_lo": 0.9}, 0.35)
+    assert len(lines) == 2 and "moved more than screen_margin" in lines[1]
+    best.lengths = [(300, 1.1), (600, 1.0)]
+    assert len(screen_notes([best, other], {"max_rate": 1.0, "band_lo": 0.9}, 0.35)) == 1

@@ -1,0 +1,67 @@
+"""Which configurations could still be `simulate search`'s pick or a tie after the first runs.
+
+Rechecks at longer runs and the seed band cost most of a search; a configuration that stays
+dearer than the cheapest even with its rate `screen_margin` higher and the cheapest's that much
+lower cannot become the pick or tie with it (sim.search_band.ties compares the same costs), so
+its first answer stands, marked `screened`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from twinserve.sim.search import RateSearch, summary_rows
+
+
+def cost_at(row: dict[str, Any], scale: float, target_rate: float) -> float:
+    """A summary row's cost with its rate times scale: USD/hour for the target, else per M tokens."""
+    if not row["max_rate"] > 0 or scale <= 0:
+        return math.inf
+    if target_rate > 0:
+        rate = row["request_rate"] * scale
+        return row["usd_per_hour"] * math.ceil(target_rate / rate) if rate > 0 else math.inf
+    return row["usd_per_mtok"] / scale
+
+
+def contenders(searches: Sequence[RateSearch], target_rate: float, margin: float) -> list[bool]:
+    """Per search: could it be the pick or a tie once each rate may move by +-margin?"""
+    if margin <= 0:
+        return [True] * len(searches)
+    rows = summary_rows(searches, target_rate)
+    worst = min((cost_at(r, 1.0 - margin, target_rate) for r in rows), default=math.inf)
+    # A capped answer may lie anywhere above the cap: never screened.
+    return [s.status == "max_rate cap" or cost_at(r, 1.0 + margin, target_rate) <= worst
+            for s, r in zip(searches, rows)]
+
+
+def screen(searches: Sequence[RateSearch], target_rate: float, margin: float) -> None:
+    """Mark the searches that cannot be the pick or a tie (RateSearch.screened)."""
+    for s, keep in zip(searches, contenders(searches, target_rate, margin)):
+        s.screened = s.status == "ok" and not keep
+
+
+def screen_notes(searches: Sequence[RateSearch], best: dict[str, Any] | None,
+                 margin: float) -> list[str]:
+    """The summary's lines on screening: how many, and a warning when the pick's band is wider
+    than the margin (then a screened configuration might have tied)."""
+    n = sum(s.screened for s in searches)
+    if not n:
+        return []
+    notes = [f"screened: {n} configuration(s) dearer than the cheapest even with both rates "
+             f"moved by {margin:.0%} keep their first answer: not rechecked, no seed band "
+             "(`convergence` column; `--set search.screen_margin=0` checks them all)"]
+    moved = [s for s in searches if len(s.lengths) >= 2 and s.lengths[0][1] > 0
+             and abs(s.lengths[-1][1] / s.lengths[0][1] - 1.0) > margin]
+    if moved:  # screening compared first-length answers: they were not that close
+        notes.append(f"WARNING: {len(moved)} answer(s) moved more than screen_margin "
+                     f"({margin:.0%}) from the first run length to the last, so a screened "
+                     "configuration's first answer may be as far off: lengthen the runs "
+                     "(requests_per_run) or widen screen_margin")
+    if best is not None and best.get("band_lo") and best["max_rate"] > 0:
+        low = 1.0 - best["band_lo"] / best["max_rate"]
+        if low > margin:
+            notes.append(f"WARNING: the pick's band reaches {low:.0%} below its answer, wider "
+                         f"than screen_margin ({margin:.0%}): a screened configuration might tie; "
+                         "rerun with a wider screen_margin")
+    return notes
