@@ -19,12 +19,14 @@ from twinserve.backends.sim.executor import SimExecutor
 from twinserve.backends.sim.cost_model import roofline_for
 from twinserve.backends.sim.parallel import Parallelism, ParallelismError
 from twinserve.backends.sim.fitted import FittedCostModel, ProfileError, check_profile_model
+from twinserve.backends.sim.host_link import HostLink
 from twinserve.backends.sim.spec import SpecAcceptance
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import InvalidConfigError
 
 from twinserve.sim.config import StudyConfig, field_error, replica_config, replica_line, source_text, validate
 from twinserve.sim.errors import ConfigError
+from twinserve.sim.kv_offload import host_tier_blocks
 from twinserve.sim.specs import resolve_draft_model, resolve_hardware, resolve_model
 from twinserve.sim.workload import Workload
 from twinserve.sim.trace_paths import BUILTIN_TRACES, DATA_DIR, UnknownBuiltinTrace, trace_path  # noqa: F401
@@ -163,6 +165,30 @@ class BuiltEngine:
     capacity: KVCapacity
     core: EngineCore
     executor: SimExecutor
+    host_blocks: int = 0  # the host KV tier's blocks (0: no tier)
+
+
+def host_tier(cfg: StudyConfig, hw: HardwareSpec, cap: KVCapacity) -> tuple[int, HostLink | None]:
+    """The [kv_offload] tier's size in blocks and its link (0, None when off); errors name the field."""
+    off = cfg.kv_offload
+    if not off.enabled:
+        return 0, None
+
+    def error(name: str, msg: str) -> ConfigError:
+        return _cfg_error(cfg, "kv_offload", name, msg)
+
+    if not cfg.scheduler.enable_prefix_caching:
+        raise error("host_size_gib" if off.host_size_gib else "host_blocks", "a host tier keeps blocks by "
+                    "their prefix hash: it needs scheduler.enable_prefix_caching = true")
+    e = cfg.engine
+    # A block's page lives on every TP rank of its pipeline stage; the tier keeps all of them.
+    n = host_tier_blocks(off, cap.block_bytes, e.tensor_parallel_size * e.pipeline_parallel_size, error)
+    bandwidth = off.bandwidth if off.bandwidth > 0 else hw.host_link_bandwidth
+    latency = off.latency_s if off.latency_s >= 0 else hw.host_link_latency_s
+    try:
+        return n, HostLink(bandwidth, latency, cap.block_bytes)
+    except InvalidConfigError as err:
+        raise error(err.field, str(err)) from None
 
 
 def kv_groups_for(cfg: StudyConfig, model: ModelSpec) -> tuple[int, ...]:
@@ -239,8 +265,10 @@ def build_engine(cfg: StudyConfig) -> BuiltEngine:
         executor.draft = DraftModelSteps(RooflineCostModel(draft, hw, cfg.engine.tensor_parallel_size, roof.eff),
                                          spec.num_speculative_tokens)
         executor.draft_active = core_spec.active
+    host_blocks, link = host_tier(cfg, hw, cap)
     core = EngineCore(sched_cfg, executor, speculative_config=core_spec)
-    return BuiltEngine(model, hw, roof, cost, cap, core, executor)
+    executor.host_link = link
+    return BuiltEngine(model, hw, roof, cost, cap, core, executor, host_blocks)
 
 
 @contextlib.contextmanager

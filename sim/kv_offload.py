@@ -1,0 +1,82 @@
+"""The study's [kv_offload] table: a host-memory tier behind the device's prefix cache.
+
+    [kv_offload]
+    host_size_gib = 64         # host memory for evicted full KV blocks (0: no tier), over the replica's GPUs
+    # or: host_blocks = 40000  # the tier in blocks
+    eviction = "lru"           # the host tier's eviction policy, by its registered name
+    bandwidth = -1             # host link per direction, bytes/s (-1: the GPU's, backends/sim/catalog.py)
+    latency_s = -1             # fixed cost of one transfer (-1: the GPU's)
+
+As vLLM's --kv-offloading-size, host_size_gib is summed over the replica's GPUs: a block takes its
+bytes on every GPU that holds a part of it. Each GPU copies its part over its own link.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from twinserve.core.knobs import knob
+
+from twinserve.sim.errors import ConfigError
+
+GiB = 1024 ** 3
+
+
+def eviction_choices() -> tuple[str, ...]:
+    """The host tier's eviction policies, by registered name (the core's registry)."""
+    return ("lru", "reuse")
+
+
+@dataclass(slots=True)
+class KVOffloadSection:
+    """A host-memory KV tier: its size, eviction policy and the link it is reached over."""
+
+    host_size_gib: float = knob(0.0, help="host memory for evicted full KV blocks, summed over the "
+                                          "replica's GPUs", unit="GiB", range=(0.0, 1e6), open="lo",
+                                special={0: "no host tier"})
+    host_blocks: int = knob(0, help="the host tier in KV blocks (instead of host_size_gib)", unit="blocks",
+                            range=(1, 2 ** 31 - 1), special={0: "from host_size_gib"})
+    eviction: str = knob("lru", help="the host tier's eviction policy", choices=eviction_choices)
+    bandwidth: float = knob(-1.0, help="host link bandwidth per direction", unit="bytes/s",
+                            range=(1e6, 1e15), special={-1: "the GPU's host link, hardware catalog"})
+    latency_s: float = knob(-1.0, help="fixed cost of one host transfer", unit="seconds", range=(0.0, 1.0),
+                            special={-1: "the GPU's host link, hardware catalog"})
+
+    @property
+    def enabled(self) -> bool:
+        """True when the study has a host tier."""
+        return self.host_size_gib > 0.0 or self.host_blocks > 0
+
+    def describe(self) -> str:
+        """One line for the run summary."""
+        if not self.enabled:
+            return "host KV tier: off"
+        size = f"{self.host_blocks} blocks" if self.host_blocks else f"{self.host_size_gib:g} GiB"
+        return f"host KV tier: {size}, eviction {self.eviction}"
+
+
+def check_kv_offload(sec: KVOffloadSection, error: Callable[[str, str], ConfigError]) -> None:
+    """Cross-field checks: one way to size the tier."""
+    if sec.host_size_gib > 0.0 and sec.host_blocks > 0:
+        raise error("host_blocks", f"host_blocks = {sec.host_blocks} and host_size_gib = "
+                    f"{sec.host_size_gib:g}: give one of them")
+
+
+def host_tier_blocks(sec: KVOffloadSection, block_bytes: float, gpus_per_block: int,
+                     error: Callable[[str, str], ConfigError]) -> int:
+    """Blocks the tier holds: host_blocks, or host_size_gib over a block's bytes on all its GPUs.
+
+    A tier that cannot hold one block is an error (0 when the tier is off).
+    """
+    if not sec.enabled:
+        return 0
+    if sec.host_blocks:
+        return sec.host_blocks
+    one = block_bytes * gpus_per_block
+    n = int(sec.host_size_gib * GiB // one)
+    if n < 1:
+        raise error("host_size_gib", f"{sec.host_size_gib:g} GiB is smaller than one KV block "
+                    f"({one / 2**20:.3g} MiB over {gpus_per_block} GPU(s)); give at least "
+                    f"{one / GiB:.3g} GiB, or 0 for no host tier")
+    return n
