@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import glob
 import io
 import os
 import shutil
@@ -57,6 +56,13 @@ def baseline_tree(ref: str) -> str:
     return os.path.join(tmp, "pkg")
 
 
+def shipped_studies(ref: str, here: Path) -> list[str]:
+    """The study TOMLs under experiments/ at revision ref (those its code can read)."""
+    names = subprocess.run(["git", "ls-tree", "--name-only", ref, "experiments/"], capture_output=True,
+                           text=True, check=True, cwd=here.parent).stdout.split()
+    return [str(here.parent / n) for n in sorted(names) if n.endswith(".toml")]
+
+
 def run_study(pkg: str, toml: str, out: Path, sets: list[str]) -> None:
     """`simulate run --config toml --out out` on the code in pkg ('' = the working tree)."""
     args = ["run", "--config", toml, "--out", str(out), "--workers", "1"]
@@ -94,13 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     """Run every study on both codes and print which match."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", default="main", help="git revision to compare with (default main)")
-    ap.add_argument("--studies", nargs="*", default=None, help="study TOMLs (default: experiments/*.toml)")
+    ap.add_argument("--studies", nargs="*", default=None,
+                    help="study TOMLs (default: the baseline's experiments/*.toml)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="set on the working tree's runs only (e.g. kv_offload.host_size_gib=0)")
     ap.add_argument("--keep", default=None, help="write both runs' outputs under this folder")
     args = ap.parse_args(argv)
     here = Path(__file__).resolve().parent
-    studies = args.studies or sorted(glob.glob(str(here / "*.toml")))
+    studies = args.studies or shipped_studies(args.baseline, here)
     pkg = baseline_tree(args.baseline)
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="tier-off-"))
     if not args.keep:
