@@ -78,12 +78,15 @@ class FakeExecutor:
 
     model_kv checks every attended slot; drafts miss where (token + position) % draft_miss == 0.
     kv_groups gives each KV group's window (0 = full), as SchedulerConfig.kv_groups.
+    Host tier: stores copy slots at the step's start; each load job's copy lands load_delay steps
+    after it is issued (0: this step), and only then is it reported in finished_loads.
     """
 
     def __init__(self, vocab_size: int = 1000, block_size: int = 16, eos_token_id: int | None = None,
                  step_time: float | None = None, model_kv: bool = False,
                  num_speculative_tokens: int = 0, draft_miss: int = 3,
-                 sliding_window: int | None = None, kv_groups: Sequence[int] = ()) -> None:
+                 sliding_window: int | None = None, kv_groups: Sequence[int] = (),
+                 load_delay: int = 0) -> None:
         self.num_speculative_tokens = num_speculative_tokens
         self.draft_miss = draft_miss
         self.vocab_size = vocab_size
@@ -96,6 +99,37 @@ class FakeExecutor:
         self.num_kv_reads = 0
         self.sliding_window = sliding_window
         self.windows = [w or None for w in kv_groups] if kv_groups else [sliding_window]
+        self.load_delay = load_delay
+        # Host slot -> the KV it holds (as KVSlotModel's block lists); loads in flight by due step.
+        self.host: dict[int, list | None] = {}
+        self.loads_in_flight: list[tuple[int, int, list[tuple[int, int]]]] = []
+        self.num_blocks_stored = 0
+        self.num_blocks_loaded = 0
+
+    def _transfer(self, so: SchedulerOutput) -> list[int]:
+        """Run the step's stores, then the loads now due; the jobs done."""
+        slots = self.kv.slots if self.kv is not None else None
+        for block_id, slot in so.kv_stores:
+            if slots is not None:
+                held = slots.get(block_id)
+                self.host[slot] = None if held is None else list(held)
+            self.num_blocks_stored += 1
+        for job_id, pairs in so.kv_loads.items():
+            self.loads_in_flight.append((self.num_steps + self.load_delay, job_id, pairs))
+        done = []
+        waiting = []
+        for due, job_id, pairs in self.loads_in_flight:
+            if due > self.num_steps:
+                waiting.append((due, job_id, pairs))
+                continue
+            for slot, block_id in pairs:
+                if slots is not None:
+                    held = self.host.get(slot)
+                    slots[block_id] = None if held is None else list(held)
+                self.num_blocks_loaded += 1
+            done.append(job_id)
+        self.loads_in_flight = waiting
+        return done
 
     def _split(self, rid: str, block_ids: Sequence[int]) -> list[list[int]]:
         """Group-major block ids -> one list per group."""
@@ -124,6 +158,7 @@ class FakeExecutor:
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         """Advance scheduled requests; sample for those at their end."""
         self.num_steps += 1
+        finished_loads = self._transfer(so) if so.kv_stores or so.kv_loads or self.loads_in_flight else None
         for rid in so.finished_req_ids:
             self.state.pop(rid, None)
         for rid in so.preempted_req_ids:
@@ -190,4 +225,5 @@ class FakeExecutor:
             for rid, table, start, end, ids, g in spans:
                 kv.check(rid, table, ids, end, start, g)
                 self.num_kv_reads += end - start
-        return ModelRunnerOutput(sampled, step_time=self.step_time, spec_token_ids=proposals)
+        return ModelRunnerOutput(sampled, step_time=self.step_time, spec_token_ids=proposals,
+                                 finished_loads=finished_loads or None)

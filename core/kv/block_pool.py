@@ -75,7 +75,7 @@ class BlockPool:
     """Owns every block, the free queue and the prefix-cache map."""
 
     __slots__ = ("num_blocks", "enable_caching", "blocks", "free_queue", "cached", "chains",
-                 "num_evictions")
+                 "num_evictions", "evicted")
 
     def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
         self.num_blocks = num_blocks
@@ -87,6 +87,8 @@ class BlockPool:
         # Root key value -> PendingChain; dropped with its root.
         self.chains: dict[int, object] = {}
         self.num_evictions = 0
+        # With a host tier: (block id, key) of each full block evicted, for the KV manager to store.
+        self.evicted: list[tuple[int, BlockHash]] | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -104,6 +106,7 @@ class BlockPool:
         cached = self.cached
         chains = self.chains
         evicted = 0
+        sink = self.evicted
         head = queue._head
         block = head.next_free
         for _ in range(n):
@@ -114,6 +117,8 @@ class BlockPool:
                     del cached[key.value]
                     if chains:
                         chains.pop(key.value, None)
+                if sink is not None:
+                    sink.append((block.block_id, key))
                 block.block_hash = None
                 evicted += 1
             elif block.pending is not None:

@@ -10,6 +10,8 @@ from twinserve.core.kv.block_pool import OUT_OF_WINDOW, BlockPool, KVCacheBlock
 from twinserve.core.kv.group_tables import _NO_BLOCKS, GroupHits, GroupTables, _new_key
 from twinserve.core.kv.groups import max_pages
 from twinserve.core.kv.hashing import BlockHash, HashFunction, get_hash_function
+from twinserve.core.kv.host_tier import HostTier
+from twinserve.core.kv.tier_tables import TierHits, TierTables
 
 __all__ = ["GroupHits", "KVCacheManager", "OUT_OF_WINDOW", "PendingChain", "PrefixCacheStats"]
 # PendingChain assumes no two prefixes share a 64-bit value.
@@ -51,12 +53,13 @@ class PrefixCacheStats:
         return self.hits / self.queries if self.queries else 0.0
 
 
-class KVCacheManager(GroupTables):
+class KVCacheManager(GroupTables, TierTables):
     """Allocates and frees each request's KV blocks; finds cached prefixes."""
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
                  hash_function: str | HashFunction = "xxhash",
                  lazy_registration: bool = True, sliding_window: int | None = None,
-                 kv_groups: Sequence[int] = (), max_step_tokens: int | None = None) -> None:
+                 kv_groups: Sequence[int] = (), max_step_tokens: int | None = None,
+                 host_tier: HostTier | None = None) -> None:
         self.block_size = block_size
         # One window per KV group (None: full attention); kv_groups gives them as 0 = full.
         windows = tuple(w or None for w in kv_groups) if kv_groups else (sliding_window,)
@@ -85,6 +88,8 @@ class KVCacheManager(GroupTables):
         self._chains = self.pool.chains  # root key value -> PendingChain
         self.pending_requests: dict[str, PendingChain] = {}
         self._contested: set[int] = set()  # keys taken from another block
+        # The host tier (None: off); full attention in one group only (tier_tables).
+        self._init_tier(host_tier)
 
     @property
     def usage(self) -> float:
@@ -146,6 +151,8 @@ class KVCacheManager(GroupTables):
                 hashes[i] = stored  # children chain to the cached key object
             hits.append(block)
             parent = stored
+        if self.host is not None and len(hits) < max_blocks:
+            hits = self._host_hits(request, hits, parent, max_blocks)
         if self.num_groups > 1 and hits:
             hits = self._group_hits(request, hits)
         return hits, len(hits) * self.block_size
@@ -180,6 +187,12 @@ class KVCacheManager(GroupTables):
         if self.num_groups > 1:
             return self._allocate_groups(request, blocks, total, verified, new_computed_blocks,
                                          num_new_computed_tokens, num_reserved_blocks)
+        if type(new_computed_blocks) is TierHits:
+            new_computed_blocks = self._allocate_loads(
+                request, new_computed_blocks, num_reserved_blocks,
+                max(0, -(-total // bs) - len(new_computed_blocks) - (0 if blocks is None else len(blocks))))
+            if new_computed_blocks is None:
+                return None
         if self.sliding_window is not None and blocks is not None:
             self._drop_out_of_window(req_id, blocks, request.num_computed_tokens)
         num_held = 0 if blocks is None else len(blocks)
@@ -208,6 +221,8 @@ class KVCacheManager(GroupTables):
         if num_needed > 0:
             new_blocks = self.pool.get_new_blocks(num_needed)
             blocks.extend(new_blocks)
+            if self.host is not None:
+                self._drain_evicted()
         else:
             new_blocks = _NO_BLOCKS
         if self.enable_caching and verified // bs > self.num_cached_blocks[req_id]:
@@ -383,6 +398,8 @@ class KVCacheManager(GroupTables):
         num_cached = self.num_cached_blocks.pop(request.request_id, 0)
         chain = self.pending_requests.pop(request.request_id, None)
         windowed = self._window_start.pop(request.request_id, 0)
+        if self.req_load_job:
+            self._forget_load(request.request_id)
         if self.num_groups > 1:
             self._free_groups(request.request_id, num_cached, num_computed_tokens)
             return
@@ -414,3 +431,5 @@ class KVCacheManager(GroupTables):
         """Drop every cached prefix (PrefixCacheBusyError while blocks are in use)."""
         self.pool.reset_prefix_cache()
         self._contested.clear()
+        if self.host is not None:
+            self.host.clear()

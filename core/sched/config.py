@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.knobs import check_fields, knob
 from twinserve.core.kv.hashing import HASH_FUNCTIONS
+from twinserve.core.kv.host_policies import HOST_EVICTION_POLICIES
 from twinserve.core.sched.policies import PREEMPTION_CHOICES, QUEUE_POLICIES
 
 
@@ -17,6 +18,7 @@ SCHEDULER_CHOICES: dict[str, tuple[str, ...]] = {
     "policy": tuple(QUEUE_POLICIES),
     "preemption": PREEMPTION_CHOICES,
     "prefix_caching_hash_algo": tuple(HASH_FUNCTIONS),
+    "kv_offloading_policy": tuple(HOST_EVICTION_POLICIES),
 }
 
 
@@ -56,6 +58,14 @@ class SchedulerConfig:
     kv_groups: tuple[int, ...] = knob((), help="each KV cache group's window, for a model mixing "
                                       "attention types (set from the model)", range=(0, _INT32_MAX),
                                       flag=False)
+
+    # The host tier behind the device pool (core/kv/host_tier.py); the engine sizes it from
+    # --kv-offloading-size GiB.
+    kv_offloading_blocks: int = knob(0, help="KV blocks the host-memory tier holds for the prefix cache",
+                                     unit="blocks", range=(1, _INT32_MAX), special={0: "no host tier"},
+                                     flag=False)
+    kv_offloading_policy: str = knob("lru", help="host tier eviction: lru, or lrfu (reuse-aware: "
+                                     "frequency and recency)", choices=lambda: tuple(HOST_EVICTION_POLICIES))
 
     def __post_init__(self) -> None:
         self.validate()

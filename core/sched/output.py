@@ -47,6 +47,11 @@ class SchedulerOutput:
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     # Rejected drafts' blocks to drop from the table's end first.
     num_dropped_blocks: dict[str, int] = field(default_factory=dict)
+    # Host tier (read-only, may be shared empties): copies run before the forward, stores first.
+    # (device block id, host slot): an evicted block's KV, read before this step reuses the block.
+    kv_stores: Sequence[tuple[int, int]] = ()
+    # Load job id -> [(host slot, device block id)]; report each job in finished_loads when copied.
+    kv_loads: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -77,6 +82,8 @@ class ModelRunnerOutput:
     step_time: float | None = None
     # Next-step drafts; the scheduler picks how many to verify.
     spec_token_ids: dict[str, list[int]] | None = None
+    # Load jobs (SchedulerOutput.kv_loads) whose copies are done: this step's or earlier ones'.
+    finished_loads: list[int] | None = None
 
 
 @dataclass(slots=True)

@@ -11,7 +11,9 @@ from typing import Iterable, Sequence
 
 from twinserve.core.errors import InvalidRequestError, PromptTooLongError
 from twinserve.core.kv.block_pool import KVCacheBlock
+from twinserve.core.kv.host_tier import HostTier
 from twinserve.core.kv.kv_cache_manager import KVCacheManager
+from twinserve.core.kv.tier_tables import TierHits
 from twinserve.core.request import FINISH_STATUS, FinishReason, Request, RequestStatus
 from twinserve.core.sched.config import SchedulerConfig
 from twinserve.core.sched.output import (CachedRequestData, EngineCoreOutput, NewRequestData,
@@ -22,6 +24,7 @@ from twinserve.core.spec_decode import SpecDecodeStats, SpeculativeConfig
 
 # Shared: executors must not mutate it.
 _NO_IDS: tuple[int, ...] = ()
+_NO_BLOCKS: list[KVCacheBlock] = []
 
 
 def _block_ids(blocks: list[KVCacheBlock]) -> Sequence[int]:
@@ -91,7 +94,11 @@ class Scheduler(OutputUpdate):
                                  config.enable_prefix_caching, config.prefix_caching_hash_algo,
                                  sliding_window=config.sliding_window or None,
                                  kv_groups=tuple(config.kv_groups),
-                                 max_step_tokens=config.max_num_batched_tokens)
+                                 max_step_tokens=config.max_num_batched_tokens,
+                                 host_tier=(HostTier(config.kv_offloading_blocks, config.kv_offloading_policy)
+                                            if config.kv_offloading_blocks else None))
+        # Requests admitted with host-tier hits, waiting for their load job (as vLLM's waiting for remote KV).
+        self.loading: dict[str, Request] = {}
         self.waiting = make_queue(config.policy, config.aging_interval_s, config.max_model_len)
         self.preemption_policy = make_preemption_policy(config.preemption, config.policy)
         self.running: list[Request] = []
@@ -163,6 +170,8 @@ class Scheduler(OutputUpdate):
                 if in_flight is not None and rid in in_flight:
                     # Its in-flight step may never compute its blocks: uncache them.
                     computed = req.num_computed_tokens - in_flight[rid]
+            elif rid in self.loading:
+                del self.loading[rid]  # its job still finishes, for the blocks' sake
             else:
                 self.waiting.remove(req)
             self._dropped.pop(rid, None)
@@ -181,12 +190,12 @@ class Scheduler(OutputUpdate):
 
     @property
     def num_waiting(self) -> int:
-        """Requests queued, preempted ones included."""
-        return len(self.waiting)
+        """Requests queued, preempted ones and those waiting for host-tier loads included."""
+        return len(self.waiting) + len(self.loading)
 
     def has_unfinished_requests(self) -> bool:
-        """True while any request is waiting or running."""
-        return bool(self.running) or len(self.waiting) > 0
+        """True while any request is waiting or running, or a host-tier load is in flight."""
+        return bool(self.running) or len(self.waiting) > 0 or bool(self.kv.load_jobs)
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached prefix (refused while requests hold blocks)."""
@@ -338,6 +347,8 @@ class Scheduler(OutputUpdate):
         self._dropped = {}
         so = SchedulerOutput(new_reqs, CachedRequestData(c_ids, c_blocks, c_computed),
                              num_scheduled, total, preempted, finished, spec_tokens, dropped)
+        if kv.host is not None:
+            so.kv_stores, so.kv_loads = kv.take_transfers()
         # Same order as running, so equal counts mean all were taken.
         whole = len(num_scheduled) == len(running)
         self._whole_batch = so if whole else None
@@ -354,8 +365,13 @@ class Scheduler(OutputUpdate):
         threshold = cfg.long_prefill_token_threshold
         while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             req = waiting.peek()
-            hits, num_hit = kv.get_computed_blocks(req)
-            num_new = req.num_tokens - num_hit
+            # Back from a host-tier load: it holds its hits' blocks (and the first chunk's).
+            done = req.num_computed_tokens
+            if done:
+                hits, num_hit = _NO_BLOCKS, 0
+            else:
+                hits, num_hit = kv.get_computed_blocks(req)
+            num_new = req.num_tokens - done - num_hit
             if cfg.enable_chunked_prefill:
                 if 0 < threshold < num_new:
                     num_new = threshold
@@ -365,30 +381,65 @@ class Scheduler(OutputUpdate):
                 break
             # Headroom for running requests; with none it would only block.
             reserve = self.watermark_blocks if running else 0
-            la = _lookahead(req, num_hit + num_new, lookahead, cfg.max_model_len) if lookahead else 0
+            if type(hits) is TierHits:
+                if not self._admit_loading(req, hits, num_hit, num_new, reserve):
+                    break
+                continue
+            la = _lookahead(req, done + num_hit + num_new, lookahead, cfg.max_model_len) if lookahead else 0
             new_blocks = (kv.allocate_slots(req, num_new + la, hits, num_hit, reserve, num_draft_tokens=la)
                           if la else None)
             if new_blocks is None:
                 new_blocks = kv.allocate_slots(req, num_new, hits, num_hit, reserve)
+            if new_blocks is None and done:
+                # Its held blocks cover a chunk (_admit_loading): never stuck behind its own hold.
+                num_new = min(num_new, len(kv.req_to_blocks[req.request_id]) * kv.block_size - done)
+                new_blocks = kv.allocate_slots(req, num_new)
             if new_blocks is None:
                 break
             waiting.pop()
-            kv.record_prefix_query(req.num_tokens, num_hit)
+            if not done:
+                kv.record_prefix_query(req.num_tokens, num_hit)
+                if kv.host is not None:
+                    kv.host.stats.queries += req.num_tokens
             if req.prefix_hit_tokens < 0:
                 req.prefix_hit_tokens = num_hit
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
             req.waited_s += now - req.queued_time
             req.status = RequestStatus.RUNNING
-            req.num_computed_tokens = num_hit + num_new
+            req.num_computed_tokens = done + num_hit + num_new
             running.append(req)
             rid = req.request_id
             req.fast_decode_limit = _fast_decode_limit(kv, rid)
             new_reqs.append(NewRequestData(rid, list(req.all_token_ids), req.num_prompt_tokens,
-                                           req.sampling_params, kv.get_block_ids(rid), num_hit))
+                                           req.sampling_params, kv.get_block_ids(rid), done + num_hit))
             num_scheduled[rid] = num_new
             budget -= num_new
         return budget
+
+    def _admit_loading(self, req: Request, hits: TierHits, num_hit: int, num_new: int, reserve: int) -> bool:
+        """Admit req's hits with host-tier loads; it waits in self.loading, computing nothing yet.
+
+        The first chunk's blocks come too (as drafts: not registered before they are computed),
+        so once loaded it can always run a chunk on what it holds.
+        """
+        kv = self.kv
+        if kv.allocate_slots(req, num_new, hits, num_hit, reserve, num_draft_tokens=num_new) is None:
+            return False
+        self.waiting.pop()
+        kv.record_prefix_query(req.num_tokens, num_hit - len(hits.host) * kv.block_size)
+        kv.host.stats.queries += req.num_tokens
+        if req.prefix_hit_tokens < 0:
+            req.prefix_hit_tokens = num_hit
+        req.num_computed_tokens = num_hit
+        self.loading[req.request_id] = req
+        return True
+
+    def _finish_loads(self, job_ids: list[int]) -> None:
+        """Loads done: their requests go back to the front of the queue, their KV in place."""
+        ready = [self.loading.pop(rid) for rid in self.kv.complete_loads(job_ids) if rid in self.loading]
+        for req in reversed(ready):
+            self.waiting.prepend(req)
 
     def _preempt(self, req: Request, now: float, computed: int | None = None) -> None:
         """Recompute-style preemption: free all blocks, requeue at the front."""

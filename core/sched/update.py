@@ -121,6 +121,8 @@ class OutputUpdate:
                            model_runner_output: ModelRunnerOutput, now: float
                            ) -> list[EngineCoreOutput]:
         """Append sampled tokens, apply stop rules, free finished requests."""
+        if model_runner_output.finished_loads:
+            self._finish_loads(model_runner_output.finished_loads)
         sampled = model_runner_output.sampled_token_ids
         logprobs = model_runner_output.logprobs or None
         requests = self.requests

@@ -45,17 +45,18 @@ class RunLog:
 
 def drive(config: SchedulerConfig, arrivals: list[Arrival], aborts: dict[int, list[str]] | None = None,
           max_steps: int = 20_000, check=None, spec: SpeculativeConfig | None = None,
-          draft_miss: int = 3) -> tuple[EngineCore, RunLog]:
+          draft_miss: int = 3, load_delay: int = 0) -> tuple[EngineCore, RunLog]:
     """Run arrivals through an EngineCore until everything ends.
 
     The executor models every KV slot, so a request attending to KV that is not its own
     prefix's (stale, foreign or never written) fails the run. With spec, the executor
-    proposes spec.num_speculative_tokens drafts a step (see FakeExecutor.propose).
+    proposes spec.num_speculative_tokens drafts a step (see FakeExecutor.propose). Host-tier loads
+    land load_delay steps after they are issued.
     """
     k = spec.num_speculative_tokens if spec is not None else 0
     ex = FakeExecutor(block_size=config.block_size, model_kv=True, num_speculative_tokens=k,
                       draft_miss=draft_miss, sliding_window=config.sliding_window or None,
-                      kv_groups=config.kv_groups)
+                      kv_groups=config.kv_groups, load_delay=load_delay)
     core = EngineCore(config, ex, speculative_config=spec)
     pending = sorted(arrivals, key=lambda a: a.step)
     aborts = aborts or {}

@@ -8,6 +8,7 @@ import pytest
 
 from twinserve.core import InvalidConfigError, SchedulerConfig
 from twinserve.core.kv.hashing import HASH_FUNCTIONS
+from twinserve.core.kv.host_policies import HOST_EVICTION_POLICIES
 from twinserve.core.routing import ROUTERS, UnknownRouterError, make_router
 from twinserve.core.sched.config import SCHEDULER_CHOICES
 from twinserve.core.sched.policies import (PREEMPTION_CHOICES, PREEMPTION_POLICIES, QUEUE_POLICIES,
@@ -37,7 +38,8 @@ def test_each_registry_builds_what_its_name_says() -> None:
     for name in ROUTERS:
         assert make_router(name).name == name
     assert SCHEDULER_CHOICES == {"policy": tuple(QUEUE_POLICIES), "preemption": PREEMPTION_CHOICES,
-                                 "prefix_caching_hash_algo": tuple(HASH_FUNCTIONS)}
+                                 "prefix_caching_hash_algo": tuple(HASH_FUNCTIONS),
+                                 "kv_offloading_policy": tuple(HOST_EVICTION_POLICIES)}
 
 
 @pytest.mark.parametrize("field", ["policy", "preemption", "prefix_caching_hash_algo"])

@@ -1,0 +1,115 @@
+"""The host-memory tier behind the device block pool: full blocks' KV kept by their block hash.
+
+The tier is bookkeeping only: which host slot holds which prefix block. The executor moves the
+bytes (SchedulerOutput.kv_stores / kv_loads). A slot with a load in flight is pinned: it is
+never evicted or overwritten before the load completes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from twinserve.core.errors import InvalidConfigError
+from twinserve.core.kv.hashing import BlockHash
+from twinserve.core.kv.host_policies import make_host_policy
+
+
+@dataclass(slots=True)
+class HostTierStats:
+    """Host-tier counters: lookups in tokens (vLLM's external prefix cache), transfers in blocks."""
+
+    queries: int = 0
+    hits: int = 0
+    blocks_stored: int = 0
+    blocks_loaded: int = 0
+    evictions: int = 0
+    # A store skipped: every slot pinned by loads in flight.
+    stores_dropped: int = 0
+
+
+class HostTier:
+    """num_blocks host slots, each holding one full block's KV under its key."""
+
+    __slots__ = ("num_blocks", "policy_name", "policy", "entries", "free_slots", "pins", "stats")
+
+    def __init__(self, num_blocks: int, policy: str = "lru") -> None:
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
+            raise InvalidConfigError("kv_offloading_blocks", num_blocks, "an integer >= 1 (one block at least)")
+        self.num_blocks = num_blocks
+        self.policy_name = policy
+        self.policy = make_host_policy(policy, num_blocks)
+        # Key value -> (slot, key): the key confirms a hit by its whole prefix.
+        self.entries: dict[int, tuple[int, BlockHash]] = {}
+        self.free_slots = list(range(num_blocks - 1, -1, -1))
+        # Key value -> loads in flight reading its slot.
+        self.pins: dict[int, int] = {}
+        self.stats = HostTierStats()
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def lookup(self, key: BlockHash, parent: BlockHash | None) -> tuple[int, BlockHash] | None:
+        """(slot, stored key) if the tier holds key's prefix: tokens, extra keys and parent chain equal."""
+        entry = self.entries.get(key.value)
+        if entry is None:
+            return None
+        stored = entry[1]
+        if stored is not key and (stored.token_ids != key.token_ids or stored.extra_keys != key.extra_keys
+                                  or not (stored.parent is parent or stored.parent == parent)):
+            return None  # a colliding value names another prefix
+        return entry
+
+    def store(self, key: BlockHash) -> int | None:
+        """A slot to copy key's block into; None when the tier has it already or every slot is pinned."""
+        value = key.value
+        entry = self.entries.get(value)
+        if entry is not None:
+            if entry[1] is key or entry[1] == key:
+                self.policy.access(value)
+                return None  # the same KV is here: nothing to copy
+            if value in self.pins:
+                self.stats.stores_dropped += 1
+                return None  # a colliding key is being read: keep it
+            self._drop(value)
+        if self.free_slots:
+            slot = self.free_slots.pop()
+        else:
+            victim = self.policy.victim(self.pins)
+            if victim is None:
+                self.stats.stores_dropped += 1
+                return None
+            slot = self._drop(victim)
+            self.stats.evictions += 1
+        self.entries[value] = (slot, key)
+        self.policy.insert(value)
+        self.stats.blocks_stored += 1
+        return slot
+
+    def _drop(self, value: int) -> int:
+        """Remove an unpinned entry; its slot."""
+        slot, _ = self.entries.pop(value)
+        self.policy.remove(value)
+        return slot
+
+    def pin(self, value: int) -> None:
+        """A load reads this entry's slot: keep it until unpin."""
+        self.pins[value] = self.pins.get(value, 0) + 1
+        self.policy.access(value)
+        self.stats.blocks_loaded += 1
+
+    def unpin(self, value: int) -> None:
+        """A load from this entry finished."""
+        n = self.pins[value] - 1
+        if n:
+            self.pins[value] = n
+        else:
+            del self.pins[value]
+
+    def clear(self) -> None:
+        """Forget every entry (refused while loads are in flight)."""
+        if self.pins:
+            raise AssertionError(f"clearing the host tier with {len(self.pins)} loads in flight")
+        for value in self.entries:
+            self.policy.remove(value)
+        self.entries.clear()
+        self.free_slots = list(range(self.num_blocks - 1, -1, -1))
