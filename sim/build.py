@@ -19,7 +19,7 @@ from twinserve.backends.sim.executor import SimExecutor
 from twinserve.backends.sim.cost_model import roofline_for
 from twinserve.backends.sim.parallel import Parallelism, ParallelismError
 from twinserve.backends.sim.fitted import FittedCostModel, ProfileError, check_profile_model
-from twinserve.backends.sim.host_link import HostLink
+from twinserve.backends.sim.host_link import HostLink, HostTierExecutor
 from twinserve.backends.sim.spec import SpecAcceptance
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import InvalidConfigError
@@ -266,8 +266,16 @@ def build_engine(cfg: StudyConfig) -> BuiltEngine:
                                          spec.num_speculative_tokens)
         executor.draft_active = core_spec.active
     host_blocks, link = host_tier(cfg, hw, cap)
+    if host_blocks:
+        sched_cfg = dataclasses.replace(sched_cfg, kv_offloading_blocks=host_blocks,
+                                        kv_offloading_policy=cfg.kv_offload.eviction)
     core = EngineCore(sched_cfg, executor, speculative_config=core_spec)
-    executor.host_link = link
+    if link is not None:
+        if core.scheduler.kv.host is None:  # the core keeps a tier for full attention in one group only
+            raise _cfg_error(cfg, "kv_offload", "host_size_gib" if cfg.kv_offload.host_size_gib else "host_blocks",
+                             f"the host tier holds full-attention KV in one group; {model.name} runs KV groups "
+                             f"{kv_groups_for(cfg, model)} (sliding windows): leave the tier off for it")
+        core.executor = HostTierExecutor(executor, link)
     return BuiltEngine(model, hw, roof, cost, cap, core, executor, host_blocks)
 
 

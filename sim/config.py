@@ -109,11 +109,13 @@ def _scheduler_to_core(self: Any, num_blocks: int) -> SchedulerConfig:
 
 
 # The core scheduler's knobs, derived from SchedulerConfig so a new knob needs no edit
-# here; num_blocks is left out because it comes from the engine's memory.
+# here; num_blocks is left out because it comes from the engine's memory, the host tier's
+# because [kv_offload] sizes it (sim/kv_offload.py).
+FROM_ELSEWHERE = ("num_blocks", "kv_offloading_blocks", "kv_offloading_policy")
 SchedulerSection = dataclasses.make_dataclass(
     "SchedulerSection",
     [(f.name, f.type, field(default=f.default, metadata=f.metadata)) for f in fields(SchedulerConfig)
-     if f.name != "num_blocks"],
+     if f.name not in FROM_ELSEWHERE],
     namespace={"to_core": _scheduler_to_core,
                "__doc__": "The core scheduler's knobs (num_blocks comes from the engine's memory)."},
     slots=True,

@@ -3,7 +3,7 @@
     [kv_offload]
     host_size_gib = 64         # host memory for evicted full KV blocks (0: no tier), over the replica's GPUs
     # or: host_blocks = 40000  # the tier in blocks
-    eviction = "lru"           # the host tier's eviction policy, by its registered name
+    eviction = "lru"           # the host tier's eviction: lru, or lrfu (reuse-aware: frequency and recency)
     bandwidth = -1             # host link per direction, bytes/s (-1: the GPU's, backends/sim/catalog.py)
     latency_s = -1             # fixed cost of one transfer (-1: the GPU's)
 
@@ -14,9 +14,10 @@ bytes on every GPU that holds a part of it. Each GPU copies its part over its ow
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from twinserve.core.knobs import knob
+from twinserve.core.kv.host_policies import HOST_EVICTION_POLICIES
 
 from twinserve.sim.errors import ConfigError
 
@@ -25,7 +26,7 @@ GiB = 1024 ** 3
 
 def eviction_choices() -> tuple[str, ...]:
     """The host tier's eviction policies, by registered name (the core's registry)."""
-    return ("lru", "reuse")
+    return tuple(HOST_EVICTION_POLICIES)
 
 
 @dataclass(slots=True)
@@ -80,3 +81,52 @@ def host_tier_blocks(sec: KVOffloadSection, block_bytes: float, gpus_per_block: 
                     f"({one / 2**20:.3g} MiB over {gpus_per_block} GPU(s)); give at least "
                     f"{one / GiB:.3g} GiB, or 0 for no host tier")
     return n
+
+
+def tier_columns(tier: Any, kv: Any, end_time: float) -> dict[str, float]:
+    """The summary row's host-tier columns: hits, blocks moved, the link's busy shares.
+
+    tier: the core's HostTierExecutor; kv: the scheduler's KVCacheManager (its host tier's stats).
+    """
+    st = kv.host.stats
+    loads, stores = tier.link.loads, tier.link.stores
+    span = end_time if end_time > 0 else float("nan")
+    return {"host_tier_blocks": kv.host.num_blocks, "eviction": kv.host.policy_name,
+            "host_hit_rate": st.hits / st.queries if st.queries else 0.0,
+            "host_blocks_loaded": loads.blocks, "host_blocks_stored": stores.blocks,
+            "host_evictions": st.evictions, "host_stores_dropped": st.stores_dropped,
+            "link_load_busy": loads.busy_s / span, "link_store_busy": stores.busy_s / span,
+            "load_wait_s": tier.wait_s, "store_stall_s": tier.store_stall_s}
+
+
+def store_free_window(sched: Any, k: int) -> int:
+    """The most of k fast-forwarded decode steps that evict no cached block (0 to k).
+
+    An evicted block is stored to the host tier at the step that takes it; a window prices no
+    copies, so it ends before the first one and stepping runs that step (results stay equal).
+    A window takes its new blocks from the free queue's front, in order.
+    """
+    kv = sched.kv
+    bs = kv.block_size
+    held = kv.req_to_blocks
+    grow = [(req.num_computed_tokens, len(held[req.request_id])) for req in sched.running]
+
+    def needed(steps: int) -> int:
+        return sum(max(0, -(-(c + steps) // bs) - n) for c, n in grow)
+
+    want = needed(k)
+    clean = 0
+    for block in kv.pool.free_queue:
+        if clean >= want or block.block_hash is not None:
+            break
+        clean += 1
+    if clean >= want:
+        return k
+    lo, hi = 0, k  # the largest step count whose blocks are all clean
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if needed(mid) <= clean:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

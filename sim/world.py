@@ -14,6 +14,7 @@ from typing import Callable, Iterator, Sequence
 import simpy
 
 from twinserve.backends.sim.executor import DEFAULT_TOKEN, SimExecutor
+from twinserve.backends.sim.host_link import HostTierExecutor
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import InvalidRequestError
 from twinserve.core.request import FinishReason, Request
@@ -22,6 +23,7 @@ from twinserve.core.sched.fast_forward import apply_decode_steps, decode_window
 
 from twinserve.sim.clients import ClosedLoopSource
 from twinserve.sim.gc_policy import simulation_gc
+from twinserve.sim.kv_offload import store_free_window
 from twinserve.sim.workload import WorkItem, Workload
 
 INF = float("inf")
@@ -247,6 +249,8 @@ class Simulation:
         t = 0.0
         starts = self.step_starts
         horizons = self.admit_until
+        # The host tier's copies are priced from each step's start (None: no tier).
+        tier = core.executor if isinstance(core.executor, HostTierExecutor) else None
         while not self.aborted:
             if starts is not None:
                 k = core.num_steps
@@ -276,7 +280,9 @@ class Simulation:
             if self.fast_forward and not self.executor.waking and self._fast_forward(t):
                 t = self._t_after_ff
             else:
-                in_system = len(sched.running) + len(sched.waiting)
+                in_system = len(sched.running) + sched.num_waiting
+                if tier is not None:
+                    tier.now = t
                 outputs, stats = core.step(t)
                 assert stats is not None
                 d = stats.duration
@@ -301,6 +307,8 @@ class Simulation:
     def _fast_forward(self, t: float) -> bool:
         sched = self.core.scheduler
         k = decode_window(sched, 1 << 30)
+        if k > 0 and sched.kv.host is not None:
+            k = store_free_window(sched, k)
         if k <= 0:
             return False
         running = sched.running

@@ -10,7 +10,6 @@ from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
 
 from twinserve.backends.sim.cost_model import CostModel, DraftModelSteps, WorkTotals
 from twinserve.backends.sim.fitted import RANGE_DIMS
-from twinserve.backends.sim.host_link import HostLink
 from twinserve.backends.sim.spec import SpecAcceptance
 
 DEFAULT_TOKEN = 1
@@ -60,8 +59,6 @@ class SimExecutor:
         self.draft: DraftModelSteps | None = None
         self.draft_active: Callable[[int], bool] = lambda n: True
         self.draft_time = 0.0
-        # The host KV tier's link (None: no tier): loads and stores priced beside the compute stream.
-        self.host_link: HostLink | None = None
 
     @property
     def waking(self) -> bool:

@@ -1,14 +1,20 @@
 """The GPU's link to host memory: the host KV tier's loads and stores, priced as DMA copies.
 
 Each direction is its own copy stream (PCIe and NVLink-C2C are full duplex): transfers queue in
-order, each taking latency + bytes / bandwidth, and run beside the compute stream.
+order, each taking latency + bytes / bandwidth, and run beside the compute stream, as an engine
+with pinned host memory and copies on their own CUDA streams runs them. HostTierExecutor runs a
+step's transfers (SchedulerOutput.kv_stores / kv_loads) on the link around the simulated executor
+and reports each load job once its copy is done (ModelRunnerOutput.finished_loads).
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
+from typing import Any
 
 from twinserve.core.errors import InvalidConfigError
+from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
 
 
 @dataclass(slots=True)
@@ -66,3 +72,55 @@ def _count(t: LinkTotals, blocks: int, nbytes: float, seconds: float) -> None:
     t.blocks += blocks
     t.bytes += nbytes
     t.busy_s += seconds
+
+
+class HostTierExecutor:
+    """The core's executor when a host tier is on: the step's copies on the link, the step on `inner`.
+
+    Stores (device to host) start with the step; the forward overwrites their blocks, so the step
+    ends no sooner than they do. Loads (host to device) queue on their own stream after this step's
+    stores (a load may fill a block just stored): the requests they serve wait, the others compute.
+    A load is reported at the end of the step in which it completes; a step with nothing to compute
+    lasts until the next load completes. The world sets `now` to each step's start.
+    """
+
+    def __init__(self, inner: Any, link: HostLink) -> None:
+        self.inner = inner
+        self.link = link
+        self.now = 0.0
+        self.pending: list[tuple[float, int]] = []  # (completion time, job id), earliest first
+        self.wait_s = 0.0  # steps spent with nothing to compute but loads in flight
+        self.store_stall_s = 0.0  # step time added by stores outlasting the forward
+
+    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        """Queue the step's stores and loads, run the step, report the loads done by its end."""
+        now = self.now
+        link = self.link
+        ready = now
+        if so.kv_stores:
+            ready = link.store(len(so.kv_stores), now)
+        pending = self.pending
+        for job_id, pairs in so.kv_loads.items():
+            heapq.heappush(pending, (link.load(len(pairs), ready), job_id))
+        if so.is_empty and pending:
+            state = self.inner.state  # what the inner executor would drop
+            for rid in so.finished_req_ids:
+                state.pop(rid, None)
+            for rid in so.preempted_req_ids:
+                state.pop(rid, None)
+            d = max(pending[0][0], ready) - now
+            self.wait_s += d
+            out = ModelRunnerOutput({}, step_time=d)
+        else:
+            out = self.inner.execute(so)
+            d = out.step_time or 0.0
+            if ready - now > d:
+                self.store_stall_s += ready - now - d
+                out.step_time = d = ready - now
+        end = now + d
+        if pending and pending[0][0] <= end:
+            done = []
+            while pending and pending[0][0] <= end:
+                done.append(heapq.heappop(pending)[1])
+            out.finished_loads = done
+        return out

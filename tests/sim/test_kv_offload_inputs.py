@@ -85,19 +85,20 @@ def test_catalog_host_links() -> None:
 
 
 def test_tier_size_in_blocks_and_link_from_the_catalog() -> None:
-    cfg = small_config(**{"kv_offload.host_size_gib": 1.0})
-    eng = build(cfg)
+    built = build(small_config(**{"kv_offload.host_size_gib": 1.0}))
     block = 16 * 32 * 2 * 32 * 128 * 2  # Llama-2-7B: 16 tokens x 32 layers x K,V x 32 heads x 128 x 2 B
-    assert eng.simulation.executor.host_link.block_bytes == block
-    assert eng.simulation.executor.host_link.bandwidth == PCIE_GEN4_X16  # A100
-    cfg = small_config(**{"kv_offload.host_size_gib": 1.0, "kv_offload.bandwidth": 1e10,
-                          "tensor_parallel_size": 2})
-    link = build(cfg).simulation.executor.host_link
+    link = built.simulation.core.executor.link
+    assert link.block_bytes == block and link.bandwidth == PCIE_GEN4_X16  # A100
+    assert built.simulation.core.scheduler.kv.host.num_blocks == 2 ** 30 // block
+    # TP 2: half a block on each GPU, copied over each GPU's own link; the tier holds as many blocks.
+    built = build(small_config(**{"kv_offload.host_size_gib": 1.0, "kv_offload.bandwidth": 1e10,
+                                  "tensor_parallel_size": 2}))
+    link = built.simulation.core.executor.link
     assert link.bandwidth == 1e10 and link.block_bytes == block / 2
-
-
-def test_tier_off_builds_no_link() -> None:
-    assert build(small_config()).simulation.executor.host_link is None
+    assert built.simulation.core.scheduler.kv.host.num_blocks == 2 ** 30 // block
+    built = build(small_config(**{"kv_offload.host_blocks": 77, "kv_offload.eviction": "lrfu"}))
+    host = built.simulation.core.scheduler.kv.host
+    assert (host.num_blocks, host.policy_name) == (77, "lrfu")
 
 
 def test_link_rejects_zero_bandwidth() -> None:
