@@ -19,7 +19,7 @@ from twinserve.backends.sim.executor import SimExecutor
 from twinserve.backends.sim.cost_model import roofline_for
 from twinserve.backends.sim.parallel import Parallelism, ParallelismError
 from twinserve.backends.sim.fitted import FittedCostModel, ProfileError, check_profile_model
-from twinserve.backends.sim.host_link import HostLink, HostTierExecutor
+from twinserve.backends.sim.host_link import HostLink, HostTierExecutor, host_link_from_profile
 from twinserve.backends.sim.spec import SpecAcceptance
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import InvalidConfigError
@@ -168,8 +168,13 @@ class BuiltEngine:
     host_blocks: int = 0  # the host KV tier's blocks (0: no tier)
 
 
-def host_tier(cfg: StudyConfig, hw: HardwareSpec, cap: KVCapacity) -> tuple[int, HostLink | None]:
-    """The [kv_offload] tier's size in blocks and its link (0, None when off); errors name the field."""
+def host_tier(cfg: StudyConfig, hw: HardwareSpec, cap: KVCapacity,
+              cost: CostModel | None = None) -> tuple[int, HostLink | None]:
+    """The [kv_offload] tier's size in blocks and its link (0, None when off); errors name the field.
+
+    The link: [kv_offload] bandwidth/latency_s if set, else a fitted profile's measured copies
+    (`twinserve calibrate`), else the GPU's host link in the catalog.
+    """
     off = cfg.kv_offload
     if not off.enabled:
         return 0, None
@@ -183,10 +188,22 @@ def host_tier(cfg: StudyConfig, hw: HardwareSpec, cap: KVCapacity) -> tuple[int,
     e = cfg.engine
     # A block's page lives on every TP rank of its pipeline stage; the tier keeps all of them.
     n = host_tier_blocks(off, cap.block_bytes, e.tensor_parallel_size * e.pipeline_parallel_size, error)
-    bandwidth = off.bandwidth if off.bandwidth > 0 else hw.host_link_bandwidth
-    latency = off.latency_s if off.latency_s >= 0 else hw.host_link_latency_s
+    load = store = (hw.host_link_bandwidth, hw.host_link_latency_s)
+    meta = getattr(cost, "meta", None)
+    if isinstance(meta, dict):
+        try:
+            measured = host_link_from_profile(meta, f"profile {e.profile}")
+        except InvalidConfigError as err:
+            raise _cfg_error(cfg, "engine", "profile", str(err)) from None
+        if measured is not None:
+            load = (measured["load_bandwidth"], measured["load_latency_s"])
+            store = (measured["store_bandwidth"], measured["store_latency_s"])
+    if off.bandwidth > 0:
+        load, store = (off.bandwidth, load[1]), (off.bandwidth, store[1])
+    if off.latency_s >= 0:
+        load, store = (load[0], off.latency_s), (store[0], off.latency_s)
     try:
-        return n, HostLink(bandwidth, latency, cap.block_bytes)
+        return n, HostLink(load[0], load[1], cap.block_bytes, store[0], store[1])
     except InvalidConfigError as err:
         raise error(err.field, str(err)) from None
 
@@ -265,7 +282,7 @@ def build_engine(cfg: StudyConfig) -> BuiltEngine:
         executor.draft = DraftModelSteps(RooflineCostModel(draft, hw, cfg.engine.tensor_parallel_size, roof.eff),
                                          spec.num_speculative_tokens)
         executor.draft_active = core_spec.active
-    host_blocks, link = host_tier(cfg, hw, cap)
+    host_blocks, link = host_tier(cfg, hw, cap, cost)
     if host_blocks:
         sched_cfg = dataclasses.replace(sched_cfg, kv_offloading_blocks=host_blocks,
                                         kv_offloading_policy=cfg.kv_offload.eviction)

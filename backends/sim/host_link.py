@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
@@ -30,15 +30,22 @@ class LinkTotals:
 class HostLink:
     """Two FIFO copy streams (host to device: loads; device to host: stores) over one link."""
 
-    def __init__(self, bandwidth: float, latency_s: float, block_bytes: float) -> None:
-        if not bandwidth > 0.0:
-            raise InvalidConfigError("bandwidth", bandwidth, "a host link bandwidth > 0 (bytes/s)")
-        if not latency_s >= 0.0:
-            raise InvalidConfigError("latency_s", latency_s, "a host link latency >= 0 (seconds)")
+    def __init__(self, bandwidth: float, latency_s: float, block_bytes: float,
+                 store_bandwidth: float | None = None, store_latency_s: float | None = None) -> None:
+        store_bandwidth = bandwidth if store_bandwidth is None else store_bandwidth
+        store_latency_s = latency_s if store_latency_s is None else store_latency_s
+        for name, v in (("bandwidth", bandwidth), ("bandwidth", store_bandwidth)):
+            if not v > 0.0:
+                raise InvalidConfigError(name, v, "a host link bandwidth > 0 (bytes/s)")
+        for name, v in (("latency_s", latency_s), ("latency_s", store_latency_s)):
+            if not v >= 0.0:
+                raise InvalidConfigError(name, v, "a host link latency >= 0 (seconds)")
         if not block_bytes > 0.0:
             raise InvalidConfigError("block_bytes", block_bytes, "bytes per KV block > 0")
-        self.bandwidth = bandwidth
+        self.bandwidth = bandwidth  # loads (host to device); stores may differ (a measured link)
         self.latency_s = latency_s
+        self.store_bandwidth = store_bandwidth
+        self.store_latency_s = store_latency_s
         self.block_bytes = block_bytes
         # When each stream is next free.
         self.load_free = 0.0
@@ -47,7 +54,7 @@ class HostLink:
         self.stores = LinkTotals()
 
     def transfer_time(self, num_blocks: int) -> float:
-        """Seconds one copy of num_blocks blocks takes on an idle stream."""
+        """Seconds one host-to-device copy of num_blocks blocks takes on an idle stream."""
         return self.latency_s + num_blocks * self.block_bytes / self.bandwidth
 
     def load(self, num_blocks: int, now: float) -> float:
@@ -58,9 +65,13 @@ class HostLink:
         _count(self.loads, num_blocks, num_blocks * self.block_bytes, d)
         return done
 
+    def store_time(self, num_blocks: int) -> float:
+        """Seconds one device-to-host copy of num_blocks blocks takes on an idle stream."""
+        return self.store_latency_s + num_blocks * self.block_bytes / self.store_bandwidth
+
     def store(self, num_blocks: int, now: float) -> float:
         """Queue a device-to-host copy at now; returns when it completes."""
-        d = self.transfer_time(num_blocks)
+        d = self.store_time(num_blocks)
         done = (self.store_free if self.store_free > now else now) + d
         self.store_free = done
         _count(self.stores, num_blocks, num_blocks * self.block_bytes, d)
@@ -72,6 +83,25 @@ def _count(t: LinkTotals, blocks: int, nbytes: float, seconds: float) -> None:
     t.blocks += blocks
     t.bytes += nbytes
     t.busy_s += seconds
+
+
+def host_link_from_profile(meta: Mapping[str, Any], source: str = "<profile>") -> dict[str, float] | None:
+    """A profile's measured host link (`twinserve calibrate`, twin/hostcopy.py), or None: load and store
+    bandwidth and latency, and the block bytes it was timed on."""
+    raw = meta.get("host_link")
+    if raw is None:
+        return None
+    try:
+        out = {"block_bytes": float(raw["block_bytes"]),
+               "load_bandwidth": float(raw["load"]["bandwidth"]), "load_latency_s": float(raw["load"]["latency_s"]),
+               "store_bandwidth": float(raw["store"]["bandwidth"]),
+               "store_latency_s": float(raw["store"]["latency_s"])}
+    except (KeyError, TypeError, ValueError):
+        raise InvalidConfigError("host_link", raw, f"{source}: an object with block_bytes and load/store "
+                                 "bandwidth and latency_s (as `twinserve calibrate` writes it)") from None
+    if not (out["block_bytes"] > 0 and out["load_bandwidth"] > 0 and out["store_bandwidth"] > 0):
+        raise InvalidConfigError("host_link", raw, f"{source}: positive block_bytes and bandwidths")
+    return out
 
 
 class HostTierExecutor:
