@@ -130,3 +130,54 @@ def store_free_window(sched: Any, k: int) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+def window_stores(sched: Any, k: int) -> tuple[list[int], dict[int, int]]:
+    """Per step of a k-step decode window, the cached blocks it takes (each a possible store), and
+    step by block id. The window takes blocks from the free queue's front in schedule()'s order."""
+    kv = sched.kv
+    bs = kv.block_size
+    held = kv.req_to_blocks
+    events = []
+    for i, req in enumerate(sched.running):
+        s = len(held[req.request_id]) * bs - req.num_computed_tokens
+        while s < k:
+            events.append((s, i))
+            s += bs
+    counts = [0] * k
+    step_of: dict[int, int] = {}
+    if events:
+        events.sort()
+        for (s, _), block in zip(events, kv.pool.free_queue):
+            if block.block_hash is not None:
+                counts[s] += 1
+                step_of[block.block_id] = s
+    return counts, step_of
+
+
+def stores_fit(link: Any, counts: list[int], start: float, durations: list[float]) -> int:
+    """Steps of the window whose stores (at most counts[j]) run as stepping runs them: each on an
+    idle stream, done within its step (no stall, no queue into the next step)."""
+    free = link.store_free
+    t = start
+    for j, d in enumerate(durations):
+        if counts[j]:
+            if free > t or link.store_time(counts[j]) > d:
+                return j
+            free = t + link.store_time(counts[j])
+        t += d
+    return len(durations)
+
+
+def price_window_stores(tier: Any, kv: Any, step_of: dict[int, int], starts: list[float]) -> None:
+    """The window's stores, taken from the KV manager and priced at the start of the step that made
+    each, as stepping prices them (earlier ones, not yet taken, at the window's first step)."""
+    stores, loads = kv.take_transfers()
+    if loads:
+        raise AssertionError("a fast-forwarded window queued host-tier loads")
+    per: dict[int, int] = {}
+    for block_id, _ in stores:
+        j = step_of.get(block_id, 0)
+        per[j] = per.get(j, 0) + 1
+    for j in sorted(per):
+        tier.link.store(per[j], starts[j])

@@ -23,7 +23,7 @@ from twinserve.core.sched.fast_forward import apply_decode_steps, decode_window
 
 from twinserve.sim.clients import ClosedLoopSource
 from twinserve.sim.gc_policy import simulation_gc
-from twinserve.sim.kv_offload import store_free_window
+from twinserve.sim.kv_offload import price_window_stores, store_free_window, stores_fit, window_stores
 from twinserve.sim.workload import WorkItem, Workload
 
 INF = float("inf")
@@ -307,20 +307,30 @@ class Simulation:
     def _fast_forward(self, t: float) -> bool:
         sched = self.core.scheduler
         k = decode_window(sched, 1 << 30)
-        if k > 0 and sched.kv.host is not None:
-            k = store_free_window(sched, k)
+        tier = self.core.executor if sched.kv.host is not None else None
+        ex = self.executor
+        if k > 0 and tier is not None and ex.draft is not None:
+            k = store_free_window(sched, k)  # a draft model's window is not cut after pricing
         if k <= 0:
             return False
         running = sched.running
         n = len(running)
         context = sum([req.num_computed_tokens for req in running])
         ids = [req.request_id for req in running]
-        ex = self.executor
         durations, ends = ex.decode_step_times(n, context, k, t, self.source.next_time())
+        step_of = None
+        if tier is not None and ends and ex.draft is None:
+            # The window's stores, priced as stepping prices them: it ends where that would differ.
+            counts, step_of = window_stores(sched, len(ends))
+            counts[0] += len(sched.kv.kv_stores) + len(sched.kv.pool.evicted or ())
+            m = stores_fit(tier.link, counts, t, durations)
+            durations, ends = durations[:m], ends[:m]
         if not ends:
             return False
         dropped = sched.finished_req_ids
         usage, finished = apply_decode_steps(sched, ends, repeat=ex.tokens, default=DEFAULT_TOKEN)
+        if step_of is not None:
+            price_window_stores(tier, sched.kv, step_of, [t, *ends[:-1]])
         ex.advance_decode(ids, context, durations, dropped)
         k = len(ends)
         self.core.num_steps += k

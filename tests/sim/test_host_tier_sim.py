@@ -110,15 +110,21 @@ def test_a_slower_link_costs_ttft() -> None:
     assert p50(2e7) > p50(64e9)
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(st.integers(0, 10_000), st.sampled_from(["lru", "lrfu"]), st.sampled_from([64, 700, 4096]))
 def test_fast_forward_equals_stepping_with_a_tier(seed: int, policy: str, blocks: int) -> None:
     cfg = sessions(**{"seed": seed, "kv_offload.host_blocks": blocks, "kv_offload.eviction": policy,
                       "num_requests": 12})
-    _, ff = _run(cfg)
+    b_ff, ff = _run(cfg)
     cfg.run.fast_forward = False
-    _, step = _run(cfg)
+    b_step, step = _run(cfg)
     assert fingerprint(ff) == fingerprint(step)
+    # The same copies at the same times: windows price their steps' stores as stepping does.
+    t_ff, t_step = b_ff.simulation.core.executor, b_step.simulation.core.executor
+    assert (t_ff.link.stores, t_ff.link.loads, t_ff.link.store_free) == \
+        (t_step.link.stores, t_step.link.loads, t_step.link.store_free)
+    assert b_ff.simulation.core.scheduler.kv.host.stats == b_step.simulation.core.scheduler.kv.host.stats
+    assert ff.num_ff_windows > 0
 
 
 def test_summary_row_has_the_tier_columns_only_when_on() -> None:
