@@ -59,6 +59,8 @@ class EngineCore:
         self.executor = executor
         self.clock = clock
         self.num_steps = 0
+        # Bytes one block moves to or from a host tier (the real engine sets it; for metrics).
+        self.host_page_bytes = 0
         # For step logs and replay checks.
         self.last_scheduler_output: SchedulerOutput | None = None
 

@@ -64,6 +64,10 @@ class EngineArgs(SchedulerArgs):
                                      open="lo")
     gpu_memory_utilization: float = knob(0.9, help="share of GPU memory the engine may take (KV cache "
                                          "included)", range=(0.0, 1.0), open="lo")
+    # vLLM's --kv-offloading-size: host memory behind the prefix cache (core/kv/host_tier.py).
+    kv_offloading_size: float = knob(0.0, help="host memory for a KV offloading tier behind the prefix "
+                                     "cache (vLLM's --kv-offloading-size)", unit="GiB", range=(0.0, 1e6),
+                                     open="lo", special={0: "off"})
     attention_backend: str = knob("auto", help="attention kernels: auto, triton or torch")
     max_logprobs: int = knob(20, help="most logprobs a request may ask for", range=(0, _INT32_MAX))
     small_batch_weights: bool = knob(True, help="CPU fp32: a transposed copy of the weights that makes "

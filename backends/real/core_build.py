@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from twinserve.core.engine_core import EngineCore
@@ -41,7 +42,11 @@ def build_engine_core(args: EngineArgs, max_model_len: int, eos_ids: list[int],
 
             cfg = peek_model_config(source)
         sched = with_model_kv(sched, kv_group_windows(cfg))
+        num_host, host_page = executor.host_tier() if args.kv_offloading_size else (0, 0)
+        if num_host:
+            sched = dataclasses.replace(sched, kv_offloading_blocks=num_host)
         core = EngineCore(sched, executor, speculative_config=args.speculative_config)
+        core.host_page_bytes = host_page  # bytes moved per block, for the metrics
     except BaseException:
         executor.shutdown()
         raise

@@ -100,7 +100,17 @@ def core_stats(core: EngineCore) -> CoreStats:
     return CoreStats(sched.num_running, sched.num_waiting, sched.num_preemptions, core.num_steps,
                      kv.usage, kv.num_free_blocks, kv.num_blocks, kv.stats.queries, kv.stats.hits,
                      sched.spec_stats.num_drafts, sched.spec_stats.num_draft_tokens,
-                     sched.spec_stats.num_accepted_tokens, list(sched.spec_stats.accepted_per_pos))
+                     sched.spec_stats.num_accepted_tokens, list(sched.spec_stats.accepted_per_pos),
+                     *_host_stats(core))
+
+
+def _host_stats(core: EngineCore) -> tuple[int, int, int, int]:
+    """The host tier's (queries, hits, bytes stored, bytes loaded); zeros without one."""
+    host = core.scheduler.kv.host
+    if host is None:
+        return 0, 0, 0, 0
+    s, page = host.stats, core.host_page_bytes
+    return s.queries, s.hits, s.blocks_stored * page, s.blocks_loaded * page
 
 
 class CoreRequests:

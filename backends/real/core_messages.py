@@ -28,6 +28,11 @@ class CoreStats(msgspec.Struct, array_like=True):
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_pos: list[int] = []
+    # Host tier: lookups in tokens (vLLM's external prefix cache) and bytes copied each way.
+    external_queries: int = 0
+    external_hits: int = 0
+    offload_bytes_stored: int = 0
+    offload_bytes_loaded: int = 0
 
 
 class CoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):

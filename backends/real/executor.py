@@ -52,6 +52,11 @@ class InProcessExecutor:
             w.init_kv_cache(num_blocks)
         return num_blocks
 
+    def host_tier(self) -> tuple[int, int]:
+        """(host-tier blocks every worker holds, rank 0's bytes per block)."""
+        tiers = [w.host_tier() for w in self.workers]
+        return min(n for n, _ in tiers), tiers[0][1]
+
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run the step on the workers; the first one's output is the step's."""
         outputs = [w.execute_model(scheduler_output) for w in self.workers]

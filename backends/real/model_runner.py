@@ -13,6 +13,7 @@ from twinserve.core.kv.groups import kv_cache_groups, layer_slots
 from twinserve.core.sched.output import Logprob, ModelRunnerOutput, SchedulerOutput
 from twinserve.backends.real.attention import AttentionBackend, AttentionMetadata
 from twinserve.backends.real.cuda_graphs import DecodeGraphs
+from twinserve.backends.real.host_kv import HostKVCache
 from twinserve.backends.real.input_batch import CachedRequestState, InputBatch
 from twinserve.backends.real.models.architectures import CausalLM
 from twinserve.backends.real.sampler import Sampler, SamplingRow, prompt_logprob_records
@@ -88,6 +89,8 @@ class ModelRunner:
         # Set by the worker on CUDA unless --enforce-eager.
         self.graphs: DecodeGraphs | None = None
         self._pinned = _PinnedStaging(device)
+        # The host tier's tensors and copies (init_host_tier); None when off.
+        self.host_kv: HostKVCache | None = None
 
     def init_kv_cache(self, num_blocks: int, dtype: torch.dtype) -> None:
         """Allocate [num_blocks, block_size, num_kv_heads, head_dim] K and V per layer of a group.
@@ -101,9 +104,16 @@ class ModelRunner:
                   for _ in range(len(self.kv_groups[0].layers))]
         slots = layer_slots(self.kv_groups)
         self.kv_caches = [shared[slots[layer][1]] for layer in range(cfg.num_hidden_layers)]
+        self._kv_tensors = [t for pair in shared for t in pair]
         if self.drafter is not None:
             # The draft indexes its own tensors with group 0's table (full attention when any layer is).
             self.drafter.init_kv_cache(num_blocks, dtype)
+            self._kv_tensors += [t for pair in self.drafter.kv_caches for t in pair]
+
+    def init_host_tier(self, size_gib: float) -> int:
+        """Host memory mirroring every KV tensor (the draft's too), size_gib of it; its block count."""
+        self.host_kv = HostKVCache(self._kv_tensors, size_gib, self.device)
+        return self.host_kv.num_blocks
 
     # ------------------------------------------------------------------ state
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -159,11 +169,13 @@ class ModelRunner:
         """Run one scheduler output and return the sampled tokens."""
         timing = self.timing
         t0 = time.perf_counter() if timing else 0.0
+        # Before the forward: stores read blocks this step may reuse.
+        loads_done = self.host_kv.run(so) if self.host_kv is not None else None
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
             self.last_shape = StepShape()
             self.last_timing = (0.0, 0.0, 0.0)
-            return ModelRunnerOutput({})
+            return ModelRunnerOutput({}, finished_loads=loads_done or None)
         states, q_lens, starts = self._order(so)
         input_ids, positions, meta, logits_idx, sampling = self._prepare(states, q_lens, starts)
         t1 = time.perf_counter() if timing else 0.0
@@ -233,7 +245,8 @@ class ModelRunner:
         if timing:
             self.last_timing = self._phase_times(t0, t1, t2, events)
         return ModelRunnerOutput(sampled, logprobs or None, failed=failed or None,
-                                 prompt_logprobs=prompt_lps or None, spec_token_ids=spec_ids)
+                                 prompt_logprobs=prompt_lps or None, spec_token_ids=spec_ids,
+                                 finished_loads=loads_done or None)
 
     def _row(self, st: CachedRequestState) -> SamplingRow:
         sp = st.sampling_params

@@ -202,6 +202,11 @@ class MultiprocExecutor:
             raise EngineStartupError(str(e)) from None
         return num_blocks
 
+    def host_tier(self) -> tuple[int, int]:
+        """(host-tier blocks every rank holds, rank 0's bytes per block)."""
+        tiers = self._call_all("host_tier")
+        return min(n for n, _ in tiers), tiers[0][1]
+
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Broadcast the step, wait for rank 0's output, log shape, time and communication."""
         self._check_dead()

@@ -86,6 +86,8 @@ class Worker:
                                   max_model_len, args.max_num_seqs, stop_ids, compile_grammar=self.compile_grammar,
                                   speculative_config=spec, draft_model=self.draft_model)
         self.num_blocks = 0
+        # Host-tier blocks (init_kv_cache; 0 = no tier).
+        self.num_host_blocks = 0
         self.model_source_path = source.path if source is not None else None
         self.peak_activation_bytes = 0
         self._source = source
@@ -176,6 +178,8 @@ class Worker:
         """Allocate the paged K/V tensors; on CUDA capture the decode graphs over them."""
         self.num_blocks = num_blocks
         self.runner.init_kv_cache(num_blocks, self.dtype)
+        if self.args.kv_offloading_size:
+            self.num_host_blocks = self.runner.init_host_tier(self.args.kv_offloading_size)
         # Captured graphs read one block table; several KV groups run eagerly.
         if (self.device.type == "cuda" and not self.args.enforce_eager and len(self.runner.kv_groups) == 1
                 and getattr(self.backend, "supports_cuda_graphs", False)):
@@ -191,6 +195,11 @@ class Worker:
         out.step_time = time.perf_counter() - t0
         self.last_comm_time = self.tp.take_comm_time() if self.tp is not None else 0.0
         return out
+
+    def host_tier(self) -> tuple[int, int]:
+        """(host-tier blocks, bytes per block): (0, 0) without a tier."""
+        h = self.runner.host_kv
+        return (0, 0) if h is None else (h.num_blocks, h.page_bytes)
 
     @property
     def last_step_shape(self) -> StepShape:

@@ -70,7 +70,7 @@ class HostTier:
             if value in self.pins:
                 self.stats.stores_dropped += 1
                 return None  # a colliding key is being read: keep it
-            self._drop(value)
+            self.free_slots.append(self._drop(value))  # the new key takes its value
         if self.free_slots:
             slot = self.free_slots.pop()
         else:

@@ -14,7 +14,7 @@ from twinserve.core.sched.scheduler import Scheduler
 
 def decode_window(scheduler: Scheduler, max_steps: int) -> int:
     """How many next steps decode the same batch; only the last may finish requests."""
-    if max_steps <= 0 or len(scheduler.waiting) > 0 or scheduler.loading or scheduler.kv.load_jobs or (
+    if max_steps <= 0 or len(scheduler.waiting) > 0 or scheduler.loading or scheduler.loaded or scheduler.kv.load_jobs or (
             scheduler.kv.sliding_window is not None or scheduler.kv.num_groups > 1):
         return 0  # a window frees blocks as requests advance
     running = scheduler.running

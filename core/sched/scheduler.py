@@ -99,6 +99,8 @@ class Scheduler(OutputUpdate):
                                             if config.kv_offloading_blocks else None))
         # Requests admitted with host-tier hits, waiting for their load job (as vLLM's waiting for remote KV).
         self.loading: dict[str, Request] = {}
+        # Loaded, holding their blocks: admitted before the queue, so a hold never blocks its head.
+        self.loaded: list[Request] = []
         self.waiting = make_queue(config.policy, config.aging_interval_s, config.max_model_len)
         self.preemption_policy = make_preemption_policy(config.preemption, config.policy)
         self.running: list[Request] = []
@@ -172,6 +174,8 @@ class Scheduler(OutputUpdate):
                     computed = req.num_computed_tokens - in_flight[rid]
             elif rid in self.loading:
                 del self.loading[rid]  # its job still finishes, for the blocks' sake
+            elif req in self.loaded:
+                self.loaded.remove(req)
             else:
                 self.waiting.remove(req)
             self._dropped.pop(rid, None)
@@ -191,11 +195,11 @@ class Scheduler(OutputUpdate):
     @property
     def num_waiting(self) -> int:
         """Requests queued, preempted ones and those waiting for host-tier loads included."""
-        return len(self.waiting) + len(self.loading)
+        return len(self.waiting) + len(self.loading) + len(self.loaded)
 
     def has_unfinished_requests(self) -> bool:
         """True while any request is waiting or running, or a host-tier load is in flight."""
-        return bool(self.running) or len(self.waiting) > 0 or bool(self.kv.load_jobs)
+        return bool(self.running) or len(self.waiting) > 0 or bool(self.kv.load_jobs) or bool(self.loaded)
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached prefix (refused while requests hold blocks)."""
@@ -363,9 +367,10 @@ class Scheduler(OutputUpdate):
         waiting = self.waiting
         running = self.running
         threshold = cfg.long_prefill_token_threshold
-        while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
-            req = waiting.peek()
+        loaded = self.loaded
+        while (waiting or loaded) and budget > 0 and len(running) < cfg.max_num_seqs:
             # Back from a host-tier load: it holds its hits' blocks (and the first chunk's).
+            req = loaded[0] if loaded else waiting.peek()
             done = req.num_computed_tokens
             if done:
                 hits, num_hit = _NO_BLOCKS, 0
@@ -396,7 +401,10 @@ class Scheduler(OutputUpdate):
                 new_blocks = kv.allocate_slots(req, num_new)
             if new_blocks is None:
                 break
-            waiting.pop()
+            if done:
+                loaded.pop(0)
+            else:
+                waiting.pop()
             if not done:
                 kv.record_prefix_query(req.num_tokens, num_hit)
                 if kv.host is not None:
@@ -436,10 +444,8 @@ class Scheduler(OutputUpdate):
         return True
 
     def _finish_loads(self, job_ids: list[int]) -> None:
-        """Loads done: their requests go back to the front of the queue, their KV in place."""
-        ready = [self.loading.pop(rid) for rid in self.kv.complete_loads(job_ids) if rid in self.loading]
-        for req in reversed(ready):
-            self.waiting.prepend(req)
+        """Loads done: their requests are admitted next (self.loaded), their KV in place."""
+        self.loaded += [self.loading.pop(rid) for rid in self.kv.complete_loads(job_ids) if rid in self.loading]
 
     def _preempt(self, req: Request, now: float, computed: int | None = None) -> None:
         """Recompute-style preemption: free all blocks, requeue at the front."""

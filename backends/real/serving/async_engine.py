@@ -57,6 +57,11 @@ class EngineSnapshot:
     spec_accepted_per_pos: tuple[int, ...] = ()
     # Tokens scheduled by the latest engine step (0 when no step ran since the last snapshot).
     step_tokens: int = 0
+    # Host tier (CoreStats' fields of the same names).
+    external_queries: int = 0
+    external_hits: int = 0
+    offload_bytes_stored: int = 0
+    offload_bytes_loaded: int = 0
 
 
 class EngineObserver(Protocol):
@@ -263,7 +268,8 @@ class AsyncLLMEngine:
         snap = EngineSnapshot(s.num_running, s.num_waiting, engine.get_num_unfinished_requests(),
                               s.kv_usage, s.num_free_blocks, s.num_blocks, s.prefix_queries, s.prefix_hits,
                               s.num_preemptions, s.num_steps, s.spec_num_drafts, s.spec_num_draft_tokens,
-                              s.spec_num_accepted_tokens, tuple(s.spec_accepted_per_pos), step_tokens)
+                              s.spec_num_accepted_tokens, tuple(s.spec_accepted_per_pos), step_tokens,
+                              s.external_queries, s.external_hits, s.offload_bytes_stored, s.offload_bytes_loaded)
         self.snapshot = snap
         for out in outputs:
             if out.finished:

@@ -62,6 +62,13 @@ class ServingMetrics:
         self.free_blocks = gauge("kv_cache_free_blocks", "KV blocks not held by any request.")
         self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.")
+        # The host tier, under vLLM's names for a KV connector's external prefix cache (in tokens).
+        self.external_queries = counter("external_prefix_cache_queries",
+                                        "Prompt tokens looked up in the host-memory KV tier.")
+        self.external_hits = counter("external_prefix_cache_hits", "Prompt tokens loaded from the host-memory KV tier.")
+        # No vLLM name found for these: twinserve's own.
+        self.offload_stored = counter("kv_offload_stored_bytes", "KV bytes copied from the device to the host tier.")
+        self.offload_loaded = counter("kv_offload_loaded_bytes", "KV bytes copied from the host tier to the device.")
         self.preemptions = counter("num_preemptions", "Requests preempted (recomputed) since start.")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = counter("generation_tokens", "Tokens generated.")
@@ -119,6 +126,12 @@ class ServingMetrics:
             self.prefix_queries.inc(snapshot.prefix_queries - last.prefix_queries)
         if snapshot.prefix_hits > last.prefix_hits:
             self.prefix_hits.inc(snapshot.prefix_hits - last.prefix_hits)
+        for name, metric in (("external_queries", self.external_queries), ("external_hits", self.external_hits),
+                             ("offload_bytes_stored", self.offload_stored),
+                             ("offload_bytes_loaded", self.offload_loaded)):
+            delta = getattr(snapshot, name) - getattr(last, name)
+            if delta > 0:
+                metric.inc(delta)
         if snapshot.num_preemptions > last.num_preemptions:
             self.preemptions.inc(snapshot.num_preemptions - last.num_preemptions)
         if snapshot.spec_num_drafts > last.spec_num_drafts:
