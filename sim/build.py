@@ -169,15 +169,17 @@ class BuiltEngine:
 
 
 def host_tier(cfg: StudyConfig, hw: HardwareSpec, cap: KVCapacity,
-              cost: CostModel | None = None) -> tuple[int, HostLink | None]:
-    """The [kv_offload] tier's size in blocks and its link (0, None when off); errors name the field.
+              cost: CostModel | None = None) -> tuple[int, HostLink | None, bool]:
+    """The [kv_offload] tier's size in blocks, its link and whether copies are synchronous (0, None,
+    False when off); errors name the field.
 
     The link: [kv_offload] bandwidth/latency_s if set, else a fitted profile's measured copies
-    (`twinserve calibrate`), else the GPU's host link in the catalog.
+    (`twinserve calibrate`), else the GPU's host link in the catalog. A profile timed on a CPU engine
+    copies synchronously, before its forward.
     """
     off = cfg.kv_offload
     if not off.enabled:
-        return 0, None
+        return 0, None, False
 
     def error(name: str, msg: str) -> ConfigError:
         return _cfg_error(cfg, "kv_offload", name, msg)
@@ -189,6 +191,7 @@ def host_tier(cfg: StudyConfig, hw: HardwareSpec, cap: KVCapacity,
     # A block's page lives on every TP rank of its pipeline stage; the tier keeps all of them.
     n = host_tier_blocks(off, cap.block_bytes, e.tensor_parallel_size * e.pipeline_parallel_size, error)
     load = store = (hw.host_link_bandwidth, hw.host_link_latency_s)
+    synchronous = False
     meta = getattr(cost, "meta", None)
     if isinstance(meta, dict):
         try:
@@ -198,12 +201,13 @@ def host_tier(cfg: StudyConfig, hw: HardwareSpec, cap: KVCapacity,
         if measured is not None:
             load = (measured["load_bandwidth"], measured["load_latency_s"])
             store = (measured["store_bandwidth"], measured["store_latency_s"])
+            synchronous = bool(measured["synchronous"])
     if off.bandwidth > 0:
         load, store = (off.bandwidth, load[1]), (off.bandwidth, store[1])
     if off.latency_s >= 0:
         load, store = (load[0], off.latency_s), (store[0], off.latency_s)
     try:
-        return n, HostLink(load[0], load[1], cap.block_bytes, store[0], store[1])
+        return n, HostLink(load[0], load[1], cap.block_bytes, store[0], store[1]), synchronous
     except InvalidConfigError as err:
         raise error(err.field, str(err)) from None
 
@@ -282,7 +286,7 @@ def build_engine(cfg: StudyConfig) -> BuiltEngine:
         executor.draft = DraftModelSteps(RooflineCostModel(draft, hw, cfg.engine.tensor_parallel_size, roof.eff),
                                          spec.num_speculative_tokens)
         executor.draft_active = core_spec.active
-    host_blocks, link = host_tier(cfg, hw, cap, cost)
+    host_blocks, link, synchronous = host_tier(cfg, hw, cap, cost)
     if host_blocks:
         sched_cfg = dataclasses.replace(sched_cfg, kv_offloading_blocks=host_blocks,
                                         kv_offloading_policy=cfg.kv_offload.eviction)
@@ -292,7 +296,7 @@ def build_engine(cfg: StudyConfig) -> BuiltEngine:
             raise _cfg_error(cfg, "kv_offload", "host_size_gib" if cfg.kv_offload.host_size_gib else "host_blocks",
                              f"the host tier holds full-attention KV in one group; {model.name} runs KV groups "
                              f"{kv_groups_for(cfg, model)} (sliding windows): leave the tier off for it")
-        core.executor = HostTierExecutor(executor, link)
+        core.executor = HostTierExecutor(executor, link, synchronous)
     return BuiltEngine(model, hw, roof, cost, cap, core, executor, host_blocks)
 
 

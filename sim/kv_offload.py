@@ -96,7 +96,7 @@ def tier_columns(tier: Any, kv: Any, end_time: float) -> dict[str, float]:
             "host_blocks_loaded": loads.blocks, "host_blocks_stored": stores.blocks,
             "host_evictions": st.evictions, "host_stores_dropped": st.stores_dropped,
             "link_load_busy": loads.busy_s / span, "link_store_busy": stores.busy_s / span,
-            "load_wait_s": tier.wait_s, "store_stall_s": tier.store_stall_s}
+            "load_wait_s": tier.wait_s, "copy_stall_s": tier.copy_stall_s}
 
 
 def store_free_window(sched: Any, k: int) -> int:

@@ -309,8 +309,10 @@ class Simulation:
         k = decode_window(sched, 1 << 30)
         tier = self.core.executor if sched.kv.host is not None else None
         ex = self.executor
-        if k > 0 and tier is not None and ex.draft is not None:
-            k = store_free_window(sched, k)  # a draft model's window is not cut after pricing
+        if k > 0 and tier is not None and (ex.draft is not None or tier.synchronous):
+            # A draft model's window is not cut after pricing; synchronous copies lengthen steps.
+            k = store_free_window(sched, k)
+            tier = None
         if k <= 0:
             return False
         running = sched.running
@@ -319,7 +321,7 @@ class Simulation:
         ids = [req.request_id for req in running]
         durations, ends = ex.decode_step_times(n, context, k, t, self.source.next_time())
         step_of = None
-        if tier is not None and ends and ex.draft is None:
+        if tier is not None and ends:
             # The window's stores, priced as stepping prices them: it ends where that would differ.
             counts, step_of = window_stores(sched, len(ends))
             counts[0] += len(sched.kv.kv_stores) + len(sched.kv.pool.evicted or ())

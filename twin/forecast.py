@@ -52,7 +52,8 @@ def tier_executor(profile: Any, executor: SimExecutor) -> HostTierExecutor:
         raise InvalidConfigError("kv_offloading_size", "set", "a profile that timed the host tier's copies: "
                                  "this one has no 'host_link'; run `twinserve calibrate` again (it times them)")
     return HostTierExecutor(executor, HostLink(link["load_bandwidth"], link["load_latency_s"], link["block_bytes"],
-                                               link["store_bandwidth"], link["store_latency_s"]))
+                                               link["store_bandwidth"], link["store_latency_s"]),
+                            synchronous=bool(link["synchronous"]))
 
 
 def percentiles(records: Sequence[RequestRecord]) -> dict[str, dict[str, float]]:

@@ -1,7 +1,7 @@
 """The host KV tier's copies timed on this machine, for `twinserve calibrate` and the forecast.
 
-Stores copy device blocks to host slots, loads the other way, block by block as the engine lays out
-KV: one page per (layer, K or V), gathered by block id. Copies of n = 1..64 blocks are timed and
+Stores copy device blocks to host slots, loads the other way, as the engine does
+(backends/real/host_kv.py): one tensor per layer's K and V, blocks gathered by id. Copies of n = 1..64 blocks are timed and
 fitted as latency + n x block_bytes / bandwidth per direction. On CPU both sides are host memory
 (the engine's pool and tier are separate tensors); on CUDA the host side is pinned and the copy
 waits for the stream. The fit goes in the profile as "host_link" (backends/sim/host_link.py reads it).
@@ -38,10 +38,11 @@ def time_host_copies(num_layers: int, page_elems: int, dtype: Any = None, device
     dtype = dtype or torch.float32
     device = torch.device(device)
     blocks = 2 * max(counts)
-    pool = torch.zeros((2 * num_layers, blocks, page_elems), dtype=dtype, device=device)
     pin = device.type == "cuda"
-    host = torch.zeros((2 * num_layers, blocks, page_elems), dtype=dtype, pin_memory=pin)
-    block_bytes = 2 * num_layers * page_elems * pool.element_size()
+    # As backends/real/host_kv.py: a host tensor per device KV tensor (K and V of each layer), blocks first.
+    pool = [torch.zeros((blocks, page_elems), dtype=dtype, device=device) for _ in range(2 * num_layers)]
+    host = [torch.zeros((blocks, page_elems), dtype=dtype, pin_memory=pin) for _ in range(2 * num_layers)]
+    block_bytes = 2 * num_layers * page_elems * pool[0].element_size()
     sync = torch.cuda.synchronize if pin else (lambda: None)
     out: dict[str, Any] = {"block_bytes": block_bytes, "device": str(device), "counts": list(counts)}
     for name in ("store", "load"):
@@ -52,10 +53,11 @@ def time_host_copies(num_layers: int, page_elems: int, dtype: Any = None, device
             times = []
             for _ in range(repeats + 1):
                 t0 = time.perf_counter()
-                if name == "store":
-                    host[:, slots] = pool[:, ids].to("cpu", non_blocking=pin)
-                else:
-                    pool[:, ids] = host[:, slots].to(device, non_blocking=pin)
+                for dev, h in zip(pool, host):
+                    if name == "store":
+                        h.index_copy_(0, slots, dev.index_select(0, ids).to("cpu", non_blocking=pin))
+                    else:
+                        dev.index_copy_(0, ids, h.index_select(0, slots).to(device, non_blocking=pin))
                 sync()
                 times.append(time.perf_counter() - t0)
             pts.append((n, statistics.median(times[1:])))  # the first warms the allocator

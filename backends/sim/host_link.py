@@ -95,7 +95,9 @@ def host_link_from_profile(meta: Mapping[str, Any], source: str = "<profile>") -
         out = {"block_bytes": float(raw["block_bytes"]),
                "load_bandwidth": float(raw["load"]["bandwidth"]), "load_latency_s": float(raw["load"]["latency_s"]),
                "store_bandwidth": float(raw["store"]["bandwidth"]),
-               "store_latency_s": float(raw["store"]["latency_s"])}
+               "store_latency_s": float(raw["store"]["latency_s"]),
+               # Where it was timed: a CPU engine copies synchronously, before its forward.
+               "synchronous": str(raw.get("device", "cpu")).startswith("cpu")}
     except (KeyError, TypeError, ValueError):
         raise InvalidConfigError("host_link", raw, f"{source}: an object with block_bytes and load/store "
                                  "bandwidth and latency_s (as `twinserve calibrate` writes it)") from None
@@ -112,18 +114,25 @@ class HostTierExecutor:
     stores (a load may fill a block just stored): the requests they serve wait, the others compute.
     A load is reported at the end of the step in which it completes; a step with nothing to compute
     lasts until the next load completes. The world sets `now` to each step's start.
+
+    synchronous: the engine copies before the forward and waits (twinserve's CPU engine,
+    backends/real/host_kv.py): the step lasts its stores, its loads and its compute, and every
+    load is done by its end.
     """
 
-    def __init__(self, inner: Any, link: HostLink) -> None:
+    def __init__(self, inner: Any, link: HostLink, synchronous: bool = False) -> None:
         self.inner = inner
         self.link = link
+        self.synchronous = synchronous
         self.now = 0.0
         self.pending: list[tuple[float, int]] = []  # (completion time, job id), earliest first
         self.wait_s = 0.0  # steps spent with nothing to compute but loads in flight
-        self.store_stall_s = 0.0  # step time added by stores outlasting the forward
+        self.copy_stall_s = 0.0  # step time added by copies: stores outlasting the forward, or synchronous copies
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         """Queue the step's stores and loads, run the step, report the loads done by its end."""
+        if self.synchronous:
+            return self._execute_synchronous(so)
         now = self.now
         link = self.link
         ready = now
@@ -145,7 +154,7 @@ class HostTierExecutor:
             out = self.inner.execute(so)
             d = out.step_time or 0.0
             if ready - now > d:
-                self.store_stall_s += ready - now - d
+                self.copy_stall_s += ready - now - d
                 out.step_time = d = ready - now
         end = now + d
         if pending and pending[0][0] <= end:
@@ -153,4 +162,25 @@ class HostTierExecutor:
             while pending and pending[0][0] <= end:
                 done.append(heapq.heappop(pending)[1])
             out.finished_loads = done
+        return out
+
+    def _execute_synchronous(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        """Copies first, then the forward: one after the other on one clock."""
+        link = self.link
+        copies = link.store(len(so.kv_stores), self.now) - self.now if so.kv_stores else 0.0
+        for pairs in so.kv_loads.values():
+            copies += link.load(len(pairs), self.now + copies) - (self.now + copies)
+        if so.is_empty:
+            state = self.inner.state
+            for rid in so.finished_req_ids:
+                state.pop(rid, None)
+            for rid in so.preempted_req_ids:
+                state.pop(rid, None)
+            out = ModelRunnerOutput({}, step_time=0.0)
+        else:
+            out = self.inner.execute(so)
+        out.step_time = (out.step_time or 0.0) + copies
+        self.copy_stall_s += copies
+        if so.kv_loads:
+            out.finished_loads = list(so.kv_loads)
         return out

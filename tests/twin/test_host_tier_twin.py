@@ -90,3 +90,28 @@ def test_a_study_prices_the_tier_on_its_profiles_measured_link(tmp_path) -> None
                           "kv_offload.bandwidth": 5e9})
     link = build(cfg).simulation.core.executor.link
     assert (link.bandwidth, link.store_bandwidth, link.latency_s) == (5e9, 5e9, 1e-5)
+
+
+def test_a_cpu_timed_link_copies_synchronously_and_fast_forward_still_equals_stepping(tmp_path) -> None:
+    from ..sim.helpers import fingerprint
+    path = tmp_path / "p.json"
+    dataclasses.replace(PROFILE, meta={"model": "Llama-2-7B", "host_link": {**LINK, "device": "cpu"}}).save(path)
+    fields = {"cost_model": "fitted", "profile": str(path), "kv_offload.host_blocks": 4000, "num_gpu_blocks": 512,
+              "turns": 3, "num_requests": 12, "prompt_mean": 900.0, "think_time": 3.0, "max_model_len": 4096}
+    built = build(small_config(**fields))
+    tier = built.simulation.core.executor
+    assert tier.synchronous
+    with time_limit(120):
+        ff = built.simulation.run()
+    step_cfg = small_config(**fields)
+    step_cfg.run.fast_forward = False
+    stepped = build(step_cfg)
+    with time_limit(120):
+        st_res = stepped.simulation.run()
+    assert fingerprint(ff) == fingerprint(st_res)
+    # Every copy's time went into a step (synchronous), and no request waited on a load in flight.
+    assert tier.copy_stall_s > 0.0 and tier.wait_s == 0.0 and not tier.pending
+    assert tier.copy_stall_s == pytest.approx(tier.link.loads.busy_s + tier.link.stores.busy_s)
+    cuda = dataclasses.replace(PROFILE, meta={"model": "Llama-2-7B", "host_link": {**LINK, "device": "cuda:0"}})
+    cuda.save(path)
+    assert not build(small_config(**fields)).simulation.core.executor.synchronous
