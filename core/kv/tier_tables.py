@@ -6,7 +6,8 @@ tier; each hit gets a new device block and a load, in one job per admission. A j
 reference on its device blocks and pins its host slots until the executor reports it done, so
 an abort or preemption mid-load frees cleanly: the blocks wait for the copy, then go back to the
 pool as cached blocks. A loading block has no key until its job is done, so nobody hits it early.
-KVCacheManager inherits these methods; with no tier none of them runs.
+KVCacheManager inherits these methods; with no tier none of them runs. A tier for a model with
+sliding windows or several KV groups is refused (InvalidConfigError), never dropped silently.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from twinserve.core.errors import InvalidConfigError
 from twinserve.core.kv.block_pool import KVCacheBlock
 from twinserve.core.kv.hashing import BlockHash
 from twinserve.core.kv.host_tier import HostTier
@@ -62,7 +64,12 @@ class TierTables:
 
     def _init_tier(self, host: HostTier | None) -> None:
         # Full attention in one group only: a window's tables would need per-position rules.
-        self.host = host if host is not None and self.group_windows == (None,) else None
+        if host is not None and self.group_windows != (None,):
+            raise InvalidConfigError(
+                "kv_offloading_blocks", host.num_blocks,
+                f"0 for KV groups with windows {list(self.group_windows)}: the host tier serves models "
+                "whose layers all use full attention (sliding-window and mixed models are not supported yet)")
+        self.host = host
         self.kv_stores: list[tuple[int, int]] = []
         self.kv_loads: dict[int, list[tuple[int, int]]] = {}
         self.load_jobs: dict[int, LoadJob] = {}

@@ -103,15 +103,13 @@ def test_no_stale_read_under_preemption_drafts_and_aborts(num_sessions, turns, p
     assert kv.num_free_blocks == kv.num_blocks
 
 
-@pytest.mark.parametrize("groups", [(0, 3), (0, 0, 5)])
-def test_kv_groups_run_correctly_with_a_tier_asked_for(groups):
-    # Several KV groups: the tier stays out of the way (kv.host is None); outputs stay exact.
-    arrivals = _sessions(3, 2, 20, 30)
-    cfg = SchedulerConfig(block_size=BS, num_blocks=40, max_num_batched_tokens=16, max_model_len=128,
-                          kv_groups=groups, kv_offloading_blocks=64)
-    core, log = drive(cfg, arrivals)
-    assert core.scheduler.kv.host is None
-    _check_outputs(log, arrivals)
+@pytest.mark.parametrize("groups,window", [((0, 3), 0), ((0, 0, 5), 0), ((), 8)])
+def test_a_tier_for_sliding_windows_or_kv_groups_is_refused_not_dropped(groups, window):
+    # Not supported yet: an explicit error naming the field, never a tier silently left off.
+    cfg = SchedulerConfig(block_size=BS, num_blocks=40, max_model_len=128, kv_groups=groups,
+                          sliding_window=window, kv_offloading_blocks=64)
+    with pytest.raises(InvalidConfigError, match="kv_offloading_blocks.*full attention"):
+        Scheduler(cfg)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])
