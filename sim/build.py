@@ -19,12 +19,14 @@ from twinserve.backends.sim.executor import SimExecutor
 from twinserve.backends.sim.cost_model import roofline_for
 from twinserve.backends.sim.parallel import Parallelism, ParallelismError
 from twinserve.backends.sim.fitted import FittedCostModel, ProfileError, check_profile_model
+from twinserve.backends.sim.host_link import HostLink, HostTierExecutor, host_link_from_profile
 from twinserve.backends.sim.spec import SpecAcceptance
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import InvalidConfigError
 
 from twinserve.sim.config import StudyConfig, field_error, replica_config, replica_line, source_text, validate
 from twinserve.sim.errors import ConfigError
+from twinserve.sim.kv_offload import host_tier_blocks
 from twinserve.sim.specs import resolve_draft_model, resolve_hardware, resolve_model
 from twinserve.sim.workload import Workload
 from twinserve.sim.trace_paths import BUILTIN_TRACES, DATA_DIR, UnknownBuiltinTrace, trace_path  # noqa: F401
@@ -163,6 +165,51 @@ class BuiltEngine:
     capacity: KVCapacity
     core: EngineCore
     executor: SimExecutor
+    host_blocks: int = 0  # the host KV tier's blocks (0: no tier)
+
+
+def host_tier(cfg: StudyConfig, hw: HardwareSpec, cap: KVCapacity,
+              cost: CostModel | None = None) -> tuple[int, HostLink | None, bool]:
+    """The [kv_offload] tier's size in blocks, its link and whether copies are synchronous (0, None,
+    False when off); errors name the field.
+
+    The link: [kv_offload] bandwidth/latency_s if set, else a fitted profile's measured copies
+    (`twinserve calibrate`), else the GPU's host link in the catalog. A profile timed on a CPU engine
+    copies synchronously, before its forward.
+    """
+    off = cfg.kv_offload
+    if not off.enabled:
+        return 0, None, False
+
+    def error(name: str, msg: str) -> ConfigError:
+        return _cfg_error(cfg, "kv_offload", name, msg)
+
+    if not cfg.scheduler.enable_prefix_caching:
+        raise error("host_size_gib" if off.host_size_gib else "host_blocks", "a host tier keeps blocks by "
+                    "their prefix hash: it needs scheduler.enable_prefix_caching = true")
+    e = cfg.engine
+    # A block's page lives on every TP rank of its pipeline stage; the tier keeps all of them.
+    n = host_tier_blocks(off, cap.block_bytes, e.tensor_parallel_size * e.pipeline_parallel_size, error)
+    load = store = (hw.host_link_bandwidth, hw.host_link_latency_s)
+    synchronous = False
+    meta = getattr(cost, "meta", None)
+    if isinstance(meta, dict):
+        try:
+            measured = host_link_from_profile(meta, f"profile {e.profile}")
+        except InvalidConfigError as err:
+            raise _cfg_error(cfg, "engine", "profile", str(err)) from None
+        if measured is not None:
+            load = (measured["load_bandwidth"], measured["load_latency_s"])
+            store = (measured["store_bandwidth"], measured["store_latency_s"])
+            synchronous = bool(measured["synchronous"])
+    if off.bandwidth > 0:
+        load, store = (off.bandwidth, load[1]), (off.bandwidth, store[1])
+    if off.latency_s >= 0:
+        load, store = (load[0], off.latency_s), (store[0], off.latency_s)
+    try:
+        return n, HostLink(load[0], load[1], cap.block_bytes, store[0], store[1]), synchronous
+    except InvalidConfigError as err:
+        raise error(err.field, str(err)) from None
 
 
 def kv_groups_for(cfg: StudyConfig, model: ModelSpec) -> tuple[int, ...]:
@@ -239,8 +286,19 @@ def build_engine(cfg: StudyConfig) -> BuiltEngine:
         executor.draft = DraftModelSteps(RooflineCostModel(draft, hw, cfg.engine.tensor_parallel_size, roof.eff),
                                          spec.num_speculative_tokens)
         executor.draft_active = core_spec.active
+    host_blocks, link, synchronous = host_tier(cfg, hw, cap, cost)
+    if host_blocks:
+        sched_cfg = dataclasses.replace(sched_cfg, kv_offloading_blocks=host_blocks,
+                                        kv_offloading_policy=cfg.kv_offload.eviction)
+    if link is not None and (len(sched_cfg.kv_groups) > 1 or sched_cfg.sliding_window):
+        # The core keeps a tier for full attention in one group only.
+        raise _cfg_error(cfg, "kv_offload", "host_size_gib" if cfg.kv_offload.host_size_gib else "host_blocks",
+                         f"the host tier holds full-attention KV in one group; {model.name} runs KV groups "
+                         f"{kv_groups_for(cfg, model)} (sliding windows): leave the tier off for it")
     core = EngineCore(sched_cfg, executor, speculative_config=core_spec)
-    return BuiltEngine(model, hw, roof, cost, cap, core, executor)
+    if link is not None:
+        core.executor = HostTierExecutor(executor, link, synchronous)
+    return BuiltEngine(model, hw, roof, cost, cap, core, executor, host_blocks)
 
 
 @contextlib.contextmanager

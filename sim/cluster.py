@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import simpy
 
 from twinserve.backends.sim.executor import DEFAULT_TOKEN, SimExecutor
+from twinserve.backends.sim.host_link import HostTierExecutor
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import InvalidRequestError
 from twinserve.core.request import Request
@@ -23,6 +24,7 @@ from twinserve.core.routing import ReplicaLoad, RouteRequest, Router, prefix_key
 from twinserve.core.sampling_params import SamplingParams
 from twinserve.core.sched.fast_forward import apply_decode_steps, decode_window
 
+from twinserve.sim.kv_offload import store_free_window
 from twinserve.sim.gc_policy import simulation_gc
 from twinserve.sim.workload import WorkItem, Workload
 from twinserve.sim.world import INF, RequestRecord, RunResult, StepLog, make_source
@@ -218,6 +220,8 @@ class ClusterSimulation:
         env = self.env
         core = rep.core
         sched = core.scheduler
+        # The host tier's copies are priced from each step's start (None: no tier).
+        tier = core.executor if isinstance(core.executor, HostTierExecutor) else None
         t = 0.0
         while True:
             self._route_until(t)
@@ -250,7 +254,9 @@ class ClusterSimulation:
                 finished = self._apply_window(rep, t, plan, m)
                 t = ends[m - 1]
             else:
-                in_system = len(sched.running) + len(sched.waiting)
+                in_system = len(sched.running) + sched.num_waiting
+                if tier is not None:
+                    tier.now = t
                 outputs, stats = core.step(t)
                 assert stats is not None
                 d = stats.duration
@@ -287,6 +293,8 @@ class ClusterSimulation:
         """The next run of identical decode steps (ids, context, durations, ends), not applied."""
         sched = rep.core.scheduler
         k = decode_window(sched, self.max_window)
+        if k > 0 and sched.kv.host is not None:
+            k = store_free_window(sched, k)
         if k <= 0:
             return None
         context = 0

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 
+from twinserve.backends.sim.host_link import HostTierExecutor
 from twinserve.sim.build import BuiltEngine, build_replica_engine, build_workload, check_pool_memory
 from twinserve.sim.cluster import ClusterResult, ClusterSimulation, Replica
 from twinserve.sim.config import StudyConfig, replica_config
@@ -46,7 +47,11 @@ def build_cluster(cfg: StudyConfig, keep_steps: bool = True, keep_records: bool 
         from twinserve.sim.disagg import DecodeExecutor, DisaggregatedSimulation
 
         for eng, rep in zip(engines[c.num_prefill_replicas:], replicas[c.num_prefill_replicas:]):
-            eng.executor = rep.executor = eng.core.executor = DecodeExecutor(eng.cost_model)
+            eng.executor = rep.executor = DecodeExecutor(eng.cost_model)
+            if isinstance(eng.core.executor, HostTierExecutor):  # the tier's copies around the decode steps
+                eng.core.executor.inner = eng.executor
+            else:
+                eng.core.executor = eng.executor
         for rep in replicas:
             rep.label += " prefill" if rep.index < c.num_prefill_replicas else " decode"
         first = engines[0]

@@ -1,7 +1,7 @@
 """Study configuration: dataclasses with defaults for every field, loaded from TOML.
 
 Tables: [engine], [model]/[hardware] (custom specs, sim.specs), [scheduler] (SchedulerConfig but
-num_blocks), [workload] (WorkloadConfig), [slo], [run], [cluster], [search], [speculative]; a
+num_blocks), [workload] (WorkloadConfig), [slo], [run], [cluster], [search], [speculative], [kv_offload]; a
 field left out keeps its default. Errors name the field, file and line; each field's knob (core/knobs.py) bounds its values so
 none breaks a clock or a plot.
 """
@@ -24,6 +24,7 @@ from twinserve.core.sched.config import SCHEDULER_CHOICES, SchedulerConfig
 
 from twinserve.sim.config_lines import field_error, find_line, replica_line, source_text  # noqa: F401
 from twinserve.sim.errors import ConfigError
+from twinserve.sim.kv_offload import KVOffloadSection, check_kv_offload
 from twinserve.sim.speculative import SpeculativeSection, check_speculative, coerce_speculative
 from twinserve.sim.trace_paths import UnknownBuiltinTrace, trace_path
 from twinserve.sim.workload import ARRIVALS, LENGTH_DISTS, WorkloadConfig, range_bounds
@@ -108,11 +109,13 @@ def _scheduler_to_core(self: Any, num_blocks: int) -> SchedulerConfig:
 
 
 # The core scheduler's knobs, derived from SchedulerConfig so a new knob needs no edit
-# here; num_blocks is left out because it comes from the engine's memory.
+# here; num_blocks is left out because it comes from the engine's memory, the host tier's
+# because [kv_offload] sizes it (sim/kv_offload.py).
+FROM_ELSEWHERE = ("num_blocks", "kv_offloading_blocks", "kv_offloading_policy")
 SchedulerSection = dataclasses.make_dataclass(
     "SchedulerSection",
     [(f.name, f.type, field(default=f.default, metadata=f.metadata)) for f in fields(SchedulerConfig)
-     if f.name != "num_blocks"],
+     if f.name not in FROM_ELSEWHERE],
     namespace={"to_core": _scheduler_to_core,
                "__doc__": "The core scheduler's knobs (num_blocks comes from the engine's memory)."},
     slots=True,
@@ -242,6 +245,7 @@ class StudyConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     speculative: SpeculativeSection = field(default_factory=SpeculativeSection)
+    kv_offload: KVOffloadSection = field(default_factory=KVOffloadSection)
     source: str | None = None  # the file it came from, for error messages
     # True: workload.num_requests is the trace's row count (the study did not set it).
     num_requests_from_trace: bool = False
@@ -260,7 +264,7 @@ class StudyConfig:
 SECTIONS: dict[str, type] = {"engine": EngineConfig, "scheduler": SchedulerSection,
                              "workload": WorkloadConfig, "slo": SLOConfig, "run": RunConfig,
                              "cluster": ClusterConfig, "search": SearchConfig,
-                             "speculative": SpeculativeSection}
+                             "speculative": SpeculativeSection, "kv_offload": KVOffloadSection}
 
 # Tables that define a spec rather than set fields: a model's config keys, a GPU's figures.
 SPEC_TABLES = ("model", "hardware")
@@ -560,7 +564,8 @@ def validate(cfg: StudyConfig, text: str = "") -> None:
     w = cfg.workload
     for section, table in (("engine", cfg.engine), ("scheduler", cfg.scheduler), ("workload", w),
                            ("slo", cfg.slo), ("run", cfg.run), ("cluster", cfg.cluster),
-                           ("search", cfg.search), ("speculative", cfg.speculative)):
+                           ("search", cfg.search), ("speculative", cfg.speculative),
+                           ("kv_offload", cfg.kv_offload)):
         for f in fields(table):  # fields set in code bypass coerce(): check (and convert) them all again
             tname = f.type if isinstance(f.type, str) else f.type.__name__
             if tname not in ("int", "float", "bool", "str"):
@@ -616,6 +621,8 @@ def validate(cfg: StudyConfig, text: str = "") -> None:
                               replica_line(text, i, e.field)) from None
     check_speculative(cfg.speculative, lambda name, msg: ConfigError(
         f"speculative.{name}", msg, file, find_line(text, "speculative", name)))
+    check_kv_offload(cfg.kv_offload, lambda name, msg: ConfigError(
+        f"kv_offload.{name}", msg, file, find_line(text, "kv_offload", name)))
     if cfg.engine.cost_model == "fitted" and not cfg.engine.profile:
         raise ConfigError("engine.profile", "cost_model 'fitted' needs a profile JSON path",
                           file, find_line(text, "engine", "profile"))

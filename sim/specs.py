@@ -12,6 +12,8 @@
     mem_gib = 80                 # or mem_bytes
     interconnect_bandwidth = 450e9   # per direction
     interconnect_latency_s = 35e-6   # one small all-reduce at TP 2
+    host_link_bandwidth = 64e9       # to host memory, per direction (the host KV tier; PCIe Gen5 x16)
+    host_link_latency_s = 10e-6      # fixed cost of one host transfer
     price_per_hour = 3.0
     base = "H100-SXM"            # kernel efficiencies and reserves taken from this catalog GPU
 
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
 # [hardware] key -> (required, minimum is exclusive 0 (True) or inclusive 0 (False)).
 _HW_NUMBERS = {"peak_flops": True, "mem_bandwidth": True, "interconnect_bandwidth": True,
                "peak_flops_fp8": False, "peak_flops_fp4": False, "interconnect_latency_s": False, "price_per_hour": False,
-               "mem_gib": True, "mem_bytes": True}
+               "mem_gib": True, "mem_bytes": True, "host_link_bandwidth": True, "host_link_latency_s": False}
 _HW_PROFILE = ("gemm", "attention", "memory", "comm", "allreduce_hop_s", "layer_floor_s")
 _HW_KEYS = {"name", "base", *_HW_NUMBERS, *_HW_PROFILE}
 
@@ -121,10 +123,14 @@ def parse_hardware_table(table: dict[str, Any], file: str | None, text: str) -> 
         profile["allreduce_latency_s"] = values["interconnect_latency_s"]
     if "price_per_hour" in values:
         profile["price_per_hour"] = values["price_per_hour"]
+    # The host link: the table's, else its base GPU's, else PCIe Gen5 x16.
+    link = get_hardware(table["base"]) if "base" in table else None
+    host = {k: values[k] if k in values else getattr(link, k) for k in ("host_link_bandwidth", "host_link_latency_s")
+            if k in values or link is not None}
     return HardwareSpec(name.strip(), values["peak_flops"], values["mem_bandwidth"], mem,
                         values["interconnect_bandwidth"], dataclasses.replace(base, **profile),
                         peak_flops_fp8=values.get("peak_flops_fp8", 0.0),
-                        peak_flops_fp4=values.get("peak_flops_fp4", 0.0))
+                        peak_flops_fp4=values.get("peak_flops_fp4", 0.0), **host)
 
 
 _error = field_error

@@ -9,9 +9,11 @@ from typing import Any, Sequence
 
 import pandas as pd
 
+from twinserve.backends.sim.host_link import HostTierExecutor
 from twinserve.sim.build import _cfg_error, build, simulate
 from twinserve.sim.config import StudyConfig, coerce, resolve_field, set_field, validate
 from twinserve.sim.errors import ConfigError
+from twinserve.sim.kv_offload import tier_columns
 from twinserve.sim.metrics import beyond_fit, mark_warmup_steps, requests_frame, steps_frame, summarize
 from twinserve.sim.runner import PointError, PointFailure, run_jobs
 from twinserve.sim.workload import Workload
@@ -100,6 +102,9 @@ def point_result(cfg: StudyConfig, built: Any, result: Any,
     row["overlong_clipped"] = ls.clipped
     row["overlong_dropped"] = ls.dropped
     row.update(counts)
+    tier = built.simulation.core.executor
+    if isinstance(tier, HostTierExecutor):
+        row.update(tier_columns(tier, built.simulation.core.scheduler.kv, result.end_time))
     return PointResult(row, req, mark_warmup_steps(steps, req))
 
 

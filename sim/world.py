@@ -14,6 +14,7 @@ from typing import Callable, Iterator, Sequence
 import simpy
 
 from twinserve.backends.sim.executor import DEFAULT_TOKEN, SimExecutor
+from twinserve.backends.sim.host_link import HostTierExecutor
 from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import InvalidRequestError
 from twinserve.core.request import FinishReason, Request
@@ -22,6 +23,7 @@ from twinserve.core.sched.fast_forward import apply_decode_steps, decode_window
 
 from twinserve.sim.clients import ClosedLoopSource
 from twinserve.sim.gc_policy import simulation_gc
+from twinserve.sim.kv_offload import price_window_stores, store_free_window, stores_fit, window_stores
 from twinserve.sim.workload import WorkItem, Workload
 
 INF = float("inf")
@@ -247,6 +249,8 @@ class Simulation:
         t = 0.0
         starts = self.step_starts
         horizons = self.admit_until
+        # The host tier's copies are priced from each step's start (None: no tier).
+        tier = core.executor if isinstance(core.executor, HostTierExecutor) else None
         while not self.aborted:
             if starts is not None:
                 k = core.num_steps
@@ -276,7 +280,9 @@ class Simulation:
             if self.fast_forward and not self.executor.waking and self._fast_forward(t):
                 t = self._t_after_ff
             else:
-                in_system = len(sched.running) + len(sched.waiting)
+                in_system = len(sched.running) + sched.num_waiting
+                if tier is not None:
+                    tier.now = t
                 outputs, stats = core.step(t)
                 assert stats is not None
                 d = stats.duration
@@ -301,18 +307,32 @@ class Simulation:
     def _fast_forward(self, t: float) -> bool:
         sched = self.core.scheduler
         k = decode_window(sched, 1 << 30)
+        tier = self.core.executor if sched.kv.host is not None else None
+        ex = self.executor
+        if k > 0 and tier is not None and (ex.draft is not None or tier.synchronous):
+            # A draft model's window is not cut after pricing; synchronous copies lengthen steps.
+            k = store_free_window(sched, k)
+            tier = None
         if k <= 0:
             return False
         running = sched.running
         n = len(running)
         context = sum([req.num_computed_tokens for req in running])
         ids = [req.request_id for req in running]
-        ex = self.executor
         durations, ends = ex.decode_step_times(n, context, k, t, self.source.next_time())
+        step_of = None
+        if tier is not None and ends:
+            # The window's stores, priced as stepping prices them: it ends where that would differ.
+            counts, step_of = window_stores(sched, len(ends))
+            counts[0] += len(sched.kv.kv_stores) + len(sched.kv.pool.evicted or ())
+            m = stores_fit(tier.link, counts, t, durations)
+            durations, ends = durations[:m], ends[:m]
         if not ends:
             return False
         dropped = sched.finished_req_ids
         usage, finished = apply_decode_steps(sched, ends, repeat=ex.tokens, default=DEFAULT_TOKEN)
+        if step_of is not None:
+            price_window_stores(tier, sched.kv, step_of, [t, *ends[:-1]])
         ex.advance_decode(ids, context, durations, dropped)
         k = len(ends)
         self.core.num_steps += k

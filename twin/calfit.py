@@ -22,6 +22,7 @@ from twinserve.backends.real.step_log import TIME_COLUMNS, StepLog
 from twinserve.backends.real.hardware import (cpu_features, device_name, engine_pad_rows, fp32_product_path,
                                               engine_product_plan, graph_max_decodes, regime_bounds)
 from twinserve.backends.sim.catalog import catalog_name
+from twinserve.twin.hostcopy import time_host_copies
 from twinserve.twin.calibrate import WAKE_STEPS, CalibrationDesign, Calibrator, _git_commit
 from twinserve.twin.preflight import served_model_spec
 from twinserve.twin.verifyfit import fit_verify_term, is_verify
@@ -188,6 +189,11 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
                                    if speculative is not None else None),
         })
     profile.meta["fit"]["comm_share"] = _comm_share(rows)
+    # The host KV tier's copies, on this engine's page geometry (twin/hostcopy.py).
+    kv_bytes = spec.precision.kv_bytes
+    page_elems = a.block_size * spec.kv_bytes_per_token_per_gpu(tp) // (2 * spec.num_layers * kv_bytes)
+    profile.meta["host_link"] = time_host_copies(spec.num_layers, page_elems, engine.args.resolve_dtype(device),
+                                                 device)
     fit_wake(profile, wake)
     if speculative is not None:
         profile.meta["fit"]["verify"] = fit_verify_term(profile, verify_rows)

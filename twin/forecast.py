@@ -17,6 +17,8 @@ import numpy as np
 
 from twinserve.backends.sim.executor import SimExecutor
 from twinserve.backends.sim.fitted import FittedCostModel, resolve_profile
+from twinserve.backends.sim.host_link import HostLink, HostTierExecutor, host_link_from_profile
+from twinserve.core.errors import InvalidConfigError
 from twinserve.core.engine_core import EngineCore
 from twinserve.sim.world import RequestRecord, Simulation
 from twinserve.sim.workload import Workload
@@ -37,7 +39,21 @@ def simulate(profile: Any, make: Callable[[], Workload], sched_cfg: Any, spec: A
         spec.attach(executor, seed)
     core = EngineCore(dataclasses.replace(sched_cfg), executor,
                       speculative_config=spec.config if spec is not None else None)
+    if getattr(sched_cfg, "kv_offloading_blocks", 0):
+        core.executor = tier_executor(profile, executor)
     return Simulation(core, executor, make()).run()
+
+
+def tier_executor(profile: Any, executor: SimExecutor) -> HostTierExecutor:
+    """The engine runs a host KV tier: its copies priced on the link the profile measured."""
+    meta = getattr(profile, "meta", None) or {}
+    link = host_link_from_profile(meta)
+    if link is None:
+        raise InvalidConfigError("kv_offloading_size", "set", "a profile that timed the host tier's copies: "
+                                 "this one has no 'host_link'; run `twinserve calibrate` again (it times them)")
+    return HostTierExecutor(executor, HostLink(link["load_bandwidth"], link["load_latency_s"], link["block_bytes"],
+                                               link["store_bandwidth"], link["store_latency_s"]),
+                            synchronous=bool(link["synchronous"]))
 
 
 def percentiles(records: Sequence[RequestRecord]) -> dict[str, dict[str, float]]:

@@ -269,6 +269,14 @@ class GPUProfile:
     price_per_hour: float = 2.0  # USD, rough 2024-25 on-demand; override with [search.prices]
 
 
+# Host links per direction: PCIe x16 is 16 lanes of 16 (Gen4) or 32 (Gen5) GT/s, 128b/130b coded,
+# which the datasheets round to 64 / 128 GB/s both directions together. NVLink-C2C (Grace to
+# Hopper/Blackwell): 900 GB/s both directions (GH200, GB200 NVL72 and GB300 NVL72 datasheets).
+PCIE_GEN4_X16 = 32e9
+PCIE_GEN5_X16 = 64e9
+NVLINK_C2C = 450e9
+
+
 @dataclass(slots=True, frozen=True)
 class HardwareSpec:
     """One accelerator: dense 16-bit, FP8 and FP4 peaks (0: none), HBM bandwidth and size, link bandwidth."""
@@ -284,6 +292,10 @@ class HardwareSpec:
     # GPUs one NVLink domain joins (an HGX board: 8; an NVL72 rack: 72), and the network past it.
     nvlink_domain: int = 8
     internode_bandwidth: float = 50e9
+    # The GPU's link to host memory, per direction (the host KV tier's loads and stores): PCIe Gen5 x16
+    # by default; a DMA copy's fixed cost per transfer is an estimate (~10 us launch and setup).
+    host_link_bandwidth: float = PCIE_GEN5_X16
+    host_link_latency_s: float = 10e-6
 
     def collective_bandwidth(self, num_gpus: int) -> float:
         """Per-GPU link bandwidth of a collective over num_gpus: NVLink inside the domain, else the network."""
@@ -323,17 +335,19 @@ _AR_2025 = {"allreduce_latency_s": 18e-6, "allreduce_hop_s": 1e-6}
 HARDWARES: dict[str, HardwareSpec] = {h.name: h for h in [
     # NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100); no FP8 tensor cores.
     HardwareSpec("A100-80GB", 312e12, 2.039e12, 80 * GiB, 300e9,
-                 GPUProfile(gemm=0.72, attention=0.55, price_per_hour=1.8)),
-    # NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100), SXM.
+                 GPUProfile(gemm=0.72, attention=0.55, price_per_hour=1.8),
+                 host_link_bandwidth=PCIE_GEN4_X16),  # datasheet: PCIe Gen4 64 GB/s
+    # NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100), SXM; host link PCIe Gen5 128 GB/s.
     HardwareSpec("H100-SXM", 989e12, 3.35e12, 80 * GiB, 450e9,
                  GPUProfile(gemm=0.62, attention=0.38, **_AR_2025, price_per_hour=3.0), peak_flops_fp8=1979e12),
-    # NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200), SXM: H100's compute.
+    # NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200), SXM: H100's compute; PCIe Gen5 128 GB/s.
     HardwareSpec("H200", 989e12, 4.8e12, 141e9, 450e9,
                  GPUProfile(gemm=0.62, attention=0.38, **_AR_2025, price_per_hour=3.7), peak_flops_fp8=1979e12),
     # NVIDIA L40S datasheet (nvidia.com/en-us/data-center/l40s); PCIe only: all-reduce latency estimated 2x.
     HardwareSpec("L40S", 362e12, 864e9, 48e9, 32e9,
                  GPUProfile(gemm=0.70, attention=0.50, allreduce_latency_s=70e-6,
-                            allreduce_hop_s=10e-6, price_per_hour=1.0), peak_flops_fp8=733e12),
+                            allreduce_hop_s=10e-6, price_per_hour=1.0), peak_flops_fp8=733e12,
+                 host_link_bandwidth=PCIE_GEN4_X16),  # datasheet: PCIe Gen4 x16 64 GB/s
     # NVIDIA H20 (Hopper export variant): NVIDIA partner spec sheets (no public datasheet).
     HardwareSpec("H20", 148e12, 4.0e12, 96e9, 450e9,
                  GPUProfile(gemm=0.65, attention=0.40, price_per_hour=1.5), peak_flops_fp8=296e12),
@@ -353,12 +367,20 @@ HARDWARES: dict[str, HardwareSpec] = {h.name: h for h in [
     # BF16 360 PF (sparse), HBM3e 13.4 TB at 576 TB/s, NVLink 130 TB/s (1.8 TB/s per GPU, both directions).
     HardwareSpec("GB200", 2500e12, 8.0e12, 186e9, 900e9,
                  GPUProfile(gemm=0.62, attention=0.38, **_AR_2025, price_per_hour=7.0), peak_flops_fp8=5000e12,
-                 peak_flops_fp4=10000e12, nvlink_domain=72),
+                 peak_flops_fp4=10000e12, nvlink_domain=72,
+                 host_link_bandwidth=NVLINK_C2C, host_link_latency_s=5e-6),  # Grace over NVLink-C2C
     # NVIDIA GB300 NVL72 spec (nvidia.com/en-us/data-center/gb300-nvl72): 72 GPUs, FP4 1,440 PF sparse /
     # 1,080 PF dense, FP8 720 PF and BF16 360 PF sparse, HBM3e up to 21 TB at 576 TB/s, NVLink 130 TB/s.
     HardwareSpec("GB300", 2500e12, 8.0e12, 288e9, 900e9,
                  GPUProfile(gemm=0.62, attention=0.38, **_AR_2025, price_per_hour=8.0), peak_flops_fp8=5000e12,
-                 peak_flops_fp4=15000e12, nvlink_domain=72, internode_bandwidth=100e9),
+                 peak_flops_fp4=15000e12, nvlink_domain=72, internode_bandwidth=100e9,
+                 host_link_bandwidth=NVLINK_C2C, host_link_latency_s=5e-6),  # Grace over NVLink-C2C
+    # NVIDIA GH200 datasheet (nvidia.com/en-us/data-center/grace-hopper-superchip), 96 GB HBM3 version:
+    # H100's compute (FP8 3,958 and BF16 1,979 TFLOPS sparse), 4 TB/s, NVLink 900 GB/s, Grace's 480 GB
+    # LPDDR5X over NVLink-C2C 900 GB/s; H100's efficiencies by analogy.
+    HardwareSpec("GH200", 989e12, 4.0e12, 96e9, 450e9,
+                 GPUProfile(gemm=0.62, attention=0.38, **_AR_2025, price_per_hour=3.5), peak_flops_fp8=1979e12,
+                 host_link_bandwidth=NVLINK_C2C, host_link_latency_s=5e-6),
     # AMD Instinct MI300X datasheet (amd.com/en/products/accelerators/instinct/mi300/mi300x);
     # published MI300X GEMM studies reach ~45-55% of peak.
     HardwareSpec("MI300X", 1307e12, 5.3e12, 192e9, 448e9,
