@@ -20,7 +20,8 @@ from twinserve.core.errors import InvalidConfigError
 from twinserve.core.kv.hashing import HASH_FUNCTIONS
 from twinserve.core.sched.config import SCHEDULER_CHOICES, SchedulerConfig
 from twinserve.core.sched.policies import KeyedQueue, PreemptLastAdmitted
-from twinserve.sim.config import SchedulerSection
+from twinserve.sim.config import FROM_ELSEWHERE, SchedulerSection
+from twinserve.sim.kv_offload import KVOffloadSection
 
 # The simulator's [scheduler] fields but the model's own (the engine reads its window from the model).
 SIM_KNOBS = [f.name for f in fields(SchedulerSection) if f.name not in FROM_ENGINE]
@@ -48,8 +49,11 @@ def _flag(name: str, value: Any) -> list[str]:
 
 
 def test_the_simulator_has_every_scheduler_knob_but_the_block_count() -> None:
-    assert {f.name for f in fields(SchedulerSection)} == {f.name for f in fields(SchedulerConfig)} - {"num_blocks"}
-    assert set(SIM_KNOBS) == {f.name for f in fields(SchedulerConfig)} - FROM_ENGINE
+    # The block count comes from the engine's memory; the host tier's two from [kv_offload].
+    assert set(FROM_ELSEWHERE) == {"num_blocks", "kv_offloading_blocks", "kv_offloading_policy"}
+    assert {f.name for f in fields(SchedulerSection)} == {f.name for f in fields(SchedulerConfig)} - set(FROM_ELSEWHERE)
+    assert {"host_size_gib", "host_blocks", "eviction"} <= {f.name for f in fields(KVOffloadSection)}
+    assert set(SIM_KNOBS) == {f.name for f in fields(SchedulerConfig)} - FROM_ENGINE - set(FROM_ELSEWHERE)
     assert {"aging_interval_s", "watermark", "prefix_caching_hash_algo"} <= set(SIM_KNOBS)
 
 
