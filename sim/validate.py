@@ -20,6 +20,7 @@ import pandas as pd
 from twinserve.core.errors import TwinserveError
 
 from twinserve.sim.validate_engines import frontend_latency_s
+from twinserve.sim.validate_estimate import ESTIMATE_WAVES, FULL, estimator_label, uses_estimate, wave_estimate
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, harness, run_design
 from twinserve.sim.validate_rows import (NotExpressible, RowPlan, closed_loop_available, num_gpus, parallelism,
                                          precision_fields, design_counts, request_counts, row_plan, row_study, with_rate)
@@ -89,9 +90,21 @@ def simulate_row(job: tuple[Any, ...]) -> dict[str, Any]:
     conc = int(row["concurrency"])
     warm, measured, total = design_counts(conc, run_design(pd.Series(row), window))
     extra: dict[str, Any] = {}
-    if closed_loop_available():
+    if not closed_loop_available():
+        extra["estimator"] = "littles_law"
+    design = run_design(pd.Series(row), window)
+    waves = total // conc if design.requests_per_client > 0 and conc > 0 else 0
+    if closed_loop_available() and window == "benchmark" and uses_estimate(conc, waves):
+        # The first waves, stopped early; the rest extrapolated from the last (validate_estimate.py).
+        req = run_to_window(cfg, ESTIMATE_WAVES * conc, True)
+        means = wave_estimate(req, conc, waves, ESTIMATE_WAVES)
+        extra["pred_ttft_all_ms"] = means["ttft_ms"]  # every request counted already
+        extra["estimator"] = estimator_label(ESTIMATE_WAVES)
+        loop = "closed"
+    elif closed_loop_available():
         req = run_to_window(cfg, warm + measured, STOP_AT_WINDOW)
         means = window_means(req, warm, measured)
+        extra["estimator"] = FULL if design.requests_per_client > 0 else "steady"
         # The cold wave and the window, as a benchmark without a warm-up that stops there reports.
         first = req.sort_values(["arrival_s", "request_id"], kind="stable").iloc[:warm + measured]
         extra["pred_ttft_all_ms"] = float(first["ttft_s"].mean() * 1000)
