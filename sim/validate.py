@@ -20,7 +20,8 @@ import pandas as pd
 from twinserve.core.errors import TwinserveError
 
 from twinserve.sim.validate_engines import frontend_latency_s
-from twinserve.sim.validate_estimate import ESTIMATE_WAVES, FULL, estimator_label, uses_estimate, wave_estimate
+from twinserve.sim.validate_estimate import (ESTIMATE_WAVES, FULL, drain_study, estimator_label, uses_estimate,
+                                            wave_estimate)
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, harness, run_design
 from twinserve.sim.validate_rows import (NotExpressible, RowPlan, closed_loop_available, num_gpus, parallelism,
                                          precision_fields, design_counts, request_counts, row_plan, row_study, with_rate)
@@ -95,9 +96,9 @@ def simulate_row(job: tuple[Any, ...]) -> dict[str, Any]:
     design = run_design(pd.Series(row), window)
     waves = total // conc if design.requests_per_client > 0 and conc > 0 else 0
     if closed_loop_available() and window == "benchmark" and uses_estimate(conc, waves):
-        # The first waves, stopped early; the rest extrapolated from the last (validate_estimate.py).
-        req = run_to_window(cfg, ESTIMATE_WAVES * conc, True)
-        means = wave_estimate(req, conc, waves, ESTIMATE_WAVES)
+        # The first waves and a drain wave; the waves between extrapolated from the last (validate_estimate.py).
+        req = run_to_window(drain_study(cfg, conc, ESTIMATE_WAVES), (ESTIMATE_WAVES + 1) * conc, False)
+        means = wave_estimate(req, conc, waves, ESTIMATE_WAVES, drain=True)
         extra["pred_ttft_all_ms"] = means["ttft_ms"]  # every request counted already
         extra["estimator"] = estimator_label(ESTIMATE_WAVES)
         loop = "closed"

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from twinserve.sim.validate import run_to_window, simulate_row, window_means
-from twinserve.sim.validate_estimate import (ESTIMATE_MIN_CLIENTS, ESTIMATE_WAVES, estimator_label, uses_estimate,
-                                             wave_estimate)
+from twinserve.sim.validate_estimate import (ESTIMATE_MIN_CLIENTS, ESTIMATE_WAVES, drain_study, estimator_label,
+                                             uses_estimate, wave_estimate)
 from twinserve.sim.validate_rows import load_rows, row_study
 
 AGG_70B = "2026_04_06_llama_3_1_70b_h200_sxm_vllm_fp8_agg_1024x8192_c16_tp8_ep1_270"
@@ -51,6 +51,18 @@ def test_unsimulated_waves_weigh_as_the_last_simulated_one(n: int, k: int, total
         two = _frame(head[:-1] + [steady] * (total - k + 2))
         assert wave_estimate(two.iloc[:k * n], n, total, k, tail=2)["ttft_ms"] == pytest.approx(
             two["ttft_s"].mean() * 1000, rel=1e-9)
+
+
+@given(st.integers(1, 5), st.integers(2, 5), st.integers(7, 12), st.data())
+def test_the_drain_wave_stands_for_the_last_wave(n: int, k: int, total: int, data: st.DataObject) -> None:
+    head = [data.draw(st.lists(_vals, min_size=n, max_size=n)) for _ in range(k - 1)]
+    steady, drain = (data.draw(st.lists(_vals, min_size=n, max_size=n)) for _ in range(2))
+    full = _frame(head + [steady] * (total - k) + [drain])
+    short = _frame(head + [steady, drain])  # K waves, then the drain run's last wave
+    est = wave_estimate(short, n, total, k, drain=True)
+    assert est["tpot_ms"] == pytest.approx(full["tpot_s"].mean() * 1000, rel=1e-9) and est["n"] == total * n
+    # Read as a K + 1 wave run without the drain, the last wave would count total - K times.
+    assert wave_estimate(full, n, total, total - 1, drain=True)["ttft_ms"] == full["ttft_s"].mean() * 1000
 
 
 def test_counted_requests_weigh_not_missing_ones() -> None:
@@ -109,8 +121,11 @@ def test_simulate_row_switches_to_the_estimate_at_many_clients() -> None:
     est = simulate_row((row.to_dict(), "roofline", {"window": "benchmark"}))
     full = simulate_row((row.to_dict(), "roofline", {"window": "benchmark-full"}))
     assert est["estimator"] == estimator_label(ESTIMATE_WAVES) and full["estimator"] == "full"
-    req = run_to_window(row_study(row, window="benchmark"), 10 * n, stop_early=False)
-    assert est["pred_ttft_engine_ms"] == wave_estimate(req, n, 10, ESTIMATE_WAVES)["ttft_ms"]
+    cfg = row_study(row, window="benchmark")
+    req = run_to_window(cfg, 10 * n, stop_early=False)
+    short = run_to_window(drain_study(cfg, n), (ESTIMATE_WAVES + 1) * n, stop_early=False)
+    assert len(short) == (ESTIMATE_WAVES + 1) * n
+    assert est["pred_ttft_engine_ms"] == wave_estimate(short, n, 10, ESTIMATE_WAVES, drain=True)["ttft_ms"]
     assert full["pred_ttft_engine_ms"] == pytest.approx(req["ttft_s"].mean() * 1000)
     assert est["measured_requests"] == full["measured_requests"] == 10 * n
     small = simulate_row((_small(4, 128, 8).to_dict(), "roofline", {"window": "benchmark"}))
