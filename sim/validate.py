@@ -89,11 +89,9 @@ def simulate_row(job: tuple[Any, ...]) -> dict[str, Any]:
     t0 = time.perf_counter()
     cfg = row_study(pd.Series(row), cost_model, disagg=disagg, window=window)
     conc = int(row["concurrency"])
-    warm, measured, total = design_counts(conc, run_design(pd.Series(row), window))
-    extra: dict[str, Any] = {}
-    if not closed_loop_available():
-        extra["estimator"] = "littles_law"
     design = run_design(pd.Series(row), window)
+    warm, measured, total = design_counts(conc, design)
+    extra: dict[str, Any] = {"estimator": "littles_law"}  # replaced below when closed loops exist
     waves = total // conc if design.requests_per_client > 0 and conc > 0 else 0
     if closed_loop_available() and window == "benchmark" and uses_estimate(conc, waves):
         # The first waves and a drain wave; the waves between extrapolated from the last (validate_estimate.py).
