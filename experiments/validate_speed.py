@@ -81,6 +81,9 @@ def main() -> None:
     p.add_argument("--top", type=int, default=5, help="costliest rows, all timed")
     p.add_argument("--cost-model", default="roofline", help="roofline or aic")
     p.add_argument("--workers", type=int, default=2, help="worker processes the projection assumes")
+    p.add_argument("--window", default=None, help="benchmark (default: estimated past 64 clients), benchmark-full "
+                   "or steady (sim/validate_protocol.py)")
+    p.add_argument("--cheap-first", action="store_true", help="time the sampled rows cheapest first")
     p.add_argument("--full", action="store_true", help="run every request out (no stop at the window)")
     p.add_argument("--out", default="", help="also write one JSON line per row here")
     p.add_argument("--project", nargs="+", default=None, metavar="JSONL",
@@ -95,6 +98,9 @@ def main() -> None:
     top, rest = rows[:args.top], rows[args.top:]
     k = max(1, len(rest) // max(args.sample, 1))
     picked = [(r, 1) for r in top] + [(rest[i], k) for i in range(k // 2, len(rest), k)]
+    if args.cheap_first:  # an interrupted run still leaves a spread of timed rows
+        picked = picked[::-1]
+    options = {"window": args.window} if args.window else {}
     print(f"{len(rows)} unique studies; timing {args.top} costliest + every {k}th of the rest "
           f"({len(picked) - args.top} rows)", flush=True)
     sink = open(args.out, "a") if args.out else None
@@ -102,7 +108,7 @@ def main() -> None:
     for row, weight in picked:
         t0, c0 = time.perf_counter(), time.process_time()
         try:
-            res = simulate_row((row, args.cost_model))
+            res = simulate_row((row, args.cost_model, options))
         except Exception as e:  # noqa: BLE001 - a failing row is reported, not fatal
             res = {"error": f"{type(e).__name__}: {e}"}
         wall = time.perf_counter() - t0
@@ -111,7 +117,8 @@ def main() -> None:
         cpu_total += cpu * weight
         longest = max(longest, wall)
         line = {"id": row["id"], "wall_s": wall, "cpu_s": cpu, "weight": weight, "estimate": cost_estimate(row),
-                **{c: res.get(c) for c in ("pred_ttft_ms", "pred_tpot_ms", "pred_ttft_all_ms", "error")}}
+                **{c: res.get(c) for c in ("pred_ttft_ms", "pred_tpot_ms", "pred_ttft_all_ms", "estimator",
+                                                    "error")}}
         print(f"{wall:8.2f} s wall {cpu:8.2f} s CPU x{weight:<3d} {row['id']}", flush=True)
         if sink:
             sink.write(json.dumps(line) + "\n")

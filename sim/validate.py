@@ -20,6 +20,8 @@ import pandas as pd
 from twinserve.core.errors import TwinserveError
 
 from twinserve.sim.validate_engines import frontend_latency_s
+from twinserve.sim.validate_estimate import (ESTIMATE_WAVES, FULL, drain_study, estimator_label, uses_estimate,
+                                            wave_estimate)
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, harness, run_design
 from twinserve.sim.validate_rows import (NotExpressible, RowPlan, closed_loop_available, num_gpus, parallelism,
                                          precision_fields, design_counts, request_counts, row_plan, row_study, with_rate)
@@ -87,11 +89,21 @@ def simulate_row(job: tuple[Any, ...]) -> dict[str, Any]:
     t0 = time.perf_counter()
     cfg = row_study(pd.Series(row), cost_model, disagg=disagg, window=window)
     conc = int(row["concurrency"])
-    warm, measured, total = design_counts(conc, run_design(pd.Series(row), window))
-    extra: dict[str, Any] = {}
-    if closed_loop_available():
+    design = run_design(pd.Series(row), window)
+    warm, measured, total = design_counts(conc, design)
+    extra: dict[str, Any] = {"estimator": "littles_law"}  # replaced below when closed loops exist
+    waves = total // conc if design.requests_per_client > 0 and conc > 0 else 0
+    if closed_loop_available() and window == "benchmark" and uses_estimate(conc, waves):
+        # The first waves and a drain wave; the waves between extrapolated from the last (validate_estimate.py).
+        req = run_to_window(drain_study(cfg, conc, ESTIMATE_WAVES), (ESTIMATE_WAVES + 1) * conc, False)
+        means = wave_estimate(req, conc, waves, ESTIMATE_WAVES, drain=True)
+        extra["pred_ttft_all_ms"] = means["ttft_ms"]  # every request counted already
+        extra["estimator"] = estimator_label(ESTIMATE_WAVES)
+        loop = "closed"
+    elif closed_loop_available():
         req = run_to_window(cfg, warm + measured, STOP_AT_WINDOW)
         means = window_means(req, warm, measured)
+        extra["estimator"] = FULL if design.requests_per_client > 0 else "steady"
         # The cold wave and the window, as a benchmark without a warm-up that stops there reports.
         first = req.sort_values(["arrival_s", "request_id"], kind="stable").iloc[:warm + measured]
         extra["pred_ttft_all_ms"] = float(first["ttft_s"].mean() * 1000)

@@ -38,7 +38,9 @@ def add_parser(sub: Any) -> None:
                         "(the layout column), or all")
     p.add_argument("--window", choices=WINDOWS, default=DEFAULT_WINDOW,
                    help="benchmark: as the row's benchmark ran and counted (10 N requests, all counted, lengths "
-                        "on [0.8 L, L]); steady: cold wave left out, one wave measured, fixed lengths")
+                        "on [0.8 L, L]), rows of 64+ clients estimated from their first 4 waves and a drain wave "
+                        "(validate_estimate.py); benchmark-full: every row's 10 N requests simulated; steady: cold wave left out, one wave "
+                        "measured, fixed lengths")
     p.add_argument("--max-clients", type=int, default=None,
                    help="only rows of at most N clients (the benchmark window sends 10 N requests a row)")
     p.add_argument("--limit", type=int, default=None,

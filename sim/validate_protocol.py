@@ -27,7 +27,9 @@ import pandas as pd
 INFERENCEX = "inferencex"
 AIC_GAP = "aic_gap"
 
-WINDOWS = ("benchmark", "steady")  # `simulate validate --window`
+# `simulate validate --window`; benchmark-full runs all 10 N requests of every row, benchmark estimates
+# rows of many clients from their first waves (sim/validate_estimate.py).
+WINDOWS = ("benchmark", "benchmark-full", "steady")
 # Chosen on the development rows (docs/validate-accuracy.md): the benchmark's own count.
 DEFAULT_WINDOW = "benchmark"
 
@@ -64,4 +66,4 @@ def run_design(row: pd.Series, window: str = DEFAULT_WINDOW) -> RunDesign:
     """The closed loop a row runs under `--window`: the benchmark's design or the steady window."""
     if window not in WINDOWS:
         raise ValueError(f"window {window!r}: choose one of {', '.join(WINDOWS)}")
-    return BENCHMARK if window == "benchmark" else STEADY
+    return BENCHMARK if window in ("benchmark", "benchmark-full") else STEADY

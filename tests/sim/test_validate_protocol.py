@@ -53,9 +53,10 @@ def test_benchmark_window_is_inferencex_benchmark_serving(rows: pd.DataFrame) ->
     steady = row_study(_row(rows, AGG_70B), window="steady").workload
     assert (steady.prompt_dist, steady.prompt_min, steady.output_max) == ("fixed", 1024, 8192)
     assert steady.warmup_requests == 16 and steady.num_requests + 16 == request_counts(16)[2]
-    with pytest.raises(ValueError, match="benchmark, steady"):
+    with pytest.raises(ValueError, match="benchmark, benchmark-full, steady"):
         run_design(_row(rows, AGG_70B), "median")
-    assert WINDOWS == ("benchmark", "steady")
+    assert WINDOWS == ("benchmark", "benchmark-full", "steady")
+    assert run_design(_row(rows, AGG_70B), "benchmark-full") is BENCHMARK
 
 
 @given(st.integers(1, 100_000), st.sampled_from([BENCHMARK, STEADY]))
