@@ -85,6 +85,33 @@ class HostTier:
         self.stats.blocks_stored += 1
         return slot
 
+    def store_many(self, evicted: list[tuple[int, BlockHash]], out: list[tuple[int, int]]) -> None:
+        """store() each (block id, key) in order, appending (block id, slot) to out for each copy."""
+        entries = self.entries
+        get = entries.get
+        access = self.policy.access
+        store = self.store
+        add = out.append
+        for block_id, key in evicted:
+            # The common case inlined (hot path): the tier holds this very prefix already.
+            entry = get(key.value)
+            if entry is not None and (entry[1] is key or entry[1] == key):
+                access(key.value)
+                continue
+            slot = store(key)
+            if slot is not None:
+                add((block_id, slot))
+
+    def pin_many(self, keys: list[BlockHash]) -> None:
+        """pin() each key's entry, in order."""
+        pins = self.pins
+        access = self.policy.access
+        for key in keys:
+            value = key.value
+            pins[value] = pins.get(value, 0) + 1
+            access(value)
+        self.stats.blocks_loaded += len(keys)
+
     def _drop(self, value: int) -> int:
         """Remove an unpinned entry; its slot."""
         slot, _ = self.entries.pop(value)
