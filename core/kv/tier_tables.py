@@ -17,6 +17,7 @@ from typing import Sequence
 
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.kv.block_pool import KVCacheBlock
+from twinserve.core.kv.group_tables import _new_key
 from twinserve.core.kv.hashing import BlockHash
 from twinserve.core.kv.host_tier import HostTier
 from twinserve.core.request import Request
@@ -86,9 +87,19 @@ class TierTables:
         get = self.host.entries.get
         hashes = request.block_hashes
         key_of = self._key
+        hash_fn = self.hash_fn
+        tokens = request.all_token_ids
+        bs = self.block_size
         out = None
         for i in range(len(hits), max_blocks):
-            key = key_of(request, hashes, i, parent)
+            if i and i == len(hashes):
+                # KVCacheManager._key's new-key case inlined (hot path; block 0 may carry a salt).
+                block_tokens = tuple(tokens[i * bs:(i + 1) * bs])
+                key = _new_key(BlockHash, (hash_fn(None if parent is None else parent.value, block_tokens, None),
+                                           parent, block_tokens, None))
+                hashes.append(key)
+            else:
+                key = key_of(request, hashes, i, parent)
             # HostTier.lookup inlined (hot path).
             entry = get(key.value)
             if entry is None:
