@@ -170,6 +170,8 @@ class Simulation:
         self.env = simpy.Environment()
         self.source = make_source(workload)
         self.live: dict[str, Request] = {}
+        # Follow-up turn id -> (its history, the previous turn's block keys, salt): _reuse_hashes.
+        self._carried_hashes: dict[str, tuple[list[int], list, str | None]] = {}
         self.records: list[RequestRecord] = []
         self.steps = StepLog()
         self.num_events = 0
@@ -204,6 +206,9 @@ class Simulation:
                 sp = self._params[n_out] = SamplingParams(max_tokens=n_out, ignore_eos=True)
             req = Request(item.request_id, wl.prompt_tokens(item), sp,
                           arrival_time=item.arrival_time, payload=item)
+            carried = self._carried_hashes.pop(item.request_id, None) if self._carried_hashes else None
+            if carried is not None:
+                self._reuse_hashes(req, *carried)
             try:
                 self.core.add_request(req)
             except InvalidRequestError as e:
@@ -220,6 +225,17 @@ class Simulation:
             self.executor.register(item.request_id, wl.sample_token(item))
         return freed
 
+    def _reuse_hashes(self, req: Request, history: list[int], hashes: list, salt: str | None) -> None:
+        """Give a follow-up turn its previous turn's block keys where their blocks' tokens are its own.
+
+        Keys are a function of the tokens, so the KV manager finds the same values without
+        hashing the conversation's whole context again each turn (a hit confirms them as before).
+        """
+        n = min(len(hashes), len(history) // self.core.scheduler.kv.block_size)
+        tokens = req.all_token_ids
+        if n and req.cache_salt == salt and tokens[:len(history)] == history:
+            req.block_hashes = hashes[:n]
+
     def _finish(self, rid: str) -> None:
         req = self.live.pop(rid)
         item: WorkItem = req.payload
@@ -235,6 +251,10 @@ class Simulation:
         nxt = None
         if self.workload.cfg.turns > 1 and req.finish_time is not None:
             nxt = self.workload.next_turn(item, req.all_token_ids, req.finish_time)
+            if nxt is not None and req.block_hashes:
+                # A snapshot: the finished request's list may still grow (a pending chain's flush).
+                self._carried_hashes[nxt.request_id] = (list(req.all_token_ids), list(req.block_hashes),
+                                                        req.cache_salt)
         if nxt is not None or item.client >= 0:
             done = req.finish_time if req.finish_time is not None else req.arrival_time
             self.source.on_done(item, done, nxt)

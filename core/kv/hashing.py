@@ -87,9 +87,18 @@ def _seed(parent: int | None) -> int:
     return 0 if parent is None else parent & 0xFFFF_FFFF_FFFF_FFFF
 
 
-def xxhash64(parent: int | None, token_ids: Sequence[int], extra: tuple | None) -> int:
+def xxhash64(parent: int | None, token_ids: Sequence[int], extra: tuple | None,
+             _packers: dict = _PACKERS, _digest=xxhash.xxh3_64_intdigest) -> int:
     """xxh3-64: fast, the default."""
-    return xxhash.xxh3_64_intdigest(_to_bytes(token_ids, extra), _seed(parent))
+    # _to_bytes and _seed inlined (the hottest call of a tiered run); the same bytes and seed.
+    packer = _packers.get(len(token_ids))
+    if packer is None or extra:
+        return _digest(_to_bytes(token_ids, extra), _seed(parent))
+    try:
+        body = packer.pack(*token_ids)
+    except struct.error:
+        body = array("I", token_ids).tobytes()  # the right error for an out-of-range id
+    return _digest(body, 0 if parent is None else parent & 0xFFFF_FFFF_FFFF_FFFF)
 
 
 def sha256_64(parent: int | None, token_ids: Sequence[int], extra: tuple | None) -> int:

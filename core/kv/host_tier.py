@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.kv.hashing import BlockHash
-from twinserve.core.kv.host_policies import make_host_policy
+from twinserve.core.kv.host_policies import LRUHostPolicy, make_host_policy
 
 
 @dataclass(slots=True)
@@ -30,7 +30,7 @@ class HostTierStats:
 class HostTier:
     """num_blocks host slots, each holding one full block's KV under its key."""
 
-    __slots__ = ("num_blocks", "policy_name", "policy", "entries", "free_slots", "pins", "stats")
+    __slots__ = ("num_blocks", "policy_name", "policy", "entries", "free_slots", "pins", "stats", "_access")
 
     def __init__(self, num_blocks: int, policy: str = "lru") -> None:
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
@@ -38,6 +38,9 @@ class HostTier:
         self.num_blocks = num_blocks
         self.policy_name = policy
         self.policy = make_host_policy(policy, num_blocks)
+        # LRU's access is one move_to_end: bound directly, a call less per block (hot path).
+        self._access = (self.policy._order.move_to_end if type(self.policy) is LRUHostPolicy
+                        else self.policy.access)
         # Key value -> (slot, key): the key confirms a hit by its whole prefix.
         self.entries: dict[int, tuple[int, BlockHash]] = {}
         self.free_slots = list(range(num_blocks - 1, -1, -1))
@@ -84,6 +87,33 @@ class HostTier:
         self.policy.insert(value)
         self.stats.blocks_stored += 1
         return slot
+
+    def store_many(self, evicted: list[tuple[int, BlockHash]], out: list[tuple[int, int]]) -> None:
+        """store() each (block id, key) in order, appending (block id, slot) to out for each copy."""
+        entries = self.entries
+        get = entries.get
+        access = self._access
+        store = self.store
+        add = out.append
+        for block_id, key in evicted:
+            # The common case inlined (hot path): the tier holds this very prefix already.
+            entry = get(key.value)
+            if entry is not None and (entry[1] is key or entry[1] == key):
+                access(key.value)
+                continue
+            slot = store(key)
+            if slot is not None:
+                add((block_id, slot))
+
+    def pin_many(self, keys: list[BlockHash]) -> None:
+        """pin() each key's entry, in order."""
+        pins = self.pins
+        access = self._access
+        for key in keys:
+            value = key.value
+            pins[value] = pins.get(value, 0) + 1
+            access(value)
+        self.stats.blocks_loaded += len(keys)
 
     def _drop(self, value: int) -> int:
         """Remove an unpinned entry; its slot."""

@@ -17,6 +17,7 @@ from typing import Sequence
 
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.kv.block_pool import KVCacheBlock
+from twinserve.core.kv.group_tables import _new_key
 from twinserve.core.kv.hashing import BlockHash
 from twinserve.core.kv.host_tier import HostTier
 from twinserve.core.request import Request
@@ -83,15 +84,30 @@ class TierTables:
     def _host_hits(self, request: Request, hits: list[KVCacheBlock], parent: BlockHash | None,
                    max_blocks: int) -> list:
         """hits continued into the host tier (a TierHits) where it holds the next blocks."""
-        host = self.host
+        get = self.host.entries.get
         hashes = request.block_hashes
+        key_of = self._key
+        hash_fn = self.hash_fn
+        tokens = request.all_token_ids
+        bs = self.block_size
         out = None
         for i in range(len(hits), max_blocks):
-            key = self._key(request, hashes, i, parent)
-            entry = host.lookup(key, parent)
+            if i and i == len(hashes):
+                # KVCacheManager._key's new-key case inlined (hot path; block 0 may carry a salt).
+                block_tokens = tuple(tokens[i * bs:(i + 1) * bs])
+                key = _new_key(BlockHash, (hash_fn(None if parent is None else parent.value, block_tokens, None),
+                                           parent, block_tokens, None))
+                hashes.append(key)
+            else:
+                key = key_of(request, hashes, i, parent)
+            # HostTier.lookup inlined (hot path).
+            entry = get(key.value)
             if entry is None:
                 break
             stored = entry[1]
+            if stored is not key and (stored.token_ids != key.token_ids or stored.extra_keys != key.extra_keys
+                                      or not (stored.parent is parent or stored.parent == parent)):
+                break  # a colliding value names another prefix
             hashes[i] = stored  # children chain to the stored key object
             if out is None:
                 out = TierHits(hits)
@@ -105,12 +121,7 @@ class TierTables:
         """Queue a store for each full block the pool evicted (dropped when the tier has it)."""
         sink = self.pool.evicted
         if sink:
-            store = self.host.store
-            add = self.kv_stores.append
-            for block_id, key in sink:
-                slot = store(key)
-                if slot is not None:
-                    add((block_id, slot))
+            self.host.store_many(sink, self.kv_stores)
             sink.clear()
 
     def _allocate_loads(self, request: Request, hits: TierHits, num_reserved_blocks: int,
@@ -126,14 +137,14 @@ class TierTables:
             return None
         # Device hits first, so the evictions below cannot take them; pins keep our sources.
         self.pool.touch(device)
-        for _, key in host_part:
-            self.host.pin(key.value)
+        keys = [k for _, k in host_part]
+        self.host.pin_many(keys)
         new = self.pool.get_new_blocks(len(host_part))
         self._drain_evicted()
         self.pool.free_blocks(device)  # the caller takes the request's own references
         job_id = self._next_job
         self._next_job += 1
-        job = LoadJob(job_id, request.request_id, new, [k for _, k in host_part],
+        job = LoadJob(job_id, request.request_id, new, keys,
                       [(slot, b.block_id) for (slot, _), b in zip(host_part, new)])
         self.load_jobs[job_id] = job
         self.kv_loads[job_id] = job.pairs
@@ -150,11 +161,17 @@ class TierTables:
             job = self.load_jobs.pop(job_id, None)
             if job is None:
                 raise AssertionError(f"load job {job_id} reported done but none is in flight")
+            pins = self.host.pins
             for block, key in zip(job.blocks, job.keys):
-                self.host.unpin(key.value)
-                if key.value not in cached and block.block_hash is None:
+                value = key.value
+                n = pins[value] - 1  # HostTier.unpin inlined (hot path)
+                if n:
+                    pins[value] = n
+                else:
+                    del pins[value]
+                if value not in cached and block.block_hash is None:
                     block.block_hash = key
-                    cached[key.value] = block
+                    cached[value] = block
             self.pool.free_blocks(job.blocks)
             rid = job.request_id
             if rid is not None and self.req_load_job.get(rid) == job_id:
