@@ -103,6 +103,9 @@ def decode_rate_hf(hf, prompt: list[int], n: int) -> float:
     return n / (run(n + 1) - run(1))
 
 
+PATHS = ("transposed", "prepacked", "linear", "blocked")
+
+
 def main() -> None:
     """Run both engines and print the figures."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -121,7 +124,8 @@ def main() -> None:
                          "AMX/AVX512-BF16 where the CPU has them, through prepacked weights; "
                          "'bfloat16:plain' runs bf16 without prepacking, for the comparison; "
                          "'bfloat16:int8' adds int8 weight copies for 1-row steps, --quantization int8; "
-                         "'bfloat16:int4' int4 projections and an int8 LM head, --quantization int4)")
+                         "'bfloat16:int4' int4 projections and an int8 LM head, --quantization int4; "
+                         "'float32:prepacked' (or transposed, linear, blocked) pins the few-row product path)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     threads = torch.get_num_threads()
@@ -131,11 +135,15 @@ def main() -> None:
     engines: dict[str, LLM] = {}
     for spec in a.dtypes.split(","):
         dtype, _, variant = spec.partition(":")
-        if variant not in ("", "plain", "int8", "int4"):
-            ap.error(f"--dtypes: unknown variant {variant!r} in {spec!r} (':plain', ':int8' or ':int4')")
+        if variant not in ("", "plain", "int8", "int4", *PATHS):
+            ap.error(f"--dtypes: unknown variant {variant!r} in {spec!r} (':plain', ':int8', ':int4' or a "
+                     f"product path: {', '.join(PATHS)})")
+        # 'float32:prepacked' etc. pin every few-row product to one path (issue 54: against the timed 'auto').
+        paths = {"cpu_product_paths": variant} if variant in PATHS else {}
         llm = LLM("smollm2", max_model_len=1024, kv_cache_memory_gb=a.kv_cache_memory_gb, seed=a.seed, dtype=dtype,
                   tensor_parallel_size=a.tensor_parallel_size[0], engine_core_mode=a.engine_core_mode,
-                  prepack_weights=variant != "plain", quantization=variant if variant in ("int8", "int4") else None)
+                  prepack_weights=variant != "plain", quantization=variant if variant in ("int8", "int4") else None,
+                  **paths)
         engine = llm.llm_engine
         print(f"twinserve {spec}: KV cache {engine.kv_bytes_per_token} bytes/token (largest rank), "
               f"{engine.scheduler_config.num_blocks} blocks x {engine.scheduler_config.block_size} tokens; "
