@@ -45,10 +45,10 @@ def decode_steps(engine: LLMEngine, log: StepLog, rng: random.Random, batch: int
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", default="smollm2")
-    p.add_argument("--batches", nargs="+", type=int, default=[1, 2, 4, 8])
-    p.add_argument("--rounds", type=int, default=3)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--model", default="smollm2", help="catalog name or path of the model to time")
+    p.add_argument("--batches", nargs="+", type=int, default=[1, 2, 4, 8], help="decode batch sizes (sequences)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds, plans alternating, per batch size")
     p.add_argument("--prompt", type=int, default=100, help="prompt tokens per sequence")
     p.add_argument("--tokens", type=int, default=12, help="output tokens per sequence")
     p.add_argument("--paths", nargs="*", default=[], choices=pp.PATHS, help="also these single-path plans")

@@ -15,14 +15,9 @@ from twinserve.sim.cli import main
 from twinserve.sim.validate import (expressible, finish_record, row_record, summarize_validation,
                                     throughput_per_gpu)
 from twinserve.sim.validate_cli import FilterError, select_rows
-from twinserve.sim.validate_rows import NotExpressible, load_rows, request_counts, row_study
+from twinserve.sim.validate_rows import NotExpressible, request_counts, row_study
 
 pytest.importorskip("aiconfigurator_core", reason="the measured rows ship in aiconfigurator-core (extra 'aic')")
-
-
-@pytest.fixture(scope="module")
-def rows() -> pd.DataFrame:
-    return load_rows()
 
 
 def _row(rows: pd.DataFrame, row_id: str) -> pd.Series:

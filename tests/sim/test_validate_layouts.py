@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from twinserve.sim.validate import expressible, finish_record, row_record, summarize_validation
 from twinserve.sim.validate_layouts import DISAGG_ASSUMPTIONS, PREFILL_BUSY, decode_slots
-from twinserve.sim.validate_rows import NotExpressible, load_rows, row_plan
+from twinserve.sim.validate_rows import NotExpressible, row_plan
 
 pytest.importorskip("aiconfigurator_core", reason="the measured rows ship in aiconfigurator-core (extra 'aic')")
 
@@ -21,11 +21,6 @@ DISAGG_LOW_C = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_1024x1024_c36_
 AGG_70B = "2026_04_06_llama_3_1_70b_h200_sxm_vllm_fp8_agg_1024x8192_c16_tp8_ep1_270"
 # vLLM row with tp 1, moe_tp 2, moe_ep 1 and no attention_dp_size: two DP ranks.
 NO_ADP = "qwen_qwen3_235b_a22b_fp8_qwen_qwen3_235b_a22b_fp8_h200_sxm_vllm_agg_1000x100_c8_tp1_epnone_2"
-
-
-@pytest.fixture(scope="module")
-def rows() -> pd.DataFrame:
-    return load_rows()
 
 
 def _row(rows: pd.DataFrame, row_id: str) -> pd.Series:

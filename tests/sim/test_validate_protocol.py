@@ -19,11 +19,6 @@ AGG_70B = "2026_04_06_llama_3_1_70b_h200_sxm_vllm_fp8_agg_1024x8192_c16_tp8_ep1_
 QWEN_GAP = "qwen_qwen3_32b_qwen_qwen3_32b_gb200_trtllm_agg_2000x500_c1_tp2_epnone_2"
 
 
-@pytest.fixture(scope="module")
-def rows() -> pd.DataFrame:
-    return load_rows()
-
-
 def _row(rows: pd.DataFrame, row_id: str) -> pd.Series:
     hit = rows[rows["id"] == row_id]
     assert len(hit) == 1, row_id
