@@ -52,7 +52,7 @@ if ! (cd "$work" && python3 -c "import twinserve.kernels" 2>/dev/null); then
     pkg=$(mktemp -d)/twinserve
     mkdir -p "$pkg"
     for f in twinserve/*.py; do ln -s "$repo/$f" "$pkg/"; done
-    for d in core backends sim kernels; do ln -s "$repo/$d" "$pkg/$d"; done
+    for d in $(sed -n 's/^FOLDERS = (\(.*\))/\1/p' setup.py | tr -d '",'); do ln -s "$repo/$d" "$pkg/$d"; done
     export PYTHONPATH=$(dirname "$pkg"):${PYTHONPATH:-}
 fi
 [ -f .gpu/COMMIT ] && export TWINSERVE_GIT_COMMIT=$(cat .gpu/COMMIT)
