@@ -15,6 +15,7 @@ the feature (drafts and the tier must not change greedy tokens), and the engine'
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import sys
@@ -80,7 +81,7 @@ class Ctx:
 
         common = dict(dtype="float32", block_size=BLOCK, max_model_len=256, max_num_seqs=8,
                       attention_backend="triton", device=self.device, engine_core_mode="inproc",
-                      gpu_memory_utilization=0.3)
+                      num_gpu_blocks_override=256)  # a fixed pool: engines of earlier sections hold memory
         common.update(kw)
         return LLM(str(folder), **common)
 
@@ -224,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
             report(name, "section", "SKIP", "out of time budget")
         else:
             run_section(name, lambda n=name: SECTIONS[n](ctx))
+            gc.collect()  # the section's engines go before the next one sizes its pool
+            if ctx.cuda:
+                torch.cuda.empty_cache()
     print_table()
     return 1 if any(r[2] in ("FAIL", "ERROR") for r in ROWS) else 0
 

@@ -27,7 +27,7 @@ if [ "$smoke" = 1 ]; then
 else
     device=cuda; check_flags="--sections ${GPU_CHECK_SECTIONS:-decode,e2e,correct,graph,prefill}"; cal_flags="--repeats 2"
     paths_flags="--budget-s 130"; paths_timeout=150
-    fid_flags="--num-requests 120 --max-prompt-tokens 512 --max-output-tokens 96"
+    fid_flags="--num-requests 120 --max-prompt-tokens 512 --max-output-tokens 96 --repeats 1"
 fi
 out=$(mkdir -p "${1:-gpu-out}" && cd "${1:-gpu-out}" && pwd)
 model=${2:-}
