@@ -75,6 +75,7 @@ class Ctx:
         self.tmp = Path(tempfile.mkdtemp(prefix="gpu_paths_"))
         self.deadline = Deadline(args.budget_s - 10)
         self.n = 6 if args.cpu_smoke else 40
+        self.keep: list = []
 
     def llm(self, folder: Path, **kw):
         from twinserve.backends.real.llm import LLM
@@ -82,8 +83,14 @@ class Ctx:
         common = dict(dtype="float32", block_size=BLOCK, max_model_len=256, max_num_seqs=8,
                       attention_backend="triton", device=self.device, engine_core_mode="inproc",
                       num_gpu_blocks_override=256)  # a fixed pool: engines of earlier sections hold memory
+        if self.args.memory_utilization:  # size the pool from free memory instead (engines kept alive)
+            common.pop("num_gpu_blocks_override")
+            common["gpu_memory_utilization"] = self.args.memory_utilization
         common.update(kw)
-        return LLM(str(folder), **common)
+        llm = LLM(str(folder), **common)
+        if self.args.memory_utilization:
+            self.keep.append(llm)  # engines stay alive: each later pool is sized next to the earlier ones
+        return llm
 
 
 def section_window_graphs(ctx: Ctx) -> None:
@@ -205,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {sorted(SECTIONS)}")
     p.add_argument("--budget-s", type=float, default=150.0, help="wall-clock budget; sections past it are skipped")
     p.add_argument("--regret-tol", type=float, default=0.25, help="worst teacher-forced regret passed (std)")
+    p.add_argument("--memory-utilization", type=float, default=None,
+                   help="size each engine's KV pool from free memory at this share instead of a fixed pool")
     p.add_argument("--cpu-smoke", action="store_true", help="run on CPU under the Triton interpreter "
                    "with few tokens: checks this script, not the GPU")
     args = p.parse_args(argv)
