@@ -17,7 +17,10 @@ class KernelArgumentError(ValueError):
 
 def value_checks_enabled(device: torch.device) -> bool:
     """Value checks need a device-to-host copy: always on CPU, opt-in on GPU."""
-    return device.type == "cpu" or os.environ.get("TWINSERVE_KERNEL_CHECKS", "0") == "1"
+    if device.type == "cpu":
+        return True
+    # Never while a CUDA graph is being captured: the copy to the host would invalidate the capture.
+    return os.environ.get("TWINSERVE_KERNEL_CHECKS", "0") == "1" and not torch.cuda.is_current_stream_capturing()
 
 
 def _require(cond: bool, message: str) -> None:
