@@ -121,23 +121,37 @@ def section_window_graphs(ctx: Ctx) -> None:
 
 
 def section_groups(ctx: Ctx) -> None:
-    """A Gemma 3 (5 sliding : 1 full layers): two KV groups over one pool, prefix hits in both."""
+    """A Gemma 3 (5 sliding : 1 full layers): six KV groups over one pool, each with its own tables in
+    the captured graphs; prefix hits in every group."""
     from tests.real.arch_helpers import make_arch_dir
 
     folder = make_arch_dir(ctx.tmp / "gemma3", "Gemma3ForCausalLM", gemma_layers=6, window=WINDOW)
     llm = ctx.llm(folder, enable_prefix_caching=True)
-    groups = llm.llm_engine.worker.runner.kv_groups
+    runner = llm.llm_engine.worker.runner
+    groups, graphs = runner.kv_groups, runner.graphs
     report("groups", "KV groups", "PASS" if len(groups) > 1 and any(g.window for g in groups) else "FAIL",
-           f"{len(groups)} groups, windows {[g.window for g in groups]}; graphs "
-           f"{'captured' if llm.llm_engine.worker.runner.graphs else 'off (several groups run eagerly)'}")
+           f"{len(groups)} groups, windows {[g.window for g in groups]}")
+    captured = bool(graphs is not None and graphs.graphs)
+    report("groups", "decode graphs captured over every group's tables",
+           "PASS" if captured else "FAIL" if ctx.cuda else "INFO", f"{len(graphs.graphs) if graphs else 0} buckets")
     prompts = _prompts(6, seed=2, lo=10, hi=90, shared=3 * BLOCK + 5)
+    before = graphs.replays if graphs is not None else 0
     first = _gen(llm, prompts, ctx.n)
+    if graphs is not None:
+        report("groups", "decode steps replayed", "PASS" if graphs.replays > before else "FAIL",
+               f"{graphs.replays - before} replays")
     hits0 = llm.llm_engine.core.stats().prefix_hits
     again = _gen(llm, prompts, ctx.n)
     hits = llm.llm_engine.core.stats().prefix_hits - hits0
     report("groups", "prefix hits on the second pass", "PASS" if hits > 0 else "FAIL", f"{hits} hit tokens")
     _same("groups", "greedy tokens, prefix-cached pass vs first", again, first)
-    _judge("groups", "KV groups", folder, prompts, first, ctx.args.regret_tol)
+    runner.graphs = None
+    eager = _gen(llm, prompts, ctx.n)
+    runner.graphs = graphs
+    report("groups", "greedy tokens graphs vs eager", "INFO",
+           "all equal" if first == eager else f"prompts {[i for i, (a, b) in enumerate(zip(first, eager)) if a != b]} differ")
+    _judge("groups", "KV groups (graphs)", folder, prompts, first, ctx.args.regret_tol)
+    _judge("groups", "KV groups (eager)", folder, prompts, eager, ctx.args.regret_tol)
 
 
 def section_drafts(ctx: Ctx) -> None:

@@ -185,7 +185,8 @@ class ModelRunner:
         graphs = self.graphs
         if (graphs is not None and meta.num_decodes == meta.num_tokens
                 and graphs.bucket_for(meta.num_tokens) is not None):
-            hidden = graphs.run(input_ids, positions, meta.slot_mapping, meta.seq_lens, meta.block_tables)
+            hidden = graphs.run(input_ids, positions, meta.slot_mapping, meta.seq_lens, meta.block_tables,
+                                [(m.slot_mapping, m.block_tables) for m in (meta.groups or [meta])[1:]])
         else:
             hidden = self.model(input_ids, positions, self.kv_caches, meta, self.backend)
         logits = self.model.compute_logits(hidden[logits_idx]) if sampling else None

@@ -213,12 +213,13 @@ class Worker:
                     "0 for this model: its sliding-window layers are not served by the host tier yet "
                     "(it serves models whose layers all use full attention)")
             self.num_host_blocks = self.runner.init_host_tier(self.args.kv_offloading_size)
-        # Captured graphs read one block table; several KV groups run eagerly.
-        if (self.device.type == "cuda" and not self.args.enforce_eager and len(self.runner.kv_groups) == 1
+        # Captured graphs read a static block table and slot mapping per KV group.
+        if (self.device.type == "cuda" and not self.args.enforce_eager
                 and getattr(self.backend, "supports_cuda_graphs", False)):
             r = self.runner
             r.graphs = DecodeGraphs(self.model, self.backend, r.kv_caches, self.device, r.max_num_seqs,
-                                    r.max_blocks_per_req, self.max_model_len, capture=True)
+                                    r.max_blocks_per_req, self.max_model_len, capture=True,
+                                    num_groups=len(r.kv_groups))
             r.graphs.capture_all()
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:

@@ -25,7 +25,7 @@ def _with_graphs(llm) -> DecodeGraphs:
     w = llm.llm_engine.worker
     r = w.runner
     r.graphs = DecodeGraphs(r.model, r.backend, r.kv_caches, r.device, r.max_num_seqs, r.max_blocks_per_req,
-                            w.max_model_len, capture=False)
+                            w.max_model_len, capture=False, num_groups=len(r.kv_groups))
     return r.graphs
 
 
@@ -44,6 +44,34 @@ def test_padded_static_decode_path_gives_the_eager_tokens(make_llm) -> None:
     got += [o.outputs[0].token_ids for o in llm.generate(prompts[3:], sp, use_tqdm=False)]
     assert graphs.replays >= 6
     assert got == want
+
+
+@pytest.mark.slow
+def test_padded_static_decode_path_reads_each_kv_groups_own_tables(make_llm, tmp_path) -> None:
+    # A Gemma 3 (5 sliding : 1 full layers, window 11: off the 8-token block edge) has six KV groups;
+    # the static path must feed each group's slots and block tables. The tiny model's greedy tokens
+    # barely move when a layer reads the wrong KV, so its logprobs are compared too.
+    from .arch_helpers import make_arch_dir
+
+    folder = make_arch_dir(tmp_path / "gemma3", "Gemma3ForCausalLM", gemma_layers=6, window=11)
+    common = dict(attention_backend="triton", dtype="float32", block_size=8, max_num_seqs=8,
+                  max_num_batched_tokens=64, num_gpu_blocks_override=96, max_model_len=128)
+    prompts = [{"prompt_token_ids": p} for p in prompts_ids(5, seed=12, lo=14, hi=30)]
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2)
+
+    def run(llm, batches):
+        outs = [o.outputs[0] for b in batches for o in llm.generate(b, sp, use_tqdm=False)]
+        return [o.token_ids for o in outs], [[t for lp in o.logprobs for _, t in lp.top] for o in outs]
+
+    want_ids, want_lps = run(make_llm(folder, **common), [prompts])
+    llm = make_llm(folder, **common)
+    assert len(llm.llm_engine.worker.runner.kv_groups) > 1
+    graphs = _with_graphs(llm)
+    got_ids, got_lps = run(llm, [prompts[:3], prompts[3:]])
+    assert graphs.replays >= 14
+    assert got_ids == want_ids
+    for got, want in zip(got_lps, want_lps):
+        assert got == pytest.approx(want, abs=1e-4)
 
 
 def test_memory_profile_run_covers_prefill_decode_and_sampler_without_touching_the_cache(make_llm) -> None:
