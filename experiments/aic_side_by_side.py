@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 STUDY = ROOT / "experiments" / "llama3_70b_fp8_h200.toml"
 
 
-def aic_command(out: Path, backend: str) -> list[str]:
+def aic_command(out: Path, backend: str, exe: str = "") -> list[str]:
     """AIConfigurator's default agg-vs-disagg run on the question."""
-    exe = shutil.which("aiconfigurator") or str(Path(sys.executable).with_name("aiconfigurator"))
+    exe = exe or shutil.which("aiconfigurator") or str(Path(sys.executable).with_name("aiconfigurator"))
     return [exe, "cli", "default", "--model-path", "nvidia/Llama-3.1-70B-Instruct-FP8",
             "--total-gpus", "8", "--system", "h200_sxm", "--isl", "4000", "--osl", "500",
             "--ttft", "2000", "--tpot", "30", "--backend", backend, "--save-dir", str(out)]
@@ -77,11 +77,15 @@ def search_best(out: Path) -> str:
 def main() -> int:
     """Entry point."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--backend", default="vllm", choices=["vllm", "sglang", "trtllm"])
+    ap.add_argument("--workers", type=int, default=2, help="simulate search --workers")
+    ap.add_argument("--backend", default="vllm", choices=["vllm", "sglang", "trtllm"],
+                    help="AIConfigurator's performance database")
+    ap.add_argument("--aic", default="", help="the aiconfigurator executable (default: on PATH, "
+                    "else beside this Python)")
     args = ap.parse_args()
+    print(f"load (1, 5, 15 min) at the start: {os.getloadavg()}")
     tmp = Path(tempfile.mkdtemp(prefix="aic-side-"))
-    jobs = {"AIConfigurator 0.12.0 cli default": start(aic_command(tmp / "aic", args.backend),
+    jobs = {"AIConfigurator 0.12.0 cli default": start(aic_command(tmp / "aic", args.backend, args.aic),
                                                         tmp / "aic.log"),
             "simulate search": start(search_command(tmp / "search", args.workers),
                                      tmp / "search.log")}
@@ -96,6 +100,7 @@ def main() -> int:
         wall, cpu = time.perf_counter() - t0, usage.ru_utime + usage.ru_stime
         best = aic_best(log) if name.startswith("AIC") else search_best(tmp / "search")
         print(f"| {name} | {wall:.0f} | {cpu:.0f} | {best} |", flush=True)
+    print(f"load (1, 5, 15 min) at the end: {os.getloadavg()}")
     print(f"logs and outputs: {tmp}")
     return 0
 

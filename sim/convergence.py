@@ -11,7 +11,7 @@ from typing import Any
 
 from twinserve.sim.config import StudyConfig, set_field
 from twinserve.sim.search import RateSearch, run_searches, search_rates
-from twinserve.sim.search_screen import screen
+from twinserve.sim.search_screen import out_of_reach, screen
 
 def with_requests(cfg: StudyConfig, n: int) -> StudyConfig:
     """A copy of cfg whose runs are n requests long."""
@@ -34,7 +34,10 @@ def converged_search(base: StudyConfig, grid: dict[str, list[str]], slos: dict[s
     # Answers rechecked at longer runs bisect to tolerance there: the first length needs less.
     rechecks = n * 2 <= sc.max_requests_per_run
     first_tol = max(sc.tolerance, sc.first_tolerance) if rechecks else sc.tolerance
-    searches = search_rates(first, grid, slos, workers, ray_address, progress, first_tol)
+    # Only answers rechecked and banded need the first length's tolerance: one already out of
+    # the pick's reach even at its bracket's top stops there (sim.search_screen).
+    reach = out_of_reach(sc.target_rate, sc.screen_margin) if rechecks else None
+    searches = search_rates(first, grid, slos, workers, ray_address, progress, first_tol, reach)
     answered = ("ok", "max_rate cap")
     for s in searches:
         if s.status in answered:
@@ -46,10 +49,13 @@ def converged_search(base: StudyConfig, grid: dict[str, list[str]], slos: dict[s
         n *= 2
         again = []
         for s in todo:
-            # Near the answer: a step of the convergence threshold settles 'moved less' in two
-            # runs; a capped rate may be far above the longer runs' answer: halve down from it.
-            again.append(RateSearch(s.point, with_requests(s.cfg, n), start=s.lo,
-                                    step=1.0 + sc.convergence if s.status == "ok" else 2.0,
+            # Near the answer: start at it times how far the answers rechecked so far moved
+            # (sim.search_driver), a step of the tolerance (two runs when it lands there); a
+            # capped rate may be far above the longer runs' answer: halve down from it.
+            ok = s.status == "ok"
+            again.append(RateSearch(s.point, with_requests(s.cfg, n), start=0.0 if ok else s.lo,
+                                    step=2.0, estimate=s.lo if ok else 0.0,
+                                    near_step=1.0 + max(sc.tolerance, 0.005) if ok else 0.0,
                                     integer=s.integer))
         run_searches(again, slos, workers, ray_address, progress, desc=f"recheck at {n}")
         for s, r in zip(todo, again):

@@ -31,6 +31,17 @@ class _Discounted:
         if wake is not None:
             self.wake_after = wake
         self.shape_range = getattr(inner, "shape_range", None) or {}
+        # Decode windows (fast forward) price decode-only steps, which carry no transferred
+        # prefill: the inner model's own loop gives the same floats without a call a step.
+        if getattr(inner, "decode_step_times", None) is not None:
+            self.decode_step_times = self._decode_step_times
+
+    def _decode_step_times(self, num_seqs: int, context: int, max_steps: int, start: float,
+                           deadline: float) -> tuple[list[float], list[float]]:
+        if self.minus != (0, 0, 0, 0.0):  # only inside execute(), which steps: never a window
+            raise RuntimeError("a decode window priced while a step's transferred prefill is "
+                               "discounted")
+        return self.inner.decode_step_times(num_seqs, context, max_steps, start, deadline)
 
     def step_time(self, pt: int, ps: int, pc: int, pa: float, ds: int, dc: int) -> float:
         """The inner step time without the transferred tokens' prefill work."""

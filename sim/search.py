@@ -12,7 +12,7 @@ import copy
 import difflib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from twinserve.backends.sim.catalog import HARDWARES, UnknownSpecError, get_hardware
 
@@ -79,6 +79,9 @@ class RateSearch:
     integer: bool = False      # the searched value is a client count (search.axis = concurrency)
     screened: bool = False     # cannot be the pick or a tie: not rechecked, no band (sim.search_screen)
     tolerance: float = 0.0     # bracket tolerance of this stage (0: search.tolerance)
+    # > 0: `estimate` is a nearby answer (a recheck's: the shorter runs'): the driver starts at it
+    # times the found/estimated ratio of every such search done so far, with this step.
+    near_step: float = 0.0
 
     def next_rate(self) -> float | None:
         """The next rate to simulate, or None when the bracket is settled."""
@@ -174,9 +177,10 @@ def check_prices(base: StudyConfig, configs: Sequence[StudyConfig]) -> None:
 
 def search_rates(base: StudyConfig, grid: dict[str, list[str]], slos: dict[str, float],
                  workers: int | None = None, ray_address: str | None = None,
-                 progress: bool = True, tolerance: float = 0.0) -> list[RateSearch]:
+                 progress: bool = True, tolerance: float = 0.0,
+                 settled: Callable[[Any, Sequence[Any]], bool] | None = None) -> list[RateSearch]:
     """Bracket the max rate under the SLOs for every grid point, runs in parallel (to tolerance,
-    0 = search.tolerance)."""
+    0 = search.tolerance; settled as sim.search_driver.drive's)."""
     found = "workload.concurrency" if base.search.axis == "concurrency" else "workload.rate"
     if found in grid:
         raise ConfigError(found, f"{found.split('.')[1]} is what search finds; leave it out of "
@@ -195,11 +199,12 @@ def search_rates(base: StudyConfig, grid: dict[str, list[str]], slos: dict[str, 
                 s.estimate = float(batch) if closed else rate
             except Exception:  # noqa: BLE001 - the run itself will report what is wrong
                 s.estimate = 0.0
-    return run_searches(searches, slos, workers, ray_address, progress)
+    return run_searches(searches, slos, workers, ray_address, progress, settled=settled)
 
 
 def run_searches(searches: list[RateSearch], slos: dict[str, float], workers: int | None = None,
-                 ray_address: str | None = None, progress: bool = True, desc: str = "search"
+                 ray_address: str | None = None, progress: bool = True, desc: str = "search",
+                 settled: Callable[[Any, Sequence[Any]], bool] | None = None
                  ) -> list[RateSearch]:
     """Run every search's bracket to its end (sim.search_driver), with a progress bar of runs."""
     bar = None
@@ -212,7 +217,7 @@ def run_searches(searches: list[RateSearch], slos: dict[str, float], workers: in
 
     try:
         drive(searches, run_search_point, job, lambda row: meets(row, slos), workers,
-              ray_address, bar)
+              ray_address, bar, settled)
     finally:
         if bar is not None:
             bar.close()

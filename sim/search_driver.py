@@ -27,6 +27,7 @@ class SearchLike(Protocol):
     hi: float
     step: float
     error: str
+    near_step: float
 
     def next_rate(self) -> float | None: ...
     def record(self, rate: float, row: dict[str, Any], ok: bool) -> None: ...
@@ -114,8 +115,10 @@ class _Ray:
 
 def drive(searches: Sequence[SearchLike], fn: Callable[[Any], dict[str, Any]],
           make_job: Callable[[SearchLike, float], Any], judge: Callable[[dict[str, Any]], bool],
-          workers: int | None = None, ray_address: str | None = None, bar: Any = None) -> None:
-    """Run every search to its end; fn(make_job(s, rate)) gives the row judge() passes or fails."""
+          workers: int | None = None, ray_address: str | None = None, bar: Any = None,
+          settled: Callable[[SearchLike, Sequence[SearchLike]], bool] | None = None) -> None:
+    """Run every search to its end; fn(make_job(s, rate)) gives the row judge() passes or fails;
+    settled(s, searches) True ends a search before its bracket is narrow (sim.search_screen)."""
     n = workers or min(len(searches), os.cpu_count() or 1) or 1
     backend: _Local | _Ray = _Ray(ray_address, workers) if ray_address is not None else _Local(n)
     slots = n if ray_address is None else (workers or len(searches))
@@ -130,10 +133,15 @@ def drive(searches: Sequence[SearchLike], fn: Callable[[Any], dict[str, Any]],
                 if len(inflight) >= slots:
                     break
                 if s.start == 0.0 and s.estimate > 0 and s.lo == 0.0 and math.isinf(s.hi):
-                    cal = calibration(searches, s)
+                    near = s.near_step
+                    # A nearby answer (the shorter runs') moves alike for every configuration:
+                    # all such searches calibrate it; a cost-model estimate errs by kind.
+                    cal = calibration(searches, None if near else s)
                     s.start = s.estimate * cal
                     # A start placed by other answers is near; a raw estimate may be far off.
-                    s.step = _STEP_CALIBRATED if cal != 1.0 else _STEP_ESTIMATED
+                    s.step = near or (_STEP_CALIBRATED if cal != 1.0 else _STEP_ESTIMATED)
+                if settled is not None and settled(s, searches):
+                    continue
                 rate = s.next_rate()
                 if rate is None:
                     continue

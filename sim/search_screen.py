@@ -9,7 +9,7 @@ its first answer stands, marked `screened`.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from twinserve.sim.search import RateSearch, summary_rows
 
@@ -33,6 +33,33 @@ def contenders(searches: Sequence[RateSearch], target_rate: float, margin: float
     # A capped answer may lie anywhere above the cap: never screened.
     return [s.status == "max_rate cap" or cost_at(r, 1.0 + margin, target_rate) <= worst
             for s, r in zip(searches, rows)]
+
+
+def out_of_reach(target_rate: float, margin: float
+                 ) -> Callable[[RateSearch, Sequence[RateSearch]], bool] | None:
+    """For the first run length: True once a search would be screened even at the top of its
+    bracket (hi, a rate it failed at), so bisecting it further cannot change that (None: off).
+
+    The cheapest's answer only rises as searches go on, so a search out of reach now stays out
+    of reach, and screen() marks it screened from its lower answer (lo < hi) too."""
+    if margin <= 0:
+        return None
+    rows: dict[tuple[int, float], dict[str, Any]] = {}
+
+    def row(s: RateSearch) -> dict[str, Any]:
+        key = (id(s), s.lo)
+        if key not in rows:
+            rows[key] = summary_rows([s], target_rate)[0]
+        return rows[key]
+
+    def settled(s: RateSearch, searches: Sequence[RateSearch]) -> bool:
+        if not (s.lo > 0 and math.isfinite(s.hi)) or s.error or s.no_fit:
+            return False
+        worst = min((cost_at(row(o), 1.0 - margin, target_rate) for o in searches
+                     if o.lo > 0 and not o.error), default=math.inf)
+        return cost_at(row(s), s.hi / s.lo * (1.0 + margin), target_rate) > worst
+
+    return settled
 
 
 def screen(searches: Sequence[RateSearch], target_rate: float, margin: float) -> None:

@@ -1,0 +1,124 @@
+"""Speed paths `simulate search` leans on give the same runs as the plain ones."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from twinserve.sim import disagg
+from twinserve.sim.cluster_study import simulate_cluster
+
+from .helpers import small_config
+
+
+def _disagg_run(prefill: int, replicas: int, rate: float):
+    cfg = small_config(num_requests=120, rate=rate, prompt_dist="uniform", prompt_min=200,
+                       prompt_max=1500, output_dist="uniform", output_min=20, output_max=300,
+                       **{"cluster.num_replicas": replicas,
+                          "cluster.num_prefill_replicas": prefill})
+    _, res = simulate_cluster(cfg)
+    # Every request and every replica's steps, exactly.
+    return ([dataclasses.astuple(r) for r in res.total.records],
+            [dataclasses.astuple(r.steps) for r in res.replicas], res.busy_time)
+
+
+@pytest.mark.parametrize("prefill,replicas,rate", [(1, 2, 4.0), (2, 3, 9.0)])
+def test_decode_windows_of_a_disaggregated_run_match_stepping_them(
+        monkeypatch: pytest.MonkeyPatch, prefill: int, replicas: int, rate: float) -> None:
+    calls = []
+    inner = disagg._Discounted._decode_step_times
+
+    def counted(self, *a):
+        calls.append(a)
+        return inner(self, *a)
+
+    monkeypatch.setattr(disagg._Discounted, "_decode_step_times", counted)
+    fast = _disagg_run(prefill, replicas, rate)
+    assert calls, "no decode window went through the cost model's own loop"
+    # The plain path: a cost model without decode_step_times steps each window in Python.
+    real_init = disagg._Discounted.__init__
+
+    def plain_init(self, inner_model):
+        real_init(self, inner_model)
+        self.__dict__.pop("decode_step_times", None)
+
+    monkeypatch.setattr(disagg._Discounted, "__init__", plain_init)
+    calls.clear()
+    slow = _disagg_run(prefill, replicas, rate)
+    assert not calls
+    assert fast == slow
+
+
+def test_a_window_priced_inside_a_discounted_step_is_refused() -> None:
+    from twinserve.sim.build import build_cost_models
+
+    d = disagg._Discounted(build_cost_models(small_config())[2])
+    d.minus = (10, 1, 0, 50.0)
+    with pytest.raises(RuntimeError, match="discounted"):
+        d.decode_step_times(4, 1000, 10, 0.0, 1.0)
+
+
+def test_a_nearby_answer_starts_at_every_such_searchs_ratio_with_its_own_step() -> None:
+    from twinserve.sim.search import RateSearch
+    from twinserve.sim.search_driver import calibration, drive
+
+    from .helpers import small_config as cfg
+
+    # Done: the recheck of tp=1 moved x2 from its short runs' answer, tp=2's x8; a cost-model
+    # estimate would take tp=2's (its nearest neighbour), a nearby answer the ratio of all (x4).
+    a = RateSearch({"tp": 1}, cfg(), lo=2.0, hi=2.0, estimate=1.0, near_step=1.05)
+    b = RateSearch({"tp": 2}, cfg(), lo=8.0, hi=8.0, estimate=1.0, near_step=1.05)
+    recheck = RateSearch({"tp": 2}, cfg(), estimate=1.0, near_step=1.05, tolerance=0.05)
+    rates: list[tuple[int, float]] = []
+
+    def job(s, rate):
+        rates.append((id(s), rate))
+        return rate
+
+    drive([a, b, recheck], lambda rate: {"rate": rate}, job, lambda row: row["rate"] <= 4.1,
+          workers=1)
+    assert calibration([a, b], RateSearch({"tp": 2}, cfg(), estimate=1.0)) == pytest.approx(8.0)
+    # The nearby answer's step: 4 passes, 4 x 1.05 = 4.2 fails, settled in two runs.
+    assert [r for k, r in rates if k == id(recheck)] == [4.0, 4.2]
+    assert recheck.lo == 4.0 and recheck.hi == 4.2
+
+
+def test_a_search_out_of_reach_stops_bisecting_with_the_bracket_it_would_have_narrowed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from twinserve.sim import convergence
+
+    from .test_search_speed import SLOS
+
+    cfg = small_config(num_requests=60, prompt_dist="fixed", prompt_mean=1500, output_dist="fixed",
+                       output_mean=200, **{"search.requests_per_run": 60,
+                                           "search.max_requests_per_run": 120,
+                                           "search.band_seeds": 0,
+                                           "search.prices": {"H100-SXM": 1000.0}})
+    grid = {"engine.hardware": ["A100-80GB", "H100-SXM"]}
+    a100, h100 = convergence.converged_search(cfg, grid, SLOS, workers=1, progress=False)
+    monkeypatch.setattr(convergence, "out_of_reach", lambda *a: None)
+    full_a100, full_h100 = convergence.converged_search(cfg, grid, SLOS, workers=1, progress=False)
+    # The dominated H100 stopped early, on the same bisection path: its bracket holds the full one.
+    assert h100.screened and full_h100.screened
+    assert h100.runs_total < full_h100.runs_total
+    assert h100.lo <= full_h100.lo < full_h100.hi <= h100.hi
+    assert (h100.hi - h100.lo) / h100.hi > cfg.search.first_tolerance
+    # The cheapest bisected as before.
+    assert (a100.lo, a100.hi, a100.runs_total) == (full_a100.lo, full_a100.hi, full_a100.runs_total)
+
+
+def test_out_of_reach_only_when_even_the_brackets_top_is_dearer_than_the_cheapests_worst() -> None:
+    from twinserve.sim.search_screen import out_of_reach
+
+    from .test_search_speed import _answered
+
+    best = _answered("A100-80GB", 1.0, 1000.0)  # cost per token ~ 1 / rate (same GPU)
+    settled = out_of_reach(0.0, 0.35)
+    for lo, hi in [(0.3, 0.45), (0.3, 0.5), (0.3, 0.9), (0.46, 0.5)]:
+        other = _answered("A100-80GB", lo, 1000.0 * lo)
+        other.hi = hi
+        # Cheapest's worst: rate 0.65; the other's best: hi x 1.35.
+        assert settled(other, [best, other]) == (hi * 1.35 < 0.65), (lo, hi)
+    assert not settled(best, [best])
+    assert out_of_reach(0.0, 0.0) is None
