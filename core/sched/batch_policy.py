@@ -8,7 +8,10 @@
   SGLang: `Scheduler.get_next_batch_to_run` (python/sglang/srt/managers/scheduler.py) builds
   `get_new_batch_prefill()` and runs it if it is not None ("Run prefill first if possible"), else
   `update_running_batch` (decode). A chunked request is continued first (`PrefillAdder.add_chunked_req`),
-  then waiting requests fill the rest of `chunked_prefill_size` (`rem_chunk_tokens`, schedule_policy.py).
+  then waiting requests fill the rest of `chunked_prefill_size` (`rem_chunk_tokens`, schedule_policy.py);
+  past the batch's first request, one joins only if its whole input fits in what is left of
+  `max_prefill_tokens` (`PrefillAdder.add_one_req`: `real_input_tokens >= self.rem_input_tokens and
+  len(self.can_run_list) != 0` -> stop), SchedulerConfig.max_prefill_tokens here.
   Decodes join a prefill batch only with `--enable-mixed-chunk` (off by default: server_args.py
   `enable_mixed_chunk: bool = False`), which is what `mixed` models.
 """
@@ -113,7 +116,7 @@ class PrefillFirst:
             budget -= num_new
         new_reqs: list[NewRequestData] = []
         if not stuck:  # a prompt waiting for room keeps it: newcomers would take it
-            budget = sched._admit(now, budget, num_scheduled, new_reqs, lookahead)
+            budget = sched._admit(now, budget, num_scheduled, new_reqs, lookahead, cfg.max_prefill_tokens)
         if not num_scheduled:
             return None, stuck
         so = sched.emit_step(new_reqs, CachedRequestData(c_ids, c_blocks, c_computed), num_scheduled,

@@ -53,6 +53,10 @@ class SchedulerConfig:
     batch_policy: str = knob("mixed", help="what shares a step: mixed (prefill chunks beside decodes, as "
                              "vLLM V1) or prefill_first (a step that can prefill runs only prefill, "
                              "decodes wait; SGLang's default)", choices=lambda: tuple(BATCH_POLICIES))
+    max_prefill_tokens: int = knob(0, help="prefill_first: past a step's first request, one joins only if "
+                                   "its whole prompt fits in this less the step's tokens (SGLang's "
+                                   "max_prefill_tokens)", unit="tokens", range=(1, _INT32_MAX),
+                                   special={0: "no cap"})
     # 0 = strict order, which can starve requests forever.
     aging_interval_s: float = knob(30.0, help="against starvation: each interval waited raises a request "
                                    "one priority level", unit="seconds", range=(0.0, 1e9),

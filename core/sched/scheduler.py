@@ -326,8 +326,12 @@ class Scheduler(OutputUpdate):
         return so
 
     def _admit(self, now: float, budget: int, num_scheduled: dict[str, int],
-               new_reqs: list[NewRequestData], lookahead: int = 0) -> int:
-        """Admit waiting requests while budget, seats and blocks allow; the budget left."""
+               new_reqs: list[NewRequestData], lookahead: int = 0, prefill_cap: int = 0) -> int:
+        """Admit waiting requests while budget, seats and blocks allow; the budget left.
+
+        prefill_cap > 0: past the step's first request, one joins only if its whole prompt fits in
+        prefill_cap less the step's tokens (SGLang's max_prefill_tokens; batch_policy.py).
+        """
         cfg = self.config
         kv = self.kv
         waiting = self.waiting
@@ -343,6 +347,8 @@ class Scheduler(OutputUpdate):
             else:
                 hits, num_hit = kv.get_computed_blocks(req)
             num_new = req.num_tokens - done - num_hit
+            if prefill_cap and num_scheduled and num_new >= prefill_cap - (cfg.max_num_batched_tokens - budget):
+                break
             if cfg.enable_chunked_prefill:
                 if 0 < threshold < num_new:
                     num_new = threshold

@@ -63,6 +63,22 @@ def test_waiting_requests_fill_the_rest_of_a_continued_chunk_within_the_budget()
         {"a": 8}, {"a": 2, "b": 5, "c": 1}, {"c": 2}, {"a": 1, "b": 1, "c": 1}]
 
 
+def _capped(cap: int) -> list[dict[str, int]]:
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=4, max_model_len=64, block_size=4,
+                                      num_blocks=64, batch_policy="prefill_first", max_prefill_tokens=cap))
+    sched.add_request(Request("a", list(range(1, 11)), SamplingParams(max_tokens=3)))
+    sched.add_request(Request("b", list(range(20, 28)), SamplingParams(max_tokens=3)))
+    sched.add_request(Request("c", [1, 2], SamplingParams(max_tokens=3)))
+    return [_step(sched, float(t)) for t in range(3)]
+
+
+def test_max_prefill_tokens_keeps_a_prompt_that_does_not_fit_whole_for_the_next_step() -> None:
+    # SGLang on B200: chunked_prefill_size = max_prefill_tokens = 16384; here 16 and 16.
+    assert _capped(16) == [{"a": 10}, {"b": 8, "c": 2}, {"a": 1, "b": 1, "c": 1}]  # b's 8 >= 16 - 10
+    assert _capped(0) == [{"a": 10, "b": 6}, {"b": 2, "c": 2}, {"a": 1, "b": 1, "c": 1}]  # chunked instead
+    assert _capped(24) == _capped(0)  # b's 8 < 24 - 10: it joins, chunked by the budget
+
+
 def test_a_seat_cap_lets_decodes_run_while_requests_wait() -> None:
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=1, max_model_len=64,
                                       block_size=4, num_blocks=64, batch_policy="prefill_first"))
