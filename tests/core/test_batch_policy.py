@@ -118,10 +118,10 @@ def _lock_step_check(cfg: SchedulerConfig, done: set[str]):
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads())
-def test_prefill_first_never_mixes_and_outputs_are_exact(w) -> None:
+@given(workloads(), st.sampled_from([0, 0, 8, 40]))
+def test_prefill_first_never_mixes_and_outputs_are_exact(w, cap) -> None:
     cfg, arrivals = w
-    cfg = SchedulerConfig(**{**_fields(cfg), "batch_policy": "prefill_first"})
+    cfg = SchedulerConfig(**{**_fields(cfg), "batch_policy": "prefill_first", "max_prefill_tokens": cap})
     done: set[str] = set()
     core, log = drive(cfg, arrivals, check=_lock_step_check(cfg, done))
     ex = FakeExecutor(block_size=cfg.block_size)
