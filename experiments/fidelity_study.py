@@ -67,9 +67,11 @@ def main() -> int:
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--model", default="smollm2", help="HF folder, .gguf file or short name")
+    p.add_argument("--device", default="auto", help="engine device: auto, cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="auto", help="engine dtype: auto, float32, bfloat16 or float16")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    engine = LLMEngine(EngineArgs(model=a.model, max_num_seqs=a.max_num_seqs,
+    engine = LLMEngine(EngineArgs(model=a.model, max_num_seqs=a.max_num_seqs, device=a.device, dtype=a.dtype,
                                   max_num_batched_tokens=a.max_num_batched_tokens))
     out = Path(a.out)
     profile = FittedCostModel.load(a.profile)

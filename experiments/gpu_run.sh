@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Every GPU check and measurement of issues 9 and 12 in one call of a CUDA machine (~8 minutes on
-# an H200): kernel correctness, decode-attention bandwidth, CUDA-graph replay vs its kernels,
-# the engine against transformers, offline throughput, then `twinserve calibrate --device cuda`
-# and `twinserve fidelity` on both Azure traces at three loads with that profile.
+# Every CUDA path and GPU measurement in one call of a CUDA machine (~8 minutes on an H200): first
+# the paths gpu_check.py does not reach (gpu_paths.py: sliding windows under CUDA graphs, several
+# KV groups, speculative drafts, the host KV tier's pinned async copies), then `twinserve calibrate
+# --device cuda` and `twinserve fidelity` (the twin's forecast of held-out Azure traces at three
+# loads with that profile), then gpu_check.py: kernel correctness, decode-attention bandwidth,
+# CUDA-graph replay vs its kernels, the engine against transformers, offline throughput.
 #
 #   bash experiments/gpu_run.sh OUT_DIR [MODEL]
 #
@@ -12,16 +14,20 @@
 # and tokenizer). Traces come from .gpu/traces or ../shared/traces; wheels of missing packages
 # from .whl. Each stage has its own time limit and the next runs whatever the last one did.
 # GPU_RUN_SMOKE=1 runs the same stages on CPU with tiny settings (checks this script, not speed);
-# GPU_RUN_STAGES picks stages (default "check calibrate fidelity"), GPU_CHECK_SECTIONS gpu_check's.
+# GPU_RUN_STAGES picks stages (default "paths calibrate fidelity check"), GPU_CHECK_SECTIONS gpu_check's.
+# Prepare the tree first (ignored, so name it in the device call's carry): .gpu/smollm2-tok holds
+# SmolLM2's config and tokenizer files (no weights), .gpu/traces a copy of ../shared/traces.
 set -u
 smoke=${GPU_RUN_SMOKE:-0}
-stages=" ${GPU_RUN_STAGES:-check calibrate fidelity} "
+stages=" ${GPU_RUN_STAGES:-paths calibrate fidelity check} "
 if [ "$smoke" = 1 ]; then
     device=cpu; check_flags="--cpu-smoke --e2e-tokens 8 --sections e2e"; cal_flags="--quick --repeats 1"
+    paths_flags="--cpu-smoke --sections window_graphs,drafts --budget-s 400"; paths_timeout=900
     fid_flags="--num-requests 6 --loads 0.8 --traces conv --max-prompt-tokens 64 --max-output-tokens 8"
 else
     device=cuda; check_flags="--sections ${GPU_CHECK_SECTIONS:-decode,e2e,correct,graph,prefill}"; cal_flags="--repeats 2"
-    fid_flags="--num-requests 120 --max-prompt-tokens 512 --max-output-tokens 96"
+    paths_flags="--budget-s 130"; paths_timeout=150
+    fid_flags="--num-requests 120 --max-prompt-tokens 512 --max-output-tokens 96 --repeats 1"
 fi
 out=$(mkdir -p "${1:-gpu-out}" && cd "${1:-gpu-out}" && pwd)
 model=${2:-}
@@ -46,7 +52,7 @@ if ! (cd "$work" && python3 -c "import twinserve.kernels" 2>/dev/null); then
     pkg=$(mktemp -d)/twinserve
     mkdir -p "$pkg"
     for f in twinserve/*.py; do ln -s "$repo/$f" "$pkg/"; done
-    for d in core backends sim kernels; do ln -s "$repo/$d" "$pkg/$d"; done
+    for d in $(sed -n 's/^FOLDERS = (\(.*\))/\1/p' setup.py | tr -d '",'); do ln -s "$repo/$d" "$pkg/$d"; done
     export PYTHONPATH=$(dirname "$pkg"):${PYTHONPATH:-}
 fi
 [ -f .gpu/COMMIT ] && export TWINSERVE_GIT_COMMIT=$(cat .gpu/COMMIT)
@@ -76,11 +82,11 @@ fi
 traces=$repo/.gpu/traces
 [ -d "$traces" ] || traces=$repo/../shared/traces
 
-case $stages in *" check "*)
-stage "gpu_check (model $model)"
-timeout 250 python3 experiments/gpu_check.py --model "$model" --budget-s 230 $check_flags 2>&1 | tee "$out/gpu_check.log" | grep -v "it/s]" | tail -45 >> "$log"
-
+case $stages in *" paths "*)
+stage "gpu_paths"
+timeout $paths_timeout python3 experiments/gpu_paths.py $paths_flags 2>&1 | tee "$out/gpu_paths.log" | grep -v "it/s]" | tail -25 >> "$log"
 ;; esac
+
 
 case $stages in *" calibrate "*)
 stage "calibrate"
@@ -94,6 +100,8 @@ import json; d['launch_s'] = [json.loads(e).get('forward_launch_s', float('nan')
 print(d.groupby('kind')[['prepare_s', 'launch_s', 'forward_s', 'sample_s', 'execute_s', 'step_time_s']].median().mul(1e3).round(3).to_string())" \
         "$out/h200_profile.steps.csv" 2>&1 | tee -a "$log"
 fi
+[ -f "$out/h200_profile.json" ] && python3 -c "import json, sys; m = json.load(open(sys.argv[1])); \
+print('host_link (pinned copies timed by calibrate):', json.dumps(m.get('host_link')))" "$out/h200_profile.json" 2>&1 | tee -a "$log"
 
 ;; esac
 
@@ -106,4 +114,10 @@ if [ -f "$out/h200_profile.json" ]; then
     tar czf "$out/fidelity.tgz" -C "$work" fidelity 2>/dev/null
 fi
 ;; esac
+case $stages in *" check "*)
+stage "gpu_check (model $model)"
+timeout 185 python3 experiments/gpu_check.py --model "$model" --budget-s 170 $check_flags 2>&1 | tee "$out/gpu_check.log" | grep -v "it/s]" | tail -45 >> "$log"
+
+;; esac
+
 stage "done"

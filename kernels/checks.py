@@ -17,7 +17,10 @@ class KernelArgumentError(ValueError):
 
 def value_checks_enabled(device: torch.device) -> bool:
     """Value checks need a device-to-host copy: always on CPU, opt-in on GPU."""
-    return device.type == "cpu" or os.environ.get("TWINSERVE_KERNEL_CHECKS", "0") == "1"
+    if device.type == "cpu":
+        return True
+    # Never while a CUDA graph is being captured: the copy to the host would invalidate the capture.
+    return os.environ.get("TWINSERVE_KERNEL_CHECKS", "0") == "1" and not torch.cuda.is_current_stream_capturing()
 
 
 def _require(cond: bool, message: str) -> None:
@@ -86,6 +89,7 @@ def check_attention_args(
     seq_lens: torch.Tensor,
     out: torch.Tensor | None,
     layout: str,
+    sliding_window: int | None = None,
 ) -> tuple[int, int, int, int]:
     """Validate paged_attention arguments; return the cache geometry."""
     num_blocks, block_size, num_kv_heads, head_dim = cache_geometry(key_cache, value_cache, layout)
@@ -113,7 +117,8 @@ def check_attention_args(
     for t in (query, block_tables, query_start_loc, seq_lens):
         _require(t.device == key_cache.device, "all tensors must be on the cache's device")
     if value_checks_enabled(key_cache.device) and num_seqs > 0:
-        _check_metadata_values(query, block_tables, query_start_loc, seq_lens, num_blocks, block_size)
+        _check_metadata_values(query, block_tables, query_start_loc, seq_lens, num_blocks, block_size,
+                               sliding_window)
     return num_blocks, block_size, num_kv_heads, head_dim
 
 
@@ -124,6 +129,7 @@ def _check_metadata_values(
     seq_lens: torch.Tensor,
     num_blocks: int,
     block_size: int,
+    sliding_window: int | None = None,
 ) -> None:
     qsl = query_start_loc.cpu().long()
     lens = seq_lens.cpu().long()
@@ -140,6 +146,11 @@ def _check_metadata_values(
     blocks_used = (lens + block_size - 1) // block_size
     cols = torch.arange(max_blocks).unsqueeze(0)
     used = cols < blocks_used.unsqueeze(1)
+    if sliding_window is not None:
+        # A window's first query reads from position (seq_len - query_len) - W + 1 on: the blocks
+        # before it were freed by the KV manager and their entries hold no block (never read).
+        first_read = (lens - query_lens - sliding_window + 1).clamp(min=0) // block_size
+        used &= cols >= first_read.unsqueeze(1)
     table = block_tables[: lens.shape[0]].cpu().long()
     bad = used & ((table < 0) | (table >= num_blocks))
     _require(not bool(bad.any()), f"block_tables has block ids outside [0, {num_blocks}) in used entries")

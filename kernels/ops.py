@@ -96,7 +96,7 @@ def paged_attention(
     Rows past ``query_start_loc[-1]`` are left untouched.
     """
     _, block_size, num_kv_heads, head_dim = check_attention_args(
-        query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out, layout
+        query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out, layout, sliding_window
     )
     _require_triton(query.device, query.dtype)
     if sliding_window is not None and sliding_window < 1:

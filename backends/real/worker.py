@@ -43,6 +43,22 @@ def kv_page_bytes(cfg: ModelConfig, dtype: torch.dtype, block_size: int) -> int:
     return kv_bytes_per_token(cfg, dtype) // cfg.num_hidden_layers * layers * block_size
 
 
+def kv_blocks_in_budget(budget: float, per_block: int, utilization: float, total: int) -> int:
+    """KV blocks a device's leftover budget holds; none is a start-up error naming gpu_memory_utilization.
+
+    (An engine that went on with 0 blocks captured its decode graphs over an empty pool: an illegal
+    memory access on an H200, seen with a second engine in the same process.)
+    """
+    n = int(budget // per_block) if budget > 0 else 0
+    if n < 1:
+        raise InvalidConfigError(
+            "gpu_memory_utilization", utilization,
+            f"a larger share, or less else on the device: at {utilization} of its {total / _GIB:.1f} GiB, the "
+            f"weights, the largest step's activations and other processes or engines leave "
+            f"{max(budget, 0.0) / _GIB:.3f} GiB for the KV cache, under one block ({per_block} bytes)")
+    return n
+
+
 class Worker:
     """Owns a device, the model on it and the KV cache tensors."""
 
@@ -166,7 +182,7 @@ class Worker:
             used_by_others = total - free - torch.cuda.memory_reserved(self.device)
             budget = (a.gpu_memory_utilization * total - used_by_others - torch.cuda.memory_allocated(self.device)
                       - self.peak_activation_bytes)
-            return max(int(budget // per_block), 0)
+            return kv_blocks_in_budget(budget, per_block, a.gpu_memory_utilization, total)
         if a.kv_cache_memory_gb <= 0:
             raise InvalidConfigError("kv_cache_memory_gb", a.kv_cache_memory_gb, "a number > 0")
         return max(int(a.kv_cache_memory_gb * _GIB // per_block), 1)

@@ -9,6 +9,7 @@ import torch
 
 from twinserve.backends.real.attention import AttentionMetadata, TorchPagedAttention
 from twinserve.kernels import ops
+from twinserve.kernels.checks import KernelArgumentError
 from twinserve.kernels.reference import gather_sequence_kv, ref_paged_attention
 from twinserve.kernels.testing import PagedBatch, make_paged_batch
 
@@ -116,3 +117,38 @@ def test_triton_rejects_a_zero_window(gen: torch.Generator) -> None:
     b = make_paged_batch([1], [4], num_kv_heads=1, group=1, head_dim=16, block_size=16, generator=gen)
     with pytest.raises(ValueError, match="sliding_window"):
         ops.paged_attention(*b.attention_args(), sliding_window=0)
+
+
+def free_outside_windows(b: PagedBatch, window: int) -> int:
+    """Write -1 (no block) into the table entries wholly before every query's window, as the KV manager
+    leaves them once it has freed those blocks; returns how many."""
+    bs = b.key_cache.shape[1]
+    starts = b.query_start_loc.tolist()
+    n = 0
+    for i, s in enumerate(b.seq_lens.tolist()):
+        first_needed = max(0, s - (starts[i + 1] - starts[i]) - window + 1) // bs
+        b.block_tables[i, :first_needed] = -1
+        n += first_needed
+    return n
+
+
+@pytest.mark.parametrize("split_kv", [False, True])
+def test_triton_window_takes_freed_entries_before_the_window(split_kv: bool, gen: torch.Generator) -> None:
+    # The engine's tables hold no block before a window once the KV manager freed them: the
+    # argument checks must accept those entries (they refused them, so every CPU Triton step of a
+    # sliding-window model died) and the kernel must not read them.
+    b = make_paged_batch(QUERY if not split_kv else [1] * 4, CONTEXT if not split_kv else [5, 33, 60, 47],
+                         num_kv_heads=2, group=2, head_dim=16, block_size=8, generator=gen)
+    window = 11
+    expected = ref_paged_attention(*b.attention_args(), sliding_window=window)
+    assert free_outside_windows(b, window) > 0
+    out = ops.paged_attention(*b.attention_args(), split_kv=split_kv, num_splits=3 if split_kv else None,
+                              sliding_window=window)
+    assert_close_rows(out, expected, b.num_real_tokens)
+
+
+def test_triton_window_still_refuses_a_missing_block_inside_the_window(gen: torch.Generator) -> None:
+    b = make_paged_batch([1], [40], num_kv_heads=1, group=1, head_dim=16, block_size=8, generator=gen)
+    b.block_tables[0, 3] = -1  # positions 24-31: inside a window of 20 ending at position 40
+    with pytest.raises(KernelArgumentError, match="outside"):
+        ops.paged_attention(*b.attention_args(), sliding_window=20)

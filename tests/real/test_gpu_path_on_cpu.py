@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from twinserve.backends.real.cuda_graphs import DecodeGraphs, graph_buckets
-from twinserve.backends.real.worker import profile_step_memory
+from twinserve.backends.real.worker import kv_blocks_in_budget, profile_step_memory
 from twinserve.core import SamplingParams
+from twinserve.core.errors import InvalidConfigError
 
 from .conftest import prompts_ids
 
@@ -57,3 +58,15 @@ def test_memory_profile_run_covers_prefill_decode_and_sampler_without_touching_t
     assert cache_bytes == 2 * cfg.num_hidden_layers * 48 * cfg.num_key_value_heads * cfg.head_dim * 8
     assert calls == [(4, cfg.vocab_size)]  # the sampler ran on the decode batch's logits
     assert all(torch.equal(a, k) for a, (k, _) in zip(before, w.runner.kv_caches))
+
+
+@pytest.mark.parametrize("budget", [-3.0e9, 0.0, 8191.0])
+def test_a_gpu_budget_under_one_block_is_a_start_up_error_naming_the_share(budget: float) -> None:
+    # With 0 blocks the engine went on and captured its graphs over an empty pool: an illegal
+    # memory access on an H200 (a second engine in the same process had taken the memory).
+    with pytest.raises(InvalidConfigError, match=r"gpu_memory_utilization=0\.3 .*under one block \(8192 bytes\)"):
+        kv_blocks_in_budget(budget, 8192, 0.3, 144 << 30)
+
+
+def test_a_gpu_budget_gives_whole_blocks() -> None:
+    assert kv_blocks_in_budget(8192 * 5 + 100, 8192, 0.9, 144 << 30) == 5
