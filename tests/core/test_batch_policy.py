@@ -14,10 +14,12 @@ from twinserve.core import ModelRunnerOutput, Request, SamplingParams, Scheduler
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.fake_executor import FakeExecutor
 from twinserve.core.sched.batch_policy import BATCH_POLICIES, PrefillFirst
+from twinserve.core.spec_decode import SpeculativeConfig
 
 from .helpers import Arrival, drive, make_request, reference_output
 from .test_scheduler_budget import _sampled, edge_workloads
 from .test_scheduler_properties import _fields, _limits_check, workloads
+from .test_spec_decode import spec_configs
 
 
 def _step(sched: Scheduler, t: float) -> dict[str, int]:
@@ -99,12 +101,15 @@ def test_an_unknown_policy_is_a_typed_error_naming_the_field_and_the_choices() -
     assert isinstance(Scheduler(SchedulerConfig(batch_policy="prefill_first")).batch_policy, PrefillFirst)
 
 
-def _lock_step_check(cfg: SchedulerConfig, done: set[str]):
-    """drive's check: the usual limits, and no step holds both a prompt chunk and a decode."""
-    limits = _limits_check(cfg, done)
+def _lock_step_check(cfg: SchedulerConfig, done: set[str] | None):
+    """drive's check: the usual limits (done=None: none, drafts count as computed), and no step
+    holds both a prompt chunk and a decode."""
+    limits = _limits_check(cfg, done) if done is not None else None
 
     def check(core, so, waiting_before):
-        limits(core, so, waiting_before)
+        if limits is not None:
+            limits(core, so, waiting_before)
+        assert so.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
         sched = core.scheduler
         cached = so.scheduled_cached_reqs
         kinds = {"prefill"} if so.scheduled_new_reqs else set()
@@ -130,6 +135,43 @@ def test_prefill_first_never_mixes_and_outputs_are_exact(w, cap) -> None:
         assert log.outputs[a.request.request_id] == expected
     kv = core.scheduler.kv
     assert kv.num_free_blocks == cfg.num_blocks and not kv.req_to_blocks
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), spec_configs())
+def test_prefill_first_with_speculation_never_mixes_and_outputs_are_exact(w, s) -> None:
+    # Drafts ride the decode steps; a prompt's last chunk holds the draft model's lookahead slots.
+    cfg, arrivals = w
+    spec, miss = s
+    cfg = SchedulerConfig(**{**_fields(cfg), "batch_policy": "prefill_first"})
+    core, log = drive(cfg, arrivals, check=_lock_step_check(cfg, None), spec=spec, draft_miss=miss)
+    ex = FakeExecutor(block_size=cfg.block_size)
+    for a in arrivals:
+        assert log.outputs[a.request.request_id] == reference_output(ex, a.request, cfg.max_model_len)
+    assert core.scheduler.kv.num_free_blocks == cfg.num_blocks
+
+
+def test_a_chunked_prompts_last_chunk_holds_the_draft_models_lookahead_slots() -> None:
+    spec = SpeculativeConfig(method="draft_model", model="d", num_speculative_tokens=3)
+    cfg = SchedulerConfig(max_num_batched_tokens=8, max_model_len=64, block_size=4, num_blocks=128,
+                          batch_policy="prefill_first")
+    checked: list[str] = []
+
+    def check(core, so, waiting_before):
+        sched = core.scheduler
+        for rid in so.num_scheduled_tokens:
+            req = sched.requests[rid]
+            nd = len(so.scheduled_spec_decode_tokens.get(rid, ()))
+            end = len(req.all_token_ids)
+            if req.num_computed_tokens == end + nd:  # this step samples: 3 slots past it for the draft
+                assert len(sched.kv.req_to_blocks[rid]) * cfg.block_size >= min(end + nd + 3, 64)
+                if not req.output_token_ids:
+                    checked.append(rid)  # a prompt's last chunk
+
+    # 11-13 token prompts in an 8-token budget: each ends in a running chunk, not at admission.
+    arrivals = [Arrival(0, make_request(f"r{i}", list(range(1, 12 + i)), 20)) for i in range(3)]
+    drive(cfg, arrivals, check=check, spec=spec, draft_miss=3)
+    assert len(checked) == 3
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
