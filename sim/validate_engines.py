@@ -9,7 +9,10 @@ The rows do not record their servers' flags, so a row runs with its engine's def
   prefills and mixes them with decodes.
 - SGLang 0.5.x: `ServerArgs` (python/sglang/srt/server_args.py) sets chunked_prefill_size by
   GPU memory: < 35 GiB 2048, < 160 GiB (H100, H200) 8192, else (B200, B300, GB200, GB300)
-  16384 (CUDA graphs to batch 256-512: not modelled, the engine profile prices a replayed step).
+  16384 (CUDA graphs to batch 256-512: not modelled, the engine profile prices a replayed step);
+  `max_prefill_tokens: int = 16384`, `enable_mixed_chunk: bool = False`, `schedule_policy = "fcfs"`.
+  Its scheduler runs prefill first and never mixes decodes into a prefill batch
+  (`Scheduler.get_next_batch_to_run`): batch_policy "prefill_first" (core/sched/batch_policy.py).
 - TensorRT-LLM (PyTorch backend, 1.x; the rows' 0.x versions are Dynamo's runtime images of it):
   `BuildConfig` max_num_tokens 8192, max_batch_size 2048; capacity scheduler
   GUARANTEED_NO_EVICT by default (docs: "Useful Runtime Options").
@@ -29,6 +32,8 @@ class EngineDefaults:
     max_num_batched_tokens: int
     max_num_seqs: int
     source: str
+    batch_policy: str = "mixed"  # SchedulerConfig.batch_policy
+    max_prefill_tokens: int = 0  # SchedulerConfig.max_prefill_tokens (0: no cap)
 
 
 def engine_defaults(backend: str, gpu_mem_bytes: float) -> EngineDefaults:
@@ -41,7 +46,9 @@ def engine_defaults(backend: str, gpu_mem_bytes: float) -> EngineDefaults:
     if backend == "sglang":
         chunk = 2048 if gib < 35 else 8192 if gib < 160 else 16384
         # max_running_requests comes from the KV pool's size: the pool bounds it here too.
-        return EngineDefaults(chunk, 4096, "python/sglang/srt/server_args.py chunked_prefill_size")
+        return EngineDefaults(chunk, 4096, "python/sglang/srt/server_args.py chunked_prefill_size, "
+                              "max_prefill_tokens; managers/scheduler.py get_next_batch_to_run",
+                              batch_policy="prefill_first", max_prefill_tokens=16384)
     if backend == "trtllm":
         return EngineDefaults(8192, 2048, "tensorrt_llm BuildConfig max_num_tokens / max_batch_size")
     raise ValueError(f"backend {backend!r}: known engines are vllm, sglang, trtllm")

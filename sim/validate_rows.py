@@ -348,6 +348,8 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     # The engine's own step budget on this GPU (sim/validate_engines.py; 8,192 tokens but SGLang's
     # 16,384 on B200-class), TensorRT-LLM's C++ runtime, vLLM V1's and SGLang's Python + CUDA graphs.
     s.max_num_batched_tokens = _engine_budget(str(row["backend"]), hw, s.max_num_batched_tokens)
+    # SGLang's lock step: prefill batches alone, first (sim/validate_engines.py).
+    s.batch_policy, s.max_prefill_tokens = _engine_batching(str(row["backend"]), hw)
     _set_workload(cfg.workload, conc, isl, osl, run_design(row, window))
     cfg.run.name = str(row["id"])
     ws = workers(row)
@@ -380,6 +382,15 @@ def _engine_budget(backend: str, hw: str, fallback: int) -> int:
         return engine_defaults(backend, get_hardware(hw).mem_bytes).max_num_batched_tokens
     except ValueError:
         return max(fallback, 8192)
+
+
+def _engine_batching(backend: str, hw: str) -> tuple[str, int]:
+    """The row's engine's batch policy and prefill cap (mixed, no cap for an engine not in the table)."""
+    try:
+        d = engine_defaults(backend, get_hardware(hw).mem_bytes)
+    except ValueError:
+        return "mixed", 0
+    return d.batch_policy, d.max_prefill_tokens
 
 
 def _routers() -> tuple[str, ...]:

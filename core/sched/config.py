@@ -8,6 +8,7 @@ from twinserve.core.errors import InvalidConfigError
 from twinserve.core.knobs import check_fields, knob
 from twinserve.core.kv.hashing import HASH_FUNCTIONS
 from twinserve.core.kv.host_policies import HOST_EVICTION_POLICIES
+from twinserve.core.sched.batch_policy import BATCH_POLICIES
 from twinserve.core.sched.policies import PREEMPTION_CHOICES, QUEUE_POLICIES
 
 
@@ -19,6 +20,7 @@ SCHEDULER_CHOICES: dict[str, tuple[str, ...]] = {
     "preemption": PREEMPTION_CHOICES,
     "prefix_caching_hash_algo": tuple(HASH_FUNCTIONS),
     "kv_offloading_policy": tuple(HOST_EVICTION_POLICIES),
+    "batch_policy": tuple(BATCH_POLICIES),
 }
 
 
@@ -47,6 +49,14 @@ class SchedulerConfig:
                        "first)", choices=lambda: tuple(QUEUE_POLICIES))
     preemption: str = knob("auto", help="preemption victim: the last admitted, the lowest priority, or "
                            "auto (follows policy)", choices=PREEMPTION_CHOICES)
+    # core/sched/batch_policy.py; prefill_first is SGLang's default scheduler (sim/validate_engines.py).
+    batch_policy: str = knob("mixed", help="what shares a step: mixed (prefill chunks beside decodes, as "
+                             "vLLM V1) or prefill_first (a step that can prefill runs only prefill, "
+                             "decodes wait; SGLang's default)", choices=lambda: tuple(BATCH_POLICIES))
+    max_prefill_tokens: int = knob(0, help="prefill_first: past a step's first request, one joins only if "
+                                   "its whole prompt fits in this less the step's tokens (SGLang's "
+                                   "max_prefill_tokens)", unit="tokens", range=(1, _INT32_MAX),
+                                   special={0: "no cap"})
     # 0 = strict order, which can starve requests forever.
     aging_interval_s: float = knob(30.0, help="against starvation: each interval waited raises a request "
                                    "one priority level", unit="seconds", range=(0.0, 1e9),

@@ -1,7 +1,8 @@
 """Iteration-level scheduler in the shape of vLLM v1: one token budget, no phases.
 
 Running requests get tokens first, then waiting ones are admitted; chunked prefill, mixed
-batches and prefix-cache skips all fall out of num_computed_tokens.
+batches and prefix-cache skips all fall out of num_computed_tokens. The batch policy
+(core/sched/batch_policy.py) may instead keep prefill and decode in separate steps (SGLang).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import itertools
 from typing import Iterable, Sequence
 
 from twinserve.core.errors import InvalidRequestError, PromptTooLongError
-from twinserve.core.kv.block_pool import KVCacheBlock
 from twinserve.core.kv.host_tier import HostTier
 from twinserve.core.kv.kv_cache_manager import KVCacheManager
 from twinserve.core.kv.tier_tables import TierHits
@@ -18,62 +18,12 @@ from twinserve.core.request import FINISH_STATUS, FinishReason, Request, Request
 from twinserve.core.sched.config import SchedulerConfig
 from twinserve.core.sched.output import (CachedRequestData, EngineCoreOutput, NewRequestData,
                      SchedulerOutput)
+from twinserve.core.sched.batch_policy import make_batch_policy
 from twinserve.core.sched.policies import make_preemption_policy, make_queue
 from twinserve.core.sched.update import OutputUpdate
+from twinserve.core.sched.step_parts import (_NO_BLOCKS, _NO_IDS, _block_ids, _chunk, _draft_len,
+                                             _fast_decode_limit, _lookahead, _refresh_fast_decode_limit)
 from twinserve.core.spec_decode import SpecDecodeStats, SpeculativeConfig
-
-# Shared: executors must not mutate it.
-_NO_IDS: tuple[int, ...] = ()
-_NO_BLOCKS: list[KVCacheBlock] = []
-
-
-def _block_ids(blocks: list[KVCacheBlock]) -> Sequence[int]:
-    if not blocks:
-        return _NO_IDS
-    if len(blocks) == 1:
-        return [blocks[0].block_id]
-    return [b.block_id for b in blocks]
-
-
-def _fast_decode_limit(kv: KVCacheManager, rid: str) -> int:
-    """Request.fast_decode_limit, mirroring allocate_slots' no-op case."""
-    bs = kv.block_size
-    limit = len(kv.req_to_blocks[rid]) * bs
-    if kv.enable_caching:
-        registered = (kv.num_cached_blocks[rid] + 1) * bs - 1
-        if registered < limit:
-            return registered
-    return limit
-
-
-def _refresh_fast_decode_limit(kv: KVCacheManager, req: Request) -> int:
-    limit = req.fast_decode_limit = _fast_decode_limit(kv, req.request_id)
-    return limit
-
-
-def _draft_len(req: Request, room: int) -> int:
-    """Drafts to verify this step: within room and the length limit."""
-    k = len(req.spec_token_ids)
-    limit = req.stop_check_len - len(req.all_token_ids) - 1
-    if limit < k:
-        k = limit
-    return k if k < room else room
-
-
-def _lookahead(req: Request, end: int, lookahead: int, max_model_len: int) -> int:
-    """Lookahead slots for a step that computes up to `end`: only when it samples (reaches the
-    last token), and never past max_model_len."""
-    if not lookahead or end != len(req.all_token_ids):
-        return 0
-    room = max_model_len - end
-    return lookahead if lookahead < room else max(room, 0)
-
-
-def _chunk(num_new: int, threshold: int, budget: int) -> int:
-    """Tokens this step, capped by the long-prefill threshold and the budget."""
-    if 0 < threshold < num_new:
-        num_new = threshold
-    return num_new if num_new < budget else budget
 
 
 class Scheduler(OutputUpdate):
@@ -103,6 +53,7 @@ class Scheduler(OutputUpdate):
         self.loaded: list[Request] = []
         self.waiting = make_queue(config.policy, config.aging_interval_s, config.max_model_len)
         self.preemption_policy = make_preemption_policy(config.preemption, config.policy)
+        self.batch_policy = make_batch_policy(config.batch_policy)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.finished_req_ids: set[str] = set()
@@ -207,13 +158,19 @@ class Scheduler(OutputUpdate):
 
     # ------------------------------------------------------------------ schedule
     def schedule(self, now: float) -> SchedulerOutput:
-        """Pick this step's batch."""
+        """Pick this step's batch; the batch policy decides whether prefill and decode share it."""
+        return self.batch_policy.schedule(self, now)
+
+    def schedule_batch(self, now: float, running: list[Request] | None = None,
+                       admit: bool = True) -> SchedulerOutput:
+        """A mixed step: `running` (default all running requests, in order) first, then admissions."""
         cfg = self.config
         budget = cfg.max_num_batched_tokens
         threshold = cfg.long_prefill_token_threshold
         kv = self.kv
         allocate = kv.allocate_slots
-        running = self.running
+        if running is None:
+            running = self.running
         c_ids: list[str] = []
         c_computed: list[int] = []
         preempted: list[str] = []
@@ -340,28 +297,41 @@ class Scheduler(OutputUpdate):
             i += 1
 
         new_reqs: list[NewRequestData] = []
-        if not preempted:
+        if preempted:
+            if running is not self.running:  # a sub-list lost its victims: so does running
+                self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        elif admit:
             budget = self._admit(now, budget, num_scheduled, new_reqs, lookahead)
+        return self.emit_step(new_reqs, CachedRequestData(c_ids, c_blocks, c_computed), num_scheduled,
+                              cfg.max_num_batched_tokens - budget, preempted, spec_tokens)
 
-        total = cfg.max_num_batched_tokens - budget
+    def emit_step(self, new_reqs: list[NewRequestData], cached: CachedRequestData,
+                  num_scheduled: dict[str, int], total: int, preempted: list[str],
+                  spec_tokens: dict[str, list[int]]) -> SchedulerOutput:
+        """The step's SchedulerOutput, with what happened since the last one (finished, trimmed, transfers)."""
         self._in_flight = num_scheduled
         finished = self.finished_req_ids
         self.finished_req_ids = set()
         dropped = self._dropped
         self._dropped = {}
-        so = SchedulerOutput(new_reqs, CachedRequestData(c_ids, c_blocks, c_computed),
-                             num_scheduled, total, preempted, finished, spec_tokens, dropped)
+        so = SchedulerOutput(new_reqs, cached, num_scheduled, total, preempted, finished, spec_tokens, dropped)
+        kv = self.kv
         if kv.host is not None:
             so.kv_stores, so.kv_loads = kv.take_transfers()
         # Same order as running, so equal counts mean all were taken.
+        running = self.running
         whole = len(num_scheduled) == len(running)
         self._whole_batch = so if whole else None
         self._whole_batch_len = len(running)
         return so
 
     def _admit(self, now: float, budget: int, num_scheduled: dict[str, int],
-               new_reqs: list[NewRequestData], lookahead: int = 0) -> int:
-        """Admit waiting requests while budget, seats and blocks allow; the budget left."""
+               new_reqs: list[NewRequestData], lookahead: int = 0, prefill_cap: int = 0) -> int:
+        """Admit waiting requests while budget, seats and blocks allow; the budget left.
+
+        prefill_cap > 0: past the step's first request, one joins only if its whole prompt fits in
+        prefill_cap less the step's tokens (SGLang's max_prefill_tokens; batch_policy.py).
+        """
         cfg = self.config
         kv = self.kv
         waiting = self.waiting
@@ -377,6 +347,8 @@ class Scheduler(OutputUpdate):
             else:
                 hits, num_hit = kv.get_computed_blocks(req)
             num_new = req.num_tokens - done - num_hit
+            if prefill_cap and num_scheduled and num_new >= prefill_cap - (cfg.max_num_batched_tokens - budget):
+                break
             if cfg.enable_chunked_prefill:
                 if 0 < threshold < num_new:
                     num_new = threshold

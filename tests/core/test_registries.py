@@ -9,6 +9,7 @@ import pytest
 from twinserve.core import InvalidConfigError, SchedulerConfig
 from twinserve.core.kv.hashing import HASH_FUNCTIONS
 from twinserve.core.kv.host_policies import HOST_EVICTION_POLICIES
+from twinserve.core.sched.batch_policy import BATCH_POLICIES, make_batch_policy
 from twinserve.core.routing import ROUTERS, UnknownRouterError, make_router
 from twinserve.core.sched.config import SCHEDULER_CHOICES
 from twinserve.core.sched.policies import (PREEMPTION_CHOICES, PREEMPTION_POLICIES, QUEUE_POLICIES,
@@ -21,7 +22,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "policies.md"
 
 def test_every_registered_name_is_described_in_the_docs() -> None:
     text = DOC.read_text()
-    names = [*QUEUE_POLICIES, *PREEMPTION_CHOICES, *ROUTERS, *HASH_FUNCTIONS]
+    names = [*QUEUE_POLICIES, *PREEMPTION_CHOICES, *ROUTERS, *HASH_FUNCTIONS, *BATCH_POLICIES]
     missing = [n for n in names if f"`{n}`" not in text]
     assert not missing, f"docs/policies.md does not describe {missing}"
 
@@ -37,12 +38,15 @@ def test_each_registry_builds_what_its_name_says() -> None:
     assert type(make_preemption_policy("auto", "fcfs")) is PREEMPTION_POLICIES["last"]
     for name in ROUTERS:
         assert make_router(name).name == name
+    for name in BATCH_POLICIES:
+        assert make_batch_policy(name).name == name
     assert SCHEDULER_CHOICES == {"policy": tuple(QUEUE_POLICIES), "preemption": PREEMPTION_CHOICES,
                                  "prefix_caching_hash_algo": tuple(HASH_FUNCTIONS),
-                                 "kv_offloading_policy": tuple(HOST_EVICTION_POLICIES)}
+                                 "kv_offloading_policy": tuple(HOST_EVICTION_POLICIES),
+                                 "batch_policy": tuple(BATCH_POLICIES)}
 
 
-@pytest.mark.parametrize("field", ["policy", "preemption", "prefix_caching_hash_algo"])
+@pytest.mark.parametrize("field", ["policy", "preemption", "prefix_caching_hash_algo", "batch_policy"])
 def test_a_name_outside_the_registry_is_a_typed_error_listing_the_registry(field: str) -> None:
     with pytest.raises(InvalidConfigError, match=", ".join(repr(c) for c in SCHEDULER_CHOICES[field])):
         SchedulerConfig(**{field: "nonesuch"})

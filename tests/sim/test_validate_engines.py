@@ -47,6 +47,23 @@ def test_a_rows_study_gets_its_engines_budget_on_its_gpu(system: str, backend: s
     assert cfg.scheduler.max_num_seqs >= int(r["concurrency"])
 
 
+@pytest.mark.parametrize("backend, policy, cap", [
+    # SGLang's scheduler runs prefill batches alone, first (scheduler.py get_next_batch_to_run;
+    # enable_mixed_chunk False), max_prefill_tokens 16384 (server_args.py); vLLM V1 and
+    # TensorRT-LLM's in-flight batching mix context and generation in one batch.
+    ("sglang", "prefill_first", 16384), ("vllm", "mixed", 0), ("trtllm", "mixed", 0),
+])
+def test_a_rows_study_gets_its_engines_batch_policy(backend: str, policy: str, cap: int) -> None:
+    d = engine_defaults(backend, 141 * GIB)
+    assert (d.batch_policy, d.max_prefill_tokens) == (policy, cap)
+    pytest.importorskip("aiconfigurator_core")
+    rows = load_rows()
+    r = rows[(rows["model"] == "Qwen3-32B") & (rows["mode"] == "agg")].iloc[0].copy()
+    r["system"], r["backend"] = "h200_sxm", backend
+    s = row_study(pd.Series(r)).scheduler
+    assert (s.batch_policy, s.max_prefill_tokens) == (policy, cap)
+
+
 def test_frontend_latency_per_engine_and_none_for_an_unknown_one() -> None:
     assert set(FRONTEND_LATENCY_S) == {"vllm", "sglang", "trtllm"}
     assert all(0.0 < v < 0.5 for v in FRONTEND_LATENCY_S.values())

@@ -1,0 +1,216 @@
+"""Batch policies: `prefill_first` (SGLang's lock step) never puts a decode beside a prefill.
+
+The exact schedules of a small scenario pin the policy; random workloads (the KV-modelling
+executor of tests/core/helpers.drive) hold its invariants: a step is all prefill or all decode,
+the budget holds, outputs are exact, every block comes back.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from twinserve.core import ModelRunnerOutput, Request, SamplingParams, Scheduler, SchedulerConfig
+from twinserve.core.errors import InvalidConfigError
+from twinserve.core.fake_executor import FakeExecutor
+from twinserve.core.sched.batch_policy import BATCH_POLICIES, PrefillFirst
+from twinserve.core.spec_decode import SpeculativeConfig
+
+from .helpers import Arrival, drive, make_request, reference_output
+from .test_scheduler_budget import _sampled, edge_workloads
+from .test_scheduler_properties import _fields, _limits_check, workloads
+from .test_spec_decode import spec_configs
+
+
+def _step(sched: Scheduler, t: float) -> dict[str, int]:
+    """One step with one sampled token for every request that reached its end."""
+    so = sched.schedule(t)
+    tokens = {rid: [5] for rid in so.num_scheduled_tokens
+              if sched.requests[rid].num_computed_tokens == sched.requests[rid].num_tokens}
+    sched.update_from_output(so, ModelRunnerOutput(tokens), t + 0.5)
+    return dict(so.num_scheduled_tokens)
+
+
+def _scenario(policy: str) -> list[dict[str, int]]:
+    """r0 decodes; r1 (12 tokens, budget 8) arrives at step 2; both decode after."""
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=8, max_num_seqs=4, max_model_len=64,
+                                      block_size=4, num_blocks=64, batch_policy=policy))
+    sched.add_request(Request("r0", [1, 2, 3, 4], SamplingParams(max_tokens=10)))
+    steps = [_step(sched, 0.0), _step(sched, 1.0)]
+    sched.add_request(Request("r1", list(range(10, 22)), SamplingParams(max_tokens=10)))
+    steps += [_step(sched, float(t)) for t in range(2, 5)]
+    return steps
+
+
+def test_prefill_first_runs_a_chunked_prompt_alone_then_decodes_resume() -> None:
+    assert _scenario("prefill_first") == [
+        {"r0": 4}, {"r0": 1},
+        {"r1": 8},  # the new prompt's first chunk: r0's decode waits
+        {"r1": 4},  # its last chunk, still alone
+        {"r0": 1, "r1": 1},  # nothing left to prefill: every running request decodes
+    ]
+    # The old (and default) policy mixes the same requests in the same budget.
+    assert _scenario("mixed") == [{"r0": 4}, {"r0": 1}, {"r0": 1, "r1": 7}, {"r0": 1, "r1": 5},
+                                  {"r0": 1, "r1": 1}]
+
+
+def test_waiting_requests_fill_the_rest_of_a_continued_chunk_within_the_budget() -> None:
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=8, max_num_seqs=4, max_model_len=64,
+                                      block_size=4, num_blocks=64, batch_policy="prefill_first"))
+    sched.add_request(Request("a", list(range(1, 11)), SamplingParams(max_tokens=4)))
+    sched.add_request(Request("b", list(range(20, 25)), SamplingParams(max_tokens=4)))
+    sched.add_request(Request("c", list(range(30, 33)), SamplingParams(max_tokens=4)))
+    # a's 10 tokens: 8 now; then its last 2 and b's 5, c's first 1 (SGLang: chunked request first).
+    assert [_step(sched, float(t)) for t in range(4)] == [
+        {"a": 8}, {"a": 2, "b": 5, "c": 1}, {"c": 2}, {"a": 1, "b": 1, "c": 1}]
+
+
+def _capped(cap: int) -> list[dict[str, int]]:
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=4, max_model_len=64, block_size=4,
+                                      num_blocks=64, batch_policy="prefill_first", max_prefill_tokens=cap))
+    sched.add_request(Request("a", list(range(1, 11)), SamplingParams(max_tokens=3)))
+    sched.add_request(Request("b", list(range(20, 28)), SamplingParams(max_tokens=3)))
+    sched.add_request(Request("c", [1, 2], SamplingParams(max_tokens=3)))
+    return [_step(sched, float(t)) for t in range(3)]
+
+
+def test_max_prefill_tokens_keeps_a_prompt_that_does_not_fit_whole_for_the_next_step() -> None:
+    # SGLang on B200: chunked_prefill_size = max_prefill_tokens = 16384; here 16 and 16.
+    assert _capped(16) == [{"a": 10}, {"b": 8, "c": 2}, {"a": 1, "b": 1, "c": 1}]  # b's 8 >= 16 - 10
+    assert _capped(0) == [{"a": 10, "b": 6}, {"b": 2, "c": 2}, {"a": 1, "b": 1, "c": 1}]  # chunked instead
+    assert _capped(24) == _capped(0)  # b's 8 < 24 - 10: it joins, chunked by the budget
+
+
+def test_a_seat_cap_lets_decodes_run_while_requests_wait() -> None:
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=1, max_model_len=64,
+                                      block_size=4, num_blocks=64, batch_policy="prefill_first"))
+    sched.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=2)))
+    sched.add_request(Request("b", [4, 5, 6], SamplingParams(max_tokens=2)))
+    # b cannot be admitted (one seat), so a decodes to its end; then b prefills.
+    assert [_step(sched, float(t)) for t in range(4)] == [{"a": 3}, {"a": 1}, {"b": 3}, {"b": 1}]
+
+
+def test_an_unknown_policy_is_a_typed_error_naming_the_field_and_the_choices() -> None:
+    try:
+        SchedulerConfig(batch_policy="decode_first")
+    except InvalidConfigError as e:
+        assert "batch_policy" in str(e) and "'mixed', 'prefill_first'" in str(e)
+    else:
+        raise AssertionError("batch_policy='decode_first' was accepted")
+    assert set(BATCH_POLICIES) == {"mixed", "prefill_first"}
+    assert isinstance(Scheduler(SchedulerConfig(batch_policy="prefill_first")).batch_policy, PrefillFirst)
+
+
+def _lock_step_check(cfg: SchedulerConfig, done: set[str] | None):
+    """drive's check: the usual limits (done=None: none, drafts count as computed), and no step
+    holds both a prompt chunk and a decode."""
+    limits = _limits_check(cfg, done) if done is not None else None
+
+    def check(core, so, waiting_before):
+        if limits is not None:
+            limits(core, so, waiting_before)
+        assert so.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
+        sched = core.scheduler
+        cached = so.scheduled_cached_reqs
+        kinds = {"prefill"} if so.scheduled_new_reqs else set()
+        for rid, computed in zip(cached.req_ids, cached.num_computed_tokens):
+            req = sched.requests[rid]
+            # As before the step: a decode had output and one token left to compute.
+            decode = req.output_token_ids and len(req.all_token_ids) - computed == 1
+            kinds.add("decode" if decode else "prefill")
+        assert len(kinds) <= 1, f"a step mixed prefill and decode: {dict(so.num_scheduled_tokens)}"
+    return check
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.sampled_from([0, 0, 8, 40]))
+def test_prefill_first_never_mixes_and_outputs_are_exact(w, cap) -> None:
+    cfg, arrivals = w
+    cfg = SchedulerConfig(**{**_fields(cfg), "batch_policy": "prefill_first", "max_prefill_tokens": cap})
+    done: set[str] = set()
+    core, log = drive(cfg, arrivals, check=_lock_step_check(cfg, done))
+    ex = FakeExecutor(block_size=cfg.block_size)
+    for a in arrivals:
+        expected = reference_output(ex, a.request, cfg.max_model_len)
+        assert log.outputs[a.request.request_id] == expected
+    kv = core.scheduler.kv
+    assert kv.num_free_blocks == cfg.num_blocks and not kv.req_to_blocks
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), spec_configs())
+def test_prefill_first_with_speculation_never_mixes_and_outputs_are_exact(w, s) -> None:
+    # Drafts ride the decode steps; a prompt's last chunk holds the draft model's lookahead slots.
+    cfg, arrivals = w
+    spec, miss = s
+    cfg = SchedulerConfig(**{**_fields(cfg), "batch_policy": "prefill_first"})
+    core, log = drive(cfg, arrivals, check=_lock_step_check(cfg, None), spec=spec, draft_miss=miss)
+    ex = FakeExecutor(block_size=cfg.block_size)
+    for a in arrivals:
+        assert log.outputs[a.request.request_id] == reference_output(ex, a.request, cfg.max_model_len)
+    assert core.scheduler.kv.num_free_blocks == cfg.num_blocks
+
+
+def test_a_chunked_prompts_last_chunk_holds_the_draft_models_lookahead_slots() -> None:
+    spec = SpeculativeConfig(method="draft_model", model="d", num_speculative_tokens=3)
+    cfg = SchedulerConfig(max_num_batched_tokens=8, max_model_len=64, block_size=4, num_blocks=128,
+                          batch_policy="prefill_first")
+    checked: list[str] = []
+
+    def check(core, so, waiting_before):
+        sched = core.scheduler
+        for rid in so.num_scheduled_tokens:
+            req = sched.requests[rid]
+            nd = len(so.scheduled_spec_decode_tokens.get(rid, ()))
+            end = len(req.all_token_ids)
+            if req.num_computed_tokens == end + nd:  # this step samples: 3 slots past it for the draft
+                assert len(sched.kv.req_to_blocks[rid]) * cfg.block_size >= min(end + nd + 3, 64)
+                if not req.output_token_ids:
+                    checked.append(rid)  # a prompt's last chunk
+
+    # 11-13 token prompts in an 8-token budget: each ends in a running chunk, not at admission.
+    arrivals = [Arrival(0, make_request(f"r{i}", list(range(1, 12 + i)), 20)) for i in range(3)]
+    drive(cfg, arrivals, check=check, spec=spec, draft_miss=3)
+    assert len(checked) == 3
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(edge_workloads(), st.data())
+def test_prefill_first_steps_never_exceed_the_budget(w, data) -> None:
+    cfg, reqs = w
+    cfg = SchedulerConfig(**{**_fields(cfg), "batch_policy": "prefill_first"})
+    sched = Scheduler(cfg)
+    for step in range(40):
+        for i, (at, n, m) in enumerate(reqs):
+            if at == step:
+                sched.add_request(Request(f"r{i}", [1 + i % 3] * n, SamplingParams(max_tokens=m)))
+        so = sched.schedule(float(step))
+        scheduled = sum(so.num_scheduled_tokens.values())
+        assert scheduled <= cfg.max_num_batched_tokens, f"step {step}: {scheduled} tokens"
+        assert so.total_num_scheduled_tokens == scheduled
+        sched.update_from_output(so, _sampled(sched, so, data), float(step) + 0.5)
+
+
+def test_a_pool_too_small_for_two_prompts_still_finishes_under_prefill_first() -> None:
+    # Two chunked prompts hold the pool between them and both need more: only preemption frees room.
+    cfg = SchedulerConfig(max_num_batched_tokens=16, long_prefill_token_threshold=8, max_num_seqs=4,
+                          max_model_len=40, block_size=4, num_blocks=10, batch_policy="prefill_first")
+    arrivals = [Arrival(0, make_request(f"r{i}", list(range(10 * i, 10 * i + 30)), 8)) for i in range(2)]
+    core, log = drive(cfg, arrivals, max_steps=500)
+    ex = FakeExecutor(block_size=4)
+    for a in arrivals:
+        assert log.outputs[a.request.request_id] == reference_output(ex, a.request, 40)
+    assert core.scheduler.num_preemptions > 0
+
+
+def test_a_prompt_waiting_for_kv_room_is_not_overtaken_by_a_newcomer() -> None:
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=16, long_prefill_token_threshold=8,
+                                      max_num_seqs=4, max_model_len=40, block_size=4, num_blocks=11,
+                                      batch_policy="prefill_first"))
+    for i in range(2):
+        sched.add_request(Request(f"r{i}", list(range(10 * i, 10 * i + 30)), SamplingParams(max_tokens=8)))
+    assert [_step(sched, float(t)) for t in range(2)] == [{"r0": 8, "r1": 8}, {"r0": 8, "r1": 8}]
+    sched.add_request(Request("late", [1, 2, 3], SamplingParams(max_tokens=2)))
+    # r0 takes 2 of the 3 free blocks; r1 needs 2 and waits; the one left is kept for it.
+    assert _step(sched, 2.0) == {"r0": 8}
+    assert "late" not in sched.requests or sched.requests["late"].num_computed_tokens == 0
