@@ -1,9 +1,9 @@
 """`simulate validate` under two what-ifs, for before/after figures (docs/validate-accuracy.md).
 
 --mixed: every engine's rows with batch_policy "mixed" and no prefill cap (the code before SGLang's
-lock step was modelled: sim/validate_engines.py). --exact-gap-lengths: the gap-analysis rows
-(harness aic_gap) run the benchmark design (10 N requests, all counted) at exact ISL/OSL instead of
-lengths on [0.8 L, L]. Every other argument goes to `simulate validate`:
+lock step was modelled: sim/validate_engines.py). --spread-gap-lengths: the gap-analysis rows
+(harness aic_gap) draw lengths on [0.8 L, L] as InferenceX's do (the protocol before Dec 4; they
+now run at exact ISL/OSL). Every other argument goes to `simulate validate`:
 
     python experiments/validate_variants.py --mixed -- --silicon --rows dev --backend sglang --out before
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 
 from twinserve.sim import validate_protocol as vp
 from twinserve.sim import validate_rows
@@ -23,19 +22,18 @@ def main(argv: list[str] | None = None) -> int:
     """Apply the what-ifs, then run `simulate validate` with the remaining arguments."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--mixed", action="store_true", help="every engine mixes prefill and decode (no lock step)")
-    p.add_argument("--exact-gap-lengths", action="store_true",
-                   help="gap-analysis rows at exact ISL/OSL in the benchmark design")
+    p.add_argument("--spread-gap-lengths", action="store_true",
+                   help="gap-analysis rows with lengths on [0.8 L, L] (the protocol before Dec 4)")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of `simulate validate` (after --)")
     args = p.parse_args(argv)
     if args.mixed:
         validate_rows._engine_batching = lambda backend, hw: ("mixed", 0)
-    if args.exact_gap_lengths:
-        exact = replace(vp.BENCHMARK, name="benchmark-exact", length_low=1.0)
+    if args.spread_gap_lengths:
         design = validate_rows.run_design
 
         def run_design(row, window=vp.DEFAULT_WINDOW):
             d = design(row, window)
-            return exact if d is vp.BENCHMARK and vp.harness(row) == vp.AIC_GAP else d
+            return vp.BENCHMARK if d is vp.GAP_BENCHMARK else d
 
         validate_rows.run_design = run_design  # the study's lengths; the counts are the same
     rest = [a for a in args.rest if a != "--"]

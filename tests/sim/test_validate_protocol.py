@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from twinserve.sim.validate import simulate_row, window_means
 from twinserve.sim.validate_cli import FilterError, within_clients
-from twinserve.sim.validate_protocol import (AIC_GAP, BENCHMARK, INFERENCEX, STEADY, WINDOWS, harness,
-                                             run_design)
+from twinserve.sim.validate_protocol import (AIC_GAP, BENCHMARK, GAP_BENCHMARK, INFERENCEX, STEADY, WINDOWS,
+                                             harness, run_design)
 from twinserve.sim.validate_rows import design_counts, load_rows, request_counts, row_study
 
 pytest.importorskip("aiconfigurator_core", reason="the measured rows ship in aiconfigurator-core (extra 'aic')")
@@ -52,6 +52,17 @@ def test_benchmark_window_is_inferencex_benchmark_serving(rows: pd.DataFrame) ->
         run_design(_row(rows, AGG_70B), "median")
     assert WINDOWS == ("benchmark", "benchmark-full", "steady")
     assert run_design(_row(rows, AGG_70B), "benchmark-full") is BENCHMARK
+
+
+def test_gap_analysis_rows_run_the_same_counts_at_exact_lengths(rows: pd.DataFrame) -> None:
+    # Chosen on the development rows (sim/validate_protocol.py): exact ISL/OSL, 10 N requests, all counted.
+    gap = _row(rows, QWEN_GAP)
+    for window in ("benchmark", "benchmark-full"):
+        assert run_design(gap, window) is GAP_BENCHMARK
+    assert run_design(gap, "steady") is STEADY
+    w = row_study(gap, window="benchmark").workload
+    assert (w.prompt_dist, w.prompt_max, w.output_dist, w.output_max) == ("fixed", 2000, "fixed", 500)
+    assert (w.concurrency, w.warmup_requests, w.num_requests) == (1, 0, 10)
 
 
 @given(st.integers(1, 100_000), st.sampled_from([BENCHMARK, STEADY]))
