@@ -176,3 +176,53 @@ def test_a_window_request_computing_before_its_load_lands_reads_stale_kv(monkeyp
     monkeypatch.setattr(Scheduler, "_admit_loading", eager)
     with pytest.raises(ContractViolation, match="holds"):
         drive(_cfg(((0, 3), 0), 64), _sessions(3, 3, 28, 40), load_delay=1)
+
+
+def _stores_hold_their_keys_kv(core, so, waiting_before) -> None:
+    """Every block stored this step holds the KV its host key names: verified tokens only, its own group."""
+    ex = core.executor
+    by_slot = {slot: key for slot, key in core.scheduler.kv.host.entries.values()}
+    for block_id, slot in so.kv_stores:
+        key = by_slot[slot]
+        group = 0
+        if key.extra_keys and key.extra_keys[0] == "kv_group":
+            group, key = key.extra_keys[1], key.parent
+        chain = []
+        while key is not None:
+            chain.append(key.token_ids)
+            key = key.parent
+        ids = ex.kv.prefix_ids([t for block in reversed(chain) for t in block], [])[-BS:]
+        want = ids if not group else [(group, p) for p in ids]
+        assert ex.kv.slots.get(block_id) == want, f"stored block {block_id} holds KV its key does not name"
+
+
+@pytest.mark.parametrize("layout", [((), 0), ((0, 3), 0)])
+def test_drafts_are_never_stored_unverified(layout):
+    # Drafts miss often (draft_miss=2) and sessions overflow the pool: blocks holding rejected drafts are
+    # written and dropped; every block the tier stores holds verified tokens' KV.
+    arrivals = _sessions(3, 3, 22, 30, max_tokens=12)
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=3)
+    core, log = drive(_cfg(layout, 64, num_blocks=14 * max(1, len(layout[0]))), arrivals, spec=spec, draft_miss=2,
+                      check=_stores_hold_their_keys_kv)
+    stats = core.scheduler.kv.host.stats
+    assert stats.blocks_stored > 0 and stats.blocks_loaded > 0
+    assert core.scheduler.spec_stats.num_draft_tokens > core.scheduler.spec_stats.num_accepted_tokens > 0
+    ref = FakeExecutor(block_size=BS)
+    for a in arrivals:
+        assert log.outputs[a.request.request_id] == reference_output(ref, a.request, 128)
+
+
+def test_registering_drafts_before_verification_stores_unverified_kv(monkeypatch):
+    # Planted bug: drafted blocks are keyed when allocated, before verification (rejected drafts' KV
+    # then sits under a key and is stored to the host when evicted).
+    original = KVCacheManager.allocate_slots
+
+    def eager(self, request, num_new_tokens, *args, num_draft_tokens=0, **kw):
+        keep = num_draft_tokens if self.is_loading(request.request_id) or request.num_computed_tokens == 0 else 0
+        return original(self, request, num_new_tokens, *args, num_draft_tokens=keep, **kw)
+
+    monkeypatch.setattr(KVCacheManager, "allocate_slots", eager)
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=3)
+    with pytest.raises(AssertionError, match="holds KV its key does not name"):
+        drive(_cfg(((), 0), 64, num_blocks=14), _sessions(3, 3, 22, 30, max_tokens=12), spec=spec,
+              draft_miss=2, check=_stores_hold_their_keys_kv)
