@@ -88,7 +88,7 @@ class KVCacheManager(GroupTables, TierTables):
         self._chains = self.pool.chains  # root key value -> PendingChain
         self.pending_requests: dict[str, PendingChain] = {}
         self._contested: set[int] = set()  # keys taken from another block
-        # The host tier (None: off); full attention in one group only (tier_tables).
+        # The host tier (None: off); every KV group and window (tier_tables).
         self._init_tier(host_tier)
 
     @property
