@@ -159,10 +159,11 @@ class HostTier:
     def pin_many(self, keys: list[BlockHash]) -> None:
         """pin() each key's entry, in order."""
         pins = self.pins
+        get = pins.get
         access = self._access
         for key in keys:
-            value = key.value
-            pins[value] = pins.get(value, 0) + 1
+            value = key[0]
+            pins[value] = get(value, 0) + 1
             access(value)
         self.stats.blocks_loaded += len(keys)
 
