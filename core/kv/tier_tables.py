@@ -95,36 +95,44 @@ class TierTables:
         """hits continued into the host tier (a TierHits) where it holds the next blocks."""
         get = self.host.entries.get
         hashes = request.block_hashes
-        key_of = self._key
         hash_fn = self.hash_fn
         tokens = request.all_token_ids
         bs = self.block_size
-        out = None
+        host = None
+        n = len(hashes)
+        # KVCacheManager._key and HostTier.lookup inlined (hot path: every block a hit loads).
         for i in range(len(hits), max_blocks):
-            if i and i == len(hashes):
-                # KVCacheManager._key's new-key case inlined (hot path; block 0 may carry a salt).
+            if i < n:
+                key = hashes[i]
+                if key[1] is not parent:
+                    key = self._key(request, hashes, i, parent)  # relinked to parent's object
+            elif i:
                 block_tokens = tuple(tokens[i * bs:(i + 1) * bs])
-                key = _new_key(BlockHash, (hash_fn(None if parent is None else parent.value, block_tokens, None),
+                key = _new_key(BlockHash, (hash_fn(None if parent is None else parent[0], block_tokens, None),
                                            parent, block_tokens, None))
                 hashes.append(key)
+                n += 1
             else:
-                key = key_of(request, hashes, i, parent)
-            # HostTier.lookup inlined (hot path).
-            entry = get(key.value)
+                key = self._key(request, hashes, 0, None)  # block 0 may carry a salt
+                n = len(hashes)
+            entry = get(key[0])
             if entry is None:
                 break
             stored = entry[1]
-            if stored is not key and (stored.token_ids != key.token_ids or stored.extra_keys != key.extra_keys
-                                      or not (stored.parent is parent or stored.parent == parent)):
-                break  # a colliding value names another prefix
-            hashes[i] = stored  # children chain to the stored key object
-            if out is None:
-                out = TierHits(hits)
-                out.host = []
-            out.append(HOST_HIT)
-            out.host.append(entry)
+            if stored is not key:
+                if stored[2] != key[2] or stored[3] != key[3] or not (stored[1] is parent or stored[1] == parent):
+                    break  # a colliding value names another prefix
+                hashes[i] = stored  # children chain to the stored key object
+            if host is None:
+                host = []
+            host.append(entry)
             parent = stored
-        return hits if out is None else out
+        if host is None:
+            return hits
+        out = TierHits(hits)
+        out.extend([HOST_HIT] * len(host))
+        out.host = host
+        return out
 
     def _drain_evicted(self) -> None:
         """Queue a store for each full block the pool evicted (dropped when the tier has it)."""
