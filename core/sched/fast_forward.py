@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
+from twinserve.core.kv.group_tables import _new_key
+from twinserve.core.kv.hashing import BlockHash
 from twinserve.core.request import FINISH_STATUS, FinishReason, Request
 from twinserve.core.sched.scheduler import Scheduler
 
@@ -221,6 +223,7 @@ def _register_window(kv, running: list[Request], k_steps: int, allocs: list[int]
     cached = kv.pool.cached
     counts = kv.num_cached_blocks
     key_of = kv._key
+    hash_fn = kv.hash_fn
     seen: set[int] = set()
     todo = []
     for req in running:
@@ -230,9 +233,19 @@ def _register_window(kv, running: list[Request], k_steps: int, allocs: list[int]
         if full <= done:
             continue
         hashes = req.block_hashes
+        tokens = req.all_token_ids
+        n = len(hashes)
         parent = hashes[done - 1] if done else None
         for i in range(done, full):
-            parent = key_of(req, hashes, i, parent)
+            if i < n or not i:
+                parent = key_of(req, hashes, i, parent)
+                n = len(hashes)
+            else:
+                # KVCacheManager._key's new-key case inlined (hot path; only block 0 carries a salt).
+                block_tokens = tuple(tokens[i * bs:(i + 1) * bs])
+                parent = _new_key(BlockHash, (hash_fn(parent[0], block_tokens, None), parent, block_tokens, None))
+                hashes.append(parent)
+                n += 1
             value = parent[0]
             if value in cached or value in seen:
                 return False  # a key taken from another block: its order matters
