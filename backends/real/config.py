@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from twinserve.backends.real.kv_transfer import offloading_gib, parse_kv_transfer_config
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.knobs import KNOB, KnobError, check_fields, knob, knob_of
 from twinserve.core.sched.config import SchedulerConfig
@@ -68,6 +69,11 @@ class EngineArgs(SchedulerArgs):
     kv_offloading_size: float = knob(0.0, help="host memory for a KV offloading tier behind the prefix "
                                      "cache (vLLM's --kv-offloading-size)", unit="GiB", range=(0.0, 1e6),
                                      open="lo", special={0: "off"})
+    # vLLM's --kv-transfer-config with the OffloadingConnector: the same tier, sized in bytes (kv_transfer.py).
+    kv_transfer_config: dict | None = knob(
+        None, help='the host tier as vLLM\'s offloading connector JSON, e.g. {"kv_connector": '
+        '"OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": {"cpu_bytes_to_use": '
+        '1000000000}}', special={None: "off"}, parse=parse_kv_transfer_config)
     attention_backend: str = knob("auto", help="attention kernels: auto, triton or torch")
     max_logprobs: int = knob(20, help="most logprobs a request may ask for", range=(0, _INT32_MAX))
     small_batch_weights: bool = knob(True, help="CPU fp32: a transposed copy of the weights that makes "
@@ -112,11 +118,19 @@ class EngineArgs(SchedulerArgs):
     def __post_init__(self) -> None:
         if not isinstance(self.speculative_config, SpeculativeConfig | None):
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+        if self.kv_transfer_config is not None:
+            self.kv_transfer_config = parse_kv_transfer_config(self.kv_transfer_config)
+            gib = offloading_gib(self.kv_transfer_config, self.block_size)
+            if self.kv_offloading_size and abs(self.kv_offloading_size - gib) > 1e-9:
+                raise InvalidConfigError("kv_transfer_config", self.kv_transfer_config,
+                                         f"the same tier size as kv_offloading_size ({self.kv_offloading_size} GiB), "
+                                         f"or only one of them: it gives {gib:.4g} GiB")
+            self.kv_offloading_size = gib
         self.validate()
 
     def validate(self) -> None:
         """Raise InvalidConfigError naming the first field outside its range (nothing is loaded yet)."""
-        check_fields(self, skip=("speculative_config",))
+        check_fields(self, skip=("speculative_config", "kv_transfer_config"))
         _check_str("model", self.model)
         if self.tokenizer is not None:
             _check_str("tokenizer", self.tokenizer)
