@@ -16,39 +16,17 @@ from twinserve.core.kv.kv_cache_manager import KVCacheManager
 from twinserve.core.kv.tier_tables import TierHits
 from twinserve.core.request import FINISH_STATUS, FinishReason, Request, RequestStatus
 from twinserve.core.sched.config import SchedulerConfig
+from twinserve.core.sched.fast_loop import NO_IDS as _NO_IDS
+from twinserve.core.sched.fast_loop import (block_ids as _block_ids, chunk as _chunk,
+                                            fast_decode_limit as _fast_decode_limit, plain_head,
+                                            refresh_fast_decode_limit as _refresh_fast_decode_limit)
 from twinserve.core.sched.output import (CachedRequestData, EngineCoreOutput, NewRequestData,
                      SchedulerOutput)
 from twinserve.core.sched.policies import make_preemption_policy, make_queue
 from twinserve.core.sched.update import OutputUpdate
 from twinserve.core.spec_decode import SpecDecodeStats, SpeculativeConfig
 
-# Shared: executors must not mutate it.
-_NO_IDS: tuple[int, ...] = ()
 _NO_BLOCKS: list[KVCacheBlock] = []
-
-
-def _block_ids(blocks: list[KVCacheBlock]) -> Sequence[int]:
-    if not blocks:
-        return _NO_IDS
-    if len(blocks) == 1:
-        return [blocks[0].block_id]
-    return [b.block_id for b in blocks]
-
-
-def _fast_decode_limit(kv: KVCacheManager, rid: str) -> int:
-    """Request.fast_decode_limit, mirroring allocate_slots' no-op case."""
-    bs = kv.block_size
-    limit = len(kv.req_to_blocks[rid]) * bs
-    if kv.enable_caching:
-        registered = (kv.num_cached_blocks[rid] + 1) * bs - 1
-        if registered < limit:
-            return registered
-    return limit
-
-
-def _refresh_fast_decode_limit(kv: KVCacheManager, req: Request) -> int:
-    limit = req.fast_decode_limit = _fast_decode_limit(kv, req.request_id)
-    return limit
 
 
 def _draft_len(req: Request, room: int) -> int:
@@ -67,13 +45,6 @@ def _lookahead(req: Request, end: int, lookahead: int, max_model_len: int) -> in
         return 0
     room = max_model_len - end
     return lookahead if lookahead < room else max(room, 0)
-
-
-def _chunk(num_new: int, threshold: int, budget: int) -> int:
-    """Tokens this step, capped by the long-prefill threshold and the budget."""
-    if 0 < threshold < num_new:
-        num_new = threshold
-    return num_new if num_new < budget else budget
 
 
 class Scheduler(OutputUpdate):
@@ -230,6 +201,10 @@ class Scheduler(OutputUpdate):
         spec_tokens: dict[str, list[int]] = {}
         lookahead = self.lookahead if spec_on else 0
         max_model_len = cfg.max_model_len
+        # Without speculation, the loop as it was before drafts (the plain decode hot path).
+        if not spec_on:
+            extra, skipped = plain_head(head, kv, c_ids, c_computed, other, spare, threshold, budget)
+            head = ()
         for req in head:
             c = req.num_computed_tokens
             num_new = len(req.all_token_ids) - c
