@@ -20,11 +20,14 @@ alternating runs with the working tree's, and prints the ratios of the two. --aa
 against a second extracted copy of itself: the ratios must be ~1 (the run's noise floor). A
 baseline whose core/ is the working tree's is reported as an A/A run.
 
+--warm-pool makes every KV block before timing: since the pool makes blocks on first use, a cold
+run's block-filling steps also pay for making them (once per block in a process's life).
+
 --nano-vllm also times nano-vllm's decode-step algorithm (experiments/nano_vllm_sched.py, re-created
 from its published source) on the same workload in the same run, per request.
 
     python experiments/bench_scheduler.py [--steps 400] [--repeats 5] [--sizes 64,256,1024]
-                                          [--baseline REF | --aa REF] [--nano-vllm]
+                                          [--baseline REF | --aa REF] [--nano-vllm] [--warm-pool]
 """
 
 from __future__ import annotations
@@ -51,11 +54,13 @@ from twinserve.core.kv import KVCacheManager
 
 
 def decode_step_times(num_reqs: int, steps: int, prompt_len: int = 128,
-                      core: ModuleType = current_core) -> tuple[list[float], list[bool]]:
+                      core: ModuleType = current_core, warm_pool: bool = False) -> tuple[list[float], list[bool]]:
     """Per-step seconds of schedule+update with num_reqs requests all decoding.
 
     Also says, per step, whether it filled blocks (allocated one or registered a full one).
-    core is the policy package to time (twinserve.core, or a baseline's copy).
+    core is the policy package to time (twinserve.core, or a baseline's copy). warm_pool makes
+    every block before timing (a pool past its first pass; a core that makes them up front has
+    nothing to do).
     """
     ModelRunnerOutput, Request = core.ModelRunnerOutput, core.Request
     cfg = core.SchedulerConfig(max_num_batched_tokens=max(8192, num_reqs), max_num_seqs=num_reqs,
@@ -75,6 +80,8 @@ def decode_step_times(num_reqs: int, steps: int, prompt_len: int = 128,
         sampled = {rid: [5] for rid, n in so.num_scheduled_tokens.items()
                    if sched.requests[rid].num_computed_tokens == sched.requests[rid].num_tokens}
         sched.update_from_output(so, ModelRunnerOutput(sampled), 0.0)
+    if warm_pool:
+        getattr(sched.kv.pool.free_queue, "materialize", lambda: None)()
     ids = list(sched.requests)
     token = [7]
     times = []
@@ -217,6 +224,8 @@ def main(argv: list[str] | None = None) -> None:
     group = ap.add_mutually_exclusive_group()
     group.add_argument("--baseline", metavar="REF", help="also time core/ at this git revision")
     group.add_argument("--aa", metavar="REF", help="A/A check: time REF's core/ against a second copy of itself")
+    ap.add_argument("--warm-pool", action="store_true",
+                    help="make every KV block before timing (cores that make blocks on first use)")
     ap.add_argument("--nano-vllm", action="store_true",
                     help="also time nano-vllm's decode-step algorithm on the same workload")
     args = ap.parse_args(argv)
@@ -241,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
         for rep in range(args.repeats):
             # Alternate the order, so neither core always runs first after the other.
             for name, core in (variants if rep % 2 == 0 else variants[::-1]):
-                times, filled = decode_step_times(n, args.steps, core=core)
+                times, filled = decode_step_times(n, args.steps, core=core, warm_pool=args.warm_pool)
                 runs[name].append(times)
                 n_filled = sum(filled)
             if args.nano_vllm:
