@@ -59,6 +59,7 @@ class OutputUpdate:
         add_output = outputs.append
         finished: list[Request] = []
         new_output, Output = _new_object, EngineCoreOutput
+        first = len(outputs)
         for req in reqs:
             rid = req.request_id
             tokens = sampled.get(rid)
@@ -77,18 +78,14 @@ class OutputUpdate:
                 else:
                     reason = stop_reason = None
                 new_ids = tokens
-                lps = logprobs.get(rid) if logprobs is not None else None
             else:
                 new_ids, reason, stop_reason = _append_run(req, tokens, now, max_model_len)
-                lps = logprobs.get(rid) if logprobs is not None else None
-                if lps is not None and len(lps) > len(new_ids):
-                    lps = lps[:len(new_ids)]
             out = new_output(Output)
             out.req_id = rid
             out.new_token_ids = new_ids
             out.finish_reason = reason
             out.stop_reason = stop_reason
-            out.new_logprobs = lps
+            out.new_logprobs = None  # set below when the step has logprobs (rare: off the hot loop)
             out.prompt_logprobs = None
             out.error = None
             out.num_draft_tokens = 0
@@ -100,6 +97,14 @@ class OutputUpdate:
                 req.stop_reason = stop_reason
                 req.finish_time = now
                 finished.append(req)
+        if logprobs is not None:
+            for k in range(first, len(outputs)):
+                out = outputs[k]
+                lps = logprobs.get(out.req_id)
+                # A stop inside a run of several tokens drops the logprobs past it.
+                if lps is not None and len(sampled[out.req_id]) > 1 and len(lps) > len(out.new_token_ids):
+                    lps = lps[:len(out.new_token_ids)]
+                out.new_logprobs = lps
         return finished
 
     def _verify(self, req: Request, drafts: list[int], tokens: list[int]) -> tuple[int, int]:

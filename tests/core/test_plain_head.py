@@ -63,3 +63,28 @@ def test_plain_head_schedules_as_the_general_loop(workload) -> None:
     idle_spec = SpeculativeConfig(method="ngram", num_speculative_tokens=2)
     assert idle_spec.active(1) and idle_spec.num_lookahead_tokens == 0
     assert _run(cfg, arrivals, None) == _run(cfg, arrivals, idle_spec)
+
+
+def test_plain_update_hands_each_request_its_logprobs_cut_at_a_stop() -> None:
+    """The plain update sets logprobs after its loop: each output gets its own request's, and a run of
+    several tokens stopped inside keeps one logprob per token kept (a single token's list is never cut)."""
+    from twinserve.core import FinishReason, Request, SamplingParams
+    from twinserve.core.sched.output import Logprob
+
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_model_len=64, block_size=4, num_blocks=32))
+    for rid in ("a", "b", "c"):
+        sched.add_request(Request(rid, [1, 2, 3], SamplingParams(max_tokens=10, stop_token_ids=[99])))
+    so = sched.schedule(0.0)
+    sched.update_from_output(so, ModelRunnerOutput({"a": [5], "b": [6], "c": [7]}), 0.0)
+    so = sched.schedule(1.0)
+    lp = {rid: [Logprob(t, -0.5 * t, 1) for t in toks]
+          for rid, toks in {"a": [8], "b": [9, 99, 4], "c": [3]}.items()}
+    lp["c"] = lp["c"] * 2  # longer than its one token: a single token's list is passed as it came
+    outs = sched.update_from_output(so, ModelRunnerOutput({"a": [8], "b": [9, 99, 4], "c": [3]}, logprobs=lp), 1.0)
+    by_id = {o.req_id: o for o in outs}
+    assert by_id["a"].new_logprobs == lp["a"] and by_id["c"].new_logprobs == lp["c"]
+    assert by_id["b"].new_token_ids == [9, 99] and by_id["b"].finish_reason == FinishReason.STOP
+    assert by_id["b"].new_logprobs == lp["b"][:2]
+    so = sched.schedule(2.0)
+    outs = sched.update_from_output(so, ModelRunnerOutput({"a": [2], "c": [2]}), 2.0)
+    assert [o.new_logprobs for o in outs] == [None, None]
