@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from itertools import accumulate
 from typing import Any
 
@@ -41,6 +42,20 @@ def kv_page_bytes(cfg: ModelConfig, dtype: torch.dtype, block_size: int) -> int:
     """One page of the KV pool: block_size tokens of one KV group's layers (all layers if one group)."""
     layers = len(kv_cache_groups(cfg.layer_windows or [None] * cfg.num_hidden_layers)[0].layers)
     return kv_bytes_per_token(cfg, dtype) // cfg.num_hidden_layers * layers * block_size
+
+
+def _weak_call(method: Any) -> Any:
+    """method, holding its object weakly: a bound method kept by the runner made worker and runner a
+    cycle, so a dropped engine's weights lived until the next full collection (issue 53 item 16)."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> Any:
+        bound = ref()
+        if bound is None:
+            raise RuntimeError("the worker this call belongs to has been released")
+        return bound(*args)
+
+    return call
 
 
 class Worker:
@@ -92,7 +107,7 @@ class Worker:
         spec = args.speculative_config
         self.draft_model = self._load_draft(spec, small_rows) if spec is not None and spec.method == "draft_model" else None
         self.runner = ModelRunner(self.model, self.backend, self.device, args.block_size,
-                                  max_model_len, args.max_num_seqs, stop_ids, compile_grammar=self.compile_grammar,
+                                  max_model_len, args.max_num_seqs, stop_ids, compile_grammar=_weak_call(self.compile_grammar),
                                   speculative_config=spec, draft_model=self.draft_model)
         self.num_blocks = 0
         # Host-tier blocks (init_kv_cache; 0 = no tier).
