@@ -16,10 +16,18 @@ a plain decode step.
 --baseline REF also times core/ as of a git revision (extracted to a temporary folder, its own
 imports renamed so it never loads the working tree's core: --baseline HEAD on a clean tree is an A/A
 check whose ratios should be ~1),
-alternating runs with the working tree's, and prints the ratios of the two.
+alternating runs with the working tree's, and prints the ratios of the two. --aa REF times REF
+against a second extracted copy of itself: the ratios must be ~1 (the run's noise floor). A
+baseline whose core/ is the working tree's is reported as an A/A run.
+
+--warm-pool makes every KV block before timing: since the pool makes blocks on first use, a cold
+run's block-filling steps also pay for making them (once per block in a process's life).
+
+--nano-vllm also times nano-vllm's decode-step algorithm (experiments/nano_vllm_sched.py, re-created
+from its published source) on the same workload in the same run, per request.
 
     python experiments/bench_scheduler.py [--steps 400] [--repeats 5] [--sizes 64,256,1024]
-                                          [--baseline REF]
+                                          [--baseline REF | --aa REF] [--nano-vllm] [--warm-pool]
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import argparse
 import atexit
 import gc
 import importlib
+import importlib.util
 import io
 import os
 import platform
@@ -45,11 +54,13 @@ from twinserve.core.kv import KVCacheManager
 
 
 def decode_step_times(num_reqs: int, steps: int, prompt_len: int = 128,
-                      core: ModuleType = current_core) -> tuple[list[float], list[bool]]:
+                      core: ModuleType = current_core, warm_pool: bool = False) -> tuple[list[float], list[bool]]:
     """Per-step seconds of schedule+update with num_reqs requests all decoding.
 
     Also says, per step, whether it filled blocks (allocated one or registered a full one).
-    core is the policy package to time (twinserve.core, or a baseline's copy).
+    core is the policy package to time (twinserve.core, or a baseline's copy). warm_pool makes
+    every block before timing (a pool past its first pass; a core that makes them up front has
+    nothing to do).
     """
     ModelRunnerOutput, Request = core.ModelRunnerOutput, core.Request
     cfg = core.SchedulerConfig(max_num_batched_tokens=max(8192, num_reqs), max_num_seqs=num_reqs,
@@ -69,6 +80,8 @@ def decode_step_times(num_reqs: int, steps: int, prompt_len: int = 128,
         sampled = {rid: [5] for rid, n in so.num_scheduled_tokens.items()
                    if sched.requests[rid].num_computed_tokens == sched.requests[rid].num_tokens}
         sched.update_from_output(so, ModelRunnerOutput(sampled), 0.0)
+    if warm_pool:
+        getattr(sched.kv.pool.free_queue, "materialize", lambda: None)()
     ids = list(sched.requests)
     token = [7]
     times = []
@@ -115,10 +128,10 @@ def alloc_free_ops_per_s(n_ops: int = 200_000) -> float:
     return n_ops / (time.perf_counter() - t0)
 
 
-def load_baseline(ref: str) -> ModuleType:
-    """core/ as of git revision ref, imported as a package of its own, `baseline_core`.
+def load_baseline(ref: str, name: str = "baseline_core") -> ModuleType:
+    """core/ as of git revision ref, imported as a package of its own, `name`.
 
-    Its own absolute imports (twinserve.core.*) are renamed to baseline_core.*, else they would
+    Its own absolute imports (twinserve.core.*) are renamed to name.*, else they would
     load the working tree's modules and the comparison would time the working tree twice.
     """
     root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
@@ -129,28 +142,34 @@ def load_baseline(ref: str) -> ModuleType:
     atexit.register(shutil.rmtree, tmp, True)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(tmp)
-    pkg = os.path.join(tmp, BASELINE)
+    pkg = os.path.join(tmp, name)
     os.rename(os.path.join(tmp, "core"), pkg)
     for folder, _, files in os.walk(pkg):
-        for name in files:
-            if name.endswith(".py"):
-                path = os.path.join(folder, name)
+        for fname in files:
+            if fname.endswith(".py"):
+                path = os.path.join(folder, fname)
                 with open(path) as f:
                     text = f.read()
                 with open(path, "w") as f:
-                    f.write(text.replace("twinserve.core", BASELINE))
+                    f.write(text.replace("twinserve.core", name))
     sys.path.insert(0, tmp)
-    module = importlib.import_module(BASELINE)
-    check_baseline(module, tmp)
+    # A package of that name loaded before (another revision) would be reused: drop it.
+    for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+        del sys.modules[mod]
+    module = importlib.import_module(name)
+    check_baseline(module, tmp, name)
     return module
 
 
-BASELINE = "baseline_core"
+def same_core_as_tree(ref: str) -> bool:
+    """True when ref's core/ has the working tree's content (an A/A run: ratios must be ~1)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.run(["git", "diff", "--quiet", ref, "--", "core"], cwd=root).returncode == 0
 
 
-def check_baseline(module: ModuleType, folder: str) -> None:
+def check_baseline(module: ModuleType, folder: str, package: str = "baseline_core") -> None:
     """Refuse a baseline whose code is not all from folder: none of the working tree's core may run in it."""
-    for name in [m for m in sys.modules if m == BASELINE or m.startswith(BASELINE + ".")]:
+    for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
         mod = sys.modules[name]
         path = os.path.abspath(getattr(mod, "__file__", "") or "")
         if not path.startswith(os.path.abspath(folder) + os.sep):
@@ -172,46 +191,97 @@ def summarize(runs: list[list[float]]) -> tuple[float, float, float]:
     return statistics.fmean(steps), percentile(steps, 99), statistics.median(steps)
 
 
-def main() -> None:
-    """Run the benchmark and print a table."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--sizes", default="64,256,1024", help="running requests, comma-separated")
-    ap.add_argument("--baseline", metavar="REF", help="also time core/ at this git revision")
-    args = ap.parse_args()
-    sizes = [int(x) for x in args.sizes.split(",")]
+def time_nano(n: int, steps: int) -> list[float]:
+    """nano-vllm's decode steps on the same workload, the collector off as for ours."""
+    spec = importlib.util.spec_from_file_location(
+        "nano_vllm_sched", os.path.join(os.path.dirname(os.path.abspath(__file__)), "nano_vllm_sched.py"))
+    nano = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nano)
+    gc.collect()
+    gc.disable()
+    try:
+        return nano.nano_step_times(n, steps)
+    finally:
+        gc.enable()
+
+
+def variants_for(args: argparse.Namespace) -> list[tuple[str, ModuleType]]:
+    """(name, core) pairs to time: the working tree's and a baseline's, or a revision twice (A/A)."""
+    if args.aa:
+        return [(args.aa, load_baseline(args.aa)), (args.aa + " (A/A)", load_baseline(args.aa, "baseline_core_aa"))]
     variants = [("current", current_core)]
     if args.baseline:
         variants.append((args.baseline, load_baseline(args.baseline)))
+    return variants
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark and print a table."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=400, help="decode steps per run")
+    ap.add_argument("--repeats", type=int, default=5, help="runs per size and core (each step's best is kept)")
+    ap.add_argument("--sizes", default="64,256,1024", help="running requests, comma-separated")
+    group = ap.add_mutually_exclusive_group()
+    group.add_argument("--baseline", metavar="REF", help="also time core/ at this git revision")
+    group.add_argument("--aa", metavar="REF", help="A/A check: time REF's core/ against a second copy of itself")
+    ap.add_argument("--warm-pool", action="store_true",
+                    help="make every KV block before timing (cores that make blocks on first use)")
+    ap.add_argument("--nano-vllm", action="store_true",
+                    help="also time nano-vllm's decode-step algorithm on the same workload")
+    args = ap.parse_args(argv)
+    sizes = [int(x) for x in args.sizes.split(",")]
+    variants = variants_for(args)
+    (a_name, _), (b_name, _) = variants[0], variants[-1]
     print(f"python {platform.python_version()} on {platform.machine()}, single thread; "
-          f"{args.steps} steps per run, {args.repeats} runs, {time.strftime('%Y-%m-%d %H:%M')}")
+          f"{args.steps} steps per run, {args.repeats} runs, {time.strftime('%Y-%m-%d %H:%M')}, "
+          f"load {os.getloadavg()[0]:.2f}")
+    for name, core in variants:
+        print(f"  {name}: {os.path.dirname(core.__file__)}")
+    if args.baseline and same_core_as_tree(args.baseline):
+        print(f"  note: {args.baseline}'s core/ is the working tree's: an A/A run, ratios should be ~1")
     print(f"{'':>8} {'':>10} {'us/step':^26} {'us/request':^26} {'filling':>8}")
     print(f"{'running':>8} {'core':>10} {'mean':>8} {'p99':>8} {'median':>8} {'mean':>8} "
           f"{'p99':>8} {'median':>8} {'steps':>8}")
     n_filled = 0
+    worst = 0.0
     for n in sizes:
         runs: dict[str, list[list[float]]] = {name: [] for name, _ in variants}
+        nano_runs: list[list[float]] = []
         for rep in range(args.repeats):
             # Alternate the order, so neither core always runs first after the other.
             for name, core in (variants if rep % 2 == 0 else variants[::-1]):
-                times, filled = decode_step_times(n, args.steps, core=core)
+                times, filled = decode_step_times(n, args.steps, core=core, warm_pool=args.warm_pool)
                 runs[name].append(times)
                 n_filled = sum(filled)
+            if args.nano_vllm:
+                nano_runs.append(time_nano(n, args.steps))
         rows = {}
         for name, _ in variants:
             rows[name] = row = [x * 1e6 for x in summarize(runs[name])]
             cells = " ".join(f"{x:>8.1f}" for x in row) + " " + " ".join(
                 f"{x / n:>8.3f}" for x in row)
             print(f"{n:>8} {name[:10]:>10} {cells} {n_filled:>8}")
-        if args.baseline:
-            base, cur = rows[args.baseline], rows["current"]
-            ratios = " ".join(f"{b / c:>8.2f}" for b, c in zip(base, cur))
-            print(f"{n:>8} {'speedup':>10} {ratios}")
+        if nano_runs:
+            row = [x * 1e6 for x in summarize(nano_runs)]
+            cells = " ".join(f"{x:>8.1f}" for x in row) + " " + " ".join(f"{x / n:>8.3f}" for x in row)
+            print(f"{n:>8} {'nano-vllm':>10} {cells}")
+            print(f"{n:>8} {'vs nano':>10} " + " ".join(
+                f"{b / c:>8.2f}" for b, c in zip(row, rows[a_name])))
+        if len(variants) > 1:
+            base, cur = rows[b_name], rows[a_name]
+            ratios = [b / c for b, c in zip(base, cur)]
+            worst = max([worst] + [abs(r - 1) for r in ratios])
+            print(f"{n:>8} {'speedup':>10} " + " ".join(f"{r:>8.2f}" for r in ratios))
     print(f"mean and p99 cover all {args.steps} steps, the block-filling ones (column 'filling') "
           "included "
           "(at each, some requests allocate a block or register a full one in the prefix cache; "
           "every request does both once per 16 steps); each step's time is its best over the runs")
+    if args.nano_vllm:
+        print("vs nano: nano-vllm's time over ours (above 1: ours is cheaper per request)")
+    if args.aa or (args.baseline and same_core_as_tree(args.baseline)):
+        verdict = "within" if worst <= 0.05 else "OUTSIDE"
+        print(f"A/A: the largest ratio is {worst:.1%} from 1, {verdict} 5% "
+              "(outside: too noisy a machine for ratios this small)")
     ops = statistics.median(alloc_free_ops_per_s() for _ in range(3))
     print(f"allocate/free: {ops / 1e6:.2f} M ops/s")
 

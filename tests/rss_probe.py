@@ -49,8 +49,12 @@ def _report(module: str) -> None:
     kids = psutil.Process().children(recursive=True)
     counts = " ".join(f"{k}={v}" for k, v in sorted(live_counts().items()) if v)
     rss = _rss_mb()
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10  # KiB on Linux: the process's peak so far
     sys.stderr.write(f"\n[rss] {rss:6d} MB after {module} ({_trimmed_mb()} MB once malloc_trim hands free "
-                     f"heap back)  threads={threading.active_count()} children={len(kids)} {counts}\n")
+                     f"heap back; peak so far {peak} MB)  threads={threading.active_count()} "
+                     f"children={len(kids)} {counts}\n")
 
 
 def _trimmed_mb() -> int:

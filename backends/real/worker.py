@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from itertools import accumulate
 from typing import Any
 
@@ -59,6 +60,20 @@ def kv_blocks_in_budget(budget: float, per_block: int, utilization: float, total
     return n
 
 
+def _weak_call(method: Any) -> Any:
+    """method, holding its object weakly: a bound method kept by the runner made worker and runner a
+    cycle, so a dropped engine's weights lived until the next full collection (issue 53 item 16)."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> Any:
+        bound = ref()
+        if bound is None:
+            raise RuntimeError("the worker this call belongs to has been released")
+        return bound(*args)
+
+    return call
+
+
 class Worker:
     """Owns a device, the model on it and the KV cache tensors."""
 
@@ -108,7 +123,7 @@ class Worker:
         spec = args.speculative_config
         self.draft_model = self._load_draft(spec, small_rows) if spec is not None and spec.method == "draft_model" else None
         self.runner = ModelRunner(self.model, self.backend, self.device, args.block_size,
-                                  max_model_len, args.max_num_seqs, stop_ids, compile_grammar=self.compile_grammar,
+                                  max_model_len, args.max_num_seqs, stop_ids, compile_grammar=_weak_call(self.compile_grammar),
                                   speculative_config=spec, draft_model=self.draft_model)
         self.num_blocks = 0
         # Host-tier blocks (init_kv_cache; 0 = no tier).

@@ -16,6 +16,7 @@ from twinserve.core.kv.kv_cache_manager import KVCacheManager
 from twinserve.core.kv.tier_tables import GroupTierHits, TierHits
 from twinserve.core.request import FINISH_STATUS, FinishReason, Request, RequestStatus
 from twinserve.core.sched.config import SchedulerConfig
+from twinserve.core.sched.fast_loop import plain_head
 from twinserve.core.sched.output import (CachedRequestData, EngineCoreOutput, NewRequestData,
                      SchedulerOutput)
 from twinserve.core.sched.batch_policy import make_batch_policy
@@ -187,6 +188,10 @@ class Scheduler(OutputUpdate):
         spec_tokens: dict[str, list[int]] = {}
         lookahead = self.lookahead if spec_on else 0
         max_model_len = cfg.max_model_len
+        # Without speculation, the loop as it was before drafts (the plain decode hot path).
+        if not spec_on:
+            extra, skipped = plain_head(head, kv, c_ids, c_computed, other, spare, threshold, budget)
+            head = ()
         for req in head:
             c = req.num_computed_tokens
             num_new = len(req.all_token_ids) - c

@@ -59,36 +59,33 @@ class OutputUpdate:
         add_output = outputs.append
         finished: list[Request] = []
         new_output, Output = _new_object, EngineCoreOutput
+        first = len(outputs)
+        get_tokens = sampled.get
         for req in reqs:
             rid = req.request_id
-            tokens = sampled.get(rid)
+            tokens = get_tokens(rid)
             if not tokens:
                 continue  # a partial prefill
             if req.first_token_time is None:
                 req.first_token_time = now
+            out = new_output(Output)
+            out.req_id = rid
             if len(tokens) == 1:
                 token = tokens[0]
                 req.output_token_ids.append(token)
                 all_ids = req.all_token_ids
                 all_ids.append(token)
                 req.token_times.append(now)
+                out.new_token_ids = tokens
                 if token in req.stop_check_ids or len(all_ids) >= req.stop_check_len:
                     reason, stop_reason = _check_stop(req, token, len(req.output_token_ids), max_model_len)
                 else:
                     reason = stop_reason = None
-                new_ids = tokens
-                lps = logprobs.get(rid) if logprobs is not None else None
             else:
-                new_ids, reason, stop_reason = _append_run(req, tokens, now, max_model_len)
-                lps = logprobs.get(rid) if logprobs is not None else None
-                if lps is not None and len(lps) > len(new_ids):
-                    lps = lps[:len(new_ids)]
-            out = new_output(Output)
-            out.req_id = rid
-            out.new_token_ids = new_ids
+                out.new_token_ids, reason, stop_reason = _append_run(req, tokens, now, max_model_len)
             out.finish_reason = reason
             out.stop_reason = stop_reason
-            out.new_logprobs = lps
+            out.new_logprobs = None  # set below when the step has logprobs (rare: off the hot loop)
             out.prompt_logprobs = None
             out.error = None
             out.num_draft_tokens = 0
@@ -100,6 +97,14 @@ class OutputUpdate:
                 req.stop_reason = stop_reason
                 req.finish_time = now
                 finished.append(req)
+        if logprobs is not None:
+            for k in range(first, len(outputs)):
+                out = outputs[k]
+                lps = logprobs.get(out.req_id)
+                # A stop inside a run of several tokens drops the logprobs past it.
+                if lps is not None and len(sampled[out.req_id]) > 1 and len(lps) > len(out.new_token_ids):
+                    lps = lps[:len(out.new_token_ids)]
+                out.new_logprobs = lps
         return finished
 
     def _verify(self, req: Request, drafts: list[int], tokens: list[int]) -> tuple[int, int]:

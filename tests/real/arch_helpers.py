@@ -72,17 +72,29 @@ def make_arch_dir(folder: Path, arch: str, seed: int = 0, gemma_layers: int | No
 
 
 _hf: dict[Path, Any] = {}
+# Reference models kept: a module asks for one or two folders (its own tmp dirs) over and over, and
+# no later module asks for them again, so an unbounded cache held every module's models to the end.
+HF_KEEP = 4
+
+
+def remember(cache: dict, key: Any, value: Any, keep: int = HF_KEEP) -> Any:
+    """Put value in cache as its newest entry, dropping the oldest past `keep`; return value."""
+    cache.pop(key, None)
+    cache[key] = value
+    while len(cache) > keep:
+        cache.pop(next(iter(cache)))
+    return value
 
 
 def hf_model(folder: Path) -> Any:
-    """transformers' model of the folder, fp32, eval, cached."""
+    """transformers' model of the folder, fp32, eval, cached (the HF_KEEP latest folders)."""
     from transformers import AutoModelForCausalLM
 
-    if folder not in _hf:
+    model = _hf.get(folder)
+    if model is None:
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, use_kernels=False).eval()
         model.generation_config.eos_token_id = None
-        _hf[folder] = model
-    return _hf[folder]
+    return remember(_hf, folder, model)
 
 
 def hf_greedy_tokens(folder: Path, prompt: list[int], n: int) -> list[int]:

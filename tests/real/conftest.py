@@ -88,11 +88,14 @@ def hf_greedy(folder: Path, prompt_ids: list[int], max_new_tokens: int, dtype: t
     """transformers' greedy generate, never stopping at EOS (the reference)."""
     from transformers import LlamaForCausalLM
 
+    from .arch_helpers import remember
+
     model = _hf_cache.get((folder, dtype))
     if model is None:
-        model = _hf_cache[(folder, dtype)] = LlamaForCausalLM.from_pretrained(str(folder), dtype=dtype).eval()
+        model = LlamaForCausalLM.from_pretrained(str(folder), dtype=dtype).eval()
         # Like ignore_eos: no EOS stop and no EOS suppression (min_new_tokens would mask it).
         model.generation_config.eos_token_id = None
+    remember(_hf_cache, (folder, dtype), model)  # bounded: older modules' folders are never asked again
     with torch.no_grad():
         ids = torch.tensor([prompt_ids])
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,

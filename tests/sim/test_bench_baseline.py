@@ -69,3 +69,47 @@ def test_bench_scheduler_baseline_runs_the_revisions_core_not_the_working_trees(
     # One short A/A timing through the baseline's own classes.
     times, _ = bench.decode_step_times(8, 5, core=base)
     assert len(times) == 5
+
+
+def test_bench_scheduler_aa_times_two_copies_of_one_revision(experiment, capsys) -> None:
+    """Issue 53 item 13: --aa REF times REF against a second copy of itself and prints the A/A verdict;
+    --nano-vllm adds nano-vllm's re-created decode step on the same workload."""
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=SCRIPT.parent, capture_output=True).returncode != 0:
+        pytest.skip("--aa extracts a git revision: this copy is not a git checkout")
+    import sys as _sys
+
+    bench = experiment("bench_scheduler")
+    bench.main(["--aa", "HEAD", "--sizes", "8", "--steps", "20", "--repeats", "1", "--nano-vllm"])
+    out = capsys.readouterr().out
+    a, b = _sys.modules["baseline_core"], _sys.modules["baseline_core_aa"]
+    assert a.Scheduler is not b.Scheduler and Path(a.__file__).parent != Path(b.__file__).parent
+    assert f"HEAD: {Path(a.__file__).parent}" in out and f"HEAD (A/A): {Path(b.__file__).parent}" in out
+    assert "A/A: the largest ratio is" in out and "nano-vllm" in out and "vs nano" in out
+    # The A/A copy is checked under its own name: a working-tree module planted in it is refused.
+    _sys.modules["baseline_core_aa.planted"] = _sys.modules["twinserve.core"]
+    try:
+        with pytest.raises(RuntimeError, match="baseline module baseline_core_aa.planted"):
+            bench.check_baseline(b, str(Path(b.__file__).parents[1]), "baseline_core_aa")
+    finally:
+        del _sys.modules["baseline_core_aa.planted"]
+
+
+def test_nano_vllm_recreation_takes_and_registers_blocks_as_nano_vllm(experiment) -> None:
+    """The re-created nano-vllm step gives each sequence a block per 16 tokens and hashes each full one."""
+    nano = experiment("nano_vllm_sched")
+    sched = nano.NanoScheduler(64, 16, 4)
+    seqs = []
+    for i in range(3):
+        seq = nano.NanoSeq([1] * 16 + [i + 2] * 8, 100)
+        sched.block_manager.allocate(seq)
+        seq.append_token(5)
+        sched.running.append(seq)
+        seqs.append(seq)
+    assert seqs[0].block_table[0] == seqs[1].block_table[0]  # the shared first block is a prefix hit
+    for _ in range(30):
+        sched.step([7, 7, 7])
+    blocks = sched.block_manager.blocks
+    for seq in seqs:
+        assert len(seq) == 55 and len(seq.block_table) == seq.num_blocks == 4
+        assert [blocks[b].hash != -1 for b in seq.block_table] == [True, True, True, False]
+    assert sched.step([7, 7, 7]) == [] and len(nano.nano_step_times(4, 20)) == 20
