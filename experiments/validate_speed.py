@@ -83,6 +83,8 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2, help="worker processes the projection assumes")
     p.add_argument("--window", default=None, help="benchmark (default: estimated past 64 clients), benchmark-full "
                    "or steady (sim/validate_protocol.py)")
+    p.add_argument("--reduce", default=None, help="replicas: 1/g slices of disaggregated clusters "
+                   "(sim/validate_reduce.py), or none (the default)")
     p.add_argument("--cheap-first", action="store_true", help="time the sampled rows cheapest first")
     p.add_argument("--full", action="store_true", help="run every request out (no stop at the window)")
     p.add_argument("--out", default="", help="also write one JSON line per row here")
@@ -101,6 +103,8 @@ def main() -> None:
     if args.cheap_first:  # an interrupted run still leaves a spread of timed rows
         picked = picked[::-1]
     options = {"window": args.window} if args.window else {}
+    if args.reduce:
+        options["reduce"] = args.reduce
     print(f"{len(rows)} unique studies; timing {args.top} costliest + every {k}th of the rest "
           f"({len(picked) - args.top} rows)", flush=True)
     sink = open(args.out, "a") if args.out else None
@@ -118,7 +122,7 @@ def main() -> None:
         longest = max(longest, wall)
         line = {"id": row["id"], "wall_s": wall, "cpu_s": cpu, "weight": weight, "estimate": cost_estimate(row),
                 **{c: res.get(c) for c in ("pred_ttft_ms", "pred_tpot_ms", "pred_ttft_all_ms", "estimator",
-                                                    "error")}}
+                                                    "reduction", "error")}}
         print(f"{wall:8.2f} s wall {cpu:8.2f} s CPU x{weight:<3d} {row['id']}", flush=True)
         if sink:
             sink.write(json.dumps(line) + "\n")
