@@ -41,8 +41,20 @@ def unique_rows(cost_model: str) -> list[dict]:
     return sorted(out, key=cost_estimate, reverse=True)
 
 
-def project(files: list[str], cost_model: str, workers: int, column: str) -> None:
-    """Fit seconds per row on the timed rows, predict the untimed ones, print the wall on workers."""
+def slice_ratios(pairs: list[str]) -> float:
+    """c in CPU(reduced) / CPU(full) = c / g, the median over experiments/reduce_compare.py's pairs."""
+    import numpy as np
+
+    lines = [json.loads(x) for f in pairs for x in open(f)]
+    return float(np.median([d["cpu_s_replicas"] / d["cpu_s_none"] * d["g"] for d in lines]))
+
+
+def project(files: list[str], cost_model: str, workers: int, column: str, pairs: list[str] | None = None) -> None:
+    """Fit seconds per row on the timed rows, predict the untimed ones, print the wall on workers.
+
+    pairs (reduce_compare.py's JSON lines): also project `--reduce replicas`, each sliceable row's
+    seconds (timed unreduced or predicted) times c / g, c fitted on the pairs.
+    """
     import numpy as np
     import pandas as pd
 
@@ -72,6 +84,20 @@ def project(files: list[str], cost_model: str, workers: int, column: str) -> Non
           f" + {coef[4]:.2f} disagg)")
     print(f"projected worker seconds {seconds.sum():,.0f} ({column}); the 50 costliest rows "
           f"{top.head(50).sum() / seconds.sum():.0%}; on {workers} workers {max(loads) / 60:,.1f} min")
+    if pairs:
+        from twinserve.sim.validate_reduce import slice_factor
+        from twinserve.sim.validate_rows import row_study
+
+        c = slice_ratios(pairs)
+        g = pd.Series([slice_factor(row_study(pd.Series(r), cost_model), int(r["concurrency"]))
+                       for r in rows.to_dict("records")], index=rows.index)
+        scaled = seconds * np.where(g > 1, np.minimum(1.0, c / g), 1.0)
+        loads = [0.0] * workers
+        for v in sorted(scaled, reverse=True):
+            loads[loads.index(min(loads))] += v
+        print(f"--reduce replicas: {int((g > 1).sum())} sliceable studies holding {seconds[g > 1].sum() / seconds.sum():.0%}"
+              f" of the seconds, CPU x {c:.2f} / g; projected worker seconds {scaled.sum():,.0f}; on {workers} "
+              f"workers {max(loads) / 60:,.1f} min")
 
 
 def main() -> None:
@@ -91,9 +117,11 @@ def main() -> None:
     p.add_argument("--project", nargs="+", default=None, metavar="JSONL",
                    help="no timing: project the full set from these timed rows")
     p.add_argument("--column", default="wall_s", help="with --project: wall_s or cpu_s")
+    p.add_argument("--pairs", nargs="+", default=None, metavar="JSONL",
+                   help="with --project: reduce_compare.py's pairs, to also project --reduce replicas")
     args = p.parse_args()
     if args.project:
-        project(args.project, args.cost_model, args.workers, args.column)
+        project(args.project, args.cost_model, args.workers, args.column, args.pairs)
         return
     V.STOP_AT_WINDOW = not args.full
     rows = unique_rows(args.cost_model)
