@@ -95,9 +95,10 @@ def project(files: list[str], cost_model: str, workers: int, column: str, pairs:
         loads = [0.0] * workers
         for v in sorted(scaled, reverse=True):
             loads[loads.index(min(loads))] += v
-        print(f"--reduce replicas: {int((g > 1).sum())} sliceable studies holding {seconds[g > 1].sum() / seconds.sum():.0%}"
-              f" of the seconds, CPU x {c:.2f} / g; projected worker seconds {scaled.sum():,.0f}; on {workers} "
-              f"workers {max(loads) / 60:,.1f} min")
+        share = seconds[g > 1].sum() / seconds.sum()
+        print(f"--reduce replicas: {int((g > 1).sum())} sliceable studies holding {share:.0%} of the seconds, "
+              f"CPU x {c:.2f} / g; projected worker seconds {scaled.sum():,.0f}; on {workers} workers"
+              f" {max(loads) / 60:,.1f} min")
 
 
 def main() -> None:
