@@ -24,14 +24,14 @@ from twinserve.sim.validate_reduce import slice_factor
 from twinserve.sim.validate_rows import load_rows, row_study
 
 
-def sliceable(split: str, cost_model: str, max_cost: float) -> list[tuple[dict, int]]:
-    """(row, g) of the split's sliceable rows, one per study, cheapest first, cost <= max_cost."""
+def sliceable(split: str, cost_model: str, max_cost: float, min_cost: float = 0.0) -> list[tuple[dict, int]]:
+    """(row, g) of the split's sliceable rows, one per study, cheapest first, min_cost < cost <= max_cost."""
     seen: set[str] = set()
     out = []
     df = load_rows()
     df = df[(df["mode"] == "disagg") & ((df["split"] == split) if split != "all" else True)]
     for _, row in df.iterrows():
-        if expressible(row, cost_model) or cost_estimate(row.to_dict()) > max_cost:
+        if expressible(row, cost_model) or not min_cost < cost_estimate(row.to_dict()) <= max_cost:
             continue
         g = slice_factor(row_study(row, cost_model), int(row["concurrency"]))
         key = study_key(row, cost_model)
@@ -63,6 +63,7 @@ def main() -> None:
     p.add_argument("--cost-model", default="roofline", help="roofline or aic")
     p.add_argument("--window", default=None, help="the validate window (default: validate's)")
     p.add_argument("--max-cost", type=float, default=2e9, help="skip rows above this cost_estimate")
+    p.add_argument("--min-cost", type=float, default=0.0, help="skip rows at or below this cost_estimate")
     p.add_argument("--limit", type=int, default=30, help="rows, spread evenly over the sliceable ones")
     p.add_argument("--out", default="", help="one JSON line per row")
     p.add_argument("--report", nargs="+", default=None, metavar="JSONL", help="print the differences only")
@@ -70,7 +71,7 @@ def main() -> None:
     if args.report:
         report(args.report)
         return
-    rows = sliceable(args.rows, args.cost_model, args.max_cost)
+    rows = sliceable(args.rows, args.cost_model, args.max_cost, args.min_cost)
     if args.limit < len(rows):
         rows = [rows[i] for i in np.unique(np.linspace(0, len(rows) - 1, args.limit).round().astype(int))]
     print(f"{len(rows)} sliceable rows", flush=True)
