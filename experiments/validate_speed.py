@@ -41,8 +41,20 @@ def unique_rows(cost_model: str) -> list[dict]:
     return sorted(out, key=cost_estimate, reverse=True)
 
 
-def project(files: list[str], cost_model: str, workers: int, column: str) -> None:
-    """Fit seconds per row on the timed rows, predict the untimed ones, print the wall on workers."""
+def slice_ratios(pairs: list[str]) -> float:
+    """c in CPU(reduced) / CPU(full) = c / g, the median over experiments/reduce_compare.py's pairs."""
+    import numpy as np
+
+    lines = [json.loads(x) for f in pairs for x in open(f)]
+    return float(np.median([d["cpu_s_replicas"] / d["cpu_s_none"] * d["g"] for d in lines]))
+
+
+def project(files: list[str], cost_model: str, workers: int, column: str, pairs: list[str] | None = None) -> None:
+    """Fit seconds per row on the timed rows, predict the untimed ones, print the wall on workers.
+
+    pairs (reduce_compare.py's JSON lines): also project `--reduce replicas`, each sliceable row's
+    seconds (timed unreduced or predicted) times c / g, c fitted on the pairs.
+    """
     import numpy as np
     import pandas as pd
 
@@ -72,6 +84,21 @@ def project(files: list[str], cost_model: str, workers: int, column: str) -> Non
           f" + {coef[4]:.2f} disagg)")
     print(f"projected worker seconds {seconds.sum():,.0f} ({column}); the 50 costliest rows "
           f"{top.head(50).sum() / seconds.sum():.0%}; on {workers} workers {max(loads) / 60:,.1f} min")
+    if pairs:
+        from twinserve.sim.validate_reduce import slice_factor
+        from twinserve.sim.validate_rows import row_study
+
+        c = slice_ratios(pairs)
+        g = pd.Series([slice_factor(row_study(pd.Series(r), cost_model), int(r["concurrency"]))
+                       for r in rows.to_dict("records")], index=rows.index)
+        scaled = seconds * np.where(g > 1, np.minimum(1.0, c / g), 1.0)
+        loads = [0.0] * workers
+        for v in sorted(scaled, reverse=True):
+            loads[loads.index(min(loads))] += v
+        share = seconds[g > 1].sum() / seconds.sum()
+        print(f"--reduce replicas: {int((g > 1).sum())} sliceable studies holding {share:.0%} of the seconds, "
+              f"CPU x {c:.2f} / g; projected worker seconds {scaled.sum():,.0f}; on {workers} workers"
+              f" {max(loads) / 60:,.1f} min")
 
 
 def main() -> None:
@@ -83,15 +110,19 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2, help="worker processes the projection assumes")
     p.add_argument("--window", default=None, help="benchmark (default: estimated past 64 clients), benchmark-full "
                    "or steady (sim/validate_protocol.py)")
+    p.add_argument("--reduce", default=None, help="replicas: 1/g slices of disaggregated clusters "
+                   "(sim/validate_reduce.py), or none (the default)")
     p.add_argument("--cheap-first", action="store_true", help="time the sampled rows cheapest first")
     p.add_argument("--full", action="store_true", help="run every request out (no stop at the window)")
     p.add_argument("--out", default="", help="also write one JSON line per row here")
     p.add_argument("--project", nargs="+", default=None, metavar="JSONL",
                    help="no timing: project the full set from these timed rows")
     p.add_argument("--column", default="wall_s", help="with --project: wall_s or cpu_s")
+    p.add_argument("--pairs", nargs="+", default=None, metavar="JSONL",
+                   help="with --project: reduce_compare.py's pairs, to also project --reduce replicas")
     args = p.parse_args()
     if args.project:
-        project(args.project, args.cost_model, args.workers, args.column)
+        project(args.project, args.cost_model, args.workers, args.column, args.pairs)
         return
     V.STOP_AT_WINDOW = not args.full
     rows = unique_rows(args.cost_model)
@@ -101,6 +132,8 @@ def main() -> None:
     if args.cheap_first:  # an interrupted run still leaves a spread of timed rows
         picked = picked[::-1]
     options = {"window": args.window} if args.window else {}
+    if args.reduce:
+        options["reduce"] = args.reduce
     print(f"{len(rows)} unique studies; timing {args.top} costliest + every {k}th of the rest "
           f"({len(picked) - args.top} rows)", flush=True)
     sink = open(args.out, "a") if args.out else None
@@ -118,7 +151,7 @@ def main() -> None:
         longest = max(longest, wall)
         line = {"id": row["id"], "wall_s": wall, "cpu_s": cpu, "weight": weight, "estimate": cost_estimate(row),
                 **{c: res.get(c) for c in ("pred_ttft_ms", "pred_tpot_ms", "pred_ttft_all_ms", "estimator",
-                                                    "error")}}
+                                                    "reduction", "error")}}
         print(f"{wall:8.2f} s wall {cpu:8.2f} s CPU x{weight:<3d} {row['id']}", flush=True)
         if sink:
             sink.write(json.dumps(line) + "\n")

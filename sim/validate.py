@@ -23,6 +23,7 @@ from twinserve.sim.validate_engines import frontend_latency_s
 from twinserve.sim.validate_estimate import (ESTIMATE_WAVES, FULL, drain_study, estimator_label, uses_estimate,
                                             wave_estimate)
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, harness, run_design
+from twinserve.sim.validate_reduce import DEFAULT_REDUCTION, slice_row
 from twinserve.sim.validate_rows import (NotExpressible, RowPlan, closed_loop_available, num_gpus, parallelism,
                                          precision_fields, design_counts, request_counts, row_plan, row_study, with_rate)
 from twinserve.sim.validate_layouts import DEFAULT_DISAGG_ASSUMPTION
@@ -78,7 +79,9 @@ def run_to_window(cfg: Any, count: int, stop_early: bool = True) -> pd.DataFrame
 def simulate_row(job: tuple[Any, ...]) -> dict[str, Any]:
     """One row's prediction: its study run closed-loop (or by the Little's-law stand-in).
 
-    job: (row as a dict, cost model[, options]); options: {"disagg": assumption (validate_layouts.py), "window": design (validate_protocol.py)}.
+    job: (row as a dict, cost model[, options]); options: {"disagg": assumption (validate_layouts.py), "window":
+    design (validate_protocol.py), "reduce": 'replicas' simulates a 1/g slice of a disaggregated cluster
+    (validate_reduce.py; the `reduction` column says which) or 'none'}.
     """
     from twinserve.sim.study import run_point
 
@@ -90,13 +93,16 @@ def simulate_row(job: tuple[Any, ...]) -> dict[str, Any]:
     cfg = row_study(pd.Series(row), cost_model, disagg=disagg, window=window)
     conc = int(row["concurrency"])
     design = run_design(pd.Series(row), window)
-    warm, measured, total = design_counts(conc, design)
-    extra: dict[str, Any] = {"estimator": "littles_law"}  # replaced below when closed loops exist
-    waves = total // conc if design.requests_per_client > 0 and conc > 0 else 0
+    # The row's estimator is chosen on its own clients; the runs below are of the slice's (sim = conc / g).
+    cfg, part = slice_row(cfg, conc, options.get("reduce", DEFAULT_REDUCTION))
+    sim = part.clients or conc
+    warm, measured, total = design_counts(sim, design)
+    extra: dict[str, Any] = {"estimator": "littles_law", "reduction": part.label()}  # estimator: set below
+    waves = total // sim if design.requests_per_client > 0 and sim > 0 else 0
     if closed_loop_available() and window == "benchmark" and uses_estimate(conc, waves):
         # The first waves and a drain wave; the waves between extrapolated from the last (validate_estimate.py).
-        req = run_to_window(drain_study(cfg, conc, ESTIMATE_WAVES), (ESTIMATE_WAVES + 1) * conc, False)
-        means = wave_estimate(req, conc, waves, ESTIMATE_WAVES, drain=True)
+        req = run_to_window(drain_study(cfg, sim, ESTIMATE_WAVES), (ESTIMATE_WAVES + 1) * sim, False)
+        means = wave_estimate(req, sim, waves, ESTIMATE_WAVES, drain=True)
         extra["pred_ttft_all_ms"] = means["ttft_ms"]  # every request counted already
         extra["estimator"] = estimator_label(ESTIMATE_WAVES)
         loop = "closed"

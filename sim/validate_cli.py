@@ -20,6 +20,7 @@ from twinserve.sim.validate import (expressible, finish_record, row_record, simu
 from twinserve.sim.validate_layouts import DEFAULT_DISAGG_ASSUMPTION, DISAGG_ASSUMPTIONS
 from twinserve.sim.validate_rows import SiliconDataError, load_rows, row_study
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, WINDOWS
+from twinserve.sim.validate_reduce import DEFAULT_REDUCTION, REDUCTIONS
 
 
 def add_parser(sub: Any) -> None:
@@ -41,6 +42,10 @@ def add_parser(sub: Any) -> None:
                         "on [0.8 L, L]), rows of 64+ clients estimated from their first 4 waves and a drain wave "
                         "(validate_estimate.py); benchmark-full: every row's 10 N requests simulated; steady: cold wave left out, one wave "
                         "measured, fixed lengths")
+    p.add_argument("--reduce", choices=REDUCTIONS, default=DEFAULT_REDUCTION,
+                   help="replicas: simulate a disaggregated row's cluster as a 1/g slice (P/g prefill and D/g "
+                        "decode workers, N/g clients; g = gcd(P, D, N); the reduction column says so; "
+                        "validate_reduce.py); none: every worker and client")
     p.add_argument("--max-clients", type=int, default=None,
                    help="only rows of at most N clients (the benchmark window sends 10 N requests a row)")
     p.add_argument("--limit", type=int, default=None,
@@ -137,7 +142,7 @@ def cost_estimate(row: dict[str, Any]) -> float:
 
 def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: str | None,
                    progress: bool = True, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION,
-                   window: str = DEFAULT_WINDOW) -> pd.DataFrame:
+                   window: str = DEFAULT_WINDOW, reduce: str = DEFAULT_REDUCTION) -> pd.DataFrame:
     """Every row of df: its reason, or its prediction and errors; one record per row, in order.
 
     Rows whose studies are equal (e.g. the same model, layout and lengths at two backend versions
@@ -163,7 +168,7 @@ def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: 
                 continue
             first_of[key] = len(jobs)
             where.append(len(records) - 1)
-            jobs.append((row.to_dict(), cost_model, {"disagg": disagg, "window": window}))
+            jobs.append((row.to_dict(), cost_model, {"disagg": disagg, "window": window, "reduce": reduce}))
     order = sorted(range(len(jobs)), key=lambda j: -cost_estimate(jobs[j][0]))
     ran = run_jobs(simulate_row, [jobs[j] for j in order], [{"row": jobs[j][0]["id"]} for j in order],
                    workers, ray, "validate", progress)
@@ -198,14 +203,15 @@ def run_validate(args: argparse.Namespace) -> int:
                          args.layout, disagg)
         df = within_clients(df, getattr(args, "max_clients", None))
         window = getattr(args, "window", DEFAULT_WINDOW)
+        reduce = getattr(args, "reduce", DEFAULT_REDUCTION)
         frame = run_validation(df, args.cost_model, getattr(args, "workers", None), args.ray, disagg=disagg,
-                               window=window)
+                               window=window, reduce=reduce)
         summary = summarize_validation(frame)
         wall = time.perf_counter() - t0
         summary["run"] = {"cost_model": args.cost_model, "assume_disagg": args.assume_disagg,
                           "rows": int(len(frame)), "wall_s": round(wall, 1),
                           "loop": sorted(frame["loop"].dropna().unique()) if "loop" in frame else [],
-                          "window": window,
+                          "window": window, "reduce": reduce,
                           "filters": {k: getattr(args, k) for k in ("backend", "system", "model", "rows", "layout",
                                                                     "limit", "max_clients")}}
         out = Path(getattr(args, "out", None) or "simulate-validate")
