@@ -16,7 +16,9 @@
 # GPU_RUN_SMOKE=1 runs the same stages on CPU with tiny settings (checks this script, not speed);
 # GPU_RUN_STAGES picks stages (default "paths calibrate fidelity check"), GPU_CHECK_SECTIONS gpu_check's.
 # Prepare the tree first (ignored, so name it in the device call's carry): .gpu/smollm2-tok holds
-# SmolLM2's config and tokenizer files (no weights), .gpu/traces a copy of ../shared/traces.
+# SmolLM2's config and tokenizer files (no weights), .gpu/traces a copy of ../shared/traces, and .whl
+# the cp312 wheels of what the H200 image lacks (msgspec, pyzmq, simpy: `pip download --no-deps
+# --only-binary=:all: --python-version 3.12 ... -d .whl msgspec pyzmq simpy`); carry .gpu and .whl.
 set -u
 smoke=${GPU_RUN_SMOKE:-0}
 stages=" ${GPU_RUN_STAGES:-paths calibrate fidelity check} "
