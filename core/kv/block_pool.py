@@ -21,11 +21,14 @@ class KVCacheBlock:
         self.pending = None
         self.prev_free: KVCacheBlock | None = None
         self.next_free: KVCacheBlock | None = None
+        # FreeBlockQueue.take_fresh sets these fields itself: add new ones there too.
 
     def __repr__(self) -> str:
         cached = "" if self.block_hash is None else " cached"
         return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}{cached})"
 
+
+_new_object = object.__new__
 
 # A block behind a sliding window in a block table (never read, freed or cached).
 OUT_OF_WINDOW = KVCacheBlock(-1)
@@ -62,9 +65,17 @@ class FreeBlockQueue:
         """Make and hand out (ref_cnt 1) up to n never-used blocks, the queue's front."""
         start = self.next_fresh
         stop = min(start + n, self.num_blocks)
-        out = [KVCacheBlock(i) for i in range(start, stop)]
-        for block in out:
+        # KVCacheBlock(i) with ref_cnt 1, without a Python __init__ frame per block (the first
+        # pass over a pool makes a block at every block-filling decode step): same fields.
+        out = []
+        add = out.append
+        new = _new_object
+        for i in range(start, stop):
+            block = new(KVCacheBlock)
+            block.block_id = i
             block.ref_cnt = 1
+            block.block_hash = block.pending = block.prev_free = block.next_free = None
+            add(block)
         self.created.extend(out)
         self.next_fresh = stop
         self.num_free -= stop - start
