@@ -290,11 +290,6 @@ def build_engine(cfg: StudyConfig) -> BuiltEngine:
     if host_blocks:
         sched_cfg = dataclasses.replace(sched_cfg, kv_offloading_blocks=host_blocks,
                                         kv_offloading_policy=cfg.kv_offload.eviction)
-    if link is not None and (len(sched_cfg.kv_groups) > 1 or sched_cfg.sliding_window):
-        # The core keeps a tier for full attention in one group only.
-        raise _cfg_error(cfg, "kv_offload", "host_size_gib" if cfg.kv_offload.host_size_gib else "host_blocks",
-                         f"the host tier holds full-attention KV in one group; {model.name} runs KV groups "
-                         f"{kv_groups_for(cfg, model)} (sliding windows): leave the tier off for it")
     core = EngineCore(sched_cfg, executor, speculative_config=core_spec)
     if link is not None:
         core.executor = HostTierExecutor(executor, link, synchronous)

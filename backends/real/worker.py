@@ -206,12 +206,7 @@ class Worker:
         self.num_blocks = num_blocks
         self.runner.init_kv_cache(num_blocks, self.dtype)
         if self.args.kv_offloading_size:
-            if any(g.window is not None for g in self.runner.kv_groups):
-                # The core's tier serves one full-attention group (core/kv/tier_tables.py).
-                raise InvalidConfigError(
-                    "kv_offloading_size", self.args.kv_offloading_size,
-                    "0 for this model: its sliding-window layers are not served by the host tier yet "
-                    "(it serves models whose layers all use full attention)")
+            # KV groups share the tensors (a block id is one group's page), so one mirror serves them all.
             self.num_host_blocks = self.runner.init_host_tier(self.args.kv_offloading_size)
         # Captured graphs read a static block table and slot mapping per KV group.
         if (self.device.type == "cuda" and not self.args.enforce_eager

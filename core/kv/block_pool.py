@@ -173,10 +173,11 @@ class BlockPool:
             key = block.block_hash
             if key is not None:
                 # A colliding key value may name another block.
-                if cached.get(key.value) is block:
-                    del cached[key.value]
+                value = key[0]
+                if cached.get(value) is block:
+                    del cached[value]
                     if chains:
-                        chains.pop(key.value, None)
+                        chains.pop(value, None)
                 if sink is not None:
                     sink.append((block.block_id, key))
                 block.block_hash = None

@@ -96,13 +96,18 @@ class GroupTables:
         num_held = 0 if blocks is None else len(blocks)
         num_needed = -(-total // bs) - num_held - len(hits)
         hit_tables = hits.groups if hits else None
+        loads = hit_tables is not None and self.host is not None and hasattr(hits, "host")
         pages = max(num_needed, 0) * num_groups
         if pages or hit_tables:
             free = self.pool.free_queue.num_free
-            if hit_tables:
+            if loads:  # host hits: a new block per load (TierTables)
+                free -= self._group_load_pages(hits)
+            elif hit_tables:
                 free -= sum(1 for t in hit_tables for b in t if b is not OUT_OF_WINDOW and b.ref_cnt == 0)
             if pages > free - num_reserved_blocks:
                 return None
+        if loads:
+            hit_tables = self._allocate_group_loads(request, hits)
         if tables is None:
             tables = self.req_tables[rid] = [[] for _ in range(num_groups)]
             self.req_to_blocks[rid] = tables[0]

@@ -91,14 +91,15 @@ class LRFUHostPolicy:
         self._last[value] = self._now
         heapq.heappush(self._heap, (self._key(value), self._now, value))
 
-    def access(self, value: int) -> None:
+    def access(self, value: int, _log2=math.log2, _push=heapq.heappush) -> None:
         """Decay the score to now and add 1."""
-        self._now += 1
-        decayed = self._score[value] - self._rate * (self._now - self._last[value])
+        now = self._now = self._now + 1
+        rate = self._rate
+        decayed = self._score[value] - rate * (now - self._last[value])
         # log2(1 + 2**decayed), stable for very negative decayed.
-        self._score[value] = decayed + math.log2(1.0 + 2.0 ** -decayed) if decayed > -60 else 0.0
-        self._last[value] = self._now
-        heapq.heappush(self._heap, (self._key(value), self._now, value))
+        score = self._score[value] = decayed + _log2(1.0 + 2.0 ** -decayed) if decayed > -60 else 0.0
+        self._last[value] = now
+        _push(self._heap, (score + rate * now, now, value))  # _key(value), inlined (hot path)
 
     def remove(self, value: int) -> None:
         """Forget value (its heap entries go stale)."""

@@ -88,7 +88,7 @@ class KVCacheManager(GroupTables, TierTables):
         self._chains = self.pool.chains  # root key value -> PendingChain
         self.pending_requests: dict[str, PendingChain] = {}
         self._contested: set[int] = set()  # keys taken from another block
-        # The host tier (None: off); full attention in one group only (tier_tables).
+        # The host tier (None: off); every KV group and window (tier_tables).
         self._init_tier(host_tier)
 
     @property
@@ -151,8 +151,15 @@ class KVCacheManager(GroupTables, TierTables):
                 hashes[i] = stored  # children chain to the cached key object
             hits.append(block)
             parent = stored
-        if self.host is not None and len(hits) < max_blocks:
-            hits = self._host_hits(request, hits, parent, max_blocks)
+        if self.host is not None:
+            if len(hits) < max_blocks:
+                hits = self._host_hits(request, hits, parent, max_blocks)
+            if self.num_groups > 1:
+                if hits:
+                    hits = self._group_tier_hits(request, hits)
+                return hits, len(hits) * self.block_size
+            if self.sliding_window is not None and type(hits) is TierHits:
+                hits = self._window_tier_hits(hits)
         if self.num_groups > 1 and hits:
             hits = self._group_hits(request, hits)
         return hits, len(hits) * self.block_size
@@ -212,7 +219,11 @@ class KVCacheManager(GroupTables, TierTables):
             blocks = self.req_to_blocks[req_id] = []
             self.num_cached_blocks[req_id] = 0
         if new_computed_blocks:
-            self.pool.touch(new_computed_blocks)
+            if self.sliding_window is not None and self.host is not None:
+                # Host hits behind the window were never loaded (TierTables._window_tier_hits).
+                self.pool.touch([b for b in new_computed_blocks if b is not OUT_OF_WINDOW])
+            else:
+                self.pool.touch(new_computed_blocks)
             blocks.extend(new_computed_blocks)
             self.num_cached_blocks[req_id] = len(blocks)
             if self.sliding_window is not None:

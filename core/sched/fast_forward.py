@@ -179,7 +179,7 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
                     usage.extend([1.0 - (free - j) / num_blocks] * (k - len(usage)))
                     last = k
                 held[running[i].request_id].append(block)
-    else:
+    elif kv.lazy or not _register_window(kv, running, k_steps, allocs, usage):
         _step_through_events(kv, running, k_steps, usage)
     u = 1.0 - free_queue.num_free / num_blocks
     usage.extend([u] * (k_steps - len(usage)))
@@ -207,6 +207,63 @@ def _replay_allocations(kv, running: list[Request], k_steps: int, boundaries: li
         req.num_computed_tokens = end
         if new_blocks is None:
             raise AssertionError("fast-forward allocation failed: check decode_window")
+
+
+def _register_window(kv, running: list[Request], k_steps: int, allocs: list[int], usage: list[float]) -> bool:
+    """Eager registration (a host tier keeps it on): the window's new blocks in one call, then every
+    block it fills keyed, when no key it registers is cached already or twice; False otherwise,
+    with nothing changed but keys computed (request.block_hashes), and the caller steps through.
+
+    The same state as _step_through_events: without such a key, no registration takes a key from
+    another block, so evictions (the host tier's stores) and registrations commute.
+    """
+    bs = kv.block_size
+    cached = kv.pool.cached
+    counts = kv.num_cached_blocks
+    key_of = kv._key
+    seen: set[int] = set()
+    todo = []
+    for req in running:
+        rid = req.request_id
+        done = counts[rid]
+        full = req.num_computed_tokens // bs
+        if full <= done:
+            continue
+        hashes = req.block_hashes
+        parent = hashes[done - 1] if done else None
+        for i in range(done, full):
+            parent = key_of(req, hashes, i, parent)
+            value = parent[0]
+            if value in cached or value in seen:
+                return False  # a key taken from another block: its order matters
+            seen.add(value)
+        todo.append((rid, hashes, done, full))
+    held = kv.req_to_blocks
+    if allocs:
+        allocs.sort()
+        free_queue = kv.pool.free_queue
+        free = free_queue.num_free
+        if len(allocs) > free:
+            raise AssertionError("fast-forward allocation failed: decode_window was not checked")
+        num_blocks = kv.num_blocks
+        n_run = len(running)
+        last = -1
+        for j, (e, block) in enumerate(zip(allocs, kv.pool.get_new_blocks(len(allocs)))):
+            k, i = divmod(e, n_run)
+            if k != last:
+                usage.extend([1.0 - (free - j) / num_blocks] * (k - len(usage)))
+                last = k
+            held[running[i].request_id].append(block)
+    for rid, hashes, done, full in todo:
+        # KVCacheManager._register with no key taken (checked above).
+        blocks = held[rid]
+        for i in range(done, full):
+            key = hashes[i]
+            block = blocks[i]
+            block.block_hash = key
+            cached[key[0]] = block
+        counts[rid] = full
+    return True
 
 
 def _step_through_events(kv, running: list[Request], k_steps: int, usage: list[float]) -> None:

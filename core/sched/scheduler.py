@@ -13,7 +13,7 @@ from twinserve.core.errors import InvalidRequestError, PromptTooLongError
 from twinserve.core.kv.block_pool import KVCacheBlock
 from twinserve.core.kv.host_tier import HostTier
 from twinserve.core.kv.kv_cache_manager import KVCacheManager
-from twinserve.core.kv.tier_tables import TierHits
+from twinserve.core.kv.tier_tables import GroupTierHits, TierHits
 from twinserve.core.request import FINISH_STATUS, FinishReason, Request, RequestStatus
 from twinserve.core.sched.config import SchedulerConfig
 from twinserve.core.sched.output import (CachedRequestData, EngineCoreOutput, NewRequestData,
@@ -386,7 +386,7 @@ class Scheduler(OutputUpdate):
                 break
             # Headroom for running requests; with none it would only block.
             reserve = self.watermark_blocks if running else 0
-            if type(hits) is TierHits:
+            if type(hits) is TierHits or type(hits) is GroupTierHits:
                 if not self._admit_loading(req, hits, num_hit, num_new, reserve):
                     break
                 continue
@@ -435,7 +435,8 @@ class Scheduler(OutputUpdate):
         if kv.allocate_slots(req, num_new, hits, num_hit, reserve, num_draft_tokens=num_new) is None:
             return False
         self.waiting.pop()
-        kv.record_prefix_query(req.num_tokens, num_hit - len(hits.host) * kv.block_size)
+        external = hits.host_tokens if type(hits) is GroupTierHits else len(hits.host) * kv.block_size
+        kv.record_prefix_query(req.num_tokens, num_hit - external)
         kv.host.stats.queries += req.num_tokens
         if req.prefix_hit_tokens < 0:
             req.prefix_hit_tokens = num_hit

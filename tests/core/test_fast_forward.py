@@ -36,7 +36,8 @@ def _step(s: Scheduler, t: float) -> list[str]:
         req = s.requests[rid]
         if req.num_computed_tokens == req.num_tokens:
             sampled[rid] = [_token(req, req.num_tokens)]
-    outs = s.update_from_output(so, ModelRunnerOutput(sampled), t + 0.5)
+    # A host tier's loads land within their step.
+    outs = s.update_from_output(so, ModelRunnerOutput(sampled, finished_loads=list(so.kv_loads)), t + 0.5)
     return [o.req_id for o in outs if o.finished]
 
 
@@ -225,3 +226,47 @@ def test_a_sliding_window_model_decodes_in_fast_forward_windows():
     cached = SchedulerConfig(max_num_batched_tokens=64, max_model_len=64, block_size=4, num_blocks=64,
                              enable_prefix_caching=True, kv_groups=(0, 8))
     assert decode_window(_build(cached, [[1, 2, 3], [4, 5, 6, 7, 8]], [30, 30]), 100) == 0
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(block_size=st.sampled_from([1, 2, 4]), shared=st.booleans(), n=st.integers(1, 6),
+       tier=st.sampled_from([0, 1, 3, 40]), data=st.data())
+def test_fast_forward_with_eager_registration_matches_stepping(block_size, shared, n, tier, data):
+    # Eager registration (a host tier turns lazy registration off; so does a weak hash): a window
+    # registers its blocks after taking its new ones in one call, unless a key it registers is
+    # cached already (shared prompts decode equal blocks): then it steps through. Either way the
+    # evictions (the host tier's stores, in order) and the keys are stepping's.
+    prompts = [[3] * data.draw(st.integers(1, 20)) if shared and i % 2 else
+               list(range(10 * i + 1, 10 * i + 1 + data.draw(st.integers(1, 20)))) for i in range(n)]
+    max_tokens = [data.draw(st.integers(2, 40)) for _ in range(n)]
+    # One-token requests finish in _build: their cached blocks wait in the free queue, to be evicted.
+    prompts += [list(range(500 + 10 * i, 500 + 10 * i + data.draw(st.integers(1, 12)))) for i in range(2)]
+    max_tokens += [1, 1]
+    needs = [-(-(len(p) + m) // block_size) for p, m in zip(prompts, max_tokens)]
+    num_blocks = data.draw(st.integers(max(max(needs), sum(needs) // 2), sum(needs) + 8))
+    cfg = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=64,
+                          block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=True,
+                          prefix_caching_hash_algo="xxhash" if tier else "builtin", kv_offloading_blocks=tier)
+    a, b = _build(cfg, prompts, max_tokens), _build(cfg, prompts, max_tokens)
+    assert not b.kv.lazy
+    k = decode_window(b, 10_000)
+    if k == 0:
+        return
+    assert list(a.kv.take_transfers()[0]) == list(b.kv.take_transfers()[0])
+    stores_a, usage_a = [], []
+    for i in range(k):
+        so = a.schedule(1000.0 + i)
+        stores_a += so.kv_stores  # the step's stores (schedule() takes them)
+        sampled = {rid: [_token(a.requests[rid], a.requests[rid].num_tokens)] for rid in so.num_scheduled_tokens}
+        a.update_from_output(so, ModelRunnerOutput(sampled), 1000.5 + i)
+        usage_a.append(a.kv.usage)
+    usage_b, _ = apply_decode_steps(
+        b, [1000.5 + i for i in range(k)], lambda req, m: [_token(req, req.num_tokens + j) for j in range(m)])
+    assert usage_b == usage_a
+    assert list(b.kv.take_transfers()[0]) == stores_a  # the same stores, in order
+    reqs_a = sorted(a.requests.values(), key=lambda r: r.request_id)
+    reqs_b = sorted(b.requests.values(), key=lambda r: r.request_id)
+    assert _snapshot(a, reqs_a) == _snapshot(b, reqs_b)
+    if tier:
+        ha, hb = a.kv.host, b.kv.host
+        assert list(ha.entries.items()) == list(hb.entries.items()) and ha.stats == hb.stats

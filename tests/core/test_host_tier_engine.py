@@ -103,15 +103,6 @@ def test_no_stale_read_under_preemption_drafts_and_aborts(num_sessions, turns, p
     assert kv.num_free_blocks == kv.num_blocks
 
 
-@pytest.mark.parametrize("groups,window", [((0, 3), 0), ((0, 0, 5), 0), ((), 8)])
-def test_a_tier_for_sliding_windows_or_kv_groups_is_refused_not_dropped(groups, window):
-    # Not supported yet: an explicit error naming the field, never a tier silently left off.
-    cfg = SchedulerConfig(block_size=BS, num_blocks=40, max_model_len=128, kv_groups=groups,
-                          sliding_window=window, kv_offloading_blocks=64)
-    with pytest.raises(InvalidConfigError, match="kv_offloading_blocks.*full attention"):
-        Scheduler(cfg)
-
-
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])
 def test_a_host_tier_of_no_whole_block_is_refused_naming_the_field(bad):
     with pytest.raises(InvalidConfigError, match="kv_offloading_blocks"):

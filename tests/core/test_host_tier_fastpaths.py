@@ -55,3 +55,67 @@ def test_inlined_xxhash64_matches_its_definition(tokens, parent, extra):
     for _ in range(2):  # the packer made on the first call, reused on the second
         assert xxhash64(parent, tuple(tokens), extra) == xxhash.xxh3_64_intdigest(
             _to_bytes(tokens, extra), _seed(parent))
+
+
+class _ListLRUTier:
+    """A plain reference for the LRU tier: a list oldest first, a linear scan per operation."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.order: list[tuple[int, int, BlockHash]] = []  # (value, slot, key), oldest first
+        self.free = list(range(num_blocks - 1, -1, -1))
+        self.pins: dict[int, int] = {}
+        self.evictions = 0
+
+    def _find(self, value: int) -> int | None:
+        return next((i for i, e in enumerate(self.order) if e[0] == value), None)
+
+    def store(self, key: BlockHash) -> int | None:
+        i = self._find(key.value)
+        if i is not None:
+            if self.order[i][2] == key:
+                self.order.append(self.order.pop(i))
+                return None
+            if key.value in self.pins:
+                return None
+            self.free.append(self.order.pop(i)[1])
+        if self.free:
+            slot = self.free.pop()
+        else:
+            j = next((j for j, e in enumerate(self.order) if e[0] not in self.pins), None)
+            if j is None:
+                return None
+            slot = self.order.pop(j)[1]
+            self.evictions += 1
+        self.order.append((key.value, slot, key))
+        return slot
+
+    def pin(self, value: int) -> None:
+        self.pins[value] = self.pins.get(value, 0) + 1
+        self.order.append(self.order.pop(self._find(value)))
+
+
+@given(num_blocks=st.integers(1, 5), ops=_ops)
+def test_lru_store_many_matches_a_list_model(num_blocks, ops):
+    """The LRU tier's inlined store_many (entries kept in LRU order, pinned oldest entries skipped)
+    gives the slots, contents, order and eviction count of a plain list model."""
+    tier, ref = HostTier(num_blocks, "lru"), _ListLRUTier(num_blocks)
+    for op, keys in ops:
+        if op == "store":
+            expect = [(i, s) for i, k in enumerate(keys) if (s := ref.store(k)) is not None]
+            got: list[tuple[int, int]] = []
+            tier.store_many(list(enumerate(keys)), got)
+            assert got == expect
+        elif op == "pin":
+            held = [k for k in keys if ref._find(k.value) is not None]
+            for k in held:
+                ref.pin(k.value)
+            tier.pin_many(held)
+        else:
+            for k in keys:
+                if k.value in ref.pins:
+                    ref.pins[k.value] -= 1
+                    if not ref.pins[k.value]:
+                        del ref.pins[k.value]
+                    tier.unpin(k.value)
+        assert [(v, s, k) for v, (s, k) in tier.entries.items()] == ref.order
+        assert tier.stats.evictions == ref.evictions and tier.pins == ref.pins

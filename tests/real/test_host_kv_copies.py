@@ -33,15 +33,3 @@ def test_a_store_then_a_load_in_one_step_moves_the_exact_block_and_reports_the_j
 def test_a_tier_under_one_block_is_refused_with_the_block_size(gib):
     with pytest.raises(InvalidConfigError, match="kv_offloading_size.*bytes"):
         HostKVCache([torch.zeros(4, 16, 2, 8)], gib, torch.device("cpu"))
-
-
-def test_a_sliding_window_model_with_a_host_tier_is_a_start_up_error(tmp_path):
-    # The tier serves full-attention models only: an explicit error, not a tier silently left off.
-    from twinserve.backends.real import LLM
-
-    from .arch_helpers import make_arch_dir
-
-    folder = make_arch_dir(tmp_path / "mistral", "MistralForCausalLM")
-    with pytest.raises(InvalidConfigError, match="kv_offloading_size.*sliding-window"):
-        LLM(str(folder), dtype="float32", max_model_len=64, block_size=4, num_gpu_blocks_override=32,
-            kv_offloading_size=0.01)

@@ -143,9 +143,21 @@ def test_clusters_run_with_a_tier(cluster: dict) -> None:
     assert row["completed"] == 40
 
 
-def test_a_windowed_model_refuses_the_tier() -> None:
-    cfg = sessions(**{"kv_offload.host_blocks": 4096, "scheduler.sliding_window": 256})
-    from twinserve.sim.errors import ConfigError
-    with pytest.raises(ConfigError) as e:
-        build(cfg)
-    assert e.value.field == "kv_offload.host_blocks" and "full-attention" in str(e.value)
+@pytest.mark.parametrize("fields", [{"scheduler.sliding_window": 256}, {"scheduler.kv_groups": [0, 256]}],
+                         ids=["one-window", "full+window"])
+def test_a_windowed_model_runs_the_tier_and_prices_each_groups_pages(fields: dict) -> None:
+    # Sliding windows and KV groups keep the tier: hits come back, outputs equal the tier-off run, and
+    # every block moved is one group's page (the pool's block bytes: half a full block with 2 groups).
+    _, off = _run(sessions(**fields))
+    built, on = _run(sessions(**{"kv_offload.host_blocks": 8192}, **fields))
+    kv = built.simulation.core.scheduler.kv
+    assert kv.num_groups == len(fields.get("scheduler.kv_groups", [0]))
+    assert kv.host.stats.hits > 0 and kv.host.stats.blocks_loaded > 0
+    assert sorted((r.request_id, r.num_output_tokens) for r in on.records) == \
+        sorted((r.request_id, r.num_output_tokens) for r in off.records)
+    link = built.simulation.core.executor.link
+    plain = build(sessions())
+    assert link.block_bytes == built.capacity.block_bytes == plain.capacity.block_bytes / kv.num_groups
+    assert link.loads.blocks == kv.host.stats.blocks_loaded
+    assert link.loads.bytes == link.loads.blocks * link.block_bytes
+    assert link.stores.bytes == link.stores.blocks * link.block_bytes > 0
