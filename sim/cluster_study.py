@@ -7,7 +7,7 @@ per-replica table.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -117,11 +117,12 @@ def replicas_frame(built: BuiltCluster, res: ClusterResult, req: pd.DataFrame) -
 
 
 def cluster_row(built: BuiltCluster, res: ClusterResult, req: pd.DataFrame, steps: pd.DataFrame,
-                per: pd.DataFrame, extra: dict[str, Any]) -> dict[str, Any]:
+                per: pd.DataFrame, extra: dict[str, Any],
+                token_times: Sequence[Sequence[float]] | None = None) -> dict[str, Any]:
     """The summary row of a cluster point (same columns as a single engine's, plus cluster ones)."""
     cfg = built.cfg
     n = len(res.replicas)
-    row = summarize(res.total, req, steps, cfg.slo, extra)
+    row = summarize(res.total, req, steps, cfg.slo, extra, token_times)
     # summarize's time averages add up the replicas' step logs: per replica, divide by n.
     horizon = res.total.end_time
     sims = built.simulation.replicas
@@ -155,9 +156,9 @@ def cluster_row(built: BuiltCluster, res: ClusterResult, req: pd.DataFrame, step
     return row
 
 
-def cluster_frames(res: ClusterResult) -> tuple[pd.DataFrame, pd.DataFrame]:
+def cluster_frames(res: ClusterResult, itl: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per-request and per-step tables of the whole cluster, each with a replica column."""
-    req = requests_frame(res.total)
+    req = requests_frame(res.total, itl)
     if req.empty:
         req["replica"] = pd.Series(dtype=int)
     parts = []

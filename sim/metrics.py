@@ -6,6 +6,7 @@ ITL is every gap between consecutive tokens of a request.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Sequence
 
 import numpy as np
@@ -117,12 +118,25 @@ def time_average(steps: pd.DataFrame, column: str, horizon: float) -> float:
     return float((steps[column] * steps["duration_s"]).sum() / horizon)
 
 
+def itl_values(token_times: Sequence[Sequence[float]]) -> np.ndarray:
+    """Every request's inter-token gaps, in order (requests_frame's itl_s lists, flattened)."""
+    lists = [tt for tt in token_times if len(tt) > 1]
+    if not lists:
+        return np.empty(0, dtype=float)
+    flat = np.fromiter(itertools.chain.from_iterable(lists), dtype=float)
+    # One diff over all requests; drop the gap from each request's last token to the next's first.
+    bounds = np.cumsum(np.fromiter(map(len, lists), dtype=np.int64, count=len(lists)))[:-1] - 1
+    return np.delete(np.diff(flat), bounds)
+
+
 def summarize(result: RunResult, req: pd.DataFrame, steps: pd.DataFrame, slo: SLOConfig,
-              extra: dict[str, Any] | None = None) -> dict[str, Any]:
+              extra: dict[str, Any] | None = None,
+              token_times: Sequence[Sequence[float]] | None = None) -> dict[str, Any]:
     """Run-level numbers: throughput, goodput, latency percentiles, KV, preemptions, MFU/MBU.
 
     A closed-loop run counts its measured requests only, over its measured window (rates and
-    time averages); warm-up requests are counted in warmup_requests.
+    time averages); warm-up requests are counted in warmup_requests. With token_times (each
+    record's, in req's order) ITLs come from them, so req may be built with itl=False.
     """
     window = measured_window(req)
     out: dict[str, Any] = dict(extra or {})
@@ -148,7 +162,10 @@ def summarize(result: RunResult, req: pd.DataFrame, steps: pd.DataFrame, slo: SL
     out["slo_attainment"] = len(good) / len(done) if len(done) else np.nan
     for name in ("ttft", "tpot", "e2e", "queue"):
         _dist(f"{name}_s", done[f"{name}_s"].to_numpy(dtype=float), out)
-    itl = np.fromiter((x for lst in done["itl_s"] for x in lst), dtype=float)
+    if token_times is None:
+        itl = np.fromiter((x for lst in done["itl_s"] for x in lst), dtype=float)
+    else:  # req has a RangeIndex over the records: done.index picks their token times
+        itl = itl_values([token_times[i] for i in done.index])
     _dist("itl_s", itl, out)
     out["preemptions"] = (int(req["preemptions"].sum()) if window is not None and not req.empty
                           else result.num_preemptions)

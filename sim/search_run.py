@@ -107,7 +107,7 @@ def _search_point(point: dict[str, Any], cfg: StudyConfig, slos: dict[str, float
     if built.simulation.aborted:
         return {**point, "num_requests": w.num_requests, "completed": len(result.records),
                 "refused": 0, "stopped_early": guard.reason, "sim_wall_s": result.wall_time}
-    row = point_result(cfg, built, result, point).row
+    row = point_result(cfg, built, result, point, itl=False).row
     row["stopped_early"] = ""
     return row
 
@@ -131,7 +131,7 @@ def _cluster_point(point: dict[str, Any], cfg: StudyConfig, guard: SLOGuard) -> 
         return {**point, "num_requests": cfg.workload.num_requests,
                 "completed": len(built.simulation.records), "refused": 0,
                 "stopped_early": guard.reason, "sim_wall_s": 0.0}
-    row = cluster_point_result(cfg, built, res, point).row
+    row = cluster_point_result(cfg, built, res, point, itl=False).row
     row["stopped_early"] = ""
     return row
 

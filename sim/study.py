@@ -47,51 +47,64 @@ def check_turns(cfg: StudyConfig, workload: Workload) -> dict[str, int]:
     return {"followups_dropped": ls.followups_dropped, "requests_short": ls.short}
 
 
-def run_cluster_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None) -> PointResult:
+def run_cluster_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None,
+                      itl: bool = True) -> PointResult:
     """Simulate a cluster configuration and compute cluster and per-replica metrics."""
     from twinserve.sim.cluster_study import simulate_cluster
 
     built, res = simulate_cluster(cfg)
-    return cluster_point_result(cfg, built, res, overrides)
+    return cluster_point_result(cfg, built, res, overrides, itl)
 
 
 def cluster_point_result(cfg: StudyConfig, built: Any, res: Any,
-                         overrides: dict[str, Any] | None = None) -> PointResult:
-    """The metrics of one finished cluster run (built: sim.cluster_study.BuiltCluster)."""
+                         overrides: dict[str, Any] | None = None, itl: bool = True) -> PointResult:
+    """The metrics of one finished cluster run (built: sim.cluster_study.BuiltCluster).
+
+    itl=False: the requests table has empty itl_s lists (the row's ITLs are the same).
+    """
     from twinserve.sim.cluster_study import cluster_frames, cluster_row, replicas_frame
 
     counts = check_turns(cfg, built.workload)
-    req, steps = cluster_frames(res)
+    req, steps = cluster_frames(res, itl)
     per = replicas_frame(built, res, req)
     e = cfg.engine
     extra: dict[str, Any] = dict(overrides or {})
     extra.update({"model": e.model, "hardware": e.hardware, "tp": e.tensor_parallel_size,
                   "cost_model": built.engines[0].cost_model.name})
-    row = cluster_row(built, res, req, steps, per, extra)
+    row = cluster_row(built, res, req, steps, per, extra, _token_times(res.total, itl))
     row.update(counts)
     return PointResult(row, req, mark_warmup_steps(steps, req), per)
 
 
-def run_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None) -> PointResult:
-    """Simulate one configuration and compute its metrics."""
+def run_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None,
+              itl: bool = True) -> PointResult:
+    """Simulate one configuration and compute its metrics (itl=False: no itl_s lists in its table)."""
     if is_cluster(cfg):
-        return run_cluster_point(cfg, overrides)
+        return run_cluster_point(cfg, overrides, itl)
     built, result = simulate(cfg)
-    return point_result(cfg, built, result, overrides)
+    return point_result(cfg, built, result, overrides, itl)
+
+
+def _token_times(result: Any, itl: bool) -> list[list[float]] | None:
+    # Without the itl_s lists, summarize takes the ITLs from the records (numpy, same values).
+    return None if itl else [r.token_times for r in result.records]
 
 
 def point_result(cfg: StudyConfig, built: Any, result: Any,
-                 overrides: dict[str, Any] | None = None) -> PointResult:
-    """The metrics of one finished single-engine run (built: sim.build.BuiltStudy)."""
+                 overrides: dict[str, Any] | None = None, itl: bool = True) -> PointResult:
+    """The metrics of one finished single-engine run (built: sim.build.BuiltStudy).
+
+    itl=False: the requests table has empty itl_s lists (the row's ITLs are the same).
+    """
     counts = check_turns(cfg, built.workload)
-    req = requests_frame(result)
+    req = requests_frame(result, itl)
     steps = steps_frame(result)
     e = built.cfg.engine  # with replica 0's overrides, if any
     totals = built.simulation.executor.totals
     extra: dict[str, Any] = dict(overrides or {})
     extra.update({"model": e.model, "hardware": e.hardware, "tp": e.tensor_parallel_size,
                   "cost_model": built.cost_model.name})
-    row = summarize(result, req, steps, cfg.slo, extra)
+    row = summarize(result, req, steps, cfg.slo, extra, _token_times(result, itl))
     row.update(beyond_fit([built.simulation.executor]))
     gpus = e.tensor_parallel_size * e.data_parallel_size * e.pipeline_parallel_size
     row["mfu"] = totals.mfu(built.model, built.hardware, gpus)
@@ -164,7 +177,7 @@ def check_points(points: list[tuple[dict[str, Any], StudyConfig]],
 
 def _run(args: tuple[dict[str, Any], StudyConfig, bool]) -> PointResult:
     point, cfg, keep = args
-    res = run_point(cfg, point)
+    res = run_point(cfg, point, itl=keep)
     if not keep:
         res.requests = res.requests.iloc[0:0]
         res.steps = res.steps.iloc[0:0]

@@ -65,3 +65,16 @@ def test_a_pool_of_millions_makes_only_the_blocks_it_hands_out() -> None:
     # Never-used blocks stay at the front of the LRU queue, ahead of the freed ones.
     assert [b.block_id for b in pool.get_new_blocks(2)] == [3, 4]
     assert len(pool.free_queue.created) == 5
+
+
+def test_a_fresh_block_has_every_field_of_a_constructed_one_held_once() -> None:
+    # take_fresh sets the slots itself (no __init__ frame): each must match KVCacheBlock(i), ref 1.
+    from twinserve.core.kv.block_pool import KVCacheBlock
+
+    pool = BlockPool(4)
+    for block in pool.get_new_blocks(3):
+        want = KVCacheBlock(block.block_id)
+        want.ref_cnt = 1
+        assert [getattr(block, s) for s in KVCacheBlock.__slots__] == \
+            [getattr(want, s) for s in KVCacheBlock.__slots__]
+    assert [b.block_id for b in pool.blocks[:3]] == [0, 1, 2]

@@ -122,3 +122,31 @@ def test_out_of_reach_only_when_even_the_brackets_top_is_dearer_than_the_cheapes
         assert settled(other, [best, other]) == (hi * 1.35 < 0.65), (lo, hi)
     assert not settled(best, [best])
     assert out_of_reach(0.0, 0.0) is None
+
+
+ITL_CASES = {
+    "open loop": {"rate": 8.0},
+    "closed loop": {"concurrency": 8, "think_time_s": 0.2, "warmup_requests": 10},
+    "cluster": {"rate": 8.0, "cluster.num_replicas": 2},
+    "disaggregated": {"rate": 8.0, "cluster.num_replicas": 3, "cluster.num_prefill_replicas": 1},
+}
+
+
+@pytest.mark.parametrize("case", list(ITL_CASES))
+def test_a_row_without_itl_lists_is_the_row_with_them(case: str) -> None:
+    # The search builds its rows with itl=False (ITLs from the records, numpy): same numbers.
+    import math
+
+    from twinserve.sim.study import run_point
+
+    cfg = small_config(num_requests=60, output_dist="uniform", output_min=1,
+                       output_max=80, **ITL_CASES[case])
+    full, lean = run_point(cfg), run_point(cfg, itl=False)
+    assert full.row.keys() == lean.row.keys()
+    for k, v in full.row.items():
+        w = lean.row[k]
+        if k == "sim_wall_s" or k == "sim_requests_per_wall_s":
+            continue
+        assert (v == w) or (isinstance(v, float) and math.isnan(v) and math.isnan(w)), k
+    assert full.row["p99_itl_s"] > 0
+    assert all(len(x) == 0 for x in lean.requests["itl_s"])
