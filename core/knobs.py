@@ -12,6 +12,7 @@ generated from the same Knob (core/knob_gen.py). Standard library only.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import MISSING, dataclass
 from typing import Any, Callable, Iterable, Mapping
@@ -58,6 +59,18 @@ class Knob:
         """The choices, resolved now."""
         c = self.choices
         return tuple(c()) if callable(c) else c
+
+
+def json_object(name: str, spec: Mapping[str, Any] | str) -> dict[str, Any]:
+    """A setting given as a dict or its JSON text (vLLM's JSON flags), as a dict; else a named error."""
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError as e:
+            raise InvalidConfigError(name, spec, f"a JSON object ({e.msg})") from None
+    if not isinstance(spec, Mapping):
+        raise InvalidConfigError(name, spec, "a JSON object / dict")
+    return dict(spec)
 
 
 def knob(default: Any = MISSING, *, help: str, unit: str = "",

@@ -5,12 +5,11 @@ Proposers and verification live in the backends; names follow vLLM's --speculati
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from twinserve.core.errors import InvalidConfigError
-from twinserve.core.knobs import check_fields, knob
+from twinserve.core.knobs import check_fields, json_object, knob
 
 SPEC_METHODS = ("ngram", "draft_model")
 # More drafts per step are never worth the verify width (vLLM caps k similarly).
@@ -66,15 +65,8 @@ class SpeculativeConfig:
         """Build from vLLM's dict or JSON; unknown keys are an error."""
         if spec is None or isinstance(spec, SpeculativeConfig):
             return spec
-        if isinstance(spec, str):
-            try:
-                spec = json.loads(spec)
-            except json.JSONDecodeError as e:
-                raise InvalidConfigError("speculative_config", spec, f"a JSON object ({e.msg})") from None
-        if not isinstance(spec, Mapping):
-            raise InvalidConfigError("speculative_config", spec, "a JSON object / dict")
+        d = json_object("speculative_config", spec)
         known = {f.name for f in fields(cls)}
-        d = dict(spec)
         if d.get("method") == "draft_model" or ("model" in d and "method" not in d):
             d.setdefault("method", "draft_model")
         unknown = sorted(set(d) - known)

@@ -25,8 +25,9 @@ SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576), (576, 49152)]
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 4, 5, 8, 12, 16])
-    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 4, 5, 8, 12, 16],
+                   help="row counts (tokens per product) to time")
+    p.add_argument("--rounds", type=int, default=9, help="timing rounds per row count; the best is kept")
     p.add_argument("--no-head", action="store_true", help="the four projections only (one layer, in L3)")
     a = p.parse_args()
     torch.set_num_threads(1)

@@ -63,6 +63,30 @@ def _same(section: str, label: str, got, want) -> None:
            f"prompts {diff} differ" if diff else f"{len(got)} prompts token-identical")
 
 
+def _graph_run(section: str, ctx: "Ctx", llm, case: str, detail: str, prompts) -> list[list[int]]:
+    """Report the capture, then generate with graphs and report the replays it made."""
+    graphs = llm.llm_engine.worker.runner.graphs
+    report(section, case, "PASS" if graphs is not None and graphs.graphs else "FAIL" if ctx.cuda else "INFO",
+           f"{len(graphs.graphs) if graphs else 0} buckets{detail}")
+    before = graphs.replays if graphs is not None else 0
+    out = _gen(llm, prompts, ctx.n)
+    if graphs is not None:
+        report(section, "decode steps replayed", "PASS" if graphs.replays > before else "FAIL",
+               f"{graphs.replays - before} replays")
+    return out
+
+
+def _eager_run(section: str, ctx: "Ctx", llm, prompts, with_graphs) -> list[list[int]]:
+    """The same prompts with graphs off; the tokens compared with the graphs' (INFO: near ties may flip)."""
+    runner = llm.llm_engine.worker.runner
+    graphs, runner.graphs = runner.graphs, None
+    eager = _gen(llm, prompts, ctx.n)
+    runner.graphs = graphs
+    diff = [i for i, (a, b) in enumerate(zip(with_graphs, eager)) if a != b]
+    report(section, "greedy tokens graphs vs eager", "INFO", f"prompts {diff} differ" if diff else "all equal")
+    return eager
+
+
 class Ctx:
     """What every section shares: the device, the scratch folder, the budget."""
 
@@ -99,23 +123,10 @@ def section_window_graphs(ctx: Ctx) -> None:
 
     folder = make_arch_dir(ctx.tmp / "mistral", "MistralForCausalLM", window=WINDOW)
     llm = ctx.llm(folder)
-    runner = llm.llm_engine.worker.runner
-    graphs = runner.graphs
-    captured = bool(graphs is not None and graphs.graphs)
-    report("window_graphs", "decode graphs captured with a sliding window",
-           "PASS" if captured else "FAIL" if ctx.cuda else "INFO",
-           f"{len(graphs.graphs) if graphs else 0} buckets, window {WINDOW}, block {BLOCK}")
     prompts = _prompts(6, seed=1, lo=20, hi=120)
-    before = graphs.replays if graphs is not None else 0
-    with_graphs = _gen(llm, prompts, ctx.n)
-    if graphs is not None:
-        report("window_graphs", "decode steps replayed", "PASS" if graphs.replays > before else "FAIL",
-               f"{graphs.replays - before} replays")
-    runner.graphs = None
-    eager = _gen(llm, prompts, ctx.n)
-    runner.graphs = graphs
-    report("window_graphs", "greedy tokens graphs vs eager", "INFO",
-           "all equal" if with_graphs == eager else f"prompts {[i for i, (a, b) in enumerate(zip(with_graphs, eager)) if a != b]} differ")
+    with_graphs = _graph_run("window_graphs", ctx, llm, "decode graphs captured with a sliding window",
+                             f", window {WINDOW}, block {BLOCK}", prompts)
+    eager = _eager_run("window_graphs", ctx, llm, prompts, with_graphs)
     _judge("window_graphs", "graphs", folder, prompts, with_graphs, ctx.args.regret_tol)
     _judge("window_graphs", "eager", folder, prompts, eager, ctx.args.regret_tol)
 
@@ -127,29 +138,17 @@ def section_groups(ctx: Ctx) -> None:
 
     folder = make_arch_dir(ctx.tmp / "gemma3", "Gemma3ForCausalLM", gemma_layers=6, window=WINDOW)
     llm = ctx.llm(folder, enable_prefix_caching=True)
-    runner = llm.llm_engine.worker.runner
-    groups, graphs = runner.kv_groups, runner.graphs
+    groups = llm.llm_engine.worker.runner.kv_groups
     report("groups", "KV groups", "PASS" if len(groups) > 1 and any(g.window for g in groups) else "FAIL",
            f"{len(groups)} groups, windows {[g.window for g in groups]}")
-    captured = bool(graphs is not None and graphs.graphs)
-    report("groups", "decode graphs captured over every group's tables",
-           "PASS" if captured else "FAIL" if ctx.cuda else "INFO", f"{len(graphs.graphs) if graphs else 0} buckets")
     prompts = _prompts(6, seed=2, lo=10, hi=90, shared=3 * BLOCK + 5)
-    before = graphs.replays if graphs is not None else 0
-    first = _gen(llm, prompts, ctx.n)
-    if graphs is not None:
-        report("groups", "decode steps replayed", "PASS" if graphs.replays > before else "FAIL",
-               f"{graphs.replays - before} replays")
+    first = _graph_run("groups", ctx, llm, "decode graphs captured over every group's tables", "", prompts)
     hits0 = llm.llm_engine.core.stats().prefix_hits
     again = _gen(llm, prompts, ctx.n)
     hits = llm.llm_engine.core.stats().prefix_hits - hits0
     report("groups", "prefix hits on the second pass", "PASS" if hits > 0 else "FAIL", f"{hits} hit tokens")
     _same("groups", "greedy tokens, prefix-cached pass vs first", again, first)
-    runner.graphs = None
-    eager = _gen(llm, prompts, ctx.n)
-    runner.graphs = graphs
-    report("groups", "greedy tokens graphs vs eager", "INFO",
-           "all equal" if first == eager else f"prompts {[i for i, (a, b) in enumerate(zip(first, eager)) if a != b]} differ")
+    eager = _eager_run("groups", ctx, llm, prompts, first)
     _judge("groups", "KV groups (graphs)", folder, prompts, first, ctx.args.regret_tol)
     _judge("groups", "KV groups (eager)", folder, prompts, eager, ctx.args.regret_tol)
 

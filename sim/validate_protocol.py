@@ -17,7 +17,7 @@ The rest are aiconfigurator's gap-analysis CSVs (`source_file=/Users/.../aic-aut
 their harness is not published with the package; they run the same counts here at exact ISL/OSL,
 which the development rows (Qwen3-32B's are nearly all of them) chose: with SGLang's lock step,
 the 57 development gap rows' median |TPOT error| 17.4% -> 11.7% and |TTFT error| 36.9% -> 22.3%
-against lengths on [0.8 L, L] (docs/validate-accuracy.md, Dec 4; no held-out row was looked at
+against lengths on [0.8 L, L] (docs/validate-accuracy.md; no held-out row was looked at
 to choose).
 """
 

@@ -8,11 +8,11 @@ kv_role "kv_both", and kv_connector_extra_config {"cpu_bytes_to_use": N, "block_
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from twinserve.core.errors import InvalidConfigError
+from twinserve.core.knobs import json_object
 
 _GIB = 1 << 30
 _TOP = {"kv_connector", "kv_role", "kv_connector_extra_config"}
@@ -23,14 +23,7 @@ def parse_kv_transfer_config(spec: Mapping[str, Any] | str | None) -> dict[str, 
     """Check vLLM's dict (or its JSON text); unknown keys and other connectors are an error."""
     if spec is None:
         return None
-    if isinstance(spec, str):
-        try:
-            spec = json.loads(spec)
-        except json.JSONDecodeError as e:
-            raise InvalidConfigError("kv_transfer_config", spec, f"a JSON object ({e.msg})") from None
-    if not isinstance(spec, Mapping):
-        raise InvalidConfigError("kv_transfer_config", spec, "a JSON object / dict")
-    d = dict(spec)
+    d = json_object("kv_transfer_config", spec)
     unknown = sorted(set(d) - _TOP)
     if unknown:
         raise InvalidConfigError("kv_transfer_config", unknown, f"keys among {sorted(_TOP)}")

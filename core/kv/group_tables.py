@@ -7,7 +7,7 @@ when num_groups > 1.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from twinserve.core.kv.block_pool import OUT_OF_WINDOW, KVCacheBlock
 from twinserve.core.kv.hashing import BlockHash
@@ -16,6 +16,36 @@ from twinserve.core.request import Request
 _NO_BLOCKS: list[KVCacheBlock] = []
 # BlockHash(...) without the Python-level __new__ (hot path).
 _new_key = tuple.__new__
+
+
+def common_hit(h: int, windows: Sequence[int | None], bs: int, hashes: Sequence[BlockHash],
+               source: Callable[[int, BlockHash], object]) -> tuple[int, list[dict[int, object]]]:
+    """The longest hit of at most h blocks every group 1.. can serve, and each group's sources seen.
+
+    source(g, key) is group g's block (or host entry) for a prefix key, None where it has none. Full
+    groups need every block of the hit, sliding ones the blocks of its last window; cutting h can
+    change what a window needs, so it repeats until no group cuts.
+    """
+    found: list[dict[int, object]] = [{} for _ in windows]
+    changed = True
+    while changed and h:
+        changed = False
+        for g in range(1, len(windows)):
+            w = windows[g]
+            lo = 0 if w is None else max(0, h * bs - w + 1) // bs
+            seen = found[g]
+            # Full: the first missing block bounds the hit; sliding: the last one in the window.
+            order = range(lo, h) if w is None else range(h - 1, lo - 1, -1)
+            for i in order:
+                if i not in seen:
+                    seen[i] = source(g, hashes[i])
+                if seen[i] is None:
+                    h = i
+                    changed = True
+                    break
+            if not h:
+                break
+    return h, found
 
 
 class GroupHits(list):
@@ -49,26 +79,7 @@ class GroupTables:
         """
         bs = self.block_size
         hashes = request.block_hashes
-        found: list[dict[int, KVCacheBlock | None]] = [{} for _ in self.group_windows]
-        h = len(hits0)
-        changed = True
-        while changed and h:
-            changed = False
-            for g in range(1, self.num_groups):
-                w = self.group_windows[g]
-                lo = 0 if w is None else max(0, h * bs - w + 1) // bs
-                seen = found[g]
-                # Full: the first missing block bounds the hit; sliding: the last one in the window.
-                order = range(lo, h) if w is None else range(h - 1, lo - 1, -1)
-                for i in order:
-                    if i not in seen:
-                        seen[i] = self._group_block(g, hashes[i])
-                    if seen[i] is None:
-                        h = i
-                        changed = True
-                        break
-                if not h:
-                    break
+        h, found = common_hit(len(hits0), self.group_windows, bs, hashes, self._group_block)
         if not h:
             return _NO_BLOCKS
         out = GroupHits(hits0[:h])

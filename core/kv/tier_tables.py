@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from twinserve.core.kv.block_pool import OUT_OF_WINDOW, KVCacheBlock
-from twinserve.core.kv.group_tables import GroupHits, _new_key
+from twinserve.core.kv.group_tables import GroupHits, _new_key, common_hit
 from twinserve.core.kv.hashing import BlockHash
 from twinserve.core.kv.host_tier import HostTier
 from twinserve.core.request import Request
@@ -260,25 +260,7 @@ class TierTables:
         windows = self.group_windows
         host0 = hits0.host if type(hits0) is TierHits else ()
         first0 = len(hits0) - len(host0)  # group 0's first host block
-        found: list[dict[int, object]] = [{} for _ in windows]
-        h = len(hits0)
-        changed = True
-        while changed and h:
-            changed = False
-            for g in range(1, self.num_groups):
-                w = windows[g]
-                lo = 0 if w is None else max(0, h * bs - w + 1) // bs
-                seen = found[g]
-                order = range(lo, h) if w is None else range(h - 1, lo - 1, -1)
-                for i in order:
-                    if i not in seen:
-                        seen[i] = self._group_source(g, hashes[i])
-                    if seen[i] is None:
-                        h = i
-                        changed = True
-                        break
-                if not h:
-                    break
+        h, found = common_hit(len(hits0), windows, bs, hashes, self._group_source)
         if not h:
             return []
         host: list[tuple[int, int, tuple]] = []
