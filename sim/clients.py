@@ -73,6 +73,10 @@ class ClosedLoopSource:
         """Send time of the next request (inf when no client has one ready)."""
         return self._heap[0][0] if self._heap else INF
 
+    def pop_next(self) -> WorkItem:
+        """The next request in send order (the caller has checked there is one)."""
+        return heapq.heappop(self._heap)[2]
+
     def pop_until(self, t: float) -> list[WorkItem]:
         """All requests sent at or before t, in send order."""
         out: list[WorkItem] = []

@@ -133,6 +133,14 @@ class ArrivalSource:
             self.push(followup)
         return followup
 
+    def pop_next(self) -> WorkItem:
+        """The next request in arrival order (the caller has checked there is one)."""
+        a, h = self._next, self._heap
+        if a is not None and (not h or a.arrival_time <= h[0][0]):
+            self._next = next(self._items, None)
+            return a
+        return heapq.heappop(h)[2]
+
     def pop_until(self, t: float) -> list[WorkItem]:
         """All requests arriving at or before t, in arrival order."""
         out: list[WorkItem] = []
@@ -162,7 +170,8 @@ class Simulation:
 
     def __init__(self, core: EngineCore, executor: SimExecutor, workload: Workload,
                  fast_forward: bool = True, step_starts: Sequence[float] | None = None,
-                 admit_until: Sequence[float] | None = None) -> None:
+                 admit_until: Sequence[float] | None = None,
+                 admit_count: Sequence[int] | None = None) -> None:
         self.core = core
         self.executor = executor
         self.workload = workload
@@ -183,6 +192,9 @@ class Simulation:
             self.fast_forward = False
         # Core in its own process: step k admits only what had reached it (admit_until[k]).
         self.admit_until = admit_until if step_starts is not None else None
+        # ... and no more requests than it had taken by then (arrivals at one time come one by one).
+        self.admit_count = admit_count if self.admit_until is not None else None
+        self._num_added = 0
         self.replay_exhausted = False
         # Called with each finished record; True ends the run early (a search's lost SLO).
         self.abort: Callable[[RequestRecord], bool] | None = None
@@ -194,6 +206,12 @@ class Simulation:
         items = self.source.pop_until(t)
         while items and self._admit_items(items):
             items = self.source.pop_until(t)
+
+    def _admit_capped(self, t: float, cap: int) -> None:
+        # Replay of a core process: one request at a time, up to the count the real core had taken.
+        source = self.source
+        while self._num_added < cap and source.next_time() <= t:
+            self._admit_items([source.pop_next()])
 
     def _admit_items(self, items: list[WorkItem]) -> bool:
         """Add the requests to the core; True when a refusal freed a closed-loop client."""
@@ -222,6 +240,7 @@ class Simulation:
                     freed = True
                 continue
             self.live[item.request_id] = req
+            self._num_added += 1
             self.executor.register(item.request_id, wl.sample_token(item))
         return freed
 
@@ -282,7 +301,10 @@ class Simulation:
             if horizons is None:
                 self._admit(t)
             else:
-                self._admit(horizons[k])
+                if self.admit_count is None:
+                    self._admit(horizons[k])
+                else:
+                    self._admit_capped(horizons[k], self.admit_count[k])
                 if not sched.has_unfinished_requests():
                     # The real core had work for step k; with what reached it, the simulator has none.
                     self.replay_exhausted = True

@@ -32,6 +32,8 @@ class RealRun:
     num_preemptions: int = 0
     # Core process: per step, the latest arrival the core had received.
     admit_until: list[float] | None = None
+    # ... and how many requests it had taken (requests sent at one time reach it one by one).
+    admit_count: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -57,6 +59,7 @@ def run_real(engine: Any, workload: Workload, poll_s: float = 0.0005) -> RealRun
                                  "step log on with record_schedule=True (engine.set_step_log("
                                  "StepLog(path_or_keep, record_schedule=True))) before run_real")
         run.admit_until = []
+        run.admit_count = []
     # Engine's absolute arrival time -> the workload's own (no float round trip).
     arrivals: dict[float, float] = {}
     t0 = time.monotonic()
@@ -113,6 +116,7 @@ def _core_steps(engine: Any, run: RealRun, t0: float, arrivals: dict[float, floa
         run.preempted.append(list(tr.preempted or []))
         a = tr.admitted_until
         run.admit_until.append(-INF if a is None else arrivals.get(a, a - t0))
+        run.admit_count.append(tr.admitted_count or 0)
 
 
 def _add(engine: Any, workload: Workload, item: WorkItem, t0: float, live: dict[str, _Live],

@@ -85,7 +85,8 @@ def schedule_equivalence(real: RealRun, make_workload: Callable[[], Workload],
         finish = {r.request_id: r.finish_time for r in real.records if r.finish_time is not None}
         own = workload.next_turn
         workload.next_turn = lambda item, ctx, t: own(item, ctx, finish.get(item.request_id, t))  # type: ignore
-    sim = Simulation(core, executor, workload, step_starts=real.step_starts, admit_until=real.admit_until)
+    sim = Simulation(core, executor, workload, step_starts=real.step_starts, admit_until=real.admit_until,
+                     admit_count=real.admit_count)
     if workload.cfg.concurrency > 0:  # closed-loop clients freed at the real finishes too
         done = {r.request_id: r.finish_time for r in real.records if r.finish_time is not None}
         free = sim.source.on_done

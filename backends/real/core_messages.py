@@ -119,6 +119,8 @@ class StepTrace(msgspec.Struct, array_like=True, omit_defaults=True):
     scheduled: dict[str, int] | None = None
     preempted: list[str] | None = None
     admitted_until: float | None = None
+    # How many requests the core had taken by then (ties in arrival time need the count).
+    admitted_count: int | None = None
 
 
 class StepOutputs(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):

@@ -91,7 +91,7 @@ class _StepTracer:
         self.executor.set_timing(msg.on)
         self._busy_after_last = False  # no gap across a switch
 
-    def trace(self, start: float, end: float, admitted_until: float | None) -> StepTrace:
+    def trace(self, start: float, end: float, admitted_until: float | None, admitted_count: int) -> StepTrace:
         """The step just run (perf_counter times)."""
         gap = start - self._last_end if self._busy_after_last else 0.0
         self._last_end = end
@@ -108,6 +108,7 @@ class _StepTracer:
             tr.scheduled = dict(so.num_scheduled_tokens)
             tr.preempted = sorted(so.preempted_req_ids)
             tr.admitted_until = admitted_until
+            tr.admitted_count = admitted_count
         return tr
 
 
@@ -118,6 +119,7 @@ def _busy_loop(core: Any, executor: Any, inp: zmq.Socket, out: zmq.Socket, enc: 
     inputs_seen = reported_seen = 0
     sent = consumed = 0
     admitted_until: float | None = None
+    admitted_count = 0
     while True:
         msgs = []
         if not core.has_unfinished_requests() or sent - consumed >= MAX_UNCONSUMED_BATCHES:
@@ -145,6 +147,7 @@ def _busy_loop(core: Any, executor: Any, inp: zmq.Socket, out: zmq.Socket, enc: 
                                               error=f"the engine core refused the request: {e}"))
                 else:
                     requests.live[m.request_id] = req
+                    admitted_count += 1
                     if admitted_until is None or m.arrival_time > admitted_until:
                         admitted_until = m.arrival_time
             elif isinstance(m, AbortRequests):
@@ -164,7 +167,7 @@ def _busy_loop(core: Any, executor: Any, inp: zmq.Socket, out: zmq.Socket, enc: 
             step_outputs, stats = core.step(time.monotonic())
             outputs.extend(requests.wrap(step_outputs))
             if tracer.on:
-                trace = tracer.trace(t_start, time.perf_counter(), admitted_until)
+                trace = tracer.trace(t_start, time.perf_counter(), admitted_until, admitted_count)
         if stepped or outputs or inputs_seen != reported_seen:
             out.send(enc.encode(StepOutputs(outputs, core_stats(core), inputs_seen, stats, trace)))
             sent += 1

@@ -446,6 +446,14 @@ def test_replay_admits_what_had_reached_the_core(tmp_path: Path) -> None:
                      admit_until=[-1.0] * 4)
     sim.run()
     assert sim.replay_exhausted and ex.schedules == []
+    # Two requests sent at one time reach the core one by one: a step may start between them
+    # (the closed-loop clients freed by one step's finishes), and the count says which it had.
+    tied = _trace(tmp_path / "tied.csv", [(0.001, 8, 3), (0.001, 8, 2)])
+    tcfg = dataclasses.replace(cfg, trace=str(tied))
+    ex = RecordingExecutor(ReplayCostModel([0.001] * 4))
+    Simulation(EngineCore(sched, ex), ex, Workload(tcfg, 0, 64), step_starts=starts,
+               admit_until=[0.001] * 4, admit_count=[1, 2, 2, 2]).run()
+    assert len(ex.schedules[0]) == 1 and len(ex.schedules[1]) == 2
 
 
 def test_calibrate_and_fidelity_with_the_core_in_its_own_process(
