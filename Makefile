@@ -11,6 +11,9 @@ TORCH_SPEC ?= torch==2.13.0
 # (~20 s, 236 MB installed); a bare "ray" would download the newest from the index.
 RAY_SPEC ?= ray==2.58.0
 PYTEST_ARGS ?=
+# Test worker processes (pytest-xdist; each test file stays on one worker, so its module fixtures
+# load once). Two fit the 2-core, 24 GiB CI machine (a worker peaks near 6 GB); 0 runs in-process.
+TEST_WORKERS ?= 2
 # `make test` draws the same Hypothesis examples every run (profile ci); `make test-random`
 # draws new ones from a random seed, printed in the header (docs/testing.md).
 SEED ?= $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
@@ -35,11 +38,11 @@ study: install-sim
 
 test: install-all
 	PYTHONSAFEPATH=1 TRITON_INTERPRET=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest \
-		--hypothesis-profile=ci $(PYTEST_ARGS)
+		-n $(TEST_WORKERS) --dist loadfile --hypothesis-profile=ci $(PYTEST_ARGS)
 
 test-random: install-all
 	PYTHONSAFEPATH=1 TRITON_INTERPRET=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest \
-		--hypothesis-profile=random --hypothesis-seed=$(SEED) $(PYTEST_ARGS)
+		-n $(TEST_WORKERS) --dist loadfile --hypothesis-profile=random --hypothesis-seed=$(SEED) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -25,6 +25,14 @@ def test_ci_draws_the_same_examples_every_run_and_random_runs_are_marked() -> No
     assert "make test" in (ROOT / ".ci" / "run").read_text()
 
 
+def test_make_test_runs_on_workers_that_keep_each_file_together(pytestconfig: pytest.Config) -> None:
+    # Module fixtures (a loaded SmolLM2, a server per core mode) must not be built on both workers.
+    assert pytestconfig.pluginmanager.hasplugin("xdist"), "pytest-xdist is not installed"
+    makefile = (ROOT / "Makefile").read_text()
+    test_recipe = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    assert "-n $(TEST_WORKERS) --dist loadfile" in test_recipe
+
+
 @pytest.mark.timeout(600)
 def test_a_simulation_time_limit_leaves_the_per_test_limit_armed() -> None:
     import signal
