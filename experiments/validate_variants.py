@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
         validate_rows.run_design = run_design  # the study's lengths; the counts are the same
     if args.aic_kernel_only:
-        validate_engines.AIC_HOST_TIME = False
+        validate_engines.AIC_HOST_TIME = frozenset()
     rest = [a for a in args.rest if a != "--"]
     return simulate_main(["validate", *rest])
 

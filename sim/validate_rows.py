@@ -345,7 +345,7 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     for k, v in prec.items():
         setattr(e, k, v)
     e.engine_profile = ENGINE_PROFILE.get(str(row["backend"]), e.engine_profile)
-    if cost_model == "aic" and validate_engines.AIC_HOST_TIME:
+    if cost_model == "aic" and str(row["backend"]) in validate_engines.AIC_HOST_TIME:
         # aic's kernel timings hold no host time: the engine's own, as the roofline adds it.
         prof = ENGINE_PROFILES[e.engine_profile]
         e.step_overhead_s, e.per_seq_overhead_s = prof.step_overhead_s, prof.per_seq_overhead_s
