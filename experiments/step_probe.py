@@ -121,7 +121,10 @@ def main() -> None:
             rec["why"] = f"{type(e).__name__}: {str(e)[:80]}"
         out.append(rec)
     d = pd.DataFrame(out)
-    ok = d[d.get("pred_tpot_ms", pd.Series(dtype=float)).notna()].copy() if "pred_tpot_ms" in d else d.iloc[0:0]
+    if "pred_tpot_ms" not in d:
+        print(f"{len(d)} rows, none priced ({args.cost_model}, {args.rows})")
+        return
+    ok = d[d["pred_tpot_ms"].notna()].copy()
     print(f"{len(d)} rows, {len(ok)} priced ({args.cost_model}, {args.rows})")
     ok["err_tpot"] = ok["pred_tpot_ms"] / ok["silicon_tpot_ms"] - 1
     ok["err_ttft"] = ok["pred_ttft_ms"] / ok["silicon_ttft_ms"] - 1
