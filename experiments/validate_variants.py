@@ -3,7 +3,8 @@
 --mixed: every engine's rows with batch_policy "mixed" and no prefill cap (the code before SGLang's
 lock step was modelled: sim/validate_engines.py). --spread-gap-lengths: the gap-analysis rows
 (harness aic_gap) draw lengths on [0.8 L, L] as InferenceX's do (the protocol before Dec 4; they
-now run at exact ISL/OSL). Every other argument goes to `simulate validate`:
+now run at exact ISL/OSL). --aic-kernel-only: `--cost-model aic` rows without the engine's host
+time per step (sim/validate_engines.AIC_HOST_TIME off). Every other argument goes to `simulate validate`:
 
     python experiments/validate_variants.py --mixed -- --silicon --rows dev --backend sglang --out before
 """
@@ -14,7 +15,7 @@ import argparse
 import sys
 
 from twinserve.sim import validate_protocol as vp
-from twinserve.sim import validate_rows
+from twinserve.sim import validate_engines, validate_rows
 from twinserve.sim.cli import main as simulate_main
 
 
@@ -24,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mixed", action="store_true", help="every engine mixes prefill and decode (no lock step)")
     p.add_argument("--spread-gap-lengths", action="store_true",
                    help="gap-analysis rows with lengths on [0.8 L, L] (the protocol before Dec 4)")
+    p.add_argument("--aic-kernel-only", action="store_true",
+                   help="aic rows priced by kernel time only (no engine host time; before Dec 4 evening)")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of `simulate validate` (after --)")
     args = p.parse_args(argv)
     if args.mixed:
@@ -36,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
             return vp.BENCHMARK if d is vp.GAP_BENCHMARK else d
 
         validate_rows.run_design = run_design  # the study's lengths; the counts are the same
+    if args.aic_kernel_only:
+        validate_engines.AIC_HOST_TIME = frozenset()
     rest = [a for a in args.rest if a != "--"]
     return simulate_main(["validate", *rest])
 

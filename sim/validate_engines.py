@@ -60,9 +60,23 @@ def engine_defaults(backend: str, gpu_mem_bytes: float) -> EngineDefaults:
 # of `simulate validate --rows dev --limit 160 --window benchmark`), the value minimising the median
 # |TTFT error| on a 10 ms grid (docs/validate-accuracy.md). A 4-client fit of measured TTFT against
 # one prefill step on the same rows gives the same order: Llama-3.1-70B 80 ms + 1.1-1.3 x the step.
-FRONTEND_LATENCY_S = {"vllm": 0.060, "trtllm": 0.100, "sglang": 0.180}
+# SGLang's was refitted (180 -> 300 ms) after its lock step (batch_policy prefill_first) and exact
+# gap-row lengths landed: 48 SGLang development rows (DeepSeek-R1, Qwen3-32B) of `--rows dev
+# --limit 120` and `--rows dev --backend sglang --limit 40`, 2026-12-04 (docs/validate-accuracy.md).
+FRONTEND_LATENCY_S = {"vllm": 0.060, "trtllm": 0.100, "sglang": 0.300}
 
 
 def frontend_latency_s(backend: str) -> float:
     """The serving front end's time to first token outside the engine (0 for an unknown engine)."""
     return FRONTEND_LATENCY_S.get(backend, 0.0)
+
+
+# The measured backend (`--cost-model aic`) prices kernels only; a served step also pays the
+# engine's host time (scheduling, input prep, sampling, graph launch) where the GPU waits for it.
+# The engines whose aic rows get their engine profile's step and per-sequence host time, as the
+# roofline adds it (sim/validate_rows.py): vLLM and SGLang (Python schedulers replaying CUDA graphs),
+# not TensorRT-LLM (its overlap scheduler prepares the next step while the GPU runs this one).
+# Chosen on 18 development rows (`--cost-model aic --rows dev --limit 30 --max-clients 64`,
+# 2026-12-04): TPOT median |error| SGLang 16.8% -> 9.5% (6 rows), vLLM 8.1% -> 9.2% (signed
+# -8% -> +1%, 4 rows), TensorRT-LLM 53.8% -> 61.1% with it (8 rows), so left out there.
+AIC_HOST_TIME = frozenset({"vllm", "sglang"})

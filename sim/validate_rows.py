@@ -22,8 +22,10 @@ from twinserve.core.errors import TwinserveError
 from twinserve.sim.config import EngineConfig, StudyConfig
 from twinserve.sim.errors import SimError
 from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, AssumedWorkers,  # noqa: F401
-                                            NotExpressible, assume_workers, inferred_attention_dp,
+                                            NotExpressible, assume_workers, folded_layout, inferred_attention_dp,
                                             missing_worker_counts)
+from twinserve.backends.sim.engine_profile import ENGINE_PROFILES
+from twinserve.sim import validate_engines
 from twinserve.sim.validate_engines import engine_defaults
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, STEADY, RunDesign, run_design
 from twinserve.sim.workload import WorkloadConfig
@@ -130,6 +132,9 @@ def workers(row: pd.Series, counts: tuple[int, int] | None = None) -> list[Worke
     An aggregated row without attention_dp_size takes it from moe_tp x moe_ep / tp (vLLM's rule).
     """
     if row["mode"] != "disagg":
+        fold = folded_layout(row)
+        if fold:
+            return [Worker(fold[0], _int(row, "pp_size"), fold[1], fold[2], fold[3])]
         adp = inferred_attention_dp(row) or _int(row, "attention_dp_size")
         return [Worker(_int(row, "tp_size"), _int(row, "pp_size"), adp,
                        _int(row, "moe_tp_size"), _int(row, "moe_ep_size"))]
@@ -340,6 +345,10 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     for k, v in prec.items():
         setattr(e, k, v)
     e.engine_profile = ENGINE_PROFILE.get(str(row["backend"]), e.engine_profile)
+    if cost_model == "aic" and str(row["backend"]) in validate_engines.AIC_HOST_TIME:
+        # aic's kernel timings hold no host time: the engine's own, as the roofline adds it.
+        prof = ENGINE_PROFILES[e.engine_profile]
+        e.step_overhead_s, e.per_seq_overhead_s = prof.step_overhead_s, prof.per_seq_overhead_s
     s = cfg.scheduler
     s.max_model_len = max(s.max_model_len, isl + osl)
     # Benchmarks size the engine's batch for the clients: no request waits for a sequence slot.
@@ -357,6 +366,9 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
         _apply(cfg, _layout(ws[0], model))
         adp = inferred_attention_dp(row)
         note = f"inferred attention_dp {adp} = moe_tp x moe_ep / tp (vLLM's layout rule)" if adp else ""
+        if folded_layout(row):
+            note = (f"inferred {ws[0].label()}: the file's {ws[0].gpus * ws[0].moe_ep} GPUs are moe_tp x moe_ep "
+                    f"of one node's server (InferenceX's dump)")
         return RowPlan(cfg, note)
     pre, dec = ws
     pre_layout, dec_layout = _layout(pre, model), _layout(dec, model)

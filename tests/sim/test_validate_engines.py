@@ -68,3 +68,23 @@ def test_frontend_latency_per_engine_and_none_for_an_unknown_one() -> None:
     assert set(FRONTEND_LATENCY_S) == {"vllm", "sglang", "trtllm"}
     assert all(0.0 < v < 0.5 for v in FRONTEND_LATENCY_S.values())
     assert frontend_latency_s("vllm") == 0.060 and frontend_latency_s("tgi") == 0.0
+    # SGLang's lock step and prefill-first batches leave more of its first token outside the engine.
+    assert frontend_latency_s("sglang") > frontend_latency_s("trtllm") > frontend_latency_s("vllm")
+
+
+def test_aic_rows_get_their_engines_host_time_and_kernel_only_without_it(monkeypatch) -> None:
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.backends.sim.engine_profile import ENGINE_PROFILES
+    from twinserve.sim import validate_engines
+    rows = load_rows()
+    r = rows[(rows["model"] == "Qwen3-32B") & (rows["mode"] == "agg")].iloc[0].copy()
+    r["system"], r["backend"] = "h200_sxm", "vllm"
+    e = row_study(pd.Series(r), "aic").engine
+    prof = ENGINE_PROFILES[e.engine_profile]
+    assert (e.step_overhead_s, e.per_seq_overhead_s) == (prof.step_overhead_s, prof.per_seq_overhead_s) != (0, 0)
+    assert row_study(pd.Series(r)).engine.step_overhead_s < 0  # the roofline takes its profile's own
+    r["backend"] = "trtllm"  # its overlap scheduler hides the host time: kernel time only
+    assert row_study(pd.Series(r), "aic").engine.step_overhead_s < 0
+    r["backend"] = "vllm"
+    monkeypatch.setattr(validate_engines, "AIC_HOST_TIME", frozenset())
+    assert row_study(pd.Series(r), "aic").engine.step_overhead_s < 0
