@@ -39,9 +39,9 @@ def add_parser(sub: Any) -> None:
                         "(the layout column), or all")
     p.add_argument("--window", choices=WINDOWS, default=DEFAULT_WINDOW,
                    help="benchmark: as the row's benchmark ran and counted (10 N requests, all counted, lengths "
-                        "on [0.8 L, L]), rows of 64+ clients estimated from their first 4 waves and a drain wave "
-                        "(validate_estimate.py); benchmark-full: every row's 10 N requests simulated; steady: cold wave left out, one wave "
-                        "measured, fixed lengths")
+                        "on [0.8 L, L]), rows of 64+ clients estimated from their first 4 waves (3 from 256 "
+                        "clients) and a drain wave (validate_estimate.py); benchmark-full: every row's 10 N "
+                        "requests simulated; steady: cold wave left out, one wave measured, fixed lengths")
     p.add_argument("--reduce", choices=REDUCTIONS, default=DEFAULT_REDUCTION,
                    help="replicas: simulate a disaggregated row's cluster as a 1/g slice (P/g prefill and D/g "
                         "decode workers, N/g clients; g = gcd(P, D, N); the reduction column says so; "
