@@ -85,6 +85,9 @@ def main() -> None:
             out.write(json.dumps(rec) + "\n")
             out.flush()
     d = pd.DataFrame(diffs)
+    if d.empty:
+        print("no row ran (none expressible, or the budget was spent)")
+        return
     for n_lo in sorted({16, 32, 64, 128, 256, 512, 1024} & set(range(a.min_clients, a.max_clients + 1))):
         part = d[d["N"] >= n_lo]
         for k, tail in VARIANTS + [(k, "d") for k in a.drain_ks]:
