@@ -23,7 +23,7 @@ ESTIMATE_WAVES = 4
 # Rows of at least this many clients are estimated under `--window benchmark`; fewer run in full
 # (below it the full run is cheap). Chosen on development rows (docs/validate-speed.md).
 ESTIMATE_MIN_CLIENTS = 64
-# From this many clients on, K = FEWER_WAVES: 11 development rows of 256-666 clients kept TTFT within
+# From this many clients on, K = FEWER_WAVES: 13 development rows of 256-1,024 clients kept TTFT within
 # 3.7% and TPOT within 1.7% of the full run (K = 4: 2.4%, 1.1%); below 256 K = 3 reached 22% (docs/validate-speed.md).
 FEWER_WAVES_MIN_CLIENTS = 256
 FEWER_WAVES = 3
