@@ -35,6 +35,8 @@ def main() -> None:
     p.add_argument("--every", type=int, default=1, help="take every k-th candidate in cost order (a spread)")
     p.add_argument("--clients", type=int, nargs="*", default=None, help="only rows of these client counts")
     p.add_argument("--skip", type=int, default=0, help="leave out the first k candidates (resume)")
+    p.add_argument("--drain-ks", type=int, nargs="*", default=[3, 4],
+                   help="K of the drain variants, each its own run of K + 1 waves")
     p.add_argument("--out", default=None, help="JSON lines, one per row")
     a = p.parse_args()
     rows = load_rows()
@@ -67,7 +69,7 @@ def main() -> None:
         if conc >= 32:  # the drain variant needs its own run of K + 1 waves (and times the estimate)
             from twinserve.sim.validate_estimate import drain_study
             cfg = row_study(pd.Series(row), "roofline", window="benchmark")
-            for k in (3, 4):
+            for k in a.drain_ks:
                 t0 = time.process_time()
                 short = run_to_window(drain_study(cfg, conc, k), (k + 1) * conc, False)
                 rec[f"cpu_s_k{k}d"] = time.process_time() - t0
@@ -83,9 +85,12 @@ def main() -> None:
             out.write(json.dumps(rec) + "\n")
             out.flush()
     d = pd.DataFrame(diffs)
-    for n_lo in sorted({16, 32, 64, 128, 256} & set(range(a.min_clients, a.max_clients + 1))):
+    if d.empty:
+        print("no row ran (none expressible, or the budget was spent)")
+        return
+    for n_lo in sorted({16, 32, 64, 128, 256, 512, 1024} & set(range(a.min_clients, a.max_clients + 1))):
         part = d[d["N"] >= n_lo]
-        for k, tail in VARIANTS + [(3, "d"), (4, "d")]:
+        for k, tail in VARIANTS + [(k, "d") for k in a.drain_ks]:
             col = f"k{k}t{tail}" if tail != "d" else f"k{k}d"
             if f"d_ttft_{col}" not in part:
                 continue

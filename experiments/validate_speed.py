@@ -112,6 +112,8 @@ def main() -> None:
                    "or steady (sim/validate_protocol.py)")
     p.add_argument("--reduce", default=None, help="replicas: 1/g slices of disaggregated clusters "
                    "(sim/validate_reduce.py), or none (the default)")
+    p.add_argument("--estimate-waves", type=int, default=None, metavar="K",
+                   help="K of the rows estimated from their first waves (default: by their clients)")
     p.add_argument("--cheap-first", action="store_true", help="time the sampled rows cheapest first")
     p.add_argument("--full", action="store_true", help="run every request out (no stop at the window)")
     p.add_argument("--out", default="", help="also write one JSON line per row here")
@@ -134,6 +136,8 @@ def main() -> None:
     options = {"window": args.window} if args.window else {}
     if args.reduce:
         options["reduce"] = args.reduce
+    if args.estimate_waves:
+        options["waves"] = args.estimate_waves
     print(f"{len(rows)} unique studies; timing {args.top} costliest + every {k}th of the rest "
           f"({len(picked) - args.top} rows)", flush=True)
     sink = open(args.out, "a") if args.out else None

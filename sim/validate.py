@@ -20,7 +20,7 @@ import pandas as pd
 from twinserve.core.errors import TwinserveError
 
 from twinserve.sim.validate_engines import frontend_latency_s
-from twinserve.sim.validate_estimate import (ESTIMATE_WAVES, FULL, drain_study, estimator_label, uses_estimate,
+from twinserve.sim.validate_estimate import (FULL, drain_study, estimate_waves, estimator_label, uses_estimate,
                                             wave_estimate)
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, harness, run_design
 from twinserve.sim.validate_reduce import DEFAULT_REDUCTION, slice_row
@@ -81,7 +81,8 @@ def simulate_row(job: tuple[Any, ...]) -> dict[str, Any]:
 
     job: (row as a dict, cost model[, options]); options: {"disagg": assumption (validate_layouts.py), "window":
     design (validate_protocol.py), "reduce": 'replicas' simulates a 1/g slice of a disaggregated cluster
-    (validate_reduce.py; the `reduction` column says which) or 'none'}.
+    (validate_reduce.py; the `reduction` column says which) or 'none', "waves": K of an estimated row (None:
+    validate_estimate.estimate_waves of its clients)}.
     """
     from twinserve.sim.study import run_point
 
@@ -99,12 +100,13 @@ def simulate_row(job: tuple[Any, ...]) -> dict[str, Any]:
     warm, measured, total = design_counts(sim, design)
     extra: dict[str, Any] = {"estimator": "littles_law", "reduction": part.label()}  # estimator: set below
     waves = total // sim if design.requests_per_client > 0 and sim > 0 else 0
-    if closed_loop_available() and window == "benchmark" and uses_estimate(conc, waves):
+    k = options.get("waves") or estimate_waves(conc)
+    if closed_loop_available() and window == "benchmark" and uses_estimate(conc, waves, k):
         # The first waves and a drain wave; the waves between extrapolated from the last (validate_estimate.py).
-        req = run_to_window(drain_study(cfg, sim, ESTIMATE_WAVES), (ESTIMATE_WAVES + 1) * sim, False)
-        means = wave_estimate(req, sim, waves, ESTIMATE_WAVES, drain=True)
+        req = run_to_window(drain_study(cfg, sim, k), (k + 1) * sim, False)
+        means = wave_estimate(req, sim, waves, k, drain=True)
         extra["pred_ttft_all_ms"] = means["ttft_ms"]  # every request counted already
-        extra["estimator"] = estimator_label(ESTIMATE_WAVES)
+        extra["estimator"] = estimator_label(k)
         loop = "closed"
     elif closed_loop_available():
         req = run_to_window(cfg, warm + measured, STOP_AT_WINDOW)

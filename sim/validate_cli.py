@@ -39,13 +39,16 @@ def add_parser(sub: Any) -> None:
                         "(the layout column), or all")
     p.add_argument("--window", choices=WINDOWS, default=DEFAULT_WINDOW,
                    help="benchmark: as the row's benchmark ran and counted (10 N requests, all counted, lengths "
-                        "on [0.8 L, L]), rows of 64+ clients estimated from their first 4 waves and a drain wave "
-                        "(validate_estimate.py); benchmark-full: every row's 10 N requests simulated; steady: cold wave left out, one wave "
-                        "measured, fixed lengths")
+                        "on [0.8 L, L]), rows of 64+ clients estimated from their first 4 waves (3 from 256 "
+                        "clients) and a drain wave (validate_estimate.py); benchmark-full: every row's 10 N "
+                        "requests simulated; steady: cold wave left out, one wave measured, fixed lengths")
     p.add_argument("--reduce", choices=REDUCTIONS, default=DEFAULT_REDUCTION,
                    help="replicas: simulate a disaggregated row's cluster as a 1/g slice (P/g prefill and D/g "
                         "decode workers, N/g clients; g = gcd(P, D, N); the reduction column says so; "
                         "validate_reduce.py); none: every worker and client")
+    p.add_argument("--estimate-waves", type=int, default=None, metavar="K",
+                   help="waves simulated before the drain wave in a row estimated under --window benchmark "
+                        "(2-9; default: 3 from 256 clients on, else 4; validate_estimate.py)")
     p.add_argument("--max-clients", type=int, default=None,
                    help="only rows of at most N clients (the benchmark window sends 10 N requests a row)")
     p.add_argument("--limit", type=int, default=None,
@@ -142,8 +145,11 @@ def cost_estimate(row: dict[str, Any]) -> float:
 
 def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: str | None,
                    progress: bool = True, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION,
-                   window: str = DEFAULT_WINDOW, reduce: str = DEFAULT_REDUCTION) -> pd.DataFrame:
+                   window: str = DEFAULT_WINDOW, reduce: str = DEFAULT_REDUCTION,
+                   waves: int | None = None) -> pd.DataFrame:
     """Every row of df: its reason, or its prediction and errors; one record per row, in order.
+
+    waves: K of the rows estimated from their first waves (None: by their clients, validate_estimate.py).
 
     Rows whose studies are equal (e.g. the same model, layout and lengths at two backend versions
     the roofline prices alike) run once: the later ones copy the first one's prediction and name it
@@ -168,7 +174,8 @@ def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: 
                 continue
             first_of[key] = len(jobs)
             where.append(len(records) - 1)
-            jobs.append((row.to_dict(), cost_model, {"disagg": disagg, "window": window, "reduce": reduce}))
+            jobs.append((row.to_dict(), cost_model, {"disagg": disagg, "window": window, "reduce": reduce,
+                                                     "waves": waves}))
     order = sorted(range(len(jobs)), key=lambda j: -cost_estimate(jobs[j][0]))
     ran = run_jobs(simulate_row, [jobs[j] for j in order], [{"row": jobs[j][0]["id"]} for j in order],
                    workers, ray, "validate", progress)
@@ -204,14 +211,17 @@ def run_validate(args: argparse.Namespace) -> int:
         df = within_clients(df, getattr(args, "max_clients", None))
         window = getattr(args, "window", DEFAULT_WINDOW)
         reduce = getattr(args, "reduce", DEFAULT_REDUCTION)
+        waves = getattr(args, "estimate_waves", None)
+        if waves is not None and not 2 <= waves <= 9:
+            raise FilterError(f"--estimate-waves {waves}: allowed 2 .. 9 (the benchmark sends 10 waves)")
         frame = run_validation(df, args.cost_model, getattr(args, "workers", None), args.ray, disagg=disagg,
-                               window=window, reduce=reduce)
+                               window=window, reduce=reduce, waves=waves)
         summary = summarize_validation(frame)
         wall = time.perf_counter() - t0
         summary["run"] = {"cost_model": args.cost_model, "assume_disagg": args.assume_disagg,
                           "rows": int(len(frame)), "wall_s": round(wall, 1),
                           "loop": sorted(frame["loop"].dropna().unique()) if "loop" in frame else [],
-                          "window": window, "reduce": reduce,
+                          "window": window, "reduce": reduce, "estimate_waves": waves or "auto",
                           "filters": {k: getattr(args, k) for k in ("backend", "system", "model", "rows", "layout",
                                                                     "limit", "max_clients")}}
         out = Path(getattr(args, "out", None) or "simulate-validate")

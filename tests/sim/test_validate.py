@@ -175,6 +175,7 @@ def test_cli_limit_3_writes_both_files(tmp_path, capsys) -> None:
     (["--model", "Llama-4"], "known:"),
     (["--limit", "0"], "--limit"),
     (["--cost-model", "magic"], "roofline"),
+    (["--estimate-waves", "1"], "--estimate-waves 1: allowed 2 .. 9"),
 ])
 def test_cli_bad_filters_exit_2(tmp_path, capsys, flags: list[str], says: str) -> None:
     assert main(["validate", "--silicon", *flags, "--out", str(tmp_path / "x")]) == 2

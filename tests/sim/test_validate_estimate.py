@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from twinserve.sim.validate import run_to_window, simulate_row, window_means
-from twinserve.sim.validate_estimate import (ESTIMATE_MIN_CLIENTS, ESTIMATE_WAVES, drain_study, estimator_label,
+from twinserve.sim.validate_estimate import (ESTIMATE_MIN_CLIENTS, ESTIMATE_WAVES, FEWER_WAVES,
+                                             FEWER_WAVES_MIN_CLIENTS, drain_study, estimate_waves, estimator_label,
                                              uses_estimate, wave_estimate)
 from twinserve.sim.validate_rows import load_rows, row_study
 
@@ -80,7 +81,12 @@ def test_counted_requests_weigh_not_missing_ones() -> None:
 
 def test_switch() -> None:
     assert uses_estimate(ESTIMATE_MIN_CLIENTS, 10) and not uses_estimate(ESTIMATE_MIN_CLIENTS - 1, 10)
-    assert not uses_estimate(10_000, ESTIMATE_WAVES)  # K covers every wave: the full run
+    assert not uses_estimate(10_000, FEWER_WAVES)  # K covers every wave: the full run
+    assert not uses_estimate(100, ESTIMATE_WAVES)
+    # Fewer waves from FEWER_WAVES_MIN_CLIENTS clients on; a K given by the caller wins.
+    assert estimate_waves(FEWER_WAVES_MIN_CLIENTS - 1) == ESTIMATE_WAVES == 4
+    assert estimate_waves(FEWER_WAVES_MIN_CLIENTS) == FEWER_WAVES == 3
+    assert uses_estimate(10_000, ESTIMATE_WAVES, waves=3) and not uses_estimate(10_000, 5, waves=5)
 
 
 _CACHE: dict[str, pd.DataFrame] = {}
@@ -130,3 +136,16 @@ def test_simulate_row_switches_to_the_estimate_at_many_clients() -> None:
     assert est["measured_requests"] == full["measured_requests"] == 10 * n
     small = simulate_row((_small(4, 128, 8).to_dict(), "roofline", {"window": "benchmark"}))
     assert small["estimator"] == "full"
+
+
+def test_rows_of_many_clients_simulate_fewer_waves_unless_told() -> None:
+    n = FEWER_WAVES_MIN_CLIENTS
+    row = _small(n, 64, 6).to_dict()
+    auto = simulate_row((row, "roofline", {"window": "benchmark"}))
+    four = simulate_row((row, "roofline", {"window": "benchmark", "waves": ESTIMATE_WAVES}))
+    assert auto["estimator"] == estimator_label(FEWER_WAVES) and four["estimator"] == estimator_label(ESTIMATE_WAVES)
+    cfg = row_study(pd.Series(row), window="benchmark")
+    short = run_to_window(drain_study(cfg, n, FEWER_WAVES), (FEWER_WAVES + 1) * n, stop_early=False)
+    assert len(short) == (FEWER_WAVES + 1) * n  # K = 3 and the drain wave: 4 waves, not 5
+    assert auto["pred_ttft_engine_ms"] == wave_estimate(short, n, 10, FEWER_WAVES, drain=True)["ttft_ms"]
+    assert auto["measured_requests"] == four["measured_requests"] == 10 * n  # each request still weighs once
