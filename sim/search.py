@@ -82,6 +82,10 @@ class RateSearch:
     # > 0: `estimate` is a nearby answer (a recheck's: the shorter runs'): the driver starts at it
     # times the found/estimated ratio of every such search done so far, with this step.
     near_step: float = 0.0
+    first_hi: float = 0.0      # the bracket's top at the first run length (seeds search its grid)
+    # > 1 (with near_step): the calibrated start is snapped to estimate x grid^k, so searches
+    # land on the grid of the answer they start from (sim.search_band.search_seeds).
+    grid: float = 0.0
 
     def next_rate(self) -> float | None:
         """The next rate to simulate, or None when the bracket is settled."""

@@ -45,6 +45,14 @@ def calibration(searches: Sequence[SearchLike], near: SearchLike | None = None) 
     return math.exp(sum(logs) / len(logs)) if logs else 1.0
 
 
+def on_grid(ratio: float, grid: float) -> float:
+    """ratio (of bracket midpoints to their estimates) taken down to a whole power of grid: the
+    bottom of the grid bracket those searches landed in (ratio itself when grid <= 1)."""
+    if grid <= 1.0 or ratio <= 0.0:
+        return ratio
+    return grid ** math.floor(math.log(ratio) / math.log(grid) + 1e-9)
+
+
 def likeness(a: SearchLike, b: SearchLike) -> int:
     """How alike two configurations are: same kind of mode (agg/disagg) first, then each
     other grid value they share."""
@@ -137,7 +145,7 @@ def drive(searches: Sequence[SearchLike], fn: Callable[[Any], dict[str, Any]],
                     # A nearby answer (the shorter runs') moves alike for every configuration:
                     # all such searches calibrate it; a cost-model estimate errs by kind.
                     cal = calibration(searches, None if near else s)
-                    s.start = s.estimate * cal
+                    s.start = s.estimate * on_grid(cal, getattr(s, "grid", 0.0))
                     # A start placed by other answers is near; a raw estimate may be far off.
                     s.step = near or (_STEP_CALIBRATED if cal != 1.0 else _STEP_ESTIMATED)
                 if settled is not None and settled(s, searches):
