@@ -101,6 +101,9 @@ def convergence_note(s: RateSearch, tolerance: float) -> str:
             "requests")
     if n1 <= n0:
         note += " (the workload ran out: set trace_cycle = true to replay a trace)"
+    if s.unbanded:
+        note += ("; no seed band: dearer than the cheapest even with both rates moved by "
+                 "screen_margin")
     return note
 
 

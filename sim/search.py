@@ -78,6 +78,7 @@ class RateSearch:
     simulated: int = 0
     integer: bool = False      # the searched value is a client count (search.axis = concurrency)
     screened: bool = False     # cannot be the pick or a tie: not rechecked, no band (sim.search_screen)
+    unbanded: bool = False     # rechecked, then out of the pick's reach: no seed band (sim.search_screen)
     tolerance: float = 0.0     # bracket tolerance of this stage (0: search.tolerance)
     # > 0: `estimate` is a nearby answer (a recheck's: the shorter runs'): the driver starts at it
     # times the found/estimated ratio of every such search done so far, with this step.

@@ -56,7 +56,7 @@ def search_seeds(searches: Sequence[RateSearch], slos: dict[str, float], workers
     ratio the seed-k searches done so far found (one workload seed moves every configuration
     alike), on the grid of the answer's own bracket, so a seed landing in the bracket next to
     the start is settled in two runs."""
-    todo = [s for s in searches if s.status == "ok" and not s.screened]
+    todo = [s for s in searches if s.status == "ok" and not s.screened and not s.unbanded]
     for s in todo:
         # Short runs: the first length's answers; their spread is the wider one, so the band
         # they give the final answer errs on the safe side.
