@@ -31,7 +31,7 @@ def _axes(df: pd.DataFrame) -> list[str]:
 
 
 def _name(rec: dict, axes: list[str]) -> str:
-    return ", ".join(f"{rec[a]}" for a in axes)
+    return ", ".join(f"{rec[a]}" for a in axes if a in rec)
 
 
 def _band(r: pd.Series) -> str:
@@ -50,17 +50,18 @@ def main() -> None:
     old, old_pick = _load(args.old)
     new, new_pick = _load(args.new)
     axes = _axes(old)
-    key = lambda df: df[axes].astype(str).agg(", ".join, axis=1)  # noqa: E731
+    key = lambda df: df[[a for a in axes if a != "mode" or df[a].nunique() > 1]].astype(str).agg(  # noqa: E731
+        ", ".join, axis=1)
     old.index, new.index = key(old), key(new)
     print("| configuration | old max rate [band] | new max rate [band] | change | new in old band "
           "| old in new band | runs old -> new |")
     print("|---|---|---|---|---|---|---|")
     for name in old.index:
         o, n = old.loc[name], new.loc[name]
-        change = (n["max_rate"] / o["max_rate"] - 1) if o["max_rate"] else float("nan")
+        change = f"{n['max_rate'] / o['max_rate'] - 1:+.1%}" if o["max_rate"] else "-"
         inside = lambda a, b: ("yes" if b["band_lo"] <= a["max_rate"] <= b["band_hi"]  # noqa: E731
                                else "NO") if str(b.get("seed_rates") or "") not in ("", "nan") else "-"
-        print(f"| {name} | {_band(o)} | {_band(n)} | {change:+.1%} | {inside(n, o)} | {inside(o, n)} "
+        print(f"| {name} | {_band(o)} | {_band(n)} | {change} | {inside(n, o)} | {inside(o, n)} "
               f"| {o['runs_total']} -> {n['runs_total']} |")
     for label, p in (("old", old_pick), ("new", new_pick)):
         if p.get("pick"):
