@@ -1,6 +1,6 @@
 """Two `simulate search` outputs side by side: pick, ties and each configuration's answer and band.
 
-    python experiments/search_compare.py OLD_OUT NEW_OUT [--markdown]
+    python experiments/search_compare.py OLD_OUT NEW_OUT
 
 Prints one row per configuration (max rate [band] and runs, old -> new), whether the new answer
 lies inside the old band and the old inside the new, then the picks and ties of each, and the
@@ -44,8 +44,8 @@ def _band(r: pd.Series) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("old", type=Path)
-    ap.add_argument("new", type=Path)
+    ap.add_argument("old", type=Path, help="the first `simulate search` output folder")
+    ap.add_argument("new", type=Path, help="the second one")
     args = ap.parse_args()
     old, old_pick = _load(args.old)
     new, new_pick = _load(args.new)
