@@ -18,7 +18,9 @@ import re
 import shutil
 import subprocess
 import sys
+import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -84,6 +86,14 @@ def main() -> int:
                     "else beside this Python)")
     args = ap.parse_args()
     print(f"load (1, 5, 15 min) at the start: {os.getloadavg()}")
+    loads: list[float] = []
+    stop = threading.Event()
+
+    def sample() -> None:  # the 1-min load every 5 s while both run
+        while not stop.wait(5.0):
+            loads.append(os.getloadavg()[0])
+
+    threading.Thread(target=sample, daemon=True).start()
     tmp = Path(tempfile.mkdtemp(prefix="aic-side-"))
     jobs = {"AIConfigurator 0.12.0 cli default": start(aic_command(tmp / "aic", args.backend, args.aic),
                                                         tmp / "aic.log"),
@@ -100,7 +110,11 @@ def main() -> int:
         wall, cpu = time.perf_counter() - t0, usage.ru_utime + usage.ru_stime
         best = aic_best(log) if name.startswith("AIC") else search_best(tmp / "search")
         print(f"| {name} | {wall:.0f} | {cpu:.0f} | {best} |", flush=True)
+    stop.set()
     print(f"load (1, 5, 15 min) at the end: {os.getloadavg()}")
+    if loads:
+        print(f"1-min load during: min {min(loads):.1f}, median {statistics.median(loads):.1f}, "
+              f"max {max(loads):.1f} ({len(loads)} samples)")
     print(f"logs and outputs: {tmp}")
     return 0
 

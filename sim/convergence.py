@@ -42,6 +42,7 @@ def converged_search(base: StudyConfig, grid: dict[str, list[str]], slos: dict[s
     for s in searches:
         if s.status in answered:
             s.lengths.append((served(s, n), s.lo))
+            s.first_hi = s.hi
     screen(searches, sc.target_rate, sc.screen_margin)
     todo = [s for s in searches if s.status in answered and s.lengths[-1][0] >= n
             and not s.screened]
@@ -100,6 +101,9 @@ def convergence_note(s: RateSearch, tolerance: float) -> str:
             "requests")
     if n1 <= n0:
         note += " (the workload ran out: set trace_cycle = true to replay a trace)"
+    if s.unbanded:
+        note += ("; no seed band: dearer than the cheapest even with both rates moved by "
+                 "screen_margin")
     return note
 
 

@@ -78,10 +78,15 @@ class RateSearch:
     simulated: int = 0
     integer: bool = False      # the searched value is a client count (search.axis = concurrency)
     screened: bool = False     # cannot be the pick or a tie: not rechecked, no band (sim.search_screen)
+    unbanded: bool = False     # rechecked, then out of the pick's reach: no seed band (sim.search_screen)
     tolerance: float = 0.0     # bracket tolerance of this stage (0: search.tolerance)
     # > 0: `estimate` is a nearby answer (a recheck's: the shorter runs'): the driver starts at it
     # times the found/estimated ratio of every such search done so far, with this step.
     near_step: float = 0.0
+    first_hi: float = 0.0      # the bracket's top at the first run length (seeds search its grid)
+    # > 1 (with near_step): the calibrated start is snapped to estimate x grid^k, so searches
+    # land on the grid of the answer they start from (sim.search_band.search_seeds).
+    grid: float = 0.0
 
     def next_rate(self) -> float | None:
         """The next rate to simulate, or None when the bracket is settled."""

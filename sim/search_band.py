@@ -39,33 +39,50 @@ def seed_band(rates: Sequence[float], resolution: float = 0.0) -> tuple[float, f
     return max(0.0, min(min(rates), mean - half)), max(max(rates), mean + half)
 
 
+def seed_step(s: RateSearch, first: float, tol: float) -> float:
+    """The grid a seed's search steps on: the answer's own first-length bracket (first_hi /
+    first, within the tolerance), else twice the tolerance."""
+    if first > 0 and math.isfinite(s.first_hi) and s.first_hi > first * (1.0 + 1e-3) \
+            and (s.first_hi - first) / s.first_hi <= tol * (1.0 + 1e-9):
+        return s.first_hi / first
+    return 1.0 + 2 * tol
+
+
 def search_seeds(searches: Sequence[RateSearch], slos: dict[str, float], workers: int | None,
                  ray_address: str | None, progress: bool) -> None:
-    """Search band_seeds more seeds at the first run length; (seed, rate) go to s.seeds."""
-    again: list[tuple[RateSearch, RateSearch]] = []
-    for s in searches:
-        if s.status != "ok" or s.screened:
-            continue
+    """Search band_seeds more seeds at the first run length; (seed, rate) go to s.seeds.
+
+    Seed k's searches run together: each starts at its answer times the grid step below the
+    ratio the seed-k searches done so far found (one workload seed moves every configuration
+    alike), on the grid of the answer's own bracket, so a seed landing in the bracket next to
+    the start is settled in two runs."""
+    todo = [s for s in searches if s.status == "ok" and not s.screened and not s.unbanded]
+    for s in todo:
         # Short runs: the first length's answers; their spread is the wider one, so the band
         # they give the final answer errs on the safe side.
-        n, first = s.lengths[0] if s.lengths else (s.cfg.workload.num_requests, s.lo)
-        s.seeds = [(s.cfg.run.seed, first)]
-        # The first length's tolerance: each seed's answer as precise as the one it is set beside.
-        tol = s.tolerance or s.cfg.search.tolerance
-        for k in range(1, s.cfg.search.band_seeds + 1):
+        s.seeds = [(s.cfg.run.seed, s.lengths[0][1] if s.lengths else s.lo)]
+    for k in range(1, max((s.cfg.search.band_seeds for s in todo), default=0) + 1):
+        again: list[tuple[RateSearch, RateSearch]] = []
+        for s in todo:
+            if k > s.cfg.search.band_seeds:
+                continue
+            n, first = s.lengths[0] if s.lengths else (s.cfg.workload.num_requests, s.lo)
+            # The first length's tolerance: each seed's answer as precise as the one it is set beside.
+            tol = s.tolerance or s.cfg.search.tolerance
             cfg = with_requests(s.cfg, n)
             set_field(cfg, "run.seed", s.cfg.run.seed + k)
-            # Seeds differ by a few percent: start at the answer with a step of twice the tolerance.
-            again.append((s, RateSearch(s.point, cfg, start=first, step=1.0 + 2 * tol,
+            g = seed_step(s, first, tol)
+            again.append((s, RateSearch(s.point, cfg, estimate=first, near_step=g, grid=g,
                                         integer=s.integer, tolerance=tol)))
-    if not again:
-        return
-    run_searches([r for _, r in again], slos, workers, ray_address, progress, desc="seeds")
-    for s, r in again:
-        s.runs_total += r.runs_total
-        s.simulated += r.simulated
-        if r.status == "ok":
-            s.seeds.append((r.cfg.run.seed, r.lo))
+        if not again:
+            continue
+        run_searches([r for _, r in again], slos, workers, ray_address, progress,
+                     desc=f"seed {k}")
+        for s, r in again:
+            s.runs_total += r.runs_total
+            s.simulated += r.simulated
+            if r.status == "ok":
+                s.seeds.append((r.cfg.run.seed, r.lo))
 
 
 def _norm(name: str) -> str:

@@ -20,7 +20,7 @@ from twinserve.sim.search import cheapest, summary_rows
 from twinserve.sim.search_band import add_bands, search_seeds, ties
 from twinserve.sim.search_checks import check_search, search_slos
 from twinserve.sim.search_report import pick_record, write_search
-from twinserve.sim.search_screen import screen_notes
+from twinserve.sim.search_screen import screen_notes, skip_bands
 from twinserve.sim.study import parse_grid
 
 NOTHING_FITS = 3
@@ -43,6 +43,7 @@ def run_search(args: argparse.Namespace, base: Callable[[argparse.Namespace], St
         t0 = time.perf_counter()
         searches = converged_search(cfg, grid, slos, workers=args.workers, ray_address=args.ray)
         if cfg.search.band_seeds:
+            skip_bands(searches, cfg.search.target_rate, cfg.search.screen_margin)
             search_seeds(searches, slos, args.workers, args.ray, True)
         wall = time.perf_counter() - t0
         if all(s.error for s in searches):  # nothing to rank: a bad input, not a result

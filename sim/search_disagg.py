@@ -9,6 +9,7 @@ SLOs), as AIConfigurator compares its agg and disagg candidates.
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 from twinserve.sim.config import StudyConfig, field_error, replica_config, set_field
@@ -45,6 +46,21 @@ def with_modes(base: StudyConfig, points: list[tuple[dict[str, Any], StudyConfig
             set_field(c, "cluster.num_prefill_replicas", p)
             out.append(({**point, "mode": f"disagg {p}P+{workers - p}D"}, c))
     return out
+
+
+def split_of(point: dict[str, Any]) -> tuple[int, int] | None:
+    """(prefill, decode) replicas of a point's mode "disagg PP+DD" (None for agg)."""
+    m = re.fullmatch(r"disagg (\d+)P\+(\d+)D", str(point.get("mode", "")))
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def neighbour_splits(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """True when b is a's split of the same GPUs with one replica moved between prefill and decode
+    (every other grid value the same)."""
+    sa, sb = split_of(a), split_of(b)
+    if sa is None or sb is None or sum(sa) != sum(sb) or abs(sa[0] - sb[0]) != 1:
+        return False
+    return all(b.get(k) == v for k, v in a.items() if k != "mode") and len(a) == len(b)
 
 
 def check_disaggregation(base: StudyConfig) -> None:

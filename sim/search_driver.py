@@ -11,6 +11,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any, Callable, Protocol, Sequence
 
 from twinserve.sim.runner import PointFailure, _guarded, _Raised, ray_init
+from twinserve.sim.search_disagg import neighbour_splits
 
 
 _STEP_ESTIMATED = 1.5
@@ -43,6 +44,25 @@ def calibration(searches: Sequence[SearchLike], near: SearchLike | None = None) 
         done = [s for s in done if likeness(near, s) == best]
     logs = [math.log(math.sqrt(s.lo * s.hi) / s.estimate) for s in done]
     return math.exp(sum(logs) / len(logs)) if logs else 1.0
+
+
+def on_grid(ratio: float, grid: float) -> float:
+    """ratio (of bracket midpoints to their estimates) taken down to a whole power of grid: the
+    bottom of the grid bracket those searches landed in (ratio itself when grid <= 1)."""
+    if grid <= 1.0 or ratio <= 0.0:
+        return ratio
+    return grid ** math.floor(math.log(ratio) / math.log(grid) + 1e-9)
+
+
+def neighbour_answer(s: SearchLike, searches: Sequence[SearchLike]) -> float:
+    """The highest answer of s's neighbouring prefill/decode splits bracketed so far (0: none).
+
+    The estimate's error changes sign across the splits (prefill-bound ones are overrated,
+    decode-bound ones underrated), while a neighbour's answer is near; starting above the
+    answer costs less than below it (a run over its SLOs stops early, one under them runs
+    whole), so the higher of the two starts."""
+    return max((o.lo for o in searches if o.lo > 0 and math.isfinite(o.hi)
+                and neighbour_splits(s.point, o.point)), default=0.0)
 
 
 def likeness(a: SearchLike, b: SearchLike) -> int:
@@ -137,7 +157,9 @@ def drive(searches: Sequence[SearchLike], fn: Callable[[Any], dict[str, Any]],
                     # A nearby answer (the shorter runs') moves alike for every configuration:
                     # all such searches calibrate it; a cost-model estimate errs by kind.
                     cal = calibration(searches, None if near else s)
-                    s.start = s.estimate * cal
+                    s.start = s.estimate * on_grid(cal, getattr(s, "grid", 0.0))
+                    if not near:
+                        s.start = max(s.start, neighbour_answer(s, searches))
                     # A start placed by other answers is near; a raw estimate may be far off.
                     s.step = near or (_STEP_CALIBRATED if cal != 1.0 else _STEP_ESTIMATED)
                 if settled is not None and settled(s, searches):

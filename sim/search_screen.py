@@ -68,16 +68,31 @@ def screen(searches: Sequence[RateSearch], target_rate: float, margin: float) ->
         s.screened = s.status == "ok" and not keep
 
 
+def skip_bands(searches: Sequence[RateSearch], target_rate: float, margin: float) -> None:
+    """After the rechecks: mark the answers that cannot be the pick or a tie even with both rates
+    moved by margin (the same rule as screen, on the rechecked answers); they get no seed band."""
+    for s, keep in zip(searches, contenders(searches, target_rate, margin)):
+        s.unbanded = s.status == "ok" and not s.screened and not keep
+
+
 def screen_notes(searches: Sequence[RateSearch], best: dict[str, Any] | None,
                  margin: float) -> list[str]:
     """The summary's lines on screening: how many, and a warning when the pick's band is wider
     than the margin (then a screened configuration might have tied)."""
     n = sum(s.screened for s in searches)
-    if not n:
+    unbanded = sum(s.unbanded for s in searches)
+    if not n and not unbanded:
         return []
-    notes = [f"screened: {n} configuration(s) dearer than the cheapest even with both rates "
-             f"moved by {margin:.0%} keep their first answer: not rechecked, no seed band "
-             "(`convergence` column; `--set search.screen_margin=0` checks them all)"]
+    notes = []
+    if n:
+        notes.append(f"screened: {n} configuration(s) dearer than the cheapest even with both "
+                     f"rates moved by {margin:.0%} keep their first answer: not rechecked, no "
+                     "seed band (`convergence` column; `--set search.screen_margin=0` checks "
+                     "them all)")
+    if unbanded:
+        notes.append(f"no seed band: {unbanded} rechecked configuration(s) dearer than the "
+                     f"cheapest even with both rates moved by {margin:.0%} (`convergence` "
+                     "column; `--set search.screen_margin=0` bands them all)")
     moved = [s for s in searches if len(s.lengths) >= 2 and s.lengths[0][1] > 0
              and abs(s.lengths[-1][1] / s.lengths[0][1] - 1.0) > margin]
     if moved:  # screening compared first-length answers: they were not that close

@@ -150,3 +150,72 @@ def test_a_row_without_itl_lists_is_the_row_with_them(case: str) -> None:
         assert (v == w) or (isinstance(v, float) and math.isnan(v) and math.isnan(w)), k
     assert full.row["p99_itl_s"] > 0
     assert all(len(x) == 0 for x in lean.requests["itl_s"])
+
+
+
+def test_seed_searches_start_on_the_answers_grid_at_the_ratio_other_seeds_found() -> None:
+    from twinserve.sim.search import RateSearch
+    from twinserve.sim.search_band import seed_step
+    from twinserve.sim.search_driver import drive, on_grid
+
+    # Both answers' first-length brackets are 5% wide (grid 1.05); this seed's answers lie 10%
+    # above both (one workload seed moves every configuration alike).
+    a = RateSearch({"tp": 1}, small_config(), lo=4.0, hi=4.2, first_hi=4.2)
+    step = seed_step(a, 4.0, 0.05)
+    assert step == pytest.approx(1.05)
+    assert seed_step(RateSearch({}, small_config(), first_hi=5.0), 4.0, 0.05) == pytest.approx(1.1)
+    assert seed_step(RateSearch({}, small_config()), 4.0, 0.05) == pytest.approx(1.1)
+    first = RateSearch({"tp": 1}, small_config(), estimate=4.0, near_step=step, grid=step,
+                       tolerance=0.05)
+    second = RateSearch({"tp": 2}, small_config(), estimate=2.0, near_step=step, grid=step,
+                        tolerance=0.05)
+    answers = {id(first): 4.4, id(second): 2.2}
+    rates: dict[int, list[float]] = {id(first): [], id(second): []}
+
+    def job(s, rate):
+        rates[id(s)].append(rate)
+        return id(s), rate
+
+    drive([first, second], lambda j: {"s": j[0], "rate": j[1]}, job,
+          lambda row: row["rate"] <= answers[row["s"]], workers=1)
+    # The first starts at its answer, steps on its grid and bisects to the tolerance.
+    assert rates[id(first)][:2] == pytest.approx([4.0, 4.2], rel=1e-5)
+    assert first.lo <= 4.4 < first.hi and (first.hi - first.lo) / first.hi <= 0.05
+    # The second starts one grid step up (the first's bracket midpoint is x1.077 its answer):
+    # its answer lies in the next grid bracket, two runs.
+    assert rates[id(second)] == pytest.approx([2.1, 2.205], rel=1e-5)
+    assert on_grid(1.0766, 1.05) == pytest.approx(1.05) and on_grid(0.97, 1.05) == pytest.approx(1 / 1.05)
+    assert on_grid(1.3, 0.0) == 1.3
+
+
+def test_a_split_starts_at_its_neighbouring_splits_answer_when_that_is_higher() -> None:
+    from twinserve.sim.search import RateSearch
+    from twinserve.sim.search_disagg import neighbour_splits, split_of
+    from twinserve.sim.search_driver import drive
+
+    def split(p: int, d: int, **kw) -> RateSearch:
+        return RateSearch({"tp": 1, "mode": f"disagg {p}P+{d}D"}, small_config(), **kw)
+
+    def start(other: RateSearch) -> float:
+        done = split(3, 5, lo=4.0, hi=4.2, estimate=5.0, tolerance=0.05)  # found x0.82 its estimate
+        rates: list[float] = []
+
+        def job(s, rate):
+            if s is other:
+                rates.append(rate)
+            return rate
+
+        drive([done, other], lambda rate: {"rate": rate}, job, lambda row: row["rate"] <= 4.1,
+              workers=1)
+        return rates[0]
+
+    # Its estimate x the calibration (2.0 x 0.82) is under the neighbour's answer: start there.
+    assert start(split(4, 4, estimate=2.0)) == pytest.approx(4.0)
+    # Over it: the estimate's start stands.
+    assert start(split(2, 6, estimate=8.0)) == pytest.approx(8.0 * (4.0 * 4.2) ** 0.5 / 5.0, rel=1e-5)
+    # Not a neighbour (two replicas moved): the estimate's start.
+    assert start(split(5, 3, estimate=2.0)) == pytest.approx(2.0 * (4.0 * 4.2) ** 0.5 / 5.0, rel=1e-5)
+    assert split_of({"mode": "disagg 12P+4D"}) == (12, 4) and split_of({"mode": "agg"}) is None
+    assert not neighbour_splits({"tp": 1, "mode": "disagg 3P+5D"}, {"tp": 2, "mode": "disagg 4P+4D"})
+    assert not neighbour_splits({"tp": 1, "mode": "disagg 3P+5D"}, {"tp": 1, "mode": "disagg 5P+3D"})
+    assert not neighbour_splits({"tp": 1, "mode": "disagg 3P+5D"}, {"tp": 1, "mode": "agg"})

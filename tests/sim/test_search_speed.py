@@ -165,3 +165,23 @@ def test_summary_warns_when_an_answer_moved_more_than_the_screen_between_lengths
     assert len(lines) == 2 and "moved more than screen_margin" in lines[1]
     best.lengths = [(300, 1.1), (600, 1.0)]
     assert len(screen_notes([best, other], {"max_rate": 1.0, "band_lo": 0.9}, 0.35)) == 1
+
+
+def test_a_rechecked_answer_out_of_reach_gets_no_seed_band() -> None:
+    from twinserve.sim.search_screen import skip_bands
+
+    best, near, dear = (_answered("A100-80GB", 1.0, 1000.0), _answered("A100-80GB", 0.6, 600.0),
+                        _answered("A100-80GB", 0.4, 400.0))
+    for s in (best, near, dear):
+        s.lengths = [(60, s.lo), (120, s.lo)]  # rechecked: unmoved
+    skip_bands([best, near, dear], 0.0, 0.35)
+    # 0.6 x 1.35 reaches 1.0 x 0.65; 0.4 x 1.35 does not: no band can make it a tie.
+    assert [s.unbanded for s in (best, near, dear)] == [False, False, True]
+    search_seeds([dear], SLOS, 1, None, False)  # skipped (else seed 1 is searched for real)
+    assert dear.seeds == [] and dear.runs_total == 0
+    assert "no seed band" in convergence_note(dear, 0.05)
+    assert "no seed band" not in convergence_note(near, 0.05)
+    lines = screen_notes([best, near, dear], {"max_rate": 1.0, "band_lo": 0.9}, 0.35)
+    assert len(lines) == 1 and lines[0].startswith("no seed band: 1 rechecked")
+    skip_bands([best, near, dear], 0.0, 0.0)  # screen_margin = 0: every answer banded
+    assert not dear.unbanded
