@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import logging
 import os
 import platform
 import shutil
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -20,6 +22,9 @@ SOURCE = Path(__file__).with_name("csrc") / "few_rows.cpp"
 MAX_ROWS = 64
 # TWINSERVE_BUILD_EXTENSIONS=0 never compiles (a kernel built earlier still loads).
 BUILD_ENV = "TWINSERVE_BUILD_EXTENSIONS"
+# cpp_extension guards a build with a lock file and waits for it to go: a build killed midway
+# left one behind, and every engine start after it slept forever. A build takes ~1-2 min here.
+STALE_LOCK_S = 600.0
 
 
 def cache_dir() -> Path:
@@ -71,6 +76,28 @@ def _build_dir() -> Path:
     return cache_dir() / "ext" / f"few_rows-{torch.__version__}-{digest}"
 
 
+def _load_built(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("twinserve_few_rows", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def clear_stale_lock(build: Path, max_age_s: float = STALE_LOCK_S) -> bool:
+    """Remove a build lock older than max_age_s (its build was killed); True when one was removed."""
+    lock = build / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < max_age_s:
+        return False
+    log.warning("removing %s, left %.0f s ago by a build that did not finish", lock, age)
+    lock.unlink(missing_ok=True)
+    return True
+
+
 @functools.cache
 def load() -> tuple[ModuleType | None, str]:
     """(the compiled module, "") or (None, why not); compiles on first use, then loads the cached build."""
@@ -78,14 +105,20 @@ def load() -> tuple[ModuleType | None, str]:
     if why is not None:
         return None, f"needs {why}"
     build = _build_dir()
-    built = any(build.glob("twinserve_few_rows*.so"))
-    if not built and os.environ.get(BUILD_ENV, "1") == "0":
+    built = sorted(build.glob("twinserve_few_rows*.so"))
+    if built:
+        try:  # a finished build loads as it is: no lock to wait on
+            return _load_built(built[0]), ""
+        except Exception as e:  # e.g. a link cut short: build it again below
+            log.warning("the cached few-row kernel %s did not load (%s): building it again", built[0], e)
+    elif os.environ.get(BUILD_ENV, "1") == "0":
         return None, f"not built on this host and {BUILD_ENV}=0"
+    clear_stale_lock(build)
     try:
         from torch.utils.cpp_extension import load as cpp_load
 
         build.mkdir(parents=True, exist_ok=True)
-        if not built:
+        if not built:  # (a cached build that did not load is built again without a word more)
             log.warning("building the few-row product kernel once for this host into %s", build)
         module = cpp_load("twinserve_few_rows", [str(SOURCE)], extra_cflags=["-O3", "-mavx2", "-mfma"],
                           build_directory=str(build), verbose=False)

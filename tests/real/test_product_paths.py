@@ -142,6 +142,42 @@ def _kernel():
     return module
 
 
+@pytest.mark.timeout(120)
+def test_a_built_kernel_loads_past_a_lock_a_killed_build_left(tmp_path, monkeypatch) -> None:
+    import shutil
+
+    _kernel()
+    built = next(few_rows._build_dir().glob("twinserve_few_rows*.so"))
+    monkeypatch.setenv("TWINSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(few_rows.BUILD_ENV, "0")  # never compile here: the copy must load as it is
+    dest = few_rows._build_dir()
+    dest.mkdir(parents=True)
+    shutil.copy(built, dest / built.name)
+    (dest / "lock").touch()  # cpp_extension would wait for this file to go, for ever
+    few_rows.load.cache_clear()
+    try:
+        module, err = few_rows.load()
+        assert module is not None, err
+        x = torch.randn(3, 8)
+        w = torch.randn(5, 8)
+        torch.testing.assert_close(module.mm(x, module.pack(w), 5), x @ w.t(), rtol=1e-5, atol=1e-4)
+    finally:
+        few_rows.load.cache_clear()
+
+
+def test_only_a_stale_build_lock_is_removed(tmp_path) -> None:
+    import os
+    import time
+
+    lock = tmp_path / "lock"
+    lock.touch()
+    assert not few_rows.clear_stale_lock(tmp_path) and lock.exists()  # a build may be running
+    old = time.time() - few_rows.STALE_LOCK_S - 1
+    os.utime(lock, (old, old))
+    assert few_rows.clear_stale_lock(tmp_path) and not lock.exists()
+    assert not few_rows.clear_stale_lock(tmp_path)
+
+
 @pytest.mark.parametrize("out_features, in_features", [(16, 8), (37, 33), (96, 576), (5, 1)])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 16, 64])
 def test_the_kernel_multiplies_as_a_plain_product(out_features: int, in_features: int, rows: int) -> None:
