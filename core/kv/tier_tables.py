@@ -87,6 +87,12 @@ class TierTables:
         self._next_job = 0
         if self.host is not None:
             self.pool.evicted = []
+            if self.host._lru and self.num_groups == 1:
+                # The pool stores each evicted block as it goes (one pass; the same stores): every
+                # one-group path drains right after it takes blocks, before any host lookup. KV groups
+                # keep the list, drained later (an admission's stores follow its cache_blocks).
+                self.pool.tier = self.host
+                self.pool.stores = self.kv_stores
             # Pending chains are registered in name only: an evicted one has no key to store under.
             self.lazy = False
 
@@ -216,7 +222,7 @@ class TierTables:
         stores, loads = self.kv_stores, self.kv_loads
         if not stores and not loads:
             return _NO_STORES, _NO_LOADS
-        self.kv_stores = []
+        self.kv_stores = self.pool.stores = []
         self.kv_loads = {}
         return stores, loads
 
