@@ -181,7 +181,7 @@ class TierTables:
     def complete_loads(self, job_ids: Sequence[int]) -> list[str]:
         """Apply the executor's finished loads: key the blocks, drop the job's hold; requests now ready."""
         ready = []
-        cached = self.pool.cached
+        claim = self.pool.cached.setdefault
         for job_id in job_ids:
             job = self.load_jobs.pop(job_id, None)
             if job is None:
@@ -194,9 +194,9 @@ class TierTables:
                     pins[value] = n
                 else:
                     del pins[value]
-                if value not in cached and block.block_hash is None:
+                # Keyed unless another block holds the value (one dict operation: hot path).
+                if block.block_hash is None and claim(value, block) is block:
                     block.block_hash = key
-                    cached[value] = block
             self.pool.free_blocks(job.blocks)
             rid = job.request_id
             if rid is not None and self.req_load_job.get(rid) == job_id:
