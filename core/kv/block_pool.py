@@ -123,7 +123,7 @@ class BlockPool:
     """Owns every block, the free queue and the prefix-cache map."""
 
     __slots__ = ("num_blocks", "enable_caching", "_blocks", "free_queue", "cached", "chains",
-                 "num_evictions", "evicted")
+                 "num_evictions", "evicted", "tier", "stores")
 
     def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
         self.num_blocks = num_blocks
@@ -137,6 +137,10 @@ class BlockPool:
         self.num_evictions = 0
         # With a host tier: (block id, key) of each full block evicted, for the KV manager to store.
         self.evicted: list[tuple[int, BlockHash]] | None = None
+        # Or an LRU host tier (HostTier) that takes each evicted full block as it is evicted,
+        # appending (block id, host slot) per copy to stores (the KV manager's kv_stores).
+        self.tier = None
+        self.stores: list[tuple[int, int]] = []
 
     @property
     def blocks(self) -> list[KVCacheBlock]:
@@ -162,6 +166,9 @@ class BlockPool:
                 return out
         else:
             out = []
+        if self.tier is not None:
+            self._take_storing(n, out)
+            return out
         append = out.append
         cached = self.cached
         chains = self.chains
@@ -196,6 +203,85 @@ class BlockPool:
         queue.num_free -= n
         self.num_evictions += evicted
         return out
+
+    def _take_storing(self, n: int, out: list[KVCacheBlock]) -> None:
+        """get_new_blocks' walk with each evicted full block stored to the LRU host tier as it goes:
+        the same blocks, tier state and stores as the walk then HostTier.store_many(evicted,
+        stores), in one pass (hot path of a tiered run: no (block id, key) list in between)."""
+        tier = self.tier
+        entries = tier.entries
+        get = entries.get
+        move = entries.move_to_end
+        pop_oldest = entries.popitem
+        free = tier.free_slots
+        pins = tier.pins
+        store = tier.store
+        add = self.stores.append
+        stored = host_evictions = 0
+        append = out.append
+        cached = self.cached
+        pop_cached = cached.pop
+        chains = self.chains
+        evicted = 0
+        queue = self.free_queue
+        head = queue._head
+        block = head.next_free
+        for _ in range(n):
+            key = block.block_hash
+            if key is not None:
+                value = key[0]
+                holder = pop_cached(value, None)
+                if holder is block:
+                    if chains:
+                        chains.pop(value, None)
+                elif holder is not None:
+                    cached[value] = holder  # a colliding key value names another block
+                block.block_hash = None
+                evicted += 1
+                # HostTier.store_many's LRU body, inlined.
+                entry = get(value)
+                if entry is not None:
+                    if entry[1] is key or entry[1] == key:
+                        move(value)  # the same KV is there: nothing to copy
+                    else:
+                        slot = store(key)
+                        if slot is not None:
+                            add((block.block_id, slot))
+                elif free:
+                    slot = free.pop()
+                    entries[value] = (slot, key)
+                    stored += 1
+                    add((block.block_id, slot))
+                else:
+                    victim, entry = pop_oldest(False)
+                    if pins and victim in pins:
+                        entries[victim] = entry  # back to the front: store() skips pinned entries
+                        move(victim, False)
+                        slot = store(key)
+                        if slot is not None:
+                            add((block.block_id, slot))
+                    else:
+                        slot = entry[0]
+                        entries[value] = (slot, key)
+                        stored += 1
+                        host_evictions += 1
+                        add((block.block_id, slot))
+            elif block.pending is not None:
+                block.pending = None  # so its chain sees it is gone
+                evicted += 1
+            block.ref_cnt = 1
+            block.prev_free = None
+            nxt = block.next_free
+            block.next_free = None
+            append(block)
+            block = nxt
+        head.next_free = block
+        block.prev_free = head
+        queue.num_free -= n
+        self.num_evictions += evicted
+        stats = tier.stats
+        stats.blocks_stored += stored
+        stats.evictions += host_evictions
 
     def get_cached_block(self, key: BlockHash) -> KVCacheBlock | None:
         """The block cached under key if it holds key's whole prefix."""

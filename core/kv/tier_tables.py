@@ -87,6 +87,12 @@ class TierTables:
         self._next_job = 0
         if self.host is not None:
             self.pool.evicted = []
+            if self.host._lru and self.num_groups == 1:
+                # The pool stores each evicted block as it goes (one pass; the same stores): every
+                # one-group path drains right after it takes blocks, before any host lookup. KV groups
+                # keep the list, drained later (an admission's stores follow its cache_blocks).
+                self.pool.tier = self.host
+                self.pool.stores = self.kv_stores
             # Pending chains are registered in name only: an evicted one has no key to store under.
             self.lazy = False
 
@@ -175,7 +181,7 @@ class TierTables:
     def complete_loads(self, job_ids: Sequence[int]) -> list[str]:
         """Apply the executor's finished loads: key the blocks, drop the job's hold; requests now ready."""
         ready = []
-        cached = self.pool.cached
+        claim = self.pool.cached.setdefault
         for job_id in job_ids:
             job = self.load_jobs.pop(job_id, None)
             if job is None:
@@ -188,9 +194,9 @@ class TierTables:
                     pins[value] = n
                 else:
                     del pins[value]
-                if value not in cached and block.block_hash is None:
+                # Keyed unless another block holds the value (one dict operation: hot path).
+                if block.block_hash is None and claim(value, block) is block:
                     block.block_hash = key
-                    cached[value] = block
             self.pool.free_blocks(job.blocks)
             rid = job.request_id
             if rid is not None and self.req_load_job.get(rid) == job_id:
@@ -216,7 +222,7 @@ class TierTables:
         stores, loads = self.kv_stores, self.kv_loads
         if not stores and not loads:
             return _NO_STORES, _NO_LOADS
-        self.kv_stores = []
+        self.kv_stores = self.pool.stores = []
         self.kv_loads = {}
         return stores, loads
 

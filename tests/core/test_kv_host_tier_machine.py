@@ -189,6 +189,9 @@ class TierMachine(RuleBasedStateMachine):
         for value, b in pool.cached.items():
             assert b.block_hash.value == value
             assert self.slots.slots.get(b.block_id) == self._chain_kv(b.block_hash), "cached block holds other KV"
+        for b in pool.blocks:  # a block has a key iff the cache maps its value to it: a load lands
+            # unkeyed where another block took the value meanwhile
+            assert b.block_hash is None or pool.cached.get(b.block_hash.value) is b, f"{b!r} keyed, not cached"
         assert len(host.entries) + len(host.free_slots) == host.num_blocks
         used = [slot for slot, _ in host.entries.values()]
         assert len(set(used)) == len(used) and not set(used) & set(host.free_slots)
