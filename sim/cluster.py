@@ -27,7 +27,7 @@ from twinserve.core.sched.fast_forward import apply_decode_steps, decode_window
 from twinserve.sim.kv_offload import store_free_window
 from twinserve.sim.gc_policy import simulation_gc
 from twinserve.sim.workload import WorkItem, Workload
-from twinserve.sim.world import INF, RequestRecord, RunResult, StepLog, make_source
+from twinserve.sim.world import INF, RequestRecord, RunResult, StepLog, first_tokens, make_source
 
 
 class Replica:
@@ -99,6 +99,8 @@ class ClusterSimulation:
         # Called with each record; True ends the run there (as Simulation.abort).
         self.abort: Callable[[RequestRecord], bool] | None = None
         self.aborted = False
+        # Called with each request at its first token (as Simulation.first_token).
+        self.first_token: Callable[[Request], bool] | None = None
 
     # ------------------------------------------------------------------ routing
     def _route_until(self, t: float) -> None:
@@ -215,6 +217,10 @@ class ClusterSimulation:
             timer = self.env.timeout(max(0.0, nxt.arrival_time - self.env.now))
             timer.callbacks.append(self._on_followup_timer)
 
+    def _first_tokens(self, rep: Replica, outputs: list, hook: Callable[[Request], bool]) -> bool:
+        """Report the step's first tokens to hook (sim.world.first_tokens); True: stop the run."""
+        return first_tokens(rep.live, outputs, hook)
+
     # ------------------------------------------------------------------ engine loops
     def _engine(self, rep: Replica):  # a SimPy process per replica
         env = self.env
@@ -222,6 +228,7 @@ class ClusterSimulation:
         sched = core.scheduler
         # The host tier's copies are priced from each step's start (None: no tier).
         tier = core.executor if isinstance(core.executor, HostTierExecutor) else None
+        first_token = self.first_token
         t = 0.0
         while True:
             self._route_until(t)
@@ -280,6 +287,8 @@ class ClusterSimulation:
                 t = t + d
                 rep.end_time = t
                 finished = [out.req_id for out in outputs if out.finish_reason is not None]
+                if first_token is not None and self._first_tokens(rep, outputs, first_token):
+                    self.aborted = True
             rep.clock = t
             rep.num_events += 1
             if t > env.now:
@@ -350,7 +359,7 @@ class ClusterSimulation:
         for rep in self.replicas:
             rep.process = env.process(self._engine(rep))
         with simulation_gc():
-            if self.abort is None:
+            if self.abort is None and self.first_token is None:
                 env.run()
             else:
                 step = env.step

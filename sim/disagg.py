@@ -140,6 +140,10 @@ class DisaggregatedSimulation(ClusterSimulation):
             return 1
         return item.num_output_tokens - 1
 
+    def _first_tokens(self, rep: Replica, outputs: list, hook) -> bool:
+        # A decode replica's first token is the request's second: its TTFT came from the prefill half.
+        return rep.index < self.num_prefill and super()._first_tokens(rep, outputs, hook)
+
     def _finish(self, rep: Replica, rid: str) -> None:
         if rep.index >= self.num_prefill:
             self._finish_decode(rep, rid)

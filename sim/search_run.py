@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from twinserve.core.request import Request
 from twinserve.sim.build import build
 from twinserve.sim.config import StudyConfig
 from twinserve.sim.gc_policy import simulation_gc
@@ -50,6 +51,8 @@ class SLOGuard:
     checks: list[tuple[str, str, float, int]] = field(default_factory=list)  # col, metric, limit, n
     counts: list[int] = field(default_factory=list)
     reason: str = ""
+    # Requests whose TTFT miss was counted at their first token: not counted again at finish.
+    early: set[str] = field(default_factory=set)
 
     @classmethod
     def for_run(cls, slos: dict[str, float], total: int) -> "SLOGuard | None":
@@ -68,7 +71,10 @@ class SLOGuard:
         if rec.finish_reason == "refused":
             self.reason = "a request was refused"
             return True
+        early = self.early
         for i, (col, metric, limit, need) in enumerate(self.checks):
+            if metric == "ttft" and early and rec.request_id in early:
+                continue  # counted at its first token (first_token)
             v = _metric(rec, metric)
             if v is not None and v > limit:
                 self.counts[i] += 1
@@ -77,6 +83,35 @@ class SLOGuard:
                                    f"{limit:g} s")
                     return True
         return False
+
+    def first_token(self, req: Request) -> bool:
+        """Count a TTFT miss at the request's first token, when it is certain; True: lost.
+
+        The value is the one its record will hold (first_token_time is set once), so counting it
+        here instead of at finish moves the stop earlier and never changes the verdict: a request
+        that gets its first token either finishes (its TTFT is in the row) or the row fails anyway
+        (completed < num_requests).
+        """
+        item = req.payload
+        if getattr(item, "warmup", False) or req.first_token_time is None:
+            return False
+        ttft = req.first_token_time - req.arrival_time
+        lost = False
+        for i, (col, metric, limit, need) in enumerate(self.checks):
+            if metric == "ttft" and ttft > limit:
+                if req.request_id not in self.early:
+                    self.early.add(req.request_id)
+                    self.counts[i] += 1
+                if self.counts[i] >= need and not lost:
+                    self.reason = (f"{col} lost: {need} of at most {self.total} requests over "
+                                   f"{limit:g} s")
+                    lost = True
+        return lost
+
+    @property
+    def watches_ttft(self) -> bool:
+        """True when a TTFT percentile is among the checks (the first-token hook is worth it)."""
+        return any(metric == "ttft" for _, metric, _, _ in self.checks)
 
 
 def run_search_point(job: tuple[dict[str, Any], StudyConfig, dict[str, float], bool]
@@ -103,6 +138,8 @@ def _search_point(point: dict[str, Any], cfg: StudyConfig, slos: dict[str, float
         return _cluster_point(point, cfg, guard)
     built = build(cfg)
     built.simulation.abort = guard
+    if guard.watches_ttft:
+        built.simulation.first_token = guard.first_token
     result = built.simulation.run()
     if built.simulation.aborted:
         return {**point, "num_requests": w.num_requests, "completed": len(result.records),
@@ -124,7 +161,14 @@ def _cluster_point(point: dict[str, Any], cfg: StudyConfig, guard: SLOGuard) -> 
         if guard(rec):
             raise _Lost  # propagates out of env.run(): the cluster loop needs no abort flag
 
+    def on_first_token(req: Request) -> bool:
+        if guard.first_token(req):
+            raise _Lost
+        return False
+
     built = build_cluster(cfg, on_record=on_record)
+    if guard.watches_ttft:
+        built.simulation.first_token = on_first_token
     try:
         res = built.simulation.run()
     except _Lost:

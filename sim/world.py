@@ -165,6 +165,17 @@ def make_source(workload: Workload) -> ArrivalSource | ClosedLoopSource:
     return ArrivalSource(workload.items())
 
 
+def first_tokens(live: dict[str, Request], outputs: list, hook: Callable[[Request], bool]) -> bool:
+    """Call hook with each request whose first tokens are a step's outputs; True if one said stop."""
+    stop = False
+    for out in outputs:
+        req = live[out.req_id]
+        # Every output token came this step: the first (a resumed preemption has earlier ones).
+        if len(req.output_token_ids) == len(out.new_token_ids) and hook(req):
+            stop = True
+    return stop
+
+
 class Simulation:
     """One engine replica (the core's EngineCore, unchanged) driven in simulated time."""
 
@@ -199,6 +210,9 @@ class Simulation:
         # Called with each finished record; True ends the run early (a search's lost SLO).
         self.abort: Callable[[RequestRecord], bool] | None = None
         self.aborted = False
+        # Called with each request at its first token; True ends the run there (a TTFT miss is
+        # certain then, long before the request finishes). None: no per-step look at the outputs.
+        self.first_token: Callable[[Request], bool] | None = None
 
     # ------------------------------------------------------------------ arrivals
     def _admit(self, t: float) -> None:
@@ -290,6 +304,8 @@ class Simulation:
         horizons = self.admit_until
         # The host tier's copies are priced from each step's start (None: no tier).
         tier = core.executor if isinstance(core.executor, HostTierExecutor) else None
+        first_token = self.first_token
+        live = self.live
         while not self.aborted:
             if starts is not None:
                 k = core.num_steps
@@ -338,6 +354,8 @@ class Simulation:
                 log.kv_usage.append(stats.kv_usage)
                 log.preempted.append(stats.num_preempted)
                 t = t + d
+                if first_token is not None and first_tokens(live, outputs, first_token):
+                    self.aborted = True
                 for out in outputs:
                     if out.finish_reason is not None:
                         self._finish(out.req_id)

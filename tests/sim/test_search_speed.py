@@ -185,3 +185,20 @@ def test_a_rechecked_answer_out_of_reach_gets_no_seed_band() -> None:
     assert len(lines) == 1 and lines[0].startswith("no seed band: 1 rechecked")
     skip_bands([best, near, dear], 0.0, 0.0)  # screen_margin = 0: every answer banded
     assert not dear.unbanded
+
+
+@pytest.mark.parametrize("replicas,split", [(1, 0), (2, 0), (2, 1)])
+def test_a_ttft_miss_is_counted_at_its_first_token_not_at_finish(replicas: int, split: int) -> None:
+    # Long outputs: a late first token is known long before its request ends. Counted only at
+    # finish, the guard could not stop before `need` requests had finished.
+    slos = {"p90_ttft_s": 0.5}
+    cfg = small_config(num_requests=200, rate=40.0, **{"workload.output_dist": "fixed",
+                                                       "workload.output_mean": 400,
+                                                       "cluster.num_replicas": replicas,
+                                                       "cluster.num_prefill_replicas": split})
+    need = exceed_needed(200, 0.9)
+    early = run_search_point(({}, cfg, slos, True))
+    full = run_search_point(({}, cfg, slos, False))
+    assert early["stopped_early"].startswith("p90_ttft_s lost")
+    assert early["completed"] < need  # stopped before `need` requests had finished
+    assert not meets(full, slos) and not meets(early, slos)
