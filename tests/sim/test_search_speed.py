@@ -202,3 +202,19 @@ def test_a_ttft_miss_is_counted_at_its_first_token_not_at_finish(replicas: int, 
     assert early["stopped_early"].startswith("p90_ttft_s lost")
     assert early["completed"] < need  # stopped before `need` requests had finished
     assert not meets(full, slos) and not meets(early, slos)
+
+
+@pytest.mark.parametrize("replicas,split", [(1, 0), (2, 0), (2, 1)])
+def test_a_run_just_meeting_its_ttft_slo_is_not_stopped(replicas: int, split: int) -> None:
+    # The limit sits just above the run's own p90 TTFT: counting any first token that is not the
+    # request's (a decode replica's, in a disaggregated split) or counting one twice stops it.
+    cfg = small_config(num_requests=200, rate=4.0, **{"workload.output_dist": "fixed",
+                                                      "workload.output_mean": 400,
+                                                      "cluster.num_replicas": replicas,
+                                                      "cluster.num_prefill_replicas": split})
+    full = run_search_point(({}, cfg, {"p90_ttft_s": 1e9}, False))
+    slos = {"p90_ttft_s": full["p90_ttft_s"] * 1.001}
+    early = run_search_point(({}, cfg, slos, True))
+    assert early["stopped_early"] == "" and meets(early, slos)
+    assert {k: v for k, v in early.items() if "wall" not in k and k != "stopped_early"} == \
+        {k: v for k, v in full.items() if "wall" not in k}
