@@ -110,16 +110,15 @@ def load() -> tuple[ModuleType | None, str]:
         try:  # a finished build loads as it is: no lock to wait on
             return _load_built(built[0]), ""
         except Exception as e:  # e.g. a link cut short: build it again below
-            log.warning("the cached few-row kernel %s did not load (%s): building it again", built[0], e)
-    elif os.environ.get(BUILD_ENV, "1") == "0":
+            log.warning("the cached few-row kernel %s did not load (%s)", built[0], e)
+    if os.environ.get(BUILD_ENV, "1") == "0":
         return None, f"not built on this host and {BUILD_ENV}=0"
     clear_stale_lock(build)
     try:
         from torch.utils.cpp_extension import load as cpp_load
 
         build.mkdir(parents=True, exist_ok=True)
-        if not built:  # (a cached build that did not load is built again without a word more)
-            log.warning("building the few-row product kernel once for this host into %s", build)
+        log.warning("building the few-row product kernel once for this host into %s", build)
         module = cpp_load("twinserve_few_rows", [str(SOURCE)], extra_cflags=["-O3", "-mavx2", "-mfma"],
                           build_directory=str(build), verbose=False)
     except Exception as e:  # a broken toolchain must leave the engine on torch's products
