@@ -276,3 +276,24 @@ def test_a_ttft_lost_run_stops_while_its_requests_still_wait(replicas: int, spli
     guard, new = _guarded_run(cfg, 1.0, 50, never_stop=False)
     assert old.aborted and new.aborted and guard.reason.startswith("p50_ttft_s lost")
     assert new.env.now < old.env.now and len(new.records) <= len(old.records)
+
+
+@pytest.mark.parametrize("replicas,split", [(1, 0), (2, 1)])
+def test_a_run_on_recycled_kv_blocks_gives_the_row_of_a_run_on_new_ones(replicas: int,
+                                                                         split: int) -> None:
+    # Each search run hands its KV blocks to the next run's pools: block ids, eviction order
+    # and prefix hits (shared system prompts) must come out as with blocks made new.
+    from twinserve.core.kv import block_pool
+
+    cfg = small_config(num_requests=120, rate=8.0, **{"workload.num_system_prompts": 3,
+                                                      "workload.system_prompt_len": 600,
+                                                      "cluster.num_replicas": replicas,
+                                                      "cluster.num_prefill_replicas": split})
+    block_pool._SPARE.clear()
+    new = run_search_point(({}, cfg, SLOS, True))
+    assert block_pool._SPARE  # handed on
+    reused = run_search_point(({}, cfg, SLOS, True))
+    assert len(block_pool._SPARE) > 0 and new["prefix_hit_rate"] > 0
+    block_pool._SPARE.clear()
+    assert {k: v for k, v in reused.items() if "wall" not in k} == \
+        {k: v for k, v in new.items() if "wall" not in k}
