@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Iterable
 
 from twinserve.core.errors import PrefixCacheBusyError
@@ -35,6 +36,7 @@ _new_object = object.__new__
 # a whole pool of 10^5 blocks a run. Capped so an idle process holds little.
 _SPARE: list[KVCacheBlock] = []
 _SPARE_MAX = 1 << 19
+_SPARE_LOCK = threading.Lock()  # a slice and its del are two steps: one thread at a time
 
 # A block behind a sliding window in a block table (never read, freed or cached).
 OUT_OF_WINDOW = KVCacheBlock(-1)
@@ -76,9 +78,10 @@ class FreeBlockQueue:
         spare = _SPARE
         if spare and stop > start:  # (spare[-0:] would be all of it)
             # A recycled block gets every field a made one has (ids in the same order).
-            k = min(len(spare), stop - start)
-            out = spare[-k:]
-            del spare[-k:]
+            with _SPARE_LOCK:
+                k = min(len(spare), stop - start)
+                out = spare[-k:]
+                del spare[-k:]
             i = start
             for block in out:
                 block.block_id = i
@@ -166,9 +169,10 @@ class BlockPool:
         """Give every block made so far to later pools' take_fresh; this pool is unusable after
         (no free block, none made). Only when nothing of its simulation is read again."""
         made = self._blocks
-        room = _SPARE_MAX - len(_SPARE)
-        if room > 0:
-            _SPARE.extend(made[:room])
+        with _SPARE_LOCK:
+            room = _SPARE_MAX - len(_SPARE)
+            if room > 0:
+                _SPARE.extend(made[:room])
         made.clear()
         self.cached.clear()
         self.chains.clear()
