@@ -59,6 +59,7 @@ class SLOGuard:
     seen: set[str] = field(default_factory=set)
     arrived: list[Any] | None = None
     clock: Any = None
+    source: Any = None
     waited: list[int] = field(default_factory=list)
 
     @classmethod
@@ -140,6 +141,13 @@ class SLOGuard:
         source.pop_until = pop_until  # the run reads it off the instance at each arrival
         self.arrived = arrived
         self.clock = env
+        self.source = source
+
+    def unwatch(self) -> None:
+        """Drop the wrapper (source -> it -> source is a cycle, freed only by a full collection)."""
+        if self.source is not None:
+            self.source.__dict__.pop("pop_until", None)
+            self.source = None
 
     def _waiting(self) -> bool:
         """Count the requests waiting past their TTFT limit at the clock's now; True: lost."""
@@ -209,6 +217,7 @@ def _search_point(point: dict[str, Any], cfg: StudyConfig, slos: dict[str, float
     else:
         row = point_result(cfg, built, result, point, itl=False).row
         row["stopped_early"] = ""
+    guard.unwatch()
     _recycle_blocks([built.simulation.core])
     return row
 
@@ -258,6 +267,7 @@ def _cluster_point(point: dict[str, Any], cfg: StudyConfig, guard: SLOGuard) -> 
     else:
         row = cluster_point_result(cfg, built, res, point, itl=False).row
         row["stopped_early"] = ""
+    guard.unwatch()
     _recycle_blocks([r.core for r in built.simulation.replicas])
     return row
 

@@ -297,3 +297,20 @@ def test_a_run_on_recycled_kv_blocks_gives_the_row_of_a_run_on_new_ones(replicas
     block_pool._SPARE.clear()
     assert {k: v for k, v in reused.items() if "wall" not in k} == \
         {k: v for k, v in new.items() if "wall" not in k}
+
+
+def test_the_waiting_watch_leaves_no_wrapper_on_the_source() -> None:
+    # The wrapper refers to the source that holds it: left on, every run's source is garbage
+    # only a full collection frees.
+    from twinserve.sim.build import build
+    from twinserve.sim.search_run import _watch_waiting
+
+    cfg = small_config(num_requests=20)
+    guard = SLOGuard.for_run(SLOS, 20)
+    sim = build(cfg).simulation
+    sim.first_token = guard.first_token
+    _watch_waiting(guard, sim, cfg.workload)
+    assert "pop_until" in vars(sim.source)
+    sim.run()
+    guard.unwatch()
+    assert "pop_until" not in vars(sim.source) and guard.source is None
