@@ -314,3 +314,16 @@ def test_the_waiting_watch_leaves_no_wrapper_on_the_source() -> None:
     sim.run()
     guard.unwatch()
     assert "pop_until" not in vars(sim.source) and guard.source is None
+
+
+def test_a_first_token_over_two_ttft_limits_counts_for_both() -> None:
+    # One early-counted set per check: a shared one skipped the second check's count.
+    from types import SimpleNamespace
+
+    guard = SLOGuard.for_run({"p50_ttft_s": 1.0, "p90_ttft_s": 2.0}, 10)
+    assert guard is not None
+    late = SimpleNamespace(payload=None, request_id="r0", arrival_time=0.0, first_token_time=3.0)
+    assert not guard.first_token(late)
+    assert guard.counts == [1, 1]
+    rec = RequestRecord("r0", 0.0, 10, 2, 0.0, 3.0, 4.0, 0, 0, [], finish_reason="length")
+    assert not guard(rec) and guard.counts == [1, 1]  # not again at finish
