@@ -133,6 +133,8 @@ class OutputUpdate:
         requests = self.requests
         max_model_len = self.config.max_model_len
         outputs: list[EngineCoreOutput] = []
+        if self.failed_outputs:  # requests schedule() ended with an error
+            outputs, self.failed_outputs = self.failed_outputs, outputs
         add_output = outputs.append
         finished: list[Request] = []
         new_output, Output = _new_object, EngineCoreOutput
