@@ -30,7 +30,7 @@ def _study(tmp_path: Path, table: str, extra: str = "") -> Path:
 
 @pytest.mark.parametrize("table, field, words", [
     ("host_size_gib = -1\n", "kv_offload.host_size_gib", "a number in (0"),
-    ('host_size_gib = "lots"\n', "kv_offload.host_size_gib", "is not a float"),
+    ('host_size_gib = "lots"\n', "kv_offload.host_size_gib", "'lots' is not a number"),
     ("host_blocks = -3\n", "kv_offload.host_blocks", "an integer in [1"),
     ('eviction = "mru"\n', "kv_offload.eviction", "one of 'lru'"),
     ("host_size_gib = 4\nbandwidth = 0\n", "kv_offload.bandwidth", "bytes/s"),
