@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from typing import Iterable, Sequence
 
-from twinserve.core.errors import ComputedTokensError, InvalidRequestError, PromptTooLongError
+from twinserve.core.errors import InvalidRequestError, PromptTooLongError
 from twinserve.core.kv.host_tier import HostTier
 from twinserve.core.kv.kv_cache_manager import KVCacheManager
 from twinserve.core.kv.tier_tables import GroupTierHits, TierHits
@@ -173,21 +173,6 @@ class Scheduler(OutputUpdate):
         if self._stalled:
             self._fail_stalled(now)
         return so
-
-    def _fail_stalled(self, now: float) -> None:
-        """End running requests left with nothing to compute: no step would ever advance them."""
-        stalled, self._stalled = self._stalled, []
-        for req in stalled:
-            if req.status is RequestStatus.RUNNING:
-                self._fail(req, req.num_computed_tokens, "no token is left to compute and none was sampled: the "
-                           "executor sampled nothing for a finished prompt, or the count was set wrong", now)
-
-    def _fail(self, req: Request, computed: int, source: str, now: float) -> None:
-        """End req with a ComputedTokensError (finish reason error); the engine carries on."""
-        err = ComputedTokensError(req.request_id, computed, req.num_tokens, source)
-        for out in self.abort_requests([req.request_id], FinishReason.ERROR, now):
-            out.error = f"{type(err).__name__}: {err}"
-            self.failed_outputs.append(out)
 
     def schedule_batch(self, now: float, running: list[Request] | None = None,
                        admit: bool = True) -> SchedulerOutput:
