@@ -101,6 +101,8 @@ class ClusterSimulation:
         self.aborted = False
         # Called with each request at its first token (as Simulation.first_token).
         self.first_token: Callable[[Request], bool] | None = None
+        # False: no token_times in records or decode windows (as Simulation.keep_token_times).
+        self.keep_token_times = True
 
     # ------------------------------------------------------------------ routing
     def _route_until(self, t: float) -> None:
@@ -195,8 +197,8 @@ class ClusterSimulation:
         self._record(rep, RequestRecord(
             rid, req.arrival_time, req.num_prompt_tokens, len(req.output_token_ids),
             req.first_scheduled_time, req.first_token_time, req.finish_time,
-            max(req.prefix_hit_tokens, 0), req.num_preemptions, req.token_times,
-            item.conversation, item.turn,
+            max(req.prefix_hit_tokens, 0), req.num_preemptions,
+            req.token_times if self.keep_token_times else [], item.conversation, item.turn,
             req.finish_reason.value if req.finish_reason is not None else "", "", rep.index,
             item.client, item.warmup))
         self._request_done(item, req)
@@ -323,7 +325,8 @@ class ClusterSimulation:
         ex = rep.executor
         dropped = sched.finished_req_ids
         n = len(ids)
-        usage, finished = apply_decode_steps(sched, ends, repeat=ex.tokens, default=DEFAULT_TOKEN)
+        usage, finished = apply_decode_steps(sched, ends, repeat=ex.tokens, default=DEFAULT_TOKEN,
+                                             times=self.keep_token_times)
         ex.advance_decode(ids, context, durations, dropped)
         rep.core.num_steps += m
         busy = 0.0

@@ -184,7 +184,8 @@ class DisaggregatedSimulation(ClusterSimulation):
             rid, item.arrival_time, item.num_prompt_tokens, 1 + len(req.output_token_ids),
             half.first_scheduled_time, first, req.finish_time, half.prefix_hit_tokens,
             half.num_preemptions + req.num_preemptions,
-            ([first] if first is not None else []) + req.token_times, item.conversation,
+            (([first] if first is not None else []) + req.token_times) if self.keep_token_times else [],
+            item.conversation,
             item.turn, req.finish_reason.value if req.finish_reason is not None else "", "",
             rep.index, item.client, item.warmup))
         self._request_done(item, req)
