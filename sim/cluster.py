@@ -22,7 +22,7 @@ from twinserve.core.errors import InvalidRequestError
 from twinserve.core.request import Request
 from twinserve.core.routing import ReplicaLoad, RouteRequest, Router, prefix_keys_needed, token_prefix_keys
 from twinserve.core.sampling_params import SamplingParams
-from twinserve.core.sched.fast_forward import apply_decode_steps, decode_window
+from twinserve.core.sched.fast_forward import apply_decode_steps, decode_plan
 
 from twinserve.sim.kv_offload import store_free_window
 from twinserve.sim.gc_policy import simulation_gc
@@ -303,16 +303,12 @@ class ClusterSimulation:
                      ) -> tuple[list[str], int, list[float], list[float]] | None:
         """The next run of identical decode steps (ids, context, durations, ends), not applied."""
         sched = rep.core.scheduler
-        k = decode_window(sched, self.max_window)
+        k, context = decode_plan(sched, self.max_window)
         if k > 0 and sched.kv.host is not None:
             k = store_free_window(sched, k)
         if k <= 0:
             return None
-        context = 0
-        ids = []
-        for req in sched.running:
-            context += req.num_computed_tokens
-            ids.append(req.request_id)
+        ids = [req.request_id for req in sched.running]
         durations, ends = rep.executor.decode_step_times(len(ids), context, k, t, INF)
         return ids, context, durations, ends
 

@@ -19,7 +19,7 @@ from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import InvalidRequestError
 from twinserve.core.request import FinishReason, Request
 from twinserve.core.sampling_params import SamplingParams
-from twinserve.core.sched.fast_forward import apply_decode_steps, decode_window
+from twinserve.core.sched.fast_forward import apply_decode_steps, decode_plan
 
 from twinserve.sim.clients import ClosedLoopSource
 from twinserve.sim.gc_policy import simulation_gc
@@ -369,7 +369,7 @@ class Simulation:
 
     def _fast_forward(self, t: float) -> bool:
         sched = self.core.scheduler
-        k = decode_window(sched, 1 << 30)
+        k, context = decode_plan(sched, 1 << 30)
         tier = self.core.executor if sched.kv.host is not None else None
         ex = self.executor
         if k > 0 and tier is not None and (ex.draft is not None or tier.synchronous):
@@ -380,7 +380,6 @@ class Simulation:
             return False
         running = sched.running
         n = len(running)
-        context = sum([req.num_computed_tokens for req in running])
         ids = [req.request_id for req in running]
         durations, ends = ex.decode_step_times(n, context, k, t, self.source.next_time())
         step_of = None

@@ -18,31 +18,46 @@ from twinserve.core.sched.scheduler import Scheduler
 
 def decode_window(scheduler: Scheduler, max_steps: int) -> int:
     """How many next steps decode the same batch; only the last may finish requests."""
+    return decode_plan(scheduler, max_steps)[0]
+
+
+def decode_plan(scheduler: Scheduler, max_steps: int) -> tuple[int, int]:
+    """decode_window's count and the batch's context (computed tokens summed; 0 with no window)."""
     kv = scheduler.kv
     if (max_steps <= 0 or len(scheduler.waiting) > 0 or scheduler.loading or scheduler.loaded or kv.load_jobs
             or (_windowed(kv) and kv.enable_caching)):
-        return 0  # loads in flight; windows free blocks as requests advance: replayed only without a prefix cache
+        return 0, 0  # loads in flight; windows free blocks as requests advance: replayed only without a prefix cache
     running = scheduler.running
     cfg = scheduler.config
     if not running or len(running) > cfg.max_num_batched_tokens:
-        return 0
+        return 0, 0
     spec = scheduler.spec
     if spec is not None and spec.active(len(running)):
-        return 0  # drafts come from the executor
+        return 0, 0  # drafts come from the executor
     limit = max_steps
+    context = 0  # summed in the same pass: the window's pricing needs it (one pass over the batch, not two)
     for req in running:
         n = len(req.all_token_ids)
+        c = req.num_computed_tokens
         # Without output, one token left is still prefill.
-        if n - req.num_computed_tokens != 1 or not req.output_token_ids:
-            return 0
+        if n - c != 1 or not req.output_token_ids:
+            return 0, 0
+        context += c
         sp = req.sampling_params
         if sp.stop_token_ids or (req.eos_token_id is not None and not sp.ignore_eos):
-            return 0  # a sampled token could stop it
+            return 0, 0  # a sampled token could stop it
         rem = req.stop_check_len - n
         if rem < limit:
             limit = rem
             if limit <= 0:
-                return 0
+                return 0, 0
+    k = _fit_blocks(scheduler, running, limit)
+    return k, context if k else 0
+
+
+def _fit_blocks(scheduler: Scheduler, running: list[Request], limit: int) -> int:
+    """The largest k <= limit whose new blocks fit in the free ones."""
+    kv = scheduler.kv
     # A new block takes a page in every group; blocks a window frees are not counted (so the
     # window may end early, never late: stepping would find at least this much room).
     pages = kv.num_groups
@@ -213,13 +228,9 @@ def _apply_uncached(scheduler: Scheduler, end_times: list[float],
     takers: list[tuple[list, int]] = []  # (block table, blocks it takes), running order
     total = 0
     done: list[Request] = []
-    same: dict[int, list[int]] = {}  # token -> [token] * k_steps: one list per token, not per request
     for req in scheduler.running:
         if get is not None:
-            tok = get(req.request_id, default)
-            toks = same.get(tok)
-            if toks is None:
-                toks = same[tok] = [tok] * k_steps
+            toks = [get(req.request_id, default)] * k_steps
         else:
             toks = token_ids(req, k_steps)  # type: ignore[misc]
         all_ids = req.all_token_ids
