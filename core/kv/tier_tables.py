@@ -199,10 +199,6 @@ class TierTables:
                     pins[value] = n
                 else:
                     del pins[value]
-                if chains:
-                    chain = chains.get(value)
-                    if chain is not None:
-                        self._flush(chain)  # a load passing a pending root: its keys are taken now
                 # Keyed unless another block holds the value (one dict operation: hot path).
                 if block.block_hash is None:
                     if claim(value, block) is block:
@@ -211,7 +207,12 @@ class TierTables:
                             # Freed in order below, so its children may outlive it: no chain roots here.
                             self._contest(value)
                     elif self.lazy:
-                        self._contest(value)  # held elsewhere: the next loaded blocks may outlive it
+                        # Held elsewhere. A pending chain's root holds it: the job passes the root, so
+                        # the chain's keys are taken now (its next keys are the chain's, as if eager).
+                        chain = chains.get(value)
+                        if chain is not None:
+                            self._flush(chain)
+                        self._contest(value)  # the next loaded blocks may outlive its holder
             self.pool.free_blocks(job.blocks)
             rid = job.request_id
             if rid is not None and self.req_load_job.get(rid) == job_id:
