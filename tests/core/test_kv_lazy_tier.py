@@ -192,3 +192,90 @@ class LazyVsEagerTier(RuleBasedStateMachine):
 LazyVsEagerTier.TestCase.settings = settings(max_examples=300, stateful_step_count=50, deadline=None,
                                              suppress_health_check=[HealthCheck.too_slow])
 TestLazyVsEagerTier = LazyVsEagerTier.TestCase
+
+
+class _Steps:
+    """A KV manager with a host tier driven by hand: whole prompts computed without a lookup (a copy
+    admitted before another registered it), every free block evicted at once, transfers collected."""
+
+    def __init__(self, lazy: bool) -> None:
+        self.kv = KVCacheManager(NUM_BLOCKS, BLOCK_SIZE, lazy_registration=lazy, host_tier=HostTier(64, "lru"))
+        self.stores: list = []
+
+    def compute(self, rid: str, tokens: list[int]) -> Request:
+        r = Request(rid, list(tokens), SamplingParams(max_tokens=9))
+        self.kv.allocate_slots(r, r.num_tokens)
+        r.num_computed_tokens = r.num_tokens
+        self.kv.cache_blocks(r, r.num_tokens)
+        return r
+
+    def load(self, rid: str, tokens: list[int], num_host: int) -> tuple[Request, int]:
+        """Admit with a lookup that reaches num_host blocks into the tier; (request, load job)."""
+        r = Request(rid, list(tokens), SamplingParams(max_tokens=9))
+        hits, num_hit = self.kv.get_computed_blocks(r)
+        assert type(hits) is TierHits and len(hits.host) == num_host
+        assert self.kv.allocate_slots(r, 1, hits, num_hit, num_draft_tokens=1) is not None
+        (job,) = self.transfer()
+        return r, job
+
+    def evict_all(self) -> None:
+        blocks = self.kv.pool.get_new_blocks(self.kv.num_free_blocks)
+        self.kv.pool.free_blocks(blocks)
+
+    def transfer(self) -> dict:
+        s, loads = self.kv.take_transfers()
+        self.stores.extend(s)
+        return loads
+
+    def state(self) -> tuple:
+        self.transfer()
+        return _tier(self.kv), self.stores
+
+
+def _load_passes_a_pending_root(lazy: bool) -> tuple:
+    """b loads blocks 0-4 while c's pending chain (root: block 2) holds blocks 3-4 in name only."""
+    t = _Steps(lazy)
+    a, x = [1, 2, 3, 4], [5, 6, 7, 8, 9, 10]  # blocks 0-1 and 2-4
+    t.kv.free(t.compute("e", a + x + [11]))
+    t.evict_all()  # the tier holds blocks 0-4 of a + x
+    d = t.compute("d", a + [77])
+    t.compute("c", a + x + [11])  # takes blocks 0-1 from d; block 2 new: with lazy, a root (3-4 pending)
+    t.kv.free(t.compute("f", a + [78]))  # takes blocks 0-1 from c
+    t.kv.free(d)
+    t.evict_all()  # no device block holds blocks 0-1 now; c still holds its root
+    b, job = t.load("b", a + x + [11], 5)  # misses block 0 on the device: all five from the tier
+    assert t.kv.complete_loads([job]) == ["b"]  # block 2 lands where c's root holds its key
+    t.kv.free(b)
+    t.evict_all()  # b's copies go: one keyed here would touch the tier's order
+    return t.state()
+
+
+def _claim_fails_then_a_chain_starts(lazy: bool) -> tuple:
+    """x's load lands where y holds blocks 0-2 (only block 3 is keyed to x); y goes; c computes the
+    same prefix: blocks 0-2 are contested, so c registers them and takes block 3 from x at once."""
+    t = _Steps(lazy)
+    p = [1, 2, 3, 4, 5, 6, 7, 8]  # blocks 0-3
+    t.kv.free(t.compute("e", p + [9]))
+    t.evict_all()  # the tier holds blocks 0-3
+    x, job = t.load("x", p + [9], 4)
+    y = t.compute("y", p[:6] + [50])  # blocks 0-2 while x's copies are in flight
+    t.kv.get_computed_blocks(Request("z", p[:6] + [51], SamplingParams()))  # a lookup registers y's chain
+    assert t.kv.complete_loads([job]) == ["x"]  # blocks 0-2 held by y: only block 3 is keyed to x
+    t.kv.free(y)
+    t.evict_all()  # y's blocks go: nothing on the device holds blocks 0-2
+    t.compute("c", p + [60])  # a new chain at block 0 would leave block 3 keyed to x
+    t.kv.free(x)
+    t.evict_all()  # x's copies go: one keyed here would touch the tier's order
+    return t.state()
+
+
+def test_a_load_passing_a_pending_root_leaves_the_tier_as_eager_registration_does():
+    """The landing load finds blocks 3-4 taken (as eager registration has them): b's copies stay
+    unkeyed and evicting them leaves the tier's order alone (fails without complete_loads' flush)."""
+    assert _load_passes_a_pending_root(True) == _load_passes_a_pending_root(False)
+
+
+def test_a_failed_claim_keeps_later_chains_from_its_key():
+    """Blocks whose landing load found them held elsewhere are contested: no chain starts there, so
+    x's block 3 loses its key to c as with eager registration (fails without the contest)."""
+    assert _claim_fails_then_a_chain_starts(True) == _claim_fails_then_a_chain_starts(False)
