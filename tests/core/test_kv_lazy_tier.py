@@ -269,6 +269,25 @@ def _claim_fails_then_a_chain_starts(lazy: bool) -> tuple:
     return t.state()
 
 
+def _orphan_load_then_a_chain(lazy: bool) -> tuple:
+    """x is preempted mid-load; its copies land keyed and go back to the pool in order, so block 0 is
+    evicted before blocks 1-3; c computes the same prefix while 1-3 are held elsewhere."""
+    t = _Steps(lazy)
+    p = [1, 2, 3, 4, 5, 6, 7, 8]  # blocks 0-3
+    t.kv.free(t.compute("e", p + [9]))
+    t.evict_all()  # the tier holds blocks 0-3
+    x, job = t.load("x", p + [9], 4)
+    copies = list(t.kv.load_jobs[job].blocks)
+    t.kv.free(x, x.num_computed_tokens)  # gone mid-load: the job finishes for the blocks' sake
+    assert t.kv.complete_loads([job]) == []
+    t.kv.pool.touch(copies[1:])  # held elsewhere while block 0 is evicted
+    t.evict_all()
+    t.compute("c", p + [60])  # a chain at block 0 would leave blocks 1-3 keyed to x's copies
+    t.kv.pool.free_blocks(copies[1:])
+    t.evict_all()  # x's copies go: one keyed here would touch the tier's order
+    return t.state()
+
+
 def test_a_load_passing_a_pending_root_leaves_the_tier_as_eager_registration_does():
     """The landing load finds blocks 3-4 taken (as eager registration has them): b's copies stay
     unkeyed and evicting them leaves the tier's order alone (fails without complete_loads' flush)."""
@@ -279,3 +298,9 @@ def test_a_failed_claim_keeps_later_chains_from_its_key():
     """Blocks whose landing load found them held elsewhere are contested: no chain starts there, so
     x's block 3 loses its key to c as with eager registration (fails without the contest)."""
     assert _claim_fails_then_a_chain_starts(True) == _claim_fails_then_a_chain_starts(False)
+
+
+def test_an_orphan_loads_blocks_keep_later_chains_from_their_keys():
+    """A job whose request is gone frees its blocks parents first, so its keys are contested: c
+    registers at once and takes blocks 1-3 from x's copies (fails without that contest)."""
+    assert _orphan_load_then_a_chain(True) == _orphan_load_then_a_chain(False)
