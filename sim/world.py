@@ -288,8 +288,9 @@ class Simulation:
         if self.workload.cfg.turns > 1 and req.finish_time is not None:
             nxt = self.workload.next_turn(item, req.all_token_ids, req.finish_time)
             if nxt is not None and req.block_hashes:
-                # A snapshot: the finished request's list may still grow (a pending chain's flush).
-                self._carried_hashes[nxt.request_id] = (list(req.all_token_ids), list(req.block_hashes),
+                # The list itself: a pending chain's flush before the next turn comes in adds the
+                # keys it computed (_reuse_hashes copies what is there then; no key hashed twice).
+                self._carried_hashes[nxt.request_id] = (list(req.all_token_ids), req.block_hashes,
                                                         req.cache_salt)
         if nxt is not None or item.client >= 0:
             done = req.finish_time if req.finish_time is not None else req.arrival_time
