@@ -30,6 +30,8 @@ def workload_config(ns: argparse.Namespace, vocab_size: int) -> WorkloadConfig:
         raise InvalidConfigError("request_rate", rate, "a number > 0 (inf: all at once)")
     if ns.burstiness <= 0:
         raise InvalidConfigError("burstiness", ns.burstiness, "a number > 0")
+    if ns.num_prompts < 1:
+        raise InvalidConfigError("num_prompts", ns.num_prompts, "an integer >= 1")
     arrival = "all_at_once" if math.isinf(rate) else ("poisson" if ns.burstiness == 1.0 else "gamma")
     cfg = WorkloadConfig(num_requests=ns.num_prompts, arrival=arrival, rate=rate if not math.isinf(rate) else 1.0,
                          burstiness=ns.burstiness, vocab_size=vocab_size, output_min=1, prompt_min=1)
@@ -156,6 +158,7 @@ class ProgressLine:
 def run_bench(ns: argparse.Namespace) -> int:
     """Entry point of `twinserve bench`."""
     base_url = ns.base_url or f"http://{ns.host}:{ns.port}"
+    workload_config(ns, ns.vocab_size or 2)  # every flag checked before the server is asked anything
     info = asyncio.run(server_info(base_url, ns.api_key))
     vocab = ns.vocab_size or info.get("vocab_size")
     if not vocab:

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import httpx
 
+from twinserve.core.errors import TwinserveError
 from twinserve.sim.workload import WorkItem, Workload
 from twinserve.sim.world import RequestRecord
 
@@ -41,13 +42,27 @@ class BenchRun:
     errors: list[str] = field(default_factory=list)
 
 
+class ServerUnreachableError(TwinserveError, ConnectionError):
+    """The server did not answer GET /v1/models as an OpenAI-compatible server does."""
+
+    def __init__(self, base_url: str, problem: str) -> None:
+        self.base_url = base_url
+        self._keep_args(f"no OpenAI-compatible server at {base_url} (GET /v1/models: {problem}); start one "
+                        "(`twinserve serve MODEL`) or give --base-url / --host and --port", base_url, problem)
+
+
 async def server_info(base_url: str, api_key: str | None = None) -> dict[str, Any]:
     """The first model entry of GET /v1/models (id, max_model_len, vocab_size when given)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(base_url=base_url, timeout=30.0) as client:
-        r = await client.get("/v1/models", headers=headers)
-        r.raise_for_status()
-        return r.json()["data"][0]
+    try:
+        async with httpx.AsyncClient(base_url=base_url, timeout=30.0) as client:
+            r = await client.get("/v1/models", headers=headers)
+            r.raise_for_status()
+            return r.json()["data"][0]
+    except httpx.HTTPStatusError as e:
+        raise ServerUnreachableError(base_url, f"HTTP {e.response.status_code}") from None
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
+        raise ServerUnreachableError(base_url, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from None
 
 
 async def _one(client: httpx.AsyncClient, target: BenchTarget, item: WorkItem, prompt: list[int],

@@ -4,8 +4,9 @@ Pure Python (no torch, simpy, pandas or numpy), so the simulator and the real en
 """
 
 from twinserve.core.engine_core import EngineCore, Executor, StepStats
-from twinserve.core.errors import (InvalidConfigError, InvalidRequestError, InvalidSamplingParamsError,
-                     PrefixCacheBusyError, PromptTooLongError, TwinserveError)
+from twinserve.core.errors import (ComputedTokensError, InvalidConfigError, InvalidRequestError,
+                                   InvalidSamplingParamsError, PrefixCacheBusyError, PromptTooLongError,
+                                   TwinserveError)
 from twinserve.core.kv import BlockPool, KVCacheManager
 from twinserve.core.request import FinishReason, Request, RequestStatus
 from twinserve.core.sampling_params import SamplingParams
@@ -13,7 +14,7 @@ from twinserve.core.sched import (EngineCoreOutput, ModelRunnerOutput, NewReques
                     SchedulerConfig, SchedulerOutput)
 
 __all__ = [
-    "BlockPool", "EngineCore", "EngineCoreOutput", "Executor", "FinishReason",
+    "BlockPool", "ComputedTokensError", "EngineCore", "EngineCoreOutput", "Executor", "FinishReason",
     "InvalidConfigError", "InvalidRequestError", "InvalidSamplingParamsError",
     "KVCacheManager", "ModelRunnerOutput", "NewRequestData", "PrefixCacheBusyError",
     "PromptTooLongError", "Request", "RequestStatus", "SamplingParams", "Scheduler",

@@ -77,6 +77,19 @@ class InvalidConfigError(TwinserveError, ValueError):
         self._keep_args(f"config {field}={short_repr(value)} is invalid: allowed {allowed}", field, value, allowed)
 
 
+class ComputedTokensError(TwinserveError, RuntimeError):
+    """A request's num_computed_tokens leaves it nothing to compute: it could never finish, so it fails alone."""
+
+    def __init__(self, request_id: str, num_computed_tokens: int, num_tokens: int, source: str) -> None:
+        self.request_id = request_id
+        self.num_computed_tokens = num_computed_tokens
+        self.num_tokens = num_tokens
+        self._keep_args(
+            f"request {request_id!r}: num_computed_tokens={num_computed_tokens} is wrong for its {num_tokens} "
+            f"tokens ({source}); it could never finish, so it ends here and the other requests carry on",
+            request_id, num_computed_tokens, num_tokens, source)
+
+
 class PrefixCacheBusyError(TwinserveError, RuntimeError):
     """The prefix cache cannot be reset while blocks are held."""
 

@@ -115,6 +115,8 @@ def main() -> None:
     p.add_argument("--estimate-waves", type=int, default=None, metavar="K",
                    help="K of the rows estimated from their first waves (default: by their clients)")
     p.add_argument("--cheap-first", action="store_true", help="time the sampled rows cheapest first")
+    p.add_argument("--ids", nargs="+", default=None, metavar="ID",
+                   help="time these rows (validation ids) instead of a sample, in the order given")
     p.add_argument("--full", action="store_true", help="run every request out (no stop at the window)")
     p.add_argument("--out", default="", help="also write one JSON line per row here")
     p.add_argument("--project", nargs="+", default=None, metavar="JSONL",
@@ -133,6 +135,9 @@ def main() -> None:
     picked = [(r, 1) for r in top] + [(rest[i], k) for i in range(k // 2, len(rest), k)]
     if args.cheap_first:  # an interrupted run still leaves a spread of timed rows
         picked = picked[::-1]
+    if args.ids:  # the same rows on two revisions (old vs new code, alternating)
+        by_id = {r["id"]: r for r in load_rows().to_dict("records")}
+        picked = [(by_id[i], 1) for i in args.ids]
     options = {"window": args.window} if args.window else {}
     if args.reduce:
         options["reduce"] = args.reduce

@@ -27,7 +27,7 @@ from twinserve.sim.clients import closed_loop_line
 from twinserve.sim.config import StudyConfig, load_config, replica_config, set_field, validate
 from twinserve.sim.errors import ConfigError
 from twinserve.sim.report import write_study
-from twinserve.sim.runner import LOCAL_RAY, PointError, PointFailure
+from twinserve.sim.runner import LOCAL_RAY, PointError, PointFailure, workers_arg
 from twinserve.sim.study import parse_grid, run_grid, run_point
 
 DEFAULT_GRID = {"scheduler.max_num_batched_tokens": ["512", "2048", "8192"],
@@ -86,7 +86,7 @@ def _notes(cfg: StudyConfig, wall: float, n_points: int, axes: Sequence[str] = (
     elif c.replicas and c.replicas[0]:
         cluster = ["the one replica takes its cluster.replicas entry: "
                    + ", ".join(f"{k.split('.', 1)[1]} = {v!r}" for k, v in c.replicas[0].items())]
-    return cluster + closed_loop_note(w, axes) + [
+    return cluster + closed_loop_note(w, axes) + unused_tier_note(cfg, axes) + [
         f"{e.model} on {e.tensor_parallel_size * e.data_parallel_size * e.pipeline_parallel_size}x "
         f"{e.hardware} (TP {e.tensor_parallel_size}{_layout(e)}), "
         f"{e.cost_model} cost model; policy {s.policy}, chunked prefill "
@@ -100,6 +100,19 @@ def _notes(cfg: StudyConfig, wall: float, n_points: int, axes: Sequence[str] = (
         f"SLOs for goodput: TTFT <= {cfg.slo.ttft_s} s, TPOT <= {cfg.slo.tpot_s} s",
         f"{n_points} point(s) simulated in {wall:.1f} s wall",
     ]
+
+
+def unused_tier_note(cfg: StudyConfig, axes: Sequence[str] = ()) -> list[str]:
+    """A line naming [kv_offload] settings that go unused because the study has no host tier (never silent)."""
+    k = cfg.kv_offload
+    if k.enabled or {"host_size_gib", "host_blocks"} & set(axes):
+        return []
+    unused = [f"{name} = {getattr(k, name)!r}" for name, default in
+              (("eviction", "lru"), ("bandwidth", -1.0), ("latency_s", -1.0)) if getattr(k, name) != default]
+    if not unused:
+        return []
+    return [f"host KV tier: off (host_size_gib and host_blocks are 0), so [kv_offload] {', '.join(unused)} "
+            "went unused; set host_size_gib or host_blocks to add the tier"]
 
 
 def closed_loop_note(w: Any, axes: Sequence[str] = ()) -> list[str]:
@@ -133,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "range and meaning (docs/knobs.md).")
     ap.add_argument("--out", default=None,
                     help="output folder (default: simulate-out, or simulate-COMMAND)")
-    ap.add_argument("--workers", type=int, default=None,
+    ap.add_argument("--workers", type=workers_arg, default=None,
                     help="processes that simulate points in parallel (default: the CPUs)")
     sub = ap.add_subparsers(dest="command")
     helps = {"run": "simulate one study", "sweep": "simulate every point of a grid of field values",
@@ -149,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--no-fast-forward", action="store_true", help="step one event per step")
         # SUPPRESS: an unset subcommand flag must not overwrite the same flag given before it.
         p.add_argument("--out", default=argparse.SUPPRESS, help="output folder")
-        p.add_argument("--workers", type=int, default=argparse.SUPPRESS,
+        p.add_argument("--workers", type=workers_arg, default=argparse.SUPPRESS,
                        help="processes that simulate points in parallel")
         if name in ("sweep", "search"):
             p.add_argument("--grid", action="append", default=[], metavar="FIELD=A,B,C",

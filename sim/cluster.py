@@ -22,7 +22,7 @@ from twinserve.core.errors import InvalidRequestError
 from twinserve.core.request import Request
 from twinserve.core.routing import ReplicaLoad, RouteRequest, Router, prefix_keys_needed, token_prefix_keys
 from twinserve.core.sampling_params import SamplingParams
-from twinserve.core.sched.fast_forward import apply_decode_steps, decode_window
+from twinserve.core.sched.fast_forward import apply_decode_steps, decode_plan
 
 from twinserve.sim.kv_offload import store_free_window
 from twinserve.sim.gc_policy import simulation_gc
@@ -101,6 +101,8 @@ class ClusterSimulation:
         self.aborted = False
         # Called with each request at its first token (as Simulation.first_token).
         self.first_token: Callable[[Request], bool] | None = None
+        # False: no token_times in records or decode windows (as Simulation.keep_token_times).
+        self.keep_token_times = True
 
     # ------------------------------------------------------------------ routing
     def _route_until(self, t: float) -> None:
@@ -195,8 +197,8 @@ class ClusterSimulation:
         self._record(rep, RequestRecord(
             rid, req.arrival_time, req.num_prompt_tokens, len(req.output_token_ids),
             req.first_scheduled_time, req.first_token_time, req.finish_time,
-            max(req.prefix_hit_tokens, 0), req.num_preemptions, req.token_times,
-            item.conversation, item.turn,
+            max(req.prefix_hit_tokens, 0), req.num_preemptions,
+            req.token_times if self.keep_token_times else [], item.conversation, item.turn,
             req.finish_reason.value if req.finish_reason is not None else "", "", rep.index,
             item.client, item.warmup))
         self._request_done(item, req)
@@ -301,16 +303,12 @@ class ClusterSimulation:
                      ) -> tuple[list[str], int, list[float], list[float]] | None:
         """The next run of identical decode steps (ids, context, durations, ends), not applied."""
         sched = rep.core.scheduler
-        k = decode_window(sched, self.max_window)
+        k, context = decode_plan(sched, self.max_window)
         if k > 0 and sched.kv.host is not None:
             k = store_free_window(sched, k)
         if k <= 0:
             return None
-        context = 0
-        ids = []
-        for req in sched.running:
-            context += req.num_computed_tokens
-            ids.append(req.request_id)
+        ids = [req.request_id for req in sched.running]
         durations, ends = rep.executor.decode_step_times(len(ids), context, k, t, INF)
         return ids, context, durations, ends
 
@@ -323,7 +321,8 @@ class ClusterSimulation:
         ex = rep.executor
         dropped = sched.finished_req_ids
         n = len(ids)
-        usage, finished = apply_decode_steps(sched, ends, repeat=ex.tokens, default=DEFAULT_TOKEN)
+        usage, finished = apply_decode_steps(sched, ends, repeat=ex.tokens, default=DEFAULT_TOKEN,
+                                             times=self.keep_token_times)
         ex.advance_decode(ids, context, durations, dropped)
         rep.core.num_steps += m
         busy = 0.0

@@ -326,7 +326,8 @@ def coerce(dotted: str, value: Any, file: str | None = None, line: int | None = 
             elif tname == "float":
                 value = float(text)
         except ValueError:
-            raise bad(f"{value!r} is not a {tname}") from None
+            kind = {"int": "an integer", "float": "a number", "bool": "true/false"}.get(tname, f"a {tname}")
+            raise bad(f"{value!r} is not {kind}") from None
     if tname == "bool" and not isinstance(value, bool):
         raise bad(f"{value!r} is not true/false")
     if tname == "int" and (isinstance(value, bool) or not isinstance(value, int)):

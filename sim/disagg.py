@@ -55,11 +55,20 @@ class DecodeExecutor(SimExecutor):
     def __init__(self, cost_model: CostModel) -> None:
         super().__init__(_Discounted(cost_model))
         self.transferred: dict[str, int] = {}  # request -> prompt tokens whose KV came over
+        # Requests that may still have transferred tokens to schedule (computed < transferred): the
+        # rest never discount, so a step of decodes need not look at each of them (O(joiners)).
+        self.pending: set[str] = set()
+
+    def receive(self, req_id: str, num_tokens: int) -> None:
+        """A request arrives with num_tokens tokens' KV already computed."""
+        self.transferred[req_id] = num_tokens
+        self.pending.add(req_id)
 
     def forget(self, req_id: str) -> None:
         """Drop what is known about a finished request."""
         super().forget(req_id)
         self.transferred.pop(req_id, None)
+        self.pending.discard(req_id)
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         """Price the step as SimExecutor does, minus the transferred tokens' prefill."""
@@ -68,14 +77,27 @@ class DecodeExecutor(SimExecutor):
         d = 0.0
         if tr:
             num = so.num_scheduled_tokens
-            pairs = [(n.req_id, n.num_computed_tokens) for n in so.scheduled_new_reqs]
-            cached = so.scheduled_cached_reqs
-            pairs += list(zip(cached.req_ids, cached.num_computed_tokens))
+            pending = self.pending
+            for rid in so.preempted_req_ids:
+                if rid in tr:
+                    pending.add(rid)  # recomputed from scratch (a guard: it comes back as a new request)
+            new = so.scheduled_new_reqs
+            pairs = [(n.req_id, n.num_computed_tokens) for n in new]
+            if pending:
+                new_ids = {n.req_id for n in new}
+                if any(rid in num and rid not in new_ids for rid in pending):
+                    # A running request still in its transferred tokens (a chunk): every pair, in order.
+                    cached = so.scheduled_cached_reqs
+                    pairs += list(zip(cached.req_ids, cached.num_computed_tokens))
             for rid, done in pairs:
                 t = tr.get(rid, 0)
                 q = num.get(rid, 0)
                 if done >= t or q == 0:
+                    if done >= t:
+                        pending.discard(rid)
                     continue
+                if done + q >= t:
+                    pending.discard(rid)  # past its transferred tokens after this step
                 qt = min(done + q, t) - done  # scheduled tokens whose KV already exists
                 a += qt
                 c += done
@@ -170,7 +192,7 @@ class DisaggregatedSimulation(ClusterSimulation):
     def _to_decode(self, item: WorkItem, tokens: list[int]) -> None:
         idx = self.decode_router.choose(RouteRequest(item.request_id), self.decode_loads)
         rep = self.replicas[idx]
-        rep.executor.transferred[item.request_id] = len(tokens) - 1
+        rep.executor.receive(item.request_id, len(tokens) - 1)
         self._deliver(rep, item, tokens)
 
     def _finish_decode(self, rep: Replica, rid: str) -> None:
@@ -184,7 +206,8 @@ class DisaggregatedSimulation(ClusterSimulation):
             rid, item.arrival_time, item.num_prompt_tokens, 1 + len(req.output_token_ids),
             half.first_scheduled_time, first, req.finish_time, half.prefix_hit_tokens,
             half.num_preemptions + req.num_preemptions,
-            ([first] if first is not None else []) + req.token_times, item.conversation,
+            (([first] if first is not None else []) + req.token_times) if self.keep_token_times else [],
+            item.conversation,
             item.turn, req.finish_reason.value if req.finish_reason is not None else "", "",
             rep.index, item.client, item.warmup))
         self._request_done(item, req)

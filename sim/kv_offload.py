@@ -117,7 +117,7 @@ def store_free_window(sched: Any, k: int) -> int:
     want = needed(k)
     clean = 0
     for block in kv.pool.free_queue:
-        if clean >= want or block.block_hash is not None:
+        if clean >= want or block.block_hash is not None or block.pending is not None:
             break
         clean += 1
     if clean >= want:
@@ -149,7 +149,7 @@ def window_stores(sched: Any, k: int) -> tuple[list[int], dict[int, int]]:
     if events:
         events.sort()
         for (s, _), block in zip(events, kv.pool.free_queue):
-            if block.block_hash is not None:
+            if block.block_hash is not None or block.pending is not None:  # pending: keyed when evicted
                 counts[s] += 1
                 step_of[block.block_id] = s
     return counts, step_of

@@ -5,6 +5,7 @@ Both back ends run the same pickled job through the same function, so results ar
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import traceback
@@ -15,6 +16,17 @@ from typing import Any, Callable, Sequence
 from twinserve.sim.errors import SimError
 
 LOCAL_RAY = "local"
+
+
+def workers_arg(text: str) -> int:
+    """argparse type of --workers: an integer >= 1 (a bad count is a usage error, exit 2, never ignored)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer: give a number of processes >= 1") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: give a number of processes >= 1 (leave --workers out for one per CPU)")
+    return n
 
 
 class RayUnavailableError(SimError, RuntimeError):

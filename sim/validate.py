@@ -24,8 +24,9 @@ from twinserve.sim.validate_estimate import (FULL, drain_study, estimate_waves, 
                                             wave_estimate)
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, harness, run_design
 from twinserve.sim.validate_reduce import DEFAULT_REDUCTION, slice_row
-from twinserve.sim.validate_rows import (NotExpressible, RowPlan, closed_loop_available, num_gpus, parallelism,
-                                         precision_fields, design_counts, request_counts, row_plan, row_study, with_rate)
+from twinserve.sim.validate_rows import (NotExpressible, RowPlan, aic_version_used, closed_loop_available, num_gpus,
+                                         parallelism, precision_fields, design_counts, request_counts, row_plan,
+                                         row_study, with_rate)
 from twinserve.sim.validate_layouts import DEFAULT_DISAGG_ASSUMPTION
 
 METRICS = ("ttft", "tpot", "tput", "ttft_all")  # ttft_all: the cold first wave counted too
@@ -68,6 +69,7 @@ def run_to_window(cfg: Any, count: int, stop_early: bool = True) -> pd.DataFrame
     cluster = is_cluster(cfg)
     # Validation reads requests only: a cluster keeps no step log.
     sim = build_cluster(cfg, keep_steps=False).simulation if cluster else build(cfg).simulation
+    sim.keep_token_times = False  # ... and no per-token times (requests_frame(itl=False) reads none)
     if stop_early:
         watch = FirstRequestsDone(count, lambda: sim.env.now)
         watch.watch(sim.source)
@@ -99,6 +101,8 @@ def simulate_row(job: tuple[Any, ...]) -> dict[str, Any]:
     sim = part.clients or conc
     warm, measured, total = design_counts(sim, design)
     extra: dict[str, Any] = {"estimator": "littles_law", "reduction": part.label()}  # estimator: set below
+    if cost_model == "aic":
+        extra["aic_version"] = aic_version_used(row)
     waves = total // sim if design.requests_per_client > 0 and sim > 0 else 0
     k = options.get("waves") or estimate_waves(conc)
     if closed_loop_available() and window == "benchmark" and uses_estimate(conc, waves, k):

@@ -14,7 +14,7 @@ import pandas as pd
 
 from twinserve.core.errors import TwinserveError
 
-from twinserve.sim.runner import LOCAL_RAY, PointFailure, run_jobs
+from twinserve.sim.runner import LOCAL_RAY, PointFailure, run_jobs, workers_arg
 from twinserve.sim.validate import (expressible, finish_record, row_record, simulate_row, summarize_validation,
                                     summary_table)
 from twinserve.sim.validate_layouts import DEFAULT_DISAGG_ASSUMPTION, DISAGG_ASSUMPTIONS
@@ -54,7 +54,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--limit", type=int, default=None,
                    help="at most N rows, spread evenly over the filtered rows (a stratified subset)")
     p.add_argument("--out", default=argparse.SUPPRESS, help="output folder")
-    p.add_argument("--workers", type=int, default=argparse.SUPPRESS,
+    p.add_argument("--workers", type=workers_arg, default=argparse.SUPPRESS,
                    help="processes that simulate rows in parallel")
     p.add_argument("--assume-disagg", choices=DISAGG_ASSUMPTIONS + ("none",), default=DEFAULT_DISAGG_ASSUMPTION,
                    help="how a disaggregated row without prefill/decode worker counts is expressed "
@@ -236,6 +236,11 @@ def run_validate(args: argparse.Namespace) -> int:
     o = summary["all"]["overall"]
     print(f"expressible as given {o['expressible_as_given']}, with an assumed or inferred layout "
           f"{o['expressible_assumed']} (--assume-disagg {args.assume_disagg})")
+    if "aic_version" in frame:
+        other = int(frame["aic_version"].fillna("").astype(str).str.contains("aic's current").sum())
+        if other:
+            print(f"{other} rows priced by aic's current database: their own backend version is not installed "
+                  "or not given (column aic_version)")
     print(f"{len(frame)} rows, {int(frame['expressible'].sum())} expressible, {failed} failed in the simulator; "
           f"{wall:.1f} s wall; wrote {out / 'validation.csv'}, {out / 'summary.json'}")
     return 0

@@ -276,6 +276,23 @@ def _aic_fields(row: pd.Series) -> dict[str, str]:
     return out
 
 
+def aic_version_used(row: Any) -> str:
+    """The aic database version that prices the row, saying so when it is not the row's own (never silent)."""
+    from twinserve.backends.sim.aic.mapping import resolve_version
+    system, backend, own = str(row["system"]), str(row["backend"]), str(row["backend_version"])
+    used = _aic_fields(pd.Series(row))["aic_version"]
+    if used:
+        return used
+    try:
+        current = resolve_version(system, backend, "")
+    except TwinserveError:
+        return ""
+    v = row["backend_version"]
+    if v is None or (isinstance(v, float) and math.isnan(v)) or not own.strip():
+        return f"{current} (the row gives no {backend} version; aic's current)"
+    return f"{current} (the row's {own} is not installed; aic's current)"
+
+
 def request_counts(concurrency: int) -> tuple[int, int, int]:
     """(warm-up, measured, total) requests of a closed loop of `concurrency` clients.
 

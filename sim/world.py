@@ -19,7 +19,7 @@ from twinserve.core.engine_core import EngineCore
 from twinserve.core.errors import InvalidRequestError
 from twinserve.core.request import FinishReason, Request
 from twinserve.core.sampling_params import SamplingParams
-from twinserve.core.sched.fast_forward import apply_decode_steps, decode_window
+from twinserve.core.sched.fast_forward import apply_decode_steps, decode_plan
 
 from twinserve.sim.clients import ClosedLoopSource
 from twinserve.sim.gc_policy import simulation_gc
@@ -213,6 +213,9 @@ class Simulation:
         # Called with each request at its first token; True ends the run there (a TTFT miss is
         # certain then, long before the request finishes). None: no per-step look at the outputs.
         self.first_token: Callable[[Request], bool] | None = None
+        # False: records carry no token_times and decode windows skip them (a caller that reads
+        # first-token and finish times only, as validate: the lists are most of a long run's memory).
+        self.keep_token_times = True
 
     # ------------------------------------------------------------------ arrivals
     def _admit(self, t: float) -> None:
@@ -276,8 +279,8 @@ class Simulation:
         self.records.append(RequestRecord(
             rid, req.arrival_time, req.num_prompt_tokens, len(req.output_token_ids),
             req.first_scheduled_time, req.first_token_time, req.finish_time,
-            max(req.prefix_hit_tokens, 0), req.num_preemptions, req.token_times,
-            item.conversation, item.turn,
+            max(req.prefix_hit_tokens, 0), req.num_preemptions,
+            req.token_times if self.keep_token_times else [], item.conversation, item.turn,
             _REASON_TEXT[req.finish_reason], client=item.client, warmup=item.warmup))
         if self.abort is not None and self.abort(self.records[-1]):
             self.aborted = True
@@ -285,8 +288,9 @@ class Simulation:
         if self.workload.cfg.turns > 1 and req.finish_time is not None:
             nxt = self.workload.next_turn(item, req.all_token_ids, req.finish_time)
             if nxt is not None and req.block_hashes:
-                # A snapshot: the finished request's list may still grow (a pending chain's flush).
-                self._carried_hashes[nxt.request_id] = (list(req.all_token_ids), list(req.block_hashes),
+                # The list itself: a pending chain's flush before the next turn comes in adds the
+                # keys it computed (_reuse_hashes copies what is there then; no key hashed twice).
+                self._carried_hashes[nxt.request_id] = (list(req.all_token_ids), req.block_hashes,
                                                         req.cache_salt)
         if nxt is not None or item.client >= 0:
             done = req.finish_time if req.finish_time is not None else req.arrival_time
@@ -366,7 +370,7 @@ class Simulation:
 
     def _fast_forward(self, t: float) -> bool:
         sched = self.core.scheduler
-        k = decode_window(sched, 1 << 30)
+        k, context = decode_plan(sched, 1 << 30)
         tier = self.core.executor if sched.kv.host is not None else None
         ex = self.executor
         if k > 0 and tier is not None and (ex.draft is not None or tier.synchronous):
@@ -377,7 +381,6 @@ class Simulation:
             return False
         running = sched.running
         n = len(running)
-        context = sum([req.num_computed_tokens for req in running])
         ids = [req.request_id for req in running]
         durations, ends = ex.decode_step_times(n, context, k, t, self.source.next_time())
         step_of = None
@@ -390,7 +393,8 @@ class Simulation:
         if not ends:
             return False
         dropped = sched.finished_req_ids
-        usage, finished = apply_decode_steps(sched, ends, repeat=ex.tokens, default=DEFAULT_TOKEN)
+        usage, finished = apply_decode_steps(sched, ends, repeat=ex.tokens, default=DEFAULT_TOKEN,
+                                             times=self.keep_token_times)
         if step_of is not None:
             price_window_stores(tier, sched.kv, step_of, [t, *ends[:-1]])
         ex.advance_decode(ids, context, durations, dropped)

@@ -142,6 +142,11 @@ class EngineArgs(SchedulerArgs):
         _check_str("attention_backend", self.attention_backend)
         # The scheduler's cross-field checks, with a stand-in for what only the model and the memory decide.
         self.scheduler_config(self.max_model_len or 1, 1)
+        if self.kv_offloading_policy != "lru" and not self.kv_offloading_size:
+            # Never silently unused (vLLM asks its offloading backend to come with a size too).
+            raise InvalidConfigError("kv_offloading_policy", self.kv_offloading_policy,
+                                     "only with a host tier to evict from: set kv_offloading_size (GiB) or "
+                                     "kv_transfer_config, or leave the policy out")
         if self.step_log_path is not None:
             _check_str("step_log_path", self.step_log_path)
         spec = self.speculative_config

@@ -26,12 +26,15 @@ def page_bytes(tensors: list[torch.Tensor]) -> int:
 class HostKVCache:
     """Host tensors mirroring the device KV tensors, with the step's stores and loads."""
 
-    def __init__(self, tensors: list[torch.Tensor], size_gib: float, device: torch.device) -> None:
+    def __init__(self, tensors: list[torch.Tensor], size_gib: float, device: torch.device,
+                 size_field: tuple[str, object] | None = None) -> None:
         self.page_bytes = page_bytes(tensors)
         num = int(size_gib * _GIB // self.page_bytes)
         if num < 1:
+            # Named as the user gave the size (size_field: the setting and its value), by default in GiB.
+            field, value = size_field or ("kv_offloading_size", size_gib)
             raise InvalidConfigError(
-                "kv_offloading_size", size_gib,
+                field, value,
                 f"at least one KV block: {self.page_bytes} bytes ({self.page_bytes / _GIB:.3g} GiB) per block here")
         self.num_blocks = num
         self.device = device

@@ -110,9 +110,9 @@ class ModelRunner:
             self.drafter.init_kv_cache(num_blocks, dtype)
             self._kv_tensors += [t for pair in self.drafter.kv_caches for t in pair]
 
-    def init_host_tier(self, size_gib: float) -> int:
+    def init_host_tier(self, size_gib: float, size_field: tuple[str, object] | None = None) -> int:
         """Host memory mirroring every KV tensor (the draft's too), size_gib of it; its block count."""
-        self.host_kv = HostKVCache(self._kv_tensors, size_gib, self.device)
+        self.host_kv = HostKVCache(self._kv_tensors, size_gib, self.device, size_field)
         return self.host_kv.num_blocks
 
     # ------------------------------------------------------------------ state

@@ -222,7 +222,10 @@ class Worker:
         self.runner.init_kv_cache(num_blocks, self.dtype)
         if self.args.kv_offloading_size:
             # KV groups share the tensors (a block id is one group's page), so one mirror serves them all.
-            self.num_host_blocks = self.runner.init_host_tier(self.args.kv_offloading_size)
+            tc = self.args.kv_transfer_config
+            field = (None if tc is None else ("kv_transfer_config.kv_connector_extra_config.cpu_bytes_to_use",
+                                              tc["kv_connector_extra_config"]["cpu_bytes_to_use"]))
+            self.num_host_blocks = self.runner.init_host_tier(self.args.kv_offloading_size, field)
         # Captured graphs read a static block table and slot mapping per KV group.
         if (self.device.type == "cuda" and not self.args.enforce_eager
                 and getattr(self.backend, "supports_cuda_graphs", False)):

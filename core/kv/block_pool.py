@@ -146,7 +146,7 @@ class BlockPool:
     """Owns every block, the free queue and the prefix-cache map."""
 
     __slots__ = ("num_blocks", "enable_caching", "_blocks", "free_queue", "cached", "chains",
-                 "num_evictions", "evicted", "tier", "stores")
+                 "num_evictions", "evicted", "tier", "stores", "flush")
 
     def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
         self.num_blocks = num_blocks
@@ -164,6 +164,9 @@ class BlockPool:
         # appending (block id, host slot) per copy to stores (the KV manager's kv_stores).
         self.tier = None
         self.stores: list[tuple[int, int]] = []
+        # With a host tier and lazy registration: called with a pending block's chain before the
+        # block is evicted (it registers the chain, so the block is keyed and stored as if eager).
+        self.flush = None
 
     def recycle(self) -> None:
         """Give every block made so far to later pools' take_fresh; this pool is unusable after
@@ -213,10 +216,14 @@ class BlockPool:
         chains = self.chains
         evicted = 0
         sink = self.evicted
+        flush = self.flush
         head = queue._head
         block = head.next_free
         for _ in range(n):
             key = block.block_hash
+            if key is None and flush is not None and block.pending is not None:
+                flush(block.pending)  # a tier stores it: keyed as eager registration would have it
+                key = block.block_hash
             if key is not None:
                 # A colliding key value may name another block.
                 value = key[0]
@@ -262,11 +269,15 @@ class BlockPool:
         pop_cached = cached.pop
         chains = self.chains
         evicted = 0
+        flush = self.flush
         queue = self.free_queue
         head = queue._head
         block = head.next_free
         for _ in range(n):
             key = block.block_hash
+            if key is None and flush is not None and block.pending is not None:
+                flush(block.pending)  # as in get_new_blocks
+                key = block.block_hash
             if key is not None:
                 value = key[0]
                 holder = pop_cached(value, None)

@@ -389,11 +389,21 @@ class KVCacheManager(GroupTables, TierTables):
         chain = self._chains.get(value)
         if chain is not None and chain.root is old:
             self._flush(chain)
+        self._contest(value)
+
+    def _contest(self, value: int) -> None:
+        """No chain may start at this key: blocks keyed past it may outlive its holder."""
         self._contested.add(value)
         if len(self._contested) > self.num_blocks:  # bounds the set: exact either way
             self.flush_pending()
             self.lazy = False
             self._contested.clear()
+
+    def _flush_evicted(self, chain: PendingChain) -> None:
+        """The pool evicts one of chain's pending blocks (host tier on): register the chain first."""
+        root = chain.root.block_hash
+        if root is not None and self._chains.get(root.value) is chain:
+            self._flush(chain)
 
     def flush_pending(self) -> None:
         """Register every pending block (for inspection)."""

@@ -93,8 +93,11 @@ class TierTables:
                 # keep the list, drained later (an admission's stores follow its cache_blocks).
                 self.pool.tier = self.host
                 self.pool.stores = self.kv_stores
-            # Pending chains are registered in name only: an evicted one has no key to store under.
-            self.lazy = False
+            if self.lazy:
+                # Lazy registration stays on: a pending block is keyed (its chain registered) when the
+                # pool evicts it, so it is stored as eager registration would store it (hot path: most
+                # blocks of a run are keyed only then, in one call per chain).
+                self.pool.flush = self._flush_evicted
 
     def _host_hits(self, request: Request, hits: list[KVCacheBlock], parent: BlockHash | None,
                    max_blocks: int) -> list:
@@ -182,11 +185,13 @@ class TierTables:
         """Apply the executor's finished loads: key the blocks, drop the job's hold; requests now ready."""
         ready = []
         claim = self.pool.cached.setdefault
+        chains = self._chains
         for job_id in job_ids:
             job = self.load_jobs.pop(job_id, None)
             if job is None:
                 raise AssertionError(f"load job {job_id} reported done but none is in flight")
             pins = self.host.pins
+            orphan = job.request_id is None
             for block, key in zip(job.blocks, job.keys):
                 value = key.value
                 n = pins[value] - 1  # HostTier.unpin inlined (hot path)
@@ -195,8 +200,19 @@ class TierTables:
                 else:
                     del pins[value]
                 # Keyed unless another block holds the value (one dict operation: hot path).
-                if block.block_hash is None and claim(value, block) is block:
-                    block.block_hash = key
+                if block.block_hash is None:
+                    if claim(value, block) is block:
+                        block.block_hash = key
+                        if orphan and self.lazy:
+                            # Freed in order below, so its children may outlive it: no chain roots here.
+                            self._contest(value)
+                    elif self.lazy:
+                        # Held elsewhere. A pending chain's root holds it: the job passes the root, so
+                        # the chain's keys are taken now (its next keys are the chain's, as if eager).
+                        chain = chains.get(value)
+                        if chain is not None:
+                            self._flush(chain)
+                        self._contest(value)  # the next loaded blocks may outlive its holder
             self.pool.free_blocks(job.blocks)
             rid = job.request_id
             if rid is not None and self.req_load_job.get(rid) == job_id:

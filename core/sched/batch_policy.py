@@ -93,12 +93,14 @@ class PrefillFirst:
         for req in sched.running:
             if budget <= 0:
                 break
-            if not is_prefilling(req):
-                continue
             c = req.num_computed_tokens
-            num_new = _chunk(len(req.all_token_ids) - c, threshold, budget)
-            if num_new <= 0:
-                continue  # nothing left to compute until its step's output is applied
+            num_new = len(req.all_token_ids) - c
+            if num_new <= 0:  # a wrong computed-token count: it would be skipped forever
+                sched._stalled.append(req)
+                continue
+            if num_new == 1 and req.output_token_ids:
+                continue  # decoding (is_prefilling, inlined)
+            num_new = _chunk(num_new, threshold, budget)
             la = _lookahead(req, c + num_new, lookahead, max_model_len) if lookahead else 0
             new_blocks = allocate(req, num_new + la, num_draft_tokens=la) if la else None
             if new_blocks is None:

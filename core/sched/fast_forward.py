@@ -18,31 +18,46 @@ from twinserve.core.sched.scheduler import Scheduler
 
 def decode_window(scheduler: Scheduler, max_steps: int) -> int:
     """How many next steps decode the same batch; only the last may finish requests."""
+    return decode_plan(scheduler, max_steps)[0]
+
+
+def decode_plan(scheduler: Scheduler, max_steps: int) -> tuple[int, int]:
+    """decode_window's count and the batch's context (computed tokens summed; 0 with no window)."""
     kv = scheduler.kv
     if (max_steps <= 0 or len(scheduler.waiting) > 0 or scheduler.loading or scheduler.loaded or kv.load_jobs
             or (_windowed(kv) and kv.enable_caching)):
-        return 0  # loads in flight; windows free blocks as requests advance: replayed only without a prefix cache
+        return 0, 0  # loads in flight; windows free blocks as requests advance: replayed only without a prefix cache
     running = scheduler.running
     cfg = scheduler.config
     if not running or len(running) > cfg.max_num_batched_tokens:
-        return 0
+        return 0, 0
     spec = scheduler.spec
     if spec is not None and spec.active(len(running)):
-        return 0  # drafts come from the executor
+        return 0, 0  # drafts come from the executor
     limit = max_steps
+    context = 0  # summed in the same pass: the window's pricing needs it (one pass over the batch, not two)
     for req in running:
         n = len(req.all_token_ids)
+        c = req.num_computed_tokens
         # Without output, one token left is still prefill.
-        if n - req.num_computed_tokens != 1 or not req.output_token_ids:
-            return 0
+        if n - c != 1 or not req.output_token_ids:
+            return 0, 0
+        context += c
         sp = req.sampling_params
         if sp.stop_token_ids or (req.eos_token_id is not None and not sp.ignore_eos):
-            return 0  # a sampled token could stop it
+            return 0, 0  # a sampled token could stop it
         rem = req.stop_check_len - n
         if rem < limit:
             limit = rem
             if limit <= 0:
-                return 0
+                return 0, 0
+    k = _fit_blocks(scheduler, running, limit)
+    return k, context if k else 0
+
+
+def _fit_blocks(scheduler: Scheduler, running: list[Request], limit: int) -> int:
+    """The largest k <= limit whose new blocks fit in the free ones."""
+    kv = scheduler.kv
     # A new block takes a page in every group; blocks a window frees are not counted (so the
     # window may end early, never late: stepping would find at least this much room).
     pages = kv.num_groups
@@ -79,12 +94,13 @@ def _blocks_needed(scheduler: Scheduler, running: list[Request], num_steps: int)
 
 def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
                        token_ids: Callable[[Request, int], list[int]] | None = None, *,
-                       repeat: Mapping[str, int] | None = None, default: int = 1
-                       ) -> tuple[list[float], list[str]]:
+                       repeat: Mapping[str, int] | None = None, default: int = 1,
+                       times: bool = True) -> tuple[list[float], list[str]]:
     """Apply len(end_times) decode steps (at most decode_window's count).
 
     token_ids(request, k) gives k tokens, or repeat maps ids to one token per step;
-    returns KV usage per step and the ids finished.
+    returns KV usage per step and the ids finished. times=False leaves request.token_times
+    alone (a caller that never reads them: the window's times are most of a run's memory).
     """
     get = repeat.get if repeat is not None else None
     if get is None and token_ids is None:
@@ -93,6 +109,8 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
     kv = scheduler.kv
     bs = kv.block_size
     caching = kv.enable_caching
+    if not caching and kv.host is None and not _windowed(kv):
+        return _apply_uncached(scheduler, end_times, token_ids, get, default, times)
     held = kv.req_to_blocks
     cached = kv.num_cached_blocks
     running = scheduler.running
@@ -117,7 +135,8 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
         all_ids.extend(toks)
         out_ids = req.output_token_ids
         out_ids.extend(toks)
-        req.token_times.extend(end_times)
+        if times:
+            req.token_times.extend(end_times)
         if len(all_ids) >= req.stop_check_len:
             done.append(req)
         if c + k_steps <= req.fast_decode_limit:
@@ -185,6 +204,74 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
         _step_through_events(kv, running, k_steps, usage)
     u = 1.0 - free_queue.num_free / num_blocks
     usage.extend([u] * (k_steps - len(usage)))
+    finished = _finish_by_length(scheduler, done, end_times[-1])
+    if finished:
+        usage[-1] = 1.0 - free_queue.num_free / num_blocks
+    return usage, finished
+
+
+def _apply_uncached(scheduler: Scheduler, end_times: list[float],
+                    token_ids: Callable[[Request, int], list[int]] | None,
+                    get: Callable[[str, int], int] | None, default: int, times: bool
+                    ) -> tuple[list[float], list[str]]:
+    """apply_decode_steps without a prefix cache, host tier or KV groups (the validate rows' case).
+
+    Each request's new blocks come from one pool call for the whole window, in running order:
+    the blocks the per-request allocate_slots calls would hand out, to the same requests.
+    """
+    k_steps = len(end_times)
+    kv = scheduler.kv
+    bs = kv.block_size
+    held = kv.req_to_blocks
+    scheduler.finished_req_ids = set()
+    new_at = [0] * k_steps  # blocks taken at each step
+    takers: list[tuple[list, int]] = []  # (block table, blocks it takes), running order
+    total = 0
+    done: list[Request] = []
+    for req in scheduler.running:
+        if get is not None:
+            toks = [get(req.request_id, default)] * k_steps
+        else:
+            toks = token_ids(req, k_steps)  # type: ignore[misc]
+        all_ids = req.all_token_ids
+        all_ids.extend(toks)
+        req.output_token_ids.extend(toks)
+        if times:
+            req.token_times.extend(end_times)
+        if len(all_ids) >= req.stop_check_len:
+            done.append(req)
+        c = req.num_computed_tokens
+        end = req.num_computed_tokens = c + k_steps
+        if end <= req.fast_decode_limit:
+            continue  # Nothing for the KV manager (Request.fast_decode_limit).
+        blocks = held[req.request_id]
+        have = len(blocks)
+        k = have * bs - c  # the first step past the held blocks
+        if k >= k_steps:
+            req.fast_decode_limit = have * bs
+            continue
+        need = -(-end // bs) - have
+        takers.append((blocks, need))
+        total += need
+        req.fast_decode_limit = (have + need) * bs  # as schedule() sets it after allocate_slots
+        while k < k_steps:
+            new_at[k] += 1
+            k += bs
+    free_queue = kv.pool.free_queue
+    if total:
+        if total > free_queue.num_free:
+            raise AssertionError("fast-forward allocation failed: check decode_window")
+        new = kv.pool.get_new_blocks(total)
+        j = 0
+        for blocks, need in takers:
+            blocks.extend(new[j:j + need])
+            j += need
+    num_blocks = kv.num_blocks
+    free = free_queue.num_free + total
+    usage = []
+    for n_new in new_at:
+        free -= n_new
+        usage.append(1.0 - free / num_blocks)  # as KVCacheManager.usage
     finished = _finish_by_length(scheduler, done, end_times[-1])
     if finished:
         usage[-1] = 1.0 - free_queue.num_free / num_blocks

@@ -51,11 +51,12 @@ def chunk(num_new: int, threshold: int, budget: int) -> int:
 
 def plain_head(head: list[Request], kv: KVCacheManager, c_ids: list[str], c_computed: list[int],
                other: dict[int, tuple[int, Sequence[int]]], spare: int, threshold: int,
-               budget: int) -> tuple[int, int]:
+               budget: int, stalled: list[Request]) -> tuple[int, int]:
     """Schedule's first loop without drafts: (tokens past one per request, requests skipped).
 
     Same decisions as the general loop with speculation off; it stops at the first request
     that does not fit without preempting, or once the budget may not cover the rest.
+    Requests with no token left to compute go to `stalled` (the scheduler fails them).
     """
     add_id, add_computed = c_ids.append, c_computed.append
     allocate = kv.allocate_slots
@@ -73,6 +74,11 @@ def plain_head(head: list[Request], kv: KVCacheManager, c_ids: list[str], c_comp
                 req.num_computed_tokens = c + 1
                 continue
         else:
+            if num_new <= 0:  # a wrong computed-token count: it would be skipped forever
+                stalled.append(req)
+                skipped += 1
+                spare += 1
+                continue
             num_new = chunk(num_new, threshold, budget - len(c_ids) - extra)
             if num_new <= 0:
                 skipped += 1

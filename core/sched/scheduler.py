@@ -69,6 +69,10 @@ class Scheduler(OutputUpdate):
         self._last_ids: list[str] = []
         self._last_ones: dict[str, int] = {}
         self._seq = itertools.count()
+        # Running requests found with no token left to compute (a wrong count): failed after the step is built.
+        self._stalled: list[Request] = []
+        # Error outputs of requests failed while scheduling; update_from_output returns them.
+        self.failed_outputs: list[EngineCoreOutput] = []
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: Request) -> None:
@@ -77,6 +81,11 @@ class Scheduler(OutputUpdate):
         rid = request.request_id
         if rid in self.requests:
             raise InvalidRequestError(f"request id {rid!r} is already in use", param="request_id")
+        if request.num_computed_tokens:
+            raise InvalidRequestError(
+                f"request {rid!r} arrives with num_computed_tokens={request.num_computed_tokens}: a new request "
+                "starts at 0 (prefix-cache hits and KV loads are counted by the scheduler)",
+                param="num_computed_tokens")
         n = request.num_prompt_tokens
         if n == 0:
             raise InvalidRequestError("the prompt is empty: give at least one token", param="prompt")
@@ -160,7 +169,10 @@ class Scheduler(OutputUpdate):
     # ------------------------------------------------------------------ schedule
     def schedule(self, now: float) -> SchedulerOutput:
         """Pick this step's batch; the batch policy decides whether prefill and decode share it."""
-        return self.batch_policy.schedule(self, now)
+        so = self.batch_policy.schedule(self, now)
+        if self._stalled:
+            self._fail_stalled(now)
+        return so
 
     def schedule_batch(self, now: float, running: list[Request] | None = None,
                        admit: bool = True) -> SchedulerOutput:
@@ -190,7 +202,8 @@ class Scheduler(OutputUpdate):
         max_model_len = cfg.max_model_len
         # Without speculation, the loop as it was before drafts (the plain decode hot path).
         if not spec_on:
-            extra, skipped = plain_head(head, kv, c_ids, c_computed, other, spare, threshold, budget)
+            extra, skipped = plain_head(head, kv, c_ids, c_computed, other, spare, threshold, budget,
+                                        self._stalled)
             head = ()
         for req in head:
             c = req.num_computed_tokens
@@ -211,6 +224,11 @@ class Scheduler(OutputUpdate):
                     continue
             else:
                 k = 0
+                if num_new <= 0:  # a wrong computed-token count: it would be skipped forever
+                    self._stalled.append(req)
+                    skipped += 1
+                    spare += 1
+                    continue
                 num_new = _chunk(num_new, threshold, budget - len(c_ids) - extra)
                 if num_new <= 0:
                     skipped += 1
@@ -252,7 +270,12 @@ class Scheduler(OutputUpdate):
 
         while i < len(running) and budget > 0:
             req = running[i]
-            num_new = _chunk(len(req.all_token_ids) - req.num_computed_tokens, threshold, budget)
+            num_new = len(req.all_token_ids) - req.num_computed_tokens
+            if num_new <= 0:  # a wrong computed-token count: it would be skipped forever
+                self._stalled.append(req)
+                i += 1
+                continue
+            num_new = _chunk(num_new, threshold, budget)
             if num_new <= 0:
                 i += 1
                 continue
@@ -352,6 +375,14 @@ class Scheduler(OutputUpdate):
             else:
                 hits, num_hit = kv.get_computed_blocks(req)
             num_new = req.num_tokens - done - num_hit
+            if num_new <= 0 or num_hit < 0 or (done and (done < 0 or not loaded)):
+                # A hit or a load counted past the last token (or a queued request's count was set):
+                # it would run with nothing to sample, or from KV nobody computed.
+                self._fail(req, done + num_hit, ("a host-tier (KV) load counted it, leaving no token to compute"
+                                                 if loaded else "it was set while the request was queued; "
+                                                 "only the scheduler sets it") if done else
+                           "a prefix-cache hit counted it, leaving no token to compute", now)
+                continue
             if prefill_cap and num_scheduled and num_new >= prefill_cap - (cfg.max_num_batched_tokens - budget):
                 break
             if cfg.enable_chunked_prefill:

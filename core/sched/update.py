@@ -6,6 +6,7 @@ token, so a stop inside an accepted run ends the request there.
 
 from __future__ import annotations
 
+from twinserve.core.errors import ComputedTokensError
 from twinserve.core.request import FINISH_STATUS, FinishReason, Request, RequestStatus
 from twinserve.core.sched.output import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 
@@ -50,7 +51,7 @@ def _append_run(req: Request, tokens: list[int], now: float, max_model_len: int
 
 
 class OutputUpdate:
-    """Scheduler mixin: update_from_output and the verification of drafts it counts."""
+    """Scheduler mixin: update_from_output, the drafts it verifies, and requests ended for a bad count."""
 
     def _update_plain(self, reqs: list[Request], sampled: dict[str, list[int]], logprobs: dict | None,
                       now: float, outputs: list[EngineCoreOutput]) -> list[Request]:
@@ -107,6 +108,21 @@ class OutputUpdate:
                 out.new_logprobs = lps
         return finished
 
+    def _fail_stalled(self, now: float) -> None:
+        """End running requests left with nothing to compute: no step would ever advance them."""
+        stalled, self._stalled = self._stalled, []
+        for req in stalled:
+            if req.status is RequestStatus.RUNNING:
+                self._fail(req, req.num_computed_tokens, "no token is left to compute and none was sampled: the "
+                           "executor sampled nothing for a finished prompt, or the count was set wrong", now)
+
+    def _fail(self, req: Request, computed: int, source: str, now: float) -> None:
+        """End req with a ComputedTokensError (finish reason error); the engine carries on."""
+        err = ComputedTokensError(req.request_id, computed, req.num_tokens, source)
+        for out in self.abort_requests([req.request_id], FinishReason.ERROR, now):
+            out.error = f"{type(err).__name__}: {err}"
+            self.failed_outputs.append(out)
+
     def _verify(self, req: Request, drafts: list[int], tokens: list[int]) -> tuple[int, int]:
         """Count a verification, roll back rejected drafts (len(tokens) - 1 accepted)."""
         num_drafts = len(drafts)
@@ -133,6 +149,8 @@ class OutputUpdate:
         requests = self.requests
         max_model_len = self.config.max_model_len
         outputs: list[EngineCoreOutput] = []
+        if self.failed_outputs:  # requests schedule() ended with an error
+            outputs, self.failed_outputs = self.failed_outputs, outputs
         add_output = outputs.append
         finished: list[Request] = []
         new_output, Output = _new_object, EngineCoreOutput

@@ -59,7 +59,8 @@ def test_running_requests_get_what_the_budget_holds_in_order(budget, threshold, 
                                                              skip, several):
     """Decodes, prefill chunks, requests with several tokens to compute (after an executor
     returned several) and requests with nothing to compute, mixed in any order, with budgets
-    below and above the number running: the batch is the plain greedy rule's."""
+    below and above the number running: the batch is the plain greedy rule's, and a request
+    with nothing to compute is ended with an error (no step could ever advance it)."""
     sched = _sched(max_num_batched_tokens=budget, long_prefill_token_threshold=threshold,
                    max_num_seqs=12)
     pending = [(arrive[i], Request(f"r{i}", [1 + i] * n, SamplingParams(max_tokens=30)))
@@ -69,6 +70,7 @@ def test_running_requests_get_what_the_budget_holds_in_order(budget, threshold, 
             if at == step:
                 sched.add_request(req)
         expected = _expected_batch(sched)
+        stalled = [r.request_id for r in sched.running if r.num_tokens <= r.num_computed_tokens]
         so = sched.schedule(float(step))
         got = {rid: n for rid, n in so.num_scheduled_tokens.items()
                if rid not in {r.req_id for r in so.scheduled_new_reqs}}
@@ -80,12 +82,16 @@ def test_running_requests_get_what_the_budget_holds_in_order(budget, threshold, 
             if step % 2:
                 mro.sampled_token_ids[rid] = [9] * several[int(rid[1:])]
         # Some requests that reached the end of their input get no token back (as after an
-        # executor hiccup): next step they have nothing to compute and must be passed over.
+        # executor hiccup): next step they have nothing to compute, are passed over and fail.
         for i, rid in enumerate(list(mro.sampled_token_ids)):
             if skip[int(rid[1:])] and step % 3 == i % 3:
                 del mro.sampled_token_ids[rid]
         outs = sched.update_from_output(so, mro, float(step))
-        assert [o.req_id for o in outs] == list(mro.sampled_token_ids)
+        # Failed once the step reaches them (a budget spent before them defers it, as their turn).
+        failed = [o.req_id for o in outs if o.error]
+        assert failed == [rid for rid in stalled if rid in failed]
+        assert all(o.error.startswith("ComputedTokensError") for o in outs if o.error)
+        assert [o.req_id for o in outs if not o.error] == list(mro.sampled_token_ids)
 
 
 def test_abort_between_schedule_and_update_drops_only_that_request():
@@ -211,20 +217,22 @@ def test_a_fast_forward_window_leaves_plain_decodes_on_the_fast_path(monkeypatch
 
 def test_priority_victim_passed_over_in_the_same_step_is_preempted_without_a_rollback():
     """The victim is a running request the step passed over (its last step returned no token,
-    so it had nothing to compute): it is preempted, with no tokens to hand back (was a KeyError)."""
+    so it had nothing to compute): it is preempted, with no tokens to hand back (was a KeyError),
+    and its recompute heals it (it is not failed)."""
     sched = _sched(policy="priority", num_blocks=3, max_model_len=12)
     low = Request("low", [1] * 4, SamplingParams(max_tokens=5), priority=5)
     sched.add_request(low)
     so = sched.schedule(0.0)
-    sched.update_from_output(so, ModelRunnerOutput({}), 0.5)  # no token back for it
-    high = Request("high", [2] * 8, SamplingParams(max_tokens=5), priority=0)
+    sched.update_from_output(so, _sample_all(sched, so), 0.5)
+    high = Request("high", [2] * 4, SamplingParams(max_tokens=5), priority=0)
     sched.add_request(high)
-    so = sched.schedule(1.0)  # low has nothing to compute; high takes the two last blocks
-    assert so.num_scheduled_tokens == {"high": 8}
-    sched.update_from_output(so, _sample_all(sched, so), 1.5)
-    so = sched.schedule(2.0)  # high's decode needs a third block: low, passed over, gives its one
+    so = sched.schedule(1.0)  # low decodes into its second block; high takes the last one
+    assert so.num_scheduled_tokens == {"low": 1, "high": 4}
+    sched.update_from_output(so, ModelRunnerOutput({"high": [9]}), 1.5)  # no token back for low
+    so = sched.schedule(2.0)  # high's decode needs a block: low, passed over, gives its two
     assert so.preempted_req_ids == ["low"]
     assert so.num_scheduled_tokens == {"high": 1}
     assert so.total_num_scheduled_tokens == 1
     assert low.status.name == "PREEMPTED" and list(sched.waiting) == [low]
-    assert sched.kv.num_free_blocks == 0  # low's block went to high
+    assert sched.kv.num_free_blocks == 1  # one of low's blocks went to high
+    assert not sched.update_from_output(so, ModelRunnerOutput({}), 2.5)  # low was not failed

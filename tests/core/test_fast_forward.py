@@ -230,12 +230,13 @@ def test_a_sliding_window_model_decodes_in_fast_forward_windows():
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(block_size=st.sampled_from([1, 2, 4]), shared=st.booleans(), n=st.integers(1, 6),
-       tier=st.sampled_from([0, 1, 3, 40]), data=st.data())
-def test_fast_forward_with_eager_registration_matches_stepping(block_size, shared, n, tier, data):
-    # Eager registration (a host tier turns lazy registration off; so does a weak hash): a window
-    # registers its blocks after taking its new ones in one call, unless a key it registers is
-    # cached already (shared prompts decode equal blocks): then it steps through. Either way the
-    # evictions (the host tier's stores, in order) and the keys are stepping's.
+       tier=st.sampled_from([0, 1, 3, 40]), algo=st.sampled_from(["xxhash", "builtin"]), data=st.data())
+def test_fast_forward_with_eager_registration_matches_stepping(block_size, shared, n, tier, algo, data):
+    # Eager registration (a weak hash turns lazy registration off): a window registers its blocks
+    # after taking its new ones in one call, unless a key it registers is cached already (shared
+    # prompts decode equal blocks): then it steps through. Either way the evictions (the host tier's
+    # stores, in order) and the keys are stepping's. With xxhash and a tier, lazy registration: a
+    # window's evictions register pending chains as they go, as stepping's do.
     prompts = [[3] * data.draw(st.integers(1, 20)) if shared and i % 2 else
                list(range(10 * i + 1, 10 * i + 1 + data.draw(st.integers(1, 20)))) for i in range(n)]
     max_tokens = [data.draw(st.integers(2, 40)) for _ in range(n)]
@@ -246,9 +247,9 @@ def test_fast_forward_with_eager_registration_matches_stepping(block_size, share
     num_blocks = data.draw(st.integers(max(max(needs), sum(needs) // 2), sum(needs) + 8))
     cfg = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=64,
                           block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=True,
-                          prefix_caching_hash_algo="xxhash" if tier else "builtin", kv_offloading_blocks=tier)
+                          prefix_caching_hash_algo=algo if tier else "builtin", kv_offloading_blocks=tier)
     a, b = _build(cfg, prompts, max_tokens), _build(cfg, prompts, max_tokens)
-    assert not b.kv.lazy
+    assert b.kv.lazy == (tier > 0 and algo == "xxhash")
     k = decode_window(b, 10_000)
     if k == 0:
         return
@@ -270,3 +271,62 @@ def test_fast_forward_with_eager_registration_matches_stepping(block_size, share
     if tier:
         ha, hb = a.kv.host, b.kv.host
         assert list(ha.entries.items()) == list(hb.entries.items()) and ha.stats == hb.stats
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(block_size=st.sampled_from([1, 2, 4, 16]), n=st.integers(1, 6), times=st.booleans(), data=st.data())
+def test_uncached_windows_then_steps_match_stepping_to_the_end(block_size, n, times, data):
+    # Without a prefix cache a window takes its blocks in one pool call and leaves each request's
+    # fast_decode_limit set: the steps after it (and later windows) must still be stepping's.
+    # times=False leaves token_times alone and nothing else.
+    prompts = [list(range(10 * i + 1, 10 * i + 1 + data.draw(st.integers(1, 20)))) for i in range(n)]
+    max_tokens = [data.draw(st.integers(2, 40)) for _ in range(n)]
+    needs = [-(-(len(p) + m) // block_size) for p, m in zip(prompts, max_tokens)]
+    num_blocks = data.draw(st.integers(max(max(needs), sum(needs) // 2), sum(needs) + 8))
+    cfg = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=64,
+                          block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=False)
+    a, b = _build(cfg, prompts, max_tokens), _build(cfg, prompts, max_tokens)
+    reqs_a = sorted(a.requests.values(), key=lambda r: r.request_id)
+    reqs_b = sorted(b.requests.values(), key=lambda r: r.request_id)
+    skipped = {r.request_id: 0 for r in reqs_b}  # window steps per request
+    t = 1000.0
+    for _ in bounded():
+        if not a.requests:
+            break
+        k = decode_window(b, data.draw(st.integers(1, 12)))
+        if k:  # a window on b, k steps on a
+            for req in b.running:
+                skipped[req.request_id] += k
+            for i in range(k):
+                _step(a, t + i)
+            apply_decode_steps(b, [t + i + 0.5 for i in range(k)],
+                               lambda req, m: [_token(req, req.num_tokens + j) for j in range(m)], times=times)
+            t += k
+        else:
+            assert _step(a, t) == _step(b, t)
+            t += 1.0
+        assert [len(bl) for bl in a.kv.req_to_blocks.values()] == [len(bl) for bl in b.kv.req_to_blocks.values()]
+    assert a.num_preemptions == b.num_preemptions
+    if not times:
+        for ra, rb in zip(reqs_a, reqs_b):  # only the stepped steps' times were appended
+            assert len(rb.token_times) == len(ra.token_times) - skipped[rb.request_id]
+            assert set(rb.token_times) <= set(ra.token_times)
+        for r in reqs_a + reqs_b:
+            r.token_times = []
+    assert _snapshot(a, reqs_a) == _snapshot(b, reqs_b)
+
+
+def test_an_uncached_window_hands_out_the_blocks_per_request_calls_would():
+    # One pool call for the window, split in running order: each request gets exactly the ids that
+    # allocate_slots(request, k) per request, in running order, would give it.
+    cfg = SchedulerConfig(max_num_batched_tokens=64, max_model_len=64, block_size=2, num_blocks=40,
+                          enable_prefix_caching=False)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10], [11]]
+    a, b = _build(cfg, prompts, [20] * 4), _build(cfg, prompts, [20] * 4)
+    k = decode_window(b, 7)
+    assert k == 7
+    for req in a.running:  # the reference
+        assert a.kv.allocate_slots(req, k) is not None
+    apply_decode_steps(b, [float(i) for i in range(k)], repeat={}, default=5)
+    ids = lambda s: {rid: [blk.block_id for blk in bl] for rid, bl in s.kv.req_to_blocks.items()}  # noqa: E731
+    assert ids(b) == ids(a)

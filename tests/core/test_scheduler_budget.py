@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from twinserve.core import ModelRunnerOutput, Request, SamplingParams, Scheduler, SchedulerConfig
 
-MAX_STEPS = 40  # requests passed over for good never end: a fixed number of steps
+MAX_STEPS = 40  # a fixed number of steps (requests run on past it)
 
 
 @st.composite
@@ -35,7 +35,7 @@ def edge_workloads(draw):
 
 def _sampled(sched: Scheduler, so, data) -> ModelRunnerOutput:
     """One token for each request that reached its end, or several, or now and then none (that
-    request has nothing to compute from then on: steps pass it over)."""
+    request has nothing to compute from then on: the next step that reaches it ends it with an error)."""
     out = {}
     for rid in so.num_scheduled_tokens:
         req = sched.requests[rid]

@@ -54,3 +54,29 @@ def test_the_engine_builds_its_tier_from_the_connector(make_llm) -> None:
     by_connector = make_llm(kv_transfer_config=_cfg(cpu_bytes_to_use=GIB // 64), enable_prefix_caching=True)
     n = by_size.llm_engine.worker.num_host_blocks
     assert n > 0 and by_connector.llm_engine.worker.num_host_blocks == n
+
+
+def test_an_eviction_policy_without_a_tier_is_refused_not_ignored() -> None:
+    with pytest.raises(InvalidConfigError, match="kv_offloading_size") as e:
+        EngineArgs(model="m", kv_offloading_policy="lrfu")
+    assert e.value.field == "kv_offloading_policy"
+    assert EngineArgs(model="m", kv_offloading_policy="lrfu", kv_offloading_size=1.0).kv_offloading_policy == "lrfu"
+    assert EngineArgs(model="m", kv_offloading_policy="lrfu", kv_transfer_config=_cfg()).kv_offloading_size == 0.25
+
+
+@pytest.mark.parametrize("size", [-1, "abc", float("nan")])
+def test_llm_with_a_bad_tier_size_names_the_argument_before_loading(tiny_dir, size) -> None:
+    from twinserve.backends.real import LLM
+    from twinserve.core.knobs import KnobError
+
+    with pytest.raises(KnobError, match=r"LLM\(kv_offloading_size=\.\.\.\).*kv_offloading_size"):
+        LLM(str(tiny_dir), kv_offloading_size=size)
+
+
+def test_a_connector_size_under_one_block_names_cpu_bytes_to_use(make_llm) -> None:
+    # The tiny model's block of 4 tokens in float64: 2 layers x K and V x 2 heads x 16 x 8 bytes x 4 = 4,096 bytes.
+    field = "kv_transfer_config.kv_connector_extra_config.cpu_bytes_to_use"
+    with pytest.raises(InvalidConfigError, match="at least one KV block: 4096 bytes") as e:
+        make_llm(kv_transfer_config={**_cfg(), "kv_connector_extra_config": {"cpu_bytes_to_use": 100}},
+                 enable_prefix_caching=True)
+    assert e.value.field == field and e.value.value == 100

@@ -62,6 +62,36 @@ def test_max_concurrency_at_rate_inf_is_the_simulators_closed_loop() -> None:
             workload_config(_ns(*argv), 1000)
 
 
+def _closed_port() -> int:
+    """A local port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("argv, field", [(["--max-concurrency", "0"], "max_concurrency"),
+                                         (["--max-concurrency", "-2"], "max_concurrency"),
+                                         (["--request-rate", "0"], "request_rate"),
+                                         (["--num-prompts", "0"], "num_prompts")])
+def test_bad_flags_exit_2_before_the_server_is_asked(capsys, argv: list[str], field: str) -> None:
+    from twinserve.cli import main
+
+    rc = main(["bench", "--base-url", f"http://127.0.0.1:{_closed_port()}", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"config {field}=" in err and "no OpenAI-compatible server" not in err, err
+
+
+def test_an_unreachable_server_exits_2_naming_its_url_without_a_traceback(capsys) -> None:
+    from twinserve.cli import main
+
+    url = f"http://127.0.0.1:{_closed_port()}"
+    rc = main(["bench", "--base-url", url, "--max-concurrency", "2", "--num-prompts", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"no OpenAI-compatible server at {url} (GET /v1/models: ConnectError" in err, err
+
+
 def test_bench_closed_loop_clients_are_sequential_and_warm_up_is_left_out(server: RunningServer) -> None:
     cfg = WorkloadConfig(num_requests=10, prompt_dist="uniform", prompt_min=4, prompt_max=30,
                          output_dist="uniform", output_min=2, output_max=10, vocab_size=250,

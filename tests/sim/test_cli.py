@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from twinserve.sim import cli
 
@@ -68,3 +69,16 @@ def test_out_given_before_the_subcommand_is_kept(tmp_path, monkeypatch) -> None:
     assert rc == 0
     assert (tmp_path / "mine" / "summary.csv").exists()
     assert not (tmp_path / "simulate-run").exists()
+
+
+# Each kept short where the count was taken (the old CLI ran them): 5 requests, an empty row filter.
+@pytest.mark.parametrize("argv", [["--workers", "0", "run", "--requests", "5"],
+                                  ["run", "--requests", "5", "--workers", "-2"],
+                                  ["sweep", "--grid", "rate=1,2", "--requests", "5", "--workers", "0"],
+                                  ["search", "--workers", "x"],
+                                  ["validate", "--silicon", "--max-clients", "1", "--workers", "0"]])
+def test_a_worker_count_below_one_is_a_usage_error_not_ignored(tmp_path, capsys, argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--out", str(tmp_path / "o"), *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "argument --workers" in err and "processes >= 1" in err, err

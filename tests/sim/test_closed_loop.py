@@ -289,3 +289,12 @@ def test_the_replica_table_counts_measured_requests() -> None:
     for i, row in per.iterrows():
         mine = measured[measured["replica"] == row["replica"]]
         assert row["p50_ttft_s"] == pytest.approx(mine["ttft_s"].median())
+
+
+def test_a_grid_of_clients_with_zero_is_refused_before_any_point_runs(tmp_path, capsys) -> None:
+    f = tmp_path / "s.toml"
+    f.write_text(STUDY + "concurrency = 4\n")
+    rc = main(["sweep", "--config", str(f), "--grid", "concurrency=4,0", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "field 'workload.concurrency': 0 must be an integer >= 1" in err, err
+    assert not (tmp_path / "o").exists()

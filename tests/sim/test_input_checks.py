@@ -211,3 +211,10 @@ def test_a_lone_replicas_override_is_simulated_not_ignored(tmp_path, capsys) -> 
     rc, out, err = _cli(["run", "--config", str(study), "--out", str(tmp_path / "o")], capsys)
     assert rc == 0, err
     assert "1x A100-80GB" in out and "replicas entry: hardware = 'A100-80GB'" in out
+
+
+def test_a_field_that_does_not_exist_is_refused_at_its_line_naming_the_known_ones(tmp_path, capsys) -> None:
+    # An SLO written as a statistic ([slo] has ttft_s / tpot_s; percentiles go through --slo).
+    f = _write(tmp_path, "s.toml", STUDY + "[slo]\nttft_p99 = 1.0\n")
+    rc, _, err = _cli(["run", "--config", str(f), "--out", str(tmp_path / "o")], capsys)
+    assert rc == 2 and f"{f}:8: field 'slo.ttft_p99': no such field; known: tpot_s, ttft_s" in err, err

@@ -30,7 +30,7 @@ def _study(tmp_path: Path, table: str, extra: str = "") -> Path:
 
 @pytest.mark.parametrize("table, field, words", [
     ("host_size_gib = -1\n", "kv_offload.host_size_gib", "a number in (0"),
-    ('host_size_gib = "lots"\n', "kv_offload.host_size_gib", "is not a float"),
+    ('host_size_gib = "lots"\n', "kv_offload.host_size_gib", "'lots' is not a number"),
     ("host_blocks = -3\n", "kv_offload.host_blocks", "an integer in [1"),
     ('eviction = "mru"\n', "kv_offload.eviction", "one of 'lru'"),
     ("host_size_gib = 4\nbandwidth = 0\n", "kv_offload.bandwidth", "bytes/s"),
@@ -124,3 +124,23 @@ def test_link_streams_are_fifo_and_priced(transfers, bandwidth, latency) -> None
         assert s == pytest.approx(max(now, last_store) + d)  # the other direction: its own stream
         last_store = s
     assert link.loads.blocks == link.stores.blocks == sum(b for b, _ in transfers)
+
+
+@pytest.mark.parametrize("table, named", [
+    ('eviction = "lrfu"\n', "eviction = 'lrfu'"),
+    ("bandwidth = 1e9\nlatency_s = 0.001\n", "bandwidth = 1000000000.0, latency_s = 0.001"),
+])
+def test_tier_settings_without_a_size_are_reported_unused_not_dropped_silently(tmp_path: Path, capsys, table: str,
+                                                                               named: str) -> None:
+    f = _study(tmp_path, table)
+    assert cli.main(["run", "--config", str(f), "--out", str(tmp_path / "out")]) == 0
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert f"host KV tier: off (host_size_gib and host_blocks are 0), so [kv_offload] {named} went unused" in summary
+    # With a size the settings are used, and a sweep over the size has its own tier per point: no note.
+    f = _study(tmp_path, table + "host_size_gib = 1\n")
+    assert cli.main(["run", "--config", str(f), "--out", str(tmp_path / "sized")]) == 0
+    assert "went unused" not in (tmp_path / "sized" / "summary.md").read_text()
+    f = _study(tmp_path, table)
+    assert cli.main(["sweep", "--config", str(f), "--grid", "host_size_gib=0,1", "--workers", "1",
+                     "--out", str(tmp_path / "swept")]) == 0
+    assert "went unused" not in (tmp_path / "swept" / "summary.md").read_text()

@@ -221,3 +221,22 @@ def test_linear_attention_rows_run_on_the_roofline_and_aic_gives_a_reason(rows: 
     assert expressible(qwen35, "roofline") == ""
     reason = expressible(qwen35, "aic")
     assert "Gated DeltaNet" in reason and "site-packages" not in reason
+
+
+def test_a_row_priced_by_another_aic_version_says_so(rows: pd.DataFrame, tmp_path, capsys) -> None:
+    from twinserve.backends.sim.aic.mapping import resolve_version
+
+    current = resolve_version("b200_sxm", "vllm", "")
+    own = rows[(rows["system"] == "b200_sxm") & (rows["backend"] == "vllm")
+               & (rows["backend_version"] == "0.19.0")].iloc[0]
+    assert vr.aic_version_used(own.to_dict()) == f"{current} (the row's 0.19.0 is not installed; aic's current)"
+    assert vr.aic_version_used({**own.to_dict(), "backend_version": float("nan")}).endswith(
+        "(the row gives no vllm version; aic's current)")
+    assert vr.aic_version_used({**own.to_dict(), "backend_version": current}) == current
+    out = tmp_path / "v"
+    assert main(["validate", "--silicon", "--cost-model", "aic", "--model", "Llama-3.1-70B", "--system", "b200_sxm",
+                 "--backend", "vllm", "--window", "steady", "--max-clients", "16", "--limit", "1",
+                 "--workers", "1", "--out", str(out)]) == 0
+    df = pd.read_csv(out / "validation.csv")
+    assert df["aic_version"].str.contains("aic's current").all(), df["aic_version"]
+    assert "1 rows priced by aic's current database" in capsys.readouterr().out

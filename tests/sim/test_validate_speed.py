@@ -81,3 +81,36 @@ def test_rows_with_one_study_run_once_and_the_longest_rows_start_first(monkeypat
     # Each row keeps its own measurement, so its own errors.
     assert out.loc[SAME_B, "meas_tpot_ms"] != out.loc[SAME_A, "meas_tpot_ms"]
     assert vc.cost_estimate(rows.loc[OTHER].to_dict()) > vc.cost_estimate(rows.loc[SAME_A].to_dict())
+
+
+def _run(cfg, keep_token_times: bool):
+    from twinserve.sim.build import build
+    from twinserve.sim.cluster_study import build_cluster
+    from twinserve.sim.metrics import requests_frame
+    from twinserve.sim.study import is_cluster
+
+    cluster = is_cluster(cfg)
+    sim = build_cluster(cfg, keep_steps=False).simulation if cluster else build(cfg).simulation
+    sim.keep_token_times = keep_token_times
+    res = sim.run()
+    records = (res.total if cluster else res).records
+    return requests_frame(res.total if cluster else res, itl=False), records
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 8), count=st.integers(1, 20), replicas=st.sampled_from([1, 2, 3]), disagg=st.booleans(),
+       ff=st.booleans(), seed=st.integers(0, 3), turns=st.sampled_from([1, 1, 2]), caching=st.booleans())
+def test_a_run_without_token_times_gives_the_same_requests(n, count, replicas, disagg, ff, seed, turns,
+                                                          caching) -> None:
+    # validate's runs skip per-token times (Simulation/ClusterSimulation.keep_token_times = False):
+    # every other figure of every request must be a run's with them, and the records hold none.
+    cfg = small_config(concurrency=n, num_requests=count, warmup_requests=0, num_replicas=replicas,
+                       num_prefill_replicas=1 if disagg and replicas > 1 else 0, fast_forward=ff, seed=seed,
+                       turns=turns, followup_tokens=8, max_model_len=1024, max_num_batched_tokens=256,
+                       enable_prefix_caching=caching, prompt_dist="uniform", prompt_min=16, prompt_max=300,
+                       output_dist="uniform", output_min=2, output_max=60)
+    with_times, records = _run(cfg, True)
+    without, bare = _run(cfg, False)
+    pd.testing.assert_frame_equal(without, with_times)
+    assert all(r.token_times == [] for r in bare)
+    assert any(len(r.token_times) > 1 for r in records)  # the run decoded: times were there to skip
