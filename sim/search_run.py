@@ -13,7 +13,7 @@ from twinserve.sim.build import build
 from twinserve.sim.config import StudyConfig
 from twinserve.sim.gc_policy import simulation_gc
 from twinserve.sim.study import _run, cluster_point_result, is_cluster, point_result
-from twinserve.sim.world import RequestRecord
+from twinserve.sim.world import ArrivalSource, RequestRecord
 
 
 def _metric(rec: RequestRecord, metric: str) -> float | None:
@@ -51,8 +51,16 @@ class SLOGuard:
     checks: list[tuple[str, str, float, int]] = field(default_factory=list)  # col, metric, limit, n
     counts: list[int] = field(default_factory=list)
     reason: str = ""
-    # Requests whose TTFT miss was counted at their first token: not counted again at finish.
-    early: set[str] = field(default_factory=set)
+    # Per check: requests whose TTFT miss was counted before they finished (at the first token,
+    # or still waiting past arrival + limit): not counted again at finish.
+    early: list[set[str]] = field(default_factory=list)
+    # Requests whose first token was reported (first_token); with watch_waiting, the arrivals
+    # in order, the clock, and per check how many arrivals were looked at.
+    seen: set[str] = field(default_factory=set)
+    arrived: list[Any] | None = None
+    clock: Any = None
+    source: Any = None
+    waited: list[int] = field(default_factory=list)
 
     @classmethod
     def for_run(cls, slos: dict[str, float], total: int) -> "SLOGuard | None":
@@ -63,6 +71,8 @@ class SLOGuard:
             if stat.startswith("p") and metric in ("ttft", "tpot", "e2e", "queue"):
                 g.checks.append((col, metric, limit, exceed_needed(total, int(stat[1:]) / 100)))
         g.counts = [0] * len(g.checks)
+        g.early = [set() for _ in g.checks]
+        g.waited = [0] * len(g.checks)
         return g if g.checks else None
 
     def __call__(self, rec: RequestRecord) -> bool:
@@ -73,8 +83,8 @@ class SLOGuard:
             return True
         early = self.early
         for i, (col, metric, limit, need) in enumerate(self.checks):
-            if metric == "ttft" and early and rec.request_id in early:
-                continue  # counted at its first token (first_token)
+            if metric == "ttft" and early[i] and rec.request_id in early[i]:
+                continue  # counted before it finished (first_token, _waiting)
             v = _metric(rec, metric)
             if v is not None and v > limit:
                 self.counts[i] += 1
@@ -82,7 +92,7 @@ class SLOGuard:
                     self.reason = (f"{col} lost: {need} of at most {self.total} requests over "
                                    f"{limit:g} s")
                     return True
-        return False
+        return self.arrived is not None and self._waiting()
 
     def first_token(self, req: Request) -> bool:
         """Count a TTFT miss at the request's first token, when it is certain; True: lost.
@@ -95,17 +105,76 @@ class SLOGuard:
         item = req.payload
         if getattr(item, "warmup", False) or req.first_token_time is None:
             return False
+        rid = req.request_id
+        self.seen.add(rid)
         ttft = req.first_token_time - req.arrival_time
         lost = False
         for i, (col, metric, limit, need) in enumerate(self.checks):
             if metric == "ttft" and ttft > limit:
-                if req.request_id not in self.early:
-                    self.early.add(req.request_id)
+                if rid not in self.early[i]:
+                    self.early[i].add(rid)
                     self.counts[i] += 1
                 if self.counts[i] >= need and not lost:
                     self.reason = (f"{col} lost: {need} of at most {self.total} requests over "
                                    f"{limit:g} s")
                     lost = True
+        return lost or (self.arrived is not None and self._waiting())
+
+    def watch_waiting(self, env: Any, source: Any) -> None:
+        """Also count a TTFT miss for each arrived request still without its first token past
+        arrival + limit (an open loop's source: its pops are noted in arrival order).
+
+        Every step that has started by env.now was priced when it started and its first tokens
+        reported then (sim.world.first_tokens), and no step starts before env.now: a request not
+        reported yet gets its first token at env.now or later, so now - arrival > limit makes its
+        TTFT, as its record will hold it, over the limit. Needs first_token set as the hook.
+        """
+        arrived: list[Any] = []
+        pop = source.pop_until
+
+        def pop_until(t: float) -> list[Any]:
+            items = pop(t)
+            if items:
+                arrived.extend(items)
+            return items
+
+        source.pop_until = pop_until  # the run reads it off the instance at each arrival
+        self.arrived = arrived
+        self.clock = env
+        self.source = source
+
+    def unwatch(self) -> None:
+        """Drop the wrapper (source -> it -> source is a cycle, freed only by a full collection)."""
+        if self.source is not None:
+            self.source.__dict__.pop("pop_until", None)
+            self.source = None
+
+    def _waiting(self) -> bool:
+        """Count the requests waiting past their TTFT limit at the clock's now; True: lost."""
+        now = self.clock.now
+        arrived = self.arrived
+        assert arrived is not None
+        seen = self.seen
+        lost = False
+        for i, (col, metric, limit, need) in enumerate(self.checks):
+            if metric != "ttft":
+                continue
+            k = self.waited[i]
+            counted = self.early[i]
+            while k < len(arrived):
+                item = arrived[k]
+                if now - item.arrival_time <= limit:
+                    break  # arrivals are in order: the rest waited less
+                rid = item.request_id
+                if rid not in seen and rid not in counted:
+                    counted.add(rid)
+                    self.counts[i] += 1
+                k += 1
+            self.waited[i] = k
+            if self.counts[i] >= need and not lost:
+                self.reason = (f"{col} lost: {need} of at most {self.total} requests over "
+                               f"{limit:g} s")
+                lost = True
         return lost
 
     @property
@@ -140,13 +209,32 @@ def _search_point(point: dict[str, Any], cfg: StudyConfig, slos: dict[str, float
     built.simulation.abort = guard
     if guard.watches_ttft:
         built.simulation.first_token = guard.first_token
+        _watch_waiting(guard, built.simulation, w)
     result = built.simulation.run()
     if built.simulation.aborted:
-        return {**point, "num_requests": w.num_requests, "completed": len(result.records),
-                "refused": 0, "stopped_early": guard.reason, "sim_wall_s": result.wall_time}
-    row = point_result(cfg, built, result, point, itl=False).row
-    row["stopped_early"] = ""
+        row = {**point, "num_requests": w.num_requests, "completed": len(result.records),
+               "refused": 0, "stopped_early": guard.reason, "sim_wall_s": result.wall_time}
+    else:
+        row = point_result(cfg, built, result, point, itl=False).row
+        row["stopped_early"] = ""
+    guard.unwatch()
+    _recycle_blocks([built.simulation.core])
     return row
+
+
+def _recycle_blocks(cores: list[Any]) -> None:
+    """Hand a finished run's KV blocks to the next run's pools (BlockPool.recycle): a search
+    makes a pool of 10^5 blocks a run, and linked in their free queue they are cyclic garbage
+    that only a full collection (rare under sim.gc_policy) would free."""
+    for core in cores:
+        core.scheduler.kv.pool.recycle()
+
+
+def _watch_waiting(guard: SLOGuard, sim: Any, w: Any) -> None:
+    """Let the guard count requests waiting past their TTFT limit (open loop, one turn only:
+    a closed loop's or a follow-up's arrival is made at run time, out of the source's order)."""
+    if w.concurrency == 0 and w.turns == 1 and type(sim.source) is ArrivalSource:
+        guard.watch_waiting(sim.env, sim.source)
 
 
 class _Lost(Exception):
@@ -169,14 +257,18 @@ def _cluster_point(point: dict[str, Any], cfg: StudyConfig, guard: SLOGuard) -> 
     built = build_cluster(cfg, on_record=on_record)
     if guard.watches_ttft:
         built.simulation.first_token = on_first_token
+        _watch_waiting(guard, built.simulation, cfg.workload)
     try:
         res = built.simulation.run()
     except _Lost:
-        return {**point, "num_requests": cfg.workload.num_requests,
-                "completed": len(built.simulation.records), "refused": 0,
-                "stopped_early": guard.reason, "sim_wall_s": 0.0}
-    row = cluster_point_result(cfg, built, res, point, itl=False).row
-    row["stopped_early"] = ""
+        row = {**point, "num_requests": cfg.workload.num_requests,
+               "completed": len(built.simulation.records), "refused": 0,
+               "stopped_early": guard.reason, "sim_wall_s": 0.0}
+    else:
+        row = cluster_point_result(cfg, built, res, point, itl=False).row
+        row["stopped_early"] = ""
+    guard.unwatch()
+    _recycle_blocks([r.core for r in built.simulation.replicas])
     return row
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Iterable
 
 from twinserve.core.errors import PrefixCacheBusyError
@@ -29,6 +30,13 @@ class KVCacheBlock:
 
 
 _new_object = object.__new__
+
+# Blocks of pools whose simulation is over (BlockPool.recycle), for the next pools' take_fresh:
+# a process running simulations one after another (a capacity search) otherwise makes and frees
+# a whole pool of 10^5 blocks a run. Capped so an idle process holds little.
+_SPARE: list[KVCacheBlock] = []
+_SPARE_MAX = 1 << 19
+_SPARE_LOCK = threading.Lock()  # a slice and its del are two steps: one thread at a time
 
 # A block behind a sliding window in a block table (never read, freed or cached).
 OUT_OF_WINDOW = KVCacheBlock(-1)
@@ -67,7 +75,22 @@ class FreeBlockQueue:
         stop = min(start + n, self.num_blocks)
         # KVCacheBlock(i) with ref_cnt 1, without a Python __init__ frame per block (the first
         # pass over a pool makes a block at every block-filling decode step): same fields.
-        out = []
+        spare = _SPARE
+        if spare and stop > start:  # (spare[-0:] would be all of it)
+            # A recycled block gets every field a made one has (ids in the same order).
+            with _SPARE_LOCK:
+                k = min(len(spare), stop - start)
+                out = spare[-k:]
+                del spare[-k:]
+            i = start
+            for block in out:
+                block.block_id = i
+                block.ref_cnt = 1
+                block.block_hash = block.pending = block.prev_free = block.next_free = None
+                i += 1
+            start = i
+        else:
+            out = []
         add = out.append
         new = _new_object
         for i in range(start, stop):
@@ -77,8 +100,8 @@ class FreeBlockQueue:
             block.block_hash = block.pending = block.prev_free = block.next_free = None
             add(block)
         self.created.extend(out)
+        self.num_free -= stop - self.next_fresh
         self.next_fresh = stop
-        self.num_free -= stop - start
         return out
 
     def materialize(self) -> None:
@@ -144,6 +167,22 @@ class BlockPool:
         # With a host tier and lazy registration: called with a pending block's chain before the
         # block is evicted (it registers the chain, so the block is keyed and stored as if eager).
         self.flush = None
+
+    def recycle(self) -> None:
+        """Give every block made so far to later pools' take_fresh; this pool is unusable after
+        (no free block, none made). Only when nothing of its simulation is read again."""
+        made = self._blocks
+        with _SPARE_LOCK:
+            room = _SPARE_MAX - len(_SPARE)
+            if room > 0:
+                _SPARE.extend(made[:room])
+        made.clear()
+        self.cached.clear()
+        self.chains.clear()
+        q = self.free_queue
+        q.num_free = q.num_blocks = q.next_fresh = 0
+        q._head.next_free = q._tail
+        q._tail.prev_free = q._head
 
     @property
     def blocks(self) -> list[KVCacheBlock]:

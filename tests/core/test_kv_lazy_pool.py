@@ -78,3 +78,42 @@ def test_a_fresh_block_has_every_field_of_a_constructed_one_held_once() -> None:
         assert [getattr(block, s) for s in KVCacheBlock.__slots__] == \
             [getattr(want, s) for s in KVCacheBlock.__slots__]
     assert [b.block_id for b in pool.blocks[:3]] == [0, 1, 2]
+
+
+@given(OPS, OPS, st.integers(0, NUM_BLOCKS))
+def test_a_pool_of_recycled_blocks_behaves_as_a_new_one(first: list, ops: list, dirty: int) -> None:
+    # A finished simulation's pool hands its blocks on (BlockPool.recycle); the next pool takes
+    # them as it would make new ones: same ids, fields, order and queue, whatever state they had.
+    from twinserve.core.kv import block_pool
+    from twinserve.core.kv.block_pool import KVCacheBlock
+
+    block_pool._SPARE.clear()
+    old = BlockPool(NUM_BLOCKS, enable_caching=True)
+    _play(old, first)
+    for block in old.free_queue.created[:dirty]:  # as a run leaves them: keyed, chained, linked
+        block.block_hash, block.pending, block.ref_cnt = (7, b"k"), object(), 3
+        block.prev_free = block.next_free = block
+    made = len(old.free_queue.created)
+    old.recycle()
+    assert len(block_pool._SPARE) == made and old.num_free_blocks == 0
+    try:
+        old.get_new_blocks(1)
+        raise AssertionError("a recycled pool handed out a block")
+    except ValueError:
+        pass
+    reused = BlockPool(NUM_BLOCKS, enable_caching=True)
+    got = reused.get_new_blocks(NUM_BLOCKS)
+    for block in got:
+        want = KVCacheBlock(block.block_id)
+        want.ref_cnt = 1
+        assert [getattr(block, s) for s in KVCacheBlock.__slots__] == \
+            [getattr(want, s) for s in KVCacheBlock.__slots__]
+    assert [b.block_id for b in got] == list(range(NUM_BLOCKS))
+    block_pool._SPARE.clear()
+    old.recycle()  # twice: nothing more to give
+    assert not block_pool._SPARE
+    again, fresh = BlockPool(NUM_BLOCKS, enable_caching=True), BlockPool(NUM_BLOCKS)
+    block_pool._SPARE.extend(reused.free_queue.created)  # as recycle() would
+    reused.free_queue.created.clear()
+    assert _play(again, ops) == _play(fresh, ops)
+    block_pool._SPARE.clear()

@@ -218,3 +218,112 @@ def test_a_run_just_meeting_its_ttft_slo_is_not_stopped(replicas: int, split: in
     assert early["stopped_early"] == "" and meets(early, slos)
     assert {k: v for k, v in early.items() if "wall" not in k and k != "stopped_early"} == \
         {k: v for k, v in full.items() if "wall" not in k}
+
+
+def _guarded_run(cfg, limit: float, p: int, never_stop: bool, waiting: bool = True):
+    """A run under a p-percentile TTFT guard counting misses at the first token and (waiting)
+    while requests still wait; never_stop: the guard counts but never ends the run.
+    Returns (the guard, the simulation after its run)."""
+    from twinserve.sim.build import build
+    from twinserve.sim.cluster_study import build_cluster
+    from twinserve.sim.search_run import _watch_waiting
+    from twinserve.sim.study import is_cluster
+
+    n = cfg.workload.num_requests
+    guard = SLOGuard.for_run({f"p{p}_ttft_s": limit}, n)
+    assert guard is not None
+    if never_stop:
+        guard.checks = [(c, m, lim, n + 1) for c, m, lim, _ in guard.checks]
+    sim = (build_cluster(cfg, on_record=guard) if is_cluster(cfg) else build(cfg)).simulation
+    if not is_cluster(cfg):
+        sim.abort = guard
+    sim.first_token = guard.first_token
+    if waiting:
+        _watch_waiting(guard, sim, cfg.workload)
+        assert guard.arrived is not None
+    sim.run()
+    return guard, sim
+
+
+@pytest.mark.parametrize("replicas,split", [(1, 0), (2, 0), (2, 1), (3, 1)])
+@given(rate=st.floats(10.0, 60.0), limit=st.floats(0.05, 3.0))
+def test_requests_counted_while_waiting_past_their_ttft_limit_are_misses(
+        replicas: int, split: int, rate: float, limit: float) -> None:
+    # Counted while still waiting (no first token at the clock's now) or at the first token, each
+    # miss is counted once, before its request finishes, and every request counted is a miss as
+    # its record holds it: the stop moves earlier, the verdict cannot change.
+    cfg = small_config(num_requests=60, rate=rate, **{"workload.output_dist": "fixed",
+                                                      "workload.output_mean": 100,
+                                                      "cluster.num_replicas": replicas,
+                                                      "cluster.num_prefill_replicas": split})
+    guard, sim = _guarded_run(cfg, limit, 50, never_stop=True)
+    recs = [r for r in sim.records if r.finish_reason != "refused"]
+    assert len(recs) == 60
+    misses = {r.request_id for r in recs if r.first_token_time - r.arrival_time > limit}
+    assert guard.early[0] == misses and guard.counts[0] == len(misses)
+
+
+@pytest.mark.parametrize("replicas,split", [(1, 0), (2, 1)])
+def test_a_ttft_lost_run_stops_while_its_requests_still_wait(replicas: int, split: int) -> None:
+    # Overloaded: requests queue for seconds before their first token. Counted at the first
+    # token only, the loss is seen when the need-th late request is prefilled; counted while
+    # waiting, once need requests have waited past the limit: an earlier stop, the same verdict.
+    cfg = small_config(num_requests=100, rate=60.0, **{"workload.output_dist": "fixed",
+                                                       "workload.output_mean": 100,
+                                                       "cluster.num_replicas": replicas,
+                                                       "cluster.num_prefill_replicas": split})
+    _, old = _guarded_run(cfg, 1.0, 50, never_stop=False, waiting=False)
+    guard, new = _guarded_run(cfg, 1.0, 50, never_stop=False)
+    assert old.aborted and new.aborted and guard.reason.startswith("p50_ttft_s lost")
+    assert new.env.now < old.env.now and len(new.records) <= len(old.records)
+
+
+@pytest.mark.parametrize("replicas,split", [(1, 0), (2, 1)])
+def test_a_run_on_recycled_kv_blocks_gives_the_row_of_a_run_on_new_ones(replicas: int,
+                                                                         split: int) -> None:
+    # Each search run hands its KV blocks to the next run's pools: block ids, eviction order
+    # and prefix hits (shared system prompts) must come out as with blocks made new.
+    from twinserve.core.kv import block_pool
+
+    cfg = small_config(num_requests=120, rate=8.0, **{"workload.num_system_prompts": 3,
+                                                      "workload.system_prompt_len": 600,
+                                                      "cluster.num_replicas": replicas,
+                                                      "cluster.num_prefill_replicas": split})
+    block_pool._SPARE.clear()
+    new = run_search_point(({}, cfg, SLOS, True))
+    assert block_pool._SPARE  # handed on
+    reused = run_search_point(({}, cfg, SLOS, True))
+    assert len(block_pool._SPARE) > 0 and new["prefix_hit_rate"] > 0
+    block_pool._SPARE.clear()
+    assert {k: v for k, v in reused.items() if "wall" not in k} == \
+        {k: v for k, v in new.items() if "wall" not in k}
+
+
+def test_the_waiting_watch_leaves_no_wrapper_on_the_source() -> None:
+    # The wrapper refers to the source that holds it: left on, every run's source is garbage
+    # only a full collection frees.
+    from twinserve.sim.build import build
+    from twinserve.sim.search_run import _watch_waiting
+
+    cfg = small_config(num_requests=20)
+    guard = SLOGuard.for_run(SLOS, 20)
+    sim = build(cfg).simulation
+    sim.first_token = guard.first_token
+    _watch_waiting(guard, sim, cfg.workload)
+    assert "pop_until" in vars(sim.source)
+    sim.run()
+    guard.unwatch()
+    assert "pop_until" not in vars(sim.source) and guard.source is None
+
+
+def test_a_first_token_over_two_ttft_limits_counts_for_both() -> None:
+    # One early-counted set per check: a shared one skipped the second check's count.
+    from types import SimpleNamespace
+
+    guard = SLOGuard.for_run({"p50_ttft_s": 1.0, "p90_ttft_s": 2.0}, 10)
+    assert guard is not None
+    late = SimpleNamespace(payload=None, request_id="r0", arrival_time=0.0, first_token_time=3.0)
+    assert not guard.first_token(late)
+    assert guard.counts == [1, 1]
+    rec = RequestRecord("r0", 0.0, 10, 2, 0.0, 3.0, 4.0, 0, 0, [], finish_reason="length")
+    assert not guard(rec) and guard.counts == [1, 1]  # not again at finish
