@@ -125,8 +125,8 @@ def _passed_at(rate: float, ttft: float, tpot: float) -> RateSearch:
 
 
 @pytest.mark.parametrize("ttft,tpot,expected", [
-    (0.5, 0.08, 1.25),   # TPOT binds: 0.1 / 0.08, not TTFT's 2 / 0.5
-    (1.0, 0.04, 2.0),    # margins of 2.5x are capped at 2x
+    (0.5, 0.06, 1.5),    # TPOT binds: 0.9 x 0.1 / 0.06, not TTFT's 2 / 0.5
+    (0.5, 0.03, 2.0),    # margins of 3x are capped at 2x
     (1.9, 0.099, 1.2),   # little margin: the plain step
 ])
 def test_a_pass_with_margins_places_the_next_rate_by_its_binding_slo(
