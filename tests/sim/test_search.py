@@ -6,6 +6,8 @@ import math
 
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from twinserve.sim import cli
 from twinserve.sim.errors import ConfigError
@@ -114,3 +116,37 @@ def test_cluster_configuration_pays_for_every_replica() -> None:
     s.runs[1.0] = {"total_token_throughput": 1000.0, "output_throughput": 500.0}
     (row,) = summary_rows([s])
     assert row["gpus"] == 6 and row["usd_per_hour"] == 2 * 5.0 + 2 * 2 * 2.0
+
+
+def _passed_at(rate: float, ttft: float, tpot: float) -> RateSearch:
+    s = RateSearch({}, search_config(), slos=dict(SLOS), step=1.2)
+    s.record(rate, {"p99_ttft_s": ttft, "p99_tpot_s": tpot}, True)
+    return s
+
+
+@pytest.mark.parametrize("ttft,tpot,expected", [
+    (0.5, 0.06, 1.5),    # TPOT binds: 0.9 x 0.1 / 0.06, not TTFT's 2 / 0.5
+    (0.5, 0.03, 2.0),    # margins of 3x are capped at 2x
+    (1.9, 0.099, 1.2),   # little margin: the plain step
+])
+def test_a_pass_with_margins_places_the_next_rate_by_its_binding_slo(
+        ttft: float, tpot: float, expected: float) -> None:
+    assert _passed_at(1.0, ttft, tpot).next_rate() == pytest.approx(expected)
+
+
+@given(st.floats(0.5, 50.0), st.floats(0.05, 0.9), st.floats(1.05, 3.0))
+def test_margin_steps_keep_the_bracket_around_the_answer(answer: float, floor: float,
+                                                         start: float) -> None:
+    # Queue-like latency: flat at low load, unbounded at the answer's knee; pass iff within limits.
+    s = RateSearch({}, search_config(), slos=dict(SLOS), start=answer / start)
+
+    def row(rate: float) -> dict:
+        q = rate / answer
+        return {"p99_ttft_s": 2.0 * (floor + (1 - floor) * q ** 3) if q < 1 else math.inf,
+                "p99_tpot_s": 0.1 * min(q, 1.0) ** 0.5 if q < 1 else math.inf}
+
+    while (rate := s.next_rate()) is not None:
+        r = row(rate)
+        s.record(rate, r, meets(dict(r, completed=1, num_requests=1), SLOS))
+    # The bracket means what it did: lo passed, hi failed, narrowed to the tolerance.
+    assert s.lo < answer <= s.hi and (s.hi - s.lo) / s.hi <= s.cfg.search.tolerance
