@@ -89,10 +89,13 @@ class SLOGuard:
             if v is not None and v > limit:
                 self.counts[i] += 1
                 if self.counts[i] >= need:
-                    self.reason = (f"{col} lost: {need} of at most {self.total} requests over "
-                                   f"{limit:g} s")
+                    self.reason = self._lost(col, need, limit)
                     return True
         return self.arrived is not None and self._waiting()
+
+    def _lost(self, col: str, need: int, limit: float) -> str:
+        """The reason a run stops: need of its requests over one SLO's limit."""
+        return f"{col} lost: {need} of at most {self.total} requests over {limit:g} s"
 
     def first_token(self, req: Request) -> bool:
         """Count a TTFT miss at the request's first token, when it is certain; True: lost.
@@ -115,8 +118,7 @@ class SLOGuard:
                     self.early[i].add(rid)
                     self.counts[i] += 1
                 if self.counts[i] >= need and not lost:
-                    self.reason = (f"{col} lost: {need} of at most {self.total} requests over "
-                                   f"{limit:g} s")
+                    self.reason = self._lost(col, need, limit)
                     lost = True
         return lost or (self.arrived is not None and self._waiting())
 
@@ -172,8 +174,7 @@ class SLOGuard:
                 k += 1
             self.waited[i] = k
             if self.counts[i] >= need and not lost:
-                self.reason = (f"{col} lost: {need} of at most {self.total} requests over "
-                               f"{limit:g} s")
+                self.reason = self._lost(col, need, limit)
                 lost = True
         return lost
 
