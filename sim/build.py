@@ -14,7 +14,7 @@ from twinserve.backends.sim.capacity import DoesNotFitError
 from twinserve.backends.sim.catalog import HardwareSpec, ModelSpec
 from twinserve.backends.sim.engine_profile import ENGINE_PROFILES
 from twinserve.backends.sim.precision import Precision
-from twinserve.backends.sim.cost_model import CostModel, DraftModelSteps, Efficiency, RooflineCostModel
+from twinserve.backends.sim.cost_model import CostModel, DraftModelSteps, Efficiency, RooflineCostModel, WorkTotals
 from twinserve.backends.sim.executor import SimExecutor
 from twinserve.backends.sim.cost_model import roofline_for
 from twinserve.backends.sim.parallel import Parallelism, ParallelismError
@@ -274,7 +274,7 @@ def build_engine(cfg: StudyConfig) -> BuiltEngine:
                                             max_num_batched_tokens=s.max_num_batched_tokens * dp)
     except InvalidConfigError as err:
         raise _cfg_error(cfg, "scheduler", err.field, str(err)) from None
-    executor = SimExecutor(cost)
+    executor = SimExecutor(cost, WorkTotals.window_of(model))  # a profile's steps read the window too
     spec = cfg.speculative
     core_spec = spec.to_core() if spec.enabled else None
     if spec.enabled:

@@ -47,7 +47,7 @@ def build_cluster(cfg: StudyConfig, keep_steps: bool = True, keep_records: bool 
         from twinserve.sim.disagg import DecodeExecutor, DisaggregatedSimulation
 
         for eng, rep in zip(engines[c.num_prefill_replicas:], replicas[c.num_prefill_replicas:]):
-            eng.executor = rep.executor = DecodeExecutor(eng.cost_model)
+            eng.executor = rep.executor = DecodeExecutor(eng.cost_model, eng.executor.totals.window)
             if isinstance(eng.core.executor, HostTierExecutor):  # the tier's copies around the decode steps
                 eng.core.executor.inner = eng.executor
             else:

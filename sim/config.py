@@ -509,6 +509,11 @@ def set_field(cfg: StudyConfig, name: str, value: Any, file: str | None = None,
     if dotted == "workload.num_requests" and cfg.num_requests_from_trace:
         cfg.num_requests_from_trace = False  # set now: a trace short of it is an error again
         cfg.workload.allow_short_trace = cfg.short_trace_given
+    elif dotted == "workload.allow_short_trace" and cfg.num_requests_from_trace:
+        cfg.short_trace_given = value  # what it goes back to once num_requests is set
+        cfg.workload.allow_short_trace = True
+    elif dotted in ("workload.trace", "workload.trace_cycle") and "workload.num_requests" not in cfg.explicit:
+        follow_trace_length(cfg)  # another trace (--set, a grid axis): count its rows, not the old one's
 
 
 def from_dict(data: dict[str, Any], file: str | None = None, text: str = "") -> StudyConfig:
@@ -535,11 +540,23 @@ def from_dict(data: dict[str, Any], file: str | None = None, text: str = "") -> 
     if any(t in data for t in SPEC_TABLES):
         from twinserve.sim.specs import read_spec_tables
         read_spec_tables(cfg, data, text)
-    w = data.get("workload")
-    if isinstance(w, dict) and w.get("trace") and "num_requests" not in w and not cfg.workload.trace_cycle:
-        default_to_trace_length(cfg)
+    if "workload.num_requests" not in cfg.explicit:
+        follow_trace_length(cfg)
     validate(cfg, text)
     return cfg
+
+
+def follow_trace_length(cfg: StudyConfig) -> None:
+    """num_requests when the study did not set it: every row of a (not replayed) trace, else the default.
+
+    Called when the file is read and again whenever trace or trace_cycle is set after it.
+    """
+    if cfg.num_requests_from_trace:  # undo the last trace's count first
+        cfg.num_requests_from_trace = False
+        cfg.workload.num_requests = WorkloadConfig().num_requests
+        cfg.workload.allow_short_trace = cfg.short_trace_given
+    if cfg.workload.trace and not cfg.workload.trace_cycle:
+        default_to_trace_length(cfg)
 
 
 def default_to_trace_length(cfg: StudyConfig) -> None:
@@ -553,7 +570,7 @@ def default_to_trace_length(cfg: StudyConfig) -> None:
     if not path.is_file():
         return  # the build names the missing file
     cfg.workload.num_requests = max(1, sum(1 for _ in read_trace(path)))
-    # Rows dropped as over-long are counted as such, not as a short trace.
+    # Rows dropped as over-long are counted as such, not as a short trace (study.check_turns).
     cfg.short_trace_given = cfg.workload.allow_short_trace
     cfg.workload.allow_short_trace = True
     cfg.num_requests_from_trace = True

@@ -52,8 +52,8 @@ class _Discounted:
 class DecodeExecutor(SimExecutor):
     """A SimExecutor whose requests may arrive with their prompt's KV already computed."""
 
-    def __init__(self, cost_model: CostModel) -> None:
-        super().__init__(_Discounted(cost_model))
+    def __init__(self, cost_model: CostModel, window: int | None = None) -> None:
+        super().__init__(_Discounted(cost_model), window)
         self.transferred: dict[str, int] = {}  # request -> prompt tokens whose KV came over
         # Requests that may still have transferred tokens to schedule (computed < transferred): the
         # rest never discount, so a step of decodes need not look at each of them (O(joiners)).
@@ -113,6 +113,9 @@ class DecodeExecutor(SimExecutor):
         w.num_prefill_seqs -= b
         w.prefill_context -= c
         w.prefill_attn -= d
+        if w.window and (a or c):  # and the sliding layers' reads it priced (the caps are not linear)
+            pt, ps, pc, _, ds, dc = self.last_features
+            w.window_read -= w.window_tokens(pc, ps, pt, dc, ds) - w.window_tokens(pc - c, ps - b, pt - a, dc, ds)
         return out
 
     def beyond_fit(self, pt: int, ps: int, pc: int, pa: float, ds: int, dc: int) -> bool:

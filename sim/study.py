@@ -44,7 +44,9 @@ def check_turns(cfg: StudyConfig, workload: Workload) -> dict[str, int]:
                          f"{cfg.scheduler.max_model_len}, so only first turns ran; raise "
                          "max_model_len, lower prompt_max, output_max or followup_tokens, "
                          "or set turns = 1")
-    return {"followups_dropped": ls.followups_dropped, "requests_short": ls.short}
+    # A count taken from the trace's rows (num_requests not set) is short by its dropped rows: not "short".
+    short = max(0, ls.short - ls.dropped) if cfg.num_requests_from_trace else ls.short
+    return {"followups_dropped": ls.followups_dropped, "requests_short": short}
 
 
 def run_cluster_point(cfg: StudyConfig, overrides: dict[str, Any] | None = None,

@@ -8,6 +8,7 @@ from typing import Callable, Iterable
 from twinserve.core.errors import TwinserveError
 from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
 
+from twinserve.backends.sim.catalog import ModelSpec
 from twinserve.backends.sim.cost_model import CostModel, DraftModelSteps, WorkTotals
 from twinserve.backends.sim.fitted import RANGE_DIMS
 from twinserve.backends.sim.spec import SpecAcceptance
@@ -33,15 +34,18 @@ class SimExecutor:
     Sampled ids are the workload's, never EOS, so the core's max_tokens stop sets the output length.
     """
 
-    def __init__(self, cost_model: CostModel) -> None:
+    def __init__(self, cost_model: CostModel, window: int | None = None) -> None:
         self.cost_model = cost_model
         # req_id -> [known sequence length, prompt length]
         self.state: dict[str, list[int]] = {}
         self.tokens: dict[str, int] = {}
         self.totals = WorkTotals()
-        model = getattr(cost_model, "model", None)
-        if model is not None and getattr(model, "num_sliding_layers", 0):
-            self.totals.window = model.sliding_window
+        # The sliding window whose reads the totals count (MBU): given, else the cost model's ModelSpec's
+        # (a profile's `model` is only a name: its builder passes the window).
+        if window is None:
+            model = getattr(cost_model, "model", None)
+            window = WorkTotals.window_of(model) if isinstance(model, ModelSpec) else 0
+        self.totals.window = window
         self.last_features: tuple[int, int, int, float, int, int] = (0, 0, 0, 0.0, 0, 0)
         # wake_after's (factor, extra seconds) of the next steps, last step first; empty when awake.
         self._wake: list[tuple[float, float]] = []

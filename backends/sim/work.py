@@ -31,11 +31,15 @@ class WorkTotals:
     window: int = 0
     window_read: int = 0
 
+    def window_tokens(self, pc: int, ps: int, pt: int, dc: int, ds: int) -> int:
+        """The K/V tokens a sliding layer reads in one step (step_time's caps)."""
+        w = self.window
+        return min(pc, ps * w) + pt + min(dc + ds, ds * w)
+
     def count_window_read(self, pc: int, ps: int, pt: int, dc: int, ds: int) -> None:
         """Add one step's tokens read by a sliding layer (step_time's caps)."""
-        w = self.window
-        if w:
-            self.window_read += min(pc, ps * w) + pt + min(dc + ds, ds * w)
+        if self.window:
+            self.window_read += self.window_tokens(pc, ps, pt, dc, ds)
 
     def count_window_decode(self, context: int, n: int, k: int) -> None:
         """Add k decode steps of n sequences starting at context (growing by n a step)."""
@@ -46,6 +50,11 @@ class WorkTotals:
         # Step j reads min(context + n (j + 1), cap): the first m steps are below the cap.
         m = min(max((cap - context) // n, 0), k)
         self.window_read += m * context + n * m * (m + 1) // 2 + (k - m) * cap
+
+    @staticmethod
+    def window_of(model: ModelSpec) -> int:
+        """The window whose reads a run counts for the model: 0 when no layer slides."""
+        return model.sliding_window if model.sliding_window and model.num_sliding_layers else 0
 
     def flops(self, model: ModelSpec) -> float:
         """Model FLOPs (all GPUs together) of the work done."""

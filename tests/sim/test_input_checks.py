@@ -156,6 +156,54 @@ def test_a_trace_without_num_requests_serves_every_row_and_says_so(tmp_path, cap
     assert rc == 2 and "of the 10 requests" in err
 
 
+NO_COUNT = STUDY.replace("num_requests = 20\n", "")
+ROWS = "num_prefill_tokens,num_decode_tokens,arrived_at\n" + "".join(f"{10 + i},5,{i / 2}\n" for i in range(5))
+
+
+def test_a_trace_given_on_the_command_line_serves_every_row(tmp_path, capsys) -> None:
+    """Issue 53 item 20: a trace set by --set is counted as one in the file is (it ran 400 and exited 2)."""
+    trace = _write(tmp_path, "five.csv", ROWS)
+    study = _write(tmp_path, "s.toml", NO_COUNT)  # synthetic lengths, no trace, no num_requests
+    keys = ["--set", f"trace={trace}", "--set", "arrival=trace", "--set", "prompt_dist=trace",
+            "--set", "output_dist=trace"]
+    rc, out, err = _cli(["run", "--config", str(study), *keys, "--out", str(tmp_path / "o")], capsys)
+    assert rc == 0, err
+    assert "workload: 5 requests (every row of the trace: num_requests not set)" in out
+    assert "5 completed" in out
+    # An explicit count larger than the trace is still an error naming both counts.
+    rc, out, err = _cli(["run", "--config", str(study), *keys, "--requests", "9",
+                         "--out", str(tmp_path / "o2")], capsys)
+    assert rc == 2 and "gives 5 of the 9 requests" in err
+
+
+def test_another_trace_set_over_the_files_counts_its_own_rows(tmp_path, capsys) -> None:
+    """--set trace= on a study whose own trace set the count: the new trace's rows, not the old count."""
+    three = _write(tmp_path, "three.csv", "".join(ROWS.splitlines(keepends=True)[:4]))
+    five = _write(tmp_path, "five.csv", ROWS)
+    study = _write(tmp_path, "s.toml", NO_COUNT + TRACE_KEYS + f'trace = "{three}"\n')
+    assert load_config(study).workload.num_requests == 3
+    rc, out, err = _cli(["run", "--config", str(study), "--set", f"trace={five}",
+                         "--out", str(tmp_path / "o")], capsys)
+    assert rc == 0, err
+    assert "workload: 5 requests (every row of the trace" in out and "5 completed" in out
+    # Replaying it (trace_cycle) takes a count again: the study's default, not a trace's rows.
+    cfg = load_config(study)
+    from twinserve.sim.config import set_field
+    set_field(cfg, "trace_cycle", "true")
+    assert not cfg.num_requests_from_trace and cfg.workload.num_requests == WorkloadConfig().num_requests
+    assert cfg.workload.allow_short_trace is False
+
+
+def test_rows_dropped_from_a_counted_trace_are_not_also_called_short(tmp_path, capsys) -> None:
+    trace = _write(tmp_path, "t.csv", "num_prefill_tokens,num_decode_tokens,arrived_at\n10,5,0.0\n"
+                   "12,6,0.5\n9000,4,0.7\n")
+    study = _write(tmp_path, "s.toml", NO_COUNT + TRACE_KEYS + f'trace = "{trace}"\non_overlong = "drop"\n')
+    rc, out, err = _cli(["run", "--config", str(study), "--out", str(tmp_path / "o")], capsys)
+    assert rc == 0, err
+    assert "2 completed" in out and "1 dropped as over-long" in out
+    assert "short of num_requests" not in out  # num_requests was never set: nothing ran short of it
+
+
 def test_dropping_every_request_is_refused_instead_of_spinning(tmp_path) -> None:
     cfg = small_config(prompt_min=5000, prompt_max=6000, on_overlong="drop")
     with time_limit(20), pytest.raises(ConfigError, match="workload.on_overlong"):

@@ -131,3 +131,52 @@ def test_mbu_of_the_gemma_3_study_shape_is_at_most_one() -> None:
     built, _ = simulate(cfg)
     mbu = built.simulation.executor.totals.mbu(built.model, built.hardware, 1)
     assert 0.3 < mbu <= 1.0
+
+
+def _window_tokens(w: int, pt: float, ps: float, pc: float, ds: float, dc: float) -> float:
+    """K/V tokens one sliding layer reads in a step, by the roofline's caps (step_time)."""
+    return min(pc, ps * w) + pt + min(dc + ds, ds * w)
+
+
+def test_a_decode_replica_counts_the_sliding_kv_its_discounted_steps_priced() -> None:
+    """Disaggregated decode replicas of a sliding model: the K/V tokens counted for MBU are the ones its
+    steps priced (the transferred prefill left out). They counted full context: no window at all."""
+    from twinserve.sim.cluster_study import simulate_cluster
+    from twinserve.sim.disagg import DecodeExecutor, _Discounted
+
+    from .helpers import small_config
+
+    cfg = small_config(model="Gemma-3-27B", hardware="H200", num_requests=8, rate=40.0, num_replicas=2,
+                       num_prefill_replicas=1, max_model_len=4096, max_num_batched_tokens=1024,
+                       prompt_dist="uniform", prompt_min=1100, prompt_max=3000, output_dist="uniform",
+                       output_min=2, output_max=40, fast_forward=False)
+    priced: dict[int, float] = {}
+    step_time = _Discounted.step_time
+
+    def record(self, pt, ps, pc, pa, ds, dc):
+        a, b, c, _ = self.minus
+        priced[id(self)] = priced.get(id(self), 0.0) + _window_tokens(W, pt - a, ps - b, pc - c, ds, dc)
+        return step_time(self, pt, ps, pc, pa, ds, dc)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_Discounted, "step_time", record)
+        built, _ = simulate_cluster(cfg)
+    decode = [r.executor for r in built.simulation.replicas if isinstance(r.executor, DecodeExecutor)]
+    assert decode and all(ex.totals.window == W for ex in decode)
+    for ex in decode:
+        assert ex.totals.num_prefill_tokens > 0  # some chunks ran past their transferred tokens, or joined
+        assert ex.totals.window_read == pytest.approx(priced[id(ex.cost_model)], rel=1e-12)
+
+
+def test_a_fitted_cost_model_counts_a_sliding_model_s_window() -> None:
+    """A profile (not a roofline) prices the steps: MBU still counts what a sliding layer reads."""
+    from twinserve.sim.build import build_engine
+
+    from .helpers import small_config
+
+    cfg = small_config(model="Gemma-3-27B", hardware="H200", cost_model="fitted",
+                       profile="builtin:smollm2-135m-h200-bf16", allow_profile_mismatch=True)
+    ex = build_engine(cfg).executor
+    assert ex.totals.window == W
+    ex._finish({}, 0, 0, 0, 0.0, 16, 16 * 8192)
+    assert ex.totals.window_read == 16 * W

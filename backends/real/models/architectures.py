@@ -64,7 +64,7 @@ def mistral_config(cfg: dict[str, Any]) -> ModelConfig:
 
 def _qwen_windows(arch: str, cfg: dict[str, Any], layers: int) -> list[int | None]:
     window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
-    first = cfg.get("max_window_layers", layers)
+    first = cfg.get("max_window_layers", 28)  # transformers' Qwen2Config/Qwen3Config default when absent
     default = [window if window and i >= first else None for i in range(layers)]
     if not cfg.get("use_sliding_window"):
         return [None] * layers  # transformers ignores layer_types then too
