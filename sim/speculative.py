@@ -37,8 +37,8 @@ class SpeculativeSection:
     draft_model: str = knob("", help="method draft_model: the draft, named as [engine] model is")
     num_speculative_tokens: int = same_knob(SpeculativeConfig, "num_speculative_tokens")
     acceptance_rates: list = knob(default_factory=list,
-                                  help="P(position i accepted | all before it were); positions past "
-                                       "the list take its last rate",
+                                  help="P(position i accepted | all before it were); one rate per "
+                                       "drafted position, at least num_speculative_tokens (more are unused)",
                                   flag=False)
     acceptance_from: str = knob("", help="a real run's step log to take the acceptance rates from")
     acceptance_spread: float = knob(0.0, help="per-request lognormal sigma on the acceptance rates",

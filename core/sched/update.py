@@ -53,6 +53,9 @@ def _append_run(req: Request, tokens: list[int], now: float, max_model_len: int
 class OutputUpdate:
     """Scheduler mixin: update_from_output, the drafts it verifies, and requests ended for a bad count."""
 
+    # Whether a running request may hold drafts from an executor's proposal (set when one proposes).
+    _drafts_held = False
+
     def _update_plain(self, reqs: list[Request], sampled: dict[str, list[int]], logprobs: dict | None,
                       now: float, outputs: list[EngineCoreOutput]) -> list[Request]:
         """update_from_output's loop for a step without drafts; the requests that finished."""
@@ -107,6 +110,15 @@ class OutputUpdate:
                     lps = lps[:len(out.new_token_ids)]
                 out.new_logprobs = lps
         return finished
+
+    def _drop_sampled_drafts(self, reqs: list[Request], sampled: dict[str, list[int]]) -> None:
+        """Drafts held by requests this step sampled without verifying them (speculation was off:
+        disable_by_batch_size, or a prefill-only step before it) were for tokens now sampled: drop them,
+        or a later step verifies them again (issue 53 item 9: stale acceptance counts)."""
+        for req in reqs:
+            if req.spec_token_ids and sampled.get(req.request_id):
+                req.spec_token_ids = []
+        self._drafts_held = any(r.spec_token_ids for r in self.running)
 
     def _fail_stalled(self, now: float) -> None:
         """End running requests left with nothing to compute: no step would ever advance them."""
@@ -170,7 +182,11 @@ class OutputUpdate:
         if not verified and proposed is None:
             # No speculation this step: the plain loop, as before drafts (the decode hot path).
             finished = self._update_plain(reqs, sampled, logprobs, now, outputs)
+            if self._drafts_held:
+                self._drop_sampled_drafts(reqs, sampled)
             reqs = ()
+        elif proposed is not None:
+            self._drafts_held = True
         for req in reqs:
             rid = req.request_id
             tokens = sampled.get(rid)

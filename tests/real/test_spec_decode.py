@@ -233,3 +233,31 @@ def test_the_step_log_records_drafts_and_the_simulator_reads_its_rates(make_llm,
     assert sum(int(r["num_accepted_tokens"]) for r in rows) == sum(o.metrics.num_accepted_tokens for o in outs)
     rates = rates_from_step_log(log, 4)
     assert len(rates) == 4 and 0.0 < rates[0] < 1.0
+
+
+@pytest.mark.parametrize("policy", ["mixed", "prefill_first"])
+def test_drafts_verified_after_a_batch_crossed_disable_by_batch_size_are_fresh(make_llm, policy: str) -> None:
+    """Issue 53 item 9: r0 drafts alone, r1 joins (2 running: the runner proposes nothing) and ends, and r0
+    drafts again. The oracle drafts plain decoding's continuation without misses, so every fresh draft is
+    accepted; a draft kept from before r1 joined is for tokens r0 has since sampled, and is rejected."""
+    prompts = _prompts()
+    r0, r1 = prompts[3], prompts[4]
+    plain = _gen(make_llm(), [r0, r1], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))
+    refs = [p + o.outputs[0].token_ids for p, o in zip([r0, r1], plain)]
+    llm = make_llm(batch_policy=policy, engine_core_mode="inproc",
+                   speculative_config={**NGRAM, "num_speculative_tokens": 3, "disable_by_batch_size": 2})
+    llm.llm_engine.worker.runner.proposer = OracleProposer(refs, 3, miss=10_000)
+    eng = llm.llm_engine
+    eng.add_request("r0", {"prompt_token_ids": r0}, SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))
+    outs = {}
+    for _ in range(3):
+        for o in eng.step():
+            outs[o.request_id] = o
+    eng.add_request("r1", {"prompt_token_ids": r1}, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            outs[o.request_id] = o
+    assert outs["r0"].outputs[0].token_ids == plain[0].outputs[0].token_ids
+    m = outs["r0"].metrics
+    assert m.num_draft_tokens > 6  # drafted before r1 joined and after it left
+    assert m.num_accepted_tokens == m.num_draft_tokens

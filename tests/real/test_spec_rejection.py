@@ -206,3 +206,26 @@ def test_the_token_after_a_fully_accepted_draft_follows_the_target_and_a_bonus_f
 
     bad = _bonus_tokens(p, q, rng, bonus_from_q)
     assert _p_value(bad, _plain(p, 2, rng, N)) < ALPHA
+
+
+def test_the_bonus_after_a_fully_accepted_draft_is_the_targets_token_exactly_through_verify():
+    """Issue 53 item 10, exact: the target is certain at every position (one-hot after softmax), the draft's q is
+    not and puts no mass on the target's bonus token. Every draft is accepted (q(x) <= p(x) = 1), so every
+    output is the drafts then the target's bonus; a bonus drawn from q (or from the last draft row) never is."""
+    k, n, bonus = 3, 200, 5
+    params = SamplingParams(temperature=0.8, max_tokens=10)
+    drafts = [2, 0, 3]
+    target = torch.full((k + 1, V), -1e4, dtype=torch.float64)
+    for j, t in enumerate(drafts + [bonus]):
+        target[j, t] = 0.0
+    q = torch.full((k, V), 0.0, dtype=torch.float64)
+    for j, d in enumerate(drafts):
+        q[j] = 0.5 / (V - 2)
+        q[j, d] = 0.5
+        q[j, bonus] = 0.0
+    assert float(torch.softmax(target[k] / 0.8, -1)[bonus]) == 1.0 and float(q[k - 1, bonus]) == 0.0
+    sampler = Sampler(torch.device("cpu"))
+    rows = _rows(params, n, [1, 4])
+    entries = [VerifyEntry(r, drafts, q if i % 2 else None) for i, r in enumerate(rows)]
+    out = verify_drafts(sampler, target.repeat(n, 1), entries)
+    assert out == [drafts + [bonus]] * n

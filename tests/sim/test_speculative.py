@@ -154,3 +154,43 @@ def test_the_run_summary_says_whether_speculation_was_on() -> None:
     assert "speculative decoding: off" in off
     on = " | ".join(_notes(_spec(small_config(), k=3), 0.1, 1))
     assert "speculative decoding: ngram, k = 3, acceptance rates [0.8, 0.6, 0.5]" in on
+
+
+_STUDY = ('[workload]\nnum_requests = 8\nrate = 4.0\nprompt_dist = "uniform"\nprompt_min = 50\nprompt_max = 200\n'
+          'output_dist = "uniform"\noutput_min = 5\noutput_max = 20\n')
+
+
+@pytest.mark.parametrize("spec_table, said", [
+    ("", "speculative decoding: off"),
+    ('[speculative]\nmethod = "ngram"\nnum_speculative_tokens = 2\nacceptance_rates = [0.7, 0.5]\n',
+     "speculative decoding: ngram, k = 2, acceptance rates [0.7, 0.5]"),
+], ids=["off", "on"])
+def test_a_study_summary_says_whether_speculation_was_on(tmp_path: Path, capsys, spec_table: str,
+                                                         said: str) -> None:
+    from twinserve.sim import cli
+
+    f = tmp_path / "study.toml"
+    f.write_text(_STUDY + spec_table)
+    assert cli.main(["run", "--config", str(f), "--out", str(tmp_path / "o")]) == 0
+    assert said in (tmp_path / "o" / "summary.md").read_text()
+
+
+def test_a_study_with_fewer_rates_than_k_exits_2_naming_the_field(tmp_path: Path, capsys) -> None:
+    """Issue 53 item 12: refused at the study file (it was extended silently with the last rate)."""
+    from twinserve.sim import cli
+
+    f = tmp_path / "study.toml"
+    f.write_text(_STUDY + '[speculative]\nmethod = "ngram"\nnum_speculative_tokens = 4\n'
+                 'acceptance_rates = [0.8, 0.6]\n')
+    rc = cli.main(["run", "--config", str(f), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    assert "speculative.acceptance_rates" in err and "num_speculative_tokens = 4" in err, err
+    assert not (tmp_path / "o").exists()
+    # A sweep that raises k past the list: that point fails naming the field (exit 1), the others are written.
+    f.write_text(_STUDY + '[speculative]\nmethod = "ngram"\nnum_speculative_tokens = 2\n'
+                 'acceptance_rates = [0.8, 0.6]\n')
+    rc = cli.main(["sweep", "--config", str(f), "--out", str(tmp_path / "s"),
+                   "--grid", "speculative.num_speculative_tokens=2,3"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "point num_speculative_tokens=3 failed" in err and "speculative.acceptance_rates" in err, err

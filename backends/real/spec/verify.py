@@ -28,7 +28,9 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, entries: list[VerifyEn
 
     Row j of an entry is scored as plain sampling would score the context plus drafts[:j]
     (penalties, logit_bias, min_tokens and the seed's position all see those tokens), so a
-    greedy request gets exactly the tokens it would get without speculation.
+    greedy request gets the tokens it would get without speculation, up to rounding: the k + 1
+    rows come from one batched forward, so top-two near-ties can break the other way
+    (docs/speculative.md, "The limit of token-identical").
     """
     rows: list[SamplingRow] = []
     for e in entries:
