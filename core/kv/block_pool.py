@@ -22,7 +22,7 @@ class KVCacheBlock:
         self.pending = None
         self.prev_free: KVCacheBlock | None = None
         self.next_free: KVCacheBlock | None = None
-        # FreeBlockQueue.take_fresh sets these fields itself (twice: one block, several): add new ones there too.
+        # FreeBlockQueue.take_fresh sets these fields itself (in two places): add new ones there too.
 
     def __repr__(self) -> str:
         cached = "" if self.block_hash is None else " cached"
