@@ -16,7 +16,9 @@ a plain decode step.
 --baseline REF also times core/ as of a git revision (extracted to a temporary folder, its own
 imports renamed so it never loads the working tree's core: --baseline HEAD on a clean tree is an A/A
 check whose ratios should be ~1),
-alternating runs with the working tree's, and prints the ratios of the two. --aa REF times REF
+alternating runs with the working tree's, and prints the ratios of the two. --baseline may be given
+more than once (e.g. `--baseline 4b37f8e^ --baseline main`): every core is timed in the same
+interleaved run, and each baseline gets its own row of ratios against the working tree. --aa REF times REF
 against a second extracted copy of itself: the ratios must be ~1 (the run's noise floor). A
 baseline whose core/ is the working tree's is reported as an A/A run.
 
@@ -27,7 +29,7 @@ run's block-filling steps also pay for making them (once per block in a process'
 from its published source) on the same workload in the same run, per request.
 
     python experiments/bench_scheduler.py [--steps 400] [--repeats 5] [--sizes 64,256,1024]
-                                          [--baseline REF | --aa REF] [--nano-vllm] [--warm-pool]
+                                          [--baseline REF ... | --aa REF] [--nano-vllm] [--warm-pool]
 """
 
 from __future__ import annotations
@@ -206,12 +208,16 @@ def time_nano(n: int, steps: int) -> list[float]:
 
 
 def variants_for(args: argparse.Namespace) -> list[tuple[str, ModuleType]]:
-    """(name, core) pairs to time: the working tree's and a baseline's, or a revision twice (A/A)."""
+    """(name, core) pairs to time: the working tree's and the baselines', or a revision twice (A/A).
+
+    The first baseline is imported as baseline_core, the k-th (k >= 2) as baseline_core_k.
+    """
     if args.aa:
         return [(args.aa, load_baseline(args.aa)), (args.aa + " (A/A)", load_baseline(args.aa, "baseline_core_aa"))]
     variants = [("current", current_core)]
-    if args.baseline:
-        variants.append((args.baseline, load_baseline(args.baseline)))
+    for k, ref in enumerate(args.baseline or [], 1):
+        name = ref if all(ref != v for v, _ in variants) else f"{ref}#{k}"
+        variants.append((name, load_baseline(ref, "baseline_core" if k == 1 else f"baseline_core_{k}")))
     return variants
 
 
@@ -222,7 +228,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=5, help="runs per size and core (each step's best is kept)")
     ap.add_argument("--sizes", default="64,256,1024", help="running requests, comma-separated")
     group = ap.add_mutually_exclusive_group()
-    group.add_argument("--baseline", metavar="REF", help="also time core/ at this git revision")
+    group.add_argument("--baseline", metavar="REF", action="append",
+                       help="also time core/ at this git revision (repeatable: one row of ratios each)")
     group.add_argument("--aa", metavar="REF", help="A/A check: time REF's core/ against a second copy of itself")
     ap.add_argument("--warm-pool", action="store_true",
                     help="make every KV block before timing (cores that make blocks on first use)")
@@ -231,14 +238,17 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",")]
     variants = variants_for(args)
-    (a_name, _), (b_name, _) = variants[0], variants[-1]
+    a_name = variants[0][0]
+    # The runs whose ratios must be ~1: the A/A copy, or baselines whose core/ is the tree's.
+    aa_names = {variants[1][0]} if args.aa else {
+        name for (name, _), ref in zip(variants[1:], args.baseline or []) if same_core_as_tree(ref)}
     print(f"python {platform.python_version()} on {platform.machine()}, single thread; "
           f"{args.steps} steps per run, {args.repeats} runs, {time.strftime('%Y-%m-%d %H:%M')}, "
           f"load {os.getloadavg()[0]:.2f}")
     for name, core in variants:
         print(f"  {name}: {os.path.dirname(core.__file__)}")
-    if args.baseline and same_core_as_tree(args.baseline):
-        print(f"  note: {args.baseline}'s core/ is the working tree's: an A/A run, ratios should be ~1")
+    for name in sorted(aa_names) if not args.aa else ():
+        print(f"  note: {name}'s core/ is the working tree's: an A/A run, ratios should be ~1")
     print(f"{'':>8} {'':>10} {'us/step':^26} {'us/request':^26} {'filling':>8}")
     print(f"{'running':>8} {'core':>10} {'mean':>8} {'p99':>8} {'median':>8} {'mean':>8} "
           f"{'p99':>8} {'median':>8} {'steps':>8}")
@@ -267,18 +277,23 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{n:>8} {'nano-vllm':>10} {cells}")
             print(f"{n:>8} {'vs nano':>10} " + " ".join(
                 f"{b / c:>8.2f}" for b, c in zip(row, rows[a_name])))
-        if len(variants) > 1:
-            base, cur = rows[b_name], rows[a_name]
-            ratios = [b / c for b, c in zip(base, cur)]
-            worst = max([worst] + [abs(r - 1) for r in ratios])
-            print(f"{n:>8} {'speedup':>10} " + " ".join(f"{r:>8.2f}" for r in ratios))
+        for b_name, _ in variants[1:]:
+            ratios = [b / c for b, c in zip(rows[b_name], rows[a_name])]
+            if b_name in aa_names:
+                worst = max([worst] + [abs(r - 1) for r in ratios])
+            label = "speedup" if len(variants) == 2 else f"/{b_name}"[:10]
+            print(f"{n:>8} {label:>10} " + " ".join(f"{r:>8.2f}" for r in ratios))
     print(f"mean and p99 cover all {args.steps} steps, the block-filling ones (column 'filling') "
           "included "
           "(at each, some requests allocate a block or register a full one in the prefix cache; "
           "every request does both once per 16 steps); each step's time is its best over the runs")
     if args.nano_vllm:
-        print("vs nano: nano-vllm's time over ours (above 1: ours is cheaper per request)")
-    if args.aa or (args.baseline and same_core_as_tree(args.baseline)):
+        print(f"vs nano: nano-vllm's time over {a_name}'s (above 1: ours is cheaper per request)")
+    if len(variants) > 2:
+        print(f"/REF rows: REF's time over {a_name}'s (above 1: {a_name} is faster)")
+    elif len(variants) == 2:
+        print(f"speedup: {variants[1][0]}'s time over {a_name}'s (above 1: {a_name} is faster)")
+    if aa_names:
         verdict = "within" if worst <= 0.05 else "OUTSIDE"
         print(f"A/A: the largest ratio is {worst:.1%} from 1, {verdict} 5% "
               "(outside: too noisy a machine for ratios this small)")

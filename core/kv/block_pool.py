@@ -22,7 +22,7 @@ class KVCacheBlock:
         self.pending = None
         self.prev_free: KVCacheBlock | None = None
         self.next_free: KVCacheBlock | None = None
-        # FreeBlockQueue.take_fresh sets these fields itself: add new ones there too.
+        # FreeBlockQueue.take_fresh sets these fields itself (in two places): add new ones there too.
 
     def __repr__(self) -> str:
         cached = "" if self.block_hash is None else " cached"
@@ -72,6 +72,17 @@ class FreeBlockQueue:
     def take_fresh(self, n: int) -> list[KVCacheBlock]:
         """Make and hand out (ref_cnt 1) up to n never-used blocks, the queue's front."""
         start = self.next_fresh
+        if n == 1 and start < self.num_blocks and not _SPARE:
+            # One block (a decode step filling its last block, on a pool's first pass): the general
+            # path below without its min, range and extend, which cost more than making the block.
+            block = _new_object(KVCacheBlock)
+            block.block_id = start
+            block.ref_cnt = 1
+            block.block_hash = block.pending = block.prev_free = block.next_free = None
+            self.created.append(block)
+            self.num_free -= 1
+            self.next_fresh = start + 1
+            return [block]
         stop = min(start + n, self.num_blocks)
         # KVCacheBlock(i) with ref_cnt 1, without a Python __init__ frame per block (the first
         # pass over a pool makes a block at every block-filling decode step): same fields.

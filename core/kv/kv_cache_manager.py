@@ -90,6 +90,8 @@ class KVCacheManager(GroupTables, TierTables):
         self._contested: set[int] = set()  # keys taken from another block
         # The host tier (None: off); every KV group and window (tier_tables).
         self._init_tier(host_tier)
+        # One table, no window, no host tier: a running request's step takes allocate_slots' short path.
+        self._one_table = self.num_groups == 1 and self.sliding_window is None and self.host is None
 
     @property
     def usage(self) -> float:
@@ -188,9 +190,25 @@ class KVCacheManager(GroupTables, TierTables):
         total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         verified = total - num_draft_tokens
         bs = self.block_size
-        if blocks is not None and not new_computed_blocks and total <= len(blocks) * bs and (
-                not self.enable_caching or verified // bs <= self.num_cached_blocks[req_id]):
-            return _NO_BLOCKS  # the common decode step
+        if blocks is not None and not new_computed_blocks:
+            if total <= len(blocks) * bs and (
+                    not self.enable_caching or verified // bs <= self.num_cached_blocks[req_id]):
+                return _NO_BLOCKS  # the common decode step
+            if self._one_table:
+                # A block-filling step of a running request: the general path below, less its
+                # group, tier, window and prefix-hit branches (none applies).
+                num_needed = -(-total // bs) - len(blocks)
+                if num_needed > 0:
+                    pool = self.pool
+                    if num_needed > pool.free_queue.num_free - num_reserved_blocks:
+                        return None
+                    new_blocks = pool.get_new_blocks(num_needed)
+                    blocks.extend(new_blocks)
+                else:
+                    new_blocks = _NO_BLOCKS
+                if self.enable_caching and verified // bs > self.num_cached_blocks[req_id]:
+                    self.cache_blocks(request, verified)
+                return new_blocks
         if self.num_groups > 1:
             return self._allocate_groups(request, blocks, total, verified, new_computed_blocks,
                                          num_new_computed_tokens, num_reserved_blocks)

@@ -72,7 +72,8 @@ def test_a_fresh_block_has_every_field_of_a_constructed_one_held_once() -> None:
     from twinserve.core.kv.block_pool import KVCacheBlock
 
     pool = BlockPool(4)
-    for block in pool.get_new_blocks(3):
+    # One block and several take different paths in take_fresh: both are checked.
+    for block in pool.get_new_blocks(1) + pool.get_new_blocks(2):
         want = KVCacheBlock(block.block_id)
         want.ref_cnt = 1
         assert [getattr(block, s) for s in KVCacheBlock.__slots__] == \

@@ -113,3 +113,30 @@ def test_nano_vllm_recreation_takes_and_registers_blocks_as_nano_vllm(experiment
         assert len(seq) == 55 and len(seq.block_table) == seq.num_blocks == 4
         assert [blocks[b].hash != -1 for b in seq.block_table] == [True, True, True, False]
     assert sched.step([7, 7, 7]) == [] and len(nano.nano_step_times(4, 20)) == 20
+
+
+def test_bench_scheduler_times_several_baselines_each_from_its_own_copy(experiment, capsys) -> None:
+    """--baseline given twice: both revisions timed in one run, each imported from its own extracted
+    folder under its own package name, each with a row of ratios against the working tree."""
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=SCRIPT.parent, capture_output=True).returncode != 0:
+        pytest.skip("--baseline extracts a git revision: this copy is not a git checkout")
+    import sys as _sys
+
+    import twinserve.core as current
+
+    bench = experiment("bench_scheduler")
+    bench.main(["--baseline", "HEAD", "--baseline", "HEAD", "--sizes", "8", "--steps", "20", "--repeats", "2"])
+    out = capsys.readouterr().out
+    a, b = _sys.modules["baseline_core"], _sys.modules["baseline_core_2"]
+    folders = [Path(m.__file__).parent for m in (a, b)]
+    assert folders[0] != folders[1] and a.Scheduler is not b.Scheduler
+    assert current.Scheduler not in (a.Scheduler, b.Scheduler)
+    for pkg, folder in (("baseline_core", folders[0]), ("baseline_core_2", folders[1])):
+        bench.check_baseline(_sys.modules[pkg], str(folder.parent), pkg)
+        mods = [m for name, m in _sys.modules.items() if name.startswith(pkg + ".")]
+        assert mods and all(Path(m.__file__).resolve().is_relative_to(folder.resolve()) for m in mods)
+    assert f"  HEAD: {folders[0]}" in out and f"  HEAD#2: {folders[1]}" in out
+    # One row of ratios (mean, p99, median) per baseline.
+    rows = [line.split() for line in out.splitlines() if line.split()[:2] in (["8", "/HEAD"], ["8", "/HEAD#2"])]
+    assert [r[1] for r in rows] == ["/HEAD", "/HEAD#2"]
+    assert all(len(r) == 5 and all(float(x) > 0 for x in r[2:]) for r in rows)
