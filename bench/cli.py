@@ -13,11 +13,11 @@ from typing import Any
 import pandas as pd
 
 from twinserve.core.errors import InvalidConfigError
-from twinserve.sim.build import BUILTIN_TRACES
 from twinserve.sim.clients import closed_loop_line
 from twinserve.sim.config import SLOConfig
 from twinserve.sim.metrics import requests_frame, steps_frame, summarize
 from twinserve.sim.report import write_table
+from twinserve.sim.trace_paths import UnknownBuiltinTrace, trace_path
 from twinserve.sim.workload import Workload, WorkloadConfig
 from twinserve.sim.world import RunResult, StepLog
 from twinserve.bench.client import BenchRun, BenchTarget, run_benchmark, server_info
@@ -52,8 +52,10 @@ def workload_config(ns: argparse.Namespace, vocab_size: int) -> WorkloadConfig:
         cfg.system_prompt_len = ns.system_prompt_len
         cfg.system_prompt_zipf = ns.system_prompt_zipf
     elif ns.dataset_name == "trace":
-        name = ns.trace.split(":", 1)[1] if ns.trace.startswith("builtin:") else None
-        cfg.trace = str(BUILTIN_TRACES[name]) if name in BUILTIN_TRACES else ns.trace
+        try:
+            cfg.trace = trace_path(ns.trace)  # simulate's resolver: builtin:NAME or a path
+        except UnknownBuiltinTrace as e:
+            raise InvalidConfigError("trace", ns.trace, f"a CSV path or a builtin trace ({e})") from None
         cfg.prompt_dist = cfg.output_dist = "trace"
         cfg.time_scale = ns.trace_time_scale
         if ns.trace_arrivals:

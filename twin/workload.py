@@ -122,16 +122,13 @@ def closed_loop(opts: FidelityOptions, cfg: WorkloadConfig) -> None:
 
 
 def trace_path(trace: str) -> str:
-    """A trace file's path: 'builtin:NAME' is a trace shipped with twinserve (as simulate and bench take)."""
-    from twinserve.sim.trace_paths import BUILTIN_TRACES
+    """A trace file's path: 'builtin:NAME' is a trace shipped with twinserve (simulate's and bench's resolver)."""
+    from twinserve.sim.trace_paths import UnknownBuiltinTrace, trace_path as resolve
 
-    if not trace.startswith("builtin:"):
-        return trace
-    name = trace.split(":", 1)[1]
-    if name not in BUILTIN_TRACES:
-        raise FidelityError(f"--trace {trace}: no such builtin trace; known: "
-                            + ", ".join(f"builtin:{n}" for n in BUILTIN_TRACES))
-    return str(BUILTIN_TRACES[name])
+    try:
+        return resolve(trace)
+    except UnknownBuiltinTrace as e:
+        raise FidelityError(f"--trace {trace}: {e}") from None
 
 
 def longest_request(make: Callable[[], Workload]) -> int:
