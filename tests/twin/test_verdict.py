@@ -139,3 +139,15 @@ def test_a_bias_near_the_bands_edge_reads_over_the_cap_not_never() -> None:
     assert "no run count" not in verdict_table({"e2e": {"p50": c}})
     # Within the cap the count is given; one fewer does not resolve.
     assert runs_to_resolve(0.0, 0.05, 0.05) == 5 and runs_to_resolve(0.0, 0.2, 0.05) is None
+
+
+@pytest.mark.parametrize("think", [float("inf"), float("nan"), -1.0])
+def test_a_think_time_that_is_not_finite_is_refused(think: float) -> None:
+    """As --rate inf (issue 53 item 24): fidelity took --think-time-s nan (the forecast then never ended)
+    and inf (the clients never sent again); bench refuses both."""
+    from twinserve.twin.preflight import FidelityError
+    from twinserve.twin.workload import FidelityOptions, closed_loop
+    from twinserve.sim.workload import WorkloadConfig
+
+    with pytest.raises(FidelityError, match="--think-time-s"):
+        closed_loop(FidelityOptions("p.json", max_concurrency=2, think_time_s=think), WorkloadConfig())
