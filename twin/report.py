@@ -50,10 +50,11 @@ def profile_validity(meta: dict[str, Any], ratio: float | None) -> list[str]:
     probes = [float(s) for _, s in prov.get("speed_probes") or [] if s]
     spread = max(probes) / min(probes) - 1 if len(probes) > 1 and min(probes) > 0 else None
     mape = (meta.get("fit") or {}).get("mape")
-    pct = lambda x: "not recorded" if x is None else f"{x:.0%}"  # noqa: E731
-    out = [f"profile: calibrated under {pct(load)} other load, speed probes {pct(spread)} apart, fit error "
-           f"(MAPE) {pct(mape)}; probe ratio {'not taken' if ratio is None else f'{ratio:.3f}'} "
-           "(every step price is scaled by it)"]
+    said = lambda x, fmt, none: none if x is None else fmt.format(x)  # noqa: E731
+    out = [f"profile: {said(load, 'calibrated under {:.0%} other load', 'calibration load not recorded')}, "
+           f"{said(spread, 'speed probes {:.0%} apart', 'speed probes not recorded')}, "
+           f"{said(mape, 'fit error (MAPE) {:.0%}', 'fit error not recorded')}; probe ratio "
+           f"{'not taken' if ratio is None else f'{ratio:.3f}'} (every step price is scaled by it)"]
     warn = []
     if load is not None and load > PROFILE_LOAD_MAX:
         warn.append(f"calibration ran under {load:.0%} other load (over {PROFILE_LOAD_MAX:.0%}): its steps were "
