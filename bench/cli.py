@@ -13,11 +13,11 @@ from typing import Any
 import pandas as pd
 
 from twinserve.core.errors import InvalidConfigError
-from twinserve.sim.build import BUILTIN_TRACES
 from twinserve.sim.clients import closed_loop_line
 from twinserve.sim.config import SLOConfig
 from twinserve.sim.metrics import requests_frame, steps_frame, summarize
 from twinserve.sim.report import write_table
+from twinserve.sim.trace_paths import UnknownBuiltinTrace, trace_path
 from twinserve.sim.workload import Workload, WorkloadConfig
 from twinserve.sim.world import RunResult, StepLog
 from twinserve.bench.client import BenchRun, BenchTarget, run_benchmark, server_info
@@ -52,8 +52,10 @@ def workload_config(ns: argparse.Namespace, vocab_size: int) -> WorkloadConfig:
         cfg.system_prompt_len = ns.system_prompt_len
         cfg.system_prompt_zipf = ns.system_prompt_zipf
     elif ns.dataset_name == "trace":
-        name = ns.trace.split(":", 1)[1] if ns.trace.startswith("builtin:") else None
-        cfg.trace = str(BUILTIN_TRACES[name]) if name in BUILTIN_TRACES else ns.trace
+        try:
+            cfg.trace = trace_path(ns.trace)  # simulate's resolver: builtin:NAME or a path
+        except UnknownBuiltinTrace as e:
+            raise InvalidConfigError("trace", ns.trace, f"a CSV path or a builtin trace ({e})") from None
         cfg.prompt_dist = cfg.output_dist = "trace"
         cfg.time_scale = ns.trace_time_scale
         if ns.trace_arrivals:
@@ -138,21 +140,32 @@ def format_report(s: dict[str, Any], slo: SLOConfig) -> str:
     return "\n".join(lines)
 
 
-class ProgressLine:
-    """A progress line on stderr: at the first and last request and at most every 10 s between."""
+class ProgressBar:
+    """Requests done, failed and the time left as a tqdm bar on stderr: redrawn in place on a terminal,
+    written at most every `every_s` seconds elsewhere (a log); closed when the last request is done."""
 
-    def __init__(self, every_s: float = 10.0) -> None:
-        self.every_s = every_s
-        self.last = -math.inf
+    def __init__(self, file: Any = None, every_s: float = 10.0, mininterval: float | None = None) -> None:
+        self.file = file if file is not None else sys.stderr
+        tty = bool(getattr(self.file, "isatty", lambda: False)())
+        self.mininterval = mininterval if mininterval is not None else (0.2 if tty else every_s)
+        self.bar: Any = None
 
     def __call__(self, done: int, total: int, errors: int, seconds: float) -> None:
-        """Print when due."""
-        if done in (1, total) or seconds - self.last >= self.every_s:
-            self.last = seconds
-            rate = done / seconds if seconds > 0 else 0.0
-            left = f", about {(total - done) / rate:.0f} s left" if 0 < done < total and rate > 0 else ""
-            print(f"bench: {done}/{total} requests done ({errors} failed) in {seconds:.0f} s{left}",
-                  file=sys.stderr, flush=True)
+        """Called as each request ends (seconds: since the first was sent; tqdm keeps its own clock)."""
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="bench", unit="req", file=self.file, mininterval=self.mininterval,
+                            miniters=1, dynamic_ncols=True)
+        self.bar.set_postfix_str(f"{errors} failed", refresh=False)
+        self.bar.update(done - self.bar.n)
+        if done >= total:
+            self.close()
+
+    def close(self) -> None:
+        """Write the bar's last state and end its line (a run cut short)."""
+        if self.bar is not None:
+            self.bar.close()
 
 
 def run_bench(ns: argparse.Namespace) -> int:
@@ -170,7 +183,11 @@ def run_bench(ns: argparse.Namespace) -> int:
     target = BenchTarget(base_url, ns.model or info["id"], ns.endpoint, ns.api_key, ns.ignore_eos,
                          ns.request_timeout)
     print(f"bench: {ns.num_prompts} requests to {base_url} ...", file=sys.stderr, flush=True)
-    run = asyncio.run(run_benchmark(target, workload, ns.max_concurrency, ProgressLine()))
+    progress = ProgressBar()
+    try:
+        run = asyncio.run(run_benchmark(target, workload, ns.max_concurrency, progress))
+    finally:
+        progress.close()
     req, summary = summarize_run(run, slo)
     summary.update(label=ns.label, request_rate=ns.request_rate, burstiness=ns.burstiness,
                    dataset=ns.dataset_name, num_prompts=ns.num_prompts, model=target.model)

@@ -19,7 +19,8 @@ def trace_path(trace: str, source: str = "") -> str:
     if trace.startswith("builtin:"):
         name = trace.split(":", 1)[1]
         if name not in BUILTIN_TRACES:
-            raise UnknownBuiltinTrace(f"unknown builtin trace {name!r}; known: {', '.join(BUILTIN_TRACES)}")
+            raise UnknownBuiltinTrace(f"unknown builtin trace {name!r}; known: "
+                                      + ", ".join(f"builtin:{n}" for n in BUILTIN_TRACES))
         return str(BUILTIN_TRACES[name])
     p = Path(trace)
     if not p.is_absolute() and source and not p.exists():

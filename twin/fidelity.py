@@ -18,12 +18,12 @@ from twinserve.sim.clients import closed_loop_line
 
 from twinserve.twin.calibrate import cold_prefix_cache, speed_probe_parts
 from twinserve.twin.compare import compare
-from twinserve.twin.forecast import NOWCAST, make_forecast, percentiles, simulate, write_forecast
+from twinserve.twin.forecast import make_forecast, percentiles, simulate, write_forecast
 from twinserve.backends.real.hostload import HostLoad
 from twinserve.twin.preflight import EngineFacts, check_flags, check_profile, engine_facts, mismatches
 from twinserve.twin.realrun import RealRun, run_real
-from twinserve.twin.report import (banner, forecast_table, free_running_line, pi_count, profile_validity,
-                                   summary_line, verdict_table)
+from twinserve.twin.report import (banner, excluded_line, forecast_table, free_running_line, nowcast_line, pi_count,
+                                   profile_validity, summary_line, verdict_table)
 from twinserve.twin.schedule import free_running, schedule_equivalence
 from twinserve.twin.specforecast import spec_forecast
 from twinserve.twin.steps import step_errors, step_line
@@ -149,8 +149,10 @@ def judge_phase(opts: FidelityOptions, fc: dict[str, Any], fsim: Any, priced: Fi
         report["closed_loop"] = {"concurrency": wcfg.concurrency, "think_time_s": wcfg.think_time_s,
                                  "warmup_requests": wcfg.warmup_requests}
         report["banner"].append(closed_loop_line(wcfg) + ", in the forecast and in every run")
+    excluded = excluded_line(verdict["cells"])
     lines = report["banner"] + ["", verdict_table(verdict["cells"]), "",
                                 summary_line(verdict["summary"], pi_count(verdict["cells"]))]
+    lines += [excluded] if excluded else []
     if first is not None:
         report["schedule"] = per_run[0]["schedule"]
         report["steps"] = step_errors(priced, first.rows) if first.rows else {}
@@ -163,8 +165,7 @@ def judge_phase(opts: FidelityOptions, fc: dict[str, Any], fsim: Any, priced: Fi
         report["throughput"] = compare(first.real.records, fsim.records)["throughput"]
     if opts.nowcast and done:
         report["nowcast"] = nowcast(priced, make, sched_cfg, done, spec, opts.seed)
-        lines += ["", f"{NOWCAST}, never judged: p50 error per run " + "; ".join(
-            ", ".join(f"{m.upper()} {v:+.1%}" for m, v in n["err_p50"].items()) for n in report["nowcast"])]
+        lines += ["", nowcast_line(report["nowcast"])]
     return report, "\n".join(lines)
 
 

@@ -6,7 +6,9 @@ import math
 from typing import Any
 
 from twinserve.backends.real.hostload import NOISY_SHARE
-from twinserve.twin.verdict import CONFIDENCE, NO_VERDICT, P99_MIN_REQUESTS, RUNS_SHOWN_MAX, UNRESOLVED
+from twinserve.twin.calibrate import PROBE_DRIFT_WARN
+from twinserve.twin.forecast import NOWCAST
+from twinserve.twin.verdict import CONFIDENCE, NO_VERDICT, P99_MIN_REQUESTS, RUNS_SHOWN_MAX, UNDEFINED, UNRESOLVED
 
 
 def banner(mismatch: list[str], host_loads: list[dict[str, Any] | None], num_requests: int,
@@ -32,9 +34,10 @@ def banner(mismatch: list[str], host_loads: list[dict[str, Any] | None], num_req
 # A profile's own validity, and why each bound: calibration under other load times steps slow;
 # probes far apart mean the machine's speed drifted during calibration; a large fit error means
 # the coefficients do not describe the steps; a probe ratio far from 1 scales every price by one
-# number, assuming the whole machine slowed alike.
+# number, assuming the whole machine slowed alike. The load and probe bounds are those calibrate
+# warns at (hostload.NOISY_SHARE, calibrate.PROBE_DRIFT_WARN): one profile, one verdict on it.
 PROFILE_LOAD_MAX = NOISY_SHARE
-PROBE_SPREAD_MAX = 0.20
+PROBE_SPREAD_MAX = PROBE_DRIFT_WARN
 FIT_MAPE_MAX = 0.15
 PROBE_RATIO_BOUNDS = (0.8, 1.25)
 
@@ -47,10 +50,11 @@ def profile_validity(meta: dict[str, Any], ratio: float | None) -> list[str]:
     probes = [float(s) for _, s in prov.get("speed_probes") or [] if s]
     spread = max(probes) / min(probes) - 1 if len(probes) > 1 and min(probes) > 0 else None
     mape = (meta.get("fit") or {}).get("mape")
-    pct = lambda x: "not recorded" if x is None else f"{x:.0%}"  # noqa: E731
-    out = [f"profile: calibrated under {pct(load)} other load, speed probes {pct(spread)} apart, fit error "
-           f"(MAPE) {pct(mape)}; probe ratio {'not taken' if ratio is None else f'{ratio:.3f}'} "
-           "(every step price is scaled by it)"]
+    said = lambda x, fmt, none: none if x is None else fmt.format(x)  # noqa: E731
+    out = [f"profile: {said(load, 'calibrated under {:.0%} other load', 'calibration load not recorded')}, "
+           f"{said(spread, 'speed probes {:.0%} apart', 'speed probes not recorded')}, "
+           f"{said(mape, 'fit error (MAPE) {:.0%}', 'fit error not recorded')}; probe ratio "
+           f"{'not taken' if ratio is None else f'{ratio:.3f}'} (every step price is scaled by it)"]
     warn = []
     if load is not None and load > PROFILE_LOAD_MAX:
         warn.append(f"calibration ran under {load:.0%} other load (over {PROFILE_LOAD_MAX:.0%}): its steps were "
@@ -69,12 +73,31 @@ def profile_validity(meta: dict[str, Any], ratio: float | None) -> list[str]:
                   for w in warn]
 
 
-def _ms(x: float | None) -> str:
-    return "-" if x is None or not math.isfinite(x) else f"{x * 1e3:.1f}"
+def _ms(x: float | None, none: str = "-") -> str:
+    return none if x is None or not math.isfinite(x) else f"{x * 1e3:.1f}"
 
 
 def _pct(x: float | None) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{math.expm1(x):+.1%}"
+
+
+def _err(x: float | None) -> str:
+    """A relative error as a signed percentage; n/a where it has no value (TPOT of one-token outputs)."""
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:+.1%}"
+
+
+def _undefined(c: dict[str, Any]) -> bool:
+    """The cell's metric has no value at all on this workload (verdict.UNDEFINED)."""
+    return c["state"] == NO_VERDICT and c.get("why") in UNDEFINED.values()
+
+
+def excluded_line(cells: dict[str, dict[str, Any]]) -> str | None:
+    """One line naming the metrics left out of the verdict for having no value, and why; None if none."""
+    gone = [m for m, per in cells.items() if per and all(_undefined(c) for c in per.values())]
+    if not gone:
+        return None
+    return (f"not judged: {', '.join(m.upper() for m in gone)} (n/a: every output is one token, so there is no "
+            "time between tokens); the verdict counts the other metrics' cells")
 
 
 def verdict_table(cells: dict[str, dict[str, Any]]) -> str:
@@ -85,14 +108,13 @@ def verdict_table(cells: dict[str, dict[str, Any]]) -> str:
         for q, c in per.items():
             ci = c.get("ci")
             state = c["state"]
-            if state == UNRESOLVED and c.get("runs_to_resolve") and c["runs_to_resolve"] > RUNS_SHOWN_MAX:
-                state += f" (over {RUNS_SHOWN_MAX} runs would resolve: the bias is near the band's edge)"
-            elif state == UNRESOLVED and c.get("runs_to_resolve"):
+            if state == UNRESOLVED and c.get("runs_to_resolve") and c["runs_to_resolve"] <= RUNS_SHOWN_MAX:
                 state += f" ({c['runs_to_resolve']} runs would resolve)"
-            elif state == UNRESOLVED and "ci" in c:
-                state += " (no run count resolves it)"
+            elif state == UNRESOLVED and "ci" in c:  # runs_to_resolve searches up to the cap
+                state += f" (over {RUNS_SHOWN_MAX} runs would resolve: the bias is near the band's edge)"
             elif state == NO_VERDICT and c.get("why"):
                 state += f" ({c['why']})"
+            na = "n/a" if _undefined(c) else "-"
             pi = c.get("pi_inside")
             loo = c.get("loo_forecast_inside")
             hw = c.get("pi_half_width")
@@ -100,8 +122,8 @@ def verdict_table(cells: dict[str, dict[str, Any]]) -> str:
                 f" (+-{math.expm1(hw):.1%})" if hw is not None else "") + (
                 f" (LOO {loo}/{c['runs']})" if loo is not None else "")
             noise = "-" if c.get("noise") is None else f"{c['noise']:.1%}"
-            lines.append(f"| {m.upper()} | {q} | {_ms(c.get('forecast'))} | "
-                         + " / ".join(_ms(v) for v in c.get("real", [])) + f" | {_pct(c.get('bias'))} | {noise} | "
+            lines.append(f"| {m.upper()} | {q} | {_ms(c.get('forecast'), na)} | "
+                         + " / ".join(_ms(v, na) for v in c.get("real", [])) + f" | {_pct(c.get('bias'))} | {noise} | "
                          + (f"{_pct(ci[0])} .. {_pct(ci[1])}" if ci else "-") + f" | {state} | {pi_s} |")
     return "\n".join(lines)
 
@@ -124,15 +146,21 @@ def pi_count(cells: dict[str, dict[str, Any]]) -> tuple[int, int]:
 def forecast_table(pct: dict[str, dict[str, float | None]], kind: str) -> str:
     """The forecast alone (printed before the engine serves)."""
     lines = [f"{kind}:", "| metric | p50 ms | p90 ms | p99 ms |", "|---|---|---|---|"]
-    lines += [f"| {m.upper()} | " + " | ".join(_ms(v.get(q)) for q in ("p50", "p90", "p99")) + " |"
+    lines += [f"| {m.upper()} | " + " | ".join(_ms(v.get(q), "n/a") for q in ("p50", "p90", "p99")) + " |"
               for m, v in pct.items()]
     return "\n".join(lines)
 
 
 def free_running_line(fr: dict[str, Any]) -> str:
     """Schedule drift against step pricing, at p50 (run 1)."""
-    at = lambda e: ", ".join(f"{m.upper()} {v['p50']:+.1%}" for m, v in e.items())  # noqa: E731
+    at = lambda e: ", ".join(f"{m.upper()} {_err(v['p50'])}" for m, v in e.items())  # noqa: E731
     return ("free running (simulator on its own clock, each step at its shape's measured duration, run 1; "
             f"{fr['steps_by_measured_shape']} steps by shape, {fr['steps_by_kind_ratio']} unseen shapes at the "
             f"profile's price x their kind's measured ratio): schedule drift at p50 {at(fr['schedule_drift'])}; "
             f"step pricing (forecast against it) at p50 {at(fr['step_pricing'])}")
+
+
+def nowcast_line(nowcasts: list[dict[str, Any]], label: str = NOWCAST) -> str:
+    """Each run priced at its own speed: p50 error per metric (n/a where the metric has no value)."""
+    return f"{label}, never judged: p50 error per run " + "; ".join(
+        ", ".join(f"{m.upper()} {_err(v)}" for m, v in n["err_p50"].items()) for n in nowcasts)

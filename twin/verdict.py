@@ -19,8 +19,8 @@ TOLERANCE = {"p50": 0.05, "p90": 0.10, "p99": 0.10}
 P99_MIN_REQUESTS = 300
 CONFIDENCE = 0.90
 PASS, FAIL, UNRESOLVED, NO_VERDICT = "PASS", "FAIL", "UNRESOLVED", "no verdict"
-MAX_RUNS = 10_000
-# Runs the report names as resolving a cell at most; beyond, the bias sits on the band's edge.
+# The most runs the report names as resolving a cell (the search stops there): a cell that needs more
+# has its bias so near the band's edge that more runs are not the answer (runs_to_resolve: None).
 RUNS_SHOWN_MAX = 30
 # Leave-one-out counts need at least this many runs (of 2, each left-out PI rests on one run).
 LOO_MIN_RUNS = 4
@@ -38,12 +38,12 @@ def _state(lo: float, hi: float, band: tuple[float, float]) -> str:
     return UNRESOLVED
 
 
-def runs_to_resolve(b: float, s: float, tol: float) -> int | None:
-    """The fewest runs whose 90% interval of b (at this b and s) is PASS or FAIL; None if none is."""
+def runs_to_resolve(b: float, s: float, tol: float, most: int = RUNS_SHOWN_MAX) -> int | None:
+    """The fewest runs, up to `most`, whose 90% interval of b (at this b and s) is PASS or FAIL; None if more."""
     band = (math.log1p(-tol), math.log1p(tol))
     if s == 0.0:
         return 2 if _state(b, b, band) != UNRESOLVED else None
-    for n in range(2, MAX_RUNS + 1):
+    for n in range(2, most + 1):
         half = _t(n - 1) * s / math.sqrt(n)
         if _state(b - half, b + half, band) != UNRESOLVED:
             return n

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -104,9 +105,9 @@ def closed_loop(opts: FidelityOptions, cfg: WorkloadConfig) -> None:
     n = opts.max_concurrency
     if n is not None and n < 1:
         raise FidelityError(f"--max-concurrency {n}: give 1 or more clients")
-    if opts.think_time_s < 0 or opts.warmup_requests < 0:
+    if not (0 <= opts.think_time_s < math.inf) or opts.warmup_requests < 0:  # nan fails both
         raise FidelityError(f"--think-time-s {opts.think_time_s:g} and --warmup-requests "
-                            f"{opts.warmup_requests}: give values >= 0")
+                            f"{opts.warmup_requests}: give finite values >= 0")
     if n is not None:
         cfg.concurrency = n
         cfg.think_time_s = opts.think_time_s
@@ -122,16 +123,13 @@ def closed_loop(opts: FidelityOptions, cfg: WorkloadConfig) -> None:
 
 
 def trace_path(trace: str) -> str:
-    """A trace file's path: 'builtin:NAME' is a trace shipped with twinserve (as simulate and bench take)."""
-    from twinserve.sim.trace_paths import BUILTIN_TRACES
+    """A trace file's path: 'builtin:NAME' is a trace shipped with twinserve (simulate's and bench's resolver)."""
+    from twinserve.sim.trace_paths import UnknownBuiltinTrace, trace_path as resolve
 
-    if not trace.startswith("builtin:"):
-        return trace
-    name = trace.split(":", 1)[1]
-    if name not in BUILTIN_TRACES:
-        raise FidelityError(f"--trace {trace}: no such builtin trace; known: "
-                            + ", ".join(f"builtin:{n}" for n in BUILTIN_TRACES))
-    return str(BUILTIN_TRACES[name])
+    try:
+        return resolve(trace)
+    except UnknownBuiltinTrace as e:
+        raise FidelityError(f"--trace {trace}: {e}") from None
 
 
 def longest_request(make: Callable[[], Workload]) -> int:

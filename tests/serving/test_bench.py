@@ -163,16 +163,33 @@ def test_bench_cli_prints_the_report_and_writes_the_csv(server: RunningServer, t
     assert len(itl) >= 1 and all(np.isfinite([float(v) for v in x]).all() for x in itl)
     assert (tmp_path / "summary.json").exists()
     # Progress on stderr (issue 53 item 26: the README's size ran silently for 15 minutes on a CPU).
-    assert "bench: 6 requests to" in out.stderr and "bench: 1/6 requests done (0 failed)" in out.stderr
-    assert "bench: 6/6 requests done (0 failed)" in out.stderr
+    assert "bench: 6 requests to" in out.stderr and re.search(r"bench: 100%.*6/6.*0 failed", out.stderr)
 
 
-def test_the_progress_line_prints_first_last_and_every_interval(capsys) -> None:
-    from twinserve.bench.cli import ProgressLine
+def test_the_progress_bar_redraws_on_a_terminal_and_logs_every_interval_elsewhere() -> None:
+    """Issue 53 item 26, a progress bar (tqdm) on stderr: on a terminal each finished request redraws it
+    in place with the failures counted (the hand-made line printed only the first and last request and
+    every 10 s, also on a terminal); in a log it is written at most every 10 s, and closed at the end."""
+    import io
 
-    p = ProgressLine(every_s=10.0)
-    for done, t in ((1, 1.0), (2, 5.0), (3, 12.0), (4, 13.0), (5, 30.0)):
-        p(done, 5, 0, t)
-    lines = capsys.readouterr().err.splitlines()
-    assert [ln.split(" requests")[0] for ln in lines] == ["bench: 1/5", "bench: 3/5", "bench: 5/5"]
-    assert lines[1].endswith("about 8 s left") and "left" not in lines[2]
+    from twinserve.bench.cli import ProgressBar
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty = Tty()
+    bar = ProgressBar(file=tty, mininterval=0)
+    for done, t in ((1, 1.0), (2, 5.0), (3, 6.0), (4, 7.0), (5, 8.0)):
+        bar(done, 5, done // 4, t)
+    frames = [f for f in tty.getvalue().split("\r") if f.strip()]
+    shown = [m.group(1) for m in (re.search(r"\b(\d)/5\b", f) for f in frames) if m]
+    assert list(dict.fromkeys(shown)) == ["0", "1", "2", "3", "4", "5"]
+    assert frames[-1].startswith("bench: 100%") and "1 failed" in frames[-1]  # errors: done // 4
+    assert bar.bar is None or bar.bar.disable  # closed once all are done
+    log = io.StringIO()
+    bar = ProgressBar(file=log)
+    assert bar.mininterval == 10.0
+    for done in range(1, 6):
+        bar(done, 5, 0, float(done))
+    assert "5/5" in log.getvalue().split("\r")[-1] and "3/5" not in log.getvalue()

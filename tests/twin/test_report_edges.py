@@ -76,3 +76,91 @@ def test_the_banner_gives_the_profiles_validity_and_warns_out_of_bounds() -> Non
                                             "error (MAPE) 8%; probe ratio 1.020 (every step price is scaled by it)"]
     assert "not recorded" in profile_validity({}, None)[0] and "not taken" in profile_validity({}, None)[0]
     assert lines[1] in banner([], [], 400, 3, "forecast", lines)
+
+
+def test_the_probe_spread_bound_is_the_one_calibrate_warns_at() -> None:
+    """Issue 53 item 22 (bounds declared once): probes 17% apart made calibrate warn (over 15%) while the
+    fidelity banner, bounded at 20%, said nothing of the same profile."""
+    from twinserve.twin.calibrate import drift_warning
+    from twinserve.twin.report import profile_validity
+
+    prov = {"speed_probe_drift": 0.17, "speed_probes": [[0.0, 1.0], [50.0, 1.17]]}
+    assert drift_warning(prov) is not None
+    lines = profile_validity({"provenance": prov, "fit": {"mape": 0.05}}, 1.0)
+    assert len(lines) == 2 and "speed probes were 17% apart (over 15%)" in lines[1]
+    # Within both: neither warns.
+    prov = {"speed_probe_drift": 0.12, "speed_probes": [[0.0, 1.0], [50.0, 1.12]]}
+    assert drift_warning(prov) is None and len(profile_validity({"provenance": prov}, 1.0)) == 1
+
+
+def _one_token_cells() -> dict:
+    from twinserve.twin.verdict import judge
+
+    pct = lambda v: {"p50": v, "p90": v, "p99": v}  # noqa: E731
+    fc = {"ttft": pct(0.010), "tpot": pct(None), "itl": pct(None), "e2e": pct(0.010)}
+    runs = [{"ttft": pct(x), "tpot": pct(None), "itl": pct(None), "e2e": pct(x)} for x in (0.0100, 0.0101, 0.0099)]
+    return judge(fc, runs, 3)
+
+
+def test_an_undefined_metric_is_n_a_everywhere_and_its_exclusion_is_said_once() -> None:
+    """Issue 53 item 21: TPOT/ITL of one-token outputs are n/a (never "nan%") in every printed line, and
+    one line says they are left out of the verdict and why."""
+    from twinserve.twin.report import excluded_line, forecast_table, free_running_line, verdict_table
+
+    v = _one_token_cells()
+    assert v["summary"]["cells"] == 4  # TTFT and E2E at p50/p90 (p99: 3 requests)
+    line = excluded_line(v["cells"])
+    assert line == ("not judged: TPOT, ITL (n/a: every output is one token, so there is no time between "
+                    "tokens); the verdict counts the other metrics' cells")
+    assert "| TPOT | n/a | n/a | n/a |" in forecast_table({"tpot": {"p50": None, "p90": None, "p99": None}},
+                                                             "forecast")
+    table = verdict_table(v["cells"])
+    assert "| TPOT | p50 | n/a | n/a / n/a / n/a |" in table
+    nan = float("nan")
+    fr = {"steps_by_measured_shape": 3, "steps_by_kind_ratio": 0,
+          "schedule_drift": {"ttft": {"p50": 0.1}, "tpot": {"p50": nan}},
+          "step_pricing": {"ttft": {"p50": -0.2}, "tpot": {"p50": None}}}
+    text = free_running_line(fr)
+    assert "nan" not in text and "TPOT n/a" in text and "TTFT +10.0%" in text
+    # Nothing undefined: no such line.
+    from twinserve.twin.verdict import judge
+
+    pct = lambda v: {"p50": v, "p90": v, "p99": v}  # noqa: E731
+    ok = judge({m: pct(0.01) for m in ("ttft", "tpot")}, [{m: pct(0.01) for m in ("ttft", "tpot")}] * 2, 3,
+               metrics=("ttft", "tpot"))
+    assert excluded_line(ok["cells"]) is None
+
+
+def test_the_nowcast_line_says_n_a_for_an_undefined_metric() -> None:
+    from twinserve.twin.report import nowcast_line
+
+    text = nowcast_line([{"err_p50": {"ttft": 0.05, "tpot": float("nan"), "itl": None}}])
+    assert "nan" not in text and "TTFT +5.0%, TPOT n/a, ITL n/a" in text
+
+
+def test_bench_and_fidelity_resolve_builtin_traces_with_simulates_resolver() -> None:
+    """Issue 53 item 25 (share the resolver): bench sent `--trace builtin:nope` on as a file path; both
+    now refuse it with the simulator's own message, and resolve a known name to the same file."""
+    import argparse
+
+    from twinserve.backends.real.serving.flags import add_bench_args
+    from twinserve.bench.cli import workload_config
+    from twinserve.core.errors import InvalidConfigError
+    from twinserve.sim.trace_paths import UnknownBuiltinTrace, trace_path
+    from twinserve.twin.preflight import FidelityError
+    from twinserve.twin.workload import trace_path as fidelity_trace_path
+
+    with pytest.raises(UnknownBuiltinTrace) as e:
+        trace_path("builtin:nope")
+    shared = str(e.value)
+    p = argparse.ArgumentParser()
+    add_bench_args(p)
+    ns = p.parse_args(["--dataset-name", "trace", "--trace", "builtin:nope"])
+    with pytest.raises(InvalidConfigError, match="trace") as b:
+        workload_config(ns, 1000)
+    with pytest.raises(FidelityError) as f:
+        fidelity_trace_path("builtin:nope")
+    assert shared in str(b.value) and shared in str(f.value)
+    ns = p.parse_args(["--dataset-name", "trace", "--trace", "builtin:azure_conv"])
+    assert workload_config(ns, 1000).trace == trace_path("builtin:azure_conv") == \
+        fidelity_trace_path("builtin:azure_conv")

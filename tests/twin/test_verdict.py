@@ -121,3 +121,33 @@ def test_a_rate_that_is_not_a_finite_positive_number_is_refused(rate: float) -> 
 
     with pytest.raises(FidelityError, match="--rate"):
         check_flags(3, rate, 40, 1.0)
+
+
+def test_a_bias_near_the_bands_edge_reads_over_the_cap_not_never() -> None:
+    """Issue 53 item 24: a bias 0.01% inside the band's edge needs far more than 30 runs, but some count
+    resolves it; the table said "no run count resolves it" (the search stopped at 10,000), and the
+    search took 0.4 s per such cell. Searched up to the cap only, it says "over 30"."""
+    from twinserve.twin.report import verdict_table
+    from twinserve.twin.verdict import RUNS_SHOWN_MAX
+
+    reals = [1.0, 1.05, 0.95]
+    x = np.log(reals)
+    near = math.exp(x.mean() + math.log(1.05) - 1e-4)  # bias just inside +5%
+    c = judge_cell(near, reals, 0.05)
+    assert c["state"] == UNRESOLVED and c["runs_to_resolve"] is None
+    assert f"over {RUNS_SHOWN_MAX} runs would resolve" in verdict_table({"e2e": {"p50": c}})
+    assert "no run count" not in verdict_table({"e2e": {"p50": c}})
+    # Within the cap the count is given; one fewer does not resolve.
+    assert runs_to_resolve(0.0, 0.05, 0.05) == 5 and runs_to_resolve(0.0, 0.2, 0.05) is None
+
+
+@pytest.mark.parametrize("think", [float("inf"), float("nan"), -1.0])
+def test_a_think_time_that_is_not_finite_is_refused(think: float) -> None:
+    """As --rate inf (issue 53 item 24): fidelity took --think-time-s nan (the forecast then never ended)
+    and inf (the clients never sent again); bench refuses both."""
+    from twinserve.twin.preflight import FidelityError
+    from twinserve.twin.workload import FidelityOptions, closed_loop
+    from twinserve.sim.workload import WorkloadConfig
+
+    with pytest.raises(FidelityError, match="--think-time-s"):
+        closed_loop(FidelityOptions("p.json", max_concurrency=2, think_time_s=think), WorkloadConfig())
