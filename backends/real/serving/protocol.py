@@ -30,7 +30,8 @@ class StreamOptions(BaseModel):
     """stream_options: include_usage adds a final chunk carrying usage."""
 
     model_config = ConfigDict(extra="ignore")
-    include_usage: bool = False
+    # True when the object is given without it, as vLLM has it (so {"continuous_usage_stats": true} alone works).
+    include_usage: bool = True
     # vLLM's: every chunk carries the usage so far.
     continuous_usage_stats: bool = False
 
@@ -49,6 +50,7 @@ class _Common(BaseModel):
     frequency_penalty: float | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # Written on the request's access-log line (OpenAI's end-user id, for abuse monitoring).
     user: str | None = None
     # vLLM's extras
     top_k: int | None = None
@@ -81,6 +83,8 @@ class _Common(BaseModel):
     guided_decoding_backend: str | None = None
     # vLLM's: logprob tokens as "token_id:{id}", for tokens that are not valid text on their own.
     return_tokens_as_token_ids: bool | None = None
+    # vLLM's (later releases): token ids alongside the text; refused (request_fields.REFUSED).
+    return_token_ids: bool | None = None
     best_of: int | None = None
     # Refused unless neutral (request_fields.REFUSED): declared so they are never dropped silently.
     use_beam_search: bool = False

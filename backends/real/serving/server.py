@@ -245,6 +245,8 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
             kw["chat_template"] = req.chat_template
         if req.documents is not None:
             kw["documents"] = req.documents
+        if req.tools:  # the template sees the tools whatever tool_choice is, as in vLLM
+            kw["tools"] = req.tools
         if req.continue_final_message:
             kw["continue_final_message"] = True
         kw["add_generation_prompt"] = req.add_generation_prompt
@@ -278,6 +280,8 @@ async def _serve(state: ServingState, request: Request, req: CompletionRequest |
                  echo: list[str] | None = None) -> Response:
     """Queue one engine request per prompt; answer with all their choices (prompt k's i-th at k * n + i)."""
     arrival = time.monotonic()
+    if req.user is not None:  # the access log names the end user (OpenAI's `user`)
+        request.state.user = req.user
     param = "messages" if chat else "prompt"
     # lm-eval's loglikelihood asks echo + logprobs with max_tokens=0: one token is computed (the
     # prompt's logprobs come with it) and none is returned.
