@@ -111,9 +111,8 @@ class AccessLogMiddleware:
             line += f" user={json.dumps(user[:_MAX_USER_CHARS])}"
         if status >= 400:
             line += f" error={json.dumps(error_message(error_body) if error_body else '')}"
-            logger.warning(line)
-        else:
-            logger.info(line)
+        # A client that hung up (499) is routine: an info line like a success, no warning.
+        logger.log(logging.WARNING if status >= 400 and status != 499 else logging.INFO, line)
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:
