@@ -86,7 +86,7 @@ _NOT_NEUTRAL = {"use_beam_search": True, "length_penalty": 0.5, "spaces_between_
                 "include_reasoning": False, "logits_processors": ["m.P"], "prompt_embeds": "AAAA",
                 "mm_processor_kwargs": {}, "kv_transfer_params": {}, "vllm_xargs": {}, "request_id": "r1",
                 "reasoning_effort": "low", "structural_tag": "{}", "guided_whitespace_pattern": " ",
-                "guided_decoding_backend": "outlines", "return_token_ids": True}
+                "guided_decoding_backend": "outlines"}
 
 
 @pytest.mark.parametrize("name", sorted([*REFUSED, "guided_decoding_backend"]))
@@ -136,6 +136,47 @@ def test_return_tokens_as_token_ids(srv: RunningServer) -> None:
     lp = r.json()["choices"][0]["logprobs"]
     assert lp["tokens"] and all(t.startswith("token_id:") and t[9:].isdigit() for t in lp["tokens"])
     assert all(k.startswith("token_id:") for top in lp["top_logprobs"] for k in top)
+
+
+def _text_of(tok: Any, ids: list[int]) -> str:
+    """The text the server gives for these ids (special tokens skipped, a cut character's tail dropped)."""
+    return tok.decode(ids, skip_special_tokens=True).rstrip("\ufffd")
+
+
+@pytest.mark.parametrize("path,body", [("/v1/completions", {"prompt": ["hello there", "bye"], "n": 2}),
+                                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})],
+                         ids=["completion", "chat"])
+def test_return_token_ids_in_vllms_shape(srv: RunningServer, path: str, body: dict[str, Any]) -> None:
+    chat = "messages" in body
+    body = {"model": "tiny", "max_tokens": 5, "ignore_eos": True, "temperature": 0, "return_token_ids": True, **body}
+    full = httpx.post(srv.url + path, json=body, timeout=60).json()
+    choices = full["choices"]
+    assert all(len(c["token_ids"]) == 5 for c in choices)
+    assert full["usage"]["completion_tokens"] == 5 * len(choices)
+    tok = srv.engine.tokenizer
+    if chat:
+        assert len(full["prompt_token_ids"]) == full["usage"]["prompt_tokens"]
+        assert _text_of(tok, choices[0]["token_ids"]) == choices[0]["message"]["content"]
+    else:
+        want = [tok(p)["input_ids"] for p in body["prompt"]]
+        assert [c["prompt_token_ids"] for c in choices] == [want[c["index"] // 2] for c in choices]
+        assert [_text_of(tok, c["token_ids"]) for c in choices] == [c["text"] for c in choices]
+    # Streamed: prompt_token_ids once (chat: on the first chunk; completions: each choice's first chunk),
+    # token_ids per chunk, adding up to the same ids.
+    r = httpx.post(srv.url + path, json={**body, "stream": True}, timeout=60)
+    chunks = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
+    streamed: dict[int, list[int]] = {}
+    prompt_ids: dict[int, list[list[int]]] = {}
+    for ch in chunks:
+        for c in ch["choices"]:
+            streamed.setdefault(c["index"], []).extend(c["token_ids"])
+            if "prompt_token_ids" in c:
+                prompt_ids.setdefault(c["index"], []).append(c["prompt_token_ids"])
+    assert streamed == {c["index"]: c["token_ids"] for c in choices}
+    if chat:
+        assert [ch["prompt_token_ids"] for ch in chunks if "prompt_token_ids" in ch] == [full["prompt_token_ids"]]
+    else:
+        assert prompt_ids == {c["index"]: [c["prompt_token_ids"]] for c in choices}
 
 
 def test_continuous_usage_stats_puts_usage_in_every_chunk(srv: RunningServer) -> None:
@@ -233,7 +274,7 @@ _CASES: dict[str, tuple[str, Any, dict[str, Any]]] = {
     "request_id": (_R, "r1", {}),
     "logits_processors": (_R, ["my.Proc"], {}),
     "return_tokens_as_token_ids": (_H, True, {"logprobs": 1}),
-    "return_token_ids": (_R, True, {}),
+    "return_token_ids": (_H, True, {}),
     "cache_salt": (_H, "salt-1", {}),
     "kv_transfer_params": (_R, {"do_remote_prefill": True}, {}),
     "vllm_xargs": (_R, {"k": 1}, {}),

@@ -83,7 +83,7 @@ class _Common(BaseModel):
     guided_decoding_backend: str | None = None
     # vLLM's: logprob tokens as "token_id:{id}", for tokens that are not valid text on their own.
     return_tokens_as_token_ids: bool | None = None
-    # vLLM's (later releases): token ids alongside the text; refused (request_fields.REFUSED).
+    # vLLM's: the prompt's and each choice's token ids alongside the text (openai_format.ResponseMeta).
     return_token_ids: bool | None = None
     best_of: int | None = None
     # Refused unless neutral (request_fields.REFUSED): declared so they are never dropped silently.

@@ -26,8 +26,6 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "request_id": ((None,), "send it as the X-Request-Id header, which the access log records"),
     "reasoning_effort": ((None,), "reasoning effort is not passed to models here; use chat_template_kwargs"),
     "include_reasoning": ((None, True), "reasoning is not parsed out of the output, so it cannot be left out"),
-    "return_token_ids": ((None, False), "token ids are not added to responses; ask /tokenize for the text's ids, "
-                         "or logprobs with return_tokens_as_token_ids"),
 }
 
 # guided_decoding_backend: the one backend this server has, under the names vLLM gives it.

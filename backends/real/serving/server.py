@@ -304,7 +304,8 @@ async def _serve(state: ServingState, request: Request, req: CompletionRequest |
     meta = ResponseMeta(f"{prefix}-{_request_id(request)}", state.model_name, chat, req.include_usage,
                         req.return_metrics, logprobs=params[0].logprobs, token_text=token_text,
                         drop_output=drop_output, prompt_logprobs=req.prompt_logprobs,
-                        continuous_usage=req.continuous_usage)
+                        continuous_usage=req.continuous_usage,
+                        prompt_token_ids=[ids for ids, _ in prompts] if req.return_token_ids else None)
     streams: list[RequestStream] = []
     try:
         for k, ((ids, text), sp) in enumerate(zip(prompts, params)):
