@@ -1,9 +1,11 @@
 """Every field of vLLM's completion and chat request models is ours too: honoured, or refused naming it.
 
 The field names below are data, read from vLLM's request models in vllm/entrypoints/openai/protocol.py
-(vllm-project/vllm) at two commits: 0052bed36509c7a5a2d8e48265334e40cf2f5a0e (the v0.10 line's API: guided_*
-fields) and ec3b890c14b00f6670515d9df8d503b5270e95ca (a later main: structured_outputs and return_token_ids
-in, guided_* and chat's best_of out). vLLM cannot be installed here, so the lists are recorded, not imported.
+(vllm-project/vllm) at two commits of main: 0052bed36509c7a5a2d8e48265334e40cf2f5a0e (the v0.10-era API with
+guided_* fields; it holds PR #23126's openai>=1.100 import shim, merged 2025-08-18, and not PR #22587's
+return_token_ids) and ec3b890c14b00f6670515d9df8d503b5270e95ca (later: structured_outputs and return_token_ids
+in, guided_* and chat's best_of out). Neither commit could be matched to a release tag from here, and vLLM
+cannot be installed here, so the lists are recorded, not imported.
 test_every_vllm_field_is_honoured_or_refused sends each one through the API: there is no third, silent class.
 """
 
