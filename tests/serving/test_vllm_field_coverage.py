@@ -401,3 +401,16 @@ def test_every_vllm_field_is_honoured_or_refused(srv: RunningServer, endpoint: s
         rec.restore()
     assert silent == [], f"accepted and changed nothing: {silent}"
     assert wrong == []
+
+
+def test_an_unknown_field_is_ignored_with_a_warning_naming_it_once(srv: RunningServer,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    # Not a field of vLLM's nor ours: taken, as vLLM takes it, but never without a word (vLLM logs it too).
+    caplog.set_level(logging.WARNING, logger="twinserve.serve")
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 1, "frobnicate_walk_field": 1}
+    for _ in range(2):
+        r = httpx.post(srv.url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+    said = [x.getMessage() for x in caplog.records if x.name == "twinserve.serve" and "frobnicate_walk_field" in
+            x.getMessage()]
+    assert len(said) == 1 and "ignored" in said[0]  # once per field name, not once per request

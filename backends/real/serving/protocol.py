@@ -5,11 +5,13 @@ repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens,
 include_stop_str_in_output, allowed_token_ids, prompt_logprobs, priority, cache_salt,
 truncate_prompt_tokens; chat's echo, continue_final_message, add_generation_prompt) are
 implemented as vLLM defines them; those this server cannot honour (bad_words, use_beam_search, ...:
-see request_fields.py) are a 400 naming the field. Other unknown fields are ignored, as vLLM does.
+see request_fields.py) are a 400 naming the field. Other unknown fields are ignored, as vLLM does, with a
+warning naming them (once per name, so a client that always sends one does not flood the log).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -20,6 +22,12 @@ from twinserve.backends.real.serving.errors import APIError, bad_request
 from twinserve.backends.real.serving.request_fields import check_refused
 from twinserve.backends.real.serving.structured_fields import structured_spec
 
+
+logger = logging.getLogger("twinserve.serve")
+
+# Unknown field names already warned about (bounded: past this many, new names are no longer remembered).
+_WARNED_UNKNOWN: set[str] = set()
+_MAX_WARNED_UNKNOWN = 1024
 
 # Stop strings are searched in every step's new text: a bound keeps one request from slowing the others.
 MAX_STOP_STRINGS = 256
@@ -213,7 +221,19 @@ def parse_body(model: type[_Common], body: Any) -> Any:
     """Validate a decoded JSON body; a 400 naming the first bad field otherwise."""
     req = parse_model(model, body)
     _check_unsupported(req)
+    _warn_unknown(model, body)
     return req
+
+
+def _warn_unknown(model: type[BaseModel], body: dict[str, Any]) -> None:
+    """Log the body's fields this server does not know (ignored, as vLLM does; vLLM logs them too)."""
+    new = sorted(k for k in body if k not in model.model_fields and k not in _WARNED_UNKNOWN)
+    if not new:
+        return
+    if len(_WARNED_UNKNOWN) < _MAX_WARNED_UNKNOWN:
+        _WARNED_UNKNOWN.update(new[:_MAX_WARNED_UNKNOWN - len(_WARNED_UNKNOWN)])
+    shown = ", ".join(repr(k[:64]) for k in new[:8]) + (f" and {len(new) - 8} more" if len(new) > 8 else "")
+    logger.warning("request fields this server does not know were ignored: %s (said once per field name)", shown)
 
 
 def parse_model(model: type[BaseModel], body: Any) -> Any:
