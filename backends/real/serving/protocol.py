@@ -39,9 +39,9 @@ class StreamOptions(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     # True when the object is given without it, as vLLM has it (so {"continuous_usage_stats": true} alone works).
-    include_usage: bool = True
-    # vLLM's: every chunk carries the usage so far.
-    continuous_usage_stats: bool = False
+    include_usage: bool | None = True
+    # vLLM's: every chunk carries the usage so far. (null reads as false for both, as in vLLM.)
+    continuous_usage_stats: bool | None = False
 
 
 class _Common(BaseModel):
