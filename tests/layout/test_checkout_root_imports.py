@@ -7,9 +7,12 @@ the checkout first on sys.path. The Makefile's PYTHONSAFEPATH=1 hides this, so t
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,6 +37,16 @@ def test_the_offline_example_runs_from_the_checkout_root(tmp_path: Path) -> None
     r = _run(code)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split()[-1] == "3"
+
+
+@pytest.mark.slow
+def test_the_readme_offline_example_runs_verbatim_from_the_checkout_root() -> None:
+    # The README's own block, as a user pastes it into `python -c` in the checkout (SmolLM2 from its package).
+    readme = (ROOT / "README.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "LLM(model=" in b)
+    r = _run("import sys; assert sys.path[0] == '', sys.path[0]\n" + block)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Paris" in r.stdout, r.stdout[-2000:]
 
 
 def test_bare_kernels_is_the_installed_package_not_the_folder(tmp_path: Path) -> None:

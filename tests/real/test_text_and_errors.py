@@ -48,6 +48,24 @@ def test_a_cut_mid_character_leaves_no_replacement_character(make_llm) -> None:
     assert cuts_mid_char > 0  # the text does have cuts inside a character
 
 
+def test_max_tokens_cut_inside_a_character_ends_without_a_replacement_character(make_llm) -> None:
+    # Through the engine: allowed_token_ids forces a character's leading byte token, and max_tokens=1 ends
+    # the output before the character completes (a length finish, so the detokenizer's flush runs).
+    llm = make_llm()
+    tok = llm.get_tokenizer()
+    cuts = 0
+    for ch in "é日🙂":
+        first = tok(ch, add_special_tokens=False)["input_ids"][0]
+        if not tok.decode([first]).endswith("\ufffd"):
+            continue  # a whole character in one token: no cut inside it
+        cuts += 1
+        sp = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, allowed_token_ids=[first])
+        out = llm.generate([{"prompt_token_ids": [5, 6]}], sp, use_tqdm=False)[0].outputs[0]
+        assert out.token_ids == [first] and out.finish_reason == "length"
+        assert out.text == "", (ch, out.text)
+    assert cuts > 0
+
+
 def test_stop_string_trims_ends_request_and_frees_blocks(make_llm) -> None:
     llm = make_llm()
     engine = llm.llm_engine

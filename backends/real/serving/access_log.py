@@ -18,6 +18,8 @@ logger = logging.getLogger("twinserve.access")
 
 # An OpenAI error body is a few hundred bytes; never keep more of a failing response than this.
 _MAX_ERROR_BODY = 4096
+# The end user a request names (its body's `user`) is logged up to this many characters.
+_MAX_USER_CHARS = 256
 
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]],
                     Callable[[dict[str, Any]], Awaitable[None]]], Awaitable[None]]
@@ -104,11 +106,13 @@ class AccessLogMiddleware:
                 f"request_id={request_id}")
         if client_id:
             line += f" x_request_id={client_id}"
+        user = scope.get("state", {}).get("user")
+        if isinstance(user, str):  # quoted and cut, so a body's value cannot forge or flood the line
+            line += f" user={json.dumps(user[:_MAX_USER_CHARS])}"
         if status >= 400:
             line += f" error={json.dumps(error_message(error_body) if error_body else '')}"
-            logger.warning(line)
-        else:
-            logger.info(line)
+        # A client that hung up (499) is routine: an info line like a success, no warning.
+        logger.log(logging.WARNING if status >= 400 and status != 499 else logging.INFO, line)
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:

@@ -37,6 +37,14 @@ class ResponseMeta:
     prompt_logprobs: int | None = None
     # vLLM's stream_options.continuous_usage_stats: every chunk carries the usage so far.
     continuous_usage: bool = False
+    # vLLM's return_token_ids: each prompt's ids (chat: the response's prompt_token_ids; completions: each
+    # choice's, in a stream its first chunk) and each choice's generated ids (token_ids, per chunk when streamed).
+    prompt_token_ids: list[list[int]] | None = None
+
+    @property
+    def return_token_ids(self) -> bool:
+        """True when responses carry token ids."""
+        return self.prompt_token_ids is not None
 
     @property
     def wants_logprobs(self) -> bool:
@@ -133,11 +141,17 @@ def full_response(meta: ResponseMeta, outs: RequestOutput | list[RequestOutput],
                     choice["logprobs"] = lp
             if meta.prompt_logprobs is not None and not meta.chat:
                 choice["prompt_logprobs"] = _prompt_logprobs(meta, out)
+            if meta.return_token_ids:
+                choice["token_ids"] = [] if drop else list(c.token_ids)
+                if not meta.chat:
+                    choice["prompt_token_ids"] = list(out.prompt_token_ids)
             choices.append(choice)
     body: dict[str, Any] = {"id": meta.request_id, "object": meta.object, "created": meta.created,
                             "model": meta.model, "choices": choices, "usage": usage(outs, meta.drop_output)}
     if meta.prompt_logprobs is not None and meta.chat:
         body["prompt_logprobs"] = _prompt_logprobs(meta, outs[0])
+    if meta.return_token_ids and meta.chat:
+        body["prompt_token_ids"] = list(outs[0].prompt_token_ids)
     if meta.return_metrics:
         body["metrics"] = _metrics_field(outs)
     return body
@@ -225,17 +239,32 @@ async def stream_events(meta: ResponseMeta, streams: RequestStream | list[Reques
     streams = [streams] if not isinstance(streams, list) else streams
     last: dict[int, RequestOutput] = {}
     try:
+        prompt_ids_sent: set[int] = set()  # completions choices whose first chunk carried prompt_token_ids
+
+        def with_ids(chunk: dict[str, Any], token_ids: list[int] | None = None) -> dict[str, Any]:
+            if meta.prompt_token_ids is None:
+                return chunk
+            for ch in chunk["choices"]:
+                ch["token_ids"] = list(token_ids or [])
+                if not meta.chat and ch["index"] not in prompt_ids_sent:
+                    prompt_ids_sent.add(ch["index"])
+                    ch["prompt_token_ids"] = list(meta.prompt_token_ids[ch["index"] // n])
+            return chunk
+
         if meta.chat:
             for i in range(n):
-                yield sse(_chunk(meta, [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                         "logprobs": None, "finish_reason": None}]))
+                role = _chunk(meta, [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                      "logprobs": None, "finish_reason": None}])
+                if meta.prompt_token_ids is not None and i == 0:
+                    role["prompt_token_ids"] = list(meta.prompt_token_ids[0])
+                yield sse(with_ids(role))
         want_lp = meta.wants_logprobs
         builders: dict[int, CompletionLogprobs] = {}
         echoed: set[int] = set()
         if echo and (meta.chat or not want_lp):  # nothing to wait for: the prompts go out first
             for k, text in enumerate(echo):
                 for i in range(n):
-                    yield sse(_chunk(meta, [_delta_choice(meta, k * n + i, text, None, None)]))
+                    yield sse(with_ids(_chunk(meta, [_delta_choice(meta, k * n + i, text, None, None)])))
             echoed = set(range(len(echo)))
         finished: set[int] = set()
         total = n * len(streams)
@@ -245,8 +274,8 @@ async def stream_events(meta: ResponseMeta, streams: RequestStream | list[Reques
                 echoed.add(k)
                 for i in range(n):
                     b = builders[k * n + i] = CompletionLogprobs(meta.logprobs or 0, meta.token_text)
-                    yield sse(_chunk(meta, [_delta_choice(meta, k * n + i, echo[k], None, None,
-                                                          _echo_logprobs(b, out))]))
+                    yield sse(with_ids(_chunk(meta, [_delta_choice(meta, k * n + i, echo[k], None, None,
+                                                                   _echo_logprobs(b, out))])))
             for c in out.outputs:
                 index = k * n + c.index
                 if index in finished:
@@ -256,10 +285,12 @@ async def stream_events(meta: ResponseMeta, streams: RequestStream | list[Reques
                 if meta.drop_output:
                     if c.finish_reason is None:
                         continue
-                    text, records = "", []
+                    text, records, new_ids = "", [], []
                 else:
                     text, records = c.text_delta, (c.logprobs_delta or []) if want_lp else []
-                if not text and not records and c.finish_reason is None:
+                    new_ids = c.token_ids_delta if meta.return_token_ids else []
+                # (Tokens whose text is held back still go out when their ids are asked for.)
+                if not text and not records and not new_ids and c.finish_reason is None:
                     continue
                 if c.finish_reason is not None:
                     finished.add(index)
@@ -271,8 +302,9 @@ async def stream_events(meta: ResponseMeta, streams: RequestStream | list[Reques
                         b = builders.setdefault(index, CompletionLogprobs(meta.logprobs or 0, meta.token_text))
                         lp = b.build(records, [r.token_id for r in records])
                 finish = "length" if meta.drop_output and c.finish_reason is not None else c.finish_reason
-                chunk = _chunk(meta, [_delta_choice(meta, index, text, finish,
-                                                    None if meta.drop_output else c.stop_reason, lp)])
+                chunk = with_ids(_chunk(meta, [_delta_choice(meta, index, text, finish,
+                                                             None if meta.drop_output else c.stop_reason, lp)]),
+                                 new_ids)
                 if meta.continuous_usage:
                     chunk["usage"] = _running_usage(list(last.values()), meta.drop_output)
                 if meta.return_metrics and not meta.include_usage and len(finished) == total \

@@ -5,11 +5,13 @@ repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens,
 include_stop_str_in_output, allowed_token_ids, prompt_logprobs, priority, cache_salt,
 truncate_prompt_tokens; chat's echo, continue_final_message, add_generation_prompt) are
 implemented as vLLM defines them; those this server cannot honour (bad_words, use_beam_search, ...:
-see request_fields.py) are a 400 naming the field. Other unknown fields are ignored, as vLLM does.
+see request_fields.py) are a 400 naming the field. Other unknown fields are ignored, as vLLM does, with a
+warning naming them (once per name, so a client that always sends one does not flood the log).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -21,6 +23,12 @@ from twinserve.backends.real.serving.request_fields import check_refused
 from twinserve.backends.real.serving.structured_fields import structured_spec
 
 
+logger = logging.getLogger("twinserve.serve")
+
+# Unknown field names already warned about (bounded: past this many, new names are no longer remembered).
+_WARNED_UNKNOWN: set[str] = set()
+_MAX_WARNED_UNKNOWN = 1024
+
 # Stop strings are searched in every step's new text: a bound keeps one request from slowing the others.
 MAX_STOP_STRINGS = 256
 MAX_STOP_CHARS = 16_384
@@ -30,9 +38,10 @@ class StreamOptions(BaseModel):
     """stream_options: include_usage adds a final chunk carrying usage."""
 
     model_config = ConfigDict(extra="ignore")
-    include_usage: bool = False
-    # vLLM's: every chunk carries the usage so far.
-    continuous_usage_stats: bool = False
+    # True when the object is given without it, as vLLM has it (so {"continuous_usage_stats": true} alone works).
+    include_usage: bool | None = True
+    # vLLM's: every chunk carries the usage so far. (null reads as false for both, as in vLLM.)
+    continuous_usage_stats: bool | None = False
 
 
 class _Common(BaseModel):
@@ -49,6 +58,7 @@ class _Common(BaseModel):
     frequency_penalty: float | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # Written on the request's access-log line (OpenAI's end-user id, for abuse monitoring).
     user: str | None = None
     # vLLM's extras
     top_k: int | None = None
@@ -81,6 +91,8 @@ class _Common(BaseModel):
     guided_decoding_backend: str | None = None
     # vLLM's: logprob tokens as "token_id:{id}", for tokens that are not valid text on their own.
     return_tokens_as_token_ids: bool | None = None
+    # vLLM's: the prompt's and each choice's token ids alongside the text (openai_format.ResponseMeta).
+    return_token_ids: bool | None = None
     best_of: int | None = None
     # Refused unless neutral (request_fields.REFUSED): declared so they are never dropped silently.
     use_beam_search: bool = False
@@ -209,7 +221,19 @@ def parse_body(model: type[_Common], body: Any) -> Any:
     """Validate a decoded JSON body; a 400 naming the first bad field otherwise."""
     req = parse_model(model, body)
     _check_unsupported(req)
+    _warn_unknown(model, body)
     return req
+
+
+def _warn_unknown(model: type[BaseModel], body: dict[str, Any]) -> None:
+    """Log the body's fields this server does not know (ignored, as vLLM does; vLLM logs them too)."""
+    new = sorted(k for k in body if k not in model.model_fields and k not in _WARNED_UNKNOWN)
+    if not new:
+        return
+    if len(_WARNED_UNKNOWN) < _MAX_WARNED_UNKNOWN:
+        _WARNED_UNKNOWN.update(new[:_MAX_WARNED_UNKNOWN - len(_WARNED_UNKNOWN)])
+    shown = ", ".join(repr(k[:64]) for k in new[:8]) + (f" and {len(new) - 8} more" if len(new) > 8 else "")
+    logger.warning("request fields this server does not know were ignored: %s (said once per field name)", shown)
 
 
 def parse_model(model: type[BaseModel], body: Any) -> Any:

@@ -245,6 +245,8 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
             kw["chat_template"] = req.chat_template
         if req.documents is not None:
             kw["documents"] = req.documents
+        if req.tools:  # the template sees the tools whatever tool_choice is, as in vLLM
+            kw["tools"] = req.tools
         if req.continue_final_message:
             kw["continue_final_message"] = True
         kw["add_generation_prompt"] = req.add_generation_prompt
@@ -278,6 +280,8 @@ async def _serve(state: ServingState, request: Request, req: CompletionRequest |
                  echo: list[str] | None = None) -> Response:
     """Queue one engine request per prompt; answer with all their choices (prompt k's i-th at k * n + i)."""
     arrival = time.monotonic()
+    if req.user is not None:  # the access log names the end user (OpenAI's `user`)
+        request.state.user = req.user
     param = "messages" if chat else "prompt"
     # lm-eval's loglikelihood asks echo + logprobs with max_tokens=0: one token is computed (the
     # prompt's logprobs come with it) and none is returned.
@@ -300,7 +304,8 @@ async def _serve(state: ServingState, request: Request, req: CompletionRequest |
     meta = ResponseMeta(f"{prefix}-{_request_id(request)}", state.model_name, chat, req.include_usage,
                         req.return_metrics, logprobs=params[0].logprobs, token_text=token_text,
                         drop_output=drop_output, prompt_logprobs=req.prompt_logprobs,
-                        continuous_usage=req.continuous_usage)
+                        continuous_usage=req.continuous_usage,
+                        prompt_token_ids=[ids for ids, _ in prompts] if req.return_token_ids else None)
     streams: list[RequestStream] = []
     try:
         for k, ((ids, text), sp) in enumerate(zip(prompts, params)):
