@@ -1,0 +1,163 @@
+"""Large bodies never hold the event loop or the large-text tokenizer lane (issue 53 items 2-4).
+
+Each test puts a probe where the heavy work runs and asks whether it ran on the event loop
+thread (a running asyncio loop there means every other stream waits for it), or in what order
+the one large-text worker took its jobs. No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from twinserve.backends.real.serving import info_routes, protocol, request_body
+from twinserve.backends.real.serving.route_proxy import ProxyConfig, build_proxy_app
+from twinserve.core.routing import RouterConfig
+
+from .conftest import RunningServer, start_server
+
+# Bodies this large are past request_body.INLINE_PARSE_BYTES (64 KiB): their work must leave the loop.
+MANY_IDS = 50_000
+
+
+def _on_event_loop() -> bool:
+    """True when called on a thread that is running an asyncio loop (the server's event loop)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def srv(tiny_model_dir: Path) -> Iterator[RunningServer]:
+    """Where the front end runs its work does not depend on the core mode: one server in process."""
+    s = start_server(tiny_model_dir, engine_core_mode="inproc")
+    yield s
+    s.stop()
+
+
+def _big(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_big(v) for v in value.values())
+    return isinstance(value, list) and len(value) >= MANY_IDS
+
+
+def _recording(inner: Callable[..., Any], seen: list[bool]) -> Callable[..., Any]:
+    def probe(model: Any, body: Any, *a: Any, **kw: Any) -> Any:
+        if _big(body):
+            seen.append(_on_event_loop())
+        return inner(model, body, *a, **kw)
+    return probe
+
+
+def test_token_id_bodies_are_validated_off_the_event_loop(srv: RunningServer, monkeypatch) -> None:
+    """Item 4: a request model's validation of a long id list (0.1 s per 2M ids) runs on a worker thread."""
+    seen: list[bool] = []
+    monkeypatch.setattr(protocol, "parse_model", _recording(protocol.parse_model, seen))
+    monkeypatch.setattr(info_routes, "parse_model", _recording(info_routes.parse_model, seen))
+    ids = [5] * MANY_IDS
+    r = httpx.post(srv.url + "/detokenize", json={"model": "tiny", "tokens": ids}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt"]
+    r = httpx.post(srv.url + "/v1/completions", json={"model": "tiny", "prompt": ids, "max_tokens": 1}, timeout=60)
+    assert r.status_code == 400, r.text  # over max_model_len: refused, after validation
+    assert r.json()["error"]["param"] == "prompt"
+    assert seen == [False, False]  # both validated, neither on the loop
+
+
+def test_a_long_detokenized_text_is_rendered_off_the_event_loop(srv: RunningServer, monkeypatch) -> None:
+    """Item 4: /detokenize's answer (megabytes for 2M ids) is serialized on the worker that decoded it."""
+    from fastapi.responses import JSONResponse
+
+    seen: list[bool] = []
+    inner = JSONResponse.render
+
+    def render(self: Any, content: Any) -> bytes:
+        if isinstance(content, dict) and len(content.get("prompt") or "") >= MANY_IDS:
+            seen.append(_on_event_loop())
+        return inner(self, content)
+
+    monkeypatch.setattr(JSONResponse, "render", render)
+    r = httpx.post(srv.url + "/detokenize", json={"model": "tiny", "tokens": [5] * MANY_IDS}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt"] == srv.engine.tokenizer.decode([5] * MANY_IDS)
+    assert seen == [False]
+
+
+def test_a_batch_leaves_the_large_text_lane_to_other_requests_between_its_prompts(
+        srv: RunningServer, monkeypatch) -> None:
+    """Item 3: a batch's prompts are separate jobs on the one large-text worker, so a request that
+    arrives while the batch's first prompt is being tokenized is served before the batch's second."""
+    pool = srv.state.tokenizers
+    monkeypatch.setattr(pool, "large_job_chars", 64)  # these prompts all go to the large-text worker
+    batch = [f"{word} " * 20 for word in ("alpha", "bravo", "charlie")]
+    single = "delta " * 20
+    order: list[str] = []
+    single_queued = threading.Event()
+    inner_run, inner_encode = pool.run, pool.encode
+
+    async def run(size: int, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        if order:  # the batch's first prompt holds the worker: a job handed over now is the single's
+            single_queued.set()  # set on the loop just before the job goes to the worker
+        return await inner_run(size, fn, *args, **kw)
+
+    def encode(tok: Any, text: str, *args: Any, **kw: Any) -> Any:
+        order.append(text)
+        if text == batch[0]:  # hold the worker until the other request has queued its job
+            assert single_queued.wait(30), "the single request never reached the tokenizer"
+        return inner_encode(tok, text, *args, **kw)
+
+    monkeypatch.setattr(pool, "run", run)
+    monkeypatch.setattr(pool, "encode", encode)
+    replies: dict[str, httpx.Response] = {}
+
+    def post(name: str, prompt: Any) -> None:
+        replies[name] = httpx.post(srv.url + "/v1/completions",
+                                   json={"model": "tiny", "prompt": prompt, "max_tokens": 1}, timeout=60)
+
+    t = threading.Thread(target=post, args=("batch", batch))
+    t.start()
+    for _ in range(3000):
+        if order:
+            break
+        threading.Event().wait(0.01)
+    assert order == [batch[0]]
+    post("single", single)
+    t.join(60)
+    assert replies["batch"].status_code == 200, replies["batch"].text
+    assert replies["single"].status_code == 200, replies["single"].text
+    assert order == [batch[0], single, batch[1], batch[2]]
+
+
+def test_the_router_parses_a_large_body_with_the_servers_decoder_off_its_event_loop(monkeypatch) -> None:
+    """Item 2: the router decodes bodies as the server does (request_body.decode_json, its depth and
+    surrogate checks included), on a worker thread once they are large."""
+    seen: list[bool] = []
+    inner = request_body.decode_json
+
+    def probe(raw: bytes) -> Any:
+        if len(raw) > request_body.INLINE_PARSE_BYTES:
+            seen.append(_on_event_loop())
+        return inner(raw)
+
+    monkeypatch.setattr(request_body, "decode_json", probe)
+    with socket.socket() as s:  # a replica nobody listens on: the request fails after it is parsed
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    app = build_proxy_app(ProxyConfig([dead], RouterConfig("prefix_affinity"), health_interval_s=60))
+    body = json.dumps({"model": "tiny", "prompt": "fox " * 40_000, "max_tokens": 1})
+    with TestClient(app) as client:
+        r = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 503, r.text  # parsed, routed, no replica reachable
+        r = client.post("/v1/completions", content=b"[" * 100_000, headers={"content-type": "application/json"})
+        assert r.status_code == 503, r.text  # too deep for the decoder: routed without keys, not a crash
+    assert seen == [False, False]
