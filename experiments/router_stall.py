@@ -52,7 +52,9 @@ ROUTER = r'''
 import importlib.util, sys, uvicorn
 spec = importlib.util.spec_from_file_location("router_under_test", sys.argv[2])
 mod = importlib.util.module_from_spec(spec); sys.modules[spec.name] = mod; spec.loader.exec_module(mod)
-app = mod.build_proxy_app(mod.ProxyConfig([sys.argv[3]], sys.argv[4], health_interval_s=0.5))
+# ProxyConfig takes a RouterConfig since the routers' options; older revisions took the policy's name.
+router = mod.RouterConfig(sys.argv[4]) if hasattr(mod, "RouterConfig") else sys.argv[4]
+app = mod.build_proxy_app(mod.ProxyConfig([sys.argv[3]], router, health_interval_s=0.5))
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="error")
 '''
 

@@ -51,27 +51,47 @@ def _big(value: Any) -> bool:
     return isinstance(value, list) and len(value) >= MANY_IDS
 
 
-def _recording(inner: Callable[..., Any], seen: list[bool]) -> Callable[..., Any]:
+def _recording(inner: Callable[..., Any], seen: list[tuple[bool, bool]]) -> Callable[..., Any]:
     def probe(model: Any, body: Any, *a: Any, **kw: Any) -> Any:
-        if _big(body):
-            seen.append(_on_event_loop())
+        if isinstance(body, dict) and body.get("model") == "tiny-probe":
+            seen.append((_on_event_loop(), _big(body)))  # (on the loop?, handed the whole id list?)
         return inner(model, body, *a, **kw)
     return probe
 
 
 def test_token_id_bodies_are_validated_off_the_event_loop(srv: RunningServer, monkeypatch) -> None:
-    """Item 4: a request model's validation of a long id list (0.1 s per 2M ids) runs on a worker thread."""
-    seen: list[bool] = []
+    """Item 4: a request model's validation runs on a worker thread, and never walks a long token-id list
+    (pydantic holds the GIL for its whole call: 0.1 s per 2M ids, which a worker thread does not hide)."""
+    seen: list[tuple[bool, bool]] = []
     monkeypatch.setattr(protocol, "parse_model", _recording(protocol.parse_model, seen))
     monkeypatch.setattr(info_routes, "parse_model", _recording(info_routes.parse_model, seen))
-    ids = [5] * MANY_IDS
-    r = httpx.post(srv.url + "/detokenize", json={"model": "tiny", "tokens": ids}, timeout=60)
-    assert r.status_code == 200, r.text
-    assert r.json()["prompt"]
-    r = httpx.post(srv.url + "/v1/completions", json={"model": "tiny", "prompt": ids, "max_tokens": 1}, timeout=60)
-    assert r.status_code == 400, r.text  # over max_model_len: refused, after validation
-    assert r.json()["error"]["param"] == "prompt"
-    assert seen == [False, False]  # both validated, neither on the loop
+    srv.state.accepted_names.add("tiny-probe")
+    try:
+        ids = [5] * MANY_IDS
+        r = httpx.post(srv.url + "/detokenize", json={"model": "tiny-probe", "tokens": ids}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["prompt"] == srv.engine.tokenizer.decode(ids)  # every id reached the decoder
+        r = httpx.post(srv.url + "/v1/completions", json={"model": "tiny-probe", "prompt": ids, "max_tokens": 1},
+                       timeout=60)
+        assert r.status_code == 400, r.text  # over max_model_len: refused, after validation
+        assert r.json()["error"]["param"] == "prompt"
+        assert f"has {MANY_IDS} tokens" in r.json()["error"]["message"]  # counted whole, not the validator's view
+        # A long id list that fits once truncated: the engine gets the list's real tail.
+        tail = [7, 8, 9, 10, 11, 12]
+        body = {"model": "tiny-probe", "max_tokens": 4, "temperature": 0.0, "ignore_eos": True}
+        r = httpx.post(srv.url + "/v1/completions", json={**body, "prompt": ids + tail,
+                                                          "truncate_prompt_tokens": len(tail)}, timeout=60)
+        short = httpx.post(srv.url + "/v1/completions", json={**body, "prompt": tail}, timeout=60)
+        assert r.status_code == 200 and short.status_code == 200, (r.text, short.text)
+        assert r.json()["choices"][0]["text"] == short.json()["choices"][0]["text"]
+        assert r.json()["usage"]["prompt_tokens"] == len(tail)
+        bad = httpx.post(srv.url + "/detokenize", json={"model": "tiny-probe", "tokens": ids + [-1]}, timeout=60)
+        assert bad.status_code == 400 and "outside the vocabulary" in bad.json()["error"]["message"]
+    finally:
+        srv.state.accepted_names.discard("tiny-probe")
+    assert len(seen) == 5
+    assert [seen[i][0] for i in (0, 1, 2, 4)] == [False] * 4  # the long bodies: off the loop
+    assert not any(whole for _, whole in seen)  # and no validator walked their ids
 
 
 def test_a_long_detokenized_text_is_rendered_off_the_event_loop(srv: RunningServer, monkeypatch) -> None:
@@ -139,17 +159,17 @@ def test_a_batch_leaves_the_large_text_lane_to_other_requests_between_its_prompt
 
 
 def test_the_router_parses_a_large_body_with_the_servers_decoder_off_its_event_loop(monkeypatch) -> None:
-    """Item 2: the router decodes bodies as the server does (request_body.decode_json, its depth and
-    surrogate checks included), on a worker thread once they are large."""
+    """Item 2: the router decodes bodies as the server does (request_body's decoder, its depth and
+    surrogate checks and sliced id arrays included), on a worker thread once they are large."""
     seen: list[bool] = []
-    inner = request_body.decode_json
+    inner = request_body._decode
 
     def probe(raw: bytes) -> Any:
         if len(raw) > request_body.INLINE_PARSE_BYTES:
             seen.append(_on_event_loop())
         return inner(raw)
 
-    monkeypatch.setattr(request_body, "decode_json", probe)
+    monkeypatch.setattr(request_body, "_decode", probe, raising=False)  # main: the router had its own parse
     with socket.socket() as s:  # a replica nobody listens on: the request fails after it is parsed
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
@@ -161,3 +181,63 @@ def test_the_router_parses_a_large_body_with_the_servers_decoder_off_its_event_l
         r = client.post("/v1/completions", content=b"[" * 100_000, headers={"content-type": "application/json"})
         assert r.status_code == 503, r.text  # too deep for the decoder: routed without keys, not a crash
     assert seen == [False, False]
+
+
+class _CountingJson:
+    """Stands in for the json module inside request_body: records the size of every loads() input."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def loads(self, raw: Any, **kw: Any) -> Any:
+        self.sizes.append(len(raw))
+        return json.loads(raw, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(json, name)
+
+
+IDS = list(range(-3, 120_000))
+WELL_FORMED = [
+    {"model": "m", "prompt": IDS},
+    {"prompt": [IDS, [1, 2, 3], IDS[:5000]], "user": "[1, 2, 3]"},
+    {"tokens": IDS, "nested": {"deeper": [0, IDS, "x"]}},
+    [IDS],
+    {"prompt": "[" + ",".join(map(str, IDS[:20_000])) + "]"},  # an id array inside a string stays a string
+    {"prompt": [IDS[:3000]] * 40, "stop": ["]", "["]},
+]
+
+
+@pytest.mark.parametrize("sep", [(",", ":"), (", ", ": ")])
+@pytest.mark.parametrize("body", range(len(WELL_FORMED)))
+def test_long_id_arrays_decode_as_json_loads_does_a_slice_at_a_time(body: int, sep: tuple[str, str],
+                                                                    monkeypatch) -> None:
+    """Item 4: json.loads holds the GIL for its whole call (0.3 s per 10 MB of ids), so a long integer array
+    is decoded in slices: the same value as one json.loads, and no decoder call handed the whole array."""
+    raw = json.dumps(WELL_FORMED[body], separators=sep).encode()
+    counting = _CountingJson()
+    monkeypatch.setattr(request_body, "json", counting)
+    assert request_body.decode_json(raw) == json.loads(raw)
+    if body != 4:  # the string one falls back to one whole parse, which is right for it
+        assert max(counting.sizes) < len(raw) // 4  # slices (64 KiB) and the rest, never the whole array
+
+
+MALFORMED = [
+    b'{"p": [' + b",".join([b"1"] * 40_000) + b",]}",  # trailing comma
+    b'{"p": [' + b",".join([b"1"] * 40_000) + b",,2]}",
+    b'{"p": [' + b",".join([b"01"] * 40_000) + b"]}",  # leading zeros
+    b'{"p": [' + b" ".join([b"1"] * 40_000) + b"]}",  # no commas
+    b'{"p": [' + b",".join([b"1"] * 40_000) + b"] x",
+    b'{"p": [' + b",".join([b"1"] * 40_000),  # never closed
+    b'{"p": [' + b",".join([b"-"] * 40_000) + b"]}",
+]
+
+
+@pytest.mark.parametrize("raw", MALFORMED, ids=range(len(MALFORMED)))
+def test_a_malformed_long_id_array_is_the_400_json_loads_would_give(raw: bytes) -> None:
+    with pytest.raises(ValueError) as plain:
+        json.loads(raw)
+    with pytest.raises(request_body.APIError) as err:
+        request_body.decode_json(raw)
+    assert err.value.status == 400
+    assert str(plain.value) in err.value.body()["error"]["message"]

@@ -92,7 +92,7 @@ def add_info_routes(app: FastAPI, state: Any, read_json: Any) -> None:
         state.check_auth(request)
         # Validated off the loop when large, as the ids are checked, decoded and the answer serialized:
         # 2M ids are ~0.1 s of validation and megabytes of text, and no stream waits for them.
-        req = await read_json(request, partial(parse_model, DetokenizeRequest))
+        req = await read_json(request, partial(parse_model, DetokenizeRequest), ("tokens",))
         state.check_model(req.model)
         ids, vocab = req.tokens, engine.vocab_size
 

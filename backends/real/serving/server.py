@@ -122,10 +122,12 @@ class ServingState:
             raise bad_request(f"n={n} is above this server's limit of {self.config.max_n} (--max-n)", "n",
                               "invalid_value")
 
-    async def read_json(self, request: Request, then: Callable[[Any], Any] | None = None) -> Any:
+    async def read_json(self, request: Request, then: Callable[[Any], Any] | None = None,
+                        ids_fields: tuple[str, ...] = ()) -> Any:
         """The request's JSON body: size-limited, checked, then passed through `then` (the request model's
-        validation); decoding and validation both off the loop when the body is large."""
-        return await parse_json(await read_body(request, self.config.max_request_body_bytes), then)
+        validation); decoding and validation both off the loop when the body is large, and long token-id
+        lists in `ids_fields` never walked by the validator (see request_body.parse_json)."""
+        return await parse_json(await read_body(request, self.config.max_request_body_bytes), then, ids_fields)
 
     @property
     def model_name(self) -> str:
@@ -208,7 +210,8 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
     @app.post("/v1/completions", responses=generation_responses, openapi_extra=bodies.body(CompletionRequest))
     async def completions(request: Request) -> Response:
         state.check_auth(request)
-        req: CompletionRequest = await state.read_json(request, partial(parse_body, CompletionRequest))
+        # The prompt's ids are checked by prompt_ids below (the length first, in O(1)).
+        req: CompletionRequest = await state.read_json(request, partial(parse_body, CompletionRequest), ("prompt",))
         state.check_model(req.model)
         state.check_n(req.n)
         truncate = truncation(state, req.truncate_prompt_tokens)
