@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from twinserve.backends.real.serving.errors import bad_request
 from twinserve.backends.real.serving.protocol import ChatMessage, messages_as_dicts, parse_model
+from twinserve.backends.real.serving.tokenize_pool import decode_ids
 
 
 class TokenizeCompletionRequest(BaseModel):
@@ -101,7 +102,7 @@ def add_info_routes(app: FastAPI, state: Any, read_json: Any) -> None:
             if bad is not None:
                 raise bad_request(f"token id {bad} is outside the vocabulary [0, {vocab})", "tokens",
                                   "invalid_value")
-            return JSONResponse({"prompt": tok.decode(ids)})  # the body is rendered here, not on the loop
+            return JSONResponse({"prompt": decode_ids(tok, ids)})  # the body is rendered here, not on the loop
 
         return await state.tokenizers.run(len(ids), checked_decode)
 
