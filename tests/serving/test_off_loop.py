@@ -1,7 +1,9 @@
 """Large bodies never hold the event loop or the large-text tokenizer lane (issue 53 items 2-4).
 
 Each test puts a probe where the heavy work runs and asks whether it ran on the event loop
-thread (a running asyncio loop there means every other stream waits for it), or in what order
+thread (a running asyncio loop there means every other stream waits for it), whether a call that
+keeps the GIL to its end (json.loads, pydantic's validation, the tokenizer backend's decode) was
+handed a whole long id list (a worker thread does not hide that from the loop), or in what order
 the one large-text worker took its jobs. No timing is asserted.
 """
 
