@@ -3,9 +3,10 @@
 A fake replica (no model: it streams a chunk every 5 ms) runs in one process, the router in another,
 this script is the client. A stream is read through the router while a large body is posted; the
 figure is the stream's longest gap between chunks over its longest gap with no large body (1.0: no
-stall). --baseline REV runs the router of that git revision too, in the same run, for a before/after.
+stall). --baseline REV (repeatable) runs the router of that git revision too, in the same run, the routers
+taken in turn for each body, --rounds times (medians printed), for a before/after.
 
-    taskset -c 1 python experiments/router_stall.py --baseline HEAD~1
+    taskset -c 1 python experiments/router_stall.py --baseline main
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import importlib.util
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,7 +54,9 @@ ROUTER = r'''
 import importlib.util, sys, uvicorn
 spec = importlib.util.spec_from_file_location("router_under_test", sys.argv[2])
 mod = importlib.util.module_from_spec(spec); sys.modules[spec.name] = mod; spec.loader.exec_module(mod)
-app = mod.build_proxy_app(mod.ProxyConfig([sys.argv[3]], sys.argv[4], health_interval_s=0.5))
+# ProxyConfig takes a RouterConfig since the routers' options; older revisions took the policy's name.
+router = mod.RouterConfig(sys.argv[4]) if hasattr(mod, "RouterConfig") else sys.argv[4]
+app = mod.build_proxy_app(mod.ProxyConfig([sys.argv[3]], router, health_interval_s=0.5))
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="error")
 '''
 
@@ -105,50 +109,63 @@ def _stream_gap(url: str, during: bytes | None) -> tuple[float, float]:
     return max(gaps[1:]), took
 
 
-def measure(router_file: Path, label: str, sizes_mb: list[int], policy: str) -> None:
-    """Start replica + router, print the gap ratios for each body size."""
-    rep_port, rt_port = _port(), _port()
-    rep = subprocess.Popen([sys.executable, "-c", REPLICA, str(rep_port), "400"])
-    rt = subprocess.Popen([sys.executable, "-c", ROUTER, str(rt_port), str(router_file),
-                           f"http://127.0.0.1:{rep_port}", policy], cwd=tempfile.gettempdir())
+def measure(routers: list[tuple[str, Path]], sizes_mb: list[int], policy: str, rounds: int) -> None:
+    """Start a replica and a router per revision, then take the routers in turn for each body size,
+    `rounds` times; print the median gap ratios."""
+    procs = []
+    urls = []
     try:
-        _wait(f"http://127.0.0.1:{rep_port}/health")
-        url = f"http://127.0.0.1:{rt_port}"
-        _wait(url + "/health")
-        idle, _ = _stream_gap(url, None)
-        print(f"{label}, {policy}: idle longest gap {idle * 1e3:.1f} ms")
-        for mb in sizes_mb:
-            # A completions body whose prompt is token ids: parsing it is the router's work.
-            ids = ",".join(["12345"] * (mb * 1_000_000 // 6))
-            body = ('{"model": "m", "prompt": [' + ids + '], "max_tokens": 1}').encode()
-            gap, _ = _stream_gap(url, body)
-            print(f"    {mb} MB body: longest gap {gap * 1e3:.0f} ms = {gap / idle:.1f}x idle")
+        for _label, router_file in routers:
+            rep_port, rt_port = _port(), _port()
+            procs.append(subprocess.Popen([sys.executable, "-c", REPLICA, str(rep_port), "400"]))
+            procs.append(subprocess.Popen([sys.executable, "-c", ROUTER, str(rt_port), str(router_file),
+                                           f"http://127.0.0.1:{rep_port}", policy], cwd=tempfile.gettempdir()))
+            _wait(f"http://127.0.0.1:{rep_port}/health")
+            urls.append(f"http://127.0.0.1:{rt_port}")
+            _wait(urls[-1] + "/health")
+        # A completions body whose prompt is token ids: parsing it is the router's work.
+        bodies = {mb: ('{"model": "m", "prompt": [' + ",".join(["12345"] * (mb * 1_000_000 // 6))
+                       + '], "max_tokens": 1}').encode() for mb in sizes_mb}
+        gaps: dict[tuple[int, int | None], list[float]] = {}
+        for _ in range(rounds):
+            for mb in [None, *sizes_mb]:
+                for k, url in enumerate(urls):
+                    gaps.setdefault((k, mb), []).append(_stream_gap(url, bodies.get(mb))[0])
+        for k, (label, _file) in enumerate(routers):
+            idle = statistics.median(gaps[(k, None)])
+            print(f"{label}, {policy}: idle longest gap {idle * 1e3:.1f} ms (median of {rounds})")
+            for mb in sizes_mb:
+                gap = statistics.median(gaps[(k, mb)])
+                print(f"    {mb} MB body: longest gap {gap * 1e3:.0f} ms = {gap / idle:.1f}x idle")
     finally:
-        rt.terminate()
-        rep.terminate()
-        rt.wait()
-        rep.wait()
+        for p in procs:
+            p.terminate()
+            p.wait()
 
 
 def main() -> None:
-    """Parse flags, measure the current router and optionally a baseline revision's."""
+    """Parse flags, measure the current router and the baseline revisions' in turn."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--baseline", default=None, help="a git revision whose router is measured too")
+    ap.add_argument("--baseline", action="append", default=[],
+                    help="a git revision whose router is measured too (repeatable)")
     ap.add_argument("--sizes-mb", default="10,60")
     ap.add_argument("--policies", default="round_robin,prefix_affinity")
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes_mb.split(",")]
     print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")
     rel = "backends/real/serving/route_proxy.py"
-    if args.baseline:
-        src = subprocess.run(["git", "show", f"{args.baseline}:{rel}"], cwd=ROOT, check=True,
+    routers = []
+    for rev in args.baseline:
+        src = subprocess.run(["git", "show", f"{rev}:{rel}"], cwd=ROOT, check=True,
                              capture_output=True, text=True).stdout
         with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
             f.write(src)
-        for policy in args.policies.split(","):
-            measure(Path(f.name), f"baseline {args.baseline}", sizes, policy)
+        routers.append((f"baseline {rev}", Path(f.name)))
+    routers.append(("working tree", ROOT / rel))
     for policy in args.policies.split(","):
-        measure(ROOT / rel, "working tree", sizes, policy)
+        measure(routers, sizes, policy, args.rounds)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":

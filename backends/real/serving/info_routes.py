@@ -9,6 +9,7 @@ max_model_len is a 400 before it is tokenized whole (counting it would hold a wo
 
 from __future__ import annotations
 
+from functools import partial
 from importlib import metadata
 from typing import Any
 
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from twinserve.backends.real.serving.errors import bad_request
 from twinserve.backends.real.serving.protocol import ChatMessage, messages_as_dicts, parse_model
+from twinserve.backends.real.serving.tokenize_pool import decode_ids
 
 
 class TokenizeCompletionRequest(BaseModel):
@@ -51,6 +53,13 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
+def _tokenize_request(body: Any) -> TokenizeCompletionRequest | TokenizeChatRequest:
+    """A /tokenize body as its request model: chat-style when it has messages."""
+    if isinstance(body, dict) and "messages" in body:
+        return parse_model(TokenizeChatRequest, body)
+    return parse_model(TokenizeCompletionRequest, body)
+
+
 def add_info_routes(app: FastAPI, state: Any, read_json: Any) -> None:
     """Register /tokenize, /detokenize, /version and /ping on `app`."""
     __version__ = metadata.version("twinserve")
@@ -59,9 +68,8 @@ def add_info_routes(app: FastAPI, state: Any, read_json: Any) -> None:
     @app.post("/tokenize")
     async def tokenize(request: Request) -> JSONResponse:
         state.check_auth(request)
-        body = await read_json(request)
-        if isinstance(body, dict) and "messages" in body:
-            req: Any = parse_model(TokenizeChatRequest, body)
+        req: Any = await read_json(request, _tokenize_request)
+        if isinstance(req, TokenizeChatRequest):
             if req.add_generation_prompt and req.continue_final_message:
                 raise bad_request("add_generation_prompt and continue_final_message cannot both be true",
                                   "continue_final_message", "invalid_value")
@@ -72,7 +80,6 @@ def add_info_routes(app: FastAPI, state: Any, read_json: Any) -> None:
             kwargs["add_generation_prompt"] = req.add_generation_prompt
             ids, _ = await state.chat_ids(messages_as_dicts(req.messages), kwargs, req.add_special_tokens)
         else:
-            req = parse_model(TokenizeCompletionRequest, body)
             state.check_model(req.model)
             ids = await state.encode(req.prompt, req.add_special_tokens)
         strs = None
@@ -84,18 +91,20 @@ def add_info_routes(app: FastAPI, state: Any, read_json: Any) -> None:
     @app.post("/detokenize")
     async def detokenize(request: Request) -> JSONResponse:
         state.check_auth(request)
-        req = parse_model(DetokenizeRequest, await read_json(request))
+        # Validated off the loop when large, as the ids are checked, decoded and the answer serialized:
+        # 2M ids are ~0.1 s of validation and megabytes of text, and no stream waits for them.
+        req = await read_json(request, partial(parse_model, DetokenizeRequest), ("tokens",))
         state.check_model(req.model)
         ids, vocab = req.tokens, engine.vocab_size
 
-        def checked_decode(tok: Any) -> str:  # on a tokenizer worker: 2M ids never stall the loop
+        def checked_decode(tok: Any) -> JSONResponse:  # on a tokenizer worker
             bad = next((t for t in ids if not 0 <= t < vocab), None)
             if bad is not None:
                 raise bad_request(f"token id {bad} is outside the vocabulary [0, {vocab})", "tokens",
                                   "invalid_value")
-            return tok.decode(ids)
+            return JSONResponse({"prompt": decode_ids(tok, ids)})  # the body is rendered here, not on the loop
 
-        return JSONResponse({"prompt": await state.tokenizers.run(len(ids), checked_decode)})
+        return await state.tokenizers.run(len(ids), checked_decode)
 
     @app.get("/version")
     async def version() -> JSONResponse:

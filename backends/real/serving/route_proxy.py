@@ -32,7 +32,7 @@ from twinserve.core.routing import (NoReplicaAvailableError, ReplicaLoad, RouteR
                                     prefix_keys_needed,
                                     text_prefix_keys)
 from twinserve.backends.real.serving.errors import APIError
-from twinserve.backends.real.serving.request_body import DEFAULT_MAX_BODY_BYTES, INLINE_PARSE_BYTES, read_body
+from twinserve.backends.real.serving.request_body import DEFAULT_MAX_BODY_BYTES, parse_json, read_body
 from twinserve.backends.real.serving.route_metrics import ProxyMetrics, merge_replica_metrics
 
 KV_USAGE = re.compile(rb"kv_cache_usage_perc(?:\{[^}]*\})?\s+([0-9.eE+-]+)")
@@ -111,13 +111,17 @@ def _prompt_text(body: dict[str, Any]) -> str:
     return prompt[:_MAX_KEY_CHARS] if isinstance(prompt, str) else ""
 
 
-def _routing_body(raw: bytes) -> dict[str, Any]:
-    """The JSON body as far as routing needs it ({} when it is not an object: the replica answers the 400)."""
-    try:
-        body = json.loads(raw) if raw else {}
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-        return {}
+def _as_object(body: Any) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
+
+
+async def _routing_body(raw: bytes) -> dict[str, Any]:
+    """The JSON body as far as routing needs it, read by the server's own parser (its checks, and off the
+    loop when large); {} when it is not a JSON object: the replica answers that request's 400 itself."""
+    try:
+        return await parse_json(raw, _as_object)
+    except APIError:
+        return {}
 
 
 def _affinity_keys(body: dict[str, Any], chunk_chars: int, max_blocks: int) -> tuple[int, ...]:
@@ -233,8 +237,7 @@ class RouteProxy:
         body: dict[str, Any] = {}
         if self._reads_body:  # round robin and least loaded never look inside: no parse at all
             # Large bodies are parsed on a worker thread: the loop keeps relaying every other stream.
-            body = (await asyncio.to_thread(_routing_body, raw) if len(raw) > INLINE_PARSE_BYTES
-                    else _routing_body(raw))
+            body = await _routing_body(raw)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         tried: set[int] = set()
         while True:

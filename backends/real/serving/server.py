@@ -9,7 +9,8 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from functools import partial
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -121,9 +122,12 @@ class ServingState:
             raise bad_request(f"n={n} is above this server's limit of {self.config.max_n} (--max-n)", "n",
                               "invalid_value")
 
-    async def read_json(self, request: Request) -> Any:
-        """The request's JSON body: size-limited, parsed off the loop when large, checked."""
-        return await parse_json(await read_body(request, self.config.max_request_body_bytes))
+    async def read_json(self, request: Request, then: Callable[[Any], Any] | None = None,
+                        ids_fields: tuple[str, ...] = ()) -> Any:
+        """The request's JSON body: size-limited, checked, then passed through `then` (the request model's
+        validation); decoding and validation both off the loop when the body is large, and long token-id
+        lists in `ids_fields` never walked by the validator (see request_body.parse_json)."""
+        return await parse_json(await read_body(request, self.config.max_request_body_bytes), then, ids_fields)
 
     @property
     def model_name(self) -> str:
@@ -206,7 +210,8 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
     @app.post("/v1/completions", responses=generation_responses, openapi_extra=bodies.body(CompletionRequest))
     async def completions(request: Request) -> Response:
         state.check_auth(request)
-        req: CompletionRequest = parse_body(CompletionRequest, await state.read_json(request))
+        # The prompt's ids are checked by prompt_ids below (the length first, in O(1)).
+        req: CompletionRequest = await state.read_json(request, partial(parse_body, CompletionRequest), ("prompt",))
         state.check_model(req.model)
         state.check_n(req.n)
         truncate = truncation(state, req.truncate_prompt_tokens)
@@ -236,7 +241,7 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
               openapi_extra=bodies.body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         state.check_auth(request)
-        req: ChatCompletionRequest = parse_body(ChatCompletionRequest, await state.read_json(request))
+        req: ChatCompletionRequest = await state.read_json(request, partial(parse_body, ChatCompletionRequest))
         state.check_model(req.model)
         state.check_n(req.n)
         messages = req.message_dicts()
