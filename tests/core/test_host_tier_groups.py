@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from twinserve.core import SchedulerConfig
 from twinserve.core.fake_executor import ContractViolation, FakeExecutor
 from twinserve.core.kv.block_pool import OUT_OF_WINDOW
+from twinserve.core.kv.hashing import xxhash64
 from twinserve.core.kv.host_tier import HostTier
 from twinserve.core.kv.kv_cache_manager import KVCacheManager
 from twinserve.core.kv.tier_tables import HOST_HIT, TierTables
@@ -233,7 +234,7 @@ def _group_colliding_hash(parent, tokens, extra):
     classes, so a group's device blocks and host entries of different prefixes collide often."""
     if extra and extra[0] == "kv_group":
         return (parent or 0) % 7 + 1000 * (extra[1] + 1)
-    return hash((parent, tuple(tokens), extra))
+    return xxhash64(parent, tokens, extra)
 
 
 @pytest.mark.parametrize("layout", [((0, 3), 0), ((0, 0, 5), 0), ((0, 6), 0)])

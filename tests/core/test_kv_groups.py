@@ -17,6 +17,7 @@ from twinserve.core.errors import InvalidConfigError
 from twinserve.core.fake_executor import ContractViolation, FakeExecutor
 from twinserve.core.kv import KVCacheManager
 from twinserve.core.kv.groups import group_windows, kv_cache_groups, layer_slots
+from twinserve.core.kv.hashing import xxhash64
 from twinserve.core.kv.kv_cache_manager import OUT_OF_WINDOW
 from twinserve.core.request import Request
 from twinserve.core.sampling_params import SamplingParams
@@ -182,7 +183,7 @@ def _group_colliding_hash(parent, tokens, extra):
     the prefix is not), so group 1's blocks of two different prefixes collide."""
     if extra and extra[0] == "kv_group":
         return 1000 + extra[1]
-    return hash((parent, tuple(tokens), extra))
+    return xxhash64(parent, tokens, extra)
 
 
 def test_a_group_hit_whose_key_collides_with_another_prefix_is_refused() -> None:
