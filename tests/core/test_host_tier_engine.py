@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from twinserve.core import SchedulerConfig
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.fake_executor import ContractViolation, FakeExecutor
+from twinserve.core.kv.hashing import xxhash64
 from twinserve.core.kv.host_tier import HostTier
 from twinserve.core.sched.scheduler import Scheduler
 from twinserve.core.spec_decode import SpeculativeConfig
@@ -114,3 +115,22 @@ def test_an_unknown_host_policy_is_refused_naming_the_field():
         SchedulerConfig(kv_offloading_blocks=4, kv_offloading_policy="fifo")
     with pytest.raises(InvalidConfigError, match="kv_offloading_blocks"):
         SchedulerConfig(kv_offloading_blocks=-3)
+
+
+def _parent_blind_hash(parent, tokens, extra):
+    """A block's key value from its own tokens alone: equal blocks behind different prefixes collide."""
+    return xxhash64(None, tokens, extra)
+
+
+def test_a_host_entry_behind_another_prefix_is_never_loaded():
+    """Issue 53 item 14: P = A C and Q = B C share block C's tokens and (here) its key value; Q's hit
+    continues from its own block B, so only the parent check keeps it off P's C in the tier."""
+    a, b, c = [11, 12, 13, 14], [21, 22, 23, 24], [31, 32, 33, 34]
+    flush = [Arrival(6 + 3 * i, make_request(f"f{i}", [200 + 13 * i + j for j in range(40)], 2)) for i in range(3)]
+    arrivals = [Arrival(0, make_request("p", a + c + [5], 2)), Arrival(3, make_request("q1", b + [6], 2)), *flush,
+                Arrival(40, make_request("q2", b + c + [7], 2))]
+    core, log = _run(64, arrivals, prefix_caching_hash_algo=_parent_blind_hash)
+    _check_outputs(log, arrivals)
+    stats = core.scheduler.kv.host.stats
+    assert stats.hits > 0  # q2's own block B came back from the tier
+    assert arrivals[-1].request.prefix_hit_tokens == len(b)  # and nothing past it

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from twinserve.core import SchedulerConfig
 from twinserve.core.fake_executor import ContractViolation, FakeExecutor
 from twinserve.core.kv.block_pool import OUT_OF_WINDOW
+from twinserve.core.kv.hashing import xxhash64
 from twinserve.core.kv.host_tier import HostTier
 from twinserve.core.kv.kv_cache_manager import KVCacheManager
 from twinserve.core.kv.tier_tables import HOST_HIT, TierTables
@@ -226,3 +227,23 @@ def test_registering_drafts_before_verification_stores_unverified_kv(monkeypatch
     with pytest.raises(AssertionError, match="holds KV its key does not name"):
         drive(_cfg(((), 0), 64, num_blocks=14), _sessions(3, 3, 22, 30, max_tokens=12), spec=spec,
               draft_miss=2, check=_stores_hold_their_keys_kv)
+
+
+def _group_colliding_hash(parent, tokens, extra):
+    """Group 0's keys stay apart; another group's key keeps its group but folds group 0's value into 7
+    classes, so a group's device blocks and host entries of different prefixes collide often."""
+    if extra and extra[0] == "kv_group":
+        return (parent or 0) % 7 + 1000 * (extra[1] + 1)
+    return xxhash64(parent, tokens, extra)
+
+
+@pytest.mark.parametrize("layout", [((0, 3), 0), ((0, 0, 5), 0), ((0, 6), 0)])
+def test_a_host_entry_of_another_prefix_under_a_colliding_group_key_is_never_loaded(layout):
+    """Issue 53 item 14: only the parent check tells a group's host entries of two prefixes apart
+    (a planted check of the extra keys alone loads another prefix's KV: the executor raises)."""
+    arrivals = _sessions(3, 3, 28, 40)
+    core, log = drive(_cfg(layout, 64, prefix_caching_hash_algo=_group_colliding_hash), arrivals)
+    ref = FakeExecutor(block_size=BS)
+    for a in arrivals:
+        assert log.outputs[a.request.request_id] == reference_output(ref, a.request, 128)
+    assert core.scheduler.kv.host.stats.hits > 0

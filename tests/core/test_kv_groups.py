@@ -17,6 +17,7 @@ from twinserve.core.errors import InvalidConfigError
 from twinserve.core.fake_executor import ContractViolation, FakeExecutor
 from twinserve.core.kv import KVCacheManager
 from twinserve.core.kv.groups import group_windows, kv_cache_groups, layer_slots
+from twinserve.core.kv.hashing import xxhash64
 from twinserve.core.kv.kv_cache_manager import OUT_OF_WINDOW
 from twinserve.core.request import Request
 from twinserve.core.sampling_params import SamplingParams
@@ -175,3 +176,32 @@ def test_config_rejects_bad_groups() -> None:
         SchedulerConfig(kv_groups=(0, -1))
     with pytest.raises(InvalidConfigError, match="sliding_window"):
         SchedulerConfig(kv_groups=(0, 8), sliding_window=8)
+
+
+def _group_colliding_hash(parent, tokens, extra):
+    """Group 0's keys stay apart; every other group's key is its group's alone (the group key is kept,
+    the prefix is not), so group 1's blocks of two different prefixes collide."""
+    if extra and extra[0] == "kv_group":
+        return 1000 + extra[1]
+    return xxhash64(parent, tokens, extra)
+
+
+def test_a_group_hit_whose_key_collides_with_another_prefix_is_refused() -> None:
+    """Group 1's key for A names B's block after B took it: A's group-0 hit must not take B's KV.
+
+    Only the parent check tells the two apart (issue 53 item 14: a hit accepted without it read
+    another prefix's KV and passed the tests, whose colliding hash ignored the group key)."""
+    kv = KVCacheManager(20, BS, enable_caching=True, kv_groups=(0, 0), lazy_registration=False,
+                        hash_function=_group_colliding_hash)
+    a = Request("a", [1, 2, 3, 4, 5], SamplingParams(max_tokens=1))
+    _prefill(kv, a)
+    kv.free(a)
+    b = Request("b", [9, 8, 7, 6, 5], SamplingParams(max_tokens=1))
+    _prefill(kv, b)  # B's group-1 block takes the key value A's had
+    kv.free(b)
+    again = Request("a2", [1, 2, 3, 4, 5], SamplingParams(max_tokens=1))
+    hits, num_hit = kv.get_computed_blocks(again)
+    assert kv.pool.get_cached_block(again.block_hashes[0]) is not None, "group 0 still caches A's block"
+    for i, block in enumerate(getattr(hits, "groups", [[], []])[1]):
+        assert block.block_hash.parent is again.block_hashes[i], f"group 1's block {i} holds another prefix"
+    assert num_hit == 0  # A's group-1 block lost its key to B's: nothing to reuse

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from twinserve.core import RequestStatus, SchedulerConfig
 from twinserve.core.fake_executor import FakeExecutor
+from twinserve.core.sched.policies import resolve_preemption
 
 from .helpers import Arrival, drive, make_request, reference_output
 
@@ -82,22 +83,44 @@ def _limits_check(cfg: SchedulerConfig, done: set[str]):
         assert sched.num_running <= cfg.max_num_seqs
         assert not done.intersection(so.num_scheduled_tokens), "scheduled after it ended"
         new = [n.req_id for n in so.scheduled_new_reqs]
+        reqs = sched.requests
         if cfg.policy == "fcfs":
             # FCFS: admissions are a prefix of the queue, so no later request jumps an earlier one
             assert new == waiting_before[: len(new)]
-        elif cfg.policy == "priority" and new:
-            # Priority (aged): no request still waiting outranks one admitted, by the rank computed
-            # here from its fields (priority less one level per aging interval waited, then arrival).
+            # ...and the queue is in arrival order: preempted requests first, then the rest as added
+            # (seq_no), whatever their arrival_time fields say (they tie and run out of step order).
+            fresh = [rid for rid in waiting_before if reqs[rid].num_preemptions == 0]
+            assert fresh == sorted(fresh, key=lambda rid: reqs[rid].seq_no), "FCFS out of arrival order"
+            assert waiting_before[len(waiting_before) - len(fresh):] == fresh, "a preempted request behind a new one"
+        elif cfg.policy in ("priority", "sjf") and new:
+            # Ranked queues: no request still waiting outranks one admitted, by the rank computed here
+            # from its fields. Priority: priority less one level per aging interval waited, then
+            # arrival; SJF: prompt share of max_model_len less one per interval waited. Equal ranks
+            # go in the order added (seq_no), so every rank here is distinct and the order strict.
             a = cfg.aging_interval_s
             def rank(rid):  # noqa: E306
-                r = sched.requests[rid]
+                r = reqs[rid]
                 waited = (r.queued_time - r.waited_s) / a if a > 0 else 0.0
-                return (r.priority + waited, r.arrival_time)
-            front = {r.request_id for r in getattr(sched.waiting, "_front", ())}
+                if cfg.policy == "sjf":
+                    share = r.num_prompt_tokens / cfg.max_model_len if a > 0 else r.num_prompt_tokens
+                    return (share + waited, r.seq_no)
+                return (r.priority + waited, r.arrival_time, r.seq_no)
+            # SJF serves preempted requests first, unranked (priority puts them back by rank).
+            front = {rid for rid in waiting_before if cfg.policy == "sjf" and reqs[rid].num_preemptions}
             left = [rid for rid in waiting_before if rid not in new and rid not in front]
-            if left:
-                assert max(rank(rid) for rid in new if rid not in front) <= min(map(rank, left)) if \
-                    any(rid not in front for rid in new) else True
+            ranked = [rid for rid in new if rid not in front]
+            if left and ranked:
+                assert max(map(rank, ranked)) < min(map(rank, left)), "a lower-ranked request admitted first"
+        if resolve_preemption(cfg.preemption, cfg.policy) == "priority":
+            # Strict priority preemption: each victim is the least important of those running when it
+            # was picked (largest priority value, then latest arrival, then latest added), so it
+            # ranks at or above every request still running after the step.
+            def victim_rank(rid):  # noqa: E306
+                r = reqs[rid]
+                return (r.priority, r.arrival_time, r.seq_no)
+            for vid in so.preempted_req_ids:
+                assert all(victim_rank(vid) >= victim_rank(r.request_id) for r in sched.running), \
+                    f"victim {vid} outranks a request left running"
         for rid in so.num_scheduled_tokens:
             req = sched.requests[rid]
             assert req.num_computed_tokens <= req.num_tokens

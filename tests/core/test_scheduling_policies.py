@@ -233,3 +233,33 @@ def test_aging_counts_time_spent_waiting_not_running():
     so = sched.schedule(102.0)
     assert [n.req_id for n in so.scheduled_new_reqs] == ["B"]
     assert b.waited_s == 102.0 - 50.0
+
+
+def test_aging_keeps_the_time_waited_before_a_preemption():
+    # A (priority 2) waits 60 s behind X and Y, runs from t=60 and is preempted at T < 70 for
+    # its third block; B (priority 0) arrived at t=60.5. Ranks (aging 10 s): A 2 + (T - 60) / 10
+    # < 3, since its first 60 s of waiting still count; B 6.05. So A goes back ahead of B. An aging
+    # origin that forgot the first wait (queued_time alone) ranks A 2 + T / 10 > 8, behind B.
+    from twinserve.core import Scheduler
+
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_model_len=32, block_size=4,
+                                      num_blocks=5, max_num_seqs=2, policy="priority",
+                                      aging_interval_s=10.0))
+    for r in (make_request("X", [3] * 4, 1, priority=0, arrival_time=0.0),
+              make_request("Y", [1] * 4, 12, priority=0, arrival_time=0.0),
+              make_request("A", [2] * 4, 12, priority=2, arrival_time=0.0)):
+        sched.add_request(r)
+    so = sched.schedule(0.0)
+    assert [n.req_id for n in so.scheduled_new_reqs] == ["X", "Y"]
+    _decode_all(sched, so, 0.5)  # X ends: a seat for A
+    so = sched.schedule(60.0)
+    assert [n.req_id for n in so.scheduled_new_reqs] == ["A"]
+    _decode_all(sched, so, 60.5)
+    sched.add_request(make_request("B", [4] * 4, 4, priority=0, arrival_time=60.5))
+    for t in range(61, 100):
+        so = sched.schedule(float(t))
+        if so.preempted_req_ids:
+            break
+        _decode_all(sched, so, t + 0.5)
+    assert so.preempted_req_ids == ["A"] and sched.requests["A"].waited_s == 60.0
+    assert [r.request_id for r in sched.waiting] == ["A", "B"]
