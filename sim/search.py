@@ -118,8 +118,8 @@ class RateSearch:
         row, prev = self.runs.get(self.lo) or {}, self.runs[r1]
         out = [(self.lo + (limit - v) * (self.lo - r1) / (v - u)) / self.lo
                for col, limit in self.slos.items()
-               if isinstance(v := row.get(col), (int, float)) and isinstance(u := prev.get(col), (int, float))
-               and v > u]
+               if isinstance(v := row.get(col), (int, float))
+               and isinstance(u := prev.get(col), (int, float)) and v > u]
         return min(out) * _SECANT_AIM if out else None
 
     def next_rate(self) -> float | None:
