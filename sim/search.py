@@ -31,6 +31,11 @@ _REACH_CAP = 2.0  # the most a pass's margins move the next rate up (a miss abov
 # Aim a little short of the margins' end: a pass just under the answer then a cheap miss beats a
 # miss leaving a wide bracket (FP8 8x H200 question: 0.9, 1.0, 1.05 -> 43.7k, 44.4k, 47.9k requests).
 _REACH_AIM = 0.9
+# With two passes, the line through their statistics (a secant) places each limit's crossing;
+# latencies are convex in the rate (a queue's knee), so it lies at or above the answer (FP8 8x
+# H200 question's first length: 0-15% above, one 66%): aim this far along to it (0.9, 0.95, 1.0
+# and 1.05 tried there: 0.95 simulated the fewest requests).
+_SECANT_AIM = 0.95
 
 
 def parse_slos(specs: Sequence[str]) -> dict[str, float]:
@@ -101,6 +106,22 @@ class RateSearch:
                   if isinstance(v := row.get(col), (int, float)) and v > 0]
         return min(ratios) * _REACH_AIM if ratios else 1.0
 
+    def crossing(self) -> float | None:
+        """With lo and a pass below it: the least rate, over the SLO columns that rose between
+        the two, where the line through their statistics reaches the limit, times
+        _SECANT_AIM, over lo; None with one pass or no column that rose (noise near the answer
+        can make a nearly flat column's line cross far away: next_rate only lets it pull down)."""
+        below = [r for r, x in self.runs.items() if r < self.lo and x.get("meets_slo")]
+        if not below:
+            return None
+        r1 = max(below)
+        row, prev = self.runs.get(self.lo) or {}, self.runs[r1]
+        out = [(self.lo + (limit - v) * (self.lo - r1) / (v - u)) / self.lo
+               for col, limit in self.slos.items()
+               if isinstance(v := row.get(col), (int, float))
+               and isinstance(u := prev.get(col), (int, float)) and v > u]
+        return min(out) * _SECANT_AIM if out else None
+
     def next_rate(self) -> float | None:
         """The next rate to simulate, or None when the bracket is settled."""
         s = self.cfg.search
@@ -113,7 +134,13 @@ class RateSearch:
                 return None
             # A pass far inside its SLOs goes to where its margins run out (on the FP8 question's
             # runs within ~20% of the answer either way); a miss above stops early, so it is cheap.
-            rate = min(self.lo * max(self.step, min(self.reach(), _REACH_CAP)), s.max_rate)
+            rate = self.lo * max(self.step, min(self.reach(), _REACH_CAP))
+            line = self.crossing()
+            if line is not None:
+                # Two passes: their line's crossing may pull the next rate down (never below one
+                # tolerance over lo, so that a miss there settles the bracket).
+                rate = min(rate, self.lo * max(1.0 + (self.tolerance or s.tolerance), line))
+            rate = min(rate, s.max_rate)
         elif self.lo == 0.0:
             if self.hi <= s.min_rate:
                 return None

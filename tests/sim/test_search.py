@@ -134,6 +134,28 @@ def test_a_pass_with_margins_places_the_next_rate_by_its_binding_slo(
     assert _passed_at(1.0, ttft, tpot).next_rate() == pytest.approx(expected)
 
 
+def test_two_passes_place_the_next_rate_at_their_lines_crossing_of_the_limit() -> None:
+    from twinserve.sim import search
+
+    s = _passed_at(1.0, 1.0, 0.01)
+    s.record(1.1, {"p99_ttft_s": 1.5, "p99_tpot_s": 0.011}, True)
+    # TTFT's line through (1.0, 1.0) and (1.1, 1.5) crosses 2 s at 1.2; TPOT's far above. The
+    # squared step (1.1 x 1.44) and the one-pass margin (1.1 x 0.9 x 2 / 1.5) would both overshoot.
+    rate = s.next_rate()
+    assert rate is not None and 1.1 * 1.02 <= rate <= 1.2
+    assert rate == pytest.approx(max(1.1 * 1.02, 1.2 * search._SECANT_AIM), rel=1e-5)
+    # A statistic that did not rise between the passes says nothing of its crossing: read as
+    # one pass (0.9 x limit / value), here TPOT's 0.9 x 0.1 / 0.0625 = 1.44.
+    flat = _passed_at(1.0, 0.2, 0.0625)
+    flat.record(1.1, {"p99_ttft_s": 0.2, "p99_tpot_s": 0.0625}, True)
+    assert flat.next_rate() == pytest.approx(1.1 * 1.44, rel=1e-5)
+    # A crossing within one tolerance of lo: the next rate is lo x (1 + tolerance), so that a
+    # miss there settles the bracket.
+    near = _passed_at(1.0, 1.0, 0.01)
+    near.record(1.1, {"p99_ttft_s": 1.99, "p99_tpot_s": 0.011}, True)
+    assert near.next_rate() == pytest.approx(1.1 * (1 + near.cfg.search.tolerance), rel=1e-5)
+
+
 @given(st.floats(0.5, 50.0), st.floats(0.05, 0.9), st.floats(1.05, 3.0))
 def test_margin_steps_keep_the_bracket_around_the_answer(answer: float, floor: float,
                                                          start: float) -> None:
