@@ -115,11 +115,16 @@ def _limits_check(cfg: SchedulerConfig, done: set[str]):
             # Strict priority preemption: each victim is the least important of those running when it
             # was picked (largest priority value, then latest arrival, then latest added), so it
             # ranks at or above every request still running after the step.
+            # prefill_first picks victims among the step's own kind only (a decode step retracts
+            # decodes; a prompt stuck for room waits, as SGLang's retract_decode), so the victim is
+            # compared with the requests that step ran; mixed steps compare with every one running.
             def victim_rank(rid):  # noqa: E306
                 r = reqs[rid]
                 return (r.priority, r.arrival_time, r.seq_no)
+            pool = sched.running if cfg.batch_policy == "mixed" else \
+                [r for r in sched.running if r.request_id in so.num_scheduled_tokens]
             for vid in so.preempted_req_ids:
-                assert all(victim_rank(vid) >= victim_rank(r.request_id) for r in sched.running), \
+                assert all(victim_rank(vid) >= victim_rank(r.request_id) for r in pool), \
                     f"victim {vid} outranks a request left running"
         for rid in so.num_scheduled_tokens:
             req = sched.requests[rid]
