@@ -24,8 +24,8 @@ from twinserve.core.routing import ReplicaLoad, RouteRequest, Router, prefix_key
 from twinserve.core.sampling_params import SamplingParams
 from twinserve.core.engine_core import StepStats
 from twinserve.core.sched.batch_policy import MixedBatches
-from twinserve.core.sched.fast_forward import (apply_decode_steps, decode_plan, schedule_decode_half,
-                                               update_decode_half)
+from twinserve.core.sched.fast_forward import (apply_decode_steps, decode_plan, finish_decode_half,
+                                               schedule_decode_half)
 from twinserve.core.sched.output import CachedRequestData
 
 from twinserve.sim.kv_offload import store_free_window
@@ -337,8 +337,9 @@ class ClusterSimulation:
         if k <= 0:
             return None
         cfg = sched.config
-        decodes = sched.running[:]
-        n = schedule_decode_half(sched)
+        decodes = sched.running[:] if self.keep_token_times else ()
+        ids, done = schedule_decode_half(sched, ex.tokens.get, DEFAULT_TOKEN)
+        n = len(ids)
         num_scheduled: dict[str, int] = {}
         new_reqs: list = []
         budget = sched._admit(t, cfg.max_num_batched_tokens - n, num_scheduled, new_reqs, 0)
@@ -346,10 +347,10 @@ class ClusterSimulation:
             sched._fail_stalled(t)
         so = sched.emit_step(new_reqs, CachedRequestData([], [], []), num_scheduled,
                              cfg.max_num_batched_tokens - budget, [], {})
-        mro = ex.execute(so, ([req.request_id for req in decodes], context))
+        mro = ex.execute(so, (ids, context))
         d = mro.step_time or 0.0
         end = t + d
-        done = update_decode_half(sched, decodes, end, ex.tokens.get, DEFAULT_TOKEN, self.keep_token_times)
+        done = finish_decode_half(sched, decodes, done, end, self.keep_token_times)
         num_failed = len(sched.failed_outputs)
         outputs = sched.update_from_output(so, mro, end)
         core.last_scheduler_output = so

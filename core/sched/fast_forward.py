@@ -282,25 +282,38 @@ def _apply_uncached(scheduler: Scheduler, end_times: list[float],
     return usage, finished
 
 
-def schedule_decode_half(scheduler: Scheduler) -> int:
-    """A step's schedule() for its running requests, all plain decodes (decode_plan(.., 1, True) > 0),
-    without a prefix cache, host tier or KV groups: one token each and the new blocks of those at a
-    block boundary, in running order (one pool call: the ids per-request allocate_slots calls give).
+def schedule_decode_half(scheduler: Scheduler, get: Callable[[str, int], int], default: int
+                         ) -> tuple[list[str], list[Request]]:
+    """A step's schedule() and the token part of its update_from_output() for its running requests,
+    all plain decodes (decode_plan(.., 1, True) > 0), without a prefix cache, host tier or KV groups:
+    one token computed and one sampled (from get) each, and the new blocks of those at a block
+    boundary, in running order (one pool call: the ids per-request allocate_slots calls give).
 
-    The waiting requests are then admitted as schedule() would after them (Scheduler._admit); the
-    decodes' tokens come from update_decode_half. Returns how many running requests it scheduled.
+    The waiting requests are then admitted as schedule() would after them (Scheduler._admit): nothing
+    there reads the decodes' tokens. Returns the decodes' ids (running order) and those at their
+    length limit, for finish_decode_half once the step is priced.
     """
     kv = scheduler.kv
     bs = kv.block_size
     held = kv.req_to_blocks
     takers: list[tuple[list, int]] = []
     total = 0
-    running = scheduler.running
-    for req in running:
+    ids: list[str] = []
+    add_id = ids.append
+    done: list[Request] = []
+    for req in scheduler.running:
+        rid = req.request_id
+        add_id(rid)
+        tok = get(rid, default)
+        all_ids = req.all_token_ids
+        all_ids.append(tok)
+        req.output_token_ids.append(tok)
+        if len(all_ids) >= req.stop_check_len:
+            done.append(req)
         end = req.num_computed_tokens = req.num_computed_tokens + 1
         if end <= req.fast_decode_limit:
             continue
-        blocks = held[req.request_id]
+        blocks = held[rid]
         have = len(blocks)
         if end <= have * bs:
             req.fast_decode_limit = have * bs
@@ -317,26 +330,18 @@ def schedule_decode_half(scheduler: Scheduler) -> int:
         for blocks, need in takers:
             blocks.extend(new[j:j + need])
             j += need
-    return len(running)
+    return ids, done
 
 
-def update_decode_half(scheduler: Scheduler, decodes: list[Request], now: float,
-                       get: Callable[[str, int], int], default: int, times: bool) -> list[str]:
-    """update_from_output() for the decodes schedule_decode_half scheduled (their token from get):
-    appended, ended at their length limit and freed in order; the ids that finished.
-
-    Call it before update_from_output for the step's other requests (admitted after the decodes,
-    so freed after them, as one update_from_output would)."""
-    done: list[Request] = []
-    for req in decodes:
-        tok = get(req.request_id, default)
-        all_ids = req.all_token_ids
-        all_ids.append(tok)
-        req.output_token_ids.append(tok)
-        if times:
+def finish_decode_half(scheduler: Scheduler, decodes: list[Request], done: list[Request], now: float,
+                       times: bool) -> list[str]:
+    """The rest of update_from_output() for schedule_decode_half's decodes, the step ending at now:
+    their token times (times=True) and those at their length limit ended and freed in order; the
+    ids that finished. Call it before update_from_output for the step's other requests (admitted
+    after the decodes, so freed after them, as one update_from_output would)."""
+    if times:
+        for req in decodes:
             req.token_times.append(now)
-        if len(all_ids) >= req.stop_check_len:
-            done.append(req)
     if not done:
         return []
     status = FINISH_STATUS[FinishReason.LENGTH]
