@@ -274,8 +274,8 @@ class ClusterSimulation:
                 in_system = len(sched.running) + sched.num_waiting
                 if tier is not None:
                     tier.now = t
-                joined = (self._join_step(rep, t) if self.join_steps and self.fast_forward and tier is None and len(sched.waiting) > 0
-                          and not rep.executor.waking else None)
+                joined = (self._join_step(rep, t) if self.join_steps and self.fast_forward and tier is None
+                          and len(sched.waiting) > 0 and not rep.executor.waking else None)
                 if joined is not None:
                     outputs, stats, finished = joined
                 else:

@@ -28,7 +28,8 @@ def decode_plan(scheduler: Scheduler, max_steps: int, joining: bool = False) -> 
     schedule_decode_half); otherwise they end the window (they would join its first step).
     """
     kv = scheduler.kv
-    if (max_steps <= 0 or (len(scheduler.waiting) > 0 and not joining) or scheduler.loading or scheduler.loaded or kv.load_jobs
+    if (max_steps <= 0 or (len(scheduler.waiting) > 0 and not joining) or scheduler.loading
+            or scheduler.loaded or kv.load_jobs
             or (_windowed(kv) and kv.enable_caching)):
         return 0, 0  # loads in flight; windows free blocks as requests advance: replayed only without a prefix cache
     running = scheduler.running
