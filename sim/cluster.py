@@ -22,7 +22,11 @@ from twinserve.core.errors import InvalidRequestError
 from twinserve.core.request import Request
 from twinserve.core.routing import ReplicaLoad, RouteRequest, Router, prefix_keys_needed, token_prefix_keys
 from twinserve.core.sampling_params import SamplingParams
-from twinserve.core.sched.fast_forward import apply_decode_steps, decode_plan
+from twinserve.core.engine_core import StepStats
+from twinserve.core.sched.batch_policy import MixedBatches
+from twinserve.core.sched.fast_forward import (apply_decode_steps, decode_plan, finish_decode_half,
+                                               schedule_decode_half)
+from twinserve.core.sched.output import CachedRequestData
 
 from twinserve.sim.kv_offload import store_free_window
 from twinserve.sim.gc_policy import simulation_gc
@@ -103,6 +107,10 @@ class ClusterSimulation:
         self.first_token: Callable[[Request], bool] | None = None
         # False: no token_times in records or decode windows (as Simulation.keep_token_times).
         self.keep_token_times = True
+        # Join steps (_join_step): a step of plain decodes that admits waiting requests takes the
+        # decodes as a one-step window and only the newcomers through schedule/update; the same
+        # results as core.step (tests/sim/test_join_steps.py). False: every such step is core.step.
+        self.join_steps = True
 
     # ------------------------------------------------------------------ routing
     def _route_until(self, t: float) -> None:
@@ -266,7 +274,13 @@ class ClusterSimulation:
                 in_system = len(sched.running) + sched.num_waiting
                 if tier is not None:
                     tier.now = t
-                outputs, stats = core.step(t)
+                joined = (self._join_step(rep, t) if self.join_steps and self.fast_forward and tier is None
+                          and len(sched.waiting) > 0 and not rep.executor.waking else None)
+                if joined is not None:
+                    outputs, stats, finished = joined
+                else:
+                    outputs, stats = core.step(t)
+                    finished = [out.req_id for out in outputs if out.finish_reason is not None]
                 assert stats is not None
                 d = stats.duration
                 rep.load.kv_usage = stats.kv_usage
@@ -288,7 +302,6 @@ class ClusterSimulation:
                     log.preempted.append(stats.num_preempted)
                 t = t + d
                 rep.end_time = t
-                finished = [out.req_id for out in outputs if out.finish_reason is not None]
                 if first_token is not None and self._first_tokens(rep, outputs, first_token):
                     self.aborted = True
             rep.clock = t
@@ -298,6 +311,57 @@ class ClusterSimulation:
             # Finishes reach the router (and start follow-up turns) when the step ends.
             for rid in finished:
                 self._finish(rep, rid)
+
+    def _join_step(self, rep: Replica, t: float) -> tuple[list, StepStats, list[str]] | None:
+        """core.step(t) when every running request decodes and requests wait to join: the decodes'
+        half is applied as a one-step window (O(1) Python work each, no outputs), the joiners go
+        through schedule (Scheduler._admit, after the decodes as in schedule_batch) and
+        update_from_output, and the step is priced from both halves in one execute call.
+
+        Same KV hand-out order, token counts, finishes (decodes, then joiners, freed in that order),
+        executor totals and step record as core.step; None (nothing done) where it does not apply:
+        a batch policy other than mixed, a prefix cache, host tier or KV groups, speculation, a
+        request not plainly decoding, or no room for the decodes' blocks.
+        Returns (outputs of the joiners and of requests failed while admitting, the step's stats,
+        the ids finished in core.step's order)."""
+        core = rep.core
+        sched = core.scheduler
+        ex = rep.executor
+        kv = sched.kv
+        if (type(sched.batch_policy) is not MixedBatches or kv.enable_caching or kv.host is not None
+                or kv.num_groups > 1 or kv.sliding_window is not None or sched.spec is not None
+                or ex.spec is not None or ex.draft is not None or core.executor is not ex
+                or sched._stalled or sched.failed_outputs):
+            return None
+        k, context = decode_plan(sched, 1, joining=True)
+        if k <= 0:
+            return None
+        cfg = sched.config
+        decodes = sched.running[:] if self.keep_token_times else ()
+        ids, done = schedule_decode_half(sched, ex.tokens.get, DEFAULT_TOKEN)
+        n = len(ids)
+        num_scheduled: dict[str, int] = {}
+        new_reqs: list = []
+        budget = sched._admit(t, cfg.max_num_batched_tokens - n, num_scheduled, new_reqs, 0)
+        if sched._stalled:
+            sched._fail_stalled(t)
+        so = sched.emit_step(new_reqs, CachedRequestData([], [], []), num_scheduled,
+                             cfg.max_num_batched_tokens - budget, [], {})
+        mro = ex.execute(so, (ids, context))
+        d = mro.step_time or 0.0
+        end = t + d
+        done = finish_decode_half(sched, decodes, done, end, self.keep_token_times)
+        num_failed = len(sched.failed_outputs)
+        outputs = sched.update_from_output(so, mro, end)
+        core.last_scheduler_output = so
+        stats = StepStats(core.num_steps, t, d, sched.num_running, sched.num_waiting, len(new_reqs),
+                          n + len(num_scheduled), so.total_num_scheduled_tokens, kv.usage, kv.stats.queries,
+                          kv.stats.hits, 0, len(sched.finished_req_ids))
+        core.num_steps += 1
+        finished = [out.req_id for out in outputs[:num_failed] if out.finish_reason is not None]
+        finished += done
+        finished += [out.req_id for out in outputs[num_failed:] if out.finish_reason is not None]
+        return outputs, stats, finished
 
     def _plan_window(self, rep: Replica, t: float
                      ) -> tuple[list[str], int, list[float], list[float]] | None:

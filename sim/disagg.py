@@ -70,8 +70,9 @@ class DecodeExecutor(SimExecutor):
         self.transferred.pop(req_id, None)
         self.pending.discard(req_id)
 
-    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        """Price the step as SimExecutor does, minus the transferred tokens' prefill."""
+    def execute(self, so: SchedulerOutput, decodes: tuple[list[str], int] | None = None) -> ModelRunnerOutput:
+        """Price the step as SimExecutor does, minus the transferred tokens' prefill (decodes: as
+        SimExecutor.execute's; plain decodes carry no transferred tokens)."""
         tr = self.transferred
         a = b = c = 0
         d = 0.0
@@ -106,7 +107,7 @@ class DecodeExecutor(SimExecutor):
                     b += 1
         self.cost_model.minus = (a, b, c, d)
         w = self.totals
-        out = super().execute(so)
+        out = super().execute(so, decodes)
         self.cost_model.minus = (0, 0, 0, 0.0)
         # Keep MFU/MBU honest: the transferred prefill was not computed here.
         w.num_prefill_tokens -= a

@@ -85,8 +85,13 @@ class SimExecutor:
         if self.spec is not None:
             self.spec.forget(req_id)
 
-    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        """Advance every scheduled request, price the step, sample for requests at their end."""
+    def execute(self, so: SchedulerOutput, decodes: tuple[list[str], int] | None = None) -> ModelRunnerOutput:
+        """Advance every scheduled request, price the step, sample for requests at their end.
+
+        decodes: (ids, summed context) of plain decodes scheduled apart from so (a join step:
+        core.sched.fast_forward.schedule_decode_half), priced in this step with so's requests;
+        their tokens are not in the output (the caller appends them).
+        """
         state = self.state
         for rid in so.finished_req_ids:
             state.pop(rid, None)
@@ -106,6 +111,8 @@ class SimExecutor:
         spec = self.spec
         drafts = so.scheduled_spec_decode_tokens
         if spec is not None or drafts or self.draft is not None:
+            if decodes is not None:
+                raise ValueError("a join step's decodes are priced only without speculation")
             return self._execute_spec(so, pairs, spec, drafts)
         for rid, c in pairs:
             s = state[rid]
@@ -121,6 +128,12 @@ class SimExecutor:
             if c + q >= s[0]:
                 s[0] += 1
                 sampled[rid] = [tokens.get(rid, DEFAULT_TOKEN)]
+        if decodes is not None:
+            ids, context = decodes
+            for s in map(state.__getitem__, ids):
+                s[0] += 1
+            ds += len(ids)
+            dc += context
         return self._finish(sampled, pt, ps, pc, pa, ds, dc)
 
     def _execute_spec(self, so: SchedulerOutput, pairs: Iterable[tuple[str, int]],

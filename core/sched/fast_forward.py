@@ -21,10 +21,15 @@ def decode_window(scheduler: Scheduler, max_steps: int) -> int:
     return decode_plan(scheduler, max_steps)[0]
 
 
-def decode_plan(scheduler: Scheduler, max_steps: int) -> tuple[int, int]:
-    """decode_window's count and the batch's context (computed tokens summed; 0 with no window)."""
+def decode_plan(scheduler: Scheduler, max_steps: int, joining: bool = False) -> tuple[int, int]:
+    """decode_window's count and the batch's context (computed tokens summed; 0 with no window).
+
+    joining: waiting requests allowed (a join step: the decodes' half of the next step, see
+    schedule_decode_half); otherwise they end the window (they would join its first step).
+    """
     kv = scheduler.kv
-    if (max_steps <= 0 or len(scheduler.waiting) > 0 or scheduler.loading or scheduler.loaded or kv.load_jobs
+    if (max_steps <= 0 or (len(scheduler.waiting) > 0 and not joining) or scheduler.loading
+            or scheduler.loaded or kv.load_jobs
             or (_windowed(kv) and kv.enable_caching)):
         return 0, 0  # loads in flight; windows free blocks as requests advance: replayed only without a prefix cache
     running = scheduler.running
@@ -276,6 +281,88 @@ def _apply_uncached(scheduler: Scheduler, end_times: list[float],
     if finished:
         usage[-1] = 1.0 - free_queue.num_free / num_blocks
     return usage, finished
+
+
+def schedule_decode_half(scheduler: Scheduler, get: Callable[[str, int], int], default: int
+                         ) -> tuple[list[str], list[Request]]:
+    """A step's schedule() and the token part of its update_from_output() for its running requests,
+    all plain decodes (decode_plan(.., 1, True) > 0), without a prefix cache, host tier or KV groups:
+    one token computed and one sampled (from get) each, and the new blocks of those at a block
+    boundary, in running order (one pool call: the ids per-request allocate_slots calls give).
+
+    The waiting requests are then admitted as schedule() would after them (Scheduler._admit): nothing
+    there reads the decodes' tokens. Returns the decodes' ids (running order) and those at their
+    length limit, for finish_decode_half once the step is priced.
+    """
+    kv = scheduler.kv
+    bs = kv.block_size
+    held = kv.req_to_blocks
+    takers: list[tuple[list, int]] = []
+    total = 0
+    ids: list[str] = []
+    add_id = ids.append
+    done: list[Request] = []
+    for req in scheduler.running:
+        rid = req.request_id
+        add_id(rid)
+        tok = get(rid, default)
+        all_ids = req.all_token_ids
+        all_ids.append(tok)
+        req.output_token_ids.append(tok)
+        if len(all_ids) >= req.stop_check_len:
+            done.append(req)
+        end = req.num_computed_tokens = req.num_computed_tokens + 1
+        if end <= req.fast_decode_limit:
+            continue
+        blocks = held[rid]
+        have = len(blocks)
+        if end <= have * bs:
+            req.fast_decode_limit = have * bs
+            continue
+        need = -(-end // bs) - have
+        takers.append((blocks, need))
+        total += need
+        req.fast_decode_limit = (have + need) * bs
+    if total:
+        if total > kv.pool.free_queue.num_free:
+            raise AssertionError("join step allocation failed: check decode_plan")
+        new = kv.pool.get_new_blocks(total)
+        j = 0
+        for blocks, need in takers:
+            blocks.extend(new[j:j + need])
+            j += need
+    return ids, done
+
+
+def finish_decode_half(scheduler: Scheduler, decodes: list[Request], done: list[Request], now: float,
+                       times: bool) -> list[str]:
+    """The rest of update_from_output() for schedule_decode_half's decodes, the step ending at now:
+    their token times (times=True) and those at their length limit ended and freed in order; the
+    ids that finished. Call it before update_from_output for the step's other requests (admitted
+    after the decodes, so freed after them, as one update_from_output would)."""
+    if times:
+        for req in decodes:
+            req.token_times.append(now)
+    if not done:
+        return []
+    status = FINISH_STATUS[FinishReason.LENGTH]
+    requests = scheduler.requests
+    kv = scheduler.kv
+    finished = scheduler.finished_req_ids
+    ids = []
+    for req in done:
+        req.status = status
+        req.finish_reason = FinishReason.LENGTH
+        req.stop_reason = None
+        req.finish_time = now
+    for req in done:
+        rid = req.request_id
+        del requests[rid]
+        kv.free(req)
+        finished.add(rid)
+        ids.append(rid)
+    scheduler.running = [r for r in scheduler.running if r.finish_reason is None]
+    return ids
 
 
 def _replay_allocations(kv, running: list[Request], k_steps: int, boundaries: list[tuple[int, int]],

@@ -1,0 +1,73 @@
+"""Join steps (sim.cluster.ClusterSimulation._join_step): a step of plain decodes that admits waiting
+requests applies the decodes as a one-step window and takes only the newcomers through schedule and
+update_from_output. Everything a run reports must be core.step's: records, step logs, executor
+totals, the KV pool's free-queue order, on every replica."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from twinserve.sim.cluster_study import build_cluster
+
+from .helpers import small_config
+
+
+def _run(cfg, join: bool, keep_token_times: bool = True) -> tuple:
+    built = build_cluster(cfg, keep_steps=True)
+    sim = built.simulation
+    sim.join_steps = join
+    sim.keep_token_times = keep_token_times
+    joins = []
+    real = sim._join_step
+
+    def spy(rep, t):
+        out = real(rep, t)
+        joins.append(out is not None)
+        return out
+
+    sim._join_step = spy
+    res = sim.run()
+    per = []
+    for rep, rr in zip(sim.replicas, res.replicas):
+        kv = rep.core.scheduler.kv
+        per.append((tuple(dataclasses.astuple(r) for r in rr.records), dataclasses.astuple(rr.steps),
+                    rr.num_steps, rr.num_ff_windows, rr.num_preemptions, rr.end_time,
+                    rep.busy_time, rep.area_in_system, rep.area_kv, rep.area_batch, rep.area_waiting,
+                    dataclasses.astuple(rep.executor.totals), rep.executor.last_features,
+                    [b.block_id for b in kv.pool.free_queue], kv.stats.queries, kv.stats.hits))
+    return (tuple(dataclasses.astuple(r) for r in res.total.records), per), sum(joins)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(2, 24), count=st.integers(4, 40), replicas=st.sampled_from([1, 2, 3]),
+       disagg=st.booleans(), seed=st.integers(0, 5), blocks=st.sampled_from([0, 60, 200]),
+       budget=st.sampled_from([64, 256, 2048]), times=st.booleans(), turns=st.sampled_from([1, 1, 2]))
+def test_join_steps_give_every_figure_core_step_gives(n, count, replicas, disagg, seed, blocks, budget, times,
+                                                      turns) -> None:
+    fields = dict(concurrency=n, num_requests=count, warmup_requests=0, num_replicas=replicas,
+                  num_prefill_replicas=1 if disagg and replicas > 1 else 0, seed=seed, turns=turns,
+                  followup_tokens=8, max_model_len=1024, max_num_batched_tokens=budget,
+                  enable_prefix_caching=False, prompt_dist="uniform", prompt_min=16, prompt_max=300,
+                  output_dist="uniform", output_min=2, output_max=60)
+    if blocks:
+        fields["num_gpu_blocks"] = blocks  # a small pool: full pools, preemptions, waits
+    cfg = small_config(**fields)
+    stepped, none = _run(cfg, False, times)
+    joined, used = _run(cfg, True, times)
+    assert none == 0
+    assert joined == stepped
+
+
+def test_a_closed_loop_run_takes_join_steps() -> None:
+    # 16 clients with varied lengths: requests join running batches (the case join steps are for).
+    cfg = small_config(concurrency=16, num_requests=60, warmup_requests=0, num_replicas=2,
+                       num_prefill_replicas=1, seed=1, max_num_batched_tokens=2048,
+                       enable_prefix_caching=False, prompt_dist="uniform", prompt_min=16, prompt_max=300,
+                       output_dist="uniform", output_min=2, output_max=60)
+    stepped, _ = _run(cfg, False)
+    joined, used = _run(cfg, True)
+    assert used > 10
+    assert joined == stepped
