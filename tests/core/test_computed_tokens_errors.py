@@ -192,8 +192,8 @@ def test_a_request_arriving_with_a_computed_count_is_refused_by_name() -> None:
 @pytest.mark.parametrize("when", ["decoding", "mid_prefill"])
 @pytest.mark.parametrize("value", [-1, -9])
 def test_a_negative_computed_token_count_fails_that_request_alone(policy, spec, when, value) -> None:
-    # Below 0 the step would compute positions before the prompt: a real executor indexes its block
-    # table and positions with them (Python and torch take -1 as the last entry: other KV, silently).
+    # Below 0 the step would compute positions before the prompt: the model runner indexes its block
+    # table and token ids with them (numpy takes -1 as the last entry: other blocks' KV, silently).
     # Only the test executor's contract check stopped it, and that stops every request; the stalled
     # path (a count past the end) already fails the one request by name.
     cfg = SchedulerConfig(block_size=BS, num_blocks=64, max_num_batched_tokens=5, max_model_len=MAX_LEN,
