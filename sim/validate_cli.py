@@ -85,10 +85,20 @@ def select_rows(df: pd.DataFrame, backend: str | None = None, system: str | None
             raise FilterError(f"--model {model!r}: no rows for it here; known: {', '.join(known)}")
         df = df[hit]
     if rows != "all":
-        df = df[df["split"] == rows]
+        kept = df[df["split"] == rows]
+        if kept.empty:
+            raise FilterError(f"--rows {rows}: none of the {len(df)} rows the other filters keep is a "
+                              f"{'development' if rows == 'dev' else 'held-out'} row (all are "
+                              f"{', '.join(sorted(df['split'].unique()))}); leave --rows out or change it")
+        df = kept
     if layout != "all":  # '' = the file gives the whole layout (unexpressible rows count as given)
         assumed = df.apply(lambda r: row_record(r, disagg=disagg)["layout"] != "", axis=1).astype(bool)
-        df = df[assumed if layout == "assumed" else ~assumed]
+        kept = df[assumed if layout == "assumed" else ~assumed]
+        if kept.empty:
+            raise FilterError(f"--layout {layout}: none of the {len(df)} rows the other filters keep has "
+                              f"{'an assumed or inferred' if layout == 'assumed' else 'its whole'} layout "
+                              "(docs/validate-rows.md); leave --layout out or change it")
+        df = kept
     if limit is not None:
         if limit < 1:
             raise FilterError(f"--limit {limit}: must be >= 1")
@@ -201,7 +211,8 @@ def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: 
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    """The `simulate validate` command: exit 0, or 2 with the reason on bad input."""
+    """The `simulate validate` command: exit 0; 2 with the reason on bad input (nothing written); 3 when
+    the rows the filters keep include none it can express (both files written, the reasons on stderr)."""
     t0 = time.perf_counter()
     try:
         _check_cost_model(args.cost_model)
@@ -243,4 +254,11 @@ def run_validate(args: argparse.Namespace) -> int:
                   "or not given (column aic_version)")
     print(f"{len(frame)} rows, {int(frame['expressible'].sum())} expressible, {failed} failed in the simulator; "
           f"{wall:.1f} s wall; wrote {out / 'validation.csv'}, {out / 'summary.json'}")
+    if not frame["expressible"].any():  # nothing judged: not a success (docs/capacity.md, exits)
+        reasons = frame["reason"].value_counts()
+        top = "; ".join(f"{n} x {why}" for why, n in reasons.head(3).items())
+        more = f"; and {len(reasons) - 3} other reasons" if len(reasons) > 3 else ""
+        print(f"simulate: error: none of the {len(frame)} rows is expressible, so nothing was simulated or "
+              f"judged: {top}{more} (each row's reason is in validation.csv)", file=sys.stderr)
+        return 3
     return 0

@@ -56,17 +56,6 @@ class HostTier:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def lookup(self, key: BlockHash, parent: BlockHash | None) -> tuple[int, BlockHash] | None:
-        """(slot, stored key) if the tier holds key's prefix: tokens, extra keys and parent chain equal."""
-        entry = self.entries.get(key.value)
-        if entry is None:
-            return None
-        stored = entry[1]
-        if stored is not key and (stored.token_ids != key.token_ids or stored.extra_keys != key.extra_keys
-                                  or not (stored.parent is parent or stored.parent == parent)):
-            return None  # a colliding value names another prefix
-        return entry
-
     def store(self, key: BlockHash) -> int | None:
         """A slot to copy key's block into; None when the tier has it already or every slot is pinned."""
         value = key.value

@@ -109,7 +109,8 @@ class TierTables:
         bs = self.block_size
         host = None
         n = len(hashes)
-        # KVCacheManager._key and HostTier.lookup inlined (hot path: every block a hit loads).
+        # KVCacheManager._key inlined, and the host match (hot path: every block a hit loads): an entry
+        # holds key's prefix when tokens, extra keys and parent chain are equal, not just the hash value.
         for i in range(len(hits), max_blocks):
             if i < n:
                 key = hashes[i]

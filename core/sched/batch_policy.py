@@ -95,7 +95,7 @@ class PrefillFirst:
                 break
             c = req.num_computed_tokens
             num_new = len(req.all_token_ids) - c
-            if num_new <= 0:  # a wrong computed-token count: it would be skipped forever
+            if num_new <= 0 or c < 0:  # a wrong computed-token count: skipped forever, or positions < 0
                 sched._stalled.append(req)
                 continue
             if num_new == 1 and req.output_token_ids:

@@ -74,7 +74,7 @@ def plain_head(head: list[Request], kv: KVCacheManager, c_ids: list[str], c_comp
                 req.num_computed_tokens = c + 1
                 continue
         else:
-            if num_new <= 0:  # a wrong computed-token count: it would be skipped forever
+            if num_new <= 0 or c < 0:  # a wrong computed-token count: skipped forever, or positions < 0
                 stalled.append(req)
                 skipped += 1
                 spare += 1

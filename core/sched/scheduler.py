@@ -224,7 +224,7 @@ class Scheduler(OutputUpdate):
                     continue
             else:
                 k = 0
-                if num_new <= 0:  # a wrong computed-token count: it would be skipped forever
+                if num_new <= 0 or c < 0:  # a wrong computed-token count: skipped forever, or positions < 0
                     self._stalled.append(req)
                     skipped += 1
                     spare += 1
@@ -271,7 +271,7 @@ class Scheduler(OutputUpdate):
         while i < len(running) and budget > 0:
             req = running[i]
             num_new = len(req.all_token_ids) - req.num_computed_tokens
-            if num_new <= 0:  # a wrong computed-token count: it would be skipped forever
+            if num_new <= 0 or req.num_computed_tokens < 0:  # a wrong computed-token count (as above)
                 self._stalled.append(req)
                 i += 1
                 continue

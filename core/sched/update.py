@@ -121,10 +121,17 @@ class OutputUpdate:
         self._drafts_held = any(r.spec_token_ids for r in self.running)
 
     def _fail_stalled(self, now: float) -> None:
-        """End running requests left with nothing to compute: no step would ever advance them."""
+        """End running requests left with nothing to compute (no step would ever advance them), or with a
+        negative count (a step would compute positions before the prompt: an executor indexing its block
+        table with them reads and writes other blocks' KV)."""
         stalled, self._stalled = self._stalled, []
         for req in stalled:
-            if req.status is RequestStatus.RUNNING:
+            if req.status is not RequestStatus.RUNNING:
+                continue
+            if req.num_computed_tokens < 0:
+                self._fail(req, req.num_computed_tokens, "the count is negative, so a step would compute positions "
+                           "before the prompt; it was set wrong", now)
+            else:
                 self._fail(req, req.num_computed_tokens, "no token is left to compute and none was sampled: the "
                            "executor sampled nothing for a finished prompt, or the count was set wrong", now)
 

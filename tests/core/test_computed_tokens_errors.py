@@ -185,3 +185,36 @@ def test_a_request_arriving_with_a_computed_count_is_refused_by_name() -> None:
         core.add_request(req)
     assert info.value.param == "num_computed_tokens"
     assert not core.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("policy", ["mixed", "prefill_first"])
+@pytest.mark.parametrize("spec", [False, True])
+@pytest.mark.parametrize("when", ["decoding", "mid_prefill"])
+@pytest.mark.parametrize("value", [-1, -9])
+def test_a_negative_computed_token_count_fails_that_request_alone(policy, spec, when, value) -> None:
+    # Below 0 the step would compute positions before the prompt: the model runner indexes its block
+    # table and token ids with them (numpy takes -1 as the last entry: other blocks' KV, silently).
+    # Only the test executor's contract check stopped it, and that stops every request; the stalled
+    # path (a count past the end) already fails the one request by name.
+    cfg = SchedulerConfig(block_size=BS, num_blocks=64, max_num_batched_tokens=5, max_model_len=MAX_LEN,
+                          batch_policy=policy)
+    k = 2 if spec else 0
+    core = EngineCore(cfg, FakeExecutor(block_size=BS, model_kv=True, num_speculative_tokens=k),
+                      speculative_config=SpeculativeConfig(method="ngram", num_speculative_tokens=k) if spec else None)
+    good = [make_request("g0", [10, 11, 12], 6), make_request("g1", [20 + j for j in range(9)], 6)]
+    bad = make_request("bad", [200 + j for j in range(13)], 6)
+    for req in [good[0], bad, good[1]]:
+        core.add_request(req)
+    went_bad = [0]
+
+    def before_step(step: int) -> None:
+        started = bad.output_token_ids if when == "decoding" else 0 < bad.num_computed_tokens < bad.num_tokens
+        if bad.status.name == "RUNNING" and started and not went_bad[0]:
+            bad.num_computed_tokens = value
+            went_bad[0] = step
+
+    seen = _drive(core, before_step)
+    assert went_bad[0]
+    _assert_only_bad_failed(core, seen, good, "bad")
+    assert f"num_computed_tokens={value}" in seen["bad"][2] and "negative" in seen["bad"][2]
+    assert seen["@step"][0] == [went_bad[0]]

@@ -119,3 +119,36 @@ def test_lru_store_many_matches_a_list_model(num_blocks, ops):
                     tier.unpin(k.value)
         assert [(v, s, k) for v, (s, k) in tier.entries.items()] == ref.order
         assert tier.stats.evictions == ref.evictions and tier.pins == ref.pins
+
+
+def _first_blocks_collide(parent, tokens, extra):
+    """Every prompt's first block has value 1; a later block's value is its parent's value and tokens."""
+    return 1 if parent is None else (parent * 31 + sum(tokens)) % 1000 + 2
+
+
+def test_the_host_walk_refuses_an_entry_whose_parent_is_another_prefix():
+    """_host_hits matches an entry by tokens, extra keys AND parent (HostTier.lookup's check, inlined there
+    when lookup was removed as unused). Prompts a and b differ in block 0, whose values collide, and share
+    block 1's tokens, so b's block 1 has a's block 1's value: that host entry holds a's KV, not b's."""
+    from twinserve.core.kv import KVCacheManager
+    from twinserve.core.request import Request
+    from twinserve.core.sampling_params import SamplingParams
+
+    kv = KVCacheManager(3, 4, hash_function=_first_blocks_collide, host_tier=HostTier(8))
+
+    def run(rid: str, tokens: list[int]) -> None:
+        req = Request(rid, tokens, SamplingParams(max_tokens=4))
+        hits, num_hit = kv.get_computed_blocks(req)
+        assert kv.allocate_slots(req, req.num_tokens - num_hit, hits, num_hit) is not None
+        req.num_computed_tokens = req.num_tokens
+        kv.cache_blocks(req, req.num_tokens)
+        kv.free(req)
+        kv.take_transfers()
+
+    run("a", [1, 1, 1, 1, 5, 6, 7, 8, 9])
+    run("b", [2, 2, 2, 2, 5])  # 3 device blocks: a's are evicted, its block 1 goes to the host tier
+    shared = _first_blocks_collide(1, (5, 6, 7, 8), None)
+    assert list(kv.host.entries) == [shared] and kv.host.entries[shared][1].token_ids == (5, 6, 7, 8)
+    b2 = Request("b2", [2, 2, 2, 2, 5, 6, 7, 8, 9], SamplingParams(max_tokens=4))
+    hits, num_hit = kv.get_computed_blocks(b2)
+    assert num_hit == 4 and getattr(hits, "host", None) is None  # b's own block 0 only, no load of a's KV

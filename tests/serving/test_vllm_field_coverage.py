@@ -414,3 +414,45 @@ def test_an_unknown_field_is_ignored_with_a_warning_naming_it_once(srv: RunningS
     said = [x.getMessage() for x in caplog.records if x.name == "twinserve.serve" and "frobnicate_walk_field" in
             x.getMessage()]
     assert len(said) == 1 and "ignored" in said[0]  # once per field name, not once per request
+
+
+# Fields vLLM's request models type Optional (null read as the field's default; SamplingParams.from_optional
+# turns n=None into 1), at both commits above: chat's `n: int | None = 1`, `stream: bool | None = False`,
+# `logprobs: bool | None = False`; completions' `stream: bool | None = False`, `echo: bool | None = False`.
+VLLM_NULL_IS_DEFAULT = {"chat": {"n": 1, "stream": False, "logprobs": False},
+                        "completion": {"stream": False, "echo": False}}
+# And those vLLM types without None, so null is a 400 there too: completions' `n: int = 1`, chat's `echo: bool`.
+VLLM_NULL_IS_REFUSED = {"chat": ["echo"], "completion": ["n"]}
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completion"])
+def test_null_on_a_field_vllm_types_optional_is_its_default(srv: RunningServer, endpoint: str) -> None:
+    path, body = ("/v1/chat/completions", CHAT) if endpoint == "chat" else ("/v1/completions", {"prompt": "hi"})
+    base = {"model": "tiny", "max_tokens": 2, "temperature": 0.0, **body}
+    want = httpx.post(srv.url + path, json=base, timeout=60)
+    assert want.status_code == 200, want.text
+    nulls = {name: None for name in VLLM_NULL_IS_DEFAULT[endpoint]}
+    r = httpx.post(srv.url + path, json={**base, **nulls}, timeout=60)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert r.headers["content-type"].startswith("application/json")  # stream null: not a stream
+    assert len(got["choices"]) == 1  # n null: one choice
+    assert got["choices"][0].get("logprobs") is None  # logprobs null: none asked
+    assert [c.get("text", c.get("message")) for c in got["choices"]] == \
+        [c.get("text", c.get("message")) for c in want.json()["choices"]]  # echo null: no prompt echoed
+    for name in VLLM_NULL_IS_REFUSED[endpoint]:
+        r = httpx.post(srv.url + path, json={**base, name: None}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == name, (name, r.text)
+
+
+@pytest.mark.parametrize("field,value", [("stream", "maybe"), ("stream_options", 5), ("structured_outputs", 5),
+                                         ("n", "x")])
+def test_a_bad_value_is_a_400_naming_its_field_even_when_the_name_starts_like_a_type(field: str,
+                                                                                    value: Any) -> None:
+    # The error's loc mixes field names with pydantic's union tags ("str", "list[int]"); "stream" and
+    # "structured_outputs" start with "str" and were dropped with them, leaving param null.
+    from twinserve.backends.real.serving.protocol import APIError, parse_model
+    body = {"prompt": "hi", "stream": True, field: value}
+    with pytest.raises(APIError) as e:
+        parse_model(CompletionRequest, body)
+    assert e.value.param == field and str(e.value).startswith(f"{field}: ")

@@ -240,3 +240,30 @@ def test_a_row_priced_by_another_aic_version_says_so(rows: pd.DataFrame, tmp_pat
     df = pd.read_csv(out / "validation.csv")
     assert df["aic_version"].str.contains("aic's current").all(), df["aic_version"]
     assert "1 rows priced by aic's current database" in capsys.readouterr().out
+
+
+def test_rows_matched_but_none_expressible_exit_3_naming_the_reasons(tmp_path, capsys) -> None:
+    # Both vLLM H100 rows of Qwen3-235B-A22B lack a client concurrency: nothing can be judged, so the
+    # command must not end as a success (a study would run on with an empty judge), yet the reasons
+    # are written (validation.csv keeps every row and its reason).
+    out = tmp_path / "v"
+    rc = main(["validate", "--silicon", "--backend", "vllm", "--model", "Qwen3-235B-A22B", "--system", "h100_sxm",
+               "--out", str(out), "--workers", "1"])
+    cap = capsys.readouterr()
+    assert rc == 3
+    assert "none of the 2 rows is expressible" in cap.err and "no client concurrency" in cap.err
+    assert "Traceback" not in cap.err
+    df = pd.read_csv(out / "validation.csv")
+    assert len(df) == 2 and not df["expressible"].any() and df["reason"].str.contains("concurrency").all()
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--model", "Llama-3.1-8B", "--rows", "dev"], "--rows dev: none of the"),
+    (["--model", "Llama-3.1-70B", "--rows", "heldout"], "--rows heldout: none of the"),
+])
+def test_a_filter_that_leaves_no_row_exits_2_naming_that_filter(tmp_path, capsys, flags: list[str],
+                                                                 says: str) -> None:
+    assert main(["validate", "--silicon", *flags, "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+    assert not (tmp_path / "x").exists()

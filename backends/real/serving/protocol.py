@@ -12,9 +12,10 @@ warning naming them (once per name, so a client that always sends one does not f
 from __future__ import annotations
 
 import logging
-from typing import Any
+import re
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from twinserve.core.errors import InvalidSamplingParamsError
 from twinserve.core.sampling_params import SamplingParams
@@ -32,6 +33,19 @@ _MAX_WARNED_UNKNOWN = 1024
 # Stop strings are searched in every step's new text: a bound keeps one request from slowing the others.
 MAX_STOP_STRINGS = 256
 MAX_STOP_CHARS = 16_384
+
+
+def _null_is(default: Any) -> BeforeValidator:
+    """For a field vLLM types Optional while its code reads it as set: null is read as the default."""
+    return BeforeValidator(lambda v: default if v is None else v)
+
+
+# vLLM's request models (vllm/entrypoints/openai/protocol.py) type these `... | None` with this default,
+# and read null as the default (SamplingParams.from_optional turns n=None into 1). The schema says
+# null is allowed; after validation the value is never None. Fields vLLM types without None (completions'
+# `n: int = 1`, chat's `echo: bool`) stay refused on null there and here.
+NullFalse = Annotated[bool | None, _null_is(False)]
+NullOne = Annotated[int | None, _null_is(1)]
 
 
 class StreamOptions(BaseModel):
@@ -56,7 +70,7 @@ class _Common(BaseModel):
     seed: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    stream: bool = False
+    stream: NullFalse = False
     stream_options: StreamOptions | None = None
     # Written on the request's access-log line (OpenAI's end-user id, for abuse monitoring).
     user: str | None = None
@@ -142,7 +156,7 @@ class CompletionRequest(_Common):
 
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = 16
-    echo: bool = False
+    echo: NullFalse = False
     logprobs: int | None = None
     suffix: str | None = None
     add_special_tokens: bool = True
@@ -169,7 +183,8 @@ class ChatCompletionRequest(_Common):
     messages: list[ChatMessage]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    logprobs: bool = False
+    n: NullOne = 1  # completions' n stays `int` (vLLM: null a 400 there)
+    logprobs: NullFalse = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -236,6 +251,10 @@ def _warn_unknown(model: type[BaseModel], body: dict[str, Any]) -> None:
     logger.warning("request fields this server does not know were ignored: %s (said once per field name)", shown)
 
 
+# The union members pydantic puts in an error's loc ("str", "list[int]", "function-before[...]"): not field names.
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none|list|dict|function-\w+)(\[.*\])?$")
+
+
 def parse_model(model: type[BaseModel], body: Any) -> Any:
     """Validate a decoded JSON body against any request model; a 400 naming the first bad field."""
     if not isinstance(body, dict):
@@ -244,7 +263,7 @@ def parse_model(model: type[BaseModel], body: Any) -> Any:
         req = model.model_validate(body)
     except ValidationError as e:
         err = e.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("str", "list", "int")))
+        loc = ".".join(str(p) for p in err["loc"] if not _UNION_TAG.match(str(p)))
         code = "missing_required_parameter" if err["type"] == "missing" else "invalid_type"
         raise bad_request(f"{loc}: {err['msg']}", loc or None, code) from None
     return req
