@@ -82,6 +82,7 @@ class RateSearch:
     start: float = 0.0         # first rate (0: the driver places it, else search.start_rate)
     estimate: float = 0.0      # the cost model's steady-state rate (sim.search_run), 0 = none
     seeds: list[tuple[int, float]] = field(default_factory=list)  # (seed, max rate) for the band
+    seed_resolution: float = 0.0  # relative bracket width the extra seeds were bisected to
     # Work done over every stage (first length, rechecks, seeds): runs and requests simulated.
     runs_total: int = 0
     simulated: int = 0

@@ -19,6 +19,12 @@ from twinserve.sim.config import StudyConfig, set_field
 from twinserve.sim.convergence import with_requests
 from twinserve.sim.search import RateSearch, run_searches
 
+# Extra seeds bisect on this power of their answer's first-length grid (5% -> ~10% brackets):
+# each seed's answer is known to that bracket, which seed_band adds to their spread (the band
+# is +-25-50% on the FP8 8x H200 question, so a 10% bracket moves it by a few points). On that
+# question 2 made the seed stage 59 -> 51 runs, 12,820 -> 10,653 requests, same pick and ties.
+SEED_GRID_POWER = 2
+
 # Student's t, 97.5% quantile by degrees of freedom (any statistics table).
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
          9: 2.262, 10: 2.228}
@@ -40,12 +46,19 @@ def seed_band(rates: Sequence[float], resolution: float = 0.0) -> tuple[float, f
 
 
 def seed_step(s: RateSearch, first: float, tol: float) -> float:
-    """The grid a seed's search steps on: the answer's own first-length bracket (first_hi /
-    first, within the tolerance), else twice the tolerance."""
+    """The answer's own first-length grid step: its bracket (first_hi / first, within the
+    tolerance), else twice the tolerance."""
     if first > 0 and math.isfinite(s.first_hi) and s.first_hi > first * (1.0 + 1e-3) \
             and (s.first_hi - first) / s.first_hi <= tol * (1.0 + 1e-9):
         return s.first_hi / first
     return 1.0 + 2 * tol
+
+
+def seed_grid(step: float, power: int = SEED_GRID_POWER) -> tuple[float, float]:
+    """(grid, tolerance) an extra seed's search uses: power first-length grid steps, and the
+    relative width of that bracket (a seed settles once its bracket is one grid step wide)."""
+    g = step ** max(1, power)
+    return g, (1.0 - 1.0 / g) * (1.0 + 1e-9)
 
 
 def search_seeds(searches: Sequence[RateSearch], slos: dict[str, float], workers: int | None,
@@ -54,8 +67,9 @@ def search_seeds(searches: Sequence[RateSearch], slos: dict[str, float], workers
 
     Seed k's searches run together: each starts at its answer times the grid step below the
     ratio the seed-k searches done so far found (one workload seed moves every configuration
-    alike), on the grid of the answer's own bracket, so a seed landing in the bracket next to
-    the start is settled in two runs."""
+    alike), on SEED_GRID_POWER steps of the grid of the answer's own bracket, so a seed landing
+    in the bracket next to the start is settled in two runs; s.seed_resolution keeps the
+    seeds' bracket width for the band."""
     todo = [s for s in searches if s.status == "ok" and not s.screened and not s.unbanded]
     for s in todo:
         # Short runs: the first length's answers; their spread is the wider one, so the band
@@ -67,11 +81,13 @@ def search_seeds(searches: Sequence[RateSearch], slos: dict[str, float], workers
             if k > s.cfg.search.band_seeds:
                 continue
             n, first = s.lengths[0] if s.lengths else (s.cfg.workload.num_requests, s.lo)
-            # The first length's tolerance: each seed's answer as precise as the one it is set beside.
             tol = s.tolerance or s.cfg.search.tolerance
             cfg = with_requests(s.cfg, n)
             set_field(cfg, "run.seed", s.cfg.run.seed + k)
-            g = seed_step(s, first, tol)
+            # A coarser bracket than the answer's own: the band it feeds is wider still, and
+            # seed_band adds the bracket's width (s.seed_resolution) to the seeds' spread.
+            g, tol = seed_grid(seed_step(s, first, tol))
+            s.seed_resolution = max(s.seed_resolution, tol)
             again.append((s, RateSearch(s.point, cfg, estimate=first, near_step=g, grid=g,
                                         integer=s.integer, tolerance=tol)))
         if not again:
@@ -161,8 +177,10 @@ def add_bands(rows: list[dict[str, Any]], searches: Sequence[RateSearch], base: 
             row.update(band_lo=0.0, band_hi=0.0, seed_rates="", model_error=math.nan)
             continue
         rates = [r for _, r in s.seeds] or [s.lo]
-        # The seeds were bisected to the first length's tolerance (sim.search_band.search_seeds).
-        lo, hi = seed_band(rates, (s.tolerance or s.cfg.search.tolerance) if s.seeds else 0.0)
+        # The seeds were bisected to their own brackets (sim.search_band.search_seeds), no
+        # narrower than the first length's tolerance (seed 0's answer).
+        res = max(s.seed_resolution, s.tolerance or s.cfg.search.tolerance)
+        lo, hi = seed_band(rates, res if s.seeds else 0.0)
         mean = sum(rates) / len(rates)
         lo, hi = s.lo * lo / mean, s.lo * hi / mean  # the short runs' relative spread
         err, note = model_error(base, row["model"], row["hardware"])

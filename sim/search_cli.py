@@ -59,7 +59,8 @@ def run_search(args: argparse.Namespace, base: Callable[[argparse.Namespace], St
         axes = [k.split(".", 1)[1] for k in grid]
         if any(s.point.get("mode", "agg") != "agg" for s in searches):
             axes.append("mode")  # agg and disagg rows side by side
-        notes = _notes(cfg, slos, rows, wall, len(searches), band_notes)
+        seed_res = max((s.seed_resolution for s in searches), default=0.0)
+        notes = _notes(cfg, slos, rows, wall, len(searches), band_notes, seed_res)
         notes += screen_notes(searches, best, cfg.search.screen_margin)
         out = Path(args.out or "simulate-search")
         picks = [pick_record(s, r, cfg, axes) for s, r in zip(searches, rows)
@@ -81,7 +82,7 @@ def run_search(args: argparse.Namespace, base: Callable[[argparse.Namespace], St
 
 
 def _notes(cfg: StudyConfig, slos: dict[str, float], rows: list[dict[str, Any]], wall: float,
-           n: int, band_notes: list[str]) -> list[str]:
+           n: int, band_notes: list[str], seed_res: float = 0.0) -> list[str]:
     sc = cfg.search
     slo_text = ", ".join(f"{k.replace('_s', '')} <= {v:g} s" for k, v in slos.items())
     lengths = sorted({int(r["num_requests"]) for r in rows if r["max_rate"] > 0})
@@ -95,9 +96,12 @@ def _notes(cfg: StudyConfig, slos: dict[str, float], rows: list[dict[str, Any]],
              f"its length until its max rate moves by less than {sc.convergence:.0%} (at most "
              f"{sc.max_requests_per_run}); the answers below come from runs of "
              + (", ".join(str(x) for x in lengths) or "-") + " requests (`num_requests` column)",
-             f"band: {sc.band_seeds} more seed(s) searched at {start} requests; their spread (a 95% "
-             "prediction interval for another seed, relative to their mean) is applied to each "
-             "answer (`seed_rates`: seed:rate at that length)" if sc.band_seeds else
+             f"band: {sc.band_seeds} more seed(s) searched at {start} requests"
+             + (f", each to a bracket of up to {seed_res:.0%} (two of its answer's grid steps; "
+                "the bracket's width is added to their spread)" if seed_res else "")
+             + "; their spread (a 95% prediction interval for another seed, relative to their "
+             "mean) is applied to each answer (`seed_rates`: seed:rate at that length)"
+             if sc.band_seeds else
              "band: none (band_seeds = 0): each answer is one seed's",
              *band_notes,
              "replicas and USD/hour for the target come from the LOW end of each band; "

@@ -229,3 +229,42 @@ def test_a_split_starts_at_its_neighbouring_splits_answer_when_that_is_higher() 
     assert not neighbour_splits({"tp": 1, "mode": "disagg 3P+5D"}, {"tp": 2, "mode": "disagg 4P+4D"})
     assert not neighbour_splits({"tp": 1, "mode": "disagg 3P+5D"}, {"tp": 1, "mode": "disagg 5P+3D"})
     assert not neighbour_splits({"tp": 1, "mode": "disagg 3P+5D"}, {"tp": 1, "mode": "agg"})
+
+
+def test_extra_seeds_bisect_on_two_grid_steps_and_the_band_carries_that_width() -> None:
+    import math as _m
+
+    from twinserve.sim.search import RateSearch
+    from twinserve.sim.search_band import add_bands, seed_grid
+    from twinserve.sim.search_driver import drive
+
+    g, tol = seed_grid(1.05)
+    assert g == pytest.approx(1.05 ** 2) and tol == pytest.approx(1 - 1 / 1.05 ** 2)
+    # A seed whose answer lies one coarse step above its start settles in two runs: a pass at
+    # the start, a miss one coarse step up (a bracket of tol, not bisected on to 5%).
+    s = RateSearch({"tp": 1}, small_config(), estimate=4.0, near_step=g, grid=g, tolerance=tol)
+    rates: list[float] = []
+
+    def job(_, rate):
+        rates.append(rate)
+        return rate
+
+    drive([s], lambda r: {"rate": r}, job, lambda row: row["rate"] <= 4.3, workers=1)
+    assert rates == pytest.approx([4.0, 4.0 * g], rel=1e-5)
+    assert s.lo == pytest.approx(4.0) and (s.hi - s.lo) / s.hi <= tol
+    # The band adds the seeds' own bracket width to their spread: three seeds on one value
+    # give a band wider with 10% brackets than with the first length's 5%.
+
+    def band(resolution: float) -> tuple[float, float]:
+        a = RateSearch({"tp": 1}, small_config(), lo=4.0, hi=4.2, tolerance=0.05,
+                       seeds=[(0, 4.0), (1, 4.0), (2, 4.0)], seed_resolution=resolution)
+        row = {"model": "m", "hardware": "h", "usd_per_hour": 1.0, "usd_per_mtok": 1.0,
+               "request_rate": 4.0, "max_rate": 4.0}
+        add_bands([row], [a], small_config(), 0.0)
+        return row["band_lo"], row["band_hi"]
+
+    lo5, hi5 = band(0.0)
+    lo10, hi10 = band(tol)
+    assert lo10 < lo5 < 4.0 < hi5 < hi10
+    half = 4.303 * 4.0 * tol / _m.sqrt(12) * _m.sqrt(1 + 1 / 3)
+    assert (lo10, hi10) == pytest.approx((4.0 - half, 4.0 + half))
