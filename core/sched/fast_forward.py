@@ -302,6 +302,9 @@ def schedule_decode_half(scheduler: Scheduler, get: Callable[[str, int], int], d
     if (scheduler.loading or scheduler.loaded or kv.load_jobs or not running
             or len(running) > scheduler.config.max_num_batched_tokens):
         return None
+    last = running[-1]  # the last joiner, when a join step fails: still in a chunk (no pass, no rollback)
+    if len(last.all_token_ids) - last.num_computed_tokens != 1 or not last.output_token_ids:
+        return None
     bs = kv.block_size
     held = kv.req_to_blocks
     takers: list[tuple[list, int]] = []
