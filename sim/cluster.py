@@ -333,12 +333,12 @@ class ClusterSimulation:
                 or ex.spec is not None or ex.draft is not None or core.executor is not ex
                 or sched._stalled or sched.failed_outputs):
             return None
-        k, context = decode_plan(sched, 1, joining=True)
-        if k <= 0:
+        half = schedule_decode_half(sched, ex.tokens.get, DEFAULT_TOKEN)  # decode_plan(sched, 1, True)'s checks
+        if half is None:
             return None
+        ids, done, context = half
         cfg = sched.config
         decodes = sched.running[:] if self.keep_token_times else ()
-        ids, done = schedule_decode_half(sched, ex.tokens.get, DEFAULT_TOKEN)
         n = len(ids)
         num_scheduled: dict[str, int] = {}
         new_reqs: list = []

@@ -284,38 +284,62 @@ def _apply_uncached(scheduler: Scheduler, end_times: list[float],
 
 
 def schedule_decode_half(scheduler: Scheduler, get: Callable[[str, int], int], default: int
-                         ) -> tuple[list[str], list[Request]]:
+                         ) -> tuple[list[str], list[Request], int] | None:
     """A step's schedule() and the token part of its update_from_output() for its running requests,
-    all plain decodes (decode_plan(.., 1, True) > 0), without a prefix cache, host tier or KV groups:
-    one token computed and one sampled (from get) each, and the new blocks of those at a block
-    boundary, in running order (one pool call: the ids per-request allocate_slots calls give).
+    when all are plain decodes with room for their blocks (decode_plan(.., 1, True) > 0: its checks
+    are made in this pass, and a failed one rolls back what the pass did and returns None), without
+    a prefix cache, host tier or KV groups: one token computed and one sampled (from get) each, and
+    the new blocks of those at a block boundary, in running order (one pool call: the ids
+    per-request allocate_slots calls give).
 
     The waiting requests are then admitted as schedule() would after them (Scheduler._admit): nothing
-    there reads the decodes' tokens. Returns the decodes' ids (running order) and those at their
-    length limit, for finish_decode_half once the step is priced.
+    there reads the decodes' tokens. Returns the decodes' ids (running order), those at their
+    length limit (for finish_decode_half once the step is priced) and the batch's context (computed
+    tokens summed before the step, as decode_plan gives it).
     """
     kv = scheduler.kv
+    running = scheduler.running
+    if (scheduler.loading or scheduler.loaded or kv.load_jobs or not running
+            or len(running) > scheduler.config.max_num_batched_tokens):
+        return None
+    last = running[-1]  # the last joiner, when a join step fails: still in a chunk (no pass, no rollback)
+    if len(last.all_token_ids) - last.num_computed_tokens != 1 or not last.output_token_ids:
+        return None
     bs = kv.block_size
     held = kv.req_to_blocks
     takers: list[tuple[list, int]] = []
+    limits: list[tuple[Request, int]] = []  # fast_decode_limit before this pass changed it
     total = 0
+    context = 0
     ids: list[str] = []
     add_id = ids.append
     done: list[Request] = []
-    for req in scheduler.running:
+    for i, req in enumerate(running):
+        all_ids = req.all_token_ids
+        n = len(all_ids)
+        c = req.num_computed_tokens
+        sp = req.sampling_params
+        # decode_plan's checks, before anything changes for this request: a plain decode (one
+        # token left with output: without output it is still prefill), no stop token or EOS to
+        # sample, not at its length limit.
+        if (n - c != 1 or not req.output_token_ids or sp.stop_token_ids
+                or (req.eos_token_id is not None and not sp.ignore_eos) or req.stop_check_len <= n):
+            _undo_decode_half(running, i, limits)
+            return None
+        context += c
         rid = req.request_id
         add_id(rid)
         tok = get(rid, default)
-        all_ids = req.all_token_ids
         all_ids.append(tok)
         req.output_token_ids.append(tok)
-        if len(all_ids) >= req.stop_check_len:
+        if n + 1 >= req.stop_check_len:
             done.append(req)
-        end = req.num_computed_tokens = req.num_computed_tokens + 1
+        end = req.num_computed_tokens = c + 1
         if end <= req.fast_decode_limit:
             continue
         blocks = held[rid]
         have = len(blocks)
+        limits.append((req, req.fast_decode_limit))
         if end <= have * bs:
             req.fast_decode_limit = have * bs
             continue
@@ -324,14 +348,25 @@ def schedule_decode_half(scheduler: Scheduler, get: Callable[[str, int], int], d
         total += need
         req.fast_decode_limit = (have + need) * bs
     if total:
-        if total > kv.pool.free_queue.num_free:
-            raise AssertionError("join step allocation failed: check decode_plan")
+        if total > kv.pool.free_queue.num_free:  # decode_plan's _fit_blocks for one step
+            _undo_decode_half(running, len(running), limits)
+            return None
         new = kv.pool.get_new_blocks(total)
         j = 0
         for blocks, need in takers:
             blocks.extend(new[j:j + need])
             j += need
-    return ids, done
+    return ids, done, context
+
+
+def _undo_decode_half(running: list[Request], count: int, limits: list[tuple[Request, int]]) -> None:
+    """Roll back schedule_decode_half's pass over running[:count] (nothing was allocated yet)."""
+    for req in running[:count]:
+        req.all_token_ids.pop()
+        req.output_token_ids.pop()
+        req.num_computed_tokens -= 1
+    for req, limit in limits:
+        req.fast_decode_limit = limit
 
 
 def finish_decode_half(scheduler: Scheduler, decodes: list[Request], done: list[Request], now: float,

@@ -71,3 +71,30 @@ def test_a_closed_loop_run_takes_join_steps() -> None:
     joined, used = _run(cfg, True)
     assert used > 10
     assert joined == stepped
+
+
+def test_a_declined_join_step_leaves_the_batch_as_it_was(monkeypatch) -> None:
+    # schedule_decode_half makes decode_plan's checks in its own pass: a request still in a chunk
+    # (budget 64 against prompts up to 300; the last one is checked first) or no room for the
+    # decodes' blocks (a small pool) is found after earlier requests were advanced, and those are
+    # rolled back before core.step runs.
+    from twinserve.core.sched import fast_forward
+
+    undone = []
+    real = fast_forward._undo_decode_half
+
+    def spy(running, count, limits):
+        undone.append((count, len(limits)))
+        return real(running, count, limits)
+
+    monkeypatch.setattr(fast_forward, "_undo_decode_half", spy)
+    cfg = small_config(concurrency=16, num_requests=200, warmup_requests=0, num_replicas=2,
+                       num_prefill_replicas=0, seed=3, max_num_batched_tokens=64, num_gpu_blocks=60,
+                       enable_prefix_caching=False, prompt_dist="uniform", prompt_min=16, prompt_max=300,
+                       output_dist="uniform", output_min=2, output_max=60)
+    stepped, _ = _run(cfg, False)
+    joined, used = _run(cfg, True)
+    assert used > 0
+    assert sum(1 for count, _ in undone if count > 0) > 3  # rolled back after advancing requests
+    assert any(limits for _, limits in undone)  # fast_decode_limit restored too
+    assert joined == stepped
