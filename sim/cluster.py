@@ -333,7 +333,7 @@ class ClusterSimulation:
                 or ex.spec is not None or ex.draft is not None or core.executor is not ex
                 or sched._stalled or sched.failed_outputs):
             return None
-        half = schedule_decode_half(sched, ex.tokens.get, DEFAULT_TOKEN)  # decode_plan(sched, 1, True)'s checks
+        half = schedule_decode_half(sched, ex.tokens.get, DEFAULT_TOKEN)  # decode_plan's checks, waiting aside
         if half is None:
             return None
         ids, done, context = half

@@ -21,14 +21,14 @@ def decode_window(scheduler: Scheduler, max_steps: int) -> int:
     return decode_plan(scheduler, max_steps)[0]
 
 
-def decode_plan(scheduler: Scheduler, max_steps: int, joining: bool = False) -> tuple[int, int]:
+def decode_plan(scheduler: Scheduler, max_steps: int) -> tuple[int, int]:
     """decode_window's count and the batch's context (computed tokens summed; 0 with no window).
 
-    joining: waiting requests allowed (a join step: the decodes' half of the next step, see
-    schedule_decode_half); otherwise they end the window (they would join its first step).
+    Waiting requests end the window (they would join its first step; schedule_decode_half makes
+    its own checks for a join step).
     """
     kv = scheduler.kv
-    if (max_steps <= 0 or (len(scheduler.waiting) > 0 and not joining) or scheduler.loading
+    if (max_steps <= 0 or len(scheduler.waiting) > 0 or scheduler.loading
             or scheduler.loaded or kv.load_jobs
             or (_windowed(kv) and kv.enable_caching)):
         return 0, 0  # loads in flight; windows free blocks as requests advance: replayed only without a prefix cache
@@ -286,7 +286,7 @@ def _apply_uncached(scheduler: Scheduler, end_times: list[float],
 def schedule_decode_half(scheduler: Scheduler, get: Callable[[str, int], int], default: int
                          ) -> tuple[list[str], list[Request], int] | None:
     """A step's schedule() and the token part of its update_from_output() for its running requests,
-    when all are plain decodes with room for their blocks (decode_plan(.., 1, True) > 0: its checks
+    when all are plain decodes with room for their blocks (decode_plan(.., 1)'s checks, waiting requests aside:
     are made in this pass, and a failed one rolls back what the pass did and returns None), without
     a prefix cache, host tier or KV groups: one token computed and one sampled (from get) each, and
     the new blocks of those at a block boundary, in running order (one pool call: the ids
