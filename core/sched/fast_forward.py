@@ -286,8 +286,8 @@ def _apply_uncached(scheduler: Scheduler, end_times: list[float],
 def schedule_decode_half(scheduler: Scheduler, get: Callable[[str, int], int], default: int
                          ) -> tuple[list[str], list[Request], int] | None:
     """A step's schedule() and the token part of its update_from_output() for its running requests,
-    when all are plain decodes with room for their blocks (decode_plan(.., 1)'s checks, waiting requests aside:
-    are made in this pass, and a failed one rolls back what the pass did and returns None), without
+    when all are plain decodes with room for their blocks (decode_plan(.., 1)'s checks but the waiting
+    one, made in this pass; a failed one rolls back what the pass did and returns None), without
     a prefix cache, host tier or KV groups: one token computed and one sampled (from get) each, and
     the new blocks of those at a block boundary, in running order (one pool call: the ids
     per-request allocate_slots calls give).
