@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
@@ -96,7 +97,23 @@ def test_access_log_keeps_the_client_request_id_and_times_streams_to_the_end(
     assert events[-1] == "data: [DONE]"
     wait_for(lambda: len(_access_lines(caplog)) >= 1)
     (line,) = _access_lines(caplog)
-    assert " 200 " in line and "x_request_id=abc-1" in line
+    assert " 200 " in line and 'x_request_id="abc-1"' in line
+
+
+def test_a_client_request_id_cannot_forge_fields_of_the_access_line(
+        server: RunningServer, caplog: pytest.LogCaptureFixture) -> None:
+    # The header is the client's: spaces in it must not read as more fields (status, user) to a log parser.
+    caplog.set_level(logging.INFO, logger="twinserve.access")
+    forged = "abc 200 0.1ms user=admin" + "x" * 600
+    r = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 1},
+                   headers={"X-Request-Id": forged})
+    assert r.status_code == 200 and r.headers["x-request-id"] == forged
+    wait_for(lambda: len(_access_lines(caplog)) >= 1)
+    (line,) = _access_lines(caplog)
+    head, _, tail = line.partition(" x_request_id=")
+    value, end = json.JSONDecoder().raw_decode(tail)
+    assert value == forged[:256] and tail[end:] == ""
+    assert " user=" not in head and " user=" not in tail[end:]
 
 
 def test_access_log_can_be_turned_off(make_server, caplog: pytest.LogCaptureFixture) -> None:

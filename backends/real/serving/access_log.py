@@ -18,7 +18,8 @@ logger = logging.getLogger("twinserve.access")
 
 # An OpenAI error body is a few hundred bytes; never keep more of a failing response than this.
 _MAX_ERROR_BODY = 4096
-# The end user a request names (its body's `user`) is logged up to this many characters.
+# The end user a request names (its body's `user`) and the client's X-Request-Id are logged up to
+# this many characters.
 _MAX_USER_CHARS = 256
 
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]],
@@ -104,10 +105,12 @@ class AccessLogMiddleware:
             path += "?" + scope["query_string"].decode("latin-1")
         line = (f'{host} "{scope.get("method", "-")} {path}" {status} {latency * 1000:.1f}ms '
                 f"request_id={request_id}")
+        # The client's X-Request-Id and its body's `user`: quoted and cut, so a value cannot forge
+        # fields of the line or flood it.
         if client_id:
-            line += f" x_request_id={client_id}"
+            line += f" x_request_id={json.dumps(client_id[:_MAX_USER_CHARS])}"
         user = scope.get("state", {}).get("user")
-        if isinstance(user, str):  # quoted and cut, so a body's value cannot forge or flood the line
+        if isinstance(user, str):
             line += f" user={json.dumps(user[:_MAX_USER_CHARS])}"
         if status >= 400:
             line += f" error={json.dumps(error_message(error_body) if error_body else '')}"
