@@ -56,8 +56,8 @@ def profile_validity(meta: dict[str, Any], ratio: float | None) -> list[str]:
            f"{said(mape, 'fit error (MAPE) {:.0%}', 'fit error not recorded')}; probe ratio "
            f"{'not taken' if ratio is None else f'{ratio:.3f}'} (every step price is scaled by it)"]
     warn = []
-    if load is not None and load > PROFILE_LOAD_MAX:
-        warn.append(f"calibration ran under {load:.0%} other load (over {PROFILE_LOAD_MAX:.0%}): its steps were "
+    if load is not None and load >= PROFILE_LOAD_MAX:
+        warn.append(f"calibration ran under {load:.0%} other load (at or over {PROFILE_LOAD_MAX:.0%}): its steps were "
                     "timed slow")
     if spread is not None and spread > PROBE_SPREAD_MAX:
         warn.append(f"its speed probes were {spread:.0%} apart (over {PROBE_SPREAD_MAX:.0%}): the machine's "

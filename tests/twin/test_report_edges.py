@@ -93,6 +93,17 @@ def test_the_probe_spread_bound_is_the_one_calibrate_warns_at() -> None:
     assert drift_warning(prov) is None and len(profile_validity({"provenance": prov}, 1.0)) == 1
 
 
+def test_a_profile_calibrated_at_the_noisy_share_is_warned_as_calibrate_warns() -> None:
+    """One bound, one comparison: hostload.warning calls a share at NOISY_SHARE noisy, so the banner does too."""
+    from twinserve.backends.real.hostload import NOISY_SHARE, warning
+    from twinserve.twin.report import profile_validity
+
+    host = {"other_share": NOISY_SHARE, "steal_share": 0.0, "cpus": [1]}
+    assert warning(host, "calibrate") is not None
+    lines = profile_validity({"provenance": {"host_load": host}, "fit": {"mape": 0.05}}, 1.0)
+    assert len(lines) == 2 and "other load" in lines[1]
+
+
 def _one_token_cells() -> dict:
     from twinserve.twin.verdict import judge
 
