@@ -148,9 +148,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", action="append", default=[],
                     help="a git revision whose router is measured too (repeatable)")
-    ap.add_argument("--sizes-mb", default="10,60")
-    ap.add_argument("--policies", default="round_robin,prefix_affinity")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sizes-mb", default="10,60", help="body sizes in MB, comma-separated")
+    ap.add_argument("--policies", default="round_robin,prefix_affinity",
+                    help="router policies to measure, comma-separated")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds, routers taken in turn; medians reported")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes_mb.split(",")]
     print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")

@@ -121,10 +121,10 @@ def gap_during(url: str, probe: tuple[str, bytes] | None) -> tuple[float, float,
 def main() -> None:
     """Run the probes on each server in turn and print the medians and ratios."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--max-model-len", type=int, default=8192)
-    ap.add_argument("--batch", type=int, default=100)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--model", default="smollm2", help="model the servers load")
+    ap.add_argument("--max-model-len", type=int, default=8192, help="the servers' --max-model-len")
+    ap.add_argument("--batch", type=int, default=100, help="prompts in the long-batch probe")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds, servers taken in turn; medians reported")
     ap.add_argument("--baseline", default=None, help="a git revision whose server is measured too, in turn")
     args = ap.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs, model {args.model}, "

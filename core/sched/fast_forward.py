@@ -378,26 +378,7 @@ def finish_decode_half(scheduler: Scheduler, decodes: list[Request], done: list[
     if times:
         for req in decodes:
             req.token_times.append(now)
-    if not done:
-        return []
-    status = FINISH_STATUS[FinishReason.LENGTH]
-    requests = scheduler.requests
-    kv = scheduler.kv
-    finished = scheduler.finished_req_ids
-    ids = []
-    for req in done:
-        req.status = status
-        req.finish_reason = FinishReason.LENGTH
-        req.stop_reason = None
-        req.finish_time = now
-    for req in done:
-        rid = req.request_id
-        del requests[rid]
-        kv.free(req)
-        finished.add(rid)
-        ids.append(rid)
-    scheduler.running = [r for r in scheduler.running if r.finish_reason is None]
-    return ids
+    return _finish_by_length(scheduler, done, now)
 
 
 def _replay_allocations(kv, running: list[Request], k_steps: int, boundaries: list[tuple[int, int]],
