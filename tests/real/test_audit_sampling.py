@@ -65,3 +65,16 @@ def test_streamed_deltas_never_show_a_longer_stop_string_beside_a_shorter_one(ma
         assert c.text == full[:begin]
         assert text == c.text, (stop, text)
     assert spanning > 0  # some stop string did arrive over several tokens
+
+
+def test_each_request_gets_its_own_number_of_top_logprobs_in_a_shared_batch(make_llm) -> None:
+    # Requests asking for different numbers of top logprobs share every step's batch.
+    llm = make_llm()
+    prompts = prompts_ids(3, seed=24)
+    asks = [1, 5, 0]
+    params = [SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=n) for n in asks]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    for n, out in zip(asks, outs):
+        c = out.outputs[0]
+        assert c.logprobs is not None and len(c.logprobs) == 4
+        assert all(len(lp.top) == n for lp in c.logprobs), (n, [len(lp.top) for lp in c.logprobs])

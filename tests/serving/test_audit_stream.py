@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from pathlib import Path
 
+import httpx
 import pytest
 
 from twinserve.backends.real import LLM, SamplingParams
 from twinserve.backends.real.serving.async_engine import AsyncLLMEngine
+
+from .conftest import start_server
 
 LONG = 120
 
@@ -81,3 +85,22 @@ def test_a_request_cancelled_while_its_add_is_queued_is_aborted_not_run(tiny_mod
     else:  # never added at all
         assert gone == []
     assert kv.num_free_blocks == kv.num_blocks
+
+
+def test_the_streamed_usage_chunk_equals_the_non_streamed_usage(tiny_model_dir: Path) -> None:
+    # Cached prompt tokens included (OpenAI's prompt_tokens_details): the last chunk is the whole account.
+    server = start_server(tiny_model_dir, engine_core_mode="inproc")
+    try:
+        body = {"model": "tiny", "prompt": "the quick brown fox jumps over the lazy dog " * 3, "max_tokens": 6,
+                "temperature": 0, "ignore_eos": True}
+        httpx.post(server.url + "/v1/completions", json=body, timeout=30).raise_for_status()  # warms the cache
+        plain = httpx.post(server.url + "/v1/completions", json=body, timeout=30).json()["usage"]
+        assert plain["prompt_tokens_details"]["cached_tokens"] > 0
+        stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", server.url + "/v1/completions", json=stream_body, timeout=30) as r:
+            events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        last = json.loads(events[-2])
+        assert last["choices"] == [] and last["usage"] == plain
+    finally:
+        server.stop()
