@@ -78,3 +78,18 @@ def test_each_request_gets_its_own_number_of_top_logprobs_in_a_shared_batch(make
         c = out.outputs[0]
         assert c.logprobs is not None and len(c.logprobs) == 4
         assert all(len(lp.top) == n for lp in c.logprobs), (n, [len(lp.top) for lp in c.logprobs])
+
+
+def test_a_seeded_request_draws_afresh_at_every_position() -> None:
+    # Flat logits over 256 tokens: 48 positions of one seeded request draw many different tokens. The same
+    # uniform at every position (a counter that forgets the position) would draw one token 48 times.
+    sampler = Sampler(torch.device("cpu"))
+    logits = torch.zeros(1, 256)
+    sp = SamplingParams(temperature=1.0, seed=11)
+    drawn = []
+    for pos in range(48):
+        toks, _ = sampler(logits, [SamplingRow(sp, [1, 2] + [3] * pos, 2, 11, [])])
+        drawn.append(toks[0])
+    assert len(set(drawn)) >= 30, drawn
+    again = [sampler(logits, [SamplingRow(sp, [1, 2] + [3] * pos, 2, 11, [])])[0][0] for pos in range(48)]
+    assert again == drawn  # and the seed reproduces them

@@ -8,8 +8,10 @@ import pytest
 
 from twinserve.core.knobs import knob_of
 from twinserve.sim import config
-from twinserve.sim.config import StudyConfig
-from twinserve.sim.errors import ConfigError
+from twinserve.sim.build import build
+from twinserve.sim.config import StudyConfig, load_config
+from twinserve.sim.errors import ConfigError, TraceError
+from twinserve.sim.traces import read_trace
 from twinserve.sim.workload import Workload, WorkloadConfig
 
 from .test_user_errors import STUDY, _run_cli
@@ -71,3 +73,30 @@ def test_every_open_lower_bound_is_refused(dotted: str, bound: float) -> None:
 
 def test_open_lower_bounds_exist_to_check() -> None:
     assert {"search.tolerance", "search.convergence"} <= {d for d, _ in _open_lower_bounds()}
+
+
+HARDWARE = ('[engine]\nnum_gpu_blocks = 2000\nhardware = "MyGPU"\n[hardware]\nname = "MyGPU"\npeak_flops = 500e12\n'
+            'mem_bandwidth = 2.0e12\nmem_gib = 96\ninterconnect_bandwidth = 200e9\n')
+
+
+def test_a_hardware_table_key_that_does_not_exist_is_refused(tmp_path) -> None:
+    # A misspelt optional key (price_per_hr for price_per_hour) must not be dropped in silence.
+    f = tmp_path / "s.toml"
+    f.write_text(HARDWARE + "price_per_hr = 2.0\n")
+    with pytest.raises(ConfigError, match=r"hardware\.price_per_hr.*no such field"):
+        load_config(f)
+
+
+def test_a_hardware_table_reads_mem_gib_in_gibibytes(tmp_path) -> None:
+    f = tmp_path / "s.toml"
+    f.write_text(HARDWARE)
+    assert build(load_config(f)).hardware.mem_bytes == 96 * 2 ** 30
+
+
+@pytest.mark.parametrize("row,column", [("2023-11-16 18:17:04.0,12,0", "GeneratedTokens"),
+                                        ("2023-11-16 18:17:04.0,0,6", "ContextTokens")])
+def test_an_azure_row_with_no_tokens_is_refused_naming_line_and_column(tmp_path, row: str, column: str) -> None:
+    f = tmp_path / "azure.csv"
+    f.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.5,10,5\n{row}\n")
+    with pytest.raises(TraceError, match=rf"azure\.csv:3: column '{column}'"):
+        list(read_trace(f))
