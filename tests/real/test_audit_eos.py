@@ -33,3 +33,13 @@ def test_ignore_eos_ignores_every_eos_id_and_without_it_each_one_stops(two_eos_d
     assert stopped.token_ids == [SECOND_EOS] and stopped.finish_reason == "stop"
     ignored = llm.generate(prompt, forced.clone(ignore_eos=True), use_tqdm=False)[0].outputs[0]
     assert ignored.token_ids == [SECOND_EOS] * 5 and ignored.finish_reason == "length"
+
+
+def test_with_ignore_eos_min_tokens_does_not_mask_eos(make_llm) -> None:
+    # ignore_eos makes EOS an ordinary token (vLLM leaves it out of the stop ids min_tokens masks): a request
+    # that strongly prefers it gets it from the first token on.
+    llm = make_llm()
+    eos = llm.get_tokenizer().eos_token_id
+    sp = SamplingParams(temperature=0, max_tokens=5, min_tokens=3, ignore_eos=True, logit_bias={eos: 100.0})
+    out = llm.generate([{"prompt_token_ids": [5, 6, 9]}], sp, use_tqdm=False)[0].outputs[0]
+    assert out.token_ids == [eos] * 5 and out.finish_reason == "length"

@@ -93,3 +93,21 @@ def test_a_seeded_request_draws_afresh_at_every_position() -> None:
     assert len(set(drawn)) >= 30, drawn
     again = [sampler(logits, [SamplingRow(sp, [1, 2] + [3] * pos, 2, 11, [])])[0][0] for pos in range(48)]
     assert again == drawn  # and the seed reproduces them
+
+
+def test_a_sampled_tokens_logprob_is_its_own_not_the_best_ones(make_llm) -> None:
+    # Greedy picks the best token, so its logprob and the best one's agree; random draws often pick another.
+    llm = make_llm()
+    sp = SamplingParams(temperature=1.5, seed=3, max_tokens=30, ignore_eos=True, logprobs=5)
+    c = llm.generate([{"prompt_token_ids": prompts_ids(1, seed=25)[0]}], sp, use_tqdm=False)[0].outputs[0]
+    assert c.logprobs is not None and [lp.token_id for lp in c.logprobs] == c.token_ids
+    below_best = 0
+    for lp in c.logprobs:
+        top = dict(lp.top)
+        assert lp.rank == 1 + sum(v > lp.logprob for v in top.values()) or lp.rank > len(top)
+        if lp.token_id in top:
+            assert lp.logprob == top[lp.token_id]
+        else:
+            assert lp.logprob < min(top.values()) and lp.rank > len(top)
+        below_best += lp.rank > 1
+    assert below_best > 0  # some draws were not the best token
