@@ -43,3 +43,14 @@ def test_with_ignore_eos_min_tokens_does_not_mask_eos(make_llm) -> None:
     sp = SamplingParams(temperature=0, max_tokens=5, min_tokens=3, ignore_eos=True, logit_bias={eos: 100.0})
     out = llm.generate([{"prompt_token_ids": [5, 6, 9]}], sp, use_tqdm=False)[0].outputs[0]
     assert out.token_ids == [eos] * 5 and out.finish_reason == "length"
+
+
+def test_skip_special_tokens_false_keeps_their_text(make_llm) -> None:
+    llm = make_llm()
+    eos = llm.get_tokenizer().eos_token_id
+    sp = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logit_bias={eos: 100.0})
+    prompt = [{"prompt_token_ids": [5, 6, 9]}]
+    kept = llm.generate(prompt, sp.clone(skip_special_tokens=False), use_tqdm=False)[0].outputs[0]
+    assert kept.token_ids == [eos] * 3 and kept.text == "<eos>" * 3
+    skipped = llm.generate(prompt, sp, use_tqdm=False)[0].outputs[0]
+    assert skipped.text == ""
