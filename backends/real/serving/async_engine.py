@@ -245,6 +245,11 @@ class AsyncLLMEngine:
     def _handle(self, cmd: Any) -> list[RequestOutput]:
         engine = self.engine
         if isinstance(cmd, _Add):
+            # A client that left while the add was queued cancelled its future: add nothing. Once running,
+            # the future cannot be cancelled, so setting it below never raises (that killed the engine);
+            # a client leaving from here on aborts the request with a command after this one.
+            if not cmd.done.set_running_or_notify_cancel():
+                return []
             try:
                 engine.add_request(cmd.request_id, cmd.prompt, cmd.params, arrival_time=cmd.arrival_time,
                                    output_kind="delta", priority=cmd.priority, cache_salt=cmd.cache_salt)
