@@ -67,9 +67,10 @@ def neighbour_answer(s: SearchLike, searches: Sequence[SearchLike]) -> float:
     The estimate's error changes sign across the splits (prefill-bound ones are overrated,
     decode-bound ones underrated), while a neighbour's answer is near; starting above the
     answer costs less than below it (a run over its SLOs stops early, one under them runs
-    whole), so the higher of the two starts."""
-    return max((o.lo for o in searches if o.lo > 0 and math.isfinite(o.hi)
-                and neighbour_splits(s.point, o.point)), default=0.0)
+    whole), so the higher of the two starts. A neighbour still searching (two workers) counts
+    with the highest rate it passed so far: its answer is at least that."""
+    return max((o.lo for o in searches if o.lo > 0 and neighbour_splits(s.point, o.point)),
+               default=0.0)
 
 
 def likeness(a: SearchLike, b: SearchLike) -> int:
