@@ -19,6 +19,7 @@ from twinserve.sim.convergence import converged_search, convergence_rows
 from twinserve.sim.search import cheapest, summary_rows
 from twinserve.sim.search_band import add_bands, search_seeds, ties
 from twinserve.sim.search_checks import check_search, search_slos
+from twinserve.sim.search_driver import search_pool
 from twinserve.sim.search_report import pick_record, write_search
 from twinserve.sim.search_screen import screen_notes, skip_bands
 from twinserve.sim.study import parse_grid
@@ -41,10 +42,13 @@ def run_search(args: argparse.Namespace, base: Callable[[argparse.Namespace], St
         grid = {**cfg.search.grid, **parse_grid(args.grid)}  # --grid axes win over the file's
         check_search(cfg, grid, explicit_target=args.target_rate is not None)
         t0 = time.perf_counter()
-        searches = converged_search(cfg, grid, slos, workers=args.workers, ray_address=args.ray)
-        if cfg.search.band_seeds:
-            skip_bands(searches, cfg.search.target_rate, cfg.search.screen_margin)
-            search_seeds(searches, slos, args.workers, args.ray, True)
+        # One pool for every stage: its workers are forked once (sim.search_driver.search_pool).
+        with search_pool(args.workers, args.ray):
+            searches = converged_search(cfg, grid, slos, workers=args.workers,
+                                        ray_address=args.ray)
+            if cfg.search.band_seeds:
+                skip_bands(searches, cfg.search.target_rate, cfg.search.screen_margin)
+                search_seeds(searches, slos, args.workers, args.ray, True)
         wall = time.perf_counter() - t0
         if all(s.error for s in searches):  # nothing to rank: a bad input, not a result
             for s in searches:

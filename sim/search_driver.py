@@ -5,10 +5,11 @@ of those that have (their estimate times the measured/estimated ratio so far).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from twinserve.sim.runner import PointFailure, _guarded, _Raised, ray_init
 from twinserve.sim.search_disagg import neighbour_splits
@@ -66,9 +67,10 @@ def neighbour_answer(s: SearchLike, searches: Sequence[SearchLike]) -> float:
     The estimate's error changes sign across the splits (prefill-bound ones are overrated,
     decode-bound ones underrated), while a neighbour's answer is near; starting above the
     answer costs less than below it (a run over its SLOs stops early, one under them runs
-    whole), so the higher of the two starts."""
-    return max((o.lo for o in searches if o.lo > 0 and math.isfinite(o.hi)
-                and neighbour_splits(s.point, o.point)), default=0.0)
+    whole), so the higher of the two starts. A neighbour still searching (two workers) counts
+    with the highest rate it passed so far: its answer is at least that."""
+    return max((o.lo for o in searches if o.lo > 0 and neighbour_splits(s.point, o.point)),
+               default=0.0)
 
 
 def likeness(a: SearchLike, b: SearchLike) -> int:
@@ -80,11 +82,37 @@ def likeness(a: SearchLike, b: SearchLike) -> int:
     return 100 * kind + same
 
 
+# The pool every stage of one search shares (search_pool), else None: each drive makes its own.
+_SHARED: ProcessPoolExecutor | None = None
+
+
+@contextlib.contextmanager
+def search_pool(workers: int | None, ray_address: str | None = None) -> Iterator[None]:
+    """One process pool for every drive() inside (a search's first length, rechecks and seed
+    stages), shut down on exit. Its workers are forked once, after the imports, and keep what
+    a run leaves for the next (KV blocks, core.kv.block_pool.BlockPool.recycle), where a pool
+    a stage forked workers four times a search and each began with no spare blocks. Nothing
+    with Ray or one worker."""
+    global _SHARED
+    n = workers or os.cpu_count() or 1
+    if ray_address is not None or n <= 1 or _SHARED is not None:
+        yield
+        return
+    _SHARED = ProcessPoolExecutor(n)
+    try:
+        yield
+    finally:
+        pool, _SHARED = _SHARED, None
+        pool.shutdown()
+
+
 class _Local:
-    """Jobs on a process pool (or inline with one worker)."""
+    """Jobs on a process pool (search_pool's, else one of its own), or inline with one worker."""
 
     def __init__(self, workers: int) -> None:
-        self.pool = ProcessPoolExecutor(workers) if workers > 1 else None
+        self.own = workers > 1 and _SHARED is None
+        self.pool = (ProcessPoolExecutor(workers) if self.own
+                     else _SHARED if workers > 1 else None)
         self.done: list[tuple[Any, Any]] = []
 
     def submit(self, fn: Callable[[Any], Any], job: Any) -> Any:
@@ -108,7 +136,7 @@ class _Local:
         return out
 
     def close(self) -> None:
-        if self.pool is not None:
+        if self.pool is not None and self.own:
             self.pool.shutdown()
 
 

@@ -268,3 +268,21 @@ def test_extra_seeds_bisect_on_two_grid_steps_and_the_band_carries_that_width() 
     assert lo10 < lo5 < 4.0 < hi5 < hi10
     half = 4.303 * 4.0 * tol / _m.sqrt(12) * _m.sqrt(1 + 1 / 3)
     assert (lo10, hi10) == pytest.approx((4.0 - half, 4.0 + half))
+
+
+def test_a_split_starts_at_least_at_the_rate_a_neighbour_still_searching_has_passed() -> None:
+    # Two workers: a neighbour split may be in the middle of its search when this one starts;
+    # the highest rate it has passed is a floor of its answer, and so a start as good as a
+    # finished neighbour's (a run below the answer runs whole, one above it stops early).
+    from twinserve.sim.search import RateSearch
+    from twinserve.sim.search_driver import neighbour_answer
+
+    def split(p: int, d: int, **kw) -> RateSearch:
+        return RateSearch({"tp": 1, "mode": f"disagg {p}P+{d}D"}, small_config(), **kw)
+
+    me = split(5, 3, estimate=2.0)
+    climbing = split(4, 4, lo=5.5)          # passed 5.5, no miss yet
+    assert neighbour_answer(me, [me, climbing]) == pytest.approx(5.5)
+    assert neighbour_answer(me, [me, climbing, split(6, 2, lo=3.0, hi=3.2)]) == pytest.approx(5.5)
+    assert neighbour_answer(me, [me, split(4, 4, hi=7.0)]) == 0.0  # only a miss: no floor
+    assert neighbour_answer(me, [me, split(3, 5, lo=9.0)]) == 0.0  # not a neighbour
