@@ -1,6 +1,10 @@
 """AIConfigurator's CLI and `simulate search` on the same question, started together.
 
-    python experiments/aic_side_by_side.py [--workers 2] [--backend vllm]
+    python experiments/aic_side_by_side.py [--workers 2] [--backend vllm] [--one-at-a-time ROUNDS]
+
+Started together, each tool's wall includes the other's load on the same cores. With
+`--one-at-a-time`, each tool has the machine to itself in turn (as a user runs one of them),
+ROUNDS rounds with the order alternated, and the medians and their ratio are printed.
 
 The question (FACTS 2026-12-04): Llama-3.1-70B FP8 on 8x H200, ISL 4000 / OSL 500,
 TTFT <= 2 s, TPOT <= 30 ms, aggregated and disaggregated. AIConfigurator needs
@@ -76,6 +80,36 @@ def search_best(out: Path) -> str:
     return "; ".join(parts)
 
 
+def one_at_a_time(args: argparse.Namespace, tmp: Path) -> int:
+    """Each tool alone on the machine, in alternating order; medians of wall and CPU."""
+    runs: dict[str, list[tuple[float, float]]] = {"aic": [], "search": []}
+    print("| round | tool | wall s | CPU s | 1-min load before | best |")
+    print("|---|---|---|---|---|---|")
+    for r in range(args.one_at_a_time):
+        order = ["aic", "search"] if r % 2 == 0 else ["search", "aic"]
+        for tool in order:
+            out = tmp / f"{tool}{r}"
+            argv = (aic_command(out, args.backend, args.aic) if tool == "aic"
+                    else search_command(out, args.workers))
+            load = os.getloadavg()[0]
+            proc, t0, log = start(argv, tmp / f"{tool}{r}.log")
+            _, status, usage = os.wait4(proc.pid, 0)
+            wall, cpu = time.perf_counter() - t0, usage.ru_utime + usage.ru_stime
+            if status != 0:
+                print(f"{tool} exited with status {status}: see {log}", file=sys.stderr)
+                return 1
+            runs[tool].append((wall, cpu))
+            best = aic_best(log) if tool == "aic" else search_best(out)
+            print(f"| {r} | {tool} | {wall:.1f} | {cpu:.1f} | {load:.1f} | {best} |", flush=True)
+    med = {t: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
+           for t, v in runs.items()}
+    print(f"medians: AIConfigurator wall {med['aic'][0]:.1f} s, CPU {med['aic'][1]:.1f} s; "
+          f"simulate search wall {med['search'][0]:.1f} s, CPU {med['search'][1]:.1f} s; "
+          f"search / AIConfigurator wall {med['search'][0] / med['aic'][0]:.2f}x")
+    print(f"logs and outputs: {tmp}")
+    return 0
+
+
 def main() -> int:
     """Entry point."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -84,8 +118,15 @@ def main() -> int:
                     help="AIConfigurator's performance database")
     ap.add_argument("--aic", default="", help="the aiconfigurator executable (default: on PATH, "
                     "else beside this Python)")
+    ap.add_argument("--one-at-a-time", type=int, default=0, metavar="ROUNDS",
+                    help="run the tools one after the other, each alone, ROUNDS rounds in "
+                    "alternating order (default 0: both started together)")
     args = ap.parse_args()
+    if args.one_at_a_time < 0:
+        ap.error("--one-at-a-time must be >= 0")
     print(f"load (1, 5, 15 min) at the start: {os.getloadavg()}")
+    if args.one_at_a_time:
+        return one_at_a_time(args, Path(tempfile.mkdtemp(prefix="aic-side-")))
     loads: list[float] = []
     stop = threading.Event()
 
