@@ -2,7 +2,8 @@
 
 A step's time is the sum of aic's own answers (EngineHandle.evaluate_ops_json) for its ops at the
 step's shape, in aic's three-pass composition of a mixed step (sdk/rust_engine_step.py): the linear
-layers, norms, MoE and all-reduces over all the step's tokens; context attention over the prefill
+layers, norms, MoE and all-reduces over all the step's tokens (aic's context graph for a step with
+prefill tokens, its generation graph for a decode-only step); context attention over the prefill
 chunks; generation attention over the decode rows at their context. Plus, when set, the engine's
 host cost per step and per sequence (aic's own step estimate has none).
 """
@@ -39,7 +40,8 @@ class AicCostModel:
     """
 
     __slots__ = ("name", "model", "hardware", "tp", "par", "system", "backend", "version", "database",
-                 "graph", "step_overhead_s", "per_seq_overhead_s", "_eval", "_tok", "_seq", "_ctx", "_gen", "_p2p")
+                 "graph", "step_overhead_s", "per_seq_overhead_s", "_eval", "_tok", "_dtok", "_seq", "_ctx", "_gen",
+                 "_p2p")
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1, backend: str = "vllm",
                  version: str = "", parallel: Parallelism | None = None, step_overhead_s: float = 0.0,
@@ -67,6 +69,7 @@ class AicCostModel:
         self.step_overhead_s = step_overhead_s
         self.per_seq_overhead_s = per_seq_overhead_s
         self._tok: dict[int, float] = {}
+        self._dtok: dict[int, float] = {}
         self._seq: dict[int, float] = {}
         self._ctx: dict[tuple[int, int, int], float] = {}
         self._gen: dict[tuple[int, int], float] = {}
@@ -75,7 +78,8 @@ class AicCostModel:
     def _probe(self) -> None:
         """Query every op once, so a shape the database has no timings for fails now, by name."""
         g = self.graph
-        calls = [("linear layers", g.tokens, True, 1, 1, 0, 16), ("LM head", g.logits, True, 1, 1, 0, 1),
+        calls = [("linear layers", g.tokens, True, 1, 1, 0, 16), ("decode linear layers", g.decode_tokens, True,
+                  1, 1, 0, 16), ("LM head", g.logits, True, 1, 1, 0, 1),
                  ("context attention", g.context_attn, True, 1, 128, 0, None),
                  ("generation attention", g.generation_attn, False, 1, 128, 0, None)]
         if g.p2p:
@@ -106,6 +110,14 @@ class AicCostModel:
         if t is None:
             t = self._tok[tokens] = _total(self._eval(self.graph.tokens, is_context=True, batch_size=1, s=1,
                                                       x=tokens)) * _MS
+        return t
+
+    def decode_tokens_time(self, rows: int) -> float:
+        """The same over a decode-only step's `rows` (aic's generation graph: shared experts overlapped)."""
+        t = self._dtok.get(rows)
+        if t is None:
+            t = self._dtok[rows] = _total(self._eval(self.graph.decode_tokens, is_context=True, batch_size=1,
+                                                     s=1, x=rows)) * _MS
         return t
 
     def logits_time(self, seqs: int) -> float:
@@ -149,7 +161,7 @@ class AicCostModel:
         tokens = pt + ds
         if not tokens:
             return 0.0
-        t = self.tokens_time(tokens) + self.logits_time(ps + ds)
+        t = (self.tokens_time(tokens) if pt else self.decode_tokens_time(tokens)) + self.logits_time(ps + ds)
         if ps:
             t += self.context_attention_time(ps, max(1, round(pt / ps)), round(pc / ps))
         if ds:
@@ -183,7 +195,7 @@ class AicCostModel:
             return _loop_step_time(self.step_time, num_seqs, context, max_steps, start, deadline)
         n = num_seqs
         # The same sum, in step_time's order, so each float is the one stepping would give.
-        base = self.tokens_time(n) + self.logits_time(n)
+        base = self.decode_tokens_time(n) + self.logits_time(n)
         host = self.step_overhead_s + self.per_seq_overhead_s * n
         gen, gen_time = self._gen, self.generation_attention_time
         durations: list[float] = []
@@ -205,7 +217,7 @@ class AicCostModel:
 
     def cache_size(self) -> int:
         """Distinct shapes priced so far (all parts)."""
-        return len(self._tok) + len(self._seq) + len(self._ctx) + len(self._gen) + len(self._p2p)
+        return len(self._tok) + len(self._dtok) + len(self._seq) + len(self._ctx) + len(self._gen) + len(self._p2p)
 
 
 def attention_shapes(db: Any) -> str:

@@ -7,6 +7,14 @@ shared experts, dispatch, experts, combine), two all-reduces under TP on dense l
 layer's dispatch and combine stand for them, as in aic's MOEModel); the embedding (and its
 all-reduce) once; the LM head over one row per sequence; the pipeline hand-offs. Attention is split
 into full and sliding-window layers.
+
+A decode-only step is priced from a second token list, aic's generation graph: for the MLA MoE
+models (aic's DeepSeek family: DeepSeek-V3/R1, Kimi-K2.5, GLM-5; models/deepseek.py) the shared
+experts run beside the routed ones on a second CUDA stream (aic's OverlapOp: the slower of the
+two), as the engines do when they replay a decode step's CUDA graph; a step with prefill tokens
+runs them one after the other. The same family routes tokens by a power law of exponent 1.01 (aic's
+DeepSeekModel; MOEModel's other families 1.2), and on vLLM pays two TP all-reduces on every layer
+beside its MoE dispatch and combine (aic's `*_tp_allreduce`, vLLM only).
 """
 
 from __future__ import annotations
@@ -22,7 +30,8 @@ from twinserve.backends.sim.parallel import Parallelism
 class StepGraph:
     """aic op lists (as the engine's JSON) of one model on one GPU, by query shape."""
 
-    tokens: str            # linear layers, norms, MoE, all-reduces: x = one rank's tokens
+    tokens: str            # linear layers, norms, MoE, all-reduces: x = one rank's tokens (a step with prefill)
+    decode_tokens: str     # the same for a decode-only step (aic's generation graph: shared experts overlap)
     logits: str            # the LM head: x = one rank's sequences
     p2p: str               # a pipeline stage's hand-off: x = a micro-batch's tokens ('' at PP 1)
     context_attn: str      # batch_size = chunks, s = new tokens, prefix = cached tokens
@@ -30,21 +39,48 @@ class StepGraph:
     names: tuple[str, ...]  # every op's name, for reports
 
 
-def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend: str) -> list:
-    """aic's MoE block (router GEMM, shared experts, dispatch + experts + combine)."""
+def moe_power_law_alpha(model: ModelSpec) -> float:
+    """The exponent of aic's power-law routing for this model: 1.01 for its DeepSeek family (the MLA
+    MoE models: DeepSeekModel, DeepSeekV32Model for GLM-5, KIMIK25), 1.2 for MOEModel (models/moe.py)."""
+    return 1.01 if model.is_mla else 1.2
+
+
+def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend: str, phase: str) -> list:
+    """aic's MoE block (router GEMM, shared experts, dispatch + experts + combine) for one phase."""
+    import aiconfigurator_core.sdk.operations as ops
+    from aiconfigurator_core.sdk import common
     from aiconfigurator_core.sdk.config import ModelConfig
     from aiconfigurator_core.sdk.models.blocks.moe import MoEBlockShape, build_moe_block_ops
     from aiconfigurator_core.sdk.models.helpers import power_law_distribution
     cfg = ModelConfig(tp_size=par.tensor_parallel_size, attention_dp_size=par.data_parallel_size,
                       moe_tp_size=par.moe_tensor_parallel_size, moe_ep_size=par.expert_parallel_size,
                       gemm_quant_mode=modes["gemm"], moe_quant_mode=modes["moe"])
-    shape = MoEBlockShape(hidden_size=model.hidden_size, moe_inter_size=model.moe_intermediate_size,
-                          topk=model.num_experts_per_tok, num_experts=model.num_experts,
-                          num_shared_experts=model.num_shared_experts, num_moe_layers=model.num_moe_layers)
-    # aic's MOEModel routes tokens by a power law of exponent 1.2 (models/moe.py).
-    dist = power_law_distribution(cfg.workload_distribution, 1.2)
-    return build_moe_block_ops("context", shape, cfg, modes["moe"], dist, scale_factor=model.num_moe_layers,
-                               backend_name=backend, inference_phase="context")
+    m, L = model, model.num_moe_layers
+    dist = power_law_distribution(cfg.workload_distribution, moe_power_law_alpha(m))
+    if not (m.is_mla and phase == "generation"):
+        shape = MoEBlockShape(hidden_size=m.hidden_size, moe_inter_size=m.moe_intermediate_size,
+                              topk=m.num_experts_per_tok, num_experts=m.num_experts,
+                              num_shared_experts=m.num_shared_experts, num_moe_layers=L)
+        return build_moe_block_ops(phase, shape, cfg, modes["moe"], dist, scale_factor=L,
+                                   backend_name=backend, inference_phase=phase)
+    # aic's DeepSeekModel generation span (models/deepseek.py): routed experts on the main stream,
+    # shared experts on the auxiliary one, overlapped; its dispatches are generation-phase queries.
+    h, tp, inter, q = m.hidden_size, par.tensor_parallel_size, m.moe_intermediate_size, modes["moe"]
+    mtp, ep, dp = par.moe_tensor_parallel_size, par.expert_parallel_size, par.data_parallel_size
+    k, e = m.num_experts_per_tok, m.num_experts
+    routed = [ops.GEMM("generation_router_gemm", L, e, h, common.GEMMQuantMode.bfloat16),
+              ops.MoEDispatch("generation_moe_pre_dispatch", L, h, k, e, mtp, ep, dp, True, quant_mode=q,
+                              is_context=False, backend=backend),
+              ops.MoE("generation_moe", L, h, inter, k, e, mtp, ep, q, dist, dp),
+              ops.MoEDispatch("generation_moe_post_dispatch", L, h, k, e, mtp, ep, dp, False, quant_mode=q,
+                              is_context=False, backend=backend)]
+    if not m.num_shared_experts:
+        return routed
+    shared_inter = m.num_shared_experts * inter
+    shared = [ops.GEMM("generation_shared_gate_up_gemm", L, 2 * shared_inter // tp, h, modes["gemm"]),
+              ops.ElementWise("generation_shared_act_gate", L, 2 * shared_inter // tp, shared_inter // tp, 0.8),
+              ops.GEMM("generation_shared_ffn2_gemm", L, h, shared_inter // tp, modes["gemm"])]
+    return [ops.OverlapOp("generation_moe_overlap", group_a=routed, group_b=shared)]
 
 
 def _mla_projections(m: ModelSpec, tp: int, gq: Any) -> list:
@@ -121,14 +157,22 @@ def build_graph(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backe
         token_ops += [ops.GEMM("gate_ffn1_gemm", dense, 2 * inter, h, gq),
                       ops.ElementWise("act_gate", dense, 2 * inter, inter, 0.8),
                       ops.GEMM("ffn2_gemm", dense, h, inter, gq, low_precision_input=True)]
+    decode_ops = list(token_ops)
     if m.num_moe_layers:
-        token_ops += _moe_ops(m, par, modes, backend)
-    token_ops += [ops.CustomAllReduce("embedding_ar", 1, h, tp), ops.CustomAllReduce("ar_1", dense, h, tp),
-                  ops.CustomAllReduce("ar_2", dense, h, tp)]
+        token_ops += _moe_ops(m, par, modes, backend, "context")
+        decode_ops += _moe_ops(m, par, modes, backend, "generation")
+    ars = [ops.CustomAllReduce("embedding_ar", 1, h, tp), ops.CustomAllReduce("ar_1", dense, h, tp),
+           ops.CustomAllReduce("ar_2", dense, h, tp)]
+    if m.is_mla and m.num_moe_layers and backend == "vllm":
+        # aic's DeepSeekModel on vLLM: one all-reduce after the attention projection and one after the
+        # MoE on every layer (its context_/generation_tp_allreduce, 2 x layers), beside the dispatches.
+        ars.append(ops.CustomAllReduce("moe_layer_tp_allreduce", 2 * m.num_moe_layers, h, tp))
+    token_ops += ars
+    decode_ops += ars
     logits = ops.GEMM("logits_gemm", 1, m.vocab_size // tp, h, common.GEMMQuantMode.bfloat16)
     pp = par.pipeline_parallel_size
     p2p = build_ops_json([ops.P2P("p2p", 1, h, pp)]) if pp > 1 else ""
     ctx, gen = _attention(m, tp, modes, backend, database)
-    names = tuple(op._name for op in token_ops) + ("logits_gemm",)
-    return StepGraph(build_ops_json(token_ops), build_ops_json([logits]), p2p, build_ops_json(ctx),
-                     build_ops_json(gen), names)
+    names = tuple(dict.fromkeys(op._name for op in token_ops + decode_ops)) + ("logits_gemm",)
+    return StepGraph(build_ops_json(token_ops), build_ops_json(decode_ops), build_ops_json([logits]), p2p,
+                     build_ops_json(ctx), build_ops_json(gen), names)
