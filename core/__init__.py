@@ -4,7 +4,7 @@ Pure Python (no torch, simpy, pandas or numpy), so the simulator and the real en
 """
 
 from twinserve.core.engine_core import EngineCore, Executor, StepStats
-from twinserve.core.errors import (ComputedTokensError, InvalidConfigError, InvalidRequestError,
+from twinserve.core.errors import (ComputedTokensError, ExecutorOutputError, InvalidConfigError, InvalidRequestError,
                                    InvalidSamplingParamsError, PrefixCacheBusyError, PromptTooLongError,
                                    TwinserveError)
 from twinserve.core.kv import BlockPool, KVCacheManager
@@ -14,7 +14,8 @@ from twinserve.core.sched import (EngineCoreOutput, ModelRunnerOutput, NewReques
                     SchedulerConfig, SchedulerOutput)
 
 __all__ = [
-    "BlockPool", "ComputedTokensError", "EngineCore", "EngineCoreOutput", "Executor", "FinishReason",
+    "BlockPool", "ComputedTokensError", "EngineCore", "EngineCoreOutput", "Executor", "ExecutorOutputError",
+    "FinishReason",
     "InvalidConfigError", "InvalidRequestError", "InvalidSamplingParamsError",
     "KVCacheManager", "ModelRunnerOutput", "NewRequestData", "PrefixCacheBusyError",
     "PromptTooLongError", "Request", "RequestStatus", "SamplingParams", "Scheduler",

@@ -90,6 +90,18 @@ class ComputedTokensError(TwinserveError, RuntimeError):
             request_id, num_computed_tokens, num_tokens, source)
 
 
+class ExecutorOutputError(TwinserveError, RuntimeError):
+    """An executor sent back more tokens for a request than its verify step can yield: it fails alone."""
+
+    def __init__(self, request_id: str, problem: str) -> None:
+        self.request_id = request_id
+        self.problem = problem
+        self._keep_args(
+            f"request {request_id!r}: the executor sent back {problem}; that step's output for it cannot be "
+            f"trusted, so it ends here and the other requests carry on (a bug in the executor or model runner)",
+            request_id, problem)
+
+
 class PrefixCacheBusyError(TwinserveError, RuntimeError):
     """The prefix cache cannot be reset while blocks are held."""
 

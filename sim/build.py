@@ -280,12 +280,12 @@ def build_engine(cfg: StudyConfig) -> BuiltEngine:
     if spec.enabled:
         executor.spec = SpecAcceptance(spec.num_speculative_tokens, spec.rates(cfg.source), cfg.run.seed,
                                        spec.acceptance_spread)
+        executor.spec_active = core_spec.active
     draft = draft_spec(cfg, model)
     if draft is not None and core_spec is not None:
         # The draft's steps are priced from its shape on the same GPU (a profile fits the target only).
         executor.draft = DraftModelSteps(RooflineCostModel(draft, hw, cfg.engine.tensor_parallel_size, roof.eff),
                                          spec.num_speculative_tokens)
-        executor.draft_active = core_spec.active
     host_blocks, link, synchronous = host_tier(cfg, hw, cap, cost)
     if host_blocks:
         sched_cfg = dataclasses.replace(sched_cfg, kv_offloading_blocks=host_blocks,

@@ -35,6 +35,7 @@ class SpecForecast:
     def attach(self, executor: Any, seed: int) -> None:
         """Make a SimExecutor draw each verify step's accepted drafts from the rates."""
         executor.spec = SpecAcceptance(self.config.num_speculative_tokens, self.rates, seed)
+        executor.spec_active = self.config.active
 
     def record(self) -> dict[str, Any]:
         """What forecast.json says about speculation."""

@@ -58,10 +58,11 @@ class SimExecutor:
         # by a profile calibrated on verify steps (prices_verify), as k + 1 decode rows at its context
         # (the same matmul rows, each attending to the context) plus its verify_time (twin/verifyfit.py).
         self.spec: SpecAcceptance | None = None
-        # method draft_model: the draft model's forwards, added to every step's time, and whether
-        # it drafts at a batch size (SpeculativeConfig.active); seconds it took in all.
+        # Whether a step holding this many requests proposes drafts (SpeculativeConfig.active, as the
+        # real model runner asks it of its batch: none at disable_by_batch_size or more).
+        self.spec_active: Callable[[int], bool] = lambda n: True
+        # method draft_model: the draft model's forwards, added to every step's time; seconds they took.
         self.draft: DraftModelSteps | None = None
-        self.draft_active: Callable[[int], bool] = lambda n: True
         self.draft_time = 0.0
 
     @property
@@ -146,7 +147,8 @@ class SimExecutor:
         pa = 0.0
         as_decode = getattr(self.cost_model, "prices_verify", False)
         draft = self.draft
-        drafting = draft is not None and self.draft_active(len(state))
+        proposing = spec is not None and self.spec_active(len(state))
+        drafting = draft is not None and self.spec_active(len(state))
         # The draft's catch-up forward (its features) and its drafting sequences.
         d_pt = d_ps = d_pc = d_ds = d_dc = d_n = d_ctx = 0
         d_pa = 0.0
@@ -174,7 +176,7 @@ class SimExecutor:
                 s[0] += n
                 tok = tokens.get(rid, DEFAULT_TOKEN)
                 sampled[rid] = [tok] * n
-                if spec is not None:
+                if proposing:
                     proposals[rid] = [tok] * spec.k
                 # Verified: the n - 1 accepted drafts and the token before them; drafting adds the new one.
                 m = q - nd + n - 1
@@ -194,7 +196,7 @@ class SimExecutor:
         extra = draft.time((d_pt, d_ps, d_pc, d_pa, d_ds, d_dc), d_n, d_ctx) if draft is not None else 0.0
         verify_s = self.cost_model.verify_time(nv, nvd) if nv and as_decode else 0.0
         out = self._finish(sampled, pt, ps, pc, pa, ds, dc, extra, verify_s)
-        out.spec_token_ids = proposals
+        out.spec_token_ids = proposals if proposing else None  # none the scheduler would drop, as the real runner
         return out
 
     def _finish(self, sampled: dict[str, list[int]], pt: int, ps: int, pc: int, pa: float, ds: int,

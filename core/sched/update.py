@@ -6,7 +6,7 @@ token, so a stop inside an accepted run ends the request there.
 
 from __future__ import annotations
 
-from twinserve.core.errors import ComputedTokensError
+from twinserve.core.errors import ComputedTokensError, ExecutorOutputError
 from twinserve.core.request import FINISH_STATUS, FinishReason, Request, RequestStatus
 from twinserve.core.sched.output import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 
@@ -142,12 +142,28 @@ class OutputUpdate:
             out.error = f"{type(err).__name__}: {err}"
             self.failed_outputs.append(out)
 
+    def _fail_unverifiable(self, bad: list[tuple[Request, str]], scheduler_output: SchedulerOutput,
+                           now: float, outputs: list[EngineCoreOutput]) -> None:
+        """End requests whose verify step sent back more tokens than it can yield, with an ExecutorOutputError.
+
+        Only their own state is in doubt (their tokens, and the KV their step wrote, which no other
+        request reads before it is cached), so they end alone: the blocks their step would fill are
+        uncached, as for an abort while a step is in flight, and the engine carries on.
+        """
+        self._in_flight = scheduler_output.num_scheduled_tokens
+        try:
+            for req, problem in bad:
+                err = ExecutorOutputError(req.request_id, problem)
+                for out in self.abort_requests([req.request_id], FinishReason.ERROR, now):
+                    out.error = f"{type(err).__name__}: {err}"
+                    outputs.append(out)
+        finally:
+            self._in_flight = None
+
     def _verify(self, req: Request, drafts: list[int], tokens: list[int]) -> tuple[int, int]:
-        """Count a verification, roll back rejected drafts (len(tokens) - 1 accepted)."""
+        """Count a verification, roll back rejected drafts (len(tokens) - 1 accepted; checked by the caller)."""
         num_drafts = len(drafts)
         num_accepted = len(tokens) - 1
-        if not 0 <= num_accepted <= num_drafts:
-            raise AssertionError(f"{req.request_id}: {len(tokens)} tokens back for {num_drafts} drafts")
         req.num_computed_tokens -= num_drafts - num_accepted
         req.num_draft_tokens += num_drafts
         req.num_accepted_tokens += num_accepted
@@ -185,6 +201,7 @@ class OutputUpdate:
         verified = scheduler_output.scheduled_spec_decode_tokens
         proposed = model_runner_output.spec_token_ids
         rolled_back: list[Request] = []
+        unverifiable: list[tuple[Request, str]] = []
         self.step_num_spec_reqs = self.step_num_draft_tokens = self.step_num_accepted_tokens = 0
         if not verified and proposed is None:
             # No speculation this step: the plain loop, as before drafts (the decode hot path).
@@ -203,6 +220,10 @@ class OutputUpdate:
             if verified:
                 drafts = verified.get(rid)
                 if drafts:
+                    if len(tokens) > len(drafts) + 1:  # more than the accepted drafts and one token
+                        unverifiable.append((req, f"{len(tokens)} sampled tokens for a step verifying "
+                                                  f"{len(drafts)} draft(s) (at most {len(drafts) + 1})"))
+                        continue
                     num_drafts, num_accepted = self._verify(req, drafts, tokens)
                     if num_accepted < num_drafts:
                         rolled_back.append(req)
@@ -247,6 +268,8 @@ class OutputUpdate:
                 req.spec_token_ids = proposed.get(rid) or []
             elif req.spec_token_ids:  # nothing proposed: the drafts held were for tokens now sampled
                 req.spec_token_ids = []
+        if unverifiable:
+            self._fail_unverifiable(unverifiable, scheduler_output, now, outputs)
         for req in rolled_back:
             if req.status is _RUNNING:
                 self._release_rejected(req)

@@ -78,6 +78,26 @@ def test_disable_by_batch_size_and_fast_forward_leave_the_run_unchanged_when_no_
     assert fingerprint(simulate(cfg)[1]) == fingerprint(ff)
 
 
+def test_a_study_proposes_no_drafts_from_a_batch_at_disable_by_batch_size() -> None:
+    """As the real model runner: a step holding disable_by_batch_size requests or more proposes none
+    (the scheduler would not verify them; kept, they were verified one step early once the batch shrank).
+    tests/real/test_spec_disable_boundary.py runs this against the engine."""
+    built = build(_spec(small_config(num_requests=40, rate=20.0), disable_by_batch_size=3))
+    ex = built.simulation.executor
+    run = ex.execute
+    seen: list[tuple[int, bool]] = []
+
+    def execute(so, *a, **kw):
+        out = run(so, *a, **kw)
+        seen.append((len(ex.state), out.spec_token_ids is not None))
+        return out
+    ex.execute = execute
+    built.simulation.run()
+    assert {held < 3 for held, proposed in seen if proposed} == {True}
+    assert any(held >= 3 for held, _ in seen) and any(p for _, p in seen)
+    assert all(p for held, p in seen if held < 3)
+
+
 def test_acceptance_draws_follow_the_rates_and_the_spread() -> None:
     acc = SpecAcceptance(4, [0.5], seed=1)
     assert acc.rates == [0.5] * 4
