@@ -333,13 +333,13 @@ class ClusterSimulation:
                 or ex.spec is not None or ex.draft is not None or core.executor is not ex
                 or sched._stalled or sched.failed_outputs):
             return None
-        half = schedule_decode_half(sched, ex.tokens.get, DEFAULT_TOKEN)  # decode_plan's checks, waiting aside
+        # decode_plan's checks, waiting aside; the executor's known lengths advanced in the same pass.
+        half = schedule_decode_half(sched, ex.tokens.get, DEFAULT_TOKEN, ex.state)
         if half is None:
             return None
-        ids, done, context = half
+        n, done, context = half
         cfg = sched.config
         decodes = sched.running[:] if self.keep_token_times else ()
-        n = len(ids)
         num_scheduled: dict[str, int] = {}
         new_reqs: list = []
         budget = sched._admit(t, cfg.max_num_batched_tokens - n, num_scheduled, new_reqs, 0)
@@ -347,7 +347,7 @@ class ClusterSimulation:
             sched._fail_stalled(t)
         so = sched.emit_step(new_reqs, CachedRequestData([], [], []), num_scheduled,
                              cfg.max_num_batched_tokens - budget, [], {})
-        mro = ex.execute(so, (ids, context))
+        mro = ex.execute(so, (n, context))
         d = mro.step_time or 0.0
         end = t + d
         done = finish_decode_half(sched, decodes, done, end, self.keep_token_times)
@@ -364,30 +364,33 @@ class ClusterSimulation:
         return outputs, stats, finished
 
     def _plan_window(self, rep: Replica, t: float
-                     ) -> tuple[list[str], int, list[float], list[float]] | None:
-        """The next run of identical decode steps (ids, context, durations, ends), not applied."""
+                     ) -> tuple[int, int, list[float], list[float]] | None:
+        """The next run of identical decode steps (batch size, context, durations, ends), not applied
+        (the batch is sched.running's until then: the replica sleeps through the window)."""
         sched = rep.core.scheduler
         k, context = decode_plan(sched, self.max_window)
         if k > 0 and sched.kv.host is not None:
             k = store_free_window(sched, k)
         if k <= 0:
             return None
-        ids = [req.request_id for req in sched.running]
-        durations, ends = rep.executor.decode_step_times(len(ids), context, k, t, INF)
-        return ids, context, durations, ends
+        n = len(sched.running)
+        durations, ends = rep.executor.decode_step_times(n, context, k, t, INF)
+        return n, context, durations, ends
 
     def _apply_window(self, rep: Replica, t: float,
-                      plan: tuple[list[str], int, list[float], list[float]], m: int) -> list[str]:
+                      plan: tuple[int, int, list[float], list[float]], m: int) -> list[str]:
         """Apply the first m steps of a planned window; returns the requests that finished."""
-        ids, context, durations, ends = plan
+        n, context, durations, ends = plan
         durations, ends = durations[:m], ends[:m]
         sched = rep.core.scheduler
         ex = rep.executor
         dropped = sched.finished_req_ids
-        n = len(ids)
+        if len(sched.running) != n:
+            raise AssertionError("a decode window's batch changed between its plan and its steps")
+        # The executor's known lengths advanced in apply's pass (not one of advance_decode's own).
         usage, finished = apply_decode_steps(sched, ends, repeat=ex.tokens, default=DEFAULT_TOKEN,
-                                             times=self.keep_token_times)
-        ex.advance_decode(ids, context, durations, dropped)
+                                             times=self.keep_token_times, known=ex.state)
+        ex.advance_decode(None, context, durations, dropped, num=n)
         rep.core.num_steps += m
         busy = 0.0
         kv_area = 0.0

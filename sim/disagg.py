@@ -70,7 +70,7 @@ class DecodeExecutor(SimExecutor):
         self.transferred.pop(req_id, None)
         self.pending.discard(req_id)
 
-    def execute(self, so: SchedulerOutput, decodes: tuple[list[str], int] | None = None) -> ModelRunnerOutput:
+    def execute(self, so: SchedulerOutput, decodes: tuple[int, int] | None = None) -> ModelRunnerOutput:
         """Price the step as SimExecutor does, minus the transferred tokens' prefill (decodes: as
         SimExecutor.execute's; plain decodes carry no transferred tokens)."""
         tr = self.transferred

@@ -381,7 +381,6 @@ class Simulation:
             return False
         running = sched.running
         n = len(running)
-        ids = [req.request_id for req in running]
         durations, ends = ex.decode_step_times(n, context, k, t, self.source.next_time())
         step_of = None
         if tier is not None and ends:
@@ -394,10 +393,10 @@ class Simulation:
             return False
         dropped = sched.finished_req_ids
         usage, finished = apply_decode_steps(sched, ends, repeat=ex.tokens, default=DEFAULT_TOKEN,
-                                             times=self.keep_token_times)
+                                             times=self.keep_token_times, known=ex.state)
         if step_of is not None:
             price_window_stores(tier, sched.kv, step_of, [t, *ends[:-1]])
-        ex.advance_decode(ids, context, durations, dropped)
+        ex.advance_decode(None, context, durations, dropped, num=n)  # known lengths: advanced above
         k = len(ends)
         self.core.num_steps += k
         self.steps.add_decode_window(t, ends, durations, n, len(finished), usage)

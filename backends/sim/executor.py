@@ -86,12 +86,13 @@ class SimExecutor:
         if self.spec is not None:
             self.spec.forget(req_id)
 
-    def execute(self, so: SchedulerOutput, decodes: tuple[list[str], int] | None = None) -> ModelRunnerOutput:
+    def execute(self, so: SchedulerOutput, decodes: tuple[int, int] | None = None) -> ModelRunnerOutput:
         """Advance every scheduled request, price the step, sample for requests at their end.
 
-        decodes: (ids, summed context) of plain decodes scheduled apart from so (a join step:
-        core.sched.fast_forward.schedule_decode_half), priced in this step with so's requests;
-        their tokens are not in the output (the caller appends them).
+        decodes: (count, summed context) of plain decodes scheduled apart from so (a join step:
+        core.sched.fast_forward.schedule_decode_half with known=self.state, which advanced their
+        known lengths), priced in this step with so's requests; their tokens are not in the output
+        (the caller appends them).
         """
         state = self.state
         for rid in so.finished_req_ids:
@@ -130,10 +131,8 @@ class SimExecutor:
                 s[0] += 1
                 sampled[rid] = [tokens.get(rid, DEFAULT_TOKEN)]
         if decodes is not None:
-            ids, context = decodes
-            for s in map(state.__getitem__, ids):
-                s[0] += 1
-            ds += len(ids)
+            num, context = decodes
+            ds += num
             dc += context
         return self._finish(sampled, pt, ps, pc, pa, ds, dc)
 
@@ -281,17 +280,22 @@ class SimExecutor:
             context += num_seqs
         return durations, ends
 
-    def advance_decode(self, req_ids: Iterable[str], context: int, durations: list[float],
-                       dropped: Iterable[str] = ()) -> None:
-        """Account for decode steps run without execute() (fast-forward), as stepping would."""
+    def advance_decode(self, req_ids: Iterable[str] | None, context: int, durations: list[float],
+                       dropped: Iterable[str] = (), num: int = 0) -> None:
+        """Account for decode steps run without execute() (fast-forward), as stepping would.
+
+        req_ids None: num requests, whose known lengths the caller advanced already
+        (core.sched.fast_forward.apply_decode_steps with known=self.state)."""
         state = self.state
         for rid in dropped:
             state.pop(rid, None)
         k = len(durations)
-        n = 0
-        for s in map(state.__getitem__, req_ids):
-            s[0] += k
-            n += 1
+        n = num
+        if req_ids is not None:
+            n = 0
+            for s in map(state.__getitem__, req_ids):
+                s[0] += k
+                n += 1
         w = self.totals
         w.num_steps += k
         w.num_decode_seqs += n * k

@@ -230,6 +230,20 @@ class BlockPool:
         flush = self.flush
         head = queue._head
         block = head.next_free
+        if not self.enable_caching and not cached and flush is None:
+            # No block has a key (a keyed block is in cached) or a pending chain (those come only
+            # with a prefix cache): the walk below with nothing to evict (the uncached runs' path).
+            for _ in range(n):
+                block.ref_cnt = 1
+                block.prev_free = None
+                nxt = block.next_free
+                block.next_free = None
+                append(block)
+                block = nxt
+            head.next_free = block
+            block.prev_free = head
+            queue.num_free -= n
+            return out
         for _ in range(n):
             key = block.block_hash
             if key is None and flush is not None and block.pending is not None:

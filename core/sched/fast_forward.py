@@ -100,12 +100,16 @@ def _blocks_needed(scheduler: Scheduler, running: list[Request], num_steps: int)
 def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
                        token_ids: Callable[[Request, int], list[int]] | None = None, *,
                        repeat: Mapping[str, int] | None = None, default: int = 1,
-                       times: bool = True) -> tuple[list[float], list[str]]:
+                       times: bool = True, known: Mapping[str, list[int]] | None = None
+                       ) -> tuple[list[float], list[str]]:
     """Apply len(end_times) decode steps (at most decode_window's count).
 
     token_ids(request, k) gives k tokens, or repeat maps ids to one token per step;
     returns KV usage per step and the ids finished. times=False leaves request.token_times
     alone (a caller that never reads them: the window's times are most of a run's memory).
+    known: a model runner's per-request lists whose first item (the sequence length it knows)
+    each running request's steps advance, in this pass (the simulated executor's state: then
+    its advance_decode need not make a pass of its own).
     """
     get = repeat.get if repeat is not None else None
     if get is None and token_ids is None:
@@ -115,7 +119,10 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
     bs = kv.block_size
     caching = kv.enable_caching
     if not caching and kv.host is None and not _windowed(kv):
-        return _apply_uncached(scheduler, end_times, token_ids, get, default, times)
+        return _apply_uncached(scheduler, end_times, token_ids, get, default, times, known)
+    if known is not None:
+        for req in scheduler.running:
+            known[req.request_id][0] += k_steps
     held = kv.req_to_blocks
     cached = kv.num_cached_blocks
     running = scheduler.running
@@ -217,8 +224,8 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
 
 def _apply_uncached(scheduler: Scheduler, end_times: list[float],
                     token_ids: Callable[[Request, int], list[int]] | None,
-                    get: Callable[[str, int], int] | None, default: int, times: bool
-                    ) -> tuple[list[float], list[str]]:
+                    get: Callable[[str, int], int] | None, default: int, times: bool,
+                    known: Mapping[str, list[int]] | None = None) -> tuple[list[float], list[str]]:
     """apply_decode_steps without a prefix cache, host tier or KV groups (the validate rows' case).
 
     Each request's new blocks come from one pool call for the whole window, in running order:
@@ -233,9 +240,49 @@ def _apply_uncached(scheduler: Scheduler, end_times: list[float],
     takers: list[tuple[list, int]] = []  # (block table, blocks it takes), running order
     total = 0
     done: list[Request] = []
-    for req in scheduler.running:
+    running = scheduler.running
+    if get is not None and known is not None and not times:
+        # The validate runs' case (windows are mostly 1-3 steps between arrivals): the same
+        # updates as the general loop below, without its branches; one step appends.
+        one = k_steps == 1
+        for req in running:
+            rid = req.request_id
+            known[rid][0] += k_steps
+            tok = get(rid, default)
+            all_ids = req.all_token_ids
+            if one:
+                all_ids.append(tok)
+                req.output_token_ids.append(tok)
+            else:
+                toks = [tok] * k_steps
+                all_ids += toks
+                req.output_token_ids.extend(toks)
+            if len(all_ids) >= req.stop_check_len:
+                done.append(req)
+            c = req.num_computed_tokens
+            end = req.num_computed_tokens = c + k_steps
+            if end <= req.fast_decode_limit:
+                continue  # Nothing for the KV manager (Request.fast_decode_limit).
+            blocks = held[rid]
+            have = len(blocks)
+            k = have * bs - c  # the first step past the held blocks
+            if k >= k_steps:
+                req.fast_decode_limit = have * bs
+                continue
+            need = -(-end // bs) - have
+            takers.append((blocks, need))
+            total += need
+            req.fast_decode_limit = (have + need) * bs  # as schedule() sets it after allocate_slots
+            while k < k_steps:
+                new_at[k] += 1
+                k += bs
+        running = ()
+    for req in running:
+        rid = req.request_id
+        if known is not None:
+            known[rid][0] += k_steps
         if get is not None:
-            toks = [get(req.request_id, default)] * k_steps
+            toks = [get(rid, default)] * k_steps
         else:
             toks = token_ids(req, k_steps)  # type: ignore[misc]
         all_ids = req.all_token_ids
@@ -249,7 +296,7 @@ def _apply_uncached(scheduler: Scheduler, end_times: list[float],
         end = req.num_computed_tokens = c + k_steps
         if end <= req.fast_decode_limit:
             continue  # Nothing for the KV manager (Request.fast_decode_limit).
-        blocks = held[req.request_id]
+        blocks = held[rid]
         have = len(blocks)
         k = have * bs - c  # the first step past the held blocks
         if k >= k_steps:
@@ -283,19 +330,21 @@ def _apply_uncached(scheduler: Scheduler, end_times: list[float],
     return usage, finished
 
 
-def schedule_decode_half(scheduler: Scheduler, get: Callable[[str, int], int], default: int
-                         ) -> tuple[list[str], list[Request], int] | None:
+def schedule_decode_half(scheduler: Scheduler, get: Callable[[str, int], int], default: int,
+                         known: Mapping[str, list[int]] | None = None
+                         ) -> tuple[int, list[Request], int] | None:
     """A step's schedule() and the token part of its update_from_output() for its running requests,
     when all are plain decodes with room for their blocks (decode_plan(.., 1)'s checks but the waiting
     one, made in this pass; a failed one rolls back what the pass did and returns None), without
     a prefix cache, host tier or KV groups: one token computed and one sampled (from get) each, and
     the new blocks of those at a block boundary, in running order (one pool call: the ids
-    per-request allocate_slots calls give).
+    per-request allocate_slots calls give). known (as apply_decode_steps'): each decode's first
+    item advanced by one in this pass, the model runner's half of the step.
 
     The waiting requests are then admitted as schedule() would after them (Scheduler._admit): nothing
-    there reads the decodes' tokens. Returns the decodes' ids (running order), those at their
-    length limit (for finish_decode_half once the step is priced) and the batch's context (computed
-    tokens summed before the step, as decode_plan gives it).
+    there reads the decodes' tokens. Returns the number of decodes (the running requests), those at
+    their length limit (for finish_decode_half once the step is priced) and the batch's context
+    (computed tokens summed before the step, as decode_plan gives it).
     """
     kv = scheduler.kv
     running = scheduler.running
@@ -311,28 +360,29 @@ def schedule_decode_half(scheduler: Scheduler, get: Callable[[str, int], int], d
     limits: list[tuple[Request, int]] = []  # fast_decode_limit before this pass changed it
     total = 0
     context = 0
-    ids: list[str] = []
-    add_id = ids.append
     done: list[Request] = []
-    for i, req in enumerate(running):
+    for req in running:
         all_ids = req.all_token_ids
         n = len(all_ids)
         c = req.num_computed_tokens
+        out = req.output_token_ids
+        lim = req.stop_check_len
         sp = req.sampling_params
         # decode_plan's checks, before anything changes for this request: a plain decode (one
         # token left with output: without output it is still prefill), no stop token or EOS to
         # sample, not at its length limit.
-        if (n - c != 1 or not req.output_token_ids or sp.stop_token_ids
-                or (req.eos_token_id is not None and not sp.ignore_eos) or req.stop_check_len <= n):
-            _undo_decode_half(running, i, limits)
+        if (n - c != 1 or not out or lim <= n or sp.stop_token_ids
+                or (req.eos_token_id is not None and not sp.ignore_eos)):
+            _undo_decode_half(running, running.index(req), limits, known)  # (only here: no enumerate)
             return None
         context += c
         rid = req.request_id
-        add_id(rid)
+        if known is not None:
+            known[rid][0] += 1
         tok = get(rid, default)
         all_ids.append(tok)
-        req.output_token_ids.append(tok)
-        if n + 1 >= req.stop_check_len:
+        out.append(tok)
+        if n + 1 >= lim:
             done.append(req)
         end = req.num_computed_tokens = c + 1
         if end <= req.fast_decode_limit:
@@ -349,22 +399,25 @@ def schedule_decode_half(scheduler: Scheduler, get: Callable[[str, int], int], d
         req.fast_decode_limit = (have + need) * bs
     if total:
         if total > kv.pool.free_queue.num_free:  # decode_plan's _fit_blocks for one step
-            _undo_decode_half(running, len(running), limits)
+            _undo_decode_half(running, len(running), limits, known)
             return None
         new = kv.pool.get_new_blocks(total)
         j = 0
         for blocks, need in takers:
             blocks.extend(new[j:j + need])
             j += need
-    return ids, done, context
+    return len(running), done, context
 
 
-def _undo_decode_half(running: list[Request], count: int, limits: list[tuple[Request, int]]) -> None:
+def _undo_decode_half(running: list[Request], count: int, limits: list[tuple[Request, int]],
+                      known: Mapping[str, list[int]] | None = None) -> None:
     """Roll back schedule_decode_half's pass over running[:count] (nothing was allocated yet)."""
     for req in running[:count]:
         req.all_token_ids.pop()
         req.output_token_ids.pop()
         req.num_computed_tokens -= 1
+        if known is not None:
+            known[req.request_id][0] -= 1
     for req, limit in limits:
         req.fast_decode_limit = limit
 

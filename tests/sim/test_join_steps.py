@@ -83,9 +83,9 @@ def test_a_declined_join_step_leaves_the_batch_as_it_was(monkeypatch) -> None:
     undone = []
     real = fast_forward._undo_decode_half
 
-    def spy(running, count, limits):
+    def spy(running, count, limits, *known):
         undone.append((count, len(limits)))
-        return real(running, count, limits)
+        return real(running, count, limits, *known)
 
     monkeypatch.setattr(fast_forward, "_undo_decode_half", spy)
     cfg = small_config(concurrency=16, num_requests=200, warmup_requests=0, num_replicas=2,
