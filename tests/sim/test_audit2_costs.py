@@ -33,3 +33,26 @@ def test_every_gpu_of_a_replica_is_paid_for_pipeline_and_data_parallel_too(field
     (row,) = summary_rows([s])
     assert (row["gpus"], row["usd_per_hour"]) == (4, 20.0)
     assert row["tokens_per_s_per_gpu"] == pytest.approx(2250.0)
+
+
+def test_the_cost_band_runs_from_the_band_tops_price_to_its_bottoms() -> None:
+    from twinserve.sim.search_band import add_bands
+
+    cfg = search_config(hardware="H100-SXM")
+    cfg.search.prices = {"H100-SXM": 4.0}
+    cfg.search.model_error = ""
+    s = RateSearch({}, cfg, lo=10.0, hi=10.1)
+    s.runs[10.0] = {"total_token_throughput": 10000.0, "output_throughput": 2000.0}
+    s.seeds = [(0, 10.0), (1, 8.0), (2, 12.0)]
+    rows = summary_rows([s], target_rate=100.0)
+    add_bands(rows, [s], cfg, 100.0)
+    (row,) = rows
+    lo, hi = row["band_lo"], row["band_hi"]
+    assert 0 < lo < 10.0 < hi
+    best, worst = row["usd_per_mtok_band"]
+    # Price per token is inverse to the rate served: the band's top rate is its best price.
+    assert best == pytest.approx(row["usd_per_mtok"] * 10.0 / hi)
+    assert worst == pytest.approx(row["usd_per_mtok"] * 10.0 / lo)
+    assert best < row["usd_per_mtok"] < worst
+    assert row["replicas_for_target"] == -(-100.0 // lo)
+    assert row["usd_per_hour_band"] == (-(-100.0 // hi) * 4.0, -(-100.0 // lo) * 4.0)
