@@ -35,3 +35,22 @@ def test_the_lru_host_policy_evicts_the_least_recently_used_not_the_first_stored
     p.access(2)
     p.access(3)
     assert p.victim(set()) == 1
+
+
+def test_a_salted_conversations_next_turn_hits_the_blocks_its_answer_filled() -> None:
+    # Turn 1: 9 prompt tokens, then 7 generated ones fill blocks 2 and 3. Turn 2's prompt is turn 1's
+    # whole context plus a new token: same tenant, so all 16 tokens are hits, the answer's too.
+    kv = KVCacheManager(32, 4)
+    r = Request("t1", list(range(9)), SamplingParams(), cache_salt="x")
+    kv.allocate_slots(r, 9)
+    r.num_computed_tokens = 9
+    kv.cache_blocks(r, 9)
+    for t in range(100, 107):
+        r.append_output_token(t, 0.0)
+    kv.allocate_slots(r, 7)
+    r.num_computed_tokens = 16
+    kv.cache_blocks(r, 16)
+    context = list(r.all_token_ids)
+    assert len(context) == 16
+    assert kv.get_computed_blocks(Request("t2", context + [7], SamplingParams(), cache_salt="x"))[1] == 16
+    assert kv.get_computed_blocks(Request("t2-other", context + [7], SamplingParams(), cache_salt="y"))[1] == 0

@@ -43,3 +43,23 @@ def test_a_closing_chunk_without_text_is_not_counted_as_a_token() -> None:
     assert rec.num_output_tokens == 3
     assert len(rec.token_times) == 3  # one time per text chunk: 2 ITL gaps, not 3
     assert rec.finish_time is not None and rec.first_token_time == rec.token_times[0]
+
+
+def test_queue_time_is_measured_from_the_requests_own_send_time() -> None:
+    # The server reports queue_s = 0.5; the request left 100 s into the run.
+    body = _sse({"choices": [{"index": 0, "text": "a", "finish_reason": None}]},
+                {"choices": [{"index": 0, "text": "b", "finish_reason": "length"}]},
+                {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4},
+                 "metrics": {"queue_s": 0.5, "num_preemptions": 1}})
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://bench") as client:
+            return await _one(client, BenchTarget("http://bench", "m"), WorkItem("r0", 100.0, 2, 2, 0),
+                              [5, 6], time.perf_counter() - 100.0)
+
+    rec = asyncio.run(go())
+    assert rec.error == "" and rec.arrival_time >= 100.0 and rec.num_preemptions == 1
+    assert rec.first_scheduled_time - rec.arrival_time == pytest.approx(0.5)

@@ -64,3 +64,24 @@ def test_a_one_token_request_meets_the_slo_on_its_ttft_alone() -> None:
     # A TTFT target b misses: b is out, whatever its missing TPOT.
     s = summarize(res, req, steps_frame(res), SLOConfig(ttft_s=0.4, tpot_s=10.0))
     assert s["slo_attainment"] == pytest.approx(1 / 3)
+
+
+def test_time_averages_count_idle_time_as_zero() -> None:
+    # Busy 1 s of the 4 s run: 0.5 s at KV 0.4 with 2 sequences, 0.5 s at KV 0.8 with 4.
+    res = _run()
+    s = res.steps
+    for start, kv, n in ((0.5, 0.4, 2), (1.0, 0.8, 4)):
+        s.start.append(start)
+        s.duration.append(0.5)
+        s.in_system.append(n)
+        s.running.append(n)
+        s.waiting.append(1)
+        s.tokens.append(n)
+        s.seqs.append(n)
+        s.kv_usage.append(kv)
+        s.preempted.append(0)
+    out = summarize(res, requests_frame(res), steps_frame(res), SLOConfig())
+    assert out["mean_kv_usage"] == pytest.approx((0.5 * 0.4 + 0.5 * 0.8) / 4)
+    assert out["mean_batch_size"] == pytest.approx((0.5 * 2 + 0.5 * 4) / 4)
+    assert out["mean_queue_len"] == pytest.approx(1.0 / 4)
+    assert out["max_kv_usage"] == pytest.approx(0.8)
