@@ -131,6 +131,7 @@ class Workload:
         # True: trace arrivals slower than _MIN_TRACE_RATE are refused (a study that set
         # trace_time_unit itself turns it off: sim/build.py).
         self.check_trace_rate = True
+        self.unit_setting = "workload.trace_time_unit"  # named in that refusal (bench: its flag)
         ss = np.random.SeedSequence(seed)
         a, l, p, _ = ss.spawn(4)  # the fourth stream is unused: token ids are keyed by request
         self._arr = np.random.default_rng(a)
@@ -308,9 +309,8 @@ class Workload:
         raise TraceError(self.trace_path, got[-1].line, "arrived_at",
                          f"the first {len(got)} requests span {spans}{scaled}, {rate:.2g} requests/s "
                          f"(one every {span / (len(got) - 1):,.0f} s), reading arrived_at in "
-                         f"'{cfg.trace_time_unit}': is it in milliseconds? set workload.trace_time_unit "
-                         f"= 'ms' (or 'us'); to run it as read, set trace_time_unit = "
-                         f"'{cfg.trace_time_unit}' in the study")
+                         f"'{cfg.trace_time_unit}': is it in milliseconds? set {self.unit_setting} to "
+                         f"'ms' (or 'us'), or to '{cfg.trace_time_unit}' to run it as read")
 
     def _make_item(self, t: float, prompt: int, output: int, conversation: int, turn: int = 0,
                    history: list[int] | None = None) -> WorkItem:

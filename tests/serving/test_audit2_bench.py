@@ -63,3 +63,29 @@ def test_queue_time_is_measured_from_the_requests_own_send_time() -> None:
     rec = asyncio.run(go())
     assert rec.error == "" and rec.arrival_time >= 100.0 and rec.num_preemptions == 1
     assert rec.first_scheduled_time - rec.arrival_time == pytest.approx(0.5)
+
+
+def test_a_trace_in_milliseconds_is_refused_unless_its_unit_is_given(tmp_path) -> None:
+    import argparse
+
+    from twinserve.backends.real.serving.flags import add_bench_args
+    from twinserve.bench.cli import bench_workload, workload_config
+    from twinserve.sim.errors import TraceError
+
+    trace = tmp_path / "ms.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n"
+                     + "".join(f"{200 * i},{10 + i},5\n" for i in range(20)))
+
+    def workload(*flags: str):
+        p = argparse.ArgumentParser()
+        add_bench_args(p)
+        ns = p.parse_args(["--dataset-name", "trace", "--trace", str(trace), "--trace-arrivals",
+                           "--num-prompts", "20", *flags])
+        return bench_workload(ns, workload_config(ns, 1000), 4096)
+
+    with pytest.raises(TraceError, match="--trace-time-unit"):
+        next(workload().items())
+    times = [i.arrival_time for i in workload("--trace-time-unit", "ms").items()]
+    assert times[:3] == pytest.approx([0.0, 0.2, 0.4])
+    # Stated as seconds, a sparse trace runs as read.
+    assert [i.arrival_time for i in workload("--trace-time-unit", "s").items()][1] == pytest.approx(200.0)

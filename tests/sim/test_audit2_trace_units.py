@@ -35,7 +35,7 @@ def test_a_trace_stamped_in_milliseconds_read_as_seconds_is_refused_saying_what_
     assert e.value.field == "arrived_at"
     # What was read (199 gaps of 200 "seconds" = 39,800 s = 11.1 hours, 0.005 requests/s) and the fix.
     assert "11.1 hours" in msg and "0.005 requests/s" in msg, msg
-    assert "trace_time_unit = 'ms'" in msg, msg
+    assert "workload.trace_time_unit to 'ms'" in msg, msg
 
 
 def test_the_unit_option_reads_milliseconds_and_microseconds(tmp_path) -> None:
