@@ -58,6 +58,8 @@ def workload_config(ns: argparse.Namespace, vocab_size: int) -> WorkloadConfig:
             raise InvalidConfigError("trace", ns.trace, f"a CSV path or a builtin trace ({e})") from None
         cfg.prompt_dist = cfg.output_dist = "trace"
         cfg.time_scale = ns.trace_time_scale
+        if getattr(ns, "trace_time_unit", None):
+            cfg.trace_time_unit = ns.trace_time_unit
         if ns.trace_arrivals:
             cfg.arrival = "trace"
     return cfg
@@ -168,6 +170,14 @@ class ProgressBar:
             self.bar.close()
 
 
+def bench_workload(ns: argparse.Namespace, cfg: WorkloadConfig, max_len: int) -> Workload:
+    """The run's workload; a trace's arrival rate is checked unless --trace-time-unit states its unit."""
+    workload = Workload(cfg, seed=ns.seed, max_model_len=max_len)
+    workload.check_trace_rate = not getattr(ns, "trace_time_unit", None)
+    workload.unit_setting = "--trace-time-unit"
+    return workload
+
+
 def run_bench(ns: argparse.Namespace) -> int:
     """Entry point of `twinserve bench`."""
     base_url = ns.base_url or f"http://{ns.host}:{ns.port}"
@@ -178,7 +188,7 @@ def run_bench(ns: argparse.Namespace) -> int:
         raise InvalidConfigError("vocab_size", None, "an integer: the server did not report one")
     max_len = ns.max_model_len or int(info.get("max_model_len") or 4096)
     cfg = workload_config(ns, int(vocab))
-    workload = Workload(cfg, seed=ns.seed, max_model_len=max_len)
+    workload = bench_workload(ns, cfg, max_len)
     slo = parse_goodput(ns.goodput)
     target = BenchTarget(base_url, ns.model or info["id"], ns.endpoint, ns.api_key, ns.ignore_eos,
                          ns.request_timeout)

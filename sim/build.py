@@ -354,6 +354,8 @@ def build_workload(cfg: StudyConfig) -> Workload:
     workload = Workload(cfg.workload, cfg.run.seed, s.max_model_len, resolve_trace(cfg))
     workload.distinct_tokens = s.enable_prefix_caching
     workload.require_all = not cfg.workload.allow_short_trace
+    # A study that states its trace's unit runs any arrival rate it gives.
+    workload.check_trace_rate = "workload.trace_time_unit" not in cfg.explicit
     return workload
 
 

@@ -287,13 +287,14 @@ def gpu_price(cfg: StudyConfig) -> float:
 
 
 def fleet(cfg: StudyConfig) -> tuple[int, float]:
-    """(GPUs, USD per hour) of one configuration: every replica's TP GPUs at its GPU's price."""
+    """(GPUs, USD per hour) of one configuration: every replica's TP x DP x PP GPUs at its GPU's price."""
     gpus, usd = 0, 0.0
     for i in range(max(1, cfg.cluster.num_replicas)):
         rc = replica_config(cfg, i)
-        tp = rc.engine.tensor_parallel_size
-        gpus += tp
-        usd += tp * gpu_price(rc)
+        e = rc.engine
+        n = e.tensor_parallel_size * e.data_parallel_size * e.pipeline_parallel_size  # as study.py's MFU
+        gpus += n
+        usd += n * gpu_price(rc)
     return gpus, usd
 
 

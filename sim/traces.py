@@ -18,6 +18,8 @@ from twinserve.sim.errors import TraceError
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 TOKENS_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
 OVERLONG_POLICIES = ("clip", "drop", "fail")
+# Units of a tokens trace's arrived_at column (workload.trace_time_unit), in seconds.
+TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
 
 @dataclass(slots=True)
@@ -93,8 +95,11 @@ def _detect(header: list[str], file: str) -> str:
                      f"(Azure) or {', '.join(TOKENS_COLUMNS)}[, arrived_at]")
 
 
-def read_trace(path: str | Path, limit: int | None = None) -> Iterator[TraceRow]:
-    """Yield rows of an Azure or tokens CSV in file order; arrival offsets start at 0 and never decrease."""
+def read_trace(path: str | Path, limit: int | None = None, time_unit: str = "s") -> Iterator[TraceRow]:
+    """Yield rows of an Azure or tokens CSV in file order; arrival offsets start at 0 and never decrease.
+
+    time_unit: the unit of a tokens trace's arrived_at column ('s', 'ms', 'us'); offsets are seconds.
+    """
     p = Path(path)
     file = str(p)
     try:
@@ -124,6 +129,10 @@ def read_trace(path: str | Path, limit: int | None = None) -> Iterator[TraceRow]
         days: dict[str, int] = {}
         if kind == "azure":
             i_time, i_prompt, i_output = (idx[c] for c in AZURE_COLUMNS)
+            if time_unit != "s":
+                raise TraceError(file, 1, "TIMESTAMP", f"workload.trace_time_unit = {time_unit!r} is for an "
+                                 "arrived_at column; an Azure trace's TIMESTAMPs are clock times: leave it 's'")
+        seconds = TIME_UNITS[time_unit]
         for row in reader:
             line = reader.line_num
             # A row of blank cells only: their concatenation is blank too.
@@ -151,13 +160,13 @@ def read_trace(path: str | Path, limit: int | None = None) -> Iterator[TraceRow]
                         stamp = float(cell)
                     except ValueError:
                         raise TraceError(file, line, "arrived_at",
-                                         f"{cell!r} is not a number of seconds") from None
+                                         f"{cell!r} is not a number (of {time_unit})") from None
                     if not math.isfinite(stamp) or stamp < 0:
                         raise TraceError(file, line, "arrived_at", f"{cell!r} must be a finite number >= 0")
                     if first_stamp is None:
                         first_stamp = stamp
                     # Offsets from the first row, as for Azure timestamps.
-                    arrival = stamp - first_stamp
+                    arrival = (stamp - first_stamp) * seconds
             if arrival is not None:
                 if arrival < previous:
                     column = "TIMESTAMP" if kind == "azure" else "arrived_at"

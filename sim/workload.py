@@ -14,7 +14,7 @@ import numpy as np
 
 from twinserve.core.knobs import knob
 from twinserve.sim.errors import ConfigError, TraceError
-from twinserve.sim.traces import LengthStats, fit_lengths, read_trace
+from twinserve.sim.traces import TIME_UNITS, LengthStats, fit_lengths, read_trace
 
 ARRIVALS = ("poisson", "gamma", "fixed", "all_at_once", "trace")
 LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal", "trace")
@@ -23,6 +23,10 @@ LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal", "trace")
 _GAP_CHUNK = 256  # inter-arrival gaps drawn per numpy call
 # Fresh prompt tokens: the first _DISTINCT are the request's own, the rest shared (fresh_tokens).
 _DISTINCT = 64
+# Trace arrivals slower than this (requests/s, over the first _RATE_ROWS used) look like an
+# arrived_at column in ms read as seconds: a serving trace is rarely under one request a minute.
+_MIN_TRACE_RATE = 1.0 / 60.0
+_RATE_ROWS = 1000
 _TOKEN_CHUNK = 256  # requests whose own tokens are drawn per numpy call
 _TOKEN_CHUNKS_KEPT = 8  # chunks kept for later turns (any other is drawn again, identically)
 
@@ -45,6 +49,9 @@ class WorkloadConfig:
     burstiness: float = knob(1.0, help="gamma shape: 1 = Poisson, < 1 burstier", range=(1e-3, 1e3))
     time_scale: float = knob(1.0, help="trace timestamps are multiplied by this", range=(1e-6, 1e4))
     trace: str = knob("", help="a trace CSV path, or builtin:azure_conv (the bundled excerpt)")
+    # Unset, arrivals slower than one a minute are refused as a likely ms column (_check_trace_rate).
+    trace_time_unit: str = knob("s", help="unit of a tokens trace's arrived_at column; set it to run a "
+                                "trace slower than 1 request/min", choices=tuple(TIME_UNITS))
     trace_cycle: bool = knob(False, help="start the trace again when it runs out (timestamps shifted)")
     allow_short_trace: bool = knob(False, help="run on when the trace gives fewer than num_requests")
     prompt_dist: str = knob("lognormal", help="prompt length distribution", choices=LENGTH_DISTS)
@@ -121,6 +128,10 @@ class Workload:
         self.distinct_tokens = True
         # True: a trace that runs out before num_requests is an error, not a smaller study.
         self.require_all = False
+        # True: trace arrivals slower than _MIN_TRACE_RATE are refused (a study that set
+        # trace_time_unit itself turns it off: sim/build.py).
+        self.check_trace_rate = True
+        self.unit_setting = "workload.trace_time_unit"  # named in that refusal (bench: its flag)
         ss = np.random.SeedSequence(seed)
         a, l, p, _ = ss.spawn(4)  # the fourth stream is unused: token ids are keyed by request
         self._arr = np.random.default_rng(a)
@@ -191,7 +202,7 @@ class Workload:
             while True:
                 last = None
                 lines = 1
-                for row in read_trace(self.trace_path):
+                for row in read_trace(self.trace_path, time_unit=cfg.trace_time_unit):
                     lines = row.line
                     arrival = row.arrival_time
                     if arrival is not None:
@@ -219,6 +230,8 @@ class Workload:
         closed = cfg.concurrency > 0  # clients set arrival times at run time (sim/clients.py)
         total = cfg.num_requests + (cfg.warmup_requests if closed else 0)
         gaps = None if cfg.arrival == "trace" or closed else self._gaps()
+        if gaps is None and not closed and self.check_trace_rate:
+            self._check_trace_rate(min(total, _RATE_ROWS))
         t = 0.0
         produced = 0
         at_pass_start = 0
@@ -270,6 +283,34 @@ class Workload:
                                  f"(workload.num_requests{asked}){dropped}; lower num_requests, "
                                  "set trace_cycle = true to replay it, or allow_short_trace = true "
                                  "to run with what it has")
+
+    def _check_trace_rate(self, rows: int) -> None:
+        """TraceError when the first rows of an arrived_at trace arrive implausibly slowly (likely ms)."""
+        cfg = self.cfg
+        if not self.trace_path:
+            return  # _rows names the missing trace
+        got = list(read_trace(self.trace_path, limit=max(rows, 2), time_unit=cfg.trace_time_unit))
+        with open(self.trace_path, newline="") as fh:
+            if "arrived_at" not in fh.readline():
+                return  # Azure TIMESTAMPs are clock times: no unit to mistake
+        if len(got) < 2 or got[-1].arrival_time is None:
+            return
+        span = got[-1].arrival_time * cfg.time_scale
+        rate = (len(got) - 1) / span if span > 0 else math.inf
+        if rate >= _MIN_TRACE_RATE:
+            return
+        if span >= 86400:
+            spans = f"{span / 86400:.1f} days"
+        elif span >= 3600:
+            spans = f"{span / 3600:.1f} hours"
+        else:
+            spans = f"{span / 60:.1f} minutes"
+        scaled = f" after time_scale = {cfg.time_scale:g}" if cfg.time_scale != 1 else ""
+        raise TraceError(self.trace_path, got[-1].line, "arrived_at",
+                         f"the first {len(got)} requests span {spans}{scaled}, {rate:.2g} requests/s "
+                         f"(one every {span / (len(got) - 1):,.0f} s), reading arrived_at in "
+                         f"'{cfg.trace_time_unit}': is it in milliseconds? set {self.unit_setting} to "
+                         f"'ms' (or 'us'), or to '{cfg.trace_time_unit}' to run it as read")
 
     def _make_item(self, t: float, prompt: int, output: int, conversation: int, turn: int = 0,
                    history: list[int] | None = None) -> WorkItem:

@@ -74,8 +74,11 @@ class CappedWorkload(Workload):
 
 def workload_factory(opts: FidelityOptions, max_model_len: int, vocab_size: int) -> Callable[[], Workload]:
     """A function making fresh, identical copies of the workload (one per side and run)."""
+    unit_stated = False  # a study that states its trace's unit runs any arrival rate it gives
     if opts.config:
-        cfg = dataclasses.replace(load_config(opts.config).workload)
+        study = load_config(opts.config)
+        cfg = dataclasses.replace(study.workload)
+        unit_stated = "workload.trace_time_unit" in study.explicit
         if opts.trace:
             cfg.trace = opts.trace
         if opts.rate is not None:
@@ -95,8 +98,10 @@ def workload_factory(opts: FidelityOptions, max_model_len: int, vocab_size: int)
     trace = trace_path(cfg.trace) if cfg.trace else None
 
     def make() -> Workload:
-        return CappedWorkload(cfg, opts.seed, max_model_len, trace, opts.max_prompt_tokens,
-                              opts.max_output_tokens, opts.trace_offset)
+        w = CappedWorkload(cfg, opts.seed, max_model_len, trace, opts.max_prompt_tokens,
+                           opts.max_output_tokens, opts.trace_offset)
+        w.check_trace_rate = not unit_stated
+        return w
     return make
 
 

@@ -99,6 +99,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="trace: replay its timestamps instead of --request-rate")
     p.add_argument("--trace-time-scale", type=float, default=1.0,
                    help="trace: timestamps are multiplied by this")
+    p.add_argument("--trace-time-unit", choices=["s", "ms", "us"], default=None,
+                   help="trace: unit of its arrived_at column (default s, and arrivals slower than "
+                        "1 request/min are refused as a likely ms column)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="clip workload lengths to this (default: the server's)")
     p.add_argument("--vocab-size", type=int, default=None, help="prompt token ids are drawn below this "
