@@ -141,7 +141,8 @@ def beyond_fit_note(res: Sequence[Any]) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The `simulate` parser: run, sweep, search and fields."""
-    ap = argparse.ArgumentParser(prog="simulate", description=__doc__.splitlines()[0],
+    # No abbreviations: `--mode` must not pass for `--model` (a misread flag runs the wrong study).
+    ap = argparse.ArgumentParser(prog="simulate", description=__doc__.splitlines()[0], allow_abbrev=False,
                                  epilog="`simulate fields` lists every study field with its default, "
                                         "range and meaning (docs/knobs.md).")
     ap.add_argument("--out", default=None,
@@ -152,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     helps = {"run": "simulate one study", "sweep": "simulate every point of a grid of field values",
              "search": "the highest rate each configuration sustains within the SLOs, and its cost"}
     for name in ("run", "sweep", "search"):
-        p = sub.add_parser(name, help=helps[name])
+        p = sub.add_parser(name, help=helps[name], allow_abbrev=False)
         p.add_argument("--config", help="study TOML file (every field has a default)")
         p.add_argument("--set", action="append", metavar="FIELD=VALUE",
                        help="override one config field, as section.field or a bare unique name "
@@ -178,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="req/s to provision for (cheapest configuration)")
             p.add_argument("--tolerance", type=float, default=None,
                            help="stop when the rate bracket is within this fraction (0.02)")
-    f = sub.add_parser("fields", help="every study field: default, what it takes, meaning")
+    f = sub.add_parser("fields", help="every study field: default, what it takes, meaning", allow_abbrev=False)
     f.add_argument("section", nargs="?", default=None, help="one table, e.g. workload (default: all)")
     from twinserve.sim.validate_cli import add_parser
     add_parser(sub)

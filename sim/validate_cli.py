@@ -25,7 +25,8 @@ from twinserve.sim.validate_reduce import DEFAULT_REDUCTION, REDUCTIONS
 
 def add_parser(sub: Any) -> None:
     """The `validate` subcommand's flags."""
-    p = sub.add_parser("validate", help="simulate aiconfigurator-core's measured rows and report the errors")
+    p = sub.add_parser("validate", help="simulate aiconfigurator-core's measured rows and report the errors",
+                       allow_abbrev=False)
     p.add_argument("--silicon", action="store_true", required=True,
                    help="judge against aiconfigurator-core's silicon_sample.csv (the only source so far)")
     p.add_argument("--backend", help="vllm, sglang or trtllm")

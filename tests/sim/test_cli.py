@@ -82,3 +82,14 @@ def test_a_worker_count_below_one_is_a_usage_error_not_ignored(tmp_path, capsys,
         cli.main(["--out", str(tmp_path / "o"), *argv])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "argument --workers" in err and "processes >= 1" in err, err
+
+
+@pytest.mark.parametrize("argv,flag", [(["validate", "--silicon", "--mode", "agg"], "--mode"),
+                                       (["run", "--conf", "study.toml"], "--conf"),
+                                       (["search", "--seed", "1", "--confi", "s.toml"], "--confi")])
+def test_an_abbreviated_flag_is_refused_not_read_as_another(argv, flag, capsys) -> None:
+    """`--mode` is not `--model`: a prefix of a flag exits 2 naming it, and runs nothing."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    assert f"unrecognized arguments: {flag}" in capsys.readouterr().err
