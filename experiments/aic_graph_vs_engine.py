@@ -21,15 +21,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model_path", help="a model path aiconfigurator-core ships a config for")
     ap.add_argument("--hw", default="H200", help="twinserve hardware name")
-    ap.add_argument("--backend", default="vllm", choices=["vllm", "sglang", "trtllm"])
-    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--backend", default="vllm", choices=["vllm", "sglang", "trtllm"],
+                    help="aiconfigurator database and engine model to compare with")
+    ap.add_argument("--tp", type=int, default=1, help="attention tensor parallel size")
     ap.add_argument("--dp", type=int, default=1, help="attention data parallel")
     ap.add_argument("--ep", type=int, default=1, help="expert parallel")
     ap.add_argument("--quant", default="none", help="none | fp8 | int4 | nvfp4 | mxfp4")
     ap.add_argument("--kv", default="auto", help="auto | fp8")
     ap.add_argument("--rows", type=int, default=32, help="decode rows per attention rank")
-    ap.add_argument("--isl", type=int, default=1024)
-    ap.add_argument("--osl", type=int, default=1024)
+    ap.add_argument("--isl", type=int, default=1024,
+                    help="input length (tokens): the decode step's context is ISL + OSL / 2")
+    ap.add_argument("--osl", type=int, default=1024,
+                    help="output length (tokens): the decode step's context is ISL + OSL / 2")
     ap.add_argument("--per-op", action="store_true", help="list each op's price")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
