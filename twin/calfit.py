@@ -127,7 +127,11 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
     graph_max = graph_max_decodes(device.type, a.enforce_eager, a.attention_backend, sc.max_num_seqs)
     fit = fitter(regime_bounds(engine), [b for b in design.decode_batches if 4 < b < max(design.decode_batches)],
                  graph_max)
-    rows, probe_ref = correct_drift(log.rows(), cal.probes)
+    # Probes as the profile stores them (time since the first) and as a refit reads them back
+    # (t0 + that), so the refit's correction is the very same floats.
+    t0 = cal.probes[0][0] if cal.probes else 0.0
+    stored_probes = [[t - t0, sec] for t, sec in cal.probes]
+    rows, probe_ref = correct_drift(log.rows(), [(t0 + rel, sec) for rel, sec in stored_probes])
     rows, wake = split_wake(rows, cal.idle_steps)
     # Verify steps get their own term on top of the base fit, which never sees them.
     verify_rows = [r for r in rows if is_verify(r)]
@@ -161,7 +165,8 @@ def calibrate(engine: Any, design: CalibrationDesign | None = None, threads: int
             "host_load": host_load,
             # Speed probes: the median (the correction's reference), each one, and their spread.
             "speed_probe_s": probe_ref if probe_secs else None,
-            "speed_probes": [[round(t - cal.probes[0][0], 6), round(sec, 9)] for t, sec in cal.probes],
+            # Unrounded (JSON floats round-trip), so a refit redoes the correction exactly.
+            "speed_probes": stored_probes,
             # On the step log's clock, so a refit can redo the correction.
             "speed_probe_t0": cal.probes[0][0] if cal.probes else None,
             "speed_probe_drift": max(probe_secs) / min(probe_secs) - 1 if probe_secs else None,
