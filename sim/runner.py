@@ -79,33 +79,44 @@ def _bar(total: int, desc: str, enabled: bool) -> Any:
 def run_jobs(fn: Callable[[Any], Any], jobs: Sequence[Any], points: Sequence[dict[str, Any]],
              workers: int | None = None, ray_address: str | None = None,
              desc: str = "sweep", progress: bool = True,
-             pool: ProcessPoolExecutor | None = None) -> list[Any]:
+             pool: ProcessPoolExecutor | None = None,
+             on_result: Callable[[int, Any], None] | None = None) -> list[Any]:
     """fn over jobs, in job order; a job that raised becomes a PointFailure for its point.
 
     pool: a process pool to reuse across calls (a search runs many small rounds).
+    on_result(i, result): called in this process as each job ends, in the order they end (a
+    long study journals its finished points, so an interrupted run keeps them).
     """
     bar = _bar(len(jobs), desc, progress)
+
+    def done(i: int, r: Any) -> None:
+        if on_result is not None:
+            on_result(i, _as_failure(points[i], r))
+        if bar is not None:
+            bar.update()
     try:
         if ray_address is not None:
-            raw = _run_ray(fn, jobs, ray_address, workers, bar)
+            raw = _run_ray(fn, jobs, ray_address, workers, done)
         else:
-            raw = _run_local(fn, jobs, workers, bar, pool)
+            raw = _run_local(fn, jobs, workers, done, pool)
     finally:
         if bar is not None:
             bar.close()
-    return [PointFailure(p, r.error, r.traceback) if isinstance(r, _Raised) else r
-            for p, r in zip(points, raw)]
+    return [_as_failure(p, r) for p, r in zip(points, raw)]
+
+
+def _as_failure(point: dict[str, Any], r: Any) -> Any:
+    return PointFailure(point, r.error, r.traceback) if isinstance(r, _Raised) else r
 
 
 def _run_local(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int | None,
-               bar: Any, pool: ProcessPoolExecutor | None = None) -> list[Any]:
+               done: Callable[[int, Any], None], pool: ProcessPoolExecutor | None = None) -> list[Any]:
     workers = workers or min(len(jobs), os.cpu_count() or 1)
     out: list[Any] = [None] * len(jobs)
     if pool is None and (workers <= 1 or len(jobs) <= 1):
         for i, job in enumerate(jobs):
             out[i] = _guarded(fn, job)
-            if bar is not None:
-                bar.update()
+            done(i, out[i])
         return out
     with contextlib.nullcontext(pool) if pool is not None else \
             ProcessPoolExecutor(max_workers=workers) as pool:
@@ -116,8 +127,7 @@ def _run_local(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int | Non
                 out[i] = fut.result()
             except Exception as e:  # noqa: BLE001 - a worker process died
                 out[i] = _Raised(f"{type(e).__name__}: {e}", "")
-            if bar is not None:
-                bar.update()
+            done(i, out[i])
     return out
 
 
@@ -141,7 +151,7 @@ def ray_init(address: str, workers: int | None = None) -> Any:
 
 
 def _run_ray(fn: Callable[[Any], Any], jobs: Sequence[Any], address: str, workers: int | None,
-             bar: Any) -> list[Any]:
+             done_cb: Callable[[int, Any], None]) -> list[Any]:
     ray = ray_init(address, workers)
     task = ray.remote(_guarded)
     fn_ref = ray.put(fn)
@@ -155,6 +165,5 @@ def _run_ray(fn: Callable[[Any], Any], jobs: Sequence[Any], address: str, worker
                 out[refs[ref]] = ray.get(ref)
             except Exception as e:  # noqa: BLE001 - the task's worker died
                 out[refs[ref]] = _Raised(f"{type(e).__name__}: {e}", "")
-            if bar is not None:
-                bar.update()
+            done_cb(refs[ref], out[refs[ref]])
     return out

@@ -62,10 +62,106 @@ def add_parser(sub: Any) -> None:
                         "(flagged in the layout column; docs/validate-rows.md), or none: not expressed")
     p.add_argument("--ray", nargs="?", const=LOCAL_RAY, default=None, metavar="ADDRESS",
                    help="run rows as Ray tasks: on the cluster at ADDRESS, or a local Ray")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the studies an interrupted run into the same --out finished (OUT/rows.jsonl, "
+                        "written as each study ends, removed once validation.csv is written) and run only the "
+                        "rest; refused if the journal's settings or git commit differ from this run's")
 
 
 class FilterError(SiliconDataError):
     """A --backend/--system/--model/--limit/--cost-model value that matches nothing; names what exists."""
+
+
+class JournalError(SiliconDataError):
+    """OUT/rows.jsonl cannot be resumed (other settings or code) or would be overwritten unasked."""
+
+
+JOURNAL = "rows.jsonl"
+
+
+def _json_value(v: Any) -> Any:
+    if isinstance(v, np.generic):
+        return v.item()
+    raise TypeError(f"{type(v).__name__} in a validate result")
+
+
+class Journal:
+    """OUT/rows.jsonl: the finished studies of a run, one JSON line each as it ends.
+
+    A long run that is stopped (Ctrl-C, a killed job, a lost machine) keeps what it finished;
+    `--resume` runs only the rest. Its first line holds the run's settings and git commit: a
+    journal is resumed only by the same settings on the same code, so one validation.csv never
+    mixes predictions of two versions. Studies are keyed by a hash of their whole study
+    (study_key), so a resumed run may filter rows differently and still reuse every match.
+    """
+
+    def __init__(self, path: Path, settings: dict[str, Any], resume: bool) -> None:
+        from twinserve.twin.calibrate import _git_commit
+
+        self.path = path
+        self.header = {"twinserve_validate_journal": 1, "settings": settings, "git_commit": _git_commit()}
+        self.done: dict[str, dict[str, Any]] = {}
+        held = path.exists() and sum(1 for line in path.read_text().splitlines() if line.strip()) > 1
+        if held and not resume:
+            raise JournalError(f"{path} holds the studies an earlier run finished before it stopped: pass "
+                               "--resume to keep them and run the rest, or remove the file (or choose "
+                               "another --out) to start again")
+        if held:
+            self.done = self._read()  # rewrites the file: its header and the studies kept
+            self._file = path.open("a")
+        else:
+            self._file = path.open("w")
+            self._write(self.header)
+
+    def _read(self) -> dict[str, dict[str, Any]]:
+        lines = self.path.read_text().split("\n")
+        try:
+            head = json.loads(lines[0])
+        except json.JSONDecodeError:
+            raise JournalError(f"{self.path}:1: not a validate journal (no JSON header line)") from None
+        if head.get("twinserve_validate_journal") != 1:
+            raise JournalError(f"{self.path}:1: not a validate journal")
+        for k in ("settings", "git_commit"):
+            if head.get(k) != self.header[k]:
+                raise JournalError(f"{self.path}: written with {k} {head.get(k)!r}, this run has "
+                                   f"{self.header[k]!r}: resuming would mix two kinds of prediction in one "
+                                   "validation.csv; run with the journal's settings, or remove it to start again")
+        done: dict[str, dict[str, Any]] = {}
+        last = max(i for i, line in enumerate(lines) if line.strip())
+        for i, line in enumerate(lines[1:], 2):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                done[str(d["study"])] = dict(d["result"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                if i - 1 == last:  # the line a stopped run was writing: that study runs again
+                    break
+                raise JournalError(f"{self.path}:{i}: not a journal entry (a study and its result)") from None
+        # Rewritten whole, so a half-written last line cannot stay in the middle of the file.
+        self.path.write_text("".join(json.dumps(x) + "\n" for x in
+                                     [self.header] + [{"study": k, "result": v} for k, v in done.items()]))
+        return done
+
+    @staticmethod
+    def key(study: str) -> str:
+        import hashlib
+        return hashlib.sha256(study.encode()).hexdigest()[:32]
+
+    def add(self, key: str, row_id: str, result: dict[str, Any]) -> None:
+        self._write({"study": key, "row": row_id, "result": result})
+
+    def _write(self, obj: dict[str, Any]) -> None:
+        self._file.write(json.dumps(obj, default=_json_value) + "\n")
+        self._file.flush()
+
+    def finish(self) -> None:
+        """The run's files are written: the journal has served."""
+        self._file.close()
+        self.path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self._file.close()
 
 
 def select_rows(df: pd.DataFrame, backend: str | None = None, system: str | None = None,
@@ -157,10 +253,11 @@ def cost_estimate(row: dict[str, Any]) -> float:
 def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: str | None,
                    progress: bool = True, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION,
                    window: str = DEFAULT_WINDOW, reduce: str = DEFAULT_REDUCTION,
-                   waves: int | None = None) -> pd.DataFrame:
+                   waves: int | None = None, journal: Journal | None = None) -> pd.DataFrame:
     """Every row of df: its reason, or its prediction and errors; one record per row, in order.
 
     waves: K of the rows estimated from their first waves (None: by their clients, validate_estimate.py).
+    journal: each finished study is written to it as it ends; studies it already holds are not run.
 
     Rows whose studies are equal (e.g. the same model, layout and lengths at two backend versions
     the roofline prices alike) run once: the later ones copy the first one's prediction and name it
@@ -170,6 +267,7 @@ def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: 
     jobs: list[tuple[Any, ...]] = []
     where: list[int] = []
     first_of: dict[str, int] = {}  # study -> its job
+    keys: list[str] = []  # each job's journal key
     copies: list[tuple[int, int]] = []  # (record, job) of rows that repeat a study
     for _, row in df.iterrows():
         rec = row_record(row, disagg=disagg)
@@ -185,12 +283,24 @@ def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: 
                 continue
             first_of[key] = len(jobs)
             where.append(len(records) - 1)
+            keys.append(Journal.key(key))
             jobs.append((row.to_dict(), cost_model, {"disagg": disagg, "window": window, "reduce": reduce,
                                                      "waves": waves}))
-    order = sorted(range(len(jobs)), key=lambda j: -cost_estimate(jobs[j][0]))
-    ran = run_jobs(simulate_row, [jobs[j] for j in order], [{"row": jobs[j][0]["id"]} for j in order],
-                   workers, ray, "validate", progress)
     out: list[Any] = [None] * len(jobs)
+    kept = journal.done if journal is not None else {}
+    for j in range(len(jobs)):
+        if keys[j] in kept:
+            out[j] = kept[keys[j]]
+    if kept and progress:
+        print(f"resuming: {sum(r is not None for r in out)} of {len(jobs)} studies kept from {journal.path}",
+              file=sys.stderr)
+    order = sorted((j for j in range(len(jobs)) if out[j] is None), key=lambda j: -cost_estimate(jobs[j][0]))
+
+    def journaled(pos: int, res: Any) -> None:
+        if journal is not None and not isinstance(res, PointFailure):  # a failed study runs again
+            journal.add(keys[order[pos]], str(jobs[order[pos]][0]["id"]), res)
+    ran = run_jobs(simulate_row, [jobs[j] for j in order], [{"row": jobs[j][0]["id"]} for j in order],
+                   workers, ray, "validate", progress, on_result=journaled)
     for pos, j in enumerate(order):
         out[j] = ran[pos]
     for i, res in zip(where, out):
@@ -204,7 +314,7 @@ def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: 
         if isinstance(res, PointFailure):
             records[i] = finish_record(records[i], None, res.error)
         else:
-            records[i] = finish_record(records[i], {**res, "sim_wall_s": 0.0})
+            records[i] = finish_record(records[i], {**res, "sim_wall_s": 0.0, "sim_cpu_s": 0.0})
     for i, rec in enumerate(records):
         if "err_tpot" not in rec:
             records[i] = finish_record(rec, None)
@@ -226,20 +336,35 @@ def run_validate(args: argparse.Namespace) -> int:
         waves = getattr(args, "estimate_waves", None)
         if waves is not None and not 2 <= waves <= 9:
             raise FilterError(f"--estimate-waves {waves}: allowed 2 .. 9 (the benchmark sends 10 waves)")
-        frame = run_validation(df, args.cost_model, getattr(args, "workers", None), args.ray, disagg=disagg,
-                               window=window, reduce=reduce, waves=waves)
+        out = Path(getattr(args, "out", None) or "simulate-validate")
+        out.mkdir(parents=True, exist_ok=True)
+        journal = Journal(out / JOURNAL, {"cost_model": args.cost_model, "assume_disagg": args.assume_disagg,
+                                          "window": window, "reduce": reduce, "estimate_waves": waves},
+                          getattr(args, "resume", False))
+        try:
+            frame = run_validation(df, args.cost_model, getattr(args, "workers", None), args.ray, disagg=disagg,
+                                   window=window, reduce=reduce, waves=waves, journal=journal)
+        except KeyboardInterrupt:
+            journal.close()
+            print(f"\nsimulate: interrupted: the finished studies are kept in {journal.path}; run the same "
+                  "command with --resume to run only the rest", file=sys.stderr)
+            return 130
         summary = summarize_validation(frame)
         wall = time.perf_counter() - t0
+        ran = frame[frame["sim_wall_s"].fillna(0) > 0] if "sim_wall_s" in frame else frame.iloc[:0]
         summary["run"] = {"cost_model": args.cost_model, "assume_disagg": args.assume_disagg,
                           "rows": int(len(frame)), "wall_s": round(wall, 1),
+                          # Worker CPU seconds over every study simulated, resumed ones included: the
+                          # run's cost on a quiet machine (wall / workers at best), whatever the load.
+                          "studies_cpu_s": round(float(ran["sim_cpu_s"].sum()), 1) if "sim_cpu_s" in ran else None,
+                          "studies_resumed": len(journal.done),
                           "loop": sorted(frame["loop"].dropna().unique()) if "loop" in frame else [],
                           "window": window, "reduce": reduce, "estimate_waves": waves or "auto",
                           "filters": {k: getattr(args, k) for k in ("backend", "system", "model", "rows", "layout",
                                                                     "limit", "max_clients")}}
-        out = Path(getattr(args, "out", None) or "simulate-validate")
-        out.mkdir(parents=True, exist_ok=True)
         frame.to_csv(out / "validation.csv", index=False)
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        journal.finish()
     except (TwinserveError, OSError) as e:
         print(f"simulate: error: {e}", file=sys.stderr)
         return 2
