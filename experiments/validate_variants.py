@@ -4,8 +4,9 @@
 lock step was modelled: sim/validate_engines.py). --spread-gap-lengths: the gap-analysis rows
 (harness aic_gap) draw lengths on [0.8 L, L] as InferenceX's do (the protocol before Dec 4; they
 now run at exact ISL/OSL). --aic-host-profile: `--cost-model aic` rows priced as before Dec 5 (vLLM
-and SGLang with the engine profile's host time, no kernel scale). --aic-kernel-only: `--cost-model aic` rows without the engine's host
-time or kernel scale (backends/sim/aic/cost_model.SERVING_TERMS off). Every other argument goes to `simulate validate`:
+and SGLang with the engine profile's host time, no kernel scale). --aic-kernel-only: `--cost-model
+aic` rows without host time or kernel scale (backends/sim/aic/cost_model.SERVING_TERMS off). Every
+other argument goes to `simulate validate`:
 
     python experiments/validate_variants.py --mixed -- --silicon --rows dev --backend sglang --out before
 """
