@@ -120,7 +120,8 @@ def fit(d: pd.DataFrame) -> None:
     for backend, g in d.groupby("backend"):
         models = sorted(g["model"].unique())
         print(f"\n## {backend}: {len(g)} rows, models {', '.join(f'{m} ({(g.model == m).sum()})' for m in models)}")
-        print(f"{'form':<7} {'s':>5} {'h ms':>6} {'p us':>6}   in-sample           leave-one-model-out   per model left out")
+        print(f"{'form':<7} {'s':>5} {'h ms':>6} {'p us':>6}   in-sample           "
+              "leave-one-model-out   per model left out")
         for name, free in FORMS.items():
             t = lad(g, free)
             err_in = predict(g, t) / g["meas"].to_numpy() - 1

@@ -80,8 +80,8 @@ class AicCostModel:
     """
 
     __slots__ = ("name", "model", "hardware", "tp", "par", "system", "backend", "version", "database",
-                 "graph", "step_overhead_s", "per_seq_overhead_s", "kernel_scale", "_eval", "_tok", "_dtok", "_seq", "_ctx", "_gen",
-                 "_p2p")
+                 "graph", "step_overhead_s", "per_seq_overhead_s", "kernel_scale", "_eval", "_tok", "_dtok", "_seq",
+                 "_ctx", "_gen", "_p2p")
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1, backend: str = "vllm",
                  version: str = "", parallel: Parallelism | None = None, step_overhead_s: float = 0.0,
