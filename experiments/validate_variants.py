@@ -3,8 +3,10 @@
 --mixed: every engine's rows with batch_policy "mixed" and no prefill cap (the code before SGLang's
 lock step was modelled: sim/validate_engines.py). --spread-gap-lengths: the gap-analysis rows
 (harness aic_gap) draw lengths on [0.8 L, L] as InferenceX's do (the protocol before Dec 4; they
-now run at exact ISL/OSL). --aic-kernel-only: `--cost-model aic` rows without the engine's host
-time per step (sim/validate_engines.AIC_HOST_TIME off). Every other argument goes to `simulate validate`:
+now run at exact ISL/OSL). --aic-host-profile: `--cost-model aic` rows priced as before Dec 5 (vLLM
+and SGLang with the engine profile's host time, no kernel scale). --aic-kernel-only: `--cost-model
+aic` rows without host time or kernel scale (backends/sim/aic/cost_model.SERVING_TERMS off). Every
+other argument goes to `simulate validate`:
 
     python experiments/validate_variants.py --mixed -- --silicon --rows dev --backend sglang --out before
 """
@@ -15,7 +17,7 @@ import argparse
 import sys
 
 from twinserve.sim import validate_protocol as vp
-from twinserve.sim import validate_engines, validate_rows
+from twinserve.sim import validate_rows
 from twinserve.sim.cli import main as simulate_main
 
 
@@ -26,7 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spread-gap-lengths", action="store_true",
                    help="gap-analysis rows with lengths on [0.8 L, L] (the protocol before Dec 4)")
     p.add_argument("--aic-kernel-only", action="store_true",
-                   help="aic rows priced by kernel time only (no engine host time; before Dec 4 evening)")
+                   help="aic rows priced by kernel time only (no serving terms; before Dec 4 evening)")
+    p.add_argument("--aic-host-profile", action="store_true",
+                   help="aic rows as before 2026-12-05: vLLM and SGLang pay the cuda_graph_python profile's "
+                        "host time, no kernel scale; TensorRT-LLM kernels only")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of `simulate validate` (after --)")
     args = p.parse_args(argv)
     if args.mixed:
@@ -40,7 +45,15 @@ def main(argv: list[str] | None = None) -> int:
 
         validate_rows.run_design = run_design  # the study's lengths; the counts are the same
     if args.aic_kernel_only:
-        validate_engines.AIC_HOST_TIME = frozenset()
+        from twinserve.backends.sim.aic.cost_model import ServingTerms
+        validate_rows.aic_serving_terms = lambda backend: ServingTerms()
+    if args.aic_host_profile:
+        from twinserve.backends.sim.aic.cost_model import ServingTerms
+        from twinserve.backends.sim.engine_profile import ENGINE_PROFILES
+        prof = ENGINE_PROFILES["cuda_graph_python"]
+        old = {b: ServingTerms(step_s=prof.step_overhead_s, per_seq_s=prof.per_seq_overhead_s)
+               for b in ("vllm", "sglang")}
+        validate_rows.aic_serving_terms = lambda backend: old.get(backend, ServingTerms())
     rest = [a for a in args.rest if a != "--"]
     return simulate_main(["validate", *rest])
 

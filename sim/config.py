@@ -67,6 +67,9 @@ class EngineConfig:
                             choices=("vllm", "sglang", "trtllm"))
     aic_version: str = knob("", help="cost_model aic: the backend's database version",
                             special={"": "aic's current one"})
+    aic_kernel_scale: float = knob(1.0, help="cost_model aic: multiplies each step's kernel time (validate "
+                                   "sets its engine's fitted serving scale, backends/sim/aic SERVING_TERMS)",
+                                   range=(0.0, 10.0), open="lo")
     cpu_overhead_scale: float = knob(1.0,
                                      help="cost_model fitted: scale of the engine's CPU work (0.5 = twice "
                                           "as fast)",

@@ -71,12 +71,8 @@ def frontend_latency_s(backend: str) -> float:
     return FRONTEND_LATENCY_S.get(backend, 0.0)
 
 
-# The measured backend (`--cost-model aic`) prices kernels only; a served step also pays the
-# engine's host time (scheduling, input prep, sampling, graph launch) where the GPU waits for it.
-# The engines whose aic rows get their engine profile's step and per-sequence host time, as the
-# roofline adds it (sim/validate_rows.py): vLLM and SGLang (Python schedulers replaying CUDA graphs),
-# not TensorRT-LLM (its overlap scheduler prepares the next step while the GPU runs this one).
-# Chosen on 18 development rows (`--cost-model aic --rows dev --limit 30 --max-clients 64`,
-# 2026-12-04): TPOT median |error| SGLang 16.8% -> 9.5% (6 rows), vLLM 8.1% -> 9.2% (signed
-# -8% -> +1%, 4 rows), TensorRT-LLM 53.8% -> 61.1% with it (8 rows), so left out there.
-AIC_HOST_TIME = frozenset({"vllm", "sglang"})
+# The measured backend (`--cost-model aic`) prices kernels only; a served step also pays what the
+# engine does around them. Each engine's terms (kernel scale, host time a step and a sequence) live with
+# the cost model's constants: backends/sim/aic/cost_model.SERVING_TERMS, set on each aic row by
+# sim/validate_rows.py (until 2026-12-05 here: AIC_HOST_TIME, the engine profile's host time for vLLM
+# and SGLang rows).

@@ -24,8 +24,6 @@ from twinserve.sim.errors import SimError
 from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, AssumedWorkers,  # noqa: F401
                                             NotExpressible, assume_workers, folded_layout, inferred_attention_dp,
                                             missing_worker_counts)
-from twinserve.backends.sim.engine_profile import ENGINE_PROFILES
-from twinserve.sim import validate_engines
 from twinserve.sim.validate_engines import engine_defaults
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, STEADY, RunDesign, run_design
 from twinserve.sim.workload import WorkloadConfig
@@ -328,6 +326,12 @@ class RowPlan:
     counts: tuple[int, int] | None = None  # the assumed (prefill, decode) worker counts
 
 
+def aic_serving_terms(backend: str) -> Any:
+    """The engine's serving terms over aic's kernel sum (backends/sim/aic/cost_model.SERVING_TERMS)."""
+    from twinserve.backends.sim.aic.cost_model import serving_terms
+    return serving_terms(backend)
+
+
 def row_study(row: pd.Series, cost_model: str = "roofline", *,
               disagg: str | None = DEFAULT_DISAGG_ASSUMPTION, window: str = DEFAULT_WINDOW) -> StudyConfig:
     """The row as a closed-loop study; NotExpressible (with the reason) when it cannot be one."""
@@ -362,10 +366,11 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     for k, v in prec.items():
         setattr(e, k, v)
     e.engine_profile = ENGINE_PROFILE.get(str(row["backend"]), e.engine_profile)
-    if cost_model == "aic" and str(row["backend"]) in validate_engines.AIC_HOST_TIME:
-        # aic's kernel timings hold no host time: the engine's own, as the roofline adds it.
-        prof = ENGINE_PROFILES[e.engine_profile]
-        e.step_overhead_s, e.per_seq_overhead_s = prof.step_overhead_s, prof.per_seq_overhead_s
+    if cost_model == "aic":
+        # aic's kernel timings hold no serving overheads: the engine's fitted terms (backends/sim/aic).
+        terms = aic_serving_terms(str(row["backend"]))
+        e.step_overhead_s, e.per_seq_overhead_s = terms.step_s, terms.per_seq_s
+        e.aic_kernel_scale = terms.kernel_scale
     s = cfg.scheduler
     s.max_model_len = max(s.max_model_len, isl + osl)
     # Benchmarks size the engine's batch for the clients: no request waits for a sequence slot.

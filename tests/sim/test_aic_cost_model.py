@@ -129,6 +129,37 @@ def test_host_overheads_add_only_when_set() -> None:
     assert padded.step_time(*shape) == pytest.approx(c.step_time(*shape) + 1e-3 + 8e-5)
 
 
+def test_kernel_scale_multiplies_the_kernel_sum_before_host_time() -> None:
+    c = cost()
+    s = AicCostModel(c.model, c.hardware, 1, kernel_scale=1.07, step_overhead_s=1e-3, per_seq_overhead_s=1e-5)
+    for shape, seqs in (((0, 0, 0, 0.0, 8, 8000), 8), ((512, 1, 0, 512 * 256.0, 4, 4000), 5)):
+        assert s.step_time(*shape) == pytest.approx(1.07 * c.step_time(*shape) + 1e-3 + 1e-5 * seqs, rel=1e-12)
+    # Consecutive decode steps priced in one call are the floats step_time gives, scale and host in.
+    durations, _ = s.decode_step_times(8, 8000, 6, 0.0, 1e9)
+    assert durations == [s.step_time(0, 0, 0, 0.0, 8, 8000 + 8 * i) for i in range(6)]
+    with pytest.raises(AicError, match="aic_kernel_scale 0.0: must be > 0"):
+        AicCostModel(c.model, c.hardware, 1, kernel_scale=0.0)
+
+
+def test_each_engines_serving_terms_on_a_decode_step() -> None:
+    """SERVING_TERMS (fitted on development rows): vLLM 7% over aic's kernels and no host time; SGLang
+    0.8 ms a step + 10 us a sequence; TensorRT-LLM aic's kernels alone."""
+    from twinserve.backends.sim.aic.cost_model import serving_terms
+    c = cost()
+    shape = (0, 0, 0, 0.0, 32, 32 * 2000)
+    kernels = c.step_time(*shape)
+
+    def served(backend: str) -> float:
+        t = serving_terms(backend)
+        return AicCostModel(c.model, c.hardware, 1, kernel_scale=t.kernel_scale, step_overhead_s=t.step_s,
+                            per_seq_overhead_s=t.per_seq_s).step_time(*shape)
+
+    assert served("vllm") == pytest.approx(1.07 * kernels, rel=1e-12)
+    assert served("sglang") == pytest.approx(kernels + 0.8e-3 + 32 * 10e-6, rel=1e-12)
+    assert served("trtllm") == kernels
+    assert serving_terms("tgi") == serving_terms("trtllm")  # an unknown engine: kernels only
+
+
 def test_missing_gpu_names_the_mapped_ones() -> None:
     with pytest.raises(AicError, match=r"hardware 'MI300X'.*h200 -> h200_sxm") as err:
         AicCostModel(get_model("Llama-3.1-8B"), get_hardware("MI300X"), 1)

@@ -72,19 +72,23 @@ def test_frontend_latency_per_engine_and_none_for_an_unknown_one() -> None:
     assert frontend_latency_s("sglang") > frontend_latency_s("trtllm") > frontend_latency_s("vllm")
 
 
-def test_aic_rows_get_their_engines_host_time_and_kernel_only_without_it(monkeypatch) -> None:
+def test_aic_rows_get_their_engines_serving_terms_and_kernel_only_without_them(monkeypatch) -> None:
     pytest.importorskip("aiconfigurator_core")
-    from twinserve.backends.sim.engine_profile import ENGINE_PROFILES
-    from twinserve.sim import validate_engines
+    from twinserve.backends.sim.aic.cost_model import SERVING_TERMS, ServingTerms
+    from twinserve.sim import validate_rows
     rows = load_rows()
     r = rows[(rows["model"] == "Qwen3-32B") & (rows["mode"] == "agg")].iloc[0].copy()
-    r["system"], r["backend"] = "h200_sxm", "vllm"
-    e = row_study(pd.Series(r), "aic").engine
-    prof = ENGINE_PROFILES[e.engine_profile]
-    assert (e.step_overhead_s, e.per_seq_overhead_s) == (prof.step_overhead_s, prof.per_seq_overhead_s) != (0, 0)
-    assert row_study(pd.Series(r)).engine.step_overhead_s < 0  # the roofline takes its profile's own
-    r["backend"] = "trtllm"  # its overlap scheduler hides the host time: kernel time only
-    assert row_study(pd.Series(r), "aic").engine.step_overhead_s < 0
+    r["system"] = "h200_sxm"
+    for backend in ("vllm", "sglang", "trtllm"):
+        r["backend"] = backend
+        e = row_study(pd.Series(r), "aic").engine
+        t = SERVING_TERMS[backend]
+        assert (e.aic_kernel_scale, e.step_overhead_s, e.per_seq_overhead_s) == (t.kernel_scale, t.step_s,
+                                                                                 t.per_seq_s)
+    assert SERVING_TERMS["vllm"].kernel_scale > 1 and SERVING_TERMS["sglang"].step_s > 0
     r["backend"] = "vllm"
-    monkeypatch.setattr(validate_engines, "AIC_HOST_TIME", frozenset())
-    assert row_study(pd.Series(r), "aic").engine.step_overhead_s < 0
+    assert row_study(pd.Series(r)).engine.step_overhead_s < 0  # the roofline takes its profile's own
+    assert row_study(pd.Series(r)).engine.aic_kernel_scale == 1.0
+    monkeypatch.setattr(validate_rows, "aic_serving_terms", lambda backend: ServingTerms())
+    e = row_study(pd.Series(r), "aic").engine
+    assert (e.aic_kernel_scale, e.step_overhead_s, e.per_seq_overhead_s) == (1.0, 0.0, 0.0)
