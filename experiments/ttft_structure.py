@@ -1,0 +1,105 @@
+"""Where `simulate validate`'s TTFT error comes from, on development rows (docs/validate-accuracy.md,
+"TTFT under aic: the structure on the development rows").
+
+    python experiments/ttft_structure.py DIR/validation.csv
+
+Reads a validation.csv of development rows (held-out rows are refused) and prints, per engine, for
+the aggregated rows: the signed and absolute TTFT error and the median `gap` (measured TTFT less the
+simulated engine's TTFT, what the front-end constant covers) by ISL and by concurrency; the gap in
+measured TPOTs of the TensorRT-LLM rows an InferenceX recipe wait applies to; and the front-end
+latency (plus k x predicted TPOT; k = 1 is one extra step for an overlap scheduler) refitted on a 5 ms grid with each development model left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+import pandas as pd
+
+from twinserve.sim.validate_engines import FRONTEND_LATENCY_S
+from twinserve.sim.validate_rows import DEV_MODELS
+
+GRID_MS = np.arange(0, 400, 5)
+
+
+def load(path: str) -> pd.DataFrame:
+    """The aggregated, priced development rows of a validation.csv."""
+    d = pd.read_csv(path)
+    if not d["model"].isin(DEV_MODELS).all():
+        raise SystemExit("held-out rows in the file: this script reads development rows only")
+    d = d[d["expressible"] & d["err_ttft"].notna() & (d["mode"] == "agg")].copy()
+    d["gap_ms"] = d["meas_ttft_ms"] - d["pred_ttft_engine_ms"]
+    d["tp"] = d["parallelism"].str.extract(r"tp(\d+)", expand=False).astype(int)
+    d["isl_bin"] = np.where(d["isl"] <= 1100, "1k", np.where(d["isl"] <= 4100, "2-4k", "8k"))
+    d["conc_bin"] = pd.cut(d["concurrency"], [0, 4, 16, 64, 1 << 20], labels=["<=4", "5-16", "17-64", ">64"])
+    return d
+
+
+def _summary(g: pd.DataFrame) -> pd.Series:
+    return pd.Series({"rows": len(g), "signed": g["err_ttft"].median(), "abs": g["err_ttft"].abs().median(),
+                      "gap_ms": g["gap_ms"].median()})
+
+
+def _err(g: pd.DataFrame, fe_ms: float, k: float) -> np.ndarray:
+    return (g["pred_ttft_engine_ms"] + fe_ms + k * g["pred_tpot_ms"]) / g["meas_ttft_ms"] - 1
+
+
+def _best(g: pd.DataFrame, k: float) -> float:
+    return float(GRID_MS[np.argmin([np.median(np.abs(_err(g, f, k))) for f in GRID_MS])])
+
+
+def leave_one_model_out(g: pd.DataFrame, k: float) -> tuple[float, list[str]]:
+    """Median |error| over every model's rows, each priced with the latency fitted without that model."""
+    errs: list[float] = []
+    notes = []
+    for m in sorted(g["model"].unique()):
+        train, test = g[g["model"] != m], g[g["model"] == m]
+        if train.empty:
+            continue
+        f = _best(train, k)
+        e = _err(test, f, k)
+        errs += list(e)
+        notes.append(f"{m} {f:.0f} ms {np.median(np.abs(e)):.1%}")
+    return (float(np.median(np.abs(errs))) if errs else float("nan")), notes
+
+
+def recipe_wait_rows(d: pd.DataFrame) -> pd.Series:
+    """TensorRT-LLM Llama-3.1-70B InferenceX rows at ISL 1024 / OSL 1024, TP < 8: the recipe
+    (InferenceX benchmarks/70b_fp8_h200_trt_slurm.sh) sets batch_wait_timeout_iters 20."""
+    return ((d["backend"] == "trtllm") & (d["model"] == "Llama-3.1-70B") & (d["harness"] == "inferencex")
+            & (d["isl"] == 1024) & (d["osl"] == 1024) & (d["tp"] < 8))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("validation", help="a validation.csv of `simulate validate --rows dev`")
+    args = p.parse_args(argv)
+    d = load(args.validation)
+    pd.set_option("display.width", 200)
+    for by in ("isl_bin", "conc_bin"):
+        print(d.groupby(["backend", by], observed=True)[["err_ttft", "gap_ms"]].apply(_summary).round(3), "\n")
+    w = d[recipe_wait_rows(d)]
+    print("recipe-wait rows: gap / measured TPOT =", (w["gap_ms"] / w["meas_tpot_ms"]).round(1).tolist())
+    rest = d[(d["backend"] == "trtllm") & (d["model"] == "Llama-3.1-70B") & ~recipe_wait_rows(d)]
+    print("other TensorRT-LLM Llama rows: gap / measured TPOT, median",
+          round(float((rest["gap_ms"] / rest["meas_tpot_ms"]).median()), 1), "\n")
+    for backend, g in d.groupby("backend"):
+        now = np.median(np.abs(_err(g, 1000 * FRONTEND_LATENCY_S.get(str(backend), 0.0), 0)))
+        for k in (0, 1, 2):
+            lomo, notes = leave_one_model_out(g, k)
+            print(f"{backend} ({len(g)} rows) k={k}: now {now:.1%}; in sample {_best(g, k):.0f} ms; "
+                  f"each model left out {lomo:.1%}: {', '.join(notes)}")
+    # TensorRT-LLM without the rows a recipe wait explains (DeepSeek-R1's MTP / attention-DP balance,
+    # the three batch-wait rows): what the front end alone looks like.
+    t = d[(d["backend"] == "trtllm") & (d["model"] != "DeepSeek-R1") & ~recipe_wait_rows(d)]
+    lomo, notes = leave_one_model_out(t, 0)
+    print(f"trtllm without recipe-wait rows ({len(t)} rows): 100 ms {np.median(np.abs(_err(t, 100, 0))):.1%}; "
+          f"in sample {_best(t, 0):.0f} ms {np.median(np.abs(_err(t, _best(t, 0), 0))):.1%}; "
+          f"each model left out {lomo:.1%}: {', '.join(notes)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
