@@ -7,7 +7,6 @@ import pytest
 
 from twinserve.sim.errors import TraceError
 from twinserve.sim.workload import Workload, WorkloadConfig
-from twinserve.twin.workload import FidelityOptions, workload_factory
 
 HEADER = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
 
@@ -39,17 +38,3 @@ def test_dropped_sparse_rows_do_not_refuse_a_dense_study(tmp_path) -> None:
     items = list(Workload(_cfg(f, on_overlong="drop"), max_model_len=4096).items())
     assert len(items) == 20
     assert items[1].arrival_time - items[0].arrival_time == pytest.approx(1.0)
-
-
-def test_the_twins_trace_offset_judges_the_rows_after_the_offset(tmp_path) -> None:
-    # 30 dense rows, then 20 sparse ones: with trace_offset = 30 the twin serves only the sparse ones.
-    f = tmp_path / "t.csv"
-    f.write_text(HEADER + _rows(0, 1, 30, 10) + _rows(100, 200, 20, 10))
-    make = workload_factory(FidelityOptions("p", trace=str(f), num_requests=20, trace_offset=30), 4096, 1000)
-    with pytest.raises(TraceError, match="trace_time_unit"):
-        next(make().items())
-    # And the other way round: sparse rows skipped, the dense ones served run.
-    f.write_text(HEADER + _rows(0, 200, 30, 10) + _rows(10_000, 1, 20, 10))
-    make = workload_factory(FidelityOptions("p", trace=str(f), num_requests=20, trace_offset=30), 4096, 1000)
-    times = [i.arrival_time for i in make().items()]
-    assert len(times) == 20 and times[-1] == pytest.approx(19.0)
