@@ -91,7 +91,8 @@ class ComputedTokensError(TwinserveError, RuntimeError):
 
 
 class ExecutorOutputError(TwinserveError, RuntimeError):
-    """An executor sent back more tokens for a request than its verify step can yield: it fails alone."""
+    """An executor sent back tokens a request's step cannot yield (too many for a verify step, any for a
+    partial prefill): it fails alone."""
 
     def __init__(self, request_id: str, problem: str) -> None:
         self.request_id = request_id

@@ -50,6 +50,15 @@ def _append_run(req: Request, tokens: list[int], now: float, max_model_len: int
     return tokens, None, None
 
 
+def _partial_sample(req: Request, tokens: list[int]) -> str:
+    """Why tokens sampled for a step that stopped short of the request's last token cannot be kept."""
+    # A step samples only when it computes up to the last known token (the model runner's sampling
+    # rows, step_parts._lookahead); vLLM's runner likewise discards what a partial prefill samples.
+    return (f"{len(tokens)} sampled token(s) for a step that computed its tokens only up to "
+            f"{req.num_computed_tokens} of {len(req.all_token_ids)} (the prompt, or a resumed request's "
+            "context, is still being prefilled: such a step samples nothing)")
+
+
 class OutputUpdate:
     """Scheduler mixin: update_from_output, the drafts it verifies, and requests ended for a bad count."""
 
@@ -57,7 +66,8 @@ class OutputUpdate:
     _drafts_held = False
 
     def _update_plain(self, reqs: list[Request], sampled: dict[str, list[int]], logprobs: dict | None,
-                      now: float, outputs: list[EngineCoreOutput]) -> list[Request]:
+                      now: float, outputs: list[EngineCoreOutput],
+                      unverifiable: list[tuple[Request, str]]) -> list[Request]:
         """update_from_output's loop for a step without drafts; the requests that finished."""
         max_model_len = self.config.max_model_len
         add_output = outputs.append
@@ -70,6 +80,10 @@ class OutputUpdate:
             tokens = get_tokens(rid)
             if not tokens:
                 continue  # a partial prefill
+            all_ids = req.all_token_ids
+            if req.num_computed_tokens < len(all_ids):
+                unverifiable.append((req, _partial_sample(req, tokens)))
+                continue
             if req.first_token_time is None:
                 req.first_token_time = now
             out = new_output(Output)
@@ -77,7 +91,6 @@ class OutputUpdate:
             if len(tokens) == 1:
                 token = tokens[0]
                 req.output_token_ids.append(token)
-                all_ids = req.all_token_ids
                 all_ids.append(token)
                 req.token_times.append(now)
                 out.new_token_ids = tokens
@@ -144,7 +157,8 @@ class OutputUpdate:
 
     def _fail_unverifiable(self, bad: list[tuple[Request, str]], scheduler_output: SchedulerOutput,
                            now: float, outputs: list[EngineCoreOutput]) -> None:
-        """End requests whose verify step sent back more tokens than it can yield, with an ExecutorOutputError.
+        """End requests whose step sent back tokens it cannot yield (more than a verify step can, or any for a
+        partial prefill), with an ExecutorOutputError.
 
         Only their own state is in doubt (their tokens, and the KV their step wrote, which no other
         request reads before it is cached), so they end alone: the blocks their step would fill are
@@ -205,7 +219,7 @@ class OutputUpdate:
         self.step_num_spec_reqs = self.step_num_draft_tokens = self.step_num_accepted_tokens = 0
         if not verified and proposed is None:
             # No speculation this step: the plain loop, as before drafts (the decode hot path).
-            finished = self._update_plain(reqs, sampled, logprobs, now, outputs)
+            finished = self._update_plain(reqs, sampled, logprobs, now, outputs, unverifiable)
             if self._drafts_held:
                 self._drop_sampled_drafts(reqs, sampled)
             reqs = ()
@@ -216,6 +230,9 @@ class OutputUpdate:
             tokens = sampled.get(rid)
             if not tokens:
                 continue  # a partial prefill
+            if req.num_computed_tokens < len(req.all_token_ids):
+                unverifiable.append((req, _partial_sample(req, tokens)))
+                continue
             num_drafts = num_accepted = 0
             if verified:
                 drafts = verified.get(rid)
