@@ -474,8 +474,13 @@ def check_profile_hardware(profile: FittedCostModel, hardware: str | None, cpu: 
     if str(made) != str(hardware):
         raise ProfileError(f"{source} was calibrated on {made!r} but the engine runs on {hardware!r}; {again}")
     made_cpu = (profile.meta.get("provenance") or {}).get("cpu")
-    if not cpu or not made_cpu or not str(hardware).startswith("cpu"):
+    if not cpu or not str(hardware).startswith("cpu"):
         return
+    if not made_cpu:
+        # One CPU name covers hosts with and without the kernels torch picks (a VM's name hides them).
+        raise ProfileError(f"{source} was calibrated on {made!r} but recorded no CPU features (made before "
+                           "calibrate recorded them), so whether this CPU runs the kernels it was timed on "
+                           f"cannot be told; {again}")
     diff = []
     if made_cpu.get("capability") and cpu.get("capability") and made_cpu["capability"] != cpu["capability"]:
         diff.append(f"torch kernel level {made_cpu['capability']} there, {cpu['capability']} here")
@@ -491,9 +496,12 @@ def check_profile_hardware(profile: FittedCostModel, hardware: str | None, cpu: 
 
 
 def _same_cpu(made_cpu: Mapping[str, Any] | None, cpu: Mapping[str, Any] | None) -> bool:
-    """Whether a profile's recorded CPU features are this CPU's (True where either is unknown)."""
-    if not made_cpu or not cpu:
+    """Whether a profile's recorded CPU features are this CPU's (True where this CPU's are unknown;
+    False where only the profile's are: check_profile_hardware refuses it)."""
+    if not cpu:
         return True
+    if not made_cpu:
+        return False
     return (made_cpu.get("capability") == cpu.get("capability")
             and sorted(made_cpu.get("flags") or []) == sorted(cpu.get("flags") or []))
 
