@@ -6,6 +6,7 @@ never sits in memory as tokens. Independent random streams come from one seed.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -231,13 +232,9 @@ class Workload:
         cfg = self.cfg
         closed = cfg.concurrency > 0  # clients set arrival times at run time (sim/clients.py)
         total = cfg.num_requests + (cfg.warmup_requests if closed else 0)
-        first = self._first_turns(total, closed)
         if cfg.arrival == "trace" and not closed and self.check_trace_rate and self._stamped_arrived_at():
-            # Judge the requests the study runs (after drops and a subclass's skipped rows): hold them back.
-            head = list(itertools.islice(first, min(total, _RATE_ROWS)))
-            self._check_trace_rate(head)
-            yield from head
-        yield from first
+            self._check_trace_rate(total)
+        yield from self._first_turns(total, closed)
 
     def _first_turns(self, total: int, closed: bool) -> Iterator[WorkItem]:
         cfg = self.cfg
@@ -305,9 +302,18 @@ class Workload:
         except OSError:
             return False  # read_trace names the file it cannot read
 
-    def _check_trace_rate(self, head: list[WorkItem]) -> None:
-        """TraceError when the first requests the study runs arrive implausibly slowly (likely ms)."""
+    def _check_trace_rate(self, total: int) -> None:
+        """TraceError when the first requests the study runs arrive implausibly slowly (likely ms).
+
+        Judged on a dry pass of a copy (its own random streams and counts), so the rows judged are the
+        ones run, after over-long drops and a subclass's skipped rows, and the real pass is unchanged.
+        """
         cfg = self.cfg
+        probe = copy.copy(self)
+        probe._arr, probe._len, probe._pop = (copy.deepcopy(g) for g in (self._arr, self._len, self._pop))
+        probe.length_stats = LengthStats(cfg.on_overlong, self.max_model_len)
+        probe.require_all = False  # a short trace is named by the real pass
+        head = list(itertools.islice(probe._first_turns(total, False), min(total, _RATE_ROWS)))
         if len(head) < 2:
             return
         span = head[-1].arrival_time - head[0].arrival_time  # time_scale already applied
@@ -321,7 +327,7 @@ class Workload:
         else:
             spans = f"{span / 60:.1f} minutes"
         scaled = f" after time_scale = {cfg.time_scale:g}" if cfg.time_scale != 1 else ""
-        raise TraceError(self.trace_path, self._item_line, "arrived_at",
+        raise TraceError(self.trace_path, probe._item_line, "arrived_at",
                          f"the first {len(head)} requests the study runs span {spans}{scaled}, {rate:.2g} requests/s "
                          f"(one every {span / (len(head) - 1):,.0f} s), reading arrived_at in "
                          f"'{cfg.trace_time_unit}': is it in milliseconds? set {self.unit_setting} to "

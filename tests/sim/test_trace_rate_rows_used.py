@@ -38,3 +38,21 @@ def test_dropped_sparse_rows_do_not_refuse_a_dense_study(tmp_path) -> None:
     items = list(Workload(_cfg(f, on_overlong="drop"), max_model_len=4096).items())
     assert len(items) == 20
     assert items[1].arrival_time - items[0].arrival_time == pytest.approx(1.0)
+
+
+def test_the_check_leaves_the_run_it_judged_unchanged(tmp_path) -> None:
+    # Drawn lengths (some dropped as over-long) and shared-prompt draws: the run is the same with the check.
+    f = tmp_path / "t.csv"
+    f.write_text(HEADER + _rows(0, 0.5, 60, 10))
+    cfg = WorkloadConfig(num_requests=40, arrival="trace", prompt_dist="uniform", prompt_min=10, prompt_max=120,
+                         output_dist="trace", trace=str(f), num_system_prompts=3, system_prompt_len=8,
+                         on_overlong="drop")
+    runs = []
+    for check in (True, False):
+        w = Workload(cfg, seed=3, max_model_len=100)
+        w.check_trace_rate = check
+        items = list(w.items())
+        runs.append(([(i.request_id, i.arrival_time, i.num_prompt_tokens, i.system_prompt, i.index) for i in items],
+                     w.length_stats.dropped, w.prompt_tokens(items[-1])))
+    assert runs[0] == runs[1]
+    assert runs[0][1] > 0 and len(runs[0][0]) == 40  # some were dropped, and the run still has its 40
