@@ -299,7 +299,7 @@ class Workload:
         try:
             with open(self.trace_path, newline="") as fh:
                 return "arrived_at" in fh.readline()  # Azure TIMESTAMPs are clock times
-        except OSError:
+        except (OSError, UnicodeDecodeError):
             return False  # read_trace names the file it cannot read
 
     def _check_trace_rate(self, total: int) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from twinserve.core.errors import TwinserveError
+from twinserve.core.errors import TwinserveError, unreadable_text
 
 from twinserve.backends.sim.cost_model import windowed_features
 
@@ -299,6 +299,9 @@ class FittedCostModel:
             data = json.loads(p.read_text())
         except FileNotFoundError:
             raise ProfileError(f"{p}: profile file not found") from None
+        except (OSError, UnicodeDecodeError) as e:
+            line, why = unreadable_text(p, e)
+            raise ProfileError(f"{p}{f':{line}' if line else ''}: {why}") from None
         except json.JSONDecodeError as e:
             raise ProfileError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
         return cls.from_dict(data, str(p))
