@@ -1,4 +1,4 @@
-"""The twin's trace-rate check judges the rows it serves, after trace_offset (tests/sim/test_trace_rate_rows_used.py)."""
+"""The twin's trace-rate check judges the rows it serves, after --trace-offset skips the first ones."""
 
 from __future__ import annotations
 
