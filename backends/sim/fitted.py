@@ -283,6 +283,7 @@ class FittedCostModel:
         regimes.sort(key=regime_order)
         gaps, factors, extra = _wake(data.get("wake"), source)
         verify = _verify(data.get("verify"), source)
+        _check_provenance(data.get("provenance"), source)
         meta = {k: v for k, v in data.items()
                 if k not in ("coefficients", "overhead_coefficients", "regimes", "wake", "verify")}
         window, share = attention_window(meta, source)
@@ -367,6 +368,25 @@ def _wake(raw: Any, source: str) -> tuple[tuple[float, ...], tuple[tuple[float, 
         raise bad
     table = tuple(tuple(float(f) for f in r) for r in rows)
     return (tuple(float(g) for g in gaps),) + (((), table) if key == "extra_s" else (table, ()))
+
+
+def _check_provenance(raw: Any, source: str) -> None:
+    """The shape the machine checks read: provenance an object, its cpu {capability: str, flags: [str]}."""
+    if raw is None:
+        return
+    if not isinstance(raw, Mapping):
+        raise ProfileError(f"{source}: field 'provenance' must be an object")
+    cpu = raw.get("cpu")
+    if cpu is None:
+        return
+    if not isinstance(cpu, Mapping):
+        raise ProfileError(f"{source}: field 'provenance.cpu' must be an object "
+                           "({\"capability\": torch's CPU kernel level, \"flags\": [kernel flags]})")
+    if cpu.get("capability") is not None and not isinstance(cpu["capability"], str):
+        raise ProfileError(f"{source}: field 'provenance.cpu.capability' must be a string, e.g. \"AVX2\"")
+    flags = cpu.get("flags")
+    if flags is not None and (not isinstance(flags, list) or not all(isinstance(f, str) for f in flags)):
+        raise ProfileError(f"{source}: field 'provenance.cpu.flags' must be a list of strings, e.g. [\"avx2\", \"fma\"]")
 
 
 def _verify(raw: Any, source: str) -> tuple[float, float, float]:
