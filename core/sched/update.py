@@ -66,8 +66,7 @@ class OutputUpdate:
     _drafts_held = False
 
     def _update_plain(self, reqs: list[Request], sampled: dict[str, list[int]], logprobs: dict | None,
-                      now: float, outputs: list[EngineCoreOutput],
-                      unverifiable: list[tuple[Request, str]]) -> list[Request]:
+                      now: float, outputs: list[EngineCoreOutput]) -> list[Request]:
         """update_from_output's loop for a step without drafts; the requests that finished."""
         max_model_len = self.config.max_model_len
         add_output = outputs.append
@@ -80,10 +79,6 @@ class OutputUpdate:
             tokens = get_tokens(rid)
             if not tokens:
                 continue  # a partial prefill
-            all_ids = req.all_token_ids
-            if req.num_computed_tokens < len(all_ids):
-                unverifiable.append((req, _partial_sample(req, tokens)))
-                continue
             if req.first_token_time is None:
                 req.first_token_time = now
             out = new_output(Output)
@@ -91,6 +86,7 @@ class OutputUpdate:
             if len(tokens) == 1:
                 token = tokens[0]
                 req.output_token_ids.append(token)
+                all_ids = req.all_token_ids
                 all_ids.append(token)
                 req.token_times.append(now)
                 out.new_token_ids = tokens
@@ -123,6 +119,24 @@ class OutputUpdate:
                     lps = lps[:len(out.new_token_ids)]
                 out.new_logprobs = lps
         return finished
+
+    def _drop_partial_samples(self, scheduler_output: SchedulerOutput, sampled: dict[str, list[int]],
+                              unverifiable: list[tuple[Request, str]]) -> dict[str, list[int]]:
+        """sampled without the tokens of requests whose step stopped short of their last token (listed as
+        ExecutorOutputErrors in unverifiable): a step samples only when it computes up to the last known
+        token (the model runner's sampling rows; vLLM's runner likewise discards a partial prefill's sample).
+        Only the step's chunked requests are looked at (the scheduler lists them), not every decode."""
+        partial, self._step_partial = self._step_partial, []
+        scheduled = scheduler_output.num_scheduled_tokens
+        bad = set()
+        for req in partial:
+            rid = req.request_id
+            tokens = sampled.get(rid)
+            if (tokens and rid in scheduled and req.status is _RUNNING
+                    and req.num_computed_tokens < len(req.all_token_ids)):
+                unverifiable.append((req, _partial_sample(req, tokens)))
+                bad.add(rid)
+        return {k: v for k, v in sampled.items() if k not in bad} if bad else sampled
 
     def _drop_sampled_drafts(self, reqs: list[Request], sampled: dict[str, list[int]]) -> None:
         """Drafts held by requests this step sampled without verifying them (speculation was off:
@@ -216,10 +230,12 @@ class OutputUpdate:
         proposed = model_runner_output.spec_token_ids
         rolled_back: list[Request] = []
         unverifiable: list[tuple[Request, str]] = []
+        if self._step_partial:  # requests given a chunk short of their last token: they sample nothing
+            sampled = self._drop_partial_samples(scheduler_output, sampled, unverifiable)
         self.step_num_spec_reqs = self.step_num_draft_tokens = self.step_num_accepted_tokens = 0
         if not verified and proposed is None:
             # No speculation this step: the plain loop, as before drafts (the decode hot path).
-            finished = self._update_plain(reqs, sampled, logprobs, now, outputs, unverifiable)
+            finished = self._update_plain(reqs, sampled, logprobs, now, outputs)
             if self._drafts_held:
                 self._drop_sampled_drafts(reqs, sampled)
             reqs = ()
@@ -230,9 +246,6 @@ class OutputUpdate:
             tokens = sampled.get(rid)
             if not tokens:
                 continue  # a partial prefill
-            if req.num_computed_tokens < len(req.all_token_ids):
-                unverifiable.append((req, _partial_sample(req, tokens)))
-                continue
             num_drafts = num_accepted = 0
             if verified:
                 drafts = verified.get(rid)

@@ -19,11 +19,14 @@ BS = 4
 MAX_LEN = 128
 
 
-@pytest.mark.parametrize("spec", [False, True], ids=["plain", "speculating"])
-def test_a_token_sampled_for_a_partial_prefill_fails_that_request_alone(spec: bool) -> None:
-    # 8 tokens a step: the 21-token prompt takes three chunked steps.
+@pytest.mark.parametrize("spec, policy", [(False, "mixed"), (True, "mixed"), (False, "prefill_first")],
+                         ids=["plain", "speculating", "prefill-first"])
+@pytest.mark.parametrize("chunk", [1, 2], ids=["first-chunk", "second-chunk"])
+def test_a_token_sampled_for_a_partial_prefill_fails_that_request_alone(spec: bool, policy: str, chunk: int) -> None:
+    # 8 tokens a step: the 21-token prompt takes several chunked steps; the fault is planted in the
+    # first (admission) or the second (a running request's next chunk).
     cfg = SchedulerConfig(block_size=BS, num_blocks=64, max_num_batched_tokens=8, max_model_len=MAX_LEN,
-                          long_prefill_token_threshold=0)
+                          long_prefill_token_threshold=0, batch_policy=policy)
     ex = FakeExecutor(block_size=BS, model_kv=True, num_speculative_tokens=2 if spec else 0)
     core = EngineCore(cfg, ex, speculative_config=SpeculativeConfig(method="ngram", num_speculative_tokens=2)
                       if spec else None)
@@ -34,12 +37,15 @@ def test_a_token_sampled_for_a_partial_prefill_fails_that_request_alone(spec: bo
     core.add_request(bad)
     run = ex.execute
     planted: list[int] = []
+    partial_steps: list[int] = []
 
     def execute(so):
         mro = run(so)
         req = sched.requests.get("bad")
         partial = req is not None and "bad" in so.num_scheduled_tokens and req.num_computed_tokens < req.num_tokens
-        if partial and not planted:
+        if partial:
+            partial_steps.append(core.num_steps)
+        if partial and len(partial_steps) == chunk and not planted:
             assert "bad" not in mro.sampled_token_ids  # the executor's own contract
             mro.sampled_token_ids["bad"] = [7]
             planted.append(core.num_steps)
