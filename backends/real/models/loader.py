@@ -9,7 +9,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from twinserve.core.errors import CheckpointMismatchError, UnsupportedModelError
+from twinserve.core.errors import (CheckpointMismatchError, TwinserveError, UnsupportedModelError, short_repr,
+                                   unreadable_text)
 from twinserve.backends.real.models.architectures import CausalLM, config_from_hf_dict, model_class
 from twinserve.backends.real.models.config import LlamaConfig, ModelConfig
 from twinserve.backends.real.models.llama import LlamaForCausalLM
@@ -24,12 +25,40 @@ _FUSED = {
 }
 
 
+# config.json's sizes every architecture reads as integers (each checked where present).
+_INT_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+               "intermediate_size", "vocab_size", "max_position_embeddings", "head_dim")
+
+
 def read_hf_config(folder: Path) -> ModelConfig:
-    """Parse folder/config.json through the registered class of its architecture."""
+    """Parse folder/config.json through the registered class of its architecture; a broken file is an
+    UnsupportedModelError naming it (and the line or field)."""
     path = folder / "config.json"
     if not path.exists():
         raise UnsupportedModelError(f"{folder} has no config.json; give an HF model folder or a .gguf file")
-    return config_from_hf_dict(json.loads(path.read_text()))
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        line, why = unreadable_text(path, e)
+        raise UnsupportedModelError(f"{path}{f':{line}' if line else ''}: {why}") from None
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UnsupportedModelError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); is the download complete?") from None
+    if not isinstance(cfg, dict):
+        raise UnsupportedModelError(f"{path}: a config.json holds one JSON object, not {type(cfg).__name__}")
+    for key in _INT_FIELDS:
+        value = cfg.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise UnsupportedModelError(f"{path}: field {key!r} is {short_repr(value)}: an integer >= 1")
+    try:
+        return config_from_hf_dict(cfg)
+    except TwinserveError:
+        raise
+    except KeyError as e:
+        raise UnsupportedModelError(f"{path}: field {e.args[0]!r} is missing (the model class reads it)") from None
+    except (TypeError, ValueError, AttributeError) as e:
+        raise UnsupportedModelError(f"{path}: a field holds a value of the wrong kind ({e})") from None
 
 
 def _hf_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
