@@ -22,7 +22,8 @@ def _missing(key: str) -> str:
 
 
 @pytest.mark.parametrize("body, expect", [
-    (b'{"architectures": ["LlamaForCausalLM"],\n  "hidden_size": 64,\n  "num_hidden', r"config\.json:3: not valid JSON"),
+    (b'{"architectures": ["LlamaForCausalLM"],\n  "hidden_size": 64,\n  "num_hidden',
+     r"config\.json:3: not valid JSON"),
     (b"[1, 2]", r"config\.json: a config\.json holds one JSON object, not list"),
     (_missing("num_attention_heads").encode(), r"config\.json: field 'num_attention_heads' is missing"),
     (json.dumps({**LLAMA, "hidden_size": "64"}).encode(), r"config\.json: field 'hidden_size' is '64': an integer"),
