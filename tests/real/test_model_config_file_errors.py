@@ -50,3 +50,19 @@ def test_generate_exits_2_on_a_broken_config_json(tmp_path: Path, capsys) -> Non
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err, err
     assert f"{tmp_path / 'config.json'}:1: not valid JSON" in err, err
+
+
+@pytest.mark.parametrize("body", [b"not a gguf file at all", b"GGUF\x03\x00\x00\x00cut short"],
+                         ids=["magic", "cut-short"])
+def test_a_file_named_gguf_that_is_not_one_is_a_typed_error(tmp_path: Path, capsys, body: bytes) -> None:
+    from twinserve.backends.real.models.loader import peek_model_config
+    from twinserve.backends.real.models.registry import resolve_model
+    from twinserve.cli import main
+
+    f = tmp_path / "m.gguf"
+    f.write_bytes(body)
+    with pytest.raises(UnsupportedModelError, match=rf"{f}: not a readable GGUF file"):
+        peek_model_config(resolve_model(str(f)))
+    rc = main(["generate", "hi", "--model", str(f)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err and f"{f}: not a readable GGUF file" in err, err

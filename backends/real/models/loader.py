@@ -131,12 +131,21 @@ def _hf_name(param: str, shard: int | None) -> str:
     return param if param.startswith("lm_head.") else f"model.{param}"
 
 
+def open_gguf(path: Path):
+    """A GGUFReader of path; a file that is not a readable GGUF is an UnsupportedModelError naming it."""
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(path))
+    except Exception as e:  # the gguf package's parser: whatever a file that is not GGUF makes it raise
+        raise UnsupportedModelError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e}); is the download "
+                                    "complete?") from None
+
+
 def peek_model_config(source) -> ModelConfig:
     """The architecture record of a ModelSource (HF folder or GGUF file), without loading weights."""
     if source.is_gguf:
-        from gguf import GGUFReader
-
-        return gguf_config(GGUFReader(str(source.path)))
+        return gguf_config(open_gguf(source.path))
     return read_hf_config(source.path)
 
 
@@ -258,9 +267,7 @@ def _gguf_name(hf_name: str) -> str | None:
 
 def load_gguf(path: Path, max_len: int, dtype: torch.dtype) -> LlamaForCausalLM:
     """Build and fill a model from a GGUF file (quantized tensors are dequantized)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
+    reader = open_gguf(path)
     cfg = gguf_config(reader)
     model = LlamaForCausalLM(cfg, max_len, dtype).to(dtype)
     origin: dict[str, str] = {}
