@@ -66,3 +66,17 @@ def test_a_file_named_gguf_that_is_not_one_is_a_typed_error(tmp_path: Path, caps
     rc = main(["generate", "hi", "--model", str(f)])
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err and f"{f}: not a readable GGUF file" in err, err
+
+
+@pytest.mark.parametrize("body", ['{"version": "1.0", "model": 3}',
+                                  '{"version": "1.0", "added_tokens": [], "model": {"type": "Nope"}}'],
+                         ids=["no-added-tokens", "unknown-model"])
+def test_a_tokenizer_json_of_the_wrong_shape_is_a_typed_error(tmp_path: Path, body: str) -> None:
+    from twinserve.backends.real.models.registry import resolve_model
+    from twinserve.backends.real.tokenizer import load_tokenizer
+
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    (tmp_path / "tokenizer.json").write_text(body)
+    with pytest.raises(UnsupportedModelError, match=rf"cannot load a tokenizer for {tmp_path}"):
+        load_tokenizer(resolve_model(str(tmp_path)))
