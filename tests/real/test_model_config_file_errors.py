@@ -80,3 +80,17 @@ def test_a_tokenizer_json_of_the_wrong_shape_is_a_typed_error(tmp_path: Path, bo
     (tmp_path / "tokenizer.json").write_text(body)
     with pytest.raises(UnsupportedModelError, match=rf"cannot load a tokenizer for {tmp_path}"):
         load_tokenizer(resolve_model(str(tmp_path)))
+
+
+@pytest.mark.parametrize("body", [b"garbage", b"\x10\x00\x00\x00\x00\x00\x00\x00" + b'{"a": 1}' + b" " * 8],
+                         ids=["too-small", "bad-header"])
+def test_a_safetensors_file_that_is_not_one_is_a_typed_error_naming_it(tmp_path: Path, body: bytes) -> None:
+    import torch
+
+    from twinserve.backends.real.models.loader import load_hf_folder
+
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(body)
+    with pytest.raises(UnsupportedModelError, match=rf"{f}: not a readable safetensors file"):
+        load_hf_folder(tmp_path, 64, torch.float32)

@@ -62,15 +62,19 @@ def read_hf_config(folder: Path) -> ModelConfig:
 
 
 def _hf_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise UnsupportedModelError(f"{folder} has no *.safetensors weights (only safetensors are read)")
     for f in files:
-        with safe_open(str(f), framework="pt") as sf:
-            for name in sf.keys():
-                yield name, sf.get_tensor(name)
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for name in sf.keys():
+                    yield name, sf.get_tensor(name)
+        except (SafetensorError, OSError) as e:
+            raise UnsupportedModelError(f"{f}: not a readable safetensors file ({e}); is the download "
+                                        "complete?") from None
 
 
 def _shard_slices(cfg: LlamaConfig, fused: str) -> list[slice]:
