@@ -12,6 +12,26 @@ def short_repr(value: object, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def unreadable_text(path: object, err: OSError | UnicodeDecodeError) -> tuple[int | None, str]:
+    """(line, why) for a user file that cannot be read as text: a folder, no permission, or not UTF-8.
+
+    For bytes that are not UTF-8, the line is that of the first bad byte (the file is read again in binary,
+    since a text reader fails a whole chunk at a time)."""
+    if isinstance(err, UnicodeDecodeError):
+        line, where = None, ""
+        try:
+            with open(str(path), "rb") as fh:
+                data = fh.read()
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = data.count(b"\n", 0, e.start) + 1
+            where = f" (byte 0x{data[e.start]:02x})"
+        except OSError:
+            pass
+        return line, f"not UTF-8 text{where}: is it the right file? a text file must be saved as UTF-8"
+    return None, f"cannot be read: {err.strerror or err}"
+
+
 class TwinserveError(Exception):
     """Base class of every error twinserve raises on purpose.
 
@@ -91,7 +111,8 @@ class ComputedTokensError(TwinserveError, RuntimeError):
 
 
 class ExecutorOutputError(TwinserveError, RuntimeError):
-    """An executor sent back more tokens for a request than its verify step can yield: it fails alone."""
+    """An executor sent back tokens a request's step cannot yield (too many for a verify step, any for a
+    partial prefill): it fails alone."""
 
     def __init__(self, request_id: str, problem: str) -> None:
         self.request_id = request_id

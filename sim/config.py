@@ -17,7 +17,7 @@ from typing import Any
 
 from twinserve.backends.sim.engine_profile import ENGINE_PROFILES
 from twinserve.backends.sim.precision import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS
-from twinserve.core.errors import InvalidConfigError
+from twinserve.core.errors import InvalidConfigError, unreadable_text
 from twinserve.core.knobs import KnobError, check_value, knob, knob_of
 from twinserve.core.routing import ROUTER_NAMES, RouterConfig, router_option_fields
 from twinserve.core.sched.config import SCHEDULER_CHOICES, SchedulerConfig
@@ -656,6 +656,9 @@ def load_config(path: str | Path) -> StudyConfig:
         text = p.read_text()
     except FileNotFoundError:
         raise ConfigError("--config", "file not found", str(p)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        line, why = unreadable_text(p, e)
+        raise ConfigError("--config", why, str(p), line) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from twinserve.core.knobs import knob, same_knob
 from twinserve.core.spec_decode import MAX_SPECULATIVE_TOKENS, SPEC_METHODS, SpeculativeConfig
@@ -125,17 +126,16 @@ def rates_from_step_log(path: Path, k: int) -> list[float]:
         text = path.read_text()
     except OSError as e:
         raise ConfigError("speculative.acceptance_from", f"cannot read {path}: {e.strerror}") from None
-    if path.suffix == ".jsonl":
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-    else:
-        rows = list(csv.DictReader(text.splitlines()))
+    except UnicodeDecodeError:
+        raise ConfigError("speculative.acceptance_from", "not a text file: give the CSV or JSON-lines "
+                          "step log of a run", str(path)) from None
     drafts = accepted = spec_reqs = 0
-    for r in rows:
-        nd = int(float(r.get("num_draft_tokens") or 0))
+    for line, r in _step_log_rows(path, text):
+        nd = _count(r, "num_draft_tokens", path, line)
         if nd:
             drafts += nd
-            accepted += int(float(r.get("num_accepted_tokens") or 0))
-            spec_reqs += int(float(r.get("num_spec_reqs") or 0))
+            accepted += _count(r, "num_accepted_tokens", path, line)
+            spec_reqs += _count(r, "num_spec_reqs", path, line)
     if not drafts or not spec_reqs:
         raise ConfigError("speculative.acceptance_from", f"{path} records no verified drafts "
                           "(columns num_draft_tokens, num_accepted_tokens, num_spec_reqs)")
@@ -147,3 +147,42 @@ def rates_from_step_log(path: Path, k: int) -> list[float]:
         e = sum(a ** (i + 1) for i in range(max(1, round(mean_k))))
         lo, hi = (a, hi) if e < target else (lo, a)
     return [round((lo + hi) / 2, 6)] * k
+
+
+def _bad_log(path: Path, line: int, message: str) -> ConfigError:
+    return ConfigError("speculative.acceptance_from", message, str(path), line)
+
+
+def _step_log_rows(path: Path, text: str) -> Iterator[tuple[int, Any]]:
+    """(line, record) of a CSV or JSON-lines step log; a record that is not an object is refused."""
+    if path.suffix == ".jsonl":
+        for line, raw in enumerate(text.splitlines(), 1):
+            if not raw.strip():
+                continue
+            try:
+                r = json.loads(raw)
+            except json.JSONDecodeError as e:
+                raise _bad_log(path, line, f"not a JSON object ({e.msg}); is the step log cut short?") from None
+            if not isinstance(r, dict):
+                raise _bad_log(path, line, f"a step record is a JSON object, not {type(r).__name__}")
+            yield line, r
+    else:
+        reader = csv.DictReader(text.splitlines())
+        for r in reader:
+            yield reader.line_num, r
+
+
+def _count(r: dict, column: str, path: Path, line: int) -> int:
+    """A step's count column: an integer >= 0 (missing or blank is 0)."""
+    value = r.get(column)
+    if value is None or value == "":
+        return 0
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        f = float(value)
+    except (TypeError, ValueError):
+        f = math.nan
+    if not (math.isfinite(f) and f >= 0 and f.is_integer()):
+        raise _bad_log(path, line, f"column {column!r} is {value!r}: a step's count, an integer >= 0")
+    return int(f)

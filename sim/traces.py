@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from twinserve.core.errors import unreadable_text
 from twinserve.sim.errors import TraceError
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -103,91 +104,99 @@ def read_trace(path: str | Path, limit: int | None = None, time_unit: str = "s")
     p = Path(path)
     file = str(p)
     try:
-        fh = p.open(newline="")
+        fh = p.open(newline="", encoding="utf-8-sig")  # -sig: a spreadsheet's byte order mark is no header
     except FileNotFoundError:
         raise TraceError(file, 0, None, "trace file not found") from None
+    except OSError as e:
+        raise TraceError(file, 0, None, unreadable_text(file, e)[1]) from None
     with fh:
-        reader = csv.reader(fh)
+        # One generator, the rows' loop inside the try (no per-row cost): a text reader fails on bytes that
+        # are not UTF-8 a chunk at a time, so the line is found again from the bytes.
         try:
-            header = [h.strip() for h in next(reader)]
-        except StopIteration:
-            raise TraceError(file, 1, None, "the trace is empty") from None
-        idx: dict[str, int] = {}
-        for i, name in enumerate(header):
-            if name and name in idx:
-                raise TraceError(file, 1, name, f"the column is named twice (columns {idx[name] + 1} "
-                                 f"and {i + 1}); name each column once")
-            idx[name] = i
-        kind = _detect(header, file)
-        i_id = idx.get("request_id")
-        seen_ids: dict[str, int] = {}
-        origin: tuple[int, float] | None = None
-        first_stamp: float | None = None
-        previous = 0.0
-        count = 0
-        width = len(header)
-        days: dict[str, int] = {}
-        if kind == "azure":
-            i_time, i_prompt, i_output = (idx[c] for c in AZURE_COLUMNS)
-            if time_unit != "s":
-                raise TraceError(file, 1, "TIMESTAMP", f"workload.trace_time_unit = {time_unit!r} is for an "
-                                 "arrived_at column; an Azure trace's TIMESTAMPs are clock times: leave it 's'")
-        seconds = TIME_UNITS[time_unit]
-        for row in reader:
-            line = reader.line_num
-            # A row of blank cells only: their concatenation is blank too.
-            if not row or not "".join(row).strip():
-                continue
-            if len(row) != width:
-                raise TraceError(file, line, None,
-                                 f"expected {width} fields, found {len(row)}")
+            reader = csv.reader(fh)
+            try:
+                header = [h.strip() for h in next(reader)]
+            except StopIteration:
+                raise TraceError(file, 1, None, "the trace is empty") from None
+            idx: dict[str, int] = {}
+            for i, name in enumerate(header):
+                if name and name in idx:
+                    raise TraceError(file, 1, name, f"the column is named twice (columns {idx[name] + 1} "
+                                     f"and {i + 1}); name each column once")
+                idx[name] = i
+            kind = _detect(header, file)
+            i_id = idx.get("request_id")
+            seen_ids: dict[str, int] = {}
+            origin: tuple[int, float] | None = None
+            first_stamp: float | None = None
+            previous = 0.0
+            count = 0
+            width = len(header)
+            days: dict[str, int] = {}
             if kind == "azure":
-                day, secs = _azure_seconds(row[i_time], file, line, days)
-                if origin is None:
-                    origin = (day, secs)
-                arrival: float | None = (day - origin[0]) * 86400.0 + (secs - origin[1])
-                prompt = _int_cell(row[i_prompt], file, line, "ContextTokens", 1)
-                output = _int_cell(row[i_output], file, line, "GeneratedTokens", 1)
-            else:
-                prompt = _int_cell(row[idx["num_prefill_tokens"]], file, line,
-                                   "num_prefill_tokens", 1)
-                output = _int_cell(row[idx["num_decode_tokens"]], file, line,
-                                   "num_decode_tokens", 1)
-                arrival = None
-                if "arrived_at" in idx:
-                    cell = row[idx["arrived_at"]]
-                    try:
-                        stamp = float(cell)
-                    except ValueError:
-                        raise TraceError(file, line, "arrived_at",
-                                         f"{cell!r} is not a number (of {time_unit})") from None
-                    if not math.isfinite(stamp) or stamp < 0:
-                        raise TraceError(file, line, "arrived_at", f"{cell!r} must be a finite number >= 0")
-                    if first_stamp is None:
-                        first_stamp = stamp
-                    # Offsets from the first row, as for Azure timestamps.
-                    arrival = (stamp - first_stamp) * seconds
-            if arrival is not None:
-                if arrival < previous:
-                    column = "TIMESTAMP" if kind == "azure" else "arrived_at"
-                    raise TraceError(file, line, column, f"arrives {previous - arrival:g} s before the row above; "
-                                     "sort the trace by arrival time")
-                previous = arrival
-            rid = None
-            if i_id is not None:
-                rid = row[i_id].strip()
-                if not rid:
-                    raise TraceError(file, line, "request_id", "missing value")
-                if rid in seen_ids:
-                    raise TraceError(file, line, "request_id", f"{rid!r} is already the id of "
-                                     f"line {seen_ids[rid]}; request ids must be unique")
-                seen_ids[rid] = line
-            yield TraceRow(arrival, prompt, output, line, rid)
-            count += 1
-            if limit is not None and count >= limit:
-                return
-        if count == 0:
-            raise TraceError(file, 1, None, "the trace has a header but no requests (workload.trace)")
+                i_time, i_prompt, i_output = (idx[c] for c in AZURE_COLUMNS)
+                if time_unit != "s":
+                    raise TraceError(file, 1, "TIMESTAMP", f"workload.trace_time_unit = {time_unit!r} is for an "
+                                     "arrived_at column; an Azure trace's TIMESTAMPs are clock times: leave it 's'")
+            seconds = TIME_UNITS[time_unit]
+            for row in reader:
+                line = reader.line_num
+                # A row of blank cells only: their concatenation is blank too.
+                if not row or not "".join(row).strip():
+                    continue
+                if len(row) != width:
+                    raise TraceError(file, line, None,
+                                     f"expected {width} fields, found {len(row)}")
+                if kind == "azure":
+                    day, secs = _azure_seconds(row[i_time], file, line, days)
+                    if origin is None:
+                        origin = (day, secs)
+                    arrival: float | None = (day - origin[0]) * 86400.0 + (secs - origin[1])
+                    prompt = _int_cell(row[i_prompt], file, line, "ContextTokens", 1)
+                    output = _int_cell(row[i_output], file, line, "GeneratedTokens", 1)
+                else:
+                    prompt = _int_cell(row[idx["num_prefill_tokens"]], file, line,
+                                       "num_prefill_tokens", 1)
+                    output = _int_cell(row[idx["num_decode_tokens"]], file, line,
+                                       "num_decode_tokens", 1)
+                    arrival = None
+                    if "arrived_at" in idx:
+                        cell = row[idx["arrived_at"]]
+                        try:
+                            stamp = float(cell)
+                        except ValueError:
+                            raise TraceError(file, line, "arrived_at",
+                                             f"{cell!r} is not a number (of {time_unit})") from None
+                        if not math.isfinite(stamp) or stamp < 0:
+                            raise TraceError(file, line, "arrived_at", f"{cell!r} must be a finite number >= 0")
+                        if first_stamp is None:
+                            first_stamp = stamp
+                        # Offsets from the first row, as for Azure timestamps.
+                        arrival = (stamp - first_stamp) * seconds
+                if arrival is not None:
+                    if arrival < previous:
+                        column = "TIMESTAMP" if kind == "azure" else "arrived_at"
+                        raise TraceError(file, line, column, f"arrives {previous - arrival:g} s before the row above; "
+                                         "sort the trace by arrival time")
+                    previous = arrival
+                rid = None
+                if i_id is not None:
+                    rid = row[i_id].strip()
+                    if not rid:
+                        raise TraceError(file, line, "request_id", "missing value")
+                    if rid in seen_ids:
+                        raise TraceError(file, line, "request_id", f"{rid!r} is already the id of "
+                                         f"line {seen_ids[rid]}; request ids must be unique")
+                    seen_ids[rid] = line
+                yield TraceRow(arrival, prompt, output, line, rid)
+                count += 1
+                if limit is not None and count >= limit:
+                    return
+            if count == 0:
+                raise TraceError(file, 1, None, "the trace has a header but no requests (workload.trace)")
+        except UnicodeDecodeError as e:
+            line, why = unreadable_text(file, e)
+            raise TraceError(file, line or 0, None, why) from None
 
 
 def fit_lengths(prompt: int, output: int, max_model_len: int, policy: str, stats: LengthStats,

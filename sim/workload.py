@@ -6,6 +6,8 @@ never sits in memory as tokens. Independent random streams come from one seed.
 
 from __future__ import annotations
 
+import copy
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -132,6 +134,7 @@ class Workload:
         # trace_time_unit itself turns it off: sim/build.py).
         self.check_trace_rate = True
         self.unit_setting = "workload.trace_time_unit"  # named in that refusal (bench: its flag)
+        self._item_line = 1  # the trace line of the last first-turn request made
         ss = np.random.SeedSequence(seed)
         a, l, p, _ = ss.spawn(4)  # the fourth stream is unused: token ids are keyed by request
         self._arr = np.random.default_rng(a)
@@ -229,9 +232,13 @@ class Workload:
         cfg = self.cfg
         closed = cfg.concurrency > 0  # clients set arrival times at run time (sim/clients.py)
         total = cfg.num_requests + (cfg.warmup_requests if closed else 0)
+        if cfg.arrival == "trace" and not closed and self.check_trace_rate and self._stamped_arrived_at():
+            self._check_trace_rate(total)
+        yield from self._first_turns(total, closed)
+
+    def _first_turns(self, total: int, closed: bool) -> Iterator[WorkItem]:
+        cfg = self.cfg
         gaps = None if cfg.arrival == "trace" or closed else self._gaps()
-        if gaps is None and not closed and self.check_trace_rate:
-            self._check_trace_rate(min(total, _RATE_ROWS))
         t = 0.0
         produced = 0
         at_pass_start = 0
@@ -267,6 +274,7 @@ class Workload:
             if fitted is None:
                 continue
             produced += 1
+            self._item_line = line  # the rate check names the last row it judged
             item = self._make_item(t, fitted[0], fitted[1], conversation=produced - 1)
             if rid is not None and cfg.turns == 1:
                 item.request_id = rid
@@ -284,19 +292,32 @@ class Workload:
                                  "set trace_cycle = true to replay it, or allow_short_trace = true "
                                  "to run with what it has")
 
-    def _check_trace_rate(self, rows: int) -> None:
-        """TraceError when the first rows of an arrived_at trace arrive implausibly slowly (likely ms)."""
-        cfg = self.cfg
+    def _stamped_arrived_at(self) -> bool:
+        """True when the trace is a tokens trace with an arrived_at column (a unit to mistake)."""
         if not self.trace_path:
-            return  # _rows names the missing trace
-        got = list(read_trace(self.trace_path, limit=max(rows, 2), time_unit=cfg.trace_time_unit))
-        with open(self.trace_path, newline="") as fh:
-            if "arrived_at" not in fh.readline():
-                return  # Azure TIMESTAMPs are clock times: no unit to mistake
-        if len(got) < 2 or got[-1].arrival_time is None:
+            return False  # _rows names the missing trace
+        try:
+            with open(self.trace_path, newline="") as fh:
+                return "arrived_at" in fh.readline()  # Azure TIMESTAMPs are clock times
+        except (OSError, UnicodeDecodeError):
+            return False  # read_trace names the file it cannot read
+
+    def _check_trace_rate(self, total: int) -> None:
+        """TraceError when the first requests the study runs arrive implausibly slowly (likely ms).
+
+        Judged on a dry pass of a copy (its own random streams and counts), so the rows judged are the
+        ones run, after over-long drops and a subclass's skipped rows, and the real pass is unchanged.
+        """
+        cfg = self.cfg
+        probe = copy.copy(self)
+        probe._arr, probe._len, probe._pop = (copy.deepcopy(g) for g in (self._arr, self._len, self._pop))
+        probe.length_stats = LengthStats(cfg.on_overlong, self.max_model_len)
+        probe.require_all = False  # a short trace is named by the real pass
+        head = list(itertools.islice(probe._first_turns(total, False), min(total, _RATE_ROWS)))
+        if len(head) < 2:
             return
-        span = got[-1].arrival_time * cfg.time_scale
-        rate = (len(got) - 1) / span if span > 0 else math.inf
+        span = head[-1].arrival_time - head[0].arrival_time  # time_scale already applied
+        rate = (len(head) - 1) / span if span > 0 else math.inf
         if rate >= _MIN_TRACE_RATE:
             return
         if span >= 86400:
@@ -306,9 +327,9 @@ class Workload:
         else:
             spans = f"{span / 60:.1f} minutes"
         scaled = f" after time_scale = {cfg.time_scale:g}" if cfg.time_scale != 1 else ""
-        raise TraceError(self.trace_path, got[-1].line, "arrived_at",
-                         f"the first {len(got)} requests span {spans}{scaled}, {rate:.2g} requests/s "
-                         f"(one every {span / (len(got) - 1):,.0f} s), reading arrived_at in "
+        raise TraceError(self.trace_path, probe._item_line, "arrived_at",
+                         f"the first {len(head)} requests the study runs span {spans}{scaled}, {rate:.2g} requests/s "
+                         f"(one every {span / (len(head) - 1):,.0f} s), reading arrived_at in "
                          f"'{cfg.trace_time_unit}': is it in milliseconds? set {self.unit_setting} to "
                          f"'ms' (or 'us'), or to '{cfg.trace_time_unit}' to run it as read")
 

@@ -567,14 +567,8 @@ class LLMEngine:
 
 
 def _peek_config(source: ModelSource | None):
-    from twinserve.backends.real.models.loader import read_hf_config
+    from twinserve.backends.real.models.loader import peek_model_config
 
     if source is None:
         raise InvalidRequestError("no model source")
-    if source.is_gguf:
-        from gguf import GGUFReader
-
-        from twinserve.backends.real.models.loader import gguf_config
-
-        return gguf_config(GGUFReader(str(source.path)))
-    return read_hf_config(source.path)
+    return peek_model_config(source)

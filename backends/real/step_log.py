@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-from twinserve.core.errors import TwinserveError
+from twinserve.core.errors import TwinserveError, short_repr, unreadable_text
 
 # Columns (in process mode, times are the core's and output_s the front end's, which overlaps
 # the core's next step; a fitted profile prices that layout):
@@ -228,6 +228,9 @@ def read_step_log(path: str | Path) -> list[dict[str, Any]]:
         text = p.read_text()
     except FileNotFoundError:
         raise StepLogError(f"{p}: step log not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        line, why = unreadable_text(p, e)
+        raise StepLogError(f"{p}{f':{line}' if line else ''}: {why}") from None
     rows: list[dict[str, Any]] = []
     if p.suffix == ".csv":
         reader = csv.DictReader(io.StringIO(text))
@@ -246,6 +249,8 @@ def read_step_log(path: str | Path) -> list[dict[str, Any]]:
                 raw = json.loads(line)
             except json.JSONDecodeError as e:
                 raise StepLogError(f"{p}:{i}: not a JSON object ({e.msg})") from None
+            if not isinstance(raw, dict):
+                raise StepLogError(f"{p}:{i}: a step record is a JSON object, not {type(raw).__name__}")
             missing = [c for c in REQUIRED_COLUMNS if c not in raw]
             if missing:
                 raise StepLogError(f"{p}:{i}: the step record has no column {missing[0]!r}")
@@ -257,7 +262,11 @@ def _parse_row(raw: dict[str, Any], path: Path, line: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in raw.items():
         if key in _JSON_COLUMNS and isinstance(value, str):
-            value = json.loads(value) if value else None
+            try:
+                value = json.loads(value) if value else None
+            except json.JSONDecodeError as e:
+                raise StepLogError(f"{path}:{line}: column {key!r} is not JSON ({e.msg}): "
+                                   f"{short_repr(value, 80)}") from None
         elif key in REQUIRED_COLUMNS or key in TIME_COLUMNS:
             try:
                 value = float(value)

@@ -22,6 +22,9 @@ def load_tokenizer(source: ModelSource, override: str | None = None) -> Any:
         return AutoTokenizer.from_pretrained(str(source.path), local_files_only=True)
     except (OSError, ValueError) as e:
         raise UnsupportedModelError(f"cannot load a tokenizer for {source.path}: {e}") from e
+    except Exception as e:  # a tokenizer file of the wrong shape: KeyError, or the tokenizers library's bare Exception
+        raise UnsupportedModelError(f"cannot load a tokenizer for {source.path}: its tokenizer files do not "
+                                    f"parse ({type(e).__name__}: {e})") from e
 
 
 def _check_messages(messages: Any) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from twinserve.core.errors import TwinserveError
+from twinserve.core.errors import TwinserveError, unreadable_text
 
 from twinserve.backends.sim.cost_model import windowed_features
 
@@ -283,6 +283,7 @@ class FittedCostModel:
         regimes.sort(key=regime_order)
         gaps, factors, extra = _wake(data.get("wake"), source)
         verify = _verify(data.get("verify"), source)
+        _check_provenance(data.get("provenance"), source)
         meta = {k: v for k, v in data.items()
                 if k not in ("coefficients", "overhead_coefficients", "regimes", "wake", "verify")}
         window, share = attention_window(meta, source)
@@ -299,6 +300,9 @@ class FittedCostModel:
             data = json.loads(p.read_text())
         except FileNotFoundError:
             raise ProfileError(f"{p}: profile file not found") from None
+        except (OSError, UnicodeDecodeError) as e:
+            line, why = unreadable_text(p, e)
+            raise ProfileError(f"{p}{f':{line}' if line else ''}: {why}") from None
         except json.JSONDecodeError as e:
             raise ProfileError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
         return cls.from_dict(data, str(p))
@@ -364,6 +368,25 @@ def _wake(raw: Any, source: str) -> tuple[tuple[float, ...], tuple[tuple[float, 
         raise bad
     table = tuple(tuple(float(f) for f in r) for r in rows)
     return (tuple(float(g) for g in gaps),) + (((), table) if key == "extra_s" else (table, ()))
+
+
+def _check_provenance(raw: Any, source: str) -> None:
+    """The shape the machine checks read: provenance an object, its cpu {capability: str, flags: [str]}."""
+    if raw is None:
+        return
+    if not isinstance(raw, Mapping):
+        raise ProfileError(f"{source}: field 'provenance' must be an object")
+    cpu = raw.get("cpu")
+    if cpu is None:
+        return
+    if not isinstance(cpu, Mapping):
+        raise ProfileError(f"{source}: field 'provenance.cpu' must be an object "
+                           "({\"capability\": torch's CPU kernel level, \"flags\": [kernel flags]})")
+    if cpu.get("capability") is not None and not isinstance(cpu["capability"], str):
+        raise ProfileError(f"{source}: field 'provenance.cpu.capability' must be a string, e.g. \"AVX2\"")
+    flags = cpu.get("flags")
+    if flags is not None and (not isinstance(flags, list) or not all(isinstance(f, str) for f in flags)):
+        raise ProfileError(f"{source}: field 'provenance.cpu.flags' must be a list of strings, e.g. [\"avx2\", \"fma\"]")
 
 
 def _verify(raw: Any, source: str) -> tuple[float, float, float]:
@@ -474,8 +497,13 @@ def check_profile_hardware(profile: FittedCostModel, hardware: str | None, cpu: 
     if str(made) != str(hardware):
         raise ProfileError(f"{source} was calibrated on {made!r} but the engine runs on {hardware!r}; {again}")
     made_cpu = (profile.meta.get("provenance") or {}).get("cpu")
-    if not cpu or not made_cpu or not str(hardware).startswith("cpu"):
+    if not cpu or not str(hardware).startswith("cpu"):
         return
+    if not made_cpu:
+        # One CPU name covers hosts with and without the kernels torch picks (a VM's name hides them).
+        raise ProfileError(f"{source} was calibrated on {made!r} but recorded no CPU features (made before "
+                           "calibrate recorded them), so whether this CPU runs the kernels it was timed on "
+                           f"cannot be told; {again}")
     diff = []
     if made_cpu.get("capability") and cpu.get("capability") and made_cpu["capability"] != cpu["capability"]:
         diff.append(f"torch kernel level {made_cpu['capability']} there, {cpu['capability']} here")
@@ -491,9 +519,12 @@ def check_profile_hardware(profile: FittedCostModel, hardware: str | None, cpu: 
 
 
 def _same_cpu(made_cpu: Mapping[str, Any] | None, cpu: Mapping[str, Any] | None) -> bool:
-    """Whether a profile's recorded CPU features are this CPU's (True where either is unknown)."""
-    if not made_cpu or not cpu:
+    """Whether a profile's recorded CPU features are this CPU's (True where this CPU's are unknown;
+    False where only the profile's are: check_profile_hardware refuses it)."""
+    if not cpu:
         return True
+    if not made_cpu:
+        return False
     return (made_cpu.get("capability") == cpu.get("capability")
             and sorted(made_cpu.get("flags") or []) == sorted(cpu.get("flags") or []))
 

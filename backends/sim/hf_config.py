@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from twinserve.core.errors import FileFieldError
+from twinserve.core.errors import FileFieldError, unreadable_text
 
 from twinserve.backends.sim.catalog import MODEL_SOURCES, ModelSpec
 
@@ -233,6 +233,9 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
         raise ModelConfigError("model", "no such config.json (give a file or an HF model "
                                "folder; relative paths are read from the study file's folder)",
                                str(p)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        line, why = unreadable_text(p, e)
+        raise ModelConfigError("model", why, str(p), line) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:

@@ -100,7 +100,10 @@ class PrefillFirst:
                 continue
             if num_new == 1 and req.output_token_ids:
                 continue  # decoding (is_prefilling, inlined)
+            rest = num_new
             num_new = _chunk(num_new, threshold, budget)
+            if num_new < rest:
+                sched._partial.append(req)
             la = _lookahead(req, c + num_new, lookahead, max_model_len) if lookahead else 0
             new_blocks = allocate(req, num_new + la, num_draft_tokens=la) if la else None
             if new_blocks is None:

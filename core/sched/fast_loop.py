@@ -51,12 +51,13 @@ def chunk(num_new: int, threshold: int, budget: int) -> int:
 
 def plain_head(head: list[Request], kv: KVCacheManager, c_ids: list[str], c_computed: list[int],
                other: dict[int, tuple[int, Sequence[int]]], spare: int, threshold: int,
-               budget: int, stalled: list[Request]) -> tuple[int, int]:
+               budget: int, stalled: list[Request], partial: list[Request]) -> tuple[int, int]:
     """Schedule's first loop without drafts: (tokens past one per request, requests skipped).
 
     Same decisions as the general loop with speculation off; it stops at the first request
     that does not fit without preempting, or once the budget may not cover the rest.
-    Requests with no token left to compute go to `stalled` (the scheduler fails them).
+    Requests with no token left to compute go to `stalled` (the scheduler fails them); those given a chunk
+    short of their last token, to `partial` (update_from_output checks that they sampled nothing).
     """
     add_id, add_computed = c_ids.append, c_computed.append
     allocate = kv.allocate_slots
@@ -79,11 +80,14 @@ def plain_head(head: list[Request], kv: KVCacheManager, c_ids: list[str], c_comp
                 skipped += 1
                 spare += 1
                 continue
+            rest = num_new
             num_new = chunk(num_new, threshold, budget - len(c_ids) - extra)
             if num_new <= 0:
                 skipped += 1
                 spare += 1
                 continue
+            if num_new < rest:
+                partial.append(req)
         new_blocks = allocate(req, num_new)
         if new_blocks is None:
             break  # needs preemption: the caller's checked loop

@@ -71,6 +71,9 @@ class Scheduler(OutputUpdate):
         self._seq = itertools.count()
         # Running requests found with no token left to compute (a wrong count): failed after the step is built.
         self._stalled: list[Request] = []
+        # Requests scheduled a chunk short of their last token (they sample nothing): this step's, the last step's.
+        self._partial: list[Request] = []
+        self._step_partial: list[Request] = []
         # Error outputs of requests failed while scheduling; update_from_output returns them.
         self.failed_outputs: list[EngineCoreOutput] = []
 
@@ -203,7 +206,7 @@ class Scheduler(OutputUpdate):
         # Without speculation, the loop as it was before drafts (the plain decode hot path).
         if not spec_on:
             extra, skipped = plain_head(head, kv, c_ids, c_computed, other, spare, threshold, budget,
-                                        self._stalled)
+                                        self._stalled, self._partial)
             head = ()
         for req in head:
             c = req.num_computed_tokens
@@ -229,11 +232,14 @@ class Scheduler(OutputUpdate):
                     skipped += 1
                     spare += 1
                     continue
+                rest = num_new
                 num_new = _chunk(num_new, threshold, budget - len(c_ids) - extra)
                 if num_new <= 0:
                     skipped += 1
                     spare += 1
                     continue
+                if num_new < rest:
+                    self._partial.append(req)
             la = _lookahead(req, c + num_new - k, lookahead, max_model_len) if lookahead else 0
             if k or la:
                 new_blocks = allocate(req, num_new + la, num_draft_tokens=k + la)
@@ -275,10 +281,13 @@ class Scheduler(OutputUpdate):
                 self._stalled.append(req)
                 i += 1
                 continue
+            rest = num_new
             num_new = _chunk(num_new, threshold, budget)
             if num_new <= 0:
                 i += 1
                 continue
+            if num_new < rest:
+                self._partial.append(req)
             k = _draft_len(req, budget - 1) if num_new == 1 and spec_on and req.spec_token_ids else 0
             if k > 0:
                 num_new += k
@@ -338,6 +347,7 @@ class Scheduler(OutputUpdate):
                   spec_tokens: dict[str, list[int]]) -> SchedulerOutput:
         """The step's SchedulerOutput, with what happened since the last one (finished, trimmed, transfers)."""
         self._in_flight = num_scheduled
+        self._step_partial, self._partial = self._partial, []
         finished = self.finished_req_ids
         self.finished_req_ids = set()
         dropped = self._dropped
@@ -424,6 +434,8 @@ class Scheduler(OutputUpdate):
             req.waited_s += now - req.queued_time
             req.status = RequestStatus.RUNNING
             req.num_computed_tokens = done + num_hit + num_new
+            if req.num_computed_tokens < req.num_tokens:
+                self._partial.append(req)
             running.append(req)
             rid = req.request_id
             req.fast_decode_limit = _fast_decode_limit(kv, rid)

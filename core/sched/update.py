@@ -50,6 +50,15 @@ def _append_run(req: Request, tokens: list[int], now: float, max_model_len: int
     return tokens, None, None
 
 
+def _partial_sample(req: Request, tokens: list[int]) -> str:
+    """Why tokens sampled for a step that stopped short of the request's last token cannot be kept."""
+    # A step samples only when it computes up to the last known token (the model runner's sampling
+    # rows, step_parts._lookahead); vLLM's runner likewise discards what a partial prefill samples.
+    return (f"{len(tokens)} sampled token(s) for a step that computed its tokens only up to "
+            f"{req.num_computed_tokens} of {len(req.all_token_ids)} (the prompt, or a resumed request's "
+            "context, is still being prefilled: such a step samples nothing)")
+
+
 class OutputUpdate:
     """Scheduler mixin: update_from_output, the drafts it verifies, and requests ended for a bad count."""
 
@@ -111,6 +120,24 @@ class OutputUpdate:
                 out.new_logprobs = lps
         return finished
 
+    def _drop_partial_samples(self, scheduler_output: SchedulerOutput, sampled: dict[str, list[int]],
+                              unverifiable: list[tuple[Request, str]]) -> dict[str, list[int]]:
+        """sampled without the tokens of requests whose step stopped short of their last token (listed as
+        ExecutorOutputErrors in unverifiable): a step samples only when it computes up to the last known
+        token (the model runner's sampling rows; vLLM's runner likewise discards a partial prefill's sample).
+        Only the step's chunked requests are looked at (the scheduler lists them), not every decode."""
+        partial, self._step_partial = self._step_partial, []
+        scheduled = scheduler_output.num_scheduled_tokens
+        bad = set()
+        for req in partial:
+            rid = req.request_id
+            tokens = sampled.get(rid)
+            if (tokens and rid in scheduled and req.status is _RUNNING
+                    and req.num_computed_tokens < len(req.all_token_ids)):
+                unverifiable.append((req, _partial_sample(req, tokens)))
+                bad.add(rid)
+        return {k: v for k, v in sampled.items() if k not in bad} if bad else sampled
+
     def _drop_sampled_drafts(self, reqs: list[Request], sampled: dict[str, list[int]]) -> None:
         """Drafts held by requests this step sampled without verifying them (speculation was off:
         disable_by_batch_size, or a prefill-only step before it) were for tokens now sampled: drop them,
@@ -144,7 +171,8 @@ class OutputUpdate:
 
     def _fail_unverifiable(self, bad: list[tuple[Request, str]], scheduler_output: SchedulerOutput,
                            now: float, outputs: list[EngineCoreOutput]) -> None:
-        """End requests whose verify step sent back more tokens than it can yield, with an ExecutorOutputError.
+        """End requests whose step sent back tokens it cannot yield (more than a verify step can, or any for a
+        partial prefill), with an ExecutorOutputError.
 
         Only their own state is in doubt (their tokens, and the KV their step wrote, which no other
         request reads before it is cached), so they end alone: the blocks their step would fill are
@@ -202,6 +230,8 @@ class OutputUpdate:
         proposed = model_runner_output.spec_token_ids
         rolled_back: list[Request] = []
         unverifiable: list[tuple[Request, str]] = []
+        if self._step_partial:  # requests given a chunk short of their last token: they sample nothing
+            sampled = self._drop_partial_samples(scheduler_output, sampled, unverifiable)
         self.step_num_spec_reqs = self.step_num_draft_tokens = self.step_num_accepted_tokens = 0
         if not verified and proposed is None:
             # No speculation this step: the plain loop, as before drafts (the decode hot path).

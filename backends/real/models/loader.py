@@ -9,7 +9,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from twinserve.core.errors import CheckpointMismatchError, UnsupportedModelError
+from twinserve.core.errors import (CheckpointMismatchError, TwinserveError, UnsupportedModelError, short_repr,
+                                   unreadable_text)
 from twinserve.backends.real.models.architectures import CausalLM, config_from_hf_dict, model_class
 from twinserve.backends.real.models.config import LlamaConfig, ModelConfig
 from twinserve.backends.real.models.llama import LlamaForCausalLM
@@ -24,24 +25,56 @@ _FUSED = {
 }
 
 
+# config.json's sizes every architecture reads as integers (each checked where present).
+_INT_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+               "intermediate_size", "vocab_size", "max_position_embeddings", "head_dim")
+
+
 def read_hf_config(folder: Path) -> ModelConfig:
-    """Parse folder/config.json through the registered class of its architecture."""
+    """Parse folder/config.json through the registered class of its architecture; a broken file is an
+    UnsupportedModelError naming it (and the line or field)."""
     path = folder / "config.json"
     if not path.exists():
         raise UnsupportedModelError(f"{folder} has no config.json; give an HF model folder or a .gguf file")
-    return config_from_hf_dict(json.loads(path.read_text()))
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        line, why = unreadable_text(path, e)
+        raise UnsupportedModelError(f"{path}{f':{line}' if line else ''}: {why}") from None
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UnsupportedModelError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); is the download complete?") from None
+    if not isinstance(cfg, dict):
+        raise UnsupportedModelError(f"{path}: a config.json holds one JSON object, not {type(cfg).__name__}")
+    for key in _INT_FIELDS:
+        value = cfg.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise UnsupportedModelError(f"{path}: field {key!r} is {short_repr(value)}: an integer >= 1")
+    try:
+        return config_from_hf_dict(cfg)
+    except TwinserveError:
+        raise
+    except KeyError as e:
+        raise UnsupportedModelError(f"{path}: field {e.args[0]!r} is missing (the model class reads it)") from None
+    except (TypeError, ValueError, AttributeError) as e:
+        raise UnsupportedModelError(f"{path}: a field holds a value of the wrong kind ({e})") from None
 
 
 def _hf_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise UnsupportedModelError(f"{folder} has no *.safetensors weights (only safetensors are read)")
     for f in files:
-        with safe_open(str(f), framework="pt") as sf:
-            for name in sf.keys():
-                yield name, sf.get_tensor(name)
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for name in sf.keys():
+                    yield name, sf.get_tensor(name)
+        except (SafetensorError, OSError) as e:
+            raise UnsupportedModelError(f"{f}: not a readable safetensors file ({e}); is the download "
+                                        "complete?") from None
 
 
 def _shard_slices(cfg: LlamaConfig, fused: str) -> list[slice]:
@@ -102,12 +135,21 @@ def _hf_name(param: str, shard: int | None) -> str:
     return param if param.startswith("lm_head.") else f"model.{param}"
 
 
+def open_gguf(path: Path):
+    """A GGUFReader of path; a file that is not a readable GGUF is an UnsupportedModelError naming it."""
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(path))
+    except Exception as e:  # the gguf package's parser: whatever a file that is not GGUF makes it raise
+        raise UnsupportedModelError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e}); is the download "
+                                    "complete?") from None
+
+
 def peek_model_config(source) -> ModelConfig:
     """The architecture record of a ModelSource (HF folder or GGUF file), without loading weights."""
     if source.is_gguf:
-        from gguf import GGUFReader
-
-        return gguf_config(GGUFReader(str(source.path)))
+        return gguf_config(open_gguf(source.path))
     return read_hf_config(source.path)
 
 
@@ -229,9 +271,7 @@ def _gguf_name(hf_name: str) -> str | None:
 
 def load_gguf(path: Path, max_len: int, dtype: torch.dtype) -> LlamaForCausalLM:
     """Build and fill a model from a GGUF file (quantized tensors are dequantized)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
+    reader = open_gguf(path)
     cfg = gguf_config(reader)
     model = LlamaForCausalLM(cfg, max_len, dtype).to(dtype)
     origin: dict[str, str] = {}
