@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from twinserve.core.errors import TwinserveError
+from twinserve.core.provenance import git_commit
 
 from twinserve.sim.runner import LOCAL_RAY, PointFailure, run_jobs, workers_arg
 from twinserve.sim.validate import (expressible, finish_record, row_record, simulate_row, summarize_validation,
@@ -96,10 +97,8 @@ class Journal:
     """
 
     def __init__(self, path: Path, settings: dict[str, Any], resume: bool) -> None:
-        from twinserve.twin.calibrate import _git_commit
-
         self.path = path
-        self.header = {"twinserve_validate_journal": 1, "settings": settings, "git_commit": _git_commit()}
+        self.header = {"twinserve_validate_journal": 1, "settings": settings, "git_commit": git_commit()}
         self.done: dict[str, dict[str, Any]] = {}
         held = path.exists() and sum(1 for line in path.read_text().splitlines() if line.strip()) > 1
         if held and not resume:

@@ -6,15 +6,13 @@ Points run in shuffled order, with a fixed speed probe between them so calfit.py
 from __future__ import annotations
 
 import contextlib
-import os
 import random
-import subprocess
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from twinserve.core.errors import InvalidConfigError
+from twinserve.core.provenance import git_commit as _git_commit  # noqa: F401 - calfit, calibrations read it here
 from twinserve.core.sampling_params import SamplingParams
 
 from twinserve.backends.real.step_log import StepLog
@@ -455,17 +453,3 @@ def cold_prefix_cache(engine: Any) -> None:
     while engine.has_unfinished_requests():
         engine.step()
     engine.reset_prefix_cache()
-
-
-def _git_commit() -> str | None:
-    # Set where the tree's .git is not its own.
-    if os.environ.get("TWINSERVE_GIT_COMMIT"):
-        return os.environ["TWINSERVE_GIT_COMMIT"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).parent, timeout=5)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
