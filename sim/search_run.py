@@ -5,8 +5,11 @@ steady-state estimate that places each configuration's first run near its answer
 from __future__ import annotations
 
 import math
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
+
+import simpy
 
 from twinserve.core.request import Request
 from twinserve.sim.build import build
@@ -261,16 +264,51 @@ def _cluster_point(point: dict[str, Any], cfg: StudyConfig, guard: SLOGuard) -> 
         _watch_waiting(guard, built.simulation, cfg.workload)
     try:
         res = built.simulation.run()
-    except _Lost:
+    except _Lost as lost:
         row = {**point, "num_requests": cfg.workload.num_requests,
                "completed": len(built.simulation.records), "refused": 0,
                "stopped_early": guard.reason, "sim_wall_s": 0.0}
+        _clear_frames(lost)
     else:
         row = cluster_point_result(cfg, built, res, point, itl=False).row
         row["stopped_early"] = ""
     guard.unwatch()
     _recycle_blocks([r.core for r in built.simulation.replicas])
+    _release(built.simulation)
     return row
+
+
+def _release(sim: Any) -> None:
+    """Let reference counting free a finished or stopped cluster run.
+
+    Its SimPy processes are generators suspended for good (a replica waiting for work, the
+    dispatcher's next arrival after a stop), and each such generator's frame holds the
+    simulation, which holds the process: a cycle. Only the collector frees a cycle, and its
+    young collection when the run's GC policy ends (sim.gc_policy) walks every object the run
+    still holds, each request's token lists among them: ~20 ms of a 0.15-0.25 s FP8 8x H200
+    cluster run (docs/search-speed.md, search56). Closing the generators and emptying the
+    event queue breaks the cycles; nothing of the simulation is read after this.
+    """
+    env = sim.env
+    procs = [rep.process for rep in sim.replicas if getattr(rep, "process", None) is not None]
+    for *_, event in env._queue:  # (time, priority, id, event): what each waiter waits on
+        for cb in event.callbacks or ():
+            owner = getattr(cb, "__self__", None)
+            if isinstance(owner, simpy.Process):
+                procs.append(owner)
+    for proc in procs:
+        proc._generator.close()
+    env._queue.clear()
+
+
+def _clear_frames(exc: BaseException | None) -> None:
+    """Drop the locals of the frames an exception out of a SimPy run went through (and its
+    cause's: SimPy re-raises a process's exception as a copy): each traceback's frame holds the
+    exception (a cycle) and the simulation's generators' frames hold the simulation."""
+    seen = 0
+    while exc is not None and seen < 4:
+        traceback.clear_frames(exc.__traceback__)
+        exc, seen = exc.__cause__, seen + 1
 
 
 def steady_state_rate(cfg: StudyConfig, slos: dict[str, float]) -> float:
