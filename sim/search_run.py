@@ -310,16 +310,21 @@ def _release(sim: Any) -> None:
     cluster run (docs/search-speed.md, search56). Closing the generators and emptying the
     event queue breaks the cycles; nothing of the simulation is read after this.
     """
-    env = sim.env
+    # SimPy 4's private fields (its queue, a process's generator): read with defaults, so that a
+    # SimPy without them only loses this shortcut (the collector frees the run as before).
+    queue = getattr(sim.env, "_queue", None)
+    queue = queue if isinstance(queue, list) else []
     procs = [rep.process for rep in sim.replicas if getattr(rep, "process", None) is not None]
-    for *_, event in env._queue:  # (time, priority, id, event): what each waiter waits on
-        for cb in event.callbacks or ():
+    for item in queue:  # (time, priority, id, event): what each waiter waits on
+        for cb in getattr(item[-1], "callbacks", None) or ():
             owner = getattr(cb, "__self__", None)
             if isinstance(owner, simpy.Process):
                 procs.append(owner)
     for proc in procs:
-        proc._generator.close()
-    env._queue.clear()
+        gen = getattr(proc, "_generator", None)
+        if gen is not None:
+            gen.close()
+    queue.clear()
 
 
 def _clear_frames(exc: BaseException | None) -> None:
