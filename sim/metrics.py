@@ -92,11 +92,15 @@ def window_steps(steps: pd.DataFrame, window: tuple[float, float]) -> pd.DataFra
 def steps_frame(result: RunResult) -> pd.DataFrame:
     """One row per engine step: time, duration, batch, queue and KV usage."""
     s = result.steps
-    return pd.DataFrame({
-        "start_s": s.start, "duration_s": s.duration, "num_in_system": s.in_system,
-        "num_running": s.running, "num_waiting": s.waiting, "num_tokens": s.tokens,
-        "batch_size": s.seqs, "kv_usage": s.kv_usage, "num_preempted": s.preempted,
-    })
+    cols = {"start_s": s.start, "duration_s": s.duration, "num_in_system": s.in_system,
+            "num_running": s.running, "num_waiting": s.waiting, "num_tokens": s.tokens,
+            "batch_size": s.seqs, "kv_usage": s.kv_usage, "num_preempted": s.preempted}
+    if len(s.start):
+        # numpy infers the dtype pandas would (int64, float64) from a list of Python numbers at a
+        # third of pandas' own cost (it goes through an object array): a cluster run's rows
+        # hold 10^4 steps a replica. An empty log keeps pandas' own (object) columns.
+        return pd.DataFrame({k: np.array(v) for k, v in cols.items()})
+    return pd.DataFrame(cols)
 
 
 def _dist(prefix: str, values: np.ndarray, out: dict[str, Any]) -> None:
@@ -183,6 +187,51 @@ def summarize(result: RunResult, req: pd.DataFrame, steps: pd.DataFrame, slo: SL
     out["kv_blocks"] = result.num_blocks
     out["sim_wall_s"] = result.wall_time
     out["sim_requests_per_wall_s"] = len(req) / result.wall_time if result.wall_time else np.nan
+    return out
+
+
+def slo_row(result: RunResult, columns: Sequence[str]) -> dict[str, Any]:
+    """summarize's verdict columns of an open-loop run, without its tables: num_requests,
+    completed, refused, duration_s, the three throughputs, and each column of `columns` named
+    STAT_METRIC_s (STAT mean/p50/p90/p99, METRIC ttft/tpot/e2e/queue/itl).
+
+    Each value is summarize's to the bit: the same per-request values in the same (record)
+    order through the same _dist. For runs whose row is only judged (a capacity search's
+    extra seeds, sim.search_band): the pandas tables are 10-13% of such a run's CPU. ITL
+    columns need the records' token times. A closed loop's warm-up is not handled: use summarize.
+    """
+    records = result.records
+    done = [r for r in records if r.finish_time is not None and r.first_token_time is not None]
+    horizon = result.end_time
+    dur = horizon if horizon > 0 else float("nan")
+    out: dict[str, Any] = {
+        "num_requests": len(records), "completed": len(done),
+        "refused": sum(1 for r in records if r.finish_reason == "refused"),
+        "duration_s": horizon, "request_throughput": len(done) / dur,
+        "output_throughput": float(sum(r.num_output_tokens for r in done)) / dur,
+        "total_token_throughput": float(sum(r.num_output_tokens + r.num_prompt_tokens
+                                            for r in done)) / dur}
+    wanted = {c.split("_")[1] for c in columns if c.count("_") == 2}
+    nan = np.nan
+    for name in ("ttft", "tpot", "e2e", "queue", "itl"):
+        if name not in wanted:
+            continue
+        if name == "ttft":
+            v = [r.first_token_time - r.arrival_time for r in done]
+        elif name == "tpot":
+            v = [(r.finish_time - r.first_token_time) / (r.num_output_tokens - 1)
+                 if r.num_output_tokens > 1 else nan for r in done]
+        elif name == "e2e":
+            v = [r.finish_time - r.arrival_time for r in done]
+        elif name == "queue":
+            v = [r.first_scheduled_time - r.arrival_time
+                 if r.first_scheduled_time is not None else nan for r in done]
+        stats: dict[str, Any] = {}
+        if name == "itl":
+            _dist("itl_s", itl_values([r.token_times for r in done]), stats)
+        else:
+            _dist(f"{name}_s", np.array(v, dtype=float), stats)
+        out.update((k, x) for k, x in stats.items() if k in columns)
     return out
 
 

@@ -92,8 +92,9 @@ def search_seeds(searches: Sequence[RateSearch], slos: dict[str, float], workers
                                         integer=s.integer, tolerance=tol)))
         if not again:
             continue
+        # Only each seed's answer is kept (its runs' rows are judged, never written): lean rows.
         run_searches([r for _, r in again], slos, workers, ray_address, progress,
-                     desc=f"seed {k}")
+                     desc=f"seed {k}", lean=True)
         for s, r in again:
             s.runs_total += r.runs_total
             s.simulated += r.simulated

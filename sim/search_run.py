@@ -5,13 +5,17 @@ steady-state estimate that places each configuration's first run near its answer
 from __future__ import annotations
 
 import math
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
+
+import simpy
 
 from twinserve.core.request import Request
 from twinserve.sim.build import build
 from twinserve.sim.config import StudyConfig
 from twinserve.sim.gc_policy import simulation_gc
+from twinserve.sim.metrics import slo_row
 from twinserve.sim.study import _run, cluster_point_result, is_cluster, point_result
 from twinserve.sim.world import ArrivalSource, RequestRecord
 
@@ -184,12 +188,14 @@ class SLOGuard:
         return any(metric == "ttft" for _, metric, _, _ in self.checks)
 
 
-def run_search_point(job: tuple[dict[str, Any], StudyConfig, dict[str, float], bool]
-                     ) -> dict[str, Any]:
-    """Simulate one (configuration, rate); with early=True stop once an SLO is lost for sure.
+def run_search_point(job: tuple[Any, ...]) -> dict[str, Any]:
+    """Simulate one (configuration, rate); job is (point, cfg, slos, early[, lean]). With
+    early=True stop once an SLO is lost for sure.
 
     A stopped run's row has completed < num_requests, so sim.search.meets fails it, and says
-    why in `stopped_early`.
+    why in `stopped_early`. lean=True (a run only judged: sim.search_band's extra seeds) gives
+    a run that meets its SLOs the verdict columns only (sim.metrics.slo_row, summarize's values
+    to the bit) and records no per-token times unless an ITL is an SLO.
     """
     # Building a pool of 10^5 KV blocks under the default GC runs full collections over them;
     # the simulation's own GC policy (sim.gc_policy) covers the build and the row too.
@@ -197,16 +203,20 @@ def run_search_point(job: tuple[dict[str, Any], StudyConfig, dict[str, float], b
         return _search_point(*job)
 
 
-def _search_point(point: dict[str, Any], cfg: StudyConfig, slos: dict[str, float], early: bool
-                  ) -> dict[str, Any]:
+def _search_point(point: dict[str, Any], cfg: StudyConfig, slos: dict[str, float], early: bool,
+                  lean: bool = False) -> dict[str, Any]:
     w = cfg.workload
     # Follow-up turns make the request count unknown in advance; clusters run their own loop.
     guard = SLOGuard.for_run(slos, w.num_requests) if early and w.turns == 1 else None
     if guard is None:
         return _run((point, cfg, False)).row
+    # A closed loop's warm-up is summarize's to leave out: full rows there.
+    lean = lean and w.concurrency == 0
     if is_cluster(cfg):
-        return _cluster_point(point, cfg, guard)
+        return _cluster_point(point, cfg, guard, slos if lean else None)
     built = build(cfg)
+    if lean:
+        built.simulation.keep_token_times = _needs_itl(slos)
     built.simulation.abort = guard
     if guard.watches_ttft:
         built.simulation.first_token = guard.first_token
@@ -215,12 +225,19 @@ def _search_point(point: dict[str, Any], cfg: StudyConfig, slos: dict[str, float
     if built.simulation.aborted:
         row = {**point, "num_requests": w.num_requests, "completed": len(result.records),
                "refused": 0, "stopped_early": guard.reason, "sim_wall_s": result.wall_time}
+    elif lean:
+        row = {**point, **slo_row(result, list(slos)), "stopped_early": ""}
     else:
         row = point_result(cfg, built, result, point, itl=False).row
         row["stopped_early"] = ""
     guard.unwatch()
     _recycle_blocks([built.simulation.core])
     return row
+
+
+def _needs_itl(slos: dict[str, float]) -> bool:
+    """True when an SLO is on ITL (then a run must record every token's time)."""
+    return any(col.split("_")[1] == "itl" for col in slos)
 
 
 def _recycle_blocks(cores: list[Any]) -> None:
@@ -242,8 +259,10 @@ class _Lost(Exception):
     """Raised out of a cluster's SimPy loop once its guard has seen an SLO lost."""
 
 
-def _cluster_point(point: dict[str, Any], cfg: StudyConfig, guard: SLOGuard) -> dict[str, Any]:
-    """A cluster (or disaggregated) run, ended by the guard like a single engine's."""
+def _cluster_point(point: dict[str, Any], cfg: StudyConfig, guard: SLOGuard,
+                   lean: dict[str, float] | None = None) -> dict[str, Any]:
+    """A cluster (or disaggregated) run, ended by the guard like a single engine's; with lean
+    (the SLOs), a run that meets them gets only its verdict columns (sim.metrics.slo_row)."""
     from twinserve.sim.cluster_study import build_cluster
 
     def on_record(rec: RequestRecord) -> None:
@@ -256,21 +275,66 @@ def _cluster_point(point: dict[str, Any], cfg: StudyConfig, guard: SLOGuard) -> 
         return False
 
     built = build_cluster(cfg, on_record=on_record)
+    if lean is not None:
+        built.simulation.keep_token_times = _needs_itl(lean)
     if guard.watches_ttft:
         built.simulation.first_token = on_first_token
         _watch_waiting(guard, built.simulation, cfg.workload)
     try:
         res = built.simulation.run()
-    except _Lost:
+    except _Lost as lost:
         row = {**point, "num_requests": cfg.workload.num_requests,
                "completed": len(built.simulation.records), "refused": 0,
                "stopped_early": guard.reason, "sim_wall_s": 0.0}
+        _clear_frames(lost)
     else:
-        row = cluster_point_result(cfg, built, res, point, itl=False).row
-        row["stopped_early"] = ""
+        if lean is not None:
+            row = {**point, **slo_row(res.total, list(lean)), "stopped_early": ""}
+        else:
+            row = cluster_point_result(cfg, built, res, point, itl=False).row
+            row["stopped_early"] = ""
     guard.unwatch()
     _recycle_blocks([r.core for r in built.simulation.replicas])
+    _release(built.simulation)
     return row
+
+
+def _release(sim: Any) -> None:
+    """Let reference counting free a finished or stopped cluster run.
+
+    Its SimPy processes are generators suspended for good (a replica waiting for work, the
+    dispatcher's next arrival after a stop), and each such generator's frame holds the
+    simulation, which holds the process: a cycle. Only the collector frees a cycle, and its
+    young collection when the run's GC policy ends (sim.gc_policy) walks every object the run
+    still holds, each request's token lists among them: ~20 ms of a 0.15-0.25 s FP8 8x H200
+    cluster run (docs/search-speed.md, search56). Closing the generators and emptying the
+    event queue breaks the cycles; nothing of the simulation is read after this.
+    """
+    # SimPy 4's private fields (its queue, a process's generator): read with defaults, so that a
+    # SimPy without them only loses this shortcut (the collector frees the run as before).
+    queue = getattr(sim.env, "_queue", None)
+    queue = queue if isinstance(queue, list) else []
+    procs = [rep.process for rep in sim.replicas if getattr(rep, "process", None) is not None]
+    for item in queue:  # (time, priority, id, event): what each waiter waits on
+        for cb in getattr(item[-1], "callbacks", None) or ():
+            owner = getattr(cb, "__self__", None)
+            if isinstance(owner, simpy.Process):
+                procs.append(owner)
+    for proc in procs:
+        gen = getattr(proc, "_generator", None)
+        if gen is not None:
+            gen.close()
+    queue.clear()
+
+
+def _clear_frames(exc: BaseException | None) -> None:
+    """Drop the locals of the frames an exception out of a SimPy run went through (and its
+    cause's: SimPy re-raises a process's exception as a copy): each traceback's frame holds the
+    exception (a cycle) and the simulation's generators' frames hold the simulation."""
+    seen = 0
+    while exc is not None and seen < 4:
+        traceback.clear_frames(exc.__traceback__)
+        exc, seen = exc.__cause__, seen + 1
 
 
 def steady_state_rate(cfg: StudyConfig, slos: dict[str, float]) -> float:
