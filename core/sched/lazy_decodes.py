@@ -20,11 +20,18 @@ running order), the same KV usage per step, the same finishes (tests/sim/test_la
 from __future__ import annotations
 
 import heapq
+from operator import itemgetter
 from typing import Mapping
 
 from twinserve.core.request import Request
 from twinserve.core.sched.fast_forward import _finish_by_length
 from twinserve.core.sched.scheduler import Scheduler
+
+
+# A request's record: [base step, running-order ticket, fast_decode_limit at the base, next crossing
+# step (-1 once it ended), last step, the request].
+_BASE, _TICKET, _LIMIT, _CROSS, _LAST, _REQ = range(6)
+_by_ticket = itemgetter(_TICKET)
 
 
 class LazyDecodes:
@@ -39,13 +46,11 @@ class LazyDecodes:
         self.tokens = tokens      # request id -> the token it samples each step
         self.default = default
         self.active = False
-        self.steps = 0            # decode steps the batch has run (global step index of the next)
+        self.steps = 0            # decode steps the batch has run (the global index of the next one)
         self.context = 0          # computed tokens of the running requests, summed
-        # Per request (keyed by the object: ids may repeat across a run's turns? no, but objects are exact):
-        # [base step, running-order ticket, fast_decode_limit at the base, next crossing step, last step]
-        self.info: dict[Request, list[int]] = {}
-        self.crossings: dict[int, list[Request]] = {}  # step -> requests taking a block on it (checked)
-        self.ends: list[tuple[int, int, Request]] = []  # (last step, ticket, request): a heap
+        self.info: dict[Request, list] = {}             # request -> its record
+        self.crossings: dict[int, list[list]] = {}      # step -> records taking a block on it (checked)
+        self.ends: list[tuple[int, int, list]] = []     # (last step, ticket, record): a heap
         self.tickets = 0
         self.num_entered = 0      # times the batch was taken over (each O(running))
         self.num_flushed = 0
@@ -80,16 +85,17 @@ class LazyDecodes:
         last = g + req.stop_check_len - len(req.all_token_ids) - 1  # the step that samples its last token
         t = self.tickets
         self.tickets = t + 1
-        self.info[req] = [g, t, req.fast_decode_limit, cross, last]
+        rec = [g, t, req.fast_decode_limit, cross, last, req]
+        self.info[req] = rec
         bucket = self.crossings.get(cross)
         if bucket is None:
-            self.crossings[cross] = [req]
+            self.crossings[cross] = [rec]
         else:
-            bucket.append(req)
+            bucket.append(rec)
         if push:
-            heapq.heappush(self.ends, (last, t, req))
+            heapq.heappush(self.ends, (last, t, rec))
         else:
-            self.ends.append((last, t, req))
+            self.ends.append((last, t, rec))
         self.context += c
 
     def add_joined(self, reqs: list[Request]) -> bool:
@@ -102,19 +108,20 @@ class LazyDecodes:
             self._add(req, push=True)
         return True
 
-    def _materialize(self, req: Request, info: list[int]) -> None:
-        d = self.steps - info[0]
+    def _materialize(self, rec: list) -> None:
+        d = self.steps - rec[_BASE]
         if d:
+            req = rec[_REQ]
             rid = req.request_id
             toks = [self.tokens.get(rid, self.default)] * d
             req.all_token_ids += toks
             req.output_token_ids += toks
             c = req.num_computed_tokens = req.num_computed_tokens + d
             self.known[rid][0] += d
-            if c > info[2]:  # as the passes set it past the old limit: the blocks held
+            if c > rec[_LIMIT]:  # as the passes set it past the old limit: the blocks held
                 req.fast_decode_limit = len(self.kv.req_to_blocks[rid]) * self.bs
-            info[0] = self.steps
-            info[2] = req.fast_decode_limit
+            rec[_BASE] = self.steps
+            rec[_LIMIT] = req.fast_decode_limit
 
     def flush(self) -> None:
         """Bring every running request up to date and stop counting (before anything else reads them)."""
@@ -122,9 +129,9 @@ class LazyDecodes:
             return
         info = self.info
         for req in self.sched.running:
-            i = info.get(req)
-            if i is not None:
-                self._materialize(req, i)
+            rec = info.get(req)
+            if rec is not None:
+                self._materialize(rec)
         self.active = False
         self.num_flushed += 1
         self.info = {}
@@ -164,53 +171,71 @@ class LazyDecodes:
         g = self.steps
         end = g + k
         bs = self.bs
-        info = self.info
         total = 0
         crossings = self.crossings
         for x in range(g, end):
-            for req in crossings.get(x, ()):
-                i = info.get(req)
-                if i is not None and i[3] == x:
+            for rec in crossings.get(x, ()):
+                if rec[_CROSS] == x:
                     total += 1 + (end - 1 - x) // bs
         return total
 
     # ------------------------------------------------------------------ steps
-    def _take(self, k: int) -> tuple[list[int], list[tuple[list, int]], int]:
-        """The block-boundary crossings of the next k steps: (count per step, (block table, blocks)
-        in running order, total); each crosser's next crossing moved on."""
+    def _take(self, k: int) -> tuple[list[int], list[list], list[int] | None]:
+        """The block-boundary crossings of the next k steps, each crosser's next one moved on:
+        (count per step, the crossers in running order, blocks each takes: None for one each)."""
         g = self.steps
         bs = self.bs
-        info = self.info
         crossings = self.crossings
         new_at = [0] * k
-        count: dict[Request, int] = {}
+        hits: list[list] = []
         for j in range(k):
             bucket = crossings.pop(g + j, None)
             if bucket is None:
                 continue
             x = g + j
-            for req in bucket:
-                i = info.get(req)
-                if i is None or i[3] != x:
-                    continue  # ended, or re-counted since
-                new_at[j] += 1
-                count[req] = count.get(req, 0) + 1
-                nxt = i[3] = x + bs
-                b = crossings.get(nxt)
-                if b is None:
-                    crossings[nxt] = [req]
-                else:
-                    b.append(req)
-        takers = []
-        total = 0
-        if count:
-            held = self.kv.req_to_blocks
-            order = sorted(count, key=lambda r: info[r][1]) if len(count) > 1 else list(count)
-            for req in order:
-                n = count[req]
-                takers.append((held[req.request_id], n))
-                total += n
-        return new_at, takers, total
+            nxt = x + bs
+            moved = [rec for rec in bucket if rec[_CROSS] == x]  # the rest ended
+            if not moved:
+                continue
+            new_at[j] = len(moved)
+            for rec in moved:
+                rec[_CROSS] = nxt
+            b = crossings.get(nxt)
+            if b is None:
+                crossings[nxt] = moved
+            else:
+                b += moved
+            hits += moved
+        if k <= bs or len(hits) <= 1:  # one crossing each at most
+            if len(hits) > 1:
+                hits.sort(key=_by_ticket)
+            return new_at, hits, None
+        count: dict[int, int] = {}
+        for rec in hits:
+            t = rec[_TICKET]
+            count[t] = count.get(t, 0) + 1
+        order = sorted({rec[_TICKET]: rec for rec in hits}.values(), key=_by_ticket)
+        return new_at, order, [count[rec[_TICKET]] for rec in order]
+
+    def _hand_out(self, hits: list[list], counts: list[int] | None) -> int:
+        """Give the crossers their new blocks from one pool call, in running order; the total."""
+        if not hits:
+            return 0
+        kv = self.kv
+        held = kv.req_to_blocks
+        total = len(hits) if counts is None else sum(counts)
+        if total > kv.pool.free_queue.num_free:
+            raise AssertionError("fast-forward allocation failed: check the plan")
+        new = kv.pool.get_new_blocks(total)
+        if counts is None:
+            for rec, block in zip(hits, new):
+                held[rec[_REQ].request_id].append(block)
+        else:
+            j = 0
+            for rec, need in zip(hits, counts):
+                held[rec[_REQ].request_id].extend(new[j:j + need])
+                j += need
+        return total
 
     def _ended(self, last: int) -> list[Request]:
         """Pop the requests whose last step is `last` (running order), materialized."""
@@ -218,9 +243,11 @@ class LazyDecodes:
         done = []
         info = self.info
         while ends and ends[0][0] == last:
-            _, _, req = heapq.heappop(ends)
-            i = info.pop(req)
-            self._materialize(req, i)
+            rec = heapq.heappop(ends)[2]
+            req = rec[_REQ]
+            del info[req]
+            self._materialize(rec)
+            rec[_CROSS] = -1
             self.context -= req.num_computed_tokens
             done.append(req)
         return done
@@ -231,20 +258,13 @@ class LazyDecodes:
         sched = self.sched
         kv = self.kv
         sched.finished_req_ids = set()
-        new_at, takers, total = self._take(k)
-        free_queue = kv.pool.free_queue
-        if total:
-            if total > free_queue.num_free:
-                raise AssertionError("fast-forward allocation failed: check the plan")
-            new = kv.pool.get_new_blocks(total)
-            j = 0
-            for blocks, need in takers:
-                blocks.extend(new[j:j + need])
-                j += need
+        new_at, hits, counts = self._take(k)
+        total = self._hand_out(hits, counts)
         n = len(sched.running)
         self.steps += k
         self.context += n * k
         num_blocks = kv.num_blocks
+        free_queue = kv.pool.free_queue
         free = free_queue.num_free + total
         usage = []
         for n_new in new_at:
@@ -267,17 +287,11 @@ class LazyDecodes:
             return None
         g = self.steps
         bucket = self.crossings.get(g)
-        if bucket:
-            info = self.info
-            if sum(1 for r in bucket if r in info and info[r][3] == g) > kv.pool.free_queue.num_free:
+        if bucket and len(bucket) > kv.pool.free_queue.num_free:
+            if sum(1 for rec in bucket if rec[_CROSS] == g) > kv.pool.free_queue.num_free:
                 return None
-        _, takers, total = self._take(1)
-        if total:
-            new = kv.pool.get_new_blocks(total)
-            j = 0
-            for blocks, need in takers:
-                blocks.extend(new[j:j + need])
-                j += need
+        _, hits, counts = self._take(1)
+        self._hand_out(hits, counts)
         context = self.context
         n = len(running)
         self.steps = g + 1
