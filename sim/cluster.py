@@ -23,7 +23,7 @@ from twinserve.core.request import Request
 from twinserve.core.routing import ReplicaLoad, RouteRequest, Router, prefix_keys_needed, token_prefix_keys
 from twinserve.core.sampling_params import SamplingParams
 from twinserve.core.engine_core import StepStats
-from twinserve.core.sched.batch_policy import MixedBatches
+from twinserve.core.sched.batch_policy import MixedBatches, PrefillFirst
 from twinserve.core.sched.fast_forward import (apply_decode_steps, decode_plan, finish_decode_half,
                                                schedule_decode_half)
 from twinserve.core.sched.lazy_decodes import LazyDecodes
@@ -339,14 +339,24 @@ class ClusterSimulation:
         sched = core.scheduler
         ex = rep.executor
         kv = sched.kv
-        if (type(sched.batch_policy) is not MixedBatches or kv.enable_caching or kv.host is not None
-                or kv.num_groups > 1 or kv.sliding_window is not None or sched.spec is not None
-                or ex.spec is not None or ex.draft is not None or core.executor is not ex
-                or sched._stalled or sched.failed_outputs):
+        policy = type(sched.batch_policy)
+        if ((policy is not MixedBatches and policy is not PrefillFirst) or kv.enable_caching
+                or kv.host is not None or kv.num_groups > 1 or kv.sliding_window is not None
+                or sched.spec is not None or ex.spec is not None or ex.draft is not None
+                or core.executor is not ex or sched._stalled or sched.failed_outputs):
             return None
         lazy = rep.lazy
+        admit = policy is MixedBatches
         if lazy is not None and (lazy.active or lazy.enter()):
+            if not admit:
+                # SGLang's prefill-first step: the waiting requests that fit prefill alone (the
+                # decodes wait); if none fits, the step decodes the whole batch (below, admitting none).
+                joined = self._prefill_only_step(rep, t, lazy)
+                if joined is not None:
+                    return joined
             half = lazy.decode_half()  # the batch held as counts: the crossers and the ending only
+        elif not admit:
+            return None  # prefill-first without lazy decodes: core.step
         else:
             lazy = None
             # decode_plan's checks, waiting aside; the executor's known lengths advanced in the same pass.
@@ -358,7 +368,9 @@ class ClusterSimulation:
         decodes = sched.running[:] if self.keep_token_times else ()
         num_scheduled: dict[str, int] = {}
         new_reqs: list = []
-        budget = sched._admit(t, cfg.max_num_batched_tokens - n, num_scheduled, new_reqs, 0)
+        budget = cfg.max_num_batched_tokens - n
+        if admit:
+            budget = sched._admit(t, budget, num_scheduled, new_reqs, 0)
         joiners = sched.running[n:] if lazy is not None else ()
         if sched._stalled:
             sched._fail_stalled(t)
@@ -381,6 +393,40 @@ class ClusterSimulation:
         finished += done
         finished += [out.req_id for out in outputs[num_failed:] if out.finish_reason is not None]
         return outputs, stats, finished
+
+    def _prefill_only_step(self, rep: Replica, t: float, lazy: LazyDecodes
+                           ) -> tuple[list, StepStats, list[str]] | None:
+        """core.step(t) under prefill_first (core.sched.batch_policy.PrefillFirst) with the running
+        requests held as lazy decodes: no running prompt, so the step admits waiting requests into
+        the whole budget (max_prefill_tokens capping joiners) and runs them alone, the decodes
+        untouched; None (nothing changed: an admission that fails changes nothing) when none fits,
+        and then the step decodes the batch."""
+        core = rep.core
+        sched = core.scheduler
+        kv = sched.kv
+        cfg = sched.config
+        n = len(sched.running)
+        num_scheduled: dict[str, int] = {}
+        new_reqs: list = []
+        budget = sched._admit(t, cfg.max_num_batched_tokens, num_scheduled, new_reqs, 0, cfg.max_prefill_tokens)
+        if not num_scheduled:
+            return None
+        joiners = sched.running[n:]
+        if sched._stalled:
+            sched._fail_stalled(t)
+        so = sched.emit_step(new_reqs, CachedRequestData([], [], []), num_scheduled,
+                             cfg.max_num_batched_tokens - budget, [], {})
+        mro = rep.executor.execute(so)
+        d = mro.step_time or 0.0
+        outputs = sched.update_from_output(so, mro, t + d)
+        if not lazy.add_joined([r for r in joiners if r.status is RequestStatus.RUNNING]):
+            lazy.flush()  # a joiner still in its chunk: the next step is core.step's
+        core.last_scheduler_output = so
+        stats = StepStats(core.num_steps, t, d, sched.num_running, sched.num_waiting, len(new_reqs),
+                          len(num_scheduled), so.total_num_scheduled_tokens, kv.usage, kv.stats.queries,
+                          kv.stats.hits, 0, len(sched.finished_req_ids))
+        core.num_steps += 1
+        return outputs, stats, [out.req_id for out in outputs if out.finish_reason is not None]
 
     def _plan_window(self, rep: Replica, t: float
                      ) -> tuple[int, int, list[float], list[float]] | None:
@@ -443,7 +489,8 @@ class ClusterSimulation:
         ex = rep.executor
         kv = sched.kv
         if (not (self.lazy_decodes and self.join_steps and self.fast_forward) or self.keep_token_times
-                or type(sched.batch_policy) is not MixedBatches or kv.enable_caching or kv.host is not None
+                or type(sched.batch_policy) not in (MixedBatches, PrefillFirst) or kv.enable_caching
+                or kv.host is not None
                 or kv.num_groups > 1 or kv.sliding_window is not None or sched.spec is not None
                 or ex.spec is not None or ex.draft is not None or core.executor is not ex):
             return None

@@ -52,14 +52,16 @@ def _run(cfg, lazy: bool, ff: bool = True) -> tuple:
     return (tuple(dataclasses.astuple(r) for r in res.total.records), per, sorted(ended)), used, res
 
 
-def _fields(n, count, replicas, disagg, seed, blocks, budget, turns=1, out_max=60):
-    fields = dict(concurrency=n, num_requests=count, warmup_requests=0, num_replicas=replicas,
+def _fields(n, count, replicas, disagg, seed, blocks, budget, turns=1, out_max=60, policy="mixed"):
+    fields = dict(batch_policy=policy, concurrency=n, num_requests=count, warmup_requests=0, num_replicas=replicas,
                   num_prefill_replicas=1 if disagg and replicas > 1 else 0, seed=seed, turns=turns,
                   followup_tokens=8, max_model_len=1024, max_num_batched_tokens=budget,
                   enable_prefix_caching=False, prompt_dist="uniform", prompt_min=16, prompt_max=300,
                   output_dist="uniform", output_min=2, output_max=out_max)
     if blocks:
         fields["num_gpu_blocks"] = blocks  # a small pool: full pools, preemptions, waits
+    if policy == "prefill_first":
+        fields["max_prefill_tokens"] = budget // 2  # joiners past the first capped (SGLang's)
     return small_config(**fields)
 
 
@@ -67,10 +69,10 @@ def _fields(n, count, replicas, disagg, seed, blocks, budget, turns=1, out_max=6
 @given(n=st.integers(2, 24), count=st.integers(4, 40), replicas=st.sampled_from([1, 2, 3]),
        disagg=st.booleans(), seed=st.integers(0, 5), blocks=st.sampled_from([0, 60, 200]),
        budget=st.sampled_from([64, 256, 2048]), turns=st.sampled_from([1, 1, 2]),
-       out_max=st.sampled_from([60, 400]))
+       out_max=st.sampled_from([60, 400]), policy=st.sampled_from(["mixed", "prefill_first"]))
 def test_lazy_decodes_give_every_figure_the_passes_and_stepping_give(n, count, replicas, disagg, seed, blocks,
-                                                                    budget, turns, out_max) -> None:
-    cfg = _fields(n, count, replicas, disagg, seed, blocks, budget, turns, out_max)
+                                                                    budget, turns, out_max, policy) -> None:
+    cfg = _fields(n, count, replicas, disagg, seed, blocks, budget, turns, out_max, policy)
     passes, none, _ = _run(cfg, False)
     lazy, used, _ = _run(cfg, True)
     stepped, _, _ = _run(cfg, False, ff=False)
@@ -89,6 +91,30 @@ def test_a_closed_loop_cluster_run_holds_its_decodes_as_counts() -> None:
     lazy, used, res = _run(cfg, True)
     assert used >= 2  # each decode replica took its batch over at least once
     assert res.total.num_ff_windows > 50
+    assert lazy == passes
+
+
+def test_prefill_first_replicas_prefill_joiners_beside_the_counted_decodes() -> None:
+    # SGLang's lock step: a joiner's prefill runs alone while the batch held as counts waits, and a
+    # step with nobody to admit decodes the batch; both without touching the decodes.
+    cfg = _fields(32, 160, 3, True, 2, 0, 2048, out_max=300, policy="prefill_first")
+    passes, _, _ = _run(cfg, False)
+    built = build_cluster(cfg, keep_steps=True)
+    sim = built.simulation
+    sim.keep_token_times = False
+    prefill_only = []
+    real = sim._prefill_only_step
+
+    def spy(rep, t, lazy):
+        out = real(rep, t, lazy)
+        prefill_only.append(out is not None)
+        return out
+
+    sim._prefill_only_step = spy
+    sim.run()
+    assert sum(prefill_only) > 20
+    assert [r for r in sim.replicas if r.lazy is not None and r.lazy.num_entered]
+    lazy, _, _ = _run(cfg, True)
     assert lazy == passes
 
 
