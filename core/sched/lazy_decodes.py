@@ -14,7 +14,8 @@ sliding window or speculation), each request sampling one fixed token per step (
 executor's `tokens`), no per-token times, every running request a plain decode (one token left with
 output, no stop token or EOS to sample, short of its length limit). Every figure is the pass's:
 the same blocks to the same requests in the same calls (one pool call per window or step, split in
-running order), the same KV usage per step, the same finishes (tests/sim/test_lazy_decodes.py).
+running order), the same KV usage per step, the same finishes (tests/sim/test_lazy_decodes.py,
+tests/core/test_lazy_decodes.py).
 """
 
 from __future__ import annotations
