@@ -23,9 +23,11 @@ from twinserve.core.request import Request
 from twinserve.core.routing import ReplicaLoad, RouteRequest, Router, prefix_keys_needed, token_prefix_keys
 from twinserve.core.sampling_params import SamplingParams
 from twinserve.core.engine_core import StepStats
-from twinserve.core.sched.batch_policy import MixedBatches
+from twinserve.core.sched.batch_policy import MixedBatches, PrefillFirst
 from twinserve.core.sched.fast_forward import (apply_decode_steps, decode_plan, finish_decode_half,
                                                schedule_decode_half)
+from twinserve.core.sched.lazy_decodes import LazyDecodes
+from twinserve.core.request import RequestStatus
 from twinserve.core.sched.output import CachedRequestData
 
 from twinserve.sim.kv_offload import store_free_window
@@ -55,6 +57,8 @@ class Replica:
         self.num_events = 0
         self.num_ff_windows = 0
         self.records: list[RequestRecord] = []
+        # The running plain decodes kept as counts (ClusterSimulation._lazy_for); None: not this replica.
+        self.lazy: LazyDecodes | None = None
         # Time-weighted sums (value x step duration) kept even without a step log.
         self.busy_time = 0.0
         self.area_in_system = 0.0
@@ -111,6 +115,10 @@ class ClusterSimulation:
         # decodes as a one-step window and only the newcomers through schedule/update; the same
         # results as core.step (tests/sim/test_join_steps.py). False: every such step is core.step.
         self.join_steps = True
+        # Lazy decodes (core.sched.lazy_decodes): where join steps apply and no token times are kept, a
+        # replica's plain decodes are held as counts, so windows and join steps cost what changes, not
+        # a pass over the batch; the same results (tests/sim/test_lazy_decodes.py). False: the passes.
+        self.lazy_decodes = True
 
     # ------------------------------------------------------------------ routing
     def _route_until(self, t: float) -> None:
@@ -239,6 +247,7 @@ class ClusterSimulation:
         # The host tier's copies are priced from each step's start (None: no tier).
         tier = core.executor if isinstance(core.executor, HostTierExecutor) else None
         first_token = self.first_token
+        rep.lazy = lazy = self._lazy_for(rep)
         t = 0.0
         while True:
             self._route_until(t)
@@ -279,6 +288,8 @@ class ClusterSimulation:
                 if joined is not None:
                     outputs, stats, finished = joined
                 else:
+                    if lazy is not None:
+                        lazy.flush()  # core.step reads every running request
                     outputs, stats = core.step(t)
                     finished = [out.req_id for out in outputs if out.finish_reason is not None]
                 assert stats is not None
@@ -328,13 +339,28 @@ class ClusterSimulation:
         sched = core.scheduler
         ex = rep.executor
         kv = sched.kv
-        if (type(sched.batch_policy) is not MixedBatches or kv.enable_caching or kv.host is not None
-                or kv.num_groups > 1 or kv.sliding_window is not None or sched.spec is not None
-                or ex.spec is not None or ex.draft is not None or core.executor is not ex
-                or sched._stalled or sched.failed_outputs):
+        policy = type(sched.batch_policy)
+        if ((policy is not MixedBatches and policy is not PrefillFirst) or kv.enable_caching
+                or kv.host is not None or kv.num_groups > 1 or kv.sliding_window is not None
+                or sched.spec is not None or ex.spec is not None or ex.draft is not None
+                or core.executor is not ex or sched._stalled or sched.failed_outputs):
             return None
-        # decode_plan's checks, waiting aside; the executor's known lengths advanced in the same pass.
-        half = schedule_decode_half(sched, ex.tokens.get, DEFAULT_TOKEN, ex.state)
+        lazy = rep.lazy
+        admit = policy is MixedBatches
+        if lazy is not None and (lazy.active or lazy.enter()):
+            if not admit:
+                # SGLang's prefill-first step: the waiting requests that fit prefill alone (the
+                # decodes wait); if none fits, the step decodes the whole batch (below, admitting none).
+                joined = self._prefill_only_step(rep, t, lazy)
+                if joined is not None:
+                    return joined
+            half = lazy.decode_half()  # the batch held as counts: the crossers and the ending only
+        elif not admit:
+            return None  # prefill-first without lazy decodes: core.step
+        else:
+            lazy = None
+            # decode_plan's checks, waiting aside; the executor's known lengths advanced in the same pass.
+            half = schedule_decode_half(sched, ex.tokens.get, DEFAULT_TOKEN, ex.state)
         if half is None:
             return None
         n, done, context = half
@@ -342,7 +368,10 @@ class ClusterSimulation:
         decodes = sched.running[:] if self.keep_token_times else ()
         num_scheduled: dict[str, int] = {}
         new_reqs: list = []
-        budget = sched._admit(t, cfg.max_num_batched_tokens - n, num_scheduled, new_reqs, 0)
+        budget = cfg.max_num_batched_tokens - n
+        if admit:
+            budget = sched._admit(t, budget, num_scheduled, new_reqs, 0)
+        joiners = sched.running[n:] if lazy is not None else ()
         if sched._stalled:
             sched._fail_stalled(t)
         so = sched.emit_step(new_reqs, CachedRequestData([], [], []), num_scheduled,
@@ -353,6 +382,8 @@ class ClusterSimulation:
         done = finish_decode_half(sched, decodes, done, end, self.keep_token_times)
         num_failed = len(sched.failed_outputs)
         outputs = sched.update_from_output(so, mro, end)
+        if lazy is not None and not lazy.add_joined([r for r in joiners if r.status is RequestStatus.RUNNING]):
+            lazy.flush()  # a joiner still in its chunk: the next step is core.step's
         core.last_scheduler_output = so
         stats = StepStats(core.num_steps, t, d, sched.num_running, sched.num_waiting, len(new_reqs),
                           n + len(num_scheduled), so.total_num_scheduled_tokens, kv.usage, kv.stats.queries,
@@ -363,12 +394,50 @@ class ClusterSimulation:
         finished += [out.req_id for out in outputs[num_failed:] if out.finish_reason is not None]
         return outputs, stats, finished
 
+    def _prefill_only_step(self, rep: Replica, t: float, lazy: LazyDecodes
+                           ) -> tuple[list, StepStats, list[str]] | None:
+        """core.step(t) under prefill_first (core.sched.batch_policy.PrefillFirst) with the running
+        requests held as lazy decodes: no running prompt, so the step admits waiting requests into
+        the whole budget (max_prefill_tokens capping joiners) and runs them alone, the decodes
+        untouched; None (nothing changed: an admission that fails changes nothing) when none fits,
+        and then the step decodes the batch."""
+        core = rep.core
+        sched = core.scheduler
+        kv = sched.kv
+        cfg = sched.config
+        n = len(sched.running)
+        num_scheduled: dict[str, int] = {}
+        new_reqs: list = []
+        budget = sched._admit(t, cfg.max_num_batched_tokens, num_scheduled, new_reqs, 0, cfg.max_prefill_tokens)
+        if not num_scheduled:
+            return None
+        joiners = sched.running[n:]
+        if sched._stalled:
+            sched._fail_stalled(t)
+        so = sched.emit_step(new_reqs, CachedRequestData([], [], []), num_scheduled,
+                             cfg.max_num_batched_tokens - budget, [], {})
+        mro = rep.executor.execute(so)
+        d = mro.step_time or 0.0
+        outputs = sched.update_from_output(so, mro, t + d)
+        if not lazy.add_joined([r for r in joiners if r.status is RequestStatus.RUNNING]):
+            lazy.flush()  # a joiner still in its chunk: the next step is core.step's
+        core.last_scheduler_output = so
+        stats = StepStats(core.num_steps, t, d, sched.num_running, sched.num_waiting, len(new_reqs),
+                          len(num_scheduled), so.total_num_scheduled_tokens, kv.usage, kv.stats.queries,
+                          kv.stats.hits, 0, len(sched.finished_req_ids))
+        core.num_steps += 1
+        return outputs, stats, [out.req_id for out in outputs if out.finish_reason is not None]
+
     def _plan_window(self, rep: Replica, t: float
                      ) -> tuple[int, int, list[float], list[float]] | None:
         """The next run of identical decode steps (batch size, context, durations, ends), not applied
         (the batch is sched.running's until then: the replica sleeps through the window)."""
         sched = rep.core.scheduler
-        k, context = decode_plan(sched, self.max_window)
+        lazy = rep.lazy
+        if lazy is not None and (lazy.active or (len(sched.waiting) == 0 and lazy.enter())):
+            k, context = lazy.plan(self.max_window)
+        else:
+            k, context = decode_plan(sched, self.max_window)
         if k > 0 and sched.kv.host is not None:
             k = store_free_window(sched, k)
         if k <= 0:
@@ -387,9 +456,13 @@ class ClusterSimulation:
         dropped = sched.finished_req_ids
         if len(sched.running) != n:
             raise AssertionError("a decode window's batch changed between its plan and its steps")
-        # The executor's known lengths advanced in apply's pass (not one of advance_decode's own).
-        usage, finished = apply_decode_steps(sched, ends, repeat=ex.tokens, default=DEFAULT_TOKEN,
-                                             times=self.keep_token_times, known=ex.state)
+        lazy = rep.lazy
+        if lazy is not None and lazy.active:
+            usage, finished = lazy.apply(ends)
+        else:
+            # The executor's known lengths advanced in apply's pass (not one of advance_decode's own).
+            usage, finished = apply_decode_steps(sched, ends, repeat=ex.tokens, default=DEFAULT_TOKEN,
+                                                 times=self.keep_token_times, known=ex.state)
         ex.advance_decode(None, context, durations, dropped, num=n)
         rep.core.num_steps += m
         busy = 0.0
@@ -407,6 +480,21 @@ class ClusterSimulation:
         rep.num_ff_windows += 1
         rep.end_time = ends[-1]
         return finished
+
+    def _lazy_for(self, rep: Replica) -> LazyDecodes | None:
+        """The replica's LazyDecodes where its steps allow them (as _join_step's conditions, without
+        token times), else None."""
+        core = rep.core
+        sched = core.scheduler
+        ex = rep.executor
+        kv = sched.kv
+        if (not (self.lazy_decodes and self.join_steps and self.fast_forward) or self.keep_token_times
+                or type(sched.batch_policy) not in (MixedBatches, PrefillFirst) or kv.enable_caching
+                or kv.host is not None
+                or kv.num_groups > 1 or kv.sliding_window is not None or sched.spec is not None
+                or ex.spec is not None or ex.draft is not None or core.executor is not ex):
+            return None
+        return LazyDecodes(sched, ex.state, ex.tokens, DEFAULT_TOKEN)
 
     # ------------------------------------------------------------------ run
     def _replica_result(self, rep: Replica, wall: float) -> RunResult:
@@ -434,6 +522,9 @@ class ClusterSimulation:
                         step()
                 except simpy.core.EmptySchedule:
                     pass
+        for rep in self.replicas:
+            if rep.lazy is not None:
+                rep.lazy.flush()  # the requests still running, up to date for whoever reads them
         wall = time.perf_counter() - wall
         per = [self._replica_result(rep, wall) for rep in self.replicas]
         total = RunResult(self.records, StepLog(), max((r.end_time for r in per), default=0.0), wall,

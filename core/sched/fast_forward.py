@@ -588,5 +588,10 @@ def _finish_by_length(scheduler: Scheduler, done: list[Request], now: float) -> 
         kv.free(req)
         scheduler.finished_req_ids.add(rid)
         ids.append(rid)
-    scheduler.running = [r for r in scheduler.running if r.finish_reason is None]
+    running = scheduler.running
+    if len(done) <= 8:
+        for req in done:
+            running.remove(req)  # identity (Request has no __eq__): a C scan, not a Python pass
+    else:
+        scheduler.running = [r for r in running if r.finish_reason is None]
     return ids
