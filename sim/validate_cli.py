@@ -363,7 +363,15 @@ def run_validate(args: argparse.Namespace) -> int:
                                                                     "limit", "max_clients")}}
         frame.to_csv(out / "validation.csv", index=False)
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-        journal.finish()
+        broken = int(frame["sim_error"].astype(str).str.len().gt(0).sum())
+        if broken:
+            # Failed studies are not journaled: --resume runs just them (a worker killed for memory
+            # fails every study still queued on its pool, not only its own).
+            journal.close()
+            print(f"simulate: {broken} rows failed in the simulator (column sim_error); {journal.path} is kept: "
+                  "the same command with --resume runs only the failed studies", file=sys.stderr)
+        else:
+            journal.finish()
     except (TwinserveError, OSError) as e:
         print(f"simulate: error: {e}", file=sys.stderr)
         return 2

@@ -114,3 +114,28 @@ def test_a_corrupt_journal_line_is_a_clear_error(tmp_path, monkeypatch, capsys) 
     assert main([*FLAGS, "--out", str(out), "--resume"]) == 2
     err = capsys.readouterr().err
     assert f"{path}:2" in err and "Traceback" not in err
+
+
+def test_failed_studies_keep_the_journal_and_resume_reruns_only_them(tmp_path, monkeypatch, capsys) -> None:
+    # A worker killed for memory fails every study queued on its pool: they must not be lost.
+    ran: list[str] = []
+    first: list[str] = []
+
+    def row(job):
+        ran.append(job[0]["id"])
+        if len(ran) == 2:
+            raise RuntimeError("BrokenProcessPool: a worker was killed")
+        first.append(job[0]["id"])
+        return REAL_ROW(job)
+
+    monkeypatch.setattr(vc, "simulate_row", row)
+    out = tmp_path / "v"
+    assert main([*FLAGS, "--out", str(out)]) == 0
+    assert "--resume" in capsys.readouterr().err and (out / vc.JOURNAL).exists()
+    bad = pd.read_csv(out / "validation.csv")["sim_error"].fillna("").astype(str).str.len().gt(0)
+    assert bad.sum() == 1
+    again = _stopping_after(99, monkeypatch)
+    assert main([*FLAGS, "--out", str(out), "--resume"]) == 0
+    assert again == [ran[1]]  # only the failed study ran again
+    assert pd.read_csv(out / "validation.csv")["sim_error"].isna().all()  # empty cells: no error
+    assert not (out / vc.JOURNAL).exists()
