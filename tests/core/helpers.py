@@ -91,3 +91,25 @@ def make_request(rid: str, prompt: list[int], max_tokens: int, **kw) -> Request:
     arrival_time = kw.pop("arrival_time", 0.0)
     return Request(rid, prompt, SamplingParams(max_tokens=max_tokens, **kw), eos_token_id=eos,
                    priority=priority, arrival_time=arrival_time)
+
+
+Streams = dict[str, tuple[list[int], object, str | None]]  # request id -> (tokens, finish reason, error)
+
+
+def run_streams(core: EngineCore, limit: int, what: str) -> tuple[Streams, int | None]:
+    """Step core until nothing is left (at most limit steps): each request's streamed tokens, finish
+    reason and error as a client would see them, and the step of the first error (None: none)."""
+    from ..limits import bounded
+
+    seen: Streams = {}
+    failed_at = None
+    for step in bounded(limit, what):
+        if not core.has_unfinished_requests():
+            break
+        outs, _ = core.step(float(step))
+        for o in outs:
+            toks, _, _ = seen.get(o.req_id, ([], None, None))
+            seen[o.req_id] = (toks + list(o.new_token_ids), o.finish_reason, o.error)
+            if o.error is not None and failed_at is None:
+                failed_at = step
+    return seen, failed_at

@@ -13,7 +13,7 @@ from twinserve.core import EngineCore, FinishReason, SchedulerConfig
 from twinserve.core.fake_executor import FakeExecutor
 from twinserve.core.spec_decode import SpeculativeConfig
 
-from .helpers import make_request, reference_output
+from .helpers import make_request, reference_output, run_streams
 from ..limits import bounded
 
 BS = 4
@@ -48,17 +48,7 @@ def test_a_verify_step_with_too_many_tokens_fails_that_request_alone(extra: int)
         return mro
     ex.execute = execute
 
-    seen: dict[str, tuple[list[int], FinishReason | None, str | None]] = {}
-    failed_at = None
-    for step in bounded(400, "the engine with one bad request"):
-        if not core.has_unfinished_requests():
-            break
-        outs, _ = core.step(float(step))
-        for o in outs:
-            toks, _, _ = seen.get(o.req_id, ([], None, None))
-            seen[o.req_id] = (toks + list(o.new_token_ids), o.finish_reason, o.error)
-            if o.error is not None:
-                failed_at = step
+    seen, failed_at = run_streams(core, 400, "the engine with one bad request")
     assert went_bad, "the fault was never planted"
     toks, reason, error = seen["bad"]
     assert reason is FinishReason.ERROR

@@ -12,7 +12,7 @@ from twinserve.core import EngineCore, FinishReason, SchedulerConfig
 from twinserve.core.fake_executor import FakeExecutor
 from twinserve.core.spec_decode import SpeculativeConfig
 
-from .helpers import make_request, reference_output
+from .helpers import make_request, reference_output, run_streams
 from ..limits import bounded
 
 BS = 4
@@ -52,17 +52,7 @@ def test_a_token_sampled_for_a_partial_prefill_fails_that_request_alone(spec: bo
         return mro
     ex.execute = execute
 
-    seen: dict[str, tuple[list[int], FinishReason | None, str | None]] = {}
-    failed_at = None
-    for step in bounded(200, "the engine with one bad request"):
-        if not core.has_unfinished_requests():
-            break
-        outs, _ = core.step(float(step))
-        for o in outs:
-            toks, _, _ = seen.get(o.req_id, ([], None, None))
-            seen[o.req_id] = (toks + list(o.new_token_ids), o.finish_reason, o.error)
-            if o.error is not None:
-                failed_at = step
+    seen, failed_at = run_streams(core, 200, "the engine with one bad request")
     assert planted, "the fault was never planted"
     toks, reason, error = seen["bad"]
     assert reason is FinishReason.ERROR, seen["bad"]
