@@ -96,7 +96,7 @@ def make_request(rid: str, prompt: list[int], max_tokens: int, **kw) -> Request:
 Streams = dict[str, tuple[list[int], object, str | None]]  # request id -> (tokens, finish reason, error)
 
 
-def run_streams(core: EngineCore, limit: int, what: str) -> tuple[Streams, int | None]:
+def run_streams(core: EngineCore, limit: int, what: str, start: float = 0.0) -> tuple[Streams, int | None]:
     """Step core until nothing is left (at most limit steps): each request's streamed tokens, finish
     reason and error as a client would see them, and the step of the first error (None: none)."""
     from ..limits import bounded
@@ -106,7 +106,7 @@ def run_streams(core: EngineCore, limit: int, what: str) -> tuple[Streams, int |
     for step in bounded(limit, what):
         if not core.has_unfinished_requests():
             break
-        outs, _ = core.step(float(step))
+        outs, _ = core.step(start + step)
         for o in outs:
             toks, _, _ = seen.get(o.req_id, ([], None, None))
             seen[o.req_id] = (toks + list(o.new_token_ids), o.finish_reason, o.error)

@@ -14,7 +14,6 @@ from twinserve.core.fake_executor import FakeExecutor
 from twinserve.core.spec_decode import SpeculativeConfig
 
 from .helpers import make_request, reference_output, run_streams
-from ..limits import bounded
 
 BS = 4
 MAX_LEN = 128
@@ -64,11 +63,5 @@ def test_a_verify_step_with_too_many_tokens_fails_that_request_alone(extra: int)
     # The engine serves on: the same prompt again runs to its end.
     again = make_request("again", list(bad.prompt_token_ids), 8)
     core.add_request(again)
-    out: list[int] = []
-    for step in bounded(100, "the engine after the failure"):
-        if not core.has_unfinished_requests():
-            break
-        for o in core.step(1000.0 + step)[0]:
-            assert o.error is None
-            out += o.new_token_ids
-    assert out == reference_output(ref, again, MAX_LEN)
+    after, failed = run_streams(core, 100, "the engine after the failure", start=1000.0)
+    assert failed is None and after["again"][0] == reference_output(ref, again, MAX_LEN)

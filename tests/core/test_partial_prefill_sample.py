@@ -13,7 +13,6 @@ from twinserve.core.fake_executor import FakeExecutor
 from twinserve.core.spec_decode import SpeculativeConfig
 
 from .helpers import make_request, reference_output, run_streams
-from ..limits import bounded
 
 BS = 4
 MAX_LEN = 128
@@ -64,11 +63,5 @@ def test_a_token_sampled_for_a_partial_prefill_fails_that_request_alone(spec: bo
     assert not sched.running and not sched.requests and sched.kv.num_free_blocks == cfg.num_blocks
     again = make_request("again", [200 + j for j in range(21)], 6)
     core.add_request(again)
-    out: list[int] = []
-    for step in bounded(100, "the engine after the failure"):
-        if not core.has_unfinished_requests():
-            break
-        for o in core.step(1000.0 + step)[0]:
-            assert o.error is None
-            out += o.new_token_ids
-    assert out == reference_output(FakeExecutor(block_size=BS), again, MAX_LEN)
+    after, failed = run_streams(core, 100, "the engine after the failure", start=1000.0)
+    assert failed is None and after["again"][0] == reference_output(FakeExecutor(block_size=BS), again, MAX_LEN)
