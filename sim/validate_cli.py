@@ -100,7 +100,11 @@ class Journal:
         self.path = path
         self.header = {"twinserve_validate_journal": 1, "settings": settings, "git_commit": git_commit()}
         self.done: dict[str, dict[str, Any]] = {}
-        held = path.exists() and sum(1 for line in path.read_text().splitlines() if line.strip()) > 1
+        try:
+            held = path.exists() and sum(1 for line in path.read_text().splitlines() if line.strip()) > 1
+        except (OSError, UnicodeDecodeError) as e:
+            raise JournalError(f"{path}: not a readable validate journal ({type(e).__name__}): remove it or "
+                               "choose another --out") from None
         if held and not resume:
             raise JournalError(f"{path} holds the studies an earlier run finished before it stopped: pass "
                                "--resume to keep them and run the rest, or remove the file (or choose "

@@ -139,3 +139,12 @@ def test_failed_studies_keep_the_journal_and_resume_reruns_only_them(tmp_path, m
     assert again == [ran[1]]  # only the failed study ran again
     assert pd.read_csv(out / "validation.csv")["sim_error"].isna().all()  # empty cells: no error
     assert not (out / vc.JOURNAL).exists()
+
+
+def test_an_unreadable_journal_is_a_clear_error(tmp_path, capsys) -> None:
+    out = tmp_path / "v"
+    out.mkdir()
+    (out / vc.JOURNAL).write_bytes(b"\xff\xfe\x00binary")
+    assert main([*FLAGS, "--out", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "not a readable validate journal" in err and "Traceback" not in err
