@@ -47,9 +47,10 @@ def run(n: int, cost_model: str, backend: str) -> tuple[float, float, int, float
 def main() -> None:
     """Alternate roofline and aic; print req/s of each and the ratio."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=5000)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--backend", default="vllm")
+    ap.add_argument("--requests", type=int, default=5000, help="requests simulated per study")
+    ap.add_argument("--rounds", type=int, default=2, help="roofline/aic pairs, alternated")
+    ap.add_argument("--backend", default="vllm", choices=["vllm", "sglang", "trtllm"],
+                    help="aiconfigurator database the aic cost model prices from")
     a = ap.parse_args()
     print(f"{a.requests} requests, Llama-3.1-70B, 4x H200 TP 4; aic backend {a.backend}")
     print(f"{'round':>5} {'roofline req/s':>15} {'aic req/s':>10} {'aic/roof':>9} {'aic build s':>12} "
