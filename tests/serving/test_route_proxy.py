@@ -92,15 +92,19 @@ def test_stream_passes_through_and_disconnect_aborts_upstream(replicas) -> None:
         text = "".join(json.loads(e[6:])["choices"][0]["text"] for e in events[:-1])
         assert text == direct
         # Slow both replicas, start a long stream, read one event and hang up.
-        slow = [SlowStep(s, 0.05) for s in replicas]
+        # 200 ms a step: the stream cannot end while the client reads its first event, even on a loaded
+        # CI machine (at 50 ms it once did: the precondition below failed).
+        slow = [SlowStep(s, 0.2) for s in replicas]
         try:
             with httpx.stream("POST", proxy.url + "/v1/completions", timeout=60,
                               json={"model": "tiny", "prompt": "long one", "max_tokens": 200,
                                     "ignore_eos": True, "stream": True}) as r:
+                assert r.status_code == 200
                 target = replicas[int(r.headers["x-twinserve-replica"])]
-                next(line for line in r.iter_lines() if line.startswith("data: "))
-                assert target.engine.has_unfinished_requests()
-            # 200 tokens at 50 ms a step would take 10 s; the abort frees it at once.
+                first = next(line for line in r.iter_lines() if line.startswith("data: "))
+                assert "error" not in json.loads(first[6:]), first
+                assert target.engine.has_unfinished_requests(), first
+            # 200 tokens at 200 ms a step would take 40 s; the abort frees it at once.
             waited = wait_for(lambda: not target.engine.has_unfinished_requests(), 5.0)
             assert waited < 5.0
         finally:
