@@ -2,12 +2,18 @@
 "TTFT under aic: the structure on the development rows").
 
     python experiments/ttft_structure.py DIR/validation.csv
+    python experiments/ttft_structure.py --breakdown DIR/validation.csv [--before OLD/validation.csv]
 
 Reads a validation.csv of development rows (held-out rows are refused) and prints, per engine, for
 the aggregated rows: the signed and absolute TTFT error and the median `gap` (measured TTFT less the
 simulated engine's TTFT, what the front-end constant covers) by ISL and by concurrency; the gap in
 measured TPOTs of the TensorRT-LLM rows an InferenceX recipe wait applies to; and the front-end
 latency (plus k x predicted TPOT; k = 1 is one extra step for an overlap scheduler) refitted on a 5 ms grid with each development model left out.
+
+--breakdown: every priced row, aggregated and disaggregated: TTFT signed and absolute error (and TPOT's
+absolute error) by engine x mode, concurrency, ISL/OSL and harness; the 4-client aggregated rows' measured
+over simulated engine TTFT (a constant gap is the front end, a constant ratio is the prefill price); with
+--before, the same rows' cells before a change beside them.
 """
 
 from __future__ import annotations
@@ -72,10 +78,54 @@ def recipe_wait_rows(d: pd.DataFrame) -> pd.Series:
             & (d["isl"] == 1024) & (d["osl"] == 1024) & (d["tp"] < 8))
 
 
+def load_all(path: str) -> pd.DataFrame:
+    """Every priced development row of a validation.csv (aggregated and disaggregated), with bins."""
+    d = pd.read_csv(path)
+    if not d["model"].isin(DEV_MODELS).all():
+        raise SystemExit("held-out rows in the file: this script reads development rows only")
+    d = d[d["expressible"] & d["err_ttft"].notna()].copy()
+    d["conc_bin"] = pd.cut(d["concurrency"], [0, 4, 16, 64, 1 << 20], labels=["c<=4", "c5-16", "c17-64", "c>64"])
+    d["io"] = np.where(d["isl"] >= 4 * d["osl"], "prefill-heavy", np.where(d["osl"] >= 4 * d["isl"], "decode-heavy",
+                                                                          "balanced"))
+    return d
+
+
+def _cell(g: pd.DataFrame) -> pd.Series:
+    return pd.Series({"rows": len(g), "ttft_signed": g["err_ttft"].median(), "ttft_abs": g["err_ttft"].abs().median(),
+                      "ttft_w20": (g["err_ttft"].abs() <= 0.2).mean(), "tpot_abs": g["err_tpot"].abs().median()})
+
+
+def breakdown(path: str, before: str | None) -> None:
+    """The --breakdown tables (see the module docstring)."""
+    d = load_all(path)
+    old = load_all(before) if before else None
+    if old is not None:
+        old = old[old["row_id"].isin(d["row_id"])]
+        d = d[d["row_id"].isin(old["row_id"])]
+    print("all rows:", _cell(d).round(3).to_dict())
+    if old is not None:
+        print("before:  ", _cell(old).round(3).to_dict())
+    for by in (["backend", "mode"], ["backend", "mode", "conc_bin"], ["backend", "io"], ["harness", "backend"]):
+        t = d.groupby(by, observed=True)[list(d.columns)].apply(_cell)
+        if old is not None:
+            t = t.join(old.groupby(by, observed=True)[list(old.columns)].apply(_cell), rsuffix="_before")
+        print(t.round(3), "\n")
+    a = d[(d["mode"] == "agg") & (d["concurrency"] <= 4)].copy()
+    a["gap_ms"] = a["meas_ttft_ms"] - a["pred_ttft_engine_ms"]
+    a["ratio"] = a["meas_ttft_ms"] / a["pred_ttft_engine_ms"]
+    print("4-client aggregated rows: measured TTFT - engine TTFT (gap) and measured / engine (ratio), medians")
+    print(a.groupby(["backend", "model", "system"])[["gap_ms", "ratio"]].median().round(2))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("validation", help="a validation.csv of `simulate validate --rows dev`")
+    p.add_argument("--breakdown", action="store_true", help="every priced row's error by engine, mode, clients, ISL/OSL")
+    p.add_argument("--before", help="with --breakdown: the same rows' validation.csv before a change")
     args = p.parse_args(argv)
+    if args.breakdown:
+        breakdown(args.validation, args.before)
+        return 0
     d = load(args.validation)
     pd.set_option("display.width", 200)
     for by in ("isl_bin", "conc_bin"):
