@@ -105,11 +105,14 @@ def breakdown(path: str, before: str | None) -> None:
     print("all rows:", _cell(d).round(3).to_dict())
     if old is not None:
         print("before:  ", _cell(old).round(3).to_dict())
+    pd.set_option("display.width", 250)
+    pd.set_option("display.max_columns", 20)
     for by in (["backend", "mode"], ["backend", "mode", "conc_bin"], ["backend", "io"], ["harness", "backend"]):
         t = d.groupby(by, observed=True)[list(d.columns)].apply(_cell)
-        if old is not None:
-            t = t.join(old.groupby(by, observed=True)[list(old.columns)].apply(_cell), rsuffix="_before")
-        print(t.round(3), "\n")
+        if old is not None:  # the cells before, beside: ttft_signed_b etc.
+            b = old.groupby(by, observed=True)[list(old.columns)].apply(_cell).drop(columns="rows")
+            t = t.join(b.add_suffix("_b"))
+        print(t.round(3).to_string(), "\n")
     a = d[(d["mode"] == "agg") & (d["concurrency"] <= 4)].copy()
     a["gap_ms"] = a["meas_ttft_ms"] - a["pred_ttft_engine_ms"]
     a["ratio"] = a["meas_ttft_ms"] / a["pred_ttft_engine_ms"]
