@@ -14,11 +14,17 @@ latency (plus k x predicted TPOT; k = 1 is one extra step for an overlap schedul
 absolute error) by engine x mode, concurrency, ISL/OSL and harness; the 4-client aggregated rows' measured
 over simulated engine TTFT (a constant gap is the front end, a constant ratio is the prefill price); with
 --before, the same rows' cells before a change beside them.
+
+--sglang-recipe: SGLang's InferenceX DeepSeek-R1 rows with the first token held as their recipes' flags
+hold it (SGLang streams a request's output when its token count is a multiple of --stream-interval, and
+reads new requests every --scheduler-recv-interval iterations): engine TTFT + ((stream interval - 1) +
+(recv interval - 1) / 2) x predicted TPOT, against the front-end constant; a what-if, not the run.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 import numpy as np
@@ -120,12 +126,42 @@ def breakdown(path: str, before: str | None) -> None:
     print(a.groupby(["backend", "model", "system"])[["gap_ms", "ratio"]].median().round(2))
 
 
+def _sglang_recipe(r: pd.Series) -> tuple[int, int]:
+    """(stream interval, scheduler recv interval) of InferenceX's SGLang DeepSeek-R1 recipes
+    (benchmarks/dsr1_fp8_h200.sh, dsr1_fp8_b200.sh, dsr1_fp4_b200.sh); (1, 1) where none is known."""
+    tp = int(re.search(r"tp(\d+)", str(r["parallelism"])).group(1))
+    if r["system"] == "h200_sxm" and r["precision"] == "fp8":
+        return 10, 1
+    if r["system"] == "b200_sxm" and r["precision"] == "fp8":
+        return 30, 10 if (tp != 8 or r["concurrency"] < 16) else 30
+    if r["system"] == "b200_sxm" and r["precision"] == "fp4":
+        return 10, 10 if r["concurrency"] < 16 else 30
+    return 1, 1
+
+
+def sglang_recipe(path: str) -> None:
+    """The --sglang-recipe what-if (see the module docstring)."""
+    d = load_all(path)
+    d = d[(d["backend"] == "sglang") & (d["mode"] == "agg") & (d["harness"] == "inferencex")].copy()
+    flags = d.apply(_sglang_recipe, axis=1, result_type="expand")
+    d["hold_ms"] = ((flags[0] - 1) + (flags[1] - 1) / 2) * d["pred_tpot_ms"]
+    for fe in (0, 100, 300):
+        e0 = (d["pred_ttft_engine_ms"] + fe) / d["meas_ttft_ms"] - 1
+        e1 = (d["pred_ttft_engine_ms"] + fe + d["hold_ms"]) / d["meas_ttft_ms"] - 1
+        print(f"{len(d)} rows, front end {fe} ms: as run {e0.abs().median():.1%} ({e0.median():+.0%}); "
+              f"first token held by the recipe {e1.abs().median():.1%} ({e1.median():+.0%})")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("validation", help="a validation.csv of `simulate validate --rows dev`")
     p.add_argument("--breakdown", action="store_true", help="every priced row's error by engine, mode, clients, ISL/OSL")
     p.add_argument("--before", help="with --breakdown: the same rows' validation.csv before a change")
+    p.add_argument("--sglang-recipe", action="store_true", help="SGLang rows with their recipes' first-token hold")
     args = p.parse_args(argv)
+    if args.sglang_recipe:
+        sglang_recipe(args.validation)
+        return 0
     if args.breakdown:
         breakdown(args.validation, args.before)
         return 0
