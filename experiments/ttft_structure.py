@@ -2,17 +2,29 @@
 "TTFT under aic: the structure on the development rows").
 
     python experiments/ttft_structure.py DIR/validation.csv
+    python experiments/ttft_structure.py --breakdown DIR/validation.csv [--before OLD/validation.csv]
 
 Reads a validation.csv of development rows (held-out rows are refused) and prints, per engine, for
 the aggregated rows: the signed and absolute TTFT error and the median `gap` (measured TTFT less the
 simulated engine's TTFT, what the front-end constant covers) by ISL and by concurrency; the gap in
 measured TPOTs of the TensorRT-LLM rows an InferenceX recipe wait applies to; and the front-end
 latency (plus k x predicted TPOT; k = 1 is one extra step for an overlap scheduler) refitted on a 5 ms grid with each development model left out.
+
+--breakdown: every priced row, aggregated and disaggregated: TTFT signed and absolute error (and TPOT's
+absolute error) by engine x mode, concurrency, ISL/OSL and harness; the 4-client aggregated rows' measured
+over simulated engine TTFT (a constant gap is the front end, a constant ratio is the prefill price); with
+--before, the same rows' cells before a change beside them.
+
+--sglang-recipe: SGLang's InferenceX DeepSeek-R1 rows with the first token held as their recipes' flags
+hold it (SGLang streams a request's output when its token count is a multiple of --stream-interval, and
+reads new requests every --scheduler-recv-interval iterations): engine TTFT + ((stream interval - 1) +
+(recv interval - 1) / 2) x predicted TPOT, against the front-end constant; a what-if, not the run.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 import numpy as np
@@ -72,10 +84,87 @@ def recipe_wait_rows(d: pd.DataFrame) -> pd.Series:
             & (d["isl"] == 1024) & (d["osl"] == 1024) & (d["tp"] < 8))
 
 
+def load_all(path: str) -> pd.DataFrame:
+    """Every priced development row of a validation.csv (aggregated and disaggregated), with bins."""
+    d = pd.read_csv(path)
+    if not d["model"].isin(DEV_MODELS).all():
+        raise SystemExit("held-out rows in the file: this script reads development rows only")
+    d = d[d["expressible"] & d["err_ttft"].notna()].copy()
+    d["conc_bin"] = pd.cut(d["concurrency"], [0, 4, 16, 64, 1 << 20], labels=["c<=4", "c5-16", "c17-64", "c>64"])
+    d["io"] = np.where(d["isl"] >= 4 * d["osl"], "prefill-heavy", np.where(d["osl"] >= 4 * d["isl"], "decode-heavy",
+                                                                          "balanced"))
+    return d
+
+
+def _cell(g: pd.DataFrame) -> pd.Series:
+    return pd.Series({"rows": len(g), "ttft_signed": g["err_ttft"].median(), "ttft_abs": g["err_ttft"].abs().median(),
+                      "ttft_w20": (g["err_ttft"].abs() <= 0.2).mean(), "tpot_abs": g["err_tpot"].abs().median()})
+
+
+def breakdown(path: str, before: str | None) -> None:
+    """The --breakdown tables (see the module docstring)."""
+    d = load_all(path)
+    old = load_all(before) if before else None
+    if old is not None:
+        old = old[old["row_id"].isin(d["row_id"])]
+        d = d[d["row_id"].isin(old["row_id"])]
+    print("all rows:", _cell(d).round(3).to_dict())
+    if old is not None:
+        print("before:  ", _cell(old).round(3).to_dict())
+    pd.set_option("display.width", 250)
+    pd.set_option("display.max_columns", 20)
+    for by in (["backend", "mode"], ["backend", "mode", "conc_bin"], ["backend", "io"], ["harness", "backend"]):
+        t = d.groupby(by, observed=True)[list(d.columns)].apply(_cell)
+        if old is not None:  # the cells before, beside: ttft_signed_b etc.
+            b = old.groupby(by, observed=True)[list(old.columns)].apply(_cell).drop(columns="rows")
+            t = t.join(b.add_suffix("_b"))
+        print(t.round(3).to_string(), "\n")
+    a = d[(d["mode"] == "agg") & (d["concurrency"] <= 4)].copy()
+    a["gap_ms"] = a["meas_ttft_ms"] - a["pred_ttft_engine_ms"]
+    a["ratio"] = a["meas_ttft_ms"] / a["pred_ttft_engine_ms"]
+    print("4-client aggregated rows: measured TTFT - engine TTFT (gap) and measured / engine (ratio), medians")
+    print(a.groupby(["backend", "model", "system"])[["gap_ms", "ratio"]].median().round(2))
+
+
+def _sglang_recipe(r: pd.Series) -> tuple[int, int]:
+    """(stream interval, scheduler recv interval) of InferenceX's SGLang DeepSeek-R1 recipes
+    (benchmarks/dsr1_fp8_h200.sh, dsr1_fp8_b200.sh, dsr1_fp4_b200.sh); (1, 1) where none is known."""
+    tp = int(re.search(r"tp(\d+)", str(r["parallelism"])).group(1))
+    if r["system"] == "h200_sxm" and r["precision"] == "fp8":
+        return 10, 1
+    if r["system"] == "b200_sxm" and r["precision"] == "fp8":
+        return 30, 10 if (tp != 8 or r["concurrency"] < 16) else 30
+    if r["system"] == "b200_sxm" and r["precision"] == "fp4":
+        return 10, 10 if r["concurrency"] < 16 else 30
+    return 1, 1
+
+
+def sglang_recipe(path: str) -> None:
+    """The --sglang-recipe what-if (see the module docstring)."""
+    d = load_all(path)
+    d = d[(d["backend"] == "sglang") & (d["mode"] == "agg") & (d["harness"] == "inferencex")].copy()
+    flags = d.apply(_sglang_recipe, axis=1, result_type="expand")
+    d["hold_ms"] = ((flags[0] - 1) + (flags[1] - 1) / 2) * d["pred_tpot_ms"]
+    for fe in (0, 100, 300):
+        e0 = (d["pred_ttft_engine_ms"] + fe) / d["meas_ttft_ms"] - 1
+        e1 = (d["pred_ttft_engine_ms"] + fe + d["hold_ms"]) / d["meas_ttft_ms"] - 1
+        print(f"{len(d)} rows, front end {fe} ms: as run {e0.abs().median():.1%} ({e0.median():+.0%}); "
+              f"first token held by the recipe {e1.abs().median():.1%} ({e1.median():+.0%})")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("validation", help="a validation.csv of `simulate validate --rows dev`")
+    p.add_argument("--breakdown", action="store_true", help="every priced row's error by engine, mode, clients, ISL/OSL")
+    p.add_argument("--before", help="with --breakdown: the same rows' validation.csv before a change")
+    p.add_argument("--sglang-recipe", action="store_true", help="SGLang rows with their recipes' first-token hold")
     args = p.parse_args(argv)
+    if args.sglang_recipe:
+        sglang_recipe(args.validation)
+        return 0
+    if args.breakdown:
+        breakdown(args.validation, args.before)
+        return 0
     d = load(args.validation)
     pd.set_option("display.width", 200)
     for by in ("isl_bin", "conc_bin"):

@@ -5,8 +5,10 @@ lock step was modelled: sim/validate_engines.py). --spread-gap-lengths: the gap-
 (harness aic_gap) draw lengths on [0.8 L, L] as InferenceX's do (the protocol before Dec 4; they
 now run at exact ISL/OSL). --aic-host-profile: `--cost-model aic` rows priced as before Dec 5 (vLLM
 and SGLang with the engine profile's host time, no kernel scale). --aic-kernel-only: `--cost-model
-aic` rows without host time or kernel scale (backends/sim/aic/cost_model.SERVING_TERMS off). Every
-other argument goes to `simulate validate`:
+aic` rows without host time or kernel scale (backends/sim/aic/cost_model.SERVING_TERMS off).
+--disagg-ttft-prefill: disaggregated rows count TTFT at the prefill replica's first token (before Dec 5
+midday; they now count it at the decode replica's first step, sim/disagg.py). Every other argument goes
+to `simulate validate`:
 
     python experiments/validate_variants.py --mixed -- --silicon --rows dev --backend sglang --out before
 """
@@ -32,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--aic-host-profile", action="store_true",
                    help="aic rows as before 2026-12-05: vLLM and SGLang pay the cuda_graph_python profile's "
                         "host time, no kernel scale; TensorRT-LLM kernels only")
+    p.add_argument("--disagg-ttft-prefill", action="store_true",
+                   help="disaggregated rows' TTFT at the prefill replica's first token (before 2026-12-05 midday)")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of `simulate validate` (after --)")
     args = p.parse_args(argv)
     if args.mixed:
@@ -54,6 +58,15 @@ def main(argv: list[str] | None = None) -> int:
         old = {b: ServingTerms(step_s=prof.step_overhead_s, per_seq_s=prof.per_seq_overhead_s)
                for b in ("vllm", "sglang")}
         validate_rows.aic_serving_terms = lambda backend: old.get(backend, ServingTerms())
+    if args.disagg_ttft_prefill:
+        plan = validate_rows.row_plan
+
+        def row_plan(*a, **kw):
+            out = plan(*a, **kw)
+            out.cfg.cluster.disagg_first_token = "prefill"
+            return out
+
+        validate_rows.row_plan = row_plan  # row_study reads the module's row_plan at call time
     rest = [a for a in args.rest if a != "--"]
     return simulate_main(["validate", *rest])
 

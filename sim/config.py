@@ -217,6 +217,14 @@ class _ClusterBase:
                                     range=(1e6, 1e15), special={0: "the hardware catalog's interconnect"})
     kv_link_latency_s: float = knob(20e-6, help="disaggregation: KV transfer latency", unit="seconds",
                                     range=(0.0, 60.0))
+    # Where a disaggregated request's first token reaches the client (sim/disagg.py): "prefill", the
+    # prefill replica's sampled token (the default, as before); "decode", the decode replica's first
+    # step for it, after the KV transfer, as the serving front ends stream it (trtllm-serve's disaggregated
+    # server relays the generation server's stream; vLLM's P/D proxies and Dynamo stream from the decode
+    # worker; SGLang's router returns the decode server's response).
+    disagg_first_token: str = knob("prefill", help="disaggregation: the client's first token, from the prefill "
+                                   "replica or the decode replica's first step (after the KV transfer)",
+                                   choices=("prefill", "decode"))
 
 
 def _router_config(self: Any) -> RouterConfig:

@@ -2,7 +2,10 @@
 
 A prefill replica computes the prompt and first token; the KV crosses the link (latency + bytes /
 bandwidth) to the least loaded decode replica, where it is a prefill that holds blocks and budget
-but costs no time. TTFT comes from the prefill replica, later tokens from the decode replica.
+but costs no time. TTFT comes from the prefill replica (first_token "prefill", the default) or from
+the decode replica's first step for the request ("decode": the serving front ends stream the client's
+tokens from the decode worker, so the KV transfer and that step count into TTFT); later tokens come
+from the decode replica.
 """
 
 from __future__ import annotations
@@ -140,8 +143,12 @@ class DisaggregatedSimulation(ClusterSimulation):
     """Prefill replicas [0, num_prefill) and decode replicas [num_prefill, n)."""
 
     def __init__(self, replicas, workload, router, num_prefill: int, link_bandwidth: float,
-                 link_latency_s: float, kv_bytes_per_token: int, **kw) -> None:
+                 link_latency_s: float, kv_bytes_per_token: int, first_token: str = "prefill",
+                 **kw) -> None:
         super().__init__(replicas, workload, router, **kw)
+        if first_token not in ("prefill", "decode"):
+            raise ValueError(f"first_token {first_token!r}: 'prefill' or 'decode'")
+        self.first_token_from = first_token
         self.num_prefill = num_prefill
         self.loads = [r.load for r in self.replicas[:num_prefill]]
         self.decode_loads = [r.load for r in self.replicas[num_prefill:]]
@@ -206,6 +213,12 @@ class DisaggregatedSimulation(ClusterSimulation):
         rep.load.outstanding -= 1
         half = self._halves.pop(rid)
         first = half.first_token_time
+        if self.first_token_from == "decode" and req.first_token_time is not None:
+            # The client's first chunk is the decode replica's first step for the request (it carries
+            # the prefill's token with the step's own): TTFT takes the transfer and the wait for that
+            # step; the request's token count is unchanged. (The first_token hook still fires on the
+            # prefill replica: a lower bound of this TTFT, so a miss it counts is certain.)
+            first = req.first_token_time
         self._record(rep, RequestRecord(
             rid, item.arrival_time, item.num_prompt_tokens, 1 + len(req.output_token_ids),
             half.first_scheduled_time, first, req.finish_time, half.prefix_hit_tokens,

@@ -403,6 +403,10 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
         pre.count, dec.count = assumed.prefill, assumed.decode
         plan.layout, plan.counts = assumed.note(), (assumed.prefill, assumed.decode)
     c = cfg.cluster
+    # The benchmark's client reads its tokens from the decode worker's stream (trtllm-serve's
+    # disaggregated server, Dynamo, vLLM's P/D proxy, SGLang's router): the KV transfer and the decode
+    # worker's first step for the request count into TTFT (sim/disagg.py).
+    c.disagg_first_token = "decode"
     c.num_replicas = pre.count + dec.count
     c.num_prefill_replicas = pre.count
     c.router = "least_outstanding" if "least_outstanding" in _routers() else c.router

@@ -192,6 +192,32 @@ def test_disaggregation_moves_kv_at_link_cost_and_keeps_every_token() -> None:
     assert slow.routed[0] == 120
 
 
+def test_disaggregated_first_token_from_the_decode_replica_waits_for_the_transfer_and_its_step() -> None:
+    """disagg_first_token = "decode": the client's first token is the decode replica's first step for
+    the request (the front ends stream from the decode worker), so TTFT takes the KV transfer and
+    that step; the run itself, the token counts and the finish times are the same as "prefill"'s."""
+    fields = dict(kv_link_latency_s=0.5, **DISAGG)
+    pre_built, pre = simulate_cluster(small_config(**fields))
+    _, dec = simulate_cluster(small_config(disagg_first_token="decode", **fields))
+    link = pre_built.simulation.transfer_seconds
+    by_id = {r.request_id: r for r in pre.total.records}
+    multi = 0
+    for r in dec.total.records:
+        p = by_id[r.request_id]
+        assert (r.finish_time, r.num_output_tokens, r.arrival_time) == \
+            (p.finish_time, p.num_output_tokens, p.arrival_time)
+        if r.num_output_tokens == 1:  # nothing to decode: the prefill replica's token is the client's
+            assert r.first_token_time == p.first_token_time
+            continue
+        multi += 1
+        # After the prefill's token, the transfer, then at least one decode step.
+        assert r.first_token_time > p.first_token_time + link(r.num_prompt_tokens) >= 0.5
+        # The decode replica's first step is the one the prefill run records as the second token.
+        assert r.first_token_time == p.token_times[1]
+        assert r.token_times[0] == r.token_times[1] == r.first_token_time
+    assert multi > 100
+
+
 def test_disaggregation_summary_and_per_replica_pools(tmp_path) -> None:
     out = tmp_path / "d"
     assert cli.main(["run", "--set", "num_replicas=3", "--set", "num_prefill_replicas=1",

@@ -72,6 +72,10 @@ def test_disagg_row_maps_prefill_and_decode_workers_at_their_own_tp(rows: pd.Dat
     assert tps == [1] * 40 + [4] * 6
     assert vr.num_gpus(r) == 40 * 1 + 6 * 4
     assert vr.parallelism(r) == "P 40x tp1 | D 6x tp4"
+    # The client's first token comes from the decode worker's stream (sim/disagg.py); an aggregated
+    # row keeps the default (no decode replicas).
+    assert c.disagg_first_token == "decode"
+    assert row_study(_row(rows, AGG_70B)).cluster.disagg_first_token == "prefill"
 
 
 def test_unexpressible_rows_give_a_reason(rows: pd.DataFrame) -> None:
