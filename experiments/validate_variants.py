@@ -7,8 +7,9 @@ now run at exact ISL/OSL). --aic-host-profile: `--cost-model aic` rows priced as
 and SGLang with the engine profile's host time, no kernel scale). --aic-kernel-only: `--cost-model
 aic` rows without host time or kernel scale (backends/sim/aic/cost_model.SERVING_TERMS off).
 --disagg-ttft-prefill: disaggregated rows count TTFT at the prefill replica's first token (before Dec 5
-midday; they now count it at the decode replica's first step, sim/disagg.py). Every other argument goes
-to `simulate validate`:
+midday; they now count it at the decode replica's first step, sim/disagg.py). --no-recipes: every row
+with its engine's defaults, no InferenceX recipe flags (before 2026-12-05 10:00; sim/validate_recipes.py).
+Every other argument goes to `simulate validate`:
 
     python experiments/validate_variants.py --mixed -- --silicon --rows dev --backend sglang --out before
 """
@@ -36,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
                         "host time, no kernel scale; TensorRT-LLM kernels only")
     p.add_argument("--disagg-ttft-prefill", action="store_true",
                    help="disaggregated rows' TTFT at the prefill replica's first token (before 2026-12-05 midday)")
+    p.add_argument("--no-recipes", action="store_true",
+                   help="no InferenceX recipe flags: every row with its engine's defaults (before 2026-12-05 10:00)")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of `simulate validate` (after --)")
     args = p.parse_args(argv)
     if args.mixed:
@@ -67,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
             return out
 
         validate_rows.row_plan = row_plan  # row_study reads the module's row_plan at call time
+    if args.no_recipes:
+        from twinserve.sim.validate_recipes import DEFAULT
+        validate_rows.row_recipe = lambda row: DEFAULT  # row_plan reads the module's name at call time
     rest = [a for a in args.rest if a != "--"]
     return simulate_main(["validate", *rest])
 

@@ -57,6 +57,11 @@ class SchedulerConfig:
                                    "its whole prompt fits in this less the step's tokens (SGLang's "
                                    "max_prefill_tokens)", unit="tokens", range=(1, _INT32_MAX),
                                    special={0: "no cap"})
+    # SGLang's --scheduler-recv-interval (managers/scheduler_recv_skipper.py): Scheduler._received.
+    recv_interval: int = knob(1, help="new requests are read only every this many decode steps (a step "
+                              "with a prefill, or an idle engine, reads at once; SGLang's "
+                              "--scheduler-recv-interval)", unit="steps", range=(1, _INT32_MAX),
+                              special={1: "read every step"})
     # 0 = strict order, which can starve requests forever.
     aging_interval_s: float = knob(30.0, help="against starvation: each interval waited raises a request "
                                    "one priority level", unit="seconds", range=(0.0, 1e9),

@@ -76,6 +76,11 @@ class Scheduler(OutputUpdate):
         self._step_partial: list[Request] = []
         # Error outputs of requests failed while scheduling; update_from_output returns them.
         self.failed_outputs: list[EngineCoreOutput] = []
+        # recv_interval > 1 (SGLang's receive poll, _received): requests added since the last poll,
+        # the poll counter, and whether the last step prefilled.
+        self.unreceived: list[Request] = []
+        self.recv_counter = 0
+        self._last_step_prefill = False
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: Request) -> None:
@@ -118,6 +123,8 @@ class Scheduler(OutputUpdate):
         request.status = RequestStatus.WAITING
         self.requests[rid] = request
         self.waiting.add(request)
+        if cfg.recv_interval > 1:
+            self.unreceived.append(request)
 
     def abort_requests(self, request_ids: Iterable[str],
                        reason: FinishReason = FinishReason.ABORT, now: float | None = None
@@ -172,10 +179,48 @@ class Scheduler(OutputUpdate):
     # ------------------------------------------------------------------ schedule
     def schedule(self, now: float) -> SchedulerOutput:
         """Pick this step's batch; the batch policy decides whether prefill and decode share it."""
-        so = self.batch_policy.schedule(self, now)
+        if self.config.recv_interval <= 1:
+            so = self.batch_policy.schedule(self, now)
+        else:
+            unread = self._received()
+            if unread:  # not read yet: out of the queue for this step (the newest, at its tail)
+                for req in unread:
+                    self.waiting.remove(req)
+                so = self.batch_policy.schedule(self, now)
+                for req in unread:
+                    self.waiting.add(req)
+            else:
+                so = self.batch_policy.schedule(self, now)
+            # A step with any prompt tokens is an extend batch for the poll's weight.
+            self._last_step_prefill = bool(so.scheduled_new_reqs) or (
+                so.total_num_scheduled_tokens > len(so.num_scheduled_tokens)
+                + sum(len(d) for d in so.scheduled_spec_decode_tokens.values()))
         if self._stalled:
             self._fail_stalled(now)
         return so
+
+    def _received(self) -> list[Request]:
+        """SGLang's receive poll (--scheduler-recv-interval N): the requests still unread this step.
+
+        SGLang (python/sglang/srt/managers/scheduler_recv_skipper.py, `SchedulerRecvSkipper.handle`, called
+        by `Scheduler.recv_requests` at the top of each loop iteration) adds the last batch's weight to a
+        counter: 1 for a decode (or verify) batch or no batch, 1000 (SGLANG_SCHEDULER_RECV_SKIPPER_WEIGHT_
+        DEFAULT) for any other (an extend, i.e. a prefill), and reads the socket only when the counter
+        reaches N, then zeroes it. So after a prefill step new requests are read at once; during decodes,
+        every N steps. An idle engine spins its loop (no forward pass, weight 1 a turn, microseconds):
+        read at once here. Decode steps applied without schedule() (fast_forward) count through
+        recv_counter too.
+        """
+        self.recv_counter += 1000 if self._last_step_prefill else 1
+        self._last_step_prefill = False
+        if self.recv_counter >= self.config.recv_interval or not self.running:
+            self.recv_counter = 0
+            self.unreceived.clear()
+            return []
+        # Finished or aborted requests leave the list (an abort may come before the read).
+        unread = [r for r in self.unreceived if r.status == RequestStatus.WAITING and r.request_id in self.requests]
+        self.unreceived = unread
+        return unread
 
     def schedule_batch(self, now: float, running: list[Request] | None = None,
                        admit: bool = True) -> SchedulerOutput:

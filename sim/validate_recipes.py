@@ -1,0 +1,149 @@
+"""The server flags each InferenceX row was measured with (its recipe), as a small declared table.
+
+InferenceX (SemiAnalysisAI/InferenceX) launches each engine from a script per model x GPU x precision
+(`benchmarks/<model>_<precision>_<gpu>[_<engine>].sh`); the script sets the serving flags, sometimes
+branching on the client count (CONC) or TP. What a measurement ran with is a fact about the measurement,
+not a fit: each entry names its script (read at the commit given, through the library's code index;
+the scripts changed over time, so a row measured before that commit may have run an earlier version).
+A row with no entry (a model or GPU whose script was not found, a gap-analysis row, a disaggregated
+row) runs its engine's defaults (sim/validate_engines.py): stream interval 1, receive every step.
+
+Flags and what the simulator does with them:
+
+- `--scheduler-recv-interval N` (SGLang): new requests are read every N decode steps, at once after a
+  prefill step or on an idle engine: SchedulerConfig.recv_interval (core/sched/scheduler.py _received).
+- `--chunked-prefill-size`, `--max-prefill-tokens` (SGLang): the step's prompt-token budget and the
+  prefill_first admission cap: SchedulerConfig.max_num_batched_tokens and max_prefill_tokens.
+- `--max-running-requests` (SGLang): the running-request cap: SchedulerConfig.max_num_seqs.
+- `--stream-interval N` (SGLang): recorded, and changes neither the client's TTFT nor its TPOT in the
+  rows' SGLang versions (0.5.x): `stream_output_generation` (python/sglang/srt/managers/
+  scheduler_output_processor_mixin.py) sends a streaming request's output when
+  `len(req.output_ids) % stream_interval == 1` for an interval above 1 (`== 0` for 1), so the first
+  token goes out at once, and a finished request always sends what it has. The client's TTFT (first
+  chunk) and TPOT ((latency - TTFT) / (tokens - 1)) see the same times as with interval 1; only the
+  chunks in between are grouped (sglang_stream_points). The older rule (`% stream_interval == 0`,
+  which held the first token for N - 1 steps) is not in any row's version.
+- Not modelled (said so, not approximated): speculative decoding (GLM-5's EAGLE flags), attention
+  backends and kernel choices, CUDA-graph batch caps, TensorRT-LLM's batch waits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+_INFERENCEX_REPO = "SemiAnalysisAI/InferenceX"
+
+
+@dataclass(slots=True, frozen=True)
+class Recipe:
+    """The serving flags of one row's measurement (0: the flag not set, the engine's default)."""
+
+    source: str  # the recipe script (InferenceX path @ commit), or why the defaults stand
+    stream_interval: int = 1
+    recv_interval: int = 1
+    chunked_prefill_size: int = 0
+    max_prefill_tokens: int = 0
+    max_running_requests: int = 0
+    unmodelled: str = ""  # flags the script sets that the simulator does not reproduce
+
+
+DEFAULT = Recipe("no InferenceX recipe known for this row: the engine's defaults")
+
+
+def _dsr1_fp8_h200(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp8_h200.sh @1fc5d73", stream_interval=10,
+                  chunked_prefill_size=32768, max_prefill_tokens=32768,
+                  max_running_requests=512 if (isl, osl) == (1024, 1024) else 256,
+                  unmodelled="--attention-backend flashinfer, --cuda-graph-max-bs")
+
+
+def _dsr1_fp8_b200(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+    src = f"{_INFERENCEX_REPO} benchmarks/dsr1_fp8_b200.sh @1fc5d73"
+    rest = "--attention-backend trtllm_mla, --moe-runner-backend flashinfer_trtllm, --cuda-graph-max-bs"
+    if tp == 4:  # the script's TP 4 branch (ISL 8192 / OSL 1024 only)
+        return Recipe(src, 30, 10, 8192, 8192, 32, rest)
+    return Recipe(src, 30, 30 if conc >= 16 else 10, 32768, 32768, 128, rest)
+
+
+def _dsr1_fp4_b200(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp4_b200.sh @1fc5d73", stream_interval=10,
+                  recv_interval=30 if conc >= 16 else 10, chunked_prefill_size=16384,
+                  max_running_requests=256,
+                  unmodelled="--attention-backend trtllm_mla, --moe-runner-backend flashinfer_trtllm, "
+                             "--enable-symm-mem, --cuda-graph-max-bs")
+
+
+def _glm5_fp8_b200(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/glm5_fp8_b200.sh @87af9d6", max_running_requests=128,
+                  unmodelled="--speculative-algorithm EAGLE (3 steps, 4 draft tokens), --cuda-graph-max-bs")
+
+
+def _qwen35_fp8_b200(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/single_node/qwen3.5_fp8_b200.sh @01fa35c", stream_interval=30,
+                  recv_interval=30 if conc >= 16 else 10, chunked_prefill_size=32768,
+                  max_prefill_tokens=32768, max_running_requests=128,
+                  unmodelled="--attention-backend trtllm_mha, --tokenizer-worker-num 6, --cuda-graph-max-bs")
+
+
+# (backend, model, system, precision) -> the recipe for the row's (ISL, OSL, clients, TP). Models with
+# InferenceX rows and no entry: looked up, no script found for that backend x GPU (the defaults stand):
+# SGLang DeepSeek-V3 (every GPU), SGLang DeepSeek-R1 on GB200 aggregated, GLM-5 on H200 / B300 and FP4,
+# Qwen3.5 on H200 / B300 and BF16 / FP4. vLLM and TensorRT-LLM rows: their recipes set no flag the
+# simulator models differently from the defaults it runs (docs/validate-accuracy.md, 2026-12-05 notes).
+RECIPES: dict[tuple[str, str, str, str], Callable[[int, int, int, int], Recipe]] = {
+    ("sglang", "DeepSeek-R1", "h200_sxm", "fp8"): _dsr1_fp8_h200,
+    ("sglang", "DeepSeek-R1", "b200_sxm", "fp8"): _dsr1_fp8_b200,
+    ("sglang", "DeepSeek-R1", "b200_sxm", "fp4"): _dsr1_fp4_b200,
+    ("sglang", "GLM-5", "b200_sxm", "fp8"): _glm5_fp8_b200,
+    ("sglang", "Qwen3.5-397B-A17B", "b200_sxm", "fp8"): _qwen35_fp8_b200,
+}
+
+
+def _int(v: Any, default: int = 0) -> int:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return default
+    return default if math.isnan(f) else int(f)
+
+
+def row_recipe(row: Any) -> Recipe:
+    """The recipe a row was measured with; DEFAULT where none is known (not InferenceX, disaggregated,
+    or no script for its backend x model x GPU x precision)."""
+    from twinserve.sim.validate_protocol import INFERENCEX, harness
+    if harness(row) != INFERENCEX or row.get("mode") == "disagg":
+        return DEFAULT
+    fn = RECIPES.get((str(row.get("backend")), str(row.get("model")), str(row.get("system")),
+                      str(row.get("precision"))))
+    if fn is None:
+        return DEFAULT
+    return fn(_int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1),
+              _int(row.get("tp_size"), 1))
+
+
+def apply_recipe(recipe: Recipe, sched: Any) -> None:
+    """Set the recipe's flags on a row study's SchedulerConfig (flags not set leave the defaults)."""
+    sched.recv_interval = max(1, recipe.recv_interval)
+    if recipe.chunked_prefill_size:
+        sched.max_num_batched_tokens = recipe.chunked_prefill_size
+    if recipe.max_prefill_tokens:  # else SGLang's default (16,384) stays
+        sched.max_prefill_tokens = recipe.max_prefill_tokens
+    if recipe.max_running_requests:
+        sched.max_num_seqs = recipe.max_running_requests
+
+
+def sglang_stream_points(num_tokens: int, interval: int) -> list[int]:
+    """Output-token counts at which SGLang 0.5.x sends a streaming request's output to the client.
+
+    `stream_output_generation`: unfinished, interval > 1: `len(output_ids) % interval == 1`; interval 1:
+    every token; finished: always. So the first token (count 1) is always sent at once, and so is the
+    last: the client's TTFT and TPOT do not depend on the interval.
+    """
+    if num_tokens < 1 or interval < 1:
+        raise ValueError(f"num_tokens {num_tokens} and interval {interval} must be >= 1")
+    if interval == 1:
+        return list(range(1, num_tokens + 1))
+    pts = [n for n in range(1, num_tokens) if n % interval == 1]
+    return pts + [num_tokens]

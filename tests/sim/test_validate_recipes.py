@@ -1,0 +1,73 @@
+"""InferenceX recipes (sim/validate_recipes.py): the flags a row's server ran with, set on its study."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from twinserve.sim.validate_recipes import DEFAULT, row_recipe, sglang_stream_points
+
+_IX = "source_file=2026-04-06.csv"  # an InferenceX export (sim/validate_protocol.harness)
+_GAP = "source_file=/Users/x/aic-auto-gap-analysis/rows.csv"
+
+
+def _row(**kw) -> pd.Series:
+    base = dict(silicon_data_source=_IX, backend="sglang", model="DeepSeek-R1", system="b200_sxm",
+                precision="fp8", mode="agg", isl=1024, osl=1024, concurrency=4, tp_size=8)
+    base.update(kw)
+    return pd.Series(base)
+
+
+@pytest.mark.parametrize("kw, stream, recv, chunk, running", [
+    # benchmarks/dsr1_fp8_b200.sh: TP 8, CONC >= 16 -> recv 30, else 10; stream 30; chunk 32768; 128 running.
+    ({}, 30, 10, 32768, 128), ({"concurrency": 16}, 30, 30, 32768, 128),
+    # its TP 4 branch: recv 10, chunk 8192, 32 running.
+    ({"tp_size": 4, "isl": 8192, "concurrency": 64}, 30, 10, 8192, 32),
+    # benchmarks/dsr1_fp4_b200.sh: stream 10, recv 10 / 30 by CONC, chunk 16384, 256 running.
+    ({"precision": "fp4", "concurrency": 32}, 10, 30, 16384, 256),
+    # benchmarks/dsr1_fp8_h200.sh: stream 10, no recv interval, chunk 32768, 512 running at 1k/1k.
+    ({"system": "h200_sxm"}, 10, 1, 32768, 512), ({"system": "h200_sxm", "isl": 8192}, 10, 1, 32768, 256),
+])
+def test_a_known_recipe_gives_its_scripts_flags(kw, stream, recv, chunk, running) -> None:
+    r = row_recipe(_row(**kw))
+    assert "InferenceX benchmarks/" in r.source
+    assert (r.stream_interval, r.recv_interval, r.chunked_prefill_size, r.max_running_requests) == (
+        stream, recv, chunk, running)
+
+
+@pytest.mark.parametrize("kw", [
+    {"silicon_data_source": _GAP},  # aiconfigurator's own harness: no InferenceX recipe
+    {"mode": "disagg"},  # disaggregated: the aggregated scripts do not apply
+    {"model": "DeepSeek-V3"},  # no script found
+    {"system": "gb200"},
+    {"backend": "vllm"},
+])
+def test_an_unknown_recipe_falls_back_to_the_engine_defaults(kw) -> None:
+    assert row_recipe(_row(**kw)) is DEFAULT
+    assert (DEFAULT.stream_interval, DEFAULT.recv_interval, DEFAULT.chunked_prefill_size) == (1, 1, 0)
+
+
+def test_a_rows_study_runs_with_its_recipe() -> None:
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.validate_rows import load_rows, row_study
+    rows = load_rows()
+    pick = rows[(rows["backend"] == "sglang") & (rows["model"] == "DeepSeek-R1") & (rows["mode"] == "agg")
+                & (rows["system"] == "b200_sxm") & (rows["precision"] == "fp8")
+                & (rows["concurrency"] < 16) & (rows["tp_size"] == 8)]
+    r = pick.iloc[0]
+    s = row_study(r, "aic").scheduler
+    assert (s.recv_interval, s.max_num_batched_tokens, s.max_prefill_tokens, s.max_num_seqs) == (10, 32768, 32768, 128)
+    # The same row under aiconfigurator's harness: the engine's defaults (B200: 16,384-token chunks).
+    g = r.copy()
+    g["silicon_data_source"] = _GAP
+    s = row_study(g, "aic").scheduler
+    assert (s.recv_interval, s.max_num_batched_tokens, s.max_prefill_tokens) == (1, 16384, 16384)
+
+
+@pytest.mark.parametrize("n, interval, points", [
+    (25, 10, [1, 11, 21, 25]),  # the first token at once, then every 10, the last at the finish
+    (3, 30, [1, 3]), (1, 30, [1]), (4, 1, [1, 2, 3, 4]),
+])
+def test_sglang_streams_the_first_and_last_token_at_once(n, interval, points) -> None:
+    # scheduler_output_processor_mixin.stream_output_generation: % interval == 1 (interval > 1), finished always.
+    assert sglang_stream_points(n, interval) == points
