@@ -19,6 +19,11 @@ over simulated engine TTFT (a constant gap is the front end, a constant ratio is
 hold it (SGLang streams a request's output when its token count is a multiple of --stream-interval, and
 reads new requests every --scheduler-recv-interval iterations): engine TTFT + ((stream interval - 1) +
 (recv interval - 1) / 2) x predicted TPOT, against the front-end constant; a what-if, not the run.
+(SGLang 0.5.x in fact sends the first token at once whatever the stream interval: sim/validate_recipes.py.)
+
+--frontend-refit: every priced row (aggregated and disaggregated) of each engine: the median |TTFT error|
+with FRONTEND_LATENCY_S as set, the latency minimising it in sample (5 ms grid), and the same fit with
+each development model left out (the left-out model's rows priced with the others' latency).
 """
 
 from __future__ import annotations
@@ -152,13 +157,31 @@ def sglang_recipe(path: str) -> None:
               f"first token held by the recipe {e1.abs().median():.1%} ({e1.median():+.0%})")
 
 
+def frontend_refit(path: str) -> None:
+    """The --frontend-refit table (see the module docstring)."""
+    d = load_all(path)
+    for backend, g in d.groupby("backend"):
+        now = np.median(np.abs(_err(g, 1000 * FRONTEND_LATENCY_S.get(str(backend), 0.0), 0)))
+        best = _best(g, 0)
+        lomo, notes = leave_one_model_out(g, 0)
+        print(f"{backend} ({len(g)} rows: {', '.join(f'{m} {n}' for m, n in g['model'].value_counts().items())}): "
+              f"as set {1000 * FRONTEND_LATENCY_S.get(str(backend), 0.0):.0f} ms {now:.1%}; 0 ms "
+              f"{np.median(np.abs(_err(g, 0, 0))):.1%}; in sample {best:.0f} ms "
+              f"{np.median(np.abs(_err(g, best, 0))):.1%}; each model left out {lomo:.1%}: {', '.join(notes)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("validation", help="a validation.csv of `simulate validate --rows dev`")
     p.add_argument("--breakdown", action="store_true", help="every priced row's error by engine, mode, clients, ISL/OSL")
     p.add_argument("--before", help="with --breakdown: the same rows' validation.csv before a change")
     p.add_argument("--sglang-recipe", action="store_true", help="SGLang rows with their recipes' first-token hold")
+    p.add_argument("--frontend-refit", action="store_true", help="FRONTEND_LATENCY_S refitted per engine, "
+                   "each development model left out")
     args = p.parse_args(argv)
+    if args.frontend_refit:
+        frontend_refit(args.validation)
+        return 0
     if args.sglang_recipe:
         sglang_recipe(args.validation)
         return 0

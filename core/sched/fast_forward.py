@@ -115,7 +115,7 @@ def apply_decode_steps(scheduler: Scheduler, end_times: list[float],
     if get is None and token_ids is None:
         raise TypeError("apply_decode_steps needs token_ids or repeat")
     k_steps = len(end_times)
-    scheduler.recv_counter += k_steps  # decode steps count toward the receive poll (Scheduler._received)
+    scheduler.advance_recv(k_steps)  # decode steps count toward the receive poll (Scheduler._received)
     kv = scheduler.kv
     bs = kv.block_size
     caching = kv.enable_caching

@@ -257,7 +257,7 @@ class LazyDecodes:
         """fast_forward.apply_decode_steps for len(end_times) steps (at most plan's count)."""
         k = len(end_times)
         sched = self.sched
-        sched.recv_counter += k  # decode steps count toward the receive poll (Scheduler._received)
+        sched.advance_recv(k)  # decode steps count toward the receive poll (Scheduler._received)
         kv = self.kv
         sched.finished_req_ids = set()
         new_at, hits, counts = self._take(k)

@@ -199,6 +199,19 @@ class Scheduler(OutputUpdate):
             self._fail_stalled(now)
         return so
 
+    def advance_recv(self, k: int) -> None:
+        """k decode steps applied without schedule() (fast_forward, lazy decodes): the receive poll's
+        counter as k schedule() calls would leave it (each adds the step before's weight and reads at N,
+        zeroing it; nothing waits during such a run, so nothing is read)."""
+        n = self.config.recv_interval
+        if n <= 1 or k <= 0:
+            return
+        c = self.recv_counter + (1000 if self._last_step_prefill else 1)
+        if c >= n:
+            c = 0
+        self.recv_counter = (c + k - 1) % n
+        self._last_step_prefill = False
+
     def _received(self) -> list[Request]:
         """SGLang's receive poll (--scheduler-recv-interval N): the requests still unread this step.
 
@@ -209,7 +222,7 @@ class Scheduler(OutputUpdate):
         reaches N, then zeroes it. So after a prefill step new requests are read at once; during decodes,
         every N steps. An idle engine spins its loop (no forward pass, weight 1 a turn, microseconds):
         read at once here. Decode steps applied without schedule() (fast_forward) count through
-        recv_counter too.
+        advance_recv.
         """
         self.recv_counter += 1000 if self._last_step_prefill else 1
         self._last_step_prefill = False

@@ -59,3 +59,33 @@ def test_interval_one_reads_at_once_and_an_idle_engine_reads_at_once() -> None:
 def test_recv_interval_must_be_positive() -> None:
     with pytest.raises(InvalidConfigError):
         SchedulerConfig(recv_interval=0)
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from twinserve.core.fake_executor import FakeExecutor  # noqa: E402
+
+from .helpers import drive, reference_output  # noqa: E402
+from .test_scheduler_properties import _fields, workloads  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.sampled_from([2, 5, 30]), st.sampled_from(["mixed", "prefill_first"]))
+def test_a_receive_poll_delays_admissions_only_and_outputs_stay_exact(w, interval, policy) -> None:
+    """Random workloads under a receive poll: every request finishes with its exact output, no step
+    passes the budget, and every block comes back (the poll's timing is pinned by the tests above)."""
+    cfg, arrivals = w
+    cfg = SchedulerConfig(**{**_fields(cfg), "batch_policy": policy, "recv_interval": interval})
+
+    def check(core, so, waiting_before):
+        assert so.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
+        # An unread request is never in a step.
+        assert not {r.request_id for r in core.scheduler.unreceived} & set(so.num_scheduled_tokens)
+
+    core, log = drive(cfg, arrivals, check=check)
+    ex = FakeExecutor(block_size=cfg.block_size)
+    for a in arrivals:
+        assert log.outputs[a.request.request_id] == reference_output(ex, a.request, cfg.max_model_len)
+    kv = core.scheduler.kv
+    assert kv.num_free_blocks == cfg.num_blocks and not kv.req_to_blocks

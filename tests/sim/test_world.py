@@ -25,6 +25,10 @@ FF_CASES = {
     "max_model_len_stop": {"max_model_len": 600, "prompt_mean": 500, "output_mean": 300},
     "block_size_1": {"block_size": 1, "num_requests": 40},
     "sjf_bursty": {"policy": "sjf", "arrival": "gamma", "burstiness": 0.3, "rate": 10.0},
+    # SGLang's receive poll: fast-forwarded decode steps advance its counter as stepped ones do.
+    "recv_poll": {"recv_interval": 7, "batch_policy": "prefill_first", "rate": 8.0},
+    "recv_poll_no_cache": {"recv_interval": 7, "batch_policy": "prefill_first", "rate": 8.0,
+                           "enable_prefix_caching": False},
 }
 
 
