@@ -19,7 +19,8 @@ over simulated engine TTFT (a constant gap is the front end, a constant ratio is
 hold it (SGLang streams a request's output when its token count is a multiple of --stream-interval, and
 reads new requests every --scheduler-recv-interval iterations): engine TTFT + ((stream interval - 1) +
 (recv interval - 1) / 2) x predicted TPOT, against the front-end constant; a what-if, not the run.
-(SGLang 0.5.x in fact sends the first token at once whatever the stream interval: sim/validate_recipes.py.)
+(Superseded: SGLang 0.5.x sends the first token at once whatever the stream interval, and the receive
+poll now runs in the row studies: sim/validate_recipes.py, docs/validate-accuracy.md 2026-12-05 10:00.)
 
 --frontend-refit: every priced row (aggregated and disaggregated) of each engine: the median |TTFT error|
 with FRONTEND_LATENCY_S as set, the latency minimising it in sample (5 ms grid), and the same fit with

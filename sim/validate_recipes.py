@@ -22,7 +22,8 @@ Flags and what the simulator does with them:
   token goes out at once, and a finished request always sends what it has. The client's TTFT (first
   chunk) and TPOT ((latency - TTFT) / (tokens - 1)) see the same times as with interval 1; only the
   chunks in between are grouped (sglang_stream_points). The older rule (`% stream_interval == 0`,
-  which held the first token for N - 1 steps) is not in any row's version.
+  which held the first token for N - 1 steps) is in older trees; sgl-project/sglang 5294b03 (mid 2025,
+  `BatchTokenIDOut` era) and 004ec01 already have the one above.
 - Not modelled (said so, not approximated): speculative decoding (GLM-5's EAGLE flags), attention
   backends and kernel choices, CUDA-graph batch caps, TensorRT-LLM's batch waits.
 """
