@@ -4,9 +4,15 @@ decode steps, at once after a prefill step or on an idle engine (core/sched/sche
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from twinserve.core import ModelRunnerOutput, Request, SamplingParams, Scheduler, SchedulerConfig
 from twinserve.core.errors import InvalidConfigError
+from twinserve.core.fake_executor import FakeExecutor
+
+from .helpers import drive, reference_output
+from .test_scheduler_properties import _fields, workloads
 
 
 def _step(sched: Scheduler, t: float) -> dict[str, int]:
@@ -60,14 +66,6 @@ def test_recv_interval_must_be_positive() -> None:
     with pytest.raises(InvalidConfigError):
         SchedulerConfig(recv_interval=0)
 
-
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from twinserve.core.fake_executor import FakeExecutor  # noqa: E402
-
-from .helpers import drive, reference_output  # noqa: E402
-from .test_scheduler_properties import _fields, workloads  # noqa: E402
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
