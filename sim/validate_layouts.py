@@ -82,12 +82,15 @@ NODE_GPUS_DEFAULT = 8
 
 
 def folded_layout(row: pd.Series) -> tuple[int, int, int, int] | None:
-    """(tp, attention_dp, moe_tp, moe_ep) of an aggregated row whose tp_size is moe_tp x moe_ep past a node.
+    """(tp, attention_dp, moe_tp, moe_ep) of an aggregated row whose tp_size (or attention_dp_size) is
+    moe_tp x moe_ep past a node.
 
     InferenceX's dumps write an EP server's size twice: `tp 8, ep 8` on 8 GPUs becomes tp_size 64,
     moe_tp_size 8, moe_ep_size 8, i.e. a 64-GPU tensor-parallel group for a single-node aggregated
     server. Such a row is read as TP moe_tp with the experts split moe_ep ways over the same GPUs
-    (MoE TP 1). Chosen on the development rows (docs/validate-accuracy.md); None for any other row.
+    (MoE TP 1). The attention-DP form (tp 1, attention_dp_size 64 = moe_tp 8 x moe_ep 8; 16 = 4 x 4)
+    is read as one node's attention DP moe_ep x EP moe_ep. Chosen on the development rows
+    (docs/validate-accuracy.md); None for any other row.
     """
     if row.get("mode") == "disagg":
         return None
@@ -98,9 +101,16 @@ def folded_layout(row: pd.Series) -> tuple[int, int, int, int] | None:
     adp_v = row.get("attention_dp_size")
     adp = int(adp_v) if _given(adp_v) and adp_v >= 1 else 1
     node = NODE_GPUS.get(str(row.get("system")), NODE_GPUS_DEFAULT)
-    # Attention-DP rows (attention_dp_size 16 or 64) are left as given: folded, the development rows'
-    # TPOT moved from -19% to -48% (median signed, 13 TensorRT-LLM DeepSeek-R1 B200 rows).
-    if adp != 1 or moe_tp < 2 or moe_ep < 2 or tp != moe_tp * moe_ep or tp <= node or moe_tp > node:
+    # Attention-DP rows past a node: with the benchmark's clients (validate_rows.prepare_rows; before,
+    # one rank's batch_size was taken for all of them and folding looked worse) the decode step of the
+    # 27 development rows at attention_dp 16 and 64 goes from +63% / +99% (B200) and +7% (H200) over
+    # the measured TPOT to -4% / +21% and -10%, beside +15% / -10% for the one-node attention DP 8 rows
+    # (experiments/step_probe.py's mean field, aic, 2026-12-05).
+    if adp > 1:
+        if tp == 1 and adp == moe_tp * moe_ep and adp > node and 2 <= moe_ep <= node:
+            return 1, moe_ep, 1, moe_ep
+        return None
+    if moe_tp < 2 or moe_ep < 2 or tp != moe_tp * moe_ep or tp <= node or moe_tp > node:
         return None
     return moe_tp, 1, 1, moe_ep
 

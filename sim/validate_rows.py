@@ -81,7 +81,13 @@ def prepare_rows(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     # Disaggregated rows leave batch_size empty; their client concurrency is the id's `_c<N>_`.
     from_id = pd.to_numeric(df["id"].astype(str).str.extract(r"_c(\d+)_")[0], errors="coerce")
+    # Under attention DP batch_size is one DP rank's batch: the benchmark's clients are the id's
+    # `_c<N>_` (batch_size x attention_dp_size in 168 of the 169 such aggregated rows), not batch_size.
+    ones = pd.Series(1.0, index=df.index)
+    dp = pd.to_numeric(df["attention_dp_size"], errors="coerce") if "attention_dp_size" in df else ones
+    per_rank = df["batch_size"].notna() & (dp > 1)
     df["concurrency"] = df["batch_size"].where(df["batch_size"].notna(), from_id)
+    df.loc[per_rank, "concurrency"] = from_id.where(from_id.notna(), df["batch_size"] * dp)[per_rank]
     df["model"] = df["model_path"].map(model_name)
     df["split"] = df["model"].map(lambda m: "dev" if m in DEV_MODELS else "heldout")
     return df

@@ -39,7 +39,7 @@ def sdk_step(c: AicCostModel, pt: int, ps: int, pc: int, ds: int, dc: int) -> fl
     m, tp, db = c.model, c.tp, c.database
     h, d, L = m.hidden_size, m.head_dim, m.num_layers
     heads, kvh, inter = m.num_heads // tp, m.kv_heads_per_gpu(tp), m.intermediate_size // tp
-    gq = {"none": common.GEMMQuantMode.bfloat16, "fp8": common.GEMMQuantMode.fp8}[m.precision.quantization]
+    gq = {"none": common.GEMMQuantMode.bfloat16, "fp8": common.GEMMQuantMode.fp8_static}[m.precision.quantization]
     kvq = {"auto": common.KVCacheQuantMode.bfloat16, "fp8": common.KVCacheQuantMode.fp8}[m.precision.kv_cache_dtype]
     ev = EngineHandle.for_database(db).evaluate_ops_json
 
@@ -218,8 +218,8 @@ def test_decode_and_prefill_equal_aics_own_step_estimate(path: str, tp: int, qua
     # aic's compiled engine for the same model: its decode step at s = isl + osl // 2 + 1 and its
     # one-request prefill are the same op sums (its decode context 2,016 sits on our 16-token grid).
     from twinserve.backends.sim.aic_models import resolve_row_model
-    engine = EngineHandle.compile(path, "h200_sxm", "vllm", tp_size=tp, gemm_quant_mode={"none": "bfloat16"}
-                                  .get(quant, quant), kvcache_quant_mode={"auto": "bfloat16"}.get(kv, kv))
+    engine = EngineHandle.compile(path, "h200_sxm", "vllm", tp_size=tp, gemm_quant_mode={"none": "bfloat16",
+                                  "fp8": "fp8_static"}[quant], kvcache_quant_mode={"auto": "bfloat16"}.get(kv, kv))
     c = AicCostModel(resolve_row_model(path).with_precision(Precision("bfloat16", quant, kv)),
                      get_hardware("H200"), tp)
     for rows in (1, 64):
@@ -228,6 +228,48 @@ def test_decode_and_prefill_equal_aics_own_step_estimate(path: str, tp: int, qua
     for isl in (2048, 4000):
         sdk_ms = engine.predict_prefill_latency(1, isl)
         assert c.step_time(isl, 1, 0, isl * isl / 2, 0, 0) * 1e3 == pytest.approx(sdk_ms, rel=1e-9)
+
+
+@pytest.mark.parametrize("system,hw,backend", [("b200_sxm", "B200", "trtllm"), ("h200_sxm", "H200", "trtllm"),
+                                               ("h200_sxm", "H200", "vllm")])
+def test_fp8_gemms_are_static_per_tensor_as_aics_checkpoint_reader_maps_them(system: str, hw: str,
+                                                                              backend: str) -> None:
+    # A per-tensor FP8 checkpoint (no dynamic activations: ModelOpt's) is aic's fp8_static, and an fp8
+    # study's decode step is aic's compiled engine for that checkpoint, not for dynamic per-tensor FP8
+    # (on TensorRT-LLM B200 Llama-3.1-70B TP 8 at 4 rows the dynamic one prices 1.5x the static).
+    from aiconfigurator_core.sdk.models.helpers import _infer_quant_modes_from_raw_config
+    from twinserve.backends.sim.aic_models import resolve_row_model
+    assert _infer_quant_modes_from_raw_config({"quant_algo": "fp8"})["gemm_quant_mode"] \
+        is common.GEMMQuantMode.fp8_static
+    path = "meta-llama/Meta-Llama-3.1-70B"
+    c = AicCostModel(resolve_row_model(path).with_precision(Precision("bfloat16", "fp8", "fp8")), get_hardware(hw),
+                     8, backend)
+    static, dynamic = (EngineHandle.compile(path, system, backend, tp_size=8, gemm_quant_mode=gq,
+                                            kvcache_quant_mode="fp8") for gq in ("fp8_static", "fp8"))
+    for rows in (4, 64):
+        ours = c.step_time(0, 0, 0, 0.0, rows, rows * 2015) * 1e3
+        assert ours == pytest.approx(static.decode_step_latency(rows, 2000, 30), rel=1e-9)
+        if backend == "trtllm":  # vLLM's dynamic GEMMs price a few per cent over its static ones
+            assert dynamic.decode_step_latency(rows, 2000, 30) > ours * 1.1
+
+
+def test_fp8_is_static_only_for_static_checkpoints_the_database_can_price() -> None:
+    from types import SimpleNamespace
+    from twinserve.backends.sim.aic.mapping import fp8_gemm_mode, static_fp8_checkpoint
+    fp8 = {"gemm": common.GEMMQuantMode.fp8}
+    without = SimpleNamespace(supported_quant_mode={"gemm": ["bfloat16", "fp8"]})
+    with_ = SimpleNamespace(supported_quant_mode={"gemm": ["bfloat16", "fp8", "fp8_static"]})
+    assert fp8_gemm_mode(with_, fp8, True)["gemm"] is common.GEMMQuantMode.fp8_static
+    assert fp8_gemm_mode(without, fp8, True)["gemm"] is common.GEMMQuantMode.fp8
+    assert fp8_gemm_mode(with_, fp8, False)["gemm"] is common.GEMMQuantMode.fp8
+    bf = {"gemm": common.GEMMQuantMode.bfloat16}
+    assert fp8_gemm_mode(with_, bf, True) == bf
+    assert static_fp8_checkpoint("Llama-3.1-70B", False) and static_fp8_checkpoint("Meta-Llama-3.1-8B", False)
+    assert not any(static_fp8_checkpoint(n, moe) for n, moe in (("Qwen3-32B", False), ("DeepSeek-R1", True),
+                                                                 ("Llama-4-Scout-17B-16E", True)))
+    # Block-scaled checkpoints keep dynamic per-tensor FP8 GEMMs in the graph.
+    assert '"fp8_static"' not in _deepseek("trtllm").graph.decode_tokens
+    assert '"fp8_static"' not in cost("Qwen3-32B", tp=2, quant="fp8", kv="fp8", backend="trtllm").graph.tokens
 
 
 @pytest.mark.parametrize("path,system,hw,backend,tp,ep,quant,gemm_q,moe_q", [

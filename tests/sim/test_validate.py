@@ -39,6 +39,25 @@ def test_rows_come_from_the_package_with_concurrency_and_split(rows: pd.DataFram
     assert _row(rows, DISAGG_QWEN)["concurrency"] == 480
 
 
+ADP_DSR1 = "2026_04_06_deepseek_r1_b200_sxm_trtllm_fp4_agg_8192x1024_c256_tp8_ep8_969"  # batch_size 4, 64 ranks
+
+
+def test_attention_dp_rows_run_their_benchmarks_clients_not_one_ranks_batch(rows: pd.DataFrame) -> None:
+    # An attention-DP row's batch_size is one DP rank's batch: the id's client count is batch_size x
+    # attention_dp_size in 168 of the 169 such rows (the other's id and batch_size agree: 32 clients).
+    r = _row(rows, ADP_DSR1)
+    assert (r["batch_size"], r["attention_dp_size"], r["concurrency"]) == (4, 64, 256)
+    adp = rows[(rows["mode"] == "agg") & (rows["attention_dp_size"] > 1)]
+    from_id = adp["id"].str.extract(r"_c(\d+)_")[0].astype(float)
+    assert len(adp) > 100 and (adp["concurrency"] == from_id).all()
+    one = rows[(rows["mode"] == "agg") & ~(rows["attention_dp_size"] > 1) & rows["batch_size"].notna()]
+    assert (one["concurrency"] == one["batch_size"]).all()  # no attention DP: the row's batch as it is
+    frame = pd.DataFrame({"id": ["m_agg_1024x1024_c96_x", "m_agg_1024x1024_c8_y", "m_disagg_1x1_c40_z"],
+                          "batch_size": [12.0, 8.0, float("nan")], "attention_dp_size": [8.0, 1.0, 1.0],
+                          "model_path": ["a/b"] * 3})
+    assert vr.prepare_rows(frame)["concurrency"].tolist() == [96, 8, 40]
+
+
 def test_agg_fp8_row_maps_to_its_concurrency_tp_and_fp8_weights_and_kv(rows: pd.DataFrame) -> None:
     cfg = row_study(_row(rows, AGG_70B), window="steady")  # the benchmark window: test_validate_protocol.py
     e, w = cfg.engine, cfg.workload

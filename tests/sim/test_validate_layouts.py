@@ -170,7 +170,7 @@ def test_run_validation_carries_the_assumption_to_the_simulated_row(rows) -> Non
 TP_TIMES_EP = "2026_04_06_deepseek_r1_b200_sxm_trtllm_fp8_agg_8192x1024_c4_tp8_ep8_920"
 # gpt-oss-120b TensorRT-LLM on H100 at tp 4, moe_tp 2 x moe_ep 2: four GPUs, within a node, as given.
 TP4_MTP2_EP2 = "openai_gpt_oss_120b_openai_gpt_oss_120b_h100_sxm_trtllm_agg_4000x1000_c320_tp4_epnone_4"
-# tp 1 x attention_dp 64 = moe_tp 8 x moe_ep 8: left as given (folding it was worse on the dev rows).
+# tp 1 x attention_dp 64 = moe_tp 8 x moe_ep 8, 64 clients (batch_size 1 a rank): one node's attention DP 8 x EP 8.
 ADP64 = "2026_04_06_deepseek_r1_b200_sxm_trtllm_fp4_agg_1024x1024_c64_tp8_ep8_937"
 
 
@@ -184,9 +184,23 @@ def test_tp_size_that_is_moe_tp_times_ep_past_a_node_is_one_nodes_server(rows) -
     assert row_record(row)["gpus"] == 8 and row_record(row)["parallelism"] == "tp8 ep8"
 
 
-def test_layouts_within_a_node_or_with_attention_dp_are_not_folded(rows) -> None:
+def test_layouts_within_a_node_are_not_folded(rows) -> None:
     e = row_plan(_row(rows, TP4_MTP2_EP2)).cfg.engine
     assert e.tensor_parallel_size == 4 and row_plan(_row(rows, TP4_MTP2_EP2)).layout == ""
-    plan = row_plan(_row(rows, ADP64))
-    assert (plan.cfg.engine.tensor_parallel_size, plan.cfg.engine.data_parallel_size) == (1, 64)
-    assert not plan.layout.startswith("inferred tp")
+    one_node = rows[(rows["mode"] == "agg") & (rows["attention_dp_size"] == 8) & (rows["moe_ep_size"] == 8)]
+    plan = row_plan(one_node.iloc[0])
+    assert (plan.cfg.engine.tensor_parallel_size, plan.cfg.engine.data_parallel_size) == (1, 8)
+    assert plan.layout == ""
+
+
+def test_attention_dp_past_a_node_is_one_nodes_attention_dp_server(rows) -> None:
+    # With the benchmark's clients (the id's c64, not one rank's batch_size 1) the 64-rank reading puts
+    # one client on each of 64 ranks; the id says tp8_ep8: 8 ranks of 8 clients on one node.
+    row = _row(rows, ADP64)
+    assert (row["tp_size"], row["attention_dp_size"], row["moe_tp_size"], row["moe_ep_size"]) == (1, 64, 8, 8)
+    plan = row_plan(row)
+    e = plan.cfg.engine
+    assert (e.tensor_parallel_size, e.data_parallel_size, e.expert_parallel_size) == (1, 8, 8)
+    assert plan.layout.startswith("inferred tp1 adp8 ep8") and "64 GPUs" in plan.layout
+    assert getattr(plan.cfg.workload, "concurrency", 64) == 64
+    assert row_record(row)["gpus"] == 8

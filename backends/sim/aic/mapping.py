@@ -86,7 +86,8 @@ def resolve_version(system: str, backend: str, version: str) -> str:
 def quant_modes(precision: Precision, moe: bool, system: str = "") -> dict[str, Any]:
     """aic quant modes for twinserve's precision fields (vLLM's names).
 
-    quantization fp8 is per-tensor W8A8 (vLLM's fp8, aic 'fp8'), block-scaled on MoE experts; int4
+    quantization fp8 is per-tensor W8A8 (aic 'fp8'; static activation scales where fp8_gemm_mode
+    says), block-scaled on MoE experts; int4
     is weight-only (AWQ/GPTQ, aic 'int4_wo'); nvfp4 is W4A4 (aic 'nvfp4'); mxfp4 (gpt-oss) quantizes
     the experts only, W4A8 on Blackwell and W4A16 elsewhere as vLLM's Mxfp4Config runs them.
     Activations, attention math and the LM head stay 16-bit; kv_cache_dtype fp8 stores K/V in FP8.
@@ -105,6 +106,42 @@ def quant_modes(precision: Precision, moe: bool, system: str = "") -> dict[str, 
     if moe:
         modes["moe"] = common.MoEQuantMode[moe_q]
     return modes
+
+
+# Model families whose published FP8 checkpoints are per-tensor with static activation scales: NVIDIA's
+# ModelOpt Llama-3.1 / 3.3 FP8 (aic ships nvidia/Llama-3.1-70B-Instruct-FP8 with its hf_quant_config,
+# quant_algo FP8, which its reader maps to fp8_static). Qwen3's and DeepSeek's FP8 checkpoints are
+# block-scaled (weight_block_size 128 x 128) and keep aic's 'fp8' GEMMs (fp8_gemm_mode says why).
+STATIC_FP8_FAMILIES = ("llama",)
+
+
+def static_fp8_checkpoint(model_name: str, moe: bool) -> bool:
+    """Whether an fp8 study of this model serves a per-tensor, static-scale FP8 checkpoint."""
+    return not moe and any(f in model_name.lower() for f in STATIC_FP8_FAMILIES)
+
+
+def fp8_gemm_mode(db: Any, modes: dict[str, Any], static_checkpoint: bool) -> dict[str, Any]:
+    """modes with static per-tensor FP8 GEMMs ('fp8_static') in place of aic's dynamic 'fp8' for a
+    static-scale checkpoint (static_fp8_checkpoint), where the database prices them.
+
+    A per-tensor FP8 checkpoint with activation scales (ModelOpt's) lets the engines quantize each
+    GEMM's input with the stored scale: no amax reduction before every GEMM. aiconfigurator-core
+    prices that as 'fp8_static' (the GEMM plus its measured scale kernels; sdk/perf_database.
+    _gemm_key_names lists it where those tables exist), and its own checkpoint reader picks it for
+    per-tensor FP8 without dynamic activations (sdk/models/helpers._infer_quant_modes_from_raw_config).
+    'fp8' is dynamic per-tensor FP8: in the TensorRT-LLM tables a decode-sized GEMM costs up to 2.3x
+    the static one (an activation amax kernel per GEMM); vLLM's ~5% more, SGLang's the same. Block-
+    scaled checkpoints keep 'fp8': aic's fp8_block table for vLLM is 3-10x slower than either (not the
+    kernel the engine runs), aic prices the MLA family's attention from module tables our 'fp8' GEMM
+    sum was checked against (static puts DeepSeek-R1's decode step 6-8% under aic's compiled engine),
+    and Qwen3-32B's development rows fit 'fp8' (TensorRT-LLM 8.9% against 18.9% with static).
+    """
+    from aiconfigurator_core.sdk import common
+    static = common.GEMMQuantMode.fp8_static
+    if (not static_checkpoint or modes.get("gemm") is not common.GEMMQuantMode.fp8
+            or static.name not in db.supported_quant_mode["gemm"]):
+        return modes
+    return {**modes, "gemm": static}
 
 
 def check_precision(db: Any, modes: dict[str, Any], precision: Precision) -> None:
