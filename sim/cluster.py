@@ -555,8 +555,9 @@ def _tail_plan(sched, n: int) -> list[tuple[Request, int, int, bool]] | None:
     plain decodes, one token each, before it), nothing changed: [(it, tokens this step, new blocks,
     whether allocate_slots is called)]; None where the step is left to core.step: a tail of more
     than one request (a joiner's chunk takes the budget left, so a second one is rarely admitted
-    before the first ends its prompt), one token left at a block boundary, a wrong computed count. One request after n <= budget - 1
-    decodes never takes the spare budget below zero: core.sched.fast_loop.plain_head's loop alone."""
+    before the first ends its prompt), one token left at a block boundary, a wrong computed count.
+    One request after n <= budget - 1 decodes never takes the spare budget below zero: plain_head's
+    loop alone (core.sched.fast_loop), never schedule_batch's checked one."""
     running = sched.running
     if len(running) != n + 1:
         return None
