@@ -26,6 +26,7 @@ from twinserve.core.engine_core import StepStats
 from twinserve.core.sched.batch_policy import MixedBatches, PrefillFirst
 from twinserve.core.sched.fast_forward import (apply_decode_steps, decode_plan, finish_decode_half,
                                                schedule_decode_half)
+from twinserve.core.sched.fast_loop import NO_IDS, block_ids, chunk, fast_decode_limit
 from twinserve.core.sched.lazy_decodes import LazyDecodes
 from twinserve.core.request import RequestStatus
 from twinserve.core.sched.output import CachedRequestData
@@ -284,7 +285,8 @@ class ClusterSimulation:
                 if tier is not None:
                     tier.now = t
                 joined = (self._join_step(rep, t) if self.join_steps and self.fast_forward and tier is None
-                          and len(sched.waiting) > 0 and not rep.executor.waking else None)
+                          and (len(sched.waiting) > 0 or (lazy is not None and lazy.active and lazy.tail()))
+                          and not rep.executor.waking else None)
                 if joined is not None:
                     outputs, stats, finished = joined
                 else:
@@ -347,6 +349,7 @@ class ClusterSimulation:
             return None
         lazy = rep.lazy
         admit = policy is MixedBatches
+        tail: list = []
         if lazy is not None and (lazy.active or lazy.enter()):
             if not admit:
                 # SGLang's prefill-first step: the waiting requests that fit prefill alone (the
@@ -354,7 +357,13 @@ class ClusterSimulation:
                 joined = self._prefill_only_step(rep, t, lazy)
                 if joined is not None:
                     return joined
-            half = lazy.decode_half()  # the batch held as counts: the crossers and the ending only
+            extra = 0
+            if lazy.tail():  # joiners still in their chunk (mixed only): scheduled one by one below
+                tail = _tail_plan(sched, len(lazy.info))
+                if tail is None:
+                    return None
+                extra = sum(need for _, _, need, _ in tail)
+            half = lazy.decode_half(extra)  # the batch held as counts: the crossers and the ending only
         elif not admit:
             return None  # prefill-first without lazy decodes: core.step
         else:
@@ -369,21 +378,24 @@ class ClusterSimulation:
         num_scheduled: dict[str, int] = {}
         new_reqs: list = []
         budget = cfg.max_num_batched_tokens - n
+        cached = CachedRequestData([], [], [])
+        if tail:
+            budget -= _schedule_tail(sched, tail, cached, num_scheduled)
         if admit:
             budget = sched._admit(t, budget, num_scheduled, new_reqs, 0)
         joiners = sched.running[n:] if lazy is not None else ()
         if sched._stalled:
             sched._fail_stalled(t)
-        so = sched.emit_step(new_reqs, CachedRequestData([], [], []), num_scheduled,
-                             cfg.max_num_batched_tokens - budget, [], {})
+        so = sched.emit_step(new_reqs, cached, num_scheduled, cfg.max_num_batched_tokens - budget, [], {})
         mro = ex.execute(so, (n, context))
         d = mro.step_time or 0.0
         end = t + d
         done = finish_decode_half(sched, decodes, done, end, self.keep_token_times)
         num_failed = len(sched.failed_outputs)
         outputs = sched.update_from_output(so, mro, end)
-        if lazy is not None and not lazy.add_joined([r for r in joiners if r.status is RequestStatus.RUNNING]):
-            lazy.flush()  # a joiner still in its chunk: the next step is core.step's
+        if lazy is not None and not lazy.add_joined([r for r in joiners if r.status is RequestStatus.RUNNING],
+                                                    tail=admit):
+            lazy.flush()  # a joiner still in its chunk (prefill_first): the next step is core.step's
         core.last_scheduler_output = so
         stats = StepStats(core.num_steps, t, d, sched.num_running, sched.num_waiting, len(new_reqs),
                           n + len(num_scheduled), so.total_num_scheduled_tokens, kv.usage, kv.stats.queries,
@@ -536,3 +548,59 @@ class ClusterSimulation:
                              [r.load.routed for r in self.replicas],
                              [r.busy_time for r in self.replicas], self.router.name,
                              getattr(self.router, "num_spills", 0))
+
+
+def _tail_plan(sched, n: int) -> list[tuple[Request, int, int, bool]] | None:
+    """What Scheduler.schedule_batch gives, speculation off, a running request after the first n (n
+    plain decodes, one token each, before it), nothing changed: [(it, tokens this step, new blocks,
+    whether allocate_slots is called)]; None where the step is left to core.step: a tail of more
+    than one request (a joiner's chunk takes the budget left, so a second one is rarely admitted
+    before the first ends its prompt), one token left at a block boundary, a wrong computed count.
+    One request after n <= budget - 1 decodes never takes the spare budget below zero: plain_head's
+    loop alone (core.sched.fast_loop), never schedule_batch's checked one."""
+    running = sched.running
+    if len(running) != n + 1:
+        return None
+    req = running[n]
+    kv = sched.kv
+    c = req.num_computed_tokens
+    num_new = len(req.all_token_ids) - c
+    if num_new <= 0 or c < 0:
+        return None
+    if num_new == 1:
+        limit = req.fast_decode_limit
+        if c < limit or (c > limit and c < fast_decode_limit(kv, req.request_id)):
+            return [(req, 1, 0, False)]  # within its blocks: no allocate_slots call
+        return None  # one token at a block boundary (rare): core.step
+    cfg = sched.config
+    num_new = chunk(num_new, cfg.long_prefill_token_threshold, cfg.max_num_batched_tokens - n)
+    need = -(-(c + num_new) // kv.block_size) - len(kv.req_to_blocks[req.request_id])
+    return [(req, num_new, need if need > 0 else 0, True)]
+
+def _schedule_tail(sched, plan: list[tuple[Request, int, int, bool]], cached: CachedRequestData,
+                   num_scheduled: dict[str, int]) -> int:
+    """Schedule _tail_plan's requests as schedule_batch does (after the step's decodes took their
+    blocks): their blocks, counts, fast_decode_limit, chunks left partial; the tokens scheduled."""
+    kv = sched.kv
+    total = 0
+    for req, q, _, alloc in plan:
+        rid = req.request_id
+        c = req.num_computed_tokens
+        ids = NO_IDS
+        if alloc:
+            new_blocks = kv.allocate_slots(req, q)
+            if new_blocks is None:
+                raise AssertionError("a join step's tail found no blocks: check _tail_plan")
+            req.fast_decode_limit = fast_decode_limit(kv, rid)
+            ids = block_ids(new_blocks)
+        elif c > req.fast_decode_limit:  # plain_head's refresh
+            req.fast_decode_limit = fast_decode_limit(kv, rid)
+        if c + q < len(req.all_token_ids):
+            sched._partial.append(req)
+        cached.req_ids.append(rid)
+        cached.new_block_ids.append(ids)
+        cached.num_computed_tokens.append(c)
+        req.num_computed_tokens = c + q
+        num_scheduled[rid] = q
+        total += q
+    return total

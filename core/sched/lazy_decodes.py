@@ -99,15 +99,25 @@ class LazyDecodes:
             self.ends.append((last, t, rec))
         self.context += c
 
-    def add_joined(self, reqs: list[Request]) -> bool:
-        """Count requests that joined the batch this step (after it: their fields exact); False
-        when one is not a plain decode (then the caller flushes)."""
+    def add_joined(self, reqs: list[Request], tail: bool = False) -> bool:
+        """Count requests that joined the batch this step (after it: their fields exact), in running
+        order; False when one is not a plain decode (then the caller flushes). tail=True: count the
+        plain ones up to the first that is not and leave it and those after it running uncounted (the
+        tail, running[len(self.info):], which join steps schedule request by request); never False."""
+        k = 0
         for req in reqs:
             if not _plain(req):
-                return False
-        for req in reqs:
+                if not tail:
+                    return False
+                break
+            k += 1
+        for req in (reqs if k == len(reqs) else reqs[:k]):
             self._add(req, push=True)
         return True
+
+    def tail(self) -> int:
+        """Running requests after the counted ones (a joiner still in its chunk and those after it)."""
+        return len(self.sched.running) - len(self.info)
 
     def _materialize(self, rec: list) -> None:
         d = self.steps - rec[_BASE]
@@ -147,8 +157,8 @@ class LazyDecodes:
         if (max_steps <= 0 or len(sched.waiting) > 0 or sched.loading or sched.loaded or kv.load_jobs):
             return 0, 0
         running = sched.running
-        if not running or len(running) > sched.config.max_num_batched_tokens:
-            return 0, 0
+        if not running or len(running) > sched.config.max_num_batched_tokens or len(running) != len(self.info):
+            return 0, 0  # (a tail: its next chunk is a join step's, never a window's)
         limit = self.ends[0][0] - self.steps + 1
         if max_steps < limit:
             limit = max_steps
@@ -278,9 +288,10 @@ class LazyDecodes:
             usage[-1] = 1.0 - free_queue.num_free / num_blocks
         return usage, finished
 
-    def decode_half(self) -> tuple[int, list[Request], int] | None:
-        """fast_forward.schedule_decode_half for the batch held; None (nothing changed) where it
-        declines (loads, an over-budget batch, no room for the step's blocks)."""
+    def decode_half(self, extra: int = 0) -> tuple[int, list[Request], int] | None:
+        """fast_forward.schedule_decode_half for the batch held (the counted requests, running's
+        first len(self.info)); None (nothing changed) where it declines (loads, an over-budget batch,
+        no room for the step's blocks and `extra` more: the tail's, which take theirs after these)."""
         sched = self.sched
         kv = self.kv
         running = sched.running
@@ -289,13 +300,14 @@ class LazyDecodes:
             return None
         g = self.steps
         bucket = self.crossings.get(g)
-        if bucket and len(bucket) > kv.pool.free_queue.num_free:
-            if sum(1 for rec in bucket if rec[_CROSS] == g) > kv.pool.free_queue.num_free:
+        free = kv.pool.free_queue.num_free - extra
+        if (bucket and len(bucket) > free) or free < 0:
+            if (sum(1 for rec in bucket if rec[_CROSS] == g) if bucket else 0) > free:
                 return None
         _, hits, counts = self._take(1)
         self._hand_out(hits, counts)
         context = self.context
-        n = len(running)
+        n = len(self.info)
         self.steps = g + 1
         self.context += n
         return n, self._ended(g), context

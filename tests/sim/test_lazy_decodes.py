@@ -120,7 +120,8 @@ def test_prefill_first_replicas_prefill_joiners_beside_the_counted_decodes() -> 
 
 def test_a_chunked_joiner_and_a_full_pool_give_the_batch_back() -> None:
     # Budget 64 against prompts up to 300 (a joiner still in its chunk) and a 60-block pool (no room
-    # for a step's blocks, preemptions): the batch is flushed to core.step and taken over again.
+    # for a step's blocks and the tail's chunks, preemptions): the batch is flushed to core.step and
+    # taken over again.
     cfg = _fields(16, 200, 2, False, 3, 60, 64)
     passes, _, _ = _run(cfg, False)
     built = build_cluster(cfg, keep_steps=True)
@@ -132,6 +133,67 @@ def test_a_chunked_joiner_and_a_full_pool_give_the_batch_back() -> None:
     assert entered > 3 and flushed >= entered
     lazy, _, _ = _run(cfg, True)
     assert lazy == passes
+
+
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(4, 24), seed=st.integers(0, 5), disagg=st.booleans(), budget=st.sampled_from([48, 64, 128]),
+       blocks=st.sampled_from([0, 0, 120]))
+def test_a_joiner_still_in_its_chunk_stays_in_the_batch_held(n, seed, disagg, budget, blocks) -> None:
+    # Budgets of 48-128 tokens against prompts up to 300 (and, disaggregated, transferred prompts):
+    # a joiner takes several steps' chunks after the counted decodes. It stays running after them (the
+    # held batch's tail) and the join steps schedule it request by request (sim.cluster._tail_plan:
+    # schedule_batch's two loops, chunks to the budget left, blocks after the decodes'), instead of the
+    # batch going back to core.step: every figure the passes' (core.step there).
+    import twinserve.sim.cluster as C
+
+    cfg = _fields(n, 60, 3 if disagg else 2, disagg, seed, blocks, budget, out_max=200)
+    passes, _, _ = _run(cfg, False)
+    plans = []
+    real = C._tail_plan
+
+    def spy(sched, k):
+        plan = real(sched, k)
+        plans.append(plan)
+        return plan
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(C, "_tail_plan", spy)
+        lazy, used, res = _run(cfg, True)
+    assert lazy == passes
+    assert used and len([p for p in plans if p]) > 5
+
+
+def test_tail_plans_cover_chunks_and_a_decode_within_its_blocks() -> None:
+    # The tail's shapes the test above must meet: a chunk short of the prompt, its last chunk, a
+    # request with one token left within its blocks (no allocate_slots call).
+    # And with room for every step the batch is taken over once and given back once, at the end (it
+    # was given back for each chunked joiner: 18-31 times a replica on these runs).
+    import twinserve.sim.cluster as C
+
+    seen = {"partial": 0, "last chunk": 0, "within": 0}
+    real = C._tail_plan
+
+    def spy(sched, k):
+        plan = real(sched, k)
+        for req, q, _, alloc in plan or ():
+            left = len(req.all_token_ids) - req.num_computed_tokens
+            seen["partial"] += q > 1 and q < left
+            seen["last chunk"] += q > 1 and q == left
+            seen["within"] += not alloc
+        return plan
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(C, "_tail_plan", spy)
+        for seed in range(3):
+            _run(_fields(24, 80, 2, False, seed, 0, 48, out_max=200), True)
+    assert all(seen.values()), seen
+    for disagg in (False, True):
+        sim = build_cluster(_fields(24, 80, 3 if disagg else 2, disagg, 0, 0, 48, out_max=200),
+                            keep_steps=True).simulation
+        sim.keep_token_times = False
+        sim.run()
+        lazies = [rep.lazy for rep in sim.replicas if rep.lazy is not None and rep.lazy.num_entered]
+        assert len(lazies) == 2 and all(lz.num_entered == lz.num_flushed == 1 for lz in lazies)
 
 
 def test_token_times_kept_means_no_lazy_decodes() -> None:
