@@ -101,3 +101,33 @@ def test_validate_reports_the_killed_study_and_keeps_the_rest(tmp_path, monkeypa
     assert main([*FLAGS, "--out", str(out), "--resume"]) == 0
     assert "resuming: 3 of 4" in capsys.readouterr().err
     assert pd.read_csv(out / "validation.csv")["sim_error"].isna().all()
+
+
+@pytest.mark.parametrize("spare", [True, False])  # blocks kept for the next run, or none kept
+@pytest.mark.parametrize("replicas, prefill", [(1, 0), (2, 1)])  # one engine; a disaggregated cluster
+def test_a_validate_run_leaves_no_kv_blocks_to_the_collector(monkeypatch, spare, replicas, prefill) -> None:
+    # Each study's blocks, linked in their free queue, were cycles that only a full collection
+    # frees (put off by sim.gc_policy): a worker grew to 12.8 GB over the head studies.
+    import gc
+
+    import twinserve.core.kv.block_pool as bp
+    from twinserve.sim.validate import run_to_window
+
+    from .helpers import small_config
+
+    if not spare:
+        monkeypatch.setattr(bp, "_SPARE_MAX", 0)
+    cfg = small_config(concurrency=4, num_requests=12, warmup_requests=0, num_replicas=replicas,
+                       num_prefill_replicas=prefill, prompt_dist="fixed", prompt_mean=200, prompt_min=200,
+                       prompt_max=200, output_dist="fixed", output_mean=20, output_min=20, output_max=20)
+    gc.collect()
+    run_to_window(cfg, 8)
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        # The free queue's two sentinels (ids -1, -2) may stay a cycle: a pool's, not a block per token.
+        left = [o for o in gc.garbage if isinstance(o, bp.KVCacheBlock) and o.block_id >= 0]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert left == []
