@@ -171,14 +171,14 @@ def _worker_loop(fn: Callable[[Any], Any], conn: Connection, max_rss: int | None
 
 
 def _death(exitcode: int | None) -> str:
-    """How a worker process ended, in words: 'signal 9 (SIGKILL: killed, out of memory?)'."""
+    """How a worker process ended, in words: 'signal 9, SIGKILL: killed, out of memory?'."""
     if exitcode is not None and exitcode < 0:
         try:
             name = signal.Signals(-exitcode).name
         except ValueError:
             name = "?"
         why = {"SIGKILL": ": killed, out of memory?", "SIGSEGV": ": a crash"}.get(name, "")
-        return f"signal {-exitcode} ({name}{why})"
+        return f"signal {-exitcode}, {name}{why}"
     return f"exit status {exitcode}"
 
 

@@ -377,8 +377,8 @@ def run_validate(args: argparse.Namespace) -> int:
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         broken = int(frame["sim_error"].astype(str).str.len().gt(0).sum())
         if broken:
-            # Failed studies are not journaled: --resume runs just them (a worker killed for memory
-            # fails every study still queued on its pool, not only its own).
+            # Failed studies are not journaled: --resume runs just them (a study whose worker died
+            # twice is one: sim.runner._Workers).
             journal.close()
             print(f"simulate: {broken} rows failed in the simulator (column sim_error); {journal.path} is kept: "
                   "the same command with --resume runs only the failed studies", file=sys.stderr)
