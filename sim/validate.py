@@ -76,7 +76,22 @@ def run_to_window(cfg: Any, count: int, stop_early: bool = True) -> pd.DataFrame
         watch.watch(sim.source)
         sim.abort = watch
     res = sim.run()
-    return requests_frame(res.total if cluster else res, itl=False)
+    frame = requests_frame(res.total if cluster else res, itl=False)
+    _free_run(sim, cluster)
+    return frame
+
+
+def _free_run(sim: Any, cluster: bool) -> None:
+    """Let reference counting free a finished run, as a search's runs are (sim.search_run): its KV
+    blocks go to the next run's pools (BlockPool.recycle; linked in their free queue they are
+    cycles), and a cluster's suspended SimPy processes are closed. Otherwise each study leaves its
+    world (millions of objects at the head) to a full collection, which sim.gc_policy's frozen
+    generations put off past the next studies: one worker grew to 12.8 GB (docs/validate-speed.md)."""
+    from twinserve.sim.search_run import _recycle_blocks, _release  # the search's own, shared
+
+    _recycle_blocks([r.core for r in sim.replicas] if cluster else [sim.core])
+    if cluster:
+        _release(sim)
 
 
 def simulate_row(job: tuple[Any, ...]) -> dict[str, Any]:

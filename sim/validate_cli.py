@@ -253,6 +253,14 @@ def cost_estimate(row: dict[str, Any]) -> float:
     return conc * conc * (osl + isl / 512.0) * (2.0 if row.get("mode") == "disagg" else 1.0)
 
 
+# A worker process holding more than this after a study is replaced by a fresh one (sim.runner._Workers).
+# A big study leaves millions of freed objects in cycles that only a full collection finds (the
+# collector's generations are frozen while a run runs, sim.gc_policy); collecting them costs ~20% of
+# the study's CPU, a process's end nothing. Without it one worker grew to 12.8 GB over the head studies
+# and was killed for memory (docs/validate-speed.md, "Memory"). The costliest study alone peaks at 1.8 GB.
+WORKER_RSS_LIMIT = 3 << 29  # 1.5 GiB
+
+
 def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: str | None,
                    progress: bool = True, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION,
                    window: str = DEFAULT_WINDOW, reduce: str = DEFAULT_REDUCTION,
@@ -303,7 +311,7 @@ def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: 
         if journal is not None and not isinstance(res, PointFailure):  # a failed study runs again
             journal.add(keys[order[pos]], str(jobs[order[pos]][0]["id"]), res)
     ran = run_jobs(simulate_row, [jobs[j] for j in order], [{"row": jobs[j][0]["id"]} for j in order],
-                   workers, ray, "validate", progress, on_result=journaled)
+                   workers, ray, "validate", progress, on_result=journaled, max_worker_rss=WORKER_RSS_LIMIT)
     for pos, j in enumerate(order):
         out[j] = ran[pos]
     for i, res in zip(where, out):
@@ -369,8 +377,8 @@ def run_validate(args: argparse.Namespace) -> int:
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         broken = int(frame["sim_error"].astype(str).str.len().gt(0).sum())
         if broken:
-            # Failed studies are not journaled: --resume runs just them (a worker killed for memory
-            # fails every study still queued on its pool, not only its own).
+            # Failed studies are not journaled: --resume runs just them (a study whose worker died
+            # twice is one: sim.runner._Workers).
             journal.close()
             print(f"simulate: {broken} rows failed in the simulator (column sim_error); {journal.path} is kept: "
                   "the same command with --resume runs only the failed studies", file=sys.stderr)

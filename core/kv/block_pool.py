@@ -184,9 +184,10 @@ class BlockPool:
         (no free block, none made). Only when nothing of its simulation is read again."""
         made = self._blocks
         with _SPARE_LOCK:
-            room = _SPARE_MAX - len(_SPARE)
-            if room > 0:
-                _SPARE.extend(made[:room])
+            room = max(_SPARE_MAX - len(_SPARE), 0)
+            _SPARE.extend(made[:room])
+        for b in made[room:]:  # unlinked, so reference counting frees them (linked: cycles)
+            b.prev_free = b.next_free = b.pending = None
         made.clear()
         self.cached.clear()
         self.chains.clear()
