@@ -12,7 +12,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from twinserve.sim.runner import PointFailure, _guarded, _Raised, ray_init
-from twinserve.sim.search_disagg import neighbour_splits
+from twinserve.sim.search_disagg import neighbour_splits, split_of
 
 
 _STEP_ESTIMATED = 1.5
@@ -71,6 +71,22 @@ def neighbour_answer(s: SearchLike, searches: Sequence[SearchLike]) -> float:
     with the highest rate it passed so far: its answer is at least that."""
     return max((o.lo for o in searches if o.lo > 0 and neighbour_splits(s.point, o.point)),
                default=0.0)
+
+
+def start_ranks(searches: Sequence[SearchLike]) -> dict[int, tuple[int, int, int, int]]:
+    """Order in which unstarted searches start: grid point by grid point (the first place each
+    appears), its prefill/decode splits before its aggregated run, the most even split first and
+    out from it (each split then starts from a neighbour's answer, and the middle one, likely
+    the cheapest, lands early: its answer puts dearer ones out of reach before they are
+    bisected, sim.search_screen.out_of_reach)."""
+    group: dict[tuple, int] = {}
+    out = {}
+    for i, s in enumerate(searches):
+        g = group.setdefault(tuple(sorted((k, str(v)) for k, v in s.point.items()
+                                          if k != "mode")), len(group))
+        sp = split_of(s.point)
+        out[id(s)] = (g, 1, 0, i) if sp is None else (g, 0, abs(sp[0] - sp[1]), i)
+    return out
 
 
 def likeness(a: SearchLike, b: SearchLike) -> int:
@@ -178,11 +194,13 @@ def drive(searches: Sequence[SearchLike], fn: Callable[[Any], dict[str, Any]],
     slots = n if ray_address is None else (workers or len(searches))
     inflight: dict[Any, tuple[SearchLike, float]] = {}
     busy: set[int] = set()
+    floor = getattr(settled, "floor", None)
+    rank = start_ranks(searches)
     try:
         while True:
             # Started searches first: an unstarted one gains from every answer that lands before it.
-            order = sorted((s for s in searches if id(s) not in busy), key=lambda s: s.lo == 0 and
-                           math.isinf(s.hi))
+            order = sorted((s for s in searches if id(s) not in busy),
+                           key=lambda s: (s.lo == 0 and math.isinf(s.hi), rank[id(s)]))
             for s in order:
                 if len(inflight) >= slots:
                     break
@@ -196,6 +214,10 @@ def drive(searches: Sequence[SearchLike], fn: Callable[[Any], dict[str, Any]],
                         s.start = max(s.start * _START_UP, neighbour_answer(s, searches))
                     # A start placed by other answers is near; a raw estimate may be far off.
                     s.step = near or (_STEP_CALIBRATED if cal != 1.0 else _STEP_ESTIMATED)
+                    if floor is not None:
+                        # Below this rate a miss would show it dearer than the cheapest
+                        # (sim.search_screen.out_of_reach): a pass there is a higher first one.
+                        s.start = max(s.start, floor(s, searches))
                 if settled is not None and settled(s, searches):
                     continue
                 rate = s.next_rate()
