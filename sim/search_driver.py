@@ -214,15 +214,18 @@ def drive(searches: Sequence[SearchLike], fn: Callable[[Any], dict[str, Any]],
                         s.start = max(s.start * _START_UP, neighbour_answer(s, searches))
                     # A start placed by other answers is near; a raw estimate may be far off.
                     s.step = near or (_STEP_CALIBRATED if cal != 1.0 else _STEP_ESTIMATED)
-                    if floor is not None:
-                        # Below this rate a miss would show it dearer than the cheapest
-                        # (sim.search_screen.out_of_reach): a pass there is a higher first one.
-                        s.start = max(s.start, floor(s, searches))
                 if settled is not None and settled(s, searches):
                     continue
                 rate = s.next_rate()
                 if rate is None:
                     continue
+                if floor is not None and s.lo == 0.0:
+                    # With no pass yet, below this rate a miss shows it dearer than the cheapest
+                    # (sim.search_screen.out_of_reach): run there instead of lower, a pass there
+                    # is a higher first pass and a miss ends the search.
+                    f = float(f"{floor(s, searches) * (1 - 1e-5):.6g}")  # at or under it
+                    if rate < f < s.hi and f not in s.runs:
+                        rate = f
                 inflight[backend.submit(fn, make_job(s, rate))] = (s, rate)
                 busy.add(id(s))
             if not inflight:

@@ -155,6 +155,33 @@ def test_a_search_with_no_pass_is_out_of_reach_once_a_rate_it_missed_is() -> Non
     assert settled.floor(other, [other]) == 0.0  # nothing answered yet: no floor
 
 
+def test_a_search_with_no_pass_runs_at_the_floor_at_most_once_and_under_it() -> None:
+    from twinserve.sim.search import RateSearch
+    from twinserve.sim.search_driver import drive
+
+    from .helpers import small_config as cfg
+
+    floor_rate = 2.5234567891  # rounds up to 2.52346 at six digits
+
+    def settled(s, searches):
+        return s.lo == 0.0 and s.hi <= floor_rate
+
+    settled.floor = lambda s, searches: floor_rate
+    s = RateSearch({"tp": 1}, cfg(), start=9.0, step=1.2)
+    rates: list[float] = []
+
+    def run(rate):
+        rates.append(rate)
+        assert len(rates) < 20, rates  # a floor rounded above itself missed there forever
+        return {"rate": rate}
+
+    drive([s], run, lambda s, rate: rate, lambda row: False, workers=1, settled=settled)
+    # Misses walk down from 9 until the next step would go under the floor; then one run at
+    # (not above) the floor settles it.
+    assert rates[:2] == [9.0, 7.5] and rates[-1] <= floor_rate < rates[-2]
+    assert all(r > floor_rate for r in rates[:-1]) and settled(s, [s])
+
+
 def test_skipping_dominated_configurations_keeps_the_true_pick(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from twinserve.sim import convergence
