@@ -50,6 +50,7 @@ def out_of_reach(target_rate: float, margin: float
     if margin <= 0:
         return None
     rows: dict[tuple[int, float], dict[str, Any]] = {}
+    memo: dict[int, float] = {}  # tokens per request, by search
 
     def row(s: RateSearch) -> dict[str, Any]:
         key = (id(s), s.lo)
@@ -66,7 +67,7 @@ def out_of_reach(target_rate: float, margin: float
             return False
         if s.lo > 0:
             return cost_at(row(s), s.hi / s.lo * (1.0 + margin), target_rate) > worst(searches)
-        return cost_below(s, s.hi * (1.0 + margin), searches, target_rate) > worst(searches)
+        return cost_below(s, s.hi * (1.0 + margin), searches, target_rate, memo) > worst(searches)
 
     def floor(s: RateSearch, searches: Sequence[RateSearch]) -> float:
         """The least rate r at which a miss settles s (its cost at r x (1 + margin) above the
@@ -76,44 +77,58 @@ def out_of_reach(target_rate: float, margin: float
             return 0.0
         sc = s.cfg.search
         lo, hi = sc.min_rate, sc.max_rate
-        if not cost_below(s, lo * (1.0 + margin), searches, target_rate) > w:
+        k = 0.0 if s.integer or target_rate > 0 else tokens_per_rate(s, searches, memo)
+
+        def dearer(rate: float) -> bool:
+            return cost_below(s, rate * (1.0 + margin), searches, target_rate, memo, k) > w
+
+        if not dearer(lo):
             return 0.0
-        if cost_below(s, hi * (1.0 + margin), searches, target_rate) > w:
+        if dearer(hi):
             return hi  # dominated at any rate: a miss at max_rate shows it (a pass is the cap)
         for _ in range(60):  # cost falls as the rate rises: bisect for where it reaches w
             mid = math.sqrt(lo * hi)
-            lo, hi = (mid, hi) if cost_below(s, mid * (1.0 + margin), searches,
-                                             target_rate) > w else (lo, mid)
+            lo, hi = (mid, hi) if dearer(mid) else (lo, mid)
         return lo
 
     settled.floor = floor  # type: ignore[attr-defined]
     return settled
 
 
-def tokens_per_request_rate(searches: Sequence[RateSearch]) -> float:
-    """Tokens/s per request/s: the highest any passing run of these searches showed (0: none).
+def _tokens(s: RateSearch, memo: dict[int, float]) -> float:
+    """Mean prompt + output tokens of a request of s's workload (memoized by search)."""
+    if id(s) not in memo:
+        from twinserve.sim.search_commands import workload_lengths
 
-    Every configuration of one search runs the same workload; a run's throughput is its tokens
-    over its duration, which its drain only lengthens, so the highest ratio seen is the nearest
-    to the workload's own and a lower cost bound for a configuration that has not passed."""
-    return max((row["total_token_throughput"] / rate for o in searches
-                for rate, row in o.runs.items()
-                if row.get("meets_slo") and rate > 0 and row.get("total_token_throughput")),
-               default=0.0)
+        memo[id(s)] = float(sum(workload_lengths(s.cfg)))
+    return memo[id(s)]
 
 
 def cost_below(s: RateSearch, rate: float, searches: Sequence[RateSearch],
-               target_rate: float) -> float:
+               target_rate: float, memo: dict[int, float] | None = None,
+               k: float | None = None) -> float:
     """The least cost s could have with an answer below rate, before it has passed any: USD/hour
-    for the target, else per M tokens at the most tokens/s per req/s any pass showed (0 rate or
-    a client count, unknown: 0, never out of reach)."""
+    for the target, else per M tokens at rate x k tokens/s per req/s (tokens_per_rate); 0
+    (never out of reach) for a client count."""
     if s.integer or rate <= 0:
         return 0.0
     _, usd_h = fleet(s.cfg)
     if target_rate > 0:
         return usd_h * math.ceil(target_rate / rate)
-    k = tokens_per_request_rate(searches)
+    k = tokens_per_rate(s, searches, {} if memo is None else memo) if k is None else k
     return usd_h / (rate * k * 3600) * 1e6 if k > 0 else 0.0
+
+
+def tokens_per_rate(s: RateSearch, searches: Sequence[RateSearch],
+                    memo: dict[int, float]) -> float:
+    """The most tokens/s a run of s can show per req/s: its workload's tokens per request (a
+    run's throughput is its tokens over its duration, which its drain only lengthens), scaled up
+    by the most any passing run of these searches exceeded its own (a short arrival span)."""
+    over = max((row["total_token_throughput"] / (r * _tokens(o, memo)) for o in searches
+                if not o.integer for r, row in o.runs.items()
+                if row.get("meets_slo") and r > 0 and row.get("total_token_throughput")),
+               default=1.0)
+    return _tokens(s, memo) * max(1.0, over)
 
 
 def screen(searches: Sequence[RateSearch], target_rate: float, margin: float) -> None:

@@ -136,7 +136,11 @@ def test_a_search_with_no_pass_is_out_of_reach_once_a_rate_it_missed_is() -> Non
 
     from .test_search_speed import _answered
 
-    best = _answered("A100-80GB", 1.0, 1000.0)  # 1000 tokens/s per req/s, same GPU and price
+    from twinserve.sim.search_commands import workload_lengths
+
+    cfg = small_config(**{"engine.hardware": "A100-80GB"})
+    tok = float(sum(workload_lengths(cfg)))  # a request's tokens: throughput per req/s at most
+    best = _answered("A100-80GB", 1.0, tok)  # same GPU and price: cost goes as 1 / rate
     best.runs[1.0]["meets_slo"] = True
     settled = out_of_reach(0.0, 0.35)
     for hi in (0.3, 0.45, 0.5, 0.6, 0.9):
@@ -153,6 +157,13 @@ def test_a_search_with_no_pass_is_out_of_reach_once_a_rate_it_missed_is() -> Non
     other.hi = floor * 1.001
     assert not settled(other, [best, other])
     assert settled.floor(other, [other]) == 0.0  # nothing answered yet: no floor
+    # A configuration whose requests carry 4x the tokens reaches the same cost at 1/4 the rate:
+    # its own workload prices it, not the cheapest's.
+    long = RateSearch({"hardware": "A100-80GB"}, small_config(**{
+        "engine.hardware": "A100-80GB", "prompt_dist": "fixed", "output_dist": "fixed",
+        "prompt_mean": 4 * 1134, "output_mean": 4 * 187}))
+    ratio = sum(workload_lengths(long.cfg)) / tok
+    assert settled.floor(long, [best, long]) == pytest.approx(0.65 / 1.35 / ratio, rel=1e-6)
 
 
 def test_a_search_with_no_pass_runs_at_the_floor_at_most_once_and_under_it() -> None:
