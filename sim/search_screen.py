@@ -50,7 +50,7 @@ def out_of_reach(target_rate: float, margin: float
     if margin <= 0:
         return None
     rows: dict[tuple[int, float], dict[str, Any]] = {}
-    memo: dict[int, float] = {}  # tokens per request, by search
+    memo: dict[int, tuple[RateSearch, float]] = {}  # tokens per request, by search
 
     def row(s: RateSearch) -> dict[str, Any]:
         key = (id(s), s.lo)
@@ -95,17 +95,19 @@ def out_of_reach(target_rate: float, margin: float
     return settled
 
 
-def _tokens(s: RateSearch, memo: dict[int, float]) -> float:
-    """Mean prompt + output tokens of a request of s's workload (memoized by search)."""
-    if id(s) not in memo:
+def _tokens(s: RateSearch, memo: dict[int, tuple[RateSearch, float]]) -> float:
+    """Mean prompt + output tokens of a request of s's workload (memoized by search; the entry
+    holds the search, so its id is not reused by another while the memo lives)."""
+    hit = memo.get(id(s))
+    if hit is None or hit[0] is not s:
         from twinserve.sim.search_commands import workload_lengths
 
-        memo[id(s)] = float(sum(workload_lengths(s.cfg)))
-    return memo[id(s)]
+        hit = memo[id(s)] = (s, float(sum(workload_lengths(s.cfg))))
+    return hit[1]
 
 
 def cost_below(s: RateSearch, rate: float, searches: Sequence[RateSearch],
-               target_rate: float, memo: dict[int, float] | None = None,
+               target_rate: float, memo: dict[int, tuple[RateSearch, float]] | None = None,
                k: float | None = None) -> float:
     """The least cost s could have with an answer below rate, before it has passed any: USD/hour
     for the target, else per M tokens at rate x k tokens/s per req/s (tokens_per_rate); 0
@@ -120,7 +122,7 @@ def cost_below(s: RateSearch, rate: float, searches: Sequence[RateSearch],
 
 
 def tokens_per_rate(s: RateSearch, searches: Sequence[RateSearch],
-                    memo: dict[int, float]) -> float:
+                    memo: dict[int, tuple[RateSearch, float]]) -> float:
     """The most tokens/s a run of s can show per req/s: its workload's tokens per request (a
     run's throughput is its tokens over its duration, which its drain only lengthens), scaled up
     by the most any passing run of these searches exceeded its own (a short arrival span)."""
