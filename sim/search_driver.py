@@ -12,7 +12,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from twinserve.sim.runner import PointFailure, _guarded, _Raised, ray_init
-from twinserve.sim.search_disagg import neighbour_splits, split_of
+from twinserve.sim.search_disagg import neighbour_splits
 
 
 _STEP_ESTIMATED = 1.5
@@ -71,22 +71,6 @@ def neighbour_answer(s: SearchLike, searches: Sequence[SearchLike]) -> float:
     with the highest rate it passed so far: its answer is at least that."""
     return max((o.lo for o in searches if o.lo > 0 and neighbour_splits(s.point, o.point)),
                default=0.0)
-
-
-def start_ranks(searches: Sequence[SearchLike]) -> dict[int, tuple[int, int, int, int]]:
-    """Order in which unstarted searches start: grid point by grid point (the first place each
-    appears), its prefill/decode splits before its aggregated run, the most even split first and
-    out from it (each split then starts from a neighbour's answer, and the middle one, likely
-    the cheapest, lands early: its answer puts dearer ones out of reach before they are
-    bisected, sim.search_screen.out_of_reach)."""
-    group: dict[tuple, int] = {}
-    out = {}
-    for i, s in enumerate(searches):
-        g = group.setdefault(tuple(sorted((k, str(v)) for k, v in s.point.items()
-                                          if k != "mode")), len(group))
-        sp = split_of(s.point)
-        out[id(s)] = (g, 1, 0, i) if sp is None else (g, 0, abs(sp[0] - sp[1]), i)
-    return out
 
 
 def likeness(a: SearchLike, b: SearchLike) -> int:
@@ -195,12 +179,11 @@ def drive(searches: Sequence[SearchLike], fn: Callable[[Any], dict[str, Any]],
     inflight: dict[Any, tuple[SearchLike, float]] = {}
     busy: set[int] = set()
     floor = getattr(settled, "floor", None)
-    rank = start_ranks(searches)
     try:
         while True:
             # Started searches first: an unstarted one gains from every answer that lands before it.
-            order = sorted((s for s in searches if id(s) not in busy),
-                           key=lambda s: (s.lo == 0 and math.isinf(s.hi), rank[id(s)]))
+            order = sorted((s for s in searches if id(s) not in busy), key=lambda s: s.lo == 0 and
+                           math.isinf(s.hi))
             for s in order:
                 if len(inflight) >= slots:
                     break
