@@ -45,7 +45,7 @@ def out_of_reach(target_rate: float, margin: float
     no pass yet is out of reach (dominated) once a rate it failed at is: its answer lies below
     that rate, where it is dearer than the cheapest even moved by margin; it needs no pass.
     The function's `floor(s, searches)` is the least rate at which a miss shows that (0: none
-    yet): the driver starts a search there when its own start is lower (a pass there is a
+    yet): the driver runs a search with no pass there instead of lower (a pass there is a
     higher first pass; a miss ends it)."""
     if margin <= 0:
         return None
