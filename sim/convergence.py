@@ -90,6 +90,10 @@ def convergence_note(s: RateSearch, tolerance: float) -> str:
         return (f"screened: not rechecked, no seed band ({s.lengths[0][0]} requests, bracket "
                 f"{s.lo:.3g}-{s.hi:.3g}): dearer than the cheapest even with both rates moved "
                 "by screen_margin")
+    if s.dominated:
+        return (f"dominated: misses the SLOs at {s.hi:.3g} ({s.cfg.workload.num_requests} "
+                "requests), below which it is dearer than the cheapest even with both rates "
+                "moved by screen_margin: no pass searched")
     if len(s.lengths) < 2:
         if not s.lengths:
             return ""

@@ -89,6 +89,8 @@ class RateSearch:
     integer: bool = False      # the searched value is a client count (search.axis = concurrency)
     screened: bool = False     # cannot be the pick or a tie: not rechecked, no band (sim.search_screen)
     unbanded: bool = False     # rechecked, then out of the pick's reach: no seed band (sim.search_screen)
+    # No pass, stopped once a rate it missed showed it dearer than the cheapest (sim.search_screen)
+    dominated: bool = False
     tolerance: float = 0.0     # bracket tolerance of this stage (0: search.tolerance)
     # > 0: `estimate` is a nearby answer (a recheck's: the shorter runs'): the driver starts at it
     # times the found/estimated ratio of every such search done so far, with this step.
@@ -184,7 +186,7 @@ class RateSearch:
         if self.no_fit:
             return "does not fit"
         if self.lo == 0.0:
-            return "no rate meets the SLOs"
+            return "dominated" if self.dominated else "no rate meets the SLOs"
         if self.hi == math.inf:
             return "max_rate cap"
         return "ok"

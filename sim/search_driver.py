@@ -178,6 +178,7 @@ def drive(searches: Sequence[SearchLike], fn: Callable[[Any], dict[str, Any]],
     slots = n if ray_address is None else (workers or len(searches))
     inflight: dict[Any, tuple[SearchLike, float]] = {}
     busy: set[int] = set()
+    floor = getattr(settled, "floor", None)
     try:
         while True:
             # Started searches first: an unstarted one gains from every answer that lands before it.
@@ -201,6 +202,13 @@ def drive(searches: Sequence[SearchLike], fn: Callable[[Any], dict[str, Any]],
                 rate = s.next_rate()
                 if rate is None:
                     continue
+                if floor is not None and s.lo == 0.0:
+                    # With no pass yet, below this rate a miss shows it dearer than the cheapest
+                    # (sim.search_screen.out_of_reach): run there instead of lower, a pass there
+                    # is a higher first pass and a miss ends the search.
+                    f = float(f"{floor(s, searches) * (1 - 1e-5):.6g}")  # at or under it
+                    if rate < f < s.hi and f not in s.runs:
+                        rate = f
                 inflight[backend.submit(fn, make_job(s, rate))] = (s, rate)
                 busy.add(id(s))
             if not inflight:

@@ -104,8 +104,9 @@ def test_a_search_out_of_reach_stops_bisecting_with_the_bracket_it_would_have_na
     a100, h100 = convergence.converged_search(cfg, grid, SLOS, workers=1, progress=False)
     monkeypatch.setattr(convergence, "out_of_reach", lambda *a: None)
     full_a100, full_h100 = convergence.converged_search(cfg, grid, SLOS, workers=1, progress=False)
-    # The dominated H100 stopped early, on the same bisection path: its bracket holds the full one.
-    assert h100.screened and full_h100.screened
+    # The dominated H100 stopped early, on the same bisection path: its bracket holds the full one
+    # (started at the rate below which a miss shows it dearer, it missed there: no pass at all).
+    assert (h100.screened or h100.dominated) and full_h100.screened
     assert h100.runs_total < full_h100.runs_total
     assert h100.lo <= full_h100.lo < full_h100.hi <= h100.hi
     assert (h100.hi - h100.lo) / h100.hi > cfg.search.first_tolerance
@@ -127,6 +128,105 @@ def test_out_of_reach_only_when_even_the_brackets_top_is_dearer_than_the_cheapes
         assert settled(other, [best, other]) == (hi * 1.35 < 0.65), (lo, hi)
     assert not settled(best, [best])
     assert out_of_reach(0.0, 0.0) is None
+
+
+def test_a_search_with_no_pass_is_out_of_reach_once_a_rate_it_missed_is() -> None:
+    from twinserve.sim.search import RateSearch
+    from twinserve.sim.search_screen import out_of_reach
+
+    from .test_search_speed import _answered
+
+    from twinserve.sim.search_commands import workload_lengths
+
+    cfg = small_config(**{"engine.hardware": "A100-80GB"})
+    tok = float(sum(workload_lengths(cfg)))  # a request's tokens: throughput per req/s at most
+    best = _answered("A100-80GB", 1.0, tok)  # same GPU and price: cost goes as 1 / rate
+    best.runs[1.0]["meets_slo"] = True
+    settled = out_of_reach(0.0, 0.35)
+    for hi in (0.3, 0.45, 0.5, 0.6, 0.9):
+        other = RateSearch({"hardware": "A100-80GB"},
+                           small_config(**{"engine.hardware": "A100-80GB"}), hi=hi)
+        # Its answer is below hi: even at hi x 1.35 dearer than the cheapest's worst (rate 0.65)?
+        assert settled(other, [best, other]) == (hi * 1.35 < 0.65), hi
+    # The least rate whose miss settles it: a start raised there passes higher or ends the search.
+    other = RateSearch({"hardware": "A100-80GB"}, small_config(**{"engine.hardware": "A100-80GB"}))
+    floor = settled.floor(other, [best, other])
+    assert floor == pytest.approx(0.65 / 1.35, rel=1e-6)
+    other.hi = floor
+    assert settled(other, [best, other])
+    other.hi = floor * 1.001
+    assert not settled(other, [best, other])
+    assert settled.floor(other, [other]) == 0.0  # nothing answered yet: no floor
+    # A configuration whose requests carry 4x the tokens reaches the same cost at 1/4 the rate:
+    # its own workload prices it, not the cheapest's.
+    long = RateSearch({"hardware": "A100-80GB"}, small_config(**{
+        "engine.hardware": "A100-80GB", "prompt_dist": "fixed", "output_dist": "fixed",
+        "prompt_mean": 4 * 1134, "output_mean": 4 * 187}))
+    ratio = sum(workload_lengths(long.cfg)) / tok
+    assert settled.floor(long, [best, long]) == pytest.approx(0.65 / 1.35 / ratio, rel=1e-6)
+
+
+def test_a_search_with_no_pass_runs_at_the_floor_at_most_once_and_under_it() -> None:
+    from twinserve.sim.search import RateSearch
+    from twinserve.sim.search_driver import drive
+
+    from .helpers import small_config as cfg
+
+    floor_rate = 2.5234567891  # rounds up to 2.52346 at six digits
+
+    def settled(s, searches):
+        return s.lo == 0.0 and s.hi <= floor_rate
+
+    settled.floor = lambda s, searches: floor_rate
+    s = RateSearch({"tp": 1}, cfg(), start=9.0, step=1.2)
+    rates: list[float] = []
+
+    def run(rate):
+        rates.append(rate)
+        assert len(rates) < 20, rates  # a floor rounded above itself missed there forever
+        return {"rate": rate}
+
+    drive([s], run, lambda s, rate: rate, lambda row: False, workers=1, settled=settled)
+    # Misses walk down from 9 until the next step would go under the floor; then one run at
+    # (not above) the floor settles it.
+    assert rates[:2] == [9.0, 7.5] and rates[-1] <= floor_rate < rates[-2]
+    assert all(r > floor_rate for r in rates[:-1]) and settled(s, [s])
+
+
+def test_skipping_dominated_configurations_keeps_the_true_pick(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from twinserve.sim import convergence
+    from twinserve.sim.search import cheapest, summary_rows
+
+    from .test_search_speed import SLOS
+
+    cfg = small_config(num_requests=60, prompt_dist="fixed", prompt_mean=1500, output_dist="fixed",
+                       output_mean=200, **{"search.requests_per_run": 60,
+                                           "search.max_requests_per_run": 120,
+                                           "search.band_seeds": 0,
+                                           "search.prices": {"H100-SXM": 1000.0}})
+    # The dear H100 first (nothing to compare it with yet), then the A100, the true pick, then
+    # the H100 again at a price that puts it out of the A100's reach before it has passed.
+    grid = {"engine.hardware": ["H100-SXM", "A100-80GB"]}
+    fast = convergence.converged_search(cfg, grid, SLOS, workers=1, progress=False)
+    monkeypatch.setattr(convergence, "out_of_reach", lambda *a: None)
+    full = convergence.converged_search(cfg, grid, SLOS, workers=1, progress=False)
+    pick = [cheapest(summary_rows(x))["hardware"] for x in (fast, full)]
+    assert pick == ["A100-80GB", "A100-80GB"]
+    assert (fast[1].lo, fast[1].hi) == (full[1].lo, full[1].hi)
+    cfg.search.prices = {"A100-80GB": 1.0, "H100-SXM": 1000.0}
+    grid = {"engine.hardware": ["A100-80GB", "H100-SXM"]}
+    monkeypatch.undo()
+    fast = convergence.converged_search(cfg, grid, SLOS, workers=1, progress=False)
+    a100, h100 = fast
+    assert h100.dominated and h100.lo == 0.0 and h100.status == "dominated"
+    # Its true answer lies below the rate it missed, and there it is no pick.
+    monkeypatch.setattr(convergence, "out_of_reach", lambda *a: None)
+    full = convergence.converged_search(cfg, grid, SLOS, workers=1, progress=False)
+    assert full[1].lo < h100.hi and not full[1].dominated
+    assert cheapest(summary_rows(full))["hardware"] == "A100-80GB"
+    assert h100.runs_total < full[1].runs_total
+    assert (a100.lo, a100.hi) == (full[0].lo, full[0].hi)
 
 
 ITL_CASES = {

@@ -142,8 +142,11 @@ def test_a_dominated_configuration_is_not_rechecked_nor_banded() -> None:
     search_seeds(searches, SLOS, 1, None, False)
     a100, h100 = searches
     assert not a100.screened and len(a100.lengths) == 2 and len(a100.seeds) == 2
-    assert h100.screened and len(h100.lengths) == 1 and h100.seeds == []
-    assert convergence_note(h100, 0.05).startswith("screened")
+    # Screened after a pass, or (its start raised to where a miss shows it dearer) dominated
+    # with none: either way not rechecked and not banded.
+    assert h100.seeds == [] and (h100.screened and len(h100.lengths) == 1
+                                 or h100.dominated and not h100.lengths)
+    assert convergence_note(h100, 0.05).startswith(("screened", "dominated"))
     cfg.search.screen_margin = 0.0
     again = converged_search(cfg, {"engine.hardware": ["A100-80GB", "H100-SXM"]}, SLOS,
                              workers=1, progress=False)
