@@ -31,7 +31,7 @@ SIM_KNOBS = [f.name for f in fields(SchedulerSection) if f.name not in FROM_ENGI
 OTHER = {"max_model_len": 128, "max_num_batched_tokens": 192, "max_num_seqs": 7,
          "enable_chunked_prefill": False, "long_prefill_token_threshold": 9, "block_size": 8,
          "enable_prefix_caching": False, "watermark": 0.05, "aging_interval_s": 12.5,
-         "max_prefill_tokens": 300}
+         "max_prefill_tokens": 300, "recv_interval": 3}
 
 
 def _other(name: str) -> Any:
