@@ -7,20 +7,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from twinserve.core import ModelRunnerOutput, Request, SamplingParams, Scheduler, SchedulerConfig
+from twinserve.core import Request, SamplingParams, Scheduler, SchedulerConfig
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.fake_executor import FakeExecutor
 
 from .helpers import drive, reference_output
+from .test_batch_policy import _step
 from .test_scheduler_properties import _fields, workloads
-
-
-def _step(sched: Scheduler, t: float) -> dict[str, int]:
-    so = sched.schedule(t)
-    tokens = {rid: [5] for rid in so.num_scheduled_tokens
-              if sched.requests[rid].num_computed_tokens == sched.requests[rid].num_tokens}
-    sched.update_from_output(so, ModelRunnerOutput(tokens), t + 0.5)
-    return dict(so.num_scheduled_tokens)
 
 
 def _sched(interval: int) -> Scheduler:

@@ -84,6 +84,15 @@ def test_a_nearby_answer_starts_at_every_such_searchs_ratio_with_its_own_step() 
     assert recheck.lo == 4.0 and recheck.hi == 4.2
 
 
+def _dear_h100_config():
+    """Short fixed-length runs, no band seeds, the H100 priced out of reach of the A100."""
+    return small_config(num_requests=60, prompt_dist="fixed", prompt_mean=1500, output_dist="fixed",
+                        output_mean=200, **{"search.requests_per_run": 60,
+                                            "search.max_requests_per_run": 120,
+                                            "search.band_seeds": 0,
+                                            "search.prices": {"H100-SXM": 1000.0}})
+
+
 def test_a_search_out_of_reach_stops_bisecting_with_the_bracket_it_would_have_narrowed(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from twinserve.sim import convergence
@@ -91,11 +100,7 @@ def test_a_search_out_of_reach_stops_bisecting_with_the_bracket_it_would_have_na
 
     from .test_search_speed import SLOS
 
-    cfg = small_config(num_requests=60, prompt_dist="fixed", prompt_mean=1500, output_dist="fixed",
-                       output_mean=200, **{"search.requests_per_run": 60,
-                                           "search.max_requests_per_run": 120,
-                                           "search.band_seeds": 0,
-                                           "search.prices": {"H100-SXM": 1000.0}})
+    cfg = _dear_h100_config()
     grid = {"engine.hardware": ["A100-80GB", "H100-SXM"]}
     # Rates placed by steps and bisection only: here the H100's statistics are concave in the
     # rate, so two passes' line lands short and it creeps up by passes to a 5% bracket with no
@@ -200,11 +205,7 @@ def test_skipping_dominated_configurations_keeps_the_true_pick(
 
     from .test_search_speed import SLOS
 
-    cfg = small_config(num_requests=60, prompt_dist="fixed", prompt_mean=1500, output_dist="fixed",
-                       output_mean=200, **{"search.requests_per_run": 60,
-                                           "search.max_requests_per_run": 120,
-                                           "search.band_seeds": 0,
-                                           "search.prices": {"H100-SXM": 1000.0}})
+    cfg = _dear_h100_config()
     # The dear H100 first (nothing to compare it with yet), then the A100, the true pick, then
     # the H100 again at a price that puts it out of the A100's reach before it has passed.
     grid = {"engine.hardware": ["H100-SXM", "A100-80GB"]}
