@@ -577,6 +577,7 @@ def _tail_plan(sched, n: int) -> list[tuple[Request, int, int, bool]] | None:
     need = -(-(c + num_new) // kv.block_size) - len(kv.req_to_blocks[req.request_id])
     return [(req, num_new, need if need > 0 else 0, True)]
 
+
 def _schedule_tail(sched, plan: list[tuple[Request, int, int, bool]], cached: CachedRequestData,
                    num_scheduled: dict[str, int]) -> int:
     """Schedule _tail_plan's requests as schedule_batch does (after the step's decodes took their

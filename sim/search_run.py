@@ -9,12 +9,10 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-import simpy
-
 from twinserve.core.request import Request
 from twinserve.sim.build import build
 from twinserve.sim.config import StudyConfig
-from twinserve.sim.gc_policy import simulation_gc
+from twinserve.sim.gc_policy import recycle_blocks, release_cluster, simulation_gc
 from twinserve.sim.metrics import slo_row
 from twinserve.sim.study import _run, cluster_point_result, is_cluster, point_result
 from twinserve.sim.world import ArrivalSource, RequestRecord
@@ -231,7 +229,7 @@ def _search_point(point: dict[str, Any], cfg: StudyConfig, slos: dict[str, float
         row = point_result(cfg, built, result, point, itl=False).row
         row["stopped_early"] = ""
     guard.unwatch()
-    _recycle_blocks([built.simulation.core])
+    recycle_blocks([built.simulation.core])
     return row
 
 
@@ -240,12 +238,6 @@ def _needs_itl(slos: dict[str, float]) -> bool:
     return any(col.split("_")[1] == "itl" for col in slos)
 
 
-def _recycle_blocks(cores: list[Any]) -> None:
-    """Hand a finished run's KV blocks to the next run's pools (BlockPool.recycle): a search
-    makes a pool of 10^5 blocks a run, and linked in their free queue they are cyclic garbage
-    that only a full collection (rare under sim.gc_policy) would free."""
-    for core in cores:
-        core.scheduler.kv.pool.recycle()
 
 
 def _watch_waiting(guard: SLOGuard, sim: Any, w: Any) -> None:
@@ -294,37 +286,11 @@ def _cluster_point(point: dict[str, Any], cfg: StudyConfig, guard: SLOGuard,
             row = cluster_point_result(cfg, built, res, point, itl=False).row
             row["stopped_early"] = ""
     guard.unwatch()
-    _recycle_blocks([r.core for r in built.simulation.replicas])
-    _release(built.simulation)
+    recycle_blocks([r.core for r in built.simulation.replicas])
+    release_cluster(built.simulation)
     return row
 
 
-def _release(sim: Any) -> None:
-    """Let reference counting free a finished or stopped cluster run.
-
-    Its SimPy processes are generators suspended for good (a replica waiting for work, the
-    dispatcher's next arrival after a stop), and each such generator's frame holds the
-    simulation, which holds the process: a cycle. Only the collector frees a cycle, and its
-    young collection when the run's GC policy ends (sim.gc_policy) walks every object the run
-    still holds, each request's token lists among them: ~20 ms of a 0.15-0.25 s FP8 8x H200
-    cluster run (docs/search-speed.md, search56). Closing the generators and emptying the
-    event queue breaks the cycles; nothing of the simulation is read after this.
-    """
-    # SimPy 4's private fields (its queue, a process's generator): read with defaults, so that a
-    # SimPy without them only loses this shortcut (the collector frees the run as before).
-    queue = getattr(sim.env, "_queue", None)
-    queue = queue if isinstance(queue, list) else []
-    procs = [rep.process for rep in sim.replicas if getattr(rep, "process", None) is not None]
-    for item in queue:  # (time, priority, id, event): what each waiter waits on
-        for cb in getattr(item[-1], "callbacks", None) or ():
-            owner = getattr(cb, "__self__", None)
-            if isinstance(owner, simpy.Process):
-                procs.append(owner)
-    for proc in procs:
-        gen = getattr(proc, "_generator", None)
-        if gen is not None:
-            gen.close()
-    queue.clear()
 
 
 def _clear_frames(exc: BaseException | None) -> None:

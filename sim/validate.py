@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from twinserve.core.errors import TwinserveError
+from twinserve.sim.gc_policy import recycle_blocks, release_cluster
 
 from twinserve.sim.validate_engines import frontend_latency_s
 from twinserve.sim.validate_estimate import (FULL, drain_study, estimate_waves, estimator_label, uses_estimate,
@@ -82,16 +83,14 @@ def run_to_window(cfg: Any, count: int, stop_early: bool = True) -> pd.DataFrame
 
 
 def _free_run(sim: Any, cluster: bool) -> None:
-    """Let reference counting free a finished run, as a search's runs are (sim.search_run): its KV
-    blocks go to the next run's pools (BlockPool.recycle; linked in their free queue they are
-    cycles), and a cluster's suspended SimPy processes are closed. Otherwise each study leaves its
-    world (millions of objects at the head) to a full collection, which sim.gc_policy's frozen
-    generations put off past the next studies: one worker grew to 12.8 GB (docs/validate-speed.md)."""
-    from twinserve.sim.search_run import _recycle_blocks, _release  # the search's own, shared
-
-    _recycle_blocks([r.core for r in sim.replicas] if cluster else [sim.core])
+    """Let reference counting free a finished run, as a search's runs are: its KV blocks go to the
+    next run's pools, and a cluster's suspended SimPy processes are closed (sim.gc_policy). Otherwise
+    each study leaves its world (millions of objects at the head) to a full collection, which
+    simulation_gc's frozen generations put off past the next studies: one worker grew to 12.8 GB
+    (docs/validate-speed.md)."""
+    recycle_blocks([r.core for r in sim.replicas] if cluster else [sim.core])
     if cluster:
-        _release(sim)
+        release_cluster(sim)
 
 
 def simulate_row(job: tuple[Any, ...]) -> dict[str, Any]:

@@ -254,10 +254,10 @@ def cost_estimate(row: dict[str, Any]) -> float:
 
 
 # A worker process holding more than this after a study is replaced by a fresh one (sim.runner._Workers).
-# A big study leaves millions of freed objects in cycles that only a full collection finds (the
-# collector's generations are frozen while a run runs, sim.gc_policy); collecting them costs ~20% of
-# the study's CPU, a process's end nothing. Without it one worker grew to 12.8 GB over the head studies
-# and was killed for memory (docs/validate-speed.md, "Memory"). The costliest study alone peaks at 1.8 GB.
+# Each study's run is freed by reference counting (sim.validate._free_run); what a big study still leaves
+# (the allocator's arenas, the spare block pool) goes back to the system only at the process's end.
+# Before both, one worker grew to 12.8 GB over the head studies and was killed for memory
+# (docs/validate-speed.md, "Worker memory"). The costliest study alone peaks at 1.8-2.2 GB.
 WORKER_RSS_LIMIT = 3 << 29  # 1.5 GiB
 
 
