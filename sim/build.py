@@ -60,7 +60,7 @@ def fit_problem(cfg: StudyConfig) -> str:
     try:
         kv_capacity(model, hw, e.tensor_parallel_size, s.block_size, e.gpu_memory_utilization,
                     s.max_num_batched_tokens, s.max_num_seqs, reserve, e.num_gpu_blocks or None,
-                    parallel=parallelism(cfg))
+                    parallel=parallelism(cfg), memory_basis=e.kv_memory_basis)
     except DoesNotFitError as err:
         allowed = str(err.args[2])  # "a value leaving room for KV blocks: <why>"
         return allowed.split(": ", 1)[-1]
@@ -241,7 +241,7 @@ def engine_capacity(cfg: StudyConfig, model: ModelSpec, hw: HardwareSpec) -> KVC
         cap = kv_capacity(model, hw, e.tensor_parallel_size, s.block_size,
                           e.gpu_memory_utilization, s.max_num_batched_tokens, s.max_num_seqs,
                           reserve, e.num_gpu_blocks or None, kv_groups=kv_groups_for(cfg, model),
-                          parallel=parallelism(cfg))
+                          parallel=parallelism(cfg), memory_basis=e.kv_memory_basis)
         draft = draft_spec(cfg, model)
         if draft is None:
             return cap

@@ -53,6 +53,11 @@ class EngineConfig:
     pipeline_parallel_size: int = knob(1, help="pipeline stages per replica", unit="stages", range=(1, 4096))
     gpu_memory_utilization: float = knob(0.9, help="share of GPU memory the engine may take",
                                          range=(0.0, 1.0), open="lo")
+    kv_memory_basis: str = knob("total",
+                                help="what gpu_memory_utilization is a share of: the GPU's total memory (vLLM, "
+                                     "SGLang) or what is free after weights and activations (TensorRT-LLM's "
+                                     "free_gpu_memory_fraction)",
+                                choices=("total", "free"))
     num_gpu_blocks: int = knob(0,
                                help="KV blocks in the pool (every block is an object of the simulated pool)",
                                unit="blocks", range=(1, 2 ** 21), special={0: "derived from memory"})

@@ -373,6 +373,9 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     for k, v in prec.items():
         setattr(e, k, v)
     e.engine_profile = ENGINE_PROFILE.get(str(row["backend"]), e.engine_profile)
+    # TensorRT-LLM sizes its KV pool as a share (0.9) of the memory left once the model is loaded,
+    # vLLM and SGLang as a share of the GPU's total (backends/sim/capacity.py MEMORY_BASES).
+    e.kv_memory_basis = "free" if row["backend"] == "trtllm" else "total"
     if cost_model == "aic":
         # aic's kernel timings hold no serving overheads: the engine's fitted terms (backends/sim/aic).
         terms = aic_serving_terms(str(row["backend"]))

@@ -56,13 +56,32 @@ def runtime_reserve_bytes(hardware: HardwareSpec, tp: int, cuda_graphs: bool = T
     return gib * GiB
 
 
+# What an engine's memory share is a share of: vLLM's gpu_memory_utilization and SGLang's
+# mem_fraction_static take it of the GPU's total memory; TensorRT-LLM's KvCacheConfig
+# free_gpu_memory_fraction (default 0.9) of the memory free once the model is loaded (its docs,
+# "How to Change KV Cache Behavior": "allocate 90% of free GPU memory for KV cache").
+MEMORY_BASES = ("total", "free")
+
+
+def usable_kv_bytes(mem_bytes: float, utilization: float, taken: float, basis: str = "total") -> float:
+    """Bytes left for K/V on a GPU of mem_bytes when weights and the rest take `taken`."""
+    if basis == "free":
+        return (mem_bytes - taken) * utilization
+    if basis != "total":
+        raise InvalidConfigError("kv_memory_basis", basis, " or ".join(MEMORY_BASES))
+    return mem_bytes * utilization - taken
+
+
 def kv_capacity(model: ModelSpec, hardware: HardwareSpec, tp: int, block_size: int,
                 gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 2048,
                 max_num_seqs: int = 256, activation_reserve: float | None = None,
                 num_blocks_override: int | None = None,
                 runtime_reserve: float | None = None, kv_groups: tuple[int, ...] = (0,),
-                parallel: Parallelism | None = None) -> KVCapacity:
+                parallel: Parallelism | None = None, memory_basis: str = "total") -> KVCapacity:
     """(memory × utilisation − weights − activations − runtime reserve) / bytes per block, per GPU.
+
+    memory_basis "free": utilisation is a share of what is left after the weights, activations and
+    reserve instead (TensorRT-LLM's free_gpu_memory_fraction), (memory − the rest) × utilisation.
 
     KV heads replicate once tp exceeds them, as in vLLM. With several KV groups a block is a page:
     block_size tokens of one group's layers (num_layers / groups), as core/kv/groups.py lays them out.
@@ -73,7 +92,7 @@ def kv_capacity(model: ModelSpec, hardware: HardwareSpec, tp: int, block_size: i
                                  or parallel.expert_parallel_size > 1):
         return _parallel_capacity(model, hardware, parallel, block_size, gpu_memory_utilization,
                                   max_num_batched_tokens, max_num_seqs, activation_reserve,
-                                  num_blocks_override, runtime_reserve, kv_groups)
+                                  num_blocks_override, runtime_reserve, kv_groups, memory_basis)
     groups = len(kv_groups) or 1
     if model.num_layers % groups:
         raise InvalidConfigError("kv_groups", list(kv_groups),
@@ -84,7 +103,8 @@ def kv_capacity(model: ModelSpec, hardware: HardwareSpec, tp: int, block_size: i
     reserved = runtime_reserve if runtime_reserve is not None else runtime_reserve_bytes(hardware, tp)
     # Linear-attention layers keep one fixed-size state per running sequence, beside the paged K/V.
     state = model.linear_state_bytes_per_seq_per_gpu(tp) * max_num_seqs
-    usable = hardware.mem_bytes * gpu_memory_utilization - weights - act - reserved - state
+    usable = usable_kv_bytes(hardware.mem_bytes, gpu_memory_utilization, weights + act + reserved + state,
+                             memory_basis)
     block_bytes = block_size * model.kv_bytes_per_token_per_gpu(tp) / groups
     if num_blocks_override is not None:
         return KVCapacity(num_blocks_override, usable, weights, act, block_bytes, reserved, state)
@@ -102,7 +122,8 @@ def kv_capacity(model: ModelSpec, hardware: HardwareSpec, tp: int, block_size: i
 def _parallel_capacity(model: ModelSpec, hardware: HardwareSpec, par: Parallelism, block_size: int,
                        gpu_memory_utilization: float, max_num_batched_tokens: int, max_num_seqs: int,
                        activation_reserve: float | None, num_blocks_override: int | None,
-                       runtime_reserve: float | None, kv_groups: tuple[int, ...]) -> KVCapacity:
+                       runtime_reserve: float | None, kv_groups: tuple[int, ...],
+                       memory_basis: str = "total") -> KVCapacity:
     """kv_capacity for one GPU of the heaviest stage, the pool counted over the DP ranks."""
     tp, dp = par.tensor_parallel_size, par.data_parallel_size
     stage = par.stage_model(model)
@@ -112,7 +133,8 @@ def _parallel_capacity(model: ModelSpec, hardware: HardwareSpec, par: Parallelis
     reserved = (runtime_reserve if runtime_reserve is not None
                 else runtime_reserve_bytes(hardware, par.num_gpus))
     state = stage.linear_state_bytes_per_seq_per_gpu(tp) * max(1, max_num_seqs // dp)  # one rank's sequences
-    usable = hardware.mem_bytes * gpu_memory_utilization - weights - act - reserved - state
+    usable = usable_kv_bytes(hardware.mem_bytes, gpu_memory_utilization, weights + act + reserved + state,
+                             memory_basis)
     block_bytes = block_size * stage.kv_bytes_per_token_per_gpu(tp) / (len(kv_groups) or 1)
     if num_blocks_override is not None:
         return KVCapacity(num_blocks_override, usable, weights, act, block_bytes, reserved, state)

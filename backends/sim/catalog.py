@@ -15,6 +15,7 @@ from twinserve.core.errors import TwinserveError
 from twinserve.backends.sim.precision import Precision
 
 GiB = 1024**3
+MiB = 1024**2
 
 
 class UnknownSpecError(TwinserveError, KeyError):
@@ -332,6 +333,10 @@ _AR_2025 = {"allreduce_latency_s": 18e-6, "allreduce_hop_s": 1e-6}
 # Vendor datasheets, dense (sparse figures halved); efficiencies by analogy are said so on their line.
 # Past the NVLink domain (8 GPUs, NVL72 racks 72) collectives take the network: one ConnectX-7
 # 400 Gb/s NIC per GPU (DGX H100/H200/B200 datasheets), 50 GB/s a direction, unless said.
+# Memory is what the driver reports (nvidia-smi's total), the figure vLLM's gpu_memory_utilization and
+# SGLang's mem_fraction_static take their share of; datasheets round it (H200 "141 GB" is 143,771 MiB,
+# B200 "180 GB" 183,359 MiB). nvidia-smi totals: public nvidia-smi outputs and aiconfigurator-core's
+# systems/*.yaml (gb200 189,471 MiB, b300 275,040 MiB, gb300 284,208 MiB).
 HARDWARES: dict[str, HardwareSpec] = {h.name: h for h in [
     # NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100); no FP8 tensor cores.
     HardwareSpec("A100-80GB", 312e12, 2.039e12, 80 * GiB, 300e9,
@@ -341,7 +346,7 @@ HARDWARES: dict[str, HardwareSpec] = {h.name: h for h in [
     HardwareSpec("H100-SXM", 989e12, 3.35e12, 80 * GiB, 450e9,
                  GPUProfile(gemm=0.62, attention=0.38, **_AR_2025, price_per_hour=3.0), peak_flops_fp8=1979e12),
     # NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200), SXM: H100's compute; PCIe Gen5 128 GB/s.
-    HardwareSpec("H200", 989e12, 4.8e12, 141e9, 450e9,
+    HardwareSpec("H200", 989e12, 4.8e12, 143771 * MiB, 450e9,
                  GPUProfile(gemm=0.62, attention=0.38, **_AR_2025, price_per_hour=3.7), peak_flops_fp8=1979e12),
     # NVIDIA L40S datasheet (nvidia.com/en-us/data-center/l40s); PCIe only: all-reduce latency estimated 2x.
     HardwareSpec("L40S", 362e12, 864e9, 48e9, 32e9,
@@ -354,24 +359,24 @@ HARDWARES: dict[str, HardwareSpec] = {h.name: h for h in [
     # Blackwell, per GPU, dense (the datasheets' sparse figures halved); H100's efficiencies by analogy.
     # NVIDIA DGX B200 datasheet (nvidia.com/en-us/data-center/dgx-b200): 8 GPUs, 1,440 GB HBM3e, 64 TB/s,
     # FP8 72 PF and FP4 144 PF sparse, NVLink 5 1.8 TB/s per GPU (both directions).
-    HardwareSpec("B200", 2250e12, 8.0e12, 180e9, 900e9,
+    HardwareSpec("B200", 2250e12, 8.0e12, 183359 * MiB, 900e9,
                  GPUProfile(gemm=0.62, attention=0.38, **_AR_2025, price_per_hour=6.0), peak_flops_fp8=4500e12,
                  peak_flops_fp4=9000e12),
     # NVIDIA HGX B300 spec (nvidia.com/en-us/data-center/hgx): 8 GPUs, FP4 144 PF sparse / 108 PF dense,
     # FP8 72 PF and BF16 36 PF sparse, NVLink 5 1.8 TB/s per GPU; the Blackwell Ultra GPU (NVIDIA technical
     # blog "Inside NVIDIA Blackwell Ultra", 2025): 288 GB HBM3e at 8 TB/s.
-    HardwareSpec("B300", 2250e12, 8.0e12, 288e9, 900e9,
+    HardwareSpec("B300", 2250e12, 8.0e12, 275040 * MiB, 900e9,
                  GPUProfile(gemm=0.62, attention=0.38, **_AR_2025, price_per_hour=7.0), peak_flops_fp8=4500e12,
                  peak_flops_fp4=13500e12, internode_bandwidth=100e9),  # ConnectX-8, 800 Gb/s per GPU
     # NVIDIA GB200 NVL72 spec (nvidia.com/en-us/data-center/gb200-nvl72): 72 GPUs, FP4 1,440 PF, FP8 720 PF,
     # BF16 360 PF (sparse), HBM3e 13.4 TB at 576 TB/s, NVLink 130 TB/s (1.8 TB/s per GPU, both directions).
-    HardwareSpec("GB200", 2500e12, 8.0e12, 186e9, 900e9,
+    HardwareSpec("GB200", 2500e12, 8.0e12, 189471 * MiB, 900e9,
                  GPUProfile(gemm=0.62, attention=0.38, **_AR_2025, price_per_hour=7.0), peak_flops_fp8=5000e12,
                  peak_flops_fp4=10000e12, nvlink_domain=72,
                  host_link_bandwidth=NVLINK_C2C, host_link_latency_s=5e-6),  # Grace over NVLink-C2C
     # NVIDIA GB300 NVL72 spec (nvidia.com/en-us/data-center/gb300-nvl72): 72 GPUs, FP4 1,440 PF sparse /
     # 1,080 PF dense, FP8 720 PF and BF16 360 PF sparse, HBM3e up to 21 TB at 576 TB/s, NVLink 130 TB/s.
-    HardwareSpec("GB300", 2500e12, 8.0e12, 288e9, 900e9,
+    HardwareSpec("GB300", 2500e12, 8.0e12, 284208 * MiB, 900e9,
                  GPUProfile(gemm=0.62, attention=0.38, **_AR_2025, price_per_hour=8.0), peak_flops_fp8=5000e12,
                  peak_flops_fp4=15000e12, nvlink_domain=72, internode_bandwidth=100e9,
                  host_link_bandwidth=NVLINK_C2C, host_link_latency_s=5e-6),  # Grace over NVLink-C2C

@@ -10,6 +10,7 @@ import pytest
 from twinserve.backends.sim import (FittedCostModel, ProfileError, RooflineCostModel, fit_profile,
                                     get_hardware, get_model, kv_capacity)
 from twinserve.backends.sim.catalog import UnknownSpecError
+from twinserve.core.errors import InvalidConfigError
 from twinserve.sim.build import build
 
 from .helpers import small_config
@@ -34,6 +35,18 @@ def test_kv_capacity_formula_and_override() -> None:
     assert kv_capacity(m, h, 1, 16, num_blocks_override=77).num_blocks == 77
     # Tensor parallelism splits weights and KV heads: more than twice the blocks at TP 2.
     assert kv_capacity(m, h, 2, 16).num_blocks > 2 * kv_capacity(m, h, 1, 16).num_blocks
+
+
+def test_trtllm_takes_its_share_of_the_memory_left_after_the_weights() -> None:
+    # TensorRT-LLM's free_gpu_memory_fraction: 0.9 of what is free once loaded, not 0.9 of the GPU.
+    m, h = get_model("Llama-2-7B"), get_hardware("A100-80GB")
+    taken = m.weight_bytes + 2 * 2**30 + 2**30  # weights, activations, CUDA context + graphs (TP 1)
+    free = kv_capacity(m, h, 1, 16, 0.9, activation_reserve=2 * 2**30, memory_basis="free")
+    assert free.num_blocks == (h.mem_bytes - taken) * 0.9 // (16 * m.kv_bytes_per_token)
+    total = kv_capacity(m, h, 1, 16, 0.9, activation_reserve=2 * 2**30)
+    assert free.num_blocks > total.num_blocks  # 0.1 x the weights more room
+    with pytest.raises(InvalidConfigError, match="kv_memory_basis"):
+        kv_capacity(m, h, 1, 16, memory_basis="spare")
 
 
 def test_roofline_terms_respond_to_features() -> None:

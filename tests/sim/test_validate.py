@@ -76,6 +76,26 @@ def test_agg_fp8_row_maps_to_its_concurrency_tp_and_fp8_weights_and_kv(rows: pd.
     assert cfg.cluster.num_replicas == 1
 
 
+# DeepSeek-R1 FP8 at TP 4 on B200, TensorRT-LLM, 32 clients of 8192 + 1024 tokens (a development row).
+DSR1_TP4_B200 = "2026_03_25_deepseek_r1_b200_sxm_trtllm_fp8_agg_8192x1024_c32_tp4_0_ep1_0_1183"
+
+
+def test_a_trtllm_row_sizes_its_kv_pool_from_the_memory_left_after_the_weights(rows: pd.DataFrame) -> None:
+    from twinserve.sim.build import build_cost_models, engine_capacity
+
+    cfg = row_study(_row(rows, DSR1_TP4_B200))
+    assert cfg.engine.kv_memory_basis == "free"
+    assert row_study(_row(rows, AGG_70B)).engine.kv_memory_basis == "total"  # vLLM: a share of the GPU
+    model, hw, _, _ = build_cost_models(cfg)
+    ours = engine_capacity(cfg, model, hw)
+    cfg.engine.kv_memory_basis = "total"
+    theirs = engine_capacity(cfg, model, hw)
+    # 157 GiB of weights on a 179 GiB GPU: 0.9 of the rest holds the 32 clients' K/V; 0.9 of the GPU
+    # would leave a few GiB, and the clients would queue for blocks the measured run never waited on.
+    per_seq = math.ceil((8192 + 1024) / cfg.scheduler.block_size)
+    assert theirs.num_blocks < 32 * per_seq <= ours.num_blocks
+
+
 def test_row_without_precision_is_the_16_bit_checkpoint(rows: pd.DataFrame) -> None:
     r = _row(rows, QWEN_NO_PRECISION)
     assert vr.precision_fields(r) == {"dtype": "bfloat16", "quantization": "none", "kv_cache_dtype": "auto"}
