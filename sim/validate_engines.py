@@ -15,7 +15,8 @@ The rows do not record their servers' flags, so a row runs with its engine's def
   (`Scheduler.get_next_batch_to_run`): batch_policy "prefill_first" (core/sched/batch_policy.py).
 - TensorRT-LLM (PyTorch backend, 1.x; the rows' 0.x versions are Dynamo's runtime images of it):
   `BuildConfig` max_num_tokens 8192, max_batch_size 2048; capacity scheduler
-  GUARANTEED_NO_EVICT by default (docs: "Useful Runtime Options").
+  GUARANTEED_NO_EVICT by default (docs: "Useful Runtime Options"): a request is admitted only when
+  the KV blocks of every running request to its max_tokens, and its own, fit (capacity_policy).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class EngineDefaults:
     source: str
     batch_policy: str = "mixed"  # SchedulerConfig.batch_policy
     max_prefill_tokens: int = 0  # SchedulerConfig.max_prefill_tokens (0: no cap)
+    capacity_policy: str = "on_demand"  # SchedulerConfig.capacity_policy
 
 
 def engine_defaults(backend: str, gpu_mem_bytes: float) -> EngineDefaults:
@@ -50,7 +52,12 @@ def engine_defaults(backend: str, gpu_mem_bytes: float) -> EngineDefaults:
                               "max_prefill_tokens; managers/scheduler.py get_next_batch_to_run",
                               batch_policy="prefill_first", max_prefill_tokens=16384)
     if backend == "trtllm":
-        return EngineDefaults(8192, 2048, "tensorrt_llm BuildConfig max_num_tokens / max_batch_size")
+        # SchedulerConfig.capacity_policy in TensorRT-LLM's LLM API (llmapi/llm_args.py, SchedulerConfig):
+        # CapacitySchedulerPolicy.GUARANTEED_NO_EVICT unless a recipe sets MAX_UTILIZATION; no InferenceX
+        # TensorRT-LLM script read (docs/validate-accuracy.md) sets scheduler_config.
+        return EngineDefaults(8192, 2048, "tensorrt_llm BuildConfig max_num_tokens / max_batch_size; "
+                              "llmapi SchedulerConfig.capacity_scheduler_policy",
+                              capacity_policy="guaranteed_no_evict")
     raise ValueError(f"backend {backend!r}: known engines are vllm, sglang, trtllm")
 
 

@@ -60,20 +60,32 @@ def _dsr1_fp8_h200(isl: int, osl: int, conc: int, tp: int) -> Recipe:
                   unmodelled="--attention-backend flashinfer, --cuda-graph-max-bs")
 
 
-def _dsr1_fp8_b200(isl: int, osl: int, conc: int, tp: int) -> Recipe:
-    src = f"{_INFERENCEX_REPO} benchmarks/dsr1_fp8_b200.sh @1fc5d73"
+def _dsr1_fp8_b200(isl: int, osl: int, conc: int, tp: int,
+                   src: str = f"{_INFERENCEX_REPO} benchmarks/dsr1_fp8_b200.sh @1fc5d73") -> Recipe:
     rest = "--attention-backend trtllm_mla, --moe-runner-backend flashinfer_trtllm, --cuda-graph-max-bs"
     if tp == 4:  # the script's TP 4 branch (ISL 8192 / OSL 1024 only)
         return Recipe(src, 30, 10, 8192, 8192, 32, rest)
     return Recipe(src, 30, 30 if conc >= 16 else 10, 32768, 32768, 128, rest)
 
 
-def _dsr1_fp4_b200(isl: int, osl: int, conc: int, tp: int) -> Recipe:
-    return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp4_b200.sh @1fc5d73", stream_interval=10,
+def _dsr1_fp4_b200(isl: int, osl: int, conc: int, tp: int,
+                   src: str = f"{_INFERENCEX_REPO} benchmarks/dsr1_fp4_b200.sh @1fc5d73") -> Recipe:
+    return Recipe(src, stream_interval=10,
                   recv_interval=30 if conc >= 16 else 10, chunked_prefill_size=16384,
                   max_running_requests=256,
                   unmodelled="--attention-backend trtllm_mla, --moe-runner-backend flashinfer_trtllm, "
                              "--enable-symm-mem, --cuda-graph-max-bs")
+
+
+# B300: `benchmarks/single_node/dsr1_fp{8,4}_b300.sh` "reuse the existing DSR1 FP8 (FP4) B200 SGLang recipe
+# as-is" (their header): the same flags and branches (FP8: TP 8 recv 10 / 30 by CONC, chunk and prefill
+# 32,768, 128 running; TP 4 recv 10, 8,192, 32 running. FP4: recv 10 / 30, chunk 16,384, 256 running).
+def _dsr1_fp8_b300(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+    return _dsr1_fp8_b200(isl, osl, conc, tp, f"{_INFERENCEX_REPO} benchmarks/single_node/dsr1_fp8_b300.sh @5632483")
+
+
+def _dsr1_fp4_b300(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+    return _dsr1_fp4_b200(isl, osl, conc, tp, f"{_INFERENCEX_REPO} benchmarks/single_node/dsr1_fp4_b300.sh @5632483")
 
 
 def _glm5_fp8_b200(isl: int, osl: int, conc: int, tp: int) -> Recipe:
@@ -90,16 +102,41 @@ def _qwen35_fp8_b200(isl: int, osl: int, conc: int, tp: int) -> Recipe:
 
 # (backend, model, system, precision) -> the recipe for the row's (ISL, OSL, clients, TP). Models with
 # InferenceX rows and no entry: looked up, no script found for that backend x GPU (the defaults stand):
-# SGLang DeepSeek-V3 (every GPU), SGLang DeepSeek-R1 on GB200 aggregated, GLM-5 on H200 / B300 and FP4,
+# SGLang DeepSeek-V3 as such (its InferenceX rows are dsr1 configurations: recipe_model), SGLang DeepSeek-R1
+# (dsr1) on GB200 aggregated, GLM-5 on H200 / B300 and FP4,
 # Qwen3.5 on H200 / B300 and BF16 / FP4. vLLM and TensorRT-LLM rows: their recipes set no flag the
 # simulator models differently from the defaults it runs (docs/validate-accuracy.md, 2026-12-05 notes).
 RECIPES: dict[tuple[str, str, str, str], Callable[[int, int, int, int], Recipe]] = {
     ("sglang", "DeepSeek-R1", "h200_sxm", "fp8"): _dsr1_fp8_h200,
     ("sglang", "DeepSeek-R1", "b200_sxm", "fp8"): _dsr1_fp8_b200,
     ("sglang", "DeepSeek-R1", "b200_sxm", "fp4"): _dsr1_fp4_b200,
+    ("sglang", "DeepSeek-R1", "b300_sxm", "fp8"): _dsr1_fp8_b300,
+    ("sglang", "DeepSeek-R1", "b300_sxm", "fp4"): _dsr1_fp4_b300,
     ("sglang", "GLM-5", "b200_sxm", "fp8"): _glm5_fp8_b200,
     ("sglang", "Qwen3.5-397B-A17B", "b200_sxm", "fp8"): _qwen35_fp8_b200,
 }
+
+
+# InferenceX names each configuration by its model prefix (`.github/configs/nvidia-master.yaml`:
+# `model-prefix: dsr1`, launched by `benchmarks/dsr1_<precision>_<gpu>[_<engine>].sh`), and keeps it at the
+# head of the row ids of aiconfigurator's 2026-04-27 database dump (`dsr1_b200_sglang_fp8_agg_...`). That
+# dump records those runs' checkpoint as deepseek-ai/DeepSeek-V3 (DeepSeek-R1-0528 in the yaml: the same
+# architecture), so the model column alone misses the scripts they ran. prefix -> (the RECIPES model,
+# the row models the prefix may stand for).
+_INFERENCEX_MODEL_PREFIXES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "dsr1": ("DeepSeek-R1", ("DeepSeek-R1", "DeepSeek-V3")),
+}
+
+
+def recipe_model(row: Any) -> str:
+    """The model a row's InferenceX recipe is filed under: its id's InferenceX model prefix where the
+    table knows it and the row's model is that configuration's architecture, else the row's model."""
+    model = str(row.get("model"))
+    prefix = str(row.get("id", "")).split("_", 1)[0]
+    known = _INFERENCEX_MODEL_PREFIXES.get(prefix)
+    if known is not None and model in known[1]:
+        return known[0]
+    return model
 
 
 def _int(v: Any, default: int = 0) -> int:
@@ -112,11 +149,11 @@ def _int(v: Any, default: int = 0) -> int:
 
 def row_recipe(row: Any) -> Recipe:
     """The recipe a row was measured with; DEFAULT where none is known (not InferenceX, disaggregated,
-    or no script for its backend x model x GPU x precision)."""
+    or no script for its backend x model x GPU x precision; the model as recipe_model reads it)."""
     from twinserve.sim.validate_protocol import INFERENCEX, harness
     if harness(row) != INFERENCEX or row.get("mode") == "disagg":
         return DEFAULT
-    fn = RECIPES.get((str(row.get("backend")), str(row.get("model")), str(row.get("system")),
+    fn = RECIPES.get((str(row.get("backend")), recipe_model(row), str(row.get("system")),
                       str(row.get("precision"))))
     if fn is None:
         return DEFAULT

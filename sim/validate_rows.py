@@ -391,6 +391,7 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     s.max_num_batched_tokens = _engine_budget(str(row["backend"]), hw, s.max_num_batched_tokens)
     # SGLang's lock step: prefill batches alone, first (sim/validate_engines.py).
     s.batch_policy, s.max_prefill_tokens = _engine_batching(str(row["backend"]), hw)
+    s.capacity_policy = _engine_capacity_policy(str(row["backend"]), hw)  # TensorRT-LLM: guaranteed_no_evict
     # The flags an InferenceX row's server ran with, where its recipe is known (sim/validate_recipes.py).
     apply_recipe(row_recipe(row), s)
     _set_workload(cfg.workload, conc, isl, osl, run_design(row, window))
@@ -441,6 +442,14 @@ def _engine_batching(backend: str, hw: str) -> tuple[str, int]:
     except ValueError:
         return "mixed", 0
     return d.batch_policy, d.max_prefill_tokens
+
+
+def _engine_capacity_policy(backend: str, hw: str) -> str:
+    """The row's engine's KV admission policy (on_demand for an engine not in the table)."""
+    try:
+        return engine_defaults(backend, get_hardware(hw).mem_bytes).capacity_policy
+    except ValueError:
+        return "on_demand"
 
 
 def _routers() -> tuple[str, ...]:

@@ -13,6 +13,7 @@ from twinserve.core.sched.policies import PREEMPTION_CHOICES, QUEUE_POLICIES
 
 
 _INT32_MAX = 2 ** 31 - 1
+CAPACITY_POLICIES = ("on_demand", "guaranteed_no_evict")
 
 # CLIs offer these names, so a registration works everywhere.
 SCHEDULER_CHOICES: dict[str, tuple[str, ...]] = {
@@ -21,6 +22,7 @@ SCHEDULER_CHOICES: dict[str, tuple[str, ...]] = {
     "prefix_caching_hash_algo": tuple(HASH_FUNCTIONS),
     "kv_offloading_policy": tuple(HOST_EVICTION_POLICIES),
     "batch_policy": tuple(BATCH_POLICIES),
+    "capacity_policy": CAPACITY_POLICIES,
 }
 
 
@@ -62,6 +64,12 @@ class SchedulerConfig:
                               "with a prefill, or an idle engine, reads at once; SGLang's "
                               "--scheduler-recv-interval)", unit="steps", range=(1, _INT32_MAX),
                               special={1: "read every step"})
+    # TensorRT-LLM's capacity scheduler (CapacitySchedulerPolicy, GUARANTEED_NO_EVICT its default): _admit.
+    capacity_policy: str = knob("on_demand", help="KV admission: on_demand (a request is admitted on the blocks "
+                                "its next chunk needs; running ones are preempted when the pool runs short, as "
+                                "vLLM and SGLang) or guaranteed_no_evict (only when every running request's "
+                                "blocks to its max_tokens and the new one's whole need fit; nothing is ever "
+                                "preempted: TensorRT-LLM's default)", choices=CAPACITY_POLICIES)
     # 0 = strict order, which can starve requests forever.
     aging_interval_s: float = knob(30.0, help="against starvation: each interval waited raises a request "
                                    "one priority level", unit="seconds", range=(0.0, 1e9),

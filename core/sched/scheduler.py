@@ -11,6 +11,7 @@ import itertools
 from typing import Iterable, Sequence
 
 from twinserve.core.errors import InvalidRequestError, PromptTooLongError
+from twinserve.core.kv.groups import max_pages
 from twinserve.core.kv.host_tier import HostTier
 from twinserve.core.kv.kv_cache_manager import KVCacheManager
 from twinserve.core.kv.tier_tables import GroupTierHits, TierHits
@@ -434,6 +435,8 @@ class Scheduler(OutputUpdate):
         running = self.running
         threshold = cfg.long_prefill_token_threshold
         loaded = self.loaded
+        no_evict = cfg.capacity_policy == "guaranteed_no_evict"
+        owed = -1  # blocks running requests still need to reach max_tokens (guaranteed_no_evict; summed once)
         while (waiting or loaded) and budget > 0 and len(running) < cfg.max_num_seqs:
             # Back from a host-tier load: it holds its hits' blocks (and the first chunk's).
             req = loaded[0] if loaded else waiting.peek()
@@ -462,6 +465,13 @@ class Scheduler(OutputUpdate):
                 break
             # Headroom for running requests; with none it would only block.
             reserve = self.watermark_blocks if running else 0
+            if no_evict:
+                if owed < 0:
+                    owed = sum(self._blocks_owed(r) for r in running)
+                # What running requests still need to reach max_tokens, and this one past this chunk.
+                own = self._peak_blocks(req) - max_pages(done + num_hit + num_new, kv.block_size,
+                                                         kv.group_windows, kv.max_step_tokens)
+                reserve += owed + own
             if type(hits) is TierHits or type(hits) is GroupTierHits:
                 if not self._admit_loading(req, hits, num_hit, num_new, reserve):
                     break
@@ -497,11 +507,27 @@ class Scheduler(OutputUpdate):
             running.append(req)
             rid = req.request_id
             req.fast_decode_limit = _fast_decode_limit(kv, rid)
+            if no_evict:
+                owed += own
             new_reqs.append(NewRequestData(rid, list(req.all_token_ids), req.num_prompt_tokens,
                                            req.sampling_params, kv.get_block_ids(rid), done + num_hit))
             num_scheduled[rid] = num_new
             budget -= num_new
         return budget
+
+    def _peak_blocks(self, req: Request) -> int:
+        """Blocks req holds at its peak (its prompt and max_tokens less the last token, add_request's peak)."""
+        n = req.num_prompt_tokens
+        peak = max(n, min(n + req.max_tokens - 1, self.config.max_model_len - 1))
+        kv = self.kv
+        return max_pages(peak, kv.block_size, kv.group_windows, kv.max_step_tokens)
+
+    def _blocks_owed(self, req: Request) -> int:
+        """Blocks a running request still needs to reach its peak (guaranteed_no_evict's reservation)."""
+        kv = self.kv
+        rid = req.request_id
+        held = len(kv.req_to_blocks.get(rid, _NO_BLOCKS)) if kv._one_table else kv.num_held_blocks(rid)
+        return max(0, self._peak_blocks(req) - held)
 
     def _admit_loading(self, req: Request, hits: TierHits, num_hit: int, num_new: int, reserve: int) -> bool:
         """Admit req's hits with host-tier loads; it waits in self.loading, computing nothing yet.

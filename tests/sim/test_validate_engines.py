@@ -92,3 +92,17 @@ def test_aic_rows_get_their_engines_serving_terms_and_kernel_only_without_them(m
     monkeypatch.setattr(validate_rows, "aic_serving_terms", lambda backend: ServingTerms())
     e = row_study(pd.Series(r), "aic").engine
     assert (e.aic_kernel_scale, e.step_overhead_s, e.per_seq_overhead_s) == (1.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("backend, policy", [
+    # TensorRT-LLM's LLM API SchedulerConfig.capacity_scheduler_policy: GUARANTEED_NO_EVICT by default (a
+    # request waits until its whole KV need fits; nothing is preempted); vLLM and SGLang admit on demand.
+    ("trtllm", "guaranteed_no_evict"), ("vllm", "on_demand"), ("sglang", "on_demand"),
+])
+def test_a_rows_study_gets_its_engines_capacity_policy(backend: str, policy: str) -> None:
+    assert engine_defaults(backend, 141 * GIB).capacity_policy == policy
+    pytest.importorskip("aiconfigurator_core")
+    rows = load_rows()
+    r = rows[(rows["model"] == "Qwen3-32B") & (rows["mode"] == "agg")].iloc[0].copy()
+    r["system"], r["backend"] = "h200_sxm", backend
+    assert row_study(pd.Series(r)).scheduler.capacity_policy == policy

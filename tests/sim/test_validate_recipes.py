@@ -71,3 +71,32 @@ def test_a_rows_study_runs_with_its_recipe() -> None:
 def test_sglang_streams_the_first_and_last_token_at_once(n, interval, points) -> None:
     # scheduler_output_processor_mixin.stream_output_generation: % interval == 1 (interval > 1), finished always.
     assert sglang_stream_points(n, interval) == points
+
+
+@pytest.mark.parametrize("kw, recv, running", [
+    # aiconfigurator's 2026-04-27 InferenceX dump names the dsr1 configs' checkpoint deepseek-ai/DeepSeek-V3;
+    # the id keeps InferenceX's model prefix (dsr1), whose launch scripts are benchmarks/dsr1_*.sh.
+    ({"id": "dsr1_b200_sglang_fp8_agg_1024x1024_c4_cfg1"}, 10, 128),
+    ({"id": "dsr1_b200_sglang_fp4_agg_1024x1024_c32_cfg1", "precision": "fp4", "concurrency": 32}, 30, 256),
+    ({"id": "dsr1_h200_sglang_fp8_agg_1024x1024_c4_cfg81", "system": "h200_sxm"}, 1, 512),
+    # benchmarks/single_node/dsr1_fp{8,4}_b300.sh: the B200 recipes as-is (their header says so).
+    ({"id": "dsr1_b300_sglang_fp8_agg_1024x1024_c16_cfg1", "system": "b300_sxm", "concurrency": 16}, 30, 128),
+    ({"id": "dsr1_b300_sglang_fp8_agg_8192x256_c8_cfg1", "system": "b300_sxm", "tp_size": 4, "isl": 8192,
+      "osl": 256, "concurrency": 8}, 10, 32),
+    ({"id": "dsr1_b300_sglang_fp4_agg_1024x1024_c4_cfg1", "system": "b300_sxm", "precision": "fp4"}, 10, 256),
+])
+def test_an_inferencex_dsr1_config_runs_its_scripts_whatever_the_checkpoint_name(kw, recv, running) -> None:
+    r = row_recipe(_row(model="DeepSeek-V3", silicon_data_source="db-dump/2026-04-27; config_id=1", **kw))
+    assert "/dsr1_" in r.source and "benchmarks/" in r.source
+    assert (r.recv_interval, r.max_running_requests) == (recv, running)
+
+
+@pytest.mark.parametrize("kw", [
+    {"id": "dsr1_gb200_sglang_fp8_agg_1024x1024_c4_cfg1", "system": "gb200"},  # no dsr1 script for GB200
+    {"id": "glm5_b200_sglang_fp8_agg_1024x1024_c4_cfg1"},  # a prefix the table does not know
+    {"id": "dsr1_b200_sglang_fp8_agg_1024x1024_c4_cfg1", "model": "Kimi-K2.5"},  # another architecture
+])
+def test_an_id_prefix_maps_only_its_own_models_configs(kw) -> None:
+    base = {"model": "DeepSeek-V3", "silicon_data_source": "db-dump/2026-04-27; config_id=1"}
+    base.update(kw)
+    assert row_recipe(_row(**base)) is DEFAULT

@@ -29,6 +29,10 @@ FF_CASES = {
     "recv_poll": {"recv_interval": 7, "batch_policy": "prefill_first", "rate": 8.0},
     "recv_poll_no_cache": {"recv_interval": 7, "batch_policy": "prefill_first", "rate": 8.0,
                            "enable_prefix_caching": False},
+    # TensorRT-LLM's capacity policy in a short pool: requests wait for blocks instead of preempting.
+    "no_evict": {"capacity_policy": "guaranteed_no_evict", "num_gpu_blocks": 350, "rate": 20.0},
+    "no_evict_no_cache": {"capacity_policy": "guaranteed_no_evict", "num_gpu_blocks": 350, "rate": 20.0,
+                          "enable_prefix_caching": False},
 }
 
 
@@ -40,6 +44,8 @@ def test_fast_forward_equals_stepping(case: str) -> None:
     assert fingerprint(skipped) == fingerprint(stepped)
     if case.startswith("preemption"):
         assert stepped.num_preemptions > 0
+    if case.startswith("no_evict"):  # the same short pool as preemption's: nothing preempted
+        assert stepped.num_preemptions == 0
     if case == "multi_turn":
         assert max(r.turn for r in stepped.records) == 2
 

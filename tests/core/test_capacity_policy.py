@@ -1,0 +1,66 @@
+"""TensorRT-LLM's capacity scheduler (`capacity_policy = "guaranteed_no_evict"`, its default
+CapacitySchedulerPolicy.GUARANTEED_NO_EVICT): a request is admitted only when the KV blocks every
+running request still needs to reach its max_tokens, and its own whole need, fit in the free pool; so
+nothing is ever preempted, and a request waits instead (core/sched/scheduler.py _admit)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from twinserve.core import Request, SamplingParams, Scheduler, SchedulerConfig
+from twinserve.core.errors import InvalidConfigError
+from twinserve.core.fake_executor import FakeExecutor
+
+from .helpers import drive, reference_output
+from .test_batch_policy import _step
+from .test_scheduler_properties import _fields, workloads
+
+
+def _sched(policy: str) -> Scheduler:
+    # 4-token blocks, 10 blocks: each request below peaks at 4 + 15 = 19 tokens' KV (5 blocks).
+    return Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=64,
+                                     block_size=4, num_blocks=10, capacity_policy=policy))
+
+
+def _three(sched: Scheduler) -> None:
+    for i in range(3):
+        sched.add_request(Request(f"r{i}", [1, 2, 3, 4], SamplingParams(max_tokens=16)))
+
+
+def test_guaranteed_no_evict_admits_only_what_can_finish_and_the_rest_waits() -> None:
+    sched = _sched("guaranteed_no_evict")
+    _three(sched)
+    assert set(_step(sched, 0.0)) == {"r0", "r1"}  # 2 x 5 blocks fill the pool: r2 waits
+    for t in range(1, 16):
+        assert "r2" not in _step(sched, float(t))  # until r0 and r1 end (16 tokens each)
+    assert "r2" in _step(sched, 16.0)  # r0 and r1 took their 16th token at step 15
+
+
+def test_on_demand_admits_on_the_prompt_alone() -> None:
+    sched = _sched("on_demand")
+    _three(sched)
+    assert set(_step(sched, 0.0)) == {"r0", "r1", "r2"}  # one block each now; preempted later
+
+
+def test_capacity_policy_is_checked() -> None:
+    with pytest.raises(InvalidConfigError):
+        SchedulerConfig(capacity_policy="max_utilization_typo")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.sampled_from(["mixed", "prefill_first"]))
+def test_guaranteed_no_evict_never_preempts_and_outputs_stay_exact(w, policy) -> None:
+    """Random workloads: no request is ever preempted, every output is exact, blocks come back."""
+    cfg, arrivals = w
+    cfg = SchedulerConfig(**{**_fields(cfg), "batch_policy": policy, "capacity_policy": "guaranteed_no_evict"})
+
+    def check(core, so, waiting_before):
+        assert so.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
+        assert not so.preempted_req_ids
+
+    core, log = drive(cfg, arrivals, check=check)
+    ex = FakeExecutor(block_size=cfg.block_size)
+    for a in arrivals:
+        assert log.outputs[a.request.request_id] == reference_output(ex, a.request, cfg.max_model_len)
