@@ -35,9 +35,10 @@ _new_object = object.__new__
 # a process running simulations one after another (a capacity search) otherwise makes and frees
 # a whole pool of 10^5 blocks a run. Each shelf is a finished pool's blocks by id (shelf[i] last
 # had id i); a new pool claims one whole and hands shelf[start:stop] out as ids start..stop, so a
-# block keeps its id and the blocks are reset in the order they were made (in memory order: handing
-# them out under new ids, in another order, cost ~7x as much, in cache misses). Capped (blocks on
-# all shelves) so an idle process holds little.
+# block keeps its id and the blocks are reset in the order they were made (handing them out under
+# new ids, in another order, cost twice as much in a search: cache misses). Capped (blocks on all
+# shelves) so an idle process holds little; a pool that claims a shelf and is never recycled loses
+# its untaken blocks (linked: cycles, as its own blocks are).
 _SPARE: list[list[KVCacheBlock]] = []
 _SPARE_MAX = 1 << 19
 _SPARE_LOCK = threading.Lock()  # claims and recycles: one thread at a time
