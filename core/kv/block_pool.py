@@ -33,10 +33,25 @@ _new_object = object.__new__
 
 # Blocks of pools whose simulation is over (BlockPool.recycle), for the next pools' take_fresh:
 # a process running simulations one after another (a capacity search) otherwise makes and frees
-# a whole pool of 10^5 blocks a run. Capped so an idle process holds little.
-_SPARE: list[KVCacheBlock] = []
+# a whole pool of 10^5 blocks a run. Each shelf is a finished pool's blocks by id (shelf[i] last
+# had id i); a new pool claims one whole and hands shelf[start:stop] out as ids start..stop, so a
+# block keeps its id and the blocks are reset in the order they were made (handing them out under
+# new ids, in another order, cost twice as much in a search: cache misses). Capped (blocks on all
+# shelves) so an idle process holds little; a pool that claims a shelf and is never recycled loses
+# its untaken blocks (linked: cycles, as its own blocks are).
+_SPARE: list[list[KVCacheBlock]] = []
 _SPARE_MAX = 1 << 19
-_SPARE_LOCK = threading.Lock()  # a slice and its del are two steps: one thread at a time
+_SPARE_LOCK = threading.Lock()  # claims and recycles: one thread at a time
+
+
+def _claim_shelf() -> list[KVCacheBlock] | None:
+    """The longest spare shelf, taken off the spare list (None: none)."""
+    with _SPARE_LOCK:
+        if not _SPARE:
+            return None
+        i = max(range(len(_SPARE)), key=lambda j: len(_SPARE[j]))
+        return _SPARE.pop(i)
+
 
 # A block behind a sliding window in a block table (never read, freed or cached).
 OUT_OF_WINDOW = KVCacheBlock(-1)
@@ -52,7 +67,7 @@ class FreeBlockQueue:
     BlockPool walks the links itself to do per-block work in one pass.
     """
 
-    __slots__ = ("num_free", "_head", "_tail", "created", "next_fresh", "num_blocks")
+    __slots__ = ("num_free", "_head", "_tail", "created", "next_fresh", "num_blocks", "shelf")
 
     def __init__(self, blocks: list[KVCacheBlock], num_fresh: int = 0) -> None:
         self._head = KVCacheBlock(-1)  # sentinels
@@ -68,15 +83,25 @@ class FreeBlockQueue:
         self.next_fresh = len(blocks)
         self.num_blocks = len(blocks) + num_fresh
         self.num_free = self.num_blocks
+        # A recycled pool's blocks by id (_SPARE), claimed at the first take_fresh; False: none claimed
+        # and none to claim then (never looked for again: a pool made with no spare makes its own).
+        self.shelf: list[KVCacheBlock] | bool | None = None
 
     def take_fresh(self, n: int) -> list[KVCacheBlock]:
-        """Make and hand out (ref_cnt 1) up to n never-used blocks, the queue's front."""
+        """Hand out (ref_cnt 1) up to n never-used blocks, the queue's front: made, or taken off
+        the claimed shelf with every field a made one has (block_id already in place)."""
         start = self.next_fresh
-        if n == 1 and start < self.num_blocks and not _SPARE:
+        shelf = self.shelf
+        if shelf is None:
+            shelf = self.shelf = _claim_shelf() or False
+        if n == 1 and start < self.num_blocks:
             # One block (a decode step filling its last block, on a pool's first pass): the general
-            # path below without its min, range and extend, which cost more than making the block.
-            block = _new_object(KVCacheBlock)
-            block.block_id = start
+            # path below without its min, range and extend, which cost more than the block.
+            if shelf and start < len(shelf):
+                block = shelf[start]
+            else:
+                block = _new_object(KVCacheBlock)
+                block.block_id = start
             block.ref_cnt = 1
             block.block_hash = block.pending = block.prev_free = block.next_free = None
             self.created.append(block)
@@ -84,32 +109,24 @@ class FreeBlockQueue:
             self.next_fresh = start + 1
             return [block]
         stop = min(start + n, self.num_blocks)
-        # KVCacheBlock(i) with ref_cnt 1, without a Python __init__ frame per block (the first
-        # pass over a pool makes a block at every block-filling decode step): same fields.
-        spare = _SPARE
-        if spare and stop > start:  # (spare[-0:] would be all of it)
-            # A recycled block gets every field a made one has (ids in the same order).
-            with _SPARE_LOCK:
-                k = min(len(spare), stop - start)
-                out = spare[-k:]
-                del spare[-k:]
-            i = start
+        if shelf and start < len(shelf):
+            out = shelf[start:stop]
             for block in out:
+                block.ref_cnt = 1
+                block.block_hash = block.pending = block.prev_free = block.next_free = None
+            start += len(out)
+        else:
+            out = []
+        if start < stop:
+            # KVCacheBlock(i) with ref_cnt 1, without a Python __init__ frame per block: same fields.
+            add = out.append
+            new = _new_object
+            for i in range(start, stop):
+                block = new(KVCacheBlock)
                 block.block_id = i
                 block.ref_cnt = 1
                 block.block_hash = block.pending = block.prev_free = block.next_free = None
-                i += 1
-            start = i
-        else:
-            out = []
-        add = out.append
-        new = _new_object
-        for i in range(start, stop):
-            block = new(KVCacheBlock)
-            block.block_id = i
-            block.ref_cnt = 1
-            block.block_hash = block.pending = block.prev_free = block.next_free = None
-            add(block)
+                add(block)
         self.created.extend(out)
         self.num_free -= stop - self.next_fresh
         self.next_fresh = stop
@@ -120,9 +137,10 @@ class FreeBlockQueue:
         start = self.next_fresh
         if start >= self.num_blocks:
             return
-        made = [KVCacheBlock(i) for i in range(start, self.num_blocks)]
-        self.created.extend(made)
-        self.next_fresh = self.num_blocks
+        made = self.take_fresh(self.num_blocks - start)  # a claimed shelf's blocks too
+        self.num_free += len(made)
+        for block in made:
+            block.ref_cnt = 0
         first = self._head.next_free
         prev = self._head
         for block in made:
@@ -180,18 +198,24 @@ class BlockPool:
         self.flush = None
 
     def recycle(self) -> None:
-        """Give every block made so far to later pools' take_fresh; this pool is unusable after
-        (no free block, none made). Only when nothing of its simulation is read again."""
+        """Give every block made so far to later pools' take_fresh, as one shelf by id; this pool
+        is unusable after (no free block, none made). Only when nothing of its simulation is read
+        again."""
+        q = self.free_queue
         made = self._blocks
+        shelf = q.shelf
+        if shelf and len(shelf) > len(made):
+            made += shelf[len(made):]  # the claimed shelf's untaken blocks keep their ids
+        q.shelf = False
+        self._blocks = q.created = []
         with _SPARE_LOCK:
-            room = max(_SPARE_MAX - len(_SPARE), 0)
-            _SPARE.extend(made[:room])
+            room = max(_SPARE_MAX - sum(map(len, _SPARE)), 0)
+            if made and room:
+                _SPARE.append(made if len(made) <= room else made[:room])
         for b in made[room:]:  # unlinked, so reference counting frees them (linked: cycles)
             b.prev_free = b.next_free = b.pending = None
-        made.clear()
         self.cached.clear()
         self.chains.clear()
-        q = self.free_queue
         q.num_free = q.num_blocks = q.next_fresh = 0
         q._head.next_free = q._tail
         q._tail.prev_free = q._head

@@ -18,7 +18,7 @@ OPS = st.lists(st.one_of(
 ), max_size=40)
 
 
-def _play(pool: BlockPool, ops: list) -> list:
+def _play(pool: BlockPool, ops: list, inspect: bool = True) -> list:
     held: list = []
     freed: list = []
     trace: list = []
@@ -43,8 +43,9 @@ def _play(pool: BlockPool, ops: list) -> list:
             held += picked
             trace.append(("touch", [b.block_id for b in picked]))
         trace.append(("free_count", pool.num_free_blocks))
-    trace.append(("queue", [b.block_id for b in pool.free_queue]))
-    trace.append(("blocks", [(b.block_id, b.ref_cnt) for b in pool.blocks]))
+    if inspect:  # makes every block (a run never does: its pool hands on only what it made)
+        trace.append(("queue", [b.block_id for b in pool.free_queue]))
+        trace.append(("blocks", [(b.block_id, b.ref_cnt) for b in pool.blocks]))
     return trace
 
 
@@ -96,7 +97,7 @@ def test_a_pool_of_recycled_blocks_behaves_as_a_new_one(first: list, ops: list, 
         block.prev_free = block.next_free = block
     made = len(old.free_queue.created)
     old.recycle()
-    assert len(block_pool._SPARE) == made and old.num_free_blocks == 0
+    assert sum(map(len, block_pool._SPARE)) == made and old.num_free_blocks == 0
     try:
         old.get_new_blocks(1)
         raise AssertionError("a recycled pool handed out a block")
@@ -114,7 +115,61 @@ def test_a_pool_of_recycled_blocks_behaves_as_a_new_one(first: list, ops: list, 
     old.recycle()  # twice: nothing more to give
     assert not block_pool._SPARE
     again, fresh = BlockPool(NUM_BLOCKS, enable_caching=True), BlockPool(NUM_BLOCKS)
-    block_pool._SPARE.extend(reused.free_queue.created)  # as recycle() would
+    block_pool._SPARE.append(reused.free_queue.created[:])  # as recycle() would
     reused.free_queue.created.clear()
     assert _play(again, ops) == _play(fresh, ops)
     block_pool._SPARE.clear()
+
+
+def _dirty(pool: BlockPool) -> None:
+    """Leave every block made as a run leaves it: keyed, chained, linked, held."""
+    for block in pool.free_queue.created:
+        block.block_hash, block.pending, block.ref_cnt = (7, b"k"), object(), 3
+        block.prev_free = block.next_free = block
+
+
+@given(st.lists(st.tuples(st.integers(1, 24), OPS, st.booleans(), st.booleans()), min_size=1, max_size=5),
+       st.integers(0, 40))
+def test_pools_made_on_each_others_shelves_behave_as_new_ones(runs: list, cap: int) -> None:
+    # Pools of drawn sizes, made one after another (a cluster's several at once), each on what the
+    # ones before recycled: every pool's ids, fields, order and queue as a new pool's, and every
+    # shelf keeps block i at index i (a shelf's blocks are handed out without a new id).
+    from twinserve.core.kv import block_pool
+    from twinserve.core.kv.block_pool import KVCacheBlock
+
+    saved, saved_max = block_pool._SPARE[:], block_pool._SPARE_MAX
+    block_pool._SPARE.clear()
+    block_pool._SPARE_MAX = cap
+    try:
+        live: list[BlockPool] = []
+        for size, ops, inspect, recycle_now in runs:
+            spare = block_pool._SPARE[:]
+            block_pool._SPARE.clear()
+            want = _play(BlockPool(size), ops, inspect)  # a new pool, on new blocks
+            block_pool._SPARE[:] = spare
+            pool = BlockPool(size)
+            assert _play(pool, ops, inspect) == want
+            made = pool.free_queue.created
+            assert [b.block_id for b in made] == list(range(len(made)))
+            assert all(b.block_hash is None and b.pending is None for b in made)
+            _dirty(pool)
+            live.append(pool)
+            if recycle_now:
+                for old in live:
+                    old.recycle()
+                live.clear()
+            for shelf in block_pool._SPARE:
+                assert [b.block_id for b in shelf] == list(range(len(shelf)))
+            assert sum(map(len, block_pool._SPARE)) <= cap
+        # A shelf's blocks are never in two pools: a new pool on every shelf hands each out once.
+        pools = [BlockPool(64) for _ in block_pool._SPARE]
+        got = [b for p in pools for b in p.get_new_blocks(64)]
+        assert len({id(b) for b in got}) == len(got)
+        for block in got:
+            want = KVCacheBlock(block.block_id)
+            want.ref_cnt = 1
+            assert [getattr(block, s) for s in KVCacheBlock.__slots__] == \
+                [getattr(want, s) for s in KVCacheBlock.__slots__]
+    finally:
+        block_pool._SPARE[:] = saved
+        block_pool._SPARE_MAX = saved_max
