@@ -229,6 +229,21 @@ def draft_spec(cfg: StudyConfig, model: ModelSpec) -> ModelSpec | None:
     return resolve_draft_model(cfg, model)
 
 
+def draft_cost_model(cfg: StudyConfig, draft: ModelSpec, hw: HardwareSpec, roof: RooflineCostModel,
+                     cost: CostModel) -> CostModel:
+    """The draft's cost model: aiconfigurator-core's kernels at the target's layout, backend and kernel
+    scale when the target is priced by them (no host terms: the draft's forwards run inside the
+    target's step), else the roofline at the target's efficiencies."""
+    if cfg.engine.cost_model == "aic":
+        from twinserve.backends.sim.aic import AicCostModel, AicError
+        try:
+            return AicCostModel(draft, hw, cost.tp, cost.backend, cost.version, parallel=cost.par,
+                                kernel_scale=cost.kernel_scale)
+        except AicError as err:
+            raise _cfg_error(cfg, "speculative", "draft_model", f"the draft {draft.name}: {err}") from None
+    return RooflineCostModel(draft, hw, cfg.engine.tensor_parallel_size, roof.eff)
+
+
 def engine_capacity(cfg: StudyConfig, model: ModelSpec, hw: HardwareSpec) -> KVCapacity:
     """The engine's KV pool size from its memory (or engine.num_gpu_blocks)."""
     e, s = cfg.engine, cfg.scheduler
@@ -284,9 +299,9 @@ def build_engine(cfg: StudyConfig) -> BuiltEngine:
         executor.spec_active = core_spec.active
     draft = draft_spec(cfg, model)
     if draft is not None and core_spec is not None:
-        # The draft's steps are priced from its shape on the same GPU (a profile fits the target only).
-        executor.draft = DraftModelSteps(RooflineCostModel(draft, hw, cfg.engine.tensor_parallel_size, roof.eff),
-                                         spec.num_speculative_tokens)
+        # The draft's steps are priced from its shape on the same GPU (a profile fits the target only):
+        # by the measured kernels where the target is, else by the roofline.
+        executor.draft = DraftModelSteps(draft_cost_model(cfg, draft, hw, roof, cost), spec.num_speculative_tokens)
     host_blocks, link, synchronous = host_tier(cfg, hw, cap, cost)
     if host_blocks:
         sched_cfg = dataclasses.replace(sched_cfg, kv_offloading_blocks=host_blocks,

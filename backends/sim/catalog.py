@@ -71,6 +71,10 @@ class ModelSpec:
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
     linear_state_dtype_bytes: int = 4  # the recurrent state's dtype (config.json's mamba_ssm_dtype)
+    # Multi-token-prediction modules after the last layer (DeepSeek-V3/R1's and GLM-5's
+    # num_nextn_predict_layers, Qwen3.5's mtp_num_hidden_layers): not in the forward pass; the engines
+    # run them as a speculative draft (mtp_draft). 0 = none.
+    num_mtp_layers: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -248,6 +252,20 @@ class ModelSpec:
     def with_precision(self, precision: Precision) -> "ModelSpec":
         """The same shape in other data types."""
         return replace(self, precision=precision)
+
+    def mtp_draft(self) -> "ModelSpec":
+        """The model's multi-token-prediction module as a draft model: one decoder layer of the
+        model's own kind (an MoE layer for DeepSeek-V3/R1: "1x Multi-Tokens Prediction (MTP) layer
+        (MoE-architecture equivalent)", TensorRT-LLM's blog "Pushing Latency Boundaries: Optimizing
+        DeepSeek-R1 Performance on NVIDIA B200 GPUs") with the target's embedding and LM head. The
+        engines reuse the one layer for each drafted token (TensorRT-LLM's MTP Eagle, SGLang's NextN),
+        so one layer stands for any number of drafts. Its input projection (2 x hidden -> hidden) and
+        norms are left out (under 1% of the layer's weights)."""
+        if not self.num_mtp_layers:
+            raise ValueError(f"{self.name} has no multi-token-prediction layers (its config gives no "
+                             "num_nextn_predict_layers)")
+        return replace(self, name=f"{self.name}-MTP", num_layers=1, num_dense_layers=0, num_sliding_layers=0,
+                       num_linear_layers=0, num_mtp_layers=0)
 
 
 @dataclass(slots=True, frozen=True)

@@ -117,6 +117,7 @@ def model_from_hf_dict(data: dict[str, Any], name: str, file: str | None = None,
     mla = _mla(integer) if data.get("kv_lora_rank") else {}
 
     window, sliding_layers = _sliding(data, layers, bad)
+    mtp = _mtp_layers(data, integer)
     tie = data.get("tie_word_embeddings")
     if tie is None:  # the family's own default (transformers' Gemma configs tie, Llama's do not)
         tie = str(data.get("model_type", "")).startswith("gemma")
@@ -127,7 +128,19 @@ def model_from_hf_dict(data: dict[str, Any], name: str, file: str | None = None,
                      num_shared_experts=shared, moe_intermediate_size=moe_inter,
                      sliding_window=window, num_sliding_layers=sliding_layers,
                      num_dense_layers=dense_layers, qk_norm=bool(set(data.get("architectures") or ())
-                                                                 & QK_NORM_ARCHITECTURES), **mla, **linear)
+                                                                 & QK_NORM_ARCHITECTURES),
+                     num_mtp_layers=mtp, **mla, **linear)
+
+
+def _mtp_layers(data: dict[str, Any], integer: Callable[..., int | None]) -> int:
+    """Multi-token-prediction layers: DeepSeek-V3/R1, Kimi-K2 and GLM-5's num_nextn_predict_layers,
+    Qwen3-Next/3.5's mtp_num_hidden_layers, MiniMax-M2's num_mtp_modules (when use_mtp is true)."""
+    for key in ("num_nextn_predict_layers", "mtp_num_hidden_layers"):
+        if data.get(key) is not None:
+            return integer(key, minimum=0)
+    if data.get("use_mtp") is True and data.get("num_mtp_modules") is not None:
+        return integer("num_mtp_modules", minimum=0)
+    return 0
 
 
 # Bytes of config.json's mamba_ssm_dtype, the linear-attention state's dtype (float32 when absent, as

@@ -71,3 +71,36 @@ def test_a_rows_study_runs_with_its_recipe() -> None:
 def test_sglang_streams_the_first_and_last_token_at_once(n, interval, points) -> None:
     # scheduler_output_processor_mixin.stream_output_generation: % interval == 1 (interval > 1), finished always.
     assert sglang_stream_points(n, interval) == points
+
+
+@pytest.mark.parametrize("kw, mtp", [
+    # nvidia-master.yaml: dsr1-fp{4,8}-b200-trt-mtp run from release:1.2.0rc6.post3; their scripts set
+    # num_nextn_predict_layers 3, or 1 with attention DP.
+    ({}, 3), ({"precision": "fp4"}, 3), ({"attention_dp_size": 8, "tp_size": 1}, 1),
+    # dsr1-fp{4,8}-b200-trt (no speculation) run from release:1.2.0rc6.post2.
+    ({"backend_version": "1.2.0rc6.post2"}, 0),
+    # H200's MTP and non-MTP benchmarks share one image: not told apart.
+    ({"system": "h200_sxm", "backend_version": "1.1.0rc2.post2"}, 0),
+    ({"mode": "disagg"}, 0), ({"silicon_data_source": _GAP}, 0),
+])
+def test_tensorrt_llm_deepseek_rows_from_the_mtp_image_speculate(kw, mtp) -> None:
+    r = row_recipe(_row(**{"backend": "trtllm", "backend_version": "1.2.0rc6.post3", **kw}))
+    assert r.mtp == mtp
+    if mtp:
+        assert "dsr1-fp{4,8}-b200-trt-mtp" in r.source
+
+
+def test_an_mtp_rows_study_drafts_with_the_models_own_layer() -> None:
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.validate_recipes import MTP_ACCEPTANCE
+    from twinserve.sim.validate_rows import load_rows, row_study
+    rows = load_rows()
+    pick = rows[(rows["backend"] == "trtllm") & (rows["model"] == "DeepSeek-R1") & (rows["mode"] == "agg")
+                & (rows["system"] == "b200_sxm") & (rows["backend_version"] == "1.2.0rc6.post3")
+                & (rows["attention_dp_size"] == 1)]
+    spec = row_study(pick.iloc[0], "aic").speculative
+    assert (spec.method, spec.draft_model, spec.num_speculative_tokens) == ("draft_model", "mtp", 3)
+    assert spec.acceptance_rates == [MTP_ACCEPTANCE] * 3
+    other = rows[(rows["backend"] == "trtllm") & (rows["model"] == "DeepSeek-R1") & (rows["mode"] == "agg")
+                 & (rows["backend_version"] == "1.2.0rc6.post2")]
+    assert not row_study(other.iloc[0], "aic").speculative.enabled
