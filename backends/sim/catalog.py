@@ -60,6 +60,12 @@ class ModelSpec:
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
+    # DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5: config.json's index_topk, index_n_heads,
+    # index_head_dim): a lightning indexer of index_n_heads x index_head_dim picks the index_topk
+    # cached tokens each query's MLA attends to. 0 = dense attention.
+    index_topk: int = 0
+    index_n_heads: int = 0
+    index_head_dim: int = 0
     # Per-head RMSNorm on q and k before RoPE (Qwen3, MiniMax-M2; from config.json's architectures).
     qk_norm: bool = False
     # Linear-attention layers (Gated DeltaNet: Qwen3-Next, Qwen3.5): a fixed-size recurrent state per
