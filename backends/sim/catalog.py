@@ -233,9 +233,18 @@ class ModelSpec:
         return 2 * self.num_kv_heads * self.head_dim
 
     @property
+    def indexer_bytes_per_token_per_layer(self) -> int:
+        """DeepSeek Sparse Attention's indexer key cache for one token of one layer: index_head_dim FP8
+        values and a 4-byte scale per 128 of them, whatever the KV dtype (SGLang's and vLLM's DSA indexer
+        cache; aiconfigurator-core's common.indexer_cache_entry_bytes). 0 without DSA."""
+        d = self.index_head_dim if self.index_topk else 0
+        return d + -(-d // 128) * 4
+
+    @property
     def kv_bytes_per_token(self) -> int:
-        """K and V (MLA: the latent) for one token across the full-attention layers."""
-        return self.num_full_attention_layers * self.kv_elems_per_token_per_layer * self.precision.kv_bytes
+        """K and V (MLA: the latent; DSA: and the indexer's key) for one token across the full-attention layers."""
+        return self.num_full_attention_layers * (self.kv_elems_per_token_per_layer * self.precision.kv_bytes
+                                                 + self.indexer_bytes_per_token_per_layer)
 
     def kv_heads_per_gpu(self, tp: int) -> int:
         """KV heads each GPU holds: split over TP, one replicated head each once TP exceeds them."""

@@ -60,3 +60,15 @@ def test_a_dsa_shape_aic_never_measured_is_refused_by_name(glm5_b200) -> None:
     odd = dataclasses.replace(glm5_b200.model, index_n_heads=16)
     with pytest.raises(AicError, match="DeepSeek Sparse Attention.*GlmMoeDsaForCausalLM"):
         AicCostModel(odd, glm5_b200.hardware, 8, "sglang")
+
+
+@pytest.mark.parametrize("kv, latent_bytes", [("fp8", 1), ("auto", 2)])
+def test_the_kv_pool_holds_the_indexers_keys(kv: str, latent_bytes: int) -> None:
+    """Per token and layer: MLA's latent and rotary key (576 values at the KV dtype) plus the indexer's 128
+    FP8 keys and one 4-byte scale (aiconfigurator-core's indexer_cache_entry_bytes(128) = 132)."""
+    from twinserve.backends.sim.precision import Precision
+    m = model_from_hf_dict(GLM5, "GLM-5").with_precision(Precision("bfloat16", "fp8", kv))
+    assert m.kv_bytes_per_token == 78 * (576 * latent_bytes + 132)
+    assert m.kv_bytes_per_token_per_gpu(8) == m.kv_bytes_per_token  # the latent is whole on every GPU
+    dense = model_from_hf_dict({k: v for k, v in GLM5.items() if not k.startswith("index_")}, "dense")
+    assert dense.with_precision(m.precision).kv_bytes_per_token == 78 * 576 * latent_bytes
