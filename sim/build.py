@@ -27,7 +27,7 @@ from twinserve.core.errors import InvalidConfigError
 from twinserve.sim.config import StudyConfig, field_error, replica_config, replica_line, source_text, validate
 from twinserve.sim.errors import ConfigError
 from twinserve.sim.kv_offload import host_tier_blocks
-from twinserve.sim.specs import resolve_draft_model, resolve_hardware, resolve_model
+from twinserve.sim.specs import MTP_DRAFT, resolve_draft_model, resolve_hardware, resolve_model
 from twinserve.sim.workload import Workload
 from twinserve.sim.trace_paths import BUILTIN_TRACES, DATA_DIR, UnknownBuiltinTrace, trace_path  # noqa: F401
 from twinserve.sim.world import RunResult, Simulation
@@ -260,15 +260,21 @@ def engine_capacity(cfg: StudyConfig, model: ModelSpec, hw: HardwareSpec) -> KVC
         draft = draft_spec(cfg, model)
         if draft is None:
             return cap
-        # The draft's weights and its own KV (one slot per target slot) share the GPU, as in the engine.
-        usable = cap.usable_bytes - draft.weight_bytes / e.tensor_parallel_size
+        # The draft's weights and its own KV (one slot per target slot) share the GPU, as in the engine: laid
+        # out as the target's (dense over TP, experts over the TP x DP group), each attention-DP rank's pool
+        # its own. The target's own MTP layer reads the target's embedding and LM head: not held twice.
+        par = parallelism(cfg)
+        draft_weights = par.weight_bytes_per_gpu(draft)
+        if cfg.speculative.draft_model == MTP_DRAFT:
+            draft_weights -= draft.embedding_params * draft.dtype_bytes / e.tensor_parallel_size
+        usable = cap.usable_bytes - draft_weights
         block_bytes = cap.block_bytes + s.block_size * draft.kv_bytes_per_token_per_gpu(e.tensor_parallel_size)
-        n = e.num_gpu_blocks or int(usable // block_bytes)
+        n = e.num_gpu_blocks or int(usable // block_bytes) * par.data_parallel_size
         if n < 1:
             raise DoesNotFitError("gpu_memory_utilization", e.gpu_memory_utilization,
                                   f"a value leaving room for KV blocks beside the target and the draft "
                                   f"{draft.name}; raise tensor_parallel_size or use a bigger GPU")
-        return KVCapacity(n, usable, cap.weight_bytes + draft.weight_bytes / e.tensor_parallel_size,
+        return KVCapacity(n, usable, cap.weight_bytes + draft_weights,
                           cap.activation_bytes, block_bytes, cap.reserved_bytes)
     except DoesNotFitError as err:
         raise DoesNotFit(_cfg_error(cfg, "engine", err.field, str(err))) from None

@@ -31,8 +31,8 @@ Flags and what the simulator does with them:
   runs its MTP and non-MTP DeepSeek-R1 B200 TensorRT-LLM benchmarks from different images, which the
   rows' backend_version names (MTP_IMAGES).
 - Not modelled (said so, not approximated): speculative decoding elsewhere (GLM-5's EAGLE flags; MTP
-  where the image does not tell MTP runs from others: H200's 1.1.0rc2.post2 and the disaggregated
-  Dynamo recipes), attention backends and kernel choices, CUDA-graph batch caps, TensorRT-LLM's batch
+  where nothing tells MTP runs from others: H200's rows up to 64 clients, SGLang's, the disaggregated
+  Dynamo recipes'), attention backends and kernel choices, CUDA-graph batch caps, TensorRT-LLM's batch
   waits.
 """
 
@@ -129,12 +129,27 @@ def _dsr1_b200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: boo
                              "cuda_graph_config")
 
 
-# (backend, model, system, backend_version) -> the recipe of a row measured from that image. InferenceX's
-# nvidia-master.yaml @48f302c runs dsr1-fp8-b200-trt and dsr1-fp4-b200-trt (no speculation) from
-# tensorrt-llm release:1.2.0rc6.post2, and dsr1-fp8-b200-trt-mtp and dsr1-fp4-b200-trt-mtp from
-# release:1.2.0rc6.post3. H200's MTP and non-MTP benchmarks share 1.1.0rc2.post2: not told apart.
-MTP_IMAGES: dict[tuple[str, str, str, str], Callable[[int, int, int, int, bool], Recipe]] = {
+def _dsr1_h200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe | None:
+    # H200's MTP and non-MTP benchmarks share one image (release:1.1.0rc2.post2), but only
+    # dsr1-fp8-h200-trt-mtp runs more than 64 clients (dsr1-fp8-h200-trt's search space ends at 64 for
+    # every ISL/OSL; nvidia-master.yaml @48f302c): those rows are MTP runs, the rest are not told apart.
+    # benchmarks/dsr1_fp8_h200_trt_mtp.sh @1fc5d73: MTP=1 with DP_ATTENTION=true, else 3.
+    if conc <= 64:
+        return None
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp8_h200_trt_mtp.sh @1fc5d73 (over 64 clients only "
+                  "dsr1-fp8-h200-trt-mtp runs: .github/configs/nvidia-master.yaml @48f302c)",
+                  stream_interval=10, mtp=1 if attention_dp else 3,
+                  unmodelled="attention_dp_config (enable_balance, timeout_iters 60), moe_config backend "
+                             "CUTLASS, cuda_graph_config")
+
+
+# (backend, model, system, backend_version) -> the recipe of a row measured from that image (None: the
+# image does not tell). InferenceX's nvidia-master.yaml @48f302c runs dsr1-fp8-b200-trt and
+# dsr1-fp4-b200-trt (no speculation) from tensorrt-llm release:1.2.0rc6.post2, and dsr1-fp8-b200-trt-mtp
+# and dsr1-fp4-b200-trt-mtp from release:1.2.0rc6.post3; H200's two share release:1.1.0rc2.post2.
+MTP_IMAGES: dict[tuple[str, str, str, str], Callable[[int, int, int, int, bool], Recipe | None]] = {
     ("trtllm", "DeepSeek-R1", "b200_sxm", "1.2.0rc6.post3"): _dsr1_b200_trt_mtp,
+    ("trtllm", "DeepSeek-R1", "h200_sxm", "1.1.0rc2.post2"): _dsr1_h200_trt_mtp,
 }
 
 
@@ -155,8 +170,10 @@ def row_recipe(row: Any) -> Recipe:
     mtp = MTP_IMAGES.get((str(row.get("backend")), str(row.get("model")), str(row.get("system")),
                           str(row.get("backend_version"))))
     if mtp is not None:
-        return mtp(_int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1),
-                   _int(row.get("tp_size"), 1), _int(row.get("attention_dp_size"), 1) > 1)
+        recipe = mtp(_int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1),
+                     _int(row.get("tp_size"), 1), _int(row.get("attention_dp_size"), 1) > 1)
+        if recipe is not None:
+            return recipe
     fn = RECIPES.get((str(row.get("backend")), str(row.get("model")), str(row.get("system")),
                       str(row.get("precision"))))
     if fn is None:

@@ -78,3 +78,29 @@ def test_the_measured_backend_prices_the_mtp_draft_and_verify_rows_itself() -> N
     assert target.prices_verify and target.verify_time(4, 12) == 0.0
     # One MTP layer's step is a small fraction of the 61-layer target's at the same shape.
     assert 0 < draft.step_time(0, 0, 0, 0.0, 32, 32 * 2048) < target.step_time(0, 0, 0, 0.0, 32, 32 * 2048) / 10
+
+
+@pytest.mark.parametrize("tp, dp, ep", [(8, 1, 1), (8, 1, 8), (1, 8, 8)])
+def test_the_mtp_draft_takes_one_layers_share_of_the_pool_under_any_layout(tp: int, dp: int, ep: int) -> None:
+    """The MTP layer is laid out as the target's layers are (experts over the EP group, each attention-DP
+    rank its own K/V) and shares the target's embedding and LM head: the pool loses about one layer's
+    share of 61, whatever the layout (it lost 8x under attention DP 8 when the draft's weights were cut
+    by TP only and the DP ranks' pools were not counted)."""
+    from twinserve.sim.build import engine_capacity
+    cfg = StudyConfig()
+    cfg.custom_model = model_from_hf_dict(DSR1, "DeepSeek-R1")
+    e = cfg.engine
+    e.model, e.hardware, e.quantization, e.kv_cache_dtype = "DeepSeek-R1", "H200", "fp8", "fp8"
+    e.tensor_parallel_size, e.data_parallel_size, e.expert_parallel_size = tp, dp, ep
+    model = cfg.custom_model.with_precision(cfg.custom_model.precision.__class__("bfloat16", "fp8", "fp8"))
+    plain = engine_capacity(cfg, model, _h200())
+    cfg.speculative.method, cfg.speculative.draft_model = "draft_model", MTP_DRAFT
+    cfg.speculative.num_speculative_tokens, cfg.speculative.acceptance_rates = 1, [0.85]
+    drafted = engine_capacity(cfg, model, _h200())
+    assert 0.9 * plain.num_blocks < drafted.num_blocks < plain.num_blocks
+    assert drafted.block_bytes == pytest.approx(plain.block_bytes * 62 / 61)
+
+
+def _h200():
+    from twinserve.backends.sim.catalog import get_hardware
+    return get_hardware("H200")

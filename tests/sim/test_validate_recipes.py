@@ -79,15 +79,19 @@ def test_sglang_streams_the_first_and_last_token_at_once(n, interval, points) ->
     ({}, 3), ({"precision": "fp4"}, 3), ({"attention_dp_size": 8, "tp_size": 1}, 1),
     # dsr1-fp{4,8}-b200-trt (no speculation) run from release:1.2.0rc6.post2.
     ({"backend_version": "1.2.0rc6.post2"}, 0),
-    # H200's MTP and non-MTP benchmarks share one image: not told apart.
+    # H200's MTP and non-MTP benchmarks share one image: not told apart up to 64 clients; past 64 only
+    # dsr1-fp8-h200-trt-mtp runs (dsr1_fp8_h200_trt_mtp.sh: MTP 3, 1 with attention DP).
     ({"system": "h200_sxm", "backend_version": "1.1.0rc2.post2"}, 0),
+    ({"system": "h200_sxm", "backend_version": "1.1.0rc2.post2", "concurrency": 64}, 0),
+    ({"system": "h200_sxm", "backend_version": "1.1.0rc2.post2", "concurrency": 128}, 3),
+    ({"system": "h200_sxm", "backend_version": "1.1.0rc2.post2", "concurrency": 256, "attention_dp_size": 8}, 1),
     ({"mode": "disagg"}, 0), ({"silicon_data_source": _GAP}, 0),
 ])
 def test_tensorrt_llm_deepseek_rows_from_the_mtp_image_speculate(kw, mtp) -> None:
     r = row_recipe(_row(**{"backend": "trtllm", "backend_version": "1.2.0rc6.post3", **kw}))
     assert r.mtp == mtp
     if mtp:
-        assert "dsr1-fp{4,8}-b200-trt-mtp" in r.source
+        assert "trt-mtp" in r.source
 
 
 def test_an_mtp_rows_study_drafts_with_the_models_own_layer() -> None:
