@@ -32,7 +32,7 @@ Flags and what the simulator does with them:
   rows' backend_version names (MTP_IMAGES).
 - Not modelled (said so, not approximated): speculative decoding elsewhere (GLM-5's EAGLE flags; MTP
   where nothing tells MTP runs from others: H200's rows up to 64 clients, SGLang's, the disaggregated
-  Dynamo recipes'), attention backends and kernel choices, CUDA-graph batch caps, TensorRT-LLM's batch
+  Dynamo recipes), attention backends and kernel choices, CUDA-graph batch caps, TensorRT-LLM's batch
   waits.
 """
 
