@@ -27,7 +27,7 @@ from twinserve.core.errors import InvalidConfigError
 from twinserve.sim.config import StudyConfig, field_error, replica_config, replica_line, source_text, validate
 from twinserve.sim.errors import ConfigError
 from twinserve.sim.kv_offload import host_tier_blocks
-from twinserve.sim.specs import resolve_draft_model, resolve_hardware, resolve_model
+from twinserve.sim.specs import MTP_DRAFT, resolve_draft_model, resolve_hardware, resolve_model
 from twinserve.sim.workload import Workload
 from twinserve.sim.trace_paths import BUILTIN_TRACES, DATA_DIR, UnknownBuiltinTrace, trace_path  # noqa: F401
 from twinserve.sim.world import RunResult, Simulation
@@ -229,6 +229,21 @@ def draft_spec(cfg: StudyConfig, model: ModelSpec) -> ModelSpec | None:
     return resolve_draft_model(cfg, model)
 
 
+def draft_cost_model(cfg: StudyConfig, draft: ModelSpec, hw: HardwareSpec, roof: RooflineCostModel,
+                     cost: CostModel) -> CostModel:
+    """The draft's cost model: aiconfigurator-core's kernels at the target's layout, backend and kernel
+    scale when the target is priced by them (no host terms: the draft's forwards run inside the
+    target's step), else the roofline at the target's efficiencies."""
+    if cfg.engine.cost_model == "aic":
+        from twinserve.backends.sim.aic import AicCostModel, AicError
+        try:
+            return AicCostModel(draft, hw, cost.tp, cost.backend, cost.version, parallel=cost.par,
+                                kernel_scale=cost.kernel_scale)
+        except AicError as err:
+            raise _cfg_error(cfg, "speculative", "draft_model", f"the draft {draft.name}: {err}") from None
+    return RooflineCostModel(draft, hw, cfg.engine.tensor_parallel_size, roof.eff)
+
+
 def engine_capacity(cfg: StudyConfig, model: ModelSpec, hw: HardwareSpec) -> KVCapacity:
     """The engine's KV pool size from its memory (or engine.num_gpu_blocks)."""
     e, s = cfg.engine, cfg.scheduler
@@ -245,15 +260,21 @@ def engine_capacity(cfg: StudyConfig, model: ModelSpec, hw: HardwareSpec) -> KVC
         draft = draft_spec(cfg, model)
         if draft is None:
             return cap
-        # The draft's weights and its own KV (one slot per target slot) share the GPU, as in the engine.
-        usable = cap.usable_bytes - draft.weight_bytes / e.tensor_parallel_size
+        # The draft's weights and its own KV (one slot per target slot) share the GPU, as in the engine: laid
+        # out as the target's (dense over TP, experts over the TP x DP group), each attention-DP rank's pool
+        # its own. The target's own MTP layer reads the target's embedding and LM head: not held twice.
+        par = parallelism(cfg)
+        draft_weights = par.weight_bytes_per_gpu(draft)
+        if cfg.speculative.draft_model == MTP_DRAFT:
+            draft_weights -= draft.embedding_params * draft.dtype_bytes / e.tensor_parallel_size
+        usable = cap.usable_bytes - draft_weights
         block_bytes = cap.block_bytes + s.block_size * draft.kv_bytes_per_token_per_gpu(e.tensor_parallel_size)
-        n = e.num_gpu_blocks or int(usable // block_bytes)
+        n = e.num_gpu_blocks or int(usable // block_bytes) * par.data_parallel_size
         if n < 1:
             raise DoesNotFitError("gpu_memory_utilization", e.gpu_memory_utilization,
                                   f"a value leaving room for KV blocks beside the target and the draft "
                                   f"{draft.name}; raise tensor_parallel_size or use a bigger GPU")
-        return KVCapacity(n, usable, cap.weight_bytes + draft.weight_bytes / e.tensor_parallel_size,
+        return KVCapacity(n, usable, cap.weight_bytes + draft_weights,
                           cap.activation_bytes, block_bytes, cap.reserved_bytes)
     except DoesNotFitError as err:
         raise DoesNotFit(_cfg_error(cfg, "engine", err.field, str(err))) from None
@@ -284,9 +305,9 @@ def build_engine(cfg: StudyConfig) -> BuiltEngine:
         executor.spec_active = core_spec.active
     draft = draft_spec(cfg, model)
     if draft is not None and core_spec is not None:
-        # The draft's steps are priced from its shape on the same GPU (a profile fits the target only).
-        executor.draft = DraftModelSteps(RooflineCostModel(draft, hw, cfg.engine.tensor_parallel_size, roof.eff),
-                                         spec.num_speculative_tokens)
+        # The draft's steps are priced from its shape on the same GPU (a profile fits the target only):
+        # by the measured kernels where the target is, else by the roofline.
+        executor.draft = DraftModelSteps(draft_cost_model(cfg, draft, hw, roof, cost), spec.num_speculative_tokens)
     host_blocks, link, synchronous = host_tier(cfg, hw, cap, cost)
     if host_blocks:
         sched_cfg = dataclasses.replace(sched_cfg, kv_offloading_blocks=host_blocks,

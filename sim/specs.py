@@ -167,8 +167,18 @@ def resolve_model(cfg: StudyConfig, name: str | None = None, setting: str = "eng
                      "folder, or a [model] table)") from None
 
 
+# [speculative] draft_model naming the target's own multi-token-prediction module (ModelSpec.mtp_draft).
+MTP_DRAFT = "mtp"
+
+
 def resolve_draft_model(cfg: StudyConfig, target: ModelSpec) -> ModelSpec:
-    """[speculative] draft_model, checked as the engine checks it: the target's vocabulary, no more weights."""
+    """[speculative] draft_model, checked as the engine checks it: the target's vocabulary, no more weights.
+    "mtp" is the target's own multi-token-prediction module (DeepSeek-V3/R1's NextN layer)."""
+    if cfg.speculative.draft_model == MTP_DRAFT:
+        try:
+            return target.mtp_draft()
+        except ValueError as err:
+            raise _error(cfg, "speculative.draft_model", f"draft_model = \"{MTP_DRAFT}\": {err}") from None
     draft = resolve_model(cfg, cfg.speculative.draft_model, "speculative.draft_model")
     if draft.vocab_size != target.vocab_size:
         raise _error(cfg, "speculative.draft_model", f"{draft.name} has a vocabulary of {draft.vocab_size} tokens; "

@@ -3,7 +3,8 @@
     [speculative]
     method = "ngram"                 # "" (off), "ngram" or "draft_model"
     draft_model = ""                 # method draft_model: the draft, named as [engine] model is (a
-                                     # catalog name, a config.json or HF folder, a [model] table's name)
+                                     # catalog name, a config.json or HF folder, a [model] table's name),
+                                     # or "mtp": the target's own multi-token-prediction layer
     num_speculative_tokens = 4
     acceptance_rates = [0.8, 0.6, 0.5, 0.4]   # P(position i accepted | all before it were);
                                               # one rate per position: at least k of them
@@ -35,7 +36,8 @@ class SpeculativeSection:
 
     method: str = knob("", help="how drafts are proposed", choices=SPEC_METHODS, special={"": "off"})
     # Not "model": a bare `model` in sweeps and replica overrides means [engine] model.
-    draft_model: str = knob("", help="method draft_model: the draft, named as [engine] model is")
+    draft_model: str = knob("", help="method draft_model: the draft, named as [engine] model is, or \"mtp\" "
+                                     "(the target's own multi-token-prediction layer)")
     num_speculative_tokens: int = same_knob(SpeculativeConfig, "num_speculative_tokens")
     acceptance_rates: list = knob(default_factory=list,
                                   help="P(position i accepted | all before it were); one rate per "

@@ -24,8 +24,16 @@ Flags and what the simulator does with them:
   chunks in between are grouped (sglang_stream_points). The older rule (`% stream_interval == 0`,
   which held the first token for N - 1 steps) is in older trees; sgl-project/sglang 5294b03 (mid 2025,
   `BatchTokenIDOut` era) and 004ec01 already have the one above.
-- Not modelled (said so, not approximated): speculative decoding (GLM-5's EAGLE flags), attention
-  backends and kernel choices, CUDA-graph batch caps, TensorRT-LLM's batch waits.
+- `speculative_config: {decoding_type: MTP, num_nextn_predict_layers: N}` (TensorRT-LLM): DeepSeek-R1's
+  own NextN layer drafts N tokens a step: [speculative] method draft_model, draft_model "mtp"
+  (ModelSpec.mtp_draft), k = N, each position accepted with MTP_ACCEPTANCE given the ones before it.
+  The rows carry no speculative-decoding field: InferenceX's config (`.github/configs/nvidia-master.yaml`)
+  runs its MTP and non-MTP DeepSeek-R1 B200 TensorRT-LLM benchmarks from different images, which the
+  rows' backend_version names (MTP_IMAGES).
+- Not modelled (said so, not approximated): speculative decoding elsewhere (GLM-5's EAGLE flags; MTP
+  where nothing tells MTP runs from others: H200's rows up to 64 clients, SGLang's, the disaggregated
+  Dynamo recipes), attention backends and kernel choices, CUDA-graph batch caps, TensorRT-LLM's batch
+  waits.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ class Recipe:
     max_prefill_tokens: int = 0
     max_running_requests: int = 0
     unmodelled: str = ""  # flags the script sets that the simulator does not reproduce
+    mtp: int = 0  # tokens DeepSeek's multi-token-prediction layer drafts a step (0: no speculation)
 
 
 DEFAULT = Recipe("no InferenceX recipe known for this row: the engine's defaults")
@@ -139,6 +148,48 @@ def recipe_model(row: Any) -> str:
     return model
 
 
+# P(a drafted position is accepted | the ones before it were) for DeepSeek-R1's MTP drafts: the DeepSeek-V3
+# Technical Report (arXiv:2412.19437, section 5.4.3) measures "the acceptance rate of the second token
+# prediction" at 85% to 90% across generation topics; the low end is taken. The report gives the first
+# drafted position only; the later ones (the same layer reused, TensorRT-LLM's MTP Eagle) are assumed to
+# keep the same conditional rate. Not fitted to any row.
+MTP_ACCEPTANCE = 0.85
+
+
+def _dsr1_b200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
+    # benchmarks/dsr1_fp8_b200_trt_mtp.sh @111f031 and dsr1_fp4_b200_trt_mtp.sh @13dd0c2: MTP=1 with
+    # DP_ATTENTION=true, else 3 (num_nextn_predict_layers in speculative_config); stream_interval 10.
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp{{4,8}}_b200_trt_mtp.sh @13dd0c2/111f031 (image "
+                  "1.2.0rc6.post3: .github/configs/nvidia-master.yaml @48f302c, dsr1-fp{4,8}-b200-trt-mtp)",
+                  stream_interval=10, mtp=1 if attention_dp else 3,
+                  unmodelled="attention_dp_config (enable_balance, timeout_iters 60), moe_config backend, "
+                             "cuda_graph_config")
+
+
+def _dsr1_h200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe | None:
+    # H200's MTP and non-MTP benchmarks share one image (release:1.1.0rc2.post2), but only
+    # dsr1-fp8-h200-trt-mtp runs more than 64 clients (dsr1-fp8-h200-trt's search space ends at 64 for
+    # every ISL/OSL; nvidia-master.yaml @48f302c): those rows are MTP runs, the rest are not told apart.
+    # benchmarks/dsr1_fp8_h200_trt_mtp.sh @1fc5d73: MTP=1 with DP_ATTENTION=true, else 3.
+    if conc <= 64:
+        return None
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp8_h200_trt_mtp.sh @1fc5d73 (over 64 clients only "
+                  "dsr1-fp8-h200-trt-mtp runs: .github/configs/nvidia-master.yaml @48f302c)",
+                  stream_interval=10, mtp=1 if attention_dp else 3,
+                  unmodelled="attention_dp_config (enable_balance, timeout_iters 60), moe_config backend "
+                             "CUTLASS, cuda_graph_config")
+
+
+# (backend, model, system, backend_version) -> the recipe of a row measured from that image (None: the
+# image does not tell). InferenceX's nvidia-master.yaml @48f302c runs dsr1-fp8-b200-trt and
+# dsr1-fp4-b200-trt (no speculation) from tensorrt-llm release:1.2.0rc6.post2, and dsr1-fp8-b200-trt-mtp
+# and dsr1-fp4-b200-trt-mtp from release:1.2.0rc6.post3; H200's two share release:1.1.0rc2.post2.
+MTP_IMAGES: dict[tuple[str, str, str, str], Callable[[int, int, int, int, bool], Recipe | None]] = {
+    ("trtllm", "DeepSeek-R1", "b200_sxm", "1.2.0rc6.post3"): _dsr1_b200_trt_mtp,
+    ("trtllm", "DeepSeek-R1", "h200_sxm", "1.1.0rc2.post2"): _dsr1_h200_trt_mtp,
+}
+
+
 def _int(v: Any, default: int = 0) -> int:
     try:
         f = float(v)
@@ -153,6 +204,13 @@ def row_recipe(row: Any) -> Recipe:
     from twinserve.sim.validate_protocol import INFERENCEX, harness
     if harness(row) != INFERENCEX or row.get("mode") == "disagg":
         return DEFAULT
+    mtp = MTP_IMAGES.get((str(row.get("backend")), recipe_model(row), str(row.get("system")),
+                          str(row.get("backend_version"))))
+    if mtp is not None:
+        recipe = mtp(_int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1),
+                     _int(row.get("tp_size"), 1), _int(row.get("attention_dp_size"), 1) > 1)
+        if recipe is not None:
+            return recipe
     fn = RECIPES.get((str(row.get("backend")), recipe_model(row), str(row.get("system")),
                       str(row.get("precision"))))
     if fn is None:
@@ -170,6 +228,16 @@ def apply_recipe(recipe: Recipe, sched: Any) -> None:
         sched.max_prefill_tokens = recipe.max_prefill_tokens
     if recipe.max_running_requests:
         sched.max_num_seqs = recipe.max_running_requests
+
+
+def apply_speculative(recipe: Recipe, spec: Any) -> None:
+    """Set the recipe's speculative decoding on a row study's SpeculativeSection (none: left off)."""
+    if not recipe.mtp:
+        return
+    from twinserve.sim.specs import MTP_DRAFT
+    spec.method, spec.draft_model = "draft_model", MTP_DRAFT
+    spec.num_speculative_tokens = recipe.mtp
+    spec.acceptance_rates = [MTP_ACCEPTANCE] * recipe.mtp
 
 
 def sglang_stream_points(num_tokens: int, interval: int) -> list[int]:

@@ -25,7 +25,7 @@ from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, AssumedWo
                                             NotExpressible, assume_workers, folded_layout, inferred_attention_dp,
                                             missing_worker_counts)
 from twinserve.sim.validate_engines import engine_defaults
-from twinserve.sim.validate_recipes import apply_recipe, row_recipe
+from twinserve.sim.validate_recipes import apply_recipe, apply_speculative, row_recipe
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, STEADY, RunDesign, run_design
 from twinserve.sim.workload import WorkloadConfig
 
@@ -393,7 +393,9 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     s.batch_policy, s.max_prefill_tokens = _engine_batching(str(row["backend"]), hw)
     s.capacity_policy = _engine_capacity_policy(str(row["backend"]), hw)  # TensorRT-LLM: guaranteed_no_evict
     # The flags an InferenceX row's server ran with, where its recipe is known (sim/validate_recipes.py).
-    apply_recipe(row_recipe(row), s)
+    recipe = row_recipe(row)
+    apply_recipe(recipe, s)
+    apply_speculative(recipe, cfg.speculative)
     _set_workload(cfg.workload, conc, isl, osl, run_design(row, window))
     cfg.run.name = str(row["id"])
     ws = workers(row)

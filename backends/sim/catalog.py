@@ -61,6 +61,12 @@ class ModelSpec:
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
+    # DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5: config.json's index_topk, index_n_heads,
+    # index_head_dim): a lightning indexer of index_n_heads x index_head_dim picks the index_topk
+    # cached tokens each query's MLA attends to. 0 = dense attention.
+    index_topk: int = 0
+    index_n_heads: int = 0
+    index_head_dim: int = 0
     # Per-head RMSNorm on q and k before RoPE (Qwen3, MiniMax-M2; from config.json's architectures).
     qk_norm: bool = False
     # Linear-attention layers (Gated DeltaNet: Qwen3-Next, Qwen3.5): a fixed-size recurrent state per
@@ -72,6 +78,10 @@ class ModelSpec:
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
     linear_state_dtype_bytes: int = 4  # the recurrent state's dtype (config.json's mamba_ssm_dtype)
+    # Multi-token-prediction modules after the last layer (DeepSeek-V3/R1's and GLM-5's
+    # num_nextn_predict_layers, Qwen3.5's mtp_num_hidden_layers): not in the forward pass; the engines
+    # run them as a speculative draft (mtp_draft). 0 = none.
+    num_mtp_layers: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -224,9 +234,18 @@ class ModelSpec:
         return 2 * self.num_kv_heads * self.head_dim
 
     @property
+    def indexer_bytes_per_token_per_layer(self) -> int:
+        """DeepSeek Sparse Attention's indexer key cache for one token of one layer: index_head_dim FP8
+        values and a 4-byte scale per 128 of them, whatever the KV dtype (SGLang's and vLLM's DSA indexer
+        cache; aiconfigurator-core's common.indexer_cache_entry_bytes). 0 without DSA."""
+        d = self.index_head_dim if self.index_topk else 0
+        return d + -(-d // 128) * 4
+
+    @property
     def kv_bytes_per_token(self) -> int:
-        """K and V (MLA: the latent) for one token across the full-attention layers."""
-        return self.num_full_attention_layers * self.kv_elems_per_token_per_layer * self.precision.kv_bytes
+        """K and V (MLA: the latent; DSA: and the indexer's key) for one token across the full-attention layers."""
+        return self.num_full_attention_layers * (self.kv_elems_per_token_per_layer * self.precision.kv_bytes
+                                                 + self.indexer_bytes_per_token_per_layer)
 
     def kv_heads_per_gpu(self, tp: int) -> int:
         """KV heads each GPU holds: split over TP, one replicated head each once TP exceeds them."""
@@ -249,6 +268,20 @@ class ModelSpec:
     def with_precision(self, precision: Precision) -> "ModelSpec":
         """The same shape in other data types."""
         return replace(self, precision=precision)
+
+    def mtp_draft(self) -> "ModelSpec":
+        """The model's multi-token-prediction module as a draft model: one decoder layer of the
+        model's own kind (an MoE layer for DeepSeek-V3/R1: "1x Multi-Tokens Prediction (MTP) layer
+        (MoE-architecture equivalent)", TensorRT-LLM's blog "Pushing Latency Boundaries: Optimizing
+        DeepSeek-R1 Performance on NVIDIA B200 GPUs") with the target's embedding and LM head. The
+        engines reuse the one layer for each drafted token (TensorRT-LLM's MTP Eagle, SGLang's NextN),
+        so one layer stands for any number of drafts. Its input projection (2 x hidden -> hidden) and
+        norms are left out (under 1% of the layer's weights)."""
+        if not self.num_mtp_layers:
+            raise ValueError(f"{self.name} has no multi-token-prediction layers (its config gives no "
+                             "num_nextn_predict_layers)")
+        return replace(self, name=f"{self.name}-MTP", num_layers=1, num_dense_layers=0, num_sliding_layers=0,
+                       num_linear_layers=0, num_mtp_layers=0)
 
 
 @dataclass(slots=True, frozen=True)

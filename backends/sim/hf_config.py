@@ -114,9 +114,10 @@ def model_from_hf_dict(data: dict[str, Any], name: str, file: str | None = None,
     dense_layers = integer("first_k_dense_replace", 0, minimum=0) if experts else 0
     if dense_layers > layers:
         raise bad("first_k_dense_replace", f"{dense_layers} dense layers is more than num_hidden_layers={layers}")
-    mla = _mla(integer) if data.get("kv_lora_rank") else {}
+    mla = _mla(integer, data) if data.get("kv_lora_rank") else {}
 
     window, sliding_layers = _sliding(data, layers, bad)
+    mtp = _mtp_layers(data, integer)
     tie = data.get("tie_word_embeddings")
     if tie is None:  # the family's own default (transformers' Gemma configs tie, Llama's do not)
         tie = str(data.get("model_type", "")).startswith("gemma")
@@ -127,7 +128,19 @@ def model_from_hf_dict(data: dict[str, Any], name: str, file: str | None = None,
                      num_shared_experts=shared, moe_intermediate_size=moe_inter,
                      sliding_window=window, num_sliding_layers=sliding_layers,
                      num_dense_layers=dense_layers, qk_norm=bool(set(data.get("architectures") or ())
-                                                                 & QK_NORM_ARCHITECTURES), **mla, **linear)
+                                                                 & QK_NORM_ARCHITECTURES),
+                     num_mtp_layers=mtp, **mla, **linear)
+
+
+def _mtp_layers(data: dict[str, Any], integer: Callable[..., int | None]) -> int:
+    """Multi-token-prediction layers: DeepSeek-V3/R1, Kimi-K2 and GLM-5's num_nextn_predict_layers,
+    Qwen3-Next/3.5's mtp_num_hidden_layers, MiniMax-M2's num_mtp_modules (when use_mtp is true)."""
+    for key in ("num_nextn_predict_layers", "mtp_num_hidden_layers"):
+        if data.get(key) is not None:
+            return integer(key, minimum=0)
+    if data.get("use_mtp") is True and data.get("num_mtp_modules") is not None:
+        return integer("num_mtp_modules", minimum=0)
+    return 0
 
 
 # Bytes of config.json's mamba_ssm_dtype, the linear-attention state's dtype (float32 when absent, as
@@ -171,11 +184,16 @@ def _linear_attention(data: dict[str, Any], layers: int, integer: Callable[..., 
 QK_NORM_ARCHITECTURES = frozenset({"Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MiniMaxM2ForCausalLM"})
 
 
-def _mla(integer: Callable[..., int | None]) -> dict[str, int]:
-    """Multi-head latent attention's ranks and head widths (DeepSeek-V2/V3, Kimi-K2)."""
-    return {"kv_lora_rank": integer("kv_lora_rank"), "q_lora_rank": integer("q_lora_rank", 0, minimum=0),
-            "qk_rope_head_dim": integer("qk_rope_head_dim"), "qk_nope_head_dim": integer("qk_nope_head_dim"),
-            "v_head_dim": integer("v_head_dim")}
+def _mla(integer: Callable[..., int | None], data: dict[str, Any]) -> dict[str, int]:
+    """Multi-head latent attention's ranks and head widths (DeepSeek-V2/V3, Kimi-K2), and DeepSeek Sparse
+    Attention's indexer where the config has one (DeepSeek-V3.2, GLM-5: index_topk)."""
+    mla = {"kv_lora_rank": integer("kv_lora_rank"), "q_lora_rank": integer("q_lora_rank", 0, minimum=0),
+           "qk_rope_head_dim": integer("qk_rope_head_dim"), "qk_nope_head_dim": integer("qk_nope_head_dim"),
+           "v_head_dim": integer("v_head_dim")}
+    if data.get("index_topk") is not None:
+        mla.update(index_topk=integer("index_topk"), index_n_heads=integer("index_n_heads"),
+                   index_head_dim=integer("index_head_dim"))
+    return mla
 
 
 # Families whose window covers every layer when the config has no layer_types (transformers' configs).

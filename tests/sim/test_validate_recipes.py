@@ -100,3 +100,40 @@ def test_an_id_prefix_maps_only_its_own_models_configs(kw) -> None:
     base = {"model": "DeepSeek-V3", "silicon_data_source": "db-dump/2026-04-27; config_id=1"}
     base.update(kw)
     assert row_recipe(_row(**base)) is DEFAULT
+
+
+@pytest.mark.parametrize("kw, mtp", [
+    # nvidia-master.yaml: dsr1-fp{4,8}-b200-trt-mtp run from release:1.2.0rc6.post3; their scripts set
+    # num_nextn_predict_layers 3, or 1 with attention DP.
+    ({}, 3), ({"precision": "fp4"}, 3), ({"attention_dp_size": 8, "tp_size": 1}, 1),
+    # dsr1-fp{4,8}-b200-trt (no speculation) run from release:1.2.0rc6.post2.
+    ({"backend_version": "1.2.0rc6.post2"}, 0),
+    # H200's MTP and non-MTP benchmarks share one image: not told apart up to 64 clients; past 64 only
+    # dsr1-fp8-h200-trt-mtp runs (dsr1_fp8_h200_trt_mtp.sh: MTP 3, 1 with attention DP).
+    ({"system": "h200_sxm", "backend_version": "1.1.0rc2.post2"}, 0),
+    ({"system": "h200_sxm", "backend_version": "1.1.0rc2.post2", "concurrency": 64}, 0),
+    ({"system": "h200_sxm", "backend_version": "1.1.0rc2.post2", "concurrency": 128}, 3),
+    ({"system": "h200_sxm", "backend_version": "1.1.0rc2.post2", "concurrency": 256, "attention_dp_size": 8}, 1),
+    ({"mode": "disagg"}, 0), ({"silicon_data_source": _GAP}, 0),
+])
+def test_tensorrt_llm_deepseek_rows_from_the_mtp_image_speculate(kw, mtp) -> None:
+    r = row_recipe(_row(**{"backend": "trtllm", "backend_version": "1.2.0rc6.post3", **kw}))
+    assert r.mtp == mtp
+    if mtp:
+        assert "trt-mtp" in r.source
+
+
+def test_an_mtp_rows_study_drafts_with_the_models_own_layer() -> None:
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.validate_recipes import MTP_ACCEPTANCE
+    from twinserve.sim.validate_rows import load_rows, row_study
+    rows = load_rows()
+    pick = rows[(rows["backend"] == "trtllm") & (rows["model"] == "DeepSeek-R1") & (rows["mode"] == "agg")
+                & (rows["system"] == "b200_sxm") & (rows["backend_version"] == "1.2.0rc6.post3")
+                & (rows["attention_dp_size"] == 1)]
+    spec = row_study(pick.iloc[0], "aic").speculative
+    assert (spec.method, spec.draft_model, spec.num_speculative_tokens) == ("draft_model", "mtp", 3)
+    assert spec.acceptance_rates == [MTP_ACCEPTANCE] * 3
+    other = rows[(rows["backend"] == "trtllm") & (rows["model"] == "DeepSeek-R1") & (rows["mode"] == "agg")
+                 & (rows["backend_version"] == "1.2.0rc6.post2")]
+    assert not row_study(other.iloc[0], "aic").speculative.enabled

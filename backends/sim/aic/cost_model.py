@@ -142,6 +142,16 @@ class AicCostModel:
                                + (f"; it has (KV heads per GPU, head_dim, window): {have}" if have else "")
                                ) from None
 
+    # A speculative step's verify rows (a sequence's last token and its k drafts) are priced as k + 1
+    # decode rows at the sequence's context, with nothing added: aic's own speculative decode scales
+    # the generation step's batch by the tokens each sequence verifies (sdk/models/deepseek.py, its
+    # MTP `nextn`), where a prefill chunk's price would run the context-phase kernels instead.
+    prices_verify = True
+
+    def verify_time(self, num_spec_reqs: int, num_draft_tokens: int) -> float:
+        """Seconds verify rows add beyond their price as decode rows: none (prices_verify)."""
+        return 0.0
+
     def describe(self) -> str:
         """What prices the steps, e.g. 'aic vllm 0.24.0 on h200_sxm'."""
         return f"aic {self.backend} {self.version} on {self.system}"

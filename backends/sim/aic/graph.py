@@ -6,7 +6,8 @@ kv-up and output GEMMs), the dense MLP (gate/up, activation, down) or aic's MoE 
 shared experts, dispatch, experts, combine), two all-reduces under TP on dense layers (an MoE
 layer's dispatch and combine stand for them, as in aic's MOEModel); the embedding (and its
 all-reduce) once; the LM head over one row per sequence; the pipeline hand-offs. Attention is split
-into full and sliding-window layers.
+into full and sliding-window layers; a DeepSeek Sparse Attention model's (GLM-5, DeepSeek-V3.2) whole
+attention block is aic's DSA module (its DeepSeekV32Model).
 
 A decode-only step is priced from a second token list, aic's generation graph: for the MLA MoE
 models (aic's DeepSeek family: DeepSeek-V3/R1, Kimi-K2.5, GLM-5; models/deepseek.py) the shared
@@ -94,12 +95,52 @@ def _mla_projections(m: ModelSpec, tp: int, gq: Any) -> list:
     return out
 
 
+def dsa_architecture(m: ModelSpec) -> str:
+    """aic's architecture name for a DeepSeek Sparse Attention model (its DSA tables are keyed by it),
+    matched on the shapes aic's DSA_MODEL_DIMS lists; AicError naming them when none matches."""
+    from aiconfigurator_core.sdk.operations.dsa import DSA_MODEL_DIMS
+    from twinserve.backends.sim.aic.mapping import AicError
+    ours = {"hidden_size": m.hidden_size, "q_lora_rank": m.q_lora_rank, "kv_lora_rank": m.kv_lora_rank,
+            "qk_nope_head_dim": m.qk_nope_head_dim, "qk_rope_head_dim": m.qk_rope_head_dim,
+            "v_head_dim": m.v_head_dim, "index_topk": m.index_topk, "index_head_dim": m.index_head_dim,
+            "index_n_heads": m.index_n_heads}
+    for arch, dims in DSA_MODEL_DIMS.items():
+        if all(ours.get(k) == v for k, v in dims.items()):
+            return arch
+    have = "; ".join(f"{a} (hidden {d['hidden_size']}, index_n_heads {d['index_n_heads']})"
+                     for a, d in DSA_MODEL_DIMS.items())
+    raise AicError("model", f"{m.name} has DeepSeek Sparse Attention (index_topk {m.index_topk}) of a shape "
+                   f"aiconfigurator-core has no DSA timings for; it has: {have}")
+
+
+def dsa_gemm_mode(gemm: Any) -> Any:
+    """The projection GEMMs' mode inside aic's DSA module tables (gemm_type: bfloat16 or fp8_block).
+
+    The published FP8 DSA checkpoints are block-scaled (zai-org/GLM-5-FP8's and DeepSeek-V3.2's
+    quantization_config: weight_block_size [128, 128]): fp8_block. NVIDIA's NVFP4 checkpoints keep the
+    attention projections in 16 bits (nvidia/GLM-5-NVFP4's hf_quant_config excludes every
+    self_attn q_a/q_b/kv_a/kv_b/o and indexer module): bfloat16."""
+    from aiconfigurator_core.sdk import common
+    g = common.GEMMQuantMode
+    return g.fp8_block if gemm in (g.fp8, g.fp8_static) else gemm if gemm is g.fp8_block else g.bfloat16
+
+
 def _attention(m: ModelSpec, tp: int, modes: dict[str, Any], backend: str, database: Any) -> tuple[list, list]:
     """Context and generation attention ops, one per attention kind (full, sliding window)."""
     import aiconfigurator_core.sdk.operations as ops
     from aiconfigurator_core.sdk.operations.attention import resolved_lane_order_for_op
     kvq, fmha = modes["generation_attention"], modes["fmha"]
     heads, layers = m.num_heads // tp, m.num_layers
+    if m.is_mla and m.index_topk:
+        # DeepSeek Sparse Attention (GLM-5, DeepSeek-V3.2): aic's DSA module tables price the whole
+        # attention block per layer (its projections, the indexer and its top-k, the sparse MLA over
+        # index_topk tokens, the absorbed BMMs), as aic's DeepSeekV32Model lays it out
+        # (sdk/models/deepseek_v32.py). Every layer computes its own top-k (no index_topk_freq).
+        arch, gq = dsa_architecture(m), dsa_gemm_mode(modes["gemm"])
+        return ([ops.ContextDSAModule("context_attention", layers, heads, kvq, fmha, gq, architecture=arch,
+                                      dsa_full_layer_fraction=1.0)],
+                [ops.GenerationDSAModule("generation_attention", layers, heads, kvq, gq, architecture=arch,
+                                         dsa_full_layer_fraction=1.0)])
     kv_b = []
     if m.is_mla:
         # Prefill attends over decompressed K/V (kv_b_proj over the chunk's tokens); decode absorbs
@@ -144,7 +185,9 @@ def build_graph(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backe
     gq = modes["gemm"]
     token_ops = [ops.Embedding("embedding", 1, m.vocab_size // tp, h, 0.3),
                  ops.ElementWise("add_norm_1", layers, 2 * h, 2 * h, 0.8)]
-    if m.is_mla:
+    if m.is_mla and m.index_topk:
+        pass  # DSA: the attention block's projections are inside aic's DSA module (_attention)
+    elif m.is_mla:
         token_ops += _mla_projections(m, tp, gq)
     else:
         heads, kv_heads = m.num_heads // tp, m.kv_heads_per_gpu(tp)
@@ -163,7 +206,7 @@ def build_graph(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backe
         decode_ops += _moe_ops(m, par, modes, backend, "generation")
     ars = [ops.CustomAllReduce("embedding_ar", 1, h, tp), ops.CustomAllReduce("ar_1", dense, h, tp),
            ops.CustomAllReduce("ar_2", dense, h, tp)]
-    if m.is_mla and m.num_moe_layers and backend == "vllm":
+    if m.is_mla and not m.index_topk and m.num_moe_layers and backend == "vllm":
         # aic's DeepSeekModel on vLLM: one all-reduce after the attention projection and one after the
         # MoE on every layer (its context_/generation_tp_allreduce, 2 x layers), beside the dispatches.
         ars.append(ops.CustomAllReduce("moe_layer_tp_allreduce", 2 * m.num_moe_layers, h, tp))

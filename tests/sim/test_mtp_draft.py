@@ -1,0 +1,106 @@
+"""Multi-token prediction: a model's MTP layers read from its config.json, the module as a draft model
+(draft_model = "mtp"), and the measured backend pricing the draft and the verify rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from twinserve.backends.sim.hf_config import model_from_hf_dict
+from twinserve.sim.config import StudyConfig
+from twinserve.sim.errors import ConfigError
+from twinserve.sim.specs import MTP_DRAFT, resolve_draft_model
+
+# DeepSeek-V3/R1's config.json (deepseek-ai/DeepSeek-R1, also in aiconfigurator-core's model_configs).
+DSR1 = {"model_type": "deepseek_v3", "num_hidden_layers": 61, "hidden_size": 7168, "intermediate_size": 18432,
+        "num_attention_heads": 128, "num_key_value_heads": 128, "vocab_size": 129280,
+        "max_position_embeddings": 163840, "n_routed_experts": 256, "num_experts_per_tok": 8,
+        "n_shared_experts": 1, "moe_intermediate_size": 2048, "first_k_dense_replace": 3,
+        "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+        "v_head_dim": 128, "num_nextn_predict_layers": 1}
+LLAMA = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256, "intermediate_size": 512,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 4096}
+
+
+@pytest.mark.parametrize("extra, layers", [
+    ({}, 1),  # DeepSeek-V3/R1, GLM-5: num_nextn_predict_layers
+    ({"num_nextn_predict_layers": 0}, 0),  # Kimi-K2.5 ships none
+    ({"num_nextn_predict_layers": None, "mtp_num_hidden_layers": 1}, 1),  # Qwen3-Next / Qwen3.5
+    ({"num_nextn_predict_layers": None, "use_mtp": True, "num_mtp_modules": 3}, 3),  # MiniMax-M2
+    ({"num_nextn_predict_layers": None, "use_mtp": False, "num_mtp_modules": 3}, 0),
+])
+def test_mtp_layers_come_from_the_config(extra: dict, layers: int) -> None:
+    assert model_from_hf_dict({**DSR1, **extra}, "m").num_mtp_layers == layers
+
+
+def test_the_shipped_deepseek_r1_config_has_its_nextn_layer() -> None:
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.backends.sim.aic_models import resolve_row_model
+    assert resolve_row_model("deepseek-ai/DeepSeek-R1").num_mtp_layers == 1
+    assert resolve_row_model("meta-llama/Llama-3.1-70B").num_mtp_layers == 0
+
+
+def test_the_mtp_draft_is_one_routed_layer_of_the_target() -> None:
+    target = model_from_hf_dict(DSR1, "DeepSeek-R1")
+    draft = target.mtp_draft()
+    assert (draft.num_layers, draft.num_dense_layers, draft.num_moe_layers) == (1, 0, 1)
+    assert (draft.hidden_size, draft.vocab_size, draft.kv_lora_rank, draft.num_experts) == (7168, 129280, 512, 256)
+    assert draft.num_params < target.num_params / 30
+    with pytest.raises(ValueError, match="no multi-token-prediction"):
+        model_from_hf_dict(LLAMA, "tiny").mtp_draft()
+
+
+def test_draft_model_mtp_names_the_targets_own_module() -> None:
+    cfg = StudyConfig()
+    cfg.speculative.method, cfg.speculative.draft_model = "draft_model", MTP_DRAFT
+    target = model_from_hf_dict(DSR1, "DeepSeek-R1")
+    assert resolve_draft_model(cfg, target) == target.mtp_draft().with_precision(target.precision)
+    with pytest.raises(ConfigError, match="speculative.draft_model.*no multi-token-prediction"):
+        resolve_draft_model(cfg, model_from_hf_dict(LLAMA, "tiny"))
+
+
+def test_the_measured_backend_prices_the_mtp_draft_and_verify_rows_itself() -> None:
+    """An aic study speculating with its MTP layer: the draft is priced from aic's kernels at the target's
+    layout (not the roofline), and the verify rows as k + 1 decode rows (aic's own MTP batch scaling)."""
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.backends.sim.aic import AicCostModel
+    from twinserve.sim.build import build_engine
+    cfg = StudyConfig()
+    cfg.custom_model = model_from_hf_dict(DSR1, "DeepSeek-R1")
+    e = cfg.engine
+    e.model, e.hardware, e.cost_model, e.aic_backend = "DeepSeek-R1", "B200", "aic", "trtllm"
+    e.tensor_parallel_size, e.quantization, e.kv_cache_dtype = 8, "fp8", "fp8"
+    cfg.speculative.method, cfg.speculative.draft_model = "draft_model", MTP_DRAFT
+    cfg.speculative.num_speculative_tokens, cfg.speculative.acceptance_rates = 3, [0.85] * 3
+    built = build_engine(cfg)
+    draft = built.executor.draft.cost
+    assert isinstance(draft, AicCostModel) and draft.model.num_layers == 1 and draft.tp == 8
+    target = built.cost_model
+    assert target.prices_verify and target.verify_time(4, 12) == 0.0
+    # One MTP layer's step is a small fraction of the 61-layer target's at the same shape.
+    assert 0 < draft.step_time(0, 0, 0, 0.0, 32, 32 * 2048) < target.step_time(0, 0, 0, 0.0, 32, 32 * 2048) / 10
+
+
+@pytest.mark.parametrize("tp, dp, ep", [(8, 1, 1), (8, 1, 8), (1, 8, 8)])
+def test_the_mtp_draft_takes_one_layers_share_of_the_pool_under_any_layout(tp: int, dp: int, ep: int) -> None:
+    """The MTP layer is laid out as the target's layers are (experts over the EP group, each attention-DP
+    rank its own K/V) and shares the target's embedding and LM head: the pool loses about one layer's
+    share of 61, whatever the layout (it lost 8x under attention DP 8 when the draft's weights were cut
+    by TP only and the DP ranks' pools were not counted)."""
+    from twinserve.sim.build import engine_capacity
+    cfg = StudyConfig()
+    cfg.custom_model = model_from_hf_dict(DSR1, "DeepSeek-R1")
+    e = cfg.engine
+    e.model, e.hardware, e.quantization, e.kv_cache_dtype = "DeepSeek-R1", "H200", "fp8", "fp8"
+    e.tensor_parallel_size, e.data_parallel_size, e.expert_parallel_size = tp, dp, ep
+    model = cfg.custom_model.with_precision(cfg.custom_model.precision.__class__("bfloat16", "fp8", "fp8"))
+    plain = engine_capacity(cfg, model, _h200())
+    cfg.speculative.method, cfg.speculative.draft_model = "draft_model", MTP_DRAFT
+    cfg.speculative.num_speculative_tokens, cfg.speculative.acceptance_rates = 1, [0.85]
+    drafted = engine_capacity(cfg, model, _h200())
+    assert 0.9 * plain.num_blocks < drafted.num_blocks < plain.num_blocks
+    assert drafted.block_bytes == pytest.approx(plain.block_bytes * 62 / 61)
+
+
+def _h200():
+    from twinserve.backends.sim.catalog import get_hardware
+    return get_hardware("H200")
