@@ -83,6 +83,9 @@ class Request:
     # Below this, a one-token step needs nothing from the KV manager
     # (never too high: blocks only grow); 0 means ask.
     fast_decode_limit: int = field(default=0, repr=False)
+    # Blocks it holds at its peak under peak_owner's layout (guaranteed_no_evict's reservation); -1: not yet.
+    peak_blocks: int = field(default=-1, repr=False)
+    peak_owner: int = field(default=-1, repr=False, compare=False)
     # Aging counts waiting only: this wait's start, and time waited before it.
     queued_time: float = field(default=0.0, repr=False)
     waited_s: float = field(default=0.0, repr=False)

@@ -28,12 +28,16 @@ from twinserve.core.sched.step_parts import (_NO_BLOCKS, _NO_IDS, _block_ids, _c
 from twinserve.core.spec_decode import SpecDecodeStats, SpeculativeConfig
 
 
+# One key per scheduler ever made (Request.peak_owner holds it: an int, so no request keeps a scheduler alive).
+_SCHEDULER_KEYS = itertools.count()
+
 class Scheduler(OutputUpdate):
     """Decides who runs each step with how many tokens; applies the results."""
 
     def __init__(self, config: SchedulerConfig,
                  speculative_config: SpeculativeConfig | None = None) -> None:
         self.config = config
+        self.peak_key = next(_SCHEDULER_KEYS)  # names this scheduler on the requests' peak_blocks
         self.spec = speculative_config
         self.spec_stats = SpecDecodeStats()
         self.lookahead = speculative_config.num_lookahead_tokens if speculative_config is not None else 0
@@ -467,7 +471,7 @@ class Scheduler(OutputUpdate):
             reserve = self.watermark_blocks if running else 0
             if no_evict:
                 if owed < 0:
-                    owed = sum(self._blocks_owed(r) for r in running)
+                    owed = self._running_blocks_owed()
                 # What running requests still need to reach max_tokens, and this one past this chunk.
                 own = self._peak_blocks(req) - max_pages(done + num_hit + num_new, kv.block_size,
                                                          kv.group_windows, kv.max_step_tokens)
@@ -516,18 +520,39 @@ class Scheduler(OutputUpdate):
         return budget
 
     def _peak_blocks(self, req: Request) -> int:
-        """Blocks req holds at its peak (its prompt and max_tokens less the last token, add_request's peak)."""
+        """Blocks req holds at its peak (its prompt and max_tokens less the last token, add_request's peak).
+
+        Kept on the request with this scheduler as its owner (its prompt, max_tokens and this scheduler's
+        layout do not change while it runs here; a disaggregated hand-off makes it again at the next owner).
+        """
+        kv = self.kv
         n = req.num_prompt_tokens
         peak = max(n, min(n + req.max_tokens - 1, self.config.max_model_len - 1))
-        kv = self.kv
-        return max_pages(peak, kv.block_size, kv.group_windows, kv.max_step_tokens)
+        req.peak_blocks = pages = max_pages(peak, kv.block_size, kv.group_windows, kv.max_step_tokens)
+        req.peak_owner = self.peak_key
+        return pages
 
-    def _blocks_owed(self, req: Request) -> int:
-        """Blocks a running request still needs to reach its peak (guaranteed_no_evict's reservation)."""
+    def _running_blocks_owed(self) -> int:
+        """Blocks the running requests still need to reach their peaks (guaranteed_no_evict's reservation).
+
+        Summed at every admitting step over thousands of running requests: each request's peak is read from
+        the request where this scheduler made it, else made here.
+        """
         kv = self.kv
-        rid = req.request_id
-        held = len(kv.req_to_blocks.get(rid, _NO_BLOCKS)) if kv._one_table else kv.num_held_blocks(rid)
-        return max(0, self._peak_blocks(req) - held)
+        total = 0
+        if kv._one_table:
+            tables = kv.req_to_blocks
+            key = self.peak_key
+            for r in self.running:
+                peak = r.peak_blocks if r.peak_owner == key else self._peak_blocks(r)
+                held = len(tables.get(r.request_id, _NO_BLOCKS))
+                if peak > held:
+                    total += peak - held
+            return total
+        for r in self.running:
+            peak = r.peak_blocks if r.peak_owner == self.peak_key else self._peak_blocks(r)
+            total += max(0, peak - kv.num_held_blocks(r.request_id))
+        return total
 
     def _admit_loading(self, req: Request, hits: TierHits, num_hit: int, num_new: int, reserve: int) -> bool:
         """Admit req's hits with host-tier loads; it waits in self.loading, computing nothing yet.
