@@ -1,0 +1,217 @@
+"""Prefill/decode worker counts and layouts of InferenceX's disaggregated runs, as a small declared table.
+
+aiconfigurator-core's InferenceMAX dumps (`source_file=2026-03-25.csv` / `2026-04-06.csv`) give a
+disaggregated row's prefill and decode TP but not how many workers of each ran, nor (reliably) their
+attention-DP and expert layout: the decode worker's MoE EP is written as the prefill worker's, attention DP
+as 1. InferenceX's own run matrix says both, per configuration and client count:
+SemiAnalysisAI/InferenceX `.github/configs/nvidia-master.yaml` @0004cf5f2577a1c1007a9bed7cc7d55656519507
+(https://github.com/SemiAnalysisAI/InferenceX/blob/0004cf5f2577a1c1007a9bed7cc7d55656519507/.github/configs/nvidia-master.yaml),
+read through the library's code index. Each entry there names a client-count list, one prefill and one
+decode worker shape (`num-worker`, `tp`, `ep`, `dp-attn`), and whether it ran multi-token prediction
+(`spec-decoding: "mtp"`; the depth is the `mtpN` of the recipe file it launches).
+
+What is stored here: only those fields, for the configurations below, in this module's own form. The
+client-count lists of these configurations at that commit are exactly the concurrencies both dumps hold
+for them (checked row by row on 2026-12-05), so the one version stands for both dumps. A row is matched
+only when everything agrees: backend, system, precision, ISL/OSL, the client count in an entry's list, and
+the row's own prefill TP, prefill EP and decode TP equal to the entry's (runs of an earlier matrix, e.g.
+B200 FP8's prefill at EP 1 measured 2026-03-23, fail that check and keep the assumption). Where two or
+more entries fit and disagree on the workers, none is used; where they agree on the workers but not on
+MTP, the workers are used and MTP is unknown.
+
+MTP is recorded, not simulated: the simulator on this branch has no multi-token-prediction model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+_SOURCE = "SemiAnalysisAI/InferenceX .github/configs/nvidia-master.yaml @0004cf5"
+# The InferenceMAX dumps whose rows this table is checked against (validate_protocol's InferenceX rows).
+_DUMPS = ("source_file=2026-03-25.csv", "source_file=2026-04-06.csv")
+
+
+@dataclass(slots=True, frozen=True)
+class Shape:
+    """One worker kind of an entry: how many, and each one's GPUs (tp), expert split (ep) and attention DP."""
+
+    count: int
+    tp: int
+    ep: int
+    dp_attn: bool
+
+    def fields(self) -> tuple[int, int, int, int]:
+        """(tp, attention_dp, moe_tp, moe_ep) over the worker's tp GPUs: DP attention puts one attention
+        rank on each GPU; the experts are split ep ways and each sharded tp / ep ways."""
+        if self.tp % self.ep:
+            raise ValueError(f"InferenceX worker tp {self.tp} is not a whole multiple of ep {self.ep}")
+        return (1, self.tp, self.tp // self.ep, self.ep) if self.dp_attn else \
+            (self.tp, 1, self.tp // self.ep, self.ep)
+
+
+@dataclass(slots=True, frozen=True)
+class Entry:
+    """One search-space entry: the client counts it ran, its workers, and its MTP depth (0: none)."""
+
+    concs: tuple[int, ...]
+    prefill: Shape
+    decode: Shape
+    mtp: int
+
+
+@dataclass(slots=True, frozen=True)
+class Match:
+    """The workers a row ran with, from the file; mtp None where the fitting entries disagree on it."""
+
+    prefill: Shape
+    decode: Shape
+    mtp: int | None
+
+    def note(self) -> str:
+        """The `layout` column's text."""
+        mtp = ("" if self.mtp == 0 else f"; ran MTP {self.mtp} (not simulated)" if self.mtp
+               else "; MTP or not: the file has both at this client count")
+        return (f"InferenceX config: {self.prefill.count} prefill, {self.decode.count} decode workers"
+                f"{mtp} ({_SOURCE})")
+
+
+def _e(concs: tuple[int, ...], p: tuple[int, int, int, bool], d: tuple[int, int, int, bool], mtp: int) -> Entry:
+    return Entry(concs, Shape(*p), Shape(*d), mtp)
+
+
+# Worker shapes, (count, tp, ep, dp-attn): P = prefill, D = decode.
+_B200_FP4_P = (1, 4, 4, True)
+_B200_FP8_P = (1, 8, 8, True)
+_B300_FP4_P = (1, 2, 2, True)
+
+# (backend, system, precision, isl, osl) -> entries. dsr1-fp4-b200-dynamo-trt, dsr1-fp8-b200-dynamo-trt,
+# dsr1-fp4-b300-dynamo-trt (TensorRT-LLM under Dynamo; the dumps' framework `trtllm`). Other configurations
+# (B300 FP8, GB200/GB300, H100/H200, SGLang) are not transcribed yet: their rows keep the assumption.
+TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
+    ("trtllm", "b200_sxm", "fp4", 1024, 1024): (
+        _e((1214,), _B200_FP4_P, (2, 8, 8, True), 2),
+        _e((875,), _B200_FP4_P, (5, 8, 8, True), 3),
+        _e((6,), _B200_FP4_P, (5, 8, 8, False), 3),
+        _e((10, 15, 25, 45, 90, 180), _B200_FP4_P, (5, 8, 8, False), 3),
+        _e((4968,), (3, 4, 4, True), (4, 8, 8, True), 1),
+        _e((10860,), (3, 4, 4, True), (5, 4, 4, True), 1),
+        _e((4096,), _B200_FP4_P, (1, 8, 8, True), 0),
+        _e((2192,), _B200_FP4_P, (2, 8, 8, True), 0),
+        _e((1365,), _B200_FP4_P, (5, 8, 8, True), 0),
+        _e((6,), _B200_FP4_P, (5, 8, 8, False), 0),
+        _e((10, 15, 25, 45, 90, 180), _B200_FP4_P, (5, 8, 8, False), 0),
+        _e((450,), _B200_FP4_P, (6, 8, 8, False), 0),
+    ),
+    ("trtllm", "b200_sxm", "fp4", 8192, 1024): (
+        _e((90,), _B200_FP4_P, (1, 8, 8, True), 3),
+        _e((66,), _B200_FP4_P, (3, 8, 8, False), 3),
+        _e((6,), _B200_FP4_P, (5, 8, 8, False), 3),
+        _e((10, 15, 30, 60), _B200_FP4_P, (5, 8, 8, False), 3),
+        _e((548,), (3, 4, 4, True), (1, 8, 8, True), 3),
+        _e((1096, 1691), (5, 4, 4, True), (1, 8, 8, True), 1),
+        _e((658,), (5, 4, 4, True), (2, 8, 8, True), 3),
+        _e((6,), _B200_FP4_P, (5, 8, 8, False), 0),
+        _e((10, 15, 25, 50, 100), _B200_FP4_P, (5, 8, 8, False), 0),
+        _e((370,), (2, 4, 4, True), (5, 8, 8, False), 0),
+        _e((1606,), (4, 4, 4, True), (1, 8, 8, True), 0),
+        _e((837,), (4, 4, 4, True), (3, 8, 8, True), 0),
+        _e((2222,), (7, 4, 4, True), (2, 8, 8, True), 0),
+    ),
+    ("trtllm", "b200_sxm", "fp8", 1024, 1024): (
+        _e((8,), _B200_FP8_P, (8, 8, 1, False), 3),
+        _e((32,), _B200_FP8_P, (8, 8, 1, False), 3),
+        _e((64,), _B200_FP8_P, (8, 8, 1, False), 3),
+        _e((256,), _B200_FP8_P, (8, 8, 1, False), 3),
+        _e((896,), _B200_FP8_P, (7, 8, 8, True), 3),
+        _e((1024,), _B200_FP8_P, (4, 8, 8, True), 3),
+        _e((1184,), _B200_FP8_P, (3, 8, 8, True), 3),
+        _e((1600,), _B200_FP8_P, (2, 8, 8, True), 2),
+        _e((4,), _B200_FP8_P, (3, 8, 1, False), 0),
+        _e((32,), _B200_FP8_P, (3, 8, 1, False), 0),
+        _e((128,), _B200_FP8_P, (3, 8, 1, False), 0),
+        _e((1920,), _B200_FP8_P, (5, 8, 8, True), 0),
+        _e((4096,), _B200_FP8_P, (1, 8, 8, True), 0),
+        _e((5152,), (2, 8, 8, True), (5, 8, 8, True), 0),
+    ),
+    ("trtllm", "b200_sxm", "fp8", 8192, 1024): (
+        _e((8,), _B200_FP8_P, (6, 8, 1, False), 3),
+        _e((8,), _B200_FP8_P, (2, 8, 1, False), 3),
+        _e((48,), _B200_FP8_P, (6, 8, 1, False), 3),
+        _e((64,), _B200_FP8_P, (4, 8, 1, False), 3),
+        _e((224,), (2, 8, 8, True), (3, 8, 8, True), 3),
+        _e((288,), (2, 8, 8, True), (1, 8, 8, True), 3),
+        _e((1088,), (4, 8, 8, True), (1, 8, 8, True), 2),
+        _e((1,), _B200_FP8_P, (1, 8, 1, False), 0),
+        _e((32,), _B200_FP8_P, (4, 8, 1, False), 0),
+        _e((128,), _B200_FP8_P, (4, 8, 1, False), 0),
+        _e((96,), _B200_FP8_P, (6, 8, 1, False), 0),
+        _e((128,), _B200_FP8_P, (1, 8, 8, True), 0),
+        _e((128,), _B200_FP8_P, (2, 8, 8, True), 0),
+        _e((256,), _B200_FP8_P, (1, 8, 8, True), 0),
+        _e((640,), (2, 8, 8, True), (1, 8, 8, True), 0),
+    ),
+    ("trtllm", "b300_sxm", "fp4", 1024, 1024): (
+        _e((654,), _B300_FP4_P, (1, 8, 8, True), 3),
+        _e((271,), _B300_FP4_P, (2, 8, 8, True), 3),
+        _e((11,), _B300_FP4_P, (5, 8, 8, False), 3),
+        _e((10, 20, 25, 60, 120, 200), _B300_FP4_P, (5, 8, 8, False), 3),
+        _e((2342,), (2, 2, 2, True), (1, 8, 8, True), 1),
+        _e((8609,), (5, 2, 2, True), (2, 8, 8, True), 1),
+        _e((12926,), (5, 2, 2, True), (2, 8, 8, True), 1),
+        _e((1176,), _B300_FP4_P, (2, 8, 8, True), 0),
+        _e((6,), _B300_FP4_P, (4, 8, 8, False), 0),
+        _e((5, 10, 15, 25), _B300_FP4_P, (5, 4, 4, False), 0),
+        _e((60, 110, 195, 395), _B300_FP4_P, (5, 8, 8, False), 0),
+        _e((4405,), (2, 2, 2, True), (1, 8, 8, True), 0),
+        _e((8192,), (3, 2, 2, True), (1, 8, 8, True), 0),
+        _e((4611,), (3, 2, 2, True), (2, 8, 8, True), 0),
+    ),
+    ("trtllm", "b300_sxm", "fp4", 8192, 1024): (
+        _e((2198,), (10, 2, 2, True), (1, 8, 8, True), 1),
+        _e((52,), _B300_FP4_P, (4, 4, 4, False), 3),
+        _e((8,), _B300_FP4_P, (4, 8, 8, False), 3),
+        _e((32,), _B300_FP4_P, (4, 8, 8, False), 3),
+        _e((181,), (3, 2, 2, True), (1, 8, 8, True), 3),
+        _e((1197,), (9, 2, 2, True), (1, 8, 8, True), 1),
+        _e((105,), _B300_FP4_P, (3, 4, 4, False), 0),
+        _e((63,), _B300_FP4_P, (3, 8, 8, False), 0),
+        _e((4,), _B300_FP4_P, (3, 8, 8, False), 0),
+        _e((12,), _B300_FP4_P, (4, 4, 4, False), 0),
+        _e((589,), (5, 2, 2, True), (2, 8, 8, True), 0),
+        _e((1093,), (6, 2, 2, True), (1, 8, 8, True), 0),
+        _e((2048,), (8, 2, 2, True), (1, 8, 8, True), 0),
+    ),
+}
+
+
+def _num(v: Any) -> int | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else int(f)
+
+
+def candidates(row: Any) -> list[Entry]:
+    """The table's entries that fit the row: its configuration, client count and its own TP/EP columns."""
+    if row.get("mode") != "disagg" or str(row.get("model")) != "DeepSeek-R1":
+        return []
+    if not str(row.get("silicon_data_source", "")).startswith(_DUMPS):
+        return []
+    key = (str(row.get("backend")), str(row.get("system")), str(row.get("precision")),
+           _num(row.get("isl")), _num(row.get("osl")))
+    conc = _num(row.get("concurrency"))
+    own = (_num(row.get("prefill_tp_size")), _num(row.get("prefill_moe_ep_size")), _num(row.get("decode_tp_size")))
+    return [e for e in TABLE.get(key, ()) if conc in e.concs and own == (e.prefill.tp, e.prefill.ep, e.decode.tp)]
+
+
+def inferencex_workers(row: Any) -> Match | None:
+    """The row's prefill and decode workers from InferenceX's matrix; None when no entry fits, or the
+    entries that fit disagree on the workers (ambiguous: the caller keeps its assumption)."""
+    fits = candidates(row)
+    if not fits or len({(e.prefill, e.decode) for e in fits}) > 1:
+        return None
+    mtps = {e.mtp for e in fits}
+    return Match(fits[0].prefill, fits[0].decode, mtps.pop() if len(mtps) == 1 else None)
