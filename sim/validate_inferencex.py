@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 _SOURCE = "SemiAnalysisAI/InferenceX .github/configs/nvidia-master.yaml @0004cf5"
+MTP_DEPTH_NOT_GIVEN = -1  # an MTP entry whose recipe file name gives no depth (the SGLang ones)
 # The InferenceMAX dumps whose rows this table is checked against (validate_protocol's InferenceX rows).
 _DUMPS = ("source_file=2026-03-25.csv", "source_file=2026-04-06.csv")
 
@@ -71,8 +72,9 @@ class Match:
 
     def note(self) -> str:
         """The `layout` column's text."""
-        mtp = ("" if self.mtp == 0 else f"; ran MTP {self.mtp} (not simulated)" if self.mtp
-               else "; MTP or not: the file has both at this client count")
+        mtp = ("" if self.mtp == 0 else "; MTP or not: the file has both at this client count" if self.mtp is None
+               else "; ran MTP, depth not given (not simulated)" if self.mtp == MTP_DEPTH_NOT_GIVEN
+               else f"; ran MTP {self.mtp} (not simulated)")
         return (f"InferenceX config: {self.prefill.count} prefill, {self.decode.count} decode workers"
                 f"{mtp} ({_SOURCE})")
 
@@ -85,10 +87,19 @@ def _e(concs: tuple[int, ...], p: tuple[int, int, int, bool], d: tuple[int, int,
 _B200_FP4_P = (1, 4, 4, True)
 _B200_FP8_P = (1, 8, 8, True)
 _B300_FP4_P = (1, 2, 2, True)
+_B300_FP8_P = (1, 4, 1, True)
+_H100_P = (1, 16, 16, True)
+_H100_SGL_P = (1, 16, 1, False)
+_GB200_FP4_P = (1, 4, 4, True)
+_GB200_FP8_P = (1, 8, 8, True)
 
-# (backend, system, precision, isl, osl) -> entries. dsr1-fp4-b200-dynamo-trt, dsr1-fp8-b200-dynamo-trt,
-# dsr1-fp4-b300-dynamo-trt (TensorRT-LLM under Dynamo; the dumps' framework `trtllm`). Other configurations
-# (B300 FP8, GB200/GB300, H100/H200, SGLang) are not transcribed yet: their rows keep the assumption.
+# (backend, system, precision, isl, osl) -> entries, from: dsr1-fp4-b200-dynamo-trt, dsr1-fp8-b200-dynamo-trt,
+# dsr1-fp4-b300-dynamo-trt, dsr1-fp8-b300-dynamo-trt 1k/1k, dsr1-fp8-h100-dynamo-trt, dsr1-fp4-gb200-dynamo-trt
+# 1k/1k, dsr1-fp8-gb200-dynamo-trt 1k/1k and 1k/8k (TensorRT-LLM under Dynamo: the dumps' `trtllm`), and
+# dsr1-fp8-h100-dynamo-sglang. Left out: B300 FP8 8k/1k, GB200 FP4 1k/8k and H200 (the dumps hold client
+# counts that matrix at this commit does not run, e.g. B300 FP8 8k/1k at 5 and 10, H200 1k/1k at 11 and 13:
+# an earlier matrix), and the configurations not transcribed (the rest of GB200, GB300, SGLang but H100):
+# their rows keep the assumption.
 TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
     ("trtllm", "b200_sxm", "fp4", 1024, 1024): (
         _e((1214,), _B200_FP4_P, (2, 8, 8, True), 2),
@@ -168,6 +179,21 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
         _e((8192,), (3, 2, 2, True), (1, 8, 8, True), 0),
         _e((4611,), (3, 2, 2, True), (2, 8, 8, True), 0),
     ),
+    ("trtllm", "b300_sxm", "fp8", 1024, 1024): (
+        _e((10,), _B300_FP8_P, (8, 8, 1, False), 3),
+        _e((160,), _B300_FP8_P, (8, 8, 1, False), 3),
+        _e((3072,), _B300_FP8_P, (1, 8, 1, True), 1),
+        _e((2560,), _B300_FP8_P, (2, 8, 8, True), 1),
+        _e((720,), _B300_FP8_P, (5, 8, 8, True), 2),
+        _e((11264,), (3, 4, 1, True), (2, 8, 1, True), 1),
+        _e((2112,), _B300_FP8_P, (1, 8, 8, True), 0),
+        _e((3072,), _B300_FP8_P, (2, 8, 1, True), 0),
+        _e((1280,), _B300_FP8_P, (3, 8, 1, True), 0),
+        _e((12,), _B300_FP8_P, (8, 8, 1, False), 0),
+        _e((128,), _B300_FP8_P, (8, 8, 1, False), 0),
+        _e((384,), _B300_FP8_P, (8, 8, 1, False), 0),
+        _e((16384,), (2, 4, 1, True), (1, 8, 1, True), 0),
+    ),
     ("trtllm", "b300_sxm", "fp4", 8192, 1024): (
         _e((2198,), (10, 2, 2, True), (1, 8, 8, True), 1),
         _e((52,), _B300_FP4_P, (4, 4, 4, False), 3),
@@ -183,7 +209,83 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
         _e((1093,), (6, 2, 2, True), (1, 8, 8, True), 0),
         _e((2048,), (8, 2, 2, True), (1, 8, 8, True), 0),
     ),
+    ("trtllm", "h100_sxm", "fp8", 1024, 1024): (
+        _e((6, 9, 30, 60, 117), _H100_P, (3, 16, 16, False), 3),
+        _e((231,), _H100_P, (3, 16, 16, True), 3),
+        _e((462,), _H100_P, (3, 16, 16, False), 3),
+        _e((615,), _H100_P, (1, 16, 16, True), 2),
+        _e((1229,), _H100_P, (1, 16, 16, True), 1),
+        _e((6, 9, 30, 60), _H100_P, (3, 16, 16, False), 0),
+        _e((231, 462, 924, 1845), _H100_P, (3, 16, 16, True), 0),
+        _e((4916,), (2, 16, 16, True), (1, 16, 16, True), 0),
+    ),
+    ("trtllm", "h100_sxm", "fp8", 8192, 1024): (
+        _e((6, 9, 30), _H100_P, (3, 16, 16, False), 3),
+        _e((77,), _H100_P, (1, 16, 16, True), 3),
+        _e((154,), (2, 16, 16, True), (1, 16, 16, True), 3),
+        _e((6, 9, 30), _H100_P, (3, 16, 16, False), 0),
+        _e((154,), _H100_P, (2, 16, 16, False), 0),
+        _e((308,), (2, 16, 16, True), (1, 16, 16, True), 0),
+    ),
+    # dsr1-fp8-h100-dynamo-sglang: every entry MTP; two decode shapes share the client counts up to 64.
+    ("sglang", "h100_sxm", "fp8", 1024, 1024): (
+        _e((1, 2, 4, 8, 16, 32, 64, 128), _H100_SGL_P, (2, 16, 1, False), MTP_DEPTH_NOT_GIVEN),
+        _e((1, 2, 4, 8, 16, 32, 64), _H100_SGL_P, (1, 16, 16, True), MTP_DEPTH_NOT_GIVEN),
+    ),
+    ("sglang", "h100_sxm", "fp8", 1024, 8192): (
+        _e((1, 2, 4, 8, 16, 32, 64), _H100_SGL_P, (2, 16, 1, False), MTP_DEPTH_NOT_GIVEN),
+        _e((1, 2, 4, 8, 16, 32, 64), _H100_SGL_P, (1, 16, 16, True), MTP_DEPTH_NOT_GIVEN),
+    ),
+    ("sglang", "h100_sxm", "fp8", 8192, 1024): (
+        _e((1, 2, 4, 8, 16, 32, 64, 128), _H100_SGL_P, (1, 16, 1, False), MTP_DEPTH_NOT_GIVEN),
+        _e((1, 2, 4, 8, 16, 32, 64), _H100_SGL_P, (1, 16, 16, True), MTP_DEPTH_NOT_GIVEN),
+    ),
+    # dsr1-fp4-gb200-dynamo-trt 1k/1k: the 2026-03-25 dump's client counts only (_ONLY_DUMP).
+    ("trtllm", "gb200", "fp4", 1024, 1024): (
+        _e((180,), _GB200_FP4_P, (1, 32, 32, True), 3),
+        _e((4, 8, 12, 24, 48), _GB200_FP4_P, (4, 8, 8, False), 3),
+        _e((4301,), (2, 4, 4, True), (1, 16, 16, True), 1),
+        _e((2253,), (3, 4, 4, True), (1, 32, 32, True), 1),
+        _e((16130,), (3, 4, 4, True), (5, 4, 4, True), 1),
+        _e((4301,), _GB200_FP4_P, (1, 8, 8, True), 0),
+        _e((666,), _GB200_FP4_P, (1, 32, 32, True), 0),
+        _e((6144,), _GB200_FP4_P, (2, 4, 4, True), 0),
+        _e((12, 24, 48, 96, 192), _GB200_FP4_P, (4, 8, 8, False), 0),
+        _e((5,), _GB200_FP4_P, (4, 8, 8, False), 0),
+        _e((4301,), (2, 4, 4, True), (1, 16, 16, True), 0),
+        _e((2253,), (2, 4, 4, True), (1, 32, 32, True), 0),
+    ),
+    ("trtllm", "gb200", "fp8", 1024, 1024): (
+        _e((4301, 2151), _GB200_FP8_P, (1, 8, 8, True), 1),
+        _e((1229,), _GB200_FP8_P, (1, 16, 16, True), 1),
+        _e((615,), _GB200_FP8_P, (1, 32, 32, True), 3),
+        _e((36, 18, 9), _GB200_FP8_P, (3, 8, 8, False), 3),
+        _e((6144, 4301), _GB200_FP8_P, (1, 8, 8, True), 0),
+        _e((2151,), _GB200_FP8_P, (1, 16, 16, True), 0),
+        _e((1127, 256), _GB200_FP8_P, (1, 32, 32, True), 0),
+        _e((27, 3), _GB200_FP8_P, (3, 8, 8, False), 0),
+    ),
+    ("trtllm", "gb200", "fp8", 1024, 8192): (
+        _e((8192, 2152), _GB200_FP8_P, (2, 16, 16, True), 1),
+        _e((564, 72), _GB200_FP8_P, (1, 32, 32, True), 3),
+        _e((4, 8), _GB200_FP8_P, (4, 8, 8, False), 3),
+        _e((8192,), _GB200_FP8_P, (2, 16, 16, True), 0),
+        _e((2048, 564), _GB200_FP8_P, (1, 32, 32, True), 0),
+        _e((36, 4), _GB200_FP8_P, (4, 8, 8, False), 0),
+    ),
 }
+
+# Configurations whose client counts at that commit are one dump's only (the other dump holds counts that
+# matrix does not run: GB200 FP4 1k/1k's 2026-04-06 rows at 16, 32, 64, 128, 144, ...).
+_ONLY_DUMP: dict[tuple[str, str, str, int, int], str] = {
+    ("trtllm", "gb200", "fp4", 1024, 1024): "source_file=2026-03-25.csv",
+}
+
+
+def dumps(key: tuple[str, str, str, int, int]) -> tuple[str, ...]:
+    """The dumps whose rows a configuration's entries are read for."""
+    only = _ONLY_DUMP.get(key)
+    return (only,) if only else _DUMPS
 
 
 def _num(v: Any) -> int | None:
@@ -198,10 +300,10 @@ def candidates(row: Any) -> list[Entry]:
     """The table's entries that fit the row: its configuration, client count and its own TP/EP columns."""
     if row.get("mode") != "disagg" or str(row.get("model")) != "DeepSeek-R1":
         return []
-    if not str(row.get("silicon_data_source", "")).startswith(_DUMPS):
-        return []
     key = (str(row.get("backend")), str(row.get("system")), str(row.get("precision")),
            _num(row.get("isl")), _num(row.get("osl")))
+    if not str(row.get("silicon_data_source", "")).startswith(dumps(key)):
+        return []
     conc = _num(row.get("concurrency"))
     own = (_num(row.get("prefill_tp_size")), _num(row.get("prefill_moe_ep_size")), _num(row.get("decode_tp_size")))
     return [e for e in TABLE.get(key, ()) if conc in e.concs and own == (e.prefill.tp, e.prefill.ep, e.decode.tp)]

@@ -103,3 +103,14 @@ def test_shape_fields_split_the_gpus() -> None:
     assert Shape(1, 8, 1, False).fields() == (8, 1, 8, 1)
     with pytest.raises(ValueError, match="multiple"):
         Shape(1, 8, 3, False).fields()
+
+
+def test_each_transcribed_configuration_runs_exactly_the_dumps_client_counts(rows) -> None:
+    # The evidence that the matrix's version is the dumps': the same client counts, no more, no fewer.
+    from twinserve.sim.validate_inferencex import TABLE, dumps
+    d = rows[(rows["mode"] == "disagg") & (rows["model"] == "DeepSeek-R1")]
+    for (backend, system, precision, isl, osl), entries in TABLE.items():
+        src = dumps((backend, system, precision, isl, osl))
+        g = d[d["silicon_data_source"].astype(str).str.startswith(src) & (d["backend"] == backend)
+              & (d["system"] == system) & (d["precision"] == precision) & (d["isl"] == isl) & (d["osl"] == osl)]
+        assert set(g["concurrency"].astype(int)) == {c for e in entries for c in e.concs}, (system, precision, isl)
