@@ -95,11 +95,12 @@ _GB200_FP8_P = (1, 8, 8, True)
 
 # (backend, system, precision, isl, osl) -> entries, from: dsr1-fp4-b200-dynamo-trt, dsr1-fp8-b200-dynamo-trt,
 # dsr1-fp4-b300-dynamo-trt, dsr1-fp8-b300-dynamo-trt 1k/1k, dsr1-fp8-h100-dynamo-trt, dsr1-fp4-gb200-dynamo-trt
-# 1k/1k, dsr1-fp8-gb200-dynamo-trt 1k/1k and 1k/8k (TensorRT-LLM under Dynamo: the dumps' `trtllm`), and
-# dsr1-fp8-h100-dynamo-sglang. Left out: B300 FP8 8k/1k, GB200 FP4 1k/8k and H200 (the dumps hold client
-# counts that matrix at this commit does not run, e.g. B300 FP8 8k/1k at 5 and 10, H200 1k/1k at 11 and 13:
-# an earlier matrix), and the configurations not transcribed (the rest of GB200, GB300, SGLang but H100):
-# their rows keep the assumption.
+# 1k/1k, dsr1-fp8-gb200-dynamo-trt (TensorRT-LLM under Dynamo: the dumps' `trtllm`), dsr1-fp8-h100-,
+# dsr1-fp8-gb200-, dsr1-fp4-gb200- and dsr1-fp8-gb300-dynamo-sglang. Left out: B300 FP8 8k/1k, GB200 FP4
+# 1k/8k and H200 TensorRT-LLM (the dumps hold client counts that matrix at this commit does not run, e.g.
+# B300 FP8 8k/1k at 5 and 10, H200 1k/1k at 11 and 13: an earlier matrix), and the configurations not
+# transcribed (GB200 FP4 8k/1k, GB300 TensorRT-LLM and FP4 SGLang, B200 and H200 SGLang): their rows keep
+# the assumption.
 TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
     ("trtllm", "b200_sxm", "fp4", 1024, 1024): (
         _e((1214,), _B200_FP4_P, (2, 8, 8, True), 2),
@@ -273,12 +274,62 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
         _e((2048, 564), _GB200_FP8_P, (1, 32, 32, True), 0),
         _e((36, 4), _GB200_FP8_P, (4, 8, 8, False), 0),
     ),
+    ("trtllm", "gb200", "fp8", 8192, 1024): (
+        _e((666,), (3, 8, 8, True), (1, 8, 8, True), 3),
+        _e((666,), (5, 8, 8, True), (1, 16, 16, True), 3),
+        _e((333,), (3, 8, 8, True), (1, 16, 16, True), 3),
+        _e((333,), (4, 8, 8, True), (1, 32, 32, True), 3),
+        _e((90,), (2, 8, 8, True), (1, 32, 32, True), 3),
+        _e((15, 6), _GB200_FP8_P, (3, 8, 8, False), 3),
+        _e((1229,), (5, 8, 8, True), (1, 16, 16, True), 0),
+        _e((666,), (4, 8, 8, True), (1, 32, 32, True), 0),
+        _e((615,), (3, 8, 8, True), (1, 16, 16, True), 0),
+        _e((333,), (2, 8, 8, True), (1, 32, 32, True), 0),
+        _e((63, 18, 6), _GB200_FP8_P, (3, 8, 8, False), 0),
+    ),
+    # dsr1-fp8-gb200-dynamo-sglang, dsr1-fp4-gb200-dynamo-sglang (2026-03-25 dump only: _ONLY_DUMP),
+    # dsr1-fp8-gb300-dynamo-sglang: no MTP.
+    ("sglang", "gb200", "fp8", 1024, 1024): (
+        _e((4, 8), (1, 4, 1, False), (1, 4, 1, False), 0),
+        _e((1024, 2048, 4096), (3, 8, 8, True), (1, 48, 48, True), 0),
+        _e((1024, 2048, 4096, 6144), (2, 8, 8, True), (1, 32, 32, True), 0),
+        _e((4096,), (1, 8, 8, True), (1, 8, 8, True), 0),
+    ),
+    ("sglang", "gb200", "fp8", 8192, 1024): (
+        _e((4, 8, 16), (1, 8, 1, False), (1, 8, 1, False), 0),
+        _e((512, 1024, 2048, 6144), (5, 8, 8, True), (1, 32, 32, True), 0),
+        _e((2048, 4096, 6144), (6, 8, 8, True), (1, 24, 24, True), 0),
+    ),
+    ("sglang", "gb200", "fp4", 1024, 1024): (
+        _e((4, 8, 32), (1, 4, 1, False), (2, 4, 1, False), 0),
+        _e((512, 2048, 4096, 8192), (4, 4, 4, True), (1, 32, 32, True), 0),
+        _e((2048, 4096), (4, 4, 4, True), (1, 48, 48, True), 0),
+    ),
+    ("sglang", "gb200", "fp4", 8192, 1024): (
+        _e((4, 8), (1, 4, 1, False), (4, 4, 1, False), 0),
+        _e((512, 2048, 4096), (6, 4, 1, False), (1, 48, 48, True), 0),
+        _e((2048,), (10, 4, 1, False), (1, 32, 32, True), 0),
+    ),
+    ("sglang", "gb300", "fp8", 1024, 1024): (
+        _e((4, 8, 16, 32), (1, 4, 1, False), (4, 4, 1, False), 0),
+        _e((1024, 2048, 4096, 6144), (2, 8, 8, True), (1, 32, 32, True), 0),
+        _e((4096, 7168, 7680), (1, 8, 8, True), (1, 8, 8, True), 0),
+    ),
+    ("sglang", "gb300", "fp8", 8192, 1024): (
+        _e((4, 8), (1, 4, 1, False), (1, 4, 1, False), 0),
+        _e((128, 256, 512, 1024), (5, 8, 8, True), (1, 32, 32, True), 0),
+        _e((2048, 4096), (6, 8, 8, True), (1, 24, 24, True), 0),
+    ),
 }
 
 # Configurations whose client counts at that commit are one dump's only (the other dump holds counts that
 # matrix does not run: GB200 FP4 1k/1k's 2026-04-06 rows at 16, 32, 64, 128, 144, ...).
 _ONLY_DUMP: dict[tuple[str, str, str, int, int], str] = {
     ("trtllm", "gb200", "fp4", 1024, 1024): "source_file=2026-03-25.csv",
+    ("sglang", "gb200", "fp8", 1024, 1024): "source_file=2026-03-25.csv",
+    ("sglang", "gb200", "fp8", 8192, 1024): "source_file=2026-03-25.csv",
+    ("sglang", "gb200", "fp4", 1024, 1024): "source_file=2026-03-25.csv",
+    ("sglang", "gb200", "fp4", 8192, 1024): "source_file=2026-03-25.csv",
 }
 
 
