@@ -92,15 +92,17 @@ _H100_P = (1, 16, 16, True)
 _H100_SGL_P = (1, 16, 1, False)
 _GB200_FP4_P = (1, 4, 4, True)
 _GB200_FP8_P = (1, 8, 8, True)
+_GB300_FP4_P = (1, 2, 2, True)
+_GB300_FP8_P = (1, 4, 4, True)
+_B200_SGL_TEP8 = (1, 8, 8, False)
+_H200_SGL_P = (1, 8, 1, False)
 
-# (backend, system, precision, isl, osl) -> entries, from: dsr1-fp4-b200-dynamo-trt, dsr1-fp8-b200-dynamo-trt,
-# dsr1-fp4-b300-dynamo-trt, dsr1-fp8-b300-dynamo-trt 1k/1k, dsr1-fp8-h100-dynamo-trt, dsr1-fp4-gb200-dynamo-trt
-# 1k/1k, dsr1-fp8-gb200-dynamo-trt (TensorRT-LLM under Dynamo: the dumps' `trtllm`), dsr1-fp8-h100-,
-# dsr1-fp8-gb200-, dsr1-fp4-gb200- and dsr1-fp8-gb300-dynamo-sglang. Left out: B300 FP8 8k/1k, GB200 FP4
-# 1k/8k and H200 TensorRT-LLM (the dumps hold client counts that matrix at this commit does not run, e.g.
-# B300 FP8 8k/1k at 5 and 10, H200 1k/1k at 11 and 13: an earlier matrix), and the configurations not
-# transcribed (GB200 FP4 8k/1k, GB300 TensorRT-LLM and FP4 SGLang, B200 and H200 SGLang): their rows keep
-# the assumption.
+# (backend, system, precision, isl, osl) -> entries, from every `dsr1-*-dynamo-trt` (TensorRT-LLM under Dynamo:
+# the dumps' `trtllm`) and `dsr1-*-dynamo-sglang(-mtp)` entry of the file, but those whose client counts
+# differ from the dumps' (an earlier or later matrix): TensorRT-LLM B300 FP8 8k/1k (the dumps' 5 and 10),
+# GB200 FP4 1k/8k, H200 (the dumps' 11 and 13 at 1k/1k); SGLang B200 FP8 8k/1k (160 and 288).
+# Their rows keep the assumption, as do the other backends' disaggregated rows (gpt-oss's GB200 entries
+# give several decode shapes at each client count and were not transcribed).
 TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
     ("trtllm", "b200_sxm", "fp4", 1024, 1024): (
         _e((1214,), _B200_FP4_P, (2, 8, 8, True), 2),
@@ -256,6 +258,18 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
         _e((4301,), (2, 4, 4, True), (1, 16, 16, True), 0),
         _e((2253,), (2, 4, 4, True), (1, 32, 32, True), 0),
     ),
+    ("trtllm", "gb200", "fp4", 8192, 1024): (
+        _e((4, 8, 12, 24, 48), _GB200_FP4_P, (4, 8, 8, False), 3),
+        _e((180,), (3, 4, 4, True), (1, 32, 32, True), 3),
+        _e((1229,), (7, 4, 4, True), (1, 16, 16, True), 1),
+        _e((666,), (8, 4, 4, True), (1, 32, 32, True), 3),
+        _e((4301,), (11, 4, 4, True), (1, 16, 16, True), 1),
+        _e((12, 44, 76, 5), _GB200_FP4_P, (4, 8, 8, True), 0),  # dp-attn true in the file (recipe: tep8)
+        _e((333,), (2, 4, 4, True), (1, 32, 32, True), 0),
+        _e((1229,), (7, 4, 4, True), (1, 32, 32, True), 0),
+        _e((2253,), (8, 4, 4, True), (1, 16, 16, True), 0),
+        _e((4096,), (10, 4, 4, True), (1, 16, 16, True), 0),
+    ),
     ("trtllm", "gb200", "fp8", 1024, 1024): (
         _e((4301, 2151), _GB200_FP8_P, (1, 8, 8, True), 1),
         _e((1229,), _GB200_FP8_P, (1, 16, 16, True), 1),
@@ -320,12 +334,143 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
         _e((128, 256, 512, 1024), (5, 8, 8, True), (1, 32, 32, True), 0),
         _e((2048, 4096), (6, 8, 8, True), (1, 24, 24, True), 0),
     ),
+    # dsr1-fp4-gb300-dynamo-trt, dsr1-fp8-gb300-dynamo-trt.
+    ("trtllm", "gb300", "fp4", 1024, 1024): (
+        _e((3226,), _GB300_FP4_P, (1, 4, 4, True), 1),
+        _e((333,), _GB300_FP4_P, (1, 32, 32, True), MTP_DEPTH_NOT_GIVEN),
+        _e((5, 8, 12, 24, 48), _GB300_FP4_P, (4, 8, 8, False), 3),
+        _e((2253,), (3, 2, 2, True), (1, 16, 16, True), 1),
+        _e((1229,), (3, 2, 2, True), (1, 32, 32, True), 3),
+        _e((5, 12, 48, 96, 192), _GB300_FP4_P, (4, 8, 8, False), 0),
+        _e((8192,), (2, 2, 2, True), (1, 8, 8, True), 0),
+        _e((1229,), (2, 2, 2, True), (1, 32, 32, True), 0),
+        _e((4301,), (3, 2, 2, True), (1, 16, 16, True), 0),
+        _e((2253,), (3, 2, 2, True), (1, 32, 32, True), 0),
+    ),
+    ("trtllm", "gb300", "fp4", 1024, 8192): (
+        _e((7, 63), _GB300_FP4_P, (7, 8, 8, False), 3),
+        _e((563, 2088), _GB300_FP4_P, (1, 32, 32, True), 3),
+        _e((8192,), _GB300_FP4_P, (2, 16, 16, True), 1),
+        _e((16384,), _GB300_FP4_P, (4, 8, 8, True), 1),
+        _e((7, 245), _GB300_FP4_P, (7, 8, 8, False), 0),
+        _e((60,), _GB300_FP4_P, (15, 4, 4, False), 0),
+        _e((1024, 4096, 8192), _GB300_FP4_P, (1, 32, 32, True), 0),
+    ),
+    ("trtllm", "gb300", "fp4", 8192, 1024): (
+        _e((33,), _GB300_FP4_P, (3, 8, 8, False), 3),
+        _e((5, 12, 24), _GB300_FP4_P, (4, 8, 8, False), 3),
+        _e((180,), (4, 2, 2, True), (1, 32, 32, True), 3),
+        _e((308,), (8, 2, 2, True), (1, 32, 32, True), 3),
+        _e((2253,), (10, 2, 2, True), (1, 8, 8, True), 1),
+        _e((666,), (10, 2, 2, True), (1, 16, 16, True), 3),
+        _e((1127,), (13, 2, 2, True), (1, 16, 16, True), 3),
+        _e((72,), _GB300_FP4_P, (3, 8, 8, False), 0),
+        _e((5, 12), _GB300_FP4_P, (4, 8, 8, False), 0),
+        _e((5, 15, 30), _GB300_FP4_P, (5, 4, 4, False), 0),
+        _e((666,), (7, 2, 2, True), (1, 32, 32, True), 0),
+        _e((1229,), (9, 2, 2, True), (1, 16, 16, True), 0),
+        _e((3228,), (11, 2, 2, True), (3, 4, 4, True), 0),
+        _e((2253,), (14, 2, 2, True), (1, 16, 16, True), 0),
+    ),
+    ("trtllm", "gb300", "fp8", 1024, 1024): (
+        _e((8, 24), _GB300_FP8_P, (4, 8, 8, False), 3),
+        _e((180,), _GB300_FP8_P, (1, 32, 32, True), 3),
+        _e((564,), (2, 4, 4, True), (1, 32, 32, True), 3),
+        _e((666,), _GB300_FP8_P, (1, 16, 16, True), 3),
+        _e((2253,), (2, 4, 4, True), (1, 16, 16, True), 1),
+        _e((8192,), (3, 4, 4, True), (2, 8, 8, True), 1),
+        _e((4, 24, 84), _GB300_FP8_P, (4, 8, 8, False), 0),
+        _e((1229,), (2, 4, 4, True), (1, 32, 32, True), 0),
+        _e((2253,), (2, 4, 4, True), (1, 16, 16, True), 0),
+        _e((8602, 12288), (3, 4, 4, True), (2, 8, 8, True), 0),
+    ),
+    ("trtllm", "gb300", "fp8", 8192, 1024): (
+        _e((8, 24), _GB300_FP8_P, (4, 8, 8, False), 3),
+        _e((333,), (6, 4, 4, True), (1, 32, 32, True), 3),
+        _e((666,), (8, 4, 4, True), (1, 16, 16, True), 3),
+        _e((1229,), (10, 4, 4, True), (1, 16, 16, True), 1),
+        _e((1229,), (7, 4, 4, True), (1, 8, 8, True), 1),
+        _e((4, 24, 36), _GB300_FP8_P, (4, 8, 8, False), 0),
+        _e((512,), (6, 4, 4, True), (1, 32, 32, True), 0),
+        _e((666,), (4, 4, 4, True), (1, 16, 16, True), 0),
+        _e((1229,), (7, 4, 4, True), (1, 16, 16, True), 0),
+        _e((2151,), (7, 4, 4, True), (1, 8, 8, True), 0),
+    ),
+    ("trtllm", "gb300", "fp8", 1024, 8192): (
+        _e((4, 16), _GB300_FP8_P, (4, 8, 8, False), 3),
+        _e((141, 544), _GB300_FP8_P, (1, 32, 32, True), 3),
+        _e((2048,), _GB300_FP8_P, (2, 16, 16, True), 1),
+        _e((8192,), _GB300_FP8_P, (4, 8, 8, True), 1),
+        _e((4, 36), _GB300_FP8_P, (4, 8, 8, False), 0),
+        _e((282, 1024), _GB300_FP8_P, (1, 32, 32, True), 0),
+        _e((4096, 8192), _GB300_FP8_P, (2, 16, 16, True), 0),
+    ),
+    # dsr1-fp4-gb300-dynamo-sglang: no MTP.
+    ("sglang", "gb300", "fp4", 1024, 1024): (
+        _e((4, 8, 32), (1, 4, 1, False), (2, 4, 1, False), 0),
+        _e((512, 2048, 4096, 8192), (4, 4, 4, True), (1, 32, 32, True), 0),
+        _e((512, 2048, 4096, 8192), (4, 4, 4, True), (1, 48, 48, True), 0),
+    ),
+    ("sglang", "gb300", "fp4", 8192, 1024): (
+        _e((4, 8, 32, 64), (1, 4, 1, False), (4, 4, 1, False), 0),
+        _e((512, 2048, 4096), (6, 4, 1, False), (1, 48, 48, True), 0),
+        _e((2048,), (10, 4, 1, False), (1, 32, 32, True), 0),
+    ),
+    # dsr1-fp4-b200-dynamo-sglang(-mtp), dsr1-fp8-b200-dynamo-sglang(-mtp) 1k/1k, dsr1-fp8-h200-dynamo-sglang.
+    ("sglang", "b200_sxm", "fp4", 1024, 1024): (
+        _e((16, 128), _B200_FP4_P, (5, 8, 8, False), 0),
+        _e((32, 64, 256), _B200_FP4_P, (6, 8, 8, False), 0),
+        _e((512,), _B200_FP4_P, (1, 8, 8, True), 0),
+        _e((512,), _B200_FP4_P, (2, 8, 8, True), 0),
+        _e((16, 512), _B200_FP4_P, (5, 8, 8, False), MTP_DEPTH_NOT_GIVEN),
+        _e((32, 64, 256, 512), _B200_FP4_P, (6, 8, 8, False), MTP_DEPTH_NOT_GIVEN),
+        _e((512, 1024), _B200_FP4_P, (1, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
+        _e((512,), _B200_FP4_P, (2, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
+    ),
+    ("sglang", "b200_sxm", "fp4", 8192, 1024): tuple(
+        _e(concs, p, d, mtp) for mtp in (0, MTP_DEPTH_NOT_GIVEN) for concs, p, d in (
+            ((64, 128), _B200_FP4_P, (1, 8, 8, False)),
+            ((8,), _B200_FP4_P, (5, 8, 8, False)),
+            ((4, 128), (2, 4, 4, True), (5, 8, 8, False)),
+            ((4, 8, 16, 64), (1, 4, 1, False), (1, 8, 1, False)),
+        )) + (_e((1024, 2048), (7, 4, 4, True), (2, 8, 8, True), 0),),
+    ("sglang", "b200_sxm", "fp8", 1024, 1024): (
+        _e((4,), _B200_SGL_TEP8, (1, 8, 8, False), 0),
+        _e((16, 32, 64, 128, 256), _B200_SGL_TEP8, (3, 8, 8, False), 0),
+        _e((1024, 2048, 4096), _B200_FP8_P, (5, 8, 8, True), 0),
+        _e((2048, 4096), (2, 8, 8, True), (5, 8, 8, True), 0),
+        _e((4, 64), _B200_SGL_TEP8, (1, 8, 8, False), MTP_DEPTH_NOT_GIVEN),
+        _e((4, 8, 16, 32, 128), _B200_SGL_TEP8, (3, 8, 8, False), MTP_DEPTH_NOT_GIVEN),
+        _e((512, 4096), _B200_FP8_P, (5, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
+        _e((1024, 2048, 4096), (2, 8, 8, True), (5, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
+        _e((512, 1024, 2048), _B200_FP8_P, (2, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
+    ),
+    ("sglang", "h200_sxm", "fp8", 1024, 1024): tuple(
+        _e(concs, p, d, mtp) for mtp in (0, MTP_DEPTH_NOT_GIVEN) for concs, p, d in (
+            ((1, 4, 8, 16, 32, 64, 128, 256), _H200_SGL_P, (9, 8, 1, False)),
+            ((512, 1024, 2048), _H200_SGL_P, (6, 8, 1, False)),
+            ((128, 256, 512, 1024, 2048), (1, 8, 8, True), (6, 8, 8, True)),
+        )),
+    ("sglang", "h200_sxm", "fp8", 8192, 1024): (
+        _e((1, 4, 8), _H200_SGL_P, (7, 8, 1, False), 0),
+        _e((4, 8, 16), _H200_SGL_P, (6, 8, 1, False), 0),
+        _e((8, 16, 32), _H200_SGL_P, (3, 8, 1, False), 0),
+        _e((32, 64, 128), (2, 8, 1, False), (3, 8, 1, False), 0),
+        _e((64, 128, 256), _H200_SGL_P, (1, 8, 8, True), 0),
+        _e((1, 4, 8), _H200_SGL_P, (7, 8, 1, False), MTP_DEPTH_NOT_GIVEN),
+        _e((2, 4, 8, 16, 32), _H200_SGL_P, (6, 8, 1, False), MTP_DEPTH_NOT_GIVEN),
+        _e((4, 8, 16, 32, 64), _H200_SGL_P, (3, 8, 1, False), MTP_DEPTH_NOT_GIVEN),
+        _e((32, 64, 128), (2, 8, 1, False), (3, 8, 1, False), MTP_DEPTH_NOT_GIVEN),
+        _e((32, 64, 128, 256, 512), _H200_SGL_P, (1, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
+    ),
 }
 
 # Configurations whose client counts at that commit are one dump's only (the other dump holds counts that
-# matrix does not run: GB200 FP4 1k/1k's 2026-04-06 rows at 16, 32, 64, 128, 144, ...).
+# matrix does not run: GB200 FP4 1k/1k's 2026-04-06 rows at 16, 32, 64, 128, 144, ..., the GB200 SGLang
+# 2026-04-06 rows at 2, 16, 64, 128, 256, ...).
 _ONLY_DUMP: dict[tuple[str, str, str, int, int], str] = {
     ("trtllm", "gb200", "fp4", 1024, 1024): "source_file=2026-03-25.csv",
+    ("trtllm", "gb200", "fp4", 8192, 1024): "source_file=2026-03-25.csv",
     ("sglang", "gb200", "fp8", 1024, 1024): "source_file=2026-03-25.csv",
     ("sglang", "gb200", "fp8", 8192, 1024): "source_file=2026-03-25.csv",
     ("sglang", "gb200", "fp4", 1024, 1024): "source_file=2026-03-25.csv",
