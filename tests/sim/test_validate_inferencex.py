@@ -114,3 +114,12 @@ def test_each_transcribed_configuration_runs_exactly_the_dumps_client_counts(row
         g = d[d["silicon_data_source"].astype(str).str.startswith(src) & (d["backend"] == backend)
               & (d["system"] == system) & (d["precision"] == precision) & (d["isl"] == isl) & (d["osl"] == osl)]
         assert set(g["concurrency"].astype(int)) == {c for e in entries for c in e.concs}, (system, precision, isl)
+
+
+def test_an_mtp_entry_without_a_depth_says_so(rows) -> None:
+    # H200 SGLang 8k/1k at 2 clients: only the MTP entry "1 prefill, 6 decode (TP 8)" runs 2 clients.
+    row = _row(rows, "2026_04_06_deepseek_r1_h200_sxm_sglang_fp8_disagg_8192x1024_c2_tp8_ep1_1418")
+    plan = row_plan(row)
+    assert plan.counts == (1, 6)
+    assert plan.layout.startswith("InferenceX config: 1 prefill, 6 decode workers; ran MTP, depth not given")
+    assert plan.cfg.cluster.replicas == [{"engine.tensor_parallel_size": 8}] * 7
