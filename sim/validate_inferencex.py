@@ -11,8 +11,9 @@ decode worker shape (`num-worker`, `tp`, `ep`, `dp-attn`), and whether it ran mu
 (`spec-decoding: "mtp"`; the depth is the `mtpN` of the recipe file it launches).
 
 What is stored here: only those fields, for the configurations below, in this module's own form. The
-client-count lists of these configurations at that commit are exactly the concurrencies both dumps hold
-for them (checked row by row on 2026-12-05), so the one version stands for both dumps. A row is matched
+client-count lists of these configurations at that commit are exactly the concurrencies the dumps hold
+for them (both dumps, or the one named in _ONLY_DUMP; tests/sim/test_validate_inferencex.py checks it),
+which is what dates that commit's matrix to the rows. A row is matched
 only when everything agrees: backend, system, precision, ISL/OSL, the client count in an entry's list, and
 the row's own prefill TP, prefill EP and decode TP equal to the entry's (runs of an earlier matrix, e.g.
 B200 FP8's prefill at EP 1 measured 2026-03-23, fail that check and keep the assumption). Where two or
