@@ -25,6 +25,7 @@ from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, AssumedWo
                                             NotExpressible, assume_workers, folded_layout, inferred_attention_dp,
                                             missing_worker_counts)
 from twinserve.sim.validate_engines import engine_defaults
+from twinserve.sim.validate_inferencex import inferencex_workers
 from twinserve.sim.validate_recipes import apply_recipe, apply_speculative, row_recipe
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, STEADY, RunDesign, run_design
 from twinserve.sim.workload import WorkloadConfig
@@ -147,6 +148,10 @@ def workers(row: pd.Series, counts: tuple[int, int] | None = None) -> list[Worke
                  _int(row, f"{k}_attention_dp_size"), _int(row, f"{k}_moe_tp_size"),
                  _int(row, f"{k}_moe_ep_size"), _int(row, f"{k}_num_workers"))
           for k in ("prefill", "decode")]
+    ix = inferencex_workers(row) if missing_worker_counts(row) else None  # sim/validate_inferencex.py
+    if ix is not None:
+        ws = [Worker(tp, 1, adp, moe_tp, moe_ep, shape.count)
+              for shape in (ix.prefill, ix.decode) for tp, adp, moe_tp, moe_ep in (shape.fields(),)]
     if counts is not None:
         ws[0].count, ws[1].count = counts
     return ws
@@ -411,7 +416,10 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     pre_layout, dec_layout = _layout(pre, model), _layout(dec, model)
     _apply(cfg, dec_layout)
     plan = RowPlan(cfg)
-    if missing_worker_counts(row):
+    ix = inferencex_workers(row) if missing_worker_counts(row) else None
+    if ix is not None:  # the counts and layouts InferenceX's run matrix gives the row
+        plan.layout, plan.counts = ix.note(), (pre.count, dec.count)
+    elif missing_worker_counts(row):
         if disagg is None:
             raise NotExpressible("disaggregated row without prefill/decode worker counts")
         assumed: AssumedWorkers = assume_workers(cfg, pre_layout, dec_layout, conc, isl, osl, disagg)

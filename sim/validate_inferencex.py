@@ -1,0 +1,516 @@
+"""Prefill/decode worker counts and layouts of InferenceX's disaggregated runs, as a small declared table.
+
+aiconfigurator-core's InferenceMAX dumps (`source_file=2026-03-25.csv` / `2026-04-06.csv`) give a
+disaggregated row's prefill and decode TP but not how many workers of each ran, nor (reliably) their
+attention-DP and expert layout: the decode worker's MoE EP is written as the prefill worker's, attention DP
+as 1. InferenceX's own run matrix says both, per configuration and client count:
+SemiAnalysisAI/InferenceX `.github/configs/nvidia-master.yaml` @0004cf5f2577a1c1007a9bed7cc7d55656519507
+(https://github.com/SemiAnalysisAI/InferenceX/blob/0004cf5f2577a1c1007a9bed7cc7d55656519507/.github/configs/nvidia-master.yaml),
+read through the library's code index. Each entry there names a client-count list, one prefill and one
+decode worker shape (`num-worker`, `tp`, `ep`, `dp-attn`), and whether it ran multi-token prediction
+(`spec-decoding: "mtp"`; the depth is the `mtpN` of the recipe file it launches).
+
+What is stored here: only those fields, for the configurations below, in this module's own form. The
+client-count lists of these configurations at that commit are exactly the concurrencies the dumps hold
+for them (both dumps, or the one named in _ONLY_DUMP; tests/sim/test_validate_inferencex.py checks it),
+which is what dates that commit's matrix to the rows. A row is matched
+only when everything agrees: backend, system, precision, ISL/OSL, the client count in an entry's list, and
+the row's own prefill TP, prefill EP and decode TP equal to the entry's (runs of an earlier matrix, e.g.
+B200 FP8's prefill at EP 1 measured 2026-03-23, fail that check and keep the assumption). Where two or
+more entries fit and disagree on the workers, none is used; where they agree on the workers but not on
+MTP, the workers are used and MTP is unknown.
+
+MTP is recorded, not simulated: the simulator on this branch has no multi-token-prediction model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+_SOURCE = "SemiAnalysisAI/InferenceX .github/configs/nvidia-master.yaml @0004cf5"
+MTP_DEPTH_NOT_GIVEN = -1  # an MTP entry whose recipe file name gives no depth (the SGLang ones)
+# The InferenceMAX dumps whose rows this table is checked against (validate_protocol's InferenceX rows).
+_DUMPS = ("source_file=2026-03-25.csv", "source_file=2026-04-06.csv")
+
+
+@dataclass(slots=True, frozen=True)
+class Shape:
+    """One worker kind of an entry: how many, and each one's GPUs (tp), expert split (ep) and attention DP."""
+
+    count: int
+    tp: int
+    ep: int
+    dp_attn: bool
+
+    def fields(self) -> tuple[int, int, int, int]:
+        """(tp, attention_dp, moe_tp, moe_ep) over the worker's tp GPUs: DP attention puts one attention
+        rank on each GPU; the experts are split ep ways and each sharded tp / ep ways."""
+        if self.tp % self.ep:
+            raise ValueError(f"InferenceX worker tp {self.tp} is not a whole multiple of ep {self.ep}")
+        return (1, self.tp, self.tp // self.ep, self.ep) if self.dp_attn else \
+            (self.tp, 1, self.tp // self.ep, self.ep)
+
+
+@dataclass(slots=True, frozen=True)
+class Entry:
+    """One search-space entry: the client counts it ran, its workers, and its MTP depth (0: none)."""
+
+    concs: tuple[int, ...]
+    prefill: Shape
+    decode: Shape
+    mtp: int
+
+
+@dataclass(slots=True, frozen=True)
+class Match:
+    """The workers a row ran with, from the file; mtp None where the fitting entries disagree on it."""
+
+    prefill: Shape
+    decode: Shape
+    mtp: int | None
+
+    def note(self) -> str:
+        """The `layout` column's text."""
+        mtp = ("" if self.mtp == 0 else "; MTP or not: the file has both at this client count" if self.mtp is None
+               else "; ran MTP, depth not given (not simulated)" if self.mtp == MTP_DEPTH_NOT_GIVEN
+               else f"; ran MTP {self.mtp} (not simulated)")
+        return (f"InferenceX config: {self.prefill.count} prefill, {self.decode.count} decode workers"
+                f"{mtp} ({_SOURCE})")
+
+
+def _e(concs: tuple[int, ...], p: tuple[int, int, int, bool], d: tuple[int, int, int, bool], mtp: int) -> Entry:
+    return Entry(concs, Shape(*p), Shape(*d), mtp)
+
+
+# Worker shapes, (count, tp, ep, dp-attn): P = prefill, D = decode.
+_B200_FP4_P = (1, 4, 4, True)
+_B200_FP8_P = (1, 8, 8, True)
+_B300_FP4_P = (1, 2, 2, True)
+_B300_FP8_P = (1, 4, 1, True)
+_H100_P = (1, 16, 16, True)
+_H100_SGL_P = (1, 16, 1, False)
+_GB200_FP4_P = (1, 4, 4, True)
+_GB200_FP8_P = (1, 8, 8, True)
+_GB300_FP4_P = (1, 2, 2, True)
+_GB300_FP8_P = (1, 4, 4, True)
+_B200_SGL_TEP8 = (1, 8, 8, False)
+_H200_SGL_P = (1, 8, 1, False)
+
+# (backend, system, precision, isl, osl) -> entries, from every `dsr1-*-dynamo-trt` (TensorRT-LLM under Dynamo:
+# the dumps' `trtllm`) and `dsr1-*-dynamo-sglang(-mtp)` entry of the file, but those whose client counts
+# differ from the dumps' (an earlier or later matrix): TensorRT-LLM B300 FP8 8k/1k (the dumps' 5 and 10),
+# GB200 FP4 1k/8k, H200 (the dumps' 11 and 13 at 1k/1k); SGLang B200 FP8 8k/1k (160 and 288).
+# Their rows keep the assumption, as do the other backends' disaggregated rows (gpt-oss's GB200 entries
+# give several decode shapes at each client count and were not transcribed).
+TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
+    ("trtllm", "b200_sxm", "fp4", 1024, 1024): (
+        _e((1214,), _B200_FP4_P, (2, 8, 8, True), 2),
+        _e((875,), _B200_FP4_P, (5, 8, 8, True), 3),
+        _e((6,), _B200_FP4_P, (5, 8, 8, False), 3),
+        _e((10, 15, 25, 45, 90, 180), _B200_FP4_P, (5, 8, 8, False), 3),
+        _e((4968,), (3, 4, 4, True), (4, 8, 8, True), 1),
+        _e((10860,), (3, 4, 4, True), (5, 4, 4, True), 1),
+        _e((4096,), _B200_FP4_P, (1, 8, 8, True), 0),
+        _e((2192,), _B200_FP4_P, (2, 8, 8, True), 0),
+        _e((1365,), _B200_FP4_P, (5, 8, 8, True), 0),
+        _e((6,), _B200_FP4_P, (5, 8, 8, False), 0),
+        _e((10, 15, 25, 45, 90, 180), _B200_FP4_P, (5, 8, 8, False), 0),
+        _e((450,), _B200_FP4_P, (6, 8, 8, False), 0),
+    ),
+    ("trtllm", "b200_sxm", "fp4", 8192, 1024): (
+        _e((90,), _B200_FP4_P, (1, 8, 8, True), 3),
+        _e((66,), _B200_FP4_P, (3, 8, 8, False), 3),
+        _e((6,), _B200_FP4_P, (5, 8, 8, False), 3),
+        _e((10, 15, 30, 60), _B200_FP4_P, (5, 8, 8, False), 3),
+        _e((548,), (3, 4, 4, True), (1, 8, 8, True), 3),
+        _e((1096, 1691), (5, 4, 4, True), (1, 8, 8, True), 1),
+        _e((658,), (5, 4, 4, True), (2, 8, 8, True), 3),
+        _e((6,), _B200_FP4_P, (5, 8, 8, False), 0),
+        _e((10, 15, 25, 50, 100), _B200_FP4_P, (5, 8, 8, False), 0),
+        _e((370,), (2, 4, 4, True), (5, 8, 8, False), 0),
+        _e((1606,), (4, 4, 4, True), (1, 8, 8, True), 0),
+        _e((837,), (4, 4, 4, True), (3, 8, 8, True), 0),
+        _e((2222,), (7, 4, 4, True), (2, 8, 8, True), 0),
+    ),
+    ("trtllm", "b200_sxm", "fp8", 1024, 1024): (
+        _e((8,), _B200_FP8_P, (8, 8, 1, False), 3),
+        _e((32,), _B200_FP8_P, (8, 8, 1, False), 3),
+        _e((64,), _B200_FP8_P, (8, 8, 1, False), 3),
+        _e((256,), _B200_FP8_P, (8, 8, 1, False), 3),
+        _e((896,), _B200_FP8_P, (7, 8, 8, True), 3),
+        _e((1024,), _B200_FP8_P, (4, 8, 8, True), 3),
+        _e((1184,), _B200_FP8_P, (3, 8, 8, True), 3),
+        _e((1600,), _B200_FP8_P, (2, 8, 8, True), 2),
+        _e((4,), _B200_FP8_P, (3, 8, 1, False), 0),
+        _e((32,), _B200_FP8_P, (3, 8, 1, False), 0),
+        _e((128,), _B200_FP8_P, (3, 8, 1, False), 0),
+        _e((1920,), _B200_FP8_P, (5, 8, 8, True), 0),
+        _e((4096,), _B200_FP8_P, (1, 8, 8, True), 0),
+        _e((5152,), (2, 8, 8, True), (5, 8, 8, True), 0),
+    ),
+    ("trtllm", "b200_sxm", "fp8", 8192, 1024): (
+        _e((8,), _B200_FP8_P, (6, 8, 1, False), 3),
+        _e((8,), _B200_FP8_P, (2, 8, 1, False), 3),
+        _e((48,), _B200_FP8_P, (6, 8, 1, False), 3),
+        _e((64,), _B200_FP8_P, (4, 8, 1, False), 3),
+        _e((224,), (2, 8, 8, True), (3, 8, 8, True), 3),
+        _e((288,), (2, 8, 8, True), (1, 8, 8, True), 3),
+        _e((1088,), (4, 8, 8, True), (1, 8, 8, True), 2),
+        _e((1,), _B200_FP8_P, (1, 8, 1, False), 0),
+        _e((32,), _B200_FP8_P, (4, 8, 1, False), 0),
+        _e((128,), _B200_FP8_P, (4, 8, 1, False), 0),
+        _e((96,), _B200_FP8_P, (6, 8, 1, False), 0),
+        _e((128,), _B200_FP8_P, (1, 8, 8, True), 0),
+        _e((128,), _B200_FP8_P, (2, 8, 8, True), 0),
+        _e((256,), _B200_FP8_P, (1, 8, 8, True), 0),
+        _e((640,), (2, 8, 8, True), (1, 8, 8, True), 0),
+    ),
+    ("trtllm", "b300_sxm", "fp4", 1024, 1024): (
+        _e((654,), _B300_FP4_P, (1, 8, 8, True), 3),
+        _e((271,), _B300_FP4_P, (2, 8, 8, True), 3),
+        _e((11,), _B300_FP4_P, (5, 8, 8, False), 3),
+        _e((10, 20, 25, 60, 120, 200), _B300_FP4_P, (5, 8, 8, False), 3),
+        _e((2342,), (2, 2, 2, True), (1, 8, 8, True), 1),
+        _e((8609,), (5, 2, 2, True), (2, 8, 8, True), 1),
+        _e((12926,), (5, 2, 2, True), (2, 8, 8, True), 1),
+        _e((1176,), _B300_FP4_P, (2, 8, 8, True), 0),
+        _e((6,), _B300_FP4_P, (4, 8, 8, False), 0),
+        _e((5, 10, 15, 25), _B300_FP4_P, (5, 4, 4, False), 0),
+        _e((60, 110, 195, 395), _B300_FP4_P, (5, 8, 8, False), 0),
+        _e((4405,), (2, 2, 2, True), (1, 8, 8, True), 0),
+        _e((8192,), (3, 2, 2, True), (1, 8, 8, True), 0),
+        _e((4611,), (3, 2, 2, True), (2, 8, 8, True), 0),
+    ),
+    ("trtllm", "b300_sxm", "fp8", 1024, 1024): (
+        _e((10,), _B300_FP8_P, (8, 8, 1, False), 3),
+        _e((160,), _B300_FP8_P, (8, 8, 1, False), 3),
+        _e((3072,), _B300_FP8_P, (1, 8, 1, True), 1),
+        _e((2560,), _B300_FP8_P, (2, 8, 8, True), 1),
+        _e((720,), _B300_FP8_P, (5, 8, 8, True), 2),
+        _e((11264,), (3, 4, 1, True), (2, 8, 1, True), 1),
+        _e((2112,), _B300_FP8_P, (1, 8, 8, True), 0),
+        _e((3072,), _B300_FP8_P, (2, 8, 1, True), 0),
+        _e((1280,), _B300_FP8_P, (3, 8, 1, True), 0),
+        _e((12,), _B300_FP8_P, (8, 8, 1, False), 0),
+        _e((128,), _B300_FP8_P, (8, 8, 1, False), 0),
+        _e((384,), _B300_FP8_P, (8, 8, 1, False), 0),
+        _e((16384,), (2, 4, 1, True), (1, 8, 1, True), 0),
+    ),
+    ("trtllm", "b300_sxm", "fp4", 8192, 1024): (
+        _e((2198,), (10, 2, 2, True), (1, 8, 8, True), 1),
+        _e((52,), _B300_FP4_P, (4, 4, 4, False), 3),
+        _e((8,), _B300_FP4_P, (4, 8, 8, False), 3),
+        _e((32,), _B300_FP4_P, (4, 8, 8, False), 3),
+        _e((181,), (3, 2, 2, True), (1, 8, 8, True), 3),
+        _e((1197,), (9, 2, 2, True), (1, 8, 8, True), 1),
+        _e((105,), _B300_FP4_P, (3, 4, 4, False), 0),
+        _e((63,), _B300_FP4_P, (3, 8, 8, False), 0),
+        _e((4,), _B300_FP4_P, (3, 8, 8, False), 0),
+        _e((12,), _B300_FP4_P, (4, 4, 4, False), 0),
+        _e((589,), (5, 2, 2, True), (2, 8, 8, True), 0),
+        _e((1093,), (6, 2, 2, True), (1, 8, 8, True), 0),
+        _e((2048,), (8, 2, 2, True), (1, 8, 8, True), 0),
+    ),
+    ("trtllm", "h100_sxm", "fp8", 1024, 1024): (
+        _e((6, 9, 30, 60, 117), _H100_P, (3, 16, 16, False), 3),
+        _e((231,), _H100_P, (3, 16, 16, True), 3),
+        _e((462,), _H100_P, (3, 16, 16, False), 3),
+        _e((615,), _H100_P, (1, 16, 16, True), 2),
+        _e((1229,), _H100_P, (1, 16, 16, True), 1),
+        _e((6, 9, 30, 60), _H100_P, (3, 16, 16, False), 0),
+        _e((231, 462, 924, 1845), _H100_P, (3, 16, 16, True), 0),
+        _e((4916,), (2, 16, 16, True), (1, 16, 16, True), 0),
+    ),
+    ("trtllm", "h100_sxm", "fp8", 8192, 1024): (
+        _e((6, 9, 30), _H100_P, (3, 16, 16, False), 3),
+        _e((77,), _H100_P, (1, 16, 16, True), 3),
+        _e((154,), (2, 16, 16, True), (1, 16, 16, True), 3),
+        _e((6, 9, 30), _H100_P, (3, 16, 16, False), 0),
+        _e((154,), _H100_P, (2, 16, 16, False), 0),
+        _e((308,), (2, 16, 16, True), (1, 16, 16, True), 0),
+    ),
+    # dsr1-fp8-h100-dynamo-sglang: every entry MTP; two decode shapes share the client counts up to 64.
+    ("sglang", "h100_sxm", "fp8", 1024, 1024): (
+        _e((1, 2, 4, 8, 16, 32, 64, 128), _H100_SGL_P, (2, 16, 1, False), MTP_DEPTH_NOT_GIVEN),
+        _e((1, 2, 4, 8, 16, 32, 64), _H100_SGL_P, (1, 16, 16, True), MTP_DEPTH_NOT_GIVEN),
+    ),
+    ("sglang", "h100_sxm", "fp8", 1024, 8192): (
+        _e((1, 2, 4, 8, 16, 32, 64), _H100_SGL_P, (2, 16, 1, False), MTP_DEPTH_NOT_GIVEN),
+        _e((1, 2, 4, 8, 16, 32, 64), _H100_SGL_P, (1, 16, 16, True), MTP_DEPTH_NOT_GIVEN),
+    ),
+    ("sglang", "h100_sxm", "fp8", 8192, 1024): (
+        _e((1, 2, 4, 8, 16, 32, 64, 128), _H100_SGL_P, (1, 16, 1, False), MTP_DEPTH_NOT_GIVEN),
+        _e((1, 2, 4, 8, 16, 32, 64), _H100_SGL_P, (1, 16, 16, True), MTP_DEPTH_NOT_GIVEN),
+    ),
+    # dsr1-fp4-gb200-dynamo-trt 1k/1k: the 2026-03-25 dump's client counts only (_ONLY_DUMP).
+    ("trtllm", "gb200", "fp4", 1024, 1024): (
+        _e((180,), _GB200_FP4_P, (1, 32, 32, True), 3),
+        _e((4, 8, 12, 24, 48), _GB200_FP4_P, (4, 8, 8, False), 3),
+        _e((4301,), (2, 4, 4, True), (1, 16, 16, True), 1),
+        _e((2253,), (3, 4, 4, True), (1, 32, 32, True), 1),
+        _e((16130,), (3, 4, 4, True), (5, 4, 4, True), 1),
+        _e((4301,), _GB200_FP4_P, (1, 8, 8, True), 0),
+        _e((666,), _GB200_FP4_P, (1, 32, 32, True), 0),
+        _e((6144,), _GB200_FP4_P, (2, 4, 4, True), 0),
+        _e((12, 24, 48, 96, 192), _GB200_FP4_P, (4, 8, 8, False), 0),
+        _e((5,), _GB200_FP4_P, (4, 8, 8, False), 0),
+        _e((4301,), (2, 4, 4, True), (1, 16, 16, True), 0),
+        _e((2253,), (2, 4, 4, True), (1, 32, 32, True), 0),
+    ),
+    ("trtllm", "gb200", "fp4", 8192, 1024): (
+        _e((4, 8, 12, 24, 48), _GB200_FP4_P, (4, 8, 8, False), 3),
+        _e((180,), (3, 4, 4, True), (1, 32, 32, True), 3),
+        _e((1229,), (7, 4, 4, True), (1, 16, 16, True), 1),
+        _e((666,), (8, 4, 4, True), (1, 32, 32, True), 3),
+        _e((4301,), (11, 4, 4, True), (1, 16, 16, True), 1),
+        _e((12, 44, 76, 5), _GB200_FP4_P, (4, 8, 8, True), 0),  # dp-attn true in the file (recipe: tep8)
+        _e((333,), (2, 4, 4, True), (1, 32, 32, True), 0),
+        _e((1229,), (7, 4, 4, True), (1, 32, 32, True), 0),
+        _e((2253,), (8, 4, 4, True), (1, 16, 16, True), 0),
+        _e((4096,), (10, 4, 4, True), (1, 16, 16, True), 0),
+    ),
+    ("trtllm", "gb200", "fp8", 1024, 1024): (
+        _e((4301, 2151), _GB200_FP8_P, (1, 8, 8, True), 1),
+        _e((1229,), _GB200_FP8_P, (1, 16, 16, True), 1),
+        _e((615,), _GB200_FP8_P, (1, 32, 32, True), 3),
+        _e((36, 18, 9), _GB200_FP8_P, (3, 8, 8, False), 3),
+        _e((6144, 4301), _GB200_FP8_P, (1, 8, 8, True), 0),
+        _e((2151,), _GB200_FP8_P, (1, 16, 16, True), 0),
+        _e((1127, 256), _GB200_FP8_P, (1, 32, 32, True), 0),
+        _e((27, 3), _GB200_FP8_P, (3, 8, 8, False), 0),
+    ),
+    ("trtllm", "gb200", "fp8", 1024, 8192): (
+        _e((8192, 2152), _GB200_FP8_P, (2, 16, 16, True), 1),
+        _e((564, 72), _GB200_FP8_P, (1, 32, 32, True), 3),
+        _e((4, 8), _GB200_FP8_P, (4, 8, 8, False), 3),
+        _e((8192,), _GB200_FP8_P, (2, 16, 16, True), 0),
+        _e((2048, 564), _GB200_FP8_P, (1, 32, 32, True), 0),
+        _e((36, 4), _GB200_FP8_P, (4, 8, 8, False), 0),
+    ),
+    ("trtllm", "gb200", "fp8", 8192, 1024): (
+        _e((666,), (3, 8, 8, True), (1, 8, 8, True), 3),
+        _e((666,), (5, 8, 8, True), (1, 16, 16, True), 3),
+        _e((333,), (3, 8, 8, True), (1, 16, 16, True), 3),
+        _e((333,), (4, 8, 8, True), (1, 32, 32, True), 3),
+        _e((90,), (2, 8, 8, True), (1, 32, 32, True), 3),
+        _e((15, 6), _GB200_FP8_P, (3, 8, 8, False), 3),
+        _e((1229,), (5, 8, 8, True), (1, 16, 16, True), 0),
+        _e((666,), (4, 8, 8, True), (1, 32, 32, True), 0),
+        _e((615,), (3, 8, 8, True), (1, 16, 16, True), 0),
+        _e((333,), (2, 8, 8, True), (1, 32, 32, True), 0),
+        _e((63, 18, 6), _GB200_FP8_P, (3, 8, 8, False), 0),
+    ),
+    # dsr1-fp8-gb200-dynamo-sglang, dsr1-fp4-gb200-dynamo-sglang (2026-03-25 dump only: _ONLY_DUMP),
+    # dsr1-fp8-gb300-dynamo-sglang: no MTP.
+    ("sglang", "gb200", "fp8", 1024, 1024): (
+        _e((4, 8), (1, 4, 1, False), (1, 4, 1, False), 0),
+        _e((1024, 2048, 4096), (3, 8, 8, True), (1, 48, 48, True), 0),
+        _e((1024, 2048, 4096, 6144), (2, 8, 8, True), (1, 32, 32, True), 0),
+        _e((4096,), (1, 8, 8, True), (1, 8, 8, True), 0),
+    ),
+    ("sglang", "gb200", "fp8", 8192, 1024): (
+        _e((4, 8, 16), (1, 8, 1, False), (1, 8, 1, False), 0),
+        _e((512, 1024, 2048, 6144), (5, 8, 8, True), (1, 32, 32, True), 0),
+        _e((2048, 4096, 6144), (6, 8, 8, True), (1, 24, 24, True), 0),
+    ),
+    ("sglang", "gb200", "fp4", 1024, 1024): (
+        _e((4, 8, 32), (1, 4, 1, False), (2, 4, 1, False), 0),
+        _e((512, 2048, 4096, 8192), (4, 4, 4, True), (1, 32, 32, True), 0),
+        _e((2048, 4096), (4, 4, 4, True), (1, 48, 48, True), 0),
+    ),
+    ("sglang", "gb200", "fp4", 8192, 1024): (
+        _e((4, 8), (1, 4, 1, False), (4, 4, 1, False), 0),
+        _e((512, 2048, 4096), (6, 4, 1, False), (1, 48, 48, True), 0),
+        _e((2048,), (10, 4, 1, False), (1, 32, 32, True), 0),
+    ),
+    ("sglang", "gb300", "fp8", 1024, 1024): (
+        _e((4, 8, 16, 32), (1, 4, 1, False), (4, 4, 1, False), 0),
+        _e((1024, 2048, 4096, 6144), (2, 8, 8, True), (1, 32, 32, True), 0),
+        _e((4096, 7168, 7680), (1, 8, 8, True), (1, 8, 8, True), 0),
+    ),
+    ("sglang", "gb300", "fp8", 8192, 1024): (
+        _e((4, 8), (1, 4, 1, False), (1, 4, 1, False), 0),
+        _e((128, 256, 512, 1024), (5, 8, 8, True), (1, 32, 32, True), 0),
+        _e((2048, 4096), (6, 8, 8, True), (1, 24, 24, True), 0),
+    ),
+    # dsr1-fp4-gb300-dynamo-trt, dsr1-fp8-gb300-dynamo-trt.
+    ("trtllm", "gb300", "fp4", 1024, 1024): (
+        _e((3226,), _GB300_FP4_P, (1, 4, 4, True), 1),
+        _e((333,), _GB300_FP4_P, (1, 32, 32, True), MTP_DEPTH_NOT_GIVEN),
+        _e((5, 8, 12, 24, 48), _GB300_FP4_P, (4, 8, 8, False), 3),
+        _e((2253,), (3, 2, 2, True), (1, 16, 16, True), 1),
+        _e((1229,), (3, 2, 2, True), (1, 32, 32, True), 3),
+        _e((5, 12, 48, 96, 192), _GB300_FP4_P, (4, 8, 8, False), 0),
+        _e((8192,), (2, 2, 2, True), (1, 8, 8, True), 0),
+        _e((1229,), (2, 2, 2, True), (1, 32, 32, True), 0),
+        _e((4301,), (3, 2, 2, True), (1, 16, 16, True), 0),
+        _e((2253,), (3, 2, 2, True), (1, 32, 32, True), 0),
+    ),
+    ("trtllm", "gb300", "fp4", 1024, 8192): (
+        _e((7, 63), _GB300_FP4_P, (7, 8, 8, False), 3),
+        _e((563, 2088), _GB300_FP4_P, (1, 32, 32, True), 3),
+        _e((8192,), _GB300_FP4_P, (2, 16, 16, True), 1),
+        _e((16384,), _GB300_FP4_P, (4, 8, 8, True), 1),
+        _e((7, 245), _GB300_FP4_P, (7, 8, 8, False), 0),
+        _e((60,), _GB300_FP4_P, (15, 4, 4, False), 0),
+        _e((1024, 4096, 8192), _GB300_FP4_P, (1, 32, 32, True), 0),
+    ),
+    ("trtllm", "gb300", "fp4", 8192, 1024): (
+        _e((33,), _GB300_FP4_P, (3, 8, 8, False), 3),
+        _e((5, 12, 24), _GB300_FP4_P, (4, 8, 8, False), 3),
+        _e((180,), (4, 2, 2, True), (1, 32, 32, True), 3),
+        _e((308,), (8, 2, 2, True), (1, 32, 32, True), 3),
+        _e((2253,), (10, 2, 2, True), (1, 8, 8, True), 1),
+        _e((666,), (10, 2, 2, True), (1, 16, 16, True), 3),
+        _e((1127,), (13, 2, 2, True), (1, 16, 16, True), 3),
+        _e((72,), _GB300_FP4_P, (3, 8, 8, False), 0),
+        _e((5, 12), _GB300_FP4_P, (4, 8, 8, False), 0),
+        _e((5, 15, 30), _GB300_FP4_P, (5, 4, 4, False), 0),
+        _e((666,), (7, 2, 2, True), (1, 32, 32, True), 0),
+        _e((1229,), (9, 2, 2, True), (1, 16, 16, True), 0),
+        _e((3228,), (11, 2, 2, True), (3, 4, 4, True), 0),
+        _e((2253,), (14, 2, 2, True), (1, 16, 16, True), 0),
+    ),
+    ("trtllm", "gb300", "fp8", 1024, 1024): (
+        _e((8, 24), _GB300_FP8_P, (4, 8, 8, False), 3),
+        _e((180,), _GB300_FP8_P, (1, 32, 32, True), 3),
+        _e((564,), (2, 4, 4, True), (1, 32, 32, True), 3),
+        _e((666,), _GB300_FP8_P, (1, 16, 16, True), 3),
+        _e((2253,), (2, 4, 4, True), (1, 16, 16, True), 1),
+        _e((8192,), (3, 4, 4, True), (2, 8, 8, True), 1),
+        _e((4, 24, 84), _GB300_FP8_P, (4, 8, 8, False), 0),
+        _e((1229,), (2, 4, 4, True), (1, 32, 32, True), 0),
+        _e((2253,), (2, 4, 4, True), (1, 16, 16, True), 0),
+        _e((8602, 12288), (3, 4, 4, True), (2, 8, 8, True), 0),
+    ),
+    ("trtllm", "gb300", "fp8", 8192, 1024): (
+        _e((8, 24), _GB300_FP8_P, (4, 8, 8, False), 3),
+        _e((333,), (6, 4, 4, True), (1, 32, 32, True), 3),
+        _e((666,), (8, 4, 4, True), (1, 16, 16, True), 3),
+        _e((1229,), (10, 4, 4, True), (1, 16, 16, True), 1),
+        _e((1229,), (7, 4, 4, True), (1, 8, 8, True), 1),
+        _e((4, 24, 36), _GB300_FP8_P, (4, 8, 8, False), 0),
+        _e((512,), (6, 4, 4, True), (1, 32, 32, True), 0),
+        _e((666,), (4, 4, 4, True), (1, 16, 16, True), 0),
+        _e((1229,), (7, 4, 4, True), (1, 16, 16, True), 0),
+        _e((2151,), (7, 4, 4, True), (1, 8, 8, True), 0),
+    ),
+    ("trtllm", "gb300", "fp8", 1024, 8192): (
+        _e((4, 16), _GB300_FP8_P, (4, 8, 8, False), 3),
+        _e((141, 544), _GB300_FP8_P, (1, 32, 32, True), 3),
+        _e((2048,), _GB300_FP8_P, (2, 16, 16, True), 1),
+        _e((8192,), _GB300_FP8_P, (4, 8, 8, True), 1),
+        _e((4, 36), _GB300_FP8_P, (4, 8, 8, False), 0),
+        _e((282, 1024), _GB300_FP8_P, (1, 32, 32, True), 0),
+        _e((4096, 8192), _GB300_FP8_P, (2, 16, 16, True), 0),
+    ),
+    # dsr1-fp4-gb300-dynamo-sglang: no MTP.
+    ("sglang", "gb300", "fp4", 1024, 1024): (
+        _e((4, 8, 32), (1, 4, 1, False), (2, 4, 1, False), 0),
+        _e((512, 2048, 4096, 8192), (4, 4, 4, True), (1, 32, 32, True), 0),
+        _e((512, 2048, 4096, 8192), (4, 4, 4, True), (1, 48, 48, True), 0),
+    ),
+    ("sglang", "gb300", "fp4", 8192, 1024): (
+        _e((4, 8, 32, 64), (1, 4, 1, False), (4, 4, 1, False), 0),
+        _e((512, 2048, 4096), (6, 4, 1, False), (1, 48, 48, True), 0),
+        _e((2048,), (10, 4, 1, False), (1, 32, 32, True), 0),
+    ),
+    # dsr1-fp4-b200-dynamo-sglang(-mtp), dsr1-fp8-b200-dynamo-sglang(-mtp) 1k/1k, dsr1-fp8-h200-dynamo-sglang.
+    ("sglang", "b200_sxm", "fp4", 1024, 1024): (
+        _e((16, 128), _B200_FP4_P, (5, 8, 8, False), 0),
+        _e((32, 64, 256), _B200_FP4_P, (6, 8, 8, False), 0),
+        _e((512,), _B200_FP4_P, (1, 8, 8, True), 0),
+        _e((512,), _B200_FP4_P, (2, 8, 8, True), 0),
+        _e((16, 512), _B200_FP4_P, (5, 8, 8, False), MTP_DEPTH_NOT_GIVEN),
+        _e((32, 64, 256, 512), _B200_FP4_P, (6, 8, 8, False), MTP_DEPTH_NOT_GIVEN),
+        _e((512, 1024), _B200_FP4_P, (1, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
+        _e((512,), _B200_FP4_P, (2, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
+    ),
+    ("sglang", "b200_sxm", "fp4", 8192, 1024): tuple(
+        _e(concs, p, d, mtp) for mtp in (0, MTP_DEPTH_NOT_GIVEN) for concs, p, d in (
+            ((64, 128), _B200_FP4_P, (1, 8, 8, False)),
+            ((8,), _B200_FP4_P, (5, 8, 8, False)),
+            ((4, 128), (2, 4, 4, True), (5, 8, 8, False)),
+            ((4, 8, 16, 64), (1, 4, 1, False), (1, 8, 1, False)),
+        )) + (_e((1024, 2048), (7, 4, 4, True), (2, 8, 8, True), 0),),
+    ("sglang", "b200_sxm", "fp8", 1024, 1024): (
+        _e((4,), _B200_SGL_TEP8, (1, 8, 8, False), 0),
+        _e((16, 32, 64, 128, 256), _B200_SGL_TEP8, (3, 8, 8, False), 0),
+        _e((1024, 2048, 4096), _B200_FP8_P, (5, 8, 8, True), 0),
+        _e((2048, 4096), (2, 8, 8, True), (5, 8, 8, True), 0),
+        _e((4, 64), _B200_SGL_TEP8, (1, 8, 8, False), MTP_DEPTH_NOT_GIVEN),
+        _e((4, 8, 16, 32, 128), _B200_SGL_TEP8, (3, 8, 8, False), MTP_DEPTH_NOT_GIVEN),
+        _e((512, 4096), _B200_FP8_P, (5, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
+        _e((1024, 2048, 4096), (2, 8, 8, True), (5, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
+        _e((512, 1024, 2048), _B200_FP8_P, (2, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
+    ),
+    ("sglang", "h200_sxm", "fp8", 1024, 1024): tuple(
+        _e(concs, p, d, mtp) for mtp in (0, MTP_DEPTH_NOT_GIVEN) for concs, p, d in (
+            ((1, 4, 8, 16, 32, 64, 128, 256), _H200_SGL_P, (9, 8, 1, False)),
+            ((512, 1024, 2048), _H200_SGL_P, (6, 8, 1, False)),
+            ((128, 256, 512, 1024, 2048), (1, 8, 8, True), (6, 8, 8, True)),
+        )),
+    ("sglang", "h200_sxm", "fp8", 8192, 1024): (
+        _e((1, 4, 8), _H200_SGL_P, (7, 8, 1, False), 0),
+        _e((4, 8, 16), _H200_SGL_P, (6, 8, 1, False), 0),
+        _e((8, 16, 32), _H200_SGL_P, (3, 8, 1, False), 0),
+        _e((32, 64, 128), (2, 8, 1, False), (3, 8, 1, False), 0),
+        _e((64, 128, 256), _H200_SGL_P, (1, 8, 8, True), 0),
+        _e((1, 4, 8), _H200_SGL_P, (7, 8, 1, False), MTP_DEPTH_NOT_GIVEN),
+        _e((2, 4, 8, 16, 32), _H200_SGL_P, (6, 8, 1, False), MTP_DEPTH_NOT_GIVEN),
+        _e((4, 8, 16, 32, 64), _H200_SGL_P, (3, 8, 1, False), MTP_DEPTH_NOT_GIVEN),
+        _e((32, 64, 128), (2, 8, 1, False), (3, 8, 1, False), MTP_DEPTH_NOT_GIVEN),
+        _e((32, 64, 128, 256, 512), _H200_SGL_P, (1, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
+    ),
+}
+
+# Configurations whose client counts at that commit are one dump's only (the other dump holds counts that
+# matrix does not run: GB200 FP4 1k/1k's 2026-04-06 rows at 16, 32, 64, 128, 144, ..., the GB200 SGLang
+# 2026-04-06 rows at 2, 16, 64, 128, 256, ...).
+_ONLY_DUMP: dict[tuple[str, str, str, int, int], str] = {
+    ("trtllm", "gb200", "fp4", 1024, 1024): "source_file=2026-03-25.csv",
+    ("trtllm", "gb200", "fp4", 8192, 1024): "source_file=2026-03-25.csv",
+    ("sglang", "gb200", "fp8", 1024, 1024): "source_file=2026-03-25.csv",
+    ("sglang", "gb200", "fp8", 8192, 1024): "source_file=2026-03-25.csv",
+    ("sglang", "gb200", "fp4", 1024, 1024): "source_file=2026-03-25.csv",
+    ("sglang", "gb200", "fp4", 8192, 1024): "source_file=2026-03-25.csv",
+}
+
+
+def dumps(key: tuple[str, str, str, int, int]) -> tuple[str, ...]:
+    """The dumps whose rows a configuration's entries are read for."""
+    only = _ONLY_DUMP.get(key)
+    return (only,) if only else _DUMPS
+
+
+def _num(v: Any) -> int | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else int(f)
+
+
+def candidates(row: Any) -> list[Entry]:
+    """The table's entries that fit the row: its configuration, client count and its own TP/EP columns."""
+    if row.get("mode") != "disagg" or str(row.get("model")) != "DeepSeek-R1":
+        return []
+    key = (str(row.get("backend")), str(row.get("system")), str(row.get("precision")),
+           _num(row.get("isl")), _num(row.get("osl")))
+    if not str(row.get("silicon_data_source", "")).startswith(dumps(key)):
+        return []
+    conc = _num(row.get("concurrency"))
+    own = (_num(row.get("prefill_tp_size")), _num(row.get("prefill_moe_ep_size")), _num(row.get("decode_tp_size")))
+    return [e for e in TABLE.get(key, ()) if conc in e.concs and own == (e.prefill.tp, e.prefill.ep, e.decode.tp)]
+
+
+def inferencex_workers(row: Any) -> Match | None:
+    """The row's prefill and decode workers from InferenceX's matrix; None when no entry fits, or the
+    entries that fit disagree on the workers (ambiguous: the caller keeps its assumption)."""
+    fits = candidates(row)
+    if not fits or len({(e.prefill, e.decode) for e in fits}) > 1:
+        return None
+    mtps = {e.mtp for e in fits}
+    return Match(fits[0].prefill, fits[0].decode, mtps.pop() if len(mtps) == 1 else None)

@@ -1,0 +1,125 @@
+"""Disaggregated rows take their worker counts and layouts from InferenceX's run matrix where it fits."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from twinserve.sim.validate import row_record
+from twinserve.sim.validate_inferencex import Shape, candidates, inferencex_workers
+from twinserve.sim.validate_rows import row_plan
+
+pytest.importorskip("aiconfigurator_core", reason="the measured rows ship in aiconfigurator-core (extra 'aic')")
+
+# B200 FP4 TensorRT-LLM 8k/1k at 658 clients: 5 prefill (TP 4, EP 4, DP attention), 2 decode (TP 8, EP 8,
+# DP attention) workers, MTP 3, in both dumps.
+MATCHED = ("2026_03_25_deepseek_r1_b200_sxm_trtllm_fp4_disagg_8192x1024_c658_tp4_0_ep4_0_1165",
+           "2026_04_06_deepseek_r1_b200_sxm_trtllm_fp4_disagg_8192x1024_c658_tp4_ep4_1529")
+# B200 FP8 8k/1k at 128 clients with prefill EP 8: three entries fit (4 x TP 8, 1 x and 2 x DEP 8 decode).
+AMBIGUOUS = "2026_04_06_deepseek_r1_b200_sxm_trtllm_fp8_disagg_8192x1024_c128_tp8_ep8_1796"
+# The same configuration measured with prefill EP 1 (an earlier matrix than the table's): no entry fits.
+OLDER_MATRIX = "2026_04_06_deepseek_r1_b200_sxm_trtllm_fp8_disagg_8192x1024_c128_tp8_ep1_1434"
+# H200: not in the table.
+UNLISTED = "2026_04_06_deepseek_r1_h200_sxm_trtllm_fp8_disagg_8192x1024_c768_tp8_ep8_1828"
+# B200 FP4 1k/1k at 10 clients: an MTP and a plain entry, with the same workers.
+MTP_OR_NOT = "2026_04_06_deepseek_r1_b200_sxm_trtllm_fp4_disagg_1024x1024_c10_tp4_ep4_1525"
+# B300 FP4 1k/1k at 10 clients: MTP with TP 8 decode workers, plain with TP 4; the row's decode TP picks.
+B300_TP4, B300_TP8 = ("2026_03_25_deepseek_r1_b300_sxm_trtllm_fp4_disagg_1024x1024_c10_tp2_0_ep2_0_1219",
+                      "2026_03_25_deepseek_r1_b300_sxm_trtllm_fp4_disagg_1024x1024_c10_tp2_0_ep2_0_1229")
+
+
+def _row(rows: pd.DataFrame, row_id: str) -> pd.Series:
+    hit = rows[rows["id"] == row_id]
+    assert len(hit) == 1, row_id
+    return hit.iloc[0]
+
+
+@pytest.mark.parametrize("row_id", MATCHED)
+def test_a_matched_row_runs_the_files_workers_and_layouts(rows, row_id: str) -> None:
+    row = _row(rows, row_id)
+    plan = row_plan(row)
+    assert plan.counts == (5, 2)
+    c = plan.cfg.cluster
+    assert (c.num_prefill_replicas, c.num_replicas) == (5, 7)
+    prefill = {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 4, "engine.expert_parallel_size": 4}
+    decode = {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 8, "engine.expert_parallel_size": 8}
+    assert c.replicas == [prefill] * 5 + [decode] * 2
+    assert plan.layout.startswith("InferenceX config: 5 prefill, 2 decode workers; ran MTP 3 (not simulated)")
+    rec = row_record(row)
+    assert rec["layout"] == plan.layout
+    assert rec["gpus"] == 5 * 4 + 2 * 8
+    assert rec["parallelism"] == "P 5x tp1 adp4 ep4 | D 2x tp1 adp8 ep8"
+
+
+def test_an_unlisted_row_keeps_the_assumption_and_says_so(rows) -> None:
+    row = _row(rows, UNLISTED)
+    assert inferencex_workers(row) is None
+    plan = row_plan(row)
+    assert plan.layout.startswith("assumed kv_fit_rate:")
+
+
+def test_a_row_of_an_earlier_matrix_keeps_the_assumption(rows) -> None:
+    row = _row(rows, OLDER_MATRIX)
+    assert candidates(row) == [] and inferencex_workers(row) is None
+    assert row_plan(row).layout.startswith("assumed kv_fit_rate:")
+
+
+def test_an_ambiguous_match_is_not_used(rows) -> None:
+    row = _row(rows, AMBIGUOUS)
+    assert len(candidates(row)) == 3
+    assert inferencex_workers(row) is None
+    assert row_plan(row).layout.startswith("assumed kv_fit_rate:")
+
+
+def test_entries_agreeing_on_workers_but_not_mtp_give_the_workers_and_no_mtp(rows) -> None:
+    row = _row(rows, MTP_OR_NOT)
+    assert {e.mtp for e in candidates(row)} == {0, 3}
+    m = inferencex_workers(row)
+    assert m is not None and m.mtp is None
+    assert (m.prefill.count, m.decode.count) == (1, 5)
+    plan = row_plan(row)
+    assert plan.counts == (1, 5) and "MTP or not" in plan.layout
+
+
+def test_the_rows_decode_tp_picks_between_entries(rows) -> None:
+    tp4, tp8 = inferencex_workers(_row(rows, B300_TP4)), inferencex_workers(_row(rows, B300_TP8))
+    assert tp4 is not None and tp8 is not None
+    assert (tp4.decode, tp4.mtp) == (Shape(5, 4, 4, False), 0)
+    assert (tp8.decode, tp8.mtp) == (Shape(5, 8, 8, False), 3)
+
+
+def test_aggregated_and_other_models_are_never_matched(rows) -> None:
+    row = _row(rows, MATCHED[1]).copy()
+    assert inferencex_workers(row) is not None
+    for col, v in (("mode", "agg"), ("model", "DeepSeek-V3"), ("silicon_data_source", "db-dump/2026-04-27")):
+        other = row.copy()
+        other[col] = v
+        assert inferencex_workers(other) is None, col
+
+
+def test_shape_fields_split_the_gpus() -> None:
+    assert Shape(1, 8, 8, True).fields() == (1, 8, 1, 8)
+    assert Shape(1, 8, 8, False).fields() == (8, 1, 1, 8)
+    assert Shape(1, 8, 1, False).fields() == (8, 1, 8, 1)
+    with pytest.raises(ValueError, match="multiple"):
+        Shape(1, 8, 3, False).fields()
+
+
+def test_each_transcribed_configuration_runs_exactly_the_dumps_client_counts(rows) -> None:
+    # The evidence that the matrix's version is the dumps': the same client counts, no more, no fewer.
+    from twinserve.sim.validate_inferencex import TABLE, dumps
+    d = rows[(rows["mode"] == "disagg") & (rows["model"] == "DeepSeek-R1")]
+    for (backend, system, precision, isl, osl), entries in TABLE.items():
+        src = dumps((backend, system, precision, isl, osl))
+        g = d[d["silicon_data_source"].astype(str).str.startswith(src) & (d["backend"] == backend)
+              & (d["system"] == system) & (d["precision"] == precision) & (d["isl"] == isl) & (d["osl"] == osl)]
+        assert set(g["concurrency"].astype(int)) == {c for e in entries for c in e.concs}, (system, precision, isl)
+
+
+def test_an_mtp_entry_without_a_depth_says_so(rows) -> None:
+    # H200 SGLang 8k/1k at 2 clients: only the MTP entry "1 prefill, 6 decode (TP 8)" runs 2 clients.
+    row = _row(rows, "2026_04_06_deepseek_r1_h200_sxm_sglang_fp8_disagg_8192x1024_c2_tp8_ep1_1418")
+    plan = row_plan(row)
+    assert plan.counts == (1, 6)
+    assert plan.layout.startswith("InferenceX config: 1 prefill, 6 decode workers; ran MTP, depth not given")
+    assert plan.cfg.cluster.replicas == [{"engine.tensor_parallel_size": 8}] * 7
