@@ -47,7 +47,11 @@ def build_cluster(cfg: StudyConfig, keep_steps: bool = True, keep_records: bool 
         from twinserve.sim.disagg import DecodeExecutor, DisaggregatedSimulation
 
         for eng, rep in zip(engines[c.num_prefill_replicas:], replicas[c.num_prefill_replicas:]):
-            eng.executor = rep.executor = DecodeExecutor(eng.cost_model, eng.executor.totals.window)
+            decode = DecodeExecutor(eng.cost_model, eng.executor.totals.window)
+            # Speculation carries over: the acceptance draws, when a batch drafts, and the draft model's steps.
+            old = eng.executor
+            decode.spec, decode.spec_active, decode.draft = old.spec, old.spec_active, old.draft
+            eng.executor = rep.executor = decode
             if isinstance(eng.core.executor, HostTierExecutor):  # the tier's copies around the decode steps
                 eng.core.executor.inner = eng.executor
             else:

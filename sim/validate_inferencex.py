@@ -20,7 +20,8 @@ B200 FP8's prefill at EP 1 measured 2026-03-23, fail that check and keep the ass
 more entries fit and disagree on the workers, none is used; where they agree on the workers but not on
 MTP, the workers are used and MTP is unknown.
 
-MTP is recorded, not simulated: the simulator on this branch has no multi-token-prediction model.
+An entry's MTP depth runs as `draft_model = "mtp"` (sim/validate_recipes.set_mtp); an entry whose depth the
+file does not give, or entries that disagree on MTP, are recorded and not simulated.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class Match:
         """The `layout` column's text."""
         mtp = ("" if self.mtp == 0 else "; MTP or not: the file has both at this client count" if self.mtp is None
                else "; ran MTP, depth not given (not simulated)" if self.mtp == MTP_DEPTH_NOT_GIVEN
-               else f"; ran MTP {self.mtp} (not simulated)")
+               else f"; ran MTP {self.mtp} (simulated: MTP_ACCEPTANCE, validate_recipes.py)")
         return (f"InferenceX config: {self.prefill.count} prefill, {self.decode.count} decode workers"
                 f"{mtp} ({_SOURCE})")
 

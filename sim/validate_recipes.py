@@ -232,12 +232,17 @@ def apply_recipe(recipe: Recipe, sched: Any) -> None:
 
 def apply_speculative(recipe: Recipe, spec: Any) -> None:
     """Set the recipe's speculative decoding on a row study's SpeculativeSection (none: left off)."""
-    if not recipe.mtp:
+    set_mtp(spec, recipe.mtp)
+
+
+def set_mtp(spec: Any, depth: int) -> None:
+    """MTP drafts of `depth` tokens with the model's own NextN layer on a SpeculativeSection (0: left off)."""
+    if depth <= 0:
         return
     from twinserve.sim.specs import MTP_DRAFT
     spec.method, spec.draft_model = "draft_model", MTP_DRAFT
-    spec.num_speculative_tokens = recipe.mtp
-    spec.acceptance_rates = [MTP_ACCEPTANCE] * recipe.mtp
+    spec.num_speculative_tokens = depth
+    spec.acceptance_rates = [MTP_ACCEPTANCE] * depth
 
 
 def sglang_stream_points(num_tokens: int, interval: int) -> list[int]:

@@ -214,3 +214,20 @@ def test_a_study_with_fewer_rates_than_k_exits_2_naming_the_field(tmp_path: Path
                    "--grid", "speculative.num_speculative_tokens=2,3"])
     err = capsys.readouterr().err
     assert rc == 1 and "point num_speculative_tokens=3 failed" in err and "speculative.acceptance_rates" in err, err
+
+
+def test_a_disaggregated_clusters_decode_workers_speculate_too() -> None:
+    # The decode workers' executor is swapped for one that discounts the transferred prefill: it kept the
+    # target's acceptance draws and draft model behind, so a disaggregated MTP row decoded one token a step.
+    from twinserve.sim.cluster_study import simulate_cluster
+
+    def cluster(spec: bool):
+        cfg = small_config(concurrency=4, num_requests=24, warmup_requests=0, num_replicas=2,
+                           num_prefill_replicas=1, output_dist="fixed", output_mean=40)
+        return simulate_cluster(_spec(cfg) if spec else cfg)[1]
+
+    def decode_steps(result) -> int:
+        return sum(r.num_steps for r, label in zip(result.replicas, result.labels) if "decode" in label)
+
+    plain, spec = cluster(False), cluster(True)
+    assert decode_steps(spec) < 0.7 * decode_steps(plain)  # 1 + 0.8 + 0.48 + ... tokens a step, not 1

@@ -44,7 +44,9 @@ def test_a_matched_row_runs_the_files_workers_and_layouts(rows, row_id: str) -> 
     prefill = {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 4, "engine.expert_parallel_size": 4}
     decode = {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 8, "engine.expert_parallel_size": 8}
     assert c.replicas == [prefill] * 5 + [decode] * 2
-    assert plan.layout.startswith("InferenceX config: 5 prefill, 2 decode workers; ran MTP 3 (not simulated)")
+    assert plan.layout.startswith("InferenceX config: 5 prefill, 2 decode workers; ran MTP 3 (simulated")
+    spec = plan.cfg.speculative  # the entry's MTP depth drafts with the model's own NextN layer
+    assert (spec.method, spec.draft_model, spec.num_speculative_tokens) == ("draft_model", "mtp", 3)
     rec = row_record(row)
     assert rec["layout"] == plan.layout
     assert rec["gpus"] == 5 * 4 + 2 * 8
