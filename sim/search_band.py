@@ -58,7 +58,10 @@ def seed_grid(step: float, power: int = SEED_GRID_POWER) -> tuple[float, float]:
     """(grid, tolerance) an extra seed's search uses: power first-length grid steps, and the
     relative width of that bracket (a seed settles once its bracket is one grid step wide)."""
     g = step ** max(1, power)
-    return g, (1.0 - 1.0 / g) * (1.0 + 1e-9)
+    # 1e-3 over: rates are rounded to six digits (up to 5e-6 of a rate), which can put a
+    # bracket one grid step wide a few millionths over 1 - 1/g, and it was bisected once more
+    # (a run just under its top).
+    return g, (1.0 - 1.0 / g) * (1.0 + 1e-3)
 
 
 def search_seeds(searches: Sequence[RateSearch], slos: dict[str, float], workers: int | None,
