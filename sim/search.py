@@ -100,6 +100,9 @@ class RateSearch:
     # land on the grid of the answer they start from (sim.search_band.search_seeds).
     grid: float = 0.0
     held: bool = False         # a recheck's step was kept once on the way down (record)
+    # Searches driven together calibrate near starts by their own group only (an extra seed's
+    # number: one workload seed moves every configuration alike, another seed otherwise).
+    group: int = 0
     slos: dict[str, float] = field(default_factory=dict)  # column -> limit (set by run_searches)
 
     def reach(self) -> float:

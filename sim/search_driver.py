@@ -198,7 +198,9 @@ def drive(searches: Sequence[SearchLike], fn: Callable[[Any], dict[str, Any]],
                     near = s.near_step
                     # A nearby answer (the shorter runs') moves alike for every configuration:
                     # all such searches calibrate it; a cost-model estimate errs by kind.
-                    cal = calibration(searches, None if near else s)
+                    group = getattr(s, "group", 0)
+                    cal = calibration([o for o in searches if getattr(o, "group", 0) == group],
+                                      None if near else s)
                     s.start = s.estimate * on_grid(cal, getattr(s, "grid", 0.0))
                     if not near:
                         s.start = max(s.start * _START_UP, neighbour_answer(s, searches))

@@ -459,3 +459,43 @@ def test_a_split_starts_at_least_at_the_rate_a_neighbour_still_searching_has_pas
     assert neighbour_answer(me, [me, climbing, split(6, 2, lo=3.0, hi=3.2)]) == pytest.approx(5.5)
     assert neighbour_answer(me, [me, split(4, 4, hi=7.0)]) == 0.0  # only a miss: no floor
     assert neighbour_answer(me, [me, split(3, 5, lo=9.0)]) == 0.0  # not a neighbour
+
+
+def test_every_extra_seed_is_searched_in_one_drive_each_calibrated_by_its_own_seed(
+        monkeypatch) -> None:
+    # Two workers idled on the last search of seed 1 before seed 2 began: the seeds now share
+    # one drive, and a seed's start is placed by the answers of its own seed's searches only.
+    from twinserve.sim import search_band
+    from twinserve.sim.search import RateSearch
+    from twinserve.sim.search_driver import drive
+
+    done1 = RateSearch({"tp": 1}, small_config(), lo=4.41, hi=4.52, estimate=4.0,
+                       near_step=1.05, grid=1.05, tolerance=0.05, group=1)
+    fresh2 = RateSearch({"tp": 2}, small_config(), estimate=2.0, near_step=1.05, grid=1.05,
+                        tolerance=0.05, group=2)
+    fresh1 = RateSearch({"tp": 3}, small_config(), estimate=2.0, near_step=1.05, grid=1.05,
+                        tolerance=0.05, group=1)
+    first: dict[int, float] = {}
+
+    def job(s, rate):
+        first.setdefault(id(s), rate)
+        return rate
+
+    drive([done1, fresh2, fresh1], lambda r: {"rate": r}, job, lambda row: row["rate"] <= 2.3,
+          workers=1)
+    assert first[id(fresh2)] == pytest.approx(2.0)  # no seed-2 answer yet: its estimate
+    assert first[id(fresh1)] == pytest.approx(2.0 * 1.05 ** 2)  # seed 1 found x1.116: 2.25 steps
+
+    calls: list[list[int]] = []
+
+    def fake(searches, *a, **k):
+        calls.append(sorted({s.group for s in searches}))
+        for s in searches:
+            s.lo, s.hi = s.estimate, s.estimate * 1.1
+        return searches
+
+    monkeypatch.setattr(search_band, "run_searches", fake)
+    a = RateSearch({"tp": 1}, small_config(), lo=4.0, hi=4.2, first_hi=4.2, tolerance=0.05)
+    a.lengths = [(100, 4.0)]
+    search_band.search_seeds([a], {}, 2, None, False)
+    assert calls == [[1, 2]] and [k for k, _ in a.seeds] == [0, 1, 2]
