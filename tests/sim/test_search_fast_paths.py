@@ -499,3 +499,20 @@ def test_every_extra_seed_is_searched_in_one_drive_each_calibrated_by_its_own_se
     a.lengths = [(100, 4.0)]
     search_band.search_seeds([a], {}, 2, None, False)
     assert calls == [[1, 2]] and [k for k, _ in a.seeds] == [0, 1, 2]
+
+
+def test_an_extra_seed_passing_far_inside_its_slos_steps_one_grid_step_not_to_its_margins() -> None:
+    # A seed's answer lies within a step or two of its start (the seed-0 answer's grid): its
+    # margins (a secant through zero) overshoot there, and a miss far up left a bracket to
+    # bisect back down in two more runs.
+    from twinserve.sim.search import RateSearch
+
+    slos = {"p99_ttft_s": 2.0, "p99_tpot_s": 0.1}
+    seed = RateSearch({"tp": 1}, small_config(), estimate=4.0, near_step=1.1, grid=1.1,
+                      step=1.1, tolerance=1 - 1 / 1.1, slos=slos)
+    seed.record(4.0, {"p99_ttft_s": 1.0, "p99_tpot_s": 0.05}, True)
+    assert seed.next_rate() == pytest.approx(4.4)
+    # The first run length's search (no grid) still goes to its margins: 0.9 x 2 / 1 = x1.8.
+    first = RateSearch({"tp": 1}, small_config(), step=1.2, slos=slos)
+    first.record(4.0, {"p99_ttft_s": 1.0, "p99_tpot_s": 0.05}, True)
+    assert first.next_rate() == pytest.approx(4.0 * 1.8)
