@@ -58,25 +58,31 @@ def seed_grid(step: float, power: int = SEED_GRID_POWER) -> tuple[float, float]:
     """(grid, tolerance) an extra seed's search uses: power first-length grid steps, and the
     relative width of that bracket (a seed settles once its bracket is one grid step wide)."""
     g = step ** max(1, power)
-    return g, (1.0 - 1.0 / g) * (1.0 + 1e-9)
+    # 1e-3 over: rates are rounded to six digits (up to 5e-6 of a rate), which can put a
+    # bracket one grid step wide a few millionths over 1 - 1/g, and it was bisected once more
+    # (a run just under its top).
+    return g, (1.0 - 1.0 / g) * (1.0 + 1e-3)
 
 
 def search_seeds(searches: Sequence[RateSearch], slos: dict[str, float], workers: int | None,
                  ray_address: str | None, progress: bool) -> None:
     """Search band_seeds more seeds at the first run length; (seed, rate) go to s.seeds.
 
-    Seed k's searches run together: each starts at its answer times the grid step below the
-    ratio the seed-k searches done so far found (one workload seed moves every configuration
-    alike), on SEED_GRID_POWER steps of the grid of the answer's own bracket, so a seed landing
-    in the bracket next to the start is settled in two runs; s.seed_resolution keeps the
-    seeds' bracket width for the band."""
+    Every seed's searches run in one drive: each starts at its answer times the grid power
+    nearest the ratio the searches of its seed done so far found (one workload seed moves
+    every configuration alike), on SEED_GRID_POWER steps of the grid of the answer's own
+    bracket, so a seed landing in the bracket either side of the start is settled in two runs;
+    s.seed_resolution keeps the seeds' bracket width for the band."""
     todo = [s for s in searches if s.status == "ok" and not s.screened and not s.unbanded]
     for s in todo:
         # Short runs: the first length's answers; their spread is the wider one, so the band
         # they give the final answer errs on the safe side.
         s.seeds = [(s.cfg.run.seed, s.lengths[0][1] if s.lengths else s.lo)]
+    # Every extra seed's searches in one drive (one pool queue, no barrier between seeds: two
+    # workers idled on the last search of seed k before seed k + 1 began); each calibrates its
+    # start by the searches of its own seed only (RateSearch.group).
+    again: list[tuple[RateSearch, RateSearch]] = []
     for k in range(1, max((s.cfg.search.band_seeds for s in todo), default=0) + 1):
-        again: list[tuple[RateSearch, RateSearch]] = []
         for s in todo:
             if k > s.cfg.search.band_seeds:
                 continue
@@ -89,17 +95,17 @@ def search_seeds(searches: Sequence[RateSearch], slos: dict[str, float], workers
             g, tol = seed_grid(seed_step(s, first, tol))
             s.seed_resolution = max(s.seed_resolution, tol)
             again.append((s, RateSearch(s.point, cfg, estimate=first, near_step=g, grid=g,
-                                        integer=s.integer, tolerance=tol)))
-        if not again:
-            continue
-        # Only each seed's answer is kept (its runs' rows are judged, never written): lean rows.
-        run_searches([r for _, r in again], slos, workers, ray_address, progress,
-                     desc=f"seed {k}", lean=True)
-        for s, r in again:
-            s.runs_total += r.runs_total
-            s.simulated += r.simulated
-            if r.status == "ok":
-                s.seeds.append((r.cfg.run.seed, r.lo))
+                                        integer=s.integer, tolerance=tol, group=k)))
+    if not again:
+        return
+    # Only each seed's answer is kept (its runs' rows are judged, never written): lean rows.
+    run_searches([r for _, r in again], slos, workers, ray_address, progress, desc="seeds",
+                 lean=True)
+    for s, r in again:
+        s.runs_total += r.runs_total
+        s.simulated += r.simulated
+        if r.status == "ok":
+            s.seeds.append((r.cfg.run.seed, r.lo))
 
 
 def _norm(name: str) -> str:
