@@ -136,6 +136,9 @@ def test_windows_with_known_lengths_match_stepping(block_size, caching, n, times
         for r in reqs_a + reqs_b + reqs_c:
             r.token_times = []
     assert _snapshot(a, reqs_a) == _snapshot(b, reqs_b) == _snapshot(c, reqs_c)
+    # _snapshot compares all_token_ids; the windows' own loops append output_token_ids apart.
+    outs = [[list(r.output_token_ids) for r in reqs] for reqs in (reqs_a, reqs_b, reqs_c)]
+    assert outs[0] == outs[1] == outs[2]
 
 
 def _step_with(s, t: float, tokens: dict[str, int]) -> list[str]:
