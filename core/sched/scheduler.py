@@ -38,6 +38,9 @@ class Scheduler(OutputUpdate):
                  speculative_config: SpeculativeConfig | None = None) -> None:
         self.config = config
         self.peak_key = next(_SCHEDULER_KEYS)  # names this scheduler on the requests' peak_blocks
+        # guaranteed_no_evict: an upper bound on the running requests' owed blocks carried between steps
+        # (-1: none). Owed blocks only shrink as requests grow or end, and grow only by admissions.
+        self.owed_bound = -1
         self.spec = speculative_config
         self.spec_stats = SpecDecodeStats()
         self.lookahead = speculative_config.num_lookahead_tokens if speculative_config is not None else 0
@@ -441,6 +444,12 @@ class Scheduler(OutputUpdate):
         loaded = self.loaded
         no_evict = cfg.capacity_policy == "guaranteed_no_evict"
         owed = -1  # blocks running requests still need to reach max_tokens (guaranteed_no_evict; summed once)
+        # Where a running request's held blocks never shrink (one full-attention table, no drafts), the
+        # last step's owed count plus what it admitted bounds this step's from above: an admission that
+        # fits under the bound fits under the exact count with the same blocks, so the sum over every
+        # running request is made only when the bound leaves it in doubt.
+        bounded = no_evict and kv._one_table and self.spec is None and not lookahead
+        exact = True
         while (waiting or loaded) and budget > 0 and len(running) < cfg.max_num_seqs:
             # Back from a host-tier load: it holds its hits' blocks (and the first chunk's).
             req = loaded[0] if loaded else waiting.peek()
@@ -470,11 +479,17 @@ class Scheduler(OutputUpdate):
             # Headroom for running requests; with none it would only block.
             reserve = self.watermark_blocks if running else 0
             if no_evict:
-                if owed < 0:
-                    owed = self._running_blocks_owed()
                 # What running requests still need to reach max_tokens, and this one past this chunk.
-                own = self._peak_blocks(req) - max_pages(done + num_hit + num_new, kv.block_size,
-                                                         kv.group_windows, kv.max_step_tokens)
+                pages = max_pages(done + num_hit + num_new, kv.block_size, kv.group_windows, kv.max_step_tokens)
+                own = self._peak_blocks(req) - pages
+                if owed < 0:
+                    if bounded and self.owed_bound >= 0:
+                        owed, exact = self.owed_bound, False
+                    else:
+                        owed = self._running_blocks_owed()
+                # The request's pages after this chunk bound the blocks it takes from the free queue.
+                if not exact and kv.pool.free_queue.num_free - (reserve + owed + own) < pages:
+                    owed, exact = self._running_blocks_owed(), True
                 reserve += owed + own
             if type(hits) is TierHits or type(hits) is GroupTierHits:
                 if not self._admit_loading(req, hits, num_hit, num_new, reserve):
@@ -513,10 +528,14 @@ class Scheduler(OutputUpdate):
             req.fast_decode_limit = _fast_decode_limit(kv, rid)
             if no_evict:
                 owed += own
+                if bounded:
+                    self.owed_bound = owed
             new_reqs.append(NewRequestData(rid, list(req.all_token_ids), req.num_prompt_tokens,
                                            req.sampling_params, kv.get_block_ids(rid), done + num_hit))
             num_scheduled[rid] = num_new
             budget -= num_new
+        if bounded and owed >= 0:
+            self.owed_bound = owed
         return budget
 
     def _peak_blocks(self, req: Request) -> int:

@@ -64,3 +64,28 @@ def test_guaranteed_no_evict_never_preempts_and_outputs_stay_exact(w, policy) ->
     ex = FakeExecutor(block_size=cfg.block_size)
     for a in arrivals:
         assert log.outputs[a.request.request_id] == reference_output(ex, a.request, cfg.max_model_len)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.sampled_from(["mixed", "prefill_first"]))
+def test_the_carried_owed_bound_admits_exactly_what_the_exact_count_does(w, policy) -> None:
+    """Scheduler.owed_bound (the last step's owed blocks plus its admissions) only spares the sum over every
+    running request: each step schedules the same tokens as a run that sums it at every step."""
+    import copy
+
+    cfg, arrivals = w
+    cfg = SchedulerConfig(**{**_fields(cfg), "batch_policy": policy, "capacity_policy": "guaranteed_no_evict"})
+    fresh = copy.deepcopy(arrivals)
+
+    def run(forget: bool) -> tuple[list[dict[str, int]], dict[str, list[int]]]:
+        steps: list[dict[str, int]] = []
+
+        def check(core, so, waiting_before):
+            steps.append(dict(so.num_scheduled_tokens))
+            if forget:
+                core.scheduler.owed_bound = -1  # the next step sums every running request's owed blocks
+
+        _, log = drive(cfg, copy.deepcopy(fresh), check=check)
+        return steps, log.outputs
+
+    assert run(False) == run(True)
