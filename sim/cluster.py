@@ -333,8 +333,10 @@ class ClusterSimulation:
 
         Same KV hand-out order, token counts, finishes (decodes, then joiners, freed in that order),
         executor totals and step record as core.step; None (nothing done) where it does not apply:
-        a batch policy other than mixed, a prefix cache, host tier or KV groups, speculation, a
-        request not plainly decoding, or no room for the decodes' blocks.
+        a batch policy other than mixed, a prefix cache with lazy decodes or prefill-first (with one,
+        only schedule_decode_half's pass, which registers the blocks the decodes fill as
+        allocate_slots does), host tier or KV groups, speculation, a request not plainly decoding,
+        or no room for the decodes' blocks. A joiner's prefix hits are Scheduler._admit's own.
         Returns (outputs of the joiners and of requests failed while admitting, the step's stats,
         the ids finished in core.step's order)."""
         core = rep.core
@@ -342,7 +344,8 @@ class ClusterSimulation:
         ex = rep.executor
         kv = sched.kv
         policy = type(sched.batch_policy)
-        if ((policy is not MixedBatches and policy is not PrefillFirst) or kv.enable_caching
+        if ((policy is not MixedBatches and policy is not PrefillFirst)
+                or (kv.enable_caching and (rep.lazy is not None or policy is not MixedBatches))
                 or kv.host is not None or kv.num_groups > 1 or kv.sliding_window is not None
                 or sched.spec is not None or ex.spec is not None or ex.draft is not None
                 or core.executor is not ex or sched._stalled or sched.failed_outputs):
