@@ -332,8 +332,8 @@ def _apply_uncached(scheduler: Scheduler, end_times: list[float],
 
 
 def schedule_decode_half(scheduler: Scheduler, get: Callable[[str, int], int], default: int,
-                         known: Mapping[str, list[int]] | None = None
-                         ) -> tuple[int, list[Request], int] | None:
+                         known: Mapping[str, list[int]] | None = None, count: int | None = None,
+                         extra: int = 0) -> tuple[int, list[Request], int] | None:
     """A step's schedule() and the token part of its update_from_output() for its running requests,
     when all are plain decodes with room for their blocks (decode_plan(.., 1)'s checks but the waiting
     one, made in this pass; a failed one rolls back what the pass did and returns None), without
@@ -344,7 +344,9 @@ def schedule_decode_half(scheduler: Scheduler, get: Callable[[str, int], int], d
     allocate_slots' one-table calls in running order after the pass: its new blocks, then
     cache_blocks, as schedule()'s plain_head would; the pass appended only the sampled token,
     past every block it registers. known (as apply_decode_steps'): each decode's first
-    item advanced by one in this pass, the model runner's half of the step.
+    item advanced by one in this pass, the model runner's half of the step. count: the decodes are
+    the first count running requests (default all; the rest, a joiner in its chunk, the caller
+    schedules after them); extra: blocks the rest will take, which must fit with the decodes'.
 
     The waiting requests are then admitted as schedule() would after them (Scheduler._admit): nothing
     there reads the decodes' tokens. Returns the number of decodes (the running requests), those at
@@ -353,8 +355,10 @@ def schedule_decode_half(scheduler: Scheduler, get: Callable[[str, int], int], d
     """
     kv = scheduler.kv
     running = scheduler.running
+    if count is not None and count < len(running):
+        running = running[:count]  # the decodes: the rest are scheduled after them by the caller
     if (scheduler.loading or scheduler.loaded or kv.load_jobs or not running
-            or len(running) > scheduler.config.max_num_batched_tokens
+            or len(scheduler.running) > scheduler.config.max_num_batched_tokens
             or (kv.enable_caching and not kv._one_table)):
         return None
     last = running[-1]  # the last joiner, when a join step fails: still in a chunk (no pass, no rollback)
@@ -420,7 +424,7 @@ def schedule_decode_half(scheduler: Scheduler, get: Callable[[str, int], int], d
         takers.append((blocks, need))
         total += need
         req.fast_decode_limit = (have + need) * bs
-    if total and total > kv.pool.free_queue.num_free:  # decode_plan's _fit_blocks for one step
+    if (total or extra) and total + extra > kv.pool.free_queue.num_free:  # decode_plan's _fit_blocks for one step
         # Each allocate_slots call fails only past the free blocks (cache_blocks frees none).
         _undo_decode_half(running, len(running), limits, known)
         return None
