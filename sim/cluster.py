@@ -379,7 +379,7 @@ class ClusterSimulation:
             if last is not None and (len(last.all_token_ids) - last.num_computed_tokens != 1
                                      or not last.output_token_ids):
                 # A joiner still in its chunk after the decodes: scheduled after them (as lazy's tail).
-                tail = _tail_plan(sched, count - 1)
+                tail = _tail_plan(sched, count - 1) if count > 1 else None
                 if tail is None:
                     return None
                 count -= 1
@@ -567,8 +567,9 @@ class ClusterSimulation:
 
 
 def _in_chunk(running: list[Request]) -> bool:
-    """Whether the last running request is still in its prompt (a join step's tail: _join_step)."""
-    if not running:
+    """Whether the last running request is still in its prompt after decodes (a join step's tail:
+    _join_step; alone, a prompt's chunk is core.step's: there is no decode half to save)."""
+    if len(running) < 2:
         return False
     last = running[-1]
     return len(last.all_token_ids) - last.num_computed_tokens != 1 or not last.output_token_ids
