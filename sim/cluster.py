@@ -285,7 +285,8 @@ class ClusterSimulation:
                 if tier is not None:
                     tier.now = t
                 joined = (self._join_step(rep, t) if self.join_steps and self.fast_forward and tier is None
-                          and (len(sched.waiting) > 0 or (lazy is not None and lazy.active and lazy.tail()))
+                          and (len(sched.waiting) > 0 or (lazy.active and lazy.tail() if lazy is not None
+                                                          else _in_chunk(sched.running)))
                           and not rep.executor.waking else None)
                 if joined is not None:
                     outputs, stats, finished = joined
@@ -333,8 +334,10 @@ class ClusterSimulation:
 
         Same KV hand-out order, token counts, finishes (decodes, then joiners, freed in that order),
         executor totals and step record as core.step; None (nothing done) where it does not apply:
-        a batch policy other than mixed, a prefix cache, host tier or KV groups, speculation, a
-        request not plainly decoding, or no room for the decodes' blocks.
+        a batch policy other than mixed, a prefix cache with lazy decodes or prefill-first (with one,
+        only schedule_decode_half's pass, which registers the blocks the decodes fill as
+        allocate_slots does), host tier or KV groups, speculation, a request not plainly decoding,
+        or no room for the decodes' blocks. A joiner's prefix hits are Scheduler._admit's own.
         Returns (outputs of the joiners and of requests failed while admitting, the step's stats,
         the ids finished in core.step's order)."""
         core = rep.core
@@ -342,7 +345,8 @@ class ClusterSimulation:
         ex = rep.executor
         kv = sched.kv
         policy = type(sched.batch_policy)
-        if ((policy is not MixedBatches and policy is not PrefillFirst) or kv.enable_caching
+        if ((policy is not MixedBatches and policy is not PrefillFirst)
+                or (kv.enable_caching and (rep.lazy is not None or policy is not MixedBatches))
                 or kv.host is not None or kv.num_groups > 1 or kv.sliding_window is not None
                 or sched.spec is not None or ex.spec is not None or ex.draft is not None
                 or core.executor is not ex or sched._stalled or sched.failed_outputs):
@@ -368,13 +372,25 @@ class ClusterSimulation:
             return None  # prefill-first without lazy decodes: core.step
         else:
             lazy = None
+            running = sched.running
+            count = len(running)
+            extra = 0
+            last = running[-1] if running else None
+            if last is not None and (len(last.all_token_ids) - last.num_computed_tokens != 1
+                                     or not last.output_token_ids):
+                # A joiner still in its chunk after the decodes: scheduled after them (as lazy's tail).
+                tail = _tail_plan(sched, count - 1) if count > 1 else None
+                if tail is None:
+                    return None
+                count -= 1
+                extra = sum(need for _, _, need, _ in tail)
             # decode_plan's checks, waiting aside; the executor's known lengths advanced in the same pass.
-            half = schedule_decode_half(sched, ex.tokens.get, DEFAULT_TOKEN, ex.state)
+            half = schedule_decode_half(sched, ex.tokens.get, DEFAULT_TOKEN, ex.state, count, extra)
         if half is None:
             return None
         n, done, context = half
         cfg = sched.config
-        decodes = sched.running[:] if self.keep_token_times else ()
+        decodes = sched.running[:n] if self.keep_token_times else ()
         num_scheduled: dict[str, int] = {}
         new_reqs: list = []
         budget = cfg.max_num_batched_tokens - n
@@ -548,6 +564,15 @@ class ClusterSimulation:
                              [r.load.routed for r in self.replicas],
                              [r.busy_time for r in self.replicas], self.router.name,
                              getattr(self.router, "num_spills", 0))
+
+
+def _in_chunk(running: list[Request]) -> bool:
+    """Whether the last running request is still in its prompt after decodes (a join step's tail:
+    _join_step; alone, a prompt's chunk is core.step's: there is no decode half to save)."""
+    if len(running) < 2:
+        return False
+    last = running[-1]
+    return len(last.all_token_ids) - last.num_computed_tokens != 1 or not last.output_token_ids
 
 
 def _tail_plan(sched, n: int) -> list[tuple[Request, int, int, bool]] | None:

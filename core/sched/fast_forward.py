@@ -332,15 +332,21 @@ def _apply_uncached(scheduler: Scheduler, end_times: list[float],
 
 
 def schedule_decode_half(scheduler: Scheduler, get: Callable[[str, int], int], default: int,
-                         known: Mapping[str, list[int]] | None = None
-                         ) -> tuple[int, list[Request], int] | None:
+                         known: Mapping[str, list[int]] | None = None, count: int | None = None,
+                         extra: int = 0) -> tuple[int, list[Request], int] | None:
     """A step's schedule() and the token part of its update_from_output() for its running requests,
     when all are plain decodes with room for their blocks (decode_plan(.., 1)'s checks but the waiting
     one, made in this pass; a failed one rolls back what the pass did and returns None), without
-    a prefix cache, host tier or KV groups: one token computed and one sampled (from get) each, and
-    the new blocks of those at a block boundary, in running order (one pool call: the ids
-    per-request allocate_slots calls give). known (as apply_decode_steps'): each decode's first
-    item advanced by one in this pass, the model runner's half of the step.
+    a host tier or KV groups: one token computed and one sampled (from get) each, and the new
+    blocks of those at a block boundary, in running order (without a prefix cache one pool call:
+    the ids per-request allocate_slots calls give). With a prefix cache, each request whose step
+    is not allocate_slots' no-op (a new block, or a block it fills to register) makes
+    allocate_slots' one-table calls in running order after the pass: its new blocks, then
+    cache_blocks, as schedule()'s plain_head would; the pass appended only the sampled token,
+    past every block it registers. known (as apply_decode_steps'): each decode's first
+    item advanced by one in this pass, the model runner's half of the step. count: the decodes are
+    the first count running requests (default all; the rest, a joiner in its chunk, the caller
+    schedules after them); extra: blocks the rest will take, which must fit with the decodes'.
 
     The waiting requests are then admitted as schedule() would after them (Scheduler._admit): nothing
     there reads the decodes' tokens. Returns the number of decodes (the running requests), those at
@@ -349,15 +355,21 @@ def schedule_decode_half(scheduler: Scheduler, get: Callable[[str, int], int], d
     """
     kv = scheduler.kv
     running = scheduler.running
+    if count is not None and count < len(running):
+        running = running[:count]  # the decodes: the rest are scheduled after them by the caller
     if (scheduler.loading or scheduler.loaded or kv.load_jobs or not running
-            or len(running) > scheduler.config.max_num_batched_tokens):
+            or len(scheduler.running) > scheduler.config.max_num_batched_tokens
+            or (kv.enable_caching and not kv._one_table)):
         return None
     last = running[-1]  # the last joiner, when a join step fails: still in a chunk (no pass, no rollback)
     if len(last.all_token_ids) - last.num_computed_tokens != 1 or not last.output_token_ids:
         return None
     bs = kv.block_size
     held = kv.req_to_blocks
+    caching = kv.enable_caching
+    counts = kv.num_cached_blocks
     takers: list[tuple[list, int]] = []
+    crossers: list[tuple[Request, list, int]] = []  # with a prefix cache: (request, block table, new blocks)
     limits: list[tuple[Request, int]] = []  # fast_decode_limit before this pass changed it
     total = 0
     context = 0
@@ -391,6 +403,20 @@ def schedule_decode_half(scheduler: Scheduler, get: Callable[[str, int], int], d
         blocks = held[rid]
         have = len(blocks)
         limits.append((req, req.fast_decode_limit))
+        if caching:
+            # allocate_slots(req, 1) at c: a no-op when its blocks hold end tokens and no block
+            # fills (plain_head's refresh then stores fast_decode_limit's value, as below).
+            registered = counts[rid]
+            if end <= have * bs and end // bs <= registered:
+                limit = (registered + 1) * bs - 1
+                req.fast_decode_limit = limit if limit < have * bs else have * bs
+                continue
+            need = -(-end // bs) - have
+            if need < 0:
+                need = 0
+            crossers.append((req, blocks, need))
+            total += need
+            continue
         if end <= have * bs:
             req.fast_decode_limit = have * bs
             continue
@@ -398,10 +424,25 @@ def schedule_decode_half(scheduler: Scheduler, get: Callable[[str, int], int], d
         takers.append((blocks, need))
         total += need
         req.fast_decode_limit = (have + need) * bs
-    if total:
-        if total > kv.pool.free_queue.num_free:  # decode_plan's _fit_blocks for one step
-            _undo_decode_half(running, len(running), limits, known)
-            return None
+    if (total or extra) and total + extra > kv.pool.free_queue.num_free:  # decode_plan's _fit_blocks for one step
+        # Each allocate_slots call fails only past the free blocks (cache_blocks frees none).
+        _undo_decode_half(running, len(running), limits, known)
+        return None
+    if crossers:
+        # allocate_slots' one-table path for each, in running order (the pool may evict cached
+        # blocks and cache_blocks may take keys: their order is schedule()'s).
+        get_new_blocks = kv.pool.get_new_blocks
+        cache_blocks = kv.cache_blocks
+        for req, blocks, need in crossers:
+            if need:
+                blocks.extend(get_new_blocks(need))
+            end = req.num_computed_tokens
+            if end // bs > counts[req.request_id]:
+                cache_blocks(req, end)
+            have = len(blocks)
+            limit = (counts[req.request_id] + 1) * bs - 1  # fast_loop.fast_decode_limit
+            req.fast_decode_limit = limit if limit < have * bs else have * bs
+    if total and not crossers:
         new = kv.pool.get_new_blocks(total)
         j = 0
         for blocks, need in takers:

@@ -44,14 +44,16 @@ def _run_checked(cfg) -> dict[str, int]:
     execute = DecodeExecutor.execute
     step_time = _Discounted.step_time
 
-    def checked(self, so):
+    def checked(self, so, decodes=None):
+        # decodes: a join step's decode half (sim.cluster._join_step), plain decodes outside so: past
+        # their transferred tokens, so the full scan over so is still the reference.
         want = _full_scan(self, so)
         cached = so.scheduled_cached_reqs
         if any(done < self.transferred.get(r, 0) for r, done in zip(cached.req_ids, cached.num_computed_tokens)):
             counts["chunked"] += 1  # a running request still in its transferred tokens
         counts["preempted"] += len(so.preempted_req_ids)
         seen.clear()
-        out = execute(self, so)
+        out = execute(self, so, decodes)
         assert seen and seen[0] == want
         counts["steps"] += 1
         return out
