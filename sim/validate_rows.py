@@ -25,7 +25,7 @@ from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, AssumedWo
                                             NotExpressible, assume_workers, folded_layout, inferred_attention_dp,
                                             missing_worker_counts)
 from twinserve.sim.validate_engines import engine_defaults
-from twinserve.sim.validate_inferencex import MTP_DEPTH_NOT_GIVEN, inferencex_workers
+from twinserve.sim.validate_inferencex import inferencex_workers
 from twinserve.sim.validate_recipes import apply_recipe, apply_speculative, row_recipe, set_mtp
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, STEADY, RunDesign, run_design
 from twinserve.sim.workload import WorkloadConfig
@@ -418,8 +418,8 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     plan = RowPlan(cfg)
     ix = inferencex_workers(row) if missing_worker_counts(row) else None
     if ix is not None:  # the counts and layouts InferenceX's run matrix gives the row
-        plan.layout, plan.counts = ix.note(), (pre.count, dec.count)
-        if ix.mtp is not None and ix.mtp != MTP_DEPTH_NOT_GIVEN:  # its entry ran MTP at a given depth
+        plan.layout, plan.counts = ix.note(conc), (pre.count, dec.count)
+        if ix.simulates_mtp(conc):  # its entry ran MTP at a given depth
             set_mtp(cfg.speculative, ix.mtp)
     elif missing_worker_counts(row):
         if disagg is None:

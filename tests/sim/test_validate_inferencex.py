@@ -44,9 +44,9 @@ def test_a_matched_row_runs_the_files_workers_and_layouts(rows, row_id: str) -> 
     prefill = {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 4, "engine.expert_parallel_size": 4}
     decode = {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 8, "engine.expert_parallel_size": 8}
     assert c.replicas == [prefill] * 5 + [decode] * 2
-    assert plan.layout.startswith("InferenceX config: 5 prefill, 2 decode workers; ran MTP 3 (simulated")
-    spec = plan.cfg.speculative  # the entry's MTP depth drafts with the model's own NextN layer
-    assert (spec.method, spec.draft_model, spec.num_speculative_tokens) == ("draft_model", "mtp", 3)
+    # 658 clients: past MTP_SIMULATED_MAX_CLIENTS the entry's MTP is recorded, and says it is not simulated.
+    assert plan.layout.startswith("InferenceX config: 5 prefill, 2 decode workers; ran MTP 3 (not simulated past")
+    assert not plan.cfg.speculative.enabled
     rec = row_record(row)
     assert rec["layout"] == plan.layout
     assert rec["gpus"] == 5 * 4 + 2 * 8
@@ -125,3 +125,14 @@ def test_an_mtp_entry_without_a_depth_says_so(rows) -> None:
     assert plan.counts == (1, 6)
     assert plan.layout.startswith("InferenceX config: 1 prefill, 6 decode workers; ran MTP, depth not given")
     assert plan.cfg.cluster.replicas == [{"engine.tensor_parallel_size": 8}] * 7
+
+
+# B200 FP8 TensorRT-LLM 1k/1k at 8 clients: 1 prefill, 8 decode workers, MTP 3 (nvidia-master.yaml @0004cf5).
+MTP_FEW_CLIENTS = "2026_03_25_deepseek_r1_b200_sxm_trtllm_fp8_disagg_1024x1024_c8_tp8_0_ep8_0_392"
+
+
+def test_an_mtp_entry_with_few_clients_drafts_with_the_models_own_layer(rows) -> None:
+    plan = row_plan(_row(rows, MTP_FEW_CLIENTS))
+    assert plan.counts == (1, 8) and "ran MTP 3 (simulated" in plan.layout
+    spec = plan.cfg.speculative
+    assert (spec.method, spec.draft_model, spec.num_speculative_tokens) == ("draft_model", "mtp", 3)
