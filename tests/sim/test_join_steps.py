@@ -58,14 +58,7 @@ def _prefix_cache(kv) -> tuple:
        budget=st.sampled_from([64, 256, 2048]), times=st.booleans(), turns=st.sampled_from([1, 1, 2]))
 def test_join_steps_give_every_figure_core_step_gives(n, count, replicas, disagg, seed, blocks, budget, times,
                                                       turns) -> None:
-    fields = dict(concurrency=n, num_requests=count, warmup_requests=0, num_replicas=replicas,
-                  num_prefill_replicas=1 if disagg and replicas > 1 else 0, seed=seed, turns=turns,
-                  followup_tokens=8, max_model_len=1024, max_num_batched_tokens=budget,
-                  enable_prefix_caching=False, prompt_dist="uniform", prompt_min=16, prompt_max=300,
-                  output_dist="uniform", output_min=2, output_max=60)
-    if blocks:
-        fields["num_gpu_blocks"] = blocks  # a small pool: full pools, preemptions, waits
-    cfg = small_config(**fields)
+    cfg = _cached_config(n, count, replicas, disagg, seed, blocks, budget, turns, 0, caching=False)
     stepped, none = _run(cfg, False, times)
     joined, used = _run(cfg, True, times)
     assert none == 0
@@ -111,11 +104,12 @@ def test_a_declined_join_step_leaves_the_batch_as_it_was(monkeypatch) -> None:
     assert joined == stepped
 
 
-def _cached_config(n, count, replicas, disagg, seed, blocks, budget, turns, system_prompts):
+def _cached_config(n, count, replicas, disagg, seed, blocks, budget, turns, system_prompts, caching=True):
+    """A cluster study of n closed-loop clients (a prefix cache unless caching=False)."""
     fields = dict(concurrency=n, num_requests=count, warmup_requests=0, num_replicas=replicas,
                   num_prefill_replicas=1 if disagg and replicas > 1 else 0, seed=seed, turns=turns,
                   followup_tokens=8, max_model_len=1024, max_num_batched_tokens=budget,
-                  enable_prefix_caching=True, prompt_dist="uniform", prompt_min=16, prompt_max=300,
+                  enable_prefix_caching=caching, prompt_dist="uniform", prompt_min=16, prompt_max=300,
                   output_dist="uniform", output_min=2, output_max=60)
     if system_prompts:
         # Shared prefixes (a few, Zipf-drawn): joiners hit blocks the running requests registered.
