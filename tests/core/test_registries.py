@@ -11,7 +11,7 @@ from twinserve.core.kv.hashing import HASH_FUNCTIONS
 from twinserve.core.kv.host_policies import HOST_EVICTION_POLICIES
 from twinserve.core.sched.batch_policy import BATCH_POLICIES, make_batch_policy
 from twinserve.core.routing import ROUTERS, UnknownRouterError, make_router
-from twinserve.core.sched.config import SCHEDULER_CHOICES
+from twinserve.core.sched.config import CAPACITY_POLICIES, SCHEDULER_CHOICES
 from twinserve.core.sched.policies import (PREEMPTION_CHOICES, PREEMPTION_POLICIES, QUEUE_POLICIES,
                                            make_preemption_policy, make_queue)
 from twinserve.sim.config import from_dict
@@ -43,10 +43,11 @@ def test_each_registry_builds_what_its_name_says() -> None:
     assert SCHEDULER_CHOICES == {"policy": tuple(QUEUE_POLICIES), "preemption": PREEMPTION_CHOICES,
                                  "prefix_caching_hash_algo": tuple(HASH_FUNCTIONS),
                                  "kv_offloading_policy": tuple(HOST_EVICTION_POLICIES),
-                                 "batch_policy": tuple(BATCH_POLICIES)}
+                                 "batch_policy": tuple(BATCH_POLICIES), "capacity_policy": CAPACITY_POLICIES}
 
 
-@pytest.mark.parametrize("field", ["policy", "preemption", "prefix_caching_hash_algo", "batch_policy"])
+@pytest.mark.parametrize("field", ["policy", "preemption", "prefix_caching_hash_algo", "batch_policy",
+                                   "capacity_policy"])
 def test_a_name_outside_the_registry_is_a_typed_error_listing_the_registry(field: str) -> None:
     with pytest.raises(InvalidConfigError, match=", ".join(repr(c) for c in SCHEDULER_CHOICES[field])):
         SchedulerConfig(**{field: "nonesuch"})
