@@ -51,12 +51,15 @@ def _run(tree: Path, config: str, workers: int, core: int | None, out: Path) -> 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--old", required=True, type=Path)
-    ap.add_argument("--new", default=Path("."), type=Path)
-    ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--core", type=int, default=1, help="pinned core with --workers 1")
-    ap.add_argument("--config", default="experiments/llama3_70b_fp8_h200.toml")
+    ap.add_argument("--old", required=True, type=Path,
+                    help="the baseline tree (a worktree with its own .venv), run first in each pair")
+    ap.add_argument("--new", default=Path("."), type=Path,
+                    help="the tree under test, with its own .venv (default: this one)")
+    ap.add_argument("--pairs", type=int, default=3, help="old-then-new pairs to run (default 3)")
+    ap.add_argument("--workers", type=int, default=1, help="the search's --workers (default 1)")
+    ap.add_argument("--core", type=int, default=1, help="the core a one-worker search is pinned to (default 1)")
+    ap.add_argument("--config", default="experiments/llama3_70b_fp8_h200.toml",
+                    help="the study TOML, relative to each tree (default: the FP8 H200 question)")
     args = ap.parse_args()
     core = args.core if args.workers == 1 else None
     trees = {"old": args.old.resolve(), "new": args.new.resolve()}
@@ -77,8 +80,8 @@ def main() -> int:
     print(f"uptime after: {os.popen('uptime').read().strip()}")
     print(f"new/old CPU: median {sorted(ratios)[len(ratios) // 2]:.3f}, "
           f"range {min(ratios):.3f}-{max(ratios):.3f}")
-    ref = {f: (work / "old0" / f).read_bytes() for f in FILES}
-    same_csv = all((work / f"{name}{i}" / FILES[0]).read_bytes() == ref[FILES[0]]
+    ref = (work / "old0" / FILES[0]).read_bytes()
+    same_csv = all((work / f"{name}{i}" / FILES[0]).read_bytes() == ref
                    for name in trees for i in range(args.pairs))
     runs = _content(work / "old0" / FILES[1])
     same_runs = all(_content(work / f"{name}{i}" / FILES[1]) == runs
