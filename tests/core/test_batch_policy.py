@@ -255,3 +255,27 @@ def test_batch_wait_is_the_mixed_policys_only() -> None:
     import pytest
     with pytest.raises(InvalidConfigError, match="batch_wait_iters"):
         SchedulerConfig(batch_policy="prefill_first", batch_wait_iters=20, batch_wait_tokens_ratio=0.9)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.sampled_from([1, 3, 20]), st.sampled_from([0.3, 0.9, 1.0]))
+def test_batch_wait_ends_every_request_with_exact_outputs_and_holds_at_most_its_iterations(w, iters, ratio) -> None:
+    cfg, arrivals = w
+    cfg = SchedulerConfig(**{**_fields(cfg), "batch_policy": "mixed", "batch_wait_iters": iters,
+                             "batch_wait_tokens_ratio": ratio})
+    last = [0]  # the policy's count after the step before
+
+    def check(core, so, waiting_before):
+        count = core.scheduler.batch_policy.count
+        assert count <= iters  # never more than batch_wait_iters held steps in a row
+        if count > last[0]:  # a held step: nothing admitted
+            assert count == last[0] + 1 and not so.scheduled_new_reqs
+        last[0] = count
+        assert so.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
+
+    core, log = drive(cfg, arrivals, check=check)
+    ex = FakeExecutor(block_size=cfg.block_size)
+    for a in arrivals:
+        assert log.outputs[a.request.request_id] == reference_output(ex, a.request, cfg.max_model_len)
+    kv = core.scheduler.kv
+    assert kv.num_free_blocks == cfg.num_blocks and not kv.req_to_blocks
