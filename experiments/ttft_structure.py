@@ -24,7 +24,8 @@ poll now runs in the row studies: sim/validate_recipes.py, docs/validate-accurac
 
 --frontend-refit: every priced row (aggregated and disaggregated) of each engine: the median |TTFT error|
 with FRONTEND_LATENCY_S as set, the latency minimising it in sample (5 ms grid), and the same fit with
-each development model left out (the left-out model's rows priced with the others' latency).
+each development model left out (the left-out model's rows priced with the others' latency); --models
+M1,M2 and --agg keep only those models' / the aggregated rows.
 """
 
 from __future__ import annotations
@@ -158,9 +159,13 @@ def sglang_recipe(path: str) -> None:
               f"first token held by the recipe {e1.abs().median():.1%} ({e1.median():+.0%})")
 
 
-def frontend_refit(path: str) -> None:
-    """The --frontend-refit table (see the module docstring)."""
+def frontend_refit(path: str, models: list[str] | None = None, agg_only: bool = False) -> None:
+    """The --frontend-refit table (see the module docstring); models / agg_only: only those rows."""
     d = load_all(path)
+    if models:
+        d = d[d["model"].isin(models)]
+    if agg_only:
+        d = d[d["mode"] == "agg"]
     for backend, g in d.groupby("backend"):
         now = np.median(np.abs(_err(g, 1000 * FRONTEND_LATENCY_S.get(str(backend), 0.0), 0)))
         best = _best(g, 0)
@@ -179,9 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sglang-recipe", action="store_true", help="SGLang rows with their recipes' first-token hold")
     p.add_argument("--frontend-refit", action="store_true", help="FRONTEND_LATENCY_S refitted per engine, "
                    "each development model left out")
+    p.add_argument("--models", help="with --frontend-refit: only these development models' rows (comma-separated)")
+    p.add_argument("--agg", action="store_true", help="with --frontend-refit: aggregated rows only")
     args = p.parse_args(argv)
     if args.frontend_refit:
-        frontend_refit(args.validation)
+        frontend_refit(args.validation, args.models.split(",") if args.models else None, args.agg)
         return 0
     if args.sglang_recipe:
         sglang_recipe(args.validation)

@@ -30,10 +30,16 @@ Flags and what the simulator does with them:
   The rows carry no speculative-decoding field: InferenceX's config (`.github/configs/nvidia-master.yaml`)
   runs its MTP and non-MTP DeepSeek-R1 B200 TensorRT-LLM benchmarks from different images, which the
   rows' backend_version names (MTP_IMAGES).
+- `batch_wait_timeout_iters`, `batch_wait_max_tokens_ratio` (TensorRT-LLM, `--extra_llm_api_options`):
+  while requests decode, new prompts wait up to N iterations unless the step's tokens reach ratio x
+  max_num_tokens: SchedulerConfig.batch_wait_iters / batch_wait_tokens_ratio (core/sched/batch_policy.py
+  MixedBatchWait). `--max_num_tokens` (TensorRT-LLM): the step budget, SchedulerConfig.max_num_batched_tokens,
+  with chunked prefill off as the PyTorch backend runs by default (`enable_chunked_prefill: False`,
+  llmapi/llm_args.py; no recipe read here turns it on).
 - Not modelled (said so, not approximated): speculative decoding elsewhere (GLM-5's EAGLE flags; MTP
   where nothing tells MTP runs from others: H200's rows up to 64 clients, SGLang's, the disaggregated
   Dynamo recipes), attention backends and kernel choices, CUDA-graph batch caps, TensorRT-LLM's batch
-  waits.
+  waits under attention DP (`attention_dp_config`).
 """
 
 from __future__ import annotations
@@ -57,6 +63,10 @@ class Recipe:
     max_running_requests: int = 0
     unmodelled: str = ""  # flags the script sets that the simulator does not reproduce
     mtp: int = 0  # tokens DeepSeek's multi-token-prediction layer drafts a step (0: no speculation)
+    max_num_tokens: int = 0  # TensorRT-LLM's --max_num_tokens (its step budget; chunked prefill off)
+    max_seq_len: int = 0  # TensorRT-LLM's --max_seq_len (SchedulerConfig.max_model_len)
+    batch_wait_iters: int = 0  # TensorRT-LLM's batch_wait_timeout_iters
+    batch_wait_ratio: float = 0.0  # TensorRT-LLM's batch_wait_max_tokens_ratio
 
 
 DEFAULT = Recipe("no InferenceX recipe known for this row: the engine's defaults")
@@ -109,12 +119,51 @@ def _qwen35_fp8_b200(isl: int, osl: int, conc: int, tp: int) -> Recipe:
                   unmodelled="--attention-backend trtllm_mha, --tokenizer-worker-num 6, --cuda-graph-max-bs")
 
 
+# InferenceX's single-node MAX_MODEL_LEN for a row of ISL / OSL: `isl + osl + 200`, the sweep generator's
+# single-node entry (utils/matrix_logic/generate_sweep_configs.py, `Fields.MAX_MODEL_LEN.value`, in the late-2025
+# trees; later trees add 256). The Llama-3.1-70B TensorRT-LLM rows were measured 2025-10-29 (their
+# silicon_data_source).
+def _inferencex_max_model_len(isl: int, osl: int) -> int:
+    return isl + osl + 200
+
+
+def _llama70b_trt(isl: int, osl: int, conc: int, tp: int, *, script: str, max_num_tokens: int) -> Recipe:
+    # benchmarks/70b_fp{8,4}_{b200,h200}_trt_slurm.sh: "For 1k/1k, use batch_wait_max_tokens_ratio and
+    # batch_wait_timeout_iters": 0.9 and 20 when ISL == OSL == 1024 and TP < 8, neither otherwise;
+    # stream_interval 10 (the first token is sent at once: py_executor.py `_handle_responses`,
+    # `py_decoding_iter == 1`), kv_cache_config dtype fp8, block reuse off.
+    wait = (isl, osl) == (1024, 1024) and tp < 8
+    return Recipe(f"{_INFERENCEX_REPO} {script}", stream_interval=10, max_num_tokens=max_num_tokens,
+                  max_seq_len=_inferencex_max_model_len(isl, osl),  # `--max_seq_len $MAX_MODEL_LEN`
+                  batch_wait_iters=20 if wait else 0, batch_wait_ratio=0.9 if wait else 0.0,
+                  unmodelled="cuda_graph_config (padding, batch 1024), --num_postprocess_workers 2")
+
+
+def _llama70b_fp8_b200_trt(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+    return _llama70b_trt(isl, osl, conc, tp, script="benchmarks/70b_fp8_b200_trt_slurm.sh @a267b4b",
+                         max_num_tokens=16384)  # `--max_num_tokens 16384`
+
+
+def _llama70b_fp4_b200_trt(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+    # InferenceX's B200 docker runner (runners/launch_b200-nvd.sh @03a48b8) runs
+    # `benchmarks/${EXP_NAME%%_*}_${PRECISION}_b200_trt_docker.sh`, whose 70b FP4 script sets
+    # `--max_num_tokens 16384` like the FP8 one; the Slurm variant (70b_fp4_b200_trt_slurm.sh @73ef922) passes
+    # $MAX_MODEL_LEN instead. Which runner measured a row is not recorded: the docker one is taken.
+    return _llama70b_trt(isl, osl, conc, tp, script="benchmarks/70b_fp4_b200_trt_docker.sh @c2faa3d",
+                         max_num_tokens=16384)  # `--max_num_tokens 16384`
+
+
+def _llama70b_fp8_h200_trt(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+    return _llama70b_trt(isl, osl, conc, tp, script="benchmarks/70b_fp8_h200_trt_slurm.sh @73ef922",
+                         max_num_tokens=_inferencex_max_model_len(isl, osl))  # `--max_num_tokens $MAX_MODEL_LEN`
+
+
 # (backend, model, system, precision) -> the recipe for the row's (ISL, OSL, clients, TP). Models with
 # InferenceX rows and no entry: looked up, no script found for that backend x GPU (the defaults stand):
 # SGLang DeepSeek-V3 as such (its InferenceX rows are dsr1 configurations: recipe_model), SGLang DeepSeek-R1
 # (dsr1) on GB200 aggregated, GLM-5 on H200 / B300 and FP4,
-# Qwen3.5 on H200 / B300 and BF16 / FP4. vLLM and TensorRT-LLM rows: their recipes set no flag the
-# simulator models differently from the defaults it runs (docs/validate-accuracy.md, 2026-12-05 notes).
+# Qwen3.5 on H200 / B300 and BF16 / FP4. vLLM rows, and TensorRT-LLM's but Llama-3.1-70B's: their recipes set
+# no flag the simulator models differently from the defaults it runs (docs/validate-accuracy.md, 2026-12-05 notes).
 RECIPES: dict[tuple[str, str, str, str], Callable[[int, int, int, int], Recipe]] = {
     ("sglang", "DeepSeek-R1", "h200_sxm", "fp8"): _dsr1_fp8_h200,
     ("sglang", "DeepSeek-R1", "b200_sxm", "fp8"): _dsr1_fp8_b200,
@@ -123,6 +172,9 @@ RECIPES: dict[tuple[str, str, str, str], Callable[[int, int, int, int], Recipe]]
     ("sglang", "DeepSeek-R1", "b300_sxm", "fp4"): _dsr1_fp4_b300,
     ("sglang", "GLM-5", "b200_sxm", "fp8"): _glm5_fp8_b200,
     ("sglang", "Qwen3.5-397B-A17B", "b200_sxm", "fp8"): _qwen35_fp8_b200,
+    ("trtllm", "Llama-3.1-70B", "b200_sxm", "fp8"): _llama70b_fp8_b200_trt,
+    ("trtllm", "Llama-3.1-70B", "b200_sxm", "fp4"): _llama70b_fp4_b200_trt,
+    ("trtllm", "Llama-3.1-70B", "h200_sxm", "fp8"): _llama70b_fp8_h200_trt,
 }
 
 
@@ -228,6 +280,13 @@ def apply_recipe(recipe: Recipe, sched: Any) -> None:
         sched.max_prefill_tokens = recipe.max_prefill_tokens
     if recipe.max_running_requests:
         sched.max_num_seqs = recipe.max_running_requests
+    if recipe.max_seq_len:
+        sched.max_model_len = recipe.max_seq_len
+    if recipe.max_num_tokens:  # TensorRT-LLM's budget, prompts whole (chunked prefill off)
+        sched.max_num_batched_tokens = recipe.max_num_tokens
+        sched.enable_chunked_prefill = False
+    sched.batch_wait_iters = recipe.batch_wait_iters
+    sched.batch_wait_tokens_ratio = recipe.batch_wait_ratio
 
 
 def apply_speculative(recipe: Recipe, spec: Any) -> None:

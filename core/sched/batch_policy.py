@@ -14,6 +14,11 @@
   len(self.can_run_list) != 0` -> stop), SchedulerConfig.max_prefill_tokens here.
   Decodes join a prefill batch only with `--enable-mixed-chunk` (off by default: server_args.py
   `enable_mixed_chunk: bool = False`), which is what `mixed` models.
+- `mixed` with a batch wait (SchedulerConfig.batch_wait_iters / batch_wait_tokens_ratio; TensorRT-LLM's
+  `batch_wait_timeout_iters` / `batch_wait_max_tokens_ratio`, both 0 by default there and here): while
+  requests decode, new prompts are held back from the step until they have waited that many steps or
+  the step's tokens (the held prompts' whole lengths plus one a decode) reach ratio x the step budget
+  (MixedBatchWait).
 """
 
 from __future__ import annotations
@@ -129,12 +134,77 @@ class PrefillFirst:
         return so, stuck
 
 
+class MixedBatchWait(MixedBatches):
+    """`mixed` steps whose admissions wait while requests decode, as TensorRT-LLM's batch waiting does.
+
+    TensorRT-LLM's PyTorch executor (tensorrt_llm/_torch/pyexecutor/py_executor.py, `_schedule` and
+    `_waiting_requests`): when a step's schedule holds context requests *and* generation requests (not
+    under attention DP), the context requests are dropped from the step unless
+    `batch_wait_iters_count >= batch_wait_timeout_iters` or the step's tokens (each context request's
+    whole prompt, `len(get_tokens(0))`, plus one a generation request and its drafts)
+    `>= batch_wait_max_tokens_ratio * max_num_tokens`. A held step adds one to the count; a released one
+    zeroes it; a step with no context or no generation request leaves it as it is.
+
+    Here the context requests are the waiting requests `_admit` would take first (queue order, each
+    whole prompt while it fits the budget left by the decodes, up to the sequence cap; a chunked one
+    with its chunk) and the generation requests the running decodes. Not modelled: a running prompt
+    part-way through its chunks is never held (TensorRT-LLM would hold it too), and the KV room an
+    admission needs is not asked before counting a held step. Its own type, so the simulators' decode
+    fast paths, which admit without the batch policy (sim/cluster.py `_join_step`), leave it alone.
+    """
+
+    name = "mixed"
+
+    def __init__(self, iters: int, ratio: float) -> None:
+        self.iters = iters
+        self.ratio = ratio
+        self.count = 0  # TensorRT-LLM's batch_wait_iters_count
+
+    def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
+        """A mixed step, without its admissions while the wait holds."""
+        if sched.waiting and self._holds(sched):
+            return sched.schedule_batch(now, admit=False)
+        return sched.schedule_batch(now)
+
+    def _holds(self, sched: Scheduler) -> bool:
+        """Whether this step's admissions wait (and the count, as TensorRT-LLM keeps it)."""
+        decodes = sum(1 for r in sched.running if not is_prefilling(r))
+        if not decodes:
+            return False  # "if no generation requests, no need to wait, to avoid dead waiting"
+        cfg = sched.config
+        budget = cfg.max_num_batched_tokens
+        room = budget - len(sched.running)
+        seats = cfg.max_num_seqs - len(sched.running)
+        prompt_tokens = 0
+        for req in sched.waiting:
+            if room <= 0 or seats <= 0:
+                break
+            need = req.num_tokens - req.num_computed_tokens
+            if need > room:
+                if not cfg.enable_chunked_prefill:
+                    break
+                need = room
+            prompt_tokens += need
+            room -= need
+            seats -= 1
+        if not prompt_tokens:
+            return False  # no context request this step
+        if self.count >= self.iters or prompt_tokens + decodes >= self.ratio * budget:
+            self.count = 0
+            return False
+        self.count += 1
+        return True
+
+
 BATCH_POLICIES: dict[str, type] = {"mixed": MixedBatches, "prefill_first": PrefillFirst}
 
 
-def make_batch_policy(name: str) -> BatchPolicy:
-    """The batch policy registered as `name`."""
+def make_batch_policy(name: str, batch_wait_iters: int = 0, batch_wait_tokens_ratio: float = 0.0) -> BatchPolicy:
+    """The batch policy registered as `name` (`mixed` with a batch wait: MixedBatchWait)."""
     try:
-        return BATCH_POLICIES[name]()
+        cls = BATCH_POLICIES[name]
     except KeyError:
         raise InvalidConfigError("batch_policy", name, ", ".join(repr(n) for n in BATCH_POLICIES)) from None
+    if cls is MixedBatches and (batch_wait_iters > 0 or batch_wait_tokens_ratio > 0):
+        return MixedBatchWait(batch_wait_iters, batch_wait_tokens_ratio)
+    return cls()

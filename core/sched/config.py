@@ -59,6 +59,15 @@ class SchedulerConfig:
                                    "its whole prompt fits in this less the step's tokens (SGLang's "
                                    "max_prefill_tokens)", unit="tokens", range=(1, _INT32_MAX),
                                    special={0: "no cap"})
+    # TensorRT-LLM's batch_wait_timeout_iters / batch_wait_max_tokens_ratio (llmapi TorchLlmArgs; 0 and 0.0 by
+    # default): core/sched/batch_policy.py MixedBatchWait.
+    batch_wait_iters: int = knob(0, help="mixed: while requests decode, new prompts wait up to this many steps "
+                                 "to batch together (TensorRT-LLM's batch_wait_timeout_iters)", unit="steps",
+                                 range=(0, _INT32_MAX), special={0: "no wait"})
+    batch_wait_tokens_ratio: float = knob(0.0, help="mixed: the wait ends early once the step's tokens (held "
+                                          "prompts and decodes) reach this share of max_num_batched_tokens, so "
+                                          "at 0 nothing waits (TensorRT-LLM's batch_wait_max_tokens_ratio)",
+                                          range=(0.0, 1.0))
     # SGLang's --scheduler-recv-interval (managers/scheduler_recv_skipper.py): Scheduler._received.
     recv_interval: int = knob(1, help="new requests are read only every this many decode steps (a step "
                               "with a prefill, or an idle engine, reads at once; SGLang's "
@@ -99,6 +108,10 @@ class SchedulerConfig:
         if len(self.kv_groups) > 1 and self.sliding_window:
             raise InvalidConfigError("sliding_window", self.sliding_window,
                                      "0 when kv_groups gives each group's window")
+        if (self.batch_wait_iters or self.batch_wait_tokens_ratio) and self.batch_policy != "mixed":
+            raise InvalidConfigError("batch_wait_iters", self.batch_wait_iters,
+                                     f"0 (no batch wait) with batch_policy {self.batch_policy!r}: the wait is "
+                                     "the mixed policy's (TensorRT-LLM's)")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise InvalidConfigError(
                 "max_num_batched_tokens", self.max_num_batched_tokens,

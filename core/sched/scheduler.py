@@ -62,7 +62,8 @@ class Scheduler(OutputUpdate):
         self.loaded: list[Request] = []
         self.waiting = make_queue(config.policy, config.aging_interval_s, config.max_model_len)
         self.preemption_policy = make_preemption_policy(config.preemption, config.policy)
-        self.batch_policy = make_batch_policy(config.batch_policy)
+        self.batch_policy = make_batch_policy(config.batch_policy, config.batch_wait_iters,
+                                              config.batch_wait_tokens_ratio)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.finished_req_ids: set[str] = set()

@@ -214,3 +214,68 @@ def test_a_prompt_waiting_for_kv_room_is_not_overtaken_by_a_newcomer() -> None:
     # r0 takes 2 of the 3 free blocks; r1 needs 2 and waits; the one left is kept for it.
     assert _step(sched, 2.0) == {"r0": 8}
     assert "late" not in sched.requests or sched.requests["late"].num_computed_tokens == 0
+
+
+def _wait_scenario(iters: int, ratio: float, prompt: int, chunked: bool = True) -> list[dict[str, int]]:
+    """r0 decodes; r1 (`prompt` tokens) arrives at step 2; budget 16, TensorRT-LLM's batch wait set."""
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=4, max_model_len=16,
+                                      block_size=4, num_blocks=64, enable_chunked_prefill=chunked,
+                                      batch_wait_iters=iters, batch_wait_tokens_ratio=ratio))
+    sched.add_request(Request("r0", [1, 2, 3, 4], SamplingParams(max_tokens=12)))
+    steps = [_step(sched, 0.0), _step(sched, 1.0)]
+    sched.add_request(Request("r1", list(range(10, 10 + prompt)), SamplingParams(max_tokens=2)))
+    steps += [_step(sched, float(t)) for t in range(2, 7)]
+    return steps
+
+
+def test_batch_wait_holds_a_new_prompt_while_requests_decode_for_its_iterations() -> None:
+    # TensorRT-LLM's batch_wait_timeout_iters 3: the prompt (4 + 1 decode = 5 tokens < 0.9 x 16) is held
+    # three steps, then joins the fourth; the decode never waits.
+    assert _wait_scenario(3, 0.9, 4) == [{"r0": 4}, {"r0": 1}, {"r0": 1}, {"r0": 1}, {"r0": 1},
+                                         {"r0": 1, "r1": 4}, {"r0": 1, "r1": 1}]
+    # Enough tokens (14 + 1 decode >= 0.9 x 16 = 14.4) end the wait at once, as does a ratio of 0
+    # (TensorRT-LLM's token test always passes) or no wait at all.
+    admitted_at_once = [{"r0": 4}, {"r0": 1}, {"r0": 1, "r1": 14}, {"r0": 1, "r1": 1}]
+    assert _wait_scenario(3, 0.9, 14, chunked=False)[:4] == admitted_at_once
+    assert _wait_scenario(3, 0.0, 4)[:3] == [{"r0": 4}, {"r0": 1}, {"r0": 1, "r1": 4}]
+    assert _wait_scenario(0, 0.0, 4)[:3] == [{"r0": 4}, {"r0": 1}, {"r0": 1, "r1": 4}]
+
+
+def test_batch_wait_never_holds_a_prompt_when_nothing_decodes() -> None:
+    # "if no generation requests, no need to wait" (py_executor.py _schedule): the first prompts run at once.
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=4, max_model_len=16,
+                                      block_size=4, num_blocks=64, batch_wait_iters=20,
+                                      batch_wait_tokens_ratio=0.9))
+    sched.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=3)))
+    sched.add_request(Request("b", [4, 5, 6], SamplingParams(max_tokens=3)))
+    assert _step(sched, 0.0) == {"a": 3, "b": 3}
+
+
+def test_batch_wait_is_the_mixed_policys_only() -> None:
+    import pytest
+    with pytest.raises(InvalidConfigError, match="batch_wait_iters"):
+        SchedulerConfig(batch_policy="prefill_first", batch_wait_iters=20, batch_wait_tokens_ratio=0.9)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.sampled_from([1, 3, 20]), st.sampled_from([0.3, 0.9, 1.0]))
+def test_batch_wait_ends_every_request_with_exact_outputs_and_holds_at_most_its_iterations(w, iters, ratio) -> None:
+    cfg, arrivals = w
+    cfg = SchedulerConfig(**{**_fields(cfg), "batch_policy": "mixed", "batch_wait_iters": iters,
+                             "batch_wait_tokens_ratio": ratio})
+    last = [0]  # the policy's count after the step before
+
+    def check(core, so, waiting_before):
+        count = core.scheduler.batch_policy.count
+        assert count <= iters  # never more than batch_wait_iters held steps in a row
+        if count > last[0]:  # a held step: nothing admitted
+            assert count == last[0] + 1 and not so.scheduled_new_reqs
+        last[0] = count
+        assert so.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
+
+    core, log = drive(cfg, arrivals, check=check)
+    ex = FakeExecutor(block_size=cfg.block_size)
+    for a in arrivals:
+        assert log.outputs[a.request.request_id] == reference_output(ex, a.request, cfg.max_model_len)
+    kv = core.scheduler.kv
+    assert kv.num_free_blocks == cfg.num_blocks and not kv.req_to_blocks

@@ -18,6 +18,7 @@ from twinserve.cli import build_parser
 from twinserve.commands import engine_args_from
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.kv.hashing import HASH_FUNCTIONS
+from twinserve.core.sched.batch_policy import MixedBatchWait
 from twinserve.core.sched.config import SCHEDULER_CHOICES, SchedulerConfig
 from twinserve.core.sched.policies import KeyedQueue, PreemptLastAdmitted
 from twinserve.sim.config import FROM_ELSEWHERE, SchedulerSection
@@ -31,7 +32,7 @@ SIM_KNOBS = [f.name for f in fields(SchedulerSection) if f.name not in FROM_ENGI
 OTHER = {"max_model_len": 128, "max_num_batched_tokens": 192, "max_num_seqs": 7,
          "enable_chunked_prefill": False, "long_prefill_token_threshold": 9, "block_size": 8,
          "enable_prefix_caching": False, "watermark": 0.05, "aging_interval_s": 12.5,
-         "max_prefill_tokens": 300, "recv_interval": 3}
+         "max_prefill_tokens": 300, "recv_interval": 3, "batch_wait_iters": 4, "batch_wait_tokens_ratio": 0.5}
 
 
 def _other(name: str) -> Any:
@@ -84,6 +85,9 @@ def test_llm_takes_every_simulator_knob_and_its_scheduler_runs_with_them(tiny_di
     from twinserve.core.sampling_params import SamplingParams
 
     knobs = {name: _other(name) for name in SIM_KNOBS}
+    # The batch wait is the mixed policy's (SchedulerConfig refuses it with prefill_first): all at once, the
+    # policy stays mixed and the wait is what runs (the per-flag test above takes prefill_first alone).
+    knobs["batch_policy"] = "mixed"
     llm = LLM(str(tiny_dir), dtype="float64", num_gpu_blocks_override=64, engine_core_mode="inproc",
               **knobs)
     try:
@@ -95,6 +99,7 @@ def test_llm_takes_every_simulator_knob_and_its_scheduler_runs_with_them(tiny_di
         assert isinstance(sched.waiting, KeyedQueue) == (knobs["policy"] != "fcfs")
         assert isinstance(sched.preemption_policy, PreemptLastAdmitted) == (knobs["preemption"] == "last")
         assert sched.watermark_blocks == int(0.05 * 64)
+        assert isinstance(sched.batch_policy, MixedBatchWait) and sched.batch_policy.iters == 4
         out = llm.generate(["the quick brown fox"], SamplingParams(max_tokens=3, temperature=0.0),
                            use_tqdm=False)
         assert len(out[0].outputs[0].token_ids) == 3

@@ -137,3 +137,32 @@ def test_an_mtp_rows_study_drafts_with_the_models_own_layer() -> None:
     other = rows[(rows["backend"] == "trtllm") & (rows["model"] == "DeepSeek-R1") & (rows["mode"] == "agg")
                  & (rows["backend_version"] == "1.2.0rc6.post2")]
     assert not row_study(other.iloc[0], "aic").speculative.enabled
+
+
+@pytest.mark.parametrize("kw, budget, iters, ratio", [
+    # benchmarks/70b_fp8_b200_trt_slurm.sh: --max_num_tokens 16384; 1k/1k at TP < 8: wait 20 iterations, 0.9.
+    ({"tp_size": 2}, 16384, 20, 0.9),
+    ({"tp_size": 8}, 16384, 0, 0.0),  # TP 8: no wait
+    ({"tp_size": 2, "isl": 8192}, 16384, 0, 0.0),  # 8k/1k: no wait
+    # benchmarks/70b_fp4_b200_trt_docker.sh (the B200 docker runner's): the same flags.
+    ({"precision": "fp4", "tp_size": 1}, 16384, 20, 0.9),
+    # benchmarks/70b_fp8_h200_trt_slurm.sh: --max_num_tokens $MAX_MODEL_LEN (ISL + OSL + 200).
+    ({"system": "h200_sxm", "tp_size": 4}, 2248, 20, 0.9),
+    ({"system": "h200_sxm", "tp_size": 8, "isl": 8192}, 9416, 0, 0.0),
+])
+def test_tensorrt_llm_llama70b_rows_run_their_scripts_batch_wait_and_budget(kw, budget, iters, ratio) -> None:
+    r = row_recipe(_row(backend="trtllm", model="Llama-3.1-70B", **kw))
+    assert "InferenceX benchmarks/70b_fp" in r.source
+    assert (r.max_num_tokens, r.batch_wait_iters, r.batch_wait_ratio) == (budget, iters, ratio)
+
+
+def test_a_tensorrt_llm_llama70b_rows_study_waits_and_prefills_whole_prompts() -> None:
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.validate_rows import load_rows, row_study
+    rows = load_rows()
+    pick = rows[(rows["backend"] == "trtllm") & (rows["model"] == "Llama-3.1-70B") & (rows["mode"] == "agg")
+                & (rows["system"] == "b200_sxm") & (rows["isl"] == 1024) & (rows["osl"] == 1024)
+                & (rows["tp_size"] == 1)]
+    s = row_study(pick.iloc[0], "aic").scheduler
+    assert (s.batch_wait_iters, s.batch_wait_tokens_ratio, s.max_num_batched_tokens, s.enable_chunked_prefill,
+            s.max_model_len) == (20, 0.9, 16384, False, 2248)
