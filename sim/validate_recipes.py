@@ -15,6 +15,11 @@ Flags and what the simulator does with them:
 - `--chunked-prefill-size`, `--max-prefill-tokens` (SGLang): the step's prompt-token budget and the
   prefill_first admission cap: SchedulerConfig.max_num_batched_tokens and max_prefill_tokens.
 - `--max-running-requests` (SGLang): the running-request cap: SchedulerConfig.max_num_seqs.
+- `--mem-fraction-static` (SGLang: a share of the GPU's total memory) and `kv_cache_config.
+  free_gpu_memory_fraction` (TensorRT-LLM: a share of what the weights leave free): the engine's memory
+  share, EngineConfig.gpu_memory_utilization (its kv_memory_basis, total or free, is set per engine by
+  sim/validate_rows.py). It sizes the KV pool, which binds where the clients' ISL + OSL is near it
+  (DeepSeek-R1 FP8 at TP 4 on B200: the weights take 156.7 of 179.1 GiB a GPU).
 - `--stream-interval N` (SGLang): recorded, and changes neither the client's TTFT nor its TPOT in the
   rows' SGLang versions (0.5.x): `stream_output_generation` (python/sglang/srt/managers/
   scheduler_output_processor_mixin.py) sends a streaming request's output when
@@ -67,6 +72,7 @@ class Recipe:
     max_seq_len: int = 0  # TensorRT-LLM's --max_seq_len (SchedulerConfig.max_model_len)
     batch_wait_iters: int = 0  # TensorRT-LLM's batch_wait_timeout_iters
     batch_wait_ratio: float = 0.0  # TensorRT-LLM's batch_wait_max_tokens_ratio
+    mem_fraction: float = 0.0  # the engine's memory share (0: the engine's default)
 
 
 DEFAULT = Recipe("no InferenceX recipe known for this row: the engine's defaults")
@@ -75,30 +81,31 @@ DEFAULT = Recipe("no InferenceX recipe known for this row: the engine's defaults
 def _dsr1_fp8_h200(isl: int, osl: int, conc: int, tp: int) -> Recipe:
     return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp8_h200.sh @1fc5d73", stream_interval=10,
                   chunked_prefill_size=32768, max_prefill_tokens=32768,
-                  max_running_requests=512 if (isl, osl) == (1024, 1024) else 256,
+                  max_running_requests=512 if (isl, osl) == (1024, 1024) else 256, mem_fraction=0.82,
                   unmodelled="--attention-backend flashinfer, --cuda-graph-max-bs")
 
 
 def _dsr1_fp8_b200(isl: int, osl: int, conc: int, tp: int,
                    src: str = f"{_INFERENCEX_REPO} benchmarks/dsr1_fp8_b200.sh @1fc5d73") -> Recipe:
     rest = "--attention-backend trtllm_mla, --moe-runner-backend flashinfer_trtllm, --cuda-graph-max-bs"
-    if tp == 4:  # the script's TP 4 branch (ISL 8192 / OSL 1024 only)
-        return Recipe(src, 30, 10, 8192, 8192, 32, rest)
-    return Recipe(src, 30, 30 if conc >= 16 else 10, 32768, 32768, 128, rest)
+    if tp == 4:  # the script's TP 4 branch (ISL 8192 / OSL 1024 only): --mem-fraction-static 0.95
+        return Recipe(src, 30, 10, 8192, 8192, 32, rest, mem_fraction=0.95)
+    return Recipe(src, 30, 30 if conc >= 16 else 10, 32768, 32768, 128, rest, mem_fraction=0.82)
 
 
 def _dsr1_fp4_b200(isl: int, osl: int, conc: int, tp: int,
                    src: str = f"{_INFERENCEX_REPO} benchmarks/dsr1_fp4_b200.sh @1fc5d73") -> Recipe:
     return Recipe(src, stream_interval=10,
                   recv_interval=30 if conc >= 16 else 10, chunked_prefill_size=16384,
-                  max_running_requests=256,
+                  max_running_requests=256, mem_fraction=0.85,
                   unmodelled="--attention-backend trtllm_mla, --moe-runner-backend flashinfer_trtllm, "
                              "--enable-symm-mem, --cuda-graph-max-bs")
 
 
 # B300: `benchmarks/single_node/dsr1_fp{8,4}_b300.sh` "reuse the existing DSR1 FP8 (FP4) B200 SGLang recipe
 # as-is" (their header): the same flags and branches (FP8: TP 8 recv 10 / 30 by CONC, chunk and prefill
-# 32,768, 128 running; TP 4 recv 10, 8,192, 32 running. FP4: recv 10 / 30, chunk 16,384, 256 running).
+# 32,768, 128 running, memory 0.82; TP 4 recv 10, 8,192, 32 running, 0.95. FP4: recv 10 / 30, chunk 16,384,
+# 256 running, 0.85).
 def _dsr1_fp8_b300(isl: int, osl: int, conc: int, tp: int) -> Recipe:
     return _dsr1_fp8_b200(isl, osl, conc, tp, f"{_INFERENCEX_REPO} benchmarks/single_node/dsr1_fp8_b300.sh @5632483")
 
@@ -210,10 +217,11 @@ MTP_ACCEPTANCE = 0.85
 
 def _dsr1_b200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
     # benchmarks/dsr1_fp8_b200_trt_mtp.sh @111f031 and dsr1_fp4_b200_trt_mtp.sh @13dd0c2: MTP=1 with
-    # DP_ATTENTION=true, else 3 (num_nextn_predict_layers in speculative_config); stream_interval 10.
+    # DP_ATTENTION=true, else 3 (num_nextn_predict_layers in speculative_config); stream_interval 10;
+    # kv_cache_config free_gpu_memory_fraction 0.8 (both scripts).
     return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp{{4,8}}_b200_trt_mtp.sh @13dd0c2/111f031 (image "
                   "1.2.0rc6.post3: .github/configs/nvidia-master.yaml @48f302c, dsr1-fp{4,8}-b200-trt-mtp)",
-                  stream_interval=10, mtp=1 if attention_dp else 3,
+                  stream_interval=10, mtp=1 if attention_dp else 3, mem_fraction=0.8,
                   unmodelled="attention_dp_config (enable_balance, timeout_iters 60), moe_config backend, "
                              "cuda_graph_config")
 
@@ -222,12 +230,13 @@ def _dsr1_h200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: boo
     # H200's MTP and non-MTP benchmarks share one image (release:1.1.0rc2.post2), but only
     # dsr1-fp8-h200-trt-mtp runs more than 64 clients (dsr1-fp8-h200-trt's search space ends at 64 for
     # every ISL/OSL; nvidia-master.yaml @48f302c): those rows are MTP runs, the rest are not told apart.
-    # benchmarks/dsr1_fp8_h200_trt_mtp.sh @1fc5d73: MTP=1 with DP_ATTENTION=true, else 3.
+    # benchmarks/dsr1_fp8_h200_trt_mtp.sh @1fc5d73: MTP=1 with DP_ATTENTION=true, else 3;
+    # kv_cache_config free_gpu_memory_fraction 0.75.
     if conc <= 64:
         return None
     return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp8_h200_trt_mtp.sh @1fc5d73 (over 64 clients only "
                   "dsr1-fp8-h200-trt-mtp runs: .github/configs/nvidia-master.yaml @48f302c)",
-                  stream_interval=10, mtp=1 if attention_dp else 3,
+                  stream_interval=10, mtp=1 if attention_dp else 3, mem_fraction=0.75,
                   unmodelled="attention_dp_config (enable_balance, timeout_iters 60), moe_config backend "
                              "CUTLASS, cuda_graph_config")
 
@@ -287,6 +296,12 @@ def apply_recipe(recipe: Recipe, sched: Any) -> None:
         sched.enable_chunked_prefill = False
     sched.batch_wait_iters = recipe.batch_wait_iters
     sched.batch_wait_tokens_ratio = recipe.batch_wait_ratio
+
+
+def apply_memory(recipe: Recipe, engine: Any) -> None:
+    """Set the recipe's memory share on a row study's EngineConfig (not set: the engine's default stays)."""
+    if recipe.mem_fraction:
+        engine.gpu_memory_utilization = recipe.mem_fraction
 
 
 def apply_speculative(recipe: Recipe, spec: Any) -> None:

@@ -26,7 +26,7 @@ from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, AssumedWo
                                             missing_worker_counts)
 from twinserve.sim.validate_engines import engine_defaults
 from twinserve.sim.validate_inferencex import inferencex_workers
-from twinserve.sim.validate_recipes import apply_recipe, apply_speculative, row_recipe, set_mtp
+from twinserve.sim.validate_recipes import apply_memory, apply_recipe, apply_speculative, row_recipe, set_mtp
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, STEADY, RunDesign, run_design
 from twinserve.sim.workload import WorkloadConfig
 
@@ -400,6 +400,7 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     # The flags an InferenceX row's server ran with, where its recipe is known (sim/validate_recipes.py).
     recipe = row_recipe(row)
     apply_recipe(recipe, s)
+    apply_memory(recipe, e)  # the script's memory share, on the basis set above
     apply_speculative(recipe, cfg.speculative)
     _set_workload(cfg.workload, conc, isl, osl, run_design(row, window))
     cfg.run.name = str(row["id"])

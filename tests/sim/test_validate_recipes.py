@@ -166,3 +166,45 @@ def test_a_tensorrt_llm_llama70b_rows_study_waits_and_prefills_whole_prompts() -
     s = row_study(pick.iloc[0], "aic").scheduler
     assert (s.batch_wait_iters, s.batch_wait_tokens_ratio, s.max_num_batched_tokens, s.enable_chunked_prefill,
             s.max_model_len) == (20, 0.9, 16384, False, 2248)
+
+
+@pytest.mark.parametrize("kw, fraction", [
+    # SGLang --mem-fraction-static: dsr1_fp8_b200.sh @1fc5d73 TP 8 0.82, its TP 4 branch 0.95;
+    # dsr1_fp4_b200.sh @1fc5d73 0.85; dsr1_fp8_h200.sh @1fc5d73 0.82 (both ISL/OSL branches).
+    ({}, 0.82), ({"tp_size": 4, "isl": 8192}, 0.95), ({"precision": "fp4"}, 0.85),
+    ({"system": "h200_sxm"}, 0.82), ({"system": "h200_sxm", "isl": 8192}, 0.82),
+    # B300 reuses the B200 scripts as-is.
+    ({"system": "b300_sxm", "tp_size": 4, "isl": 8192}, 0.95),
+    # TensorRT-LLM kv_cache_config.free_gpu_memory_fraction: dsr1_fp8_b200_trt_mtp.sh @111f031 and
+    # dsr1_fp4_b200_trt_mtp.sh @13dd0c2 0.8; dsr1_fp8_h200_trt_mtp.sh @1fc5d73 0.75.
+    ({"backend": "trtllm", "backend_version": "1.2.0rc6.post3"}, 0.8),
+    ({"backend": "trtllm", "backend_version": "1.2.0rc6.post3", "precision": "fp4"}, 0.8),
+    ({"backend": "trtllm", "backend_version": "1.1.0rc2.post2", "system": "h200_sxm", "concurrency": 128}, 0.75),
+    # no recipe: the engine's default stands
+    ({"silicon_data_source": _GAP}, 0.0), ({"backend": "trtllm", "backend_version": "1.2.0rc6.post2"}, 0.0),
+])
+def test_a_recipe_carries_its_scripts_memory_share(kw, fraction) -> None:
+    assert row_recipe(_row(**kw)).mem_fraction == fraction
+
+
+def test_a_rows_study_sizes_its_kv_pool_with_the_scripts_memory_share() -> None:
+    # dsr1_fp8_b200.sh's TP 4 branch (ISL 8192 / OSL 1024, 32 running requests) gives SGLang 0.95 of each
+    # GPU: DeepSeek-R1's FP8 weights take 156.7 of B200's 179.1 GiB at TP 4, so the engine default (0.9)
+    # leaves a pool of ~74k tokens, under a quarter of what 32 clients of 9,216 tokens hold.
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.build import build_cost_models, engine_capacity
+    from twinserve.sim.validate_rows import load_rows, row_study
+    rows = load_rows()
+    pick = rows[(rows["backend"] == "sglang") & (rows["model"] == "DeepSeek-R1") & (rows["mode"] == "agg")
+                & (rows["system"] == "b200_sxm") & (rows["precision"] == "fp8") & (rows["tp_size"] == 4)
+                & (rows["concurrency"] == 32) & (rows["silicon_data_source"].str.contains("2026-04-06"))]
+    cfg = row_study(pick.iloc[0], "aic")
+    assert cfg.engine.gpu_memory_utilization == 0.95
+    model, hw, _, _ = build_cost_models(cfg)
+    tokens = engine_capacity(cfg, model, hw).num_blocks * cfg.scheduler.block_size
+    assert tokens >= 32 * (8192 + 1024)
+    # A TensorRT-LLM MTP row takes its script's share of the memory left after the weights (basis "free").
+    mtp = rows[(rows["backend"] == "trtllm") & (rows["model"] == "DeepSeek-R1") & (rows["mode"] == "agg")
+               & (rows["system"] == "b200_sxm") & (rows["backend_version"] == "1.2.0rc6.post3")]
+    e = row_study(mtp.iloc[0], "aic").engine
+    assert (e.gpu_memory_utilization, e.kv_memory_basis) == (0.8, "free")
