@@ -415,6 +415,11 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
         return RowPlan(cfg, note)
     pre, dec = ws
     pre_layout, dec_layout = _layout(pre, model), _layout(dec, model)
+    # A replica's overrides go over the base engine (the decode worker's layout): a field one worker leaves
+    # at 1 that the other sets is written as 1, not inherited (a prefill worker at EP 1 ran at decode's EP 8).
+    for mine, other in ((pre_layout, dec_layout), (dec_layout, pre_layout)):
+        for name in other:
+            mine.setdefault(name, 1)
     _apply(cfg, dec_layout)
     plan = RowPlan(cfg)
     ix = inferencex_workers(row) if missing_worker_counts(row) else None

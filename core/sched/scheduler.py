@@ -39,8 +39,10 @@ class Scheduler(OutputUpdate):
         self.config = config
         self.peak_key = next(_SCHEDULER_KEYS)  # names this scheduler on the requests' peak_blocks
         # guaranteed_no_evict: an upper bound on the running requests' owed blocks carried between steps
-        # (-1: none). Owed blocks only shrink as requests grow or end, and grow only by admissions.
+        # (-1: none). Owed blocks shrink as requests grow or end, and grow only by admissions and by the
+        # blocks sliding windows free (KVCacheManager.num_window_freed, owed_freed when the bound was made).
         self.owed_bound = -1
+        self.owed_freed = 0
         self.spec = speculative_config
         self.spec_stats = SpecDecodeStats()
         self.lookahead = speculative_config.num_lookahead_tokens if speculative_config is not None else 0
@@ -445,12 +447,19 @@ class Scheduler(OutputUpdate):
         loaded = self.loaded
         no_evict = cfg.capacity_policy == "guaranteed_no_evict"
         owed = -1  # blocks running requests still need to reach max_tokens (guaranteed_no_evict; summed once)
-        # Where a running request's held blocks never shrink (one full-attention table, no drafts), the
-        # last step's owed count plus what it admitted bounds this step's from above: an admission that
-        # fits under the bound fits under the exact count with the same blocks, so the sum over every
-        # running request is made only when the bound leaves it in doubt.
-        bounded = no_evict and kv._one_table and self.spec is None and not lookahead
+        # Without drafts or a host tier, a running request's held blocks shrink only where a sliding window
+        # frees them, so the last step's owed count, plus its admissions' owed blocks, plus the blocks
+        # windows freed since, bounds this step's from above: an admission that fits under the bound fits
+        # under the exact count with the same blocks, so the sum over every running request is made only
+        # when the bound leaves it in doubt, and then over the requests running before this call, plus
+        # what this call's admissions added (as the exact count at every step has it).
+        bounded = no_evict and kv.host is None and self.spec is None and not lookahead
         exact = True
+        num_before = len(running)
+        step_own = 0  # owed blocks this call's admissions added (each its peak less its pages)
+        # With windows an admission may hold fewer blocks than its pages: its owed blocks after it (peak
+        # less held) exceed `own`, by this much summed, which the carried bound adds.
+        held_short = 0
         while (waiting or loaded) and budget > 0 and len(running) < cfg.max_num_seqs:
             # Back from a host-tier load: it holds its hits' blocks (and the first chunk's).
             req = loaded[0] if loaded else waiting.peek()
@@ -485,12 +494,12 @@ class Scheduler(OutputUpdate):
                 own = self._peak_blocks(req) - pages
                 if owed < 0:
                     if bounded and self.owed_bound >= 0:
-                        owed, exact = self.owed_bound, False
+                        owed, exact = self.owed_bound + kv.num_window_freed - self.owed_freed, False
                     else:
                         owed = self._running_blocks_owed()
                 # The request's pages after this chunk bound the blocks it takes from the free queue.
                 if not exact and kv.pool.free_queue.num_free - (reserve + owed + own) < pages:
-                    owed, exact = self._running_blocks_owed(), True
+                    owed, exact = self._running_blocks_owed(num_before) + step_own, True
                 reserve += owed + own
             if type(hits) is TierHits or type(hits) is GroupTierHits:
                 if not self._admit_loading(req, hits, num_hit, num_new, reserve):
@@ -529,14 +538,16 @@ class Scheduler(OutputUpdate):
             req.fast_decode_limit = _fast_decode_limit(kv, rid)
             if no_evict:
                 owed += own
-                if bounded:
-                    self.owed_bound = owed
+                step_own += own
+                if bounded and not kv._one_table:  # one table: it holds its pages
+                    held_short += max(0, own + pages - kv.num_held_blocks(rid)) - own
             new_reqs.append(NewRequestData(rid, list(req.all_token_ids), req.num_prompt_tokens,
                                            req.sampling_params, kv.get_block_ids(rid), done + num_hit))
             num_scheduled[rid] = num_new
             budget -= num_new
         if bounded and owed >= 0:
-            self.owed_bound = owed
+            self.owed_bound = owed + held_short
+            self.owed_freed = kv.num_window_freed
         return budget
 
     def _peak_blocks(self, req: Request) -> int:
@@ -552,24 +563,26 @@ class Scheduler(OutputUpdate):
         req.peak_owner = self.peak_key
         return pages
 
-    def _running_blocks_owed(self) -> int:
-        """Blocks the running requests still need to reach their peaks (guaranteed_no_evict's reservation).
+    def _running_blocks_owed(self, count: int | None = None) -> int:
+        """Blocks the running requests (the first count of them) still need to reach their peaks
+        (guaranteed_no_evict's reservation).
 
-        Summed at every admitting step over thousands of running requests: each request's peak is read from
+        Summed at admitting steps over thousands of running requests: each request's peak is read from
         the request where this scheduler made it, else made here.
         """
         kv = self.kv
         total = 0
+        running = self.running if count is None or count >= len(self.running) else self.running[:count]
         if kv._one_table:
             tables = kv.req_to_blocks
             key = self.peak_key
-            for r in self.running:
+            for r in running:
                 peak = r.peak_blocks if r.peak_owner == key else self._peak_blocks(r)
                 held = len(tables.get(r.request_id, _NO_BLOCKS))
                 if peak > held:
                     total += peak - held
             return total
-        for r in self.running:
+        for r in running:
             peak = r.peak_blocks if r.peak_owner == self.peak_key else self._peak_blocks(r)
             total += max(0, peak - kv.num_held_blocks(r.request_id))
         return total

@@ -136,3 +136,27 @@ def test_an_mtp_entry_with_few_clients_drafts_with_the_models_own_layer(rows) ->
     assert plan.counts == (1, 8) and "ran MTP 3 (simulated" in plan.layout
     spec = plan.cfg.speculative
     assert (spec.method, spec.draft_model, spec.num_speculative_tokens) == ("draft_model", "mtp", 3)
+
+
+# B300 FP8 1k/1k at 2,112 clients: one prefill worker at TP 4 with DP attention and EP 1, one decode worker
+# at TP 8, EP 8 (DEP 8).
+PREFILL_EP1 = "2026_04_06_deepseek_r1_b300_sxm_trtllm_fp8_disagg_1024x1024_c2112_tp4_ep1_1716"
+
+
+def test_a_prefill_worker_at_ep_1_keeps_ep_1_under_a_decode_worker_at_ep_8(rows) -> None:
+    """A replica's overrides go over the base engine (the decode worker's layout): a field the prefill
+    worker leaves at 1 is written as 1, not inherited (the study failed: EP 8 over 4 GPUs)."""
+    from twinserve.sim.build import build_cost_models, parallelism
+    from twinserve.sim.config import replica_config
+
+    plan = row_plan(_row(rows, PREFILL_EP1))
+    c = plan.cfg.cluster
+    assert (c.num_prefill_replicas, c.num_replicas) == (1, 2)
+    pre, dec = replica_config(plan.cfg, 0), replica_config(plan.cfg, 1)
+    assert (parallelism(pre).tensor_parallel_size, parallelism(pre).data_parallel_size,
+            parallelism(pre).expert_parallel_size) == (1, 4, 1)
+    assert (parallelism(dec).tensor_parallel_size, parallelism(dec).data_parallel_size,
+            parallelism(dec).expert_parallel_size) == (1, 8, 8)
+    for cfg in (pre, dec):
+        model = build_cost_models(cfg)[0]
+        parallelism(cfg).check(model)

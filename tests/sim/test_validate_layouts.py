@@ -204,3 +204,27 @@ def test_attention_dp_past_a_node_is_one_nodes_attention_dp_server(rows) -> None
     assert plan.layout.startswith("inferred tp1 adp8 ep8") and "64 GPUs" in plan.layout
     assert getattr(plan.cfg.workload, "concurrency", 64) == 64
     assert row_record(row)["gpus"] == 8
+
+
+def test_every_disaggregated_rows_workers_run_their_own_layout(rows) -> None:
+    """Each prefill and decode replica runs its own worker's TP, attention DP, EP and PP: a replica's overrides
+    go over the base engine (the decode worker's), so a field one worker leaves at 1 must not be inherited
+    (40 rows' prefill workers took their decode worker's EP or attention DP; 6 of them failed on it)."""
+    from twinserve.sim.build import parallelism
+    from twinserve.sim.config import replica_config
+    from twinserve.sim.validate_rows import workers
+
+    checked = 0
+    for _, row in rows[rows["mode"] == "disagg"].iterrows():
+        try:
+            plan = row_plan(row)
+        except NotExpressible:
+            continue
+        pre, dec = workers(row, plan.counts)
+        c = plan.cfg.cluster
+        for index, w in ((0, pre), (c.num_replicas - 1, dec)):
+            p = parallelism(replica_config(plan.cfg, index))
+            got = (p.tensor_parallel_size, p.data_parallel_size, p.expert_parallel_size, p.pipeline_parallel_size)
+            assert got == (w.tp, w.attention_dp, w.moe_ep, w.pp), (row["id"], index)
+            checked += 1
+    assert checked > 1000
