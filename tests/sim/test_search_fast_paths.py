@@ -516,3 +516,35 @@ def test_an_extra_seed_passing_far_inside_its_slos_steps_one_grid_step_not_to_it
     first = RateSearch({"tp": 1}, small_config(), step=1.2, slos=slos)
     first.record(4.0, {"p99_ttft_s": 1.0, "p99_tpot_s": 0.05}, True)
     assert first.next_rate() == pytest.approx(4.0 * 1.8)
+
+
+SEARCH_ROW_CASES = {
+    "cluster": {"rate": 8.0, "cluster.num_replicas": 2},
+    "disaggregated": {"rate": 8.0, "cluster.num_replicas": 3, "cluster.num_prefill_replicas": 1},
+    "idle replicas": {"rate": 2.0, "num_requests": 2, "cluster.num_replicas": 4},
+    "closed loop": {"concurrency": 8, "think_time_s": 0.2, "warmup_requests": 10,
+                    "cluster.num_replicas": 2},
+}
+
+
+@pytest.mark.parametrize("case", list(SEARCH_ROW_CASES))
+def test_a_cluster_search_row_is_the_full_rows_values(case: str) -> None:
+    # The search's cluster rows skip the per-replica and per-step tables: same row, to the bit.
+    import math
+
+    from twinserve.sim.search_run import cluster_search_row
+    from twinserve.sim.study import cluster_point_result
+
+    fields = {"num_requests": 60, "output_dist": "uniform", "output_min": 1, "output_max": 80,
+              **SEARCH_ROW_CASES[case]}
+    cfg = small_config(**fields)
+    built, res = simulate_cluster(cfg)
+    point = {"rate": fields.get("rate", 0.0)}
+    full = cluster_point_result(cfg, built, res, point, itl=False).row
+    lean = cluster_search_row(cfg, built, res, point)
+    assert list(full) == list(lean)
+    for k, v in full.items():
+        w = lean[k]
+        assert type(v) is type(w), k
+        assert (v == w) or (isinstance(v, float) and math.isnan(v) and math.isnan(w)), k
+    assert full["max_kv_usage"] > 0 and full["mfu"] > 0
