@@ -5,11 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from twinserve.sim import disagg
 from twinserve.sim.cluster_study import simulate_cluster
 
 from .helpers import small_config
+from .test_join_steps import _cached_config
 
 
 def _disagg_run(prefill: int, replicas: int, rate: float):
@@ -548,3 +551,39 @@ def test_a_cluster_search_row_is_the_full_rows_values(case: str) -> None:
         assert type(v) is type(w), k
         assert (v == w) or (isinstance(v, float) and math.isnan(v) and math.isnan(w)), k
     assert full["max_kv_usage"] > 0 and full["mfu"] > 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(2, 16), count=st.integers(4, 30), replicas=st.sampled_from([2, 3]),
+       seed=st.integers(0, 5), blocks=st.sampled_from([0, 40, 60, 200]),
+       budget=st.sampled_from([64, 256, 2048]), turns=st.sampled_from([1, 2]),
+       system_prompts=st.sampled_from([0, 1, 3]))
+def test_a_finished_prefill_requests_tokens_go_to_decode_uncopied_and_unchanged(
+        n, count, replicas, seed, blocks, budget, turns, system_prompts) -> None:
+    # DisaggregatedSimulation._finish hands the decode side the finished prefill request's own
+    # token list (no copy): equivalent only if nothing changes that list after the request
+    # finished (prefix cache with shared prefixes and pending chains, small pools: preemptions).
+    from twinserve.sim.cluster_study import build_cluster
+
+    cfg = _cached_config(n, count, replicas, True, seed, blocks, budget, turns, system_prompts)
+    sim = build_cluster(cfg).simulation
+    finished: dict[int, tuple[list[int], list[int]]] = {}
+    delivered: list[list[int]] = []
+    finish, to_decode = sim._finish, sim._to_decode
+
+    def spy_finish(rep, rid):
+        req = rep.live.get(rid)
+        finish(rep, rid)
+        if req is not None and rep.index < sim.num_prefill:
+            finished[id(req.all_token_ids)] = (req.all_token_ids, list(req.all_token_ids))
+
+    def spy_to_decode(item, tokens):
+        delivered.append(tokens)
+        to_decode(item, tokens)
+
+    sim._finish, sim._to_decode = spy_finish, spy_to_decode
+    sim.run()
+    assert delivered
+    for tokens in delivered:
+        assert id(tokens) in finished  # the prefill request's own list
+    assert all(lst == snap for lst, snap in finished.values())
