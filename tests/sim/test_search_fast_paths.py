@@ -587,3 +587,39 @@ def test_a_finished_prefill_requests_tokens_go_to_decode_uncopied_and_unchanged(
     for tokens in delivered:
         assert id(tokens) in finished  # the prefill request's own list
     assert all(lst == snap for lst, snap in finished.values())
+
+
+def _records_and_steps(cfg) -> tuple:
+    from twinserve.sim.build import build
+    from twinserve.sim.cluster_study import build_cluster
+    from twinserve.sim.study import is_cluster
+
+    if is_cluster(cfg):
+        sim = build_cluster(cfg).simulation
+        res = sim.run()
+        return res.total.records, [r.steps for r in res.replicas]
+    res = build(cfg).simulation.run()
+    return res.records, [res.steps]
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(2, 16), count=st.integers(4, 30), replicas=st.sampled_from([1, 2, 3]),
+       disagg=st.booleans(), seed=st.integers(0, 5), blocks=st.sampled_from([0, 40, 60, 200]),
+       budget=st.sampled_from([64, 256, 2048]), turns=st.sampled_from([1, 2]),
+       system_prompts=st.sampled_from([0, 1, 3]))
+def test_requests_keeping_the_simulators_prompt_lists_give_the_copied_runs_figures(
+        n, count, replicas, disagg, seed, blocks, budget, turns, system_prompts) -> None:
+    # The simulator hands each Request the prompt list it made (Request.taking, no copy): every
+    # record and step equals a run whose Requests copy it (prefix cache with shared prefixes,
+    # follow-up turns carrying history, small pools: preemptions; one engine, clusters, disagg).
+    from twinserve.core.request import Request
+
+    cfg = _cached_config(n, count, replicas, disagg, seed, blocks, budget, turns, system_prompts)
+    kept = _records_and_steps(cfg)
+    taking = Request.__dict__["taking"]
+    try:
+        Request.taking = classmethod(lambda cls, rid, prompt, *a, **k: cls(rid, prompt, *a, **k))
+        copied = _records_and_steps(cfg)
+    finally:
+        Request.taking = taking
+    assert kept == copied
