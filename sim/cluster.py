@@ -172,8 +172,9 @@ class ClusterSimulation:
             sp = self._params.get(n_out)
             if sp is None:
                 sp = self._params[n_out] = SamplingParams(max_tokens=n_out, ignore_eos=True)
-            req = Request(item.request_id, tokens, sp, arrival_time=item.arrival_time,
-                          payload=item)
+            # tokens were made for this request and are never changed: kept, not copied.
+            req = Request.taking(item.request_id, tokens, sp, arrival_time=item.arrival_time,
+                                 payload=item)
             try:
                 core.add_request(req)
             except InvalidRequestError as e:

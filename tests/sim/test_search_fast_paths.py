@@ -5,11 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from twinserve.sim import disagg
 from twinserve.sim.cluster_study import simulate_cluster
 
 from .helpers import small_config
+from .test_join_steps import _cached_config
 
 
 def _disagg_run(prefill: int, replicas: int, rate: float):
@@ -516,3 +519,107 @@ def test_an_extra_seed_passing_far_inside_its_slos_steps_one_grid_step_not_to_it
     first = RateSearch({"tp": 1}, small_config(), step=1.2, slos=slos)
     first.record(4.0, {"p99_ttft_s": 1.0, "p99_tpot_s": 0.05}, True)
     assert first.next_rate() == pytest.approx(4.0 * 1.8)
+
+
+SEARCH_ROW_CASES = {
+    "cluster": {"rate": 8.0, "cluster.num_replicas": 2},
+    "disaggregated": {"rate": 8.0, "cluster.num_replicas": 3, "cluster.num_prefill_replicas": 1},
+    "idle replicas": {"rate": 2.0, "num_requests": 2, "cluster.num_replicas": 4},
+    "closed loop": {"concurrency": 8, "think_time_s": 0.2, "warmup_requests": 10,
+                    "cluster.num_replicas": 2},
+}
+
+
+@pytest.mark.parametrize("case", list(SEARCH_ROW_CASES))
+def test_a_cluster_search_row_is_the_full_rows_values(case: str) -> None:
+    # The search's cluster rows skip the per-replica and per-step tables: same row, to the bit.
+    import math
+
+    from twinserve.sim.search_run import cluster_search_row
+    from twinserve.sim.study import cluster_point_result
+
+    fields = {"num_requests": 60, "output_dist": "uniform", "output_min": 1, "output_max": 80,
+              **SEARCH_ROW_CASES[case]}
+    cfg = small_config(**fields)
+    built, res = simulate_cluster(cfg)
+    point = {"rate": fields.get("rate", 0.0)}
+    full = cluster_point_result(cfg, built, res, point, itl=False).row
+    lean = cluster_search_row(cfg, built, res, point)
+    assert list(full) == list(lean)
+    for k, v in full.items():
+        w = lean[k]
+        assert type(v) is type(w), k
+        assert (v == w) or (isinstance(v, float) and math.isnan(v) and math.isnan(w)), k
+    assert full["max_kv_usage"] > 0 and full["mfu"] > 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(2, 16), count=st.integers(4, 30), replicas=st.sampled_from([2, 3]),
+       seed=st.integers(0, 5), blocks=st.sampled_from([0, 40, 60, 200]),
+       budget=st.sampled_from([64, 256, 2048]), turns=st.sampled_from([1, 2]),
+       system_prompts=st.sampled_from([0, 1, 3]))
+def test_a_finished_prefill_requests_tokens_go_to_decode_uncopied_and_unchanged(
+        n, count, replicas, seed, blocks, budget, turns, system_prompts) -> None:
+    # DisaggregatedSimulation._finish hands the decode side the finished prefill request's own
+    # token list (no copy): equivalent only if nothing changes that list after the request
+    # finished (prefix cache with shared prefixes and pending chains, small pools: preemptions).
+    from twinserve.sim.cluster_study import build_cluster
+
+    cfg = _cached_config(n, count, replicas, True, seed, blocks, budget, turns, system_prompts)
+    sim = build_cluster(cfg).simulation
+    finished: dict[int, tuple[list[int], list[int]]] = {}
+    delivered: list[list[int]] = []
+    finish, to_decode = sim._finish, sim._to_decode
+
+    def spy_finish(rep, rid):
+        req = rep.live.get(rid)
+        finish(rep, rid)
+        if req is not None and rep.index < sim.num_prefill:
+            finished[id(req.all_token_ids)] = (req.all_token_ids, list(req.all_token_ids))
+
+    def spy_to_decode(item, tokens):
+        delivered.append(tokens)
+        to_decode(item, tokens)
+
+    sim._finish, sim._to_decode = spy_finish, spy_to_decode
+    sim.run()
+    assert delivered
+    for tokens in delivered:
+        assert id(tokens) in finished  # the prefill request's own list
+    assert all(lst == snap for lst, snap in finished.values())
+
+
+def _records_and_steps(cfg) -> tuple:
+    from twinserve.sim.build import build
+    from twinserve.sim.cluster_study import build_cluster
+    from twinserve.sim.study import is_cluster
+
+    if is_cluster(cfg):
+        sim = build_cluster(cfg).simulation
+        res = sim.run()
+        return res.total.records, [r.steps for r in res.replicas]
+    res = build(cfg).simulation.run()
+    return res.records, [res.steps]
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(2, 16), count=st.integers(4, 30), replicas=st.sampled_from([1, 2, 3]),
+       disagg=st.booleans(), seed=st.integers(0, 5), blocks=st.sampled_from([0, 40, 60, 200]),
+       budget=st.sampled_from([64, 256, 2048]), turns=st.sampled_from([1, 2]),
+       system_prompts=st.sampled_from([0, 1, 3]))
+def test_requests_keeping_the_simulators_prompt_lists_give_the_copied_runs_figures(
+        n, count, replicas, disagg, seed, blocks, budget, turns, system_prompts) -> None:
+    # The simulator hands each Request the prompt list it made (Request.taking, no copy): every
+    # record and step equals a run whose Requests copy it (prefix cache with shared prefixes,
+    # follow-up turns carrying history, small pools: preemptions; one engine, clusters, disagg).
+    from twinserve.core.request import Request
+
+    cfg = _cached_config(n, count, replicas, disagg, seed, blocks, budget, turns, system_prompts)
+    kept = _records_and_steps(cfg)
+    taking = Request.__dict__["taking"]
+    try:
+        Request.taking = classmethod(lambda cls, rid, prompt, *a, **k: cls(rid, prompt, *a, **k))
+        copied = _records_and_steps(cfg)
+    finally:
+        Request.taking = taking
+    assert kept == copied
