@@ -421,6 +421,11 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
         plan.layout, plan.counts = ix.note(conc), (pre.count, dec.count)
         if ix.simulates_mtp(conc):  # its entry ran MTP at a given depth
             set_mtp(cfg.speculative, ix.mtp)
+        if ix.decode_slots():
+            # Each decode worker runs at most its recipe's max_batch_size (per attention rank) requests; the
+            # rest wait for a slot, and the wait is TTFT: the client's first token comes from the decode
+            # worker (sim/validate_inferencex.py _DECODE_BATCH).
+            dec_layout = {**dec_layout, "scheduler.max_num_seqs": ix.decode_slots()}
     elif missing_worker_counts(row):
         if disagg is None:
             raise NotExpressible("disaggregated row without prefill/decode worker counts")
