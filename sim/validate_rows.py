@@ -27,7 +27,7 @@ from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, AssumedWo
 from twinserve.sim.validate_engines import engine_defaults
 from twinserve.sim.validate_inferencex import inferencex_workers
 from twinserve.sim.validate_recipes import apply_recipe, apply_speculative, row_recipe, set_mtp
-from twinserve.sim.validate_protocol import DEFAULT_WINDOW, STEADY, RunDesign, run_design
+from twinserve.sim.validate_protocol import DEFAULT_WINDOW, INFERENCEX, STEADY, RunDesign, harness, run_design
 from twinserve.sim.workload import WorkloadConfig
 
 AIC_PACKAGE = "aiconfigurator_core"
@@ -437,6 +437,10 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     # disaggregated server, Dynamo, vLLM's P/D proxy, SGLang's router): the KV transfer and the decode
     # worker's first step for the request count into TTFT (sim/disagg.py).
     c.disagg_first_token = "decode"
+    if harness(row) == INFERENCEX:
+        # InferenceX's disaggregated runs are Dynamo deployments (srt-slurm's default frontend): the frontend
+        # picks each request's worker in turn (its default `--router-mode` round-robin), whatever its load.
+        c.disagg_decode_router = "round_robin"
     c.num_replicas = pre.count + dec.count
     c.num_prefill_replicas = pre.count
     c.router = "least_outstanding" if "least_outstanding" in _routers() else c.router

@@ -170,3 +170,11 @@ def test_every_transcribed_decode_batch_covers_its_entrys_client_counts() -> Non
             assert e.batch == () or (len(e.batch) == len(e.concs) and min(e.batch) >= 1), (key, e.concs)
             # Transcribed wherever an entry runs 256 clients or fewer.
             assert e.batch or min(e.concs) > 256, (key, e.concs)
+
+
+def test_an_inferencex_disaggregated_row_picks_decode_workers_in_turn(rows) -> None:
+    # Dynamo's frontend (InferenceX's disaggregated runs) picks workers round-robin by default.
+    from twinserve.sim.config import StudyConfig
+    assert StudyConfig().cluster.disagg_decode_router == "least_outstanding"
+    for row_id in (TEP_CAPPED, MTP_OR_NOT, UNLISTED):
+        assert row_plan(_row(rows, row_id)).cfg.cluster.disagg_decode_router == "round_robin", row_id
