@@ -292,7 +292,9 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
         _e((1229,), (7, 4, 4, True), (1, 16, 16, True), 1),
         _e((666,), (8, 4, 4, True), (1, 32, 32, True), 3),
         _e((4301,), (11, 4, 4, True), (1, 16, 16, True), 1),
-        _e((12, 44, 76, 5), _GB200_FP4_P, (4, 8, 8, True), 0),  # dp-attn true in the file (recipe: tep8)
+        # dp-attn true in the file, but the recipes it launches are TP attention (ctx1_gen4_tep8_batch16,
+        # ctx1_gen4_tep8_batch1: `tep8`, as every dp-attn false entry's): the recipe is what ran.
+        _e((12, 44, 76, 5), _GB200_FP4_P, (4, 8, 8, False), 0),
         _e((333,), (2, 4, 4, True), (1, 32, 32, True), 0),
         _e((1229,), (7, 4, 4, True), (1, 32, 32, True), 0),
         _e((2253,), (8, 4, 4, True), (1, 16, 16, True), 0),

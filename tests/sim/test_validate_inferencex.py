@@ -178,3 +178,10 @@ def test_an_inferencex_disaggregated_row_picks_decode_workers_in_turn(rows) -> N
     assert StudyConfig().cluster.disagg_decode_router == "least_outstanding"
     for row_id in (TEP_CAPPED, MTP_OR_NOT, UNLISTED):
         assert row_plan(_row(rows, row_id)).cfg.cluster.disagg_decode_router == "round_robin", row_id
+
+
+def test_an_entry_whose_recipe_is_tep_runs_tp_attention_decode_workers(rows) -> None:
+    # GB200 FP4 8k/1k at 76 clients: the file says dp-attn true, the recipe it launches is
+    # ctx1_gen4_tep8_batch16 (TP attention, max_batch_size 16): 4 workers x 16 slots for 76 clients.
+    m = inferencex_workers(_row(rows, "2026_03_25_deepseek_r1_gb200_trtllm_fp4_disagg_8192x1024_c76_tp4_0_ep4_0_382"))
+    assert m is not None and m.decode == Shape(4, 8, 8, False) and m.decode_slots() == 16
