@@ -64,7 +64,8 @@ def build_cluster(cfg: StudyConfig, keep_steps: bool = True, keep_records: bool 
         bandwidth = (c.kv_link_bandwidth or first.hardware.interconnect_bandwidth) * tp
         sim: ClusterSimulation = DisaggregatedSimulation(
             replicas, workload, router, c.num_prefill_replicas, bandwidth, c.kv_link_latency_s,
-            first.model.kv_bytes_per_token, first_token=c.disagg_first_token, fast_forward=cfg.run.fast_forward,
+            first.model.kv_bytes_per_token, first_token=c.disagg_first_token,
+            decode_router=c.disagg_decode_router, fast_forward=cfg.run.fast_forward,
             on_record=on_record, keep_records=keep_records)
     else:
         sim = ClusterSimulation(replicas, workload, router, cfg.run.fast_forward,

@@ -230,6 +230,11 @@ class _ClusterBase:
     disagg_first_token: str = knob("prefill", help="disaggregation: the client's first token, from the prefill "
                                    "replica or the decode replica's first step (after the KV transfer)",
                                    choices=("prefill", "decode"))
+    # Which decode replica takes a disaggregated request once its prefill is done: the least loaded (the
+    # default, as before), or each in turn whatever its load, as Dynamo's frontend does by default
+    # (`--router-mode` round-robin; docs.nvidia.com/dynamo, Router Guide / Frontend reference).
+    disagg_decode_router: str = knob("least_outstanding", help="disaggregation: how a decode replica is chosen "
+                                     "for a prefilled request", choices=("least_outstanding", "round_robin"))
 
 
 def _router_config(self: Any) -> RouterConfig:

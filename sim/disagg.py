@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from twinserve.backends.sim.cost_model import CostModel
 from twinserve.backends.sim.executor import SimExecutor
-from twinserve.core.routing import LeastOutstanding, RouteRequest
+from twinserve.core.routing import LeastOutstanding, RoundRobin, RouteRequest
 from twinserve.core.sched.output import ModelRunnerOutput, SchedulerOutput
 
 from twinserve.sim.cluster import ClusterSimulation, Replica
@@ -144,7 +144,9 @@ class DisaggregatedSimulation(ClusterSimulation):
 
     def __init__(self, replicas, workload, router, num_prefill: int, link_bandwidth: float,
                  link_latency_s: float, kv_bytes_per_token: int, first_token: str = "prefill",
-                 **kw) -> None:
+                 decode_router: str = "least_outstanding", **kw) -> None:
+        if decode_router not in ("least_outstanding", "round_robin"):
+            raise ValueError(f"decode_router {decode_router!r}: 'least_outstanding' or 'round_robin'")
         super().__init__(replicas, workload, router, **kw)
         if first_token not in ("prefill", "decode"):
             raise ValueError(f"first_token {first_token!r}: 'prefill' or 'decode'")
@@ -152,7 +154,7 @@ class DisaggregatedSimulation(ClusterSimulation):
         self.num_prefill = num_prefill
         self.loads = [r.load for r in self.replicas[:num_prefill]]
         self.decode_loads = [r.load for r in self.replicas[num_prefill:]]
-        self.decode_router = LeastOutstanding()
+        self.decode_router = LeastOutstanding() if decode_router == "least_outstanding" else RoundRobin()
         self.link_bandwidth = link_bandwidth
         self.link_latency_s = link_latency_s
         self.kv_bytes_per_token = kv_bytes_per_token

@@ -69,6 +69,13 @@ class Entry:
     prefill: Shape
     decode: Shape
     mtp: int
+    # The decode worker's TensorRT-LLM max_batch_size at each client count (per attention-DP rank under DP
+    # attention), from the `batchN` of the recipe file the entry launches; () where not transcribed.
+    batch: tuple[int, ...] = ()
+
+    def batch_at(self, clients: int) -> int:
+        """The decode max_batch_size the entry ran at `clients` clients (0: not transcribed)."""
+        return self.batch[self.concs.index(clients)] if self.batch and clients in self.concs else 0
 
 
 @dataclass(slots=True, frozen=True)
@@ -78,6 +85,12 @@ class Match:
     prefill: Shape
     decode: Shape
     mtp: int | None
+    decode_batch: int = 0  # the decode worker's max_batch_size per attention rank (0: not known)
+
+    def decode_slots(self) -> int:
+        """Requests one decode worker runs at once: max_batch_size per attention rank, times its DP-attention
+        ranks (TensorRT-LLM's max_batch_size is per rank under attention DP); 0 where not known."""
+        return self.decode_batch * (self.decode.tp if self.decode.dp_attn else 1)
 
     def simulates_mtp(self, clients: int) -> bool:
         """Whether the row's study drafts: a known depth, and few enough clients (MTP_SIMULATED_MAX_CLIENTS)."""
@@ -279,7 +292,9 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
         _e((1229,), (7, 4, 4, True), (1, 16, 16, True), 1),
         _e((666,), (8, 4, 4, True), (1, 32, 32, True), 3),
         _e((4301,), (11, 4, 4, True), (1, 16, 16, True), 1),
-        _e((12, 44, 76, 5), _GB200_FP4_P, (4, 8, 8, True), 0),  # dp-attn true in the file (recipe: tep8)
+        # dp-attn true in the file, but the recipes it launches are TP attention (ctx1_gen4_tep8_batch16,
+        # ctx1_gen4_tep8_batch1: `tep8`, as every dp-attn false entry's): the recipe is what ran.
+        _e((12, 44, 76, 5), _GB200_FP4_P, (4, 8, 8, False), 0),
         _e((333,), (2, 4, 4, True), (1, 32, 32, True), 0),
         _e((1229,), (7, 4, 4, True), (1, 32, 32, True), 0),
         _e((2253,), (8, 4, 4, True), (1, 16, 16, True), 0),
@@ -480,6 +495,55 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
     ),
 }
 
+# The decode worker's max_batch_size of each TensorRT-LLM entry above, in the table's order: the `batchN` of the
+# recipe each entry's CONFIG_FILE names (ishandhanani/srt-slurm, branch sa-submission-q1-2026,
+# recipes/trtllm/...; e.g. b200-fp8/8k1k/stp/ctx1_gen4_tp8_batch32_eplb0_mtp0_128.yaml sets the decode
+# worker's `max_batch_size: 32`, h100-fp8/1k1k/mtp/ctx1_gen3_tep16_batch2_eplb0_mtp3.yaml `max_batch_size: 2`).
+# An int for every client count of the entry, a tuple for each in turn where the file launches a recipe per
+# count; 0 for entries of more than 256 clients only (not transcribed: no cap is simulated there).
+_DECODE_BATCH: dict[tuple[str, str, str, int, int], tuple[int | tuple[int, ...], ...]] = {
+    ("trtllm", "b200_sxm", "fp4", 1024, 1024): (0, 0, 1, 32, 0, 0, 0, 0, 0, 1, 32, 0),
+    ("trtllm", "b200_sxm", "fp4", 8192, 1024): (8, 16, 1, 8, 0, 0, 0, 1, 8, 0, 0, 0, 0),
+    ("trtllm", "b200_sxm", "fp8", 1024, 1024): (1, 4, 8, 32, 0, 0, 0, 0, 1024, 1024, 1024, 0, 0, 0),
+    ("trtllm", "b200_sxm", "fp8", 8192, 1024): (8, 32, 8, 16, 8, 0, 0, 1, 32, 32, 16, 128, 64, 256, 0),
+    ("trtllm", "b300_sxm", "fp4", 1024, 1024): (0, 0, 1, 32, 0, 0, 0, 0, 1, 4, 64, 0, 0, 0),
+    ("trtllm", "b300_sxm", "fp8", 1024, 1024): (1, 16, 0, 0, 0, 0, 0, 0, 0, 64, 64, 0, 0),
+    ("trtllm", "b300_sxm", "fp4", 8192, 1024): (0, 8, 1, 4, 16, 0, 32, 16, 1, 2, 0, 0, 0),
+    ("trtllm", "h100_sxm", "fp8", 1024, 1024): ((1, 2, 8, 16, 32), 4, 0, 0, 0, (1, 2, 8, 16), (4, 8, 16, 32), 0),
+    ("trtllm", "h100_sxm", "fp8", 8192, 1024): ((1, 2, 8), 4, 8, (1, 2, 8), 64, 0),
+    ("trtllm", "gb200", "fp4", 1024, 1024): (4, 8, 0, 0, 0, 0, 0, 0, 32, 1, 0, 0),
+    ("trtllm", "gb200", "fp4", 8192, 1024): (8, 4, 0, 0, 0, (16, 16, 16, 1), 0, 0, 0, 0),
+    ("trtllm", "gb200", "fp8", 1024, 1024): (0, 0, 0, (8, 4, 2), 0, 0, (32, 8), (8, 1)),
+    ("trtllm", "gb200", "fp8", 1024, 8192): (0, (16, 2), 2, 0, 0, (8, 1)),
+    ("trtllm", "gb200", "fp8", 8192, 1024): (0, 0, 0, 0, 2, (4, 2), 0, 0, 0, 0, (16, 4, 1)),
+    ("trtllm", "gb300", "fp4", 1024, 1024): (0, 0, (1, 8, 8, 8, 8), 0, 0, (1, 32, 32, 32, 32), 0, 0, 0, 0),
+    ("trtllm", "gb300", "fp4", 1024, 8192): ((1, 8), 0, 0, 0, (1, 32), 4, 0),
+    ("trtllm", "gb300", "fp4", 8192, 1024): (8, (1, 4, 4), 4, 0, 0, 0, 0, 16, (1, 2), 4, 0, 0, 0, 0),
+    ("trtllm", "gb300", "fp8", 1024, 1024): ((1, 4), 4, 0, 0, 0, 0, (1, 4, 16), 0, 0, 0),
+    ("trtllm", "gb300", "fp8", 8192, 1024): ((1, 4), 0, 0, 0, 0, (1, 4, 8), 0, 0, 0, 0),
+    ("trtllm", "gb300", "fp8", 1024, 8192): ((1, 4), (4, 16), 0, 0, (1, 8), 0, 0),
+}
+
+
+def _with_batches(table: dict, batches: dict) -> dict:
+    """The table with each entry's decode max_batch_size (one value per client count) merged in."""
+    out = dict(table)
+    for key, per_entry in batches.items():
+        entries = table[key]
+        if len(per_entry) != len(entries):
+            raise ValueError(f"{key}: {len(per_entry)} decode batch sizes for {len(entries)} entries")
+        merged = []
+        for e, b in zip(entries, per_entry):
+            b = tuple(b) if isinstance(b, tuple) else (b,) * len(e.concs) if b else ()
+            if b and len(b) != len(e.concs):
+                raise ValueError(f"{key} {e.concs}: decode batch sizes {b} do not match the client counts")
+            merged.append(Entry(e.concs, e.prefill, e.decode, e.mtp, b))
+        out[key] = tuple(merged)
+    return out
+
+
+TABLE = _with_batches(TABLE, _DECODE_BATCH)
+
 # Configurations whose client counts at that commit are one dump's only (the other dump holds counts that
 # matrix does not run: GB200 FP4 1k/1k's 2026-04-06 rows at 16, 32, 64, 128, 144, ..., the GB200 SGLang
 # 2026-04-06 rows at 2, 16, 64, 128, 256, ...).
@@ -527,4 +591,7 @@ def inferencex_workers(row: Any) -> Match | None:
     if not fits or len({(e.prefill, e.decode) for e in fits}) > 1:
         return None
     mtps = {e.mtp for e in fits}
-    return Match(fits[0].prefill, fits[0].decode, mtps.pop() if len(mtps) == 1 else None)
+    conc = _num(row.get("concurrency")) or 0
+    batches = {e.batch_at(conc) for e in fits}  # entries that agree on the workers but not the batch: unknown
+    return Match(fits[0].prefill, fits[0].decode, mtps.pop() if len(mtps) == 1 else None,
+                 batches.pop() if len(batches) == 1 else 0)

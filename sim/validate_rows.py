@@ -27,7 +27,7 @@ from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, AssumedWo
 from twinserve.sim.validate_engines import engine_defaults
 from twinserve.sim.validate_inferencex import inferencex_workers
 from twinserve.sim.validate_recipes import apply_memory, apply_recipe, apply_speculative, row_recipe, set_mtp
-from twinserve.sim.validate_protocol import DEFAULT_WINDOW, STEADY, RunDesign, run_design
+from twinserve.sim.validate_protocol import DEFAULT_WINDOW, INFERENCEX, STEADY, RunDesign, harness, run_design
 from twinserve.sim.workload import WorkloadConfig
 
 AIC_PACKAGE = "aiconfigurator_core"
@@ -427,6 +427,11 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
         plan.layout, plan.counts = ix.note(conc), (pre.count, dec.count)
         if ix.simulates_mtp(conc):  # its entry ran MTP at a given depth
             set_mtp(cfg.speculative, ix.mtp)
+        if ix.decode_slots():
+            # Each decode worker runs at most its recipe's max_batch_size (per attention rank) requests; the
+            # rest wait for a slot, and the wait is TTFT: the client's first token comes from the decode
+            # worker (sim/validate_inferencex.py _DECODE_BATCH).
+            dec_layout = {**dec_layout, "scheduler.max_num_seqs": ix.decode_slots()}
     elif missing_worker_counts(row):
         if disagg is None:
             raise NotExpressible("disaggregated row without prefill/decode worker counts")
@@ -438,6 +443,10 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     # disaggregated server, Dynamo, vLLM's P/D proxy, SGLang's router): the KV transfer and the decode
     # worker's first step for the request count into TTFT (sim/disagg.py).
     c.disagg_first_token = "decode"
+    if harness(row) == INFERENCEX:
+        # InferenceX's disaggregated runs are Dynamo deployments (srt-slurm's default frontend): the frontend
+        # picks each request's worker in turn (its default `--router-mode` round-robin), whatever its load.
+        c.disagg_decode_router = "round_robin"
     c.num_replicas = pre.count + dec.count
     c.num_prefill_replicas = pre.count
     c.router = "least_outstanding" if "least_outstanding" in _routers() else c.router

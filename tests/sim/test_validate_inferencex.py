@@ -160,3 +160,52 @@ def test_a_prefill_worker_at_ep_1_keeps_ep_1_under_a_decode_worker_at_ep_8(rows)
     for cfg in (pre, dec):
         model = build_cost_models(cfg)[0]
         parallelism(cfg).check(model)
+
+
+# GB200 FP8 TensorRT-LLM 1k/1k at 9 clients: 3 TP-attention decode workers whose recipe
+# (ctx1_gen3_tep8_batch2_eplb0_mtp3_9.yaml) sets max_batch_size 2; B200 FP4 8k/1k at 90 clients: 1 DP-attention
+# decode worker (ctx1_gen1_dep8_batch8_eplb0_mtp3.yaml), 8 per rank over 8 ranks.
+TEP_CAPPED = "2026_03_25_deepseek_r1_gb200_trtllm_fp8_disagg_1024x1024_c9_tp8_0_ep8_0_1039"
+DEP_CAPPED = "2026_04_06_deepseek_r1_b200_sxm_trtllm_fp4_disagg_8192x1024_c90_tp4_ep4_1260"
+
+
+@pytest.mark.parametrize(("row_id", "workers", "slots"), [(TEP_CAPPED, (1, 3), 2), (DEP_CAPPED, (1, 1), 64)])
+def test_a_decode_worker_admits_only_its_recipes_batch(rows, row_id: str, workers: tuple[int, int],
+                                                       slots: int) -> None:
+    from twinserve.sim.config import replica_config
+    row = _row(rows, row_id)
+    m = inferencex_workers(row)
+    assert m is not None and m.decode_slots() == slots
+    plan = row_plan(row)
+    assert plan.counts == workers
+    cfg, pre = plan.cfg, workers[0]
+    # Fewer slots than clients: the rest wait for the decode worker, and that wait is their TTFT.
+    assert slots < int(row["concurrency"])
+    for i in range(cfg.cluster.num_replicas):
+        cap = replica_config(cfg, i).scheduler.max_num_seqs
+        assert cap == (slots if i >= pre else max(int(row["concurrency"]), cap)), i
+    assert all("scheduler.max_num_seqs" not in r for r in cfg.cluster.replicas[:pre])
+
+
+def test_every_transcribed_decode_batch_covers_its_entrys_client_counts() -> None:
+    from twinserve.sim.validate_inferencex import _DECODE_BATCH, TABLE
+    for key in _DECODE_BATCH:
+        for e in TABLE[key]:
+            assert e.batch == () or (len(e.batch) == len(e.concs) and min(e.batch) >= 1), (key, e.concs)
+            # Transcribed wherever an entry runs 256 clients or fewer.
+            assert e.batch or min(e.concs) > 256, (key, e.concs)
+
+
+def test_an_inferencex_disaggregated_row_picks_decode_workers_in_turn(rows) -> None:
+    # Dynamo's frontend (InferenceX's disaggregated runs) picks workers round-robin by default.
+    from twinserve.sim.config import StudyConfig
+    assert StudyConfig().cluster.disagg_decode_router == "least_outstanding"
+    for row_id in (TEP_CAPPED, MTP_OR_NOT, UNLISTED):
+        assert row_plan(_row(rows, row_id)).cfg.cluster.disagg_decode_router == "round_robin", row_id
+
+
+def test_an_entry_whose_recipe_is_tep_runs_tp_attention_decode_workers(rows) -> None:
+    # GB200 FP4 8k/1k at 76 clients: the file says dp-attn true, the recipe it launches is
+    # ctx1_gen4_tep8_batch16 (TP attention, max_batch_size 16): 4 workers x 16 slots for 76 clients.
+    m = inferencex_workers(_row(rows, "2026_03_25_deepseek_r1_gb200_trtllm_fp4_disagg_8192x1024_c76_tp4_0_ep4_0_382"))
+    assert m is not None and m.decode == Shape(4, 8, 8, False) and m.decode_slots() == 16
