@@ -26,6 +26,7 @@ from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, AssumedWo
                                             missing_worker_counts)
 from twinserve.sim.validate_engines import engine_defaults
 from twinserve.sim.validate_inferencex import inferencex_workers
+from twinserve.sim.validate_twins import add_twins, twin_of
 from twinserve.sim.validate_recipes import apply_memory, apply_recipe, apply_speculative, row_recipe, set_mtp
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, INFERENCEX, STEADY, RunDesign, harness, run_design
 from twinserve.sim.workload import WorkloadConfig
@@ -91,7 +92,9 @@ def prepare_rows(df: pd.DataFrame) -> pd.DataFrame:
     df.loc[per_rank, "concurrency"] = from_id.where(from_id.notna(), df["batch_size"] * dp)[per_rank]
     df["model"] = df["model_path"].map(model_name)
     df["split"] = df["model"].map(lambda m: "dev" if m in DEV_MODELS else "heldout")
-    return df
+    # A disaggregated row without worker counts takes them from the file's other record of the same
+    # measurement, where it has one (sim/validate_twins.py).
+    return add_twins(df)
 
 
 def model_name(model_path: str) -> str:
@@ -152,6 +155,11 @@ def workers(row: pd.Series, counts: tuple[int, int] | None = None) -> list[Worke
     if ix is not None:
         ws = [Worker(tp, 1, adp, moe_tp, moe_ep, shape.count)
               for shape in (ix.prefill, ix.decode) for tp, adp, moe_tp, moe_ep in (shape.fields(),)]
+    elif missing_worker_counts(row) and twin_of(row):  # the same run's record with its workers
+        ws = [Worker(_int(row, f"twin_{k}_tp_size"), _int(row, f"twin_{k}_pp_size"),
+                     _int(row, f"twin_{k}_attention_dp_size"), _int(row, f"twin_{k}_moe_tp_size"),
+                     _int(row, f"twin_{k}_moe_ep_size"), _int(row, f"twin_{k}_num_workers"))
+              for k in ("prefill", "decode")]
     if counts is not None:
         ws[0].count, ws[1].count = counts
     return ws
@@ -432,6 +440,10 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
             # rest wait for a slot, and the wait is TTFT: the client's first token comes from the decode
             # worker (sim/validate_inferencex.py _DECODE_BATCH).
             dec_layout = {**dec_layout, "scheduler.max_num_seqs": ix.decode_slots()}
+    elif missing_worker_counts(row) and twin_of(row):
+        plan.layout = (f"twin record {twin_of(row)}: {pre.count} prefill, {dec.count} decode workers "
+                       f"(the same measured TTFT and TPOT; sim/validate_twins.py)")
+        plan.counts = (pre.count, dec.count)
     elif missing_worker_counts(row):
         if disagg is None:
             raise NotExpressible("disaggregated row without prefill/decode worker counts")

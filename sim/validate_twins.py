@@ -1,0 +1,80 @@
+"""Worker counts of a disaggregated row from the file's other record of the same measurement.
+
+aiconfigurator-core's silicon_sample.csv holds some InferenceX runs twice: once from an InferenceMAX dump
+(`source_file=2026-03-25.csv` / `2026-04-06.csv`, model DeepSeek-R1, no `prefill_num_workers` /
+`decode_num_workers`, attention DP written as 1) and once from InferenceX's database dump
+(`db-dump/2026-04-27; config_id=...`, model written DeepSeek-V3, with both worker counts and each side's
+attention DP). The two records of one run carry the same measured TTFT and TPOT to every printed digit
+(e.g. H200 TensorRT-LLM FP8 1k/1k at 36 clients: 622.888743 ms / 13.382414 ms in both, the db-dump's
+`measured=2026-03-23` config 590 and the dump row `measured=2026-03-23T13:00:07Z`). Over the file, each of
+the 306 development rows that have such a twin has exactly one (one layout), so the twin is the run's own
+record of how many workers it ran, not an estimate.
+
+A twin must agree on backend, system, precision, ISL, OSL, client count and both measured figures, and its
+model must be the row's or one of the same weights' shape (_SAME_SHAPE: DeepSeek-V3 and DeepSeek-R1 share
+config.json's DeepseekV3ForCausalLM dimensions; InferenceX ran deepseek-ai/DeepSeek-R1-0528). Only the
+twin's layout columns are read (its measured figures serve as the key; no error of any row is used).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+# The layout columns a twin lends: each side's worker count and parallel sizes.
+LAYOUT_FIELDS = tuple(f"{side}_{f}" for side in ("prefill", "decode")
+                      for f in ("num_workers", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size"))
+# What makes two records one measurement.
+TWIN_KEY = ("backend", "system", "precision", "isl", "osl", "concurrency", "silicon_ttft_ms", "silicon_tpot_ms")
+# The measured figures are compared at 0.1 microsecond: the two dumps print one run's figures with
+# different trailing float digits (622.88874298 vs 622.888743), never a different 4th decimal.
+_DECIMALS = 4
+TWIN_ID = "twin_id"  # the column naming the twin's id; its layout goes in twin_<field>
+# Models whose checkpoints share one architecture and shape (config.json's DeepseekV3ForCausalLM, 61 layers,
+# hidden 7168, 256 routed experts: deepseek-ai/DeepSeek-V3 and deepseek-ai/DeepSeek-R1 on Hugging Face).
+_SAME_SHAPE = (frozenset({"DeepSeek-R1", "DeepSeek-V3"}),)
+
+
+def _same_shape(a: str, b: str) -> bool:
+    return a == b or any(a in s and b in s for s in _SAME_SHAPE)
+
+
+def add_twins(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with TWIN_ID and twin_<field> columns on each disaggregated row that lacks worker counts and has
+    exactly one twin layout (NaN elsewhere). `df` needs `model` and `concurrency` (validate_rows.prepare_rows)."""
+    out = df.copy()
+    out[TWIN_ID] = None
+    for f in LAYOUT_FIELDS:
+        out[f"twin_{f}"] = float("nan")
+    if not set(TWIN_KEY + LAYOUT_FIELDS + ("mode", "model", "id")).issubset(df.columns):
+        return out
+    disagg = df[df["mode"] == "disagg"]
+    counted = disagg["prefill_num_workers"].notna() & disagg["decode_num_workers"].notna()
+    given, missing = disagg[counted], disagg[~counted]
+    given = given.dropna(subset=["silicon_ttft_ms", "silicon_tpot_ms", "concurrency"])
+    given = given.assign(**{c: given[c].round(_DECIMALS) for c in ("silicon_ttft_ms", "silicon_tpot_ms")})
+    if given.empty or missing.empty:
+        return out
+    groups = given.groupby(list(TWIN_KEY), sort=False)
+    for idx, row in missing.iterrows():
+        k = tuple(round(row[c], _DECIMALS) if c.startswith("silicon_") else row[c] for c in TWIN_KEY)
+        if any(pd.isna(v) for v in k):
+            continue
+        try:
+            cand = groups.get_group(k)
+        except KeyError:
+            continue
+        cand = cand[[_same_shape(str(row["model"]), str(m)) for m in cand["model"]]]
+        layouts = cand[list(LAYOUT_FIELDS)].fillna(-1).drop_duplicates()
+        if len(layouts) != 1:
+            continue  # none, or records of one measurement that disagree on the workers: keep the assumption
+        twin = cand.iloc[0]
+        out.at[idx, TWIN_ID] = str(twin["id"])
+        for f in LAYOUT_FIELDS:
+            out.at[idx, f"twin_{f}"] = twin[f]
+    return out
+
+
+def twin_of(row: pd.Series) -> str | None:
+    """The id of the row's twin record (add_twins), or None."""
+    v = row.get(TWIN_ID)
+    return v if isinstance(v, str) and v else None

@@ -1,0 +1,101 @@
+"""A disaggregated row without worker counts takes them from the file's other record of the same run."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from twinserve.sim.validate import row_record
+from twinserve.sim.validate_inferencex import inferencex_workers
+from twinserve.sim.validate_rows import prepare_rows, row_plan
+from twinserve.sim.validate_twins import LAYOUT_FIELDS, TWIN_ID, twin_of
+
+pytest.importorskip("aiconfigurator_core", reason="the measured rows ship in aiconfigurator-core (extra 'aic')")
+
+# H200 TensorRT-LLM FP8 1k/1k at 36 clients, InferenceMAX dump (no worker counts; no InferenceX entry), and
+# its db-dump twin: 622.888743 ms / 13.382414 ms in both; 1 prefill worker (TP 1 x attention DP 8, EP 8),
+# 9 decode workers (TP 8, EP 8).
+DUMP_ROW = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_1024x1024_c36_tp8_0_ep8_0_368"
+TWIN_ROW = "dsr1_h200_trtllm_fp8_disagg_1024x1024_c36_cfg590"
+
+
+def _row(rows: pd.DataFrame, row_id: str) -> pd.Series:
+    hit = rows[rows["id"] == row_id]
+    assert len(hit) == 1, row_id
+    return hit.iloc[0]
+
+
+def test_a_row_without_counts_runs_its_twins_workers(rows) -> None:
+    row = _row(rows, DUMP_ROW)
+    assert math.isnan(row["prefill_num_workers"]) and math.isnan(row["decode_num_workers"])
+    assert inferencex_workers(row) is None  # no InferenceX entry: before, the kv_fit_rate assumption
+    assert twin_of(row) == TWIN_ROW
+    plan = row_plan(row)
+    assert plan.counts == (1, 9)
+    assert plan.layout.startswith(f"twin record {TWIN_ROW}: 1 prefill, 9 decode workers")
+    c = plan.cfg.cluster
+    assert (c.num_prefill_replicas, c.num_replicas) == (1, 10)
+    assert c.replicas[0]["engine.data_parallel_size"] == 8  # the twin's prefill attention DP, not the dump's 1
+    assert c.replicas[0]["engine.tensor_parallel_size"] == 1
+    assert c.replicas[-1]["engine.tensor_parallel_size"] == 8
+    rec = row_record(row)
+    assert rec["gpus"] == 8 * 10 and rec["layout"] == plan.layout
+
+
+def test_a_twin_settles_an_ambiguous_inferencex_match(rows) -> None:
+    # B200 FP8 8k/1k at 128 clients, prefill EP 8: three InferenceX entries fit and disagree on the workers;
+    # the row's twin record (config 549) says 1 prefill and 1 decode worker, which one of them runs.
+    from twinserve.sim.validate_inferencex import candidates
+    row = _row(rows, "2026_04_06_deepseek_r1_b200_sxm_trtllm_fp8_disagg_8192x1024_c128_tp8_ep8_1796")
+    assert len(candidates(row)) == 3 and inferencex_workers(row) is None
+    assert (1, 1) in {(e.prefill.count, e.decode.count) for e in candidates(row)}
+    plan = row_plan(row)
+    assert plan.counts == (1, 1) and plan.layout.startswith("twin record dsr1_b200_trtllm_fp8_disagg_8192x1024_c128_cfg549")
+
+
+def test_twins_agree_with_every_inferencex_match(rows) -> None:
+    # Two independent sources of a run's workers: the file's twin record and InferenceX's run matrix.
+    checked = 0
+    for _, row in rows[rows[TWIN_ID].notna()].iterrows():
+        ix = inferencex_workers(row)
+        if ix is None:
+            continue
+        assert (ix.prefill.count, ix.decode.count) == (int(row["twin_prefill_num_workers"]),
+                                                       int(row["twin_decode_num_workers"])), row["id"]
+        checked += 1
+    assert checked >= 100
+
+
+def _frame(**changes: dict) -> pd.DataFrame:
+    base = dict(id="dump", backend="trtllm", system="h200_sxm", precision="fp8", mode="disagg", isl=1024,
+                osl=1024, batch_size=float("nan"), attention_dp_size=float("nan"),
+                model_path="deepseek-ai/DeepSeek-R1", silicon_ttft_ms=622.888743, silicon_tpot_ms=13.382414,
+                **{f: float("nan") for f in LAYOUT_FIELDS})
+    twin = {**base, "id": "db_c36_cfg1", "model_path": "deepseek-ai/DeepSeek-V3",
+            **dict(zip(LAYOUT_FIELDS, (1, 1, 1, 8, 1, 8, 9, 8, 1, 1, 1, 8)))}
+    base["id"] = "x_c36_dump"
+    rows = [base, twin]
+    for i, ch in changes.items():
+        rows.append({**twin, **ch, "id": f"db_c36_{i}"})
+    return pd.DataFrame(rows)
+
+
+def test_add_twins_takes_only_one_measurement_with_one_layout() -> None:
+    df = prepare_rows(_frame())
+    assert twin_of(df.iloc[0]) == "db_c36_cfg1" and df.iloc[0]["twin_decode_num_workers"] == 9
+    assert twin_of(df.iloc[1]) is None  # a row with its own counts borrows none
+    # a second record of the same figures with other workers: no twin (the assumption stays)
+    assert twin_of(prepare_rows(_frame(b={"decode_num_workers": 3})).iloc[0]) is None
+    # the same layout twice is one layout
+    assert twin_of(prepare_rows(_frame(b={})).iloc[0]) is not None
+
+
+@pytest.mark.parametrize("change", [{"silicon_tpot_ms": 13.3834}, {"model_path": "meta-llama/Llama-3.1-70B"},
+                                    {"isl": 8192}, {"system": "b200_sxm"}, {"mode": "agg"}])
+def test_a_record_that_differs_is_no_twin(change: dict) -> None:
+    df = _frame()
+    for k, v in change.items():
+        df.loc[1, k] = v
+    assert twin_of(prepare_rows(df).iloc[0]) is None
