@@ -106,6 +106,9 @@ def search_pool(workers: int | None, ray_address: str | None = None) -> Iterator
         yield
         return
     _SHARED = ProcessPoolExecutor(n)
+    # Fork the workers now (a forking pool starts all of them at its first job), so that what the
+    # main process loads from here on (sim.search_cli._load_report) is not copied into them.
+    _SHARED.submit(int).result()
     try:
         yield
     finally:
