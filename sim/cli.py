@@ -26,7 +26,6 @@ from twinserve.core.errors import TwinserveError
 from twinserve.sim.clients import closed_loop_line
 from twinserve.sim.config import StudyConfig, load_config, replica_config, set_field, validate
 from twinserve.sim.errors import ConfigError
-from twinserve.sim.report import write_study
 from twinserve.sim.runner import LOCAL_RAY, PointError, PointFailure, workers_arg
 from twinserve.sim.study import parse_grid, run_grid, run_point
 
@@ -222,6 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         wall = time.perf_counter() - t0
         out = Path(args.out or (f"simulate-{args.command}" if args.command else "simulate-out"))
         title = cfg.run.name if args.command is None else f"simulate {args.command}: {cfg.run.name}"
+        # Loaded on use: pandas' plotting and matplotlib (~0.3 CPU s) are no part of `search`'s start.
+        from twinserve.sim.report import write_study
+
         written = write_study(out, res, axes, title, _notes(cfg, wall, len(res), axes) + beyond_fit_note(res),
                               slo=cfg.slo)
     except (TwinserveError, OSError) as e:

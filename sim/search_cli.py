@@ -7,7 +7,9 @@ runs failed and nothing was answered.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -19,8 +21,8 @@ from twinserve.sim.convergence import converged_search, convergence_rows
 from twinserve.sim.search import cheapest, summary_rows
 from twinserve.sim.search_band import add_bands, search_seeds, ties
 from twinserve.sim.search_checks import check_search, search_slos
+from twinserve.sim import search_driver
 from twinserve.sim.search_driver import search_pool
-from twinserve.sim.search_report import pick_record, write_search
 from twinserve.sim.search_screen import screen_notes, skip_bands
 from twinserve.sim.study import parse_grid
 
@@ -44,6 +46,7 @@ def run_search(args: argparse.Namespace, base: Callable[[argparse.Namespace], St
         t0 = time.perf_counter()
         # One pool for every stage: its workers are forked once (sim.search_driver.search_pool).
         with search_pool(args.workers, args.ray):
+            loading = _load_report()
             searches = converged_search(cfg, grid, slos, workers=args.workers,
                                         ray_address=args.ray)
             if cfg.search.band_seeds:
@@ -67,6 +70,10 @@ def run_search(args: argparse.Namespace, base: Callable[[argparse.Namespace], St
         notes = _notes(cfg, slos, rows, wall, len(searches), band_notes, seed_res)
         notes += screen_notes(searches, best, cfg.search.screen_margin)
         out = Path(args.out or "simulate-search")
+        if loading is not None:
+            loading.join()
+        from twinserve.sim.search_report import pick_record, write_search
+
         picks = [pick_record(s, r, cfg, axes) for s, r in zip(searches, rows)
                  if r is best or any(r is t for t in tied)]
         written = write_search(out, searches, rows, axes, best, tied, picks,
@@ -83,6 +90,25 @@ def run_search(args: argparse.Namespace, base: Callable[[argparse.Namespace], St
         return 0
     # Nothing meets the SLOs: summary.md says why for each configuration.
     return 1 if failed else NOTHING_FITS
+
+
+def _load_report() -> threading.Thread | None:
+    """Load sim.search_report (matplotlib and pandas' plotting: ~0.3 CPU s) in a thread while the
+    shared pool's workers run the search, where it cost that much wall time before the first run;
+    None (loaded where it is used) without a pool of workers to hide it behind (one worker, Ray).
+    An import that fails here fails again, with its error, where run_search imports it."""
+    if search_driver._SHARED is None:
+        return None
+
+    def load() -> None:
+        try:
+            importlib.import_module("twinserve.sim.search_report")
+        except Exception:  # noqa: BLE001 - raised again by run_search's own import
+            pass
+
+    thread = threading.Thread(target=load, name="search-report-import", daemon=True)
+    thread.start()
+    return thread
 
 
 def _notes(cfg: StudyConfig, slos: dict[str, float], rows: list[dict[str, Any]], wall: float,

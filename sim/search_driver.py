@@ -106,6 +106,9 @@ def search_pool(workers: int | None, ray_address: str | None = None) -> Iterator
         yield
         return
     _SHARED = ProcessPoolExecutor(n)
+    # Fork the workers now (a forking pool starts all of them at its first job), so that what the
+    # main process loads from here on (sim.search_cli._load_report) is not copied into them.
+    _SHARED.submit(int).result()
     try:
         yield
     finally:
@@ -174,6 +177,24 @@ class _Ray:
         pass
 
 
+def _calibrator_in_flight(s: SearchLike, searches: Sequence[SearchLike],
+                          inflight: dict[Any, tuple[SearchLike, float]]) -> bool:
+    """True while a search of s's group now running is more like s (likeness) than every one
+    bracketed so far: its bracket is what s would calibrate its start by, once it lands.
+
+    One worker starts each search with every earlier answer in hand; two started the next
+    configuration beside the one running, from an older calibration (no answer at all for the
+    second), and the starts landed further off: FP8 8x H200 question, two workers emulated
+    (experiments/search_workers_emulated.py): 155 runs and 11.5 s virtual wall, 136 runs and
+    10.5 s with the wait (one worker: 138), every answer within the one-worker search's bands."""
+    group = getattr(s, "group", 0)
+    done = [o for o in searches if getattr(o, "group", 0) == group and o.estimate > 0
+            and o.lo > 0 and math.isfinite(o.hi)]
+    best = max((likeness(s, o) for o in done), default=-1)
+    return any(getattr(o, "group", 0) == group and o.estimate > 0 and likeness(s, o) > best
+               for o, _ in inflight.values())
+
+
 def drive(searches: Sequence[SearchLike], fn: Callable[[Any], dict[str, Any]],
           make_job: Callable[[SearchLike, float], Any], judge: Callable[[dict[str, Any]], bool],
           workers: int | None = None, ray_address: str | None = None, bar: Any = None,
@@ -199,6 +220,11 @@ def drive(searches: Sequence[SearchLike], fn: Callable[[Any], dict[str, Any]],
                     # A nearby answer (the shorter runs') moves alike for every configuration:
                     # all such searches calibrate it; a cost-model estimate errs by kind.
                     group = getattr(s, "group", 0)
+                    # A start from the cost model waits (its worker idle, at most half the
+                    # slots) for the bracket of a more alike search in flight.
+                    if not near and 2 * len(inflight) >= slots and _calibrator_in_flight(
+                            s, searches, inflight):
+                        continue
                     cal = calibration([o for o in searches if getattr(o, "group", 0) == group],
                                       None if near else s)
                     s.start = s.estimate * on_grid(cal, getattr(s, "grid", 0.0))

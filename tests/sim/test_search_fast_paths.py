@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 from hypothesis import given, settings
@@ -623,3 +624,54 @@ def test_requests_keeping_the_simulators_prompt_lists_give_the_copied_runs_figur
     finally:
         Request.taking = taking
     assert kept == copied
+
+
+class _TwoWorkersInOrder:
+    """search_driver._Local's interface for two workers: jobs run at submission, and finish in
+    the order they were submitted (the first of the two in flight lands first)."""
+
+    def __init__(self, workers: int) -> None:
+        self.pending: list[tuple[object, object]] = []
+
+    def submit(self, fn, job):
+        handle = object()
+        self.pending.append((handle, fn(job)))
+        return handle
+
+    def wait(self, handles):
+        return [self.pending.pop(0)]
+
+    def close(self) -> None:
+        pass
+
+
+def test_with_two_workers_a_search_from_the_cost_model_waits_for_the_first_bracket(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two workers, two configurations, no answer yet: the second started at once from its raw
+    # estimate (one worker: from the first's answer; FP8 8x H200 question, emulated: 155 runs
+    # against 146 when it waits). It waits for the first's bracket and starts calibrated by it.
+    from twinserve.sim import search_driver
+    from twinserve.sim.search import RateSearch
+    from twinserve.sim.search_driver import _START_UP, drive
+
+    monkeypatch.setattr(search_driver, "_Local", _TwoWorkersInOrder)
+    first = RateSearch({"tp": 1}, small_config(), estimate=4.0, tolerance=0.05)
+    second = RateSearch({"tp": 2}, small_config(), estimate=2.0, tolerance=0.05)
+    answers = {id(first): 6.0, id(second): 3.0}  # both x1.5 their estimates
+    seen: list[tuple[int, float, float, float]] = []  # (search, rate, first's lo and hi then)
+
+    def job(s, rate):
+        seen.append((id(s), rate, first.lo, first.hi))
+        return id(s), rate
+
+    drive([first, second], lambda j: {"s": j[0], "rate": j[1]}, job,
+          lambda row: row["rate"] <= answers[row["s"]], workers=2)
+    rate, lo, hi = next((r, lo, hi) for sid, r, lo, hi in seen if sid == id(second))
+    assert lo > 0 and math.isfinite(hi)  # the first had its bracket when the second went out
+    assert rate == pytest.approx(2.0 * math.sqrt(lo * hi) / 4.0 * _START_UP, rel=1e-5)
+    assert first.lo <= 6.0 < first.hi and second.lo <= 3.0 < second.hi
+    # Nothing waits when nothing could calibrate it: a lone search starts at once.
+    lone = RateSearch({"tp": 4}, small_config(), estimate=1.0, tolerance=0.05)
+    drive([lone], lambda j: {"s": j[0], "rate": j[1]}, lambda s, r: (id(s), r),
+          lambda row: row["rate"] <= 1.2, workers=2)
+    assert lone.lo <= 1.2 < lone.hi
