@@ -19,6 +19,10 @@
   requests decode, new prompts are held back from the step until they have waited that many steps or
   the step's tokens (the held prompts' whole lengths plus one a decode) reach ratio x the step budget
   (MixedBatchWait).
+- `mixed` with an attention-DP balance (SchedulerConfig.adp_balance_iters / adp_batching_wait_iters over
+  adp_ranks ranks; TensorRT-LLM's `attention_dp_config` `enable_balance`, `timeout_iters`,
+  `batching_wait_iters`): new prompts are held until every rank has one, or a step count runs out
+  (AdpBalance).
 """
 
 from __future__ import annotations
@@ -47,6 +51,10 @@ class BatchPolicy(Protocol):
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
         """This step's batch."""
 
+    def advance(self, k: int, running: int) -> None:
+        """k decode steps of `running` requests ran without schedule() (nothing waited): a policy that
+        counts steps counts them (Scheduler.advance_recv)."""
+
 
 class MixedBatches:
     """vLLM V1: one budget, running requests first, then admissions, prefill and decode together."""
@@ -57,11 +65,17 @@ class MixedBatches:
         """A mixed step."""
         return sched.schedule_batch(now)
 
+    def advance(self, k: int, running: int) -> None:
+        """Nothing counted."""
+
 
 class PrefillFirst:
     """SGLang: a step prefills only when anything can prefill; otherwise it decodes every running request."""
 
     name = "prefill_first"
+
+    def advance(self, k: int, running: int) -> None:
+        """Nothing counted."""
 
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
         """A prefill-only step if one can run, else a decode-only step."""
@@ -196,15 +210,123 @@ class MixedBatchWait(MixedBatches):
         return True
 
 
+class AdpBalance(MixedBatches):
+    """`mixed` steps whose admissions wait for every attention-DP rank to have a new prompt, as
+    TensorRT-LLM's attention-DP balance does.
+
+    TensorRT-LLM's PyTorch executor (tensorrt_llm/_torch/pyexecutor/py_executor.py `_schedule` and
+    `_balance_adp_requests`, in 1.1 and 1.2; the same rule in later trees' scheduler), every step with
+    `enable_attention_dp` and `attention_dp_config.enable_balance`: each rank's scheduled context and
+    generation request counts are all-gathered; if every rank has a free slot (generation requests <
+    max_batch_size) and a context request, the waiting count is zeroed and, when every rank also has a
+    generation request, the contexts wait `batching_wait_iters` steps more (a count of its own, zeroed
+    when they go); otherwise the waiting count goes up by one and the contexts are held, unless it
+    reaches `timeout_iters` or some rank has no generation request, when it is zeroed and they go.
+    The count runs every step, contexts or not: a lone prompt waits until the count next reaches
+    timeout_iters, anywhere from 1 to timeout_iters steps.
+
+    Here the attention-DP ranks are one pooled scheduler (sim/build.py: budget and sequence cap are
+    adp_ranks x a rank's), which does not say which rank a request is on. "Every rank has a context
+    request" is read as "at least adp_ranks waiting requests can be admitted this step" (queue order,
+    each whole prompt while it fits the budget the decodes leave, up to the sequence cap; chunked: its
+    chunk), and "every rank has a generation request" as "at least adp_ranks requests decode". Both
+    are what the rank-wise conditions need, not what they guarantee: TensorRT-LLM places a new request
+    on the rank with the fewest active ones (executor_request_queue.py `_schedule_attention_dp_requests`,
+    `_balance_requests_across_ranks`), so with closed-loop clients a replacement lands where its
+    predecessor finished, and adp_ranks waiting prompts cover every rank only when those finishes did.
+    So prompts are held here no longer than there, and a rank whose requests are all new prompts
+    (which releases at once there) is not seen. The free-slot condition is the sequence cap of the
+    admission count. Not modelled, as in MixedBatchWait: a running prompt part-way through its chunks
+    is never held. Decode steps the simulators run as windows without schedule() (nothing waiting) are
+    counted through advance(). Its own type, so the simulators' join steps and lazy decodes, which admit
+    without the batch policy, leave it alone.
+    """
+
+    name = "mixed"
+
+    def __init__(self, ranks: int, timeout_iters: int, batching_wait_iters: int = 0) -> None:
+        self.ranks = ranks
+        self.timeout_iters = timeout_iters
+        self.batching_wait_iters = batching_wait_iters
+        self.count = 0  # TensorRT-LLM's adp_ctx_waiting_iters_count
+        self.batching_count = 0  # adp_ctx_batching_wait_iters_count
+
+    def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
+        """A mixed step, without its admissions while the balance holds."""
+        if self._holds(sched) and sched.waiting:
+            return sched.schedule_batch(now, admit=False)
+        return sched.schedule_batch(now)
+
+    def advance(self, k: int, running: int) -> None:
+        """k steps with no new prompt: the waiting count goes up by one a step, back to 0 at
+        timeout_iters, or at every step while fewer than `ranks` requests decode."""
+        if k <= 0:
+            return
+        if running < self.ranks or self.timeout_iters <= 0:
+            self.count = 0
+        else:
+            self.count = (self.count + k) % self.timeout_iters
+
+    def _holds(self, sched: Scheduler) -> bool:
+        """Whether this step's admissions wait, the counts kept as TensorRT-LLM keeps them."""
+        ranks = self.ranks
+        decodes = 0
+        for r in sched.running:
+            if not is_prefilling(r):
+                decodes += 1
+                if decodes >= ranks:
+                    break
+        all_gen = decodes >= ranks
+        if self._admissible(sched) >= ranks:  # every rank has a context request (and a free slot)
+            self.count = 0
+            if all_gen:
+                if self.batching_count < self.batching_wait_iters:
+                    self.batching_count += 1
+                    return True
+                self.batching_count = 0
+            return False
+        self.count += 1
+        if self.count >= self.timeout_iters or not all_gen:
+            self.count = 0
+            return False
+        return True
+
+    def _admissible(self, sched: Scheduler) -> int:
+        """How many waiting requests this step could admit (at most `ranks` counted), in `_admit`'s
+        order: whole prompts in the budget the running requests leave, up to the sequence cap."""
+        cfg = sched.config
+        room = cfg.max_num_batched_tokens - len(sched.running)
+        seats = cfg.max_num_seqs - len(sched.running)
+        chunked = cfg.enable_chunked_prefill
+        n = 0
+        for req in sched.waiting:
+            if room <= 0 or seats <= 0 or n >= self.ranks:
+                break
+            need = req.num_tokens - req.num_computed_tokens
+            if need > room:
+                if not chunked:
+                    break
+                need = room
+            room -= need
+            seats -= 1
+            n += 1
+        return n
+
+
 BATCH_POLICIES: dict[str, type] = {"mixed": MixedBatches, "prefill_first": PrefillFirst}
 
 
-def make_batch_policy(name: str, batch_wait_iters: int = 0, batch_wait_tokens_ratio: float = 0.0) -> BatchPolicy:
-    """The batch policy registered as `name` (`mixed` with a batch wait: MixedBatchWait)."""
+def make_batch_policy(name: str, batch_wait_iters: int = 0, batch_wait_tokens_ratio: float = 0.0,
+                      adp_ranks: int = 1, adp_balance_iters: int = 0, adp_batching_wait_iters: int = 0
+                      ) -> BatchPolicy:
+    """The batch policy registered as `name` (`mixed` with an attention-DP balance over more than one rank:
+    AdpBalance; else with a batch wait: MixedBatchWait, which TensorRT-LLM runs only without attention DP)."""
     try:
         cls = BATCH_POLICIES[name]
     except KeyError:
         raise InvalidConfigError("batch_policy", name, ", ".join(repr(n) for n in BATCH_POLICIES)) from None
+    if cls is MixedBatches and adp_ranks > 1 and adp_balance_iters > 0:
+        return AdpBalance(adp_ranks, adp_balance_iters, adp_batching_wait_iters)
     if cls is MixedBatches and (batch_wait_iters > 0 or batch_wait_tokens_ratio > 0):
         return MixedBatchWait(batch_wait_iters, batch_wait_tokens_ratio)
     return cls()
