@@ -42,7 +42,8 @@ def main() -> None:
     out = []
     for _, row in rows.iterrows():
         rec = {"id": row["id"], "sys": row["system"], "ver": row["backend_version"], "isl": row["isl"],
-               "osl": row["osl"], "conc": row["concurrency"], "meas_ttft": row["silicon_ttft_ms"], "meas_tpot": row["silicon_tpot_ms"]}
+               "osl": row["osl"], "conc": row["concurrency"], "meas_ttft": row["silicon_ttft_ms"],
+               "meas_tpot": row["silicon_tpot_ms"]}
         for label, balance in (("off", False), ("on", True)):
             def patched(r, _b=balance):
                 recipe = real(r)

@@ -226,20 +226,20 @@ class AdpBalance(MixedBatches):
     timeout_iters, anywhere from 1 to timeout_iters steps.
 
     Here the attention-DP ranks are one pooled scheduler (sim/build.py: budget and sequence cap are
-    adp_ranks x a rank's), which does not say which rank a request is on. "Every rank has a context
-    request" is read as "at least adp_ranks waiting requests can be admitted this step" (queue order,
-    each whole prompt while it fits the budget the decodes leave, up to the sequence cap; chunked: its
-    chunk), and "every rank has a generation request" as "at least adp_ranks requests decode". Both
-    are what the rank-wise conditions need, not what they guarantee: TensorRT-LLM places a new request
-    on the rank with the fewest active ones (executor_request_queue.py `_schedule_attention_dp_requests`,
-    `_balance_requests_across_ranks`), so with closed-loop clients a replacement lands where its
-    predecessor finished, and adp_ranks waiting prompts cover every rank only when those finishes did.
-    So prompts are held here no longer than there, and a rank whose requests are all new prompts
-    (which releases at once there) is not seen. The free-slot condition is the sequence cap of the
-    admission count. Not modelled, as in MixedBatchWait: a running prompt part-way through its chunks
-    is never held. Decode steps the simulators run as windows without schedule() (nothing waiting) are
-    counted through advance(). Its own type, so the simulators' join steps and lazy decodes, which admit
-    without the batch policy, leave it alone.
+    `ranks` x a rank's), so the policy keeps which rank each request is on: a new request goes to the
+    rank with the fewest active (waiting or running) requests among those below the even share
+    max(ceil(active + new) / ranks, the fullest rank's), the lowest rank first on a tie, as
+    executor_request_queue.py `_schedule_attention_dp_requests` / `_balance_requests_across_ranks` place
+    them (they order the ranks by active tokens first: not modelled, the count decides). A rank has a
+    context request when one of its waiting requests fits its share of the budget beside its decodes
+    (chunked prefill: any room), a free slot while its decodes are fewer than its share of the sequence
+    cap, and a generation request when one of its requests decodes or it has none at all
+    (`_pad_attention_dp_dummy_request` gives an empty rank a dummy one). On release, the pooled
+    scheduler admits in queue order within the pooled budget, not each rank within its own. Not
+    modelled, as in MixedBatchWait: a running prompt part-way through its chunks is never held. Decode
+    steps the simulators run as windows without schedule() (nothing waiting, every rank decoding or
+    empty) are counted through advance(). Its own type, so the simulators' join steps and lazy
+    decodes, which admit without the batch policy, leave it alone.
     """
 
     name = "mixed"
@@ -250,6 +250,7 @@ class AdpBalance(MixedBatches):
         self.batching_wait_iters = batching_wait_iters
         self.count = 0  # TensorRT-LLM's adp_ctx_waiting_iters_count
         self.batching_count = 0  # adp_ctx_batching_wait_iters_count
+        self.rank_of: dict[str, int] = {}  # request id -> its attention-DP rank
 
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
         """A mixed step, without its admissions while the balance holds."""
@@ -258,26 +259,59 @@ class AdpBalance(MixedBatches):
         return sched.schedule_batch(now)
 
     def advance(self, k: int, running: int) -> None:
-        """k steps with no new prompt: the waiting count goes up by one a step, back to 0 at
-        timeout_iters, or at every step while fewer than `ranks` requests decode."""
-        if k <= 0:
-            return
-        if running < self.ranks or self.timeout_iters <= 0:
-            self.count = 0
-        else:
+        """k steps with nothing waiting: every rank decodes or is empty (a dummy generation request), so
+        the waiting count goes up by one a step and back to 0 at timeout_iters."""
+        if k > 0 and self.timeout_iters > 0:
             self.count = (self.count + k) % self.timeout_iters
 
     def _holds(self, sched: Scheduler) -> bool:
         """Whether this step's admissions wait, the counts kept as TensorRT-LLM keeps them."""
         ranks = self.ranks
-        decodes = 0
+        rank_of = self.rank_of
+        cfg = sched.config
+        gen = [0] * ranks
+        active = [0] * ranks
         for r in sched.running:
+            k = rank_of.get(r.request_id)
+            if k is None:  # admitted without passing the policy: placed as a new request
+                k = rank_of[r.request_id] = self._place(active, max(-(-(sum(active) + 1) // ranks), max(active)))
+            active[k] += 1
             if not is_prefilling(r):
-                decodes += 1
-                if decodes >= ranks:
+                gen[k] += 1
+        waiting = sched.waiting
+        if waiting:
+            new: list[Request] = []
+            for r in waiting:
+                k = rank_of.get(r.request_id)
+                if k is None:
+                    new.append(r)
+                else:
+                    active[k] += 1
+            if new:
+                share = max(-(-(sum(active) + len(new)) // ranks), max(active))  # fixed before placing
+                for r in new:
+                    rank_of[r.request_id] = self._place(active, share)
+                if len(rank_of) > 4 * (len(sched.running) + len(waiting)) + 256:  # forget finished requests
+                    live = {r.request_id for r in sched.running} | {r.request_id for r in waiting}
+                    self.rank_of = rank_of = {i: k for i, k in rank_of.items() if i in live}
+        all_gen = all(g > 0 or a == 0 for g, a in zip(gen, active))
+        seats = cfg.max_num_seqs // ranks
+        all_free = all(g < seats for g in gen)
+        budget = cfg.max_num_batched_tokens // ranks
+        chunked = cfg.enable_chunked_prefill
+        has_ctx = [False] * ranks
+        missing = ranks
+        for r in waiting:
+            k = rank_of[r.request_id]
+            if has_ctx[k]:
+                continue
+            room = budget - gen[k]
+            if room > 0 and (chunked or r.num_tokens - r.num_computed_tokens <= room):
+                has_ctx[k] = True
+                missing -= 1
+                if not missing:
                     break
-        all_gen = decodes >= ranks
-        if self._admissible(sched) >= ranks:  # every rank has a context request (and a free slot)
+        if all_free and not missing:  # every rank has a free slot and a context request
             self.count = 0
             if all_gen:
                 if self.batching_count < self.batching_wait_iters:
@@ -291,26 +325,12 @@ class AdpBalance(MixedBatches):
             return False
         return True
 
-    def _admissible(self, sched: Scheduler) -> int:
-        """How many waiting requests this step could admit (at most `ranks` counted), in `_admit`'s
-        order: whole prompts in the budget the running requests leave, up to the sequence cap."""
-        cfg = sched.config
-        room = cfg.max_num_batched_tokens - len(sched.running)
-        seats = cfg.max_num_seqs - len(sched.running)
-        chunked = cfg.enable_chunked_prefill
-        n = 0
-        for req in sched.waiting:
-            if room <= 0 or seats <= 0 or n >= self.ranks:
-                break
-            need = req.num_tokens - req.num_computed_tokens
-            if need > room:
-                if not chunked:
-                    break
-                need = room
-            room -= need
-            seats -= 1
-            n += 1
-        return n
+    def _place(self, active: list[int], share: int) -> int:
+        """The rank a new request goes to (counted into `active`): the fewest active requests among
+        the ranks below the even share, lowest first."""
+        best = min(range(self.ranks), key=lambda k: (active[k] >= share, active[k], k))
+        active[best] += 1
+        return best
 
 
 BATCH_POLICIES: dict[str, type] = {"mixed": MixedBatches, "prefill_first": PrefillFirst}

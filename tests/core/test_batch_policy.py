@@ -328,7 +328,8 @@ def test_adp_balance_lets_prompts_go_at_once_when_every_rank_has_one() -> None:
 
 
 def test_adp_balance_never_holds_while_a_rank_may_have_no_decode() -> None:
-    # 4 ranks, 2 decodes: some rank has no generation request, so the prompt goes at once.
+    # 4 ranks, 2 requests: the prompt goes to an empty rank (the fewest active requests), which then has a
+    # context request and no generation request (no dummy: it is not empty), so the prompt goes at once.
     sched = _balance(ranks=4)
     _step(sched, 0.0)
     sched.add_request(_prompt("a"))
@@ -394,3 +395,22 @@ def test_adp_balance_ends_every_request_with_exact_outputs_and_holds_at_most_its
         assert log.outputs[a.request.request_id] == reference_output(ex, a.request, cfg.max_model_len)
     kv = core.scheduler.kv
     assert kv.num_free_blocks == cfg.num_blocks and not kv.req_to_blocks
+
+
+def test_adp_balance_waits_for_a_prompt_on_every_rank_not_for_as_many_prompts_as_ranks() -> None:
+    # Six requests on two ranks (placed 0, 1, 0, 1, 0, 1: the fewest active first); r0 and r2, both rank 0's,
+    # finish after step 2. Their replacements go where they left (rank 0 is below the even share of 3, rank 1
+    # at it), so two prompts wait but rank 1 has none: held until the count reaches timeout_iters 5.
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=32,
+                                      block_size=4, num_blocks=64, adp_ranks=2, adp_balance_iters=5))
+    for i in range(6):
+        sched.add_request(Request(f"r{i}", [1, 2, 3, 4], SamplingParams(max_tokens=3 if i in (0, 2) else 20)))
+    assert len(_step(sched, 0.0)) == 6  # nothing decodes yet: no wait
+    assert [sorted(_step(sched, float(t))) for t in (1, 2)] == [[f"r{i}" for i in range(6)]] * 2
+    assert sched.batch_policy.count == 2
+    sched.add_request(_prompt("a"))
+    sched.add_request(_prompt("b"))
+    steps = [_step(sched, float(t)) for t in (3, 4, 5)]
+    assert ["a" in s or "b" in s for s in steps] == [False, False, True]
+    assert steps[2]["a"] == steps[2]["b"] == 4
+    assert [sched.batch_policy.rank_of[r] for r in ("a", "b")] == [0, 0]
