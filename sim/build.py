@@ -293,7 +293,8 @@ def build_engine(cfg: StudyConfig) -> BuiltEngine:
         dp = cfg.engine.data_parallel_size
         if dp > 1:  # each attention-DP rank schedules its own batch, as vLLM's DP engine cores do
             sched_cfg = dataclasses.replace(sched_cfg, max_num_seqs=s.max_num_seqs * dp,
-                                            max_num_batched_tokens=s.max_num_batched_tokens * dp)
+                                            max_num_batched_tokens=s.max_num_batched_tokens * dp,
+                                            adp_ranks=dp)  # the ranks an attention-DP balance waits for
     except InvalidConfigError as err:
         raise _cfg_error(cfg, "scheduler", err.field, str(err)) from None
     executor = SimExecutor(cost, WorkTotals.window_of(model))  # a profile's steps read the window too

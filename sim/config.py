@@ -118,8 +118,9 @@ def _scheduler_to_core(self: Any, num_blocks: int) -> SchedulerConfig:
 
 # The core scheduler's knobs, derived from SchedulerConfig so a new knob needs no edit
 # here; num_blocks is left out because it comes from the engine's memory, the host tier's
-# because [kv_offload] sizes it (sim/kv_offload.py).
-FROM_ELSEWHERE = ("num_blocks", "kv_offloading_blocks", "kv_offloading_policy")
+# because [kv_offload] sizes it (sim/kv_offload.py), adp_ranks because it is [engine]
+# data_parallel_size (sim/build.py).
+FROM_ELSEWHERE = ("num_blocks", "kv_offloading_blocks", "kv_offloading_policy", "adp_ranks")
 SchedulerSection = dataclasses.make_dataclass(
     "SchedulerSection",
     [(f.name, f.type, field(default=f.default, metadata=f.metadata)) for f in fields(SchedulerConfig)

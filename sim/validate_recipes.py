@@ -41,10 +41,16 @@ Flags and what the simulator does with them:
   MixedBatchWait). `--max_num_tokens` (TensorRT-LLM): the step budget, SchedulerConfig.max_num_batched_tokens,
   with chunked prefill off as the PyTorch backend runs by default (`enable_chunked_prefill: False`,
   llmapi/llm_args.py; no recipe read here turns it on).
+- `attention_dp_config: {enable_balance: true, timeout_iters: 60, batching_wait_iters: 0}` (TensorRT-LLM,
+  every InferenceX DeepSeek-R1 script read, written only when DP_ATTENTION is true): with attention DP,
+  new prompts wait until every rank has one or the balance's step count reaches 60:
+  SchedulerConfig.adp_balance_iters / adp_batching_wait_iters (core/sched/batch_policy.py AdpBalance),
+  which act only where the row's layout has attention DP ([engine] data_parallel_size > 1), as the
+  scripts' condition does. The scripts' `--max_num_tokens` (CONC + ISL + 64, a rank's) is not taken
+  for these rows: with chunked prefill off the simulator asks the budget to hold max_model_len.
 - Not modelled (said so, not approximated): speculative decoding elsewhere (GLM-5's EAGLE flags; MTP
   where nothing tells MTP runs from others: H200's rows up to 64 clients, SGLang's, the disaggregated
-  Dynamo recipes), attention backends and kernel choices, CUDA-graph batch caps, TensorRT-LLM's batch
-  waits under attention DP (`attention_dp_config`).
+  Dynamo recipes), attention backends and kernel choices, CUDA-graph batch caps.
 """
 
 from __future__ import annotations
@@ -73,6 +79,8 @@ class Recipe:
     batch_wait_iters: int = 0  # TensorRT-LLM's batch_wait_timeout_iters
     batch_wait_ratio: float = 0.0  # TensorRT-LLM's batch_wait_max_tokens_ratio
     mem_fraction: float = 0.0  # the engine's memory share (0: the engine's default)
+    adp_balance_iters: int = 0  # TensorRT-LLM's attention_dp_config timeout_iters, enable_balance on (0: off)
+    adp_batching_wait_iters: int = 0  # TensorRT-LLM's attention_dp_config batching_wait_iters
 
 
 DEFAULT = Recipe("no InferenceX recipe known for this row: the engine's defaults")
@@ -165,12 +173,29 @@ def _llama70b_fp8_h200_trt(isl: int, osl: int, conc: int, tp: int) -> Recipe:
                          max_num_tokens=_inferencex_max_model_len(isl, osl))  # `--max_num_tokens $MAX_MODEL_LEN`
 
 
+# `attention_dp_config: {batching_wait_iters: 0, enable_balance: true, timeout_iters: 60}`, appended by every
+# InferenceX DeepSeek-R1 TensorRT-LLM aggregated script read when DP_ATTENTION is true:
+# benchmarks/dsr1_fp8_b200_trt.sh and dsr1_fp4_b200_trt.sh @6320e9b, dsr1_fp8_h200_trt.sh and
+# dsr1_fp8_h200_trt_mtp.sh @1fc5d73, dsr1_fp8_b200_trt_mtp.sh @111f031. batching_wait_iters 0 is
+# AdpBalance's default.
+ADP_BALANCE_TIMEOUT_ITERS = 60
+
+
+def _dsr1_trt(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+    # The non-MTP scripts (their images: MTP_IMAGES' note): only the attention-DP balance is taken here.
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp{{4,8}}_b200_trt.sh @6320e9b, dsr1_fp8_h200_trt.sh "
+                  "@1fc5d73 (attention_dp_config only)", adp_balance_iters=ADP_BALANCE_TIMEOUT_ITERS,
+                  unmodelled="kv_cache_config free_gpu_memory_fraction, stream_interval 10, moe_config "
+                             "backend, cuda_graph_config, --max_num_tokens")
+
+
 # (backend, model, system, precision) -> the recipe for the row's (ISL, OSL, clients, TP). Models with
 # InferenceX rows and no entry: looked up, no script found for that backend x GPU (the defaults stand):
 # SGLang DeepSeek-V3 as such (its InferenceX rows are dsr1 configurations: recipe_model), SGLang DeepSeek-R1
 # (dsr1) on GB200 aggregated, GLM-5 on H200 / B300 and FP4,
-# Qwen3.5 on H200 / B300 and BF16 / FP4. vLLM rows, and TensorRT-LLM's but Llama-3.1-70B's: their recipes set
-# no flag the simulator models differently from the defaults it runs (docs/validate-accuracy.md, 2026-12-05 notes).
+# Qwen3.5 on H200 / B300 and BF16 / FP4. vLLM rows, and TensorRT-LLM's but Llama-3.1-70B's and DeepSeek-R1's:
+# their recipes set no flag the simulator models differently from the defaults it runs (docs/validate-accuracy.md,
+# 2026-12-05 notes).
 RECIPES: dict[tuple[str, str, str, str], Callable[[int, int, int, int], Recipe]] = {
     ("sglang", "DeepSeek-R1", "h200_sxm", "fp8"): _dsr1_fp8_h200,
     ("sglang", "DeepSeek-R1", "b200_sxm", "fp8"): _dsr1_fp8_b200,
@@ -179,6 +204,9 @@ RECIPES: dict[tuple[str, str, str, str], Callable[[int, int, int, int], Recipe]]
     ("sglang", "DeepSeek-R1", "b300_sxm", "fp4"): _dsr1_fp4_b300,
     ("sglang", "GLM-5", "b200_sxm", "fp8"): _glm5_fp8_b200,
     ("sglang", "Qwen3.5-397B-A17B", "b200_sxm", "fp8"): _qwen35_fp8_b200,
+    ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8"): _dsr1_trt,
+    ("trtllm", "DeepSeek-R1", "b200_sxm", "fp4"): _dsr1_trt,
+    ("trtllm", "DeepSeek-R1", "h200_sxm", "fp8"): _dsr1_trt,
     ("trtllm", "Llama-3.1-70B", "b200_sxm", "fp8"): _llama70b_fp8_b200_trt,
     ("trtllm", "Llama-3.1-70B", "b200_sxm", "fp4"): _llama70b_fp4_b200_trt,
     ("trtllm", "Llama-3.1-70B", "h200_sxm", "fp8"): _llama70b_fp8_h200_trt,
@@ -222,8 +250,8 @@ def _dsr1_b200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: boo
     return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp{{4,8}}_b200_trt_mtp.sh @13dd0c2/111f031 (image "
                   "1.2.0rc6.post3: .github/configs/nvidia-master.yaml @48f302c, dsr1-fp{4,8}-b200-trt-mtp)",
                   stream_interval=10, mtp=1 if attention_dp else 3, mem_fraction=0.8,
-                  unmodelled="attention_dp_config (enable_balance, timeout_iters 60), moe_config backend, "
-                             "cuda_graph_config")
+                  adp_balance_iters=ADP_BALANCE_TIMEOUT_ITERS,  # `attention_dp_config` (DP_ATTENTION only)
+                  unmodelled="moe_config backend, cuda_graph_config, --max_num_tokens, --max_batch_size")
 
 
 def _dsr1_h200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe | None:
@@ -237,8 +265,9 @@ def _dsr1_h200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: boo
     return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp8_h200_trt_mtp.sh @1fc5d73 (over 64 clients only "
                   "dsr1-fp8-h200-trt-mtp runs: .github/configs/nvidia-master.yaml @48f302c)",
                   stream_interval=10, mtp=1 if attention_dp else 3, mem_fraction=0.75,
-                  unmodelled="attention_dp_config (enable_balance, timeout_iters 60), moe_config backend "
-                             "CUTLASS, cuda_graph_config")
+                  adp_balance_iters=ADP_BALANCE_TIMEOUT_ITERS,  # `attention_dp_config` (DP_ATTENTION only)
+                  unmodelled="moe_config backend CUTLASS, cuda_graph_config, --max_num_tokens, "
+                             "--max_batch_size")
 
 
 # (backend, model, system, backend_version) -> the recipe of a row measured from that image (None: the
@@ -296,6 +325,8 @@ def apply_recipe(recipe: Recipe, sched: Any) -> None:
         sched.enable_chunked_prefill = False
     sched.batch_wait_iters = recipe.batch_wait_iters
     sched.batch_wait_tokens_ratio = recipe.batch_wait_ratio
+    sched.adp_balance_iters = recipe.adp_balance_iters  # acts only with attention DP (AdpBalance)
+    sched.adp_batching_wait_iters = recipe.adp_batching_wait_iters
 
 
 def apply_memory(recipe: Recipe, engine: Any) -> None:

@@ -28,8 +28,9 @@ _DERIVED = {"max_model_len": "the model's",
 
 # Scheduler fields the engine sets itself: the block count from the workers' memory, the
 # sliding window and KV groups from the model (a flag could make the KV manager free blocks the model reads).
-# kv_offloading_blocks comes from kv_offloading_size (GiB) and the model's page size.
-FROM_ENGINE = frozenset({"num_blocks", "sliding_window", "kv_groups", "kv_offloading_blocks"})
+# kv_offloading_blocks comes from kv_offloading_size (GiB) and the model's page size; adp_ranks stays 1
+# (the engine has no attention data parallelism).
+FROM_ENGINE = frozenset({"num_blocks", "sliding_window", "kv_groups", "kv_offloading_blocks", "adp_ranks"})
 
 # The scheduler's knobs, derived from the core's SchedulerConfig (every field but those above),
 # so every policy knob the simulator has is an engine argument and a flag too. Keyword-only, so

@@ -19,6 +19,10 @@
   requests decode, new prompts are held back from the step until they have waited that many steps or
   the step's tokens (the held prompts' whole lengths plus one a decode) reach ratio x the step budget
   (MixedBatchWait).
+- `mixed` with an attention-DP balance (SchedulerConfig.adp_balance_iters / adp_batching_wait_iters over
+  adp_ranks ranks; TensorRT-LLM's `attention_dp_config` `enable_balance`, `timeout_iters`,
+  `batching_wait_iters`): new prompts are held until every rank has one, or a step count runs out
+  (AdpBalance).
 """
 
 from __future__ import annotations
@@ -47,6 +51,10 @@ class BatchPolicy(Protocol):
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
         """This step's batch."""
 
+    def advance(self, k: int, running: int) -> None:
+        """k decode steps of `running` requests ran without schedule() (nothing waited): a policy that
+        counts steps counts them (Scheduler.advance_recv)."""
+
 
 class MixedBatches:
     """vLLM V1: one budget, running requests first, then admissions, prefill and decode together."""
@@ -57,11 +65,17 @@ class MixedBatches:
         """A mixed step."""
         return sched.schedule_batch(now)
 
+    def advance(self, k: int, running: int) -> None:
+        """Nothing counted."""
+
 
 class PrefillFirst:
     """SGLang: a step prefills only when anything can prefill; otherwise it decodes every running request."""
 
     name = "prefill_first"
+
+    def advance(self, k: int, running: int) -> None:
+        """Nothing counted."""
 
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
         """A prefill-only step if one can run, else a decode-only step."""
@@ -196,15 +210,143 @@ class MixedBatchWait(MixedBatches):
         return True
 
 
+class AdpBalance(MixedBatches):
+    """`mixed` steps whose admissions wait for every attention-DP rank to have a new prompt, as
+    TensorRT-LLM's attention-DP balance does.
+
+    TensorRT-LLM's PyTorch executor (tensorrt_llm/_torch/pyexecutor/py_executor.py `_schedule` and
+    `_balance_adp_requests`, in 1.1 and 1.2; the same rule in later trees' scheduler), every step with
+    `enable_attention_dp` and `attention_dp_config.enable_balance`: each rank's scheduled context and
+    generation request counts are all-gathered; if every rank has a free slot (generation requests <
+    max_batch_size) and a context request, the waiting count is zeroed and, when every rank also has a
+    generation request, the contexts wait `batching_wait_iters` steps more (a count of its own, zeroed
+    when they go); otherwise the waiting count goes up by one and the contexts are held, unless it
+    reaches `timeout_iters` or some rank has no generation request, when it is zeroed and they go.
+    The count runs every step, contexts or not: a lone prompt waits until the count next reaches
+    timeout_iters, anywhere from 1 to timeout_iters steps.
+
+    Here the attention-DP ranks are one pooled scheduler (sim/build.py: budget and sequence cap are
+    `ranks` x a rank's), so the policy keeps which rank each request is on: a new request goes to the
+    rank with the fewest active (waiting or running) requests among those below the even share
+    max(ceil(active + new) / ranks, the fullest rank's), the lowest rank first on a tie, as
+    executor_request_queue.py `_schedule_attention_dp_requests` / `_balance_requests_across_ranks` place
+    them (they order the ranks by active tokens first: not modelled, the count decides). A rank has a
+    context request when one of its waiting requests fits its share of the budget beside its decodes
+    (chunked prefill: any room), a free slot while its decodes are fewer than its share of the sequence
+    cap, and a generation request when one of its requests decodes or it has none at all
+    (`_pad_attention_dp_dummy_request` gives an empty rank a dummy one). On release, the pooled
+    scheduler admits in queue order within the pooled budget, not each rank within its own. Not
+    modelled, as in MixedBatchWait: a running prompt part-way through its chunks is never held. Decode
+    steps the simulators run as windows without schedule() (nothing waiting, every rank decoding or
+    empty) are counted through advance(). Its own type, so the simulators' join steps and lazy
+    decodes, which admit without the batch policy, leave it alone.
+    """
+
+    name = "mixed"
+
+    def __init__(self, ranks: int, timeout_iters: int, batching_wait_iters: int = 0) -> None:
+        self.ranks = ranks
+        self.timeout_iters = timeout_iters
+        self.batching_wait_iters = batching_wait_iters
+        self.count = 0  # TensorRT-LLM's adp_ctx_waiting_iters_count
+        self.batching_count = 0  # adp_ctx_batching_wait_iters_count
+        self.rank_of: dict[str, int] = {}  # request id -> its attention-DP rank
+
+    def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
+        """A mixed step, without its admissions while the balance holds."""
+        if self._holds(sched) and sched.waiting:
+            return sched.schedule_batch(now, admit=False)
+        return sched.schedule_batch(now)
+
+    def advance(self, k: int, running: int) -> None:
+        """k steps with nothing waiting: every rank decodes or is empty (a dummy generation request), so
+        the waiting count goes up by one a step and back to 0 at timeout_iters."""
+        if k > 0 and self.timeout_iters > 0:
+            self.count = (self.count + k) % self.timeout_iters
+
+    def _holds(self, sched: Scheduler) -> bool:
+        """Whether this step's admissions wait, the counts kept as TensorRT-LLM keeps them."""
+        ranks = self.ranks
+        rank_of = self.rank_of
+        cfg = sched.config
+        gen = [0] * ranks
+        active = [0] * ranks
+        for r in sched.running:
+            k = rank_of.get(r.request_id)
+            if k is None:  # admitted without passing the policy: placed as a new request
+                k = rank_of[r.request_id] = self._place(active, max(-(-(sum(active) + 1) // ranks), max(active)))
+            active[k] += 1
+            if not is_prefilling(r):
+                gen[k] += 1
+        waiting = sched.waiting
+        if waiting:
+            new: list[Request] = []
+            for r in waiting:
+                k = rank_of.get(r.request_id)
+                if k is None:
+                    new.append(r)
+                else:
+                    active[k] += 1
+            if new:
+                share = max(-(-(sum(active) + len(new)) // ranks), max(active))  # fixed before placing
+                for r in new:
+                    rank_of[r.request_id] = self._place(active, share)
+                if len(rank_of) > 4 * (len(sched.running) + len(waiting)) + 256:  # forget finished requests
+                    live = {r.request_id for r in sched.running} | {r.request_id for r in waiting}
+                    self.rank_of = rank_of = {i: k for i, k in rank_of.items() if i in live}
+        all_gen = all(g > 0 or a == 0 for g, a in zip(gen, active))
+        seats = cfg.max_num_seqs // ranks
+        all_free = all(g < seats for g in gen)
+        budget = cfg.max_num_batched_tokens // ranks
+        chunked = cfg.enable_chunked_prefill
+        has_ctx = [False] * ranks
+        missing = ranks
+        for r in waiting:
+            k = rank_of[r.request_id]
+            if has_ctx[k]:
+                continue
+            room = budget - gen[k]
+            if room > 0 and (chunked or r.num_tokens - r.num_computed_tokens <= room):
+                has_ctx[k] = True
+                missing -= 1
+                if not missing:
+                    break
+        if all_free and not missing:  # every rank has a free slot and a context request
+            self.count = 0
+            if all_gen:
+                if self.batching_count < self.batching_wait_iters:
+                    self.batching_count += 1
+                    return True
+                self.batching_count = 0
+            return False
+        self.count += 1
+        if self.count >= self.timeout_iters or not all_gen:
+            self.count = 0
+            return False
+        return True
+
+    def _place(self, active: list[int], share: int) -> int:
+        """The rank a new request goes to (counted into `active`): the fewest active requests among
+        the ranks below the even share, lowest first."""
+        best = min(range(self.ranks), key=lambda k: (active[k] >= share, active[k], k))
+        active[best] += 1
+        return best
+
+
 BATCH_POLICIES: dict[str, type] = {"mixed": MixedBatches, "prefill_first": PrefillFirst}
 
 
-def make_batch_policy(name: str, batch_wait_iters: int = 0, batch_wait_tokens_ratio: float = 0.0) -> BatchPolicy:
-    """The batch policy registered as `name` (`mixed` with a batch wait: MixedBatchWait)."""
+def make_batch_policy(name: str, batch_wait_iters: int = 0, batch_wait_tokens_ratio: float = 0.0,
+                      adp_ranks: int = 1, adp_balance_iters: int = 0, adp_batching_wait_iters: int = 0
+                      ) -> BatchPolicy:
+    """The batch policy registered as `name` (`mixed` with an attention-DP balance over more than one rank:
+    AdpBalance; else with a batch wait: MixedBatchWait, which TensorRT-LLM runs only without attention DP)."""
     try:
         cls = BATCH_POLICIES[name]
     except KeyError:
         raise InvalidConfigError("batch_policy", name, ", ".join(repr(n) for n in BATCH_POLICIES)) from None
+    if cls is MixedBatches and adp_ranks > 1 and adp_balance_iters > 0:
+        return AdpBalance(adp_ranks, adp_balance_iters, adp_batching_wait_iters)
     if cls is MixedBatches and (batch_wait_iters > 0 or batch_wait_tokens_ratio > 0):
         return MixedBatchWait(batch_wait_iters, batch_wait_tokens_ratio)
     return cls()

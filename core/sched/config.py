@@ -68,6 +68,19 @@ class SchedulerConfig:
                                           "prompts and decodes) reach this share of max_num_batched_tokens, so "
                                           "at 0 nothing waits (TensorRT-LLM's batch_wait_max_tokens_ratio)",
                                           range=(0.0, 1.0))
+    # TensorRT-LLM's attention_dp_config {enable_balance, timeout_iters, batching_wait_iters} (llmapi
+    # AttentionDpConfig; py_executor.py `_balance_adp_requests`): core/sched/batch_policy.py AdpBalance.
+    adp_balance_iters: int = knob(0, help="mixed, attention DP ([engine] data_parallel_size > 1): new prompts "
+                                  "wait until every rank has one, or until this many steps have passed on "
+                                  "the balance's step count (TensorRT-LLM's attention_dp_config enable_balance "
+                                  "with timeout_iters)", unit="steps", range=(0, _INT32_MAX),
+                                  special={0: "no balance"})
+    adp_batching_wait_iters: int = knob(0, help="mixed, attention-DP balance on: once every rank has a new "
+                                        "prompt and a decode, the prompts wait this many steps more "
+                                        "(TensorRT-LLM's attention_dp_config batching_wait_iters)", unit="steps",
+                                        range=(0, _INT32_MAX), special={0: "no wait"})
+    adp_ranks: int = knob(1, help="attention-DP ranks whose batches this scheduler pools (set from [engine] "
+                          "data_parallel_size)", unit="ranks", range=(1, _INT32_MAX), flag=False)
     # SGLang's --scheduler-recv-interval (managers/scheduler_recv_skipper.py): Scheduler._received.
     recv_interval: int = knob(1, help="new requests are read only every this many decode steps (a step "
                               "with a prefill, or an idle engine, reads at once; SGLang's "
@@ -112,6 +125,10 @@ class SchedulerConfig:
             raise InvalidConfigError("batch_wait_iters", self.batch_wait_iters,
                                      f"0 (no batch wait) with batch_policy {self.batch_policy!r}: the wait is "
                                      "the mixed policy's (TensorRT-LLM's)")
+        if (self.adp_balance_iters or self.adp_batching_wait_iters) and self.batch_policy != "mixed":
+            raise InvalidConfigError("adp_balance_iters", self.adp_balance_iters,
+                                     f"0 (no attention-DP balance) with batch_policy {self.batch_policy!r}: the "
+                                     "balance is the mixed policy's (TensorRT-LLM's)")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise InvalidConfigError(
                 "max_num_batched_tokens", self.max_num_batched_tokens,

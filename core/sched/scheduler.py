@@ -65,7 +65,8 @@ class Scheduler(OutputUpdate):
         self.waiting = make_queue(config.policy, config.aging_interval_s, config.max_model_len)
         self.preemption_policy = make_preemption_policy(config.preemption, config.policy)
         self.batch_policy = make_batch_policy(config.batch_policy, config.batch_wait_iters,
-                                              config.batch_wait_tokens_ratio)
+                                              config.batch_wait_tokens_ratio, config.adp_ranks,
+                                              config.adp_balance_iters, config.adp_batching_wait_iters)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.finished_req_ids: set[str] = set()
@@ -214,6 +215,7 @@ class Scheduler(OutputUpdate):
         """k decode steps applied without schedule() (fast_forward, lazy decodes): the receive poll's
         counter as k schedule() calls would leave it (each adds the step before's weight and reads at N,
         zeroing it; nothing waits during such a run, so nothing is read)."""
+        self.batch_policy.advance(k, len(self.running))  # a step-counting policy's count (AdpBalance)
         n = self.config.recv_interval
         if n <= 1 or k <= 0:
             return

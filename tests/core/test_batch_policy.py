@@ -279,3 +279,138 @@ def test_batch_wait_ends_every_request_with_exact_outputs_and_holds_at_most_its_
         assert log.outputs[a.request.request_id] == reference_output(ex, a.request, cfg.max_model_len)
     kv = core.scheduler.kv
     assert kv.num_free_blocks == cfg.num_blocks and not kv.req_to_blocks
+
+
+def _balance(ranks: int = 2, iters: int = 3, wait: int = 0, seqs: int = 8) -> Scheduler:
+    """r0 and r1 (4-token prompts) prefill at step 0 and decode after; TensorRT-LLM's attention-DP balance."""
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=seqs, max_model_len=32,
+                                      block_size=4, num_blocks=64, adp_ranks=ranks, adp_balance_iters=iters,
+                                      adp_batching_wait_iters=wait))
+    for rid in ("r0", "r1"):
+        sched.add_request(Request(rid, [1, 2, 3, 4], SamplingParams(max_tokens=20)))
+    return sched
+
+
+def _prompt(rid: str) -> Request:
+    return Request(rid, [7, 8, 9, 10], SamplingParams(max_tokens=2))
+
+
+def test_adp_balance_holds_a_lone_prompt_until_its_step_count_runs_out() -> None:
+    # timeout_iters 3 over 2 ranks: nothing decodes at step 0 ("not all ranks have generation requests"), so
+    # the first prompts go at once; the count then runs every step, prompts or not (py_executor.py
+    # `_balance_adp_requests`): 1 after step 1, 2 after step 2, 3 = timeout at step 3.
+    sched = _balance()
+    assert _step(sched, 0.0) == {"r0": 4, "r1": 4}
+    sched.add_request(_prompt("a"))  # one prompt, two ranks: held
+    assert [_step(sched, float(t)) for t in (1, 2, 3)] == [{"r0": 1, "r1": 1}, {"r0": 1, "r1": 1},
+                                                           {"r0": 1, "r1": 1, "a": 4}]
+    # Arriving a step later it goes at the same step: the count is the balance's, not the prompt's.
+    sched = _balance()
+    _step(sched, 0.0)
+    _step(sched, 1.0)
+    sched.add_request(_prompt("a"))
+    assert [_step(sched, float(t)) for t in (2, 3)] == [{"r0": 1, "r1": 1}, {"r0": 1, "r1": 1, "a": 4}]
+
+
+def test_adp_balance_lets_prompts_go_at_once_when_every_rank_has_one() -> None:
+    sched = _balance()
+    _step(sched, 0.0)
+    sched.add_request(_prompt("a"))
+    sched.add_request(_prompt("b"))
+    assert _step(sched, 1.0) == {"r0": 1, "r1": 1, "a": 4, "b": 4}
+    # batching_wait_iters 2: with every rank holding a prompt and a decode, two steps more.
+    sched = _balance(wait=2)
+    _step(sched, 0.0)
+    sched.add_request(_prompt("a"))
+    sched.add_request(_prompt("b"))
+    assert [_step(sched, float(t)) for t in (1, 2, 3)] == [{"r0": 1, "r1": 1}, {"r0": 1, "r1": 1},
+                                                           {"r0": 1, "r1": 1, "a": 4, "b": 4}]
+
+
+def test_adp_balance_never_holds_while_a_rank_may_have_no_decode() -> None:
+    # 4 ranks, 2 requests: the prompt goes to an empty rank (the fewest active requests), which then has a
+    # context request and no generation request (no dummy: it is not empty), so the prompt goes at once.
+    sched = _balance(ranks=4)
+    _step(sched, 0.0)
+    sched.add_request(_prompt("a"))
+    assert _step(sched, 1.0) == {"r0": 1, "r1": 1, "a": 4}
+
+
+def test_adp_balance_counts_the_decode_steps_run_without_schedule() -> None:
+    # A simulator's decode window (fast_forward.apply_decode_steps) runs steps without schedule():
+    # Scheduler.advance_recv hands them to the count, so the prompt goes one step sooner than without.
+    sched = _balance()
+    _step(sched, 0.0)
+    _step(sched, 1.0)  # count 1
+    sched.advance_recv(1)  # count 2, as one more step would leave it
+    sched.add_request(_prompt("a"))
+    assert _step(sched, 2.0) == {"r0": 1, "r1": 1, "a": 4}
+
+
+def test_adp_balance_needs_attention_dp_and_the_mixed_policy() -> None:
+    import pytest
+
+    from twinserve.core.sched.batch_policy import AdpBalance, MixedBatches, make_batch_policy
+    assert type(make_batch_policy("mixed", adp_ranks=1, adp_balance_iters=60)) is MixedBatches
+    p = make_batch_policy("mixed", adp_ranks=8, adp_balance_iters=60)
+    assert isinstance(p, AdpBalance) and (p.ranks, p.timeout_iters, p.batching_wait_iters) == (8, 60, 0)
+    with pytest.raises(InvalidConfigError, match="adp_balance_iters"):
+        SchedulerConfig(batch_policy="prefill_first", adp_balance_iters=60)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.sampled_from([2, 3, 8]), st.sampled_from([1, 4, 60]), st.sampled_from([0, 2]))
+def test_adp_balance_ends_every_request_with_exact_outputs_and_holds_at_most_its_iterations(w, ranks, iters,
+                                                                                        wait) -> None:
+    from twinserve.core.sched.batch_policy import AdpBalance
+    cfg, arrivals = w
+    cfg = SchedulerConfig(**{**_fields(cfg), "batch_policy": "mixed", "adp_ranks": ranks,
+                             "adp_balance_iters": iters, "adp_batching_wait_iters": wait})
+    held = [0]  # steps in a row whose admissions the balance held while requests waited
+
+    def check(core, so, waiting_before):
+        policy = core.scheduler.batch_policy
+        assert isinstance(policy, AdpBalance)
+        if not hasattr(policy, "_held_log"):  # record each step's decision, as the policy made it
+            holds = policy._holds
+
+            def logged(sched, _holds=holds, _p=policy):
+                _p._held_log = _holds(sched)
+                return _p._held_log
+            policy._holds = logged
+            return
+        if policy._held_log and waiting_before:
+            assert not so.scheduled_new_reqs  # a held step admits nothing
+            held[0] += 1
+        else:
+            held[0] = 0
+        # TensorRT-LLM's bound: timeout_iters - 1 held steps, then batching_wait_iters more at most.
+        assert held[0] <= iters - 1 + wait
+        assert policy.count < iters and policy.batching_count <= wait
+        assert so.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
+
+    core, log = drive(cfg, arrivals, check=check)
+    ex = FakeExecutor(block_size=cfg.block_size)
+    for a in arrivals:
+        assert log.outputs[a.request.request_id] == reference_output(ex, a.request, cfg.max_model_len)
+    kv = core.scheduler.kv
+    assert kv.num_free_blocks == cfg.num_blocks and not kv.req_to_blocks
+
+
+def test_adp_balance_waits_for_a_prompt_on_every_rank_not_for_as_many_prompts_as_ranks() -> None:
+    # Six requests on two ranks (placed 0, 1, 0, 1, 0, 1: the fewest active first); r0 and r2, both rank 0's,
+    # finish after step 2. Their replacements go where they left (rank 0 is below the even share of 3, rank 1
+    # at it), so two prompts wait but rank 1 has none: held until the count reaches timeout_iters 5.
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=32,
+                                      block_size=4, num_blocks=64, adp_ranks=2, adp_balance_iters=5))
+    for i in range(6):
+        sched.add_request(Request(f"r{i}", [1, 2, 3, 4], SamplingParams(max_tokens=3 if i in (0, 2) else 20)))
+    assert len(_step(sched, 0.0)) == 6  # nothing decodes yet: no wait
+    assert [sorted(_step(sched, float(t))) for t in (1, 2)] == [[f"r{i}" for i in range(6)]] * 2
+    assert sched.batch_policy.count == 2
+    sched.add_request(_prompt("a"))
+    sched.add_request(_prompt("b"))
+    steps = [_step(sched, float(t)) for t in (3, 4, 5)]
+    assert ["a" in s or "b" in s for s in steps] == [False, False, True]
+    assert steps[2]["a"] == steps[2]["b"] == 4
+    assert [sched.batch_policy.rank_of[r] for r in ("a", "b")] == [0, 0]

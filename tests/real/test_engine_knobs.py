@@ -32,7 +32,8 @@ SIM_KNOBS = [f.name for f in fields(SchedulerSection) if f.name not in FROM_ENGI
 OTHER = {"max_model_len": 128, "max_num_batched_tokens": 192, "max_num_seqs": 7,
          "enable_chunked_prefill": False, "long_prefill_token_threshold": 9, "block_size": 8,
          "enable_prefix_caching": False, "watermark": 0.05, "aging_interval_s": 12.5,
-         "max_prefill_tokens": 300, "recv_interval": 3, "batch_wait_iters": 4, "batch_wait_tokens_ratio": 0.5}
+         "max_prefill_tokens": 300, "recv_interval": 3, "batch_wait_iters": 4, "batch_wait_tokens_ratio": 0.5,
+         "adp_balance_iters": 60, "adp_batching_wait_iters": 2}
 
 
 def _other(name: str) -> Any:
@@ -51,8 +52,9 @@ def _flag(name: str, value: Any) -> list[str]:
 
 
 def test_the_simulator_has_every_scheduler_knob_but_the_block_count() -> None:
-    # The block count comes from the engine's memory; the host tier's two from [kv_offload].
-    assert set(FROM_ELSEWHERE) == {"num_blocks", "kv_offloading_blocks", "kv_offloading_policy"}
+    # The block count comes from the engine's memory; the host tier's two from [kv_offload]; the
+    # attention-DP ranks from [engine] data_parallel_size.
+    assert set(FROM_ELSEWHERE) == {"num_blocks", "kv_offloading_blocks", "kv_offloading_policy", "adp_ranks"}
     assert {f.name for f in fields(SchedulerSection)} == {f.name for f in fields(SchedulerConfig)} - set(FROM_ELSEWHERE)
     assert {"host_size_gib", "host_blocks", "eviction"} <= {f.name for f in fields(KVOffloadSection)}
     assert set(SIM_KNOBS) == {f.name for f in fields(SchedulerConfig)} - FROM_ENGINE - set(FROM_ELSEWHERE)
@@ -99,6 +101,8 @@ def test_llm_takes_every_simulator_knob_and_its_scheduler_runs_with_them(tiny_di
         assert isinstance(sched.waiting, KeyedQueue) == (knobs["policy"] != "fcfs")
         assert isinstance(sched.preemption_policy, PreemptLastAdmitted) == (knobs["preemption"] == "last")
         assert sched.watermark_blocks == int(0.05 * 64)
+        # The engine has one attention-DP rank (adp_ranks, FROM_ENGINE): the balance stands aside, the wait runs.
+        assert sched.config.adp_ranks == 1
         assert isinstance(sched.batch_policy, MixedBatchWait) and sched.batch_policy.iters == 4
         out = llm.generate(["the quick brown fox"], SamplingParams(max_tokens=3, temperature=0.0),
                            use_tqdm=False)

@@ -208,3 +208,41 @@ def test_a_rows_study_sizes_its_kv_pool_with_the_scripts_memory_share() -> None:
                & (rows["system"] == "b200_sxm") & (rows["backend_version"] == "1.2.0rc6.post3")]
     e = row_study(mtp.iloc[0], "aic").engine
     assert (e.gpu_memory_utilization, e.kv_memory_basis) == (0.8, "free")
+
+
+@pytest.mark.parametrize("kw, iters", [
+    # attention_dp_config {enable_balance: true, timeout_iters: 60, batching_wait_iters: 0} in every DeepSeek-R1
+    # TensorRT-LLM script (written when DP_ATTENTION is true; the balance acts only with attention DP):
+    ({"backend_version": "1.2.0rc6.post3"}, 60),  # dsr1_fp8_b200_trt_mtp.sh @111f031
+    ({"backend_version": "1.2.0rc6.post2"}, 60),  # dsr1_fp8_b200_trt.sh @6320e9b
+    ({"backend_version": "1.2.0rc6.post2", "precision": "fp4"}, 60),  # dsr1_fp4_b200_trt.sh @6320e9b
+    ({"system": "h200_sxm", "backend_version": "1.1.0rc2.post2"}, 60),  # dsr1_fp8_h200_trt.sh @1fc5d73
+    ({"system": "h200_sxm", "backend_version": "1.1.0rc2.post2", "concurrency": 128}, 60),  # ..._trt_mtp.sh
+    ({"system": "gb200"}, 0), ({"mode": "disagg"}, 0), ({"silicon_data_source": _GAP}, 0),
+    ({"model": "Llama-3.1-70B"}, 0),
+])
+def test_tensorrt_llm_deepseek_rows_run_their_scripts_attention_dp_balance(kw, iters) -> None:
+    r = row_recipe(_row(**{"backend": "trtllm", **kw}))
+    assert (r.adp_balance_iters, r.adp_batching_wait_iters) == (iters, 0)
+
+
+def test_an_attention_dp_rows_engine_balances_its_ranks_prompts() -> None:
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.core.sched.batch_policy import AdpBalance
+    from twinserve.sim.build import build_engine
+    from twinserve.sim.validate_rows import load_rows, row_study
+    rows = load_rows()
+    pick = rows[(rows["backend"] == "trtllm") & (rows["model"] == "DeepSeek-R1") & (rows["mode"] == "agg")
+                & (rows["system"] == "b200_sxm") & (pd.to_numeric(rows["attention_dp_size"], errors="coerce") == 8)
+                & (pd.to_numeric(rows["concurrency"], errors="coerce") <= 128)]
+    cfg = row_study(pick.iloc[0], "roofline")
+    assert (cfg.engine.data_parallel_size, cfg.scheduler.adp_balance_iters) == (8, 60)
+    policy = build_engine(cfg).core.scheduler.batch_policy
+    assert isinstance(policy, AdpBalance) and (policy.ranks, policy.timeout_iters) == (8, 60)
+    # Without attention DP the same recipe leaves the mixed policy alone (the scripts' DP_ATTENTION condition).
+    tp = rows[(rows["backend"] == "trtllm") & (rows["model"] == "DeepSeek-R1") & (rows["mode"] == "agg")
+              & (rows["system"] == "b200_sxm") & (rows["backend_version"] == "1.2.0rc6.post2")
+              & (pd.to_numeric(rows["attention_dp_size"], errors="coerce").fillna(1) <= 1)]
+    cfg = row_study(tp.iloc[0], "roofline")
+    assert cfg.engine.data_parallel_size == 1 and cfg.scheduler.adp_balance_iters == 60
+    assert not isinstance(build_engine(cfg).core.scheduler.batch_policy, AdpBalance)
