@@ -100,3 +100,21 @@ def test_an_sglang_ep_48_row_runs_with_its_redundant_experts(rows) -> None:
     assert replicas[0]["engine.redundant_experts"] == 0  # the TP 4 prefill workers split no experts
     pred = simulate_row((row.to_dict(), "roofline", {}))
     assert isfinite(pred["pred_tpot_ms"]) and pred["pred_tpot_ms"] > 0 and pred["pred_ttft_ms"] > 0
+
+
+@needs_aic
+def test_aic_queries_the_moe_at_a_divisor_ep_with_the_same_tokens_per_rank() -> None:
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.backends.sim.aic import AicCostModel
+    from twinserve.backends.sim.aic.graph import aic_moe_parallelism
+
+    m = _dsr1()
+    # aic's MoE tables hold 256 experts at EPs dividing them: EP 48 (24) is asked at EP 32 (16) with DP
+    # scaled alike, so each rank still routes tokens x top-k / ep; a layout without replicas stays as it is.
+    assert aic_moe_parallelism(m, Parallelism(1, 48, 48, 1, 32)) == Parallelism(1, 32, 32)
+    assert aic_moe_parallelism(m, Parallelism(1, 24, 24, 1, 32)) == Parallelism(1, 16, 16)
+    assert aic_moe_parallelism(m, Parallelism(1, 32, 32, 1, 32)) == Parallelism(1, 32, 32, 1, 32)
+    wide = AicCostModel(m, get_hardware("gb200"), backend="sglang", parallel=Parallelism(1, 48, 48, 1, 32))
+    query = AicCostModel(m, get_hardware("gb200"), backend="sglang", parallel=Parallelism(1, 32, 32))
+    assert wide.decode_tokens_time(64) == query.decode_tokens_time(64) > 0
+    assert wide.tokens_time(512) == query.tokens_time(512) > 0
