@@ -51,7 +51,7 @@ def fit_problem(cfg: StudyConfig) -> str:
     try:
         model, hw, _, _ = build_cost_models(cfg)
     except ConfigError as err:
-        if err.field in ("engine.tensor_parallel_size", "engine.expert_parallel_size",
+        if err.field in ("engine.tensor_parallel_size", "engine.expert_parallel_size", "engine.redundant_experts",
                          "engine.pipeline_parallel_size", "engine.data_parallel_size"):  # a split the shape does not allow
             return str(err.args[1])
         raise
@@ -97,7 +97,7 @@ def parallelism(cfg: StudyConfig) -> Parallelism:
     """The engine's TP, attention-DP, EP and PP sizes."""
     e = cfg.engine
     return Parallelism(e.tensor_parallel_size, e.data_parallel_size, e.expert_parallel_size,
-                       e.pipeline_parallel_size)
+                       e.pipeline_parallel_size, e.redundant_experts)
 
 
 def build_cost_models(cfg: StudyConfig) -> tuple[ModelSpec, HardwareSpec, RooflineCostModel,

@@ -50,6 +50,12 @@ class EngineConfig:
                                    range=(1, 4096))
     expert_parallel_size: int = knob(1, help="GPUs the experts are split over (a divisor of tp x dp)",
                                      unit="GPUs", range=(1, 4096))
+    # SGLang's --ep-num-redundant-experts (EPLB replicas; default 0): the EP group holds E + R experts,
+    # (E + R) / ep a GPU, so E + R, not E, must divide by expert_parallel_size (backends/sim/parallel.py).
+    redundant_experts: int = knob(0, help="redundant expert replicas the expert-parallel group holds beside "
+                                  "the model's experts (SGLang's --ep-num-redundant-experts): the experts "
+                                  "plus these must divide by expert_parallel_size",
+                                  unit="experts", range=(0, 4096))
     pipeline_parallel_size: int = knob(1, help="pipeline stages per replica", unit="stages", range=(1, 4096))
     gpu_memory_utilization: float = knob(0.9, help="share of GPU memory the engine may take",
                                          range=(0.0, 1.0), open="lo")

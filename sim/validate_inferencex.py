@@ -39,6 +39,25 @@ MTP_DEPTH_NOT_GIVEN = -1  # an MTP entry whose recipe file name gives no depth (
 # simulated, so `simulate validate` over every row keeps to its half hour; every development row up to
 # the evaluation's 128 clients drafts.
 MTP_SIMULATED_MAX_CLIENTS = 256
+# SGLang's `--ep-num-redundant-experts` (EPLB replicas; SGLang's default 0) of the InferenceX DeepSeek-R1
+# Dynamo-SGLang wide-EP decode workers whose EP does not divide the 256 experts: 32, which makes 288 physical
+# experts, 6 a GPU at EP 48 and 12 at EP 24. The srt-slurm recipes nvidia-master.yaml's `config_file` names
+# (NVIDIA/srt-slurm `recipes/gb200-fp8/1k1k/mid-curve.yaml`: decode tp/dp/ep 48; `recipes/gb200-fp8/8k1k/
+# max_tpt.yaml`: 24; `recipes/gb200-fp4/1k1k/max-tpt.yaml` and `8k1k/mid-curve.yaml`: 48) all set
+# `ep-num-redundant-experts: 32` on those decode workers (and on the EP 8 / EP 32 workers beside them, which
+# divide 256 and are left at 0 here). The GB300 recipes were not in the library's index: the GB300 EP 24 / 48
+# rows take the GB200 recipes' 32 (their worker shapes are the same), an assumption.
+SGLANG_WIDE_EP_REDUNDANT_EXPERTS = 32
+
+
+def redundant_experts(backend: str, num_experts: int, ep: int) -> int:
+    """The redundant experts an InferenceX worker at this EP ran with: SGLANG_WIDE_EP_REDUNDANT_EXPERTS for an
+    SGLang worker whose EP does not divide the model's experts, else 0 (a split that needs none)."""
+    if backend == "sglang" and num_experts and ep > 1 and num_experts % ep:
+        return SGLANG_WIDE_EP_REDUNDANT_EXPERTS
+    return 0
+
+
 # The InferenceMAX dumps whose rows this table is checked against (validate_protocol's InferenceX rows).
 _DUMPS = ("source_file=2026-03-25.csv", "source_file=2026-04-06.csv")
 

@@ -25,7 +25,7 @@ from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, AssumedWo
                                             NotExpressible, assume_workers, folded_layout, inferred_attention_dp,
                                             missing_worker_counts)
 from twinserve.sim.validate_engines import engine_defaults
-from twinserve.sim.validate_inferencex import inferencex_workers
+from twinserve.sim.validate_inferencex import inferencex_workers, redundant_experts
 from twinserve.sim.validate_twins import add_twins, twin_of
 from twinserve.sim.validate_recipes import apply_memory, apply_recipe, apply_speculative, row_recipe, set_mtp
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, INFERENCEX, STEADY, RunDesign, harness, run_design
@@ -50,6 +50,7 @@ ENGINE_PROFILE = {"trtllm": "cuda_graph_cpp", "vllm": "cuda_graph_python", "sgla
 # a row that needs one this config lacks is "not expressible".
 PP_FIELD = "pipeline_parallel_size"
 EP_FIELD = "expert_parallel_size"
+RE_FIELD = "engine.redundant_experts"
 ADP_FIELD = "data_parallel_size"
 
 # A checkpoint's suffix that names its quantization, not its shape.
@@ -428,9 +429,15 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     for mine, other in ((pre_layout, dec_layout), (dec_layout, pre_layout)):
         for name in other:
             mine.setdefault(name, 1)
+    ix = inferencex_workers(row) if missing_worker_counts(row) else None
+    # SGLang's redundant experts at EP 24 / 48 (sim/validate_inferencex.py): the InferenceX workers' and
+    # their twin records' (sim/validate_twins.py), the same runs.
+    if model.is_moe:
+        extra = [redundant_experts(str(row["backend"]), model.num_experts, w.moe_ep) for w in (pre, dec)]
+        if any(extra):
+            pre_layout[RE_FIELD], dec_layout[RE_FIELD] = extra
     _apply(cfg, dec_layout)
     plan = RowPlan(cfg)
-    ix = inferencex_workers(row) if missing_worker_counts(row) else None
     if ix is not None:  # the counts and layouts InferenceX's run matrix gives the row
         plan.layout, plan.counts = ix.note(conc), (pre.count, dec.count)
         if ix.simulates_mtp(conc):  # its entry ran MTP at a given depth

@@ -175,8 +175,11 @@ class RooflineCostModel:
         self._k_seq = 2.0 * m.vocab_size * m.hidden_size / tp / peak_16
         weights = m.always_params * prec.weight_bytes + m.vocab_size * m.hidden_size * m.dtype_bytes
         self._w_time = weights / tp / bw
-        # Experts see every rank's tokens; each GPU holds E / ep of them, each split moe_tp ways.
-        self._local_experts = m.num_experts / ep if m.is_moe else 0.0
+        # Experts see every rank's tokens; each GPU holds E / ep of them, each split moe_tp ways, or
+        # (E + R) / ep with R redundant replicas (SGLang's EPLB): a busy step reads every physical one,
+        # while the routed FLOPs below stay tokens x top-k / ep (a replica takes a share of its expert's
+        # tokens, it adds none).
+        self._local_experts = par.physical_experts(m) / ep if m.is_moe else 0.0
         self._w_expert = m.num_moe_layers * m.expert_params * prec.expert_weight_bytes / moe_tp / bw
         self._k_expert = (2.0 * m.num_moe_layers * m.num_experts_per_tok * m.expert_params
                           / (moe_tp * ep) / peak_e)

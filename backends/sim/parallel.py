@@ -5,6 +5,11 @@ on each of `data_parallel_size` ranks (attention DP), each rank with its own seq
 layers take every rank's tokens, their experts split over `expert_parallel_size` GPUs and each
 expert over the rest (moe_tp = tp x dp / ep; vLLM's --enable-expert-parallel is ep = tp x dp).
 `pipeline_parallel_size` stages each hold a contiguous share of the layers.
+
+`redundant_experts` is SGLang's `--ep-num-redundant-experts` (EPLB): E + R physical experts, the R
+extra ones replicas of hot experts, laid E + R over ep, so (E + R) % ep == 0 (256 experts over 48
+GPUs with 32 redundant: 6 a GPU). Each GPU holds (E + R) / ep experts' weights; the routed work is
+unchanged (every token still goes to top-k experts; a replica takes a share of its expert's tokens).
 """
 
 from __future__ import annotations
@@ -33,6 +38,11 @@ class Parallelism:
     data_parallel_size: int = 1
     expert_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    redundant_experts: int = 0
+
+    def physical_experts(self, model: ModelSpec) -> int:
+        """Experts the expert-parallel group holds: the model's plus the redundant replicas."""
+        return model.num_experts + self.redundant_experts if model.is_moe else 0
 
     @property
     def moe_tensor_parallel_size(self) -> int:
@@ -52,6 +62,11 @@ class Parallelism:
                         ("expert_parallel_size", ep), ("pipeline_parallel_size", pp)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ParallelismError(name, v, "an integer >= 1")
+        r = self.redundant_experts
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+            raise ParallelismError("redundant_experts", r, "an integer >= 0")
+        if r and not model.is_moe:
+            raise ParallelismError("redundant_experts", r, f"0: {model.name} has no experts")
         if model.num_heads % tp or (not model.is_mla and model.num_kv_heads % tp and tp % model.num_kv_heads):
             raise ParallelismError("tensor_parallel_size", tp,
                                    f"a divisor of {model.name}'s {model.num_heads} attention heads "
@@ -64,9 +79,12 @@ class Parallelism:
         if ep > 1:
             if not model.is_moe:
                 raise ParallelismError("expert_parallel_size", ep, f"1: {model.name} has no experts")
-            if model.num_experts % ep:
+            if (model.num_experts + r) % ep:
+                held = (f"{model.num_experts} experts + {r} redundant = {model.num_experts + r}" if r
+                        else f"{model.num_experts} experts")
                 raise ParallelismError("expert_parallel_size", ep,
-                                       f"a divisor of {model.name}'s {model.num_experts} experts")
+                                       f"a divisor of {model.name}'s {held} (engine.redundant_experts "
+                                       f"adds replicas, SGLang's --ep-num-redundant-experts)")
             if (tp * dp) % ep:
                 raise ParallelismError("expert_parallel_size", ep,
                                        f"a divisor of tensor_parallel_size x data_parallel_size = {tp * dp}")
@@ -92,10 +110,11 @@ class Parallelism:
                        num_linear_layers=linear)
 
     def weight_bytes_per_gpu(self, model: ModelSpec) -> float:
-        """Weights one GPU of the heaviest stage holds: dense part over TP, experts over the whole group."""
+        """Weights one GPU of the heaviest stage holds: dense part over TP, the physical experts (the
+        model's plus the redundant ones) over the whole group: (E + R) / ep experts, each over moe_tp."""
         m, p = self.stage_model(model), model.precision
         dense = m.always_params * p.weight_bytes + m.embedding_params * m.dtype_bytes
-        experts = m.routed_params * p.expert_weight_bytes
+        experts = m.num_moe_layers * self.physical_experts(m) * m.expert_params * p.expert_weight_bytes
         return dense / self.tensor_parallel_size + experts / (self.tensor_parallel_size * self.data_parallel_size)
 
 

@@ -20,7 +20,7 @@ beside its MoE dispatch and combine (aic's `*_tp_allreduce`, vLLM only).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from twinserve.backends.sim.catalog import ModelSpec
@@ -44,6 +44,25 @@ def moe_power_law_alpha(model: ModelSpec) -> float:
     """The exponent of aic's power-law routing for this model: 1.01 for its DeepSeek family (the MLA
     MoE models: DeepSeekModel, DeepSeekV32Model for GLM-5, KIMIK25), 1.2 for MOEModel (models/moe.py)."""
     return 1.01 if model.is_mla else 1.2
+
+
+def aic_moe_parallelism(model: ModelSpec, par: Parallelism) -> Parallelism:
+    """The layout aic's MoE ops are queried at: `par`, but where redundant experts make the EP one that does
+    not divide the model's experts (SGLang's EPLB: 256 experts + 32 over EP 48), the largest EP below it that
+    does, with the attention DP scaled alike (dp x ep' / ep), so each rank routes the same tokens x top-k / ep.
+
+    aic's MoE tables are keyed by the logical expert count and EPs that divide it (gb200 / gb300 SGLang 0.5.14:
+    256 experts at EP 1, 2, ..., 256), so the query keeps the logical count and the per-rank token load; the
+    EP' rank holds E / ep' experts, more than the (E + R) / ep physical ones, as a replica-holding GPU does
+    (EP 48: 8 against 6; EP 24: 16 against 12), and its all-to-all runs over ep' ranks."""
+    ep, e = par.expert_parallel_size, model.num_experts
+    if not par.redundant_experts or not model.is_moe or e % ep == 0:
+        return par
+    tp, dp = par.tensor_parallel_size, par.data_parallel_size
+    for ep2 in range(ep - 1, 0, -1):
+        if e % ep2 == 0 and (dp * ep2) % ep == 0 and (tp * dp * ep2 // ep) % ep2 == 0:
+            return replace(par, data_parallel_size=dp * ep2 // ep, expert_parallel_size=ep2, redundant_experts=0)
+    return par  # no smaller layout keeps the load: aic's own error names the missing table
 
 
 def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend: str, phase: str) -> list:
@@ -202,8 +221,9 @@ def build_graph(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backe
                       ops.GEMM("ffn2_gemm", dense, h, inter, gq, low_precision_input=True)]
     decode_ops = list(token_ops)
     if m.num_moe_layers:
-        token_ops += _moe_ops(m, par, modes, backend, "context")
-        decode_ops += _moe_ops(m, par, modes, backend, "generation")
+        moe_par = aic_moe_parallelism(m, par)
+        token_ops += _moe_ops(m, moe_par, modes, backend, "context")
+        decode_ops += _moe_ops(m, moe_par, modes, backend, "generation")
     ars = [ops.CustomAllReduce("embedding_ar", 1, h, tp), ops.CustomAllReduce("ar_1", dense, h, tp),
            ops.CustomAllReduce("ar_2", dense, h, tp)]
     if m.is_mla and not m.index_topk and m.num_moe_layers and backend == "vllm":
