@@ -121,7 +121,8 @@ def mxfp4_moe_mode(system: str, backend: str) -> str:
     - TensorRT-LLM quantizes the activations to MXFP8 on SM >= 100 and keeps BF16 below
       (ModelConfig.get_mxfp4_quant_algo, tensorrt_llm/_torch/model_config.py: W4A8_MXFP4_MXFP8 for its
       CUTLASS / TRTLLM MoE backends, W4A16_MXFP4 on Hopper).
-    - SGLang's Mxfp4MoEMethod quantizes them to MXFP8 on Blackwell by default (aic's own
+    - SGLang's FlashInfer MXFP4 MoE quantizes them to MXFP8 on Blackwell unless
+      --flashinfer-mxfp4-moe-precision bf16 is given (its default is 'default'; aic's own
       resolve_kimi_k3_moe_arch_mode, sdk/models/helpers.py, documents the same default).
     Blackwell is aic's is_blackwell_system (the system's sm_version >= 100, so RTX PRO 6000's SM 120 too),
     TensorRT-LLM's own test. aic's checkpoint reader maps quant_algo mxfp4 to w4a16_mxfp4 whatever the
