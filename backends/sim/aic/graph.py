@@ -15,7 +15,8 @@ experts run beside the routed ones on a second CUDA stream (aic's OverlapOp: the
 two), as the engines do when they replay a decode step's CUDA graph; a step with prefill tokens
 runs them one after the other. The same family routes tokens by a power law of exponent 1.01 (aic's
 DeepSeekModel; MOEModel's other families 1.2), and on vLLM pays two TP all-reduces on every layer
-beside its MoE dispatch and combine (aic's `*_tp_allreduce`, vLLM only).
+beside its MoE dispatch and combine (aic's `*_tp_allreduce`, vLLM only). A MoE-TP layout whose expert
+table has no rows is priced at the EP layout over the same GPUs (moe_compute_layout).
 """
 
 from __future__ import annotations
@@ -81,11 +82,12 @@ def moe_compute_layout(database: Any, model: ModelSpec, par: Parallelism, quant:
     The EP layout does the same expert work a GPU: at moe_tp n a GPU runs all E experts at 1/n of the
     intermediate size over the step's T x k routed rows; at moe_ep n, E / n experts at the full size over
     about T x k / n rows, the same FLOPs and the same expert weight bytes. It is not the same kernel
-    work: aic times an EP layout on its most-loaded rank (the collector's power-law routing swaps the
-    heaviest EP group onto rank 0), where a TP shard has no straggler, and TP's padding (720 -> 768 at
-    TP 4) is not in the EP row. vLLM 0.24.0's tables, which hold both layouts of gpt-oss's experts, put
-    EP n at 0.6-1.4x TP n's time on B200 and 1.0-2.1x on H200 (n = 2, 4, 8; 1-8192 tokens): expect this
-    to price such layouts' experts high, more so at decode sizes on Hopper. No correction is applied.
+    work: aic times an EP layout on its most-loaded rank (the collector's power-law routing puts the
+    heaviest EP group on rank 0, collector/helper.py), where a TP shard has no straggler, and TP's padding
+    (720 -> 768 at TP 4) is not in the EP row. vLLM 0.24.0's tables, which hold both layouts of gpt-oss's
+    experts, put EP n at 0.6-1.4x TP n's time on B200 and 1.0-2.1x on H200 (n = 2, 4, 8; 1-8192 tokens),
+    so the stand-in may price such layouts' experts high, more so on Hopper; on the development rows it
+    did not (docs/validate-rows.md, "gpt-oss's MXFP4 experts"). No correction is applied.
     """
     mtp, ep, dp = par.moe_tensor_parallel_size, par.expert_parallel_size, par.data_parallel_size
     if mtp == 1:
