@@ -40,7 +40,7 @@ def main() -> None:
     from aiconfigurator_core.sdk.engine import EngineHandle
 
     from twinserve.backends.sim.aic import AicCostModel
-    from twinserve.backends.sim.aic.mapping import fp8_gemm_mode, quant_modes, static_fp8_checkpoint
+    from twinserve.backends.sim.aic.mapping import fp8_gemm_mode, held_mxfp4_mode, quant_modes, static_fp8_checkpoint
     from twinserve.backends.sim.aic_models import resolve_row_model
     from twinserve.backends.sim.catalog import get_hardware
     from twinserve.backends.sim.parallel import Parallelism
@@ -49,8 +49,9 @@ def main() -> None:
     m = resolve_row_model(args.model_path).with_precision(Precision("bfloat16", args.quant, args.kv))
     c = AicCostModel(m, get_hardware(args.hw), backend=args.backend,
                      parallel=Parallelism(args.tp, args.dp, args.ep, 1))
-    modes = fp8_gemm_mode(c.database, quant_modes(m.precision, m.is_moe, c.system),
-                          static_fp8_checkpoint(m.name, m.is_moe))  # the modes the cost model prices
+    modes = held_mxfp4_mode(c.database, fp8_gemm_mode(c.database, quant_modes(m.precision, m.is_moe, c.system,
+                                                                           args.backend),
+                                                      static_fp8_checkpoint(m.name, m.is_moe)))  # as priced
     modes = {k: v.name for k, v in modes.items()}
     engine = EngineHandle.compile(
         args.model_path, c.system, args.backend, backend_version=c.version, tp_size=args.tp,

@@ -19,8 +19,8 @@ from twinserve.backends.sim.catalog import HardwareSpec, ModelSpec
 from twinserve.backends.sim.parallel import Parallelism, ParallelismError, _loop_step_time
 
 from twinserve.backends.sim.aic.graph import StepGraph, build_graph
-from twinserve.backends.sim.aic.mapping import (AicError, check_precision, fp8_gemm_mode, quant_modes, resolve_version,
-                                                sdk, static_fp8_checkpoint, system_for)
+from twinserve.backends.sim.aic.mapping import (AicError, check_precision, fp8_gemm_mode, held_mxfp4_mode, quant_modes,
+                                                resolve_version, sdk, static_fp8_checkpoint, system_for)
 
 _MS = 1e-3
 KV_GRID = 16  # decode attention is priced at its context rounded up to a KV block of 16 tokens
@@ -103,8 +103,9 @@ class AicCostModel:
         self.backend = backend
         self.version = resolve_version(self.system, backend, version)
         self.database = _load(pdb, self.system, backend, self.version)
-        modes = fp8_gemm_mode(self.database, quant_modes(model.precision, model.is_moe, self.system),
+        modes = fp8_gemm_mode(self.database, quant_modes(model.precision, model.is_moe, self.system, backend),
                               static_fp8_checkpoint(model.name, model.is_moe))
+        modes = held_mxfp4_mode(self.database, modes)
         check_precision(self.database, modes, model.precision)
         self.graph: StepGraph = build_graph(par.stage_model(model), par, modes, backend, self.database)
         from aiconfigurator_core.sdk.engine import EngineHandle

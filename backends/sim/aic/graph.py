@@ -15,7 +15,8 @@ experts run beside the routed ones on a second CUDA stream (aic's OverlapOp: the
 two), as the engines do when they replay a decode step's CUDA graph; a step with prefill tokens
 runs them one after the other. The same family routes tokens by a power law of exponent 1.01 (aic's
 DeepSeekModel; MOEModel's other families 1.2), and on vLLM pays two TP all-reduces on every layer
-beside its MoE dispatch and combine (aic's `*_tp_allreduce`, vLLM only).
+beside its MoE dispatch and combine (aic's `*_tp_allreduce`, vLLM only). A MoE-TP layout whose expert
+table has no rows is priced at the EP layout over the same GPUs (moe_compute_layout).
 """
 
 from __future__ import annotations
@@ -65,7 +66,55 @@ def aic_moe_parallelism(model: ModelSpec, par: Parallelism) -> Parallelism:
     return par  # no smaller layout keeps the load: aic's own error names the missing table
 
 
-def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend: str, phase: str) -> list:
+def moe_compute_layout(database: Any, model: ModelSpec, par: Parallelism, quant: Any, dist: str) -> tuple[int, int]:
+    """(moe_tp, moe_ep) that aic's expert-compute op (its MoE table) is queried at: the layout's own, or, where
+    the table holds no timings for a MoE-TP layout but holds the pure-EP layout over the same GPUs
+    (moe_tp 1, moe_ep = moe_tp x moe_ep), that one. The dispatch and combine keep the layout's own sizes.
+
+    Why: aic's TensorRT-LLM collector skips every MoE-TP shard whose intermediate size is not a multiple
+    of 256 / weight bits (collector/trtllm/collect_moe.py, after a CUTLASS TLLM_CHECK), so gpt-oss's 2880
+    (64-aligned at 4 bits) has MXFP4 rows at moe_tp 1 only (EP 1..128). TensorRT-LLM itself serves
+    moe_tp = tp by default (tensorrt_llm/mapping.py: no ep_size gives moe_tp_size = tp, moe_ep_size = 1)
+    and pads each MXFP4 shard up to its weight alignment before sharding (_torch/modules/fused_moe/
+    quantization.py, _get_weight_alignment: 2880 at TP 4 is 768 a shard). vLLM's tables hold the TP
+    layouts, so no vLLM query moves.
+
+    The EP layout does the same expert work a GPU: at moe_tp n a GPU runs all E experts at 1/n of the
+    intermediate size over the step's T x k routed rows; at moe_ep n, E / n experts at the full size over
+    about T x k / n rows, the same FLOPs and the same expert weight bytes. It is not the same kernel
+    work: aic times an EP layout on its most-loaded rank (the collector's power-law routing puts the
+    heaviest EP group on rank 0, collector/helper.py), where a TP shard has no straggler, and TP's padding
+    (720 -> 768 at TP 4) is not in the EP row. vLLM 0.24.0's tables, which hold both layouts of gpt-oss's
+    experts, put EP n at 0.6-1.4x TP n's time on B200 and 1.0-2.1x on H200 (n = 2, 4, 8; 1-8192 tokens),
+    so the stand-in may price such layouts' experts high, more so on Hopper; on the development rows it
+    did not (docs/validate-rows.md, "gpt-oss's MXFP4 experts"). No correction is applied.
+    """
+    mtp, ep, dp = par.moe_tensor_parallel_size, par.expert_parallel_size, par.data_parallel_size
+    if mtp == 1:
+        return mtp, ep
+    m = model
+    if _moe_priced(database, m, mtp, ep, dp, quant, dist) or not _moe_priced(database, m, 1, mtp * ep, dp,
+                                                                               quant, dist):
+        return mtp, ep  # the table's own layout, or nothing better: aic's error names the missing key
+    return 1, mtp * ep
+
+
+def _moe_priced(database: Any, m: ModelSpec, mtp: int, ep: int, dp: int, quant: Any, dist: str) -> bool:
+    """Whether aic's MoE table prices the expert compute at this layout (one query through its engine)."""
+    import aiconfigurator_core.sdk.operations as ops
+    from aiconfigurator_core.sdk.engine import EngineHandle, build_ops_json
+    op = ops.MoE("probe_moe", 1, m.hidden_size, m.moe_intermediate_size, m.num_experts_per_tok, m.num_experts,
+                 mtp, ep, quant, dist, dp)
+    try:
+        EngineHandle.for_database(database).evaluate_ops_json(build_ops_json([op]), is_context=True,
+                                                              batch_size=1, s=1, x=16)
+    except Exception:  # aic's PerfDataNotAvailableError and kin: no timings at this key
+        return False
+    return True
+
+
+def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend: str, phase: str,
+             database: Any) -> list:
     """aic's MoE block (router GEMM, shared experts, dispatch + experts + combine) for one phase."""
     import aiconfigurator_core.sdk.operations as ops
     from aiconfigurator_core.sdk import common
@@ -77,21 +126,26 @@ def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend:
                       gemm_quant_mode=modes["gemm"], moe_quant_mode=modes["moe"])
     m, L = model, model.num_moe_layers
     dist = power_law_distribution(cfg.workload_distribution, moe_power_law_alpha(m))
+    h, tp, inter, q = m.hidden_size, par.tensor_parallel_size, m.moe_intermediate_size, modes["moe"]
+    mtp, ep, dp = par.moe_tensor_parallel_size, par.expert_parallel_size, par.data_parallel_size
+    k, e = m.num_experts_per_tok, m.num_experts
+    cmtp, cep = moe_compute_layout(database, m, par, q, dist)  # the experts' table layout
     if not (m.is_mla and phase == "generation"):
         shape = MoEBlockShape(hidden_size=m.hidden_size, moe_inter_size=m.moe_intermediate_size,
                               topk=m.num_experts_per_tok, num_experts=m.num_experts,
                               num_shared_experts=m.num_shared_experts, num_moe_layers=L)
-        return build_moe_block_ops(phase, shape, cfg, modes["moe"], dist, scale_factor=L,
-                                   backend_name=backend, inference_phase=phase)
+        block = build_moe_block_ops(phase, shape, cfg, modes["moe"], dist, scale_factor=L,
+                                    backend_name=backend, inference_phase=phase)
+        if (cmtp, cep) == (mtp, ep):
+            return block
+        return [ops.MoE(op._name, L, h, inter, k, e, cmtp, cep, q, dist, dp) if isinstance(op, ops.MoE) else op
+                for op in block]
     # aic's DeepSeekModel generation span (models/deepseek.py): routed experts on the main stream,
     # shared experts on the auxiliary one, overlapped; its dispatches are generation-phase queries.
-    h, tp, inter, q = m.hidden_size, par.tensor_parallel_size, m.moe_intermediate_size, modes["moe"]
-    mtp, ep, dp = par.moe_tensor_parallel_size, par.expert_parallel_size, par.data_parallel_size
-    k, e = m.num_experts_per_tok, m.num_experts
     routed = [ops.GEMM("generation_router_gemm", L, e, h, common.GEMMQuantMode.bfloat16),
               ops.MoEDispatch("generation_moe_pre_dispatch", L, h, k, e, mtp, ep, dp, True, quant_mode=q,
                               is_context=False, backend=backend),
-              ops.MoE("generation_moe", L, h, inter, k, e, mtp, ep, q, dist, dp),
+              ops.MoE("generation_moe", L, h, inter, k, e, cmtp, cep, q, dist, dp),
               ops.MoEDispatch("generation_moe_post_dispatch", L, h, k, e, mtp, ep, dp, False, quant_mode=q,
                               is_context=False, backend=backend)]
     if not m.num_shared_experts:
@@ -222,8 +276,8 @@ def build_graph(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backe
     decode_ops = list(token_ops)
     if m.num_moe_layers:
         moe_par = aic_moe_parallelism(m, par)
-        token_ops += _moe_ops(m, moe_par, modes, backend, "context")
-        decode_ops += _moe_ops(m, moe_par, modes, backend, "generation")
+        token_ops += _moe_ops(m, moe_par, modes, backend, "context", database)
+        decode_ops += _moe_ops(m, moe_par, modes, backend, "generation", database)
     ars = [ops.CustomAllReduce("embedding_ar", 1, h, tp), ops.CustomAllReduce("ar_1", dense, h, tp),
            ops.CustomAllReduce("ar_2", dense, h, tp)]
     if m.is_mla and not m.index_topk and m.num_moe_layers and backend == "vllm":

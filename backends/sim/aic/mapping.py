@@ -83,22 +83,21 @@ def resolve_version(system: str, backend: str, version: str) -> str:
                    f"installed: {', '.join(have)} (or current / next; '' = current = {slots['current']})")
 
 
-def quant_modes(precision: Precision, moe: bool, system: str = "") -> dict[str, Any]:
+def quant_modes(precision: Precision, moe: bool, system: str = "", backend: str = "") -> dict[str, Any]:
     """aic quant modes for twinserve's precision fields (vLLM's names).
 
     quantization fp8 is per-tensor W8A8 (aic 'fp8'; static activation scales where fp8_gemm_mode
     says), block-scaled on MoE experts; int4
     is weight-only (AWQ/GPTQ, aic 'int4_wo'); nvfp4 is W4A4 (aic 'nvfp4'); mxfp4 (gpt-oss) quantizes
-    the experts only, W4A8 on Blackwell and W4A16 elsewhere as vLLM's Mxfp4Config runs them.
+    the experts only, with the activations each engine feeds them by default (mxfp4_moe_mode).
     Activations, attention math and the LM head stay 16-bit; kv_cache_dtype fp8 stores K/V in FP8.
     """
     from aiconfigurator_core.sdk import common
     q = precision.quantization
-    blackwell = system.startswith(("b", "gb"))
     gemm = {"none": "bfloat16", "fp8": "fp8", "int4": "int4_wo", "nvfp4": "nvfp4", "mxfp4": "bfloat16"}[q]
     # Published FP8 MoE checkpoints (Qwen3, DeepSeek) are block-scaled 128x128: aic fp8_block.
     moe_q = {"none": "bfloat16", "fp8": "fp8_block", "int4": "int4_wo", "nvfp4": "nvfp4",
-             "mxfp4": "w4a8_mxfp4_mxfp8" if blackwell else "w4a16_mxfp4"}[q]
+             "mxfp4": mxfp4_moe_mode(system, backend)}[q]
     kv = "fp8" if precision.kv_cache_dtype == "fp8" else "bfloat16"
     fmha = "float16" if precision.dtype == "float16" else "bfloat16"
     modes = {"gemm": common.GEMMQuantMode[gemm], "generation_attention": common.KVCacheQuantMode[kv],
@@ -106,6 +105,53 @@ def quant_modes(precision: Precision, moe: bool, system: str = "") -> dict[str, 
     if moe:
         modes["moe"] = common.MoEQuantMode[moe_q]
     return modes
+
+
+MXFP4_MOE_MODES = ("w4a16_mxfp4", "w4a8_mxfp4_mxfp8")
+
+
+def mxfp4_moe_mode(system: str, backend: str) -> str:
+    """aic's MoE quant mode for MXFP4 experts (gpt-oss): the activations each engine feeds them by default.
+
+    - vLLM runs them with BF16 activations on every GPU by default: its get_mxfp4_backend
+      (vllm/model_executor/layers/quantization/mxfp4.py) picks SM100_FI_MXFP4_BF16 on Blackwell unless
+      VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8 is set, Triton or Marlin W4A16 kernels elsewhere. aic's vLLM
+      0.24.0 tables agree: every gpt-oss row is w4a16_mxfp4, and on B200 / GB200 its kernel_source is
+      'vllm_gptossmxfp4moe_flashinfer_trtllm_mxfp4_bf16_...'.
+    - TensorRT-LLM quantizes the activations to MXFP8 on SM >= 100 and keeps BF16 below
+      (ModelConfig.get_mxfp4_quant_algo, tensorrt_llm/_torch/model_config.py: W4A8_MXFP4_MXFP8 for its
+      CUTLASS / TRTLLM MoE backends, W4A16_MXFP4 on Hopper).
+    - SGLang's FlashInfer MXFP4 MoE quantizes them to MXFP8 on Blackwell unless
+      --flashinfer-mxfp4-moe-precision bf16 is given (its default is 'default'; aic's own
+      resolve_kimi_k3_moe_arch_mode, sdk/models/helpers.py, documents the same default).
+    Blackwell is aic's is_blackwell_system (the system's sm_version >= 100, so RTX PRO 6000's SM 120 too),
+    TensorRT-LLM's own test. aic's checkpoint reader maps quant_algo mxfp4 to w4a16_mxfp4 whatever the
+    engine (sdk/models/helpers._infer_quant_modes_from_raw_config); where the database holds only the
+    other mode, held_mxfp4_mode takes it.
+    """
+    if backend == "vllm" or not system:
+        return "w4a16_mxfp4"
+    from aiconfigurator_core.sdk.perf_database import is_blackwell_system
+    return "w4a8_mxfp4_mxfp8" if is_blackwell_system(system) else "w4a16_mxfp4"
+
+
+def held_mxfp4_mode(db: Any, modes: dict[str, Any]) -> dict[str, Any]:
+    """modes with the other MXFP4 expert mode where the database holds no table for the chosen one.
+
+    aic's collectors time the kernel the engine version runs on that GPU, filed under the mode of its
+    activations; a database that holds only one MXFP4 mode (RTX PRO 6000: TensorRT-LLM's is
+    w4a8_mxfp4_mxfp8, SGLang's w4a16_mxfp4 on its Marlin kernel) holds that engine's kernel there.
+    Both modes read the same 4-bit weights, so the price keeps the bytes and the expert shapes.
+    """
+    from aiconfigurator_core.sdk import common
+    mode = modes.get("moe")
+    if mode is None or mode.name not in MXFP4_MOE_MODES:
+        return modes
+    have = set(db.supported_quant_mode["moe"])
+    if mode.name in have:
+        return modes
+    other = next((m for m in MXFP4_MOE_MODES if m != mode.name and m in have), None)
+    return {**modes, "moe": common.MoEQuantMode[other]} if other else modes
 
 
 # Model families whose published FP8 checkpoints are per-tensor with static activation scales: NVIDIA's
