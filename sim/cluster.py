@@ -26,7 +26,7 @@ from twinserve.core.engine_core import StepStats
 from twinserve.core.sched.batch_policy import MixedBatches, PrefillFirst
 from twinserve.core.sched.fast_forward import (apply_decode_steps, decode_plan, finish_decode_half,
                                                schedule_decode_half)
-from twinserve.core.sched.fast_loop import NO_IDS, block_ids, chunk, fast_decode_limit
+from twinserve.core.sched.fast_loop import NO_IDS, chunk, fast_decode_limit
 from twinserve.core.sched.lazy_decodes import LazyDecodes
 from twinserve.core.request import RequestStatus
 from twinserve.core.sched.output import CachedRequestData
@@ -619,7 +619,7 @@ def _schedule_tail(sched, plan: list[tuple[Request, int, int, bool]], cached: Ca
             if new_blocks is None:
                 raise AssertionError("a join step's tail found no blocks: check _tail_plan")
             req.fast_decode_limit = fast_decode_limit(kv, rid)
-            ids = block_ids(new_blocks)
+            ids = sched._table_ids(new_blocks)
         elif c > req.fast_decode_limit:  # plain_head's refresh
             req.fast_decode_limit = fast_decode_limit(kv, rid)
         if c + q < len(req.all_token_ids):
