@@ -172,8 +172,9 @@ class ClusterSimulation:
             sp = self._params.get(n_out)
             if sp is None:
                 sp = self._params[n_out] = SamplingParams(max_tokens=n_out, ignore_eos=True)
-            # tokens were made for this request and are never changed: kept, not copied.
-            req = Request.taking(item.request_id, tokens, sp, arrival_time=item.arrival_time,
+            # tokens were made for this request (Workload.prompt_tokens), or are a finished prefill
+            # request's (sim/disagg.py, nothing reads them there again): its token list, not copied.
+            req = Request.owning(item.request_id, tokens, sp, arrival_time=item.arrival_time,
                                  payload=item)
             try:
                 core.add_request(req)
