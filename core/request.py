@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from twinserve.core.sampling_params import SamplingParams
 
@@ -41,6 +43,42 @@ FINISH_STATUS: dict[FinishReason, RequestStatus] = {
     FinishReason.ABORT: RequestStatus.FINISHED_ABORTED,
     FinishReason.ERROR: RequestStatus.FINISHED_ERROR,
 }
+
+
+class PromptView(Sequence):
+    """The first n items of a list that only grows past them, read in place: the prompt of a
+    Request that owns its prompt list as all_token_ids (Request.owning). Reads as the prompt list
+    would (len, index, slice, iteration, == a list); it cannot be changed."""
+
+    __slots__ = ("_tokens", "_n")
+
+    def __init__(self, tokens: list[int], n: int) -> None:
+        self._tokens = tokens
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return self._tokens[:self._n][i]
+        n = self._n
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("prompt index out of range")
+        return self._tokens[i]
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(self._tokens, self._n)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (list, tuple, PromptView)):
+            return len(other) == self._n and list(self) == list(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"PromptView({self._tokens[:self._n]!r})"
 
 
 @dataclass(slots=True, eq=False)
@@ -107,6 +145,18 @@ class Request:
         req = cls(request_id, (), *args, **kwargs)
         req.prompt_token_ids = prompt_token_ids
         req.all_token_ids = list(prompt_token_ids)
+        return req
+
+    @classmethod
+    def owning(cls, request_id: str, token_ids: list[int], *args: Any, **kwargs: Any) -> "Request":
+        """A Request that takes the caller's list over as its all_token_ids (no copy): the caller
+        made it for this request and neither reads past its prompt nor changes it after (the
+        simulator's prompts; a finished prefill request's tokens handed to its decode side).
+        prompt_token_ids is a PromptView of its first len(token_ids) items. Saves the ~11 us copy
+        of a 4,000-token prompt per request and per disaggregated half (issue 50)."""
+        req = cls(request_id, (), *args, **kwargs)
+        req.prompt_token_ids = PromptView(token_ids, len(token_ids))  # type: ignore[assignment]
+        req.all_token_ids = token_ids
         return req
 
     @property

@@ -314,6 +314,10 @@ def build_engine(cfg: StudyConfig) -> BuiltEngine:
         sched_cfg = dataclasses.replace(sched_cfg, kv_offloading_blocks=host_blocks,
                                         kv_offloading_policy=cfg.kv_offload.eviction)
     core = EngineCore(sched_cfg, executor, speculative_config=core_spec)
+    # The cost model reads counts only (SimExecutor.execute, sim.disagg.DecodeExecutor,
+    # HostTierExecutor's loads and stores come from the KV manager): no block id lists, no copy of
+    # a new request's tokens per admission (~9% of a search's CPU: issue 50, docs/search-speed.md).
+    core.scheduler.executor_reads_tables = False
     if link is not None:
         core.executor = HostTierExecutor(executor, link, synchronous)
     return BuiltEngine(model, hw, roof, cost, cap, core, executor, host_blocks)

@@ -26,7 +26,7 @@ from twinserve.core.engine_core import StepStats
 from twinserve.core.sched.batch_policy import MixedBatches, PrefillFirst
 from twinserve.core.sched.fast_forward import (apply_decode_steps, decode_plan, finish_decode_half,
                                                schedule_decode_half)
-from twinserve.core.sched.fast_loop import NO_IDS, block_ids, chunk, fast_decode_limit
+from twinserve.core.sched.fast_loop import NO_IDS, chunk, fast_decode_limit
 from twinserve.core.sched.lazy_decodes import LazyDecodes
 from twinserve.core.request import RequestStatus
 from twinserve.core.sched.output import CachedRequestData
@@ -172,8 +172,9 @@ class ClusterSimulation:
             sp = self._params.get(n_out)
             if sp is None:
                 sp = self._params[n_out] = SamplingParams(max_tokens=n_out, ignore_eos=True)
-            # tokens were made for this request and are never changed: kept, not copied.
-            req = Request.taking(item.request_id, tokens, sp, arrival_time=item.arrival_time,
+            # tokens were made for this request (Workload.prompt_tokens), or are a finished prefill
+            # request's (sim/disagg.py, nothing reads them there again): its token list, not copied.
+            req = Request.owning(item.request_id, tokens, sp, arrival_time=item.arrival_time,
                                  payload=item)
             try:
                 core.add_request(req)
@@ -619,7 +620,7 @@ def _schedule_tail(sched, plan: list[tuple[Request, int, int, bool]], cached: Ca
             if new_blocks is None:
                 raise AssertionError("a join step's tail found no blocks: check _tail_plan")
             req.fast_decode_limit = fast_decode_limit(kv, rid)
-            ids = block_ids(new_blocks)
+            ids = sched._table_ids(new_blocks)
         elif c > req.fast_decode_limit:  # plain_head's refresh
             req.fast_decode_limit = fast_decode_limit(kv, rid)
         if c + q < len(req.all_token_ids):

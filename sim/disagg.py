@@ -198,7 +198,9 @@ class DisaggregatedSimulation(ClusterSimulation):
         self.transfer_time += delay
         self.num_transfers += 1
         # The finished prefill request's own list, not a copy: nothing appends to a finished
-        # request, and the decode side's Request copies it (a 4,000-token prompt: ~11 us a copy).
+        # request, and the decode side's Request takes it over (Request.owning). Its pending
+        # prefix-cache chain may still read it (PendingChain.token_ids): only its blocks' tokens,
+        # which the decode side's appends leave as they are.
         tokens = req.all_token_ids
         arrive = req.finish_time + delay
         timer = self.env.timeout(max(0.0, arrive - self.env.now))

@@ -239,8 +239,8 @@ class Simulation:
             sp = self._params.get(n_out)
             if sp is None:
                 sp = self._params[n_out] = SamplingParams(max_tokens=n_out, ignore_eos=True)
-            # A list made for this request (Workload.prompt_tokens): kept, not copied.
-            req = Request.taking(item.request_id, wl.prompt_tokens(item), sp,
+            # A list made for this request (Workload.prompt_tokens): its token list, not copied.
+            req = Request.owning(item.request_id, wl.prompt_tokens(item), sp,
                                  arrival_time=item.arrival_time, payload=item)
             carried = self._carried_hashes.pop(item.request_id, None) if self._carried_hashes else None
             if carried is not None:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Protocol
 from twinserve.core.errors import InvalidConfigError
 from twinserve.core.request import Request
 from twinserve.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
-from twinserve.core.sched.step_parts import _block_ids, _chunk, _fast_decode_limit, _lookahead
+from twinserve.core.sched.step_parts import _chunk, _fast_decode_limit, _lookahead
 
 if TYPE_CHECKING:
     from twinserve.core.sched.scheduler import Scheduler
@@ -133,7 +133,7 @@ class PrefillFirst:
             rid = req.request_id
             req.fast_decode_limit = _fast_decode_limit(kv, rid)
             c_ids.append(rid)
-            c_blocks.append(_block_ids(new_blocks))
+            c_blocks.append(sched._table_ids(new_blocks))
             c_computed.append(c)
             num_scheduled[rid] = num_new
             req.num_computed_tokens = c + num_new

@@ -6,7 +6,7 @@ drafts or lookahead slots (issue 53 item 13: it was 11-13% dearer once drafts ex
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from twinserve.core.kv.block_pool import KVCacheBlock
 from twinserve.core.kv.kv_cache_manager import KVCacheManager
@@ -23,6 +23,11 @@ def block_ids(blocks: list[KVCacheBlock]) -> Sequence[int]:
     if len(blocks) == 1:
         return [blocks[0].block_id]
     return [b.block_id for b in blocks]
+
+
+def no_block_ids(blocks: list[KVCacheBlock]) -> Sequence[int]:
+    """block_ids for an executor that reads no block tables (Scheduler.executor_reads_tables False)."""
+    return NO_IDS
 
 
 def fast_decode_limit(kv: KVCacheManager, rid: str) -> int:
@@ -51,13 +56,15 @@ def chunk(num_new: int, threshold: int, budget: int) -> int:
 
 def plain_head(head: list[Request], kv: KVCacheManager, c_ids: list[str], c_computed: list[int],
                other: dict[int, tuple[int, Sequence[int]]], spare: int, threshold: int,
-               budget: int, stalled: list[Request], partial: list[Request]) -> tuple[int, int]:
+               budget: int, stalled: list[Request], partial: list[Request],
+               ids: Callable[[list[KVCacheBlock]], Sequence[int]] = block_ids) -> tuple[int, int]:
     """Schedule's first loop without drafts: (tokens past one per request, requests skipped).
 
     Same decisions as the general loop with speculation off; it stops at the first request
     that does not fit without preempting, or once the budget may not cover the rest.
     Requests with no token left to compute go to `stalled` (the scheduler fails them); those given a chunk
     short of their last token, to `partial` (update_from_output checks that they sampled nothing).
+    ids gives a chunk's new block ids (Scheduler._table_ids).
     """
     add_id, add_computed = c_ids.append, c_computed.append
     allocate = kv.allocate_slots
@@ -92,7 +99,7 @@ def plain_head(head: list[Request], kv: KVCacheManager, c_ids: list[str], c_comp
         if new_blocks is None:
             break  # needs preemption: the caller's checked loop
         req.fast_decode_limit = fast_decode_limit(kv, rid)
-        other[len(c_ids)] = (num_new, block_ids(new_blocks))
+        other[len(c_ids)] = (num_new, ids(new_blocks))
         add_id(rid)
         add_computed(c)
         req.num_computed_tokens = c + num_new

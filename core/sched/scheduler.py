@@ -17,7 +17,7 @@ from twinserve.core.kv.kv_cache_manager import KVCacheManager
 from twinserve.core.kv.tier_tables import GroupTierHits, TierHits
 from twinserve.core.request import FINISH_STATUS, FinishReason, Request, RequestStatus
 from twinserve.core.sched.config import SchedulerConfig
-from twinserve.core.sched.fast_loop import plain_head
+from twinserve.core.sched.fast_loop import no_block_ids, plain_head
 from twinserve.core.sched.output import (CachedRequestData, EngineCoreOutput, NewRequestData,
                      SchedulerOutput)
 from twinserve.core.sched.batch_policy import make_batch_policy
@@ -93,6 +93,22 @@ class Scheduler(OutputUpdate):
         self.unreceived: list[Request] = []
         self.recv_counter = 0
         self._last_step_prefill = False
+        # How a step's new blocks reach the executor: their ids (block_ids), or none (no_block_ids:
+        # executor_reads_tables False).
+        self._table_ids = _block_ids
+
+    @property
+    def executor_reads_tables(self) -> bool:
+        """Whether the executor reads block ids and new requests' token lists (the real engine's
+        does; the default). Set False for an executor that reads only counts (the simulator's cost
+        model, sim/build.py): every block id list it is given is then the shared empty NO_IDS, and a
+        new request's token_ids is the request's own list, not a copy (its length, which is what is
+        read, is the copy's until update_from_output appends the step's token, after execute)."""
+        return self._table_ids is _block_ids
+
+    @executor_reads_tables.setter
+    def executor_reads_tables(self, reads: bool) -> None:
+        self._table_ids = _block_ids if reads else no_block_ids
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: Request) -> None:
@@ -277,7 +293,7 @@ class Scheduler(OutputUpdate):
         # Without speculation, the loop as it was before drafts (the plain decode hot path).
         if not spec_on:
             extra, skipped = plain_head(head, kv, c_ids, c_computed, other, spare, threshold, budget,
-                                        self._stalled, self._partial)
+                                        self._stalled, self._partial, self._table_ids)
             head = ()
         for req in head:
             c = req.num_computed_tokens
@@ -322,7 +338,7 @@ class Scheduler(OutputUpdate):
                 spec_tokens.pop(rid, None)
                 break  # needs preemption: the loop below
             req.fast_decode_limit = _fast_decode_limit(kv, rid)
-            other[len(c_ids)] = (num_new, _block_ids(new_blocks))
+            other[len(c_ids)] = (num_new, self._table_ids(new_blocks))
             add_id(rid)
             add_computed(c)
             req.num_computed_tokens = c + num_new
@@ -397,7 +413,7 @@ class Scheduler(OutputUpdate):
                 spec_tokens[rid] = req.spec_token_ids[:k]
             req.fast_decode_limit = _fast_decode_limit(kv, rid)
             add_id(rid)
-            add_blocks(_block_ids(new_blocks))
+            add_blocks(self._table_ids(new_blocks))
             add_computed(req.num_computed_tokens)
             num_scheduled[rid] = num_new
             req.num_computed_tokens += num_new
@@ -462,6 +478,7 @@ class Scheduler(OutputUpdate):
         # With windows an admission may hold fewer blocks than its pages: its owed blocks after it (peak
         # less held) exceed `own`, by this much summed, which the carried bound adds.
         held_short = 0
+        tables = self._table_ids is _block_ids
         while (waiting or loaded) and budget > 0 and len(running) < cfg.max_num_seqs:
             # Back from a host-tier load: it holds its hits' blocks (and the first chunk's).
             req = loaded[0] if loaded else waiting.peek()
@@ -543,8 +560,12 @@ class Scheduler(OutputUpdate):
                 step_own += own
                 if bounded and not kv._one_table:  # one table: it holds its pages
                     held_short += max(0, own + pages - kv.num_held_blocks(rid)) - own
-            new_reqs.append(NewRequestData(rid, list(req.all_token_ids), req.num_prompt_tokens,
-                                           req.sampling_params, kv.get_block_ids(rid), done + num_hit))
+            if tables:
+                new_reqs.append(NewRequestData(rid, list(req.all_token_ids), req.num_prompt_tokens,
+                                               req.sampling_params, kv.get_block_ids(rid), done + num_hit))
+            else:  # executor_reads_tables False: its own list, no ids
+                new_reqs.append(NewRequestData(rid, req.all_token_ids, req.num_prompt_tokens,
+                                               req.sampling_params, _NO_IDS, done + num_hit))
             num_scheduled[rid] = num_new
             budget -= num_new
         if bounded and owed >= 0:

@@ -173,3 +173,36 @@ def test_pools_made_on_each_others_shelves_behave_as_new_ones(runs: list, cap: i
     finally:
         block_pool._SPARE[:] = saved
         block_pool._SPARE_MAX = saved_max
+
+
+@given(st.integers(1, 40), st.integers(0, 40), st.integers(1, 40))
+def test_a_pool_that_took_part_of_its_shelf_hands_the_shelf_itself_back(shelf_len: int, take: int,
+                                                                          size: int) -> None:
+    # recycle() gives back the claimed shelf list itself when the pool made nothing past its end
+    # (no copy of its untaken, cold tail), else what it made plus the shelf's tail; either way
+    # block i at index i, every block the pool made or left untaken, none twice.
+    from twinserve.core.kv import block_pool
+
+    saved, saved_max = block_pool._SPARE[:], block_pool._SPARE_MAX
+    block_pool._SPARE.clear()
+    block_pool._SPARE_MAX = 1 << 19
+    try:
+        first = BlockPool(shelf_len)
+        first.get_new_blocks(shelf_len)
+        first.recycle()
+        (shelf,) = block_pool._SPARE
+        pool = BlockPool(size)
+        got = pool.get_new_blocks(min(take, size))
+        _dirty(pool)
+        made = pool.free_queue.created[:]
+        pool.recycle()
+        (back,) = block_pool._SPARE
+        if len(made) <= shelf_len:
+            assert back is shelf
+        want = made + shelf[len(made):]
+        assert len(back) == len(want) and all(a is b for a, b in zip(back, want))
+        assert [b.block_id for b in back] == list(range(len(back)))
+        assert all(b in back for b in got)
+    finally:
+        block_pool._SPARE[:] = saved
+        block_pool._SPARE_MAX = saved_max

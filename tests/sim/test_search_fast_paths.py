@@ -562,8 +562,10 @@ def test_a_cluster_search_row_is_the_full_rows_values(case: str) -> None:
 def test_a_finished_prefill_requests_tokens_go_to_decode_uncopied_and_unchanged(
         n, count, replicas, seed, blocks, budget, turns, system_prompts) -> None:
     # DisaggregatedSimulation._finish hands the decode side the finished prefill request's own
-    # token list (no copy): equivalent only if nothing changes that list after the request
-    # finished (prefix cache with shared prefixes and pending chains, small pools: preemptions).
+    # token list (no copy), which the decode side's Request takes over (Request.owning) and
+    # appends its tokens to: equivalent only if nothing changes the prefill request's tokens,
+    # the list's first items, after it finished (prefix cache with shared prefixes and pending
+    # chains, which read them; small pools: preemptions).
     from twinserve.sim.cluster_study import build_cluster
 
     cfg = _cached_config(n, count, replicas, True, seed, blocks, budget, turns, system_prompts)
@@ -587,7 +589,8 @@ def test_a_finished_prefill_requests_tokens_go_to_decode_uncopied_and_unchanged(
     assert delivered
     for tokens in delivered:
         assert id(tokens) in finished  # the prefill request's own list
-    assert all(lst == snap for lst, snap in finished.values())
+    assert all(lst[:len(snap)] == snap for lst, snap in finished.values())
+    assert any(len(lst) > len(snap) for lst, snap in finished.values())  # the decode side's own tokens
 
 
 def _records_and_steps(cfg) -> tuple:
@@ -610,19 +613,29 @@ def _records_and_steps(cfg) -> tuple:
        system_prompts=st.sampled_from([0, 1, 3]))
 def test_requests_keeping_the_simulators_prompt_lists_give_the_copied_runs_figures(
         n, count, replicas, disagg, seed, blocks, budget, turns, system_prompts) -> None:
-    # The simulator hands each Request the prompt list it made (Request.taking, no copy): every
-    # record and step equals a run whose Requests copy it (prefix cache with shared prefixes,
-    # follow-up turns carrying history, small pools: preemptions; one engine, clusters, disagg).
+    # The simulator hands each Request the prompt list it made, or a finished prefill request's
+    # tokens, as its all_token_ids (Request.owning, no copy): every record and step equals a run
+    # whose Requests copy it (prefix cache with shared prefixes, follow-up turns carrying history,
+    # small pools: preemptions; one engine, clusters, disagg).
     from twinserve.core.request import Request
 
     cfg = _cached_config(n, count, replicas, disagg, seed, blocks, budget, turns, system_prompts)
-    kept = _records_and_steps(cfg)
-    taking = Request.__dict__["taking"]
+    owned = []
+    owning = Request.__dict__["owning"]
+
+    def spy(cls, rid, prompt, *a, **k):
+        req = owning.__func__(cls, rid, prompt, *a, **k)
+        owned.append(req.all_token_ids is prompt and req.prompt_token_ids == prompt[:len(prompt)])
+        return req
+
     try:
-        Request.taking = classmethod(lambda cls, rid, prompt, *a, **k: cls(rid, prompt, *a, **k))
+        Request.owning = classmethod(spy)
+        kept = _records_and_steps(cfg)
+        Request.owning = classmethod(lambda cls, rid, prompt, *a, **k: cls(rid, prompt, *a, **k))
         copied = _records_and_steps(cfg)
     finally:
-        Request.taking = taking
+        Request.owning = owning
+    assert owned and all(owned)
     assert kept == copied
 
 

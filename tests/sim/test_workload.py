@@ -127,7 +127,7 @@ def test_multi_turn_next_turn_extends_previous_context() -> None:
 
     def spy(item):
         toks = orig(item)
-        seen[item.request_id] = toks
+        seen[item.request_id] = list(toks)  # the request takes the list over (Request.owning)
         return toks
 
     built.workload.prompt_tokens = spy  # type: ignore[method-assign]
