@@ -137,17 +137,6 @@ class Request:
         self.all_token_ids = list(self.prompt_token_ids)
 
     @classmethod
-    def taking(cls, request_id: str, prompt_token_ids: list[int], *args: Any,
-               **kwargs: Any) -> "Request":
-        """A Request that keeps the caller's prompt list itself (no copy), for a caller that made
-        it for this request and never changes it (the simulator's prompts: a 4,000-token prompt
-        is ~11 us a copy); nothing here changes prompt_token_ids. all_token_ids is a copy."""
-        req = cls(request_id, (), *args, **kwargs)
-        req.prompt_token_ids = prompt_token_ids
-        req.all_token_ids = list(prompt_token_ids)
-        return req
-
-    @classmethod
     def owning(cls, request_id: str, token_ids: list[int], *args: Any, **kwargs: Any) -> "Request":
         """A Request that takes the caller's list over as its all_token_ids (no copy): the caller
         made it for this request and neither reads past its prompt nor changes it after (the

@@ -2,17 +2,18 @@
 aggregated attention-DP development rows: each row simulated with the balance off and on, interleaved, in one
 process; prints TTFT / TPOT errors and CPU seconds. Development rows only (issue 49).
 
-    python experiments/adp_balance_rows.py [--max-clients 128] [--aic]
+    python experiments/adp_balance_rows.py [--max-clients 128] [--cost-model aic|roofline]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+from unittest import mock
 
 import pandas as pd
 
-from twinserve.sim import validate_recipes
+from twinserve.sim import validate_recipes, validate_rows
 from twinserve.sim.validate import simulate_row
 from twinserve.sim.validate_cli import select_rows
 from twinserve.sim.validate_rows import load_rows, row_plan
@@ -33,9 +34,11 @@ def _adp_rows(max_clients: int, cost_model: str) -> pd.DataFrame:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--max-clients", type=int, default=128)
-    ap.add_argument("--cost-model", default="aic")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--max-clients", type=int, default=128,
+                    help="only rows of at most this many clients (default 128)")
+    ap.add_argument("--cost-model", default="aic", choices=("aic", "roofline"),
+                    help="the step prices: aiconfigurator's measured kernels (default) or the roofline")
     args = ap.parse_args()
     rows = _adp_rows(args.max_clients, args.cost_model)
     real = validate_recipes.row_recipe
@@ -48,14 +51,10 @@ def main() -> None:
             def patched(r, _b=balance):
                 recipe = real(r)
                 return recipe if _b else dataclasses.replace(recipe, adp_balance_iters=0)
-            validate_recipes.row_recipe = patched
-            import twinserve.sim.validate_rows as vr
-            vr.row_recipe = patched
-            try:
+            # validate_rows reads row_recipe by its own name: both names patched for this row.
+            with mock.patch.object(validate_recipes, "row_recipe", patched), \
+                    mock.patch.object(validate_rows, "row_recipe", patched):
                 pred = simulate_row((row.to_dict(), args.cost_model))
-            finally:
-                validate_recipes.row_recipe = real
-                vr.row_recipe = real
             rec[f"ttft_{label}"] = pred["pred_ttft_ms"]
             rec[f"tpot_{label}"] = pred["pred_tpot_ms"]
             rec[f"cpu_{label}"] = pred["sim_cpu_s"]

@@ -30,10 +30,10 @@ _DISTINCT = 64
 _MIN_TRACE_RATE = 1.0 / 60.0
 _RATE_ROWS = 1000
 _TOKEN_CHUNK = 256  # requests whose own tokens are drawn per numpy call
-_TOKEN_CHUNKS_KEPT = 8  # chunks kept for later turns (any other is drawn again, identically)
 
 
-# Token draws already made in this process (_drawn), by everything that sets them; oldest out.
+# Token draws already made in this process (_drawn), by every Workload; oldest out (a draw dropped
+# is drawn again, identically, when asked).
 _DRAWS: dict[tuple, list] = {}
 _DRAWS_KEPT = 32
 
@@ -161,7 +161,6 @@ class Workload:
         self._arr = np.random.default_rng(a)
         self._len = np.random.default_rng(l)
         self._pop = np.random.default_rng(p)
-        self._own_tokens: dict[int, list[list[int]]] = {}  # chunk -> per-request token rows
         self._shared_run: list[int] = []
         self.length_stats = LengthStats(cfg.on_overlong, max_model_len)
         self._system_prompts: dict[int, list[int]] = {}
@@ -424,13 +423,7 @@ class Workload:
         spares an int object per prompt token.
         """
         chunk, row = divmod(index, _TOKEN_CHUNK)
-        rows = self._own_tokens.get(chunk)
-        if rows is None:
-            rows = _drawn(self.seed, 13, chunk, self.cfg.vocab_size, (_TOKEN_CHUNK, _DISTINCT))
-            if len(self._own_tokens) >= _TOKEN_CHUNKS_KEPT:
-                del self._own_tokens[next(iter(self._own_tokens))]  # the oldest
-            self._own_tokens[chunk] = rows
-        own = rows[row]
+        own = _drawn(self.seed, 13, chunk, self.cfg.vocab_size, (_TOKEN_CHUNK, _DISTINCT))[row]
         if n <= _DISTINCT:
             return own[:n]
         run = self._shared_run

@@ -478,7 +478,7 @@ class Scheduler(OutputUpdate):
         # With windows an admission may hold fewer blocks than its pages: its owed blocks after it (peak
         # less held) exceed `own`, by this much summed, which the carried bound adds.
         held_short = 0
-        tables = self._table_ids is _block_ids
+        tables = self.executor_reads_tables
         while (waiting or loaded) and budget > 0 and len(running) < cfg.max_num_seqs:
             # Back from a host-tier load: it holds its hits' blocks (and the first chunk's).
             req = loaded[0] if loaded else waiting.peek()
