@@ -7,7 +7,7 @@ far off; the length doubles until the rate moves less than `search.convergence`.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Callable
 
 from twinserve.sim.config import StudyConfig, set_field
 from twinserve.sim.search import RateSearch, run_searches, search_rates
@@ -22,8 +22,14 @@ def with_requests(cfg: StudyConfig, n: int) -> StudyConfig:
 
 def converged_search(base: StudyConfig, grid: dict[str, list[str]], slos: dict[str, float],
                      workers: int | None = None, ray_address: str | None = None,
-                     progress: bool = True) -> list[RateSearch]:
-    """search_rates at search.requests_per_run, then each answer rechecked at doubled lengths."""
+                     progress: bool = True,
+                     alongside: Callable[[list[RateSearch]], list[RateSearch]] | None = None
+                     ) -> list[RateSearch]:
+    """search_rates at search.requests_per_run, then each answer rechecked at doubled lengths.
+
+    alongside(searches), called once the first length is screened when there is a recheck,
+    gives more searches to drive with the first recheck round, in the same pool queue (the
+    extra seeds, sim.search_band.banded_search): no barrier between the two stages."""
     sc = base.search
     n = sc.requests_per_run or base.workload.num_requests
     first = with_requests(base, n)
@@ -46,6 +52,8 @@ def converged_search(base: StudyConfig, grid: dict[str, list[str]], slos: dict[s
     screen(searches, sc.target_rate, sc.screen_margin)
     todo = [s for s in searches if s.status in answered and s.lengths[-1][0] >= n
             and not s.screened]
+    extra = (alongside(searches) if alongside is not None and todo
+             and n * 2 <= sc.max_requests_per_run else [])
     while todo and n * 2 <= sc.max_requests_per_run:
         n *= 2
         again = []
@@ -58,7 +66,9 @@ def converged_search(base: StudyConfig, grid: dict[str, list[str]], slos: dict[s
                                     step=2.0, estimate=s.lo if ok else 0.0,
                                     near_step=1.0 + max(sc.tolerance, 0.005) if ok else 0.0,
                                     integer=s.integer))
-        run_searches(again, slos, workers, ray_address, progress, desc=f"recheck at {n}")
+        desc = f"recheck at {n}" + (" + seeds" if extra else "")
+        run_searches(again + extra, slos, workers, ray_address, progress, desc=desc)
+        extra = []
         for s, r in zip(todo, again):
             s.cfg, s.lo, s.hi, s.runs, s.error = r.cfg, r.lo, r.hi, r.runs, r.error
             s.runs_total += r.runs_total

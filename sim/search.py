@@ -103,6 +103,7 @@ class RateSearch:
     # Searches driven together calibrate near starts by their own group only (an extra seed's
     # number: one workload seed moves every configuration alike, another seed otherwise).
     group: int = 0
+    lean: bool = False         # its runs' rows are only judged, never written (an extra seed's)
     slos: dict[str, float] = field(default_factory=dict)  # column -> limit (set by run_searches)
 
     def reach(self) -> float:
@@ -274,7 +275,8 @@ def run_searches(searches: list[RateSearch], slos: dict[str, float], workers: in
                  lean: bool = False) -> list[RateSearch]:
     """Run every search's bracket to its end (sim.search_driver), with a progress bar of runs.
 
-    lean=True: the runs' rows are only judged, never written (sim.search_run.run_search_point)."""
+    lean=True (or a search's own lean): the runs' rows are only judged, never written
+    (sim.search_run.run_search_point)."""
     bar = None
     if progress:
         from tqdm import tqdm
@@ -282,7 +284,7 @@ def run_searches(searches: list[RateSearch], slos: dict[str, float], workers: in
 
     def job(s: RateSearch, rate: float) -> tuple:
         return (dict(s.point, rate=rate), _with_rate(s.cfg, rate), slos, s.cfg.search.early_stop,
-                lean)
+                lean or s.lean)
 
     for s in searches:
         s.slos = slos

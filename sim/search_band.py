@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from twinserve.sim.config import StudyConfig, set_field
-from twinserve.sim.convergence import with_requests
+from twinserve.sim.convergence import converged_search, with_requests
 from twinserve.sim.search import RateSearch, run_searches
+from twinserve.sim.search_screen import skip_bands
 
 # Extra seeds bisect on this power of their answer's first-length grid (5% -> ~10% brackets):
 # each seed's answer is known to that bracket, which seed_band adds to their spread (the band
@@ -64,23 +65,21 @@ def seed_grid(step: float, power: int = SEED_GRID_POWER) -> tuple[float, float]:
     return g, (1.0 - 1.0 / g) * (1.0 + 1e-3)
 
 
-def search_seeds(searches: Sequence[RateSearch], slos: dict[str, float], workers: int | None,
-                 ray_address: str | None, progress: bool) -> None:
-    """Search band_seeds more seeds at the first run length; (seed, rate) go to s.seeds.
+def seed_searches(searches: Sequence[RateSearch]) -> list[tuple[RateSearch, RateSearch]]:
+    """(answer, extra seed's search) for every seed of every banded answer, at the first run
+    length; each answer's s.seeds starts with its own seed's first-length answer.
 
-    Every seed's searches run in one drive: each starts at its answer times the grid power
-    nearest the ratio the searches of its seed done so far found (one workload seed moves
-    every configuration alike), on SEED_GRID_POWER steps of the grid of the answer's own
-    bracket, so a seed landing in the bracket either side of the start is settled in two runs;
-    s.seed_resolution keeps the seeds' bracket width for the band."""
+    Each extra seed's search starts at its answer times the grid power nearest the ratio the
+    searches of its seed done so far found (one workload seed moves every configuration alike),
+    on SEED_GRID_POWER steps of the grid of the answer's own bracket, so a seed landing in the
+    bracket either side of the start is settled in two runs; s.seed_resolution keeps the seeds'
+    bracket width for the band. Each calibrates its start by the searches of its own seed only
+    (RateSearch.group), so every seed's searches can share one drive."""
     todo = [s for s in searches if s.status == "ok" and not s.screened and not s.unbanded]
     for s in todo:
         # Short runs: the first length's answers; their spread is the wider one, so the band
         # they give the final answer errs on the safe side.
         s.seeds = [(s.cfg.run.seed, s.lengths[0][1] if s.lengths else s.lo)]
-    # Every extra seed's searches in one drive (one pool queue, no barrier between seeds: two
-    # workers idled on the last search of seed k before seed k + 1 began); each calibrates its
-    # start by the searches of its own seed only (RateSearch.group).
     again: list[tuple[RateSearch, RateSearch]] = []
     for k in range(1, max((s.cfg.search.band_seeds for s in todo), default=0) + 1):
         for s in todo:
@@ -94,18 +93,65 @@ def search_seeds(searches: Sequence[RateSearch], slos: dict[str, float], workers
             # seed_band adds the bracket's width (s.seed_resolution) to the seeds' spread.
             g, tol = seed_grid(seed_step(s, first, tol))
             s.seed_resolution = max(s.seed_resolution, tol)
+            # Only each seed's answer is kept (its runs' rows are judged, never written): lean.
             again.append((s, RateSearch(s.point, cfg, estimate=first, near_step=g, grid=g,
-                                        integer=s.integer, tolerance=tol, group=k)))
-    if not again:
-        return
-    # Only each seed's answer is kept (its runs' rows are judged, never written): lean rows.
-    run_searches([r for _, r in again], slos, workers, ray_address, progress, desc="seeds",
-                 lean=True)
+                                        integer=s.integer, tolerance=tol, group=k, lean=True)))
+    return again
+
+
+def record_seeds(again: Sequence[tuple[RateSearch, RateSearch]]) -> None:
+    """Each extra seed's answer into its answer's s.seeds, its work into the answer's totals.
+    An answer its rechecks left without a pass, or marked unbanded by them (skip_bands), keeps
+    no seed at all, as if none had been searched: the work counts, no band is made."""
     for s, r in again:
         s.runs_total += r.runs_total
         s.simulated += r.simulated
         if r.status == "ok":
             s.seeds.append((r.cfg.run.seed, r.lo))
+    for s in {id(s): s for s, _ in again}.values():
+        if s.status != "ok" or s.unbanded:
+            s.seeds, s.seed_resolution = [], 0.0
+
+
+def search_seeds(searches: Sequence[RateSearch], slos: dict[str, float], workers: int | None,
+                 ray_address: str | None, progress: bool) -> None:
+    """Search band_seeds more seeds at the first run length (seed_searches); (seed, rate) go
+    to s.seeds. Every extra seed's searches in one drive (one pool queue, no barrier between
+    seeds: two workers idled on the last search of seed k before seed k + 1 began)."""
+    again = seed_searches(searches)
+    if not again:
+        return
+    run_searches([r for _, r in again], slos, workers, ray_address, progress, desc="seeds",
+                 lean=True)
+    record_seeds(again)
+
+
+def banded_search(base: StudyConfig, grid: dict[str, list[str]], slos: dict[str, float],
+                  workers: int | None = None, ray_address: str | None = None,
+                  progress: bool = True) -> list[RateSearch]:
+    """converged_search, then skip_bands and the seed band of every answer left.
+
+    The extra seeds depend only on the first length's answers, so they are driven with the
+    first recheck round, in its pool queue (two workers idled at the barrier between the two
+    stages, 0.26 worker-s of the FP8 8x H200 question's 19), for every answer the first
+    length's screen kept; skip_bands then drops the seeds of answers the rechecks put out of
+    reach (record_seeds). Without a recheck the seeds run after, as search_seeds."""
+    pending: list[tuple[RateSearch, RateSearch]] = []
+
+    def alongside(searches: list[RateSearch]) -> list[RateSearch]:
+        pending.extend(seed_searches(searches))
+        return [r for _, r in pending]
+
+    sc = base.search
+    searches = converged_search(base, grid, slos, workers, ray_address, progress,
+                                alongside if sc.band_seeds else None)
+    if sc.band_seeds:
+        skip_bands(searches, sc.target_rate, sc.screen_margin)
+        if pending:
+            record_seeds(pending)
+        else:
+            search_seeds(searches, slos, workers, ray_address, progress)
+    return searches
 
 
 def _norm(name: str) -> str:

@@ -17,13 +17,13 @@ from typing import Any, Callable
 from twinserve.core.errors import TwinserveError
 
 from twinserve.sim.config import StudyConfig, set_field
-from twinserve.sim.convergence import converged_search, convergence_rows
+from twinserve.sim.convergence import convergence_rows
 from twinserve.sim.search import cheapest, summary_rows
-from twinserve.sim.search_band import add_bands, search_seeds, ties
+from twinserve.sim.search_band import add_bands, banded_search, ties
 from twinserve.sim.search_checks import check_search, search_slos
 from twinserve.sim import search_driver
 from twinserve.sim.search_driver import search_pool
-from twinserve.sim.search_screen import screen_notes, skip_bands
+from twinserve.sim.search_screen import screen_notes
 from twinserve.sim.study import parse_grid
 
 NOTHING_FITS = 3
@@ -47,11 +47,7 @@ def run_search(args: argparse.Namespace, base: Callable[[argparse.Namespace], St
         # One pool for every stage: its workers are forked once (sim.search_driver.search_pool).
         with search_pool(args.workers, args.ray):
             loading = _load_report()
-            searches = converged_search(cfg, grid, slos, workers=args.workers,
-                                        ray_address=args.ray)
-            if cfg.search.band_seeds:
-                skip_bands(searches, cfg.search.target_rate, cfg.search.screen_margin)
-                search_seeds(searches, slos, args.workers, args.ray, True)
+            searches = banded_search(cfg, grid, slos, args.workers, args.ray)
         wall = time.perf_counter() - t0
         if all(s.error for s in searches):  # nothing to rank: a bad input, not a result
             for s in searches:

@@ -688,3 +688,36 @@ def test_with_two_workers_a_search_from_the_cost_model_waits_for_the_first_brack
     drive([lone], lambda j: {"s": j[0], "rate": j[1]}, lambda s, r: (id(s), r),
           lambda row: row["rate"] <= 1.2, workers=2)
     assert lone.lo <= 1.2 < lone.hi
+
+
+def test_workload_lengths_match_the_built_study_and_follow_every_change() -> None:
+    """The memoized lengths (the screen's and pick.json's ISL/OSL) are the means over every
+    request a run of the study sends, for a random and a trace workload, and a change of seed,
+    length or means gives that workload's, never an earlier configuration's. (Taken from a
+    built study's workload before, they left out the first request: the run had drawn it.)"""
+    from twinserve.sim.build import simulate
+    from twinserve.sim.config import set_field
+    from twinserve.sim.search_commands import workload_lengths
+
+    def built(cfg):
+        recs = simulate(cfg)[1].records
+        return (round(sum(r.num_prompt_tokens for r in recs) / len(recs)),
+                round(sum(r.num_output_tokens for r in recs) / len(recs)))
+
+    cfg = small_config(**{"engine.hardware": "A100-80GB"})
+    seen = set()
+    variants = [{}, {"run.seed": 7}, {"workload.num_requests": 37},
+                {"workload.prompt_mean": 333}, {"workload.output_mean": 55}]
+    for change in variants:
+        c = dataclasses.replace(cfg, workload=dataclasses.replace(cfg.workload),
+                                run=dataclasses.replace(cfg.run), explicit=set(cfg.explicit))
+        for k, v in change.items():
+            set_field(c, k, v)
+        got = workload_lengths(c)
+        assert got == built(c), change
+        assert workload_lengths(c) == got  # the memo's answer, again
+        seen.add(got)
+    assert len(seen) >= 4  # the variants do draw other lengths: a stale memo would show here
+    trace = small_config(**{"engine.hardware": "A100-80GB", "workload.trace": "builtin:azure_conv",
+                            "workload.num_requests": 50})
+    assert workload_lengths(trace) == built(trace)

@@ -3,6 +3,7 @@ steady-state estimate, the driver's calibration from neighbours, and screening."
 
 from __future__ import annotations
 
+import copy
 import gc
 import math
 import weakref
@@ -411,3 +412,49 @@ def test_only_the_extra_seeds_runs_are_lean(monkeypatch: pytest.MonkeyPatch) -> 
     search_seeds(searches, SLOS, 1, None, False)
     assert {lean for seed, lean in seen if seed == cfg.run.seed} == {False}
     assert {lean for seed, lean in seen if seed != cfg.run.seed} == {True}
+
+
+def test_seeds_driven_with_the_rechecks_find_what_the_stages_found_one_after_another() -> None:
+    """banded_search drives the extra seeds in the first recheck round's queue: every answer,
+    bracket and seed rate is the one the staged search (rechecks, skip_bands, then seeds)
+    finds, on one worker (a fixed order) and on a pool of two."""
+    from twinserve.sim.search_band import banded_search
+    from twinserve.sim.search_screen import skip_bands
+
+    cfg = small_config(num_requests=60, prompt_dist="fixed", prompt_mean=1500, output_dist="fixed",
+                       output_mean=200, **{"search.requests_per_run": 60,
+                                           "search.max_requests_per_run": 120,
+                                           "search.band_seeds": 2})
+    grid = {"engine.hardware": ["A100-80GB", "H100-SXM"]}
+    for workers in (1, 2):
+        staged = converged_search(cfg, grid, SLOS, workers=workers, progress=False)
+        skip_bands(staged, 0.0, cfg.search.screen_margin)
+        search_seeds(staged, SLOS, workers, None, False)
+        assert all(len(s.seeds) == 3 for s in staged)  # both rechecked and banded: seeds to compare
+        merged = banded_search(cfg, grid, SLOS, workers, None, False)
+        for a, b in zip(staged, merged):
+            assert (a.lo, a.hi, a.lengths) == (b.lo, b.hi, b.lengths)
+            assert sorted(a.seeds) == sorted(b.seeds)
+            assert a.seed_resolution == b.seed_resolution
+            if workers == 1:  # one order of runs: the very same runs
+                assert a.runs_total == b.runs_total and a.simulated == b.simulated
+
+
+def test_seeds_of_an_answer_the_rechecks_put_out_of_reach_are_dropped() -> None:
+    from twinserve.sim.search_band import record_seeds
+
+    best, dear = _answered("A100-80GB", 1.0, 1000.0), _answered("A100-80GB", 0.4, 400.0)
+    seeded = []
+    for s in (best, dear):
+        s.lengths = [(60, s.lo), (120, s.lo)]  # rechecked: unmoved
+        s.seeds, s.seed_resolution = [(0, s.lo)], 0.1
+        r = _answered("A100-80GB", s.lo * 1.05, 1000.0)
+        r.cfg = copy.deepcopy(r.cfg)
+        r.cfg.run.seed, r.runs_total, r.simulated = 1, 2, 120
+        seeded.append((s, r))
+    dear.unbanded = True  # skip_bands, after the rechecks
+    record_seeds(seeded)
+    assert best.seeds == [(0, 1.0), (1, 1.05)] and best.seed_resolution == 0.1
+    assert dear.seeds == [] and dear.seed_resolution == 0.0
+    assert "no seed band" in convergence_note(dear, 0.05)
+    assert dear.runs_total == best.runs_total  # the work done still counts
