@@ -24,7 +24,7 @@ from twinserve.sim.validate_engines import frontend_latency_s
 from twinserve.sim.validate_estimate import (FULL, drain_study, estimate_waves, estimator_label, uses_estimate,
                                             wave_estimate)
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, harness, run_design
-from twinserve.sim.validate_recipes import row_recipe
+from twinserve.sim.validate_recipes import kv_cache_dtype, row_recipe
 from twinserve.sim.validate_reduce import DEFAULT_REDUCTION, slice_row
 from twinserve.sim.validate_rows import (NotExpressible, RowPlan, aic_version_used, closed_loop_available, num_gpus,
                                          parallelism, precision_fields, design_counts, request_counts, row_plan,
@@ -164,6 +164,11 @@ def _plan(row: pd.Series, disagg: str | None) -> RowPlan | None:
         return None
 
 
+def _kv_note(row: pd.Series) -> str:
+    """The recipe column's word on a launch whose K/V dtype is not the precision's (validate_recipes.kv_cache_dtype)."""
+    return "; K/V bf16: SGLang's --kv-cache-dtype auto, not passed by the launch" if kv_cache_dtype(row) else ""
+
+
 def row_record(row: pd.Series, *, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> dict[str, Any]:
     """The CSV's descriptive columns and measured figures of one row (no prediction yet).
 
@@ -184,7 +189,7 @@ def row_record(row: pd.Series, *, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION
            "mode": row["mode"], "isl": int(row["isl"]), "osl": int(row["osl"]),
            "concurrency": int(conc) if conc == conc and conc is not None else None,
            "parallelism": parallelism(row, counts), "layout": plan.layout if plan is not None else "",
-           "gpus": gpus, "recipe": row_recipe(row).source,
+           "gpus": gpus, "recipe": row_recipe(row).source + _kv_note(row),
            "meas_ttft_ms": float(row["silicon_ttft_ms"]), "meas_tpot_ms": float(row["silicon_tpot_ms"])}
     rec["meas_tput_per_gpu"] = throughput_per_gpu(rec["concurrency"] or float("nan"), rec["isl"], rec["osl"],
                                                   rec["meas_ttft_ms"], rec["meas_tpot_ms"], gpus)

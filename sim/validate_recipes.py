@@ -280,6 +280,33 @@ MTP_IMAGES: dict[tuple[str, str, str, str], Callable[[int, int, int, int, bool],
 }
 
 
+# SGLang's `--kv-cache-dtype` defaults to "auto": the checkpoint's own dtype, unless the checkpoint's
+# quantization config names an FP8 KV cache (`kv_cache_quant_algo`; python/sglang/srt/model_executor/
+# model_runner.py `configure_kv_cache_dtype`, sgl-project/sglang, read through the library's code index; older
+# trees: `init_memory_pool`, "auto" -> `self.dtype`). DeepSeek-R1's FP8 checkpoint (block-scaled FP8 weights,
+# no KV entry in its quantization config) so stores bf16 K/V unless the launch passes the flag: twice the
+# bytes a token of precision_fields' FP8 K/V, half the tokens in the pool, and aic prices its bf16 MLA decode
+# table. InferenceX's DeepSeek-R1 FP8 SGLang launches on Hopper pass no `--kv-cache-dtype`:
+# benchmarks/dsr1_fp8_h200.sh @1fc5d73 (aggregated) and the srt-slurm recipes its disaggregated H200 / H100
+# entries launch (NVIDIA/srt-slurm recipes/h200/8k1k/bs64-2p3d.yaml, named by nvidia-master.yaml @0004cf5's
+# dsr1-fp8-h200-dynamo-sglang; ishandhanani/srt-slurm recipes/h100/1k1k/stp/h100-fp8-2p4d-max-tp.yaml).
+# The Blackwell ones pass `fp8_e4m3` (benchmarks/dsr1_fp8_b200.sh; srt-slurm recipes/b200-fp8/8k1k.yaml,
+# recipes/gb200-fp8/1k1k/low-latency.yaml), which is what precision_fields gives an FP8 row already.
+SGLANG_BF16_KV_SYSTEMS = ("h100_sxm", "h200_sxm")
+
+
+def kv_cache_dtype(row: Any) -> str | None:
+    """The [engine] kv_cache_dtype a row's launch ran where it differs from precision_fields' (FP8 K/V for an
+    FP8 row): "auto" (the checkpoint's bf16) for InferenceX's DeepSeek-R1 FP8 SGLang runs on Hopper, aggregated
+    or disaggregated; None (keep precision_fields') for every other row."""
+    from twinserve.sim.validate_protocol import INFERENCEX, harness
+    if (str(row.get("backend")) == "sglang" and str(row.get("precision")) == "fp8"
+            and str(row.get("system")) in SGLANG_BF16_KV_SYSTEMS and recipe_model(row) == "DeepSeek-R1"
+            and harness(row) == INFERENCEX):
+        return "auto"
+    return None
+
+
 def _int(v: Any, default: int = 0) -> int:
     try:
         f = float(v)

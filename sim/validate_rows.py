@@ -27,7 +27,8 @@ from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, AssumedWo
 from twinserve.sim.validate_engines import engine_defaults
 from twinserve.sim.validate_inferencex import inferencex_workers, redundant_experts
 from twinserve.sim.validate_twins import add_twins, twin_of
-from twinserve.sim.validate_recipes import apply_memory, apply_recipe, apply_speculative, row_recipe, set_mtp
+from twinserve.sim.validate_recipes import (apply_memory, apply_recipe, apply_speculative, kv_cache_dtype, row_recipe,
+                                           set_mtp)
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, INFERENCEX, STEADY, RunDesign, harness, run_design
 from twinserve.sim.workload import WorkloadConfig
 
@@ -369,6 +370,9 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     model = _resolve_model(row["model"], row["model_path"])
     hw = _resolve_hardware(row["system"])
     prec = precision_fields(row)
+    kv = kv_cache_dtype(row)  # the launch's K/V dtype where it is not precision_fields' (validate_recipes.py)
+    if kv is not None:
+        prec["kv_cache_dtype"] = kv
     try:
         model = model.with_precision(type(model.precision)(**prec))
     except ValueError as e:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from twinserve.sim.validate_recipes import DEFAULT, row_recipe, sglang_stream_points
+from twinserve.sim.validate_recipes import DEFAULT, kv_cache_dtype, row_recipe, sglang_stream_points
 
 _IX = "source_file=2026-04-06.csv"  # an InferenceX export (sim/validate_protocol.harness)
 _GAP = "source_file=/Users/x/aic-auto-gap-analysis/rows.csv"
@@ -246,3 +246,38 @@ def test_an_attention_dp_rows_engine_balances_its_ranks_prompts() -> None:
     cfg = row_study(tp.iloc[0], "roofline")
     assert cfg.engine.data_parallel_size == 1 and cfg.scheduler.adp_balance_iters == 60
     assert not isinstance(build_engine(cfg).core.scheduler.batch_policy, AdpBalance)
+
+
+# SGLang's K/V dtype (validate_recipes.kv_cache_dtype): its default "auto" keeps the FP8 DeepSeek checkpoint's
+# bf16; InferenceX's Hopper launches pass no --kv-cache-dtype, its Blackwell ones fp8_e4m3.
+@pytest.mark.parametrize("kw, kv", [
+    ({"system": "h200_sxm"}, "auto"),  # benchmarks/dsr1_fp8_h200.sh: no --kv-cache-dtype
+    ({"system": "h200_sxm", "mode": "disagg"}, "auto"),  # srt-slurm recipes/h200/8k1k/bs64-2p3d.yaml
+    ({"system": "h100_sxm", "mode": "disagg"}, "auto"),  # srt-slurm recipes/h100/.../h100-fp8-2p4d-max-tp.yaml
+    ({"system": "h200_sxm", "model": "DeepSeek-V3", "id": "dsr1_h200_sglang_fp8_agg_1k1k"}, "auto"),  # a dsr1 run
+    ({}, None),  # B200: dsr1_fp8_b200.sh passes fp8_e4m3, what precision_fields gives
+    ({"system": "gb200", "mode": "disagg"}, None),  # srt-slurm gb200-fp8 recipes: fp8_e4m3
+    ({"system": "h200_sxm", "backend": "trtllm"}, None),  # not SGLang
+    ({"system": "h200_sxm", "silicon_data_source": _GAP}, None),  # not an InferenceX launch
+    ({"system": "h200_sxm", "model": "Qwen3-32B"}, None),  # no DeepSeek-R1 launch read
+])
+def test_sglang_deepseek_fp8_rows_on_hopper_keep_bf16_kv(kw, kv) -> None:
+    assert kv_cache_dtype(_row(**kw)) == kv
+
+
+def test_an_sglang_hopper_rows_study_stores_bf16_kv_and_holds_half_the_tokens() -> None:
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.build import build_cost_models, engine_capacity
+    from twinserve.sim.validate_rows import load_rows, row_study
+    rows = load_rows()
+    pick = rows[(rows["backend"] == "sglang") & (rows["model"] == "DeepSeek-R1") & (rows["mode"] == "agg")
+                & (rows["system"] == "h200_sxm") & (rows["precision"] == "fp8")
+                & rows["silicon_data_source"].str.startswith("source_file=2026-")]
+    cfg = row_study(pick.iloc[0], "aic")
+    assert cfg.engine.kv_cache_dtype == "auto"
+    model, hw, _, _ = build_cost_models(cfg)
+    assert model.kv_bytes_per_token_per_gpu(8) == 61 * 576 * 2  # MLA's latent + rope key, 2 bytes a value
+    bf16 = engine_capacity(cfg, model, hw).num_blocks
+    cfg.engine.kv_cache_dtype = "fp8"
+    model8, _, _, _ = build_cost_models(cfg)
+    assert engine_capacity(cfg, model8, hw).num_blocks >= 2 * bf16 - 1
