@@ -246,3 +246,28 @@ def test_an_attention_dp_rows_engine_balances_its_ranks_prompts() -> None:
     cfg = row_study(tp.iloc[0], "roofline")
     assert cfg.engine.data_parallel_size == 1 and cfg.scheduler.adp_balance_iters == 60
     assert not isinstance(build_engine(cfg).core.scheduler.batch_policy, AdpBalance)
+
+
+@pytest.mark.parametrize("kw, kernel", [
+    # gptoss_fp4_h200.sh @16cd955 and gptoss_fp4_h100.sh @1fc5d73: `export VLLM_MXFP4_USE_MARLIN=1`.
+    ({"system": "h200_sxm"}, "marlin"), ({"system": "h100_sxm", "tp_size": 2}, "marlin"),
+    ({"system": "b200_sxm"}, ""),  # no such script read for B200: vLLM's default kernel there
+    ({"system": "h200_sxm", "silicon_data_source": _GAP}, ""),
+    ({"system": "h200_sxm", "backend": "trtllm"}, ""),
+])
+def test_gpt_oss_vllm_hopper_rows_run_their_experts_on_marlin(kw, kernel) -> None:
+    r = row_recipe(_row(**{"backend": "vllm", "model": "gpt-oss-120b", "precision": "fp4", **kw}))
+    assert r.mxfp4_moe_kernel == kernel
+
+
+def test_a_gpt_oss_hopper_rows_study_prices_marlin_under_aic_only() -> None:
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.validate_rows import load_rows, row_study
+    rows = load_rows()
+    from twinserve.sim.validate_protocol import INFERENCEX, harness
+    pick = rows[(rows["backend"] == "vllm") & (rows["model"] == "gpt-oss-120b") & (rows["mode"] == "agg")
+                & (rows["system"] == "h200_sxm")]
+    r = next(row for _, row in pick.iterrows() if harness(row) == INFERENCEX)
+    assert row_recipe(r).mxfp4_moe_kernel == "marlin"
+    assert row_study(r, "aic").engine.aic_mxfp4_moe_kernel == "marlin"
+    assert row_study(r, "roofline").engine.aic_mxfp4_moe_kernel == "default"
