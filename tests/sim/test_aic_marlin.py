@@ -37,14 +37,17 @@ def test_the_transfer_matches_rows_per_expert_and_scales_by_expert_work() -> Non
     # gpt-oss routes 4 of 128 experts, Kimi-K3 16 of 896: the same rows per expert at 1.75x the tokens.
     assert t.token_ratio == pytest.approx((4 / 128) / (16 / 896))
     assert t.reference_tokens(4096) == 7168
-    assert t.work_ratio == pytest.approx(128 * 2880 * 2880 / (896 * 3584 * 3072))
+    # vLLM's Marlin pads gpt-oss's shards: hidden 2880 -> 3072, 1440 a shard at TP 2 -> 1536 (mxfp4.py).
+    assert t.work_ratio == pytest.approx(128 * 3072 * 1536 / (896 * 3584 * 1536))
+    assert marlin_moe(gpt_oss("H200", 1, "marlin").graph.tokens).work_ratio == pytest.approx(
+        128 * 3072 * 2944 / (896 * 3584 * 3072))
 
 
 @pytest.mark.parametrize("hw, tp", [("H200", 1), ("H200", 2), ("H100-SXM", 4), ("H200", 8)])
 def test_marlin_prices_prefill_steps_from_aics_marlin_rows_and_keeps_decode_steps(hw: str, tp: int) -> None:
     default, marlin = gpt_oss(hw, tp, "default"), gpt_oss(hw, tp, "marlin")
     # Decode-sized steps: the model's own table is the larger price, the same float.
-    for rows in (1, 8, 32):
+    for rows in (1, 8):
         assert marlin.decode_tokens_time(rows) == default.decode_tokens_time(rows)
     # A prefill step of 8,192 tokens: aic's Marlin rows at the same rows per expert, independently queried.
     m, tokens = marlin.model, 8192
@@ -54,7 +57,8 @@ def test_marlin_prices_prefill_steps_from_aics_marlin_rows_and_keeps_decode_step
     ev = EngineHandle.for_database(marlin.database).evaluate_ops_json
     ref_ms = ev(build_ops_json([ref]), is_context=True, batch_size=1, s=1, x=round(tokens * 1.75))[0][1]
     own_ms = ev(build_ops_json([own]), is_context=True, batch_size=1, s=1, x=tokens)[0][1]
-    ratio = 128 * 2880 * 2880 / (896 * 3584 * 3072)
+    padded = {1: 2944, 2: 1536, 4: 768, 8: 384}[tp]  # 2880 / tp up to a multiple of 128
+    ratio = 128 * 3072 * padded / (896 * 3584 * (3072 // tp))
     extra = 36 * (ref_ms * ratio - own_ms) * 1e-3
     assert extra > 0.0
     assert marlin.tokens_time(tokens) - default.tokens_time(tokens) == pytest.approx(extra, rel=1e-9)

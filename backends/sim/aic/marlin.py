@@ -20,6 +20,12 @@ alignment, kernel launches), which dominates at decode sizes, where both kernels
 4-bit weights: there the model's own measured table is the better price. The price taken is the larger
 of the two, per layer, at each token count: the transfer where the kernel's throughput binds (prefill),
 the model's table where it does not (decode). Nothing is fitted.
+
+Marlin's own padding: vLLM pads each MXFP4 expert shard for its Marlin MoE kernel (n % 256 and k % 128 of
+both GEMMs): the hidden size up to a multiple of 256 and the intermediate size per partition up to a
+multiple of 128 (mxfp4.py create_weights / mxfp4_round_up_hidden_size_and_intermediate_size). gpt-oss's
+2880 runs as 3072 hidden and, per shard, 2944 (TP 1), 1536 / 768 / 384 (TP 2 / 4 / 8): the work ratio is
+taken over the padded shapes, the reference's by the same rule (Kimi-K3's shards up to TP 8 need none).
 """
 
 from __future__ import annotations
@@ -48,6 +54,15 @@ class MarlinMoe:
         return max(1, round(tokens * self.token_ratio))
 
 
+def _round_up(v: int, m: int) -> int:
+    return -(-v // m) * m
+
+
+def marlin_shard(hidden: int, inter: int, moe_tp: int) -> int:
+    """hidden x intermediate of one expert's shard as vLLM's Marlin MoE lays it out (padded; module doc)."""
+    return _round_up(hidden, 256) * _round_up(inter // moe_tp, 128)
+
+
 def marlin_moe(token_graph: str) -> MarlinMoe | None:
     """The transfer for the MXFP4 expert op of a step graph (aic op JSON); None when it has none."""
     for entry in json.loads(token_graph):
@@ -56,10 +71,10 @@ def marlin_moe(token_graph: str) -> MarlinMoe | None:
             continue
         own = {**fields, "scale_factor": 1.0}
         ref = {**own, **MARLIN_REFERENCE, "name": "marlin_reference_moe"}
-        r = MARLIN_REFERENCE
+        r, mtp = MARLIN_REFERENCE, fields["moe_tp_size"]
         token_ratio = (fields["topk"] / fields["num_experts"]) / (r["topk"] / r["num_experts"])
-        work_ratio = ((fields["num_experts"] * fields["hidden_size"] * fields["inter_size"])
-                      / (r["num_experts"] * r["hidden_size"] * r["inter_size"]))
+        work_ratio = (fields["num_experts"] * marlin_shard(fields["hidden_size"], fields["inter_size"], mtp)
+                      / (r["num_experts"] * marlin_shard(r["hidden_size"], r["inter_size"], mtp)))
         return MarlinMoe(json.dumps([{kind: own}]), json.dumps([{kind: ref}]), token_ratio, work_ratio,
                          round(fields["scale_factor"]))
     return None
