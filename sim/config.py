@@ -81,6 +81,12 @@ class EngineConfig:
     aic_kernel_scale: float = knob(1.0, help="cost_model aic: multiplies each step's kernel time (validate "
                                    "sets its engine's fitted serving scale, backends/sim/aic SERVING_TERMS)",
                                    range=(0.0, 10.0), open="lo")
+    aic_mxfp4_moe_kernel: str = knob("default",
+                                     help="cost_model aic, vLLM: the kernel of MXFP4 experts with 16-bit "
+                                          "activations (gpt-oss on Hopper): the engine's default (aic's own "
+                                          "table) or Marlin (VLLM_MXFP4_USE_MARLIN=1, priced from aic's "
+                                          "Marlin MXFP4 MoE timings; backends/sim/aic/marlin.py)",
+                                     choices=("default", "marlin"))
     cpu_overhead_scale: float = knob(1.0,
                                      help="cost_model fitted: scale of the engine's CPU work (0.5 = twice "
                                           "as fast)",

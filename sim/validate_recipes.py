@@ -48,9 +48,12 @@ Flags and what the simulator does with them:
   which act only where the row's layout has attention DP ([engine] data_parallel_size > 1), as the
   scripts' condition does. The scripts' `--max_num_tokens` (CONC + ISL + 64, a rank's) is not taken
   for these rows: with chunked prefill off the simulator asks the budget to hold max_model_len.
+- `VLLM_MXFP4_USE_MARLIN=1` (vLLM, gpt-oss on H100 / H200): its MXFP4 experts run on Marlin, not the
+  Triton kernel aic's table times: EngineConfig.aic_mxfp4_moe_kernel 'marlin' (backends/sim/aic/marlin.py),
+  under `--cost-model aic` only (the roofline does not tell kernels apart).
 - Not modelled (said so, not approximated): speculative decoding elsewhere (GLM-5's EAGLE flags; MTP
   where nothing tells MTP runs from others: H200's rows up to 64 clients, SGLang's, the disaggregated
-  Dynamo recipes), attention backends and kernel choices, CUDA-graph batch caps.
+  Dynamo recipes), attention backends and other kernel choices, CUDA-graph batch caps.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ class Recipe:
     mem_fraction: float = 0.0  # the engine's memory share (0: the engine's default)
     adp_balance_iters: int = 0  # TensorRT-LLM's attention_dp_config timeout_iters, enable_balance on (0: off)
     adp_batching_wait_iters: int = 0  # TensorRT-LLM's attention_dp_config batching_wait_iters
+    mxfp4_moe_kernel: str = ""  # vLLM's MXFP4 expert kernel where the script forces one ('marlin'; '': default)
 
 
 DEFAULT = Recipe("no InferenceX recipe known for this row: the engine's defaults")
@@ -181,6 +185,17 @@ def _llama70b_fp8_h200_trt(isl: int, osl: int, conc: int, tp: int) -> Recipe:
 ADP_BALANCE_TIMEOUT_ITERS = 60
 
 
+def _gptoss_fp4_hopper_vllm(script: str) -> Callable[[int, int, int, int], Recipe]:
+    # benchmarks/gptoss_fp4_h200.sh @16cd955 and gptoss_fp4_h100.sh @1fc5d73: `export VLLM_MXFP4_USE_MARLIN=1`
+    # (vLLM's get_mxfp4_backend then returns its MARLIN MoE backend, not the Triton kernel Hopper runs by
+    # default: backends/sim/aic/marlin.py); config.yaml's max-num-batched-tokens 8192, async scheduling and no
+    # prefix caching, and --max-num-seqs $CONC, are what the vLLM row studies already run.
+    def recipe(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+        return Recipe(f"{_INFERENCEX_REPO} {script}", mxfp4_moe_kernel="marlin",
+                      unmodelled="max-cudagraph-capture-size 2048")
+    return recipe
+
+
 def _dsr1_trt(isl: int, osl: int, conc: int, tp: int) -> Recipe:
     # The non-MTP scripts (their images: MTP_IMAGES' note): only the attention-DP balance is taken here.
     return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp{{4,8}}_b200_trt.sh @6320e9b, dsr1_fp8_h200_trt.sh "
@@ -193,9 +208,9 @@ def _dsr1_trt(isl: int, osl: int, conc: int, tp: int) -> Recipe:
 # InferenceX rows and no entry: looked up, no script found for that backend x GPU (the defaults stand):
 # SGLang DeepSeek-V3 as such (its InferenceX rows are dsr1 configurations: recipe_model), SGLang DeepSeek-R1
 # (dsr1) on GB200 aggregated, GLM-5 on H200 / B300 and FP4,
-# Qwen3.5 on H200 / B300 and BF16 / FP4. vLLM rows, and TensorRT-LLM's but Llama-3.1-70B's and DeepSeek-R1's:
-# their recipes set no flag the simulator models differently from the defaults it runs (docs/validate-accuracy.md,
-# 2026-12-05 notes).
+# Qwen3.5 on H200 / B300 and BF16 / FP4. vLLM rows but gpt-oss-120b's on Hopper (its MXFP4 experts on
+# Marlin), and TensorRT-LLM's but Llama-3.1-70B's and DeepSeek-R1's: their recipes set no flag the simulator
+# models differently from the defaults it runs (docs/validate-accuracy.md, 2026-12-05 notes).
 RECIPES: dict[tuple[str, str, str, str], Callable[[int, int, int, int], Recipe]] = {
     ("sglang", "DeepSeek-R1", "h200_sxm", "fp8"): _dsr1_fp8_h200,
     ("sglang", "DeepSeek-R1", "b200_sxm", "fp8"): _dsr1_fp8_b200,
@@ -210,6 +225,8 @@ RECIPES: dict[tuple[str, str, str, str], Callable[[int, int, int, int], Recipe]]
     ("trtllm", "Llama-3.1-70B", "b200_sxm", "fp8"): _llama70b_fp8_b200_trt,
     ("trtllm", "Llama-3.1-70B", "b200_sxm", "fp4"): _llama70b_fp4_b200_trt,
     ("trtllm", "Llama-3.1-70B", "h200_sxm", "fp8"): _llama70b_fp8_h200_trt,
+    ("vllm", "gpt-oss-120b", "h200_sxm", "fp4"): _gptoss_fp4_hopper_vllm("benchmarks/gptoss_fp4_h200.sh @16cd955"),
+    ("vllm", "gpt-oss-120b", "h100_sxm", "fp4"): _gptoss_fp4_hopper_vllm("benchmarks/gptoss_fp4_h100.sh @1fc5d73"),
 }
 
 
@@ -360,6 +377,12 @@ def apply_memory(recipe: Recipe, engine: Any) -> None:
     """Set the recipe's memory share on a row study's EngineConfig (not set: the engine's default stays)."""
     if recipe.mem_fraction:
         engine.gpu_memory_utilization = recipe.mem_fraction
+
+
+def apply_kernels(recipe: Recipe, engine: Any, cost_model: str) -> None:
+    """Set the recipe's kernel choice on a row study's EngineConfig where the cost model prices it (aic)."""
+    if recipe.mxfp4_moe_kernel and cost_model == "aic":
+        engine.aic_mxfp4_moe_kernel = recipe.mxfp4_moe_kernel
 
 
 def apply_speculative(recipe: Recipe, spec: Any) -> None:

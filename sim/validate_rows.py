@@ -27,8 +27,8 @@ from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, AssumedWo
 from twinserve.sim.validate_engines import engine_defaults
 from twinserve.sim.validate_inferencex import inferencex_workers, redundant_experts
 from twinserve.sim.validate_twins import add_twins, twin_of
-from twinserve.sim.validate_recipes import (apply_memory, apply_recipe, apply_speculative, kv_cache_dtype, row_recipe,
-                                           set_mtp)
+from twinserve.sim.validate_recipes import (apply_kernels, apply_memory, apply_recipe, apply_speculative, kv_cache_dtype,
+                                            row_recipe, set_mtp)
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, INFERENCEX, STEADY, RunDesign, harness, run_design
 from twinserve.sim.workload import WorkloadConfig
 
@@ -414,6 +414,7 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     recipe = row_recipe(row)
     apply_recipe(recipe, s)
     apply_memory(recipe, e)  # the script's memory share, on the basis set above
+    apply_kernels(recipe, e, cost_model)  # a kernel the script forces (gpt-oss on Hopper vLLM: Marlin)
     apply_speculative(recipe, cfg.speculative)
     _set_workload(cfg.workload, conc, isl, osl, run_design(row, window))
     cfg.run.name = str(row["id"])

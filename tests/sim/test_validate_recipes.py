@@ -281,3 +281,28 @@ def test_an_sglang_hopper_rows_study_stores_bf16_kv_and_holds_half_the_tokens() 
     cfg.engine.kv_cache_dtype = "fp8"
     model8, _, _, _ = build_cost_models(cfg)
     assert engine_capacity(cfg, model8, hw).num_blocks >= 2 * bf16 - 1
+
+
+@pytest.mark.parametrize("kw, kernel", [
+    # gptoss_fp4_h200.sh @16cd955 and gptoss_fp4_h100.sh @1fc5d73: `export VLLM_MXFP4_USE_MARLIN=1`.
+    ({"system": "h200_sxm"}, "marlin"), ({"system": "h100_sxm", "tp_size": 2}, "marlin"),
+    ({"system": "b200_sxm"}, ""),  # no such script read for B200: vLLM's default kernel there
+    ({"system": "h200_sxm", "silicon_data_source": _GAP}, ""),
+    ({"system": "h200_sxm", "backend": "trtllm"}, ""),
+])
+def test_gpt_oss_vllm_hopper_rows_run_their_experts_on_marlin(kw, kernel) -> None:
+    r = row_recipe(_row(**{"backend": "vllm", "model": "gpt-oss-120b", "precision": "fp4", **kw}))
+    assert r.mxfp4_moe_kernel == kernel
+
+
+def test_a_gpt_oss_hopper_rows_study_prices_marlin_under_aic_only() -> None:
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.validate_rows import load_rows, row_study
+    rows = load_rows()
+    from twinserve.sim.validate_protocol import INFERENCEX, harness
+    pick = rows[(rows["backend"] == "vllm") & (rows["model"] == "gpt-oss-120b") & (rows["mode"] == "agg")
+                & (rows["system"] == "h200_sxm")]
+    r = next(row for _, row in pick.iterrows() if harness(row) == INFERENCEX)
+    assert row_recipe(r).mxfp4_moe_kernel == "marlin"
+    assert row_study(r, "aic").engine.aic_mxfp4_moe_kernel == "marlin"
+    assert row_study(r, "roofline").engine.aic_mxfp4_moe_kernel == "default"

@@ -19,6 +19,7 @@ from twinserve.backends.sim.catalog import HardwareSpec, ModelSpec
 from twinserve.backends.sim.parallel import Parallelism, ParallelismError, _loop_step_time
 
 from twinserve.backends.sim.aic.graph import StepGraph, build_graph
+from twinserve.backends.sim.aic.marlin import MARLIN_KERNELS, MarlinMoe, marlin_extra_ms, marlin_moe
 from twinserve.backends.sim.aic.mapping import (AicError, check_precision, fp8_gemm_mode, held_mxfp4_mode, quant_modes,
                                                 resolve_version, sdk, static_fp8_checkpoint, system_for)
 
@@ -82,11 +83,12 @@ class AicCostModel:
 
     __slots__ = ("name", "model", "hardware", "tp", "par", "system", "backend", "version", "database",
                  "graph", "step_overhead_s", "per_seq_overhead_s", "kernel_scale", "_eval", "_tok", "_dtok", "_seq",
-                 "_ctx", "_gen", "_p2p")
+                 "_ctx", "_gen", "_p2p", "mxfp4_moe_kernel", "_marlin", "_mx")
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1, backend: str = "vllm",
                  version: str = "", parallel: Parallelism | None = None, step_overhead_s: float = 0.0,
-                 per_seq_overhead_s: float = 0.0, kernel_scale: float = 1.0) -> None:
+                 per_seq_overhead_s: float = 0.0, kernel_scale: float = 1.0,
+                 mxfp4_moe_kernel: str = "default") -> None:
         if not kernel_scale > 0:
             raise AicError("aic_kernel_scale", f"aic_kernel_scale {kernel_scale!r}: must be > 0")
         par = parallel or Parallelism(tensor_parallel_size=tp)
@@ -110,6 +112,9 @@ class AicCostModel:
         self.graph: StepGraph = build_graph(par.stage_model(model), par, modes, backend, self.database)
         from aiconfigurator_core.sdk.engine import EngineHandle
         self._eval = EngineHandle.for_database(self.database).evaluate_ops_json
+        self.mxfp4_moe_kernel = mxfp4_moe_kernel
+        self._marlin = self._marlin_transfer(mxfp4_moe_kernel)
+        self._mx: dict[int, float] = {}
         self._probe()
         self.step_overhead_s = step_overhead_s
         self.per_seq_overhead_s = per_seq_overhead_s
@@ -120,6 +125,35 @@ class AicCostModel:
         self._ctx: dict[tuple[int, int, int], float] = {}
         self._gen: dict[tuple[int, int], float] = {}
         self._p2p: dict[int, float] = {}
+
+    def _marlin_transfer(self, kernel: str) -> MarlinMoe | None:
+        """The Marlin price of the MXFP4 experts where asked for (aic/marlin.py); AicError where it does not apply."""
+        if kernel not in MARLIN_KERNELS:
+            raise AicError("aic_mxfp4_moe_kernel", f"aic_mxfp4_moe_kernel {kernel!r} is not one of "
+                           f"{', '.join(MARLIN_KERNELS)}")
+        if kernel == "default":
+            return None
+        marlin = marlin_moe(self.graph.tokens) if self.backend == "vllm" else None
+        if marlin is None:
+            raise AicError("aic_mxfp4_moe_kernel", f"aic_mxfp4_moe_kernel 'marlin' is vLLM's "
+                           f"VLLM_MXFP4_USE_MARLIN for MXFP4 experts with 16-bit activations; "
+                           f"{self.model.name} on aic_backend {self.backend!r} has none")
+        try:
+            self._eval(marlin.reference, is_context=True, batch_size=1, s=1, x=16)
+        except Exception as err:  # aic's PerfDataNotAvailableError and kin
+            raise AicError("aic_mxfp4_moe_kernel", f"aiconfigurator-core's {self.describe()} database has no "
+                           f"Marlin MXFP4 MoE timings at this layout: {str(err).split(': tried')[0]}") from None
+        return marlin
+
+    def marlin_time(self, tokens: int) -> float:
+        """Seconds the Marlin MXFP4 experts add over the model's own expert table at `tokens` rows (0 unless
+        aic_mxfp4_moe_kernel is 'marlin')."""
+        if self._marlin is None:
+            return 0.0
+        t = self._mx.get(tokens)
+        if t is None:
+            t = self._mx[tokens] = marlin_extra_ms(self._eval, self._marlin, tokens) * _MS
+        return t
 
     def _probe(self) -> None:
         """Query every op once, so a shape the database has no timings for fails now, by name."""
@@ -155,7 +189,8 @@ class AicCostModel:
 
     def describe(self) -> str:
         """What prices the steps, e.g. 'aic vllm 0.24.0 on h200_sxm'."""
-        return f"aic {self.backend} {self.version} on {self.system}"
+        marlin = " (Marlin MXFP4 experts)" if getattr(self, "_marlin", None) is not None else ""
+        return f"aic {self.backend} {self.version} on {self.system}{marlin}"
 
     # Each part in seconds, memoized: the same shape always returns the same float, the table's own
     # answer. The tables are measurements and not monotone: Llama-3.1-8B on H200 (vLLM 0.24.0) has 33
@@ -165,7 +200,7 @@ class AicCostModel:
         t = self._tok.get(tokens)
         if t is None:
             t = self._tok[tokens] = _total(self._eval(self.graph.tokens, is_context=True, batch_size=1, s=1,
-                                                      x=tokens)) * _MS
+                                                      x=tokens)) * _MS + self.marlin_time(tokens)
         return t
 
     def decode_tokens_time(self, rows: int) -> float:
@@ -173,7 +208,7 @@ class AicCostModel:
         t = self._dtok.get(rows)
         if t is None:
             t = self._dtok[rows] = _total(self._eval(self.graph.decode_tokens, is_context=True, batch_size=1,
-                                                     s=1, x=rows)) * _MS
+                                                     s=1, x=rows)) * _MS + self.marlin_time(rows)
         return t
 
     def logits_time(self, seqs: int) -> float:
@@ -274,7 +309,8 @@ class AicCostModel:
 
     def cache_size(self) -> int:
         """Distinct shapes priced so far (all parts)."""
-        return len(self._tok) + len(self._dtok) + len(self._seq) + len(self._ctx) + len(self._gen) + len(self._p2p)
+        return (len(self._tok) + len(self._dtok) + len(self._seq) + len(self._ctx) + len(self._gen) + len(self._p2p)
+                + len(self._mx))
 
 
 def attention_shapes(db: Any) -> str:
