@@ -135,7 +135,9 @@ def banded_search(base: StudyConfig, grid: dict[str, list[str]], slos: dict[str,
     first recheck round, in its pool queue (two workers idled at the barrier between the two
     stages, 0.26 worker-s of the FP8 8x H200 question's 19), for every answer the first
     length's screen kept; skip_bands then drops the seeds of answers the rechecks put out of
-    reach (record_seeds). Without a recheck the seeds run after, as search_seeds."""
+    reach (record_seeds). Answers with no seeds by then that the staged search would band (no
+    recheck, or a capped first answer the rechecks brought under the cap) get theirs after, as
+    search_seeds."""
     pending: list[tuple[RateSearch, RateSearch]] = []
 
     def alongside(searches: list[RateSearch]) -> list[RateSearch]:
@@ -147,10 +149,13 @@ def banded_search(base: StudyConfig, grid: dict[str, list[str]], slos: dict[str,
                                 alongside if sc.band_seeds else None)
     if sc.band_seeds:
         skip_bands(searches, sc.target_rate, sc.screen_margin)
-        if pending:
-            record_seeds(pending)
-        else:
-            search_seeds(searches, slos, workers, ray_address, progress)
+        record_seeds(pending)
+        # An answer with no seeds yet that the staged search would band (a capped first answer
+        # the rechecks brought under the cap, or no recheck at all): its seeds now.
+        seeded = {id(s) for s, _ in pending}
+        rest = [s for s in searches if id(s) not in seeded]
+        if any(s.status == "ok" and not s.screened and not s.unbanded for s in rest):
+            search_seeds(rest, slos, workers, ray_address, progress)
     return searches
 
 

@@ -458,3 +458,39 @@ def test_seeds_of_an_answer_the_rechecks_put_out_of_reach_are_dropped() -> None:
     assert dear.seeds == [] and dear.seed_resolution == 0.0
     assert "no seed band" in convergence_note(dear, 0.05)
     assert dear.runs_total == best.runs_total  # the work done still counts
+
+
+def test_an_answer_the_rechecks_bring_under_the_cap_still_gets_its_seeds(monkeypatch) -> None:
+    """A first answer at max_rate (capped: no seeds driven with the rechecks) that its recheck
+    answers below the cap is banded afterwards, as the staged search bands it."""
+    import twinserve.sim.search_band as band
+
+    cfg = small_config(**{"search.band_seeds": 1})
+    ok, capped = _answered("A100-80GB", 1.0, 1000.0), _answered("A100-80GB", 1.0, 1000.0)
+    capped.hi = math.inf  # capped at the first length
+    for s in (ok, capped):
+        s.lengths = [(150, 1.0)]
+        s.cfg.search.band_seeds = 1
+    seeded: list[RateSearch] = []
+    ran: list[list[RateSearch]] = []
+
+    def fake_converged(base, grid, slos, workers, ray, progress, alongside):
+        seeded.extend(r for r in alongside([ok, capped]))
+        capped.hi = 1.02  # its recheck found the top
+        for s in (ok, capped):
+            s.lengths.append((300, 1.0))
+        return [ok, capped]
+
+    def fake_run(searches, *a, **k):
+        ran.append(list(searches))
+        for r in searches:
+            r.lo, r.hi = 1.05, 1.07
+        return searches
+
+    monkeypatch.setattr(band, "converged_search", fake_converged)
+    monkeypatch.setattr(band, "run_searches", fake_run)
+    band.banded_search(cfg, {}, SLOS, 1, None, False)
+    assert len(seeded) == 1  # only the uncapped answer's seed rode with the rechecks
+    assert len(ran) == 1 and len(ran[0]) == 1  # the capped one's seed, searched after
+    assert ok.seeds == [(0, 1.0)]  # fake_converged drove nothing: its seed search stays unanswered
+    assert capped.seeds == [(0, 1.0), (1, 1.05)]
