@@ -24,7 +24,7 @@ from twinserve.sim.validate_engines import frontend_latency_s
 from twinserve.sim.validate_estimate import (FULL, drain_study, estimate_waves, estimator_label, uses_estimate,
                                             wave_estimate)
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, harness, run_design
-from twinserve.sim.validate_recipes import kv_cache_dtype, row_recipe
+from twinserve.sim.validate_recipes import kv_cache_note, row_recipe
 from twinserve.sim.validate_reduce import DEFAULT_REDUCTION, slice_row
 from twinserve.sim.validate_rows import (NotExpressible, RowPlan, aic_version_used, closed_loop_available, num_gpus,
                                          parallelism, precision_fields, design_counts, request_counts, row_plan,
@@ -166,7 +166,8 @@ def _plan(row: pd.Series, disagg: str | None) -> RowPlan | None:
 
 def _kv_note(row: pd.Series) -> str:
     """The recipe column's word on a launch whose K/V dtype is not the precision's (validate_recipes.kv_cache_dtype)."""
-    return "; K/V bf16: SGLang's --kv-cache-dtype auto, not passed by the launch" if kv_cache_dtype(row) else ""
+    note = kv_cache_note(row)
+    return f"; {note}" if note else ""
 
 
 def row_record(row: pd.Series, *, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> dict[str, Any]:

@@ -297,31 +297,76 @@ MTP_IMAGES: dict[tuple[str, str, str, str], Callable[[int, int, int, int, bool],
 }
 
 
-# SGLang's `--kv-cache-dtype` defaults to "auto": the checkpoint's own dtype, unless the checkpoint's
-# quantization config names an FP8 KV cache (`kv_cache_quant_algo`; python/sglang/srt/model_executor/
-# model_runner.py `configure_kv_cache_dtype`, sgl-project/sglang, read through the library's code index; older
-# trees: `init_memory_pool`, "auto" -> `self.dtype`). DeepSeek-R1's FP8 checkpoint (block-scaled FP8 weights,
-# no KV entry in its quantization config) so stores bf16 K/V unless the launch passes the flag: twice the
-# bytes a token of precision_fields' FP8 K/V, half the tokens in the pool, and aic prices its bf16 MLA decode
-# table. InferenceX's DeepSeek-R1 FP8 SGLang launches on Hopper pass no `--kv-cache-dtype`:
-# benchmarks/dsr1_fp8_h200.sh @1fc5d73 (aggregated) and the srt-slurm recipes its disaggregated H200 / H100
-# entries launch (NVIDIA/srt-slurm recipes/h200/8k1k/bs64-2p3d.yaml, named by nvidia-master.yaml @0004cf5's
-# dsr1-fp8-h200-dynamo-sglang; ishandhanani/srt-slurm recipes/h100/1k1k/stp/h100-fp8-2p4d-max-tp.yaml).
-# The Blackwell ones pass `fp8_e4m3` (benchmarks/dsr1_fp8_b200.sh; srt-slurm recipes/b200-fp8/8k1k.yaml,
-# recipes/gb200-fp8/1k1k/low-latency.yaml), which is what precision_fields gives an FP8 row already.
-SGLANG_BF16_KV_SYSTEMS = ("h100_sxm", "h200_sxm")
+# The K/V cache dtype each InferenceX launch ran, where it is not precision_fields' (FP8 K/V for an FP8 or FP4
+# row, the 16-bit dtype for BF16 and INT4), audited group by group from the launch and the checkpoint.
+#
+# What a launch that passes no flag gets is the engine's default, "auto", and what auto means:
+# - SGLang `--kv-cache-dtype auto`: the checkpoint's own dtype, unless its quantization config names an FP8
+#   KV cache (`kv_cache_quant_algo`; python/sglang/srt/model_executor/model_runner.py `configure_kv_cache_dtype`,
+#   sgl-project/sglang, read through the library's code index; older trees: `init_memory_pool`, "auto" ->
+#   `self.dtype`).
+# - vLLM `--kv-cache-dtype auto` (CacheConfig.cache_dtype, vllm/config/cache.py: "If "auto", will use model
+#   data type"); since vllm-project/vllm#29980 (merged 2025-12) a ModelOpt checkpoint whose hf_quant_config.json
+#   names `kv_cache_quant_algo: FP8` gets FP8 K/V under auto too (vllm-project/vllm#34752 describes both).
+# - TensorRT-LLM `kv_cache_config: dtype: auto` (the default, llmapi/llm_args.py KvCacheConfig.dtype: "Use
+#   'auto' to follow checkpoint metadata"): the checkpoint's `kv_cache_quant_algo`, else the model's dtype.
+# The checkpoints, as aiconfigurator-core ships their configs (aiconfigurator_core/model_configs/):
+# deepseek-ai/DeepSeek-R1 and zai-org/GLM-5-FP8 (block FP8 weights, `quant_method: fp8`, no KV entry),
+# openai/gpt-oss-120b (`quant_method: mxfp4`, attention unquantized, no KV entry) and MiniMaxAI/MiniMax-M2.5
+# (block FP8, no KV entry) keep bf16 K/V under auto; the NVIDIA ModelOpt NVFP4 checkpoints (DeepSeek-V3.x,
+# GLM-5, Kimi-K2.5, MiniMax-M2.5, Qwen3.5-397B-A17B: `kv_cache_quant_algo: FP8`) get FP8 K/V under auto.
+#
+# Launches that pass no K/V dtype (or TensorRT-LLM's `dtype: auto`) on a checkpoint with no FP8 KV entry:
+# - SGLang DeepSeek-R1 FP8 on Hopper, aggregated and disaggregated: benchmarks/dsr1_fp8_h200.sh @1fc5d73 and
+#   the srt-slurm recipes its disaggregated H200 / H100 entries launch (NVIDIA/srt-slurm recipes/h200/8k1k/
+#   bs64-2p3d.yaml, named by nvidia-master.yaml @0004cf5's dsr1-fp8-h200-dynamo-sglang; ishandhanani/srt-slurm
+#   recipes/h100/1k1k/stp/h100-fp8-2p4d-max-tp.yaml).
+# - vLLM gpt-oss-120b on H100 / H200: benchmarks/gptoss_fp4_h200.sh @16cd955 and single_node/ @34bc7c4,
+#   gptoss_fp4_h100.sh @1fc5d73, gptoss_fp4_h100_slurm.sh @2e46dba and single_node/ @34bc7c4: no
+#   kv-cache-dtype in config.yaml nor on the command line (the B200 script's config.yaml sets `kv-cache-dtype:
+#   fp8`: gptoss_fp4_b200.sh @1fc5d73).
+# - TensorRT-LLM gpt-oss-120b on H200: benchmarks/gptoss_fp4_h200_trt.sh @111f031 and single_node/ @187f575,
+#   gptoss_fp4_h200_trt_slurm.sh @2e46dba: `kv_cache_config: dtype: auto` (B200's gptoss_fp4_b200_trt.sh
+#   @1825e7f and single_node/ @34bc7c4 set `dtype: fp8`).
+# - SGLang GLM-5 FP8 on H200: benchmarks/single_node/glm5_fp8_h200.sh @0c82808 (no --kv-cache-dtype; B200's
+#   glm5_fp8_b200.sh @87af9d6 and B300's single_node/glm5_fp8_b300.sh @5632483 pass fp8_e4m3).
+# - vLLM MiniMax-M2.5 FP8 on H100: benchmarks/single_node/minimaxm2.5_fp8_h100.sh @34bc7c4 (no
+#   --kv-cache-dtype; one version read. H200's minimaxm2.5_fp8_h200.sh @0949de5 and B300's
+#   minimaxm2.5_fp8_b300.sh @5632483 pass fp8).
+# Every other InferenceX group read passes an FP8 K/V dtype or runs an FP8-KV checkpoint under auto, which is
+# what precision_fields gives already; the audit's table is in docs/validate-accuracy.md (2026-12-05, K/V audit).
+KV_AUTO_LAUNCHES: dict[tuple[str, str, str, str], tuple[str, ...]] = {
+    # (backend, recipe model, system, precision) -> the modes whose launches ran auto on a bf16-KV checkpoint
+    ("sglang", "DeepSeek-R1", "h200_sxm", "fp8"): ("agg", "disagg"),
+    ("sglang", "DeepSeek-R1", "h100_sxm", "fp8"): ("agg", "disagg"),
+    ("vllm", "gpt-oss-120b", "h200_sxm", "fp4"): ("agg",),
+    ("vllm", "gpt-oss-120b", "h100_sxm", "fp4"): ("agg",),
+    ("trtllm", "gpt-oss-120b", "h200_sxm", "fp4"): ("agg",),
+    ("sglang", "GLM-5", "h200_sxm", "fp8"): ("agg",),
+    ("vllm", "MiniMax-M2.5", "h100_sxm", "fp8"): ("agg",),
+}
+_KV_FLAG = {"sglang": "SGLang's --kv-cache-dtype auto", "vllm": "vLLM's --kv-cache-dtype auto",
+            "trtllm": "TensorRT-LLM's kv_cache_config dtype auto"}
 
 
 def kv_cache_dtype(row: Any) -> str | None:
     """The [engine] kv_cache_dtype a row's launch ran where it differs from precision_fields' (FP8 K/V for an
-    FP8 row): "auto" (the checkpoint's bf16) for InferenceX's DeepSeek-R1 FP8 SGLang runs on Hopper, aggregated
-    or disaggregated; None (keep precision_fields') for every other row."""
+    FP8 or FP4 row): "auto" (the checkpoint's bf16) for the InferenceX groups of KV_AUTO_LAUNCHES; None (keep
+    precision_fields') for every other row."""
     from twinserve.sim.validate_protocol import INFERENCEX, harness
-    if (str(row.get("backend")) == "sglang" and str(row.get("precision")) == "fp8"
-            and str(row.get("system")) in SGLANG_BF16_KV_SYSTEMS and recipe_model(row) == "DeepSeek-R1"
-            and harness(row) == INFERENCEX):
+    modes = KV_AUTO_LAUNCHES.get((str(row.get("backend")), recipe_model(row), str(row.get("system")),
+                                  str(row.get("precision"))))
+    mode = "disagg" if row.get("mode") == "disagg" else "agg"
+    if modes is not None and mode in modes and harness(row) == INFERENCEX:
         return "auto"
     return None
+
+
+def kv_cache_note(row: Any) -> str:
+    """The engine default a row's K/V dtype came from where kv_cache_dtype overrides it, else ''."""
+    if kv_cache_dtype(row) is None:
+        return ""
+    return f"K/V bf16: {_KV_FLAG.get(str(row.get('backend')), 'the engine default')}, not set by the launch"
 
 
 def _int(v: Any, default: int = 0) -> int:

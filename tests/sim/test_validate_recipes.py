@@ -248,20 +248,45 @@ def test_an_attention_dp_rows_engine_balances_its_ranks_prompts() -> None:
     assert not isinstance(build_engine(cfg).core.scheduler.batch_policy, AdpBalance)
 
 
-# SGLang's K/V dtype (validate_recipes.kv_cache_dtype): its default "auto" keeps the FP8 DeepSeek checkpoint's
-# bf16; InferenceX's Hopper launches pass no --kv-cache-dtype, its Blackwell ones fp8_e4m3.
+# The K/V dtype each InferenceX launch ran (validate_recipes.kv_cache_dtype): "auto" (the checkpoint's bf16) where
+# the launch passes no K/V dtype, or TensorRT-LLM's `dtype: auto`, on a checkpoint with no FP8 KV entry; None
+# (precision_fields' FP8) where it passes fp8 or the checkpoint declares FP8 K/V.
 @pytest.mark.parametrize("kw, kv", [
     ({"system": "h200_sxm"}, "auto"),  # benchmarks/dsr1_fp8_h200.sh: no --kv-cache-dtype
     ({"system": "h200_sxm", "mode": "disagg"}, "auto"),  # srt-slurm recipes/h200/8k1k/bs64-2p3d.yaml
     ({"system": "h100_sxm", "mode": "disagg"}, "auto"),  # srt-slurm recipes/h100/.../h100-fp8-2p4d-max-tp.yaml
     ({"system": "h200_sxm", "model": "DeepSeek-V3", "id": "dsr1_h200_sglang_fp8_agg_1k1k"}, "auto"),  # a dsr1 run
     ({}, None),  # B200: dsr1_fp8_b200.sh passes fp8_e4m3, what precision_fields gives
+    ({"precision": "fp4"}, None),  # dsr1_fp4_b200.sh passes fp8_e4m3
     ({"system": "gb200", "mode": "disagg"}, None),  # srt-slurm gb200-fp8 recipes: fp8_e4m3
-    ({"system": "h200_sxm", "backend": "trtllm"}, None),  # not SGLang
+    ({"system": "h200_sxm", "backend": "trtllm"}, None),  # dsr1_fp8_h200_trt.sh: kv_cache_config dtype fp8
+    ({"system": "h200_sxm", "backend": "trtllm", "mode": "disagg"}, None),  # srt-slurm trtllm/h200: dtype fp8
     ({"system": "h200_sxm", "silicon_data_source": _GAP}, None),  # not an InferenceX launch
-    ({"system": "h200_sxm", "model": "Qwen3-32B"}, None),  # no DeepSeek-R1 launch read
+    ({"system": "h200_sxm", "model": "Qwen3-32B"}, None),  # no launch read
+    # gpt-oss-120b: vLLM on Hopper passes no kv-cache-dtype (gptoss_fp4_h200.sh, gptoss_fp4_h100.sh), B200 fp8
+    # (gptoss_fp4_b200.sh config.yaml); TensorRT-LLM H200 `dtype: auto` (gptoss_fp4_h200_trt.sh), B200 and the
+    # GB200 Dynamo recipes `dtype: fp8`. The checkpoint (MXFP4 experts) declares no KV quantization.
+    ({"backend": "vllm", "model": "gpt-oss-120b", "precision": "fp4", "system": "h200_sxm"}, "auto"),
+    ({"backend": "vllm", "model": "gpt-oss-120b", "precision": "fp4", "system": "h100_sxm"}, "auto"),
+    ({"backend": "vllm", "model": "gpt-oss-120b", "precision": "fp4", "system": "b200_sxm"}, None),
+    ({"backend": "trtllm", "model": "gpt-oss-120b", "precision": "fp4", "system": "h200_sxm"}, "auto"),
+    ({"backend": "trtllm", "model": "gpt-oss-120b", "precision": "fp4", "system": "b200_sxm"}, None),
+    ({"backend": "trtllm", "model": "gpt-oss-120b", "precision": "fp4", "system": "gb200", "mode": "disagg"}, None),
+    ({"backend": "vllm", "model": "gpt-oss-120b", "precision": "fp4", "system": "h200_sxm",
+      "silicon_data_source": _GAP}, None),
+    # Llama-3.1-70B: every vLLM script's config.yaml and TensorRT-LLM script sets fp8.
+    ({"backend": "vllm", "model": "Llama-3.1-70B", "system": "h100_sxm"}, None),
+    ({"backend": "trtllm", "model": "Llama-3.1-70B", "system": "h200_sxm"}, None),
+    # GLM-5 FP8 on H200 (glm5_fp8_h200.sh: no flag; GLM-5-FP8 declares no KV quantization); B200 passes fp8_e4m3.
+    ({"model": "GLM-5", "system": "h200_sxm"}, "auto"), ({"model": "GLM-5"}, None),
+    # MiniMax-M2.5 FP8 on H100 (minimaxm2.5_fp8_h100.sh: no flag); H200 passes fp8.
+    ({"backend": "vllm", "model": "MiniMax-M2.5", "system": "h100_sxm"}, "auto"),
+    ({"backend": "vllm", "model": "MiniMax-M2.5", "system": "h200_sxm"}, None),
+    # Qwen3.5 FP8 passes fp8_e4m3 on H200 / B200 / B300; its BF16 launches no flag, what precision_fields gives.
+    ({"model": "Qwen3.5-397B-A17B", "system": "h200_sxm"}, None),
+    ({"model": "Qwen3.5-397B-A17B", "precision": "bf16"}, None),
 ])
-def test_sglang_deepseek_fp8_rows_on_hopper_keep_bf16_kv(kw, kv) -> None:
+def test_each_inferencex_launch_gets_the_kv_dtype_it_ran(kw, kv) -> None:
     assert kv_cache_dtype(_row(**kw)) == kv
 
 
@@ -281,6 +306,24 @@ def test_an_sglang_hopper_rows_study_stores_bf16_kv_and_holds_half_the_tokens() 
     cfg.engine.kv_cache_dtype = "fp8"
     model8, _, _, _ = build_cost_models(cfg)
     assert engine_capacity(cfg, model8, hw).num_blocks >= 2 * bf16 - 1
+
+
+def test_a_gpt_oss_hopper_vllm_rows_study_stores_bf16_kv() -> None:
+    # gptoss_fp4_h200.sh passes no kv-cache-dtype: vLLM's auto keeps the checkpoint's bf16 K/V, 2 bytes a value
+    # of gpt-oss-120b's 8 KV heads x 64 dims, K and V, over its 36 layers.
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.build import build_cost_models
+    from twinserve.sim.validate_protocol import INFERENCEX, harness
+    from twinserve.sim.validate_rows import load_rows, row_study
+    rows = load_rows()
+    pick = rows[(rows["backend"] == "vllm") & (rows["model"] == "gpt-oss-120b") & (rows["system"] == "h200_sxm")]
+    row = next(r for _, r in pick.iterrows() if harness(r) == INFERENCEX)
+    cfg = row_study(row, "aic")
+    assert cfg.engine.kv_cache_dtype == "auto"
+    model, _, _, _ = build_cost_models(cfg)
+    assert model.kv_bytes_per_token_per_gpu(1) == 36 * 2 * 8 * 64 * 2
+    cfg.engine.kv_cache_dtype = "fp8"
+    assert build_cost_models(cfg)[0].kv_bytes_per_token_per_gpu(1) == 36 * 2 * 8 * 64
 
 
 @pytest.mark.parametrize("kw, kernel", [
