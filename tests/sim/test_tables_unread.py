@@ -13,20 +13,7 @@ from twinserve.core.sched.fast_loop import NO_IDS
 from twinserve.sim.build import build
 from twinserve.sim.cluster_study import build_cluster
 
-from .helpers import small_config
-
-
-def _config(n, count, replicas, disagg, seed, blocks, budget, turns, system_prompts, caching):
-    fields = dict(concurrency=n, num_requests=count, warmup_requests=0, num_replicas=replicas,
-                  num_prefill_replicas=1 if disagg and replicas > 1 else 0, seed=seed, turns=turns,
-                  followup_tokens=8, max_model_len=1024, max_num_batched_tokens=budget,
-                  enable_prefix_caching=caching, prompt_dist="uniform", prompt_min=16, prompt_max=300,
-                  output_dist="uniform", output_min=2, output_max=60)
-    if system_prompts:
-        fields.update(num_system_prompts=system_prompts, system_prompt_len=64, system_prompt_zipf=1.0)
-    if blocks:
-        fields["num_gpu_blocks"] = blocks  # small pools: evictions, preemptions, readmissions' own hits
-    return small_config(**fields)
+from .test_join_steps import _cached_config as _config
 
 
 def _spy(core, seen: list) -> None:
