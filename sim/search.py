@@ -271,12 +271,10 @@ def search_rates(base: StudyConfig, grid: dict[str, list[str]], slos: dict[str, 
 
 def run_searches(searches: list[RateSearch], slos: dict[str, float], workers: int | None = None,
                  ray_address: str | None = None, progress: bool = True, desc: str = "search",
-                 settled: Callable[[Any, Sequence[Any]], bool] | None = None,
-                 lean: bool = False) -> list[RateSearch]:
+                 settled: Callable[[Any, Sequence[Any]], bool] | None = None) -> list[RateSearch]:
     """Run every search's bracket to its end (sim.search_driver), with a progress bar of runs.
 
-    lean=True (or a search's own lean): the runs' rows are only judged, never written
-    (sim.search_run.run_search_point)."""
+    A search marked lean has its runs' rows only judged, never written (sim.search_run.run_search_point)."""
     bar = None
     if progress:
         from tqdm import tqdm
@@ -284,7 +282,7 @@ def run_searches(searches: list[RateSearch], slos: dict[str, float], workers: in
 
     def job(s: RateSearch, rate: float) -> tuple:
         return (dict(s.point, rate=rate), _with_rate(s.cfg, rate), slos, s.cfg.search.early_stop,
-                lean or s.lean)
+                s.lean)
 
     for s in searches:
         s.slos = slos

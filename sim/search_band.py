@@ -121,8 +121,7 @@ def search_seeds(searches: Sequence[RateSearch], slos: dict[str, float], workers
     again = seed_searches(searches)
     if not again:
         return
-    run_searches([r for _, r in again], slos, workers, ray_address, progress, desc="seeds",
-                 lean=True)
+    run_searches([r for _, r in again], slos, workers, ray_address, progress, desc="seeds")
     record_seeds(again)
 
 
