@@ -15,7 +15,11 @@ For each engine, on every priced row (or the aggregated ones, --agg), each candi
 
 is fitted on three development models (the median |TTFT error| minimised on a grid) and scored on the
 fourth, each model in turn; the pooled median |TTFT error| of the left-out rows is set against
-FRONTEND_LATENCY_S as set (nothing fitted) and against the constant refitted the same way. Also printed:
+FRONTEND_LATENCY_S as set (nothing fitted) and against the constant refitted the same way. Two more
+structures keep the constant as set and fit one term on top: "as set + b*tok/s" (the load alone) and
+"as set + c*(ISL-8192)" (the constant held at an 8192-token prompt, a rate per prompt token around it:
+what sim/validate_engines.FRONTEND_S_PER_PROMPT_TOKEN took). Every figure comes from pred_ttft_engine_ms,
+so a validation.csv from before or after that change gives the same figures. Also printed:
 the rank correlation of the gap with each feature, per engine and model (a structure the engine has would
 show within each model, not only across them).
 """
