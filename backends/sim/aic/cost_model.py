@@ -105,7 +105,8 @@ class AicCostModel:
         self.backend = backend
         self.version = resolve_version(self.system, backend, version)
         self.database = _load(pdb, self.system, backend, self.version)
-        modes = fp8_gemm_mode(self.database, quant_modes(model.precision, model.is_moe, self.system, backend),
+        modes = fp8_gemm_mode(self.database, quant_modes(model.precision, model.is_moe, self.system, backend,
+                                                    model.experts_only_quantization),
                               static_fp8_checkpoint(model.name, model.is_moe))
         modes = held_mxfp4_mode(self.database, modes)
         check_precision(self.database, modes, model.precision)
