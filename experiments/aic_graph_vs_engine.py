@@ -50,7 +50,7 @@ def main() -> None:
     c = AicCostModel(m, get_hardware(args.hw), backend=args.backend,
                      parallel=Parallelism(args.tp, args.dp, args.ep, 1))
     modes = held_mxfp4_mode(c.database, fp8_gemm_mode(c.database, quant_modes(m.precision, m.is_moe, c.system,
-                                                                           args.backend),
+                                                                           args.backend, m.experts_only_quantization),
                                                       static_fp8_checkpoint(m.name, m.is_moe)))  # as priced
     modes = {k: v.name for k, v in modes.items()}
     engine = EngineHandle.compile(

@@ -27,7 +27,7 @@ from twinserve.sim.validate_protocol import DEFAULT_WINDOW, harness, run_design
 from twinserve.sim.validate_recipes import kv_cache_note, row_recipe
 from twinserve.sim.validate_reduce import DEFAULT_REDUCTION, slice_row
 from twinserve.sim.validate_rows import (NotExpressible, RowPlan, aic_version_used, closed_loop_available, num_gpus,
-                                         parallelism, precision_fields, design_counts, request_counts, row_plan,
+                                         parallelism, precision_fields, design_counts, row_plan,
                                          row_study, with_rate)
 from twinserve.sim.validate_layouts import DEFAULT_DISAGG_ASSUMPTION
 

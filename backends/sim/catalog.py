@@ -82,6 +82,19 @@ class ModelSpec:
     # num_nextn_predict_layers, Qwen3.5's mtp_num_hidden_layers): not in the forward pass; the engines
     # run them as a speculative draft (mtp_draft). 0 = none.
     num_mtp_layers: int = 0
+    # The quantization for which the checkpoint quantizes the routed experts only, keeping attention,
+    # shared experts, dense MLPs and the LM head in 16 bits ('' = none): Kimi-K2.5's native INT4
+    # checkpoint (its config.json's compressed-tensors `ignore`: self_attn, shared_experts, the dense
+    # mlp projections, lm_head). A study at that quantization prices those layers 16-bit.
+    experts_only_quantization: str = ""
+
+    @property
+    def layer_weight_bytes(self) -> float:
+        """Bytes per weight of the layers outside the routed experts (attention, dense and shared MLPs)."""
+        p = self.precision
+        if self.experts_only_quantization and p.quantization == self.experts_only_quantization:
+            return float(self.dtype_bytes)
+        return p.weight_bytes
 
     @property
     def is_moe(self) -> bool:
@@ -223,7 +236,7 @@ class ModelSpec:
     def weight_bytes(self) -> int:
         """Bytes of all weights in memory: layers and experts in their formats, embeddings 16-bit."""
         p = self.precision
-        return int(self.always_params * p.weight_bytes + self.routed_params * p.expert_weight_bytes
+        return int(self.always_params * self.layer_weight_bytes + self.routed_params * p.expert_weight_bytes
                    + self.embedding_params * self.dtype_bytes)
 
     @property

@@ -45,6 +45,7 @@ def json_line_finder(text: str, start_key: str | None = None) -> Callable[[str],
 def model_from_hf_dict(data: dict[str, Any], name: str, file: str | None = None,
                        line_of: Callable[[str], int | None] = lambda key: None) -> ModelSpec:
     """A ModelSpec from config.json's keys; ModelConfigError on a missing or bad value."""
+    outer: dict[str, Any] = {}
     if isinstance(data.get("text_config"), dict):  # multimodal wrappers (Gemma 3)
         outer = data
         data = dict(data["text_config"])
@@ -129,7 +130,26 @@ def model_from_hf_dict(data: dict[str, Any], name: str, file: str | None = None,
                      sliding_window=window, num_sliding_layers=sliding_layers,
                      num_dense_layers=dense_layers, qk_norm=bool(set(data.get("architectures") or ())
                                                                  & QK_NORM_ARCHITECTURES),
-                     num_mtp_layers=mtp, **mla, **linear)
+                     num_mtp_layers=mtp, experts_only_quantization=_experts_only_quantization(data, outer),
+                     **mla, **linear)
+
+
+def _experts_only_quantization(data: dict[str, Any], outer: dict[str, Any]) -> str:
+    """'int4' for a compressed-tensors checkpoint of 4-bit integer weights whose `ignore` list keeps
+    self-attention and the shared experts in 16 bits, so only the routed experts are 4-bit
+    (moonshotai/Kimi-K2.5's config.json: ignore lm_head, self_attn, shared_experts and the dense mlp
+    projections); '' otherwise. aiconfigurator-core's own reader prices such a checkpoint the same way:
+    16-bit GEMMs when attention is ignored, int4 weight-only experts
+    (sdk/models/helpers._infer_quant_modes_from_raw_config, sdk/utils.parse_compressed_tensors_quant)."""
+    q = data.get("quantization_config") or outer.get("quantization_config")
+    if not isinstance(q, dict) or q.get("quant_method") != "compressed-tensors":
+        return ""
+    weights = [g.get("weights") or {} for g in (q.get("config_groups") or {}).values() if isinstance(g, dict)]
+    if not any(w.get("num_bits") == 4 and str(w.get("type", "")).lower() == "int" for w in weights):
+        return ""
+    ignore = [str(x) for x in q.get("ignore") or ()]
+    kept = any("self_attn" in x for x in ignore) and any("shared_expert" in x for x in ignore)
+    return "int4" if kept else ""
 
 
 def _mtp_layers(data: dict[str, Any], integer: Callable[..., int | None]) -> int:

@@ -105,13 +105,14 @@ class AicCostModel:
         self.backend = backend
         self.version = resolve_version(self.system, backend, version)
         self.database = _load(pdb, self.system, backend, self.version)
-        modes = fp8_gemm_mode(self.database, quant_modes(model.precision, model.is_moe, self.system, backend),
+        modes = fp8_gemm_mode(self.database, quant_modes(model.precision, model.is_moe, self.system, backend,
+                                                    model.experts_only_quantization),
                               static_fp8_checkpoint(model.name, model.is_moe))
         modes = held_mxfp4_mode(self.database, modes)
         check_precision(self.database, modes, model.precision)
-        self.graph: StepGraph = build_graph(par.stage_model(model), par, modes, backend, self.database)
         from aiconfigurator_core.sdk.engine import EngineHandle
         self._eval = EngineHandle.for_database(self.database).evaluate_ops_json
+        self.graph: StepGraph = self._build(par.stage_model(model), par, modes)
         self.mxfp4_moe_kernel = mxfp4_moe_kernel
         self._marlin = self._marlin_transfer(mxfp4_moe_kernel)
         self._mx: dict[int, float] = {}
@@ -125,6 +126,33 @@ class AicCostModel:
         self._ctx: dict[tuple[int, int, int], float] = {}
         self._gen: dict[tuple[int, int], float] = {}
         self._p2p: dict[int, float] = {}
+
+    def _build(self, model: ModelSpec, par: Parallelism, modes: dict[str, Any]) -> StepGraph:
+        """The step graph; prefill attention on FP8 K/V in the FP8-FMHA lane where the database measured
+        this shape only there.
+
+        aic files a prefill attention kernel under its FMHA (query/softmax) and K/V dtypes. With FP8 K/V,
+        SGLang's Hopper tables (0.5.14) hold head_dim 64-192 only in the FP8-FMHA lane (the 16-bit-FMHA
+        lane has head_dim 256 and 512): the kernel the collector saw SGLang run on FP8 K/V at those
+        shapes. Without this, a GQA model at FP8 K/V there (Llama-3.1-8B, Qwen3-235B-A22B on H200) had
+        no price at all. A shape the 16-bit lane holds keeps it; MLA models use aic's MLA tables.
+        """
+        from aiconfigurator_core.sdk import common
+        graph = build_graph(model, par, modes, self.backend, self.database)
+        if (model.is_mla or modes["generation_attention"] is not common.KVCacheQuantMode.fp8
+                or modes["fmha"] is common.FMHAQuantMode.fp8):
+            return graph
+        try:
+            self._eval(graph.context_attn, is_context=True, batch_size=1, s=128, prefix=0, x=None)
+            return graph
+        except Exception:  # aic's PerfDataNotAvailableError and kin
+            pass
+        fp8 = build_graph(model, par, {**modes, "fmha": common.FMHAQuantMode.fp8}, self.backend, self.database)
+        try:
+            self._eval(fp8.context_attn, is_context=True, batch_size=1, s=128, prefix=0, x=None)
+        except Exception:
+            return graph  # neither lane: _probe names what is missing
+        return fp8
 
     def _marlin_transfer(self, kernel: str) -> MarlinMoe | None:
         """The Marlin price of the MXFP4 experts where asked for (aic/marlin.py); AicError where it does not apply."""

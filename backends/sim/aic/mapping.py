@@ -83,7 +83,8 @@ def resolve_version(system: str, backend: str, version: str) -> str:
                    f"installed: {', '.join(have)} (or current / next; '' = current = {slots['current']})")
 
 
-def quant_modes(precision: Precision, moe: bool, system: str = "", backend: str = "") -> dict[str, Any]:
+def quant_modes(precision: Precision, moe: bool, system: str = "", backend: str = "",
+                experts_only: str = "") -> dict[str, Any]:
     """aic quant modes for twinserve's precision fields (vLLM's names).
 
     quantization fp8 is per-tensor W8A8 (aic 'fp8'; static activation scales where fp8_gemm_mode
@@ -91,10 +92,14 @@ def quant_modes(precision: Precision, moe: bool, system: str = "", backend: str 
     is weight-only (AWQ/GPTQ, aic 'int4_wo'); nvfp4 is W4A4 (aic 'nvfp4'); mxfp4 (gpt-oss) quantizes
     the experts only, with the activations each engine feeds them by default (mxfp4_moe_mode).
     Activations, attention math and the LM head stay 16-bit; kv_cache_dtype fp8 stores K/V in FP8.
+    experts_only: the quantization for which the checkpoint quantizes the routed experts only
+    (ModelSpec.experts_only_quantization, Kimi-K2.5's INT4): at that quantization the GEMMs are 16-bit.
     """
     from aiconfigurator_core.sdk import common
     q = precision.quantization
     gemm = {"none": "bfloat16", "fp8": "fp8", "int4": "int4_wo", "nvfp4": "nvfp4", "mxfp4": "bfloat16"}[q]
+    if experts_only and q == experts_only:
+        gemm = "bfloat16"
     # Published FP8 MoE checkpoints (Qwen3, DeepSeek) are block-scaled 128x128: aic fp8_block.
     moe_q = {"none": "bfloat16", "fp8": "fp8_block", "int4": "int4_wo", "nvfp4": "nvfp4",
              "mxfp4": mxfp4_moe_mode(system, backend)}[q]
