@@ -65,7 +65,7 @@ def probe_row(row: pd.Series, cost_model: str) -> dict:
     chunk = int(min(isl, budget))
     ttft = cost.step_time(chunk, 1, 0, chunk * chunk / 2, max(0, b - 1), int((b - 1) * (isl + osl / 2)))
     ttft *= math.ceil(isl / budget)
-    ttft += frontend_latency_s(str(row["backend"]))
+    ttft += frontend_latency_s(str(row["backend"]), int(row["isl"]))
     return {"pred_tpot_ms": tpot * 1e3, "pred_ttft_ms": ttft * 1e3, "pred_decode_ms": decode * 1e3,
             "layout": plan.layout}
 

@@ -145,8 +145,9 @@ def simulate_row(job: tuple[Any, ...]) -> dict[str, Any]:
             means = window_means(run_point(with_rate(cfg, conc / (e2e / 1000.0))).requests, warm, measured)
             e2e = means["e2e_ms"]
         loop = "littles_law"
-    # The front end's first-token latency lies outside the simulated engine (validate_engines.py).
-    front_ms = frontend_latency_s(str(row["backend"])) * 1000.0
+    # The front end's first-token latency lies outside the simulated engine; it grows with the row's
+    # prompt length (validate_engines.py).
+    front_ms = frontend_latency_s(str(row["backend"]), int(row["isl"])) * 1000.0
     if "pred_ttft_all_ms" in extra:
         extra["pred_ttft_all_ms"] += front_ms
     return {"pred_ttft_ms": means["ttft_ms"] + front_ms, "pred_ttft_engine_ms": means["ttft_ms"],

@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from twinserve.backends.sim.catalog import hardware_for_aic_system
-from twinserve.sim.validate_engines import FRONTEND_LATENCY_S, engine_defaults, frontend_latency_s
+from twinserve.sim.validate_engines import (FRONTEND_LATENCY_S, FRONTEND_S_PER_PROMPT_TOKEN, engine_defaults,
+                                           frontend_latency_s)
 from twinserve.sim.validate_rows import load_rows, row_study
 
 GIB = 1024 ** 3
@@ -70,6 +71,18 @@ def test_frontend_latency_per_engine_and_none_for_an_unknown_one() -> None:
     assert frontend_latency_s("vllm") == FRONTEND_LATENCY_S["vllm"] > 0 and frontend_latency_s("tgi") == 0.0
     # SGLang's lock step and prefill-first batches leave more of its first token outside the engine.
     assert frontend_latency_s("sglang") > frontend_latency_s("trtllm") > frontend_latency_s("vllm")
+
+
+def test_frontend_latency_grows_with_the_prompt_for_vllm_and_trtllm_and_not_for_sglang() -> None:
+    # intercept + rate x prompt tokens (vLLM, TensorRT-LLM); SGLang's constant whatever the prompt.
+    assert frontend_latency_s("vllm", 1024) == pytest.approx(0.015 + 2.0e-6 * 1024)   # ~17 ms
+    assert frontend_latency_s("trtllm", 8192) == pytest.approx(0.045 + 1.5e-6 * 8192)  # ~57 ms
+    assert frontend_latency_s("sglang", 1024) == frontend_latency_s("sglang", 16384) == FRONTEND_LATENCY_S["sglang"]
+    assert set(FRONTEND_S_PER_PROMPT_TOKEN) == {"vllm", "trtllm"}
+    for backend in ("vllm", "trtllm"):
+        lats = [frontend_latency_s(backend, isl) for isl in (0, 128, 1024, 4096, 8192, 32768)]
+        assert all(a < b for a, b in zip(lats, lats[1:])) and lats[0] == FRONTEND_LATENCY_S[backend] > 0
+    assert frontend_latency_s("tgi", 1024) == 0.0
 
 
 def test_aic_rows_get_their_engines_serving_terms_and_kernel_only_without_them(monkeypatch) -> None:

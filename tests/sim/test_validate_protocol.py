@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from twinserve.sim.validate import simulate_row, window_means
-from twinserve.sim.validate_engines import FRONTEND_LATENCY_S
+from twinserve.sim.validate_engines import FRONTEND_LATENCY_S, frontend_latency_s
 from twinserve.sim.validate_cli import FilterError, within_clients
 from twinserve.sim.validate_protocol import (AIC_GAP, BENCHMARK, GAP_BENCHMARK, INFERENCEX, STEADY, WINDOWS,
                                              harness, run_design)
@@ -106,8 +106,11 @@ def test_benchmark_run_sends_10n_counts_all_and_keeps_n_in_flight(n: int, isl: i
     # The prediction is the mean over every request, the first (cold) wave included.
     pred = simulate_row((row.to_dict(), "roofline", {"window": "benchmark"}))
     assert pred["pred_ttft_engine_ms"] == pytest.approx(req["ttft_s"].mean() * 1000)
-    # ... plus the front end's latency outside the engine (vLLM's, fitted on development rows).
-    assert pred["pred_ttft_ms"] == pytest.approx(pred["pred_ttft_engine_ms"] + 1000 * FRONTEND_LATENCY_S["vllm"])
+    # ... plus the front end's latency outside the engine (vLLM's, fitted on development rows): its
+    # constant and its rate per prompt token (validate_engines.FRONTEND_S_PER_PROMPT_TOKEN).
+    front_ms = pred["pred_ttft_ms"] - pred["pred_ttft_engine_ms"]
+    assert front_ms == pytest.approx(1000 * frontend_latency_s("vllm", isl))
+    assert front_ms > 1000 * FRONTEND_LATENCY_S["vllm"] > 0
     assert pred["measured_requests"] == 10 * n and pred["window"] == "benchmark"
     assert window_means(req, 0, len(req))["tpot_ms"] == pytest.approx(pred["pred_tpot_ms"])
 
