@@ -120,6 +120,9 @@ class ClusterSimulation:
         # replica's plain decodes are held as counts, so windows and join steps cost what changes, not
         # a pass over the batch; the same results (tests/sim/test_lazy_decodes.py). False: the passes.
         self.lazy_decodes = True
+        # True: _on_loop runs at the top of every replica's scheduler-loop iteration (sim/disagg.py's
+        # SGLang pre-allocation); False (the default) keeps the loop free of the call.
+        self.loop_hook = False
 
     # ------------------------------------------------------------------ routing
     def _route_until(self, t: float) -> None:
@@ -129,19 +132,27 @@ class ClusterSimulation:
     def _route(self, item: WorkItem) -> None:
         # In arrival order, so random streams are consumed as in the single-engine simulator.
         tokens = self.workload.prompt_tokens(item)
+        self._deliver(self.replicas[self._choose(item, tokens)], item, tokens)
+
+    def _choose(self, item: WorkItem, tokens: list[int]) -> int:
+        """The replica the router picks for an arriving request."""
         keys: tuple[int, ...] = ()
         if self.router.needs_prefix_keys:
             keys = token_prefix_keys(tokens, self._block_size, self.prefix_blocks)
         session = str(item.conversation) if item.conversation >= 0 else None
-        idx = self.router.choose(RouteRequest(item.request_id, keys, session,
-                                              item.num_prompt_tokens), self.loads)
-        self._deliver(self.replicas[idx], item, tokens)
+        return self.router.choose(RouteRequest(item.request_id, keys, session,
+                                               item.num_prompt_tokens), self.loads)
 
     def _deliver(self, rep: Replica, item: WorkItem, tokens: list[int]) -> None:
         """Hand a routed request to a replica, waking it or cutting its window short."""
         rep.load.outstanding += 1
         rep.load.routed += 1
         rep.inbox.append((item, tokens))
+        self._poke(rep)
+
+    @staticmethod
+    def _poke(rep: Replica) -> None:
+        """Wake an idle replica, or cut its fast-forward window short: it has work at env.now."""
         wake = rep.wake
         if wake is not None and not wake.triggered:
             wake.succeed()
@@ -190,6 +201,9 @@ class ClusterSimulation:
             rep.live[item.request_id] = req
             rep.executor.register(item.request_id, wl.sample_token(item))
         rep.inbox.clear()
+
+    def _on_loop(self, rep: Replica, t: float) -> None:
+        """A replica's scheduler loop comes round at t, its arrivals admitted (only when loop_hook)."""
 
     def _refused_at(self, rep: Replica, item: WorkItem) -> float:
         """When a refused request's client hears of it: on arrival, as a server answers 400."""
@@ -256,6 +270,8 @@ class ClusterSimulation:
             self._route_until(t)
             if rep.inbox:
                 self._admit(rep)
+            if self.loop_hook:
+                self._on_loop(rep, t)
             if not sched.has_unfinished_requests():
                 rep.clock = INF
                 rep.wake = env.event()

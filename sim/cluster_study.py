@@ -66,6 +66,7 @@ def build_cluster(cfg: StudyConfig, keep_steps: bool = True, keep_records: bool 
             replicas, workload, router, c.num_prefill_replicas, bandwidth, c.kv_link_latency_s,
             first.model.kv_bytes_per_token, first_token=c.disagg_first_token,
             decode_router=c.disagg_decode_router, fast_forward=cfg.run.fast_forward,
+            prealloc_reserve=c.disagg_reserved_decode_tokens if c.disagg_admission == "prealloc" else None,
             on_record=on_record, keep_records=keep_records)
     else:
         sim = ClusterSimulation(replicas, workload, router, cfg.run.fast_forward,

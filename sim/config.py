@@ -248,6 +248,18 @@ class _ClusterBase:
     # (`--router-mode` round-robin; docs.nvidia.com/dynamo, Router Guide / Frontend reference).
     disagg_decode_router: str = knob("least_outstanding", help="disaggregation: how a decode replica is chosen "
                                      "for a prefilled request", choices=("least_outstanding", "round_robin"))
+    # When a disaggregated request's prefill may start (sim/disagg.py): "transfer" (the default, as before),
+    # at once, the decode replica taking the KV whenever it arrives; "prealloc", once its decode replica has
+    # pre-allocated KV for the prompt, as SGLang's decode server does before the prefill server lets the
+    # request out of its bootstrap queue (python/sglang/srt/disaggregation/decode.py, prefill.py).
+    disagg_admission: str = knob("transfer", help="disaggregation: prefill at once ('transfer') or only once "
+                                 "the decode replica pre-allocated the prompt's KV ('prealloc', SGLang)",
+                                 choices=("transfer", "prealloc"))
+    # SGLang's --num-reserved-decode-tokens (server_args.py, 512): under disagg_admission "prealloc" a decode
+    # replica keeps this many free KV tokens per request it runs, holds in flight or has waiting.
+    disagg_reserved_decode_tokens: int = knob(512, help="disaggregation, 'prealloc' admission: free KV tokens "
+                                              "a decode replica keeps per request it holds",
+                                              unit="tokens", range=(0, None))
 
 
 def _router_config(self: Any) -> RouterConfig:

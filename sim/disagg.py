@@ -6,10 +6,18 @@ but costs no time. TTFT comes from the prefill replica (first_token "prefill", t
 the decode replica's first step for the request ("decode": the serving front ends stream the client's
 tokens from the decode worker, so the KV transfer and that step count into TTFT); later tokens come
 from the decode replica.
+
+With prealloc_reserve set (SGLang's disaggregation), a request is not prefilled until its decode worker
+has pre-allocated KV for it: the decode replica is chosen on arrival, and at each of its scheduler-loop
+iterations it takes, first come first served, the queued requests whose prompt plus the reserve fits in
+its free KV after the reserve is held for every request it runs, holds in flight or has waiting; only
+then does the request reach its prefill replica's queue (the prefill side's bootstrap queue). The head
+of the queue that does not fit blocks the ones behind it.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from twinserve.backends.sim.cost_model import CostModel
@@ -144,9 +152,12 @@ class DisaggregatedSimulation(ClusterSimulation):
 
     def __init__(self, replicas, workload, router, num_prefill: int, link_bandwidth: float,
                  link_latency_s: float, kv_bytes_per_token: int, first_token: str = "prefill",
-                 decode_router: str = "least_outstanding", **kw) -> None:
+                 decode_router: str = "least_outstanding", prealloc_reserve: int | None = None,
+                 **kw) -> None:
         if decode_router not in ("least_outstanding", "round_robin"):
             raise ValueError(f"decode_router {decode_router!r}: 'least_outstanding' or 'round_robin'")
+        if prealloc_reserve is not None and prealloc_reserve < 0:
+            raise ValueError(f"prealloc_reserve {prealloc_reserve}: a token count >= 0, or None")
         super().__init__(replicas, workload, router, **kw)
         if first_token not in ("prefill", "decode"):
             raise ValueError(f"first_token {first_token!r}: 'prefill' or 'decode'")
@@ -161,10 +172,92 @@ class DisaggregatedSimulation(ClusterSimulation):
         self._halves: dict[str, _PrefillHalf] = {}
         self.transfer_time = 0.0
         self.num_transfers = 0
+        # SGLang's decode-side pre-allocation (None: the decode side takes whatever is transferred).
+        # sgl-project/sglang python/sglang/srt/disaggregation/decode.py @278e503
+        # (DecodePreallocQueue.pop_preallocated, _allocatable_tokens): at each decode scheduler-loop
+        # iteration the queue is walked in order; a request is pre-allocated when its prompt length plus
+        # num_reserved_decode_tokens fits in the free KV less num_reserved_decode_tokens for each request
+        # running, in the transfer queue or in the waiting queue, else the walk stops (break). The prefill
+        # server keeps the request in its bootstrap queue until the decode side has sent the pre-allocated
+        # KV indices (prefill.py, PrefillBootstrapQueue). server_args.py: num_reserved_decode_tokens = 512.
+        # Left out: the term that also keeps room for one running request's max_new_tokens (it binds only
+        # while the running batch holds fewer tokens than one request's full length), the request-slot and
+        # metadata-buffer counts, and retraction.
+        self.prealloc_reserve = prealloc_reserve
+        num_decode = len(self.replicas) - num_prefill
+        self._prealloc: list[deque] = [deque() for _ in range(num_decode)]  # (item, tokens, prefill index)
+        self._held = [0] * num_decode       # prompt tokens pre-allocated, KV not yet arrived
+        self._in_flight = [0] * num_decode  # requests pre-allocated, KV not yet arrived
+        self._decode_of: dict[str, int] = {}  # request -> the decode replica that pre-allocated it
+        if prealloc_reserve is not None:
+            self.loop_hook = True
 
     def transfer_seconds(self, num_tokens: int) -> float:
         """Time to move num_tokens tokens' KV from a prefill to a decode replica."""
         return self.link_latency_s + num_tokens * self.kv_bytes_per_token / self.link_bandwidth
+
+    def _route(self, item: WorkItem) -> None:
+        if self.prealloc_reserve is None:
+            super()._route(item)
+            return
+        # Both workers are chosen on arrival (SGLang's router and Dynamo send the request to a prefill and
+        # a decode worker at once); each counts it as outstanding from then.
+        tokens = self.workload.prompt_tokens(item)
+        p = self._choose(item, tokens)
+        d = self.decode_router.choose(RouteRequest(item.request_id), self.decode_loads)
+        self.replicas[p].load.outstanding += 1
+        rep = self.replicas[d]
+        rep.load.outstanding += 1
+        q = self._prealloc[d - self.num_prefill]
+        q.append((item, tokens, p))
+        self._poke(rep)  # its next loop iteration (at once if idle) looks at the queue
+
+    def _on_loop(self, rep: Replica, t: float) -> None:
+        k = rep.index - self.num_prefill
+        if k < 0:
+            return
+        q = self._prealloc[k]
+        if not q:
+            return
+        reserve = self.prealloc_reserve
+        sched = rep.core.scheduler
+        kv = sched.kv
+        # Admitted requests not yet scheduled hold no blocks here (SGLang's waiting queue already holds its
+        # pre-allocated KV): their prompts count as held.
+        waiting = list(sched.waiting)
+        free = (kv.num_free_blocks // max(1, kv.num_groups)) * self._block_size - self._held[k] \
+            - sum(r.num_prompt_tokens - r.num_computed_tokens for r in waiting)
+        queued = len(sched.running) + len(waiting) + self._in_flight[k]
+        allocatable = free - reserve * queued
+        while q:
+            item, tokens, p = q[0]
+            need = item.num_prompt_tokens + reserve
+            if need > allocatable and queued:  # (an empty replica takes it: the engine refuses what never fits)
+                break
+            q.popleft()
+            allocatable -= need
+            queued += 1
+            self._held[k] += item.num_prompt_tokens
+            self._in_flight[k] += 1
+            self._decode_of[item.request_id] = rep.index
+            pre = self.replicas[p]
+            pre.load.outstanding -= 1  # _deliver counts it again
+            self._deliver(pre, item, tokens)
+
+    def _release(self, rid: str, num_prompt_tokens: int) -> int | None:
+        """Drop a request's pre-allocation (its KV arrived, or never will): its decode replica, or None."""
+        idx = self._decode_of.pop(rid, None)
+        if idx is not None:
+            k = idx - self.num_prefill
+            self._held[k] -= num_prompt_tokens
+            self._in_flight[k] -= 1
+            self.replicas[idx].load.outstanding -= 1  # counted since arrival
+        return idx
+
+    def _record(self, rep: Replica, rec: RequestRecord) -> None:
+        if rec.finish_reason == "refused" and rep.index < self.num_prefill:
+            self._release(rec.request_id, rec.num_prompt_tokens)
+        super()._record(rep, rec)
 
     def _refused_at(self, rep: Replica, item: WorkItem) -> float:
         # A decode replica refuses after the prefill half ran: the client hears of it then.
@@ -186,6 +279,7 @@ class DisaggregatedSimulation(ClusterSimulation):
         req = rep.live[rid]
         item: WorkItem = req.payload
         if item.num_output_tokens <= 1 or req.finish_time is None:
+            self._release(rid, item.num_prompt_tokens)
             super()._finish(rep, rid)  # nothing to decode: the request ends here
             return
         rep.live.pop(rid)
@@ -207,7 +301,9 @@ class DisaggregatedSimulation(ClusterSimulation):
         timer.callbacks.append(lambda _ev: self._to_decode(item, tokens))
 
     def _to_decode(self, item: WorkItem, tokens: list[int]) -> None:
-        idx = self.decode_router.choose(RouteRequest(item.request_id), self.decode_loads)
+        idx = self._release(item.request_id, item.num_prompt_tokens)  # it lands in what was pre-allocated
+        if idx is None:
+            idx = self.decode_router.choose(RouteRequest(item.request_id), self.decode_loads)
         rep = self.replicas[idx]
         rep.executor.receive(item.request_id, len(tokens) - 1)
         self._deliver(rep, item, tokens)

@@ -471,6 +471,10 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
         # InferenceX's disaggregated runs are Dynamo deployments (srt-slurm's default frontend): the frontend
         # picks each request's worker in turn (its default `--router-mode` round-robin), whatever its load.
         c.disagg_decode_router = "round_robin"
+    if str(row["backend"]) == "sglang":
+        # SGLang's decode server pre-allocates a request's KV before its prefill server runs it, and keeps
+        # num_reserved_decode_tokens (512) free per request it holds (sim/disagg.py).
+        c.disagg_admission = "prealloc"
     c.num_replicas = pre.count + dec.count
     c.num_prefill_replicas = pre.count
     c.router = "least_outstanding" if "least_outstanding" in _routers() else c.router

@@ -28,6 +28,7 @@ def _row(rows: pd.DataFrame, row_id: str) -> pd.Series:
 
 AGG_70B = "2026_04_06_llama_3_1_70b_h200_sxm_vllm_fp8_agg_1024x8192_c16_tp8_ep1_270"
 QWEN_NO_PRECISION = "qwen_qwen3_32b_qwen_qwen3_32b_gb200_trtllm_agg_2000x500_c1_tp2_epnone_2"
+DISAGG_SGLANG = "2026_03_25_deepseek_r1_h100_sxm_sglang_fp8_disagg_1024x8192_c64_tp16_0_ep1_0_698"
 DISAGG_QWEN = "nvidia_qwen3_32b_nvfp4_nvidia_qwen3_32b_nvfp4_b200_sxm_trtllm_disagg_15000x500_c480_tp_epnone_1"
 
 
@@ -115,6 +116,12 @@ def test_disagg_row_maps_prefill_and_decode_workers_at_their_own_tp(rows: pd.Dat
     # row keeps the default (no decode replicas).
     assert c.disagg_first_token == "decode"
     assert row_study(_row(rows, AGG_70B)).cluster.disagg_first_token == "prefill"
+    # A TensorRT-LLM disaggregated row's prefill starts at once; an SGLang one's once its decode worker has
+    # pre-allocated the prompt's KV (sim/disagg.py).
+    assert c.disagg_admission == "transfer"
+    sgl = row_study(_row(rows, DISAGG_SGLANG)).cluster
+    assert sgl.num_prefill_replicas > 0 and sgl.disagg_admission == "prealloc"
+    assert sgl.disagg_reserved_decode_tokens == 512
 
 
 def test_unexpressible_rows_give_a_reason(rows: pd.DataFrame) -> None:
