@@ -6,7 +6,9 @@ branching on the client count (CONC) or TP. What a measurement ran with is a fac
 not a fit: each entry names its script (read at the commit given, through the library's code index;
 the scripts changed over time, so a row measured before that commit may have run an earlier version).
 A row with no entry (a model or GPU whose script was not found, a gap-analysis row, a disaggregated
-row) runs its engine's defaults (sim/validate_engines.py): stream interval 1, receive every step.
+row) runs its engine's defaults (sim/validate_engines.py): stream interval 1, receive every step. The
+disaggregated SGLang DeepSeek-R1 rows take their prefill and decode workers' flags from the srt-slurm recipes
+their InferenceX entries launch instead (DISAGG_RECIPES, at the end of this module).
 
 Flags and what the simulator does with them:
 
