@@ -476,8 +476,10 @@ def sglang_stream_points(num_tokens: int, interval: int) -> list[int]:
 # (0: not set, the row study's default stands):
 # - `--mem-fraction-static`: the worker's EngineConfig.gpu_memory_utilization (SGLang's basis: the GPU total).
 # - `--chunked-prefill-size`, `--max-prefill-tokens`: the prefill worker's step budget and prefill cap
-#   (SchedulerConfig.max_num_batched_tokens / max_prefill_tokens), on workers without attention DP only (under
-#   attention DP SGLang applies them per DP rank, which the row study's budget is not).
+#   (SchedulerConfig.max_num_batched_tokens / max_prefill_tokens), on workers without attention DP only: under
+#   attention DP SGLang runs a scheduler per DP rank and divides the chunk among them (server_args.py
+#   `_handle_data_parallelism`: `chunked_prefill_size // dp_size`, sgl-project/sglang, read through the
+#   library's code index), which was not matched to how the row study's budget spreads over its ranks.
 # - `--max-running-requests`: SchedulerConfig.max_num_seqs, on workers without attention DP only (likewise).
 #
 # Where the row's entry is not told apart from its MTP (or non-MTP) twin of the same workers and client count
