@@ -636,7 +636,8 @@ DISAGG_RECIPES: dict[tuple, DisaggRecipe] = {
 # dsr1-fp4-b200-dynamo-sglang lmsysorg/sglang:v0.5.8.post1-cu130-runtime, dsr1-fp4-b200-dynamo-sglang-mtp
 # v0.5.8.post1-cu130): a row's image (its silicon_data_source) tells which entries it may be. MTP entry -> image.
 _DISAGG_IMAGES: dict[tuple[str, str], dict[bool, str]] = {
-    ("b200_sxm", "fp4"): {False: "lmsysorg/sglang:v0.5.8.post1-cu130-runtime", True: "lmsysorg/sglang:v0.5.8.post1-cu130"},
+    ("b200_sxm", "fp4"): {False: "lmsysorg/sglang:v0.5.8.post1-cu130-runtime",
+                          True: "lmsysorg/sglang:v0.5.8.post1-cu130"},
 }
 
 
