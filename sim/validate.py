@@ -24,7 +24,7 @@ from twinserve.sim.validate_engines import frontend_latency_s
 from twinserve.sim.validate_estimate import (FULL, drain_study, estimate_waves, estimator_label, uses_estimate,
                                             wave_estimate)
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, harness, run_design
-from twinserve.sim.validate_recipes import kv_cache_note, row_recipe
+from twinserve.sim.validate_recipes import disagg_recipe, kv_cache_note, row_recipe
 from twinserve.sim.validate_reduce import DEFAULT_REDUCTION, slice_row
 from twinserve.sim.validate_rows import (NotExpressible, RowPlan, aic_version_used, closed_loop_available, num_gpus,
                                          parallelism, precision_fields, design_counts, row_plan,
@@ -165,6 +165,12 @@ def _plan(row: pd.Series, disagg: str | None) -> RowPlan | None:
         return None
 
 
+def _recipe_source(row: pd.Series) -> str:
+    """The recipe column: the disaggregated launch's srt-slurm recipe where known, else row_recipe's source."""
+    launch = disagg_recipe(row)
+    return launch.source if launch is not None else row_recipe(row).source
+
+
 def _kv_note(row: pd.Series) -> str:
     """The recipe column's word on a launch whose K/V dtype is not the precision's (validate_recipes.kv_cache_dtype)."""
     note = kv_cache_note(row)
@@ -191,7 +197,7 @@ def row_record(row: pd.Series, *, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION
            "mode": row["mode"], "isl": int(row["isl"]), "osl": int(row["osl"]),
            "concurrency": int(conc) if conc == conc and conc is not None else None,
            "parallelism": parallelism(row, counts), "layout": plan.layout if plan is not None else "",
-           "gpus": gpus, "recipe": row_recipe(row).source + _kv_note(row),
+           "gpus": gpus, "recipe": _recipe_source(row) + _kv_note(row),
            "meas_ttft_ms": float(row["silicon_ttft_ms"]), "meas_tpot_ms": float(row["silicon_tpot_ms"])}
     rec["meas_tput_per_gpu"] = throughput_per_gpu(rec["concurrency"] or float("nan"), rec["isl"], rec["osl"],
                                                   rec["meas_ttft_ms"], rec["meas_tpot_ms"], gpus)

@@ -6,7 +6,9 @@ branching on the client count (CONC) or TP. What a measurement ran with is a fac
 not a fit: each entry names its script (read at the commit given, through the library's code index;
 the scripts changed over time, so a row measured before that commit may have run an earlier version).
 A row with no entry (a model or GPU whose script was not found, a gap-analysis row, a disaggregated
-row) runs its engine's defaults (sim/validate_engines.py): stream interval 1, receive every step.
+row) runs its engine's defaults (sim/validate_engines.py): stream interval 1, receive every step. The
+disaggregated SGLang DeepSeek-R1 rows take their prefill and decode workers' flags from the srt-slurm recipes
+their InferenceX entries launch instead (DISAGG_RECIPES, at the end of this module).
 
 Flags and what the simulator does with them:
 
@@ -458,3 +460,231 @@ def sglang_stream_points(num_tokens: int, interval: int) -> list[int]:
         return list(range(1, num_tokens + 1))
     pts = [n for n in range(1, num_tokens) if n % interval == 1]
     return pts + [num_tokens]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Disaggregated SGLang rows: the prefill and decode workers' flags, from the srt-slurm recipe each InferenceX
+# entry launches. SemiAnalysisAI/InferenceX `.github/configs/nvidia-master.yaml` @0004cf5 names, for each
+# `dsr1-*-dynamo-sglang(-mtp)` search-space entry, its `CONFIG_FILE=recipes/...` (the srt-slurm branch
+# sa-submission-q1-2026 of ishandhanani/srt-slurm, linked beside several entries). The recipes were read
+# through the library's code index, one stored version each, at the commit given: ishandhanani/srt-slurm where
+# it holds the file, else qiching/srt-slurm @5063eb4, a fork of NVIDIA/srt-slurm that holds the H100 / H200 /
+# B200 FP8 recipes (elvischenv/srt-slurm @b6efcc2's copy of recipes/h200/1k1k/low-latency-1p9d.yaml sets the
+# same values). A run may have launched another version of the same file.
+#
+# Each recipe's `backend.sglang_config.prefill` / `.decode` sets the flags per worker kind; carried here
+# (0: not set, the row study's default stands):
+# - `--mem-fraction-static`: the worker's EngineConfig.gpu_memory_utilization (SGLang's basis: the GPU total).
+# - `--chunked-prefill-size`, `--max-prefill-tokens`: the prefill worker's step budget and prefill cap
+#   (SchedulerConfig.max_num_batched_tokens / max_prefill_tokens), on workers without attention DP only: under
+#   attention DP SGLang runs a scheduler per DP rank and divides the chunk among them (server_args.py
+#   `_handle_data_parallelism`: `chunked_prefill_size // dp_size`, sgl-project/sglang, read through the
+#   library's code index), which was not matched to how the row study's budget spreads over its ranks.
+# - `--max-running-requests`: SchedulerConfig.max_num_seqs, on workers without attention DP only (likewise).
+#
+# Where the row's entry is not told apart from its MTP (or non-MTP) twin of the same workers and client count
+# (the same image: sim/validate_inferencex.py gives mtp None), each flag is carried only where every fitting
+# entry's recipe sets the same value (DisaggRecipe.common); a fitting entry whose recipe was not read leaves the
+# row at the defaults.
+#
+# Not carried (said so, not approximated): `--max-total-tokens` (the prefill worker's KV pool cap, 8,192 or
+# 32,768 tokens in the GB200 / GB300 low-latency recipes: the simulator's num_gpu_blocks would replace the
+# memory-sized pool, not cap it), `--scheduler-recv-interval` (the decode server's receive poll gates its
+# pre-allocation queue, not the transferred requests the simulator's poll would hold), `--cuda-graph-max-bs` /
+# `--cuda-graph-bs`, `--disable-cuda-graph`, `--stream-interval` (no effect on TTFT / TPOT:
+# sglang_stream_points), the decode worker's chunked-prefill / max-prefill flags (it runs no prefill), attention /
+# MoE / GEMM backends, DeepEP modes, EAGLE drafting (the MTP recipes' speculative-* flags; their depth is not
+# simulated: validate_inferencex MTP_DEPTH_NOT_GIVEN). `--num-reserved-decode-tokens`: no recipe read sets it, so
+# SGLang's 512 stays ([cluster] disagg_reserved_decode_tokens).
+
+
+@dataclass(slots=True, frozen=True)
+class WorkerFlags:
+    """One worker kind's flags from a disaggregated recipe (0: not set)."""
+
+    mem_fraction: float = 0.0
+    chunked_prefill_size: int = 0
+    max_prefill_tokens: int = 0
+    max_running_requests: int = 0
+
+    def overrides(self) -> dict[str, Any]:
+        """The flags as per-replica [engine]/[scheduler] overrides (cluster.replicas entries)."""
+        out: dict[str, Any] = {}
+        if self.mem_fraction:
+            out["engine.gpu_memory_utilization"] = self.mem_fraction
+        if self.chunked_prefill_size:
+            out["scheduler.max_num_batched_tokens"] = self.chunked_prefill_size
+        if self.max_prefill_tokens:
+            out["scheduler.max_prefill_tokens"] = self.max_prefill_tokens
+        if self.max_running_requests:
+            out["scheduler.max_num_seqs"] = self.max_running_requests
+        return out
+
+    def common(self, other: WorkerFlags) -> WorkerFlags:
+        """The flags both set to the same value (0 where they differ)."""
+        return WorkerFlags(*(a if a == b else type(a)(0) for a, b in zip(
+            (self.mem_fraction, self.chunked_prefill_size, self.max_prefill_tokens, self.max_running_requests),
+            (other.mem_fraction, other.chunked_prefill_size, other.max_prefill_tokens, other.max_running_requests))))
+
+
+@dataclass(slots=True, frozen=True)
+class DisaggRecipe:
+    """A disaggregated row's launch: the recipe file(s) and its prefill and decode workers' flags."""
+
+    source: str
+    prefill: WorkerFlags
+    decode: WorkerFlags
+
+    def common(self, other: DisaggRecipe) -> DisaggRecipe:
+        """What two recipes that may each have been the row's launch agree on."""
+        if other.source == self.source:
+            return self
+        return DisaggRecipe(f"{self.source} + {other.source} (the flags both set alike)",
+                            self.prefill.common(other.prefill), self.decode.common(other.decode))
+
+
+def _r(path: str, commit: str, prefill: WorkerFlags, decode: WorkerFlags, repo: str = "ishandhanani/srt-slurm"
+       ) -> DisaggRecipe:
+    return DisaggRecipe(f"{repo} {path} @{commit}", prefill, decode)
+
+
+_QC = "qiching/srt-slurm"
+_P, _W = WorkerFlags, WorkerFlags
+# The B200 FP4 8k/1k non-MTP recipes (recipes/b200-fp4/8k1k/stp/*.yaml @6951981) all set, on both workers,
+# --mem-fraction-static 0.85, --chunked-prefill-size and --max-prefill-tokens 32,768, --max-running-requests 512.
+_B200_FP4_8K_STP_PRE_TP = _P(0.85, 32768, 32768, 512)
+_B200_FP4_8K_STP_PRE_DEP = _P(0.85)  # attention DP (dp 4): the memory share only
+_B200_FP4_8K_STP_DEC = _W(0.85, 0, 0, 512)
+
+# (system, precision, isl, osl, prefill (count, tp, ep, dp-attn), decode (count, tp, ep, dp-attn), MTP entry)
+# -> the recipe that entry launches (its worker shapes as sim/validate_inferencex.py TABLE has them).
+DISAGG_RECIPES: dict[tuple, DisaggRecipe] = {
+    # dsr1-fp8-gb200-dynamo-sglang: recipes/gb200-fp8/{1k1k,8k1k}/low-latency.yaml (8k/1k: no max-prefill).
+    ("gb200", "fp8", 1024, 1024, (1, 4, 1, False), (1, 4, 1, False), False): _r(
+        "recipes/gb200-fp8/1k1k/low-latency.yaml", "ab58651", _P(0.95, 8192, 0, 512), _W(0.95, 0, 0, 128)),
+    ("gb200", "fp8", 8192, 1024, (1, 8, 1, False), (1, 8, 1, False), False): _r(
+        "recipes/gb200-fp8/8k1k/low-latency.yaml", "ab58651", _P(0.8, 24576, 0, 512), _W(0.8, 0, 0, 512)),
+    # dsr1-fp4-gb200-dynamo-sglang: recipes/gb200-fp4/{1k1k,8k1k}/low-latency.yaml (decode: no max-running).
+    ("gb200", "fp4", 1024, 1024, (1, 4, 1, False), (2, 4, 1, False), False): _r(
+        "recipes/gb200-fp4/1k1k/low-latency.yaml", "f64d2b9", _P(0.95, 8192, 0, 512), _W(0.95)),
+    ("gb200", "fp4", 8192, 1024, (1, 4, 1, False), (4, 4, 1, False), False): _r(
+        "recipes/gb200-fp4/8k1k/low-latency.yaml", "ab58651", _P(0.95, 24576, 0, 512), _W(0.95)),
+    # dsr1-fp8-gb300-dynamo-sglang: recipes/gb300-fp8/{1k1k,8k1k}/stp/low-latency.yaml, 8k1k/stp/mid.yaml.
+    ("gb300", "fp8", 1024, 1024, (1, 4, 1, False), (4, 4, 1, False), False): _r(
+        "recipes/gb300-fp8/1k1k/stp/low-latency.yaml", "f64d2b9", _P(0.95, 8192, 8192, 128), _W(0.85, 0, 0, 128)),
+    ("gb300", "fp8", 8192, 1024, (1, 4, 1, False), (1, 4, 1, False), False): _r(
+        "recipes/gb300-fp8/8k1k/stp/low-latency.yaml", "f64d2b9", _P(0.95, 32768, 32768, 128), _W(0.85, 0, 0, 128)),
+    ("gb300", "fp8", 8192, 1024, (5, 8, 8, True), (1, 32, 32, True), False): _r(
+        "recipes/gb300-fp8/8k1k/stp/mid.yaml", "f64d2b9", _P(0.75), _W(0.82)),  # attention DP both sides
+    # dsr1-fp4-gb300-dynamo-sglang: recipes/gb300-fp4/{1k1k,8k1k}/low_latency.yaml (decode: no max-running).
+    ("gb300", "fp4", 1024, 1024, (1, 4, 1, False), (2, 4, 1, False), False): _r(
+        "recipes/gb300-fp4/1k1k/low_latency.yaml", "ab58651", _P(0.95, 8192, 0, 512), _W(0.95)),
+    ("gb300", "fp4", 8192, 1024, (1, 4, 1, False), (4, 4, 1, False), False): _r(
+        "recipes/gb300-fp4/8k1k/low_latency.yaml", "f64d2b9", _P(0.95, 24576, 0, 512), _W(0.95)),
+    # dsr1-fp4-b200-dynamo-sglang 8k/1k: recipes/b200-fp4/8k1k/stp/*.yaml.
+    ("b200_sxm", "fp4", 8192, 1024, (1, 4, 1, False), (1, 8, 1, False), False): _r(
+        "recipes/b200-fp4/8k1k/stp/low-latency-tp4-1p-tp8-1d.yaml", "6951981", _B200_FP4_8K_STP_PRE_TP,
+        _B200_FP4_8K_STP_DEC),
+    ("b200_sxm", "fp4", 8192, 1024, (1, 4, 4, True), (1, 8, 8, False), False): _r(
+        "recipes/b200-fp4/8k1k/stp/low-latency-dep4-1p-tep8-1d.yaml", "6951981", _B200_FP4_8K_STP_PRE_DEP,
+        _B200_FP4_8K_STP_DEC),
+    ("b200_sxm", "fp4", 8192, 1024, (1, 4, 4, True), (5, 8, 8, False), False): _r(
+        "recipes/b200-fp4/8k1k/stp/low-latency-dep4-1p-tep8-5d.yaml", "6951981", _B200_FP4_8K_STP_PRE_DEP,
+        _B200_FP4_8K_STP_DEC),
+    ("b200_sxm", "fp4", 8192, 1024, (2, 4, 4, True), (5, 8, 8, False), False): _r(
+        "recipes/b200-fp4/8k1k/stp/low-latency-dep4-2p-tep8-5d.yaml", "6951981", _B200_FP4_8K_STP_PRE_DEP,
+        _B200_FP4_8K_STP_DEC),
+    # dsr1-fp8-b200-dynamo-sglang(-mtp) 1k/1k, 1 prefill and 3 decode TEP 8: recipes/b200-fp8/1k1k/{stp,mtp}/
+    # low-latency-tep8-1p3d.yaml, alike on these flags (both workers 0.85, 32,768, 32,768, 512).
+    ("b200_sxm", "fp8", 1024, 1024, (1, 8, 8, False), (3, 8, 8, False), False): _r(
+        "recipes/b200-fp8/1k1k/stp/low-latency-tep8-1p3d.yaml", "5063eb4", _P(0.85, 32768, 32768, 512),
+        _W(0.85, 0, 0, 512), _QC),
+    ("b200_sxm", "fp8", 1024, 1024, (1, 8, 8, False), (3, 8, 8, False), True): _r(
+        "recipes/b200-fp8/1k1k/mtp/low-latency-tep8-1p3d.yaml", "5063eb4", _P(0.85, 32768, 32768, 512),
+        _W(0.85, 0, 0, 512), _QC),
+    # dsr1-fp8-h200-dynamo-sglang 1k/1k: recipes/h200/1k1k/low-latency-1p9d(-mtp).yaml and bs256-1p6d-dep(-mtp).
+    ("h200_sxm", "fp8", 1024, 1024, (1, 8, 1, False), (9, 8, 1, False), False): _r(
+        "recipes/h200/1k1k/low-latency-1p9d.yaml", "5063eb4", _P(0.82, 163840, 163840, 256), _W(0.82, 0, 0, 256),
+        _QC),
+    ("h200_sxm", "fp8", 1024, 1024, (1, 8, 1, False), (9, 8, 1, False), True): _r(
+        "recipes/h200/1k1k/low-latency-1p9d-mtp.yaml", "5063eb4", _P(0.82, 163840, 163840, 256),
+        _W(0.75, 0, 0, 64), _QC),
+    ("h200_sxm", "fp8", 1024, 1024, (1, 8, 8, True), (6, 8, 8, True), False): _r(
+        "recipes/h200/1k1k/bs256-1p6d-dep.yaml", "5063eb4", _P(0.75), _W(0.82), _QC),  # attention DP both sides
+    ("h200_sxm", "fp8", 1024, 1024, (1, 8, 8, True), (6, 8, 8, True), True): _r(
+        "recipes/h200/1k1k/bs256-1p6d-dep-mtp.yaml", "5063eb4", _P(0.82), _W(0.75), _QC),
+    # 8k/1k: recipes/h200/8k1k/bs4-1p7d(-mtp).yaml, bs8-1p6d(-mtp).yaml.
+    ("h200_sxm", "fp8", 8192, 1024, (1, 8, 1, False), (7, 8, 1, False), False): _r(
+        "recipes/h200/8k1k/bs4-1p7d.yaml", "5063eb4", _P(0.82, 32768, 32768, 16), _W(0.82, 0, 0, 8), _QC),
+    ("h200_sxm", "fp8", 8192, 1024, (1, 8, 1, False), (7, 8, 1, False), True): _r(
+        "recipes/h200/8k1k/bs4-1p7d-mtp.yaml", "5063eb4", _P(0.82, 32768, 32768, 16), _W(0.75, 0, 0, 2), _QC),
+    ("h200_sxm", "fp8", 8192, 1024, (1, 8, 1, False), (6, 8, 1, False), False): _r(
+        "recipes/h200/8k1k/bs8-1p6d.yaml", "5063eb4", _P(0.82, 32768, 32768, 16), _W(0.82, 0, 0, 16), _QC),
+    ("h200_sxm", "fp8", 8192, 1024, (1, 8, 1, False), (6, 8, 1, False), True): _r(
+        "recipes/h200/8k1k/bs8-1p6d-mtp.yaml", "5063eb4", _P(0.82, 32768, 32768, 16), _W(0.82, 0, 0, 16), _QC),
+    # dsr1-fp8-h100-dynamo-sglang (every entry MTP), TEP 16 decode: recipes/h100/{1k1k,8k1k}/mtp/
+    # h100-fp8-1p{2,1}d-max-tp-mtp.yaml: prefill 0.6, 2,048, 2,048, 2 running; decode 0.9, 128 running.
+    ("h100_sxm", "fp8", 1024, 1024, (1, 16, 1, False), (2, 16, 1, False), True): _r(
+        "recipes/h100/1k1k/mtp/h100-fp8-1p2d-max-tp-mtp.yaml", "5063eb4", _P(0.6, 2048, 2048, 2),
+        _W(0.9, 0, 0, 128), _QC),
+    ("h100_sxm", "fp8", 8192, 1024, (1, 16, 1, False), (1, 16, 1, False), True): _r(
+        "recipes/h100/8k1k/mtp/h100-fp8-1p1d-max-tp-mtp.yaml", "5063eb4", _P(0.6, 2048, 2048, 2),
+        _W(0.9, 0, 0, 128), _QC),
+}
+
+# Configurations whose non-MTP and MTP twins ran from different images (nvidia-master.yaml @0004cf5:
+# dsr1-fp4-b200-dynamo-sglang lmsysorg/sglang:v0.5.8.post1-cu130-runtime, dsr1-fp4-b200-dynamo-sglang-mtp
+# v0.5.8.post1-cu130): a row's image (its silicon_data_source) tells which entries it may be. MTP entry -> image.
+_DISAGG_IMAGES: dict[tuple[str, str], dict[bool, str]] = {
+    ("b200_sxm", "fp4"): {False: "lmsysorg/sglang:v0.5.8.post1-cu130-runtime",
+                          True: "lmsysorg/sglang:v0.5.8.post1-cu130"},
+}
+
+
+def _image(row: Any) -> str:
+    for part in str(row.get("silicon_data_source", "")).split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == "image":
+            return value
+    return ""
+
+
+def disagg_recipe(row: Any) -> DisaggRecipe | None:
+    """The srt-slurm recipe an InferenceX disaggregated SGLang DeepSeek-R1 row launched (the flags every entry it
+    may be agrees on), where its entries (InferenceX's matrix, sim/validate_inferencex.py) and their recipes are
+    known; None elsewhere."""
+    from twinserve.sim.validate_inferencex import candidates, inferencex_workers
+    from twinserve.sim.validate_protocol import INFERENCEX, harness
+    if row.get("mode") != "disagg" or str(row.get("backend")) != "sglang" or harness(row) != INFERENCEX:
+        return None
+    if inferencex_workers(row) is None:  # no entry fits, or the fitting ones disagree on the workers
+        return None
+    system, precision = str(row.get("system")), str(row.get("precision"))
+    fits = candidates(row)
+    images = _DISAGG_IMAGES.get((system, precision))
+    if images is not None:
+        fits = [e for e in fits if images[e.mtp != 0] == _image(row)]
+    out: DisaggRecipe | None = None
+    for e in fits:
+        p, d = e.prefill, e.decode
+        recipe = DISAGG_RECIPES.get((system, precision, _int(row.get("isl")), _int(row.get("osl")),
+                                     (p.count, p.tp, p.ep, p.dp_attn), (d.count, d.tp, d.ep, d.dp_attn), e.mtp != 0))
+        if recipe is None:  # an entry the row may be whose recipe was not read
+            return None
+        out = recipe if out is None else out.common(recipe)
+    if out is None or not (out.prefill.overrides() or out.decode.overrides()):  # nothing the entries agree on
+        return None
+    return out
+
+
+def apply_disagg_recipe(recipe: DisaggRecipe, base: Any, prefill: dict[str, Any],
+                        decode: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The prefill and decode replicas' overrides with the recipe's flags on each; a flag one worker sets and
+    the other does not is written on the other as the base study's value (not inherited across kinds)."""
+    pre, dec = recipe.prefill.overrides(), recipe.decode.overrides()
+    for dotted in set(pre) | set(dec):
+        section, name = dotted.split(".", 1)
+        value = getattr(getattr(base, section), name)
+        pre.setdefault(dotted, value)
+        dec.setdefault(dotted, value)
+    return {**prefill, **pre}, {**decode, **dec}

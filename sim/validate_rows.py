@@ -27,8 +27,8 @@ from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, AssumedWo
 from twinserve.sim.validate_engines import engine_defaults
 from twinserve.sim.validate_inferencex import inferencex_workers, redundant_experts
 from twinserve.sim.validate_twins import add_twins, twin_of
-from twinserve.sim.validate_recipes import (apply_kernels, apply_memory, apply_recipe, apply_speculative, kv_cache_dtype,
-                                            row_recipe, set_mtp)
+from twinserve.sim.validate_recipes import (apply_disagg_recipe, apply_kernels, apply_memory, apply_recipe,
+                                            apply_speculative, disagg_recipe, kv_cache_dtype, row_recipe, set_mtp)
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, INFERENCEX, STEADY, RunDesign, harness, run_design
 from twinserve.sim.workload import WorkloadConfig
 
@@ -462,6 +462,11 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
         assumed: AssumedWorkers = assume_workers(cfg, pre_layout, dec_layout, conc, isl, osl, disagg)
         pre.count, dec.count = assumed.prefill, assumed.decode
         plan.layout, plan.counts = assumed.note(), (assumed.prefill, assumed.decode)
+    # The prefill and decode workers' flags of the srt-slurm recipe the row's InferenceX entry launched, where
+    # known (SGLang DeepSeek-R1: sim/validate_recipes.py DISAGG_RECIPES), on each worker kind's replicas.
+    launch = disagg_recipe(row)
+    if launch is not None:
+        pre_layout, dec_layout = apply_disagg_recipe(launch, cfg, pre_layout, dec_layout)
     c = cfg.cluster
     # The benchmark's client reads its tokens from the decode worker's stream (trtllm-serve's
     # disaggregated server, Dynamo, vLLM's P/D proxy, SGLang's router): the KV transfer and the decode

@@ -125,7 +125,9 @@ def test_an_mtp_entry_without_a_depth_says_so(rows) -> None:
     plan = row_plan(row)
     assert plan.counts == (1, 6)
     assert plan.layout.startswith("InferenceX config: 1 prefill, 6 decode workers; ran MTP, depth not given")
-    assert plan.cfg.cluster.replicas == [{"engine.tensor_parallel_size": 8}] * 7
+    assert [r["engine.tensor_parallel_size"] for r in plan.cfg.cluster.replicas] == [8] * 7
+    # Its recipe's flags (recipes/h200/8k1k/bs8-1p6d-mtp.yaml: sim/validate_recipes.py DISAGG_RECIPES) ride along.
+    assert [r["scheduler.max_num_seqs"] for r in plan.cfg.cluster.replicas] == [16] * 7
 
 
 # B200 FP8 TensorRT-LLM 1k/1k at 8 clients: 1 prefill, 8 decode workers, MTP 3 (nvidia-master.yaml @0004cf5).
