@@ -603,6 +603,18 @@ def candidates(row: Any) -> list[Entry]:
     return [e for e in TABLE.get(key, ()) if conc in e.concs and own == (e.prefill.tp, e.prefill.ep, e.decode.tp)]
 
 
+def agreed_mtp(row: Any) -> int | None:
+    """The MTP depth every entry that fits the row ran (0: none), also where those entries disagree on the
+    worker counts (inferencex_workers gives None there); None where no entry fits or they disagree on MTP.
+
+    B200 FP8 TensorRT-LLM 8k/1k at 8 clients: two entries of nvidia-master.yaml @0004cf5 fit the row (1 prefill
+    and 6 or 2 TP 8 decode workers; decode max_batch_size 8 and 32, _DECODE_BATCH), both `spec-decoding: "mtp"`
+    with a depth-3 recipe: the run drafted 3 tokens a step whichever of the two it was. Its worker counts stay
+    assumed (sim/validate_layouts.py)."""
+    mtps = {e.mtp for e in candidates(row)}
+    return mtps.pop() if len(mtps) == 1 else None
+
+
 def inferencex_workers(row: Any) -> Match | None:
     """The row's prefill and decode workers from InferenceX's matrix; None when no entry fits, or the
     entries that fit disagree on the workers (ambiguous: the caller keeps its assumption)."""

@@ -210,3 +210,27 @@ def test_an_entry_whose_recipe_is_tep_runs_tp_attention_decode_workers(rows) -> 
     # ctx1_gen4_tep8_batch16 (TP attention, max_batch_size 16): 4 workers x 16 slots for 76 clients.
     m = inferencex_workers(_row(rows, "2026_03_25_deepseek_r1_gb200_trtllm_fp4_disagg_8192x1024_c76_tp4_0_ep4_0_382"))
     assert m is not None and m.decode == Shape(4, 8, 8, False) and m.decode_slots() == 16
+
+
+# B200 FP8 TensorRT-LLM 8k/1k at 8 clients: two entries fit (6 or 2 TP 8 decode workers), both MTP 3.
+AGREED_MTP = "2026_03_25_deepseek_r1_b200_sxm_trtllm_fp8_disagg_8192x1024_c8_tp8_0_ep8_0_718"
+
+
+def test_entries_disagreeing_on_workers_but_not_mtp_draft_at_that_depth(rows) -> None:
+    from twinserve.sim.validate_inferencex import agreed_mtp
+    row = _row(rows, AGREED_MTP)
+    assert inferencex_workers(row) is None and {e.mtp for e in candidates(row)} == {3}
+    assert agreed_mtp(row) == 3
+    plan = row_plan(row)
+    assert plan.layout.startswith("assumed kv_fit_rate:")  # the counts stay assumed
+    assert "every InferenceX entry at 8 clients ran MTP 3" in plan.layout
+    spec = plan.cfg.speculative
+    assert (spec.method, spec.draft_model, spec.num_speculative_tokens) == ("draft_model", "mtp", 3)
+
+
+def test_entries_disagreeing_on_workers_and_mtp_leave_the_row_undrafted(rows) -> None:
+    from twinserve.sim.validate_inferencex import agreed_mtp
+    row = _row(rows, AMBIGUOUS)  # B200 FP8 1k/1k at 32 clients: one entry MTP 3, the other none
+    assert {e.mtp for e in candidates(row)} == {0, 3} and agreed_mtp(row) is None
+    plan = row_plan(row)
+    assert not plan.cfg.speculative.enabled and "ran MTP" not in plan.layout
