@@ -648,9 +648,9 @@ def agreed_mtp(row: Any) -> int | None:
     worker counts (inferencex_workers gives None there); None where no entry fits or they disagree on MTP.
 
     B200 FP8 TensorRT-LLM 8k/1k at 8 clients: two entries of nvidia-master.yaml @0004cf5 fit the row (1 prefill
-    and 6 or 2 TP 8 decode workers; decode max_batch_size 8 and 32, _DECODE_BATCH), both `spec-decoding: "mtp"`
-    with a depth-3 recipe: the run drafted 3 tokens a step whichever of the two it was. Its worker counts stay
-    assumed (sim/validate_layouts.py)."""
+    and 6 or 2 TP 8 decode workers; decode max_batch_size 8 and 32, _DECODE_BATCH), both MTP 3 in TABLE (their
+    `spec-decoding: "mtp"` and the `mtp3` of the recipe files they name): the run drafted 3 tokens a step whichever
+    of the two it was. Its worker counts stay assumed (sim/validate_layouts.py)."""
     mtps = {e.mtp for e in candidates(row)}
     return mtps.pop() if len(mtps) == 1 else None
 
