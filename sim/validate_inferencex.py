@@ -20,6 +20,10 @@ B200 FP8's prefill at EP 1 measured 2026-03-23, fail that check and keep the ass
 more entries fit and disagree on the workers, none is used; where they agree on the workers but not on
 MTP, the workers are used and MTP is unknown.
 
+H200 TensorRT-LLM's entries are read from the srt-slurm recipes that file launches (RECIPE_SOURCES): their own
+benchmark client counts are the dumps'. Where the entries that fit a row disagree on the workers but not on MTP,
+the depth still holds (agreed_mtp).
+
 An entry's MTP depth runs as `draft_model = "mtp"` (sim/validate_recipes.set_mtp) up to
 MTP_SIMULATED_MAX_CLIENTS clients; past them, an entry whose depth the file does not give, or entries that
 disagree on MTP, it is recorded and not simulated.
@@ -105,6 +109,7 @@ class Match:
     decode: Shape
     mtp: int | None
     decode_batch: int = 0  # the decode worker's max_batch_size per attention rank (0: not known)
+    source: str = _SOURCE  # where the entries were read (RECIPE_SOURCES for the configurations read there)
 
     def decode_slots(self) -> int:
         """Requests one decode worker runs at once: max_batch_size per attention rank, times its DP-attention
@@ -123,7 +128,7 @@ class Match:
                if self.simulates_mtp(clients) else
                f"; ran MTP {self.mtp} (not simulated past {MTP_SIMULATED_MAX_CLIENTS} clients)")
         return (f"InferenceX config: {self.prefill.count} prefill, {self.decode.count} decode workers"
-                f"{mtp} ({_SOURCE})")
+                f"{mtp} ({self.source})")
 
 
 def _e(concs: tuple[int, ...], p: tuple[int, int, int, bool], d: tuple[int, int, int, bool], mtp: int) -> Entry:
@@ -143,11 +148,14 @@ _GB300_FP4_P = (1, 2, 2, True)
 _GB300_FP8_P = (1, 4, 4, True)
 _B200_SGL_TEP8 = (1, 8, 8, False)
 _H200_SGL_P = (1, 8, 1, False)
+_H200_TRT_ADP_P = (1, 8, 8, True)
+_H200_TRT_TEP_P = (1, 8, 8, False)
 
 # (backend, system, precision, isl, osl) -> entries, from every `dsr1-*-dynamo-trt` (TensorRT-LLM under Dynamo:
 # the dumps' `trtllm`) and `dsr1-*-dynamo-sglang(-mtp)` entry of the file, but those whose client counts
 # differ from the dumps' (an earlier or later matrix): TensorRT-LLM B300 FP8 8k/1k (the dumps' 5 and 10),
-# GB200 FP4 1k/8k, H200 (the dumps' 11 and 13 at 1k/1k); SGLang B200 FP8 8k/1k (160 and 288).
+# GB200 FP4 1k/8k, H200 (the dumps' 11 and 13 at 1k/1k; its entries below come from its recipes instead:
+# RECIPE_SOURCES); SGLang B200 FP8 8k/1k (160 and 288).
 # Their rows keep the assumption, as do the other backends' disaggregated rows (gpt-oss's GB200 entries
 # give several decode shapes at each client count and were not transcribed).
 TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
@@ -276,6 +284,21 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
         _e((6, 9, 30), _H100_P, (3, 16, 16, False), 0),
         _e((154,), _H100_P, (2, 16, 16, False), 0),
         _e((308,), (2, 16, 16, True), (1, 16, 16, True), 0),
+    ),
+    # dsr1-fp8-h200-dynamo-trt, from the srt-slurm recipes themselves (RECIPE_SOURCES): only the client counts up
+    # to 88 whose recipes were read. 1k/1k: prefill 1 worker, TP 8, EP 8, attention DP (`enable_attention_dp:
+    # true`); decode TEP 8. 8k/1k: prefill TEP 8 (`enable_attention_dp: false` in the recipes, `dp-attn: true` in
+    # nvidia-master.yaml @48f302c: the recipe is what ran).
+    ("trtllm", "h200_sxm", "fp8", 1024, 1024): (
+        _e((36,), _H200_TRT_ADP_P, (9, 8, 8, False), 0),  # stp/c4_ctx1_gen9_tep8_batch256_eplb0_mtp0
+        _e((44,), _H200_TRT_ADP_P, (11, 8, 8, False), 3),  # mtp/c4_ctx1_gen11_tep8_batch128_eplb0_mtp3
+        _e((72,), _H200_TRT_ADP_P, (9, 8, 8, False), 0),  # stp/c8_ctx1_gen9_tep8_batch256_eplb0_mtp0
+        _e((88,), _H200_TRT_ADP_P, (11, 8, 8, False), 3),  # mtp/c8_ctx1_gen11_tep8_batch128_eplb0_mtp3
+    ),
+    ("trtllm", "h200_sxm", "fp8", 8192, 1024): (
+        _e((28,), _H200_TRT_TEP_P, (7, 8, 8, False), 3),  # mtp/c4_ctx1_gen7_tep8_batch32_eplb0_mtp3
+        _e((28,), _H200_TRT_TEP_P, (7, 8, 8, False), 0),  # stp/c4_ctx1_gen7_tep8_batch32_eplb0_mtp0
+        _e((64,), _H200_TRT_TEP_P, (1, 8, 8, True), 2),  # mtp/c64_ctx1_gen1_dep8_batch32_eplb0_mtp2
     ),
     # dsr1-fp8-h100-dynamo-sglang: every entry MTP; two decode shapes share the client counts up to 64.
     ("sglang", "h100_sxm", "fp8", 1024, 1024): (
@@ -530,6 +553,8 @@ _DECODE_BATCH: dict[tuple[str, str, str, int, int], tuple[int | tuple[int, ...],
     ("trtllm", "b300_sxm", "fp4", 8192, 1024): (0, 8, 1, 4, 16, 0, 32, 16, 1, 2, 0, 0, 0),
     ("trtllm", "h100_sxm", "fp8", 1024, 1024): ((1, 2, 8, 16, 32), 4, 0, 0, 0, (1, 2, 8, 16), (4, 8, 16, 32), 0),
     ("trtllm", "h100_sxm", "fp8", 8192, 1024): ((1, 2, 8), 4, 8, (1, 2, 8), 64, 0),
+    ("trtllm", "h200_sxm", "fp8", 1024, 1024): (256, 128, 256, 128),
+    ("trtllm", "h200_sxm", "fp8", 8192, 1024): (32, 32, 32),
     ("trtllm", "gb200", "fp4", 1024, 1024): (4, 8, 0, 0, 0, 0, 0, 0, 32, 1, 0, 0),
     ("trtllm", "gb200", "fp4", 8192, 1024): (8, 4, 0, 0, 0, (16, 16, 16, 1), 0, 0, 0, 0),
     ("trtllm", "gb200", "fp8", 1024, 1024): (0, 0, 0, (8, 4, 2), 0, 0, (32, 8), (8, 1)),
@@ -576,6 +601,21 @@ _ONLY_DUMP: dict[tuple[str, str, str, int, int], str] = {
 }
 
 
+# Configurations read from the recipes InferenceX launches, not from nvidia-master.yaml @0004cf5, whose client
+# counts differ from the dumps' for them. The H200 TensorRT-LLM recipes (ishandhanani/srt-slurm @4893f83,
+# recipes/trtllm/h200/{1k1k,8k1k}/{mtp,stp}/c<N>_ctx<P>_gen<D>_..._mtp<K>.yaml, named by nvidia-master.yaml
+# @48f302c's dsr1-fp8-h200-dynamo-trt CONFIG_FILEs) each set `benchmark: concurrencies:` to the total the dumps
+# hold (c8_ctx1_gen11_..._mtp3: "88", c4_ctx1_gen9_..._mtp0: "36", c64_ctx1_gen1_dep8_..._mtp2: "64"), while the
+# yaml's conc-list gives the per-decode-worker N (8, 4, 64). The recipe's own numbers are what dates it to the
+# rows: each transcribed count is one the dumps hold (tests/sim/test_validate_inferencex.py); counts the dumps hold
+# and no recipe read gives (1k/1k 11 and 13, 8k/1k 9; 8k/1k 48, where the MTP c8_gen6 / c16_gen3 and plain
+# recipes disagree on the workers; counts past 88) keep their twin record or the assumption.
+RECIPE_SOURCES: dict[tuple[str, str, str, int, int], str] = {
+    ("trtllm", "h200_sxm", "fp8", 1024, 1024): "ishandhanani/srt-slurm recipes/trtllm/h200/1k1k @4893f83",
+    ("trtllm", "h200_sxm", "fp8", 8192, 1024): "ishandhanani/srt-slurm recipes/trtllm/h200/8k1k @4893f83",
+}
+
+
 def dumps(key: tuple[str, str, str, int, int]) -> tuple[str, ...]:
     """The dumps whose rows a configuration's entries are read for."""
     only = _ONLY_DUMP.get(key)
@@ -603,6 +643,18 @@ def candidates(row: Any) -> list[Entry]:
     return [e for e in TABLE.get(key, ()) if conc in e.concs and own == (e.prefill.tp, e.prefill.ep, e.decode.tp)]
 
 
+def agreed_mtp(row: Any) -> int | None:
+    """The MTP depth every entry that fits the row ran (0: none), also where those entries disagree on the
+    worker counts (inferencex_workers gives None there); None where no entry fits or they disagree on MTP.
+
+    B200 FP8 TensorRT-LLM 8k/1k at 8 clients: two entries of nvidia-master.yaml @0004cf5 fit the row (1 prefill
+    and 6 or 2 TP 8 decode workers; decode max_batch_size 8 and 32, _DECODE_BATCH), both MTP 3 in TABLE (their
+    `spec-decoding: "mtp"` and the `mtp3` of the recipe files they name): the run drafted 3 tokens a step whichever
+    of the two it was. Its worker counts stay assumed (sim/validate_layouts.py)."""
+    mtps = {e.mtp for e in candidates(row)}
+    return mtps.pop() if len(mtps) == 1 else None
+
+
 def inferencex_workers(row: Any) -> Match | None:
     """The row's prefill and decode workers from InferenceX's matrix; None when no entry fits, or the
     entries that fit disagree on the workers (ambiguous: the caller keeps its assumption)."""
@@ -612,5 +664,7 @@ def inferencex_workers(row: Any) -> Match | None:
     mtps = {e.mtp for e in fits}
     conc = _num(row.get("concurrency")) or 0
     batches = {e.batch_at(conc) for e in fits}  # entries that agree on the workers but not the batch: unknown
+    key = (str(row.get("backend")), str(row.get("system")), str(row.get("precision")),
+           _num(row.get("isl")), _num(row.get("osl")))
     return Match(fits[0].prefill, fits[0].decode, mtps.pop() if len(mtps) == 1 else None,
-                 batches.pop() if len(batches) == 1 else 0)
+                 batches.pop() if len(batches) == 1 else 0, RECIPE_SOURCES.get(key, _SOURCE))

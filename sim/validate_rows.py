@@ -25,7 +25,8 @@ from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, AssumedWo
                                             NotExpressible, assume_workers, folded_layout, inferred_attention_dp,
                                             missing_worker_counts)
 from twinserve.sim.validate_engines import engine_defaults
-from twinserve.sim.validate_inferencex import inferencex_workers, redundant_experts
+from twinserve.sim.validate_inferencex import (MTP_SIMULATED_MAX_CLIENTS, agreed_mtp, inferencex_workers,
+                                               redundant_experts)
 from twinserve.sim.validate_twins import add_twins, twin_of
 from twinserve.sim.validate_recipes import (apply_disagg_recipe, apply_kernels, apply_memory, apply_recipe,
                                             apply_speculative, disagg_recipe, kv_cache_dtype, row_recipe, set_mtp)
@@ -467,6 +468,13 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     launch = disagg_recipe(row)
     if launch is not None:
         pre_layout, dec_layout = apply_disagg_recipe(launch, cfg, pre_layout, dec_layout)
+    if ix is None and missing_worker_counts(row):
+        # The entries that fit disagree on the workers but all ran MTP at one depth (agreed_mtp): it drafts.
+        mtp = agreed_mtp(row)
+        if mtp and mtp > 0 and conc <= MTP_SIMULATED_MAX_CLIENTS:
+            set_mtp(cfg.speculative, mtp)
+            plan.layout += (f"; every InferenceX entry at {conc} clients ran MTP {mtp} (simulated: MTP_ACCEPTANCE, "
+                            f"validate_recipes.py; sim/validate_inferencex.py agreed_mtp)")
     c = cfg.cluster
     # The benchmark's client reads its tokens from the decode worker's stream (trtllm-serve's
     # disaggregated server, Dynamo, vLLM's P/D proxy, SGLang's router): the KV transfer and the decode

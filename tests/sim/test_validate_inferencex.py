@@ -110,13 +110,19 @@ def test_shape_fields_split_the_gpus() -> None:
 
 def test_each_transcribed_configuration_runs_exactly_the_dumps_client_counts(rows) -> None:
     # The evidence that the matrix's version is the dumps': the same client counts, no more, no fewer.
-    from twinserve.sim.validate_inferencex import TABLE, dumps
+    # Configurations read from their recipes (RECIPE_SOURCES): each recipe's own benchmark count is one the dumps
+    # hold (the dumps hold more, whose recipes were not read).
+    from twinserve.sim.validate_inferencex import RECIPE_SOURCES, TABLE, dumps
     d = rows[(rows["mode"] == "disagg") & (rows["model"] == "DeepSeek-R1")]
     for (backend, system, precision, isl, osl), entries in TABLE.items():
         src = dumps((backend, system, precision, isl, osl))
         g = d[d["silicon_data_source"].astype(str).str.startswith(src) & (d["backend"] == backend)
               & (d["system"] == system) & (d["precision"] == precision) & (d["isl"] == isl) & (d["osl"] == osl)]
-        assert set(g["concurrency"].astype(int)) == {c for e in entries for c in e.concs}, (system, precision, isl)
+        held, listed = set(g["concurrency"].astype(int)), {c for e in entries for c in e.concs}
+        if (backend, system, precision, isl, osl) in RECIPE_SOURCES:
+            assert listed and listed <= held, (system, precision, isl)
+        else:
+            assert held == listed, (system, precision, isl)
 
 
 def test_an_mtp_entry_without_a_depth_says_so(rows) -> None:
@@ -212,3 +218,66 @@ def test_an_entry_whose_recipe_is_tep_runs_tp_attention_decode_workers(rows) -> 
     # ctx1_gen4_tep8_batch16 (TP attention, max_batch_size 16): 4 workers x 16 slots for 76 clients.
     m = inferencex_workers(_row(rows, "2026_03_25_deepseek_r1_gb200_trtllm_fp4_disagg_8192x1024_c76_tp4_0_ep4_0_382"))
     assert m is not None and m.decode == Shape(4, 8, 8, False) and m.decode_slots() == 16
+
+
+# B200 FP8 TensorRT-LLM 8k/1k at 8 clients: two entries fit (6 or 2 TP 8 decode workers), both MTP 3.
+AGREED_MTP = "2026_03_25_deepseek_r1_b200_sxm_trtllm_fp8_disagg_8192x1024_c8_tp8_0_ep8_0_718"
+
+
+def test_entries_disagreeing_on_workers_but_not_mtp_draft_at_that_depth(rows) -> None:
+    from twinserve.sim.validate_inferencex import agreed_mtp
+    row = _row(rows, AGREED_MTP)
+    assert inferencex_workers(row) is None and {e.mtp for e in candidates(row)} == {3}
+    assert agreed_mtp(row) == 3
+    plan = row_plan(row)
+    assert plan.layout.startswith("assumed kv_fit_rate:")  # the counts stay assumed
+    assert "every InferenceX entry at 8 clients ran MTP 3" in plan.layout
+    spec = plan.cfg.speculative
+    assert (spec.method, spec.draft_model, spec.num_speculative_tokens) == ("draft_model", "mtp", 3)
+
+
+def test_entries_disagreeing_on_workers_and_mtp_leave_the_row_undrafted(rows) -> None:
+    from twinserve.sim.validate_inferencex import agreed_mtp
+    row = _row(rows, AMBIGUOUS)  # B200 FP8 1k/1k at 32 clients: one entry MTP 3, the other none
+    assert {e.mtp for e in candidates(row)} == {0, 3} and agreed_mtp(row) is None
+    plan = row_plan(row)
+    assert not plan.cfg.speculative.enabled and "ran MTP" not in plan.layout
+
+
+# H200 FP8 TensorRT-LLM, read from the srt-slurm recipes (RECIPE_SOURCES): 1k/1k at 88 clients is
+# c8_ctx1_gen11_tep8_batch128_eplb0_mtp3 (benchmark concurrencies "88"): 1 prefill (TP 8, EP 8, attention DP),
+# 11 TEP 8 decode workers, MTP 3, max_batch_size 128.
+H200_MTP = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_1024x1024_c88_tp8_0_ep8_0_657"
+# 8k/1k at 64 clients: c64_ctx1_gen1_dep8_batch32_eplb0_mtp2: TEP 8 prefill, one DEP 8 decode worker, MTP 2.
+H200_MTP2 = "2026_04_06_deepseek_r1_h200_sxm_trtllm_fp8_disagg_8192x1024_c64_tp8_ep8_1575"
+# 1k/1k at 13 clients: no recipe read gives 13.
+H200_UNSETTLED = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_1024x1024_c13_tp8_0_ep8_0_354"
+# 8k/1k at 28 clients: the MTP 3 and the plain c4_ctx1_gen7 recipes, the same workers.
+H200_MTP_OR_NOT = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_8192x1024_c28_tp8_0_ep8_0_388"
+
+
+def test_an_h200_row_runs_its_srt_slurm_recipes_workers_and_mtp(rows) -> None:
+    plan = row_plan(_row(rows, H200_MTP))
+    assert plan.counts == (1, 11)
+    assert plan.layout.startswith("InferenceX config: 1 prefill, 11 decode workers; ran MTP 3 (simulated")
+    assert "ishandhanani/srt-slurm recipes/trtllm/h200/1k1k @4893f83" in plan.layout
+    spec = plan.cfg.speculative
+    assert (spec.method, spec.draft_model, spec.num_speculative_tokens) == ("draft_model", "mtp", 3)
+    c = plan.cfg.cluster
+    prefill = {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 8, "engine.expert_parallel_size": 8}
+    assert c.replicas[0] == prefill
+    assert c.replicas[1]["engine.tensor_parallel_size"] == 8 and c.replicas[1]["scheduler.max_num_seqs"] == 128
+    plan2 = row_plan(_row(rows, H200_MTP2))
+    assert plan2.counts == (1, 1) and plan2.cfg.speculative.num_speculative_tokens == 2
+    assert plan2.cfg.cluster.replicas[0]["engine.tensor_parallel_size"] == 8  # TEP 8 prefill
+    assert plan2.cfg.cluster.replicas[1]["scheduler.max_num_seqs"] == 32 * 8  # 32 a rank, DEP 8
+
+
+def test_an_h200_row_no_recipe_settles_keeps_its_defaults(rows) -> None:
+    row = _row(rows, H200_UNSETTLED)
+    assert candidates(row) == [] and inferencex_workers(row) is None
+    plan = row_plan(row)
+    assert plan.layout.startswith("assumed kv_fit_rate:") and not plan.cfg.speculative.enabled
+    m = inferencex_workers(_row(rows, H200_MTP_OR_NOT))
+    assert m is not None and m.mtp is None and m.decode == Shape(7, 8, 8, False)
+    assert not row_plan(_row(rows, H200_MTP_OR_NOT)).cfg.speculative.enabled

@@ -68,8 +68,11 @@ def test_kv_fit_counts_at_exact_multiples(rows, monkeypatch) -> None:
 @settings(max_examples=25, deadline=None)
 @given(clients=st.integers(1, 6000), how=st.sampled_from(DISAGG_ASSUMPTIONS))
 def test_assumed_counts_hold_every_client_and_prefill_keeps_up(rows, clients: int, how: str) -> None:
+    from hypothesis import assume
+    from twinserve.sim.validate_inferencex import candidates
     row = _row(rows, DISAGG_NO_COUNTS).copy()
     row["concurrency"] = clients
+    assume(not candidates(row))  # the assumption is for counts no InferenceX entry gives (H200 8k/1k 28, 64 do)
     plan = row_plan(row, disagg=how)
     p, d = plan.counts
     assert p >= 1 and d >= 1

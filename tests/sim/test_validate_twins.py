@@ -14,11 +14,11 @@ from twinserve.sim.validate_twins import LAYOUT_FIELDS, TWIN_ID, twin_of
 
 pytest.importorskip("aiconfigurator_core", reason="the measured rows ship in aiconfigurator-core (extra 'aic')")
 
-# H200 TensorRT-LLM FP8 1k/1k at 36 clients, InferenceMAX dump (no worker counts; no InferenceX entry), and
-# its db-dump twin: 622.888743 ms / 13.382414 ms in both; 1 prefill worker (TP 1 x attention DP 8, EP 8),
-# 9 decode workers (TP 8, EP 8).
-DUMP_ROW = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_1024x1024_c36_tp8_0_ep8_0_368"
-TWIN_ROW = "dsr1_h200_trtllm_fp8_disagg_1024x1024_c36_cfg590"
+# H200 TensorRT-LLM FP8 8k/1k at 128 clients, InferenceMAX dump (no worker counts; no InferenceX entry: 128 is
+# not transcribed, its MTP and plain H200 recipes disagree on the prefill workers), and its
+# db-dump twin: 1 prefill worker (TP 8, EP 8), 1 decode worker (TP 1 x attention DP 8, EP 8).
+DUMP_ROW = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_8192x1024_c128_tp8_0_ep8_0_395"
+TWIN_ROW = "dsr1_h200_trtllm_fp8_disagg_8192x1024_c128_cfg675"
 
 
 def _row(rows: pd.DataFrame, row_id: str) -> pd.Series:
@@ -33,15 +33,15 @@ def test_a_row_without_counts_runs_its_twins_workers(rows) -> None:
     assert inferencex_workers(row) is None  # no InferenceX entry: before, the kv_fit_rate assumption
     assert twin_of(row) == TWIN_ROW
     plan = row_plan(row)
-    assert plan.counts == (1, 9)
-    assert plan.layout.startswith(f"twin record {TWIN_ROW}: 1 prefill, 9 decode workers")
+    assert plan.counts == (1, 1)
+    assert plan.layout.startswith(f"twin record {TWIN_ROW}: 1 prefill, 1 decode workers")
     c = plan.cfg.cluster
-    assert (c.num_prefill_replicas, c.num_replicas) == (1, 10)
-    assert c.replicas[0]["engine.data_parallel_size"] == 8  # the twin's prefill attention DP, not the dump's 1
-    assert c.replicas[0]["engine.tensor_parallel_size"] == 1
-    assert c.replicas[-1]["engine.tensor_parallel_size"] == 8
+    assert (c.num_prefill_replicas, c.num_replicas) == (1, 2)
+    assert c.replicas[-1]["engine.data_parallel_size"] == 8  # the twin's decode attention DP, not the dump's 1
+    assert c.replicas[-1]["engine.tensor_parallel_size"] == 1
+    assert c.replicas[0]["engine.tensor_parallel_size"] == 8
     rec = row_record(row)
-    assert rec["gpus"] == 8 * 10 and rec["layout"] == plan.layout
+    assert rec["gpus"] == 8 * 2 and rec["layout"] == plan.layout
 
 
 def test_a_twin_settles_an_ambiguous_inferencex_match(rows) -> None:
