@@ -285,20 +285,38 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
         _e((154,), _H100_P, (2, 16, 16, False), 0),
         _e((308,), (2, 16, 16, True), (1, 16, 16, True), 0),
     ),
-    # dsr1-fp8-h200-dynamo-trt, from the srt-slurm recipes themselves (RECIPE_SOURCES): only the client counts up
-    # to 88 whose recipes were read. 1k/1k: prefill 1 worker, TP 8, EP 8, attention DP (`enable_attention_dp:
-    # true`); decode TEP 8. 8k/1k: prefill TEP 8 (`enable_attention_dp: false` in the recipes, `dp-attn: true` in
+    # dsr1-fp8-h200-dynamo-trt, from the srt-slurm recipes themselves (RECIPE_SOURCES): the client counts whose
+    # recipes were read. 1k/1k: prefill TP 8, EP 8, attention DP (`enable_attention_dp: true`); decode TEP 8 up to
+    # 352 clients, DEP 8 past. 8k/1k: prefill TEP 8 (`enable_attention_dp: false` in the recipes, `dp-attn: true` in
     # nvidia-master.yaml @48f302c: the recipe is what ran).
     ("trtllm", "h200_sxm", "fp8", 1024, 1024): (
         _e((36,), _H200_TRT_ADP_P, (9, 8, 8, False), 0),  # stp/c4_ctx1_gen9_tep8_batch256_eplb0_mtp0
         _e((44,), _H200_TRT_ADP_P, (11, 8, 8, False), 3),  # mtp/c4_ctx1_gen11_tep8_batch128_eplb0_mtp3
         _e((72,), _H200_TRT_ADP_P, (9, 8, 8, False), 0),  # stp/c8_ctx1_gen9_tep8_batch256_eplb0_mtp0
         _e((88,), _H200_TRT_ADP_P, (11, 8, 8, False), 3),  # mtp/c8_ctx1_gen11_tep8_batch128_eplb0_mtp3
+        # Past 88 (benchmark concurrencies N x D, read 2026-12-05): 144 is both c16_ctx1_gen9_tep8 recipes (MTP 3,
+        # batch 128; plain, batch 256: the same workers, MTP not known); 1,024 is left out (c256_ctx1_gen4_dep8
+        # MTP 3 and c512_ctx1_gen2_dep8 MTP 1 both give it: the workers disagree).
+        _e((144,), _H200_TRT_ADP_P, (9, 8, 8, False), 3),  # mtp/c16_ctx1_gen9_tep8_batch128_eplb0_mtp3: "144"
+        _e((144,), _H200_TRT_ADP_P, (9, 8, 8, False), 0),  # stp/c16_ctx1_gen9_tep8_batch256_eplb0_mtp0: "144"
+        _e((352,), _H200_TRT_ADP_P, (11, 8, 8, False), 3),  # mtp/c32_ctx1_gen11_tep8_batch128_eplb0_mtp3: "352"
+        _e((512,), _H200_TRT_ADP_P, (8, 8, 8, True), 3),  # mtp/c64_ctx1_gen8_dep8_batch128_eplb0_mtp3: "512"
+        _e((896,), _H200_TRT_ADP_P, (7, 8, 8, True), 3),  # mtp/c128_ctx1_gen7_dep8_batch128_eplb0_mtp3: "896"
+        _e((1152,), _H200_TRT_ADP_P, (9, 8, 8, True), 0),  # stp/c128_ctx1_gen9_dep8_batch512_eplb0_mtp0: "1152"
+        _e((1536,), _H200_TRT_ADP_P, (6, 8, 8, True), 0),  # stp/c256_ctx1_gen6_dep8_batch512_eplb0_mtp0: "1536"
+        _e((3584,), (2, 8, 8, True), (7, 8, 8, True), 0),  # stp/c512_ctx2_gen7_dep8_batch512_eplb0_mtp0: "3584"
     ),
     ("trtllm", "h200_sxm", "fp8", 8192, 1024): (
         _e((28,), _H200_TRT_TEP_P, (7, 8, 8, False), 3),  # mtp/c4_ctx1_gen7_tep8_batch32_eplb0_mtp3
         _e((28,), _H200_TRT_TEP_P, (7, 8, 8, False), 0),  # stp/c4_ctx1_gen7_tep8_batch32_eplb0_mtp0
         _e((64,), _H200_TRT_TEP_P, (1, 8, 8, True), 2),  # mtp/c64_ctx1_gen1_dep8_batch32_eplb0_mtp2
+        # Past 64: 256 only c256_ctx3_gen1_dep8 (MTP 2); 512 both c512_ctx3_gen1_dep8 recipes (MTP 1, batch 64;
+        # plain, batch 512: the same workers, MTP and batch not known). Left out: 128 (c128_ctx2_gen1 MTP 2, c128_ctx1
+        # _gen1 plain: 2 or 1 prefill workers), 160 (c32_ctx3_gen5 MTP 3, c32_ctx2_gen5 plain), 48 (c8_gen6 and
+        # c16_gen3, MTP and plain each), 9 (no recipe).
+        _e((256,), (3, 8, 8, False), (1, 8, 8, True), 2),  # mtp/c256_ctx3_gen1_dep8_batch32_eplb0_mtp2: "256"
+        _e((512,), (3, 8, 8, False), (1, 8, 8, True), 1),  # mtp/c512_ctx3_gen1_dep8_batch64_eplb0_mtp1: "512"
+        _e((512,), (3, 8, 8, False), (1, 8, 8, True), 0),  # stp/c512_ctx3_gen1_dep8_batch512_eplb0_mtp0: "512"
     ),
     # dsr1-fp8-h100-dynamo-sglang: every entry MTP; two decode shapes share the client counts up to 64.
     ("sglang", "h100_sxm", "fp8", 1024, 1024): (
@@ -553,8 +571,8 @@ _DECODE_BATCH: dict[tuple[str, str, str, int, int], tuple[int | tuple[int, ...],
     ("trtllm", "b300_sxm", "fp4", 8192, 1024): (0, 8, 1, 4, 16, 0, 32, 16, 1, 2, 0, 0, 0),
     ("trtllm", "h100_sxm", "fp8", 1024, 1024): ((1, 2, 8, 16, 32), 4, 0, 0, 0, (1, 2, 8, 16), (4, 8, 16, 32), 0),
     ("trtllm", "h100_sxm", "fp8", 8192, 1024): ((1, 2, 8), 4, 8, (1, 2, 8), 64, 0),
-    ("trtllm", "h200_sxm", "fp8", 1024, 1024): (256, 128, 256, 128),
-    ("trtllm", "h200_sxm", "fp8", 8192, 1024): (32, 32, 32),
+    ("trtllm", "h200_sxm", "fp8", 1024, 1024): (256, 128, 256, 128, 128, 256, 128, 128, 128, 512, 512, 512),
+    ("trtllm", "h200_sxm", "fp8", 8192, 1024): (32, 32, 32, 32, 64, 512),
     ("trtllm", "gb200", "fp4", 1024, 1024): (4, 8, 0, 0, 0, 0, 0, 0, 32, 1, 0, 0),
     ("trtllm", "gb200", "fp4", 8192, 1024): (8, 4, 0, 0, 0, (16, 16, 16, 1), 0, 0, 0, 0),
     ("trtllm", "gb200", "fp8", 1024, 1024): (0, 0, 0, (8, 4, 2), 0, 0, (32, 8), (8, 1)),
@@ -588,6 +606,29 @@ def _with_batches(table: dict, batches: dict) -> dict:
 
 TABLE = _with_batches(TABLE, _DECODE_BATCH)
 
+# B200 FP8 TensorRT-LLM 8k/1k was measured twice: 2026-02-12 with its prefill workers at EP 8 (the table's entries,
+# as nvidia-master.yaml @0004cf5 writes them) and 2026-03-23 with them at EP 1 (the dumps' prefill_moe_ep_size 1,
+# `measured=2026-03-23`). The recipes the entries launch set the prefill worker's `moe_expert_parallel_size: 1`
+# with `enable_attention_dp: true` and TP 8 (ishandhanani/srt-slurm @e71238b
+# recipes/trtllm/b200-fp8/8k1k/mtp/ctx2_gen3_dep8_batch8_eplb0_mtp3_224.yaml: 2 prefill, 3 DEP 8 decode workers,
+# decode max_batch_size 8, MTP 3, `concurrencies: [224]`, the table's 224 entry). InferenceX's database dump holds
+# the 2026-03-23 run's plain entries (db-dump/2026-04-27 workflow_run_id 333: configs 661, 666, 667, 669, 670) with
+# the prefill at attention DP 8, MoE TP 8, EP 1 and the same worker counts as the table's plain entries at 32, 96,
+# 128, 256 and 640 clients (4, 6, 1 / 2 / 4, 1 and 2 + 1): the same matrix with the recipe's prefill. Its MTP
+# counts (8, 48, 64, 224, 288, 1088: no twin record) take the table's MTP entries with that prefill worker; its
+# plain counts keep their twin records.
+_PREFILL_EP1_RUN = ("trtllm", "b200_sxm", "fp8", 8192, 1024)
+_PREFILL_EP1_SOURCE = "ishandhanani/srt-slurm recipes/trtllm/b200-fp8/8k1k @e71238b"
+
+
+def _with_prefill_ep1(entries: tuple[Entry, ...]) -> tuple[Entry, ...]:
+    """The entries, then their MTP ones again with the prefill worker at attention DP and EP 1."""
+    return entries + tuple(Entry(e.concs, Shape(e.prefill.count, e.prefill.tp, 1, True), e.decode, e.mtp, e.batch)
+                           for e in entries if e.mtp > 0)
+
+
+TABLE[_PREFILL_EP1_RUN] = _with_prefill_ep1(TABLE[_PREFILL_EP1_RUN])
+
 # Configurations whose client counts at that commit are one dump's only (the other dump holds counts that
 # matrix does not run: GB200 FP4 1k/1k's 2026-04-06 rows at 16, 32, 64, 128, 144, ..., the GB200 SGLang
 # 2026-04-06 rows at 2, 16, 64, 128, 256, ...).
@@ -608,8 +649,9 @@ _ONLY_DUMP: dict[tuple[str, str, str, int, int], str] = {
 # hold (c8_ctx1_gen11_..._mtp3: "88", c4_ctx1_gen9_..._mtp0: "36", c64_ctx1_gen1_dep8_..._mtp2: "64"), while the
 # yaml's conc-list gives the per-decode-worker N (8, 4, 64). The recipe's own numbers are what dates it to the
 # rows: each transcribed count is one the dumps hold (tests/sim/test_validate_inferencex.py); counts the dumps hold
-# and no recipe read gives (1k/1k 11 and 13, 8k/1k 9; 8k/1k 48, where the MTP c8_gen6 / c16_gen3 and plain
-# recipes disagree on the workers; counts past 88) keep their twin record or the assumption.
+# and no recipe read gives (1k/1k 11 and 13, 8k/1k 9), or recipes that disagree on the workers give (1k/1k 1,024;
+# 8k/1k 48, 128, 160), keep their twin record or the assumption; the recipes' container is the rows' image
+# (tensorrtllm-runtime 0.8.1.post1).
 RECIPE_SOURCES: dict[tuple[str, str, str, int, int], str] = {
     ("trtllm", "h200_sxm", "fp8", 1024, 1024): "ishandhanani/srt-slurm recipes/trtllm/h200/1k1k @4893f83",
     ("trtllm", "h200_sxm", "fp8", 8192, 1024): "ishandhanani/srt-slurm recipes/trtllm/h200/8k1k @4893f83",
@@ -666,5 +708,8 @@ def inferencex_workers(row: Any) -> Match | None:
     batches = {e.batch_at(conc) for e in fits}  # entries that agree on the workers but not the batch: unknown
     key = (str(row.get("backend")), str(row.get("system")), str(row.get("precision")),
            _num(row.get("isl")), _num(row.get("osl")))
+    source = RECIPE_SOURCES.get(key, _SOURCE)
+    if key == _PREFILL_EP1_RUN and fits[0].prefill.ep == 1:
+        source += f"; prefill EP 1: {_PREFILL_EP1_SOURCE}"
     return Match(fits[0].prefill, fits[0].decode, mtps.pop() if len(mtps) == 1 else None,
-                 batches.pop() if len(batches) == 1 else 0, RECIPE_SOURCES.get(key, _SOURCE))
+                 batches.pop() if len(batches) == 1 else 0, source)
