@@ -672,8 +672,28 @@ def _num(v: Any) -> int | None:
     return None if math.isnan(f) else int(f)
 
 
+# Configurations whose plain and MTP entries are separate InferenceX configurations with their own images
+# (nvidia-master.yaml @0004cf5: dsr1-fp4-b200-dynamo-sglang `image: lmsysorg/sglang:v0.5.8.post1-cu130-runtime`,
+# dsr1-fp4-b200-dynamo-sglang-mtp `image: "lmsysorg/sglang:v0.5.8.post1-cu130"`): a row's own image (its
+# silicon_data_source `image=`) says which of the two it ran. (backend, system, precision) -> {ran MTP: image}.
+ENTRY_IMAGES: dict[tuple[str, str, str], dict[bool, str]] = {
+    ("sglang", "b200_sxm", "fp4"): {False: "lmsysorg/sglang:v0.5.8.post1-cu130-runtime",
+                                    True: "lmsysorg/sglang:v0.5.8.post1-cu130"},
+}
+
+
+def row_image(row: Any) -> str:
+    """The container image a row's silicon_data_source names (`image=...`), or ''."""
+    for part in str(row.get("silicon_data_source", "")).split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == "image":
+            return value
+    return ""
+
+
 def candidates(row: Any) -> list[Entry]:
-    """The table's entries that fit the row: its configuration, client count and its own TP/EP columns."""
+    """The table's entries that fit the row: its configuration, client count and its own TP/EP columns (and its
+    image, where the plain and MTP entries ran different ones: ENTRY_IMAGES)."""
     if row.get("mode") != "disagg" or str(row.get("model")) != "DeepSeek-R1":
         return []
     key = (str(row.get("backend")), str(row.get("system")), str(row.get("precision")),
@@ -682,7 +702,11 @@ def candidates(row: Any) -> list[Entry]:
         return []
     conc = _num(row.get("concurrency"))
     own = (_num(row.get("prefill_tp_size")), _num(row.get("prefill_moe_ep_size")), _num(row.get("decode_tp_size")))
-    return [e for e in TABLE.get(key, ()) if conc in e.concs and own == (e.prefill.tp, e.prefill.ep, e.decode.tp)]
+    fits = [e for e in TABLE.get(key, ()) if conc in e.concs and own == (e.prefill.tp, e.prefill.ep, e.decode.tp)]
+    images = ENTRY_IMAGES.get(key[:3])
+    if images is not None:
+        fits = [e for e in fits if images[e.mtp != 0] == row_image(row)]
+    return fits
 
 
 def agreed_mtp(row: Any) -> int | None:

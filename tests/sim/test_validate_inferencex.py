@@ -307,3 +307,21 @@ def test_h200_rows_past_88_clients_run_their_recipes_by_total_concurrency(rows) 
     row = _row(rows, H200_1024)
     assert candidates(row) == [] and inferencex_workers(row) is None
     assert row_plan(row).layout.startswith("assumed kv_fit_rate:")
+
+
+# SGLang B200 FP4 1k/1k at 32 clients: one plain and one MTP entry, the same workers (1 prefill DEP 4, 6 TEP 8
+# decode); the plain configuration ran lmsysorg/sglang:v0.5.8.post1-cu130-runtime, the MTP one ...-cu130.
+SGL_FP4_MTP_IMAGE = "2026_03_25_deepseek_r1_b200_sxm_sglang_fp4_disagg_1024x1024_c32_tp4_0_ep4_0_786"
+SGL_FP4_PLAIN_IMAGE = "2026_03_25_deepseek_r1_b200_sxm_sglang_fp4_disagg_1024x1024_c32_tp4_0_ep4_0_800"
+
+
+def test_the_rows_image_tells_plain_from_mtp_where_the_configurations_differ_in_it(rows) -> None:
+    from twinserve.sim.validate_inferencex import MTP_DEPTH_NOT_GIVEN
+    plain, mtp = inferencex_workers(_row(rows, SGL_FP4_PLAIN_IMAGE)), inferencex_workers(_row(rows, SGL_FP4_MTP_IMAGE))
+    assert plain is not None and mtp is not None
+    assert (plain.decode, plain.mtp) == (Shape(6, 8, 8, False), 0)
+    assert (mtp.decode, mtp.mtp) == (Shape(6, 8, 8, False), MTP_DEPTH_NOT_GIVEN)
+    assert "MTP or not" not in row_plan(_row(rows, SGL_FP4_PLAIN_IMAGE)).layout
+    other = _row(rows, SGL_FP4_PLAIN_IMAGE).copy()
+    other["silicon_data_source"] = other["silicon_data_source"].replace("-runtime", "-other")
+    assert candidates(other) == []
