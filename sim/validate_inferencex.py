@@ -156,8 +156,10 @@ _H200_TRT_TEP_P = (1, 8, 8, False)
 # differ from the dumps' (an earlier or later matrix): TensorRT-LLM B300 FP8 8k/1k (the dumps' 5 and 10),
 # GB200 FP4 1k/8k, H200 (the dumps' 11 and 13 at 1k/1k; its entries below come from its recipes instead:
 # RECIPE_SOURCES); SGLang B200 FP8 8k/1k (160 and 288).
-# Their rows keep the assumption, as do the other backends' disaggregated rows (gpt-oss's GB200 entries
-# give several decode shapes at each client count and were not transcribed).
+# Their rows keep the assumption, as do the other backends' disaggregated rows (gpt-oss's GB200 entries give
+# several decode shapes at each client count: GPTOSS_TABLE reads its recipes instead, where the row's decode TP
+# picks one). SGLang B200 FP8 8k/1k at prefill EP 8 fits @0004cf5's entries, but at every count the rows hold two
+# or more of them with other workers (e.g. 32: 1P1D, 1P6D plain, 1P1D MTP): not transcribed.
 TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
     ("trtllm", "b200_sxm", "fp4", 1024, 1024): (
         _e((1214,), _B200_FP4_P, (2, 8, 8, True), 2),
@@ -658,6 +660,39 @@ RECIPE_SOURCES: dict[tuple[str, str, str, int, int], str] = {
 }
 
 
+# gpt-oss-120b TensorRT-LLM GB200 disaggregated (InferenceX's Dynamo runs, measured 2026-01-07), from the
+# srt-slurm recipes ishandhanani/srt-slurm recipes/trtllm/gptoss-fp4/{1k1k,8k1k}/stp/ctx<P>_gen<D>_<tp|dep><N>_
+# batch<B>_eplb0_mtp0.yaml (@908ea00 and @4b96b32; read 2026-12-05): every recipe one GPU a prefill worker (TP 1,
+# EP 1), no MTP. Each recipe's `benchmark: concurrencies` is the total; the dumps' rows at each decode TP hold
+# counts those lists give (1k/1k TP 4: 1-128 from ctx1_gen1_tp4_batch256 "1x2x4x16x32x64x128", 256 and 1,536 from
+# ctx1_gen1_dep4_batch512 "256x1024x1536", 3,072 from ctx1_gen3_dep4_batch1024 "3072"; TP 2: 16 from
+# ctx1_gen4_tp2_batch32 "16"; 8k/1k TP 4: 2-64 from ctx1_gen1_tp4_batch128 "2x4x8x16x32x64", 512 from
+# ctx2_gen1_tp4_batch1024 "128x512"; TP 2: 128 and 512 from ctx2_gen1_dep2_batch512 "128x512", 256 and 384 from
+# ctx2_gen1_tp2_batch512 "256x384"; TP 8: 1 from ctx1_gen1_tp8_batch4 "1"); the row's own decode TP picks between
+# recipes that run one count at different decode TPs. Left out: 1k/1k TP 2 at 256-2,560, run by both
+# ctx1_gen1_dep2_batch1536 ("256x512x1024x2048x2560") and ctx1_gen2_dep2_batch1536 ("512x1024x2048x2560"), one or
+# two decode workers (256 is the first's alone, but its decode ep was not read).
+_GPTOSS_P1 = (1, 1, 1, False)
+GPTOSS_TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
+    ("trtllm", "gb200", "fp4", 1024, 1024): (
+        Entry((1, 2, 4, 16, 32, 64, 128), Shape(*_GPTOSS_P1), Shape(1, 4, 1, False), 0, (256,) * 7),
+        Entry((256, 1024, 1536), Shape(*_GPTOSS_P1), Shape(1, 4, 4, True), 0, (512,) * 3),
+        Entry((3072,), Shape(*_GPTOSS_P1), Shape(3, 4, 4, True), 0, (1024,)),
+        Entry((16,), Shape(*_GPTOSS_P1), Shape(4, 2, 1, False), 0, (32,)),
+    ),
+    ("trtllm", "gb200", "fp4", 8192, 1024): (
+        Entry((2, 4, 8, 16, 32, 64), Shape(*_GPTOSS_P1), Shape(1, 4, 1, False), 0, (128,) * 6),
+        Entry((128, 512), Shape(2, 1, 1, False), Shape(1, 4, 1, False), 0, (1024,) * 2),
+        Entry((128, 512), Shape(2, 1, 1, False), Shape(1, 2, 2, True), 0, (512,) * 2),
+        Entry((256, 384), Shape(2, 1, 1, False), Shape(1, 2, 1, False), 0, (512,) * 2),
+        Entry((1,), Shape(*_GPTOSS_P1), Shape(1, 8, 1, False), 0, (4,)),
+    ),
+}
+_GPTOSS_SOURCE = "ishandhanani/srt-slurm recipes/trtllm/gptoss-fp4 @908ea00/@4b96b32"
+# The tables by the rows' model: DeepSeek-R1's from nvidia-master.yaml and its recipes, gpt-oss-120b's recipes.
+_MODEL_TABLES = {"DeepSeek-R1": TABLE, "gpt-oss-120b": GPTOSS_TABLE}
+
+
 def dumps(key: tuple[str, str, str, int, int]) -> tuple[str, ...]:
     """The dumps whose rows a configuration's entries are read for."""
     only = _ONLY_DUMP.get(key)
@@ -694,15 +729,17 @@ def row_image(row: Any) -> str:
 def candidates(row: Any) -> list[Entry]:
     """The table's entries that fit the row: its configuration, client count and its own TP/EP columns (and its
     image, where the plain and MTP entries ran different ones: ENTRY_IMAGES)."""
-    if row.get("mode") != "disagg" or str(row.get("model")) != "DeepSeek-R1":
+    table = _MODEL_TABLES.get(str(row.get("model")))
+    if row.get("mode") != "disagg" or table is None:
         return []
     key = (str(row.get("backend")), str(row.get("system")), str(row.get("precision")),
            _num(row.get("isl")), _num(row.get("osl")))
-    if not str(row.get("silicon_data_source", "")).startswith(dumps(key)):
+    # _ONLY_DUMP dates DeepSeek-R1's configurations; gpt-oss's recipes hold both dumps' counts.
+    if not str(row.get("silicon_data_source", "")).startswith(dumps(key) if table is TABLE else _DUMPS):
         return []
     conc = _num(row.get("concurrency"))
     own = (_num(row.get("prefill_tp_size")), _num(row.get("prefill_moe_ep_size")), _num(row.get("decode_tp_size")))
-    fits = [e for e in TABLE.get(key, ()) if conc in e.concs and own == (e.prefill.tp, e.prefill.ep, e.decode.tp)]
+    fits = [e for e in table.get(key, ()) if conc in e.concs and own == (e.prefill.tp, e.prefill.ep, e.decode.tp)]
     images = ENTRY_IMAGES.get(key[:3])
     if images is not None:
         fits = [e for e in fits if images[e.mtp != 0] == row_image(row)]
@@ -732,7 +769,7 @@ def inferencex_workers(row: Any) -> Match | None:
     batches = {e.batch_at(conc) for e in fits}  # entries that agree on the workers but not the batch: unknown
     key = (str(row.get("backend")), str(row.get("system")), str(row.get("precision")),
            _num(row.get("isl")), _num(row.get("osl")))
-    source = RECIPE_SOURCES.get(key, _SOURCE)
+    source = _GPTOSS_SOURCE if str(row.get("model")) == "gpt-oss-120b" else RECIPE_SOURCES.get(key, _SOURCE)
     if key == _PREFILL_EP1_RUN and fits[0].prefill.ep == 1:
         source += f"; prefill EP 1: {_PREFILL_EP1_SOURCE}"
     return Match(fits[0].prefill, fits[0].decode, mtps.pop() if len(mtps) == 1 else None,

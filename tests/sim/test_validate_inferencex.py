@@ -325,3 +325,25 @@ def test_the_rows_image_tells_plain_from_mtp_where_the_configurations_differ_in_
     other = _row(rows, SGL_FP4_PLAIN_IMAGE).copy()
     other["silicon_data_source"] = other["silicon_data_source"].replace("-runtime", "-other")
     assert candidates(other) == []
+
+
+# gpt-oss-120b TensorRT-LLM GB200, from its srt-slurm recipes (GPTOSS_TABLE): 8k/1k at 128 clients is run by
+# ctx2_gen1_tp4_batch1024 (decode TP 4) and ctx2_gen1_dep2_batch512 (decode DEP 2); this row's decode TP 2 picks the
+# second: 2 one-GPU prefill workers, one DEP 2 decode worker of 512 a rank. 1k/1k at 64: ctx1_gen1_tp4_batch256.
+GPTOSS_DEP2 = "2026_03_25_gpt_oss_120b_gb200_trtllm_fp4_disagg_8192x1024_c128_tp1_0_ep1_0_1285"
+GPTOSS_TP4 = "2026_03_25_gpt_oss_120b_gb200_trtllm_fp4_disagg_1024x1024_c64_tp1_0_ep1_0_1280"
+# 1k/1k at 1,024 with decode TP 2: two recipes (one or two DEP 2 decode workers) run it.
+GPTOSS_UNSETTLED = "2026_04_06_gpt_oss_120b_gb200_trtllm_fp4_disagg_1024x1024_c1024_tp1_ep1_1234"
+
+
+def test_a_gpt_oss_row_runs_its_recipes_workers_picked_by_its_decode_tp(rows) -> None:
+    m = inferencex_workers(_row(rows, GPTOSS_DEP2))
+    assert m is not None and (m.prefill, m.decode, m.mtp, m.decode_slots()) == (
+        Shape(2, 1, 1, False), Shape(1, 2, 2, True), 0, 1024)
+    plan = row_plan(_row(rows, GPTOSS_DEP2))
+    assert plan.counts == (2, 1) and "recipes/trtllm/gptoss-fp4" in plan.layout
+    m = inferencex_workers(_row(rows, GPTOSS_TP4))
+    assert m is not None and (m.prefill.count, m.decode, m.decode_batch) == (1, Shape(1, 4, 1, False), 256)
+    row = _row(rows, GPTOSS_UNSETTLED)
+    assert len(candidates(row)) == 0 and inferencex_workers(row) is None
+    assert row_plan(row).layout.startswith("assumed kv_fit_rate:")
