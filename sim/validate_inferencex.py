@@ -156,8 +156,10 @@ _H200_TRT_TEP_P = (1, 8, 8, False)
 # differ from the dumps' (an earlier or later matrix): TensorRT-LLM B300 FP8 8k/1k (the dumps' 5 and 10),
 # GB200 FP4 1k/8k, H200 (the dumps' 11 and 13 at 1k/1k; its entries below come from its recipes instead:
 # RECIPE_SOURCES); SGLang B200 FP8 8k/1k (160 and 288).
-# Their rows keep the assumption, as do the other backends' disaggregated rows (gpt-oss's GB200 entries
-# give several decode shapes at each client count and were not transcribed).
+# Their rows keep the assumption, as do the other backends' disaggregated rows (gpt-oss's GB200 entries give
+# several decode shapes at each client count: GPTOSS_TABLE reads its recipes instead, where the row's decode TP
+# picks one). SGLang B200 FP8 8k/1k at prefill EP 8 fits @0004cf5's entries, but at every count the rows hold two
+# or more of them with other workers (e.g. 32: 1P1D, 1P6D plain, 1P1D MTP): not transcribed.
 TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
     ("trtllm", "b200_sxm", "fp4", 1024, 1024): (
         _e((1214,), _B200_FP4_P, (2, 8, 8, True), 2),
@@ -285,20 +287,38 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
         _e((154,), _H100_P, (2, 16, 16, False), 0),
         _e((308,), (2, 16, 16, True), (1, 16, 16, True), 0),
     ),
-    # dsr1-fp8-h200-dynamo-trt, from the srt-slurm recipes themselves (RECIPE_SOURCES): only the client counts up
-    # to 88 whose recipes were read. 1k/1k: prefill 1 worker, TP 8, EP 8, attention DP (`enable_attention_dp:
-    # true`); decode TEP 8. 8k/1k: prefill TEP 8 (`enable_attention_dp: false` in the recipes, `dp-attn: true` in
+    # dsr1-fp8-h200-dynamo-trt, from the srt-slurm recipes themselves (RECIPE_SOURCES): the client counts whose
+    # recipes were read. 1k/1k: prefill TP 8, EP 8, attention DP (`enable_attention_dp: true`); decode TEP 8 up to
+    # 352 clients, DEP 8 past. 8k/1k: prefill TEP 8 (`enable_attention_dp: false` in the recipes, `dp-attn: true` in
     # nvidia-master.yaml @48f302c: the recipe is what ran).
     ("trtllm", "h200_sxm", "fp8", 1024, 1024): (
         _e((36,), _H200_TRT_ADP_P, (9, 8, 8, False), 0),  # stp/c4_ctx1_gen9_tep8_batch256_eplb0_mtp0
         _e((44,), _H200_TRT_ADP_P, (11, 8, 8, False), 3),  # mtp/c4_ctx1_gen11_tep8_batch128_eplb0_mtp3
         _e((72,), _H200_TRT_ADP_P, (9, 8, 8, False), 0),  # stp/c8_ctx1_gen9_tep8_batch256_eplb0_mtp0
         _e((88,), _H200_TRT_ADP_P, (11, 8, 8, False), 3),  # mtp/c8_ctx1_gen11_tep8_batch128_eplb0_mtp3
+        # Past 88 (benchmark concurrencies N x D, read 2026-12-05): 144 is both c16_ctx1_gen9_tep8 recipes (MTP 3,
+        # batch 128; plain, batch 256: the same workers, MTP not known); 1,024 is left out (c256_ctx1_gen4_dep8
+        # MTP 3 and c512_ctx1_gen2_dep8 MTP 1 both give it: the workers disagree).
+        _e((144,), _H200_TRT_ADP_P, (9, 8, 8, False), 3),  # mtp/c16_ctx1_gen9_tep8_batch128_eplb0_mtp3: "144"
+        _e((144,), _H200_TRT_ADP_P, (9, 8, 8, False), 0),  # stp/c16_ctx1_gen9_tep8_batch256_eplb0_mtp0: "144"
+        _e((352,), _H200_TRT_ADP_P, (11, 8, 8, False), 3),  # mtp/c32_ctx1_gen11_tep8_batch128_eplb0_mtp3: "352"
+        _e((512,), _H200_TRT_ADP_P, (8, 8, 8, True), 3),  # mtp/c64_ctx1_gen8_dep8_batch128_eplb0_mtp3: "512"
+        _e((896,), _H200_TRT_ADP_P, (7, 8, 8, True), 3),  # mtp/c128_ctx1_gen7_dep8_batch128_eplb0_mtp3: "896"
+        _e((1152,), _H200_TRT_ADP_P, (9, 8, 8, True), 0),  # stp/c128_ctx1_gen9_dep8_batch512_eplb0_mtp0: "1152"
+        _e((1536,), _H200_TRT_ADP_P, (6, 8, 8, True), 0),  # stp/c256_ctx1_gen6_dep8_batch512_eplb0_mtp0: "1536"
+        _e((3584,), (2, 8, 8, True), (7, 8, 8, True), 0),  # stp/c512_ctx2_gen7_dep8_batch512_eplb0_mtp0: "3584"
     ),
     ("trtllm", "h200_sxm", "fp8", 8192, 1024): (
         _e((28,), _H200_TRT_TEP_P, (7, 8, 8, False), 3),  # mtp/c4_ctx1_gen7_tep8_batch32_eplb0_mtp3
         _e((28,), _H200_TRT_TEP_P, (7, 8, 8, False), 0),  # stp/c4_ctx1_gen7_tep8_batch32_eplb0_mtp0
         _e((64,), _H200_TRT_TEP_P, (1, 8, 8, True), 2),  # mtp/c64_ctx1_gen1_dep8_batch32_eplb0_mtp2
+        # Past 64: 256 only c256_ctx3_gen1_dep8 (MTP 2); 512 both c512_ctx3_gen1_dep8 recipes (MTP 1, batch 64;
+        # plain, batch 512: the same workers, MTP and batch not known). Left out: 128 (c128_ctx2_gen1 MTP 2, c128_ctx1
+        # _gen1 plain: 2 or 1 prefill workers), 160 (c32_ctx3_gen5 MTP 3, c32_ctx2_gen5 plain), 48 (c8_gen6 and
+        # c16_gen3, MTP and plain each), 9 (no recipe).
+        _e((256,), (3, 8, 8, False), (1, 8, 8, True), 2),  # mtp/c256_ctx3_gen1_dep8_batch32_eplb0_mtp2: "256"
+        _e((512,), (3, 8, 8, False), (1, 8, 8, True), 1),  # mtp/c512_ctx3_gen1_dep8_batch64_eplb0_mtp1: "512"
+        _e((512,), (3, 8, 8, False), (1, 8, 8, True), 0),  # stp/c512_ctx3_gen1_dep8_batch512_eplb0_mtp0: "512"
     ),
     # dsr1-fp8-h100-dynamo-sglang: every entry MTP; two decode shapes share the client counts up to 64.
     ("sglang", "h100_sxm", "fp8", 1024, 1024): (
@@ -553,8 +573,8 @@ _DECODE_BATCH: dict[tuple[str, str, str, int, int], tuple[int | tuple[int, ...],
     ("trtllm", "b300_sxm", "fp4", 8192, 1024): (0, 8, 1, 4, 16, 0, 32, 16, 1, 2, 0, 0, 0),
     ("trtllm", "h100_sxm", "fp8", 1024, 1024): ((1, 2, 8, 16, 32), 4, 0, 0, 0, (1, 2, 8, 16), (4, 8, 16, 32), 0),
     ("trtllm", "h100_sxm", "fp8", 8192, 1024): ((1, 2, 8), 4, 8, (1, 2, 8), 64, 0),
-    ("trtllm", "h200_sxm", "fp8", 1024, 1024): (256, 128, 256, 128),
-    ("trtllm", "h200_sxm", "fp8", 8192, 1024): (32, 32, 32),
+    ("trtllm", "h200_sxm", "fp8", 1024, 1024): (256, 128, 256, 128, 128, 256, 128, 128, 128, 512, 512, 512),
+    ("trtllm", "h200_sxm", "fp8", 8192, 1024): (32, 32, 32, 32, 64, 512),
     ("trtllm", "gb200", "fp4", 1024, 1024): (4, 8, 0, 0, 0, 0, 0, 0, 32, 1, 0, 0),
     ("trtllm", "gb200", "fp4", 8192, 1024): (8, 4, 0, 0, 0, (16, 16, 16, 1), 0, 0, 0, 0),
     ("trtllm", "gb200", "fp8", 1024, 1024): (0, 0, 0, (8, 4, 2), 0, 0, (32, 8), (8, 1)),
@@ -588,6 +608,29 @@ def _with_batches(table: dict, batches: dict) -> dict:
 
 TABLE = _with_batches(TABLE, _DECODE_BATCH)
 
+# B200 FP8 TensorRT-LLM 8k/1k was measured twice: 2026-02-12 with its prefill workers at EP 8 (the table's entries,
+# as nvidia-master.yaml @0004cf5 writes them) and 2026-03-23 with them at EP 1 (the dumps' prefill_moe_ep_size 1,
+# `measured=2026-03-23`). The recipes the entries launch set the prefill worker's `moe_expert_parallel_size: 1`
+# with `enable_attention_dp: true` and TP 8 (ishandhanani/srt-slurm @e71238b
+# recipes/trtllm/b200-fp8/8k1k/mtp/ctx2_gen3_dep8_batch8_eplb0_mtp3_224.yaml: 2 prefill, 3 DEP 8 decode workers,
+# decode max_batch_size 8, MTP 3, `concurrencies: [224]`, the table's 224 entry). InferenceX's database dump holds
+# the 2026-03-23 run's plain entries (db-dump/2026-04-27 workflow_run_id 333: configs 661, 666, 667, 669, 670) with
+# the prefill at attention DP 8, MoE TP 8, EP 1 and the same worker counts as the table's plain entries at 32, 96,
+# 128, 256 and 640 clients (4, 6, 1 / 2 / 4, 1 and 2 + 1): the same matrix with the recipe's prefill. Its MTP
+# counts (8, 48, 64, 224, 288, 1088: no twin record) take the table's MTP entries with that prefill worker; its
+# plain counts keep their twin records.
+_PREFILL_EP1_RUN = ("trtllm", "b200_sxm", "fp8", 8192, 1024)
+_PREFILL_EP1_SOURCE = "ishandhanani/srt-slurm recipes/trtllm/b200-fp8/8k1k @e71238b"
+
+
+def _with_prefill_ep1(entries: tuple[Entry, ...]) -> tuple[Entry, ...]:
+    """The entries, then their MTP ones again with the prefill worker at attention DP and EP 1."""
+    return entries + tuple(Entry(e.concs, Shape(e.prefill.count, e.prefill.tp, 1, True), e.decode, e.mtp, e.batch)
+                           for e in entries if e.mtp > 0)
+
+
+TABLE[_PREFILL_EP1_RUN] = _with_prefill_ep1(TABLE[_PREFILL_EP1_RUN])
+
 # Configurations whose client counts at that commit are one dump's only (the other dump holds counts that
 # matrix does not run: GB200 FP4 1k/1k's 2026-04-06 rows at 16, 32, 64, 128, 144, ..., the GB200 SGLang
 # 2026-04-06 rows at 2, 16, 64, 128, 256, ...).
@@ -608,12 +651,46 @@ _ONLY_DUMP: dict[tuple[str, str, str, int, int], str] = {
 # hold (c8_ctx1_gen11_..._mtp3: "88", c4_ctx1_gen9_..._mtp0: "36", c64_ctx1_gen1_dep8_..._mtp2: "64"), while the
 # yaml's conc-list gives the per-decode-worker N (8, 4, 64). The recipe's own numbers are what dates it to the
 # rows: each transcribed count is one the dumps hold (tests/sim/test_validate_inferencex.py); counts the dumps hold
-# and no recipe read gives (1k/1k 11 and 13, 8k/1k 9; 8k/1k 48, where the MTP c8_gen6 / c16_gen3 and plain
-# recipes disagree on the workers; counts past 88) keep their twin record or the assumption.
+# and no recipe read gives (1k/1k 11 and 13, 8k/1k 9), or recipes that disagree on the workers give (1k/1k 1,024;
+# 8k/1k 48, 128, 160), keep their twin record or the assumption; the recipes' container is the rows' image
+# (tensorrtllm-runtime 0.8.1.post1).
 RECIPE_SOURCES: dict[tuple[str, str, str, int, int], str] = {
     ("trtllm", "h200_sxm", "fp8", 1024, 1024): "ishandhanani/srt-slurm recipes/trtllm/h200/1k1k @4893f83",
     ("trtllm", "h200_sxm", "fp8", 8192, 1024): "ishandhanani/srt-slurm recipes/trtllm/h200/8k1k @4893f83",
 }
+
+
+# gpt-oss-120b TensorRT-LLM GB200 disaggregated (InferenceX's Dynamo runs, measured 2026-01-07), from the
+# srt-slurm recipes ishandhanani/srt-slurm recipes/trtllm/gptoss-fp4/{1k1k,8k1k}/stp/ctx<P>_gen<D>_<tp|dep><N>_
+# batch<B>_eplb0_mtp0.yaml (@908ea00 and @4b96b32; read 2026-12-05): every recipe one GPU a prefill worker (TP 1,
+# EP 1), no MTP. Each recipe's `benchmark: concurrencies` is the total; the dumps' rows at each decode TP hold
+# counts those lists give (1k/1k TP 4: 1-128 from ctx1_gen1_tp4_batch256 "1x2x4x16x32x64x128", 256 and 1,536 from
+# ctx1_gen1_dep4_batch512 "256x1024x1536", 3,072 from ctx1_gen3_dep4_batch1024 "3072"; TP 2: 16 from
+# ctx1_gen4_tp2_batch32 "16"; 8k/1k TP 4: 2-64 from ctx1_gen1_tp4_batch128 "2x4x8x16x32x64", 512 from
+# ctx2_gen1_tp4_batch1024 "128x512"; TP 2: 128 and 512 from ctx2_gen1_dep2_batch512 "128x512", 256 and 384 from
+# ctx2_gen1_tp2_batch512 "256x384"; TP 8: 1 from ctx1_gen1_tp8_batch4 "1"); the row's own decode TP picks between
+# recipes that run one count at different decode TPs. Left out: 1k/1k TP 2 at 256-2,560, run by both
+# ctx1_gen1_dep2_batch1536 ("256x512x1024x2048x2560") and ctx1_gen2_dep2_batch1536 ("512x1024x2048x2560"), one or
+# two decode workers (256 is the first's alone, but its decode ep was not read).
+_GPTOSS_P1 = (1, 1, 1, False)
+GPTOSS_TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
+    ("trtllm", "gb200", "fp4", 1024, 1024): (
+        Entry((1, 2, 4, 16, 32, 64, 128), Shape(*_GPTOSS_P1), Shape(1, 4, 1, False), 0, (256,) * 7),
+        Entry((256, 1024, 1536), Shape(*_GPTOSS_P1), Shape(1, 4, 4, True), 0, (512,) * 3),
+        Entry((3072,), Shape(*_GPTOSS_P1), Shape(3, 4, 4, True), 0, (1024,)),
+        Entry((16,), Shape(*_GPTOSS_P1), Shape(4, 2, 1, False), 0, (32,)),
+    ),
+    ("trtllm", "gb200", "fp4", 8192, 1024): (
+        Entry((2, 4, 8, 16, 32, 64), Shape(*_GPTOSS_P1), Shape(1, 4, 1, False), 0, (128,) * 6),
+        Entry((128, 512), Shape(2, 1, 1, False), Shape(1, 4, 1, False), 0, (1024,) * 2),
+        Entry((128, 512), Shape(2, 1, 1, False), Shape(1, 2, 2, True), 0, (512,) * 2),
+        Entry((256, 384), Shape(2, 1, 1, False), Shape(1, 2, 1, False), 0, (512,) * 2),
+        Entry((1,), Shape(*_GPTOSS_P1), Shape(1, 8, 1, False), 0, (4,)),
+    ),
+}
+_GPTOSS_SOURCE = "ishandhanani/srt-slurm recipes/trtllm/gptoss-fp4 @908ea00/@4b96b32"
+# The tables by the rows' model: DeepSeek-R1's from nvidia-master.yaml and its recipes, gpt-oss-120b's recipes.
+_MODEL_TABLES = {"DeepSeek-R1": TABLE, "gpt-oss-120b": GPTOSS_TABLE}
 
 
 def dumps(key: tuple[str, str, str, int, int]) -> tuple[str, ...]:
@@ -630,17 +707,43 @@ def _num(v: Any) -> int | None:
     return None if math.isnan(f) else int(f)
 
 
+# Configurations whose plain and MTP entries are separate InferenceX configurations with their own images
+# (nvidia-master.yaml @0004cf5: dsr1-fp4-b200-dynamo-sglang `image: lmsysorg/sglang:v0.5.8.post1-cu130-runtime`,
+# dsr1-fp4-b200-dynamo-sglang-mtp `image: "lmsysorg/sglang:v0.5.8.post1-cu130"`): a row's own image (its
+# silicon_data_source `image=`) says which of the two it ran. (backend, system, precision) -> {ran MTP: image}.
+ENTRY_IMAGES: dict[tuple[str, str, str], dict[bool, str]] = {
+    ("sglang", "b200_sxm", "fp4"): {False: "lmsysorg/sglang:v0.5.8.post1-cu130-runtime",
+                                    True: "lmsysorg/sglang:v0.5.8.post1-cu130"},
+}
+
+
+def row_image(row: Any) -> str:
+    """The container image a row's silicon_data_source names (`image=...`), or ''."""
+    for part in str(row.get("silicon_data_source", "")).split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == "image":
+            return value
+    return ""
+
+
 def candidates(row: Any) -> list[Entry]:
-    """The table's entries that fit the row: its configuration, client count and its own TP/EP columns."""
-    if row.get("mode") != "disagg" or str(row.get("model")) != "DeepSeek-R1":
+    """The table's entries that fit the row: its configuration, client count and its own TP/EP columns (and its
+    image, where the plain and MTP entries ran different ones: ENTRY_IMAGES)."""
+    table = _MODEL_TABLES.get(str(row.get("model")))
+    if row.get("mode") != "disagg" or table is None:
         return []
     key = (str(row.get("backend")), str(row.get("system")), str(row.get("precision")),
            _num(row.get("isl")), _num(row.get("osl")))
-    if not str(row.get("silicon_data_source", "")).startswith(dumps(key)):
+    # _ONLY_DUMP dates DeepSeek-R1's configurations; gpt-oss's recipes hold both dumps' counts.
+    if not str(row.get("silicon_data_source", "")).startswith(dumps(key) if table is TABLE else _DUMPS):
         return []
     conc = _num(row.get("concurrency"))
     own = (_num(row.get("prefill_tp_size")), _num(row.get("prefill_moe_ep_size")), _num(row.get("decode_tp_size")))
-    return [e for e in TABLE.get(key, ()) if conc in e.concs and own == (e.prefill.tp, e.prefill.ep, e.decode.tp)]
+    fits = [e for e in table.get(key, ()) if conc in e.concs and own == (e.prefill.tp, e.prefill.ep, e.decode.tp)]
+    images = ENTRY_IMAGES.get(key[:3])
+    if images is not None:
+        fits = [e for e in fits if images[e.mtp != 0] == row_image(row)]
+    return fits
 
 
 def agreed_mtp(row: Any) -> int | None:
@@ -666,5 +769,8 @@ def inferencex_workers(row: Any) -> Match | None:
     batches = {e.batch_at(conc) for e in fits}  # entries that agree on the workers but not the batch: unknown
     key = (str(row.get("backend")), str(row.get("system")), str(row.get("precision")),
            _num(row.get("isl")), _num(row.get("osl")))
+    source = _GPTOSS_SOURCE if str(row.get("model")) == "gpt-oss-120b" else RECIPE_SOURCES.get(key, _SOURCE)
+    if key == _PREFILL_EP1_RUN and fits[0].prefill.ep == 1:
+        source += f"; prefill EP 1: {_PREFILL_EP1_SOURCE}"
     return Match(fits[0].prefill, fits[0].decode, mtps.pop() if len(mtps) == 1 else None,
-                 batches.pop() if len(batches) == 1 else 0, RECIPE_SOURCES.get(key, _SOURCE))
+                 batches.pop() if len(batches) == 1 else 0, source)

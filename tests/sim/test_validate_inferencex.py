@@ -18,10 +18,12 @@ MATCHED = ("2026_03_25_deepseek_r1_b200_sxm_trtllm_fp4_disagg_8192x1024_c658_tp4
 # B200 FP8 1k/1k at 32 clients with prefill EP 8: two entries fit and disagree on the workers (rows with a twin
 # record, sim/validate_twins.py, take its workers instead: these three have none).
 AMBIGUOUS = "2026_03_25_deepseek_r1_b200_sxm_trtllm_fp8_disagg_1024x1024_c32_tp8_0_ep8_0_402"
-# B200 FP8 8k/1k measured with prefill EP 1 (an earlier matrix than the table's): no entry fits.
-OLDER_MATRIX = "2026_03_25_deepseek_r1_b200_sxm_trtllm_fp8_disagg_8192x1024_c48_tp8_0_ep1_0_383"
-# H200: not in the table.
-UNLISTED = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_8192x1024_c512_tp8_0_ep8_0_396"
+# B200 FP8 8k/1k measured 2026-03-23 with prefill EP 1 (its recipes' prefill): the MTP entry at 48 clients with that
+# prefill worker; the same run's plain rows (32 clients) fit no entry and keep their twin record.
+PREFILL_EP1_MTP = "2026_03_25_deepseek_r1_b200_sxm_trtllm_fp8_disagg_8192x1024_c48_tp8_0_ep1_0_383"
+PREFILL_EP1_PLAIN = "2026_03_25_deepseek_r1_b200_sxm_trtllm_fp8_disagg_8192x1024_c32_tp8_0_ep1_0_432"
+# H200 8k/1k at 9 clients: no recipe read gives 9.
+UNLISTED = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_8192x1024_c9_tp8_0_ep8_0_448"
 # B200 FP4 1k/1k at 10 clients: an MTP and a plain entry, with the same workers.
 MTP_OR_NOT = "2026_04_06_deepseek_r1_b200_sxm_trtllm_fp4_disagg_1024x1024_c10_tp4_ep4_1525"
 # B300 FP4 1k/1k at 10 clients: MTP with TP 8 decode workers, plain with TP 4; the row's decode TP picks.
@@ -61,10 +63,17 @@ def test_an_unlisted_row_keeps_the_assumption_and_says_so(rows) -> None:
     assert plan.layout.startswith("assumed kv_fit_rate:")
 
 
-def test_a_row_of_an_earlier_matrix_keeps_the_assumption(rows) -> None:
-    row = _row(rows, OLDER_MATRIX)
-    assert candidates(row) == [] and inferencex_workers(row) is None
-    assert row_plan(row).layout.startswith("assumed kv_fit_rate:")
+def test_a_prefill_ep1_row_runs_the_mtp_entry_with_its_recipes_prefill(rows) -> None:
+    row = _row(rows, PREFILL_EP1_MTP)
+    m = inferencex_workers(row)
+    assert m is not None and (m.prefill, m.decode, m.mtp) == (Shape(1, 8, 1, True), Shape(6, 8, 1, False), 3)
+    plan = row_plan(row)
+    assert plan.counts == (1, 6) and plan.cfg.speculative.num_speculative_tokens == 3
+    prefill = {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 8, "engine.expert_parallel_size": 1}
+    assert {k: plan.cfg.cluster.replicas[0].get(k, 1) for k in prefill} == prefill
+    assert "recipes/trtllm/b200-fp8/8k1k @e71238b" in plan.layout
+    plain = _row(rows, PREFILL_EP1_PLAIN)
+    assert candidates(plain) == [] and row_plan(plain).layout.startswith("twin record")
 
 
 def test_an_ambiguous_match_is_not_used(rows) -> None:
@@ -252,6 +261,11 @@ H200_MTP = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_1024x1024_c88_tp8_
 H200_MTP2 = "2026_04_06_deepseek_r1_h200_sxm_trtllm_fp8_disagg_8192x1024_c64_tp8_ep8_1575"
 # 1k/1k at 13 clients: no recipe read gives 13.
 H200_UNSETTLED = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_1024x1024_c13_tp8_0_ep8_0_354"
+# Past 88 clients (the layout audit): 1k/1k 352 is c32_ctx1_gen11_tep8_batch128_eplb0_mtp3 ("352"); 8k/1k 256 is
+# c256_ctx3_gen1_dep8_batch32_eplb0_mtp2 ("256"); 1k/1k 1,024 is given by two recipes with other workers.
+H200_352 = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_1024x1024_c352_tp8_0_ep8_0_408"
+H200_256 = "2026_04_06_deepseek_r1_h200_sxm_trtllm_fp8_disagg_8192x1024_c256_tp8_ep8_1558"
+H200_1024 = "2026_04_06_deepseek_r1_h200_sxm_trtllm_fp8_disagg_1024x1024_c1024_tp8_ep8_1521"
 # 8k/1k at 28 clients: the MTP 3 and the plain c4_ctx1_gen7 recipes, the same workers.
 H200_MTP_OR_NOT = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_8192x1024_c28_tp8_0_ep8_0_388"
 
@@ -281,3 +295,55 @@ def test_an_h200_row_no_recipe_settles_keeps_its_defaults(rows) -> None:
     m = inferencex_workers(_row(rows, H200_MTP_OR_NOT))
     assert m is not None and m.mtp is None and m.decode == Shape(7, 8, 8, False)
     assert not row_plan(_row(rows, H200_MTP_OR_NOT)).cfg.speculative.enabled
+
+
+def test_h200_rows_past_88_clients_run_their_recipes_by_total_concurrency(rows) -> None:
+    m = inferencex_workers(_row(rows, H200_352))
+    assert m is not None and (m.prefill, m.decode, m.mtp, m.decode_batch) == (
+        Shape(1, 8, 8, True), Shape(11, 8, 8, False), 3, 128)
+    m = inferencex_workers(_row(rows, H200_256))
+    assert m is not None and (m.prefill, m.decode, m.mtp, m.decode_slots()) == (
+        Shape(3, 8, 8, False), Shape(1, 8, 8, True), 2, 32 * 8)
+    row = _row(rows, H200_1024)
+    assert candidates(row) == [] and inferencex_workers(row) is None
+    assert row_plan(row).layout.startswith("assumed kv_fit_rate:")
+
+
+# SGLang B200 FP4 1k/1k at 32 clients: one plain and one MTP entry, the same workers (1 prefill DEP 4, 6 TEP 8
+# decode); the plain configuration ran lmsysorg/sglang:v0.5.8.post1-cu130-runtime, the MTP one ...-cu130.
+SGL_FP4_MTP_IMAGE = "2026_03_25_deepseek_r1_b200_sxm_sglang_fp4_disagg_1024x1024_c32_tp4_0_ep4_0_786"
+SGL_FP4_PLAIN_IMAGE = "2026_03_25_deepseek_r1_b200_sxm_sglang_fp4_disagg_1024x1024_c32_tp4_0_ep4_0_800"
+
+
+def test_the_rows_image_tells_plain_from_mtp_where_the_configurations_differ_in_it(rows) -> None:
+    from twinserve.sim.validate_inferencex import MTP_DEPTH_NOT_GIVEN
+    plain, mtp = inferencex_workers(_row(rows, SGL_FP4_PLAIN_IMAGE)), inferencex_workers(_row(rows, SGL_FP4_MTP_IMAGE))
+    assert plain is not None and mtp is not None
+    assert (plain.decode, plain.mtp) == (Shape(6, 8, 8, False), 0)
+    assert (mtp.decode, mtp.mtp) == (Shape(6, 8, 8, False), MTP_DEPTH_NOT_GIVEN)
+    assert "MTP or not" not in row_plan(_row(rows, SGL_FP4_PLAIN_IMAGE)).layout
+    other = _row(rows, SGL_FP4_PLAIN_IMAGE).copy()
+    other["silicon_data_source"] = other["silicon_data_source"].replace("-runtime", "-other")
+    assert candidates(other) == []
+
+
+# gpt-oss-120b TensorRT-LLM GB200, from its srt-slurm recipes (GPTOSS_TABLE): 8k/1k at 128 clients is run by
+# ctx2_gen1_tp4_batch1024 (decode TP 4) and ctx2_gen1_dep2_batch512 (decode DEP 2); this row's decode TP 2 picks the
+# second: 2 one-GPU prefill workers, one DEP 2 decode worker of 512 a rank. 1k/1k at 64: ctx1_gen1_tp4_batch256.
+GPTOSS_DEP2 = "2026_03_25_gpt_oss_120b_gb200_trtllm_fp4_disagg_8192x1024_c128_tp1_0_ep1_0_1285"
+GPTOSS_TP4 = "2026_03_25_gpt_oss_120b_gb200_trtllm_fp4_disagg_1024x1024_c64_tp1_0_ep1_0_1280"
+# 1k/1k at 1,024 with decode TP 2: two recipes (one or two DEP 2 decode workers) run it.
+GPTOSS_UNSETTLED = "2026_04_06_gpt_oss_120b_gb200_trtllm_fp4_disagg_1024x1024_c1024_tp1_ep1_1234"
+
+
+def test_a_gpt_oss_row_runs_its_recipes_workers_picked_by_its_decode_tp(rows) -> None:
+    m = inferencex_workers(_row(rows, GPTOSS_DEP2))
+    assert m is not None and (m.prefill, m.decode, m.mtp, m.decode_slots()) == (
+        Shape(2, 1, 1, False), Shape(1, 2, 2, True), 0, 1024)
+    plan = row_plan(_row(rows, GPTOSS_DEP2))
+    assert plan.counts == (2, 1) and "recipes/trtllm/gptoss-fp4" in plan.layout
+    m = inferencex_workers(_row(rows, GPTOSS_TP4))
+    assert m is not None and (m.prefill.count, m.decode, m.decode_batch) == (1, Shape(1, 4, 1, False), 256)
+    row = _row(rows, GPTOSS_UNSETTLED)
+    assert len(candidates(row)) == 0 and inferencex_workers(row) is None
+    assert row_plan(row).layout.startswith("assumed kv_fit_rate:")

@@ -17,7 +17,7 @@ pytest.importorskip("aiconfigurator_core", reason="the measured rows ship in aic
 
 # InferenceMAX dumps: prefill TP 8 / EP 8 and decode TP 8 / EP 8 given, worker counts not.
 # (Rows without a twin record of the same run, sim/validate_twins.py: those take the twin's counts.)
-DISAGG_NO_COUNTS = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_8192x1024_c512_tp8_0_ep8_0_396"
+DISAGG_NO_COUNTS = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_1024x1024_c1024_tp8_0_ep8_0_431"  # H200 1k/1k at 1,024: two srt-slurm recipes with other workers
 DISAGG_LOW_C = "2026_04_06_deepseek_r1_h200_sxm_trtllm_fp8_disagg_1024x1024_c13_tp8_ep8_1829"
 AGG_70B = "2026_04_06_llama_3_1_70b_h200_sxm_vllm_fp8_agg_1024x8192_c16_tp8_ep1_270"
 # vLLM row with tp 1, moe_tp 2, moe_ep 1 and no attention_dp_size: two DP ranks.

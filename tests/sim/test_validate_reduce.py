@@ -16,9 +16,11 @@ from twinserve.sim.validate_rows import closed_loop_available, row_study
 
 pytestmark = pytest.mark.skipif(not closed_loop_available(), reason="slices need closed-loop clients")
 
-# DeepSeek-R1 H200 TensorRT-LLM disaggregated, 256 clients, no worker counts in the row: the KV-balanced
-# assumption gives 2 prefill + 2 decode workers at H200's 143,771 MiB (a development row).
-DISAGG_2P2D = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_8192x1024_c256_tp8_0_ep8_0_661"
+# DeepSeek-R1 H200 TensorRT-LLM disaggregated 1k/1k, 1,024 clients, no worker counts in the row (two srt-slurm
+# recipes with other workers give 1,024: sim/validate_inferencex.py): the KV-balanced assumption gives 2 prefill +
+# 2 decode workers at H200's 143,771 MiB (a development row). (8k/1k at 256, the row used before, is settled by its
+# recipe: 3 prefill, 1 decode.)
+DISAGG_2P2D = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_1024x1024_c1024_tp8_0_ep8_0_431"
 # Qwen3-32B B200 TensorRT-LLM disaggregated: 40 prefill + 6 decode workers as the file gives them.
 DISAGG_40P6D = "nvidia_qwen3_32b_nvfp4_nvidia_qwen3_32b_nvfp4_b200_sxm_trtllm_disagg_15000x500_c480_tp_epnone_1"
 AGG_70B = "2026_04_06_llama_3_1_70b_h200_sxm_vllm_fp8_agg_1024x8192_c16_tp8_ep1_270"
@@ -45,15 +47,15 @@ def _cluster(pre: int, dec: int, clients: int, per_client: int = 10, warm_waves:
 
 def test_the_development_row_is_simulated_as_half_its_cluster(rows: pd.DataFrame) -> None:
     cfg = row_study(_row(rows, DISAGG_2P2D))
-    assert (cfg.cluster.num_replicas, cfg.cluster.num_prefill_replicas, cfg.workload.concurrency) == (4, 2, 256)
-    out, part = slice_row(cfg, 256, REPLICAS)
+    assert (cfg.cluster.num_replicas, cfg.cluster.num_prefill_replicas, cfg.workload.concurrency) == (4, 2, 1024)
+    out, part = slice_row(cfg, 1024, REPLICAS)
     c, w = out.cluster, out.workload
-    assert part == Slice(2, 128, 1, 1) and part.label() == "1/2: P 1 D 1, 128 clients"
-    assert (c.num_replicas, c.num_prefill_replicas, w.concurrency) == (2, 1, 128)
+    assert part == Slice(2, 512, 1, 1) and part.label() == "1/2: P 1 D 1, 512 clients"
+    assert (c.num_replicas, c.num_prefill_replicas, w.concurrency) == (2, 1, 512)
     assert c.replicas == [cfg.cluster.replicas[0], cfg.cluster.replicas[2]]  # one of each kind, in order
     assert w.num_requests == cfg.workload.num_requests // 2 and w.warmup_requests == cfg.workload.warmup_requests // 2
     assert out.scheduler == cfg.scheduler and out.engine == cfg.engine  # each worker's engine as the full row's
-    assert cfg.workload.concurrency == 256 and cfg.cluster.num_replicas == 4  # the row's own study untouched
+    assert cfg.workload.concurrency == 1024 and cfg.cluster.num_replicas == 4  # the row's own study untouched
 
 
 @settings(max_examples=60, deadline=None)
