@@ -632,23 +632,6 @@ DISAGG_RECIPES: dict[tuple, DisaggRecipe] = {
         _W(0.9, 0, 0, 128), _QC),
 }
 
-# Configurations whose non-MTP and MTP twins ran from different images (nvidia-master.yaml @0004cf5:
-# dsr1-fp4-b200-dynamo-sglang lmsysorg/sglang:v0.5.8.post1-cu130-runtime, dsr1-fp4-b200-dynamo-sglang-mtp
-# v0.5.8.post1-cu130): a row's image (its silicon_data_source) tells which entries it may be. MTP entry -> image.
-_DISAGG_IMAGES: dict[tuple[str, str], dict[bool, str]] = {
-    ("b200_sxm", "fp4"): {False: "lmsysorg/sglang:v0.5.8.post1-cu130-runtime",
-                          True: "lmsysorg/sglang:v0.5.8.post1-cu130"},
-}
-
-
-def _image(row: Any) -> str:
-    for part in str(row.get("silicon_data_source", "")).split(";"):
-        key, _, value = part.strip().partition("=")
-        if key == "image":
-            return value
-    return ""
-
-
 def disagg_recipe(row: Any) -> DisaggRecipe | None:
     """The srt-slurm recipe an InferenceX disaggregated SGLang DeepSeek-R1 row launched (the flags every entry it
     may be agrees on), where its entries (InferenceX's matrix, sim/validate_inferencex.py) and their recipes are
@@ -660,10 +643,7 @@ def disagg_recipe(row: Any) -> DisaggRecipe | None:
     if inferencex_workers(row) is None:  # no entry fits, or the fitting ones disagree on the workers
         return None
     system, precision = str(row.get("system")), str(row.get("precision"))
-    fits = candidates(row)
-    images = _DISAGG_IMAGES.get((system, precision))
-    if images is not None:
-        fits = [e for e in fits if images[e.mtp != 0] == _image(row)]
+    fits = candidates(row)  # the row's image already picks between plain and MTP entries (ENTRY_IMAGES)
     out: DisaggRecipe | None = None
     for e in fits:
         p, d = e.prefill, e.decode
