@@ -85,7 +85,7 @@ class SchedulerConfig:
     # executor_request_queue.py @007a750 `_fetch_new_requests_attention_dp`: at most max_num_active_requests a
     # rank, `_balance_requests_across_ranks` picks the rank with the fewest active tokens, then requests;
     # _util.py `create_py_executor_instance` builds each rank's BindMicroBatchScheduler(max_batch_size,
-    # max_num_tokens)). Scheduler._admit.
+    # max_num_tokens), in the library's stored copy whose commit its index does not name). Scheduler._admit.
     adp_per_rank: bool = knob(False, help="attention DP (adp_ranks > 1): each new request is placed on one rank "
                               "(fewest active prompt tokens, then requests) and takes that rank's share of "
                               "max_num_seqs and max_num_batched_tokens, not the pooled ones (TensorRT-LLM's "
