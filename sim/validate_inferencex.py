@@ -96,6 +96,10 @@ class Entry:
     # attention), from the `batchN` of the recipe file the entry launches; () where not transcribed.
     batch: tuple[int, ...] = ()
 
+    # The prefill ("ctx") worker's TensorRT-LLM (max_batch_size, max_num_tokens), per attention-DP rank under DP
+    # attention, from the recipe the entry launches (_PREFILL_CAPS); (0, 0) where not transcribed.
+    prefill_caps: tuple[int, int] = (0, 0)
+
     def batch_at(self, clients: int) -> int:
         """The decode max_batch_size the entry ran at `clients` clients (0: not transcribed)."""
         return self.batch[self.concs.index(clients)] if self.batch and clients in self.concs else 0
@@ -109,12 +113,18 @@ class Match:
     decode: Shape
     mtp: int | None
     decode_batch: int = 0  # the decode worker's max_batch_size per attention rank (0: not known)
+    prefill_caps: tuple[int, int] = (0, 0)  # the prefill worker's (max_batch_size, max_num_tokens) a rank (0: not known)
     source: str = _SOURCE  # where the entries were read (RECIPE_SOURCES for the configurations read there)
 
     def decode_slots(self) -> int:
         """Requests one decode worker runs at once: max_batch_size per attention rank, times its DP-attention
         ranks (TensorRT-LLM's max_batch_size is per rank under attention DP); 0 where not known."""
         return self.decode_batch * (self.decode.tp if self.decode.dp_attn else 1)
+
+    def decode_seqs_field(self) -> int:
+        """The decode worker's `scheduler.max_num_seqs`: a rank's max_batch_size under attention DP (sim/build.py
+        multiplies the field by data_parallel_size, each rank's batch), else the worker's; 0 where not known."""
+        return self.decode_batch
 
     def simulates_mtp(self, clients: int) -> bool:
         """Whether the row's study drafts: a known depth, and few enough clients (MTP_SIMULATED_MAX_CLIENTS)."""
@@ -631,6 +641,46 @@ def _with_prefill_ep1(entries: tuple[Entry, ...]) -> tuple[Entry, ...]:
 
 TABLE[_PREFILL_EP1_RUN] = _with_prefill_ep1(TABLE[_PREFILL_EP1_RUN])
 
+
+# The prefill ("ctx") worker's TensorRT-LLM `max_batch_size` and `max_num_tokens` of each entry, in TABLE's order,
+# as the recipe it launches sets them under `trtllm_config: prefill:` (per attention-DP rank where that worker
+# runs `enable_attention_dp: true`: each rank's executor schedules its own batch, SchedulerConfig.adp_per_rank);
+# None where not transcribed. Only the configurations whose entries were read from their recipes
+# (RECIPE_SOURCES), every recipe of a configuration setting the same pair:
+# - H200 1k/1k, ishandhanani/srt-slurm @4893f83 recipes/trtllm/h200/1k1k/stp/c4_ctx1_gen9_tep8_batch256_eplb0_mtp0,
+#   c8_ctx1_gen9_tep8_batch256_eplb0_mtp0, mtp/c4_ctx1_gen11_tep8_batch128_eplb0_mtp3,
+#   c8_ctx1_gen11_tep8_batch128_eplb0_mtp3 (.yaml): `enable_attention_dp: true`, `max_batch_size: 8`,
+#   `max_num_tokens: 8192` (8 ranks).
+# - H200 8k/1k, the same commit, recipes/trtllm/h200/8k1k/mtp/c4_ctx1_gen7_tep8_batch32_eplb0_mtp3,
+#   stp/c4_ctx1_gen7_tep8_batch32_eplb0_mtp0, mtp/c64_ctx1_gen1_dep8_batch32_eplb0_mtp2: `enable_attention_dp:
+#   false`, `max_batch_size: 2`, `max_num_tokens: 16640`.
+# Not carried: the B200 FP8 rows (their entries are nvidia-master.yaml's; the 8k/1k row at 8 clients fits two
+# entries that disagree on the workers, whose ctx recipes both set 1 and 8,320 a rank: its workers stay assumed,
+# and so do its caps), the recipes' `enable_chunked_prefill: false` (every prompt of these rows fits the
+# worker's max_num_tokens, so a chunk never forms either way; the simulator's check that an unchunked budget
+# holds max_model_len, ISL + OSL, would refuse 8,320 beside 9,216).
+_PREFILL_CAPS: dict[tuple[str, str, str, int, int], tuple[tuple[int, int] | None, ...]] = {
+    # The entries after the first four (1k/1k) and three (8k/1k) are the layout audit's, above 88 and 64 clients
+    # (recipes whose ctx caps were not transcribed): None.
+    ("trtllm", "h200_sxm", "fp8", 1024, 1024): ((8, 8192),) * 4 + (None,) * 8,
+    ("trtllm", "h200_sxm", "fp8", 8192, 1024): ((2, 16640),) * 3 + (None,) * 3,
+}
+
+
+def _with_prefill_caps(table: dict, caps: dict) -> dict:
+    """The table with each entry's prefill (max_batch_size, max_num_tokens) merged in."""
+    out = dict(table)
+    for key, per_entry in caps.items():
+        entries = table[key]
+        if len(per_entry) != len(entries):
+            raise ValueError(f"{key}: {len(per_entry)} prefill caps for {len(entries)} entries")
+        out[key] = tuple(Entry(e.concs, e.prefill, e.decode, e.mtp, e.batch, c or (0, 0))
+                         for e, c in zip(entries, per_entry))
+    return out
+
+
+TABLE = _with_prefill_caps(TABLE, _PREFILL_CAPS)
+
 # Configurations whose client counts at that commit are one dump's only (the other dump holds counts that
 # matrix does not run: GB200 FP4 1k/1k's 2026-04-06 rows at 16, 32, 64, 128, 144, ..., the GB200 SGLang
 # 2026-04-06 rows at 2, 16, 64, 128, 256, ...).
@@ -767,10 +817,11 @@ def inferencex_workers(row: Any) -> Match | None:
     mtps = {e.mtp for e in fits}
     conc = _num(row.get("concurrency")) or 0
     batches = {e.batch_at(conc) for e in fits}  # entries that agree on the workers but not the batch: unknown
+    caps = {e.prefill_caps for e in fits}  # likewise the prefill worker's caps
     key = (str(row.get("backend")), str(row.get("system")), str(row.get("precision")),
            _num(row.get("isl")), _num(row.get("osl")))
     source = _GPTOSS_SOURCE if str(row.get("model")) == "gpt-oss-120b" else RECIPE_SOURCES.get(key, _SOURCE)
     if key == _PREFILL_EP1_RUN and fits[0].prefill.ep == 1:
         source += f"; prefill EP 1: {_PREFILL_EP1_SOURCE}"
     return Match(fits[0].prefill, fits[0].decode, mtps.pop() if len(mtps) == 1 else None,
-                 batches.pop() if len(batches) == 1 else 0, source)
+                 batches.pop() if len(batches) == 1 else 0, caps.pop() if len(caps) == 1 else (0, 0), source)

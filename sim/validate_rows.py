@@ -451,8 +451,17 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
         if ix.decode_slots():
             # Each decode worker runs at most its recipe's max_batch_size (per attention rank) requests; the
             # rest wait for a slot, and the wait is TTFT: the client's first token comes from the decode
-            # worker (sim/validate_inferencex.py _DECODE_BATCH).
-            dec_layout = {**dec_layout, "scheduler.max_num_seqs": ix.decode_slots()}
+            # worker (sim/validate_inferencex.py _DECODE_BATCH). Under attention DP the field is a rank's:
+            # sim/build.py multiplies it by the worker's ranks.
+            dec_layout = {**dec_layout, "scheduler.max_num_seqs": ix.decode_seqs_field()}
+        seqs, tokens = ix.prefill_caps
+        if seqs and tokens:
+            # The prefill worker's recipe max_batch_size and max_num_tokens (sim/validate_inferencex.py
+            # _PREFILL_CAPS), a rank's under attention DP, where each rank schedules its own batch from the
+            # requests placed on it (TensorRT-LLM's per-rank executor: SchedulerConfig.adp_per_rank).
+            pre_layout = {**pre_layout, "scheduler.max_num_seqs": seqs, "scheduler.max_num_batched_tokens": tokens}
+            if ix.prefill.dp_attn:
+                pre_layout["scheduler.adp_per_rank"] = True
     elif missing_worker_counts(row) and twin_of(row):
         plan.layout = (f"twin record {twin_of(row)}: {pre.count} prefill, {dec.count} decode workers "
                        f"(the same measured TTFT and TPOT; sim/validate_twins.py)")

@@ -79,6 +79,17 @@ class SchedulerConfig:
                                         "prompt and a decode, the prompts wait this many steps more "
                                         "(TensorRT-LLM's attention_dp_config batching_wait_iters)", unit="steps",
                                         range=(0, _INT32_MAX), special={0: "no wait"})
+    # TensorRT-LLM with enable_attention_dp: every attention-DP rank runs its own executor loop whose scheduler
+    # (capacity + micro-batch) holds max_batch_size requests and max_num_tokens a step, and a new request is
+    # placed on one rank when it is fetched (NVIDIA/TensorRT-LLM tensorrt_llm/_torch/pyexecutor/
+    # executor_request_queue.py @007a750 `_fetch_new_requests_attention_dp`: at most max_num_active_requests a
+    # rank, `_balance_requests_across_ranks` picks the rank with the fewest active tokens, then requests;
+    # _util.py `create_py_executor_instance` builds each rank's BindMicroBatchScheduler(max_batch_size,
+    # max_num_tokens), in the library's stored copy whose commit its index does not name). Scheduler._admit.
+    adp_per_rank: bool = knob(False, help="attention DP (adp_ranks > 1): each new request is placed on one rank "
+                              "(fewest active prompt tokens, then requests) and takes that rank's share of "
+                              "max_num_seqs and max_num_batched_tokens, not the pooled ones (TensorRT-LLM's "
+                              "per-rank scheduler)")
     adp_ranks: int = knob(1, help="attention-DP ranks whose batches this scheduler pools (set from [engine] "
                           "data_parallel_size)", unit="ranks", range=(1, _INT32_MAX), flag=False)
     # SGLang's --scheduler-recv-interval (managers/scheduler_recv_skipper.py): Scheduler._received.

@@ -68,6 +68,7 @@ class Scheduler(OutputUpdate):
                                               config.batch_wait_tokens_ratio, config.adp_ranks,
                                               config.adp_balance_iters, config.adp_batching_wait_iters)
         self.running: list[Request] = []
+        self._adp_rank: dict[str, int] = {}  # request id -> its attention-DP rank (SchedulerConfig.adp_per_rank)
         self.requests: dict[str, Request] = {}
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
@@ -479,6 +480,10 @@ class Scheduler(OutputUpdate):
         # less held) exceed `own`, by this much summed, which the carried bound adds.
         held_short = 0
         tables = self.executor_reads_tables
+        ranks = cfg.adp_ranks if cfg.adp_per_rank else 1
+        if ranks > 1:  # each attention-DP rank's own seats and step tokens (SchedulerConfig.adp_per_rank)
+            rank_seqs, rank_room, rank_tokens = self._rank_loads(ranks, num_scheduled)
+            rank_seats = cfg.max_num_seqs // ranks
         while (waiting or loaded) and budget > 0 and len(running) < cfg.max_num_seqs:
             # Back from a host-tier load: it holds its hits' blocks (and the first chunk's).
             req = loaded[0] if loaded else waiting.peek()
@@ -505,6 +510,17 @@ class Scheduler(OutputUpdate):
                     num_new = budget
             elif num_new > budget:
                 break
+            if ranks > 1:
+                # The rank TensorRT-LLM's balance gives it: below its seats, fewest active prompt tokens, then
+                # requests, then the lowest; it runs within that rank's tokens or waits (FCFS: the queue too).
+                rank = min((k for k in range(ranks) if rank_seqs[k] < rank_seats),
+                           key=lambda k: (rank_tokens[k], rank_seqs[k], k), default=-1)
+                if rank < 0 or rank_room[rank] <= 0:
+                    break
+                if num_new > rank_room[rank]:
+                    if not cfg.enable_chunked_prefill:
+                        break
+                    num_new = rank_room[rank]
             # Headroom for running requests; with none it would only block.
             reserve = self.watermark_blocks if running else 0
             if no_evict:
@@ -568,10 +584,35 @@ class Scheduler(OutputUpdate):
                                                req.sampling_params, _NO_IDS, done + num_hit))
             num_scheduled[rid] = num_new
             budget -= num_new
+            if ranks > 1:
+                self._adp_rank[rid] = rank
+                rank_seqs[rank] += 1
+                rank_room[rank] -= num_new
+                rank_tokens[rank] += req.num_prompt_tokens
         if bounded and owed >= 0:
             self.owed_bound = owed + held_short
             self.owed_freed = kv.num_window_freed
         return budget
+
+    def _rank_loads(self, ranks: int, num_scheduled: dict[str, int]) -> tuple[list[int], list[int], list[int]]:
+        """Per attention-DP rank: running requests, step tokens left (its share of max_num_batched_tokens less
+        what its running requests take this step) and active prompt tokens (TensorRT-LLM's balance key)."""
+        rank_of = self._adp_rank
+        running = self.running
+        if len(rank_of) > 2 * len(running) + 256:  # forget requests that left
+            live = {r.request_id for r in running}
+            self._adp_rank = rank_of = {i: k for i, k in rank_of.items() if i in live}
+        seqs, tokens = [0] * ranks, [0] * ranks
+        room = [self.config.max_num_batched_tokens // ranks] * ranks
+        for r in running:
+            rid = r.request_id
+            k = rank_of.get(rid)
+            if k is None:  # admitted on another path: the rank with the fewest running requests
+                k = rank_of[rid] = min(range(ranks), key=lambda j: (seqs[j], j))
+            seqs[k] += 1
+            tokens[k] += r.num_prompt_tokens
+            room[k] -= num_scheduled.get(rid, 0)
+        return seqs, room, tokens
 
     def _peak_blocks(self, req: Request) -> int:
         """Blocks req holds at its peak (its prompt and max_tokens less the last token, add_request's peak).

@@ -200,7 +200,10 @@ def test_a_decode_worker_admits_only_its_recipes_batch(rows, row_id: str, worker
     # Fewer slots than clients: the rest wait for the decode worker, and that wait is their TTFT.
     assert slots < int(row["concurrency"])
     for i in range(cfg.cluster.num_replicas):
-        cap = replica_config(cfg, i).scheduler.max_num_seqs
+        rc = replica_config(cfg, i)
+        # The field is a rank's under attention DP: sim/build.py pools data_parallel_size of them (a DEP 8
+        # decode worker of 8 a rank holds 64, not 8 x 64).
+        cap = rc.scheduler.max_num_seqs * rc.engine.data_parallel_size
         assert cap == (slots if i >= pre else max(int(row["concurrency"]), cap)), i
     assert all("scheduler.max_num_seqs" not in r for r in cfg.cluster.replicas[:pre])
 
@@ -278,13 +281,20 @@ def test_an_h200_row_runs_its_srt_slurm_recipes_workers_and_mtp(rows) -> None:
     spec = plan.cfg.speculative
     assert (spec.method, spec.draft_model, spec.num_speculative_tokens) == ("draft_model", "mtp", 3)
     c = plan.cfg.cluster
-    prefill = {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 8, "engine.expert_parallel_size": 8}
+    # The ctx worker's recipe caps, a rank's: 8 prompts and 8,192 tokens on each of its 8 attention-DP ranks.
+    prefill = {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 8, "engine.expert_parallel_size": 8,
+               "scheduler.max_num_seqs": 8, "scheduler.max_num_batched_tokens": 8192,
+               "scheduler.adp_per_rank": True}
     assert c.replicas[0] == prefill
     assert c.replicas[1]["engine.tensor_parallel_size"] == 8 and c.replicas[1]["scheduler.max_num_seqs"] == 128
     plan2 = row_plan(_row(rows, H200_MTP2))
     assert plan2.counts == (1, 1) and plan2.cfg.speculative.num_speculative_tokens == 2
     assert plan2.cfg.cluster.replicas[0]["engine.tensor_parallel_size"] == 8  # TEP 8 prefill
-    assert plan2.cfg.cluster.replicas[1]["scheduler.max_num_seqs"] == 32 * 8  # 32 a rank, DEP 8
+    # Its ctx worker: TEP 8, no attention DP: max_batch_size 2, max_num_tokens 16,640 for the worker.
+    pre2 = plan2.cfg.cluster.replicas[0]
+    assert (pre2["scheduler.max_num_seqs"], pre2["scheduler.max_num_batched_tokens"]) == (2, 16640)
+    assert "scheduler.adp_per_rank" not in pre2
+    assert plan2.cfg.cluster.replicas[1]["scheduler.max_num_seqs"] == 32  # 32 a rank (DEP 8: sim/build.py x 8)
 
 
 def test_an_h200_row_no_recipe_settles_keeps_its_defaults(rows) -> None:
@@ -292,6 +302,8 @@ def test_an_h200_row_no_recipe_settles_keeps_its_defaults(rows) -> None:
     assert candidates(row) == [] and inferencex_workers(row) is None
     plan = row_plan(row)
     assert plan.layout.startswith("assumed kv_fit_rate:") and not plan.cfg.speculative.enabled
+    # No recipe: no ctx-worker caps, the pooled defaults.
+    assert not any(k.startswith("scheduler.") for r in plan.cfg.cluster.replicas for k in r)
     m = inferencex_workers(_row(rows, H200_MTP_OR_NOT))
     assert m is not None and m.mtp is None and m.decode == Shape(7, 8, 8, False)
     assert not row_plan(_row(rows, H200_MTP_OR_NOT)).cfg.speculative.enabled
@@ -347,3 +359,19 @@ def test_a_gpt_oss_row_runs_its_recipes_workers_picked_by_its_decode_tp(rows) ->
     row = _row(rows, GPTOSS_UNSETTLED)
     assert len(candidates(row)) == 0 and inferencex_workers(row) is None
     assert row_plan(row).layout.startswith("assumed kv_fit_rate:")
+
+
+def test_prefill_caps_come_only_from_recipes_read_and_ride_the_prefill_worker(rows) -> None:
+    from twinserve.sim.config import replica_config
+    from twinserve.sim.validate_inferencex import _PREFILL_CAPS, RECIPE_SOURCES, TABLE
+    assert set(_PREFILL_CAPS) <= set(RECIPE_SOURCES)  # transcribed from a recipe read, nowhere else
+    for key, entries in TABLE.items():
+        assert all(e.prefill_caps == (0, 0) for e in entries) or key in _PREFILL_CAPS, key
+    # An MTP-or-not row (both recipes set the same ctx caps) carries them; the decode workers do not.
+    row = _row(rows, H200_MTP_OR_NOT)
+    plan = row_plan(row)
+    cfg = plan.cfg
+    pre, dec = replica_config(cfg, 0).scheduler, replica_config(cfg, 1).scheduler
+    assert (pre.max_num_seqs, pre.max_num_batched_tokens, pre.adp_per_rank) == (2, 16640, False)
+    assert dec.max_num_batched_tokens == cfg.scheduler.max_num_batched_tokens and not dec.adp_per_rank
+    assert dec.max_num_seqs == 32  # the decode worker's own recipe batch (TEP: the worker's)
