@@ -118,7 +118,7 @@ def correlations(d: pd.DataFrame) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("csv")
+    p.add_argument("csv", help="a validation.csv of development rows (simulate validate --silicon --rows dev)")
     p.add_argument("--agg", action="store_true", help="aggregated rows only")
     args = p.parse_args(argv)
     d = load(args.csv, args.agg)

@@ -6,10 +6,11 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from twinserve.core import ModelRunnerOutput, Request, SamplingParams, Scheduler, SchedulerConfig
+from twinserve.core import Request, SamplingParams, Scheduler, SchedulerConfig
 from twinserve.core.fake_executor import FakeExecutor
 
 from .helpers import drive, reference_output
+from .test_batch_policy import _step
 from .test_scheduler_properties import _fields, workloads
 
 
@@ -20,15 +21,6 @@ def _sched(per_rank: bool, ranks: int, seats: int, tokens: int, chunked: bool = 
                                      max_model_len=9216 if chunked else 1024, block_size=16, num_blocks=8192,
                                      adp_ranks=ranks, enable_prefix_caching=False,
                                      adp_per_rank=per_rank, enable_chunked_prefill=chunked))
-
-
-def _step(sched: Scheduler, t: float) -> dict[str, int]:
-    """One step, a sampled token for every request that reached its prompt's end."""
-    so = sched.schedule(t)
-    tokens = {rid: [5] for rid in so.num_scheduled_tokens
-              if sched.requests[rid].num_computed_tokens == sched.requests[rid].num_tokens}
-    sched.update_from_output(so, ModelRunnerOutput(tokens), t + 0.5)
-    return dict(so.num_scheduled_tokens)
 
 
 def _first_step(sched: Scheduler, prompts: list[int]) -> dict[str, int]:
