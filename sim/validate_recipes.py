@@ -61,7 +61,7 @@ Flags and what the simulator does with them:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any, Callable
 
 _INFERENCEX_REPO = "SemiAnalysisAI/InferenceX"
@@ -522,9 +522,7 @@ class WorkerFlags:
 
     def common(self, other: WorkerFlags) -> WorkerFlags:
         """The flags both set to the same value (0 where they differ)."""
-        return WorkerFlags(*(a if a == b else type(a)(0) for a, b in zip(
-            (self.mem_fraction, self.chunked_prefill_size, self.max_prefill_tokens, self.max_running_requests),
-            (other.mem_fraction, other.chunked_prefill_size, other.max_prefill_tokens, other.max_running_requests))))
+        return WorkerFlags(*(a if a == b else type(a)(0) for a, b in zip(astuple(self), astuple(other))))
 
 
 @dataclass(slots=True, frozen=True)
