@@ -51,10 +51,15 @@ def step_kind(pt: float, ds: float) -> str:
     return "prefill" if pt else "decode"
 
 
+def _used(x: np.ndarray) -> int:
+    """Coefficients a set of steps' design rows use (columns not all zero)."""
+    return int((np.abs(x).max(axis=0) > 0).sum())
+
+
 def _fit_bucket(x: np.ndarray, total: np.ndarray, execute: np.ndarray | None,
                 name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(device coefs, overhead coefs, kept-row mask) for one set of steps."""
-    used = int((np.abs(x).max(axis=0) > 0).sum())
+    used = _used(x)
     if len(total) < max(used, 2):
         raise ProfileError(f"{name}: {len(total)} steps cannot fit {used} coefficients; "
                            "log more steps (fewer steps than coefficients)")
@@ -139,6 +144,12 @@ def fit_step_profile(rows: Iterable[Mapping[str, Any]], *, split: bool = True,
             keep[np.flatnonzero(graph)[~kept]] = False
             regimes.append(Regime(int(graph_max_decodes), tuple(map(float, dev)), tuple(map(float, ovh)),
                                   decode_only=True))
+    # A regime holding too few steps to fit its coefficients (a short calibration where a code path's bound
+    # cuts off a handful of steps) is priced with the next regime's: its steps join that one.
+    for j in range(len(bounds)):
+        m = bucket == j
+        if m.any() and m.sum() < max(_used(x[m]), 2):
+            bucket[m] = j + 1
     coefs: list[tuple[np.ndarray, np.ndarray]] = []
     for j in range(len(bounds) + 1):
         m = bucket == j

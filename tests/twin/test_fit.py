@@ -718,3 +718,20 @@ def test_a_design_can_be_made_to_reach_longer_contexts() -> None:
     assert d.reaching(300) == d  # already measured
     with pytest.raises(InvalidConfigError, match="max_context"):
         d.reaching(0)
+
+
+def test_a_regime_too_thin_to_fit_is_priced_with_the_next_one() -> None:
+    """A code path's bound can cut off a handful of steps in a short calibration (CPU product paths timed
+    on the host: `calibrate --quick` then failed, 'steps of <= 16 tokens: 2 steps cannot fit 7
+    coefficients'). Those steps join the next regime, whose coefficients price them."""
+    rows = _rows(seed=5)
+    tokens = [r["num_prefill_tokens"] + r["num_decode_seqs"] for r in rows]
+    bound = sorted(tokens)[1]  # two steps at or below it (ties aside)
+    thin = [r for r, t in zip(rows, tokens) if t <= bound]
+    assert 0 < len(thin) < len(COEFFICIENTS)
+    prof = fit_step_profile(rows, regime_max_tokens=[bound])
+    assert [r.max_num_tokens for r in prof.regimes] == []
+    plain = fit_step_profile(rows)
+    for r in thin:
+        f = [r[c] for c in FEATURE_COLUMNS]
+        assert prof.step_time(*f) == pytest.approx(plain.step_time(*f))
