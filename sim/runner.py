@@ -6,6 +6,7 @@ Both back ends run the same pickled job through the same function, so results ar
 from __future__ import annotations
 
 import argparse
+import gc
 import multiprocessing
 import os
 import signal
@@ -90,8 +91,8 @@ def run_jobs(fn: Callable[[Any], Any], jobs: Sequence[Any], points: Sequence[dic
     on_result(i, result): called in this process as each job ends, in the order they end (a
     long study journals its finished points, so an interrupted run keeps them).
     Without a pool, several workers run in _Workers: a worker that dies fails only its own job
-    (after one retry alone), and max_worker_rss (bytes) replaces a worker whose resident memory
-    passes it after a job (None: never). Ray retries its own tasks.
+    (after one retry alone), and max_worker_rss (bytes) replaces a worker whose private resident
+    memory passes it after a job (None: never). Ray retries its own tasks.
     """
     bar = _bar(len(jobs), desc, progress)
 
@@ -147,10 +148,27 @@ def _rss_bytes() -> int:
         return 0
 
 
+def _private_bytes() -> int:
+    """The resident memory this process alone holds: its private pages (Linux smaps_rollup), the
+    resident memory where the kernel has no rollup.
+
+    A worker forked from a parent that loaded shared tables first (sim.validate.preload_aic) maps
+    those pages too; they count in its RSS, but retiring the worker would give none of them back.
+    """
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            kb = sum(int(line.split()[1]) for line in f
+                     if line.startswith(("Private_Clean:", "Private_Dirty:", "Private_Hugetlb:")))
+        return kb * 1024
+    except (OSError, ValueError, IndexError):
+        return _rss_bytes()
+
+
 def _worker_loop(fn: Callable[[Any], Any], conn: Connection, max_rss: int | None) -> None:
     """A worker: run each (i, job) it is sent; answer (i, result, retiring). It retires (exits after
-    answering) once its resident memory passes max_rss: what a big study leaves allocated (freed
-    objects whose arenas the allocator keeps) is given back to the system only by the process's end."""
+    answering) once its private resident memory passes max_rss: what a big study leaves allocated
+    (freed objects whose arenas the allocator keeps) is given back to the system only by the process's
+    end. Pages it shares with the parent it was forked from are not its to give back, so not counted."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it ends the workers
     while True:
         try:
@@ -161,7 +179,7 @@ def _worker_loop(fn: Callable[[Any], Any], conn: Connection, max_rss: int | None
             return
         i, job = msg
         r = _guarded(fn, job)
-        retiring = max_rss is not None and _rss_bytes() > max_rss
+        retiring = max_rss is not None and _private_bytes() > max_rss
         try:
             conn.send((i, r, retiring))
         except Exception as e:  # noqa: BLE001 - a result that does not pickle
@@ -187,7 +205,7 @@ class _Workers:
     dead worker (killed for memory, crashed) was running is known. That worker is replaced and the
     queue goes on; its job runs once more, alone (no other job runs beside it: a kill for memory may
     have been the two jobs' together), and if that worker dies too it is reported with how it died.
-    A worker whose resident memory passes max_rss after a job is replaced by a fresh one
+    A worker whose private resident memory passes max_rss after a job is replaced by a fresh one
     (_worker_loop). concurrent.futures' pool fails every queued job once one worker dies."""
 
     def __init__(self, fn: Callable[[Any], Any], n: int, max_rss: int | None) -> None:
@@ -231,6 +249,11 @@ class _Workers:
         again: list[int] = []  # jobs whose worker died: each runs once more, alone
         retried: set[int] = set()
         left = len(jobs)
+        # Forked workers share this process's pages until they write to them; a collection in a worker
+        # writes to every object it visits. Frozen, this process's objects are not visited there.
+        frozen = self.ctx.get_start_method() == "fork"
+        if frozen:
+            gc.freeze()
 
         def finish(i: int, r: Any) -> None:
             nonlocal left
@@ -288,6 +311,8 @@ class _Workers:
                 except (OSError, EOFError):
                     pass
                 self._end(proc, conn)
+            if frozen:
+                gc.unfreeze()
         return out
 
 

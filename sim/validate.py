@@ -82,6 +82,40 @@ def run_to_window(cfg: Any, count: int, stop_early: bool = True) -> pd.DataFrame
     return frame
 
 
+def preload_aic(jobs: list[tuple[Any, ...]]) -> int:
+    """Build each distinct (model, system, engine, version, mode) study of `jobs` once in this process,
+    so the aic kernel tables its cost models read are loaded here; returns the studies built.
+
+    run_validation calls it before its workers fork: they then share the loaded tables (read-only
+    pages, not counted against a worker's memory cap: sim.runner._private_bytes) instead of each
+    reading them again (1.5-4.6 s a database; docs/validate-speed.md). A study that cannot be built
+    is skipped here: its worker reports it.
+    """
+    from twinserve.sim.build import build
+    from twinserve.sim.cluster_study import build_cluster
+    from twinserve.sim.study import is_cluster
+
+    seen: set[tuple[str, ...]] = set()
+    for job in jobs:
+        row, cost_model = job[0], job[1]
+        options = job[2] if len(job) > 2 and isinstance(job[2], dict) else {}
+        key = tuple(str(row.get(k, "")) for k in ("model", "system", "backend", "backend_version", "mode"))
+        if cost_model != "aic" or key in seen:
+            continue
+        seen.add(key)
+        try:
+            cfg = row_study(pd.Series(row), cost_model, disagg=options.get("disagg", DEFAULT_DISAGG_ASSUMPTION),
+                            window=options.get("window", DEFAULT_WINDOW))
+            cfg, _ = slice_row(cfg, int(row["concurrency"]), options.get("reduce", DEFAULT_REDUCTION))
+            if is_cluster(cfg):
+                build_cluster(cfg, keep_steps=False)
+            else:
+                build(cfg)
+        except (TwinserveError, ValueError):
+            continue
+    return len(seen)
+
+
 def _free_run(sim: Any, cluster: bool) -> None:
     """Let reference counting free a finished run, as a search's runs are: its KV blocks go to the
     next run's pools, and a cluster's suspended SimPy processes are closed (sim.gc_policy). Otherwise

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import sys
 import time
 from pathlib import Path
@@ -16,8 +18,8 @@ from twinserve.core.errors import TwinserveError
 from twinserve.core.provenance import git_commit
 
 from twinserve.sim.runner import LOCAL_RAY, PointFailure, run_jobs, workers_arg
-from twinserve.sim.validate import (expressible, finish_record, row_record, simulate_row, summarize_validation,
-                                    summary_table)
+from twinserve.sim.validate import (expressible, finish_record, preload_aic, row_record, simulate_row,
+                                    summarize_validation, summary_table)
 from twinserve.sim.validate_layouts import DEFAULT_DISAGG_ASSUMPTION, DISAGG_ASSUMPTIONS
 from twinserve.sim.validate_rows import SiliconDataError, load_rows, row_study
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, WINDOWS
@@ -306,6 +308,15 @@ def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: 
         print(f"resuming: {sum(r is not None for r in out)} of {len(jobs)} studies kept from {journal.path}",
               file=sys.stderr)
     order = sorted((j for j in range(len(jobs)) if out[j] is None), key=lambda j: -cost_estimate(jobs[j][0]))
+
+    if (cost_model == "aic" and ray is None and len(order) > 1
+            and min(workers or os.cpu_count() or 1, len(order)) > 1 and multiprocessing.get_start_method() == "fork"):
+        # The workers fork from this process: what it loaded, they share (preload_aic).
+        t0 = time.perf_counter()
+        built = preload_aic([jobs[j] for j in order])
+        if progress:
+            print(f"aic: {built} studies' kernel tables loaded once for the workers in "
+                  f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
     def journaled(pos: int, res: Any) -> None:
         if journal is not None and not isinstance(res, PointFailure):  # a failed study runs again

@@ -5,6 +5,7 @@ the full `simulate validate` run lost 2,935 of its 3,712 studies to one OOM kill
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 from pathlib import Path
@@ -63,6 +64,26 @@ def test_a_worker_past_its_memory_limit_is_replaced() -> None:
     assert len(set(pids)) == 6 and os.getpid() not in pids
     kept = run_jobs(_pid, list(range(6)), [{"x": x} for x in range(6)], workers=2, progress=False)
     assert len(set(kept)) <= 2  # without a limit passed, workers keep going
+
+
+def _pid_and_memory(_: int) -> tuple[int, int, int]:
+    from twinserve.sim.runner import _private_bytes, _rss_bytes
+    return os.getpid(), _rss_bytes(), _private_bytes()
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists() or multiprocessing.get_start_method() != "fork",
+                    reason="private memory is read from Linux's smaps_rollup, shared pages come from fork")
+def test_pages_a_worker_shares_with_its_parent_do_not_retire_it() -> None:
+    # What a parent loaded before the fork (validate's aic tables) is shared: counting it in each worker's
+    # memory retired every worker after every job, and each new one paid the load again.
+    base = max(p for _, _, p in run_jobs(_pid_and_memory, [0, 1], [{}, {}], workers=2, progress=False))
+    held = b"\x01" * (512 << 20)  # resident in this process, shared with the workers forked below
+    limit = base + (128 << 20)
+    got = run_jobs(_pid_and_memory, list(range(6)), [{"x": x} for x in range(6)], workers=2, progress=False,
+                   max_worker_rss=limit)
+    assert all(rss > limit for _, rss, _ in got)  # by resident memory every worker would have retired ...
+    assert len({pid for pid, _, _ in got}) <= 2  # ... by its private memory none did
+    assert held[-1] == 1
 
 
 FLAGS = ["validate", "--silicon", "--model", "Llama-3.1-8B", "--system", "h100_sxm", "--backend", "trtllm",

@@ -20,8 +20,8 @@ from twinserve.backends.sim.parallel import Parallelism, ParallelismError, _loop
 
 from twinserve.backends.sim.aic.graph import StepGraph, build_graph
 from twinserve.backends.sim.aic.marlin import MARLIN_KERNELS, MarlinMoe, marlin_extra_ms, marlin_moe
-from twinserve.backends.sim.aic.mapping import (AicError, check_precision, fp8_gemm_mode, held_mxfp4_mode, quant_modes,
-                                                resolve_version, sdk, static_fp8_checkpoint, system_for)
+from twinserve.backends.sim.aic.mapping import (AicError, check_precision, evaluator, fp8_gemm_mode, held_mxfp4_mode,
+                                                quant_modes, resolve_version, sdk, static_fp8_checkpoint, system_for)
 
 _MS = 1e-3
 KV_GRID = 16  # decode attention is priced at its context rounded up to a KV block of 16 tokens
@@ -110,8 +110,7 @@ class AicCostModel:
                               static_fp8_checkpoint(model.name, model.is_moe))
         modes = held_mxfp4_mode(self.database, modes)
         check_precision(self.database, modes, model.precision)
-        from aiconfigurator_core.sdk.engine import EngineHandle
-        self._eval = EngineHandle.for_database(self.database).evaluate_ops_json
+        self._eval = evaluator(self.database)
         self.graph: StepGraph = self._build(par.stage_model(model), par, modes)
         self.mxfp4_moe_kernel = mxfp4_moe_kernel
         self._marlin = self._marlin_transfer(mxfp4_moe_kernel)

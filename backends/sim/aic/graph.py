@@ -27,6 +27,8 @@ from typing import Any
 from twinserve.backends.sim.catalog import ModelSpec
 from twinserve.backends.sim.parallel import Parallelism
 
+from twinserve.backends.sim.aic.mapping import evaluator
+
 
 @dataclass(slots=True)
 class StepGraph:
@@ -102,12 +104,11 @@ def moe_compute_layout(database: Any, model: ModelSpec, par: Parallelism, quant:
 def _moe_priced(database: Any, m: ModelSpec, mtp: int, ep: int, dp: int, quant: Any, dist: str) -> bool:
     """Whether aic's MoE table prices the expert compute at this layout (one query through its engine)."""
     import aiconfigurator_core.sdk.operations as ops
-    from aiconfigurator_core.sdk.engine import EngineHandle, build_ops_json
+    from aiconfigurator_core.sdk.engine import build_ops_json
     op = ops.MoE("probe_moe", 1, m.hidden_size, m.moe_intermediate_size, m.num_experts_per_tok, m.num_experts,
                  mtp, ep, quant, dist, dp)
     try:
-        EngineHandle.for_database(database).evaluate_ops_json(build_ops_json([op]), is_context=True,
-                                                              batch_size=1, s=1, x=16)
+        evaluator(database)(build_ops_json([op]), is_context=True, batch_size=1, s=1, x=16)
     except Exception:  # aic's PerfDataNotAvailableError and kin: no timings at this key
         return False
     return True

@@ -40,6 +40,27 @@ def sdk() -> Any:
     return perf_database
 
 
+# One aic engine handle per database, kept for the process: id(database) -> (database, evaluate_ops_json).
+_EVALUATORS: dict[int, tuple[Any, Any]] = {}
+
+
+def evaluator(database: Any) -> Any:
+    """aic's op-list evaluation (EngineHandle.evaluate_ops_json) over `database`, one handle a process.
+
+    aic's compiled engine reads a database's kernel tables from disk when an op first needs them and
+    frees them with the last handle that holds them (aiconfigurator_core/sdk/engine.py, EngineHandle
+    and its probe-handle LRU of 8). A handle per cost model freed the tables with each study, so a
+    study on a database the previous ones had let go loaded its tables again (1.5-4.6 s each): a
+    quarter of the CPU of a `simulate validate` run, whose rows interleave a dozen databases
+    (docs/validate-speed.md).
+    """
+    got = _EVALUATORS.get(id(database))
+    if got is None or got[0] is not database:
+        from aiconfigurator_core.sdk.engine import EngineHandle
+        got = _EVALUATORS[id(database)] = (database, EngineHandle.for_database(database).evaluate_ops_json)
+    return got[1]
+
+
 @cache
 def supported() -> dict[str, dict[str, list[str]]]:
     """aic's system -> backend -> versions, read once a process (it parses ~160 YAML files)."""
