@@ -49,10 +49,12 @@ def aic_model_path(path: str) -> str:
     org, name = path.split("/", 1)
     # The rows say Llama-3.1-*; the package ships Meta-Llama-3.1-* (and no Llama-3.1-8B FP8 checkpoint,
     # whose weights are the 8B's: the row's gemm_quant_mode still sets FP8).
-    for cand in (path, f"meta-llama/Meta-{name}", f"meta-llama/Meta-{re.sub(r'-Instruct-FP8$', '', name)}"):
+    for cand in (path, f"meta-llama/Meta-{name}", f"meta-llama/Meta-{re.sub(r'-Instruct(-FP8)?$', '', name)}"):
         if (configs / f"{cand.replace('/', '--')}_config.json").exists():
             return cand
-    return path
+    # The same model filed under its maker's newer organisation (zhipuai/GLM-5 -> zai-org/GLM-5).
+    same = sorted(configs.glob(f"*--{name}_config.json"))
+    return same[0].name[:-len("_config.json")].replace("--", "/", 1) if same else path
 
 
 def aic_estimate(row: pd.Series, ctx_tokens: int) -> tuple[float, float, str]:
@@ -144,6 +146,7 @@ def main() -> int:
                "twin_expressible": isinstance(v.get("pred_tpot_ms"), float) and v["pred_tpot_ms"] == v["pred_tpot_ms"]}
         if aicm is not None and v["row_id"] in aicm.index:
             rec["twin_aic_tpot"] = aicm.loc[v["row_id"], "pred_tpot_ms"]
+            rec["twin_aic_ttft"] = aicm.loc[v["row_id"], "pred_ttft_ms"]
         rec["p90"] = rec["p99"] = float("nan")
         if args.tails and rec["twin_expressible"]:
             rec["p90"], rec["p99"] = twin_tails(row)
@@ -173,6 +176,12 @@ def main() -> int:
     print(f"\nTTFT median |error| / within 20% on the {len(both)} rows both priced: AIConfigurator "
           f"{stats(list(both['aicfg_ttft'] / both['meas_ttft'] - 1))}, twinserve roofline "
           f"{stats(list(both['twin_ttft'] / both['meas_ttft'] - 1))}")
+    if "twin_aic_ttft" in df:
+        every = df.dropna(subset=["aicfg_ttft", "twin_ttft", "twin_aic_ttft"])
+        print(f"TTFT on the {len(every)} rows all three priced: AIConfigurator "
+              f"{stats(list(every['aicfg_ttft'] / every['meas_ttft'] - 1))}, twinserve roofline "
+              f"{stats(list(every['twin_ttft'] / every['meas_ttft'] - 1))}, twinserve aic "
+              f"{stats(list(every['twin_aic_ttft'] / every['meas_ttft'] - 1))}")
     return 0
 
 
