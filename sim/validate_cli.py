@@ -313,10 +313,12 @@ def run_validation(df: pd.DataFrame, cost_model: str, workers: int | None, ray: 
             and min(workers or os.cpu_count() or 1, len(order)) > 1 and multiprocessing.get_start_method() == "fork"):
         # The workers fork from this process: what it loaded, they share (preload_aic).
         t0 = time.perf_counter()
+        if progress:
+            print("aic: loading the kernel tables once for the workers ...", file=sys.stderr, flush=True)
         built = preload_aic([jobs[j] for j in order])
         if progress:
-            print(f"aic: {built} studies' kernel tables loaded once for the workers in "
-                  f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
+            print(f"aic: the tables of {built} distinct studies loaded in {time.perf_counter() - t0:.1f} s",
+                  file=sys.stderr)
 
     def journaled(pos: int, res: Any) -> None:
         if journal is not None and not isinstance(res, PointFailure):  # a failed study runs again
