@@ -96,6 +96,7 @@ def preload_aic(jobs: list[tuple[Any, ...]]) -> int:
     from twinserve.sim.study import is_cluster
 
     seen: set[tuple[str, ...]] = set()
+    built = 0
     for job in jobs:
         row, cost_model = job[0], job[1]
         options = job[2] if len(job) > 2 and isinstance(job[2], dict) else {}
@@ -113,7 +114,8 @@ def preload_aic(jobs: list[tuple[Any, ...]]) -> int:
                 build(cfg)
         except (TwinserveError, ValueError):
             continue
-    return len(seen)
+        built += 1
+    return built
 
 
 def _free_run(sim: Any, cluster: bool) -> None:
