@@ -87,6 +87,7 @@ class Recipe:
     adp_balance_iters: int = 0  # TensorRT-LLM's attention_dp_config timeout_iters, enable_balance on (0: off)
     adp_batching_wait_iters: int = 0  # TensorRT-LLM's attention_dp_config batching_wait_iters
     mxfp4_moe_kernel: str = ""  # vLLM's MXFP4 expert kernel where the script forces one ('marlin'; '': default)
+    fp8_moe_kernel: str = ""  # TensorRT-LLM's FP8 block-scale expert backend where the script sets TRTLLM ('trtllm')
 
 
 DEFAULT = Recipe("no InferenceX recipe known for this row: the engine's defaults")
@@ -289,6 +290,39 @@ def _dsr1_h200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: boo
                              "--max_batch_size")
 
 
+def _dsr1_fp8_b200_trt_rc6(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
+    # nvidia-master.yaml @0a919c5 runs dsr1-fp8-b200-trt (no speculation) from release:1.2.0rc6.post2 (as
+    # @48f302c), with TP 8 / TP 4 at EP 1 below 256 clients: the rows of that image. Its script,
+    # benchmarks/dsr1_fp8_b200_trt.sh @0a919c5 (and @4a98d80, which agrees on every flag taken here):
+    # `moe_config: backend: TRTLLM` (DEEPGEMM only at 1k/8k from 256 clients; at 1k/1k from 256 the two
+    # versions differ, so the kernel is left to aic's table there), stream_interval 10,
+    # free_gpu_memory_fraction 0.8 (0.75 at 8k/1k TP 4, 0.7 at 1k/8k from 256), `--max_num_tokens` =
+    # max(8192, CONC + ISL + 64 rounded up to 64) (8,192 at 1k/1k below 256 clients, the budget the batch
+    # wait's ratio is of), and at 1k/1k from 64 clients (below 256 in @0a919c5) `batch_wait_timeout_iters:
+    # 40, batch_wait_max_tokens_ratio: 0.8`.
+    # The older script (@6320e9b: DEEPGEMM, no per-length flags) paired with InferenceMAX's
+    # release:1.1.0rc2.post2 at EP 8 (InferenceMAX/InferenceMAX nvidia-master.yaml @525079a).
+    big = conc >= 256
+    kernel = "" if big and (isl, osl) in ((1024, 8192), (1024, 1024)) else "trtllm"
+    mem = 0.7 if big and (isl, osl) == (1024, 8192) else 0.75 if (isl, osl) == (8192, 1024) and tp == 4 else 0.8
+    wait = (isl, osl) == (1024, 1024) and 64 <= conc < 256
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp8_b200_trt.sh @0a919c5 (image 1.2.0rc6.post2: "
+                  ".github/configs/nvidia-master.yaml @0a919c5, dsr1-fp8-b200-trt)",
+                  stream_interval=10, fp8_moe_kernel=kernel, mem_fraction=mem,
+                  batch_wait_iters=40 if wait else 0, batch_wait_ratio=0.8 if wait else 0.0,
+                  adp_balance_iters=ADP_BALANCE_TIMEOUT_ITERS,  # `attention_dp_config` (DP_ATTENTION only)
+                  unmodelled="cuda_graph_config (padding, max_batch_size CONC), piecewise CUDA graphs, "
+                             "--max_num_tokens (8,192 where the batch wait applies: the engine default the "
+                             "study runs), --max_seq_len")
+
+
+# (backend, model, system, precision, backend_version) -> the recipe of a row of that precision measured from
+# that image, where the image tells one script version from another (the image of MTP_IMAGES' note).
+PRECISION_IMAGES: dict[tuple[str, str, str, str, str], Callable[[int, int, int, int, bool], Recipe]] = {
+    ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8", "1.2.0rc6.post2"): _dsr1_fp8_b200_trt_rc6,
+}
+
+
 # (backend, model, system, backend_version) -> the recipe of a row measured from that image (None: the
 # image does not tell). InferenceX's nvidia-master.yaml @48f302c runs dsr1-fp8-b200-trt and
 # dsr1-fp4-b200-trt (no speculation) from tensorrt-llm release:1.2.0rc6.post2, and dsr1-fp8-b200-trt-mtp
@@ -385,6 +419,11 @@ def row_recipe(row: Any) -> Recipe:
     from twinserve.sim.validate_protocol import INFERENCEX, harness
     if harness(row) != INFERENCEX or row.get("mode") == "disagg":
         return DEFAULT
+    by_image = PRECISION_IMAGES.get((str(row.get("backend")), recipe_model(row), str(row.get("system")),
+                                     str(row.get("precision")), str(row.get("backend_version"))))
+    if by_image is not None:
+        return by_image(_int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1),
+                        _int(row.get("tp_size"), 1), _int(row.get("attention_dp_size"), 1) > 1)
     mtp = MTP_IMAGES.get((str(row.get("backend")), recipe_model(row), str(row.get("system")),
                           str(row.get("backend_version"))))
     if mtp is not None:
@@ -430,6 +469,8 @@ def apply_kernels(recipe: Recipe, engine: Any, cost_model: str) -> None:
     """Set the recipe's kernel choice on a row study's EngineConfig where the cost model prices it (aic)."""
     if recipe.mxfp4_moe_kernel and cost_model == "aic":
         engine.aic_mxfp4_moe_kernel = recipe.mxfp4_moe_kernel
+    if recipe.fp8_moe_kernel and cost_model == "aic":
+        engine.aic_fp8_moe_kernel = recipe.fp8_moe_kernel
 
 
 def apply_speculative(recipe: Recipe, spec: Any) -> None:

@@ -180,8 +180,11 @@ def test_a_tensorrt_llm_llama70b_rows_study_waits_and_prefills_whole_prompts() -
     ({"backend": "trtllm", "backend_version": "1.2.0rc6.post3"}, 0.8),
     ({"backend": "trtllm", "backend_version": "1.2.0rc6.post3", "precision": "fp4"}, 0.8),
     ({"backend": "trtllm", "backend_version": "1.1.0rc2.post2", "system": "h200_sxm", "concurrency": 128}, 0.75),
+    # dsr1_fp8_b200_trt.sh @0a919c5 (image 1.2.0rc6.post2): 0.8.
+    ({"backend": "trtllm", "backend_version": "1.2.0rc6.post2"}, 0.8),
     # no recipe: the engine's default stands
-    ({"silicon_data_source": _GAP}, 0.0), ({"backend": "trtllm", "backend_version": "1.2.0rc6.post2"}, 0.0),
+    ({"silicon_data_source": _GAP}, 0.0),
+    ({"backend": "trtllm", "backend_version": "1.2.0rc6.post2", "precision": "fp4"}, 0.0),
 ])
 def test_a_recipe_carries_its_scripts_memory_share(kw, fraction) -> None:
     assert row_recipe(_row(**kw)).mem_fraction == fraction
@@ -349,3 +352,41 @@ def test_a_gpt_oss_hopper_rows_study_prices_marlin_under_aic_only() -> None:
     assert row_recipe(r).mxfp4_moe_kernel == "marlin"
     assert row_study(r, "aic").engine.aic_mxfp4_moe_kernel == "marlin"
     assert row_study(r, "roofline").engine.aic_mxfp4_moe_kernel == "default"
+
+
+@pytest.mark.parametrize("kw, kernel, wait, mem", [
+    # benchmarks/dsr1_fp8_b200_trt.sh @0a919c5 (image 1.2.0rc6.post2, nvidia-master.yaml @0a919c5):
+    # MOE_BACKEND TRTLLM below 256 clients; batch wait 40 / 0.8 at 1k/1k from 64 clients; memory 0.8.
+    ({}, "trtllm", (0, 0.0), 0.8),
+    ({"concurrency": 64}, "trtllm", (40, 0.8), 0.8),
+    ({"osl": 8192, "concurrency": 64}, "trtllm", (0, 0.0), 0.8),
+    ({"osl": 8192, "concurrency": 256}, "", (0, 0.0), 0.7),  # DEEPGEMM there: aic's own table
+    ({"isl": 8192, "tp_size": 4, "concurrency": 16}, "trtllm", (0, 0.0), 0.75),
+])
+def test_b200_fp8_trt_rc6_post2_rows_run_their_scripts_trtllm_experts(kw, kernel, wait, mem) -> None:
+    r = row_recipe(_row(**{"backend": "trtllm", "backend_version": "1.2.0rc6.post2", **kw}))
+    assert "dsr1_fp8_b200_trt.sh @0a919c5" in r.source
+    assert (r.fp8_moe_kernel, (r.batch_wait_iters, r.batch_wait_ratio), r.mem_fraction) == (kernel, wait, mem)
+    assert r.mtp == 0 and r.adp_balance_iters == 60
+
+
+@pytest.mark.parametrize("kw", [
+    {"precision": "fp4"},  # dsr1-fp4-b200-trt: another script, its experts NVFP4
+    {"backend_version": "1.2.0rc6.post3"},  # the MTP image: dsr1_fp8_b200_trt_mtp.sh, DEEPGEMM
+    {"backend_version": "1.1.0rc2.post2"},  # InferenceMAX's image of the DEEPGEMM script (@6320e9b)
+])
+def test_other_b200_trt_images_keep_aics_fp8_expert_table(kw) -> None:
+    r = row_recipe(_row(**{"backend": "trtllm", "backend_version": "1.2.0rc6.post2", **kw}))
+    assert r.fp8_moe_kernel == ""
+
+
+def test_a_b200_fp8_trt_rc6_rows_study_prices_trtllm_experts_under_aic_only() -> None:
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.validate_rows import load_rows, row_study
+    rows = load_rows()
+    pick = rows[(rows["backend"] == "trtllm") & (rows["model"] == "DeepSeek-R1") & (rows["mode"] == "agg")
+                & (rows["system"] == "b200_sxm") & (rows["precision"] == "fp8")
+                & (rows["backend_version"] == "1.2.0rc6.post2")]
+    r = pick.iloc[0]
+    assert row_study(r, "aic").engine.aic_fp8_moe_kernel == "trtllm"
+    assert row_study(r, "roofline").engine.aic_fp8_moe_kernel == "default"
