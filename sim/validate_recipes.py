@@ -316,6 +316,23 @@ def _dsr1_fp8_b200_trt_rc6(isl: int, osl: int, conc: int, tp: int, attention_dp:
                              "study runs), --max_seq_len")
 
 
+# The MoE backend of DeepSeek-R1 FP8 B200 TensorRT-LLM disaggregated workers (the srt-slurm recipes InferenceX's
+# dsr1-fp8-b200-dynamo-trt entries launch, ishandhanani/srt-slurm recipes/trtllm/b200-fp8): every worker read at
+# `moe_expert_parallel_size: 1` sets `moe_config: backend: TRTLLM` (1k1k/stp/ctx1_gen3_tp8_batch1024_eplb0_mtp0_128
+# and 1k1k/mtp/ctx1_gen8_tp8_batch4_eplb0_mtp3_32 decode @fe2cd90; 8k1k/stp/ctx1_gen4_tp8_batch32_eplb0_mtp0_128,
+# ctx1_gen6_tp8_batch16_eplb0_mtp0_96 prefill and decode and 8k1k/mtp/ctx2_gen3_dep8_batch8_eplb0_mtp3_224 prefill
+# @e71238b), every one at EP 8 `DEEPGEMM` (the 1k/1k prefill workers, the DEP 8 decode of ctx2_gen3_dep8): aic's
+# own table. Only for rows whose workers an InferenceX entry gives (sim/validate_inferencex.py).
+DISAGG_TRTGEN_WORKERS = {("trtllm", "DeepSeek-R1", "b200_sxm", "fp8")}
+
+
+def disagg_fp8_moe_kernel(row: Any, moe_ep: int) -> str:
+    """aic_fp8_moe_kernel of a disaggregated worker at MoE EP `moe_ep` of this row: 'trtllm' where its
+    launch group's recipes run the TRTLLM MoE backend at that EP (DISAGG_TRTGEN_WORKERS), else 'default'."""
+    key = (str(row.get("backend")), recipe_model(row), str(row.get("system")), str(row.get("precision")))
+    return "trtllm" if key in DISAGG_TRTGEN_WORKERS and moe_ep == 1 else "default"
+
+
 # (backend, model, system, precision, backend_version) -> the recipe of a row of that precision measured from
 # that image, where the image tells one script version from another (the image of MTP_IMAGES' note).
 PRECISION_IMAGES: dict[tuple[str, str, str, str, str], Callable[[int, int, int, int, bool], Recipe]] = {
