@@ -61,7 +61,7 @@ Flags and what the simulator does with them:
 from __future__ import annotations
 
 import math
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, replace
 from typing import Any, Callable
 
 _INFERENCEX_REPO = "SemiAnalysisAI/InferenceX"
@@ -340,6 +340,62 @@ PRECISION_IMAGES: dict[tuple[str, str, str, str, str], Callable[[int, int, int, 
 }
 
 
+# DeepSeek-R1 FP4 B200 TensorRT-LLM from release:1.1.0rc2.post2: dsr1-fp4-b200-trt and dsr1-fp4-b200-trt-mtp share
+# the image (nvidia-master.yaml @0a919c5 and InferenceMAX/InferenceMAX @525079a, whose two search spaces are the
+# same), but not every layout at every client count: (ISL, OSL) -> (TP, EP, attention DP, first, last clients) of
+# each. A row whose layout and count only one of them holds ran that one; where both hold it, nothing is told.
+_FP4_B200_RC2_PLAIN = {
+    (1024, 1024): ((4, 1, False, 4, 32), (4, 4, False, 64, 128), (4, 4, True, 256, 256), (8, 1, False, 4, 8),
+                   (8, 8, False, 16, 128), (8, 8, True, 256, 256)),
+    (1024, 8192): ((4, 1, False, 4, 32), (4, 4, False, 64, 128), (4, 4, True, 256, 256), (8, 1, False, 4, 16),
+                   (8, 8, False, 32, 128), (8, 8, True, 256, 256)),
+    (8192, 1024): ((4, 4, False, 4, 32), (4, 4, True, 64, 256), (8, 1, False, 4, 32), (8, 8, True, 64, 256)),
+}
+_FP4_B200_RC2_MTP = {
+    (1024, 1024): ((4, 1, False, 4, 8), (4, 4, False, 16, 64), (4, 4, True, 128, 256), (8, 1, False, 4, 8),
+                   (8, 8, False, 16, 32), (8, 8, True, 64, 256)),
+    (1024, 8192): ((4, 1, False, 4, 16), (4, 4, False, 32, 64), (4, 4, True, 128, 256), (8, 1, False, 4, 4),
+                   (8, 8, False, 8, 64), (8, 8, True, 128, 256)),
+    (8192, 1024): ((4, 1, False, 4, 16), (4, 4, True, 32, 256), (8, 1, False, 4, 16), (8, 8, True, 32, 256)),
+}
+
+
+def _in_space(space: dict, isl: int, osl: int, conc: int, layout: tuple[int, int, bool]) -> bool:
+    return any((tp, ep, dp) == layout and lo <= conc <= hi for tp, ep, dp, lo, hi in space.get((isl, osl), ()))
+
+
+def fp4_b200_rc2_runs_mtp(isl: int, osl: int, conc: int, tp: int, ep: int, attention_dp: int) -> bool | None:
+    """True / False where only dsr1-fp4-b200-trt-mtp / dsr1-fp4-b200-trt ran this layout (TP as attention's
+    tensor parallel size, or the ranks under attention DP) at this count; None where both or neither did."""
+    layout = (max(tp, attention_dp), ep, attention_dp > 1)
+    mtp = _in_space(_FP4_B200_RC2_MTP, isl, osl, conc, layout)
+    plain = _in_space(_FP4_B200_RC2_PLAIN, isl, osl, conc, layout)
+    return mtp if mtp != plain else None
+
+
+def _dsr1_fp4_b200_trt_rc2(row: Any) -> Recipe | None:
+    # The MTP configuration's script: benchmarks/dsr1_fp4_b200_trt_mtp.sh @13dd0c2 (MTP 3 and TRTLLM experts, or
+    # MTP 1 and CUTLASS under attention DP; the CUTLASS kernel is not told apart by the price); plain or not told:
+    # None (the image's other recipe stands).
+    from twinserve.sim.validate_rows import workers  # the row's one worker, folded dump layouts unfolded
+    w = workers(row)[0]
+    if fp4_b200_rc2_runs_mtp(_int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1),
+                             w.tp, w.moe_ep, w.attention_dp) is not True:
+        return None
+    r = _dsr1_b200_trt_mtp(_int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1), w.tp,
+                           w.attention_dp > 1)
+    return replace(r, source=f"{_INFERENCEX_REPO} benchmarks/dsr1_fp4_b200_trt_mtp.sh @13dd0c2 (image "
+                   "1.1.0rc2.post2: only dsr1-fp4-b200-trt-mtp runs this layout at this count, nvidia-master.yaml "
+                   "@0a919c5 and InferenceMAX @525079a)")
+
+
+# (backend, model, system, precision, backend_version) -> the recipe of a row told by its image and layout
+# (None: not told; the other tables decide).
+LAYOUT_IMAGES: dict[tuple[str, str, str, str, str], Callable[[Any], Recipe | None]] = {
+    ("trtllm", "DeepSeek-R1", "b200_sxm", "fp4", "1.1.0rc2.post2"): _dsr1_fp4_b200_trt_rc2,
+}
+
+
 # (backend, model, system, backend_version) -> the recipe of a row measured from that image (None: the
 # image does not tell). InferenceX's nvidia-master.yaml @48f302c runs dsr1-fp8-b200-trt and
 # dsr1-fp4-b200-trt (no speculation) from tensorrt-llm release:1.2.0rc6.post2, and dsr1-fp8-b200-trt-mtp
@@ -436,6 +492,11 @@ def row_recipe(row: Any) -> Recipe:
     from twinserve.sim.validate_protocol import INFERENCEX, harness
     if harness(row) != INFERENCEX or row.get("mode") == "disagg":
         return DEFAULT
+    by_layout = LAYOUT_IMAGES.get((str(row.get("backend")), recipe_model(row), str(row.get("system")),
+                                   str(row.get("precision")), str(row.get("backend_version"))))
+    recipe = by_layout(row) if by_layout is not None else None
+    if recipe is not None:
+        return recipe
     by_image = PRECISION_IMAGES.get((str(row.get("backend")), recipe_model(row), str(row.get("system")),
                                      str(row.get("precision")), str(row.get("backend_version"))))
     if by_image is not None:

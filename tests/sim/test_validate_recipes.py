@@ -390,3 +390,29 @@ def test_a_b200_fp8_trt_rc6_rows_study_prices_trtllm_experts_under_aic_only() ->
     r = pick.iloc[0]
     assert row_study(r, "aic").engine.aic_fp8_moe_kernel == "trtllm"
     assert row_study(r, "roofline").engine.aic_fp8_moe_kernel == "default"
+
+
+@pytest.mark.parametrize("isl, osl, conc, tp, ep, adp, mtp", [
+    # dsr1-fp4-b200-trt and -mtp from release:1.1.0rc2.post2 (nvidia-master.yaml @0a919c5, InferenceMAX @525079a):
+    (1024, 1024, 16, 4, 4, 1, True),    # TP 4 EP 4: plain from 64, MTP 16-64
+    (1024, 1024, 64, 4, 4, 1, None),    # both
+    (1024, 1024, 32, 4, 1, 1, False),   # TP 4 EP 1: plain 4-32, MTP 4-8
+    (1024, 1024, 8, 8, 1, 1, None),     # TP 8 EP 1 at 4-8: both
+    (1024, 8192, 8, 8, 8, 1, True),     # TP 8 EP 8: plain from 32, MTP 8-64
+    (1024, 8192, 16, 8, 1, 1, False),   # TP 8 EP 1: plain 4-16, MTP at 4 only
+    (1024, 8192, 128, 1, 4, 4, True),   # attention DP 4: plain at 256 only, MTP 128-256
+    (8192, 1024, 32, 1, 8, 8, True),    # attention DP 8: plain from 64, MTP from 32
+    (8192, 1024, 8, 4, 4, 1, False),    # TP 4 EP 4 without DP: plain only
+])
+def test_fp4_b200_rc2_rows_are_told_by_the_layouts_only_one_config_ran(isl, osl, conc, tp, ep, adp, mtp) -> None:
+    from twinserve.sim.validate_recipes import fp4_b200_rc2_runs_mtp
+    assert fp4_b200_rc2_runs_mtp(isl, osl, conc, tp, ep, adp) is mtp
+
+
+def test_an_fp4_b200_rc2_row_only_the_mtp_config_ran_drafts() -> None:
+    base = {"backend": "trtllm", "precision": "fp4", "backend_version": "1.1.0rc2.post2", "osl": 8192,
+            "mode": "agg", "pp_size": 1}
+    r = row_recipe(_row(**base, concurrency=8, tp_size=8, attention_dp_size=1, moe_tp_size=1, moe_ep_size=8))
+    assert r.mtp == 3 and "dsr1_fp4_b200_trt_mtp.sh @13dd0c2" in r.source
+    r = row_recipe(_row(**base, concurrency=16, tp_size=8, attention_dp_size=1, moe_tp_size=8, moe_ep_size=1))
+    assert r.mtp == 0 and "dsr1_fp{4,8}_b200_trt.sh" in r.source

@@ -8,6 +8,12 @@ configuration (dsr1-fp8-b200-trt) from `release:1.2.0rc6.post2`. aic's TensorRT-
 moe_perf) time FP8 block-scaled experts on DeepGEMM only (kernel_source `deepgemm`, the one source of its
 `fp8_block` rows), which at decode sizes is about twice trtllm-gen's time.
 
+TensorRT-LLM's TRTLLM backend runs FP8 block-scaled experts on trtllm-gen: `TRTLLMGenFusedMoE` calls
+`torch.ops.trtllm.fp8_block_scale_moe_runner` when the checkpoint has DeepSeek FP8 block scales
+(NVIDIA/TensorRT-LLM tensorrt_llm/_torch/modules/fused_moe/fused_moe_trtllm_gen.py, a stored copy whose commit the
+library's index does not name: "TRTLLMGenFusedMoE only supports fp8_block_scaling, nvfp4, ..."); the deployment
+guide's support matrix lists DEEPGEMM only for FP8 on B200, but the code and the scripts above run this.
+
 The same kernels are measured in aic's SGLang 0.5.14 B200 table: kernel_source `sglang_flashinfer_trtllm_moe`,
 FlashInfer's `trtllm_fp8_block_scale_moe`, which wraps TensorRT-LLM's trtllm-gen block-scale MoE runner. Check
 of that kinship on the precision both tables hold for both engines: DeepSeek-R1's NVFP4 experts at MoE TP 8,
