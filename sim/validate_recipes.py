@@ -300,8 +300,8 @@ def _dsr1_fp8_b200_trt_rc6(isl: int, osl: int, conc: int, tp: int, attention_dp:
     # max(8192, CONC + ISL + 64 rounded up to 64) (8,192 at 1k/1k below 256 clients, the budget the batch
     # wait's ratio is of), and at 1k/1k from 64 clients (below 256 in @0a919c5) `batch_wait_timeout_iters:
     # 40, batch_wait_max_tokens_ratio: 0.8`.
-    # The older script (@6320e9b: DEEPGEMM, no per-length flags) paired with InferenceMAX's
-    # release:1.1.0rc2.post2 at EP 8 (InferenceMAX/InferenceMAX nvidia-master.yaml @525079a).
+    # The older script (@6320e9b: DEEPGEMM, no per-length flags) fits the earlier configuration, which
+    # InferenceMAX/InferenceMAX nvidia-master.yaml @525079a runs from release:1.1.0rc2.post2 at EP 8.
     big = conc >= 256
     kernel = "" if big and (isl, osl) in ((1024, 8192), (1024, 1024)) else "trtllm"
     mem = 0.7 if big and (isl, osl) == (1024, 8192) else 0.75 if (isl, osl) == (8192, 1024) and tp == 4 else 0.8
