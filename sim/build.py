@@ -149,7 +149,8 @@ def build_cost_models(cfg: StudyConfig) -> tuple[ModelSpec, HardwareSpec, Roofli
             cost = AicCostModel(model, hw, e.tensor_parallel_size, e.aic_backend, e.aic_version,
                                 parallel=parallelism(cfg), step_overhead_s=max(e.step_overhead_s, 0.0),
                                 per_seq_overhead_s=max(e.per_seq_overhead_s, 0.0),
-                                kernel_scale=e.aic_kernel_scale, mxfp4_moe_kernel=e.aic_mxfp4_moe_kernel)
+                                kernel_scale=e.aic_kernel_scale, mxfp4_moe_kernel=e.aic_mxfp4_moe_kernel,
+                                fp8_moe_kernel=e.aic_fp8_moe_kernel)
         except AicError as err:
             raise _cfg_error(cfg, "engine", err.field, str(err)) from None
     return model, hw, roof, cost

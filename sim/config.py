@@ -87,6 +87,12 @@ class EngineConfig:
                                           "table) or Marlin (VLLM_MXFP4_USE_MARLIN=1, priced from aic's "
                                           "Marlin MXFP4 MoE timings; backends/sim/aic/marlin.py)",
                                      choices=("default", "marlin"))
+    aic_fp8_moe_kernel: str = knob("default",
+                                   help="cost_model aic, TensorRT-LLM: the kernel of FP8 block-scaled experts: "
+                                        "aic's own table (DeepGEMM on Blackwell) or the TRTLLM MoE backend "
+                                        "(trtllm-gen, priced from aic's SGLang 0.5.14 timings of FlashInfer's "
+                                        "trtllm_fp8_block_scale_moe; backends/sim/aic/trtgen.py)",
+                                   choices=("default", "trtllm"))
     cpu_overhead_scale: float = knob(1.0,
                                      help="cost_model fitted: scale of the engine's CPU work (0.5 = twice "
                                           "as fast)",

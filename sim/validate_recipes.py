@@ -61,7 +61,7 @@ Flags and what the simulator does with them:
 from __future__ import annotations
 
 import math
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, replace
 from typing import Any, Callable
 
 _INFERENCEX_REPO = "SemiAnalysisAI/InferenceX"
@@ -87,6 +87,7 @@ class Recipe:
     adp_balance_iters: int = 0  # TensorRT-LLM's attention_dp_config timeout_iters, enable_balance on (0: off)
     adp_batching_wait_iters: int = 0  # TensorRT-LLM's attention_dp_config batching_wait_iters
     mxfp4_moe_kernel: str = ""  # vLLM's MXFP4 expert kernel where the script forces one ('marlin'; '': default)
+    fp8_moe_kernel: str = ""  # TensorRT-LLM's FP8 block-scale expert backend where the script sets TRTLLM ('trtllm')
 
 
 DEFAULT = Recipe("no InferenceX recipe known for this row: the engine's defaults")
@@ -289,6 +290,112 @@ def _dsr1_h200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: boo
                              "--max_batch_size")
 
 
+def _dsr1_fp8_b200_trt_rc6(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
+    # nvidia-master.yaml @0a919c5 runs dsr1-fp8-b200-trt (no speculation) from release:1.2.0rc6.post2 (as
+    # @48f302c), with TP 8 / TP 4 at EP 1 below 256 clients: the rows of that image. Its script,
+    # benchmarks/dsr1_fp8_b200_trt.sh @0a919c5 (and @4a98d80, which agrees on every flag taken here):
+    # `moe_config: backend: TRTLLM` (DEEPGEMM only at 1k/8k from 256 clients; at 1k/1k from 256 the two
+    # versions differ, so the kernel is left to aic's table there), stream_interval 10,
+    # free_gpu_memory_fraction 0.8 (0.75 at 8k/1k TP 4, 0.7 at 1k/8k from 256), `--max_num_tokens` =
+    # max(8192, CONC + ISL + 64 rounded up to 64) (8,192 at 1k/1k below 256 clients, the budget the batch
+    # wait's ratio is of), and at 1k/1k from 64 clients (below 256 in @0a919c5) `batch_wait_timeout_iters:
+    # 40, batch_wait_max_tokens_ratio: 0.8`.
+    # The older script (@6320e9b: DEEPGEMM, no per-length flags) fits the earlier configuration, which
+    # InferenceMAX/InferenceMAX nvidia-master.yaml @525079a runs from release:1.1.0rc2.post2 at EP 8.
+    big = conc >= 256
+    kernel = "" if big and (isl, osl) in ((1024, 8192), (1024, 1024)) else "trtllm"
+    mem = 0.7 if big and (isl, osl) == (1024, 8192) else 0.75 if (isl, osl) == (8192, 1024) and tp == 4 else 0.8
+    wait = (isl, osl) == (1024, 1024) and 64 <= conc < 256
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp8_b200_trt.sh @0a919c5 (image 1.2.0rc6.post2: "
+                  ".github/configs/nvidia-master.yaml @0a919c5, dsr1-fp8-b200-trt)",
+                  stream_interval=10, fp8_moe_kernel=kernel, mem_fraction=mem,
+                  batch_wait_iters=40 if wait else 0, batch_wait_ratio=0.8 if wait else 0.0,
+                  adp_balance_iters=ADP_BALANCE_TIMEOUT_ITERS,  # `attention_dp_config` (DP_ATTENTION only)
+                  unmodelled="cuda_graph_config (padding, max_batch_size CONC), piecewise CUDA graphs, "
+                             "--max_num_tokens (8,192 where the batch wait applies: the engine default the "
+                             "study runs), --max_seq_len")
+
+
+# The MoE backend of DeepSeek-R1 FP8 B200 TensorRT-LLM disaggregated workers (the srt-slurm recipes InferenceX's
+# dsr1-fp8-b200-dynamo-trt entries launch, ishandhanani/srt-slurm recipes/trtllm/b200-fp8): every worker read at
+# `moe_expert_parallel_size: 1` sets `moe_config: backend: TRTLLM` (1k1k/stp/ctx1_gen3_tp8_batch1024_eplb0_mtp0_128
+# and 1k1k/mtp/ctx1_gen8_tp8_batch4_eplb0_mtp3_32 decode @fe2cd90; 8k1k/stp/ctx1_gen4_tp8_batch32_eplb0_mtp0_128,
+# ctx1_gen6_tp8_batch16_eplb0_mtp0_96 prefill and decode and 8k1k/mtp/ctx2_gen3_dep8_batch8_eplb0_mtp3_224 prefill
+# @e71238b), every one at EP 8 `DEEPGEMM` (the 1k/1k prefill workers, the DEP 8 decode of ctx2_gen3_dep8): aic's
+# own table. Only for rows whose workers an InferenceX entry gives (sim/validate_inferencex.py).
+DISAGG_TRTGEN_WORKERS = {("trtllm", "DeepSeek-R1", "b200_sxm", "fp8")}
+
+
+def disagg_fp8_moe_kernel(row: Any, moe_ep: int) -> str:
+    """aic_fp8_moe_kernel of a disaggregated worker at MoE EP `moe_ep` of this row: 'trtllm' where its
+    launch group's recipes run the TRTLLM MoE backend at that EP (DISAGG_TRTGEN_WORKERS), else 'default'."""
+    key = (str(row.get("backend")), recipe_model(row), str(row.get("system")), str(row.get("precision")))
+    return "trtllm" if key in DISAGG_TRTGEN_WORKERS and moe_ep == 1 else "default"
+
+
+# (backend, model, system, precision, backend_version) -> the recipe of a row of that precision measured from
+# that image, where the image tells one script version from another (the image of MTP_IMAGES' note).
+PRECISION_IMAGES: dict[tuple[str, str, str, str, str], Callable[[int, int, int, int, bool], Recipe]] = {
+    ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8", "1.2.0rc6.post2"): _dsr1_fp8_b200_trt_rc6,
+}
+
+
+# DeepSeek-R1 FP4 B200 TensorRT-LLM from release:1.1.0rc2.post2: dsr1-fp4-b200-trt and dsr1-fp4-b200-trt-mtp share
+# the image (nvidia-master.yaml @0a919c5 and InferenceMAX/InferenceMAX @525079a, whose two search spaces are the
+# same), but not every layout at every client count: (ISL, OSL) -> (TP, EP, attention DP, first, last clients) of
+# each. A row whose layout and count only one of them holds ran that one; where both hold it, nothing is told.
+_FP4_B200_RC2_PLAIN = {
+    (1024, 1024): ((4, 1, False, 4, 32), (4, 4, False, 64, 128), (4, 4, True, 256, 256), (8, 1, False, 4, 8),
+                   (8, 8, False, 16, 128), (8, 8, True, 256, 256)),
+    (1024, 8192): ((4, 1, False, 4, 32), (4, 4, False, 64, 128), (4, 4, True, 256, 256), (8, 1, False, 4, 16),
+                   (8, 8, False, 32, 128), (8, 8, True, 256, 256)),
+    (8192, 1024): ((4, 4, False, 4, 32), (4, 4, True, 64, 256), (8, 1, False, 4, 32), (8, 8, True, 64, 256)),
+}
+_FP4_B200_RC2_MTP = {
+    (1024, 1024): ((4, 1, False, 4, 8), (4, 4, False, 16, 64), (4, 4, True, 128, 256), (8, 1, False, 4, 8),
+                   (8, 8, False, 16, 32), (8, 8, True, 64, 256)),
+    (1024, 8192): ((4, 1, False, 4, 16), (4, 4, False, 32, 64), (4, 4, True, 128, 256), (8, 1, False, 4, 4),
+                   (8, 8, False, 8, 64), (8, 8, True, 128, 256)),
+    (8192, 1024): ((4, 1, False, 4, 16), (4, 4, True, 32, 256), (8, 1, False, 4, 16), (8, 8, True, 32, 256)),
+}
+
+
+def _in_space(space: dict, isl: int, osl: int, conc: int, layout: tuple[int, int, bool]) -> bool:
+    return any((tp, ep, dp) == layout and lo <= conc <= hi for tp, ep, dp, lo, hi in space.get((isl, osl), ()))
+
+
+def fp4_b200_rc2_runs_mtp(isl: int, osl: int, conc: int, tp: int, ep: int, attention_dp: int) -> bool | None:
+    """True / False where only dsr1-fp4-b200-trt-mtp / dsr1-fp4-b200-trt ran this layout (TP as attention's
+    tensor parallel size, or the ranks under attention DP) at this count; None where both or neither did."""
+    layout = (max(tp, attention_dp), ep, attention_dp > 1)
+    mtp = _in_space(_FP4_B200_RC2_MTP, isl, osl, conc, layout)
+    plain = _in_space(_FP4_B200_RC2_PLAIN, isl, osl, conc, layout)
+    return mtp if mtp != plain else None
+
+
+def _dsr1_fp4_b200_trt_rc2(row: Any) -> Recipe | None:
+    # The MTP configuration's script: benchmarks/dsr1_fp4_b200_trt_mtp.sh @13dd0c2 (MTP 3 and TRTLLM experts, or
+    # MTP 1 and CUTLASS under attention DP; the CUTLASS kernel is not told apart by the price); plain or not told:
+    # None (the image's other recipe stands).
+    from twinserve.sim.validate_rows import workers  # the row's one worker, folded dump layouts unfolded
+    w = workers(row)[0]
+    if fp4_b200_rc2_runs_mtp(_int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1),
+                             w.tp, w.moe_ep, w.attention_dp) is not True:
+        return None
+    r = _dsr1_b200_trt_mtp(_int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1), w.tp,
+                           w.attention_dp > 1)
+    return replace(r, source=f"{_INFERENCEX_REPO} benchmarks/dsr1_fp4_b200_trt_mtp.sh @13dd0c2 (image "
+                   "1.1.0rc2.post2: only dsr1-fp4-b200-trt-mtp runs this layout at this count, nvidia-master.yaml "
+                   "@0a919c5 and InferenceMAX @525079a)")
+
+
+# (backend, model, system, precision, backend_version) -> the recipe of a row told by its image and layout
+# (None: not told; the other tables decide).
+LAYOUT_IMAGES: dict[tuple[str, str, str, str, str], Callable[[Any], Recipe | None]] = {
+    ("trtllm", "DeepSeek-R1", "b200_sxm", "fp4", "1.1.0rc2.post2"): _dsr1_fp4_b200_trt_rc2,
+}
+
+
 # (backend, model, system, backend_version) -> the recipe of a row measured from that image (None: the
 # image does not tell). InferenceX's nvidia-master.yaml @48f302c runs dsr1-fp8-b200-trt and
 # dsr1-fp4-b200-trt (no speculation) from tensorrt-llm release:1.2.0rc6.post2, and dsr1-fp8-b200-trt-mtp
@@ -385,6 +492,16 @@ def row_recipe(row: Any) -> Recipe:
     from twinserve.sim.validate_protocol import INFERENCEX, harness
     if harness(row) != INFERENCEX or row.get("mode") == "disagg":
         return DEFAULT
+    by_layout = LAYOUT_IMAGES.get((str(row.get("backend")), recipe_model(row), str(row.get("system")),
+                                   str(row.get("precision")), str(row.get("backend_version"))))
+    recipe = by_layout(row) if by_layout is not None else None
+    if recipe is not None:
+        return recipe
+    by_image = PRECISION_IMAGES.get((str(row.get("backend")), recipe_model(row), str(row.get("system")),
+                                     str(row.get("precision")), str(row.get("backend_version"))))
+    if by_image is not None:
+        return by_image(_int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1),
+                        _int(row.get("tp_size"), 1), _int(row.get("attention_dp_size"), 1) > 1)
     mtp = MTP_IMAGES.get((str(row.get("backend")), recipe_model(row), str(row.get("system")),
                           str(row.get("backend_version"))))
     if mtp is not None:
@@ -430,6 +547,8 @@ def apply_kernels(recipe: Recipe, engine: Any, cost_model: str) -> None:
     """Set the recipe's kernel choice on a row study's EngineConfig where the cost model prices it (aic)."""
     if recipe.mxfp4_moe_kernel and cost_model == "aic":
         engine.aic_mxfp4_moe_kernel = recipe.mxfp4_moe_kernel
+    if recipe.fp8_moe_kernel and cost_model == "aic":
+        engine.aic_fp8_moe_kernel = recipe.fp8_moe_kernel
 
 
 def apply_speculative(recipe: Recipe, spec: Any) -> None:

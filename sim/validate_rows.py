@@ -29,7 +29,8 @@ from twinserve.sim.validate_inferencex import (MTP_SIMULATED_MAX_CLIENTS, agreed
                                                redundant_experts)
 from twinserve.sim.validate_twins import add_twins, twin_of
 from twinserve.sim.validate_recipes import (apply_disagg_recipe, apply_kernels, apply_memory, apply_recipe,
-                                            apply_speculative, disagg_recipe, kv_cache_dtype, row_recipe, set_mtp)
+                                            apply_speculative, disagg_fp8_moe_kernel, disagg_recipe, kv_cache_dtype,
+                                            row_recipe, set_mtp)
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, INFERENCEX, STEADY, RunDesign, harness, run_design
 from twinserve.sim.workload import WorkloadConfig
 
@@ -462,6 +463,13 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
             pre_layout = {**pre_layout, "scheduler.max_num_seqs": seqs, "scheduler.max_num_batched_tokens": tokens}
             if ix.prefill.dp_attn:
                 pre_layout["scheduler.adp_per_rank"] = True
+        if cost_model == "aic":
+            # The workers' MoE backend where their recipes set TRTLLM on FP8 block-scaled experts
+            # (sim/validate_recipes.py DISAGG_TRTGEN_WORKERS; backends/sim/aic/trtgen.py).
+            kernels = [disagg_fp8_moe_kernel(row, w.moe_ep) for w in (pre, dec)]
+            if "trtllm" in kernels:
+                pre_layout = {**pre_layout, "engine.aic_fp8_moe_kernel": kernels[0]}
+                dec_layout = {**dec_layout, "engine.aic_fp8_moe_kernel": kernels[1]}
     elif missing_worker_counts(row) and twin_of(row):
         plan.layout = (f"twin record {twin_of(row)}: {pre.count} prefill, {dec.count} decode workers "
                        f"(the same measured TTFT and TPOT; sim/validate_twins.py)")

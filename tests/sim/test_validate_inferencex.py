@@ -375,3 +375,24 @@ def test_prefill_caps_come_only_from_recipes_read_and_ride_the_prefill_worker(ro
     assert (pre.max_num_seqs, pre.max_num_batched_tokens, pre.adp_per_rank) == (2, 16640, False)
     assert dec.max_num_batched_tokens == cfg.scheduler.max_num_batched_tokens and not dec.adp_per_rank
     assert dec.max_num_seqs == 32  # the decode worker's own recipe batch (TEP: the worker's)
+
+
+# B200 FP8 TensorRT-LLM disaggregated rows with an InferenceX entry: 1k/1k at 128 clients, one attention-DP 8
+# prefill worker at EP 8 and three TP 8 decode workers at EP 1 (srt-slurm recipes/trtllm/b200-fp8/1k1k/stp/
+# ctx1_gen3_tp8_batch1024_eplb0_mtp0_128.yaml @fe2cd90: prefill `moe_config: backend: DEEPGEMM`, decode TRTLLM).
+B200_FP8_TEP1 = "2026_04_06_deepseek_r1_b200_sxm_trtllm_fp8_disagg_1024x1024_c128_tp8_ep8_1800"
+
+
+def test_b200_fp8_trt_disagg_workers_at_ep1_run_trtllm_experts_under_aic(rows) -> None:
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.config import replica_config
+    from twinserve.sim.validate_recipes import disagg_fp8_moe_kernel
+    row = _row(rows, B200_FP8_TEP1)
+    assert (disagg_fp8_moe_kernel(row, 1), disagg_fp8_moe_kernel(row, 8)) == ("trtllm", "default")
+    cfg = row_plan(row, "aic").cfg
+    assert replica_config(cfg, 0).engine.aic_fp8_moe_kernel == "default"  # the prefill worker, EP 8
+    assert replica_config(cfg, 1).engine.aic_fp8_moe_kernel == "trtllm"  # a decode worker, EP 1
+    roof = row_plan(row, "roofline").cfg
+    assert all(replica_config(roof, i).engine.aic_fp8_moe_kernel == "default" for i in (0, 1))
+    # Other groups keep aic's table: H200 (CUTLASS in its recipes).
+    assert disagg_fp8_moe_kernel(_row(rows, H200_MTP_OR_NOT), 1) == "default"

@@ -180,8 +180,11 @@ def test_a_tensorrt_llm_llama70b_rows_study_waits_and_prefills_whole_prompts() -
     ({"backend": "trtllm", "backend_version": "1.2.0rc6.post3"}, 0.8),
     ({"backend": "trtllm", "backend_version": "1.2.0rc6.post3", "precision": "fp4"}, 0.8),
     ({"backend": "trtllm", "backend_version": "1.1.0rc2.post2", "system": "h200_sxm", "concurrency": 128}, 0.75),
+    # dsr1_fp8_b200_trt.sh @0a919c5 (image 1.2.0rc6.post2): 0.8.
+    ({"backend": "trtllm", "backend_version": "1.2.0rc6.post2"}, 0.8),
     # no recipe: the engine's default stands
-    ({"silicon_data_source": _GAP}, 0.0), ({"backend": "trtllm", "backend_version": "1.2.0rc6.post2"}, 0.0),
+    ({"silicon_data_source": _GAP}, 0.0),
+    ({"backend": "trtllm", "backend_version": "1.2.0rc6.post2", "precision": "fp4"}, 0.0),
 ])
 def test_a_recipe_carries_its_scripts_memory_share(kw, fraction) -> None:
     assert row_recipe(_row(**kw)).mem_fraction == fraction
@@ -349,3 +352,67 @@ def test_a_gpt_oss_hopper_rows_study_prices_marlin_under_aic_only() -> None:
     assert row_recipe(r).mxfp4_moe_kernel == "marlin"
     assert row_study(r, "aic").engine.aic_mxfp4_moe_kernel == "marlin"
     assert row_study(r, "roofline").engine.aic_mxfp4_moe_kernel == "default"
+
+
+@pytest.mark.parametrize("kw, kernel, wait, mem", [
+    # benchmarks/dsr1_fp8_b200_trt.sh @0a919c5 (image 1.2.0rc6.post2, nvidia-master.yaml @0a919c5):
+    # MOE_BACKEND TRTLLM below 256 clients; batch wait 40 / 0.8 at 1k/1k from 64 clients; memory 0.8.
+    ({}, "trtllm", (0, 0.0), 0.8),
+    ({"concurrency": 64}, "trtllm", (40, 0.8), 0.8),
+    ({"osl": 8192, "concurrency": 64}, "trtllm", (0, 0.0), 0.8),
+    ({"osl": 8192, "concurrency": 256}, "", (0, 0.0), 0.7),  # DEEPGEMM there: aic's own table
+    ({"isl": 8192, "tp_size": 4, "concurrency": 16}, "trtllm", (0, 0.0), 0.75),
+])
+def test_b200_fp8_trt_rc6_post2_rows_run_their_scripts_trtllm_experts(kw, kernel, wait, mem) -> None:
+    r = row_recipe(_row(**{"backend": "trtllm", "backend_version": "1.2.0rc6.post2", **kw}))
+    assert "dsr1_fp8_b200_trt.sh @0a919c5" in r.source
+    assert (r.fp8_moe_kernel, (r.batch_wait_iters, r.batch_wait_ratio), r.mem_fraction) == (kernel, wait, mem)
+    assert r.mtp == 0 and r.adp_balance_iters == 60
+
+
+@pytest.mark.parametrize("kw", [
+    {"precision": "fp4"},  # dsr1-fp4-b200-trt: another script, its experts NVFP4
+    {"backend_version": "1.2.0rc6.post3"},  # the MTP image: dsr1_fp8_b200_trt_mtp.sh, DEEPGEMM
+    {"backend_version": "1.1.0rc2.post2"},  # InferenceMAX's image of the DEEPGEMM script (@6320e9b)
+])
+def test_other_b200_trt_images_keep_aics_fp8_expert_table(kw) -> None:
+    r = row_recipe(_row(**{"backend": "trtllm", "backend_version": "1.2.0rc6.post2", **kw}))
+    assert r.fp8_moe_kernel == ""
+
+
+def test_a_b200_fp8_trt_rc6_rows_study_prices_trtllm_experts_under_aic_only() -> None:
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.validate_rows import load_rows, row_study
+    rows = load_rows()
+    pick = rows[(rows["backend"] == "trtllm") & (rows["model"] == "DeepSeek-R1") & (rows["mode"] == "agg")
+                & (rows["system"] == "b200_sxm") & (rows["precision"] == "fp8")
+                & (rows["backend_version"] == "1.2.0rc6.post2")]
+    r = pick.iloc[0]
+    assert row_study(r, "aic").engine.aic_fp8_moe_kernel == "trtllm"
+    assert row_study(r, "roofline").engine.aic_fp8_moe_kernel == "default"
+
+
+@pytest.mark.parametrize("isl, osl, conc, tp, ep, adp, mtp", [
+    # dsr1-fp4-b200-trt and -mtp from release:1.1.0rc2.post2 (nvidia-master.yaml @0a919c5, InferenceMAX @525079a):
+    (1024, 1024, 16, 4, 4, 1, True),    # TP 4 EP 4: plain from 64, MTP 16-64
+    (1024, 1024, 64, 4, 4, 1, None),    # both
+    (1024, 1024, 32, 4, 1, 1, False),   # TP 4 EP 1: plain 4-32, MTP 4-8
+    (1024, 1024, 8, 8, 1, 1, None),     # TP 8 EP 1 at 4-8: both
+    (1024, 8192, 8, 8, 8, 1, True),     # TP 8 EP 8: plain from 32, MTP 8-64
+    (1024, 8192, 16, 8, 1, 1, False),   # TP 8 EP 1: plain 4-16, MTP at 4 only
+    (1024, 8192, 128, 1, 4, 4, True),   # attention DP 4: plain at 256 only, MTP 128-256
+    (8192, 1024, 32, 1, 8, 8, True),    # attention DP 8: plain from 64, MTP from 32
+    (8192, 1024, 8, 4, 4, 1, False),    # TP 4 EP 4 without DP: plain only
+])
+def test_fp4_b200_rc2_rows_are_told_by_the_layouts_only_one_config_ran(isl, osl, conc, tp, ep, adp, mtp) -> None:
+    from twinserve.sim.validate_recipes import fp4_b200_rc2_runs_mtp
+    assert fp4_b200_rc2_runs_mtp(isl, osl, conc, tp, ep, adp) is mtp
+
+
+def test_an_fp4_b200_rc2_row_only_the_mtp_config_ran_drafts() -> None:
+    base = {"backend": "trtllm", "precision": "fp4", "backend_version": "1.1.0rc2.post2", "osl": 8192,
+            "mode": "agg", "pp_size": 1}
+    r = row_recipe(_row(**base, concurrency=8, tp_size=8, attention_dp_size=1, moe_tp_size=1, moe_ep_size=8))
+    assert r.mtp == 3 and "dsr1_fp4_b200_trt_mtp.sh @13dd0c2" in r.source
+    r = row_recipe(_row(**base, concurrency=16, tp_size=8, attention_dp_size=1, moe_tp_size=8, moe_ep_size=1))
+    assert r.mtp == 0 and "dsr1_fp{4,8}_b200_trt.sh" in r.source

@@ -20,6 +20,8 @@ from twinserve.backends.sim.parallel import Parallelism, ParallelismError, _loop
 
 from twinserve.backends.sim.aic.graph import StepGraph, build_graph
 from twinserve.backends.sim.aic.marlin import MARLIN_KERNELS, MarlinMoe, marlin_extra_ms, marlin_moe
+from twinserve.backends.sim.aic.trtgen import (FP8_MOE_KERNELS, TRTGEN_DATABASE, TrtgenMoe, trtgen_delta_ms,
+                                               trtgen_moe)
 from twinserve.backends.sim.aic.mapping import (AicError, check_precision, evaluator, fp8_gemm_mode, held_mxfp4_mode,
                                                 quant_modes, resolve_version, sdk, static_fp8_checkpoint, system_for)
 
@@ -83,12 +85,13 @@ class AicCostModel:
 
     __slots__ = ("name", "model", "hardware", "tp", "par", "system", "backend", "version", "database",
                  "graph", "step_overhead_s", "per_seq_overhead_s", "kernel_scale", "_eval", "_tok", "_dtok", "_seq",
-                 "_ctx", "_gen", "_p2p", "mxfp4_moe_kernel", "_marlin", "_mx")
+                 "_ctx", "_gen", "_p2p", "mxfp4_moe_kernel", "_marlin", "_mx", "fp8_moe_kernel", "_trtgen",
+                 "_trtgen_eval", "_tg")
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1, backend: str = "vllm",
                  version: str = "", parallel: Parallelism | None = None, step_overhead_s: float = 0.0,
                  per_seq_overhead_s: float = 0.0, kernel_scale: float = 1.0,
-                 mxfp4_moe_kernel: str = "default") -> None:
+                 mxfp4_moe_kernel: str = "default", fp8_moe_kernel: str = "default") -> None:
         if not kernel_scale > 0:
             raise AicError("aic_kernel_scale", f"aic_kernel_scale {kernel_scale!r}: must be > 0")
         par = parallel or Parallelism(tensor_parallel_size=tp)
@@ -115,6 +118,10 @@ class AicCostModel:
         self.mxfp4_moe_kernel = mxfp4_moe_kernel
         self._marlin = self._marlin_transfer(mxfp4_moe_kernel)
         self._mx: dict[int, float] = {}
+        self.fp8_moe_kernel = fp8_moe_kernel
+        self._trtgen_eval: Any = None
+        self._trtgen = self._trtgen_transfer(fp8_moe_kernel, pdb)
+        self._tg: dict[int, float] = {}
         self._probe()
         self.step_overhead_s = step_overhead_s
         self.per_seq_overhead_s = per_seq_overhead_s
@@ -172,6 +179,39 @@ class AicCostModel:
                            f"Marlin MXFP4 MoE timings at this layout: {str(err).split(': tried')[0]}") from None
         return marlin
 
+    def _trtgen_transfer(self, kernel: str, pdb: Any) -> TrtgenMoe | None:
+        """TensorRT-LLM's trtllm-gen FP8 block-scale experts where asked for (aic/trtgen.py); AicError where it
+        does not apply."""
+        if kernel not in FP8_MOE_KERNELS:
+            raise AicError("aic_fp8_moe_kernel", f"aic_fp8_moe_kernel {kernel!r} is not one of "
+                           f"{', '.join(FP8_MOE_KERNELS)}")
+        if kernel == "default":
+            return None
+        moe = trtgen_moe(self.graph.tokens) if self.backend == "trtllm" else None
+        if moe is None:
+            raise AicError("aic_fp8_moe_kernel", f"aic_fp8_moe_kernel 'trtllm' is TensorRT-LLM's TRTLLM MoE "
+                           f"backend for FP8 block-scaled experts; {self.model.name} on aic_backend "
+                           f"{self.backend!r} has none")
+        backend, version = TRTGEN_DATABASE
+        try:
+            self._trtgen_eval = evaluator(_load(pdb, self.system, backend, version))
+            self._trtgen_eval(moe.op, is_context=True, batch_size=1, s=1, x=16)
+        except Exception as err:  # no such database, or aic's PerfDataNotAvailableError and kin
+            raise AicError("aic_fp8_moe_kernel", f"aiconfigurator-core's {backend} {version} {self.system} "
+                           f"database has no trtllm-gen FP8 block-scale MoE timings at this layout: "
+                           f"{str(err).split(': tried')[0]}") from None
+        return moe
+
+    def trtgen_time(self, tokens: int) -> float:
+        """Seconds the trtllm-gen FP8 experts add over the model's own expert table at `tokens` rows (negative
+        where faster; 0 unless aic_fp8_moe_kernel is 'trtllm')."""
+        if self._trtgen is None:
+            return 0.0
+        t = self._tg.get(tokens)
+        if t is None:
+            t = self._tg[tokens] = trtgen_delta_ms(self._eval, self._trtgen_eval, self._trtgen, tokens) * _MS
+        return t
+
     def marlin_time(self, tokens: int) -> float:
         """Seconds the Marlin MXFP4 experts add over the model's own expert table at `tokens` rows (0 unless
         aic_mxfp4_moe_kernel is 'marlin')."""
@@ -217,6 +257,8 @@ class AicCostModel:
     def describe(self) -> str:
         """What prices the steps, e.g. 'aic vllm 0.24.0 on h200_sxm'."""
         marlin = " (Marlin MXFP4 experts)" if getattr(self, "_marlin", None) is not None else ""
+        if getattr(self, "_trtgen", None) is not None:
+            marlin += f" (trtllm-gen FP8 experts from aic {' '.join(TRTGEN_DATABASE)})"
         return f"aic {self.backend} {self.version} on {self.system}{marlin}"
 
     # Each part in seconds, memoized: the same shape always returns the same float, the table's own
@@ -228,6 +270,7 @@ class AicCostModel:
         if t is None:
             t = self._tok[tokens] = _total(self._eval(self.graph.tokens, is_context=True, batch_size=1, s=1,
                                                       x=tokens)) * _MS + self.marlin_time(tokens)
+            t = self._tok[tokens] = t + self.trtgen_time(tokens)
         return t
 
     def decode_tokens_time(self, rows: int) -> float:
@@ -236,6 +279,7 @@ class AicCostModel:
         if t is None:
             t = self._dtok[rows] = _total(self._eval(self.graph.decode_tokens, is_context=True, batch_size=1,
                                                      s=1, x=rows)) * _MS + self.marlin_time(rows)
+            t = self._dtok[rows] = t + self.trtgen_time(rows)
         return t
 
     def logits_time(self, seqs: int) -> float:

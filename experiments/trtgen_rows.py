@@ -1,0 +1,73 @@
+"""TensorRT-LLM's TRTLLM (trtllm-gen) FP8 experts on the DeepSeek-R1 B200 FP8 development rows: every row up to
+N clients whose study the change touches (sim/validate_recipes.py PRECISION_IMAGES, DISAGG_TRTGEN_WORKERS), each
+simulated with it and with it patched out, in one process; prints TTFT / TPOT errors. Development rows only
+(issue 49).
+
+    python experiments/trtgen_rows.py [--max-clients 128] [--out CSV]
+"""
+
+from __future__ import annotations
+
+import argparse
+from unittest import mock
+
+import pandas as pd
+
+from twinserve.sim import validate_recipes, validate_rows
+from twinserve.sim.config import replica_config
+from twinserve.sim.validate import simulate_row
+from twinserve.sim.validate_cli import select_rows
+from twinserve.sim.validate_rows import load_rows, row_plan
+
+
+def _touched(max_clients: int) -> pd.DataFrame:
+    df = select_rows(load_rows(), backend="trtllm", model="DeepSeek-R1", rows="dev")
+    df = df[(pd.to_numeric(df["concurrency"], errors="coerce") <= max_clients) & (df["system"] == "b200_sxm")
+            & (df["precision"] == "fp8")]
+    keep = []
+    for i, row in df.iterrows():
+        try:
+            cfg = row_plan(row, "aic").cfg
+        except Exception:  # not expressible: not this experiment's business
+            continue
+        kernels = {cfg.engine.aic_fp8_moe_kernel}
+        kernels |= {replica_config(cfg, j).engine.aic_fp8_moe_kernel for j in range(len(cfg.cluster.replicas or []))}
+        if "trtllm" in kernels or "@0a919c5" in validate_recipes.row_recipe(row).source:
+            keep.append(i)
+    return df.loc[keep]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--max-clients", type=int, default=128, help="only rows of at most this many clients")
+    ap.add_argument("--out", default="", help="write the per-row figures to this CSV")
+    args = ap.parse_args()
+    out = []
+    for _, row in _touched(args.max_clients).iterrows():
+        rec = {"id": row["id"], "mode": row["mode"], "conc": row["concurrency"],
+               "meas_ttft": row["silicon_ttft_ms"], "meas_tpot": row["silicon_tpot_ms"]}
+        with mock.patch.dict(validate_recipes.PRECISION_IMAGES, clear=True), \
+                mock.patch.object(validate_rows, "disagg_fp8_moe_kernel", lambda r, ep: "default"):
+            p = simulate_row((row.to_dict(), "aic"))
+        rec["tpot_before"], rec["ttft_before"] = p["pred_tpot_ms"], p["pred_ttft_ms"]
+        p = simulate_row((row.to_dict(), "aic"))
+        rec["tpot_after"], rec["ttft_after"] = p["pred_tpot_ms"], p["pred_ttft_ms"]
+        out.append(rec)
+        print(f"{rec['id'][:75]:75s} c{int(rec['conc']):<4d} TPOT {rec['meas_tpot']:6.2f} {rec['tpot_before']:6.2f} "
+              f"{rec['tpot_after']:6.2f}  TTFT {rec['meas_ttft']:6.0f} {rec['ttft_before']:6.0f} "
+              f"{rec['ttft_after']:6.0f}", flush=True)
+    d = pd.DataFrame(out)
+    if args.out:
+        d.to_csv(args.out, index=False)
+    if not len(d):
+        return
+
+    def f(s: pd.Series) -> str:
+        return f"{s.abs().median():.1%} ({s.median():+.1%}, {(s.abs() <= 0.2).mean():.0%} within 20%)"
+    for mode, g in [("all", d)] + list(d.groupby("mode")):
+        print(f"{mode} {len(g)} rows: TPOT {f(g.tpot_before / g.meas_tpot - 1)} -> {f(g.tpot_after / g.meas_tpot - 1)}"
+              f" | TTFT {f(g.ttft_before / g.meas_ttft - 1)} -> {f(g.ttft_after / g.meas_ttft - 1)}")
+
+
+if __name__ == "__main__":
+    main()
