@@ -54,3 +54,13 @@ def test_balanced_steps_and_decode_steps_are_priced_as_before() -> None:
 def test_without_attention_dp_nothing_changes() -> None:
     c = _dep(1)
     assert c.step_time(8192, 1, 0, 0.0, 3, 3000) == pytest.approx(c.stage_time(8192, 1, 0, 3, 3000), rel=1e-12)
+
+
+def test_the_roofline_prices_the_busiest_rank_too() -> None:
+    from twinserve.backends.sim.cost_model import RooflineCostModel
+    from twinserve.backends.sim.aic_models import resolve_row_model
+    m = resolve_row_model("deepseek-ai/DeepSeek-R1").with_precision(Precision("bfloat16", "nvfp4", "fp8"))
+    c = RooflineCostModel(m, get_hardware("B200"), 1, parallel=Parallelism(1, 4, 4, 1))
+    one = c.step_time(8192, 1, 0, 8192 * 8193 / 2, 0, 0)
+    four = c.step_time(8192, 4, 0, 4 * 2048 * 2049 / 2, 0, 0)
+    assert one > 2.5 * four  # 1.5x before: the 1/4-share attention of the long prompt only
