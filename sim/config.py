@@ -245,10 +245,16 @@ class _ClusterBase:
     # prefill replica's sampled token (the default, as before); "decode", the decode replica's first
     # step for it, after the KV transfer, as the serving front ends stream it (trtllm-serve's disaggregated
     # server relays the generation server's stream; vLLM's P/D proxies and Dynamo stream from the decode
-    # worker; SGLang's router returns the decode server's response).
+    # worker; SGLang's router returns the decode server's response); "decode_admit", the decode replica's
+    # loop iteration that takes the transferred request, before any step runs it: SGLang's decode server
+    # turns the transferred requests into a prebuilt batch and streams their first token without a forward
+    # (sgl-project/sglang python/sglang/srt/disaggregation/decode.py, event_loop_normal_disagg_decode:
+    # "Generate fake extend output", stream_output on the extend batch; read through the library's code
+    # index, the same in every stored version).
     disagg_first_token: str = knob("prefill", help="disaggregation: the client's first token, from the prefill "
-                                   "replica or the decode replica's first step (after the KV transfer)",
-                                   choices=("prefill", "decode"))
+                                   "replica, the decode replica's first step (after the KV transfer), or the "
+                                   "decode replica's loop iteration that admits it (decode_admit: SGLang)",
+                                   choices=("prefill", "decode", "decode_admit"))
     # Which decode replica takes a disaggregated request once its prefill is done: the least loaded (the
     # default, as before), or each in turn whatever its load, as Dynamo's frontend does by default
     # (`--router-mode` round-robin; docs.nvidia.com/dynamo, Router Guide / Frontend reference).

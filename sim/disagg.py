@@ -2,10 +2,11 @@
 
 A prefill replica computes the prompt and first token; the KV crosses the link (latency + bytes /
 bandwidth) to the least loaded decode replica, where it is a prefill that holds blocks and budget
-but costs no time. TTFT comes from the prefill replica (first_token "prefill", the default) or from
+but costs no time. TTFT comes from the prefill replica (first_token "prefill", the default), from
 the decode replica's first step for the request ("decode": the serving front ends stream the client's
-tokens from the decode worker, so the KV transfer and that step count into TTFT); later tokens come
-from the decode replica.
+tokens from the decode worker, so the KV transfer and that step count into TTFT), or from the decode
+replica's step boundary that admits it ("decode_admit": SGLang streams the transferred token before any
+step runs it); later tokens come from the decode replica.
 
 With prealloc_reserve set (SGLang's disaggregation), a request is not prefilled until its decode worker
 has pre-allocated KV for it: the decode replica is chosen on arrival, and at each of its scheduler-loop
@@ -159,8 +160,8 @@ class DisaggregatedSimulation(ClusterSimulation):
         if prealloc_reserve is not None and prealloc_reserve < 0:
             raise ValueError(f"prealloc_reserve {prealloc_reserve}: a token count >= 0, or None")
         super().__init__(replicas, workload, router, **kw)
-        if first_token not in ("prefill", "decode"):
-            raise ValueError(f"first_token {first_token!r}: 'prefill' or 'decode'")
+        if first_token not in ("prefill", "decode", "decode_admit"):
+            raise ValueError(f"first_token {first_token!r}: 'prefill', 'decode' or 'decode_admit'")
         self.first_token_from = first_token
         self.num_prefill = num_prefill
         self.loads = [r.load for r in self.replicas[:num_prefill]]
@@ -321,6 +322,11 @@ class DisaggregatedSimulation(ClusterSimulation):
             # step; the request's token count is unchanged. (The first_token hook still fires on the
             # prefill replica: a lower bound of this TTFT, so a miss it counts is certain.)
             first = req.first_token_time
+        elif self.first_token_from == "decode_admit" and req.first_scheduled_time is not None:
+            # SGLang: the decode server streams the transferred token at the loop iteration that takes the
+            # request (a prebuilt batch, no forward), the step boundary where the replica admits it; its own
+            # first step's token is the request's second (sim/config.py disagg_first_token).
+            first = req.first_scheduled_time
         self._record(rep, RequestRecord(
             rid, item.arrival_time, item.num_prompt_tokens, 1 + len(req.output_token_ids),
             half.first_scheduled_time, first, req.finish_time, half.prefix_hit_tokens,

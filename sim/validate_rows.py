@@ -505,6 +505,9 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
         # SGLang's decode server pre-allocates a request's KV before its prefill server runs it, and keeps
         # num_reserved_decode_tokens (512) free per request it holds (sim/disagg.py).
         c.disagg_admission = "prealloc"
+        # ... and streams the transferred first token at the loop iteration that takes the request, before any
+        # decode step runs it (sim/config.py disagg_first_token "decode_admit").
+        c.disagg_first_token = "decode_admit"
     c.num_replicas = pre.count + dec.count
     c.num_prefill_replicas = pre.count
     c.router = "least_outstanding" if "least_outstanding" in _routers() else c.router

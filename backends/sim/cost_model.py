@@ -237,8 +237,14 @@ class RooflineCostModel:
         seqs = num_prefill_seqs + num_decode_seqs
         dp = self._dp
         if dp > 1:  # one rank's share; the ranks run in lockstep
-            num_prefill_tokens, num_prefill_seqs = num_prefill_tokens / dp, num_prefill_seqs / dp
-            prefill_context, prefill_attn = prefill_context / dp, prefill_attn / dp
+            if num_prefill_seqs:
+                # Each prompt lives whole on one rank, so the step lasts as long as the rank holding
+                # ceil(ps / dp) of them, each of the mean size (the measured backend's rule,
+                # AicCostModel._busiest_rank_time, where the engines' sources are cited); the experts
+                # still see every rank's tokens (`tokens`).
+                share = -(-num_prefill_seqs // dp) / num_prefill_seqs
+                num_prefill_tokens, num_prefill_seqs = num_prefill_tokens * share, -(-num_prefill_seqs // dp)
+                prefill_context, prefill_attn = prefill_context * share, prefill_attn * share
             num_decode_seqs, decode_context = num_decode_seqs / dp, decode_context / dp
         tokens_r = num_prefill_tokens + num_decode_seqs
         seqs_r = num_prefill_seqs + num_decode_seqs

@@ -60,3 +60,13 @@ def test_the_kernel_is_refused_where_it_does_not_apply() -> None:
         dsr1("trtllm", backend="sglang")  # TensorRT-LLM's backend only
     with pytest.raises(AicError, match="not one of"):
         dsr1("deepgemm")
+
+
+@pytest.mark.parametrize("rows", [16, 256])
+def test_what_the_trtllm_experts_change_is_all_in_the_experts_share(rows: int) -> None:
+    # An attention-DP step takes the experts' share out at one rank's tokens and puts it back at the step's
+    # (AicCostModel._busiest_rank_time): a kernel delta left outside expert_time was kept at the wrong count.
+    base, tg = dsr1("default"), dsr1("trtllm")
+    assert tg.expert_time(rows) - base.expert_time(rows) == pytest.approx(
+        tg.tokens_time(rows) - base.tokens_time(rows), rel=1e-9, abs=1e-12)
+    assert tg.expert_time(rows) != base.expert_time(rows)

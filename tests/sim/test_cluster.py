@@ -218,6 +218,33 @@ def test_disaggregated_first_token_from_the_decode_replica_waits_for_the_transfe
     assert multi > 100
 
 
+def test_disaggregated_first_token_at_the_decode_replicas_admission_comes_before_its_step() -> None:
+    """disagg_first_token = "decode_admit" (SGLang's prebuilt batch): the first token reaches the client at the
+    decode replica's step boundary that takes the transferred request, one step before "decode" has it; the
+    run itself and every later token are the same."""
+    fields = dict(kv_link_latency_s=0.5, **DISAGG)
+    pre_built, pre = simulate_cluster(small_config(**fields))
+    _, dec = simulate_cluster(small_config(disagg_first_token="decode", **fields))
+    _, adm = simulate_cluster(small_config(disagg_first_token="decode_admit", **fields))
+    link = pre_built.simulation.transfer_seconds
+    by_pre = {r.request_id: r for r in pre.total.records}
+    by_dec = {r.request_id: r for r in dec.total.records}
+    multi = 0
+    for r in adm.total.records:
+        p, d = by_pre[r.request_id], by_dec[r.request_id]
+        assert (r.finish_time, r.num_output_tokens) == (d.finish_time, d.num_output_tokens)
+        if r.num_output_tokens == 1:
+            assert r.first_token_time == p.first_token_time
+            continue
+        multi += 1
+        # After the prefill's token and the transfer, at the boundary before the decode replica's first step.
+        assert p.first_token_time + link(r.num_prompt_tokens) <= r.first_token_time < d.first_token_time
+        assert r.token_times[0] == r.first_token_time and r.token_times[1:] == d.token_times[1:]
+    assert multi > 100
+    with pytest.raises(ValueError, match="decode_admit"):
+        simulate_cluster(small_config(disagg_first_token="first", **fields))
+
+
 def test_disaggregation_summary_and_per_replica_pools(tmp_path) -> None:
     out = tmp_path / "d"
     assert cli.main(["run", "--set", "num_replicas=3", "--set", "num_prefill_replicas=1",

@@ -127,6 +127,8 @@ def test_disagg_row_maps_prefill_and_decode_workers_at_their_own_tp(rows: pd.Dat
     sgl = row_study(_row(rows, DISAGG_SGLANG)).cluster
     assert sgl.num_prefill_replicas > 0 and sgl.disagg_admission == "prealloc"
     assert sgl.disagg_reserved_decode_tokens == 512
+    # ... and streams the transferred first token when its decode worker's loop takes it, before a step.
+    assert sgl.disagg_first_token == "decode_admit"
 
 
 def test_unexpressible_rows_give_a_reason(rows: pd.DataFrame) -> None:

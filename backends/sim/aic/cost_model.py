@@ -80,12 +80,13 @@ class AicCostModel:
     Prefill chunks are priced as num_prefill_seqs equal chunks of their mean size and mean cached
     context (exact for one chunk); decode rows at their mean context plus the token they write.
     Attention DP: each rank runs 1/dp of the step's sequences (aic's MoE ops gather every rank's
-    tokens). PP: the heaviest stage, the batch cut into pp micro-batches as PipelineCostModel does.
+    tokens), whole sequences: a step with prefill is priced on its busiest rank (step_time). PP: the
+    heaviest stage, the batch cut into pp micro-batches as PipelineCostModel does.
     """
 
     __slots__ = ("name", "model", "hardware", "tp", "par", "system", "backend", "version", "database",
                  "graph", "step_overhead_s", "per_seq_overhead_s", "kernel_scale", "_eval", "_tok", "_dtok", "_seq",
-                 "_ctx", "_gen", "_p2p", "mxfp4_moe_kernel", "_marlin", "_mx", "fp8_moe_kernel", "_trtgen",
+                 "_exp", "_ctx", "_gen", "_p2p", "mxfp4_moe_kernel", "_marlin", "_mx", "fp8_moe_kernel", "_trtgen",
                  "_trtgen_eval", "_tg")
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1, backend: str = "vllm",
@@ -127,6 +128,7 @@ class AicCostModel:
         self.per_seq_overhead_s = per_seq_overhead_s
         self.kernel_scale = kernel_scale
         self._tok: dict[int, float] = {}
+        self._exp: dict[int, float] = {}  # the routed experts' compute op alone, x = one rank's tokens
         self._dtok: dict[int, float] = {}
         self._seq: dict[int, float] = {}
         self._ctx: dict[tuple[int, int, int], float] = {}
@@ -343,11 +345,53 @@ class AicCostModel:
         def share(v: int) -> int:
             return -(-v // split)
         pt, ds = share(num_prefill_tokens), share(num_decode_seqs)
-        t = self.stage_time(pt, share(num_prefill_seqs), share(prefill_context), ds, share(decode_context))
+        if par.data_parallel_size > 1 and num_prefill_seqs:
+            t = self._busiest_rank_time(num_prefill_tokens, num_prefill_seqs, prefill_context, num_decode_seqs,
+                                        decode_context, split)
+            pt, ds = t[1], t[2]
+            t = t[0]
+        else:
+            t = self.stage_time(pt, share(num_prefill_seqs), share(prefill_context), ds, share(decode_context))
         pp = par.pipeline_parallel_size
         if pp > 1 and pt + ds:
             t = pp * (t + self.p2p_time(pt + ds))
         return t * self.kernel_scale + host
+
+    def _busiest_rank_time(self, pt: int, ps: int, pc: int, ds: int, dc: int, split: int) -> tuple[float, int, int]:
+        """(GPU seconds, rank tokens, rank decode rows) of an attention-DP step with prefill: its busiest rank.
+
+        Each request lives whole on one attention-DP rank, and the ranks run each layer in lock step, so the
+        step lasts as long as its busiest rank: ceil(ps / split) of the prefill chunks (each of the chunks' mean
+        size and context) and ceil(ds / split) decode rows. SGLang: the DataParallelController sends each request
+        to one DP rank's scheduler (sgl-project/sglang python/sglang/srt/managers/data_parallel_controller.py
+        @fdd9ede: round_robin_scheduler, or follow_bootstrap_room_scheduler's `bootstrap_room % dp` for a
+        disaggregated server), and under DP attention the ranks gather their batches before every forward
+        (scheduler.py prepare_mlp_sync_batch), a rank with nothing running an idle batch. TensorRT-LLM places each new request on one rank
+        (executor_request_queue.py `_fetch_new_requests_attention_dp`, SchedulerConfig.adp_per_rank). Until
+        2026-12-05 a step was priced as 1/split of every feature, a chunk spread over every rank, which no
+        engine runs: one 8,192-token prompt on 4 attention-DP ranks was priced as a 2,048-token chunk a rank
+        (its attention 1/16 of the quadratic work). The routed experts' compute (aic's `context_moe`, queried
+        at one rank's tokens with every rank holding as many) stays at the even share: the experts receive
+        every rank's tokens, so their work is the step's total, not the busiest rank's times the ranks.
+        """
+        kp = -(-ps // split)
+        pt_r = -(-pt * kp // ps)
+        pc_r = -(-pc * kp // ps)
+        kd = -(-ds // split) if ds else 0
+        dc_r = -(-dc * kd // ds) if ds else 0
+        even = -(-(pt + ds) // split)
+        t = self.stage_time(pt_r, kp, pc_r, kd, dc_r) - self.expert_time(pt_r + kd) + self.expert_time(even)
+        return t, pt_r, kd
+
+    def expert_time(self, tokens: int) -> float:
+        """The routed experts' compute within tokens_time at `tokens` rows (0 without): aic's `context_moe` op,
+        and what another expert kernel adds to it there (marlin_time, trtgen_time)."""
+        t = self._exp.get(tokens)
+        if t is None:
+            rows = self._eval(self.graph.tokens, is_context=True, batch_size=1, s=1, x=tokens)
+            t = self._exp[tokens] = (sum(r[1] for r in rows if r[0] == "context_moe") * _MS
+                                     + self.marlin_time(tokens) + self.trtgen_time(tokens))
+        return t
 
     def decode_step_times(self, num_seqs: int, context: int, max_steps: int, start: float,
                           deadline: float) -> tuple[list[float], list[float]]:
@@ -381,7 +425,7 @@ class AicCostModel:
     def cache_size(self) -> int:
         """Distinct shapes priced so far (all parts)."""
         return (len(self._tok) + len(self._dtok) + len(self._seq) + len(self._ctx) + len(self._gen) + len(self._p2p)
-                + len(self._mx))
+                + len(self._mx) + len(self._exp) + len(self._tg))
 
 
 def attention_shapes(db: Any) -> str:
