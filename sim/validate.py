@@ -82,6 +82,9 @@ def run_to_window(cfg: Any, count: int, stop_early: bool = True) -> pd.DataFrame
     return frame
 
 
+PRELOAD_TRIES = 3  # rows of one (model, system, engine, version, mode) tried before preload_aic leaves it to the workers
+
+
 def preload_aic(jobs: list[tuple[Any, ...]]) -> int:
     """Build each distinct (model, system, engine, version, mode) study of `jobs` once in this process,
     so the aic kernel tables its cost models read are loaded here; returns the studies built.
@@ -89,21 +92,22 @@ def preload_aic(jobs: list[tuple[Any, ...]]) -> int:
     run_validation calls it before its workers fork: they then share the loaded tables (read-only
     pages, not counted against a worker's memory cap: sim.runner._private_bytes) instead of each
     reading them again (1.5-4.6 s a database; docs/validate-speed.md). A study that cannot be built
-    is skipped here: its worker reports it.
+    is skipped here (its worker reports it), and the next row of its kind tried in its place, up to
+    PRELOAD_TRIES rows a kind.
     """
     from twinserve.sim.build import build
     from twinserve.sim.cluster_study import build_cluster
     from twinserve.sim.study import is_cluster
 
-    seen: set[tuple[str, ...]] = set()
-    built = 0
+    done: set[tuple[str, ...]] = set()
+    tries: dict[tuple[str, ...], int] = {}
     for job in jobs:
         row, cost_model = job[0], job[1]
         options = job[2] if len(job) > 2 and isinstance(job[2], dict) else {}
         key = tuple(str(row.get(k, "")) for k in ("model", "system", "backend", "backend_version", "mode"))
-        if cost_model != "aic" or key in seen:
+        if cost_model != "aic" or key in done or tries.get(key, 0) >= PRELOAD_TRIES:
             continue
-        seen.add(key)
+        tries[key] = tries.get(key, 0) + 1
         try:
             cfg = row_study(pd.Series(row), cost_model, disagg=options.get("disagg", DEFAULT_DISAGG_ASSUMPTION),
                             window=options.get("window", DEFAULT_WINDOW))
@@ -114,8 +118,8 @@ def preload_aic(jobs: list[tuple[Any, ...]]) -> int:
                 build(cfg)
         except (TwinserveError, ValueError):
             continue
-        built += 1
-    return built
+        done.add(key)
+    return len(done)
 
 
 def _free_run(sim: Any, cluster: bool) -> None:

@@ -67,3 +67,26 @@ def test_cost_models_on_one_database_share_its_loaded_tables(monkeypatch) -> Non
         del c
     assert sorted(made) == ["h100_sxm", "h200_sxm"]
     assert prices[0] == prices[3] and prices[0] > prices[1]  # the same table's answer; TP 2 splits the GEMMs
+
+
+def test_a_kind_whose_first_row_cannot_be_built_is_preloaded_from_its_next(monkeypatch) -> None:
+    import twinserve.sim.build as build_mod
+    import twinserve.sim.study as study_mod
+    import twinserve.sim.validate as validate
+
+    built: list[str] = []
+
+    def build(cfg):
+        if cfg in ("a1", "b1", "b2", "b3"):
+            raise ValueError(f"{cfg} does not fit")
+        built.append(cfg)
+    monkeypatch.setattr(validate, "row_study", lambda row, *a, **k: row["id"])
+    monkeypatch.setattr(validate, "slice_row", lambda cfg, *a: (cfg, None))
+    monkeypatch.setattr(study_mod, "is_cluster", lambda cfg: False)
+    monkeypatch.setattr(build_mod, "build", build)
+    kind = {"model": "m", "system": "s", "backend": "vllm", "backend_version": "1", "mode": "agg", "concurrency": 4}
+    jobs = [({**kind, "id": "a1"}, "aic"), ({**kind, "id": "a2"}, "aic"), ({**kind, "id": "a3"}, "aic")]
+    jobs += [({**kind, "system": "t", "id": f"b{i}"}, "aic") for i in range(1, 6)]
+    assert validate.preload_aic(jobs) == 1
+    assert built == ["a2"]  # a1 failed, a2 stands for its kind; b gives up after PRELOAD_TRIES rows
+    assert validate.PRELOAD_TRIES == 3
