@@ -76,6 +76,20 @@ def inferred_attention_dp(row: pd.Series) -> int | None:
     return moe_tp * moe_ep // tp
 
 
+def aggregated_layout(row: pd.Series) -> tuple[int, int, int, int]:
+    """(tp, attention_dp, moe_tp, moe_ep) of an aggregated row's one worker: folded_layout where it applies,
+    else the row's own sizes (empty or 0: 1) with attention DP by vLLM's rule where the row leaves it empty."""
+    fold = folded_layout(row)
+    if fold:
+        return fold
+
+    def size(col: str) -> int:
+        v = row.get(col)
+        return int(v) if _given(v) and int(v) >= 1 else 1
+    return (size("tp_size"), inferred_attention_dp(row) or size("attention_dp_size"), size("moe_tp_size"),
+            size("moe_ep_size"))
+
+
 # GPUs one aggregated InferenceX server runs on: an 8-GPU node, or a GB200/GB300 NVLink rack of 72.
 NODE_GPUS = {"gb200": 72, "gb300": 72}
 NODE_GPUS_DEFAULT = 8

@@ -377,13 +377,13 @@ def _dsr1_fp4_b200_trt_rc2(row: Any) -> Recipe | None:
     # The MTP configuration's script: benchmarks/dsr1_fp4_b200_trt_mtp.sh @13dd0c2 (MTP 3 and TRTLLM experts, or
     # MTP 1 and CUTLASS under attention DP; the CUTLASS kernel is not told apart by the price); plain or not told:
     # None (the image's other recipe stands).
-    from twinserve.sim.validate_rows import workers  # the row's one worker, folded dump layouts unfolded
-    w = workers(row)[0]
+    from twinserve.sim.validate_layouts import aggregated_layout  # folded dump layouts unfolded
+    tp, attention_dp, _, moe_ep = aggregated_layout(row)
     if fp4_b200_rc2_runs_mtp(_int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1),
-                             w.tp, w.moe_ep, w.attention_dp) is not True:
+                             tp, moe_ep, attention_dp) is not True:
         return None
-    r = _dsr1_b200_trt_mtp(_int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1), w.tp,
-                           w.attention_dp > 1)
+    r = _dsr1_b200_trt_mtp(_int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1), tp,
+                           attention_dp > 1)
     return replace(r, source=f"{_INFERENCEX_REPO} benchmarks/dsr1_fp4_b200_trt_mtp.sh @13dd0c2 (image "
                    "1.1.0rc2.post2: only dsr1-fp4-b200-trt-mtp runs this layout at this count, nvidia-master.yaml "
                    "@0a919c5 and InferenceMAX @525079a)")

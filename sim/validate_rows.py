@@ -22,8 +22,8 @@ from twinserve.core.errors import TwinserveError
 from twinserve.sim.config import EngineConfig, StudyConfig
 from twinserve.sim.errors import SimError
 from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, AssumedWorkers,  # noqa: F401
-                                            NotExpressible, assume_workers, folded_layout, inferred_attention_dp,
-                                            missing_worker_counts)
+                                            NotExpressible, aggregated_layout, assume_workers, folded_layout,
+                                            inferred_attention_dp, missing_worker_counts)
 from twinserve.sim.validate_engines import engine_defaults
 from twinserve.sim.validate_inferencex import (MTP_SIMULATED_MAX_CLIENTS, agreed_mtp, inferencex_workers,
                                                redundant_experts)
@@ -145,12 +145,8 @@ def workers(row: pd.Series, counts: tuple[int, int] | None = None) -> list[Worke
     An aggregated row without attention_dp_size takes it from moe_tp x moe_ep / tp (vLLM's rule).
     """
     if row["mode"] != "disagg":
-        fold = folded_layout(row)
-        if fold:
-            return [Worker(fold[0], _int(row, "pp_size"), fold[1], fold[2], fold[3])]
-        adp = inferred_attention_dp(row) or _int(row, "attention_dp_size")
-        return [Worker(_int(row, "tp_size"), _int(row, "pp_size"), adp,
-                       _int(row, "moe_tp_size"), _int(row, "moe_ep_size"))]
+        tp, adp, moe_tp, moe_ep = aggregated_layout(row)
+        return [Worker(tp, _int(row, "pp_size"), adp, moe_tp, moe_ep)]
     ws = [Worker(_int(row, f"{k}_tp_size"), _int(row, f"{k}_pp_size"),
                  _int(row, f"{k}_attention_dp_size"), _int(row, f"{k}_moe_tp_size"),
                  _int(row, f"{k}_moe_ep_size"), _int(row, f"{k}_num_workers"))
