@@ -430,6 +430,18 @@ def _minimax_fp8_b200_v017(isl: int, osl: int, conc: int, tp: int, attention_dp:
                   "v0.17.0)", mem_fraction=0.95, expert_parallel=True, unmodelled=_MINIMAX_UNMODELLED_B200)
 
 
+def _minimax_b300_v019(script: str) -> Callable[[int, int, int, int, bool], Recipe]:
+    # benchmarks/single_node/minimaxm2.5_fp{8,4}_b300.sh @5632483 (one version read each; both "reuse the existing
+    # MiniMax-M2.5 FP8 (FP4) B200 vLLM recipe as-is"): --max-num-batched-tokens ISL x 2 (vLLM's step budget, chunked
+    # prefill on as vLLM runs by default), --gpu-memory-utilization 0.90 (vLLM's default), --kv-cache-dtype fp8,
+    # --enable-expert-parallel only where EP_SIZE > 1 (FP4: DP_ATTENTION runs TP 1 x DP $TP with EP, the rows'
+    # folded layouts). Taken for the v0.19.0 image's rows (measured 2026-04-17 / 04-21).
+    def recipe(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
+        return Recipe(f"{_INFERENCEX_REPO} {script}", chunked_prefill_size=2 * isl,
+                      unmodelled="--stream-interval 20, --max-cudagraph-capture-size 2048, --block-size 32 (FP8)")
+    return recipe
+
+
 # (backend, model, system, precision, backend_version) -> the recipe of a row of that precision measured from
 # that image, where the image tells one script version from another (the image of MTP_IMAGES' note).
 PRECISION_IMAGES: dict[tuple[str, str, str, str, str], Callable[[int, int, int, int, bool], Recipe]] = {
@@ -437,6 +449,10 @@ PRECISION_IMAGES: dict[tuple[str, str, str, str, str], Callable[[int, int, int, 
     ("vllm", "MiniMax-M2.5", "h200_sxm", "fp8", "0.16.0"): _minimax_fp8_h200_v016,
     ("vllm", "MiniMax-M2.5", "h200_sxm", "fp8", "0.18.0"): _minimax_fp8_h200_v018,
     ("vllm", "MiniMax-M2.5", "b200_sxm", "fp8", "0.17.0"): _minimax_fp8_b200_v017,
+    ("vllm", "MiniMax-M2.5", "b300_sxm", "fp8", "0.19.0"): _minimax_b300_v019(
+        "benchmarks/single_node/minimaxm2.5_fp8_b300.sh @5632483"),
+    ("vllm", "MiniMax-M2.5", "b300_sxm", "fp4", "0.19.0"): _minimax_b300_v019(
+        "benchmarks/single_node/minimaxm2.5_fp4_b300.sh @5632483"),
 }
 
 

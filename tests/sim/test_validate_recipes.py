@@ -493,3 +493,22 @@ def test_launch_expert_parallel_leaves_attention_dp_and_ep_workers_alone() -> No
         assert not launch_expert_parallel(ep, w) and (w.moe_tp, w.moe_ep) == before
     w = Worker(tp=4, moe_tp=4)
     assert not launch_expert_parallel(Recipe("s"), w) and w.moe_ep == 1
+
+
+@pytest.mark.parametrize("kw, budget", [
+    # minimaxm2.5_fp{8,4}_b300.sh @5632483: --max-num-batched-tokens ISL x 2 (v0.19.0 rows).
+    ({"precision": "fp8"}, 2048), ({"precision": "fp4", "isl": 8192}, 16384),
+    ({"precision": "fp8", "backend_version": "nightly-5b8c30d62b754b57"}, 0),  # another image: not told
+])
+def test_minimax_b300_v019_launches_carry_their_step_budget(kw, budget) -> None:
+    r = row_recipe(_row(**{"backend": "vllm", "model": "MiniMax-M2.5", "system": "b300_sxm",
+                           "backend_version": "0.19.0", **kw}))
+    assert r.chunked_prefill_size == budget
+
+
+def test_a_minimax_b300_rows_study_keeps_chunked_prefill_with_the_scripts_budget() -> None:
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.validate_rows import row_study
+    row = _heldout_row("MiniMax-M2.5", "b300_sxm", "0.19.0")
+    s = row_study(row, "aic").scheduler
+    assert (s.max_num_batched_tokens, s.enable_chunked_prefill) == (2 * int(row["isl"]), True)
