@@ -556,8 +556,10 @@ MTP_IMAGES: dict[tuple[str, str, str, str], Callable[[int, int, int, int, bool],
 # - SGLang GLM-5 FP8 on H200: benchmarks/single_node/glm5_fp8_h200.sh @0c82808 (no --kv-cache-dtype; B200's
 #   glm5_fp8_b200.sh @87af9d6 and B300's single_node/glm5_fp8_b300.sh @5632483 pass fp8_e4m3).
 # - vLLM MiniMax-M2.5 FP8 on H100: benchmarks/single_node/minimaxm2.5_fp8_h100.sh @34bc7c4 (no
-#   --kv-cache-dtype; one version read. H200's minimaxm2.5_fp8_h200.sh @0949de5 and B300's
-#   minimaxm2.5_fp8_b300.sh @5632483 pass fp8).
+#   --kv-cache-dtype; one version read. B300's minimaxm2.5_fp8_b300.sh @5632483 passes fp8).
+# - vLLM MiniMax-M2.5 FP8 on H200 (every row) and on B200 from the v0.17.0 image: the script versions before
+#   InferenceX#1354 (H200) and @07e171a / @13453b4 (B200) pass none (the MiniMax notes above PRECISION_IMAGES;
+#   the first K/V audit read H200 at @0949de5, #1354's version, merged 2026-05-12 after every row).
 # Every other InferenceX group read passes an FP8 K/V dtype or runs an FP8-KV checkpoint under auto, which is
 # what precision_fields gives already; the audit's table is in docs/validate-accuracy.md (2026-12-05, K/V audit).
 KV_AUTO_LAUNCHES: dict[tuple[str, str, str, str], tuple[str, ...]] = {
