@@ -243,6 +243,37 @@ def _glm5_fp4_b200(isl: int, osl: int, conc: int, tp: int) -> Recipe:
                   "--tokenizer-worker-num 6")
 
 
+def _qwen35_fp8_h200(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+    # benchmarks/single_node/qwen3.5_fp8_h200.sh @2116fc4: --max-running-requests 128, --chunked-prefill-size and
+    # --max-prefill-tokens 16384, --mem-fraction-static 0.8, --stream-interval 50, no receive interval.
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/single_node/qwen3.5_fp8_h200.sh @2116fc4", stream_interval=50,
+                  chunked_prefill_size=16384, max_prefill_tokens=16384, max_running_requests=128, mem_fraction=0.8,
+                  unmodelled="--attention-backend flashinfer, --enable-flashinfer-allreduce-fusion, "
+                             "--cuda-graph-max-bs, --tokenizer-worker-num 6, --mamba-ssm-dtype bfloat16")
+
+
+def _qwen35_fp8_b300(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+    # benchmarks/single_node/qwen3.5_fp8_b300.sh @5632483: --max-running-requests $CONC, --chunked-prefill-size and
+    # --max-prefill-tokens 16384, --mem-fraction-static 0.8, --scheduler-recv-interval 10 (at every CONC),
+    # --stream-interval 50.
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/single_node/qwen3.5_fp8_b300.sh @5632483", stream_interval=50,
+                  recv_interval=10, chunked_prefill_size=16384, max_prefill_tokens=16384,
+                  max_running_requests=conc, mem_fraction=0.8,
+                  unmodelled="--attention-backend trtllm_mha, --moe-runner-backend flashinfer_trtllm, "
+                             "--enable-symm-mem, --cuda-graph-max-bs, --tokenizer-worker-num 6")
+
+
+def _qwen35_bf16_b200(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+    # benchmarks/single_node/qwen3.5_bf16_b200.sh @29d69fa: --scheduler-recv-interval 30 from 16 clients, else 10;
+    # --mem-fraction-static 0.82, --chunked-prefill-size and --max-prefill-tokens 32768, --max-running-requests
+    # 128, --stream-interval 30.
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/single_node/qwen3.5_bf16_b200.sh @29d69fa", stream_interval=30,
+                  recv_interval=30 if conc >= 16 else 10, chunked_prefill_size=32768, max_prefill_tokens=32768,
+                  max_running_requests=128, mem_fraction=0.82,
+                  unmodelled="--attention-backend trtllm_mha, --moe-runner-backend flashinfer_trtllm, "
+                             "--enable-flashinfer-allreduce-fusion, --cuda-graph-max-bs, --tokenizer-worker-num 6")
+
+
 def _vllm_mem(script: str, mem: float, unmodelled: str) -> Callable[[int, int, int, int], Recipe]:
     # A vLLM script whose only flag the simulator models differently from its defaults is the memory share
     # (--max-num-seqs $CONC, and vLLM's default 8,192-token budget, are what the row studies run already).
@@ -254,10 +285,10 @@ def _vllm_mem(script: str, mem: float, unmodelled: str) -> Callable[[int, int, i
 # (backend, model, system, precision) -> the recipe for the row's (ISL, OSL, clients, TP). Models with
 # InferenceX rows and no entry: looked up, no script found for that backend x GPU (the defaults stand):
 # SGLang DeepSeek-V3 as such (its InferenceX rows are dsr1 configurations: recipe_model), SGLang DeepSeek-R1
-# (dsr1) on GB200 aggregated, GLM-5 on H200 / B300 and FP4,
-# Qwen3.5 on H200 / B300 and BF16 / FP4. vLLM rows but gpt-oss-120b's on Hopper (its MXFP4 experts on
-# Marlin), and TensorRT-LLM's but Llama-3.1-70B's and DeepSeek-R1's: their recipes set no flag the simulator
-# models differently from the defaults it runs (docs/validate-accuracy.md, 2026-12-05 notes).
+# (dsr1) on GB200 aggregated, Qwen3.5 B300 BF16 and FP4 (not read). vLLM rows but gpt-oss-120b's on Hopper (its
+# MXFP4 experts on Marlin), Kimi-K2.5 INT4's and MiniMax-M2.5's (PRECISION_IMAGES), and TensorRT-LLM's but
+# Llama-3.1-70B's and DeepSeek-R1's: their recipes set no flag the simulator models differently from the defaults
+# it runs (docs/validate-accuracy.md, 2026-12-05 notes and the 2026-12-06 launch audit).
 RECIPES: dict[tuple[str, str, str, str], Callable[[int, int, int, int], Recipe]] = {
     ("sglang", "DeepSeek-R1", "h200_sxm", "fp8"): _dsr1_fp8_h200,
     ("sglang", "DeepSeek-R1", "b200_sxm", "fp8"): _dsr1_fp8_b200,
@@ -280,6 +311,9 @@ RECIPES: dict[tuple[str, str, str, str], Callable[[int, int, int, int], Recipe]]
         "benchmarks/single_node/kimik2.5_int4_b200.sh @2b7b694", 0.97,
         "--compilation_config.pass_config.fuse_allreduce_rms true"),
     ("sglang", "Qwen3.5-397B-A17B", "b200_sxm", "fp8"): _qwen35_fp8_b200,
+    ("sglang", "Qwen3.5-397B-A17B", "h200_sxm", "fp8"): _qwen35_fp8_h200,
+    ("sglang", "Qwen3.5-397B-A17B", "b300_sxm", "fp8"): _qwen35_fp8_b300,
+    ("sglang", "Qwen3.5-397B-A17B", "b200_sxm", "bf16"): _qwen35_bf16_b200,
     ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8"): _dsr1_trt,
     ("trtllm", "DeepSeek-R1", "b200_sxm", "fp4"): _dsr1_trt,
     ("trtllm", "DeepSeek-R1", "h200_sxm", "fp8"): _dsr1_trt,
@@ -411,8 +445,9 @@ def disagg_fp8_moe_kernel(row: Any, moe_ep: int) -> str:
 #   keep the defaults.
 # The K/V dtype of these launches (no flag: bf16 on MiniMax-M2.5's block-FP8 checkpoint) is KV_AUTO_LAUNCHES' /
 # KV_AUTO_IMAGES'.
-_MINIMAX_UNMODELLED_B200 = ("VLLM_USE_FLASHINFER_MOE_FP8=0 and VLLM_MOE_USE_DEEP_GEMM=0 (the FP8 block experts off "
-                            "FlashInfer TRTLLM, the only B200 fp8_block kernel aic's vLLM tables hold), --block-size 32")
+_MINIMAX_UNMODELLED_B200 = ("VLLM_USE_FLASHINFER_MOE_FP8=0 and VLLM_MOE_USE_DEEP_GEMM=0 (the FP8 block experts "
+                            "off FlashInfer TRTLLM, the only B200 fp8_block kernel aic's vLLM tables hold), "
+                            "--block-size 32")
 
 
 def _minimax_fp8_h200_v016(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:

@@ -512,3 +512,15 @@ def test_a_minimax_b300_rows_study_keeps_chunked_prefill_with_the_scripts_budget
     row = _heldout_row("MiniMax-M2.5", "b300_sxm", "0.19.0")
     s = row_study(row, "aic").scheduler
     assert (s.max_num_batched_tokens, s.enable_chunked_prefill) == (2 * int(row["isl"]), True)
+
+
+@pytest.mark.parametrize("kw, mem, chunk, recv, running", [
+    ({"system": "h200_sxm"}, 0.8, 16384, 1, 128),  # single_node/qwen3.5_fp8_h200.sh @2116fc4
+    ({"system": "b300_sxm", "concurrency": 32}, 0.8, 16384, 10, 32),  # single_node/qwen3.5_fp8_b300.sh @5632483
+    ({"precision": "bf16", "concurrency": 16}, 0.82, 32768, 30, 128),  # single_node/qwen3.5_bf16_b200.sh @29d69fa
+    ({"precision": "bf16"}, 0.82, 32768, 10, 128),
+])
+def test_held_out_qwen35_sglang_launches_carry_their_flags(kw, mem, chunk, recv, running) -> None:
+    r = row_recipe(_row(**{"model": "Qwen3.5-397B-A17B", **kw}))
+    assert (r.mem_fraction, r.chunked_prefill_size, r.recv_interval, r.max_running_requests) == (
+        mem, chunk, recv, running)
