@@ -53,6 +53,12 @@ Flags and what the simulator does with them:
 - `VLLM_MXFP4_USE_MARLIN=1` (vLLM, gpt-oss on H100 / H200): its MXFP4 experts run on Marlin, not the
   Triton kernel aic's table times: EngineConfig.aic_mxfp4_moe_kernel 'marlin' (backends/sim/aic/marlin.py),
   under `--cost-model aic` only (the roofline does not tell kernels apart).
+- `--gpu-memory-utilization` (vLLM: a share of the GPU's total memory): EngineConfig.gpu_memory_utilization,
+  as SGLang's `--mem-fraction-static` above.
+- `--enable-expert-parallel` (vLLM) where the script passes it whatever the configuration's EP (the MiniMax-M2.5
+  H200 / B200 FP8 scripts' `[ "$EP_SIZE" -ge 1 ]` guard, always true): the experts run expert-parallel over the
+  TP ranks (vLLM's EP size is TP x DP), not tensor-parallel as the row's moe_tp / moe_ep columns say:
+  Recipe.expert_parallel, applied by sim/validate_rows.py row_plan to a TP-only single worker.
 - Not modelled (said so, not approximated): speculative decoding elsewhere (GLM-5's EAGLE flags; MTP
   where nothing tells MTP runs from others: H200's rows up to 64 clients, SGLang's, the disaggregated
   Dynamo recipes), attention backends and other kernel choices, CUDA-graph batch caps.
@@ -88,6 +94,7 @@ class Recipe:
     adp_batching_wait_iters: int = 0  # TensorRT-LLM's attention_dp_config batching_wait_iters
     mxfp4_moe_kernel: str = ""  # vLLM's MXFP4 expert kernel where the script forces one ('marlin'; '': default)
     fp8_moe_kernel: str = ""  # TensorRT-LLM's FP8 block-scale expert backend where the script sets TRTLLM ('trtllm')
+    expert_parallel: bool = False  # vLLM's --enable-expert-parallel passed whatever the config's EP (experts EP = TP)
 
 
 DEFAULT = Recipe("no InferenceX recipe known for this row: the engine's defaults")
@@ -207,13 +214,81 @@ def _dsr1_trt(isl: int, osl: int, conc: int, tp: int) -> Recipe:
                              "backend, cuda_graph_config, --max_num_tokens")
 
 
+def _sglang_mem(script: str, mem: float, unmodelled: str) -> Callable[[int, int, int, int], Recipe]:
+    def recipe(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+        return Recipe(f"{_INFERENCEX_REPO} {script}", mem_fraction=mem, unmodelled=unmodelled)
+    return recipe
+
+
+def _glm5_fp8_b300(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+    # benchmarks/single_node/glm5_fp8_b300.sh @5632483 ("reuses the existing GLM5 FP8 B200 SGLang recipe as-is",
+    # but that version passes no EAGLE flags): --max-running-requests $CONC, --mem-fraction-static 0.85,
+    # --chunked-prefill-size and --max-prefill-tokens 32768, --stream-interval 30 (no effect on TTFT / TPOT:
+    # sglang_stream_points), --disable-radix-cache.
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/single_node/glm5_fp8_b300.sh @5632483", stream_interval=30,
+                  chunked_prefill_size=32768, max_prefill_tokens=32768, max_running_requests=conc,
+                  mem_fraction=0.85, unmodelled="--attention-backend nsa (trtllm decode / prefill), "
+                  "--moe-runner-backend flashinfer_trtllm, --enable-flashinfer-allreduce-fusion, --cuda-graph-max-bs")
+
+
+def _glm5_fp4_b200(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+    # benchmarks/single_node/glm5_fp4_b200.sh @405c601 (one version read; the rows' image is
+    # lmsysorg/sglang:nightly-dev-cu13-20260328): --chunked-prefill-size and --max-prefill-tokens 32768,
+    # --mem-fraction-static 0.9, --scheduler-recv-interval 10, --stream-interval 30, --expert-parallel-size
+    # $EP_SIZE (the row's), no --max-running-requests.
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/single_node/glm5_fp4_b200.sh @405c601", stream_interval=30,
+                  recv_interval=10, chunked_prefill_size=32768, max_prefill_tokens=32768, mem_fraction=0.9,
+                  unmodelled="--nsa-decode-backend / --nsa-prefill-backend trtllm, --moe-runner-backend "
+                  "flashinfer_trtllm, --enable-dp-lm-head, --enable-flashinfer-allreduce-fusion, --cuda-graph-max-bs, "
+                  "--tokenizer-worker-num 6")
+
+
+def _qwen35_fp8_h200(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+    # benchmarks/single_node/qwen3.5_fp8_h200.sh @2116fc4: --max-running-requests 128, --chunked-prefill-size and
+    # --max-prefill-tokens 16384, --mem-fraction-static 0.8, --stream-interval 50, no receive interval.
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/single_node/qwen3.5_fp8_h200.sh @2116fc4", stream_interval=50,
+                  chunked_prefill_size=16384, max_prefill_tokens=16384, max_running_requests=128, mem_fraction=0.8,
+                  unmodelled="--attention-backend flashinfer, --enable-flashinfer-allreduce-fusion, "
+                             "--cuda-graph-max-bs, --tokenizer-worker-num 6, --mamba-ssm-dtype bfloat16")
+
+
+def _qwen35_fp8_b300(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+    # benchmarks/single_node/qwen3.5_fp8_b300.sh @5632483: --max-running-requests $CONC, --chunked-prefill-size and
+    # --max-prefill-tokens 16384, --mem-fraction-static 0.8, --scheduler-recv-interval 10 (at every CONC),
+    # --stream-interval 50.
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/single_node/qwen3.5_fp8_b300.sh @5632483", stream_interval=50,
+                  recv_interval=10, chunked_prefill_size=16384, max_prefill_tokens=16384,
+                  max_running_requests=conc, mem_fraction=0.8,
+                  unmodelled="--attention-backend trtllm_mha, --moe-runner-backend flashinfer_trtllm, "
+                             "--enable-symm-mem, --cuda-graph-max-bs, --tokenizer-worker-num 6")
+
+
+def _qwen35_bf16_b200(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+    # benchmarks/single_node/qwen3.5_bf16_b200.sh @29d69fa: --scheduler-recv-interval 30 from 16 clients, else 10;
+    # --mem-fraction-static 0.82, --chunked-prefill-size and --max-prefill-tokens 32768, --max-running-requests
+    # 128, --stream-interval 30.
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/single_node/qwen3.5_bf16_b200.sh @29d69fa", stream_interval=30,
+                  recv_interval=30 if conc >= 16 else 10, chunked_prefill_size=32768, max_prefill_tokens=32768,
+                  max_running_requests=128, mem_fraction=0.82,
+                  unmodelled="--attention-backend trtllm_mha, --moe-runner-backend flashinfer_trtllm, "
+                             "--enable-flashinfer-allreduce-fusion, --cuda-graph-max-bs, --tokenizer-worker-num 6")
+
+
+def _vllm_mem(script: str, mem: float, unmodelled: str) -> Callable[[int, int, int, int], Recipe]:
+    # A vLLM script whose only flag the simulator models differently from its defaults is the memory share
+    # (--max-num-seqs $CONC, and vLLM's default 8,192-token budget, are what the row studies run already).
+    def recipe(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+        return Recipe(f"{_INFERENCEX_REPO} {script}", mem_fraction=mem, unmodelled=unmodelled)
+    return recipe
+
+
 # (backend, model, system, precision) -> the recipe for the row's (ISL, OSL, clients, TP). Models with
 # InferenceX rows and no entry: looked up, no script found for that backend x GPU (the defaults stand):
 # SGLang DeepSeek-V3 as such (its InferenceX rows are dsr1 configurations: recipe_model), SGLang DeepSeek-R1
-# (dsr1) on GB200 aggregated, GLM-5 on H200 / B300 and FP4,
-# Qwen3.5 on H200 / B300 and BF16 / FP4. vLLM rows but gpt-oss-120b's on Hopper (its MXFP4 experts on
-# Marlin), and TensorRT-LLM's but Llama-3.1-70B's and DeepSeek-R1's: their recipes set no flag the simulator
-# models differently from the defaults it runs (docs/validate-accuracy.md, 2026-12-05 notes).
+# (dsr1) on GB200 aggregated, Qwen3.5 B300 BF16 and FP4 (not read). vLLM rows but gpt-oss-120b's on Hopper (its
+# MXFP4 experts on Marlin), Kimi-K2.5 INT4's and MiniMax-M2.5's (PRECISION_IMAGES), and TensorRT-LLM's but
+# Llama-3.1-70B's and DeepSeek-R1's: their recipes set no flag the simulator models differently from the defaults
+# it runs (docs/validate-accuracy.md, 2026-12-05 notes and the 2026-12-06 launch audit).
 RECIPES: dict[tuple[str, str, str, str], Callable[[int, int, int, int], Recipe]] = {
     ("sglang", "DeepSeek-R1", "h200_sxm", "fp8"): _dsr1_fp8_h200,
     ("sglang", "DeepSeek-R1", "b200_sxm", "fp8"): _dsr1_fp8_b200,
@@ -221,7 +296,24 @@ RECIPES: dict[tuple[str, str, str, str], Callable[[int, int, int, int], Recipe]]
     ("sglang", "DeepSeek-R1", "b300_sxm", "fp8"): _dsr1_fp8_b300,
     ("sglang", "DeepSeek-R1", "b300_sxm", "fp4"): _dsr1_fp4_b300,
     ("sglang", "GLM-5", "b200_sxm", "fp8"): _glm5_fp8_b200,
+    # benchmarks/single_node/glm5_fp8_h200.sh @0c82808: --tp-size, --mem-fraction-static 0.85, nothing else.
+    ("sglang", "GLM-5", "h200_sxm", "fp8"): _sglang_mem("benchmarks/single_node/glm5_fp8_h200.sh @0c82808", 0.85, ""),
+    ("sglang", "GLM-5", "b300_sxm", "fp8"): _glm5_fp8_b300,
+    ("sglang", "GLM-5", "b200_sxm", "fp4"): _glm5_fp4_b200,
+    # benchmarks/single_node/kimik2.5_int4_h200.sh @34bc7c4: --gpu-memory-utilization 0.95, --max-num-seqs $CONC;
+    # kimik2.5_int4_b200.sh @2b7b694: 0.97 (no --max-num-seqs: vLLM's default, above every row's clients). Their
+    # INT4 (W4A16) experts run vLLM's compressed-tensors WNA16 Marlin MoE, the kernel aic's vLLM int4_wo tables
+    # time (kernel_source 'vllm_compressedtensorswna16marlinmoe_marlin_marlinexperts'): no kernel to carry.
+    ("vllm", "Kimi-K2.5", "h200_sxm", "int4"): _vllm_mem(
+        "benchmarks/single_node/kimik2.5_int4_h200.sh @34bc7c4", 0.95,
+        "--compilation_config.pass_config.fuse_allreduce_rms true"),
+    ("vllm", "Kimi-K2.5", "b200_sxm", "int4"): _vllm_mem(
+        "benchmarks/single_node/kimik2.5_int4_b200.sh @2b7b694", 0.97,
+        "--compilation_config.pass_config.fuse_allreduce_rms true"),
     ("sglang", "Qwen3.5-397B-A17B", "b200_sxm", "fp8"): _qwen35_fp8_b200,
+    ("sglang", "Qwen3.5-397B-A17B", "h200_sxm", "fp8"): _qwen35_fp8_h200,
+    ("sglang", "Qwen3.5-397B-A17B", "b300_sxm", "fp8"): _qwen35_fp8_b300,
+    ("sglang", "Qwen3.5-397B-A17B", "b200_sxm", "bf16"): _qwen35_bf16_b200,
     ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8"): _dsr1_trt,
     ("trtllm", "DeepSeek-R1", "b200_sxm", "fp4"): _dsr1_trt,
     ("trtllm", "DeepSeek-R1", "h200_sxm", "fp8"): _dsr1_trt,
@@ -333,10 +425,69 @@ def disagg_fp8_moe_kernel(row: Any, moe_ep: int) -> str:
     return "trtllm" if key in DISAGG_TRTGEN_WORKERS and moe_ep == 1 else "default"
 
 
+# MiniMax-M2.5 FP8 vLLM on H200 and B200, told apart by the rows' image (vLLM v0.16.0 / v0.18.0 on H200, measured
+# 2026-03-01 and 2026-03-27/28; v0.17.0 on B200, 2026-03-11 and 03-28). The script versions those dates fall between:
+# - H200 before SemiAnalysisAI/InferenceX#869 (merged 2026-03-05, "H200 MINIMAX vLLM extend configs": TP 4 -> 8, and
+#   the script's EP_SIZE check added): benchmarks/single_node/minimaxm2.5_fp8_h200.sh @1c3aa8b, --gpu-memory-
+#   utilization 0.95 and no --enable-expert-parallel, no --kv-cache-dtype. The v0.16.0 rows (TP 4) ran it.
+# - From #869 until #1354 (merged 2026-05-12, after every row: it adds `--kv-cache-dtype fp8`, `--moe-backend triton`
+#   and per-CONC --max-num-batched-tokens, @0949de5 as read): `if [ "$EP_SIZE" -ge 1 ]; then EP=" --enable-expert-
+#   parallel"`, always true (SemiAnalysisAI/InferenceX#966's review, 2026-03-27, names the guard in both the H200 and
+#   the B200 FP8 script "a pre-existing bug ... making the else branch ... unreachable"; whn09/InferenceX @53605e0 and
+#   lishuoshuo-amd/InferenceX @f2931b4, the latter after #966's --no-enable-prefix-caching, still carry it), 0.95,
+#   no --kv-cache-dtype. The v0.18.0 rows (TP 8) ran it: their experts EP 8, not TP 8 as the rows' columns say.
+# - B200: benchmarks/single_node/minimaxm2.5_fp8_b200.sh @13453b4 passes --enable-expert-parallel unconditionally and
+#   @07e171a through the same `-ge 1` guard; both --gpu-memory-utilization 0.95, --block-size 32, no --kv-cache-dtype
+#   (@07e171a also `VLLM_USE_FLASHINFER_MOE_FP8=0`, `VLLM_MOE_USE_DEEP_GEMM=0`, as vllm-project/recipes#272 of
+#   2026-03-11 gives for B200 FP8 from InferenceX#757). The later versions (`-gt 1`, --kv-cache-dtype fp8,
+#   --max-num-batched-tokens ISL x 2: lishuoshuo-amd/InferenceX @f2931b4, xinli-sw/InferenceX @09fc774) are not
+#   tied to an image; the v0.19.0 rows (their layouts include attention DP, which none of the versions read passes)
+#   keep the defaults.
+# The K/V dtype of these launches (no flag: bf16 on MiniMax-M2.5's block-FP8 checkpoint) is KV_AUTO_LAUNCHES' /
+# KV_AUTO_IMAGES'.
+_MINIMAX_UNMODELLED_B200 = ("VLLM_USE_FLASHINFER_MOE_FP8=0 and VLLM_MOE_USE_DEEP_GEMM=0 (the FP8 block experts "
+                            "off FlashInfer TRTLLM, the only B200 fp8_block kernel aic's vLLM tables hold), "
+                            "--block-size 32")
+
+
+def _minimax_fp8_h200_v016(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/single_node/minimaxm2.5_fp8_h200.sh @1c3aa8b (before #869; image "
+                  "v0.16.0)", mem_fraction=0.95)
+
+
+def _minimax_fp8_h200_v018(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/single_node/minimaxm2.5_fp8_h200.sh between #869 and #1354 "
+                  "(whn09/InferenceX @53605e0; image v0.18.0)", mem_fraction=0.95, expert_parallel=True)
+
+
+def _minimax_fp8_b200_v017(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/single_node/minimaxm2.5_fp8_b200.sh @07e171a / @13453b4 (image "
+                  "v0.17.0)", mem_fraction=0.95, expert_parallel=True, unmodelled=_MINIMAX_UNMODELLED_B200)
+
+
+def _minimax_b300_v019(script: str) -> Callable[[int, int, int, int, bool], Recipe]:
+    # benchmarks/single_node/minimaxm2.5_fp{8,4}_b300.sh @5632483 (one version read each; both "reuse the existing
+    # MiniMax-M2.5 FP8 (FP4) B200 vLLM recipe as-is"): --max-num-batched-tokens ISL x 2 (vLLM's step budget, chunked
+    # prefill on as vLLM runs by default), --gpu-memory-utilization 0.90 (vLLM's default), --kv-cache-dtype fp8,
+    # --enable-expert-parallel only where EP_SIZE > 1 (FP4: DP_ATTENTION runs TP 1 x DP $TP with EP, the rows'
+    # folded layouts). Taken for the v0.19.0 image's rows (measured 2026-04-17 / 04-21).
+    def recipe(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
+        return Recipe(f"{_INFERENCEX_REPO} {script}", chunked_prefill_size=2 * isl,
+                      unmodelled="--stream-interval 20, --max-cudagraph-capture-size 2048, --block-size 32 (FP8)")
+    return recipe
+
+
 # (backend, model, system, precision, backend_version) -> the recipe of a row of that precision measured from
 # that image, where the image tells one script version from another (the image of MTP_IMAGES' note).
 PRECISION_IMAGES: dict[tuple[str, str, str, str, str], Callable[[int, int, int, int, bool], Recipe]] = {
     ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8", "1.2.0rc6.post2"): _dsr1_fp8_b200_trt_rc6,
+    ("vllm", "MiniMax-M2.5", "h200_sxm", "fp8", "0.16.0"): _minimax_fp8_h200_v016,
+    ("vllm", "MiniMax-M2.5", "h200_sxm", "fp8", "0.18.0"): _minimax_fp8_h200_v018,
+    ("vllm", "MiniMax-M2.5", "b200_sxm", "fp8", "0.17.0"): _minimax_fp8_b200_v017,
+    ("vllm", "MiniMax-M2.5", "b300_sxm", "fp8", "0.19.0"): _minimax_b300_v019(
+        "benchmarks/single_node/minimaxm2.5_fp8_b300.sh @5632483"),
+    ("vllm", "MiniMax-M2.5", "b300_sxm", "fp4", "0.19.0"): _minimax_b300_v019(
+        "benchmarks/single_node/minimaxm2.5_fp4_b300.sh @5632483"),
 }
 
 
@@ -440,8 +591,10 @@ MTP_IMAGES: dict[tuple[str, str, str, str], Callable[[int, int, int, int, bool],
 # - SGLang GLM-5 FP8 on H200: benchmarks/single_node/glm5_fp8_h200.sh @0c82808 (no --kv-cache-dtype; B200's
 #   glm5_fp8_b200.sh @87af9d6 and B300's single_node/glm5_fp8_b300.sh @5632483 pass fp8_e4m3).
 # - vLLM MiniMax-M2.5 FP8 on H100: benchmarks/single_node/minimaxm2.5_fp8_h100.sh @34bc7c4 (no
-#   --kv-cache-dtype; one version read. H200's minimaxm2.5_fp8_h200.sh @0949de5 and B300's
-#   minimaxm2.5_fp8_b300.sh @5632483 pass fp8).
+#   --kv-cache-dtype; one version read. B300's minimaxm2.5_fp8_b300.sh @5632483 passes fp8).
+# - vLLM MiniMax-M2.5 FP8 on H200 (every row) and on B200 from the v0.17.0 image: the script versions before
+#   InferenceX#1354 (H200) and @07e171a / @13453b4 (B200) pass none (the MiniMax notes above PRECISION_IMAGES;
+#   the first K/V audit read H200 at @0949de5, #1354's version, merged 2026-05-12 after every row).
 # Every other InferenceX group read passes an FP8 K/V dtype or runs an FP8-KV checkpoint under auto, which is
 # what precision_fields gives already; the audit's table is in docs/validate-accuracy.md (2026-12-05, K/V audit).
 KV_AUTO_LAUNCHES: dict[tuple[str, str, str, str], tuple[str, ...]] = {
@@ -453,6 +606,14 @@ KV_AUTO_LAUNCHES: dict[tuple[str, str, str, str], tuple[str, ...]] = {
     ("trtllm", "gpt-oss-120b", "h200_sxm", "fp4"): ("agg",),
     ("sglang", "GLM-5", "h200_sxm", "fp8"): ("agg",),
     ("vllm", "MiniMax-M2.5", "h100_sxm", "fp8"): ("agg",),
+    # Every H200 MiniMax-M2.5 row predates #1354 (2026-05-12), which first passes --kv-cache-dtype fp8 (the version
+    # the first K/V audit read, @0949de5): @1c3aa8b and the #869-#1354 versions pass none (the MiniMax notes above).
+    ("vllm", "MiniMax-M2.5", "h200_sxm", "fp8"): ("agg",),
+}
+# The same, for the rows of one image only (backend, recipe model, system, precision, backend_version): the B200
+# FP8 v0.17.0 launches (@07e171a / @13453b4: no --kv-cache-dtype; the later versions pass fp8).
+KV_AUTO_IMAGES: dict[tuple[str, str, str, str, str], tuple[str, ...]] = {
+    ("vllm", "MiniMax-M2.5", "b200_sxm", "fp8", "0.17.0"): ("agg",),
 }
 _KV_FLAG = {"sglang": "SGLang's --kv-cache-dtype auto", "vllm": "vLLM's --kv-cache-dtype auto",
             "trtllm": "TensorRT-LLM's kv_cache_config dtype auto"}
@@ -460,11 +621,12 @@ _KV_FLAG = {"sglang": "SGLang's --kv-cache-dtype auto", "vllm": "vLLM's --kv-cac
 
 def kv_cache_dtype(row: Any) -> str | None:
     """The [engine] kv_cache_dtype a row's launch ran where it differs from precision_fields' (FP8 K/V for an
-    FP8 or FP4 row): "auto" (the checkpoint's bf16) for the InferenceX groups of KV_AUTO_LAUNCHES; None (keep
+    FP8 or FP4 row): "auto" (the checkpoint's bf16) for the InferenceX groups of KV_AUTO_LAUNCHES (and the images of
+    KV_AUTO_IMAGES); None (keep
     precision_fields') for every other row."""
     from twinserve.sim.validate_protocol import INFERENCEX, harness
-    modes = KV_AUTO_LAUNCHES.get((str(row.get("backend")), recipe_model(row), str(row.get("system")),
-                                  str(row.get("precision"))))
+    key = (str(row.get("backend")), recipe_model(row), str(row.get("system")), str(row.get("precision")))
+    modes = KV_AUTO_LAUNCHES.get(key) or KV_AUTO_IMAGES.get((*key, str(row.get("backend_version"))))
     mode = "disagg" if row.get("mode") == "disagg" else "agg"
     if modes is not None and mode in modes and harness(row) == INFERENCEX:
         return "auto"
@@ -549,6 +711,15 @@ def apply_kernels(recipe: Recipe, engine: Any, cost_model: str) -> None:
         engine.aic_mxfp4_moe_kernel = recipe.mxfp4_moe_kernel
     if recipe.fp8_moe_kernel and cost_model == "aic":
         engine.aic_fp8_moe_kernel = recipe.fp8_moe_kernel
+
+
+def launch_expert_parallel(recipe: Recipe, worker: Any) -> bool:
+    """Lay a single TP-only worker's experts out expert-parallel over its TP ranks where the launch passed vLLM's
+    --enable-expert-parallel whatever the configuration's EP (Recipe.expert_parallel); True where it changed."""
+    if not recipe.expert_parallel or worker.tp <= 1 or worker.attention_dp > 1 or worker.moe_ep > 1:
+        return False
+    worker.moe_tp, worker.moe_ep = 1, worker.tp
+    return True
 
 
 def apply_speculative(recipe: Recipe, spec: Any) -> None:

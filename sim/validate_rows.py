@@ -30,7 +30,7 @@ from twinserve.sim.validate_inferencex import (MTP_SIMULATED_MAX_CLIENTS, agreed
 from twinserve.sim.validate_twins import add_twins, twin_of
 from twinserve.sim.validate_recipes import (apply_disagg_recipe, apply_kernels, apply_memory, apply_recipe,
                                             apply_speculative, disagg_fp8_moe_kernel, disagg_recipe, kv_cache_dtype,
-                                            row_recipe, set_mtp)
+                                            launch_expert_parallel, row_recipe, set_mtp)
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, INFERENCEX, STEADY, RunDesign, harness, run_design
 from twinserve.sim.workload import WorkloadConfig
 
@@ -418,9 +418,14 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     cfg.run.name = str(row["id"])
     ws = workers(row)
     if len(ws) == 1:
+        # vLLM's --enable-expert-parallel where the script passed it whatever the row's EP (validate_recipes.py).
+        launch_ep = model.is_moe and launch_expert_parallel(recipe, ws[0])
         _apply(cfg, _layout(ws[0], model))
         adp = inferred_attention_dp(row)
         note = f"inferred attention_dp {adp} = moe_tp x moe_ep / tp (vLLM's layout rule)" if adp else ""
+        if launch_ep:
+            note = (f"experts ep{ws[0].moe_ep}: the launch passed --enable-expert-parallel whatever the config's EP "
+                    f"({recipe.source})")
         if folded_layout(row):
             note = (f"inferred {ws[0].label()}: the file's {ws[0].gpus * ws[0].moe_ep} GPUs are moe_tp x moe_ep "
                     f"of one node's server (InferenceX's dump)")

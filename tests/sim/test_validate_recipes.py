@@ -282,9 +282,13 @@ def test_an_attention_dp_rows_engine_balances_its_ranks_prompts() -> None:
     ({"backend": "trtllm", "model": "Llama-3.1-70B", "system": "h200_sxm"}, None),
     # GLM-5 FP8 on H200 (glm5_fp8_h200.sh: no flag; GLM-5-FP8 declares no KV quantization); B200 passes fp8_e4m3.
     ({"model": "GLM-5", "system": "h200_sxm"}, "auto"), ({"model": "GLM-5"}, None),
-    # MiniMax-M2.5 FP8 on H100 (minimaxm2.5_fp8_h100.sh: no flag); H200 passes fp8.
+    # MiniMax-M2.5 FP8 on H100 (minimaxm2.5_fp8_h100.sh: no flag). H200: every version before InferenceX#1354
+    # (2026-05-12, after every row) passes none either (the launch audit; the first K/V audit read @0949de5, #1354's).
     ({"backend": "vllm", "model": "MiniMax-M2.5", "system": "h100_sxm"}, "auto"),
-    ({"backend": "vllm", "model": "MiniMax-M2.5", "system": "h200_sxm"}, None),
+    ({"backend": "vllm", "model": "MiniMax-M2.5", "system": "h200_sxm"}, "auto"),
+    # B200 FP8: the v0.17.0 image's launches (@07e171a / @13453b4) pass none; the other images are not told.
+    ({"backend": "vllm", "model": "MiniMax-M2.5", "backend_version": "0.17.0"}, "auto"),
+    ({"backend": "vllm", "model": "MiniMax-M2.5", "backend_version": "0.19.0"}, None),
     # Qwen3.5 FP8 passes fp8_e4m3 on H200 / B200 / B300; its BF16 launches no flag, what precision_fields gives.
     ({"model": "Qwen3.5-397B-A17B", "system": "h200_sxm"}, None),
     ({"model": "Qwen3.5-397B-A17B", "precision": "bf16"}, None),
@@ -416,3 +420,107 @@ def test_an_fp4_b200_rc2_row_only_the_mtp_config_ran_drafts() -> None:
     assert r.mtp == 3 and "dsr1_fp4_b200_trt_mtp.sh @13dd0c2" in r.source
     r = row_recipe(_row(**base, concurrency=16, tp_size=8, attention_dp_size=1, moe_tp_size=8, moe_ep_size=1))
     assert r.mtp == 0 and "dsr1_fp{4,8}_b200_trt.sh" in r.source
+
+
+# The launch-settings audit of the held-out InferenceX groups (docs/validate-accuracy.md, "Held-out launch settings").
+@pytest.mark.parametrize("kw, mem, ep", [
+    # MiniMax-M2.5 FP8 H200: v0.16.0 (before InferenceX#869) 0.95, no EP flag; v0.18.0 (#869 to #1354) 0.95 and
+    # --enable-expert-parallel through the always-true `-ge 1` guard. B200 FP8 v0.17.0: the same guard, 0.95.
+    ({"model": "MiniMax-M2.5", "system": "h200_sxm", "backend_version": "0.16.0", "tp_size": 4}, 0.95, False),
+    ({"model": "MiniMax-M2.5", "system": "h200_sxm", "backend_version": "0.18.0"}, 0.95, True),
+    ({"model": "MiniMax-M2.5", "backend_version": "0.17.0", "tp_size": 2}, 0.95, True),
+    ({"model": "MiniMax-M2.5", "backend_version": "0.19.0", "tp_size": 2}, 0.0, False),  # not tied to a version
+    # Kimi-K2.5 INT4: kimik2.5_int4_h200.sh @34bc7c4 0.95, kimik2.5_int4_b200.sh @2b7b694 0.97.
+    ({"model": "Kimi-K2.5", "system": "h200_sxm", "precision": "int4"}, 0.95, False),
+    ({"model": "Kimi-K2.5", "precision": "int4"}, 0.97, False),
+    ({"model": "Kimi-K2.5", "precision": "fp4"}, 0.0, False),  # 0.90: vLLM's default, nothing to carry
+])
+def test_held_out_vllm_launches_carry_their_memory_share_and_expert_parallel_flag(kw, mem, ep) -> None:
+    r = row_recipe(_row(**{"backend": "vllm", **kw}))
+    assert (r.mem_fraction, r.expert_parallel) == (mem, ep)
+
+
+@pytest.mark.parametrize("kw, mem, chunk, recv, running", [
+    ({"system": "h200_sxm"}, 0.85, 0, 1, 0),  # single_node/glm5_fp8_h200.sh @0c82808
+    ({"system": "b300_sxm", "concurrency": 64}, 0.85, 32768, 1, 64),  # single_node/glm5_fp8_b300.sh @5632483
+    ({"precision": "fp4"}, 0.9, 32768, 10, 0),  # single_node/glm5_fp4_b200.sh @405c601
+])
+def test_held_out_glm5_sglang_launches_carry_their_flags(kw, mem, chunk, recv, running) -> None:
+    r = row_recipe(_row(**{"model": "GLM-5", **kw}))
+    assert (r.mem_fraction, r.chunked_prefill_size, r.recv_interval, r.max_running_requests) == (
+        mem, chunk, recv, running)
+
+
+def _heldout_row(model: str, system: str, version: str):
+    from twinserve.sim.validate_protocol import INFERENCEX, harness
+    from twinserve.sim.validate_rows import load_rows
+    rows = load_rows()
+    pick = rows[(rows["model"] == model) & (rows["system"] == system) & (rows["mode"] == "agg")
+                & (rows["backend_version"].astype(str) == version)]
+    return next(r for _, r in pick.iterrows() if harness(r) == INFERENCEX)
+
+
+def test_a_minimax_h200_v018_rows_study_runs_its_experts_expert_parallel() -> None:
+    # The row's columns say TP 8 with the experts tensor-parallel (moe_ep 1); the launch passed
+    # --enable-expert-parallel (the `-ge 1` guard), so vLLM spreads the experts over the 8 ranks (EP = TP x DP).
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.validate_rows import row_plan
+    row = _heldout_row("MiniMax-M2.5", "h200_sxm", "0.18.0")
+    assert (int(row["tp_size"]), int(row["moe_ep_size"])) == (8, 1)
+    plan = row_plan(row, "aic")
+    e = plan.cfg.engine
+    assert (e.tensor_parallel_size, e.expert_parallel_size, e.gpu_memory_utilization) == (8, 8, 0.95)
+    assert e.kv_cache_dtype == "auto"
+    assert "--enable-expert-parallel" in plan.layout
+
+
+def test_a_minimax_h200_v016_rows_study_keeps_tensor_parallel_experts() -> None:
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.validate_rows import row_study
+    cfg = row_study(_heldout_row("MiniMax-M2.5", "h200_sxm", "0.16.0"), "aic")
+    assert (cfg.engine.tensor_parallel_size, cfg.engine.expert_parallel_size) == (4, 1)
+    assert cfg.engine.gpu_memory_utilization == 0.95
+
+
+def test_launch_expert_parallel_leaves_attention_dp_and_ep_workers_alone() -> None:
+    from twinserve.sim.validate_recipes import Recipe, launch_expert_parallel
+    from twinserve.sim.validate_rows import Worker
+    ep = Recipe("s", expert_parallel=True)
+    w = Worker(tp=4, moe_tp=4)
+    assert launch_expert_parallel(ep, w) and (w.moe_tp, w.moe_ep) == (1, 4)
+    for w in (Worker(tp=2, attention_dp=2, moe_ep=4), Worker(tp=1), Worker(tp=4, moe_ep=4)):
+        before = (w.moe_tp, w.moe_ep)
+        assert not launch_expert_parallel(ep, w) and (w.moe_tp, w.moe_ep) == before
+    w = Worker(tp=4, moe_tp=4)
+    assert not launch_expert_parallel(Recipe("s"), w) and w.moe_ep == 1
+
+
+@pytest.mark.parametrize("kw, budget", [
+    # minimaxm2.5_fp{8,4}_b300.sh @5632483: --max-num-batched-tokens ISL x 2 (v0.19.0 rows).
+    ({"precision": "fp8"}, 2048), ({"precision": "fp4", "isl": 8192}, 16384),
+    ({"precision": "fp8", "backend_version": "nightly-5b8c30d62b754b57"}, 0),  # another image: not told
+])
+def test_minimax_b300_v019_launches_carry_their_step_budget(kw, budget) -> None:
+    r = row_recipe(_row(**{"backend": "vllm", "model": "MiniMax-M2.5", "system": "b300_sxm",
+                           "backend_version": "0.19.0", **kw}))
+    assert r.chunked_prefill_size == budget
+
+
+def test_a_minimax_b300_rows_study_keeps_chunked_prefill_with_the_scripts_budget() -> None:
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.validate_rows import row_study
+    row = _heldout_row("MiniMax-M2.5", "b300_sxm", "0.19.0")
+    s = row_study(row, "aic").scheduler
+    assert (s.max_num_batched_tokens, s.enable_chunked_prefill) == (2 * int(row["isl"]), True)
+
+
+@pytest.mark.parametrize("kw, mem, chunk, recv, running", [
+    ({"system": "h200_sxm"}, 0.8, 16384, 1, 128),  # single_node/qwen3.5_fp8_h200.sh @2116fc4
+    ({"system": "b300_sxm", "concurrency": 32}, 0.8, 16384, 10, 32),  # single_node/qwen3.5_fp8_b300.sh @5632483
+    ({"precision": "bf16", "concurrency": 16}, 0.82, 32768, 30, 128),  # single_node/qwen3.5_bf16_b200.sh @29d69fa
+    ({"precision": "bf16"}, 0.82, 32768, 10, 128),
+])
+def test_held_out_qwen35_sglang_launches_carry_their_flags(kw, mem, chunk, recv, running) -> None:
+    r = row_recipe(_row(**{"model": "Qwen3.5-397B-A17B", **kw}))
+    assert (r.mem_fraction, r.chunked_prefill_size, r.recv_interval, r.max_running_requests) == (
+        mem, chunk, recv, running)

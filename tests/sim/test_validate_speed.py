@@ -52,9 +52,11 @@ def test_the_stop_leaves_the_last_wave_unsimulated() -> None:
     assert early["finish_s"].max() < full["finish_s"].max()
 
 
-SAME_A = "minimaxm2_5_b300_vllm_fp8_agg_1024x1024_c4_cfg733"
-SAME_B = "2026_03_25_minimax_m2_5_b300_sxm_vllm_fp8_agg_1024x1024_c4_tp4_0_ep1_0_7"  # another campaign's
-OTHER = "minimaxm2_5_b300_vllm_fp8_agg_1024x1024_c8_cfg733"
+# Two campaigns' records of one launch (the same image, v0.19.0). The B300 FP8 pair this test used before differ now:
+# the v0.19.0 image's launch carries its script's step budget, the nightly image's does not (validate_recipes.py).
+SAME_A = "minimaxm2_5_b200_vllm_fp8_agg_1024x1024_c4_cfg634"
+SAME_B = "2026_03_25_minimax_m2_5_b200_sxm_vllm_fp8_agg_1024x1024_c4_tp4_0_ep1_0_75"  # another campaign's
+OTHER = "minimaxm2_5_b200_vllm_fp8_agg_1024x1024_c8_cfg634"
 
 
 def test_rows_with_one_study_run_once_and_the_longest_rows_start_first(monkeypatch) -> None:
