@@ -33,7 +33,8 @@ Flags and what the simulator does with them:
   `BatchTokenIDOut` era) and 004ec01 already have the one above.
 - `speculative_config: {decoding_type: MTP, num_nextn_predict_layers: N}` (TensorRT-LLM): DeepSeek-R1's
   own NextN layer drafts N tokens a step: [speculative] method draft_model, draft_model "mtp"
-  (ModelSpec.mtp_draft), k = N, each position accepted with MTP_ACCEPTANCE given the ones before it.
+  (ModelSpec.mtp_draft), k = N, each position accepted with MTP_ACCEPTANCE given the ones before it (the rate
+  that gives the 2.50 tokens a step InferenceX measured on its chat-templated random prompts at 3 drafts).
   The rows carry no speculative-decoding field: InferenceX's config (`.github/configs/nvidia-master.yaml`)
   runs its MTP and non-MTP DeepSeek-R1 B200 TensorRT-LLM benchmarks from different images, which the
   rows' backend_version names (MTP_IMAGES).
@@ -347,12 +348,42 @@ def recipe_model(row: Any) -> str:
     return model
 
 
-# P(a drafted position is accepted | the ones before it were) for DeepSeek-R1's MTP drafts: the DeepSeek-V3
-# Technical Report (arXiv:2412.19437, section 5.4.3) measures "the acceptance rate of the second token
-# prediction" at 85% to 90% across generation topics; the low end is taken. The report gives the first
-# drafted position only; the later ones (the same layer reused, TensorRT-LLM's MTP Eagle) are assumed to
-# keep the same conditional rate. Not fitted to any row.
-MTP_ACCEPTANCE = 0.85
+# DeepSeek-R1's MTP drafts on InferenceX's benchmark prompts: random token ids sent through the chat template
+# (`--use-chat-template` in every DeepSeek-R1 MTP script, e.g. benchmarks/dsr1_fp4_b200_trt_mtp.sh @13dd0c2;
+# SemiAnalysisAI/InferenceX PR #1079 made it a rule for every MTP script). SemiAnalysisAI/InferenceX PR #649
+# (2026-02-05, "add --use-chat-template to mi355x fp8 disagg with mtp") measured DeepSeek-R1's MTP acceptance
+# length (tokens a verify step, the bonus token counted) on such prompts: ~2.50 with the chat template, what
+# MT-Bench's real prompts give (~2.50), and ~3.55 without it. A length of 3.55 needs at least 3 drafts (a step
+# yields at most 1 + k tokens); InferenceX's DeepSeek-R1 MTP entries draft 3 (num_nextn_predict_layers 3,
+# DECODE_MTP_SIZE=3), taken as the depth of both figures.
+MTP_ACCEPTANCE_LENGTH = 2.50
+MTP_ACCEPTANCE_LENGTH_DEPTH = 3
+
+
+def acceptance_length(rate: float, depth: int) -> float:
+    """Expected tokens a verify step yields with `depth` drafts, each accepted with `rate` given the ones
+    before it: 1 + rate + rate^2 + ... + rate^depth (the target's own token always counts)."""
+    return sum(rate ** i for i in range(depth + 1))
+
+
+def conditional_rate(length: float, depth: int) -> float:
+    """The rate, the same at every drafted position, whose acceptance_length at `depth` drafts is `length`."""
+    if depth < 1 or not 1.0 <= length <= depth + 1:
+        raise ValueError(f"an acceptance length of {length} cannot come from {depth} drafts (1 to {depth + 1})")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):  # bisection: acceptance_length rises with the rate
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if acceptance_length(mid, depth) < length else (lo, mid)
+    return (lo + hi) / 2
+
+
+# P(a drafted position is accepted | the ones before it were) for DeepSeek-R1's MTP drafts: the rate that gives
+# MTP_ACCEPTANCE_LENGTH at 3 drafts (0.691), the same at every position (the same layer reused, TensorRT-LLM's
+# MTP Eagle; no public source read gives DeepSeek-R1's per-position rates on these prompts). It was 0.85, the
+# DeepSeek-V3 Technical Report's figure (arXiv:2412.19437, section 5.4.3: the second token's acceptance 85% to
+# 90% across generation topics), which natural text gives: 3.19 tokens a step at 3 drafts, where InferenceX's
+# prompts give 2.50. Not fitted to any row (docs/validate-accuracy.md, "MTP acceptance on InferenceX's prompts").
+MTP_ACCEPTANCE = conditional_rate(MTP_ACCEPTANCE_LENGTH, MTP_ACCEPTANCE_LENGTH_DEPTH)
 
 
 def _dsr1_b200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:

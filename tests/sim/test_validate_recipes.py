@@ -123,6 +123,20 @@ def test_tensorrt_llm_deepseek_rows_from_the_mtp_image_speculate(kw, mtp) -> Non
         assert "trt-mtp" in r.source
 
 
+def test_mtp_acceptance_is_the_rate_of_inferencex_measured_length() -> None:
+    from twinserve.sim.validate_recipes import (MTP_ACCEPTANCE, MTP_ACCEPTANCE_LENGTH, acceptance_length,
+                                                conditional_rate)
+    # InferenceX PR #649: ~2.50 tokens a step with the chat template at 3 drafts; one rate at every position.
+    assert MTP_ACCEPTANCE_LENGTH == 2.50
+    assert MTP_ACCEPTANCE == pytest.approx(0.6914, abs=1e-4)
+    assert acceptance_length(MTP_ACCEPTANCE, 3) == pytest.approx(2.50)
+    assert acceptance_length(0.85, 3) == pytest.approx(1 + 0.85 + 0.85 ** 2 + 0.85 ** 3)
+    assert conditional_rate(2.0, 1) == pytest.approx(1.0) and conditional_rate(1.0, 3) == pytest.approx(0.0)
+    assert conditional_rate(3.55, 3) == pytest.approx(0.92, abs=0.01)  # the figure without the chat template
+    with pytest.raises(ValueError, match="cannot come from 1 drafts"):
+        conditional_rate(2.5, 1)
+
+
 def test_an_mtp_rows_study_drafts_with_the_models_own_layer() -> None:
     pytest.importorskip("aiconfigurator_core")
     from twinserve.sim.validate_recipes import MTP_ACCEPTANCE
@@ -134,6 +148,13 @@ def test_an_mtp_rows_study_drafts_with_the_models_own_layer() -> None:
     spec = row_study(pick.iloc[0], "aic").speculative
     assert (spec.method, spec.draft_model, spec.num_speculative_tokens) == ("draft_model", "mtp", 3)
     assert spec.acceptance_rates == [MTP_ACCEPTANCE] * 3
+    # Tokens a verify step on InferenceX's chat-templated random prompts: 2.50 at 3 drafts (InferenceX PR #649),
+    # not the 3.19 the DeepSeek-V3 report's natural-text 0.85 gives.
+    tokens, reach = 1.0, 1.0
+    for rate in spec.acceptance_rates:
+        reach *= rate
+        tokens += reach
+    assert tokens == pytest.approx(2.50, abs=0.005)
     other = rows[(rows["backend"] == "trtllm") & (rows["model"] == "DeepSeek-R1") & (rows["mode"] == "agg")
                  & (rows["backend_version"] == "1.2.0rc6.post2")]
     assert not row_study(other.iloc[0], "aic").speculative.enabled
