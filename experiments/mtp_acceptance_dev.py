@@ -5,7 +5,7 @@ InferenceX recipe or entry that ran MTP), never by their measured figures; devel
 --max-clients clients. Each row is simulated as `simulate validate --cost-model aic` runs it
 (sim/validate.simulate_row), with sim/validate_recipes.MTP_ACCEPTANCE set to --rate for the run.
 
-    .venv/bin/python experiments/mtp_acceptance_dev.py --rate 0.85 --out /tmp/mtp085.csv
+    .venv/bin/python experiments/mtp_acceptance_dev.py --rate 0.85 --out mtp085.csv
 """
 from __future__ import annotations
 
@@ -39,8 +39,9 @@ def mtp_rows(max_clients: int) -> pd.DataFrame:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rate", type=float, required=True, help="P(a drafted position is accepted | those before)")
-    p.add_argument("--out", required=True)
-    p.add_argument("--max-clients", type=int, default=128)
+    p.add_argument("--out", required=True, help="CSV to write, one line a row")
+    p.add_argument("--max-clients", type=int, default=128,
+                   help="rows of at most this many clients (the validation runs' cut)")
     a = p.parse_args()
     warnings.filterwarnings("ignore")
     from twinserve.sim import validate_recipes

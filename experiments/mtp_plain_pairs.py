@@ -5,7 +5,7 @@ price gets wrong in both, leaving what the drafts do: acceptance.
 
 Rows are matched by their configuration columns only, never by measured figures; development rows only.
 
-    .venv/bin/python experiments/mtp_plain_pairs.py --out /tmp/plain.csv   # simulates the plain partners
+    .venv/bin/python experiments/mtp_plain_pairs.py --out plain.csv   # simulates the plain partners
 """
 from __future__ import annotations
 
@@ -45,8 +45,9 @@ def plain_partners(max_clients: int) -> pd.DataFrame:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--max-clients", type=int, default=128)
+    p.add_argument("--out", required=True, help="CSV to write, one line a row")
+    p.add_argument("--max-clients", type=int, default=128,
+                   help="rows of at most this many clients (the validation runs' cut)")
     a = p.parse_args()
     warnings.filterwarnings("ignore")
     from twinserve.sim.validate import simulate_row
