@@ -32,8 +32,8 @@ disagree on MTP, it is recorded and not simulated.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Callable
 
 _SOURCE = "SemiAnalysisAI/InferenceX .github/configs/nvidia-master.yaml @0004cf5"
 MTP_DEPTH_NOT_GIVEN = -1  # an MTP entry whose recipe file name gives no depth (the SGLang ones)
@@ -599,24 +599,26 @@ _DECODE_BATCH: dict[tuple[str, str, str, int, int], tuple[int | tuple[int, ...],
 }
 
 
-def _with_batches(table: dict, batches: dict) -> dict:
-    """The table with each entry's decode max_batch_size (one value per client count) merged in."""
+def _merged(table: dict, per_key: dict, what: str, merge: Callable[[Entry, Any], Entry]) -> dict:
+    """The table with merge(entry, value) for each of its entries under a key of per_key (a value per entry)."""
     out = dict(table)
-    for key, per_entry in batches.items():
+    for key, values in per_key.items():
         entries = table[key]
-        if len(per_entry) != len(entries):
-            raise ValueError(f"{key}: {len(per_entry)} decode batch sizes for {len(entries)} entries")
-        merged = []
-        for e, b in zip(entries, per_entry):
-            b = tuple(b) if isinstance(b, tuple) else (b,) * len(e.concs) if b else ()
-            if b and len(b) != len(e.concs):
-                raise ValueError(f"{key} {e.concs}: decode batch sizes {b} do not match the client counts")
-            merged.append(Entry(e.concs, e.prefill, e.decode, e.mtp, b))
-        out[key] = tuple(merged)
+        if len(values) != len(entries):
+            raise ValueError(f"{key}: {len(values)} {what} for {len(entries)} entries")
+        out[key] = tuple(merge(e, v) for e, v in zip(entries, values))
     return out
 
 
-TABLE = _with_batches(TABLE, _DECODE_BATCH)
+def _decode_batch(e: Entry, b: Any) -> Entry:
+    """The entry with its decode max_batch_size: one value per client count, one for all, or none (0)."""
+    b = tuple(b) if isinstance(b, tuple) else (b,) * len(e.concs) if b else ()
+    if b and len(b) != len(e.concs):
+        raise ValueError(f"{e.concs}: decode batch sizes {b} do not match the client counts")
+    return replace(e, batch=b)
+
+
+TABLE = _merged(TABLE, _DECODE_BATCH, "decode batch sizes", _decode_batch)
 
 # B200 FP8 TensorRT-LLM 8k/1k was measured twice: 2026-02-12 with its prefill workers at EP 8 (the table's entries,
 # as nvidia-master.yaml @0004cf5 writes them) and 2026-03-23 with them at EP 1 (the dumps' prefill_moe_ep_size 1,
@@ -667,19 +669,7 @@ _PREFILL_CAPS: dict[tuple[str, str, str, int, int], tuple[tuple[int, int] | None
 }
 
 
-def _with_prefill_caps(table: dict, caps: dict) -> dict:
-    """The table with each entry's prefill (max_batch_size, max_num_tokens) merged in."""
-    out = dict(table)
-    for key, per_entry in caps.items():
-        entries = table[key]
-        if len(per_entry) != len(entries):
-            raise ValueError(f"{key}: {len(per_entry)} prefill caps for {len(entries)} entries")
-        out[key] = tuple(Entry(e.concs, e.prefill, e.decode, e.mtp, e.batch, c or (0, 0))
-                         for e, c in zip(entries, per_entry))
-    return out
-
-
-TABLE = _with_prefill_caps(TABLE, _PREFILL_CAPS)
+TABLE = _merged(TABLE, _PREFILL_CAPS, "prefill caps", lambda e, c: replace(e, prefill_caps=c or (0, 0)))
 
 # Configurations whose client counts at that commit are one dump's only (the other dump holds counts that
 # matrix does not run: GB200 FP4 1k/1k's 2026-04-06 rows at 16, 32, 64, 128, 144, ..., the GB200 SGLang
