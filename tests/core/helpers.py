@@ -9,6 +9,15 @@ from twinserve.core.fake_executor import FakeExecutor
 from twinserve.core.spec_decode import SpeculativeConfig
 
 
+def assert_like_reference_and_freed(core: EngineCore, log: RunLog, cfg: SchedulerConfig, arrivals: list) -> None:
+    """Every request's output is what it generates alone (reference_output), and every KV block came back."""
+    ex = FakeExecutor(block_size=cfg.block_size)
+    for a in arrivals:
+        assert log.outputs[a.request.request_id] == reference_output(ex, a.request, cfg.max_model_len)
+    kv = core.scheduler.kv
+    assert kv.num_free_blocks == cfg.num_blocks and not kv.req_to_blocks
+
+
 def reference_output(ex: FakeExecutor, req: Request, max_model_len: int) -> list[int]:
     """What the toy model generates for this request running alone, stop rules applied."""
     sp = req.sampling_params

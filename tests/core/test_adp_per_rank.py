@@ -7,9 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from twinserve.core import Request, SamplingParams, Scheduler, SchedulerConfig
-from twinserve.core.fake_executor import FakeExecutor
 
-from .helpers import drive, reference_output
+from .helpers import assert_like_reference_and_freed, drive
 from .test_batch_policy import _step
 from .test_scheduler_properties import _fields, workloads
 
@@ -73,8 +72,4 @@ def test_per_rank_caps_hold_every_step_and_every_request_ends_exactly(w, ranks) 
             assert so.num_scheduled_tokens[rid] <= room
 
     core, log = drive(cfg, arrivals, check=check)
-    ex = FakeExecutor(block_size=cfg.block_size)
-    for a in arrivals:
-        assert log.outputs[a.request.request_id] == reference_output(ex, a.request, cfg.max_model_len)
-    kv = core.scheduler.kv
-    assert kv.num_free_blocks == cfg.num_blocks and not kv.req_to_blocks
+    assert_like_reference_and_freed(core, log, cfg, arrivals)

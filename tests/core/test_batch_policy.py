@@ -16,7 +16,7 @@ from twinserve.core.fake_executor import FakeExecutor
 from twinserve.core.sched.batch_policy import BATCH_POLICIES, PrefillFirst
 from twinserve.core.spec_decode import SpeculativeConfig
 
-from .helpers import Arrival, drive, make_request, reference_output
+from .helpers import Arrival, assert_like_reference_and_freed, drive, make_request, reference_output
 from .test_scheduler_budget import _sampled, edge_workloads
 from .test_scheduler_properties import _fields, _limits_check, workloads
 from .test_spec_decode import spec_configs
@@ -129,12 +129,7 @@ def test_prefill_first_never_mixes_and_outputs_are_exact(w, cap) -> None:
     cfg = SchedulerConfig(**{**_fields(cfg), "batch_policy": "prefill_first", "max_prefill_tokens": cap})
     done: set[str] = set()
     core, log = drive(cfg, arrivals, check=_lock_step_check(cfg, done))
-    ex = FakeExecutor(block_size=cfg.block_size)
-    for a in arrivals:
-        expected = reference_output(ex, a.request, cfg.max_model_len)
-        assert log.outputs[a.request.request_id] == expected
-    kv = core.scheduler.kv
-    assert kv.num_free_blocks == cfg.num_blocks and not kv.req_to_blocks
+    assert_like_reference_and_freed(core, log, cfg, arrivals)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -274,11 +269,7 @@ def test_batch_wait_ends_every_request_with_exact_outputs_and_holds_at_most_its_
         assert so.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
 
     core, log = drive(cfg, arrivals, check=check)
-    ex = FakeExecutor(block_size=cfg.block_size)
-    for a in arrivals:
-        assert log.outputs[a.request.request_id] == reference_output(ex, a.request, cfg.max_model_len)
-    kv = core.scheduler.kv
-    assert kv.num_free_blocks == cfg.num_blocks and not kv.req_to_blocks
+    assert_like_reference_and_freed(core, log, cfg, arrivals)
 
 
 def _balance(ranks: int = 2, iters: int = 3, wait: int = 0, seqs: int = 8) -> Scheduler:
@@ -390,11 +381,7 @@ def test_adp_balance_ends_every_request_with_exact_outputs_and_holds_at_most_its
         assert so.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
 
     core, log = drive(cfg, arrivals, check=check)
-    ex = FakeExecutor(block_size=cfg.block_size)
-    for a in arrivals:
-        assert log.outputs[a.request.request_id] == reference_output(ex, a.request, cfg.max_model_len)
-    kv = core.scheduler.kv
-    assert kv.num_free_blocks == cfg.num_blocks and not kv.req_to_blocks
+    assert_like_reference_and_freed(core, log, cfg, arrivals)
 
 
 def test_adp_balance_waits_for_a_prompt_on_every_rank_not_for_as_many_prompts_as_ranks() -> None:

@@ -9,9 +9,8 @@ from hypothesis import strategies as st
 
 from twinserve.core import Request, SamplingParams, Scheduler, SchedulerConfig
 from twinserve.core.errors import InvalidConfigError
-from twinserve.core.fake_executor import FakeExecutor
 
-from .helpers import drive, reference_output
+from .helpers import assert_like_reference_and_freed, drive
 from .test_batch_policy import _step
 from .test_scheduler_properties import _fields, workloads
 
@@ -75,8 +74,4 @@ def test_a_receive_poll_delays_admissions_only_and_outputs_stay_exact(w, interva
         assert not {r.request_id for r in core.scheduler.unreceived} & set(so.num_scheduled_tokens)
 
     core, log = drive(cfg, arrivals, check=check)
-    ex = FakeExecutor(block_size=cfg.block_size)
-    for a in arrivals:
-        assert log.outputs[a.request.request_id] == reference_output(ex, a.request, cfg.max_model_len)
-    kv = core.scheduler.kv
-    assert kv.num_free_blocks == cfg.num_blocks and not kv.req_to_blocks
+    assert_like_reference_and_freed(core, log, cfg, arrivals)
