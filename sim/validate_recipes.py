@@ -60,6 +60,11 @@ Flags and what the simulator does with them:
   H200 / B200 FP8 scripts' `[ "$EP_SIZE" -ge 1 ]` guard, always true): the experts run expert-parallel over the
   TP ranks (vLLM's EP size is TP x DP), not tensor-parallel as the row's moe_tp / moe_ep columns say:
   Recipe.expert_parallel, applied by sim/validate_rows.py row_plan to a TP-only single worker.
+- A vLLM launch that passes `--tensor-parallel-size` and nothing of the configuration's EP or attention DP (the
+  Kimi-K2.5 FP4 B200 / B300 scripts before InferenceX#1658): vLLM runs one TP group with its experts
+  tensor-parallel (`FusedMoEParallelConfig.make`: without enable_expert_parallel, ep_size 1 and the experts
+  split over the TP ranks), whatever the row's moe_ep / attention_dp columns say: Recipe.tensor_parallel_only,
+  applied by sim/validate_rows.py row_plan to a single worker (launch_tensor_parallel).
 - Not modelled (said so, not approximated): speculative decoding elsewhere (GLM-5's EAGLE flags; MTP
   where nothing tells MTP runs from others: H200's rows up to 64 clients, SGLang's, the disaggregated
   Dynamo recipes), attention backends and other kernel choices, CUDA-graph batch caps.
@@ -96,6 +101,8 @@ class Recipe:
     mxfp4_moe_kernel: str = ""  # vLLM's MXFP4 expert kernel where the script forces one ('marlin'; '': default)
     fp8_moe_kernel: str = ""  # TensorRT-LLM's FP8 block-scale expert backend where the script sets TRTLLM ('trtllm')
     expert_parallel: bool = False  # vLLM's --enable-expert-parallel passed whatever the config's EP (experts EP = TP)
+    tensor_parallel_only: bool = False  # vLLM launched with --tensor-parallel-size only, whatever the config's EP /
+    # attention DP (no --enable-expert-parallel, no --data-parallel-size): one TP group, its experts tensor-parallel
 
 
 DEFAULT = Recipe("no InferenceX recipe known for this row: the engine's defaults")
@@ -275,6 +282,48 @@ def _qwen35_bf16_b200(isl: int, osl: int, conc: int, tp: int) -> Recipe:
                              "--enable-flashinfer-allreduce-fusion, --cuda-graph-max-bs, --tokenizer-worker-num 6")
 
 
+# Qwen3.5 on B300 (rows: lmsysorg/sglang:v0.5.10.post1-cu130, measured 2026-04-18, TP 4 / 8 and TP 4 at EP 2).
+# benchmarks/single_node/qwen3.5_bf16_b300.sh @5632483 (and alike on every flag taken here: lishuoshuo-amd/InferenceX
+# @ba8ef7d, richardhuo-nv/InferenceX @4b685a8): --scheduler-recv-interval 30 from 16 clients, else 10;
+# --mem-fraction-static 0.82; --chunked-prefill-size and --max-prefill-tokens 32768; --max-running-requests 128;
+# --stream-interval 30 (no effect on TTFT / TPOT: sglang_stream_points). The B200 BF16 recipe's flags.
+# benchmarks/single_node/qwen3.5_fp4_b300.sh @5632483 ("Follows the SGLang cookbook recipe ... as of 2026-04-17", the
+# day before the rows; alike: lishuoshuo-amd/InferenceX @ae7e241, mpashkovskii/InferenceX @01d209c): the same
+# receive interval, chunk, prefill cap, 128 running and stream interval, --mem-fraction-static 0.8,
+# --kv-cache-dtype fp8_e4m3 (what precision_fields gives an FP4 row), allreduce fusion at TP 8 only.
+def _qwen35_b300(script: str, mem: float, unmodelled: str) -> Callable[[int, int, int, int], Recipe]:
+    def recipe(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+        return Recipe(f"{_INFERENCEX_REPO} {script}", stream_interval=30, recv_interval=30 if conc >= 16 else 10,
+                      chunked_prefill_size=32768, max_prefill_tokens=32768, max_running_requests=128,
+                      mem_fraction=mem, unmodelled=unmodelled)
+    return recipe
+
+
+_QWEN35_B300_UNMODELLED = ("--attention-backend trtllm_mha, --moe-runner-backend flashinfer_trtllm, "
+                           "--cuda-graph-max-bs, --tokenizer-worker-num 6")
+
+
+# Kimi-K2.5 NVFP4 on vLLM, B200 (rows: v0.17.0, TP 8; TP 4 at EP 4; TP 4 with attention DP) and B300 (v0.17.0 TP 4
+# at EP 4, v0.19.0 TP 4 / 8). InferenceX's config gave these layouts (`kimik2.5-fp4-b200-vllm`, SemiAnalysisAI/
+# InferenceX#862 of 2026-03-03: "TP=8/EP=1 (conc 4-128) and TP=4/EP=4 (conc 4-64)"), but every version of the
+# scripts read passes `--tensor-parallel-size=$TP` and neither --enable-expert-parallel nor --data-parallel-size
+# (EP_SIZE is not even among the variables they check): benchmarks/single_node/kimik2.5_fp4_b200.sh @04107b3,
+# whn09/InferenceX @53605e0, mpashkovskii/InferenceX @01d209c (after 2026-04-17), lishuoshuo-amd/InferenceX
+# @73d52a5 (after vLLM v0.20.2); kimik2.5_fp4_b300.sh @5632483 and lishuoshuo-amd @ba8ef7d ("reuses the existing
+# Kimi-K2.5 FP4 B200 vLLM recipe as-is"). SemiAnalysisAI/InferenceX#1658 (2026-06-03, after every row) is the first
+# to make "the B200/B300 benchmark scripts now require EP_SIZE and pass --enable-expert-parallel only when
+# EP_SIZE > 1". vLLM then shards the experts over the TP ranks (vllm/model_executor/layers/fused_moe/config.py
+# FusedMoEParallelConfig.make: `use_ep = ... and vllm_parallel_config.enable_expert_parallel`; not use_ep:
+# ep_size 1, tp_size the TP group's). Memory 0.90 (vLLM's default) and --max-num-seqs $CONC are what the study runs
+# already; the later versions' --max-num-batched-tokens ISL x 2 and --kv-cache-dtype fp8 (@01d209c, @73d52a5) are
+# not tied to the rows' images, and the NVFP4 checkpoint's FP8 K/V is what auto gives anyway.
+def _kimi_fp4_vllm(script: str) -> Callable[[int, int, int, int], Recipe]:
+    def recipe(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+        return Recipe(f"{_INFERENCEX_REPO} {script}", tensor_parallel_only=True,
+                      unmodelled="--compilation_config.pass_config.fuse_allreduce_rms true")
+    return recipe
+
+
 def _vllm_mem(script: str, mem: float, unmodelled: str) -> Callable[[int, int, int, int], Recipe]:
     # A vLLM script whose only flag the simulator models differently from its defaults is the memory share
     # (--max-num-seqs $CONC, and vLLM's default 8,192-token budget, are what the row studies run already).
@@ -286,8 +335,10 @@ def _vllm_mem(script: str, mem: float, unmodelled: str) -> Callable[[int, int, i
 # (backend, model, system, precision) -> the recipe for the row's (ISL, OSL, clients, TP). Models with
 # InferenceX rows and no entry: looked up, no script found for that backend x GPU (the defaults stand):
 # SGLang DeepSeek-V3 as such (its InferenceX rows are dsr1 configurations: recipe_model), SGLang DeepSeek-R1
-# (dsr1) on GB200 aggregated, Qwen3.5 B300 BF16 and FP4 (not read). vLLM rows but gpt-oss-120b's on Hopper (its
-# MXFP4 experts on Marlin), Kimi-K2.5 INT4's and MiniMax-M2.5's (PRECISION_IMAGES), and TensorRT-LLM's but
+# (dsr1) on GB200 aggregated, Qwen3.5 B200 FP4 (the script versions read disagree, and none is tied to the rows'
+# nightly-dev-20260402 image: docs/validate-accuracy.md, "Held-out launch settings, the rest"). vLLM rows but
+# gpt-oss-120b's on Hopper (its MXFP4 experts on Marlin), Kimi-K2.5's (INT4: memory; FP4: the TP-only launch) and
+# MiniMax-M2.5's (PRECISION_IMAGES), and TensorRT-LLM's but
 # Llama-3.1-70B's and DeepSeek-R1's: their recipes set no flag the simulator models differently from the defaults
 # it runs (docs/validate-accuracy.md, 2026-12-05 notes and the 2026-12-06 launch audit).
 RECIPES: dict[tuple[str, str, str, str], Callable[[int, int, int, int], Recipe]] = {
@@ -315,6 +366,15 @@ RECIPES: dict[tuple[str, str, str, str], Callable[[int, int, int, int], Recipe]]
     ("sglang", "Qwen3.5-397B-A17B", "h200_sxm", "fp8"): _qwen35_fp8_h200,
     ("sglang", "Qwen3.5-397B-A17B", "b300_sxm", "fp8"): _qwen35_fp8_b300,
     ("sglang", "Qwen3.5-397B-A17B", "b200_sxm", "bf16"): _qwen35_bf16_b200,
+    ("sglang", "Qwen3.5-397B-A17B", "b300_sxm", "bf16"): _qwen35_b300(
+        "benchmarks/single_node/qwen3.5_bf16_b300.sh @5632483", 0.82,
+        _QWEN35_B300_UNMODELLED + ", --enable-flashinfer-allreduce-fusion"),
+    ("sglang", "Qwen3.5-397B-A17B", "b300_sxm", "fp4"): _qwen35_b300(
+        "benchmarks/single_node/qwen3.5_fp4_b300.sh @5632483", 0.8,
+        _QWEN35_B300_UNMODELLED + ", --fp4-gemm-backend flashinfer_cutlass, --mamba-ssm-dtype bfloat16, "
+        "--enable-flashinfer-allreduce-fusion (TP 8)"),
+    ("vllm", "Kimi-K2.5", "b200_sxm", "fp4"): _kimi_fp4_vllm("benchmarks/single_node/kimik2.5_fp4_b200.sh @04107b3"),
+    ("vllm", "Kimi-K2.5", "b300_sxm", "fp4"): _kimi_fp4_vllm("benchmarks/single_node/kimik2.5_fp4_b300.sh @5632483"),
     ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8"): _dsr1_trt,
     ("trtllm", "DeepSeek-R1", "b200_sxm", "fp4"): _dsr1_trt,
     ("trtllm", "DeepSeek-R1", "h200_sxm", "fp8"): _dsr1_trt,
@@ -750,6 +810,16 @@ def launch_expert_parallel(recipe: Recipe, worker: Any) -> bool:
     if not recipe.expert_parallel or worker.tp <= 1 or worker.attention_dp > 1 or worker.moe_ep > 1:
         return False
     worker.moe_tp, worker.moe_ep = 1, worker.tp
+    return True
+
+
+def launch_tensor_parallel(recipe: Recipe, worker: Any) -> bool:
+    """Lay a single worker out as the one TP group its launch ran where the launch passed vLLM only
+    --tensor-parallel-size (Recipe.tensor_parallel_only): no attention DP, the experts split over the TP ranks;
+    True where it changed the row's layout."""
+    if not recipe.tensor_parallel_only or (worker.attention_dp, worker.moe_tp, worker.moe_ep) == (1, worker.tp, 1):
+        return False
+    worker.attention_dp, worker.moe_tp, worker.moe_ep = 1, worker.tp, 1
     return True
 
 

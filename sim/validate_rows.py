@@ -30,7 +30,7 @@ from twinserve.sim.validate_inferencex import (MTP_SIMULATED_MAX_CLIENTS, agreed
 from twinserve.sim.validate_twins import add_twins, twin_of
 from twinserve.sim.validate_recipes import (apply_disagg_recipe, apply_kernels, apply_memory, apply_recipe,
                                             apply_speculative, disagg_fp8_moe_kernel, disagg_recipe, kv_cache_dtype,
-                                            launch_expert_parallel, row_recipe, set_mtp)
+                                            launch_expert_parallel, launch_tensor_parallel, row_recipe, set_mtp)
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, INFERENCEX, STEADY, RunDesign, harness, run_design
 from twinserve.sim.workload import WorkloadConfig
 
@@ -420,6 +420,9 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     if len(ws) == 1:
         # vLLM's --enable-expert-parallel where the script passed it whatever the row's EP (validate_recipes.py).
         launch_ep = model.is_moe and launch_expert_parallel(recipe, ws[0])
+        # A vLLM launch that passed --tensor-parallel-size only, whatever the row's EP / attention DP (the Kimi-K2.5
+        # FP4 scripts, validate_recipes.py): one TP group, experts tensor-parallel.
+        launch_tp = launch_tensor_parallel(recipe, ws[0])
         _apply(cfg, _layout(ws[0], model))
         adp = inferred_attention_dp(row)
         note = f"inferred attention_dp {adp} = moe_tp x moe_ep / tp (vLLM's layout rule)" if adp else ""
@@ -429,6 +432,9 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
         if folded_layout(row):
             note = (f"inferred {ws[0].label()}: the file's {ws[0].gpus * ws[0].moe_ep} GPUs are moe_tp x moe_ep "
                     f"of one node's server (InferenceX's dump)")
+        if launch_tp:
+            note = (f"{ws[0].label()}, experts tp{ws[0].moe_tp}: the launch passed only --tensor-parallel-size, not "
+                    f"the config's EP / attention DP ({recipe.source})")
         return RowPlan(cfg, note)
     pre, dec = ws
     pre_layout, dec_layout = _layout(pre, model), _layout(dec, model)
