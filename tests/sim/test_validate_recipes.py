@@ -545,3 +545,68 @@ def test_held_out_qwen35_sglang_launches_carry_their_flags(kw, mem, chunk, recv,
     r = row_recipe(_row(**{"model": "Qwen3.5-397B-A17B", **kw}))
     assert (r.mem_fraction, r.chunked_prefill_size, r.recv_interval, r.max_running_requests) == (
         mem, chunk, recv, running)
+
+
+# The launch audit's second part (docs/validate-accuracy.md, "Held-out launch settings, the rest"): studies built only.
+def _heldout_agg_row(model: str, system: str, precision: str, **cols):
+    from twinserve.sim.validate_protocol import INFERENCEX, harness
+    from twinserve.sim.validate_rows import load_rows
+    rows = load_rows()
+    pick = rows[(rows["model"] == model) & (rows["system"] == system) & (rows["precision"] == precision)
+                & (rows["mode"] == "agg")]
+    for col, value in cols.items():
+        pick = pick[pick[col] == value]
+    return next(r for _, r in pick.iterrows() if harness(r) == INFERENCEX)
+
+
+@pytest.mark.parametrize("precision, script", [("bf16", "qwen3.5_bf16_b300.sh"), ("fp4", "qwen3.5_fp4_b300.sh")])
+def test_a_qwen35_b300_rows_study_runs_its_scripts_scheduler_flags(precision, script) -> None:
+    # Qwen3.5's Gated DeltaNet layers are not expressible under aic: the study is built under the roofline.
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.config import EngineConfig, SchedulerConfig
+    from twinserve.sim.validate_rows import row_study
+    for conc in (4, 64):  # either side of the scripts' receive-interval branch
+        row = _heldout_agg_row("Qwen3.5-397B-A17B", "b300_sxm", precision, concurrency=conc)
+        recipe = row_recipe(row)
+        assert script in recipe.source
+        cfg = row_study(row, "roofline")
+        s, e = cfg.scheduler, cfg.engine
+        assert s.recv_interval == recipe.recv_interval > 1
+        assert (s.max_num_batched_tokens, s.max_prefill_tokens) == (recipe.chunked_prefill_size,
+                                                                    recipe.max_prefill_tokens)
+        assert s.max_num_batched_tokens != SchedulerConfig().max_num_batched_tokens
+        assert e.gpu_memory_utilization == recipe.mem_fraction != EngineConfig().gpu_memory_utilization
+    lo, hi = (row_recipe(_heldout_agg_row("Qwen3.5-397B-A17B", "b300_sxm", precision, concurrency=c))
+              for c in (4, 64))
+    assert lo.recv_interval < hi.recv_interval  # the scripts poll less often from 16 clients
+
+
+@pytest.mark.parametrize("system, cols", [
+    ("b200_sxm", {"moe_ep_size": 4, "attention_dp_size": 1}),   # the config's TP 4 / EP 4
+    ("b200_sxm", {"attention_dp_size": 4}),                     # the config's attention-DP entry
+    ("b300_sxm", {"moe_ep_size": 4, "backend_version": "0.17.0"}),
+])
+def test_a_kimi_fp4_rows_study_runs_the_one_tp_group_its_launch_ran(system, cols) -> None:
+    # kimik2.5_fp4_{b200,b300}.sh before InferenceX#1658 pass --tensor-parallel-size only: whatever the row's EP /
+    # attention-DP columns, vLLM ran one TP group with its experts tensor-parallel.
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.validate_rows import row_plan
+    row = _heldout_agg_row("Kimi-K2.5", system, "fp4", **cols)
+    assert int(row["moe_ep_size"]) > 1  # the row's columns say expert-parallel
+    plan = row_plan(row, "aic")
+    e = plan.cfg.engine
+    assert (e.tensor_parallel_size, e.data_parallel_size, e.expert_parallel_size) == (int(row["tp_size"]), 1, 1)
+    assert "--tensor-parallel-size" in plan.layout and "kimik2.5_fp4" in plan.layout
+
+
+def test_launch_tensor_parallel_folds_ep_and_attention_dp_into_the_tp_group() -> None:
+    from twinserve.sim.validate_recipes import Recipe, launch_tensor_parallel
+    from twinserve.sim.validate_rows import Worker
+    tp_only = Recipe("s", tensor_parallel_only=True)
+    for w in (Worker(tp=4, moe_ep=4), Worker(tp=4, attention_dp=4, moe_ep=16)):
+        assert launch_tensor_parallel(tp_only, w)
+        assert (w.tp, w.attention_dp, w.moe_tp, w.moe_ep, w.gpus) == (4, 1, 4, 1, 4)
+    w = Worker(tp=4, moe_tp=4)
+    assert not launch_tensor_parallel(tp_only, w)  # already the TP group
+    w = Worker(tp=4, moe_ep=4)
+    assert not launch_tensor_parallel(Recipe("s"), w) and w.moe_ep == 4  # no such launch: the row's columns stand
