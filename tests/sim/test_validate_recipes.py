@@ -196,8 +196,8 @@ def test_a_tensorrt_llm_llama70b_rows_study_waits_and_prefills_whole_prompts() -
     ({"system": "h200_sxm"}, 0.82), ({"system": "h200_sxm", "isl": 8192}, 0.82),
     # B300 reuses the B200 scripts as-is.
     ({"system": "b300_sxm", "tp_size": 4, "isl": 8192}, 0.95),
-    # TensorRT-LLM kv_cache_config.free_gpu_memory_fraction: dsr1_fp8_b200_trt_mtp.sh @111f031 and
-    # dsr1_fp4_b200_trt_mtp.sh @13dd0c2 0.8; dsr1_fp8_h200_trt_mtp.sh @1fc5d73 0.75.
+    # TensorRT-LLM kv_cache_config.free_gpu_memory_fraction: single_node/dsr1_fp8_b200_trt_mtp.sh @2f3a788 (PR #632)
+    # and dsr1_fp4_b200_trt_mtp.sh @13dd0c2 0.8 without attention DP; dsr1_fp8_h200_trt_mtp.sh @1fc5d73 0.75.
     ({"backend": "trtllm", "backend_version": "1.2.0rc6.post3"}, 0.8),
     ({"backend": "trtllm", "backend_version": "1.2.0rc6.post3", "precision": "fp4"}, 0.8),
     ({"backend": "trtllm", "backend_version": "1.1.0rc2.post2", "system": "h200_sxm", "concurrency": 128}, 0.75),
@@ -237,7 +237,7 @@ def test_a_rows_study_sizes_its_kv_pool_with_the_scripts_memory_share() -> None:
 @pytest.mark.parametrize("kw, iters", [
     # attention_dp_config {enable_balance: true, timeout_iters: 60, batching_wait_iters: 0} in every DeepSeek-R1
     # TensorRT-LLM script (written when DP_ATTENTION is true; the balance acts only with attention DP):
-    ({"backend_version": "1.2.0rc6.post3"}, 60),  # dsr1_fp8_b200_trt_mtp.sh @111f031
+    ({"backend_version": "1.2.0rc6.post3"}, 60),  # single_node/dsr1_fp8_b200_trt_mtp.sh @2f3a788
     ({"backend_version": "1.2.0rc6.post2"}, 60),  # dsr1_fp8_b200_trt.sh @6320e9b
     ({"backend_version": "1.2.0rc6.post2", "precision": "fp4"}, 60),  # dsr1_fp4_b200_trt.sh @6320e9b
     ({"system": "h200_sxm", "backend_version": "1.1.0rc2.post2"}, 60),  # dsr1_fp8_h200_trt.sh @1fc5d73
