@@ -449,7 +449,8 @@ MTP_ACCEPTANCE = conditional_rate(MTP_ACCEPTANCE_LENGTH, MTP_ACCEPTANCE_LENGTH_D
 def _dsr1_b200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
     # benchmarks/dsr1_fp8_b200_trt_mtp.sh @111f031 and dsr1_fp4_b200_trt_mtp.sh @13dd0c2: MTP=1 with
     # DP_ATTENTION=true, else 3 (num_nextn_predict_layers in speculative_config); stream_interval 10;
-    # kv_cache_config free_gpu_memory_fraction 0.8 (both scripts).
+    # kv_cache_config free_gpu_memory_fraction 0.8 (both scripts). The FP8 rows of image 1.2.0rc6.post3 ran the
+    # later version of the FP8 script (PRECISION_IMAGES: _dsr1_fp8_b200_trt_mtp_rc6).
     return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp{{4,8}}_b200_trt_mtp.sh @13dd0c2/111f031 (image "
                   "1.2.0rc6.post3: .github/configs/nvidia-master.yaml @48f302c, dsr1-fp{4,8}-b200-trt-mtp)",
                   stream_interval=10, mtp=1 if attention_dp else 3, mem_fraction=0.8,
@@ -497,6 +498,27 @@ def _dsr1_fp8_b200_trt_rc6(isl: int, osl: int, conc: int, tp: int, attention_dp:
                   unmodelled="cuda_graph_config (padding, max_batch_size CONC), piecewise CUDA graphs, "
                              "--max_num_tokens (8,192 where the batch wait applies: the engine default the "
                              "study runs), --max_seq_len")
+
+
+def _dsr1_fp8_b200_trt_mtp_rc6(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
+    # The release:1.2.0rc6.post3 image came to dsr1-fp8-b200-trt-mtp with SemiAnalysisAI/InferenceX PR #632
+    # ("[NV] dsr1 fp8 b200 trt agg mtp update", 2026-02-05; perf-changelog.yaml @000de6d: "Update to the latest
+    # TRTLLM 1.2 release container version", TP only for most points, piecewise CUDA graphs). Its description:
+    # "For most of the tests we switch to the TRTLLM backend", DEEPGEMM only for the attention-DP points (with
+    # ENABLE_CONFIGURABLE_MOE=1). The rows of that image were measured 2026-02-05 / 02-06 at the layouts it sets
+    # (TP 8 with EP 1, or attention DP 8). The script as that PR left it (benchmarks/single_node/
+    # dsr1_fp8_b200_trt_mtp.sh @2f3a788, the later copy): MOE_BACKEND TRTLLM, MTP 3, free_gpu_memory_fraction
+    # 0.8, piecewise CUDA graphs above the narrow counts; with DP_ATTENTION DEEPGEMM, MTP 1, 0.7, max_batch_size
+    # CONC / 8. The earlier copies (benchmarks/dsr1_fp8_b200_trt_mtp.sh @7506aee, @111f031: DEEPGEMM at every
+    # point, cuda graphs to 256) predate PR #632 and its image. TensorRT-LLM's TRTLLM backend runs FP8
+    # block-scaled experts on trtllm-gen (`get_moe_cls`: TRTLLM + fp8_block_scales -> TRTLLMGenFusedMoE,
+    # tensorrt_llm/_torch/modules/fused_moe/create_moe.py): backends/sim/aic/trtgen.py's price.
+    r = _dsr1_b200_trt_mtp(isl, osl, conc, tp, attention_dp)
+    return replace(r, source=f"{_INFERENCEX_REPO} benchmarks/single_node/dsr1_fp8_b200_trt_mtp.sh @2f3a788 as PR "
+                   "#632 left it (image 1.2.0rc6.post3, dsr1-fp8-b200-trt-mtp)",
+                   fp8_moe_kernel="" if attention_dp else "trtllm", mem_fraction=0.7 if attention_dp else 0.8,
+                   unmodelled="piecewise CUDA graphs, cuda_graph_config max_batch_size, --max_num_tokens, "
+                              "--max_batch_size (CONC / 8 under attention DP), ENABLE_CONFIGURABLE_MOE")
 
 
 # The MoE backend of DeepSeek-R1 FP8 B200 TensorRT-LLM disaggregated workers (the srt-slurm recipes InferenceX's
@@ -572,6 +594,7 @@ def _minimax_b300_v019(script: str) -> Callable[[int, int, int, int, bool], Reci
 # that image, where the image tells one script version from another (the image of MTP_IMAGES' note).
 PRECISION_IMAGES: dict[tuple[str, str, str, str, str], Callable[[int, int, int, int, bool], Recipe]] = {
     ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8", "1.2.0rc6.post2"): _dsr1_fp8_b200_trt_rc6,
+    ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8", "1.2.0rc6.post3"): _dsr1_fp8_b200_trt_mtp_rc6,
     ("vllm", "MiniMax-M2.5", "h200_sxm", "fp8", "0.16.0"): _minimax_fp8_h200_v016,
     ("vllm", "MiniMax-M2.5", "h200_sxm", "fp8", "0.18.0"): _minimax_fp8_h200_v018,
     ("vllm", "MiniMax-M2.5", "b200_sxm", "fp8", "0.17.0"): _minimax_fp8_b200_v017,

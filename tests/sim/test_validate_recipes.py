@@ -196,8 +196,8 @@ def test_a_tensorrt_llm_llama70b_rows_study_waits_and_prefills_whole_prompts() -
     ({"system": "h200_sxm"}, 0.82), ({"system": "h200_sxm", "isl": 8192}, 0.82),
     # B300 reuses the B200 scripts as-is.
     ({"system": "b300_sxm", "tp_size": 4, "isl": 8192}, 0.95),
-    # TensorRT-LLM kv_cache_config.free_gpu_memory_fraction: dsr1_fp8_b200_trt_mtp.sh @111f031 and
-    # dsr1_fp4_b200_trt_mtp.sh @13dd0c2 0.8; dsr1_fp8_h200_trt_mtp.sh @1fc5d73 0.75.
+    # TensorRT-LLM kv_cache_config.free_gpu_memory_fraction: single_node/dsr1_fp8_b200_trt_mtp.sh @2f3a788 (PR #632)
+    # and dsr1_fp4_b200_trt_mtp.sh @13dd0c2 0.8 without attention DP; dsr1_fp8_h200_trt_mtp.sh @1fc5d73 0.75.
     ({"backend": "trtllm", "backend_version": "1.2.0rc6.post3"}, 0.8),
     ({"backend": "trtllm", "backend_version": "1.2.0rc6.post3", "precision": "fp4"}, 0.8),
     ({"backend": "trtllm", "backend_version": "1.1.0rc2.post2", "system": "h200_sxm", "concurrency": 128}, 0.75),
@@ -237,7 +237,7 @@ def test_a_rows_study_sizes_its_kv_pool_with_the_scripts_memory_share() -> None:
 @pytest.mark.parametrize("kw, iters", [
     # attention_dp_config {enable_balance: true, timeout_iters: 60, batching_wait_iters: 0} in every DeepSeek-R1
     # TensorRT-LLM script (written when DP_ATTENTION is true; the balance acts only with attention DP):
-    ({"backend_version": "1.2.0rc6.post3"}, 60),  # dsr1_fp8_b200_trt_mtp.sh @111f031
+    ({"backend_version": "1.2.0rc6.post3"}, 60),  # single_node/dsr1_fp8_b200_trt_mtp.sh @2f3a788
     ({"backend_version": "1.2.0rc6.post2"}, 60),  # dsr1_fp8_b200_trt.sh @6320e9b
     ({"backend_version": "1.2.0rc6.post2", "precision": "fp4"}, 60),  # dsr1_fp4_b200_trt.sh @6320e9b
     ({"system": "h200_sxm", "backend_version": "1.1.0rc2.post2"}, 60),  # dsr1_fp8_h200_trt.sh @1fc5d73
@@ -397,12 +397,69 @@ def test_b200_fp8_trt_rc6_post2_rows_run_their_scripts_trtllm_experts(kw, kernel
 
 @pytest.mark.parametrize("kw", [
     {"precision": "fp4"},  # dsr1-fp4-b200-trt: another script, its experts NVFP4
-    {"backend_version": "1.2.0rc6.post3"},  # the MTP image: dsr1_fp8_b200_trt_mtp.sh, DEEPGEMM
     {"backend_version": "1.1.0rc2.post2"},  # InferenceMAX's image of the DEEPGEMM script (@6320e9b)
+    # the MTP image under attention DP: PR #632's script runs DEEPGEMM there (aic's own table)
+    {"backend_version": "1.2.0rc6.post3", "tp_size": 1, "attention_dp_size": 8},
+    {"backend_version": "1.2.0rc6.post3", "precision": "fp4"},  # dsr1_fp4_b200_trt_mtp.sh: NVFP4 experts
 ])
 def test_other_b200_trt_images_keep_aics_fp8_expert_table(kw) -> None:
     r = row_recipe(_row(**{"backend": "trtllm", "backend_version": "1.2.0rc6.post2", **kw}))
     assert r.fp8_moe_kernel == ""
+
+
+@pytest.mark.parametrize("kw, kernel, mtp, mem", [
+    # dsr1-fp8-b200-trt-mtp from release:1.2.0rc6.post3 ran the script of InferenceX PR #632 (single_node/
+    # dsr1_fp8_b200_trt_mtp.sh @2f3a788): TRTLLM experts, MTP 3, memory 0.8; DEEPGEMM, MTP 1, 0.7 under DP.
+    ({}, "trtllm", 3, 0.8),
+    ({"osl": 8192, "concurrency": 64}, "trtllm", 3, 0.8),
+    ({"isl": 8192, "concurrency": 128}, "trtllm", 3, 0.8),
+    ({"osl": 8192, "concurrency": 32, "tp_size": 1, "attention_dp_size": 8}, "", 1, 0.7),
+])
+def test_b200_fp8_trt_mtp_rows_run_pr632s_script_trtllm_experts(kw, kernel, mtp, mem) -> None:
+    r = row_recipe(_row(**{"backend": "trtllm", "backend_version": "1.2.0rc6.post3", **kw}))
+    assert "#632" in r.source and "dsr1-fp8-b200-trt-mtp" in r.source
+    assert (r.fp8_moe_kernel, r.mtp, r.mem_fraction, r.stream_interval, r.adp_balance_iters) == (
+        kernel, mtp, mem, 10, 60)
+
+
+def test_a_b200_fp8_trt_mtp_step_prices_its_experts_on_aics_trtllm_gen_rows() -> None:
+    # An aggregated B200 FP8 MTP row (1k/8k, TP 8, 4 clients, image 1.2.0rc6.post3): its study drafts 3 and its
+    # experts are TRTLLM's; a decode step of the 4 clients verifies 16 rows. The step's price moves from aic's
+    # TensorRT-LLM DeepGEMM rows to its SGLang 0.5.14 flashinfer-trtllm rows of the same op, read here from the
+    # tables themselves (DeepSeek-R1's experts, MoE TP 8 / EP 1, power law 1.01, 16 tokens): 58 MoE layers x
+    # the difference.
+    pytest.importorskip("aiconfigurator_core")
+    import dataclasses
+    from pathlib import Path
+
+    import aiconfigurator_core
+
+    from twinserve.sim.build import build_cost_models
+    from twinserve.sim.validate_rows import load_rows, row_study
+    rows = load_rows()
+    pick = rows[(rows["backend"] == "trtllm") & (rows["model"] == "DeepSeek-R1") & (rows["mode"] == "agg")
+                & (rows["system"] == "b200_sxm") & (rows["precision"] == "fp8")
+                & (rows["backend_version"] == "1.2.0rc6.post3") & (rows["isl"] == 1024) & (rows["osl"] == 8192)
+                & (rows["concurrency"] == 4) & (rows["tp_size"] == 8)]
+    cfg = row_study(pick.iloc[0], "aic")
+    assert cfg.engine.aic_fp8_moe_kernel == "trtllm"
+    assert cfg.speculative.num_speculative_tokens == 3
+    own = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, aic_fp8_moe_kernel="default"))
+    gen, dg = build_cost_models(cfg)[3], build_cost_models(own)[3]
+
+    def table(rel: str, source: str) -> float:
+        d = pd.read_parquet(Path(aiconfigurator_core.__file__).parent / "systems/data/b200_sxm/moe" / rel)
+        d = d[(d.kernel_source == source) & (d.moe_dtype == "fp8_block") & (d.hidden_size == 7168)
+              & (d.inter_size == 2048) & (d.topk == 8) & (d.num_experts == 256) & (d.moe_tp_size == 8)
+              & (d.moe_ep_size == 1) & (d.distribution == "power_law_1.01") & (d.num_tokens == 16)]
+        (ms,) = d.latency
+        return float(ms)
+    trtgen = table("sglang/0.5.14/moe_perf.parquet", "sglang_flashinfer_trtllm_moe")
+    deepgemm = table("trtllm/1.3.0rc20/moe_perf.parquet", "deepgemm")
+    assert deepgemm > 2 * trtgen  # 0.220 against 0.102 ms a layer
+    rows_ = 4 * (1 + 3)
+    assert gen.decode_tokens_time(rows_) - dg.decode_tokens_time(rows_) == pytest.approx(
+        58 * (trtgen - deepgemm) * 1e-3, rel=1e-3)
 
 
 def test_a_b200_fp8_trt_rc6_rows_study_prices_trtllm_experts_under_aic_only() -> None:

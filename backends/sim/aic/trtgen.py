@@ -4,7 +4,9 @@ TensorRT-LLM table times another kernel.
 Why it matters: InferenceX's non-MTP DeepSeek-R1 FP8 B200 TensorRT-LLM script writes `moe_config: backend:
 TRTLLM` below 256 clients (SemiAnalysisAI/InferenceX benchmarks/dsr1_fp8_b200_trt.sh @0a919c5 and @4a98d80:
 `MOE_BACKEND="TRTLLM"`, DEEPGEMM only at 1k/8k with 256+ clients), and nvidia-master.yaml @0a919c5 runs that
-configuration (dsr1-fp8-b200-trt) from `release:1.2.0rc6.post2`. aic's TensorRT-LLM B200 tables (1.3.0rc20
+configuration (dsr1-fp8-b200-trt) from `release:1.2.0rc6.post2`. The MTP script of `release:1.2.0rc6.post3`
+(InferenceX PR #632; benchmarks/single_node/dsr1_fp8_b200_trt_mtp.sh @2f3a788) writes TRTLLM too, DEEPGEMM only
+with attention DP (sim/validate_recipes.py `_dsr1_fp8_b200_trt_mtp_rc6`). aic's TensorRT-LLM B200 tables (1.3.0rc20
 moe_perf) time FP8 block-scaled experts on DeepGEMM only (kernel_source `deepgemm`, the one source of its
 `fp8_block` rows), which at decode sizes is about twice trtllm-gen's time.
 
