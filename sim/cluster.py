@@ -416,7 +416,11 @@ class ClusterSimulation:
         if tail:
             budget -= _schedule_tail(sched, tail, cached, num_scheduled)
         if admit:
+            # The requests the step can read (TensorRT-LLM's overlap loop: Scheduler.hide_late), as schedule() does.
+            late = sched.hide_late() if cfg.overlap_scheduler else None
             budget = sched._admit(t, budget, num_scheduled, new_reqs, 0)
+            if late:
+                sched.unhide(late)
         joiners = sched.running[n:] if lazy is not None else ()
         if sched._stalled:
             sched._fail_stalled(t)

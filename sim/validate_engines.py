@@ -17,6 +17,12 @@ The rows do not record their servers' flags, so a row runs with its engine's def
   `BuildConfig` max_num_tokens 8192, max_batch_size 2048; capacity scheduler
   GUARANTEED_NO_EVICT by default (docs: "Useful Runtime Options"): a request is admitted only when
   the KV blocks of every running request to its max_tokens, and its own, fit (capacity_policy).
+  Its overlap scheduler is on (`disable_overlap_scheduler: bool = False` in llmapi's TorchLlmArgs, every
+  version read): the executor loop fetches new requests one step ahead of the step it finishes
+  (overlap_scheduler; core/sched/scheduler.py _fetched_late). No InferenceX aggregated TensorRT-LLM script
+  read sets it (dsr1_fp8_b200_trt.sh @0a919c5, dsr1_fp8_h200_trt_mtp.sh @1fc5d73, dsr1_fp4_b200_trt_mtp.sh
+  @13dd0c2: MTP launches keep it too); the srt-slurm disaggregated recipes turn it off on the prefill
+  (context) workers only (sim/validate_rows.py).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ class EngineDefaults:
     batch_policy: str = "mixed"  # SchedulerConfig.batch_policy
     max_prefill_tokens: int = 0  # SchedulerConfig.max_prefill_tokens (0: no cap)
     capacity_policy: str = "on_demand"  # SchedulerConfig.capacity_policy
+    overlap_scheduler: bool = False  # SchedulerConfig.overlap_scheduler
 
 
 def engine_defaults(backend: str, gpu_mem_bytes: float) -> EngineDefaults:
@@ -55,9 +62,11 @@ def engine_defaults(backend: str, gpu_mem_bytes: float) -> EngineDefaults:
         # SchedulerConfig.capacity_policy in TensorRT-LLM's LLM API (llmapi/llm_args.py, SchedulerConfig):
         # CapacitySchedulerPolicy.GUARANTEED_NO_EVICT unless a recipe sets MAX_UTILIZATION; no InferenceX
         # TensorRT-LLM script read (docs/validate-accuracy.md) sets scheduler_config.
+        # disable_overlap_scheduler False by default (llmapi TorchLlmArgs; NVIDIA/TensorRT-LLM py_executor.py
+        # _executor_loop_overlap @9521caf4): SchedulerConfig.overlap_scheduler.
         return EngineDefaults(8192, 2048, "tensorrt_llm BuildConfig max_num_tokens / max_batch_size; "
-                              "llmapi SchedulerConfig.capacity_scheduler_policy",
-                              capacity_policy="guaranteed_no_evict")
+                              "llmapi SchedulerConfig.capacity_scheduler_policy, disable_overlap_scheduler",
+                              capacity_policy="guaranteed_no_evict", overlap_scheduler=True)
     raise ValueError(f"backend {backend!r}: known engines are vllm, sglang, trtllm")
 
 

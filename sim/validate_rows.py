@@ -408,6 +408,7 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     # SGLang's lock step: prefill batches alone, first (sim/validate_engines.py).
     s.batch_policy, s.max_prefill_tokens = _engine_batching(str(row["backend"]), hw)
     s.capacity_policy = _engine_capacity_policy(str(row["backend"]), hw)  # TensorRT-LLM: guaranteed_no_evict
+    s.overlap_scheduler = _engine_overlap(str(row["backend"]), hw)  # TensorRT-LLM: on (validate_engines.py)
     # The flags an InferenceX row's server ran with, where its recipe is known (sim/validate_recipes.py).
     recipe = row_recipe(row)
     apply_recipe(recipe, s)
@@ -489,6 +490,12 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
         plan.layout, plan.counts = assumed.note(), (assumed.prefill, assumed.decode)
     # The prefill and decode workers' flags of the srt-slurm recipe the row's InferenceX entry launched, where
     # known (SGLang DeepSeek-R1: sim/validate_recipes.py DISAGG_RECIPES), on each worker kind's replicas.
+    if s.overlap_scheduler:
+        # TensorRT-LLM's disaggregated launches run the context (prefill) workers with
+        # `disable_overlap_scheduler: true` and the generation workers with it false (ishandhanani/srt-slurm
+        # recipes/trtllm/b200-fp8/1k1k/mtp/ctx1_gen8_tp8_batch4_eplb0_mtp3_32.yaml @fe2cd90, MTP too; the h200
+        # recipes @4893f83, docs/validate-accuracy.md): the prefill replicas read new requests at once.
+        pre_layout = {**pre_layout, "scheduler.overlap_scheduler": False}
     launch = disagg_recipe(row)
     if launch is not None:
         pre_layout, dec_layout = apply_disagg_recipe(launch, cfg, pre_layout, dec_layout)
@@ -545,6 +552,14 @@ def _engine_capacity_policy(backend: str, hw: str) -> str:
         return engine_defaults(backend, get_hardware(hw).mem_bytes).capacity_policy
     except ValueError:
         return "on_demand"
+
+
+def _engine_overlap(backend: str, hw: str) -> bool:
+    """Whether the row's engine runs an overlap scheduler (TensorRT-LLM's; False for an engine not in the table)."""
+    try:
+        return engine_defaults(backend, get_hardware(hw).mem_bytes).overlap_scheduler
+    except ValueError:
+        return False
 
 
 def _routers() -> tuple[str, ...]:

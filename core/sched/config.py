@@ -97,6 +97,13 @@ class SchedulerConfig:
                               "with a prefill, or an idle engine, reads at once; SGLang's "
                               "--scheduler-recv-interval)", unit="steps", range=(1, _INT32_MAX),
                               special={1: "read every step"})
+    # TensorRT-LLM's overlap scheduler (`disable_overlap_scheduler`, False by default: llmapi TorchLlmArgs): the
+    # PyTorch executor's `_executor_loop_overlap` fetches new requests before it handles the step in flight, so a
+    # request that reaches a busy engine while a step runs is scheduled a step later (Scheduler._fetched_late).
+    overlap_scheduler: bool = knob(False, help="mixed: requests that arrive while a step runs are read only at the "
+                                   "next step's start, so they join one step later than the step after their "
+                                   "arrival (an idle engine reads at once; TensorRT-LLM's overlap scheduler, on "
+                                   "unless disable_overlap_scheduler)")
     # TensorRT-LLM's capacity scheduler (CapacitySchedulerPolicy, GUARANTEED_NO_EVICT its default): _admit.
     capacity_policy: str = knob("on_demand", help="KV admission: on_demand (a request is admitted on the blocks "
                                 "its next chunk needs; running ones are preempted when the pool runs short, as "
@@ -136,6 +143,10 @@ class SchedulerConfig:
             raise InvalidConfigError("batch_wait_iters", self.batch_wait_iters,
                                      f"0 (no batch wait) with batch_policy {self.batch_policy!r}: the wait is "
                                      "the mixed policy's (TensorRT-LLM's)")
+        if self.overlap_scheduler and self.batch_policy != "mixed":
+            raise InvalidConfigError("overlap_scheduler", self.overlap_scheduler,
+                                     f"False with batch_policy {self.batch_policy!r}: the overlap loop is the mixed "
+                                     "policy's (TensorRT-LLM's)")
         if (self.adp_balance_iters or self.adp_batching_wait_iters) and self.batch_policy != "mixed":
             raise InvalidConfigError("adp_balance_iters", self.adp_balance_iters,
                                      f"0 (no attention-DP balance) with batch_policy {self.batch_policy!r}: the "

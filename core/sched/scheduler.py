@@ -94,6 +94,8 @@ class Scheduler(OutputUpdate):
         self.unreceived: list[Request] = []
         self.recv_counter = 0
         self._last_step_prefill = False
+        # overlap_scheduler (TensorRT-LLM's overlap loop, _fetched_late): requests added since the last step began.
+        self.unfetched: list[Request] = []
         # How a step's new blocks reach the executor: their ids (block_ids), or none (no_block_ids:
         # executor_reads_tables False).
         self._table_ids = _block_ids
@@ -154,6 +156,8 @@ class Scheduler(OutputUpdate):
         self.waiting.add(request)
         if cfg.recv_interval > 1:
             self.unreceived.append(request)
+        if cfg.overlap_scheduler:
+            self.unfetched.append(request)
 
     def abort_requests(self, request_ids: Iterable[str],
                        reason: FinishReason = FinishReason.ABORT, now: float | None = None
@@ -208,10 +212,14 @@ class Scheduler(OutputUpdate):
     # ------------------------------------------------------------------ schedule
     def schedule(self, now: float) -> SchedulerOutput:
         """Pick this step's batch; the batch policy decides whether prefill and decode share it."""
+        late = self.hide_late() if self.config.overlap_scheduler else None
         if self.config.recv_interval <= 1:
             so = self.batch_policy.schedule(self, now)
         else:
             unread = self._received()
+            if late and unread:
+                held = {id(r) for r in late}
+                unread = [r for r in unread if id(r) not in held]  # out of the queue already
             if unread:  # not read yet: out of the queue for this step (the newest, at its tail)
                 for req in unread:
                     self.waiting.remove(req)
@@ -224,6 +232,8 @@ class Scheduler(OutputUpdate):
             self._last_step_prefill = bool(so.scheduled_new_reqs) or (
                 so.total_num_scheduled_tokens > len(so.num_scheduled_tokens)
                 + sum(len(d) for d in so.scheduled_spec_decode_tokens.values()))
+        if late:
+            self.unhide(late)
         if self._stalled:
             self._fail_stalled(now)
         return so
@@ -233,6 +243,8 @@ class Scheduler(OutputUpdate):
         counter as k schedule() calls would leave it (each adds the step before's weight and reads at N,
         zeroing it; nothing waits during such a run, so nothing is read)."""
         self.batch_policy.advance(k, len(self.running))  # a step-counting policy's count (AdpBalance)
+        if k > 0 and self.unfetched:
+            self.unfetched = []  # read by the window's first step (_fetched_late)
         n = self.config.recv_interval
         if n <= 1 or k <= 0:
             return
@@ -241,6 +253,42 @@ class Scheduler(OutputUpdate):
             c = 0
         self.recv_counter = (c + k - 1) % n
         self._last_step_prefill = False
+
+    def hide_late(self) -> list[Request]:
+        """Begin a step under the overlap scheduler: the requests it cannot read yet (_fetched_late), out of the
+        waiting queue until unhide. Every step that may admit calls it once (schedule, the cluster's join steps)."""
+        late = self._fetched_late()
+        for req in late:
+            self.waiting.remove(req)
+        return late
+
+    def unhide(self, late: list[Request]) -> None:
+        """Put hide_late's requests back at the queue's tail, in their order (the newest requests)."""
+        for req in late:
+            self.waiting.add(req)
+
+    def _fetched_late(self) -> list[Request]:
+        """TensorRT-LLM's overlap scheduler (SchedulerConfig.overlap_scheduler): the requests this step cannot read.
+
+        The PyTorch executor's `_executor_loop_overlap` (NVIDIA/TensorRT-LLM tensorrt_llm/_torch/pyexecutor/
+        py_executor.py @9521caf4, and the same order in the library's later stored copies) runs, each iteration:
+        fetch new requests (`_fetch_new_requests`), schedule, launch the forward step, sample asynchronously, and
+        only then `_process_previous_batch` (which waits on the previous step's sampler event, then sends its
+        responses). So iteration n+1 fetches as soon as step n is launched, while step n runs on the GPU behind
+        step n-1: a request that arrives after step n began is not in step n+1 but in step n+2. The fetch blocks
+        only with no active request (`timeout = None if total_num_active_requests == 0`): an engine with nothing
+        running reads at once. Here: the requests added since the last step began (added at that step's end,
+        i.e. they arrived while it ran), held out of this step while any request runs; they are read next step.
+        A first token still leaves at its step's end (its response goes out once the host has launched the next
+        step, which the GPU step covers). Decode windows without schedule() clear the list (advance_recv).
+        """
+        late = self.unfetched
+        if not late:
+            return []
+        self.unfetched = []
+        if not self.running:
+            return []
+        return [r for r in late if r.status == RequestStatus.WAITING and r.request_id in self.requests]
 
     def _received(self) -> list[Request]:
         """SGLang's receive poll (--scheduler-recv-interval N): the requests still unread this step.

@@ -119,3 +119,30 @@ def test_a_rows_study_gets_its_engines_capacity_policy(backend: str, policy: str
     r = rows[(rows["model"] == "Qwen3-32B") & (rows["mode"] == "agg")].iloc[0].copy()
     r["system"], r["backend"] = "h200_sxm", backend
     assert row_study(pd.Series(r)).scheduler.capacity_policy == policy
+
+
+@pytest.mark.parametrize("backend, overlap", [
+    # TensorRT-LLM's `disable_overlap_scheduler` is False by default (llmapi TorchLlmArgs): its executor loop
+    # reads new requests a step ahead (core/sched/scheduler.py _fetched_late); vLLM's and SGLang's rows do not.
+    ("trtllm", True), ("vllm", False), ("sglang", False),
+])
+def test_a_rows_study_gets_its_engines_overlap_scheduler(backend: str, overlap: bool) -> None:
+    assert engine_defaults(backend, 141 * GIB).overlap_scheduler == overlap
+    pytest.importorskip("aiconfigurator_core")
+    rows = load_rows()
+    r = rows[(rows["model"] == "Qwen3-32B") & (rows["mode"] == "agg")].iloc[0].copy()
+    r["system"], r["backend"] = "h200_sxm", backend
+    assert row_study(pd.Series(r)).scheduler.overlap_scheduler == overlap
+
+
+def test_a_trtllm_disagg_rows_prefill_workers_run_without_the_overlap() -> None:
+    # srt-slurm's TensorRT-LLM recipes: `disable_overlap_scheduler: true` on the context workers, false on the
+    # generation workers (recipes/trtllm/b200-fp8/1k1k/mtp/ctx1_gen8_tp8_batch4_eplb0_mtp3_32.yaml @fe2cd90).
+    pytest.importorskip("aiconfigurator_core")
+    rows = load_rows()
+    pick = rows[(rows["model"] == "DeepSeek-R1") & (rows["backend"] == "trtllm") & (rows["mode"] == "disagg")]
+    cfg = row_study(pick.iloc[0], "aic")
+    c = cfg.cluster
+    assert cfg.scheduler.overlap_scheduler
+    assert all(r["scheduler.overlap_scheduler"] is False for r in c.replicas[:c.num_prefill_replicas])
+    assert all(r.get("scheduler.overlap_scheduler", True) for r in c.replicas[c.num_prefill_replicas:])

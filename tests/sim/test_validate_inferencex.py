@@ -44,7 +44,9 @@ def test_a_matched_row_runs_the_files_workers_and_layouts(rows, row_id: str) -> 
     assert plan.counts == (5, 2)
     c = plan.cfg.cluster
     assert (c.num_prefill_replicas, c.num_replicas) == (5, 7)
-    prefill = {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 4, "engine.expert_parallel_size": 4}
+    # The ctx workers run without TensorRT-LLM's overlap scheduler (srt-slurm's recipes; sim/validate_rows.py).
+    prefill = {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 4, "engine.expert_parallel_size": 4,
+               "scheduler.overlap_scheduler": False}
     decode = {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 8, "engine.expert_parallel_size": 8}
     assert c.replicas == [prefill] * 5 + [decode] * 2
     # 658 clients: past MTP_SIMULATED_MAX_CLIENTS the entry's MTP is recorded, and says it is not simulated.
@@ -284,7 +286,7 @@ def test_an_h200_row_runs_its_srt_slurm_recipes_workers_and_mtp(rows) -> None:
     # The ctx worker's recipe caps, a rank's: 8 prompts and 8,192 tokens on each of its 8 attention-DP ranks.
     prefill = {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 8, "engine.expert_parallel_size": 8,
                "scheduler.max_num_seqs": 8, "scheduler.max_num_batched_tokens": 8192,
-               "scheduler.adp_per_rank": True}
+               "scheduler.adp_per_rank": True, "scheduler.overlap_scheduler": False}
     assert c.replicas[0] == prefill
     assert c.replicas[1]["engine.tensor_parallel_size"] == 8 and c.replicas[1]["scheduler.max_num_seqs"] == 128
     plan2 = row_plan(_row(rows, H200_MTP2))
@@ -302,8 +304,9 @@ def test_an_h200_row_no_recipe_settles_keeps_its_defaults(rows) -> None:
     assert candidates(row) == [] and inferencex_workers(row) is None
     plan = row_plan(row)
     assert plan.layout.startswith("assumed kv_fit_rate:") and not plan.cfg.speculative.enabled
-    # No recipe: no ctx-worker caps, the pooled defaults.
-    assert not any(k.startswith("scheduler.") for r in plan.cfg.cluster.replicas for k in r)
+    # No recipe: no ctx-worker caps, the pooled defaults (but the ctx workers' overlap scheduler, off).
+    assert not any(k.startswith("scheduler.") and k != "scheduler.overlap_scheduler"
+                   for r in plan.cfg.cluster.replicas for k in r)
     m = inferencex_workers(_row(rows, H200_MTP_OR_NOT))
     assert m is not None and m.mtp is None and m.decode == Shape(7, 8, 8, False)
     assert not row_plan(_row(rows, H200_MTP_OR_NOT)).cfg.speculative.enabled

@@ -39,7 +39,9 @@ def test_disagg_row_without_counts_takes_its_layouts_from_the_columns(rows) -> N
     assert (c.num_prefill_replicas, c.num_replicas) == (p, p + d)
     layout = {"engine.tensor_parallel_size": int(row["decode_tp_size"]),
               "engine.expert_parallel_size": int(row["decode_moe_ep_size"])}
-    assert c.replicas[0] == c.replicas[-1] == layout  # prefill and decode both TP 8 x EP 8 in this row
+    # Prefill and decode both TP 8 x EP 8 in this row; a TensorRT-LLM ctx worker runs without the overlap scheduler.
+    overlap = {"scheduler.overlap_scheduler": False} if row["backend"] == "trtllm" else {}
+    assert c.replicas[0] == {**layout, **overlap} and c.replicas[-1] == layout
     assert plan.layout == f"assumed kv_fit_rate: {p} prefill, {d} decode workers"
     rec = row_record(row)
     assert rec["layout"] == plan.layout and rec["gpus"] == 8 * (p + d)

@@ -29,6 +29,9 @@ FF_CASES = {
     "recv_poll": {"recv_interval": 7, "batch_policy": "prefill_first", "rate": 8.0},
     "recv_poll_no_cache": {"recv_interval": 7, "batch_policy": "prefill_first", "rate": 8.0,
                            "enable_prefix_caching": False},
+    # TensorRT-LLM's overlap scheduler: a request reaching a busy engine is read a step late, windows or not.
+    "overlap": {"overlap_scheduler": True, "rate": 8.0},
+    "overlap_no_cache": {"overlap_scheduler": True, "rate": 8.0, "enable_prefix_caching": False},
     # TensorRT-LLM's capacity policy in a short pool: requests wait for blocks instead of preempting.
     "no_evict": {"capacity_policy": "guaranteed_no_evict", "num_gpu_blocks": 350, "rate": 20.0},
     "no_evict_no_cache": {"capacity_policy": "guaranteed_no_evict", "num_gpu_blocks": 350, "rate": 20.0,
