@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from twinserve.core.errors import TwinserveError
-from twinserve.sim.gc_policy import recycle_blocks, release_cluster
+from twinserve.sim.gc_policy import recycle_blocks, release_cluster, simulation_gc
 
 from twinserve.sim.validate_engines import frontend_latency_s
 from twinserve.sim.validate_estimate import (FULL, drain_study, estimate_waves, estimator_label, uses_estimate,
@@ -76,9 +76,13 @@ def run_to_window(cfg: Any, count: int, stop_early: bool = True) -> pd.DataFrame
         watch = FirstRequestsDone(count, lambda: sim.env.now)
         watch.watch(sim.source)
         sim.abort = watch
-    res = sim.run()
-    frame = requests_frame(res.total if cluster else res, itl=False)
-    _free_run(sim, cluster)
+    # The run's collector settings held until the run is freed: unfrozen at the run's end, its
+    # millions of objects would be walked by the first full collection the frame's rows set off
+    # (seconds at thousands of clients) and then freed anyway.
+    with simulation_gc():
+        res = sim.run()
+        frame = requests_frame(res.total if cluster else res, itl=False)
+        _free_run(sim, cluster)
     return frame
 
 

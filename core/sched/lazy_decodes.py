@@ -30,8 +30,10 @@ from twinserve.core.sched.scheduler import Scheduler
 
 
 # A request's record: [base step, running-order ticket, fast_decode_limit at the base, next crossing
-# step (-1 once it ended), last step, the request].
-_BASE, _TICKET, _LIMIT, _CROSS, _LAST, _REQ = range(6)
+# step (-1 once it ended), last step, the request, its block list (KVCacheManager.req_to_blocks' own:
+# the list a decoding request holds keeps its identity until it is freed, and freeing or preempting
+# a counted request flushes or ends its record first)].
+_BASE, _TICKET, _LIMIT, _CROSS, _LAST, _REQ, _HELD = range(7)
 _by_ticket = itemgetter(_TICKET)
 
 
@@ -81,12 +83,12 @@ class LazyDecodes:
         """Count req from this step on (its fields exact now)."""
         g = self.steps
         c = req.num_computed_tokens
-        held = len(self.kv.req_to_blocks[req.request_id])
-        cross = g + held * self.bs - c  # the step computing position held * bs (the first past its blocks)
+        blocks = self.kv.req_to_blocks[req.request_id]
+        cross = g + len(blocks) * self.bs - c  # the step computing position held * bs (the first past its blocks)
         last = g + req.stop_check_len - len(req.all_token_ids) - 1  # the step that samples its last token
         t = self.tickets
         self.tickets = t + 1
-        rec = [g, t, req.fast_decode_limit, cross, last, req]
+        rec = [g, t, req.fast_decode_limit, cross, last, req, blocks]
         self.info[req] = rec
         bucket = self.crossings.get(cross)
         if bucket is None:
@@ -130,7 +132,7 @@ class LazyDecodes:
             c = req.num_computed_tokens = req.num_computed_tokens + d
             self.known[rid][0] += d
             if c > rec[_LIMIT]:  # as the passes set it past the old limit: the blocks held
-                req.fast_decode_limit = len(self.kv.req_to_blocks[rid]) * self.bs
+                req.fast_decode_limit = len(rec[_HELD]) * self.bs
             rec[_BASE] = self.steps
             rec[_LIMIT] = req.fast_decode_limit
 
@@ -232,19 +234,18 @@ class LazyDecodes:
         """Give the crossers their new blocks from one pool call, in running order; the total."""
         if not hits:
             return 0
-        kv = self.kv
-        held = kv.req_to_blocks
+        pool = self.kv.pool
         total = len(hits) if counts is None else sum(counts)
-        if total > kv.pool.free_queue.num_free:
+        if total > pool.free_queue.num_free:
             raise AssertionError("fast-forward allocation failed: check the plan")
-        new = kv.pool.get_new_blocks(total)
+        new = pool.get_new_blocks(total)
         if counts is None:
             for rec, block in zip(hits, new):
-                held[rec[_REQ].request_id].append(block)
+                rec[_HELD].append(block)
         else:
             j = 0
             for rec, need in zip(hits, counts):
-                held[rec[_REQ].request_id].extend(new[j:j + need])
+                rec[_HELD].extend(new[j:j + need])
                 j += need
         return total
 

@@ -52,6 +52,28 @@ def test_the_stop_leaves_the_last_wave_unsimulated() -> None:
     assert early["finish_s"].max() < full["finish_s"].max()
 
 
+def test_a_finished_run_is_read_and_freed_under_the_runs_collector_settings(monkeypatch) -> None:
+    # Restored at the run's end, the collector's first full collection would walk the finished run's world
+    # (seconds at thousands of clients) while its requests frame is built, and then the world is freed anyway.
+    import gc
+
+    import twinserve.sim.metrics as metrics
+
+    outside = gc.get_threshold()
+    during: list[tuple[int, int, int]] = []
+    frame = metrics.requests_frame
+
+    def spy(*args, **kwargs):
+        during.append(gc.get_threshold())
+        return frame(*args, **kwargs)
+
+    monkeypatch.setattr(metrics, "requests_frame", spy)
+    req = run_to_window(small_config(concurrency=3, num_requests=9, warmup_requests=0), 9, stop_early=False)
+    assert len(req) == 9
+    assert len(during) == 1 and during[0] != outside
+    assert gc.get_threshold() == outside
+
+
 # Two campaigns' records of one launch (the same image, v0.19.0). The B300 FP8 pair this test used before differ now:
 # the v0.19.0 image's launch carries its script's step budget, the nightly image's does not (validate_recipes.py).
 SAME_A = "minimaxm2_5_b200_vllm_fp8_agg_1024x1024_c4_cfg634"
