@@ -766,24 +766,111 @@ def row_image(row: Any) -> str:
     return ""
 
 
+# InferenceX's database dump (aiconfigurator-core's `db-dump/2026-04-27; config_id=...` records, model written
+# DeepSeek-V3 for the dsr1 configurations: their ids begin `dsr1_`) writes each disaggregated worker kind whole:
+# `<side>_num_workers` workers, each of tp_size x attention_dp_size GPUs with the experts moe_tp_size x
+# moe_ep_size over the same GPUs. Read against the matrix, on the development DeepSeek-R1 rows' twin records
+# (sim/validate_twins.py; docs/validate-accuracy.md "InferenceX's database dump read against the matrix"): an
+# entry's worker (count, tp, ep, dp-attn) is written (count, 1, tp, tp / ep, ep) under attention DP and
+# (count, tp, 1, tp / ep, ep) without, i.e. the entry's tp is tp_size x attention_dp_size, its ep moe_ep_size, its
+# dp-attn attention_dp_size > 1. Of the 229 development rows that fit one entry by their own columns and have a
+# db-dump twin, 225 twins are recovered by this rule; the 4 others (H200 TensorRT-LLM, measured 2026-02-14) write
+# the prefill worker's attention DP against the srt-slurm recipe TABLE takes it from (RECIPE_SOURCES): for those
+# configurations the attention-DP flag is not compared (_layout_fits), and all 229 are recovered.
+DB_DUMP = "db-dump/"
+_DB_DUMP_MODELS = frozenset({"DeepSeek-R1", "DeepSeek-V3"})  # one checkpoint shape (validate_twins._SAME_SHAPE)
+_DB_DUMP_FIELDS = ("num_workers", "tp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size")
+
+
+def db_dump_record(row: Any) -> bool:
+    """Whether the row is a disaggregated record of InferenceX's database dump of a dsr1 configuration."""
+    return (row.get("mode") == "disagg" and str(row.get("silicon_data_source", "")).startswith(DB_DUMP)
+            and str(row.get("model")) in _DB_DUMP_MODELS)
+
+
+def db_dump_shape(row: Any, side: str, prefix: str = "") -> Shape | None:
+    """One worker kind of a db-dump record as the matrix writes it (the rule above), from the columns
+    `<prefix><side>_<field>`; None where a column is missing or the experts do not cover the worker's GPUs."""
+    n, tp, adp, moe_tp, moe_ep = (_num(row.get(f"{prefix}{side}_{f}")) for f in _DB_DUMP_FIELDS)
+    if any(v is None or v < 1 for v in (n, tp, adp, moe_tp, moe_ep)):
+        return None
+    gpus = tp * adp
+    if moe_tp * moe_ep != gpus:
+        return None
+    return Shape(n, gpus, moe_ep, adp > 1)
+
+
+def db_dump_image(row: Any) -> str:
+    """A db-dump record's container image: the last `;` part of its silicon_data_source (no `image=` key)."""
+    last = str(row.get("silicon_data_source", "")).split(";")[-1].strip()
+    return "" if "=" in last else last
+
+
+def _same_worker(entry: Shape, written: Shape, dp_free: bool) -> bool:
+    if dp_free:
+        return (entry.count, entry.tp, entry.ep) == (written.count, written.tp, written.ep)
+    return entry == written
+
+
+def _layout_fits(key: tuple, fits: list[Entry], row: Any, prefix: str) -> list[Entry]:
+    """The entries whose workers are the db-dump layout columns `prefix...` of the row (the rule above)."""
+    pre, dec = db_dump_shape(row, "prefill", prefix), db_dump_shape(row, "decode", prefix)
+    if pre is None or dec is None:
+        return []
+    dp_free = key in RECIPE_SOURCES
+    return [e for e in fits if _same_worker(e.prefill, pre, dp_free) and _same_worker(e.decode, dec, dp_free)]
+
+
+def _db_dump_candidates(row: Any) -> list[Entry]:
+    """The entries a db-dump record is: its configuration, client count and both workers by the rule above (and
+    its image where the plain and MTP entries ran different ones: ENTRY_IMAGES)."""
+    key = (str(row.get("backend")), str(row.get("system")), str(row.get("precision")),
+           _num(row.get("isl")), _num(row.get("osl")))
+    conc = _num(row.get("concurrency"))
+    fits = _layout_fits(key, [e for e in TABLE.get(key, ()) if conc in e.concs], row, "")
+    images = ENTRY_IMAGES.get(key[:3])
+    if images is not None:
+        fits = [e for e in fits if images[e.mtp != 0] == db_dump_image(row)]
+    return fits
+
+
 def candidates(row: Any) -> list[Entry]:
     """The table's entries that fit the row: its configuration, client count and its own TP/EP columns (and its
-    image, where the plain and MTP entries ran different ones: ENTRY_IMAGES)."""
+    image, where the plain and MTP entries ran different ones: ENTRY_IMAGES). A db-dump record fits by both its
+    workers (_db_dump_candidates). A dump row with a db-dump twin record (sim/validate_twins.py) keeps, of the
+    entries its own columns fit, those the twin's layout is, where several fit; and where the row's dump is not
+    the one _ONLY_DUMP dates its configuration to, the entries the twin's layout is are the row's (the twin's
+    whole layout dates the run: the 2026-04-06 dump's GB200 rows measured 2026-02-08/09 and 2026-03-23 are the
+    runs the 2026-03-25 dump holds from those dates; its GB200 rows of 2025-12 have no twin whose layout
+    is an entry's)."""
+    if db_dump_record(row):
+        return _db_dump_candidates(row)
     table = _MODEL_TABLES.get(str(row.get("model")))
     if row.get("mode") != "disagg" or table is None:
         return []
     key = (str(row.get("backend")), str(row.get("system")), str(row.get("precision")),
            _num(row.get("isl")), _num(row.get("osl")))
-    # _ONLY_DUMP dates DeepSeek-R1's configurations; gpt-oss's recipes hold both dumps' counts.
-    if not str(row.get("silicon_data_source", "")).startswith(dumps(key) if table is TABLE else _DUMPS):
+    src = str(row.get("silicon_data_source", ""))
+    if not src.startswith(_DUMPS):
         return []
+    # _ONLY_DUMP dates DeepSeek-R1's configurations; gpt-oss's recipes hold both dumps' counts.
+    dated = table is not TABLE or src.startswith(dumps(key))
     conc = _num(row.get("concurrency"))
     own = (_num(row.get("prefill_tp_size")), _num(row.get("prefill_moe_ep_size")), _num(row.get("decode_tp_size")))
     fits = [e for e in table.get(key, ()) if conc in e.concs and own == (e.prefill.tp, e.prefill.ep, e.decode.tp)]
     images = ENTRY_IMAGES.get(key[:3])
     if images is not None:
         fits = [e for e in fits if images[e.mtp != 0] == row_image(row)]
-    return fits
+    if table is TABLE and _is_db_dump_twin(row) and (not dated or len({(e.prefill, e.decode) for e in fits}) > 1):
+        by_twin = _layout_fits(key, fits, row, "twin_")
+        return by_twin if by_twin or not dated else fits
+    return fits if dated else []
+
+
+def _is_db_dump_twin(row: Any) -> bool:
+    """Whether the row's twin record (validate_twins.add_twins) is a db-dump record (its id `dsr1_..._cfg<N>`)."""
+    twin = row.get("twin_id")
+    return isinstance(twin, str) and twin.startswith("dsr1_")
 
 
 def agreed_mtp(row: Any) -> int | None:

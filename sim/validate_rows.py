@@ -25,7 +25,7 @@ from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, AssumedWo
                                             NotExpressible, aggregated_layout, assume_workers, folded_layout,
                                             inferred_attention_dp, missing_worker_counts)
 from twinserve.sim.validate_engines import engine_defaults
-from twinserve.sim.validate_inferencex import (MTP_SIMULATED_MAX_CLIENTS, agreed_mtp, inferencex_workers,
+from twinserve.sim.validate_inferencex import (MTP_SIMULATED_MAX_CLIENTS, agreed_mtp, db_dump_record, inferencex_workers,
                                                redundant_experts)
 from twinserve.sim.validate_twins import add_twins, twin_of
 from twinserve.sim.validate_recipes import (apply_disagg_recipe, apply_kernels, apply_memory, apply_recipe,
@@ -151,7 +151,7 @@ def workers(row: pd.Series, counts: tuple[int, int] | None = None) -> list[Worke
                  _int(row, f"{k}_attention_dp_size"), _int(row, f"{k}_moe_tp_size"),
                  _int(row, f"{k}_moe_ep_size"), _int(row, f"{k}_num_workers"))
           for k in ("prefill", "decode")]
-    ix = inferencex_workers(row) if missing_worker_counts(row) else None  # sim/validate_inferencex.py
+    ix = _matrix_workers(row)  # sim/validate_inferencex.py
     if ix is not None:
         ws = [Worker(tp, 1, adp, moe_tp, moe_ep, shape.count)
               for shape in (ix.prefill, ix.decode) for tp, adp, moe_tp, moe_ep in (shape.fields(),)]
@@ -163,6 +163,12 @@ def workers(row: pd.Series, counts: tuple[int, int] | None = None) -> list[Worke
     if counts is not None:
         ws[0].count, ws[1].count = counts
     return ws
+
+
+def _matrix_workers(row: pd.Series) -> Any:
+    """The row's workers from InferenceX's matrix (sim/validate_inferencex.py): for a row without worker counts,
+    and for a db-dump record whose own layout columns are an entry's (its recipe caps, MTP and flags); else None."""
+    return inferencex_workers(row) if missing_worker_counts(row) or db_dump_record(row) else None
 
 
 def parallelism(row: pd.Series, counts: tuple[int, int] | None = None) -> str:
@@ -444,7 +450,7 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     for mine, other in ((pre_layout, dec_layout), (dec_layout, pre_layout)):
         for name in other:
             mine.setdefault(name, 1)
-    ix = inferencex_workers(row) if missing_worker_counts(row) else None
+    ix = _matrix_workers(row)
     # SGLang's redundant experts at EP 24 / 48 (sim/validate_inferencex.py): the InferenceX workers' and
     # their twin records' (sim/validate_twins.py), the same runs.
     if model.is_moe:

@@ -399,3 +399,68 @@ def test_b200_fp8_trt_disagg_workers_at_ep1_run_trtllm_experts_under_aic(rows) -
     assert all(replica_config(roof, i).engine.aic_fp8_moe_kernel == "default" for i in (0, 1))
     # Other groups keep aic's table: H200 (CUTLASS in its recipes).
     assert disagg_fp8_moe_kernel(_row(rows, H200_MTP_OR_NOT), 1) == "default"
+
+
+# InferenceX's database dump read against the matrix (sim/validate_inferencex.py db_dump_shape): the db-dump twin of
+# a development GB300 SGLang FP8 1k/1k row at 4 clients (1 prefill TP 4, 4 decode TP 4, written tp 4, moe_tp 4).
+DB_DUMP_GB300 = "dsr1_gb300_sglang_fp8_disagg_1024x1024_c4_cfg517"
+# The twin of an H200 TensorRT-LLM 1k/1k row at 36 clients whose prefill attention DP the db-dump writes as 1
+# (tp 8, moe_ep 8): TABLE's entry comes from the srt-slurm recipe (attention DP), which the rule keeps.
+DB_DUMP_H200_DP = "dsr1_h200_trtllm_fp8_disagg_1024x1024_c36_cfg303"
+# B200 FP8 SGLang 1k/1k at 4 clients: two entries fit the dump row's own columns; its db-dump twin is one of them.
+TWIN_PICKS = "2026_03_25_deepseek_r1_b200_sxm_sglang_fp8_disagg_1024x1024_c4_tp8_0_ep8_0_532"
+
+
+def test_a_db_dump_record_maps_to_its_matrix_entry_and_runs_its_recipe(rows) -> None:
+    row = _row(rows, DB_DUMP_GB300)
+    m = inferencex_workers(row)
+    assert m is not None and m.mtp == 0
+    assert (m.prefill, m.decode) == (Shape(1, 4, 1, False), Shape(4, 4, 1, False))
+    plan = row_plan(row, "roofline")
+    assert plan.layout.startswith("InferenceX config: 1 prefill, 4 decode workers") and plan.counts == (1, 4)
+    pre, dec = plan.cfg.cluster.replicas[0], plan.cfg.cluster.replicas[-1]
+    # recipes/gb300-fp8/1k1k/stp/low-latency.yaml: prefill memory 0.95, --chunked-prefill-size and
+    # --max-prefill-tokens 8,192, 128 running; decode memory 0.85, 128 running (DISAGG_RECIPES)
+    assert (pre["engine.gpu_memory_utilization"], pre["scheduler.max_num_batched_tokens"],
+            pre["scheduler.max_prefill_tokens"], pre["scheduler.max_num_seqs"]) == (0.95, 8192, 8192, 128)
+    assert (dec["engine.gpu_memory_utilization"], dec["scheduler.max_num_seqs"]) == (0.85, 128)
+
+
+def test_a_db_dump_record_keeps_its_recipes_attention_dp(rows) -> None:
+    row = _row(rows, DB_DUMP_H200_DP)
+    assert (row["prefill_tp_size"], row["prefill_attention_dp_size"]) == (8, 1)
+    m = inferencex_workers(row)
+    assert m is not None and m.prefill == Shape(1, 8, 8, True) and m.decode == Shape(9, 8, 8, False)
+    assert m.decode_batch == 256 and m.prefill_caps == (8, 8192)
+
+
+def test_a_db_dump_twin_picks_between_the_entries_a_dump_row_fits(rows) -> None:
+    row = _row(rows, TWIN_PICKS)
+    assert row["twin_id"] == "dsr1_b200_sglang_fp8_disagg_1024x1024_c4_cfg455"
+    m = inferencex_workers(row)
+    assert m is not None and (m.prefill.count, m.decode.count) == (1, 1)
+    assert inferencex_workers(_row(rows, row["twin_id"])) == m
+
+
+def test_every_development_twin_pair_recovers_the_entry_of_its_dump_row(rows) -> None:
+    dev = rows[(rows["model"] == "DeepSeek-R1") & (rows["mode"] == "disagg") & rows["twin_id"].notna()]
+    checked = 0
+    for _, row in dev.iterrows():
+        own = {(e.prefill, e.decode) for e in candidates(row)}
+        if len(own) != 1:
+            continue
+        twin = _row(rows, row["twin_id"])
+        assert {(e.prefill, e.decode) for e in candidates(twin)} == own, (row["id"], twin["id"])
+        checked += 1
+    assert checked >= 229
+
+
+def test_a_db_dump_twin_dates_a_row_of_the_other_dump(rows) -> None:
+    # GB200 SGLang FP8 1k/1k at 4 clients from the 2026-04-06 dump, measured 2026-02-09 (the 2026-03-25 dump's run;
+    # _ONLY_DUMP dates the configuration to that dump): its db-dump twin's layout is the entry, so the row takes it
+    # and its recipe; the same dump's 2025-12-05 row at 4 clients has no twin and stays unmatched.
+    row = _row(rows, "2026_04_06_deepseek_r1_gb200_sglang_fp8_disagg_1024x1024_c4_tp4_ep1_1730")
+    m = inferencex_workers(row)
+    assert m is not None and (m.prefill, m.decode) == (Shape(1, 4, 1, False), Shape(1, 4, 1, False))
+    assert "InferenceX config: 1 prefill, 1 decode workers" in row_plan(row, "roofline").layout
+    assert candidates(_row(rows, "2026_04_06_deepseek_r1_gb200_sglang_fp8_disagg_1024x1024_c4_tp20_ep1_1139")) == []

@@ -46,13 +46,15 @@ def test_a_row_without_counts_runs_its_twins_workers(rows) -> None:
 
 def test_a_twin_settles_an_ambiguous_inferencex_match(rows) -> None:
     # B200 FP8 8k/1k at 128 clients, prefill EP 8: three InferenceX entries fit and disagree on the workers;
-    # the row's twin record (config 549) says 1 prefill and 1 decode worker, which one of them runs.
-    from twinserve.sim.validate_inferencex import candidates
+    # the row's twin record (config 549) says 1 prefill and 1 decode worker (both attention DP 8), which is one of
+    # them: the row runs that entry (sim/validate_inferencex.py candidates reads the twin's db-dump layout).
+    from twinserve.sim.validate_inferencex import Shape, candidates
     row = _row(rows, "2026_04_06_deepseek_r1_b200_sxm_trtllm_fp8_disagg_8192x1024_c128_tp8_ep8_1796")
-    assert len(candidates(row)) == 3 and inferencex_workers(row) is None
-    assert (1, 1) in {(e.prefill.count, e.decode.count) for e in candidates(row)}
+    fits = candidates(row)
+    assert [(e.prefill, e.decode) for e in fits] == [(Shape(1, 8, 8, True), Shape(1, 8, 8, True))]
+    assert inferencex_workers(row) is not None
     plan = row_plan(row)
-    assert plan.counts == (1, 1) and plan.layout.startswith("twin record dsr1_b200_trtllm_fp8_disagg_8192x1024_c128_cfg549")
+    assert plan.counts == (1, 1) and plan.layout.startswith("InferenceX config: 1 prefill, 1 decode workers")
 
 
 def test_twins_agree_with_every_inferencex_match(rows) -> None:
