@@ -103,6 +103,7 @@ class Recipe:
     expert_parallel: bool = False  # vLLM's --enable-expert-parallel passed whatever the config's EP (experts EP = TP)
     tensor_parallel_only: bool = False  # vLLM launched with --tensor-parallel-size only, whatever the config's EP /
     # attention DP (no --enable-expert-parallel, no --data-parallel-size): one TP group, its experts tensor-parallel
+    overlap_scheduler: bool | None = None  # TensorRT-LLM's overlap scheduler as launched (None: the engine's default)
 
 
 DEFAULT = Recipe("no InferenceX recipe known for this row: the engine's defaults")
@@ -763,11 +764,14 @@ def _int(v: Any, default: int = 0) -> int:
 
 
 def row_recipe(row: Any) -> Recipe:
-    """The recipe a row was measured with; DEFAULT where none is known (not InferenceX, disaggregated,
-    or no script for its backend x model x GPU x precision; the model as recipe_model reads it)."""
+    """The recipe a row was measured with; DEFAULT where none is known (disaggregated, a gap-analysis row
+    aic_generated_recipe does not cover, or no InferenceX script for its backend x model x GPU x precision;
+    the model as recipe_model reads it)."""
     from twinserve.sim.validate_protocol import INFERENCEX, harness
-    if harness(row) != INFERENCEX or row.get("mode") == "disagg":
+    if row.get("mode") == "disagg":
         return DEFAULT
+    if harness(row) != INFERENCEX:
+        return aic_generated_recipe(row) or DEFAULT
     by_layout = LAYOUT_IMAGES.get((str(row.get("backend")), recipe_model(row), str(row.get("system")),
                                    str(row.get("precision")), str(row.get("backend_version"))))
     recipe = by_layout(row) if by_layout is not None else None
@@ -793,6 +797,37 @@ def row_recipe(row: Any) -> Recipe:
               _int(row.get("tp_size"), 1))
 
 
+# aiconfigurator's generator (ai-dynamo/aiconfigurator src/aiconfigurator/generator/backends/trtllm.py @77cd250,
+# TRTLLMGenerator.generate) writes an aggregated TensorRT-LLM worker's engine args as
+# `max_num_tokens = bs + isl + 1500` (bs: the configuration's batch size) with no `disable_overlap_scheduler` of its
+# own, and the template it falls back to for a version without one of its own (generator/templates/trtllm/
+# extra_engine_args.yaml.j2 @d40b94c; that folder holds 1.0.0rc6, 1.1.0rc1 and 1.1.0rc4 only) renders
+# `disable_overlap_scheduler: {{ disable_overlap_scheduler | default(true) }}` (the overlap off),
+# `enable_chunked_prefill: false` and `max_batch_size: bs`. The later rule-file generator (generator/rule_plugin/
+# trtllm.rule @17676b3) sets `agg disable_overlap_scheduler = false` and a budget from max_batch_size >= 512, so
+# only the versions measured in the older generator's era are read this way (docs/validate-accuracy.md, "Qwen3-32B
+# on TensorRT-LLM: the gap rows' launch").
+AIC_GENERATOR_TRT_VERSIONS = ("1.0.0rc3",)
+_AIC_GENERATOR_SRC = ("ai-dynamo/aiconfigurator generator/backends/trtllm.py @77cd250 + templates/trtllm/"
+                      "extra_engine_args.yaml.j2 @d40b94c (assumed: the gap-analysis harness is not published)")
+_AIC_GENERATOR_EXTRA_TOKENS = 1500
+
+
+def aic_generated_recipe(row: Any) -> Recipe | None:
+    """The launch aiconfigurator's generator wrote for an aggregated TensorRT-LLM gap-analysis row of a version in
+    AIC_GENERATOR_TRT_VERSIONS: step budget bs + ISL + 1500, chunked prefill and the overlap scheduler off."""
+    if str(row.get("backend")) != "trtllm" or str(row.get("backend_version")) not in AIC_GENERATOR_TRT_VERSIONS:
+        return None
+    bs = _int(row.get("batch_size"), 0) or _int(row.get("concurrency"), 1)
+    mnt = bs + _int(row.get("isl"), 0) + _AIC_GENERATOR_EXTRA_TOKENS
+    # max_seq_len: the generator's isl + osl + 1000; the simulator takes the longest sequence sent (isl + osl),
+    # which the budget always holds (its check: a prompt longer than the budget could never run unchunked).
+    seq = _int(row.get("isl"), 0) + _int(row.get("osl"), 0)
+    return Recipe(_AIC_GENERATOR_SRC, max_num_tokens=mnt, max_running_requests=bs, overlap_scheduler=False,
+                  max_seq_len=seq,
+                  unmodelled="cuda_graph_config batch_sizes, enable_block_reuse (random prompts: nothing shared)")
+
+
 def apply_recipe(recipe: Recipe, sched: Any) -> None:
     """Set the recipe's flags on a row study's SchedulerConfig (flags not set leave the defaults)."""
     sched.recv_interval = max(1, recipe.recv_interval)
@@ -811,6 +846,8 @@ def apply_recipe(recipe: Recipe, sched: Any) -> None:
     sched.batch_wait_tokens_ratio = recipe.batch_wait_ratio
     sched.adp_balance_iters = recipe.adp_balance_iters  # acts only with attention DP (AdpBalance)
     sched.adp_batching_wait_iters = recipe.adp_batching_wait_iters
+    if recipe.overlap_scheduler is not None:
+        sched.overlap_scheduler = recipe.overlap_scheduler
 
 
 def apply_memory(recipe: Recipe, engine: Any) -> None:
