@@ -797,35 +797,32 @@ def row_recipe(row: Any) -> Recipe:
               _int(row.get("tp_size"), 1))
 
 
-# aiconfigurator's generator (ai-dynamo/aiconfigurator src/aiconfigurator/generator/backends/trtllm.py @77cd250,
-# TRTLLMGenerator.generate) writes an aggregated TensorRT-LLM worker's engine args as
-# `max_num_tokens = bs + isl + 1500` (bs: the configuration's batch size) with no `disable_overlap_scheduler` of its
-# own, and the template it falls back to for a version without one of its own (generator/templates/trtllm/
-# extra_engine_args.yaml.j2 @d40b94c; that folder holds 1.0.0rc6, 1.1.0rc1 and 1.1.0rc4 only) renders
-# `disable_overlap_scheduler: {{ disable_overlap_scheduler | default(true) }}` (the overlap off),
-# `enable_chunked_prefill: false` and `max_batch_size: bs`. The later rule-file generator (generator/rule_plugin/
-# trtllm.rule @17676b3) sets `agg disable_overlap_scheduler = false` and a budget from max_batch_size >= 512, so
-# only the versions measured in the older generator's era are read this way (docs/validate-accuracy.md, "Qwen3-32B
-# on TensorRT-LLM: the gap rows' launch").
+# The gap-analysis rows' launch is not published (sim/validate_protocol.py). aiconfigurator's own generator, the
+# one its `eval` pipeline launches Dynamo with (src/aiconfigurator/eval/main.py @5e16187), renders a TensorRT-LLM
+# worker's `disable_overlap_scheduler: {{ disable_overlap_scheduler | default(true) }}`: the overlap off unless
+# the generator sets it (generator/templates/trtllm/extra_engine_args.yaml.j2 @d40b94c, the template its older
+# generator falls back to for 1.0.0rc3, generator/backends/trtllm.py @77cd250, which sets it on disaggregated
+# workers only; and backend_templates/trtllm/extra_engine_args.1.0.0rc3.yaml.j2 @71a2b03 alike). The later
+# rule-file generator sets `agg disable_overlap_scheduler = false` (generator/rule_plugin/trtllm.rule @17676b3),
+# so only TensorRT-LLM 1.0.0rc3's rows (the older generator's era) are read with the overlap off. That generator's
+# aggregated step budget, `max_num_tokens = bs + isl + 1500`, is NOT carried: with it every Qwen3-32B H100 row's
+# wave splits into whole-prompt pairs and the simulated first tokens come 34% early at the median, their growth
+# with the clients twice the measured one (log-log slope 0.55 against 0.25; docs/validate-accuracy.md,
+# "Qwen3-32B on TensorRT-LLM: the gap rows' launch"); the choice between the two readings was made on these
+# rows, Qwen3-32B's only (no other development model has TensorRT-LLM gap rows to leave it out against).
 AIC_GENERATOR_TRT_VERSIONS = ("1.0.0rc3",)
-_AIC_GENERATOR_SRC = ("ai-dynamo/aiconfigurator generator/backends/trtllm.py @77cd250 + templates/trtllm/"
-                      "extra_engine_args.yaml.j2 @d40b94c (assumed: the gap-analysis harness is not published)")
-_AIC_GENERATOR_EXTRA_TOKENS = 1500
+_AIC_GENERATOR_SRC = ("ai-dynamo/aiconfigurator generator templates/trtllm/extra_engine_args.yaml.j2 @d40b94c "
+                      "disable_overlap_scheduler default(true) (assumed: the gap-analysis harness is not published)")
 
 
 def aic_generated_recipe(row: Any) -> Recipe | None:
-    """The launch aiconfigurator's generator wrote for an aggregated TensorRT-LLM gap-analysis row of a version in
-    AIC_GENERATOR_TRT_VERSIONS: step budget bs + ISL + 1500, chunked prefill and the overlap scheduler off."""
+    """The overlap scheduler off for an aggregated TensorRT-LLM gap-analysis row of a version in
+    AIC_GENERATOR_TRT_VERSIONS (aiconfigurator's generator template default); None for any other row."""
     if str(row.get("backend")) != "trtllm" or str(row.get("backend_version")) not in AIC_GENERATOR_TRT_VERSIONS:
         return None
-    bs = _int(row.get("batch_size"), 0) or _int(row.get("concurrency"), 1)
-    mnt = bs + _int(row.get("isl"), 0) + _AIC_GENERATOR_EXTRA_TOKENS
-    # max_seq_len: the generator's isl + osl + 1000; the simulator takes the longest sequence sent (isl + osl),
-    # which the budget always holds (its check: a prompt longer than the budget could never run unchunked).
-    seq = _int(row.get("isl"), 0) + _int(row.get("osl"), 0)
-    return Recipe(_AIC_GENERATOR_SRC, max_num_tokens=mnt, max_running_requests=bs, overlap_scheduler=False,
-                  max_seq_len=seq,
-                  unmodelled="cuda_graph_config batch_sizes, enable_block_reuse (random prompts: nothing shared)")
+    return Recipe(_AIC_GENERATOR_SRC, overlap_scheduler=False,
+                  unmodelled="the generator's max_num_tokens bs + isl + 1500 (not carried), max_batch_size bs, "
+                             "cuda_graph_config batch_sizes, enable_block_reuse")
 
 
 def apply_recipe(recipe: Recipe, sched: Any) -> None:
