@@ -22,7 +22,8 @@ The rows do not record their servers' flags, so a row runs with its engine's def
   (overlap_scheduler; core/sched/scheduler.py _fetched_late). No InferenceX aggregated TensorRT-LLM script
   read sets it (dsr1_fp8_b200_trt.sh @0a919c5, dsr1_fp8_h200_trt_mtp.sh @1fc5d73, dsr1_fp4_b200_trt_mtp.sh
   @13dd0c2: MTP launches keep it too); the srt-slurm disaggregated recipes turn it off on the prefill
-  (context) workers only (sim/validate_rows.py).
+  (context) workers only (sim/validate_rows.py), and aiconfigurator's generator template turns it off on
+  the 1.0.0rc3 gap-analysis rows (sim/validate_recipes.py aic_generated_recipe).
 """
 
 from __future__ import annotations

