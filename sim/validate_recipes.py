@@ -65,7 +65,7 @@ Flags and what the simulator does with them:
   tensor-parallel (`FusedMoEParallelConfig.make`: without enable_expert_parallel, ep_size 1 and the experts
   split over the TP ranks), whatever the row's moe_ep / attention_dp columns say: Recipe.tensor_parallel_only,
   applied by sim/validate_rows.py row_plan to a single worker (launch_tensor_parallel).
-- Not modelled (said so, not approximated): speculative decoding elsewhere (GLM-5's EAGLE flags; MTP
+- Not modelled (said so, not approximated): speculative decoding elsewhere (MTP
   where nothing tells MTP runs from others: H200's rows up to 64 clients, SGLang's, the disaggregated
   Dynamo recipes), attention backends and other kernel choices, CUDA-graph batch caps.
 """
@@ -145,9 +145,22 @@ def _dsr1_fp4_b300(isl: int, osl: int, conc: int, tp: int) -> Recipe:
     return _dsr1_fp4_b200(isl, osl, conc, tp, f"{_INFERENCEX_REPO} benchmarks/single_node/dsr1_fp4_b300.sh @5632483")
 
 
-def _glm5_fp8_b200(isl: int, osl: int, conc: int, tp: int) -> Recipe:
-    return Recipe(f"{_INFERENCEX_REPO} benchmarks/glm5_fp8_b200.sh @87af9d6", max_running_requests=128,
-                  unmodelled="--speculative-algorithm EAGLE (3 steps, 4 draft tokens), --cuda-graph-max-bs")
+# GLM-5 FP8 B200: the rows (image lmsysorg/sglang:nightly-dev-cu13-20260317-1eea7448, measured 2026-03-20, TP 8 EP 1)
+# ran SemiAnalysisAI/InferenceX PR #915's launch ("[NV] GLM5 fp8 b200 SGL", reviewed 2026-03-17 to 03-20; its
+# perf-changelog.yaml entry: "Add GLM-5 FP8 SGLang benchmark for B200", TP8 and DEP8 with the NSA backend), not
+# the earlier EAGLE script (benchmarks/glm5_fp8_b200.sh @87af9d6, issue #684, 2026-02-12): PR #1447 names that
+# nightly as glm5-fp8-b200-sglang's image, and the EAGLE configuration glm5-fp8-b200-sglang-mtp only came with
+# PR #1085 (2026-04-18, "mirroring the existing glm5-fp8-b200-sglang non-MTP recipe"). PR #915's script
+# (benchmarks/single_node/glm5_fp8_b200.sh, read @4eca3fe; the flags below are the same in the PR's 2026-03-17
+# review snapshots): --max-running-requests $CONC, --mem-fraction-static 0.85, --chunked-prefill-size and
+# --max-prefill-tokens 32768, --stream-interval 30 (no effect on TTFT / TPOT: sglang_stream_points),
+# --disable-radix-cache, --kv-cache-dtype fp8_e4m3, no speculative decoding.
+def _glm5_fp8_b200(isl: int, osl: int, conc: int, tp: int,
+                   src: str = f"{_INFERENCEX_REPO} benchmarks/single_node/glm5_fp8_b200.sh @4eca3fe (PR #915)",
+                   unmodelled: str = "--nsa-decode-backend / --nsa-prefill-backend trtllm, --moe-runner-backend "
+                   "flashinfer_trtllm, --enable-flashinfer-allreduce-fusion, --cuda-graph-max-bs") -> Recipe:
+    return Recipe(src, stream_interval=30, chunked_prefill_size=32768, max_prefill_tokens=32768,
+                  max_running_requests=conc, mem_fraction=0.85, unmodelled=unmodelled)
 
 
 def _qwen35_fp8_b200(isl: int, osl: int, conc: int, tp: int) -> Recipe:
@@ -230,14 +243,12 @@ def _sglang_mem(script: str, mem: float, unmodelled: str) -> Callable[[int, int,
 
 
 def _glm5_fp8_b300(isl: int, osl: int, conc: int, tp: int) -> Recipe:
-    # benchmarks/single_node/glm5_fp8_b300.sh @5632483 ("reuses the existing GLM5 FP8 B200 SGLang recipe as-is",
-    # but that version passes no EAGLE flags): --max-running-requests $CONC, --mem-fraction-static 0.85,
-    # --chunked-prefill-size and --max-prefill-tokens 32768, --stream-interval 30 (no effect on TTFT / TPOT:
-    # sglang_stream_points), --disable-radix-cache.
-    return Recipe(f"{_INFERENCEX_REPO} benchmarks/single_node/glm5_fp8_b300.sh @5632483", stream_interval=30,
-                  chunked_prefill_size=32768, max_prefill_tokens=32768, max_running_requests=conc,
-                  mem_fraction=0.85, unmodelled="--attention-backend nsa (trtllm decode / prefill), "
-                  "--moe-runner-backend flashinfer_trtllm, --enable-flashinfer-allreduce-fusion, --cuda-graph-max-bs")
+    # benchmarks/single_node/glm5_fp8_b300.sh @5632483 ("reuses the existing GLM5 FP8 B200 SGLang recipe as-is":
+    # PR #915's, no EAGLE flags): --max-running-requests $CONC, --mem-fraction-static 0.85, --chunked-prefill-size
+    # and --max-prefill-tokens 32768, --stream-interval 30, --disable-radix-cache.
+    return _glm5_fp8_b200(isl, osl, conc, tp, f"{_INFERENCEX_REPO} benchmarks/single_node/glm5_fp8_b300.sh @5632483",
+                          "--attention-backend nsa (trtllm decode / prefill), --moe-runner-backend flashinfer_trtllm, "
+                          "--enable-flashinfer-allreduce-fusion, --cuda-graph-max-bs")
 
 
 def _glm5_fp4_b200(isl: int, osl: int, conc: int, tp: int) -> Recipe:
@@ -704,7 +715,8 @@ MTP_IMAGES: dict[tuple[str, str, str, str], Callable[[int, int, int, int, bool],
 #   gptoss_fp4_h200_trt_slurm.sh @2e46dba: `kv_cache_config: dtype: auto` (B200's gptoss_fp4_b200_trt.sh
 #   @1825e7f and single_node/ @34bc7c4 set `dtype: fp8`).
 # - SGLang GLM-5 FP8 on H200: benchmarks/single_node/glm5_fp8_h200.sh @0c82808 (no --kv-cache-dtype; B200's
-#   glm5_fp8_b200.sh @87af9d6 and B300's single_node/glm5_fp8_b300.sh @5632483 pass fp8_e4m3).
+#   single_node/glm5_fp8_b200.sh @4eca3fe (PR #915, the rows' launch; the earlier EAGLE script @87af9d6 too) and
+#   B300's single_node/glm5_fp8_b300.sh @5632483 pass fp8_e4m3).
 # - vLLM MiniMax-M2.5 FP8 on H100: benchmarks/single_node/minimaxm2.5_fp8_h100.sh @34bc7c4 (no
 #   --kv-cache-dtype; one version read. B300's minimaxm2.5_fp8_b300.sh @5632483 passes fp8).
 # - vLLM MiniMax-M2.5 FP8 on H200 (every row) and on B200 from the v0.17.0 image: the script versions before

@@ -520,6 +520,10 @@ def test_held_out_vllm_launches_carry_their_memory_share_and_expert_parallel_fla
 
 @pytest.mark.parametrize("kw, mem, chunk, recv, running", [
     ({"system": "h200_sxm"}, 0.85, 0, 1, 0),  # single_node/glm5_fp8_h200.sh @0c82808
+    # B200 FP8: the rows' image (nightly-dev-cu13-20260317-1eea7448) is PR #915's launch: $CONC running, 0.85,
+    # 32,768; not the earlier EAGLE script's 128 running (@87af9d6).
+    ({"concurrency": 32}, 0.85, 32768, 1, 32),
+    ({"concurrency": 128}, 0.85, 32768, 1, 128),
     ({"system": "b300_sxm", "concurrency": 64}, 0.85, 32768, 1, 64),  # single_node/glm5_fp8_b300.sh @5632483
     ({"precision": "fp4"}, 0.9, 32768, 10, 0),  # single_node/glm5_fp4_b200.sh @405c601
 ])
@@ -527,6 +531,18 @@ def test_held_out_glm5_sglang_launches_carry_their_flags(kw, mem, chunk, recv, r
     r = row_recipe(_row(**{"model": "GLM-5", **kw}))
     assert (r.mem_fraction, r.chunked_prefill_size, r.recv_interval, r.max_running_requests) == (
         mem, chunk, recv, running)
+
+
+def test_held_out_glm5_b200_fp8_rows_run_no_speculative_decoding() -> None:
+    # PR #915's glm5-fp8-b200-sglang launch passes no --speculative-* flag; the EAGLE configuration
+    # (glm5-fp8-b200-sglang-mtp) came after the rows (PR #1085, 2026-04-18).
+    from twinserve.sim.speculative import SpeculativeSection
+    from twinserve.sim.validate_recipes import apply_speculative
+    r = row_recipe(_row(model="GLM-5", concurrency=16, backend_version="nightly-dev"))
+    spec = SpeculativeSection()
+    apply_speculative(r, spec)
+    assert r.mtp == 0 and spec == SpeculativeSection()
+    assert "EAGLE" not in r.unmodelled and "single_node/glm5_fp8_b200.sh" in r.source
 
 
 def _heldout_row(model: str, system: str, version: str):
