@@ -165,11 +165,10 @@ _H200_TRT_TEP_P = (1, 8, 8, False)
 # the dumps' `trtllm`) and `dsr1-*-dynamo-sglang(-mtp)` entry of the file, but those whose client counts
 # differ from the dumps' (an earlier or later matrix): TensorRT-LLM B300 FP8 8k/1k (the dumps' 5 and 10),
 # GB200 FP4 1k/8k, H200 (the dumps' 11 and 13 at 1k/1k; its entries below come from its recipes instead:
-# RECIPE_SOURCES); SGLang B200 FP8 8k/1k (160 and 288).
+# RECIPE_SOURCES).
 # Their rows keep the assumption, as do the other backends' disaggregated rows (gpt-oss's GB200 entries give
 # several decode shapes at each client count: GPTOSS_TABLE reads its recipes instead, where the row's decode TP
-# picks one). SGLang B200 FP8 8k/1k at prefill EP 8 fits @0004cf5's entries, but at every count the rows hold two
-# or more of them with other workers (e.g. 32: 1P1D, 1P6D plain, 1P1D MTP): not transcribed.
+# picks one). SGLang B200 FP8 8k/1k's dumps hold two runs (_TWIN_DATED): its entries are matched by db-dump layouts.
 TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
     ("trtllm", "b200_sxm", "fp4", 1024, 1024): (
         _e((1214,), _B200_FP4_P, (2, 8, 8, True), 2),
@@ -547,6 +546,21 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
         _e((1024, 2048, 4096), (2, 8, 8, True), (5, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
         _e((512, 1024, 2048), _B200_FP8_P, (2, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
     ),
+    # dsr1-fp8-b200-dynamo-sglang(-mtp) 8k/1k, nvidia-master.yaml @0004cf5 (recipes/b200-fp8/8k1k/stp/
+    # low-latency-tep8-1p1d, -1p4d, -1p6d, max-tpt-dep8-1p1d, -2p1d; mtp/ the same names): read by db-dump layouts
+    # only (_TWIN_DATED).
+    ("sglang", "b200_sxm", "fp8", 8192, 1024): (
+        _e((4, 32, 64, 512), _B200_SGL_TEP8, (1, 8, 8, False), 0),
+        _e((64, 512), _B200_SGL_TEP8, (4, 8, 8, False), 0),
+        _e((32,), _B200_SGL_TEP8, (6, 8, 8, False), 0),
+        _e((128, 512, 1024), _B200_FP8_P, (1, 8, 8, True), 0),
+        _e((256, 512, 1024), (2, 8, 8, True), (1, 8, 8, True), 0),
+        _e((16, 32, 64), _B200_SGL_TEP8, (1, 8, 8, False), MTP_DEPTH_NOT_GIVEN),
+        _e((8, 256), _B200_SGL_TEP8, (4, 8, 8, False), MTP_DEPTH_NOT_GIVEN),
+        _e((4, 8, 16, 256), _B200_SGL_TEP8, (6, 8, 8, False), MTP_DEPTH_NOT_GIVEN),
+        _e((256,), _B200_FP8_P, (1, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
+        _e((128, 512), (2, 8, 8, True), (1, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
+    ),
     ("sglang", "h200_sxm", "fp8", 1024, 1024): tuple(
         _e(concs, p, d, mtp) for mtp in (0, MTP_DEPTH_NOT_GIVEN) for concs, p, d in (
             ((1, 4, 8, 16, 32, 64, 128, 256), _H200_SGL_P, (9, 8, 1, False)),
@@ -682,6 +696,16 @@ _ONLY_DUMP: dict[tuple[str, str, str, int, int], str] = {
     ("sglang", "gb200", "fp4", 1024, 1024): "source_file=2026-03-25.csv",
     ("sglang", "gb200", "fp4", 8192, 1024): "source_file=2026-03-25.csv",
 }
+
+
+# Configurations whose dump rows hold runs of more than one matrix, so a row's configuration and client count do not
+# date it to @0004cf5's: SGLang B200 FP8 8k/1k's dumps hold runs with the prefill worker at TP 8, EP 8 (the client
+# counts 4-512 of @0004cf5's entries, e.g. 32 of its plain 1P1D and 1P6D TEP 8 and MTP 1P1D entries) and runs at
+# prefill attention DP 8, EP 1 (8-1,024 clients, 160 and 288 among them: a later matrix, not read; their db-dump
+# records, configs 639-655, fit no entry). A dump row takes an entry only where its db-dump twin's layout is one
+# (the twins of configs 453-459 are @0004cf5's 1P1D / 1P4D TEP 8, 1P1D and 2P1D DEP 8 entries); db-dump records
+# fit by their own layout as everywhere (_db_dump_candidates).
+_TWIN_DATED = frozenset({("sglang", "b200_sxm", "fp8", 8192, 1024)})
 
 
 # Configurations read from the recipes InferenceX launches, not from nvidia-master.yaml @0004cf5, whose client
@@ -854,7 +878,7 @@ def candidates(row: Any) -> list[Entry]:
     if not src.startswith(_DUMPS):
         return []
     # _ONLY_DUMP dates DeepSeek-R1's configurations; gpt-oss's recipes hold both dumps' counts.
-    dated = table is not TABLE or src.startswith(dumps(key))
+    dated = table is not TABLE or (src.startswith(dumps(key)) and key not in _TWIN_DATED)
     conc = _num(row.get("concurrency"))
     own = (_num(row.get("prefill_tp_size")), _num(row.get("prefill_moe_ep_size")), _num(row.get("decode_tp_size")))
     fits = [e for e in table.get(key, ()) if conc in e.concs and own == (e.prefill.tp, e.prefill.ep, e.decode.tp)]

@@ -123,14 +123,19 @@ def test_each_transcribed_configuration_runs_exactly_the_dumps_client_counts(row
     # The evidence that the matrix's version is the dumps': the same client counts, no more, no fewer.
     # Configurations read from their recipes (RECIPE_SOURCES): each recipe's own benchmark count is one the dumps
     # hold (the dumps hold more, whose recipes were not read).
-    from twinserve.sim.validate_inferencex import RECIPE_SOURCES, TABLE, dumps
+    # Configurations whose dumps hold two matrices' runs (_TWIN_DATED): the counts of the runs at the entries'
+    # prefill EP are the table's.
+    from twinserve.sim.validate_inferencex import _TWIN_DATED, RECIPE_SOURCES, TABLE, dumps
     d = rows[(rows["mode"] == "disagg") & (rows["model"] == "DeepSeek-R1")]
     for (backend, system, precision, isl, osl), entries in TABLE.items():
         src = dumps((backend, system, precision, isl, osl))
         g = d[d["silicon_data_source"].astype(str).str.startswith(src) & (d["backend"] == backend)
               & (d["system"] == system) & (d["precision"] == precision) & (d["isl"] == isl) & (d["osl"] == osl)]
         held, listed = set(g["concurrency"].astype(int)), {c for e in entries for c in e.concs}
-        if (backend, system, precision, isl, osl) in RECIPE_SOURCES:
+        if (backend, system, precision, isl, osl) in _TWIN_DATED:
+            at_ep = set(g[g["prefill_moe_ep_size"].isin({e.prefill.ep for e in entries})]["concurrency"].astype(int))
+            assert at_ep and at_ep <= listed and held - listed, (system, precision, isl)
+        elif (backend, system, precision, isl, osl) in RECIPE_SOURCES:
             assert listed and listed <= held, (system, precision, isl)
         else:
             assert held == listed, (system, precision, isl)
@@ -464,3 +469,25 @@ def test_a_db_dump_twin_dates_a_row_of_the_other_dump(rows) -> None:
     assert m is not None and (m.prefill, m.decode) == (Shape(1, 4, 1, False), Shape(1, 4, 1, False))
     assert "InferenceX config: 1 prefill, 1 decode workers" in row_plan(row, "roofline").layout
     assert candidates(_row(rows, "2026_04_06_deepseek_r1_gb200_sglang_fp8_disagg_1024x1024_c4_tp20_ep1_1139")) == []
+
+
+# SGLang B200 FP8 8k/1k (nvidia-master.yaml @0004cf5's dsr1-fp8-b200-dynamo-sglang(-mtp) 8k/1k entries): the dumps
+# hold the runs of two matrices, so a dump row takes an entry only by its db-dump twin's layout.
+SGL_B200_FP8_8K_TWIN = "2026_03_25_deepseek_r1_b200_sxm_sglang_fp8_disagg_8192x1024_c128_tp8_0_ep8_0_966"
+SGL_B200_FP8_8K_NO_TWIN = "2026_03_25_deepseek_r1_b200_sxm_sglang_fp8_disagg_8192x1024_c128_tp8_0_ep8_0_684"
+
+
+def test_a_twin_dated_row_takes_the_entry_its_db_dump_twin_is(rows) -> None:
+    row = _row(rows, SGL_B200_FP8_8K_TWIN)
+    assert row["twin_id"] == "dsr1_b200_sglang_fp8_disagg_8192x1024_c128_cfg457"
+    m = inferencex_workers(row)
+    # max-tpt-dep8-1p1d: 1 prefill and 1 decode DEP 8, plain (the MTP entry at 128 is 2P1D)
+    assert m is not None and m.mtp == 0
+    assert (m.prefill, m.decode) == (Shape(1, 8, 8, True), Shape(1, 8, 8, True))
+    assert inferencex_workers(_row(rows, row["twin_id"])) == m
+    assert "InferenceX config: 1 prefill, 1 decode workers" in row_plan(row, "roofline").layout
+    # The same configuration and count without a twin: not dated, unmatched.
+    assert candidates(_row(rows, SGL_B200_FP8_8K_NO_TWIN)) == []
+    # A db-dump record of 1 prefill and 4 decode TEP 8 at 64 clients: @0004cf5's low-latency-tep8-1p4d.
+    rec = inferencex_workers(_row(rows, "dsr1_b200_sglang_fp8_disagg_8192x1024_c64_cfg453"))
+    assert rec is not None and rec.decode == Shape(4, 8, 8, False) and rec.mtp == 0
