@@ -1014,6 +1014,24 @@ DISAGG_RECIPES: dict[tuple, DisaggRecipe] = {
     ("b200_sxm", "fp8", 1024, 1024, (1, 8, 8, False), (3, 8, 8, False), True): _r(
         "recipes/b200-fp8/1k1k/mtp/low-latency-tep8-1p3d.yaml", "5063eb4", _P(0.85, 32768, 32768, 512),
         _W(0.85, 0, 0, 512), _QC),
+    # dsr1-fp8-b200-dynamo-sglang(-mtp) 8k/1k (nvidia-master.yaml @0004cf5; sim/validate_inferencex.py
+    # _TWIN_DATED): recipes/b200-fp8/8k1k/{stp,mtp}/low-latency-tep8-1p1d.yaml, stp/low-latency-tep8-1p4d.yaml,
+    # both workers 0.85, 32,768, 32,768, 512 running; stp/max-tpt-dep8-1p1d.yaml and -2p1d.yaml, attention DP both
+    # sides, 0.85. Their `benchmark: concurrencies` ("4x32x64", "16x32x64", "64", "128", "256") are the db-dump
+    # records' counts of those layouts (configs 455, 453, 457, 459).
+    ("b200_sxm", "fp8", 8192, 1024, (1, 8, 8, False), (1, 8, 8, False), False): _r(
+        "recipes/b200-fp8/8k1k/stp/low-latency-tep8-1p1d.yaml", "5063eb4", _P(0.85, 32768, 32768, 512),
+        _W(0.85, 0, 0, 512), _QC),
+    ("b200_sxm", "fp8", 8192, 1024, (1, 8, 8, False), (1, 8, 8, False), True): _r(
+        "recipes/b200-fp8/8k1k/mtp/low-latency-tep8-1p1d.yaml", "5063eb4", _P(0.85, 32768, 32768, 512),
+        _W(0.85, 0, 0, 512), _QC),
+    ("b200_sxm", "fp8", 8192, 1024, (1, 8, 8, False), (4, 8, 8, False), False): _r(
+        "recipes/b200-fp8/8k1k/stp/low-latency-tep8-1p4d.yaml", "5063eb4", _P(0.85, 32768, 32768, 512),
+        _W(0.85, 0, 0, 512), _QC),
+    ("b200_sxm", "fp8", 8192, 1024, (1, 8, 8, True), (1, 8, 8, True), False): _r(
+        "recipes/b200-fp8/8k1k/stp/max-tpt-dep8-1p1d.yaml", "5063eb4", _P(0.85), _W(0.85), _QC),
+    ("b200_sxm", "fp8", 8192, 1024, (2, 8, 8, True), (1, 8, 8, True), False): _r(
+        "recipes/b200-fp8/8k1k/stp/max-tpt-dep8-2p1d.yaml", "5063eb4", _P(0.85), _W(0.85), _QC),
     # dsr1-fp8-h200-dynamo-sglang 1k/1k: recipes/h200/1k1k/low-latency-1p9d(-mtp).yaml and bs256-1p6d-dep(-mtp).
     ("h200_sxm", "fp8", 1024, 1024, (1, 8, 1, False), (9, 8, 1, False), False): _r(
         "recipes/h200/1k1k/low-latency-1p9d.yaml", "5063eb4", _P(0.82, 163840, 163840, 256), _W(0.82, 0, 0, 256),

@@ -485,7 +485,16 @@ def test_a_twin_dated_row_takes_the_entry_its_db_dump_twin_is(rows) -> None:
     assert m is not None and m.mtp == 0
     assert (m.prefill, m.decode) == (Shape(1, 8, 8, True), Shape(1, 8, 8, True))
     assert inferencex_workers(_row(rows, row["twin_id"])) == m
-    assert "InferenceX config: 1 prefill, 1 decode workers" in row_plan(row, "roofline").layout
+    plan = row_plan(row, "roofline")
+    assert "InferenceX config: 1 prefill, 1 decode workers" in plan.layout
+    # qiching/srt-slurm recipes/b200-fp8/8k1k/stp/max-tpt-dep8-1p1d.yaml @5063eb4: mem-fraction-static 0.85 on both
+    # (attention DP: the memory share only, DISAGG_RECIPES)
+    pre, dec = plan.cfg.cluster.replicas[0], plan.cfg.cluster.replicas[-1]
+    assert (pre["engine.gpu_memory_utilization"], dec["engine.gpu_memory_utilization"]) == (0.85, 0.85)
+    # 32 clients, 1P1D TEP 8 (plain or MTP: both recipes set 0.85, 32,768 prefill tokens, 512 running)
+    low = row_plan(_row(rows, "2026_03_25_deepseek_r1_b200_sxm_sglang_fp8_disagg_8192x1024_c32_tp8_0_ep8_0_963"),
+                   "roofline").cfg.cluster.replicas[0]
+    assert (low["scheduler.max_prefill_tokens"], low["scheduler.max_num_seqs"]) == (32768, 512)
     # The same configuration and count without a twin: not dated, unmatched.
     assert candidates(_row(rows, SGL_B200_FP8_8K_NO_TWIN)) == []
     # A db-dump record of 1 prefill and 4 decode TEP 8 at 64 clients: @0004cf5's low-latency-tep8-1p4d.
