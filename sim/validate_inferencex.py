@@ -157,6 +157,7 @@ _GB200_FP8_P = (1, 8, 8, True)
 _GB300_FP4_P = (1, 2, 2, True)
 _GB300_FP8_P = (1, 4, 4, True)
 _B200_SGL_TEP8 = (1, 8, 8, False)
+_B200_SGL_EP1_P = (1, 8, 1, True)
 _H200_SGL_P = (1, 8, 1, False)
 _H200_TRT_ADP_P = (1, 8, 8, True)
 _H200_TRT_TEP_P = (1, 8, 8, False)
@@ -560,7 +561,21 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
         _e((4, 8, 16, 256), _B200_SGL_TEP8, (6, 8, 8, False), MTP_DEPTH_NOT_GIVEN),
         _e((256,), _B200_FP8_P, (1, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
         _e((128, 512), (2, 8, 8, True), (1, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
-    ),
+    ) + tuple(
+        # The prefill-EP-1 run: not in @0004cf5; its recipe file, ishandhanani/srt-slurm recipes/b200-fp8/8k1k.yaml
+        # @50f459c, launches every prefill worker at TP 8, attention DP 8, EP 1 and sweeps (zip_override_*): low
+        # latency 1P3D, 1P4D, 1P6D TP 8 decode at EP 1 ("128", "128", "8x16x32x64x128"), max throughput 1P2D,
+        # 1P1D, 2P1D, 3P1D DEP 8 decode ("288", "160x288", "512", "1024"), each plain (stp) and MTP (EAGLE) alike;
+        # these are the db-dump records' counts of those layouts (configs 639, 641, 649, 654, 655).
+        _e(concs, p, d, mtp) for mtp in (0, MTP_DEPTH_NOT_GIVEN) for concs, p, d in (
+            ((128,), _B200_SGL_EP1_P, (3, 8, 1, False)),
+            ((128,), _B200_SGL_EP1_P, (4, 8, 1, False)),
+            ((8, 16, 32, 64, 128), _B200_SGL_EP1_P, (6, 8, 1, False)),
+            ((288,), _B200_SGL_EP1_P, (2, 8, 8, True)),
+            ((160, 288), _B200_SGL_EP1_P, (1, 8, 8, True)),
+            ((512,), (2, 8, 1, True), (1, 8, 8, True)),
+            ((1024,), (3, 8, 1, True), (1, 8, 8, True)),
+        )),
     ("sglang", "h200_sxm", "fp8", 1024, 1024): tuple(
         _e(concs, p, d, mtp) for mtp in (0, MTP_DEPTH_NOT_GIVEN) for concs, p, d in (
             ((1, 4, 8, 16, 32, 64, 128, 256), _H200_SGL_P, (9, 8, 1, False)),
@@ -701,10 +716,10 @@ _ONLY_DUMP: dict[tuple[str, str, str, int, int], str] = {
 # Configurations whose dump rows hold runs of more than one matrix, so a row's configuration and client count do not
 # date it to @0004cf5's: SGLang B200 FP8 8k/1k's dumps hold runs with the prefill worker at TP 8, EP 8 (the client
 # counts 4-512 of @0004cf5's entries, e.g. 32 of its plain 1P1D and 1P6D TEP 8 and MTP 1P1D entries) and runs at
-# prefill attention DP 8, EP 1 (8-1,024 clients, 160 and 288 among them: a later matrix, not read; their db-dump
-# records, configs 639-655, fit no entry). A dump row takes an entry only where its db-dump twin's layout is one
-# (the twins of configs 453-459 are @0004cf5's 1P1D / 1P4D TEP 8, 1P1D and 2P1D DEP 8 entries); db-dump records
-# fit by their own layout as everywhere (_db_dump_candidates).
+# prefill attention DP 8, EP 1 (8-1,024 clients, 160 and 288 among them: a later matrix, whose recipe file is read
+# instead: TABLE's prefill-EP-1 entries). A dump row takes an entry only where its db-dump twin's layout is one
+# (the twins of configs 453-459 are @0004cf5's 1P1D / 1P4D TEP 8, 1P1D and 2P1D DEP 8 entries, those of 639-655
+# the recipe's); db-dump records fit by their own layout as everywhere (_db_dump_candidates).
 _TWIN_DATED = frozenset({("sglang", "b200_sxm", "fp8", 8192, 1024)})
 
 

@@ -133,8 +133,10 @@ def test_each_transcribed_configuration_runs_exactly_the_dumps_client_counts(row
               & (d["system"] == system) & (d["precision"] == precision) & (d["isl"] == isl) & (d["osl"] == osl)]
         held, listed = set(g["concurrency"].astype(int)), {c for e in entries for c in e.concs}
         if (backend, system, precision, isl, osl) in _TWIN_DATED:
-            at_ep = set(g[g["prefill_moe_ep_size"].isin({e.prefill.ep for e in entries})]["concurrency"].astype(int))
-            assert at_ep and at_ep <= listed and held - listed, (system, precision, isl)
+            assert held == listed, (system, precision, isl)
+            for ep in {e.prefill.ep for e in entries}:
+                at_ep = set(g[g["prefill_moe_ep_size"] == ep]["concurrency"].astype(int))
+                assert at_ep and at_ep <= {c for e in entries if e.prefill.ep == ep for c in e.concs}, ep
         elif (backend, system, precision, isl, osl) in RECIPE_SOURCES:
             assert listed and listed <= held, (system, precision, isl)
         else:
@@ -495,6 +497,14 @@ def test_a_twin_dated_row_takes_the_entry_its_db_dump_twin_is(rows) -> None:
     low = row_plan(_row(rows, "2026_03_25_deepseek_r1_b200_sxm_sglang_fp8_disagg_8192x1024_c32_tp8_0_ep8_0_963"),
                    "roofline").cfg.cluster.replicas[0]
     assert (low["scheduler.max_prefill_tokens"], low["scheduler.max_num_seqs"]) == (32768, 512)
+    # The prefill-EP-1 run (recipes/b200-fp8/8k1k.yaml @50f459c): at 128 clients its 1P4D TP 8 decode at EP 1 (the
+    # twin's layout; 1P3D runs 128 too), plain or MTP, decode max-running-requests 32, prefill memory 0.6.
+    ep1 = _row(rows, "2026_04_06_deepseek_r1_b200_sxm_sglang_fp8_disagg_8192x1024_c128_tp8_ep1_1900")
+    m1 = inferencex_workers(ep1)
+    assert m1 is not None and m1.mtp is None
+    assert (m1.prefill, m1.decode) == (Shape(1, 8, 1, True), Shape(4, 8, 1, False))
+    reps = row_plan(ep1, "roofline").cfg.cluster.replicas
+    assert (reps[0]["engine.gpu_memory_utilization"], reps[-1]["scheduler.max_num_seqs"]) == (0.6, 32)
     # The same configuration and count without a twin: not dated, unmatched.
     assert candidates(_row(rows, SGL_B200_FP8_8K_NO_TWIN)) == []
     # A db-dump record of 1 prefill and 4 decode TEP 8 at 64 clients: @0004cf5's low-latency-tep8-1p4d.
