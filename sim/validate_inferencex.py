@@ -317,18 +317,35 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
         _e((1152,), _H200_TRT_ADP_P, (9, 8, 8, True), 0),  # stp/c128_ctx1_gen9_dep8_batch512_eplb0_mtp0: "1152"
         _e((1536,), _H200_TRT_ADP_P, (6, 8, 8, True), 0),  # stp/c256_ctx1_gen6_dep8_batch512_eplb0_mtp0: "1536"
         _e((3584,), (2, 8, 8, True), (7, 8, 8, True), 0),  # stp/c512_ctx2_gen7_dep8_batch512_eplb0_mtp0: "3584"
+        # Read 2026-12-06 (matrix2), the same commit, for the db-dump records of these layouts (configs 303, 590):
+        _e((288,), _H200_TRT_ADP_P, (9, 8, 8, False), 0),  # stp/c32_ctx1_gen9_tep8_batch256_eplb0_mtp0: "288"
+        _e((576,), _H200_TRT_ADP_P, (9, 8, 8, False), 0),  # stp/c64_ctx1_gen9_tep8_batch256_eplb0_mtp0: "576"
     ),
     ("trtllm", "h200_sxm", "fp8", 8192, 1024): (
         _e((28,), _H200_TRT_TEP_P, (7, 8, 8, False), 3),  # mtp/c4_ctx1_gen7_tep8_batch32_eplb0_mtp3
         _e((28,), _H200_TRT_TEP_P, (7, 8, 8, False), 0),  # stp/c4_ctx1_gen7_tep8_batch32_eplb0_mtp0
         _e((64,), _H200_TRT_TEP_P, (1, 8, 8, True), 2),  # mtp/c64_ctx1_gen1_dep8_batch32_eplb0_mtp2
         # Past 64: 256 only c256_ctx3_gen1_dep8 (MTP 2); 512 both c512_ctx3_gen1_dep8 recipes (MTP 1, batch 64;
-        # plain, batch 512: the same workers, MTP and batch not known). Left out: 128 (c128_ctx2_gen1 MTP 2, c128_ctx1
-        # _gen1 plain: 2 or 1 prefill workers), 160 (c32_ctx3_gen5 MTP 3, c32_ctx2_gen5 plain), 48 (c8_gen6 and
-        # c16_gen3, MTP and plain each), 9 (no recipe).
+        # plain, batch 512: the same workers, MTP and batch not known). Read below: 128 (c128_ctx2_gen1 MTP 2,
+        # c128_ctx1_gen1 plain: 2 or 1 prefill workers), 160 (c32_ctx3_gen5 MTP 3, c32_ctx2_gen5 plain), 48 (c8_gen6
+        # and c16_gen3, MTP and plain each). Left out: 9 (no recipe).
         _e((256,), (3, 8, 8, False), (1, 8, 8, True), 2),  # mtp/c256_ctx3_gen1_dep8_batch32_eplb0_mtp2: "256"
         _e((512,), (3, 8, 8, False), (1, 8, 8, True), 1),  # mtp/c512_ctx3_gen1_dep8_batch64_eplb0_mtp1: "512"
         _e((512,), (3, 8, 8, False), (1, 8, 8, True), 0),  # stp/c512_ctx3_gen1_dep8_batch512_eplb0_mtp0: "512"
+        # Read 2026-12-06 (matrix2), the same commit: the counts left out above, and 192 and 768, each recipe's
+        # `benchmark: concurrencies` the total (every prefill worker `enable_attention_dp: false`, as c256_ctx5_gen3
+        # writes it). Where recipes of one count disagree on the workers (48, 128, 160), a dump row takes the one its
+        # db-dump twin's layout is (configs 347 / 301, 675 / 291, 305), else none.
+        _e((48,), _H200_TRT_TEP_P, (3, 8, 8, False), 0),  # stp/c16_ctx1_gen3_tep8_batch32_eplb0_mtp0: "48"
+        _e((48,), _H200_TRT_TEP_P, (3, 8, 8, False), 2),  # mtp/c16_ctx1_gen3_tep8_batch32_eplb0_mtp2: "48"
+        _e((48,), _H200_TRT_TEP_P, (6, 8, 8, False), 0),  # stp/c8_ctx1_gen6_tep8_batch16_eplb0_mtp0: "48"
+        _e((48,), _H200_TRT_TEP_P, (6, 8, 8, False), 3),  # mtp/c8_ctx1_gen6_tep8_batch32_eplb0_mtp3: "48"
+        _e((128,), _H200_TRT_TEP_P, (1, 8, 8, True), 0),  # stp/c128_ctx1_gen1_dep8_batch256_eplb0_mtp0: "128"
+        _e((128,), (2, 8, 8, False), (1, 8, 8, True), 2),  # mtp/c128_ctx2_gen1_dep8_batch32_eplb0_mtp2: "128"
+        _e((160,), (2, 8, 8, False), (5, 8, 8, False), 0),  # stp/c32_ctx2_gen5_tep8_batch128_eplb0_mtp0: "160"
+        _e((160,), (3, 8, 8, False), (5, 8, 8, False), 3),  # mtp/c32_ctx3_gen5_tep8_batch32_eplb0_mtp3: "160"
+        _e((192,), (2, 8, 8, False), (3, 8, 8, True), 0),  # stp/c64_ctx2_gen3_dep8_batch128_eplb0_mtp0: "192"
+        _e((768,), (5, 8, 8, False), (3, 8, 8, True), 0),  # stp/c256_ctx5_gen3_dep8_batch256_eplb0_mtp0: "768"
     ),
     # dsr1-fp8-h100-dynamo-sglang: every entry MTP; two decode shapes share the client counts up to 64.
     ("sglang", "h100_sxm", "fp8", 1024, 1024): (
@@ -612,8 +629,8 @@ _DECODE_BATCH: dict[tuple[str, str, str, int, int], tuple[int | tuple[int, ...],
     ("trtllm", "b300_sxm", "fp4", 8192, 1024): (0, 8, 1, 4, 16, 0, 32, 16, 1, 2, 0, 0, 0),
     ("trtllm", "h100_sxm", "fp8", 1024, 1024): ((1, 2, 8, 16, 32), 4, 0, 0, 0, (1, 2, 8, 16), (4, 8, 16, 32), 0),
     ("trtllm", "h100_sxm", "fp8", 8192, 1024): ((1, 2, 8), 4, 8, (1, 2, 8), 64, 0),
-    ("trtllm", "h200_sxm", "fp8", 1024, 1024): (256, 128, 256, 128, 128, 256, 128, 128, 128, 512, 512, 512),
-    ("trtllm", "h200_sxm", "fp8", 8192, 1024): (32, 32, 32, 32, 64, 512),
+    ("trtllm", "h200_sxm", "fp8", 1024, 1024): (256, 128, 256, 128, 128, 256, 128, 128, 128, 512, 512, 512, 256, 256),
+    ("trtllm", "h200_sxm", "fp8", 8192, 1024): (32, 32, 32, 32, 64, 512, 32, 32, 16, 32, 256, 32, 128, 32, 128, 256),
     ("trtllm", "gb200", "fp4", 1024, 1024): (4, 8, 0, 0, 0, 0, 0, 0, 32, 1, 0, 0),
     ("trtllm", "gb200", "fp4", 8192, 1024): (8, 4, 0, 0, 0, (16, 16, 16, 1), 0, 0, 0, 0),
     ("trtllm", "gb200", "fp8", 1024, 1024): (0, 0, 0, (8, 4, 2), 0, 0, (32, 8), (8, 1)),
@@ -693,8 +710,8 @@ TABLE[_PREFILL_EP1_RUN] = _with_prefill_ep1(TABLE[_PREFILL_EP1_RUN])
 _PREFILL_CAPS: dict[tuple[str, str, str, int, int], tuple[tuple[int, int] | None, ...]] = {
     # The entries after the first four (1k/1k) and three (8k/1k) are the layout audit's, above 88 and 64 clients
     # (recipes whose ctx caps were not transcribed): None.
-    ("trtllm", "h200_sxm", "fp8", 1024, 1024): ((8, 8192),) * 4 + (None,) * 8,
-    ("trtllm", "h200_sxm", "fp8", 8192, 1024): ((2, 16640),) * 3 + (None,) * 3,
+    ("trtllm", "h200_sxm", "fp8", 1024, 1024): ((8, 8192),) * 4 + (None,) * 10,
+    ("trtllm", "h200_sxm", "fp8", 8192, 1024): ((2, 16640),) * 3 + (None,) * 13,
 }
 
 
@@ -731,7 +748,7 @@ _TWIN_DATED = frozenset({("sglang", "b200_sxm", "fp8", 8192, 1024)})
 # yaml's conc-list gives the per-decode-worker N (8, 4, 64). The recipe's own numbers are what dates it to the
 # rows: each transcribed count is one the dumps hold (tests/sim/test_validate_inferencex.py); counts the dumps hold
 # and no recipe read gives (1k/1k 11 and 13, 8k/1k 9), or recipes that disagree on the workers give (1k/1k 1,024;
-# 8k/1k 48, 128, 160), keep their twin record or the assumption; the recipes' container is the rows' image
+# 8k/1k 48, 128, 160: unless a db-dump twin's layout picks one), keep their twin record or the assumption; the recipes' container is the rows' image
 # (tensorrtllm-runtime 0.8.1.post1).
 RECIPE_SOURCES: dict[tuple[str, str, str, int, int], str] = {
     ("trtllm", "h200_sxm", "fp8", 1024, 1024): "ishandhanani/srt-slurm recipes/trtllm/h200/1k1k @4893f83",

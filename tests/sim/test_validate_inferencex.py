@@ -510,3 +510,17 @@ def test_a_twin_dated_row_takes_the_entry_its_db_dump_twin_is(rows) -> None:
     # A db-dump record of 1 prefill and 4 decode TEP 8 at 64 clients: @0004cf5's low-latency-tep8-1p4d.
     rec = inferencex_workers(_row(rows, "dsr1_b200_sglang_fp8_disagg_8192x1024_c64_cfg453"))
     assert rec is not None and rec.decode == Shape(4, 8, 8, False) and rec.mtp == 0
+
+
+def test_h200_recipes_of_one_count_are_picked_by_the_db_dump_twin(rows) -> None:
+    # H200 TensorRT-LLM 8k/1k at 48 clients: srt-slurm @4893f83 c16_ctx1_gen3 and c8_ctx1_gen6 (plain and MTP each)
+    # both give "48"; the twin (config 301) is 1 prefill, 6 TEP 8 decode workers.
+    row = _row(rows, "2026_04_06_deepseek_r1_h200_sxm_trtllm_fp8_disagg_8192x1024_c48_tp8_ep8_1542")
+    m = inferencex_workers(row)
+    assert m is not None and m.mtp is None and m.decode == Shape(6, 8, 8, False)
+    assert m.decode_batch == 0  # batch 16 plain, 32 MTP: not known
+    # 128 clients: stp/c128_ctx1_gen1_dep8_batch256 (1 TEP 8 prefill) against mtp/c128_ctx2_gen1 (2 prefill); the
+    # twin (config 291) writes the prefill's attention DP, which the recipe's `enable_attention_dp: false` overrides.
+    m = inferencex_workers(_row(rows, "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_8192x1024_c128_tp8_0_ep8_0_670"))
+    assert m is not None and m.mtp == 0 and m.decode_batch == 256
+    assert (m.prefill, m.decode) == (Shape(1, 8, 8, False), Shape(1, 8, 8, True))
