@@ -157,6 +157,7 @@ _GB200_FP8_P = (1, 8, 8, True)
 _GB300_FP4_P = (1, 2, 2, True)
 _GB300_FP8_P = (1, 4, 4, True)
 _B200_SGL_TEP8 = (1, 8, 8, False)
+_B200_SGL_EP1_P = (1, 8, 1, True)
 _H200_SGL_P = (1, 8, 1, False)
 _H200_TRT_ADP_P = (1, 8, 8, True)
 _H200_TRT_TEP_P = (1, 8, 8, False)
@@ -165,11 +166,10 @@ _H200_TRT_TEP_P = (1, 8, 8, False)
 # the dumps' `trtllm`) and `dsr1-*-dynamo-sglang(-mtp)` entry of the file, but those whose client counts
 # differ from the dumps' (an earlier or later matrix): TensorRT-LLM B300 FP8 8k/1k (the dumps' 5 and 10),
 # GB200 FP4 1k/8k, H200 (the dumps' 11 and 13 at 1k/1k; its entries below come from its recipes instead:
-# RECIPE_SOURCES); SGLang B200 FP8 8k/1k (160 and 288).
+# RECIPE_SOURCES).
 # Their rows keep the assumption, as do the other backends' disaggregated rows (gpt-oss's GB200 entries give
 # several decode shapes at each client count: GPTOSS_TABLE reads its recipes instead, where the row's decode TP
-# picks one). SGLang B200 FP8 8k/1k at prefill EP 8 fits @0004cf5's entries, but at every count the rows hold two
-# or more of them with other workers (e.g. 32: 1P1D, 1P6D plain, 1P1D MTP): not transcribed.
+# picks one). SGLang B200 FP8 8k/1k's dumps hold two runs (_TWIN_DATED): its entries are matched by db-dump layouts.
 TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
     ("trtllm", "b200_sxm", "fp4", 1024, 1024): (
         _e((1214,), _B200_FP4_P, (2, 8, 8, True), 2),
@@ -317,18 +317,35 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
         _e((1152,), _H200_TRT_ADP_P, (9, 8, 8, True), 0),  # stp/c128_ctx1_gen9_dep8_batch512_eplb0_mtp0: "1152"
         _e((1536,), _H200_TRT_ADP_P, (6, 8, 8, True), 0),  # stp/c256_ctx1_gen6_dep8_batch512_eplb0_mtp0: "1536"
         _e((3584,), (2, 8, 8, True), (7, 8, 8, True), 0),  # stp/c512_ctx2_gen7_dep8_batch512_eplb0_mtp0: "3584"
+        # Read 2026-12-06 (matrix2), the same commit, for the db-dump records of these layouts (configs 303, 590):
+        _e((288,), _H200_TRT_ADP_P, (9, 8, 8, False), 0),  # stp/c32_ctx1_gen9_tep8_batch256_eplb0_mtp0: "288"
+        _e((576,), _H200_TRT_ADP_P, (9, 8, 8, False), 0),  # stp/c64_ctx1_gen9_tep8_batch256_eplb0_mtp0: "576"
     ),
     ("trtllm", "h200_sxm", "fp8", 8192, 1024): (
         _e((28,), _H200_TRT_TEP_P, (7, 8, 8, False), 3),  # mtp/c4_ctx1_gen7_tep8_batch32_eplb0_mtp3
         _e((28,), _H200_TRT_TEP_P, (7, 8, 8, False), 0),  # stp/c4_ctx1_gen7_tep8_batch32_eplb0_mtp0
         _e((64,), _H200_TRT_TEP_P, (1, 8, 8, True), 2),  # mtp/c64_ctx1_gen1_dep8_batch32_eplb0_mtp2
         # Past 64: 256 only c256_ctx3_gen1_dep8 (MTP 2); 512 both c512_ctx3_gen1_dep8 recipes (MTP 1, batch 64;
-        # plain, batch 512: the same workers, MTP and batch not known). Left out: 128 (c128_ctx2_gen1 MTP 2, c128_ctx1
-        # _gen1 plain: 2 or 1 prefill workers), 160 (c32_ctx3_gen5 MTP 3, c32_ctx2_gen5 plain), 48 (c8_gen6 and
-        # c16_gen3, MTP and plain each), 9 (no recipe).
+        # plain, batch 512: the same workers, MTP and batch not known). Read below: 128 (c128_ctx2_gen1 MTP 2,
+        # c128_ctx1_gen1 plain: 2 or 1 prefill workers), 160 (c32_ctx3_gen5 MTP 3, c32_ctx2_gen5 plain), 48 (c8_gen6
+        # and c16_gen3, MTP and plain each). Left out: 9 (no recipe).
         _e((256,), (3, 8, 8, False), (1, 8, 8, True), 2),  # mtp/c256_ctx3_gen1_dep8_batch32_eplb0_mtp2: "256"
         _e((512,), (3, 8, 8, False), (1, 8, 8, True), 1),  # mtp/c512_ctx3_gen1_dep8_batch64_eplb0_mtp1: "512"
         _e((512,), (3, 8, 8, False), (1, 8, 8, True), 0),  # stp/c512_ctx3_gen1_dep8_batch512_eplb0_mtp0: "512"
+        # Read 2026-12-06 (matrix2), the same commit: the counts left out above, and 192 and 768, each recipe's
+        # `benchmark: concurrencies` the total (every prefill worker `enable_attention_dp: false`, as c256_ctx5_gen3
+        # writes it). Where recipes of one count disagree on the workers (48, 128, 160), a dump row takes the one its
+        # db-dump twin's layout is (configs 347 / 301, 675 / 291, 305), else none.
+        _e((48,), _H200_TRT_TEP_P, (3, 8, 8, False), 0),  # stp/c16_ctx1_gen3_tep8_batch32_eplb0_mtp0: "48"
+        _e((48,), _H200_TRT_TEP_P, (3, 8, 8, False), 2),  # mtp/c16_ctx1_gen3_tep8_batch32_eplb0_mtp2: "48"
+        _e((48,), _H200_TRT_TEP_P, (6, 8, 8, False), 0),  # stp/c8_ctx1_gen6_tep8_batch16_eplb0_mtp0: "48"
+        _e((48,), _H200_TRT_TEP_P, (6, 8, 8, False), 3),  # mtp/c8_ctx1_gen6_tep8_batch32_eplb0_mtp3: "48"
+        _e((128,), _H200_TRT_TEP_P, (1, 8, 8, True), 0),  # stp/c128_ctx1_gen1_dep8_batch256_eplb0_mtp0: "128"
+        _e((128,), (2, 8, 8, False), (1, 8, 8, True), 2),  # mtp/c128_ctx2_gen1_dep8_batch32_eplb0_mtp2: "128"
+        _e((160,), (2, 8, 8, False), (5, 8, 8, False), 0),  # stp/c32_ctx2_gen5_tep8_batch128_eplb0_mtp0: "160"
+        _e((160,), (3, 8, 8, False), (5, 8, 8, False), 3),  # mtp/c32_ctx3_gen5_tep8_batch32_eplb0_mtp3: "160"
+        _e((192,), (2, 8, 8, False), (3, 8, 8, True), 0),  # stp/c64_ctx2_gen3_dep8_batch128_eplb0_mtp0: "192"
+        _e((768,), (5, 8, 8, False), (3, 8, 8, True), 0),  # stp/c256_ctx5_gen3_dep8_batch256_eplb0_mtp0: "768"
     ),
     # dsr1-fp8-h100-dynamo-sglang: every entry MTP; two decode shapes share the client counts up to 64.
     ("sglang", "h100_sxm", "fp8", 1024, 1024): (
@@ -547,6 +564,35 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
         _e((1024, 2048, 4096), (2, 8, 8, True), (5, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
         _e((512, 1024, 2048), _B200_FP8_P, (2, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
     ),
+    # dsr1-fp8-b200-dynamo-sglang(-mtp) 8k/1k, nvidia-master.yaml @0004cf5 (recipes/b200-fp8/8k1k/stp/
+    # low-latency-tep8-1p1d, -1p4d, -1p6d, max-tpt-dep8-1p1d, -2p1d; mtp/ the same names): read by db-dump layouts
+    # only (_TWIN_DATED).
+    ("sglang", "b200_sxm", "fp8", 8192, 1024): (
+        _e((4, 32, 64, 512), _B200_SGL_TEP8, (1, 8, 8, False), 0),
+        _e((64, 512), _B200_SGL_TEP8, (4, 8, 8, False), 0),
+        _e((32,), _B200_SGL_TEP8, (6, 8, 8, False), 0),
+        _e((128, 512, 1024), _B200_FP8_P, (1, 8, 8, True), 0),
+        _e((256, 512, 1024), (2, 8, 8, True), (1, 8, 8, True), 0),
+        _e((16, 32, 64), _B200_SGL_TEP8, (1, 8, 8, False), MTP_DEPTH_NOT_GIVEN),
+        _e((8, 256), _B200_SGL_TEP8, (4, 8, 8, False), MTP_DEPTH_NOT_GIVEN),
+        _e((4, 8, 16, 256), _B200_SGL_TEP8, (6, 8, 8, False), MTP_DEPTH_NOT_GIVEN),
+        _e((256,), _B200_FP8_P, (1, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
+        _e((128, 512), (2, 8, 8, True), (1, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
+    ) + tuple(
+        # The prefill-EP-1 run: not in @0004cf5; its recipe file, ishandhanani/srt-slurm recipes/b200-fp8/8k1k.yaml
+        # @50f459c, launches every prefill worker at TP 8, attention DP 8, EP 1 and sweeps (zip_override_*): low
+        # latency 1P3D, 1P4D, 1P6D TP 8 decode at EP 1 ("128", "128", "8x16x32x64x128"), max throughput 1P2D,
+        # 1P1D, 2P1D, 3P1D DEP 8 decode ("288", "160x288", "512", "1024"), each plain (stp) and MTP (EAGLE) alike;
+        # these are the db-dump records' counts of those layouts (configs 639, 641, 649, 654, 655).
+        _e(concs, p, d, mtp) for mtp in (0, MTP_DEPTH_NOT_GIVEN) for concs, p, d in (
+            ((128,), _B200_SGL_EP1_P, (3, 8, 1, False)),
+            ((128,), _B200_SGL_EP1_P, (4, 8, 1, False)),
+            ((8, 16, 32, 64, 128), _B200_SGL_EP1_P, (6, 8, 1, False)),
+            ((288,), _B200_SGL_EP1_P, (2, 8, 8, True)),
+            ((160, 288), _B200_SGL_EP1_P, (1, 8, 8, True)),
+            ((512,), (2, 8, 1, True), (1, 8, 8, True)),
+            ((1024,), (3, 8, 1, True), (1, 8, 8, True)),
+        )),
     ("sglang", "h200_sxm", "fp8", 1024, 1024): tuple(
         _e(concs, p, d, mtp) for mtp in (0, MTP_DEPTH_NOT_GIVEN) for concs, p, d in (
             ((1, 4, 8, 16, 32, 64, 128, 256), _H200_SGL_P, (9, 8, 1, False)),
@@ -583,8 +629,8 @@ _DECODE_BATCH: dict[tuple[str, str, str, int, int], tuple[int | tuple[int, ...],
     ("trtllm", "b300_sxm", "fp4", 8192, 1024): (0, 8, 1, 4, 16, 0, 32, 16, 1, 2, 0, 0, 0),
     ("trtllm", "h100_sxm", "fp8", 1024, 1024): ((1, 2, 8, 16, 32), 4, 0, 0, 0, (1, 2, 8, 16), (4, 8, 16, 32), 0),
     ("trtllm", "h100_sxm", "fp8", 8192, 1024): ((1, 2, 8), 4, 8, (1, 2, 8), 64, 0),
-    ("trtllm", "h200_sxm", "fp8", 1024, 1024): (256, 128, 256, 128, 128, 256, 128, 128, 128, 512, 512, 512),
-    ("trtllm", "h200_sxm", "fp8", 8192, 1024): (32, 32, 32, 32, 64, 512),
+    ("trtllm", "h200_sxm", "fp8", 1024, 1024): (256, 128, 256, 128, 128, 256, 128, 128, 128, 512, 512, 512, 256, 256),
+    ("trtllm", "h200_sxm", "fp8", 8192, 1024): (32, 32, 32, 32, 64, 512, 32, 32, 16, 32, 256, 32, 128, 32, 128, 256),
     ("trtllm", "gb200", "fp4", 1024, 1024): (4, 8, 0, 0, 0, 0, 0, 0, 32, 1, 0, 0),
     ("trtllm", "gb200", "fp4", 8192, 1024): (8, 4, 0, 0, 0, (16, 16, 16, 1), 0, 0, 0, 0),
     ("trtllm", "gb200", "fp8", 1024, 1024): (0, 0, 0, (8, 4, 2), 0, 0, (32, 8), (8, 1)),
@@ -664,8 +710,8 @@ TABLE[_PREFILL_EP1_RUN] = _with_prefill_ep1(TABLE[_PREFILL_EP1_RUN])
 _PREFILL_CAPS: dict[tuple[str, str, str, int, int], tuple[tuple[int, int] | None, ...]] = {
     # The entries after the first four (1k/1k) and three (8k/1k) are the layout audit's, above 88 and 64 clients
     # (recipes whose ctx caps were not transcribed): None.
-    ("trtllm", "h200_sxm", "fp8", 1024, 1024): ((8, 8192),) * 4 + (None,) * 8,
-    ("trtllm", "h200_sxm", "fp8", 8192, 1024): ((2, 16640),) * 3 + (None,) * 3,
+    ("trtllm", "h200_sxm", "fp8", 1024, 1024): ((8, 8192),) * 4 + (None,) * 10,
+    ("trtllm", "h200_sxm", "fp8", 8192, 1024): ((2, 16640),) * 3 + (None,) * 13,
 }
 
 
@@ -684,6 +730,16 @@ _ONLY_DUMP: dict[tuple[str, str, str, int, int], str] = {
 }
 
 
+# Configurations whose dump rows hold runs of more than one matrix, so a row's configuration and client count do not
+# date it to @0004cf5's: SGLang B200 FP8 8k/1k's dumps hold runs with the prefill worker at TP 8, EP 8 (the client
+# counts 4-512 of @0004cf5's entries, e.g. 32 of its plain 1P1D and 1P6D TEP 8 and MTP 1P1D entries) and runs at
+# prefill attention DP 8, EP 1 (8-1,024 clients, 160 and 288 among them: a later matrix, whose recipe file is read
+# instead: TABLE's prefill-EP-1 entries). A dump row takes an entry only where its db-dump twin's layout is one
+# (the twins of configs 453-459 are @0004cf5's 1P1D / 1P4D TEP 8, 1P1D and 2P1D DEP 8 entries, those of 639-655
+# the recipe's); db-dump records fit by their own layout as everywhere (_db_dump_candidates).
+_TWIN_DATED = frozenset({("sglang", "b200_sxm", "fp8", 8192, 1024)})
+
+
 # Configurations read from the recipes InferenceX launches, not from nvidia-master.yaml @0004cf5, whose client
 # counts differ from the dumps' for them. The H200 TensorRT-LLM recipes (ishandhanani/srt-slurm @4893f83,
 # recipes/trtllm/h200/{1k1k,8k1k}/{mtp,stp}/c<N>_ctx<P>_gen<D>_..._mtp<K>.yaml, named by nvidia-master.yaml
@@ -692,7 +748,7 @@ _ONLY_DUMP: dict[tuple[str, str, str, int, int], str] = {
 # yaml's conc-list gives the per-decode-worker N (8, 4, 64). The recipe's own numbers are what dates it to the
 # rows: each transcribed count is one the dumps hold (tests/sim/test_validate_inferencex.py); counts the dumps hold
 # and no recipe read gives (1k/1k 11 and 13, 8k/1k 9), or recipes that disagree on the workers give (1k/1k 1,024;
-# 8k/1k 48, 128, 160), keep their twin record or the assumption; the recipes' container is the rows' image
+# 8k/1k 48, 128, 160: unless a db-dump twin's layout picks one), keep their twin record or the assumption; the recipes' container is the rows' image
 # (tensorrtllm-runtime 0.8.1.post1).
 RECIPE_SOURCES: dict[tuple[str, str, str, int, int], str] = {
     ("trtllm", "h200_sxm", "fp8", 1024, 1024): "ishandhanani/srt-slurm recipes/trtllm/h200/1k1k @4893f83",
@@ -854,7 +910,7 @@ def candidates(row: Any) -> list[Entry]:
     if not src.startswith(_DUMPS):
         return []
     # _ONLY_DUMP dates DeepSeek-R1's configurations; gpt-oss's recipes hold both dumps' counts.
-    dated = table is not TABLE or src.startswith(dumps(key))
+    dated = table is not TABLE or (src.startswith(dumps(key)) and key not in _TWIN_DATED)
     conc = _num(row.get("concurrency"))
     own = (_num(row.get("prefill_tp_size")), _num(row.get("prefill_moe_ep_size")), _num(row.get("decode_tp_size")))
     fits = [e for e in table.get(key, ()) if conc in e.concs and own == (e.prefill.tp, e.prefill.ep, e.decode.tp)]

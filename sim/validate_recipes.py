@@ -1060,6 +1060,37 @@ DISAGG_RECIPES: dict[tuple, DisaggRecipe] = {
     ("b200_sxm", "fp8", 1024, 1024, (1, 8, 8, False), (3, 8, 8, False), True): _r(
         "recipes/b200-fp8/1k1k/mtp/low-latency-tep8-1p3d.yaml", "5063eb4", _P(0.85, 32768, 32768, 512),
         _W(0.85, 0, 0, 512), _QC),
+    # dsr1-fp8-b200-dynamo-sglang(-mtp) 8k/1k (nvidia-master.yaml @0004cf5; sim/validate_inferencex.py
+    # _TWIN_DATED): recipes/b200-fp8/8k1k/{stp,mtp}/low-latency-tep8-1p1d.yaml, stp/low-latency-tep8-1p4d.yaml,
+    # both workers 0.85, 32,768, 32,768, 512 running; stp/max-tpt-dep8-1p1d.yaml and -2p1d.yaml, attention DP both
+    # sides, 0.85. Their `benchmark: concurrencies` ("4x32x64", "16x32x64", "64", "128", "256") are the db-dump
+    # records' counts of those layouts (configs 455, 453, 457, 459).
+    ("b200_sxm", "fp8", 8192, 1024, (1, 8, 8, False), (1, 8, 8, False), False): _r(
+        "recipes/b200-fp8/8k1k/stp/low-latency-tep8-1p1d.yaml", "5063eb4", _P(0.85, 32768, 32768, 512),
+        _W(0.85, 0, 0, 512), _QC),
+    ("b200_sxm", "fp8", 8192, 1024, (1, 8, 8, False), (1, 8, 8, False), True): _r(
+        "recipes/b200-fp8/8k1k/mtp/low-latency-tep8-1p1d.yaml", "5063eb4", _P(0.85, 32768, 32768, 512),
+        _W(0.85, 0, 0, 512), _QC),
+    ("b200_sxm", "fp8", 8192, 1024, (1, 8, 8, False), (4, 8, 8, False), False): _r(
+        "recipes/b200-fp8/8k1k/stp/low-latency-tep8-1p4d.yaml", "5063eb4", _P(0.85, 32768, 32768, 512),
+        _W(0.85, 0, 0, 512), _QC),
+    ("b200_sxm", "fp8", 8192, 1024, (1, 8, 8, True), (1, 8, 8, True), False): _r(
+        "recipes/b200-fp8/8k1k/stp/max-tpt-dep8-1p1d.yaml", "5063eb4", _P(0.85), _W(0.85), _QC),
+    ("b200_sxm", "fp8", 8192, 1024, (2, 8, 8, True), (1, 8, 8, True), False): _r(
+        "recipes/b200-fp8/8k1k/stp/max-tpt-dep8-2p1d.yaml", "5063eb4", _P(0.85), _W(0.85), _QC),
+    # Its prefill-EP-1 run (TABLE's entries from ishandhanani/srt-slurm recipes/b200-fp8/8k1k.yaml @50f459c): the
+    # prefill worker at attention DP 8, 0.6; low-latency decode TP 8 (EP 1) at 0.75 with max-running-requests 32,
+    # 32, 22 for 3, 4, 6 decode workers; max-throughput decode DEP 8 at 0.75 (attention DP: the memory share
+    # only). The stp and mtp zip overrides set these alike.
+    **{("b200_sxm", "fp8", 8192, 1024, p, d, mtp): _r("recipes/b200-fp8/8k1k.yaml", "50f459c", _P(0.6), dec)
+       for mtp in (False, True) for p, d, dec in (
+           ((1, 8, 1, True), (3, 8, 1, False), _W(0.75, 0, 0, 32)),
+           ((1, 8, 1, True), (4, 8, 1, False), _W(0.75, 0, 0, 32)),
+           ((1, 8, 1, True), (6, 8, 1, False), _W(0.75, 0, 0, 22)),
+           ((1, 8, 1, True), (2, 8, 8, True), _W(0.75)),
+           ((1, 8, 1, True), (1, 8, 8, True), _W(0.75)),
+           ((2, 8, 1, True), (1, 8, 8, True), _W(0.75)),
+           ((3, 8, 1, True), (1, 8, 8, True), _W(0.75)))},
     # dsr1-fp8-h200-dynamo-sglang 1k/1k: recipes/h200/1k1k/low-latency-1p9d(-mtp).yaml and bs256-1p6d-dep(-mtp).
     ("h200_sxm", "fp8", 1024, 1024, (1, 8, 1, False), (9, 8, 1, False), False): _r(
         "recipes/h200/1k1k/low-latency-1p9d.yaml", "5063eb4", _P(0.82, 163840, 163840, 256), _W(0.82, 0, 0, 256),

@@ -123,14 +123,21 @@ def test_each_transcribed_configuration_runs_exactly_the_dumps_client_counts(row
     # The evidence that the matrix's version is the dumps': the same client counts, no more, no fewer.
     # Configurations read from their recipes (RECIPE_SOURCES): each recipe's own benchmark count is one the dumps
     # hold (the dumps hold more, whose recipes were not read).
-    from twinserve.sim.validate_inferencex import RECIPE_SOURCES, TABLE, dumps
+    # Configurations whose dumps hold two matrices' runs (_TWIN_DATED): the counts of the runs at the entries'
+    # prefill EP are the table's.
+    from twinserve.sim.validate_inferencex import _TWIN_DATED, RECIPE_SOURCES, TABLE, dumps
     d = rows[(rows["mode"] == "disagg") & (rows["model"] == "DeepSeek-R1")]
     for (backend, system, precision, isl, osl), entries in TABLE.items():
         src = dumps((backend, system, precision, isl, osl))
         g = d[d["silicon_data_source"].astype(str).str.startswith(src) & (d["backend"] == backend)
               & (d["system"] == system) & (d["precision"] == precision) & (d["isl"] == isl) & (d["osl"] == osl)]
         held, listed = set(g["concurrency"].astype(int)), {c for e in entries for c in e.concs}
-        if (backend, system, precision, isl, osl) in RECIPE_SOURCES:
+        if (backend, system, precision, isl, osl) in _TWIN_DATED:
+            assert held == listed, (system, precision, isl)
+            for ep in {e.prefill.ep for e in entries}:
+                at_ep = set(g[g["prefill_moe_ep_size"] == ep]["concurrency"].astype(int))
+                assert at_ep and at_ep <= {c for e in entries if e.prefill.ep == ep for c in e.concs}, ep
+        elif (backend, system, precision, isl, osl) in RECIPE_SOURCES:
             assert listed and listed <= held, (system, precision, isl)
         else:
             assert held == listed, (system, precision, isl)
@@ -464,3 +471,56 @@ def test_a_db_dump_twin_dates_a_row_of_the_other_dump(rows) -> None:
     assert m is not None and (m.prefill, m.decode) == (Shape(1, 4, 1, False), Shape(1, 4, 1, False))
     assert "InferenceX config: 1 prefill, 1 decode workers" in row_plan(row, "roofline").layout
     assert candidates(_row(rows, "2026_04_06_deepseek_r1_gb200_sglang_fp8_disagg_1024x1024_c4_tp20_ep1_1139")) == []
+
+
+# SGLang B200 FP8 8k/1k (nvidia-master.yaml @0004cf5's dsr1-fp8-b200-dynamo-sglang(-mtp) 8k/1k entries): the dumps
+# hold the runs of two matrices, so a dump row takes an entry only by its db-dump twin's layout.
+SGL_B200_FP8_8K_TWIN = "2026_03_25_deepseek_r1_b200_sxm_sglang_fp8_disagg_8192x1024_c128_tp8_0_ep8_0_966"
+SGL_B200_FP8_8K_NO_TWIN = "2026_03_25_deepseek_r1_b200_sxm_sglang_fp8_disagg_8192x1024_c128_tp8_0_ep8_0_684"
+
+
+def test_a_twin_dated_row_takes_the_entry_its_db_dump_twin_is(rows) -> None:
+    row = _row(rows, SGL_B200_FP8_8K_TWIN)
+    assert row["twin_id"] == "dsr1_b200_sglang_fp8_disagg_8192x1024_c128_cfg457"
+    m = inferencex_workers(row)
+    # max-tpt-dep8-1p1d: 1 prefill and 1 decode DEP 8, plain (the MTP entry at 128 is 2P1D)
+    assert m is not None and m.mtp == 0
+    assert (m.prefill, m.decode) == (Shape(1, 8, 8, True), Shape(1, 8, 8, True))
+    assert inferencex_workers(_row(rows, row["twin_id"])) == m
+    plan = row_plan(row, "roofline")
+    assert "InferenceX config: 1 prefill, 1 decode workers" in plan.layout
+    # qiching/srt-slurm recipes/b200-fp8/8k1k/stp/max-tpt-dep8-1p1d.yaml @5063eb4: mem-fraction-static 0.85 on both
+    # (attention DP: the memory share only, DISAGG_RECIPES)
+    pre, dec = plan.cfg.cluster.replicas[0], plan.cfg.cluster.replicas[-1]
+    assert (pre["engine.gpu_memory_utilization"], dec["engine.gpu_memory_utilization"]) == (0.85, 0.85)
+    # 32 clients, 1P1D TEP 8 (plain or MTP: both recipes set 0.85, 32,768 prefill tokens, 512 running)
+    low = row_plan(_row(rows, "2026_03_25_deepseek_r1_b200_sxm_sglang_fp8_disagg_8192x1024_c32_tp8_0_ep8_0_963"),
+                   "roofline").cfg.cluster.replicas[0]
+    assert (low["scheduler.max_prefill_tokens"], low["scheduler.max_num_seqs"]) == (32768, 512)
+    # The prefill-EP-1 run (recipes/b200-fp8/8k1k.yaml @50f459c): at 128 clients its 1P4D TP 8 decode at EP 1 (the
+    # twin's layout; 1P3D runs 128 too), plain or MTP, decode max-running-requests 32, prefill memory 0.6.
+    ep1 = _row(rows, "2026_04_06_deepseek_r1_b200_sxm_sglang_fp8_disagg_8192x1024_c128_tp8_ep1_1900")
+    m1 = inferencex_workers(ep1)
+    assert m1 is not None and m1.mtp is None
+    assert (m1.prefill, m1.decode) == (Shape(1, 8, 1, True), Shape(4, 8, 1, False))
+    reps = row_plan(ep1, "roofline").cfg.cluster.replicas
+    assert (reps[0]["engine.gpu_memory_utilization"], reps[-1]["scheduler.max_num_seqs"]) == (0.6, 32)
+    # The same configuration and count without a twin: not dated, unmatched.
+    assert candidates(_row(rows, SGL_B200_FP8_8K_NO_TWIN)) == []
+    # A db-dump record of 1 prefill and 4 decode TEP 8 at 64 clients: @0004cf5's low-latency-tep8-1p4d.
+    rec = inferencex_workers(_row(rows, "dsr1_b200_sglang_fp8_disagg_8192x1024_c64_cfg453"))
+    assert rec is not None and rec.decode == Shape(4, 8, 8, False) and rec.mtp == 0
+
+
+def test_h200_recipes_of_one_count_are_picked_by_the_db_dump_twin(rows) -> None:
+    # H200 TensorRT-LLM 8k/1k at 48 clients: srt-slurm @4893f83 c16_ctx1_gen3 and c8_ctx1_gen6 (plain and MTP each)
+    # both give "48"; the twin (config 301) is 1 prefill, 6 TEP 8 decode workers.
+    row = _row(rows, "2026_04_06_deepseek_r1_h200_sxm_trtllm_fp8_disagg_8192x1024_c48_tp8_ep8_1542")
+    m = inferencex_workers(row)
+    assert m is not None and m.mtp is None and m.decode == Shape(6, 8, 8, False)
+    assert m.decode_batch == 0  # batch 16 plain, 32 MTP: not known
+    # 128 clients: stp/c128_ctx1_gen1_dep8_batch256 (1 TEP 8 prefill) against mtp/c128_ctx2_gen1 (2 prefill); the
+    # twin (config 291) writes the prefill's attention DP, which the recipe's `enable_attention_dp: false` overrides.
+    m = inferencex_workers(_row(rows, "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_8192x1024_c128_tp8_0_ep8_0_670"))
+    assert m is not None and m.mtp == 0 and m.decode_batch == 256
+    assert (m.prefill, m.decode) == (Shape(1, 8, 8, False), Shape(1, 8, 8, True))

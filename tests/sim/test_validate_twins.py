@@ -14,11 +14,12 @@ from twinserve.sim.validate_twins import LAYOUT_FIELDS, TWIN_ID, twin_of
 
 pytest.importorskip("aiconfigurator_core", reason="the measured rows ship in aiconfigurator-core (extra 'aic')")
 
-# H200 TensorRT-LLM FP8 8k/1k at 128 clients, InferenceMAX dump (no worker counts; no InferenceX entry: 128 is
-# not transcribed, its MTP and plain H200 recipes disagree on the prefill workers), and its
-# db-dump twin: 1 prefill worker (TP 8, EP 8), 1 decode worker (TP 1 x attention DP 8, EP 8).
-DUMP_ROW = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_8192x1024_c128_tp8_0_ep8_0_395"
-TWIN_ROW = "dsr1_h200_trtllm_fp8_disagg_8192x1024_c128_cfg675"
+# B200 TensorRT-LLM FP8 8k/1k at 256 clients, prefill EP 1 (the 2026-03-23 run), InferenceMAX dump (no worker
+# counts; no InferenceX entry: the run's plain counts fit none, sim/validate_inferencex.py _PREFILL_EP1_RUN), and its
+# db-dump twin: 1 prefill worker (TP 1 x attention DP 8, EP 1), 1 decode worker (TP 1 x attention DP 8, EP 8).
+# (The H200 8k/1k 128-client row this test used before now takes its srt-slurm recipe, picked by that twin.)
+DUMP_ROW = "2026_04_06_deepseek_r1_b200_sxm_trtllm_fp8_disagg_8192x1024_c256_tp8_ep1_1956"
+TWIN_ROW = "dsr1_b200_trtllm_fp8_disagg_8192x1024_c256_cfg666"
 
 
 def _row(rows: pd.DataFrame, row_id: str) -> pd.Series:
@@ -39,7 +40,7 @@ def test_a_row_without_counts_runs_its_twins_workers(rows) -> None:
     assert (c.num_prefill_replicas, c.num_replicas) == (1, 2)
     assert c.replicas[-1]["engine.data_parallel_size"] == 8  # the twin's decode attention DP, not the dump's 1
     assert c.replicas[-1]["engine.tensor_parallel_size"] == 1
-    assert c.replicas[0]["engine.tensor_parallel_size"] == 8
+    assert (c.replicas[0]["engine.data_parallel_size"], c.replicas[0]["engine.tensor_parallel_size"]) == (8, 1)
     rec = row_record(row)
     assert rec["gpus"] == 8 * 2 and rec["layout"] == plan.layout
 
