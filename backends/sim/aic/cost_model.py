@@ -227,8 +227,11 @@ class AicCostModel:
     def _probe(self) -> None:
         """Query every op once, so a shape the database has no timings for fails now, by name."""
         g = self.graph
-        calls = [("linear layers", g.tokens, True, 1, 1, 0, 16), ("decode linear layers", g.decode_tokens, True,
-                  1, 1, 0, 16), ("LM head", g.logits, True, 1, 1, 0, 1),
+        # The token ops are the linear layers, norms, MoE block and all-reduces together: the label names
+        # them all (a missing expert table read "no linear layers timings" before).
+        calls = [("linear / MoE / all-reduce", g.tokens, True, 1, 1, 0, 16),
+                 ("decode linear / MoE / all-reduce", g.decode_tokens, True, 1, 1, 0, 16),
+                 ("LM head", g.logits, True, 1, 1, 0, 1),
                  ("context attention", g.context_attn, True, 1, 128, 0, None),
                  ("generation attention", g.generation_attn, False, 1, 128, 0, None)]
         if g.p2p:
