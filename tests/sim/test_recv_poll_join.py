@@ -14,8 +14,9 @@ from twinserve.sim.cluster_study import build_cluster
 from .helpers import small_config
 
 
-def _config(n, count, replicas, disagg, seed, budget, interval, policy, rate):
-    return small_config(batch_policy=policy, concurrency=n, num_requests=count, warmup_requests=0,
+def _config(n, count, replicas, disagg, seed, budget, interval, policy, rate, blocks=0):
+    extra = {"num_gpu_blocks": blocks} if blocks else {}  # a small pool: preemptions, declined join steps
+    return small_config(**extra, batch_policy=policy, concurrency=n, num_requests=count, warmup_requests=0,
                         num_replicas=replicas, num_prefill_replicas=1 if disagg and replicas > 1 else 0,
                         seed=seed, max_model_len=1024, max_num_batched_tokens=budget, recv_interval=interval,
                         enable_prefix_caching=False, prompt_dist="uniform", prompt_min=16, prompt_max=300,
@@ -48,10 +49,10 @@ def _run(cfg, fast: bool, join: bool, times: bool) -> tuple:
 @given(n=st.integers(2, 24), count=st.integers(4, 40), replicas=st.sampled_from([1, 2, 3]),
        disagg=st.booleans(), seed=st.integers(0, 5), budget=st.sampled_from([64, 256, 2048]),
        interval=st.sampled_from([2, 3, 10, 40]), policy=st.sampled_from(["mixed", "prefill_first"]),
-       times=st.booleans())
+       times=st.booleans(), blocks=st.sampled_from([0, 40, 60]))
 def test_fast_paths_read_requests_when_stepping_reads_them(n, count, replicas, disagg, seed, budget, interval,
-                                                           policy, times) -> None:
-    cfg = _config(n, count, replicas, disagg, seed, budget, interval, policy, 0)
+                                                           policy, times, blocks) -> None:
+    cfg = _config(n, count, replicas, disagg, seed, budget, interval, policy, 0, blocks)
     stepped, _ = _run(cfg, False, False, times)
     fast, _ = _run(cfg, True, True, times)
     assert fast == stepped
