@@ -372,12 +372,19 @@ class ClusterSimulation:
         lazy = rep.lazy
         admit = policy is MixedBatches
         tail: list = []
+        polled = None
         if lazy is not None and (lazy.active or lazy.enter()):
             if not admit:
                 # SGLang's prefill-first step: the waiting requests that fit prefill alone (the
                 # decodes wait); if none fits, the step decodes the whole batch (below, admitting none).
+                # It reads only the requests schedule() would (Scheduler.hide_unread: the receive poll,
+                # advanced once for this step; undone below if the step is left to core.step).
+                polled = sched.poll_state()
+                hidden = sched.hide_unread()
                 joined = self._prefill_only_step(rep, t, lazy)
+                sched.show_unread(hidden)
                 if joined is not None:
+                    sched.note_step(core.last_scheduler_output)
                     return joined
             extra = 0
             if lazy.tail():  # joiners still in their chunk (mixed only): scheduled one by one below
@@ -386,6 +393,8 @@ class ClusterSimulation:
                     return None
                 extra = sum(need for _, _, need, _ in tail)
             half = lazy.decode_half(extra)  # the batch held as counts: the crossers and the ending only
+            if half is None and polled is not None:
+                sched.poll_restore(polled)  # core.step's schedule() polls instead
         elif not admit:
             return None  # prefill-first without lazy decodes: core.step
         else:
@@ -416,15 +425,16 @@ class ClusterSimulation:
         if tail:
             budget -= _schedule_tail(sched, tail, cached, num_scheduled)
         if admit:
-            # The requests the step can read (TensorRT-LLM's overlap loop: Scheduler.hide_late), as schedule() does.
-            late = sched.hide_late() if cfg.overlap_scheduler else None
+            # The requests the step can read, as schedule() does (Scheduler.hide_unread: TensorRT-LLM's overlap
+            # loop, SGLang's receive poll); the poll's weight is the step's, set below (note_step).
+            hidden = sched.hide_unread()
             budget = sched._admit(t, budget, num_scheduled, new_reqs, 0)
-            if late:
-                sched.unhide(late)
+            sched.show_unread(hidden)
         joiners = sched.running[n:] if lazy is not None else ()
         if sched._stalled:
             sched._fail_stalled(t)
         so = sched.emit_step(new_reqs, cached, num_scheduled, cfg.max_num_batched_tokens - budget, [], {})
+        sched.note_step(so, n)  # the poll's weight: the n decodes are not in so's per-request counts
         mro = ex.execute(so, (n, context))
         d = mro.step_time or 0.0
         end = t + d

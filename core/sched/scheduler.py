@@ -212,31 +212,59 @@ class Scheduler(OutputUpdate):
     # ------------------------------------------------------------------ schedule
     def schedule(self, now: float) -> SchedulerOutput:
         """Pick this step's batch; the batch policy decides whether prefill and decode share it."""
-        late = self.hide_late() if self.config.overlap_scheduler else None
-        if self.config.recv_interval <= 1:
+        if not self.config.overlap_scheduler and self.config.recv_interval <= 1:
             so = self.batch_policy.schedule(self, now)
         else:
+            hidden = self.hide_unread()
+            so = self.batch_policy.schedule(self, now)
+            self.note_step(so)
+            self.show_unread(hidden)
+        if self._stalled:
+            self._fail_stalled(now)
+        return so
+
+    def hide_unread(self) -> tuple[list[Request] | None, list[Request] | None]:
+        """Begin a step that may admit: the requests it cannot read yet, out of the waiting queue until
+        show_unread (TensorRT-LLM's overlap loop, hide_late; SGLang's receive poll, _received, which this
+        call advances once). Every path that admits calls it once a step (schedule, the cluster's join
+        steps), then note_step with the step built."""
+        late = self.hide_late() if self.config.overlap_scheduler else None
+        unread = None
+        if self.config.recv_interval > 1:
             unread = self._received()
             if late and unread:
                 held = {id(r) for r in late}
                 unread = [r for r in unread if id(r) not in held]  # out of the queue already
-            if unread:  # not read yet: out of the queue for this step (the newest, at its tail)
-                for req in unread:
-                    self.waiting.remove(req)
-                so = self.batch_policy.schedule(self, now)
-                for req in unread:
-                    self.waiting.add(req)
-            else:
-                so = self.batch_policy.schedule(self, now)
-            # A step with any prompt tokens is an extend batch for the poll's weight.
-            self._last_step_prefill = bool(so.scheduled_new_reqs) or (
-                so.total_num_scheduled_tokens > len(so.num_scheduled_tokens)
-                + sum(len(d) for d in so.scheduled_spec_decode_tokens.values()))
+            for req in unread:  # not read yet: out of the queue for this step
+                self.waiting.remove(req)
+        return late, unread
+
+    def show_unread(self, hidden: tuple[list[Request] | None, list[Request] | None]) -> None:
+        """Put hide_unread's requests back at the queue's tail (the newest requests), in schedule()'s order."""
+        late, unread = hidden
+        if unread:
+            for req in unread:
+                self.waiting.add(req)
         if late:
             self.unhide(late)
-        if self._stalled:
-            self._fail_stalled(now)
-        return so
+
+    def note_step(self, so: SchedulerOutput, decodes: int = 0) -> None:
+        """The receive poll's weight of the step just built: a step with any prompt tokens is an extend
+        batch (SGLang's weight 1000, _received). decodes: plain decodes counted in so's total but not in
+        its per-request counts (the cluster's join steps apply them as a one-step window)."""
+        if self.config.recv_interval > 1:
+            self._last_step_prefill = bool(so.scheduled_new_reqs) or (
+                so.total_num_scheduled_tokens - decodes > len(so.num_scheduled_tokens)
+                + sum(len(d) for d in so.scheduled_spec_decode_tokens.values()))
+
+    def poll_state(self) -> tuple:
+        """The read-gating state hide_unread changes (to undo a step that is not taken: poll_restore)."""
+        return self.recv_counter, self._last_step_prefill, list(self.unreceived), list(self.unfetched)
+
+    def poll_restore(self, state: tuple) -> None:
+        self.recv_counter, self._last_step_prefill, unreceived, unfetched = state
+        self.unreceived = unreceived
+        self.unfetched = unfetched
 
     def advance_recv(self, k: int) -> None:
         """k decode steps applied without schedule() (fast_forward, lazy decodes): the receive poll's
