@@ -257,11 +257,15 @@ class Scheduler(OutputUpdate):
                 so.total_num_scheduled_tokens - decodes > len(so.num_scheduled_tokens)
                 + sum(len(d) for d in so.scheduled_spec_decode_tokens.values()))
 
-    def poll_state(self) -> tuple:
-        """The read-gating state hide_unread changes (to undo a step that is not taken: poll_restore)."""
+    def poll_state(self) -> tuple | None:
+        """The read-gating state hide_unread changes (to undo a step that is not taken: poll_restore);
+        None when no read is gated (hide_unread changes nothing: no copies on the join steps' path)."""
+        if self.config.recv_interval <= 1 and not self.config.overlap_scheduler:
+            return None
         return self.recv_counter, self._last_step_prefill, list(self.unreceived), list(self.unfetched)
 
     def poll_restore(self, state: tuple) -> None:
+        """Put back what poll_state saved: the step it was saved for is left to schedule()."""
         self.recv_counter, self._last_step_prefill, unreceived, unfetched = state
         self.unreceived = unreceived
         self.unfetched = unfetched

@@ -9,6 +9,7 @@ import time
 from typing import Any, Iterator
 
 from twinserve.sim.build import simulate
+from twinserve.sim.cluster_study import build_cluster
 from twinserve.sim.config import StudyConfig, set_field
 from twinserve.sim.world import RunResult
 
@@ -28,6 +29,25 @@ def small_config(**fields: Any) -> StudyConfig:
 def run(cfg: StudyConfig) -> RunResult:
     """Simulate and return the raw result."""
     return simulate(cfg)[1]
+
+
+def run_counting_joins(cfg: StudyConfig, **flags: Any) -> tuple[Any, Any, int]:
+    """A cluster study run with its simulation's flags set (join_steps, fast_forward, keep_token_times):
+    (the simulation, its result, the join steps it took)."""
+    sim = build_cluster(cfg, keep_steps=True).simulation
+    for name, value in flags.items():
+        setattr(sim, name, value)
+    joins = []
+    real = sim._join_step
+
+    def spy(rep: Any, t: float) -> Any:
+        out = real(rep, t)
+        joins.append(out is not None)
+        return out
+
+    sim._join_step = spy
+    res = sim.run()
+    return sim, res, sum(joins)
 
 
 def fingerprint(result: RunResult) -> tuple:

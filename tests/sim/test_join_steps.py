@@ -10,26 +10,12 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from twinserve.sim.cluster_study import build_cluster
 
-from .helpers import small_config
+from .helpers import run_counting_joins, small_config
 
 
 def _run(cfg, join: bool, keep_token_times: bool = True) -> tuple:
-    built = build_cluster(cfg, keep_steps=True)
-    sim = built.simulation
-    sim.join_steps = join
-    sim.keep_token_times = keep_token_times
-    joins = []
-    real = sim._join_step
-
-    def spy(rep, t):
-        out = real(rep, t)
-        joins.append(out is not None)
-        return out
-
-    sim._join_step = spy
-    res = sim.run()
+    sim, res, joins = run_counting_joins(cfg, join_steps=join, keep_token_times=keep_token_times)
     per = []
     for rep, rr in zip(sim.replicas, res.replicas):
         kv = rep.core.scheduler.kv
@@ -39,7 +25,7 @@ def _run(cfg, join: bool, keep_token_times: bool = True) -> tuple:
                     dataclasses.astuple(rep.executor.totals), rep.executor.last_features,
                     [b.block_id for b in kv.pool.free_queue], kv.stats.queries, kv.stats.hits,
                     _prefix_cache(kv)))
-    return (tuple(dataclasses.astuple(r) for r in res.total.records), per), sum(joins)
+    return (tuple(dataclasses.astuple(r) for r in res.total.records), per), joins
 
 
 def _prefix_cache(kv) -> tuple:

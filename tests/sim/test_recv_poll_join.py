@@ -9,9 +9,8 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from twinserve.sim.cluster_study import build_cluster
 
-from .helpers import small_config
+from .helpers import run_counting_joins, small_config
 
 
 def _config(n, count, replicas, disagg, seed, budget, interval, policy, rate, blocks=0):
@@ -24,25 +23,11 @@ def _config(n, count, replicas, disagg, seed, budget, interval, policy, rate, bl
 
 
 def _run(cfg, fast: bool, join: bool, times: bool) -> tuple:
-    built = build_cluster(cfg, keep_steps=True)
-    sim = built.simulation
-    sim.fast_forward = fast
-    sim.join_steps = join
-    sim.keep_token_times = times
-    joins = []
-    real = sim._join_step
-
-    def spy(rep, t):
-        out = real(rep, t)
-        joins.append(out is not None)
-        return out
-
-    sim._join_step = spy
-    res = sim.run()
+    sim, res, joins = run_counting_joins(cfg, fast_forward=fast, join_steps=join, keep_token_times=times)
     per = [(tuple(dataclasses.astuple(r) for r in rr.records), rr.num_steps, rr.num_preemptions, rr.end_time,
             rep.core.scheduler.recv_counter)
            for rep, rr in zip(sim.replicas, res.replicas)]
-    return (tuple(dataclasses.astuple(r) for r in res.total.records), per), sum(joins)
+    return (tuple(dataclasses.astuple(r) for r in res.total.records), per), joins
 
 
 @settings(max_examples=25, deadline=None)
