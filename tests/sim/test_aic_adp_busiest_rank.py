@@ -64,3 +64,24 @@ def test_the_roofline_prices_the_busiest_rank_too() -> None:
     one = c.step_time(8192, 1, 0, 8192 * 8193 / 2, 0, 0)
     four = c.step_time(8192, 4, 0, 4 * 2048 * 2049 / 2, 0, 0)
     assert one > 2.5 * four  # 1.5x before: the 1/4-share attention of the long prompt only
+
+
+def test_host_time_counts_one_ranks_sequences() -> None:
+    """Each attention-DP rank schedules its own requests at once with the others: a step's per-sequence
+    host time is the busiest rank's, not every rank's (41 ms on a 4,096-row step over 32 ranks before)."""
+    from twinserve.backends.sim.aic_models import resolve_row_model
+    m = resolve_row_model("deepseek-ai/DeepSeek-R1").with_precision(Precision("bfloat16", "nvfp4", "fp8"))
+    c = AicCostModel(m, get_hardware("B200"), backend="sglang", parallel=Parallelism(1, 4, 4, 1),
+                     step_overhead_s=1e-3, per_seq_overhead_s=1e-5)
+    decode = c.step_time(0, 0, 0, 0.0, 4096, 4096 * 2000)
+    kernels = c.stage_time(0, 0, 0, 1024, 1024 * 2000) * c.kernel_scale
+    assert decode - kernels == pytest.approx(1e-3 + 1024 * 1e-5, rel=1e-9)
+    # With prefill: 5 prompts over 4 ranks put 2 on the busiest, 10 decode rows 3: 5 sequences of host time.
+    mixed = c.step_time(5 * 512, 5, 0, 0.0, 10, 10 * 2000)
+    busiest = c._busiest_rank_time(5 * 512, 5, 0, 10, 10 * 2000, 4)[0] * c.kernel_scale
+    assert mixed - busiest == pytest.approx(1e-3 + 5 * 1e-5, rel=1e-9)
+    # One rank: every sequence is its own scheduler's.
+    one = AicCostModel(m, get_hardware("B200"), backend="sglang", parallel=Parallelism(4, 1, 4, 1),
+                       step_overhead_s=1e-3, per_seq_overhead_s=1e-5)
+    assert (one.step_time(0, 0, 0, 0.0, 64, 64 * 2000) - one.stage_time(0, 0, 0, 64, 64 * 2000) * one.kernel_scale
+            == pytest.approx(1e-3 + 64 * 1e-5, rel=1e-9))

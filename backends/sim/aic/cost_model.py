@@ -339,8 +339,18 @@ class AicCostModel:
                   prefill_attn: float, num_decode_seqs: int, decode_context: int) -> float:
         """Seconds for a step: aic's price of each op at this shape, summed and scaled, plus host overheads."""
         par = self.par
-        host = self.step_overhead_s + self.per_seq_overhead_s * (num_prefill_seqs + num_decode_seqs)
-        split = par.data_parallel_size * par.pipeline_parallel_size
+        dp = par.data_parallel_size
+        # Host time is one scheduler's: under attention DP each rank schedules, prepares and samples its
+        # own requests in its own process, the ranks at once (SGLang: one Scheduler process a DP rank,
+        # sgl-project/sglang python/sglang/srt/managers/data_parallel_controller.py; TensorRT-LLM and vLLM
+        # likewise a loop a rank), so the per-sequence part counts the busiest rank's sequences, as the
+        # roofline's does (cost_model.py seqs_r). Until 2026-12-06 it counted every rank's: 41 ms of host
+        # time on a 4,096-sequence decode step over 32 ranks, where each rank schedules 128.
+        seqs = num_prefill_seqs + num_decode_seqs
+        if dp > 1:
+            seqs = -(-num_prefill_seqs // dp) - (-num_decode_seqs // dp)
+        host = self.step_overhead_s + self.per_seq_overhead_s * seqs
+        split = dp * par.pipeline_parallel_size
         if split == 1:
             return self.stage_time(num_prefill_tokens, num_prefill_seqs, prefill_context, num_decode_seqs,
                                    decode_context) * self.kernel_scale + host
