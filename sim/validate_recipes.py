@@ -99,7 +99,7 @@ class Recipe:
     adp_balance_iters: int = 0  # TensorRT-LLM's attention_dp_config timeout_iters, enable_balance on (0: off)
     adp_batching_wait_iters: int = 0  # TensorRT-LLM's attention_dp_config batching_wait_iters
     mxfp4_moe_kernel: str = ""  # vLLM's MXFP4 expert kernel where the script forces one ('marlin'; '': default)
-    fp8_moe_kernel: str = ""  # TensorRT-LLM's FP8 block-scale expert backend where the script sets TRTLLM ('trtllm')
+    fp8_moe_kernel: str = ""  # TensorRT-LLM's FP8 block-scale / NVFP4 expert backend where the script sets TRTLLM ('trtllm')
     expert_parallel: bool = False  # vLLM's --enable-expert-parallel passed whatever the config's EP (experts EP = TP)
     tensor_parallel_only: bool = False  # vLLM launched with --tensor-parallel-size only, whatever the config's EP /
     # attention DP (no --enable-expert-parallel, no --data-parallel-size): one TP group, its experts tensor-parallel
@@ -462,12 +462,16 @@ def _dsr1_b200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: boo
     # benchmarks/dsr1_fp8_b200_trt_mtp.sh @111f031 and dsr1_fp4_b200_trt_mtp.sh @13dd0c2: MTP=1 with
     # DP_ATTENTION=true, else 3 (num_nextn_predict_layers in speculative_config); stream_interval 10;
     # kv_cache_config free_gpu_memory_fraction 0.8 (both scripts). The FP8 rows of image 1.2.0rc6.post3 ran the
-    # later version of the FP8 script (PRECISION_IMAGES: _dsr1_fp8_b200_trt_mtp_rc6).
+    # later version of the FP8 script (PRECISION_IMAGES: _dsr1_fp8_b200_trt_mtp_rc6); the rows this recipe serves
+    # are FP4 ones (MTP_IMAGES, LAYOUT_IMAGES). The FP4 script's `moe_config: backend` is TRTLLM without attention DP
+    # (trtllm-gen NVFP4 experts at every token count: `aic_fp8_moe_kernel` 'trtllm', backends/sim/aic/trtgen.py)
+    # and CUTLASS with it (aic's own table: CUTLASS above 128 gathered tokens).
     return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp{{4,8}}_b200_trt_mtp.sh @13dd0c2/111f031 (image "
                   "1.2.0rc6.post3: .github/configs/nvidia-master.yaml @48f302c, dsr1-fp{4,8}-b200-trt-mtp)",
                   stream_interval=10, mtp=1 if attention_dp else 3, mem_fraction=0.8,
+                  fp8_moe_kernel="" if attention_dp else "trtllm",
                   adp_balance_iters=ADP_BALANCE_TIMEOUT_ITERS,  # `attention_dp_config` (DP_ATTENTION only)
-                  unmodelled="moe_config backend, cuda_graph_config, --max_num_tokens, --max_batch_size")
+                  unmodelled="cuda_graph_config, --max_num_tokens, --max_batch_size")
 
 
 def _dsr1_h200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe | None:

@@ -12,6 +12,7 @@ development rows for `simulate validate`.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,8 @@ from twinserve.backends.sim.parallel import Parallelism, ParallelismError, _loop
 
 from twinserve.backends.sim.aic.graph import StepGraph, build_graph
 from twinserve.backends.sim.aic.marlin import MARLIN_KERNELS, MarlinMoe, marlin_extra_ms, marlin_moe
-from twinserve.backends.sim.aic.trtgen import (FP8_MOE_KERNELS, TRTGEN_DATABASE, TrtgenMoe, trtgen_delta_ms,
+from twinserve.backends.sim.aic.trtgen import (FP8_MOE_KERNELS, TRTGEN_DATABASE, Nvfp4Trtgen, TrtgenMoe,
+                                               nvfp4_trtgen_points, trtgen_delta_ms,
                                                trtgen_moe)
 from twinserve.backends.sim.aic.mapping import (AicError, check_precision, evaluator, fp8_gemm_mode, held_mxfp4_mode,
                                                 quant_modes, resolve_version, sdk, static_fp8_checkpoint, system_for)
@@ -182,17 +184,26 @@ class AicCostModel:
         return marlin
 
     def _trtgen_transfer(self, kernel: str, pdb: Any) -> TrtgenMoe | None:
-        """TensorRT-LLM's trtllm-gen FP8 block-scale experts where asked for (aic/trtgen.py); AicError where it
-        does not apply."""
+        """TensorRT-LLM's trtllm-gen experts (the TRTLLM MoE backend) where asked for (aic/trtgen.py): FP8
+        block-scaled experts from aic's SGLang trtllm-gen rows, NVFP4 experts from aic's own TensorRT-LLM
+        trtllm-gen rows; AicError where it does not apply."""
         if kernel not in FP8_MOE_KERNELS:
             raise AicError("aic_fp8_moe_kernel", f"aic_fp8_moe_kernel {kernel!r} is not one of "
                            f"{', '.join(FP8_MOE_KERNELS)}")
         if kernel == "default":
             return None
+        fp4 = trtgen_moe(self.graph.tokens, "nvfp4") if self.backend == "trtllm" else None
+        if fp4 is not None:
+            try:
+                self._trtgen_eval = Nvfp4Trtgen(self._eval, nvfp4_trtgen_points(self.database, fp4))
+            except (OSError, ValueError, KeyError) as err:
+                raise AicError("aic_fp8_moe_kernel", f"aiconfigurator-core's {self.describe()} database has no "
+                               f"trtllm-gen NVFP4 MoE timings at this layout: {err}") from None
+            return fp4
         moe = trtgen_moe(self.graph.tokens) if self.backend == "trtllm" else None
         if moe is None:
             raise AicError("aic_fp8_moe_kernel", f"aic_fp8_moe_kernel 'trtllm' is TensorRT-LLM's TRTLLM MoE "
-                           f"backend for FP8 block-scaled experts; {self.model.name} on aic_backend "
+                           f"backend for FP8 block-scaled or NVFP4 experts; {self.model.name} on aic_backend "
                            f"{self.backend!r} has none")
         backend, version = TRTGEN_DATABASE
         try:
@@ -263,7 +274,9 @@ class AicCostModel:
         """What prices the steps, e.g. 'aic vllm 0.24.0 on h200_sxm'."""
         marlin = " (Marlin MXFP4 experts)" if getattr(self, "_marlin", None) is not None else ""
         if getattr(self, "_trtgen", None) is not None:
-            marlin += f" (trtllm-gen FP8 experts from aic {' '.join(TRTGEN_DATABASE)})"
+            fp4 = json.loads(self._trtgen.op)[0]["Moe"]["quant_mode"] == "nvfp4"
+            marlin += (" (trtllm-gen NVFP4 experts from aic's own trtllm-gen rows)" if fp4 else
+                       f" (trtllm-gen FP8 experts from aic {' '.join(TRTGEN_DATABASE)})")
         return f"aic {self.backend} {self.version} on {self.system}{marlin}"
 
     # Each part in seconds, memoized: the same shape always returns the same float, the table's own
