@@ -95,6 +95,11 @@ class EngineConfig:
                                         "trtllm_fp8_block_scale_moe, NVFP4 from aic's own trtllm-gen rows; "
                                         "backends/sim/aic/trtgen.py)",
                                    choices=("default", "trtllm"))
+    aic_trtllm_wide_ep: bool = knob(False,
+                                    help="cost_model aic, TensorRT-LLM, DeepSeek family: a decode step's MoE "
+                                         "block is the WIDEEP backend's (aic's large-EP emission: NVLink "
+                                         "two-sided all-to-all and its wide-EP expert compute) instead of the "
+                                         "fused dispatch / MoE / combine (backends/sim/aic/graph.py)")
     cpu_overhead_scale: float = knob(1.0,
                                      help="cost_model fitted: scale of the engine's CPU work (0.5 = twice "
                                           "as fast)",

@@ -554,6 +554,26 @@ def disagg_fp8_moe_kernel(row: Any, moe_ep: int) -> str:
     return "trtllm" if key in DISAGG_TRTGEN_WORKERS and moe_ep == 1 else "default"
 
 
+# TensorRT-LLM's MoE backend of DeepSeek-R1 NVFP4 workers on GB200 NVL72 at EP > 8: WIDEEP. NVIDIA/TensorRT-LLM
+# docs/source/deployment-guide/quick-start-recipe-for-deepseek-r1-on-trtllm.md @a98a906, "MoE Backend Support
+# Matrix": "GB200 NVL72 EP>8 | NVFP4 | WIDEEP" (EP <= 8: CUTLASS or TRTLLM; "The default moe backend is CUTLASS, so
+# for the combination which is not supported by CUTLASS, one must set the moe_config.backend explicitly"); TensorRT-
+# LLM's own disaggregated DEP 32 generation example sets `moe_config: backend: WIDEEP` (its disaggregated benchmark
+# README, a stored copy). Priced by aic's large-EP decode block (backends/sim/aic/graph.py _wide_ep_generation_ops),
+# whose all-to-all only aic's GB200 TensorRT-LLM tables hold (comm/trtllm/1.3.0rc10 trtllm_alltoall): GB300's rows
+# keep the fused block. FP8 at EP > 8 ("WIDEEP without EPLB") is not carried: aic holds no Blackwell FP8 wide-EP
+# expert table (moe/trtllm/1.3.0rc10 wideep_moe_perf: nvfp4 only there).
+WIDE_EP_WORKERS = {("trtllm", "DeepSeek-R1", "gb200", "fp4")}
+WIDE_EP_MIN_EP = 9
+
+
+def disagg_wide_ep(row: Any, moe_ep: int) -> bool:
+    """Whether a disaggregated worker at MoE EP `moe_ep` of this row runs TensorRT-LLM's WIDEEP MoE backend
+    (WIDE_EP_WORKERS, from EP WIDE_EP_MIN_EP)."""
+    key = (str(row.get("backend")), recipe_model(row), str(row.get("system")), str(row.get("precision")))
+    return key in WIDE_EP_WORKERS and moe_ep >= WIDE_EP_MIN_EP
+
+
 # MiniMax-M2.5 FP8 vLLM on H200 and B200, told apart by the rows' image (vLLM v0.16.0 / v0.18.0 on H200, measured
 # 2026-03-01 and 2026-03-27/28; v0.17.0 on B200, 2026-03-11 and 03-28). The script versions those dates fall between:
 # - H200 before SemiAnalysisAI/InferenceX#869 (merged 2026-03-05, "H200 MINIMAX vLLM extend configs": TP 4 -> 8, and

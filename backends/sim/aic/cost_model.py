@@ -19,7 +19,7 @@ from typing import Any
 from twinserve.backends.sim.catalog import HardwareSpec, ModelSpec
 from twinserve.backends.sim.parallel import Parallelism, ParallelismError, _loop_step_time
 
-from twinserve.backends.sim.aic.graph import StepGraph, build_graph
+from twinserve.backends.sim.aic.graph import StepGraph, aic_moe_parallelism, build_graph
 from twinserve.backends.sim.aic.marlin import MARLIN_KERNELS, MarlinMoe, marlin_extra_ms, marlin_moe
 from twinserve.backends.sim.aic.trtgen import (FP8_MOE_KERNELS, TRTGEN_DATABASE, Nvfp4Trtgen, TrtgenMoe,
                                                nvfp4_trtgen_points, trtgen_delta_ms,
@@ -89,12 +89,13 @@ class AicCostModel:
     __slots__ = ("name", "model", "hardware", "tp", "par", "system", "backend", "version", "database",
                  "graph", "step_overhead_s", "per_seq_overhead_s", "kernel_scale", "_eval", "_tok", "_dtok", "_seq",
                  "_exp", "_ctx", "_gen", "_p2p", "mxfp4_moe_kernel", "_marlin", "_mx", "fp8_moe_kernel", "_trtgen",
-                 "_trtgen_eval", "_tg")
+                 "_trtgen_eval", "_tg", "trtllm_wide_ep")
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1, backend: str = "vllm",
                  version: str = "", parallel: Parallelism | None = None, step_overhead_s: float = 0.0,
                  per_seq_overhead_s: float = 0.0, kernel_scale: float = 1.0,
-                 mxfp4_moe_kernel: str = "default", fp8_moe_kernel: str = "default") -> None:
+                 mxfp4_moe_kernel: str = "default", fp8_moe_kernel: str = "default",
+                 trtllm_wide_ep: bool = False) -> None:
         if not kernel_scale > 0:
             raise AicError("aic_kernel_scale", f"aic_kernel_scale {kernel_scale!r}: must be > 0")
         par = parallel or Parallelism(tensor_parallel_size=tp)
@@ -117,6 +118,9 @@ class AicCostModel:
         modes = held_mxfp4_mode(self.database, modes)
         check_precision(self.database, modes, model.precision)
         self._eval = evaluator(self.database)
+        self.trtllm_wide_ep = bool(trtllm_wide_ep)
+        if self.trtllm_wide_ep:
+            self._check_wide_ep(model, par, fp8_moe_kernel)
         self.graph: StepGraph = self._build(par.stage_model(model), par, modes)
         self.mxfp4_moe_kernel = mxfp4_moe_kernel
         self._marlin = self._marlin_transfer(mxfp4_moe_kernel)
@@ -148,7 +152,7 @@ class AicCostModel:
         no price at all. A shape the 16-bit lane holds keeps it; MLA models use aic's MLA tables.
         """
         from aiconfigurator_core.sdk import common
-        graph = build_graph(model, par, modes, self.backend, self.database)
+        graph = build_graph(model, par, modes, self.backend, self.database, self.trtllm_wide_ep)
         if (model.is_mla or modes["generation_attention"] is not common.KVCacheQuantMode.fp8
                 or modes["fmha"] is common.FMHAQuantMode.fp8):
             return graph
@@ -157,7 +161,8 @@ class AicCostModel:
             return graph
         except Exception:  # aic's PerfDataNotAvailableError and kin
             pass
-        fp8 = build_graph(model, par, {**modes, "fmha": common.FMHAQuantMode.fp8}, self.backend, self.database)
+        fp8 = build_graph(model, par, {**modes, "fmha": common.FMHAQuantMode.fp8}, self.backend, self.database,
+                          self.trtllm_wide_ep)
         try:
             self._eval(fp8.context_attn, is_context=True, batch_size=1, s=128, prefix=0, x=None)
         except Exception:
@@ -182,6 +187,20 @@ class AicCostModel:
             raise AicError("aic_mxfp4_moe_kernel", f"aiconfigurator-core's {self.describe()} database has no "
                            f"Marlin MXFP4 MoE timings at this layout: {str(err).split(': tried')[0]}") from None
         return marlin
+
+    def _check_wide_ep(self, model: ModelSpec, par: Parallelism, fp8_moe_kernel: str) -> None:
+        """TensorRT-LLM's WIDEEP MoE backend applies to an MLA MoE model (aic's DeepSeek family) on aic's
+        TensorRT-LLM tables, its experts split whole over EP > 1 ranks (aic's MoECommBackendSpec.feasible:
+        MoE TP 1, the EP dividing the experts); AicError otherwise."""
+        moe = aic_moe_parallelism(model, par)
+        why = ("aic_backend is not 'trtllm'" if self.backend != "trtllm" else
+               f"{model.name} is not an MLA MoE model" if not (model.is_mla and model.num_moe_layers) else
+               f"MoE TP {moe.moe_tensor_parallel_size} x EP {moe.expert_parallel_size}: WIDEEP splits whole "
+               f"experts over EP > 1 ranks" if moe.moe_tensor_parallel_size != 1 or moe.expert_parallel_size < 2
+               or model.num_experts % moe.expert_parallel_size else
+               "aic_fp8_moe_kernel 'trtllm' is another MoE backend" if fp8_moe_kernel != "default" else "")
+        if why:
+            raise AicError("aic_trtllm_wide_ep", f"aic_trtllm_wide_ep is TensorRT-LLM's WIDEEP MoE backend: {why}")
 
     def _trtgen_transfer(self, kernel: str, pdb: Any) -> TrtgenMoe | None:
         """TensorRT-LLM's trtllm-gen experts (the TRTLLM MoE backend) where asked for (aic/trtgen.py): FP8
