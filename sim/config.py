@@ -97,8 +97,9 @@ class EngineConfig:
                                    choices=("default", "trtllm"))
     aic_trtllm_wide_ep: bool = knob(False,
                                     help="cost_model aic, TensorRT-LLM, DeepSeek family: a decode step's MoE "
-                                         "block is the WIDEEP backend's (aic's large-EP emission: NVLink "
-                                         "two-sided all-to-all and its wide-EP expert compute) instead of the "
+                                         "block is aic's large-EP one (the NVLink two-sided all-to-all of the "
+                                         "WIDEEP backend or of ConfigurableMoE with TRTLLM_FORCE_COMM_METHOD="
+                                         "NVLINK_TWO_SIDED, and aic's wide-EP expert compute) instead of the "
                                          "fused dispatch / MoE / combine (backends/sim/aic/graph.py)")
     cpu_overhead_scale: float = knob(1.0,
                                      help="cost_model fitted: scale of the engine's CPU work (0.5 = twice "
