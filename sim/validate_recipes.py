@@ -557,17 +557,16 @@ def disagg_fp8_moe_kernel(row: Any, moe_ep: int) -> str:
 # TensorRT-LLM's MoE backend of DeepSeek-R1 NVFP4 workers on GB200 NVL72 at EP > 8: WIDEEP. NVIDIA/TensorRT-LLM
 # docs/source/deployment-guide/quick-start-recipe-for-deepseek-r1-on-trtllm.md @a98a906, "MoE Backend Support Matrix":
 # "GB200 NVL72 EP>8 | NVFP4 | WIDEEP" (EP <= 8: CUTLASS or TRTLLM; "The default moe backend is CUTLASS, so for the
-# combination which is not supported by CUTLASS, one must set the moe_config.backend explicitly"); TensorRT- LLM's own
+# combination which is not supported by CUTLASS, one must set the moe_config.backend explicitly"); TensorRT-LLM's own
 # disaggregated DEP 32 generation example sets `moe_config: backend: WIDEEP` (its disaggregated benchmark README, a
 # stored copy). The later srt-slurm recipe of the same worker shape on GB300 (NVIDIA/srt-slurm recipes/trtllm/
 # gb300-fp8/1k1k/stp/ctx2_gen1_dep32_batch32_eplb0_mtp0_1229.yaml @3aea726: FP8, DEP 32) runs ConfigurableMoE instead
 # (`ENABLE_CONFIGURABLE_MOE=1`, DEEPGEMM experts) with `TRTLLM_FORCE_COMM_METHOD=NVLINK_TWO_SIDED`: the same NVLink
-# two-sided all-to-all; the GB200 FP4 rows' own recipe is not in the library (their expert kernel not read: aic's
-# wide-EP CUTLASS rows are within 7% of its trtllm-gen rows there, EP 32 at 1,024 tokens 0.090 against 0.084 ms a layer,
-# where the fused block's CUTLASS row is 0.136). Priced by aic's large-EP decode block (backends/sim/aic/graph.py
-# _wide_ep_generation_ops), whose all-to-all only aic's GB200 TensorRT-LLM tables hold (comm/trtllm/1.3.0rc10
-# trtllm_alltoall): GB300's rows keep the fused block. FP8 at EP > 8 ("WIDEEP without EPLB") is not carried: aic holds
-# no Blackwell FP8 wide-EP expert table (moe/trtllm/1.3.0rc10 wideep_moe_perf: nvfp4 only there).
+# two-sided all-to-all; the GB200 FP4 rows' own recipe is not in the library (their expert kernel not read). Priced by
+# aic's large-EP decode block (backends/sim/aic/graph.py _wide_ep_generation_ops), whose all-to-all only aic's GB200
+# TensorRT-LLM tables hold (comm/trtllm/1.3.0rc10 trtllm_alltoall): GB300's rows keep the fused block. FP8 at EP > 8
+# ("WIDEEP without EPLB") is not carried: aic holds no Blackwell FP8 wide-EP expert table (moe/trtllm/1.3.0rc10
+# wideep_moe_perf: nvfp4 only there).
 WIDE_EP_WORKERS = {("trtllm", "DeepSeek-R1", "gb200", "fp4")}
 WIDE_EP_MIN_EP = 9
 
