@@ -28,6 +28,7 @@ from twinserve.backends.sim.aic.mapping import (AicError, check_precision, evalu
                                                 quant_modes, resolve_version, sdk, static_fp8_checkpoint, system_for)
 
 _MS = 1e-3
+EXPERT_OPS = ("context_moe", "generation_moe")  # the routed experts' op in a token graph (fused; large-EP)
 KV_GRID = 16  # decode attention is priced at its context rounded up to a KV block of 16 tokens
 
 
@@ -429,12 +430,17 @@ class AicCostModel:
         return t, pt_r, kd
 
     def expert_time(self, tokens: int) -> float:
-        """The routed experts' compute within tokens_time at `tokens` rows (0 without): aic's `context_moe` op,
+        """The routed experts' compute within tokens_time at `tokens` rows (0 without): aic's `context_moe` op
+        (`generation_moe`, its large-EP expert compute, on a wide-EP worker's token graph),
         and what another expert kernel adds to it there (marlin_time, trtgen_time)."""
         t = self._exp.get(tokens)
         if t is None:
-            rows = self._eval(self.graph.tokens, is_context=True, batch_size=1, s=1, x=tokens)
-            t = self._exp[tokens] = (sum(r[1] for r in rows if r[0] == "context_moe") * _MS
+            if self.trtllm_wide_ep:  # the large-EP expert compute sits inside the block's Overlap: alone
+                rows = self._eval(_nested_op(self.graph.tokens, "generation_moe"), is_context=True, batch_size=1,
+                                  s=1, x=tokens)
+            else:
+                rows = self._eval(self.graph.tokens, is_context=True, batch_size=1, s=1, x=tokens)
+            t = self._exp[tokens] = (sum(r[1] for r in rows if r[0] in EXPERT_OPS) * _MS
                                      + self.marlin_time(tokens) + self.trtgen_time(tokens))
         return t
 
@@ -487,6 +493,24 @@ def attention_shapes(db: Any) -> str:
 
 
 _DATABASES: dict[tuple[str, str, str], Any] = {}
+
+
+def _nested_op(graph: str, name: str) -> str:
+    """The op called `name` of an aic op list (JSON), looked for inside Overlap groups too, as a one-op list."""
+    def walk(entries: list) -> Any:
+        for entry in entries:
+            (kind, fields), = entry.items()
+            if fields.get("name") == name:
+                return entry
+            if kind == "Overlap":
+                hit = walk(fields["group_a"] + fields["group_b"])
+                if hit is not None:
+                    return hit
+        return None
+    hit = walk(json.loads(graph))
+    if hit is None:
+        raise AicError("model", f"no op {name!r} in the step graph")
+    return json.dumps([hit])
 
 
 def _load(pdb: Any, system: str, backend: str, version: str) -> Any:

@@ -286,7 +286,7 @@ def _attention(m: ModelSpec, tp: int, modes: dict[str, Any], backend: str, datab
 def build_graph(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend: str,
                 database: Any, wide_ep: bool = False) -> StepGraph:
     """The op lists of one step of one pipeline stage (`model`: the stage's layers) on one GPU; `wide_ep`:
-    a decode step's MoE block is TensorRT-LLM's WIDEEP one (_wide_ep_generation_ops)."""
+    the MoE block is TensorRT-LLM's WIDEEP one (_wide_ep_generation_ops) in both graphs (a decode worker's)."""
     import aiconfigurator_core.sdk.operations as ops
     from aiconfigurator_core.sdk import common
     from aiconfigurator_core.sdk.engine import build_ops_json
@@ -313,7 +313,9 @@ def build_graph(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backe
     decode_ops = list(token_ops)
     if m.num_moe_layers:
         moe_par = aic_moe_parallelism(m, par)
-        token_ops += _moe_ops(m, moe_par, modes, backend, "context", database)
+        # A WIDEEP worker is a disaggregated decode worker: every step it runs is a generation step, an MTP
+        # verify step (priced on the token graph) included, so both graphs carry the large-EP block.
+        token_ops += _moe_ops(m, moe_par, modes, backend, "generation" if wide_ep else "context", database, wide_ep)
         decode_ops += _moe_ops(m, moe_par, modes, backend, "generation", database, wide_ep)
     ars = [ops.CustomAllReduce("embedding_ar", 1, h, tp), ops.CustomAllReduce("ar_1", dense, h, tp),
            ops.CustomAllReduce("ar_2", dense, h, tp)]
