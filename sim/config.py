@@ -96,8 +96,8 @@ class EngineConfig:
                                         "backends/sim/aic/trtgen.py)",
                                    choices=("default", "trtllm"))
     aic_trtllm_wide_ep: bool = knob(False,
-                                    help="cost_model aic, TensorRT-LLM, DeepSeek family: a decode step's MoE "
-                                         "block is aic's large-EP one (the NVLink two-sided all-to-all of the "
+                                    help="cost_model aic, TensorRT-LLM, DeepSeek family, a disaggregated decode "
+                                         "worker: every step's MoE block is aic's large-EP generation one (the NVLink two-sided all-to-all of the "
                                          "WIDEEP backend or of ConfigurableMoE with TRTLLM_FORCE_COMM_METHOD="
                                          "NVLINK_TWO_SIDED, and aic's wide-EP expert compute) instead of the "
                                          "fused dispatch / MoE / combine (backends/sim/aic/graph.py)")
