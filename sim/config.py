@@ -88,11 +88,19 @@ class EngineConfig:
                                           "Marlin MXFP4 MoE timings; backends/sim/aic/marlin.py)",
                                      choices=("default", "marlin"))
     aic_fp8_moe_kernel: str = knob("default",
-                                   help="cost_model aic, TensorRT-LLM: the kernel of FP8 block-scaled experts: "
-                                        "aic's own table (DeepGEMM on Blackwell) or the TRTLLM MoE backend "
-                                        "(trtllm-gen, priced from aic's SGLang 0.5.14 timings of FlashInfer's "
-                                        "trtllm_fp8_block_scale_moe; backends/sim/aic/trtgen.py)",
+                                   help="cost_model aic, TensorRT-LLM: the kernel of FP8 block-scaled or NVFP4 "
+                                        "experts: aic's own table (FP8: DeepGEMM on Blackwell; NVFP4: CUTLASS "
+                                        "above 128 gathered tokens) or the TRTLLM MoE backend (trtllm-gen: FP8 "
+                                        "priced from aic's SGLang 0.5.14 timings of FlashInfer's "
+                                        "trtllm_fp8_block_scale_moe, NVFP4 from aic's own trtllm-gen rows; "
+                                        "backends/sim/aic/trtgen.py)",
                                    choices=("default", "trtllm"))
+    aic_trtllm_wide_ep: bool = knob(False,
+                                    help="cost_model aic, TensorRT-LLM, DeepSeek family, a disaggregated decode "
+                                         "worker: every step's MoE block is aic's large-EP generation one (the NVLink two-sided all-to-all of the "
+                                         "WIDEEP backend or of ConfigurableMoE with TRTLLM_FORCE_COMM_METHOD="
+                                         "NVLINK_TWO_SIDED, and aic's wide-EP expert compute) instead of the "
+                                         "fused dispatch / MoE / combine (backends/sim/aic/graph.py)")
     cpu_overhead_scale: float = knob(1.0,
                                      help="cost_model fitted: scale of the engine's CPU work (0.5 = twice "
                                           "as fast)",

@@ -99,7 +99,7 @@ class Recipe:
     adp_balance_iters: int = 0  # TensorRT-LLM's attention_dp_config timeout_iters, enable_balance on (0: off)
     adp_batching_wait_iters: int = 0  # TensorRT-LLM's attention_dp_config batching_wait_iters
     mxfp4_moe_kernel: str = ""  # vLLM's MXFP4 expert kernel where the script forces one ('marlin'; '': default)
-    fp8_moe_kernel: str = ""  # TensorRT-LLM's FP8 block-scale expert backend where the script sets TRTLLM ('trtllm')
+    fp8_moe_kernel: str = ""  # TRTLLM MoE backend (FP8 block-scale or NVFP4 experts) where the script sets it
     expert_parallel: bool = False  # vLLM's --enable-expert-parallel passed whatever the config's EP (experts EP = TP)
     tensor_parallel_only: bool = False  # vLLM launched with --tensor-parallel-size only, whatever the config's EP /
     # attention DP (no --enable-expert-parallel, no --data-parallel-size): one TP group, its experts tensor-parallel
@@ -462,12 +462,16 @@ def _dsr1_b200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: boo
     # benchmarks/dsr1_fp8_b200_trt_mtp.sh @111f031 and dsr1_fp4_b200_trt_mtp.sh @13dd0c2: MTP=1 with
     # DP_ATTENTION=true, else 3 (num_nextn_predict_layers in speculative_config); stream_interval 10;
     # kv_cache_config free_gpu_memory_fraction 0.8 (both scripts). The FP8 rows of image 1.2.0rc6.post3 ran the
-    # later version of the FP8 script (PRECISION_IMAGES: _dsr1_fp8_b200_trt_mtp_rc6).
+    # later version of the FP8 script (PRECISION_IMAGES: _dsr1_fp8_b200_trt_mtp_rc6); the rows this recipe serves
+    # are FP4 ones (MTP_IMAGES, LAYOUT_IMAGES). The FP4 script's `moe_config: backend` is TRTLLM without attention DP
+    # (trtllm-gen NVFP4 experts at every token count: `aic_fp8_moe_kernel` 'trtllm', backends/sim/aic/trtgen.py)
+    # and CUTLASS with it (aic's own table: CUTLASS above 128 gathered tokens).
     return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp{{4,8}}_b200_trt_mtp.sh @13dd0c2/111f031 (image "
                   "1.2.0rc6.post3: .github/configs/nvidia-master.yaml @48f302c, dsr1-fp{4,8}-b200-trt-mtp)",
                   stream_interval=10, mtp=1 if attention_dp else 3, mem_fraction=0.8,
+                  fp8_moe_kernel="" if attention_dp else "trtllm",
                   adp_balance_iters=ADP_BALANCE_TIMEOUT_ITERS,  # `attention_dp_config` (DP_ATTENTION only)
-                  unmodelled="moe_config backend, cuda_graph_config, --max_num_tokens, --max_batch_size")
+                  unmodelled="cuda_graph_config, --max_num_tokens, --max_batch_size")
 
 
 def _dsr1_h200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe | None:
@@ -548,6 +552,30 @@ def disagg_fp8_moe_kernel(row: Any, moe_ep: int) -> str:
     launch group's recipes run the TRTLLM MoE backend at that EP (DISAGG_TRTGEN_WORKERS), else 'default'."""
     key = (str(row.get("backend")), recipe_model(row), str(row.get("system")), str(row.get("precision")))
     return "trtllm" if key in DISAGG_TRTGEN_WORKERS and moe_ep == 1 else "default"
+
+
+# TensorRT-LLM's MoE backend of DeepSeek-R1 NVFP4 workers on GB200 NVL72 at EP > 8: WIDEEP. NVIDIA/TensorRT-LLM
+# docs/source/deployment-guide/quick-start-recipe-for-deepseek-r1-on-trtllm.md @a98a906, "MoE Backend Support Matrix":
+# "GB200 NVL72 EP>8 | NVFP4 | WIDEEP" (EP <= 8: CUTLASS or TRTLLM; "The default moe backend is CUTLASS, so for the
+# combination which is not supported by CUTLASS, one must set the moe_config.backend explicitly"); TensorRT-LLM's own
+# disaggregated DEP 32 generation example sets `moe_config: backend: WIDEEP` (its disaggregated benchmark README, a
+# stored copy). The later srt-slurm recipe of the same worker shape on GB300 (NVIDIA/srt-slurm recipes/trtllm/
+# gb300-fp8/1k1k/stp/ctx2_gen1_dep32_batch32_eplb0_mtp0_1229.yaml @3aea726: FP8, DEP 32) runs ConfigurableMoE instead
+# (`ENABLE_CONFIGURABLE_MOE=1`, DEEPGEMM experts) with `TRTLLM_FORCE_COMM_METHOD=NVLINK_TWO_SIDED`: the same NVLink
+# two-sided all-to-all; the GB200 FP4 rows' own recipe is not in the library (their expert kernel not read). Priced by
+# aic's large-EP decode block (backends/sim/aic/graph.py _wide_ep_generation_ops), whose all-to-all only aic's GB200
+# TensorRT-LLM tables hold (comm/trtllm/1.3.0rc10 trtllm_alltoall): GB300's rows keep the fused block. FP8 at EP > 8
+# ("WIDEEP without EPLB") is not carried: aic holds no Blackwell FP8 wide-EP expert table (moe/trtllm/1.3.0rc10
+# wideep_moe_perf: nvfp4 only there).
+WIDE_EP_WORKERS = {("trtllm", "DeepSeek-R1", "gb200", "fp4")}
+WIDE_EP_MIN_EP = 9
+
+
+def disagg_wide_ep(row: Any, moe_ep: int) -> bool:
+    """Whether a disaggregated worker at MoE EP `moe_ep` of this row runs TensorRT-LLM's WIDEEP MoE backend
+    (WIDE_EP_WORKERS, from EP WIDE_EP_MIN_EP)."""
+    key = (str(row.get("backend")), recipe_model(row), str(row.get("system")), str(row.get("precision")))
+    return key in WIDE_EP_WORKERS and moe_ep >= WIDE_EP_MIN_EP
 
 
 # MiniMax-M2.5 FP8 vLLM on H200 and B200, told apart by the rows' image (vLLM v0.16.0 / v0.18.0 on H200, measured

@@ -29,7 +29,8 @@ from twinserve.sim.validate_inferencex import (MTP_SIMULATED_MAX_CLIENTS, agreed
                                                redundant_experts)
 from twinserve.sim.validate_twins import add_twins, twin_of
 from twinserve.sim.validate_recipes import (apply_disagg_recipe, apply_kernels, apply_memory, apply_recipe,
-                                            apply_speculative, disagg_fp8_moe_kernel, disagg_recipe, kv_cache_dtype,
+                                            apply_speculative, disagg_fp8_moe_kernel, disagg_recipe, disagg_wide_ep,
+                                            kv_cache_dtype,
                                             launch_expert_parallel, launch_tensor_parallel, row_recipe, set_mtp)
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, INFERENCEX, STEADY, RunDesign, harness, run_design
 from twinserve.sim.workload import WorkloadConfig
@@ -484,6 +485,11 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
             if "trtllm" in kernels:
                 pre_layout = {**pre_layout, "engine.aic_fp8_moe_kernel": kernels[0]}
                 dec_layout = {**dec_layout, "engine.aic_fp8_moe_kernel": kernels[1]}
+            # The decode workers' WIDEEP MoE backend (sim/validate_recipes.py WIDE_EP_WORKERS): aic's large-EP
+            # decode block. A prefill worker's steps carry prompts (aic's fused block; its large-EP context
+            # graph is not built here).
+            if disagg_wide_ep(row, dec.moe_ep):
+                dec_layout = {**dec_layout, "engine.aic_trtllm_wide_ep": True}
     elif missing_worker_counts(row) and twin_of(row):
         plan.layout = (f"twin record {twin_of(row)}: {pre.count} prefill, {dec.count} decode workers "
                        f"(the same measured TTFT and TPOT; sim/validate_twins.py)")

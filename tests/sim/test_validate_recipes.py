@@ -400,7 +400,8 @@ def test_b200_fp8_trt_rc6_post2_rows_run_their_scripts_trtllm_experts(kw, kernel
     {"backend_version": "1.1.0rc2.post2"},  # InferenceMAX's image of the DEEPGEMM script (@6320e9b)
     # the MTP image under attention DP: PR #632's script runs DEEPGEMM there (aic's own table)
     {"backend_version": "1.2.0rc6.post3", "tp_size": 1, "attention_dp_size": 8},
-    {"backend_version": "1.2.0rc6.post3", "precision": "fp4"},  # dsr1_fp4_b200_trt_mtp.sh: NVFP4 experts
+    # dsr1_fp4_b200_trt_mtp.sh @13dd0c2 under attention DP: MOE_BACKEND CUTLASS (aic's own NVFP4 table)
+    {"backend_version": "1.2.0rc6.post3", "precision": "fp4", "tp_size": 1, "attention_dp_size": 8},
 ])
 def test_other_b200_trt_images_keep_aics_fp8_expert_table(kw) -> None:
     r = row_recipe(_row(**{"backend": "trtllm", "backend_version": "1.2.0rc6.post2", **kw}))
@@ -723,3 +724,56 @@ def test_a_qwen3_32b_h100_trt_1_0_0rc3_gap_rows_study_runs_without_the_overlap()
     later = pick.iloc[0].copy()
     later["backend_version"] = "1.2.0rc6.post1"
     assert row_study(later, "aic").scheduler.overlap_scheduler is True
+
+
+@pytest.mark.parametrize("kw", [
+    {"backend_version": "1.2.0rc6.post3"},
+    {"backend_version": "1.2.0rc6.post3", "osl": 8192, "concurrency": 64, "tp_size": 8},
+    # image 1.1.0rc2.post2: a layout and count only dsr1-fp4-b200-trt-mtp ran (LAYOUT_IMAGES)
+    {"backend_version": "1.1.0rc2.post2", "osl": 8192, "concurrency": 8, "tp_size": 8, "attention_dp_size": 1,
+     "moe_tp_size": 1, "moe_ep_size": 8, "mode": "agg", "pp_size": 1},
+])
+def test_b200_fp4_trt_mtp_rows_without_attention_dp_run_the_scripts_trtllm_experts(kw) -> None:
+    # benchmarks/dsr1_fp4_b200_trt_mtp.sh @13dd0c2: MOE_BACKEND="TRTLLM" and MTP 3 unless DP_ATTENTION.
+    r = row_recipe(_row(**{"backend": "trtllm", "precision": "fp4", **kw}))
+    assert "_b200_trt_mtp.sh @13dd0c2" in r.source
+    assert (r.fp8_moe_kernel, r.mtp) == ("trtllm", 3)
+
+
+def test_a_b200_fp4_trt_mtp_step_prices_its_experts_on_aics_trtllm_gen_rows_above_128_tokens() -> None:
+    # An aggregated B200 FP4 MTP row (1k/8k, TP 8 / EP 8, 64 clients, image 1.2.0rc6.post3): TRTLLM experts, 3
+    # drafts, so a decode step of the 64 clients verifies 256 rows. aic's own answer there is its CUTLASS row
+    # (above 128 gathered tokens); the study's is its trtllm-gen row of the same table, read here from the
+    # parquet (DeepSeek-R1's NVFP4 experts, MoE EP 8, power law 1.01, 256 tokens): 58 MoE layers x the
+    # difference. At 128 rows and below aic's own answer already is trtllm-gen's: nothing moves.
+    pytest.importorskip("aiconfigurator_core")
+    import dataclasses
+    from pathlib import Path
+
+    import aiconfigurator_core
+
+    from twinserve.sim.build import build_cost_models
+    from twinserve.sim.validate_rows import load_rows, row_study
+    rows = load_rows()
+    pick = rows[(rows["backend"] == "trtllm") & (rows["model"] == "DeepSeek-R1") & (rows["mode"] == "agg")
+                & (rows["system"] == "b200_sxm") & (rows["precision"] == "fp4")
+                & (rows["backend_version"] == "1.2.0rc6.post3") & (rows["isl"] == 1024) & (rows["osl"] == 8192)
+                & (rows["concurrency"] == 64) & (rows["tp_size"] == 8)]
+    cfg = row_study(pick.iloc[0], "aic")
+    assert cfg.engine.aic_fp8_moe_kernel == "trtllm"
+    assert cfg.speculative.num_speculative_tokens == 3
+    own = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, aic_fp8_moe_kernel="default"))
+    gen, cut = build_cost_models(cfg)[3], build_cost_models(own)[3]
+    assert (gen.par.expert_parallel_size, gen.par.data_parallel_size) == (8, 1)
+    table = pd.read_parquet(Path(aiconfigurator_core.__file__).parent / "systems" / "data" / "b200_sxm" / "moe"
+                            / "trtllm" / gen.version / "moe_perf.parquet")
+    t = table[(table.moe_dtype == "nvfp4") & (table.hidden_size == 7168) & (table.inter_size == 2048)
+              & (table.num_experts == 256) & (table.topk == 8) & (table.moe_tp_size == 1) & (table.moe_ep_size == 8)
+              & (table.distribution == "power_law_1.01") & (table.num_tokens == 256)]
+    by = t.groupby("kernel_source").latency.mean()
+    want = 58 * (by["moe_torch_flow_min_latency"] - by["moe_torch_flow_cutlass"]) * 1e-3
+    assert want < -0.005  # trtllm-gen is the faster kernel there (0.157 against 0.291 ms a layer)
+    assert gen.decode_tokens_time(256) - cut.decode_tokens_time(256) == pytest.approx(want, rel=1e-6)
+    assert gen.tokens_time(256) - cut.tokens_time(256) == pytest.approx(want, rel=1e-6)
+    for small in (16, 128):
+        assert gen.decode_tokens_time(small) == cut.decode_tokens_time(small)

@@ -12,20 +12,23 @@ development rows for `simulate validate`.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from twinserve.backends.sim.catalog import HardwareSpec, ModelSpec
 from twinserve.backends.sim.parallel import Parallelism, ParallelismError, _loop_step_time
 
-from twinserve.backends.sim.aic.graph import StepGraph, build_graph
+from twinserve.backends.sim.aic.graph import StepGraph, aic_moe_parallelism, build_graph
 from twinserve.backends.sim.aic.marlin import MARLIN_KERNELS, MarlinMoe, marlin_extra_ms, marlin_moe
-from twinserve.backends.sim.aic.trtgen import (FP8_MOE_KERNELS, TRTGEN_DATABASE, TrtgenMoe, trtgen_delta_ms,
+from twinserve.backends.sim.aic.trtgen import (FP8_MOE_KERNELS, TRTGEN_DATABASE, Nvfp4Trtgen, TrtgenMoe,
+                                               nvfp4_trtgen_points, trtgen_delta_ms,
                                                trtgen_moe)
 from twinserve.backends.sim.aic.mapping import (AicError, check_precision, evaluator, fp8_gemm_mode, held_mxfp4_mode,
                                                 quant_modes, resolve_version, sdk, static_fp8_checkpoint, system_for)
 
 _MS = 1e-3
+EXPERT_OPS = ("context_moe", "generation_moe")  # the routed experts' op in a token graph (fused; large-EP)
 KV_GRID = 16  # decode attention is priced at its context rounded up to a KV block of 16 tokens
 
 
@@ -87,12 +90,13 @@ class AicCostModel:
     __slots__ = ("name", "model", "hardware", "tp", "par", "system", "backend", "version", "database",
                  "graph", "step_overhead_s", "per_seq_overhead_s", "kernel_scale", "_eval", "_tok", "_dtok", "_seq",
                  "_exp", "_ctx", "_gen", "_p2p", "mxfp4_moe_kernel", "_marlin", "_mx", "fp8_moe_kernel", "_trtgen",
-                 "_trtgen_eval", "_tg")
+                 "_trtgen_eval", "_tg", "trtllm_wide_ep")
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1, backend: str = "vllm",
                  version: str = "", parallel: Parallelism | None = None, step_overhead_s: float = 0.0,
                  per_seq_overhead_s: float = 0.0, kernel_scale: float = 1.0,
-                 mxfp4_moe_kernel: str = "default", fp8_moe_kernel: str = "default") -> None:
+                 mxfp4_moe_kernel: str = "default", fp8_moe_kernel: str = "default",
+                 trtllm_wide_ep: bool = False) -> None:
         if not kernel_scale > 0:
             raise AicError("aic_kernel_scale", f"aic_kernel_scale {kernel_scale!r}: must be > 0")
         par = parallel or Parallelism(tensor_parallel_size=tp)
@@ -115,6 +119,9 @@ class AicCostModel:
         modes = held_mxfp4_mode(self.database, modes)
         check_precision(self.database, modes, model.precision)
         self._eval = evaluator(self.database)
+        self.trtllm_wide_ep = bool(trtllm_wide_ep)
+        if self.trtllm_wide_ep:
+            self._check_wide_ep(model, par, fp8_moe_kernel)
         self.graph: StepGraph = self._build(par.stage_model(model), par, modes)
         self.mxfp4_moe_kernel = mxfp4_moe_kernel
         self._marlin = self._marlin_transfer(mxfp4_moe_kernel)
@@ -146,7 +153,7 @@ class AicCostModel:
         no price at all. A shape the 16-bit lane holds keeps it; MLA models use aic's MLA tables.
         """
         from aiconfigurator_core.sdk import common
-        graph = build_graph(model, par, modes, self.backend, self.database)
+        graph = build_graph(model, par, modes, self.backend, self.database, self.trtllm_wide_ep)
         if (model.is_mla or modes["generation_attention"] is not common.KVCacheQuantMode.fp8
                 or modes["fmha"] is common.FMHAQuantMode.fp8):
             return graph
@@ -155,7 +162,8 @@ class AicCostModel:
             return graph
         except Exception:  # aic's PerfDataNotAvailableError and kin
             pass
-        fp8 = build_graph(model, par, {**modes, "fmha": common.FMHAQuantMode.fp8}, self.backend, self.database)
+        fp8 = build_graph(model, par, {**modes, "fmha": common.FMHAQuantMode.fp8}, self.backend, self.database,
+                          self.trtllm_wide_ep)
         try:
             self._eval(fp8.context_attn, is_context=True, batch_size=1, s=128, prefix=0, x=None)
         except Exception:
@@ -181,18 +189,41 @@ class AicCostModel:
                            f"Marlin MXFP4 MoE timings at this layout: {str(err).split(': tried')[0]}") from None
         return marlin
 
+    def _check_wide_ep(self, model: ModelSpec, par: Parallelism, fp8_moe_kernel: str) -> None:
+        """TensorRT-LLM's WIDEEP MoE backend applies to an MLA MoE model (aic's DeepSeek family) on aic's
+        TensorRT-LLM tables, its experts split whole over EP > 1 ranks (aic's MoECommBackendSpec.feasible:
+        MoE TP 1, the EP dividing the experts); AicError otherwise."""
+        moe = aic_moe_parallelism(model, par)
+        why = ("aic_backend is not 'trtllm'" if self.backend != "trtllm" else
+               f"{model.name} is not an MLA MoE model" if not (model.is_mla and model.num_moe_layers) else
+               f"MoE TP {moe.moe_tensor_parallel_size} x EP {moe.expert_parallel_size}: WIDEEP splits whole "
+               f"experts over EP > 1 ranks" if moe.moe_tensor_parallel_size != 1 or moe.expert_parallel_size < 2
+               or model.num_experts % moe.expert_parallel_size else
+               "aic_fp8_moe_kernel 'trtllm' is another MoE backend" if fp8_moe_kernel != "default" else "")
+        if why:
+            raise AicError("aic_trtllm_wide_ep", f"aic_trtllm_wide_ep is TensorRT-LLM's WIDEEP MoE backend: {why}")
+
     def _trtgen_transfer(self, kernel: str, pdb: Any) -> TrtgenMoe | None:
-        """TensorRT-LLM's trtllm-gen FP8 block-scale experts where asked for (aic/trtgen.py); AicError where it
-        does not apply."""
+        """TensorRT-LLM's trtllm-gen experts (the TRTLLM MoE backend) where asked for (aic/trtgen.py): FP8
+        block-scaled experts from aic's SGLang trtllm-gen rows, NVFP4 experts from aic's own TensorRT-LLM
+        trtllm-gen rows; AicError where it does not apply."""
         if kernel not in FP8_MOE_KERNELS:
             raise AicError("aic_fp8_moe_kernel", f"aic_fp8_moe_kernel {kernel!r} is not one of "
                            f"{', '.join(FP8_MOE_KERNELS)}")
         if kernel == "default":
             return None
+        fp4 = trtgen_moe(self.graph.tokens, "nvfp4") if self.backend == "trtllm" else None
+        if fp4 is not None:
+            try:
+                self._trtgen_eval = Nvfp4Trtgen(self._eval, nvfp4_trtgen_points(self.database, fp4))
+            except (OSError, ValueError, KeyError) as err:
+                raise AicError("aic_fp8_moe_kernel", f"aiconfigurator-core's {self.describe()} database has no "
+                               f"trtllm-gen NVFP4 MoE timings at this layout: {err}") from None
+            return fp4
         moe = trtgen_moe(self.graph.tokens) if self.backend == "trtllm" else None
         if moe is None:
             raise AicError("aic_fp8_moe_kernel", f"aic_fp8_moe_kernel 'trtllm' is TensorRT-LLM's TRTLLM MoE "
-                           f"backend for FP8 block-scaled experts; {self.model.name} on aic_backend "
+                           f"backend for FP8 block-scaled or NVFP4 experts; {self.model.name} on aic_backend "
                            f"{self.backend!r} has none")
         backend, version = TRTGEN_DATABASE
         try:
@@ -263,7 +294,9 @@ class AicCostModel:
         """What prices the steps, e.g. 'aic vllm 0.24.0 on h200_sxm'."""
         marlin = " (Marlin MXFP4 experts)" if getattr(self, "_marlin", None) is not None else ""
         if getattr(self, "_trtgen", None) is not None:
-            marlin += f" (trtllm-gen FP8 experts from aic {' '.join(TRTGEN_DATABASE)})"
+            fp4 = json.loads(self._trtgen.op)[0]["Moe"]["quant_mode"] == "nvfp4"
+            marlin += (" (trtllm-gen NVFP4 experts from aic's own trtllm-gen rows)" if fp4 else
+                       f" (trtllm-gen FP8 experts from aic {' '.join(TRTGEN_DATABASE)})")
         return f"aic {self.backend} {self.version} on {self.system}{marlin}"
 
     # Each part in seconds, memoized: the same shape always returns the same float, the table's own
@@ -397,12 +430,17 @@ class AicCostModel:
         return t, pt_r, kd
 
     def expert_time(self, tokens: int) -> float:
-        """The routed experts' compute within tokens_time at `tokens` rows (0 without): aic's `context_moe` op,
+        """The routed experts' compute within tokens_time at `tokens` rows (0 without): aic's `context_moe` op
+        (`generation_moe`, its large-EP expert compute, on a wide-EP worker's token graph),
         and what another expert kernel adds to it there (marlin_time, trtgen_time)."""
         t = self._exp.get(tokens)
         if t is None:
-            rows = self._eval(self.graph.tokens, is_context=True, batch_size=1, s=1, x=tokens)
-            t = self._exp[tokens] = (sum(r[1] for r in rows if r[0] == "context_moe") * _MS
+            if self.trtllm_wide_ep:  # the large-EP expert compute sits inside the block's Overlap: alone
+                rows = self._eval(_nested_op(self.graph.tokens, "generation_moe"), is_context=True, batch_size=1,
+                                  s=1, x=tokens)
+            else:
+                rows = self._eval(self.graph.tokens, is_context=True, batch_size=1, s=1, x=tokens)
+            t = self._exp[tokens] = (sum(r[1] for r in rows if r[0] in EXPERT_OPS) * _MS
                                      + self.marlin_time(tokens) + self.trtgen_time(tokens))
         return t
 
@@ -455,6 +493,24 @@ def attention_shapes(db: Any) -> str:
 
 
 _DATABASES: dict[tuple[str, str, str], Any] = {}
+
+
+def _nested_op(graph: str, name: str) -> str:
+    """The op called `name` of an aic op list (JSON), looked for inside Overlap groups too, as a one-op list."""
+    def walk(entries: list) -> Any:
+        for entry in entries:
+            (kind, fields), = entry.items()
+            if fields.get("name") == name:
+                return entry
+            if kind == "Overlap":
+                hit = walk(fields["group_a"] + fields["group_b"])
+                if hit is not None:
+                    return hit
+        return None
+    hit = walk(json.loads(graph))
+    if hit is None:
+        raise AicError("model", f"no op {name!r} in the step graph")
+    return json.dumps([hit])
 
 
 def _load(pdb: Any, system: str, backend: str, version: str) -> Any:

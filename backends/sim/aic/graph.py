@@ -114,9 +114,44 @@ def _moe_priced(database: Any, m: ModelSpec, mtp: int, ep: int, dp: int, quant: 
     return True
 
 
+# aic's large-EP all-to-all for TensorRT-LLM's WIDEEP MoE backend: the only TensorRT-LLM comm backend its Blackwell
+# tables price for NVFP4 decode (its comm/trtllm 1.3.0rc10 trtllm_alltoall table: NVLinkTwoSided prepare, dispatch,
+# combine and the low-precision combine; NVLinkOneSided has no low-precision combine rows, which aic's
+# communication_dtype_for asks for an NVFP4 generation combine).
+TRTLLM_WIDE_EP_A2A = "nvlink_two_sided"
+
+
+def _wide_ep_generation_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], database: Any) -> list:
+    """aic's TensorRT-LLM large-EP (WIDEEP) MoE block of a decode step: router GEMM, the NVLink all-to-all's
+    prepare / dispatch / combine, its wide-EP expert compute (aic's wideep_compute_cutlass table), the shared
+    expert beside the routed one (aic's OverlapOp) and the reduce-add (aiconfigurator_core sdk/models/blocks/
+    moe.py build_moe_block_ops, the emission aic's DeepSeekModel uses when its enumerator sets a generation
+    moe_comm_backend; models/deepseek.py `_large_ep_moe_ops`)."""
+    from aiconfigurator_core.sdk.config import ModelConfig
+    from aiconfigurator_core.sdk.models.blocks.moe import MoEBlockShape, build_moe_block_ops
+    from aiconfigurator_core.sdk.models.helpers import power_law_distribution
+    m = model
+    gpn = int(database.system_spec["node"]["num_gpus_per_node"])
+    cfg = ModelConfig(tp_size=par.tensor_parallel_size, attention_dp_size=par.data_parallel_size,
+                      moe_tp_size=par.moe_tensor_parallel_size, moe_ep_size=par.expert_parallel_size,
+                      gemm_quant_mode=modes["gemm"], moe_quant_mode=modes["moe"],
+                      moe_comm_backend={"generation": TRTLLM_WIDE_EP_A2A}, num_gpus_per_node=gpn)
+    cfg.system = database.system
+    shape = MoEBlockShape(hidden_size=m.hidden_size, moe_inter_size=m.moe_intermediate_size,
+                          topk=m.num_experts_per_tok, num_experts=m.num_experts,
+                          num_shared_experts=m.num_shared_experts, num_moe_layers=m.num_moe_layers)
+    dist = power_law_distribution(cfg.workload_distribution, moe_power_law_alpha(m))
+    return build_moe_block_ops("generation", shape, cfg, modes["moe"], dist, scale_factor=m.num_moe_layers,
+                               backend_name="trtllm", inference_phase="generation", model_family="DEEPSEEK",
+                               gpus_per_node=gpn)
+
+
 def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend: str, phase: str,
-             database: Any) -> list:
-    """aic's MoE block (router GEMM, shared experts, dispatch + experts + combine) for one phase."""
+             database: Any, wide_ep: bool = False) -> list:
+    """aic's MoE block (router GEMM, shared experts, dispatch + experts + combine) for one phase; with
+    `wide_ep` (TensorRT-LLM's WIDEEP backend), a decode step's is aic's large-EP block."""
+    if wide_ep and phase == "generation":
+        return _wide_ep_generation_ops(model, par, modes, database)
     import aiconfigurator_core.sdk.operations as ops
     from aiconfigurator_core.sdk import common
     from aiconfigurator_core.sdk.config import ModelConfig
@@ -249,8 +284,9 @@ def _attention(m: ModelSpec, tp: int, modes: dict[str, Any], backend: str, datab
 
 
 def build_graph(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend: str,
-                database: Any) -> StepGraph:
-    """The op lists of one step of one pipeline stage (`model`: the stage's layers) on one GPU."""
+                database: Any, wide_ep: bool = False) -> StepGraph:
+    """The op lists of one step of one pipeline stage (`model`: the stage's layers) on one GPU; `wide_ep`:
+    the MoE block is TensorRT-LLM's WIDEEP one (_wide_ep_generation_ops) in both graphs (a decode worker's)."""
     import aiconfigurator_core.sdk.operations as ops
     from aiconfigurator_core.sdk import common
     from aiconfigurator_core.sdk.engine import build_ops_json
@@ -277,8 +313,10 @@ def build_graph(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backe
     decode_ops = list(token_ops)
     if m.num_moe_layers:
         moe_par = aic_moe_parallelism(m, par)
-        token_ops += _moe_ops(m, moe_par, modes, backend, "context", database)
-        decode_ops += _moe_ops(m, moe_par, modes, backend, "generation", database)
+        # A WIDEEP worker is a disaggregated decode worker: every step it runs is a generation step, an MTP
+        # verify step (priced on the token graph) included, so both graphs carry the large-EP block.
+        token_ops += _moe_ops(m, moe_par, modes, backend, "generation" if wide_ep else "context", database, wide_ep)
+        decode_ops += _moe_ops(m, moe_par, modes, backend, "generation", database, wide_ep)
     ars = [ops.CustomAllReduce("embedding_ar", 1, h, tp), ops.CustomAllReduce("ar_1", dense, h, tp),
            ops.CustomAllReduce("ar_2", dense, h, tp)]
     if m.is_mla and not m.index_topk and m.num_moe_layers and backend == "vllm":

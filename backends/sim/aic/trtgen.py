@@ -1,5 +1,5 @@
-"""TensorRT-LLM's TRTLLM MoE backend (trtllm-gen kernels) for FP8 block-scaled experts, priced where aic's
-TensorRT-LLM table times another kernel.
+"""TensorRT-LLM's TRTLLM MoE backend (trtllm-gen kernels) for FP8 block-scaled and NVFP4 experts, priced where
+aic's TensorRT-LLM table times another kernel.
 
 Why it matters: InferenceX's non-MTP DeepSeek-R1 FP8 B200 TensorRT-LLM script writes `moe_config: backend:
 TRTLLM` below 256 clients (SemiAnalysisAI/InferenceX benchmarks/dsr1_fp8_b200_trt.sh @0a919c5 and @4a98d80:
@@ -29,6 +29,19 @@ the difference, times the MoE layers, is added to the step (negative: faster). I
 routed experts sit in an Overlap with the shared expert; the difference is taken on the routed branch, which
 is the longer one at every shape of these rows (the shared expert is one 2,048-wide expert against eight).
 Nothing is fitted.
+
+NVFP4 experts. aic's TensorRT-LLM table times DeepSeek-R1's NVFP4 experts on two kernels at every token count:
+`moe_torch_flow_min_latency`, which aic's collector times with `moe_backend = "trtllm"` (TRTLLMGenFusedMoE, the
+comment there: "trtllm gen"), and `moe_torch_flow_cutlass` (the CUTLASS backend; ai-dynamo/aiconfigurator
+collector/trtllm/collect_moe.py @006afd7, `run_moe_torch`). aic's engine answers a gated NVFP4 query from the
+trtllm-gen rows up to 128 tokens after attention-DP gathering and from the CUTLASS rows above (its
+`moe_kernel_source` note: "moe_torch_flow_min_latency requires gated NVFP4 and at most 128 tokens after
+attention-DP gathering"): CUTLASS is TensorRT-LLM's default MoE backend. A launch that sets `moe_config: backend:
+TRTLLM` runs trtllm-gen at every count (SemiAnalysisAI/InferenceX benchmarks/dsr1_fp4_b200_trt_mtp.sh @13dd0c2:
+TRTLLM without attention DP, CUTLASS with it); above 128 tokens trtllm-gen's rows are 1.5-2.5x faster than
+CUTLASS's (B200, MoE TP 8, 256 / 1,024 tokens: 0.158 / 0.191 against 0.294 / 0.397 ms a layer). The transfer
+here reads the same table's trtllm-gen rows above 128 gathered tokens (linear in the token count between its
+points, as aic interpolates), and leaves aic's own answer at or below (where it already is trtllm-gen's).
 """
 
 from __future__ import annotations
@@ -38,6 +51,10 @@ from dataclasses import dataclass
 from typing import Any
 
 FP8_MOE_KERNELS = ("default", "trtllm")
+# aic's TensorRT-LLM kernel_source of its trtllm-gen NVFP4 MoE rows, and the gathered token count up to which its
+# engine already answers from them (collector/trtllm/collect_moe.py @006afd7; the module docstring).
+NVFP4_TRTGEN_SOURCE = "moe_torch_flow_min_latency"
+NVFP4_TRTGEN_DEFAULT_MAX_TOKENS = 128
 # aic's database holding FlashInfer's trtllm-gen FP8 block-scale MoE rows (B200: moe/sglang/0.5.14).
 TRTGEN_DATABASE = ("sglang", "0.5.14")
 
@@ -50,11 +67,12 @@ class TrtgenMoe:
     layers: int
 
 
-def trtgen_moe(token_graph: str) -> TrtgenMoe | None:
-    """The FP8 block-scaled expert op of a step graph (aic op JSON); None when it has none."""
+def trtgen_moe(token_graph: str, quant: str = "fp8_block") -> TrtgenMoe | None:
+    """The expert op of a step graph (aic op JSON) at this quant mode ('fp8_block', 'nvfp4'); None when it has
+    none."""
     for entry in json.loads(token_graph):
         (kind, fields), = entry.items()
-        if kind != "Moe" or fields.get("quant_mode") != "fp8_block":
+        if kind != "Moe" or fields.get("quant_mode") != quant:
             continue
         return TrtgenMoe(json.dumps([{kind: {**fields, "scale_factor": 1.0}}]), round(fields["scale_factor"]))
     return None
@@ -66,3 +84,48 @@ def trtgen_delta_ms(own: Any, other: Any, moe: TrtgenMoe, tokens: int) -> float:
     def price(evaluate: Any) -> float:
         return sum(row[1] for row in evaluate(moe.op, is_context=True, batch_size=1, s=1, x=tokens))
     return moe.layers * (price(other) - price(own))
+
+
+class Nvfp4Trtgen:
+    """An evaluator (aic's call shape: ops JSON, is_context, batch_size, s, x) of one NVFP4 expert op that answers
+    from aic's TensorRT-LLM trtllm-gen rows (NVFP4_TRTGEN_SOURCE) above NVFP4_TRTGEN_DEFAULT_MAX_TOKENS gathered
+    tokens and from `own` (aic's engine) at or below."""
+
+    def __init__(self, own: Any, points: list[tuple[int, float]]) -> None:
+        if len(points) < 2:
+            raise ValueError("trtllm-gen NVFP4 rows: fewer than two token counts at this layout")
+        self.own, self.points = own, sorted(points)
+
+    def latency_ms(self, tokens: float) -> float:
+        """One layer's milliseconds at `tokens` gathered tokens, linear between the table's points (and on
+        the last two past its ends)."""
+        pts = self.points
+        i = next((k for k in range(1, len(pts)) if pts[k][0] >= tokens), len(pts) - 1)
+        (t0, y0), (t1, y1) = pts[i - 1], pts[i]
+        return y0 + (y1 - y0) * (tokens - t0) / (t1 - t0)
+
+    def __call__(self, ops: str, is_context: bool, batch_size: int, s: int, x: int) -> list:
+        (entry,) = json.loads(ops)
+        (kind, fields), = entry.items()
+        gathered = x * int(fields.get("attention_dp_size") or 1)
+        if gathered <= NVFP4_TRTGEN_DEFAULT_MAX_TOKENS:
+            return self.own(ops, is_context=is_context, batch_size=batch_size, s=s, x=x)
+        return [(fields["name"], float(fields.get("scale_factor", 1.0)) * self.latency_ms(gathered))]
+
+
+def nvfp4_trtgen_points(database: Any, moe: TrtgenMoe) -> list[tuple[int, float]]:
+    """(tokens, ms a layer) of aic's TensorRT-LLM trtllm-gen NVFP4 rows at the op's shape, layout and routing."""
+    import os
+    import pandas as pd
+    (entry,) = json.loads(moe.op)
+    (_, f), = entry.items()
+    path = os.path.join(database.systems_root, "data", database.system, "moe", "trtllm", database.version,
+                        "moe_perf.parquet")
+    d = pd.read_parquet(path, columns=["kernel_source", "moe_dtype", "num_tokens", "hidden_size", "inter_size",
+                                       "topk", "num_experts", "moe_tp_size", "moe_ep_size", "distribution",
+                                       "latency"])
+    d = d[(d.kernel_source == NVFP4_TRTGEN_SOURCE) & (d.moe_dtype == "nvfp4") & (d.hidden_size == f["hidden_size"])
+          & (d.inter_size == f["inter_size"]) & (d.topk == f["topk"]) & (d.num_experts == f["num_experts"])
+          & (d.moe_tp_size == f["moe_tp_size"]) & (d.moe_ep_size == f["moe_ep_size"])
+          & (d.distribution == f["workload_distribution"])]
+    return [(int(t), float(v)) for t, v in d.groupby("num_tokens").latency.mean().items()]

@@ -1,0 +1,115 @@
+"""TensorRT-LLM's WIDEEP MoE backend on the measured backend: a decode step's MoE block is aic's large-EP one (the
+NVLink two-sided all-to-all and its wide-EP expert compute; backends/sim/aic/graph.py _wide_ep_generation_ops), for
+DeepSeek-R1 NVFP4 decode workers on GB200 NVL72 at EP > 8 (sim/validate_recipes.py WIDE_EP_WORKERS)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+pytest.importorskip("aiconfigurator_core")  # only when the [aic] extra is not installed; CI installs it
+
+from twinserve.backends.sim.aic import AicCostModel, AicError  # noqa: E402
+from twinserve.backends.sim.aic_models import resolve_row_model  # noqa: E402
+from twinserve.backends.sim.catalog import get_hardware  # noqa: E402
+from twinserve.backends.sim.parallel import Parallelism  # noqa: E402
+from twinserve.backends.sim.precision import Precision  # noqa: E402
+
+_MODELS: dict[tuple, AicCostModel] = {}
+
+
+def dsr1(wide: bool, ep: int = 32, backend: str = "trtllm", kernel: str = "default") -> AicCostModel:
+    key = (wide, ep, backend, kernel)
+    if key not in _MODELS:
+        m = resolve_row_model("deepseek-ai/DeepSeek-R1").with_precision(Precision("bfloat16", "nvfp4", "fp8"))
+        _MODELS[key] = AicCostModel(m, get_hardware("GB200"), backend=backend,
+                                    parallel=Parallelism(1, ep, ep, 1), trtllm_wide_ep=wide, fp8_moe_kernel=kernel)
+    return _MODELS[key]
+
+
+def _ops(graph: str) -> dict[str, dict]:
+    out = {}
+    for entry in json.loads(graph):
+        (kind, fields), = entry.items()
+        if kind == "Overlap":
+            for part in fields["group_a"] + fields["group_b"]:
+                (k, f), = part.items()
+                out[f["name"]] = {"kind": k, **f}
+        out[fields["name"]] = {"kind": kind, **fields}
+    return out
+
+
+def test_both_graphs_hold_aics_large_ep_block() -> None:
+    wide, fused = dsr1(True), dsr1(False)
+    ops = _ops(wide.graph.decode_tokens)
+    a2a = [f for f in ops.values() if f["kind"] == "MoeAllToAll"]
+    assert {f["phase"] for f in a2a} == {"prepare", "dispatch", "combine"}
+    # GB200: 4 GPUs a node in aic's system file, so EP 32 spans 8 of them
+    assert all(f["comm_backend"] == "nvlink_two_sided" and f["node_num"] == 8 and f["moe_ep_size"] == 32
+               for f in a2a)
+    assert any(f["kind"] == "MoeExpertCompute" for f in ops.values())
+    assert not any(f["kind"] == "MoeDispatch" for f in ops.values())
+    assert any(f["kind"] == "MoeDispatch" for f in _ops(fused.graph.decode_tokens).values())
+    # a decode worker's token graph (its MTP verify steps) carries the same generation block
+    assert _ops(wide.graph.tokens).keys() >= {f["name"] for f in a2a} | {"generation_moe"}
+    assert "context_moe" in _ops(fused.graph.tokens)
+    # the routed experts' share (attention-DP steps rebalance it) is the large-EP expert compute's
+    (part,) = [p for e in json.loads(wide.graph.tokens) if "Overlap" in e
+               for p in e["Overlap"]["group_a"] if p.get("MoeExpertCompute", {}).get("name") == "generation_moe"]
+    ms = sum(r[1] for r in wide._eval(json.dumps([part]), is_context=True, batch_size=1, s=1, x=32))
+    assert ms > 0 and wide.expert_time(32) == pytest.approx(ms * 1e-3, rel=1e-12)
+
+
+@pytest.mark.parametrize("rows", [8, 32, 64])
+def test_a_decode_step_prices_the_large_ep_block_where_the_fused_one_was(rows: int) -> None:
+    # The difference between the two decode prices is all in the MoE block: aic's large-EP block evaluated alone
+    # against the fused Overlap evaluated alone.
+    wide, fused = dsr1(True), dsr1(False)
+
+    def block(cost: AicCostModel, kinds: tuple[str, ...]) -> float:
+        g = [e for e in json.loads(cost.graph.decode_tokens) if next(iter(e)) in kinds]
+        return sum(r[1] for r in cost._eval(json.dumps(g), is_context=True, batch_size=1, s=1, x=rows)) * 1e-3
+    large = block(wide, ("Overlap", "Elementwise")) - block(fused, ("Elementwise",))
+    fused_moe = block(fused, ("Overlap",))
+    assert wide.decode_tokens_time(rows) - fused.decode_tokens_time(rows) == pytest.approx(large - fused_moe,
+                                                                                          rel=1e-9)
+    # the WIDEEP block is the cheaper one at these rows a rank (GB200 FP4, EP 32: 7.9-11.5 ms against 9.6-19.1)
+    assert wide.decode_tokens_time(rows) < fused.decode_tokens_time(rows)
+
+
+def test_wide_ep_is_refused_where_it_does_not_apply() -> None:
+    with pytest.raises(AicError, match="aic_trtllm_wide_ep"):
+        dsr1(True, backend="sglang")
+    with pytest.raises(AicError, match="aic_trtllm_wide_ep"):
+        dsr1(True, ep=1)  # TP 1 x 1 rank: no expert split
+    with pytest.raises(AicError, match="aic_trtllm_wide_ep"):
+        dsr1(True, kernel="trtllm")  # the TRTLLM MoE backend is another backend
+
+
+@pytest.mark.parametrize("system, precision, ep, wide", [
+    ("gb200", "fp4", 32, True), ("gb200", "fp4", 16, True),
+    ("gb200", "fp4", 8, False),   # EP <= 8: CUTLASS / TRTLLM in the deployment guide's matrix
+    ("gb200", "fp8", 32, False),  # WIDEEP without EPLB there, but aic holds no Blackwell FP8 wide-EP table
+    ("gb300", "fp4", 32, False),  # aic's GB300 TensorRT-LLM tables hold no NVLink all-to-all
+    ("b200_sxm", "fp4", 8, False),
+])
+def test_gb200_fp4_decode_workers_past_ep8_run_wideep(system, precision, ep, wide) -> None:
+    from twinserve.sim.validate_recipes import disagg_wide_ep
+    row = pd.Series({"backend": "trtllm", "model": "DeepSeek-R1", "system": system, "precision": precision})
+    assert disagg_wide_ep(row, ep) is wide
+
+
+def test_a_gb200_fp4_disagg_rows_decode_replicas_run_wideep_under_aic_only() -> None:
+    from twinserve.sim.validate_rows import load_rows, row_plan
+    rows = load_rows()
+    pick = rows[(rows["backend"] == "trtllm") & (rows["model"] == "DeepSeek-R1") & (rows["mode"] == "disagg")
+                & (rows["system"] == "gb200") & (rows["precision"] == "fp4") & (rows["isl"] == 1024)
+                & (rows["osl"] == 1024) & (rows["concurrency"] == 666)]
+    plan = row_plan(pick.iloc[0], "aic")
+    reps = plan.cfg.cluster.replicas
+    assert [r.get("engine.aic_trtllm_wide_ep", False) for r in reps][-1] is True  # the decode worker (EP 32)
+    assert not reps[0].get("engine.aic_trtllm_wide_ep", False)  # the prefill worker (EP 4)
+    roof = row_plan(pick.iloc[0], "roofline").cfg.cluster.replicas
+    assert not any(r.get("engine.aic_trtllm_wide_ep", False) for r in roof)
