@@ -93,6 +93,12 @@ class EngineConfig:
                                         "(trtllm-gen, priced from aic's SGLang 0.5.14 timings of FlashInfer's "
                                         "trtllm_fp8_block_scale_moe; backends/sim/aic/trtgen.py)",
                                    choices=("default", "trtllm"))
+    aic_moe_a2a: str = knob("default",
+                            help="cost_model aic, SGLang: the MoE all-to-all of a decode-only step under expert "
+                                 "parallelism: aic's MoEDispatch for the backend, or DeepEP low-latency "
+                                 "(--moe-a2a-backend deepep --deepep-mode low_latency, priced from aic's "
+                                 "large-EP deepep_ll dispatch / combine timings; backends/sim/aic/graph.py)",
+                            choices=("default", "deepep_ll"))
     cpu_overhead_scale: float = knob(1.0,
                                      help="cost_model fitted: scale of the engine's CPU work (0.5 = twice "
                                           "as fast)",

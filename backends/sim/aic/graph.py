@@ -114,9 +114,44 @@ def _moe_priced(database: Any, m: ModelSpec, mtp: int, ep: int, dp: int, quant: 
     return True
 
 
+# The MoE all-to-all a decode-only step can be priced as (EngineConfig.aic_moe_a2a).
+MOE_A2A = ("default", "deepep_ll")
+
+
+def deepep_ll_ops(model: ModelSpec, par: Parallelism, database: Any) -> tuple[Any, Any]:
+    """A decode step's DeepEP low-latency dispatch and combine, as aic's large-EP path prices them: its
+    MoEAllToAll over the `deepep_ll` comm tables (aiconfigurator_core sdk/models/blocks/moe.py
+    `_large_ep_block_ops`; sdk/operations/moe_comm.py MOE_A2A_BACKENDS: SGLang / vLLM, generation only),
+    one rank's tokens, the comm span `nodes_for(moe_ep x moe_tp, num_gpus_per_node)` nodes, no dtype axis
+    ('default'), no SM budget (low-latency mode).
+
+    What it stands for: SGLang's `--moe-a2a-backend deepep --deepep-mode low_latency` decode workers (each
+    token goes to the ranks holding its top-k experts; sglang srt/layers/moe/token_dispatcher/deepep.py),
+    where aic's MoEDispatch for SGLang prices a gather of every attention rank's tokens and a
+    reduce-scatter back (aic's `CustomAllReduce` flavour), which grows with the whole worker's batch.
+    aic's tables (gb200 / gb300 / b200 / h200, SGLang 0.5.12) are keyed by tokens a rank, hidden size, top-k
+    and experts at one node; aic reads them at any node span (its own large-EP path queries EP 32 on GB200
+    at 8 nodes of 4 and gets the same rows)."""
+    import aiconfigurator_core.sdk.operations as ops
+    from aiconfigurator_core.sdk.operations.moe_comm import nodes_for
+    from twinserve.backends.sim.aic.mapping import AicError
+    mtp, ep = par.moe_tensor_parallel_size, par.expert_parallel_size
+    if not model.is_moe or mtp != 1 or ep < 2 or model.num_experts % ep:
+        raise AicError("aic_moe_a2a", f"aic_moe_a2a 'deepep_ll' needs experts split over EP > 1 with no MoE TP "
+                       f"and EP dividing the experts (aic's deepep_ll feasibility); {model.name} here has "
+                       f"moe_tp {mtp}, moe_ep {ep}, {model.num_experts} experts")
+    nodes = nodes_for(ep * mtp, int(database.system_spec["node"]["num_gpus_per_node"]))
+    L = model.num_moe_layers
+    kw = dict(comm_backend="deepep_ll", hidden_size=model.hidden_size, topk=model.num_experts_per_tok,
+              num_experts=model.num_experts, moe_ep_size=ep, node_num=nodes, sms=0, attention_tp_size=1)
+    return (ops.MoEAllToAll("generation_moe_dispatch", L, phase="dispatch", comm_dtype="default", **kw),
+            ops.MoEAllToAll("generation_moe_combine", L, phase="combine", comm_dtype="default", **kw))
+
+
 def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend: str, phase: str,
-             database: Any) -> list:
-    """aic's MoE block (router GEMM, shared experts, dispatch + experts + combine) for one phase."""
+             database: Any, moe_a2a: str = "default") -> list:
+    """aic's MoE block (router GEMM, shared experts, dispatch + experts + combine) for one phase; a
+    generation block's dispatch and combine are DeepEP low-latency ones where moe_a2a is 'deepep_ll'."""
     import aiconfigurator_core.sdk.operations as ops
     from aiconfigurator_core.sdk import common
     from aiconfigurator_core.sdk.config import ModelConfig
@@ -131,24 +166,31 @@ def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend:
     mtp, ep, dp = par.moe_tensor_parallel_size, par.expert_parallel_size, par.data_parallel_size
     k, e = m.num_experts_per_tok, m.num_experts
     cmtp, cep = moe_compute_layout(database, m, par, q, dist)  # the experts' table layout
+    a2a = deepep_ll_ops(m, par, database) if moe_a2a == "deepep_ll" and phase == "generation" else None
     if not (m.is_mla and phase == "generation"):
         shape = MoEBlockShape(hidden_size=m.hidden_size, moe_inter_size=m.moe_intermediate_size,
                               topk=m.num_experts_per_tok, num_experts=m.num_experts,
                               num_shared_experts=m.num_shared_experts, num_moe_layers=L)
         block = build_moe_block_ops(phase, shape, cfg, modes["moe"], dist, scale_factor=L,
                                     backend_name=backend, inference_phase=phase)
+        if a2a is not None:  # the dispatch before the experts, the combine after them
+            block = [(a2a[0] if "pre" in op._name else a2a[1]) if isinstance(op, ops.MoEDispatch) else op
+                     for op in block]
         if (cmtp, cep) == (mtp, ep):
             return block
         return [ops.MoE(op._name, L, h, inter, k, e, cmtp, cep, q, dist, dp) if isinstance(op, ops.MoE) else op
                 for op in block]
     # aic's DeepSeekModel generation span (models/deepseek.py): routed experts on the main stream,
     # shared experts on the auxiliary one, overlapped; its dispatches are generation-phase queries.
-    routed = [ops.GEMM("generation_router_gemm", L, e, h, common.GEMMQuantMode.bfloat16),
-              ops.MoEDispatch("generation_moe_pre_dispatch", L, h, k, e, mtp, ep, dp, True, quant_mode=q,
-                              is_context=False, backend=backend),
-              ops.MoE("generation_moe", L, h, inter, k, e, cmtp, cep, q, dist, dp),
-              ops.MoEDispatch("generation_moe_post_dispatch", L, h, k, e, mtp, ep, dp, False, quant_mode=q,
-                              is_context=False, backend=backend)]
+    # The router stays under DeepEP (the engine runs it; aic's own SGLang large-EP DeepSeek block drops it
+    # for its legacy graphs' sake: blocks/moe.py `_deepseek_sglang_moe_block`).
+    pre, post = a2a or (
+        ops.MoEDispatch("generation_moe_pre_dispatch", L, h, k, e, mtp, ep, dp, True, quant_mode=q,
+                        is_context=False, backend=backend),
+        ops.MoEDispatch("generation_moe_post_dispatch", L, h, k, e, mtp, ep, dp, False, quant_mode=q,
+                        is_context=False, backend=backend))
+    routed = [ops.GEMM("generation_router_gemm", L, e, h, common.GEMMQuantMode.bfloat16), pre,
+              ops.MoE("generation_moe", L, h, inter, k, e, cmtp, cep, q, dist, dp), post]
     if not m.num_shared_experts:
         return routed
     shared_inter = m.num_shared_experts * inter
@@ -249,8 +291,9 @@ def _attention(m: ModelSpec, tp: int, modes: dict[str, Any], backend: str, datab
 
 
 def build_graph(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend: str,
-                database: Any) -> StepGraph:
-    """The op lists of one step of one pipeline stage (`model`: the stage's layers) on one GPU."""
+                database: Any, moe_a2a: str = "default") -> StepGraph:
+    """The op lists of one step of one pipeline stage (`model`: the stage's layers) on one GPU; moe_a2a: the
+    decode-only graph's MoE all-to-all (MOE_A2A; a step with prefill keeps aic's MoEDispatch)."""
     import aiconfigurator_core.sdk.operations as ops
     from aiconfigurator_core.sdk import common
     from aiconfigurator_core.sdk.engine import build_ops_json
@@ -278,7 +321,7 @@ def build_graph(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backe
     if m.num_moe_layers:
         moe_par = aic_moe_parallelism(m, par)
         token_ops += _moe_ops(m, moe_par, modes, backend, "context", database)
-        decode_ops += _moe_ops(m, moe_par, modes, backend, "generation", database)
+        decode_ops += _moe_ops(m, moe_par, modes, backend, "generation", database, moe_a2a)
     ars = [ops.CustomAllReduce("embedding_ar", 1, h, tp), ops.CustomAllReduce("ar_1", dense, h, tp),
            ops.CustomAllReduce("ar_2", dense, h, tp)]
     if m.is_mla and not m.index_topk and m.num_moe_layers and backend == "vllm":
