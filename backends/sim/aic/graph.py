@@ -127,8 +127,9 @@ def deepep_ll_ops(model: ModelSpec, par: Parallelism, database: Any) -> tuple[An
 
     What it stands for: SGLang's `--moe-a2a-backend deepep --deepep-mode low_latency` decode workers (each
     token goes to the ranks holding its top-k experts; sglang srt/layers/moe/token_dispatcher/deepep.py),
-    where aic's MoEDispatch for SGLang prices a gather of every attention rank's tokens and a
-    reduce-scatter back (aic's `CustomAllReduce` flavour), which grows with the whole worker's batch.
+    where aic's MoEDispatch for SGLang prices a collective over every attention rank's tokens, so it grows
+    with the whole worker's batch (GB200 NVFP4, SGLang 0.5.14, 128 tokens a rank: 126 us a layer at attention
+    DP 32, 92 us at DP 8; aic's deepep_ll dispatch: 27 us).
     aic's tables (gb200 / gb300 / b200 / h200, SGLang 0.5.12) are keyed by tokens a rank, hidden size, top-k
     and experts at one node; aic reads them at any node span (its own large-EP path queries EP 32 on GB200
     at 8 nodes of 4 and gets the same rows)."""
