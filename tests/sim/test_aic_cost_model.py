@@ -465,3 +465,39 @@ def test_deepep_ll_needs_sglang_and_split_experts() -> None:
         AicCostModel(m, get_hardware("H200"), 8, backend="sglang", moe_a2a="deepep_ll")  # EP 1
     with pytest.raises(AicError, match="aic_moe_a2a"):
         AicCostModel(m, get_hardware("H200"), 8, backend="sglang", moe_a2a="pplx")
+
+
+def test_deepep_ll_fp8_experts_price_aics_deepep_expert_table() -> None:
+    # FP8 block-scaled experts under DeepEP low-latency: aic's MoEExpertCompute (its SGLang wide-EP generation
+    # MoE table, kernel_source deepepmoe) at one rank's tokens x the attention ranks, written out here with the
+    # deepep_ll dispatch and combine; the layout's MoE table prices another kernel several times slower.
+    # NVFP4 (no such table) keeps the MoE table.
+    from aiconfigurator_core.sdk.operations.moe_comm import MoEAllToAll, MoEExpertCompute
+    from twinserve.backends.sim.aic_models import resolve_row_model
+    from twinserve.backends.sim.parallel import Parallelism
+    m = resolve_row_model("deepseek-ai/DeepSeek-R1").with_precision(Precision("bfloat16", "fp8", "fp8"))
+    ll, dflt = (AicCostModel(m, get_hardware("GB200"), backend="sglang", parallel=Parallelism(1, 32, 32, 1),
+                             moe_a2a=a) for a in ("deepep_ll", "default"))
+    ev = EngineHandle.for_database(ll.database).evaluate_ops_json
+    L, h = m.num_moe_layers, m.hidden_size
+    kw = dict(comm_backend="deepep_ll", hidden_size=h, topk=8, num_experts=256, moe_ep_size=32, node_num=8, sms=0,
+              attention_tp_size=1)
+    routed = [ops.GEMM("r", L, 256, h, common.GEMMQuantMode.bfloat16),
+              MoEAllToAll("d", L, phase="dispatch", comm_dtype="default", **kw),
+              MoEExpertCompute("x", L, hidden_size=h, inter_size=m.moe_intermediate_size, topk=8, num_experts=256,
+                               moe_ep_size=32, quant_mode=common.MoEQuantMode.fp8_block,
+                               workload_distribution="power_law_1.01", attention_dp_size=32,
+                               inference_phase="generation", num_slots=None, is_gated=True, enable_eplb=False),
+              MoEAllToAll("c", L, phase="combine", comm_dtype="default", **kw)]
+    fp8 = common.GEMMQuantMode.fp8
+    shared = [ops.GEMM("su", L, 2 * m.moe_intermediate_size, h, fp8),
+              ops.ElementWise("sa", L, 2 * m.moe_intermediate_size, m.moe_intermediate_size, 0.8),
+              ops.GEMM("sd", L, h, m.moe_intermediate_size, fp8)]
+    for rows in (16, 128):
+        def price(op_list: list) -> float:
+            return sum(r[1] for r in ev(build_ops_json(op_list), is_context=True, batch_size=1, s=1, x=rows))
+        answer = dict((r[0], r[1]) for r in ev(ll.graph.decode_tokens, is_context=True, batch_size=1, s=1, x=rows))
+        assert answer["generation_moe_overlap"] == pytest.approx(max(price(routed), price(shared)), rel=1e-9)
+    assert ll.decode_tokens_time(128) < dflt.decode_tokens_time(128) / 2
+    assert "MoeExpertCompute" in ll.graph.decode_tokens and "MoeExpertCompute" not in dflt.graph.decode_tokens
+    assert "MoeExpertCompute" not in _wide_ep("deepep_ll").graph.decode_tokens  # NVFP4: aic's MoE table

@@ -149,10 +149,35 @@ def deepep_ll_ops(model: ModelSpec, par: Parallelism, database: Any) -> tuple[An
             ops.MoEAllToAll("generation_moe_combine", L, phase="combine", comm_dtype="default", **kw))
 
 
+def deepep_expert_op(database: Any, model: ModelSpec, par: Parallelism, quant: Any, dist: str) -> Any | None:
+    """The routed experts of a DeepEP low-latency decode step as aic's large-EP path prices them: MoEExpertCompute
+    over SGLang's wide-EP generation MoE table (kernel_source 'deepepmoe': the expert kernel behind SGLang's DeepEP
+    dispatcher, e.g. gb200 SGLang 0.5.10 wideep_generation_moe_perf, FP8 block-scaled, EP 2-256 but 8), at one
+    rank's tokens times the attention ranks, as aic's MoE op; None where that table has no row for this quant /
+    EP (NVFP4: none; those experts keep aic's MoE table).
+
+    The same layout's MoE table prices a different kernel: GB200 SGLang 0.5.14, FP8 block-scaled, EP 32, 128
+    tokens a rank: 917 us a layer against the DeepEP expert table's 159 us, 256 tokens: 1,655 against 168."""
+    import aiconfigurator_core.sdk.operations as ops
+    from aiconfigurator_core.sdk.engine import build_ops_json
+    m, ep, dp = model, par.expert_parallel_size, par.data_parallel_size
+    op = ops.MoEExpertCompute("generation_moe", m.num_moe_layers, hidden_size=m.hidden_size,
+                              inter_size=m.moe_intermediate_size, topk=m.num_experts_per_tok,
+                              num_experts=m.num_experts, moe_ep_size=ep, quant_mode=quant,
+                              workload_distribution=dist, attention_dp_size=dp, inference_phase="generation",
+                              num_slots=None, is_gated=True, enable_eplb=False)
+    try:
+        evaluator(database)(build_ops_json([op]), is_context=True, batch_size=1, s=1, x=16)
+    except Exception:  # aic's PerfDataNotAvailableError and kin: no timings at this key
+        return None
+    return op
+
+
 def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend: str, phase: str,
              database: Any, moe_a2a: str = "default") -> list:
     """aic's MoE block (router GEMM, shared experts, dispatch + experts + combine) for one phase; a
-    generation block's dispatch and combine are DeepEP low-latency ones where moe_a2a is 'deepep_ll'."""
+    generation block's dispatch and combine are DeepEP low-latency ones where moe_a2a is 'deepep_ll', and its
+    experts the DeepEP expert table's where it has this layout (deepep_expert_op)."""
     import aiconfigurator_core.sdk.operations as ops
     from aiconfigurator_core.sdk import common
     from aiconfigurator_core.sdk.config import ModelConfig
@@ -168,6 +193,7 @@ def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend:
     k, e = m.num_experts_per_tok, m.num_experts
     cmtp, cep = moe_compute_layout(database, m, par, q, dist)  # the experts' table layout
     a2a = deepep_ll_ops(m, par, database) if moe_a2a == "deepep_ll" and phase == "generation" else None
+    experts = deepep_expert_op(database, m, par, q, dist) if a2a is not None else None
     if not (m.is_mla and phase == "generation"):
         shape = MoEBlockShape(hidden_size=m.hidden_size, moe_inter_size=m.moe_intermediate_size,
                               topk=m.num_experts_per_tok, num_experts=m.num_experts,
@@ -177,6 +203,8 @@ def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend:
         if a2a is not None:  # the dispatch before the experts, the combine after them
             block = [(a2a[0] if "pre" in op._name else a2a[1]) if isinstance(op, ops.MoEDispatch) else op
                      for op in block]
+        if experts is not None:
+            return [experts if isinstance(op, ops.MoE) else op for op in block]
         if (cmtp, cep) == (mtp, ep):
             return block
         return [ops.MoE(op._name, L, h, inter, k, e, cmtp, cep, q, dist, dp) if isinstance(op, ops.MoE) else op
@@ -191,7 +219,7 @@ def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend:
         ops.MoEDispatch("generation_moe_post_dispatch", L, h, k, e, mtp, ep, dp, False, quant_mode=q,
                         is_context=False, backend=backend))
     routed = [ops.GEMM("generation_router_gemm", L, e, h, common.GEMMQuantMode.bfloat16), pre,
-              ops.MoE("generation_moe", L, h, inter, k, e, cmtp, cep, q, dist, dp), post]
+              experts or ops.MoE("generation_moe", L, h, inter, k, e, cmtp, cep, q, dist, dp), post]
     if not m.num_shared_experts:
         return routed
     shared_inter = m.num_shared_experts * inter
