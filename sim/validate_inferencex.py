@@ -70,11 +70,14 @@ def redundant_experts(backend: str, num_experts: int, ep: int) -> int:
 # recipes/gb200-fp4/1k1k/mid-curve.yaml @07fbab1 (DEP 32), 1k1k/max-tpt.yaml @96f3442 (DEP 48),
 # 8k1k/max-tpt.yaml @975f228 (DEP 32), 8k1k/mid-curve.yaml @eb889c0 (DEP 48); ishandhanani/srt-slurm
 # recipes/gb300-fp4/1k1k/max_tpt.yaml @ab58651 (DEP 48), 8k1k/max_tpt.yaml @ab58651 (DEP 32),
-# recipes/gb300-fp8/1k1k/stp/mid.yaml @ab58651 (DEP 32), 8k1k/stp/max.yaml @f64d2b9 (DEP 24). The H200 and B200
+# recipes/gb300-fp8/1k1k/stp/mid.yaml @ab58651 (DEP 32), 1k1k/stp/max.yaml @ab58651 (DEP 8), 8k1k/stp/max.yaml
+# @f64d2b9 (DEP 24). The H200 and B200
 # FP8 DEP 8 decode recipes read set no a2a backend (SGLang's default; qiching/srt-slurm @5063eb4
 # recipes/h200/1k1k/bs256-1p6d-dep.yaml, recipes/b200-fp8/8k1k/stp/max-tpt-dep8-1p1d.yaml): they keep aic's
-# MoEDispatch. GB200 / GB300 decode recipes not read (gb300-fp4 mid_curve, gb300-fp8 1k1k max, 8k1k mid) take
-# the same setting, as every one read has it.
+# MoEDispatch. GB200 / GB300 decode recipes not read (gb300-fp4 1k1k mid_curve, 8k1k mid_curve, gb300-fp8 8k1k
+# stp/mid) take the same setting, as every one read has it. None of these decode workers sets `--enable-eplb` or
+# `--init-expert-location`: their redundant experts sit where SGLang's trivial placement puts them, so aic's
+# power-law routing (1.01 for DeepSeek) stands for their imbalance.
 SGLANG_DEEPEP_LL_SYSTEMS = ("gb200", "gb300")
 
 
