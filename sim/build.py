@@ -150,7 +150,8 @@ def build_cost_models(cfg: StudyConfig) -> tuple[ModelSpec, HardwareSpec, Roofli
                                 parallel=parallelism(cfg), step_overhead_s=max(e.step_overhead_s, 0.0),
                                 per_seq_overhead_s=max(e.per_seq_overhead_s, 0.0),
                                 kernel_scale=e.aic_kernel_scale, mxfp4_moe_kernel=e.aic_mxfp4_moe_kernel,
-                                fp8_moe_kernel=e.aic_fp8_moe_kernel, trtllm_wide_ep=e.aic_trtllm_wide_ep)
+                                fp8_moe_kernel=e.aic_fp8_moe_kernel, trtllm_wide_ep=e.aic_trtllm_wide_ep,
+                                moe_a2a=e.aic_moe_a2a)
         except AicError as err:
             raise _cfg_error(cfg, "engine", err.field, str(err)) from None
     return model, hw, roof, cost
@@ -239,7 +240,7 @@ def draft_cost_model(cfg: StudyConfig, draft: ModelSpec, hw: HardwareSpec, roof:
         from twinserve.backends.sim.aic import AicCostModel, AicError
         try:
             return AicCostModel(draft, hw, cost.tp, cost.backend, cost.version, parallel=cost.par,
-                                kernel_scale=cost.kernel_scale)
+                                kernel_scale=cost.kernel_scale, moe_a2a=cost.moe_a2a)
         except AicError as err:
             raise _cfg_error(cfg, "speculative", "draft_model", f"the draft {draft.name}: {err}") from None
     return RooflineCostModel(draft, hw, cfg.engine.tensor_parallel_size, roof.eff)

@@ -62,6 +62,33 @@ def redundant_experts(backend: str, num_experts: int, ep: int) -> int:
     return 0
 
 
+# The MoE all-to-all of the InferenceX DeepSeek-R1 Dynamo-SGLang decode workers under attention DP on GB200 / GB300
+# (NVL72): every such recipe read sets `moe-a2a-backend: deepep` and `deepep-mode: low_latency` on the decode
+# worker (its prefill workers at attention DP run DeepEP's normal mode, not modelled here): NVIDIA/srt-slurm
+# recipes/gb200-fp8/1k1k/mid-curve.yaml @eb889c0 (DEP 48), 1k1k/max-tpt.yaml @07fbab1 (DEP 32), 1k1k/ultra-tpt.yaml
+# @07fbab1 (DEP 8), 8k1k/max_tpt.yaml @eb889c0 (DEP 24), 8k1k/mid-curve.yaml @eb889c0 (DEP 32);
+# recipes/gb200-fp4/1k1k/mid-curve.yaml @07fbab1 (DEP 32), 1k1k/max-tpt.yaml @96f3442 (DEP 48),
+# 8k1k/max-tpt.yaml @975f228 (DEP 32), 8k1k/mid-curve.yaml @eb889c0 (DEP 48); ishandhanani/srt-slurm
+# recipes/gb300-fp4/1k1k/max_tpt.yaml @ab58651 (DEP 48), 8k1k/max_tpt.yaml @ab58651 (DEP 32),
+# recipes/gb300-fp8/1k1k/stp/mid.yaml @ab58651 (DEP 32), 1k1k/stp/max.yaml @ab58651 (DEP 8), 8k1k/stp/max.yaml
+# @f64d2b9 (DEP 24). The H200 and B200
+# FP8 DEP 8 decode recipes read set no a2a backend (SGLang's default; qiching/srt-slurm @5063eb4
+# recipes/h200/1k1k/bs256-1p6d-dep.yaml, recipes/b200-fp8/8k1k/stp/max-tpt-dep8-1p1d.yaml): they keep aic's
+# MoEDispatch. GB200 / GB300 decode recipes not read (gb300-fp4 1k1k mid_curve, 8k1k mid_curve, gb300-fp8 8k1k
+# stp/mid) take the same setting, as every one read has it. None of these decode workers sets `--enable-eplb` or
+# `--init-expert-location`: their redundant experts sit where SGLang's trivial placement puts them, so aic's
+# power-law routing (1.01 for DeepSeek) stands for their imbalance.
+SGLANG_DEEPEP_LL_SYSTEMS = ("gb200", "gb300")
+
+
+def decode_moe_a2a(backend: str, system: str, attention_dp: int, moe_ep: int) -> str:
+    """The aic_moe_a2a of an InferenceX disaggregated decode worker: 'deepep_ll' for an SGLang one under attention
+    DP with experts split (EP > 1) on GB200 / GB300 (SGLANG_DEEPEP_LL_SYSTEMS), else 'default'."""
+    if backend == "sglang" and system in SGLANG_DEEPEP_LL_SYSTEMS and attention_dp > 1 and moe_ep > 1:
+        return "deepep_ll"
+    return "default"
+
+
 # The InferenceMAX dumps whose rows this table is checked against (validate_protocol's InferenceX rows).
 _DUMPS = ("source_file=2026-03-25.csv", "source_file=2026-04-06.csv")
 

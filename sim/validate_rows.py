@@ -25,8 +25,8 @@ from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, AssumedWo
                                             NotExpressible, aggregated_layout, assume_workers, folded_layout,
                                             inferred_attention_dp, missing_worker_counts)
 from twinserve.sim.validate_engines import engine_defaults
-from twinserve.sim.validate_inferencex import (MTP_SIMULATED_MAX_CLIENTS, agreed_mtp, db_dump_record, inferencex_workers,
-                                               redundant_experts)
+from twinserve.sim.validate_inferencex import (MTP_SIMULATED_MAX_CLIENTS, agreed_mtp, db_dump_record, decode_moe_a2a,
+                                               inferencex_workers, redundant_experts)
 from twinserve.sim.validate_twins import add_twins, twin_of
 from twinserve.sim.validate_recipes import (apply_disagg_recipe, apply_kernels, apply_memory, apply_recipe,
                                             apply_speculative, disagg_fp8_moe_kernel, disagg_recipe, disagg_wide_ep,
@@ -511,6 +511,11 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     launch = disagg_recipe(row)
     if launch is not None:
         pre_layout, dec_layout = apply_disagg_recipe(launch, cfg, pre_layout, dec_layout)
+    if cost_model == "aic" and harness(row) == INFERENCEX:
+        # The decode worker's DeepEP low-latency all-to-all (sim/validate_inferencex.py SGLANG_DEEPEP_LL_SYSTEMS).
+        a2a = decode_moe_a2a(str(row["backend"]), str(row.get("system")), dec.attention_dp, dec.moe_ep)
+        if a2a != "default":
+            dec_layout = {**dec_layout, "engine.aic_moe_a2a": a2a}
     if ix is None and missing_worker_counts(row):
         # The entries that fit disagree on the workers but all ran MTP at one depth (agreed_mtp): it drafts.
         mtp = agreed_mtp(row)

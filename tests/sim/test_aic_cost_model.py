@@ -413,3 +413,91 @@ def test_mla_moe_decode_is_near_aics_own_deepseek_estimate(backend: str) -> None
     for rows in (8, 64):
         sdk_ms = engine.decode_step_latency(rows, 1024, 1024)
         assert c.step_time(0, 0, 0, 0.0, rows, rows * 1536) * 1e3 == pytest.approx(sdk_ms, rel=0.04)
+
+
+def _wide_ep(moe_a2a: str, dp: int = 32, ep: int = 32) -> AicCostModel:
+    """DeepSeek-R1 NVFP4 on GB200 SGLang, attention DP x EP (the InferenceX wide-EP decode workers)."""
+    from twinserve.backends.sim.aic_models import resolve_row_model
+    from twinserve.backends.sim.parallel import Parallelism
+    m = resolve_row_model("deepseek-ai/DeepSeek-R1").with_precision(Precision("bfloat16", "modelopt_fp4", "fp8"))
+    return AicCostModel(m, get_hardware("GB200"), backend="sglang", parallel=Parallelism(1, dp, ep, 1),
+                        moe_a2a=moe_a2a)
+
+
+def test_deepep_ll_decode_prices_aics_large_ep_all_to_all() -> None:
+    # aic_moe_a2a 'deepep_ll': a decode-only step's dispatch and combine are aic's large-EP MoEAllToAll
+    # (comm_backend deepep_ll, one rank's tokens, nodes_for(ep, 4 GPUs a GB200 node)), written out here; the
+    # router, experts and shared experts stay as they were, and a step with prefill keeps aic's MoEDispatch.
+    from aiconfigurator_core.sdk.operations.moe_comm import MoEAllToAll
+    ll, dflt = _wide_ep("deepep_ll"), _wide_ep("default")
+    m, ev = ll.model, EngineHandle.for_database(ll.database).evaluate_ops_json
+    L = m.num_moe_layers
+
+    def price(op_list: list, rows: int) -> float:
+        return sum(r[1] for r in ev(build_ops_json(op_list), is_context=True, batch_size=1, s=1, x=rows))
+
+    kw = dict(comm_backend="deepep_ll", hidden_size=m.hidden_size, topk=m.num_experts_per_tok,
+              num_experts=m.num_experts, moe_ep_size=32, node_num=8, sms=0, attention_tp_size=1)
+    for rows in (16, 128):
+        a2a = price([MoEAllToAll("d", L, phase="dispatch", comm_dtype="default", **kw),
+                     MoEAllToAll("c", L, phase="combine", comm_dtype="default", **kw)], rows)
+        mine = dict((r[0], r[1]) for r in ev(ll.graph.decode_tokens, is_context=True, batch_size=1, s=1, x=rows))
+        theirs = dict((r[0], r[1]) for r in ev(dflt.graph.decode_tokens, is_context=True, batch_size=1, s=1,
+                                                x=rows))
+        gather = (price([ops.MoEDispatch("p", L, m.hidden_size, m.num_experts_per_tok, m.num_experts, 1, 32, 32,
+                                         first, quant_mode=common.MoEQuantMode.nvfp4, is_context=False,
+                                         backend="sglang") for first in (True, False)], rows))
+        # The routed stream is the longer one here: the overlap moves by exactly the all-to-all's change.
+        assert mine["generation_moe_overlap"] == pytest.approx(theirs["generation_moe_overlap"] - gather + a2a,
+                                                               rel=1e-9)
+        assert a2a < gather / 2
+        assert ll.tokens_time(rows) == dflt.tokens_time(rows)  # a step with prefill: aic's MoEDispatch
+    assert ll.decode_tokens_time(128) < dflt.decode_tokens_time(128)
+
+
+def test_deepep_ll_needs_sglang_and_split_experts() -> None:
+    from twinserve.backends.sim.aic_models import resolve_row_model
+    from twinserve.backends.sim.parallel import Parallelism
+    m = resolve_row_model("deepseek-ai/DeepSeek-R1").with_precision(Precision("bfloat16", "fp8", "fp8"))
+    with pytest.raises(AicError, match="aic_moe_a2a"):
+        AicCostModel(m, get_hardware("H200"), backend="vllm", parallel=Parallelism(1, 8, 8, 1), moe_a2a="deepep_ll")
+    with pytest.raises(AicError, match="aic_moe_a2a"):
+        AicCostModel(m, get_hardware("H200"), 8, backend="sglang", moe_a2a="deepep_ll")  # EP 1
+    with pytest.raises(AicError, match="aic_moe_a2a"):
+        AicCostModel(m, get_hardware("H200"), 8, backend="sglang", moe_a2a="pplx")
+
+
+def test_deepep_ll_fp8_experts_price_aics_deepep_expert_table() -> None:
+    # FP8 block-scaled experts under DeepEP low-latency: aic's MoEExpertCompute (its SGLang wide-EP generation
+    # MoE table, kernel_source deepepmoe) at one rank's tokens x the attention ranks, written out here with the
+    # deepep_ll dispatch and combine; the layout's MoE table prices another kernel several times slower.
+    # NVFP4 (no such table) keeps the MoE table.
+    from aiconfigurator_core.sdk.operations.moe_comm import MoEAllToAll, MoEExpertCompute
+    from twinserve.backends.sim.aic_models import resolve_row_model
+    from twinserve.backends.sim.parallel import Parallelism
+    m = resolve_row_model("deepseek-ai/DeepSeek-R1").with_precision(Precision("bfloat16", "fp8", "fp8"))
+    ll, dflt = (AicCostModel(m, get_hardware("GB200"), backend="sglang", parallel=Parallelism(1, 32, 32, 1),
+                             moe_a2a=a) for a in ("deepep_ll", "default"))
+    ev = EngineHandle.for_database(ll.database).evaluate_ops_json
+    L, h = m.num_moe_layers, m.hidden_size
+    kw = dict(comm_backend="deepep_ll", hidden_size=h, topk=8, num_experts=256, moe_ep_size=32, node_num=8, sms=0,
+              attention_tp_size=1)
+    routed = [ops.GEMM("r", L, 256, h, common.GEMMQuantMode.bfloat16),
+              MoEAllToAll("d", L, phase="dispatch", comm_dtype="default", **kw),
+              MoEExpertCompute("x", L, hidden_size=h, inter_size=m.moe_intermediate_size, topk=8, num_experts=256,
+                               moe_ep_size=32, quant_mode=common.MoEQuantMode.fp8_block,
+                               workload_distribution="power_law_1.01", attention_dp_size=32,
+                               inference_phase="generation", num_slots=None, is_gated=True, enable_eplb=False),
+              MoEAllToAll("c", L, phase="combine", comm_dtype="default", **kw)]
+    fp8 = common.GEMMQuantMode.fp8
+    shared = [ops.GEMM("su", L, 2 * m.moe_intermediate_size, h, fp8),
+              ops.ElementWise("sa", L, 2 * m.moe_intermediate_size, m.moe_intermediate_size, 0.8),
+              ops.GEMM("sd", L, h, m.moe_intermediate_size, fp8)]
+    for rows in (16, 128):
+        def price(op_list: list) -> float:
+            return sum(r[1] for r in ev(build_ops_json(op_list), is_context=True, batch_size=1, s=1, x=rows))
+        answer = dict((r[0], r[1]) for r in ev(ll.graph.decode_tokens, is_context=True, batch_size=1, s=1, x=rows))
+        assert answer["generation_moe_overlap"] == pytest.approx(max(price(routed), price(shared)), rel=1e-9)
+    assert ll.decode_tokens_time(128) < dflt.decode_tokens_time(128) / 2
+    assert "MoeExpertCompute" in ll.graph.decode_tokens and "MoeExpertCompute" not in dflt.graph.decode_tokens
+    assert "MoeExpertCompute" not in _wide_ep("deepep_ll").graph.decode_tokens  # NVFP4: aic's MoE table

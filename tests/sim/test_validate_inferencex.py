@@ -524,3 +524,26 @@ def test_h200_recipes_of_one_count_are_picked_by_the_db_dump_twin(rows) -> None:
     m = inferencex_workers(_row(rows, "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_8192x1024_c128_tp8_0_ep8_0_670"))
     assert m is not None and m.mtp == 0 and m.decode_batch == 256
     assert (m.prefill, m.decode) == (Shape(1, 8, 8, False), Shape(1, 8, 8, True))
+
+
+# GB200 FP4 SGLang 1k/1k at 8,192 clients: 4 prefill workers at attention DP 4 x EP 4, one decode worker at attention
+# DP 32 x EP 32 (NVIDIA/srt-slurm recipes/gb200-fp4/1k1k/mid-curve.yaml: decode `moe-a2a-backend: deepep`,
+# `deepep-mode: low_latency`); H200 FP8 SGLang 1k/1k at 1,024 clients, 6 DEP 8 decode workers (no a2a backend).
+GB200_FP4_DEP32 = "2026_03_25_deepseek_r1_gb200_sglang_fp4_disagg_1024x1024_c8192_tp4_0_ep4_0_843"
+H200_DEP8 = "2026_04_06_deepseek_r1_h200_sxm_sglang_fp8_disagg_1024x1024_c1024_tp8_ep8_1718"
+
+
+def test_gb200_sglang_wide_ep_decode_runs_deepep_low_latency_under_aic(rows) -> None:
+    from twinserve.sim.config import replica_config
+    from twinserve.sim.validate_inferencex import decode_moe_a2a
+    cfg = row_plan(_row(rows, GB200_FP4_DEP32), "aic").cfg
+    n = len(cfg.cluster.replicas)
+    assert [replica_config(cfg, i).engine.aic_moe_a2a for i in range(n)] == ["default"] * (n - 1) + ["deepep_ll"]
+    assert replica_config(cfg, n - 1).engine.data_parallel_size == 32
+    roof = row_plan(_row(rows, GB200_FP4_DEP32), "roofline").cfg
+    assert {replica_config(roof, i).engine.aic_moe_a2a for i in range(n)} == {"default"}
+    h200 = row_plan(_row(rows, H200_DEP8), "aic").cfg
+    assert {replica_config(h200, i).engine.aic_moe_a2a for i in range(len(h200.cluster.replicas))} == {"default"}
+    assert decode_moe_a2a("sglang", "gb300", 24, 24) == "deepep_ll"
+    assert decode_moe_a2a("sglang", "gb200", 1, 8) == "default"  # TEP: no attention DP
+    assert decode_moe_a2a("trtllm", "gb200", 32, 32) == "default"

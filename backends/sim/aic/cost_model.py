@@ -19,7 +19,7 @@ from typing import Any
 from twinserve.backends.sim.catalog import HardwareSpec, ModelSpec
 from twinserve.backends.sim.parallel import Parallelism, ParallelismError, _loop_step_time
 
-from twinserve.backends.sim.aic.graph import StepGraph, aic_moe_parallelism, build_graph
+from twinserve.backends.sim.aic.graph import MOE_A2A, StepGraph, aic_moe_parallelism, build_graph
 from twinserve.backends.sim.aic.marlin import MARLIN_KERNELS, MarlinMoe, marlin_extra_ms, marlin_moe
 from twinserve.backends.sim.aic.trtgen import (FP8_MOE_KERNELS, TRTGEN_DATABASE, Nvfp4Trtgen, TrtgenMoe,
                                                nvfp4_trtgen_points, trtgen_delta_ms,
@@ -90,15 +90,21 @@ class AicCostModel:
     __slots__ = ("name", "model", "hardware", "tp", "par", "system", "backend", "version", "database",
                  "graph", "step_overhead_s", "per_seq_overhead_s", "kernel_scale", "_eval", "_tok", "_dtok", "_seq",
                  "_exp", "_ctx", "_gen", "_p2p", "mxfp4_moe_kernel", "_marlin", "_mx", "fp8_moe_kernel", "_trtgen",
-                 "_trtgen_eval", "_tg", "trtllm_wide_ep")
+                 "_trtgen_eval", "_tg", "trtllm_wide_ep", "moe_a2a")
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1, backend: str = "vllm",
                  version: str = "", parallel: Parallelism | None = None, step_overhead_s: float = 0.0,
                  per_seq_overhead_s: float = 0.0, kernel_scale: float = 1.0,
                  mxfp4_moe_kernel: str = "default", fp8_moe_kernel: str = "default",
-                 trtllm_wide_ep: bool = False) -> None:
+                 trtllm_wide_ep: bool = False, moe_a2a: str = "default") -> None:
         if not kernel_scale > 0:
             raise AicError("aic_kernel_scale", f"aic_kernel_scale {kernel_scale!r}: must be > 0")
+        if moe_a2a not in MOE_A2A:
+            raise AicError("aic_moe_a2a", f"aic_moe_a2a {moe_a2a!r} is not one of {', '.join(MOE_A2A)}")
+        if moe_a2a != "default" and backend != "sglang":
+            raise AicError("aic_moe_a2a", f"aic_moe_a2a {moe_a2a!r} is SGLang's DeepEP low-latency all-to-all; "
+                           f"this is {backend}")
+        self.moe_a2a = moe_a2a
         par = parallel or Parallelism(tensor_parallel_size=tp)
         try:
             par.check(model)
@@ -153,7 +159,7 @@ class AicCostModel:
         no price at all. A shape the 16-bit lane holds keeps it; MLA models use aic's MLA tables.
         """
         from aiconfigurator_core.sdk import common
-        graph = build_graph(model, par, modes, self.backend, self.database, self.trtllm_wide_ep)
+        graph = build_graph(model, par, modes, self.backend, self.database, self.trtllm_wide_ep, self.moe_a2a)
         if (model.is_mla or modes["generation_attention"] is not common.KVCacheQuantMode.fp8
                 or modes["fmha"] is common.FMHAQuantMode.fp8):
             return graph
@@ -163,7 +169,7 @@ class AicCostModel:
         except Exception:  # aic's PerfDataNotAvailableError and kin
             pass
         fp8 = build_graph(model, par, {**modes, "fmha": common.FMHAQuantMode.fp8}, self.backend, self.database,
-                          self.trtllm_wide_ep)
+                          self.trtllm_wide_ep, self.moe_a2a)
         try:
             self._eval(fp8.context_attn, is_context=True, batch_size=1, s=128, prefix=0, x=None)
         except Exception:

@@ -146,10 +146,71 @@ def _wide_ep_generation_ops(model: ModelSpec, par: Parallelism, modes: dict[str,
                                gpus_per_node=gpn)
 
 
+# The MoE all-to-all a decode-only step can be priced as (EngineConfig.aic_moe_a2a).
+MOE_A2A = ("default", "deepep_ll")
+
+
+def deepep_ll_ops(model: ModelSpec, par: Parallelism, database: Any) -> tuple[Any, Any]:
+    """A decode step's DeepEP low-latency dispatch and combine, as aic's large-EP path prices them: its
+    MoEAllToAll over the `deepep_ll` comm tables (aiconfigurator_core sdk/models/blocks/moe.py
+    `_large_ep_block_ops`; sdk/operations/moe_comm.py MOE_A2A_BACKENDS: SGLang / vLLM, generation only),
+    one rank's tokens, the comm span `nodes_for(moe_ep x moe_tp, num_gpus_per_node)` nodes, no dtype axis
+    ('default'), no SM budget (low-latency mode).
+
+    What it stands for: SGLang's `--moe-a2a-backend deepep --deepep-mode low_latency` decode workers (each
+    token goes to the ranks holding its top-k experts; sglang srt/layers/moe/token_dispatcher/deepep.py),
+    where aic's MoEDispatch for SGLang prices a collective over every attention rank's tokens, so it grows
+    with the whole worker's batch (GB200 NVFP4, SGLang 0.5.14, 128 tokens a rank: 126 us a layer at attention
+    DP 32, 92 us at DP 8; aic's deepep_ll dispatch: 27 us).
+    aic's tables (gb200 / gb300 / b200 / h200, SGLang 0.5.12) are keyed by tokens a rank, hidden size, top-k
+    and experts at one node; aic reads them at any node span (its own large-EP path queries EP 32 on GB200
+    at 8 nodes of 4 and gets the same rows)."""
+    import aiconfigurator_core.sdk.operations as ops
+    from aiconfigurator_core.sdk.operations.moe_comm import nodes_for
+    from twinserve.backends.sim.aic.mapping import AicError
+    mtp, ep = par.moe_tensor_parallel_size, par.expert_parallel_size
+    if not model.is_moe or mtp != 1 or ep < 2 or model.num_experts % ep:
+        raise AicError("aic_moe_a2a", f"aic_moe_a2a 'deepep_ll' needs experts split over EP > 1 with no MoE TP "
+                       f"and EP dividing the experts (aic's deepep_ll feasibility); {model.name} here has "
+                       f"moe_tp {mtp}, moe_ep {ep}, {model.num_experts} experts")
+    nodes = nodes_for(ep * mtp, int(database.system_spec["node"]["num_gpus_per_node"]))
+    L = model.num_moe_layers
+    kw = dict(comm_backend="deepep_ll", hidden_size=model.hidden_size, topk=model.num_experts_per_tok,
+              num_experts=model.num_experts, moe_ep_size=ep, node_num=nodes, sms=0, attention_tp_size=1)
+    return (ops.MoEAllToAll("generation_moe_dispatch", L, phase="dispatch", comm_dtype="default", **kw),
+            ops.MoEAllToAll("generation_moe_combine", L, phase="combine", comm_dtype="default", **kw))
+
+
+def deepep_expert_op(database: Any, model: ModelSpec, par: Parallelism, quant: Any, dist: str) -> Any | None:
+    """The routed experts of a DeepEP low-latency decode step as aic's large-EP path prices them: MoEExpertCompute
+    over SGLang's wide-EP generation MoE table (kernel_source 'deepepmoe': the expert kernel behind SGLang's DeepEP
+    dispatcher, e.g. gb200 SGLang 0.5.10 wideep_generation_moe_perf, FP8 block-scaled, EP 2-256 but 8), at one
+    rank's tokens times the attention ranks, as aic's MoE op; None where that table has no row for this quant /
+    EP (NVFP4: none; those experts keep aic's MoE table).
+
+    The same layout's MoE table prices a different kernel: GB200 SGLang 0.5.14, FP8 block-scaled, EP 32, 128
+    tokens a rank: 917 us a layer against the DeepEP expert table's 159 us, 256 tokens: 1,655 against 168."""
+    import aiconfigurator_core.sdk.operations as ops
+    from aiconfigurator_core.sdk.engine import build_ops_json
+    m, ep, dp = model, par.expert_parallel_size, par.data_parallel_size
+    op = ops.MoEExpertCompute("generation_moe", m.num_moe_layers, hidden_size=m.hidden_size,
+                              inter_size=m.moe_intermediate_size, topk=m.num_experts_per_tok,
+                              num_experts=m.num_experts, moe_ep_size=ep, quant_mode=quant,
+                              workload_distribution=dist, attention_dp_size=dp, inference_phase="generation",
+                              num_slots=None, is_gated=True, enable_eplb=False)
+    try:
+        evaluator(database)(build_ops_json([op]), is_context=True, batch_size=1, s=1, x=16)
+    except Exception:  # aic's PerfDataNotAvailableError and kin: no timings at this key
+        return None
+    return op
+
+
 def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend: str, phase: str,
-             database: Any, wide_ep: bool = False) -> list:
+             database: Any, wide_ep: bool = False, moe_a2a: str = "default") -> list:
     """aic's MoE block (router GEMM, shared experts, dispatch + experts + combine) for one phase; with
-    `wide_ep` (TensorRT-LLM's WIDEEP backend), a decode step's is aic's large-EP block."""
+    `wide_ep` (TensorRT-LLM's WIDEEP backend), a decode step's is aic's large-EP block; a generation
+    block's dispatch and combine are DeepEP low-latency ones where moe_a2a is 'deepep_ll', and its
+    experts the DeepEP expert table's where it has this layout (deepep_expert_op)."""
     if wide_ep and phase == "generation":
         return _wide_ep_generation_ops(model, par, modes, database)
     import aiconfigurator_core.sdk.operations as ops
@@ -166,24 +227,34 @@ def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend:
     mtp, ep, dp = par.moe_tensor_parallel_size, par.expert_parallel_size, par.data_parallel_size
     k, e = m.num_experts_per_tok, m.num_experts
     cmtp, cep = moe_compute_layout(database, m, par, q, dist)  # the experts' table layout
+    a2a = deepep_ll_ops(m, par, database) if moe_a2a == "deepep_ll" and phase == "generation" else None
+    experts = deepep_expert_op(database, m, par, q, dist) if a2a is not None else None
     if not (m.is_mla and phase == "generation"):
         shape = MoEBlockShape(hidden_size=m.hidden_size, moe_inter_size=m.moe_intermediate_size,
                               topk=m.num_experts_per_tok, num_experts=m.num_experts,
                               num_shared_experts=m.num_shared_experts, num_moe_layers=L)
         block = build_moe_block_ops(phase, shape, cfg, modes["moe"], dist, scale_factor=L,
                                     backend_name=backend, inference_phase=phase)
+        if a2a is not None:  # the dispatch before the experts, the combine after them
+            block = [(a2a[0] if "pre" in op._name else a2a[1]) if isinstance(op, ops.MoEDispatch) else op
+                     for op in block]
+        if experts is not None:
+            return [experts if isinstance(op, ops.MoE) else op for op in block]
         if (cmtp, cep) == (mtp, ep):
             return block
         return [ops.MoE(op._name, L, h, inter, k, e, cmtp, cep, q, dist, dp) if isinstance(op, ops.MoE) else op
                 for op in block]
     # aic's DeepSeekModel generation span (models/deepseek.py): routed experts on the main stream,
     # shared experts on the auxiliary one, overlapped; its dispatches are generation-phase queries.
-    routed = [ops.GEMM("generation_router_gemm", L, e, h, common.GEMMQuantMode.bfloat16),
-              ops.MoEDispatch("generation_moe_pre_dispatch", L, h, k, e, mtp, ep, dp, True, quant_mode=q,
-                              is_context=False, backend=backend),
-              ops.MoE("generation_moe", L, h, inter, k, e, cmtp, cep, q, dist, dp),
-              ops.MoEDispatch("generation_moe_post_dispatch", L, h, k, e, mtp, ep, dp, False, quant_mode=q,
-                              is_context=False, backend=backend)]
+    # The router stays under DeepEP (the engine runs it; aic's own SGLang large-EP DeepSeek block drops it
+    # for its legacy graphs' sake: blocks/moe.py `_deepseek_sglang_moe_block`).
+    pre, post = a2a or (
+        ops.MoEDispatch("generation_moe_pre_dispatch", L, h, k, e, mtp, ep, dp, True, quant_mode=q,
+                        is_context=False, backend=backend),
+        ops.MoEDispatch("generation_moe_post_dispatch", L, h, k, e, mtp, ep, dp, False, quant_mode=q,
+                        is_context=False, backend=backend))
+    routed = [ops.GEMM("generation_router_gemm", L, e, h, common.GEMMQuantMode.bfloat16), pre,
+              experts or ops.MoE("generation_moe", L, h, inter, k, e, cmtp, cep, q, dist, dp), post]
     if not m.num_shared_experts:
         return routed
     shared_inter = m.num_shared_experts * inter
@@ -284,9 +355,10 @@ def _attention(m: ModelSpec, tp: int, modes: dict[str, Any], backend: str, datab
 
 
 def build_graph(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend: str,
-                database: Any, wide_ep: bool = False) -> StepGraph:
+                database: Any, wide_ep: bool = False, moe_a2a: str = "default") -> StepGraph:
     """The op lists of one step of one pipeline stage (`model`: the stage's layers) on one GPU; `wide_ep`:
-    the MoE block is TensorRT-LLM's WIDEEP one (_wide_ep_generation_ops) in both graphs (a decode worker's)."""
+    the MoE block is TensorRT-LLM's WIDEEP one (_wide_ep_generation_ops) in both graphs (a decode worker's);
+    moe_a2a: the decode-only graph's MoE all-to-all (MOE_A2A; a step with prefill keeps aic's MoEDispatch)."""
     import aiconfigurator_core.sdk.operations as ops
     from aiconfigurator_core.sdk import common
     from aiconfigurator_core.sdk.engine import build_ops_json
@@ -316,7 +388,7 @@ def build_graph(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backe
         # A WIDEEP worker is a disaggregated decode worker: every step it runs is a generation step, an MTP
         # verify step (priced on the token graph) included, so both graphs carry the large-EP block.
         token_ops += _moe_ops(m, moe_par, modes, backend, "generation" if wide_ep else "context", database, wide_ep)
-        decode_ops += _moe_ops(m, moe_par, modes, backend, "generation", database, wide_ep)
+        decode_ops += _moe_ops(m, moe_par, modes, backend, "generation", database, wide_ep, moe_a2a)
     ars = [ops.CustomAllReduce("embedding_ar", 1, h, tp), ops.CustomAllReduce("ar_1", dense, h, tp),
            ops.CustomAllReduce("ar_2", dense, h, tp)]
     if m.is_mla and not m.index_topk and m.num_moe_layers and backend == "vllm":
