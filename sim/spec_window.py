@@ -261,16 +261,24 @@ def append_tokens(sched: Scheduler, ex: SimExecutor, win: SpecWindow, m: int, ti
         ends = win.ends[:m]
     if times:
         per_step = [(a + 1).tolist() for a in accepted]
+    kv = sched.kv
+    bs = kv.block_size
+    held = kv.req_to_blocks
+    caching = kv.enable_caching
     for i in range(n):
         req = running[i]
         g = gained[i]
         rid = req.request_id
         tok = [get(rid, DEFAULT_TOKEN)] * g
-        req.all_token_ids += tok
+        all_ids = req.all_token_ids
+        all_ids += tok
         req.output_token_ids += tok
         state[rid][0] += g
         req.num_draft_tokens += kk_list[i]
         req.num_accepted_tokens += acc_list[i]
+        # Where the steps allocate or trim, settle sets these again after the replays.
+        req.num_computed_tokens = len(all_ids) - 1
+        req.fast_decode_limit = fast_decode_limit(kv, rid) if caching else len(held[rid]) * bs
         if times:
             tt = req.token_times
             for j in range(m):
@@ -315,18 +323,15 @@ def settle(sched: Scheduler, win: SpecWindow, m: int) -> None:
     drafts = win.drafts[:m]
     acc_sum = np.sum(accepted, axis=0) if m > 1 else accepted[0]
     kk_sum = np.sum(drafts, axis=0) if m > 1 else drafts[0]
-    bs = kv.block_size
-    held = kv.req_to_blocks
-    if kv.enable_caching:
-        for i in range(n):
+    # The requests whose blocks the replays changed (and whose computed tokens they set): the rest were
+    # set by append_tokens, and a step leaves them where it finds them.
+    touched = [r for j in range(m) for r in (win.allocs[j][0], win.trims[j][0]) if len(r)]
+    if touched:
+        rows = np.unique(np.concatenate(touched)).tolist() if len(touched) > 1 else touched[0].tolist()
+        for i in rows:
             req = running[i]
             req.num_computed_tokens = len(req.all_token_ids) - 1
             req.fast_decode_limit = fast_decode_limit(kv, req.request_id)
-    else:
-        for i in range(n):  # fast_loop.fast_decode_limit without a prefix cache: the blocks' slots
-            req = running[i]
-            req.num_computed_tokens = len(req.all_token_ids) - 1
-            req.fast_decode_limit = len(held[req.request_id]) * bs
     stats = sched.spec_stats
     stats.num_drafts += sum(int((d > 0).sum()) for d in drafts)  # rows that verified drafts
     stats.num_draft_tokens += int(kk_sum.sum())
