@@ -102,26 +102,17 @@ def plan_spec_window(sched: Scheduler, ex: SimExecutor, max_steps: int, start: f
     cached_of = kv.num_cached_blocks
     spread = acc_model.spread > 0.0
     rates = np.empty((n, k)) if spread else np.broadcast_to(np.asarray(acc_model.rates, float), (n, k))
-    cs: list[int] = []
-    lens: list[int] = []
-    lims: list[int] = []
-    hs: list[int] = []
-    add_c, add_len, add_lim, add_h = cs.append, lens.append, lims.append, hs.append
-    for req in running:
-        ci = req.num_computed_tokens
-        li = len(req.all_token_ids)
-        # A plain drafting decode (its proposals in hand), no stop token or EOS to sample (stop_check_ids,
-        # Scheduler.add_request).
-        if li - ci != 1 or not req.output_token_ids or len(req.spec_token_ids) != k or req.stop_check_ids:
-            return None
-        add_c(ci)
-        add_len(li)
-        add_lim(req.stop_check_len)
-        add_h(len(held[req.request_id]))
-    c = np.array(cs, np.int64)
-    length = np.array(lens, np.int64)
-    limit = np.array(lims, np.int64)
-    h = np.array(hs, np.int64)
+    # One pass: (computed, length, limit, blocks held, proposals, a plain drafting decode with its first token
+    # and nothing to stop it: stop_check_ids, Scheduler.add_request).
+    rows = np.array([(r.num_computed_tokens, len(r.all_token_ids), r.stop_check_len, len(held.get(r.request_id, ())),
+                      len(r.spec_token_ids), not r.stop_check_ids and len(r.output_token_ids) > 0)
+                     for r in running], np.int64)
+    c = rows[:, 0]
+    length = rows[:, 1]
+    if not ((length - c == 1).all() and (rows[:, 4] == k).all() and rows[:, 5].all()):
+        return None  # not a plain drafting decode, or a sampled token could stop it
+    limit = rows[:, 2]
+    h = rows[:, 3]
     cc = (np.array([cached_of[r.request_id] for r in running], np.int64) if caching else np.zeros(n, np.int64))
     if spread:
         for i, req in enumerate(running):
