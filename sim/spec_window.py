@@ -1,19 +1,21 @@
 """Windows of drafting decode steps: a speculative (MTP / draft-model / n-gram) decode-only batch advanced
 several steps at once, as core.sched.fast_forward advances plain decodes.
 
-While nothing joins and no request nears its length limit, each step of such a batch has one shape: every
-running request verifies its k drafts (a (1 + k)-token row) and, with a draft model, the draft catches up on
-what was accepted and drafts k again. Only each request's accepted count per step is random. A window draws
-those counts for all its requests at once (numpy, SpecAcceptance.draw_accepted: the same per-position rates
-as stepping's SpecAcceptance.accepted, another random stream), so every step's context, KV blocks and price
-follow without a Python pass per request per step.
+While nothing joins, each step of such a batch follows from the batch: every running request verifies its k
+drafts (a (1 + k)-token row; fewer within k + 1 of its length limit, step_parts._draft_len, and none with one
+token left: a decode row) and, with a draft model, the draft catches up on what was accepted and drafts k
+again. Only each request's accepted count per step is random. A window draws those counts for the whole batch
+a step at a time (numpy, SpecAcceptance.draw_accepted: the same per-position rates as stepping's
+SpecAcceptance.accepted, another random stream), so every step's context, KV blocks and price follow without
+a Python pass per request per step; applying the window makes one pass per request.
 
-The window ends (as plain windows do) before a step that would differ from the window's shape: a request
-whose next step could not verify all k drafts (step_parts._draft_len: within k + 1 of its length limit,
-which is also the step after which it could finish), a step whose new blocks would not fit (stepping would
-preempt or drop lookahead), the deadline (the next arrival in sim/world.py; sim/cluster.py interrupts a
-planned window at an arrival and applies the steps that started before it) or max_steps; and after the
-first step where a request reaches its length limit (it finishes there, as update_from_output ends it).
+The window ends (as plain windows do) after the first step where a request reaches its length limit (it
+finishes there, as update_from_output ends it), before a step whose new blocks would not fit (stepping would
+preempt or drop lookahead), before the deadline (the next arrival in sim/world.py; sim/cluster.py interrupts
+a planned window at an arrival and applies the steps that started before it), or at max_steps
+(MAX_SPEC_WINDOW at most). A batch wider than the step budget allows drafts for (schedule_batch gives drafts
+only spare budget), with drafts switched off (disable_by_batch_size), a host tier, KV groups or a sliding
+window, or with a request not plainly drafting, has no window: it steps.
 
 Applying m steps replays, in stepping's order, the KV calls stepping makes that are not no-ops: each
 step's allocate_slots (drafts and lookahead slots, registration of verified blocks) in running order,
