@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 
 from twinserve.backends.sim.executor import DEFAULT_TOKEN, SimExecutor
-from twinserve.core.request import Request
 from twinserve.core.sched.fast_forward import _finish_by_length
 from twinserve.core.sched.fast_loop import fast_decode_limit
 from twinserve.core.sched.scheduler import Scheduler
