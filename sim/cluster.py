@@ -32,6 +32,8 @@ from twinserve.core.request import RequestStatus
 from twinserve.core.sched.output import CachedRequestData
 
 from twinserve.sim.kv_offload import store_free_window
+from twinserve.sim.spec_window import (SpecWindow, append_tokens, apply_spec_window, finish, plan_spec_window,
+                                      replay_allocations, replay_trims, settle, spec_window_applies)
 from twinserve.sim.gc_policy import simulation_gc
 from twinserve.sim.workload import WorkItem, Workload
 from twinserve.sim.world import INF, RequestRecord, RunResult, StepLog, first_tokens, make_source
@@ -284,7 +286,7 @@ class ClusterSimulation:
                 continue
             plan = self._plan_window(rep, t) if self.fast_forward and not rep.executor.waking else None
             if plan is not None:
-                ends = plan[3]
+                ends = plan.ends if type(plan) is SpecWindow else plan[3]
                 rep.in_window = True
                 try:
                     yield env.timeout(ends[-1] - env.now)
@@ -363,6 +365,8 @@ class ClusterSimulation:
         ex = rep.executor
         kv = sched.kv
         policy = type(sched.batch_policy)
+        if sched.spec is not None and sched.spec.active(len(sched.running)):
+            return self._spec_join_step(rep, t)
         if ((policy is not MixedBatches and policy is not PrefillFirst)
                 or (kv.enable_caching and (rep.lazy is not None or policy is not MixedBatches))
                 or kv.host is not None or kv.num_groups > 1 or kv.sliding_window is not None
@@ -454,6 +458,65 @@ class ClusterSimulation:
         finished += [out.req_id for out in outputs[num_failed:] if out.finish_reason is not None]
         return outputs, stats, finished
 
+    def _spec_join_step(self, rep: Replica, t: float) -> tuple[list, StepStats, list[str]] | None:
+        """_join_step for a drafting batch (mixed batches only): the running requests' verify rows as a
+        one-step drafting window (sim/spec_window.py: acceptances drawn for the batch at once, KV calls
+        replayed in schedule_batch's order), the joiners admitted after them (Scheduler._admit, with the
+        drafts' lookahead) and run through update_from_output, the step priced from both in one execute
+        call. Decodes' finishes, then the joiners', in core.step's order. None (nothing done) where it does
+        not apply: another batch policy, a host tier or KV groups, drafts switched off by batch size, a
+        request not plainly drafting (a joiner still in its chunk), or no room for the decodes' blocks."""
+        core = rep.core
+        sched = core.scheduler
+        ex = rep.executor
+        kv = sched.kv
+        if (type(sched.batch_policy) is not MixedBatches or kv.host is not None or kv.num_groups > 1
+                or kv.sliding_window is not None or core.executor is not ex or sched._stalled
+                or sched.failed_outputs or sched.spec.disable_by_batch_size > 0 or not sched.running):
+            return None
+        win = plan_spec_window(sched, ex, 1, t, INF, joining=True)
+        if win is None:
+            return None
+        n, k = win.n, win.k
+        running = sched.running
+        # schedule_batch's drafting loop: each decode's blocks (the calls that are not no-ops), then its
+        # 1 + k tokens scheduled.
+        replay_allocations(sched, win, 0)
+        for i, kk in enumerate(win.drafts[0].tolist()):
+            running[i].num_computed_tokens += 1 + kk
+        num_tokens = win.tokens(1)[0]
+        cfg = sched.config
+        num_scheduled: dict[str, int] = {}
+        new_reqs: list = []
+        budget = cfg.max_num_batched_tokens - num_tokens
+        hidden = sched.hide_unread()
+        budget = sched._admit(t, budget, num_scheduled, new_reqs, sched.lookahead)
+        sched.show_unread(hidden)
+        if sched._stalled:
+            sched._fail_stalled(t)
+        so = sched.emit_step(new_reqs, CachedRequestData([], [], []), num_scheduled,
+                             cfg.max_num_batched_tokens - budget, [], {})
+        sched.note_step(so, num_tokens)  # the decodes' tokens are not in so's per-request counts
+        mro = ex.execute(so, spec_rows=win.parts[0])
+        d = mro.step_time or 0.0
+        end = t + d
+        append_tokens(sched, ex, win, 1, self.keep_token_times, [end])
+        replay_trims(sched, win, 0)
+        settle(sched, win, 1)
+        win.ends = [end]  # finish() reads the planned last step: this one
+        done = finish(sched, win, 1, end)
+        num_failed = len(sched.failed_outputs)
+        outputs = sched.update_from_output(so, mro, end)
+        core.last_scheduler_output = so
+        stats = StepStats(core.num_steps, t, d, sched.num_running, sched.num_waiting, len(new_reqs),
+                          n + len(num_scheduled), so.total_num_scheduled_tokens, kv.usage, kv.stats.queries,
+                          kv.stats.hits, 0, len(sched.finished_req_ids))
+        core.num_steps += 1
+        finished = [out.req_id for out in outputs[:num_failed] if out.finish_reason is not None]
+        finished += done
+        finished += [out.req_id for out in outputs[num_failed:] if out.finish_reason is not None]
+        return outputs, stats, finished
+
     def _prefill_only_step(self, rep: Replica, t: float, lazy: LazyDecodes
                            ) -> tuple[list, StepStats, list[str]] | None:
         """core.step(t) under prefill_first (core.sched.batch_policy.PrefillFirst) with the running
@@ -489,10 +552,15 @@ class ClusterSimulation:
         return outputs, stats, [out.req_id for out in outputs if out.finish_reason is not None]
 
     def _plan_window(self, rep: Replica, t: float
-                     ) -> tuple[int, int, list[float], list[float]] | None:
+                     ) -> tuple[int, int, list[float], list[float]] | SpecWindow | None:
         """The next run of identical decode steps (batch size, context, durations, ends), not applied
-        (the batch is sched.running's until then: the replica sleeps through the window)."""
+        (the batch is sched.running's until then: the replica sleeps through the window); a drafting
+        batch's: its SpecWindow (sim/spec_window.py)."""
         sched = rep.core.scheduler
+        if spec_window_applies(sched, rep.executor):
+            if rep.core.executor is not rep.executor:
+                return None  # a wrapped executor (host tier) steps
+            return plan_spec_window(sched, rep.executor, self.max_window, t, INF)
         lazy = rep.lazy
         if lazy is not None and (lazy.active or (len(sched.waiting) == 0 and lazy.enter())):
             k, context = lazy.plan(self.max_window)
@@ -509,6 +577,8 @@ class ClusterSimulation:
     def _apply_window(self, rep: Replica, t: float,
                       plan: tuple[int, int, list[float], list[float]], m: int) -> list[str]:
         """Apply the first m steps of a planned window; returns the requests that finished."""
+        if type(plan) is SpecWindow:
+            return self._apply_spec_window(rep, t, plan, m)
         n, context, durations, ends = plan
         durations, ends = durations[:m], ends[:m]
         sched = rep.core.scheduler
@@ -537,6 +607,31 @@ class ClusterSimulation:
         rep.load.kv_usage = usage[-1]
         if rep.steps is not None:
             rep.steps.add_decode_window(t, ends, durations, n, len(finished), usage)
+        rep.num_ff_windows += 1
+        rep.end_time = ends[-1]
+        return finished
+
+    def _apply_spec_window(self, rep: Replica, t: float, plan: SpecWindow, m: int) -> list[str]:
+        """_apply_window for a drafting batch's window."""
+        sched = rep.core.scheduler
+        n = plan.n
+        finished = apply_spec_window(sched, rep.executor, plan, m, self.keep_token_times)
+        durations, ends = plan.durations[:m], plan.ends[:m]
+        rep.core.num_steps += m
+        busy = 0.0
+        for d in durations:
+            busy += d
+        usage = sched.kv.usage  # after the window (the replay's per-step usage is not kept)
+        rep.busy_time += busy
+        rep.area_in_system += n * busy
+        rep.area_batch += n * busy
+        rep.area_kv += usage * busy
+        rep.load.kv_usage = usage
+        if rep.steps is not None:
+            log = rep.steps
+            first = len(log)
+            log.add_decode_window(t, ends, durations, n, len(finished), [usage] * m)
+            log.tokens[first:] = plan.tokens(m)
         rep.num_ff_windows += 1
         rep.end_time = ends[-1]
         return finished

@@ -82,9 +82,10 @@ class DecodeExecutor(SimExecutor):
         self.transferred.pop(req_id, None)
         self.pending.discard(req_id)
 
-    def execute(self, so: SchedulerOutput, decodes: tuple[int, int] | None = None) -> ModelRunnerOutput:
-        """Price the step as SimExecutor does, minus the transferred tokens' prefill (decodes: as
-        SimExecutor.execute's; plain decodes carry no transferred tokens)."""
+    def execute(self, so: SchedulerOutput, decodes: tuple[int, int] | None = None,
+                spec_rows: tuple | None = None) -> ModelRunnerOutput:
+        """Price the step as SimExecutor does, minus the transferred tokens' prefill (decodes, spec_rows: as
+        SimExecutor.execute's; plain decodes and drafting decodes carry no transferred tokens)."""
         tr = self.transferred
         a = b = c = 0
         d = 0.0
@@ -119,7 +120,7 @@ class DecodeExecutor(SimExecutor):
                     b += 1
         self.cost_model.minus = (a, b, c, d)
         w = self.totals
-        out = super().execute(so, decodes)
+        out = super().execute(so, decodes, spec_rows)
         self.cost_model.minus = (0, 0, 0, 0.0)
         # Keep MFU/MBU honest: the transferred prefill was not computed here.
         w.num_prefill_tokens -= a

@@ -37,12 +37,15 @@ from typing import Any, Callable
 
 _SOURCE = "SemiAnalysisAI/InferenceX .github/configs/nvidia-master.yaml @0004cf5"
 MTP_DEPTH_NOT_GIVEN = -1  # an MTP entry whose recipe file name gives no depth (the SGLang ones)
-# The simulator steps a drafting batch one step at a time (no decode windows): a disaggregated MTP row of
-# 8,609 clients took 172 CPU s against 12.5 without drafts (B300 FP4 1k/1k, 2026-12-05), and the 49
-# depth-1 entries run 2,000-16,384 clients. Past this many clients an entry's MTP is recorded, not
-# simulated, so `simulate validate` over every row keeps to its half hour; every development row up to
-# the evaluation's 128 clients drafts.
-MTP_SIMULATED_MAX_CLIENTS = 256
+# A drafting batch used to step one step at a time: a disaggregated MTP row of 8,609 clients took 172 CPU s
+# against 12.5 without drafts (B300 FP4 1k/1k, 2026-12-05). Its decodes now advance in windows and in the
+# cluster's join steps (sim/spec_window.py), still several times a plain decode's cost per step (a Python
+# pass per request per step, where plain decodes have lazy ones): the 25 development studies of 257-1,024
+# clients whose MTP this cap now simulates cost 220 CPU s against 82 without drafts (one process, shared
+# machine, 2026-12-06; docs/validate-accuracy.md), inside the ~250 s the full set's half hour leaves; those of
+# 1,025-1,229 clients would add 119 s more. Past this many clients an entry's MTP is recorded, not simulated;
+# every development row up to the evaluation's 128 clients drafts.
+MTP_SIMULATED_MAX_CLIENTS = 1024
 # SGLang's `--ep-num-redundant-experts` (EPLB replicas; SGLang's default 0) of the InferenceX DeepSeek-R1
 # Dynamo-SGLang wide-EP decode workers whose EP does not divide the 256 experts: 32, which makes 288 physical
 # experts, 6 a GPU at EP 48 and 12 at EP 24. The srt-slurm recipes nvidia-master.yaml's `config_file` names

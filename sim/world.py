@@ -24,6 +24,7 @@ from twinserve.core.sched.fast_forward import apply_decode_steps, decode_plan
 from twinserve.sim.clients import ClosedLoopSource
 from twinserve.sim.gc_policy import simulation_gc
 from twinserve.sim.kv_offload import price_window_stores, store_free_window, stores_fit, window_stores
+from twinserve.sim.spec_window import apply_spec_window, plan_spec_window, spec_window_applies
 from twinserve.sim.workload import WorkItem, Workload
 
 INF = float("inf")
@@ -371,6 +372,8 @@ class Simulation:
 
     def _fast_forward(self, t: float) -> bool:
         sched = self.core.scheduler
+        if spec_window_applies(sched, self.executor):
+            return self.core.executor is self.executor and self._spec_window(t)
         k, context = decode_plan(sched, 1 << 30)
         tier = self.core.executor if sched.kv.host is not None else None
         ex = self.executor
@@ -403,6 +406,27 @@ class Simulation:
         self.steps.add_decode_window(t, ends, durations, n, len(finished), usage)
         self.num_ff_windows += 1
         self._t_after_ff = ends[-1]
+        for rid in finished:
+            self._finish(rid)
+        return True
+
+    def _spec_window(self, t: float) -> bool:
+        """_fast_forward for a drafting batch (sim/spec_window.py): its steps up to the next arrival."""
+        sched = self.core.scheduler
+        ex = self.executor
+        win = plan_spec_window(sched, ex, 1 << 30, t, self.source.next_time())
+        if win is None:
+            return False
+        m = len(win.ends)
+        finished = apply_spec_window(sched, ex, win, m, self.keep_token_times)
+        self.core.num_steps += m
+        log = self.steps
+        first = len(log)
+        usage = sched.kv.usage
+        log.add_decode_window(t, win.ends, win.durations, win.n, len(finished), [usage] * m)
+        log.tokens[first:] = win.tokens(m)
+        self.num_ff_windows += 1
+        self._t_after_ff = win.ends[-1]
         for rid in finished:
             self._finish(rid)
         return True

@@ -86,13 +86,18 @@ class SimExecutor:
         if self.spec is not None:
             self.spec.forget(req_id)
 
-    def execute(self, so: SchedulerOutput, decodes: tuple[int, int] | None = None) -> ModelRunnerOutput:
+    def execute(self, so: SchedulerOutput, decodes: tuple[int, int] | None = None,
+                spec_rows: tuple | None = None) -> ModelRunnerOutput:
         """Advance every scheduled request, price the step, sample for requests at their end.
 
         decodes: (count, summed context) of plain decodes scheduled apart from so (a join step:
         core.sched.fast_forward.schedule_decode_half with known=self.state, which advanced their
         known lengths), priced in this step with so's requests; their tokens are not in the output
         (the caller appends them).
+        spec_rows: drafting decodes scheduled apart from so (the cluster's drafting join step,
+        sim/spec_window.py), verify_step_price's arguments for them: (features, catch-up features or None,
+        verifies, drafts verified, drafting sequences, their context after the catch-up), priced in this
+        step with so's requests (their acceptances were drawn and their tokens are appended by the caller).
         """
         state = self.state
         for rid in so.finished_req_ids:
@@ -115,7 +120,7 @@ class SimExecutor:
         if spec is not None or drafts or self.draft is not None:
             if decodes is not None:
                 raise ValueError("a join step's decodes are priced only without speculation")
-            return self._execute_spec(so, pairs, spec, drafts)
+            return self._execute_spec(so, pairs, spec, drafts, spec_rows)
         for rid, c in pairs:
             s = state[rid]
             q = num_sched[rid]
@@ -137,7 +142,8 @@ class SimExecutor:
         return self._finish(sampled, pt, ps, pc, pa, ds, dc)
 
     def _execute_spec(self, so: SchedulerOutput, pairs: Iterable[tuple[str, int]],
-                      spec: SpecAcceptance | None, drafts: dict[str, list[int]]) -> ModelRunnerOutput:
+                      spec: SpecAcceptance | None, drafts: dict[str, list[int]],
+                      spec_rows: tuple | None = None) -> ModelRunnerOutput:
         """execute() for steps that verify drafts or must propose them."""
         state, num_sched, tokens = self.state, so.num_scheduled_tokens, self.tokens
         sampled: dict[str, list[int]] = {}
@@ -192,6 +198,25 @@ class SimExecutor:
                     d_ps += 1
                     d_pc += c
                     d_pa += m * (c + m * 0.5)
+        if spec_rows is not None:
+            (f_pt, f_ps, f_pc, f_pa, f_ds, f_dc), catch_up, f_nv, f_nvd, f_n, f_ctx = spec_rows
+            pt += f_pt
+            ps += f_ps
+            pc += f_pc
+            pa += f_pa
+            ds += f_ds
+            dc += f_dc
+            nv += f_nv
+            nvd += f_nvd
+            if catch_up is not None:
+                d_pt += catch_up[0]
+                d_ps += catch_up[1]
+                d_pc += catch_up[2]
+                d_pa += catch_up[3]
+                d_ds += catch_up[4]
+                d_dc += catch_up[5]
+                d_n += f_n
+                d_ctx += f_ctx
         extra = draft.time((d_pt, d_ps, d_pc, d_pa, d_ds, d_dc), d_n, d_ctx) if draft is not None else 0.0
         verify_s = self.cost_model.verify_time(nv, nvd) if nv and as_decode else 0.0
         out = self._finish(sampled, pt, ps, pc, pa, ds, dc, extra, verify_s)
@@ -214,6 +239,11 @@ class SimExecutor:
         if not 0.0 <= t < _INF:  # NaN fails too
             raise StepTimeError(self._model_name(), t, f"prefill: {pt} tokens in {ps} chunk(s); "
                                 f"decode: {ds} sequence(s) over {dc} tokens of context")
+        self._count(pt, ps, pc, pa, ds, dc, t)
+        return ModelRunnerOutput(sampled, step_time=t)
+
+    def _count(self, pt: int, ps: int, pc: int, pa: float, ds: int, dc: int, t: float) -> None:
+        """Count one priced step in the totals (_finish's second half)."""
         w = self.totals
         w.num_steps += 1
         w.num_prefill_tokens += pt
@@ -229,7 +259,32 @@ class SimExecutor:
             w.beyond_fit_steps += 1
             w.beyond_fit_time += t
         self.last_features = (pt, ps, pc, pa, ds, dc)
-        return ModelRunnerOutput(sampled, step_time=t)
+
+    def verify_step_price(self, features: tuple[int, int, int, float, int, int], num_verify: int,
+                          num_verify_drafts: int, catch_up: tuple[int, int, int, float, int, int] | None,
+                          num_drafting: int, drafting_context: int) -> tuple[float, float]:
+        """(seconds, of which the draft model's) of a drafting decode step given its features, as
+        _execute_spec and _finish price it, without counting it (sim/spec_window.py prices a window's
+        steps before it knows how many run; count_verify_steps counts those that did). No wake-up price:
+        a window runs only while the executor is awake."""
+        t = self.cost_model.step_time(*features)
+        if num_verify and getattr(self.cost_model, "prices_verify", False):
+            t = max(t + self.cost_model.verify_time(num_verify, num_verify_drafts), 0.0)
+        draft_s = 0.0
+        if self.draft is not None and catch_up is not None:
+            draft_s = self.draft.time(catch_up, num_drafting, drafting_context)
+            t += draft_s
+        if not 0.0 <= t < _INF:
+            raise StepTimeError(self._model_name(), t, f"a drafting decode step of {num_verify} sequence(s) "
+                                f"verifying {num_verify_drafts} draft(s), features {features}")
+        return t, draft_s
+
+    def count_verify_steps(self, steps: Iterable[tuple[tuple[int, int, int, float, int, int], float, float]]
+                           ) -> None:
+        """Count steps priced by verify_step_price ((features, seconds, draft seconds) each), as _finish would."""
+        for features, t, draft_s in steps:
+            self.draft_time += draft_s
+            self._count(*features, t)
 
     def beyond_fit(self, pt: int, ps: int, pc: int, pa: float, ds: int, dc: int) -> bool:
         """Whether a step with these features is larger than any the profile was fitted on."""

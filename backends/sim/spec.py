@@ -23,6 +23,7 @@ class SpecAcceptance:
         self.spread = spread
         self._rng = random.Random(seed)
         self._factors: dict[str, float] = {}
+        self._np_rng = None  # draw_accepted's numpy Generator, made on first use
 
     def _rates(self, req_id: str) -> list[float]:
         if self.spread <= 0.0:
@@ -40,6 +41,24 @@ class SpecAcceptance:
             if rnd() >= rates[i]:
                 return i
         return num_drafts
+
+    def rates_of(self, req_id: str) -> list[float]:
+        """The request's per-position rates (with its spread factor, drawn on first use)."""
+        return self._rates(req_id)
+
+    def draw_accepted(self, rates):
+        """Accepted drafts for each row of rates (a numpy array, requests x drafts): each row's positions
+        pass in order until one fails, as accepted() draws them, from a numpy stream seeded once from this
+        object's own (so a seeded run repeats; not the same draws as accepted())."""
+        import numpy as np  # the windowed path only (sim/spec_window.py)
+
+        rng = self._np_rng
+        if rng is None:
+            rng = self._np_rng = np.random.default_rng(self._rng.getrandbits(64))
+        ok = rng.random(rates.shape) < rates
+        if ok.shape[1] == 1:
+            return ok[:, 0].astype(np.int64)
+        return np.cumprod(ok, axis=1).sum(axis=1)
 
     def forget(self, req_id: str) -> None:
         """Drop a finished request's spread factor."""

@@ -38,6 +38,19 @@ def _row(rows: pd.DataFrame, row_id: str) -> pd.Series:
 
 
 @pytest.mark.parametrize("row_id", MATCHED)
+def test_a_matched_row_past_the_mtp_cap_records_its_mtp_and_runs_without_drafts(rows, row_id: str,
+                                                                                   monkeypatch) -> None:
+    import twinserve.sim.validate_inferencex as vi
+    import twinserve.sim.validate_rows as vr
+    for mod in (vi, vr):
+        monkeypatch.setattr(mod, "MTP_SIMULATED_MAX_CLIENTS", 256)
+    plan = row_plan(_row(rows, row_id))
+    # 658 clients: past MTP_SIMULATED_MAX_CLIENTS the entry's MTP is recorded, and says it is not simulated.
+    assert plan.layout.startswith("InferenceX config: 5 prefill, 2 decode workers; ran MTP 3 (not simulated past 256")
+    assert not plan.cfg.speculative.enabled
+
+
+@pytest.mark.parametrize("row_id", MATCHED)
 def test_a_matched_row_runs_the_files_workers_and_layouts(rows, row_id: str) -> None:
     row = _row(rows, row_id)
     plan = row_plan(row)
@@ -49,9 +62,10 @@ def test_a_matched_row_runs_the_files_workers_and_layouts(rows, row_id: str) -> 
                "scheduler.overlap_scheduler": False}
     decode = {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 8, "engine.expert_parallel_size": 8}
     assert c.replicas == [prefill] * 5 + [decode] * 2
-    # 658 clients: past MTP_SIMULATED_MAX_CLIENTS the entry's MTP is recorded, and says it is not simulated.
-    assert plan.layout.startswith("InferenceX config: 5 prefill, 2 decode workers; ran MTP 3 (not simulated past")
-    assert not plan.cfg.speculative.enabled
+    # 658 clients: within MTP_SIMULATED_MAX_CLIENTS (drafting batches advance in windows: sim/spec_window.py)
+    # the entry's MTP depth drafts.
+    assert plan.layout.startswith("InferenceX config: 5 prefill, 2 decode workers; ran MTP 3 (simulated")
+    assert plan.cfg.speculative.enabled and plan.cfg.speculative.num_speculative_tokens == 3
     rec = row_record(row)
     assert rec["layout"] == plan.layout
     assert rec["gpus"] == 5 * 4 + 2 * 8

@@ -1,0 +1,353 @@
+"""Windows of drafting decode steps: a speculative (MTP / draft-model / n-gram) decode-only batch advanced
+several steps at once, as core.sched.fast_forward advances plain decodes.
+
+While nothing joins, each step of such a batch follows from the batch: every running request verifies its k
+drafts (a (1 + k)-token row; fewer within k + 1 of its length limit, step_parts._draft_len, and none with one
+token left: a decode row) and, with a draft model, the draft catches up on what was accepted and drafts k
+again. Only each request's accepted count per step is random. A window draws those counts for the whole batch
+a step at a time (numpy, SpecAcceptance.draw_accepted: the same per-position rates as stepping's
+SpecAcceptance.accepted, another random stream), so every step's context, KV blocks and price follow without
+a Python pass per request per step; applying the window makes one pass per request.
+
+The window ends (as plain windows do) after the first step where a request reaches its length limit (it
+finishes there, as update_from_output ends it), before a step whose new blocks would not fit (stepping would
+preempt or drop lookahead), before the deadline (the next arrival in sim/world.py; sim/cluster.py interrupts
+a planned window at an arrival and applies the steps that started before it), or at max_steps
+(MAX_SPEC_WINDOW at most). A batch wider than the step budget allows drafts for (schedule_batch gives drafts
+only spare budget), with drafts switched off (disable_by_batch_size), a host tier, KV groups or a sliding
+window, or with a request not plainly drafting, has no window: it steps.
+
+Applying m steps replays, in stepping's order, the KV calls stepping makes that are not no-ops: each
+step's allocate_slots (drafts and lookahead slots, registration of verified blocks) in running order,
+then the trims of rejected drafts' blocks (Scheduler._release_rejected) in running order, then the
+finishes. So the block tables, free blocks and prefix cache are stepping's for the same draws.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from twinserve.backends.sim.executor import DEFAULT_TOKEN, SimExecutor
+from twinserve.core.sched.fast_forward import _finish_by_length
+from twinserve.core.sched.fast_loop import fast_decode_limit
+from twinserve.core.sched.scheduler import Scheduler
+
+# A planned window's steps are drawn before it is known how many run (an arrival cuts a cluster's window):
+# a bound on the draws an early cut wastes. Any bound gives the same statistics.
+MAX_SPEC_WINDOW = 256
+
+_Features = tuple[int, int, int, float, int, int]
+
+
+@dataclass(slots=True)
+class SpecWindow:
+    """A planned window: its steps' durations and end times and what applying them replays."""
+
+    n: int  # running requests (the batch)
+    k: int  # drafts verified per request per step
+    durations: list[float]
+    ends: list[float]
+    accepted: list[np.ndarray] = field(default_factory=list)  # per step: each request's accepted drafts
+    drafts: list[np.ndarray] = field(default_factory=list)  # per step: each request's drafts verified
+    # per step: (rows allocating, their computed tokens before the step, their drafts, their lookahead slots)
+    allocs: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
+    trims: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # per step: (rows, tokens kept)
+    prices: list[tuple[_Features, float, float]] = field(default_factory=list)  # (features, s, draft s)
+    finishing: np.ndarray | None = None  # rows at their length limit after the last planned step
+    context: list[int] = field(default_factory=list)  # per step: the batch's computed tokens before it
+    # per step: verify_step_price's arguments (features, catch-up, verifies, drafts, drafting, their context)
+    parts: list[tuple] = field(default_factory=list)
+
+    def tokens(self, m: int) -> list[int]:
+        """Tokens each of the first m steps schedules (the step log's tokens column)."""
+        return [self.n + int(d.sum()) for d in self.drafts[:m]]
+
+
+def spec_window_applies(sched: Scheduler, ex: SimExecutor) -> bool:
+    """Whether the running batch drafts this step (its steps are drafting steps, never plain decodes)."""
+    spec = sched.spec
+    return spec is not None and spec.active(len(sched.running))
+
+
+def plan_spec_window(sched: Scheduler, ex: SimExecutor, max_steps: int, start: float,
+                     deadline: float, joining: bool = False) -> SpecWindow | None:
+    """The next run of same-shape drafting decode steps from start (each starting before deadline), drawn
+    and priced but not applied; None where the batch does not allow one (see the module's doc).
+    joining: requests wait to join the first step (sim/cluster.py's drafting join step: one step, the
+    decodes' half of it, priced with the joiners by the caller)."""
+    kv = sched.kv
+    running = sched.running
+    n = len(running)
+    spec = sched.spec
+    acc_model = ex.spec
+    if (max_steps <= 0 or n == 0 or spec is None or acc_model is None or not spec.active(n)
+            or (len(sched.waiting) > 0 and not joining) or sched.loading or sched.loaded or kv.load_jobs
+            or kv.host is not None or kv.num_groups > 1 or kv.sliding_window is not None
+            or sched._stalled or sched.failed_outputs or ex.waking):
+        return None
+    k = acc_model.k
+    if len(running) * (1 + k) > sched.config.max_num_batched_tokens:
+        return None  # drafts take only spare budget (schedule_batch): some would verify fewer
+    state = ex.state
+    known = len(state) - sum(1 for rid in sched.finished_req_ids if rid in state)
+    if not ex.spec_active(known):
+        return None  # the runner would not propose: the next step verifies nothing
+    lookahead = sched.lookahead
+    mml = sched.config.max_model_len
+    bs = kv.block_size
+    caching = kv.enable_caching
+    held = kv.req_to_blocks
+    cached_of = kv.num_cached_blocks
+    spread = acc_model.spread > 0.0
+    rates = np.empty((n, k)) if spread else np.broadcast_to(np.asarray(acc_model.rates, float), (n, k))
+    # One pass: (computed, length, limit, blocks held, proposals, a plain drafting decode with its first token
+    # and nothing to stop it: stop_check_ids, Scheduler.add_request).
+    rows = np.array([(r.num_computed_tokens, len(r.all_token_ids), r.stop_check_len, len(held.get(r.request_id, ())),
+                      len(r.spec_token_ids), not r.stop_check_ids and len(r.output_token_ids) > 0)
+                     for r in running], np.int64)
+    c = rows[:, 0]
+    length = rows[:, 1]
+    if not ((length - c == 1).all() and (rows[:, 4] == k).all() and rows[:, 5].all()):
+        return None  # not a plain drafting decode, or a sampled token could stop it
+    limit = rows[:, 2]
+    h = rows[:, 3]
+    cc = (np.array([cached_of[r.request_id] for r in running], np.int64) if caching else np.zeros(n, np.int64))
+    if spread:
+        for i, req in enumerate(running):
+            rates[i] = acc_model.rates_of(req.request_id)
+    free = kv.pool.free_queue.num_free
+    as_decode = getattr(ex.cost_model, "prices_verify", False)
+    drafting = ex.draft is not None
+    win = SpecWindow(n, k, [], [])
+    t = start
+    cap = min(max_steps, MAX_SPEC_WINDOW)
+    while len(win.ends) < cap and t < deadline:
+        # Each request's drafts this step (step_parts._draft_len: k, fewer within k + 1 of its length
+        # limit; room in the budget was checked above); one with none is a plain decode row.
+        kk = np.minimum(k, limit - length - 1)
+        la = np.minimum(lookahead, np.maximum(mml - length, 0)) if lookahead else np.zeros(n, np.int64)
+        total = c + 1 + kk + la
+        need = -(-total // bs) - h
+        alloc = need > 0
+        if caching:
+            alloc |= (c + 1) // bs > cc
+        new = int(need[need > 0].sum()) if alloc.any() else 0
+        if new > free:
+            break  # stepping would preempt (or drop lookahead): not this shape
+        acc = np.minimum(acc_model.draw_accepted(rates), kk)
+        ctx = int(c.sum())
+        total_acc = int(acc.sum())
+        verify = kk > 0
+        nv = int(verify.sum())
+        nvd = int(kk.sum())
+        # _execute_spec's features: a verifying row is a (1 + drafts)-token chunk at its context, or, by a
+        # profile that prices verify rows, 1 + drafts decode rows there (plus its verify_time); a row
+        # without drafts is one decode row.
+        if nv == n:
+            qs = kk + 1
+            vctx = ctx
+            dec_n = dec_ctx = 0
+        else:
+            qs = (kk + 1)[verify]
+            vctx = int(c[verify].sum())
+            dec_n = n - nv
+            dec_ctx = ctx - vctx
+        q_sum = int(qs.sum())
+        if as_decode:
+            qc = int(((kk + 1) * c)[verify].sum()) if nv != n else int(((kk + 1) * c).sum())
+            features: _Features = (0, 0, 0, 0.0, q_sum + dec_n, qc + dec_ctx)
+        else:
+            cv = c if nv == n else c[verify]
+            pa = float((qs * cv).sum()) + float((qs * qs).sum()) * 0.5
+            features = (q_sum, nv, vctx, pa, dec_n, dec_ctx)
+        catch_up = None
+        if drafting:
+            # The draft catches up on the accepted drafts, the token before them and the new one (acc + 2
+            # tokens a row, a chunk), then drafts k - 1 more decode tokens (DraftModelSteps.time).
+            m = acc + 2
+            d_pa = float((m * c).sum()) + float((m * m).sum()) * 0.5
+            catch_up = (2 * n + total_acc, n, ctx, d_pa, 0, 0)
+        part = (features, catch_up, nv, nvd, n, ctx + 2 * n + total_acc)
+        win.parts.append(part)
+        d, draft_s = ex.verify_step_price(features, nv, nvd, catch_up, n, part[5])
+        if alloc.any():
+            rows = np.flatnonzero(alloc)
+            win.allocs.append((rows, c[rows], kk[rows], la[rows]))
+            h = np.maximum(h, -(-total // bs))
+            if caching:
+                cc = np.maximum(cc, (c + 1) // bs)
+            free -= new
+        else:
+            win.allocs.append(_NONE4)
+        win.context.append(ctx)
+        c = c + 1 + acc
+        length = length + 1 + acc
+        done = length >= limit
+        keep = -(-c // bs)
+        trim = (acc < kk) & (h > keep) & ~done  # finished requests are freed whole, not trimmed
+        if trim.any():
+            rows = np.flatnonzero(trim)
+            win.trims.append((rows, c[rows]))
+            free += int((h[rows] - keep[rows]).sum())
+            h = np.where(trim, keep, h)
+        else:
+            win.trims.append(_NONE2)
+        win.accepted.append(acc)
+        win.drafts.append(kk)
+        win.prices.append((features, d, draft_s))
+        t = t + d
+        win.durations.append(d)
+        win.ends.append(t)
+        if done.any():
+            win.finishing = np.flatnonzero(done)
+            break
+    if not win.ends:
+        return None
+    return win
+
+
+_EMPTY = np.zeros(0, np.int64)
+_NONE4 = (_EMPTY, _EMPTY, _EMPTY, _EMPTY)
+_NONE2 = (_EMPTY, _EMPTY)
+
+
+def apply_spec_window(sched: Scheduler, ex: SimExecutor, win: SpecWindow, m: int, times: bool) -> list[str]:
+    """Apply a planned window's first m steps as stepping would; returns the ids that finished (in running
+    order, freed in that order as update_from_output frees them). times: keep each token's time."""
+    if len(sched.running) != win.n:
+        raise AssertionError("a drafting window's batch changed between its plan and its steps")
+    state = ex.state
+    for rid in sched.finished_req_ids:
+        state.pop(rid, None)
+    sched.finished_req_ids = set()
+    sched.advance_recv(m)  # decode steps count toward the receive poll (Scheduler._received)
+    append_tokens(sched, ex, win, m, times)
+    for j in range(m):
+        replay_allocations(sched, win, j)
+        replay_trims(sched, win, j)
+    settle(sched, win, m)
+    ex.count_verify_steps(win.prices[:m])
+    return finish(sched, win, m, win.ends[m - 1])
+
+
+def append_tokens(sched: Scheduler, ex: SimExecutor, win: SpecWindow, m: int, times: bool,
+                  ends: list[float] | None = None) -> None:
+    """The decodes' (the first win.n running requests') sampled tokens of the first m steps, with the executor's
+    known lengths (stepping's update_from_output and _execute_spec) and their draft counters (settle sets
+    the rest, after the replayed trims)."""
+    running = sched.running
+    n = win.n
+    accepted = win.accepted[:m]
+    drafts = win.drafts[:m]
+    acc_sum = np.sum(accepted, axis=0) if m > 1 else accepted[0]
+    kk_sum = np.sum(drafts, axis=0) if m > 1 else drafts[0]
+    gained = (acc_sum + m).tolist()  # tokens each request gains: one a step plus its accepted drafts
+    acc_list = acc_sum.tolist()
+    kk_list = kk_sum.tolist()
+    get = ex.tokens.get
+    state = ex.state
+    if ends is None:
+        ends = win.ends[:m]
+    if times:
+        per_step = [(a + 1).tolist() for a in accepted]
+    kv = sched.kv
+    bs = kv.block_size
+    held = kv.req_to_blocks
+    caching = kv.enable_caching
+    for i in range(n):
+        req = running[i]
+        g = gained[i]
+        rid = req.request_id
+        tok = [get(rid, DEFAULT_TOKEN)] * g
+        all_ids = req.all_token_ids
+        all_ids += tok
+        req.output_token_ids += tok
+        state[rid][0] += g
+        req.num_draft_tokens += kk_list[i]
+        req.num_accepted_tokens += acc_list[i]
+        # Where the steps allocate or trim, settle sets these again after the replays.
+        req.num_computed_tokens = len(all_ids) - 1
+        req.fast_decode_limit = fast_decode_limit(kv, rid) if caching else len(held[rid]) * bs
+        if times:
+            tt = req.token_times
+            for j in range(m):
+                tt.extend([ends[j]] * per_step[j][i])
+
+
+def replay_allocations(sched: Scheduler, win: SpecWindow, j: int) -> None:
+    """Step j's allocate_slots calls that are not no-ops (schedule_batch's drafting loop), in running order."""
+    rows, before, drafts, las = win.allocs[j]
+    if not len(rows):
+        return
+    running = sched.running
+    allocate = sched.kv.allocate_slots
+    for i, ci, kk, la in zip(rows.tolist(), before.tolist(), drafts.tolist(), las.tolist()):
+        req = running[i]
+        req.num_computed_tokens = ci
+        if allocate(req, 1 + kk + la, num_draft_tokens=kk + la) is None:
+            raise AssertionError("a drafting window's allocation failed: check plan_spec_window")
+
+
+def replay_trims(sched: Scheduler, win: SpecWindow, j: int) -> None:
+    """Step j's trims of rejected drafts' blocks (update_from_output's _release_rejected), in running order."""
+    rows, kept = win.trims[j]
+    if not len(rows):
+        return
+    running = sched.running
+    release = sched._release_rejected
+    for i, ci in zip(rows.tolist(), kept.tolist()):
+        req = running[i]
+        req.num_computed_tokens = ci
+        release(req)
+
+
+def settle(sched: Scheduler, win: SpecWindow, m: int) -> None:
+    """After m steps (append_tokens' and the replays' calls made): the decodes' computed tokens and
+    fast-decode limits, and the scheduler's acceptance statistics (SpecDecodeStats.observe for the
+    steps' verifications, summed)."""
+    running = sched.running
+    kv = sched.kv
+    n = win.n
+    accepted = win.accepted[:m]
+    drafts = win.drafts[:m]
+    acc_sum = np.sum(accepted, axis=0) if m > 1 else accepted[0]
+    kk_sum = np.sum(drafts, axis=0) if m > 1 else drafts[0]
+    # The requests whose blocks the replays changed (and whose computed tokens they set): the rest were
+    # set by append_tokens, and a step leaves them where it finds them.
+    touched = [r for j in range(m) for r in (win.allocs[j][0], win.trims[j][0]) if len(r)]
+    if touched:
+        rows = np.unique(np.concatenate(touched)).tolist() if len(touched) > 1 else touched[0].tolist()
+        for i in rows:
+            req = running[i]
+            req.num_computed_tokens = len(req.all_token_ids) - 1
+            req.fast_decode_limit = fast_decode_limit(kv, req.request_id)
+    stats = sched.spec_stats
+    stats.num_drafts += sum(int((d > 0).sum()) for d in drafts)  # rows that verified drafts
+    stats.num_draft_tokens += int(kk_sum.sum())
+    stats.num_accepted_tokens += int(acc_sum.sum())
+    per_pos = stats.accepted_per_pos
+    top = max(int(d.max()) for d in drafts)
+    if len(per_pos) < top:
+        per_pos.extend([0] * (top - len(per_pos)))
+    for p in range(top):
+        per_pos[p] += sum(int((a > p).sum()) for a in accepted)
+    last, last_kk = accepted[-1], drafts[-1]
+    sched.step_num_spec_reqs = int((last_kk > 0).sum())
+    sched.step_num_draft_tokens = int(last_kk.sum())
+    sched.step_num_accepted_tokens = int(last.sum())
+
+
+def finish(sched: Scheduler, win: SpecWindow, m: int, now: float) -> list[str]:
+    """End the decodes at their length limit after m steps (only after the planned last step), in running
+    order, as update_from_output ends and frees them; their ids."""
+    if m != len(win.ends) or win.finishing is None:
+        return []
+    running = sched.running
+    return _finish_by_length(sched, [running[i] for i in win.finishing.tolist()], now)
+
+
+__all__: list[Any] = ["MAX_SPEC_WINDOW", "SpecWindow", "append_tokens", "apply_spec_window", "finish",
+                      "plan_spec_window", "replay_allocations", "replay_trims", "settle", "spec_window_applies"]

@@ -1,0 +1,173 @@
+"""Drafting decode batches advanced in windows (sim/spec_window.py) against the same runs stepped.
+
+Windows draw acceptances from another random stream, so a run is compared with stepping exactly where the
+draws cannot differ (every draft accepted, or none) and statistically otherwise."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+
+from twinserve.sim.build import build
+from twinserve.sim.cluster_study import build_cluster
+from twinserve.sim.config import set_field
+from twinserve.sim.spec_window import apply_spec_window, plan_spec_window
+
+from .helpers import small_config
+
+RATES = [0.8, 0.6, 0.5, 0.4]
+
+
+def _spec(cfg, rates=RATES, k=4):
+    set_field(cfg, "speculative.method", "ngram")
+    set_field(cfg, "speculative.num_speculative_tokens", k)
+    cfg.speculative.acceptance_rates = list(rates)
+    return cfg
+
+
+def _world(cfg, fast_forward: bool):
+    built = build(cfg)
+    sim = built.simulation
+    sim.fast_forward = fast_forward
+    return sim, sim.run()
+
+
+def _tpots(result) -> list[float]:
+    records = result.total.records if hasattr(result, "total") else result.records
+    return [(r.finish_time - r.first_token_time) / (r.num_output_tokens - 1)
+            for r in records if r.num_output_tokens > 1]
+
+
+def _cluster(cfg, fast_forward: bool):
+    sim = build_cluster(cfg, keep_steps=True).simulation
+    sim.fast_forward = fast_forward
+    sim.spec_joins = 0
+    real = sim._spec_join_step
+
+    def spy(rep, t):
+        out = real(rep, t)
+        sim.spec_joins += out is not None
+        return out
+
+    sim._spec_join_step = spy
+    return sim, sim.run()
+
+
+def _cluster_cfg(seed: int = 0, rates=RATES, k=4):
+    cfg = small_config(concurrency=24, num_requests=240, warmup_requests=0, num_replicas=2, num_prefill_replicas=1,
+                       output_dist="fixed", output_mean=120)
+    set_field(cfg, "run.seed", seed)
+    return _spec(cfg, rates, k)
+
+
+@pytest.mark.parametrize("rates", [[1.0] * 3, [0.0] * 3])
+def test_with_every_draft_accepted_or_none_a_windowed_run_is_the_stepped_run(rates) -> None:
+    # No randomness left: the windows' steps, tokens, finishes and KV blocks are stepping's.
+    cfg = _spec(small_config(num_requests=40, rate=5.0), rates=rates, k=3)
+    sim_w, windowed = _world(cfg, True)
+    sim_s, stepped = _world(cfg, False)
+    assert windowed.num_ff_windows > 0
+    assert stepped.num_ff_windows == 0
+    assert windowed.num_steps == stepped.num_steps
+    assert list(windowed.steps.tokens) == list(stepped.steps.tokens)
+    assert list(windowed.steps.running) == list(stepped.steps.running)
+    for a, b in zip(windowed.records, stepped.records):
+        assert a.num_output_tokens == b.num_output_tokens
+        assert a.finish_time == pytest.approx(b.finish_time, rel=1e-9)
+        assert a.first_token_time == pytest.approx(b.first_token_time, rel=1e-9)
+    for a, b in zip(windowed.steps.duration, stepped.steps.duration):
+        assert a == pytest.approx(b, rel=1e-9)
+    sw, ss = sim_w.core.scheduler, sim_s.core.scheduler
+    assert sw.spec_stats.num_draft_tokens == ss.spec_stats.num_draft_tokens
+    assert sw.spec_stats.accepted_per_pos == ss.spec_stats.accepted_per_pos
+    assert sw.kv.num_free_blocks == ss.kv.num_free_blocks
+    assert sim_w.executor.totals.busy_time == pytest.approx(sim_s.executor.totals.busy_time, rel=1e-9)
+
+
+def test_a_disaggregated_clusters_drafting_join_steps_are_its_stepped_ones_without_randomness() -> None:
+    cfg = _cluster_cfg(rates=[1.0] * 3, k=3)
+    sim_w, windowed = _cluster(cfg, True)
+    sim_s, stepped = _cluster(cfg, False)
+    assert sim_w.spec_joins > 0 and sum(r.num_ff_windows for r in windowed.replicas) > 0
+    assert sim_s.spec_joins == 0
+    assert [r.num_steps for r in windowed.replicas] == [r.num_steps for r in stepped.replicas]
+    fin_w = sorted((r.request_id, r.num_output_tokens, round(r.finish_time, 9)) for r in windowed.total.records)
+    fin_s = sorted((r.request_id, r.num_output_tokens, round(r.finish_time, 9)) for r in stepped.total.records)
+    assert fin_w == fin_s
+
+
+def test_windowed_and_stepped_runs_agree_on_tpot_and_tokens_per_step_within_sampling_error() -> None:
+    # Eight seeds each way: the means of the runs' mean TPOT and accepted drafts per verification must agree
+    # within four standard errors of their difference.
+    tpot = {True: [], False: []}
+    per_verify = {True: [], False: []}
+    for seed in range(8):
+        for ff in (True, False):
+            cfg = _spec(small_config(num_requests=60, rate=4.0))
+            set_field(cfg, "run.seed", seed)
+            sim, res = _world(cfg, ff)
+            if ff:
+                assert res.num_ff_windows > 0
+            tpot[ff].append(statistics.mean(_tpots(res)))
+            st = sim.core.scheduler.spec_stats
+            per_verify[ff].append(st.num_accepted_tokens / st.num_drafts)
+    for series in (tpot, per_verify):
+        a, b = series[True], series[False]
+        se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
+        assert abs(statistics.mean(a) - statistics.mean(b)) <= 4 * se + 1e-12, (a, b)
+    # The expected accepted drafts per full verification: 0.8 + 0.48 + 0.24 + 0.096.
+    assert statistics.mean(per_verify[True]) == pytest.approx(1.616, abs=0.08)
+
+
+def test_cluster_windows_agree_with_stepping_on_tpot_within_sampling_error() -> None:
+    tpot = {True: [], False: []}
+    for seed in range(6):
+        for ff in (True, False):
+            sim, res = _cluster(_cluster_cfg(seed), ff)
+            assert (sim.spec_joins > 0) == ff
+            tpot[ff].append(statistics.mean(_tpots(res)))
+    a, b = tpot[True], tpot[False]
+    se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
+    assert abs(statistics.mean(a) - statistics.mean(b)) <= 4 * se + 1e-12, (a, b)
+
+
+def test_a_window_stops_at_the_first_finish_and_before_the_deadline_and_never_passes_a_length() -> None:
+    cfg = _spec(small_config(num_requests=8, rate=1000.0, output_dist="fixed", output_mean=50))
+    built = build(cfg)
+    sim = built.simulation
+    core = sim.core
+    sched = core.scheduler
+    ex = sim.executor
+    sim.fast_forward = False
+    # Admit everything and step until every request drafts.
+    for item in sim.source.pop_until(float("inf")):
+        sim._admit_items([item])
+    t = 0.0
+    while sched.waiting or not all(r.spec_token_ids and r.output_token_ids for r in sched.running):
+        _, stats = core.step(t)
+        t += stats.duration
+    limits = {r.request_id: r.stop_check_len for r in sched.running}
+    reqs = list(sched.running)
+    # A deadline cuts the window: no planned step starts at or after it.
+    win = plan_spec_window(sched, ex, 1 << 30, t, t + 0.05)
+    assert win is not None
+    starts = [t, *win.ends[:-1]]
+    assert all(s < t + 0.05 for s in starts)
+    # Without one, the window runs to the first finish and ends there.
+    while sched.running:
+        win = plan_spec_window(sched, ex, 1 << 30, t, float("inf"))
+        assert win is not None
+        n_before = len(sched.running)
+        finished = apply_spec_window(sched, ex, win, len(win.ends), False)
+        for req in sched.running:
+            assert len(req.all_token_ids) < limits[req.request_id]
+        if win.finishing is not None:
+            assert finished and len(sched.running) == n_before - len(finished)
+        else:
+            assert len(win.ends) == 256  # only the cap ends a window without a finish
+        t = win.ends[-1]
+    # Each ended exactly at its length limit, and gave every block back.
+    assert all(len(r.all_token_ids) == limits[r.request_id] and len(r.output_token_ids) == 50 for r in reqs)
+    assert not any(sched.kv.req_to_blocks.get(r.request_id) for r in reqs)
