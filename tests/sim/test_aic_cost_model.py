@@ -501,3 +501,32 @@ def test_deepep_ll_fp8_experts_price_aics_deepep_expert_table() -> None:
     assert ll.decode_tokens_time(128) < dflt.decode_tokens_time(128) / 2
     assert "MoeExpertCompute" in ll.graph.decode_tokens and "MoeExpertCompute" not in dflt.graph.decode_tokens
     assert "MoeExpertCompute" not in _wide_ep("deepep_ll").graph.decode_tokens  # NVFP4: aic's MoE table
+
+
+@pytest.mark.parametrize("path, kept", [
+    ("deepseek-ai/DeepSeek-R1", {"mla_downscale_gemm", "mla_q_proj_gemm", "proj_gemm"}),
+    ("nvidia/DeepSeek-V3.1-NVFP4", {"mla_downscale_gemm", "mla_q_proj_gemm"})])
+def test_nvfp4_deepseek_prices_the_checkpoints_16_bit_attention_projections(path: str, kept: set) -> None:
+    # NVIDIA's NVFP4 checkpoints keep attention in 16 bits: R1-0528-FP4 the whole self_attn block, V3.1-NVFP4
+    # q / kv only (aic's helpers.py and its shipped hf_quant_config); each projection the checkpoint keeps is
+    # priced as aic's bfloat16 GEMM, the others at NVFP4.
+    from twinserve.backends.sim.aic_models import resolve_row_model
+    from twinserve.backends.sim.parallel import Parallelism
+    m = resolve_row_model(path).with_precision(Precision("bfloat16", "nvfp4", "fp8"))
+    c = AicCostModel(m, get_hardware("B200"), backend="trtllm", parallel=Parallelism(8, 1, 8, 1))
+    ev = EngineHandle.for_database(c.database).evaluate_ops_json
+    h, n, L = m.hidden_size, m.num_heads // 8, m.num_layers
+    latent = m.kv_lora_rank + m.qk_rope_head_dim
+    shapes = {"mla_downscale_gemm": (m.q_lora_rank + latent, h, False), "mla_q_proj_gemm": (n * m.qk_head_dim,
+              m.q_lora_rank, False), "proj_gemm": (h, n * m.v_head_dim, True)}
+    for rows in (8, 256):
+        got = dict((r[0], r[1]) for r in ev(c.graph.decode_tokens, is_context=True, batch_size=1, s=1, x=rows))
+        for name, (nn, k, low) in shapes.items():
+            mode = common.GEMMQuantMode.bfloat16 if name in kept else common.GEMMQuantMode.nvfp4
+            want = ev(build_ops_json([ops.GEMM(name, L, nn, k, mode, low_precision_input=low)]), is_context=True,
+                      batch_size=1, s=1, x=rows)[0][1]
+            other = ev(build_ops_json([ops.GEMM(name, L, nn, k, common.GEMMQuantMode.nvfp4 if name in kept else
+                                                common.GEMMQuantMode.bfloat16, low_precision_input=low)]),
+                       is_context=True, batch_size=1, s=1, x=rows)[0][1]
+            assert got[name] == pytest.approx(want, rel=1e-12)
+            assert got[name] != pytest.approx(other, rel=1e-3)
