@@ -5,9 +5,10 @@ the recipe's batch caps a rank (sim/validate_inferencex.py _PREFILL_CAPS, 8k/1k:
 TPOT errors and, from Little's law, the prompt tokens a second each prefill worker ran (measured: clients x mean
 ISL / (TTFT + mean OSL x TPOT) / prefill workers; the same from the predictions). Rows picked by configuration only;
 twin records of one measurement simulated once; rows whose entry ran MTP past 256 clients (recorded, not
-simulated) left out. Development rows only (issue 49).
+simulated) left out unless --mtp-unsimulated asks for them alone. Development rows only (issue 49).
 
-    python experiments/gb200_prefill_rows.py [--isl N] [--min-clients N] [--max-clients N] [--variants ...] [--out CSV]
+    python experiments/gb200_prefill_rows.py [--isl N] [--min-clients N] [--max-clients N] [--variants ...]
+        [--mtp-unsimulated] [--out CSV]
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ VARIANTS = {
 }
 
 
-def _rows(isl: int, lo: int, hi: int) -> pd.DataFrame:
+def _rows(isl: int, lo: int, hi: int, mtp_unsimulated: bool = False) -> pd.DataFrame:
     df = select_rows(load_rows(), backend="trtllm", model="DeepSeek-R1", rows="dev")
     c = pd.to_numeric(df["concurrency"], errors="coerce")
     df = df[(c >= lo) & (c <= hi) & (df["mode"] == "disagg") & (df["system"] == "gb200") & (df["precision"] == "fp4")]
@@ -50,7 +51,8 @@ def _rows(isl: int, lo: int, hi: int) -> pd.DataFrame:
     keep = []
     for _, r in df.iterrows():
         ix = inferencex_workers(r)
-        keep.append(ix is not None and (ix.mtp == 0 or ix.simulates_mtp(int(r["concurrency"]))))
+        simulated = ix is not None and (ix.mtp == 0 or ix.simulates_mtp(int(r["concurrency"])))
+        keep.append(ix is not None and simulated != mtp_unsimulated)
     df = df[keep]
     same = df[["isl", "osl", "concurrency", "silicon_tpot_ms", "silicon_ttft_ms"]].astype(float).round(6)
     return df[~same.duplicated().to_numpy()].sort_values(["isl", "concurrency"])
@@ -72,10 +74,12 @@ def main() -> None:
     ap.add_argument("--min-clients", type=int, default=0)
     ap.add_argument("--max-clients", type=int, default=100000)
     ap.add_argument("--variants", nargs="+", default=["before", "after"], choices=list(VARIANTS))
+    ap.add_argument("--mtp-unsimulated", action="store_true",
+                    help="instead: the rows whose entry ran MTP past 256 clients (simulated without drafts)")
     ap.add_argument("--out", default="", help="write the per-row figures to this CSV")
     args = ap.parse_args()
     out = []
-    for _, row in _rows(args.isl, args.min_clients, args.max_clients).iterrows():
+    for _, row in _rows(args.isl, args.min_clients, args.max_clients, args.mtp_unsimulated).iterrows():
         ix = inferencex_workers(row)
         isl, osl = 0.9 * int(row["isl"]), 0.9 * int(row["osl"])  # lengths on [0.8 L, L]: the mean
         rec = {"id": row["id"], "isl": int(row["isl"]), "osl": int(row["osl"]), "conc": int(row["concurrency"]),
