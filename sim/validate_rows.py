@@ -29,8 +29,8 @@ from twinserve.sim.validate_inferencex import (MTP_SIMULATED_MAX_CLIENTS, agreed
                                                redundant_experts)
 from twinserve.sim.validate_twins import add_twins, twin_of
 from twinserve.sim.validate_recipes import (apply_disagg_recipe, apply_kernels, apply_memory, apply_recipe,
-                                            apply_speculative, disagg_fp8_moe_kernel, disagg_prefill_trtgen, disagg_recipe,
-                                            disagg_wide_ep, kv_cache_dtype,
+                                            apply_speculative, disagg_fp8_moe_kernel, disagg_prefill_trtgen,
+                                            disagg_recipe, disagg_wide_ep, kv_cache_dtype,
                                             launch_expert_parallel, launch_tensor_parallel, row_recipe, set_mtp)
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, INFERENCEX, STEADY, RunDesign, harness, run_design
 from twinserve.sim.workload import WorkloadConfig
