@@ -742,6 +742,20 @@ _PREFILL_CAPS: dict[tuple[str, str, str, int, int], tuple[tuple[int, int] | None
     # (recipes whose ctx caps were not transcribed): None.
     ("trtllm", "h200_sxm", "fp8", 1024, 1024): ((8, 8192),) * 4 + (None,) * 10,
     ("trtllm", "h200_sxm", "fp8", 8192, 1024): ((2, 16640),) * 3 + (None,) * 13,
+    # GB200 FP4 8k/1k: the configuration's one recipe in the library, ishandhanani/srt-slurm @46d030c recipes/trtllm/
+    # gb200-fp4/8k1k/mtp/ctx1_gen4_tep8_batch4_eplb0_mtp3.yaml (the first entry's: 1 prefill, 4 TEP 8 decode workers,
+    # MTP 3): `enable_attention_dp: true`, TP 4 / EP 4, `max_batch_size: 2`, `max_num_tokens: 16640`. Carried to
+    # the configuration's other entries, whose recipes are not in the library: every one runs the same prefill
+    # worker (TP 4 / EP 4, attention DP), and the ctx workers of the same family's 8k/1k recipes read keep
+    # `max_batch_size: 2` at every entry (NVIDIA/srt-slurm recipes/trtllm/gb300-fp8/8k1k/stp
+    # ctx1_gen4_tep8_batch1_eplb0_mtp0_4 @527855c and ctx6_gen1_dep32_batch16_eplb0_mtp0_512 @35088b5: 2, 8,232;
+    # ctx7_gen1_dep16_batch64_eplb0_mtp0_1229 @5f23377: 2, 16,384).
+    ("trtllm", "gb200", "fp4", 8192, 1024): ((2, 16640),) * 10,
+}
+# The configurations whose caps come from a recipe of theirs read apart from the entries (not from RECIPE_SOURCES).
+PREFILL_CAPS_RECIPES = {
+    ("trtllm", "gb200", "fp4", 8192, 1024):
+        "ishandhanani/srt-slurm recipes/trtllm/gb200-fp4/8k1k/mtp/ctx1_gen4_tep8_batch4_eplb0_mtp3.yaml @46d030c",
 }
 
 

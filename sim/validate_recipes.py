@@ -554,6 +554,26 @@ def disagg_fp8_moe_kernel(row: Any, moe_ep: int) -> str:
     return "trtllm" if key in DISAGG_TRTGEN_WORKERS and moe_ep == 1 else "default"
 
 
+# The MoE backend of DeepSeek-R1 NVFP4 GB200 TensorRT-LLM disaggregated prefill ("ctx") workers: both GB200 FP4
+# recipes in the library run their ctx worker at TP 4 / EP 4 with attention DP and `moe_config: backend: TRTLLM`
+# (ishandhanani/srt-slurm recipes/trtllm/gb200-fp4/8k1k/mtp/ctx1_gen4_tep8_batch4_eplb0_mtp3.yaml @46d030c, the
+# recipe of InferenceX's 8k/1k MTP entry at 4-48 clients; 1k8k/mtp/ctx1_gen7_tep8_batch1_eplb0_mtp3_lowconc.yaml
+# @12b62f4), the shape every dsr1-fp4-gb200-dynamo-trt entry gives its prefill workers (sim/validate_inferencex.py);
+# TensorRT-LLM's deployment guide allows CUTLASS or TRTLLM for NVFP4 at EP <= 8 (quick-start-recipe-for-deepseek-r1-
+# on-trtllm.md @a98a906, "MoE Backend Support Matrix"). TRTLLM runs NVFP4 experts on trtllm-gen (create_moe.py
+# `get_moe_cls`: TRTLLMGenFusedMoE); aic answers its CUTLASS rows above 128 gathered tokens, which every prompt step
+# passes: backends/sim/aic/trtgen.py Nvfp4Trtgen prices them on aic's own trtllm-gen rows.
+DISAGG_TRTGEN_PREFILL_WORKERS = {("trtllm", "DeepSeek-R1", "gb200", "fp4")}
+DISAGG_TRTGEN_PREFILL_MAX_EP = 8
+
+
+def disagg_prefill_trtgen(row: Any, moe_ep: int) -> bool:
+    """Whether a disaggregated prefill worker at MoE EP `moe_ep` of this row runs TensorRT-LLM's TRTLLM MoE backend
+    on NVFP4 experts (DISAGG_TRTGEN_PREFILL_WORKERS, to EP DISAGG_TRTGEN_PREFILL_MAX_EP)."""
+    key = (str(row.get("backend")), recipe_model(row), str(row.get("system")), str(row.get("precision")))
+    return key in DISAGG_TRTGEN_PREFILL_WORKERS and moe_ep <= DISAGG_TRTGEN_PREFILL_MAX_EP
+
+
 # TensorRT-LLM's MoE backend of DeepSeek-R1 NVFP4 workers on GB200 NVL72 at EP > 8: WIDEEP. NVIDIA/TensorRT-LLM
 # docs/source/deployment-guide/quick-start-recipe-for-deepseek-r1-on-trtllm.md @a98a906, "MoE Backend Support Matrix":
 # "GB200 NVL72 EP>8 | NVFP4 | WIDEEP" (EP <= 8: CUTLASS or TRTLLM; "The default moe backend is CUTLASS, so for the

@@ -29,8 +29,8 @@ from twinserve.sim.validate_inferencex import (MTP_SIMULATED_MAX_CLIENTS, agreed
                                                inferencex_workers, redundant_experts)
 from twinserve.sim.validate_twins import add_twins, twin_of
 from twinserve.sim.validate_recipes import (apply_disagg_recipe, apply_kernels, apply_memory, apply_recipe,
-                                            apply_speculative, disagg_fp8_moe_kernel, disagg_recipe, disagg_wide_ep,
-                                            kv_cache_dtype,
+                                            apply_speculative, disagg_fp8_moe_kernel, disagg_prefill_trtgen,
+                                            disagg_recipe, disagg_wide_ep, kv_cache_dtype,
                                             launch_expert_parallel, launch_tensor_parallel, row_recipe, set_mtp)
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, INFERENCEX, STEADY, RunDesign, harness, run_design
 from twinserve.sim.workload import WorkloadConfig
@@ -482,6 +482,8 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
             # The workers' MoE backend where their recipes set TRTLLM on FP8 block-scaled experts
             # (sim/validate_recipes.py DISAGG_TRTGEN_WORKERS; backends/sim/aic/trtgen.py).
             kernels = [disagg_fp8_moe_kernel(row, w.moe_ep) for w in (pre, dec)]
+            if disagg_prefill_trtgen(row, pre.moe_ep):  # NVFP4 GB200 ctx workers' TRTLLM experts (the same knob)
+                kernels[0] = "trtllm"
             if "trtllm" in kernels:
                 pre_layout = {**pre_layout, "engine.aic_fp8_moe_kernel": kernels[0]}
                 dec_layout = {**dec_layout, "engine.aic_fp8_moe_kernel": kernels[1]}

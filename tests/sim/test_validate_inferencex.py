@@ -387,8 +387,9 @@ def test_a_gpt_oss_row_runs_its_recipes_workers_picked_by_its_decode_tp(rows) ->
 
 def test_prefill_caps_come_only_from_recipes_read_and_ride_the_prefill_worker(rows) -> None:
     from twinserve.sim.config import replica_config
-    from twinserve.sim.validate_inferencex import _PREFILL_CAPS, RECIPE_SOURCES, TABLE
-    assert set(_PREFILL_CAPS) <= set(RECIPE_SOURCES)  # transcribed from a recipe read, nowhere else
+    from twinserve.sim.validate_inferencex import _PREFILL_CAPS, PREFILL_CAPS_RECIPES, RECIPE_SOURCES, TABLE
+    # transcribed from a recipe read, nowhere else
+    assert set(_PREFILL_CAPS) <= set(RECIPE_SOURCES) | set(PREFILL_CAPS_RECIPES)
     for key, entries in TABLE.items():
         assert all(e.prefill_caps == (0, 0) for e in entries) or key in _PREFILL_CAPS, key
     # An MTP-or-not row (both recipes set the same ctx caps) carries them; the decode workers do not.
@@ -561,3 +562,41 @@ def test_gb200_sglang_wide_ep_decode_runs_deepep_low_latency_under_aic(rows) -> 
     assert decode_moe_a2a("sglang", "gb300", 24, 24) == "deepep_ll"
     assert decode_moe_a2a("sglang", "gb200", 1, 8) == "default"  # TEP: no attention DP
     assert decode_moe_a2a("trtllm", "gb200", 32, 32) == "default"
+
+
+# DeepSeek-R1 GB200 FP4 TensorRT-LLM 8k/1k at 4,096 clients: 10 prefill workers at TP 4 / EP 4 with attention DP, one
+# DEP 16 decode worker. The ctx worker of the configuration's recipe (srt-slurm gb200-fp4/8k1k/mtp/
+# ctx1_gen4_tep8_batch4_eplb0_mtp3 @46d030c): `max_batch_size: 2`, `max_num_tokens: 16640` a rank, TRTLLM experts.
+GB200_FP4_8K = "2026_03_25_deepseek_r1_gb200_trtllm_fp4_disagg_8192x1024_c4096_tp4_0_ep4_0_397"
+
+
+def test_gb200_fp4_8k_prefill_workers_run_their_recipes_caps_a_rank_and_trtllm_experts(rows) -> None:
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.config import replica_config
+    row = _row(rows, GB200_FP4_8K)
+    plan = row_plan(row, "aic")
+    cfg = plan.cfg
+    assert plan.counts == (10, 1)
+    pre, dec = replica_config(cfg, 0), replica_config(cfg, 10)
+    assert (pre.engine.data_parallel_size, pre.engine.expert_parallel_size) == (4, 4)
+    # each request on one rank, two prompts and 16,640 tokens a rank (not the engine's default budget, chunked)
+    assert (pre.scheduler.max_num_seqs, pre.scheduler.max_num_batched_tokens, pre.scheduler.adp_per_rank) == (
+        2, 16640, True)
+    assert pre.engine.aic_fp8_moe_kernel == "trtllm" and not pre.engine.aic_trtllm_wide_ep
+    # the decode worker keeps WIDEEP and its own batch
+    assert dec.engine.aic_trtllm_wide_ep and dec.engine.aic_fp8_moe_kernel == "default"
+    assert not dec.scheduler.adp_per_rank and dec.scheduler.max_num_batched_tokens != 16640
+    # the expert kernel is the measured backend's knob only
+    assert replica_config(row_plan(row, "roofline").cfg, 0).engine.aic_fp8_moe_kernel == "default"
+
+
+@pytest.mark.parametrize("system,precision,ep,trtgen", [
+    ("gb200", "fp4", 4, True),  # the recipes' ctx workers
+    ("gb200", "fp4", 16, False),  # past EP 8: WIDEEP (deployment guide), not this backend
+    ("gb300", "fp4", 2, False),  # no GB300 FP4 ctx recipe read
+    ("gb200", "fp8", 8, False),
+])
+def test_gb200_fp4_prefill_workers_run_trtllm_experts(system, precision, ep, trtgen) -> None:
+    from twinserve.sim.validate_recipes import disagg_prefill_trtgen
+    row = pd.Series({"backend": "trtllm", "model": "DeepSeek-R1", "system": system, "precision": precision})
+    assert disagg_prefill_trtgen(row, ep) is trtgen
