@@ -534,12 +534,18 @@ H200_DEP8 = "2026_04_06_deepseek_r1_h200_sxm_sglang_fp8_disagg_1024x1024_c1024_t
 
 
 def test_gb200_sglang_wide_ep_decode_runs_deepep_low_latency_under_aic(rows) -> None:
+    # ... and its prefill workers (attention DP x EP) DeepEP's normal mode (prefill_moe_a2a).
     from twinserve.sim.config import replica_config
-    from twinserve.sim.validate_inferencex import decode_moe_a2a
+    from twinserve.sim.validate_inferencex import decode_moe_a2a, prefill_moe_a2a
     cfg = row_plan(_row(rows, GB200_FP4_DEP32), "aic").cfg
     n = len(cfg.cluster.replicas)
-    assert [replica_config(cfg, i).engine.aic_moe_a2a for i in range(n)] == ["default"] * (n - 1) + ["deepep_ll"]
+    assert [replica_config(cfg, i).engine.aic_moe_a2a for i in range(n)] == ["deepep_normal"] * (n - 1) + ["deepep_ll"]
     assert replica_config(cfg, n - 1).engine.data_parallel_size == 32
+    assert {replica_config(cfg, i).engine.data_parallel_size for i in range(n - 1)} == {4}
+    assert prefill_moe_a2a("sglang", "gb300", 8, 8) == "deepep_normal"
+    assert prefill_moe_a2a("sglang", "gb200", 1, 4) == "default"  # TEP prefill (the low-latency recipes)
+    assert prefill_moe_a2a("sglang", "h200", 8, 8) == "default"  # H200 / B200 recipes set no a2a backend
+    assert prefill_moe_a2a("trtllm", "gb200", 8, 8) == "default"
     roof = row_plan(_row(rows, GB200_FP4_DEP32), "roofline").cfg
     assert {replica_config(roof, i).engine.aic_moe_a2a for i in range(n)} == {"default"}
     h200 = row_plan(_row(rows, H200_DEP8), "aic").cfg
