@@ -517,7 +517,8 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
         if a2a != "default":
             dec_layout = {**dec_layout, "engine.aic_moe_a2a": a2a}
         # ... and the prefill worker's DeepEP normal mode (sim/validate_inferencex.py prefill_moe_a2a).
-        a2a = prefill_moe_a2a(str(row["backend"]), str(row.get("system")), pre.attention_dp, pre.moe_ep)
+        a2a = prefill_moe_a2a(str(row["backend"]), str(row.get("system")), str(row.get("precision")),
+                              pre.attention_dp, pre.moe_ep)
         if a2a != "default":
             pre_layout = {**pre_layout, "engine.aic_moe_a2a": a2a}
     if ix is None and missing_worker_counts(row):
