@@ -102,12 +102,14 @@ class EngineConfig:
                                          "NVLINK_TWO_SIDED, and aic's wide-EP expert compute) instead of the "
                                          "fused dispatch / MoE / combine (backends/sim/aic/graph.py)")
     aic_moe_a2a: str = knob("default",
-                            help="cost_model aic, SGLang: the MoE all-to-all of a decode-only step under expert "
-                                 "parallelism: aic's MoEDispatch for the backend, or DeepEP low-latency "
+                            help="cost_model aic, SGLang: the MoE all-to-all under expert parallelism: aic's "
+                                 "MoEDispatch for the backend; deepep_ll, a decode-only step's DeepEP low-latency "
                                  "(--moe-a2a-backend deepep --deepep-mode low_latency, priced from aic's "
                                  "large-EP deepep_ll dispatch / combine timings, and the experts from its "
-                                 "DeepEP expert table where it has the layout; backends/sim/aic/graph.py)",
-                            choices=("default", "deepep_ll"))
+                                 "DeepEP expert table where it has the layout); deepep_normal, a step with "
+                                 "prefill's DeepEP normal mode (--deepep-mode normal, aic's deepep_ht timings and "
+                                 "its DeepEP context expert table where it has the layout; backends/sim/aic/graph.py)",
+                            choices=("default", "deepep_ll", "deepep_normal"))
     cpu_overhead_scale: float = knob(1.0,
                                      help="cost_model fitted: scale of the engine's CPU work (0.5 = twice "
                                           "as fast)",

@@ -84,6 +84,25 @@ def redundant_experts(backend: str, num_experts: int, ep: int) -> int:
 SGLANG_DEEPEP_LL_SYSTEMS = ("gb200", "gb300")
 
 
+# Their FP8 prefill workers at attention DP x EP (DEP 8) run DeepEP's normal mode: `moe-a2a-backend: deepep`,
+# `deepep-mode: normal` (prefill side of NVIDIA/srt-slurm recipes/gb200-fp8/1k1k/max-tpt.yaml @07fbab1,
+# 8k1k/max_tpt.yaml @eb889c0; ishandhanani/srt-slurm recipes/gb300-fp8/1k1k/stp/mid.yaml @ab58651: tp 8, dp 8,
+# ep 8, enable-dp-attention, disable-cuda-graph, chunked-prefill-size 131072, ep-num-redundant-experts 32,
+# deepep-config /configs/deepep_config.json, no enable-eplb, no two-batch overlap). Priced as aic's context
+# step under DeepEP: its deepep_ht dispatch / combine (backends/sim/aic/graph.py deepep_normal_ops) and its
+# DeepEP context expert table where it has the EP (none at EP 8: those experts keep aic's MoE table). The FP4
+# prefill workers at DEP 4 set no a2a backend (SGLang's default), `moe-runner-backend: flashinfer_cutlass` and
+# `enable-single-batch-overlap` (NVIDIA/srt-slurm recipes/gb200-fp4/1k1k/mid-curve.yaml @07fbab1,
+# ishandhanani/srt-slurm recipes/gb300-fp4/1k1k/max_tpt.yaml @ab58651): they keep aic's MoEDispatch.
+def prefill_moe_a2a(backend: str, system: str, precision: str, attention_dp: int, moe_ep: int) -> str:
+    """The aic_moe_a2a of an InferenceX disaggregated prefill worker: 'deepep_normal' for an SGLang FP8 one
+    under attention DP with experts split (EP > 1) on GB200 / GB300 (SGLANG_DEEPEP_LL_SYSTEMS), else 'default'."""
+    if (backend == "sglang" and system in SGLANG_DEEPEP_LL_SYSTEMS and precision == "fp8" and attention_dp > 1
+            and moe_ep > 1):
+        return "deepep_normal"
+    return "default"
+
+
 def decode_moe_a2a(backend: str, system: str, attention_dp: int, moe_ep: int) -> str:
     """The aic_moe_a2a of an InferenceX disaggregated decode worker: 'deepep_ll' for an SGLang one under attention
     DP with experts split (EP > 1) on GB200 / GB300 (SGLANG_DEEPEP_LL_SYSTEMS), else 'default'."""

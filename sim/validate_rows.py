@@ -26,7 +26,7 @@ from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, AssumedWo
                                             inferred_attention_dp, missing_worker_counts)
 from twinserve.sim.validate_engines import engine_defaults
 from twinserve.sim.validate_inferencex import (MTP_SIMULATED_MAX_CLIENTS, agreed_mtp, db_dump_record, decode_moe_a2a,
-                                               inferencex_workers, redundant_experts)
+                                               inferencex_workers, prefill_moe_a2a, redundant_experts)
 from twinserve.sim.validate_twins import add_twins, twin_of
 from twinserve.sim.validate_recipes import (apply_disagg_recipe, apply_kernels, apply_memory, apply_recipe,
                                             apply_speculative, disagg_fp8_moe_kernel, disagg_prefill_trtgen,
@@ -518,6 +518,11 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
         a2a = decode_moe_a2a(str(row["backend"]), str(row.get("system")), dec.attention_dp, dec.moe_ep)
         if a2a != "default":
             dec_layout = {**dec_layout, "engine.aic_moe_a2a": a2a}
+        # ... and the prefill worker's DeepEP normal mode (sim/validate_inferencex.py prefill_moe_a2a).
+        a2a = prefill_moe_a2a(str(row["backend"]), str(row.get("system")), str(row.get("precision")),
+                              pre.attention_dp, pre.moe_ep)
+        if a2a != "default":
+            pre_layout = {**pre_layout, "engine.aic_moe_a2a": a2a}
     if ix is None and missing_worker_counts(row):
         # The entries that fit disagree on the workers but all ran MTP at one depth (agreed_mtp): it drafts.
         mtp = agreed_mtp(row)

@@ -530,3 +530,52 @@ def test_nvfp4_deepseek_prices_the_checkpoints_16_bit_attention_projections(path
                        is_context=True, batch_size=1, s=1, x=rows)[0][1]
             assert got[name] == pytest.approx(want, rel=1e-12)
             assert got[name] != pytest.approx(other, rel=1e-3)
+
+
+def test_deepep_normal_prefill_prices_aics_deepep_ht_all_to_all_and_context_experts() -> None:
+    # aic_moe_a2a 'deepep_normal': a step with prefill's dispatch and combine are aic's large-EP context
+    # MoEAllToAll (comm_backend deepep_ht, one rank's tokens, 20 SMs, nodes_for(ep, 4 GPUs a GB200 node),
+    # attention TP 1), written out here, and its FP8 experts aic's DeepEP context expert table where it has the
+    # EP (16 here); at EP 8 (no such rows) the experts keep aic's MoE table. Decode-only steps do not change.
+    from aiconfigurator_core.sdk.operations.moe_comm import MoEAllToAll, MoEExpertCompute
+    from twinserve.backends.sim.aic_models import resolve_row_model
+    from twinserve.backends.sim.parallel import Parallelism
+    m = resolve_row_model("deepseek-ai/DeepSeek-R1").with_precision(Precision("bfloat16", "fp8", "fp8"))
+    L, h = m.num_moe_layers, m.hidden_size
+    for ep in (16, 8):
+        hn, dflt = (AicCostModel(m, get_hardware("GB200"), backend="sglang", parallel=Parallelism(1, ep, ep, 1),
+                                 moe_a2a=a) for a in ("deepep_normal", "default"))
+        ev = EngineHandle.for_database(hn.database).evaluate_ops_json
+        kw = dict(comm_backend="deepep_ht", hidden_size=h, topk=8, num_experts=256, moe_ep_size=ep,
+                  node_num=ep // 4, sms=20, attention_tp_size=1)
+        a2a = [MoEAllToAll("d", L, phase="dispatch", comm_dtype="default", **kw),
+               MoEAllToAll("c", L, phase="combine", comm_dtype="default", **kw)]
+        gather = [ops.MoEDispatch("p", L, h, 8, 256, 1, ep, ep, first, quant_mode=common.MoEQuantMode.fp8_block,
+                                  is_context=True, backend="sglang") for first in (True, False)]
+        experts = MoEExpertCompute("x", L, hidden_size=h, inter_size=m.moe_intermediate_size, topk=8,
+                                   num_experts=256, moe_ep_size=ep, quant_mode=common.MoEQuantMode.fp8_block,
+                                   workload_distribution="power_law_1.01", attention_dp_size=ep,
+                                   inference_phase="context", num_slots=None, is_gated=True, enable_eplb=False)
+        for rows in (1024, 8192):
+            def price(op_list: list, x: int = rows) -> float:
+                return sum(r[1] for r in ev(build_ops_json(op_list), is_context=True, batch_size=1, s=1, x=x))
+            mine = dict((r[0], r[1]) for r in ev(hn.graph.tokens, is_context=True, batch_size=1, s=1, x=rows))
+            theirs = dict((r[0], r[1]) for r in ev(dflt.graph.tokens, is_context=True, batch_size=1, s=1, x=rows))
+            assert mine["context_moe_dispatch"] + mine["context_moe_combine"] == pytest.approx(price(a2a), rel=1e-9)
+            assert (theirs["context_moe_pre_dispatch"] + theirs["context_moe_post_dispatch"]
+                    == pytest.approx(price(gather), rel=1e-9))
+            if ep == 16:
+                assert mine["context_moe"] == pytest.approx(price([experts]), rel=1e-9)
+                assert mine["context_moe"] < theirs["context_moe"] / 2
+            else:
+                assert mine["context_moe"] == pytest.approx(theirs["context_moe"], rel=1e-12)
+            assert hn.tokens_time(rows) < dflt.tokens_time(rows)
+        assert hn.decode_tokens_time(64) == dflt.decode_tokens_time(64)
+    assert "MoeExpertCompute" not in hn.graph.tokens  # EP 8: aic's MoE table
+
+
+def test_deepep_normal_needs_split_experts() -> None:
+    from twinserve.backends.sim.aic_models import resolve_row_model
+    m = resolve_row_model("deepseek-ai/DeepSeek-R1").with_precision(Precision("bfloat16", "fp8", "fp8"))
+    with pytest.raises(AicError, match="deepep_normal"):
+        AicCostModel(m, get_hardware("GB200"), 8, backend="sglang", moe_a2a="deepep_normal")  # EP 1

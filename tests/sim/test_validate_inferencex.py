@@ -549,12 +549,14 @@ H200_DEP8 = "2026_04_06_deepseek_r1_h200_sxm_sglang_fp8_disagg_1024x1024_c1024_t
 
 
 def test_gb200_sglang_wide_ep_decode_runs_deepep_low_latency_under_aic(rows) -> None:
+    # Its FP4 DEP 4 prefill workers set no a2a backend: they keep aic's MoEDispatch (prefill_moe_a2a).
     from twinserve.sim.config import replica_config
     from twinserve.sim.validate_inferencex import decode_moe_a2a
     cfg = row_plan(_row(rows, GB200_FP4_DEP32), "aic").cfg
     n = len(cfg.cluster.replicas)
     assert [replica_config(cfg, i).engine.aic_moe_a2a for i in range(n)] == ["default"] * (n - 1) + ["deepep_ll"]
     assert replica_config(cfg, n - 1).engine.data_parallel_size == 32
+    assert {replica_config(cfg, i).engine.data_parallel_size for i in range(n - 1)} == {4}
     roof = row_plan(_row(rows, GB200_FP4_DEP32), "roofline").cfg
     assert {replica_config(roof, i).engine.aic_moe_a2a for i in range(n)} == {"default"}
     h200 = row_plan(_row(rows, H200_DEP8), "aic").cfg
@@ -600,3 +602,26 @@ def test_gb200_fp4_prefill_workers_run_trtllm_experts(system, precision, ep, trt
     from twinserve.sim.validate_recipes import disagg_prefill_trtgen
     row = pd.Series({"backend": "trtllm", "model": "DeepSeek-R1", "system": system, "precision": precision})
     assert disagg_prefill_trtgen(row, ep) is trtgen
+
+
+# GB300 FP8 SGLang 1k/1k at 4,096 clients: prefill workers at attention DP 8 x EP 8 (DeepEP normal mode:
+# ishandhanani/srt-slurm recipes/gb300-fp8/1k1k/stp/mid.yaml), decode at DEP 32 (DeepEP low-latency).
+GB300_FP8_DEP8_PREFILL = "2026_04_06_deepseek_r1_gb300_sglang_fp8_disagg_1024x1024_c4096_tp8_ep8_1763"
+
+
+def test_gb300_fp8_sglang_dep8_prefill_runs_deepep_normal_under_aic(rows) -> None:
+    from twinserve.sim.config import replica_config
+    from twinserve.sim.validate_inferencex import prefill_moe_a2a
+    row = _row(rows, GB300_FP8_DEP8_PREFILL)
+    cfg = row_plan(row, "aic").cfg
+    n, p = len(cfg.cluster.replicas), cfg.cluster.num_prefill_replicas
+    engines = [replica_config(cfg, i).engine for i in range(n)]
+    assert [e.aic_moe_a2a for e in engines] == ["deepep_normal"] * p + ["deepep_ll"] * (n - p)
+    assert {(e.data_parallel_size, e.expert_parallel_size) for e in engines[:p]} == {(8, 8)}
+    roof = row_plan(row, "roofline").cfg
+    assert {replica_config(roof, i).engine.aic_moe_a2a for i in range(n)} == {"default"}
+    assert prefill_moe_a2a("sglang", "gb300", "fp8", 8, 8) == "deepep_normal"
+    assert prefill_moe_a2a("sglang", "gb200", "fp4", 4, 4) == "default"  # FP4 DEP 4: no a2a backend
+    assert prefill_moe_a2a("sglang", "gb200", "fp8", 1, 4) == "default"  # TEP prefill (the low-latency recipes)
+    assert prefill_moe_a2a("sglang", "h200", "fp8", 8, 8) == "default"  # H200 / B200 recipes set no a2a backend
+    assert prefill_moe_a2a("trtllm", "gb200", "fp8", 8, 8) == "default"

@@ -102,7 +102,7 @@ class AicCostModel:
         if moe_a2a not in MOE_A2A:
             raise AicError("aic_moe_a2a", f"aic_moe_a2a {moe_a2a!r} is not one of {', '.join(MOE_A2A)}")
         if moe_a2a != "default" and backend != "sglang":
-            raise AicError("aic_moe_a2a", f"aic_moe_a2a {moe_a2a!r} is SGLang's DeepEP low-latency all-to-all; "
+            raise AicError("aic_moe_a2a", f"aic_moe_a2a {moe_a2a!r} is SGLang's DeepEP all-to-all; "
                            f"this is {backend}")
         self.moe_a2a = moe_a2a
         par = parallel or Parallelism(tensor_parallel_size=tp)

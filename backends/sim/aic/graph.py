@@ -146,8 +146,16 @@ def _wide_ep_generation_ops(model: ModelSpec, par: Parallelism, modes: dict[str,
                                gpus_per_node=gpn)
 
 
-# The MoE all-to-all a decode-only step can be priced as (EngineConfig.aic_moe_a2a).
-MOE_A2A = ("default", "deepep_ll")
+# The MoE all-to-all of a worker's steps (EngineConfig.aic_moe_a2a): aic's MoEDispatch for the backend, DeepEP
+# low-latency on a decode-only step ('deepep_ll'), or DeepEP normal mode on a step with prefill ('deepep_normal').
+MOE_A2A = ("default", "deepep_ll", "deepep_normal")
+
+# SGLang's DeepEP normal-mode SM budget where the launch names no DeepEP config of its own: aic's
+# ModelConfig.sms default (aiconfigurator_core sdk/config.py `sms: int = 20`), the key aic's large-EP path
+# passes to its deepep_ht table; DeepEP's own default is 20 too (deepseek-ai/DeepEP deep_ep/buffer.py
+# `Buffer.num_sms = 20`). The srt-slurm prefill recipes pass `deepep-config: /configs/deepep_config.json`,
+# whose content is not in the recipes (not read): the default stands.
+DEEPEP_NORMAL_SMS = 20
 
 
 def deepep_ll_ops(model: ModelSpec, par: Parallelism, database: Any) -> tuple[Any, Any]:
@@ -181,22 +189,53 @@ def deepep_ll_ops(model: ModelSpec, par: Parallelism, database: Any) -> tuple[An
             ops.MoEAllToAll("generation_moe_combine", L, phase="combine", comm_dtype="default", **kw))
 
 
-def deepep_expert_op(database: Any, model: ModelSpec, par: Parallelism, quant: Any, dist: str) -> Any | None:
+def deepep_normal_ops(model: ModelSpec, par: Parallelism, database: Any) -> tuple[Any, Any]:
+    """A step with prefill's DeepEP normal-mode dispatch and combine, as aic's large-EP path prices a context
+    step under SGLang's DeepEP (aiconfigurator_core sdk/models/blocks/moe.py `_large_ep_block_ops`, comm
+    backend `deepep_ht`; sdk/operations/moe_comm.py MOE_A2A_BACKENDS: SGLang / vLLM, context only): its
+    MoEAllToAll over the `deepep_ht` tables (gb200 / gb300 SGLang 0.5.12 wideep_deepep_normal_perf, keyed by
+    one rank's tokens, hidden size, top-k, experts and the SM budget, one node), the comm span
+    `nodes_for(moe_ep x moe_tp, num_gpus_per_node)`, `attention_tp_size` the attention TP (its context
+    sites' token divisor), the SM budget DEEPEP_NORMAL_SMS.
+
+    What it stands for: SGLang's `--moe-a2a-backend deepep --deepep-mode normal` prefill workers (sglang
+    srt/layers/moe/token_dispatcher/deepep.py, the normal dispatcher's high-throughput kernels)."""
+    import aiconfigurator_core.sdk.operations as ops
+    from aiconfigurator_core.sdk.operations.moe_comm import nodes_for
+    from twinserve.backends.sim.aic.mapping import AicError
+    mtp, ep = par.moe_tensor_parallel_size, par.expert_parallel_size
+    if not model.is_moe or mtp != 1 or ep < 2 or model.num_experts % ep:
+        raise AicError("aic_moe_a2a", f"aic_moe_a2a 'deepep_normal' needs experts split over EP > 1 with no MoE "
+                       f"TP and EP dividing the experts; {model.name} here has moe_tp {mtp}, moe_ep {ep}, "
+                       f"{model.num_experts} experts")
+    nodes = nodes_for(ep * mtp, int(database.system_spec["node"]["num_gpus_per_node"]))
+    L = model.num_moe_layers
+    kw = dict(comm_backend="deepep_ht", hidden_size=model.hidden_size, topk=model.num_experts_per_tok,
+              num_experts=model.num_experts, moe_ep_size=ep, node_num=nodes, sms=DEEPEP_NORMAL_SMS,
+              attention_tp_size=par.tensor_parallel_size)
+    return (ops.MoEAllToAll("context_moe_dispatch", L, phase="dispatch", comm_dtype="default", **kw),
+            ops.MoEAllToAll("context_moe_combine", L, phase="combine", comm_dtype="default", **kw))
+
+
+def deepep_expert_op(database: Any, model: ModelSpec, par: Parallelism, quant: Any, dist: str,
+                     phase: str = "generation") -> Any | None:
     """The routed experts of a DeepEP low-latency decode step as aic's large-EP path prices them: MoEExpertCompute
     over SGLang's wide-EP generation MoE table (kernel_source 'deepepmoe': the expert kernel behind SGLang's DeepEP
     dispatcher, e.g. gb200 SGLang 0.5.10 wideep_generation_moe_perf, FP8 block-scaled, EP 2-256 but 8), at one
     rank's tokens times the attention ranks, as aic's MoE op; None where that table has no row for this quant /
-    EP (NVFP4: none; those experts keep aic's MoE table).
+    EP (NVFP4: none; those experts keep aic's MoE table). With phase 'context', the context table
+    (wideep_context_moe_perf, FP8 block-scaled, EP 2, 4, 16-256: no EP 8; aic does not interpolate across EP,
+    it raises PerfDataNotAvailableError, so an EP 8 worker keeps aic's MoE table).
 
     The same layout's MoE table prices a different kernel: GB200 SGLang 0.5.14, FP8 block-scaled, EP 32, 128
     tokens a rank: 917 us a layer against the DeepEP expert table's 159 us, 256 tokens: 1,655 against 168."""
     import aiconfigurator_core.sdk.operations as ops
     from aiconfigurator_core.sdk.engine import build_ops_json
     m, ep, dp = model, par.expert_parallel_size, par.data_parallel_size
-    op = ops.MoEExpertCompute("generation_moe", m.num_moe_layers, hidden_size=m.hidden_size,
+    op = ops.MoEExpertCompute(f"{phase}_moe", m.num_moe_layers, hidden_size=m.hidden_size,
                               inter_size=m.moe_intermediate_size, topk=m.num_experts_per_tok,
                               num_experts=m.num_experts, moe_ep_size=ep, quant_mode=quant,
-                              workload_distribution=dist, attention_dp_size=dp, inference_phase="generation",
+                              workload_distribution=dist, attention_dp_size=dp, inference_phase=phase,
                               num_slots=None, is_gated=True, enable_eplb=False)
     try:
         evaluator(database)(build_ops_json([op]), is_context=True, batch_size=1, s=1, x=16)
@@ -209,8 +248,9 @@ def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend:
              database: Any, wide_ep: bool = False, moe_a2a: str = "default") -> list:
     """aic's MoE block (router GEMM, shared experts, dispatch + experts + combine) for one phase; with
     `wide_ep` (TensorRT-LLM's WIDEEP backend), a decode step's is aic's large-EP block; a generation
-    block's dispatch and combine are DeepEP low-latency ones where moe_a2a is 'deepep_ll', and its
-    experts the DeepEP expert table's where it has this layout (deepep_expert_op)."""
+    block's dispatch and combine are DeepEP low-latency ones where moe_a2a is 'deepep_ll' (a context block's
+    DeepEP normal-mode ones where it is 'deepep_normal'), and its experts the DeepEP expert table's where it
+    has this layout (deepep_expert_op)."""
     if wide_ep and phase == "generation":
         return _wide_ep_generation_ops(model, par, modes, database)
     import aiconfigurator_core.sdk.operations as ops
@@ -227,8 +267,9 @@ def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend:
     mtp, ep, dp = par.moe_tensor_parallel_size, par.expert_parallel_size, par.data_parallel_size
     k, e = m.num_experts_per_tok, m.num_experts
     cmtp, cep = moe_compute_layout(database, m, par, q, dist)  # the experts' table layout
-    a2a = deepep_ll_ops(m, par, database) if moe_a2a == "deepep_ll" and phase == "generation" else None
-    experts = deepep_expert_op(database, m, par, q, dist) if a2a is not None else None
+    a2a = (deepep_ll_ops(m, par, database) if moe_a2a == "deepep_ll" and phase == "generation" else
+           deepep_normal_ops(m, par, database) if moe_a2a == "deepep_normal" and phase == "context" else None)
+    experts = deepep_expert_op(database, m, par, q, dist, phase) if a2a is not None else None
     if not (m.is_mla and phase == "generation"):
         shape = MoEBlockShape(hidden_size=m.hidden_size, moe_inter_size=m.moe_intermediate_size,
                               topk=m.num_experts_per_tok, num_experts=m.num_experts,
@@ -380,7 +421,8 @@ def build_graph(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backe
                 database: Any, wide_ep: bool = False, moe_a2a: str = "default") -> StepGraph:
     """The op lists of one step of one pipeline stage (`model`: the stage's layers) on one GPU; `wide_ep`:
     the MoE block is TensorRT-LLM's WIDEEP one (_wide_ep_generation_ops) in both graphs (a decode worker's);
-    moe_a2a: the decode-only graph's MoE all-to-all (MOE_A2A; a step with prefill keeps aic's MoEDispatch)."""
+    moe_a2a: the MoE all-to-all (MOE_A2A): 'deepep_ll' the decode-only graph's, 'deepep_normal' the graph of a
+    step with prefill's; the other graph keeps aic's MoEDispatch."""
     import aiconfigurator_core.sdk.operations as ops
     from aiconfigurator_core.sdk import common
     from aiconfigurator_core.sdk.engine import build_ops_json
@@ -409,7 +451,8 @@ def build_graph(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backe
         moe_par = aic_moe_parallelism(m, par)
         # A WIDEEP worker is a disaggregated decode worker: every step it runs is a generation step, an MTP
         # verify step (priced on the token graph) included, so both graphs carry the large-EP block.
-        token_ops += _moe_ops(m, moe_par, modes, backend, "generation" if wide_ep else "context", database, wide_ep)
+        token_ops += _moe_ops(m, moe_par, modes, backend, "generation" if wide_ep else "context", database, wide_ep,
+                              moe_a2a)
         decode_ops += _moe_ops(m, moe_par, modes, backend, "generation", database, wide_ep, moe_a2a)
     ars = [ops.CustomAllReduce("embedding_ar", 1, h, tp), ops.CustomAllReduce("ar_1", dense, h, tp),
            ops.CustomAllReduce("ar_2", dense, h, tp)]
