@@ -20,6 +20,7 @@ from twinserve.sim import validate_recipes
 from twinserve.sim.validate import simulate_row
 from twinserve.sim.validate_cli import select_rows
 from twinserve.sim.validate_rows import load_rows
+from row_ab import error_summary, records_frame  # this folder (experiments/row_ab.py)
 
 IMAGES = ("1.2.0rc6.post3", "1.1.0rc2.post2")
 
@@ -66,14 +67,11 @@ def main() -> None:
               f"{rec['kernel'] or 'default':8s} TPOT {rec['meas_tpot']:6.2f} {rec['tpot_before']:6.2f} "
               f"{rec['tpot_after']:6.2f}  TTFT {rec['meas_ttft']:6.0f} {rec['ttft_before']:6.0f} "
               f"{rec['ttft_after']:6.0f}", flush=True)
-    d = pd.DataFrame(out)
-    if args.out:
-        d.to_csv(args.out, index=False)
+    d = records_frame(out, args.out)
     if not len(d):
         return
 
-    def f(s: pd.Series) -> str:
-        return f"{s.abs().median():.1%} ({s.median():+.1%}, {(s.abs() <= 0.2).mean():.0%} within 20%)"
+    f = error_summary
     for what, g in [("all", d)] + list(d.groupby("kernel")):
         print(f"{what or 'default'} {len(g)} rows: TPOT {f(g.tpot_before / g.meas_tpot - 1)} -> "
               f"{f(g.tpot_after / g.meas_tpot - 1)} | TTFT {f(g.ttft_before / g.meas_ttft - 1)} -> "

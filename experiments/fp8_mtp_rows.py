@@ -19,6 +19,7 @@ from twinserve.sim import validate_recipes
 from twinserve.sim.validate import simulate_row
 from twinserve.sim.validate_cli import select_rows
 from twinserve.sim.validate_rows import load_rows
+from row_ab import distinct_measurements, error_summary, records_frame  # this folder (experiments/row_ab.py)
 
 KEY = ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8", "1.2.0rc6.post3")
 
@@ -27,8 +28,7 @@ def _rows(max_clients: int) -> pd.DataFrame:
     df = select_rows(load_rows(), backend="trtllm", model="DeepSeek-R1", rows="dev")
     df = df[(pd.to_numeric(df["concurrency"], errors="coerce") <= max_clients) & (df["system"] == "b200_sxm")
             & (df["precision"] == "fp8") & (df["mode"] == "agg") & (df["backend_version"] == KEY[-1])]
-    same = df[["isl", "osl", "concurrency", "silicon_tpot_ms", "silicon_ttft_ms"]].astype(float).round(6)
-    return df[~same.duplicated().to_numpy()]
+    return distinct_measurements(df)
 
 
 def main() -> None:
@@ -51,14 +51,11 @@ def main() -> None:
         print(f"{rec['isl']}/{rec['osl']} c{rec['conc']:<4d} adp{rec['adp']:<3d} {rec['kernel'] or 'default':8s} "
               f"TPOT {rec['meas_tpot']:6.2f} {rec['tpot_before']:6.2f} {rec['tpot_after']:6.2f}  "
               f"TTFT {rec['meas_ttft']:6.0f} {rec['ttft_before']:6.0f} {rec['ttft_after']:6.0f}", flush=True)
-    d = pd.DataFrame(out)
-    if args.out:
-        d.to_csv(args.out, index=False)
+    d = records_frame(out, args.out)
     if not len(d):
         return
 
-    def f(s: pd.Series) -> str:
-        return f"{s.abs().median():.1%} ({s.median():+.1%}, {(s.abs() <= 0.2).mean():.0%} within 20%)"
+    f = error_summary
     for what, g in [("all", d)] + list(d.groupby("kernel")):
         print(f"{what or 'default'} {len(g)} rows: TPOT {f(g.tpot_before / g.meas_tpot - 1)} -> "
               f"{f(g.tpot_after / g.meas_tpot - 1)} | TTFT {f(g.ttft_before / g.meas_ttft - 1)} -> "

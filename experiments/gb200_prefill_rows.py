@@ -25,6 +25,7 @@ from twinserve.sim.validate import simulate_row
 from twinserve.sim.validate_cli import select_rows
 from twinserve.sim.validate_inferencex import inferencex_workers
 from twinserve.sim.validate_rows import load_rows
+from row_ab import distinct_measurements, error_summary, records_frame  # this folder (experiments/row_ab.py)
 
 _MATRIX = validate_rows._matrix_workers
 
@@ -54,8 +55,7 @@ def _rows(isl: int, lo: int, hi: int, mtp_unsimulated: bool = False) -> pd.DataF
         simulated = ix is not None and (ix.mtp == 0 or ix.simulates_mtp(int(r["concurrency"])))
         keep.append(ix is not None and simulated != mtp_unsimulated)
     df = df[keep]
-    same = df[["isl", "osl", "concurrency", "silicon_tpot_ms", "silicon_ttft_ms"]].astype(float).round(6)
-    return df[~same.duplicated().to_numpy()].sort_values(["isl", "concurrency"])
+    return distinct_measurements(df).sort_values(["isl", "concurrency"])
 
 
 def _run(row: pd.Series, variant: str) -> dict:
@@ -71,9 +71,10 @@ def _run(row: pd.Series, variant: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--isl", type=int, default=0, help="only rows of this ISL (0: all)")
-    ap.add_argument("--min-clients", type=int, default=0)
-    ap.add_argument("--max-clients", type=int, default=100000)
-    ap.add_argument("--variants", nargs="+", default=["before", "after"], choices=list(VARIANTS))
+    ap.add_argument("--min-clients", type=int, default=0, help="only rows of at least this many clients")
+    ap.add_argument("--max-clients", type=int, default=100000, help="only rows of at most this many clients")
+    ap.add_argument("--variants", nargs="+", default=["before", "after"], choices=list(VARIANTS),
+                    help="which to simulate: before (caps and TRTLLM experts patched out), caps, kernel, after")
     ap.add_argument("--mtp-unsimulated", action="store_true",
                     help="instead: the rows whose entry ran MTP past 256 clients (simulated without drafts)")
     ap.add_argument("--out", default="", help="write the per-row figures to this CSV")
@@ -99,14 +100,11 @@ def main() -> None:
             line += f" {v} {rec[f'ttft_{v}']:6.0f} {rec[f'tpot_{v}']:6.2f} {rec[f'tok_s_{v}'] / 1e3:5.1f}k"
         out.append(rec)
         print(line, flush=True)
-    d = pd.DataFrame(out)
-    if args.out:
-        d.to_csv(args.out, index=False)
+    d = records_frame(out, args.out)
     if not len(d):
         return
 
-    def f(s: pd.Series) -> str:
-        return f"{s.abs().median():.1%} ({s.median():+.1%}, {(s.abs() <= 0.2).mean():.0%} within 20%)"
+    f = error_summary
     for what, g in [("all", d), ("<= 256 clients", d[d.conc <= 256]), ("> 256 clients", d[d.conc > 256])]:
         if len(g):
             print(f"{what} {len(g)} rows: " + " | ".join(

@@ -23,6 +23,7 @@ from twinserve.sim.validate_cli import select_rows
 from twinserve.sim.validate_inferencex import inferencex_workers
 from twinserve.sim.validate_recipes import disagg_wide_ep
 from twinserve.sim.validate_rows import load_rows
+from row_ab import distinct_measurements, error_summary, records_frame  # this folder (experiments/row_ab.py)
 
 
 def _rows(max_clients: int) -> pd.DataFrame:
@@ -35,8 +36,7 @@ def _rows(max_clients: int) -> pd.DataFrame:
         conc = int(r["concurrency"])
         keep.append(ix is not None and disagg_wide_ep(r, ix.decode.ep) and (ix.mtp == 0 or ix.simulates_mtp(conc)))
     df = df[keep]
-    same = df[["isl", "osl", "concurrency", "silicon_tpot_ms", "silicon_ttft_ms"]].astype(float).round(6)
-    return df[~same.duplicated().to_numpy()]
+    return distinct_measurements(df)
 
 
 def main() -> None:
@@ -63,14 +63,11 @@ def main() -> None:
               f"rows/rank {rec['meas_rows_a_rank']:5.1f} TPOT {rec['meas_tpot']:6.2f} {rec['tpot_before']:6.2f} "
               f"{rec['tpot_after']:6.2f}  TTFT {rec['meas_ttft']:6.0f} {rec['ttft_before']:6.0f} "
               f"{rec['ttft_after']:6.0f}", flush=True)
-    d = pd.DataFrame(out)
-    if args.out:
-        d.to_csv(args.out, index=False)
+    d = records_frame(out, args.out)
     if not len(d):
         return
 
-    def f(s: pd.Series) -> str:
-        return f"{s.abs().median():.1%} ({s.median():+.1%}, {(s.abs() <= 0.2).mean():.0%} within 20%)"
+    f = error_summary
     for what, g in [("all", d), ("<= 256 clients", d[d.conc <= 256]), ("> 256 clients", d[d.conc > 256])]:
         if len(g):
             print(f"{what} {len(g)} rows: TPOT {f(g.tpot_before / g.meas_tpot - 1)} -> "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import simpy
 
@@ -448,15 +448,8 @@ class ClusterSimulation:
         if lazy is not None and not lazy.add_joined([r for r in joiners if r.status is RequestStatus.RUNNING],
                                                     tail=admit):
             lazy.flush()  # a joiner still in its chunk (prefill_first): the next step is core.step's
-        core.last_scheduler_output = so
-        stats = StepStats(core.num_steps, t, d, sched.num_running, sched.num_waiting, len(new_reqs),
-                          n + len(num_scheduled), so.total_num_scheduled_tokens, kv.usage, kv.stats.queries,
-                          kv.stats.hits, 0, len(sched.finished_req_ids))
-        core.num_steps += 1
-        finished = [out.req_id for out in outputs[:num_failed] if out.finish_reason is not None]
-        finished += done
-        finished += [out.req_id for out in outputs[num_failed:] if out.finish_reason is not None]
-        return outputs, stats, finished
+        return outputs, *_close_join_step(core, so, outputs, num_failed, done, t, d, n, len(new_reqs),
+                                          len(num_scheduled))
 
     def _spec_join_step(self, rep: Replica, t: float) -> tuple[list, StepStats, list[str]] | None:
         """_join_step for a drafting batch (mixed batches only): the running requests' verify rows as a
@@ -507,15 +500,8 @@ class ClusterSimulation:
         done = finish(sched, win, 1, end)
         num_failed = len(sched.failed_outputs)
         outputs = sched.update_from_output(so, mro, end)
-        core.last_scheduler_output = so
-        stats = StepStats(core.num_steps, t, d, sched.num_running, sched.num_waiting, len(new_reqs),
-                          n + len(num_scheduled), so.total_num_scheduled_tokens, kv.usage, kv.stats.queries,
-                          kv.stats.hits, 0, len(sched.finished_req_ids))
-        core.num_steps += 1
-        finished = [out.req_id for out in outputs[:num_failed] if out.finish_reason is not None]
-        finished += done
-        finished += [out.req_id for out in outputs[num_failed:] if out.finish_reason is not None]
-        return outputs, stats, finished
+        return outputs, *_close_join_step(core, so, outputs, num_failed, done, t, d, n, len(new_reqs),
+                                          len(num_scheduled))
 
     def _prefill_only_step(self, rep: Replica, t: float, lazy: LazyDecodes
                            ) -> tuple[list, StepStats, list[str]] | None:
@@ -757,3 +743,21 @@ def _schedule_tail(sched, plan: list[tuple[Request, int, int, bool]], cached: Ca
         num_scheduled[rid] = q
         total += q
     return total
+
+
+def _close_join_step(core: Any, so: Any, outputs: list, num_failed: int, done: list[str], t: float, d: float,
+                     n: int, num_new: int, num_scheduled: int) -> tuple[StepStats, list[str]]:
+    """The end of a join step (Cluster._join_step, _spec_join_step) as core.step ends one: the step's output
+    kept, its stats, the step counted, and the finished requests in core.step's order (the failures
+    update_from_output reported first, then the n decodes' finishes `done`, then the rest)."""
+    sched = core.scheduler
+    kv = sched.kv
+    core.last_scheduler_output = so
+    stats = StepStats(core.num_steps, t, d, sched.num_running, sched.num_waiting, num_new, n + num_scheduled,
+                      so.total_num_scheduled_tokens, kv.usage, kv.stats.queries, kv.stats.hits, 0,
+                      len(sched.finished_req_ids))
+    core.num_steps += 1
+    finished = [out.req_id for out in outputs[:num_failed] if out.finish_reason is not None]
+    finished += done
+    finished += [out.req_id for out in outputs[num_failed:] if out.finish_reason is not None]
+    return stats, finished

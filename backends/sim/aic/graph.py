@@ -173,20 +173,7 @@ def deepep_ll_ops(model: ModelSpec, par: Parallelism, database: Any) -> tuple[An
     aic's tables (gb200 / gb300 / b200 / h200, SGLang 0.5.12) are keyed by tokens a rank, hidden size, top-k
     and experts at one node; aic reads them at any node span (its own large-EP path queries EP 32 on GB200
     at 8 nodes of 4 and gets the same rows)."""
-    import aiconfigurator_core.sdk.operations as ops
-    from aiconfigurator_core.sdk.operations.moe_comm import nodes_for
-    from twinserve.backends.sim.aic.mapping import AicError
-    mtp, ep = par.moe_tensor_parallel_size, par.expert_parallel_size
-    if not model.is_moe or mtp != 1 or ep < 2 or model.num_experts % ep:
-        raise AicError("aic_moe_a2a", f"aic_moe_a2a 'deepep_ll' needs experts split over EP > 1 with no MoE TP "
-                       f"and EP dividing the experts (aic's deepep_ll feasibility); {model.name} here has "
-                       f"moe_tp {mtp}, moe_ep {ep}, {model.num_experts} experts")
-    nodes = nodes_for(ep * mtp, int(database.system_spec["node"]["num_gpus_per_node"]))
-    L = model.num_moe_layers
-    kw = dict(comm_backend="deepep_ll", hidden_size=model.hidden_size, topk=model.num_experts_per_tok,
-              num_experts=model.num_experts, moe_ep_size=ep, node_num=nodes, sms=0, attention_tp_size=1)
-    return (ops.MoEAllToAll("generation_moe_dispatch", L, phase="dispatch", comm_dtype="default", **kw),
-            ops.MoEAllToAll("generation_moe_combine", L, phase="combine", comm_dtype="default", **kw))
+    return _deepep_a2a_ops(model, par, database, "deepep_ll", "generation", sms=0, attention_tp=1)
 
 
 def deepep_normal_ops(model: ModelSpec, par: Parallelism, database: Any) -> tuple[Any, Any]:
@@ -200,21 +187,30 @@ def deepep_normal_ops(model: ModelSpec, par: Parallelism, database: Any) -> tupl
 
     What it stands for: SGLang's `--moe-a2a-backend deepep --deepep-mode normal` prefill workers (sglang
     srt/layers/moe/token_dispatcher/deepep.py, the normal dispatcher's high-throughput kernels)."""
+    return _deepep_a2a_ops(model, par, database, "deepep_ht", "context", sms=DEEPEP_NORMAL_SMS,
+                           attention_tp=par.tensor_parallel_size)
+
+
+def _deepep_a2a_ops(model: ModelSpec, par: Parallelism, database: Any, backend: str, phase: str, *, sms: int,
+                    attention_tp: int) -> tuple[Any, Any]:
+    """aic's MoEAllToAll dispatch and combine over one DeepEP comm table (`backend`: deepep_ll / deepep_ht) for
+    one phase, the comm span nodes_for(moe_ep x moe_tp, num_gpus_per_node); refused (AicError) without experts
+    split over EP > 1, with MoE TP, or with an EP that does not divide the experts (aic's feasibility)."""
     import aiconfigurator_core.sdk.operations as ops
     from aiconfigurator_core.sdk.operations.moe_comm import nodes_for
     from twinserve.backends.sim.aic.mapping import AicError
+    mode = "deepep_ll" if backend == "deepep_ll" else "deepep_normal"
     mtp, ep = par.moe_tensor_parallel_size, par.expert_parallel_size
     if not model.is_moe or mtp != 1 or ep < 2 or model.num_experts % ep:
-        raise AicError("aic_moe_a2a", f"aic_moe_a2a 'deepep_normal' needs experts split over EP > 1 with no MoE "
-                       f"TP and EP dividing the experts; {model.name} here has moe_tp {mtp}, moe_ep {ep}, "
-                       f"{model.num_experts} experts")
+        raise AicError("aic_moe_a2a", f"aic_moe_a2a '{mode}' needs experts split over EP > 1 with no MoE TP "
+                       f"and EP dividing the experts (aic's {backend} feasibility); {model.name} here has "
+                       f"moe_tp {mtp}, moe_ep {ep}, {model.num_experts} experts")
     nodes = nodes_for(ep * mtp, int(database.system_spec["node"]["num_gpus_per_node"]))
     L = model.num_moe_layers
-    kw = dict(comm_backend="deepep_ht", hidden_size=model.hidden_size, topk=model.num_experts_per_tok,
-              num_experts=model.num_experts, moe_ep_size=ep, node_num=nodes, sms=DEEPEP_NORMAL_SMS,
-              attention_tp_size=par.tensor_parallel_size)
-    return (ops.MoEAllToAll("context_moe_dispatch", L, phase="dispatch", comm_dtype="default", **kw),
-            ops.MoEAllToAll("context_moe_combine", L, phase="combine", comm_dtype="default", **kw))
+    kw = dict(comm_backend=backend, hidden_size=model.hidden_size, topk=model.num_experts_per_tok,
+              num_experts=model.num_experts, moe_ep_size=ep, node_num=nodes, sms=sms, attention_tp_size=attention_tp)
+    return (ops.MoEAllToAll(f"{phase}_moe_dispatch", L, phase="dispatch", comm_dtype="default", **kw),
+            ops.MoEAllToAll(f"{phase}_moe_combine", L, phase="combine", comm_dtype="default", **kw))
 
 
 def deepep_expert_op(database: Any, model: ModelSpec, par: Parallelism, quant: Any, dist: str,

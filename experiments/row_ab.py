@@ -1,0 +1,29 @@
+"""What the development-row before/after scripts share (fp8_mtp_rows.py, trtgen_rows.py, fp4_trtgen_rows.py,
+wide_ep_rows.py, gb200_prefill_rows.py): one simulation per measurement, and the error summary they print.
+Imported from this folder (a script's own folder is on sys.path, as validate_memory.py imports validate_speed)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+# The columns that tell one measurement from another: the file's twin records of one run agree on them.
+MEASUREMENT = ["isl", "osl", "concurrency", "silicon_tpot_ms", "silicon_ttft_ms"]
+
+
+def distinct_measurements(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of `df`, one per measurement (twin records simulated once)."""
+    same = df[MEASUREMENT].astype(float).round(6)
+    return df[~same.duplicated().to_numpy()]
+
+
+def error_summary(err: pd.Series) -> str:
+    """Median |error| (signed median, share within 20%) of relative errors pred / meas - 1."""
+    return f"{err.abs().median():.1%} ({err.median():+.1%}, {(err.abs() <= 0.2).mean():.0%} within 20%)"
+
+
+def records_frame(records: list[dict], out: str) -> pd.DataFrame:
+    """The per-row records as a frame, written to `out` as CSV where given."""
+    d = pd.DataFrame(records)
+    if out:
+        d.to_csv(out, index=False)
+    return d
