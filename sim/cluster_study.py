@@ -58,13 +58,10 @@ def build_cluster(cfg: StudyConfig, keep_steps: bool = True, keep_records: bool 
                 eng.core.executor = eng.executor
         for rep in replicas:
             rep.label += " prefill" if rep.index < c.num_prefill_replicas else " decode"
-        first = engines[0]
-        tp = cfg.engine.tensor_parallel_size
-        # Each tensor-parallel rank sends its own shard of the KV over its own link.
-        bandwidth = (c.kv_link_bandwidth or first.hardware.interconnect_bandwidth) * tp
+        bandwidth, kv_bytes = kv_link(cfg, engines[c.num_prefill_replicas])
         sim: ClusterSimulation = DisaggregatedSimulation(
             replicas, workload, router, c.num_prefill_replicas, bandwidth, c.kv_link_latency_s,
-            first.model.kv_bytes_per_token, first_token=c.disagg_first_token,
+            kv_bytes, first_token=c.disagg_first_token,
             decode_router=c.disagg_decode_router, fast_forward=cfg.run.fast_forward,
             prealloc_reserve=c.disagg_reserved_decode_tokens if c.disagg_admission == "prealloc" else None,
             on_record=on_record, keep_records=keep_records)
@@ -72,6 +69,29 @@ def build_cluster(cfg: StudyConfig, keep_steps: bool = True, keep_records: bool 
         sim = ClusterSimulation(replicas, workload, router, cfg.run.fast_forward,
                                 on_record=on_record, keep_records=keep_records)
     return BuiltCluster(cfg, engines, workload, sim)
+
+
+def kv_link(cfg: StudyConfig, decode: BuiltEngine) -> tuple[float, int]:
+    """One decode GPU's KV link (bytes/s) and the KV bytes a prompt token sends it, for the transfer time.
+
+    Each GPU of the decode worker's attention group receives its own part of a request's KV over its own
+    link, all at once, so the transfer takes one GPU's bytes over one GPU's link. One GPU's bytes: its
+    share of the K/V heads, or, for MLA, the whole latent (ModelSpec.kv_bytes_per_token_per_gpu): every
+    attention-TP rank holds all of it, and SGLang's decode rank pulls it whole from one prefill rank
+    (sgl-project/sglang python/sglang/srt/disaggregation/common/conn.py @ad7733e, CommonKVReceiver: equal
+    attention TP sizes, `target_tp_rank` = the decode rank's own; a smaller decode TP, "For MLA models, we
+    can retrieve KVCache from only one prefill rank"). One GPU's link: NVLink where a prefill worker's and a
+    decode worker's GPUs fit one NVLink domain (an NVL72 rack), else the network past it (an HGX board's
+    8 GPUs: the prefill and decode workers' own nodes; HardwareSpec.collective_bandwidth), unless
+    [cluster] kv_link_bandwidth sets it. Until 2026-12-06 the transfer took the whole model's KV over
+    NVLink times the TP ranks: for MLA a TP-th of the bytes, and NVLink between HGX nodes."""
+    c = cfg.cluster
+    pre = replica_config(cfg, 0).engine
+    dec = replica_config(cfg, c.num_prefill_replicas).engine
+    pair_gpus = (pre.tensor_parallel_size * pre.data_parallel_size
+                 + dec.tensor_parallel_size * dec.data_parallel_size)
+    link = c.kv_link_bandwidth or decode.hardware.collective_bandwidth(pair_gpus)
+    return link, decode.model.kv_bytes_per_token_per_gpu(dec.tensor_parallel_size)
 
 
 def simulate_cluster(cfg: StudyConfig) -> tuple[BuiltCluster, ClusterResult]:

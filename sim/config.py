@@ -254,8 +254,10 @@ class _ClusterBase:
     # Disaggregation: the first num_prefill_replicas only prefill (0 = colocated).
     num_prefill_replicas: int = knob(0, help="disaggregation: the first N replicas only prefill",
                                      range=(0, None), special={0: "colocated"})
-    kv_link_bandwidth: float = knob(0.0, help="disaggregation: KV transfer bandwidth", unit="bytes/s",
-                                    range=(1e6, 1e15), special={0: "the hardware catalog's interconnect"})
+    kv_link_bandwidth: float = knob(0.0, help="disaggregation: KV transfer bandwidth of one decode GPU's link",
+                                    unit="bytes/s", range=(1e6, 1e15),
+                                    special={0: "the catalog's NVLink where a prefill and a decode worker fit "
+                                                "one NVLink domain, else its network (sim/cluster_study.kv_link)"})
     kv_link_latency_s: float = knob(20e-6, help="disaggregation: KV transfer latency", unit="seconds",
                                     range=(0.0, 60.0))
     # Where a disaggregated request's first token reaches the client (sim/disagg.py): "prefill", the
