@@ -274,8 +274,8 @@ def test_fp8_is_static_only_for_static_checkpoints_the_database_can_price() -> N
     from types import SimpleNamespace
     from twinserve.backends.sim.aic.mapping import fp8_gemm_mode, static_fp8_checkpoint
     fp8 = {"gemm": common.GEMMQuantMode.fp8}
-    without = SimpleNamespace(supported_quant_mode={"gemm": ["bfloat16", "fp8"]})
-    with_ = SimpleNamespace(supported_quant_mode={"gemm": ["bfloat16", "fp8", "fp8_static"]})
+    without = SimpleNamespace(_twinserve_modes={"gemm": ["bfloat16", "fp8"]})
+    with_ = SimpleNamespace(_twinserve_modes={"gemm": ["bfloat16", "fp8", "fp8_static"]})
     assert fp8_gemm_mode(with_, fp8, True)["gemm"] is common.GEMMQuantMode.fp8_static
     assert fp8_gemm_mode(without, fp8, True)["gemm"] is common.GEMMQuantMode.fp8
     assert fp8_gemm_mode(with_, fp8, False)["gemm"] is common.GEMMQuantMode.fp8

@@ -109,9 +109,9 @@ def test_each_engines_mxfp4_activations() -> None:
 
 def test_the_held_mxfp4_mode_stands_in() -> None:
     w4a8, w4a16 = common.MoEQuantMode.w4a8_mxfp4_mxfp8, common.MoEQuantMode.w4a16_mxfp4
-    only_w4a16 = SimpleNamespace(supported_quant_mode={"moe": ["bfloat16", "w4a16_mxfp4"]})
-    both = SimpleNamespace(supported_quant_mode={"moe": ["w4a16_mxfp4", "w4a8_mxfp4_mxfp8"]})
-    neither = SimpleNamespace(supported_quant_mode={"moe": ["fp8"]})
+    only_w4a16 = SimpleNamespace(_twinserve_modes={"moe": ["bfloat16", "w4a16_mxfp4"]})
+    both = SimpleNamespace(_twinserve_modes={"moe": ["w4a16_mxfp4", "w4a8_mxfp4_mxfp8"]})
+    neither = SimpleNamespace(_twinserve_modes={"moe": ["fp8"]})
     assert held_mxfp4_mode(only_w4a16, {"moe": w4a8})["moe"] is w4a16
     assert held_mxfp4_mode(both, {"moe": w4a8})["moe"] is w4a8
     assert held_mxfp4_mode(neither, {"moe": w4a8})["moe"] is w4a8  # check_precision names what exists

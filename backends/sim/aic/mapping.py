@@ -161,6 +161,60 @@ def mxfp4_moe_mode(system: str, backend: str) -> str:
     return "w4a8_mxfp4_mxfp8" if is_blackwell_system(system) else "w4a16_mxfp4"
 
 
+# The tables whose quant modes a study checks, and the enum their engine table views key on at the top.
+_MODE_TABLES = {"gemm": ("_gemm_data", "GEMMQuantMode"), "moe": ("_moe_data", "MoEQuantMode"),
+                "generation_attention": ("_generation_attention_data", "KVCacheQuantMode")}
+
+
+def supported_modes(db: Any, table: str) -> list[str]:
+    """The quant modes aic's database `db` has timings for in `table` ('gemm', 'moe' or 'generation_attention'):
+    the names aic's own `db.supported_quant_mode[table]` lists, read from the top-level keys of the engine's
+    table view alone.
+
+    aic answers `supported_quant_mode` by building the whole table in Python (sdk/perf_database.py
+    _LazySupportMatrix: `load_data`, then `_finalize_loaded_value` over every measured point): 2-9 s a
+    database for its GEMM and MoE tables, most of `simulate validate`'s serial preload and of a study's start
+    (docs/validate-speed.md), for a listing of the outermost keys. The step prices come from aic's compiled
+    engine and never read those Python tables. The rules kept from aic's `_enum_key_names` and
+    `_gemm_key_names` (aiconfigurator-core 0.12.0): a lane-keyed table (kernel_source strings outermost) lists the
+    union of its lanes' modes; 'fp8_static' is listed for GEMMs where the 'fp8' GEMM, compute-scale and
+    scale-matrix tables all hold 'fp8'. tests/sim/test_aic_supported_modes.py checks the listing against
+    aic's own. Cached on the database object.
+    """
+    memo = db.__dict__.setdefault("_twinserve_modes", {})
+    if table not in memo:
+        from aiconfigurator_core.sdk import common
+        attr, enum_name = _MODE_TABLES[table]
+        enum = getattr(common, enum_name)
+        names = _view_modes(db, attr, enum)
+        if table == "gemm":
+            fp8, static = common.GEMMQuantMode.fp8.name, common.GEMMQuantMode.fp8_static.name
+            names.discard(static)
+            if fp8 in names and all(fp8 in _view_modes(db, a, enum)
+                                    for a in ("_compute_scale_data", "_scale_matrix_data")):
+                names.add(static)
+        memo[table] = sorted(names)
+    return memo[table]
+
+
+def _view_modes(db: Any, attr: str, enum: Any) -> set[str]:
+    """The enum names keying the outermost level of aic's engine table view `attr` (a lane's keys
+    for a lane-keyed one); empty where the database has no such table."""
+    import json
+    from aiconfigurator_core.sdk.engine_table_view import _probe_engine_handle
+    raw = _probe_engine_handle(db)._engine.table_view_json(attr)
+    if raw is None:
+        return set()
+    top = json.loads(raw)
+    names: set[str] = set()
+    for key, value in top.items():
+        if key in enum.__members__:
+            names.add(key)
+        elif isinstance(value, dict):  # a kernel_source lane
+            names.update(k for k in value if k in enum.__members__)
+    return names
+
+
 def held_mxfp4_mode(db: Any, modes: dict[str, Any]) -> dict[str, Any]:
     """modes with the other MXFP4 expert mode where the database holds no table for the chosen one.
 
@@ -173,7 +227,7 @@ def held_mxfp4_mode(db: Any, modes: dict[str, Any]) -> dict[str, Any]:
     mode = modes.get("moe")
     if mode is None or mode.name not in MXFP4_MOE_MODES:
         return modes
-    have = set(db.supported_quant_mode["moe"])
+    have = set(supported_modes(db, "moe"))
     if mode.name in have:
         return modes
     other = next((m for m in MXFP4_MOE_MODES if m != mode.name and m in have), None)
@@ -211,7 +265,7 @@ def fp8_gemm_mode(db: Any, modes: dict[str, Any], static_checkpoint: bool) -> di
     from aiconfigurator_core.sdk import common
     static = common.GEMMQuantMode.fp8_static
     if (not static_checkpoint or modes.get("gemm") is not common.GEMMQuantMode.fp8
-            or static.name not in db.supported_quant_mode["gemm"]):
+            or static.name not in supported_modes(db, "gemm")):
         return modes
     return {**modes, "gemm": static}
 
@@ -222,7 +276,7 @@ def check_precision(db: Any, modes: dict[str, Any], precision: Precision) -> Non
     for table, mode in modes.items():
         if table not in field:
             continue
-        have = list(db.supported_quant_mode[table])
+        have = supported_modes(db, table)
         if mode.name not in have:
             raise AicError(field[table], f"aiconfigurator-core's {db.backend} {db.version} database for "
                            f"{db.system} has no {table} timings in {mode.name} (from {precision.label()}); "
