@@ -458,6 +458,16 @@ def conditional_rate(length: float, depth: int) -> float:
 MTP_ACCEPTANCE = conditional_rate(MTP_ACCEPTANCE_LENGTH, MTP_ACCEPTANCE_LENGTH_DEPTH)
 
 
+def mtp_script_max_num_tokens(mtp: int, max_batch_size: int, isl: int) -> int:
+    """The step budget InferenceX's DeepSeek-R1 TensorRT-LLM MTP scripts pass: `MAX_NUM_TOKENS=$((
+    ((MTP+1)*MAX_BATCH_SIZE+ISL+64+63)/64*64 ))`, a whole prompt beside every sequence's verify rows, rounded up
+    to 64 (benchmarks/dsr1_fp4_b200_trt_mtp.sh @13dd0c2, dsr1_fp8_b200_trt_mtp.sh @7506aee, dsr1_fp8_h200_trt_mtp.sh
+    @1fc5d73, single_node/dsr1_fp8_b200_trt_mtp.sh @2f3a788; MAX_BATCH_SIZE is CONC without attention DP).
+    With chunked prefill off (the PyTorch backend's default) a step holds one prompt of ISL and every running
+    sequence's MTP + 1 rows, so prompts that arrive together are prefilled one a step."""
+    return ((mtp + 1) * max_batch_size + isl + 64 + 63) // 64 * 64
+
+
 def _dsr1_b200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
     # benchmarks/dsr1_fp8_b200_trt_mtp.sh @111f031 and dsr1_fp4_b200_trt_mtp.sh @13dd0c2: MTP=1 with
     # DP_ATTENTION=true, else 3 (num_nextn_predict_layers in speculative_config); stream_interval 10;
@@ -466,12 +476,17 @@ def _dsr1_b200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: boo
     # are FP4 ones (MTP_IMAGES, LAYOUT_IMAGES). The FP4 script's `moe_config: backend` is TRTLLM without attention DP
     # (trtllm-gen NVFP4 experts at every token count: `aic_fp8_moe_kernel` 'trtllm', backends/sim/aic/trtgen.py)
     # and CUTLASS with it (aic's own table: CUTLASS above 128 gathered tokens).
+    # `--max_num_tokens` (mtp_script_max_num_tokens) is taken without attention DP only: with it the budget is a
+    # rank's, of MAX_BATCH_SIZE CONC / TP, and the aggregated study pools its ranks.
+    mtp = 1 if attention_dp else 3
     return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp{{4,8}}_b200_trt_mtp.sh @13dd0c2/111f031 (image "
                   "1.2.0rc6.post3: .github/configs/nvidia-master.yaml @48f302c, dsr1-fp{4,8}-b200-trt-mtp)",
-                  stream_interval=10, mtp=1 if attention_dp else 3, mem_fraction=0.8,
+                  stream_interval=10, mtp=mtp, mem_fraction=0.8,
                   fp8_moe_kernel="" if attention_dp else "trtllm",
+                  max_num_tokens=0 if attention_dp else mtp_script_max_num_tokens(mtp, conc, isl),
                   adp_balance_iters=ADP_BALANCE_TIMEOUT_ITERS,  # `attention_dp_config` (DP_ATTENTION only)
-                  unmodelled="cuda_graph_config, --max_num_tokens, --max_batch_size")
+                  unmodelled="cuda_graph_config, --max_batch_size"
+                             + (", --max_num_tokens (a rank's)" if attention_dp else ""))
 
 
 def _dsr1_h200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe | None:
@@ -482,12 +497,14 @@ def _dsr1_h200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: boo
     # kv_cache_config free_gpu_memory_fraction 0.75.
     if conc <= 64:
         return None
+    mtp = 1 if attention_dp else 3
     return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp8_h200_trt_mtp.sh @1fc5d73 (over 64 clients only "
                   "dsr1-fp8-h200-trt-mtp runs: .github/configs/nvidia-master.yaml @48f302c)",
-                  stream_interval=10, mtp=1 if attention_dp else 3, mem_fraction=0.75,
+                  stream_interval=10, mtp=mtp, mem_fraction=0.75,
+                  max_num_tokens=0 if attention_dp else mtp_script_max_num_tokens(mtp, conc, isl),
                   adp_balance_iters=ADP_BALANCE_TIMEOUT_ITERS,  # `attention_dp_config` (DP_ATTENTION only)
-                  unmodelled="moe_config backend CUTLASS, cuda_graph_config, --max_num_tokens, "
-                             "--max_batch_size")
+                  unmodelled="moe_config backend CUTLASS, cuda_graph_config, --max_batch_size"
+                             + (", --max_num_tokens (a rank's)" if attention_dp else ""))
 
 
 def _dsr1_fp8_b200_trt_rc6(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
@@ -533,8 +550,9 @@ def _dsr1_fp8_b200_trt_mtp_rc6(isl: int, osl: int, conc: int, tp: int, attention
     return replace(r, source=f"{_INFERENCEX_REPO} benchmarks/single_node/dsr1_fp8_b200_trt_mtp.sh @2f3a788 as PR "
                    "#632 left it (image 1.2.0rc6.post3, dsr1-fp8-b200-trt-mtp)",
                    fp8_moe_kernel="" if attention_dp else "trtllm", mem_fraction=0.7 if attention_dp else 0.8,
-                   unmodelled="piecewise CUDA graphs, cuda_graph_config max_batch_size, --max_num_tokens, "
-                              "--max_batch_size (CONC / 8 under attention DP), ENABLE_CONFIGURABLE_MOE")
+                   unmodelled="piecewise CUDA graphs, cuda_graph_config max_batch_size, --max_batch_size (CONC / 8 "
+                              "under attention DP), ENABLE_CONFIGURABLE_MOE"
+                              + (", --max_num_tokens (a rank's)" if attention_dp else ""))
 
 
 # The MoE backend of DeepSeek-R1 FP8 B200 TensorRT-LLM disaggregated workers (the srt-slurm recipes InferenceX's

@@ -419,6 +419,10 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     # The flags an InferenceX row's server ran with, where its recipe is known (sim/validate_recipes.py).
     recipe = row_recipe(row)
     apply_recipe(recipe, s)
+    if recipe.max_num_tokens and recipe.max_num_tokens < s.max_model_len:
+        # A launch budget below max_seq_len (the MTP scripts': validate_recipes.mtp_script_max_num_tokens) holds the
+        # benchmark's prompts, at most ISL tokens, whole: chunked prefill stays off.
+        s.max_prompt_len = isl
     apply_memory(recipe, e)  # the script's memory share, on the basis set above
     apply_kernels(recipe, e, cost_model)  # a kernel the script forces (gpt-oss on Hopper vLLM: Marlin)
     apply_speculative(recipe, cfg.speculative)

@@ -35,6 +35,13 @@ class SchedulerConfig:
     max_num_seqs: int = knob(256, help="requests running at once", unit="requests", range=(1, _INT32_MAX))
     max_model_len: int = knob(4096, help="longest prompt plus output a request may have", unit="tokens",
                               range=(1, _INT32_MAX))
+    # TensorRT-LLM sizes its step budget for the prompts it will serve, not for max_seq_len: InferenceX's MTP
+    # launches pass `--max_num_tokens ((MTP+1) x max_batch_size + ISL + 127) / 64 x 64` beside `--max_seq_len`
+    # ISL + OSL + 200, chunked prefill off (SemiAnalysisAI/InferenceX benchmarks/dsr1_fp4_b200_trt_mtp.sh @13dd0c2;
+    # sim/validate_recipes.py mtp_script_max_num_tokens). Without chunking only a prompt must fit one step.
+    max_prompt_len: int = knob(0, help="longest prompt a request may bring; with chunked prefill off the step "
+                               "budget need hold only this, not max_model_len (0: max_model_len)", unit="tokens",
+                               range=(0, _INT32_MAX), special={0: "max_model_len"})
     enable_chunked_prefill: bool = knob(True, help="split long prompts across steps to share the budget")
     long_prefill_token_threshold: int = knob(0, help="per-step prefill cap per request, so long prompts "
                                              "share the budget", unit="tokens", range=(0, _INT32_MAX),
@@ -133,6 +140,11 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         self.validate()
 
+    @property
+    def prompt_limit(self) -> int:
+        """The longest prompt a request may bring: max_prompt_len where set (and below max_model_len)."""
+        return min(self.max_prompt_len, self.max_model_len) if self.max_prompt_len else self.max_model_len
+
     def validate(self) -> None:
         """Raise InvalidConfigError naming the first bad field."""
         check_fields(self)
@@ -151,9 +163,10 @@ class SchedulerConfig:
             raise InvalidConfigError("adp_balance_iters", self.adp_balance_iters,
                                      f"0 (no attention-DP balance) with batch_policy {self.batch_policy!r}: the "
                                      "balance is the mixed policy's (TensorRT-LLM's)")
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.prompt_limit:
+            bound = "max_prompt_len" if self.prompt_limit < self.max_model_len else "max_model_len"
             raise InvalidConfigError(
                 "max_num_batched_tokens", self.max_num_batched_tokens,
-                f">= max_model_len ({self.max_model_len}) when chunked prefill is off, "
+                f">= {bound} ({self.prompt_limit}) when chunked prefill is off, "
                 "or a prompt could never be scheduled",
             )

@@ -128,10 +128,11 @@ class Scheduler(OutputUpdate):
         n = request.num_prompt_tokens
         if n == 0:
             raise InvalidRequestError("the prompt is empty: give at least one token", param="prompt")
-        if n > cfg.max_model_len:
+        if n > cfg.prompt_limit:
+            bound = "max_prompt_len" if cfg.prompt_limit < cfg.max_model_len else "max_model_len"
             raise PromptTooLongError(
-                f"prompt has {n} tokens but max_model_len is {cfg.max_model_len}; "
-                "shorten the prompt or raise max_model_len", n, cfg.max_model_len)
+                f"prompt has {n} tokens but {bound} is {cfg.prompt_limit}; "
+                f"shorten the prompt or raise {bound}", n, cfg.prompt_limit)
         sp = request.sampling_params
         max_tokens = sp.max_tokens if sp.max_tokens is not None else cfg.max_model_len - n
         request.max_tokens = max(1, max_tokens)

@@ -34,7 +34,7 @@ OTHER = {"max_model_len": 128, "max_num_batched_tokens": 192, "max_num_seqs": 7,
          "enable_prefix_caching": False, "watermark": 0.05, "aging_interval_s": 12.5,
          "max_prefill_tokens": 300, "recv_interval": 3, "batch_wait_iters": 4, "batch_wait_tokens_ratio": 0.5,
          "adp_balance_iters": 60, "adp_batching_wait_iters": 2, "adp_per_rank": True,
-         "overlap_scheduler": True}
+         "overlap_scheduler": True, "max_prompt_len": 100}
 
 
 def _other(name: str) -> Any:

@@ -777,3 +777,44 @@ def test_a_b200_fp4_trt_mtp_step_prices_its_experts_on_aics_trtllm_gen_rows_abov
     assert gen.tokens_time(256) - cut.tokens_time(256) == pytest.approx(want, rel=1e-6)
     for small in (16, 128):
         assert gen.decode_tokens_time(small) == cut.decode_tokens_time(small)
+
+
+@pytest.mark.parametrize("kw, budget", [
+    # benchmarks/dsr1_fp4_b200_trt_mtp.sh @13dd0c2, no attention DP: MTP 3, MAX_BATCH_SIZE CONC,
+    # MAX_NUM_TOKENS ((3 + 1) x CONC + ISL + 64 + 63) / 64 x 64.
+    ({"precision": "fp4", "backend_version": "1.2.0rc6.post3", "concurrency": 4}, 1152),
+    ({"precision": "fp4", "backend_version": "1.2.0rc6.post3", "concurrency": 64}, 1344),
+    ({"precision": "fp4", "backend_version": "1.2.0rc6.post3", "isl": 8192, "concurrency": 16}, 8320),
+    # single_node/dsr1_fp8_b200_trt_mtp.sh @2f3a788 (image 1.2.0rc6.post3): the same formula.
+    ({"precision": "fp8", "backend_version": "1.2.0rc6.post3", "concurrency": 32}, 1216),
+    # dsr1_fp8_h200_trt_mtp.sh @1fc5d73 (H200 rows over 64 clients): the same formula.
+    ({"system": "h200_sxm", "backend_version": "1.1.0rc2.post2", "osl": 8192, "concurrency": 128}, 1600),
+])
+def test_trt_mtp_rows_take_the_scripts_step_budget(kw, budget) -> None:
+    r = row_recipe(_row(**{"backend": "trtllm", **kw}))
+    assert r.mtp == 3
+    assert r.max_num_tokens == budget
+    assert "--max_num_tokens" not in r.unmodelled
+
+
+def test_trt_mtp_rows_with_attention_dp_keep_the_default_budget() -> None:
+    # With attention DP the script's budget is a rank's (MAX_BATCH_SIZE CONC / TP): not taken.
+    r = row_recipe(_row(backend="trtllm", precision="fp4", backend_version="1.2.0rc6.post3", concurrency=256,
+                        tp_size=1, attention_dp_size=8))
+    assert (r.mtp, r.max_num_tokens) == (1, 0)
+    assert "--max_num_tokens (a rank's)" in r.unmodelled
+
+
+def test_a_trt_mtp_rows_study_holds_one_prompt_a_step_without_chunking() -> None:
+    # The study's scheduler gets the launch budget below max_seq_len, chunked prefill off, and a prompt bound of
+    # ISL so the configuration validates (a whole prompt still fits a step).
+    from twinserve.sim.validate_rows import load_rows, row_study
+    rows = load_rows()
+    pick = rows[(rows["backend"] == "trtllm") & (rows["model"] == "DeepSeek-R1") & (rows["mode"] == "agg")
+                & (rows["system"] == "b200_sxm") & (rows["precision"] == "fp4")
+                & (rows["backend_version"] == "1.2.0rc6.post3") & (rows["isl"] == 1024) & (rows["osl"] == 8192)
+                & (rows["concurrency"] == 64) & (rows["tp_size"] == 8)]
+    s = row_study(pick.iloc[0], "aic").scheduler
+    assert (s.max_num_batched_tokens, s.enable_chunked_prefill, s.max_prompt_len) == (1344, False, 1024)
+    assert s.max_model_len >= 1024 + 8192
+    s.to_core(num_blocks=4096)  # the core's SchedulerConfig validates it

@@ -1,0 +1,75 @@
+"""DeepSeek-R1 TensorRT-LLM aggregated MTP development rows whose launch passes the MTP scripts' step budget
+(sim/validate_recipes.py mtp_script_max_num_tokens: ((MTP+1) x CONC + ISL + 127) / 64 x 64, no attention DP):
+each simulated with its recipe as sim/validate_recipes.py gives it and with the budget patched out (TensorRT-LLM's
+default, the state before), in one process; prints TTFT / TPOT errors. Rows picked by their configuration only
+(backend, model, mode, the recipe's budget), the file's twin records of one measurement simulated once.
+Development rows only (issue 49).
+
+    python experiments/trt_mtp_budget_rows.py [--max-clients 256] [--out CSV]
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from unittest import mock
+
+import pandas as pd
+
+from twinserve.sim import validate_recipes, validate_rows
+from twinserve.sim.validate import simulate_row
+from twinserve.sim.validate_cli import select_rows
+from twinserve.sim.validate_rows import load_rows
+from row_ab import distinct_measurements, error_summary, records_frame  # this folder (experiments/row_ab.py)
+
+
+def _rows(max_clients: int) -> pd.DataFrame:
+    df = select_rows(load_rows(), backend="trtllm", model="DeepSeek-R1", rows="dev")
+    df = df[(pd.to_numeric(df["concurrency"], errors="coerce") <= max_clients) & (df["mode"] == "agg")]
+    df = df[[validate_recipes.row_recipe(r).max_num_tokens > 0 for _, r in df.iterrows()]]
+    return distinct_measurements(df)
+
+
+def _without_budget():
+    """The rows' recipes with the scripts' budget patched out (the state before)."""
+    own = validate_recipes.row_recipe
+
+    def plain(row):
+        return replace(own(row), max_num_tokens=0)
+    return mock.patch.object(validate_rows, "row_recipe", plain)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--max-clients", type=int, default=256, help="only rows of at most this many clients")
+    ap.add_argument("--out", default="", help="write the per-row figures to this CSV")
+    args = ap.parse_args()
+    out = []
+    for _, row in _rows(args.max_clients).iterrows():
+        rec = {"id": row["id"], "system": row["system"], "precision": row["precision"],
+               "image": row["backend_version"], "isl": int(row["isl"]), "osl": int(row["osl"]),
+               "conc": int(row["concurrency"]), "budget": validate_recipes.row_recipe(row).max_num_tokens,
+               "meas_ttft": row["silicon_ttft_ms"], "meas_tpot": row["silicon_tpot_ms"]}
+        with _without_budget():
+            p = simulate_row((row.to_dict(), "aic"))
+        rec["tpot_before"], rec["ttft_before"] = p["pred_tpot_ms"], p["pred_ttft_ms"]
+        p = simulate_row((row.to_dict(), "aic"))
+        rec["tpot_after"], rec["ttft_after"] = p["pred_tpot_ms"], p["pred_ttft_ms"]
+        out.append(rec)
+        print(f"{rec['system']:8s} {rec['precision']} {rec['image']:15s} {rec['isl']}/{rec['osl']} c{rec['conc']:<4d} "
+              f"budget {rec['budget']:5d} TPOT {rec['meas_tpot']:6.2f} {rec['tpot_before']:6.2f} "
+              f"{rec['tpot_after']:6.2f}  TTFT {rec['meas_ttft']:6.0f} {rec['ttft_before']:6.0f} "
+              f"{rec['ttft_after']:6.0f}", flush=True)
+    d = records_frame(out, args.out)
+    if not len(d):
+        return
+    f = error_summary
+    d["clients"] = pd.cut(d.conc, [0, 8, 32, 128, 256], labels=["<=8", "16-32", "64-128", "256"])
+    for what, g in [("all", d)] + [(str(k), g) for k, g in d.groupby("clients", observed=True)]:
+        print(f"{what} {len(g)} rows: TPOT {f(g.tpot_before / g.meas_tpot - 1)} -> "
+              f"{f(g.tpot_after / g.meas_tpot - 1)} | TTFT {f(g.ttft_before / g.meas_ttft - 1)} -> "
+              f"{f(g.ttft_after / g.meas_ttft - 1)}")
+
+
+if __name__ == "__main__":
+    main()
