@@ -26,6 +26,8 @@ finishes. So the block tables, free blocks and prefix cache are stepping's for t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -40,6 +42,14 @@ from twinserve.core.sched.scheduler import Scheduler
 MAX_SPEC_WINDOW = 256
 
 _Features = tuple[int, int, int, float, int, int]
+
+_spec_ids = attrgetter("spec_token_ids")
+_stop_ids = attrgetter("stop_check_ids")
+_outputs = attrgetter("output_token_ids")
+_computed = attrgetter("num_computed_tokens")
+_all_ids = attrgetter("all_token_ids")
+_stop_len = attrgetter("stop_check_len")
+_rid = attrgetter("request_id")
 
 
 @dataclass(slots=True)
@@ -103,18 +113,20 @@ def plan_spec_window(sched: Scheduler, ex: SimExecutor, max_steps: int, start: f
     cached_of = kv.num_cached_blocks
     spread = acc_model.spread > 0.0
     rates = np.empty((n, k)) if spread else np.broadcast_to(np.asarray(acc_model.rates, float), (n, k))
-    # One pass: (computed, length, limit, blocks held, proposals, a plain drafting decode with its first token
-    # and nothing to stop it: stop_check_ids, Scheduler.add_request).
-    rows = np.array([(r.num_computed_tokens, len(r.all_token_ids), r.stop_check_len, len(held.get(r.request_id, ())),
-                      len(r.spec_token_ids), not r.stop_check_ids and len(r.output_token_ids) > 0)
-                     for r in running], np.int64)
-    c = rows[:, 0]
-    length = rows[:, 1]
-    if not ((length - c == 1).all() and (rows[:, 4] == k).all() and rows[:, 5].all()):
+    # Each request's proposals, whether it is a plain drafting decode with its first token and nothing to stop
+    # it (stop_check_ids, Scheduler.add_request), then computed tokens, length, limit and blocks held: a pass
+    # of C-level attribute reads each (map over attrgetter), not a Python frame per request.
+    if any(len(s) != k for s in map(_spec_ids, running)) or any(map(_stop_ids, running)) \
+            or not all(map(_outputs, running)):
         return None  # not a plain drafting decode, or a sampled token could stop it
-    limit = rows[:, 2]
-    h = rows[:, 3]
-    cc = (np.array([cached_of[r.request_id] for r in running], np.int64) if caching else np.zeros(n, np.int64))
+    c = np.fromiter(map(_computed, running), np.int64, n)
+    length = np.fromiter(map(len, map(_all_ids, running)), np.int64, n)
+    if not (length - c == 1).all():
+        return None
+    limit = np.fromiter(map(_stop_len, running), np.int64, n)
+    rids = list(map(_rid, running))
+    h = np.fromiter(map(len, map(held.get, rids, repeat(()))), np.int64, n)
+    cc = np.fromiter(map(cached_of.__getitem__, rids), np.int64, n) if caching else np.zeros(n, np.int64)
     if spread:
         for i, req in enumerate(running):
             rates[i] = acc_model.rates_of(req.request_id)
@@ -257,17 +269,15 @@ def append_tokens(sched: Scheduler, ex: SimExecutor, win: SpecWindow, m: int, ti
     bs = kv.block_size
     held = kv.req_to_blocks
     caching = kv.enable_caching
-    for i in range(n):
-        req = running[i]
-        g = gained[i]
+    for i, req, g, kd, a in zip(range(n), running, gained, kk_list, acc_list):
         rid = req.request_id
         tok = [get(rid, DEFAULT_TOKEN)] * g
         all_ids = req.all_token_ids
         all_ids += tok
         req.output_token_ids += tok
         state[rid][0] += g
-        req.num_draft_tokens += kk_list[i]
-        req.num_accepted_tokens += acc_list[i]
+        req.num_draft_tokens += kd
+        req.num_accepted_tokens += a
         # Where the steps allocate or trim, settle sets these again after the replays.
         req.num_computed_tokens = len(all_ids) - 1
         req.fast_decode_limit = fast_decode_limit(kv, rid) if caching else len(held[rid]) * bs
@@ -283,7 +293,26 @@ def replay_allocations(sched: Scheduler, win: SpecWindow, j: int) -> None:
     if not len(rows):
         return
     running = sched.running
-    allocate = sched.kv.allocate_slots
+    kv = sched.kv
+    if not kv.enable_caching and kv._one_table:
+        # Without a prefix cache each call is allocate_slots' block-filling path less its registration: the
+        # row's missing blocks from the pool and onto its table. One pool call split in running order hands out
+        # the same blocks (get_new_blocks takes the free queue's front in order). Computed counts are left to
+        # settle (which sets them for every row a replay touches).
+        tables = list(map(kv.req_to_blocks.__getitem__, map(_rid, map(running.__getitem__, rows.tolist()))))
+        bs = kv.block_size
+        need = (-(-(before + 1 + drafts + las) // bs)
+                - np.fromiter(map(len, tables), np.int64, len(tables))).tolist()
+        total = sum(need)
+        if total > kv.pool.free_queue.num_free or min(need) <= 0:
+            raise AssertionError("a drafting window's allocation failed: check plan_spec_window")
+        new = kv.pool.get_new_blocks(total)
+        at = 0
+        for blocks, k in zip(tables, need):
+            blocks += new[at:at + k]
+            at += k
+        return
+    allocate = kv.allocate_slots
     for i, ci, kk, la in zip(rows.tolist(), before.tolist(), drafts.tolist(), las.tolist()):
         req = running[i]
         req.num_computed_tokens = ci
@@ -297,6 +326,30 @@ def replay_trims(sched: Scheduler, win: SpecWindow, j: int) -> None:
     if not len(rows):
         return
     running = sched.running
+    kv = sched.kv
+    if not kv.enable_caching and kv._one_table:
+        # Scheduler._release_rejected's KVCacheManager.trim on one table with nothing registered: each row's
+        # blocks past its kept tokens off its table, freed last first, the counts the executor is told of.
+        # One free_blocks call over the rows' blocks in running order queues them as the per-row calls would.
+        # Computed counts and fast-decode limits are left to settle (it sets them for every touched row).
+        held = kv.req_to_blocks
+        bs = kv.block_size
+        dropped = sched._dropped
+        freed: list = []
+        for i, ci in zip(rows.tolist(), kept.tolist()):
+            rid = running[i].request_id
+            blocks = held[rid]
+            keep = -(-ci // bs)
+            x = len(blocks) - keep
+            if x > 0:
+                gone = blocks[keep:]
+                del blocks[keep:]
+                gone.reverse()
+                freed += gone
+                dropped[rid] = dropped.get(rid, 0) + x
+        if freed:
+            kv.pool.free_blocks(freed)
+        return
     release = sched._release_rejected
     for i, ci in zip(rows.tolist(), kept.tolist()):
         req = running[i]

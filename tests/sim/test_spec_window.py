@@ -171,3 +171,38 @@ def test_a_window_stops_at_the_first_finish_and_before_the_deadline_and_never_pa
     # Each ended exactly at its length limit, and gave every block back.
     assert all(len(r.all_token_ids) == limits[r.request_id] and len(r.output_token_ids) == 50 for r in reqs)
     assert not any(sched.kv.req_to_blocks.get(r.request_id) for r in reqs)
+
+
+def _free_order(kv) -> list[int]:
+    """The pool's free queue, front to back (block ids): the order later allocations take them in."""
+    q = kv.pool.free_queue
+    out, b = [], q._head.next_free
+    while b is not q._tail:
+        out.append(b.block_id)
+        b = b.next_free
+    return out
+
+
+@pytest.mark.parametrize("rates", [[1.0] * 3, [0.0] * 3])
+def test_without_a_prefix_cache_windows_hand_out_and_free_stepping_s_blocks_in_its_order(rates) -> None:
+    # The replays' pooled path (no prefix cache: one pool call a step for the drafts' blocks, one for the
+    # rejected ones') leaves the free queue as stepping's per-request calls do, block for block.
+    cfg = _spec(small_config(num_requests=40, rate=5.0), rates=rates, k=3)
+    set_field(cfg, "scheduler.enable_prefix_caching", False)
+    sim_w, windowed = _world(cfg, True)
+    sim_s, stepped = _world(cfg, False)
+    kw, ks = sim_w.core.scheduler.kv, sim_s.core.scheduler.kv
+    assert not kw.enable_caching
+    assert windowed.num_ff_windows > 0 and stepped.num_ff_windows == 0
+    assert list(windowed.steps.tokens) == list(stepped.steps.tokens)
+    assert [r.finish_time for r in windowed.records] == pytest.approx([r.finish_time for r in stepped.records],
+                                                                        rel=1e-9)
+    assert _free_order(kw) == _free_order(ks) and len(_free_order(kw)) > 0
+    ccfg = _cluster_cfg(rates=rates, k=3)
+    set_field(ccfg, "scheduler.enable_prefix_caching", False)
+    cw, rw = _cluster(ccfg, True)
+    cs, rs = _cluster(ccfg, False)
+    assert cw.spec_joins > 0
+    assert [r.num_steps for r in rw.replicas] == [r.num_steps for r in rs.replicas]
+    assert ([_free_order(r.core.scheduler.kv) for r in cw.replicas]
+            == [_free_order(r.core.scheduler.kv) for r in cs.replicas])
