@@ -40,6 +40,10 @@ from twinserve.core.sched.scheduler import Scheduler
 # A planned window's steps are drawn before it is known how many run (an arrival cuts a cluster's window):
 # a bound on the draws an early cut wastes. Any bound gives the same statistics.
 MAX_SPEC_WINDOW = 256
+# Steps a cluster replica's window draws at first (sim/cluster.py: then doubling, extend_spec_window, while no
+# arrival cuts it). In a disaggregated decode worker of hundreds of requests an arrival comes every few steps:
+# drawn all at once, most of a window's draws were never applied. Any size gives the same statistics.
+SPEC_FIRST_DRAW = 2
 
 _Features = tuple[int, int, int, float, int, int]
 
@@ -70,6 +74,8 @@ class SpecWindow:
     context: list[int] = field(default_factory=list)  # per step: the batch's computed tokens before it
     # per step: verify_step_price's arguments (features, catch-up, verifies, drafts, drafting, their context)
     parts: list[tuple] = field(default_factory=list)
+    cursor: Any = None  # where drawing stands (_Cursor): extend_spec_window draws on from it
+    closed: bool = False  # no step can follow: a finish, or a step that would not fit
 
     def tokens(self, m: int) -> list[int]:
         """Tokens each of the first m steps schedules (the step log's tokens column)."""
@@ -83,11 +89,12 @@ def spec_window_applies(sched: Scheduler, ex: SimExecutor) -> bool:
 
 
 def plan_spec_window(sched: Scheduler, ex: SimExecutor, max_steps: int, start: float,
-                     deadline: float, joining: bool = False) -> SpecWindow | None:
+                     deadline: float, joining: bool = False, first: int | None = None) -> SpecWindow | None:
     """The next run of same-shape drafting decode steps from start (each starting before deadline), drawn
     and priced but not applied; None where the batch does not allow one (see the module's doc).
     joining: requests wait to join the first step (sim/cluster.py's drafting join step: one step, the
-    decodes' half of it, priced with the joiners by the caller)."""
+    decodes' half of it, priced with the joiners by the caller). first: draw only this many steps now
+    (extend_spec_window draws more, up to max_steps)."""
     kv = sched.kv
     running = sched.running
     n = len(running)
@@ -134,8 +141,57 @@ def plan_spec_window(sched: Scheduler, ex: SimExecutor, max_steps: int, start: f
     as_decode = getattr(ex.cost_model, "prices_verify", False)
     drafting = ex.draft is not None
     win = SpecWindow(n, k, [], [])
-    t = start
-    cap = min(max_steps, MAX_SPEC_WINDOW)
+    win.cursor = _Cursor(c, length, limit, h, cc, rates, free, start, min(max_steps, MAX_SPEC_WINDOW), deadline,
+                         lookahead, mml, bs, caching, as_decode, drafting)
+    _draw(ex, win, win.cursor.cap if first is None else first)
+    if not win.ends:
+        return None
+    return win
+
+
+def extend_spec_window(ex: SimExecutor, win: SpecWindow, more: int) -> bool:
+    """Draw and price up to `more` further steps of a planned window that nothing has changed since (its
+    batch sleeping through it, as sim/cluster.py's replicas do); False (nothing drawn) where the window
+    is closed: it reached a finish, a step that would not fit, its deadline or its cap."""
+    cur = win.cursor
+    if win.closed or cur is None or len(win.ends) >= cur.cap or cur.t >= cur.deadline:
+        return False
+    _draw(ex, win, more)
+    return True
+
+
+@dataclass(slots=True)
+class _Cursor:
+    """Where a window's drawing stands after its last drawn step (what the next step starts from)."""
+
+    c: np.ndarray
+    length: np.ndarray
+    limit: np.ndarray
+    h: np.ndarray
+    cc: np.ndarray
+    rates: np.ndarray
+    free: int
+    t: float
+    cap: int
+    deadline: float
+    lookahead: int
+    mml: int
+    bs: int
+    caching: bool
+    as_decode: bool
+    drafting: bool
+
+
+def _draw(ex: SimExecutor, win: SpecWindow, more: int) -> None:
+    """Draw and price up to `more` steps of win from its cursor (plan_spec_window's loop)."""
+    cur = win.cursor
+    c, length, limit, h, cc, rates, free, t = cur.c, cur.length, cur.limit, cur.h, cur.cc, cur.rates, cur.free, cur.t
+    lookahead, mml, bs, caching, as_decode, drafting = (cur.lookahead, cur.mml, cur.bs, cur.caching, cur.as_decode,
+                                                        cur.drafting)
+    deadline = cur.deadline
+    acc_model = ex.spec
+    n, k = win.n, win.k
+    cap = min(cur.cap, len(win.ends) + more)
     while len(win.ends) < cap and t < deadline:
         # Each request's drafts this step (step_parts._draft_len: k, fewer within k + 1 of its length
         # limit; room in the budget was checked above); one with none is a plain decode row.
@@ -148,6 +204,7 @@ def plan_spec_window(sched: Scheduler, ex: SimExecutor, max_steps: int, start: f
             alloc |= (c + 1) // bs > cc
         new = int(need[need > 0].sum()) if alloc.any() else 0
         if new > free:
+            win.closed = True
             break  # stepping would preempt (or drop lookahead): not this shape
         acc = np.minimum(acc_model.draw_accepted(rates), kk)
         ctx = int(c.sum())
@@ -215,10 +272,9 @@ def plan_spec_window(sched: Scheduler, ex: SimExecutor, max_steps: int, start: f
         win.ends.append(t)
         if done.any():
             win.finishing = np.flatnonzero(done)
+            win.closed = True
             break
-    if not win.ends:
-        return None
-    return win
+    cur.c, cur.length, cur.h, cur.cc, cur.free, cur.t = c, length, h, cc, free, t
 
 
 _EMPTY = np.zeros(0, np.int64)
@@ -402,5 +458,6 @@ def finish(sched: Scheduler, win: SpecWindow, m: int, now: float) -> list[str]:
     return _finish_by_length(sched, [running[i] for i in win.finishing.tolist()], now)
 
 
-__all__: list[Any] = ["MAX_SPEC_WINDOW", "SpecWindow", "append_tokens", "apply_spec_window", "finish",
+__all__: list[Any] = ["MAX_SPEC_WINDOW", "SPEC_FIRST_DRAW", "SpecWindow", "append_tokens", "apply_spec_window", "extend_spec_window",
+                      "finish",
                       "plan_spec_window", "replay_allocations", "replay_trims", "settle", "spec_window_applies"]

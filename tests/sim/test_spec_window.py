@@ -13,7 +13,7 @@ import pytest
 from twinserve.sim.build import build
 from twinserve.sim.cluster_study import build_cluster
 from twinserve.sim.config import set_field
-from twinserve.sim.spec_window import apply_spec_window, plan_spec_window
+from twinserve.sim.spec_window import apply_spec_window, extend_spec_window, plan_spec_window
 
 from .helpers import small_config
 
@@ -206,3 +206,57 @@ def test_without_a_prefix_cache_windows_hand_out_and_free_stepping_s_blocks_in_i
     assert [r.num_steps for r in rw.replicas] == [r.num_steps for r in rs.replicas]
     assert ([_free_order(r.core.scheduler.kv) for r in cw.replicas]
             == [_free_order(r.core.scheduler.kv) for r in cs.replicas])
+
+
+def test_a_window_drawn_a_few_steps_at_a_time_is_the_window_drawn_at_once() -> None:
+    # No randomness: extend_spec_window's steps continue plan_spec_window's exactly, up to the same end.
+    cfg = _spec(small_config(num_requests=8, rate=1000.0, output_dist="fixed", output_mean=300), rates=[1.0] * 3,
+                k=3)
+    sim = build(cfg).simulation
+    sched, ex = sim.core.scheduler, sim.executor
+    sim.fast_forward = False
+    for item in sim.source.pop_until(float("inf")):
+        sim._admit_items([item])
+    t = 0.0
+    while sched.waiting or not all(r.spec_token_ids and r.output_token_ids for r in sched.running):
+        t += sim.core.step(t)[1].duration
+    whole = plan_spec_window(sched, ex, 200, t, math.inf)
+    part = plan_spec_window(sched, ex, 200, t, math.inf, first=2)
+    assert len(part.ends) == 2 < len(whole.ends)
+    while extend_spec_window(ex, part, len(part.ends)):
+        pass
+    assert part.closed or len(part.ends) == 200
+    assert part.ends == whole.ends and part.durations == whole.durations
+    assert [a.tolist() for a in part.accepted] == [a.tolist() for a in whole.accepted]
+    assert [[x.tolist() for x in a] for a in part.allocs] == [[x.tolist() for x in a] for a in whole.allocs]
+    assert [[x.tolist() for x in a] for a in part.trims] == [[x.tolist() for x in a] for a in whole.trims]
+
+
+def _drawn_and_applied(first: int, monkeypatch) -> tuple[int, int]:
+    from twinserve.sim import cluster
+    monkeypatch.setattr(cluster, "SPEC_FIRST_DRAW", first)
+    cfg = small_config(concurrency=96, num_requests=600, warmup_requests=0, num_replicas=2, num_prefill_replicas=1,
+                       output_dist="fixed", output_mean=60)
+    set_field(cfg, "run.seed", 1)
+    sim = build_cluster(_spec(cfg), keep_steps=True).simulation
+    drawn = applied = 0
+    real = sim._apply_spec_window
+
+    def spy(rep, t, plan, m):
+        nonlocal drawn, applied
+        drawn += len(plan.ends)
+        applied += m
+        return real(rep, t, plan, m)
+
+    sim._apply_spec_window = spy
+    sim.run()
+    return drawn, applied
+
+
+def test_cluster_windows_drawn_a_few_steps_at_a_time_waste_fewer_draws(monkeypatch) -> None:
+    # A replica's window is cut by arrivals: drawn a few steps at a time (doubling), fewer of its draws are
+    # never applied than drawn whole (up to MAX_SPEC_WINDOW steps).
+    few, few_applied = _drawn_and_applied(2, monkeypatch)
+    whole, whole_applied = _drawn_and_applied(256, monkeypatch)
+    assert few_applied > 1000 and whole_applied > 1000
+    assert few - few_applied < 0.6 * (whole - whole_applied)
