@@ -123,7 +123,7 @@ def plan_spec_window(sched: Scheduler, ex: SimExecutor, max_steps: int, start: f
     # Each request's proposals, whether it is a plain drafting decode with its first token and nothing to stop
     # it (stop_check_ids, Scheduler.add_request), then computed tokens, length, limit and blocks held: a pass
     # of C-level attribute reads each (map over attrgetter), not a Python frame per request.
-    if any(len(s) != k for s in map(_spec_ids, running)) or any(map(_stop_ids, running)) \
+    if any(map(k.__ne__, map(len, map(_spec_ids, running)))) or any(map(_stop_ids, running)) \
             or not all(map(_outputs, running)):
         return None  # not a plain drafting decode, or a sampled token could stop it
     c = np.fromiter(map(_computed, running), np.int64, n)
@@ -325,9 +325,11 @@ def append_tokens(sched: Scheduler, ex: SimExecutor, win: SpecWindow, m: int, ti
     bs = kv.block_size
     held = kv.req_to_blocks
     caching = kv.enable_caching
+    # Without per-request tokens every request samples the default one: one list per count, shared (+= copies).
+    same = [[DEFAULT_TOKEN] * g for g in range(max(gained) + 1)] if not ex.tokens else None
     for i, req, g, kd, a in zip(range(n), running, gained, kk_list, acc_list):
         rid = req.request_id
-        tok = [get(rid, DEFAULT_TOKEN)] * g
+        tok = same[g] if same is not None else [get(rid, DEFAULT_TOKEN)] * g
         all_ids = req.all_token_ids
         all_ids += tok
         req.output_token_ids += tok
@@ -429,10 +431,17 @@ def settle(sched: Scheduler, win: SpecWindow, m: int) -> None:
     touched = [r for j in range(m) for r in (win.allocs[j][0], win.trims[j][0]) if len(r)]
     if touched:
         rows = np.unique(np.concatenate(touched)).tolist() if len(touched) > 1 else touched[0].tolist()
-        for i in rows:
-            req = running[i]
-            req.num_computed_tokens = len(req.all_token_ids) - 1
-            req.fast_decode_limit = fast_decode_limit(kv, req.request_id)
+        if kv.enable_caching:
+            for i in rows:
+                req = running[i]
+                req.num_computed_tokens = len(req.all_token_ids) - 1
+                req.fast_decode_limit = fast_decode_limit(kv, req.request_id)
+        else:
+            held = kv.req_to_blocks
+            bs = kv.block_size
+            for req in map(running.__getitem__, rows):
+                req.num_computed_tokens = len(req.all_token_ids) - 1
+                req.fast_decode_limit = len(held[req.request_id]) * bs  # fast_decode_limit without a cache
     stats = sched.spec_stats
     stats.num_drafts += sum(int((d > 0).sum()) for d in drafts)  # rows that verified drafts
     stats.num_draft_tokens += int(kk_sum.sum())
