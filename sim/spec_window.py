@@ -467,6 +467,6 @@ def finish(sched: Scheduler, win: SpecWindow, m: int, now: float) -> list[str]:
     return _finish_by_length(sched, [running[i] for i in win.finishing.tolist()], now)
 
 
-__all__: list[Any] = ["MAX_SPEC_WINDOW", "SPEC_FIRST_DRAW", "SpecWindow", "append_tokens", "apply_spec_window", "extend_spec_window",
-                      "finish",
-                      "plan_spec_window", "replay_allocations", "replay_trims", "settle", "spec_window_applies"]
+__all__: list[Any] = ["MAX_SPEC_WINDOW", "SPEC_FIRST_DRAW", "SpecWindow", "append_tokens", "apply_spec_window",
+                      "extend_spec_window", "finish", "plan_spec_window", "replay_allocations", "replay_trims",
+                      "settle", "spec_window_applies"]
