@@ -32,8 +32,9 @@ from twinserve.core.request import RequestStatus
 from twinserve.core.sched.output import CachedRequestData
 
 from twinserve.sim.kv_offload import store_free_window
-from twinserve.sim.spec_window import (SpecWindow, append_tokens, apply_spec_window, finish, plan_spec_window,
-                                      replay_allocations, replay_trims, settle, spec_window_applies)
+from twinserve.sim.spec_window import (SPEC_FIRST_DRAW, SpecWindow, append_tokens, apply_spec_window,
+                                       extend_spec_window, finish, plan_spec_window,
+                                       replay_allocations, replay_trims, settle, spec_window_applies)
 from twinserve.sim.gc_policy import simulation_gc
 from twinserve.sim.workload import WorkItem, Workload
 from twinserve.sim.world import INF, RequestRecord, RunResult, StepLog, first_tokens, make_source
@@ -290,6 +291,10 @@ class ClusterSimulation:
                 rep.in_window = True
                 try:
                     yield env.timeout(ends[-1] - env.now)
+                    # A drafting window is drawn a few steps at a time (an arrival cuts most short: the
+                    # steps drawn past it would be wasted), doubling while none comes.
+                    while type(plan) is SpecWindow and extend_spec_window(rep.executor, plan, len(ends)):
+                        yield env.timeout(ends[-1] - env.now)
                     m = len(ends)
                 except simpy.Interrupt:
                     # A request arrived at env.now: the steps that started before it ran.
@@ -546,7 +551,7 @@ class ClusterSimulation:
         if spec_window_applies(sched, rep.executor):
             if rep.core.executor is not rep.executor:
                 return None  # a wrapped executor (host tier) steps
-            return plan_spec_window(sched, rep.executor, self.max_window, t, INF)
+            return plan_spec_window(sched, rep.executor, self.max_window, t, INF, first=SPEC_FIRST_DRAW)
         lazy = rep.lazy
         if lazy is not None and (lazy.active or (len(sched.waiting) == 0 and lazy.enter())):
             k, context = lazy.plan(self.max_window)

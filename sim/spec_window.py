@@ -26,6 +26,8 @@ finishes. So the block tables, free blocks and prefix cache are stepping's for t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -38,8 +40,20 @@ from twinserve.core.sched.scheduler import Scheduler
 # A planned window's steps are drawn before it is known how many run (an arrival cuts a cluster's window):
 # a bound on the draws an early cut wastes. Any bound gives the same statistics.
 MAX_SPEC_WINDOW = 256
+# Steps a cluster replica's window draws at first (sim/cluster.py: then doubling, extend_spec_window, while no
+# arrival cuts it). In a disaggregated decode worker of hundreds of requests an arrival comes every few steps:
+# drawn all at once, most of a window's draws were never applied. Any size gives the same statistics.
+SPEC_FIRST_DRAW = 2
 
 _Features = tuple[int, int, int, float, int, int]
+
+_spec_ids = attrgetter("spec_token_ids")
+_stop_ids = attrgetter("stop_check_ids")
+_outputs = attrgetter("output_token_ids")
+_computed = attrgetter("num_computed_tokens")
+_all_ids = attrgetter("all_token_ids")
+_stop_len = attrgetter("stop_check_len")
+_rid = attrgetter("request_id")
 
 
 @dataclass(slots=True)
@@ -60,6 +74,8 @@ class SpecWindow:
     context: list[int] = field(default_factory=list)  # per step: the batch's computed tokens before it
     # per step: verify_step_price's arguments (features, catch-up, verifies, drafts, drafting, their context)
     parts: list[tuple] = field(default_factory=list)
+    cursor: Any = None  # where drawing stands (_Cursor): extend_spec_window draws on from it
+    closed: bool = False  # no step can follow: a finish, or a step that would not fit
 
     def tokens(self, m: int) -> list[int]:
         """Tokens each of the first m steps schedules (the step log's tokens column)."""
@@ -73,11 +89,12 @@ def spec_window_applies(sched: Scheduler, ex: SimExecutor) -> bool:
 
 
 def plan_spec_window(sched: Scheduler, ex: SimExecutor, max_steps: int, start: float,
-                     deadline: float, joining: bool = False) -> SpecWindow | None:
+                     deadline: float, joining: bool = False, first: int | None = None) -> SpecWindow | None:
     """The next run of same-shape drafting decode steps from start (each starting before deadline), drawn
     and priced but not applied; None where the batch does not allow one (see the module's doc).
     joining: requests wait to join the first step (sim/cluster.py's drafting join step: one step, the
-    decodes' half of it, priced with the joiners by the caller)."""
+    decodes' half of it, priced with the joiners by the caller). first: draw only this many steps now
+    (extend_spec_window draws more, up to max_steps)."""
     kv = sched.kv
     running = sched.running
     n = len(running)
@@ -103,18 +120,20 @@ def plan_spec_window(sched: Scheduler, ex: SimExecutor, max_steps: int, start: f
     cached_of = kv.num_cached_blocks
     spread = acc_model.spread > 0.0
     rates = np.empty((n, k)) if spread else np.broadcast_to(np.asarray(acc_model.rates, float), (n, k))
-    # One pass: (computed, length, limit, blocks held, proposals, a plain drafting decode with its first token
-    # and nothing to stop it: stop_check_ids, Scheduler.add_request).
-    rows = np.array([(r.num_computed_tokens, len(r.all_token_ids), r.stop_check_len, len(held.get(r.request_id, ())),
-                      len(r.spec_token_ids), not r.stop_check_ids and len(r.output_token_ids) > 0)
-                     for r in running], np.int64)
-    c = rows[:, 0]
-    length = rows[:, 1]
-    if not ((length - c == 1).all() and (rows[:, 4] == k).all() and rows[:, 5].all()):
+    # Each request's proposals, whether it is a plain drafting decode with its first token and nothing to stop
+    # it (stop_check_ids, Scheduler.add_request), then computed tokens, length, limit and blocks held: a pass
+    # of C-level attribute reads each (map over attrgetter), not a Python frame per request.
+    if any(map(k.__ne__, map(len, map(_spec_ids, running)))) or any(map(_stop_ids, running)) \
+            or not all(map(_outputs, running)):
         return None  # not a plain drafting decode, or a sampled token could stop it
-    limit = rows[:, 2]
-    h = rows[:, 3]
-    cc = (np.array([cached_of[r.request_id] for r in running], np.int64) if caching else np.zeros(n, np.int64))
+    c = np.fromiter(map(_computed, running), np.int64, n)
+    length = np.fromiter(map(len, map(_all_ids, running)), np.int64, n)
+    if not (length - c == 1).all():
+        return None
+    limit = np.fromiter(map(_stop_len, running), np.int64, n)
+    rids = list(map(_rid, running))
+    h = np.fromiter(map(len, map(held.get, rids, repeat(()))), np.int64, n)
+    cc = np.fromiter(map(cached_of.__getitem__, rids), np.int64, n) if caching else np.zeros(n, np.int64)
     if spread:
         for i, req in enumerate(running):
             rates[i] = acc_model.rates_of(req.request_id)
@@ -122,8 +141,57 @@ def plan_spec_window(sched: Scheduler, ex: SimExecutor, max_steps: int, start: f
     as_decode = getattr(ex.cost_model, "prices_verify", False)
     drafting = ex.draft is not None
     win = SpecWindow(n, k, [], [])
-    t = start
-    cap = min(max_steps, MAX_SPEC_WINDOW)
+    win.cursor = _Cursor(c, length, limit, h, cc, rates, free, start, min(max_steps, MAX_SPEC_WINDOW), deadline,
+                         lookahead, mml, bs, caching, as_decode, drafting)
+    _draw(ex, win, win.cursor.cap if first is None else first)
+    if not win.ends:
+        return None
+    return win
+
+
+def extend_spec_window(ex: SimExecutor, win: SpecWindow, more: int) -> bool:
+    """Draw and price up to `more` further steps of a planned window that nothing has changed since (its
+    batch sleeping through it, as sim/cluster.py's replicas do); False (nothing drawn) where the window
+    is closed: it reached a finish, a step that would not fit, its deadline or its cap."""
+    cur = win.cursor
+    if win.closed or cur is None or len(win.ends) >= cur.cap or cur.t >= cur.deadline:
+        return False
+    _draw(ex, win, more)
+    return True
+
+
+@dataclass(slots=True)
+class _Cursor:
+    """Where a window's drawing stands after its last drawn step (what the next step starts from)."""
+
+    c: np.ndarray
+    length: np.ndarray
+    limit: np.ndarray
+    h: np.ndarray
+    cc: np.ndarray
+    rates: np.ndarray
+    free: int
+    t: float
+    cap: int
+    deadline: float
+    lookahead: int
+    mml: int
+    bs: int
+    caching: bool
+    as_decode: bool
+    drafting: bool
+
+
+def _draw(ex: SimExecutor, win: SpecWindow, more: int) -> None:
+    """Draw and price up to `more` steps of win from its cursor (plan_spec_window's loop)."""
+    cur = win.cursor
+    c, length, limit, h, cc, rates, free, t = cur.c, cur.length, cur.limit, cur.h, cur.cc, cur.rates, cur.free, cur.t
+    lookahead, mml, bs, caching, as_decode, drafting = (cur.lookahead, cur.mml, cur.bs, cur.caching, cur.as_decode,
+                                                        cur.drafting)
+    deadline = cur.deadline
+    acc_model = ex.spec
+    n, k = win.n, win.k
+    cap = min(cur.cap, len(win.ends) + more)
     while len(win.ends) < cap and t < deadline:
         # Each request's drafts this step (step_parts._draft_len: k, fewer within k + 1 of its length
         # limit; room in the budget was checked above); one with none is a plain decode row.
@@ -136,6 +204,7 @@ def plan_spec_window(sched: Scheduler, ex: SimExecutor, max_steps: int, start: f
             alloc |= (c + 1) // bs > cc
         new = int(need[need > 0].sum()) if alloc.any() else 0
         if new > free:
+            win.closed = True
             break  # stepping would preempt (or drop lookahead): not this shape
         acc = np.minimum(acc_model.draw_accepted(rates), kk)
         ctx = int(c.sum())
@@ -203,10 +272,9 @@ def plan_spec_window(sched: Scheduler, ex: SimExecutor, max_steps: int, start: f
         win.ends.append(t)
         if done.any():
             win.finishing = np.flatnonzero(done)
+            win.closed = True
             break
-    if not win.ends:
-        return None
-    return win
+    cur.c, cur.length, cur.h, cur.cc, cur.free, cur.t = c, length, h, cc, free, t
 
 
 _EMPTY = np.zeros(0, np.int64)
@@ -257,17 +325,17 @@ def append_tokens(sched: Scheduler, ex: SimExecutor, win: SpecWindow, m: int, ti
     bs = kv.block_size
     held = kv.req_to_blocks
     caching = kv.enable_caching
-    for i in range(n):
-        req = running[i]
-        g = gained[i]
+    # Without per-request tokens every request samples the default one: one list per count, shared (+= copies).
+    same = [[DEFAULT_TOKEN] * g for g in range(max(gained) + 1)] if not ex.tokens else None
+    for i, req, g, kd, a in zip(range(n), running, gained, kk_list, acc_list):
         rid = req.request_id
-        tok = [get(rid, DEFAULT_TOKEN)] * g
+        tok = same[g] if same is not None else [get(rid, DEFAULT_TOKEN)] * g
         all_ids = req.all_token_ids
         all_ids += tok
         req.output_token_ids += tok
         state[rid][0] += g
-        req.num_draft_tokens += kk_list[i]
-        req.num_accepted_tokens += acc_list[i]
+        req.num_draft_tokens += kd
+        req.num_accepted_tokens += a
         # Where the steps allocate or trim, settle sets these again after the replays.
         req.num_computed_tokens = len(all_ids) - 1
         req.fast_decode_limit = fast_decode_limit(kv, rid) if caching else len(held[rid]) * bs
@@ -283,7 +351,26 @@ def replay_allocations(sched: Scheduler, win: SpecWindow, j: int) -> None:
     if not len(rows):
         return
     running = sched.running
-    allocate = sched.kv.allocate_slots
+    kv = sched.kv
+    if not kv.enable_caching and kv._one_table:
+        # Without a prefix cache each call is allocate_slots' block-filling path less its registration: the
+        # row's missing blocks from the pool and onto its table. One pool call split in running order hands out
+        # the same blocks (get_new_blocks takes the free queue's front in order). Computed counts are left to
+        # settle (which sets them for every row a replay touches).
+        tables = list(map(kv.req_to_blocks.__getitem__, map(_rid, map(running.__getitem__, rows.tolist()))))
+        bs = kv.block_size
+        need = (-(-(before + 1 + drafts + las) // bs)
+                - np.fromiter(map(len, tables), np.int64, len(tables))).tolist()
+        total = sum(need)
+        if total > kv.pool.free_queue.num_free or min(need) <= 0:
+            raise AssertionError("a drafting window's allocation failed: check plan_spec_window")
+        new = kv.pool.get_new_blocks(total)
+        at = 0
+        for blocks, k in zip(tables, need):
+            blocks += new[at:at + k]
+            at += k
+        return
+    allocate = kv.allocate_slots
     for i, ci, kk, la in zip(rows.tolist(), before.tolist(), drafts.tolist(), las.tolist()):
         req = running[i]
         req.num_computed_tokens = ci
@@ -297,6 +384,30 @@ def replay_trims(sched: Scheduler, win: SpecWindow, j: int) -> None:
     if not len(rows):
         return
     running = sched.running
+    kv = sched.kv
+    if not kv.enable_caching and kv._one_table:
+        # Scheduler._release_rejected's KVCacheManager.trim on one table with nothing registered: each row's
+        # blocks past its kept tokens off its table, freed last first, the counts the executor is told of.
+        # One free_blocks call over the rows' blocks in running order queues them as the per-row calls would.
+        # Computed counts and fast-decode limits are left to settle (it sets them for every touched row).
+        held = kv.req_to_blocks
+        bs = kv.block_size
+        dropped = sched._dropped
+        freed: list = []
+        for i, ci in zip(rows.tolist(), kept.tolist()):
+            rid = running[i].request_id
+            blocks = held[rid]
+            keep = -(-ci // bs)
+            x = len(blocks) - keep
+            if x > 0:
+                gone = blocks[keep:]
+                del blocks[keep:]
+                gone.reverse()
+                freed += gone
+                dropped[rid] = dropped.get(rid, 0) + x
+        if freed:
+            kv.pool.free_blocks(freed)
+        return
     release = sched._release_rejected
     for i, ci in zip(rows.tolist(), kept.tolist()):
         req = running[i]
@@ -320,10 +431,17 @@ def settle(sched: Scheduler, win: SpecWindow, m: int) -> None:
     touched = [r for j in range(m) for r in (win.allocs[j][0], win.trims[j][0]) if len(r)]
     if touched:
         rows = np.unique(np.concatenate(touched)).tolist() if len(touched) > 1 else touched[0].tolist()
-        for i in rows:
-            req = running[i]
-            req.num_computed_tokens = len(req.all_token_ids) - 1
-            req.fast_decode_limit = fast_decode_limit(kv, req.request_id)
+        if kv.enable_caching:
+            for i in rows:
+                req = running[i]
+                req.num_computed_tokens = len(req.all_token_ids) - 1
+                req.fast_decode_limit = fast_decode_limit(kv, req.request_id)
+        else:
+            held = kv.req_to_blocks
+            bs = kv.block_size
+            for req in map(running.__getitem__, rows):
+                req.num_computed_tokens = len(req.all_token_ids) - 1
+                req.fast_decode_limit = len(held[req.request_id]) * bs  # fast_decode_limit without a cache
     stats = sched.spec_stats
     stats.num_drafts += sum(int((d > 0).sum()) for d in drafts)  # rows that verified drafts
     stats.num_draft_tokens += int(kk_sum.sum())
@@ -349,5 +467,6 @@ def finish(sched: Scheduler, win: SpecWindow, m: int, now: float) -> list[str]:
     return _finish_by_length(sched, [running[i] for i in win.finishing.tolist()], now)
 
 
-__all__: list[Any] = ["MAX_SPEC_WINDOW", "SpecWindow", "append_tokens", "apply_spec_window", "finish",
-                      "plan_spec_window", "replay_allocations", "replay_trims", "settle", "spec_window_applies"]
+__all__: list[Any] = ["MAX_SPEC_WINDOW", "SPEC_FIRST_DRAW", "SpecWindow", "append_tokens", "apply_spec_window",
+                      "extend_spec_window", "finish", "plan_spec_window", "replay_allocations", "replay_trims",
+                      "settle", "spec_window_applies"]

@@ -13,7 +13,7 @@ import pytest
 from twinserve.sim.build import build
 from twinserve.sim.cluster_study import build_cluster
 from twinserve.sim.config import set_field
-from twinserve.sim.spec_window import apply_spec_window, plan_spec_window
+from twinserve.sim.spec_window import apply_spec_window, extend_spec_window, plan_spec_window
 
 from .helpers import small_config
 
@@ -171,3 +171,92 @@ def test_a_window_stops_at_the_first_finish_and_before_the_deadline_and_never_pa
     # Each ended exactly at its length limit, and gave every block back.
     assert all(len(r.all_token_ids) == limits[r.request_id] and len(r.output_token_ids) == 50 for r in reqs)
     assert not any(sched.kv.req_to_blocks.get(r.request_id) for r in reqs)
+
+
+def _free_order(kv) -> list[int]:
+    """The pool's free queue, front to back (block ids): the order later allocations take them in."""
+    q = kv.pool.free_queue
+    out, b = [], q._head.next_free
+    while b is not q._tail:
+        out.append(b.block_id)
+        b = b.next_free
+    return out
+
+
+@pytest.mark.parametrize("rates", [[1.0] * 3, [0.0] * 3])
+def test_without_a_prefix_cache_windows_hand_out_and_free_stepping_s_blocks_in_its_order(rates) -> None:
+    # The replays' pooled path (no prefix cache: one pool call a step for the drafts' blocks, one for the
+    # rejected ones') leaves the free queue as stepping's per-request calls do, block for block.
+    cfg = _spec(small_config(num_requests=40, rate=5.0), rates=rates, k=3)
+    set_field(cfg, "scheduler.enable_prefix_caching", False)
+    sim_w, windowed = _world(cfg, True)
+    sim_s, stepped = _world(cfg, False)
+    kw, ks = sim_w.core.scheduler.kv, sim_s.core.scheduler.kv
+    assert not kw.enable_caching
+    assert windowed.num_ff_windows > 0 and stepped.num_ff_windows == 0
+    assert list(windowed.steps.tokens) == list(stepped.steps.tokens)
+    assert [r.finish_time for r in windowed.records] == pytest.approx([r.finish_time for r in stepped.records],
+                                                                        rel=1e-9)
+    assert _free_order(kw) == _free_order(ks) and len(_free_order(kw)) > 0
+    ccfg = _cluster_cfg(rates=rates, k=3)
+    set_field(ccfg, "scheduler.enable_prefix_caching", False)
+    cw, rw = _cluster(ccfg, True)
+    cs, rs = _cluster(ccfg, False)
+    assert cw.spec_joins > 0
+    assert [r.num_steps for r in rw.replicas] == [r.num_steps for r in rs.replicas]
+    assert ([_free_order(r.core.scheduler.kv) for r in cw.replicas]
+            == [_free_order(r.core.scheduler.kv) for r in cs.replicas])
+
+
+def test_a_window_drawn_a_few_steps_at_a_time_is_the_window_drawn_at_once() -> None:
+    # No randomness: extend_spec_window's steps continue plan_spec_window's exactly, up to the same end.
+    cfg = _spec(small_config(num_requests=8, rate=1000.0, output_dist="fixed", output_mean=300), rates=[1.0] * 3,
+                k=3)
+    sim = build(cfg).simulation
+    sched, ex = sim.core.scheduler, sim.executor
+    sim.fast_forward = False
+    for item in sim.source.pop_until(float("inf")):
+        sim._admit_items([item])
+    t = 0.0
+    while sched.waiting or not all(r.spec_token_ids and r.output_token_ids for r in sched.running):
+        t += sim.core.step(t)[1].duration
+    whole = plan_spec_window(sched, ex, 200, t, math.inf)
+    part = plan_spec_window(sched, ex, 200, t, math.inf, first=2)
+    assert len(part.ends) == 2 < len(whole.ends)
+    while extend_spec_window(ex, part, len(part.ends)):
+        pass
+    assert part.closed or len(part.ends) == 200
+    assert part.ends == whole.ends and part.durations == whole.durations
+    assert [a.tolist() for a in part.accepted] == [a.tolist() for a in whole.accepted]
+    assert [[x.tolist() for x in a] for a in part.allocs] == [[x.tolist() for x in a] for a in whole.allocs]
+    assert [[x.tolist() for x in a] for a in part.trims] == [[x.tolist() for x in a] for a in whole.trims]
+
+
+def _drawn_and_applied(first: int, monkeypatch) -> tuple[int, int]:
+    from twinserve.sim import cluster
+    monkeypatch.setattr(cluster, "SPEC_FIRST_DRAW", first)
+    cfg = small_config(concurrency=96, num_requests=600, warmup_requests=0, num_replicas=2, num_prefill_replicas=1,
+                       output_dist="fixed", output_mean=60)
+    set_field(cfg, "run.seed", 1)
+    sim = build_cluster(_spec(cfg), keep_steps=True).simulation
+    drawn = applied = 0
+    real = sim._apply_spec_window
+
+    def spy(rep, t, plan, m):
+        nonlocal drawn, applied
+        drawn += len(plan.ends)
+        applied += m
+        return real(rep, t, plan, m)
+
+    sim._apply_spec_window = spy
+    sim.run()
+    return drawn, applied
+
+
+def test_cluster_windows_drawn_a_few_steps_at_a_time_waste_fewer_draws(monkeypatch) -> None:
+    # A replica's window is cut by arrivals: drawn a few steps at a time (doubling), fewer of its draws are
+    # never applied than drawn whole (up to MAX_SPEC_WINDOW steps).
+    few, few_applied = _drawn_and_applied(2, monkeypatch)
+    whole, whole_applied = _drawn_and_applied(256, monkeypatch)
+    assert few_applied > 1000 and whole_applied > 1000
+    assert few - few_applied < 0.6 * (whole - whole_applied)
