@@ -34,7 +34,8 @@ from twinserve.core.sched.output import CachedRequestData
 from twinserve.sim.kv_offload import store_free_window
 from twinserve.sim.spec_window import (SPEC_FIRST_DRAW, SpecWindow, append_tokens, apply_spec_window,
                                        extend_spec_window, finish, plan_spec_window,
-                                       replay_allocations, replay_trims, settle, spec_window_applies)
+                                       replay_allocations, replay_trims, settle, spec_window_applies,
+                                       wide_enough)
 from twinserve.sim.gc_policy import simulation_gc
 from twinserve.sim.workload import WorkItem, Workload
 from twinserve.sim.world import INF, RequestRecord, RunResult, StepLog, first_tokens, make_source
@@ -470,7 +471,7 @@ class ClusterSimulation:
         kv = sched.kv
         if (type(sched.batch_policy) is not MixedBatches or kv.host is not None or kv.num_groups > 1
                 or kv.sliding_window is not None or core.executor is not ex or sched._stalled
-                or sched.failed_outputs or sched.spec.disable_by_batch_size > 0 or not sched.running):
+                or sched.failed_outputs or sched.spec.disable_by_batch_size > 0 or not wide_enough(sched)):
             return None
         win = plan_spec_window(sched, ex, 1, t, INF, joining=True)
         if win is None:
@@ -549,8 +550,8 @@ class ClusterSimulation:
         batch's: its SpecWindow (sim/spec_window.py)."""
         sched = rep.core.scheduler
         if spec_window_applies(sched, rep.executor):
-            if rep.core.executor is not rep.executor:
-                return None  # a wrapped executor (host tier) steps
+            if rep.core.executor is not rep.executor or not wide_enough(sched):
+                return None  # a wrapped executor (host tier) or a narrow batch steps
             return plan_spec_window(sched, rep.executor, self.max_window, t, INF, first=SPEC_FIRST_DRAW)
         lazy = rep.lazy
         if lazy is not None and (lazy.active or (len(sched.waiting) == 0 and lazy.enter())):

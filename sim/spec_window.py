@@ -44,6 +44,11 @@ MAX_SPEC_WINDOW = 256
 # arrival cuts it). In a disaggregated decode worker of hundreds of requests an arrival comes every few steps:
 # drawn all at once, most of a window's draws were never applied. Any size gives the same statistics.
 SPEC_FIRST_DRAW = 2
+# The smallest drafting batch that advances in windows (sim/world.py, sim/cluster.py: a smaller one steps, as
+# every drafting batch did before windows). A window pays ~30 numpy calls a drawn step whatever the batch, a
+# stepped batch a Python pass a request a step: on small batches stepping is the cheaper of the two
+# (docs/validate-speed.md, "Drafting windows only for wide batches"). Either gives the same statistics.
+SPEC_WINDOW_MIN_BATCH = 64
 
 _Features = tuple[int, int, int, float, int, int]
 
@@ -86,6 +91,11 @@ def spec_window_applies(sched: Scheduler, ex: SimExecutor) -> bool:
     """Whether the running batch drafts this step (its steps are drafting steps, never plain decodes)."""
     spec = sched.spec
     return spec is not None and spec.active(len(sched.running))
+
+
+def wide_enough(sched: Scheduler) -> bool:
+    """Whether a drafting batch is wide enough to advance in windows (SPEC_WINDOW_MIN_BATCH); else it steps."""
+    return len(sched.running) >= SPEC_WINDOW_MIN_BATCH
 
 
 def plan_spec_window(sched: Scheduler, ex: SimExecutor, max_steps: int, start: float,
@@ -469,4 +479,4 @@ def finish(sched: Scheduler, win: SpecWindow, m: int, now: float) -> list[str]:
 
 __all__: list[Any] = ["MAX_SPEC_WINDOW", "SPEC_FIRST_DRAW", "SpecWindow", "append_tokens", "apply_spec_window",
                       "extend_spec_window", "finish", "plan_spec_window", "replay_allocations", "replay_trims",
-                      "settle", "spec_window_applies"]
+                      "settle", "spec_window_applies", "SPEC_WINDOW_MIN_BATCH", "wide_enough"]

@@ -24,7 +24,7 @@ from twinserve.core.sched.fast_forward import apply_decode_steps, decode_plan
 from twinserve.sim.clients import ClosedLoopSource
 from twinserve.sim.gc_policy import simulation_gc
 from twinserve.sim.kv_offload import price_window_stores, store_free_window, stores_fit, window_stores
-from twinserve.sim.spec_window import apply_spec_window, plan_spec_window, spec_window_applies
+from twinserve.sim.spec_window import apply_spec_window, plan_spec_window, spec_window_applies, wide_enough
 from twinserve.sim.workload import WorkItem, Workload
 
 INF = float("inf")
@@ -373,7 +373,7 @@ class Simulation:
     def _fast_forward(self, t: float) -> bool:
         sched = self.core.scheduler
         if spec_window_applies(sched, self.executor):
-            return self.core.executor is self.executor and self._spec_window(t)
+            return self.core.executor is self.executor and wide_enough(sched) and self._spec_window(t)
         k, context = decode_plan(sched, 1 << 30)
         tier = self.core.executor if sched.kv.host is not None else None
         ex = self.executor

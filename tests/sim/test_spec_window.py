@@ -13,11 +13,18 @@ import pytest
 from twinserve.sim.build import build
 from twinserve.sim.cluster_study import build_cluster
 from twinserve.sim.config import set_field
+from twinserve.sim import spec_window
 from twinserve.sim.spec_window import apply_spec_window, extend_spec_window, plan_spec_window
 
 from .helpers import small_config
 
 RATES = [0.8, 0.6, 0.5, 0.4]
+
+
+@pytest.fixture(autouse=True)
+def _windows_for_any_batch(monkeypatch):
+    """These small studies test the windows themselves: let every drafting batch take them."""
+    monkeypatch.setattr(spec_window, "SPEC_WINDOW_MIN_BATCH", 1)
 
 
 def _spec(cfg, rates=RATES, k=4):
@@ -260,3 +267,18 @@ def test_cluster_windows_drawn_a_few_steps_at_a_time_waste_fewer_draws(monkeypat
     whole, whole_applied = _drawn_and_applied(256, monkeypatch)
     assert few_applied > 1000 and whole_applied > 1000
     assert few - few_applied < 0.6 * (whole - whole_applied)
+
+
+def test_a_narrow_drafting_batch_steps_and_a_wide_one_takes_windows(monkeypatch) -> None:
+    # Below SPEC_WINDOW_MIN_BATCH running requests a drafting batch steps (cheaper there: a window's numpy
+    # calls a step outweigh a Python pass over a few requests); from it on, windows.
+    monkeypatch.setattr(spec_window, "SPEC_WINDOW_MIN_BATCH", 8)
+    narrow = _spec(small_config(num_requests=40, concurrency=4, warmup_requests=0))
+    wide = _spec(small_config(num_requests=120, concurrency=24, warmup_requests=0))
+    assert _world(narrow, True)[1].num_ff_windows == 0
+    assert _world(wide, True)[1].num_ff_windows > 0
+    sim, res = _cluster(_cluster_cfg(), True)  # 24 clients on one decode replica: windows and drafting joins
+    assert sim.spec_joins > 0 and sum(r.num_ff_windows for r in res.replicas) > 0
+    monkeypatch.setattr(spec_window, "SPEC_WINDOW_MIN_BATCH", 64)
+    sim, res = _cluster(_cluster_cfg(), True)
+    assert sim.spec_joins == 0 and sum(r.num_ff_windows for r in res.replicas) == 0

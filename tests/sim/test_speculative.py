@@ -68,7 +68,9 @@ def test_a_verify_step_is_priced_as_k_plus_one_tokens_per_sequence() -> None:
     assert sum(1 for s in seen[1:-1] if s == (4, 1, 0)) == len(seen) - 2
 
 
-def test_disable_by_batch_size_leaves_the_run_unchanged_when_no_draft_runs() -> None:
+def test_disable_by_batch_size_leaves_the_run_unchanged_when_no_draft_runs(monkeypatch) -> None:
+    from twinserve.sim import spec_window
+    monkeypatch.setattr(spec_window, "SPEC_WINDOW_MIN_BATCH", 1)  # this small batch takes windows too
     plain = simulate(small_config(num_requests=40, rate=50.0))[1]
     off = simulate(_spec(small_config(num_requests=40, rate=50.0), disable_by_batch_size=1))[1]
     assert fingerprint(off) == fingerprint(plain)
