@@ -1,5 +1,5 @@
-"""NVIDIA's NVFP4 DeepSeek-family checkpoints keep their attention projections in 16 bits (catalog.NVFP4_16BIT_ATTENTION):
-their weight bytes are counted at 2 bytes a parameter wherever memory is sized (the KV pool, the roofline's weight read,
+"""NVIDIA's NVFP4 DeepSeek-family checkpoints keep their attention projections in 16 bits
+(catalog.NVFP4_16BIT_ATTENTION): their weight bytes are counted at 2 bytes a parameter wherever memory is sized (the KV pool, the roofline's weight read,
 the capacity check), and the measured backend prices those GEMMs at bfloat16, both from the one declaration."""
 
 from __future__ import annotations
