@@ -31,6 +31,36 @@ class UnknownSpecError(TwinserveError, KeyError):
         return str(self.args[0])
 
 
+# The attention projections NVIDIA's NVFP4 checkpoints keep in 16 bits (ModelOpt `exclude_modules`), by model name,
+# as groups: 'q' (q_a / q_b, or q), 'kv' (kv_a / kv_b, or k / v), 'o' (o_proj). One declaration, read by the byte
+# counts here (ModelSpec.sixteen_bit_attention) and by the measured backend's GEMM modes (backends/sim/aic/graph.py).
+# Sources, aiconfigurator-core (the installed aiconfigurator_core package):
+# - sdk/models/helpers.py (ATTENTION_PROJECTION_GROUPS): "Kimi-K2.5-NVFP4 and R1-0528-FP4 exclude the whole block
+#   (self_attn*), while DeepSeek-V3.1/V3.2-NVFP4 exclude only q/kv projections (V3.2 also the indexer) and KEEP o_proj
+#   quantized"; sdk/models/deepseek.py prices an excluded projection at bfloat16 (its fused q_a + kv_a downscale only
+#   when both q and kv are excluded).
+# - model_configs/nvidia--Kimi-K2.5-NVFP4_config.json (quantization_config `ignore`: lm_head, every layer's
+#   self_attn*, the vision tower; not the shared experts, nor layer 0's dense MLP);
+#   nvidia--DeepSeek-V3.1-NVFP4_hf_quant_config.json and -V3.2- (every layer's q_a / q_b / kv_a_proj_with_mqa / kv_b,
+#   V3.2 also the indexer; not o_proj);
+#   nvidia--GLM-5-NVFP4_hf_quant_config.json (every layer's q_a / q_b / kv_a / kv_b / o_proj and indexer).
+# InferenceX's FP4 DeepSeek-R1 runs serve nvidia/DeepSeek-R1-0528-FP4-V2 (the launch scripts' MODEL), and the
+# file's FP4 "DeepSeek-V3" rows are those dsr1 runs (sim/validate_recipes.py): both names get R1's block.
+# Every one of these checkpoints also excludes lm_head (16-bit here already: embeddings are counted at dtype_bytes)
+# and V3.1 / V3.2 / GLM-5 their MTP layer (model.layers.61* / 78*; the MTP draft is not covered here). The DSA models'
+# (V3.2, GLM-5) indexer weights are not in attention_params; aic's DSA module prices their projections at bfloat16
+# (graph.dsa_gemm_mode).
+NVFP4_16BIT_ATTENTION: dict[str, frozenset[str]] = {
+    "DeepSeek-R1": frozenset({"q", "kv", "o"}),
+    "DeepSeek-V3": frozenset({"q", "kv", "o"}),
+    "Kimi-K2.5": frozenset({"q", "kv", "o"}),
+    "DeepSeek-V3.1": frozenset({"q", "kv"}),
+    "DeepSeek-V3.2": frozenset({"q", "kv"}),
+    "GLM-5": frozenset({"q", "kv", "o"}),
+}
+ATTENTION_GROUPS = ("q", "kv", "o")
+
+
 @dataclass(slots=True, frozen=True)
 class ModelSpec:
     """A decoder-only transformer's shape: GQA or MLA attention, SwiGLU MLP or mixture-of-experts."""
@@ -95,6 +125,21 @@ class ModelSpec:
         if self.experts_only_quantization and p.quantization == self.experts_only_quantization:
             return float(self.dtype_bytes)
         return p.weight_bytes
+
+    @property
+    def sixteen_bit_attention(self) -> frozenset[str]:
+        """The attention projection groups ('q', 'kv', 'o') this model's checkpoint keeps in 16 bits at this
+        precision (NVFP4_16BIT_ATTENTION: NVIDIA's NVFP4 checkpoints); empty otherwise."""
+        if self.precision.quantization != "nvfp4":
+            return frozenset()
+        return NVFP4_16BIT_ATTENTION.get(self.name, frozenset())
+
+    @property
+    def always_weight_bytes(self) -> float:
+        """Bytes of the layers outside the routed experts (attention, dense and shared MLPs, routers): at
+        layer_weight_bytes a weight, less the attention projections the checkpoint keeps at 16 bits."""
+        kept = self.attention_group_params(self.sixteen_bit_attention)
+        return self.always_params * self.layer_weight_bytes + kept * (self.dtype_bytes - self.layer_weight_bytes)
 
     @property
     def is_moe(self) -> bool:
@@ -166,18 +211,28 @@ class ModelSpec:
         """Per-head width of v."""
         return self.v_head_dim if self.is_mla else self.head_dim
 
+    def attn_group_params_per_layer(self, group: str) -> int:
+        """One layer's weights of an attention projection group (ATTENTION_GROUPS): 'q' (GQA q; MLA q_a and
+        q_b, or q), 'kv' (GQA k and v; MLA kv_a and kv_b) or 'o'."""
+        h, n = self.hidden_size, self.num_heads
+        if group == "o":
+            return n * self.v_dim * h
+        if not self.is_mla:
+            return h * n * self.head_dim if group == "q" else h * self.num_kv_heads * self.head_dim * 2
+        if group == "q":
+            return (h * self.q_lora_rank + self.q_lora_rank * n * self.qk_head_dim if self.q_lora_rank
+                    else h * n * self.qk_head_dim)
+        kv_a = h * (self.kv_lora_rank + self.qk_rope_head_dim)
+        return kv_a + self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim)
+
+    def attention_group_params(self, groups: frozenset[str] | tuple[str, ...]) -> int:
+        """Weights of these attention projection groups over every full-attention layer."""
+        return self.num_full_attention_layers * sum(self.attn_group_params_per_layer(g) for g in groups)
+
     @property
     def attn_params_per_layer(self) -> int:
         """Attention projection weights of one layer (GQA q/k/v/o; MLA's down/up projections)."""
-        h, n = self.hidden_size, self.num_heads
-        if not self.is_mla:
-            d = self.head_dim
-            return h * n * d * 2 + h * self.num_kv_heads * d * 2
-        q = (h * self.q_lora_rank + self.q_lora_rank * n * self.qk_head_dim if self.q_lora_rank
-             else h * n * self.qk_head_dim)
-        kv_a = h * (self.kv_lora_rank + self.qk_rope_head_dim)
-        kv_b = self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim)
-        return q + kv_a + kv_b + n * self.v_head_dim * h
+        return sum(self.attn_group_params_per_layer(g) for g in ATTENTION_GROUPS)
 
     @property
     def expert_params(self) -> int:
@@ -236,7 +291,7 @@ class ModelSpec:
     def weight_bytes(self) -> int:
         """Bytes of all weights in memory: layers and experts in their formats, embeddings 16-bit."""
         p = self.precision
-        return int(self.always_params * self.layer_weight_bytes + self.routed_params * p.expert_weight_bytes
+        return int(self.always_weight_bytes + self.routed_params * p.expert_weight_bytes
                    + self.embedding_params * self.dtype_bytes)
 
     @property

@@ -173,7 +173,7 @@ class RooflineCostModel:
         # ... and each sequence in a step reads and writes its fixed-size state once (no K/V growth).
         self._k_state = 2.0 * m.linear_state_bytes_per_seq_per_gpu(tp) / bw
         self._k_seq = 2.0 * m.vocab_size * m.hidden_size / tp / peak_16
-        weights = m.always_params * m.layer_weight_bytes + m.vocab_size * m.hidden_size * m.dtype_bytes
+        weights = m.always_weight_bytes + m.vocab_size * m.hidden_size * m.dtype_bytes
         self._w_time = weights / tp / bw
         # Experts see every rank's tokens; each GPU holds E / ep of them, each split moe_tp ways, or
         # (E + R) / ep with R redundant replicas (SGLang's EPLB): a busy step reads every physical one,

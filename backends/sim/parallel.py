@@ -113,7 +113,7 @@ class Parallelism:
         """Weights one GPU of the heaviest stage holds: dense part over TP, the physical experts (the
         model's plus the redundant ones) over the whole group: (E + R) / ep experts, each over moe_tp."""
         m, p = self.stage_model(model), model.precision
-        dense = m.always_params * m.layer_weight_bytes + m.embedding_params * m.dtype_bytes
+        dense = m.always_weight_bytes + m.embedding_params * m.dtype_bytes
         experts = m.num_moe_layers * self.physical_experts(m) * m.expert_params * p.expert_weight_bytes
         return dense / self.tensor_parallel_size + experts / (self.tensor_parallel_size * self.data_parallel_size)
 

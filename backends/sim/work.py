@@ -75,7 +75,7 @@ class WorkTotals:
         if m.is_moe:  # the experts a step of the run's mean size touches
             mean = tokens / self.num_steps if self.num_steps else 0.0
             routed = m.num_moe_layers * m.expected_experts(mean) * m.expert_params
-        weights = (m.always_params * m.layer_weight_bytes + routed * p.expert_weight_bytes
+        weights = (m.always_weight_bytes + routed * p.expert_weight_bytes
                    + m.vocab_size * m.hidden_size * m.dtype_bytes)
         full = self.prefill_context + tokens + self.decode_context
         kv = m.kv_bytes_per_token * full

@@ -301,29 +301,15 @@ def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend:
     return [ops.OverlapOp("generation_moe_overlap", group_a=routed, group_b=shared)]
 
 
-# The attention projections NVIDIA's NVFP4 checkpoints keep in 16 bits (ModelOpt `exclude_modules`), by model:
-# aic's projection groups ('q': q_a / q_b, 'kv': kv_a / kv_b, 'o': o_proj). aiconfigurator_core sdk/models/
-# helpers.py (ATTENTION_PROJECTION_GROUPS): "Kimi-K2.5-NVFP4 and R1-0528-FP4 exclude the whole block (self_attn*),
-# while DeepSeek-V3.1/V3.2-NVFP4 exclude only q/kv projections ... and KEEP o_proj quantized"; aic's shipped
-# nvidia--DeepSeek-V3.1-NVFP4_hf_quant_config.json lists q_a / q_b / kv_a / kv_b, not o_proj. InferenceX's FP4
-# DeepSeek-R1 runs serve nvidia/DeepSeek-R1-0528-FP4-V2 (its launch scripts' MODEL), and the file's FP4
-# "DeepSeek-V3" rows are those dsr1 runs (sim/validate_recipes.py). aic's own DeepSeek model prices an excluded
-# projection at bfloat16 (sdk/models/deepseek.py `_attn_mode`), the fused q_a + kv_a downscale GEMM only when
-# both groups are excluded. GLM-5 (DSA: its projections are inside aic's DSA module) is not covered here.
-NVFP4_ATTENTION_16BIT: dict[str, frozenset[str]] = {
-    "DeepSeek-R1": frozenset({"q", "kv", "o"}),
-    "DeepSeek-V3": frozenset({"q", "kv", "o"}),
-    "Kimi-K2.5": frozenset({"q", "kv", "o"}),
-    "DeepSeek-V3.1": frozenset({"q", "kv"}),
-}
-
-
 def _mla_projections(m: ModelSpec, tp: int, gq: Any) -> list:
     """MLA's projections as aic's DeepSeek model lays them out (its granular path), at this model's sizes; at
-    NVFP4 a projection the checkpoint keeps in 16 bits (NVFP4_ATTENTION_16BIT) is priced at bfloat16."""
+    NVFP4 a projection the checkpoint keeps in 16 bits (ModelSpec.sixteen_bit_attention, from
+    catalog.NVFP4_16BIT_ATTENTION: the declaration the weight bytes read too) is aic's bfloat16 GEMM, as aic's own
+    DeepSeek model prices it (sdk/models/deepseek.py `_attn_mode`; the fused q_a + kv_a downscale only when both
+    q and kv are kept)."""
     import aiconfigurator_core.sdk.operations as ops
     from aiconfigurator_core.sdk import common
-    kept = NVFP4_ATTENTION_16BIT.get(m.name, frozenset()) if gq is common.GEMMQuantMode.nvfp4 else frozenset()
+    kept = m.sixteen_bit_attention if gq is common.GEMMQuantMode.nvfp4 else frozenset()
     bf16 = common.GEMMQuantMode.bfloat16
     h, n, L = m.hidden_size, m.num_heads // tp, m.num_layers
     latent = m.kv_lora_rank + m.qk_rope_head_dim
