@@ -1,11 +1,12 @@
 """DeepSeek-R1 TensorRT-LLM aggregated MTP development rows whose launch passes the MTP scripts' step budget
-(sim/validate_recipes.py mtp_script_max_num_tokens: ((MTP+1) x CONC + ISL + 127) / 64 x 64, no attention DP):
-each simulated with its recipe as sim/validate_recipes.py gives it and with the budget patched out (TensorRT-LLM's
+(sim/validate_recipes.py mtp_script_max_num_tokens: ((MTP+1) x CONC + ISL + 127) / 64 x 64, no attention DP; with
+--attention-dp the attention-DP rows instead, whose budget is a rank's, MAX_BATCH_SIZE CONC / ranks:
+rank_max_num_tokens): each simulated with its recipe as sim/validate_recipes.py gives it and with the budget patched out (TensorRT-LLM's
 default, the state before), in one process; prints TTFT / TPOT errors. Rows picked by their configuration only
 (backend, model, mode, the recipe's budget), the file's twin records of one measurement simulated once.
 Development rows only (issue 49).
 
-    python experiments/trt_mtp_budget_rows.py [--max-clients 256] [--out CSV]
+    python experiments/trt_mtp_budget_rows.py [--max-clients 256] [--attention-dp] [--out CSV]
 """
 
 from __future__ import annotations
@@ -16,17 +17,21 @@ from unittest import mock
 
 import pandas as pd
 
-from twinserve.sim import validate_recipes, validate_rows
+from twinserve.sim import validate_layouts, validate_recipes, validate_rows
 from twinserve.sim.validate import simulate_row
 from twinserve.sim.validate_cli import select_rows
 from twinserve.sim.validate_rows import load_rows
 from row_ab import distinct_measurements, error_summary, records_frame  # this folder (experiments/row_ab.py)
 
 
-def _rows(max_clients: int) -> pd.DataFrame:
+def _touched(recipe, attention_dp: bool) -> bool:
+    return recipe.mtp_rank_budget if attention_dp else recipe.max_num_tokens > 0
+
+
+def _rows(max_clients: int, attention_dp: bool = False) -> pd.DataFrame:
     df = select_rows(load_rows(), backend="trtllm", model="DeepSeek-R1", rows="dev")
     df = df[(pd.to_numeric(df["concurrency"], errors="coerce") <= max_clients) & (df["mode"] == "agg")]
-    df = df[[validate_recipes.row_recipe(r).max_num_tokens > 0 for _, r in df.iterrows()]]
+    df = df[[_touched(validate_recipes.row_recipe(r), attention_dp) for _, r in df.iterrows()]]
     return distinct_measurements(df)
 
 
@@ -35,20 +40,25 @@ def _without_budget():
     own = validate_recipes.row_recipe
 
     def plain(row):
-        return replace(own(row), max_num_tokens=0)
+        return replace(own(row), max_num_tokens=0, mtp_rank_budget=False)
     return mock.patch.object(validate_rows, "row_recipe", plain)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-clients", type=int, default=256, help="only rows of at most this many clients")
+    ap.add_argument("--attention-dp", action="store_true", help="the attention-DP rows (a rank's budget)")
     ap.add_argument("--out", default="", help="write the per-row figures to this CSV")
     args = ap.parse_args()
     out = []
-    for _, row in _rows(args.max_clients).iterrows():
+    for _, row in _rows(args.max_clients, args.attention_dp).iterrows():
+        recipe = validate_recipes.row_recipe(row)
+        ranks = validate_layouts.aggregated_layout(row)[1]
+        budget = (validate_recipes.rank_max_num_tokens(recipe, int(row["concurrency"]), int(row["isl"]), ranks)
+                  if args.attention_dp else recipe.max_num_tokens)
         rec = {"id": row["id"], "system": row["system"], "precision": row["precision"],
                "image": row["backend_version"], "isl": int(row["isl"]), "osl": int(row["osl"]),
-               "conc": int(row["concurrency"]), "budget": validate_recipes.row_recipe(row).max_num_tokens,
+               "conc": int(row["concurrency"]), "budget": budget,
                "meas_ttft": row["silicon_ttft_ms"], "meas_tpot": row["silicon_tpot_ms"]}
         with _without_budget():
             p = simulate_row((row.to_dict(), "aic"))

@@ -92,6 +92,10 @@ class Recipe:
     unmodelled: str = ""  # flags the script sets that the simulator does not reproduce
     mtp: int = 0  # tokens DeepSeek's multi-token-prediction layer drafts a step (0: no speculation)
     max_num_tokens: int = 0  # TensorRT-LLM's --max_num_tokens (its step budget; chunked prefill off)
+    # Under attention DP the MTP scripts' --max_num_tokens is a rank's, at MAX_BATCH_SIZE CONC / ranks: resolved
+    # once the row's ranks are known (rank_max_num_tokens; sim/validate_rows.py sets SchedulerConfig.adp_per_rank).
+    mtp_rank_budget: bool = False
+    mtp_rank_whole_below: int = 0  # under this many clients the rank's MAX_BATCH_SIZE is CONC, not CONC / ranks
     max_seq_len: int = 0  # TensorRT-LLM's --max_seq_len (SchedulerConfig.max_model_len)
     batch_wait_iters: int = 0  # TensorRT-LLM's batch_wait_timeout_iters
     batch_wait_ratio: float = 0.0  # TensorRT-LLM's batch_wait_max_tokens_ratio
@@ -468,6 +472,22 @@ def mtp_script_max_num_tokens(mtp: int, max_batch_size: int, isl: int) -> int:
     return ((mtp + 1) * max_batch_size + isl + 64 + 63) // 64 * 64
 
 
+def rank_max_num_tokens(recipe: Recipe, conc: int, isl: int, ranks: int) -> int:
+    """One attention-DP rank's step budget under a recipe with mtp_rank_budget (0 without, or with one rank).
+    With DP_ATTENTION the MTP scripts set `MAX_BATCH_SIZE=$((CONC/TP))` (TP the GPUs, each an attention-DP rank)
+    and pass `--max_batch_size=$MAX_BATCH_SIZE --max_num_tokens=$MAX_NUM_TOKENS` with MAX_NUM_TOKENS from it
+    (SemiAnalysisAI/InferenceX benchmarks/dsr1_fp4_b200_trt_mtp.sh @13dd0c2 and dsr1_fp8_h200_trt_mtp.sh @1fc5d73,
+    the `if [[ "$DP_ATTENTION" == "true" ]]; then MAX_BATCH_SIZE=$((CONC/TP))` block before MAX_NUM_TOKENS; and
+    benchmarks/single_node/dsr1_fp8_b200_trt_mtp.sh @2f3a788, CONC / 8). TensorRT-LLM builds one scheduler per
+    rank from max_batch_size and max_num_tokens (_util.py `create_py_executor_instance`: BindMicroBatchScheduler;
+    SchedulerConfig.adp_per_rank): the budget holds one rank's prompt beside that rank's sequences' verify rows.
+    The single_node FP8 script sets `MAX_BATCH_SIZE=$(( CONC < 8 ? CONC : CONC / 8 ))` (mtp_rank_whole_below 8)."""
+    if not recipe.mtp_rank_budget or ranks <= 1:
+        return 0
+    per_rank = conc if conc < recipe.mtp_rank_whole_below else conc // ranks
+    return mtp_script_max_num_tokens(recipe.mtp, per_rank, isl)
+
+
 def _dsr1_b200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
     # benchmarks/dsr1_fp8_b200_trt_mtp.sh @111f031 and dsr1_fp4_b200_trt_mtp.sh @13dd0c2: MTP=1 with
     # DP_ATTENTION=true, else 3 (num_nextn_predict_layers in speculative_config); stream_interval 10;
@@ -476,17 +496,17 @@ def _dsr1_b200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: boo
     # are FP4 ones (MTP_IMAGES, LAYOUT_IMAGES). The FP4 script's `moe_config: backend` is TRTLLM without attention DP
     # (trtllm-gen NVFP4 experts at every token count: `aic_fp8_moe_kernel` 'trtllm', backends/sim/aic/trtgen.py)
     # and CUTLASS with it (aic's own table: CUTLASS above 128 gathered tokens).
-    # `--max_num_tokens` (mtp_script_max_num_tokens) is taken without attention DP only: with it the budget is a
-    # rank's, of MAX_BATCH_SIZE CONC / TP, and the aggregated study pools its ranks.
+    # `--max_num_tokens` (mtp_script_max_num_tokens): without attention DP the engine's; with it a rank's, of
+    # MAX_BATCH_SIZE CONC / TP (rank_max_num_tokens, resolved with the row's ranks).
     mtp = 1 if attention_dp else 3
     return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp{{4,8}}_b200_trt_mtp.sh @13dd0c2/111f031 (image "
                   "1.2.0rc6.post3: .github/configs/nvidia-master.yaml @48f302c, dsr1-fp{4,8}-b200-trt-mtp)",
                   stream_interval=10, mtp=mtp, mem_fraction=0.8,
                   fp8_moe_kernel="" if attention_dp else "trtllm",
                   max_num_tokens=0 if attention_dp else mtp_script_max_num_tokens(mtp, conc, isl),
+                  mtp_rank_budget=attention_dp,
                   adp_balance_iters=ADP_BALANCE_TIMEOUT_ITERS,  # `attention_dp_config` (DP_ATTENTION only)
-                  unmodelled="cuda_graph_config, --max_batch_size"
-                             + (", --max_num_tokens (a rank's)" if attention_dp else ""))
+                  unmodelled="cuda_graph_config, --max_batch_size")
 
 
 def _dsr1_h200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe | None:
@@ -502,9 +522,9 @@ def _dsr1_h200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: boo
                   "dsr1-fp8-h200-trt-mtp runs: .github/configs/nvidia-master.yaml @48f302c)",
                   stream_interval=10, mtp=mtp, mem_fraction=0.75,
                   max_num_tokens=0 if attention_dp else mtp_script_max_num_tokens(mtp, conc, isl),
+                  mtp_rank_budget=attention_dp,  # a rank's under attention DP (rank_max_num_tokens)
                   adp_balance_iters=ADP_BALANCE_TIMEOUT_ITERS,  # `attention_dp_config` (DP_ATTENTION only)
-                  unmodelled="moe_config backend CUTLASS, cuda_graph_config, --max_batch_size"
-                             + (", --max_num_tokens (a rank's)" if attention_dp else ""))
+                  unmodelled="moe_config backend CUTLASS, cuda_graph_config, --max_batch_size")
 
 
 def _dsr1_fp8_b200_trt_rc6(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
@@ -550,9 +570,9 @@ def _dsr1_fp8_b200_trt_mtp_rc6(isl: int, osl: int, conc: int, tp: int, attention
     return replace(r, source=f"{_INFERENCEX_REPO} benchmarks/single_node/dsr1_fp8_b200_trt_mtp.sh @2f3a788 as PR "
                    "#632 left it (image 1.2.0rc6.post3, dsr1-fp8-b200-trt-mtp)",
                    fp8_moe_kernel="" if attention_dp else "trtllm", mem_fraction=0.7 if attention_dp else 0.8,
+                   mtp_rank_whole_below=8,  # `MAX_BATCH_SIZE=$(( CONC < 8 ? CONC : CONC / 8 ))` (DP_ATTENTION)
                    unmodelled="piecewise CUDA graphs, cuda_graph_config max_batch_size, --max_batch_size (CONC / 8 "
-                              "under attention DP), ENABLE_CONFIGURABLE_MOE"
-                              + (", --max_num_tokens (a rank's)" if attention_dp else ""))
+                              "under attention DP), ENABLE_CONFIGURABLE_MOE")
 
 
 # The MoE backend of DeepSeek-R1 FP8 B200 TensorRT-LLM disaggregated workers (the srt-slurm recipes InferenceX's

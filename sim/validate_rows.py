@@ -31,7 +31,8 @@ from twinserve.sim.validate_twins import add_twins, twin_of
 from twinserve.sim.validate_recipes import (apply_disagg_recipe, apply_kernels, apply_memory, apply_recipe,
                                             apply_speculative, disagg_fp8_moe_kernel, disagg_prefill_trtgen,
                                             disagg_recipe, disagg_wide_ep, kv_cache_dtype,
-                                            launch_expert_parallel, launch_tensor_parallel, row_recipe, set_mtp)
+                                            launch_expert_parallel, launch_tensor_parallel, rank_max_num_tokens,
+                                            row_recipe, set_mtp)
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, INFERENCEX, STEADY, RunDesign, harness, run_design
 from twinserve.sim.workload import WorkloadConfig
 
@@ -436,6 +437,15 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
         # FP4 scripts, validate_recipes.py): one TP group, experts tensor-parallel.
         launch_tp = launch_tensor_parallel(recipe, ws[0])
         _apply(cfg, _layout(ws[0], model))
+        rank_budget = rank_max_num_tokens(recipe, conc, isl, cfg.engine.data_parallel_size)
+        if rank_budget:
+            # The MTP scripts' --max_num_tokens under attention DP: a rank's, each rank scheduling its own batch
+            # from the requests placed on it (validate_recipes.rank_max_num_tokens; SchedulerConfig.adp_per_rank,
+            # as for the disaggregated prefill workers' caps below). The study's budget is a rank's (sim/build.py
+            # multiplies it by the ranks); prompts whole, chunked prefill off, as without attention DP.
+            s.max_num_batched_tokens, s.enable_chunked_prefill, s.adp_per_rank = rank_budget, False, True
+            if rank_budget < s.max_model_len:
+                s.max_prompt_len = isl
         adp = inferred_attention_dp(row)
         note = f"inferred attention_dp {adp} = moe_tp x moe_ep / tp (vLLM's layout rule)" if adp else ""
         if launch_ep:

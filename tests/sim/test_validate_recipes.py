@@ -797,12 +797,45 @@ def test_trt_mtp_rows_take_the_scripts_step_budget(kw, budget) -> None:
     assert "--max_num_tokens" not in r.unmodelled
 
 
-def test_trt_mtp_rows_with_attention_dp_keep_the_default_budget() -> None:
-    # With attention DP the script's budget is a rank's (MAX_BATCH_SIZE CONC / TP): not taken.
+def test_trt_mtp_rows_with_attention_dp_take_a_ranks_budget() -> None:
+    # With attention DP the script's budget is a rank's, of MAX_BATCH_SIZE CONC / TP: resolved with the ranks.
+    from twinserve.sim.validate_recipes import rank_max_num_tokens
     r = row_recipe(_row(backend="trtllm", precision="fp4", backend_version="1.2.0rc6.post3", concurrency=256,
                         tp_size=1, attention_dp_size=8))
-    assert (r.mtp, r.max_num_tokens) == (1, 0)
-    assert "--max_num_tokens (a rank's)" in r.unmodelled
+    assert (r.mtp, r.max_num_tokens, r.mtp_rank_budget) == (1, 0, True)
+    assert "--max_num_tokens" not in r.unmodelled
+    # ((1 + 1) x 256 / 8 + 1024 + 127) / 64 x 64; at 4 ranks (the TP 4 script) 64 sequences a rank
+    assert rank_max_num_tokens(r, 256, 1024, 8) == 1152
+    assert rank_max_num_tokens(r, 256, 1024, 4) == (2 * 64 + 1024 + 127) // 64 * 64 == 1216
+    assert rank_max_num_tokens(r, 256, 1024, 1) == 0  # one rank: the engine's budget (max_num_tokens)
+    # The single_node FP8 script: MAX_BATCH_SIZE CONC below 8 clients, CONC / 8 from 8.
+    f = row_recipe(_row(backend="trtllm", precision="fp8", backend_version="1.2.0rc6.post3", concurrency=4,
+                        tp_size=1, attention_dp_size=8))
+    assert f.mtp == 1 and rank_max_num_tokens(f, 4, 8192, 8) == (2 * 4 + 8192 + 127) // 64 * 64
+    assert rank_max_num_tokens(f, 64, 8192, 8) == (2 * 8 + 8192 + 127) // 64 * 64
+    # Without attention DP the engine's budget, not a rank's.
+    t = row_recipe(_row(backend="trtllm", precision="fp4", backend_version="1.2.0rc6.post3", concurrency=64,
+                        tp_size=8))
+    assert not t.mtp_rank_budget and rank_max_num_tokens(t, 64, 1024, 8) == 0
+
+
+def test_a_trt_mtp_attention_dp_rows_study_takes_a_ranks_budget() -> None:
+    # DeepSeek-R1 FP4 B200 1k/8k at 256 clients, attention DP 8 (MTP 1): each rank schedules its own batch within
+    # the script's budget of 32 sequences a rank, one prompt a step, chunked prefill off.
+    from twinserve.sim.build import build_engine
+    from twinserve.sim.validate_rows import load_rows, row_study
+    rows = load_rows()
+    pick = rows[(rows["backend"] == "trtllm") & (rows["model"] == "DeepSeek-R1") & (rows["mode"] == "agg")
+                & (rows["system"] == "b200_sxm") & (rows["precision"] == "fp4")
+                & (rows["backend_version"] == "1.2.0rc6.post3") & (rows["isl"] == 1024) & (rows["osl"] == 8192)
+                & (rows["concurrency"] == 256) & (rows["attention_dp_size"] == 8)]
+    cfg = row_study(pick.iloc[0], "aic")
+    s = cfg.scheduler
+    assert cfg.engine.data_parallel_size == 8
+    assert (s.max_num_batched_tokens, s.enable_chunked_prefill, s.max_prompt_len, s.adp_per_rank) == (
+        1152, False, 1024, True)
+    core = build_engine(cfg).core.scheduler.config
+    assert (core.max_num_batched_tokens // core.adp_ranks, core.adp_per_rank) == (1152, True)
 
 
 def test_a_trt_mtp_rows_study_holds_one_prompt_a_step_without_chunking() -> None:
