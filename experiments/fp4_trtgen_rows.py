@@ -17,10 +17,10 @@ from unittest import mock
 import pandas as pd
 
 from twinserve.sim import validate_recipes
-from twinserve.sim.validate import simulate_row
 from twinserve.sim.validate_cli import select_rows
 from twinserve.sim.validate_rows import load_rows
-from row_ab import error_summary, records_frame  # this folder (experiments/row_ab.py)
+# this folder (experiments/row_ab.py)
+from row_ab import before_after, error_summary, records_frame
 
 IMAGES = ("1.2.0rc6.post3", "1.1.0rc2.post2")
 
@@ -56,12 +56,7 @@ def main() -> None:
                "conc": int(row["concurrency"]), "adp": int(row.get("attention_dp_size") or 1),
                "kernel": validate_recipes.row_recipe(row).fp8_moe_kernel,
                "meas_ttft": row["silicon_ttft_ms"], "meas_tpot": row["silicon_tpot_ms"]}
-        a, b = _without_kernel()
-        with a, b:
-            p = simulate_row((row.to_dict(), "aic"))
-        rec["tpot_before"], rec["ttft_before"] = p["pred_tpot_ms"], p["pred_ttft_ms"]
-        p = simulate_row((row.to_dict(), "aic"))
-        rec["tpot_after"], rec["ttft_after"] = p["pred_tpot_ms"], p["pred_ttft_ms"]
+        rec.update(before_after(row, *_without_kernel()))
         out.append(rec)
         print(f"{rec['image']:15s} {rec['isl']}/{rec['osl']} c{rec['conc']:<4d} adp{rec['adp']:<3d} "
               f"{rec['kernel'] or 'default':8s} TPOT {rec['meas_tpot']:6.2f} {rec['tpot_before']:6.2f} "

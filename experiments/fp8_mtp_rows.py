@@ -16,10 +16,10 @@ from unittest import mock
 import pandas as pd
 
 from twinserve.sim import validate_recipes
-from twinserve.sim.validate import simulate_row
 from twinserve.sim.validate_cli import select_rows
 from twinserve.sim.validate_rows import load_rows
-from row_ab import distinct_measurements, error_summary, records_frame  # this folder (experiments/row_ab.py)
+# this folder (experiments/row_ab.py)
+from row_ab import before_after, distinct_measurements, error_summary, records_frame
 
 KEY = ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8", "1.2.0rc6.post3")
 
@@ -42,11 +42,7 @@ def main() -> None:
         rec = {"id": row["id"], "isl": int(row["isl"]), "osl": int(row["osl"]), "conc": int(row["concurrency"]),
                "adp": int(row.get("attention_dp_size") or 1), "kernel": validate_recipes.row_recipe(row).fp8_moe_kernel,
                "meas_ttft": row["silicon_ttft_ms"], "meas_tpot": row["silicon_tpot_ms"]}
-        with mock.patch.dict(validate_recipes.PRECISION_IMAGES, others, clear=True):
-            p = simulate_row((row.to_dict(), "aic"))
-        rec["tpot_before"], rec["ttft_before"] = p["pred_tpot_ms"], p["pred_ttft_ms"]
-        p = simulate_row((row.to_dict(), "aic"))
-        rec["tpot_after"], rec["ttft_after"] = p["pred_tpot_ms"], p["pred_ttft_ms"]
+        rec.update(before_after(row, mock.patch.dict(validate_recipes.PRECISION_IMAGES, others, clear=True)))
         out.append(rec)
         print(f"{rec['isl']}/{rec['osl']} c{rec['conc']:<4d} adp{rec['adp']:<3d} {rec['kernel'] or 'default':8s} "
               f"TPOT {rec['meas_tpot']:6.2f} {rec['tpot_before']:6.2f} {rec['tpot_after']:6.2f}  "

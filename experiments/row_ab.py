@@ -1,8 +1,12 @@
 """What the development-row before/after scripts share (fp8_mtp_rows.py, trtgen_rows.py, fp4_trtgen_rows.py,
-wide_ep_rows.py, gb200_prefill_rows.py): one simulation per measurement, and the error summary they print.
+wide_ep_rows.py, gb200_prefill_rows.py, trt_mtp_budget_rows.py): one simulation per measurement, a row's
+predictions without and with the change, and the error summary they print.
 Imported from this folder (a script's own folder is on sys.path, as validate_memory.py imports validate_speed)."""
 
 from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import Any
 
 import pandas as pd
 
@@ -27,3 +31,16 @@ def records_frame(records: list[dict], out: str) -> pd.DataFrame:
     if out:
         d.to_csv(out, index=False)
     return d
+
+
+def before_after(row: pd.Series, *without: Any) -> dict[str, float]:
+    """The row's predictions under aic with the context managers `without` entered (the change patched out:
+    tpot_before, ttft_before) and as the tree stands (tpot_after, ttft_after), in this process."""
+    from twinserve.sim.validate import simulate_row
+    with ExitStack() as stack:
+        for patch in without:
+            stack.enter_context(patch)
+        old = simulate_row((row.to_dict(), "aic"))
+    new = simulate_row((row.to_dict(), "aic"))
+    return {"tpot_before": old["pred_tpot_ms"], "ttft_before": old["pred_ttft_ms"],
+            "tpot_after": new["pred_tpot_ms"], "ttft_after": new["pred_ttft_ms"]}

@@ -18,10 +18,10 @@ from unittest import mock
 import pandas as pd
 
 from twinserve.sim import validate_layouts, validate_recipes, validate_rows
-from twinserve.sim.validate import simulate_row
 from twinserve.sim.validate_cli import select_rows
 from twinserve.sim.validate_rows import load_rows
-from row_ab import distinct_measurements, error_summary, records_frame  # this folder (experiments/row_ab.py)
+# this folder (experiments/row_ab.py)
+from row_ab import before_after, distinct_measurements, error_summary, records_frame
 
 
 def _touched(recipe, attention_dp: bool) -> bool:
@@ -60,11 +60,7 @@ def main() -> None:
                "image": row["backend_version"], "isl": int(row["isl"]), "osl": int(row["osl"]),
                "conc": int(row["concurrency"]), "budget": budget,
                "meas_ttft": row["silicon_ttft_ms"], "meas_tpot": row["silicon_tpot_ms"]}
-        with _without_budget():
-            p = simulate_row((row.to_dict(), "aic"))
-        rec["tpot_before"], rec["ttft_before"] = p["pred_tpot_ms"], p["pred_ttft_ms"]
-        p = simulate_row((row.to_dict(), "aic"))
-        rec["tpot_after"], rec["ttft_after"] = p["pred_tpot_ms"], p["pred_ttft_ms"]
+        rec.update(before_after(row, _without_budget()))
         out.append(rec)
         print(f"{rec['system']:8s} {rec['precision']} {rec['image']:15s} {rec['isl']}/{rec['osl']} c{rec['conc']:<4d} "
               f"budget {rec['budget']:5d} TPOT {rec['meas_tpot']:6.2f} {rec['tpot_before']:6.2f} "

@@ -15,10 +15,10 @@ import pandas as pd
 
 from twinserve.sim import validate_recipes, validate_rows
 from twinserve.sim.config import replica_config
-from twinserve.sim.validate import simulate_row
 from twinserve.sim.validate_cli import select_rows
 from twinserve.sim.validate_rows import load_rows, row_plan
-from row_ab import error_summary, records_frame  # this folder (experiments/row_ab.py)
+# this folder (experiments/row_ab.py)
+from row_ab import before_after, error_summary, records_frame
 
 
 def _touched(max_clients: int) -> pd.DataFrame:
@@ -47,12 +47,8 @@ def main() -> None:
     for _, row in _touched(args.max_clients).iterrows():
         rec = {"id": row["id"], "mode": row["mode"], "conc": row["concurrency"],
                "meas_ttft": row["silicon_ttft_ms"], "meas_tpot": row["silicon_tpot_ms"]}
-        with mock.patch.dict(validate_recipes.PRECISION_IMAGES, clear=True), \
-                mock.patch.object(validate_rows, "disagg_fp8_moe_kernel", lambda r, ep: "default"):
-            p = simulate_row((row.to_dict(), "aic"))
-        rec["tpot_before"], rec["ttft_before"] = p["pred_tpot_ms"], p["pred_ttft_ms"]
-        p = simulate_row((row.to_dict(), "aic"))
-        rec["tpot_after"], rec["ttft_after"] = p["pred_tpot_ms"], p["pred_ttft_ms"]
+        rec.update(before_after(row, mock.patch.dict(validate_recipes.PRECISION_IMAGES, clear=True),
+                                mock.patch.object(validate_rows, "disagg_fp8_moe_kernel", lambda r, ep: "default")))
         out.append(rec)
         print(f"{rec['id'][:75]:75s} c{int(rec['conc']):<4d} TPOT {rec['meas_tpot']:6.2f} {rec['tpot_before']:6.2f} "
               f"{rec['tpot_after']:6.2f}  TTFT {rec['meas_ttft']:6.0f} {rec['ttft_before']:6.0f} "

@@ -18,12 +18,12 @@ from unittest import mock
 import pandas as pd
 
 from twinserve.sim import validate_rows
-from twinserve.sim.validate import simulate_row
 from twinserve.sim.validate_cli import select_rows
 from twinserve.sim.validate_inferencex import inferencex_workers
 from twinserve.sim.validate_recipes import disagg_wide_ep
 from twinserve.sim.validate_rows import load_rows
-from row_ab import distinct_measurements, error_summary, records_frame  # this folder (experiments/row_ab.py)
+# this folder (experiments/row_ab.py)
+from row_ab import before_after, distinct_measurements, error_summary, records_frame
 
 
 def _rows(max_clients: int) -> pd.DataFrame:
@@ -53,11 +53,7 @@ def main() -> None:
         o = 0.9 * rec["osl"]  # lengths on [0.8 L, L]: the mean
         ranks = ix.decode.count * ix.decode.tp
         rec["meas_rows_a_rank"] = rec["conc"] * o * rec["meas_tpot"] / (rec["meas_ttft"] + o * rec["meas_tpot"]) / ranks
-        with mock.patch.object(validate_rows, "disagg_wide_ep", lambda r, ep: False):
-            p = simulate_row((row.to_dict(), "aic"))
-        rec["tpot_before"], rec["ttft_before"] = p["pred_tpot_ms"], p["pred_ttft_ms"]
-        p = simulate_row((row.to_dict(), "aic"))
-        rec["tpot_after"], rec["ttft_after"] = p["pred_tpot_ms"], p["pred_ttft_ms"]
+        rec.update(before_after(row, mock.patch.object(validate_rows, "disagg_wide_ep", lambda r, ep: False)))
         out.append(rec)
         print(f"{rec['isl']}/{rec['osl']} c{rec['conc']:<5d} D {rec['decode']:9s} mtp{rec['mtp']} "
               f"rows/rank {rec['meas_rows_a_rank']:5.1f} TPOT {rec['meas_tpot']:6.2f} {rec['tpot_before']:6.2f} "
