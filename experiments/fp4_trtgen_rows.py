@@ -20,7 +20,7 @@ from twinserve.sim import validate_recipes
 from twinserve.sim.validate_cli import select_rows
 from twinserve.sim.validate_rows import load_rows
 # this folder (experiments/row_ab.py)
-from row_ab import before_after, error_summary, records_frame
+from row_ab import ab_figures, ab_summary, before_after, records_frame
 
 IMAGES = ("1.2.0rc6.post3", "1.1.0rc2.post2")
 
@@ -59,18 +59,13 @@ def main() -> None:
         rec.update(before_after(row, *_without_kernel()))
         out.append(rec)
         print(f"{rec['image']:15s} {rec['isl']}/{rec['osl']} c{rec['conc']:<4d} adp{rec['adp']:<3d} "
-              f"{rec['kernel'] or 'default':8s} TPOT {rec['meas_tpot']:6.2f} {rec['tpot_before']:6.2f} "
-              f"{rec['tpot_after']:6.2f}  TTFT {rec['meas_ttft']:6.0f} {rec['ttft_before']:6.0f} "
-              f"{rec['ttft_after']:6.0f}", flush=True)
+              f"{rec['kernel'] or 'default':8s} {ab_figures(rec)}", flush=True)
     d = records_frame(out, args.out)
     if not len(d):
         return
 
-    f = error_summary
     for what, g in [("all", d)] + list(d.groupby("kernel")):
-        print(f"{what or 'default'} {len(g)} rows: TPOT {f(g.tpot_before / g.meas_tpot - 1)} -> "
-              f"{f(g.tpot_after / g.meas_tpot - 1)} | TTFT {f(g.ttft_before / g.meas_ttft - 1)} -> "
-              f"{f(g.ttft_after / g.meas_ttft - 1)}")
+        print(f"{what or 'default'} {len(g)} rows: {ab_summary(g)}")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ from twinserve.sim.validate import simulate_row
 from twinserve.sim.validate_cli import select_rows
 from twinserve.sim.validate_inferencex import inferencex_workers
 from twinserve.sim.validate_rows import load_rows
-from row_ab import distinct_measurements, error_summary, records_frame  # this folder (experiments/row_ab.py)
+# this folder (experiments/row_ab.py)
+from row_ab import distinct_measurements, error_summary, records_frame
 
 _MATRIX = validate_rows._matrix_workers
 

@@ -44,3 +44,16 @@ def before_after(row: pd.Series, *without: Any) -> dict[str, float]:
     new = simulate_row((row.to_dict(), "aic"))
     return {"tpot_before": old["pred_tpot_ms"], "ttft_before": old["pred_ttft_ms"],
             "tpot_after": new["pred_tpot_ms"], "ttft_after": new["pred_ttft_ms"]}
+
+
+def ab_figures(rec: dict) -> str:
+    """A row's measured, before and after TPOT (ms) and TTFT (ms), for its printed line."""
+    return (f"TPOT {rec['meas_tpot']:6.2f} {rec['tpot_before']:6.2f} {rec['tpot_after']:6.2f}  "
+            f"TTFT {rec['meas_ttft']:6.0f} {rec['ttft_before']:6.0f} {rec['ttft_after']:6.0f}")
+
+
+def ab_summary(g: pd.DataFrame) -> str:
+    """A group's TPOT and TTFT error summaries before -> after (error_summary)."""
+    f = error_summary
+    return (f"TPOT {f(g.tpot_before / g.meas_tpot - 1)} -> {f(g.tpot_after / g.meas_tpot - 1)} | "
+            f"TTFT {f(g.ttft_before / g.meas_ttft - 1)} -> {f(g.ttft_after / g.meas_ttft - 1)}")

@@ -21,7 +21,7 @@ from twinserve.sim import validate_layouts, validate_recipes, validate_rows
 from twinserve.sim.validate_cli import select_rows
 from twinserve.sim.validate_rows import load_rows
 # this folder (experiments/row_ab.py)
-from row_ab import before_after, distinct_measurements, error_summary, records_frame
+from row_ab import ab_figures, ab_summary, before_after, distinct_measurements, records_frame
 
 
 def _touched(recipe, attention_dp: bool) -> bool:
@@ -63,18 +63,13 @@ def main() -> None:
         rec.update(before_after(row, _without_budget()))
         out.append(rec)
         print(f"{rec['system']:8s} {rec['precision']} {rec['image']:15s} {rec['isl']}/{rec['osl']} c{rec['conc']:<4d} "
-              f"budget {rec['budget']:5d} TPOT {rec['meas_tpot']:6.2f} {rec['tpot_before']:6.2f} "
-              f"{rec['tpot_after']:6.2f}  TTFT {rec['meas_ttft']:6.0f} {rec['ttft_before']:6.0f} "
-              f"{rec['ttft_after']:6.0f}", flush=True)
+              f"budget {rec['budget']:5d} {ab_figures(rec)}", flush=True)
     d = records_frame(out, args.out)
     if not len(d):
         return
-    f = error_summary
     d["clients"] = pd.cut(d.conc, [0, 8, 32, 128, 256], labels=["<=8", "16-32", "64-128", "256"])
     for what, g in [("all", d)] + [(str(k), g) for k, g in d.groupby("clients", observed=True)]:
-        print(f"{what} {len(g)} rows: TPOT {f(g.tpot_before / g.meas_tpot - 1)} -> "
-              f"{f(g.tpot_after / g.meas_tpot - 1)} | TTFT {f(g.ttft_before / g.meas_ttft - 1)} -> "
-              f"{f(g.ttft_after / g.meas_ttft - 1)}")
+        print(f"{what} {len(g)} rows: {ab_summary(g)}")
 
 
 if __name__ == "__main__":

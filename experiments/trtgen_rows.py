@@ -18,7 +18,7 @@ from twinserve.sim.config import replica_config
 from twinserve.sim.validate_cli import select_rows
 from twinserve.sim.validate_rows import load_rows, row_plan
 # this folder (experiments/row_ab.py)
-from row_ab import before_after, error_summary, records_frame
+from row_ab import ab_figures, ab_summary, before_after, records_frame
 
 
 def _touched(max_clients: int) -> pd.DataFrame:
@@ -50,17 +50,13 @@ def main() -> None:
         rec.update(before_after(row, mock.patch.dict(validate_recipes.PRECISION_IMAGES, clear=True),
                                 mock.patch.object(validate_rows, "disagg_fp8_moe_kernel", lambda r, ep: "default")))
         out.append(rec)
-        print(f"{rec['id'][:75]:75s} c{int(rec['conc']):<4d} TPOT {rec['meas_tpot']:6.2f} {rec['tpot_before']:6.2f} "
-              f"{rec['tpot_after']:6.2f}  TTFT {rec['meas_ttft']:6.0f} {rec['ttft_before']:6.0f} "
-              f"{rec['ttft_after']:6.0f}", flush=True)
+        print(f"{rec['id'][:75]:75s} c{int(rec['conc']):<4d} {ab_figures(rec)}", flush=True)
     d = records_frame(out, args.out)
     if not len(d):
         return
 
-    f = error_summary
     for mode, g in [("all", d)] + list(d.groupby("mode")):
-        print(f"{mode} {len(g)} rows: TPOT {f(g.tpot_before / g.meas_tpot - 1)} -> {f(g.tpot_after / g.meas_tpot - 1)}"
-              f" | TTFT {f(g.ttft_before / g.meas_ttft - 1)} -> {f(g.ttft_after / g.meas_ttft - 1)}")
+        print(f"{mode} {len(g)} rows: {ab_summary(g)}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from twinserve.sim.validate_inferencex import inferencex_workers
 from twinserve.sim.validate_recipes import disagg_wide_ep
 from twinserve.sim.validate_rows import load_rows
 # this folder (experiments/row_ab.py)
-from row_ab import before_after, distinct_measurements, error_summary, records_frame
+from row_ab import ab_figures, ab_summary, before_after, distinct_measurements, records_frame
 
 
 def _rows(max_clients: int) -> pd.DataFrame:
@@ -56,19 +56,14 @@ def main() -> None:
         rec.update(before_after(row, mock.patch.object(validate_rows, "disagg_wide_ep", lambda r, ep: False)))
         out.append(rec)
         print(f"{rec['isl']}/{rec['osl']} c{rec['conc']:<5d} D {rec['decode']:9s} mtp{rec['mtp']} "
-              f"rows/rank {rec['meas_rows_a_rank']:5.1f} TPOT {rec['meas_tpot']:6.2f} {rec['tpot_before']:6.2f} "
-              f"{rec['tpot_after']:6.2f}  TTFT {rec['meas_ttft']:6.0f} {rec['ttft_before']:6.0f} "
-              f"{rec['ttft_after']:6.0f}", flush=True)
+              f"rows/rank {rec['meas_rows_a_rank']:5.1f} {ab_figures(rec)}", flush=True)
     d = records_frame(out, args.out)
     if not len(d):
         return
 
-    f = error_summary
     for what, g in [("all", d), ("<= 256 clients", d[d.conc <= 256]), ("> 256 clients", d[d.conc > 256])]:
         if len(g):
-            print(f"{what} {len(g)} rows: TPOT {f(g.tpot_before / g.meas_tpot - 1)} -> "
-                  f"{f(g.tpot_after / g.meas_tpot - 1)} | TTFT {f(g.ttft_before / g.meas_ttft - 1)} -> "
-                  f"{f(g.ttft_after / g.meas_ttft - 1)}")
+            print(f"{what} {len(g)} rows: {ab_summary(g)}")
 
 
 if __name__ == "__main__":
