@@ -77,7 +77,8 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=["before", "after"], choices=list(VARIANTS),
                     help="which to simulate: before (caps and TRTLLM experts patched out), caps, kernel, after")
     ap.add_argument("--mtp-unsimulated", action="store_true",
-                    help="instead: the rows whose entry ran MTP past 256 clients (simulated without drafts)")
+                    help="instead: the rows whose entry ran MTP at more clients than are simulated with drafts "
+                         "(sim/validate_inferencex.py MTP_SIMULATED_MAX_CLIENTS)")
     ap.add_argument("--out", default="", help="write the per-row figures to this CSV")
     args = ap.parse_args()
     out = []

@@ -81,6 +81,7 @@ class SpecWindow:
     parts: list[tuple] = field(default_factory=list)
     cursor: Any = None  # where drawing stands (_Cursor): extend_spec_window draws on from it
     closed: bool = False  # no step can follow: a finish, or a step that would not fit
+    sums: tuple | None = None  # (m, accepted, drafts) summed over the first m steps (_step_sums)
 
     def tokens(self, m: int) -> list[int]:
         """Tokens each of the first m steps schedules (the step log's tokens column)."""
@@ -311,6 +312,16 @@ def apply_spec_window(sched: Scheduler, ex: SimExecutor, win: SpecWindow, m: int
     return finish(sched, win, m, win.ends[m - 1])
 
 
+def _step_sums(win: SpecWindow, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each request's accepted drafts and drafts verified over the window's first m steps; summed once for
+    append_tokens and settle, which both read them (kept on the window for its m)."""
+    if win.sums is None or win.sums[0] != m:
+        acc = np.sum(win.accepted[:m], axis=0) if m > 1 else win.accepted[0]
+        kk = np.sum(win.drafts[:m], axis=0) if m > 1 else win.drafts[0]
+        win.sums = (m, acc, kk)
+    return win.sums[1], win.sums[2]
+
+
 def append_tokens(sched: Scheduler, ex: SimExecutor, win: SpecWindow, m: int, times: bool,
                   ends: list[float] | None = None) -> None:
     """The decodes' (the first win.n running requests') sampled tokens of the first m steps, with the executor's
@@ -319,9 +330,7 @@ def append_tokens(sched: Scheduler, ex: SimExecutor, win: SpecWindow, m: int, ti
     running = sched.running
     n = win.n
     accepted = win.accepted[:m]
-    drafts = win.drafts[:m]
-    acc_sum = np.sum(accepted, axis=0) if m > 1 else accepted[0]
-    kk_sum = np.sum(drafts, axis=0) if m > 1 else drafts[0]
+    acc_sum, kk_sum = _step_sums(win, m)
     gained = (acc_sum + m).tolist()  # tokens each request gains: one a step plus its accepted drafts
     acc_list = acc_sum.tolist()
     kk_list = kk_sum.tolist()
@@ -431,11 +440,9 @@ def settle(sched: Scheduler, win: SpecWindow, m: int) -> None:
     steps' verifications, summed)."""
     running = sched.running
     kv = sched.kv
-    n = win.n
     accepted = win.accepted[:m]
     drafts = win.drafts[:m]
-    acc_sum = np.sum(accepted, axis=0) if m > 1 else accepted[0]
-    kk_sum = np.sum(drafts, axis=0) if m > 1 else drafts[0]
+    acc_sum, kk_sum = _step_sums(win, m)
     # The requests whose blocks the replays changed (and whose computed tokens they set): the rest were
     # set by append_tokens, and a step leaves them where it finds them.
     touched = [r for j in range(m) for r in (win.allocs[j][0], win.trims[j][0]) if len(r)]
