@@ -3,10 +3,12 @@
 aiconfigurator-core's InferenceMAX dumps leave out how many prefill and decode workers ran
 (sim/validate_layouts.py). This script takes a stratified sample of the DEVELOPMENT rows without
 counts (DeepSeek-R1, gpt-oss-120b; held-out rows are never read), simulates each under every
-assumption in DISAGG_ASSUMPTIONS (rows where the assumptions give the same counts run once), and
-prints TTFT and TPOT median |error| per assumption. The chosen one is DEFAULT_DISAGG_ASSUMPTION.
+assumption in DISAGG_ASSUMPTIONS (rows where two assumptions give the same study, i.e. the same worker
+counts, layouts and drafts, run once), and prints TTFT and TPOT median |error| per assumption. The chosen one
+is DEFAULT_DISAGG_ASSUMPTION.
 
     python experiments/disagg_assumptions.py [--rows 24] [--max-concurrency 1024] [--workers 2]
+        [--cost-model roofline|aic]
 """
 
 from __future__ import annotations
@@ -38,32 +40,35 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=24, help="rows in the stratified sample")
     ap.add_argument("--max-concurrency", type=int, default=1024, help="leave out rows with more clients (run time)")
     ap.add_argument("--workers", type=int, default=2, help="processes")
+    ap.add_argument("--cost-model", choices=("roofline", "aic"), default="roofline", help="step prices")
     args = ap.parse_args()
     t0 = time.perf_counter()
     df = sample(args.rows, args.max_concurrency)
     jobs, keys, plans = [], [], {}
     for _, row in df.iterrows():
-        seen: dict[tuple[int, int], str] = {}
+        seen: set[tuple] = set()
         for how in DISAGG_ASSUMPTIONS:
             try:
-                counts = row_plan(row, "roofline", disagg=how).counts
+                plan = row_plan(row, args.cost_model, disagg=how)
             except Exception as e:  # noqa: BLE001 - a reason, printed
                 plans[(row["id"], how)] = f"not expressible: {e}"
                 continue
-            plans[(row["id"], how)] = counts
-            if counts in seen:
+            spec = plan.cfg.speculative
+            study = (plan.counts, repr(plan.cfg.cluster.replicas), spec.num_speculative_tokens if spec.enabled else 0)
+            plans[(row["id"], how)] = study
+            if study in seen:
                 continue
-            seen[counts] = how
-            jobs.append((row.to_dict(), "roofline", {"disagg": how}))
-            keys.append((row["id"], counts))
+            seen.add(study)
+            jobs.append((row.to_dict(), args.cost_model, {"disagg": how}))
+            keys.append((row["id"], study))
     out = run_jobs(simulate_row, jobs, [{"row": k[0]} for k in keys], args.workers, None, "assumptions", True)
     by_key = {k: r for k, r in zip(keys, out)}
     table: dict[str, dict[str, list[float]]] = {h: {"ttft": [], "tpot": []} for h in DISAGG_ASSUMPTIONS}
     for _, row in df.iterrows():
         line = [f"{row['id'][:72]:72s}"]
         for how in DISAGG_ASSUMPTIONS:
-            counts = plans.get((row["id"], how))
-            res = by_key.get((row["id"], counts)) if isinstance(counts, tuple) else None
+            study = plans.get((row["id"], how))
+            res = by_key.get((row["id"], study)) if isinstance(study, tuple) else None
             if res is None or isinstance(res, PointFailure):
                 line.append(f"{how}: -")
                 continue
@@ -71,7 +76,8 @@ def main() -> None:
             ep = res["pred_tpot_ms"] / row["silicon_tpot_ms"] - 1
             table[how]["ttft"].append(abs(et))
             table[how]["tpot"].append(abs(ep))
-            line.append(f"{how} {counts[0]}P{counts[1]}D ttft {et:+.0%} tpot {ep:+.0%}")
+            (p, d), mtp = study[0], study[2]
+            line.append(f"{how} {p}P{d}D{f' MTP {mtp}' if mtp else ''} ttft {et:+.0%} tpot {ep:+.0%}")
         print(" | ".join(line))
     print(f"\n{len(df)} development rows without worker counts (concurrency <= {args.max_concurrency}), "
           f"{len(jobs)} simulations, {time.perf_counter() - t0:.0f} s wall")

@@ -31,8 +31,8 @@ from row_ab import distinct_measurements, error_summary, records_frame
 _MATRIX = validate_rows._matrix_workers
 
 
-def _no_caps(row):
-    ix = _MATRIX(row)
+def _no_caps(row, *args):
+    ix = _MATRIX(row, *args)
     return None if ix is None else replace(ix, prefill_caps=(0, 0))
 
 

@@ -3,7 +3,7 @@
 Counts per split: expressible as given, expressible with an assumed or inferred layout (the
 `layout` column), and each reason for the rest, digits folded so like reasons group.
 
-    python experiments/validate_coverage.py [--assume-disagg kv_fit_rate|kv_fit|one_each|none] [--cost-model roofline|aic]
+    python experiments/validate_coverage.py [--assume-disagg entry|kv_fit_rate|kv_fit|one_each|none] [--cost-model roofline|aic]
 """
 
 from __future__ import annotations

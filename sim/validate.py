@@ -229,7 +229,7 @@ def row_record(row: pd.Series, *, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION
     """
     plan = _plan(row, disagg)
     counts = plan.counts if plan is not None else None
-    gpus = num_gpus(row, counts)
+    gpus = num_gpus(row, counts, disagg)
     try:
         prec = precision_fields(row)["quantization"]
     except NotExpressible:
@@ -240,7 +240,7 @@ def row_record(row: pd.Series, *, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION
            "precision": row.get("precision") if isinstance(row.get("precision"), str) else f"{prec} (not given)",
            "mode": row["mode"], "isl": int(row["isl"]), "osl": int(row["osl"]),
            "concurrency": int(conc) if conc == conc and conc is not None else None,
-           "parallelism": parallelism(row, counts), "layout": plan.layout if plan is not None else "",
+           "parallelism": parallelism(row, counts, disagg), "layout": plan.layout if plan is not None else "",
            "gpus": gpus, "recipe": _recipe_source(row) + _kv_note(row),
            "meas_ttft_ms": float(row["silicon_ttft_ms"]), "meas_tpot_ms": float(row["silicon_tpot_ms"])}
     rec["meas_tput_per_gpu"] = throughput_per_gpu(rec["concurrency"] or float("nan"), rec["isl"], rec["osl"],

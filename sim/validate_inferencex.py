@@ -164,6 +164,7 @@ class Match:
     decode_batch: int = 0  # the decode worker's max_batch_size per attention rank (0: not known)
     prefill_caps: tuple[int, int] = (0, 0)  # the prefill worker's (max_batch_size, max_num_tokens) a rank (0: not known)
     source: str = _SOURCE  # where the entries were read (RECIPE_SOURCES for the configurations read there)
+    assumed: str = ""  # how an entry was picked where none is the row's alone (assumed_entry); '' where one is
 
     def decode_slots(self) -> int:
         """Requests one decode worker runs at once: max_batch_size per attention rank, times its DP-attention
@@ -186,7 +187,8 @@ class Match:
                else f"; ran MTP {self.mtp} (simulated: MTP_ACCEPTANCE, validate_recipes.py)"
                if self.simulates_mtp(clients) else
                f"; ran MTP {self.mtp} (not simulated past {MTP_SIMULATED_MAX_CLIENTS} clients)")
-        return (f"InferenceX config: {self.prefill.count} prefill, {self.decode.count} decode workers"
+        head = f"assumed entry ({self.assumed}): " if self.assumed else ""
+        return (f"{head}InferenceX config: {self.prefill.count} prefill, {self.decode.count} decode workers"
                 f"{mtp} ({self.source})")
 
 
@@ -1010,14 +1012,69 @@ def inferencex_workers(row: Any) -> Match | None:
     fits = candidates(row)
     if not fits or len({(e.prefill, e.decode) for e in fits}) > 1:
         return None
+    return _match(row, fits)
+
+
+def _key(row: Any) -> tuple[str, str, str, int | None, int | None]:
+    return (str(row.get("backend")), str(row.get("system")), str(row.get("precision")),
+            _num(row.get("isl")), _num(row.get("osl")))
+
+
+def _match(row: Any, fits: list[Entry], assumed: str = "") -> Match:
+    """The Match of entries that agree on the workers (MTP, decode batch and prefill caps kept where they agree)."""
     mtps = {e.mtp for e in fits}
     conc = _num(row.get("concurrency")) or 0
     batches = {e.batch_at(conc) for e in fits}  # entries that agree on the workers but not the batch: unknown
     caps = {e.prefill_caps for e in fits}  # likewise the prefill worker's caps
-    key = (str(row.get("backend")), str(row.get("system")), str(row.get("precision")),
-           _num(row.get("isl")), _num(row.get("osl")))
+    key = _key(row)
     source = _GPTOSS_SOURCE if str(row.get("model")) == "gpt-oss-120b" else RECIPE_SOURCES.get(key, _SOURCE)
     if key == _PREFILL_EP1_RUN and fits[0].prefill.ep == 1:
         source += f"; prefill EP 1: {_PREFILL_EP1_SOURCE}"
     return Match(fits[0].prefill, fits[0].decode, mtps.pop() if len(mtps) == 1 else None,
-                 batches.pop() if len(batches) == 1 else 0, caps.pop() if len(caps) == 1 else (0, 0), source)
+                 batches.pop() if len(batches) == 1 else 0, caps.pop() if len(caps) == 1 else (0, 0), source,
+                 assumed)
+
+
+def _same_shape_nearest(row: Any) -> list[Entry]:
+    """The entries of the row's configuration whose prefill TP, prefill EP and decode TP are the row's own (and
+    its image, where ENTRY_IMAGES tells the plain and MTP entries apart), nearest to its client count: those whose
+    client-count list holds the count nearest it on a log scale (every one at that distance). Only InferenceX's
+    dumps' rows (_DUMPS): other runs are not this matrix's."""
+    table = _MODEL_TABLES.get(str(row.get("model")))
+    conc = _num(row.get("concurrency"))
+    if (row.get("mode") != "disagg" or table is None or not conc or conc < 1
+            or not str(row.get("silicon_data_source", "")).startswith(_DUMPS)):
+        return []
+    key = _key(row)
+    own = (_num(row.get("prefill_tp_size")), _num(row.get("prefill_moe_ep_size")), _num(row.get("decode_tp_size")))
+    same = [e for e in table.get(key, ()) if own == (e.prefill.tp, e.prefill.ep, e.decode.tp)]
+    images = ENTRY_IMAGES.get(key[:3])
+    if images is not None:
+        same = [e for e in same if images[e.mtp != 0] == row_image(row)]
+    if not same:
+        return []
+    dist = [min(abs(math.log(conc / c)) for c in e.concs) for e in same]
+    near = min(dist)
+    return [e for e, d in zip(same, dist) if d == near]
+
+
+def assumed_entry(row: Any) -> Match | None:
+    """For a row without worker counts that no single entry of the matrix is (inferencex_workers gives None):
+    one entry of its configuration and shape, picked by a declared rule and flagged in its note.
+
+    The entries: those that fit the row (candidates: they disagree on the workers), else the entries of the row's
+    configuration and own TP / EP nearest its client count (_same_shape_nearest: a run of a matrix whose
+    client-count lists moved). The pick: the most decode workers, then the deepest MTP. Chosen on the development
+    rows among six rules (docs/validate-rows.md, "An InferenceX entry where the matrix is ambiguous"); no
+    row's measured figures are read. None where no entry of the row's shape exists (the caller's count
+    assumption, validate_layouts.assume_workers, stays)."""
+    fits = candidates(row)
+    how = f"{len({(e.prefill, e.decode, e.mtp) for e in fits})} entries fit"
+    if not fits:
+        fits = _same_shape_nearest(row)
+        how = (f"none at {_num(row.get('concurrency'))} clients; "
+               f"{len({(e.prefill, e.decode, e.mtp) for e in fits})} of its shape nearest in clients")
+    if not fits:
+        return None
+    pick = max(fits, key=lambda e: (e.decode.count, e.mtp))
+    return _match(row, [pick], f"{how}, the most decode workers, then the deepest MTP")

@@ -25,12 +25,16 @@ class NotExpressible(TwinserveError, ValueError):
 
 # How a row's missing prefill/decode worker counts are filled in (docs/validate-rows.md compares them on
 # the development rows; the default is the one chosen there):
+#   entry:       where InferenceX's matrix holds entries of the row's configuration and shape but none is the
+#                row's alone, the one validate_inferencex.assumed_entry picks (its workers, layouts and MTP);
+#                elsewhere kv_fit_rate's counts;
 #   one_each:    one prefill and one decode worker (1P1D);
 #   kv_fit:      the fewest decode workers whose KV pools hold every client at ISL + OSL, one prefill worker;
 #   kv_fit_rate: those decode workers, and enough prefill workers that prefill is at most PREFILL_BUSY
 #                busy at the rate the decode workers finish requests.
-DISAGG_ASSUMPTIONS = ("kv_fit_rate", "kv_fit", "one_each")
-DEFAULT_DISAGG_ASSUMPTION = "kv_fit_rate"
+ENTRY = "entry"
+DISAGG_ASSUMPTIONS = (ENTRY, "kv_fit_rate", "kv_fit", "one_each")
+DEFAULT_DISAGG_ASSUMPTION = ENTRY
 PREFILL_BUSY = 0.8  # a prefill worker's share of busy time at the assumed layout: queueing stays short
 
 
@@ -147,6 +151,8 @@ def assume_workers(cfg: Any, prefill_layout: dict[str, Any], decode_layout: dict
     """
     if how not in DISAGG_ASSUMPTIONS:
         raise ValueError(f"disaggregation assumption {how!r}: one of {', '.join(DISAGG_ASSUMPTIONS)}")
+    if how == ENTRY:  # no entry of the row's shape: its counts as kv_fit_rate's
+        how = "kv_fit_rate"
     if how == "one_each":
         return AssumedWorkers(1, 1, how)
     dec = _with_layout(cfg, decode_layout)

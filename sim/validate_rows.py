@@ -21,12 +21,13 @@ from twinserve.core.errors import TwinserveError
 
 from twinserve.sim.config import EngineConfig, StudyConfig
 from twinserve.sim.errors import SimError
-from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, AssumedWorkers,  # noqa: F401
+from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, ENTRY, AssumedWorkers,  # noqa: F401
                                             NotExpressible, aggregated_layout, assume_workers, folded_layout,
                                             inferred_attention_dp, missing_worker_counts)
 from twinserve.sim.validate_engines import engine_defaults
-from twinserve.sim.validate_inferencex import (MTP_SIMULATED_MAX_CLIENTS, agreed_mtp, db_dump_record, decode_moe_a2a,
-                                               inferencex_workers, prefill_moe_a2a, redundant_experts)
+from twinserve.sim.validate_inferencex import (MTP_SIMULATED_MAX_CLIENTS, agreed_mtp, assumed_entry, db_dump_record,
+                                               decode_moe_a2a, inferencex_workers, prefill_moe_a2a,
+                                               redundant_experts)
 from twinserve.sim.validate_twins import add_twins, twin_of
 from twinserve.sim.validate_recipes import (apply_disagg_recipe, apply_kernels, apply_memory, apply_recipe,
                                             apply_speculative, disagg_fp8_moe_kernel, disagg_prefill_trtgen,
@@ -141,8 +142,10 @@ class Worker:
         return " ".join(parts)
 
 
-def workers(row: pd.Series, counts: tuple[int, int] | None = None) -> list[Worker]:
-    """[the one aggregated worker] or [prefill, decode] with their counts (`counts` where assumed).
+def workers(row: pd.Series, counts: tuple[int, int] | None = None,
+            disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> list[Worker]:
+    """[the one aggregated worker] or [prefill, decode] with their counts (`counts` where assumed); `disagg`
+    the assumption for a row without worker counts (its InferenceX entry under `entry`: _matrix_workers).
 
     An aggregated row without attention_dp_size takes it from moe_tp x moe_ep / tp (vLLM's rule).
     """
@@ -153,7 +156,7 @@ def workers(row: pd.Series, counts: tuple[int, int] | None = None) -> list[Worke
                  _int(row, f"{k}_attention_dp_size"), _int(row, f"{k}_moe_tp_size"),
                  _int(row, f"{k}_moe_ep_size"), _int(row, f"{k}_num_workers"))
           for k in ("prefill", "decode")]
-    ix = _matrix_workers(row)  # sim/validate_inferencex.py
+    ix = _matrix_workers(row, disagg)  # sim/validate_inferencex.py
     if ix is not None:
         ws = [Worker(tp, 1, adp, moe_tp, moe_ep, shape.count)
               for shape in (ix.prefill, ix.decode) for tp, adp, moe_tp, moe_ep in (shape.fields(),)]
@@ -167,23 +170,31 @@ def workers(row: pd.Series, counts: tuple[int, int] | None = None) -> list[Worke
     return ws
 
 
-def _matrix_workers(row: pd.Series) -> Any:
+def _matrix_workers(row: pd.Series, disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> Any:
     """The row's workers from InferenceX's matrix (sim/validate_inferencex.py): for a row without worker counts,
-    and for a db-dump record whose own layout columns are an entry's (its recipe caps, MTP and flags); else None."""
-    return inferencex_workers(row) if missing_worker_counts(row) or db_dump_record(row) else None
+    and for a db-dump record whose own layout columns are an entry's (its recipe caps, MTP and flags); under the
+    `entry` assumption, for a row without worker counts, no single entry of its own and no twin record, the entry
+    assumed_entry picks; else None."""
+    missing = missing_worker_counts(row)
+    ix = inferencex_workers(row) if missing or db_dump_record(row) else None
+    if ix is None and missing and disagg == ENTRY and not twin_of(row):
+        ix = assumed_entry(row)
+    return ix
 
 
-def parallelism(row: pd.Series, counts: tuple[int, int] | None = None) -> str:
+def parallelism(row: pd.Series, counts: tuple[int, int] | None = None,
+                disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> str:
     """A short label of the row's layout, e.g. 'tp8' or 'P 2x tp4 | D 1x tp8 ep8'."""
-    ws = workers(row, counts)
+    ws = workers(row, counts, disagg)
     if len(ws) == 1:
         return ws[0].label()
     return f"P {ws[0].count}x {ws[0].label()} | D {ws[1].count}x {ws[1].label()}"
 
 
-def num_gpus(row: pd.Series, counts: tuple[int, int] | None = None) -> int:
+def num_gpus(row: pd.Series, counts: tuple[int, int] | None = None,
+             disagg: str | None = DEFAULT_DISAGG_ASSUMPTION) -> int:
     """GPUs the row ran on: one worker, or every prefill and decode worker."""
-    return sum(w.gpus * w.count for w in workers(row, counts))
+    return sum(w.gpus * w.count for w in workers(row, counts, disagg))
 
 
 def precision_fields(row: pd.Series) -> dict[str, str]:
@@ -429,7 +440,7 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     apply_speculative(recipe, cfg.speculative)
     _set_workload(cfg.workload, conc, isl, osl, run_design(row, window))
     cfg.run.name = str(row["id"])
-    ws = workers(row)
+    ws = workers(row, disagg=disagg)
     if len(ws) == 1:
         # vLLM's --enable-expert-parallel where the script passed it whatever the row's EP (validate_recipes.py).
         launch_ep = model.is_moe and launch_expert_parallel(recipe, ws[0])
@@ -465,7 +476,7 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     for mine, other in ((pre_layout, dec_layout), (dec_layout, pre_layout)):
         for name in other:
             mine.setdefault(name, 1)
-    ix = _matrix_workers(row)
+    ix = _matrix_workers(row, disagg)
     # SGLang's redundant experts at EP 24 / 48 (sim/validate_inferencex.py): the InferenceX workers' and
     # their twin records' (sim/validate_twins.py), the same runs.
     if model.is_moe:

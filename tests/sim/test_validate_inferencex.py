@@ -75,7 +75,7 @@ def test_a_matched_row_runs_the_files_workers_and_layouts(rows, row_id: str) -> 
 def test_an_unlisted_row_keeps_the_assumption_and_says_so(rows) -> None:
     row = _row(rows, UNLISTED)
     assert inferencex_workers(row) is None
-    plan = row_plan(row)
+    plan = row_plan(row, disagg="kv_fit_rate")
     assert plan.layout.startswith("assumed kv_fit_rate:")
 
 
@@ -96,7 +96,46 @@ def test_an_ambiguous_match_is_not_used(rows) -> None:
     row = _row(rows, AMBIGUOUS)
     assert len(candidates(row)) == 2
     assert inferencex_workers(row) is None
-    assert row_plan(row).layout.startswith("assumed kv_fit_rate:")
+    assert row_plan(row, disagg="kv_fit_rate").layout.startswith("assumed kv_fit_rate:")
+
+
+def test_by_default_an_ambiguous_row_runs_the_entry_with_the_most_decode_workers_flagged(rows) -> None:
+    """The `entry` assumption: of the two entries that fit (8 TP 8 decode workers with MTP 3, or 3 without), the
+    study runs the first: its workers, its layouts, its decode batch and its drafts, and the row says so."""
+    row = _row(rows, AMBIGUOUS)
+    plan = row_plan(row)
+    assert plan.counts == (1, 8)
+    assert plan.layout.startswith("assumed entry (2 entries fit, the most decode workers, then the deepest MTP): "
+                                  "InferenceX config: 1 prefill, 8 decode workers; ran MTP 3 (simulated")
+    c = plan.cfg.cluster
+    assert (c.num_prefill_replicas, c.num_replicas) == (1, 9)
+    assert {k: c.replicas[0][k] for k in ("engine.tensor_parallel_size", "engine.data_parallel_size")} == {
+        "engine.tensor_parallel_size": 1, "engine.data_parallel_size": 8}  # the entry's DEP 8 prefill
+    assert c.replicas[-1]["engine.tensor_parallel_size"] == 8 and c.replicas[-1]["scheduler.max_num_seqs"] == 4
+    assert plan.cfg.speculative.num_speculative_tokens == 3
+    rec = row_record(row)
+    assert rec["gpus"] == 8 + 8 * 8 and rec["parallelism"] == "P 1x tp1 adp8 ep8 | D 8x tp8"
+
+
+# B300 FP8 TensorRT-LLM 8k/1k at 72 clients: the table holds no B300 FP8 8k/1k entry.
+NO_ENTRY_OF_ITS_SHAPE = "2026_03_25_deepseek_r1_b300_sxm_trtllm_fp8_disagg_8192x1024_c72_tp4_0_ep1_0_747"
+
+
+def test_by_default_a_row_no_entry_lists_runs_the_nearest_entry_of_its_shape(rows) -> None:
+    """H200 8k/1k at 9 clients: no recipe lists 9; the nearest of its shape (prefill TP 8 EP 8, decode TP 8) are
+    the two 28-client recipes (7 decode workers, MTP 3 or none): MTP 3 breaks the tie. A row without any entry of
+    its shape keeps kv_fit_rate's counts."""
+    from twinserve.sim.validate_inferencex import _same_shape_nearest, assumed_entry
+    row = _row(rows, UNLISTED)
+    assert candidates(row) == [] and {e.concs for e in _same_shape_nearest(row)} == {(28,)}
+    m = assumed_entry(row)
+    assert m is not None and (m.decode, m.mtp) == (Shape(7, 8, 8, False), 3)
+    plan = row_plan(row)
+    assert plan.counts == (1, 7) and plan.cfg.speculative.num_speculative_tokens == 3
+    assert plan.layout.startswith("assumed entry (none at 9 clients; 2 of its shape nearest in clients")
+    other = _row(rows, NO_ENTRY_OF_ITS_SHAPE)
+    assert assumed_entry(other) is None
+    assert row_plan(other).layout.startswith("assumed kv_fit_rate:")
 
 
 def test_entries_agreeing_on_workers_but_not_mtp_give_the_workers_and_no_mtp(rows) -> None:
@@ -264,7 +303,7 @@ def test_entries_disagreeing_on_workers_but_not_mtp_draft_at_that_depth(rows) ->
     row = _row(rows, AGREED_MTP)
     assert inferencex_workers(row) is None and {e.mtp for e in candidates(row)} == {3}
     assert agreed_mtp(row) == 3
-    plan = row_plan(row)
+    plan = row_plan(row, disagg="kv_fit_rate")
     assert plan.layout.startswith("assumed kv_fit_rate:")  # the counts stay assumed
     assert "every InferenceX entry at 8 clients ran MTP 3" in plan.layout
     spec = plan.cfg.speculative
@@ -275,7 +314,7 @@ def test_entries_disagreeing_on_workers_and_mtp_leave_the_row_undrafted(rows) ->
     from twinserve.sim.validate_inferencex import agreed_mtp
     row = _row(rows, AMBIGUOUS)  # B200 FP8 1k/1k at 32 clients: one entry MTP 3, the other none
     assert {e.mtp for e in candidates(row)} == {0, 3} and agreed_mtp(row) is None
-    plan = row_plan(row)
+    plan = row_plan(row, disagg="kv_fit_rate")
     assert not plan.cfg.speculative.enabled and "ran MTP" not in plan.layout
 
 
@@ -323,7 +362,7 @@ def test_an_h200_row_runs_its_srt_slurm_recipes_workers_and_mtp(rows) -> None:
 def test_an_h200_row_no_recipe_settles_keeps_its_defaults(rows) -> None:
     row = _row(rows, H200_UNSETTLED)
     assert candidates(row) == [] and inferencex_workers(row) is None
-    plan = row_plan(row)
+    plan = row_plan(row, disagg="kv_fit_rate")
     assert plan.layout.startswith("assumed kv_fit_rate:") and not plan.cfg.speculative.enabled
     # No recipe: no ctx-worker caps, the pooled defaults (but the ctx workers' overlap scheduler, off).
     assert not any(k.startswith("scheduler.") and k != "scheduler.overlap_scheduler"
@@ -342,7 +381,7 @@ def test_h200_rows_past_88_clients_run_their_recipes_by_total_concurrency(rows) 
         Shape(3, 8, 8, False), Shape(1, 8, 8, True), 2, 32 * 8)
     row = _row(rows, H200_1024)
     assert candidates(row) == [] and inferencex_workers(row) is None
-    assert row_plan(row).layout.startswith("assumed kv_fit_rate:")
+    assert row_plan(row, disagg="kv_fit_rate").layout.startswith("assumed kv_fit_rate:")
 
 
 # SGLang B200 FP4 1k/1k at 32 clients: one plain and one MTP entry, the same workers (1 prefill DEP 4, 6 TEP 8
@@ -382,7 +421,7 @@ def test_a_gpt_oss_row_runs_its_recipes_workers_picked_by_its_decode_tp(rows) ->
     assert m is not None and (m.prefill.count, m.decode, m.decode_batch) == (1, Shape(1, 4, 1, False), 256)
     row = _row(rows, GPTOSS_UNSETTLED)
     assert len(candidates(row)) == 0 and inferencex_workers(row) is None
-    assert row_plan(row).layout.startswith("assumed kv_fit_rate:")
+    assert row_plan(row, disagg="kv_fit_rate").layout.startswith("assumed kv_fit_rate:")
 
 
 def test_prefill_caps_come_only_from_recipes_read_and_ride_the_prefill_worker(rows) -> None:

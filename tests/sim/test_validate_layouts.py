@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from twinserve.sim.validate import expressible, finish_record, row_record, summarize_validation
-from twinserve.sim.validate_layouts import DISAGG_ASSUMPTIONS, PREFILL_BUSY, decode_slots
+from twinserve.sim.validate_inferencex import assumed_entry, candidates
+from twinserve.sim.validate_layouts import DISAGG_ASSUMPTIONS, ENTRY, PREFILL_BUSY, decode_slots
 from twinserve.sim.validate_rows import NotExpressible, row_plan
 
 pytest.importorskip("aiconfigurator_core", reason="the measured rows ship in aiconfigurator-core (extra 'aic')")
@@ -33,7 +34,7 @@ def _row(rows: pd.DataFrame, row_id: str) -> pd.Series:
 def test_disagg_row_without_counts_takes_its_layouts_from_the_columns(rows) -> None:
     row = _row(rows, DISAGG_NO_COUNTS)
     assert math.isnan(row["prefill_num_workers"]) and math.isnan(row["decode_num_workers"])
-    plan = row_plan(row)
+    plan = row_plan(row, disagg="kv_fit_rate")
     p, d = plan.counts
     c = plan.cfg.cluster
     assert (c.num_prefill_replicas, c.num_replicas) == (p, p + d)
@@ -43,7 +44,7 @@ def test_disagg_row_without_counts_takes_its_layouts_from_the_columns(rows) -> N
     overlap = {"scheduler.overlap_scheduler": False} if row["backend"] == "trtllm" else {}
     assert c.replicas[0] == {**layout, **overlap} and c.replicas[-1] == layout
     assert plan.layout == f"assumed kv_fit_rate: {p} prefill, {d} decode workers"
-    rec = row_record(row)
+    rec = row_record(row, disagg="kv_fit_rate")
     assert rec["layout"] == plan.layout and rec["gpus"] == 8 * (p + d)
     assert rec["parallelism"].startswith(f"P {p}x tp8 ep8 | D {d}x")
 
@@ -71,13 +72,19 @@ def test_kv_fit_counts_at_exact_multiples(rows, monkeypatch) -> None:
 @given(clients=st.integers(1, 6000), how=st.sampled_from(DISAGG_ASSUMPTIONS))
 def test_assumed_counts_hold_every_client_and_prefill_keeps_up(rows, clients: int, how: str) -> None:
     from hypothesis import assume
-    from twinserve.sim.validate_inferencex import candidates
     row = _row(rows, DISAGG_NO_COUNTS).copy()
     row["concurrency"] = clients
     assume(not candidates(row))  # the assumption is for counts no InferenceX entry gives (H200 8k/1k 28, 64 do)
     plan = row_plan(row, disagg=how)
     p, d = plan.counts
     assert p >= 1 and d >= 1
+    if how == ENTRY:
+        # The nearest entries of the row's shape (this configuration has them at every client count): the pick's
+        # workers, flagged; the count assumptions below are for rows without any.
+        pick = assumed_entry(row)
+        assert pick is not None and (p, d) == (pick.prefill.count, pick.decode.count)
+        assert plan.layout.startswith("assumed entry (none at")
+        return
     if how == "one_each":
         assert (p, d) == (1, 1)
         return
@@ -95,9 +102,9 @@ def test_assumed_counts_hold_every_client_and_prefill_keeps_up(rows, clients: in
         assert p == 1 or busy * p / (p - 1) > PREFILL_BUSY  # ... with the fewest workers
 
 
-def test_low_concurrency_row_is_one_prefill_one_decode_under_every_assumption(rows) -> None:
+def test_low_concurrency_row_is_one_prefill_one_decode_under_every_count_assumption(rows) -> None:
     row = _row(rows, DISAGG_LOW_C)
-    assert {row_plan(row, disagg=h).counts for h in DISAGG_ASSUMPTIONS} == {(1, 1)}
+    assert {row_plan(row, disagg=h).counts for h in DISAGG_ASSUMPTIONS if h != ENTRY} == {(1, 1)}
 
 
 def test_without_an_assumption_the_row_keeps_its_reason(rows) -> None:
@@ -105,7 +112,7 @@ def test_without_an_assumption_the_row_keeps_its_reason(rows) -> None:
     assert "worker counts" in expressible(row, "roofline", disagg=None)
     with pytest.raises(NotExpressible, match="worker counts"):
         row_plan(row, disagg=None)
-    with pytest.raises(ValueError, match="one of kv_fit_rate"):
+    with pytest.raises(ValueError, match="one of entry, kv_fit_rate"):
         row_plan(row, disagg="two_each")
 
 

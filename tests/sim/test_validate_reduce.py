@@ -17,9 +17,9 @@ from twinserve.sim.validate_rows import closed_loop_available, row_study
 pytestmark = pytest.mark.skipif(not closed_loop_available(), reason="slices need closed-loop clients")
 
 # DeepSeek-R1 H200 TensorRT-LLM disaggregated 1k/1k, 1,024 clients, no worker counts in the row (two srt-slurm
-# recipes with other workers give 1,024: sim/validate_inferencex.py): the KV-balanced assumption gives 2 prefill +
-# 2 decode workers at H200's 143,771 MiB (a development row). (8k/1k at 256, the row used before, is settled by its
-# recipe: 3 prefill, 1 decode.)
+# recipes with other workers give 1,024: sim/validate_inferencex.py): the KV-balanced count assumption
+# (kv_fit_rate) gives 2 prefill + 2 decode workers at H200's 143,771 MiB (a development row). (8k/1k at 256, the
+# row used before, is settled by its recipe: 3 prefill, 1 decode.)
 DISAGG_2P2D = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_1024x1024_c1024_tp8_0_ep8_0_431"
 # Qwen3-32B B200 TensorRT-LLM disaggregated: 40 prefill + 6 decode workers as the file gives them.
 DISAGG_40P6D = "nvidia_qwen3_32b_nvfp4_nvidia_qwen3_32b_nvfp4_b200_sxm_trtllm_disagg_15000x500_c480_tp_epnone_1"
@@ -46,7 +46,7 @@ def _cluster(pre: int, dec: int, clients: int, per_client: int = 10, warm_waves:
 
 
 def test_the_development_row_is_simulated_as_half_its_cluster(rows: pd.DataFrame) -> None:
-    cfg = row_study(_row(rows, DISAGG_2P2D))
+    cfg = row_study(_row(rows, DISAGG_2P2D), disagg="kv_fit_rate")
     assert (cfg.cluster.num_replicas, cfg.cluster.num_prefill_replicas, cfg.workload.concurrency) == (4, 2, 1024)
     out, part = slice_row(cfg, 1024, REPLICAS)
     c, w = out.cluster, out.workload
