@@ -1016,6 +1016,7 @@ def inferencex_workers(row: Any) -> Match | None:
 
 
 def _key(row: Any) -> tuple[str, str, str, int | None, int | None]:
+    """The row's configuration as the tables key it: (backend, system, precision, ISL, OSL)."""
     return (str(row.get("backend")), str(row.get("system")), str(row.get("precision")),
             _num(row.get("isl")), _num(row.get("osl")))
 
@@ -1065,7 +1066,7 @@ def assumed_entry(row: Any) -> Match | None:
     The entries: those that fit the row (candidates: they disagree on the workers), else the entries of the row's
     configuration and own TP / EP nearest its client count (_same_shape_nearest: a run of a matrix whose
     client-count lists moved). The pick: the most decode workers, then the deepest MTP. Chosen on the development
-    rows among six rules (docs/validate-rows.md, "An InferenceX entry where the matrix is ambiguous"); no
+    rows among five rules (docs/validate-rows.md, "An InferenceX entry where the matrix is ambiguous"); no
     row's measured figures are read. None where no entry of the row's shape exists (the caller's count
     assumption, validate_layouts.assume_workers, stays)."""
     fits = candidates(row)
