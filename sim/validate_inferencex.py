@@ -21,8 +21,8 @@ more entries fit and disagree on the workers, none is used; where they agree on 
 MTP, the workers are used and MTP is unknown.
 
 H200 TensorRT-LLM's entries are read from the srt-slurm recipes that file launches (RECIPE_SOURCES): their own
-benchmark client counts are the dumps'. gpt-oss-120b's (GPTOSS_TABLE) and Kimi-K2.5's GB200 entries (KIMI_TABLE: no
-matrix version the library holds has them) are read from recipes alone. Where the entries that fit a row disagree
+benchmark client counts are the dumps'. gpt-oss-120b's (GPTOSS_TABLE), Kimi-K2.5's and GLM-5's GB200 entries
+(KIMI_TABLE, GLM5_TABLE: no matrix version the library holds has them) are read from recipes alone. Where the entries that fit a row disagree
 on the workers but not on MTP, the depth still holds (agreed_mtp).
 
 An entry's MTP depth runs as `draft_model = "mtp"` (sim/validate_recipes.set_mtp) up to
@@ -873,34 +873,73 @@ _GPTOSS_SOURCE = "ishandhanani/srt-slurm recipes/trtllm/gptoss-fp4 @908ea00/@4b9
 # recipes of the same folder (other commits, InferenceX#1797's June matrix, counts such as 1,127 the dump lacks).
 # The dump writes these rows' prefill and decode expert parallelism as EP 1 (moe_tp_size = tp_size) where every
 # recipe runs EP = TP: for these models a row is matched on its prefill TP and decode TP only (_EP_UNWRITTEN).
-_KIMI_P1, _KIMI_P2 = (1, 4, 4, True), (2, 4, 4, True)
+_GB200_FP4_P2 = (2, 4, 4, True)
 KIMI_TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
     ("trtllm", "gb200", "fp4", 1024, 1024): (
-        Entry((5, 15, 30, 55), Shape(*_KIMI_P1), Shape(5, 4, 4, False), 0, (8,) * 4),
-        Entry((4, 192, 360, 668), Shape(*_KIMI_P1), Shape(4, 8, 8, False), 0, (128,) * 4),
-        Entry((4301, 6452), Shape(*_KIMI_P1), Shape(1, 8, 8, True), 0, (768,) * 2),
-        Entry((666,), Shape(*_KIMI_P1), Shape(1, 16, 16, True), 0, (32,)),
-        Entry((4301,), Shape(*_KIMI_P2), Shape(1, 16, 16, True), 0, (256,)),
-        Entry((2253,), Shape(*_KIMI_P1), Shape(1, 32, 32, True), 0, (64,)),
-        Entry((4301,), Shape(*_KIMI_P2), Shape(1, 32, 32, True), 0, (128,)),
+        Entry((5, 15, 30, 55), Shape(*_GB200_FP4_P), Shape(5, 4, 4, False), 0, (8,) * 4),
+        Entry((4, 192, 360, 668), Shape(*_GB200_FP4_P), Shape(4, 8, 8, False), 0, (128,) * 4),
+        Entry((4301, 6452), Shape(*_GB200_FP4_P), Shape(1, 8, 8, True), 0, (768,) * 2),
+        Entry((666,), Shape(*_GB200_FP4_P), Shape(1, 16, 16, True), 0, (32,)),
+        Entry((4301,), Shape(*_GB200_FP4_P2), Shape(1, 16, 16, True), 0, (256,)),
+        Entry((2253,), Shape(*_GB200_FP4_P), Shape(1, 32, 32, True), 0, (64,)),
+        Entry((4301,), Shape(*_GB200_FP4_P2), Shape(1, 32, 32, True), 0, (128,)),
     ),
     ("trtllm", "gb200", "fp4", 8192, 1024): (
-        Entry((5, 15, 30, 60, 105), Shape(*_KIMI_P1), Shape(5, 4, 4, False), 0, (16,) * 5),
-        Entry((156,), Shape(*_KIMI_P1), Shape(4, 4, 4, False), 0, (32,)),
-        Entry((4,), Shape(*_KIMI_P1), Shape(4, 8, 8, False), 0, (1,)),
+        Entry((5, 15, 30, 60, 105), Shape(*_GB200_FP4_P), Shape(5, 4, 4, False), 0, (16,) * 5),
+        Entry((156,), Shape(*_GB200_FP4_P), Shape(4, 4, 4, False), 0, (32,)),
+        Entry((4,), Shape(*_GB200_FP4_P), Shape(4, 8, 8, False), 0, (1,)),
         Entry((2151,), Shape(5, 4, 4, True), Shape(1, 8, 8, True), 0, (256,)),
-        Entry((333,), Shape(*_KIMI_P2), Shape(1, 16, 16, True), 0, (16,)),
+        Entry((333,), Shape(*_GB200_FP4_P2), Shape(1, 16, 16, True), 0, (16,)),
         Entry((615,), Shape(3, 4, 4, True), Shape(1, 16, 16, True), 0, (32,)),
         Entry((2253,), Shape(7, 4, 4, True), Shape(1, 16, 16, True), 0, (128,)),
     ),
 }
 _KIMI_SOURCE = "NVIDIA/srt-slurm recipes/kimi2.5/trtllm_dynamo/disagg/gb200Nvfp4 STP @0858f39"
-# The tables by the rows' model: DeepSeek-R1's from nvidia-master.yaml and its recipes, gpt-oss-120b's and
-# Kimi-K2.5's from recipes.
-_MODEL_TABLES = {"DeepSeek-R1": TABLE, "gpt-oss-120b": GPTOSS_TABLE, "Kimi-K2.5": KIMI_TABLE}
-_MODEL_SOURCES = {"gpt-oss-120b": _GPTOSS_SOURCE, "Kimi-K2.5": _KIMI_SOURCE}
-# Models whose dump rows write the expert parallelism as EP 1 whatever ran (KIMI_TABLE): matched without it.
-_EP_UNWRITTEN = frozenset({"Kimi-K2.5"})
+
+# GLM-5 TensorRT-LLM GB200 FP4 disaggregated (the 2026-03-25 dump's rows, measured 2026-04-02; no worker counts, no
+# twin record), likewise from recipes: no matrix version the library holds has `glm5-fp4-gb200-dynamo-trt`, added by
+# SemiAnalysisAI/InferenceX#1803 (STP) and #1800 (MTP) on 2026-06-16. NVIDIA/srt-slurm
+# recipes/GLM5/disagg/trtllm_dynamo/gb200_nvfp4/ISL{1K,8K}_OSL1K/STP/ holds recipes of several dates (NVIDIA/srt-slurm
+# #8, 2026-04-03: "7" 1k/1k and "6" 8k/1k STP configs; #61's later "Apr-09 points"); the set dated to the rows is the
+# thirteen whose versions @b8ae71a or @10b3798 (read 2026-12-06) launch the build
+# `trtllm-glm5-xqiao-main3-aarch64-20260402.sqsh`, the rows' measuring day: 1k/1k TP 4 ctx1dep4_gen5tep4_batch8_allconc
+# "5 15 30 50" (@10b3798); TP 8 ctx1dep4_gen4tep8_batch128_allconc "4 180 360 616" (@b8ae71a; its later version
+# @4f670a8 runs "84x168x336x616"); TP 16 ctx2dep4_gen1dep16_batch128 "2253", ctx2dep4_gen1dep16_batch512_eplb256
+# "8192" (@b8ae71a); TP 32 ctx1dep4_gen1dep32_batch32 "1229" (@10b3798), ctx2dep4_gen1dep32_batch64 "2253",
+# ctx4dep4_gen1dep32_batch256_eplb288 "8192" (@b8ae71a); 8k/1k TP 4 ctx1dep4_gen5tep4_batch8_allconc "5 10 25 50",
+# ctx1dep4_gen3tep4_batch32 "117"; TP 8 ctx1dep4_gen2tep8_batch32 "84" (@10b3798); TP 16 ctx10dep4_gen1dep16_batch128
+# "2253"; TP 32 ctx5dep4_gen1dep32_batch16 "615", ctx8dep4_gen1dep32_batch32 "1229" (@b8ae71a). They hold exactly the
+# dump's 22 counts per decode TP, one recipe a row. Shapes as KIMI_TABLE's (prefill DEP 4; `tep`: TP attention,
+# `dep`: attention DP; decode max_batch_size B a rank). Left out: the recipes with no version at either commit
+# (e.g. 8k/1k ctx4dep4_gen1dep32_batch16 "615" @adf51d1 and ctx6dep4_gen1dep32_batch32 "1229" @cace8ad, other
+# builds, which would give those counts other prefill workers), and the MTP recipes (added later, #23 / #48).
+# The dump writes EP 1 here too (_EP_UNWRITTEN).
+GLM5_TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
+    ("trtllm", "gb200", "fp4", 1024, 1024): (
+        Entry((5, 15, 30, 50), Shape(*_GB200_FP4_P), Shape(5, 4, 4, False), 0, (8,) * 4),
+        Entry((4, 180, 360, 616), Shape(*_GB200_FP4_P), Shape(4, 8, 8, False), 0, (128,) * 4),
+        Entry((2253,), Shape(*_GB200_FP4_P2), Shape(1, 16, 16, True), 0, (128,)),
+        Entry((8192,), Shape(*_GB200_FP4_P2), Shape(1, 16, 16, True), 0, (512,)),
+        Entry((1229,), Shape(*_GB200_FP4_P), Shape(1, 32, 32, True), 0, (32,)),
+        Entry((2253,), Shape(*_GB200_FP4_P2), Shape(1, 32, 32, True), 0, (64,)),
+        Entry((8192,), Shape(4, 4, 4, True), Shape(1, 32, 32, True), 0, (256,)),
+    ),
+    ("trtllm", "gb200", "fp4", 8192, 1024): (
+        Entry((5, 10, 25, 50), Shape(*_GB200_FP4_P), Shape(5, 4, 4, False), 0, (8,) * 4),
+        Entry((117,), Shape(*_GB200_FP4_P), Shape(3, 4, 4, False), 0, (32,)),
+        Entry((84,), Shape(*_GB200_FP4_P), Shape(2, 8, 8, False), 0, (32,)),
+        Entry((2253,), Shape(10, 4, 4, True), Shape(1, 16, 16, True), 0, (128,)),
+        Entry((615,), Shape(5, 4, 4, True), Shape(1, 32, 32, True), 0, (16,)),
+        Entry((1229,), Shape(8, 4, 4, True), Shape(1, 32, 32, True), 0, (32,)),
+    ),
+}
+_GLM5_SOURCE = "NVIDIA/srt-slurm recipes/GLM5/disagg/trtllm_dynamo/gb200_nvfp4 STP @b8ae71a/@10b3798"
+# The tables by the rows' model: DeepSeek-R1's from nvidia-master.yaml and its recipes, gpt-oss-120b's, Kimi-K2.5's
+# and GLM-5's from recipes.
+_MODEL_TABLES = {"DeepSeek-R1": TABLE, "gpt-oss-120b": GPTOSS_TABLE, "Kimi-K2.5": KIMI_TABLE, "GLM-5": GLM5_TABLE}
+_MODEL_SOURCES = {"gpt-oss-120b": _GPTOSS_SOURCE, "Kimi-K2.5": _KIMI_SOURCE, "GLM-5": _GLM5_SOURCE}
+# Models whose dump rows write the expert parallelism as EP 1 whatever ran (KIMI_TABLE, GLM5_TABLE): matched without.
+_EP_UNWRITTEN = frozenset({"Kimi-K2.5", "GLM-5"})
 
 
 def _own_shape_fits(row: Any, e: Entry) -> bool:

@@ -700,15 +700,40 @@ def test_a_kimi_row_runs_its_recipes_workers(rows) -> None:
     assert row_record(_row(rows, KIMI_7P))["parallelism"] == "P 7x tp1 adp4 ep4 | D 1x tp1 adp16 ep16"
 
 
-def test_the_kimi_recipes_run_exactly_the_dumps_client_counts_at_each_decode_tp(rows) -> None:
+# GLM-5 likewise (GLM5_TABLE): 8k/1k at 615 clients with decode TP 32 is ctx5dep4_gen1dep32_batch16 (five prefill
+# workers; the later ctx4dep4 recipe of that count is left out); 8k/1k at 117 with decode TP 4 is
+# ctx1dep4_gen3tep4_batch32 (three TEP 4 decode workers of 32).
+GLM5_5P = "2026_03_25_glm_5_gb200_trtllm_fp4_disagg_8192x1024_c615_tp32_0_ep_144"
+GLM5_TEP4 = "2026_03_25_glm_5_gb200_trtllm_fp4_disagg_8192x1024_c117_tp4_0_ep_143"
+
+
+def test_a_glm5_row_runs_its_recipes_workers(rows) -> None:
+    prefill = {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 4, "engine.expert_parallel_size": 4,
+               "scheduler.overlap_scheduler": False}
+    for row_id, counts, decode in (
+            (GLM5_5P, (5, 1), {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 32,
+                               "engine.expert_parallel_size": 32, "scheduler.max_num_seqs": 16}),
+            (GLM5_TEP4, (1, 3), {"engine.tensor_parallel_size": 4, "engine.data_parallel_size": 1,
+                                 "engine.expert_parallel_size": 4, "scheduler.max_num_seqs": 32})):
+        row = _row(rows, row_id)
+        plan = row_plan(row)
+        assert plan.counts == counts, row_id
+        assert plan.cfg.cluster.replicas == [prefill] * counts[0] + [decode] * counts[1], row_id
+        assert not plan.cfg.speculative.enabled
+        assert plan.layout.startswith(f"InferenceX config: {counts[0]} prefill, {counts[1]} decode workers (NVIDIA/"
+                                      "srt-slurm recipes/GLM5/disagg/trtllm_dynamo/gb200_nvfp4 STP @b8ae71a/@10b3798)")
+
+
+@pytest.mark.parametrize("model, n", [("Kimi-K2.5", 25), ("GLM-5", 22)])
+def test_the_recipes_run_exactly_the_dumps_client_counts_at_each_decode_tp(rows, model: str, n: int) -> None:
     # The dating evidence (only the rows' ids, TP columns and client counts are read): at each decode TP the STP
     # recipes' counts are the 2026-03-25 dump's, no more, no fewer, and no row fits two recipes.
-    from twinserve.sim.validate_inferencex import KIMI_TABLE
-    d = rows[(rows["model"] == "Kimi-K2.5") & (rows["mode"] == "disagg")
+    from twinserve.sim.validate_inferencex import _MODEL_TABLES
+    d = rows[(rows["model"] == model) & (rows["mode"] == "disagg")
              & rows["silicon_data_source"].astype(str).str.startswith("source_file=")]
     assert set(d["silicon_data_source"].astype(str).str.split(";").str[0]) == {"source_file=2026-03-25.csv"}
-    assert len(d) == 25
-    for (backend, system, precision, isl, osl), entries in KIMI_TABLE.items():
+    assert len(d) == n
+    for (backend, system, precision, isl, osl), entries in _MODEL_TABLES[model].items():
         g = d[(d["backend"] == backend) & (d["system"] == system) & (d["precision"] == precision)
               & (d["isl"] == isl) & (d["osl"] == osl)]
         held = {(int(t), int(c)) for t, c in zip(g["decode_tp_size"], g["concurrency"])}
@@ -718,8 +743,8 @@ def test_the_kimi_recipes_run_exactly_the_dumps_client_counts_at_each_decode_tp(
 
 
 def test_only_the_kimi_rows_are_matched_without_their_written_ep(rows) -> None:
-    # The dumps write Kimi-K2.5's prefill EP as 1 (its recipes run EP 4): its rows match on TP alone, whatever the EP
-    # column says; DeepSeek-R1's rows still need their prefill EP to be the entry's.
+    # The dumps write Kimi-K2.5's (and GLM-5's) prefill EP as 1 (the recipes run EP 4): its rows match on TP alone,
+    # whatever the EP column says; DeepSeek-R1's rows still need their prefill EP to be the entry's.
     kimi = _row(rows, KIMI_DEP8).copy()
     assert int(kimi["prefill_moe_ep_size"]) == 1 and len(candidates(kimi)) == 1
     kimi["prefill_moe_ep_size"] = 4
