@@ -22,8 +22,8 @@ MTP, the workers are used and MTP is unknown.
 
 H200 TensorRT-LLM's entries are read from the srt-slurm recipes that file launches (RECIPE_SOURCES): their own
 benchmark client counts are the dumps'. gpt-oss-120b's (GPTOSS_TABLE), Kimi-K2.5's and GLM-5's GB200 entries
-(KIMI_TABLE, GLM5_TABLE: no matrix version the library holds has them) are read from recipes alone. Where the entries that fit a row disagree
-on the workers but not on MTP, the depth still holds (agreed_mtp).
+(KIMI_TABLE, GLM5_TABLE: no matrix version the library holds has them) are read from recipes alone. Where the
+entries that fit a row disagree on the workers but not on MTP, the depth still holds (agreed_mtp).
 
 An entry's MTP depth runs as `draft_model = "mtp"` (sim/validate_recipes.set_mtp) up to
 MTP_SIMULATED_MAX_CLIENTS clients; past them, an entry whose depth the file does not give, or entries that
