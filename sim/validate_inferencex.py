@@ -21,8 +21,9 @@ more entries fit and disagree on the workers, none is used; where they agree on 
 MTP, the workers are used and MTP is unknown.
 
 H200 TensorRT-LLM's entries are read from the srt-slurm recipes that file launches (RECIPE_SOURCES): their own
-benchmark client counts are the dumps'. Where the entries that fit a row disagree on the workers but not on MTP,
-the depth still holds (agreed_mtp).
+benchmark client counts are the dumps'. gpt-oss-120b's (GPTOSS_TABLE), Kimi-K2.5's and GLM-5's GB200 entries
+(KIMI_TABLE, GLM5_TABLE: no matrix version the library holds has them) are read from recipes alone. Where the
+entries that fit a row disagree on the workers but not on MTP, the depth still holds (agreed_mtp).
 
 An entry's MTP depth runs as `draft_model = "mtp"` (sim/validate_recipes.set_mtp) up to
 MTP_SIMULATED_MAX_CLIENTS clients; past them, an entry whose depth the file does not give, or entries that
@@ -850,8 +851,104 @@ GPTOSS_TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
     ),
 }
 _GPTOSS_SOURCE = "ishandhanani/srt-slurm recipes/trtllm/gptoss-fp4 @908ea00/@4b96b32"
-# The tables by the rows' model: DeepSeek-R1's from nvidia-master.yaml and its recipes, gpt-oss-120b's recipes.
-_MODEL_TABLES = {"DeepSeek-R1": TABLE, "gpt-oss-120b": GPTOSS_TABLE}
+
+# Kimi-K2.5 TensorRT-LLM GB200 FP4 disaggregated (the 2026-03-25 dump's rows, measured 2026-04-02; none has worker
+# counts or a twin record). Not from nvidia-master.yaml: the versions the library holds (@0004cf5, read whole;
+# @48f302c and @4026323, older) have no `kimik2.5-fp4-gb200-dynamo-trt` entry, and the InferenceX pull request that
+# adds it (SemiAnalysisAI/InferenceX#1026, 2026-04-13: "7 STP" and "8 MTP" entries an ISL, recipes from
+# NVIDIA/srt-slurm branch sa-submission-q2-2026) postdates the runs. Read instead from the recipes themselves,
+# NVIDIA/srt-slurm recipes/kimi2.5/trtllm_dynamo/disagg/gb200Nvfp4/ISL{1K,8K}_OSL1K/STP/ @0858f39 (read
+# 2026-12-06): ctx<P>dep4_gen<D><tep|dep><N>_batch<B>_..._mtp0.yaml, every prefill worker TP 4, EP 4,
+# `enable_attention_dp: true`; `tep`: decode TP N, EP N, `enable_attention_dp: false`; `dep`: the same with attention
+# DP; decode `max_batch_size` B (a rank's under attention DP). Each recipe's `benchmark: concurrencies` is the total,
+# and the fourteen STP recipes at that commit hold exactly the dump's counts at each decode TP (1k/1k TP 4:
+# gen5tep4_batch8_allconc "5x15x30x55"; TP 8: gen4tep8_batch128_allconc "4x192x360x668", gen1dep8_batch768_allconc
+# "4301x6452"; TP 16: ctx1 gen1dep16_batch32 "666", ctx2 gen1dep16_batch256 "4301"; TP 32: ctx1 gen1dep32_batch64
+# "2253", ctx2 gen1dep32_batch128 "4301"; 8k/1k TP 4: gen5tep4_batch16_allconc "5x15x30x60x105", gen4tep4_batch32
+# "156"; TP 8: gen4tep8_batch1 "4", ctx5 gen1dep8_batch256 "2151"; TP 16: ctx2 gen1dep16_batch16 "333", ctx3
+# gen1dep16_batch32 "615", ctx7 gen1dep16_batch128 "2253"): one recipe a row. Left out: the MTP recipes beside them
+# (Eagle drafts, `max_draft_len` 3 or 1, a separate Kimi-K2.5-Thinking-Eagle3 model, not a NextN layer): their counts
+# are not the dump's (e.g. 1k/1k ISL1K_OSL1K/MTP/ctx1dep4_gen5tep4_batch2_allconc_eplb0_mtp3 "10x15",
+# gen4tep8_batch64_allconc_eplb0_mtp3 "8x48x92x192x336"), so the rows are the STP runs; and the later per-count STP
+# recipes of the same folder (other commits, InferenceX#1797's June matrix, counts such as 1,127 the dump lacks).
+# The dump writes these rows' prefill and decode expert parallelism as EP 1 (moe_tp_size = tp_size) where every
+# recipe runs EP = TP: for these models a row is matched on its prefill TP and decode TP only (_EP_UNWRITTEN).
+_GB200_FP4_P2 = (2, 4, 4, True)
+KIMI_TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
+    ("trtllm", "gb200", "fp4", 1024, 1024): (
+        Entry((5, 15, 30, 55), Shape(*_GB200_FP4_P), Shape(5, 4, 4, False), 0, (8,) * 4),
+        Entry((4, 192, 360, 668), Shape(*_GB200_FP4_P), Shape(4, 8, 8, False), 0, (128,) * 4),
+        Entry((4301, 6452), Shape(*_GB200_FP4_P), Shape(1, 8, 8, True), 0, (768,) * 2),
+        Entry((666,), Shape(*_GB200_FP4_P), Shape(1, 16, 16, True), 0, (32,)),
+        Entry((4301,), Shape(*_GB200_FP4_P2), Shape(1, 16, 16, True), 0, (256,)),
+        Entry((2253,), Shape(*_GB200_FP4_P), Shape(1, 32, 32, True), 0, (64,)),
+        Entry((4301,), Shape(*_GB200_FP4_P2), Shape(1, 32, 32, True), 0, (128,)),
+    ),
+    ("trtllm", "gb200", "fp4", 8192, 1024): (
+        Entry((5, 15, 30, 60, 105), Shape(*_GB200_FP4_P), Shape(5, 4, 4, False), 0, (16,) * 5),
+        Entry((156,), Shape(*_GB200_FP4_P), Shape(4, 4, 4, False), 0, (32,)),
+        Entry((4,), Shape(*_GB200_FP4_P), Shape(4, 8, 8, False), 0, (1,)),
+        Entry((2151,), Shape(5, 4, 4, True), Shape(1, 8, 8, True), 0, (256,)),
+        Entry((333,), Shape(*_GB200_FP4_P2), Shape(1, 16, 16, True), 0, (16,)),
+        Entry((615,), Shape(3, 4, 4, True), Shape(1, 16, 16, True), 0, (32,)),
+        Entry((2253,), Shape(7, 4, 4, True), Shape(1, 16, 16, True), 0, (128,)),
+    ),
+}
+_KIMI_SOURCE = "NVIDIA/srt-slurm recipes/kimi2.5/trtllm_dynamo/disagg/gb200Nvfp4 STP @0858f39"
+
+# GLM-5 TensorRT-LLM GB200 FP4 disaggregated (the 2026-03-25 dump's rows, measured 2026-04-02; no worker counts, no
+# twin record), likewise from recipes: no matrix version the library holds has `glm5-fp4-gb200-dynamo-trt`, added by
+# SemiAnalysisAI/InferenceX#1803 (STP) and #1800 (MTP) on 2026-06-16. NVIDIA/srt-slurm
+# recipes/GLM5/disagg/trtllm_dynamo/gb200_nvfp4/ISL{1K,8K}_OSL1K/STP/ holds recipes of several dates (NVIDIA/srt-slurm
+# #8, 2026-04-03: "7" 1k/1k and "6" 8k/1k STP configs; #61's later "Apr-09 points"); the set dated to the rows is the
+# thirteen whose versions @b8ae71a or @10b3798 (read 2026-12-06) launch the build
+# `trtllm-glm5-xqiao-main3-aarch64-20260402.sqsh`, the rows' measuring day: 1k/1k TP 4 ctx1dep4_gen5tep4_batch8_allconc
+# "5 15 30 50" (@10b3798); TP 8 ctx1dep4_gen4tep8_batch128_allconc "4 180 360 616" (@b8ae71a; its later version
+# @4f670a8 runs "84x168x336x616"); TP 16 ctx2dep4_gen1dep16_batch128 "2253", ctx2dep4_gen1dep16_batch512_eplb256
+# "8192" (@b8ae71a); TP 32 ctx1dep4_gen1dep32_batch32 "1229" (@10b3798), ctx2dep4_gen1dep32_batch64 "2253",
+# ctx4dep4_gen1dep32_batch256_eplb288 "8192" (@b8ae71a); 8k/1k TP 4 ctx1dep4_gen5tep4_batch8_allconc "5 10 25 50",
+# ctx1dep4_gen3tep4_batch32 "117"; TP 8 ctx1dep4_gen2tep8_batch32 "84" (@10b3798); TP 16 ctx10dep4_gen1dep16_batch128
+# "2253"; TP 32 ctx5dep4_gen1dep32_batch16 "615", ctx8dep4_gen1dep32_batch32 "1229" (@b8ae71a). They hold exactly the
+# dump's 22 counts per decode TP, one recipe a row. Shapes as KIMI_TABLE's (prefill DEP 4; `tep`: TP attention,
+# `dep`: attention DP; decode max_batch_size B a rank). Left out: the recipes with no version at either commit
+# (e.g. 8k/1k ctx4dep4_gen1dep32_batch16 "615" @adf51d1 and ctx6dep4_gen1dep32_batch32 "1229" @cace8ad, other
+# builds, which would give those counts other prefill workers), and the MTP recipes (added later, #23 / #48).
+# The dump writes EP 1 here too (_EP_UNWRITTEN).
+GLM5_TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
+    ("trtllm", "gb200", "fp4", 1024, 1024): (
+        Entry((5, 15, 30, 50), Shape(*_GB200_FP4_P), Shape(5, 4, 4, False), 0, (8,) * 4),
+        Entry((4, 180, 360, 616), Shape(*_GB200_FP4_P), Shape(4, 8, 8, False), 0, (128,) * 4),
+        Entry((2253,), Shape(*_GB200_FP4_P2), Shape(1, 16, 16, True), 0, (128,)),
+        Entry((8192,), Shape(*_GB200_FP4_P2), Shape(1, 16, 16, True), 0, (512,)),
+        Entry((1229,), Shape(*_GB200_FP4_P), Shape(1, 32, 32, True), 0, (32,)),
+        Entry((2253,), Shape(*_GB200_FP4_P2), Shape(1, 32, 32, True), 0, (64,)),
+        Entry((8192,), Shape(4, 4, 4, True), Shape(1, 32, 32, True), 0, (256,)),
+    ),
+    ("trtllm", "gb200", "fp4", 8192, 1024): (
+        Entry((5, 10, 25, 50), Shape(*_GB200_FP4_P), Shape(5, 4, 4, False), 0, (8,) * 4),
+        Entry((117,), Shape(*_GB200_FP4_P), Shape(3, 4, 4, False), 0, (32,)),
+        Entry((84,), Shape(*_GB200_FP4_P), Shape(2, 8, 8, False), 0, (32,)),
+        Entry((2253,), Shape(10, 4, 4, True), Shape(1, 16, 16, True), 0, (128,)),
+        Entry((615,), Shape(5, 4, 4, True), Shape(1, 32, 32, True), 0, (16,)),
+        Entry((1229,), Shape(8, 4, 4, True), Shape(1, 32, 32, True), 0, (32,)),
+    ),
+}
+_GLM5_SOURCE = "NVIDIA/srt-slurm recipes/GLM5/disagg/trtllm_dynamo/gb200_nvfp4 STP @b8ae71a/@10b3798"
+# The tables by the rows' model: DeepSeek-R1's from nvidia-master.yaml and its recipes, gpt-oss-120b's, Kimi-K2.5's
+# and GLM-5's from recipes.
+_MODEL_TABLES = {"DeepSeek-R1": TABLE, "gpt-oss-120b": GPTOSS_TABLE, "Kimi-K2.5": KIMI_TABLE, "GLM-5": GLM5_TABLE}
+_MODEL_SOURCES = {"gpt-oss-120b": _GPTOSS_SOURCE, "Kimi-K2.5": _KIMI_SOURCE, "GLM-5": _GLM5_SOURCE}
+# Models whose dump rows write the expert parallelism as EP 1 whatever ran (KIMI_TABLE, GLM5_TABLE): matched without.
+_EP_UNWRITTEN = frozenset({"Kimi-K2.5", "GLM-5"})
+
+
+def _own_shape_fits(row: Any, e: Entry) -> bool:
+    """Whether the row's own prefill TP, prefill EP and decode TP are the entry's (prefill and decode TP only for the
+    models whose dumps leave the expert parallelism unwritten: _EP_UNWRITTEN)."""
+    p_tp, p_ep, d_tp = (_num(row.get(c)) for c in ("prefill_tp_size", "prefill_moe_ep_size", "decode_tp_size"))
+    if str(row.get("model")) in _EP_UNWRITTEN:
+        return (p_tp, d_tp) == (e.prefill.tp, e.decode.tp)
+    return (p_tp, p_ep, d_tp) == (e.prefill.tp, e.prefill.ep, e.decode.tp)
 
 
 def dumps(key: tuple[str, str, str, int, int]) -> tuple[str, ...]:
@@ -974,11 +1071,10 @@ def candidates(row: Any) -> list[Entry]:
     src = str(row.get("silicon_data_source", ""))
     if not src.startswith(_DUMPS):
         return []
-    # _ONLY_DUMP dates DeepSeek-R1's configurations; gpt-oss's recipes hold both dumps' counts.
+    # _ONLY_DUMP dates DeepSeek-R1's configurations; the recipe tables' counts are their dumps' (both, for gpt-oss).
     dated = table is not TABLE or (src.startswith(dumps(key)) and key not in _TWIN_DATED)
     conc = _num(row.get("concurrency"))
-    own = (_num(row.get("prefill_tp_size")), _num(row.get("prefill_moe_ep_size")), _num(row.get("decode_tp_size")))
-    fits = [e for e in table.get(key, ()) if conc in e.concs and own == (e.prefill.tp, e.prefill.ep, e.decode.tp)]
+    fits = [e for e in table.get(key, ()) if conc in e.concs and _own_shape_fits(row, e)]
     images = ENTRY_IMAGES.get(key[:3])
     if images is not None:
         fits = [e for e in fits if images[e.mtp != 0] == row_image(row)]
@@ -1028,7 +1124,7 @@ def _match(row: Any, fits: list[Entry], assumed: str = "") -> Match:
     batches = {e.batch_at(conc) for e in fits}  # entries that agree on the workers but not the batch: unknown
     caps = {e.prefill_caps for e in fits}  # likewise the prefill worker's caps
     key = _key(row)
-    source = _GPTOSS_SOURCE if str(row.get("model")) == "gpt-oss-120b" else RECIPE_SOURCES.get(key, _SOURCE)
+    source = _MODEL_SOURCES.get(str(row.get("model"))) or RECIPE_SOURCES.get(key, _SOURCE)
     if key == _PREFILL_EP1_RUN and fits[0].prefill.ep == 1:
         source += f"; prefill EP 1: {_PREFILL_EP1_SOURCE}"
     return Match(fits[0].prefill, fits[0].decode, mtps.pop() if len(mtps) == 1 else None,
@@ -1047,8 +1143,7 @@ def _same_shape_nearest(row: Any) -> list[Entry]:
             or not str(row.get("silicon_data_source", "")).startswith(_DUMPS)):
         return []
     key = _key(row)
-    own = (_num(row.get("prefill_tp_size")), _num(row.get("prefill_moe_ep_size")), _num(row.get("decode_tp_size")))
-    same = [e for e in table.get(key, ()) if own == (e.prefill.tp, e.prefill.ep, e.decode.tp)]
+    same = [e for e in table.get(key, ()) if _own_shape_fits(row, e)]
     images = ENTRY_IMAGES.get(key[:3])
     if images is not None:
         same = [e for e in same if images[e.mtp != 0] == row_image(row)]

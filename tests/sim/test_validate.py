@@ -251,7 +251,10 @@ def test_cli_without_aiconfigurator_core_names_the_extra(tmp_path, capsys, monke
 def test_rows_whose_layout_the_file_garbles_give_a_reason(rows: pd.DataFrame) -> None:
     tp72 = _row(rows, "2026_04_06_deepseek_r1_gb200_sglang_fp8_agg_8192x1024_c448_tp72_ep1_106")
     assert "tp 72 does not divide" in expressible(tp72, "roofline")
-    no_counts = rows[(rows["mode"] == "disagg") & rows["prefill_num_workers"].isna()].iloc[0]
+    from twinserve.sim.validate_inferencex import inferencex_workers
+    no_counts = next(r for _, r in rows[(rows["mode"] == "disagg") & rows["prefill_num_workers"].isna()
+                                        & rows["twin_id"].isna()].iterrows()
+                     if inferencex_workers(r) is None)  # no matrix or recipe entry of its own either
     with pytest.raises(NotExpressible, match="worker counts"):  # unless a layout is assumed
         row_study(no_counts, disagg=None)
     odd = _row(rows, AGG_70B).copy()

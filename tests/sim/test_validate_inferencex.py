@@ -664,3 +664,92 @@ def test_gb300_fp8_sglang_dep8_prefill_runs_deepep_normal_under_aic(rows) -> Non
     assert prefill_moe_a2a("sglang", "gb200", "fp8", 1, 4) == "default"  # TEP prefill (the low-latency recipes)
     assert prefill_moe_a2a("sglang", "h200", "fp8", 8, 8) == "default"  # H200 / B200 recipes set no a2a backend
     assert prefill_moe_a2a("trtllm", "gb200", "fp8", 8, 8) == "default"
+
+
+# Kimi-K2.5 TensorRT-LLM GB200 FP4 (held out: only the rows' non-measured columns are read here), from its srt-slurm
+# STP recipes (KIMI_TABLE): 1k/1k at 4,301 clients with decode TP 8 is ctx1dep4_gen1dep8_batch768_allconc (one DEP 8
+# decode worker, max_batch_size 768 a rank); 8k/1k at 2,253 with decode TP 16 is ctx7dep4_gen1dep16_batch128 (seven
+# DEP 4 prefill workers, one DEP 16 decode worker); 1k/1k at 15 with decode TP 4 is ctx1dep4_gen5tep4_batch8_allconc
+# (five TEP 4 decode workers of 8).
+KIMI_DEP8 = "2026_03_25_kimi_k2_5_gb200_trtllm_fp4_disagg_1024x1024_c4301_tp8_0_ep_183"
+KIMI_7P = "2026_03_25_kimi_k2_5_gb200_trtllm_fp4_disagg_8192x1024_c2253_tp16_0_ep_169"
+KIMI_TEP4 = "2026_03_25_kimi_k2_5_gb200_trtllm_fp4_disagg_1024x1024_c15_tp4_0_ep_173"
+
+
+def test_a_kimi_row_runs_its_recipes_workers(rows) -> None:
+    prefill = {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 4, "engine.expert_parallel_size": 4,
+               "scheduler.overlap_scheduler": False}
+    for row_id, counts, decode, slots in (
+            (KIMI_DEP8, (1, 1), {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 8,
+                                 "engine.expert_parallel_size": 8, "scheduler.max_num_seqs": 768}, 8 * 768),
+            (KIMI_7P, (7, 1), {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 16,
+                               "engine.expert_parallel_size": 16, "scheduler.max_num_seqs": 128}, 16 * 128),
+            (KIMI_TEP4, (1, 5), {"engine.tensor_parallel_size": 4, "engine.data_parallel_size": 1,
+                                 "engine.expert_parallel_size": 4, "scheduler.max_num_seqs": 8}, 8)):
+        row = _row(rows, row_id)
+        m = inferencex_workers(row)
+        assert m is not None and (m.prefill.count, m.decode.count, m.mtp, m.decode_slots()) == (*counts, 0, slots)
+        plan = row_plan(row)
+        assert plan.counts == counts, row_id
+        c = plan.cfg.cluster
+        assert (c.num_prefill_replicas, c.num_replicas) == (counts[0], sum(counts))
+        assert c.replicas == [prefill] * counts[0] + [decode] * counts[1], row_id
+        assert not plan.cfg.speculative.enabled  # the STP recipes: no drafts
+        assert plan.layout.startswith(f"InferenceX config: {counts[0]} prefill, {counts[1]} decode workers (NVIDIA/"
+                                      "srt-slurm recipes/kimi2.5/trtllm_dynamo/disagg/gb200Nvfp4 STP @0858f39)")
+    assert row_record(_row(rows, KIMI_7P))["parallelism"] == "P 7x tp1 adp4 ep4 | D 1x tp1 adp16 ep16"
+
+
+# GLM-5 likewise (GLM5_TABLE): 8k/1k at 615 clients with decode TP 32 is ctx5dep4_gen1dep32_batch16 (five prefill
+# workers; the later ctx4dep4 recipe of that count is left out); 8k/1k at 117 with decode TP 4 is
+# ctx1dep4_gen3tep4_batch32 (three TEP 4 decode workers of 32).
+GLM5_5P = "2026_03_25_glm_5_gb200_trtllm_fp4_disagg_8192x1024_c615_tp32_0_ep_144"
+GLM5_TEP4 = "2026_03_25_glm_5_gb200_trtllm_fp4_disagg_8192x1024_c117_tp4_0_ep_143"
+
+
+def test_a_glm5_row_runs_its_recipes_workers(rows) -> None:
+    prefill = {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 4, "engine.expert_parallel_size": 4,
+               "scheduler.overlap_scheduler": False}
+    for row_id, counts, decode in (
+            (GLM5_5P, (5, 1), {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 32,
+                               "engine.expert_parallel_size": 32, "scheduler.max_num_seqs": 16}),
+            (GLM5_TEP4, (1, 3), {"engine.tensor_parallel_size": 4, "engine.data_parallel_size": 1,
+                                 "engine.expert_parallel_size": 4, "scheduler.max_num_seqs": 32})):
+        row = _row(rows, row_id)
+        plan = row_plan(row)
+        assert plan.counts == counts, row_id
+        assert plan.cfg.cluster.replicas == [prefill] * counts[0] + [decode] * counts[1], row_id
+        assert not plan.cfg.speculative.enabled
+        assert plan.layout.startswith(f"InferenceX config: {counts[0]} prefill, {counts[1]} decode workers (NVIDIA/"
+                                      "srt-slurm recipes/GLM5/disagg/trtllm_dynamo/gb200_nvfp4 STP @b8ae71a/@10b3798)")
+
+
+@pytest.mark.parametrize("model, n", [("Kimi-K2.5", 25), ("GLM-5", 22)])
+def test_the_recipes_run_exactly_the_dumps_client_counts_at_each_decode_tp(rows, model: str, n: int) -> None:
+    # The dating evidence (only the rows' ids, TP columns and client counts are read): at each decode TP the STP
+    # recipes' counts are the 2026-03-25 dump's, no more, no fewer, and no row fits two recipes.
+    from twinserve.sim.validate_inferencex import _MODEL_TABLES
+    d = rows[(rows["model"] == model) & (rows["mode"] == "disagg")
+             & rows["silicon_data_source"].astype(str).str.startswith("source_file=")]
+    assert set(d["silicon_data_source"].astype(str).str.split(";").str[0]) == {"source_file=2026-03-25.csv"}
+    assert len(d) == n
+    for (backend, system, precision, isl, osl), entries in _MODEL_TABLES[model].items():
+        g = d[(d["backend"] == backend) & (d["system"] == system) & (d["precision"] == precision)
+              & (d["isl"] == isl) & (d["osl"] == osl)]
+        held = {(int(t), int(c)) for t, c in zip(g["decode_tp_size"], g["concurrency"])}
+        listed = [(e.decode.tp, c) for e in entries for c in e.concs]
+        assert held == set(listed) and len(listed) == len(set(listed)), isl
+        assert all(len(candidates(row)) == 1 for _, row in g.iterrows())
+
+
+def test_only_the_kimi_rows_are_matched_without_their_written_ep(rows) -> None:
+    # The dumps write Kimi-K2.5's (and GLM-5's) prefill EP as 1 (the recipes run EP 4): its rows match on TP alone,
+    # whatever the EP column says; DeepSeek-R1's rows still need their prefill EP to be the entry's.
+    kimi = _row(rows, KIMI_DEP8).copy()
+    assert int(kimi["prefill_moe_ep_size"]) == 1 and len(candidates(kimi)) == 1
+    kimi["prefill_moe_ep_size"] = 4
+    assert len(candidates(kimi)) == 1
+    ds = _row(rows, MATCHED[1]).copy()
+    assert len(candidates(ds)) == 1
+    ds["prefill_moe_ep_size"] = 1
+    assert candidates(ds) == []
