@@ -934,6 +934,23 @@ GLM5_TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
     ),
 }
 _GLM5_SOURCE = "NVIDIA/srt-slurm recipes/GLM5/disagg/trtllm_dynamo/gb200_nvfp4 STP @b8ae71a/@10b3798"
+
+
+def _with_prefill_caps(table: dict, caps: dict) -> dict:
+    """The table with each configuration's prefill worker caps (max_batch_size, max_num_tokens a rank) on every entry."""
+    return {key: tuple(replace(e, prefill_caps=caps[key]) for e in entries) for key, entries in table.items()}
+
+
+# The ctx (prefill) workers' `max_batch_size` and `max_num_tokens`, a rank's (`enable_attention_dp: true`), the same
+# in every recipe of a configuration: Kimi-K2.5 1k/1k 16 and 16,384 (e.g. ISL1K_OSL1K/STP/
+# ctx1dep4_gen1dep16_batch32_eplb0_mtp0.yaml @0858f39), 8k/1k 2 and 16,384 (ISL8K_OSL1K/STP/
+# ctx7dep4_gen1dep16_batch128_eplb0_mtp0.yaml @0858f39); GLM-5 1k/1k 16 and 16,384, 8k/1k 2 and 16,640
+# (ISL8K_OSL1K/STP/ctx10dep4_gen1dep16_batch128_eplb0_mtp0.yaml @b8ae71a). Applied as the DeepSeek-R1 recipes' caps
+# are (_PREFILL_CAPS; sim/validate_rows.py: per attention rank, SchedulerConfig.adp_per_rank).
+KIMI_TABLE = _with_prefill_caps(KIMI_TABLE, {("trtllm", "gb200", "fp4", 1024, 1024): (16, 16384),
+                                             ("trtllm", "gb200", "fp4", 8192, 1024): (2, 16384)})
+GLM5_TABLE = _with_prefill_caps(GLM5_TABLE, {("trtllm", "gb200", "fp4", 1024, 1024): (16, 16384),
+                                             ("trtllm", "gb200", "fp4", 8192, 1024): (2, 16640)})
 # The tables by the rows' model: DeepSeek-R1's from nvidia-master.yaml and its recipes, gpt-oss-120b's, Kimi-K2.5's
 # and GLM-5's from recipes.
 _MODEL_TABLES = {"DeepSeek-R1": TABLE, "gpt-oss-120b": GPTOSS_TABLE, "Kimi-K2.5": KIMI_TABLE, "GLM-5": GLM5_TABLE}

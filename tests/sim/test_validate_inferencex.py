@@ -676,16 +676,24 @@ KIMI_7P = "2026_03_25_kimi_k2_5_gb200_trtllm_fp4_disagg_8192x1024_c2253_tp16_0_e
 KIMI_TEP4 = "2026_03_25_kimi_k2_5_gb200_trtllm_fp4_disagg_1024x1024_c15_tp4_0_ep_173"
 
 
+def _dep4_prefill(seqs: int, tokens: int) -> dict:
+    """A DEP 4 ctx worker with its recipe's caps, a rank's (each rank schedules its own batch), overlap off."""
+    return {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 4, "engine.expert_parallel_size": 4,
+            "scheduler.max_num_seqs": seqs, "scheduler.max_num_batched_tokens": tokens, "scheduler.adp_per_rank": True,
+            "scheduler.overlap_scheduler": False}
+
+
 def test_a_kimi_row_runs_its_recipes_workers(rows) -> None:
-    prefill = {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 4, "engine.expert_parallel_size": 4,
-               "scheduler.overlap_scheduler": False}
-    for row_id, counts, decode, slots in (
+    for row_id, counts, decode, slots, prefill in (
             (KIMI_DEP8, (1, 1), {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 8,
-                                 "engine.expert_parallel_size": 8, "scheduler.max_num_seqs": 768}, 8 * 768),
+                                 "engine.expert_parallel_size": 8, "scheduler.max_num_seqs": 768}, 8 * 768,
+             _dep4_prefill(16, 16384)),
             (KIMI_7P, (7, 1), {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 16,
-                               "engine.expert_parallel_size": 16, "scheduler.max_num_seqs": 128}, 16 * 128),
+                               "engine.expert_parallel_size": 16, "scheduler.max_num_seqs": 128}, 16 * 128,
+             _dep4_prefill(2, 16384)),
             (KIMI_TEP4, (1, 5), {"engine.tensor_parallel_size": 4, "engine.data_parallel_size": 1,
-                                 "engine.expert_parallel_size": 4, "scheduler.max_num_seqs": 8}, 8)):
+                                 "engine.expert_parallel_size": 4, "scheduler.max_num_seqs": 8}, 8,
+             _dep4_prefill(16, 16384))):
         row = _row(rows, row_id)
         m = inferencex_workers(row)
         assert m is not None and (m.prefill.count, m.decode.count, m.mtp, m.decode_slots()) == (*counts, 0, slots)
@@ -708,8 +716,7 @@ GLM5_TEP4 = "2026_03_25_glm_5_gb200_trtllm_fp4_disagg_8192x1024_c117_tp4_0_ep_14
 
 
 def test_a_glm5_row_runs_its_recipes_workers(rows) -> None:
-    prefill = {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 4, "engine.expert_parallel_size": 4,
-               "scheduler.overlap_scheduler": False}
+    prefill = _dep4_prefill(2, 16640)  # 8k/1k's ctx recipes: 2 prompts, 16,640 tokens a rank
     for row_id, counts, decode in (
             (GLM5_5P, (5, 1), {"engine.tensor_parallel_size": 1, "engine.data_parallel_size": 32,
                                "engine.expert_parallel_size": 32, "scheduler.max_num_seqs": 16}),
