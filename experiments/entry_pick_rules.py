@@ -50,6 +50,8 @@ def _simulate(job: tuple[dict, vi.Entry | None, str]) -> dict[str, Any]:
 Rule = Callable[[pd.DataFrame], pd.Series]
 RULES: dict[str, Rule] = {
     "most decode workers, then deepest MTP (chosen)": lambda x: x.sort_values(["decode", "mtp"]).iloc[-1],
+    "most decode workers, then no MTP": lambda x: x.assign(plain=-x["mtp"].clip(lower=0))
+    .sort_values(["decode", "plain"]).iloc[-1],
     "deepest MTP, then most decode workers": lambda x: x.sort_values(["mtp", "decode"]).iloc[-1],
     "fewest decode workers, then deepest MTP": lambda x: x.sort_values(["decode", "mtp"], ascending=[True, False])
     .iloc[0],

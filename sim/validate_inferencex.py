@@ -1178,9 +1178,9 @@ def assumed_entry(row: Any) -> Match | None:
     The entries: those that fit the row (candidates: they disagree on the workers), else the entries of the row's
     configuration and own TP / EP nearest its client count (_same_shape_nearest: a run of a matrix whose
     client-count lists moved). The pick: the most decode workers, then the deepest MTP. Chosen on the development
-    rows among five rules (docs/validate-rows.md, "An InferenceX entry where the matrix is ambiguous"); no
-    row's measured figures are read. None where no entry of the row's shape exists (the caller's count
-    assumption, validate_layouts.assume_workers, stays)."""
+    rows among the rules experiments/entry_pick_rules.py scores (docs/validate-rows.md, "An InferenceX entry where
+    the matrix is ambiguous"); no row's measured figures are read. None where no entry of the row's shape exists
+    (the caller's count assumption, validate_layouts.assume_workers, stays)."""
     fits = candidates(row)
     how = f"{len({(e.prefill, e.decode, e.mtp) for e in fits})} entries fit"
     if not fits:
