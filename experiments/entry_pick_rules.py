@@ -3,7 +3,7 @@
 A DeepSeek-R1 / gpt-oss-120b disaggregated row without worker counts that no single entry of InferenceX's
 matrix is (sim/validate_inferencex.py) either fits several entries that disagree on the workers, or fits none
 at its client count while entries of its configuration and shape exist at others (the nearest are taken:
-_same_shape_nearest). This script simulates each such DEVELOPMENT row (held-out rows are never read) once per
+validate_inferencex.pick_pool). This script simulates each such DEVELOPMENT row (held-out rows are never read) once per
 distinct entry, then scores rules that pick one entry without reading the row's measured figures, beside the
 `kv_fit_rate` count assumption. The rule validate_inferencex.assumed_entry applies is the one chosen here.
 
@@ -31,11 +31,9 @@ def _entries(row: pd.Series) -> tuple[str, list[vi.Entry]]:
     """('fit' | 'near', the distinct entries that could be the row's run) for a row assumed_entry would pick for."""
     if vi.inferencex_workers(row) is not None:
         return "", []
-    fits, how = vi.candidates(row), "fit"
-    if not fits:
-        fits, how = vi._same_shape_nearest(row), "near"
+    fits, at_count = vi.pick_pool(row)  # what assumed_entry picks from
     distinct = {(e.prefill, e.decode, e.mtp): e for e in fits}
-    return how, list(distinct.values())
+    return "fit" if at_count else "near", list(distinct.values())
 
 
 def _simulate(job: tuple[dict, vi.Entry | None, str]) -> dict[str, Any]:

@@ -1083,22 +1083,28 @@ def candidates(row: Any) -> list[Entry]:
     table = _MODEL_TABLES.get(str(row.get("model")))
     if row.get("mode") != "disagg" or table is None:
         return []
-    key = (str(row.get("backend")), str(row.get("system")), str(row.get("precision")),
-           _num(row.get("isl")), _num(row.get("osl")))
+    key = _key(row)
     src = str(row.get("silicon_data_source", ""))
     if not src.startswith(_DUMPS):
         return []
     # _ONLY_DUMP dates DeepSeek-R1's configurations; the recipe tables' counts are their dumps' (both, for gpt-oss).
     dated = table is not TABLE or (src.startswith(dumps(key)) and key not in _TWIN_DATED)
     conc = _num(row.get("concurrency"))
-    fits = [e for e in table.get(key, ()) if conc in e.concs and _own_shape_fits(row, e)]
-    images = ENTRY_IMAGES.get(key[:3])
-    if images is not None:
-        fits = [e for e in fits if images[e.mtp != 0] == row_image(row)]
+    fits = [e for e in _own_entries(row, table, key) if conc in e.concs]
     if table is TABLE and _is_db_dump_twin(row) and (not dated or len({(e.prefill, e.decode) for e in fits}) > 1):
         by_twin = _layout_fits(key, fits, row, "twin_")
         return by_twin if by_twin or not dated else fits
     return fits if dated else []
+
+
+def _own_entries(row: Any, table: dict, key: tuple) -> list[Entry]:
+    """The table's entries of configuration `key` whose shape is the row's own (_own_shape_fits), and its image
+    where the plain and MTP entries ran different ones (ENTRY_IMAGES), whatever their client counts."""
+    same = [e for e in table.get(key, ()) if _own_shape_fits(row, e)]
+    images = ENTRY_IMAGES.get(key[:3])
+    if images is not None:
+        same = [e for e in same if images[e.mtp != 0] == row_image(row)]
+    return same
 
 
 def _is_db_dump_twin(row: Any) -> bool:
@@ -1159,16 +1165,19 @@ def _same_shape_nearest(row: Any) -> list[Entry]:
     if (row.get("mode") != "disagg" or table is None or not conc or conc < 1
             or not str(row.get("silicon_data_source", "")).startswith(_DUMPS)):
         return []
-    key = _key(row)
-    same = [e for e in table.get(key, ()) if _own_shape_fits(row, e)]
-    images = ENTRY_IMAGES.get(key[:3])
-    if images is not None:
-        same = [e for e in same if images[e.mtp != 0] == row_image(row)]
+    same = _own_entries(row, table, _key(row))
     if not same:
         return []
     dist = [min(abs(math.log(conc / c)) for c in e.concs) for e in same]
     near = min(dist)
     return [e for e, d in zip(same, dist) if d == near]
+
+
+def pick_pool(row: Any) -> tuple[list[Entry], bool]:
+    """The entries assumed_entry picks from, and whether they fit the row's client count: those that fit the row
+    (candidates), else the entries of its shape nearest its client count (_same_shape_nearest)."""
+    fits = candidates(row)
+    return (fits, True) if fits else (_same_shape_nearest(row), False)
 
 
 def assumed_entry(row: Any) -> Match | None:
@@ -1181,13 +1190,11 @@ def assumed_entry(row: Any) -> Match | None:
     rows among the rules experiments/entry_pick_rules.py scores (docs/validate-rows.md, "An InferenceX entry where
     the matrix is ambiguous"); no row's measured figures are read. None where no entry of the row's shape exists
     (the caller's count assumption, validate_layouts.assume_workers, stays)."""
-    fits = candidates(row)
-    how = f"{len({(e.prefill, e.decode, e.mtp) for e in fits})} entries fit"
-    if not fits:
-        fits = _same_shape_nearest(row)
-        how = (f"none at {_num(row.get('concurrency'))} clients; "
-               f"{len({(e.prefill, e.decode, e.mtp) for e in fits})} of its shape nearest in clients")
+    fits, at_count = pick_pool(row)
     if not fits:
         return None
+    n = len({(e.prefill, e.decode, e.mtp) for e in fits})
+    how = (f"{n} entries fit" if at_count else
+           f"none at {_num(row.get('concurrency'))} clients; {n} of its shape nearest in clients")
     pick = max(fits, key=lambda e: (e.decode.count, e.mtp))
     return _match(row, [pick], f"{how}, the most decode workers, then the deepest MTP")
