@@ -97,8 +97,13 @@ class ModelSpec:
     index_topk: int = 0
     index_n_heads: int = 0
     index_head_dim: int = 0
-    # Per-head RMSNorm on q and k before RoPE (Qwen3, MiniMax-M2; from config.json's architectures).
+    # RMSNorm on q and k before RoPE (Qwen3, MiniMax-M2; from config.json's architectures).
     qk_norm: bool = False
+    # The q / k RMSNorm spans the whole projection, not each head (MiniMax-M2's config.json: qk_norm_type
+    # 'per_layer'): under attention TP each rank holds a slice of the heads, so every layer all-reduces the
+    # ranks' partial variances before normalising (vLLM's MiniMaxText01RMSNormTP.forward_qk, SGLang's
+    # MiniMaxM2RMSNormTP).
+    qk_norm_across_heads: bool = False
     # Linear-attention layers (Gated DeltaNet: Qwen3-Next, Qwen3.5): a fixed-size recurrent state per
     # sequence instead of a growing K/V; the other layers are full attention. 0 = none.
     num_linear_layers: int = 0

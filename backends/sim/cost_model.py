@@ -212,6 +212,11 @@ class RooflineCostModel:
             per_token = eff.allreduce_time(m.hidden_size * m.dtype_bytes, tp,
                                            hardware.collective_bandwidth(tp)) - latency
             self._comm_tok = n_ar * per_token
+            if m.qk_norm_across_heads:
+                # One more a layer: the ranks' partial q / k variances, two fp32 a token (catalog.ModelSpec).
+                self._comm_fixed += m.num_layers * latency
+                self._comm_tok += m.num_layers * (eff.allreduce_time(8.0, tp, hardware.collective_bandwidth(tp))
+                                                  - latency)
         else:
             self._comm_fixed = 0.0
             self._comm_tok = 0.0

@@ -119,6 +119,7 @@ def model_from_hf_dict(data: dict[str, Any], name: str, file: str | None = None,
 
     window, sliding_layers = _sliding(data, layers, bad)
     mtp = _mtp_layers(data, integer)
+    qk_norm = bool(set(data.get("architectures") or ()) & QK_NORM_ARCHITECTURES)
     tie = data.get("tie_word_embeddings")
     if tie is None:  # the family's own default (transformers' Gemma configs tie, Llama's do not)
         tie = str(data.get("model_type", "")).startswith("gemma")
@@ -128,8 +129,8 @@ def model_from_hf_dict(data: dict[str, Any], name: str, file: str | None = None,
                      tie_word_embeddings=tie, num_experts=experts, num_experts_per_tok=per_tok,
                      num_shared_experts=shared, moe_intermediate_size=moe_inter,
                      sliding_window=window, num_sliding_layers=sliding_layers,
-                     num_dense_layers=dense_layers, qk_norm=bool(set(data.get("architectures") or ())
-                                                                 & QK_NORM_ARCHITECTURES),
+                     num_dense_layers=dense_layers, qk_norm=qk_norm,
+                     qk_norm_across_heads=qk_norm and data.get("qk_norm_type") == "per_layer",
                      num_mtp_layers=mtp, experts_only_quantization=_experts_only_quantization(data, outer),
                      **mla, **linear)
 

@@ -19,7 +19,8 @@ from typing import Any
 from twinserve.backends.sim.catalog import HardwareSpec, ModelSpec
 from twinserve.backends.sim.parallel import Parallelism, ParallelismError, _loop_step_time
 
-from twinserve.backends.sim.aic.graph import MOE_A2A, StepGraph, aic_moe_parallelism, build_graph
+from twinserve.backends.sim.aic.graph import (MOE_A2A, QK_NORM_AR_MIN_TOKENS, StepGraph, aic_moe_parallelism,
+                                          build_graph)
 from twinserve.backends.sim.aic.marlin import MARLIN_KERNELS, MarlinMoe, marlin_extra_ms, marlin_moe
 from twinserve.backends.sim.aic.trtgen import (FP8_MOE_KERNELS, TRTGEN_DATABASE, Nvfp4Trtgen, TrtgenMoe,
                                                nvfp4_trtgen_points, trtgen_delta_ms,
@@ -90,7 +91,7 @@ class AicCostModel:
     __slots__ = ("name", "model", "hardware", "tp", "par", "system", "backend", "version", "database",
                  "graph", "step_overhead_s", "per_seq_overhead_s", "kernel_scale", "_eval", "_tok", "_dtok", "_seq",
                  "_exp", "_ctx", "_gen", "_p2p", "mxfp4_moe_kernel", "_marlin", "_mx", "fp8_moe_kernel", "_trtgen",
-                 "_trtgen_eval", "_tg", "trtllm_wide_ep", "moe_a2a")
+                 "_trtgen_eval", "_tg", "trtllm_wide_ep", "moe_a2a", "_qk")
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1, backend: str = "vllm",
                  version: str = "", parallel: Parallelism | None = None, step_overhead_s: float = 0.0,
@@ -147,6 +148,7 @@ class AicCostModel:
         self._ctx: dict[tuple[int, int, int], float] = {}
         self._gen: dict[tuple[int, int], float] = {}
         self._p2p: dict[int, float] = {}
+        self._qk: dict[int, float] = {}
 
     def _build(self, model: ModelSpec, par: Parallelism, modes: dict[str, Any]) -> StepGraph:
         """The step graph; prefill attention on FP8 K/V in the FP8-FMHA lane where the database measured
@@ -273,6 +275,8 @@ class AicCostModel:
                  ("generation attention", g.generation_attn, False, 1, 128, 0, None)]
         if g.p2p:
             calls.append(("pipeline hand-off", g.p2p, True, 1, 1, 0, 16))
+        if g.qk_norm_ar:
+            calls.append(("q/k norm all-reduce", g.qk_norm_ar, True, 1, 1, 0, QK_NORM_AR_MIN_TOKENS))
         for what, js, is_context, b, s, prefix, x in calls:
             try:
                 self._eval(js, is_context=is_context, batch_size=b, s=s, prefix=prefix, x=x)
@@ -314,7 +318,7 @@ class AicCostModel:
         if t is None:
             t = self._tok[tokens] = _total(self._eval(self.graph.tokens, is_context=True, batch_size=1, s=1,
                                                       x=tokens)) * _MS + self.marlin_time(tokens)
-            t = self._tok[tokens] = t + self.trtgen_time(tokens)
+            t = self._tok[tokens] = t + self.trtgen_time(tokens) + self.qk_norm_time(tokens)
         return t
 
     def decode_tokens_time(self, rows: int) -> float:
@@ -323,7 +327,19 @@ class AicCostModel:
         if t is None:
             t = self._dtok[rows] = _total(self._eval(self.graph.decode_tokens, is_context=True, batch_size=1,
                                                      s=1, x=rows)) * _MS + self.marlin_time(rows)
-            t = self._dtok[rows] = t + self.trtgen_time(rows)
+            t = self._dtok[rows] = t + self.trtgen_time(rows) + self.qk_norm_time(rows)
+        return t
+
+    def qk_norm_time(self, tokens: int) -> float:
+        """The q / k norm's all-reduce over `tokens` rows (graph.py qk_norm_allreduce; 0 without one), priced at no
+        fewer than QK_NORM_AR_MIN_TOKENS rows: below aic's smallest measured message its table has no latency
+        floor."""
+        if not self.graph.qk_norm_ar:
+            return 0.0
+        t = self._qk.get(tokens)
+        if t is None:
+            t = self._qk[tokens] = _total(self._eval(self.graph.qk_norm_ar, is_context=True, batch_size=1, s=1,
+                                                     x=max(tokens, QK_NORM_AR_MIN_TOKENS))) * _MS
         return t
 
     def logits_time(self, seqs: int) -> float:
@@ -482,7 +498,7 @@ class AicCostModel:
     def cache_size(self) -> int:
         """Distinct shapes priced so far (all parts)."""
         return (len(self._tok) + len(self._dtok) + len(self._seq) + len(self._ctx) + len(self._gen) + len(self._p2p)
-                + len(self._mx) + len(self._exp) + len(self._tg))
+                + len(self._mx) + len(self._exp) + len(self._tg) + len(self._qk))
 
 
 def attention_shapes(db: Any) -> str:

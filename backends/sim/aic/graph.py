@@ -16,7 +16,9 @@ two), as the engines do when they replay a decode step's CUDA graph; a step with
 runs them one after the other. The same family routes tokens by a power law of exponent 1.01 (aic's
 DeepSeekModel; MOEModel's other families 1.2), and on vLLM pays two TP all-reduces on every layer
 beside its MoE dispatch and combine (aic's `*_tp_allreduce`, vLLM only). A MoE-TP layout whose expert
-table has no rows is priced at the EP layout over the same GPUs (moe_compute_layout).
+table has no rows is priced at the EP layout over the same GPUs (moe_compute_layout). A model whose q / k
+RMSNorm spans the whole projection (MiniMax-M2) adds one small all-reduce a layer under attention TP on vLLM and
+SGLang (qk_norm_allreduce), which aic's own MOEModel leaves out.
 """
 
 from __future__ import annotations
@@ -41,6 +43,23 @@ class StepGraph:
     context_attn: str      # batch_size = chunks, s = new tokens, prefix = cached tokens
     generation_attn: str   # batch_size = rows, s = K/V length
     names: tuple[str, ...]  # every op's name, for reports
+    qk_norm_ar: str = ""    # the q / k norm's all-reduce (qk_norm_allreduce), x = max(tokens, QK_NORM_AR_MIN_TOKENS)
+
+
+# The engines whose MiniMax-M2 attention all-reduces the q / k norm's partial variances every layer under TP:
+# vLLM (model_executor/models/minimax_m2.py: MiniMaxText01RMSNormTP.forward_qk, q's and k's fp32 variances
+# concatenated into one tensor_model_parallel_all_reduce) and SGLang (models/minimax_m2.py: MiniMaxM2RMSNormTP over
+# the attention TP group). TensorRT-LLM is not known to run this model here, so nothing is assumed for it.
+QK_NORM_ALLREDUCE_BACKENDS = frozenset({"vllm", "sglang"})
+# That all-reduce's message per token in the 16-bit elements aic's all-reduce tables are keyed by: two fp32
+# variances (q's and k's), 8 bytes.
+QK_NORM_AR_ELEMENTS = 4
+# aic's custom all-reduce tables start at 128-element messages (message_size in every
+# systems/data/*/comm/*/*/custom_allreduce_perf.parquet this package ships); below that its lookup extrapolates
+# towards zero (4 elements priced at ~1/60 of the 128-element latency). A smaller message is priced at the
+# smallest measured one, the latency floor: at least 128 / QK_NORM_AR_ELEMENTS tokens.
+AR_TABLE_MIN_ELEMENTS = 128
+QK_NORM_AR_MIN_TOKENS = AR_TABLE_MIN_ELEMENTS // QK_NORM_AR_ELEMENTS
 
 
 def moe_power_law_alpha(model: ModelSpec) -> float:
@@ -449,5 +468,9 @@ def build_graph(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backe
     p2p = build_ops_json([ops.P2P("p2p", 1, h, pp)]) if pp > 1 else ""
     ctx, gen = _attention(m, tp, modes, backend, database)
     names = tuple(dict.fromkeys(op._name for op in token_ops + decode_ops)) + ("logits_gemm",)
+    qk_ar = ""
+    if m.qk_norm_across_heads and tp > 1 and backend in QK_NORM_ALLREDUCE_BACKENDS:
+        qk_ar = build_ops_json([ops.CustomAllReduce("qk_norm_allreduce", layers, QK_NORM_AR_ELEMENTS, tp)])
+        names += ("qk_norm_allreduce",)
     return StepGraph(build_ops_json(token_ops), build_ops_json(decode_ops), build_ops_json([logits]), p2p,
-                     build_ops_json(ctx), build_ops_json(gen), names)
+                     build_ops_json(ctx), build_ops_json(gen), names, qk_ar)
