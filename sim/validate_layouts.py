@@ -81,9 +81,10 @@ def inferred_attention_dp(row: pd.Series) -> int | None:
 
 
 def aggregated_layout(row: pd.Series) -> tuple[int, int, int, int]:
-    """(tp, attention_dp, moe_tp, moe_ep) of an aggregated row's one worker: folded_layout where it applies,
-    else the row's own sizes (empty or 0: 1) with attention DP by vLLM's rule where the row leaves it empty."""
-    fold = folded_layout(row)
+    """(tp, attention_dp, moe_tp, moe_ep) of an aggregated row's one worker: folded_layout or vllm_tp_ep_layout
+    where one applies, else the row's own sizes (empty or 0: 1) with attention DP by vLLM's rule where the row
+    leaves it empty."""
+    fold = folded_layout(row) or vllm_tp_ep_layout(row)
     if fold:
         return fold
 
@@ -131,6 +132,42 @@ def folded_layout(row: pd.Series) -> tuple[int, int, int, int] | None:
     if moe_tp < 2 or moe_ep < 2 or tp != moe_tp * moe_ep or tp <= node or moe_tp > node:
         return None
     return moe_tp, 1, 1, moe_ep
+
+
+def vllm_tp_ep_layout(row: pd.Series) -> tuple[int, int, int, int] | None:
+    """(T, 1, 1, T) of an aggregated vLLM row written tp_size T, attention_dp_size T, moe_tp_size 1,
+    moe_ep_size T x T (T >= 2): one server of T GPUs, tensor parallel T, its experts split T ways.
+
+    The dumps write InferenceX's matrix entry `tp: T, ep: T` this way for vLLM (2026-04-06.csv and
+    db-dump/2026-04-27: MiniMax-M2.5 on B200, B300, H100 and Kimi-K2.5 on B200 at T = 2, 4), the
+    entry's size twice as folded_layout's rows do: 2026-04-06.csv names these rows `..._tpT_epT_...`, and
+    each of its 40 has a 2026-03-25.csv row of the same model, system, precision, ISL/OSL, clients and
+    image written tp_size T, attention DP 1, moe_tp 1, moe_ep T (`..._tpT_0_epT_0_...`). The run was T GPUs:
+    - SemiAnalysisAI/InferenceX .github/workflows/benchmark-tmpl.yml @00983c3 passes the entry's tp, ep
+      and dp-attn as TP, EP_SIZE, DP_ATTENTION and counts GPU_COUNT = TP x PP x PCP (EP and DP add none).
+    - The scripts launch `vllm serve --tensor-parallel-size=$TP`, with --enable-expert-parallel where
+      EP_SIZE > 1 and no DP flag: benchmarks/single_node/minimaxm2.5_fp8_b300.sh @5632483,
+      fixed_seq_len/minimaxm2.5_fp8_b200.sh @8eec0d4 (SemiAnalysisAI/InferenceX#947's diff, merged
+      2026-04-03 with the v0.19.0 image and the `tp: 2, ep: 2` / `tp: 4, ep: 4` entries, the same),
+      minimaxm2.5_fp8_h100.sh @34bc7c4 (nvidia-master.yaml @0004cf5: `{ tp: 4, ep: 4, ... }`).
+    - vLLM with --enable-expert-parallel splits the experts over all TP x DP ranks, unsharded
+      (vllm-project/vllm vllm/model_executor/layers/fused_moe/config.py @002d607,
+      FusedMoEParallelConfig.make: `ep_size = tp_size` after flattening TP across DP, MoE tp_size 1).
+    Attention is read as TP T, as the entry and the 2026-03-25.csv twins give it. Not told apart by the
+    row's columns: the FP4 scripts (minimaxm2.5_fp4_b300.sh @5632483, fixed_seq_len/minimaxm2.5_fp4_b200.sh
+    @45c4f91) run an entry with `dp-attn: true` as `--tensor-parallel-size=1 --data-parallel-size=$TP
+    --enable-expert-parallel`, the same T GPUs and EP T with attention DP T; the dumps write both alike.
+    None for any other row.
+    """
+    if row.get("mode") == "disagg" or str(row.get("backend")) != "vllm":
+        return None
+    vals = [row.get(c) for c in ("tp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size")]
+    if not all(_given(v) for v in vals):
+        return None
+    tp, adp, moe_tp, moe_ep = (int(v) for v in vals)
+    if tp < 2 or adp != tp or moe_tp != 1 or moe_ep != tp * tp:
+        return None
+    return tp, 1, 1, tp
 
 
 def decode_slots(cfg: Any, isl: int, osl: int) -> int:

@@ -652,8 +652,8 @@ def disagg_wide_ep(row: Any, moe_ep: int) -> bool:
 #   (@07e171a also `VLLM_USE_FLASHINFER_MOE_FP8=0`, `VLLM_MOE_USE_DEEP_GEMM=0`, as vllm-project/recipes#272 of
 #   2026-03-11 gives for B200 FP8 from InferenceX#757). The later versions (`-gt 1`, --kv-cache-dtype fp8,
 #   --max-num-batched-tokens ISL x 2: lishuoshuo-amd/InferenceX @f2931b4, xinli-sw/InferenceX @09fc774) are not
-#   tied to an image; the v0.19.0 rows (their layouts include attention DP, which none of the versions read passes)
-#   keep the defaults.
+#   tied to an image; the v0.19.0 rows keep the defaults (their layouts written tp T x attention DP T, EP T x T are
+#   the entry tp T, ep T on T GPUs: validate_layouts.vllm_tp_ep_layout).
 # The K/V dtype of these launches (no flag: bf16 on MiniMax-M2.5's block-FP8 checkpoint) is KV_AUTO_LAUNCHES' /
 # KV_AUTO_IMAGES'.
 _MINIMAX_UNMODELLED_B200 = ("VLLM_USE_FLASHINFER_MOE_FP8=0 and VLLM_MOE_USE_DEEP_GEMM=0 (the FP8 block experts "
@@ -680,8 +680,9 @@ def _minimax_b300_v019(script: str) -> Callable[[int, int, int, int, bool], Reci
     # benchmarks/single_node/minimaxm2.5_fp{8,4}_b300.sh @5632483 (one version read each; both "reuse the existing
     # MiniMax-M2.5 FP8 (FP4) B200 vLLM recipe as-is"): --max-num-batched-tokens ISL x 2 (vLLM's step budget, chunked
     # prefill on as vLLM runs by default), --gpu-memory-utilization 0.90 (vLLM's default), --kv-cache-dtype fp8,
-    # --enable-expert-parallel only where EP_SIZE > 1 (FP4: DP_ATTENTION runs TP 1 x DP $TP with EP, the rows'
-    # folded layouts). Taken for the v0.19.0 image's rows (measured 2026-04-17 / 04-21).
+    # --enable-expert-parallel only where EP_SIZE > 1 (FP4: DP_ATTENTION runs TP 1 x DP $TP with EP, on the same
+    # $TP GPUs; the rows' layouts: validate_layouts.vllm_tp_ep_layout). Taken for the v0.19.0 image's rows
+    # (measured 2026-04-17 / 04-21).
     def recipe(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
         return Recipe(f"{_INFERENCEX_REPO} {script}", chunked_prefill_size=2 * isl,
                       unmodelled="--stream-interval 20, --max-cudagraph-capture-size 2048, --block-size 32 (FP8)")

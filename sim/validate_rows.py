@@ -23,7 +23,7 @@ from twinserve.sim.config import EngineConfig, StudyConfig
 from twinserve.sim.errors import SimError
 from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, ENTRY, AssumedWorkers,  # noqa: F401
                                             NotExpressible, aggregated_layout, assume_workers, folded_layout,
-                                            inferred_attention_dp, missing_worker_counts)
+                                            inferred_attention_dp, missing_worker_counts, vllm_tp_ep_layout)
 from twinserve.sim.validate_engines import engine_defaults
 from twinserve.sim.validate_inferencex import (MTP_SIMULATED_MAX_CLIENTS, agreed_mtp, assumed_entry, db_dump_record,
                                                decode_moe_a2a, inferencex_workers, prefill_moe_a2a,
@@ -465,6 +465,10 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
         if folded_layout(row):
             note = (f"inferred {ws[0].label()}: the file's {ws[0].gpus * ws[0].moe_ep} GPUs are moe_tp x moe_ep "
                     f"of one node's server (InferenceX's dump)")
+        elif vllm_tp_ep_layout(row):
+            t = ws[0].tp
+            note = (f"inferred {ws[0].label()}: the file's tp{t} x attention DP {t}, ep{t * t} is the entry's tp {t}, "
+                    f"ep {t} written twice; vLLM ran {t} GPUs (InferenceX's dump)")
         if launch_tp:
             note = (f"{ws[0].label()}, experts tp{ws[0].moe_tp}: the launch passed only --tensor-parallel-size, not "
                     f"the config's EP / attention DP ({recipe.source})")

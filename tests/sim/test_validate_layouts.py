@@ -244,3 +244,64 @@ def test_every_disaggregated_rows_workers_run_their_own_layout(rows) -> None:
             assert got == (w.tp, w.attention_dp, w.moe_ep, w.pp), (row["id"], index)
             checked += 1
     assert checked > 1000
+
+
+# vLLM rows the dumps write tp_size T, attention_dp_size T, moe_tp 1, moe_ep T x T for the matrix entry tp T, ep T
+# (validate_layouts.vllm_tp_ep_layout): MiniMax-M2.5 B200 FP8 `tp4_ep4` (2026-04-06.csv) and B300 FP8 config 735.
+VLLM_TP4_EP4 = "2026_04_06_minimax_m2_5_b200_sxm_vllm_fp8_agg_1024x1024_c32_tp4_ep4_1393"
+VLLM_TP2_EP2 = "minimaxm2_5_b300_vllm_fp8_agg_1024x1024_c512_cfg735"
+
+
+@pytest.mark.parametrize(("row_id", "t"), [(VLLM_TP4_EP4, 4), (VLLM_TP2_EP2, 2)])
+def test_vllm_tp_times_ep_written_twice_is_t_gpus_at_tp_t_ep_t(rows, row_id: str, t: int) -> None:
+    from twinserve.sim.validate_rows import num_gpus, parallelism
+
+    row = _row(rows, row_id)
+    assert (row["tp_size"], row["attention_dp_size"], row["moe_tp_size"], row["moe_ep_size"]) == (t, t, 1, t * t)
+    plan = row_plan(row)
+    e = plan.cfg.engine
+    # `vllm serve --tensor-parallel-size=T --enable-expert-parallel` on T GPUs: TP T, EP T, no attention DP.
+    assert (e.tensor_parallel_size, e.data_parallel_size, e.expert_parallel_size) == (t, 1, t)
+    assert num_gpus(row) == t and parallelism(row) == f"tp{t} ep{t}"
+    assert plan.layout.startswith(f"inferred tp{t} ep{t}")
+
+
+def test_vllm_tp_ep_rows_read_as_their_2026_03_25_twins(rows) -> None:
+    """Each 2026-04-06.csv vLLM row written (T, T, 1, T x T) has a 2026-03-25.csv row of the same configuration, TP
+    and clients written with EP T; both read as one layout, (T, 1, 1, T)."""
+    from twinserve.sim.validate_layouts import aggregated_layout
+
+    agg = rows[(rows["mode"] == "agg") & (rows["backend"] == "vllm")]
+    src = agg["silicon_data_source"].astype(str)
+    new = agg[src.str.startswith("source_file=2026-04-06.csv") & (agg["attention_dp_size"] == agg["tp_size"])
+              & (agg["tp_size"] > 1) & (agg["moe_tp_size"] == 1) & (agg["moe_ep_size"] == agg["tp_size"] ** 2)]
+    old = agg[src.str.startswith("source_file=2026-03-25.csv") & (agg["moe_ep_size"] == agg["tp_size"])]
+    image = r"image=(\S+)"
+    key = ["model", "system", "precision", "tp_size", "isl", "osl", "concurrency", "image"]
+    old = old.assign(image=old["silicon_data_source"].str.extract(image)[0])
+    matched = 0
+    for _, row in new.iterrows():
+        twins = old.merge(pd.DataFrame([{**{k: row[k] for k in key[:-1]},
+                                         "image": pd.Series([row["silicon_data_source"]]).str.extract(image)[0][0]}]),
+                          on=key)
+        assert len(twins), row["id"]
+        t = int(row["tp_size"])
+        assert {aggregated_layout(r) for _, r in twins.iterrows()} == {aggregated_layout(row)} == {(t, 1, 1, t)}
+        matched += 1
+    assert matched == 40
+
+
+def test_vllm_tp_ep_layout_only_for_that_shape() -> None:
+    from twinserve.sim.validate_layouts import aggregated_layout, vllm_tp_ep_layout
+
+    def r(backend: str, tp: int, adp: int, moe_tp: int, moe_ep: int, mode: str = "agg") -> pd.Series:
+        return pd.Series({"mode": mode, "backend": backend, "system": "b200_sxm", "tp_size": tp,
+                          "attention_dp_size": adp, "moe_tp_size": moe_tp, "moe_ep_size": moe_ep})
+
+    assert vllm_tp_ep_layout(r("vllm", 4, 4, 1, 16)) == (4, 1, 1, 4)
+    assert aggregated_layout(r("vllm", 2, 2, 1, 4)) == (2, 1, 1, 2)
+    # Another engine's writing, a vLLM attention-DP layout and a disaggregated worker stay as written.
+    assert vllm_tp_ep_layout(r("sglang", 4, 4, 1, 16)) is None
+    assert aggregated_layout(r("vllm", 1, 4, 1, 4)) == (1, 4, 1, 4)
+    assert aggregated_layout(r("vllm", 2, 4, 1, 8)) == (2, 4, 1, 8)
+    assert vllm_tp_ep_layout(r("vllm", 4, 4, 1, 16, mode="disagg")) is None
