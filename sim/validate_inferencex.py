@@ -216,9 +216,9 @@ _H200_TRT_TEP_P = (1, 8, 8, False)
 
 # (backend, system, precision, isl, osl) -> entries, from every `dsr1-*-dynamo-trt` (TensorRT-LLM under Dynamo:
 # the dumps' `trtllm`) and `dsr1-*-dynamo-sglang(-mtp)` entry of the file, but those whose client counts
-# differ from the dumps' (an earlier or later matrix): TensorRT-LLM B300 FP8 8k/1k (the dumps' 5 and 10),
-# GB200 FP4 1k/8k, H200 (the dumps' 11 and 13 at 1k/1k; its entries below come from its recipes instead:
-# RECIPE_SOURCES).
+# differ from the dumps' (an earlier or later matrix): GB200 FP4 1k/8k, H200 (the dumps' 11 and 13 at 1k/1k; its
+# entries below come from its recipes instead: RECIPE_SOURCES). TensorRT-LLM B300 FP8 8k/1k is in: every count of
+# its entries is one the dumps hold, and the dumps' 5 and 10 are counts no entry lists (_UNLISTED_COUNTS).
 # Their rows keep the assumption, as do the other backends' disaggregated rows (gpt-oss's GB200 entries give
 # several decode shapes at each client count: GPTOSS_TABLE reads its recipes instead, where the row's decode TP
 # picks one). SGLang B200 FP8 8k/1k's dumps hold two runs (_TWIN_DATED): its entries are matched by db-dump layouts.
@@ -330,6 +330,27 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
         _e((589,), (5, 2, 2, True), (2, 8, 8, True), 0),
         _e((1093,), (6, 2, 2, True), (1, 8, 8, True), 0),
         _e((2048,), (8, 2, 2, True), (1, 8, 8, True), 0),
+    ),
+    # dsr1-fp8-b300-dynamo-trt 8k/1k (image tensorrtllm-runtime:0.8.1.post1, the rows' own), @0004cf5 in the file's
+    # order: "8k1k MTP configs" then "8k1k STP configs", each launching recipes/trtllm/b300-fp8/8k1k/{mtp,stp}/
+    # ctx<P>_gen<D>_<tp8|dp8|dep8>_batch<B>_eplb0_mtp<K>_<N>.yaml of ishandhanani/srt-slurm sa-submission-q1-2026.
+    # Every prefill worker TP 4, EP 1, attention DP; `tp8`: decode TP 8, EP 1, TP attention; `dp8`: TP 8, EP 1,
+    # attention DP; `dep8`: TP 8, EP 8, attention DP. 256 (ctx2_gen1_dp8 / ctx3_gen5_tp8) and 512 (ctx4_gen1_dp8
+    # MTP 2 / ctx3_gen1_dp8 plain) are each run by two entries with other workers.
+    ("trtllm", "b300_sxm", "fp8", 8192, 1024): (
+        _e((40,), _B300_FP8_P, (2, 8, 1, False), 3),  # mtp/ctx1_gen2_tp8_batch16_eplb0_mtp3_40
+        _e((8,), _B300_FP8_P, (4, 8, 1, False), 3),  # mtp/ctx1_gen4_tp8_batch1_eplb0_mtp3_8
+        _e((20,), _B300_FP8_P, (4, 8, 1, False), 3),  # mtp/ctx1_gen4_tp8_batch4_eplb0_mtp3_20
+        _e((72,), _B300_FP8_P, (1, 8, 1, True), 3),  # mtp/ctx1_gen1_dp8_batch8_eplb0_mtp3_72
+        _e((144,), (2, 4, 1, True), (1, 8, 1, True), 3),  # mtp/ctx2_gen1_dp8_batch16_eplb0_mtp3_144
+        _e((512,), (4, 4, 1, True), (1, 8, 1, True), 2),  # mtp/ctx4_gen1_dp8_batch64_eplb0_mtp2_512
+        _e((64,), _B300_FP8_P, (4, 8, 1, False), 0),  # stp/ctx1_gen4_tp8_batch16_eplb0_mtp0_64
+        _e((16,), _B300_FP8_P, (8, 8, 1, False), 0),  # stp/ctx1_gen8_tp8_batch2_eplb0_mtp0_16
+        _e((256,), (2, 4, 1, True), (1, 8, 1, True), 0),  # stp/ctx2_gen1_dp8_batch32_eplb0_mtp0_256
+        _e((512,), (3, 4, 1, True), (1, 8, 1, True), 0),  # stp/ctx3_gen1_dp8_batch64_eplb0_mtp0_512
+        _e((256,), (3, 4, 1, True), (5, 8, 1, False), 0),  # stp/ctx3_gen5_tp8_batch64_eplb0_mtp0_256
+        _e((1075,), (5, 4, 1, True), (1, 8, 1, True), 0),  # stp/ctx5_gen1_dp8_batch128_eplb0_mtp0_1075
+        _e((3072,), (7, 4, 1, True), (1, 8, 8, True), 0),  # stp/ctx7_gen1_dep8_batch384_eplb0_mtp0_3072
     ),
     ("trtllm", "h100_sxm", "fp8", 1024, 1024): (
         _e((6, 9, 30, 60, 117), _H100_P, (3, 16, 16, False), 3),
@@ -679,6 +700,7 @@ _DECODE_BATCH: dict[tuple[str, str, str, int, int], tuple[int | tuple[int, ...],
     ("trtllm", "b300_sxm", "fp4", 1024, 1024): (0, 0, 1, 32, 0, 0, 0, 0, 1, 4, 64, 0, 0, 0),
     ("trtllm", "b300_sxm", "fp8", 1024, 1024): (1, 16, 0, 0, 0, 0, 0, 0, 0, 64, 64, 0, 0),
     ("trtllm", "b300_sxm", "fp4", 8192, 1024): (0, 8, 1, 4, 16, 0, 32, 16, 1, 2, 0, 0, 0),
+    ("trtllm", "b300_sxm", "fp8", 8192, 1024): (16, 1, 4, 8, 16, 0, 16, 2, 32, 0, 64, 0, 0),
     ("trtllm", "h100_sxm", "fp8", 1024, 1024): ((1, 2, 8, 16, 32), 4, 0, 0, 0, (1, 2, 8, 16), (4, 8, 16, 32), 0),
     ("trtllm", "h100_sxm", "fp8", 8192, 1024): ((1, 2, 8), 4, 8, (1, 2, 8), 64, 0),
     ("trtllm", "h200_sxm", "fp8", 1024, 1024): (256, 128, 256, 128, 128, 256, 128, 128, 128, 512, 512, 512, 256, 256),
@@ -793,6 +815,17 @@ _ONLY_DUMP: dict[tuple[str, str, str, int, int], str] = {
     ("sglang", "gb200", "fp8", 8192, 1024): "source_file=2026-03-25.csv",
     ("sglang", "gb200", "fp4", 1024, 1024): "source_file=2026-03-25.csv",
     ("sglang", "gb200", "fp4", 8192, 1024): "source_file=2026-03-25.csv",
+}
+
+# Client counts both dumps hold for a configuration that no entry of @0004cf5 lists, dated to it by the rest:
+# TensorRT-LLM B300 FP8 8k/1k's dumps hold 13 counts, 11 of them exactly its entries' (8, 16, 20, 40, 64, 72, 144,
+# 256, 512, 1,075, 3,072: one entry or two each, and no entry's count the dumps lack), under the file's image; 5
+# and 10 (measured 2026-02-12, as 20-3,072) are in no entry of @0004cf5, and no other source read gives them:
+# @48f302c (older; read whole, 2026-12-06) has no dsr1-fp8-b300-dynamo-trt at all, and the srt-slurm copies the
+# library stores hold no b300-fp8 TensorRT-LLM recipe. Their rows fit no entry (candidates) and take the nearest of
+# their shape (assumed_entry, flagged).
+_UNLISTED_COUNTS: dict[tuple[str, str, str, int, int], tuple[int, ...]] = {
+    ("trtllm", "b300_sxm", "fp8", 8192, 1024): (5, 10),
 }
 
 

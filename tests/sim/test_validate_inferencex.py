@@ -117,8 +117,8 @@ def test_by_default_an_ambiguous_row_runs_the_entry_with_the_most_decode_workers
     assert rec["gpus"] == 8 + 8 * 8 and rec["parallelism"] == "P 1x tp1 adp8 ep8 | D 8x tp8"
 
 
-# B300 FP8 TensorRT-LLM 8k/1k at 72 clients: the table holds no B300 FP8 8k/1k entry.
-NO_ENTRY_OF_ITS_SHAPE = "2026_03_25_deepseek_r1_b300_sxm_trtllm_fp8_disagg_8192x1024_c72_tp4_0_ep1_0_747"
+# GB200 FP4 TensorRT-LLM 1k/8k at 28 clients: the table holds no GB200 FP4 1k/8k entry.
+NO_ENTRY_OF_ITS_SHAPE = "2026_03_25_deepseek_r1_gb200_trtllm_fp4_disagg_1024x8192_c28_tp4_0_ep4_0_404"
 
 
 def test_by_default_a_row_no_entry_lists_runs_the_nearest_entry_of_its_shape(rows) -> None:
@@ -155,6 +155,59 @@ def test_the_rows_decode_tp_picks_between_entries(rows) -> None:
     assert (tp8.decode, tp8.mtp) == (Shape(5, 8, 8, False), 3)
 
 
+# B300 FP8 TensorRT-LLM 8k/1k (prefill TP 4, EP 1; decode TP 8): nvidia-master.yaml @0004cf5's
+# dsr1-fp8-b300-dynamo-trt 8k/1k entries.
+B300_FP8_8K = "2026_03_25_deepseek_r1_b300_sxm_trtllm_fp8_disagg_8192x1024_c{}"
+B300_FP8_8K_72, B300_FP8_8K_16 = B300_FP8_8K.format("72_tp4_0_ep1_0_747"), B300_FP8_8K.format("16_tp4_0_ep1_0_881")
+B300_FP8_8K_5, B300_FP8_8K_256 = B300_FP8_8K.format("5_tp4_0_ep1_0_750"), B300_FP8_8K.format("256_tp4_0_ep1_0_758")
+
+
+def test_a_b300_fp8_8k_row_runs_its_matrix_entrys_workers_mtp_and_batch(rows) -> None:
+    """72 clients: mtp/ctx1_gen1_dp8_batch8_eplb0_mtp3_72 (1 prefill TP 4 attention DP at EP 1; 1 decode TP 8
+    attention DP at EP 1, max_batch_size 8 a rank; MTP 3); 16: stp/ctx1_gen8_tp8_batch2_eplb0_mtp0_16 (8 TP 8
+    decode workers, TP attention, max_batch_size 2, no MTP)."""
+    row = _row(rows, B300_FP8_8K_72)
+    m = inferencex_workers(row)
+    assert m is not None and (m.prefill, m.decode, m.mtp, m.decode_batch) == (
+        Shape(1, 4, 1, True), Shape(1, 8, 1, True), 3, 8)
+    plan = row_plan(row)
+    assert plan.counts == (1, 1)
+    assert plan.layout.startswith("InferenceX config: 1 prefill, 1 decode workers; ran MTP 3 (simulated")
+    assert plan.cfg.speculative.enabled and plan.cfg.speculative.num_speculative_tokens == 3
+    prefill, decode = plan.cfg.cluster.replicas
+    assert (prefill["engine.tensor_parallel_size"], prefill["engine.data_parallel_size"]) == (1, 4)
+    assert (decode["engine.tensor_parallel_size"], decode["engine.data_parallel_size"]) == (1, 8)
+    assert decode["scheduler.max_num_seqs"] == 8
+    assert row_record(row)["parallelism"] == "P 1x tp1 adp4 | D 1x tp1 adp8"
+    row = _row(rows, B300_FP8_8K_16)
+    m = inferencex_workers(row)
+    assert m is not None and (m.prefill, m.decode, m.mtp, m.decode_batch) == (
+        Shape(1, 4, 1, True), Shape(8, 8, 1, False), 0, 2)
+    plan = row_plan(row)
+    assert plan.counts == (1, 8) and not plan.cfg.speculative.enabled
+    assert plan.cfg.cluster.replicas[-1]["engine.tensor_parallel_size"] == 8
+    assert plan.cfg.cluster.replicas[-1]["scheduler.max_num_seqs"] == 2
+    assert row_record(row)["gpus"] == 4 + 8 * 8
+
+
+def test_b300_fp8_8k_rows_no_single_entry_gives_take_a_flagged_entry(rows) -> None:
+    """5 clients (a count no entry lists: _UNLISTED_COUNTS): the nearest entry of its shape, 8 clients' 4 TP 8 decode
+    workers with MTP 3. 256 (two entries: 2 prefill + 1 DP 8 decode, or 3 prefill + 5 TP 8 decode, both plain): the
+    one with the most decode workers."""
+    from twinserve.sim.validate_inferencex import _UNLISTED_COUNTS
+    assert _UNLISTED_COUNTS[("trtllm", "b300_sxm", "fp8", 8192, 1024)] == (5, 10)
+    row = _row(rows, B300_FP8_8K_5)
+    assert candidates(row) == [] and inferencex_workers(row) is None
+    plan = row_plan(row)
+    assert plan.counts == (1, 4) and plan.cfg.speculative.num_speculative_tokens == 3
+    assert plan.layout.startswith("assumed entry (none at 5 clients; 1 of its shape nearest in clients")
+    row = _row(rows, B300_FP8_8K_256)
+    assert {(e.prefill.count, e.decode.count) for e in candidates(row)} == {(2, 1), (3, 5)}
+    plan = row_plan(row)
+    assert plan.counts == (3, 5) and not plan.cfg.speculative.enabled
+    assert plan.layout.startswith("assumed entry (2 entries fit, the most decode workers")
+
+
 def test_aggregated_and_other_models_are_never_matched(rows) -> None:
     row = _row(rows, MATCHED[1]).copy()
     assert inferencex_workers(row) is not None
@@ -178,13 +231,17 @@ def test_each_transcribed_configuration_runs_exactly_the_dumps_client_counts(row
     # hold (the dumps hold more, whose recipes were not read).
     # Configurations whose dumps hold two matrices' runs (_TWIN_DATED): the counts of the runs at the entries'
     # prefill EP are the table's.
-    from twinserve.sim.validate_inferencex import _TWIN_DATED, RECIPE_SOURCES, TABLE, dumps
+    from twinserve.sim.validate_inferencex import _TWIN_DATED, _UNLISTED_COUNTS, RECIPE_SOURCES, TABLE, dumps
     d = rows[(rows["mode"] == "disagg") & (rows["model"] == "DeepSeek-R1")]
     for (backend, system, precision, isl, osl), entries in TABLE.items():
         src = dumps((backend, system, precision, isl, osl))
         g = d[d["silicon_data_source"].astype(str).str.startswith(src) & (d["backend"] == backend)
               & (d["system"] == system) & (d["precision"] == precision) & (d["isl"] == isl) & (d["osl"] == osl)]
         held, listed = set(g["concurrency"].astype(int)), {c for e in entries for c in e.concs}
+        # Counts the dumps hold that no entry lists (_UNLISTED_COUNTS): held, and in no entry.
+        unlisted = set(_UNLISTED_COUNTS.get((backend, system, precision, isl, osl), ()))
+        assert unlisted <= held and not unlisted & listed, (system, precision, isl)
+        held -= unlisted
         if (backend, system, precision, isl, osl) in _TWIN_DATED:
             assert held == listed, (system, precision, isl)
             for ep in {e.prefill.ep for e in entries}:
