@@ -88,13 +88,16 @@ class EngineConfig:
                                           "Marlin MXFP4 MoE timings; backends/sim/aic/marlin.py)",
                                      choices=("default", "marlin"))
     aic_fp8_moe_kernel: str = knob("default",
-                                   help="cost_model aic, TensorRT-LLM: the kernel of FP8 block-scaled or NVFP4 "
-                                        "experts: aic's own table (FP8: DeepGEMM on Blackwell; NVFP4: CUTLASS "
-                                        "above 128 gathered tokens) or the TRTLLM MoE backend (trtllm-gen: FP8 "
-                                        "priced from aic's SGLang 0.5.14 timings of FlashInfer's "
+                                   help="cost_model aic: the kernel of FP8 block-scaled or NVFP4 experts: aic's "
+                                        "own table (TensorRT-LLM FP8: DeepGEMM on Blackwell; NVFP4: CUTLASS "
+                                        "above 128 gathered tokens); trtllm, TensorRT-LLM's TRTLLM MoE backend "
+                                        "(trtllm-gen: FP8 priced from aic's SGLang 0.5.14 timings of FlashInfer's "
                                         "trtllm_fp8_block_scale_moe, NVFP4 from aic's own trtllm-gen rows; "
-                                        "backends/sim/aic/trtgen.py)",
-                                   choices=("default", "trtllm"))
+                                        "backends/sim/aic/trtgen.py); triton, vLLM's Triton fused-MoE on FP8 "
+                                        "block-scaled experts (VLLM_USE_FLASHINFER_MOE_FP8=0 and "
+                                        "VLLM_MOE_USE_DEEP_GEMM=0 on Blackwell), priced from aic's vLLM 0.19.0 "
+                                        "B200 timings of it (backends/sim/aic/vllm_triton.py)",
+                                   choices=("default", "trtllm", "triton"))
     aic_trtllm_wide_ep: bool = knob(False,
                                     help="cost_model aic, TensorRT-LLM, DeepSeek family, a disaggregated decode "
                                          "worker: every step's MoE block is aic's large-EP generation one (the NVLink two-sided all-to-all of the "

@@ -103,7 +103,9 @@ class Recipe:
     adp_balance_iters: int = 0  # TensorRT-LLM's attention_dp_config timeout_iters, enable_balance on (0: off)
     adp_batching_wait_iters: int = 0  # TensorRT-LLM's attention_dp_config batching_wait_iters
     mxfp4_moe_kernel: str = ""  # vLLM's MXFP4 expert kernel where the script forces one ('marlin'; '': default)
-    fp8_moe_kernel: str = ""  # TRTLLM MoE backend (FP8 block-scale or NVFP4 experts) where the script sets it
+    # The FP8 block-scale / NVFP4 experts' kernel where the script sets one the model's table does not time
+    # (`aic_fp8_moe_kernel`): 'trtllm', TensorRT-LLM's TRTLLM MoE backend; 'triton', vLLM's Triton fused-MoE.
+    fp8_moe_kernel: str = ""
     expert_parallel: bool = False  # vLLM's --enable-expert-parallel passed whatever the config's EP (experts EP = TP)
     tensor_parallel_only: bool = False  # vLLM launched with --tensor-parallel-size only, whatever the config's EP /
     # attention DP (no --enable-expert-parallel, no --data-parallel-size): one TP group, its experts tensor-parallel
@@ -656,9 +658,24 @@ def disagg_wide_ep(row: Any, moe_ep: int) -> bool:
 #   the entry tp T, ep T on T GPUs: validate_layouts.vllm_tp_ep_layout).
 # The K/V dtype of these launches (no flag: bf16 on MiniMax-M2.5's block-FP8 checkpoint) is KV_AUTO_LAUNCHES' /
 # KV_AUTO_IMAGES'.
-_MINIMAX_UNMODELLED_B200 = ("VLLM_USE_FLASHINFER_MOE_FP8=0 and VLLM_MOE_USE_DEEP_GEMM=0 (the FP8 block experts "
-                            "off FlashInfer TRTLLM, the only B200 fp8_block kernel aic's vLLM tables hold), "
-                            "--block-size 32")
+_MINIMAX_UNMODELLED_B200 = "--block-size 32"
+
+
+# The experts' kernel of the v0.17.0 B200 rows (all 40 of them, and no other row): the image's script exported
+# VLLM_USE_FLASHINFER_MOE_FP8=0 and VLLM_MOE_USE_DEEP_GEMM=0 from InferenceX#757 (its diff under review on 2026-03-05
+# already exports the first; vllm-project/recipes#272 of 2026-03-11 gives both for B200 FP8 from #757) until #947
+# (2026-04-03) removed both with the move to v0.19.0 (@07e171a is the version read; @13453b4, with neither, is an
+# earlier copy). With both set vLLM v0.17.0 runs its Triton fused-MoE (oracle/fp8.py select_fp8_moe_backend:
+# backends/sim/aic/vllm_triton.py), while aic's vLLM 0.24.0 B200 table times FlashInfer TRTLLM only: priced from
+# aic's vLLM 0.19.0 B200 Triton rows ('triton'). The other MiniMax-M2.5 FP8 groups keep the model's table, which
+# times the kernel vLLM picks there by default: H200 v0.18.0 / H100 v0.18.0 (experts EP > 1): FlashInfer CUTLASS
+# (fp8.py's "On Hopper for Block Fp8, prefer Triton for TP and FI CUTLASS for EP", v0.17.0 on), the only source of
+# aic's 0.24.0 Hopper rows at EP > 1; B200 / B300 v0.19.0: FlashInfer TRTLLM through its modular experts
+# (TrtLlmFp8ExpertsModular, v0.18.0 on: the monolithic one refuses MiniMax's routing), aic's trtllm-gen rows. Not
+# carried: H200 v0.16.0 (TP 4, experts TP): v0.16.0 has no Hopper reordering, so FlashInfer CUTLASS comes first and
+# supports block FP8 on 9.0, but aic's Hopper rows of it at this shape are EP-only (its Triton rows, the ones priced,
+# are TP-only).
+_MINIMAX_B200_V017_FP8_MOE_KERNEL = "triton"
 
 
 def _minimax_fp8_h200_v016(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
@@ -673,7 +690,8 @@ def _minimax_fp8_h200_v018(isl: int, osl: int, conc: int, tp: int, attention_dp:
 
 def _minimax_fp8_b200_v017(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
     return Recipe(f"{_INFERENCEX_REPO} benchmarks/single_node/minimaxm2.5_fp8_b200.sh @07e171a / @13453b4 (image "
-                  "v0.17.0)", mem_fraction=0.95, expert_parallel=True, unmodelled=_MINIMAX_UNMODELLED_B200)
+                  "v0.17.0)", mem_fraction=0.95, expert_parallel=True, unmodelled=_MINIMAX_UNMODELLED_B200,
+                  fp8_moe_kernel=_MINIMAX_B200_V017_FP8_MOE_KERNEL)
 
 
 def _minimax_b300_v019(script: str) -> Callable[[int, int, int, int, bool], Recipe]:

@@ -851,3 +851,34 @@ def test_a_trt_mtp_rows_study_holds_one_prompt_a_step_without_chunking() -> None
     assert (s.max_num_batched_tokens, s.enable_chunked_prefill, s.max_prompt_len) == (1344, False, 1024)
     assert s.max_model_len >= 1024 + 8192
     s.to_core(num_blocks=4096)  # the core's SchedulerConfig validates it
+
+
+@pytest.mark.parametrize("system, version, kernel", [
+    # The v0.17.0 B200 image's script exported VLLM_USE_FLASHINFER_MOE_FP8=0 and VLLM_MOE_USE_DEEP_GEMM=0: vLLM's
+    # Triton fused-MoE (backends/sim/aic/vllm_triton.py). Every other MiniMax-M2.5 FP8 image ran the kernel vLLM
+    # picks by default, the one the model's table times (or one it has no rows of: H200 v0.16.0).
+    ("b200_sxm", "0.17.0", "triton"), ("b200_sxm", "0.19.0", ""), ("h200_sxm", "0.16.0", ""),
+    ("h200_sxm", "0.18.0", ""), ("h100_sxm", "0.18.0", ""), ("b300_sxm", "0.19.0", ""),
+])
+def test_only_the_minimax_b200_v017_launch_runs_vllms_triton_experts(system, version, kernel) -> None:
+    r = row_recipe(_row(backend="vllm", model="MiniMax-M2.5", system=system, backend_version=version, tp_size=2))
+    assert r.fp8_moe_kernel == kernel
+    assert "VLLM_USE_FLASHINFER_MOE_FP8" not in r.unmodelled
+
+
+def test_the_triton_experts_reach_exactly_the_minimax_b200_v017_rows_studies_under_aic() -> None:
+    # Launch settings only (no measured column is read): the 40 rows of that image, and no other row of the file.
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.validate_rows import load_rows, row_study
+    rows = load_rows()
+    kernels = pd.Series([row_recipe(r).fp8_moe_kernel for _, r in rows.iterrows()], index=rows.index)
+    picked = rows[kernels == "triton"]
+    assert len(picked) == 40
+    assert set(zip(picked["model"], picked["system"], picked["precision"], picked["backend_version"].astype(str))) == {
+        ("MiniMax-M2.5", "b200_sxm", "fp8", "0.17.0")}
+    r = picked.iloc[0]
+    cfg = row_study(r, "aic")
+    assert cfg.engine.aic_fp8_moe_kernel == "triton"
+    assert row_study(r, "roofline").engine.aic_fp8_moe_kernel == "default"
+    from twinserve.sim.build import build_cost_models
+    assert "vLLM Triton FP8 experts from aic vllm 0.19.0" in build_cost_models(cfg)[3].describe()

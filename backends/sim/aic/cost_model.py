@@ -27,6 +27,7 @@ from twinserve.backends.sim.aic.trtgen import (FP8_MOE_KERNELS, TRTGEN_DATABASE,
                                                trtgen_moe)
 from twinserve.backends.sim.aic.mapping import (AicError, check_precision, evaluator, fp8_gemm_mode, held_mxfp4_mode,
                                                 quant_modes, resolve_version, sdk, static_fp8_checkpoint, system_for)
+from twinserve.backends.sim.aic.vllm_triton import TRITON_DATABASES
 
 _MS = 1e-3
 EXPERT_OPS = ("context_moe", "generation_moe")  # the routed experts' op in a token graph (fused; large-EP)
@@ -214,12 +215,15 @@ class AicCostModel:
     def _trtgen_transfer(self, kernel: str, pdb: Any) -> TrtgenMoe | None:
         """TensorRT-LLM's trtllm-gen experts (the TRTLLM MoE backend) where asked for (aic/trtgen.py): FP8
         block-scaled experts from aic's SGLang trtllm-gen rows, NVFP4 experts from aic's own TensorRT-LLM
-        trtllm-gen rows; AicError where it does not apply."""
+        trtllm-gen rows; for 'triton', vLLM's Triton fused-MoE (_triton_transfer); AicError where it does not
+        apply."""
         if kernel not in FP8_MOE_KERNELS:
             raise AicError("aic_fp8_moe_kernel", f"aic_fp8_moe_kernel {kernel!r} is not one of "
                            f"{', '.join(FP8_MOE_KERNELS)}")
         if kernel == "default":
             return None
+        if kernel == "triton":
+            return self._triton_transfer(pdb)
         fp4 = trtgen_moe(self.graph.tokens, "nvfp4") if self.backend == "trtllm" else None
         if fp4 is not None:
             try:
@@ -243,9 +247,31 @@ class AicCostModel:
                            f"{str(err).split(': tried')[0]}") from None
         return moe
 
+    def _triton_transfer(self, pdb: Any) -> TrtgenMoe:
+        """vLLM's Triton fused-MoE on the FP8 block-scaled experts (aic/vllm_triton.py): the expert op priced on
+        the aic vLLM table that timed that kernel for this system; AicError where it does not apply."""
+        moe = trtgen_moe(self.graph.tokens) if self.backend == "vllm" else None
+        if moe is None:
+            raise AicError("aic_fp8_moe_kernel", f"aic_fp8_moe_kernel 'triton' is vLLM's Triton fused-MoE for FP8 "
+                           f"block-scaled experts; {self.model.name} on aic_backend {self.backend!r} has none")
+        if self.system not in TRITON_DATABASES:
+            raise AicError("aic_fp8_moe_kernel", f"aic_fp8_moe_kernel 'triton': aiconfigurator-core holds vLLM "
+                           f"Triton fused-MoE FP8 block-scale timings for {', '.join(sorted(TRITON_DATABASES))} "
+                           f"only, not {self.system}")
+        backend, version = TRITON_DATABASES[self.system]
+        try:
+            self._trtgen_eval = evaluator(_load(pdb, self.system, backend, version, pinned=True))
+            self._trtgen_eval(moe.op, is_context=True, batch_size=1, s=1, x=16)
+        except Exception as err:  # no such database, or aic's PerfDataNotAvailableError and kin
+            raise AicError("aic_fp8_moe_kernel", f"aiconfigurator-core's {backend} {version} {self.system} "
+                           f"database has no Triton fused-MoE FP8 block-scale timings at this layout: "
+                           f"{str(err).split(': tried')[0]}") from None
+        return moe
+
     def trtgen_time(self, tokens: int) -> float:
-        """Seconds the trtllm-gen FP8 experts add over the model's own expert table at `tokens` rows (negative
-        where faster; 0 unless aic_fp8_moe_kernel is 'trtllm')."""
+        """Seconds the other FP8 / NVFP4 expert kernel adds over the model's own expert table at `tokens` rows
+        (negative where faster): trtllm-gen's for aic_fp8_moe_kernel 'trtllm', vLLM's Triton fused-MoE's for
+        'triton'; 0 for 'default'."""
         if self._trtgen is None:
             return 0.0
         t = self._tg.get(tokens)
@@ -303,7 +329,9 @@ class AicCostModel:
     def describe(self) -> str:
         """What prices the steps, e.g. 'aic vllm 0.24.0 on h200_sxm'."""
         marlin = " (Marlin MXFP4 experts)" if getattr(self, "_marlin", None) is not None else ""
-        if getattr(self, "_trtgen", None) is not None:
+        if getattr(self, "_trtgen", None) is not None and self.fp8_moe_kernel == "triton":
+            marlin += f" (vLLM Triton FP8 experts from aic {' '.join(TRITON_DATABASES[self.system])})"
+        elif getattr(self, "_trtgen", None) is not None:
             fp4 = json.loads(self._trtgen.op)[0]["Moe"]["quant_mode"] == "nvfp4"
             marlin += (" (trtllm-gen NVFP4 experts from aic's own trtllm-gen rows)" if fp4 else
                        f" (trtllm-gen FP8 experts from aic {' '.join(TRTGEN_DATABASE)})")
@@ -514,7 +542,7 @@ def attention_shapes(db: Any) -> str:
     return ", ".join(f"({kv or 'MHA'}, {d}, {w})" for kv, d, w in sorted(shapes))
 
 
-_DATABASES: dict[tuple[str, str, str], Any] = {}
+_DATABASES: dict[tuple[str, str, str, bool], Any] = {}
 
 
 def _nested_op(graph: str, name: str) -> str:
@@ -535,15 +563,18 @@ def _nested_op(graph: str, name: str) -> str:
     return json.dumps([hit])
 
 
-def _load(pdb: Any, system: str, backend: str, version: str) -> Any:
-    """aic's PerfDatabase for (system, backend, version), loaded once per process."""
-    key = (system, backend, version)
+def _load(pdb: Any, system: str, backend: str, version: str, pinned: bool = False) -> Any:
+    """aic's PerfDatabase for (system, backend, version), loaded once per process. pinned: a version outside aic's
+    queryable slots (its 'current' / 'next'), read as collected: aic's allow_unlisted_version, and its shared layer
+    (rows filled in from sibling versions) off, so every answer is that version's own measurement."""
+    key = (system, backend, version, pinned)
     db = _DATABASES.get(key)
     if db is None:
         import logging
         # aic logs every low-fidelity fallback table it loads at WARNING; a study's log is not the place.
         logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
-        db = pdb.get_database(system, backend, version)
+        db = (pdb.get_database(system, backend, version, allow_unlisted_version=True, shared_layer=False) if pinned
+              else pdb.get_database(system, backend, version))
         if db is None:
             raise AicError("aic_version", f"aiconfigurator-core could not load its {backend} {version} "
                            f"database for {system}")

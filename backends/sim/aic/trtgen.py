@@ -50,7 +50,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-FP8_MOE_KERNELS = ("default", "trtllm")
+# 'triton': vLLM's Triton fused-MoE on FP8 block-scaled experts (backends/sim/aic/vllm_triton.py).
+FP8_MOE_KERNELS = ("default", "trtllm", "triton")
 # aic's TensorRT-LLM kernel_source of its trtllm-gen NVFP4 MoE rows, and the gathered token count up to which its
 # engine already answers from them (collector/trtllm/collect_moe.py @006afd7; the module docstring).
 NVFP4_TRTGEN_SOURCE = "moe_torch_flow_min_latency"
