@@ -587,13 +587,15 @@ def _dsr1_fp8_b200_trt_mtp_rc6(isl: int, osl: int, conc: int, tp: int, attention
 #   recipes nvidia-master.yaml @0004cf5 names; the one stored copy is the fork connorcarpenter15/srt-slurm @5a156f6,
 #   whose file names are the matrix's): every worker read sets TRTLLM, the prefill workers (TP 4, attention DP, EP 1)
 #   and the decode workers at EP 1 (`tp8`, `dp8`) and at EP 8 (`dep8`): 8k1k/mtp ctx1_gen4_tp8_batch1_eplb0_mtp3_8,
-#   ctx1_gen4_tp8_batch4_eplb0_mtp3_20, ctx1_gen2_tp8_batch16_eplb0_mtp3_40, ctx1_gen1_dp8_batch8_eplb0_mtp3_72;
-#   8k1k/stp ctx1_gen8_tp8_batch2_eplb0_mtp0_16, ctx1_gen4_tp8_batch16_eplb0_mtp0_64,
-#   ctx7_gen1_dep8_batch384_eplb0_mtp0_3072; 1k1k/mtp ctx1_gen8_tp8_batch1_eplb0_mtp3_10,
-#   ctx1_gen8_tp8_batch16_eplb0_mtp3_160, ctx1_gen5_dep8_batch16_eplb0_mtp2_720; 1k1k/stp
-#   ctx1_gen8_tp8_batch64_eplb0_mtp0_12 (11 of the 27 files; the fork edits some files' `concurrencies`, not their
-#   engine settings). Until 2026-12-06 these workers kept aic's DeepGEMM rows: a TP 8 decode step of DeepSeek-R1 at
-#   4 rows priced 12.1 ms on B300 against 7.4 ms on B200's TRTLLM experts (58 MoE layers of 0.13 ms each).
+#   ctx1_gen4_tp8_batch4_eplb0_mtp3_20, ctx1_gen2_tp8_batch16_eplb0_mtp3_40, ctx1_gen1_dp8_batch8_eplb0_mtp3_72,
+#   ctx2_gen1_dp8_batch16_eplb0_mtp3_144; 8k1k/stp ctx1_gen8_tp8_batch2_eplb0_mtp0_16,
+#   ctx1_gen4_tp8_batch16_eplb0_mtp0_64, ctx3_gen5_tp8_batch64_eplb0_mtp0_256, ctx7_gen1_dep8_batch384_eplb0_mtp0_3072;
+#   1k1k/mtp ctx1_gen8_tp8_batch1_eplb0_mtp3_10, ctx1_gen8_tp8_batch16_eplb0_mtp3_160,
+#   ctx1_gen5_dep8_batch16_eplb0_mtp2_720, ctx1_gen2_dep8_batch128_eplb0_mtp1_2560; 1k1k/stp
+#   ctx1_gen8_tp8_batch64_eplb0_mtp0_12, ctx1_gen1_dep8_batch256_eplb0_mtp0_2112 (15 of the 27 files; some of the
+#   fork's files run other `concurrencies` than their names give). Until 2026-12-06 these workers kept aic's DeepGEMM
+#   rows: a TP 8 decode step of DeepSeek-R1 at 4 rows priced 12.1 ms on B300 against 7.4 ms on B200's TRTLLM experts
+#   (58 MoE layers, DeepGEMM 0.13 ms a layer there against trtllm-gen's 0.05).
 # Only for rows whose workers an InferenceX entry gives (sim/validate_inferencex.py).
 DISAGG_TRTGEN_WORKERS: dict[tuple[str, str, str, str], frozenset[int]] = {
     ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8"): frozenset({1}),
