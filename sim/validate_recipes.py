@@ -577,21 +577,39 @@ def _dsr1_fp8_b200_trt_mtp_rc6(isl: int, osl: int, conc: int, tp: int, attention
                               "under attention DP), ENABLE_CONFIGURABLE_MOE")
 
 
-# The MoE backend of DeepSeek-R1 FP8 B200 TensorRT-LLM disaggregated workers (the srt-slurm recipes InferenceX's
-# dsr1-fp8-b200-dynamo-trt entries launch, ishandhanani/srt-slurm recipes/trtllm/b200-fp8): every worker read at
-# `moe_expert_parallel_size: 1` sets `moe_config: backend: TRTLLM` (1k1k/stp/ctx1_gen3_tp8_batch1024_eplb0_mtp0_128
-# and 1k1k/mtp/ctx1_gen8_tp8_batch4_eplb0_mtp3_32 decode @fe2cd90; 8k1k/stp/ctx1_gen4_tp8_batch32_eplb0_mtp0_128,
-# ctx1_gen6_tp8_batch16_eplb0_mtp0_96 prefill and decode and 8k1k/mtp/ctx2_gen3_dep8_batch8_eplb0_mtp3_224 prefill
-# @e71238b), every one at EP 8 `DEEPGEMM` (the 1k/1k prefill workers, the DEP 8 decode of ctx2_gen3_dep8): aic's
-# own table. Only for rows whose workers an InferenceX entry gives (sim/validate_inferencex.py).
-DISAGG_TRTGEN_WORKERS = {("trtllm", "DeepSeek-R1", "b200_sxm", "fp8")}
+# The MoE backend of DeepSeek-R1 FP8 TensorRT-LLM disaggregated workers, by launch group: the MoE EP sizes at which
+# its recipes set `moe_config: backend: TRTLLM` (aic's `fp8_block` rows are DeepGEMM's: backends/sim/aic/trtgen.py).
+# - B200 (the srt-slurm recipes InferenceX's dsr1-fp8-b200-dynamo-trt entries launch, ishandhanani/srt-slurm
+#   recipes/trtllm/b200-fp8): every worker read at `moe_expert_parallel_size: 1` sets TRTLLM
+#   (1k1k/stp/ctx1_gen3_tp8_batch1024_eplb0_mtp0_128 and 1k1k/mtp/ctx1_gen8_tp8_batch4_eplb0_mtp3_32 decode @fe2cd90;
+#   8k1k/stp/ctx1_gen4_tp8_batch32_eplb0_mtp0_128, ctx1_gen6_tp8_batch16_eplb0_mtp0_96 prefill and decode and
+#   8k1k/mtp/ctx2_gen3_dep8_batch8_eplb0_mtp3_224 prefill @e71238b), every one at EP 8 `DEEPGEMM` (the 1k/1k prefill
+#   workers, the DEP 8 decode of ctx2_gen3_dep8): aic's own table there.
+# - B300 (dsr1-fp8-b300-dynamo-trt: recipes/trtllm/b300-fp8/{1k1k,8k1k}/{mtp,stp}/, the sa-submission-q1-2026
+#   recipes nvidia-master.yaml @0004cf5 names; the one stored copy is the fork connorcarpenter15/srt-slurm @5a156f6,
+#   whose file names are the matrix's): every worker read sets TRTLLM, the prefill workers (TP 4, attention DP, EP 1)
+#   and the decode workers at EP 1 (`tp8`, `dp8`) and at EP 8 (`dep8`): 8k1k/mtp ctx1_gen4_tp8_batch1_eplb0_mtp3_8,
+#   ctx1_gen4_tp8_batch4_eplb0_mtp3_20, ctx1_gen2_tp8_batch16_eplb0_mtp3_40, ctx1_gen1_dp8_batch8_eplb0_mtp3_72,
+#   ctx2_gen1_dp8_batch16_eplb0_mtp3_144; 8k1k/stp ctx1_gen8_tp8_batch2_eplb0_mtp0_16,
+#   ctx1_gen4_tp8_batch16_eplb0_mtp0_64, ctx3_gen5_tp8_batch64_eplb0_mtp0_256, ctx7_gen1_dep8_batch384_eplb0_mtp0_3072;
+#   1k1k/mtp ctx1_gen8_tp8_batch1_eplb0_mtp3_10, ctx1_gen8_tp8_batch16_eplb0_mtp3_160,
+#   ctx1_gen5_dep8_batch16_eplb0_mtp2_720, ctx1_gen2_dep8_batch128_eplb0_mtp1_2560; 1k1k/stp
+#   ctx1_gen8_tp8_batch64_eplb0_mtp0_12, ctx1_gen1_dep8_batch256_eplb0_mtp0_2112 (15 of the 27 files; some of the
+#   fork's files run other `concurrencies` than their names give). Until 2026-12-06 these workers kept aic's DeepGEMM
+#   rows: a TP 8 decode step of DeepSeek-R1 at 4 rows priced 12.1 ms on B300 against 7.4 ms on B200's TRTLLM experts
+#   (58 MoE layers, DeepGEMM 0.13 ms a layer there against trtllm-gen's 0.05).
+# Only for rows whose workers an InferenceX entry gives (sim/validate_inferencex.py).
+DISAGG_TRTGEN_WORKERS: dict[tuple[str, str, str, str], frozenset[int]] = {
+    ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8"): frozenset({1}),
+    ("trtllm", "DeepSeek-R1", "b300_sxm", "fp8"): frozenset({1, 8}),
+}
 
 
 def disagg_fp8_moe_kernel(row: Any, moe_ep: int) -> str:
     """aic_fp8_moe_kernel of a disaggregated worker at MoE EP `moe_ep` of this row: 'trtllm' where its
     launch group's recipes run the TRTLLM MoE backend at that EP (DISAGG_TRTGEN_WORKERS), else 'default'."""
     key = (str(row.get("backend")), recipe_model(row), str(row.get("system")), str(row.get("precision")))
-    return "trtllm" if key in DISAGG_TRTGEN_WORKERS and moe_ep == 1 else "default"
+    return "trtllm" if moe_ep in DISAGG_TRTGEN_WORKERS.get(key, frozenset()) else "default"
 
 
 # The MoE backend of DeepSeek-R1 NVFP4 GB200 TensorRT-LLM disaggregated prefill ("ctx") workers: both GB200 FP4

@@ -519,6 +519,38 @@ def test_b200_fp8_trt_disagg_workers_at_ep1_run_trtllm_experts_under_aic(rows) -
     assert disagg_fp8_moe_kernel(_row(rows, H200_MTP_OR_NOT), 1) == "default"
 
 
+# B300 FP8 TensorRT-LLM 8k/1k: 8 clients (1 prefill TP 4 attention DP, EP 1; 4 TP 8 decode workers, EP 1) and 3,072
+# (7 prefill; 1 DEP 8 decode worker, EP 8). Their recipes (recipes/trtllm/b300-fp8/8k1k/mtp/
+# ctx1_gen4_tp8_batch1_eplb0_mtp3_8.yaml, stp/ctx7_gen1_dep8_batch384_eplb0_mtp0_3072.yaml; connorcarpenter15/srt-slurm
+# @5a156f6) set `moe_config: backend: TRTLLM` on every worker, at EP 1 and EP 8.
+B300_FP8_8K_8, B300_FP8_8K_3072 = B300_FP8_8K.format("8_tp4_0_ep1_0_880"), B300_FP8_8K.format("3072_tp4_0_ep1_0_748")
+
+
+def test_b300_fp8_trt_disagg_workers_run_trtllm_experts_at_ep1_and_ep8_under_aic(rows) -> None:
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.build import build_cost_models
+    from twinserve.sim.config import replica_config
+    from twinserve.sim.validate_recipes import disagg_fp8_moe_kernel
+    row = _row(rows, B300_FP8_8K_8)
+    assert (disagg_fp8_moe_kernel(row, 1), disagg_fp8_moe_kernel(row, 8)) == ("trtllm", "trtllm")
+    cfg = row_plan(row, "aic").cfg
+    pre, dec = replica_config(cfg, 0), replica_config(cfg, 1)
+    assert (pre.engine.aic_fp8_moe_kernel, dec.engine.aic_fp8_moe_kernel) == ("trtllm", "trtllm")
+    # The decode worker's price: trtllm-gen experts (aic's SGLang rows) under aic's DeepGEMM rows at a verify step's
+    # 4 rows (batch 1, MTP 3), as on B200 at the same TP 8 decode shape.
+    cost = build_cost_models(dec)[3]
+    assert "trtllm-gen FP8 experts" in cost.describe()
+    dec.engine.aic_fp8_moe_kernel = "default"
+    deepgemm = build_cost_models(dec)[3]
+    assert cost.decode_tokens_time(4) < 0.75 * deepgemm.decode_tokens_time(4)
+    wide = row_plan(_row(rows, B300_FP8_8K_3072), "aic").cfg
+    last = replica_config(wide, wide.cluster.num_replicas - 1).engine  # the decode worker (after 7 prefill)
+    assert (last.data_parallel_size, last.expert_parallel_size) == (8, 8)  # DEP 8: MoE EP 8
+    assert last.aic_fp8_moe_kernel == "trtllm"
+    roof = row_plan(row, "roofline").cfg
+    assert all(replica_config(roof, i).engine.aic_fp8_moe_kernel == "default" for i in (0, 1))
+
+
 # InferenceX's database dump read against the matrix (sim/validate_inferencex.py db_dump_shape): the db-dump twin of
 # a development GB300 SGLang FP8 1k/1k row at 4 clients (1 prefill TP 4, 4 decode TP 4, written tp 4, moe_tp 4).
 DB_DUMP_GB300 = "dsr1_gb300_sglang_fp8_disagg_1024x1024_c4_cfg517"
