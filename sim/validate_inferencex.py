@@ -20,8 +20,8 @@ B200 FP8's prefill at EP 1 measured 2026-03-23, fail that check and keep the ass
 more entries fit and disagree on the workers, none is used; where they agree on the workers but not on
 MTP, the workers are used and MTP is unknown.
 
-H200 TensorRT-LLM's entries are read from the srt-slurm recipes that file launches (RECIPE_SOURCES): their own
-benchmark client counts are the dumps'. gpt-oss-120b's (GPTOSS_TABLE), Kimi-K2.5's and GLM-5's GB200 entries
+H200 and GB200 FP4 1k/8k TensorRT-LLM's entries are read from the srt-slurm recipes that file launches
+(RECIPE_SOURCES): their own benchmark client counts are the dumps'. gpt-oss-120b's (GPTOSS_TABLE), Kimi-K2.5's and GLM-5's GB200 entries
 (KIMI_TABLE, GLM5_TABLE: no matrix version the library holds has them) are read from recipes alone. Where the
 entries that fit a row disagree on the workers but not on MTP, the depth still holds (agreed_mtp).
 
@@ -216,12 +216,13 @@ _H200_TRT_TEP_P = (1, 8, 8, False)
 
 # (backend, system, precision, isl, osl) -> entries, from every `dsr1-*-dynamo-trt` (TensorRT-LLM under Dynamo:
 # the dumps' `trtllm`) and `dsr1-*-dynamo-sglang(-mtp)` entry of the file, but those whose client counts
-# differ from the dumps' (an earlier or later matrix): GB200 FP4 1k/8k, H200 (the dumps' 11 and 13 at 1k/1k; its
-# entries below come from its recipes instead: RECIPE_SOURCES). TensorRT-LLM B300 FP8 8k/1k is in: every count of
-# its entries is one the dumps hold, and the dumps' 5 and 10 are counts no entry lists (_UNLISTED_COUNTS).
-# Their rows keep the assumption, as do the other backends' disaggregated rows (gpt-oss's GB200 entries give
-# several decode shapes at each client count: GPTOSS_TABLE reads its recipes instead, where the row's decode TP
-# picks one). SGLang B200 FP8 8k/1k's dumps hold two runs (_TWIN_DATED): its entries are matched by db-dump layouts.
+# differ from the dumps': H200 (the dumps' 11 and 13 at 1k/1k) and GB200 FP4 1k/8k (the file's 4-48 and 5 where
+# its recipes ran 28 and 7), whose entries below come from their recipes instead (RECIPE_SOURCES). TensorRT-LLM
+# B300 FP8 8k/1k is in: every count of its entries is one the dumps hold, and the dumps' 5 and 10 are counts no
+# entry lists (_UNLISTED_COUNTS). The other backends' disaggregated rows keep the assumption (gpt-oss's GB200
+# entries give several decode shapes at each client count: GPTOSS_TABLE reads its recipes instead, where the row's
+# decode TP picks one). SGLang B200 FP8 8k/1k's dumps hold two runs (_TWIN_DATED): its entries are matched by
+# db-dump layouts.
 TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
     ("trtllm", "b200_sxm", "fp4", 1024, 1024): (
         _e((1214,), _B200_FP4_P, (2, 8, 8, True), 2),
@@ -447,6 +448,26 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
         _e((5,), _GB200_FP4_P, (4, 8, 8, False), 0),
         _e((4301,), (2, 4, 4, True), (1, 16, 16, True), 0),
         _e((2253,), (2, 4, 4, True), (1, 32, 32, True), 0),
+    ),
+    # dsr1-fp4-gb200-dynamo-trt 1k/8k: the fourteen recipes its entries launch (RECIPE_SOURCES), each at its own
+    # `benchmark: concurrencies` (the matrix's conc-lists differ at the low counts: [4, 8, 12, 24, 48] and [5] for
+    # recipes whose own counts are 28 and 7). File order: MTP, then STP. Every prefill worker 1 x TP 4 / EP 4 with
+    # attention DP; `tepN`: decode TP N = EP N, TP attention; `depN`: the same with attention DP.
+    ("trtllm", "gb200", "fp4", 1024, 8192): (
+        _e((28,), _GB200_FP4_P, (7, 8, 8, False), 3),  # mtp/ctx1_gen7_tep8_batch4_eplb0_mtp3: ['28']
+        _e((7,), _GB200_FP4_P, (7, 8, 8, False), 3),  # mtp/ctx1_gen7_tep8_batch1_eplb0_mtp3: ['7']
+        _e((128,), _GB200_FP4_P, (1, 32, 32, True), 3),  # mtp/ctx1_gen1_dep32_batch4_eplb0_mtp3: ['128']
+        _e((512,), _GB200_FP4_P, (1, 32, 32, True), 3),  # mtp/ctx1_gen1_dep32_batch16_eplb0_mtp3: ['512']
+        _e((3072,), _GB200_FP4_P, (3, 16, 16, True), 3),  # mtp/ctx1_gen3_dep16_batch64_eplb0_mtp3: ['3072']
+        _e((6144,), _GB200_FP4_P, (3, 16, 16, True), 1),  # mtp/ctx1_gen3_dep16_batch128_eplb0_mtp1: ['6144']
+        _e((8192,), _GB200_FP4_P, (1, 32, 32, True), 1),  # mtp/ctx1_gen1_dep32_batch256_eplb288_mtp1: ['8192']
+        _e((7,), _GB200_FP4_P, (7, 8, 8, False), 0),  # stp/ctx1_gen7_tep8_batch1_eplb0_mtp0: ['7']
+        _e((60,), _GB200_FP4_P, (15, 4, 4, False), 0),  # stp/ctx1_gen15_tep4_batch4_eplb0_mtp0: ['60']
+        _e((135,), _GB200_FP4_P, (15, 4, 4, False), 0),  # stp/ctx1_gen15_tep4_batch8_eplb0_mtp0: ['135']
+        _e((563,), _GB200_FP4_P, (1, 32, 32, True), 0),  # stp/ctx1_gen1_dep32_batch16_eplb0_mtp0: ['563']
+        _e((2048,), _GB200_FP4_P, (1, 32, 32, True), 0),  # stp/ctx1_gen1_dep32_batch64_eplb0_mtp0: ['2048']
+        _e((4096,), _GB200_FP4_P, (1, 32, 32, True), 0),  # stp/ctx1_gen1_dep32_batch128_eplb288_mtp0: ['4096']
+        _e((8192,), _GB200_FP4_P, (1, 32, 32, True), 0),  # stp/ctx1_gen1_dep32_batch256_eplb288_mtp0: ['8192']
     ),
     ("trtllm", "gb200", "fp4", 8192, 1024): (
         _e((4, 8, 12, 24, 48), _GB200_FP4_P, (4, 8, 8, False), 3),
@@ -706,6 +727,7 @@ _DECODE_BATCH: dict[tuple[str, str, str, int, int], tuple[int | tuple[int, ...],
     ("trtllm", "h200_sxm", "fp8", 1024, 1024): (256, 128, 256, 128, 128, 256, 128, 128, 128, 512, 512, 512, 256, 256),
     ("trtllm", "h200_sxm", "fp8", 8192, 1024): (32, 32, 32, 32, 64, 512, 32, 32, 16, 32, 256, 32, 128, 32, 128, 256),
     ("trtllm", "gb200", "fp4", 1024, 1024): (4, 8, 0, 0, 0, 0, 0, 0, 32, 1, 0, 0),
+    ("trtllm", "gb200", "fp4", 1024, 8192): (4, 1, 4, 0, 0, 0, 0, 1, 4, 8, 0, 0, 0, 0),
     ("trtllm", "gb200", "fp4", 8192, 1024): (8, 4, 0, 0, 0, (16, 16, 16, 1), 0, 0, 0, 0),
     ("trtllm", "gb200", "fp8", 1024, 1024): (0, 0, 0, (8, 4, 2), 0, 0, (32, 8), (8, 1)),
     ("trtllm", "gb200", "fp8", 1024, 8192): (0, (16, 2), 2, 0, 0, (8, 1)),
@@ -795,6 +817,11 @@ _PREFILL_CAPS: dict[tuple[str, str, str, int, int], tuple[tuple[int, int] | None
     # ctx1_gen4_tep8_batch1_eplb0_mtp0_4 @527855c and ctx6_gen1_dep32_batch16_eplb0_mtp0_512 @35088b5: 2, 8,232;
     # ctx7_gen1_dep16_batch64_eplb0_mtp0_1229 @5f23377: 2, 16,384).
     ("trtllm", "gb200", "fp4", 8192, 1024): ((2, 16640),) * 10,
+    # GB200 FP4 1k/8k (RECIPE_SOURCES): every 1k8k recipe read sets its ctx worker (TP 4 / EP 4, attention DP)
+    # `max_batch_size: 16`, `max_num_tokens: 16384` (mtp/ctx1_gen7_tep8_batch4_eplb0_mtp3, ctx1_gen7_tep8_batch1_eplb0_mtp3,
+    # ctx1_gen1_dep32_batch256_eplb288_mtp1, stp/ctx1_gen7_tep8_batch1_eplb0_mtp0, ctx1_gen15_tep4_batch4_eplb0_mtp0
+    # @5a156f6; ishandhanani @12b62f4's _lowconc copy the same).
+    ("trtllm", "gb200", "fp4", 1024, 8192): ((16, 16384),) * 14,
 }
 # The configurations whose caps come from a recipe of theirs read apart from the entries (not from RECIPE_SOURCES).
 PREFILL_CAPS_RECIPES = {
@@ -849,7 +876,20 @@ _TWIN_DATED = frozenset({("sglang", "b200_sxm", "fp8", 8192, 1024)})
 # and no recipe read gives (1k/1k 11 and 13, 8k/1k 9), or recipes that disagree on the workers give (1k/1k 1,024;
 # 8k/1k 48, 128, 160: unless a db-dump twin's layout picks one), keep their twin record or the assumption; the recipes' container is the rows' image
 # (tensorrtllm-runtime 0.8.1.post1).
+# GB200 FP4 1k/8k likewise: nvidia-master.yaml @0004cf5 (and @48f302c, the same 1k/8k entries) launches fourteen
+# recipes, ishandhanani/srt-slurm sa-submission-q1-2026 recipes/trtllm/gb200-fp4/1k8k/{mtp,stp}/*.yaml (its
+# CONFIG_FILEs), with conc-lists [4, 8, 12, 24, 48], [7], [128], [512], [3072], [6144], [8192] (MTP) and [5], [60],
+# [135], [563], [2048], [4096], [8192] (STP). The recipes of those names (read at connorcarpenter15/srt-slurm
+# @5a156f6, a copy holding all fourteen; ishandhanani/srt-slurm @12b62f4's mtp/ctx1_gen7_tep8_batch1_eplb0_mtp3_lowconc
+# agrees: 7 TEP 8 decode workers, batch 1, MTP 3, concurrencies "7") set `benchmark: concurrencies` to 28
+# (ctx1_gen7_tep8_batch4_eplb0_mtp3: 7 workers x batch 4, not the matrix's 4-48), 7 (both ctx1_gen7_tep8_batch1, not
+# the STP entry's 5), and the matrix's own count for the other twelve: together exactly the dumps' 12 counts (7, 28,
+# 60, 128, 135, 512, 563, 2,048, 3,072, 4,096, 6,144, 8,192, both dumps; measured 2026-03-23, image 0.8.1.post2),
+# with two runs at 7 and 8,192 (MTP and STP: the 2026-03-25 dump's two rows at each). The 8k/1k recipes of the same
+# copy set the matrix's conc-lists ("4x8x12x24x48", "12x44x76"): there the matrix and the recipes agree.
 RECIPE_SOURCES: dict[tuple[str, str, str, int, int], str] = {
+    ("trtllm", "gb200", "fp4", 1024, 8192): "ishandhanani/srt-slurm recipes/trtllm/gb200-fp4/1k8k (sa-submission-q1-2026; "
+                                            "read at connorcarpenter15/srt-slurm @5a156f6)",
     ("trtllm", "h200_sxm", "fp8", 1024, 1024): "ishandhanani/srt-slurm recipes/trtllm/h200/1k1k @4893f83",
     ("trtllm", "h200_sxm", "fp8", 8192, 1024): "ishandhanani/srt-slurm recipes/trtllm/h200/8k1k @4893f83",
 }

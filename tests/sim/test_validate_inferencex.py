@@ -117,8 +117,8 @@ def test_by_default_an_ambiguous_row_runs_the_entry_with_the_most_decode_workers
     assert rec["gpus"] == 8 + 8 * 8 and rec["parallelism"] == "P 1x tp1 adp8 ep8 | D 8x tp8"
 
 
-# GB200 FP4 TensorRT-LLM 1k/8k at 28 clients: the table holds no GB200 FP4 1k/8k entry.
-NO_ENTRY_OF_ITS_SHAPE = "2026_03_25_deepseek_r1_gb200_trtllm_fp4_disagg_1024x8192_c28_tp4_0_ep4_0_404"
+# GB200 FP4 TensorRT-LLM 8k/1k of the 2026-04-06 dump at 538 clients, prefill TP 64 at EP 1: no entry of that shape.
+NO_ENTRY_OF_ITS_SHAPE = "2026_04_06_deepseek_r1_gb200_trtllm_fp4_disagg_8192x1024_c538_tp64_ep1_1112"
 
 
 def test_by_default_a_row_no_entry_lists_runs_the_nearest_entry_of_its_shape(rows) -> None:
@@ -849,3 +849,70 @@ def test_only_the_kimi_rows_are_matched_without_their_written_ep(rows) -> None:
     assert len(candidates(ds)) == 1
     ds["prefill_moe_ep_size"] = 1
     assert candidates(ds) == []
+
+
+# DeepSeek-R1 TensorRT-LLM GB200 FP4 1k/8k (RECIPE_SOURCES): the fourteen srt-slurm recipes nvidia-master.yaml's
+# dsr1-fp4-gb200-dynamo-trt 1k/8k entries launch, at the recipes' own benchmark counts (28 and 7 where the file lists
+# 4-48 and 5).
+GB200_FP4_1K8K = ("trtllm", "gb200", "fp4", 1024, 8192)
+GB200_1K8K_28 = "2026_03_25_deepseek_r1_gb200_trtllm_fp4_disagg_1024x8192_c28_tp4_0_ep4_0_404"
+
+
+def _gb200_1k8k_dump_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows[(rows["model"] == "DeepSeek-R1") & (rows["mode"] == "disagg") & (rows["backend"] == "trtllm")
+                & (rows["system"] == "gb200") & (rows["precision"] == "fp4") & (rows["isl"] == 1024)
+                & (rows["osl"] == 8192)]
+
+
+def test_gb200_fp4_1k8k_recipes_run_exactly_the_dumps_client_counts_and_fit_every_row(rows) -> None:
+    from twinserve.sim.validate_inferencex import RECIPE_SOURCES, TABLE
+    assert GB200_FP4_1K8K in RECIPE_SOURCES
+    d = _gb200_1k8k_dump_rows(rows)
+    assert len(d) == 26
+    listed = {c for e in TABLE[GB200_FP4_1K8K] for c in e.concs}
+    assert listed == set(d["concurrency"].astype(int)) == {7, 28, 60, 128, 135, 512, 563, 2048, 3072, 4096, 6144, 8192}
+    # every row of both dumps takes one entry's workers: none is left to an assumption
+    for _, row in d.iterrows():
+        m = inferencex_workers(row)
+        assert m is not None and not m.assumed, row["id"]
+
+
+def test_gb200_fp4_1k8k_at_28_clients_runs_its_recipes_seven_tep8_workers_with_mtp_3(rows) -> None:
+    from twinserve.sim.config import replica_config
+    plan = row_plan(_row(rows, GB200_1K8K_28))
+    assert plan.counts == (1, 7)
+    assert plan.layout.startswith("InferenceX config: 1 prefill, 7 decode workers; ran MTP 3 (simulated")
+    spec = plan.cfg.speculative
+    assert (spec.draft_model, spec.num_speculative_tokens) == ("mtp", 3)
+    pre, dec = replica_config(plan.cfg, 0), replica_config(plan.cfg, 1)
+    assert (dec.engine.tensor_parallel_size, dec.engine.data_parallel_size, dec.engine.expert_parallel_size) == (8, 1, 8)
+    assert dec.scheduler.max_num_seqs == 4  # ctx1_gen7_tep8_batch4: 7 x 4 = the 28 clients
+    assert (pre.scheduler.max_num_seqs, pre.scheduler.max_num_batched_tokens, pre.scheduler.adp_per_rank) == (
+        16, 16384, True)
+
+
+def test_gb200_fp4_1k8k_mtp_and_plain_runs_of_one_count_leave_mtp_unknown(rows) -> None:
+    # 7 and 8,192 clients: an MTP and a plain recipe with the same workers (the 2026-03-25 dump's two rows at each).
+    d = _gb200_1k8k_dump_rows(rows)
+    for conc, dec in ((7, Shape(7, 8, 8, False)), (8192, Shape(1, 32, 32, True))):
+        at = d[d["concurrency"] == conc]
+        assert len(at[at["silicon_data_source"].str.startswith("source_file=2026-03-25.csv")]) == 2
+        for _, row in at.iterrows():
+            m = inferencex_workers(row)
+            assert m is not None and m.decode == dec and m.mtp is None, row["id"]
+            assert not row_plan(row).cfg.speculative.enabled
+
+
+def test_gb200_fp4_1k8k_entries_agree_with_every_db_dump_twin_so_the_entry_comes_first(rows) -> None:
+    # The db-dump twins (configs 423, 374, 239) are the same layouts the recipes give: the entry, taken before the
+    # twin, moves no twin row's workers.
+    from twinserve.sim.validate_inferencex import _layout_fits
+    d = _gb200_1k8k_dump_rows(rows)
+    twinned = d[d["twin_id"].notna()]
+    assert len(twinned) == 11
+    for _, row in twinned.iterrows():
+        fits = candidates(row)
+        assert fits and _layout_fits(GB200_FP4_1K8K, fits, row, "twin_") == fits, row["id"]
+        assert row_plan(row).layout.startswith("InferenceX config:"), row["id"]
+        twin = _row(rows, row["twin_id"])
+        assert inferencex_workers(twin) == inferencex_workers(row), row["id"]
