@@ -48,7 +48,7 @@ def main() -> None:
         rec = {"id": row["id"], "mode": row["mode"], "conc": row["concurrency"],
                "meas_ttft": row["silicon_ttft_ms"], "meas_tpot": row["silicon_tpot_ms"]}
         rec.update(before_after(row, mock.patch.dict(validate_recipes.PRECISION_IMAGES, clear=True),
-                                mock.patch.object(validate_rows, "disagg_fp8_moe_kernel", lambda r, ep: "default")))
+                                mock.patch.object(validate_rows, "disagg_fp8_moe_kernel", lambda r, ep, adp: "default")))
         out.append(rec)
         print(f"{rec['id'][:75]:75s} c{int(rec['conc']):<4d} {ab_figures(rec)}", flush=True)
     d = records_frame(out, args.out)

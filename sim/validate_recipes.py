@@ -577,8 +577,9 @@ def _dsr1_fp8_b200_trt_mtp_rc6(isl: int, osl: int, conc: int, tp: int, attention
                               "under attention DP), ENABLE_CONFIGURABLE_MOE")
 
 
-# The MoE backend of DeepSeek-R1 FP8 TensorRT-LLM disaggregated workers, by launch group: the MoE EP sizes at which
-# its recipes set `moe_config: backend: TRTLLM` (aic's `fp8_block` rows are DeepGEMM's: backends/sim/aic/trtgen.py).
+# The MoE backend of DeepSeek-R1 FP8 TensorRT-LLM disaggregated workers, by launch group: the (MoE EP, attention DP)
+# worker shapes whose recipes set `moe_config: backend: TRTLLM` (aic's `fp8_block` rows are DeepGEMM's:
+# backends/sim/aic/trtgen.py).
 # - B200 (the srt-slurm recipes InferenceX's dsr1-fp8-b200-dynamo-trt entries launch, ishandhanani/srt-slurm
 #   recipes/trtllm/b200-fp8): every worker read at `moe_expert_parallel_size: 1` sets TRTLLM
 #   (1k1k/stp/ctx1_gen3_tp8_batch1024_eplb0_mtp0_128 and 1k1k/mtp/ctx1_gen8_tp8_batch4_eplb0_mtp3_32 decode @fe2cd90;
@@ -598,18 +599,40 @@ def _dsr1_fp8_b200_trt_mtp_rc6(isl: int, osl: int, conc: int, tp: int, attention
 #   fork's files run other `concurrencies` than their names give). Until 2026-12-06 these workers kept aic's DeepGEMM
 #   rows: a TP 8 decode step of DeepSeek-R1 at 4 rows priced 12.1 ms on B300 against 7.4 ms on B200's TRTLLM experts
 #   (58 MoE layers, DeepGEMM 0.13 ms a layer there against trtllm-gen's 0.05).
+# - GB300 (dsr1-fp8-gb300-dynamo-trt: recipes/trtllm/gb300-fp8/{1k1k,8k1k,1k8k}/{mtp,stp}/, the files the matrix names;
+#   all 39 of the fork connorcarpenter15/srt-slurm @5a156f6 read, and NVIDIA/srt-slurm's own copies at @527855c
+#   (8k1k/mtp/ctx1_gen4_tep8_batch1_eplb0_mtp3_8), @93c7904 (1k1k/stp/ctx1_gen4_tep8_batch1_eplb0_mtp0_4), @69ad102
+#   (1k8k/mtp/ctx1_gen4_tep8_batch4_eplb0_mtp3_16), @9f8ddd9 (8k1k/mtp/ctx8_gen1_dep16_batch64_eplb0_mtp3_666) agree):
+#   the decode workers at TP attention with EP 8 (`tep8`: `enable_attention_dp: false`, `moe_expert_parallel_size: 8`)
+#   set TRTLLM (13 files: 1k1k mtp _8, _24, stp _4, _24, _84; 8k1k mtp _8, _24, stp _4, _24, _36; 1k8k mtp _4, _16,
+#   stp _4, _36); the attention-DP decode workers (`dep8`, `dep16`, `dep32`: EP 8, 16, 32) set DEEPGEMM, and so does
+#   every prefill worker (TP 4, attention DP, EP 4). So EP alone does not tell GB300's TRTLLM workers apart (EP 8 is
+#   both): the table holds (EP, attention DP) pairs. The fork's decode workers also export `ENABLE_CONFIGURABLE_MOE=1`
+#   (NVIDIA's earlier copies do not), which wraps the same expert class in ConfigurableMoE and keeps its kernel:
+#   NVIDIA/TensorRT-LLM tensorrt_llm/_torch/modules/fused_moe/create_moe.py @01f8de5 `create_moe` (`get_moe_cls`:
+#   TRTLLM + fp8_block_scales -> TRTLLMGenFusedMoE, DEEPGEMM -> DeepGemmFusedMoE, either wrapped). aic's GB300 SGLang
+#   0.5.14 table (device "NVIDIA GB300") holds the trtllm-gen FP8 block-scale rows at MoE TP 1, EP 8.
 # Only for rows whose workers an InferenceX entry gives (sim/validate_inferencex.py).
-DISAGG_TRTGEN_WORKERS: dict[tuple[str, str, str, str], frozenset[int]] = {
-    ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8"): frozenset({1}),
-    ("trtllm", "DeepSeek-R1", "b300_sxm", "fp8"): frozenset({1, 8}),
+
+
+def _any_attention(*eps: int) -> frozenset[tuple[int, bool]]:
+    """(MoE EP, attention DP) pairs: these EPs with attention DP on or off."""
+    return frozenset((ep, adp) for ep in eps for adp in (False, True))
+
+
+DISAGG_TRTGEN_WORKERS: dict[tuple[str, str, str, str], frozenset[tuple[int, bool]]] = {
+    ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8"): _any_attention(1),
+    ("trtllm", "DeepSeek-R1", "b300_sxm", "fp8"): _any_attention(1, 8),
+    ("trtllm", "DeepSeek-R1", "gb300", "fp8"): frozenset({(8, False)}),
 }
 
 
-def disagg_fp8_moe_kernel(row: Any, moe_ep: int) -> str:
-    """aic_fp8_moe_kernel of a disaggregated worker at MoE EP `moe_ep` of this row: 'trtllm' where its
-    launch group's recipes run the TRTLLM MoE backend at that EP (DISAGG_TRTGEN_WORKERS), else 'default'."""
+def disagg_fp8_moe_kernel(row: Any, moe_ep: int, attention_dp: bool) -> str:
+    """aic_fp8_moe_kernel of a disaggregated worker at MoE EP `moe_ep`, attention DP on or off, of this row:
+    'trtllm' where its launch group's recipes run the TRTLLM MoE backend at that EP and attention
+    (DISAGG_TRTGEN_WORKERS), else 'default'."""
     key = (str(row.get("backend")), recipe_model(row), str(row.get("system")), str(row.get("precision")))
-    return "trtllm" if moe_ep in DISAGG_TRTGEN_WORKERS.get(key, frozenset()) else "default"
+    return "trtllm" if (moe_ep, bool(attention_dp)) in DISAGG_TRTGEN_WORKERS.get(key, frozenset()) else "default"
 
 
 # The MoE backend of DeepSeek-R1 NVFP4 GB200 TensorRT-LLM disaggregated prefill ("ctx") workers: both GB200 FP4

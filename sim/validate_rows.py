@@ -510,7 +510,7 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
         if cost_model == "aic":
             # The workers' MoE backend where their recipes set TRTLLM on FP8 block-scaled experts
             # (sim/validate_recipes.py DISAGG_TRTGEN_WORKERS; backends/sim/aic/trtgen.py).
-            kernels = [disagg_fp8_moe_kernel(row, w.moe_ep) for w in (pre, dec)]
+            kernels = [disagg_fp8_moe_kernel(row, w.moe_ep, w.attention_dp > 1) for w in (pre, dec)]
             if disagg_prefill_trtgen(row, pre.moe_ep):  # NVFP4 GB200 ctx workers' TRTLLM experts (the same knob)
                 kernels[0] = "trtllm"
             if "trtllm" in kernels:

@@ -509,14 +509,14 @@ def test_b200_fp8_trt_disagg_workers_at_ep1_run_trtllm_experts_under_aic(rows) -
     from twinserve.sim.config import replica_config
     from twinserve.sim.validate_recipes import disagg_fp8_moe_kernel
     row = _row(rows, B200_FP8_TEP1)
-    assert (disagg_fp8_moe_kernel(row, 1), disagg_fp8_moe_kernel(row, 8)) == ("trtllm", "default")
+    assert (disagg_fp8_moe_kernel(row, 1, False), disagg_fp8_moe_kernel(row, 8, True)) == ("trtllm", "default")
     cfg = row_plan(row, "aic").cfg
     assert replica_config(cfg, 0).engine.aic_fp8_moe_kernel == "default"  # the prefill worker, EP 8
     assert replica_config(cfg, 1).engine.aic_fp8_moe_kernel == "trtllm"  # a decode worker, EP 1
     roof = row_plan(row, "roofline").cfg
     assert all(replica_config(roof, i).engine.aic_fp8_moe_kernel == "default" for i in (0, 1))
     # Other groups keep aic's table: H200 (CUTLASS in its recipes).
-    assert disagg_fp8_moe_kernel(_row(rows, H200_MTP_OR_NOT), 1) == "default"
+    assert disagg_fp8_moe_kernel(_row(rows, H200_MTP_OR_NOT), 1, False) == "default"
 
 
 # B300 FP8 TensorRT-LLM 8k/1k: 8 clients (1 prefill TP 4 attention DP, EP 1; 4 TP 8 decode workers, EP 1) and 3,072
@@ -532,7 +532,7 @@ def test_b300_fp8_trt_disagg_workers_run_trtllm_experts_at_ep1_and_ep8_under_aic
     from twinserve.sim.config import replica_config
     from twinserve.sim.validate_recipes import disagg_fp8_moe_kernel
     row = _row(rows, B300_FP8_8K_8)
-    assert (disagg_fp8_moe_kernel(row, 1), disagg_fp8_moe_kernel(row, 8)) == ("trtllm", "trtllm")
+    assert (disagg_fp8_moe_kernel(row, 1, False), disagg_fp8_moe_kernel(row, 8, True)) == ("trtllm", "trtllm")
     cfg = row_plan(row, "aic").cfg
     pre, dec = replica_config(cfg, 0), replica_config(cfg, 1)
     assert (pre.engine.aic_fp8_moe_kernel, dec.engine.aic_fp8_moe_kernel) == ("trtllm", "trtllm")
@@ -550,6 +550,42 @@ def test_b300_fp8_trt_disagg_workers_run_trtllm_experts_at_ep1_and_ep8_under_aic
     roof = row_plan(row, "roofline").cfg
     assert all(replica_config(roof, i).engine.aic_fp8_moe_kernel == "default" for i in (0, 1))
 
+
+
+# GB300 FP8 TensorRT-LLM 8k/1k at 8 clients (1 prefill TP 4 attention DP, EP 4; 4 TEP 8 decode workers: TP attention,
+# EP 8; MTP 3) and 1k/1k at 180 (1 prefill; 1 DEP 32 decode worker). Their recipes (recipes/trtllm/gb300-fp8/8k1k/mtp/
+# ctx1_gen4_tep8_batch1_eplb0_mtp3_8.yaml, 1k1k/mtp/ctx1_gen1_dep32_batch4_eplb0_mtp3_180.yaml; connorcarpenter15/
+# srt-slurm @5a156f6, NVIDIA/srt-slurm @527855c) set `moe_config: backend: TRTLLM` on the TEP 8 decode worker only:
+# DEEPGEMM on the attention-DP decode workers (EP 8 too, `dep8`) and on every prefill worker.
+GB300_FP8_8K_8 = "2026_03_25_deepseek_r1_gb300_trtllm_fp8_disagg_8192x1024_c8_tp4_0_ep4_0_954"
+GB300_FP8_1K_180 = "2026_03_25_deepseek_r1_gb300_trtllm_fp8_disagg_1024x1024_c180_tp4_0_ep4_0_941"
+
+
+def test_gb300_fp8_trt_disagg_tep8_decode_workers_run_trtllm_experts_under_aic(rows) -> None:
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.build import build_cost_models
+    from twinserve.sim.config import replica_config
+    from twinserve.sim.validate_recipes import disagg_fp8_moe_kernel
+    row = _row(rows, GB300_FP8_8K_8)
+    # EP 8 runs TRTLLM under TP attention (`tep8`) and DEEPGEMM under attention DP (`dep8`); the EP 4 prefill DEEPGEMM.
+    assert [disagg_fp8_moe_kernel(row, ep, adp) for ep, adp in ((8, False), (8, True), (4, True), (16, True))] == [
+        "trtllm", "default", "default", "default"]
+    cfg = row_plan(row, "aic").cfg
+    pre, dec = replica_config(cfg, 0), replica_config(cfg, 1)
+    assert (dec.engine.data_parallel_size, dec.engine.expert_parallel_size) == (1, 8)
+    assert (pre.engine.aic_fp8_moe_kernel, dec.engine.aic_fp8_moe_kernel) == ("default", "trtllm")
+    # The decode worker's price: aic's GB300 SGLang trtllm-gen FP8 rows (device "NVIDIA GB300") at MoE EP 8 under its
+    # DeepGEMM rows at a verify step's 4 rows (batch 1, MTP 3).
+    cost = build_cost_models(dec)[3]
+    assert "trtllm-gen FP8 experts" in cost.describe()
+    dec.engine.aic_fp8_moe_kernel = "default"
+    deepgemm = build_cost_models(dec)[3]
+    assert cost.decode_tokens_time(4) < deepgemm.decode_tokens_time(4)
+    dep = row_plan(_row(rows, GB300_FP8_1K_180), "aic").cfg
+    assert replica_config(dep, 1).engine.data_parallel_size == 32
+    assert all(replica_config(dep, i).engine.aic_fp8_moe_kernel == "default" for i in (0, 1))
+    roof = row_plan(row, "roofline").cfg
+    assert all(replica_config(roof, i).engine.aic_fp8_moe_kernel == "default" for i in (0, 1))
 
 # InferenceX's database dump read against the matrix (sim/validate_inferencex.py db_dump_shape): the db-dump twin of
 # a development GB300 SGLang FP8 1k/1k row at 4 clients (1 prefill TP 4, 4 decode TP 4, written tp 4, moe_tp 4).
