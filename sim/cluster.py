@@ -504,7 +504,12 @@ class ClusterSimulation:
         new_reqs: list = []
         budget = cfg.max_num_batched_tokens - num_tokens
         hidden = sched.hide_unread()
-        budget = sched._admit(t, budget, num_scheduled, new_reqs, sched.lookahead)
+        if drafts is not None:
+            sched.owed_counts = drafts.owed  # guaranteed_no_evict's sum over the decodes, from the counts
+        try:
+            budget = sched._admit(t, budget, num_scheduled, new_reqs, sched.lookahead)
+        finally:
+            sched.owed_counts = None
         sched.show_unread(hidden)
         if sched._stalled:
             sched._fail_stalled(t)

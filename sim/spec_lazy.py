@@ -60,6 +60,7 @@ class LazyDrafts:
         self.limit = z        # stop_check_len
         self.h = z            # blocks held (len of its block table)
         self.rates: np.ndarray | None = None  # per-request acceptance rates (with a spread), else None
+        self.peak = z         # blocks each holds at its peak (Scheduler._peak_blocks)
         self.gained = z       # tokens sampled, not yet appended
         self.drafted = z      # drafts verified, not yet counted on the request
         self.accepted = z     # drafts accepted, not yet counted
@@ -92,6 +93,9 @@ class LazyDrafts:
             limit = np.fromiter(map(_stop_len, rest), np.int64, n)
             tables = self.sched.kv.req_to_blocks
             h = np.fromiter(map(len, map(tables.get, map(_rid, rest), repeat(()))), np.int64, n)
+            key = sched.peak_key
+            peak_of = sched._peak_blocks
+            peak = np.fromiter((r.peak_blocks if r.peak_owner == key else peak_of(r) for r in rest), np.int64, n)
             rates = None
             acc_model = self.ex.spec
             if spread:
@@ -104,6 +108,7 @@ class LazyDrafts:
                 self.length = np.concatenate((self.length, length))
                 self.limit = np.concatenate((self.limit, limit))
                 self.h = np.concatenate((self.h, h))
+                self.peak = np.concatenate((self.peak, peak))
                 if spread:
                     self.rates = np.concatenate((self.rates, rates))
                 zeros = np.zeros(n, np.int64)
@@ -113,6 +118,7 @@ class LazyDrafts:
                 reqs += rest
             else:
                 self.c, self.length, self.limit, self.h, self.rates = c, length, limit, h, rates
+                self.peak = peak
                 self.gained = np.zeros(n, np.int64)
                 self.drafted = np.zeros(n, np.int64)
                 self.accepted = np.zeros(n, np.int64)
@@ -143,10 +149,23 @@ class LazyDrafts:
         keep = np.ones(n, bool)
         keep[rows] = False
         self.c, self.length, self.limit, self.h = self.c[keep], self.length[keep], self.limit[keep], self.h[keep]
+        self.peak = self.peak[keep]
         if self.rates is not None:
             self.rates = self.rates[keep]
         self.gained, self.drafted, self.accepted = self.gained[keep], self.drafted[keep], self.accepted[keep]
         return ids
+
+    def owed(self, count: int) -> int | None:
+        """Scheduler._running_blocks_owed for the first count running requests where they are the requests
+        held (their peaks less the blocks their tables hold now, read in one pass: a drafting join step's
+        admissions come after its replayed allocations); None otherwise."""
+        reqs = self.reqs
+        running = self.sched.running
+        if count != len(reqs) or len(running) < count or (count and running[count - 1] is not reqs[-1]):
+            return None
+        tables = self.sched.kv.req_to_blocks
+        held = np.fromiter(map(len, map(tables.__getitem__, map(_rid, reqs))), np.int64, count)
+        return int(np.maximum(self.peak - held, 0).sum())
 
     # ------------------------------------------------------------------ materializing
     def _materialize(self, i: int) -> None:

@@ -14,13 +14,16 @@ from twinserve.sim.config import set_field
 from .helpers import small_config
 
 
+BLOCKS = 300
+
+
 @pytest.fixture(autouse=True)
 def _windows_for_any_batch(monkeypatch):
     """These small studies test the drafting windows and join steps: let every drafting batch take them."""
     monkeypatch.setattr(spec_window, "SPEC_WINDOW_MIN_BATCH", 1)
 
 
-def _cfg(seed: int = 0, spread: float = 0.0, output_dist: str = "fixed"):
+def _cfg(seed: int = 0, spread: float = 0.0, output_dist: str = "fixed", blocks: int = 0):
     cfg = small_config(concurrency=24, num_requests=240, warmup_requests=0, num_replicas=2, num_prefill_replicas=1,
                        output_dist=output_dist, output_mean=120)
     set_field(cfg, "run.seed", seed)
@@ -29,6 +32,9 @@ def _cfg(seed: int = 0, spread: float = 0.0, output_dist: str = "fixed"):
     set_field(cfg, "speculative.num_speculative_tokens", 3)
     cfg.speculative.acceptance_rates = [0.8, 0.6, 0.5]
     cfg.speculative.acceptance_spread = spread
+    if blocks:  # TensorRT-LLM's admission in a pool that holds back some joiners
+        set_field(cfg, "capacity_policy", "guaranteed_no_evict")
+        set_field(cfg, "engine.num_gpu_blocks", blocks)
     return cfg
 
 
@@ -91,3 +97,22 @@ def test_a_joiner_between_windows_is_read_once_and_its_tokens_reach_its_record()
     assert decode.drafts.num_gathered >= 240
     out = {r.request_id: r.num_output_tokens for r in res.total.records}
     assert len(out) == 240 and set(out.values()) == {120}
+
+
+def test_guaranteed_no_evict_admissions_read_the_decodes_owed_blocks_from_the_counts(monkeypatch) -> None:
+    from twinserve.sim.spec_lazy import LazyDrafts
+    answered = []
+    real = LazyDrafts.owed
+
+    def spy(self, count):
+        got = real(self, count)
+        answered.append(got is not None)
+        return got
+
+    monkeypatch.setattr(LazyDrafts, "owed", spy)
+    cfg = _cfg(4, blocks=BLOCKS)
+    sim_l, res_l, _ = _run(cfg, True)
+    sim_p, res_p, _ = _run(cfg, False)
+    assert sum(answered) > 0
+    assert max(sim_l.replicas[-1].steps.waiting) > 0  # joiners held back: the owed sum decided admissions
+    assert _figures(sim_l, res_l) == _figures(sim_p, res_p)
