@@ -32,6 +32,7 @@ from twinserve.core.request import RequestStatus
 from twinserve.core.sched.output import CachedRequestData
 
 from twinserve.sim.kv_offload import store_free_window
+from twinserve.sim.spec_lazy import LazyDrafts
 from twinserve.sim.spec_window import (SPEC_FIRST_DRAW, SpecWindow, append_tokens, apply_spec_window,
                                        extend_spec_window, finish, plan_spec_window,
                                        replay_allocations, replay_trims, settle, spec_window_applies,
@@ -64,6 +65,8 @@ class Replica:
         self.records: list[RequestRecord] = []
         # The running plain decodes kept as counts (ClusterSimulation._lazy_for); None: not this replica.
         self.lazy: LazyDecodes | None = None
+        # The running drafting decodes kept as counts (ClusterSimulation._drafts_for); None: not this replica.
+        self.drafts: LazyDrafts | None = None
         # Time-weighted sums (value x step duration) kept even without a step log.
         self.busy_time = 0.0
         self.area_in_system = 0.0
@@ -124,6 +127,11 @@ class ClusterSimulation:
         # replica's plain decodes are held as counts, so windows and join steps cost what changes, not
         # a pass over the batch; the same results (tests/sim/test_lazy_decodes.py). False: the passes.
         self.lazy_decodes = True
+        # Lazy drafts (sim/spec_lazy.py): where drafting join steps and windows apply and no token times are
+        # kept, a replica's drafting decodes' tokens are held as counts, so a join step costs its joiners and
+        # the batch's draws, not a pass over the batch; the same run (tests/sim/test_spec_lazy.py). False: the
+        # passes.
+        self.lazy_drafts = True
         # True: _on_loop runs at the top of every replica's scheduler-loop iteration (sim/disagg.py's
         # SGLang pre-allocation); False (the default) keeps the loop free of the call.
         self.loop_hook = False
@@ -269,6 +277,7 @@ class ClusterSimulation:
         tier = core.executor if isinstance(core.executor, HostTierExecutor) else None
         first_token = self.first_token
         rep.lazy = lazy = self._lazy_for(rep)
+        rep.drafts = drafts = self._drafts_for(rep)
         t = 0.0
         while True:
             self._route_until(t)
@@ -319,6 +328,8 @@ class ClusterSimulation:
                 else:
                     if lazy is not None:
                         lazy.flush()  # core.step reads every running request
+                    if drafts is not None:
+                        drafts.flush()
                     outputs, stats = core.step(t)
                     finished = [out.req_id for out in outputs if out.finish_reason is not None]
                 assert stats is not None
@@ -373,6 +384,8 @@ class ClusterSimulation:
         policy = type(sched.batch_policy)
         if sched.spec is not None and sched.spec.active(len(sched.running)):
             return self._spec_join_step(rep, t)
+        if rep.drafts is not None:
+            rep.drafts.flush()  # the plain join step reads every running request
         if ((policy is not MixedBatches and policy is not PrefillFirst)
                 or (kv.enable_caching and (rep.lazy is not None or policy is not MixedBatches))
                 or kv.host is not None or kv.num_groups > 1 or kv.sliding_window is not None
@@ -473,23 +486,30 @@ class ClusterSimulation:
                 or kv.sliding_window is not None or core.executor is not ex or sched._stalled
                 or sched.failed_outputs or sched.spec.disable_by_batch_size > 0 or not wide_enough(sched)):
             return None
-        win = plan_spec_window(sched, ex, 1, t, INF, joining=True)
+        drafts = rep.drafts
+        win = plan_spec_window(sched, ex, 1, t, INF, joining=True, lazy=drafts)
         if win is None:
             return None
         n, k = win.n, win.k
         running = sched.running
         # schedule_batch's drafting loop: each decode's blocks (the calls that are not no-ops), then its
-        # 1 + k tokens scheduled.
+        # 1 + k tokens scheduled (held as counts: nothing reads the decodes' counts before they are set).
         replay_allocations(sched, win, 0)
-        for i, kk in enumerate(win.drafts[0].tolist()):
-            running[i].num_computed_tokens += 1 + kk
+        if drafts is None:
+            for i, kk in enumerate(win.drafts[0].tolist()):
+                running[i].num_computed_tokens += 1 + kk
         num_tokens = win.tokens(1)[0]
         cfg = sched.config
         num_scheduled: dict[str, int] = {}
         new_reqs: list = []
         budget = cfg.max_num_batched_tokens - num_tokens
         hidden = sched.hide_unread()
-        budget = sched._admit(t, budget, num_scheduled, new_reqs, sched.lookahead)
+        if drafts is not None:
+            sched.owed_counts = drafts.owed  # guaranteed_no_evict's sum over the decodes, from the counts
+        try:
+            budget = sched._admit(t, budget, num_scheduled, new_reqs, sched.lookahead)
+        finally:
+            sched.owed_counts = None
         sched.show_unread(hidden)
         if sched._stalled:
             sched._fail_stalled(t)
@@ -499,11 +519,14 @@ class ClusterSimulation:
         mro = ex.execute(so, spec_rows=win.parts[0])
         d = mro.step_time or 0.0
         end = t + d
-        append_tokens(sched, ex, win, 1, self.keep_token_times, [end])
+        if drafts is not None:
+            drafts.advance(win, 1, win.accepted[0], win.drafts[0])
+        else:
+            append_tokens(sched, ex, win, 1, self.keep_token_times, [end])
         replay_trims(sched, win, 0)
-        settle(sched, win, 1)
+        settle(sched, win, 1, drafts is not None)
         win.ends = [end]  # finish() reads the planned last step: this one
-        done = finish(sched, win, 1, end)
+        done = finish(sched, win, 1, end, drafts)
         num_failed = len(sched.failed_outputs)
         outputs = sched.update_from_output(so, mro, end)
         return outputs, *_close_join_step(core, so, outputs, num_failed, done, t, d, n, len(new_reqs),
@@ -552,7 +575,10 @@ class ClusterSimulation:
         if spec_window_applies(sched, rep.executor):
             if rep.core.executor is not rep.executor or not wide_enough(sched):
                 return None  # a wrapped executor (host tier) or a narrow batch steps
-            return plan_spec_window(sched, rep.executor, self.max_window, t, INF, first=SPEC_FIRST_DRAW)
+            return plan_spec_window(sched, rep.executor, self.max_window, t, INF, first=SPEC_FIRST_DRAW,
+                                    lazy=rep.drafts)
+        if rep.drafts is not None:
+            rep.drafts.flush()  # a plain decode plan reads every running request
         lazy = rep.lazy
         if lazy is not None and (lazy.active or (len(sched.waiting) == 0 and lazy.enter())):
             k, context = lazy.plan(self.max_window)
@@ -607,7 +633,7 @@ class ClusterSimulation:
         """_apply_window for a drafting batch's window."""
         sched = rep.core.scheduler
         n = plan.n
-        finished = apply_spec_window(sched, rep.executor, plan, m, self.keep_token_times)
+        finished = apply_spec_window(sched, rep.executor, plan, m, self.keep_token_times, rep.drafts)
         durations, ends = plan.durations[:m], plan.ends[:m]
         rep.core.num_steps += m
         busy = 0.0
@@ -643,6 +669,20 @@ class ClusterSimulation:
             return None
         return LazyDecodes(sched, ex.state, ex.tokens, DEFAULT_TOKEN)
 
+    def _drafts_for(self, rep: Replica) -> LazyDrafts | None:
+        """The replica's LazyDrafts where its drafting steps allow them (_spec_join_step's conditions and
+        spec_window's no-cache replays: one KV table, no prefix cache; no token times), else None."""
+        core = rep.core
+        sched = core.scheduler
+        ex = rep.executor
+        kv = sched.kv
+        if (not (self.lazy_drafts and self.join_steps and self.fast_forward) or self.keep_token_times
+                or sched.spec is None or ex.spec is None or type(sched.batch_policy) is not MixedBatches
+                or kv.enable_caching or not kv._one_table or kv.host is not None or kv.num_groups > 1
+                or kv.sliding_window is not None or core.executor is not ex):
+            return None
+        return LazyDrafts(sched, ex)
+
     # ------------------------------------------------------------------ run
     def _replica_result(self, rep: Replica, wall: float) -> RunResult:
         sched = rep.core.scheduler
@@ -672,6 +712,8 @@ class ClusterSimulation:
         for rep in self.replicas:
             if rep.lazy is not None:
                 rep.lazy.flush()  # the requests still running, up to date for whoever reads them
+            if rep.drafts is not None:
+                rep.drafts.flush()
         wall = time.perf_counter() - wall
         per = [self._replica_result(rep, wall) for rep in self.replicas]
         total = RunResult(self.records, StepLog(), max((r.end_time for r in per), default=0.0), wall,

@@ -82,6 +82,9 @@ class SpecWindow:
     cursor: Any = None  # where drawing stands (_Cursor): extend_spec_window draws on from it
     closed: bool = False  # no step can follow: a finish, or a step that would not fit
     sums: tuple | None = None  # (m, accepted, drafts) summed over the first m steps (_step_sums)
+    # per step: each request's (computed tokens, length, blocks held) after it (the arrays the draw made:
+    # sim/spec_lazy.py's counts take them over once the step is applied)
+    after: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
 
     def tokens(self, m: int) -> list[int]:
         """Tokens each of the first m steps schedules (the step log's tokens column)."""
@@ -100,12 +103,14 @@ def wide_enough(sched: Scheduler) -> bool:
 
 
 def plan_spec_window(sched: Scheduler, ex: SimExecutor, max_steps: int, start: float,
-                     deadline: float, joining: bool = False, first: int | None = None) -> SpecWindow | None:
+                     deadline: float, joining: bool = False, first: int | None = None,
+                     lazy: Any = None) -> SpecWindow | None:
     """The next run of same-shape drafting decode steps from start (each starting before deadline), drawn
     and priced but not applied; None where the batch does not allow one (see the module's doc).
     joining: requests wait to join the first step (sim/cluster.py's drafting join step: one step, the
     decodes' half of it, priced with the joiners by the caller). first: draw only this many steps now
-    (extend_spec_window draws more, up to max_steps)."""
+    (extend_spec_window draws more, up to max_steps). lazy: the replica's sim.spec_lazy.LazyDrafts, whose
+    counts are the batch's (read from it, not from the requests)."""
     kv = sched.kv
     running = sched.running
     n = len(running)
@@ -123,13 +128,20 @@ def plan_spec_window(sched: Scheduler, ex: SimExecutor, max_steps: int, start: f
     known = len(state) - sum(1 for rid in sched.finished_req_ids if rid in state)
     if not ex.spec_active(known):
         return None  # the runner would not propose: the next step verifies nothing
-    lookahead = sched.lookahead
-    mml = sched.config.max_model_len
-    bs = kv.block_size
     caching = kv.enable_caching
     held = kv.req_to_blocks
     cached_of = kv.num_cached_blocks
     spread = acc_model.spread > 0.0
+    if lazy is not None:
+        got = lazy.gather(k, spread)
+        if got is None:
+            return None  # a request taken on is not a plain drafting decode
+        c, length, limit, h, rates = got
+        if rates is None:
+            rates = np.broadcast_to(np.asarray(acc_model.rates, float), (n, k))
+        cc = np.zeros(n, np.int64)
+        return _plan_from(sched, ex, acc_model, n, k, c, length, limit, h, cc, rates, start, max_steps, deadline,
+                          first)
     rates = np.empty((n, k)) if spread else np.broadcast_to(np.asarray(acc_model.rates, float), (n, k))
     # Each request's proposals, whether it is a plain drafting decode with its first token and nothing to stop
     # it (stop_check_ids, Scheduler.add_request), then computed tokens, length, limit and blocks held: a pass
@@ -148,6 +160,18 @@ def plan_spec_window(sched: Scheduler, ex: SimExecutor, max_steps: int, start: f
     if spread:
         for i, req in enumerate(running):
             rates[i] = acc_model.rates_of(req.request_id)
+    return _plan_from(sched, ex, acc_model, n, k, c, length, limit, h, cc, rates, start, max_steps, deadline, first)
+
+
+def _plan_from(sched: Scheduler, ex: SimExecutor, acc_model: Any, n: int, k: int, c: np.ndarray, length: np.ndarray,
+               limit: np.ndarray, h: np.ndarray, cc: np.ndarray, rates: np.ndarray, start: float, max_steps: int,
+               deadline: float, first: int | None) -> SpecWindow | None:
+    """plan_spec_window once the batch is read: the window's cursor and its first draws."""
+    kv = sched.kv
+    lookahead = sched.lookahead
+    mml = sched.config.max_model_len
+    bs = kv.block_size
+    caching = kv.enable_caching
     free = kv.pool.free_queue.num_free
     as_decode = getattr(ex.cost_model, "prices_verify", False)
     drafting = ex.draft is not None
@@ -277,6 +301,7 @@ def _draw(ex: SimExecutor, win: SpecWindow, more: int) -> None:
             win.trims.append(_NONE2)
         win.accepted.append(acc)
         win.drafts.append(kk)
+        win.after.append((c, length, h))
         win.prices.append((features, d, draft_s))
         t = t + d
         win.durations.append(d)
@@ -293,9 +318,12 @@ _NONE4 = (_EMPTY, _EMPTY, _EMPTY, _EMPTY)
 _NONE2 = (_EMPTY, _EMPTY)
 
 
-def apply_spec_window(sched: Scheduler, ex: SimExecutor, win: SpecWindow, m: int, times: bool) -> list[str]:
+def apply_spec_window(sched: Scheduler, ex: SimExecutor, win: SpecWindow, m: int, times: bool,
+                      lazy: Any = None) -> list[str]:
     """Apply a planned window's first m steps as stepping would; returns the ids that finished (in running
-    order, freed in that order as update_from_output frees them). times: keep each token's time."""
+    order, freed in that order as update_from_output frees them). times: keep each token's time. lazy: the
+    replica's sim.spec_lazy.LazyDrafts (the window was planned from it): the requests' tokens and counts are
+    kept pending there, not appended."""
     if len(sched.running) != win.n:
         raise AssertionError("a drafting window's batch changed between its plan and its steps")
     state = ex.state
@@ -303,13 +331,16 @@ def apply_spec_window(sched: Scheduler, ex: SimExecutor, win: SpecWindow, m: int
         state.pop(rid, None)
     sched.finished_req_ids = set()
     sched.advance_recv(m)  # decode steps count toward the receive poll (Scheduler._received)
-    append_tokens(sched, ex, win, m, times)
+    if lazy is not None:
+        lazy.advance(win, m, *_step_sums(win, m))
+    else:
+        append_tokens(sched, ex, win, m, times)
     for j in range(m):
         replay_allocations(sched, win, j)
         replay_trims(sched, win, j)
-    settle(sched, win, m)
+    settle(sched, win, m, lazy is not None)
     ex.count_verify_steps(win.prices[:m])
-    return finish(sched, win, m, win.ends[m - 1])
+    return finish(sched, win, m, win.ends[m - 1], lazy)
 
 
 def _step_sums(win: SpecWindow, m: int) -> tuple[np.ndarray, np.ndarray]:
@@ -434,10 +465,11 @@ def replay_trims(sched: Scheduler, win: SpecWindow, j: int) -> None:
         release(req)
 
 
-def settle(sched: Scheduler, win: SpecWindow, m: int) -> None:
+def settle(sched: Scheduler, win: SpecWindow, m: int, counts_only: bool = False) -> None:
     """After m steps (append_tokens' and the replays' calls made): the decodes' computed tokens and
     fast-decode limits, and the scheduler's acceptance statistics (SpecDecodeStats.observe for the
-    steps' verifications, summed)."""
+    steps' verifications, summed). counts_only: the statistics alone (the requests are held as counts,
+    sim/spec_lazy.py, which sets the rest when it brings them up to date)."""
     running = sched.running
     kv = sched.kv
     accepted = win.accepted[:m]
@@ -445,7 +477,7 @@ def settle(sched: Scheduler, win: SpecWindow, m: int) -> None:
     acc_sum, kk_sum = _step_sums(win, m)
     # The requests whose blocks the replays changed (and whose computed tokens they set): the rest were
     # set by append_tokens, and a step leaves them where it finds them.
-    touched = [r for j in range(m) for r in (win.allocs[j][0], win.trims[j][0]) if len(r)]
+    touched = [r for j in range(m) for r in (win.allocs[j][0], win.trims[j][0]) if len(r)] if not counts_only else ()
     if touched:
         rows = np.unique(np.concatenate(touched)).tolist() if len(touched) > 1 else touched[0].tolist()
         if kv.enable_caching:
@@ -475,11 +507,14 @@ def settle(sched: Scheduler, win: SpecWindow, m: int) -> None:
     sched.step_num_accepted_tokens = int(last.sum())
 
 
-def finish(sched: Scheduler, win: SpecWindow, m: int, now: float) -> list[str]:
+def finish(sched: Scheduler, win: SpecWindow, m: int, now: float, lazy: Any = None) -> list[str]:
     """End the decodes at their length limit after m steps (only after the planned last step), in running
-    order, as update_from_output ends and frees them; their ids."""
+    order, as update_from_output ends and frees them; their ids. lazy: the replica's LazyDrafts (each
+    brought up to date first)."""
     if m != len(win.ends) or win.finishing is None:
         return []
+    if lazy is not None:
+        return lazy.finish(win.finishing.tolist(), now)
     running = sched.running
     return _finish_by_length(sched, [running[i] for i in win.finishing.tolist()], now)
 

@@ -8,7 +8,7 @@ batches and prefix-cache skips all fall out of num_computed_tokens. The batch po
 from __future__ import annotations
 
 import itertools
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from twinserve.core.errors import InvalidRequestError, PromptTooLongError
 from twinserve.core.kv.groups import max_pages
@@ -43,6 +43,10 @@ class Scheduler(OutputUpdate):
         # blocks sliding windows free (KVCacheManager.num_window_freed, owed_freed when the bound was made).
         self.owed_bound = -1
         self.owed_freed = 0
+        # While set: the blocks the first count running requests owe (_running_blocks_owed's sum), from a
+        # caller that holds them as counts (sim/spec_lazy.py, during a drafting join step's admissions), or
+        # None where it cannot tell (the sum is made here).
+        self.owed_counts: Callable[[int], int | None] | None = None
         self.spec = speculative_config
         self.spec_stats = SpecDecodeStats()
         self.lookahead = speculative_config.num_lookahead_tokens if speculative_config is not None else 0
@@ -717,6 +721,10 @@ class Scheduler(OutputUpdate):
         """
         kv = self.kv
         total = 0
+        if self.owed_counts is not None:
+            got = self.owed_counts(len(self.running) if count is None else min(count, len(self.running)))
+            if got is not None:
+                return got
         running = self.running if count is None or count >= len(self.running) else self.running[:count]
         if kv._one_table:
             tables = kv.req_to_blocks
