@@ -40,13 +40,15 @@ _SOURCE = "SemiAnalysisAI/InferenceX .github/configs/nvidia-master.yaml @0004cf5
 MTP_DEPTH_NOT_GIVEN = -1  # an MTP entry whose recipe file name gives no depth (the SGLang ones)
 # A drafting batch used to step one step at a time: a disaggregated MTP row of 8,609 clients took 172 CPU s
 # against 12.5 without drafts (B300 FP4 1k/1k, 2026-12-05). Its decodes now advance in windows and in the
-# cluster's join steps (sim/spec_window.py), still several times a plain decode's cost per step (a Python
-# pass per request per step, where plain decodes have lazy ones): the 25 development studies of 257-1,024
-# clients whose MTP this cap now simulates cost 220 CPU s against 82 without drafts (one process, shared
-# machine, 2026-12-06; docs/validate-accuracy.md), inside the ~250 s the full set's half hour leaves; those of
-# 1,025-1,229 clients would add 119 s more. Past this many clients an entry's MTP is recorded, not simulated;
-# every development row up to the evaluation's 128 clients drafts.
-MTP_SIMULATED_MAX_CLIENTS = 1024
+# cluster's join steps (sim/spec_window.py), holding their accepted tokens as counts between the steps that read
+# them (sim/spec_lazy.py LazyDrafts, 2026-12-06). Measured on the development studies of 1,025-2,560 clients whose
+# entries ran MTP (docs/validate-speed.md, "MTP past 1,024 clients" and the LazyDrafts section): the 19 at OSL 1,024
+# cost 61.6 CPU s capped and 134.2 s drafting (TPOT median |err| 56.3% -> 25.4%, TTFT 52.9% -> 59.0%), the 3 at
+# OSL 8,192 (2,048-2,152 clients) ~6-9 s capped and 20-26 s drafting each (TPOT 69.0% -> 28.1%, TTFT 37.6% ->
+# 35.5%). Past 2,560 clients drafting took TPOT the other way on the 3 studies of 3,226-4,968 clients
+# (32.3% -> 40.6%) and the 1k/8k study of 8,192 clients had not finished in 15 minutes, so there the entry's MTP
+# is recorded, not simulated. Every development row up to the evaluation's 128 clients drafts.
+MTP_SIMULATED_MAX_CLIENTS = 2560
 # SGLang's `--ep-num-redundant-experts` (EPLB replicas; SGLang's default 0) of the InferenceX DeepSeek-R1
 # Dynamo-SGLang wide-EP decode workers whose EP does not divide the 256 experts: 32, which makes 288 physical
 # experts, 6 a GPU at EP 48 and 12 at EP 24. The srt-slurm recipes nvidia-master.yaml's `config_file` names
