@@ -23,7 +23,7 @@ sliding window), mixed batches, no per-token times, the executor the replica's o
 from __future__ import annotations
 
 from itertools import repeat
-from operator import attrgetter, is_
+from operator import is_
 from typing import Any
 
 import numpy as np
@@ -32,14 +32,8 @@ from twinserve.backends.sim.executor import DEFAULT_TOKEN, SimExecutor
 from twinserve.core.request import Request
 from twinserve.core.sched.fast_forward import _finish_by_length
 from twinserve.core.sched.scheduler import Scheduler
+from twinserve.sim.spec_window import _all_ids, _computed, _outputs, _rid, _spec_ids, _stop_ids, _stop_len
 
-_spec_ids = attrgetter("spec_token_ids")
-_stop_ids = attrgetter("stop_check_ids")
-_outputs = attrgetter("output_token_ids")
-_computed = attrgetter("num_computed_tokens")
-_all_ids = attrgetter("all_token_ids")
-_stop_len = attrgetter("stop_check_len")
-_rid = attrgetter("request_id")
 
 
 class LazyDrafts:

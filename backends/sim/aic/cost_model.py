@@ -237,14 +237,7 @@ class AicCostModel:
             raise AicError("aic_fp8_moe_kernel", f"aic_fp8_moe_kernel 'trtllm' is TensorRT-LLM's TRTLLM MoE "
                            f"backend for FP8 block-scaled or NVFP4 experts; {self.model.name} on aic_backend "
                            f"{self.backend!r} has none")
-        backend, version = TRTGEN_DATABASE
-        try:
-            self._trtgen_eval = evaluator(_load(pdb, self.system, backend, version))
-            self._trtgen_eval(moe.op, is_context=True, batch_size=1, s=1, x=16)
-        except Exception as err:  # no such database, or aic's PerfDataNotAvailableError and kin
-            raise AicError("aic_fp8_moe_kernel", f"aiconfigurator-core's {backend} {version} {self.system} "
-                           f"database has no trtllm-gen FP8 block-scale MoE timings at this layout: "
-                           f"{str(err).split(': tried')[0]}") from None
+        self._trtgen_eval = self._second_table(pdb, moe, *TRTGEN_DATABASE, "trtllm-gen FP8 block-scale MoE")
         return moe
 
     def _triton_transfer(self, pdb: Any) -> TrtgenMoe:
@@ -258,15 +251,22 @@ class AicCostModel:
             raise AicError("aic_fp8_moe_kernel", f"aic_fp8_moe_kernel 'triton': aiconfigurator-core holds vLLM "
                            f"Triton fused-MoE FP8 block-scale timings for {', '.join(sorted(TRITON_DATABASES))} "
                            f"only, not {self.system}")
-        backend, version = TRITON_DATABASES[self.system]
+        self._trtgen_eval = self._second_table(pdb, moe, *TRITON_DATABASES[self.system],
+                                               "Triton fused-MoE FP8 block-scale", pinned=True)
+        return moe
+
+    def _second_table(self, pdb: Any, moe: TrtgenMoe, backend: str, version: str, what: str,
+                      pinned: bool = False) -> Any:
+        """The evaluator of another aic database of this system that prices the expert op `moe` (trtgen.py,
+        vllm_triton.py), probed once; AicError naming the database where it cannot."""
         try:
-            self._trtgen_eval = evaluator(_load(pdb, self.system, backend, version, pinned=True))
-            self._trtgen_eval(moe.op, is_context=True, batch_size=1, s=1, x=16)
+            ev = evaluator(_load(pdb, self.system, backend, version, pinned=pinned))
+            ev(moe.op, is_context=True, batch_size=1, s=1, x=16)
         except Exception as err:  # no such database, or aic's PerfDataNotAvailableError and kin
             raise AicError("aic_fp8_moe_kernel", f"aiconfigurator-core's {backend} {version} {self.system} "
-                           f"database has no Triton fused-MoE FP8 block-scale timings at this layout: "
-                           f"{str(err).split(': tried')[0]}") from None
-        return moe
+                           f"database has no {what} timings at this layout: {str(err).split(': tried')[0]}"
+                           ) from None
+        return ev
 
     def trtgen_time(self, tokens: int) -> float:
         """Seconds the other FP8 / NVFP4 expert kernel adds over the model's own expert table at `tokens` rows
