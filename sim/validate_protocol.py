@@ -18,7 +18,8 @@ their harness is not published with the package; they run the same counts here a
 which the development rows (Qwen3-32B's are nearly all of them) chose: with SGLang's lock step,
 the 57 development gap rows' median |TPOT error| 17.4% -> 11.7% and |TTFT error| 36.9% -> 22.3%
 against lengths on [0.8 L, L] (docs/validate-accuracy.md; no held-out row was looked at
-to choose).
+to choose). One gap-analysis file is InferenceX's own runs reprinted (INFERENCEX_GAP_FILES): its rows
+are InferenceX rows.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ WINDOWS = ("benchmark", "benchmark-full", "steady")
 DEFAULT_WINDOW = "benchmark"
 
 _INFERENCEX_PREFIXES = ("source_file=2026-", "db-dump/")
+# Gap-analysis files whose every row is an InferenceX run, printed to 0.01 ms: each of kimi-k2.5-gap-analysis.csv's
+# 47 rows (vLLM aggregated, B200 / H200) has the measured TTFT and TPOT, rounded, of an InferenceX dump record at its
+# backend, system, precision, ISL, OSL and clients (the 2026-03-24 B200 INT4 v0.15.1 run, the 2026-03-27 H200 INT4
+# v0.16.0 and B200 FP4 v0.17.0 runs; its "tp4 ep4" rows are config 635's, written there TP 4 x attention DP 4, EP 16):
+# InferenceX's benchmark and launch scripts, not aiconfigurator's harness (docs/validate-accuracy.md, kimiaudit).
+INFERENCEX_GAP_FILES = ("kimi-k2.5-gap-analysis.csv",)
 
 
 @dataclass(slots=True, frozen=True)
@@ -64,7 +71,10 @@ STEADY = RunDesign("steady", requests_per_client=0, warmup_waves=1, length_low=1
 def harness(row: pd.Series) -> str:
     """INFERENCEX or AIC_GAP, from the row's silicon_data_source."""
     src = str(row.get("silicon_data_source", ""))
-    return INFERENCEX if src.startswith(_INFERENCEX_PREFIXES) else AIC_GAP
+    if src.startswith(_INFERENCEX_PREFIXES):
+        return INFERENCEX
+    name = src.split(";", 1)[0].removeprefix("source_file=").rsplit("/", 1)[-1]
+    return INFERENCEX if name in INFERENCEX_GAP_FILES else AIC_GAP
 
 
 def run_design(row: pd.Series, window: str = DEFAULT_WINDOW) -> RunDesign:

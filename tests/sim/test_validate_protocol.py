@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from twinserve.sim.validate import simulate_row, window_means
 from twinserve.sim.validate_engines import FRONTEND_LATENCY_S, frontend_latency_s
 from twinserve.sim.validate_cli import FilterError, within_clients
-from twinserve.sim.validate_protocol import (AIC_GAP, BENCHMARK, GAP_BENCHMARK, INFERENCEX, STEADY, WINDOWS,
-                                             harness, run_design)
+from twinserve.sim.validate_protocol import (AIC_GAP, BENCHMARK, GAP_BENCHMARK, INFERENCEX, INFERENCEX_GAP_FILES,
+                                             STEADY, WINDOWS, harness, run_design)
 from twinserve.sim.validate_rows import design_counts, load_rows, request_counts, row_study
 
 pytest.importorskip("aiconfigurator_core", reason="the measured rows ship in aiconfigurator-core (extra 'aic')")
@@ -134,3 +134,56 @@ def test_max_clients_keeps_the_smaller_rows_and_names_the_least(rows: pd.DataFra
         within_clients(big, 1)
     with pytest.raises(FilterError, match="must be >= 1"):
         within_clients(rows, 0)
+
+
+# kimi-k2.5-gap-analysis.csv (held out: only its rows' configuration and measured columns are read here).
+_KIMI_GAP = "kimi-k2.5-gap-analysis.csv"
+_TWIN_KEY = ["backend", "system", "precision", "isl", "osl", "concurrency"]
+
+
+def _kimi_gap_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows[rows["silicon_data_source"].str.startswith(f"source_file={_KIMI_GAP}")]
+
+
+def _inferencex_record(rows: pd.DataFrame, gap: pd.Series) -> pd.Series:
+    """The InferenceX dump record whose measured TTFT and TPOT, printed to 0.01 ms, are the gap row's."""
+    ix = rows[rows["silicon_data_source"].str.startswith(("source_file=2026-", "db-dump/"))]
+    same = ix[(ix[_TWIN_KEY] == gap[_TWIN_KEY]).all(axis=1)
+              & ((ix["silicon_ttft_ms"] - gap["silicon_ttft_ms"]).abs() <= 0.005 + 1e-9)
+              & ((ix["silicon_tpot_ms"] - gap["silicon_tpot_ms"]).abs() <= 0.005 + 1e-9)]
+    assert len(same) >= 1, gap["id"]
+    return same.iloc[0]
+
+
+def test_every_kimi_gap_analysis_row_is_an_inferencex_run_reprinted(rows: pd.DataFrame) -> None:
+    # The fact INFERENCEX_GAP_FILES rests on: each row's measured figures are an InferenceX record's, rounded.
+    gap = _kimi_gap_rows(rows)
+    assert len(gap) == 47 and set(gap["backend"]) == {"vllm"} and set(gap["mode"]) == {"agg"}
+    for _, g in gap.iterrows():
+        twin = _inferencex_record(rows, g)
+        assert harness(twin) == INFERENCEX
+        assert str(g["backend_version"]) == str(twin["backend_version"])
+    assert _KIMI_GAP in INFERENCEX_GAP_FILES
+
+
+def test_a_kimi_gap_row_runs_its_inferencex_twins_study(rows: pd.DataFrame) -> None:
+    # InferenceX's benchmark (lengths on [0.8 L, L]) and launch script, as the record it reprints: memory 0.97 on
+    # B200 INT4, and the FP4 "tp4 ep4" rows as the one TP 4 group the script launched (config 635's run).
+    from twinserve.sim.validate_recipes import row_recipe
+    from twinserve.sim.validate_rows import row_plan
+    gap = _kimi_gap_rows(rows)
+    picks = [gap[(gap["precision"] == "int4") & (gap["system"] == "b200_sxm")].iloc[0],
+             gap[(gap["precision"] == "int4") & (gap["system"] == "h200_sxm")].iloc[0],
+             gap[(gap["precision"] == "fp4") & (gap["moe_ep_size"] == 4)].iloc[0]]
+    for g in picks:
+        twin = _inferencex_record(rows, g)
+        assert harness(g) == INFERENCEX and run_design(g) is BENCHMARK
+        assert row_recipe(g) == row_recipe(twin) and "kimik2.5_" in row_recipe(g).source
+        a, b = row_plan(g, "aic"), row_plan(twin, "aic")
+        a.cfg.run.name = b.cfg.run.name
+        assert a.cfg == b.cfg and a.layout == b.layout
+        w = a.cfg.workload
+        assert (w.prompt_dist, w.prompt_min) == ("uniform", int(0.8 * int(g["isl"])))
+    int4_b200, int4_h200, fp4 = (row_plan(g, "aic").cfg.engine for g in picks)
+    assert (int4_b200.gpu_memory_utilization, int4_h200.gpu_memory_utilization) == (0.97, 0.95)
+    assert (fp4.tensor_parallel_size, fp4.expert_parallel_size, fp4.data_parallel_size) == (4, 1, 1)
