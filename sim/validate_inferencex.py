@@ -715,10 +715,18 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
 # worker's `max_batch_size: 32`, h100-fp8/1k1k/mtp/ctx1_gen3_tep16_batch2_eplb0_mtp3.yaml `max_batch_size: 2`).
 # An int for every client count of the entry, a tuple for each in turn where the file launches a recipe per
 # count; 0 for entries of more than 256 clients only (not transcribed: no cap is simulated there).
+# B200 FP8 1k/1k past 256 clients: read from the recipe files themselves (ishandhanani/srt-slurm @fe2cd90
+# recipes/trtllm/b200-fp8/1k1k/{mtp,stp}/, the decode worker's `max_batch_size`, a rank's under
+# `enable_attention_dp: true`): ctx1_gen7_dep8_batch128_eplb0_mtp3_896 16, ctx1_gen4_dep8_batch256_eplb0_mtp3_1024
+# 32, ctx1_gen3_dep8_batch384_eplb0_mtp3_1184 48, ctx1_gen2_dep8_batch768_eplb0_mtp2_1600 96,
+# ctx1_gen5_dep8_batch48_eplb0_mtp0_1920 48, ctx1_gen1_dep8_batch512_eplb0_mtp0_4096 512,
+# ctx2_gen5_dep8_batch128_eplb0_mtp0_5152 128. Their names' `batchN` is the worker's (8 ranks) in the first four
+# and a rank's in the last three: the yaml field is what the engine reads. 1,184, 1,600 and 5,152 clients run over
+# 1,152, 1,536 and 5,120 slots.
 _DECODE_BATCH: dict[tuple[str, str, str, int, int], tuple[int | tuple[int, ...], ...]] = {
     ("trtllm", "b200_sxm", "fp4", 1024, 1024): (0, 0, 1, 32, 0, 0, 0, 0, 0, 1, 32, 0),
     ("trtllm", "b200_sxm", "fp4", 8192, 1024): (8, 16, 1, 8, 0, 0, 0, 1, 8, 0, 0, 0, 0),
-    ("trtllm", "b200_sxm", "fp8", 1024, 1024): (1, 4, 8, 32, 0, 0, 0, 0, 1024, 1024, 1024, 0, 0, 0),
+    ("trtllm", "b200_sxm", "fp8", 1024, 1024): (1, 4, 8, 32, 16, 32, 48, 96, 1024, 1024, 1024, 48, 512, 128),
     ("trtllm", "b200_sxm", "fp8", 8192, 1024): (8, 32, 8, 16, 8, 0, 0, 1, 32, 32, 16, 128, 64, 256, 0),
     ("trtllm", "b300_sxm", "fp4", 1024, 1024): (0, 0, 1, 32, 0, 0, 0, 0, 1, 4, 64, 0, 0, 0),
     ("trtllm", "b300_sxm", "fp8", 1024, 1024): (1, 16, 0, 0, 0, 0, 0, 0, 0, 64, 64, 0, 0),

@@ -304,9 +304,13 @@ def test_a_prefill_worker_at_ep_1_keeps_ep_1_under_a_decode_worker_at_ep_8(rows)
 # decode worker (ctx1_gen1_dep8_batch8_eplb0_mtp3.yaml), 8 per rank over 8 ranks.
 TEP_CAPPED = "2026_03_25_deepseek_r1_gb200_trtllm_fp8_disagg_1024x1024_c9_tp8_0_ep8_0_1039"
 DEP_CAPPED = "2026_04_06_deepseek_r1_b200_sxm_trtllm_fp4_disagg_8192x1024_c90_tp4_ep4_1260"
+# B200 FP8 1k/1k at 1,600 clients: 2 DEP 8 decode workers whose recipe (ctx1_gen2_dep8_batch768_eplb0_mtp2_1600.yaml
+# @fe2cd90) sets max_batch_size 96 a rank: 768 a worker, 1,536 in all for 1,600 clients (past 256: transcribed).
+DEP_CAPPED_1600 = "2026_04_06_deepseek_r1_b200_sxm_trtllm_fp8_disagg_1024x1024_c1600_tp8_ep8_1798"
 
 
-@pytest.mark.parametrize(("row_id", "workers", "slots"), [(TEP_CAPPED, (1, 3), 2), (DEP_CAPPED, (1, 1), 64)])
+@pytest.mark.parametrize(("row_id", "workers", "slots"), [(TEP_CAPPED, (1, 3), 2), (DEP_CAPPED, (1, 1), 64),
+                                                          (DEP_CAPPED_1600, (1, 2), 768)])
 def test_a_decode_worker_admits_only_its_recipes_batch(rows, row_id: str, workers: tuple[int, int],
                                                        slots: int) -> None:
     from twinserve.sim.config import replica_config
