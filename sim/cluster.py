@@ -128,8 +128,9 @@ class ClusterSimulation:
         # a pass over the batch; the same results (tests/sim/test_lazy_decodes.py). False: the passes.
         self.lazy_decodes = True
         # With lazy decodes, a crossing's block is a count until a flush needs the tables (LazyDecodes'
-        # count_blocks): the same free counts, other block ids (nothing here reads them). False: blocks.
-        self.count_blocks = True
+        # count_blocks): the same free counts and figures, other block ids (set by runs that read no block
+        # id: sim.validate.run_to_window). False: each crossing takes its block (ids as the passes give them).
+        self.count_blocks = False
         # Lazy drafts (sim/spec_lazy.py): where drafting join steps and windows apply and no token times are
         # kept, a replica's drafting decodes' tokens are held as counts, so a join step costs its joiners and
         # the batch's draws, not a pass over the batch; the same run (tests/sim/test_spec_lazy.py). False: the
