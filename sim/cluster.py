@@ -127,6 +127,10 @@ class ClusterSimulation:
         # replica's plain decodes are held as counts, so windows and join steps cost what changes, not
         # a pass over the batch; the same results (tests/sim/test_lazy_decodes.py). False: the passes.
         self.lazy_decodes = True
+        # With lazy decodes, a crossing's block is a count until a flush needs the tables (LazyDecodes'
+        # count_blocks): the same free counts and figures, other block ids (set by runs that read no block
+        # id: sim.validate.run_to_window). False: each crossing takes its block (ids as the passes give them).
+        self.count_blocks = False
         # Lazy drafts (sim/spec_lazy.py): where drafting join steps and windows apply and no token times are
         # kept, a replica's drafting decodes' tokens are held as counts, so a join step costs its joiners and
         # the batch's draws, not a pass over the batch; the same run (tests/sim/test_spec_lazy.py). False: the
@@ -667,7 +671,7 @@ class ClusterSimulation:
                 or kv.num_groups > 1 or kv.sliding_window is not None or sched.spec is not None
                 or ex.spec is not None or ex.draft is not None or core.executor is not ex):
             return None
-        return LazyDecodes(sched, ex.state, ex.tokens, DEFAULT_TOKEN)
+        return LazyDecodes(sched, ex.state, ex.tokens, DEFAULT_TOKEN, count_blocks=self.count_blocks)
 
     def _drafts_for(self, rep: Replica) -> LazyDrafts | None:
         """The replica's LazyDrafts where its drafting steps allow them (_spec_join_step's conditions and

@@ -72,6 +72,8 @@ def run_to_window(cfg: Any, count: int, stop_early: bool = True) -> pd.DataFrame
     # Validation reads requests only: a cluster keeps no step log.
     sim = build_cluster(cfg, keep_steps=False).simulation if cluster else build(cfg).simulation
     sim.keep_token_times = False  # ... and no per-token times (requests_frame(itl=False) reads none)
+    if cluster:
+        sim.count_blocks = True  # ... nor block ids: lazy decodes hold crossings' blocks as counts
     if stop_early:
         watch = FirstRequestsDone(count, lambda: sim.env.now)
         watch.watch(sim.source)

@@ -74,6 +74,9 @@ class KVCacheManager(GroupTables, TierTables):
         self._group_extra = [("kv_group", g) for g in range(len(windows))]
         self.num_window_freed = 0
         self._window_start: dict[str, int] = {}  # blocks before this index are dropped
+        # Blocks a request holds as a count only (core.sched.lazy_decodes, count_blocks): taken off the
+        # pool's free count with no block in its table; free() gives them back. Empty in the engine.
+        self.uncounted: dict[str, int] = {}
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.hash_fn = get_hash_function(hash_function)
@@ -433,6 +436,10 @@ class KVCacheManager(GroupTables, TierTables):
 
         Blocks registered past num_computed_tokens (never written) are uncached.
         """
+        if self.uncounted:
+            owed = self.uncounted.pop(request.request_id, 0)
+            if owed:
+                self.pool.free_queue.num_free += owed
         blocks = self.req_to_blocks.pop(request.request_id, None)
         num_cached = self.num_cached_blocks.pop(request.request_id, 0)
         chain = self.pending_requests.pop(request.request_id, None)

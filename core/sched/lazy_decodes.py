@@ -32,8 +32,8 @@ from twinserve.core.sched.scheduler import Scheduler
 # A request's record: [base step, running-order ticket, fast_decode_limit at the base, next crossing
 # step (-1 once it ended), last step, the request, its block list (KVCacheManager.req_to_blocks' own:
 # the list a decoding request holds keeps its identity until it is freed, and freeing or preempting
-# a counted request flushes or ends its record first)].
-_BASE, _TICKET, _LIMIT, _CROSS, _LAST, _REQ, _HELD = range(7)
+# a counted request flushes or ends its record first), blocks it holds as a count only (count_blocks)].
+_BASE, _TICKET, _LIMIT, _CROSS, _LAST, _REQ, _HELD, _OWED = range(8)
 _by_ticket = itemgetter(_TICKET)
 
 
@@ -41,7 +41,7 @@ class LazyDecodes:
     """One scheduler's running plain decodes as counts (see the module docstring)."""
 
     def __init__(self, scheduler: Scheduler, known: dict[str, list[int]], tokens: Mapping[str, int],
-                 default: int) -> None:
+                 default: int, count_blocks: bool = False) -> None:
         self.sched = scheduler
         self.kv = scheduler.kv
         self.bs = scheduler.kv.block_size
@@ -57,6 +57,14 @@ class LazyDecodes:
         self.tickets = 0
         self.num_entered = 0      # times the batch was taken over (each O(running))
         self.num_flushed = 0
+        # count_blocks: a crossing takes its block off the pool's free count only (the record's _OWED);
+        # the blocks are taken for real at a flush, and given back as a count when the request ends
+        # (KVCacheManager.uncounted). Every free count, usage and owed sum is the same; which block ids
+        # a request holds is not (for callers that never read them: the simulator).
+        self.count_blocks = count_blocks
+        self.owed_total = 0       # blocks the counted requests hold as counts
+        if count_blocks:
+            scheduler.owed_counts = self._owed_sum
 
     # ------------------------------------------------------------------ taking over, giving back
     def enter(self) -> bool:
@@ -88,7 +96,7 @@ class LazyDecodes:
         last = g + req.stop_check_len - len(req.all_token_ids) - 1  # the step that samples its last token
         t = self.tickets
         self.tickets = t + 1
-        rec = [g, t, req.fast_decode_limit, cross, last, req, blocks]
+        rec = [g, t, req.fast_decode_limit, cross, last, req, blocks, 0]
         self.info[req] = rec
         bucket = self.crossings.get(cross)
         if bucket is None:
@@ -132,7 +140,7 @@ class LazyDecodes:
             c = req.num_computed_tokens = req.num_computed_tokens + d
             self.known[rid][0] += d
             if c > rec[_LIMIT]:  # as the passes set it past the old limit: the blocks held
-                req.fast_decode_limit = len(rec[_HELD]) * self.bs
+                req.fast_decode_limit = (len(rec[_HELD]) + rec[_OWED]) * self.bs
             rec[_BASE] = self.steps
             rec[_LIMIT] = req.fast_decode_limit
 
@@ -141,6 +149,17 @@ class LazyDecodes:
         if not self.active:
             return
         info = self.info
+        if self.owed_total:
+            pool = self.kv.pool
+            queue = pool.free_queue
+            for req in self.sched.running:  # the owed blocks taken for real, in running order
+                rec = info.get(req)
+                if rec is not None and rec[_OWED]:
+                    owed = rec[_OWED]
+                    queue.num_free += owed
+                    rec[_HELD].extend(pool.get_new_blocks(owed))
+                    rec[_OWED] = 0
+            self.owed_total = 0
         for req in self.sched.running:
             rec = info.get(req)
             if rec is not None:
@@ -201,6 +220,8 @@ class LazyDecodes:
         crossings = self.crossings
         new_at = [0] * k
         hits: list[list] = []
+        if self.count_blocks:
+            return self._take_counted(k, new_at)
         for j in range(k):
             bucket = crossings.pop(g + j, None)
             if bucket is None:
@@ -229,6 +250,62 @@ class LazyDecodes:
             count[t] = count.get(t, 0) + 1
         order = sorted({rec[_TICKET]: rec for rec in hits}.values(), key=_by_ticket)
         return new_at, order, [count[rec[_TICKET]] for rec in order]
+
+    def _take_counted(self, k: int, new_at: list[int]) -> tuple[list[int], list[list], None]:
+        """_take for count_blocks: each crosser owes one more block per crossing (no order, no list)."""
+        g = self.steps
+        bs = self.bs
+        crossings = self.crossings
+        pop = crossings.pop
+        total = 0
+        for j in range(k):
+            bucket = pop(g + j, None)
+            if bucket is None:
+                continue
+            x = g + j
+            nxt = x + bs
+            moved = [rec for rec in bucket if rec[_CROSS] == x]  # the rest ended
+            if not moved:
+                continue
+            new_at[j] = len(moved)
+            total += len(moved)
+            for rec in moved:
+                rec[_CROSS] = nxt
+                rec[_OWED] += 1
+            b = crossings.get(nxt)
+            if b is None:
+                crossings[nxt] = moved
+            else:
+                b += moved
+        if total:
+            queue = self.kv.pool.free_queue
+            if total > queue.num_free:
+                raise AssertionError("fast-forward allocation failed: check the plan")
+            queue.num_free -= total
+            self.owed_total += total
+        return new_at, [], None
+
+    def _owed_sum(self, count: int) -> int | None:
+        """Scheduler.owed_counts: Scheduler._running_blocks_owed's sum over the first count running
+        requests with the blocks held as counts counted as held (None: none is, the tables are exact)."""
+        kv = self.kv
+        uncounted = kv.uncounted
+        if not (self.active and self.owed_total) and not uncounted:
+            return None
+        sched = self.sched
+        running = sched.running
+        tables = kv.req_to_blocks
+        key = sched.peak_key
+        info = self.info if self.active else {}
+        total = 0
+        for r in (running if count >= len(running) else running[:count]):
+            peak = r.peak_blocks if r.peak_owner == key else sched._peak_blocks(r)
+            rid = r.request_id
+            rec = info.get(r)
+            held = len(tables.get(rid, ())) + (rec[_OWED] if rec is not None else uncounted.get(rid, 0))
+            if peak > held:
+                total += peak - held
+        return total
 
     def _hand_out(self, hits: list[list], counts: list[int] | None) -> int:
         """Give the crossers their new blocks from one pool call, in running order; the total."""
@@ -259,6 +336,10 @@ class LazyDecodes:
             req = rec[_REQ]
             del info[req]
             self._materialize(rec)
+            if rec[_OWED]:  # given back when it is freed (KVCacheManager.free)
+                self.kv.uncounted[req.request_id] = rec[_OWED]
+                self.owed_total -= rec[_OWED]
+                rec[_OWED] = 0
             rec[_CROSS] = -1
             self.context -= req.num_computed_tokens
             done.append(req)
@@ -272,7 +353,7 @@ class LazyDecodes:
         kv = self.kv
         sched.finished_req_ids = set()
         new_at, hits, counts = self._take(k)
-        total = self._hand_out(hits, counts)
+        total = sum(new_at) if self.count_blocks else self._hand_out(hits, counts)
         n = len(sched.running)
         self.steps += k
         self.context += n * k

@@ -19,10 +19,12 @@ from twinserve.sim.cluster_study import build_cluster
 from .helpers import small_config
 
 
-def _run(cfg, lazy: bool, ff: bool = True) -> tuple:
+def _run(cfg, lazy: bool, ff: bool = True, count: bool = False) -> tuple:
+    """count: LazyDecodes' count_blocks (the block ids differ, so only counted runs compare with it on)."""
     built = build_cluster(cfg, keep_steps=True)
     sim = built.simulation
     sim.lazy_decodes = lazy
+    sim.count_blocks = count
     sim.fast_forward = ff
     sim.keep_token_times = False
     ended: list[tuple] = []  # (replica kind, request, its known lengths, its tokens) as each ends
@@ -43,6 +45,7 @@ def _run(cfg, lazy: bool, ff: bool = True) -> tuple:
         if rep.lazy is not None:
             used += rep.lazy.num_entered
             assert not rep.lazy.active  # flushed at the end
+            assert rep.lazy.owed_total == 0 and not kv.uncounted  # every count taken or given back
         per.append((tuple(dataclasses.astuple(r) for r in rr.records), dataclasses.astuple(rr.steps),
                     rr.num_steps, rr.num_preemptions, rr.end_time,
                     rep.busy_time, rep.area_in_system, rep.area_kv, rep.area_batch, rep.area_waiting,
@@ -50,6 +53,13 @@ def _run(cfg, lazy: bool, ff: bool = True) -> tuple:
                     [b.block_id for b in kv.pool.free_queue], kv.stats.queries, kv.stats.hits,
                     {rid: list(b.block_id for b in blocks) for rid, blocks in kv.req_to_blocks.items()}))
     return (tuple(dataclasses.astuple(r) for r in res.total.records), per, sorted(ended)), used, res
+
+
+def _counts(out: tuple) -> tuple:
+    """A _run's figures with the block ids left out: the free queue's length and each table's instead."""
+    records, per, ended = out
+    per = [p[:-4] + (len(p[-4]), p[-3], p[-2], {rid: len(ids) for rid, ids in p[-1].items()}) for p in per]
+    return records, per, ended
 
 
 def _fields(n, count, replicas, disagg, seed, blocks, budget, turns=1, out_max=60, policy="mixed"):
@@ -76,8 +86,10 @@ def test_lazy_decodes_give_every_figure_the_passes_and_stepping_give(n, count, r
     passes, none, _ = _run(cfg, False)
     lazy, used, _ = _run(cfg, True)
     stepped, _, _ = _run(cfg, False, ff=False)
+    counted, _, _ = _run(cfg, True, count=True)
     assert none == 0
     assert lazy == passes
+    assert _counts(counted) == _counts(passes)  # blocks as counts: every figure but the ids
     # Stepping: the same records and known lengths (windows sum busy time in another order and hand
     # a request a window's blocks at once, so the float sums and the free queue's order are theirs).
     assert (lazy[0], lazy[2]) == (stepped[0], stepped[2])
@@ -202,3 +214,30 @@ def test_token_times_kept_means_no_lazy_decodes() -> None:
     sim.run()  # keep_token_times defaults to True: the passes (they extend each request's times)
     assert all(rep.lazy is None for rep in sim.replicas)
 
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_blocks_held_as_counts_leave_guaranteed_no_evict_admissions_as_they_were(monkeypatch, seed) -> None:
+    # TensorRT-LLM's admission in a pool small enough to hold joiners back: it sums the running requests'
+    # owed blocks (peaks less the blocks held), which must count the blocks a counted request holds as a
+    # count (LazyDecodes._owed_sum) and those of a request that ended but is not freed yet.
+    from twinserve.core.sched.lazy_decodes import LazyDecodes
+    from twinserve.sim.config import set_field
+
+    answered = []
+    real = LazyDecodes._owed_sum
+
+    def spy(self, count):
+        got = real(self, count)
+        answered.append(got is not None)
+        return got
+
+    monkeypatch.setattr(LazyDecodes, "_owed_sum", spy)
+    cfg = _fields(24, 120, 2, True, seed, 0, 2048, out_max=400)
+    set_field(cfg, "capacity_policy", "guaranteed_no_evict")
+    set_field(cfg, "engine.num_gpu_blocks", 160)
+    passes, _, _ = _run(cfg, False)
+    counted, used, res = _run(cfg, True, count=True)
+    assert used >= 1 and sum(answered) > 0
+    assert max(res.replicas[-1].steps.waiting) > 0  # joiners held back: the owed sum decided admissions
+    assert _counts(counted) == _counts(passes)
