@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 from operator import itemgetter
-from typing import Mapping
+from typing import Iterator, Mapping
 
 from twinserve.core.request import Request
 from twinserve.core.sched.fast_forward import _finish_by_length
@@ -212,16 +212,12 @@ class LazyDecodes:
         return total
 
     # ------------------------------------------------------------------ steps
-    def _take(self, k: int) -> tuple[list[int], list[list], list[int] | None]:
-        """The block-boundary crossings of the next k steps, each crosser's next one moved on:
-        (count per step, the crossers in running order, blocks each takes: None for one each)."""
+    def _advance(self, k: int, new_at: list[int]) -> Iterator[list[list]]:
+        """Each of the next k steps' crossers (the records whose next crossing is that step), moved on to
+        their next crossing; new_at[j] counts step j's."""
         g = self.steps
         bs = self.bs
         crossings = self.crossings
-        new_at = [0] * k
-        hits: list[list] = []
-        if self.count_blocks:
-            return self._take_counted(k, new_at)
         for j in range(k):
             bucket = crossings.pop(g + j, None)
             if bucket is None:
@@ -239,8 +235,18 @@ class LazyDecodes:
                 crossings[nxt] = moved
             else:
                 b += moved
+            yield moved
+
+    def _take(self, k: int) -> tuple[list[int], list[list], list[int] | None]:
+        """The block-boundary crossings of the next k steps, each crosser's next one moved on:
+        (count per step, the crossers in running order, blocks each takes: None for one each)."""
+        new_at = [0] * k
+        if self.count_blocks:
+            return self._take_counted(k, new_at)
+        hits: list[list] = []
+        for moved in self._advance(k, new_at):
             hits += moved
-        if k <= bs or len(hits) <= 1:  # one crossing each at most
+        if k <= self.bs or len(hits) <= 1:  # one crossing each at most
             if len(hits) > 1:
                 hits.sort(key=_by_ticket)
             return new_at, hits, None
@@ -253,30 +259,11 @@ class LazyDecodes:
 
     def _take_counted(self, k: int, new_at: list[int]) -> tuple[list[int], list[list], None]:
         """_take for count_blocks: each crosser owes one more block per crossing (no order, no list)."""
-        g = self.steps
-        bs = self.bs
-        crossings = self.crossings
-        pop = crossings.pop
         total = 0
-        for j in range(k):
-            bucket = pop(g + j, None)
-            if bucket is None:
-                continue
-            x = g + j
-            nxt = x + bs
-            moved = [rec for rec in bucket if rec[_CROSS] == x]  # the rest ended
-            if not moved:
-                continue
-            new_at[j] = len(moved)
+        for moved in self._advance(k, new_at):
             total += len(moved)
             for rec in moved:
-                rec[_CROSS] = nxt
                 rec[_OWED] += 1
-            b = crossings.get(nxt)
-            if b is None:
-                crossings[nxt] = moved
-            else:
-                b += moved
         if total:
             queue = self.kv.pool.free_queue
             if total > queue.num_free:
