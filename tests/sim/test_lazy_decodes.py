@@ -215,7 +215,6 @@ def test_token_times_kept_means_no_lazy_decodes() -> None:
     assert all(rep.lazy is None for rep in sim.replicas)
 
 
-
 @pytest.mark.parametrize("seed", [0, 3])
 def test_blocks_held_as_counts_leave_guaranteed_no_evict_admissions_as_they_were(monkeypatch, seed) -> None:
     # TensorRT-LLM's admission in a pool small enough to hold joiners back: it sums the running requests'
