@@ -79,3 +79,18 @@ def time_limit(seconds: int) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
         if outer:
             signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-3))
+
+
+def record_answers(monkeypatch: Any, owner: type, name: str) -> list[bool]:
+    """Wrap owner.name (a hook that answers None to leave the caller's exact path) for the test; the list
+    grows by whether each call answered (not None)."""
+    answered: list[bool] = []
+    real = getattr(owner, name)
+
+    def spy(self: Any, *args: Any) -> Any:
+        got = real(self, *args)
+        answered.append(got is not None)
+        return got
+
+    monkeypatch.setattr(owner, name, spy)
+    return answered

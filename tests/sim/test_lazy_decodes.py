@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from twinserve.backends.sim.executor import SimExecutor
 from twinserve.sim.cluster_study import build_cluster
 
-from .helpers import small_config
+from .helpers import record_answers, small_config
 
 
 def _run(cfg, lazy: bool, ff: bool = True, count: bool = False) -> tuple:
@@ -223,15 +223,7 @@ def test_blocks_held_as_counts_leave_guaranteed_no_evict_admissions_as_they_were
     from twinserve.core.sched.lazy_decodes import LazyDecodes
     from twinserve.sim.config import set_field
 
-    answered = []
-    real = LazyDecodes._owed_sum
-
-    def spy(self, count):
-        got = real(self, count)
-        answered.append(got is not None)
-        return got
-
-    monkeypatch.setattr(LazyDecodes, "_owed_sum", spy)
+    answered = record_answers(monkeypatch, LazyDecodes, "_owed_sum")
     cfg = _fields(24, 120, 2, True, seed, 0, 2048, out_max=400)
     set_field(cfg, "capacity_policy", "guaranteed_no_evict")
     set_field(cfg, "engine.num_gpu_blocks", 160)

@@ -11,7 +11,7 @@ from twinserve.sim import spec_window
 from twinserve.sim.cluster_study import build_cluster
 from twinserve.sim.config import set_field
 
-from .helpers import small_config
+from .helpers import record_answers, small_config
 
 
 BLOCKS = 300
@@ -101,15 +101,7 @@ def test_a_joiner_between_windows_is_read_once_and_its_tokens_reach_its_record()
 
 def test_guaranteed_no_evict_admissions_read_the_decodes_owed_blocks_from_the_counts(monkeypatch) -> None:
     from twinserve.sim.spec_lazy import LazyDrafts
-    answered = []
-    real = LazyDrafts.owed
-
-    def spy(self, count):
-        got = real(self, count)
-        answered.append(got is not None)
-        return got
-
-    monkeypatch.setattr(LazyDrafts, "owed", spy)
+    answered = record_answers(monkeypatch, LazyDrafts, "owed")
     cfg = _cfg(4, blocks=BLOCKS)
     sim_l, res_l, _ = _run(cfg, True)
     sim_p, res_p, _ = _run(cfg, False)
