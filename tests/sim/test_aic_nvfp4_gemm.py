@@ -1,5 +1,5 @@
 """TensorRT-LLM's NVFP4 dense GEMMs priced as its autotuner runs them: each at the lower of aic's TensorRT-LLM
-answer (the untuned fallback) and aic's SGLang 0.5.14 tuned-kernel NVFP4 row (backends/sim/aic/nvfp4_gemm.py)."""
+answer (the untuned fallback) and aic's SGLang 0.5.14 NVFP4 row (backends/sim/aic/nvfp4_gemm.py)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _own_ms(c: AicCostModel, graph: str, rows: int) -> float:
     return sum(r[1] for r in c._eval(graph, is_context=True, batch_size=1, s=1, x=rows))
 
 
-def test_decode_gemms_are_priced_at_the_tuned_kernels_rows() -> None:
+def test_decode_gemms_are_priced_at_the_stand_in_rows() -> None:
     c = llama()
     assert "NVFP4 GEMMs tuned" in c.describe()
     # aic's B200 gemm tables at M = 4, Llama-3.1-70B at TP 8 (ms a layer): TensorRT-LLM 1.3.0rc20 nvfp4

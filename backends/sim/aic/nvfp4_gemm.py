@@ -20,12 +20,13 @@ systems/data/b200_sxm/gemm/trtllm/1.3.0rc20): the fallback. Its small-M rows rea
 8192 x 8192 at M = 4 takes 22.5 us (1.7 TB/s of weight bytes) where its own FP8 row takes 26.1 us for twice the
 bytes, and 8192 x 65536 reads 2.2 TB/s at every M up to 64.
 
-The stand-in. aic holds no tuned TensorRT-LLM NVFP4 GEMM. Its SGLang 0.5.14 table of the same system times a
-tuned-kernel NVFP4 dense GEMM with the same scope (dynamic activation quantization + GEMM): FlashInfer's
-`mm_fp4` on its CuTe-DSL backend on SM100 / SM103 (kernel_source `sglang_flashinfer_cutedsl_nvfp4`;
-collector/sglang/collect_gemm.py, `run_gemm`'s nvfp4 branch). Each NVFP4 GEMM op of the step is priced at the
-lower of the two tables' answers: the autotuner's choice is never slower than the fallback it can pick, so aic's
-own answer bounds it above, and where the stand-in is faster it stands for the tuned kernel. It is another
+The stand-in. aic holds no tuned TensorRT-LLM NVFP4 GEMM. The only other NVFP4 dense GEMM it timed on these GPUs
+is its SGLang 0.5.14 table's, with the same scope (dynamic activation quantization + GEMM): FlashInfer's `mm_fp4`
+on its CuTe-DSL backend on SM100 / SM103, SGLang's own dispatch there (kernel_source
+`sglang_flashinfer_cutedsl_nvfp4`; collector/sglang/collect_gemm.py, `run_gemm`'s nvfp4 branch). Each NVFP4 GEMM
+op of the step is priced at the lower of the two tables' answers: the autotuner's choice is never slower than the
+fallback it can pick, so aic's own answer bounds it above, and where the SGLang row is faster it stands in for the
+tuned choice (an assumption: that the tuned TensorRT-LLM kernel is about as fast). It is another
 library's kernel, not TensorRT-LLM's (which picks CUTLASS, cuBLASLt or CUDA-core); no measured row was used to
 choose it. Ops inside an Overlap group (the shared experts beside the routed ones in aic's generation graph) keep
 aic's price.
