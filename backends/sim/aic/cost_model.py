@@ -382,8 +382,8 @@ class AicCostModel:
         return t
 
     def nvfp4_gemm_time(self, tokens: int, decode: bool) -> float:
-        """Seconds the NVFP4 GEMMs lose over aic's TensorRT-LLM table at `tokens` rows when priced as its autotuner
-        runs them (aic/nvfp4_gemm.py): 0 or negative; the decode graph's ops where `decode`."""
+        """Seconds the NVFP4 GEMMs add over aic's TensorRT-LLM table at `tokens` rows when priced as its autotuner
+        runs them (aic/nvfp4_gemm.py), 0 or negative; the decode graph's ops where `decode`."""
         ops = self._fp4[1] if decode else self._fp4[0]
         if not ops:
             return 0.0
