@@ -1,6 +1,6 @@
 """What the development-row before/after scripts share (fp8_mtp_rows.py, trtgen_rows.py, fp4_trtgen_rows.py,
-wide_ep_rows.py, gb200_prefill_rows.py, trt_mtp_budget_rows.py, b200_fp8_decode_caps.py): one simulation per
-measurement, a row's predictions without and with the change, and the error summary they print.
+wide_ep_rows.py, gb200_prefill_rows.py, trt_mtp_budget_rows.py, b200_fp8_decode_caps.py, nvfp4_gemm_rows.py): one
+simulation per measurement, a row's predictions without and with the change, and the error summary they print.
 Imported from this folder (a script's own folder is on sys.path, as validate_memory.py imports validate_speed)."""
 
 from __future__ import annotations

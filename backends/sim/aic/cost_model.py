@@ -25,6 +25,7 @@ from twinserve.backends.sim.aic.marlin import MARLIN_KERNELS, MarlinMoe, marlin_
 from twinserve.backends.sim.aic.trtgen import (FP8_MOE_KERNELS, TRTGEN_DATABASE, Nvfp4Trtgen, TrtgenMoe,
                                                nvfp4_trtgen_points, trtgen_delta_ms,
                                                trtgen_moe)
+from twinserve.backends.sim.aic.nvfp4_gemm import NVFP4_GEMM_DATABASE, nvfp4_gemm_ops, tuned_delta_ms
 from twinserve.backends.sim.aic.mapping import (AicError, check_precision, evaluator, fp8_gemm_mode, held_mxfp4_mode,
                                                 quant_modes, resolve_version, sdk, static_fp8_checkpoint, system_for)
 from twinserve.backends.sim.aic.vllm_triton import TRITON_DATABASES
@@ -92,7 +93,7 @@ class AicCostModel:
     __slots__ = ("name", "model", "hardware", "tp", "par", "system", "backend", "version", "database",
                  "graph", "step_overhead_s", "per_seq_overhead_s", "kernel_scale", "_eval", "_tok", "_dtok", "_seq",
                  "_exp", "_ctx", "_gen", "_p2p", "mxfp4_moe_kernel", "_marlin", "_mx", "fp8_moe_kernel", "_trtgen",
-                 "_trtgen_eval", "_tg", "trtllm_wide_ep", "moe_a2a", "_qk")
+                 "_trtgen_eval", "_tg", "trtllm_wide_ep", "moe_a2a", "_qk", "_fp4", "_fp4_eval", "_fg")
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1, backend: str = "vllm",
                  version: str = "", parallel: Parallelism | None = None, step_overhead_s: float = 0.0,
@@ -138,6 +139,8 @@ class AicCostModel:
         self._trtgen_eval: Any = None
         self._trtgen = self._trtgen_transfer(fp8_moe_kernel, pdb)
         self._tg: dict[int, float] = {}
+        self._fp4, self._fp4_eval = self._nvfp4_gemm_transfer(pdb)
+        self._fg: dict[tuple[bool, int], float] = {}
         self._probe()
         self.step_overhead_s = step_overhead_s
         self.per_seq_overhead_s = per_seq_overhead_s
@@ -178,6 +181,22 @@ class AicCostModel:
         except Exception:
             return graph  # neither lane: _probe names what is missing
         return fp8
+
+    def _nvfp4_gemm_transfer(self, pdb: Any) -> tuple[tuple[str, str], Any]:
+        """(token graph's, decode graph's) NVFP4 GEMM ops and the evaluator of the database that prices them as
+        TensorRT-LLM's autotuner runs them (aic/nvfp4_gemm.py); ('', ''), None where that does not apply: not
+        TensorRT-LLM, no NVFP4 GEMM, or no stand-in NVFP4 GEMM rows for this system."""
+        ops = (nvfp4_gemm_ops(self.graph.tokens), nvfp4_gemm_ops(self.graph.decode_tokens))
+        if self.backend != "trtllm" or not any(ops):
+            return ("", ""), None
+        try:
+            ev = evaluator(_load(pdb, self.system, *NVFP4_GEMM_DATABASE))
+            for g in ops:
+                if g:
+                    ev(g, is_context=True, batch_size=1, s=1, x=16)
+        except Exception:  # no such database or rows (aic's PerfDataNotAvailableError and kin): aic's answer stands
+            return ("", ""), None
+        return ops, ev
 
     def _marlin_transfer(self, kernel: str) -> MarlinMoe | None:
         """The Marlin price of the MXFP4 experts where asked for (aic/marlin.py); AicError where it does not apply."""
@@ -335,6 +354,8 @@ class AicCostModel:
             fp4 = json.loads(self._trtgen.op)[0]["Moe"]["quant_mode"] == "nvfp4"
             marlin += (" (trtllm-gen NVFP4 experts from aic's own trtllm-gen rows)" if fp4 else
                        f" (trtllm-gen FP8 experts from aic {' '.join(TRTGEN_DATABASE)})")
+        if getattr(self, "_fp4_eval", None) is not None:
+            marlin += f" (NVFP4 GEMMs tuned: at most aic {' '.join(NVFP4_GEMM_DATABASE)}'s)"
         return f"aic {self.backend} {self.version} on {self.system}{marlin}"
 
     # Each part in seconds, memoized: the same shape always returns the same float, the table's own
@@ -346,7 +367,8 @@ class AicCostModel:
         if t is None:
             t = self._tok[tokens] = _total(self._eval(self.graph.tokens, is_context=True, batch_size=1, s=1,
                                                       x=tokens)) * _MS + self.marlin_time(tokens)
-            t = self._tok[tokens] = t + self.trtgen_time(tokens) + self.qk_norm_time(tokens)
+            t = self._tok[tokens] = (t + self.trtgen_time(tokens) + self.qk_norm_time(tokens)
+                                     + self.nvfp4_gemm_time(tokens, decode=False))
         return t
 
     def decode_tokens_time(self, rows: int) -> float:
@@ -355,7 +377,20 @@ class AicCostModel:
         if t is None:
             t = self._dtok[rows] = _total(self._eval(self.graph.decode_tokens, is_context=True, batch_size=1,
                                                      s=1, x=rows)) * _MS + self.marlin_time(rows)
-            t = self._dtok[rows] = t + self.trtgen_time(rows) + self.qk_norm_time(rows)
+            t = self._dtok[rows] = (t + self.trtgen_time(rows) + self.qk_norm_time(rows)
+                                    + self.nvfp4_gemm_time(rows, decode=True))
+        return t
+
+    def nvfp4_gemm_time(self, tokens: int, decode: bool) -> float:
+        """Seconds the NVFP4 GEMMs add over aic's TensorRT-LLM table at `tokens` rows when priced as its autotuner
+        runs them (aic/nvfp4_gemm.py), 0 or negative; the decode graph's ops where `decode`."""
+        ops = self._fp4[1] if decode else self._fp4[0]
+        if not ops:
+            return 0.0
+        key = (decode, tokens)
+        t = self._fg.get(key)
+        if t is None:
+            t = self._fg[key] = tuned_delta_ms(self._eval, self._fp4_eval, ops, tokens) * _MS
         return t
 
     def qk_norm_time(self, tokens: int) -> float:
@@ -526,7 +561,7 @@ class AicCostModel:
     def cache_size(self) -> int:
         """Distinct shapes priced so far (all parts)."""
         return (len(self._tok) + len(self._dtok) + len(self._seq) + len(self._ctx) + len(self._gen) + len(self._p2p)
-                + len(self._mx) + len(self._exp) + len(self._tg) + len(self._qk))
+                + len(self._mx) + len(self._exp) + len(self._tg) + len(self._qk) + len(self._fg))
 
 
 def attention_shapes(db: Any) -> str:
