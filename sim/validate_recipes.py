@@ -238,7 +238,8 @@ def _gptoss_fp4_hopper_vllm(script: str) -> Callable[[int, int, int, int], Recip
 
 
 def _dsr1_trt(isl: int, osl: int, conc: int, tp: int) -> Recipe:
-    # The non-MTP scripts (their images: MTP_IMAGES' note): only the attention-DP balance is taken here.
+    # The non-MTP FP8 scripts (their images: MTP_IMAGES' note): only the attention-DP balance is taken here. The
+    # FP4 B200 rows run _dsr1_fp4_b200_trt (and _dsr1_fp4_b200_trt_rc6) since trtagg.
     return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp{{4,8}}_b200_trt.sh @6320e9b, dsr1_fp8_h200_trt.sh "
                   "@1fc5d73 (attention_dp_config only)", adp_balance_iters=ADP_BALANCE_TIMEOUT_ITERS,
                   unmodelled="kv_cache_config free_gpu_memory_fraction, stream_interval 10, moe_config "
