@@ -49,8 +49,9 @@ Flags and what the simulator does with them:
   new prompts wait until every rank has one or the balance's step count reaches 60:
   SchedulerConfig.adp_balance_iters / adp_batching_wait_iters (core/sched/batch_policy.py AdpBalance),
   which act only where the row's layout has attention DP ([engine] data_parallel_size > 1), as the
-  scripts' condition does. The scripts' `--max_num_tokens` (CONC + ISL + 64, a rank's) is not taken
-  for these rows: with chunked prefill off the simulator asks the budget to hold max_model_len.
+  scripts' condition does. The non-MTP FP4 B200 script's `--max_num_tokens` (CONC + ISL + 64 rounded up to
+  64, each rank's under attention DP) is taken, with the prompt bound ISL (trt_script_max_num_tokens); the FP8 and
+  H200 non-MTP scripts' is not.
 - `VLLM_MXFP4_USE_MARLIN=1` (vLLM, gpt-oss on H100 / H200): its MXFP4 experts run on Marlin, not the
   Triton kernel aic's table times: EngineConfig.aic_mxfp4_moe_kernel 'marlin' (backends/sim/aic/marlin.py),
   under `--cost-model aic` only (the roofline does not tell kernels apart).
