@@ -49,8 +49,9 @@ Flags and what the simulator does with them:
   new prompts wait until every rank has one or the balance's step count reaches 60:
   SchedulerConfig.adp_balance_iters / adp_batching_wait_iters (core/sched/batch_policy.py AdpBalance),
   which act only where the row's layout has attention DP ([engine] data_parallel_size > 1), as the
-  scripts' condition does. The scripts' `--max_num_tokens` (CONC + ISL + 64, a rank's) is not taken
-  for these rows: with chunked prefill off the simulator asks the budget to hold max_model_len.
+  scripts' condition does. The non-MTP FP4 B200 script's `--max_num_tokens` (CONC + ISL + 64 rounded up to
+  64, each rank's under attention DP) is taken, with the prompt bound ISL (trt_script_max_num_tokens); the FP8 and
+  H200 non-MTP scripts' is not.
 - `VLLM_MXFP4_USE_MARLIN=1` (vLLM, gpt-oss on H100 / H200): its MXFP4 experts run on Marlin, not the
   Triton kernel aic's table times: EngineConfig.aic_mxfp4_moe_kernel 'marlin' (backends/sim/aic/marlin.py),
   under `--cost-model aic` only (the roofline does not tell kernels apart).
@@ -110,6 +111,9 @@ class Recipe:
     tensor_parallel_only: bool = False  # vLLM launched with --tensor-parallel-size only, whatever the config's EP /
     # attention DP (no --enable-expert-parallel, no --data-parallel-size): one TP group, its experts tensor-parallel
     overlap_scheduler: bool | None = None  # TensorRT-LLM's overlap scheduler as launched (None: the engine's default)
+    # Under attention DP, max_num_tokens as given is each rank's budget (a script whose --max_num_tokens does not
+    # depend on the layout: rank_max_num_tokens)
+    adp_rank_budget: bool = False
 
 
 DEFAULT = Recipe("no InferenceX recipe known for this row: the engine's defaults")
@@ -235,11 +239,55 @@ def _gptoss_fp4_hopper_vllm(script: str) -> Callable[[int, int, int, int], Recip
 
 
 def _dsr1_trt(isl: int, osl: int, conc: int, tp: int) -> Recipe:
-    # The non-MTP scripts (their images: MTP_IMAGES' note): only the attention-DP balance is taken here.
+    # The non-MTP FP8 scripts (their images: MTP_IMAGES' note): only the attention-DP balance is taken here. The
+    # FP4 B200 rows run _dsr1_fp4_b200_trt (and _dsr1_fp4_b200_trt_rc6) since trtagg.
     return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp{{4,8}}_b200_trt.sh @6320e9b, dsr1_fp8_h200_trt.sh "
                   "@1fc5d73 (attention_dp_config only)", adp_balance_iters=ADP_BALANCE_TIMEOUT_ITERS,
                   unmodelled="kv_cache_config free_gpu_memory_fraction, stream_interval 10, moe_config "
                              "backend, cuda_graph_config, --max_num_tokens")
+
+
+def trt_script_max_num_tokens(conc: int, isl: int, floor: int = 0) -> int:
+    """The step budget InferenceX's DeepSeek-R1 FP4 B200 TensorRT-LLM script passes: `MAX_NUM_TOKENS=$((
+    ($CONC+$ISL+64+63)/64*64 ))`, one whole prompt beside a token for every client, rounded up to 64; the later
+    versions raise it to at least 8,192 (`floor`)."""
+    return max(floor, (conc + isl + 64 + 63) // 64 * 64)
+
+
+def _dsr1_fp4_b200_trt(isl: int, osl: int, conc: int, tp: int) -> Recipe:
+    # The non-MTP FP4 script as the 1.1.0rc2.post2 configuration ran it: the rows of that image LAYOUT_IMAGES does not
+    # give the MTP script, and the rows with no image (measured 2025-11-02), whose (TP, clients) are the EP and
+    # attention-DP entries of that configuration's search space (InferenceMAX's nvidia-master.yaml of the time, e.g.
+    # the forks sureshnam/InferenceMAX @f0b6f4b and dukebw/InferenceMAX @00e77d0: dsr1-fp4-b200-trt from
+    # release:1.1.0rc2.post2 over _FP4_B200_RC2_PLAIN's space, launched by benchmarks/dsr1_fp4_b200_trt_slurm.sh
+    # @f0b6f4b, whose flags are @6320e9b's). SemiAnalysisAI/InferenceX benchmarks/dsr1_fp4_b200_trt.sh @6320e9b:
+    # `--max_num_tokens` CONC + ISL + 64 rounded up to 64 (trt_script_max_num_tokens; chunked prefill off, the
+    # PyTorch backend's default: one whole prompt a step beside the decodes; each rank's under attention DP), no
+    # --max_batch_size (TensorRT-LLM's default, 2,048: sim/validate_engines.py), stream_interval 10.
+    # Not carried (docs/validate-accuracy.md, trtagg): `moe_config: backend` TRTLLM (CUTLASS from 256 clients at
+    # 1k/1k and 1k/8k, above 32 at 8k/1k), and free_gpu_memory_fraction 0.8, under which the simulator's pool holds
+    # 226 of 1k/8k's 256 clients at TP 4 where the rows' first tokens say the engine held nearly all.
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp4_b200_trt.sh @6320e9b (image 1.1.0rc2.post2, or none "
+                  "given: 2025-11-02)", stream_interval=10,
+                  max_num_tokens=trt_script_max_num_tokens(conc, isl), adp_rank_budget=True,
+                  adp_balance_iters=ADP_BALANCE_TIMEOUT_ITERS,  # `attention_dp_config` (DP_ATTENTION only)
+                  unmodelled="moe_config backend (TRTLLM; CUTLASS from 256 clients at 1k prompts, above 32 at 8k), "
+                             "kv_cache_config free_gpu_memory_fraction 0.8, cuda_graph_config (padding, batch 512)")
+
+
+def _dsr1_fp4_b200_trt_rc6(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
+    # dsr1-fp4-b200-trt from release:1.2.0rc6.post2 (SemiAnalysisAI/InferenceX PR #620, perf-changelog.yaml @000de6d:
+    # "Change default MOE backend ... to TRTLLM", piecewise CUDA graphs for 1k1k TEP 8). The script as the later copy
+    # has it (benchmarks/single_node/dsr1_fp4_b200_trt.sh @34bc7c4): `--max_num_tokens` max(8192, CONC + ISL + 64
+    # rounded up to 64), each rank's under attention DP; no --max_batch_size; stream_interval 10. Not carried, as
+    # for _dsr1_fp4_b200_trt: MOE_BACKEND (TRTLLM, CUTLASS under attention DP) and free_gpu_memory_fraction 0.8.
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/single_node/dsr1_fp4_b200_trt.sh @34bc7c4 (image 1.2.0rc6.post2: "
+                  "PR #620)", stream_interval=10,
+                  max_num_tokens=trt_script_max_num_tokens(conc, isl, 8192), adp_rank_budget=True,
+                  adp_balance_iters=ADP_BALANCE_TIMEOUT_ITERS,  # `attention_dp_config` (DP_ATTENTION only)
+                  unmodelled="moe_config backend (TRTLLM; CUTLASS under attention DP), kv_cache_config "
+                             "free_gpu_memory_fraction 0.8, cuda_graph_config (padding, batch CONC or CONC / 4), "
+                             "piecewise CUDA graphs (1k/1k TP 8 EP 8)")
 
 
 def _sglang_mem(script: str, mem: float, unmodelled: str) -> Callable[[int, int, int, int], Recipe]:
@@ -394,7 +442,7 @@ RECIPES: dict[tuple[str, str, str, str], Callable[[int, int, int, int], Recipe]]
     ("vllm", "Kimi-K2.5", "b200_sxm", "fp4"): _kimi_fp4_vllm("benchmarks/single_node/kimik2.5_fp4_b200.sh @04107b3"),
     ("vllm", "Kimi-K2.5", "b300_sxm", "fp4"): _kimi_fp4_vllm("benchmarks/single_node/kimik2.5_fp4_b300.sh @5632483"),
     ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8"): _dsr1_trt,
-    ("trtllm", "DeepSeek-R1", "b200_sxm", "fp4"): _dsr1_trt,
+    ("trtllm", "DeepSeek-R1", "b200_sxm", "fp4"): _dsr1_fp4_b200_trt,
     ("trtllm", "DeepSeek-R1", "h200_sxm", "fp8"): _dsr1_trt,
     ("trtllm", "Llama-3.1-70B", "b200_sxm", "fp8"): _llama70b_fp8_b200_trt,
     ("trtllm", "Llama-3.1-70B", "b200_sxm", "fp4"): _llama70b_fp4_b200_trt,
@@ -475,7 +523,9 @@ def mtp_script_max_num_tokens(mtp: int, max_batch_size: int, isl: int) -> int:
 
 
 def rank_max_num_tokens(recipe: Recipe, conc: int, isl: int, ranks: int) -> int:
-    """One attention-DP rank's step budget under a recipe with mtp_rank_budget (0 without, or with one rank).
+    """One attention-DP rank's step budget under a recipe with mtp_rank_budget (0 without, or with one rank);
+    under adp_rank_budget, the recipe's max_num_tokens (the non-MTP scripts pass the same budget at every layout,
+    and TensorRT-LLM's max_num_tokens is each rank's scheduler's).
     With DP_ATTENTION the MTP scripts set `MAX_BATCH_SIZE=$((CONC/TP))` (TP the GPUs, each an attention-DP rank)
     and pass `--max_batch_size=$MAX_BATCH_SIZE --max_num_tokens=$MAX_NUM_TOKENS` with MAX_NUM_TOKENS from it
     (SemiAnalysisAI/InferenceX benchmarks/dsr1_fp4_b200_trt_mtp.sh @13dd0c2 and dsr1_fp8_h200_trt_mtp.sh @1fc5d73,
@@ -484,6 +534,8 @@ def rank_max_num_tokens(recipe: Recipe, conc: int, isl: int, ranks: int) -> int:
     rank from max_batch_size and max_num_tokens (_util.py `create_py_executor_instance`: BindMicroBatchScheduler;
     SchedulerConfig.adp_per_rank): the budget holds one rank's prompt beside that rank's sequences' verify rows.
     The single_node FP8 script sets `MAX_BATCH_SIZE=$(( CONC < 8 ? CONC : CONC / 8 ))` (mtp_rank_whole_below 8)."""
+    if recipe.adp_rank_budget and ranks > 1:
+        return recipe.max_num_tokens
     if not recipe.mtp_rank_budget or ranks <= 1:
         return 0
     per_rank = conc if conc < recipe.mtp_rank_whole_below else conc // ranks
@@ -753,6 +805,7 @@ def _minimax_b300_v019(script: str) -> Callable[[int, int, int, int, bool], Reci
 PRECISION_IMAGES: dict[tuple[str, str, str, str, str], Callable[[int, int, int, int, bool], Recipe]] = {
     ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8", "1.2.0rc6.post2"): _dsr1_fp8_b200_trt_rc6,
     ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8", "1.2.0rc6.post3"): _dsr1_fp8_b200_trt_mtp_rc6,
+    ("trtllm", "DeepSeek-R1", "b200_sxm", "fp4", "1.2.0rc6.post2"): _dsr1_fp4_b200_trt_rc6,
     ("vllm", "MiniMax-M2.5", "h200_sxm", "fp8", "0.16.0"): _minimax_fp8_h200_v016,
     ("vllm", "MiniMax-M2.5", "h200_sxm", "fp8", "0.18.0"): _minimax_fp8_h200_v018,
     ("vllm", "MiniMax-M2.5", "b200_sxm", "fp8", "0.17.0"): _minimax_fp8_b200_v017,

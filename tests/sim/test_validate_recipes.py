@@ -498,7 +498,7 @@ def test_an_fp4_b200_rc2_row_only_the_mtp_config_ran_drafts() -> None:
     r = row_recipe(_row(**base, concurrency=8, tp_size=8, attention_dp_size=1, moe_tp_size=1, moe_ep_size=8))
     assert r.mtp == 3 and "dsr1_fp4_b200_trt_mtp.sh @13dd0c2" in r.source
     r = row_recipe(_row(**base, concurrency=16, tp_size=8, attention_dp_size=1, moe_tp_size=8, moe_ep_size=1))
-    assert r.mtp == 0 and "dsr1_fp{4,8}_b200_trt.sh" in r.source
+    assert r.mtp == 0 and "dsr1_fp4_b200_trt.sh @6320e9b" in r.source
 
 
 # The launch-settings audit of the held-out InferenceX groups (docs/validate-accuracy.md, "Held-out launch settings").
@@ -882,3 +882,60 @@ def test_the_triton_experts_reach_exactly_the_minimax_b200_v017_rows_studies_und
     assert row_study(r, "roofline").engine.aic_fp8_moe_kernel == "default"
     from twinserve.sim.build import build_cost_models
     assert "vLLM Triton FP8 experts from aic vllm 0.19.0" in build_cost_models(cfg)[3].describe()
+
+
+# DeepSeek-R1 FP4 B200 TensorRT-LLM without MTP (docs/validate-accuracy.md, trtagg): the scripts' --max_num_tokens.
+@pytest.mark.parametrize("kw, budget", [
+    # benchmarks/dsr1_fp4_b200_trt.sh @6320e9b, no floor: (CONC + ISL + 64 + 63) / 64 x 64
+    ({"concurrency": 256}, 1344),  # no image given (measured 2025-11-02)
+    ({"concurrency": 64, "osl": 8192}, 1152),
+    ({"concurrency": 32, "backend_version": "1.1.0rc2.post2"}, 1152),
+    ({"concurrency": 256, "isl": 8192, "osl": 1024}, 8512),
+    # single_node/dsr1_fp4_b200_trt.sh @34bc7c4 (image 1.2.0rc6.post2): at least 8,192
+    ({"concurrency": 256, "backend_version": "1.2.0rc6.post2"}, 8192),
+    ({"concurrency": 256, "isl": 8192, "osl": 1024, "backend_version": "1.2.0rc6.post2"}, 8512),
+])
+def test_b200_fp4_trt_plain_rows_take_the_scripts_step_budget(kw, budget) -> None:
+    base = {"backend": "trtllm", "precision": "fp4", "tp_size": 4, "backend_version": float("nan")}
+    r = row_recipe(_row(**{**base, **kw}))
+    assert r.mtp == 0 and r.max_num_tokens == budget and r.adp_rank_budget
+    assert "--max_num_tokens" not in r.unmodelled and r.stream_interval == 10
+
+
+def test_b200_fp4_trt_plain_rows_budget_is_each_attention_dp_ranks() -> None:
+    # The script passes the same budget at every layout; TensorRT-LLM's max_num_tokens is each rank's scheduler's.
+    from twinserve.sim.validate_recipes import rank_max_num_tokens
+    r = row_recipe(_row(backend="trtllm", precision="fp4", backend_version="1.1.0rc2.post2", isl=8192, osl=1024,
+                        concurrency=64, tp_size=1, attention_dp_size=4))
+    assert rank_max_num_tokens(r, 64, 8192, 4) == r.max_num_tokens == (64 + 8192 + 127) // 64 * 64
+    assert rank_max_num_tokens(r, 64, 8192, 1) == 0  # one rank: the engine's budget
+
+
+def _fp4_trt_row(**kw) -> pd.Series:
+    from twinserve.sim.validate_rows import load_rows
+    rows = load_rows()
+    pick = rows[(rows["backend"] == "trtllm") & (rows["model"] == "DeepSeek-R1") & (rows["mode"] == "agg")
+                & (rows["system"] == "b200_sxm") & (rows["precision"] == "fp4")]
+    for k, v in kw.items():
+        pick = pick[pick[k].isna()] if v is None else pick[pick[k] == v]
+    return pick.iloc[0]
+
+
+def test_a_b200_fp4_trt_plain_rows_study_admits_one_prompt_a_step() -> None:
+    # 1k/1k at 256 clients, TP 4, no image given: the script's 1,344-token budget holds one 1,024-token prompt beside
+    # the 256 decodes, chunked prefill off (the study's scheduler admits the second prompt the next step).
+    from twinserve.sim.validate_rows import row_study
+    row = _fp4_trt_row(backend_version=None, isl=1024, osl=1024, concurrency=256, tp_size=4)
+    s = row_study(row, "aic").scheduler
+    assert (s.max_num_batched_tokens, s.enable_chunked_prefill, s.max_prompt_len) == (1344, False, 1024)
+    assert s.max_num_seqs >= 256
+    s.to_core(num_blocks=65536)
+
+
+def test_a_b200_fp4_trt_plain_attention_dp_rows_study_takes_the_budget_a_rank() -> None:
+    from twinserve.sim.validate_rows import row_study
+    row = _fp4_trt_row(backend_version="1.1.0rc2.post2", isl=8192, osl=1024, concurrency=64, attention_dp_size=16)
+    cfg = row_study(row, "aic")
+    s = cfg.scheduler
+    assert cfg.engine.data_parallel_size == 4
+    assert (s.max_num_batched_tokens, s.enable_chunked_prefill, s.adp_per_rank) == (8320, False, True)
