@@ -47,7 +47,8 @@ def build_cluster(cfg: StudyConfig, keep_steps: bool = True, keep_records: bool 
         from twinserve.sim.disagg import DecodeExecutor, DisaggregatedSimulation
 
         for eng, rep in zip(engines[c.num_prefill_replicas:], replicas[c.num_prefill_replicas:]):
-            decode = DecodeExecutor(eng.cost_model, eng.executor.totals.window)
+            decode = DecodeExecutor(eng.cost_model, eng.executor.totals.window,
+                                    join_as_decode=c.disagg_join_row == "decode")
             # Speculation carries over: the acceptance draws, when a batch drafts, and the draft model's steps.
             old = eng.executor
             decode.spec, decode.spec_active, decode.draft = old.spec, old.spec_active, old.draft
