@@ -85,6 +85,9 @@ def engine_defaults(backend: str, gpu_mem_bytes: float) -> EngineDefaults:
 # Not modelled: the one iteration a taking rank's running requests skip under DP attention (1 / dp of the steps
 # with an arrival), and the CPU time of an iteration that takes requests on a worker without it.
 SGLANG_DECODE_JOINS = "mixed"
+# ... and the joiner's first forward there is a decode row at its prompt's context ([cluster] disagg_join_row): the
+# next iteration runs it in the running batch's decode (`merge_batch`, then `update_running_batch`).
+SGLANG_DECODE_JOIN_ROW = "decode"
 
 
 # Time to first token the serving front end adds outside the engine's steps (HTTP, tokenizing the

@@ -10,7 +10,7 @@ import pytest
 
 from twinserve.sim.cluster_study import simulate_cluster
 from twinserve.sim.disagg import _Discounted
-from twinserve.sim.validate_engines import SGLANG_DECODE_JOINS
+from twinserve.sim.validate_engines import SGLANG_DECODE_JOIN_ROW, SGLANG_DECODE_JOINS
 from twinserve.sim.validate_rows import load_rows, row_study
 
 from .helpers import small_config
@@ -77,7 +77,7 @@ def test_sglang_disaggregated_rows_take_the_decode_worker_joins():
     row = d[d["id"] == "2026_03_25_deepseek_r1_gb200_sglang_fp4_disagg_1024x1024_c512_tp4_0_ep4_0_842"].iloc[0]
     cfg = row_study(row, "aic")
     c = cfg.cluster
-    assert c.disagg_join_row == "decode"
+    assert c.disagg_join_row == SGLANG_DECODE_JOIN_ROW == "decode"
     assert SGLANG_DECODE_JOINS == "mixed"
     for i in range(c.num_replicas):
         want = SGLANG_DECODE_JOINS if i >= c.num_prefill_replicas else None
