@@ -82,8 +82,8 @@ def engine_defaults(backend: str, gpu_mem_bytes: float) -> EngineDefaults:
 # merges the taken requests into the running batch (`get_next_disagg_decode_batch_to_run`). Until 2026-12-06 the
 # decode replica kept the server's prefill_first: each arrival was a step of its own, priced as a forward
 # (13.1 ms on a GB200 FP4 DEP 32 worker) during which no rank decoded; at 512 clients 619 of its 3,717 steps.
-# Not modelled: the one iteration a taking rank's running requests skip under DP attention (1 / dp of the steps
-# with an arrival), and the CPU time of an iteration that takes requests on a worker without it.
+# The iteration a taking rank's own decodes skip under DP attention is priced by sim/disagg.py DecodeExecutor
+# (join_ranks); not modelled: the CPU time of an iteration that takes requests on a worker without DP attention.
 SGLANG_DECODE_JOINS = "mixed"
 # ... and the joiner's first forward there is a decode row at its prompt's context ([cluster] disagg_join_row): the
 # next iteration runs it in the running batch's decode (`merge_batch`, then `update_running_batch`).

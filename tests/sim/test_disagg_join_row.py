@@ -70,6 +70,36 @@ def test_joins_ride_with_the_decodes_under_mixed():
     assert tpot(ride) < tpot(lock)
 
 
+@pytest.mark.parametrize("ranks", [1, 4])
+def test_a_taking_rank_skips_its_decodes_under_attention_dp(ranks: int):
+    """On a decode replica of `ranks` attention-DP ranks a step with j joiners is priced (1 + min(j, ranks) / ranks)
+    times the inner model's step (the ranks that take requests run no decode of their own that iteration);
+    without attention DP, or without joiners, at the inner model's price."""
+    cfg = small_config(concurrency=24, num_requests=72, warmup_requests=0, num_replicas=2, num_prefill_replicas=1,
+                       seed=3, max_model_len=1024, prompt_dist="fixed", prompt_mean=PROMPT, output_dist="fixed",
+                       output_mean=OUTPUT, disagg_join_row="decode", batch_policy="prefill_first")
+    cfg.cluster.replicas = [{}, {"scheduler.batch_policy": "mixed", "engine.data_parallel_size": ranks}]
+    seen: list[tuple[int, float]] = []
+    outer = _Discounted.step_time
+
+    def spy(self, pt, ps, pc, pa, ds, dc):
+        a, b, c, d = self.minus
+        e, f = self.plus
+        t = outer(self, pt, ps, pc, pa, ds, dc)
+        seen.append((e, t / self.inner.step_time(pt - a, ps - b, pc - c, pa - d, ds + e, dc + f)))
+        return t
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_Discounted, "step_time", spy)
+        simulate_cluster(cfg)
+    joins = [(e, r) for e, r in seen if e]
+    assert joins
+    for e, r in seen:
+        assert r == pytest.approx(1.0 + min(e, ranks) / ranks if e and ranks > 1 else 1.0)
+    if ranks > 1:
+        assert any(r > 1.0 for _, r in joins)
+
+
 def test_sglang_disaggregated_rows_take_the_decode_worker_joins():
     """An SGLang disaggregated row's decode replicas run SGLANG_DECODE_JOINS with disagg_join_row "decode"; its
     prefill replicas keep SGLang's prefill_first; a TensorRT-LLM disaggregated row keeps the defaults."""
