@@ -46,8 +46,12 @@ def build_cluster(cfg: StudyConfig, keep_steps: bool = True, keep_records: bool 
     if c.num_prefill_replicas > 0:
         from twinserve.sim.disagg import DecodeExecutor, DisaggregatedSimulation
 
-        for eng, rep in zip(engines[c.num_prefill_replicas:], replicas[c.num_prefill_replicas:]):
-            decode = DecodeExecutor(eng.cost_model, eng.executor.totals.window)
+        for i, (eng, rep) in enumerate(zip(engines, replicas)):
+            if i < c.num_prefill_replicas:
+                continue
+            decode = DecodeExecutor(eng.cost_model, eng.executor.totals.window,
+                                    join_as_decode=c.disagg_join_row == "decode",
+                                    join_ranks=replica_config(cfg, i).engine.data_parallel_size)
             # Speculation carries over: the acceptance draws, when a batch drafts, and the draft model's steps.
             old = eng.executor
             decode.spec, decode.spec_active, decode.draft = old.spec, old.spec_active, old.draft

@@ -277,6 +277,18 @@ class _ClusterBase:
                                    "replica, the decode replica's first step (after the KV transfer), or the "
                                    "decode replica's loop iteration that admits it (decode_admit: SGLang)",
                                    choices=("prefill", "decode", "decode_admit"))
+    # How a decode replica prices the one token of a transferred request past its transferred KV (the prefill's
+    # sampled token, whose KV the decode replica computes in the request's first step there; sim/disagg.py):
+    # "prefill" (the default, as before), a one-token prefill row; "decode", a decode row at the prompt's
+    # context, as the engine runs it: SGLang's decode server merges the transferred requests into its running
+    # batch and their first forward is a decode step's (sgl-project/sglang @278e503
+    # python/sglang/srt/disaggregation/decode.py, get_next_disagg_decode_batch_to_run, process_prebuilt_extend);
+    # under attention DP the rank that takes them runs an idle batch in that iteration, its own decodes held back
+    # (event_loop_overlap_disagg_decode, _prepare_idle_batch_and_run): priced as the step lasting
+    # (1 + ranks taking requests / ranks) times as long (sim/disagg.py DecodeExecutor.join_ranks).
+    disagg_join_row: str = knob("prefill", help="disaggregation: the decode replica prices a transferred "
+                                "request's first token as a one-token prefill row or as a decode row",
+                                choices=("prefill", "decode"))
     # Which decode replica takes a disaggregated request once its prefill is done: the least loaded (the
     # default, as before), or each in turn whatever its load, as Dynamo's frontend does by default
     # (`--router-mode` round-robin; docs.nvidia.com/dynamo, Router Guide / Frontend reference).

@@ -38,6 +38,8 @@ class _Discounted:
         self.inner = inner
         self.name = getattr(inner, "name", "cost")
         self.minus = (0, 0, 0, 0.0)
+        self.plus = (0, 0)  # decode rows (count, summed context) the step carries beside its own
+        self.skip = 0.0  # the share of attention-DP ranks whose decodes the step's joiners hold back
         # A decode replica wakes from idle as slowly as any engine (the profile's wake cost).
         wake = getattr(inner, "wake_after", None)
         if wake is not None:
@@ -50,22 +52,33 @@ class _Discounted:
 
     def _decode_step_times(self, num_seqs: int, context: int, max_steps: int, start: float,
                            deadline: float) -> tuple[list[float], list[float]]:
-        if self.minus != (0, 0, 0, 0.0):  # only inside execute(), which steps: never a window
+        if self.minus != (0, 0, 0, 0.0) or self.plus != (0, 0) or self.skip:  # only inside execute(): never a window
             raise RuntimeError("a decode window priced while a step's transferred prefill is "
                                "discounted")
         return self.inner.decode_step_times(num_seqs, context, max_steps, start, deadline)
 
     def step_time(self, pt: int, ps: int, pc: int, pa: float, ds: int, dc: int) -> float:
-        """The inner step time without the transferred tokens' prefill work."""
+        """The inner step time without the transferred tokens' prefill work (and with the decode rows that
+        stand for it)."""
         a, b, c, d = self.minus
-        return self.inner.step_time(pt - a, ps - b, pc - c, pa - d, ds, dc)
+        e, f = self.plus
+        return self.inner.step_time(pt - a, ps - b, pc - c, pa - d, ds + e, dc + f) * (1.0 + self.skip)
 
 
 class DecodeExecutor(SimExecutor):
     """A SimExecutor whose requests may arrive with their prompt's KV already computed."""
 
-    def __init__(self, cost_model: CostModel, window: int | None = None) -> None:
+    def __init__(self, cost_model: CostModel, window: int | None = None, join_as_decode: bool = False,
+                 join_ranks: int = 1) -> None:
         super().__init__(_Discounted(cost_model), window)
+        # A request scheduled up to one token past its transferred KV: that token is priced as a decode row
+        # at the transferred context, not as a one-token prefill ([cluster] disagg_join_row "decode").
+        self.join_as_decode = join_as_decode
+        # ... and on a worker of join_ranks attention-DP ranks, a rank that takes requests runs no decode of
+        # its own in that iteration (SGLang: an idle batch beside the other ranks' decodes): the step's j
+        # joiners, placed on min(j, ranks) ranks in turn, hold back that share of the running requests' tokens,
+        # priced as the step lasting (1 + min(j, ranks) / ranks) times as long (the same tokens a second).
+        self.join_ranks = join_ranks
         self.transferred: dict[str, int] = {}  # request -> prompt tokens whose KV came over
         # Requests that may still have transferred tokens to schedule (computed < transferred): the
         # rest never discount, so a step of decodes need not look at each of them (O(joiners)).
@@ -87,7 +100,7 @@ class DecodeExecutor(SimExecutor):
         """Price the step as SimExecutor does, minus the transferred tokens' prefill (decodes, spec_rows: as
         SimExecutor.execute's; plain decodes and drafting decodes carry no transferred tokens)."""
         tr = self.transferred
-        a = b = c = 0
+        a = b = c = e = f = 0
         d = 0.0
         if tr:
             num = so.num_scheduled_tokens
@@ -118,24 +131,41 @@ class DecodeExecutor(SimExecutor):
                 d += qt * (done + qt * 0.5)
                 if qt == q:
                     b += 1
+                elif qt + 1 == q and self.join_as_decode:
+                    # The one token past the transferred KV runs as a decode row at context t: the row's
+                    # whole prefill features come off (SimExecutor.execute added q, 1, done, q (done + q / 2)).
+                    a += 1
+                    b += 1
+                    d += q * (done + q * 0.5) - qt * (done + qt * 0.5)
+                    e += 1
+                    f += t
         self.cost_model.minus = (a, b, c, d)
+        self.cost_model.plus = (e, f)
+        r = self.join_ranks
+        self.cost_model.skip = min(e, r) / r if e and r > 1 else 0.0
         w = self.totals
         out = super().execute(so, decodes, spec_rows)
         self.cost_model.minus = (0, 0, 0, 0.0)
+        self.cost_model.plus = (0, 0)
+        self.cost_model.skip = 0.0
         # Keep MFU/MBU honest: the transferred prefill was not computed here.
         w.num_prefill_tokens -= a
         w.num_prefill_seqs -= b
         w.prefill_context -= c
         w.prefill_attn -= d
+        w.num_decode_seqs += e  # ... and the decode rows that stand for the tokens past it were
+        w.decode_context += f
         if w.window and (a or c):  # and the sliding layers' reads it priced (the caps are not linear)
             pt, ps, pc, _, ds, dc = self.last_features
-            w.window_read -= w.window_tokens(pc, ps, pt, dc, ds) - w.window_tokens(pc - c, ps - b, pt - a, dc, ds)
+            w.window_read -= (w.window_tokens(pc, ps, pt, dc, ds)
+                              - w.window_tokens(pc - c, ps - b, pt - a, dc + f, ds + e))
         return out
 
     def beyond_fit(self, pt: int, ps: int, pc: int, pa: float, ds: int, dc: int) -> bool:
         """Whether the step it prices (without the transferred prefill) passes the fitted shapes."""
         a, b, c, d = self.cost_model.minus
-        return super().beyond_fit(pt - a, ps - b, pc - c, pa - d, ds, dc)
+        e, f = self.cost_model.plus
+        return super().beyond_fit(pt - a, ps - b, pc - c, pa - d, ds + e, dc + f)
 
 
 @dataclass(slots=True)

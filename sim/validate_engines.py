@@ -71,6 +71,25 @@ def engine_defaults(backend: str, gpu_mem_bytes: float) -> EngineDefaults:
     raise ValueError(f"backend {backend!r}: known engines are vllm, sglang, trtllm")
 
 
+# The batch policy of an SGLang disaggregated decode worker: the requests whose KV has arrived join its running
+# batch without a forward of their own, so its decode steps never wait for them ("mixed": they are admitted into
+# the decode step, and sim/disagg.py DecodeExecutor prices their transferred prompt at nothing). SGLang's decode
+# event loop (sgl-project/sglang @278e503 python/sglang/srt/disaggregation/decode.py,
+# `event_loop_normal_disagg_decode` / `event_loop_overlap_disagg_decode`): a batch of taken requests
+# (`get_new_prebuilt_batch`, "construct fake completed prefill") only streams their transferred first token
+# (`stream_output`), no `run_batch`; under DP attention that rank runs an idle batch in the collective step
+# (`_prepare_idle_batch_and_run(None)`) while every other rank runs its own decode batch, and the next iteration
+# merges the taken requests into the running batch (`get_next_disagg_decode_batch_to_run`). Until 2026-12-06 the
+# decode replica kept the server's prefill_first: each arrival was a step of its own, priced as a forward
+# (13.1 ms on a GB200 FP4 DEP 32 worker) during which no rank decoded; at 512 clients 619 of its 3,717 steps.
+# The iteration a taking rank's own decodes skip under DP attention is priced by sim/disagg.py DecodeExecutor
+# (join_ranks); not modelled: the CPU time of an iteration that takes requests on a worker without DP attention.
+SGLANG_DECODE_JOINS = "mixed"
+# ... and the joiner's first forward there is a decode row at its prompt's context ([cluster] disagg_join_row): the
+# next iteration runs it in the running batch's decode (`merge_batch`, then `update_running_batch`).
+SGLANG_DECODE_JOIN_ROW = "decode"
+
+
 # Time to first token the serving front end adds outside the engine's steps (HTTP, tokenizing the
 # prompt, hand-off to the engine process, detokenizing and streaming the first chunk): fitted per
 # engine on the development rows only (Llama-3.1-70B, Qwen3-32B, gpt-oss-120b, DeepSeek-R1; 88 rows

@@ -24,7 +24,7 @@ from twinserve.sim.errors import SimError
 from twinserve.sim.validate_layouts import (DEFAULT_DISAGG_ASSUMPTION, ENTRY, AssumedWorkers,  # noqa: F401
                                             NotExpressible, aggregated_layout, assume_workers, folded_layout,
                                             inferred_attention_dp, missing_worker_counts, vllm_tp_ep_layout)
-from twinserve.sim.validate_engines import engine_defaults
+from twinserve.sim.validate_engines import SGLANG_DECODE_JOIN_ROW, SGLANG_DECODE_JOINS, engine_defaults
 from twinserve.sim.validate_inferencex import (MTP_SIMULATED_MAX_CLIENTS, agreed_mtp, assumed_entry, db_dump_record,
                                                decode_moe_a2a, inferencex_workers, prefill_moe_a2a,
                                                redundant_experts)
@@ -575,6 +575,11 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
         # ... and streams the transferred first token at the loop iteration that takes the request, before any
         # decode step runs it (sim/config.py disagg_first_token "decode_admit").
         c.disagg_first_token = "decode_admit"
+        # Its decode server runs no forward for the requests it takes: they join the running batch, whose
+        # decode steps go on, and their first forward is a decode row there (SGLANG_DECODE_JOINS,
+        # sim/validate_engines.py).
+        dec_layout = {**dec_layout, "scheduler.batch_policy": SGLANG_DECODE_JOINS}
+        c.disagg_join_row = SGLANG_DECODE_JOIN_ROW
     c.num_replicas = pre.count + dec.count
     c.num_prefill_replicas = pre.count
     c.router = "least_outstanding" if "least_outstanding" in _routers() else c.router
