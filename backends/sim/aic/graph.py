@@ -23,6 +23,7 @@ SGLang (qk_norm_allreduce), which aic's own MOEModel leaves out.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,6 +45,12 @@ class StepGraph:
     generation_attn: str   # batch_size = rows, s = K/V length
     names: tuple[str, ...]  # every op's name, for reports
     qk_norm_ar: str = ""    # the q / k norm's all-reduce (qk_norm_allreduce), x = max(tokens, QK_NORM_AR_MIN_TOKENS)
+    # A wide-EP block whose all-to-all another system's tables price (split_wide_ep_a2a): its Overlap taken out of
+    # tokens / decode_tokens and kept in parts, each x = one rank's tokens: the routed side less the all-to-all
+    # (router, expert compute), the shared expert, and the all-to-all (prepare, dispatch, combine). '' otherwise.
+    wide_routed: str = ""
+    wide_shared: str = ""
+    wide_a2a: str = ""
 
 
 # The engines whose MiniMax-M2 attention all-reduces the q / k norm's partial variances every layer under TP:
@@ -163,6 +170,39 @@ def _wide_ep_generation_ops(model: ModelSpec, par: Parallelism, modes: dict[str,
     return build_moe_block_ops("generation", shape, cfg, modes["moe"], dist, scale_factor=m.num_moe_layers,
                                backend_name="trtllm", inference_phase="generation", model_family="DEEPSEEK",
                                gpus_per_node=gpn)
+
+
+# The system whose TensorRT-LLM NVLink all-to-all tables price a wide-EP decode block on a system aic holds none
+# for: a cross-system proxy. aic 0.12's GB300 TensorRT-LLM comm tables hold only DeepEP (comm/trtllm/1.3.0rc11
+# moe_a2a_perf: DeepEP high-throughput / low-latency at EP 4) and no NVLinkTwoSided table; GB200's hold it
+# (comm/trtllm/1.3.0rc10 trtllm_alltoall_perf). aic's own system files give the two the same NVLink 5 figures
+# (systems/gb200.yaml and gb300.yaml: intra_node_bw and inter_node_bw 900 GB/s a GPU each way, 4 GPUs a node,
+# one NVL72 NVLink domain), and the all-to-all moves the same bytes (DeepSeek-R1's hidden size, top-k, NVFP4
+# dispatch, low-precision combine) on both. The expert compute stays the system's own (GB300 holds its wide-EP
+# NVFP4 table, moe/trtllm/1.3.0rc10 wideep_moe_perf).
+WIDE_EP_A2A_PROXY = {"gb300": "gb200"}
+
+
+def split_wide_ep_a2a(graph: StepGraph) -> StepGraph:
+    """The graph with its wide-EP block's Overlap (both graphs hold the same one: a decode worker's) taken out of
+    tokens / decode_tokens and kept in parts (StepGraph.wide_routed / wide_shared / wide_a2a), so the all-to-all
+    can be priced on another database and the Overlap put back as aic prices it: max(routed side, shared side)."""
+    def parts(js: str) -> tuple[list, dict]:
+        rest, ovs = [], []
+        for entry in json.loads(js):
+            (ovs if next(iter(entry)) == "Overlap" else rest).append(entry)
+        if len(ovs) != 1:
+            raise ValueError(f"a wide-EP graph holds one MoE Overlap, not {len(ovs)}")
+        return rest, ovs[0]["Overlap"]
+    tok_rest, ov = parts(graph.tokens)
+    dec_rest, dec_ov = parts(graph.decode_tokens)
+    if dec_ov != ov:
+        raise ValueError("the token and decode graphs of a wide-EP worker hold different MoE blocks")
+    a2a = [p for p in ov["group_a"] if next(iter(p)) == "MoeAllToAll"]
+    routed = [p for p in ov["group_a"] if next(iter(p)) != "MoeAllToAll"]
+    return replace(graph, tokens=json.dumps(tok_rest), decode_tokens=json.dumps(dec_rest),
+                               wide_routed=json.dumps(routed), wide_shared=json.dumps(ov["group_b"]),
+                               wide_a2a=json.dumps(a2a))
 
 
 # The MoE all-to-all of a worker's steps (EngineConfig.aic_moe_a2a): aic's MoEDispatch for the backend, DeepEP
