@@ -677,7 +677,16 @@ def disagg_prefill_trtgen(row: Any, moe_ep: int) -> bool:
 # large-EP block: its all-to-all from GB200's NVLinkTwoSided tables, a cross-system proxy (aic holds none for GB300;
 # aic's gb200.yaml and gb300.yaml give both the same NVLink 5 figures: graph.py WIDE_EP_A2A_PROXY), its expert
 # compute from GB300's own wide-EP NVFP4 table (CUTLASS rows: aic holds no CuteDSL MoE timings).
-WIDE_EP_WORKERS = {("trtllm", "DeepSeek-R1", "gb200", "fp4"), ("trtllm", "DeepSeek-R1", "gb300", "fp4")}
+# GB300 FP8 at EP > 8: every DEP 16 / DEP 32 decode worker of the dsr1-fp8-gb300-dynamo-trt recipes (the fork's 39
+# files, docs/validate-accuracy.md "gb300trt"; NVIDIA/srt-slurm's copies 1k1k/stp/ctx2_gen1_dep32_batch32_eplb0_mtp0_1229
+# @3aea726, 1k1k/mtp/ctx2_gen1_dep16_batch128_eplb0_mtp1_2253 @4729d9e, 8k1k/stp/ctx7_gen1_dep16_batch64_eplb0_mtp0_1229
+# @5f23377) exports ENABLE_CONFIGURABLE_MOE=1 and TRTLLM_FORCE_COMM_METHOD=NVLINK_TWO_SIDED with `moe_config: backend:
+# DEEPGEMM`: the same NVLink two-sided all-to-all (GB200's tables, the proxy) around aic's own DeepGEMM experts (its
+# MoE table; graph.py _wide_ep_generation_ops for experts the wide-EP table has no rows for). Their DEP 8 workers
+# (the same exports) and the FP4 DEP 4 / DEP 8 ones (CUTLASS, the engine's own all-to-all choice) keep aic's fused
+# block: WIDE_EP_MIN_EP, as on GB200.
+WIDE_EP_WORKERS = {("trtllm", "DeepSeek-R1", "gb200", "fp4"), ("trtllm", "DeepSeek-R1", "gb300", "fp4"),
+                   ("trtllm", "DeepSeek-R1", "gb300", "fp8")}
 WIDE_EP_MIN_EP = 9
 
 

@@ -21,10 +21,10 @@ _MODELS: dict[tuple, AicCostModel] = {}
 
 
 def dsr1(wide: bool, ep: int = 32, backend: str = "trtllm", kernel: str = "default",
-         hw: str = "GB200") -> AicCostModel:
-    key = (wide, ep, backend, kernel, hw)
+         hw: str = "GB200", quant: str = "nvfp4") -> AicCostModel:
+    key = (wide, ep, backend, kernel, hw, quant)
     if key not in _MODELS:
-        m = resolve_row_model("deepseek-ai/DeepSeek-R1").with_precision(Precision("bfloat16", "nvfp4", "fp8"))
+        m = resolve_row_model("deepseek-ai/DeepSeek-R1").with_precision(Precision("bfloat16", quant, "fp8"))
         _MODELS[key] = AicCostModel(m, get_hardware(hw), backend=backend,
                                     parallel=Parallelism(1, ep, ep, 1), trtllm_wide_ep=wide, fp8_moe_kernel=kernel)
     return _MODELS[key]
@@ -111,6 +111,31 @@ def test_a_gb300_wide_ep_step_prices_its_all_to_all_on_gb200s_tables_and_the_res
         assert gb300.decode_tokens_time(rows) < dsr1(False, ep, hw="GB300").decode_tokens_time(rows)
 
 
+@pytest.mark.parametrize("ep, rows", [(32, 32), (16, 128)])
+def test_gb300_fp8_experts_keep_aics_moe_table_and_take_the_nvlink_all_to_all(ep: int, rows: int) -> None:
+    # FP8 block-scaled experts (DEEPGEMM under ConfigurableMoE, TRTLLM_FORCE_COMM_METHOD=NVLINK_TWO_SIDED): aic's
+    # generation block with its fused dispatch pair replaced by the NVLink two-sided prepare / dispatch / combine
+    # (FP8 on the wire, GB200's tables), the experts, router and shared expert as the fused block prices them.
+    wide, fused = dsr1(True, ep, hw="GB300", quant="fp8"), dsr1(False, ep, hw="GB300", quant="fp8")
+    on200 = dsr1(True, ep)._eval  # GB200's database
+
+    def ms(ev, entries: list) -> float:
+        return sum(r[1] for r in ev(json.dumps(entries), is_context=True, batch_size=1, s=1, x=rows))
+    (ov,) = [e["Overlap"] for e in json.loads(fused.graph.decode_tokens) if "Overlap" in e]
+    kept = [p for p in ov["group_a"] if "MoeDispatch" not in p]
+    assert len(kept) == len(ov["group_a"]) - 2 and any("Moe" in p for p in kept)  # router, experts
+    a2a = json.loads(wide.graph.wide_a2a)
+    assert [(p["MoeAllToAll"]["phase"], p["MoeAllToAll"]["comm_dtype"]) for p in a2a] == [
+        ("prepare", "fp8"), ("dispatch", "fp8"), ("combine", "fp8")]
+    assert json.loads(wide.graph.wide_routed) == kept and wide.graph.wide_shared == json.dumps(ov["group_b"])
+    rest = [e for e in json.loads(fused.graph.decode_tokens) if "Overlap" not in e]
+    expect = ms(fused._eval, rest) + max(ms(fused._eval, kept) + ms(on200, a2a), ms(fused._eval, ov["group_b"]))
+    assert wide.decode_tokens_time(rows) == pytest.approx(expect * 1e-3, rel=1e-9)
+    assert wide.tokens_time(rows) == pytest.approx(expect * 1e-3, rel=1e-9)
+    assert wide.expert_time(rows) == fused.expert_time(rows)  # aic's DeepGEMM experts either way
+    assert wide.decode_tokens_time(rows) < fused.decode_tokens_time(rows)
+
+
 def test_wide_ep_is_refused_where_it_does_not_apply() -> None:
     with pytest.raises(AicError, match="aic_trtllm_wide_ep"):
         dsr1(True, backend="sglang")
@@ -126,7 +151,8 @@ def test_wide_ep_is_refused_where_it_does_not_apply() -> None:
     ("gb200", "fp8", 32, False),  # WIDEEP without EPLB there, but aic holds no Blackwell FP8 wide-EP table
     ("gb300", "fp4", 32, True), ("gb300", "fp4", 16, True),  # CUTEDSL over NVLink (all-to-all: GB200's tables)
     ("gb300", "fp4", 8, False),   # the DEP 4 / DEP 8 recipes run CUTLASS
-    ("gb300", "fp8", 32, False),  # DEEPGEMM experts; no Blackwell FP8 wide-EP table
+    ("gb300", "fp8", 32, True), ("gb300", "fp8", 16, True),  # DEEPGEMM under NVLINK_TWO_SIDED
+    ("gb300", "fp8", 8, False),
     ("b200_sxm", "fp4", 8, False),
 ])
 def test_gb200_gb300_fp4_decode_workers_past_ep8_run_wideep(system, precision, ep, wide) -> None:

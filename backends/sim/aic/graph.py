@@ -152,7 +152,15 @@ def _wide_ep_generation_ops(model: ModelSpec, par: Parallelism, modes: dict[str,
     prepare / dispatch / combine, its wide-EP expert compute (aic's wideep_compute_cutlass table), the shared
     expert beside the routed one (aic's OverlapOp) and the reduce-add (aiconfigurator_core sdk/models/blocks/
     moe.py build_moe_block_ops, the emission aic's DeepSeekModel uses when its enumerator sets a generation
-    moe_comm_backend; models/deepseek.py `_large_ep_moe_ops`)."""
+    moe_comm_backend; models/deepseek.py `_large_ep_moe_ops`).
+
+    Experts the wide-EP table holds no rows for (it is NVFP4 only: FP8 block-scaled experts, which TensorRT-LLM
+    runs on DEEPGEMM under ConfigurableMoE with TRTLLM_FORCE_COMM_METHOD=NVLINK_TWO_SIDED): aic's generation
+    block (_moe_ops) with its fused dispatch pair replaced by the same NVLink all-to-all (nvlink_a2a_ops), the
+    experts aic's MoE table's."""
+    from aiconfigurator_core.sdk import common
+    if modes["moe"] is not common.MoEQuantMode.nvfp4:
+        return _moe_ops(model, par, modes, "trtllm", "generation", database, moe_a2a=TRTLLM_WIDE_EP_A2A)
     from aiconfigurator_core.sdk.config import ModelConfig
     from aiconfigurator_core.sdk.models.blocks.moe import MoEBlockShape, build_moe_block_ops
     from aiconfigurator_core.sdk.models.helpers import power_law_distribution
@@ -203,6 +211,26 @@ def split_wide_ep_a2a(graph: StepGraph) -> StepGraph:
     return replace(graph, tokens=json.dumps(tok_rest), decode_tokens=json.dumps(dec_rest),
                                wide_routed=json.dumps(routed), wide_shared=json.dumps(ov["group_b"]),
                                wide_a2a=json.dumps(a2a))
+
+
+def nvlink_a2a_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], database: Any) -> tuple[list, list]:
+    """A decode step's TensorRT-LLM NVLink two-sided all-to-all as aic's large-EP block lays it out (sdk/models/
+    blocks/moe.py `_large_ep_block_ops`: MoEAllToAll prepare and dispatch before the experts, combine after;
+    the comm span nodes_for(moe_ep, num_gpus_per_node); each phase's wire dtype from aic's
+    communication_dtype_for: FP8 block-scaled experts move FP8 in every phase)."""
+    import aiconfigurator_core.sdk.operations as ops
+    from aiconfigurator_core.sdk.operations.moe_comm import communication_dtype_for, nodes_for
+    ep, L = par.expert_parallel_size, model.num_moe_layers
+    gpn = int(database.system_spec["node"]["num_gpus_per_node"])
+    kw = dict(comm_backend=TRTLLM_WIDE_EP_A2A, hidden_size=model.hidden_size, topk=model.num_experts_per_tok,
+              num_experts=model.num_experts, moe_ep_size=ep, node_num=nodes_for(ep, gpn), sms=0, attention_tp_size=1)
+
+    def a2a(phase: str) -> Any:
+        dtype = communication_dtype_for(system=database.system, comm_backend=TRTLLM_WIDE_EP_A2A,
+                                        model_quantization=modes["moe"], communication_phase=phase,
+                                        inference_phase="generation")
+        return ops.MoEAllToAll(f"generation_moe_{phase}", L, phase=phase, comm_dtype=dtype, **kw)
+    return [a2a("prepare"), a2a("dispatch")], [a2a("combine")]
 
 
 # The MoE all-to-all of a worker's steps (EngineConfig.aic_moe_a2a): aic's MoEDispatch for the backend, DeepEP
@@ -323,8 +351,13 @@ def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend:
     k, e = m.num_experts_per_tok, m.num_experts
     cmtp, cep = moe_compute_layout(database, m, par, q, dist)  # the experts' table layout
     a2a = (deepep_ll_ops(m, par, database) if moe_a2a == "deepep_ll" and phase == "generation" else
-           deepep_normal_ops(m, par, database) if moe_a2a == "deepep_normal" and phase == "context" else None)
-    experts = deepep_expert_op(database, m, par, q, dist, phase) if a2a is not None else None
+           deepep_normal_ops(m, par, database) if moe_a2a == "deepep_normal" and phase == "context" else
+           nvlink_a2a_ops(m, par, modes, database) if moe_a2a == TRTLLM_WIDE_EP_A2A and phase == "generation"
+           else None)
+    experts = (deepep_expert_op(database, m, par, q, dist, phase) if a2a is not None and moe_a2a != TRTLLM_WIDE_EP_A2A
+               else None)
+    if moe_a2a == TRTLLM_WIDE_EP_A2A and not m.is_mla:
+        raise ValueError("the NVLink all-to-all block is laid out for aic's DeepSeek (MLA) family only")
     if not (m.is_mla and phase == "generation"):
         shape = MoEBlockShape(hidden_size=m.hidden_size, moe_inter_size=m.moe_intermediate_size,
                               topk=m.num_experts_per_tok, num_experts=m.num_experts,
@@ -349,8 +382,9 @@ def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend:
                         is_context=False, backend=backend),
         ops.MoEDispatch("generation_moe_post_dispatch", L, h, k, e, mtp, ep, dp, False, quant_mode=q,
                         is_context=False, backend=backend))
-    routed = [ops.GEMM("generation_router_gemm", L, e, h, common.GEMMQuantMode.bfloat16), pre,
-              experts or ops.MoE("generation_moe", L, h, inter, k, e, cmtp, cep, q, dist, dp), post]
+    pre, post = (pre if isinstance(pre, list) else [pre]), (post if isinstance(post, list) else [post])
+    routed = [ops.GEMM("generation_router_gemm", L, e, h, common.GEMMQuantMode.bfloat16), *pre,
+              experts or ops.MoE("generation_moe", L, h, inter, k, e, cmtp, cep, q, dist, dp), *post]
     if not m.num_shared_experts:
         return routed
     shared_inter = m.num_shared_experts * inter
