@@ -209,8 +209,7 @@ def split_wide_ep_a2a(graph: StepGraph) -> StepGraph:
     a2a = [p for p in ov["group_a"] if next(iter(p)) == "MoeAllToAll"]
     routed = [p for p in ov["group_a"] if next(iter(p)) != "MoeAllToAll"]
     return replace(graph, tokens=json.dumps(tok_rest), decode_tokens=json.dumps(dec_rest),
-                               wide_routed=json.dumps(routed), wide_shared=json.dumps(ov["group_b"]),
-                               wide_a2a=json.dumps(a2a))
+                   wide_routed=json.dumps(routed), wide_shared=json.dumps(ov["group_b"]), wide_a2a=json.dumps(a2a))
 
 
 def nvlink_a2a_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], database: Any) -> tuple[list, list]:
@@ -333,7 +332,8 @@ def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend:
     `wide_ep` (TensorRT-LLM's WIDEEP backend), a decode step's is aic's large-EP block; a generation
     block's dispatch and combine are DeepEP low-latency ones where moe_a2a is 'deepep_ll' (a context block's
     DeepEP normal-mode ones where it is 'deepep_normal'), and its experts the DeepEP expert table's where it
-    has this layout (deepep_expert_op)."""
+    has this layout (deepep_expert_op); TensorRT-LLM's NVLink two-sided ones where it is 'nvlink_two_sided'
+    (nvlink_a2a_ops, _wide_ep_generation_ops' FP8 block), the experts aic's MoE table's."""
     if wide_ep and phase == "generation":
         return _wide_ep_generation_ops(model, par, modes, database)
     import aiconfigurator_core.sdk.operations as ops
