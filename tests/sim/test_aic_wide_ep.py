@@ -1,6 +1,7 @@
 """TensorRT-LLM's WIDEEP MoE backend on the measured backend: a decode step's MoE block is aic's large-EP one (the
 NVLink two-sided all-to-all and its wide-EP expert compute; backends/sim/aic/graph.py _wide_ep_generation_ops), for
-DeepSeek-R1 NVFP4 decode workers on GB200 NVL72 at EP > 8 (sim/validate_recipes.py WIDE_EP_WORKERS)."""
+DeepSeek-R1 NVFP4 decode workers on GB200 NVL72 at EP > 8 and NVFP4 / FP8 ones on GB300 (whose all-to-all GB200's
+tables price: WIDE_EP_A2A_PROXY) (sim/validate_recipes.py WIDE_EP_WORKERS)."""
 
 from __future__ import annotations
 
