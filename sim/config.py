@@ -102,8 +102,13 @@ class EngineConfig:
                                     help="cost_model aic, TensorRT-LLM, DeepSeek family, a disaggregated decode "
                                          "worker: every step's MoE block is aic's large-EP generation one (the NVLink two-sided all-to-all of the "
                                          "WIDEEP backend or of ConfigurableMoE with TRTLLM_FORCE_COMM_METHOD="
-                                         "NVLINK_TWO_SIDED, and aic's wide-EP expert compute) instead of the "
-                                         "fused dispatch / MoE / combine (backends/sim/aic/graph.py)")
+                                         "NVLINK_TWO_SIDED, and aic's wide-EP expert compute; FP8 block-scaled "
+                                         "experts, which that table lacks, keep aic's MoE table, DeepGEMM) "
+                                         "instead of the fused dispatch / MoE / combine (backends/sim/aic/"
+                                         "graph.py); on GB300, "
+                                         "whose aic tables hold no NVLink all-to-all, the all-to-all is priced "
+                                         "from GB200's (a cross-system proxy: aic's system files give both the "
+                                         "same NVLink 5 bandwidths; graph.py WIDE_EP_A2A_PROXY)")
     aic_moe_a2a: str = knob("default",
                             help="cost_model aic, SGLang: the MoE all-to-all under expert parallelism: aic's "
                                  "MoEDispatch for the backend; deepep_ll, a decode-only step's DeepEP low-latency "

@@ -714,7 +714,8 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
 # recipes/trtllm/...; e.g. b200-fp8/8k1k/stp/ctx1_gen4_tp8_batch32_eplb0_mtp0_128.yaml sets the decode
 # worker's `max_batch_size: 32`, h100-fp8/1k1k/mtp/ctx1_gen3_tep16_batch2_eplb0_mtp3.yaml `max_batch_size: 2`).
 # An int for every client count of the entry, a tuple for each in turn where the file launches a recipe per
-# count; 0 for entries of more than 256 clients only (not transcribed: no cap is simulated there).
+# count; 0 for entries of more than 256 clients only (not transcribed: no cap is simulated there), but where read
+# below.
 # B200 FP8 1k/1k past 256 clients: read from the recipe files themselves (ishandhanani/srt-slurm @fe2cd90
 # recipes/trtllm/b200-fp8/1k1k/{mtp,stp}/, the decode worker's `max_batch_size`, a rank's under
 # `enable_attention_dp: true`): ctx1_gen7_dep8_batch128_eplb0_mtp3_896 16, ctx1_gen4_dep8_batch256_eplb0_mtp3_1024
@@ -723,6 +724,26 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
 # ctx2_gen5_dep8_batch128_eplb0_mtp0_5152 128. Their names' `batchN` is the worker's (8 ranks) in the first four
 # and a rank's in the last three: the yaml field is what the engine reads. 1,184, 1,600 and 5,152 clients run over
 # 1,152, 1,536 and 5,120 slots.
+# GB300 TensorRT-LLM past 256 clients (dsr1-fp4/fp8-gb300-dynamo-trt, SemiAnalysisAI/InferenceX
+# .github/configs/nvidia-master.yaml @0004cf5 names each entry's CONFIG_FILE): read from the recipe files, the decode
+# worker's `max_batch_size`, a rank's under `enable_attention_dp: true`. FP4: the fork connorcarpenter15/srt-slurm
+# @5a156f6 recipes/trtllm/gb300-fp4/ (the matrix's file names; no other copy in the library), 19 of the 24 files past
+# 256 clients or at EP > 8 read, the yaml field equal to the name's `batchN` in each (1k1k
+# ctx1_gen1_dep4_batch768_eplb0_mtp1 768, ctx1_gen1_dep32_batch8_eplb0_mtp 8, ctx3_gen1_dep16_batch128_eplb256_mtp1 128,
+# ctx3_gen1_dep32_batch32_eplb288_mtp3 32, ctx2_gen1_dep8_batch1024_eplb0_mtp0 1024, ctx2_gen1_dep32_batch32_eplb0_mtp0
+# 32, ctx3_gen1_dep16_batch256_eplb256_mtp0 256, ctx3_gen1_dep32_batch64_eplb0_mtp0 64; 1k8k
+# ctx1_gen1_dep32_batch16_eplb0_mtp3 16, ..._batch64_eplb288_mtp3 64, ctx1_gen1_dep32_batch128_eplb288_mtp0 128; 8k1k
+# ctx9_gen1_dep16_batch64_eplb0_mtp0 64, ctx8_gen1_dep32_batch8_eplb0_mtp3 8, ctx10_gen1_dep8_batch256_eplb0_mtp1 256,
+# ctx10_gen1_dep16_batch32_eplb0_mtp3 32, ctx13_gen1_dep16_batch64_eplb256_mtp3 64, ctx7_gen1_dep32_batch16_eplb0_mtp0
+# 16, ctx11_gen3_dep4_batch256_eplb0_mtp0 256, ctx14_gen1_dep16_batch128_eplb0_mtp0 128; 8k1k's 180-client
+# ctx4_gen1_dep32_batch4_eplb0_mtp3 was transcribed before, 4), the four others not read (1k8k
+# ctx1_gen2_dep16_batch256_eplb256_mtp1, ctx1_gen4_dep8_batch512_eplb0_mtp1, ctx1_gen1_dep32_batch32_eplb0_mtp0,
+# ctx1_gen1_dep32_batch256_eplb288_mtp0) from their names: their slots equal their clients, so they cap nothing. FP8:
+# the names' `batchN` (recipes/trtllm/gb300-fp8/..., the fork's 39 files, docs/validate-accuracy.md "gb300trt"), the
+# yaml field checked equal in NVIDIA/srt-slurm's copies 1k1k/stp/ctx2_gen1_dep32_batch32_eplb0_mtp0_1229 @3aea726 (32),
+# 1k1k/mtp/ctx2_gen1_dep16_batch128_eplb0_mtp1_2253 @4729d9e (128), 8k1k/stp/ctx7_gen1_dep16_batch64_eplb0_mtp0_1229
+# @5f23377 (64; its container dynamo-trtllm 0.8.1.post2, the matrix's image). Most of these entries run fewer slots than
+# clients (1,229 clients over 1,024, 2,253 over 2,048, 666 over 512, 333 over 256).
 _DECODE_BATCH: dict[tuple[str, str, str, int, int], tuple[int | tuple[int, ...], ...]] = {
     ("trtllm", "b200_sxm", "fp4", 1024, 1024): (0, 0, 1, 32, 0, 0, 0, 0, 0, 1, 32, 0),
     ("trtllm", "b200_sxm", "fp4", 8192, 1024): (8, 16, 1, 8, 0, 0, 0, 1, 8, 0, 0, 0, 0),
@@ -742,12 +763,12 @@ _DECODE_BATCH: dict[tuple[str, str, str, int, int], tuple[int | tuple[int, ...],
     ("trtllm", "gb200", "fp8", 1024, 1024): (0, 0, 0, (8, 4, 2), 0, 0, (32, 8), (8, 1)),
     ("trtllm", "gb200", "fp8", 1024, 8192): (0, (16, 2), 2, 0, 0, (8, 1)),
     ("trtllm", "gb200", "fp8", 8192, 1024): (0, 0, 0, 0, 2, (4, 2), 0, 0, 0, 0, (16, 4, 1)),
-    ("trtllm", "gb300", "fp4", 1024, 1024): (0, 0, (1, 8, 8, 8, 8), 0, 0, (1, 32, 32, 32, 32), 0, 0, 0, 0),
-    ("trtllm", "gb300", "fp4", 1024, 8192): ((1, 8), 0, 0, 0, (1, 32), 4, 0),
-    ("trtllm", "gb300", "fp4", 8192, 1024): (8, (1, 4, 4), 4, 0, 0, 0, 0, 16, (1, 2), 4, 0, 0, 0, 0),
-    ("trtllm", "gb300", "fp8", 1024, 1024): ((1, 4), 4, 0, 0, 0, 0, (1, 4, 16), 0, 0, 0),
-    ("trtllm", "gb300", "fp8", 8192, 1024): ((1, 4), 0, 0, 0, 0, (1, 4, 8), 0, 0, 0, 0),
-    ("trtllm", "gb300", "fp8", 1024, 8192): ((1, 4), (4, 16), 0, 0, (1, 8), 0, 0),
+    ("trtllm", "gb300", "fp4", 1024, 1024): (768, 8, (1, 8, 8, 8, 8), 128, 32, (1, 32, 32, 32, 32), 1024, 32, 256, 64),
+    ("trtllm", "gb300", "fp4", 1024, 8192): ((1, 8), (16, 64), 256, 512, (1, 32), 4, (32, 128, 256)),
+    ("trtllm", "gb300", "fp4", 8192, 1024): (8, (1, 4, 4), 4, 8, 256, 32, 64, 16, (1, 2), 4, 16, 64, 256, 128),
+    ("trtllm", "gb300", "fp8", 1024, 1024): ((1, 4), 4, 16, 32, 128, 512, (1, 4, 16), 32, 128, (512, 768)),
+    ("trtllm", "gb300", "fp8", 8192, 1024): ((1, 4), 8, 32, 64, 128, (1, 4, 8), 16, 32, 64, 256),
+    ("trtllm", "gb300", "fp8", 1024, 8192): ((1, 4), (4, 16), 64, 256, (1, 8), (8, 32), (128, 256)),
 }
 
 

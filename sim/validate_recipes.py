@@ -717,10 +717,28 @@ def disagg_prefill_trtgen(row: Any, moe_ep: int) -> bool:
 # (`ENABLE_CONFIGURABLE_MOE=1`, DEEPGEMM experts) with `TRTLLM_FORCE_COMM_METHOD=NVLINK_TWO_SIDED`: the same NVLink
 # two-sided all-to-all; the GB200 FP4 rows' own recipe is not in the library (their expert kernel not read). Priced by
 # aic's large-EP decode block (backends/sim/aic/graph.py _wide_ep_generation_ops), whose all-to-all only aic's GB200
-# TensorRT-LLM tables hold (comm/trtllm/1.3.0rc10 trtllm_alltoall): GB300's rows keep the fused block. FP8 at EP > 8
-# ("WIDEEP without EPLB") is not carried: aic holds no Blackwell FP8 wide-EP expert table (moe/trtllm/1.3.0rc10
-# wideep_moe_perf: nvfp4 only there).
-WIDE_EP_WORKERS = {("trtllm", "DeepSeek-R1", "gb200", "fp4")}
+# TensorRT-LLM tables hold (comm/trtllm/1.3.0rc10 trtllm_alltoall). FP8 at EP > 8 ("WIDEEP without EPLB") is not
+# carried: aic holds no Blackwell FP8 wide-EP expert table (moe/trtllm/1.3.0rc10 wideep_moe_perf: nvfp4 only there).
+# GB300 NVFP4 at EP > 8: the recipes InferenceX's dsr1-fp4-gb300-dynamo-trt entries launch (connorcarpenter15/srt-slurm
+# @5a156f6 recipes/trtllm/gb300-fp4/, the matrix's file names; every DEP 16 / DEP 32 decode worker read, 1k1k, 1k8k,
+# 8k1k, MTP or not: e.g. 1k1k/stp/ctx3_gen1_dep32_batch64_eplb0_mtp0.yaml, 8k1k/stp/ctx9_gen1_dep16_batch64_eplb0_
+# mtp0.yaml) set `moe_config: backend: CUTEDSL`, `use_low_precision_moe_combine: true` under attention DP, and no
+# TRTLLM_FORCE_COMM_METHOD (DEP 4 / DEP 8 workers: CUTLASS): TensorRT-LLM's own choice of all-to-all over the NVL72
+# NVLink domain (communication_factory.py `create_strategy`, NVIDIA/TensorRT-LLM @03c36d6: NVLinkOneSided, then
+# NVLinkTwoSided, before any network path; which of the two the rows' image chose is not read). Priced by the same
+# large-EP block: its all-to-all from GB200's NVLinkTwoSided tables, a cross-system proxy (aic holds none for GB300;
+# aic's gb200.yaml and gb300.yaml give both the same NVLink 5 figures: graph.py WIDE_EP_A2A_PROXY), its expert
+# compute from GB300's own wide-EP NVFP4 table (CUTLASS rows: aic holds no CuteDSL MoE timings).
+# GB300 FP8 at EP > 8: every DEP 16 / DEP 32 decode worker of the dsr1-fp8-gb300-dynamo-trt recipes (the fork's 39
+# files, docs/validate-accuracy.md "gb300trt"; NVIDIA/srt-slurm's copies 1k1k/stp/ctx2_gen1_dep32_batch32_eplb0_mtp0_1229
+# @3aea726, 1k1k/mtp/ctx2_gen1_dep16_batch128_eplb0_mtp1_2253 @4729d9e, 8k1k/stp/ctx7_gen1_dep16_batch64_eplb0_mtp0_1229
+# @5f23377) exports ENABLE_CONFIGURABLE_MOE=1 and TRTLLM_FORCE_COMM_METHOD=NVLINK_TWO_SIDED with `moe_config: backend:
+# DEEPGEMM`: the same NVLink two-sided all-to-all (GB200's tables, the proxy) around aic's own DeepGEMM experts (its
+# MoE table; graph.py _wide_ep_generation_ops for experts the wide-EP table has no rows for). Their DEP 8 workers
+# (the same exports) and the FP4 DEP 4 / DEP 8 ones (CUTLASS, the engine's own all-to-all choice) keep aic's fused
+# block: WIDE_EP_MIN_EP, as on GB200.
+WIDE_EP_WORKERS = {("trtllm", "DeepSeek-R1", "gb200", "fp4"), ("trtllm", "DeepSeek-R1", "gb300", "fp4"),
+                   ("trtllm", "DeepSeek-R1", "gb300", "fp8")}
 WIDE_EP_MIN_EP = 9
 
 

@@ -307,10 +307,18 @@ DEP_CAPPED = "2026_04_06_deepseek_r1_b200_sxm_trtllm_fp4_disagg_8192x1024_c90_tp
 # B200 FP8 1k/1k at 1,600 clients: 2 DEP 8 decode workers whose recipe (ctx1_gen2_dep8_batch768_eplb0_mtp2_1600.yaml
 # @fe2cd90) sets max_batch_size 96 a rank: 768 a worker, 1,536 in all for 1,600 clients (past 256: transcribed).
 DEP_CAPPED_1600 = "2026_04_06_deepseek_r1_b200_sxm_trtllm_fp8_disagg_1024x1024_c1600_tp8_ep8_1798"
+# GB300 past 256 clients (read from the recipes): FP4 1k/1k at 2,253 clients, 1 DEP 32 decode worker whose recipe
+# (connorcarpenter15/srt-slurm @5a156f6 gb300-fp4/1k1k/stp/ctx3_gen1_dep32_batch64_eplb0_mtp0.yaml) sets
+# max_batch_size 64 a rank: 2,048 slots; FP8 1k/1k at 1,229 clients, 1 DEP 32 worker (NVIDIA/srt-slurm @3aea726
+# gb300-fp8/1k1k/stp/ctx2_gen1_dep32_batch32_eplb0_mtp0_1229.yaml, 32 a rank): 1,024 slots.
+GB300_FP4_2253 = "2026_03_25_deepseek_r1_gb300_trtllm_fp4_disagg_1024x1024_c2253_tp2_0_ep2_0_1103"
+GB300_FP8_1229 = "2026_03_25_deepseek_r1_gb300_trtllm_fp8_disagg_1024x1024_c1229_tp4_0_ep4_0_931"
 
 
 @pytest.mark.parametrize(("row_id", "workers", "slots"), [(TEP_CAPPED, (1, 3), 2), (DEP_CAPPED, (1, 1), 64),
-                                                          (DEP_CAPPED_1600, (1, 2), 768)])
+                                                          (DEP_CAPPED_1600, (1, 2), 768),
+                                                          (GB300_FP4_2253, (3, 1), 2048),
+                                                          (GB300_FP8_1229, (2, 1), 1024)])
 def test_a_decode_worker_admits_only_its_recipes_batch(rows, row_id: str, workers: tuple[int, int],
                                                        slots: int) -> None:
     from twinserve.sim.config import replica_config

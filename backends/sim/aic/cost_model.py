@@ -19,8 +19,8 @@ from typing import Any
 from twinserve.backends.sim.catalog import HardwareSpec, ModelSpec
 from twinserve.backends.sim.parallel import Parallelism, ParallelismError, _loop_step_time
 
-from twinserve.backends.sim.aic.graph import (MOE_A2A, QK_NORM_AR_MIN_TOKENS, StepGraph, aic_moe_parallelism,
-                                          build_graph)
+from twinserve.backends.sim.aic.graph import (MOE_A2A, QK_NORM_AR_MIN_TOKENS, WIDE_EP_A2A_PROXY, StepGraph,
+                                          aic_moe_parallelism, build_graph, split_wide_ep_a2a)
 from twinserve.backends.sim.aic.marlin import MARLIN_KERNELS, MarlinMoe, marlin_extra_ms, marlin_moe
 from twinserve.backends.sim.aic.trtgen import (FP8_MOE_KERNELS, TRTGEN_DATABASE, Nvfp4Trtgen, TrtgenMoe,
                                                nvfp4_trtgen_points, trtgen_delta_ms,
@@ -93,7 +93,8 @@ class AicCostModel:
     __slots__ = ("name", "model", "hardware", "tp", "par", "system", "backend", "version", "database",
                  "graph", "step_overhead_s", "per_seq_overhead_s", "kernel_scale", "_eval", "_tok", "_dtok", "_seq",
                  "_exp", "_ctx", "_gen", "_p2p", "mxfp4_moe_kernel", "_marlin", "_mx", "fp8_moe_kernel", "_trtgen",
-                 "_trtgen_eval", "_tg", "trtllm_wide_ep", "moe_a2a", "_qk", "_fp4", "_fp4_eval", "_fg")
+                 "_trtgen_eval", "_tg", "trtllm_wide_ep", "moe_a2a", "_qk", "_fp4", "_fp4_eval", "_fg",
+                 "a2a_system", "_a2a_eval", "_wide")
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1, backend: str = "vllm",
                  version: str = "", parallel: Parallelism | None = None, step_overhead_s: float = 0.0,
@@ -129,8 +130,17 @@ class AicCostModel:
         check_precision(self.database, modes, model.precision)
         self._eval = evaluator(self.database)
         self.trtllm_wide_ep = bool(trtllm_wide_ep)
+        # The system whose tables price a wide-EP block's all-to-all: this one's, or WIDE_EP_A2A_PROXY's (a
+        # cross-system proxy where this system's tables hold none).
+        self.a2a_system = self.system
+        self._a2a_eval: Any = None
+        self._wide: dict[int, float] = {}
         if self.trtllm_wide_ep:
             self._check_wide_ep(model, par, fp8_moe_kernel)
+            proxy = WIDE_EP_A2A_PROXY.get(self.system)
+            if proxy is not None:
+                self.a2a_system = proxy
+                self._a2a_eval = evaluator(_load(pdb, proxy, backend, resolve_version(proxy, backend, self.version)))
         self.graph: StepGraph = self._build(par.stage_model(model), par, modes)
         self.mxfp4_moe_kernel = mxfp4_moe_kernel
         self._marlin = self._marlin_transfer(mxfp4_moe_kernel)
@@ -166,6 +176,8 @@ class AicCostModel:
         """
         from aiconfigurator_core.sdk import common
         graph = build_graph(model, par, modes, self.backend, self.database, self.trtllm_wide_ep, self.moe_a2a)
+        if self._a2a_eval is not None:  # the wide-EP block's all-to-all priced on the proxy system's tables
+            graph = split_wide_ep_a2a(graph)
         if (model.is_mla or modes["generation_attention"] is not common.KVCacheQuantMode.fp8
                 or modes["fmha"] is common.FMHAQuantMode.fp8):
             return graph
@@ -322,6 +334,15 @@ class AicCostModel:
             calls.append(("pipeline hand-off", g.p2p, True, 1, 1, 0, 16))
         if g.qk_norm_ar:
             calls.append(("q/k norm all-reduce", g.qk_norm_ar, True, 1, 1, 0, QK_NORM_AR_MIN_TOKENS))
+        if g.wide_a2a:
+            calls += [("wide-EP routed experts", g.wide_routed, True, 1, 1, 0, 16),
+                      ("wide-EP shared expert", g.wide_shared, True, 1, 1, 0, 16)]
+            try:
+                self._a2a_eval(g.wide_a2a, is_context=True, batch_size=1, s=1, x=16)
+            except Exception as err:  # aic's PerfDataNotAvailableError and kin
+                raise AicError("aic_trtllm_wide_ep", f"aiconfigurator-core's {self.a2a_system} {self.backend} "
+                               f"database (the all-to-all proxy for {self.system}) has no NVLink all-to-all "
+                               f"timings here: {str(err).split(': tried')[0]}") from None
         for what, js, is_context, b, s, prefix, x in calls:
             try:
                 self._eval(js, is_context=is_context, batch_size=b, s=s, prefix=prefix, x=x)
@@ -356,6 +377,8 @@ class AicCostModel:
                        f" (trtllm-gen FP8 experts from aic {' '.join(TRTGEN_DATABASE)})")
         if getattr(self, "_fp4_eval", None) is not None:
             marlin += f" (NVFP4 GEMMs tuned: at most aic {' '.join(NVFP4_GEMM_DATABASE)}'s)"
+        if getattr(self, "a2a_system", self.system) != self.system:
+            marlin += f" (wide-EP NVLink all-to-all from aic's {self.a2a_system} tables)"
         return f"aic {self.backend} {self.version} on {self.system}{marlin}"
 
     # Each part in seconds, memoized: the same shape always returns the same float, the table's own
@@ -368,7 +391,7 @@ class AicCostModel:
             t = self._tok[tokens] = _total(self._eval(self.graph.tokens, is_context=True, batch_size=1, s=1,
                                                       x=tokens)) * _MS + self.marlin_time(tokens)
             t = self._tok[tokens] = (t + self.trtgen_time(tokens) + self.qk_norm_time(tokens)
-                                     + self.nvfp4_gemm_time(tokens, decode=False))
+                                     + self.nvfp4_gemm_time(tokens, decode=False) + self.wide_block_time(tokens))
         return t
 
     def decode_tokens_time(self, rows: int) -> float:
@@ -378,7 +401,7 @@ class AicCostModel:
             t = self._dtok[rows] = _total(self._eval(self.graph.decode_tokens, is_context=True, batch_size=1,
                                                      s=1, x=rows)) * _MS + self.marlin_time(rows)
             t = self._dtok[rows] = (t + self.trtgen_time(rows) + self.qk_norm_time(rows)
-                                    + self.nvfp4_gemm_time(rows, decode=True))
+                                    + self.nvfp4_gemm_time(rows, decode=True) + self.wide_block_time(rows))
         return t
 
     def nvfp4_gemm_time(self, tokens: int, decode: bool) -> float:
@@ -391,6 +414,20 @@ class AicCostModel:
         t = self._fg.get(key)
         if t is None:
             t = self._fg[key] = tuned_delta_ms(self._eval, self._fp4_eval, ops, tokens) * _MS
+        return t
+
+    def wide_block_time(self, tokens: int) -> float:
+        """A wide-EP block's Overlap whose all-to-all the proxy system's tables price (graph.py split_wide_ep_a2a;
+        0 without one), as aic prices its OverlapOp: the slower of the routed side (router, prepare, dispatch,
+        expert compute, combine; the all-to-all from the proxy's tables, the rest from this system's) and the
+        shared expert beside it."""
+        if not self.graph.wide_a2a:
+            return 0.0
+        t = self._wide.get(tokens)
+        if t is None:
+            g, kw = self.graph, dict(is_context=True, batch_size=1, s=1, x=tokens)
+            routed = _total(self._eval(g.wide_routed, **kw)) + _total(self._a2a_eval(g.wide_a2a, **kw))
+            t = self._wide[tokens] = max(routed, _total(self._eval(g.wide_shared, **kw))) * _MS
         return t
 
     def qk_norm_time(self, tokens: int) -> float:
@@ -521,8 +558,8 @@ class AicCostModel:
         t = self._exp.get(tokens)
         if t is None:
             if self.trtllm_wide_ep:  # the large-EP expert compute sits inside the block's Overlap: alone
-                rows = self._eval(_nested_op(self.graph.tokens, "generation_moe"), is_context=True, batch_size=1,
-                                  s=1, x=tokens)
+                rows = self._eval(_nested_op(self.graph.wide_routed or self.graph.tokens, "generation_moe"),
+                                  is_context=True, batch_size=1, s=1, x=tokens)
             else:
                 rows = self._eval(self.graph.tokens, is_context=True, batch_size=1, s=1, x=tokens)
             t = self._exp[tokens] = (sum(r[1] for r in rows if r[0] in EXPERT_OPS) * _MS
@@ -561,7 +598,7 @@ class AicCostModel:
     def cache_size(self) -> int:
         """Distinct shapes priced so far (all parts)."""
         return (len(self._tok) + len(self._dtok) + len(self._seq) + len(self._ctx) + len(self._gen) + len(self._p2p)
-                + len(self._mx) + len(self._exp) + len(self._tg) + len(self._qk) + len(self._fg))
+                + len(self._mx) + len(self._exp) + len(self._tg) + len(self._qk) + len(self._fg) + len(self._wide))
 
 
 def attention_shapes(db: Any) -> str:

@@ -23,6 +23,7 @@ SGLang (qk_norm_allreduce), which aic's own MOEModel leaves out.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,6 +45,12 @@ class StepGraph:
     generation_attn: str   # batch_size = rows, s = K/V length
     names: tuple[str, ...]  # every op's name, for reports
     qk_norm_ar: str = ""    # the q / k norm's all-reduce (qk_norm_allreduce), x = max(tokens, QK_NORM_AR_MIN_TOKENS)
+    # A wide-EP block whose all-to-all another system's tables price (split_wide_ep_a2a): its Overlap taken out of
+    # tokens / decode_tokens and kept in parts, each x = one rank's tokens: the routed side less the all-to-all
+    # (router, expert compute), the shared expert, and the all-to-all (prepare, dispatch, combine). '' otherwise.
+    wide_routed: str = ""
+    wide_shared: str = ""
+    wide_a2a: str = ""
 
 
 # The engines whose MiniMax-M2 attention all-reduces the q / k norm's partial variances every layer under TP:
@@ -145,7 +152,15 @@ def _wide_ep_generation_ops(model: ModelSpec, par: Parallelism, modes: dict[str,
     prepare / dispatch / combine, its wide-EP expert compute (aic's wideep_compute_cutlass table), the shared
     expert beside the routed one (aic's OverlapOp) and the reduce-add (aiconfigurator_core sdk/models/blocks/
     moe.py build_moe_block_ops, the emission aic's DeepSeekModel uses when its enumerator sets a generation
-    moe_comm_backend; models/deepseek.py `_large_ep_moe_ops`)."""
+    moe_comm_backend; models/deepseek.py `_large_ep_moe_ops`).
+
+    Experts the wide-EP table holds no rows for (it is NVFP4 only: FP8 block-scaled experts, which TensorRT-LLM
+    runs on DEEPGEMM under ConfigurableMoE with TRTLLM_FORCE_COMM_METHOD=NVLINK_TWO_SIDED): aic's generation
+    block (_moe_ops) with its fused dispatch pair replaced by the same NVLink all-to-all (nvlink_a2a_ops), the
+    experts aic's MoE table's."""
+    from aiconfigurator_core.sdk import common
+    if modes["moe"] is not common.MoEQuantMode.nvfp4:
+        return _moe_ops(model, par, modes, "trtllm", "generation", database, moe_a2a=TRTLLM_WIDE_EP_A2A)
     from aiconfigurator_core.sdk.config import ModelConfig
     from aiconfigurator_core.sdk.models.blocks.moe import MoEBlockShape, build_moe_block_ops
     from aiconfigurator_core.sdk.models.helpers import power_law_distribution
@@ -163,6 +178,58 @@ def _wide_ep_generation_ops(model: ModelSpec, par: Parallelism, modes: dict[str,
     return build_moe_block_ops("generation", shape, cfg, modes["moe"], dist, scale_factor=m.num_moe_layers,
                                backend_name="trtllm", inference_phase="generation", model_family="DEEPSEEK",
                                gpus_per_node=gpn)
+
+
+# The system whose TensorRT-LLM NVLink all-to-all tables price a wide-EP decode block on a system aic holds none
+# for: a cross-system proxy. aic 0.12's GB300 TensorRT-LLM comm tables hold only DeepEP (comm/trtllm/1.3.0rc11
+# moe_a2a_perf: DeepEP high-throughput / low-latency at EP 4) and no NVLinkTwoSided table; GB200's hold it
+# (comm/trtllm/1.3.0rc10 trtllm_alltoall_perf). aic's own system files give the two the same NVLink 5 figures
+# (systems/gb200.yaml and gb300.yaml: intra_node_bw and inter_node_bw 900 GB/s a GPU each way, 4 GPUs a node,
+# one NVL72 NVLink domain), and the all-to-all moves the same bytes (DeepSeek-R1's hidden size, top-k, NVFP4
+# dispatch, low-precision combine) on both. The expert compute stays the system's own (GB300 holds its wide-EP
+# NVFP4 table, moe/trtllm/1.3.0rc10 wideep_moe_perf).
+WIDE_EP_A2A_PROXY = {"gb300": "gb200"}
+
+
+def split_wide_ep_a2a(graph: StepGraph) -> StepGraph:
+    """The graph with its wide-EP block's Overlap (both graphs hold the same one: a decode worker's) taken out of
+    tokens / decode_tokens and kept in parts (StepGraph.wide_routed / wide_shared / wide_a2a), so the all-to-all
+    can be priced on another database and the Overlap put back as aic prices it: max(routed side, shared side)."""
+    def parts(js: str) -> tuple[list, dict]:
+        rest, ovs = [], []
+        for entry in json.loads(js):
+            (ovs if next(iter(entry)) == "Overlap" else rest).append(entry)
+        if len(ovs) != 1:
+            raise ValueError(f"a wide-EP graph holds one MoE Overlap, not {len(ovs)}")
+        return rest, ovs[0]["Overlap"]
+    tok_rest, ov = parts(graph.tokens)
+    dec_rest, dec_ov = parts(graph.decode_tokens)
+    if dec_ov != ov:
+        raise ValueError("the token and decode graphs of a wide-EP worker hold different MoE blocks")
+    a2a = [p for p in ov["group_a"] if next(iter(p)) == "MoeAllToAll"]
+    routed = [p for p in ov["group_a"] if next(iter(p)) != "MoeAllToAll"]
+    return replace(graph, tokens=json.dumps(tok_rest), decode_tokens=json.dumps(dec_rest),
+                   wide_routed=json.dumps(routed), wide_shared=json.dumps(ov["group_b"]), wide_a2a=json.dumps(a2a))
+
+
+def nvlink_a2a_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], database: Any) -> tuple[list, list]:
+    """A decode step's TensorRT-LLM NVLink two-sided all-to-all as aic's large-EP block lays it out (sdk/models/
+    blocks/moe.py `_large_ep_block_ops`: MoEAllToAll prepare and dispatch before the experts, combine after;
+    the comm span nodes_for(moe_ep, num_gpus_per_node); each phase's wire dtype from aic's
+    communication_dtype_for: FP8 block-scaled experts move FP8 in every phase)."""
+    import aiconfigurator_core.sdk.operations as ops
+    from aiconfigurator_core.sdk.operations.moe_comm import communication_dtype_for, nodes_for
+    ep, L = par.expert_parallel_size, model.num_moe_layers
+    gpn = int(database.system_spec["node"]["num_gpus_per_node"])
+    kw = dict(comm_backend=TRTLLM_WIDE_EP_A2A, hidden_size=model.hidden_size, topk=model.num_experts_per_tok,
+              num_experts=model.num_experts, moe_ep_size=ep, node_num=nodes_for(ep, gpn), sms=0, attention_tp_size=1)
+
+    def a2a(phase: str) -> Any:
+        dtype = communication_dtype_for(system=database.system, comm_backend=TRTLLM_WIDE_EP_A2A,
+                                        model_quantization=modes["moe"], communication_phase=phase,
+                                        inference_phase="generation")
+        return ops.MoEAllToAll(f"generation_moe_{phase}", L, phase=phase, comm_dtype=dtype, **kw)
+    return [a2a("prepare"), a2a("dispatch")], [a2a("combine")]
 
 
 # The MoE all-to-all of a worker's steps (EngineConfig.aic_moe_a2a): aic's MoEDispatch for the backend, DeepEP
@@ -265,7 +332,8 @@ def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend:
     `wide_ep` (TensorRT-LLM's WIDEEP backend), a decode step's is aic's large-EP block; a generation
     block's dispatch and combine are DeepEP low-latency ones where moe_a2a is 'deepep_ll' (a context block's
     DeepEP normal-mode ones where it is 'deepep_normal'), and its experts the DeepEP expert table's where it
-    has this layout (deepep_expert_op)."""
+    has this layout (deepep_expert_op); TensorRT-LLM's NVLink two-sided ones where it is 'nvlink_two_sided'
+    (nvlink_a2a_ops, _wide_ep_generation_ops' FP8 block), the experts aic's MoE table's."""
     if wide_ep and phase == "generation":
         return _wide_ep_generation_ops(model, par, modes, database)
     import aiconfigurator_core.sdk.operations as ops
@@ -283,8 +351,13 @@ def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend:
     k, e = m.num_experts_per_tok, m.num_experts
     cmtp, cep = moe_compute_layout(database, m, par, q, dist)  # the experts' table layout
     a2a = (deepep_ll_ops(m, par, database) if moe_a2a == "deepep_ll" and phase == "generation" else
-           deepep_normal_ops(m, par, database) if moe_a2a == "deepep_normal" and phase == "context" else None)
-    experts = deepep_expert_op(database, m, par, q, dist, phase) if a2a is not None else None
+           deepep_normal_ops(m, par, database) if moe_a2a == "deepep_normal" and phase == "context" else
+           nvlink_a2a_ops(m, par, modes, database) if moe_a2a == TRTLLM_WIDE_EP_A2A and phase == "generation"
+           else None)
+    experts = (deepep_expert_op(database, m, par, q, dist, phase) if a2a is not None and moe_a2a != TRTLLM_WIDE_EP_A2A
+               else None)
+    if moe_a2a == TRTLLM_WIDE_EP_A2A and not m.is_mla:
+        raise ValueError("the NVLink all-to-all block is laid out for aic's DeepSeek (MLA) family only")
     if not (m.is_mla and phase == "generation"):
         shape = MoEBlockShape(hidden_size=m.hidden_size, moe_inter_size=m.moe_intermediate_size,
                               topk=m.num_experts_per_tok, num_experts=m.num_experts,
@@ -309,8 +382,9 @@ def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend:
                         is_context=False, backend=backend),
         ops.MoEDispatch("generation_moe_post_dispatch", L, h, k, e, mtp, ep, dp, False, quant_mode=q,
                         is_context=False, backend=backend))
-    routed = [ops.GEMM("generation_router_gemm", L, e, h, common.GEMMQuantMode.bfloat16), pre,
-              experts or ops.MoE("generation_moe", L, h, inter, k, e, cmtp, cep, q, dist, dp), post]
+    pre, post = (pre if isinstance(pre, list) else [pre]), (post if isinstance(post, list) else [post])
+    routed = [ops.GEMM("generation_router_gemm", L, e, h, common.GEMMQuantMode.bfloat16), *pre,
+              experts or ops.MoE("generation_moe", L, h, inter, k, e, cmtp, cep, q, dist, dp), *post]
     if not m.num_shared_experts:
         return routed
     shared_inter = m.num_shared_experts * inter
