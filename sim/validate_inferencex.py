@@ -8,7 +8,8 @@ SemiAnalysisAI/InferenceX `.github/configs/nvidia-master.yaml` @0004cf5f2577a1c1
 (https://github.com/SemiAnalysisAI/InferenceX/blob/0004cf5f2577a1c1007a9bed7cc7d55656519507/.github/configs/nvidia-master.yaml),
 read through the library's code index. Each entry there names a client-count list, one prefill and one
 decode worker shape (`num-worker`, `tp`, `ep`, `dp-attn`), and whether it ran multi-token prediction
-(`spec-decoding: "mtp"`; the depth is the `mtpN` of the recipe file it launches).
+(`spec-decoding: "mtp"`; the depth is the `mtpN` of the recipe file it launches, or for the SGLang entries its
+decode worker's `speculative-num-steps`: SGLANG_MTP_STEPS).
 
 What is stored here: only those fields, for the configurations below, in this module's own form. The
 client-count lists of these configurations at that commit are exactly the concurrencies the dumps hold
