@@ -240,8 +240,8 @@ _H200_TRT_TEP_P = (1, 8, 8, False)
 # (sim/validate_recipes.py): SemiAnalysisAI/InferenceX PR #649's acceptance length, measured on an SGLang
 # disaggregated DeepSeek-R1 MTP deployment (MI355X) with the chat template that srt-slurm's sa-bench applies by
 # default (qiching/srt-slurm src/srtctl/benchmarks/scripts/sa-bench/bench.sh @7460e9b: USE_CHAT_TEMPLATE defaults
-# to true); at 2 drafts that rate gives 2.17 tokens a verify step (1 + 0.691 + 0.691^2). No public source read gives
-# SGLang's DeepSeek-R1 acceptance at 2 steps on these prompts.
+# to true; the version those runs used is not pinned); at 2 drafts that rate gives 2.17 tokens a verify step
+# (1 + 0.691 + 0.691^2). No public source read gives SGLang's DeepSeek-R1 acceptance at 2 steps on these prompts.
 SGLANG_MTP_STEPS = 2
 SGLANG_MTP_B200_FP8_1K_DEP8_1P2D = 1
 
