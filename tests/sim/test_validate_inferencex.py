@@ -253,17 +253,16 @@ def test_each_transcribed_configuration_runs_exactly_the_dumps_client_counts(row
             assert held == listed, (system, precision, isl)
 
 
-def test_an_sglang_mtp_entry_drafts_at_its_recipes_depth(rows) -> None:
+def test_a_hopper_sglang_mtp_entry_keeps_its_depth_but_does_not_draft(rows) -> None:
     # H200 SGLang 8k/1k at 2 clients: only the MTP entry "1 prefill, 6 decode (TP 8)" runs 2 clients; its recipe
-    # (recipes/h200/8k1k/bs8-1p6d-mtp.yaml) sets EAGLE at 2 steps: 2 drafts a step at MTP_ACCEPTANCE each.
-    from twinserve.sim.validate_recipes import MTP_ACCEPTANCE
+    # (recipes/h200/8k1k/bs8-1p6d-mtp.yaml) sets EAGLE at 2 steps, recorded but not simulated on Hopper
+    # (SGLANG_HOPPER_MTP_NOT_SIMULATED): the study runs plain and the layout says why.
     row = _row(rows, "2026_04_06_deepseek_r1_h200_sxm_sglang_fp8_disagg_8192x1024_c2_tp8_ep1_1418")
     plan = row_plan(row)
     assert plan.counts == (1, 6)
-    assert plan.layout.startswith("InferenceX config: 1 prefill, 6 decode workers; ran MTP 2 (simulated: ")
-    spec = plan.cfg.speculative
-    assert (spec.enabled, spec.draft_model, spec.num_speculative_tokens) == (True, "mtp", 2)
-    assert spec.acceptance_rates == [MTP_ACCEPTANCE] * 2
+    assert plan.layout.startswith("InferenceX config: 1 prefill, 6 decode workers; ran MTP 2 (not simulated: "
+                                  "SGLang on Hopper")
+    assert not plan.cfg.speculative.enabled
     assert [r["engine.tensor_parallel_size"] for r in plan.cfg.cluster.replicas] == [8] * 7
     # Its recipe's flags (recipes/h200/8k1k/bs8-1p6d-mtp.yaml: sim/validate_recipes.py DISAGG_RECIPES) ride along.
     assert [r["scheduler.max_num_seqs"] for r in plan.cfg.cluster.replicas] == [16] * 7
@@ -968,10 +967,13 @@ def test_gb200_fp4_1k8k_entries_agree_with_every_db_dump_twin_so_the_entry_comes
 def test_every_sglang_mtp_entry_has_its_recipes_depth() -> None:
     # The SGLang DeepSeek-R1 MTP entries' srt-slurm recipes all set `speculative-num-steps: 2` but B200 FP8 1k/1k's
     # max-tpt-dep8-1p2d ("512x1024x2048": 1 step); none is left at MTP_DEPTH_NOT_GIVEN.
-    from twinserve.sim.validate_inferencex import MTP_DEPTH_NOT_GIVEN, TABLE
+    # On Hopper the depth (2) is kept as SGLANG_HOPPER_MTP_NOT_SIMULATED: recorded, not simulated.
+    from twinserve.sim.validate_inferencex import MTP_DEPTH_NOT_GIVEN, SGLANG_HOPPER_MTP_NOT_SIMULATED as HOPPER, TABLE
     sgl = {k: v for k, v in TABLE.items() if k[0] == "sglang"}
     depths = {e.mtp for v in sgl.values() for e in v}
-    assert MTP_DEPTH_NOT_GIVEN not in depths and depths == {0, 1, 2}
+    assert MTP_DEPTH_NOT_GIVEN not in depths and depths == {0, 1, 2, HOPPER}
+    assert {k[1] for k, v in sgl.items() for e in v if e.mtp == HOPPER} == {"h100_sxm", "h200_sxm"}
+    assert not [k for k, v in sgl.items() for e in v if k[1] in ("h100_sxm", "h200_sxm") and e.mtp > 0]
     ones = [(k, e) for k, v in sgl.items() for e in v if e.mtp == 1]
     assert [(k[1:], e.concs, e.decode) for k, e in ones] == [
         (("b200_sxm", "fp8", 1024, 1024), (512, 1024, 2048), Shape(2, 8, 8, True))]
