@@ -8,7 +8,8 @@ SemiAnalysisAI/InferenceX `.github/configs/nvidia-master.yaml` @0004cf5f2577a1c1
 (https://github.com/SemiAnalysisAI/InferenceX/blob/0004cf5f2577a1c1007a9bed7cc7d55656519507/.github/configs/nvidia-master.yaml),
 read through the library's code index. Each entry there names a client-count list, one prefill and one
 decode worker shape (`num-worker`, `tp`, `ep`, `dp-attn`), and whether it ran multi-token prediction
-(`spec-decoding: "mtp"`; the depth is the `mtpN` of the recipe file it launches).
+(`spec-decoding: "mtp"`; the depth is the `mtpN` of the recipe file it launches, or for the SGLang entries its
+decode worker's `speculative-num-steps`: SGLANG_MTP_STEPS).
 
 What is stored here: only those fields, for the configurations below, in this module's own form. The
 client-count lists of these configurations at that commit are exactly the concurrencies the dumps hold
@@ -37,7 +38,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 _SOURCE = "SemiAnalysisAI/InferenceX .github/configs/nvidia-master.yaml @0004cf5"
-MTP_DEPTH_NOT_GIVEN = -1  # an MTP entry whose recipe file name gives no depth (the SGLang ones)
+MTP_DEPTH_NOT_GIVEN = -1  # an MTP entry whose recipe gives no depth (the SGLang ones' is SGLANG_MTP_STEPS)
 # A drafting batch used to step one step at a time: a disaggregated MTP row of 8,609 clients took 172 CPU s
 # against 12.5 without drafts (B300 FP4 1k/1k, 2026-12-05). Its decodes now advance in windows and in the
 # cluster's join steps (sim/spec_window.py), holding their accepted tokens as counts between the steps that read
@@ -187,6 +188,8 @@ class Match:
         """The `layout` column's text for a row of `clients` clients."""
         mtp = ("" if self.mtp == 0 else "; MTP or not: the file has both at this client count" if self.mtp is None
                else "; ran MTP, depth not given (not simulated)" if self.mtp == MTP_DEPTH_NOT_GIVEN
+               else f"; ran MTP {SGLANG_MTP_STEPS} (not simulated: SGLang on Hopper, SGLANG_HOPPER_MTP_NOT_SIMULATED)"
+               if self.mtp == SGLANG_HOPPER_MTP_NOT_SIMULATED
                else f"; ran MTP {self.mtp} (simulated: MTP_ACCEPTANCE, validate_recipes.py)"
                if self.simulates_mtp(clients) else
                f"; ran MTP {self.mtp} (not simulated past {MTP_SIMULATED_MAX_CLIENTS} clients)")
@@ -215,6 +218,42 @@ _B200_SGL_EP1_P = (1, 8, 1, True)
 _H200_SGL_P = (1, 8, 1, False)
 _H200_TRT_ADP_P = (1, 8, 8, True)
 _H200_TRT_TEP_P = (1, 8, 8, False)
+
+# The MTP depth of InferenceX's DeepSeek-R1 Dynamo-SGLang MTP entries: the decode worker's
+# `speculative-num-steps` in the srt-slurm recipe each entry launches, with `speculative-algorithm: EAGLE`,
+# `speculative-eagle-topk: 1` and `speculative-num-draft-tokens` = steps + 1 (a chain of that many drafts from the
+# model's NextN layer, verified together with the target's own token: TensorRT-LLM's MTP at that depth). Read
+# through the library's code index (the decode section of each file; its `benchmark: concurrencies` are the
+# entry's client counts below, which is what ties the file to the entry):
+# - qiching/srt-slurm @5063eb4 recipes/b200-fp8/1k1k/mtp/low-latency-tep8-1p1d.yaml ("4x64"), -1p3d
+#   ("4x8x16x32x128"), max-tpt-dep8-1p5d ("512x4096"), -2p5d ("1024x2048x4096"): 2 steps, 3 draft tokens;
+#   max-tpt-dep8-1p2d ("512x1024x2048"): 1 step, 2 draft tokens (SGLANG_MTP_B200_FP8_1K_DEP8_1P2D).
+# - the same @5063eb4 recipes/b200-fp8/8k1k/mtp/low-latency-tep8-1p1d ("16x32x64"), -1p4d ("8x256"), -1p6d
+#   ("4x8x16x256"), max-tpt-dep8-1p1d ("256"), -2p1d ("128x512"); recipes/b200-fp4/1k1k/mtp/low-latency-dep4-1p-
+#   tep8-5d ("16x512"), -6d ("32x64x256x512"), max-tpt-dep4-1p-dep8-1d ("512x1024"), -2d ("512");
+#   recipes/b200-fp4/8k1k/mtp/low-latency-dep4-1p-tep8-1d ("64x128"), -5d ("8"), low-latency-dep4-2p-tep8-5d
+#   ("4x128"), low-latency-tp4-1p-tp8-1d ("4x8x16x64"); recipes/h200/1k1k/low-latency-1p9d-mtp, bs256-1p6d-tp-mtp,
+#   bs256-1p6d-dep-mtp; recipes/h200/8k1k/bs4-1p7d-mtp, bs8-1p6d-mtp, bs16-1p3d-mtp, bs64-2p3d-mtp,
+#   bs128-1p1d-dep-mtp; recipes/h100/{1k1k,1k8k,8k1k}/mtp/h100-fp8-1p{2,2,1}d-max-tp-mtp and
+#   h100-fp8-1p1d-max-dep-mtp (whose prefill workers set the same flags): 2 steps, 3 draft tokens.
+# - ishandhanani/srt-slurm recipes/b200-fp8/8k1k.yaml @50f459c (the prefill-EP-1 run below): its
+#   zip_override_mtp_lowlat and zip_override_mtp_maxtpt set 2 steps, 3 draft tokens on every decode worker.
+# No other depth appears in those trees. Their drafts are accepted at MTP_ACCEPTANCE a position
+# (sim/validate_recipes.py): SemiAnalysisAI/InferenceX PR #649's acceptance length, measured on an SGLang
+# disaggregated DeepSeek-R1 MTP deployment (MI355X) with the chat template that srt-slurm's sa-bench applies by
+# default (qiching/srt-slurm src/srtctl/benchmarks/scripts/sa-bench/bench.sh @7460e9b: USE_CHAT_TEMPLATE defaults
+# to true; the version those runs used is not pinned); at 2 drafts that rate gives 2.17 tokens a verify step
+# (1 + 0.691 + 0.691^2). No public source read gives SGLang's DeepSeek-R1 acceptance at 2 steps on these prompts.
+SGLANG_MTP_STEPS = 2
+SGLANG_MTP_B200_FP8_1K_DEP8_1P2D = 1
+# The H100 / H200 SGLang MTP entries (their recipes above: 2 steps too) are recorded, not simulated: on Hopper the
+# measured plain and MTP runs of one layout gain far less from drafting than the simulator's drafts at
+# MTP_ACCEPTANCE give (H200 8k/1k at 4 clients: 9.8 against 7.5 ms measured, 1.3x, where the simulator gives
+# 1.77x; B200 FP8 1k/1k at 4 clients: 9.79 against 4.66 ms, 2.0x, the simulator 1.98x). Simulated at depth 2 the
+# development Hopper rows went from 27% to 43.5% median TPOT error (docs/validate-accuracy.md, sglmtp). Those
+# recipes run the flashinfer attention backend where B200's run trtllm_mla; no source read says what costs a
+# Hopper verify step more, so no factor is fitted: the marker keeps the depth and the study plain.
+SGLANG_HOPPER_MTP_NOT_SIMULATED = -2
 
 # (backend, system, precision, isl, osl) -> entries, from every `dsr1-*-dynamo-trt` (TensorRT-LLM under Dynamo:
 # the dumps' `trtllm`) and `dsr1-*-dynamo-sglang(-mtp)` entry of the file, but those whose client counts
@@ -425,16 +464,16 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
     ),
     # dsr1-fp8-h100-dynamo-sglang: every entry MTP; two decode shapes share the client counts up to 64.
     ("sglang", "h100_sxm", "fp8", 1024, 1024): (
-        _e((1, 2, 4, 8, 16, 32, 64, 128), _H100_SGL_P, (2, 16, 1, False), MTP_DEPTH_NOT_GIVEN),
-        _e((1, 2, 4, 8, 16, 32, 64), _H100_SGL_P, (1, 16, 16, True), MTP_DEPTH_NOT_GIVEN),
+        _e((1, 2, 4, 8, 16, 32, 64, 128), _H100_SGL_P, (2, 16, 1, False), SGLANG_HOPPER_MTP_NOT_SIMULATED),
+        _e((1, 2, 4, 8, 16, 32, 64), _H100_SGL_P, (1, 16, 16, True), SGLANG_HOPPER_MTP_NOT_SIMULATED),
     ),
     ("sglang", "h100_sxm", "fp8", 1024, 8192): (
-        _e((1, 2, 4, 8, 16, 32, 64), _H100_SGL_P, (2, 16, 1, False), MTP_DEPTH_NOT_GIVEN),
-        _e((1, 2, 4, 8, 16, 32, 64), _H100_SGL_P, (1, 16, 16, True), MTP_DEPTH_NOT_GIVEN),
+        _e((1, 2, 4, 8, 16, 32, 64), _H100_SGL_P, (2, 16, 1, False), SGLANG_HOPPER_MTP_NOT_SIMULATED),
+        _e((1, 2, 4, 8, 16, 32, 64), _H100_SGL_P, (1, 16, 16, True), SGLANG_HOPPER_MTP_NOT_SIMULATED),
     ),
     ("sglang", "h100_sxm", "fp8", 8192, 1024): (
-        _e((1, 2, 4, 8, 16, 32, 64, 128), _H100_SGL_P, (1, 16, 1, False), MTP_DEPTH_NOT_GIVEN),
-        _e((1, 2, 4, 8, 16, 32, 64), _H100_SGL_P, (1, 16, 16, True), MTP_DEPTH_NOT_GIVEN),
+        _e((1, 2, 4, 8, 16, 32, 64, 128), _H100_SGL_P, (1, 16, 1, False), SGLANG_HOPPER_MTP_NOT_SIMULATED),
+        _e((1, 2, 4, 8, 16, 32, 64), _H100_SGL_P, (1, 16, 16, True), SGLANG_HOPPER_MTP_NOT_SIMULATED),
     ),
     # dsr1-fp4-gb200-dynamo-trt 1k/1k: the 2026-03-25 dump's client counts only (_ONLY_DUMP).
     ("trtllm", "gb200", "fp4", 1024, 1024): (
@@ -637,13 +676,13 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
         _e((32, 64, 256), _B200_FP4_P, (6, 8, 8, False), 0),
         _e((512,), _B200_FP4_P, (1, 8, 8, True), 0),
         _e((512,), _B200_FP4_P, (2, 8, 8, True), 0),
-        _e((16, 512), _B200_FP4_P, (5, 8, 8, False), MTP_DEPTH_NOT_GIVEN),
-        _e((32, 64, 256, 512), _B200_FP4_P, (6, 8, 8, False), MTP_DEPTH_NOT_GIVEN),
-        _e((512, 1024), _B200_FP4_P, (1, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
-        _e((512,), _B200_FP4_P, (2, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
+        _e((16, 512), _B200_FP4_P, (5, 8, 8, False), SGLANG_MTP_STEPS),
+        _e((32, 64, 256, 512), _B200_FP4_P, (6, 8, 8, False), SGLANG_MTP_STEPS),
+        _e((512, 1024), _B200_FP4_P, (1, 8, 8, True), SGLANG_MTP_STEPS),
+        _e((512,), _B200_FP4_P, (2, 8, 8, True), SGLANG_MTP_STEPS),
     ),
     ("sglang", "b200_sxm", "fp4", 8192, 1024): tuple(
-        _e(concs, p, d, mtp) for mtp in (0, MTP_DEPTH_NOT_GIVEN) for concs, p, d in (
+        _e(concs, p, d, mtp) for mtp in (0, SGLANG_MTP_STEPS) for concs, p, d in (
             ((64, 128), _B200_FP4_P, (1, 8, 8, False)),
             ((8,), _B200_FP4_P, (5, 8, 8, False)),
             ((4, 128), (2, 4, 4, True), (5, 8, 8, False)),
@@ -654,11 +693,11 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
         _e((16, 32, 64, 128, 256), _B200_SGL_TEP8, (3, 8, 8, False), 0),
         _e((1024, 2048, 4096), _B200_FP8_P, (5, 8, 8, True), 0),
         _e((2048, 4096), (2, 8, 8, True), (5, 8, 8, True), 0),
-        _e((4, 64), _B200_SGL_TEP8, (1, 8, 8, False), MTP_DEPTH_NOT_GIVEN),
-        _e((4, 8, 16, 32, 128), _B200_SGL_TEP8, (3, 8, 8, False), MTP_DEPTH_NOT_GIVEN),
-        _e((512, 4096), _B200_FP8_P, (5, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
-        _e((1024, 2048, 4096), (2, 8, 8, True), (5, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
-        _e((512, 1024, 2048), _B200_FP8_P, (2, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
+        _e((4, 64), _B200_SGL_TEP8, (1, 8, 8, False), SGLANG_MTP_STEPS),
+        _e((4, 8, 16, 32, 128), _B200_SGL_TEP8, (3, 8, 8, False), SGLANG_MTP_STEPS),
+        _e((512, 4096), _B200_FP8_P, (5, 8, 8, True), SGLANG_MTP_STEPS),
+        _e((1024, 2048, 4096), (2, 8, 8, True), (5, 8, 8, True), SGLANG_MTP_STEPS),
+        _e((512, 1024, 2048), _B200_FP8_P, (2, 8, 8, True), SGLANG_MTP_B200_FP8_1K_DEP8_1P2D),
     ),
     # dsr1-fp8-b200-dynamo-sglang(-mtp) 8k/1k, nvidia-master.yaml @0004cf5 (recipes/b200-fp8/8k1k/stp/
     # low-latency-tep8-1p1d, -1p4d, -1p6d, max-tpt-dep8-1p1d, -2p1d; mtp/ the same names): read by db-dump layouts
@@ -669,18 +708,18 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
         _e((32,), _B200_SGL_TEP8, (6, 8, 8, False), 0),
         _e((128, 512, 1024), _B200_FP8_P, (1, 8, 8, True), 0),
         _e((256, 512, 1024), (2, 8, 8, True), (1, 8, 8, True), 0),
-        _e((16, 32, 64), _B200_SGL_TEP8, (1, 8, 8, False), MTP_DEPTH_NOT_GIVEN),
-        _e((8, 256), _B200_SGL_TEP8, (4, 8, 8, False), MTP_DEPTH_NOT_GIVEN),
-        _e((4, 8, 16, 256), _B200_SGL_TEP8, (6, 8, 8, False), MTP_DEPTH_NOT_GIVEN),
-        _e((256,), _B200_FP8_P, (1, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
-        _e((128, 512), (2, 8, 8, True), (1, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
+        _e((16, 32, 64), _B200_SGL_TEP8, (1, 8, 8, False), SGLANG_MTP_STEPS),
+        _e((8, 256), _B200_SGL_TEP8, (4, 8, 8, False), SGLANG_MTP_STEPS),
+        _e((4, 8, 16, 256), _B200_SGL_TEP8, (6, 8, 8, False), SGLANG_MTP_STEPS),
+        _e((256,), _B200_FP8_P, (1, 8, 8, True), SGLANG_MTP_STEPS),
+        _e((128, 512), (2, 8, 8, True), (1, 8, 8, True), SGLANG_MTP_STEPS),
     ) + tuple(
         # The prefill-EP-1 run: not in @0004cf5; its recipe file, ishandhanani/srt-slurm recipes/b200-fp8/8k1k.yaml
         # @50f459c, launches every prefill worker at TP 8, attention DP 8, EP 1 and sweeps (zip_override_*): low
         # latency 1P3D, 1P4D, 1P6D TP 8 decode at EP 1 ("128", "128", "8x16x32x64x128"), max throughput 1P2D,
         # 1P1D, 2P1D, 3P1D DEP 8 decode ("288", "160x288", "512", "1024"), each plain (stp) and MTP (EAGLE) alike;
         # these are the db-dump records' counts of those layouts (configs 639, 641, 649, 654, 655).
-        _e(concs, p, d, mtp) for mtp in (0, MTP_DEPTH_NOT_GIVEN) for concs, p, d in (
+        _e(concs, p, d, mtp) for mtp in (0, SGLANG_MTP_STEPS) for concs, p, d in (
             ((128,), _B200_SGL_EP1_P, (3, 8, 1, False)),
             ((128,), _B200_SGL_EP1_P, (4, 8, 1, False)),
             ((8, 16, 32, 64, 128), _B200_SGL_EP1_P, (6, 8, 1, False)),
@@ -690,7 +729,7 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
             ((1024,), (3, 8, 1, True), (1, 8, 8, True)),
         )),
     ("sglang", "h200_sxm", "fp8", 1024, 1024): tuple(
-        _e(concs, p, d, mtp) for mtp in (0, MTP_DEPTH_NOT_GIVEN) for concs, p, d in (
+        _e(concs, p, d, mtp) for mtp in (0, SGLANG_HOPPER_MTP_NOT_SIMULATED) for concs, p, d in (
             ((1, 4, 8, 16, 32, 64, 128, 256), _H200_SGL_P, (9, 8, 1, False)),
             ((512, 1024, 2048), _H200_SGL_P, (6, 8, 1, False)),
             ((128, 256, 512, 1024, 2048), (1, 8, 8, True), (6, 8, 8, True)),
@@ -701,11 +740,11 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
         _e((8, 16, 32), _H200_SGL_P, (3, 8, 1, False), 0),
         _e((32, 64, 128), (2, 8, 1, False), (3, 8, 1, False), 0),
         _e((64, 128, 256), _H200_SGL_P, (1, 8, 8, True), 0),
-        _e((1, 4, 8), _H200_SGL_P, (7, 8, 1, False), MTP_DEPTH_NOT_GIVEN),
-        _e((2, 4, 8, 16, 32), _H200_SGL_P, (6, 8, 1, False), MTP_DEPTH_NOT_GIVEN),
-        _e((4, 8, 16, 32, 64), _H200_SGL_P, (3, 8, 1, False), MTP_DEPTH_NOT_GIVEN),
-        _e((32, 64, 128), (2, 8, 1, False), (3, 8, 1, False), MTP_DEPTH_NOT_GIVEN),
-        _e((32, 64, 128, 256, 512), _H200_SGL_P, (1, 8, 8, True), MTP_DEPTH_NOT_GIVEN),
+        _e((1, 4, 8), _H200_SGL_P, (7, 8, 1, False), SGLANG_HOPPER_MTP_NOT_SIMULATED),
+        _e((2, 4, 8, 16, 32), _H200_SGL_P, (6, 8, 1, False), SGLANG_HOPPER_MTP_NOT_SIMULATED),
+        _e((4, 8, 16, 32, 64), _H200_SGL_P, (3, 8, 1, False), SGLANG_HOPPER_MTP_NOT_SIMULATED),
+        _e((32, 64, 128), (2, 8, 1, False), (3, 8, 1, False), SGLANG_HOPPER_MTP_NOT_SIMULATED),
+        _e((32, 64, 128, 256, 512), _H200_SGL_P, (1, 8, 8, True), SGLANG_HOPPER_MTP_NOT_SIMULATED),
     ),
 }
 

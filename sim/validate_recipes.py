@@ -1170,9 +1170,9 @@ def sglang_stream_points(num_tokens: int, interval: int) -> list[int]:
 # pre-allocation queue, not the transferred requests the simulator's poll would hold), `--cuda-graph-max-bs` /
 # `--cuda-graph-bs`, `--disable-cuda-graph`, `--stream-interval` (no effect on TTFT / TPOT:
 # sglang_stream_points), the decode worker's chunked-prefill / max-prefill flags (it runs no prefill), attention /
-# MoE / GEMM backends, DeepEP modes, EAGLE drafting (the MTP recipes' speculative-* flags; their depth is not
-# simulated: validate_inferencex MTP_DEPTH_NOT_GIVEN). `--num-reserved-decode-tokens`: no recipe read sets it, so
-# SGLang's 512 stays ([cluster] disagg_reserved_decode_tokens).
+# MoE / GEMM backends, DeepEP modes, EAGLE drafting (the MTP recipes' speculative-* flags: their depth is the
+# entry's, validate_inferencex SGLANG_MTP_STEPS, not carried here). `--num-reserved-decode-tokens`: no recipe read
+# sets it, so SGLang's 512 stays ([cluster] disagg_reserved_decode_tokens).
 
 
 @dataclass(slots=True, frozen=True)

@@ -253,12 +253,16 @@ def test_each_transcribed_configuration_runs_exactly_the_dumps_client_counts(row
             assert held == listed, (system, precision, isl)
 
 
-def test_an_mtp_entry_without_a_depth_says_so(rows) -> None:
-    # H200 SGLang 8k/1k at 2 clients: only the MTP entry "1 prefill, 6 decode (TP 8)" runs 2 clients.
+def test_a_hopper_sglang_mtp_entry_keeps_its_depth_but_does_not_draft(rows) -> None:
+    # H200 SGLang 8k/1k at 2 clients: only the MTP entry "1 prefill, 6 decode (TP 8)" runs 2 clients; its recipe
+    # (recipes/h200/8k1k/bs8-1p6d-mtp.yaml) sets EAGLE at 2 steps, recorded but not simulated on Hopper
+    # (SGLANG_HOPPER_MTP_NOT_SIMULATED): the study runs plain and the layout says why.
     row = _row(rows, "2026_04_06_deepseek_r1_h200_sxm_sglang_fp8_disagg_8192x1024_c2_tp8_ep1_1418")
     plan = row_plan(row)
     assert plan.counts == (1, 6)
-    assert plan.layout.startswith("InferenceX config: 1 prefill, 6 decode workers; ran MTP, depth not given")
+    assert plan.layout.startswith("InferenceX config: 1 prefill, 6 decode workers; ran MTP 2 (not simulated: "
+                                  "SGLang on Hopper")
+    assert not plan.cfg.speculative.enabled
     assert [r["engine.tensor_parallel_size"] for r in plan.cfg.cluster.replicas] == [8] * 7
     # Its recipe's flags (recipes/h200/8k1k/bs8-1p6d-mtp.yaml: sim/validate_recipes.py DISAGG_RECIPES) ride along.
     assert [r["scheduler.max_num_seqs"] for r in plan.cfg.cluster.replicas] == [16] * 7
@@ -460,11 +464,13 @@ SGL_FP4_PLAIN_IMAGE = "2026_03_25_deepseek_r1_b200_sxm_sglang_fp4_disagg_1024x10
 
 
 def test_the_rows_image_tells_plain_from_mtp_where_the_configurations_differ_in_it(rows) -> None:
-    from twinserve.sim.validate_inferencex import MTP_DEPTH_NOT_GIVEN
     plain, mtp = inferencex_workers(_row(rows, SGL_FP4_PLAIN_IMAGE)), inferencex_workers(_row(rows, SGL_FP4_MTP_IMAGE))
     assert plain is not None and mtp is not None
     assert (plain.decode, plain.mtp) == (Shape(6, 8, 8, False), 0)
-    assert (mtp.decode, mtp.mtp) == (Shape(6, 8, 8, False), MTP_DEPTH_NOT_GIVEN)
+    # recipes/b200-fp4/1k1k/mtp/low-latency-dep4-1p-tep8-6d.yaml: speculative-num-steps 2
+    assert (mtp.decode, mtp.mtp) == (Shape(6, 8, 8, False), 2)
+    assert not row_plan(_row(rows, SGL_FP4_PLAIN_IMAGE)).cfg.speculative.enabled
+    assert row_plan(_row(rows, SGL_FP4_MTP_IMAGE)).cfg.speculative.num_speculative_tokens == 2
     assert "MTP or not" not in row_plan(_row(rows, SGL_FP4_PLAIN_IMAGE)).layout
     other = _row(rows, SGL_FP4_PLAIN_IMAGE).copy()
     other["silicon_data_source"] = other["silicon_data_source"].replace("-runtime", "-other")
@@ -964,3 +970,30 @@ def test_gb200_fp4_1k8k_entries_agree_with_every_db_dump_twin_so_the_entry_comes
         assert row_plan(row).layout.startswith("InferenceX config:"), row["id"]
         twin = _row(rows, row["twin_id"])
         assert inferencex_workers(twin) == inferencex_workers(row), row["id"]
+
+
+def test_every_sglang_mtp_entry_has_its_recipes_depth() -> None:
+    # The SGLang DeepSeek-R1 MTP entries' srt-slurm recipes all set `speculative-num-steps: 2` but B200 FP8 1k/1k's
+    # max-tpt-dep8-1p2d ("512x1024x2048": 1 step); none is left at MTP_DEPTH_NOT_GIVEN.
+    # On Hopper the depth (2) is kept as SGLANG_HOPPER_MTP_NOT_SIMULATED: recorded, not simulated.
+    from twinserve.sim.validate_inferencex import MTP_DEPTH_NOT_GIVEN, SGLANG_HOPPER_MTP_NOT_SIMULATED as HOPPER, TABLE
+    sgl = {k: v for k, v in TABLE.items() if k[0] == "sglang"}
+    depths = {e.mtp for v in sgl.values() for e in v}
+    assert MTP_DEPTH_NOT_GIVEN not in depths and depths == {0, 1, 2, HOPPER}
+    assert {k[1] for k, v in sgl.items() for e in v if e.mtp == HOPPER} == {"h100_sxm", "h200_sxm"}
+    assert not [k for k, v in sgl.items() for e in v if k[1] in ("h100_sxm", "h200_sxm") and e.mtp > 0]
+    ones = [(k, e) for k, v in sgl.items() for e in v if e.mtp == 1]
+    assert [(k[1:], e.concs, e.decode) for k, e in ones] == [
+        (("b200_sxm", "fp8", 1024, 1024), (512, 1024, 2048), Shape(2, 8, 8, True))]
+
+
+# B200 FP8 SGLang 1k/1k at 8 clients: one entry, 1 prefill and 3 TEP 8 decode workers, MTP
+# (recipes/b200-fp8/1k1k/mtp/low-latency-tep8-1p3d.yaml: EAGLE, 2 steps, 3 draft tokens).
+SGL_B200_FP8_C8 = "2026_03_25_deepseek_r1_b200_sxm_sglang_fp8_disagg_1024x1024_c8_tp8_0_ep8_0_534"
+
+
+def test_a_b200_fp8_sglang_mtp_row_drafts_two(rows) -> None:
+    plan = row_plan(_row(rows, SGL_B200_FP8_C8))
+    assert plan.counts == (1, 3)
+    assert "ran MTP 2 (simulated: MTP_ACCEPTANCE" in plan.layout
+    assert (plan.cfg.speculative.draft_model, plan.cfg.speculative.num_speculative_tokens) == ("mtp", 2)
