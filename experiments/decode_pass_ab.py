@@ -1,6 +1,6 @@
 """Old against new decode passes on one scheduler, alternating call by call (same state, one process).
 
-    taskset -c 1 python experiments/decode_pass_ab.py --old /work/main -n 500 2000 4000
+    taskset -c 1 python experiments/decode_pass_ab.py --old MAIN_CHECKOUT -n 500 2000 4000
 
 Loads --old's core/sched/fast_forward.py (the tree before the executor's known lengths moved into the
 windows' and join steps' own passes, docs/validate-speed.md, 2026-12-05) next to this tree's, builds a

@@ -64,8 +64,8 @@ def _rows(lo: int, hi: int) -> pd.DataFrame:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--min-clients", type=int, default=1)
-    ap.add_argument("--max-clients", type=int, default=256)
+    ap.add_argument("--min-clients", type=int, default=1, help="only rows of at least this many clients")
+    ap.add_argument("--max-clients", type=int, default=256, help="only rows of at most this many clients")
     ap.add_argument("--kernel", action="store_true", help="also simulate each row with its script's MoE backend")
     ap.add_argument("--out", default="", help="write the per-measurement figures to this CSV")
     args = ap.parse_args()

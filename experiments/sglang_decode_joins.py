@@ -35,8 +35,8 @@ def _rows(system: str, lo: int, hi: int) -> pd.DataFrame:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--system", default="", help="only this system's rows (gb200, gb300, b200_sxm, ...)")
-    ap.add_argument("--min-clients", type=int, default=1)
-    ap.add_argument("--max-clients", type=int, default=10**9)
+    ap.add_argument("--min-clients", type=int, default=1, help="only rows of at least this many clients")
+    ap.add_argument("--max-clients", type=int, default=10**9, help="only rows of at most this many clients")
     ap.add_argument("--out", default="", help="write the per-measurement figures to this CSV")
     args = ap.parse_args()
     out = []

@@ -51,7 +51,7 @@ def _rows(system: str, hi: int) -> pd.DataFrame:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--system", default="", help="only this system's rows (b200_sxm, h100_sxm, h200_sxm)")
-    ap.add_argument("--max-clients", type=int, default=10**9)
+    ap.add_argument("--max-clients", type=int, default=10**9, help="only rows of at most this many clients")
     ap.add_argument("--out", default="", help="write the per-measurement figures to this CSV")
     args = ap.parse_args()
     out = []
