@@ -18,7 +18,7 @@ from twinserve.sim import validate_rows
 from twinserve.sim.validate_cli import select_rows
 from twinserve.sim.validate_rows import load_rows
 # this folder (experiments/row_ab.py)
-from row_ab import ab_figures, ab_summary, before_after, distinct_measurements, records_frame
+from row_ab import ab_rows, ab_summary
 
 _MATRIX = validate_rows._matrix_workers
 
@@ -41,14 +41,7 @@ def main() -> None:
     ap.add_argument("--min-clients", type=int, default=257, help="only rows of at least this many clients")
     ap.add_argument("--out", default="", help="write the per-measurement figures to this CSV")
     args = ap.parse_args()
-    out = []
-    for _, row in distinct_measurements(_rows(args.min_clients)).iterrows():
-        rec = {"id": row["id"], "conc": int(row["concurrency"]),
-               "meas_ttft": row["silicon_ttft_ms"], "meas_tpot": row["silicon_tpot_ms"]}
-        rec.update(before_after(row, mock.patch.object(validate_rows, "_matrix_workers", _uncapped)))
-        out.append(rec)
-        print(f"{rec['id'][:75]:75s} c{rec['conc']:<5d} {ab_figures(rec)}", flush=True)
-    d = records_frame(out, args.out)
+    d = ab_rows(_rows(args.min_clients), mock.patch.object(validate_rows, "_matrix_workers", _uncapped), out=args.out)
     if len(d):
         print(f"{len(d)} measurements: {ab_summary(d)}")
 

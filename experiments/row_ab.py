@@ -1,10 +1,12 @@
 """What the development-row before/after scripts share (fp8_mtp_rows.py, trtgen_rows.py, fp4_trtgen_rows.py,
-wide_ep_rows.py, gb200_prefill_rows.py, trt_mtp_budget_rows.py, b200_fp8_decode_caps.py, nvfp4_gemm_rows.py): one
+wide_ep_rows.py, gb200_prefill_rows.py, trt_mtp_budget_rows.py, b200_fp8_decode_caps.py, nvfp4_gemm_rows.py,
+sglang_decode_joins.py, ...): one
 simulation per measurement, a row's predictions without and with the change, and the error summary they print.
 Imported from this folder (a script's own folder is on sys.path, as validate_memory.py imports validate_speed)."""
 
 from __future__ import annotations
 
+import time
 from contextlib import ExitStack
 from typing import Any
 
@@ -57,3 +59,24 @@ def ab_summary(g: pd.DataFrame) -> str:
     f = error_summary
     return (f"TPOT {f(g.tpot_before / g.meas_tpot - 1)} -> {f(g.tpot_after / g.meas_tpot - 1)} | "
             f"TTFT {f(g.ttft_before / g.meas_ttft - 1)} -> {f(g.ttft_after / g.meas_ttft - 1)}")
+
+
+def ab_rows(df: pd.DataFrame, *without: Any, out: str = "") -> pd.DataFrame:
+    """Each measurement of `df` (distinct_measurements) before and after (before_after with `without`), its line
+    printed as it ends, with its CPU seconds; a row the simulator cannot express is printed and left out, as
+    validate reports it. The records as records_frame gives them (written to `out` where given)."""
+    from twinserve.core.errors import TwinserveError
+    records = []
+    for _, row in distinct_measurements(df).iterrows():
+        rec = {"id": row["id"], "conc": int(row["concurrency"]),
+               "meas_ttft": row["silicon_ttft_ms"], "meas_tpot": row["silicon_tpot_ms"]}
+        c0 = time.process_time()
+        try:
+            rec.update(before_after(row, *without))
+        except TwinserveError as err:
+            print(f"{rec['id'][:75]:75s} c{rec['conc']:<5d} not simulated: {str(err)[:80]}", flush=True)
+            continue
+        rec["cpu_s"] = time.process_time() - c0
+        records.append(rec)
+        print(f"{rec['id'][:75]:75s} c{rec['conc']:<5d} {ab_figures(rec)}  cpu {rec['cpu_s']:5.1f}", flush=True)
+    return records_frame(records, out)

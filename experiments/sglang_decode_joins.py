@@ -10,17 +10,15 @@ the error summaries (docs/validate-accuracy.md, sglcap). Development rows only (
 from __future__ import annotations
 
 import argparse
-import time
 from unittest import mock
 
 import pandas as pd
 
-from twinserve.core.errors import TwinserveError
 from twinserve.sim import validate_rows
 from twinserve.sim.validate_cli import select_rows
 from twinserve.sim.validate_rows import load_rows
 # this folder (experiments/row_ab.py)
-from row_ab import ab_figures, ab_summary, before_after, distinct_measurements, records_frame
+from row_ab import ab_rows, ab_summary
 
 
 def _rows(system: str, lo: int, hi: int) -> pd.DataFrame:
@@ -39,22 +37,9 @@ def main() -> None:
     ap.add_argument("--max-clients", type=int, default=10**9, help="only rows of at most this many clients")
     ap.add_argument("--out", default="", help="write the per-measurement figures to this CSV")
     args = ap.parse_args()
-    out = []
     old = (mock.patch.object(validate_rows, "SGLANG_DECODE_JOINS", "prefill_first"),
            mock.patch.object(validate_rows, "SGLANG_DECODE_JOIN_ROW", "prefill"))
-    for _, row in distinct_measurements(_rows(args.system, args.min_clients, args.max_clients)).iterrows():
-        rec = {"id": row["id"], "conc": int(row["concurrency"]),
-               "meas_ttft": row["silicon_ttft_ms"], "meas_tpot": row["silicon_tpot_ms"]}
-        c0 = time.process_time()
-        try:
-            rec.update(before_after(row, *old))
-        except TwinserveError as err:  # a row the simulator cannot express (validate reports it the same way)
-            print(f"{rec['id'][:75]:75s} c{rec['conc']:<5d} not simulated: {str(err)[:80]}", flush=True)
-            continue
-        rec["cpu_s"] = time.process_time() - c0
-        out.append(rec)
-        print(f"{rec['id'][:75]:75s} c{rec['conc']:<5d} {ab_figures(rec)}  cpu {rec['cpu_s']:5.1f}", flush=True)
-    d = records_frame(out, args.out)
+    d = ab_rows(_rows(args.system, args.min_clients, args.max_clients), *old, out=args.out)
     if len(d):
         print(f"{len(d)} measurements: {ab_summary(d)}")
 
