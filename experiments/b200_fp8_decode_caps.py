@@ -15,10 +15,8 @@ from unittest import mock
 import pandas as pd
 
 from twinserve.sim import validate_rows
-from twinserve.sim.validate_cli import select_rows
-from twinserve.sim.validate_rows import load_rows
 # this folder (experiments/row_ab.py)
-from row_ab import ab_rows, ab_summary
+from row_ab import ab_rows, ab_summary, dev_rows
 
 _MATRIX = validate_rows._matrix_workers
 
@@ -30,10 +28,7 @@ def _uncapped(row, *args):
 
 
 def _rows(lo: int) -> pd.DataFrame:
-    df = select_rows(load_rows(), backend="trtllm", model="DeepSeek-R1", rows="dev")
-    c = pd.to_numeric(df["concurrency"], errors="coerce")
-    return df[(df["mode"] == "disagg") & (df["system"] == "b200_sxm") & (df["precision"] == "fp8")
-              & (df["isl"].astype(int) == 1024) & (df["osl"].astype(int) == 1024) & (c >= lo)]
+    return dev_rows("trtllm", "DeepSeek-R1", lo, mode="disagg", system="b200_sxm", precision="fp8", isl=1024, osl=1024)
 
 
 def main() -> None:

@@ -18,11 +18,9 @@ import pandas as pd
 
 from twinserve.sim import validate_recipes, validate_rows
 from twinserve.sim.validate import simulate_row
-from twinserve.sim.validate_cli import select_rows
 from twinserve.sim.validate_recipes import row_recipe
-from twinserve.sim.validate_rows import load_rows
 # this folder (experiments/row_ab.py)
-from row_ab import ab_figures, ab_summary, before_after, distinct_measurements, error_summary, records_frame
+from row_ab import ab_figures, ab_summary, before_after, dev_rows, distinct_measurements, error_summary, records_frame
 
 _KEY = ("trtllm", "DeepSeek-R1", "b200_sxm", "fp4")
 _OLD = validate_recipes._dsr1_trt
@@ -55,9 +53,7 @@ def _with_kernel(row: pd.Series) -> dict[str, float]:
 
 
 def _rows(lo: int, hi: int) -> pd.DataFrame:
-    df = select_rows(load_rows(), backend="trtllm", model="DeepSeek-R1", rows="dev")
-    c = pd.to_numeric(df["concurrency"], errors="coerce")
-    df = df[(df["mode"] == "agg") & (df["system"] == "b200_sxm") & (df["precision"] == "fp4") & (c >= lo) & (c <= hi)]
+    df = dev_rows("trtllm", "DeepSeek-R1", lo, hi, mode="agg", system="b200_sxm", precision="fp4")
     plain = df.apply(lambda r: "dsr1_fp4_b200_trt.sh" in row_recipe(r).source, axis=1)
     return df[plain]
 

@@ -13,19 +13,12 @@ from unittest import mock
 
 import pandas as pd
 
-from twinserve.sim.validate_cli import select_rows
-from twinserve.sim.validate_rows import load_rows
 # this folder (experiments/row_ab.py)
-from row_ab import ab_figures, ab_summary, before_after, distinct_measurements, records_frame
+from row_ab import ab_figures, ab_summary, before_after, dev_rows, distinct_measurements, records_frame
 
 
 def _rows(model: str, system: str, max_clients: int) -> pd.DataFrame:
-    df = select_rows(load_rows(), backend="trtllm", model=model, rows="dev")
-    c = pd.to_numeric(df["concurrency"], errors="coerce")
-    keep = (df["precision"] == "fp4") & (c <= max_clients)
-    if system:
-        keep &= df["system"] == system
-    return df[keep]
+    return dev_rows("trtllm", model, hi=max_clients, precision="fp4", system=system)
 
 
 def main() -> None:

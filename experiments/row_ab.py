@@ -16,6 +16,20 @@ import pandas as pd
 MEASUREMENT = ["isl", "osl", "concurrency", "silicon_tpot_ms", "silicon_ttft_ms"]
 
 
+def dev_rows(backend: str, model: str, lo: int = 0, hi: float = float("inf"), **equal: Any) -> pd.DataFrame:
+    """The development rows of `backend` and `model` whose concurrency is in [lo, hi] and whose columns equal
+    `equal`'s values (a column given '' is not filtered: an option left empty)."""
+    from twinserve.sim.validate_cli import select_rows
+    from twinserve.sim.validate_rows import load_rows
+    df = select_rows(load_rows(), backend=backend, model=model, rows="dev")
+    c = pd.to_numeric(df["concurrency"], errors="coerce")
+    keep = (c >= lo) & (c <= hi)
+    for col, want in equal.items():
+        if want != "":
+            keep &= df[col].astype(type(want)) == want
+    return df[keep]
+
+
 def distinct_measurements(df: pd.DataFrame) -> pd.DataFrame:
     """The rows of `df`, one per measurement (twin records simulated once)."""
     same = df[MEASUREMENT].astype(float).round(6)

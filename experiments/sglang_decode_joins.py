@@ -15,19 +15,12 @@ from unittest import mock
 import pandas as pd
 
 from twinserve.sim import validate_rows
-from twinserve.sim.validate_cli import select_rows
-from twinserve.sim.validate_rows import load_rows
 # this folder (experiments/row_ab.py)
-from row_ab import ab_rows, ab_summary
+from row_ab import ab_rows, ab_summary, dev_rows
 
 
 def _rows(system: str, lo: int, hi: int) -> pd.DataFrame:
-    df = select_rows(load_rows(), backend="sglang", model="DeepSeek-R1", rows="dev")
-    c = pd.to_numeric(df["concurrency"], errors="coerce")
-    keep = (df["mode"] == "disagg") & (c >= lo) & (c <= hi)
-    if system:
-        keep &= df["system"] == system
-    return df[keep]
+    return dev_rows("sglang", "DeepSeek-R1", lo, hi, mode="disagg", system=system)
 
 
 def main() -> None:

@@ -17,10 +17,9 @@ import pandas as pd
 
 from twinserve.core.errors import TwinserveError
 from twinserve.sim import validate_inferencex as vi
-from twinserve.sim.validate_cli import select_rows
-from twinserve.sim.validate_rows import load_rows, row_plan
+from twinserve.sim.validate_rows import row_plan
 # this folder (experiments/row_ab.py)
-from row_ab import ab_figures, ab_summary, before_after, distinct_measurements, records_frame
+from row_ab import ab_figures, ab_summary, before_after, dev_rows, distinct_measurements, records_frame
 
 
 def depth_not_given() -> mock._patch:
@@ -40,12 +39,7 @@ def _plan(row: pd.Series) -> tuple[str, int]:
 
 
 def _rows(system: str, hi: int) -> pd.DataFrame:
-    df = select_rows(load_rows(), backend="sglang", model="DeepSeek-R1", rows="dev")
-    c = pd.to_numeric(df["concurrency"], errors="coerce")
-    keep = (df["mode"] == "disagg") & (c <= hi)
-    if system:
-        keep &= df["system"] == system
-    return df[keep]
+    return dev_rows("sglang", "DeepSeek-R1", hi=hi, mode="disagg", system=system)
 
 
 def main() -> None:

@@ -46,9 +46,8 @@ def build_cluster(cfg: StudyConfig, keep_steps: bool = True, keep_records: bool 
     if c.num_prefill_replicas > 0:
         from twinserve.sim.disagg import DecodeExecutor, DisaggregatedSimulation
 
-        for i, (eng, rep) in enumerate(zip(engines, replicas)):
-            if i < c.num_prefill_replicas:
-                continue
+        n = c.num_prefill_replicas
+        for i, (eng, rep) in enumerate(zip(engines[n:], replicas[n:]), start=n):
             decode = DecodeExecutor(eng.cost_model, eng.executor.totals.window,
                                     join_as_decode=c.disagg_join_row == "decode",
                                     join_ranks=replica_config(cfg, i).engine.data_parallel_size)
