@@ -153,8 +153,9 @@ def _dsr1_fp4_b200(isl: int, osl: int, conc: int, tp: int,
 # PR #204 (perf-changelog.yaml @000de6d: "Replace --enable-ep-moe with --ep-size $EP_SIZE", "Set ep:4 for all
 # tp:4 entries, ep:8 for all tp:8 entries") kept the experts' layout; PR #242 (2025-11-17) says so for FP4 ("I
 # re-enabled the EP for the fp4 workloads"). Every pre-#204 copy of dsr1_fp4_b200_docker.sh / _slurm.sh the
-# library holds passes both flags, with @1fc5d73's other flags (chunk 16,384, 256 running, memory 0.85, stream
-# 10, receive 10 / 30 by CONC). The image is not in the rows (the October copies of the matrix name
+# library holds passes both flags; the docker copy's others are @1fc5d73's (chunk 16,384, 256 running, memory
+# 0.85, stream 10, receive 10 / 30 by CONC), taken here (an earlier slurm copy, receive 10 and a 32,768 prefill
+# cap, is not). The image is not in the rows (notes of the period quote the entry with
 # lmsysorg/sglang:v0.5.3rc1-cu129-b200); aic's SGLang 0.5.14 tables price it, as every SGLang B200 row.
 def _dsr1_fp4_b200_ep_moe(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
     return replace(_dsr1_fp4_b200(isl, osl, conc, tp, f"{_INFERENCEX_REPO} benchmarks/dsr1_fp4_b200_docker.sh "
