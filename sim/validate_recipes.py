@@ -60,7 +60,10 @@ Flags and what the simulator does with them:
 - `--enable-expert-parallel` (vLLM) where the script passes it whatever the configuration's EP (the MiniMax-M2.5
   H200 / B200 FP8 scripts' `[ "$EP_SIZE" -ge 1 ]` guard, always true): the experts run expert-parallel over the
   TP ranks (vLLM's EP size is TP x DP), not tensor-parallel as the row's moe_tp / moe_ep columns say:
-  Recipe.expert_parallel, applied by sim/validate_rows.py row_plan to a TP-only single worker.
+  Recipe.expert_parallel, applied by sim/validate_rows.py row_plan to a TP-only single worker. SGLang's
+  `--enable-ep-moe` (deprecated: it sets `ep_size = tp_size`, "Please set `--ep-size` to the same value as
+  `--tp-size` instead", python/sglang/srt/server_args.py) is the same: InferenceX's DeepSeek-R1 FP4 B200 script
+  passed it until PR #204, the rows with no image (_dsr1_fp4_b200_ep_moe).
 - A vLLM launch that passes `--tensor-parallel-size` and nothing of the configuration's EP or attention DP (the
   Kimi-K2.5 FP4 B200 / B300 scripts before InferenceX#1658): vLLM runs one TP group with its experts
   tensor-parallel (`FusedMoEParallelConfig.make`: without enable_expert_parallel, ep_size 1 and the experts
@@ -107,7 +110,8 @@ class Recipe:
     # The FP8 block-scale / NVFP4 experts' kernel where the script sets one the model's table does not time
     # (`aic_fp8_moe_kernel`): 'trtllm', TensorRT-LLM's TRTLLM MoE backend; 'triton', vLLM's Triton fused-MoE.
     fp8_moe_kernel: str = ""
-    expert_parallel: bool = False  # vLLM's --enable-expert-parallel passed whatever the config's EP (experts EP = TP)
+    # Experts EP = TP whatever the config's EP: vLLM's --enable-expert-parallel, SGLang's --enable-ep-moe
+    expert_parallel: bool = False
     tensor_parallel_only: bool = False  # vLLM launched with --tensor-parallel-size only, whatever the config's EP /
     # attention DP (no --enable-expert-parallel, no --data-parallel-size): one TP group, its experts tensor-parallel
     overlap_scheduler: bool | None = None  # TensorRT-LLM's overlap scheduler as launched (None: the engine's default)
@@ -141,6 +145,21 @@ def _dsr1_fp4_b200(isl: int, osl: int, conc: int, tp: int,
                   max_running_requests=256, mem_fraction=0.85,
                   unmodelled="--attention-backend trtllm_mla, --moe-runner-backend flashinfer_trtllm, "
                              "--enable-symm-mem, --cuda-graph-max-bs")
+
+
+# The DeepSeek-R1 FP4 B200 SGLang rows with no image (measured 2025-11-02 and 11-10, "tp4" / "tp8" at EP 1) ran
+# the script before InferenceX PR #204, which passed `--enable-ep-moe` (SGLang: ep_size = tp_size) and
+# `--enable-flashinfer-trtllm-moe`; the matrix entries of the time gave TP alone, so the export writes EP 1.
+# PR #204 (perf-changelog.yaml @000de6d: "Replace --enable-ep-moe with --ep-size $EP_SIZE", "Set ep:4 for all
+# tp:4 entries, ep:8 for all tp:8 entries") kept the experts' layout; PR #242 (2025-11-17) says so for FP4 ("I
+# re-enabled the EP for the fp4 workloads"). Every pre-#204 copy of dsr1_fp4_b200_docker.sh / _slurm.sh the
+# library holds passes both flags; the docker copy's others are @1fc5d73's (chunk 16,384, 256 running, memory
+# 0.85, stream 10, receive 10 / 30 by CONC), taken here (an earlier slurm copy, receive 10 and a 32,768 prefill
+# cap, is not). The image is not in the rows (notes of the period quote the entry with
+# lmsysorg/sglang:v0.5.3rc1-cu129-b200); aic's SGLang 0.5.14 tables price it, as every SGLang B200 row.
+def _dsr1_fp4_b200_ep_moe(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
+    return replace(_dsr1_fp4_b200(isl, osl, conc, tp, f"{_INFERENCEX_REPO} benchmarks/dsr1_fp4_b200_docker.sh "
+                                  "before PR #204 (--enable-ep-moe; no image given: 2025-11)"), expert_parallel=True)
 
 
 # B300: `benchmarks/single_node/dsr1_fp{8,4}_b300.sh` "reuse the existing DSR1 FP8 (FP4) B200 SGLang recipe
@@ -821,6 +840,7 @@ def _minimax_b300_v019(script: str) -> Callable[[int, int, int, int, bool], Reci
 # (backend, model, system, precision, backend_version) -> the recipe of a row of that precision measured from
 # that image, where the image tells one script version from another (the image of MTP_IMAGES' note).
 PRECISION_IMAGES: dict[tuple[str, str, str, str, str], Callable[[int, int, int, int, bool], Recipe]] = {
+    ("sglang", "DeepSeek-R1", "b200_sxm", "fp4", ""): _dsr1_fp4_b200_ep_moe,  # no image: before PR #204
     ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8", "1.2.0rc6.post2"): _dsr1_fp8_b200_trt_rc6,
     ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8", "1.2.0rc6.post3"): _dsr1_fp8_b200_trt_mtp_rc6,
     ("trtllm", "DeepSeek-R1", "b200_sxm", "fp4", "1.2.0rc6.post2"): _dsr1_fp4_b200_trt_rc6,
@@ -992,6 +1012,14 @@ def _int(v: Any, default: int = 0) -> int:
     return default if math.isnan(f) else int(f)
 
 
+def row_image(row: Any) -> str:
+    """The row's backend_version as the image tables key it: '' where the row gives none (blank or NaN)."""
+    v = row.get("backend_version")
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    return str(v).strip()
+
+
 def row_recipe(row: Any) -> Recipe:
     """The recipe a row was measured with; DEFAULT where none is known (disaggregated, a gap-analysis row
     aic_generated_recipe does not cover, or no InferenceX script for its backend x model x GPU x precision;
@@ -1002,17 +1030,17 @@ def row_recipe(row: Any) -> Recipe:
     if harness(row) != INFERENCEX:
         return aic_generated_recipe(row) or DEFAULT
     by_layout = LAYOUT_IMAGES.get((str(row.get("backend")), recipe_model(row), str(row.get("system")),
-                                   str(row.get("precision")), str(row.get("backend_version"))))
+                                   str(row.get("precision")), row_image(row)))
     recipe = by_layout(row) if by_layout is not None else None
     if recipe is not None:
         return recipe
     by_image = PRECISION_IMAGES.get((str(row.get("backend")), recipe_model(row), str(row.get("system")),
-                                     str(row.get("precision")), str(row.get("backend_version"))))
+                                     str(row.get("precision")), row_image(row)))
     if by_image is not None:
         return by_image(_int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1),
                         _int(row.get("tp_size"), 1), _int(row.get("attention_dp_size"), 1) > 1)
     mtp = MTP_IMAGES.get((str(row.get("backend")), recipe_model(row), str(row.get("system")),
-                          str(row.get("backend_version"))))
+                          row_image(row)))
     if mtp is not None:
         recipe = mtp(_int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1),
                      _int(row.get("tp_size"), 1), _int(row.get("attention_dp_size"), 1) > 1)
@@ -1092,7 +1120,8 @@ def apply_kernels(recipe: Recipe, engine: Any, cost_model: str) -> None:
 
 def launch_expert_parallel(recipe: Recipe, worker: Any) -> bool:
     """Lay a single TP-only worker's experts out expert-parallel over its TP ranks where the launch passed vLLM's
-    --enable-expert-parallel whatever the configuration's EP (Recipe.expert_parallel); True where it changed."""
+    --enable-expert-parallel or SGLang's --enable-ep-moe whatever the configuration's EP (Recipe.expert_parallel);
+    True where it changed."""
     if not recipe.expert_parallel or worker.tp <= 1 or worker.attention_dp > 1 or worker.moe_ep > 1:
         return False
     worker.moe_tp, worker.moe_ep = 1, worker.tp

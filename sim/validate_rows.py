@@ -442,7 +442,8 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
     cfg.run.name = str(row["id"])
     ws = workers(row, disagg=disagg)
     if len(ws) == 1:
-        # vLLM's --enable-expert-parallel where the script passed it whatever the row's EP (validate_recipes.py).
+        # vLLM's --enable-expert-parallel / SGLang's --enable-ep-moe where the script passed it whatever the row's EP
+        # (validate_recipes.py).
         launch_ep = model.is_moe and launch_expert_parallel(recipe, ws[0])
         # A vLLM launch that passed --tensor-parallel-size only, whatever the row's EP / attention DP (the Kimi-K2.5
         # FP4 scripts, validate_recipes.py): one TP group, experts tensor-parallel.
@@ -460,8 +461,8 @@ def row_plan(row: pd.Series, cost_model: str = "roofline", *,
         adp = inferred_attention_dp(row)
         note = f"inferred attention_dp {adp} = moe_tp x moe_ep / tp (vLLM's layout rule)" if adp else ""
         if launch_ep:
-            note = (f"experts ep{ws[0].moe_ep}: the launch passed --enable-expert-parallel whatever the config's EP "
-                    f"({recipe.source})")
+            flag = "--enable-ep-moe" if str(row["backend"]) == "sglang" else "--enable-expert-parallel"
+            note = f"experts ep{ws[0].moe_ep}: the launch passed {flag} whatever the config's EP ({recipe.source})"
         if folded_layout(row):
             note = (f"inferred {ws[0].label()}: the file's {ws[0].gpus * ws[0].moe_ep} GPUs are moe_tp x moe_ep "
                     f"of one node's server (InferenceX's dump)")
