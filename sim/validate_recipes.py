@@ -883,10 +883,75 @@ def _dsr1_fp4_b200_trt_rc2(row: Any) -> Recipe | None:
                    "@0a919c5 and InferenceMAX @525079a)")
 
 
+# DeepSeek-R1 FP8 B200 TensorRT-LLM from release:1.1.0rc2.post2: InferenceMAX/InferenceMAX nvidia-master.yaml @525079a
+# runs dsr1-fp8-b200-trt and dsr1-fp8-b200-trt-mtp from that image, both at EP = TP 8 ("For all sequence lengths,
+# EP=TP"), over these (ISL, OSL) -> (TP, EP, attention DP, first, last clients). The MTP space holds every plain
+# point but one (8k/1k TP 8 EP 8 at 64 clients) and attention-DP points the plain one lacks (1k/1k from 128, 1k/8k
+# from 128, 8k/1k from 64).
+_FP8_B200_RC2_PLAIN = {
+    (1024, 1024): ((8, 8, False, 4, 32), (8, 8, True, 64, 64)),
+    (1024, 8192): ((8, 8, False, 4, 64),),
+    (8192, 1024): ((8, 8, False, 4, 64),),
+}
+_FP8_B200_RC2_MTP = {
+    (1024, 1024): ((8, 8, False, 4, 32), (8, 8, True, 64, 256)),
+    (1024, 8192): ((8, 8, False, 4, 64), (8, 8, True, 128, 256)),
+    (8192, 1024): ((8, 8, False, 4, 32), (8, 8, True, 64, 256)),
+}
+# The measurement dates (the rows' `measured=`) of the 1.1.0rc2.post2 FP8 sweep that ran the MTP configuration.
+# The development rows of that image measured 2026-01-14 hold a point only the MTP space has (1k/1k attention DP 8 at
+# 128 clients) and none only the plain space has; the plain space's own point (8k/1k TP 8 EP 8 at 64 clients) was
+# measured 2025-12-15, so the plain configuration did not run that day. The dump keeps one record a point.
+FP8_B200_RC2_MTP_SWEEPS = ("2026-01-14",)
+
+
+def _measured_date(row: Any) -> str:
+    """The `measured=YYYY-MM-DD` date of a dump row's silicon_data_source ('' where none)."""
+    src = str(row.get("silicon_data_source") or "")
+    at = src.find("measured=")
+    return src[at + 9:at + 19] if at >= 0 else ""
+
+
+def fp8_b200_rc2_runs_mtp(isl: int, osl: int, conc: int, tp: int, ep: int, attention_dp: int,
+                          measured: str = "") -> bool | None:
+    """True / False where only dsr1-fp8-b200-trt-mtp / dsr1-fp8-b200-trt ran this layout at this count (TP as
+    attention's tensor parallel size, or the ranks under attention DP), or where both did and the row was measured
+    on a day only the MTP configuration ran (FP8_B200_RC2_MTP_SWEEPS); None where nothing tells."""
+    layout = (max(tp, attention_dp), ep, attention_dp > 1)
+    mtp = _in_space(_FP8_B200_RC2_MTP, isl, osl, conc, layout)
+    plain = _in_space(_FP8_B200_RC2_PLAIN, isl, osl, conc, layout)
+    if mtp != plain:
+        return mtp
+    return True if mtp and measured in FP8_B200_RC2_MTP_SWEEPS else None
+
+
+def _dsr1_fp8_b200_trt_mtp_rc2(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
+    # SemiAnalysisAI/InferenceX benchmarks/dsr1_fp8_b200_trt_mtp.sh @7506aee (and @111f031): `MOE_BACKEND="DEEPGEMM"`
+    # at every point (aic's own fp8_block table: its `deepgemm` rows), MTP 3 (1 with DP_ATTENTION), `--max_batch_size`
+    # CONC (CONC / TP a rank with DP_ATTENTION) and `--max_num_tokens` from it (mtp_script_max_num_tokens),
+    # free_gpu_memory_fraction 0.8, stream_interval 10, CUDA graphs to 256 with padding.
+    r = _dsr1_b200_trt_mtp(isl, osl, conc, tp, attention_dp)
+    return replace(r, source=f"{_INFERENCEX_REPO} benchmarks/dsr1_fp8_b200_trt_mtp.sh @7506aee (image 1.1.0rc2.post2: "
+                   "dsr1-fp8-b200-trt-mtp, InferenceMAX nvidia-master.yaml @525079a)", fp8_moe_kernel="",
+                   unmodelled="cuda_graph_config (padding, batch 256), --max_batch_size")
+
+
+def _dsr1_fp8_b200_trt_rc2(row: Any) -> Recipe | None:
+    # The MTP configuration's script where fp8_b200_rc2_runs_mtp says so; otherwise None (the image's other recipe,
+    # _dsr1_trt, stands).
+    from twinserve.sim.validate_layouts import aggregated_layout  # folded dump layouts unfolded
+    tp, attention_dp, _, moe_ep = aggregated_layout(row)
+    isl, osl, conc = _int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1)
+    if fp8_b200_rc2_runs_mtp(isl, osl, conc, tp, moe_ep, attention_dp, _measured_date(row)) is not True:
+        return None
+    return _dsr1_fp8_b200_trt_mtp_rc2(isl, osl, conc, tp, attention_dp > 1)
+
+
 # (backend, model, system, precision, backend_version) -> the recipe of a row told by its image and layout
 # (None: not told; the other tables decide).
 LAYOUT_IMAGES: dict[tuple[str, str, str, str, str], Callable[[Any], Recipe | None]] = {
     ("trtllm", "DeepSeek-R1", "b200_sxm", "fp4", "1.1.0rc2.post2"): _dsr1_fp4_b200_trt_rc2,
+    ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8", "1.1.0rc2.post2"): _dsr1_fp8_b200_trt_rc2,
 }
 
 
