@@ -878,13 +878,34 @@ def _in_space(space: dict, isl: int, osl: int, conc: int, layout: tuple[int, int
     return any((tp, ep, dp) == layout and lo <= conc <= hi for tp, ep, dp, lo, hi in space.get((isl, osl), ()))
 
 
-def fp4_b200_rc2_runs_mtp(isl: int, osl: int, conc: int, tp: int, ep: int, attention_dp: int) -> bool | None:
+# The measurement dates (the dump rows' `measured=`) of the B200 DeepSeek-R1 1.1.0rc2.post2 sweeps that ran the MTP
+# configurations (dsr1-fp4-b200-trt-mtp, dsr1-fp8-b200-trt-mtp). The development rows of that image (FP4 and FP8, 40)
+# were measured on two days. Every one measured 2026-01-14 lies in its precision's MTP search space, seven in it
+# alone (e.g. FP4 1k/1k TP 4 EP 4 at 16 clients, FP8 1k/1k attention DP 8 at 128), none in the plain space alone;
+# every one measured 2025-12-15 lies in the plain space alone (e.g. FP4 1k/1k TP 4 at 32 clients, FP8 8k/1k TP 8
+# EP 8 at 64). The dump keeps one record a point, so a point both spaces hold measured 2026-01-14 is the MTP
+# configuration's: the plain configurations' own points carry the other day.
+B200_RC2_MTP_SWEEPS = ("2026-01-14",)
+
+
+def measured_date(row: Any) -> str:
+    """The `measured=YYYY-MM-DD` date of a dump row's silicon_data_source ('' where none)."""
+    src = str(row.get("silicon_data_source") or "")
+    at = src.find("measured=")
+    return src[at + 9:at + 19] if at >= 0 else ""
+
+
+def fp4_b200_rc2_runs_mtp(isl: int, osl: int, conc: int, tp: int, ep: int, attention_dp: int,
+                          measured: str = "") -> bool | None:
     """True / False where only dsr1-fp4-b200-trt-mtp / dsr1-fp4-b200-trt ran this layout (TP as attention's
-    tensor parallel size, or the ranks under attention DP) at this count; None where both or neither did."""
+    tensor parallel size, or the ranks under attention DP) at this count, or where both did and the row was
+    measured on a day only the MTP configurations ran (B200_RC2_MTP_SWEEPS); None where nothing tells."""
     layout = (max(tp, attention_dp), ep, attention_dp > 1)
     mtp = _in_space(_FP4_B200_RC2_MTP, isl, osl, conc, layout)
     plain = _in_space(_FP4_B200_RC2_PLAIN, isl, osl, conc, layout)
-    return mtp if mtp != plain else None
+    if mtp != plain:
+        return mtp
+    return True if mtp and measured in B200_RC2_MTP_SWEEPS else None
 
 
 def _dsr1_fp4_b200_trt_rc2(row: Any) -> Recipe | None:
@@ -894,19 +915,72 @@ def _dsr1_fp4_b200_trt_rc2(row: Any) -> Recipe | None:
     from twinserve.sim.validate_layouts import aggregated_layout  # folded dump layouts unfolded
     tp, attention_dp, _, moe_ep = aggregated_layout(row)
     if fp4_b200_rc2_runs_mtp(_int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1),
-                             tp, moe_ep, attention_dp) is not True:
+                             tp, moe_ep, attention_dp, measured_date(row)) is not True:
         return None
     r = _dsr1_b200_trt_mtp(_int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1), tp,
                            attention_dp > 1)
     return replace(r, source=f"{_INFERENCEX_REPO} benchmarks/dsr1_fp4_b200_trt_mtp.sh @13dd0c2 (image "
-                   "1.1.0rc2.post2: only dsr1-fp4-b200-trt-mtp runs this layout at this count, nvidia-master.yaml "
-                   "@0a919c5 and InferenceMAX @525079a)")
+                   "1.1.0rc2.post2: dsr1-fp4-b200-trt-mtp's layout at this count, or its sweep's date; "
+                   "nvidia-master.yaml @0a919c5 and InferenceMAX @525079a)")
+
+
+# DeepSeek-R1 FP8 B200 TensorRT-LLM from release:1.1.0rc2.post2: InferenceMAX/InferenceMAX nvidia-master.yaml @525079a
+# runs dsr1-fp8-b200-trt and dsr1-fp8-b200-trt-mtp from that image, both at EP = TP 8 ("For all sequence lengths,
+# EP=TP"), over these (ISL, OSL) -> (TP, EP, attention DP, first, last clients). The MTP space holds every plain
+# point but one (8k/1k TP 8 EP 8 at 64 clients) and attention-DP points the plain one lacks (1k/1k from 128, 1k/8k
+# from 128, 8k/1k from 64).
+_FP8_B200_RC2_PLAIN = {
+    (1024, 1024): ((8, 8, False, 4, 32), (8, 8, True, 64, 64)),
+    (1024, 8192): ((8, 8, False, 4, 64),),
+    (8192, 1024): ((8, 8, False, 4, 64),),
+}
+_FP8_B200_RC2_MTP = {
+    (1024, 1024): ((8, 8, False, 4, 32), (8, 8, True, 64, 256)),
+    (1024, 8192): ((8, 8, False, 4, 64), (8, 8, True, 128, 256)),
+    (8192, 1024): ((8, 8, False, 4, 32), (8, 8, True, 64, 256)),
+}
+
+
+def fp8_b200_rc2_runs_mtp(isl: int, osl: int, conc: int, tp: int, ep: int, attention_dp: int,
+                          measured: str = "") -> bool | None:
+    """True / False where only dsr1-fp8-b200-trt-mtp / dsr1-fp8-b200-trt ran this layout at this count (TP as
+    attention's tensor parallel size, or the ranks under attention DP), or where both did and the row was measured
+    on a day only the MTP configurations ran (B200_RC2_MTP_SWEEPS); None where nothing tells."""
+    layout = (max(tp, attention_dp), ep, attention_dp > 1)
+    mtp = _in_space(_FP8_B200_RC2_MTP, isl, osl, conc, layout)
+    plain = _in_space(_FP8_B200_RC2_PLAIN, isl, osl, conc, layout)
+    if mtp != plain:
+        return mtp
+    return True if mtp and measured in B200_RC2_MTP_SWEEPS else None
+
+
+def _dsr1_fp8_b200_trt_mtp_rc2(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
+    # SemiAnalysisAI/InferenceX benchmarks/dsr1_fp8_b200_trt_mtp.sh @7506aee (and @111f031): `MOE_BACKEND="DEEPGEMM"`
+    # at every point (aic's own fp8_block table: its `deepgemm` rows), MTP 3 (1 with DP_ATTENTION), `--max_batch_size`
+    # CONC (CONC / TP a rank with DP_ATTENTION) and `--max_num_tokens` from it (mtp_script_max_num_tokens),
+    # free_gpu_memory_fraction 0.8, stream_interval 10, CUDA graphs to 256 with padding.
+    r = _dsr1_b200_trt_mtp(isl, osl, conc, tp, attention_dp)
+    return replace(r, source=f"{_INFERENCEX_REPO} benchmarks/dsr1_fp8_b200_trt_mtp.sh @7506aee (image 1.1.0rc2.post2: "
+                   "dsr1-fp8-b200-trt-mtp, InferenceMAX nvidia-master.yaml @525079a)", fp8_moe_kernel="",
+                   unmodelled="cuda_graph_config (padding, batch 256), --max_batch_size")
+
+
+def _dsr1_fp8_b200_trt_rc2(row: Any) -> Recipe | None:
+    # The MTP configuration's script where fp8_b200_rc2_runs_mtp says so; otherwise None (the image's other recipe,
+    # _dsr1_trt, stands).
+    from twinserve.sim.validate_layouts import aggregated_layout  # folded dump layouts unfolded
+    tp, attention_dp, _, moe_ep = aggregated_layout(row)
+    isl, osl, conc = _int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1)
+    if fp8_b200_rc2_runs_mtp(isl, osl, conc, tp, moe_ep, attention_dp, measured_date(row)) is not True:
+        return None
+    return _dsr1_fp8_b200_trt_mtp_rc2(isl, osl, conc, tp, attention_dp > 1)
 
 
 # (backend, model, system, precision, backend_version) -> the recipe of a row told by its image and layout
 # (None: not told; the other tables decide).
 LAYOUT_IMAGES: dict[tuple[str, str, str, str, str], Callable[[Any], Recipe | None]] = {
     ("trtllm", "DeepSeek-R1", "b200_sxm", "fp4", "1.1.0rc2.post2"): _dsr1_fp4_b200_trt_rc2,
+    ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8", "1.1.0rc2.post2"): _dsr1_fp8_b200_trt_rc2,
 }
 
 

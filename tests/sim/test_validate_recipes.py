@@ -501,6 +501,51 @@ def test_an_fp4_b200_rc2_row_only_the_mtp_config_ran_drafts() -> None:
     assert r.mtp == 0 and "dsr1_fp4_b200_trt.sh @6320e9b" in r.source
 
 
+# The B200 1.1.0rc2.post2 sweeps: the MTP configurations' rows were measured 2026-01-14, the plain ones' 2025-12-15
+# (sim/validate_recipes.py B200_RC2_MTP_SWEEPS).
+_MTP_DAY = _IX + "; measured=2026-01-14T00:00:00.000Z"
+_PLAIN_DAY = _IX + "; measured=2025-12-15T00:00:00.000Z"
+
+
+@pytest.mark.parametrize("isl, osl, conc, tp, ep, adp, measured, mtp", [
+    # dsr1-fp8-b200-trt and -mtp from release:1.1.0rc2.post2 (InferenceMAX nvidia-master.yaml @525079a), EP = TP 8:
+    (1024, 1024, 4, 8, 8, 1, "", None),              # both spaces, no date
+    (1024, 1024, 4, 8, 8, 1, "2026-01-14", True),    # both spaces, the MTP sweep's day
+    (1024, 1024, 4, 8, 8, 1, "2025-12-15", None),    # both spaces, another day
+    (1024, 1024, 128, 1, 8, 8, "", True),            # attention DP 8 at 128: the MTP space only
+    (8192, 1024, 64, 8, 8, 1, "2026-01-14", False),  # TP 8 EP 8 at 64: the plain space only
+    (1024, 1024, 64, 1, 8, 8, "2026-01-14", True),   # attention DP 8 at 64: both
+    (1024, 8192, 64, 8, 1, 1, "2026-01-14", None),   # EP 1: neither space
+])
+def test_fp8_b200_rc2_rows_are_told_by_layout_and_by_the_mtp_sweeps_day(isl, osl, conc, tp, ep, adp, measured,
+                                                                         mtp) -> None:
+    from twinserve.sim.validate_recipes import fp8_b200_rc2_runs_mtp
+    assert fp8_b200_rc2_runs_mtp(isl, osl, conc, tp, ep, adp, measured) is mtp
+
+
+def test_an_fp8_b200_rc2_row_of_the_mtp_sweep_drafts_on_deepgemm() -> None:
+    # The dump's folded layout (tp_size 64 = moe_tp 8 x moe_ep 8: TP 8 EP 8), 1k/1k at 4 clients.
+    base = {"backend": "trtllm", "precision": "fp8", "backend_version": "1.1.0rc2.post2", "mode": "agg",
+            "pp_size": 1, "tp_size": 64, "attention_dp_size": 1, "moe_tp_size": 8, "moe_ep_size": 8}
+    r = row_recipe(_row(**base, silicon_data_source=_MTP_DAY))
+    assert r.mtp == 3 and r.fp8_moe_kernel == "" and "dsr1_fp8_b200_trt_mtp.sh @7506aee" in r.source
+    assert r.max_num_tokens == 1152  # ((3 + 1) x 4 + 1024 + 64 + 63) // 64 x 64
+    r = row_recipe(_row(**base, silicon_data_source=_PLAIN_DAY))
+    assert r.mtp == 0 and "dsr1_fp{4,8}_b200_trt.sh @6320e9b" in r.source
+    # attention DP 8 (tp_size 1, attention_dp_size 64 folded) at 128 clients: only the MTP space, MTP 1, a rank's budget
+    r = row_recipe(_row(**{**base, "tp_size": 1, "attention_dp_size": 64}, concurrency=128))
+    assert r.mtp == 1 and r.mtp_rank_budget and r.fp8_moe_kernel == ""
+
+
+def test_an_fp4_b200_rc2_row_both_configs_hold_drafts_on_the_mtp_sweeps_day() -> None:
+    # 1k/1k TP 4 EP 4 at 64 clients: plain from 64, MTP 16-64 (both spaces).
+    base = {"backend": "trtllm", "precision": "fp4", "backend_version": "1.1.0rc2.post2", "mode": "agg",
+            "pp_size": 1, "concurrency": 64, "tp_size": 4, "attention_dp_size": 1, "moe_tp_size": 1,
+            "moe_ep_size": 4}
+    assert row_recipe(_row(**base, silicon_data_source=_MTP_DAY)).mtp == 3
+    assert row_recipe(_row(**base, silicon_data_source=_PLAIN_DAY)).mtp == 0
+
+
 # The launch-settings audit of the held-out InferenceX groups (docs/validate-accuracy.md, "Held-out launch settings").
 @pytest.mark.parametrize("kw, mem, ep", [
     # MiniMax-M2.5 FP8 H200: v0.16.0 (before InferenceX#869) 0.95, no EP flag; v0.18.0 (#869 to #1354) 0.95 and
