@@ -146,7 +146,7 @@ class Entry:
     decode: Shape
     mtp: int
     # The decode worker's TensorRT-LLM max_batch_size at each client count (per attention-DP rank under DP
-    # attention), from the `batchN` of the recipe file the entry launches; () where not transcribed.
+    # attention), from the recipe file the entry launches (_DECODE_BATCH); () where not transcribed.
     batch: tuple[int, ...] = ()
 
     # The prefill ("ctx") worker's TensorRT-LLM (max_batch_size, max_num_tokens), per attention-DP rank under DP
