@@ -1,6 +1,6 @@
 """What the development-row before/after scripts share (fp8_mtp_rows.py, trtgen_rows.py, fp4_trtgen_rows.py,
 wide_ep_rows.py, gb200_prefill_rows.py, trt_mtp_budget_rows.py, b200_fp8_decode_caps.py, nvfp4_gemm_rows.py,
-sglang_decode_joins.py, ...): one
+sglang_decode_joins.py, trt_decode_caps_fill.py, ...): one
 simulation per measurement, a row's predictions without and with the change, and the error summary they print.
 Imported from this folder (a script's own folder is on sys.path, as validate_memory.py imports validate_speed)."""
 

@@ -146,7 +146,7 @@ class Entry:
     decode: Shape
     mtp: int
     # The decode worker's TensorRT-LLM max_batch_size at each client count (per attention-DP rank under DP
-    # attention), from the `batchN` of the recipe file the entry launches; () where not transcribed.
+    # attention), from the recipe file the entry launches (_DECODE_BATCH); () where not transcribed.
     batch: tuple[int, ...] = ()
 
     # The prefill ("ctx") worker's TensorRT-LLM (max_batch_size, max_num_tokens), per attention-DP rank under DP
@@ -753,8 +753,8 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
 # recipes/trtllm/...; e.g. b200-fp8/8k1k/stp/ctx1_gen4_tp8_batch32_eplb0_mtp0_128.yaml sets the decode
 # worker's `max_batch_size: 32`, h100-fp8/1k1k/mtp/ctx1_gen3_tep16_batch2_eplb0_mtp3.yaml `max_batch_size: 2`).
 # An int for every client count of the entry, a tuple for each in turn where the file launches a recipe per
-# count; 0 for entries of more than 256 clients only (not transcribed: no cap is simulated there), but where read
-# below.
+# count (0 would mean not transcribed, no cap simulated: no entry is left so). Past 256 clients every value is read
+# from the recipe file itself, as below.
 # B200 FP8 1k/1k past 256 clients: read from the recipe files themselves (ishandhanani/srt-slurm @fe2cd90
 # recipes/trtllm/b200-fp8/1k1k/{mtp,stp}/, the decode worker's `max_batch_size`, a rank's under
 # `enable_attention_dp: true`): ctx1_gen7_dep8_batch128_eplb0_mtp3_896 16, ctx1_gen4_dep8_batch256_eplb0_mtp3_1024
@@ -783,25 +783,90 @@ TABLE: dict[tuple[str, str, str, int, int], tuple[Entry, ...]] = {
 # 1k1k/mtp/ctx2_gen1_dep16_batch128_eplb0_mtp1_2253 @4729d9e (128), 8k1k/stp/ctx7_gen1_dep16_batch64_eplb0_mtp0_1229
 # @5f23377 (64; its container dynamo-trtllm 0.8.1.post2, the matrix's image). Most of these entries run fewer slots than
 # clients (1,229 clients over 1,024, 2,253 over 2,048, 666 over 512, 333 over 256).
+# B200 FP4, B200 FP8 8k/1k, B300 FP4 / FP8, H100 and GB200 FP4 / FP8 past 256 clients (the entries main 8ea3e44 left at
+# 0): read from the recipe files the matrix names (nvidia-master.yaml @0004cf5 CONFIG_FILE, each entry's), the copies
+# in the fork connorcarpenter15/srt-slurm @5a156f6 recipes/trtllm/ (ishandhanani's sa-submission-q1-2026 branch is not
+# in the library), the decode worker's `max_batch_size` (a rank's under `enable_attention_dp: true`). All 93 files
+# read; in each the field equals the name's `batchN` (unlike B200 FP8 1k/1k's @fe2cd90 names above). By key, entry
+# index: file = max_batch_size (slots a worker x workers against the entry's clients; `dp8`: attention DP 8, EP 1).
+# B200 FP4 1k/1k: 0 ctx1_gen2_dep8_batch64_eplb0_mtp2 = 64 (2 x 512 for 1,214), 1 ctx1_gen5_dep8_batch16_eplb0_mtp3
+# = 16 (5 x 128, 875), 4 ctx3_gen4_dep8_batch128_eplb0_mtp1 = 128 (4 x 1,024, 4,968), 5
+# ctx3_gen5_dep4_batch512_eplb0_mtp1 = 512 (5 x 2,048, 10,860), 6 ctx1_gen1_dep8_batch512_eplb0_mtp0 = 512 (4,096,
+# 4,096), 7 ctx1_gen2_dep8_batch128_eplb0_mtp0 = 128 (2 x 1,024, 2,192), 8 ctx1_gen5_dep8_batch32_eplb0_mtp0 = 32
+# (5 x 256, 1,365), 11 ctx1_gen6_tep8_batch64_eplb0_mtp0 = 64 (TP attention: 6 x 64, 450). B200 FP4 8k/1k: 4
+# ctx3_gen1_dep8_batch64_eplb0_mtp3 = 64 (512, 548), 5 ctx5_gen1_dep8_batch192_eplb0_mtp1 = 192 (1,536; its
+# `concurrencies: "1096x1691"`), 6 ctx5_gen2_dep8_batch32_eplb0_mtp3 = 32 (2 x 256, 658), 9
+# ctx2_gen5_tep8_batch64_eplb0_mtp0 = 64 (5 x 64, 370), 10 ctx4_gen1_dep8_batch192_eplb0_mtp0 = 192 (1,536, 1,606),
+# 11 ctx4_gen3_dep8_batch32_eplb0_mtp0 = 32 (3 x 256, 837), 12 ctx7_gen2_dep8_batch128_eplb0_mtp0 = 128 (2 x 1,024,
+# 2,222). B200 FP8 8k/1k: 5 mtp/ctx2_gen1_dep8_batch32_eplb0_mtp3_288 = 32 (256, 288), 6
+# mtp/ctx4_gen1_dep8_batch128_eplb0_mtp2_1088 = 128 (1,024, 1,088), 14 stp/ctx2_gen1_dep8_batch640_eplb0_mtp0_640 =
+# 640 (5,120, 640). B300 FP4 1k/1k: 0 ctx1_gen1_dep8_batch64_eplb0_mtp3 = 64 (512, 654), 1
+# ctx1_gen2_dep8_batch16_eplb0_mtp3 = 16 (2 x 128, 271), 4 ctx2_gen1_dep8_batch256_eplb0_mtp1 = 256 (2,048, 2,342), 5
+# ctx5_gen2_dep8_batch512_eplb0_mtp1 = 512 (2 x 4,096, 8,609), 6 ctx5_gen2_dep8_batch768_eplb0_mtp1 = 768 (2 x
+# 6,144, 12,926), 7 ctx1_gen2_dep8_batch64_eplb0_mtp0 = 64 (2 x 512, 1,176), 11 ctx2_gen1_dep8_batch512_eplb0_mtp0 =
+# 512 (4,096, 4,405), 12 ctx3_gen1_dep8_batch1024_eplb0_mtp0 = 1024 (8,192, 8,192), 13
+# ctx3_gen2_dep8_batch256_eplb0_mtp0 = 256 (2 x 2,048, 4,611). B300 FP4 8k/1k: 0 ctx10_gen1_dep8_batch256_eplb0_mtp1 =
+# 256 (2,048, 2,198), 5 ctx9_gen1_dep8_batch128_eplb0_mtp1 = 128 (1,024, 1,197), 10 ctx5_gen2_dep8_batch32_eplb0_mtp0
+# = 32 (2 x 256, 589), 11 ctx6_gen1_dep8_batch128_eplb0_mtp0 = 128 (1,024, 1,093), 12
+# ctx8_gen1_dep8_batch256_eplb0_mtp0 = 256 (2,048, 2,048). B300 FP8 1k/1k: 2 mtp/ctx1_gen1_dp8_batch256_eplb0_mtp1_3072
+# = 256 (2,048, 3,072), 3 mtp/ctx1_gen2_dep8_batch128_eplb0_mtp1_2560 = 128 (2 x 1,024, 2,560), 4
+# mtp/ctx1_gen5_dep8_batch16_eplb0_mtp2_720 = 16 (5 x 128, 720), 5 mtp/ctx3_gen2_dp8_batch512_eplb0_mtp1_11264 = 512
+# (2 x 4,096, 11,264), 6 stp/ctx1_gen1_dep8_batch256_eplb0_mtp0_2112 = 256 (2,048, 2,112), 7
+# stp/ctx1_gen2_dp8_batch128_eplb0_mtp0_3072 = 128 (2 x 1,024, 3,072), 8 stp/ctx1_gen3_dp8_batch48_eplb0_mtp0_1280 = 48
+# (3 x 384, 1,280), 11 stp/ctx1_gen8_tp8_batch64_eplb0_mtp0_384 = 64 (TP: 8 x 64, 384), 12
+# stp/ctx2_gen1_dp8_batch1024_eplb0_mtp0_16384 = 1024 (8,192, 16,384). B300 FP8 8k/1k: 5
+# mtp/ctx4_gen1_dp8_batch64_eplb0_mtp2_512 = 64 (512, 512), 9 stp/ctx3_gen1_dp8_batch64_eplb0_mtp0_512 = 64 (512,
+# 512), 11 stp/ctx5_gen1_dp8_batch128_eplb0_mtp0_1075 = 128 (1,024, 1,075), 12
+# stp/ctx7_gen1_dep8_batch384_eplb0_mtp0_3072 = 384 (3,072, 3,072). H100 1k/1k: 2
+# mtp/ctx1_gen3_tep16_batch128_eplb0_mtp3 = 128 (TP: 3 x 128, 462), 3 mtp/ctx1_gen1_dep16_batch32_eplb0_mtp2 = 32
+# (512, 615), 4 mtp/ctx1_gen1_dep16_batch64_eplb0_mtp1 = 64 (1,024, 1,229), 7 stp/ctx2_gen1_dep16_batch256_eplb0_mtp0 =
+# 256 (4,096, 4,916). H100 8k/1k: 5 stp/ctx2_gen1_dep16_batch16_eplb0_mtp0 = 16 (256, 308). GB200 FP4 1k/1k: 2
+# mtp/ctx2_gen1_dep16_batch256_eplb256_mtp1 = 256 (4,096, 4,301), 3 mtp/ctx3_gen1_dep32_batch64_eplb288_mtp1 = 64
+# (2,048, 2,253), 4 mtp/ctx3_gen5_dep4_batch768_eplb0_mtp1 = 768 (5 x 3,072, 16,130), 5
+# stp/ctx1_gen1_dep8_batch512_eplb0_mtp0 = 512 (4,096, 4,301), 6 stp/ctx1_gen1_dep32_batch16_eplb0_mtp0 = 16 (512,
+# 666), 7 stp/ctx1_gen2_dep4_batch768_eplb0_mtp0 = 768 (2 x 3,072, 6,144), 10 stp/ctx2_gen1_dep16_batch256_eplb256_mtp0
+# = 256 (4,096, 4,301), 11 stp/ctx2_gen1_dep32_batch64_eplb0_mtp0 = 64 (2,048, 2,253). GB200 FP4 1k/8k: 3
+# mtp/ctx1_gen1_dep32_batch16_eplb0_mtp3 = 16 (512, 512), 4 mtp/ctx1_gen3_dep16_batch64_eplb0_mtp3 = 64 (3 x 1,024,
+# 3,072), 5 mtp/ctx1_gen3_dep16_batch128_eplb0_mtp1 = 128 (3 x 2,048, 6,144), 6
+# mtp/ctx1_gen1_dep32_batch256_eplb288_mtp1 = 256 (8,192, 8,192), 10-13 stp/ctx1_gen1_dep32_batch{16,64,128,256}_...
+# = 16, 64, 128, 256 (512, 2,048, 4,096, 8,192 for 563, 2,048, 4,096, 8,192). GB200 FP4 8k/1k: 2
+# mtp/ctx7_gen1_dep16_batch64_eplb256_mtp1 = 64 (1,024, 1,229), 3 mtp/ctx8_gen1_dep32_batch16_eplb0_mtp3 = 16 (512,
+# 666), 4 mtp/ctx11_gen1_dep16_batch256_eplb256_mtp1 = 256 (4,096, 4,301), 6 stp/ctx2_gen1_dep32_batch8_eplb0_mtp0 = 8
+# (256, 333), 7 stp/ctx7_gen1_dep32_batch32_eplb0_mtp0 = 32 (1,024, 1,229), 8 stp/ctx8_gen1_dep16_batch128_eplb0_mtp0
+# = 128 (2,048, 2,253), 9 stp/ctx10_gen1_dep16_batch256_eplb256_mtp0 = 256 (4,096, 4,096). GB200 FP8 1k/1k: 0
+# mtp/ctx1_gen1_dep8_batch{512,256}_eplb0_mtp1_{4301,2151} = 512, 256 (4,096, 2,048), 1
+# mtp/ctx1_gen1_dep16_batch64_eplb0_mtp1_1229 = 64 (1,024), 2 mtp/ctx1_gen1_dep32_batch16_eplb0_mtp3_615 = 16 (512), 4
+# stp/ctx1_gen1_dep8_batch{768,512}_eplb0_mtp0_{6144,4301} = 768, 512 (6,144, 4,096), 5
+# stp/ctx1_gen1_dep16_batch128_eplb0_mtp0_2151 = 128 (2,048). GB200 FP8 1k/8k: 0
+# mtp/ctx1_gen2_dep16_batch{256,64}_eplb0_mtp1_{8192,2152} = 256, 64 (2 x 4,096, 2 x 1,024), 3
+# stp/ctx1_gen2_dep16_batch256_eplb0_mtp0_8192 = 256 (2 x 4,096), 4 stp/ctx1_gen1_dep32_batch{64,16}_eplb0_mtp0_{2048,
+# 564} = 64, 16 (2,048, 512). GB200 FP8 8k/1k: 0 mtp/ctx3_gen1_dep8_batch64_eplb0_mtp3_666 = 64 (512), 1
+# mtp/ctx5_gen1_dep16_batch32_eplb0_mtp3_666 = 32 (512), 2 mtp/ctx3_gen1_dep16_batch16_eplb0_mtp3_333 = 16 (256), 3
+# mtp/ctx4_gen1_dep32_batch8_eplb0_mtp3_333 = 8 (256), 6 stp/ctx5_gen1_dep16_batch64_eplb0_mtp0_1229 = 64 (1,024), 7
+# stp/ctx4_gen1_dep32_batch16_eplb0_mtp0_666 = 16 (512), 8 stp/ctx3_gen1_dep16_batch32_eplb0_mtp0_615 = 32 (512), 9
+# stp/ctx2_gen1_dep32_batch8_eplb0_mtp0_333 = 8 (256). Not carried (the simulator has no knob for them, or they bind
+# nothing): the decode `max_num_tokens` (at or above batch x (MTP + 1) in every file but B200 FP8 8k/1k 640 clients,
+# 512 under a 640 batch, where 80 a rank run), the CUDA-graph batch lists, B200 FP8 8k/1k MTP's
+# `attention_dp_config: enable_balance` (docs/validate-accuracy.md "caps").
 _DECODE_BATCH: dict[tuple[str, str, str, int, int], tuple[int | tuple[int, ...], ...]] = {
-    ("trtllm", "b200_sxm", "fp4", 1024, 1024): (0, 0, 1, 32, 0, 0, 0, 0, 0, 1, 32, 0),
-    ("trtllm", "b200_sxm", "fp4", 8192, 1024): (8, 16, 1, 8, 0, 0, 0, 1, 8, 0, 0, 0, 0),
+    ("trtllm", "b200_sxm", "fp4", 1024, 1024): (64, 16, 1, 32, 128, 512, 512, 128, 32, 1, 32, 64),
+    ("trtllm", "b200_sxm", "fp4", 8192, 1024): (8, 16, 1, 8, 64, 192, 32, 1, 8, 64, 192, 32, 128),
     ("trtllm", "b200_sxm", "fp8", 1024, 1024): (1, 4, 8, 32, 16, 32, 48, 96, 1024, 1024, 1024, 48, 512, 128),
-    ("trtllm", "b200_sxm", "fp8", 8192, 1024): (8, 32, 8, 16, 8, 0, 0, 1, 32, 32, 16, 128, 64, 256, 0),
-    ("trtllm", "b300_sxm", "fp4", 1024, 1024): (0, 0, 1, 32, 0, 0, 0, 0, 1, 4, 64, 0, 0, 0),
-    ("trtllm", "b300_sxm", "fp8", 1024, 1024): (1, 16, 0, 0, 0, 0, 0, 0, 0, 64, 64, 0, 0),
-    ("trtllm", "b300_sxm", "fp4", 8192, 1024): (0, 8, 1, 4, 16, 0, 32, 16, 1, 2, 0, 0, 0),
-    ("trtllm", "b300_sxm", "fp8", 8192, 1024): (16, 1, 4, 8, 16, 0, 16, 2, 32, 0, 64, 0, 0),
-    ("trtllm", "h100_sxm", "fp8", 1024, 1024): ((1, 2, 8, 16, 32), 4, 0, 0, 0, (1, 2, 8, 16), (4, 8, 16, 32), 0),
-    ("trtllm", "h100_sxm", "fp8", 8192, 1024): ((1, 2, 8), 4, 8, (1, 2, 8), 64, 0),
+    ("trtllm", "b200_sxm", "fp8", 8192, 1024): (8, 32, 8, 16, 8, 32, 128, 1, 32, 32, 16, 128, 64, 256, 640),
+    ("trtllm", "b300_sxm", "fp4", 1024, 1024): (64, 16, 1, 32, 256, 512, 768, 64, 1, 4, 64, 512, 1024, 256),
+    ("trtllm", "b300_sxm", "fp8", 1024, 1024): (1, 16, 256, 128, 16, 512, 256, 128, 48, 64, 64, 64, 1024),
+    ("trtllm", "b300_sxm", "fp4", 8192, 1024): (256, 8, 1, 4, 16, 128, 32, 16, 1, 2, 32, 128, 256),
+    ("trtllm", "b300_sxm", "fp8", 8192, 1024): (16, 1, 4, 8, 16, 64, 16, 2, 32, 64, 64, 128, 384),
+    ("trtllm", "h100_sxm", "fp8", 1024, 1024): ((1, 2, 8, 16, 32), 4, 128, 32, 64, (1, 2, 8, 16), (4, 8, 16, 32), 256),
+    ("trtllm", "h100_sxm", "fp8", 8192, 1024): ((1, 2, 8), 4, 8, (1, 2, 8), 64, 16),
     ("trtllm", "h200_sxm", "fp8", 1024, 1024): (256, 128, 256, 128, 128, 256, 128, 128, 128, 512, 512, 512, 256, 256),
     ("trtllm", "h200_sxm", "fp8", 8192, 1024): (32, 32, 32, 32, 64, 512, 32, 32, 16, 32, 256, 32, 128, 32, 128, 256),
-    ("trtllm", "gb200", "fp4", 1024, 1024): (4, 8, 0, 0, 0, 0, 0, 0, 32, 1, 0, 0),
-    ("trtllm", "gb200", "fp4", 1024, 8192): (4, 1, 4, 0, 0, 0, 0, 1, 4, 8, 0, 0, 0, 0),
-    ("trtllm", "gb200", "fp4", 8192, 1024): (8, 4, 0, 0, 0, (16, 16, 16, 1), 0, 0, 0, 0),
-    ("trtllm", "gb200", "fp8", 1024, 1024): (0, 0, 0, (8, 4, 2), 0, 0, (32, 8), (8, 1)),
-    ("trtllm", "gb200", "fp8", 1024, 8192): (0, (16, 2), 2, 0, 0, (8, 1)),
-    ("trtllm", "gb200", "fp8", 8192, 1024): (0, 0, 0, 0, 2, (4, 2), 0, 0, 0, 0, (16, 4, 1)),
+    ("trtllm", "gb200", "fp4", 1024, 1024): (4, 8, 256, 64, 768, 512, 16, 768, 32, 1, 256, 64),
+    ("trtllm", "gb200", "fp4", 1024, 8192): (4, 1, 4, 16, 64, 128, 256, 1, 4, 8, 16, 64, 128, 256),
+    ("trtllm", "gb200", "fp4", 8192, 1024): (8, 4, 64, 16, 256, (16, 16, 16, 1), 8, 32, 128, 256),
+    ("trtllm", "gb200", "fp8", 1024, 1024): ((512, 256), 64, 16, (8, 4, 2), (768, 512), 128, (32, 8), (8, 1)),
+    ("trtllm", "gb200", "fp8", 1024, 8192): ((256, 64), (16, 2), 2, 256, (64, 16), (8, 1)),
+    ("trtllm", "gb200", "fp8", 8192, 1024): (64, 32, 16, 8, 2, (4, 2), 64, 16, 32, 8, (16, 4, 1)),
     ("trtllm", "gb300", "fp4", 1024, 1024): (768, 8, (1, 8, 8, 8, 8), 128, 32, (1, 32, 32, 32, 32), 1024, 32, 256, 64),
     ("trtllm", "gb300", "fp4", 1024, 8192): ((1, 8), (16, 64), 256, 512, (1, 32), 4, (32, 128, 256)),
     ("trtllm", "gb300", "fp4", 8192, 1024): (8, (1, 4, 4), 4, 8, 256, 32, 64, 16, (1, 2), 4, 16, 64, 256, 128),
