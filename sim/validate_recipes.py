@@ -582,22 +582,32 @@ def _dsr1_b200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: boo
                   unmodelled="cuda_graph_config, --max_batch_size")
 
 
-def _dsr1_h200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe | None:
-    # H200's MTP and non-MTP benchmarks share one image (release:1.1.0rc2.post2), but only
-    # dsr1-fp8-h200-trt-mtp runs more than 64 clients (dsr1-fp8-h200-trt's search space ends at 64 for
-    # every ISL/OSL; nvidia-master.yaml @48f302c): those rows are MTP runs, the rest are not told apart.
-    # benchmarks/dsr1_fp8_h200_trt_mtp.sh @1fc5d73: MTP=1 with DP_ATTENTION=true, else 3;
-    # kv_cache_config free_gpu_memory_fraction 0.75.
-    if conc <= 64:
-        return None
+def _dsr1_fp8_h200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
+    # benchmarks/dsr1_fp8_h200_trt_mtp.sh @1fc5d73 (the script of dsr1-fp8-h200-trt-mtp, image
+    # release:1.1.0rc2.post2): `MOE_BACKEND="CUTLASS"`, MTP=1 with DP_ATTENTION=true, else 3;
+    # kv_cache_config free_gpu_memory_fraction 0.75 (dtype fp8, no block reuse); stream_interval 10;
+    # cuda_graph_config max_batch_size 128 with padding; `--max_batch_size` CONC (CONC / TP with DP_ATTENTION) and
+    # `--max_num_tokens $(( ((MTP+1)*MAX_BATCH_SIZE+ISL+64+63)/64*64 ))` (mtp_script_max_num_tokens; a rank's
+    # under attention DP: rank_max_num_tokens); attention_dp_config timeout_iters 60 with DP_ATTENTION.
     mtp = 1 if attention_dp else 3
-    return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp8_h200_trt_mtp.sh @1fc5d73 (over 64 clients only "
-                  "dsr1-fp8-h200-trt-mtp runs: .github/configs/nvidia-master.yaml @48f302c)",
+    return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp8_h200_trt_mtp.sh @1fc5d73 (dsr1-fp8-h200-trt-mtp)",
                   stream_interval=10, mtp=mtp, mem_fraction=0.75,
                   max_num_tokens=0 if attention_dp else mtp_script_max_num_tokens(mtp, conc, isl),
                   mtp_rank_budget=attention_dp,  # a rank's under attention DP (rank_max_num_tokens)
                   adp_balance_iters=ADP_BALANCE_TIMEOUT_ITERS,  # `attention_dp_config` (DP_ATTENTION only)
                   unmodelled="moe_config backend CUTLASS, cuda_graph_config, --max_batch_size")
+
+
+def _dsr1_h200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe | None:
+    # H200's MTP and non-MTP benchmarks share one image (release:1.1.0rc2.post2), but only
+    # dsr1-fp8-h200-trt-mtp runs more than 64 clients (dsr1-fp8-h200-trt's search space ends at 64 for
+    # every ISL/OSL; nvidia-master.yaml @48f302c): those rows are MTP runs. The rows up to 64 are told by
+    # layout and date where they can be (fp8_h200_rc2_runs_mtp, LAYOUT_IMAGES); this rule serves the rest.
+    if conc <= 64:
+        return None
+    r = _dsr1_fp8_h200_trt_mtp(isl, osl, conc, tp, attention_dp)
+    return replace(r, source=f"{_INFERENCEX_REPO} benchmarks/dsr1_fp8_h200_trt_mtp.sh @1fc5d73 (over 64 clients "
+                   "only dsr1-fp8-h200-trt-mtp runs: .github/configs/nvidia-master.yaml @48f302c)")
 
 
 def _dsr1_fp8_b200_trt_rc6(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
@@ -878,14 +888,26 @@ def _in_space(space: dict, isl: int, osl: int, conc: int, layout: tuple[int, int
     return any((tp, ep, dp) == layout and lo <= conc <= hi for tp, ep, dp, lo, hi in space.get((isl, osl), ()))
 
 
-# The measurement dates (the dump rows' `measured=`) of the B200 DeepSeek-R1 1.1.0rc2.post2 sweeps that ran the MTP
-# configurations (dsr1-fp4-b200-trt-mtp, dsr1-fp8-b200-trt-mtp). The development rows of that image (FP4 and FP8, 40)
-# were measured on two days. Every one measured 2026-01-14 lies in its precision's MTP search space, seven in it
-# alone (e.g. FP4 1k/1k TP 4 EP 4 at 16 clients, FP8 1k/1k attention DP 8 at 128), none in the plain space alone;
-# every one measured 2025-12-15 lies in the plain space alone (e.g. FP4 1k/1k TP 4 at 32 clients, FP8 8k/1k TP 8
-# EP 8 at 64). The dump keeps one record a point, so a point both spaces hold measured 2026-01-14 is the MTP
-# configuration's: the plain configurations' own points carry the other day.
-B200_RC2_MTP_SWEEPS = ("2026-01-14",)
+# The measurement dates (the dump rows' `measured=`) of the DeepSeek-R1 1.1.0rc2.post2 sweep that ran the MTP
+# configurations. InferenceX PR #392 added the three of them, dsr1-fp4-b200-trt-mtp, dsr1-fp8-b200-trt-mtp and
+# dsr1-fp8-h200-trt-mtp (perf-changelog.yaml @000de6d: "Add MTP (Multi-Token Prediction) support for single-node
+# TRT configs"), and 2026-01-14 is the date of those three groups only: of every row in the dump, the ones measured
+# that day are the B200 FP4 and FP8 and the H200 FP8 TensorRT-LLM DeepSeek-R1 aggregated rows of that image (the
+# 2026-03-25 export stamps its B200 FP4 and H200 records of that day alike, 22:26:21Z).
+# B200: the development rows of that image (FP4 and FP8, 40) were measured on two days. Every one measured
+# 2026-01-14 lies in its precision's MTP search space, seven in it alone (e.g. FP4 1k/1k TP 4 EP 4 at 16 clients,
+# FP8 1k/1k attention DP 8 at 128), none in the plain space alone; every one measured 2025-12-15 lies in the plain
+# space alone (e.g. FP4 1k/1k TP 4 at 32 clients, FP8 8k/1k TP 8 EP 8 at 64). The dump keeps one record a point,
+# so a point both spaces hold measured 2026-01-14 is the MTP configuration's: the plain configurations' own points
+# carry the other day.
+# H200 (_FP8_H200_RC2_PLAIN, _FP8_H200_RC2_MTP; configuration columns and dates read, no figure): the rows of that
+# image measured 2026-01-14 (41 development records) are the 21 points of dsr1-fp8-h200-trt-mtp's space, every one
+# of them and no other, six in it alone; the rows measured 2025-12-15 (B200's plain day; 15 records, all held out,
+# the dump names their model DeepSeek-V3) are the 15 points of dsr1-fp8-h200-trt's space, every one and no other.
+# Two development records carry 2026-01-28 (1k/8k TP 8 EP 8 at 64 clients, both spaces; 1k/8k attention DP 8 at
+# 256, the MTP space alone), stamped with the same second as two H200 gpt-oss-120b TensorRT-LLM records: a run of
+# several configurations, not either sweep; the first stays untold.
+RC2_MTP_SWEEPS = ("2026-01-14",)
 
 
 def measured_date(row: Any) -> str:
@@ -895,30 +917,45 @@ def measured_date(row: Any) -> str:
     return src[at + 9:at + 19] if at >= 0 else ""
 
 
-def fp4_b200_rc2_runs_mtp(isl: int, osl: int, conc: int, tp: int, ep: int, attention_dp: int,
-                          measured: str = "") -> bool | None:
-    """True / False where only dsr1-fp4-b200-trt-mtp / dsr1-fp4-b200-trt ran this layout (TP as attention's
-    tensor parallel size, or the ranks under attention DP) at this count, or where both did and the row was
-    measured on a day only the MTP configurations ran (B200_RC2_MTP_SWEEPS); None where nothing tells."""
+def _rc2_runs_mtp(plain_space: dict, mtp_space: dict, isl: int, osl: int, conc: int, tp: int, ep: int,
+                  attention_dp: int, measured: str) -> bool | None:
+    """True / False where only the MTP / the plain configuration's search space holds this layout (TP as
+    attention's tensor parallel size, or the ranks under attention DP) at this count, or True where both do and
+    the row was measured on the MTP sweep's day (RC2_MTP_SWEEPS); None where nothing tells."""
     layout = (max(tp, attention_dp), ep, attention_dp > 1)
-    mtp = _in_space(_FP4_B200_RC2_MTP, isl, osl, conc, layout)
-    plain = _in_space(_FP4_B200_RC2_PLAIN, isl, osl, conc, layout)
+    mtp = _in_space(mtp_space, isl, osl, conc, layout)
+    plain = _in_space(plain_space, isl, osl, conc, layout)
     if mtp != plain:
         return mtp
-    return True if mtp and measured in B200_RC2_MTP_SWEEPS else None
+    return True if mtp and measured in RC2_MTP_SWEEPS else None
+
+
+def _told_mtp(row: Any, runs_mtp: Callable[..., bool | None]) -> tuple[int, int, int, int, int] | None:
+    """(ISL, OSL, clients, TP, attention DP) of a row `runs_mtp` tells an MTP run (its folded dump layout
+    unfolded, its measurement date read), else None."""
+    from twinserve.sim.validate_layouts import aggregated_layout
+    tp, attention_dp, _, moe_ep = aggregated_layout(row)
+    isl, osl, conc = _int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1)
+    if runs_mtp(isl, osl, conc, tp, moe_ep, attention_dp, measured_date(row)) is not True:
+        return None
+    return isl, osl, conc, tp, attention_dp
+
+
+def fp4_b200_rc2_runs_mtp(isl: int, osl: int, conc: int, tp: int, ep: int, attention_dp: int,
+                          measured: str = "") -> bool | None:
+    """_rc2_runs_mtp over dsr1-fp4-b200-trt's and dsr1-fp4-b200-trt-mtp's spaces."""
+    return _rc2_runs_mtp(_FP4_B200_RC2_PLAIN, _FP4_B200_RC2_MTP, isl, osl, conc, tp, ep, attention_dp, measured)
 
 
 def _dsr1_fp4_b200_trt_rc2(row: Any) -> Recipe | None:
     # The MTP configuration's script: benchmarks/dsr1_fp4_b200_trt_mtp.sh @13dd0c2 (MTP 3 and TRTLLM experts, or
     # MTP 1 and CUTLASS under attention DP; the CUTLASS kernel is not told apart by the price); plain or not told:
     # None (the image's other recipe stands).
-    from twinserve.sim.validate_layouts import aggregated_layout  # folded dump layouts unfolded
-    tp, attention_dp, _, moe_ep = aggregated_layout(row)
-    if fp4_b200_rc2_runs_mtp(_int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1),
-                             tp, moe_ep, attention_dp, measured_date(row)) is not True:
+    told = _told_mtp(row, fp4_b200_rc2_runs_mtp)
+    if told is None:
         return None
-    r = _dsr1_b200_trt_mtp(_int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1), tp,
-                           attention_dp > 1)
+    isl, osl, conc, tp, attention_dp = told
+    r = _dsr1_b200_trt_mtp(isl, osl, conc, tp, attention_dp > 1)
     return replace(r, source=f"{_INFERENCEX_REPO} benchmarks/dsr1_fp4_b200_trt_mtp.sh @13dd0c2 (image "
                    "1.1.0rc2.post2: dsr1-fp4-b200-trt-mtp's layout at this count, or its sweep's date; "
                    "nvidia-master.yaml @0a919c5 and InferenceMAX @525079a)")
@@ -943,15 +980,8 @@ _FP8_B200_RC2_MTP = {
 
 def fp8_b200_rc2_runs_mtp(isl: int, osl: int, conc: int, tp: int, ep: int, attention_dp: int,
                           measured: str = "") -> bool | None:
-    """True / False where only dsr1-fp8-b200-trt-mtp / dsr1-fp8-b200-trt ran this layout at this count (TP as
-    attention's tensor parallel size, or the ranks under attention DP), or where both did and the row was measured
-    on a day only the MTP configurations ran (B200_RC2_MTP_SWEEPS); None where nothing tells."""
-    layout = (max(tp, attention_dp), ep, attention_dp > 1)
-    mtp = _in_space(_FP8_B200_RC2_MTP, isl, osl, conc, layout)
-    plain = _in_space(_FP8_B200_RC2_PLAIN, isl, osl, conc, layout)
-    if mtp != plain:
-        return mtp
-    return True if mtp and measured in B200_RC2_MTP_SWEEPS else None
+    """_rc2_runs_mtp over dsr1-fp8-b200-trt's and dsr1-fp8-b200-trt-mtp's spaces."""
+    return _rc2_runs_mtp(_FP8_B200_RC2_PLAIN, _FP8_B200_RC2_MTP, isl, osl, conc, tp, ep, attention_dp, measured)
 
 
 def _dsr1_fp8_b200_trt_mtp_rc2(isl: int, osl: int, conc: int, tp: int, attention_dp: bool) -> Recipe:
@@ -968,12 +998,48 @@ def _dsr1_fp8_b200_trt_mtp_rc2(isl: int, osl: int, conc: int, tp: int, attention
 def _dsr1_fp8_b200_trt_rc2(row: Any) -> Recipe | None:
     # The MTP configuration's script where fp8_b200_rc2_runs_mtp says so; otherwise None (the image's other recipe,
     # _dsr1_trt, stands).
-    from twinserve.sim.validate_layouts import aggregated_layout  # folded dump layouts unfolded
-    tp, attention_dp, _, moe_ep = aggregated_layout(row)
-    isl, osl, conc = _int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1)
-    if fp8_b200_rc2_runs_mtp(isl, osl, conc, tp, moe_ep, attention_dp, measured_date(row)) is not True:
+    told = _told_mtp(row, fp8_b200_rc2_runs_mtp)
+    if told is None:
         return None
+    isl, osl, conc, tp, attention_dp = told
     return _dsr1_fp8_b200_trt_mtp_rc2(isl, osl, conc, tp, attention_dp > 1)
+
+
+# DeepSeek-R1 FP8 H200 TensorRT-LLM from release:1.1.0rc2.post2: InferenceMAX/InferenceMAX nvidia-master.yaml @525079a
+# runs dsr1-fp8-h200-trt and dsr1-fp8-h200-trt-mtp from that image ("For all sequence lengths, EP=TP"; the MTP one
+# "MOE_BACKEND=CUTLASS, MTP=3 (or MTP=1 when DP_ATTN=true)"), over these (ISL, OSL) -> (TP, EP, attention DP, first,
+# last clients). The MTP space holds every plain point, and points past the plain one's: 1k/1k attention DP 8 at
+# 128-256, 1k/8k TP 8 EP 8 at 128 and attention DP 8 at 256, 8k/1k attention DP 8 at 128-256. So a row the plain
+# configuration could have run is told by its date alone (RC2_MTP_SWEEPS).
+_FP8_H200_RC2_PLAIN = {
+    (1024, 1024): ((8, 8, False, 4, 64),),
+    (1024, 8192): ((8, 8, False, 4, 64),),
+    (8192, 1024): ((8, 8, False, 4, 32), (8, 8, True, 64, 64)),
+}
+_FP8_H200_RC2_MTP = {
+    (1024, 1024): ((8, 8, False, 4, 64), (8, 8, True, 128, 256)),
+    (1024, 8192): ((8, 8, False, 4, 128), (8, 8, True, 256, 256)),
+    (8192, 1024): ((8, 8, False, 4, 32), (8, 8, True, 64, 256)),
+}
+
+
+def fp8_h200_rc2_runs_mtp(isl: int, osl: int, conc: int, tp: int, ep: int, attention_dp: int,
+                          measured: str = "") -> bool | None:
+    """_rc2_runs_mtp over dsr1-fp8-h200-trt's and dsr1-fp8-h200-trt-mtp's spaces."""
+    return _rc2_runs_mtp(_FP8_H200_RC2_PLAIN, _FP8_H200_RC2_MTP, isl, osl, conc, tp, ep, attention_dp, measured)
+
+
+def _dsr1_fp8_h200_trt_rc2(row: Any) -> Recipe | None:
+    # The MTP configuration's script (_dsr1_fp8_h200_trt_mtp) where fp8_h200_rc2_runs_mtp says so; otherwise None
+    # (MTP_IMAGES' rule past 64 clients, then the image's other recipe, _dsr1_trt).
+    told = _told_mtp(row, fp8_h200_rc2_runs_mtp)
+    if told is None:
+        return None
+    isl, osl, conc, tp, attention_dp = told
+    r = _dsr1_fp8_h200_trt_mtp(isl, osl, conc, tp, attention_dp > 1)
+    return replace(r, source=f"{_INFERENCEX_REPO} benchmarks/dsr1_fp8_h200_trt_mtp.sh @1fc5d73 (image "
+                   "1.1.0rc2.post2: dsr1-fp8-h200-trt-mtp's layout at this count, or its sweep's date; "
+                   "InferenceMAX nvidia-master.yaml @525079a)")
 
 
 # (backend, model, system, precision, backend_version) -> the recipe of a row told by its image and layout
@@ -981,6 +1047,7 @@ def _dsr1_fp8_b200_trt_rc2(row: Any) -> Recipe | None:
 LAYOUT_IMAGES: dict[tuple[str, str, str, str, str], Callable[[Any], Recipe | None]] = {
     ("trtllm", "DeepSeek-R1", "b200_sxm", "fp4", "1.1.0rc2.post2"): _dsr1_fp4_b200_trt_rc2,
     ("trtllm", "DeepSeek-R1", "b200_sxm", "fp8", "1.1.0rc2.post2"): _dsr1_fp8_b200_trt_rc2,
+    ("trtllm", "DeepSeek-R1", "h200_sxm", "fp8", "1.1.0rc2.post2"): _dsr1_fp8_h200_trt_rc2,
 }
 
 

@@ -502,7 +502,7 @@ def test_an_fp4_b200_rc2_row_only_the_mtp_config_ran_drafts() -> None:
 
 
 # The B200 1.1.0rc2.post2 sweeps: the MTP configurations' rows were measured 2026-01-14, the plain ones' 2025-12-15
-# (sim/validate_recipes.py B200_RC2_MTP_SWEEPS).
+# (sim/validate_recipes.py RC2_MTP_SWEEPS).
 _MTP_DAY = _IX + "; measured=2026-01-14T00:00:00.000Z"
 _PLAIN_DAY = _IX + "; measured=2025-12-15T00:00:00.000Z"
 
@@ -544,6 +544,40 @@ def test_an_fp4_b200_rc2_row_both_configs_hold_drafts_on_the_mtp_sweeps_day() ->
             "moe_ep_size": 4}
     assert row_recipe(_row(**base, silicon_data_source=_MTP_DAY)).mtp == 3
     assert row_recipe(_row(**base, silicon_data_source=_PLAIN_DAY)).mtp == 0
+
+
+@pytest.mark.parametrize("isl, osl, conc, tp, ep, adp, measured, mtp", [
+    # dsr1-fp8-h200-trt and -mtp from release:1.1.0rc2.post2 (InferenceMAX nvidia-master.yaml @525079a), EP = TP 8;
+    # the MTP space holds every plain point, so the day tells (RC2_MTP_SWEEPS):
+    (1024, 8192, 4, 8, 8, 1, "2026-01-14", True),    # both spaces, the MTP sweep's day
+    (1024, 1024, 64, 8, 8, 1, "2026-01-14", True),
+    (8192, 1024, 64, 1, 8, 8, "2026-01-14", True),   # attention DP 8 at 64: both spaces
+    (1024, 1024, 4, 8, 8, 1, "2025-12-15", None),    # the plain sweep's day
+    (1024, 8192, 64, 8, 8, 1, "2026-01-28", None),   # another day
+    (1024, 8192, 16, 8, 8, 1, "", None),             # no date
+    (1024, 8192, 128, 8, 8, 1, "", True),            # TP 8 EP 8 at 128: the MTP space only
+    (8192, 1024, 64, 8, 8, 1, "2026-01-14", None),   # TP 8 EP 8 at 8k/1k 64: neither space
+    (1024, 1024, 16, 8, 1, 1, "2026-01-14", None),   # EP 1: neither space
+])
+def test_fp8_h200_rc2_rows_are_told_by_the_mtp_sweeps_day(isl, osl, conc, tp, ep, adp, measured, mtp) -> None:
+    from twinserve.sim.validate_recipes import fp8_h200_rc2_runs_mtp
+    assert fp8_h200_rc2_runs_mtp(isl, osl, conc, tp, ep, adp, measured) is mtp
+
+
+def test_an_fp8_h200_rc2_row_of_the_mtp_sweep_drafts_with_the_mtp_scripts_budget() -> None:
+    # The dump's folded TP 8 EP 8 (tp_size 64 = moe_tp 8 x moe_ep 8), 1k/8k at 16 clients.
+    base = {"backend": "trtllm", "precision": "fp8", "backend_version": "1.1.0rc2.post2", "mode": "agg",
+            "system": "h200_sxm", "osl": 8192, "concurrency": 16, "pp_size": 1, "tp_size": 64,
+            "attention_dp_size": 1, "moe_tp_size": 8, "moe_ep_size": 8}
+    r = row_recipe(_row(**base, silicon_data_source=_MTP_DAY))
+    assert r.mtp == 3 and r.mem_fraction == 0.75 and "dsr1_fp8_h200_trt_mtp.sh @1fc5d73" in r.source
+    assert r.max_num_tokens == 1152  # ((3 + 1) x 16 + 1024 + 64 + 63) // 64 x 64
+    r = row_recipe(_row(**base, silicon_data_source=_PLAIN_DAY))
+    assert r.mtp == 0 and "dsr1_fp8_h200_trt.sh @1fc5d73" in r.source
+    # 8k/1k attention DP 8 (tp_size 1, attention_dp_size 64 folded) at 64 clients, both spaces: MTP 1, a rank's budget
+    r = row_recipe(_row(**{**base, "isl": 8192, "osl": 1024, "concurrency": 64, "tp_size": 1,
+                           "attention_dp_size": 64}, silicon_data_source=_MTP_DAY))
+    assert r.mtp == 1 and r.mtp_rank_budget and r.mem_fraction == 0.75
 
 
 # The launch-settings audit of the held-out InferenceX groups (docs/validate-accuracy.md, "Held-out launch settings").
