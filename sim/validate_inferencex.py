@@ -37,6 +37,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+from twinserve.sim.validate_twins import PLAIN_SIBLING
+
 _SOURCE = "SemiAnalysisAI/InferenceX .github/configs/nvidia-master.yaml @0004cf5"
 MTP_DEPTH_NOT_GIVEN = -1  # an MTP entry whose recipe gives no depth (the SGLang ones' is SGLANG_MTP_STEPS)
 # A drafting batch used to step one step at a time: a disaggregated MTP row of 8,609 clients took 172 CPU s
@@ -1302,7 +1304,17 @@ def candidates(row: Any) -> list[Entry]:
     if table is TABLE and _is_db_dump_twin(row) and (not dated or len({(e.prefill, e.decode) for e in fits}) > 1):
         by_twin = _layout_fits(key, fits, row, "twin_")
         return by_twin if by_twin or not dated else fits
-    return fits if dated else []
+    return _not_plain_sibling(key, fits, row) if dated and table is TABLE else fits if dated else []
+
+
+def _not_plain_sibling(key: tuple, fits: list[Entry], row: Any) -> list[Entry]:
+    """`fits` without the plain entries of the layout of a db-dump-twinned plain run beside the row (another run at
+    its configuration, client count and measured day: validate_twins.add_plain_siblings), where any entry stays."""
+    if not fits or _num(row.get(f"{PLAIN_SIBLING}decode_num_workers")) is None:
+        return fits
+    sibling = set(_layout_fits(key, [e for e in fits if e.mtp == 0], row, PLAIN_SIBLING))
+    rest = [e for e in fits if e not in sibling]
+    return rest if rest and sibling else fits
 
 
 def _own_entries(row: Any, table: dict, key: tuple) -> list[Entry]:

@@ -28,7 +28,7 @@ from twinserve.sim.validate_engines import SGLANG_DECODE_JOIN_ROW, SGLANG_DECODE
 from twinserve.sim.validate_inferencex import (MTP_SIMULATED_MAX_CLIENTS, agreed_mtp, assumed_entry, db_dump_record,
                                                decode_moe_a2a, inferencex_workers, prefill_moe_a2a,
                                                redundant_experts)
-from twinserve.sim.validate_twins import add_twins, twin_of
+from twinserve.sim.validate_twins import add_plain_siblings, add_twins, twin_of
 from twinserve.sim.validate_recipes import (apply_disagg_recipe, apply_kernels, apply_memory, apply_recipe,
                                             apply_speculative, disagg_fp8_moe_kernel, disagg_prefill_trtgen,
                                             disagg_recipe, disagg_wide_ep, kv_cache_dtype,
@@ -100,8 +100,9 @@ def prepare_rows(df: pd.DataFrame) -> pd.DataFrame:
     df["model"] = df["model_path"].map(model_name)
     df["split"] = df["model"].map(lambda m: "dev" if m in DEV_MODELS else "heldout")
     # A disaggregated row without worker counts takes them from the file's other record of the same
-    # measurement, where it has one (sim/validate_twins.py).
-    return add_twins(df)
+    # measurement, where it has one; a row beside a twinned plain run of its client count is told apart from
+    # it (sim/validate_twins.py add_plain_siblings).
+    return add_plain_siblings(add_twins(df))
 
 
 def model_name(model_path: str) -> str:

@@ -74,6 +74,60 @@ def add_twins(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+# InferenceX's database dump holds no MTP run: of the DeepSeek-R1 InferenceMAX-dump rows whose fitting matrix entries
+# (sim/validate_inferencex.py candidates) all ran MTP, none (0 of 328) has a db-dump twin, where 232 of the 397 whose
+# entries all ran plain have one (counted on aiconfigurator-core 0.12's silicon_sample.csv, 2026-12-06; layouts
+# and sources only, no measured figure compared but as the twin key). A dump row's db-dump twin is thus a plain
+# run. Where a client count's entries include a plain one and an MTP one (e.g. H100 TensorRT-LLM 1k/1k at 6
+# clients: nvidia-master.yaml @0004cf5's 3-decode-worker TEP 16 entries with and without MTP 3), the dumps hold
+# both runs, and the one without a twin measured the same day with other figures is not the twinned plain
+# entry's run: PLAIN_SIBLING columns carry that twin's layout, and validate_inferencex.candidates drops the
+# plain entries of that layout from the row's fits.
+PLAIN_SIBLING = "plain_sib_"  # prefix of the columns holding the db-dump twin layout of a same-key plain run
+_DB_DUMP_TWIN = "dsr1_"  # a db-dump record's id prefix (validate_inferencex._is_db_dump_twin)
+_DUMP_PREFIXES = ("source_file=2026-03-25.csv", "source_file=2026-04-06.csv")
+_RUN_KEY = ("backend", "system", "precision", "isl", "osl", "concurrency")
+
+
+def _measured_day(src: str) -> str:
+    for part in str(src).split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == "measured":
+            return value[:10]
+    return ""
+
+
+def add_plain_siblings(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with PLAIN_SIBLING<field> columns on each InferenceMAX-dump disaggregated row without a db-dump twin
+    that shares its configuration, client count and measured day with dump rows of other measured figures whose
+    db-dump twins all have one layout (that layout; NaN elsewhere). Needs add_twins' columns."""
+    out = df.copy()
+    for f in LAYOUT_FIELDS:
+        out[f"{PLAIN_SIBLING}{f}"] = float("nan")
+    if TWIN_ID not in df.columns or not set(_RUN_KEY + ("mode", "silicon_data_source")).issubset(df.columns):
+        return out
+    dump = df[(df["mode"] == "disagg") & df["silicon_data_source"].astype(str).str.startswith(_DUMP_PREFIXES)]
+    if dump.empty:
+        return out
+    dump = dump.assign(_day=dump["silicon_data_source"].map(_measured_day),
+                       _twin=dump[TWIN_ID].map(lambda t: isinstance(t, str) and t.startswith(_DB_DUMP_TWIN)))
+    for _, group in dump.groupby(list(_RUN_KEY) + ["_day"], sort=False):
+        twinned = group[group["_twin"]]
+        if twinned.empty or len(twinned) == len(group):
+            continue
+        figures = {(round(t, _DECIMALS), round(p, _DECIMALS))
+                   for t, p in zip(twinned["silicon_ttft_ms"], twinned["silicon_tpot_ms"])}
+        layouts = twinned[[f"twin_{f}" for f in LAYOUT_FIELDS]].fillna(-1).drop_duplicates()
+        if len(layouts) != 1:
+            continue
+        for idx, row in group[~group["_twin"]].iterrows():
+            if (round(row["silicon_ttft_ms"], _DECIMALS), round(row["silicon_tpot_ms"], _DECIMALS)) in figures:
+                continue  # the twinned run itself, printed without its twin
+            for f in LAYOUT_FIELDS:
+                out.at[idx, f"{PLAIN_SIBLING}{f}"] = twinned.iloc[0][f"twin_{f}"]
+    return out
+
+
 def twin_of(row: pd.Series) -> str | None:
     """The id of the row's twin record (add_twins), or None."""
     v = row.get(TWIN_ID)

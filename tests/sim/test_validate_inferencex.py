@@ -24,8 +24,11 @@ PREFILL_EP1_MTP = "2026_03_25_deepseek_r1_b200_sxm_trtllm_fp8_disagg_8192x1024_c
 PREFILL_EP1_PLAIN = "2026_03_25_deepseek_r1_b200_sxm_trtllm_fp8_disagg_8192x1024_c32_tp8_0_ep1_0_432"
 # H200 8k/1k at 9 clients: no recipe read gives 9.
 UNLISTED = "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_8192x1024_c9_tp8_0_ep8_0_448"
-# B200 FP4 1k/1k at 10 clients: an MTP and a plain entry, with the same workers.
-MTP_OR_NOT = "2026_04_06_deepseek_r1_b200_sxm_trtllm_fp4_disagg_1024x1024_c10_tp4_ep4_1525"
+# B200 FP4 1k/1k at 10 clients: an MTP and a plain entry, with the same workers. The dumps hold both runs: the one
+# with a db-dump twin (config 320) is the plain one, but its own fits keep both entries; the other run (both dumps)
+# is told apart from it (sim/validate_twins.py add_plain_siblings) and ran the MTP entry.
+MTP_OR_NOT = "2026_03_25_deepseek_r1_b200_sxm_trtllm_fp4_disagg_1024x1024_c10_tp4_0_ep4_0_1152"
+MTP_BESIDE_PLAIN = "2026_04_06_deepseek_r1_b200_sxm_trtllm_fp4_disagg_1024x1024_c10_tp4_ep4_1525"
 # B300 FP4 1k/1k at 10 clients: MTP with TP 8 decode workers, plain with TP 4; the row's decode TP picks.
 B300_TP4, B300_TP8 = ("2026_03_25_deepseek_r1_b300_sxm_trtllm_fp4_disagg_1024x1024_c10_tp2_0_ep2_0_1219",
                       "2026_03_25_deepseek_r1_b300_sxm_trtllm_fp4_disagg_1024x1024_c10_tp2_0_ep2_0_1229")
@@ -149,6 +152,10 @@ def test_entries_agreeing_on_workers_but_not_mtp_give_the_workers_and_no_mtp(row
     assert (m.prefill.count, m.decode.count) == (1, 5)
     plan = row_plan(row)
     assert plan.counts == (1, 5) and "MTP or not" in plan.layout
+    beside = _row(rows, MTP_BESIDE_PLAIN)
+    m = inferencex_workers(beside)
+    assert m is not None and m.mtp == 3 and (m.prefill.count, m.decode.count) == (1, 5)
+    assert "ran MTP 3 (simulated" in row_plan(beside).layout
 
 
 def test_the_rows_decode_tp_picks_between_entries(rows) -> None:
@@ -959,16 +966,21 @@ def test_gb200_fp4_1k8k_at_28_clients_runs_its_recipes_seven_tep8_workers_with_m
         16, 16384, True)
 
 
-def test_gb200_fp4_1k8k_mtp_and_plain_runs_of_one_count_leave_mtp_unknown(rows) -> None:
+def test_gb200_fp4_1k8k_mtp_and_plain_runs_of_one_count_are_told_apart_by_the_twin(rows) -> None:
     # 7 and 8,192 clients: an MTP and a plain recipe with the same workers (the 2026-03-25 dump's two rows at each).
+    # The run with a db-dump twin is the plain one (its fits keep both: MTP unknown, run plain); the other run of
+    # the day ran the MTP recipe (sim/validate_twins.py add_plain_siblings): MTP 3 at 7 clients (drafted), MTP 1
+    # at 8,192 (recorded, not simulated past MTP_SIMULATED_MAX_CLIENTS).
     d = _gb200_1k8k_dump_rows(rows)
-    for conc, dec in ((7, Shape(7, 8, 8, False)), (8192, Shape(1, 32, 32, True))):
+    for conc, dec, depth in ((7, Shape(7, 8, 8, False), 3), (8192, Shape(1, 32, 32, True), 1)):
         at = d[d["concurrency"] == conc]
         assert len(at[at["silicon_data_source"].str.startswith("source_file=2026-03-25.csv")]) == 2
         for _, row in at.iterrows():
             m = inferencex_workers(row)
-            assert m is not None and m.decode == dec and m.mtp is None, row["id"]
-            assert not row_plan(row).cfg.speculative.enabled
+            twinned = isinstance(row["twin_id"], str)
+            assert m is not None and m.decode == dec and m.mtp == (None if twinned else depth), row["id"]
+            assert row_plan(row).cfg.speculative.enabled == (not twinned and conc <= 2560), row["id"]
+        assert at["twin_id"].notna().any() and at["twin_id"].isna().any()
 
 
 def test_gb200_fp4_1k8k_entries_agree_with_every_db_dump_twin_so_the_entry_comes_first(rows) -> None:

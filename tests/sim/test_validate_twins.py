@@ -102,3 +102,53 @@ def test_a_record_that_differs_is_no_twin(change: dict) -> None:
     for k, v in change.items():
         df.loc[1, k] = v
     assert twin_of(prepare_rows(df).iloc[0]) is None
+
+
+# H100 TensorRT-LLM FP8 1k/1k at 6 clients, both measured 2026-02-08: nvidia-master.yaml @0004cf5 has a plain and an
+# MTP 3 entry of the same workers (1 prefill DEP 16, 3 decode TEP 16). The 2026-03-25 dump holds two runs there;
+# one has a db-dump twin (config 494), a plain run (the db dump holds no MTP run: sim/validate_twins.py
+# add_plain_siblings), so the other ran the MTP entry.
+H100_TWINNED = "2026_03_25_deepseek_r1_h100_sxm_trtllm_fp8_disagg_1024x1024_c6_tp16_0_ep16_0_859"
+H100_BESIDE = "2026_03_25_deepseek_r1_h100_sxm_trtllm_fp8_disagg_1024x1024_c6_tp16_0_ep16_0_869"
+
+
+def test_a_run_beside_a_twinned_plain_run_ran_the_mtp_entry(rows) -> None:
+    from twinserve.sim.validate_inferencex import agreed_mtp, candidates
+    from twinserve.sim.validate_twins import PLAIN_SIBLING
+    twinned, beside = _row(rows, H100_TWINNED), _row(rows, H100_BESIDE)
+    assert twin_of(twinned) is not None and twin_of(beside) is None
+    assert {e.mtp for e in candidates(twinned)} == {0, 3}  # its own fits: the twin's layout is both entries'
+    assert beside[f"{PLAIN_SIBLING}decode_num_workers"] == 3
+    assert [e.mtp for e in candidates(beside)] == [3] and agreed_mtp(beside) == 3
+    plan = row_plan(beside)
+    assert plan.counts == (1, 3) and "ran MTP 3 (simulated" in plan.layout
+    assert plan.cfg.speculative.num_speculative_tokens == 3
+    assert "MTP or not" in row_plan(twinned).layout  # the twinned run's own study is unchanged
+
+
+def _runs(**beside: object) -> pd.DataFrame:
+    """Two InferenceMAX-dump runs of one configuration and client count, the first twinned by a db-dump record."""
+    base = dict(backend="trtllm", system="h100_sxm", precision="fp8", mode="disagg", isl=1024, osl=1024,
+                batch_size=float("nan"), attention_dp_size=float("nan"), model_path="deepseek-ai/DeepSeek-R1",
+                silicon_data_source="source_file=2026-03-25.csv; measured=2026-02-08T01:24:15Z",
+                **{f: float("nan") for f in LAYOUT_FIELDS})
+    plain = {**base, "id": "a_c6_plain", "silicon_ttft_ms": 12345.08, "silicon_tpot_ms": 14.01}
+    other = {**base, "id": "a_c6_other", "silicon_ttft_ms": 6909.49, "silicon_tpot_ms": 7.66, **beside}
+    twin = {**plain, "id": "dsr1_h100_c6_cfg494", "model_path": "deepseek-ai/DeepSeek-V3",
+            "silicon_data_source": "db-dump/2026-04-27; config_id=494",
+            **dict(zip(LAYOUT_FIELDS, (1, 1, 1, 16, 1, 16, 3, 16, 1, 1, 1, 16)))}
+    return pd.DataFrame([plain, other, twin])
+
+
+def test_add_plain_siblings_marks_the_other_run_of_the_same_day() -> None:
+    from twinserve.sim.validate_twins import PLAIN_SIBLING
+    df = prepare_rows(_runs())
+    col = f"{PLAIN_SIBLING}decode_num_workers"
+    assert twin_of(df.iloc[0]) == "dsr1_h100_c6_cfg494" and math.isnan(df.iloc[0][col])
+    assert df.iloc[1][col] == 3 and df.iloc[1][f"{PLAIN_SIBLING}decode_tp_size"] == 16
+    # another day's run, or the twinned run's own figures printed again, is not told apart
+    other_day = prepare_rows(_runs(silicon_data_source="source_file=2026-03-25.csv; measured=2026-02-09T00:00:00Z"))
+    assert math.isnan(other_day.iloc[1][col])
+    same = prepare_rows(_runs(silicon_data_source="source_file=2026-04-06.csv; measured=2026-02-08T00:00:00.000Z",
+                              silicon_ttft_ms=12345.08, silicon_tpot_ms=14.01))
+    assert math.isnan(same.iloc[1][col])
