@@ -912,9 +912,8 @@ RC2_MTP_SWEEPS = ("2026-01-14",)
 
 def measured_date(row: Any) -> str:
     """The `measured=YYYY-MM-DD` date of a dump row's silicon_data_source ('' where none)."""
-    src = str(row.get("silicon_data_source") or "")
-    at = src.find("measured=")
-    return src[at + 9:at + 19] if at >= 0 else ""
+    from twinserve.sim.validate_twins import measured_day
+    return measured_day(row.get("silicon_data_source") or "")
 
 
 def _rc2_runs_mtp(plain_space: dict, mtp_space: dict, isl: int, osl: int, conc: int, tp: int, ep: int,

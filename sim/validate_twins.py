@@ -18,6 +18,8 @@ twin's layout columns are read (its measured figures serve as the key; no error 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 # The layout columns a twin lends: each side's worker count and parallel sizes.
@@ -89,7 +91,8 @@ _DUMP_PREFIXES = ("source_file=2026-03-25.csv", "source_file=2026-04-06.csv")
 _RUN_KEY = ("backend", "system", "precision", "isl", "osl", "concurrency")
 
 
-def _measured_day(src: str) -> str:
+def measured_day(src: Any) -> str:
+    """The `measured=YYYY-MM-DD` day of a dump row's silicon_data_source ('' where none)."""
     for part in str(src).split(";"):
         key, _, value = part.strip().partition("=")
         if key == "measured":
@@ -109,7 +112,7 @@ def add_plain_siblings(df: pd.DataFrame) -> pd.DataFrame:
     dump = df[(df["mode"] == "disagg") & df["silicon_data_source"].astype(str).str.startswith(_DUMP_PREFIXES)]
     if dump.empty:
         return out
-    dump = dump.assign(_day=dump["silicon_data_source"].map(_measured_day),
+    dump = dump.assign(_day=dump["silicon_data_source"].map(measured_day),
                        _twin=dump[TWIN_ID].map(lambda t: isinstance(t, str) and t.startswith(_DB_DUMP_TWIN)))
     for _, group in dump.groupby(list(_RUN_KEY) + ["_day"], sort=False):
         twinned = group[group["_twin"]]
