@@ -57,6 +57,18 @@ class _Discounted:
                                "discounted")
         return self.inner.decode_step_times(num_seqs, context, max_steps, start, deadline)
 
+    # A verify row is priced as the inner model prices it: as 1 + k decode rows where it prices verify rows
+    # (aic; a profile fitted on verify steps), else as a (1 + k)-token chunk. Until 2026-12-06 the wrapper hid
+    # the inner model's choice, so a decode replica priced every verify row as a chunk, on aic's context graph.
+    @property
+    def prices_verify(self) -> bool:
+        """The inner model's prices_verify (False where it has none)."""
+        return bool(getattr(self.inner, "prices_verify", False))
+
+    def verify_time(self, num_spec_reqs: int, num_draft_tokens: int) -> float:
+        """The inner model's verify_time: seconds verify rows add beyond their price as decode rows."""
+        return self.inner.verify_time(num_spec_reqs, num_draft_tokens)
+
     def step_time(self, pt: int, ps: int, pc: int, pa: float, ds: int, dc: int) -> float:
         """The inner step time without the transferred tokens' prefill work (and with the decode rows that
         stand for it)."""
