@@ -940,6 +940,18 @@ def _told_mtp(row: Any, runs_mtp: Callable[..., bool | None]) -> tuple[int, int,
     return isl, osl, conc, tp, attention_dp
 
 
+def _told_mtp_recipe(row: Any, runs_mtp: Callable[..., bool | None],
+                     build: Callable[[int, int, int, int, bool], Recipe], source: str = "") -> Recipe | None:
+    """build's recipe (its source replaced where `source` is given) for a row `runs_mtp` tells an MTP run (_told_mtp),
+    else None (the image's other recipes decide)."""
+    told = _told_mtp(row, runs_mtp)
+    if told is None:
+        return None
+    isl, osl, conc, tp, attention_dp = told
+    r = build(isl, osl, conc, tp, attention_dp > 1)
+    return replace(r, source=source) if source else r
+
+
 def fp4_b200_rc2_runs_mtp(isl: int, osl: int, conc: int, tp: int, ep: int, attention_dp: int,
                           measured: str = "") -> bool | None:
     """_rc2_runs_mtp over dsr1-fp4-b200-trt's and dsr1-fp4-b200-trt-mtp's spaces."""
@@ -950,14 +962,10 @@ def _dsr1_fp4_b200_trt_rc2(row: Any) -> Recipe | None:
     # The MTP configuration's script: benchmarks/dsr1_fp4_b200_trt_mtp.sh @13dd0c2 (MTP 3 and TRTLLM experts, or
     # MTP 1 and CUTLASS under attention DP; the CUTLASS kernel is not told apart by the price); plain or not told:
     # None (the image's other recipe stands).
-    told = _told_mtp(row, fp4_b200_rc2_runs_mtp)
-    if told is None:
-        return None
-    isl, osl, conc, tp, attention_dp = told
-    r = _dsr1_b200_trt_mtp(isl, osl, conc, tp, attention_dp > 1)
-    return replace(r, source=f"{_INFERENCEX_REPO} benchmarks/dsr1_fp4_b200_trt_mtp.sh @13dd0c2 (image "
-                   "1.1.0rc2.post2: dsr1-fp4-b200-trt-mtp's layout at this count, or its sweep's date; "
-                   "nvidia-master.yaml @0a919c5 and InferenceMAX @525079a)")
+    return _told_mtp_recipe(row, fp4_b200_rc2_runs_mtp, _dsr1_b200_trt_mtp,
+                            f"{_INFERENCEX_REPO} benchmarks/dsr1_fp4_b200_trt_mtp.sh @13dd0c2 (image "
+                            "1.1.0rc2.post2: dsr1-fp4-b200-trt-mtp's layout at this count, or its sweep's date; "
+                            "nvidia-master.yaml @0a919c5 and InferenceMAX @525079a)")
 
 
 # DeepSeek-R1 FP8 B200 TensorRT-LLM from release:1.1.0rc2.post2: InferenceMAX/InferenceMAX nvidia-master.yaml @525079a
@@ -997,11 +1005,7 @@ def _dsr1_fp8_b200_trt_mtp_rc2(isl: int, osl: int, conc: int, tp: int, attention
 def _dsr1_fp8_b200_trt_rc2(row: Any) -> Recipe | None:
     # The MTP configuration's script where fp8_b200_rc2_runs_mtp says so; otherwise None (the image's other recipe,
     # _dsr1_trt, stands).
-    told = _told_mtp(row, fp8_b200_rc2_runs_mtp)
-    if told is None:
-        return None
-    isl, osl, conc, tp, attention_dp = told
-    return _dsr1_fp8_b200_trt_mtp_rc2(isl, osl, conc, tp, attention_dp > 1)
+    return _told_mtp_recipe(row, fp8_b200_rc2_runs_mtp, _dsr1_fp8_b200_trt_mtp_rc2)
 
 
 # DeepSeek-R1 FP8 H200 TensorRT-LLM from release:1.1.0rc2.post2: InferenceMAX/InferenceMAX nvidia-master.yaml @525079a
@@ -1031,14 +1035,10 @@ def fp8_h200_rc2_runs_mtp(isl: int, osl: int, conc: int, tp: int, ep: int, atten
 def _dsr1_fp8_h200_trt_rc2(row: Any) -> Recipe | None:
     # The MTP configuration's script (_dsr1_fp8_h200_trt_mtp) where fp8_h200_rc2_runs_mtp says so; otherwise None
     # (MTP_IMAGES' rule past 64 clients, then the image's other recipe, _dsr1_trt).
-    told = _told_mtp(row, fp8_h200_rc2_runs_mtp)
-    if told is None:
-        return None
-    isl, osl, conc, tp, attention_dp = told
-    r = _dsr1_fp8_h200_trt_mtp(isl, osl, conc, tp, attention_dp > 1)
-    return replace(r, source=f"{_INFERENCEX_REPO} benchmarks/dsr1_fp8_h200_trt_mtp.sh @1fc5d73 (image "
-                   "1.1.0rc2.post2: dsr1-fp8-h200-trt-mtp's layout at this count, or its sweep's date; "
-                   "InferenceMAX nvidia-master.yaml @525079a)")
+    return _told_mtp_recipe(row, fp8_h200_rc2_runs_mtp, _dsr1_fp8_h200_trt_mtp,
+                            f"{_INFERENCEX_REPO} benchmarks/dsr1_fp8_h200_trt_mtp.sh @1fc5d73 (image "
+                            "1.1.0rc2.post2: dsr1-fp8-h200-trt-mtp's layout at this count, or its sweep's date; "
+                            "InferenceMAX nvidia-master.yaml @525079a)")
 
 
 # (backend, model, system, precision, backend_version) -> the recipe of a row told by its image and layout
