@@ -42,6 +42,20 @@ TRTLLM without attention DP, CUTLASS with it); above 128 tokens trtllm-gen's row
 CUTLASS's (B200, MoE TP 8, 256 / 1,024 tokens: 0.158 / 0.191 against 0.294 / 0.397 ms a layer). The transfer
 here reads the same table's trtllm-gen rows above 128 gathered tokens (linear in the token count between its
 points, as aic interpolates), and leaves aic's own answer at or below (where it already is trtllm-gen's).
+
+CUTLASS NVFP4 (`aic_nvfp4_moe_kernel` 'cutlass'). aic's two NVFP4 kernel_sources are two MoE classes: its collector
+(collect_moe.py @006afd7 and @8545222, `run_moe_torch`) times `moe_torch_flow_min_latency` with
+`moe_backend = "trtllm"` (TRTLLMGenFusedMoE, DeepseekV3Gate routing, `do_finalize=False`) and
+`moe_torch_flow_cutlass` with "cutlass" (CutlassFusedMoE, RenormalizeMoeRoutingMethod, finalize included); both
+from 16-bit activations (the NVFP4 input quantize timed), after an autotune pass, CUDA-graphed. TensorRT-LLM's
+CUTLASS backend has no small-batch switch to trtllm-gen at the rows' versions: `get_moe_cls` maps CUTLASS to
+CutlassFusedMoE alone (tensorrt_llm/_torch/modules/fused_moe/create_moe.py @01f8de5) and CutlassFusedMoE.run_moe
+passes `min_latency_mode=False` to `torch.ops.trtllm.fused_moe` (fused_moe_cutlass.py, a stored copy of the
+NVLinkOneSided era whose commit the library's index does not name); DeepSeek-V3's CUTLASS min-latency mode
+(`_enable_min_latency_mode`: NVFP4, CUTLASS, at most 128 tokens) left modeling_deepseekv3.py with "Refactor
+CutlassFusedMoE" (NVIDIA/TensorRT-LLM b558232ce1, PR #5344, 2025-06-19), before 1.0. So a launch that sets CUTLASS
+runs CUTLASS at every count, and this transfer prices every gathered count on CUTLASS rows. B200's are read from
+aic's GB200 table (NVFP4_CUTLASS_TABLE_SYSTEM: its note gives why); elsewhere the system's own.
 """
 
 from __future__ import annotations
