@@ -5,7 +5,9 @@ table) against aic's own choice (trtllm-gen up to 128 gathered tokens, B200's CU
 prints each measurement's TPOT / TTFT (measured, before, after), then the summaries by layout
 (docs/validate-accuracy.md, nvfp4moe). Development rows only (issue 49).
 
-    python experiments/nvfp4_cutlass_rows.py [--max-clients N] [--all] [--out CSV]
+    python experiments/nvfp4_cutlass_rows.py [--max-clients N] [--all] [--own-table] [--out CSV]
+
+--own-table prices B200's CUTLASS experts from B200's own aic rows (NVFP4_CUTLASS_TABLE_SYSTEM emptied) instead.
 """
 
 from __future__ import annotations
@@ -30,13 +32,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-clients", type=int, default=10**9, help="only rows of at most this many clients")
     ap.add_argument("--all", action="store_true", help="every B200 FP4 aggregated row, not only the CUTLASS ones")
+    ap.add_argument("--own-table", action="store_true", help="B200's CUTLASS rows from B200's own aic table")
     ap.add_argument("--out", default="", help="write the per-measurement figures to this CSV")
     args = ap.parse_args()
     from twinserve.sim.validate_recipes import row_recipe
     df = dev_rows("trtllm", "DeepSeek-R1", 0, args.max_clients, mode="agg", system="b200_sxm", precision="fp4")
     if not args.all:
         df = df[[row_recipe(r).nvfp4_moe_kernel == "cutlass" for _, r in df.iterrows()]]
-    d = ab_rows(df, mock.patch.object(validate_rows, "apply_kernels", _aic_choice), out=args.out)
+    from twinserve.backends.sim.aic import trtgen
+    with mock.patch.dict(trtgen.NVFP4_CUTLASS_TABLE_SYSTEM, clear=args.own_table):
+        d = ab_rows(df, mock.patch.object(validate_rows, "apply_kernels", _aic_choice), out=args.out)
     if len(d):
         lay = {r["id"]: f"tp{int(r['tp_size'])} adp{int(r['attention_dp_size'] or 1)} ep{int(r['moe_ep_size'] or 1)}"
                for _, r in df.iterrows()}
