@@ -14,8 +14,8 @@ from twinserve.backends.sim.aic_models import resolve_row_model  # noqa: E402
 from twinserve.backends.sim.catalog import get_hardware  # noqa: E402
 from twinserve.backends.sim.parallel import Parallelism  # noqa: E402
 from twinserve.backends.sim.precision import Precision  # noqa: E402
-from twinserve.sim.validate_recipes import (_dsr1_b200_trt_mtp, _dsr1_fp4_b200_trt, _dsr1_fp4_b200_trt_rc6,  # noqa: E402
-                                            _dsr1_fp8_b200_trt_mtp_rc6)
+from twinserve.sim.validate_recipes import (  # noqa: E402
+    _dsr1_b200_trt_mtp, _dsr1_fp4_b200_trt, _dsr1_fp4_b200_trt_rc6, _dsr1_fp8_b200_trt_mtp_rc6)
 
 _MODELS: dict[tuple, AicCostModel] = {}
 

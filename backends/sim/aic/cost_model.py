@@ -93,7 +93,8 @@ class AicCostModel:
     __slots__ = ("name", "model", "hardware", "tp", "par", "system", "backend", "version", "database",
                  "graph", "step_overhead_s", "per_seq_overhead_s", "kernel_scale", "_eval", "_tok", "_dtok", "_seq",
                  "_exp", "_ctx", "_gen", "_p2p", "mxfp4_moe_kernel", "_marlin", "_mx", "fp8_moe_kernel", "_trtgen",
-                 "_trtgen_eval", "_tg", "nvfp4_moe_kernel", "trtllm_wide_ep", "moe_a2a", "_qk", "_fp4", "_fp4_eval", "_fg",
+                 "_trtgen_eval", "_tg", "nvfp4_moe_kernel", "trtllm_wide_ep", "moe_a2a", "_qk", "_fp4", "_fp4_eval",
+                 "_fg",
                  "a2a_system", "_a2a_eval", "_wide")
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1, backend: str = "vllm",

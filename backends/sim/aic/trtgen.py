@@ -78,7 +78,8 @@ TRTGEN_DATABASE = ("sglang", "0.5.14")
 # B200 / GB200 1.03-1.07 over every kernel_source and dtype they share, the NVFP4 trtllm-gen rows included), but
 # B200's CUTLASS NVFP4 rows at DeepSeek-R1's shape do not scale with EP (MoE TP 1, 128 tokens, ms a layer: EP 2 /
 # 4 / 8 = 0.449 / 0.454 / 0.272 against GB200's 0.435 / 0.239 / 0.139) and read 1.7-1.95x GB200's at MoE TP 1
-# (EP 1, 4, 8, 16; EP 2 agrees) and 1.6x at MoE TP 4 EP 1, while agreeing (1.0-1.07x) at MoE TP 8 EP 1. The module docstring ("CUTLASS NVFP4") gives the sources.
+# (EP 1, 4, 8, 16; EP 2 agrees) and 1.6x at MoE TP 4 EP 1, while agreeing (1.0-1.07x) at MoE TP 8 EP 1. The
+# module docstring ("CUTLASS NVFP4") gives the sources.
 NVFP4_CUTLASS_SOURCE = "moe_torch_flow_cutlass"
 NVFP4_CUTLASS_TABLE_SYSTEM = {"b200_sxm": "gb200"}
 NVFP4_MOE_KERNELS = ("default", "cutlass")
