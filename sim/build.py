@@ -151,7 +151,7 @@ def build_cost_models(cfg: StudyConfig) -> tuple[ModelSpec, HardwareSpec, Roofli
                                 per_seq_overhead_s=max(e.per_seq_overhead_s, 0.0),
                                 kernel_scale=e.aic_kernel_scale, mxfp4_moe_kernel=e.aic_mxfp4_moe_kernel,
                                 fp8_moe_kernel=e.aic_fp8_moe_kernel, trtllm_wide_ep=e.aic_trtllm_wide_ep,
-                                moe_a2a=e.aic_moe_a2a)
+                                moe_a2a=e.aic_moe_a2a, nvfp4_moe_kernel=e.aic_nvfp4_moe_kernel)
         except AicError as err:
             raise _cfg_error(cfg, "engine", err.field, str(err)) from None
     return model, hw, roof, cost

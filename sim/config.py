@@ -98,6 +98,14 @@ class EngineConfig:
                                         "VLLM_MOE_USE_DEEP_GEMM=0 on Blackwell), priced from aic's vLLM 0.19.0 "
                                         "B200 timings of it (backends/sim/aic/vllm_triton.py)",
                                    choices=("default", "trtllm", "triton"))
+    aic_nvfp4_moe_kernel: str = knob("default",
+                                     help="cost_model aic, TensorRT-LLM: the MoE backend of NVFP4 experts where "
+                                          "aic's own choice (trtllm-gen up to 128 gathered tokens, CUTLASS above) "
+                                          "is not the engine's: cutlass, the CUTLASS backend (moe_config backend "
+                                          "CUTLASS, TensorRT-LLM's default), priced from aic's CUTLASS NVFP4 rows "
+                                          "at every token count, B200's from aic's GB200 table "
+                                          "(backends/sim/aic/trtgen.py)",
+                                     choices=("default", "cutlass"))
     aic_trtllm_wide_ep: bool = knob(False,
                                     help="cost_model aic, TensorRT-LLM, DeepSeek family, a disaggregated decode "
                                          "worker: every step's MoE block is aic's large-EP generation one (the NVLink two-sided all-to-all of the "

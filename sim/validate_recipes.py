@@ -110,6 +110,9 @@ class Recipe:
     # The FP8 block-scale / NVFP4 experts' kernel where the script sets one the model's table does not time
     # (`aic_fp8_moe_kernel`): 'trtllm', TensorRT-LLM's TRTLLM MoE backend; 'triton', vLLM's Triton fused-MoE.
     fp8_moe_kernel: str = ""
+    # NVFP4 experts' TensorRT-LLM MoE backend where the script sets one aic's own choice does not run
+    # (`aic_nvfp4_moe_kernel`): 'cutlass', `moe_config: backend: CUTLASS` (backends/sim/aic/trtgen.py).
+    nvfp4_moe_kernel: str = ""
     # Experts EP = TP whatever the config's EP: vLLM's --enable-expert-parallel, SGLang's --enable-ep-moe
     expert_parallel: bool = False
     tensor_parallel_only: bool = False  # vLLM launched with --tensor-parallel-size only, whatever the config's EP /
@@ -273,6 +276,14 @@ def trt_script_max_num_tokens(conc: int, isl: int, floor: int = 0) -> int:
     return max(floor, (conc + isl + 64 + 63) // 64 * 64)
 
 
+def fp4_b200_trt_cutlass(isl: int, osl: int, conc: int) -> bool:
+    """Whether SemiAnalysisAI/InferenceX benchmarks/dsr1_fp4_b200_trt.sh @6320e9b sets `moe_config: backend: CUTLASS`
+    (its MOE_BACKEND block, TP 4 and TP 8 alike): 1k/1k and 1k/8k from 256 clients, 8k/1k above 32; else TRTLLM."""
+    if (isl, osl) in ((1024, 1024), (1024, 8192)):
+        return conc >= 256
+    return (isl, osl) == (8192, 1024) and conc > 32
+
+
 def _dsr1_fp4_b200_trt(isl: int, osl: int, conc: int, tp: int) -> Recipe:
     # The non-MTP FP4 script as the 1.1.0rc2.post2 configuration ran it: the rows of that image LAYOUT_IMAGES does not
     # give the MTP script, and the rows with no image (measured 2025-11-02), whose (TP, clients) are the EP and
@@ -283,14 +294,17 @@ def _dsr1_fp4_b200_trt(isl: int, osl: int, conc: int, tp: int) -> Recipe:
     # `--max_num_tokens` CONC + ISL + 64 rounded up to 64 (trt_script_max_num_tokens; chunked prefill off, the
     # PyTorch backend's default: one whole prompt a step beside the decodes; each rank's under attention DP), no
     # --max_batch_size (TensorRT-LLM's default, 2,048: sim/validate_engines.py), stream_interval 10.
-    # Not carried (docs/validate-accuracy.md, trtagg): `moe_config: backend` TRTLLM (CUTLASS from 256 clients at
-    # 1k/1k and 1k/8k, above 32 at 8k/1k), and free_gpu_memory_fraction 0.8, under which the simulator's pool holds
-    # 226 of 1k/8k's 256 clients at TP 4 where the rows' first tokens say the engine held nearly all.
+    # `moe_config: backend` CUTLASS from 256 clients at 1k/1k and 1k/8k and above 32 at 8k/1k (TP 4 and TP 8, with
+    # or without attention DP): carried (nvfp4_moe_kernel 'cutlass', fp4_b200_trt_cutlass). Not carried
+    # (docs/validate-accuracy.md, trtagg): its TRTLLM elsewhere, and free_gpu_memory_fraction 0.8, under which the
+    # simulator's pool holds 226 of 1k/8k's 256 clients at TP 4 where the rows' first tokens say the engine held
+    # nearly all.
     return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp4_b200_trt.sh @6320e9b (image 1.1.0rc2.post2, or none "
                   "given: 2025-11-02)", stream_interval=10,
+                  nvfp4_moe_kernel="cutlass" if fp4_b200_trt_cutlass(isl, osl, conc) else "",
                   max_num_tokens=trt_script_max_num_tokens(conc, isl), adp_rank_budget=True,
                   adp_balance_iters=ADP_BALANCE_TIMEOUT_ITERS,  # `attention_dp_config` (DP_ATTENTION only)
-                  unmodelled="moe_config backend (TRTLLM; CUTLASS from 256 clients at 1k prompts, above 32 at 8k), "
+                  unmodelled="moe_config backend TRTLLM (below 256 clients at 1k prompts, to 32 at 8k), "
                              "kv_cache_config free_gpu_memory_fraction 0.8, cuda_graph_config (padding, batch 512)")
 
 
@@ -299,12 +313,13 @@ def _dsr1_fp4_b200_trt_rc6(isl: int, osl: int, conc: int, tp: int, attention_dp:
     # "Change default MOE backend ... to TRTLLM", piecewise CUDA graphs for 1k1k TEP 8). The script as the later copy
     # has it (benchmarks/single_node/dsr1_fp4_b200_trt.sh @34bc7c4): `--max_num_tokens` max(8192, CONC + ISL + 64
     # rounded up to 64), each rank's under attention DP; no --max_batch_size; stream_interval 10. Not carried, as
-    # for _dsr1_fp4_b200_trt: MOE_BACKEND (TRTLLM, CUTLASS under attention DP) and free_gpu_memory_fraction 0.8.
+    # for _dsr1_fp4_b200_trt: MOE_BACKEND TRTLLM and free_gpu_memory_fraction 0.8. Its CUTLASS under attention DP is
+    # carried (nvfp4_moe_kernel 'cutlass': backends/sim/aic/trtgen.py).
     return Recipe(f"{_INFERENCEX_REPO} benchmarks/single_node/dsr1_fp4_b200_trt.sh @34bc7c4 (image 1.2.0rc6.post2: "
-                  "PR #620)", stream_interval=10,
+                  "PR #620)", stream_interval=10, nvfp4_moe_kernel="cutlass" if attention_dp else "",
                   max_num_tokens=trt_script_max_num_tokens(conc, isl, 8192), adp_rank_budget=True,
                   adp_balance_iters=ADP_BALANCE_TIMEOUT_ITERS,  # `attention_dp_config` (DP_ATTENTION only)
-                  unmodelled="moe_config backend (TRTLLM; CUTLASS under attention DP), kv_cache_config "
+                  unmodelled="moe_config backend TRTLLM (without attention DP), kv_cache_config "
                              "free_gpu_memory_fraction 0.8, cuda_graph_config (padding, batch CONC or CONC / 4), "
                              "piecewise CUDA graphs (1k/1k TP 8 EP 8)")
 
@@ -568,14 +583,14 @@ def _dsr1_b200_trt_mtp(isl: int, osl: int, conc: int, tp: int, attention_dp: boo
     # later version of the FP8 script (PRECISION_IMAGES: _dsr1_fp8_b200_trt_mtp_rc6); the rows this recipe serves
     # are FP4 ones (MTP_IMAGES, LAYOUT_IMAGES). The FP4 script's `moe_config: backend` is TRTLLM without attention DP
     # (trtllm-gen NVFP4 experts at every token count: `aic_fp8_moe_kernel` 'trtllm', backends/sim/aic/trtgen.py)
-    # and CUTLASS with it (aic's own table: CUTLASS above 128 gathered tokens).
+    # and CUTLASS with it (CUTLASS NVFP4 experts at every token count: `aic_nvfp4_moe_kernel` 'cutlass').
     # `--max_num_tokens` (mtp_script_max_num_tokens): without attention DP the engine's; with it a rank's, of
     # MAX_BATCH_SIZE CONC / TP (rank_max_num_tokens, resolved with the row's ranks).
     mtp = 1 if attention_dp else 3
     return Recipe(f"{_INFERENCEX_REPO} benchmarks/dsr1_fp{{4,8}}_b200_trt_mtp.sh @13dd0c2/111f031 (image "
                   "1.2.0rc6.post3: .github/configs/nvidia-master.yaml @48f302c, dsr1-fp{4,8}-b200-trt-mtp)",
                   stream_interval=10, mtp=mtp, mem_fraction=0.8,
-                  fp8_moe_kernel="" if attention_dp else "trtllm",
+                  fp8_moe_kernel="" if attention_dp else "trtllm", nvfp4_moe_kernel="cutlass" if attention_dp else "",
                   max_num_tokens=0 if attention_dp else mtp_script_max_num_tokens(mtp, conc, isl),
                   mtp_rank_budget=attention_dp,
                   adp_balance_iters=ADP_BALANCE_TIMEOUT_ITERS,  # `attention_dp_config` (DP_ATTENTION only)
@@ -652,7 +667,8 @@ def _dsr1_fp8_b200_trt_mtp_rc6(isl: int, osl: int, conc: int, tp: int, attention
     r = _dsr1_b200_trt_mtp(isl, osl, conc, tp, attention_dp)
     return replace(r, source=f"{_INFERENCEX_REPO} benchmarks/single_node/dsr1_fp8_b200_trt_mtp.sh @2f3a788 as PR "
                    "#632 left it (image 1.2.0rc6.post3, dsr1-fp8-b200-trt-mtp)",
-                   fp8_moe_kernel="" if attention_dp else "trtllm", mem_fraction=0.7 if attention_dp else 0.8,
+                   fp8_moe_kernel="" if attention_dp else "trtllm", nvfp4_moe_kernel="",
+                   mem_fraction=0.7 if attention_dp else 0.8,
                    mtp_rank_whole_below=8,  # `MAX_BATCH_SIZE=$(( CONC < 8 ? CONC : CONC / 8 ))` (DP_ATTENTION)
                    unmodelled="piecewise CUDA graphs, cuda_graph_config max_batch_size, --max_batch_size (CONC / 8 "
                               "under attention DP), ENABLE_CONFIGURABLE_MOE")
@@ -960,7 +976,7 @@ def fp4_b200_rc2_runs_mtp(isl: int, osl: int, conc: int, tp: int, ep: int, atten
 
 def _dsr1_fp4_b200_trt_rc2(row: Any) -> Recipe | None:
     # The MTP configuration's script: benchmarks/dsr1_fp4_b200_trt_mtp.sh @13dd0c2 (MTP 3 and TRTLLM experts, or
-    # MTP 1 and CUTLASS under attention DP; the CUTLASS kernel is not told apart by the price); plain or not told:
+    # MTP 1 and CUTLASS under attention DP; CUTLASS priced as such: nvfp4_moe_kernel); plain or not told:
     # None (the image's other recipe stands).
     return _told_mtp_recipe(row, fp4_b200_rc2_runs_mtp, _dsr1_b200_trt_mtp,
                             f"{_INFERENCEX_REPO} benchmarks/dsr1_fp4_b200_trt_mtp.sh @13dd0c2 (image "
@@ -999,6 +1015,7 @@ def _dsr1_fp8_b200_trt_mtp_rc2(isl: int, osl: int, conc: int, tp: int, attention
     r = _dsr1_b200_trt_mtp(isl, osl, conc, tp, attention_dp)
     return replace(r, source=f"{_INFERENCEX_REPO} benchmarks/dsr1_fp8_b200_trt_mtp.sh @7506aee (image 1.1.0rc2.post2: "
                    "dsr1-fp8-b200-trt-mtp, InferenceMAX nvidia-master.yaml @525079a)", fp8_moe_kernel="",
+                   nvfp4_moe_kernel="",
                    unmodelled="cuda_graph_config (padding, batch 256), --max_batch_size")
 
 
@@ -1256,6 +1273,8 @@ def apply_kernels(recipe: Recipe, engine: Any, cost_model: str) -> None:
         engine.aic_mxfp4_moe_kernel = recipe.mxfp4_moe_kernel
     if recipe.fp8_moe_kernel and cost_model == "aic":
         engine.aic_fp8_moe_kernel = recipe.fp8_moe_kernel
+    if recipe.nvfp4_moe_kernel and cost_model == "aic":
+        engine.aic_nvfp4_moe_kernel = recipe.nvfp4_moe_kernel
 
 
 def launch_expert_parallel(recipe: Recipe, worker: Any) -> bool:

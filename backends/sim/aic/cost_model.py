@@ -22,9 +22,9 @@ from twinserve.backends.sim.parallel import Parallelism, ParallelismError, _loop
 from twinserve.backends.sim.aic.graph import (MOE_A2A, QK_NORM_AR_MIN_TOKENS, WIDE_EP_A2A_PROXY, StepGraph,
                                           aic_moe_parallelism, build_graph, split_wide_ep_a2a)
 from twinserve.backends.sim.aic.marlin import MARLIN_KERNELS, MarlinMoe, marlin_extra_ms, marlin_moe
-from twinserve.backends.sim.aic.trtgen import (FP8_MOE_KERNELS, TRTGEN_DATABASE, Nvfp4Trtgen, TrtgenMoe,
-                                               nvfp4_trtgen_points, trtgen_delta_ms,
-                                               trtgen_moe)
+from twinserve.backends.sim.aic.trtgen import (FP8_MOE_KERNELS, NVFP4_CUTLASS_SOURCE, NVFP4_CUTLASS_TABLE_SYSTEM,
+                                               NVFP4_MOE_KERNELS, TRTGEN_DATABASE, Nvfp4Trtgen, TrtgenMoe,
+                                               nvfp4_trtgen_points, trtgen_delta_ms, trtgen_moe)
 from twinserve.backends.sim.aic.nvfp4_gemm import NVFP4_GEMM_DATABASE, nvfp4_gemm_ops, tuned_delta_ms
 from twinserve.backends.sim.aic.mapping import (AicError, check_precision, evaluator, fp8_gemm_mode, held_mxfp4_mode,
                                                 quant_modes, resolve_version, sdk, static_fp8_checkpoint, system_for)
@@ -93,14 +93,16 @@ class AicCostModel:
     __slots__ = ("name", "model", "hardware", "tp", "par", "system", "backend", "version", "database",
                  "graph", "step_overhead_s", "per_seq_overhead_s", "kernel_scale", "_eval", "_tok", "_dtok", "_seq",
                  "_exp", "_ctx", "_gen", "_p2p", "mxfp4_moe_kernel", "_marlin", "_mx", "fp8_moe_kernel", "_trtgen",
-                 "_trtgen_eval", "_tg", "trtllm_wide_ep", "moe_a2a", "_qk", "_fp4", "_fp4_eval", "_fg",
+                 "_trtgen_eval", "_tg", "nvfp4_moe_kernel", "trtllm_wide_ep", "moe_a2a", "_qk", "_fp4", "_fp4_eval",
+                 "_fg",
                  "a2a_system", "_a2a_eval", "_wide")
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1, backend: str = "vllm",
                  version: str = "", parallel: Parallelism | None = None, step_overhead_s: float = 0.0,
                  per_seq_overhead_s: float = 0.0, kernel_scale: float = 1.0,
                  mxfp4_moe_kernel: str = "default", fp8_moe_kernel: str = "default",
-                 trtllm_wide_ep: bool = False, moe_a2a: str = "default") -> None:
+                 trtllm_wide_ep: bool = False, moe_a2a: str = "default",
+                 nvfp4_moe_kernel: str = "default") -> None:
         if not kernel_scale > 0:
             raise AicError("aic_kernel_scale", f"aic_kernel_scale {kernel_scale!r}: must be > 0")
         if moe_a2a not in MOE_A2A:
@@ -148,6 +150,9 @@ class AicCostModel:
         self.fp8_moe_kernel = fp8_moe_kernel
         self._trtgen_eval: Any = None
         self._trtgen = self._trtgen_transfer(fp8_moe_kernel, pdb)
+        self.nvfp4_moe_kernel = nvfp4_moe_kernel
+        if nvfp4_moe_kernel != "default":
+            self._trtgen = self._cutlass_transfer(nvfp4_moe_kernel)
         self._tg: dict[int, float] = {}
         self._fp4, self._fp4_eval = self._nvfp4_gemm_transfer(pdb)
         self._fg: dict[tuple[bool, int], float] = {}
@@ -271,6 +276,29 @@ class AicCostModel:
         self._trtgen_eval = self._second_table(pdb, moe, *TRTGEN_DATABASE, "trtllm-gen FP8 block-scale MoE")
         return moe
 
+    def _cutlass_transfer(self, kernel: str) -> TrtgenMoe:
+        """TensorRT-LLM's CUTLASS MoE backend on NVFP4 experts (aic/trtgen.py, "CUTLASS NVFP4"): the expert op
+        priced on aic's CUTLASS rows (NVFP4_CUTLASS_SOURCE) at every gathered token count, from this system's
+        TensorRT-LLM table or NVFP4_CUTLASS_TABLE_SYSTEM's; AicError where it does not apply."""
+        if kernel not in NVFP4_MOE_KERNELS:
+            raise AicError("aic_nvfp4_moe_kernel", f"aic_nvfp4_moe_kernel {kernel!r} is not one of "
+                           f"{', '.join(NVFP4_MOE_KERNELS)}")
+        if self._trtgen is not None:
+            raise AicError("aic_nvfp4_moe_kernel", f"aic_nvfp4_moe_kernel {kernel!r} and aic_fp8_moe_kernel "
+                           f"{self.fp8_moe_kernel!r} each set the experts' MoE backend: set one")
+        fp4 = trtgen_moe(self.graph.tokens, "nvfp4") if self.backend == "trtllm" else None
+        if fp4 is None:
+            raise AicError("aic_nvfp4_moe_kernel", f"aic_nvfp4_moe_kernel {kernel!r} is TensorRT-LLM's CUTLASS MoE "
+                           f"backend for NVFP4 experts; {self.model.name} on aic_backend {self.backend!r} has none")
+        table = NVFP4_CUTLASS_TABLE_SYSTEM.get(self.system, self.system)
+        try:
+            self._trtgen_eval = Nvfp4Trtgen(self._eval, nvfp4_trtgen_points(self.database, fp4, NVFP4_CUTLASS_SOURCE,
+                                                                            table), own_max_tokens=0)
+        except (OSError, ValueError, KeyError) as err:
+            raise AicError("aic_nvfp4_moe_kernel", f"aiconfigurator-core's trtllm {self.version} {table} database "
+                           f"has no CUTLASS NVFP4 MoE timings at this layout: {err}") from None
+        return fp4
+
     def _triton_transfer(self, pdb: Any) -> TrtgenMoe:
         """vLLM's Triton fused-MoE on the FP8 block-scaled experts (aic/vllm_triton.py): the expert op priced on
         the aic vLLM table that timed that kernel for this system; AicError where it does not apply."""
@@ -371,6 +399,10 @@ class AicCostModel:
         marlin = " (Marlin MXFP4 experts)" if getattr(self, "_marlin", None) is not None else ""
         if getattr(self, "_trtgen", None) is not None and self.fp8_moe_kernel == "triton":
             marlin += f" (vLLM Triton FP8 experts from aic {' '.join(TRITON_DATABASES[self.system])})"
+        elif getattr(self, "_trtgen", None) is not None and getattr(self, "nvfp4_moe_kernel", "") == "cutlass":
+            table = NVFP4_CUTLASS_TABLE_SYSTEM.get(self.system, self.system)
+            marlin += (" (CUTLASS NVFP4 experts from aic's " + ("own" if table == self.system else table)
+                       + " CUTLASS rows)")
         elif getattr(self, "_trtgen", None) is not None:
             fp4 = json.loads(self._trtgen.op)[0]["Moe"]["quant_mode"] == "nvfp4"
             marlin += (" (trtllm-gen NVFP4 experts from aic's own trtllm-gen rows)" if fp4 else

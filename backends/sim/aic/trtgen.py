@@ -42,6 +42,20 @@ TRTLLM without attention DP, CUTLASS with it); above 128 tokens trtllm-gen's row
 CUTLASS's (B200, MoE TP 8, 256 / 1,024 tokens: 0.158 / 0.191 against 0.294 / 0.397 ms a layer). The transfer
 here reads the same table's trtllm-gen rows above 128 gathered tokens (linear in the token count between its
 points, as aic interpolates), and leaves aic's own answer at or below (where it already is trtllm-gen's).
+
+CUTLASS NVFP4 (`aic_nvfp4_moe_kernel` 'cutlass'). aic's two NVFP4 kernel_sources are two MoE classes: its collector
+(collect_moe.py @006afd7 and @8545222, `run_moe_torch`) times `moe_torch_flow_min_latency` with
+`moe_backend = "trtllm"` (TRTLLMGenFusedMoE, DeepseekV3Gate routing, `do_finalize=False`) and
+`moe_torch_flow_cutlass` with "cutlass" (CutlassFusedMoE, RenormalizeMoeRoutingMethod, finalize included); both
+from 16-bit activations (the NVFP4 input quantize timed), after an autotune pass, CUDA-graphed. TensorRT-LLM's
+CUTLASS backend has no small-batch switch to trtllm-gen at the rows' versions: `get_moe_cls` maps CUTLASS to
+CutlassFusedMoE alone (tensorrt_llm/_torch/modules/fused_moe/create_moe.py @01f8de5) and CutlassFusedMoE.run_moe
+passes `min_latency_mode=False` to `torch.ops.trtllm.fused_moe` (fused_moe_cutlass.py, a stored copy of the
+NVLinkOneSided era whose commit the library's index does not name); DeepSeek-V3's CUTLASS min-latency mode
+(`_enable_min_latency_mode`: NVFP4, CUTLASS, at most 128 tokens) left modeling_deepseekv3.py with "Refactor
+CutlassFusedMoE" (NVIDIA/TensorRT-LLM b558232ce1, PR #5344, 2025-06-19), before 1.0. So a launch that sets CUTLASS
+runs CUTLASS at every count, and this transfer prices every gathered count on CUTLASS rows. B200's are read from
+aic's GB200 table (NVFP4_CUTLASS_TABLE_SYSTEM: its note gives why); elsewhere the system's own.
 """
 
 from __future__ import annotations
@@ -58,6 +72,17 @@ NVFP4_TRTGEN_SOURCE = "moe_torch_flow_min_latency"
 NVFP4_TRTGEN_DEFAULT_MAX_TOKENS = 128
 # aic's database holding FlashInfer's trtllm-gen FP8 block-scale MoE rows (B200: moe/sglang/0.5.14).
 TRTGEN_DATABASE = ("sglang", "0.5.14")
+# TensorRT-LLM's CUTLASS MoE backend on NVFP4 experts (`aic_nvfp4_moe_kernel` 'cutlass'): aic's kernel_source of its
+# CutlassFusedMoE rows, and the system whose TensorRT-LLM table (same aic version) prices them where this one's is
+# not used. B200 -> GB200: the same Blackwell GPU, and the two 1.3.0rc20 tables agree everywhere else (median
+# B200 / GB200 1.03-1.07 over every kernel_source and dtype they share, the NVFP4 trtllm-gen rows included), but
+# B200's CUTLASS NVFP4 rows at DeepSeek-R1's shape do not scale with EP (MoE TP 1, 128 tokens, ms a layer: EP 2 /
+# 4 / 8 = 0.449 / 0.454 / 0.272 against GB200's 0.435 / 0.239 / 0.139) and read 1.7-1.95x GB200's at MoE TP 1
+# (EP 1, 4, 8, 16; EP 2 agrees) and 1.6x at MoE TP 4 EP 1, while agreeing (1.0-1.07x) at MoE TP 8 EP 1. The
+# module docstring ("CUTLASS NVFP4") gives the sources.
+NVFP4_CUTLASS_SOURCE = "moe_torch_flow_cutlass"
+NVFP4_CUTLASS_TABLE_SYSTEM = {"b200_sxm": "gb200"}
+NVFP4_MOE_KERNELS = ("default", "cutlass")
 
 
 @dataclass(slots=True, frozen=True)
@@ -89,13 +114,15 @@ def trtgen_delta_ms(own: Any, other: Any, moe: TrtgenMoe, tokens: int) -> float:
 
 class Nvfp4Trtgen:
     """An evaluator (aic's call shape: ops JSON, is_context, batch_size, s, x) of one NVFP4 expert op that answers
-    from aic's TensorRT-LLM trtllm-gen rows (NVFP4_TRTGEN_SOURCE) above NVFP4_TRTGEN_DEFAULT_MAX_TOKENS gathered
-    tokens and from `own` (aic's engine) at or below."""
+    from given (tokens, ms a layer) points of one aic kernel_source above `own_max_tokens` gathered tokens and from
+    `own` (aic's engine) at or below: aic's trtllm-gen rows above NVFP4_TRTGEN_DEFAULT_MAX_TOKENS (the TRTLLM
+    backend), or CUTLASS rows at every count (own_max_tokens 0: the CUTLASS backend)."""
 
-    def __init__(self, own: Any, points: list[tuple[int, float]]) -> None:
+    def __init__(self, own: Any, points: list[tuple[int, float]],
+                 own_max_tokens: int = NVFP4_TRTGEN_DEFAULT_MAX_TOKENS) -> None:
         if len(points) < 2:
-            raise ValueError("trtllm-gen NVFP4 rows: fewer than two token counts at this layout")
-        self.own, self.points = own, sorted(points)
+            raise ValueError("NVFP4 MoE rows: fewer than two token counts at this layout")
+        self.own, self.points, self.own_max_tokens = own, sorted(points), own_max_tokens
 
     def latency_ms(self, tokens: float) -> float:
         """One layer's milliseconds at `tokens` gathered tokens, linear between the table's points (and on
@@ -109,23 +136,25 @@ class Nvfp4Trtgen:
         (entry,) = json.loads(ops)
         (kind, fields), = entry.items()
         gathered = x * int(fields.get("attention_dp_size") or 1)
-        if gathered <= NVFP4_TRTGEN_DEFAULT_MAX_TOKENS:
+        if gathered <= self.own_max_tokens:
             return self.own(ops, is_context=is_context, batch_size=batch_size, s=s, x=x)
         return [(fields["name"], float(fields.get("scale_factor", 1.0)) * self.latency_ms(gathered))]
 
 
-def nvfp4_trtgen_points(database: Any, moe: TrtgenMoe) -> list[tuple[int, float]]:
-    """(tokens, ms a layer) of aic's TensorRT-LLM trtllm-gen NVFP4 rows at the op's shape, layout and routing."""
+def nvfp4_trtgen_points(database: Any, moe: TrtgenMoe, source: str = NVFP4_TRTGEN_SOURCE,
+                        system: str = "") -> list[tuple[int, float]]:
+    """(tokens, ms a layer) of aic's TensorRT-LLM NVFP4 rows of one kernel_source (trtllm-gen by default) at the
+    op's shape, layout and routing, from this database's system's table or `system`'s (same aic version)."""
     import os
     import pandas as pd
     (entry,) = json.loads(moe.op)
     (_, f), = entry.items()
-    path = os.path.join(database.systems_root, "data", database.system, "moe", "trtllm", database.version,
+    path = os.path.join(database.systems_root, "data", system or database.system, "moe", "trtllm", database.version,
                         "moe_perf.parquet")
     d = pd.read_parquet(path, columns=["kernel_source", "moe_dtype", "num_tokens", "hidden_size", "inter_size",
                                        "topk", "num_experts", "moe_tp_size", "moe_ep_size", "distribution",
                                        "latency"])
-    d = d[(d.kernel_source == NVFP4_TRTGEN_SOURCE) & (d.moe_dtype == "nvfp4") & (d.hidden_size == f["hidden_size"])
+    d = d[(d.kernel_source == source) & (d.moe_dtype == "nvfp4") & (d.hidden_size == f["hidden_size"])
           & (d.inter_size == f["inter_size"]) & (d.topk == f["topk"]) & (d.num_experts == f["num_experts"])
           & (d.moe_tp_size == f["moe_tp_size"]) & (d.moe_ep_size == f["moe_ep_size"])
           & (d.distribution == f["workload_distribution"])]
