@@ -72,10 +72,11 @@ ATTENTION_GROUPS = ("q", "kv", "o")
 #   hf_quant_config.json excludes `model.layers.61*` wholesale). For the -v2 export InferenceX serves, a B200
 #   profiling write-up quoting its hf_quant_config.json lists the same `model.layers.61*` beside lm_head and the
 #   61 layers' q/kv projections (docs/validate-accuracy.md, mtpdraft).
-# The engines honour it: SGLang resolves the NextN layer's ModelOpt FP4 config per module
-# (sgl-project/sglang python/sglang/srt/models/deepseek_nextn.py _resolve_nextn_quant_config), an excluded
-# linear getting UnquantizedLinearMethod and the excluded experts the unquantized fused MoE; TensorRT-LLM loads
-# the layer's bf16 weights as they are (the weights.py above: "every weight here is bf16").
+# The engines honour it: SGLang reads the NextN layer's ModelOpt FP4 exclusions module by module
+# (sgl-project/sglang python/sglang/srt/models/deepseek_nextn.py, DeepseekV3ForCausalLMNextN; its NextN
+# quant-resolution unit tests assert that under `model.layers.61*` the layer's linears get
+# UnquantizedLinearMethod and its fused MoE no quant method); TensorRT-LLM loads the layer's bf16 weights as they
+# are (the weights.py above).
 # The file's FP4 "DeepSeek-V3" rows are DeepSeek-R1 runs (as for NVFP4_16BIT_ATTENTION).
 NVFP4_16BIT_MTP: frozenset[str] = frozenset({"DeepSeek-R1", "DeepSeek-V3", "DeepSeek-V3.1", "DeepSeek-V3.2",
                                              "GLM-5", "Qwen3.5-397B-A17B"})
