@@ -47,7 +47,7 @@ class UnknownSpecError(TwinserveError, KeyError):
 # InferenceX's FP4 DeepSeek-R1 runs serve nvidia/DeepSeek-R1-0528-FP4-V2 (the launch scripts' MODEL), and the
 # file's FP4 "DeepSeek-V3" rows are those dsr1 runs (sim/validate_recipes.py): both names get R1's block.
 # Every one of these checkpoints also excludes lm_head (16-bit here already: embeddings are counted at dtype_bytes)
-# and V3.1 / V3.2 / GLM-5 their MTP layer (model.layers.61* / 78*; the MTP draft is not covered here). The DSA models'
+# and their MTP layer wholesale (NVFP4_16BIT_MTP below). The DSA models'
 # (V3.2, GLM-5) indexer weights are not in attention_params; aic's DSA module prices their projections at bfloat16
 # (graph.dsa_gemm_mode).
 NVFP4_16BIT_ATTENTION: dict[str, frozenset[str]] = {
@@ -59,6 +59,27 @@ NVFP4_16BIT_ATTENTION: dict[str, frozenset[str]] = {
     "GLM-5": frozenset({"q", "kv", "o"}),
 }
 ATTENTION_GROUPS = ("q", "kv", "o")
+
+# The models whose NVIDIA NVFP4 checkpoint keeps the multi-token-prediction layer out of quantization wholesale
+# (ModelOpt `exclude_modules` naming the whole layer), so the MTP draft (ModelSpec.mtp_draft) is a 16-bit layer:
+# its attention, router, shared expert and routed experts all bfloat16. Sources:
+# - aiconfigurator-core's model_configs: nvidia--DeepSeek-V3.1-NVFP4_hf_quant_config.json and -V3.2-
+#   (`model.layers.61*`), nvidia--GLM-5-NVFP4_hf_quant_config.json (`model.layers.78*`, its layer past
+#   num_hidden_layers 78), nvidia--Qwen3.5-397B-A17B-NVFP4_hf_quant_config.json (`mtp.layers.0*`).
+# - DeepSeek-R1-0528's NVFP4 export: NVIDIA/TensorRT-LLM @96094323
+#   tensorrt_llm/_torch/_experimental/modeling_v2/models/deepseek_v3/r1_0528_nvfp4__sm_103__dep4/weights.py
+#   (the checkpoint ships a bf16 MTP module at layer num_hidden_layers, its own 256 experts; its
+#   hf_quant_config.json excludes `model.layers.61*` wholesale). For the -v2 export InferenceX serves, a B200
+#   profiling write-up quoting its hf_quant_config.json lists the same `model.layers.61*` beside lm_head and the
+#   61 layers' q/kv projections (docs/validate-accuracy.md, mtpdraft).
+# The engines honour it: SGLang reads the NextN layer's ModelOpt FP4 exclusions module by module
+# (sgl-project/sglang python/sglang/srt/models/deepseek_nextn.py, DeepseekV3ForCausalLMNextN; its NextN
+# quant-resolution unit tests assert that under `model.layers.61*` the layer's linears get
+# UnquantizedLinearMethod and its fused MoE no quant method); TensorRT-LLM loads the layer's bf16 weights as they
+# are (the weights.py above).
+# The file's FP4 "DeepSeek-V3" rows are DeepSeek-R1 runs (as for NVFP4_16BIT_ATTENTION).
+NVFP4_16BIT_MTP: frozenset[str] = frozenset({"DeepSeek-R1", "DeepSeek-V3", "DeepSeek-V3.1", "DeepSeek-V3.2",
+                                             "GLM-5", "Qwen3.5-397B-A17B"})
 
 
 @dataclass(slots=True, frozen=True)
@@ -349,12 +370,17 @@ class ModelSpec:
         DeepSeek-R1 Performance on NVIDIA B200 GPUs") with the target's embedding and LM head. The
         engines reuse the one layer for each drafted token (TensorRT-LLM's MTP Eagle, SGLang's NextN),
         so one layer stands for any number of drafts. Its input projection (2 x hidden -> hidden) and
-        norms are left out (under 1% of the layer's weights)."""
+        norms are left out (under 1% of the layer's weights). At NVFP4 the layer is 16-bit where the
+        checkpoint excludes it from quantization (NVFP4_16BIT_MTP): weights and GEMMs at the model's
+        dtype, the K/V cache as the target's (the engines' one pool)."""
         if not self.num_mtp_layers:
             raise ValueError(f"{self.name} has no multi-token-prediction layers (its config gives no "
                              "num_nextn_predict_layers)")
+        precision = self.precision
+        if precision.quantization == "nvfp4" and self.name in NVFP4_16BIT_MTP:
+            precision = replace(precision, quantization="none")
         return replace(self, name=f"{self.name}-MTP", num_layers=1, num_dense_layers=0, num_sliding_layers=0,
-                       num_linear_layers=0, num_mtp_layers=0)
+                       num_linear_layers=0, num_mtp_layers=0, precision=precision)
 
 
 @dataclass(slots=True, frozen=True)

@@ -104,3 +104,49 @@ def test_the_mtp_draft_takes_one_layers_share_of_the_pool_under_any_layout(tp: i
 def _h200():
     from twinserve.backends.sim.catalog import get_hardware
     return get_hardware("H200")
+
+
+def test_an_nvfp4_checkpoints_mtp_layer_drafts_in_sixteen_bits() -> None:
+    """NVIDIA's NVFP4 DeepSeek checkpoints exclude the MTP layer from quantization (catalog.NVFP4_16BIT_MTP): the
+    draft is a bfloat16 layer (its K/V as the target's pool), where an FP8 checkpoint's stays FP8 and a model the
+    declaration does not name stays NVFP4."""
+    from twinserve.backends.sim.precision import Precision
+    r1 = model_from_hf_dict(DSR1, "DeepSeek-R1")
+    draft = r1.with_precision(Precision("bfloat16", "nvfp4", "fp8")).mtp_draft()
+    assert draft.precision == Precision("bfloat16", "none", "fp8")
+    assert r1.with_precision(Precision("bfloat16", "fp8", "fp8")).mtp_draft().precision.quantization == "fp8"
+    other = model_from_hf_dict(DSR1, "Some-DeepSeek-Finetune").with_precision(Precision("bfloat16", "nvfp4", "fp8"))
+    assert other.mtp_draft().precision.quantization == "nvfp4"
+
+
+def test_the_measured_backend_prices_a_sixteen_bit_mtp_draft_from_the_nearest_held_expert_shape(monkeypatch) -> None:
+    """aic holds no bfloat16 MoE rows at DeepSeek's hidden 7168 (graph.moe_stand_in_hidden): the BF16 draft's
+    experts are priced from the nearest held hidden size (6144, same experts, top-k and intermediate size) scaled
+    by 7168 / 6144, and the draft step costs more than the NVFP4 draft's it replaces."""
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.backends.sim import catalog
+    from twinserve.backends.sim.aic import AicCostModel
+    from twinserve.backends.sim.aic.graph import moe_stand_in_hidden
+    from twinserve.backends.sim.aic.mapping import quant_modes
+    from twinserve.sim.build import build_engine
+
+    def draft_cost() -> AicCostModel:
+        cfg = StudyConfig()
+        cfg.custom_model = model_from_hf_dict(DSR1, "DeepSeek-R1")
+        e = cfg.engine
+        e.model, e.hardware, e.cost_model, e.aic_backend = "DeepSeek-R1", "B200", "aic", "trtllm"
+        e.tensor_parallel_size, e.expert_parallel_size, e.quantization, e.kv_cache_dtype = 8, 8, "nvfp4", "fp8"
+        cfg.speculative.method, cfg.speculative.draft_model = "draft_model", MTP_DRAFT
+        cfg.speculative.num_speculative_tokens, cfg.speculative.acceptance_rates = 3, [0.85] * 3
+        return build_engine(cfg).executor.draft.cost
+
+    bf16 = draft_cost()
+    assert bf16.model.precision.quantization == "none"
+    db, par = bf16.database, bf16.par
+    q = quant_modes(bf16.model.precision, True)["moe"]
+    assert moe_stand_in_hidden(db, bf16.model, 1, 8, 1, q, "power_law_1.01") == 6144
+    monkeypatch.setattr(catalog, "NVFP4_16BIT_MTP", frozenset())
+    fp4 = draft_cost()
+    assert fp4.model.precision.quantization == "nvfp4"
+    for tokens in (8, 64, 512):
+        assert bf16.step_time(0, 0, 0, 0.0, tokens, tokens * 2048) > fp4.step_time(0, 0, 0, 0.0, tokens, tokens * 2048)

@@ -140,6 +140,51 @@ def _moe_priced(database: Any, m: ModelSpec, mtp: int, ep: int, dp: int, quant: 
     return True
 
 
+def moe_stand_in_hidden(database: Any, m: ModelSpec, mtp: int, ep: int, dp: int, quant: Any, dist: str) -> int:
+    """The hidden size whose MoE rows price this model's experts: its own where aic's MoE table holds them at
+    this layout and quant mode, else the nearest hidden size the table holds at the same experts, top-k,
+    intermediate size and layout (_moe_ops then scales the op's layers by hidden / that).
+
+    Why: NVIDIA's NVFP4 DeepSeek checkpoints keep the MTP layer in bfloat16 (catalog.NVFP4_16BIT_MTP), and
+    aic's bfloat16 MoE tables (aiconfigurator-core 0.12.0: TensorRT-LLM 1.3.0rc20 on B200 / B300 / GB200 /
+    GB300, SGLang 0.5.14 on B200 / GB200) hold 256 experts at top-8 and intermediate 2048 for hidden 4096
+    and 6144, not DeepSeek's 7168. At the same tokens, experts and top-k every expert runs the same rows;
+    both its GEMMs (rows x hidden -> 2 x intermediate, rows x intermediate -> hidden) do FLOPs and read
+    weights in proportion to hidden, so the time is taken as the nearest shape's times hidden / its hidden.
+    What does not scale (launches, routing) makes that an upper bound; aic's own NVFP4 rows at hidden 7168
+    and 6144 on B200 run 1.1-1.8x apart, not 1.17x, so it is an estimate of the shape, not a measurement.
+    Nothing is fitted. Returns the model's own hidden size where nothing better is held (aic's error then
+    names the missing key)."""
+    h = m.hidden_size
+    if _moe_priced(database, m, mtp, ep, dp, quant, dist):
+        return h
+    held = sorted(_moe_hiddens(database, quant, m.num_experts_per_tok, m.num_experts, m.moe_intermediate_size),
+                  key=lambda x: (abs(x - h), -x))
+    return next((x for x in held if _moe_priced(database, replace(m, hidden_size=x), mtp, ep, dp, quant, dist)),
+                h)
+
+
+def _moe_hiddens(database: Any, quant: Any, topk: int, experts: int, inter: int) -> list[int]:
+    """The hidden sizes aic's MoE table holds at `quant` for this expert count, top-k and intermediate size,
+    any routing distribution (its engine table view: quant -> distribution -> top-k -> experts -> hidden ->
+    intermediate -> ...; a kernel_source lane's modes one level down). Cached on the database object."""
+    memo = database.__dict__.setdefault("_twinserve_moe_hiddens", {})
+    key = (quant.name, topk, experts, inter)
+    if key not in memo:
+        from aiconfigurator_core.sdk.engine_table_view import _probe_engine_handle
+        raw = _probe_engine_handle(database)._engine.table_view_json("_moe_data")
+        top = json.loads(raw) if raw else {}
+        nodes = [top[quant.name]] if quant.name in top else [v[quant.name] for v in top.values()
+                                                                if isinstance(v, dict) and quant.name in v]
+        found: set[int] = set()
+        for node in nodes:
+            for per_dist in node.values():
+                shapes = per_dist.get(str(topk), {}).get(str(experts), {}) if isinstance(per_dist, dict) else {}
+                found.update(int(x) for x, inters in shapes.items() if str(inter) in inters)
+        memo[key] = sorted(found)
+    return memo[key]
+
+
 # aic's large-EP all-to-all for TensorRT-LLM's WIDEEP MoE backend: the only TensorRT-LLM comm backend its Blackwell
 # tables price for NVFP4 decode (its comm/trtllm 1.3.0rc10 trtllm_alltoall table: NVLinkTwoSided prepare, dispatch,
 # combine and the low-precision combine; NVLinkOneSided has no low-precision combine rows, which aic's
@@ -350,6 +395,9 @@ def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend:
     mtp, ep, dp = par.moe_tensor_parallel_size, par.expert_parallel_size, par.data_parallel_size
     k, e = m.num_experts_per_tok, m.num_experts
     cmtp, cep = moe_compute_layout(database, m, par, q, dist)  # the experts' table layout
+    # The experts' hidden size in aic's table and the layers' scale at it (moe_stand_in_hidden).
+    sh = moe_stand_in_hidden(database, m, cmtp, cep, dp, q, dist)
+    sL = L * h / sh
     a2a = (deepep_ll_ops(m, par, database) if moe_a2a == "deepep_ll" and phase == "generation" else
            deepep_normal_ops(m, par, database) if moe_a2a == "deepep_normal" and phase == "context" else
            nvlink_a2a_ops(m, par, modes, database) if moe_a2a == TRTLLM_WIDE_EP_A2A and phase == "generation"
@@ -369,9 +417,9 @@ def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend:
                      for op in block]
         if experts is not None:
             return [experts if isinstance(op, ops.MoE) else op for op in block]
-        if (cmtp, cep) == (mtp, ep):
+        if (cmtp, cep, sh) == (mtp, ep, h):
             return block
-        return [ops.MoE(op._name, L, h, inter, k, e, cmtp, cep, q, dist, dp) if isinstance(op, ops.MoE) else op
+        return [ops.MoE(op._name, sL, sh, inter, k, e, cmtp, cep, q, dist, dp) if isinstance(op, ops.MoE) else op
                 for op in block]
     # aic's DeepSeekModel generation span (models/deepseek.py): routed experts on the main stream,
     # shared experts on the auxiliary one, overlapped; its dispatches are generation-phase queries.
@@ -384,7 +432,7 @@ def _moe_ops(model: ModelSpec, par: Parallelism, modes: dict[str, Any], backend:
                         is_context=False, backend=backend))
     pre, post = (pre if isinstance(pre, list) else [pre]), (post if isinstance(post, list) else [post])
     routed = [ops.GEMM("generation_router_gemm", L, e, h, common.GEMMQuantMode.bfloat16), *pre,
-              experts or ops.MoE("generation_moe", L, h, inter, k, e, cmtp, cep, q, dist, dp), *post]
+              experts or ops.MoE("generation_moe", sL, sh, inter, k, e, cmtp, cep, q, dist, dp), *post]
     if not m.num_shared_experts:
         return routed
     shared_inter = m.num_shared_experts * inter
