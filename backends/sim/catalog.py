@@ -82,6 +82,12 @@ NVFP4_16BIT_MTP: frozenset[str] = frozenset({"DeepSeek-R1", "DeepSeek-V3", "Deep
                                              "GLM-5", "Qwen3.5-397B-A17B"})
 
 
+def sixteen_bit_mtp_draft(model: "ModelSpec") -> bool:
+    """Whether `model` is the 16-bit MTP draft ModelSpec.mtp_draft makes of a checkpoint NVFP4_16BIT_MTP names."""
+    return (model.name.endswith("-MTP") and model.name[:-len("-MTP")] in NVFP4_16BIT_MTP
+            and model.precision.quantization == "none")
+
+
 @dataclass(slots=True, frozen=True)
 class ModelSpec:
     """A decoder-only transformer's shape: GQA or MLA attention, SwiGLU MLP or mixture-of-experts."""

@@ -150,3 +150,19 @@ def test_the_measured_backend_prices_a_sixteen_bit_mtp_draft_from_the_nearest_he
     assert fp4.model.precision.quantization == "nvfp4"
     for tokens in (8, 64, 512):
         assert bf16.step_time(0, 0, 0, 0.0, tokens, tokens * 2048) > fp4.step_time(0, 0, 0, 0.0, tokens, tokens * 2048)
+
+
+def test_a_target_model_missing_from_the_moe_table_is_an_error_not_a_stand_in() -> None:
+    """The nearest-hidden stand-in is for the 16-bit MTP draft alone: DeepSeek-R1 itself served at bfloat16 on B200
+    TensorRT-LLM (aic holds no bfloat16 MoE rows at hidden 7168) keeps its own shape, and the study is refused with
+    aic's missing key named, as for any model the database lacks."""
+    pytest.importorskip("aiconfigurator_core")
+    from twinserve.sim.build import build_engine
+
+    cfg = StudyConfig()
+    cfg.custom_model = model_from_hf_dict(DSR1, "DeepSeek-R1")
+    e = cfg.engine
+    e.model, e.hardware, e.cost_model, e.aic_backend = "DeepSeek-R1", "B200", "aic", "trtllm"
+    e.tensor_parallel_size, e.expert_parallel_size, e.quantization, e.kv_cache_dtype = 8, 8, "none", "fp8"
+    with pytest.raises(ConfigError, match="7168"):
+        build_engine(cfg)

@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from twinserve.backends.sim.catalog import ModelSpec
+from twinserve.backends.sim.catalog import ModelSpec, sixteen_bit_mtp_draft
 from twinserve.backends.sim.parallel import Parallelism
 
 from twinserve.backends.sim.aic.mapping import evaluator
@@ -153,10 +153,10 @@ def moe_stand_in_hidden(database: Any, m: ModelSpec, mtp: int, ep: int, dp: int,
     weights in proportion to hidden, so the time is taken as the nearest shape's times hidden / its hidden.
     What does not scale (launches, routing) makes that an upper bound; aic's own NVFP4 rows at hidden 7168
     and 6144 on B200 run 1.1-1.8x apart, not 1.17x, so it is an estimate of the shape, not a measurement.
-    Nothing is fitted. Returns the model's own hidden size where nothing better is held (aic's error then
-    names the missing key)."""
+    Nothing is fitted. Only such a draft (catalog.sixteen_bit_mtp_draft) takes a stand-in: any other model, and a
+    draft where nothing is held, keeps its own hidden size, so aic's error names the missing key."""
     h = m.hidden_size
-    if _moe_priced(database, m, mtp, ep, dp, quant, dist):
+    if not sixteen_bit_mtp_draft(m) or _moe_priced(database, m, mtp, ep, dp, quant, dist):
         return h
     held = sorted(_moe_hiddens(database, quant, m.num_experts_per_tok, m.num_experts, m.moe_intermediate_size),
                   key=lambda x: (abs(x - h), -x))
