@@ -34,7 +34,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="", help="trtllm or sglang ('' = both)")
     ap.add_argument("--system", default="", help="one system ('' = every one)")
-    ap.add_argument("--max-clients", type=float, default=float("inf"))
+    ap.add_argument("--max-clients", type=float, default=float("inf"),
+                    help="only rows of at most this many clients (default: every row)")
     ap.add_argument("--out", default="", help="write the per-measurement figures to this CSV")
     args = ap.parse_args()
     frames = []

@@ -60,8 +60,9 @@ def moved(row: pd.Series) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--system", default="", help="only this system's rows (gb200, b200_sxm, b300_sxm, h100_sxm)")
-    ap.add_argument("--min-clients", type=int, default=0)
-    ap.add_argument("--max-clients", type=float, default=float("inf"))
+    ap.add_argument("--min-clients", type=int, default=0, help="only rows of at least this many clients")
+    ap.add_argument("--max-clients", type=float, default=float("inf"),
+                    help="only rows of at most this many clients (default: every row)")
     ap.add_argument("--list", action="store_true", help="list the rows that move, simulate nothing")
     ap.add_argument("--out", default="", help="write the per-measurement figures to this CSV")
     args = ap.parse_args()
