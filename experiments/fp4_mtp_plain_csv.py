@@ -8,7 +8,7 @@ Reads a `simulate validate --silicon` CSV (no simulation) and prints, for the de
      ratio against the predicted one. The ratio cancels what the step's price gets wrong in both and leaves
      what drafting (acceptance, draft forwards, verify rows) contributes.
 
-Usage: python fp4_mtp_plain_csv.py /work/runs/full_aic11/validation.csv
+Usage: python fp4_mtp_plain_csv.py DIR/validation.csv   (DIR: a `simulate validate --silicon --cost-model aic` run)
 """
 import sys
 
