@@ -100,19 +100,29 @@ SGLANG_DEEPEP_LL_SYSTEMS = ("gb200", "gb300")
 # prefill workers at DEP 4 set no a2a backend (SGLang's default), `moe-runner-backend: flashinfer_cutlass` and
 # `enable-single-batch-overlap` (NVIDIA/srt-slurm recipes/gb200-fp4/1k1k/mid-curve.yaml @07fbab1,
 # ishandhanani/srt-slurm recipes/gb300-fp4/1k1k/max_tpt.yaml @ab58651): they keep aic's MoEDispatch.
+# aic's DeepEP dispatch / combine timings (aiconfigurator-core's GB200 SGLang 0.5.14 database) start at EP 8: at
+# EP 4 its queries fail ("moe_a2a data missing for deepep_ht/dispatch ... ep=4", and for deepep_ll/dispatch). The
+# DEP 4 workers that ran DeepEP (normal on prefill, low latency on decode: ai-dynamo/dynamo
+# gb200-fp8/disagg/1p_4d.sh @341b5df, sim/validate_recipes.py DUMP_LAYOUT_LAUNCHES) keep aic's MoEDispatch: their
+# all-to-all is not priced as DeepEP's. Every DeepEP worker read before them is at EP 8 or more.
+DEEPEP_MIN_EP = 8
+
+
 def prefill_moe_a2a(backend: str, system: str, precision: str, attention_dp: int, moe_ep: int) -> str:
     """The aic_moe_a2a of an InferenceX disaggregated prefill worker: 'deepep_normal' for an SGLang FP8 one
-    under attention DP with experts split (EP > 1) on GB200 / GB300 (SGLANG_DEEPEP_LL_SYSTEMS), else 'default'."""
+    under attention DP with experts split at least DEEPEP_MIN_EP ways on GB200 / GB300
+    (SGLANG_DEEPEP_LL_SYSTEMS), else 'default'."""
     if (backend == "sglang" and system in SGLANG_DEEPEP_LL_SYSTEMS and precision == "fp8" and attention_dp > 1
-            and moe_ep > 1):
+            and moe_ep >= DEEPEP_MIN_EP):
         return "deepep_normal"
     return "default"
 
 
 def decode_moe_a2a(backend: str, system: str, attention_dp: int, moe_ep: int) -> str:
     """The aic_moe_a2a of an InferenceX disaggregated decode worker: 'deepep_ll' for an SGLang one under attention
-    DP with experts split (EP > 1) on GB200 / GB300 (SGLANG_DEEPEP_LL_SYSTEMS), else 'default'."""
-    if backend == "sglang" and system in SGLANG_DEEPEP_LL_SYSTEMS and attention_dp > 1 and moe_ep > 1:
+    DP with experts split at least DEEPEP_MIN_EP ways on GB200 / GB300 (SGLANG_DEEPEP_LL_SYSTEMS), else
+    'default'."""
+    if backend == "sglang" and system in SGLANG_DEEPEP_LL_SYSTEMS and attention_dp > 1 and moe_ep >= DEEPEP_MIN_EP:
         return "deepep_ll"
     return "default"
 

@@ -1535,7 +1535,8 @@ def disagg_recipe(row: Any) -> DisaggRecipe | None:
     if row.get("mode") != "disagg" or str(row.get("backend")) != "sglang" or harness(row) != INFERENCEX:
         return None
     if inferencex_workers(row) is None:  # no entry fits, or the fitting ones disagree on the workers
-        return None
+        launch = dump_layout_launch(row)  # a run known by its db-dump layout (DUMP_LAYOUT_LAUNCHES)
+        return launch.recipe if launch is not None else None
     system, precision = str(row.get("system")), str(row.get("precision"))
     fits = candidates(row)  # the row's image already picks between plain and MTP entries (ENTRY_IMAGES)
     out: DisaggRecipe | None = None
@@ -1562,3 +1563,67 @@ def apply_disagg_recipe(recipe: DisaggRecipe, base: Any, prefill: dict[str, Any]
         pre.setdefault(dotted, value)
         dec.setdefault(dotted, value)
     return {**prefill, **pre}, {**decode, **dec}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Disaggregated SGLang runs that no entry of nvidia-master.yaml @0004cf5 fits (DISAGG_RECIPES needs one), known by
+# the layout their db-dump record writes (sim/validate_inferencex.py db_dump_shape: (count, GPUs a worker, moe_ep,
+# attention DP)), their image and ISL/OSL: the record itself and the dump row it twins (sim/validate_twins.py).
+#
+# SGLang GB200 FP8 1k/1k, image lmsysorg/sglang:v0.5.5.post2, measured 2025-12-21, db-dump config 227 (1 prefill,
+# 4 decode workers, each tp 1 x attention DP 4, written moe_tp 4 x ep 1). The matrix of the period,
+# SemiAnalysisAI/InferenceX .github/configs/nvidia-master.yaml @48f302c, `dsr1-fp8-gb200-dynamo-sglang` (image
+# v0.5.5.post2), 1k/1k "Bottom of curve (1 prefill worker at DEP4 and 4 decode workers at DEP4)": conc-list
+# 2, 4, 8, 16, 64, 128; prefill 1 worker, decode 4, each `ep: 4`, `dp-attn: true`, one 4-GPU node a worker; its
+# comment says the tp / ep / dp-attn fields "do nothing" and the Dynamo launch scripts set them. The InferenceX
+# launcher of the period clones ai-dynamo/dynamo (branch ishan/sa-1.1-sgl-dsr1-fp8) for 1k/1k and runs its
+# examples/backends/sglang/slurm_jobs/submit_disagg.sh with the nodes and workers; that directory's
+# scripts/gb200-fp8/disagg/1p_4d.sh (@341b5df, one of 7 stored versions; context length 2,200) launches both
+# worker kinds with `--tp-size` and `--dp-size` the worker's GPUs, `--enable-dp-attention`, `--moe-a2a-backend
+# deepep` (normal on prefill, low_latency on decode) and `--mem-fraction-static 0.95`. SGLang sets ep_size = tp_size
+# under the DeepEP backend (sgl-project/sglang python/sglang/srt/server_args.py, `moe_a2a_backend == "deepep"`,
+# read through the library's code index): EP 4 on every worker, not the record's moe_tp 4. Carried: EP 4 and the
+# memory share (under attention DP the chunk and running caps are not: DISAGG_RECIPES' rule above). Not carried:
+# its `--ep-num-redundant-experts 32` (288 experts over 4 GPUs would not fit a GB200's memory at all; the
+# redundant-expert rule, sim/validate_inferencex.py redundant_experts, adds none where EP divides 256),
+# `--max-total-tokens 8192` on prefill, `--cuda-graph-max-bs 128`, stream / receive intervals.
+@dataclass(slots=True, frozen=True)
+class DumpLayoutLaunch:
+    """A run's launch known by its db-dump layout: its workers' flags and EP (prefill, decode)."""
+
+    recipe: DisaggRecipe
+    prefill_ep: int
+    decode_ep: int
+
+
+DUMP_LAYOUT_LAUNCHES: dict[tuple, DumpLayoutLaunch] = {
+    # (backend, system, precision, isl, osl, image, prefill (count, GPUs, moe_ep, adp), decode (...)).
+    ("sglang", "gb200", "fp8", 1024, 1024, "lmsysorg/sglang:v0.5.5.post2", (1, 4, 1, True), (4, 4, 1, True)):
+        DumpLayoutLaunch(_r("examples/backends/sglang/slurm_jobs/scripts/gb200-fp8/disagg/1p_4d.sh", "341b5df",
+                            _P(0.95), _W(0.95), "ai-dynamo/dynamo"), 4, 4),
+}
+
+
+def dump_layout_launch(row: Any) -> DumpLayoutLaunch | None:
+    """The launch of a disaggregated row that no InferenceX entry fits, from its db-dump layout (its own columns
+    for a db-dump record, its twin's for a row with a db-dump twin) and its image (DUMP_LAYOUT_LAUNCHES); None
+    elsewhere."""
+    from twinserve.sim.validate_inferencex import db_dump_image, db_dump_record, db_dump_shape, inferencex_workers
+    from twinserve.sim.validate_inferencex import row_image
+    if row.get("mode") != "disagg":
+        return None
+    if db_dump_record(row):
+        prefix, image = "", db_dump_image(row)
+    elif str(row.get("twin_id") or "").startswith("dsr1_"):
+        prefix, image = "twin_", row_image(row)
+    else:
+        return None
+    shapes = [db_dump_shape(row, side, prefix) for side in ("prefill", "decode")]
+    if any(s is None for s in shapes):
+        return None
+    key = (str(row.get("backend")), str(row.get("system")), str(row.get("precision")), _int(row.get("isl")),
+           _int(row.get("osl")), image, *(astuple(s) for s in shapes))
+    launch = DUMP_LAYOUT_LAUNCHES.get(key)
+    if launch is None or inferencex_workers(row) is not None:  # an entry's layout and recipe come first
+        return None
+    return launch

@@ -31,7 +31,7 @@ from twinserve.sim.validate_inferencex import (MTP_SIMULATED_MAX_CLIENTS, agreed
 from twinserve.sim.validate_twins import add_plain_siblings, add_twins, twin_of
 from twinserve.sim.validate_recipes import (apply_disagg_recipe, apply_kernels, apply_memory, apply_recipe,
                                             apply_speculative, disagg_fp8_moe_kernel, disagg_prefill_trtgen,
-                                            disagg_recipe, disagg_wide_ep, kv_cache_dtype,
+                                            disagg_recipe, disagg_wide_ep, dump_layout_launch, kv_cache_dtype,
                                             launch_expert_parallel, launch_tensor_parallel, rank_max_num_tokens,
                                             row_recipe, set_mtp)
 from twinserve.sim.validate_protocol import DEFAULT_WINDOW, INFERENCEX, STEADY, RunDesign, harness, run_design
@@ -166,6 +166,10 @@ def workers(row: pd.Series, counts: tuple[int, int] | None = None,
                      _int(row, f"twin_{k}_attention_dp_size"), _int(row, f"twin_{k}_moe_tp_size"),
                      _int(row, f"twin_{k}_moe_ep_size"), _int(row, f"twin_{k}_num_workers"))
               for k in ("prefill", "decode")]
+    if ix is None and (launch := dump_layout_launch(row)) is not None:
+        # The EP its launch script ran (sim/validate_recipes.py DUMP_LAYOUT_LAUNCHES), over the same GPUs.
+        for w, ep in zip(ws, (launch.prefill_ep, launch.decode_ep)):
+            w.moe_tp, w.moe_ep = w.tp * w.attention_dp // ep, ep
     if counts is not None:
         ws[0].count, ws[1].count = counts
     return ws

@@ -141,3 +141,43 @@ def test_a_prefill_worker_cap_reaches_only_the_prefill_replicas() -> None:
     assert (pre["scheduler.max_num_seqs"], pre["scheduler.max_num_batched_tokens"],
             pre["engine.gpu_memory_utilization"]) == (2, 2048, 0.6)
     assert (dec["scheduler.max_num_seqs"], dec["engine.gpu_memory_utilization"]) == (128, 0.9)
+
+
+def _gb200_fp8_dep4_rows() -> pd.DataFrame:
+    """The SGLang GB200 FP8 1k/1k DEP 4 1P4D run (db-dump config 227) at 16-128 clients: the dump rows and their
+    db-dump twins (sim/validate_recipes.py DUMP_LAYOUT_LAUNCHES)."""
+    from twinserve.sim.validate_rows import load_rows
+    rows = load_rows()
+    return rows[rows["id"].str.contains("gb200_sglang_fp8_disagg_1024x1024_c(?:16|64|128)_(?:tp1_ep1|cfg227)",
+                                        regex=True)]
+
+
+def test_the_gb200_fp8_dep4_run_takes_its_launch_scripts_memory_share_and_ep() -> None:
+    from twinserve.sim.validate_rows import parallelism, row_study
+    rows = _gb200_fp8_dep4_rows()
+    assert len(rows) == 6 and set(rows["split"]) == {"dev", "heldout"}
+    for _, row in rows.iterrows():
+        r = disagg_recipe(row)
+        assert r is not None and "1p_4d.sh" in r.source
+        assert (r.prefill.mem_fraction, r.decode.mem_fraction) == (0.95, 0.95)
+        # DeepEP (--moe-a2a-backend deepep) sets SGLang's EP to the worker's 4 GPUs, not the record's MoE TP 4.
+        assert parallelism(row) == "P 1x tp1 adp4 ep4 | D 4x tp1 adp4 ep4"
+    dev = rows[rows["split"] == "dev"].iloc[0]
+    cfg = row_study(dev, "aic")
+    c = cfg.cluster
+    assert (c.num_prefill_replicas, c.num_replicas) == (1, 5)
+    for rep in c.replicas:
+        assert rep["engine.gpu_memory_utilization"] == 0.95
+        assert rep["engine.expert_parallel_size"] == 4
+        # aic holds no DeepEP timings at EP 4 (DEEPEP_MIN_EP): the workers keep its MoEDispatch.
+        assert "engine.aic_moe_a2a" not in rep
+
+
+def test_the_gb200_fp8_dep4_rows_simulate() -> None:
+    """Before their launch was read they failed: 0.9 of a GB200 left no KV room beside 169.9 GiB of weights."""
+    from twinserve.sim.validate import simulate_row
+    rows = _gb200_fp8_dep4_rows()
+    dev = rows[(rows["split"] == "dev") & (rows["concurrency"] == 16)].iloc[0]
+    out = simulate_row((dev.to_dict(), "aic"))
+    assert not out.get("sim_error"), out.get("sim_error")
+    assert out["pred_tpot_ms"] > 0 and out["pred_ttft_ms"] > 0
