@@ -1169,7 +1169,7 @@ def _int(v: Any, default: int = 0) -> int:
     return default if math.isnan(f) else int(f)
 
 
-def row_image(row: Any) -> str:
+def row_version(row: Any) -> str:
     """The row's backend_version as the image tables key it: '' where the row gives none (blank or NaN)."""
     v = row.get("backend_version")
     if v is None or (isinstance(v, float) and math.isnan(v)):
@@ -1187,17 +1187,17 @@ def row_recipe(row: Any) -> Recipe:
     if harness(row) != INFERENCEX:
         return aic_generated_recipe(row) or DEFAULT
     by_layout = LAYOUT_IMAGES.get((str(row.get("backend")), recipe_model(row), str(row.get("system")),
-                                   str(row.get("precision")), row_image(row)))
+                                   str(row.get("precision")), row_version(row)))
     recipe = by_layout(row) if by_layout is not None else None
     if recipe is not None:
         return recipe
     by_image = PRECISION_IMAGES.get((str(row.get("backend")), recipe_model(row), str(row.get("system")),
-                                     str(row.get("precision")), row_image(row)))
+                                     str(row.get("precision")), row_version(row)))
     if by_image is not None:
         return by_image(_int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1),
                         _int(row.get("tp_size"), 1), _int(row.get("attention_dp_size"), 1) > 1)
     mtp = MTP_IMAGES.get((str(row.get("backend")), recipe_model(row), str(row.get("system")),
-                          row_image(row)))
+                          row_version(row)))
     if mtp is not None:
         recipe = mtp(_int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1),
                      _int(row.get("tp_size"), 1), _int(row.get("attention_dp_size"), 1) > 1)

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import pandas as pd
 import pytest
 
-from twinserve.sim.validate_recipes import row_image, row_recipe
+from twinserve.sim.validate_recipes import row_recipe, row_version
 
 _IX = "source_file=2026-04-06.csv"  # an InferenceX export (sim/validate_protocol.harness)
 
@@ -25,8 +25,8 @@ def _row(**kw) -> pd.Series:
 
 @pytest.mark.parametrize("version", [float("nan"), None, "", " "])
 def test_a_row_without_an_image_keys_the_image_tables_as_empty(version) -> None:
-    assert row_image(_row(backend_version=version)) == ""
-    assert row_image(_row(backend_version="0.5.9")) == "0.5.9"
+    assert row_version(_row(backend_version=version)) == ""
+    assert row_version(_row(backend_version="0.5.9")) == "0.5.9"
 
 
 def test_the_no_image_fp4_rows_ran_the_pre_204_script_with_ep_moe() -> None:
