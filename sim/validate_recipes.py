@@ -945,25 +945,15 @@ def _rc2_runs_mtp(plain_space: dict, mtp_space: dict, isl: int, osl: int, conc: 
     return True if mtp and measured in RC2_MTP_SWEEPS else None
 
 
-def _told_mtp(row: Any, runs_mtp: Callable[..., bool | None]) -> tuple[int, int, int, int, int] | None:
-    """(ISL, OSL, clients, TP, attention DP) of a row `runs_mtp` tells an MTP run (its folded dump layout
-    unfolded, its measurement date read), else None."""
+def _told_mtp_recipe(row: Any, runs_mtp: Callable[..., bool | None],
+                     build: Callable[[int, int, int, int, bool], Recipe], source: str = "") -> Recipe | None:
+    """build's recipe (its source replaced where `source` is given) for a row `runs_mtp` tells an MTP run (its folded
+    dump layout unfolded, its measurement date read), else None (the image's other recipes decide)."""
     from twinserve.sim.validate_layouts import aggregated_layout
     tp, attention_dp, _, moe_ep = aggregated_layout(row)
     isl, osl, conc = _int(row.get("isl")), _int(row.get("osl")), _int(row.get("concurrency"), 1)
     if runs_mtp(isl, osl, conc, tp, moe_ep, attention_dp, measured_date(row)) is not True:
         return None
-    return isl, osl, conc, tp, attention_dp
-
-
-def _told_mtp_recipe(row: Any, runs_mtp: Callable[..., bool | None],
-                     build: Callable[[int, int, int, int, bool], Recipe], source: str = "") -> Recipe | None:
-    """build's recipe (its source replaced where `source` is given) for a row `runs_mtp` tells an MTP run (_told_mtp),
-    else None (the image's other recipes decide)."""
-    told = _told_mtp(row, runs_mtp)
-    if told is None:
-        return None
-    isl, osl, conc, tp, attention_dp = told
     r = build(isl, osl, conc, tp, attention_dp > 1)
     return replace(r, source=source) if source else r
 
